@@ -1,0 +1,1 @@
+"""kvgate's HTTP edge: OpenAI routes, admin API, proxying, upstream pool, scraping, tenancy."""

@@ -1,0 +1,45 @@
+"""The `kvgate` command: a thin dispatcher to sub-commands.
+
+Each sub-command lives in its own module exposing ``main(argv: list[str]) -> int``; it is
+imported only when called, so `kvgate sim` does not pay for the gateway's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# name -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "sim": ("loadtest.sim.cli", "run one simulated vLLM replica"),
+    "serve": ("gateway.serve", "run the gateway"),
+    "demo": ("gateway.demo", "simulated pools + the gateway on loopback (the embedded default)"),
+    "config": ("gateway.config_cli", "check and print the effective configuration"),
+    "replay": ("loadtest.replay.cli", "replay a trace live or offline against routing policies"),
+    "admin": ("gateway.admin_cli", "talk to a running gateway's admin API"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: kvgate COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<8} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "run `kvgate COMMAND --help` for a command's options"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if args else 2
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"kvgate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    result: int = module.main(rest)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The vLLM replica simulator, workload generators, replay and benchmarks."""

@@ -1,0 +1,63 @@
+"""The routing core's contract: frozen values in, a `Decision` out.
+
+The gateway and the offline replayer build these from their own state and call
+`Router.pick(features, views, now)`; nothing here performs I/O or reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    """What the router may know about one replica at pick time.
+
+    Scraped fields are ``None`` when no fresh scrape exists (the router then relies on the
+    gateway's own accounting). ``inflight*`` fields are the gateway's own, always fresh.
+    """
+
+    id: str
+    pool: str
+    healthy: bool = True
+    # scraped from vLLM's /metrics (possibly stale by up to `scrape_age_s`)
+    waiting: float | None = None
+    running: float | None = None
+    kv_usage: float | None = None  # 0..1
+    cache_capacity_tokens: int | None = None  # num_gpu_blocks x block_size
+    scrape_age_s: float | None = None
+    # the gateway's own accounting
+    inflight: int = 0  # requests sent and not finished
+    inflight_prefill_tokens: int = 0  # prompt tokens sent and not yet answered by a first token
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFeatures:
+    """What the router may know about one request."""
+
+    model: str  # public model name
+    block_hashes: tuple[int, ...]  # salted chained prefix block hashes (full blocks only)
+    prompt_tokens: int  # estimate under routing.tokens
+    tenant: str = "default"
+    tier: str = "default"
+    stream: bool = False
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One ranked candidate with the terms of its score (for explain and debugging)."""
+
+    replica: str
+    cost: float
+    terms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where to send a request, where to go if that fails, and why."""
+
+    replica: str
+    fallbacks: tuple[str, ...]
+    reason: str  # e.g. "prefix-hit", "least-cost", "overflow", "round-robin"
+    ranked: tuple[Candidate, ...] = ()

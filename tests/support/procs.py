@@ -1,0 +1,141 @@
+"""Start and stop real processes for tests: simulated replicas, gateways, redis-server.
+
+Everything binds to 127.0.0.1 on a free port. A `Proc` is a context manager; on exit it sends
+SIGTERM, waits, then SIGKILLs, and its captured output is printed if the test failed to start it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+KVGATE = [sys.executable, "-m", "gateway.cli"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Proc:
+    """A child process with captured output and a readiness probe."""
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        ready_url: str | None = None,
+        ready_port: int | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 30.0,
+    ) -> None:
+        self.cmd = list(cmd)
+        self.ready_url = ready_url
+        self.ready_port = ready_port
+        self.env = {**os.environ, **(env or {})}
+        self.timeout = timeout
+        self._log = tempfile.NamedTemporaryFile(prefix="kvgate-test-", suffix=".log", delete=False)
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Proc:
+        self.popen = subprocess.Popen(
+            self.cmd, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if self.popen is not None and self.popen.poll() is not None:
+                raise RuntimeError(f"process exited early ({self.popen.returncode}):\n{self.output()}")
+            if self._is_ready():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"process not ready after {self.timeout}s:\n{self.output()}")
+
+    def _is_ready(self) -> bool:
+        if self.ready_url is not None:
+            try:
+                return httpx.get(self.ready_url, timeout=1.0).status_code == 200
+            except httpx.HTTPError:
+                return False
+        if self.ready_port is not None:
+            try:
+                with socket.create_connection(("127.0.0.1", self.ready_port), timeout=0.5):
+                    return True
+            except OSError:
+                return False
+        return True
+
+    def signal(self, sig: int) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        if self.popen is None:
+            return None
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(5)
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(5)
+
+    def output(self) -> str:
+        self._log.flush()
+        return Path(self._log.name).read_text(errors="replace")[-8000:]
+
+    def __enter__(self) -> Proc:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        self._log.close()
+        os.unlink(self._log.name)
+
+
+def sim_proc(port: int | None = None, *args: str, model: str = "sim-model") -> tuple[Proc, str]:
+    """A `kvgate sim` replica (not started). Returns (proc, base_url)."""
+    port = port or free_port()
+    cmd = [*KVGATE, "sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args]
+    url = f"http://127.0.0.1:{port}"
+    return Proc(cmd, ready_url=f"{url}/health"), url
+
+
+def redis_proc(port: int | None = None) -> tuple[Proc, str]:
+    """A throwaway redis-server without persistence (not started). Returns (proc, redis_url)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise RuntimeError("redis-server is not installed; run scripts/setup")
+    port = port or free_port()
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    return Proc(cmd, ready_port=port), f"redis://127.0.0.1:{port}/0"
