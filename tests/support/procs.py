@@ -48,7 +48,9 @@ class Proc:
         self.ready_port = ready_port
         self.env = {**os.environ, **(env or {})}
         self.timeout = timeout
-        self._log = tempfile.NamedTemporaryFile(prefix="kvgate-test-", suffix=".log", delete=False)
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in __exit__
+            prefix="kvgate-test-", suffix=".log", delete=False
+        )
         self.popen: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -63,7 +65,8 @@ class Proc:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.popen is not None and self.popen.poll() is not None:
-                raise RuntimeError(f"process exited early ({self.popen.returncode}):\n{self.output()}")
+                code = self.popen.returncode
+                raise RuntimeError(f"process exited early ({code}):\n{self.output()}")
             if self._is_ready():
                 return
             time.sleep(0.05)
