@@ -1,0 +1,1 @@
+"""`kvgate replay`: workloads replayed live (over HTTP) or offline (in simulated time)."""

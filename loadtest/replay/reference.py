@@ -1,0 +1,52 @@
+"""The pooled reference hit rate: one LRU cache holding the whole fleet's KV memory.
+
+Routing can at best reach the hit rate of a single cache as large as all replicas together
+(no duplication, no misrouting). Requests are taken in arrival order; a request hits the
+longest run of its leading full cache blocks present in the cache, then all its full blocks
+are inserted (most recently used). Blocks are the engine's `cache_block_tokens`; a trace
+block of `block_tokens` covers `block_tokens // cache_block_tokens` of them, which are always
+used together, so the LRU keeps one entry per trace block with the count of cache blocks of it
+that are cached (a partial last block caches fewer).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from loadtest.replay.workload import ReplayRequest
+
+__all__ = ["pooled_reference_hit_rate"]
+
+
+def pooled_reference_hit_rate(
+    requests: Iterable[ReplayRequest], capacity_tokens: int, cache_block_tokens: int = 16
+) -> float:
+    """Hit tokens / prompt tokens over `requests` with one LRU of `capacity_tokens`."""
+    lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (salt, id) -> cache blocks held
+    capacity = capacity_tokens // cache_block_tokens
+    used = 0
+    hits = total = 0
+    for r in requests:
+        per = r.block_tokens // cache_block_tokens
+        full = r.prompt_tokens // cache_block_tokens
+        total += r.prompt_tokens
+        matching = True
+        for j, bid in enumerate(r.block_ids):
+            need = min(per, full - j * per)
+            if need <= 0:
+                break
+            key = (r.tenant, bid)
+            held = lru.get(key, 0)
+            if matching:
+                got = min(held, need)
+                hits += got * cache_block_tokens
+                matching = got == need
+            if held < need:
+                used += need - held
+                lru[key] = need
+            lru.move_to_end(key)
+            while used > capacity and lru:
+                _, dropped = lru.popitem(last=False)
+                used -= dropped
+    return hits / total if total else 0.0
