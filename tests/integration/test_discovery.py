@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -300,7 +300,7 @@ async def test_dns_localhost_resolves_to_loopback() -> None:
 
 
 async def test_dns_numeric_name_and_change_detection() -> None:
-    script = itertools.chain(
+    script: Iterator[list[str] | OSError] = itertools.chain(
         [["127.0.0.1"], ["127.0.0.1"], OSError("lookup failed"), ["127.0.0.1", "127.0.0.2"]],
         itertools.repeat(["127.0.0.2"]),
     )
