@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["Candidate", "Decision", "ReplicaView", "RequestFeatures"]
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaView:
@@ -29,6 +31,7 @@ class ReplicaView:
     # the gateway's own accounting
     inflight: int = 0  # requests sent and not finished
     inflight_prefill_tokens: int = 0  # prompt tokens sent and not yet answered by a first token
+    inflight_prefill: int = 0  # requests sent and not yet answered by a first token (0 = unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class RequestFeatures:
     tier: str = "default"
     stream: bool = False
     priority: int = 0
+    # a stable 64-bit hash of the whole canonical prompt (salted); ties are broken with it
+    prefix_key: int = 0
+    prompt_chars: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,79 @@
+"""Canonical text of an OpenAI request body: what the prefix hashes are computed over.
+
+The text depends only on what the model sees (roles, content parts, tools), never on JSON key
+order or whitespace: the body arrives already parsed, strings are taken as they are, and the
+few structured parts (tools, non-text content parts, tool calls) are rendered as JSON with
+sorted keys. Control characters that do not occur in ordinary text separate the pieces, so
+moving text between a role and its content, or between two messages, changes the result.
+The order follows a chat template's: tools come first (templates put them in the system
+prompt), then the messages in order; so a growing conversation keeps its earlier prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+__all__ = ["canonical_text"]
+
+_MSG_END = "\x1e"  # record separator: end of one message / prompt
+_FIELD = "\x1f"  # unit separator: role | content | extra fields
+_PART = "\x1d"  # group separator: between content parts
+_MSG_KEYS = frozenset({"role", "content"})
+
+
+def _stable_json(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        pieces = []
+        for part in content:
+            if isinstance(part, Mapping) and part.get("type") == "text":
+                pieces.append(str(part.get("text", "")))
+            else:
+                pieces.append(_stable_json(part))
+        return _PART.join(pieces)
+    return _stable_json(content)
+
+
+def _message_text(message: Any) -> str:
+    if not isinstance(message, Mapping):
+        return _stable_json(message) + _MSG_END
+    text = f"{message.get('role', '')}{_FIELD}{_content_text(message.get('content'))}"
+    if len(message) > 2 or not _MSG_KEYS.issuperset(message):
+        extra = {k: v for k, v in message.items() if k not in _MSG_KEYS}
+        if extra:
+            text += _FIELD + _stable_json(extra)
+    return text + _MSG_END
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+        return _MSG_END.join(prompt)
+    return _stable_json(prompt)
+
+
+def canonical_text(body: Mapping[str, Any]) -> str:
+    """The text the prefix hashes of ``body`` (chat or completions) are computed over."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        head = ""
+        tools = body.get("tools")
+        if tools:
+            head = f"tools{_FIELD}{_stable_json(tools)}{_MSG_END}"
+        return head + "".join([_message_text(m) for m in messages])
+    if "prompt" in body:
+        return _prompt_text(body["prompt"])
+    if "input" in body:
+        return _prompt_text(body["input"])
+    return ""

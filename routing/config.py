@@ -1,0 +1,69 @@
+"""Configuration of the routing core: one frozen value, every field defaulted and documented.
+
+The meaning of each parameter, and why its default is what it is, is in ``routing/README.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from routing.tokens import CHARS_PER_TOKEN
+
+__all__ = ["RouterConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    # which policy `Router.pick` runs (see routing.policies.REGISTRY)
+    policy: str = "cache_aware"
+    # prefix hashing
+    block_chars: int = 256
+    max_blocks: int = 256
+    # bounded load: a replica may take a request only while its in-flight load after the
+    # assignment stays <= load_factor x pool mean + load_slack
+    load_factor: float = 1.25
+    load_slack: float = 1.0
+    # affinity index: per-replica capacity when the replica's cache_config_info is unknown
+    # (262,144 tokens is about an 8B model's KV on one 80 GB GPU)
+    fallback_capacity_tokens: int = 262_144
+    # scraped values older than this are ignored (fail open to kvgate's own accounting)
+    stale_after_s: float = 1.0
+    # cost model (cache_aware); rates in prompt tokens per second
+    prior_prefill_tps: float = 8_000.0
+    prior_weight_s: float = 2.0
+    rate_decay: float = 0.9
+    min_prefill_tps: float = 50.0
+    decode_weight_tokens: float = 16.0
+    prior_request_tokens: float = 1_024.0
+    kv_knee: float = 0.85
+    kv_penalty_s: float = 1.0
+    tie_quantum_s: float = 0.001
+    pending_ttl_s: float = 120.0
+    # consistent_hash
+    virtual_nodes: int = 64
+
+    def __post_init__(self) -> None:
+        if self.block_chars <= 0 or self.block_chars % CHARS_PER_TOKEN:
+            raise ValueError(
+                f"routing.block_chars must be a positive multiple of {CHARS_PER_TOKEN}"
+            )
+        if self.max_blocks <= 0:
+            raise ValueError("routing.max_blocks must be positive")
+        if self.load_factor < 1.0:
+            raise ValueError("routing.load_factor must be >= 1.0")
+        if self.load_slack < 0.0:
+            raise ValueError("routing.load_slack must be >= 0")
+        if not 0.0 < self.rate_decay < 1.0:
+            raise ValueError("routing.rate_decay must be in (0, 1)")
+        if not 0.0 <= self.kv_knee < 1.0:
+            raise ValueError("routing.kv_knee must be in [0, 1)")
+        if self.prior_prefill_tps <= 0 or self.prior_weight_s <= 0 or self.tie_quantum_s <= 0:
+            raise ValueError(
+                "routing: prior_prefill_tps, prior_weight_s, tie_quantum_s must be > 0"
+            )
+        if self.virtual_nodes <= 0:
+            raise ValueError("routing.virtual_nodes must be positive")
+
+    @property
+    def tokens_per_block(self) -> int:
+        return self.block_chars // CHARS_PER_TOKEN

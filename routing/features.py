@@ -1,0 +1,70 @@
+"""Request features: salted, chained prefix block hashes of the canonical prompt.
+
+The canonical text is cut into fixed blocks of ``block_chars`` characters; block *i* is hashed
+with xxh3_64 seeded by the hash of block *i-1*, and block 0 by a hash of (model, salt). So a
+block hash names its whole prefix, two tenants with different salts never share a hash at any
+depth, and only full blocks count (a prefix shorter than a block is never "cached", as in vLLM).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from xxhash import xxh3_64_intdigest
+
+from routing.canon import canonical_text
+from routing.config import RouterConfig
+from routing.tokens import count_tokens
+from routing.types import RequestFeatures
+
+__all__ = ["block_hashes", "extract_features", "root_seed"]
+
+
+def root_seed(model: str, salt: str) -> int:
+    """The seed of block 0: tenants (salts) and models never share a hash chain."""
+    return xxh3_64_intdigest(f"{model}\x00{salt}".encode())
+
+
+def block_hashes(text: str, seed: int, block_chars: int, max_blocks: int) -> tuple[int, ...]:
+    """Chained hashes of the full ``block_chars``-character blocks of ``text`` (at most max)."""
+    n = min(len(text) // block_chars, max_blocks)
+    out = []
+    h = seed
+    if text.isascii():  # one encode, then byte slices (the common case, and the fast one)
+        data = text.encode("ascii")
+        for start in range(0, n * block_chars, block_chars):
+            h = xxh3_64_intdigest(data[start : start + block_chars], h)
+            out.append(h)
+    else:  # blocks are characters, not bytes: slice the text, encode each block
+        for start in range(0, n * block_chars, block_chars):
+            h = xxh3_64_intdigest(text[start : start + block_chars].encode("utf-8"), h)
+            out.append(h)
+    return tuple(out)
+
+
+def extract_features(
+    body: Mapping[str, Any],
+    *,
+    model: str,
+    salt: str,
+    config: RouterConfig,
+    tenant: str = "default",
+    tier: str = "default",
+    priority: int = 0,
+) -> RequestFeatures:
+    """Features of a parsed chat/completions ``body`` for the public ``model`` and ``salt``."""
+    text = canonical_text(body)
+    seed = root_seed(model, salt)
+    hashes = block_hashes(text, seed, config.block_chars, config.max_blocks)
+    return RequestFeatures(
+        model=model,
+        block_hashes=hashes,
+        prompt_tokens=count_tokens(len(text)),
+        tenant=tenant,
+        tier=tier,
+        stream=bool(body.get("stream", False)),
+        priority=priority,
+        prefix_key=xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"), seed),
+        prompt_chars=len(text),
+    )

@@ -1,0 +1,146 @@
+"""The affinity index: which prefix blocks each replica probably holds in its KV cache.
+
+Per replica, an LRU of block hashes bounded by that replica's cache capacity (in our blocks),
+mirroring vLLM's LRU of free cached blocks. A shared map from block hash to a bitmask of the
+replicas holding it makes a match one walk down the request's chain, whatever the pool size:
+at each depth the mask of replicas still matching shrinks, and a replica's match length is the
+depth at which it drops out.
+
+Blocks of a routed request are inserted tail first, so the request's first block is the most
+recently used: like vLLM (which frees a request's blocks in reverse order), eviction eats
+prefixes from their tail and a shared head survives longest.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+
+__all__ = ["AffinityIndex"]
+
+
+class _ReplicaLRU:
+    __slots__ = ("blocks", "capacity", "slot")
+
+    def __init__(self, slot: int, capacity: int) -> None:
+        self.slot = slot
+        self.capacity = capacity
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+
+
+class AffinityIndex:
+    """Bounded per-replica LRU of block hashes; answers longest-prefix matches for all replicas."""
+
+    def __init__(self, default_capacity_blocks: int) -> None:
+        self._default = max(1, default_capacity_blocks)
+        self._replicas: dict[str, _ReplicaLRU] = {}
+        self._by_slot: dict[int, str] = {}
+        self._free_slots: list[int] = []
+        self._owners: dict[int, int] = {}  # block hash -> bitmask of replica slots
+
+    # -- membership ---------------------------------------------------------------------------
+    def _lru(self, replica: str) -> _ReplicaLRU:
+        lru = self._replicas.get(replica)
+        if lru is None:
+            slot = self._free_slots.pop() if self._free_slots else len(self._replicas)
+            lru = self._replicas[replica] = _ReplicaLRU(slot, self._default)
+            self._by_slot[slot] = replica
+        return lru
+
+    def set_capacity(self, replica: str, capacity_blocks: int) -> None:
+        lru = self._lru(replica)
+        lru.capacity = max(1, capacity_blocks)
+        self._evict(lru)
+
+    def capacity(self, replica: str) -> int:
+        lru = self._replicas.get(replica)
+        return lru.capacity if lru is not None else self._default
+
+    def forget(self, replica: str) -> None:
+        lru = self._replicas.pop(replica, None)
+        if lru is None:
+            return
+        clear = ~(1 << lru.slot)
+        owners = self._owners
+        for h in lru.blocks:
+            mask = owners[h] & clear
+            if mask:
+                owners[h] = mask
+            else:
+                del owners[h]
+        del self._by_slot[lru.slot]
+        self._free_slots.append(lru.slot)
+
+    # -- updates ------------------------------------------------------------------------------
+    def insert(self, replica: str, hashes: Sequence[int]) -> None:
+        """``replica`` now holds the chain ``hashes`` (most recently used first block)."""
+        lru = self._lru(replica)
+        bit = 1 << lru.slot
+        blocks, owners = lru.blocks, self._owners
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = None
+                owners[h] = owners.get(h, 0) | bit
+        self._evict(lru)
+
+    def _evict(self, lru: _ReplicaLRU) -> None:
+        blocks, owners = lru.blocks, self._owners
+        clear = ~(1 << lru.slot)
+        while len(blocks) > lru.capacity:
+            h, _ = blocks.popitem(last=False)
+            mask = owners[h] & clear
+            if mask:
+                owners[h] = mask
+            else:
+                del owners[h]
+
+    # -- queries ------------------------------------------------------------------------------
+    def match(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Leading blocks of ``hashes`` each replica holds (replicas matching nothing omitted)."""
+        out: dict[str, int] = {}
+        owners = self._owners
+        mask = -1
+        depth = 0
+        for h in hashes:
+            held = owners.get(h, 0) & mask
+            dropped = mask & ~held if depth else 0
+            while dropped:
+                low = dropped & -dropped
+                out[self._by_slot[low.bit_length() - 1]] = depth
+                dropped ^= low
+            if not held:
+                return out
+            mask = held
+            depth += 1
+        while mask > 0:
+            low = mask & -mask
+            out[self._by_slot[low.bit_length() - 1]] = depth
+            mask ^= low
+        return out
+
+    def match_one(self, replica: str, hashes: Iterable[int]) -> int:
+        lru = self._replicas.get(replica)
+        if lru is None:
+            return 0
+        depth = 0
+        for h in hashes:
+            if h not in lru.blocks:
+                break
+            depth += 1
+        return depth
+
+    def holders(self, block_hash: int) -> int:
+        """How many replicas hold ``block_hash``."""
+        return self._owners.get(block_hash, 0).bit_count()
+
+    def entries(self, replica: str) -> int:
+        lru = self._replicas.get(replica)
+        return len(lru.blocks) if lru is not None else 0
+
+    def replicas(self) -> list[str]:
+        return sorted(self._replicas)
+
+    def distinct_blocks(self) -> int:
+        return len(self._owners)

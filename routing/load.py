@@ -1,0 +1,51 @@
+"""Load views the policies share: the bounded-load rule, reconciled queues, stable tie-breaks.
+
+Bounded load (consistent hashing with bounded loads, Mirrokni, Thorup & Zadimoghaddam 2017):
+with L requests in flight over n healthy replicas, a replica may take one more only if its
+load afterwards stays within ``c x (L + 1) / n + slack``. The least-loaded replica always
+qualifies (its load is at most L / n), so the rule never leaves a request without a replica,
+and under any arrival sequence no replica exceeds ``c x`` the pool mean plus the slack.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from xxhash import xxh3_64_intdigest
+
+from routing.types import ReplicaView
+
+__all__ = ["LoadBound", "fresh", "mix", "replica_hash"]
+
+_MASK64 = (1 << 64) - 1
+
+
+def replica_hash(replica: str) -> int:
+    return xxh3_64_intdigest(replica.encode())
+
+
+def mix(key: int, replica_h: int) -> int:
+    """A stable pseudo-random rank of a replica for one request key (splitmix64 finaliser)."""
+    z = (key ^ replica_h) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def fresh(view: ReplicaView, stale_after_s: float) -> bool:
+    """Whether the scraped fields of ``view`` may be used (fail open when stale or missing)."""
+    return view.scrape_age_s is not None and view.scrape_age_s <= stale_after_s
+
+
+class LoadBound:
+    """The bounded-load rule over one candidate set."""
+
+    __slots__ = ("limit",)
+
+    def __init__(self, views: Sequence[ReplicaView], factor: float, slack: float) -> None:
+        total = sum(v.inflight for v in views)
+        # load after assignment <= factor * mean_after + slack, mean_after = (total + 1) / n
+        self.limit = factor * (total + 1) / len(views) + slack - 1.0
+
+    def admits(self, view: ReplicaView) -> bool:
+        return view.inflight <= self.limit + 1e-9

@@ -1,0 +1,51 @@
+"""What every policy receives and returns: a `PickContext` in, a `Decision` out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from routing.config import RouterConfig
+from routing.index import AffinityIndex
+from routing.learning import PendingWork, PrefillRates
+from routing.types import Candidate, Decision, ReplicaView, RequestFeatures
+
+__all__ = ["PickContext", "Policy", "RouterState", "decide"]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterState:
+    """The router's learned state, shared by the policies (owned by `Router`)."""
+
+    config: RouterConfig
+    index: AffinityIndex
+    rates: PrefillRates
+    pending: PendingWork
+    replica_hashes: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class PickContext:
+    features: RequestFeatures
+    views: Sequence[ReplicaView]  # healthy candidates, sorted by id
+    now: float
+    state: RouterState
+    explain: bool = False
+
+    @property
+    def tie_key(self) -> int:
+        f = self.features
+        if f.prefix_key:
+            return f.prefix_key
+        return f.block_hashes[-1] if f.block_hashes else 0
+
+
+class Policy(Protocol):
+    name: str
+
+    def choose(self, ctx: PickContext) -> Decision: ...
+
+
+def decide(order: Sequence[str], reason: str, ranked: tuple[Candidate, ...] = ()) -> Decision:
+    return Decision(replica=order[0], fallbacks=tuple(order[1:]), reason=reason, ranked=ranked)
