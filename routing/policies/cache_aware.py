@@ -38,9 +38,12 @@ class CacheAware:
     def _queued(self, v: ReplicaView) -> tuple[float, float]:
         """(queued prefill tokens, decode token-equivalents) on ``v``."""
         st, cfg = self._state, self._state.config
+        # our predicted uncached work, capped by the gateway's raw count; the gateway's count
+        # alone when we have no record (requests routed before a restart, by another Router)
         own = st.pending.total(v.id) if v.inflight > 0 else 0.0
-        if v.inflight_prefill_tokens > 0:
-            own = min(own, float(v.inflight_prefill_tokens))
+        gateway = float(v.inflight_prefill_tokens)
+        if gateway > 0:
+            own = min(own, gateway) if st.pending.count(v.id) else gateway
         own_reqs = v.inflight_prefill or st.pending.count(v.id)
         decoding = float(max(0, v.inflight - own_reqs))
         if fresh(v, cfg.stale_after_s):

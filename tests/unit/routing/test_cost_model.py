@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import pytest
+
+from routing.config import RouterConfig
+from routing.router import Router
+from routing.types import ReplicaView
+
+from .helpers import feats, views
+
+DOC = "a long shared document " * 400  # ~2,300 tokens
+
+
+def _router_with_doc_on(replica: str, cfg: RouterConfig | None = None) -> Router:
+    r = Router(cfg)
+    r.record_route(replica, feats(DOC), 0.0)
+    r.record_first_token(replica, feats(DOC), 0.3, 0.3)
+    return r
+
+
+def _terms(r: Router, vs: list[ReplicaView], text: str = DOC) -> dict[str, dict[str, float]]:
+    d = r.pick(feats(text), vs, 1.0, explain=True)
+    return {c.replica: {**c.terms, "cost": c.cost} for c in d.ranked}
+
+
+def test_prefix_hit_is_cheaper_and_wins() -> None:
+    r = _router_with_doc_on("r1")
+    d = r.pick(feats(DOC + "question"), views(3), 1.0, explain=True)
+    assert (d.replica, d.reason) == ("r1", "prefix-hit")
+    t = {c.replica: c.terms for c in d.ranked}
+    assert t["r1"]["uncached_tokens"] < t["r0"]["uncached_tokens"]
+    assert t["r1"]["matched_tokens"] > 0 and t["r0"]["matched_tokens"] == 0
+    assert [c.cost for c in d.ranked] == sorted(c.cost for c in d.ranked)
+    assert all(0.0 <= c.terms["score"] <= 1.0 for c in d.ranked)
+    assert d.ranked[0].terms["score"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("r1", "expected", "reason"),
+    [
+        # queued prefill work on the cached replica outweighs the cache
+        (
+            ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=200_000),
+            "r0",
+            "least-cost",
+        ),
+        # a fresh scrape showing a long queue from other gateways
+        (ReplicaView(id="r1", pool="p", waiting=100, scrape_age_s=0.1), "r0", "least-cost"),
+        # ...ignored when stale (fail open to our own accounting)
+        (ReplicaView(id="r1", pool="p", waiting=100, scrape_age_s=60.0), "r1", "prefix-hit"),
+        # nearly full KV cache: preemption risk
+        (ReplicaView(id="r1", pool="p", kv_usage=0.999, scrape_age_s=0.1), "r0", "least-cost"),
+        (ReplicaView(id="r1", pool="p", kv_usage=0.5, scrape_age_s=0.1), "r1", "prefix-hit"),
+    ],
+)
+def test_cost_terms_steer(r1: ReplicaView, expected: str, reason: str) -> None:
+    r = _router_with_doc_on("r1")
+    vs = [ReplicaView(id="r0", pool="p"), r1]
+    d = r.pick(feats(DOC), vs, 1.0)
+    assert (d.replica, d.reason) == (expected, reason)
+
+
+def _loaded(prefill_tokens: int = 0) -> list[ReplicaView]:
+    return [
+        ReplicaView(id="r0", pool="p", inflight=1, inflight_prefill_tokens=prefill_tokens),
+        ReplicaView(id="r1", pool="p"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("gateway_tokens", "queued"),
+    [
+        (0, 10_000),  # the gateway does not report prompt tokens: ours count
+        (3_000, 3_000),  # ours are capped by the gateway's raw count
+        (50_000, 10_000),
+    ],
+)
+def test_own_pending_work_counts_until_first_token(gateway_tokens: int, queued: int) -> None:
+    r = Router()
+    big = feats("x" * 40_000)  # 10,000 tokens, nothing cached
+    r.record_route("r0", big, 0.0)
+    assert _terms(r, _loaded(gateway_tokens), "y" * 4000)["r0"]["queued_tokens"] == queued
+    r.record_first_token("r0", big, 1.0, 1.0)
+    assert _terms(r, _loaded(), "y" * 4000)["r0"]["queued_tokens"] == 0
+
+
+def test_gateway_count_is_used_when_we_have_no_record() -> None:
+    assert _terms(Router(), _loaded(7_000))["r0"]["queued_tokens"] == 7_000
+
+
+def test_failure_releases_pending_work() -> None:
+    r = Router()
+    f = feats("x" * 8000)
+    r.record_route("r0", f, 0.0)
+    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
+    r.record_failure("r0", f, 0.1)
+    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+
+
+def test_pending_work_expires() -> None:
+    r = Router(RouterConfig(pending_ttl_s=10.0))
+    r.record_route("r0", feats("x" * 8000), 0.0)
+    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
+    r.record_route("r1", feats("z" * 40), 100.0)  # sweeps expired entries
+    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+
+
+def test_prefill_rate_is_learned_per_replica() -> None:
+    r = Router()
+    prior = r.prefill_rate("slow")
+    for i in range(30):
+        f = feats(f"{i} " + "q" * 8000)  # 2,000 tokens, no cache
+        for rid, ttft in (("slow", 2.0), ("fast", 0.1)):
+            r.record_route(rid, f, float(i))
+            r.record_first_token(rid, f, ttft, float(i) + ttft)
+    assert r.prefill_rate("slow") < 0.25 * prior
+    assert r.prefill_rate("fast") > 1.5 * prior
+    d = r.pick(
+        feats("new prompt " * 500),
+        [ReplicaView(id="slow", pool="p"), ReplicaView(id="fast", pool="p")],
+        50.0,
+    )
+    assert d.replica == "fast"
+    r.forget_replica("slow")
+    assert r.prefill_rate("slow") == prior
+
+
+def test_bounded_load_overrides_cost() -> None:
+    r = _router_with_doc_on("r1")
+    vs = [ReplicaView(id="r0", pool="p", inflight=0), ReplicaView(id="r1", pool="p", inflight=4)]
+    d = r.pick(feats(DOC), vs, 1.0, explain=True)
+    assert (d.replica, d.reason) == ("r0", "overflow")
+    assert d.fallbacks == ("r1",)
+    assert {c.replica: c.terms["admitted"] for c in d.ranked} == {"r0": 1.0, "r1": 0.0}
+
+
+def test_identical_burst_spreads_deterministically() -> None:
+    def burst() -> list[str]:
+        r = Router()
+        f = feats(DOC)
+        load = {f"r{i}": 0 for i in range(4)}
+        out = []
+        for _ in range(12):
+            vs = [
+                ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300)
+                for k, n in load.items()
+            ]
+            d = r.pick(f, vs, 0.0)
+            r.record_route(d.replica, f, 0.0)
+            load[d.replica] += 1
+            out.append(d.replica)
+        return out
+
+    first = burst()
+    assert first == burst()
+    assert len(set(first)) == 4
+
+
+def test_capacity_from_view_bounds_the_index() -> None:
+    r = Router()
+    tiny = ReplicaView(id="r0", pool="p", cache_capacity_tokens=64 * 4)  # 4 of our blocks
+    r.pick(feats("x"), [tiny], 0.0)
+    r.record_route("r0", feats("y" * 256 * 20), 0.0)
+    assert r.affinity_entries() == {"r0": 4}
+    r.forget_replica("r0")
+    assert r.affinity_entries() == {}

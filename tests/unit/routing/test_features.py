@@ -1,0 +1,164 @@
+from __future__ import annotations
+
+import pytest
+
+from routing.canon import canonical_text
+from routing.config import RouterConfig
+from routing.features import block_hashes, extract_features, root_seed
+from routing.tokens import count_tokens
+
+from .helpers import CFG, chat, feats
+
+BC = CFG.block_chars
+
+
+@pytest.mark.parametrize(
+    ("chars", "blocks"),
+    [(0, 0), (BC - 1, 0), (BC, 1), (BC + 1, 1), (2 * BC - 1, 1), (2 * BC, 2), (10 * BC + 7, 10)],
+)
+def test_only_full_blocks_count(chars: int, blocks: int) -> None:
+    f = feats("a" * chars)
+    assert len(f.block_hashes) == blocks
+    assert f.prompt_tokens == count_tokens(chars)
+
+
+def test_max_blocks_caps_the_chain() -> None:
+    cfg = RouterConfig(max_blocks=3)
+    f = feats("x" * BC * 10, config=cfg)
+    assert len(f.block_hashes) == 3
+    assert f.block_hashes == feats("x" * BC * 10).block_hashes[:3]
+
+
+def test_salt_changes_every_block() -> None:
+    text = "shared system prompt " * 200
+    a, b = feats(text, salt="tenant-a"), feats(text, salt="tenant-b")
+    assert len(a.block_hashes) == len(b.block_hashes) > 3
+    assert not set(a.block_hashes) & set(b.block_hashes)
+
+
+def test_model_seeds_the_chain() -> None:
+    assert root_seed("m1", "s") != root_seed("m2", "s")
+
+
+def test_chain_names_the_whole_prefix() -> None:
+    # the same block text after a different first block hashes differently
+    one = block_hashes("A" * BC + "Z" * BC, 1, BC, 10)
+    two = block_hashes("B" * BC + "Z" * BC, 1, BC, 10)
+    assert one[1] != two[1]
+
+
+def test_shared_prefix_shares_hashes() -> None:
+    base = "doc " * 500
+    a, b = feats(base + "question one"), feats(base + "another question entirely")
+    common = len(base) // BC
+    assert a.block_hashes[:common] == b.block_hashes[:common]
+
+
+def test_blocks_are_characters_not_bytes() -> None:
+    f = feats("é" * BC * 2)  # 2 bytes per char in UTF-8
+    assert len(f.block_hashes) == 2
+    assert f.prompt_chars == 2 * BC
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [
+        (  # key order of the body, of messages and of content parts
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+            {"stream": True, "messages": [{"content": "hi", "role": "user"}], "model": "m"},
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+            {"messages": [{"content": [{"text": "hi", "type": "text"}], "role": "user"}]},
+        ),
+        (  # tools: nested key order
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"a": 1}}}],
+                "messages": [{"role": "user", "content": "x"}],
+            },
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"function": {"parameters": {"a": 1}, "name": "f"}, "type": "function"}],
+            },
+        ),
+        (  # sampling parameters do not change the prompt
+            {"prompt": "p", "temperature": 0.1, "max_tokens": 3},
+            {"prompt": "p", "temperature": 0.9},
+        ),
+    ],
+)
+def test_canonical_text_is_stable(left: dict[str, object], right: dict[str, object]) -> None:
+    assert canonical_text(left) == canonical_text(right)
+
+
+def test_canonical_text_is_stable_across_json_whitespace() -> None:
+    import orjson
+
+    compact = b'{"model":"m","messages":[{"role":"user","content":"a  b"}]}'
+    spaced = b'{ "model" : "m",\n  "messages" : [ { "content" : "a  b" , "role":"user" } ] }'
+    assert canonical_text(orjson.loads(compact)) == canonical_text(orjson.loads(spaced))
+
+
+@pytest.mark.parametrize(
+    ("left", "right"),
+    [
+        (chat("ab"), chat("a", "b")),  # text moved between messages
+        (
+            {"messages": [{"role": "user", "content": "x"}]},
+            {"messages": [{"role": "system", "content": "x"}]},
+        ),
+        ({"prompt": "x"}, {"prompt": "x "}),  # whitespace inside the prompt is the prompt
+        (
+            {"messages": [{"role": "user", "content": "x"}]},
+            {"messages": [{"role": "user", "content": "x", "name": "bob"}]},
+        ),
+    ],
+)
+def test_canonical_text_distinguishes(left: dict[str, object], right: dict[str, object]) -> None:
+    assert canonical_text(left) != canonical_text(right)
+
+
+def test_growing_conversation_keeps_its_prefix() -> None:
+    turn1 = chat("q" * 2000, system="s" * 1000)
+    turn2 = {
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "a" * 500},  # type: ignore[misc]
+            {"role": "user", "content": "next"},
+        ]
+    }
+    assert canonical_text(turn2).startswith(canonical_text(turn1))
+    f1 = extract_features(turn1, model="m", salt="s", config=CFG)
+    f2 = extract_features(turn2, model="m", salt="s", config=CFG)
+    assert f2.block_hashes[: len(f1.block_hashes)] == f1.block_hashes
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": ["a", "b"]},
+        {"prompt": [1, 2, 3]},
+        {"input": "x"},
+        {},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": None}]},
+        {"messages": ["not a dict"]},
+    ],
+)
+def test_odd_bodies_do_not_raise(body: dict[str, object]) -> None:
+    f = extract_features(body, model="m", salt="s", config=CFG)
+    assert f.prompt_tokens == count_tokens(len(canonical_text(body)))
+
+
+def test_features_carry_request_fields() -> None:
+    f = extract_features(
+        {"prompt": "x", "stream": True},
+        model="m",
+        salt="s",
+        config=CFG,
+        tenant="acme",
+        tier="premium",
+        priority=3,
+    )
+    assert (f.tenant, f.tier, f.stream, f.priority, f.model) == ("acme", "premium", True, 3, "m")
+    assert f.prefix_key != feats("y").prefix_key

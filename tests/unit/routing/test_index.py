@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+from routing.index import AffinityIndex
+
+
+def chain(tag: int, n: int) -> list[int]:
+    return [tag * 1000 + i for i in range(n)]
+
+
+def test_match_is_longest_prefix_per_replica() -> None:
+    idx = AffinityIndex(100)
+    idx.insert("a", chain(1, 5))
+    idx.insert("b", chain(1, 2))
+    idx.insert("c", chain(2, 5))
+    assert idx.match(chain(1, 5)) == {"a": 5, "b": 2}
+    assert idx.match(chain(1, 3)) == {"a": 3, "b": 2}
+    assert idx.match(chain(3, 3)) == {}
+    assert idx.match([]) == {}
+    assert idx.match_one("a", chain(1, 9)) == 5
+    assert idx.match_one("zzz", chain(1, 9)) == 0
+
+
+def test_capacity_bounds_entries_and_evicts_tails_first() -> None:
+    idx = AffinityIndex(4)
+    idx.insert("a", chain(1, 3))
+    idx.insert("a", chain(2, 3))
+    assert idx.entries("a") == 4
+    # the newest request's whole chain plus the oldest request's head survive
+    assert idx.match(chain(2, 3)) == {"a": 3}
+    assert idx.match(chain(1, 3)) == {"a": 1}
+
+
+def test_set_capacity_shrinks() -> None:
+    idx = AffinityIndex(100)
+    idx.insert("a", chain(1, 50))
+    idx.set_capacity("a", 10)
+    assert idx.entries("a") == 10
+    assert idx.capacity("a") == 10
+    assert idx.match(chain(1, 50)) == {"a": 10}
+
+
+def test_forget_drops_replica_and_reuses_its_slot() -> None:
+    idx = AffinityIndex(100)
+    idx.insert("a", chain(1, 3))
+    idx.insert("b", chain(1, 3))
+    idx.forget("a")
+    idx.forget("a")  # idempotent
+    assert idx.match(chain(1, 3)) == {"b": 3}
+    assert idx.holders(chain(1, 1)[0]) == 1
+    idx.insert("c", chain(2, 2))  # takes a's slot: must not inherit a's blocks
+    assert idx.match(chain(1, 3)) == {"b": 3}
+    assert idx.replicas() == ["b", "c"]
+    idx.forget("b")
+    idx.forget("c")
+    assert idx.distinct_blocks() == 0
