@@ -1,0 +1,13 @@
+"""ASGI type aliases shared by the gateway's plain-ASGI routes."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["Message", "Receive", "Scope", "Send"]
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]

@@ -1,0 +1,99 @@
+"""The request body: parsed once with orjson, checked just enough, rewritten for the pool.
+
+No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
+checks only what it needs itself (a JSON object, a string `model`, a boolean `stream`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from gateway.errors import BadRequest
+from routing.tokens import count_tokens
+
+__all__ = ["ParsedBody", "parse_body", "prompt_chars", "rewrite_body"]
+
+# Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
+USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
+
+
+class ParsedBody:
+    __slots__ = ("data", "model", "prompt_tokens", "stream")
+
+    def __init__(self, data: dict[str, Any], model: str, stream: bool, prompt_tokens: int):
+        self.data = data
+        self.model = model
+        self.stream = stream
+        self.prompt_tokens = prompt_tokens
+
+
+def parse_body(raw: bytes, kind: str) -> ParsedBody:
+    """Parse and check the request; raises `BadRequest` naming the parameter."""
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("The request body is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise BadRequest("The request body must be a JSON object.")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("`model` must be a non-empty string.", param="model")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequest("`stream` must be a boolean.", param="stream")
+    return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)))
+
+
+def _text_len(value: Any) -> int:
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, list):
+        total = 0
+        for part in value:
+            if isinstance(part, str):
+                total += len(part)
+            elif isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    total += len(text)
+        return total
+    return 0
+
+
+def prompt_chars(data: dict[str, Any], kind: str) -> int:
+    """A cheap prompt length in characters (the token estimate's input)."""
+    if kind == "chat":
+        messages = data.get("messages")
+        if not isinstance(messages, list):
+            return 0
+        return sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict))
+    if kind == "completions":
+        return _text_len(data.get("prompt"))
+    if kind == "embeddings":
+        return _text_len(data.get("input"))
+    return _text_len(data.get("input"))  # responses
+
+
+def rewrite_body(parsed: ParsedBody, kind: str, served_model: str) -> tuple[bytes, bool]:
+    """The upstream body, and whether the usage chunk must be stripped from the stream.
+
+    `model` becomes the pool's served name; a client `cache_salt` is never forwarded (the
+    gateway owns salts); streams ask for usage so kvgate can count tokens.
+    """
+    data = parsed.data
+    data["model"] = served_model
+    data.pop("cache_salt", None)
+    strip_usage = False
+    if parsed.stream and kind in USAGE_STREAM_KINDS:
+        options = data.get("stream_options")
+        if not isinstance(options, dict):
+            data["stream_options"] = {"include_usage": True}
+            strip_usage = True
+        elif options.get("include_usage") is not True:
+            data["stream_options"] = {**options, "include_usage": True}
+            strip_usage = True
+    return orjson.dumps(data), strip_usage

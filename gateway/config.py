@@ -1,0 +1,234 @@
+"""kvgate's configuration: one typed model, loaded from YAML, then environment, then CLI.
+
+Precedence (lowest first): defaults < file (``--config`` / ``KVGATE_CONFIG``) <
+``KVGATE_<SECTION>__<KEY>`` environment overrides < command-line flags. Every error names the
+field (``upstream.connect_timeout_s: ...``). The ``pools``/``models``/``tiers`` part is the
+tenancy work's `PolicyDoc`; this model extends it with the process-level sections.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from gateway.errors import ConfigError
+from gateway.policy import PolicyDoc
+from routing.config import RouterConfig
+from routing.policies import REGISTRY
+
+__all__ = [
+    "HealthConfig",
+    "KvgateConfig",
+    "RoutingSection",
+    "ServerConfig",
+    "TenantBootstrap",
+    "UpstreamConfig",
+    "load_config",
+    "redacted_dump",
+]
+
+ENV_PREFIX = "KVGATE_"
+# Environment variables with a meaning of their own (not section overrides).
+ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_token",
+               "KVGATE_SALT_SECRET": "salt_secret"}
+
+Pos = Annotated[float, Field(gt=0)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ServerConfig(_Section):
+    host: str = "0.0.0.0"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8000
+    max_body_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024  # 8 MiB -> 413 above it
+    replica_header: bool = True  # x-kvgate-replica on proxied responses
+    route_header: bool = True  # x-kvgate-route on proxied responses
+    shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0  # in-flight streams may finish
+    log_level: str = "info"
+
+
+class UpstreamConfig(_Section):
+    """Timeouts and retries toward the replicas. Defaults suit LLM traffic."""
+
+    connect_timeout_s: Pos = 3.0
+    first_byte_timeout_s: Pos = 300.0  # until response headers (non-streamed: whole answer)
+    idle_timeout_s: Pos = 120.0  # between streamed chunks
+    total_timeout_s: Pos = 1800.0  # whole exchange; long generations take minutes
+    max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries
+    retry_budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2  # retries per request
+    retry_budget_min: Annotated[int, Field(ge=0)] = 10  # retries always allowed in reserve
+    max_connections: Annotated[int, Field(gt=0)] = 1024  # per pool, keep-alive pooled
+
+
+class HealthConfig(_Section):
+    """Passive ejection and active `/health` polling."""
+
+    interval_s: Pos = 2.0  # active poll period per replica
+    timeout_s: Pos = 1.0
+    failure_threshold: Annotated[int, Field(ge=1)] = 3  # consecutive failures -> eject
+    eject_base_s: Pos = 1.0  # first ejection; doubles each time
+    eject_max_s: Pos = 30.0
+
+
+class RoutingSection(_Section):
+    policy: str = "cache_aware"
+    block_chars: Annotated[int, Field(gt=0)] = 256
+    max_blocks: Annotated[int, Field(gt=0)] = 256
+    load_factor: Annotated[float, Field(ge=1.0)] = 1.25
+    scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in REGISTRY:
+            raise ValueError(f"must be one of {', '.join(sorted(REGISTRY))}, not {value!r}")
+        return value
+
+    def router_config(self) -> RouterConfig:
+        return RouterConfig(
+            policy=self.policy, block_chars=self.block_chars, max_blocks=self.max_blocks,
+            load_factor=self.load_factor,
+        )
+
+
+class TenantBootstrap(_Section):
+    id: str
+    tier: str = "default"
+    salt_group: str | None = None
+
+
+class KvgateConfig(PolicyDoc):
+    """The whole configuration. `pools`, `models`, `tiers` come from `PolicyDoc`."""
+
+    model_config = ConfigDict(extra="forbid")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    tenants: list[TenantBootstrap] = Field(default_factory=list)
+    # from the environment only (KVGATE_REDIS_URL, ...); never printed
+    redis_url: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    salt_secret: SecretStr | None = None
+
+    def policy_doc(self) -> PolicyDoc:
+        return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers)
+
+    def public_models(self) -> dict[str, str]:
+        """Public model name -> pool for the default tier. Without `models`, pools' served names."""
+        if self.models:
+            return {m: p for m in self.models if (p := self.pool_for(m, "default")) is not None}
+        return {pc.served_model: name for name, pc in self.pools.items() if pc.served_model}
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = {}
+            node[key] = child
+        node = child
+    node[path[-1]] = value
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``KVGATE_SERVER__PORT=9000`` -> {"server": {"port": 9000}} (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if name in ENV_SECRETS:
+            out[ENV_SECRETS[name]] = raw
+        elif name.startswith(ENV_PREFIX) and "__" in name:
+            path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+            try:
+                value = yaml.safe_load(raw) if raw else raw
+            except yaml.YAMLError:
+                value = raw
+            _set_path(out, path, value)
+    return out
+
+
+def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: invalid YAML ({exc})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    return data
+
+
+def _explain(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {msg}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    quick: bool = False,
+) -> KvgateConfig:
+    """Build the effective config; raises `ConfigError` naming the offending field.
+
+    `path=None` falls back to ``KVGATE_CONFIG``; ``""`` means no file. `quick` (the
+    ``--upstream`` form) ignores file and environment pools/models: the flags define them.
+    """
+    env = os.environ if environ is None else environ
+    if path is None:
+        path = env.get("KVGATE_CONFIG") or None
+    raw = _read_file(path) if path else {}
+    raw = deep_merge(raw, env_overrides(env))
+    if quick:
+        raw.pop("pools", None)
+        raw.pop("models", None)
+    raw = deep_merge(raw, overrides or {})
+    try:
+        cfg = KvgateConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc)) from None
+    if not cfg.pools:
+        raise ConfigError("pools: at least one pool is required (or use --upstream URL)")
+    try:
+        cfg.routing.router_config()
+    except ValueError as exc:  # the routing core's own checks name the field
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    return cfg
+
+
+def redacted_dump(cfg: KvgateConfig) -> dict[str, Any]:
+    """The effective config as plain data, with secrets replaced by a marker."""
+    data = cfg.model_dump(mode="json", exclude={"redis_url", "admin_token", "salt_secret"})
+    for name in ("redis_url", "admin_token", "salt_secret"):
+        data[name] = "<set, redacted>" if getattr(cfg, name) is not None else None
+    for pool in data.get("pools", {}).values():
+        env_name = pool.get("api_key_env")
+        if env_name:
+            pool["api_key"] = "<set, redacted>" if os.environ.get(env_name) else "<not set>"
+    return data

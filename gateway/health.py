@@ -1,0 +1,80 @@
+"""Active health: poll every replica's `/health`, and learn served model names.
+
+A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
+`Replica`; this poller marks a replica down as soon as its `/health` fails and acts as the
+half-open probe once an ejection's back-off has expired, so a replica that comes back is used
+again without a restart and without risking a client request on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import orjson
+
+from gateway.config import HealthConfig
+from gateway.pool import Pool, Pools
+from gateway.replicas import Replica
+from gateway.transport import TRANSPORT_ERRORS
+
+__all__ = ["HealthMonitor"]
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(self, pools: Pools, cfg: HealthConfig, clock: Callable[[], float]) -> None:
+        self._pools = pools
+        self._cfg = cfg
+        self._clock = clock
+
+    async def run(self) -> None:
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self._cfg.interval_s)
+
+    async def poll_once(self) -> None:
+        checks = [
+            self._check(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
+        ]
+        await asyncio.gather(*checks)
+
+    async def _check(self, pool: Pool, replica: Replica) -> None:
+        if not replica.probe_due(self._clock()):
+            return
+        try:
+            status, _ = await pool.transport.get(
+                f"{replica.url}/health", self._cfg.timeout_s, pool.headers
+            )
+            ok = status == 200
+        except TRANSPORT_ERRORS:  # includes TimeoutError (an OSError)
+            ok = False
+        if not ok:
+            if replica.state == "healthy":
+                log.warning("replica down", extra={"pool": pool.name, "replica": replica.id})
+            replica.mark_down(self._clock())
+            return
+        if replica.state != "healthy":
+            log.info("replica back", extra={"pool": pool.name, "replica": replica.id})
+        replica.record_success()
+        if pool.served_model is None:
+            await self._learn_model(pool, replica)
+
+    async def _learn_model(self, pool: Pool, replica: Replica) -> None:
+        """Quick form: the pool's served name is what its replicas list in /v1/models."""
+        try:
+            status, body = await pool.transport.get(
+                f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers
+            )
+            models = orjson.loads(body)["data"] if status == 200 else []
+            name = models[0]["id"] if models else None
+        except TRANSPORT_ERRORS:
+            return
+        except (ValueError, KeyError, IndexError, TypeError):
+            return
+        if isinstance(name, str) and pool.served_model is None:
+            pool.served_model = name
+            self._pools.refresh_public()
+            log.info("learned served model", extra={"pool": pool.name, "model": name})

@@ -1,0 +1,336 @@
+"""The hot path: one proxied OpenAI request, from body to relayed response.
+
+Per request: read the body (size-limited), parse it once, resolve the pool, ask the router,
+then try the decision's replica and its fallbacks. A connect error, a reset or a 502/503/504
+*before anything was sent to the client* moves on to the next replica (bounded by
+`max_attempts` and the pool's retry budget). Once a streamed response has started, a failure
+ends it with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is
+released in a ``finally``; client disconnects and timeouts cancel the handler task (see
+`Canceller`), which closes the upstream connection so the replica aborts the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from time import perf_counter
+
+from gateway.asgi import Receive, Scope, Send
+from gateway.body import ParsedBody, parse_body, rewrite_body
+from gateway.config import KvgateConfig
+from gateway.errors import (
+    BodyTooLarge,
+    KvgateError,
+    ModelNotFound,
+    NoReplicaAvailable,
+    UpstreamError,
+    UpstreamTimeout,
+    error_body,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.pool import Pool, Pools
+from gateway.replicas import Lease, Replica
+from gateway.sse import StreamScanner, scan_usage
+from gateway.timeouts import Canceller
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from routing.router import NoCandidate, Router
+from routing.types import Decision, RequestFeatures
+
+__all__ = ["KINDS", "Proxy"]
+
+log = logging.getLogger(__name__)
+
+# proxied route -> (kind, upstream path)
+KINDS: dict[str, str] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/embeddings": "embeddings",
+    "/v1/responses": "responses",
+}
+RETRY_STATUSES = frozenset({502, 503, 504})
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class _Request:
+    """One proxied request's state (one object per request, slotted)."""
+
+    ctl: Canceller
+    features: RequestFeatures
+    parsed: ParsedBody
+    pool: Pool
+
+    __slots__ = ("ctl", "features", "kind", "parsed", "path", "pool", "pool_name", "replica",
+                 "req_id", "route", "sse", "status", "strip", "t0")
+
+    def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
+        self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
+        self.route = "none"
+        self.replica = "none"
+        self.pool_name = "none"
+        self.status = 0
+        self.sse = False  # an SSE response has started toward the client
+        self.strip = False
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    if declared is not None and declared > limit:
+        raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise asyncio.CancelledError  # client left while sending
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class Proxy:
+    def __init__(
+        self, cfg: KvgateConfig, pools: Pools, router: Router, metrics: GatewayMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self._cfg = cfg
+        self._pools = pools
+        self._router = router
+        self._metrics = metrics
+        self._clock = clock
+        self._limit = cfg.server.max_body_bytes
+        self._up = cfg.upstream
+
+    # -- entry -------------------------------------------------------------------------------
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        req_id, declared = _scan_headers(scope["headers"])
+        req = _Request(path, KINDS[path], req_id, perf_counter())
+        try:
+            body = await read_body(receive, self._limit, declared)
+            decision, upstream_body = self._prepare(req, body)
+        except KvgateError as exc:
+            await self._send_error(send, req, exc)
+            self._metrics.finished(req.pool_name, "none", req.status, "none", 0.0)
+            return
+        except asyncio.CancelledError:
+            return  # client disconnected before its body arrived
+        req.ctl = Canceller(self._up, receive)
+        try:
+            await self._forward(send, req, decision, upstream_body)
+        except asyncio.CancelledError:
+            if req.ctl.reason is None:
+                raise  # shutdown or a real cancellation: not ours to swallow
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            await self._cancelled(send, req)
+        except KvgateError as exc:
+            await self._send_error(send, req, exc)
+        finally:
+            req.ctl.close()
+            self._metrics.finished(
+                req.pool_name, req.replica, req.status, req.route, perf_counter() - req.t0
+            )
+
+    def _prepare(self, req: _Request, body: bytes) -> tuple[Decision, bytes]:
+        parsed = parse_body(body, req.kind)
+        pool = self._pools.public.get(parsed.model)
+        if pool is None:
+            raise ModelNotFound(parsed.model)
+        if pool.served_model is None:
+            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
+        req.parsed, req.pool, req.pool_name = parsed, pool, pool.name
+        upstream_body, req.strip = rewrite_body(parsed, req.kind, pool.served_model)
+        req.features = RequestFeatures(
+            model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
+            stream=parsed.stream,
+        )
+        now = self._clock()
+        try:
+            decision = self._router.pick(req.features, [r.view(now) for r in pool.replicas], now)
+        except NoCandidate:
+            raise NoReplicaAvailable(
+                f"No healthy replica for the model `{parsed.model}`.", retry_after=1
+            ) from None
+        return decision, upstream_body
+
+    # -- attempts ----------------------------------------------------------------------------
+    async def _forward(self, send: Send, req: _Request, decision: Decision, body: bytes) -> None:
+        pool: Pool = req.pool
+        order = (decision.replica, *decision.fallbacks)[: self._up.max_attempts]
+        pool.budget.deposit()
+        req.route = decision.reason
+        headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
+        failure = UpstreamError("No replica answered.")
+        for i, rid in enumerate(order):
+            replica = pool.by_id.get(rid)
+            if replica is None:
+                continue
+            if i > 0:
+                if not pool.budget.try_spend():
+                    break
+                req.route = "retry"
+            if i == 0:
+                self._metrics.pre_upstream.observe(perf_counter() - req.t0)
+            last = i + 1 == len(order) or pool.budget.tokens < 1.0
+            failure_or_none = await self._attempt(send, req, replica, body, headers, last)
+            if failure_or_none is None:
+                if i > 0:
+                    self._metrics.failover(pool.name)
+                return
+            failure = failure_or_none
+            self._metrics.retried(pool.name, failure.reason)
+        raise failure
+
+    async def _attempt(
+        self, send: Send, req: _Request, replica: Replica, body: bytes,
+        headers: dict[str, str], last: bool,
+    ) -> UpstreamError | None:
+        """One try on `replica`; returns an error to retry elsewhere, None when answered."""
+        req.replica = replica.id
+        lease = replica.acquire(req.parsed.prompt_tokens)
+        resp: UpstreamResponse | None = None
+        clean = False
+        try:
+            req.ctl.attempt_started()
+            self._router.record_route(replica.id, req.features, self._clock())
+            try:
+                resp = await req.pool.transport.post(replica.url + req.path, body, headers)
+            except TRANSPORT_ERRORS:
+                replica.record_failure(self._clock())
+                return UpstreamError(f"replica {replica.id} did not answer", reason="connect")
+            if resp.status in RETRY_STATUSES and not last:
+                if resp.status != 503:  # vLLM's 503 = busy (admission), not broken
+                    replica.record_failure(self._clock())
+                return UpstreamError(
+                    f"replica {replica.id} answered {resp.status}", reason=f"status_{resp.status}"
+                )
+            clean = await self._relay(send, req, replica, resp, lease)
+            return None
+        finally:
+            if not lease.answered:
+                self._router.record_failure(replica.id, req.features, self._clock())
+            lease.release()
+            if resp is not None:
+                resp.release() if clean else resp.abort()
+
+    # -- relaying ----------------------------------------------------------------------------
+    def _headers(self, req: _Request, content_type: str) -> list[tuple[bytes, bytes]]:
+        hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req.req_id)]
+        if self._cfg.server.replica_header:
+            hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
+        if self._cfg.server.route_header:
+            hdrs.append((b"x-kvgate-route", req.route.encode()))
+        return hdrs
+
+    async def _relay(
+        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease
+    ) -> bool:
+        """Send the upstream answer to the client; True when it was read to its end."""
+        req.ctl.headers_received()
+        if not (req.parsed.stream and resp.status == 200
+                and resp.content_type.startswith("text/event-stream")):
+            return await self._relay_whole(send, req, replica, resp, lease)
+        req.status = 200
+        req.sse = True
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self._headers(req, resp.content_type)})
+        scanner = StreamScanner(req.strip)
+        try:
+            await self._pump(send, req, replica, resp, lease, scanner)
+        except TRANSPORT_ERRORS:
+            replica.record_failure(self._clock())
+            req.ctl.done = True
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": _stream_error(scanner, "The upstream replica failed mid-stream.")})
+            return False
+        replica.record_success()
+        if scanner.usage:
+            self._metrics.usage(req.pool.name, scanner.usage)
+        req.ctl.done = True
+        await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
+        return True
+
+    async def _pump(
+        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease,
+        scanner: StreamScanner,
+    ) -> None:
+        ctl = req.ctl
+        chunk = await resp.read_chunk()
+        if chunk:
+            ttft = perf_counter() - req.t0
+            lease.first_token()
+            self._metrics.first_token(req.pool.name, ttft)
+            self._router.record_first_token(replica.id, req.features, ttft, self._clock())
+        while chunk:
+            ctl.touch()
+            out = scanner.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            chunk = await resp.read_chunk()
+
+    async def _relay_whole(
+        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease
+    ) -> bool:
+        try:
+            data = await resp.read_all()
+        except TRANSPORT_ERRORS:
+            replica.record_failure(self._clock())
+            raise UpstreamError(f"The replica {replica.id} failed while answering.") from None
+        lease.first_token()
+        if resp.status >= 500 and resp.status != 503:
+            replica.record_failure(self._clock())
+        else:
+            replica.record_success()
+        if resp.status == 200 and (usage := scan_usage(data[-1024:])):
+            self._metrics.usage(req.pool.name, usage)
+        req.status = resp.status
+        req.ctl.done = True
+        hdrs = self._headers(req, resp.content_type)
+        hdrs.append((b"content-length", str(len(data)).encode()))
+        await send({"type": "http.response.start", "status": resp.status, "headers": hdrs})
+        await send({"type": "http.response.body", "body": data, "more_body": False})
+        return True
+
+    # -- endings -----------------------------------------------------------------------------
+    async def _cancelled(self, send: Send, req: _Request) -> None:
+        if req.ctl.reason == "disconnect":
+            req.status = 499  # nginx's "client closed request", for the metrics only
+            return
+        exc = UpstreamTimeout(f"The replica did not answer in time ({req.ctl.reason}).")
+        if req.sse:
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": _stream_error(None, exc.message)})
+        else:
+            await self._send_error(send, req, exc)
+
+    async def _send_error(self, send: Send, req: _Request, exc: KvgateError) -> None:
+        req.status = exc.status
+        hdrs = [*exc.headers(), (b"x-request-id", req.req_id)]
+        await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
+        await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+
+
+def _stream_error(scanner: StreamScanner | None, message: str) -> bytes:
+    """Close a broken stream: finish any half-sent event, an error event, then [DONE]."""
+    tail = scanner.flush() if scanner is not None else b""
+    sep = b"\n\n" if tail else b""
+    err = error_body(message, "BadGatewayError", 502)
+    return tail + sep + b"data: " + err + b"\n\n" + DONE_EVENT
+
+
+def _scan_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
+    """X-Request-Id (accepted when sane, else generated) and the declared Content-Length."""
+    req_id = b""
+    declared = None
+    for key, value in headers:
+        if key == b"x-request-id":
+            req_id = value
+        elif key == b"content-length" and value.isdigit():
+            declared = int(value)
+    if not req_id or len(req_id) > 128 or not req_id.isascii():
+        req_id = os.urandom(16).hex().encode()
+    return req_id, declared

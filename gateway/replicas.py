@@ -1,0 +1,157 @@
+"""Per-replica state the gateway owns: in-flight accounting and passive health.
+
+`Replica.acquire` hands out a `Lease` whose `release` is idempotent and is called from a
+``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
+cannot leak. Health is a small state machine: consecutive failures eject a replica for an
+exponentially growing back-off; when it expires the replica is half-open and one request (or
+an active `/health` probe) decides. Time is passed in, so the machine is testable without sleeps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from routing.types import ReplicaView
+
+__all__ = ["HealthPolicy", "Lease", "Replica", "RetryBudget", "replica_id"]
+
+HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+
+
+def replica_id(url: str) -> str:
+    """A replica's id: host:port of its URL (the default the metrics and headers use)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{parts.hostname}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPolicy:
+    failure_threshold: int = 3
+    eject_base_s: float = 1.0
+    eject_max_s: float = 30.0
+
+
+class Replica:
+    """One upstream replica of a pool."""
+
+    __slots__ = (
+        "_policy", "ejected_until", "ejections", "failures", "id", "inflight",
+        "inflight_prefill_tokens", "pool", "state", "url",
+    )
+
+    def __init__(self, pool: str, url: str, policy: HealthPolicy) -> None:
+        self.pool = pool
+        self.url = url.rstrip("/")
+        self.id = replica_id(url)
+        self._policy = policy
+        self.inflight = 0
+        self.inflight_prefill_tokens = 0
+        self.state = HEALTHY
+        self.failures = 0
+        self.ejections = 0
+        self.ejected_until = 0.0
+
+    # -- accounting ---------------------------------------------------------------------
+    def acquire(self, prompt_tokens: int) -> Lease:
+        self.inflight += 1
+        self.inflight_prefill_tokens += prompt_tokens
+        return Lease(self, prompt_tokens)
+
+    # -- health ---------------------------------------------------------------------------
+    def available(self, now: float) -> bool:
+        """May a request be sent now? Moves an expired ejection to half-open."""
+        if self.state == HEALTHY:
+            return True
+        if self.state == EJECTED and now >= self.ejected_until:
+            self.state = HALF_OPEN
+        # half-open: one trial request at a time
+        return self.state == HALF_OPEN and self.inflight == 0
+
+    def record_success(self) -> None:
+        self.failures = 0
+        if self.state != HEALTHY:
+            self.state = HEALTHY
+            self.ejections = 0
+
+    def record_failure(self, now: float) -> None:
+        self.failures += 1
+        if self.state == HALF_OPEN or (
+            self.state == HEALTHY and self.failures >= self._policy.failure_threshold
+        ):
+            self.eject(now)
+
+    def eject(self, now: float) -> None:
+        self.ejections += 1
+        backoff = self._policy.eject_base_s * 2 ** (self.ejections - 1)
+        self.ejected_until = now + min(backoff, self._policy.eject_max_s)
+        self.state = EJECTED
+
+    def mark_down(self, now: float) -> None:
+        """An active probe failed: stop sending here now (already ejected: keep the back-off)."""
+        self.failures += 1
+        if self.state != EJECTED:
+            self.eject(now)
+
+    def probe_due(self, now: float) -> bool:
+        """Should the active poller's result count now (healthy, or back-off expired)?"""
+        return self.state != EJECTED or now >= self.ejected_until
+
+    def view(self, now: float) -> ReplicaView:
+        return ReplicaView(
+            id=self.id,
+            pool=self.pool,
+            healthy=self.available(now),
+            inflight=self.inflight,
+            inflight_prefill_tokens=self.inflight_prefill_tokens,
+        )
+
+
+class Lease:
+    """One request's claim on a replica's counters. `release` is safe to call twice."""
+
+    __slots__ = ("_prefill", "_released", "_replica", "answered")
+
+    def __init__(self, replica: Replica, prompt_tokens: int) -> None:
+        self._replica = replica
+        self._prefill = prompt_tokens
+        self._released = False
+        self.answered = False  # a first token (or a whole answer) arrived
+
+    def first_token(self) -> None:
+        """The prompt is answered: its tokens no longer wait for prefill."""
+        self.answered = True
+        if self._prefill:
+            self._replica.inflight_prefill_tokens -= self._prefill
+            self._prefill = 0
+
+    def release(self) -> None:
+        if self._released:
+            return
+        self._released = True
+        if self._prefill:
+            self._replica.inflight_prefill_tokens -= self._prefill
+            self._prefill = 0
+        self._replica.inflight -= 1
+
+
+class RetryBudget:
+    """Retries may not amplify an outage: each request deposits `ratio` tokens, each retry
+    spends one; `reserve` tokens are there from the start (for low traffic). Clock-free."""
+
+    __slots__ = ("_cap", "_ratio", "tokens")
+
+    def __init__(self, ratio: float, reserve: int) -> None:
+        self._ratio = ratio
+        self._cap = float(max(reserve, 1) * 10)
+        self.tokens = float(reserve)
+
+    def deposit(self) -> None:
+        self.tokens = min(self._cap, self.tokens + self._ratio)
+
+    def try_spend(self) -> bool:
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False

@@ -1,0 +1,97 @@
+"""Cancelling a proxied request when its client leaves or its replica is too slow.
+
+One `Canceller` per request holds a single timer and a task that waits for the ASGI
+``http.disconnect``. Either cancels the handler task and records why; the handler turns that
+into a 504, an SSE error event, or nothing (client gone). The timer is lazy: a streamed chunk
+only stores the time (`touch`); the callback re-arms itself until a deadline really passed,
+so streaming pays no timer churn per chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.config import UpstreamConfig
+
+__all__ = ["Canceller"]
+
+
+class Canceller:
+    __slots__ = (
+        "_attempt",
+        "_cfg",
+        "_first",
+        "_handle",
+        "_loop",
+        "_start",
+        "_task",
+        "_watch",
+        "done",
+        "last",
+        "reason",
+    )
+
+    def __init__(self, cfg: UpstreamConfig, receive: Callable[[], Awaitable[Any]]) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._cfg = cfg
+        self._start = self._attempt = self.last = self._loop.time()
+        self._first = True  # waiting for response headers
+        self.done = False  # the response is complete: nothing may cancel any more
+        self.reason: str | None = None  # "disconnect" | "first byte" | "idle" | "total"
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(
+            self._start + min(cfg.first_byte_timeout_s, cfg.total_timeout_s), self._check
+        )
+        self._watch = self._loop.create_task(self._watch_disconnect(receive))
+
+    async def _watch_disconnect(self, receive: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.fire("disconnect")
+                return
+
+    def attempt_started(self) -> None:
+        """A new upstream attempt: the first-byte clock restarts (the total one does not)."""
+        self._attempt = self._loop.time()
+        self._first = True
+
+    def headers_received(self) -> None:
+        self._first = False
+        self.last = self._loop.time()
+
+    def touch(self) -> None:
+        self.last = self._loop.time()
+
+    def _deadline(self) -> tuple[float, str]:
+        cfg = self._cfg
+        total = self._start + cfg.total_timeout_s
+        if self._first:
+            phase, reason = self._attempt + cfg.first_byte_timeout_s, "first byte"
+        else:
+            phase, reason = self.last + cfg.idle_timeout_s, "idle"
+        return (phase, reason) if phase < total else (total, "total")
+
+    def _check(self) -> None:
+        self._handle = None
+        deadline, reason = self._deadline()
+        if self._loop.time() >= deadline:
+            self.fire(reason)
+        else:
+            self._handle = self._loop.call_at(deadline, self._check)
+
+    def fire(self, reason: str) -> None:
+        if self.done or self.reason is not None:
+            return
+        self.reason = reason
+        self._task.cancel()
+
+    def close(self) -> None:
+        self.done = True
+        if self._handle is not None:
+            self._handle.cancel()
+        self._watch.cancel()
