@@ -45,8 +45,9 @@ class StreamScanner:
             # the common case: whole events in one read
             return chunk if _USAGE_KEY not in chunk else self._events(chunk)
         data = self._partial + chunk
-        cut = max(data.rfind(b"\n\n") + 2, data.rfind(b"\r\n\r\n") + 4)
-        if cut < 2:  # no complete event yet: hold the fragment (a client can't use it)
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if cut == 0:  # no complete event yet: hold the fragment (a client can't use it)
             self._partial = data
             return b""
         self._partial = data[cut:]

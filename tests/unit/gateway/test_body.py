@@ -1,0 +1,81 @@
+"""Request parsing and rewriting: parsed once, only `model`/`stream_options`/`cache_salt` change."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.body import parse_body, prompt_chars, rewrite_body
+from gateway.errors import BadRequest
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (b"{bad", None),
+        (b"[1, 2]", None),
+        (b'{"messages": []}', "model"),
+        (b'{"model": 7}', "model"),
+        (b'{"model": ""}', "model"),
+        (b'{"model": "m", "stream": "yes"}', "stream"),
+    ],
+)
+def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> None:
+    with pytest.raises(BadRequest) as info:
+        parse_body(raw, "chat")
+    assert info.value.status == 400
+    assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("kind", "body", "chars"),
+    [
+        ("chat", {"messages": [{"role": "user", "content": "abcd"}]}, 4),
+        ("chat", {"messages": [{"content": [{"type": "text", "text": "ab"}, "cd"]}]}, 4),
+        ("chat", {"messages": "nonsense"}, 0),
+        ("completions", {"prompt": "abcdef"}, 6),
+        ("completions", {"prompt": ["ab", "c"]}, 3),
+        ("embeddings", {"input": "xyz"}, 3),
+        ("responses", {"input": "hello"}, 5),
+    ],
+)
+def test_prompt_chars(kind: str, body: dict[str, object], chars: int) -> None:
+    assert prompt_chars(body, kind) == chars
+
+
+def test_rewrite_keeps_everything_but_model_and_drops_client_salt() -> None:
+    raw = orjson.dumps({
+        "model": "public", "messages": [{"role": "user", "content": "hi"}],
+        "priority": 3, "ignore_eos": True, "top_k": 5, "cache_salt": "stolen",
+    })
+    parsed = parse_body(raw, "chat")
+    out, strip = rewrite_body(parsed, "chat", "served-fp8")
+    sent = orjson.loads(out)
+    assert sent == {
+        "model": "served-fp8", "messages": [{"role": "user", "content": "hi"}],
+        "priority": 3, "ignore_eos": True, "top_k": 5,
+    }
+    assert strip is False
+
+
+@pytest.mark.parametrize(
+    ("kind", "options", "sent_options", "strip"),
+    [
+        ("chat", None, {"include_usage": True}, True),
+        ("chat", {"include_usage": False}, {"include_usage": True}, True),
+        ("chat", {"continuous_usage_stats": True},
+         {"continuous_usage_stats": True, "include_usage": True}, True),
+        ("chat", {"include_usage": True}, {"include_usage": True}, False),
+        ("completions", None, {"include_usage": True}, True),
+        ("responses", None, None, False),
+    ],
+)
+def test_streams_ask_for_usage(
+    kind: str, options: dict[str, bool] | None, sent_options: dict[str, bool] | None, strip: bool
+) -> None:
+    body: dict[str, object] = {"model": "m", "stream": True, "prompt": "x"}
+    if options is not None:
+        body["stream_options"] = options
+    out, stripped = rewrite_body(parse_body(orjson.dumps(body), kind), kind, "s")
+    assert orjson.loads(out).get("stream_options") == sent_options
+    assert stripped is strip

@@ -1,0 +1,101 @@
+"""Configuration: file < environment < flags; errors name the field; secrets never print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.config import env_overrides, load_config, redacted_dump
+from gateway.errors import ConfigError
+from gateway.serve import build_parser, config_from_args
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
+POOLS = {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}
+
+
+def test_example_file_is_valid() -> None:
+    cfg = load_config(str(EXAMPLE), environ={})
+    assert set(cfg.pools) == {"fp8", "awq"}
+    assert cfg.public_models() == {"llama-70b": "fp8"}
+    assert cfg.policy_doc().pool_for("llama-70b", "free") == "awq"
+
+
+def test_defaults_are_documented_values() -> None:
+    cfg = load_config(None, overrides=POOLS, environ={})
+    assert cfg.server.max_body_bytes == 8 * 1024 * 1024
+    assert (cfg.upstream.connect_timeout_s, cfg.upstream.idle_timeout_s) == (3.0, 120.0)
+    assert cfg.routing.policy == "cache_aware"
+
+
+def test_env_overrides_file_and_flags_override_env(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({**POOLS, "server": {"port": 1000}}))
+    env = {"KVGATE_SERVER__PORT": "2000", "KVGATE_UPSTREAM__MAX_ATTEMPTS": "2"}
+    cfg = load_config(str(path), environ=env)
+    assert (cfg.server.port, cfg.upstream.max_attempts) == (2000, 2)
+    cfg = load_config(str(path), environ=env, overrides={"server": {"port": 3000}})
+    assert cfg.server.port == 3000
+
+
+def test_kvgate_config_env_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump(POOLS))
+    assert set(load_config(None, environ={"KVGATE_CONFIG": str(path)}).pools) == {"a"}
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"server": {"port": "http"}}, "server.port"),
+        ({"upstream": {"connect_timeout_s": 0}}, "upstream.connect_timeout_s"),
+        ({"routing": {"policy": "magic"}}, "routing.policy"),
+        ({"routing": {"block_chars": 6}}, "routing.block_chars"),
+        ({"serverr": {}}, "serverr"),
+        ({"models": {"x": {"default": "nope"}}}, "models.x.default"),
+        ({"pools": {"a": {"replicas": ["ftp://x"]}}}, "pools.a"),
+    ],
+)
+def test_errors_name_the_field(raw: dict[str, object], field: str) -> None:
+    base = {**POOLS, **raw}
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=base, environ={})
+    assert field in info.value.message
+
+
+def test_no_pools_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="pools"):
+        load_config(None, environ={})
+
+
+def test_env_override_parsing() -> None:
+    env = {"KVGATE_SERVER__ROUTE_HEADER": "false", "KVGATE_POOLS__X__REPLICAS": "[http://a:1]",
+           "KVGATE_CONFIG": "ignored", "OTHER": "1", "KVGATE_ADMIN_TOKEN": "tok"}
+    assert env_overrides(env) == {
+        "server": {"route_header": False}, "pools": {"x": {"replicas": ["http://a:1"]}},
+        "admin_token": "tok",
+    }
+
+
+def test_secrets_are_redacted() -> None:
+    env = {"KVGATE_ADMIN_TOKEN": "s3cret", "KVGATE_SALT_SECRET": "pepper"}
+    dumped = yaml.safe_dump(redacted_dump(load_config(None, overrides=POOLS, environ=env)))
+    assert "s3cret" not in dumped and "pepper" not in dumped
+    assert "redacted" in dumped
+
+
+def test_quick_form_ignores_file_pools(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_CONFIG", str(EXAMPLE))
+    args = build_parser().parse_args(
+        ["--upstream", "http://127.0.0.1:9001", "--port", "0", "--policy", "round_robin"])
+    cfg = config_from_args(args)
+    assert list(cfg.pools) == ["default"] and cfg.models == {}
+    assert cfg.pools["default"].served_model is None
+    assert (cfg.server.port, cfg.routing.policy) == (0, "round_robin")
+
+
+def test_config_and_upstream_together_is_an_error() -> None:
+    args = build_parser().parse_args(["--config", str(EXAMPLE), "--upstream", "http://a:1"])
+    with pytest.raises(ConfigError):
+        config_from_args(args)

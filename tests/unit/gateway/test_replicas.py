@@ -1,0 +1,110 @@
+"""Replica accounting and the health state machine (time passed in, no sleeps)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.replicas import HealthPolicy, Replica, RetryBudget, replica_id
+
+POLICY = HealthPolicy(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
+
+
+def replica() -> Replica:
+    return Replica("fp8", "http://127.0.0.1:9001/", POLICY)
+
+
+@pytest.mark.parametrize(
+    ("url", "rid"),
+    [("http://10.0.0.1:8000", "10.0.0.1:8000"), ("http://vllm-a/", "vllm-a:80"),
+     ("https://vllm-b", "vllm-b:443")],
+)
+def test_replica_id_is_host_port(url: str, rid: str) -> None:
+    assert replica_id(url) == rid
+
+
+def test_lease_release_is_idempotent_and_restores_counters() -> None:
+    r = replica()
+    a, b = r.acquire(100), r.acquire(50)
+    assert (r.inflight, r.inflight_prefill_tokens) == (2, 150)
+    a.first_token()
+    assert (r.inflight, r.inflight_prefill_tokens) == (2, 50)
+    a.release()
+    a.release()
+    b.release()
+    b.first_token()
+    assert (r.inflight, r.inflight_prefill_tokens) == (0, 0)
+    assert a.answered and b.answered
+
+
+def test_release_without_first_token_is_not_answered() -> None:
+    r = replica()
+    lease = r.acquire(10)
+    lease.release()
+    assert not lease.answered
+    assert (r.inflight, r.inflight_prefill_tokens) == (0, 0)
+
+
+# (events, expected states after each): "f" failure, "s" success, "tN" = available at time N?
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ("f f", [True, True]),
+        ("f f f", [True, True, False]),
+        ("f s f f", [True, True, True, True]),
+    ],
+)
+def test_consecutive_failures_eject(events: str, expected: list[bool]) -> None:
+    r = replica()
+    seen = []
+    for ev in events.split():
+        if ev == "f":
+            r.record_failure(0.0)
+        else:
+            r.record_success()
+        seen.append(r.available(0.0))
+    assert seen == expected
+
+
+def test_backoff_doubles_then_caps_and_half_open_allows_one_trial() -> None:
+    r = replica()
+    for _ in range(3):
+        r.record_failure(0.0)
+    assert r.ejected_until == 1.0
+    assert not r.available(0.5)
+    assert r.available(1.0)  # half-open: one trial
+    trial = r.acquire(1)
+    assert not r.available(1.0)  # only one at a time
+    trial.release()
+    r.record_failure(1.0)  # the trial failed: ejected again, twice as long
+    assert r.ejected_until == 3.0
+    assert r.available(3.0)
+    r.record_failure(3.0)
+    assert r.ejected_until == 7.0  # 4 s cap
+    assert r.available(7.0)
+    r.record_success()
+    assert r.state == "healthy" and r.ejections == 0 and r.available(7.0)
+
+
+def test_active_probe_marks_down_once_and_waits_for_backoff() -> None:
+    r = replica()
+    r.mark_down(0.0)
+    assert not r.available(0.0) and not r.probe_due(0.5)
+    r.mark_down(0.5)  # already ejected: the back-off is not extended
+    assert r.ejected_until == 1.0 and r.probe_due(1.0)
+
+
+def test_view_carries_accounting() -> None:
+    r = replica()
+    r.acquire(40)
+    v = r.view(0.0)
+    assert (v.id, v.pool, v.healthy, v.inflight, v.inflight_prefill_tokens) == (
+        "127.0.0.1:9001", "fp8", True, 1, 40)
+
+
+def test_retry_budget_reserve_then_ratio() -> None:
+    budget = RetryBudget(ratio=0.5, reserve=2)
+    assert [budget.try_spend() for _ in range(3)] == [True, True, False]
+    budget.deposit()
+    assert not budget.try_spend()
+    budget.deposit()
+    assert budget.try_spend()

@@ -1,0 +1,70 @@
+"""The stream scanner: bytes pass through, the usage chunk is read (and stripped on request)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.sse import StreamScanner, scan_usage
+
+CHUNK = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+USAGE = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
+         b'"total_tokens":10,"prompt_tokens_details":{"cached_tokens":4}}}\n\n')
+DONE = b"data: [DONE]\n\n"
+COMMENT = b": keep-alive\n\n"
+EXPECTED_USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "cached_tokens": 4}
+
+
+def run(chunks: list[bytes], strip: bool) -> tuple[bytes, StreamScanner]:
+    scanner = StreamScanner(strip)
+    out = b"".join(scanner.feed(c) for c in chunks) + scanner.flush()
+    return out, scanner
+
+
+def split_every(data: bytes, n: int) -> list[bytes]:
+    return [data[i:i + n] for i in range(0, len(data), n)]
+
+
+STREAM = CHUNK + COMMENT + CHUNK + USAGE + DONE
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 50, len(STREAM)])
+@pytest.mark.parametrize("strip", [True, False])
+def test_any_split_gives_the_same_bytes_and_usage(size: int, strip: bool) -> None:
+    out, scanner = run(split_every(STREAM, size), strip)
+    expected = CHUNK + COMMENT + CHUNK + DONE if strip else STREAM
+    assert out == expected
+    assert scanner.usage == EXPECTED_USAGE
+
+
+def test_crlf_events() -> None:
+    stream = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    out, scanner = run(split_every(stream, 11), True)
+    assert out == (CHUNK + COMMENT + CHUNK + DONE).replace(b"\n\n", b"\r\n\r\n")
+    assert scanner.usage == EXPECTED_USAGE
+
+
+@pytest.mark.parametrize(
+    ("blob", "usage"),
+    [
+        (b'{"usage": null}', None),
+        (b'{"choices":[]}', None),
+        (b'{"usage": {"prompt_tokens": 1, "completion_tokens": 2}}',
+         {"prompt_tokens": 1, "completion_tokens": 2}),
+    ],
+)
+def test_scan_usage(blob: bytes, usage: dict[str, int] | None) -> None:
+    assert scan_usage(blob) == usage
+
+
+def test_null_usage_on_every_chunk_is_forwarded() -> None:
+    chunk = b'data: {"choices":[{"delta":{}}],"usage":null}\n\n'
+    out, scanner = run([chunk, chunk, DONE], True)
+    assert out == chunk + chunk + DONE
+    assert scanner.usage is None
+
+
+def test_truncated_stream_flushes_the_fragment() -> None:
+    scanner = StreamScanner(True)
+    assert scanner.feed(CHUNK + b'data: {"par') == CHUNK
+    assert scanner.flush() == b'data: {"par'
+    assert scanner.ended_event is False
