@@ -1,0 +1,305 @@
+"""The simulated replica's HTTP surface as one raw ASGI app (vLLM 0.34's paths and shapes)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import xxhash
+
+from loadtest.sim import prompt as P
+from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
+from loadtest.sim.engine import Engine
+from loadtest.sim.errors import SimError, error_body
+from loadtest.sim.faults import Faults
+from loadtest.sim.generate import Generation
+from loadtest.sim.metrics import CONTENT_TYPE, SimMetrics
+from loadtest.sim.parse import parse_generation, prompt_ids, validate_cache_salt
+from loadtest.sim.runner import EngineRunner
+
+__all__ = ["SimApp", "SimOptions"]
+
+log = logging.getLogger(__name__)
+VLLM_VERSION = "0.34.0"
+BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later or "
+        "on a different instance.")
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    model: str
+    time_scale: float = 1.0
+    legacy_errors: bool = False
+    legacy_metrics: bool = False
+    api_keys: tuple[str, ...] = ()
+    request_log_size: int = 256
+    embedding_dim: int = 256
+    request_id_headers: bool = False
+
+
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class SimApp:
+    """Owns the engine runner, metrics, faults and the request log for one replica."""
+
+    def __init__(self, engine: Engine, options: SimOptions, faults: Faults) -> None:
+        self.engine, self.options, self.faults = engine, options, faults
+        self.metrics = SimMetrics(engine, options.model, options.legacy_metrics)
+        self.runner = EngineRunner(engine, options.time_scale, self.metrics.observe)
+        self.requests: deque[dict[str, Any]] = deque(maxlen=options.request_log_size)
+        self.counters = {"http_requests": 0, "injected_errors": 0, "admission_rejections": 0}
+        self._ids = itertools.count()
+        self._key_digests = [hashlib.sha256(k.encode()).digest() for k in options.api_keys]
+        self._task: asyncio.Task[None] | None = None
+        self._routes: dict[tuple[str, str], Handler] = {
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("GET", "/v1/models"): self._models,
+            ("GET", "/health"): self._health,
+            ("GET", "/version"): self._version,
+            ("GET", "/load"): self._load,
+            ("POST", "/tokenize"): self._tokenize,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/sim/faults"): self._get_faults,
+            ("POST", "/sim/faults"): self._set_faults,
+            ("GET", "/sim/requests"): self._get_requests,
+            ("DELETE", "/sim/requests"): self._clear_requests,
+            ("GET", "/sim/stats"): self._stats,
+        }
+        self._paths = {path for _, path in self._routes}
+
+    # -- ASGI ------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        self.counters["http_requests"] += 1
+        method, path = scope["method"], scope["path"]
+        handler = self._routes.get((method, path))
+        if handler is None:
+            status = 405 if path in self._paths else 404
+            detail = "Method Not Allowed" if status == 405 else "Not Found"
+            await send_json(send, status, {"detail": detail})
+            return
+        if path.startswith("/v1") and self._key_digests and not self._authorized(scope):
+            await send_json(send, 401, {"error": "Unauthorized"})
+            return
+        try:
+            await handler(scope, receive, send)
+        except SimError as err:
+            await send_json(send, err.status, error_body(err, self.options.legacy_errors))
+        except ClientGone:
+            return
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self._task = asyncio.create_task(self.runner.run())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                if self._task is not None:
+                    self._task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await self._task
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _authorized(self, scope: Scope) -> bool:
+        value = _header(scope, b"authorization") or ""
+        if not value.startswith("Bearer "):
+            return False
+        digest = hashlib.sha256(value[7:].encode()).digest()
+        return any(hmac.compare_digest(digest, d) for d in self._key_digests)
+
+    async def _json_body(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        raw = await read_body(receive)
+        try:
+            body = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            body = None
+        self._log_request(scope, body)
+        if not isinstance(body, dict):
+            raise SimError(400, "1 validation error: the body must be a JSON object",
+                           "Bad Request")
+        return body
+
+    def _log_request(self, scope: Scope, body: Any) -> None:
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        self.requests.append({"method": scope["method"], "path": scope["path"],
+                              "headers": headers, "body": body, "time": time.time()})
+
+    def _check_model(self, body: dict[str, Any]) -> None:
+        model = body.get("model")
+        if model is not None and model != self.options.model:
+            raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+
+    def _admit(self) -> None:
+        """Fault switches and the admission limit, in the order vLLM's frontend would meet them."""
+        faults = self.faults
+        if faults.dead:
+            raise SimError(503, "The engine is dead.", "ServiceUnavailableError")
+        if faults.should_fail():
+            self.counters["injected_errors"] += 1
+            if faults.error_status == 503:
+                raise SimError(503, "Simulated service unavailable.", "ServiceUnavailableError")
+            raise SimError(500, "Simulated internal server error.", "InternalServerError")
+        limit = faults.max_num_queued_reqs
+        if limit and self.engine.num_waiting + self.engine.num_running >= limit:
+            self.counters["admission_rejections"] += 1
+            self.metrics.admission_rejections += 1
+            raise SimError(503, BUSY, "Service Unavailable")
+
+    # -- generation ------------------------------------------------------------------------
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=True)
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=False)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        body = await self._json_body(scope, receive)
+        self._check_model(body)
+        cfg = self.engine.config
+        gen = parse_generation(body, chat, cfg.max_model_len,
+                               cfg.scheduling_policy == "priority")
+        self._admit()
+        if self.faults.latency_ms > 0:
+            await asyncio.sleep(self.faults.latency_ms / 1000)
+        rid = _header(scope, b"x-request-id") or gen.request_id or uuid.uuid4().hex
+        response_id = ("chatcmpl-" if chat else "cmpl-") + rid
+        headers = [(b"x-request-id", rid.encode())] if self.options.request_id_headers else []
+        generation = Generation(self.runner, self.faults, self.options.model, cfg.block_size,
+                                gen, response_id, f"{rid}#{next(self._ids)}", headers)
+        # ConnectionDropped propagates: uvicorn then closes the connection (the 'dead' fault)
+        await generation.serve(receive, send)
+
+    # -- other OpenAI / vLLM endpoints -----------------------------------------------------
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._json_body(scope, receive)
+        self._check_model(body)
+        validate_cache_salt(body)
+        self._admit()
+        inputs = body.get("input")
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
+                                       and all(isinstance(t, int) for t in inputs)):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            raise SimError(400, "1 validation error: 'input' is required", "Bad Request", "input")
+        dim = body.get("dimensions") or self.options.embedding_dim
+        if not isinstance(dim, int) or dim < 1:
+            raise SimError(400, "'dimensions' must be a positive integer", param="dimensions")
+        data, total = [], 0
+        for i, item in enumerate(inputs):
+            ids = prompt_ids({"prompt": item}, chat=False)
+            total += len(ids)
+            data.append({"index": i, "object": "embedding", "embedding": _vector(ids, dim)})
+        await send_json(send, 200, {
+            "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": self.options.model, "data": data,
+            "usage": {"prompt_tokens": total, "total_tokens": total, "completion_tokens": 0,
+                      "prompt_tokens_details": None}})
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        now, model = int(time.time()), self.options.model
+        permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                      "created": now, "allow_create_engine": False, "allow_sampling": True,
+                      "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                      "allow_fine_tuning": False, "organization": "*", "group": None,
+                      "is_blocking": False}
+        card = {"id": model, "object": "model", "created": now, "owned_by": "vllm",
+                "root": model, "parent": None, "max_model_len": self.engine.config.max_model_len,
+                "permission": [permission]}
+        await send_json(send, 200, {"object": "list", "data": [card]})
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status = 503 if self.faults.dead else 200
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"version": VLLM_VERSION})
+
+    async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, {"server_load": self.runner.in_flight})
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._json_body(scope, receive)
+        self._check_model(body)
+        ids = prompt_ids(body, chat="messages" in body)
+        await send_json(send, 200, {"count": len(ids), "max_model_len":
+                                    self.engine.config.max_model_len, "tokens": ids,
+                                    "token_strs": None})
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_bytes(send, 200, self.metrics.render(), (b"content-type", CONTENT_TYPE.encode()))
+
+    # -- simulator control -----------------------------------------------------------------
+    async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, self.faults.to_dict())
+
+    async def _set_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(receive)
+        try:
+            changes = orjson.loads(body or b"{}")
+            if not isinstance(changes, dict):
+                raise ValueError("the body must be a JSON object")
+            self.faults.update(changes)
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            raise SimError(400, str(exc)) from None
+        if self.faults.dead:
+            self.runner.abort_all()
+        await send_json(send, 200, self.faults.to_dict())
+
+    async def _get_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
+        query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
+        n = int(query.get("n", "0") or 0) if query.get("n", "").isdigit() else 0
+        items = list(self.requests)[-n:] if n > 0 else list(self.requests)
+        await send_json(send, 200, {"requests": items})
+
+    async def _clear_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.requests.clear()
+        await send_json(send, 200, {"requests": []})
+
+    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
+        s, e = self.engine.stats, self.engine
+        await send_json(send, 200, {
+            "received": s.received, "aborted": s.finished["abort"], "finished": s.finished,
+            "preemptions": s.preemptions, "cached_tokens": s.prefix_cache_hits,
+            "prefix_cache_queries": s.prefix_cache_queries, "prompt_tokens": s.prompt_tokens,
+            "generation_tokens": s.generation_tokens, "running": e.num_running,
+            "waiting": e.num_waiting, "kv_usage": e.kv_usage, "steps": s.steps,
+            "in_flight": self.runner.in_flight, **self.counters})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def _vector(ids: list[int], dim: int) -> list[float]:
+    """A deterministic unit vector for a token sequence."""
+    seed = P.text_seed(ids) & 0xFFFFFFFF
+    h = xxhash.xxh32_intdigest
+    raw = [h(i.to_bytes(4, "little"), seed) / 4294967296.0 - 0.5 for i in range(dim)]
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [x / norm for x in raw]

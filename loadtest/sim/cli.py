@@ -1,0 +1,83 @@
+"""`kvgate sim`: run one simulated vLLM replica on uvicorn (uvloop + httptools)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from loadtest.sim.app import SimApp, SimOptions
+from loadtest.sim.costmodel import PRESETS, get_preset
+from loadtest.sim.engine import Engine
+from loadtest.sim.faults import Faults
+from loadtest.sim.spec import EngineConfig
+
+__all__ = ["build_app", "main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvgate sim", description="Run one simulated vLLM replica.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=9001)
+    p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
+    p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, help="default: the preset's")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--no-enable-prefix-caching", action="store_true")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--time-scale", type=float, default=1.0,
+                   help="simulated seconds per wall second (50 = 50x faster than real time)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
+    p.add_argument("--legacy-errors", action="store_true", help="flat error shape of vLLM<0.10.1")
+    p.add_argument("--metrics-compat", choices=["current", "legacy"], default="current")
+    p.add_argument("--api-key", action="append", default=[], help="repeatable; or VLLM_API_KEY")
+    p.add_argument("--enable-request-id-headers", action="store_true")
+    faults = p.add_argument_group("faults (also settable at runtime: POST /sim/faults)")
+    faults.add_argument("--latency-ms", type=float, default=0.0)
+    faults.add_argument("--error-rate", type=float, default=0.0)
+    faults.add_argument("--error-status", type=int, choices=[500, 503], default=500)
+    faults.add_argument("--max-num-queued-reqs", type=int, default=0)
+    faults.add_argument("--dead", action="store_true")
+    faults.add_argument("--hang-after-tokens", type=int, default=-1)
+    p.add_argument("--log-level", default="warning")
+    return p
+
+
+def build_app(args: argparse.Namespace) -> SimApp:
+    preset = get_preset(args.preset)
+    blocks = args.num_gpu_blocks or preset.num_gpu_blocks * 16 // args.block_size
+    config = EngineConfig(
+        cost=preset.cost, num_gpu_blocks=blocks, block_size=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len or preset.max_model_len,
+        enable_prefix_caching=not args.no_enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
+    )
+    faults = Faults(latency_ms=args.latency_ms, error_rate=args.error_rate,
+                    error_status=args.error_status, max_num_queued_reqs=args.max_num_queued_reqs,
+                    dead=args.dead, hang_after_tokens=args.hang_after_tokens, seed=args.seed)
+    keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
+    options = SimOptions(
+        model=args.model, time_scale=args.time_scale, legacy_errors=args.legacy_errors,
+        legacy_metrics=args.metrics_compat == "legacy", api_keys=keys,
+        request_id_headers=args.enable_request_id_headers,
+    )
+    return SimApp(Engine(config), options, faults)
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        app = build_app(args)
+    except ValueError as exc:
+        print(f"kvgate sim: {exc}")
+        return 2
+    import uvicorn  # imported late: `--help` and config errors stay fast
+
+    logging.basicConfig(level=args.log_level.upper())
+    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
+                lifespan="on", log_level=args.log_level, access_log=False)
+    return 0

@@ -1,0 +1,61 @@
+"""Fault switches of one simulated replica, settable by CLI flags and by `POST /sim/faults`."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+__all__ = ["Faults"]
+
+
+@dataclass(slots=True)
+class Faults:
+    """Current faults. ``0``/``False``/``-1`` mean off."""
+
+    latency_ms: float = 0.0  # wall-clock delay before a request enters the engine
+    error_rate: float = 0.0  # probability that a generation request fails
+    error_status: int = 500  # 500 or 503
+    max_num_queued_reqs: int = 0  # admission limit on waiting + running (vLLM's flag), 0 = off
+    dead: bool = False  # /health 503, new requests 503, in-flight connections dropped
+    hang_after_tokens: int = -1  # stop sending after K tokens and hang until the client leaves
+    seed: int = 0
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng.seed(self.seed)
+        self.validate()
+
+    def validate(self) -> None:
+        if not 0.0 <= self.error_rate <= 1.0:
+            raise ValueError("error_rate must be in [0, 1]")
+        if self.error_status not in (500, 503):
+            raise ValueError("error_status must be 500 or 503")
+        if self.latency_ms < 0 or self.max_num_queued_reqs < 0:
+            raise ValueError("latency_ms and max_num_queued_reqs must be >= 0")
+
+    def update(self, changes: dict[str, Any]) -> None:
+        """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""
+        known = {f.name: f for f in fields(self) if not f.name.startswith("_")}
+        staged = self.to_dict()
+        for key, value in changes.items():
+            if key not in known:
+                raise ValueError(f"unknown fault {key!r}")
+            current = staged[key]
+            if isinstance(current, bool):
+                if not isinstance(value, bool):
+                    raise ValueError(f"{key} must be a boolean")
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{key} must be a number")
+            staged[key] = type(current)(value)
+        candidate = Faults(**staged)
+        for key in known:
+            setattr(self, key, getattr(candidate, key))
+        if "seed" in changes:
+            self._rng.seed(self.seed)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def should_fail(self) -> bool:
+        return self.error_rate > 0 and self._rng.random() < self.error_rate

@@ -1,0 +1,150 @@
+"""Validation of chat/completions bodies into what the engine and the streamer need."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loadtest.sim import prompt as P
+from loadtest.sim.errors import SimError
+
+__all__ = ["GenRequest", "parse_generation", "prompt_ids", "validate_cache_salt"]
+
+
+@dataclass(slots=True)
+class GenRequest:
+    chat: bool
+    stream: bool
+    include_usage: bool
+    ids: list[int]
+    salt: str | None
+    max_tokens: int
+    eos_after: int | None
+    visible_chars: int | None  # text is cut here (a stop string matched), else None
+    seed: int
+    priority: int
+    request_id: str | None
+
+
+def validate_cache_salt(body: dict[str, Any]) -> str | None:
+    """vLLM 0.34's rules for ``cache_salt``."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise SimError(400, "Parameter 'cache_salt' must be a non-empty string if provided.",
+                       param="cache_salt")
+    if len(salt) > 128 or any(c in salt for c in "@/\\\x00"):
+        raise SimError(400, "Parameter 'cache_salt' must be at most 128 characters and must not "
+                       "contain '@', '/', '\\', or NUL.", param="cache_salt")
+    return salt
+
+
+def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages or not all(
+            isinstance(m, dict) for m in messages
+        ):
+            raise SimError(400, "1 validation error: 'messages' must be a non-empty list of "
+                           "objects", "Bad Request", "messages")
+        return P.token_ids(P.render_chat(messages, body.get("tools")))
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]  # a batch of one
+    if isinstance(raw, str) and raw:
+        return P.token_ids(raw)
+    if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
+        return list(raw)
+    raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
+                   "token ids (batches are not supported by the simulator)", "Bad Request",
+                   "prompt")
+
+
+def _int_field(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise SimError(400, f"1 validation error: '{name}' must be an integer",
+                               "Bad Request", name)
+            return value
+    return None
+
+
+def _check_sampling(body: dict[str, Any], priority_enabled: bool) -> int:
+    n = _int_field(body, "n")
+    if n not in (None, 1):
+        raise SimError(400, "The simulator supports n=1 only.", param="n")
+    temp = body.get("temperature")
+    if temp is not None and (isinstance(temp, bool) or not isinstance(temp, int | float)):
+        raise SimError(400, "1 validation error: 'temperature' must be a number", "Bad Request",
+                       "temperature")
+    priority = _int_field(body, "priority") or 0
+    if priority and not priority_enabled:
+        raise SimError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
+    return priority
+
+
+def _stops(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return [s for s in stop if s]
+    raise SimError(400, "1 validation error: 'stop' must be a string or a list of strings",
+                   "Bad Request", "stop")
+
+
+def _check_length(n_prompt: int, max_tokens: int | None, max_model_len: int) -> int:
+    if n_prompt >= max_model_len:
+        raise SimError(400, f"This model's maximum context length is {max_model_len} tokens. "
+                       f"However, your request has {n_prompt} input tokens. Please reduce the "
+                       "length of the input messages.", param="input_tokens")
+    if max_tokens is None:
+        return max_model_len - n_prompt
+    if max_tokens < 1:
+        raise SimError(400, f"max_tokens must be at least 1, got {max_tokens}.",
+                       param="max_tokens")
+    if n_prompt + max_tokens > max_model_len:
+        raise SimError(400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. "
+                       f"This model's maximum context length is {max_model_len} tokens and your "
+                       f"request has {n_prompt} input tokens ({max_tokens} > {max_model_len} - "
+                       f"{n_prompt}).", param="max_tokens")
+    return max_tokens
+
+
+def _stop_point(seed: int, length: int, stops: list[str]) -> tuple[int, int] | None:
+    """(tokens generated, visible characters) when a stop string ends the text first."""
+    if not stops:
+        return None
+    text = P.generated_text(seed, 0, length)
+    found = [(i, s) for s in stops if (i := text.find(s)) >= 0]
+    if not found:
+        return None
+    pos, stop = min(found)
+    return -(-(pos + len(stop)) // 4), pos
+
+
+def parse_generation(
+    body: dict[str, Any], chat: bool, max_model_len: int, priority_enabled: bool
+) -> GenRequest:
+    salt = validate_cache_salt(body)
+    priority = _check_sampling(body, priority_enabled)
+    ids = prompt_ids(body, chat)
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    max_tokens = _check_length(len(ids), _int_field(body, *names), max_model_len)
+    ignore_eos = body.get("ignore_eos") is True
+    seed = P.text_seed(ids)
+    natural = None if ignore_eos else P.natural_length(seed)
+    length = max_tokens if natural is None else min(natural, max_tokens)
+    stop_point = _stop_point(seed, length, _stops(body))
+    eos_after, visible = (stop_point if stop_point else (natural, None))
+    options = body.get("stream_options")
+    stream = body.get("stream") is True
+    include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    rid = body.get("request_id")
+    return GenRequest(chat, stream, include_usage, ids, salt, max_tokens, eos_after, visible,
+                      seed, priority, rid if isinstance(rid, str) else None)
