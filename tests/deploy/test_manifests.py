@@ -11,8 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gateway.config import load_config
 from gateway.discovery import KubernetesConfig, parse_discovery
-from gateway.policy import PolicyDoc
 from tests.deploy.kustomize_lite import build, load_docs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,12 +160,11 @@ def _vllm_args(docs: list[dict[str, Any]], service: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_config_pools_point_at_real_vllm_services(name: str) -> None:
+def test_config_pools_point_at_real_vllm_services(name: str, tmp_path: Path) -> None:
     docs = built(name)
-    config = _config(docs)
-    policy = PolicyDoc.model_validate(
-        {k: config[k] for k in ("pools", "models", "tiers") if k in config}
-    )
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(find(docs, "ConfigMap", "kvgate-config")["data"]["config.yaml"])
+    policy = load_config(str(config_file), environ={})  # the gateway's own loader
     for pool_name, pool in policy.pools.items():
         assert pool.discovery, pool_name
         disc = parse_discovery(pool.discovery)
