@@ -16,23 +16,28 @@ request whose outcome kvgate never reported must not count forever).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PendingWork", "PrefillRates"]
+__all__ = ["PendingWork", "PrefillRates", "Rate", "ReplicaPending"]
 
 
 @dataclass(slots=True)
-class _Rate:
+class Rate:
     work: float
     seconds: float
 
 
 class PrefillRates:
     def __init__(self, prior_tps: float, prior_weight_s: float, decay: float, floor_tps: float):
-        self._prior = _Rate(prior_tps * prior_weight_s, prior_weight_s)
+        self._prior = Rate(prior_tps * prior_weight_s, prior_weight_s)
         self._decay = decay
         self._floor = floor_tps
-        self._rates: dict[str, _Rate] = {}
+        self._rates: dict[str, Rate] = {}
+
+    def records(self) -> tuple[Mapping[str, Rate], Rate, float]:
+        """(learned rates, the prior, the floor): raw access for the per-candidate hot loop."""
+        return self._rates, self._prior, self._floor
 
     def rate(self, replica: str) -> float:
         r = self._rates.get(replica, self._prior)
@@ -43,7 +48,7 @@ class PrefillRates:
             return
         r = self._rates.get(replica)
         if r is None:
-            r = self._rates[replica] = _Rate(self._prior.work, self._prior.seconds)
+            r = self._rates[replica] = Rate(self._prior.work, self._prior.seconds)
         r.work = r.work * self._decay + work_tokens
         r.seconds = r.seconds * self._decay + ttft_s
 
@@ -62,7 +67,7 @@ class _Entry:
 
 
 @dataclass(slots=True)
-class _ReplicaPending:
+class ReplicaPending:
     total: float = 0.0
     count: int = 0
     by_key: dict[tuple[int, int], deque[_Entry]] = field(default_factory=dict)
@@ -74,12 +79,21 @@ class PendingWork:
         # mean uncached tokens per routed request (EMA): the size of a request kvgate did not
         # send, e.g. one queued by another gateway replica
         self.mean_request_tokens = prior_request_tokens
-        self._replicas: dict[str, _ReplicaPending] = {}
+        self._replicas: dict[str, ReplicaPending] = {}
         self._timeline: deque[_Entry] = deque()  # every entry, oldest first (for expiry)
 
     def total(self, replica: str) -> float:
         p = self._replicas.get(replica)
         return p.total if p is not None else 0.0
+
+    def load(self, replica: str) -> tuple[float, int]:
+        """(pending uncached tokens, pending requests) on ``replica``."""
+        p = self._replicas.get(replica)
+        return (p.total, p.count) if p is not None else (0.0, 0)
+
+    def records(self) -> Mapping[str, ReplicaPending]:
+        """Pending work per replica: raw access for the per-candidate hot loop."""
+        return self._replicas
 
     def count(self, replica: str) -> int:
         p = self._replicas.get(replica)
@@ -89,7 +103,7 @@ class PendingWork:
         """Record a routed request; returns the work ahead of its first token (incl. itself)."""
         self.expire(now)
         self.mean_request_tokens += 0.05 * (uncached - self.mean_request_tokens)
-        p = self._replicas.setdefault(replica, _ReplicaPending())
+        p = self._replicas.setdefault(replica, ReplicaPending())
         entry = _Entry(replica, key, uncached, p.total + uncached, now)
         p.by_key.setdefault(key, deque()).append(entry)
         p.total += uncached
@@ -109,7 +123,7 @@ class PendingWork:
         self._retire(p, entry)
         return entry.work
 
-    def _retire(self, p: _ReplicaPending, entry: _Entry) -> None:
+    def _retire(self, p: ReplicaPending, entry: _Entry) -> None:
         entry.live = False
         p.count -= 1
         p.total = max(0.0, p.total - entry.uncached)

@@ -9,6 +9,7 @@ Nothing here reads a clock: ``now`` is passed in (seconds, any monotonic origin)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
@@ -22,6 +23,9 @@ __all__ = ["NoCandidate", "Router", "RouterConfig"]
 
 class NoCandidate(Exception):
     """No healthy replica among the views given to `pick`."""
+
+
+_by_id = attrgetter("id")
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -53,17 +57,14 @@ class Router:
         explain: bool = False,
     ) -> Decision:
         """Where to send ``features``; ``explain`` fills `Decision.ranked` with cost terms."""
-        healthy = sorted((v for v in views if v.healthy), key=lambda v: v.id)
+        healthy = sorted([v for v in views if v.healthy], key=_by_id)
         if not healthy:
             raise NoCandidate(features.model)
-        hashes = self.state.replica_hashes
+        hashes, capacity = self.state.replica_hashes, self._capacity_tokens
         for v in healthy:
             if v.id not in hashes:
                 hashes[v.id] = replica_hash(v.id)
-            if (
-                v.cache_capacity_tokens
-                and self._capacity_tokens.get(v.id) != v.cache_capacity_tokens
-            ):
+            if v.cache_capacity_tokens and capacity.get(v.id) != v.cache_capacity_tokens:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
         ctx = PickContext(features, healthy, now, self.state, explain)
         return self.policy.choose(ctx)

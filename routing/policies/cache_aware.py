@@ -18,15 +18,17 @@ per-prompt order, never by the order views arrive in.
 
 from __future__ import annotations
 
-from routing.load import LoadBound, fresh, mix
+from routing.load import LoadBound
 from routing.policies.base import PickContext, RouterState, decide
 from routing.types import Candidate, Decision, ReplicaView
 
 __all__ = ["CacheAware"]
 
-# per candidate: (rank key, admitted, view, matched blocks, queued, decode, uncached, rate, kv,
-# cost in seconds)
-_Row = tuple[tuple[int, int], bool, ReplicaView, int, float, float, float, float, float, float]
+_MASK64 = (1 << 64) - 1
+
+# per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
+# uncached, rate, kv usage)
+_Row = tuple[int, int, float, ReplicaView, int, float, float, float, float, float]
 
 
 class CacheAware:
@@ -35,70 +37,87 @@ class CacheAware:
     def __init__(self, state: RouterState) -> None:
         self._state = state
 
-    def _queued(self, v: ReplicaView) -> tuple[float, float]:
-        """(queued prefill tokens, decode token-equivalents) on ``v``."""
-        st, cfg = self._state, self._state.config
-        # our predicted uncached work, capped by the gateway's raw count; the gateway's count
-        # alone when we have no record (requests routed before a restart, by another Router)
-        own = st.pending.total(v.id) if v.inflight > 0 else 0.0
-        gateway = float(v.inflight_prefill_tokens)
-        if gateway > 0:
-            own = min(own, gateway) if st.pending.count(v.id) else gateway
-        own_reqs = v.inflight_prefill or st.pending.count(v.id)
-        decoding = float(max(0, v.inflight - own_reqs))
-        if fresh(v, cfg.stale_after_s):
-            if v.waiting is not None and v.waiting > own_reqs:
-                own += (v.waiting - own_reqs) * st.pending.mean_request_tokens
-            if v.running is not None:
-                decoding = max(decoding, v.running)
-        return own, decoding * cfg.decode_weight_tokens
-
-    def _kv_penalty(self, v: ReplicaView) -> tuple[float, float]:
-        cfg = self._state.config
-        if v.kv_usage is None or not fresh(v, cfg.stale_after_s) or v.kv_usage <= cfg.kv_knee:
-            return 0.0, v.kv_usage or 0.0
-        x = min(1.0, (v.kv_usage - cfg.kv_knee) / (1.0 - cfg.kv_knee))
-        return cfg.kv_penalty_s * x * x, v.kv_usage
-
     def _rows(self, ctx: PickContext) -> list[_Row]:
+        # One tight loop run for every candidate of every request (the decision budget is
+        # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
-        matches = st.index.match(f.block_hashes) if f.block_hashes else {}
-        bound = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack)
-        prompt, tpb, key = f.prompt_tokens, cfg.tokens_per_block, ctx.tie_key
-        quantum = cfg.tie_quantum_s
+        mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
+        prompt, tpb, key, quantum = (
+            f.prompt_tokens,
+            cfg.tokens_per_block,
+            ctx.tie_key,
+            cfg.tie_quantum_s,
+        )
+        stale, knee, dw, mean_req = (
+            cfg.stale_after_s,
+            cfg.kv_knee,
+            cfg.decode_weight_tokens,
+            st.pending.mean_request_tokens,
+        )
+        pget = st.pending.records().get
+        rates, prior, floor = st.rates.records()
+        rget, hashes = rates.get, st.replica_hashes
         rows: list[_Row] = []
         for v in ctx.views:
-            m = matches.get(v.id, 0)
-            uncached = float(prompt - max(0, min(prompt - 1, m * tpb)))
-            queued, decode = self._queued(v)
-            rate = st.rates.rate(v.id)
-            penalty, kv = self._kv_penalty(v)
-            cost = (queued + decode + uncached) / rate + penalty
-            rank = (int(cost / quantum), mix(key, st.replica_hashes[v.id]))
-            rows.append((rank, bound.admits(v), v, m, queued, decode, uncached, rate, kv, cost))
+            vid, inflight = v.id, v.inflight
+            m = mget(vid, 0)
+            cached = m * tpb
+            if cached >= prompt:
+                cached = prompt - 1 if prompt > 0 else 0
+            uncached = float(prompt - cached)
+            # queued: our predicted uncached work, capped by the gateway's raw count; the
+            # gateway's count alone when we hold no record (e.g. routed before a restart)
+            p = pget(vid)
+            own, own_reqs = (0.0, 0) if p is None else (p.total if inflight > 0 else 0.0, p.count)
+            gateway = v.inflight_prefill_tokens
+            if gateway > 0 and (own > gateway or not own_reqs):
+                own = float(gateway)
+            own_reqs = v.inflight_prefill or own_reqs
+            decoding = float(inflight - own_reqs if inflight > own_reqs else 0)
+            kv = penalty = 0.0
+            if v.scrape_age_s is not None and v.scrape_age_s <= stale:  # else fail open
+                if v.waiting is not None and v.waiting > own_reqs:
+                    own += (v.waiting - own_reqs) * mean_req
+                if v.running is not None and v.running > decoding:
+                    decoding = v.running
+                kv = v.kv_usage or 0.0
+                if kv > knee:
+                    x = (kv - knee) / (1.0 - knee)
+                    penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
+            r = rget(vid, prior)
+            rate = r.work / r.seconds
+            if rate < floor:
+                rate = floor
+            decode = decoding * dw
+            cost = (own + decode + uncached) / rate + penalty
+            z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
+            rows.append(
+                (int(cost / quantum), z ^ (z >> 29), cost, v, m, own, decode, uncached, rate, kv)
+            )
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
+        cfg = self._state.config
         rows = self._rows(ctx)
-        rows.sort(key=lambda r: r[0])
-        best_any = rows[0]
-        ordered = [r for r in rows if r[1]] + [r for r in rows if not r[1]]
+        rows.sort(key=_rank)
+        limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
+        admitted = [r for r in rows if r[3].inflight <= limit]
+        ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
-        if chosen is not best_any:
+        if chosen is not rows[0]:
             reason = "overflow"
-        elif chosen[3] > 0 and chosen[3] >= max(r[3] for r in rows):
+        elif chosen[4] > 0 and chosen[4] >= max(r[4] for r in rows):
             reason = "prefix-hit"
         else:
             reason = "least-cost"
-        ranked = self._explain(ordered) if ctx.explain else ()
-        return decide([r[2].id for r in ordered], reason, ranked)
+        ranked = self._explain(ordered, limit) if ctx.explain else ()
+        return decide([r[3].id for r in ordered], reason, ranked)
 
-    def _explain(self, rows: list[_Row]) -> tuple[Candidate, ...]:
+    def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
-        low = max(min(r[9] for r in rows), 1e-9)
+        low = max(min(r[2] for r in rows), 1e-9)
         out = []
-        for r in rows:
-            _, admitted, v, m, queued, decode, uncached, rate, kv, cost = r
+        for _, _, cost, v, m, queued, decode, uncached, rate, kv in rows:
             terms = {
                 "matched_tokens": float(m * tpb),
                 "uncached_tokens": uncached,
@@ -107,8 +126,12 @@ class CacheAware:
                 "prefill_tps": rate,
                 "kv_usage": kv,
                 "inflight": float(v.inflight),
-                "admitted": 1.0 if admitted else 0.0,
+                "admitted": 1.0 if v.inflight <= limit else 0.0,
                 "score": min(1.0, low / max(cost, 1e-9)),  # [0, 1], higher is better
             }
             out.append(Candidate(v.id, cost, terms))
         return tuple(out)
+
+
+def _rank(row: _Row) -> tuple[int, int]:
+    return row[0], row[1]

@@ -1,0 +1,254 @@
+"""Scrape vLLM replicas' Prometheus ``/metrics``: a pure parser and an asyncio poller.
+
+`parse_vllm_metrics` turns one page into a `Sample`, reading the current vLLM names and, where
+a current name is absent, the deprecated one (``gpu_cache_usage_perc`` before 0.9.2,
+``gpu_prefix_cache_*`` before 0.9; names from vLLM's ``v1/metrics/loggers.py``). Counts and
+counters are summed over the ``engine`` label (one series per data-parallel rank); KV usage, a
+fraction, takes the fullest engine. Capacity comes from ``vllm:cache_config_info``'s
+``block_size`` and ``num_gpu_blocks`` labels.
+
+`Scraper` polls every target in its own task (so a hanging ``/metrics`` delays only itself),
+with a timeout over the whole request, jittered intervals, and hands each outcome to
+``on_sample(replica_id, sample_or_None, now)``. The app's lifespan owns it: `start`, `stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+__all__ = ["Sample", "Scraper", "parse_vllm_metrics"]
+
+log = logging.getLogger(__name__)
+
+# sample name -> Sample field; current names first (they win when both are present)
+_SUMMED: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running",),
+    "waiting": ("vllm:num_requests_waiting",),
+    "prefix_cache_queries": (
+        "vllm:prefix_cache_queries_total",
+        "vllm:gpu_prefix_cache_queries_total",
+    ),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "preemptions": ("vllm:num_preemptions_total",),
+    "prompt_tokens": ("vllm:prompt_tokens_total",),
+    "generation_tokens": ("vllm:generation_tokens_total",),
+}
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_CACHE_INFO = "vllm:cache_config_info"
+_WANTED = tuple(sorted({n for names in _SUMMED.values() for n in names} | {*_KV, _CACHE_INFO}))
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One replica's state from one scrape (``None`` = the page did not say)."""
+
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None  # 0..1, fullest engine
+    prefix_cache_queries: float | None = None  # counters (tokens; blocks before vLLM 0.9)
+    prefix_cache_hits: float | None = None
+    preemptions: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    legacy_names: bool = False  # True when a deprecated name was read
+
+    @property
+    def cache_capacity_tokens(self) -> int | None:
+        if self.block_size is None or self.num_gpu_blocks is None:
+            return None
+        return self.block_size * self.num_gpu_blocks
+
+
+def _relevant_lines(text: str) -> str:
+    # Parsing a whole vLLM page (histograms included) costs milliseconds; the few series we
+    # read are a handful of lines, so drop the rest (comments too: untyped samples parse fine).
+    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+
+
+def _int_label(value: str | None) -> int | None:
+    try:
+        return int(float(value)) if value not in (None, "", "None") else None
+    except ValueError:
+        return None
+
+
+def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[str, str]]]:
+    sums: dict[str, float] = {}
+    maxima: dict[str, float] = {}
+    infos: list[dict[str, str]] = []
+    for family in text_string_to_metric_families(_relevant_lines(text)):
+        for s in family.samples:
+            if s.name == _CACHE_INFO:
+                infos.append(dict(s.labels))
+            elif s.name in _KV:
+                maxima[s.name] = max(maxima.get(s.name, 0.0), float(s.value))
+            else:
+                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
+    return sums, maxima, infos
+
+
+def _capacity(infos: list[dict[str, str]]) -> tuple[int | None, int | None]:
+    block_size: int | None = None
+    blocks: int | None = None
+    for labels in infos:
+        block_size = block_size or _int_label(labels.get("block_size"))
+        n = _int_label(labels.get("num_gpu_blocks"))
+        if n is not None:
+            blocks = (blocks or 0) + n
+    return block_size, blocks
+
+
+def parse_vllm_metrics(text: str) -> Sample:
+    """Parse one vLLM ``/metrics`` page (current or deprecated names). Raises ValueError."""
+    sums, maxima, infos = _collect(text)
+    fields: dict[str, float | None] = {}
+    legacy = False
+    for field, names in _SUMMED.items():
+        found = next((n for n in names if n in sums), None)
+        fields[field] = sums[found] if found else None
+        legacy |= found is not None and found != names[0]
+    kv_name = next((n for n in _KV if n in maxima), None)
+    legacy |= kv_name == _KV[1]
+    block_size, num_gpu_blocks = _capacity(infos)
+    return Sample(
+        kv_usage=maxima[kv_name] if kv_name else None,
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+        legacy_names=legacy,
+        **fields,
+    )
+
+
+OnSample = Callable[[str, Sample | None, float], None]
+
+
+@dataclass(slots=True)
+class _Target:
+    url: str
+    task: asyncio.Task[None] | None = None
+    last_ok: float | None = None
+    errors: int = 0
+
+
+class Scraper:
+    """Polls each target's ``/metrics`` concurrently; reports every outcome to ``on_sample``."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        on_sample: OnSample,
+        *,
+        interval_s: float = 0.25,
+        timeout_s: float = 1.0,
+        jitter: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._client = client
+        self._on_sample = on_sample
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.jitter = jitter
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._targets: dict[str, _Target] = {}
+        self._running = False
+
+    # -- targets ------------------------------------------------------------------------------
+    def add_target(self, replica_id: str, base_url: str) -> None:
+        """Scrape ``base_url``/metrics as ``replica_id`` (replaces an existing target)."""
+        self.remove_target(replica_id)
+        target = self._targets[replica_id] = _Target(base_url.rstrip("/") + "/metrics")
+        if self._running:
+            target.task = asyncio.create_task(self._loop(replica_id, target))
+
+    def remove_target(self, replica_id: str) -> None:
+        target = self._targets.pop(replica_id, None)
+        if target is not None and target.task is not None:
+            target.task.cancel()
+
+    def targets(self) -> Iterable[str]:
+        return tuple(self._targets)
+
+    def scrape_age(self, replica_id: str, now: float | None = None) -> float | None:
+        """Seconds since the last good scrape of ``replica_id`` (None: never scraped)."""
+        target = self._targets.get(replica_id)
+        if target is None or target.last_ok is None:
+            return None
+        return (self._clock() if now is None else now) - target.last_ok
+
+    def errors(self, replica_id: str) -> int:
+        target = self._targets.get(replica_id)
+        return target.errors if target is not None else 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._running = True
+        for rid, target in self._targets.items():
+            if target.task is None:
+                target.task = asyncio.create_task(self._loop(rid, target))
+
+    async def stop(self) -> None:
+        self._running = False
+        tasks = [t.task for t in self._targets.values() if t.task is not None]
+        for target in self._targets.values():
+            target.task = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def __aenter__(self) -> Scraper:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- polling ------------------------------------------------------------------------------
+    async def scrape_once(self, replica_id: str) -> Sample | None:
+        """Scrape one target now; reports the outcome and returns it."""
+        target = self._targets.get(replica_id)
+        if target is None:
+            return None
+        return await self._scrape(replica_id, target)
+
+    async def _scrape(self, replica_id: str, target: _Target) -> Sample | None:
+        sample: Sample | None = None
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                response = await self._client.get(target.url, timeout=self.timeout_s)
+            response.raise_for_status()
+            sample = parse_vllm_metrics(response.text)
+        except (httpx.HTTPError, TimeoutError, ValueError) as exc:
+            target.errors += 1
+            log.debug("scrape failed", extra={"replica": replica_id, "error": type(exc).__name__})
+        now = self._clock()
+        if sample is not None:
+            target.last_ok = now
+        if self._targets.get(replica_id) is target:
+            try:
+                self._on_sample(replica_id, sample, now)
+            except Exception:  # a faulty consumer must not stop the poller
+                log.exception("on_sample failed", extra={"replica": replica_id})
+        return sample
+
+    async def _loop(self, replica_id: str, target: _Target) -> None:
+        while True:
+            started = self._clock()
+            await self._scrape(replica_id, target)
+            spread = self.interval_s * self.jitter
+            delay = self.interval_s + self._rng.uniform(-spread, spread)
+            await asyncio.sleep(max(0.0, delay - (self._clock() - started)))
