@@ -1,14 +1,27 @@
 """The policy document: pools, public model names and tiers.
 
 This is the part of the configuration operators change at runtime (`GET|PUT /admin/policy`);
-it is validated as a whole so a bad document never half-applies. Errors name the field.
+it is validated as a whole so a bad document never half-applies. Errors name the field
+(``models.llama-70b.premium: unknown pool 'fp9'``); `parse_policy` turns pydantic's errors
+into one `PolicyValidationError(field, message)` for callers that answer with HTTP 400.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = [
+    "DEFAULT_TIER",
+    "Limits",
+    "LoadThreshold",
+    "PolicyDoc",
+    "PolicyValidationError",
+    "PoolConfig",
+    "TierConfig",
+    "parse_policy",
+]
 
 DEFAULT_TIER = "default"
 
@@ -20,6 +33,10 @@ class Limits(BaseModel):
     rpm: Annotated[int, Field(gt=0)] | None = None
     tpm: Annotated[int, Field(gt=0)] | None = None
     max_concurrency: Annotated[int, Field(gt=0)] | None = None
+
+    def overlay(self, overrides: Limits) -> Limits:
+        """These limits with every field `overrides` sets replacing ours."""
+        return self.model_copy(update=overrides.model_dump(exclude_unset=True))
 
 
 class PoolConfig(BaseModel):
@@ -42,11 +59,30 @@ class PoolConfig(BaseModel):
         return self
 
 
+class LoadThreshold(BaseModel):
+    """A per-replica load level: vLLM's waiting-queue depth and KV-cache occupancy (0..1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    waiting: Annotated[float, Field(ge=0)]
+    kv_usage: Annotated[float, Field(ge=0, le=1)]
+
+
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits = Field(default_factory=Limits)
     priority: int = 0  # vLLM `priority` for pools that run --scheduling-policy priority
     spill_to: str | None = None  # a pool this tier may overflow to when its own is saturated
+    # A replica is saturated at or above either level; the tier spills only when every
+    # replica of its own pool is saturated (or unhealthy).
+    spill_when: LoadThreshold = Field(
+        default_factory=lambda: LoadThreshold(waiting=8, kv_usage=0.95)
+    )
+    # A pool this tier may borrow while its own is saturated AND that pool is idle: every
+    # healthy replica at or below `borrow_below.waiting` and below `borrow_below.kv_usage`.
+    borrow_from: str | None = None
+    borrow_below: LoadThreshold = Field(
+        default_factory=lambda: LoadThreshold(waiting=0, kv_usage=0.5)
+    )
 
 
 class PolicyDoc(BaseModel):
@@ -59,7 +95,11 @@ class PolicyDoc(BaseModel):
 
     @model_validator(mode="after")
     def _references_resolve(self) -> PolicyDoc:
+        if not self.tiers:
+            raise ValueError("tiers: at least one tier is required")
         for model, per_tier in self.models.items():
+            if not per_tier:
+                raise ValueError(f"models.{model}: maps no tier to a pool")
             for tier, pool in per_tier.items():
                 where = f"models.{model}.{tier}"
                 if pool not in self.pools:
@@ -67,9 +107,34 @@ class PolicyDoc(BaseModel):
                 if tier != DEFAULT_TIER and tier not in self.tiers:
                     raise ValueError(f"{where}: unknown tier {tier!r}")
         for name, tier_cfg in self.tiers.items():
-            if tier_cfg.spill_to is not None and tier_cfg.spill_to not in self.pools:
-                raise ValueError(f"tiers.{name}.spill_to: unknown pool {tier_cfg.spill_to!r}")
+            for attr in ("spill_to", "borrow_from"):
+                target = getattr(tier_cfg, attr)
+                if target is not None and target not in self.pools:
+                    raise ValueError(f"tiers.{name}.{attr}: unknown pool {target!r}")
+        self._check_spill_cycles()
         return self
+
+    def _check_spill_cycles(self) -> None:
+        """Spill edges (a tier's pool for a model -> its `spill_to`) must form no cycle.
+
+        At run time a request spills at most once, but a cycle (premium fp8 -> awq while free
+        awq -> fp8) means free takes premium capacity whenever it is busy, which the tier rules
+        forbid: free may only *borrow* an idle pool (`borrow_from`).
+        """
+        for model in self.models:
+            edges: dict[str, tuple[str, str]] = {}
+            for tier_name in self.tiers:
+                src = self.pool_for(model, tier_name)
+                dst = self.tiers[tier_name].spill_to
+                if src is None or dst is None:
+                    continue
+                if src == dst:
+                    raise ValueError(
+                        f"tiers.{tier_name}.spill_to: {dst!r} is the tier's own pool for "
+                        f"model {model!r} (spill cycle)"
+                    )
+                edges.setdefault(src, (dst, tier_name))
+            _raise_on_cycle(model, edges)
 
     def pool_for(self, model: str, tier: str) -> str | None:
         """The pool serving public `model` for `tier` (falling back to the 'default' tier)."""
@@ -77,3 +142,39 @@ class PolicyDoc(BaseModel):
         if per_tier is None:
             return None
         return per_tier.get(tier) or per_tier.get(DEFAULT_TIER)
+
+
+def _raise_on_cycle(model: str, edges: dict[str, tuple[str, str]]) -> None:
+    for start in edges:
+        seen = [start]
+        node = start
+        while node in edges:
+            node, tier_name = edges[node]
+            if node in seen:
+                path = " -> ".join([*seen[seen.index(node) :], node])
+                raise ValueError(
+                    f"tiers.{tier_name}.spill_to: spill cycle for model {model!r}: {path}"
+                )
+            seen.append(node)
+
+
+class PolicyValidationError(ValueError):
+    """An invalid policy document; `field` is the dotted path of the first offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+def parse_policy(data: Any) -> PolicyDoc:
+    """Validate a policy document (a dict from JSON/YAML) or raise `PolicyValidationError`."""
+    try:
+        return PolicyDoc.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(part) for part in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if not loc and ": " in msg:  # our own messages lead with the field
+            loc, msg = msg.split(": ", 1)
+        raise PolicyValidationError(loc, msg) from None

@@ -1,0 +1,56 @@
+"""Admin authentication: bearer admin tokens, compared in constant time, never tenant keys."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gateway.tenancy.errors import AuthError, PermissionDenied
+from gateway.tenancy.keys import looks_like_key
+from gateway.tenancy.resolver import parse_bearer
+
+__all__ = ["AdminToken", "admin_tokens_from_env", "check_admin"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdminToken:
+    """An admin token and the id the audit log records for it (the token is never shown)."""
+
+    id: str
+    token: str = field(repr=False)
+
+
+def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
+    """Parse ``KVGATE_ADMIN_TOKEN``: a bare token (id ``admin``) or ``id:token,id:token``."""
+    if not value or not value.strip():
+        return []
+    entries = [part.strip() for part in value.split(",") if part.strip()]
+    if len(entries) == 1 and ":" not in entries[0]:
+        return [AdminToken("admin", entries[0])]
+    tokens = []
+    for entry in entries:
+        ident, sep, token = entry.partition(":")
+        if not sep or not ident or not token:
+            raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
+        tokens.append(AdminToken(ident, token))
+    return tokens
+
+
+def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
+    """The id of the admin token in an Authorization header value, or raise 401/403."""
+    if not tokens:
+        raise PermissionDenied("the admin API is disabled: no admin token is configured")
+    presented = parse_bearer(authorization)
+    if presented is None:
+        raise AuthError("missing admin token: send 'Authorization: Bearer <admin token>'")
+    found: str | None = None
+    given = presented.encode()
+    for candidate in tokens:  # no early exit: every token is compared, in constant time
+        if hmac.compare_digest(candidate.token.encode(), given):
+            found = candidate.id
+    if found is not None:
+        return found
+    if looks_like_key(presented):
+        raise PermissionDenied("tenant API keys cannot use the admin API")
+    raise AuthError("invalid admin token")

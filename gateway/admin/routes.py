@@ -1,0 +1,222 @@
+"""The admin API as a router factory: ``make_admin_router(AdminDeps(...))``.
+
+Routes (DESIGN.md "Admin API contract"): tenants CRUD, key creation/revocation, salt
+rotation, the versioned policy document (ETag / If-Match), replicas, route explain, audit.
+Every change is audited with the admin token's id. Keys appear only in the 201 of key creation.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Query, Response
+from fastapi.responses import JSONResponse
+
+from gateway.admin.auth import AdminToken, check_admin
+from gateway.admin.errors import AdminRoute
+from gateway.admin.schemas import TenantCreate, TenantPatch, tenant_view
+from gateway.policy import PolicyValidationError, parse_policy
+from gateway.tenancy.errors import InvalidRequest, NotFound
+from gateway.tenancy.keys import generate_key, hash_key, new_key_id
+from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
+from gateway.tenancy.store import TenantStore
+
+__all__ = ["AdminDeps", "make_admin_router"]
+
+Supplier = Callable[[], Any]  # may return an awaitable
+Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
+
+
+@dataclass
+class AdminDeps:
+    store: TenantStore
+    tokens: Sequence[AdminToken]
+    replicas: Supplier | None = None  # live view of pools/replicas (the gateway supplies it)
+    explain: Explainer | None = None  # dry-run routing of a request body
+    clock: Callable[[], float] = time.time  # wall clock for audit timestamps
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class _Ctx:
+    """Shared helpers for the route groups (holds the dependencies, nothing global)."""
+
+    def __init__(self, deps: AdminDeps) -> None:
+        self.deps = deps
+        self.store = deps.store
+
+    async def audit(self, who: str, action: str, target: str, **detail: Any) -> None:
+        entry = AuditEntry(
+            at=self.deps.clock(), who=who, action=action, target=target, detail=detail
+        )
+        await self.store.append_audit(entry)
+
+    async def tenant(self, tenant_id: str) -> Tenant:
+        tenant = await self.store.get_tenant(tenant_id)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+        return tenant
+
+    async def check_tier(self, tier: str) -> None:
+        policy = await self.store.get_policy()
+        if policy is not None and tier not in policy.doc.tiers:
+            known = ", ".join(sorted(policy.doc.tiers))
+            raise InvalidRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+
+
+def make_admin_router(deps: AdminDeps) -> APIRouter:
+    """An APIRouter with every admin route under ``/admin``; mount it with include_router."""
+
+    def admin(authorization: Annotated[str | None, Header()] = None) -> str:
+        return check_admin(deps.tokens, authorization)
+
+    router = APIRouter(prefix="/admin", route_class=AdminRoute, tags=["admin"])
+    ctx = _Ctx(deps)
+    who_dep = Annotated[str, Depends(admin)]
+    _tenant_routes(router, ctx, who_dep)
+    _key_routes(router, ctx, who_dep)
+    _policy_routes(router, ctx, who_dep)
+    _ops_routes(router, ctx, who_dep)
+    return router
+
+
+def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
+    @router.post("/tenants", status_code=201)
+    async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
+        await ctx.check_tier(body.tier)
+        tenant = Tenant.model_validate(body.model_dump(exclude_unset=True))
+        await ctx.store.create_tenant(tenant)
+        await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
+        return tenant_view(tenant, [])
+
+    @router.get("/tenants")
+    async def list_tenants(who: Who) -> dict[str, Any]:
+        tenants = await ctx.store.list_tenants()
+        return {"object": "list", "data": [tenant_view(t) for t in tenants]}
+
+    @router.get("/tenants/{tenant_id}")
+    async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
+        tenant = await ctx.tenant(tenant_id)
+        keys = [k.public() for k in await ctx.store.list_keys(tenant_id)]
+        return tenant_view(tenant, keys)
+
+    @router.patch("/tenants/{tenant_id}")
+    async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
+        changes = body.changes()
+        if "tier" in changes:
+            if body.tier is None:
+                raise InvalidRequest("tier: must not be null", param="tier")
+            await ctx.check_tier(body.tier)
+        tenant = await ctx.store.update_tenant(tenant_id, changes)
+        await ctx.audit(who, "tenant.update", tenant_id, fields=sorted(changes))
+        return tenant_view(tenant)
+
+    @router.delete("/tenants/{tenant_id}", status_code=204)
+    async def delete_tenant(tenant_id: str, who: Who) -> Response:
+        if not await ctx.store.delete_tenant(tenant_id):
+            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+        await ctx.audit(who, "tenant.delete", tenant_id)
+        return Response(status_code=204)
+
+    @router.post("/tenants/{tenant_id}/rotate-salt")
+    async def rotate_salt(tenant_id: str, who: Who) -> dict[str, Any]:
+        rotation = await ctx.store.rotate_salt(tenant_id)
+        await ctx.audit(
+            who,
+            "tenant.rotate_salt",
+            tenant_id,
+            scope=rotation.scope,
+            salt_group=rotation.salt_group,
+            epoch=rotation.epoch,
+        )
+        return {
+            "id": tenant_id,
+            "scope": rotation.scope,
+            "salt_group": rotation.salt_group,
+            "salt_epoch": rotation.epoch,
+        }
+
+
+def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
+    @router.post("/tenants/{tenant_id}/keys", status_code=201)
+    async def create_key(tenant_id: str, who: Who) -> JSONResponse:
+        key, key_id = generate_key(), new_key_id()
+        record = KeyRecord(
+            key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
+        )
+        await ctx.store.add_key(record)
+        await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
+        body = {"id": key_id, "key": key, "tenant": tenant_id, "created_at": record.created_at}
+        return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
+
+    @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
+    async def revoke_key(tenant_id: str, key_id: str, who: Who) -> Response:
+        if not await ctx.store.revoke_key(tenant_id, key_id):
+            raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
+        await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)
+        return Response(status_code=204)
+
+
+def _parse_if_match(value: str | None) -> int | None:
+    if value is None or value.strip() == "*":
+        return None
+    text = value.strip().removeprefix("W/").strip('"')
+    if not text.isdigit():
+        raise InvalidRequest('If-Match: expected a policy version such as "3"', param="If-Match")
+    return int(text)
+
+
+def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
+    @router.get("/policy")
+    async def get_policy(who: Who) -> JSONResponse:
+        snap = await ctx.store.get_policy()
+        if snap is None:
+            raise NotFound("no policy document has been stored yet")
+        doc = snap.doc.model_dump(mode="json", exclude_unset=True)
+        return JSONResponse(doc, headers={"etag": f'"{snap.version}"'})
+
+    @router.put("/policy")
+    async def put_policy(
+        who: Who,
+        document: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        expected = _parse_if_match(if_match)
+        try:
+            doc = parse_policy(document)
+        except PolicyValidationError as exc:
+            raise InvalidRequest(str(exc), param=exc.field or None) from None
+        for tenant in await ctx.store.list_tenants():
+            if tenant.tier not in doc.tiers:
+                raise InvalidRequest(
+                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
+                )
+        snap = await ctx.store.put_policy(doc, if_version=expected)
+        await ctx.audit(who, "policy.put", "policy", version=snap.version)
+        body = snap.doc.model_dump(mode="json", exclude_unset=True)
+        return JSONResponse(body, headers={"etag": f'"{snap.version}"'})
+
+
+def _ops_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
+    @router.get("/replicas")
+    async def replicas(who: Who) -> Any:
+        if ctx.deps.replicas is None:
+            return {"object": "list", "data": []}
+        return await _maybe_await(ctx.deps.replicas())
+
+    @router.post("/route/explain")
+    async def explain(who: Who, body: Annotated[dict[str, Any], Body()]) -> Any:
+        if ctx.deps.explain is None:
+            raise NotFound("route explain is not available in this process")
+        return await _maybe_await(ctx.deps.explain(body))
+
+    @router.get("/audit")
+    async def audit(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
+        entries = await ctx.store.list_audit(limit)
+        return {"object": "list", "data": [e.model_dump() for e in entries]}

@@ -1,0 +1,88 @@
+"""Admission that survives a Redis outage: per-process limits while the shared ones are gone.
+
+While the primary (Redis) limiter is unreachable, each gateway enforces its tenants' limits
+divided by the number of gateway replicas, so the fleet as a whole stays near the budget. The
+primary is retried at most every `recheck_s`, and used again as soon as it answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from gateway.policy import Limits
+from gateway.tenancy.errors import BackendUnavailable
+from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
+
+__all__ = ["FallbackRateLimiter", "scale_limits"]
+
+log = logging.getLogger(__name__)
+
+
+def scale_limits(limits: Limits, replicas: int) -> Limits:
+    """Each replica's share of a fleet-wide limit (at least 1 where a limit is set)."""
+
+    def share(value: int | None) -> int | None:
+        return None if value is None else max(1, value // max(1, replicas))
+
+    return Limits(
+        rpm=share(limits.rpm), tpm=share(limits.tpm), max_concurrency=share(limits.max_concurrency)
+    )
+
+
+class FallbackRateLimiter(RateLimiter):
+    def __init__(
+        self,
+        primary: RateLimiter,
+        *,
+        replicas: int,
+        recheck_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._primary = primary
+        self._local = MemoryRateLimiter(clock=clock)
+        self._replicas = max(1, replicas)
+        self._recheck_s = recheck_s
+        self._clock = clock
+        self._down_until: float | None = None
+
+    @property
+    def degraded(self) -> bool:
+        return self._down_until is not None
+
+    async def start(self) -> None:
+        await self._primary.start()
+
+    async def close(self) -> None:
+        await self._primary.close()
+
+    async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        if self._down_until is None or self._clock() >= self._down_until:
+            try:
+                admission = await self._primary.admit(tenant_id, limits, tokens=tokens)
+            except BackendUnavailable:
+                if self._down_until is None:
+                    log.warning("rate limits: Redis unreachable; using per-process limits")
+                self._down_until = self._clock() + self._recheck_s
+            else:
+                if self._down_until is not None:
+                    log.info("rate limits: Redis reachable again; shared limits restored")
+                self._down_until = None
+                return admission
+        scaled = scale_limits(limits, self._replicas)
+        admission = await self._local.admit(tenant_id, scaled, tokens=tokens)
+        admission.degraded = True
+        return admission
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        try:
+            await (admission.owner or self._primary).settle(admission, used_tokens)
+        except BackendUnavailable:
+            log.debug("usage not settled: Redis unreachable")
+
+    async def release(self, admission: Admission) -> None:
+        try:
+            await (admission.owner or self._primary).release(admission)
+        except BackendUnavailable:  # the lease expires on its own
+            log.debug("lease not released: Redis unreachable")

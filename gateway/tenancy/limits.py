@@ -1,0 +1,206 @@
+"""Per-tenant admission: requests/minute, tokens/minute and concurrent requests.
+
+Both minute limits are token buckets holding at most one minute of budget and refilling
+continuously (limit/60 per second). TPM admission needs only a positive balance; the request's
+estimated prompt tokens are charged at once and the real usage is settled afterwards, so the
+bucket overshoots by at most the requests already admitted (one, when they run one at a time).
+Concurrency is a set of leases released when the request ends. `RedisRateLimiter` runs the same
+rules in one Lua script; `MemoryRateLimiter` is the single-process (and fallback) version.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.policy import Limits
+from gateway.tenancy.errors import RateLimited
+
+__all__ = ["Admission", "MemoryRateLimiter", "RateLimiter", "refill"]
+
+WINDOW_S = 60.0
+
+
+def refill(level: float, last: float, now: float, capacity: int) -> float:
+    """A bucket's level after refilling at `capacity` per minute since `last`."""
+    return min(float(capacity), level + max(0.0, now - last) * capacity / WINDOW_S)
+
+
+def _seconds_to(level: float, target: float, capacity: int) -> float:
+    return max(0.0, (target - level) * WINDOW_S / capacity)
+
+
+def _fmt_duration(seconds: float) -> str:
+    return f"{round(seconds * 1000)}ms" if seconds < 1 else f"{seconds:.3f}".rstrip("0") + "s"
+
+
+@dataclass(slots=True)
+class Admission:
+    """The answer to one admission request, and the handle to settle and release it."""
+
+    allowed: bool
+    tenant_id: str
+    reason: str | None = None  # when denied: "concurrency" | "rpm" | "tpm"
+    retry_after_s: float = 0.0
+    limit_requests: int | None = None
+    remaining_requests: int | None = None
+    reset_requests_s: float = 0.0
+    limit_tokens: int | None = None
+    remaining_tokens: int | None = None
+    reset_tokens_s: float = 0.0
+    reserved_tokens: int = 0
+    lease_id: str | None = None
+    degraded: bool = False  # admitted by per-process fallback limits
+    owner: RateLimiter | None = field(default=None, repr=False, compare=False)
+    settled: bool = False
+    released: bool = False
+
+    def headers(self) -> dict[str, str]:
+        """``x-ratelimit-*`` (OpenAI's names) and, when denied, ``retry-after`` (seconds)."""
+        out: dict[str, str] = {}
+        if self.limit_requests is not None:
+            out["x-ratelimit-limit-requests"] = str(self.limit_requests)
+            out["x-ratelimit-remaining-requests"] = str(self.remaining_requests or 0)
+            out["x-ratelimit-reset-requests"] = _fmt_duration(self.reset_requests_s)
+        if self.limit_tokens is not None:
+            out["x-ratelimit-limit-tokens"] = str(self.limit_tokens)
+            out["x-ratelimit-remaining-tokens"] = str(self.remaining_tokens or 0)
+            out["x-ratelimit-reset-tokens"] = _fmt_duration(self.reset_tokens_s)
+        if not self.allowed:
+            out["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+        return out
+
+    def error(self) -> RateLimited:
+        what = {"rpm": "requests per minute", "tpm": "tokens per minute"}.get(
+            self.reason or "", "concurrent requests"
+        )
+        return RateLimited(
+            f"rate limit exceeded: {what}; retry after {max(1, math.ceil(self.retry_after_s))}s",
+            retry_after_s=self.retry_after_s,
+        )
+
+
+class RateLimiter(ABC):
+    """`admit` before forwarding; `settle` with real usage; `release` when the request ends
+    (always, in a ``finally``). `settle` and `release` are idempotent."""
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Start background work (lease renewal)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop background work."""
+
+    @property
+    def degraded(self) -> bool:
+        return False
+
+    @abstractmethod
+    async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission: ...
+
+    @abstractmethod
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        """Charge real usage: the difference to the estimate reserved at admission."""
+
+    @abstractmethod
+    async def release(self, admission: Admission) -> None:
+        """Give back the concurrency lease."""
+
+    async def finish(self, admission: Admission, used_tokens: int | None) -> None:
+        """`settle` (when usage is known) and `release` together."""
+        if used_tokens is not None:
+            await self.settle(admission, used_tokens)
+        await self.release(admission)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    requests: float
+    tokens: float
+    at: float
+
+
+class MemoryRateLimiter(RateLimiter):
+    """The same rules for one process (exact within it; no sharing across processes)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+        self._leases: dict[str, set[str]] = {}
+
+    async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        return self.admit_now(tenant_id, limits, tokens=tokens)
+
+    def admit_now(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        now = self._clock()
+        rpm, tpm, conc = limits.rpm or 0, limits.tpm or 0, limits.max_concurrency or 0
+        b = self._buckets.get(tenant_id) or _Bucket(float(rpm), float(tpm), now)
+        r = refill(b.requests, b.at, now, rpm) if rpm else 0.0
+        t = refill(b.tokens, b.at, now, tpm) if tpm else 0.0
+        leases = self._leases.setdefault(tenant_id, set())
+        reason, retry = None, 0.0
+        if conc and len(leases) >= conc:
+            reason, retry = "concurrency", 1.0
+        elif rpm and r < 1:
+            reason, retry = "rpm", _seconds_to(r, 1.0, rpm)
+        elif tpm and t <= 0:
+            reason, retry = "tpm", _seconds_to(t, 1.0, tpm)
+        lease_id = None
+        if reason is None:
+            r, t = (r - 1 if rpm else r), (t - tokens if tpm else t)
+            if conc:
+                lease_id = secrets.token_hex(8)
+                leases.add(lease_id)
+        self._buckets[tenant_id] = _Bucket(r, t, now)
+        return build_admission(tenant_id, limits, reason, retry, r, t, tokens, lease_id, self)
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        if admission.settled or not admission.allowed:
+            return
+        admission.settled = True
+        b = self._buckets.get(admission.tenant_id)
+        if b is not None and admission.limit_tokens:
+            extra = used_tokens - admission.reserved_tokens
+            b.tokens = min(float(admission.limit_tokens), b.tokens - extra)
+
+    async def release(self, admission: Admission) -> None:
+        if admission.released or admission.lease_id is None:
+            return
+        admission.released = True
+        self._leases.get(admission.tenant_id, set()).discard(admission.lease_id)
+
+    def inflight(self, tenant_id: str) -> int:
+        return len(self._leases.get(tenant_id, ()))
+
+
+def build_admission(
+    tenant_id: str,
+    limits: Limits,
+    reason: str | None,
+    retry: float,
+    r: float,
+    t: float,
+    tokens: int,
+    lease_id: str | None,
+    owner: RateLimiter,
+) -> Admission:
+    """An `Admission` from bucket levels after the decision (shared with the Redis limiter)."""
+    rpm, tpm = limits.rpm, limits.tpm
+    return Admission(
+        allowed=reason is None,
+        tenant_id=tenant_id,
+        reason=reason,
+        retry_after_s=retry,
+        limit_requests=rpm,
+        remaining_requests=max(0, math.floor(r)) if rpm else None,
+        reset_requests_s=_seconds_to(r, rpm, rpm) if rpm else 0.0,
+        limit_tokens=tpm,
+        remaining_tokens=max(0, math.floor(t)) if tpm else None,
+        reset_tokens_s=_seconds_to(t, tpm, tpm) if tpm else 0.0,
+        reserved_tokens=tokens if reason is None else 0,
+        lease_id=lease_id,
+        owner=owner,
+    )

@@ -1,0 +1,133 @@
+"""The single-process store: plain dicts, callbacks instead of pub/sub."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from gateway.policy import PolicyDoc
+from gateway.tenancy.errors import Conflict, NotFound
+from gateway.tenancy.models import (
+    AuditEntry,
+    Change,
+    KeyRecord,
+    PolicySnapshot,
+    SaltRotation,
+    StoreSnapshot,
+    Tenant,
+)
+from gateway.tenancy.store import (
+    DEFAULT_AUDIT_CAP,
+    TenantStore,
+    apply_tenant_changes,
+    check_policy_version,
+    with_epoch,
+)
+
+__all__ = ["InMemoryStore"]
+
+
+class InMemoryStore(TenantStore):
+    def __init__(self, *, audit_cap: int = DEFAULT_AUDIT_CAP) -> None:
+        super().__init__()
+        self._tenants: dict[str, Tenant] = {}
+        self._keys: dict[str, KeyRecord] = {}  # key_hash -> record
+        self._policy: PolicySnapshot | None = None
+        self._group_epochs: dict[str, int] = {}
+        self._audit: deque[AuditEntry] = deque(maxlen=audit_cap)
+        self._generation = 0
+
+    def _changed(self, kind: str, ident: str | None) -> None:
+        self._generation += 1
+        self._notify(Change(kind, ident))
+
+    def _require(self, tenant_id: str) -> Tenant:
+        tenant = self._tenants.get(tenant_id)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+        return tenant
+
+    async def create_tenant(self, tenant: Tenant) -> Tenant:
+        if tenant.id in self._tenants:
+            raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
+        self._tenants[tenant.id] = tenant
+        self._changed("tenant", tenant.id)
+        return tenant
+
+    async def get_tenant(self, tenant_id: str) -> Tenant | None:
+        return self._tenants.get(tenant_id)
+
+    async def list_tenants(self) -> list[Tenant]:
+        return sorted(self._tenants.values(), key=lambda t: t.id)
+
+    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
+        tenant = apply_tenant_changes(self._require(tenant_id), changes)
+        self._tenants[tenant_id] = tenant
+        self._changed("tenant", tenant_id)
+        return tenant
+
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        if self._tenants.pop(tenant_id, None) is None:
+            return False
+        for key_hash in [h for h, r in self._keys.items() if r.tenant_id == tenant_id]:
+            del self._keys[key_hash]
+        self._changed("tenant", tenant_id)
+        return True
+
+    async def rotate_salt(self, tenant_id: str) -> SaltRotation:
+        tenant = self._require(tenant_id)
+        group = tenant.salt_group
+        if group is not None:
+            epoch = self._group_epochs.get(group, 0) + 1
+            self._group_epochs[group] = epoch
+            rotation = SaltRotation(tenant_id, "group", group, epoch)
+        else:
+            epoch = tenant.salt_epoch + 1
+            self._tenants[tenant_id] = with_epoch(tenant, epoch)
+            rotation = SaltRotation(tenant_id, "tenant", None, epoch)
+        self._changed("salt", tenant_id)
+        return rotation
+
+    async def add_key(self, record: KeyRecord) -> None:
+        self._require(record.tenant_id)
+        self._keys[record.key_hash] = record
+        self._changed("key", record.tenant_id)
+
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
+        for key_hash, record in self._keys.items():
+            if record.tenant_id == tenant_id and record.key_id == key_id:
+                del self._keys[key_hash]
+                self._changed("key", tenant_id)
+                return True
+        return False
+
+    async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
+        found = [r for r in self._keys.values() if r.tenant_id == tenant_id]
+        return sorted(found, key=lambda r: (r.created_at, r.key_id))
+
+    async def get_policy(self) -> PolicySnapshot | None:
+        return self._policy
+
+    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+        current = self._policy.version if self._policy else 0
+        check_policy_version(current, if_version)
+        self._policy = PolicySnapshot(current + 1, doc)
+        self._changed("policy", None)
+        return self._policy
+
+    async def append_audit(self, entry: AuditEntry) -> None:
+        self._audit.append(entry)
+
+    async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
+        return list(reversed(self._audit))[:limit]
+
+    async def generation(self) -> int:
+        return self._generation
+
+    async def snapshot(self) -> StoreSnapshot:
+        return StoreSnapshot(
+            generation=self._generation,
+            tenants=dict(self._tenants),
+            keys=dict(self._keys),
+            policy=self._policy,
+            group_epochs=dict(self._group_epochs),
+        )

@@ -1,0 +1,97 @@
+"""The values the tenancy store keeps: tenants, key records, policy snapshots, audit entries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.policy import Limits, PolicyDoc
+
+__all__ = [
+    "NAME_PATTERN",
+    "AuditEntry",
+    "Change",
+    "KeyRecord",
+    "PolicySnapshot",
+    "SaltRotation",
+    "StoreSnapshot",
+    "Tenant",
+]
+
+# Tenant ids and salt-group names appear in URLs, metrics labels and Redis keys.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+
+
+class Tenant(BaseModel):
+    """A tenant. `limits` holds only overrides of its tier's defaults (unset = tier default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: Name
+    tier: Annotated[str, Field(min_length=1, max_length=64)]
+    limits: Limits = Field(default_factory=Limits)
+    salt_group: Name | None = None  # tenants in one group share a cache salt
+    salt_epoch: Annotated[int, Field(ge=0)] = 0
+
+
+class KeyRecord(BaseModel):
+    """A stored API key: its hash, never the key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    key_id: str
+    tenant_id: str
+    key_hash: str
+    created_at: float
+
+    def public(self) -> dict[str, Any]:
+        return {"id": self.key_id, "created_at": self.created_at}
+
+
+class AuditEntry(BaseModel):
+    """One admin change: who (admin token id), what (action + target + detail), when."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    at: float
+    who: str
+    action: str
+    target: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """One version of the policy document; requests take one snapshot and keep it."""
+
+    version: int
+    doc: PolicyDoc
+
+
+@dataclass(frozen=True, slots=True)
+class SaltRotation:
+    """What `rotate_salt` changed: the tenant's own epoch, or its whole salt group's."""
+
+    tenant_id: str
+    scope: str  # "tenant" | "group"
+    salt_group: str | None
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """A change notification. Receivers reload; `kind` is informational."""
+
+    kind: str  # tenant | key | policy | salt | resync
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSnapshot:
+    """Everything the hot-path cache needs, read consistently in one go."""
+
+    generation: int
+    tenants: dict[str, Tenant] = field(default_factory=dict)
+    keys: dict[str, KeyRecord] = field(default_factory=dict)  # key_hash -> record
+    policy: PolicySnapshot | None = None
+    group_epochs: dict[str, int] = field(default_factory=dict)

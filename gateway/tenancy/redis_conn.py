@@ -1,0 +1,43 @@
+"""One way to open Redis for tenancy: short timeouts, no hidden retries, errors mapped.
+
+Redis sits on the request path only for rate-limit admission, so a dead Redis must fail fast
+(the caller then falls back) instead of stalling requests behind redis-py's retry loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from gateway.tenancy.errors import BackendUnavailable
+
+__all__ = ["connect_redis", "redis_unavailable"]
+
+
+def connect_redis(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
+    """A client (lazy: nothing connects until the first command)."""
+    client: aioredis.Redis = aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 0),
+        retry_on_timeout=False,
+    )
+    return client
+
+
+@contextmanager
+def redis_unavailable() -> Iterator[None]:
+    """Map connection failures to `BackendUnavailable` (without the URL, which may hold a
+    password, and without chaining the original exception into logs)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        raise BackendUnavailable("the tenancy store (Redis) is unreachable") from None

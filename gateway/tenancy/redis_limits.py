@@ -1,0 +1,189 @@
+"""Admission shared by every gateway replica: one Lua script, one round trip per request.
+
+Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, and a sorted
+set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry. Time is Redis's own
+clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
+`lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
+that dies frees its tenants' concurrency within one TTL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from gateway.policy import Limits
+from gateway.tenancy.errors import BackendUnavailable
+from gateway.tenancy.limits import Admission, RateLimiter, build_admission
+from gateway.tenancy.redis_conn import redis_unavailable
+
+__all__ = ["RedisRateLimiter"]
+
+log = logging.getLogger(__name__)
+
+_NOW = (
+    "local now = tonumber(ARGV[1]) "
+    "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
+)
+# KEYS[1] bucket hash, KEYS[2] lease zset.
+# ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl.
+_ADMIT = (
+    _NOW
+    + """
+local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local est, ttl = tonumber(ARGV[5]), tonumber(ARGV[7])
+local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+local dt = math.max(0, now - (tonumber(b[3]) or now))
+local r = 0
+local t = 0
+if rpm > 0 then r = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60) end
+if tpm > 0 then t = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60) end
+local inflight = 0
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  inflight = redis.call('ZCARD', KEYS[2])
+end
+local reason = ''
+local retry = 0
+if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1
+elseif rpm > 0 and r < 1 then reason = 'rpm' retry = (1 - r) * 60 / rpm
+elseif tpm > 0 and t <= 0 then reason = 'tpm' retry = (1 - t) * 60 / tpm
+end
+if reason == '' then
+  if rpm > 0 then r = r - 1 end
+  if tpm > 0 then t = t - est end
+  if conc > 0 then
+    redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+  end
+end
+if rpm > 0 then redis.call('HSET', KEYS[1], 'r', r) else redis.call('HDEL', KEYS[1], 'r') end
+if tpm > 0 then redis.call('HSET', KEYS[1], 't', t) else redis.call('HDEL', KEYS[1], 't') end
+redis.call('HSET', KEYS[1], 'ts', now)
+redis.call('PEXPIRE', KEYS[1], 61000)
+return {reason, tostring(retry), tostring(r), tostring(t)}
+"""
+)
+# KEYS[1] bucket hash; ARGV[1] extra tokens to charge (may be negative), ARGV[2] tpm.
+_SETTLE = """
+local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
+return 1
+"""
+# KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
+_RENEW = (
+    _NOW
+    + """
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
+  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
+end
+return #KEYS
+"""
+)
+
+
+class RedisRateLimiter(RateLimiter):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        namespace: str = "kvgate",
+        lease_ttl_s: float = 30.0,
+        clock: Callable[[], float] | None = None,  # None: Redis's clock (production)
+    ) -> None:
+        self._r = client
+        self._ns = namespace
+        self._ttl = lease_ttl_s
+        self._clock = clock
+        self._admit = client.register_script(_ADMIT)
+        self._settle = client.register_script(_SETTLE)
+        self._renew = client.register_script(_RENEW)
+        self._live: dict[str, str] = {}  # lease id -> tenant id, renewed while live
+        self._renewer: asyncio.Task[None] | None = None
+
+    def _bucket(self, tenant_id: str) -> str:
+        return f"{self._ns}:rl:{{{tenant_id}}}"  # {hash tag}: both keys in one cluster slot
+
+    def _now(self) -> str:
+        return "" if self._clock is None else repr(self._clock())
+
+    async def start(self) -> None:
+        if self._renewer is None:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="lease-renewal")
+
+    async def close(self) -> None:
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
+            self._renewer = None
+
+    async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        lease_id = secrets.token_hex(8)
+        bucket = self._bucket(tenant_id)
+        args: list[str | int | float] = [
+            self._now(),
+            limits.rpm or 0,
+            limits.tpm or 0,
+            limits.max_concurrency or 0,
+        ]
+        with redis_unavailable():
+            reason, retry, r, t = await self._admit(
+                keys=[bucket, bucket + ":leases"], args=[*args, tokens, lease_id, self._ttl]
+            )
+        lease = lease_id if not reason and limits.max_concurrency else None
+        if lease is not None:
+            self._live[lease] = tenant_id
+        return build_admission(
+            tenant_id,
+            limits,
+            reason or None,
+            float(retry),
+            float(r),
+            float(t),
+            tokens,
+            lease,
+            self,
+        )
+
+    async def settle(self, admission: Admission, used_tokens: int) -> None:
+        if admission.settled or not admission.allowed or not admission.limit_tokens:
+            return
+        admission.settled = True
+        extra = used_tokens - admission.reserved_tokens
+        with redis_unavailable():
+            await self._settle(
+                keys=[self._bucket(admission.tenant_id)], args=[extra, admission.limit_tokens]
+            )
+
+    async def release(self, admission: Admission) -> None:
+        if admission.released or admission.lease_id is None:
+            return
+        admission.released = True
+        self._live.pop(admission.lease_id, None)
+        with redis_unavailable():
+            await self._r.zrem(self._bucket(admission.tenant_id) + ":leases", admission.lease_id)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._ttl / 3)
+            try:
+                await self.renew()
+            except BackendUnavailable:
+                log.warning("could not renew concurrency leases: Redis unreachable")
+
+    async def renew(self) -> int:
+        """Push the expiry of every live lease of this process one TTL ahead."""
+        live = list(self._live.items())
+        if not live:
+            return 0
+        keys = [self._bucket(tenant) + ":leases" for _, tenant in live]
+        with redis_unavailable():
+            await self._renew(keys=keys, args=[self._now(), self._ttl, *(lid for lid, _ in live)])
+        return len(live)

@@ -1,0 +1,306 @@
+"""The shared store on Redis: every gateway replica reads and writes the same state.
+
+Layout under a namespace (default ``kvgate``): ``:tenants`` hash id -> JSON, ``:keys`` hash
+key-hash -> JSON, ``:tkeys:<id>`` hash key-id -> key-hash, ``:policy`` hash {version, doc},
+``:salt_groups`` hash group -> epoch, ``:audit`` capped list, ``:gen`` counter and the
+``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen`` and
+publish, so a change and its notification are one atomic step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.policy import PolicyDoc
+from gateway.tenancy.errors import Conflict, NotFound
+from gateway.tenancy.models import (
+    AuditEntry,
+    Change,
+    KeyRecord,
+    PolicySnapshot,
+    SaltRotation,
+    StoreSnapshot,
+    Tenant,
+)
+from gateway.tenancy.redis_conn import redis_unavailable
+from gateway.tenancy.store import (
+    DEFAULT_AUDIT_CAP,
+    TenantStore,
+    apply_tenant_changes,
+    check_policy_version,
+    tenant_from_json,
+    tenant_to_json,
+    with_epoch,
+)
+
+__all__ = ["RedisStore"]
+
+log = logging.getLogger(__name__)
+
+# Every script: KEYS[1] = generation counter; ARGV[1] = channel, ARGV[2] = change message.
+_BUMP = "redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
+_CREATE = (  # KEYS[2] tenants; ARGV[3] id, ARGV[4] json
+    "if redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4]) == 0 then return 0 end "
+    + _BUMP
+    + "return 1"
+)
+_CAS_TENANT = (  # KEYS[2] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
+    "if redis.call('HGET', KEYS[2], ARGV[3]) ~= ARGV[4] then return 0 end "
+    "redis.call('HSET', KEYS[2], ARGV[3], ARGV[5]) " + _BUMP + "return 1"
+)
+_DELETE = (  # KEYS[2] tenants, KEYS[3] keys, KEYS[4] tkeys:<id>; ARGV[3] id
+    "if redis.call('HDEL', KEYS[2], ARGV[3]) == 0 then return 0 end "
+    "for _, h in ipairs(redis.call('HVALS', KEYS[4])) do redis.call('HDEL', KEYS[3], h) end "
+    "redis.call('DEL', KEYS[4]) " + _BUMP + "return 1"
+)
+_ADD_KEY = (  # KEYS[2..4] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
+    "if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 0 then return 0 end "
+    "redis.call('HSET', KEYS[3], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[4], ARGV[4], ARGV[5]) "
+    + _BUMP
+    + "return 1"
+)
+_REVOKE = (  # KEYS[3] keys, KEYS[4] tkeys; ARGV[4] key id
+    "local h = redis.call('HGET', KEYS[4], ARGV[4]) if not h then return 0 end "
+    "redis.call('HDEL', KEYS[3], h) redis.call('HDEL', KEYS[4], ARGV[4]) " + _BUMP + "return 1"
+)
+_PUT_POLICY = (  # KEYS[2] policy; ARGV[3] expected version or '', ARGV[4] doc
+    "local v = tonumber(redis.call('HGET', KEYS[2], 'version') or '0') "
+    "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
+    "redis.call('HSET', KEYS[2], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP + "return v + 1"
+)
+_ROTATE_GROUP = (  # KEYS[2] salt_groups; ARGV[3] group
+    "local e = redis.call('HINCRBY', KEYS[2], ARGV[3], 1) " + _BUMP + "return e"
+)
+
+
+class RedisStore(TenantStore):
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        *,
+        namespace: str = "kvgate",
+        audit_cap: int = DEFAULT_AUDIT_CAP,
+        listen: bool = True,
+    ) -> None:
+        super().__init__()
+        self._r = client
+        self._ns = namespace
+        self._audit_cap = audit_cap
+        self._listen = listen
+        self._listener: asyncio.Task[None] | None = None
+        self._scripts = {
+            name: client.register_script(src)
+            for name, src in {
+                "create": _CREATE,
+                "cas": _CAS_TENANT,
+                "delete": _DELETE,
+                "add_key": _ADD_KEY,
+                "revoke": _REVOKE,
+                "policy": _PUT_POLICY,
+                "group": _ROTATE_GROUP,
+            }.items()
+        }
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self._ns, *parts))
+
+    @property
+    def channel(self) -> str:
+        return self._k("changes")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._listen and self._listener is None:
+            self._listener = asyncio.create_task(self._listen_loop(), name="tenancy-pubsub")
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._listener
+            self._listener = None
+
+    async def _listen_loop(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self._r.pubsub()
+            try:
+                await pubsub.subscribe(self.channel)
+                self._notify(Change("resync"))  # messages may have been missed while away
+                backoff = 0.1
+                while True:
+                    msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if msg is not None:
+                        self._notify(_parse_change(msg.get("data")))
+            except (RedisError, OSError):
+                log.warning("tenancy pub/sub disconnected; retrying in %.1fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+            finally:
+                with contextlib.suppress(RedisError, OSError):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _run(self, name: str, keys: list[str], args: list[Any], change: Change) -> int:
+        message = json.dumps({"kind": change.kind, "id": change.id})
+        with redis_unavailable():
+            result = await self._scripts[name](
+                keys=[self._k("gen"), *keys], args=[self.channel, message, *args]
+            )
+        return int(result)
+
+    # -- tenants -----------------------------------------------------------------------------
+    async def create_tenant(self, tenant: Tenant) -> Tenant:
+        ok = await self._run(
+            "create",
+            [self._k("tenants")],
+            [tenant.id, tenant_to_json(tenant)],
+            Change("tenant", tenant.id),
+        )
+        if not ok:
+            raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
+        return tenant
+
+    async def _get_raw(self, tenant_id: str) -> str | None:
+        with redis_unavailable():
+            raw = await self._r.hget(self._k("tenants"), tenant_id)
+        return None if raw is None else _text(raw)
+
+    async def get_tenant(self, tenant_id: str) -> Tenant | None:
+        raw = await self._get_raw(tenant_id)
+        return tenant_from_json(raw) if raw is not None else None
+
+    async def list_tenants(self) -> list[Tenant]:
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("tenants")))
+        return sorted((tenant_from_json(v) for v in raw.values()), key=lambda t: t.id)
+
+    async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
+        """Optimistic read-modify-write: retry while another writer got there first."""
+        while True:
+            raw = await self._get_raw(tenant_id)
+            if raw is None:
+                raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+            new = update(tenant_from_json(raw))
+            args = [tenant_id, raw, tenant_to_json(new)]
+            if await self._run("cas", [self._k("tenants")], args, change):
+                return new  # type: ignore[no-any-return]
+
+    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
+        return await self._replace(
+            tenant_id, Change("tenant", tenant_id), lambda t: apply_tenant_changes(t, changes)
+        )
+
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
+        return bool(await self._run("delete", keys, [tenant_id], Change("tenant", tenant_id)))
+
+    async def rotate_salt(self, tenant_id: str) -> SaltRotation:
+        tenant = await self.get_tenant(tenant_id)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+        change = Change("salt", tenant_id)
+        if tenant.salt_group is not None:
+            group = tenant.salt_group
+            epoch = await self._run("group", [self._k("salt_groups")], [group], change)
+            return SaltRotation(tenant_id, "group", group, epoch)
+        new = await self._replace(tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1))
+        return SaltRotation(tenant_id, "tenant", None, new.salt_epoch)
+
+    # -- keys --------------------------------------------------------------------------------
+    async def add_key(self, record: KeyRecord) -> None:
+        tid = record.tenant_id
+        keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tid)]
+        args = [tid, record.key_id, record.key_hash, record.model_dump_json()]
+        if not await self._run("add_key", keys, args, Change("key", tid)):
+            raise NotFound(f"tenant {tid!r} not found", param="id")
+
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
+        keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
+        args = [tenant_id, key_id]
+        return bool(await self._run("revoke", keys, args, Change("key", tenant_id)))
+
+    async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
+        with redis_unavailable():
+            hashes = await self._r.hvals(self._k("tkeys", tenant_id))
+            raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
+        found = [KeyRecord.model_validate_json(r) for r in raws if r is not None]
+        return sorted(found, key=lambda r: (r.created_at, r.key_id))
+
+    # -- policy ------------------------------------------------------------------------------
+    async def get_policy(self) -> PolicySnapshot | None:
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("policy")))
+        return _policy_from(raw)
+
+    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+        expected = "" if if_version is None else str(if_version)
+        args = [expected, doc.model_dump_json(exclude_unset=True)]
+        version = await self._run("policy", [self._k("policy")], args, Change("policy"))
+        if version < 0:
+            check_policy_version(-1 - version, if_version)  # raises PreconditionFailed
+        return PolicySnapshot(version, doc)
+
+    # -- audit -------------------------------------------------------------------------------
+    async def append_audit(self, entry: AuditEntry) -> None:
+        with redis_unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.lpush(self._k("audit"), entry.model_dump_json())
+                pipe.ltrim(self._k("audit"), 0, self._audit_cap - 1)
+                await pipe.execute()
+
+    async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
+        with redis_unavailable():
+            raws = await self._r.lrange(self._k("audit"), 0, max(0, limit - 1))
+        return [AuditEntry.model_validate_json(r) for r in raws]
+
+    # -- synchronisation ---------------------------------------------------------------------
+    async def generation(self) -> int:
+        with redis_unavailable():
+            raw = await self._r.get(self._k("gen"))
+        return int(raw or 0)
+
+    async def snapshot(self) -> StoreSnapshot:
+        with redis_unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.get(self._k("gen"))
+                pipe.hgetall(self._k("tenants"))
+                pipe.hgetall(self._k("keys"))
+                pipe.hgetall(self._k("policy"))
+                pipe.hgetall(self._k("salt_groups"))
+                gen, tenants, keys, policy, groups = await pipe.execute()
+        return StoreSnapshot(
+            generation=int(gen or 0),
+            tenants={k: tenant_from_json(v) for k, v in tenants.items()},
+            keys={k: KeyRecord.model_validate_json(v) for k, v in keys.items()},
+            policy=_policy_from(policy),
+            group_epochs={k: int(v) for k, v in groups.items()},
+        )
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode()
+
+
+def _texts(raw: dict[Any, Any]) -> dict[str, str]:
+    return {_text(k): _text(v) for k, v in raw.items()}
+
+
+def _policy_from(raw: dict[str, str]) -> PolicySnapshot | None:
+    if not raw:
+        return None
+    return PolicySnapshot(int(raw["version"]), PolicyDoc.model_validate_json(raw["doc"]))
+
+
+def _parse_change(data: Any) -> Change:
+    try:
+        parsed = json.loads(data)
+        return Change(str(parsed.get("kind", "resync")), parsed.get("id"))
+    except (TypeError, ValueError, AttributeError):
+        return Change("resync")

@@ -1,0 +1,221 @@
+"""The hot-path view of tenancy: API key -> `Principal`, and the current policy, from memory.
+
+A background task keeps the cache in step with the store: change notifications (Redis pub/sub
+or in-process callbacks) trigger a reload at once, and a periodic generation check is the
+safety net for lost messages. If the store is unreachable the last known state keeps serving
+for at most `max_staleness_s` (then requests get 503), `health()` says degraded, and the task
+recovers by itself when the store returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.policy import Limits
+from gateway.tenancy.errors import AuthError, BackendUnavailable, NotFound
+from gateway.tenancy.keys import hash_key
+from gateway.tenancy.models import Change, PolicySnapshot, StoreSnapshot, Tenant
+from gateway.tenancy.salts import SaltDeriver
+from gateway.tenancy.store import TenantStore
+
+__all__ = ["Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
+
+log = logging.getLogger(__name__)
+PolicyCallback = Callable[[PolicySnapshot], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant, its effective limits and its cache salt (never printed)."""
+
+    tenant_id: str
+    tier: str
+    limits: Limits  # tier defaults with the tenant's overrides applied
+    salt_group: str | None
+    key_id: str | None
+    cache_salt: str = field(repr=False)
+    # The policy this principal was built from: use it for the whole request, so one request
+    # never mixes two policy versions.
+    policy: PolicySnapshot | None = field(default=None, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class TenancyHealth:
+    loaded: bool
+    degraded: bool
+    reason: str | None
+    generation: int
+    policy_version: int
+    staleness_s: float  # since the store last confirmed our state
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    generation: int = 0
+    by_key: dict[str, Principal] = field(default_factory=dict)
+    by_tenant: dict[str, Principal] = field(default_factory=dict)
+    policy: PolicySnapshot | None = None
+
+
+def parse_bearer(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value, else None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+class TenantResolver:
+    def __init__(
+        self,
+        store: TenantStore,
+        salts: SaltDeriver,
+        *,
+        poll_interval_s: float = 0.5,
+        max_staleness_s: float | None = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._salts = salts
+        self._poll = poll_interval_s
+        self._max_stale = max_staleness_s
+        self._clock = clock
+        self._state = _State()
+        self._loaded = False
+        self._fresh_at = clock()
+        self._degraded_reason: str | None = "not loaded yet"
+        self._dirty = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] | None = None
+        self._policy_callbacks: list[PolicyCallback] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Load once (a failure leaves us degraded, not crashed) and start syncing."""
+        self._unsubscribe = self._store.subscribe(self._on_change)
+        await self.refresh()
+        self._task = asyncio.create_task(self._sync_loop(), name="tenancy-sync")
+
+    async def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _on_change(self, change: Change) -> None:
+        self._dirty.set()
+
+    async def _sync_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dirty.wait(), timeout=self._poll)
+            self._dirty.clear()
+            await self.refresh()
+
+    async def refresh(self) -> bool:
+        """Bring the cache up to date with the store now. False when the store is unreachable."""
+        try:
+            generation = await self._store.generation()
+            if generation != self._state.generation or not self._loaded:
+                snap = await self._store.snapshot()
+                if snap.generation == 0 and self._state.generation > 0:
+                    self._degraded_reason = "store is empty (reset?); serving last known state"
+                    return False
+                self._apply(snap)
+        except BackendUnavailable:
+            if self._degraded_reason is None:
+                log.warning("tenancy store unreachable; serving last known keys and policy")
+            self._degraded_reason = "store unreachable"
+            return False
+        if self._degraded_reason is not None and self._loaded:
+            log.info("tenancy store reachable again")
+        self._fresh_at = self._clock()
+        self._degraded_reason = None
+        return True
+
+    def _apply(self, snap: StoreSnapshot) -> None:
+        old_policy = self._state.policy
+        by_tenant = {t.id: self._principal(t, snap, None) for t in snap.tenants.values()}
+        by_key: dict[str, Principal] = {}
+        for key_hash, record in snap.keys.items():
+            tenant = snap.tenants.get(record.tenant_id)
+            if tenant is not None:
+                by_key[key_hash] = self._principal(tenant, snap, record.key_id)
+        self._state = _State(snap.generation, by_key, by_tenant, snap.policy)
+        self._loaded = True
+        if snap.policy is not None and (old_policy is None or old_policy != snap.policy):
+            for callback in list(self._policy_callbacks):
+                try:
+                    callback(snap.policy)
+                except Exception:
+                    log.exception("policy change callback failed")
+
+    def _principal(self, tenant: Tenant, snap: StoreSnapshot, key_id: str | None) -> Principal:
+        tier = snap.policy.doc.tiers.get(tenant.tier) if snap.policy else None
+        base = tier.limits if tier is not None else Limits()
+        return Principal(
+            tenant_id=tenant.id,
+            tier=tenant.tier,
+            limits=base.overlay(tenant.limits),
+            salt_group=tenant.salt_group,
+            key_id=key_id,
+            cache_salt=self._salts.for_tenant(tenant, snap.group_epochs),
+            policy=snap.policy,
+        )
+
+    # -- hot path ----------------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if not self._loaded:
+            raise BackendUnavailable("tenancy state is not loaded yet; retry shortly")
+        if self._max_stale is not None and self._clock() - self._fresh_at > self._max_stale:
+            raise BackendUnavailable("tenancy state is too stale to serve; retry shortly")
+
+    def authenticate(self, token: str | None) -> Principal:
+        """The caller of an API key (the token after ``Bearer``). No I/O; raises `AuthError`."""
+        if not token:
+            raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+        self._check_usable()
+        principal = self._state.by_key.get(hash_key(token))
+        if principal is None:
+            raise AuthError("invalid or revoked API key")
+        return principal
+
+    def principal_for(self, tenant_id: str) -> Principal:
+        """A tenant's principal without a key (the `--no-auth` single-tenant mode)."""
+        self._check_usable()
+        principal = self._state.by_tenant.get(tenant_id)
+        if principal is None:
+            raise NotFound(f"tenant {tenant_id!r} not found")
+        return principal
+
+    @property
+    def policy(self) -> PolicySnapshot | None:
+        """The current policy snapshot; take it once per request and keep it."""
+        return self._state.policy
+
+    def on_policy(self, callback: PolicyCallback) -> Callable[[], None]:
+        """Call `callback(snapshot)` whenever a new policy version is applied."""
+        self._policy_callbacks.append(callback)
+        return lambda: self._policy_callbacks.remove(callback)
+
+    def health(self) -> TenancyHealth:
+        state = self._state
+        return TenancyHealth(
+            loaded=self._loaded,
+            degraded=self._degraded_reason is not None,
+            reason=self._degraded_reason,
+            generation=state.generation,
+            policy_version=state.policy.version if state.policy else 0,
+            staleness_s=max(0.0, self._clock() - self._fresh_at),
+        )

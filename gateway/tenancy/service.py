@@ -1,0 +1,94 @@
+"""Everything tenancy needs, built from settings and owned by the app's lifespan.
+
+``tenancy = build_tenancy(settings, secret)``; ``await tenancy.start(tenants=..., policy=...)``
+at start-up (bootstrap from config, first load, background sync and lease renewal);
+``await tenancy.close()`` at shutdown. No Redis URL means the in-memory store and limiter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.policy import PolicyDoc
+from gateway.tenancy.errors import BackendUnavailable
+from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
+from gateway.tenancy.memory import InMemoryStore
+from gateway.tenancy.models import Tenant
+from gateway.tenancy.redis_conn import connect_redis
+from gateway.tenancy.redis_limits import RedisRateLimiter
+from gateway.tenancy.redis_store import RedisStore
+from gateway.tenancy.resolver import TenantResolver
+from gateway.tenancy.salts import ClientSaltMode, SaltDeriver, SaltEncoding
+from gateway.tenancy.store import TenantStore, bootstrap
+
+__all__ = ["Tenancy", "TenancySettings", "build_tenancy"]
+
+log = logging.getLogger(__name__)
+
+
+class TenancySettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    redis_url: str | None = None  # KVGATE_REDIS_URL; None: in-memory, single process
+    namespace: str = "kvgate"
+    redis_timeout_s: Annotated[float, Field(gt=0)] = 0.5
+    poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5  # safety net for pub/sub
+    max_staleness_s: Annotated[float, Field(gt=0)] | None = 300.0  # None: serve stale forever
+    client_salt: ClientSaltMode = "strip"
+    salt_encoding: SaltEncoding = "base64url"
+    gateway_replicas: Annotated[int, Field(ge=1)] = 1  # divides limits while Redis is down
+    lease_ttl_s: Annotated[float, Field(gt=0)] = 30.0
+    audit_cap: Annotated[int, Field(ge=1)] = 10_000
+
+
+@dataclass
+class Tenancy:
+    settings: TenancySettings
+    salts: SaltDeriver
+    store: TenantStore
+    limiter: RateLimiter
+    resolver: TenantResolver
+
+    async def start(
+        self, *, tenants: Iterable[Tenant] = (), policy: PolicyDoc | None = None
+    ) -> None:
+        await self.store.start()
+        try:
+            await bootstrap(self.store, tenants=tenants, policy=policy)
+        except BackendUnavailable:
+            log.warning("tenancy bootstrap skipped: store unreachable")
+        await self.resolver.start()
+        await self.limiter.start()
+
+    async def close(self) -> None:
+        await self.limiter.close()
+        await self.resolver.close()
+        await self.store.close()
+
+
+def build_tenancy(settings: TenancySettings, salt_secret: str | bytes) -> Tenancy:
+    salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
+    store: TenantStore
+    limiter: RateLimiter
+    if settings.redis_url is None:
+        store = InMemoryStore(audit_cap=settings.audit_cap)
+        limiter = MemoryRateLimiter()
+    else:
+        client = connect_redis(settings.redis_url, timeout_s=settings.redis_timeout_s)
+        store = RedisStore(client, namespace=settings.namespace, audit_cap=settings.audit_cap)
+        shared = RedisRateLimiter(
+            client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s
+        )
+        limiter = FallbackRateLimiter(shared, replicas=settings.gateway_replicas)
+    resolver = TenantResolver(
+        store,
+        salts,
+        poll_interval_s=settings.poll_interval_s,
+        max_staleness_s=settings.max_staleness_s,
+    )
+    return Tenancy(settings, salts, store, limiter, resolver)

@@ -1,0 +1,206 @@
+"""The tenancy store interface: tenants, keys, the policy document, the audit log, changes.
+
+Two implementations behave identically (one behavioural test table runs against both):
+`InMemoryStore` for a single process and `RedisStore` shared by N gateway replicas. Every
+mutation bumps a store-wide `generation` and notifies subscribers; readers on the hot path use
+`TenantResolver`'s cache, never the store directly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from gateway.policy import PolicyDoc
+from gateway.tenancy.errors import Conflict, InvalidRequest, PreconditionFailed
+from gateway.tenancy.models import (
+    AuditEntry,
+    Change,
+    KeyRecord,
+    PolicySnapshot,
+    SaltRotation,
+    StoreSnapshot,
+    Tenant,
+)
+
+__all__ = [
+    "DEFAULT_AUDIT_CAP",
+    "BootstrapResult",
+    "ChangeCallback",
+    "TenantStore",
+    "apply_tenant_changes",
+    "bootstrap",
+    "invalid_from",
+    "tenant_from_json",
+    "tenant_to_json",
+    "with_epoch",
+]
+
+ChangeCallback = Callable[[Change], None]
+DEFAULT_AUDIT_CAP = 10_000
+
+
+class TenantStore(ABC):
+    """Async CRUD over tenants, keys, policy and audit, plus change notifications.
+
+    Errors: `Conflict` (exists), `NotFound` (missing tenant), `PreconditionFailed` (policy
+    version), `BackendUnavailable` (Redis unreachable).
+    """
+
+    def __init__(self) -> None:
+        self._subscribers: list[ChangeCallback] = []
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Connect and start listening for changes (idempotent)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Stop listening and disconnect."""
+
+    # -- tenants ---------------------------------------------------------------------------
+    @abstractmethod
+    async def create_tenant(self, tenant: Tenant) -> Tenant: ...
+
+    @abstractmethod
+    async def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+
+    @abstractmethod
+    async def list_tenants(self) -> list[Tenant]: ...
+
+    @abstractmethod
+    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
+        """Apply `changes` (tier, limits, salt_group) atomically; returns the new tenant."""
+
+    @abstractmethod
+    async def delete_tenant(self, tenant_id: str) -> bool:
+        """Delete a tenant and revoke all its keys. False when it did not exist."""
+
+    @abstractmethod
+    async def rotate_salt(self, tenant_id: str) -> SaltRotation:
+        """Bump the tenant's salt epoch, or its salt group's epoch if it is in a group."""
+
+    # -- keys ------------------------------------------------------------------------------
+    @abstractmethod
+    async def add_key(self, record: KeyRecord) -> None: ...
+
+    @abstractmethod
+    async def revoke_key(self, tenant_id: str, key_id: str) -> bool: ...
+
+    @abstractmethod
+    async def list_keys(self, tenant_id: str) -> list[KeyRecord]: ...
+
+    # -- policy ----------------------------------------------------------------------------
+    @abstractmethod
+    async def get_policy(self) -> PolicySnapshot | None: ...
+
+    @abstractmethod
+    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+        """Store a new version. `if_version` (0 = "no policy yet") makes it compare-and-set."""
+
+    # -- audit -----------------------------------------------------------------------------
+    @abstractmethod
+    async def append_audit(self, entry: AuditEntry) -> None: ...
+
+    @abstractmethod
+    async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
+        """Newest first."""
+
+    # -- synchronisation -------------------------------------------------------------------
+    @abstractmethod
+    async def generation(self) -> int:
+        """A counter bumped by every mutation (0: the store holds nothing yet)."""
+
+    @abstractmethod
+    async def snapshot(self) -> StoreSnapshot: ...
+
+    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
+        """Call `callback` after every change (from any replica). Returns an unsubscriber."""
+        self._subscribers.append(callback)
+        return lambda: self._subscribers.remove(callback)
+
+    def _notify(self, change: Change) -> None:
+        for callback in list(self._subscribers):
+            callback(change)
+
+
+def check_policy_version(current: int, if_version: int | None) -> None:
+    if if_version is not None and if_version != current:
+        raise PreconditionFailed(
+            f"policy version is {current}, not {if_version}; fetch it again and retry",
+            param="If-Match",
+        )
+
+
+_MUTABLE_FIELDS = ("tier", "limits", "salt_group")
+
+
+def tenant_to_json(tenant: Tenant) -> str:
+    """Only fields that were set: a limit left unset means "the tier's default"."""
+    return tenant.model_dump_json(exclude_unset=True)
+
+
+def tenant_from_json(raw: str | bytes) -> Tenant:
+    return Tenant.model_validate_json(raw)
+
+
+def invalid_from(exc: ValidationError) -> InvalidRequest:
+    """The first pydantic error as a 400 naming the field (never echoing the input)."""
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    return InvalidRequest(f"{loc}: {err['msg']}" if loc else str(err["msg"]), param=loc or None)
+
+
+def apply_tenant_changes(tenant: Tenant, changes: dict[str, object]) -> Tenant:
+    """`tenant` with `changes` applied; `limits` merges into the existing overrides."""
+    data = tenant.model_dump(mode="json", exclude_unset=True)
+    for name, value in changes.items():
+        if name not in _MUTABLE_FIELDS:
+            raise InvalidRequest(f"{name}: cannot be changed", param=name)
+        if name == "limits" and isinstance(value, dict):
+            data["limits"] = {**data.get("limits", {}), **value}
+        else:
+            data[name] = value
+    try:
+        return Tenant.model_validate(data)
+    except ValidationError as exc:
+        raise invalid_from(exc) from None
+
+
+def with_epoch(tenant: Tenant, epoch: int) -> Tenant:
+    data = tenant.model_dump(mode="json", exclude_unset=True)
+    data["salt_epoch"] = epoch
+    return Tenant.model_validate(data)
+
+
+@dataclass(frozen=True, slots=True)
+class BootstrapResult:
+    created_tenants: tuple[str, ...]
+    policy_seeded: bool
+
+
+async def bootstrap(
+    store: TenantStore, *, tenants: Iterable[Tenant], policy: PolicyDoc | None
+) -> BootstrapResult:
+    """Seed tenants and the policy from configuration; safe to run on every replica's start.
+
+    The store owns this state afterwards: existing tenants are left alone, and the policy is
+    written only when the store has none (compare-and-set against version 0, so concurrent
+    replicas starting together seed it once).
+    """
+    seeded = False
+    if policy is not None:
+        try:
+            await store.put_policy(policy, if_version=0)
+            seeded = True
+        except PreconditionFailed:
+            pass
+    created: list[str] = []
+    for tenant in tenants:
+        try:
+            await store.create_tenant(tenant)
+            created.append(tenant.id)
+        except Conflict:
+            pass
+    return BootstrapResult(tuple(created), seeded)
