@@ -1,0 +1,118 @@
+"""The metrics Scraper against real `kvgate sim` replicas (both metric dialects) and a replica
+whose /metrics hangs (a local asyncio server that accepts and never answers)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable
+
+import httpx
+import openai
+import pytest
+
+from gateway.scrape import Sample, Scraper
+from tests.support.procs import Proc
+
+
+class Recorder:
+    """Collects on_sample calls; lets a test await a condition instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.samples: dict[str, list[Sample | None]] = defaultdict(list)
+        self._changed = asyncio.Event()
+
+    def __call__(self, replica: str, sample: Sample | None, now: float) -> None:
+        self.samples[replica].append(sample)
+        self._changed.set()
+
+    async def until(self, cond: Callable[[], bool], timeout: float = 15.0) -> None:
+        async with asyncio.timeout(timeout):
+            while not cond():
+                self._changed.clear()
+                await self._changed.wait()
+
+    def ok(self, replica: str) -> list[Sample]:
+        return [s for s in self.samples[replica] if s is not None]
+
+
+@pytest.fixture
+async def hanging_url() -> AsyncIterator[str]:
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # read the request, then say nothing until the test ends
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    yield f"http://127.0.0.1:{port}"
+    for w in held:
+        w.close()
+    server.close()
+    await server.wait_closed()
+
+
+async def test_both_dialects_and_live_counters(
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    _, current = sim_factory("--num-gpu-blocks", "4000", "--time-scale", "50")
+    _, legacy = sim_factory("--num-gpu-blocks", "3000", "--metrics-compat", "legacy")
+    rec = Recorder()
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper(client, rec, interval_s=0.05, timeout_s=2.0)
+        scraper.add_target("cur", current)
+        scraper.add_target("old", legacy)
+        async with scraper:
+            await rec.until(lambda: bool(rec.ok("cur")) and bool(rec.ok("old")))
+            cur, old = rec.ok("cur")[-1], rec.ok("old")[-1]
+            assert (cur.legacy_names, old.legacy_names) == (False, True)
+            assert cur.cache_capacity_tokens == 4000 * 16
+            assert old.cache_capacity_tokens == 3000 * 16
+            assert old.kv_usage is not None and old.prefix_cache_queries is not None
+            assert scraper.scrape_age("cur") is not None
+
+            api = openai.AsyncOpenAI(base_url=f"{current}/v1", api_key="unused")
+            await api.completions.create(model="sim-model", prompt="hello " * 200, max_tokens=2)
+            await api.close()
+            await rec.until(lambda: (rec.ok("cur")[-1].prompt_tokens or 0) > 0)
+            assert (rec.ok("cur")[-1].prefix_cache_queries or 0) > 0
+
+
+async def test_hanging_metrics_does_not_block_others(
+    sim_factory: Callable[..., tuple[Proc, str]], hanging_url: str
+) -> None:
+    _, sim = sim_factory()
+    rec = Recorder()
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper(client, rec, interval_s=0.05, timeout_s=0.5)
+        scraper.add_target("hang", hanging_url)
+        scraper.add_target("sim", sim)
+        async with scraper:
+            # many good scrapes of the healthy replica while one scrape of the other hangs
+            await rec.until(lambda: len(rec.ok("sim")) >= 5)
+            await rec.until(lambda: len(rec.samples["hang"]) >= 1)
+        assert rec.ok("hang") == []
+        assert scraper.errors("hang") >= 1
+        assert scraper.scrape_age("hang") is None
+        assert scraper.errors("sim") == 0
+
+
+async def test_targets_change_at_runtime(sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    proc_a, a = sim_factory()
+    _, b = sim_factory()
+    rec = Recorder()
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper(client, rec, interval_s=0.05, timeout_s=1.0)
+        scraper.add_target("a", a)
+        async with scraper:
+            await rec.until(lambda: len(rec.ok("a")) >= 1)
+            scraper.add_target("b", b)  # added while running
+            await rec.until(lambda: len(rec.ok("b")) >= 1)
+            scraper.remove_target("a")
+            seen_a = len(rec.samples["a"])
+            await rec.until(lambda: len(rec.ok("b")) >= 6)
+            assert len(rec.samples["a"]) == seen_a  # removal cancels its in-flight scrape
+            assert sorted(scraper.targets()) == ["b"]
+            scraper.add_target("a", a)
+            proc_a.stop()  # a dead replica reports None, not an exception
+            await rec.until(lambda: rec.samples["a"][-1:] == [None])

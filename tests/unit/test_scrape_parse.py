@@ -1,0 +1,118 @@
+"""`parse_vllm_metrics` on text fixtures of both vLLM metric dialects."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.scrape import Sample, parse_vllm_metrics
+
+CURRENT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="qwen-fp8"} 12.0
+vllm:num_requests_running{engine="1",model_name="qwen-fp8"} 3.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="qwen-fp8"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="qwen-fp8"} 1.0
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="qwen-fp8",reason="capacity"} 3.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="qwen-fp8"} 0.4375
+vllm:kv_cache_usage_perc{engine="1",model_name="qwen-fp8"} 0.75
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="qwen-fp8"} 1.2288e+06
+vllm:prefix_cache_queries_total{engine="1",model_name="qwen-fp8"} 1000.0
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{engine="0",model_name="qwen-fp8"} 1.7e+09
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="qwen-fp8"} 786432.0
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{engine="0",model_name="qwen-fp8"} 7.0
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="qwen-fp8"} 1204.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="qwen-fp8"} 1602.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="qwen-fp8"} 1602.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="qwen-fp8"} 141.7
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="",num_gpu_blocks="28000",prefix_caching_hash_algo="sha256"} 1.0
+"""
+
+LEGACY = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="llama"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="llama"} 5.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="llama"} 0.91
+# TYPE vllm:gpu_prefix_cache_queries_total counter
+vllm:gpu_prefix_cache_queries_total{model_name="llama"} 100.0
+# TYPE vllm:gpu_prefix_cache_hits_total counter
+vllm:gpu_prefix_cache_hits_total{model_name="llama"} 40.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="32",enable_prefix_caching="True",num_gpu_blocks="None"} 1.0
+"""
+
+BOTH = (
+    CURRENT
+    + """\
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="qwen-fp8"} 0.99
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            CURRENT,
+            Sample(
+                running=15.0,
+                waiting=4.0,
+                kv_usage=0.75,
+                prefix_cache_queries=1_229_800.0,
+                prefix_cache_hits=786_432.0,
+                preemptions=7.0,
+                block_size=16,
+                num_gpu_blocks=28_000,
+                legacy_names=False,
+            ),
+        ),
+        (
+            LEGACY,
+            Sample(
+                running=2.0,
+                waiting=5.0,
+                kv_usage=0.91,
+                prefix_cache_queries=100.0,
+                prefix_cache_hits=40.0,
+                block_size=32,
+                num_gpu_blocks=None,
+                legacy_names=True,
+            ),
+        ),
+        ("", Sample()),
+        ("# only a comment\nsome_other_metric 1\n", Sample()),
+    ],
+)
+def test_parse(text: str, expected: Sample) -> None:
+    assert parse_vllm_metrics(text) == expected
+
+
+def test_current_name_wins_over_deprecated() -> None:
+    s = parse_vllm_metrics(BOTH)
+    assert s.kv_usage == 0.75
+    assert not s.legacy_names
+
+
+@pytest.mark.parametrize(
+    ("block_size", "blocks", "tokens"), [("16", "28000", 448_000), ("16", "None", None)]
+)
+def test_capacity(block_size: str, blocks: str, tokens: int | None) -> None:
+    text = f'vllm:cache_config_info{{block_size="{block_size}",num_gpu_blocks="{blocks}"}} 1.0\n'
+    assert parse_vllm_metrics(text).cache_capacity_tokens == tokens
+
+
+def test_garbage_raises_value_error() -> None:
+    with pytest.raises(ValueError):
+        parse_vllm_metrics('vllm:num_requests_running{engine="0" 12\n')
