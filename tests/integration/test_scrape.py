@@ -26,8 +26,8 @@ class Recorder:
         self.samples[replica].append(sample)
         self._changed.set()
 
-    async def until(self, cond: Callable[[], bool], timeout: float = 15.0) -> None:
-        async with asyncio.timeout(timeout):
+    async def until(self, cond: Callable[[], bool], within_s: float = 15.0) -> None:
+        async with asyncio.timeout(within_s):
             while not cond():
                 self._changed.clear()
                 await self._changed.wait()

@@ -34,7 +34,8 @@ vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="qwen-fp
 vllm:time_to_first_token_seconds_count{engine="0",model_name="qwen-fp8"} 1602.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="qwen-fp8"} 141.7
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="",num_gpu_blocks="28000",prefix_caching_hash_algo="sha256"} 1.0
+vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="",\
+num_gpu_blocks="28000",prefix_caching_hash_algo="sha256"} 1.0
 """
 
 LEGACY = """\
