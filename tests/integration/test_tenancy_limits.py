@@ -1,0 +1,143 @@
+"""One behavioural table for admission, run against MemoryRateLimiter and RedisRateLimiter.
+
+Both use an injected clock here so bucket refill is exact (Redis's own clock in production).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from gateway.policy import Limits
+from gateway.tenancy import MemoryRateLimiter, RateLimiter, RedisRateLimiter, connect_redis
+from tests.support.procs import redis_proc
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def shared_redis() -> Iterator[str]:
+    proc, url = redis_proc()
+    with proc:
+        yield url
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def limiter(request: pytest.FixtureRequest, clock: Clock) -> AsyncIterator[RateLimiter]:
+    lim: RateLimiter
+    if request.param == "memory":
+        lim = MemoryRateLimiter(clock=clock)
+    else:
+        client = connect_redis(request.getfixturevalue("shared_redis"))
+        lim = RedisRateLimiter(
+            client, namespace=f"t{secrets.token_hex(4)}", clock=clock, lease_ttl_s=30
+        )
+    yield lim
+    await lim.close()
+
+
+async def test_rpm_allows_the_limit_then_denies_until_refill(
+    limiter: RateLimiter, clock: Clock
+) -> None:
+    limits = Limits(rpm=3)
+    results = [await limiter.admit("t", limits, tokens=1) for _ in range(4)]
+    assert [a.allowed for a in results] == [True, True, True, False]
+    denied = results[-1]
+    assert denied.reason == "rpm" and denied.retry_after_s == pytest.approx(20.0)
+    assert denied.headers()["retry-after"] == "20"
+    assert results[0].headers()["x-ratelimit-remaining-requests"] == "2"
+    assert results[0].headers()["x-ratelimit-limit-requests"] == "3"
+    clock.now += 20.0  # one request's worth of refill
+    assert (await limiter.admit("t", limits, tokens=1)).allowed
+    assert not (await limiter.admit("t", limits, tokens=1)).allowed
+
+
+async def test_tenants_have_separate_budgets(limiter: RateLimiter) -> None:
+    limits = Limits(rpm=1)
+    assert (await limiter.admit("a", limits, tokens=0)).allowed
+    assert (await limiter.admit("b", limits, tokens=0)).allowed
+    assert not (await limiter.admit("a", limits, tokens=0)).allowed
+
+
+async def test_tpm_charges_estimate_then_settles_real_usage(
+    limiter: RateLimiter, clock: Clock
+) -> None:
+    limits = Limits(tpm=100)
+    first = await limiter.admit("t", limits, tokens=80)
+    assert first.allowed and first.remaining_tokens == 20
+    second = await limiter.admit("t", limits, tokens=80)  # balance > 0: admitted, overshoots
+    assert second.allowed and second.remaining_tokens == 0
+    third = await limiter.admit("t", limits, tokens=1)  # at most one request of overshoot
+    assert not third.allowed and third.reason == "tpm"
+    await limiter.settle(first, used_tokens=10)  # gives back 70
+    await limiter.settle(second, used_tokens=20)  # gives back 60 -> balance 70
+    await limiter.settle(second, used_tokens=999)  # idempotent
+    fourth = await limiter.admit("t", limits, tokens=5)
+    assert fourth.allowed and fourth.remaining_tokens == 65
+
+
+async def test_settle_charges_output_tokens_beyond_the_estimate(limiter: RateLimiter) -> None:
+    limits = Limits(tpm=100)
+    a = await limiter.admit("t", limits, tokens=10)
+    await limiter.settle(a, used_tokens=150)  # a long stream: balance now -50
+    denied = await limiter.admit("t", limits, tokens=1)
+    assert not denied.allowed and denied.retry_after_s == pytest.approx(51 * 60 / 100)
+
+
+async def test_concurrency_leases_are_acquired_and_released(limiter: RateLimiter) -> None:
+    limits = Limits(max_concurrency=2)
+    a = await limiter.admit("t", limits, tokens=0)
+    b = await limiter.admit("t", limits, tokens=0)
+    c = await limiter.admit("t", limits, tokens=0)
+    assert (a.allowed, b.allowed, c.allowed) == (True, True, False)
+    assert c.reason == "concurrency" and c.lease_id is None
+    await limiter.release(a)
+    await limiter.release(a)  # idempotent: must not free b's slot
+    assert (await limiter.admit("t", limits, tokens=0)).allowed
+    assert not (await limiter.admit("t", limits, tokens=0)).allowed
+    await limiter.finish(b, used_tokens=None)
+    assert (await limiter.admit("t", limits, tokens=0)).allowed
+
+
+async def test_denied_requests_consume_nothing(limiter: RateLimiter) -> None:
+    limits = Limits(rpm=2, max_concurrency=1)
+    a = await limiter.admit("t", limits, tokens=0)
+    assert not (await limiter.admit("t", limits, tokens=0)).allowed  # concurrency
+    await limiter.release(a)
+    assert (await limiter.admit("t", limits, tokens=0)).allowed  # rpm budget was kept
+
+
+async def test_unlimited_always_admits_without_headers(limiter: RateLimiter) -> None:
+    for _ in range(20):
+        adm = await limiter.admit("t", Limits(), tokens=1000)
+        assert adm.allowed and adm.headers() == {}
+
+
+async def test_redis_leases_of_a_dead_gateway_expire(shared_redis: str, clock: Clock) -> None:
+    ns = f"t{secrets.token_hex(4)}"
+    dead = RedisRateLimiter(connect_redis(shared_redis), namespace=ns, clock=clock, lease_ttl_s=30)
+    alive = RedisRateLimiter(connect_redis(shared_redis), namespace=ns, clock=clock, lease_ttl_s=30)
+    limits = Limits(max_concurrency=1)
+    assert (await dead.admit("t", limits, tokens=0)).allowed  # never released: process "died"
+    held = await alive.admit("t", limits, tokens=0)
+    assert not held.allowed
+    clock.now += 31
+    mine = await alive.admit("t", limits, tokens=0)
+    assert mine.allowed  # the dead gateway's lease expired
+    clock.now += 20
+    assert await alive.renew() == 1  # a live gateway keeps its lease alive past the TTL
+    clock.now += 20
+    assert not (await dead.admit("t", limits, tokens=0)).allowed
