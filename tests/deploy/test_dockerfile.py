@@ -101,6 +101,7 @@ def test_build_context_sources_exist_and_secrets_are_ignored() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # a cold pip cache downloads every dependency
 def test_entrypoint_runs_from_a_clean_venv(tmp_path: Path) -> None:
     """Slow (a pip install from the package registry, ~30-60 s): rebuild the build stage's venv."""
     (build,) = [s for s in STAGES if s.name == "build"]
