@@ -57,8 +57,10 @@ class HealthMonitor:
             replica.mark_down(self._clock())
             return
         if replica.state != "healthy":
+            # the half-open probe: only an ejected replica is restored by /health. A healthy
+            # one keeps its passive failure count (it may answer /health yet fail requests).
             log.info("replica back", extra={"pool": pool.name, "replica": replica.id})
-        replica.record_success()
+            replica.record_success()
         if pool.served_model is None:
             await self._learn_model(pool, replica)
 

@@ -1,0 +1,182 @@
+"""Failover, disconnects, timeouts and the in-flight counters, with real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import Proc
+
+MODEL = "sim-model"
+MSGS = [{"role": "user", "content": "tell me a long story"}]
+SimFactory = Callable[..., tuple[Proc, str]]
+
+
+def set_faults(sim: str, **faults: object) -> None:
+    httpx.post(f"{sim}/sim/faults", json=faults).raise_for_status()
+
+
+def stats(sim: str) -> dict[str, float]:
+    data: dict[str, float] = httpx.get(f"{sim}/sim/stats").json()
+    return data
+
+
+def client(base: str, timeout: float = 30.0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=timeout)
+
+
+def replica_of(raw: object) -> str:
+    return raw.headers["x-kvgate-replica"].partition("/")[2]  # type: ignore[attr-defined]
+
+
+def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> None:
+    (a, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[a_url, b_url])
+    with gw:
+        a.kill()  # connection refused from now on; the gateway has not noticed yet
+        c = client(base)
+        for _ in range(6):
+            raw = c.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=2)
+            assert raw.parse().choices[0].text
+            assert f"http://{replica_of(raw)}" == b_url
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")
+                 .get(f'{{pool="default",replica="{a_url[7:]}"}}') == 0.0, what="ejection")
+
+
+def test_503_busy_replica_is_retried_elsewhere(sim_factory: SimFactory) -> None:
+    (_, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[a_url, b_url])
+    with gw:
+        set_faults(a_url, error_rate=1.0, error_status=503)
+        for _ in range(4):
+            raw = client(base).completions.with_raw_response.create(
+                model=MODEL, prompt="x", max_tokens=1)
+            assert f"http://{replica_of(raw)}" == b_url
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        assert any("status_503" in k for k in retries)
+
+
+def test_replica_dying_mid_stream_ends_with_error_not_hang(sim_factory: SimFactory) -> None:
+    a, a_url = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[a_url])
+    with gw:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "stream": True,
+                "ignore_eos": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
+            lines = resp.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            assert '"choices"' in first
+            a.kill()
+            rest = list(lines)
+        events = [line for line in rest if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]"
+        assert '"error"' in events[-2]
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_replica_that_comes_back_is_used_again(sim_factory: SimFactory) -> None:
+    (_, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"])
+    key = f'{{pool="default",replica="{a_url[7:]}"}}'
+    with gw:
+        set_faults(a_url, dead=True)
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")[key] == 0.0,
+                 what="active health ejects the dead replica")
+        set_faults(a_url, dead=False)
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")[key] == 1.0,
+                 what="the replica comes back")
+        seen = set()
+        for _ in range(8):
+            raw = client(base).completions.with_raw_response.create(
+                model=MODEL, prompt="x", max_tokens=1)
+            seen.add(f"http://{replica_of(raw)}")
+        assert a_url in seen
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_disconnect_aborts_upstream(sim_factory: SimFactory, stream: bool) -> None:
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = stats(sim)["aborted"]
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 3000, "ignore_eos": True,
+                "stream": stream}
+        if stream:
+            with httpx.stream("POST", f"{base}/v1/completions", json=body) as resp:
+                next(resp.iter_lines())
+        else:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{base}/v1/completions", json=body, timeout=0.5)
+        wait_for(lambda: stats(sim)["aborted"] > before, what="the replica sees an abort")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_first_byte_and_idle_timeouts(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "0.5"})
+    with gw:
+        set_faults(sim, latency_ms=3000)
+        resp = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x"})
+        assert resp.status_code == 504 and resp.json()["error"]["code"] == 504
+        set_faults(sim, latency_ms=0, hang_after_tokens=2)
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 10, "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=10) as r:
+            events = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and "idle" in events[-2]
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+async def test_no_leaked_inflight_after_a_storm(sim_factory: SimFactory) -> None:
+    sims = [sim_factory("--time-scale", "20")[1] for _ in range(3)]
+    set_faults(sims[0], error_rate=0.4, error_status=500, seed=1)
+    set_faults(sims[1], error_rate=0.4, error_status=503, seed=2)
+    set_faults(sims[2], hang_after_tokens=5)
+    gw, base = gateway_proc(upstreams=sims, env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+    with gw:
+        c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=5)
+
+        async def one(i: int) -> None:
+            stream = i % 2 == 0
+            try:
+                if stream:
+                    s = await c.completions.create(model=MODEL, prompt=f"p{i}", max_tokens=20,
+                                                   stream=True)
+                    async for _ in s:
+                        if i % 3 == 0:
+                            break  # the client walks away mid-stream
+                    await s.close()
+                else:
+                    await asyncio.wait_for(c.completions.create(
+                        model=MODEL, prompt=f"p{i}", max_tokens=20), timeout=0.05 * (i % 5 + 1))
+            except (openai.APIError, TimeoutError):
+                pass
+
+        await asyncio.gather(*(one(i) for i in range(120)))
+        await c.close()
+        wait_for(lambda: inflight(base) == 0, timeout=15, what="in-flight back to 0")
+        for sim in sims:
+            wait_for(lambda sim=sim: stats(sim)["in_flight"] == 0, what="replicas idle")
+
+
+def test_graceful_shutdown_lets_streams_finish(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "5")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 60, "ignore_eos": True,
+                "stream": True}
+        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as resp:
+            lines = resp.iter_lines()
+            next(lines)
+            gw.signal(signal.SIGTERM)
+            events = [line for line in lines if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]"
+        assert not any('"error"' in e for e in events)
+        # uvicorn re-raises the captured SIGTERM after its graceful shutdown
+        assert gw.popen is not None and gw.popen.wait(10) in (0, -signal.SIGTERM)
