@@ -1,0 +1,94 @@
+"""`kvgate serve` with a config file, start-up errors, `kvgate config check`, `kvgate demo`."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+import yaml
+
+from tests.support.gateway import gateway_proc
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVGATE, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env=env)
+
+
+def test_full_form_config_maps_public_names_to_pools(sim_factory: SimFactory) -> None:
+    _, fp8 = sim_factory("--time-scale", "50", model="served-fp8")
+    _, awq = sim_factory("--time-scale", "50", model="served-awq", )
+    config = {
+        "pools": {"fp8": {"served_model": "served-fp8", "replicas": [fp8]},
+                  "awq": {"served_model": "served-awq", "replicas": [awq]}},
+        "models": {"llama": {"default": "fp8", "free": "awq"}, "small": {"default": "awq"}},
+        "tiers": {"free": {"priority": 10}},
+        "server": {"route_header": False},
+    }
+    gw, base = gateway_proc(config=config)
+    with gw:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        assert sorted(m.id for m in c.models.list()) == ["llama", "small"]
+        raw = c.completions.with_raw_response.create(model="small", prompt="x", max_tokens=1)
+        assert raw.parse().model == "served-awq"
+        assert raw.headers["x-kvgate-replica"].startswith("awq/")
+        assert "x-kvgate-route" not in raw.headers
+        raw = c.completions.with_raw_response.create(model="llama", prompt="x", max_tokens=1)
+        assert raw.headers["x-kvgate-replica"].startswith("fp8/")
+
+
+def test_invalid_config_fails_at_start_naming_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+        "upstream": {"idle_timeout_s": -1},
+    }))
+    result = run("serve", "--config", str(path), "--port", str(free_port()))
+    assert result.returncode == 2
+    assert "upstream.idle_timeout_s" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_check_prints_effective_config_without_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    env = {"KVGATE_SERVER__PORT": "9123", "KVGATE_ADMIN_TOKEN": "very-secret-token",
+           "PATH": "/usr/bin:/bin"}
+    result = run("config", "check", str(path), env=env)
+    assert result.returncode == 0, result.stderr
+    effective = yaml.safe_load(result.stdout)
+    assert effective["server"]["port"] == 9123
+    assert effective["upstream"]["connect_timeout_s"] == 3.0
+    assert "very-secret-token" not in result.stdout
+    assert run("config", "check", str(tmp_path / "missing.yaml")).returncode == 2
+
+
+def test_demo_serves_and_stops_cleanly() -> None:
+    port = free_port()
+    demo = Proc([*KVGATE, "demo", "--port", str(port), "--time-scale", "50"],
+                ready_url=f"http://127.0.0.1:{port}/readyz", timeout=60)
+    with demo:
+        base = f"http://127.0.0.1:{port}"
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="demo", max_retries=0)
+        reply = c.chat.completions.create(
+            model="kvgate-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=4)
+        assert reply.choices[0].message.content
+        assert reply.model == "demo-8b-fp8"  # the default tier goes to the fp8 pool
+        demo.signal(signal.SIGINT)
+        assert demo.popen is not None and demo.popen.wait(20) in (0, -signal.SIGINT)
+        out = demo.output()
+        assert "kvgate is up" in out and "from openai import OpenAI" in out
+        assert "kvgate demo: stopped" in out
+    try:
+        httpx.get(f"{base}/healthz", timeout=1)
+        raise AssertionError("the gateway still answers after Ctrl-C")
+    except httpx.ConnectError:
+        pass
