@@ -62,6 +62,9 @@ class Generation:
 
     # -- text ------------------------------------------------------------------------------
     def _text(self, count: int) -> str:
+        hang = self.faults.hang_after_tokens
+        if hang >= 0:  # never send past the hang point, even when outputs arrive batched
+            count = min(count, max(0, hang - self.sent_tokens))
         text = P.generated_text(self.gen.seed, self.sent_tokens, count)
         self.sent_tokens += count
         limit = self.gen.visible_chars
@@ -146,11 +149,13 @@ class Generation:
             if out.finish_reason == "abort":
                 return
             text = self._text(out.new_tokens)
-            if text or out.finish_reason is not None:
-                await _body(send, self._chunk(text, out.finish_reason))
             if 0 <= self.faults.hang_after_tokens <= self.sent_tokens:
+                if text:
+                    await _body(send, self._chunk(text, None))
                 await watcher
                 return
+            if text or out.finish_reason is not None:
+                await _body(send, self._chunk(text, out.finish_reason))
             if out.finish_reason is not None:
                 break
         tail = self._usage_chunk(out) if self.gen.include_usage else b""
