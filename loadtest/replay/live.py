@@ -76,6 +76,7 @@ async def _one(
     session: aiohttp.ClientSession,
     target: LiveTarget,
     req: ReplayRequest,
+    seq: int,
     t0: float,
     sem: asyncio.Semaphore,
 ) -> Outcome:
@@ -115,6 +116,7 @@ async def _one(
         first_token_s=None if first is None else (first - t0) * scale,
         end_s=(end - t0) * scale,
         ok=ok,
+        seq=seq,
     )
 
 
@@ -128,6 +130,8 @@ async def replay_live(
         before = await read_counters(session, replica_urls)
         sem = asyncio.Semaphore(target.max_concurrency)
         t0 = time.perf_counter()
-        outcomes = await asyncio.gather(*(_one(session, target, r, t0, sem) for r in requests))
+        outcomes = await asyncio.gather(
+            *(_one(session, target, r, i, t0, sem) for i, r in enumerate(requests))
+        )
         after = await read_counters(session, replica_urls)
     return list(outcomes), after - before

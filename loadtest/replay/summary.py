@@ -18,6 +18,7 @@ class Outcome:
     first_token_s: float | None  # None: failed before a first token
     end_s: float
     ok: bool = True
+    seq: int = 0  # arrival order (breaks ties between requests arriving at the same instant)
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -29,28 +30,39 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[rank - 1]
 
 
-def inflight_balance(outcomes: Sequence[Outcome], replicas: Sequence[str]) -> float:
-    """The largest max/mean ratio of requests in flight per replica, sampled at every arrival
-    at which the fleet-wide mean is at least one request (below that the ratio says nothing
-    about hot spots: one request in flight on 8 replicas is 'max/mean = 8')."""
-    events: list[tuple[float, int, str]] = []
+def inflight_balance(
+    outcomes: Sequence[Outcome], replicas: Sequence[str], load_factor: float, slack: float
+) -> tuple[float, int]:
+    """How hot the replica that took each request was, at the moment it took it.
+
+    Returns (the largest load/mean ratio of the chosen replica right after an assignment, over
+    assignments at which the fleet-wide mean is at least one request; the number of assignments
+    where the chosen replica's load exceeded ``load_factor x mean + slack``, the bounded-load
+    rule). Below a mean of one request the ratio says nothing about hot spots.
+    """
+    events: list[tuple[float, int, int, str]] = []
     for o in outcomes:
-        events.append((o.start_s, 1, o.replica))
-        events.append((o.end_s, 0, o.replica))  # ends sort before starts at equal times
+        events.append((o.start_s, 1, o.seq, o.replica))
+        events.append((o.end_s, 0, o.seq, o.replica))  # ends sort before starts at equal times
     heapq.heapify(events)
     load = dict.fromkeys(replicas, 0)
     total = 0
     worst = 0.0
+    violations = 0
     n = max(1, len(replicas))
     while events:
-        _, kind, replica = heapq.heappop(events)
+        _, kind, _, replica = heapq.heappop(events)
         delta = 1 if kind == 1 else -1
         load[replica] = load.get(replica, 0) + delta
         total += delta
+        if kind == 0:
+            continue
         mean = total / n
-        if kind == 1 and mean >= 1.0:
-            worst = max(worst, max(load.values()) / mean)
-    return worst
+        if load[replica] > load_factor * mean + slack + 1e-9:
+            violations += 1
+        if mean >= 1.0:
+            worst = max(worst, load[replica] / mean)
+    return worst, violations
 
 
 def summarize(
@@ -61,9 +73,12 @@ def summarize(
     hit_rate: float,
     pooled_reference_hit_rate: float,
     preemptions: int,
+    load_factor: float = 1.25,
+    load_slack: float = 1.0,
 ) -> dict[str, object]:
     ttfts = [o.first_token_s - o.start_s for o in outcomes if o.first_token_s is not None]
     e2es = [o.end_s - o.start_s for o in outcomes if o.ok]
+    balance, violations = inflight_balance(outcomes, replicas, load_factor, load_slack)
     per_replica = {r: 0 for r in replicas}
     for o in outcomes:
         per_replica[o.replica] = per_replica.get(o.replica, 0) + 1
@@ -80,7 +95,8 @@ def summarize(
         "ttft_p99_s": round(percentile(ttfts, 99), 4),
         "e2e_p50_s": round(percentile(e2es, 50), 4),
         "e2e_p99_s": round(percentile(e2es, 99), 4),
-        "max_over_mean_inflight": round(inflight_balance(outcomes, replicas), 3),
+        "max_over_mean_inflight": round(balance, 3),
+        "load_bound": {"factor": load_factor, "slack": load_slack, "violations": violations},
         "requests_per_replica": per_replica,
         "preemptions": preemptions,
     }
