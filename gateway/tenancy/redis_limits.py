@@ -10,7 +10,6 @@ that dies frees its tenants' concurrency within one TTL.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import secrets
 from collections.abc import Callable
@@ -119,9 +118,9 @@ class RedisRateLimiter(RateLimiter):
 
     async def close(self) -> None:
         if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+            while not self._renewer.done():  # redis-py can swallow a cancel inside a read
+                self._renewer.cancel()
+                await asyncio.wait({self._renewer}, timeout=0.5)
             self._renewer = None
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:

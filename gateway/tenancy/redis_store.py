@@ -95,6 +95,7 @@ class RedisStore(TenantStore):
         self._audit_cap = audit_cap
         self._listen = listen
         self._listener: asyncio.Task[None] | None = None
+        self._closing = False
         self._scripts = {
             name: client.register_script(src)
             for name, src in {
@@ -121,15 +122,19 @@ class RedisStore(TenantStore):
             self._listener = asyncio.create_task(self._listen_loop(), name="tenancy-pubsub")
 
     async def close(self) -> None:
+        self._closing = True
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+            # redis-py may turn a cancellation inside a read into its own TimeoutError, so the
+            # loop also checks `_closing`; cancel again until the task has really ended.
+            while not self._listener.done():
+                self._listener.cancel()
+                await asyncio.wait({self._listener}, timeout=0.5)
             self._listener = None
+        await self._r.aclose()
 
     async def _listen_loop(self) -> None:
         backoff = 0.1
-        while True:
+        while not self._closing:
             pubsub = self._r.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
@@ -140,6 +145,8 @@ class RedisStore(TenantStore):
                     if msg is not None:
                         self._notify(_parse_change(msg.get("data")))
             except (RedisError, OSError):
+                if self._closing:
+                    return
                 log.warning("tenancy pub/sub disconnected; retrying in %.1fs", backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(2.0, backoff * 2)

@@ -1,0 +1,161 @@
+"""Redis stops and comes back: tenancy keeps serving, says it is degraded, and recovers."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+from gateway.policy import parse_policy
+from gateway.tenancy import (
+    AuthError,
+    BackendUnavailable,
+    KeyRecord,
+    RedisStore,
+    SaltDeriver,
+    TenancySettings,
+    Tenant,
+    TenantResolver,
+    build_tenancy,
+    connect_redis,
+    generate_key,
+    hash_key,
+)
+from tests.support.procs import Proc, free_port, redis_proc
+
+SECRET = "outage-test-secret-0123456789abcdef"
+POLICY = parse_policy(
+    {
+        "pools": {"p": {"served_model": "m-p", "replicas": ["http://127.0.0.1:9"]}},
+        "models": {"m": {"default": "p"}},
+        "tiers": {"premium": {"limits": {"rpm": 1000, "max_concurrency": 4}}},
+    }
+)
+
+
+def _persistent_redis(data_dir: Path) -> tuple[Proc, str]:
+    """redis-server with an append-only file, so a restart keeps the data (as in production)."""
+    exe = shutil.which("redis-server")
+    assert exe is not None
+    port = free_port()
+    cmd = [
+        exe,
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        str(data_dir),
+    ]
+    return Proc(cmd, ready_port=port), f"redis://127.0.0.1:{port}/0"
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    async with asyncio.timeout(20):
+        while not cond():  # noqa: ASYNC110 - polling a condition with a deadline
+            await asyncio.sleep(0.02)
+
+
+async def test_outage_fallback_and_recovery(tmp_path: Path) -> None:
+    proc, url = _persistent_redis(tmp_path)
+    proc.start()
+    settings = TenancySettings(redis_url=url, gateway_replicas=2, poll_interval_s=0.1)
+    tenancy = build_tenancy(settings, SECRET)
+    try:
+        await tenancy.start(tenants=[Tenant(id="acme", tier="premium")], policy=POLICY)
+        key = generate_key()
+        await tenancy.store.add_key(
+            KeyRecord(key_id="k1", tenant_id="acme", key_hash=hash_key(key), created_at=0.0)
+        )
+        await _until(lambda: tenancy.resolver.health().generation >= 3)
+        limits = tenancy.resolver.authenticate(key).limits
+        shared = await tenancy.limiter.admit("acme", limits, tokens=1)
+        assert shared.allowed and not shared.degraded
+
+        proc.stop()
+        await _until(lambda: tenancy.resolver.health().degraded)
+        assert tenancy.resolver.authenticate(key).tenant_id == "acme"  # last known keys
+        during = [await tenancy.limiter.admit("acme", limits, tokens=1) for _ in range(3)]
+        assert all(a.degraded for a in during) and tenancy.limiter.degraded
+        # per-process share of max_concurrency=4 over 2 replicas: 2 leases, the 3rd denied
+        assert [a.allowed for a in during] == [True, True, False]
+        for a in during:
+            await tenancy.limiter.release(a)  # released locally, no error
+        await tenancy.limiter.release(shared)  # Redis is down: tolerated, the lease expires
+
+        proc.start()  # same port, same data directory
+        await _until(lambda: not tenancy.resolver.health().degraded)
+        for _ in range(200):  # the limiter re-tries Redis at most once a second
+            after = await tenancy.limiter.admit("acme", limits, tokens=1)
+            await tenancy.limiter.release(after)
+            if not after.degraded:
+                break
+            await asyncio.sleep(0.05)
+        assert not after.degraded and after.allowed and not tenancy.limiter.degraded
+
+        await tenancy.store.revoke_key("acme", "k1")  # pub/sub and sync work again
+
+        def revoked() -> bool:
+            try:
+                tenancy.resolver.authenticate(key)
+            except AuthError:
+                return True
+            return False
+
+        await _until(revoked)
+    finally:
+        await tenancy.close()
+        proc.stop()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_staleness_is_bounded_and_a_wiped_store_is_not_trusted() -> None:
+    proc, url = redis_proc()
+    proc.start()
+    clock = Clock()
+    store = RedisStore(connect_redis(url), namespace="stale")
+    resolver = TenantResolver(
+        store, SaltDeriver(SECRET), max_staleness_s=10, clock=clock, poll_interval_s=3600
+    )
+    try:
+        await store.put_policy(POLICY)
+        await store.create_tenant(Tenant(id="acme", tier="premium"))
+        key = generate_key()
+        await store.add_key(
+            KeyRecord(key_id="k", tenant_id="acme", key_hash=hash_key(key), created_at=0.0)
+        )
+        await resolver.start()
+        assert resolver.authenticate(key).tenant_id == "acme"
+        proc.stop()
+        assert await resolver.refresh() is False
+        assert resolver.health().reason == "store unreachable"
+        clock.now += 9
+        assert resolver.authenticate(key).tenant_id == "acme"  # within the bound
+        proc.start()  # no persistence: the restarted Redis is empty
+        assert await resolver.refresh() is False
+        assert "empty" in (resolver.health().reason or "")
+        assert resolver.authenticate(key).tenant_id == "acme"  # last known state, not "nothing"
+        clock.now += 2  # 11 s since the store last confirmed our state
+        try:
+            resolver.authenticate(key)
+            raise AssertionError("stale state served beyond max_staleness_s")
+        except BackendUnavailable as exc:
+            assert exc.status == 503
+    finally:
+        await resolver.close()
+        await store.close()
+        proc.stop()
