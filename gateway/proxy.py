@@ -12,6 +12,7 @@ released in a ``finally``; client disconnects and timeouts cancel the handler ta
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -104,11 +105,16 @@ class Proxy:
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
         self._up = cfg.upstream
+        # request ids: a random per-process prefix + a counter (unique, and cheaper than
+        # reading the OS's random source per request)
+        prefix = os.urandom(8).hex()
+        counter = itertools.count()
+        self._new_id: Callable[[], bytes] = lambda: f"{prefix}{next(counter):016x}".encode()
 
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared = _scan_headers(scope["headers"])
+        req_id, declared = _scan_headers(scope["headers"], self._new_id)
         req = _Request(path, KINDS[path], req_id, perf_counter())
         try:
             body = await read_body(receive, self._limit, declared)
@@ -164,7 +170,7 @@ class Proxy:
         pool.budget.deposit()
         req.route = decision.reason
         headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
-        failure = UpstreamError("No replica answered.")
+        failure: UpstreamError | None = None  # built only when an attempt fails (rare)
         for i, rid in enumerate(order):
             replica = pool.by_id.get(rid)
             if replica is None:
@@ -183,7 +189,7 @@ class Proxy:
                 return
             failure = failure_or_none
             self._metrics.retried(pool.name, failure.reason)
-        raise failure
+        raise failure or UpstreamError("No replica answered.")
 
     async def _attempt(
         self, send: Send, req: _Request, replica: Replica, body: bytes,
@@ -322,7 +328,9 @@ def _stream_error(scanner: StreamScanner | None, message: str) -> bytes:
     return tail + sep + b"data: " + err + b"\n\n" + DONE_EVENT
 
 
-def _scan_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None]:
+def _scan_headers(
+    headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
+) -> tuple[bytes, int | None]:
     """X-Request-Id (accepted when sane, else generated) and the declared Content-Length."""
     req_id = b""
     declared = None
@@ -332,5 +340,5 @@ def _scan_headers(headers: list[tuple[bytes, bytes]]) -> tuple[bytes, int | None
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
     if not req_id or len(req_id) > 128 or not req_id.isascii():
-        req_id = os.urandom(16).hex().encode()
+        req_id = new_id()
     return req_id, declared
