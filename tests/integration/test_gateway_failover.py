@@ -37,7 +37,8 @@ def replica_of(raw: object) -> str:
 
 def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> None:
     (a, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
-    gw, base = gateway_proc(upstreams=[a_url, b_url])
+    gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"],
+                            env={"KVGATE_HEALTH__INTERVAL_S": "60"})  # only requests notice
     with gw:
         a.kill()  # connection refused from now on; the gateway has not noticed yet
         c = client(base)
@@ -45,13 +46,15 @@ def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> N
             raw = c.completions.with_raw_response.create(model=MODEL, prompt="x", max_tokens=2)
             assert raw.parse().choices[0].text
             assert f"http://{replica_of(raw)}" == b_url
-        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")
-                 .get(f'{{pool="default",replica="{a_url[7:]}"}}') == 0.0, what="ejection")
+        healthy = metric_values(base, "kvgate_replica_healthy")
+        assert healthy[f'{{pool="default",replica="{a_url[7:]}"}}'] == 0.0  # passively ejected
+        assert any("connect" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
 
 
 def test_503_busy_replica_is_retried_elsewhere(sim_factory: SimFactory) -> None:
     (_, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
-    gw, base = gateway_proc(upstreams=[a_url, b_url])
+    # round robin: some requests are sent to the busy replica first
+    gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"])
     with gw:
         set_faults(a_url, error_rate=1.0, error_status=503)
         for _ in range(4):
