@@ -5,7 +5,8 @@ rotation, the versioned policy document (ETag / If-Match), replicas, route expla
 Every change is audited with the admin token's id. Keys appear only in the 201 of key creation.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: FastAPI must see the route signatures' real
+# annotations, including the `Who` dependency alias that exists only inside the factory.
 
 import inspect
 import time

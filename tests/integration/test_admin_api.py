@@ -1,0 +1,270 @@
+"""The admin API over real HTTP (uvicorn on a loopback port), against both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from gateway.admin import AdminDeps, AdminToken, create_admin_app
+from gateway.policy import parse_policy
+from gateway.tenancy import (
+    InMemoryStore,
+    RedisStore,
+    SaltDeriver,
+    TenantResolver,
+    TenantStore,
+    connect_redis,
+)
+from tests.support.procs import free_port, redis_proc
+
+ADMIN_TOKEN = "admin-" + secrets.token_urlsafe(24)
+SECRET = "admin-test-salt-secret-0123456789"
+POLICY_DOC: dict[str, Any] = {
+    "pools": {
+        "fp8": {
+            "served_model": "llama-70b-fp8",
+            "replicas": ["http://127.0.0.1:9001"],
+            "priority": True,
+        },
+        "awq": {"served_model": "llama-70b-awq", "replicas": ["http://127.0.0.1:9002"]},
+    },
+    "models": {"llama-70b": {"premium": "fp8", "free": "awq"}},
+    "tiers": {
+        "premium": {"limits": {"rpm": 600}, "priority": 0, "spill_to": "awq"},
+        "free": {"limits": {"rpm": 60, "max_concurrency": 4}, "priority": 10},
+    },
+}
+
+
+@dataclass
+class Admin:
+    url: str
+    store: TenantStore
+    client: httpx.AsyncClient
+
+
+@pytest.fixture(scope="module")
+def shared_redis() -> Iterator[str]:
+    proc, url = redis_proc()
+    with proc:
+        yield url
+
+
+async def _explain(body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": body.get("model"), "pool": "fp8", "replica": "fp8/a", "reason": "tier"}
+
+
+async def serve_admin(store: TenantStore, tokens: list[AdminToken]) -> AsyncIterator[str]:
+    deps = AdminDeps(
+        store=store,
+        tokens=tokens,
+        explain=_explain,
+        replicas=lambda: {"object": "list", "data": [{"id": "fp8/a"}]},
+    )
+    port = free_port()
+    config = uvicorn.Config(
+        create_admin_app(deps), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    async with asyncio.timeout(10):
+        while not server.started:  # noqa: ASYNC110 - uvicorn exposes no started event
+            await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def admin(request: pytest.FixtureRequest) -> AsyncIterator[Admin]:
+    store: TenantStore
+    if request.param == "memory":
+        store = InMemoryStore()
+    else:
+        url = request.getfixturevalue("shared_redis")
+        store = RedisStore(connect_redis(url), namespace=f"t{secrets.token_hex(4)}")
+    await store.start()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(base_url=url, headers=headers) as client:
+            yield Admin(url, store, client)
+    await store.close()
+
+
+def _error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return dict(err)
+
+
+async def test_admin_auth_failures(admin: Admin) -> None:
+    async with httpx.AsyncClient(base_url=admin.url) as anon:
+        r = await anon.get("/admin/tenants")
+        assert _error(r, 401)["type"] == "authentication_error"
+        assert r.headers["www-authenticate"] == "Bearer"
+        _error(await anon.get("/admin/tenants", headers={"authorization": "Bearer wrong"}), 401)
+        _error(await anon.get("/admin/policy", headers={"authorization": ADMIN_TOKEN}), 401)
+        tenant_key = {"authorization": "Bearer kvg-" + "a" * 43}
+        assert _error(await anon.get("/admin/tenants", headers=tenant_key), 403)["code"]
+
+
+async def test_admin_disabled_without_tokens() -> None:
+    async for url in serve_admin(InMemoryStore(), []):
+        async with httpx.AsyncClient(base_url=url) as anon:
+            r = await anon.get("/admin/tenants", headers={"authorization": "Bearer anything"})
+            assert "disabled" in _error(r, 403)["message"]
+
+
+async def test_tenant_lifecycle(admin: Admin) -> None:
+    c = admin.client
+    r = await c.post(
+        "/admin/tenants",
+        json={"id": "acme", "tier": "premium", "limits": {"rpm": 100}, "salt_group": "pub"},
+    )
+    assert r.status_code == 201, r.text
+    assert r.json() == {
+        "id": "acme",
+        "tier": "premium",
+        "limits": {"rpm": 100},
+        "salt_group": "pub",
+        "salt_epoch": 0,
+        "keys": [],
+    }
+    assert _error(await c.post("/admin/tenants", json={"id": "acme", "tier": "free"}), 409)
+    assert (
+        _error(await c.post("/admin/tenants", json={"id": "x", "tier": "gold"}), 400)["param"]
+        == "tier"
+    )
+    assert (
+        _error(await c.post("/admin/tenants", json={"id": "a/b", "tier": "free"}), 400)["param"]
+        == "id"
+    )
+    assert (
+        _error(
+            await c.post("/admin/tenants", json={"id": "x", "tier": "free", "limits": {"rpm": 0}}),
+            400,
+        )["param"]
+        == "limits.rpm"
+    )
+    assert _error(await c.post("/admin/tenants", content=b"{not json"), 400)
+    r = await c.patch(
+        "/admin/tenants/acme", json={"tier": "free", "limits": {"tpm": 5}, "salt_group": None}
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["limits"] == {"rpm": 100, "tpm": 5} and r.json()["salt_group"] is None
+    assert _error(await c.patch("/admin/tenants/acme", json={"salt_epoch": 3}), 400)
+    assert _error(await c.patch("/admin/tenants/nope", json={"tier": "free"}), 404)
+    listed = (await c.get("/admin/tenants")).json()
+    assert listed["object"] == "list" and [t["id"] for t in listed["data"]] == ["acme"]
+    r = await c.post("/admin/tenants/acme/rotate-salt")
+    assert r.json() == {"id": "acme", "scope": "tenant", "salt_group": None, "salt_epoch": 1}
+    assert (await c.delete("/admin/tenants/acme")).status_code == 204
+    assert _error(await c.get("/admin/tenants/acme"), 404)
+    assert _error(await c.delete("/admin/tenants/acme"), 404)
+
+
+async def test_key_lifecycle(admin: Admin) -> None:
+    c = admin.client
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    r = await c.post("/admin/tenants/acme/keys")
+    assert r.status_code == 201 and r.headers["cache-control"] == "no-store"
+    created = r.json()
+    key, key_id = created["key"], created["id"]
+    assert key.startswith("kvg-") and len(key) >= 4 + 43
+    shown = (await c.get("/admin/tenants/acme")).text
+    assert key_id in shown and key not in shown
+    assert _error(await c.post("/admin/tenants/ghost/keys"), 404)
+    assert (await c.delete(f"/admin/tenants/acme/keys/{key_id}")).status_code == 204
+    assert _error(await c.delete(f"/admin/tenants/acme/keys/{key_id}"), 404)["param"] == "key_id"
+
+
+async def test_policy_get_put_with_if_match(admin: Admin) -> None:
+    c = admin.client
+    r = await c.get("/admin/policy")
+    assert r.status_code == 200 and r.headers["etag"] == '"1"'
+    doc = r.json()
+    assert doc["models"] == POLICY_DOC["models"]
+    doc["tiers"]["free"]["limits"]["rpm"] = 30
+    r = await c.put("/admin/policy", json=doc, headers={"if-match": '"1"'})
+    assert r.status_code == 200 and r.headers["etag"] == '"2"'
+    assert _error(await c.put("/admin/policy", json=doc, headers={"if-match": '"1"'}), 412)
+    assert _error(await c.put("/admin/policy", json=doc, headers={"if-match": "x"}), 400)
+    bad = {**doc, "models": {"llama-70b": {"premium": "fp9"}}}
+    err = _error(await c.put("/admin/policy", json=bad), 400)
+    assert err["param"] == "models.llama-70b.premium" and "fp9" in err["message"]
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    no_free = {
+        **doc,
+        "models": {"llama-70b": {"premium": "fp8"}},
+        "tiers": {"premium": doc["tiers"]["premium"]},
+    }
+    assert _error(await c.put("/admin/policy", json=no_free), 400)["param"] == "tiers"
+    assert (await c.get("/admin/policy")).headers["etag"] == '"2"'
+
+
+async def test_audit_replicas_explain_and_openapi(admin: Admin) -> None:
+    c = admin.client
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    key = (await c.post("/admin/tenants/acme/keys")).json()["key"]
+    await c.post("/admin/tenants/acme/rotate-salt")
+    r = await c.get("/admin/audit", params={"limit": 10})
+    entries = r.json()["data"]
+    assert [e["action"] for e in entries] == ["tenant.rotate_salt", "key.create", "tenant.create"]
+    assert {e["who"] for e in entries} == {"ops"} and all(e["at"] > 0 for e in entries)
+    assert key not in r.text
+    assert (await c.get("/admin/replicas")).json()["data"] == [{"id": "fp8/a"}]
+    r = await c.post("/admin/route/explain", json={"model": "llama-70b", "messages": []})
+    assert r.json()["pool"] == "fp8"
+    spec = (await c.get("/openapi.json")).json()
+    assert {"/admin/tenants", "/admin/policy", "/admin/audit"} <= set(spec["paths"])
+
+
+async def test_keys_salts_and_secrets_never_leak(
+    admin: Admin, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Everything an operator or a log reader can see, except the one key-creation answer."""
+    caplog.set_level(logging.DEBUG)
+    c = admin.client
+    seen: list[str] = []
+    for path, body in [
+        ("/admin/tenants", {"id": "acme", "tier": "free"}),
+        ("/admin/tenants/acme/rotate-salt", None),
+    ]:
+        seen.append((await c.post(path, json=body)).text)
+    created = await c.post("/admin/tenants/acme/keys")
+    key = created.json()["key"]
+    salts = SaltDeriver(SECRET)
+    resolver = TenantResolver(admin.store, salts)
+    await resolver.start()
+    try:
+        principal = resolver.authenticate(key)
+        for path in ("/admin/tenants", "/admin/tenants/acme", "/admin/audit", "/admin/policy"):
+            r = await c.get(path)
+            seen.append(r.text + str(dict(r.headers)))
+        seen.append(
+            (await c.get("/admin/tenants", headers={"authorization": f"Bearer {key}"})).text
+        )
+        for bad in (key + "x", None):
+            try:
+                resolver.authenticate(bad)
+            except Exception as exc:
+                seen.append(repr(exc) + str(getattr(exc, "to_dict", dict)()))
+        seen += [repr(principal), str(principal), repr(salts), repr(resolver.health())]
+    finally:
+        await resolver.close()
+    seen.append(caplog.text)
+    blob = "\n".join(seen)
+    for secret in (key, principal.cache_salt, SECRET, ADMIN_TOKEN):
+        assert secret not in blob
