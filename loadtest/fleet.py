@@ -1,0 +1,94 @@
+"""Child processes on loopback: simulated replicas and gateways, started, awaited and stopped.
+
+Used by `kvgate demo`, live `kvgate replay --spawn` and the benchmarks. Each process is a
+`python -m gateway.cli ...` child; readiness is an HTTP 200 on a probe path.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Fleet", "free_port"]
+
+KVGATE = [sys.executable, "-m", "gateway.cli"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
+
+
+@dataclass
+class Fleet:
+    """A set of child processes stopped together (a context manager)."""
+
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    quiet: bool = True
+
+    def start(self, args: Sequence[str], probe: str, timeout: float = 30.0) -> None:
+        """Start `kvgate ARGS...` and wait until GET `probe` answers 200."""
+        out = subprocess.DEVNULL if self.quiet else None
+        proc = subprocess.Popen([*KVGATE, *args], stdout=out, stderr=out)
+        self.procs.append(proc)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"kvgate {args[0]} exited with {proc.returncode}")
+            if _ready(probe):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"kvgate {args[0]} not ready at {probe} after {timeout}s")
+
+    def sim(self, model: str, *extra: str) -> str:
+        """Start one simulated replica; returns its base URL."""
+        port = free_port()
+        self.start(
+            ["sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *extra],
+            f"http://127.0.0.1:{port}/health",
+        )
+        return f"http://127.0.0.1:{port}"
+
+    def gateway(self, upstreams: Sequence[str], *extra: str) -> str:
+        """Start `kvgate serve` over `upstreams` (one pool); returns its base URL."""
+        port = free_port()
+        ups = [a for u in upstreams for a in ("--upstream", u)]
+        self.start(
+            ["serve", "--host", "127.0.0.1", "--port", str(port), *ups, *extra],
+            f"http://127.0.0.1:{port}/readyz",
+        )
+        return f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        self.procs.clear()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,207 @@
+"""`kvgate replay`: replay a workload against routing policies, offline or live.
+
+    kvgate replay TRACE.jsonl --offline --replicas 8 --kv-tokens 262144 --policy all --json OUT
+    kvgate replay TRACE.jsonl --target http://127.0.0.1:8000 --replica URL ... --time-scale 20
+    kvgate replay --synthetic --spawn --replicas 4 --policy all --time-scale 20 --json OUT
+
+Offline runs the routing core and the simulator's engines in one process in simulated time.
+Live sends the requests over HTTP to a running kvgate (`--target`) or to a fleet it starts
+itself (`--spawn`: N `kvgate sim` replicas and one `kvgate serve` per policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+
+from loadtest.fleet import Fleet
+from loadtest.replay.live import LiveTarget, replay_live
+from loadtest.replay.offline import FleetSpec, replay_offline
+from loadtest.replay.reference import pooled_reference_hit_rate
+from loadtest.replay.summary import summarize
+from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
+from loadtest.sim.costmodel import PRESETS
+from routing.policies import REGISTRY
+from routing.router import RouterConfig
+
+__all__ = ["main", "run_offline"]
+
+SPAWN_MODEL = "replay-model"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvgate replay", description=__doc__.splitlines()[0])
+    p.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
+    p.add_argument("--synthetic", action="store_true", help="the synthetic multi-tenant workload")
+    p.add_argument("--offline", action="store_true", help="simulated time, no HTTP")
+    p.add_argument("--replicas", type=int, default=8)
+    p.add_argument("--kv-tokens", type=int, default=262_144, help="KV cache per replica")
+    p.add_argument("--policy", default="cache_aware", help=f"{', '.join(REGISTRY)} or all")
+    p.add_argument("--rate-scale", type=float, default=1.0, help="arrivals X times faster")
+    p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
+    p.add_argument("--limit", type=int, help="replay only the first N requests")
+    p.add_argument("--json", metavar="OUT", help="write the summaries here")
+    live = p.add_argument_group("live mode")
+    live.add_argument("--target", help="a running kvgate's base URL")
+    live.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a replica behind --target, for its /metrics counters (repeat)",
+    )
+    live.add_argument("--model", help="public model name (default: the first listed)")
+    live.add_argument("--spawn", action="store_true", help="start the simulators and gateways")
+    live.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the simulators' --time-scale (workload times are divided by it)",
+    )
+    live.add_argument("--api-key", help="bearer key for --target")
+    return p
+
+
+def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
+    if args.synthetic:
+        reqs = synthetic_multitenant()
+        if args.rate_scale != 1.0:
+            reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
+        return reqs[: args.limit] if args.limit else reqs
+    if not args.trace:
+        raise SystemExit("kvgate replay: give a TRACE file or --synthetic")
+    return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+
+
+def _policies(name: str) -> list[str]:
+    if name == "all":
+        return list(REGISTRY)
+    if name not in REGISTRY:
+        raise SystemExit(f"kvgate replay: unknown policy {name!r} (known: {', '.join(REGISTRY)})")
+    return [name]
+
+
+def run_offline(
+    reqs: list[ReplayRequest], fleet: FleetSpec, policy: str, reference: float
+) -> dict[str, object]:
+    cfg = RouterConfig(policy=policy)
+    res = replay_offline(reqs, fleet, cfg)
+    return summarize(
+        policy=policy,
+        outcomes=res.outcomes,
+        replicas=res.replicas,
+        hit_rate=res.hit_rate,
+        pooled_reference_hit_rate=reference,
+        preemptions=res.preemptions,
+        load_factor=cfg.load_factor,
+        load_slack=cfg.load_slack,
+    )
+
+
+def _sim_args(args: argparse.Namespace) -> list[str]:
+    blocks = args.kv_tokens // 16
+    return [
+        "--preset",
+        args.profile,
+        "--num-gpu-blocks",
+        str(blocks),
+        "--max-model-len",
+        str(min(131_072, args.kv_tokens - 16)),
+        "--time-scale",
+        str(args.time_scale),
+    ]
+
+
+def _run_live(
+    args: argparse.Namespace, reqs: list[ReplayRequest], policy: str, ref: float
+) -> dict[str, object]:
+    if args.spawn:
+        with Fleet() as fleet:
+            urls = [fleet.sim(SPAWN_MODEL, *_sim_args(args)) for _ in range(args.replicas)]
+            base = fleet.gateway(urls, "--policy", policy)
+            return _live_once(args, reqs, policy, ref, base, urls, SPAWN_MODEL)
+    if not args.target:
+        raise SystemExit("kvgate replay: live mode needs --target URL or --spawn (or --offline)")
+    return _live_once(args, reqs, policy, ref, args.target, args.replica, args.model)
+
+
+def _live_once(
+    args: argparse.Namespace,
+    reqs: list[ReplayRequest],
+    policy: str,
+    ref: float,
+    base: str,
+    replicas: list[str],
+    model: str | None,
+) -> dict[str, object]:
+    model = model or _first_model(base, args.api_key)
+    target = LiveTarget(base, model, args.time_scale, args.api_key)
+    outcomes, delta = asyncio.run(replay_live(reqs, target, replicas))
+    hit = delta.hits / delta.queries if delta.queries else 0.0
+    names = sorted({o.replica for o in outcomes})
+    cfg = RouterConfig()
+    out = summarize(
+        policy=policy,
+        outcomes=outcomes,
+        replicas=names,
+        hit_rate=hit,
+        pooled_reference_hit_rate=ref,
+        preemptions=int(delta.preemptions),
+        load_factor=cfg.load_factor,
+        load_slack=cfg.load_slack,
+    )
+    out["mode"] = "live"
+    return out
+
+
+def _first_model(base: str, api_key: str | None) -> str:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    data = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()
+    return str(data["data"][0]["id"])
+
+
+def _print_table(summaries: list[dict[str, object]]) -> None:
+    cols = (
+        "policy",
+        "requests",
+        "hit_rate",
+        "hit_rate_vs_reference",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "e2e_p99_s",
+        "max_over_mean_inflight",
+        "preemptions",
+    )
+    print("  ".join(f"{c:>14}" for c in cols))
+    for s in summaries:
+        print("  ".join(f"{s.get(c)!s:>14}" for c in cols))
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    reqs = _workload(args)
+    fleet = FleetSpec(replicas=args.replicas, kv_tokens=args.kv_tokens, profile=args.profile)
+    ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size)
+    summaries = []
+    for policy in _policies(args.policy):
+        if args.offline:
+            summary = run_offline(reqs, fleet, policy, ref)
+            summary["mode"] = "offline"
+        else:
+            summary = _run_live(args, reqs, policy, ref)
+        summaries.append(summary)
+    _print_table(summaries)
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
+    return 0 if summaries else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
