@@ -38,6 +38,7 @@ MODEL = "bench-model"
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_overhead.md"
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 TOKENS = 16
+UPSTREAM_MS = 100  # replica think time in the latency runs
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -217,14 +218,28 @@ def saturation(base_direct: list[str], base_gw: list[str], pid: int, n: int, rep
             "busy, the replicas and the load generator (on the other core) were the limit.\n")
 
 
-def latency(base_direct: list[str], base_gw: list[str], n: int, rep: Report) -> None:
-    rep.add("## Added latency (ms): through kvgate minus direct\n")
+def set_latency(sims: list[str], ms: float) -> None:
+    import urllib.request
+
+    for sim in sims:
+        req = urllib.request.Request(f"{sim}/sim/faults", data=orjson.dumps({"latency_ms": ms}),
+                                     headers={"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).close()
+
+
+def latency(base_direct: list[str], base_gw: list[str], rounds: int, rep: Report) -> None:
+    rep.add(f"## Added latency (ms): through kvgate minus direct (replicas answer after "
+            f"{UPSTREAM_MS} ms)\n")
+    rep.add("A replica that answers at once makes any concurrency a saturation test; real "
+            f"replicas take long to answer, so here each waits {UPSTREAM_MS} ms before its "
+            "engine starts (the simulator's latency fault), for direct and proxied runs alike.\n")
     rep.add("| mode | conc | p50 direct | p50 via | added p50 | p99 direct | p99 via | added p99 "
             "| TTFT p50 direct | TTFT p50 via | added TTFT p50 |")
     rep.add("|---|---|---|---|---|---|---|---|---|---|---|")
+    set_latency(base_direct, UPSTREAM_MS)
     for stream in (False, True):
         for conc in (1, 32, 256):
-            count = max(n, conc * 4)
+            count = max(5 * rounds, conc * rounds)
             d = asyncio.run(run_level(base_direct, stream, conc, count))
             v = asyncio.run(run_level(base_gw, stream, conc, count))
             dp50, vp50 = pct(d.total_ms, 0.5), pct(v.total_ms, 0.5)
@@ -236,6 +251,7 @@ def latency(base_direct: list[str], base_gw: list[str], n: int, rep: Report) -> 
             mode = "stream" if stream else "plain"
             rep.add(f"| {mode} | {conc} | {dp50:.2f} | {vp50:.2f} | {vp50 - dp50:+.2f} | "
                     f"{dp99:.2f} | {vp99:.2f} | {vp99 - dp99:+.2f} {ttft}")
+    set_latency(base_direct, 0)
 
 
 def memory(base_gw: list[str], pid: int, minutes: float, rep: Report) -> None:
@@ -263,19 +279,23 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the memory test for this many minutes (e.g. 10)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    n_sat, n_lat = (600, 200) if args.quick else (4000, 1000)
+    n_sat, rounds = (1000, 6) if args.quick else (5000, 20)
     rep = Report()
     rep.add("# kvgate overhead benchmark\n")
     rep.add(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, kvgate pinned to one "
             f"core, {args.replicas} simulated replicas at time-scale {args.time_scale:g}, "
             f"{'quick' if args.quick else 'full'} run, {TOKENS}-token responses, chat "
-            f"completions, aiohttp closed-loop load generator.\n")
+            f"completions, aiohttp closed-loop load generator. Load average at the start: "
+            f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}.\n")
     with processes(args.replicas, args.time_scale) as (urls, base, pid):
         # direct: the load generator spreads requests over the replicas itself
         saturation(urls, [base], pid, n_sat, rep)
-        latency(urls, [base], n_lat, rep)
+        latency(urls, [base], rounds, rep)
         if args.memory_minutes > 0:
             memory([base], pid, args.memory_minutes, rep)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    rep.add(f"\nLoad average at the end: {load} (on {os.cpu_count()} CPUs). Anything above "
+            "~1.5 means other work shared the cores and the latency figures are noisy.")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(rep.lines) + "\n")
     print(f"\nwritten to {args.out}")
