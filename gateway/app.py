@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import orjson
 
 from gateway.asgi import Receive, Scope, Send
@@ -25,6 +26,7 @@ from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.pool import Pools
 from gateway.proxy import KINDS, Proxy
 from gateway.replicas import Replica
+from gateway.scrape import Sample, Scraper
 from routing.router import Router
 
 __all__ = ["GatewayApp"]
@@ -48,6 +50,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(self._all_replicas, clock)
         self.pools: Pools | None = None
         self.proxy: Proxy | None = None
+        self.scraper: Scraper | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._mounts: list[tuple[str, Callable[..., object]]] = []
         self._get = {
@@ -129,9 +132,33 @@ class GatewayApp:
         monitor = HealthMonitor(self.pools, self.cfg.health, self.clock)
         await monitor.poll_once()  # know who is up (and the served names) before serving
         self._tasks.append(asyncio.create_task(monitor.run(), name="kvgate-health"))
+        await self._start_scraper()
         log.info("gateway started", extra={"pools": list(self.pools.by_name)})
 
+    async def _start_scraper(self) -> None:
+        """Poll every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""
+        assert self.pools is not None
+        by_id = {r.id: r for r in self.pools.replicas()}
+        self._scrape_client = httpx.AsyncClient()
+
+        def on_sample(replica_id: str, sample: Sample | None, now: float) -> None:
+            replica = by_id.get(replica_id)
+            if replica is not None:
+                replica.record_scrape(sample, now)
+
+        interval = self.cfg.routing.scrape_interval_ms / 1000.0
+        self.scraper = Scraper(
+            self._scrape_client, on_sample, interval_s=interval,
+            timeout_s=max(0.5, 4 * interval), clock=self.clock,
+        )
+        for replica in by_id.values():
+            self.scraper.add_target(replica.id, replica.url)
+        await self.scraper.start()
+
     async def shutdown(self) -> None:
+        if self.scraper is not None:
+            await self.scraper.stop()
+            await self._scrape_client.aclose()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

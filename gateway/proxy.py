@@ -36,6 +36,7 @@ from gateway.replicas import Lease, Replica
 from gateway.sse import StreamScanner, scan_usage
 from gateway.timeouts import Canceller
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from routing.features import extract_features
 from routing.router import NoCandidate, Router
 from routing.types import Decision, RequestFeatures
 
@@ -50,6 +51,8 @@ KINDS: dict[str, str] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
+# kinds whose prompt prefix is cached by vLLM (embeddings are not generated, so not routed on it)
+PREFIX_KINDS = frozenset({"chat", "completions", "responses"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -149,11 +152,8 @@ class Proxy:
         if pool.served_model is None:
             raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
         req.parsed, req.pool, req.pool_name = parsed, pool, pool.name
+        req.features = self._features(req.kind, parsed)
         upstream_body, req.strip = rewrite_body(parsed, req.kind, pool.served_model)
-        req.features = RequestFeatures(
-            model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
-            stream=parsed.stream,
-        )
         now = self._clock()
         try:
             decision = self._router.pick(req.features, [r.view(now) for r in pool.replicas], now)
@@ -162,6 +162,16 @@ class Proxy:
                 f"No healthy replica for the model `{parsed.model}`.", retry_after=1
             ) from None
         return decision, upstream_body
+
+    def _features(self, kind: str, parsed: ParsedBody) -> RequestFeatures:
+        if kind in PREFIX_KINDS:
+            return extract_features(
+                parsed.data, model=parsed.model, salt="", config=self._router.config
+            )
+        return RequestFeatures(
+            model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
+            stream=parsed.stream,
+        )
 
     # -- attempts ----------------------------------------------------------------------------
     async def _forward(self, send: Send, req: _Request, decision: Decision, body: bytes) -> None:
@@ -197,7 +207,7 @@ class Proxy:
     ) -> UpstreamError | None:
         """One try on `replica`; returns an error to retry elsewhere, None when answered."""
         req.replica = replica.id
-        lease = replica.acquire(req.parsed.prompt_tokens)
+        lease = replica.acquire(req.features.prompt_tokens)
         resp: UpstreamResponse | None = None
         clean = False
         try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from gateway.scrape import Sample
 from routing.types import ReplicaView
 
 __all__ = ["HealthPolicy", "Lease", "Replica", "RetryBudget", "replica_id"]
@@ -38,7 +39,8 @@ class Replica:
 
     __slots__ = (
         "_policy", "ejected_until", "ejections", "failures", "id", "inflight",
-        "inflight_prefill_tokens", "pool", "state", "url",
+        "inflight_prefill", "inflight_prefill_tokens", "pool", "scraped", "scraped_at",
+        "state", "url",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthPolicy) -> None:
@@ -47,7 +49,10 @@ class Replica:
         self.id = replica_id(url)
         self._policy = policy
         self.inflight = 0
+        self.inflight_prefill = 0  # requests still waiting for their first token
         self.inflight_prefill_tokens = 0
+        self.scraped: Sample | None = None  # the last good scrape of its /metrics
+        self.scraped_at = 0.0
         self.state = HEALTHY
         self.failures = 0
         self.ejections = 0
@@ -56,8 +61,14 @@ class Replica:
     # -- accounting ---------------------------------------------------------------------
     def acquire(self, prompt_tokens: int) -> Lease:
         self.inflight += 1
+        self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
         return Lease(self, prompt_tokens)
+
+    def record_scrape(self, sample: Sample | None, now: float) -> None:
+        """A scrape finished; a failed one (None) leaves the last good sample to age."""
+        if sample is not None:
+            self.scraped, self.scraped_at = sample, now
 
     # -- health ---------------------------------------------------------------------------
     def available(self, now: float) -> bool:
@@ -99,12 +110,19 @@ class Replica:
         return self.state != EJECTED or now >= self.ejected_until
 
     def view(self, now: float) -> ReplicaView:
+        s = self.scraped
+        if s is None:
+            return ReplicaView(
+                id=self.id, pool=self.pool, healthy=self.available(now), inflight=self.inflight,
+                inflight_prefill_tokens=self.inflight_prefill_tokens,
+                inflight_prefill=self.inflight_prefill,
+            )
         return ReplicaView(
-            id=self.id,
-            pool=self.pool,
-            healthy=self.available(now),
-            inflight=self.inflight,
+            id=self.id, pool=self.pool, healthy=self.available(now), waiting=s.waiting,
+            running=s.running, kv_usage=s.kv_usage, cache_capacity_tokens=s.cache_capacity_tokens,
+            scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,
+            inflight_prefill=self.inflight_prefill,
         )
 
 
@@ -120,19 +138,19 @@ class Lease:
         self.answered = False  # a first token (or a whole answer) arrived
 
     def first_token(self) -> None:
-        """The prompt is answered: its tokens no longer wait for prefill."""
-        self.answered = True
-        if self._prefill:
+        """The prompt is answered: it no longer waits for prefill."""
+        if not self.answered and not self._released:
+            self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
-            self._prefill = 0
+        self.answered = True
 
     def release(self) -> None:
         if self._released:
             return
-        self._released = True
-        if self._prefill:
+        if not self.answered:  # ended unanswered: it no longer waits for prefill either
+            self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
-            self._prefill = 0
+        self._released = True
         self._replica.inflight -= 1
 
 

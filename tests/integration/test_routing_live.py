@@ -1,0 +1,91 @@
+"""The routing core in the live gateway: prefix affinity, spreading of identical bursts, and
+the scraped replica state reaching the router (real sims, real gateway, the openai client)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.support.gateway import gateway_proc
+from tests.support.procs import Proc, sim_proc
+
+MODEL = "sim-model"
+REPLICAS = 4
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[str]:
+    sims: list[Proc] = []
+    urls = []
+    try:
+        for _ in range(REPLICAS):
+            # every answer takes >= 200 ms so concurrent requests are truly in flight together
+            proc, url = sim_proc(None, "--time-scale", "20", "--latency-ms", "200",
+                                 model=MODEL)
+            sims.append(proc.start())
+            urls.append(url)
+        gw, base = gateway_proc(upstreams=urls, args=["--policy", "cache_aware"])
+        with gw:
+            yield base
+    finally:
+        for proc in sims:
+            proc.stop()
+
+
+def _system(n: int) -> str:
+    return " ".join(f"rule {n}-{i}: answer precisely and cite the section." for i in range(60))
+
+
+def _ask(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, str]:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+    )
+    raw.parse()
+    return raw.headers["x-kvgate-replica"], raw.headers["x-kvgate-route"]
+
+
+def test_a_conversation_stays_on_the_replica_holding_its_prefix(fleet: str) -> None:
+    client = openai.OpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": _system(1)}]
+    seen = []
+    for turn in range(5):
+        messages.append({"role": "user", "content": f"question {turn}: what does rule {turn} say?"})
+        replica, route = _ask(client, messages)
+        seen.append((replica, route))
+        messages.append({"role": "assistant", "content": f"rule {turn} says to be precise."})
+    replicas = {r for r, _ in seen}
+    assert len(replicas) == 1, seen
+    assert all(route == "prefix-hit" for _, route in seen[1:]), seen
+
+
+def test_different_prefixes_use_more_than_one_replica(fleet: str) -> None:
+    client = openai.OpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
+    replicas = {
+        _ask(client, [{"role": "system", "content": _system(100 + n)},
+                      {"role": "user", "content": "hi"}])[0]
+        for n in range(8)
+    }
+    assert len(replicas) >= 2
+
+
+async def test_a_burst_of_identical_requests_spreads_within_the_bound(fleet: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
+    messages = [{"role": "system", "content": _system(7)}, {"role": "user", "content": "same"}]
+
+    async def one() -> str:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+        )
+        raw.parse()
+        return raw.headers["x-kvgate-replica"]
+
+    burst = 16
+    counts = Counter(await asyncio.gather(*(one() for _ in range(burst))))
+    await client.close()
+    # bounded load: at assignment, load <= 1.25 x mean + 1, so at most 1.25 x 16/4 + 1 = 6
+    assert max(counts.values()) <= 6, counts
+    assert len(counts) >= 3, counts
