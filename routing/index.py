@@ -6,6 +6,12 @@ replicas holding it makes a match one walk down the request's chain, whatever th
 at each depth the mask of replicas still matching shrinks, and a replica's match length is the
 depth at which it drops out.
 
+A request longer than the hashed prefix cap (``max_blocks``) still fills the replica's cache
+with all its tokens: its tail block is charged the blocks beyond the cap (``tail_blocks``), so
+the LRU's capacity is spent as the engine's is. Without this, long prompts would make the index
+believe the cache holds far more than it does (on the Mooncake trace a third of all prompt
+tokens lie beyond a 16k-token cap) and predict hits the engine has already evicted.
+
 Blocks of a routed request are inserted tail first, so the request's first block is the most
 recently used: like vLLM (which frees a request's blocks in reverse order), eviction eats
 prefixes from their tail and a shared head survives longest.
@@ -20,12 +26,13 @@ __all__ = ["AffinityIndex"]
 
 
 class _ReplicaLRU:
-    __slots__ = ("blocks", "capacity", "slot")
+    __slots__ = ("blocks", "capacity", "slot", "used")
 
     def __init__(self, slot: int, capacity: int) -> None:
         self.slot = slot
         self.capacity = capacity
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> capacity blocks it stands for
+        self.used = 0
 
 
 class AffinityIndex:
@@ -72,24 +79,37 @@ class AffinityIndex:
         self._free_slots.append(lru.slot)
 
     # -- updates ------------------------------------------------------------------------------
-    def insert(self, replica: str, hashes: Sequence[int]) -> None:
-        """``replica`` now holds the chain ``hashes`` (most recently used first block)."""
+    def insert(self, replica: str, hashes: Sequence[int], tail_blocks: int = 0) -> None:
+        """``replica`` now holds the chain ``hashes`` (most recently used first block), plus
+        ``tail_blocks`` more blocks of the same request beyond the hashed cap."""
         lru = self._lru(replica)
         bit = 1 << lru.slot
         blocks, owners = lru.blocks, self._owners
+        used = lru.used
+        if hashes and tail_blocks > 0:
+            h = hashes[-1]
+            used += 1 + tail_blocks - blocks.get(h, 0)
+            if h not in blocks:
+                owners[h] = owners.get(h, 0) | bit
+            blocks[h] = 1 + tail_blocks
+            blocks.move_to_end(h)
+            hashes = hashes[:-1]
         for h in reversed(hashes):
             if h in blocks:
                 blocks.move_to_end(h)
             else:
-                blocks[h] = None
+                blocks[h] = 1
+                used += 1
                 owners[h] = owners.get(h, 0) | bit
+        lru.used = used
         self._evict(lru)
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners
         clear = ~(1 << lru.slot)
-        while len(blocks) > lru.capacity:
-            h, _ = blocks.popitem(last=False)
+        while lru.used > lru.capacity:
+            h, weight = blocks.popitem(last=False)
+            lru.used -= weight
             mask = owners[h] & clear
             if mask:
                 owners[h] = mask
@@ -138,6 +158,11 @@ class AffinityIndex:
     def entries(self, replica: str) -> int:
         lru = self._replicas.get(replica)
         return len(lru.blocks) if lru is not None else 0
+
+    def used(self, replica: str) -> int:
+        """Capacity blocks ``replica``'s entries stand for (<= its capacity)."""
+        lru = self._replicas.get(replica)
+        return lru.used if lru is not None else 0
 
     def replicas(self) -> list[str]:
         return sorted(self._replicas)

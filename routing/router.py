@@ -81,7 +81,9 @@ class Router:
         uncached = float(prompt - max(0, min(prompt - 1, matched)))
         st.pending.add(replica, _request_key(features), uncached, now)
         if features.block_hashes:
-            st.index.insert(replica, features.block_hashes)
+            hashes, tpb = features.block_hashes, self.config.tokens_per_block
+            tail = -(-prompt // tpb) - len(hashes) if len(hashes) >= self.config.max_blocks else 0
+            st.index.insert(replica, hashes, tail)
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float

@@ -164,3 +164,17 @@ def test_capacity_from_view_bounds_the_index() -> None:
     assert r.affinity_entries() == {"r0": 4}
     r.forget_replica("r0")
     assert r.affinity_entries() == {}
+
+
+def test_prompt_beyond_the_hash_cap_is_charged_to_the_index() -> None:
+    cfg = RouterConfig(max_blocks=4)
+    r = Router(cfg)
+    vs = [ReplicaView(id="r0", pool="p", cache_capacity_tokens=64 * 40)]  # 40 of our blocks
+    r.pick(feats("a", config=cfg), vs, 0.0)
+    r.record_route("r0", feats("y" * 256 * 4, config=cfg), 0.0)  # exactly the cap: no tail
+    assert r.state.index.used("r0") == 4
+    r.record_route("r0", feats("z" * 256 * 30, config=cfg), 0.0)  # 30 blocks, 4 hashed
+    assert r.state.index.used("r0") == 4 + 30
+    r.record_route("r0", feats("w" * 256 * 30, config=cfg), 0.0)  # the index evicts as vLLM would
+    assert r.state.index.used("r0") <= 40
+    assert r.state.index.match_one("r0", feats("w" * 256 * 30, config=cfg).block_hashes) == 4

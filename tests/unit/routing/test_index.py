@@ -53,3 +53,24 @@ def test_forget_drops_replica_and_reuses_its_slot() -> None:
     idx.forget("b")
     idx.forget("c")
     assert idx.distinct_blocks() == 0
+
+
+def test_tail_blocks_spend_capacity_like_the_engine() -> None:
+    idx = AffinityIndex(10)
+    idx.insert("a", chain(1, 3))
+    idx.insert("a", chain(2, 3), tail_blocks=5)  # a long prompt: 8 blocks of cache in all
+    assert idx.used("a") == 10
+    assert idx.match(chain(1, 3)) == {"a": 2}  # the older prompt lost its tail to make room
+    idx.insert("a", chain(2, 3), tail_blocks=2)  # the same chain again: its weight is replaced
+    assert idx.used("a") == 7
+    idx.insert("a", chain(3, 2), tail_blocks=20)  # more than the capacity: evicted at once
+    assert idx.used("a") <= 10
+    assert idx.match(chain(3, 2)) == {"a": 1}
+
+
+def test_tail_weight_leaves_with_its_block() -> None:
+    idx = AffinityIndex(100)
+    idx.insert("a", chain(1, 4), tail_blocks=30)
+    idx.set_capacity("a", 4)  # the weighted tail is the oldest entry: it goes first
+    assert (idx.used("a"), idx.entries("a")) == (3, 3)
+    assert idx.match(chain(1, 4)) == {"a": 3}

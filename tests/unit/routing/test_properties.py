@@ -82,14 +82,17 @@ def test_decisions_are_deterministic(policy: str, evs: list[tuple[int, int, int 
 @settings(max_examples=50, deadline=None)
 @given(
     st.integers(1, 20),
-    st.lists(st.tuples(st.integers(0, 2), st.lists(st.integers(0, 40), max_size=30)), max_size=40),
+    st.lists(
+        st.tuples(st.integers(0, 2), st.lists(st.integers(0, 40), max_size=30), st.integers(0, 25)),
+        max_size=40,
+    ),
 )
-def test_index_never_exceeds_its_bound(cap: int, inserts: list[tuple[int, list[int]]]) -> None:
+def test_index_never_exceeds_its_bound(cap: int, inserts: list[tuple[int, list[int], int]]) -> None:
     idx = AffinityIndex(cap)
-    for replica, chain in inserts:
-        idx.insert(f"r{replica}", chain)
+    for replica, chain, tail in inserts:
+        idx.insert(f"r{replica}", chain, tail)
         for rid in idx.replicas():
-            assert idx.entries(rid) <= cap
+            assert idx.entries(rid) <= idx.used(rid) <= cap
         if chain:
             assert idx.match_one(f"r{replica}", chain[:1]) in (0, 1)
     held = {rid: idx.entries(rid) for rid in idx.replicas()}
