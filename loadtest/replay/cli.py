@@ -87,9 +87,15 @@ def _policies(name: str) -> list[str]:
 
 
 def run_offline(
-    reqs: list[ReplayRequest], fleet: FleetSpec, policy: str, reference: float
+    reqs: list[ReplayRequest],
+    fleet: FleetSpec,
+    policy: str,
+    reference: float,
+    load_factor: float | None = None,
 ) -> dict[str, object]:
     cfg = RouterConfig(policy=policy)
+    if load_factor is not None:
+        cfg = RouterConfig(policy=policy, load_factor=load_factor)
     res = replay_offline(reqs, fleet, cfg)
     return summarize(
         policy=policy,
