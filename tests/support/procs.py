@@ -20,15 +20,10 @@ from types import TracebackType
 
 import httpx
 
+from loadtest.fleet import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 KVGATE = [sys.executable, "-m", "gateway.cli"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Proc:
