@@ -1,10 +1,12 @@
 """The gateway as one plain ASGI application.
 
 Proxied routes skip any framework: a dict lookup on the path, then `Proxy.handle`. The app's
-lifespan owns everything long-lived (pools and their transports, the health poller) and
-creates it at start-up, cancels and awaits it at shutdown. Other ASGI apps (the admin API)
-mount under a path prefix with `mount`. vLLM's operator endpoints (`/sleep`, `/reset_prefix_cache`,
-`/collective_rpc`, ...) are not routes here, so they are never reachable through kvgate.
+lifespan owns everything long-lived (tenancy: store, resolver sync, limiter; pools and their
+transports, the health poller, the scraper) and creates it at start-up, cancels and awaits it
+at shutdown. Pools follow the policy document in force (a new version adds, removes or
+re-lists pools on every gateway replica). The admin API (FastAPI) is mounted at ``/admin``.
+vLLM's operator endpoints (`/sleep`, `/reset_prefix_cache`, `/collective_rpc`, ...) are not
+routes here, so they are never reachable through kvgate.
 """
 
 from __future__ import annotations
@@ -13,20 +15,27 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 import httpx
 import orjson
+from fastapi import FastAPI
 
+from gateway.admin import AdminDeps, admin_tokens_from_env, make_admin_router
+from gateway.admin.live import LiveViews
 from gateway.asgi import Receive, Scope, Send
-from gateway.config import KvgateConfig
-from gateway.errors import KvgateError, NotFound
+from gateway.config import KvgateConfig, auth_secret
+from gateway.errors import ConfigError, KvgateError, NotFound
 from gateway.health import HealthMonitor
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.policy import DEFAULT_TIER
 from gateway.pool import Pools
 from gateway.proxy import KINDS, Proxy
 from gateway.replicas import Replica
 from gateway.scrape import Sample, Scraper
+from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
+from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from routing.router import Router
 
 __all__ = ["GatewayApp"]
@@ -43,14 +52,24 @@ class MethodNotAllowed(KvgateError):
 
 
 class GatewayApp:
-    def __init__(self, cfg: KvgateConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        cfg: KvgateConfig,
+        clock: Callable[[], float] = time.monotonic,
+        after_start: Callable[[GatewayApp], Awaitable[None]] | None = None,
+    ) -> None:
         self.cfg = cfg
         self.clock = clock
+        self.after_start = after_start  # e.g. `kvgate demo` creating its tenants' keys
         self.router = Router(cfg.routing.router_config())
         self.metrics = GatewayMetrics(self._all_replicas, clock)
         self.pools: Pools | None = None
         self.proxy: Proxy | None = None
         self.scraper: Scraper | None = None
+        self.tenancy: Tenancy | None = None
+        self.gate: TenantGate | None = None
+        self._by_id: dict[str, Replica] = {}  # replica id -> replica (scrape samples land here)
+        self._unsubscribe: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
         self._mounts: list[tuple[str, Callable[..., object]]] = []
         self._get = {
@@ -98,15 +117,33 @@ class GatewayApp:
         return 200, JSON, b'{"status":"ok"}'
 
     def _readyz(self) -> Page:
-        ready = self.pools is not None and self.pools.ready(self.clock())
-        return (200, JSON, b'{"status":"ready"}') if ready else (
-            503, JSON, b'{"status":"not ready"}')
+        """Ready: every pool has a usable replica and tenancy state is loaded and fresh
+        enough. A Redis outage alone keeps the gateway ready (it serves its last known
+        state) but says so: ``"degraded": true``."""
+        pools_ok = self.pools is not None and self.pools.ready(self.clock())
+        info: dict[str, Any] = {"pools": "ready" if pools_ok else "not ready"}
+        ok = pools_ok
+        if self.tenancy is not None:
+            h = self.tenancy.resolver.health()
+            limiter_down = self.tenancy.limiter.degraded
+            max_stale = self.tenancy.settings.max_staleness_s
+            usable = h.loaded and (max_stale is None or h.staleness_s <= max_stale)
+            ok = ok and usable
+            info["tenancy"] = {
+                "store": "redis" if self.tenancy.settings.redis_url else "memory",
+                "degraded": h.degraded or limiter_down,
+                "reason": h.reason or ("rate limits are per-process" if limiter_down else None),
+                "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
+            }
+        info = {"status": "ready" if ok else "not ready",
+                "degraded": bool(info.get("tenancy", {}).get("degraded")), **info}
+        return (200 if ok else 503), JSON, orjson.dumps(info)
 
     def _metrics_page(self) -> Page:
         return 200, [(b"content-type", CONTENT_TYPE)], self.metrics.render()
 
     def _models(self) -> Page:
-        names = sorted(self.pools.public) if self.pools is not None else []
+        names = self.pools.model_names() if self.pools is not None else []
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "kvgate"} for n in names]
         return 200, JSON, orjson.dumps({"object": "list", "data": data})
 
@@ -127,18 +164,82 @@ class GatewayApp:
                 return
 
     async def startup(self) -> None:
-        self.pools = Pools(self.cfg)
-        self.proxy = Proxy(self.cfg, self.pools, self.router, self.metrics, self.clock)
+        gate = await self._start_tenancy()
+        assert self.tenancy is not None
+        snap = self.tenancy.resolver.policy  # the store's policy, once seeded from config
+        self.pools = Pools(self.cfg, snap.doc if snap is not None else self.cfg.policy_doc())
+        # registered before the next await, so no policy version can slip in between
+        self._unsubscribe = self.tenancy.resolver.on_policy(self._policy_changed)
+        self.proxy = Proxy(self.cfg, self.pools, self.router, self.metrics, self.clock, gate)
         monitor = HealthMonitor(self.pools, self.cfg.health, self.clock)
         await monitor.poll_once()  # know who is up (and the served names) before serving
         self._tasks.append(asyncio.create_task(monitor.run(), name="kvgate-health"))
         await self._start_scraper()
+        self._mount_admin(gate)
+        if self.after_start is not None:
+            await self.after_start(self)
         log.info("gateway started", extra={"pools": list(self.pools.by_name)})
+
+    async def _start_tenancy(self) -> TenantGate:
+        tcfg = self.cfg.tenancy
+        secret, salted = auth_secret(self.cfg)
+        redis_url = self.cfg.redis_url.get_secret_value() if self.cfg.redis_url else None
+        settings = TenancySettings(
+            redis_url=redis_url, namespace=tcfg.namespace, redis_timeout_s=tcfg.redis_timeout_s,
+            poll_interval_s=tcfg.poll_interval_s, max_staleness_s=tcfg.max_staleness_s,
+            client_salt=tcfg.client_salt, salt_encoding=tcfg.salt_encoding,
+            gateway_replicas=tcfg.gateway_replicas,
+        )
+        self.tenancy = build_tenancy(settings, secret)
+        tenants = [Tenant(id=t.id, tier=t.tier, salt_group=t.salt_group) for t in self.cfg.tenants]
+        if not tcfg.auth:  # the 'default' tier: models' default pools, no limits unless set
+            tenants.append(Tenant(id=NO_AUTH_TENANT, tier=DEFAULT_TIER))
+        await self.tenancy.start(tenants=tenants, policy=self.cfg.policy_doc())
+        labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
+        self.gate = TenantGate(self.tenancy, auth=tcfg.auth, salted=salted,
+                               client_salt=tcfg.client_salt, labels=labels)
+        gate = self.gate
+        self.metrics.watch_tenancy(
+            lambda: (gate.redis_up(), gate.tenancy.resolver.health().policy_version)
+        )
+        return gate
+
+    def _policy_changed(self, snap: PolicySnapshot) -> None:
+        """A new policy version: follow its pools (the scraper and router follow too)."""
+        if self.pools is None:
+            return
+        changes = self.pools.apply(snap.doc)
+        for replica in changes.removed:
+            if self.scraper is not None:
+                self.scraper.remove_target(replica.id)
+            self.router.forget_replica(replica.id)
+        if changes.added:
+            self._by_id.update({r.id: r for r in changes.added})
+            if self.scraper is not None:
+                for replica in changes.added:
+                    self.scraper.add_target(replica.id, replica.url)
+        log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
+                                          "removed": len(changes.removed)})
+
+    def _mount_admin(self, gate: TenantGate) -> None:
+        assert self.pools is not None and self.proxy is not None and self.tenancy is not None
+        token = self.cfg.admin_token.get_secret_value() if self.cfg.admin_token else None
+        try:
+            tokens = admin_tokens_from_env(token)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        live = LiveViews(self.pools, self.router, self.proxy.planner, gate, self.scraper,
+                         self.clock)
+        admin = FastAPI(title="kvgate admin API", version="1", openapi_url="/admin/openapi.json",
+                        docs_url="/admin/docs", redoc_url=None)
+        admin.include_router(make_admin_router(AdminDeps(
+            self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain)))
+        self.mount("/admin", admin)
 
     async def _start_scraper(self) -> None:
         """Poll every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""
         assert self.pools is not None
-        by_id = {r.id: r for r in self.pools.replicas()}
+        by_id = self._by_id = {r.id: r for r in self.pools.replicas()}
         self._scrape_client = httpx.AsyncClient()
 
         def on_sample(replica_id: str, sample: Sample | None, now: float) -> None:
@@ -156,6 +257,9 @@ class GatewayApp:
         await self.scraper.start()
 
     async def shutdown(self) -> None:
+        if self.tenancy is not None:
+            self._unsubscribe()
+            await self.tenancy.close()
         if self.scraper is not None:
             await self.scraper.stop()
             await self._scrape_client.aclose()

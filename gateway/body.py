@@ -2,6 +2,9 @@
 
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object, a string `model`, a boolean `stream`).
+`rewrite_body` is the one place a body changes on its way upstream: the tenancy edits (served
+model, `cache_salt`, `priority`: `gateway.tenancy.salts.rewrite_body`) plus the usage request
+for streams.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest
+from gateway.tenancy.salts import ClientPriorityMode, ClientSaltMode
+from gateway.tenancy.salts import rewrite_body as rewrite_tenancy_fields
 from routing.tokens import count_tokens
 
 __all__ = ["ParsedBody", "parse_body", "prompt_chars", "rewrite_body"]
@@ -78,15 +83,27 @@ def prompt_chars(data: dict[str, Any], kind: str) -> int:
     return _text_len(data.get("input"))  # responses
 
 
-def rewrite_body(parsed: ParsedBody, kind: str, served_model: str) -> tuple[bytes, bool]:
+def rewrite_body(
+    parsed: ParsedBody,
+    kind: str,
+    served_model: str,
+    *,
+    cache_salt: str | None = None,
+    priority: int | None = None,
+    client_salt: ClientSaltMode = "strip",
+    client_priority: ClientPriorityMode = "keep",
+) -> tuple[bytes, bool]:
     """The upstream body, and whether the usage chunk must be stripped from the stream.
 
     `model` becomes the pool's served name; a client `cache_salt` is never forwarded (the
-    gateway owns salts); streams ask for usage so kvgate can count tokens.
+    gateway sets the tenant's, when given); `priority` is the tier's for priority pools;
+    streams ask for usage so kvgate can count tokens (and charge them to the tenant).
     """
     data = parsed.data
-    data["model"] = served_model
-    data.pop("cache_salt", None)
+    rewrite_tenancy_fields(
+        data, cache_salt=cache_salt, served_model=served_model, priority=priority,
+        client_salt=client_salt, client_priority=client_priority,
+    )
     strip_usage = False
     if parsed.stream and kind in USAGE_STREAM_KINDS:
         options = data.get("stream_options")

@@ -9,9 +9,10 @@ tenancy work's `PolicyDoc`; this model extends it with the process-level section
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
@@ -26,11 +27,16 @@ __all__ = [
     "KvgateConfig",
     "RoutingSection",
     "ServerConfig",
+    "TenancySection",
     "TenantBootstrap",
     "UpstreamConfig",
+    "auth_secret",
     "load_config",
     "redacted_dump",
+    "salt_secret",
 ]
+
+MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenancy.salts)
 
 ENV_PREFIX = "KVGATE_"
 # Environment variables with a meaning of their own (not section overrides).
@@ -98,6 +104,24 @@ class RoutingSection(_Section):
         )
 
 
+class TenancySection(_Section):
+    """Authentication, salts and the shared store's behaviour (secrets come from the env)."""
+
+    auth: bool = True  # False = `kvgate serve --no-auth`: one tenant, no API keys
+    salt_secret_file: str | None = None  # alternative to KVGATE_SALT_SECRET (first line)
+    client_salt: Literal["strip", "reject"] = "strip"  # what to do with a client cache_salt
+    salt_encoding: Literal["hex", "base64url"] = "base64url"
+    gateway_replicas: Annotated[int, Field(ge=1)] = 1  # divides limits while Redis is down
+    poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5  # safety net for pub/sub
+    max_staleness_s: Annotated[float, Field(gt=0)] | None = 300.0  # then requests get 503
+    redis_timeout_s: Pos = 0.5
+    namespace: str = "kvgate"
+    # `tenant` metric label: these ids, or (empty list) the first `metrics_max_tenants` seen;
+    # every other tenant is "other", so the label stays bounded
+    metrics_tenants: list[str] = Field(default_factory=list)
+    metrics_max_tenants: Annotated[int, Field(ge=0)] = 20
+
+
 class TenantBootstrap(_Section):
     id: str
     tier: str = "default"
@@ -113,6 +137,7 @@ class KvgateConfig(PolicyDoc):
     health: HealthConfig = Field(default_factory=HealthConfig)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     tenants: list[TenantBootstrap] = Field(default_factory=list)
+    tenancy: TenancySection = Field(default_factory=TenancySection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
@@ -144,7 +169,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, raw in environ.items():
         if name in ENV_SECRETS:
-            out[ENV_SECRETS[name]] = raw
+            if raw:  # an empty variable means "not set"
+                out[ENV_SECRETS[name]] = raw
         elif name.startswith(ENV_PREFIX) and "__" in name:
             path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
             try:
@@ -220,6 +246,43 @@ def load_config(
     except ValueError as exc:  # the routing core's own checks name the field
         raise ConfigError(f"invalid configuration:\n  {exc}") from None
     return cfg
+
+
+def salt_secret(cfg: KvgateConfig) -> str | None:
+    """The server secret for cache salts: ``KVGATE_SALT_SECRET`` or `tenancy.salt_secret_file`."""
+    if cfg.salt_secret is not None:
+        return cfg.salt_secret.get_secret_value()
+    path = cfg.tenancy.salt_secret_file
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as exc:
+        raise ConfigError(f"tenancy.salt_secret_file: cannot read it ({exc.strerror})") from None
+    return lines[0].strip() if lines and lines[0].strip() else None
+
+
+def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
+    """(salt secret, salts on?) for this config; `ConfigError` when auth lacks a secret.
+
+    With `tenancy.auth` (the default) a secret is required. Without auth (`--no-auth`) a
+    configured secret still salts the one tenant's requests; without one, a random secret
+    keeps the machinery uniform and no `cache_salt` is sent (one tenant: nothing to isolate).
+    """
+    secret = salt_secret(cfg)
+    if secret is not None and len(secret.encode()) < MIN_SECRET_CHARS:
+        raise ConfigError(
+            f"salt_secret: KVGATE_SALT_SECRET must be at least {MIN_SECRET_CHARS} bytes"
+        )
+    if secret is not None:
+        return secret, True
+    if cfg.tenancy.auth:
+        raise ConfigError(
+            "authentication is on but no salt secret is configured: set KVGATE_SALT_SECRET "
+            f"(at least {MIN_SECRET_CHARS} random bytes) or tenancy.salt_secret_file, or run "
+            "`kvgate serve --no-auth` for local single-tenant use"
+        )
+    return secrets.token_urlsafe(32), False
 
 
 def redacted_dump(cfg: KvgateConfig) -> dict[str, Any]:

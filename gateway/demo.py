@@ -1,14 +1,19 @@
 """`kvgate demo`: simulated vLLM pools behind the gateway, on loopback, in one command.
 
 Two pools of two `kvgate sim` child processes each: 'fp8' (fast preset) and 'awq' (slower
-preset), one public model name mapped per tier (the default tier goes to fp8). The gateway runs
-in this process; once it is ready the base URL, an `openai` snippet and a curl line are printed.
-Ctrl-C (or SIGTERM) stops the gateway gracefully, then the replicas.
+preset), one public model name mapped per tier (premium and the default tier go to fp8, free to
+awq). Authentication is on, with the in-memory store: two tenants, `premium` and `free`, get a
+fresh API key each at start, and the banner prints both keys and the admin token, so the first
+command already shows tiers. The key `demo` (tenant `demo`, default tier) also works, so
+copy-pasted snippets run as they are; the demo listens on 127.0.0.1 only. The gateway runs in
+this process; Ctrl-C (or SIGTERM) stops it gracefully, then the replicas.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -22,6 +27,8 @@ from gateway.app import GatewayApp
 from gateway.config import KvgateConfig, load_config
 from gateway.errors import ConfigError
 from gateway.serve import configure_logging, make_server
+from gateway.tenancy import KeyRecord, generate_key, hash_key
+from gateway.tenancy.keys import new_key_id
 
 __all__ = ["main"]
 
@@ -31,6 +38,8 @@ POOLS = {  # pool -> (served model name, simulator preset)
     "awq": ("demo-70b-awq", "a100-70b-awq"),
 }
 REPLICAS_PER_POOL = 2
+DEMO_TENANTS = {"premium": "premium", "free": "free", "demo": "default"}  # tenant -> tier
+PUBLIC_DEMO_KEY = "demo"  # loopback only: lets copy-pasted snippets work unchanged
 
 
 def _free_port() -> int:
@@ -80,40 +89,68 @@ def stop_replicas(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(5)
 
 
-def demo_config(urls: dict[str, list[str]], port: int) -> KvgateConfig:
+def demo_config(urls: dict[str, list[str]], port: int, admin_token: str) -> KvgateConfig:
     overrides: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 5},
         "pools": {pool: {"served_model": POOLS[pool][0], "replicas": urls[pool]}
                   for pool in POOLS},
         "models": {PUBLIC_MODEL: {"default": "fp8", "premium": "fp8", "free": "awq"}},
         "tiers": {"default": {}, "premium": {"priority": 0, "spill_to": "awq"},
-                  "free": {"priority": 10}},
+                  "free": {"priority": 10, "limits": {"rpm": 60, "max_concurrency": 4}}},
+        "tenants": [{"id": t, "tier": tier} for t, tier in DEMO_TENANTS.items()],
+        "admin_token": admin_token,
+        # the demo's own secret unless one is set: salts only need to be stable for this run
+        "salt_secret": os.environ.get("KVGATE_SALT_SECRET") or secrets.token_urlsafe(32),
+        "redis_url": None,  # the embedded default: the in-memory store
     }
     return load_config("", overrides=overrides)
 
 
-def banner(base: str) -> str:
+def key_seeder(keys: dict[str, str]) -> Any:
+    """An `after_start` hook: one fresh key per demo tenant (+ the public `demo` key)."""
+
+    async def seed(app: GatewayApp) -> None:
+        assert app.tenancy is not None
+        store = app.tenancy.store
+        for tenant in DEMO_TENANTS:
+            key = PUBLIC_DEMO_KEY if tenant == "demo" else generate_key()
+            await store.add_key(KeyRecord(key_id=new_key_id(), tenant_id=tenant,
+                                          key_hash=hash_key(key), created_at=time.time()))
+            keys[tenant] = key
+        await app.tenancy.resolver.refresh()  # usable before /readyz answers
+
+    return seed
+
+
+def banner(base: str, keys: dict[str, str], admin_token: str) -> str:
     return f"""
 kvgate is up: {base}/v1   (pools fp8 and awq, 2 simulated replicas each)
 
+  tenant premium -> fp8 pool:  {keys.get("premium")}
+  tenant free    -> awq pool:  {keys.get("free")}
+  admin token:                 {admin_token}
+
   python - <<'EOF'
   from openai import OpenAI
-  client = OpenAI(base_url="{base}/v1", api_key="demo")
-  r = client.chat.completions.create(
-      model="{PUBLIC_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}])
-  print(r.choices[0].message.content)
+  for key in ("{keys.get("premium")}", "{keys.get("free")}"):
+      client = OpenAI(base_url="{base}/v1", api_key=key)
+      r = client.chat.completions.with_raw_response.create(
+          model="{PUBLIC_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}])
+      print(r.headers["x-kvgate-replica"], r.parse().model, r.parse().choices[0].message.content)
   EOF
 
-  curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' \\
+  curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {keys.get("free")}' \\
+    -H 'Content-Type: application/json' \\
     -d '{{"model": "{PUBLIC_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
 
+  admin: curl -s {base}/admin/replicas -H 'Authorization: Bearer {admin_token}'
   metrics: {base}/metrics    readiness: {base}/readyz    Ctrl-C stops everything.
 """
 
 
-def _announce_when_ready(base: str) -> None:
+def _announce_when_ready(base: str, keys: dict[str, str], admin_token: str) -> None:
     if _wait_http(f"{base}/readyz", time.monotonic() + 60, []):
-        print(banner(base), flush=True)
+        print(banner(base, keys, admin_token), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -131,14 +168,17 @@ def main(argv: list[str]) -> int:
             if not _wait_http(f"{url}/health", deadline, procs):
                 print("kvgate demo: a simulated replica did not start", file=sys.stderr)
                 return 1
+        admin_token = os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         try:
-            cfg = demo_config(urls, args.port)
+            cfg = demo_config(urls, args.port, admin_token)
         except ConfigError as exc:
             print(f"kvgate demo: {exc.message}", file=sys.stderr)
             return 2
         base = f"http://127.0.0.1:{cfg.server.port}"
-        threading.Thread(target=_announce_when_ready, args=(base,), daemon=True).start()
-        server = make_server(GatewayApp(cfg))
+        keys: dict[str, str] = {}
+        threading.Thread(target=_announce_when_ready, args=(base, keys, admin_token),
+                         daemon=True).start()
+        server = make_server(GatewayApp(cfg, after_start=key_seeder(keys)))
         server.run()  # returns after Ctrl-C / SIGTERM and a graceful shutdown
         return 0 if server.started else 1
     finally:

@@ -2,6 +2,9 @@
 
 The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``.
 Messages are written by us and never contain prompt text, keys, salts or tracebacks.
+Tenancy's errors (authentication, rate limits, admin API) subclass `KvgateError` in
+`gateway.tenancy.errors` with OpenAI's lower-case types (``authentication_error``, ...), so the
+proxy renders every error it raises through this one base.
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import orjson
 
 __all__ = [
-    "AuthError",
     "BadRequest",
     "BodyTooLarge",
     "ConfigError",
@@ -17,7 +19,6 @@ __all__ = [
     "ModelNotFound",
     "NoReplicaAvailable",
     "NotFound",
-    "RateLimited",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -60,11 +61,6 @@ class BadRequest(KvgateError):
     type_ = "BadRequestError"
 
 
-class AuthError(KvgateError):
-    status = 401
-    type_ = "AuthenticationError"
-
-
 class NotFound(KvgateError):
     status = 404
     type_ = "NotFoundError"
@@ -78,11 +74,6 @@ class ModelNotFound(NotFound):
 class BodyTooLarge(KvgateError):
     status = 413
     type_ = "RequestEntityTooLargeError"
-
-
-class RateLimited(KvgateError):
-    status = 429
-    type_ = "RateLimitError"
 
 
 class UpstreamError(KvgateError):

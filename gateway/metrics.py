@@ -44,6 +44,27 @@ class _ReplicaCollector(Collector):
         yield healthy
 
 
+class _TenancyCollector(Collector):
+    """`kvgate_redis_up` (only with Redis) and `kvgate_policy_version`, read at scrape time."""
+
+    def __init__(self, state: Callable[[], tuple[bool | None, int]]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        redis_up, version = self._state()
+        if redis_up is not None:
+            up = GaugeMetricFamily(
+                "kvgate_redis_up", "1 when the shared store answers, 0 when degraded"
+            )
+            up.add_metric([], 1.0 if redis_up else 0.0)
+            yield up
+        policy = GaugeMetricFamily(
+            "kvgate_policy_version", "version of the policy document in force"
+        )
+        policy.add_metric([], float(version))
+        yield policy
+
+
 class GatewayMetrics:
     def __init__(
         self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float]
@@ -78,6 +99,14 @@ class GatewayMetrics:
             "kvgate_failovers_total", "requests that succeeded on a fallback replica", ["pool"],
             registry=reg,
         )
+        self.rejections = Counter(
+            "kvgate_ratelimit_rejections_total", "429s sent by the rate limiter",
+            ["tier", "tenant", "limit"], registry=reg,
+        )
+        self.spillovers = Counter(
+            "kvgate_spillovers_total", "requests sent to a tier's spill pool",
+            ["tier", "from_pool", "to_pool"], registry=reg,
+        )
         reg.register(_ReplicaCollector(replicas, clock))
         self._children: dict[tuple[Any, ...], Any] = {}
         self.pre_upstream = self.overhead.labels("pre_upstream")
@@ -111,6 +140,16 @@ class GatewayMetrics:
 
     def failover(self, pool: str) -> None:
         self._child(self.failovers, (pool,)).inc()
+
+    def rejected(self, tier: str, tenant: str, limit: str) -> None:
+        self._child(self.rejections, (tier, tenant, limit)).inc()
+
+    def spilled(self, tier: str, from_pool: str, to_pool: str) -> None:
+        self._child(self.spillovers, (tier, from_pool, to_pool)).inc()
+
+    def watch_tenancy(self, state: Callable[[], tuple[bool | None, int]]) -> None:
+        """Export the tenancy state: `state()` -> (Redis up or None without Redis, version)."""
+        self.registry.register(_TenancyCollector(state))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

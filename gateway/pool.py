@@ -1,19 +1,23 @@
 """Pools at run time: replicas, their transport, the served model name and the public names.
 
-`Pools` is built from the config inside the app's lifespan (the transports need a running
-event loop) and closed there. It answers "which pool serves this public model?".
+`Pools` is built inside the app's lifespan (the transports need a running event loop) from
+the policy document in force, and follows new policy versions with `apply`: pools that appear
+are created, pools that disappear stop taking requests, replica lists and served names of
+existing pools are updated in place (a replica that stays keeps its counters and health).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from gateway.config import KvgateConfig
+from gateway.policy import DEFAULT_TIER, PolicyDoc, PoolConfig
 from gateway.replicas import HealthPolicy, Replica, RetryBudget
 from gateway.transport import Transport
 
-__all__ = ["Pool", "Pools"]
+__all__ = ["Pool", "PoolChanges", "Pools"]
 
 
 class Pool:
@@ -34,35 +38,90 @@ class Pool:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
+    def set_replicas(self, replicas: list[Replica]) -> None:
+        # new list objects: a request iterating the old ones is not disturbed
+        self.replicas = replicas
+        self.by_id = {r.id: r for r in replicas}
+
+
+@dataclass
+class PoolChanges:
+    """What `Pools.apply` changed (the app updates the scraper and the router with it)."""
+
+    added: list[Replica] = field(default_factory=list)
+    removed: list[Replica] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
 
 class Pools:
     """All pools of one gateway and the public-name → pool map (default tier)."""
 
-    def __init__(self, cfg: KvgateConfig) -> None:
+    def __init__(self, cfg: KvgateConfig, doc: PolicyDoc | None = None) -> None:
         self._cfg = cfg
-        policy = HealthPolicy(
+        self._health = HealthPolicy(
             cfg.health.failure_threshold, cfg.health.eject_base_s, cfg.health.eject_max_s
         )
+        self.doc: PolicyDoc = doc if doc is not None else cfg
         self.by_name: dict[str, Pool] = {}
-        for name, pc in cfg.pools.items():
-            replicas = [Replica(name, url, policy) for url in pc.replicas]
-            transport = Transport(
-                max_connections=cfg.upstream.max_connections,
-                connect_timeout_s=cfg.upstream.connect_timeout_s,
-            )
-            api_key = os.environ.get(pc.api_key_env) if pc.api_key_env else None
-            budget = RetryBudget(cfg.upstream.retry_budget_ratio, cfg.upstream.retry_budget_min)
-            self.by_name[name] = Pool(name, pc.served_model, replicas, transport, api_key, budget)
+        self.retired: list[Pool] = []  # removed by a policy change; closed at shutdown
+        for name, pc in self.doc.pools.items():
+            self.by_name[name] = self._new_pool(name, pc)
         self.public: dict[str, Pool] = {}
         self.refresh_public()
 
+    def _new_pool(self, name: str, pc: PoolConfig) -> Pool:
+        replicas = [Replica(name, url, self._health) for url in pc.replicas]
+        up = self._cfg.upstream
+        transport = Transport(
+            max_connections=up.max_connections, connect_timeout_s=up.connect_timeout_s
+        )
+        api_key = os.environ.get(pc.api_key_env) if pc.api_key_env else None
+        budget = RetryBudget(up.retry_budget_ratio, up.retry_budget_min)
+        return Pool(name, pc.served_model, replicas, transport, api_key, budget)
+
+    def apply(self, doc: PolicyDoc) -> PoolChanges:
+        """Follow a new policy document (must run on the event loop: new transports)."""
+        changes = PoolChanges()
+        for name in [n for n in self.by_name if n not in doc.pools]:
+            pool = self.by_name.pop(name)
+            changes.removed.extend(pool.replicas)
+            self.retired.append(pool)
+        for name, pc in doc.pools.items():
+            found = self.by_name.get(name)
+            if found is None:
+                self.by_name[name] = added = self._new_pool(name, pc)
+                changes.added.extend(added.replicas)
+                continue
+            pool = found
+            if pc.served_model is not None:
+                pool.served_model = pc.served_model
+            wanted = [u.rstrip("/") for u in pc.replicas]
+            current = {r.url: r for r in pool.replicas}
+            if wanted != [r.url for r in pool.replicas]:
+                fresh = [current.get(u) or Replica(name, u, self._health) for u in wanted]
+                changes.added.extend(r for r in fresh if r.url not in current)
+                changes.removed.extend(r for u, r in current.items() if u not in wanted)
+                pool.set_replicas(fresh)
+        self.doc = doc
+        self.refresh_public()
+        return changes
+
     def refresh_public(self) -> None:
         """Recompute public names (after a pool learned its served model name)."""
-        if self._cfg.models:
-            mapped = self._cfg.public_models()
-            self.public = {model: self.by_name[pool] for model, pool in mapped.items()}
+        if self.doc.models:
+            self.public = {}
+            for model in self.doc.models:
+                name = self.doc.pool_for(model, DEFAULT_TIER)
+                if name is not None and name in self.by_name:
+                    self.public[model] = self.by_name[name]
         else:
             self.public = {p.served_model: p for p in self.by_name.values() if p.served_model}
+
+    def model_names(self) -> list[str]:
+        """Every public model name (any tier), for `/v1/models`."""
+        return sorted(set(self.doc.models) | set(self.public))
 
     def replicas(self) -> Iterator[Replica]:
         for pool in self.by_name.values():
@@ -76,5 +135,5 @@ class Pools:
         )
 
     async def close(self) -> None:
-        for pool in self.by_name.values():
+        for pool in [*self.by_name.values(), *self.retired]:
             await pool.transport.close()

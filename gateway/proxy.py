@@ -1,8 +1,11 @@
 """The hot path: one proxied OpenAI request, from body to relayed response.
 
-Per request: read the body (size-limited), parse it once, resolve the pool, ask the router,
-then try the decision's replica and its fallbacks. A connect error, a reset or a 502/503/504
-*before anything was sent to the client* moves on to the next replica (bounded by
+Per request: authenticate (in memory), read the body (size-limited), parse it once, admit it
+against the tenant's limits (one store round trip; none for a tenant without limits), plan
+the pool from the principal's policy snapshot (`Planner`: tier, spill-over, salted features),
+rewrite the body, ask the router, then try the decision's replica and its fallbacks. The
+admission is settled with the real usage in a ``finally``. A connect error, a reset or a
+502/503/504 *before anything was sent to the client* moves on to the next replica (bounded by
 `max_attempts` and the pool's retry budget). Once a streamed response has started, a failure
 ends it with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is
 released in a ``finally``; client disconnects and timeouts cancel the handler task (see
@@ -24,7 +27,6 @@ from gateway.config import KvgateConfig
 from gateway.errors import (
     BodyTooLarge,
     KvgateError,
-    ModelNotFound,
     NoReplicaAvailable,
     UpstreamError,
     UpstreamTimeout,
@@ -34,9 +36,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.replicas import Lease, Replica
 from gateway.sse import StreamScanner, scan_usage
+from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.limits import Admission
+from gateway.tenancy.planner import Planner
+from gateway.tenancy.resolver import Principal, parse_bearer
 from gateway.timeouts import Canceller
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from routing.features import extract_features
 from routing.router import NoCandidate, Router
 from routing.types import Decision, RequestFeatures
 
@@ -51,8 +56,6 @@ KINDS: dict[str, str] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
-# kinds whose prompt prefix is cached by vLLM (embeddings are not generated, so not routed on it)
-PREFIX_KINDS = frozenset({"chat", "completions", "responses"})
 RETRY_STATUSES = frozenset({502, 503, 504})
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -65,8 +68,9 @@ class _Request:
     parsed: ParsedBody
     pool: Pool
 
-    __slots__ = ("ctl", "features", "kind", "parsed", "path", "pool", "pool_name", "replica",
-                 "req_id", "route", "sse", "status", "strip", "t0")
+    __slots__ = ("adm", "ctl", "extra", "features", "kind", "parsed", "path", "pool",
+                 "pool_name", "replica", "req_id", "route", "spilled", "sse", "status", "strip",
+                 "t0", "tenant", "tier", "used")
 
     def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
         self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
@@ -76,6 +80,17 @@ class _Request:
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
         self.strip = False
+        self.spilled = False
+        self.tier = self.tenant = "none"
+        self.adm: Admission | None = None
+        self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
+        self.used: int | None = None  # prompt + completion tokens from upstream usage
+
+    def settle_tokens(self) -> int | None:
+        """Tokens to charge: real usage; 0 when nothing reached a replica; else the estimate."""
+        if self.used is not None:
+            return self.used
+        return 0 if self.replica == "none" else None
 
 
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
@@ -99,10 +114,12 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
 class Proxy:
     def __init__(
         self, cfg: KvgateConfig, pools: Pools, router: Router, metrics: GatewayMetrics,
-        clock: Callable[[], float],
+        clock: Callable[[], float], gate: TenantGate,
     ) -> None:
         self._cfg = cfg
         self._pools = pools
+        self._gate = gate
+        self.planner = Planner(pools, router.config, gate)
         self._router = router
         self._metrics = metrics
         self._clock = clock
@@ -117,20 +134,34 @@ class Proxy:
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared = _scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token = _scan_headers(scope["headers"], self._new_id)
         req = _Request(path, KINDS[path], req_id, perf_counter())
         try:
-            body = await read_body(receive, self._limit, declared)
-            decision, upstream_body = self._prepare(req, body)
-        except KvgateError as exc:
-            await self._send_error(send, req, exc)
-            self._metrics.finished(req.pool_name, "none", req.status, "none", 0.0)
-            return
-        except asyncio.CancelledError:
-            return  # client disconnected before its body arrived
+            try:
+                decision, upstream_body = await self._admit_and_prepare(
+                    req, receive, declared, token
+                )
+            except KvgateError as exc:
+                await self._send_error(send, req, exc)
+                return
+            except asyncio.CancelledError:
+                req.status = 499
+                return  # client disconnected before its body arrived
+            await self._run(send, receive, req, decision, upstream_body)
+        finally:
+            self._metrics.finished(
+                req.pool_name, req.replica, req.status, req.route, perf_counter() - req.t0,
+                req.tier, req.tenant,
+            )
+            if req.adm is not None:
+                await self._gate.finish(req.adm, req.settle_tokens())
+
+    async def _run(
+        self, send: Send, receive: Receive, req: _Request, decision: Decision, body: bytes
+    ) -> None:
         req.ctl = Canceller(self._up, receive)
         try:
-            await self._forward(send, req, decision, upstream_body)
+            await self._forward(send, req, decision, body)
         except asyncio.CancelledError:
             if req.ctl.reason is None:
                 raise  # shutdown or a real cancellation: not ours to swallow
@@ -140,45 +171,54 @@ class Proxy:
             await self._send_error(send, req, exc)
         finally:
             req.ctl.close()
-            self._metrics.finished(
-                req.pool_name, req.replica, req.status, req.route, perf_counter() - req.t0
-            )
 
-    def _prepare(self, req: _Request, body: bytes) -> tuple[Decision, bytes]:
-        parsed = parse_body(body, req.kind)
-        pool = self._pools.public.get(parsed.model)
-        if pool is None:
-            raise ModelNotFound(parsed.model)
-        if pool.served_model is None:
-            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
-        req.parsed, req.pool, req.pool_name = parsed, pool, pool.name
-        req.features = self._features(req.kind, parsed)
-        upstream_body, req.strip = rewrite_body(parsed, req.kind, pool.served_model)
+    async def _admit_and_prepare(
+        self, req: _Request, receive: Receive, declared: int | None, token: str | None
+    ) -> tuple[Decision, bytes]:
+        gate = self._gate
+        principal = gate.principal(token)  # before the body: no key, no upload
+        req.tier, req.tenant = principal.tier, gate.labels(principal.tenant_id)
+        body = await read_body(receive, self._limit, declared)
+        parsed = req.parsed = parse_body(body, req.kind)
+        adm = await gate.admit(principal, parsed.prompt_tokens)
+        if adm is not None:
+            req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
+                         if k != "retry-after"]
+            if not adm.allowed:
+                self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
+                raise adm.error()
+            req.adm = adm
+        return self._prepare(req, principal, parsed)
+
+    def _prepare(
+        self, req: _Request, principal: Principal, parsed: ParsedBody
+    ) -> tuple[Decision, bytes]:
         now = self._clock()
+        plan = self.planner.plan(principal, parsed, req.kind, now)
+        pool = req.pool = plan.pool
+        req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
+        gate = self._gate
+        upstream_body, req.strip = rewrite_body(
+            parsed, req.kind, plan.served, cache_salt=gate.salt(principal),
+            priority=plan.priority, client_salt=gate.client_salt,
+            client_priority=gate.client_priority,
+        )
         try:
-            decision = self._router.pick(req.features, [r.view(now) for r in pool.replicas], now)
+            decision = self._router.pick(plan.features, plan.views, now)
         except NoCandidate:
             raise NoReplicaAvailable(
                 f"No healthy replica for the model `{parsed.model}`.", retry_after=1
             ) from None
+        if plan.spilled:
+            self._metrics.spilled(principal.tier, plan.home, pool.name)
         return decision, upstream_body
-
-    def _features(self, kind: str, parsed: ParsedBody) -> RequestFeatures:
-        if kind in PREFIX_KINDS:
-            return extract_features(
-                parsed.data, model=parsed.model, salt="", config=self._router.config
-            )
-        return RequestFeatures(
-            model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
-            stream=parsed.stream,
-        )
 
     # -- attempts ----------------------------------------------------------------------------
     async def _forward(self, send: Send, req: _Request, decision: Decision, body: bytes) -> None:
         pool: Pool = req.pool
         order = (decision.replica, *decision.fallbacks)[: self._up.max_attempts]
         pool.budget.deposit()
-        req.route = decision.reason
+        req.route = "spill" if req.spilled else decision.reason
         headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
         failure: UpstreamError | None = None  # built only when an attempt fails (rare)
         for i, rid in enumerate(order):
@@ -240,6 +280,8 @@ class Proxy:
             hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
         if self._cfg.server.route_header:
             hdrs.append((b"x-kvgate-route", req.route.encode()))
+        if req.extra:
+            hdrs.extend(req.extra)
         return hdrs
 
     async def _relay(
@@ -265,7 +307,8 @@ class Proxy:
             return False
         replica.record_success()
         if scanner.usage:
-            self._metrics.usage(req.pool.name, scanner.usage)
+            req.used = _total(scanner.usage)
+            self._metrics.usage(req.pool.name, scanner.usage, req.tier)
         req.ctl.done = True
         await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
         return True
@@ -279,7 +322,7 @@ class Proxy:
         if chunk:
             ttft = perf_counter() - req.t0
             lease.first_token()
-            self._metrics.first_token(req.pool.name, ttft)
+            self._metrics.first_token(req.pool.name, ttft, req.tier)
             self._router.record_first_token(replica.id, req.features, ttft, self._clock())
         while chunk:
             ctl.touch()
@@ -302,7 +345,8 @@ class Proxy:
         else:
             replica.record_success()
         if resp.status == 200 and (usage := scan_usage(data[-1024:])):
-            self._metrics.usage(req.pool.name, usage)
+            req.used = _total(usage)
+            self._metrics.usage(req.pool.name, usage, req.tier)
         req.status = resp.status
         req.ctl.done = True
         hdrs = self._headers(req, resp.content_type)
@@ -325,7 +369,7 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: _Request, exc: KvgateError) -> None:
         req.status = exc.status
-        hdrs = [*exc.headers(), (b"x-request-id", req.req_id)]
+        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id)]
         await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
         await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
 
@@ -338,17 +382,25 @@ def _stream_error(scanner: StreamScanner | None, message: str) -> bytes:
     return tail + sep + b"data: " + err + b"\n\n" + DONE_EVENT
 
 
+def _total(usage: dict[str, int]) -> int:
+    return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+
+
 def _scan_headers(
     headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
-) -> tuple[bytes, int | None]:
-    """X-Request-Id (accepted when sane, else generated) and the declared Content-Length."""
+) -> tuple[bytes, int | None, str | None]:
+    """X-Request-Id (accepted when sane, else generated), the declared Content-Length and
+    the bearer token of `Authorization`."""
     req_id = b""
     declared = None
+    token = None
     for key, value in headers:
         if key == b"x-request-id":
             req_id = value
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
+        elif key == b"authorization":
+            token = parse_bearer(value.decode("latin-1"))
     if not req_id or len(req_id) > 128 or not req_id.isascii():
         req_id = new_id()
-    return req_id, declared
+    return req_id, declared, token

@@ -4,6 +4,12 @@ uvicorn with uvloop and httptools, no access log (a log line per request costs m
 the proxying), TCP_NODELAY set on every accepted socket (small SSE writes must not wait for
 delayed ACKs; uvloop already does it, this keeps it true under any loop). SIGTERM/SIGINT stop
 accepting and let in-flight requests finish for `server.shutdown_grace_s`.
+
+Authentication is on unless `--no-auth` (or ``tenancy.auth: false``): it needs the salt
+secret (``KVGATE_SALT_SECRET`` or ``tenancy.salt_secret_file``), and without one the command
+stops at once with a message saying so, before anything listens. One exception: a gateway
+bound only to a loopback address (unreachable from other machines, e.g. local benchmarks and
+`kvgate replay --spawn`) runs as if `--no-auth`, with the same loud warning.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import socket
@@ -21,10 +28,18 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, load_config
+from gateway.config import KvgateConfig, auth_secret, load_config, salt_secret
 from gateway.errors import ConfigError
 
-__all__ = ["build_parser", "config_from_args", "main", "make_server"]
+__all__ = [
+    "NO_AUTH_WARNING", "build_parser", "check_auth", "config_from_args", "main", "make_server",
+]
+
+NO_AUTH_WARNING = """
+*** WARNING: kvgate runs WITHOUT AUTHENTICATION (--no-auth) ***
+*** Every request is served as the single tenant 'default', with no API key, no per-tenant ***
+*** limits or cache isolation. Use it only on a trusted network or loopback.             ***
+"""
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port)")
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--no-auth", action="store_true",
+                   help="single tenant, no API keys (local use only; says so loudly)")
     return p
 
 
@@ -69,9 +86,32 @@ def config_from_args(args: argparse.Namespace) -> KvgateConfig:
         overrides["server"] = server
     if args.policy:
         overrides["routing"] = {"policy": args.policy}
+    if args.no_auth:
+        overrides["tenancy"] = {"auth": False}
     # --upstream replaces any file named by KVGATE_CONFIG: pass an empty path explicitly
     path = args.config if not args.upstream else ""
     return load_config(path, overrides=overrides, quick=bool(args.upstream))
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_auth(cfg: KvgateConfig) -> str | None:
+    """Raise `ConfigError` when auth is on without a secret; a warning to print, or None."""
+    if cfg.tenancy.auth and salt_secret(cfg) is None and _loopback(cfg.server.host):
+        cfg.tenancy.auth = False
+        return NO_AUTH_WARNING + (
+            "(no KVGATE_SALT_SECRET and a loopback address: running as --no-auth; on any "
+            "other address kvgate refuses to start without a secret)\n"
+        )
+    auth_secret(cfg)
+    return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 
 def configure_logging(level: str) -> None:
@@ -97,9 +137,12 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
+        warning = check_auth(cfg)  # fail now, with the reason, not inside the lifespan
     except ConfigError as exc:
         print(f"kvgate serve: {exc.message}", file=sys.stderr)
         return 2
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     configure_logging(cfg.server.log_level)
     server = make_server(GatewayApp(cfg))
     server.run()

@@ -1,7 +1,8 @@
 """OpenAI-shaped errors for the admin routes, handled inside the router itself.
 
-A custom route class catches tenancy errors and request-validation errors, so the router
-answers ``{"error": {...}}`` wherever it is mounted, without app-level exception handlers.
+A custom route class catches kvgate's errors (one hierarchy: `KvgateError`, of which the
+tenancy errors are a branch) and request-validation errors, so the router answers
+``{"error": {...}}`` wherever it is mounted, without app-level exception handlers.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ from typing import Any
 
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from gateway.tenancy.errors import InvalidRequest, TenancyError
+from gateway.errors import KvgateError
+from gateway.tenancy.errors import InvalidRequest
 
 __all__ = ["AdminRoute", "error_response"]
 
 log = logging.getLogger(__name__)
 
 
-def error_response(error: TenancyError) -> JSONResponse:
-    headers = {"www-authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse(error.to_dict(), status_code=error.status, headers=headers)
+def error_response(error: KvgateError) -> Response:
+    headers = {k.decode(): v.decode() for k, v in error.headers()}
+    if error.status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return Response(error.body(), status_code=error.status, headers=headers)
 
 
 def _from_validation(exc: RequestValidationError) -> InvalidRequest:
@@ -44,7 +47,7 @@ class AdminRoute(APIRoute):
         async def handler(request: Request) -> Response:
             try:
                 return await inner(request)
-            except TenancyError as exc:
+            except KvgateError as exc:
                 return error_response(exc)
             except RequestValidationError as exc:
                 return error_response(_from_validation(exc))

@@ -1,12 +1,19 @@
 """Errors raised by tenancy and the admin API, each knowing its HTTP status and OpenAI shape.
 
-The gateway's boundary renders them once as ``{"error": {"message","type","param","code"}}``.
-Messages never contain keys, salts, the server secret or prompt text.
+They are part of the gateway's one hierarchy (`gateway.errors.KvgateError`), so the proxy
+renders them with every other error it raises, and the admin router with `to_dict`: both give
+``{"error": {"message","type","param","code"}}``. Messages never contain keys, salts, the
+server secret or prompt text.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+import orjson
+
+from gateway.errors import KvgateError
 
 __all__ = [
     "AuthError",
@@ -21,15 +28,18 @@ __all__ = [
 ]
 
 
-class TenancyError(Exception):
+class TenancyError(KvgateError):
     status: int = 400
     type: str = "invalid_request_error"
     code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: int | None = None
+    ) -> None:
+        super().__init__(message, param=param, retry_after=retry_after)
+
+    def body(self) -> bytes:
+        return orjson.dumps(self.to_dict())
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,7 +92,7 @@ class RateLimited(TenancyError):
     code = "rate_limit_exceeded"
 
     def __init__(self, message: str, *, retry_after_s: float) -> None:
-        super().__init__(message)
+        super().__init__(message, retry_after=max(1, math.ceil(retry_after_s)))
         self.retry_after_s = retry_after_s
 
 

@@ -35,7 +35,9 @@ def _seconds_to(level: float, target: float, capacity: int) -> float:
 
 
 def _fmt_duration(seconds: float) -> str:
-    return f"{round(seconds * 1000)}ms" if seconds < 1 else f"{seconds:.3f}".rstrip("0") + "s"
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
 
 
 @dataclass(slots=True)

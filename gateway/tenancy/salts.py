@@ -18,10 +18,11 @@ from typing import Any, Literal
 from gateway.tenancy.errors import InvalidRequest
 from gateway.tenancy.models import Tenant
 
-__all__ = ["ClientSaltMode", "SaltDeriver", "SaltEncoding", "rewrite_body"]
+__all__ = ["ClientPriorityMode", "ClientSaltMode", "SaltDeriver", "SaltEncoding", "rewrite_body"]
 
 SaltEncoding = Literal["hex", "base64url"]
 ClientSaltMode = Literal["strip", "reject"]
+ClientPriorityMode = Literal["drop", "keep"]
 _CONTEXT = b"kvgate-cache-salt"
 MIN_SECRET_BYTES = 16
 
@@ -67,12 +68,15 @@ def rewrite_body(
     served_model: str | None = None,
     priority: int | None = None,
     client_salt: ClientSaltMode = "strip",
+    client_priority: ClientPriorityMode = "drop",
 ) -> None:
     """Rewrite an already-parsed request body in place for the upstream pool.
 
     A client's `cache_salt` is dropped (or rejected with 400) so no tenant can pick another
-    tenant's salt; the client's `priority` is always dropped (vLLM rejects non-zero priority
-    on pools without priority scheduling, and tiers, not clients, decide it).
+    tenant's salt; the client's `priority` is dropped (vLLM rejects non-zero priority on pools
+    without priority scheduling, and tiers, not clients, decide it) unless `client_priority`
+    is "keep" (the single-tenant `--no-auth` mode, where the caller owns the replicas). A
+    tier's `priority` always wins.
     """
     if "cache_salt" in body:
         if client_salt == "reject":
@@ -80,7 +84,8 @@ def rewrite_body(
                 "cache_salt is set by the gateway and must not be sent", param="cache_salt"
             )
         del body["cache_salt"]
-    body.pop("priority", None)
+    if client_priority == "drop":
+        body.pop("priority", None)
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
     if served_model is not None:

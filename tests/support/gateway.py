@@ -1,7 +1,8 @@
 """Start a real `kvgate serve` on a free loopback port, and read its state from outside.
 
 ``gateway_proc(upstreams=[...])`` uses the quick form; ``gateway_proc(config={...})`` writes
-the dict as a YAML file (removed when the process stops). Readiness is ``/readyz``.
+the dict as a YAML file (removed when the process stops). Readiness is ``/readyz``. Without
+`auth=True` the gateway runs `--no-auth`; with it, pass the secret (and Redis URL) in `env`.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def gateway_proc(
     args: Sequence[str] = (),
     env: dict[str, str] | None = None,
     ready: bool = True,
+    auth: bool = False,
+    port: int | None = None,
 ) -> tuple[GatewayProc, str]:
     """A gateway (not started). Returns (proc, base_url without /v1)."""
-    port = free_port()
+    port = port or free_port()
     cmd = [*KVGATE, "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    if not auth:
+        cmd.append("--no-auth")
     path = None
     if config is not None:
         cfg = {"health": FAST_HEALTH, **config}
@@ -64,7 +69,8 @@ def gateway_proc(
         cmd += ["--upstream", url]
     base = f"http://127.0.0.1:{port}"
     fast_env = {f"KVGATE_HEALTH__{k.upper()}": str(v) for k, v in FAST_HEALTH.items()}
-    env = {**(fast_env if config is None else {}), "KVGATE_CONFIG": "", **(env or {})}
+    env = {**(fast_env if config is None else {}), "KVGATE_CONFIG": "", "KVGATE_SALT_SECRET": "",
+           "KVGATE_REDIS_URL": "", "KVGATE_ADMIN_TOKEN": "", **(env or {})}
     proc = GatewayProc(cmd, ready_url=f"{base}/readyz" if ready else f"{base}/healthz", env=env)
     proc.config_path = path
     return proc, base

@@ -1,0 +1,115 @@
+"""The running gateway as the admin API sees it: `GET /admin/replicas`, `POST /admin/route/explain`.
+
+`LiveViews` reads the gateway's own state (pools, replica counters, last scrapes) and plans a
+request exactly as the proxy would (`Planner`, then `Router.pick(..., explain=True)`), without
+sending it and without recording anything in the router. Salts never appear in the output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from gateway.body import parse_body
+from gateway.policy import Limits
+from gateway.pool import Pools
+from gateway.replicas import Replica
+from gateway.scrape import Scraper
+from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.errors import InvalidRequest
+from gateway.tenancy.planner import Planner
+from gateway.tenancy.resolver import Principal
+from routing.router import NoCandidate, Router
+
+__all__ = ["ENDPOINTS", "LiveViews"]
+
+ENDPOINTS = {"chat": "chat", "completions": "completions", "embeddings": "embeddings",
+             "responses": "responses"}
+
+
+class LiveViews:
+    def __init__(
+        self, pools: Pools, router: Router, planner: Planner, gate: TenantGate,
+        scraper: Scraper | None, clock: Callable[[], float],
+    ) -> None:
+        self._pools, self._router, self._planner = pools, router, planner
+        self._gate, self._scraper, self._clock = gate, scraper, clock
+
+    # -- GET /admin/replicas -----------------------------------------------------------------
+    def replicas(self) -> dict[str, Any]:
+        now = self._clock()
+        snap = self._gate.tenancy.resolver.policy
+        data = []
+        for pool in self._pools.by_name.values():
+            prio = self._pools.doc.pools.get(pool.name)
+            data.append({
+                "pool": pool.name, "served_model": pool.served_model,
+                "priority": bool(prio and prio.priority),
+                "replicas": [self._replica(r, now) for r in pool.replicas],
+            })
+        return {"object": "list", "policy_version": snap.version if snap else 0, "data": data}
+
+    def _replica(self, r: Replica, now: float) -> dict[str, Any]:
+        s = r.scraped
+        return {
+            "id": r.id, "url": r.url, "healthy": r.available(now), "state": r.state,
+            "inflight": r.inflight, "inflight_prefill": r.inflight_prefill,
+            "waiting": s.waiting if s else None, "running": s.running if s else None,
+            "kv_usage": s.kv_usage if s else None,
+            "cache_capacity_tokens": s.cache_capacity_tokens if s else None,
+            "scrape_age_s": round(now - r.scraped_at, 3) if s else None,
+            "scrape_errors": self._scraper.errors(r.id) if self._scraper else 0,
+        }
+
+    # -- POST /admin/route/explain -------------------------------------------------------------
+    def explain(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``{"tenant": id | "tier": name, "endpoint": "chat", "request": {...}}`` -> plan."""
+        principal = self._principal(body)
+        endpoint = body.get("endpoint", "chat")
+        kind = ENDPOINTS.get(endpoint) if isinstance(endpoint, str) else None
+        if kind is None:
+            raise InvalidRequest(f"endpoint: one of {', '.join(ENDPOINTS)}", param="endpoint")
+        request = body.get("request")
+        if not isinstance(request, dict):
+            raise InvalidRequest("request: the OpenAI request body (an object)", param="request")
+        parsed = parse_body(orjson.dumps(request), kind)
+        now = self._clock()
+        plan = self._planner.plan(principal, parsed, kind, now)
+        try:
+            decision = self._router.pick(plan.features, plan.views, now, explain=True)
+        except NoCandidate:
+            decision = None
+        snap = principal.policy
+        return {
+            "tenant": principal.tenant_id, "tier": principal.tier,
+            "policy_version": snap.version if snap else 0,
+            "pool": plan.pool.name, "home_pool": plan.home,
+            "tier_route": "spill" if plan.spilled else "tier",
+            "served_model": plan.served, "priority": plan.priority,
+            "prompt_tokens": plan.features.prompt_tokens,
+            "prefix_blocks": len(plan.features.block_hashes),
+            "replica": decision.replica if decision else None,
+            "reason": ("spill" if plan.spilled else decision.reason) if decision else "none",
+            "router_reason": decision.reason if decision else "no healthy replica",
+            "fallbacks": list(decision.fallbacks) if decision else [],
+            "candidates": [
+                {"replica": c.replica, "cost": c.cost, "terms": c.terms}
+                for c in (decision.ranked if decision else ())
+            ],
+        }
+
+    def _principal(self, body: dict[str, Any]) -> Principal:
+        resolver = self._gate.tenancy.resolver
+        tenant, tier = body.get("tenant"), body.get("tier")
+        if isinstance(tenant, str) and tenant:
+            return resolver.principal_for(tenant)
+        if not isinstance(tier, str) or not tier:
+            raise InvalidRequest("tenant or tier: one of them is required", param="tenant")
+        snap = resolver.policy
+        if snap is not None and tier not in snap.doc.tiers:
+            raise InvalidRequest(f"tier: unknown tier {tier!r}", param="tier")
+        # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
+        return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
+                         key_id=None, cache_salt="", policy=snap)

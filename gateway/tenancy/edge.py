@@ -1,0 +1,97 @@
+"""Tenancy on the proxy's hot path: who is calling, may they, and what the metrics call them.
+
+`TenantGate.principal` authenticates from the in-memory cache (no I/O); `admit` is the one
+store round trip per request (skipped entirely for a tenant without limits); `finish` settles
+real usage and releases the concurrency lease. `TenantLabels` keeps the `tenant` metric label
+bounded: an operator's allow-list, or the first N tenants seen, and "other" for the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from gateway.tenancy.errors import BackendUnavailable, TenancyError
+from gateway.tenancy.limits import Admission
+from gateway.tenancy.resolver import Principal
+from gateway.tenancy.salts import ClientPriorityMode, ClientSaltMode
+from gateway.tenancy.service import Tenancy
+
+__all__ = ["NO_AUTH_TENANT", "TenantGate", "TenantLabels"]
+
+log = logging.getLogger(__name__)
+NO_AUTH_TENANT = "default"
+OTHER = "other"
+
+
+class TenantLabels:
+    """tenant id -> metric label, from a fixed allow-list or the first `cap` tenants seen."""
+
+    __slots__ = ("_allowed", "_cap", "_seen")
+
+    def __init__(self, allow: Iterable[str] = (), cap: int = 20) -> None:
+        self._allowed = frozenset(allow)
+        self._cap = cap
+        self._seen: set[str] = set()
+
+    def __call__(self, tenant_id: str) -> str:
+        if self._allowed:
+            return tenant_id if tenant_id in self._allowed else OTHER
+        if tenant_id in self._seen:
+            return tenant_id
+        if len(self._seen) < self._cap:
+            self._seen.add(tenant_id)
+            return tenant_id
+        return OTHER
+
+
+class TenantGate:
+    """Authentication and admission for proxied requests, over one `Tenancy`."""
+
+    def __init__(
+        self,
+        tenancy: Tenancy,
+        *,
+        auth: bool,
+        salted: bool,
+        client_salt: ClientSaltMode,
+        labels: TenantLabels,
+    ) -> None:
+        self.tenancy = tenancy
+        self.auth = auth
+        self.salted = salted  # False: --no-auth without a secret (nothing to isolate)
+        self.client_salt: ClientSaltMode = client_salt
+        # with keys, tiers decide vLLM priority; the single --no-auth user may set their own
+        self.client_priority: ClientPriorityMode = "drop" if auth else "keep"
+        self.labels = labels
+        self._resolver = tenancy.resolver
+        self._limiter = tenancy.limiter
+
+    def principal(self, token: str | None) -> Principal:
+        """The caller (401 `AuthError` for a missing/unknown/revoked key; 503 when stale)."""
+        if self.auth:
+            return self._resolver.authenticate(token)
+        return self._resolver.principal_for(NO_AUTH_TENANT)
+
+    def salt(self, principal: Principal) -> str | None:
+        return principal.cache_salt if self.salted else None
+
+    async def admit(self, principal: Principal, tokens: int) -> Admission | None:
+        """Admit against the tenant's limits; None when it has none (no round trip)."""
+        limits = principal.limits
+        if limits.rpm is None and limits.tpm is None and limits.max_concurrency is None:
+            return None
+        return await self._limiter.admit(principal.tenant_id, limits, tokens=tokens)
+
+    async def finish(self, adm: Admission, used_tokens: int | None) -> None:
+        """Settle and release; never raises (a request's answer must not depend on it)."""
+        try:
+            await self._limiter.finish(adm, used_tokens)
+        except (BackendUnavailable, TenancyError):
+            log.debug("admission not settled: store unavailable")
+
+    def redis_up(self) -> bool | None:
+        """None without Redis; else whether both the store and the shared limits answer."""
+        if self.tenancy.settings.redis_url is None:
+            return None
+        return not (self._resolver.health().degraded or self._limiter.degraded)

@@ -1,0 +1,107 @@
+"""Where one request goes before the router picks a replica: tier pool, spill-over, features.
+
+`Planner.plan` reads the principal's policy snapshot (so a request never mixes two policy
+versions), resolves the tier's pool with `resolve_tier` over the pools' live `ReplicaView`s
+(built lazily, only for the pools it looks at, and reused for the pick), and computes the
+request's features with the tenant's salt in the prefix key, so affinity never crosses
+tenants. The proxy and the admin API's route explain share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from gateway.body import ParsedBody
+from gateway.errors import ModelNotFound, NoReplicaAvailable
+from gateway.pool import Pool, Pools
+from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.resolver import Principal
+from gateway.tenancy.tiers import resolve_tier
+from routing.config import RouterConfig
+from routing.features import extract_features
+from routing.types import ReplicaView, RequestFeatures
+
+__all__ = ["PREFIX_KINDS", "Plan", "Planner"]
+
+# kinds whose prompt prefix is cached by vLLM (embeddings are not generated, so not routed on it)
+PREFIX_KINDS = frozenset({"chat", "completions", "responses"})
+
+
+class Plan:
+    """Where a request goes before the router picks a replica (shared with route explain)."""
+
+    __slots__ = ("features", "home", "pool", "priority", "served", "spilled", "views")
+
+    def __init__(
+        self, pool: Pool, served: str, priority: int | None, home: str, spilled: bool,
+        features: RequestFeatures, views: list[ReplicaView],
+    ) -> None:
+        self.pool, self.served, self.priority, self.home = pool, served, priority, home
+        self.spilled, self.features, self.views = spilled, features, views
+
+
+class _Views(Mapping[str, list[ReplicaView]]):
+    """Pool name -> live replica views, built only for the pools tier resolution looks at."""
+
+    __slots__ = ("_cache", "_now", "_pools")
+
+    def __init__(self, pools: Pools, now: float) -> None:
+        self._pools, self._now = pools, now
+        self._cache: dict[str, list[ReplicaView]] = {}
+
+    def __getitem__(self, name: str) -> list[ReplicaView]:
+        views = self._cache.get(name)
+        if views is None:
+            pool = self._pools.by_name[name]  # KeyError: Mapping.get answers the default
+            views = self._cache[name] = [r.view(self._now) for r in pool.replicas]
+        return views
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pools.by_name)
+
+    def __len__(self) -> int:
+        return len(self._pools.by_name)
+
+
+class Planner:
+    def __init__(self, pools: Pools, config: RouterConfig, gate: TenantGate) -> None:
+        self.pools = pools
+        self._config = config
+        self._gate = gate
+
+    def plan(self, principal: Principal, parsed: ParsedBody, kind: str, now: float) -> Plan:
+        """The pool (tier, spill-over) and features for one request, from one policy snapshot."""
+        snap = principal.policy
+        doc = snap.doc if snap is not None else self.pools.doc
+        views = _Views(self.pools, now)
+        route = resolve_tier(doc, parsed.model, principal.tier, views)
+        if route is None:  # no `models` entry: public names are the pools' served names
+            pool = self.pools.public.get(parsed.model)
+            if pool is None:
+                raise ModelNotFound(parsed.model)
+            served, priority, home, spilled = pool.served_model, None, pool.name, False
+        else:
+            found = self.pools.by_name.get(route.pool)
+            if found is None:
+                raise NoReplicaAvailable(f"The pool for `{parsed.model}` is not running here.")
+            pool, priority, home = found, route.priority, route.home_pool
+            served, spilled = route.served_model or pool.served_model, route.reason == "spill"
+        if served is None:
+            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
+        features = self._features(kind, parsed, principal, priority)
+        return Plan(pool, served, priority, home, spilled, features, views[pool.name])
+
+    def _features(
+        self, kind: str, parsed: ParsedBody, principal: Principal, priority: int | None
+    ) -> RequestFeatures:
+        if kind in PREFIX_KINDS:
+            return extract_features(
+                parsed.data, model=parsed.model, salt=self._gate.salt(principal) or "",
+                config=self._config, tenant=principal.tenant_id, tier=principal.tier,
+                priority=priority or 0,
+            )
+        return RequestFeatures(
+            model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
+            tenant=principal.tenant_id, tier=principal.tier, stream=parsed.stream,
+            priority=priority or 0,
+        )
