@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -20,7 +21,12 @@ import yaml
 
 from tests.support.procs import KVGATE, Proc, free_port
 
-__all__ = ["GatewayProc", "gateway_proc", "inflight", "wait_for"]
+__all__ = [
+    "AUTH_SECRET", "GatewayProc", "admin_client", "gateway_proc", "inflight",
+    "persistent_redis", "wait_for",
+]
+
+AUTH_SECRET = "e2e-salt-secret-0123456789abcdef"  # tests only
 
 # Fast health settings so tests see ejection and recovery within a second or two.
 FAST_HEALTH = {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 2,
@@ -74,6 +80,23 @@ def gateway_proc(
     proc = GatewayProc(cmd, ready_url=f"{base}/readyz" if ready else f"{base}/healthz", env=env)
     proc.config_path = path
     return proc, base
+
+
+def admin_client(base: str, token: str | None) -> httpx.Client:
+    """An httpx client for the admin API (close it, or use it as a context manager)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=f"{base}/admin", headers=headers, timeout=10)
+
+
+def persistent_redis(data_dir: str, port: int | None = None) -> tuple[Proc, str, int]:
+    """redis-server with an append-only file, so a restart on the same port keeps the data
+    (as in production). Returns (proc, url, port)."""
+    exe = shutil.which("redis-server")
+    assert exe is not None, "redis-server is not installed; run scripts/setup"
+    port = port or free_port()
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+           "--appendfsync", "always", "--dir", data_dir]
+    return Proc(cmd, ready_port=port), f"redis://127.0.0.1:{port}/0", port
 
 
 def metric_values(base: str, name: str) -> dict[str, float]:

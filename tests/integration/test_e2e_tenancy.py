@@ -1,0 +1,257 @@
+"""Issue 5 end to end: two real gateway processes on one real Redis, real simulated pools, the
+official openai client. Keys, salts, tiers, priority, isolation, shared limits, policy.
+
+One stack per module (Redis, an 'fp8' and an 'awq' replica running priority scheduling, two
+gateways with the same config); every test creates its own tenants, so tests do not interact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
+from tests.support.procs import Proc, redis_proc, sim_proc
+
+ADMIN = "e2e-admin-token-0123456789"
+POLICY: dict[str, Any] = {
+    "models": {"llama": {"default": "awq", "premium": "fp8", "free": "awq"}},
+    "tiers": {"default": {}, "premium": {"priority": 0, "spill_to": "awq"},
+              "free": {"priority": 10}},
+}
+SIM_ARGS = ("--time-scale", "50", "--scheduling-policy", "priority")
+_ids = itertools.count()
+
+
+@dataclass
+class Stack:
+    gateways: list[str]
+    fp8: str
+    awq: str
+
+    def client(self, key: str, gw: int = 0) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.gateways[gw]}/v1", api_key=key,
+                             max_retries=0, timeout=30)
+
+    def tenant(self, tier: str, **extra: Any) -> tuple[str, str]:
+        """A fresh tenant (created through the first gateway) and one key for it."""
+        tid = f"t{next(_ids)}-{uuid.uuid4().hex[:6]}"
+        with admin_client(self.gateways[0], ADMIN) as admin:
+            assert admin.post("/tenants", json={"id": tid, "tier": tier, **extra}).status_code \
+                == 201
+            created = admin.post(f"/tenants/{tid}/keys")
+            assert created.status_code == 201
+            return tid, created.json()["key"]
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    procs: list[Proc] = []
+    try:
+        redis, url = redis_proc()
+        procs.append(redis.start())
+        fp8_proc, fp8 = sim_proc(None, *SIM_ARGS, model="m-fp8")
+        awq_proc, awq = sim_proc(None, *SIM_ARGS, model="m-awq")
+        procs += [fp8_proc.start(), awq_proc.start()]
+        config = {
+            **POLICY,
+            "pools": {"fp8": {"served_model": "m-fp8", "replicas": [fp8], "priority": True},
+                      "awq": {"served_model": "m-awq", "replicas": [awq], "priority": True}},
+        }
+        env = {"KVGATE_REDIS_URL": url, "KVGATE_SALT_SECRET": AUTH_SECRET,
+               "KVGATE_ADMIN_TOKEN": f"ops:{ADMIN}", "KVGATE_TENANCY__GATEWAY_REPLICAS": "2"}
+        bases = []
+        for _ in range(2):
+            gw, base = gateway_proc(config=config, env=env, auth=True)
+            procs.append(gw.start())
+            bases.append(base)
+        yield Stack(bases, fp8, awq)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def chat(client: openai.OpenAI, content: str = "Hello", **kw: Any) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model="llama", messages=[{"role": "user", "content": content}], max_tokens=4, **kw)
+
+
+def received(sim: str, request_id: str) -> dict[str, Any]:
+    """The body the simulator received for the request with this X-Request-Id."""
+    for item in httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]:
+        if item["headers"].get("x-request-id") == request_id:
+            body: dict[str, Any] = item["body"]
+            return body
+    raise AssertionError(f"request {request_id} never reached {sim}")
+
+
+def status_of(client: openai.OpenAI) -> int:
+    try:
+        return chat(client).status_code
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+def test_key_lifecycle_across_two_gateways(stack: Stack) -> None:
+    tid, key = stack.tenant("free")
+    for gw in (0, 1):  # the second gateway learns the key from Redis (pub/sub), within 1 s
+        wait_for(lambda gw=gw: status_of(stack.client(key, gw)) == 200, 1.0, f"key on gw{gw}")
+    with admin_client(stack.gateways[1], ADMIN) as admin:
+        key_id = admin.get(f"/tenants/{tid}").json()["keys"][0]["id"]
+        assert admin.delete(f"/tenants/{tid}/keys/{key_id}").status_code == 204
+    for gw in (0, 1):
+        wait_for(lambda gw=gw: status_of(stack.client(key, gw)) == 401, 1.0, f"revoked on gw{gw}")
+    with pytest.raises(openai.AuthenticationError) as err:
+        chat(stack.client(key))
+    assert err.value.body["type"] == "authentication_error"  # type: ignore[index]
+    assert key not in err.value.response.text
+    missing = httpx.post(f"{stack.gateways[1]}/v1/chat/completions", timeout=5,
+                         json={"model": "llama", "messages": []})  # no Authorization at all
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_salt_injected_client_salt_stripped_and_rotated(stack: Stack) -> None:
+    a, key_a = stack.tenant("free")
+    _, key_b = stack.tenant("free")
+    raw = chat(stack.client(key_a), extra_body={"cache_salt": "stolen", "priority": -100})
+    sent = received(stack.awq, raw.headers["x-request-id"])
+    salt = sent["cache_salt"]
+    assert salt != "stolen" and 0 < len(salt) <= 128 and "/" not in salt
+    assert sent["priority"] == 10  # the tier's, not the client's
+    assert sent["model"] == "m-awq"
+    raw = chat(stack.client(key_a, gw=1))  # the other gateway derives the same salt
+    assert received(stack.awq, raw.headers["x-request-id"])["cache_salt"] == salt
+    raw = chat(stack.client(key_b))
+    assert received(stack.awq, raw.headers["x-request-id"])["cache_salt"] != salt
+    with admin_client(stack.gateways[0], ADMIN) as admin:
+        assert admin.post(f"/tenants/{a}/rotate-salt").json()["salt_epoch"] == 1
+
+    def rotated(gw: int) -> bool:
+        raw = chat(stack.client(key_a, gw))
+        return bool(received(stack.awq, raw.headers["x-request-id"])["cache_salt"] != salt)
+
+    wait_for(lambda: rotated(0) and rotated(1), 1.0, "the new salt on both gateways")
+    assert salt not in httpx.get(f"{stack.gateways[0]}/metrics").text
+
+
+def test_tiers_route_to_their_pools_with_served_names_and_priority(stack: Stack) -> None:
+    _, premium = stack.tenant("premium")
+    _, free = stack.tenant("free")
+    raw = chat(stack.client(premium), extra_body={"priority": 5})
+    assert raw.parse().model == "m-fp8"
+    assert raw.headers["x-kvgate-replica"].startswith("fp8/")
+    assert raw.headers["x-kvgate-route"] != "spill"
+    sent = received(stack.fp8, raw.headers["x-request-id"])
+    assert (sent["model"], sent["priority"]) == ("m-fp8", 0)
+    raw = chat(stack.client(free, gw=1))
+    assert raw.parse().model == "m-awq"
+    assert raw.headers["x-kvgate-replica"].startswith("awq/")
+    assert received(stack.awq, raw.headers["x-request-id"])["priority"] == 10
+
+
+def test_prefix_cache_is_never_shared_between_tenants(stack: Stack) -> None:
+    _, key_a = stack.tenant("free")
+    _, key_b = stack.tenant("free")
+    prompt = f"{uuid.uuid4()} " + "a long shared system prompt, " * 120  # ~ 840 tokens
+
+    def cached(key: str, gw: int = 0) -> int:
+        usage = chat(stack.client(key, gw), prompt).parse().usage
+        return int(usage.prompt_tokens_details.cached_tokens or 0)
+
+    assert cached(key_a) == 0
+    assert cached(key_a, gw=1) > 500  # same tenant, other gateway: same salt, cache hit
+    assert cached(key_b) == 0  # same prompt, same replica, other tenant: no hit
+    assert cached(key_b, gw=1) > 500
+
+
+def test_rate_limit_holds_across_two_gateways(stack: Stack) -> None:
+    tid, key = stack.tenant("free", limits={"rpm": 6})
+    wait_for(lambda: status_of(stack.client(key, 1)) == 200, 1.0, "the key on gw1")
+    outcomes: list[int] = [200]  # the request above
+    retry_after = ""
+    for i in range(9):
+        try:
+            raw = chat(stack.client(key, gw=i % 2))
+            assert raw.headers["x-ratelimit-limit-requests"] == "6"
+            outcomes.append(raw.status_code)
+        except openai.RateLimitError as exc:
+            outcomes.append(429)
+            retry_after = exc.response.headers["retry-after"]
+            assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+    assert outcomes.count(200) == 6 and outcomes.count(429) == 4
+    assert int(retry_after) >= 1
+    rejections = sum(
+        v for gw in stack.gateways
+        for k, v in metric_values(gw, "kvgate_ratelimit_rejections_total").items()
+        if 'limit="rpm"' in k and 'tier="free"' in k and f'tenant="{tid}"' in k
+    )
+    assert rejections == 4
+
+
+def test_policy_changes_reach_both_gateways_and_bad_documents_are_refused(stack: Stack) -> None:
+    _, free = stack.tenant("free")
+    with admin_client(stack.gateways[0], ADMIN) as admin:
+        current = admin.get("/policy")
+        version = current.headers["etag"]
+        doc = current.json()
+        bad = {**doc, "models": {"llama": {"free": "fp9"}}}
+        refused = admin.put("/policy", json=bad, headers={"If-Match": version})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "models.llama.free"
+        moved = {**doc, "models": {"llama": {**doc["models"]["llama"], "free": "fp8"}}}
+        put = admin.put("/policy", json=moved, headers={"If-Match": version})
+        assert put.status_code == 200
+        stale = admin.put("/policy", json=doc, headers={"If-Match": version})
+        assert stale.status_code == 412
+        assert stale.json()["error"]["type"] == "precondition_failed"
+        try:
+            for gw in (0, 1):
+                wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-fp8",
+                         1.0, f"policy on gw{gw}")
+            versions = {metric_values(gw, "kvgate_policy_version")[""] for gw in stack.gateways}
+            assert versions == {float(put.headers["etag"].strip('"'))}
+        finally:
+            restored = admin.put("/policy", json=doc, headers={"If-Match": put.headers["etag"]})
+            assert restored.status_code == 200
+    for gw in (0, 1):
+        wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-awq", 1.0)
+
+
+def test_admin_auth_failures_are_openai_shaped(stack: Stack) -> None:
+    _, key = stack.tenant("free")
+    base = stack.gateways[1]
+    for token, status in ((None, 401), ("wrong-token", 401), (key, 403)):
+        with admin_client(base, token) as admin:
+            resp = admin.get("/tenants")
+            assert resp.status_code == status, token
+            assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
+            assert ADMIN not in resp.text and key not in resp.text
+    schema = httpx.get(f"{base}/admin/openapi.json", timeout=5).json()
+    assert "/admin/route/explain" in schema["paths"]
+
+
+def test_admin_replicas_and_route_explain(stack: Stack) -> None:
+    tid, _ = stack.tenant("premium")
+    with admin_client(stack.gateways[0], ADMIN) as admin:
+        pools = {p["pool"]: p for p in admin.get("/replicas").json()["data"]}
+        assert set(pools) == {"fp8", "awq"}
+        replica = pools["fp8"]["replicas"][0]
+        assert replica["healthy"] is True and replica["url"] == stack.fp8
+        assert {"inflight", "waiting", "running", "kv_usage", "scrape_age_s"} <= set(replica)
+        request = {"model": "llama", "messages": [{"role": "user", "content": "x" * 2000}]}
+        plan = admin.post("/route/explain", json={"tenant": tid, "request": request}).json()
+        assert (plan["pool"], plan["served_model"], plan["priority"]) == ("fp8", "m-fp8", 0)
+        assert plan["replica"] == replica["id"] and plan["candidates"][0]["terms"]
+        assert plan["prefix_blocks"] > 0
+        by_tier = admin.post("/route/explain", json={"tier": "free", "request": request}).json()
+        assert by_tier["pool"] == "awq"
+        bad = admin.post("/route/explain", json={"tier": "gold", "request": request})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
