@@ -255,3 +255,35 @@ def test_admin_replicas_and_route_explain(stack: Stack) -> None:
         assert by_tier["pool"] == "awq"
         bad = admin.post("/route/explain", json={"tier": "gold", "request": request})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
+
+
+def test_a_policy_that_adds_a_pool_is_served_by_both_gateways(stack: Stack) -> None:
+    extra_proc, extra = sim_proc(None, "--time-scale", "50", model="m-extra")
+    _, key = stack.tenant("free")
+    with extra_proc, admin_client(stack.gateways[0], ADMIN) as admin:
+        current = admin.get("/policy")
+        doc = current.json()
+        grown = {**doc, "pools": {**doc["pools"], "extra": {"served_model": "m-extra",
+                                                             "replicas": [extra]}},
+                 "models": {**doc["models"], "small": {"default": "extra"}}}
+        put = admin.put("/policy", json=grown, headers={"If-Match": current.headers["etag"]})
+        assert put.status_code == 200
+
+        def served(gw: int) -> bool:
+            try:
+                raw = stack.client(key, gw).chat.completions.with_raw_response.create(
+                    model="small", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            except openai.NotFoundError:
+                return False
+            return bool(raw.headers["x-kvgate-replica"].startswith("extra/"))
+
+        try:
+            for gw in (0, 1):
+                wait_for(lambda gw=gw: served(gw), 1.0, f"the new pool on gw{gw}")
+            pools = {p["pool"] for p in admin.get("/replicas").json()["data"]}
+            assert pools == {"fp8", "awq", "extra"}
+        finally:
+            restored = admin.put("/policy", json=doc, headers={"If-Match": put.headers["etag"]})
+            assert restored.status_code == 200
+        for gw in (0, 1):
+            wait_for(lambda gw=gw: not served(gw), 1.0, f"the pool gone on gw{gw}")
