@@ -26,7 +26,10 @@ def _prompt(family: int, suffix: int) -> str:
     return f"family {family} " * 120 + f"suffix {suffix} " * (suffix * 20)
 
 
-def _run(policy: str, n: int, factor: float, evs: list[tuple[int, int, int | None]]) -> list[str]:
+def _run(
+    policy: str, n: int, factor: float, evs: list[tuple[int, int, int | None]],
+    bounded: bool = True,
+) -> list[str]:
     r = Router(RouterConfig(policy=policy, load_factor=factor))
     load = {f"r{i}": 0 for i in range(n)}
     picks = []
@@ -40,7 +43,7 @@ def _run(policy: str, n: int, factor: float, evs: list[tuple[int, int, int | Non
         load[d.replica] += 1
         total = sum(load.values())
         # the replica just chosen never exceeds c x mean + 1 (slack), whatever came before
-        assert load[d.replica] <= factor * total / n + 1.0 + 1e-9
+        assert not bounded or load[d.replica] <= factor * total / n + 1.0 + 1e-9
         picks.append(d.replica)
     return picks
 
@@ -76,7 +79,9 @@ def test_arrivals_only_keep_every_replica_within_bound(
 @settings(max_examples=25, deadline=None)
 @given(st.sampled_from(["cache_aware", "consistent_hash", "least_load", "round_robin"]), events)
 def test_decisions_are_deterministic(policy: str, evs: list[tuple[int, int, int | None]]) -> None:
-    assert _run(policy, 5, 1.25, evs) == _run(policy, 5, 1.25, evs)
+    # round robin does not promise the bound; every policy promises determinism
+    bounded = policy in AFFINITY or policy == "least_load"
+    assert _run(policy, 5, 1.25, evs, bounded) == _run(policy, 5, 1.25, evs, bounded)
 
 
 @settings(max_examples=50, deadline=None)
