@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import math
 import socket
@@ -28,7 +27,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, auth_secret, load_config, salt_secret
+from gateway.config import KvgateConfig, auth_secret, load_config
 from gateway.errors import ConfigError
 
 __all__ = [
@@ -93,23 +92,8 @@ def config_from_args(args: argparse.Namespace) -> KvgateConfig:
     return load_config(path, overrides=overrides, quick=bool(args.upstream))
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_auth(cfg: KvgateConfig) -> str | None:
     """Raise `ConfigError` when auth is on without a secret; a warning to print, or None."""
-    if cfg.tenancy.auth and salt_secret(cfg) is None and _loopback(cfg.server.host):
-        cfg.tenancy.auth = False
-        return NO_AUTH_WARNING + (
-            "(no KVGATE_SALT_SECRET and a loopback address: running as --no-auth; on any "
-            "other address kvgate refuses to start without a secret)\n"
-        )
     auth_secret(cfg)
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 

@@ -107,8 +107,8 @@ def processes(replicas: int, time_scale: float) -> Iterator[tuple[list[str], str
         for url in urls:
             _wait(f"{url}/health")
         port = _free_port()
-        cmd = [*KVGATE, "serve", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-               "warning"] + [arg for url in urls for arg in ("--upstream", url)]
+        cmd = [*KVGATE, "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(port),
+               "--log-level", "warning"] + [arg for url in urls for arg in ("--upstream", url)]
         gw = subprocess.Popen(cmd, preexec_fn=_pinned(gw_core), env={**os.environ,
                               "KVGATE_CONFIG": ""})
         procs.append(gw)

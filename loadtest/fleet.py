@@ -66,11 +66,11 @@ class Fleet:
         return f"http://127.0.0.1:{port}"
 
     def gateway(self, upstreams: Sequence[str], *extra: str) -> str:
-        """Start `kvgate serve` over `upstreams` (one pool); returns its base URL."""
+        """Start `kvgate serve --no-auth` over `upstreams` (one pool); returns its base URL."""
         port = free_port()
         ups = [a for u in upstreams for a in ("--upstream", u)]
         self.start(
-            ["serve", "--host", "127.0.0.1", "--port", str(port), *ups, *extra],
+            ["serve", "--no-auth", "--host", "127.0.0.1", "--port", str(port), *ups, *extra],
             f"http://127.0.0.1:{port}/readyz",
         )
         return f"http://127.0.0.1:{port}"
