@@ -14,13 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from typing import Any
 
 from gateway.app import GatewayApp
@@ -29,6 +25,7 @@ from gateway.errors import ConfigError
 from gateway.serve import configure_logging, make_server
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
+from loadtest.fleet import Fleet, wait_http
 
 __all__ = ["main"]
 
@@ -42,51 +39,13 @@ DEMO_TENANTS = {"premium": "premium", "free": "free", "demo": "default"}  # tena
 PUBLIC_DEMO_KEY = "demo"  # loopback only: lets copy-pasted snippets work unchanged
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_http(url: str, deadline: float, procs: list[subprocess.Popen[bytes]]) -> bool:
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
-                    return True
-        except OSError:
-            pass
-        time.sleep(0.1)
-    return False
-
-
-def start_replicas(time_scale: float) -> tuple[list[subprocess.Popen[bytes]], dict[str, list[str]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    urls: dict[str, list[str]] = {}
-    for pool, (served, preset) in POOLS.items():
-        for _ in range(REPLICAS_PER_POOL):
-            port = _free_port()
-            cmd = [sys.executable, "-m", "gateway.cli", "sim", "--host", "127.0.0.1",
-                   "--port", str(port), "--model", served, "--preset", preset,
-                   "--time-scale", str(time_scale)]
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
-            urls.setdefault(pool, []).append(f"http://127.0.0.1:{port}")
-    return procs, urls
-
-
-def stop_replicas(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]]:
+    """Two simulated replicas per pool; returns pool -> replica URLs."""
+    return {
+        pool: [fleet.sim(served, "--preset", preset, "--time-scale", str(time_scale))
+               for _ in range(REPLICAS_PER_POOL)]
+        for pool, (served, preset) in POOLS.items()
+    }
 
 
 def demo_config(urls: dict[str, list[str]], port: int, admin_token: str) -> KvgateConfig:
@@ -149,7 +108,7 @@ kvgate is up: {base}/v1   (pools fp8 and awq, 2 simulated replicas each)
 
 
 def _announce_when_ready(base: str, keys: dict[str, str], admin_token: str) -> None:
-    if _wait_http(f"{base}/readyz", time.monotonic() + 60, []):
+    if wait_http(f"{base}/readyz", 60):
         print(banner(base, keys, admin_token), flush=True)
 
 
@@ -161,13 +120,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
     configure_logging(args.log_level)
-    procs, urls = start_replicas(args.time_scale)
+    fleet = Fleet()
     try:
-        deadline = time.monotonic() + 30
-        for url in (u for pool in urls.values() for u in pool):
-            if not _wait_http(f"{url}/health", deadline, procs):
-                print("kvgate demo: a simulated replica did not start", file=sys.stderr)
-                return 1
+        try:
+            urls = start_replicas(fleet, args.time_scale)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"kvgate demo: a simulated replica did not start: {exc}", file=sys.stderr)
+            return 1
         admin_token = os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         try:
             cfg = demo_config(urls, args.port, admin_token)
@@ -182,5 +141,5 @@ def main(argv: list[str]) -> int:
         server.run()  # returns after Ctrl-C / SIGTERM and a graceful shutdown
         return 0 if server.started else 1
     finally:
-        stop_replicas(procs)
+        fleet.stop()
         print("kvgate demo: stopped", file=sys.stderr)

@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Fleet", "free_port"]
+__all__ = ["Fleet", "free_port", "wait_http"]
 
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 
@@ -33,6 +33,16 @@ def _ready(url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def wait_http(url: str, timeout: float) -> bool:
+    """Poll GET `url` until it answers 200 (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if _ready(url):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @dataclass
