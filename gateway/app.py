@@ -2,9 +2,12 @@
 
 Proxied routes skip any framework: a dict lookup on the path, then `Proxy.handle`. The app's
 lifespan owns everything long-lived (tenancy: store, resolver sync, limiter; pools and their
-transports, the health poller, the scraper) and creates it at start-up, cancels and awaits it
-at shutdown. Pools follow the policy document in force (a new version adds, removes or
-re-lists pools on every gateway replica). The admin API (FastAPI) is mounted at ``/admin``.
+transports, discovery sources, the health poller, the scraper, the drain reaper) and creates
+it at start-up, cancels and awaits it at shutdown. Pools follow the policy document in force
+(a new version adds, removes or re-lists pools on every gateway replica); pools with
+`discovery` follow their source. A replica that leaves drains: no new picks, its in-flight
+requests finish, then the scraper and the router forget it. The admin API (FastAPI) is
+mounted at ``/admin``.
 vLLM's operator endpoints (`/sleep`, `/reset_prefix_cache`, `/collective_rpc`, ...) are not
 routes here, so they are never reachable through kvgate.
 """
@@ -26,11 +29,12 @@ from gateway.admin import AdminDeps, admin_tokens_from_env, make_admin_router
 from gateway.admin.live import LiveViews
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig, auth_secret
+from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.errors import ConfigError, KvgateError, NotFound
 from gateway.health import HealthMonitor
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.policy import DEFAULT_TIER
-from gateway.pool import Pools
+from gateway.pool import PoolChanges, Pools
 from gateway.proxy import KINDS, Proxy
 from gateway.replicas import Replica
 from gateway.scrape import Sample, Scraper
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 Headers = list[tuple[bytes, bytes]]
 Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
+DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
+REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
 
 
 class MethodNotAllowed(KvgateError):
@@ -62,8 +68,12 @@ class GatewayApp:
         self.clock = clock
         self.after_start = after_start  # e.g. `kvgate demo` creating its tenants' keys
         self.router = Router(cfg.routing.router_config())
-        self.metrics = GatewayMetrics(self._all_replicas, clock)
+        self.metrics = GatewayMetrics(
+            self._described, clock, scrape_errors=self._scrape_errors,
+            affinity=self.router.affinity_entries,
+        )
         self.pools: Pools | None = None
+        self.discovery = DiscoveryManager(build_discovery, self._discovered)
         self.proxy: Proxy | None = None
         self.scraper: Scraper | None = None
         self.tenancy: Tenancy | None = None
@@ -71,6 +81,7 @@ class GatewayApp:
         self._by_id: dict[str, Replica] = {}  # replica id -> replica (scrape samples land here)
         self._unsubscribe: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()  # one-off (discovery re-sync)
         self._mounts: list[tuple[str, Callable[..., object]]] = []
         self._get = {
             "/healthz": self._healthz, "/readyz": self._readyz,
@@ -81,8 +92,11 @@ class GatewayApp:
         """Route `prefix/...` to another ASGI app (e.g. the FastAPI admin API)."""
         self._mounts.append((prefix.rstrip("/"), app))
 
-    def _all_replicas(self) -> Iterator[Replica]:
-        return self.pools.replicas() if self.pools is not None else iter(())
+    def _described(self) -> Iterator[Replica]:
+        return self.pools.described() if self.pools is not None else iter(())
+
+    def _scrape_errors(self, replica_id: str) -> int:
+        return self.scraper.errors(replica_id) if self.scraper is not None else 0
 
     # -- ASGI ------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -171,9 +185,11 @@ class GatewayApp:
         # registered before the next await, so no policy version can slip in between
         self._unsubscribe = self.tenancy.resolver.on_policy(self._policy_changed)
         self.proxy = Proxy(self.cfg, self.pools, self.router, self.metrics, self.clock, gate)
+        await self._start_discovery()
         monitor = HealthMonitor(self.pools, self.cfg.health, self.clock)
         await monitor.poll_once()  # know who is up (and the served names) before serving
         self._tasks.append(asyncio.create_task(monitor.run(), name="kvgate-health"))
+        self._tasks.append(asyncio.create_task(self._reap_drained(), name="kvgate-drain"))
         await self._start_scraper()
         self._mount_admin(gate)
         if self.after_start is not None:
@@ -205,21 +221,64 @@ class GatewayApp:
         return gate
 
     def _policy_changed(self, snap: PolicySnapshot) -> None:
-        """A new policy version: follow its pools (the scraper and router follow too)."""
+        """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
         if self.pools is None:
             return
         changes = self.pools.apply(snap.doc)
-        for replica in changes.removed:
-            if self.scraper is not None:
-                self.scraper.remove_target(replica.id)
-            self.router.forget_replica(replica.id)
-        if changes.added:
-            self._by_id.update({r.id: r for r in changes.added})
-            if self.scraper is not None:
-                for replica in changes.added:
-                    self.scraper.add_target(replica.id, replica.url)
+        self._follow(changes)
+        task = asyncio.create_task(self.discovery.sync(snap.doc.pools))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
         log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
                                           "removed": len(changes.removed)})
+
+    async def _start_discovery(self) -> None:
+        """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
+        assert self.pools is not None
+        try:
+            await self.discovery.sync(self.pools.doc.pools, strict=True)
+        except DiscoveryConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.discovery.pools:
+            late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
+            if late:
+                log.warning("discovery not synced yet; those pools start empty",
+                            extra={"pools": late})
+
+    def _discovered(self, pool: str, urls: frozenset[str]) -> None:
+        """Discovery's `on_change` (sync, on the loop): re-list the pool; leavers drain."""
+        if self.pools is None:
+            return
+        changes = self.pools.set_discovered(pool, urls)
+        self._follow(changes)
+        if changes:
+            log.info("pool replicas changed", extra={
+                "pool": pool, "replicas": len(urls),
+                "added": [r.id for r in changes.added],
+                "draining": [r.id for r in changes.removed]})
+
+    def _follow(self, changes: PoolChanges) -> None:
+        """Scrape the new replicas; stop scraping the ones that started draining."""
+        for replica in changes.removed:
+            if self._by_id.get(replica.id) is replica:
+                del self._by_id[replica.id]
+                if self.scraper is not None:
+                    self.scraper.remove_target(replica.id)
+        for replica in changes.added:
+            self._by_id[replica.id] = replica
+            if self.scraper is not None:
+                self.scraper.add_target(replica.id, replica.url)
+
+    async def _reap_drained(self) -> None:
+        """Forget drained replicas once their last in-flight request has finished."""
+        assert self.pools is not None
+        pools = self.pools
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            for replica in pools.reap():
+                if not any(r.id == replica.id for r in pools.replicas()):
+                    self.router.forget_replica(replica.id)
+                log.info("replica drained", extra={"pool": replica.pool, "replica": replica.id})
 
     def _mount_admin(self, gate: TenantGate) -> None:
         assert self.pools is not None and self.proxy is not None and self.tenancy is not None
@@ -257,8 +316,13 @@ class GatewayApp:
         await self.scraper.start()
 
     async def shutdown(self) -> None:
+        self._unsubscribe()  # no policy version may start discovery sources any more
+        self._unsubscribe = lambda: None
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.discovery.stop()
         if self.tenancy is not None:
-            self._unsubscribe()
             await self.tenancy.close()
         if self.scraper is not None:
             await self.scraper.stop()

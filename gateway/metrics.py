@@ -1,8 +1,8 @@
 """The gateway's own Prometheus metrics (names from docs/metrics.md), one registry per app.
 
-Hot-path cost matters: labelled children are cached per label tuple, and the per-replica
-gauges (in flight, healthy) are read from replica state at scrape time by a collector rather
-than updated on every request.
+Hot-path cost matters: labelled children are cached per label tuple, and every per-replica
+gauge (in flight, health, scraped engine state, scrape age and errors, affinity-index size) is
+read from replica state at scrape time by a collector rather than updated on every request.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.replicas import Replica
@@ -21,27 +21,69 @@ __all__ = ["CONTENT_TYPE", "GatewayMetrics"]
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # LLM latencies span milliseconds (TTFT on a warm cache) to many minutes (long generations)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+# gaps between streamed chunks: a few ms (fast decode, batched tokens) to seconds (preemption)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
+               1, 2.5)
 OVERHEAD_BUCKETS = (25e-6, 50e-6, 100e-6, 200e-6, 400e-6, 800e-6, 0.0016, 0.0032, 0.0064, 0.0128)
 
 
+# per-replica gauges: (name, help, value of a replica or None when unknown)
+_REPLICA_GAUGES: tuple[tuple[str, str, Callable[[Replica], float | None]], ...] = (
+    ("kvgate_replica_waiting", "scraped vllm:num_requests_waiting",
+     lambda r: r.scraped.waiting if r.scraped else None),
+    ("kvgate_replica_running", "scraped vllm:num_requests_running",
+     lambda r: r.scraped.running if r.scraped else None),
+    ("kvgate_replica_kv_usage", "scraped KV-cache usage (0..1, fullest engine)",
+     lambda r: r.scraped.kv_usage if r.scraped else None),
+    ("kvgate_replica_prefix_cache_hit_ratio",
+     "prefix-cache hit tokens / queried tokens between the last two scrapes",
+     lambda r: r.hit_ratio),
+)
+
+
 class _ReplicaCollector(Collector):
-    def __init__(self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float]):
+    """Everything that describes a replica, read from replica state when /metrics is served
+    (nothing per request): in flight, health, the scraped engine state, scrape age and
+    errors, the router's affinity-index size."""
+
+    def __init__(
+        self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float],
+        scrape_errors: Callable[[str], int], affinity: Callable[[], dict[str, int]],
+    ) -> None:
         self._replicas = replicas
         self._clock = clock
+        self._scrape_errors = scrape_errors
+        self._affinity = affinity
 
     def collect(self) -> Iterator[Metric]:
+        labels = ["pool", "replica"]
         inflight = GaugeMetricFamily(
-            "kvgate_inflight_requests", "requests in flight per replica", labels=["pool", "replica"]
-        )
+            "kvgate_inflight_requests", "requests in flight per replica", labels=labels)
         healthy = GaugeMetricFamily(
-            "kvgate_replica_healthy", "1 healthy, 0 ejected", labels=["pool", "replica"]
-        )
+            "kvgate_replica_healthy", "1 healthy, 0 ejected or draining", labels=labels)
+        gauges = [GaugeMetricFamily(n, h, labels=labels) for n, h, _ in _REPLICA_GAUGES]
+        age = GaugeMetricFamily(
+            "kvgate_replica_scrape_age_seconds", "age of the last good scrape", labels=labels)
+        errors = CounterMetricFamily(
+            "kvgate_scrape_errors", "failed scrapes of a replica's /metrics", labels=labels)
+        affinity = GaugeMetricFamily(
+            "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
+            labels=labels)
+        entries = self._affinity()
         now = self._clock()
         for r in self._replicas():
-            inflight.add_metric([r.pool, r.id], r.inflight)
-            healthy.add_metric([r.pool, r.id], 1.0 if r.available(now) else 0.0)
-        yield inflight
-        yield healthy
+            key = [r.pool, r.id]
+            inflight.add_metric(key, r.inflight)
+            healthy.add_metric(key, 0.0 if r.draining or not r.available(now) else 1.0)
+            for family, (_, _, read) in zip(gauges, _REPLICA_GAUGES, strict=True):
+                value = read(r)
+                if value is not None:
+                    family.add_metric(key, value)
+            if r.scraped is not None:
+                age.add_metric(key, now - r.scraped_at)
+            errors.add_metric(key, self._scrape_errors(r.id))
+            affinity.add_metric(key, entries.get(r.id, 0))
+        yield from (inflight, healthy, *gauges, age, errors, affinity)
 
 
 class _TenancyCollector(Collector):
@@ -65,9 +107,21 @@ class _TenancyCollector(Collector):
         yield policy
 
 
+def _no_errors(replica_id: str) -> int:
+    return 0
+
+
 class GatewayMetrics:
+    """The registry and the hot path's recording calls (labelled children cached).
+
+    `replicas()` yields every replica to describe (draining ones included), `scrape_errors`
+    answers a replica's failed scrapes and `affinity()` the router's index size per replica.
+    """
+
     def __init__(
-        self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float]
+        self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float],
+        *, scrape_errors: Callable[[str], int] = _no_errors,
+        affinity: Callable[[], dict[str, int]] = dict,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         reg = self.registry
@@ -80,8 +134,12 @@ class GatewayMetrics:
             ["pool", "tier"], buckets=LATENCY_BUCKETS, registry=reg,
         )
         self.ttft = Histogram(
-            "kvgate_ttft_seconds", "time to first streamed byte of content",
+            "kvgate_ttft_seconds", "time to the first streamed chunk carrying content",
             ["pool", "tier"], buckets=LATENCY_BUCKETS, registry=reg,
+        )
+        self.itl = Histogram(
+            "kvgate_inter_token_latency_seconds", "time between streamed chunks sent to the client",
+            ["pool"], buckets=ITL_BUCKETS, registry=reg,
         )
         self.overhead = Histogram(
             "kvgate_overhead_seconds", "time spent inside kvgate", ["phase"],
@@ -107,9 +165,10 @@ class GatewayMetrics:
             "kvgate_spillovers_total", "requests sent to a tier's spill pool",
             ["tier", "from_pool", "to_pool"], registry=reg,
         )
-        reg.register(_ReplicaCollector(replicas, clock))
+        reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity))
         self._children: dict[tuple[Any, ...], Any] = {}
         self.pre_upstream = self.overhead.labels("pre_upstream")
+        self.relay = self.overhead.labels("relay")
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         key = (id(metric), *labels)
@@ -127,6 +186,10 @@ class GatewayMetrics:
 
     def first_token(self, pool: str, ttft_s: float, tier: str = "default") -> None:
         self._child(self.ttft, (pool, tier)).observe(ttft_s)
+
+    def itl_child(self, pool: str) -> Any:
+        """The inter-token histogram of `pool` (the relay loop observes it per chunk)."""
+        return self._child(self.itl, (pool,))
 
     def usage(self, pool: str, usage: dict[str, int], tier: str = "default") -> None:
         for key, kind in (("prompt_tokens", "prompt"), ("completion_tokens", "completion"),

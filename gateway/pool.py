@@ -4,12 +4,15 @@
 the policy document in force, and follows new policy versions with `apply`: pools that appear
 are created, pools that disappear stop taking requests, replica lists and served names of
 existing pools are updated in place (a replica that stays keeps its counters and health).
+A pool with `discovery` gets its replicas from it instead (`set_discovered`), never from the
+document. A replica that leaves its pool *drains*: it takes no new request, its in-flight
+requests finish, and `reap` hands it back once idle so the app can forget it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.config import KvgateConfig
@@ -66,6 +69,7 @@ class Pools:
         self.doc: PolicyDoc = doc if doc is not None else cfg
         self.by_name: dict[str, Pool] = {}
         self.retired: list[Pool] = []  # removed by a policy change; closed at shutdown
+        self.draining: list[Replica] = []  # left their pool, requests still in flight
         for name, pc in self.doc.pools.items():
             self.by_name[name] = self._new_pool(name, pc)
         self.public: dict[str, Pool] = {}
@@ -86,7 +90,7 @@ class Pools:
         changes = PoolChanges()
         for name in [n for n in self.by_name if n not in doc.pools]:
             pool = self.by_name.pop(name)
-            changes.removed.extend(pool.replicas)
+            changes.removed.extend(self._drain(pool.replicas))
             self.retired.append(pool)
         for name, pc in doc.pools.items():
             found = self.by_name.get(name)
@@ -97,16 +101,51 @@ class Pools:
             pool = found
             if pc.served_model is not None:
                 pool.served_model = pc.served_model
-            wanted = [u.rstrip("/") for u in pc.replicas]
-            current = {r.url: r for r in pool.replicas}
-            if wanted != [r.url for r in pool.replicas]:
-                fresh = [current.get(u) or Replica(name, u, self._health) for u in wanted]
-                changes.added.extend(r for r in fresh if r.url not in current)
-                changes.removed.extend(r for u, r in current.items() if u not in wanted)
-                pool.set_replicas(fresh)
+            if not pc.discovery:  # a discovered pool's replicas come from discovery only
+                self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)
         self.doc = doc
         self.refresh_public()
         return changes
+
+    def set_discovered(self, name: str, urls: frozenset[str]) -> PoolChanges:
+        """Discovery published the complete replica set of pool `name` (unknown pool: no-op)."""
+        changes = PoolChanges()
+        pool = self.by_name.get(name)
+        if pool is not None:
+            self._relist(pool, sorted(u.rstrip("/") for u in urls), changes)
+        return changes
+
+    def _relist(self, pool: Pool, wanted: list[str], changes: PoolChanges) -> None:
+        if wanted == [r.url for r in pool.replicas]:
+            return
+        current = {r.url: r for r in pool.replicas}
+        fresh = [current.get(u) or self._revive(pool.name, u) for u in wanted]
+        changes.added.extend(r for r in fresh if r.url not in current)
+        changes.removed.extend(self._drain(r for u, r in current.items() if u not in wanted))
+        pool.set_replicas(fresh)
+
+    def _revive(self, pool: str, url: str) -> Replica:
+        """A replica that comes back while still draining keeps its counters."""
+        for r in self.draining:
+            if r.pool == pool and r.url == url:
+                self.draining.remove(r)
+                r.draining = False
+                return r
+        return Replica(pool, url, self._health)
+
+    def _drain(self, replicas: Iterable[Replica]) -> list[Replica]:
+        out = list(replicas)
+        for r in out:
+            r.draining = True
+        self.draining.extend(out)
+        return out
+
+    def reap(self) -> list[Replica]:
+        """Draining replicas whose last in-flight request finished (no longer tracked)."""
+        done = [r for r in self.draining if r.inflight == 0]
+        if done:
+            self.draining = [r for r in self.draining if r.inflight > 0]
+        return done
 
     def refresh_public(self) -> None:
         """Recompute public names (after a pool learned its served model name)."""
@@ -126,6 +165,11 @@ class Pools:
     def replicas(self) -> Iterator[Replica]:
         for pool in self.by_name.values():
             yield from pool.replicas
+
+    def described(self) -> Iterator[Replica]:
+        """The replicas the metrics describe: every pool's, then the draining ones."""
+        yield from self.replicas()
+        yield from self.draining
 
     def ready(self, now: float) -> bool:
         """Every pool knows its served model and has at least one usable replica."""

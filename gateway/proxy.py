@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import logging
 import os
+import re
 from collections.abc import Callable
 from time import perf_counter
 
@@ -32,6 +33,7 @@ from gateway.errors import (
     UpstreamTimeout,
     error_body,
 )
+from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.replicas import Lease, Replica
@@ -57,6 +59,10 @@ KINDS: dict[str, str] = {
     "/v1/responses": "responses",
 }
 RETRY_STATUSES = frozenset({502, 503, 504})
+RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
+# a streamed event carrying generated output: chat `content`/`reasoning_content`, completions
+# `text`, tool-call `arguments`, responses' text `delta` -- a non-empty string value
+_CONTENT = re.compile(rb'"(?:content|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]')
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
@@ -68,9 +74,9 @@ class _Request:
     parsed: ParsedBody
     pool: Pool
 
-    __slots__ = ("adm", "ctl", "extra", "features", "kind", "parsed", "path", "pool",
-                 "pool_name", "replica", "req_id", "route", "spilled", "sse", "status", "strip",
-                 "t0", "tenant", "tier", "used")
+    __slots__ = ("adm", "attempts", "ctl", "extra", "features", "kind", "parsed", "path",
+                 "pool", "pool_name", "replica", "req_id", "route", "spilled", "sse", "status",
+                 "strip", "t0", "tenant", "tenant_id", "tier", "ttft", "usage", "used")
 
     def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
         self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
@@ -81,7 +87,10 @@ class _Request:
         self.sse = False  # an SSE response has started toward the client
         self.strip = False
         self.spilled = False
-        self.tier = self.tenant = "none"
+        self.tier = self.tenant = self.tenant_id = "none"
+        self.attempts = 0
+        self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
+        self.usage: dict[str, int] | None = None  # upstream usage counts
         self.adm: Admission | None = None
         self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
         self.used: int | None = None  # prompt + completion tokens from upstream usage
@@ -149,10 +158,12 @@ class Proxy:
                 return  # client disconnected before its body arrived
             await self._run(send, receive, req, decision, upstream_body)
         finally:
+            total = perf_counter() - req.t0
             self._metrics.finished(
-                req.pool_name, req.replica, req.status, req.route, perf_counter() - req.t0,
-                req.tier, req.tenant,
+                req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
             )
+            if log.isEnabledFor(logging.INFO):
+                log_request(log, req, total)
             if req.adm is not None:
                 await self._gate.finish(req.adm, req.settle_tokens())
 
@@ -178,6 +189,7 @@ class Proxy:
         gate = self._gate
         principal = gate.principal(token)  # before the body: no key, no upload
         req.tier, req.tenant = principal.tier, gate.labels(principal.tenant_id)
+        req.tenant_id = principal.tenant_id
         body = await read_body(receive, self._limit, declared)
         parsed = req.parsed = parse_body(body, req.kind)
         adm = await gate.admit(principal, parsed.prompt_tokens)
@@ -247,6 +259,7 @@ class Proxy:
     ) -> UpstreamError | None:
         """One try on `replica`; returns an error to retry elsewhere, None when answered."""
         req.replica = replica.id
+        req.attempts += 1
         lease = replica.acquire(req.features.prompt_tokens)
         resp: UpstreamResponse | None = None
         clean = False
@@ -307,6 +320,7 @@ class Proxy:
             return False
         replica.record_success()
         if scanner.usage:
+            req.usage = scanner.usage
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier)
         req.ctl.done = True
@@ -317,18 +331,35 @@ class Proxy:
         self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease,
         scanner: StreamScanner,
     ) -> None:
+        """Relay chunks as they come. TTFT is taken when the first chunk carrying content
+        reaches the client (not vLLM's role-only first chat chunk), inter-token latency is
+        the gap between chunks sent after it, and kvgate's relay overhead (upstream chunk
+        received -> handed to the client) is sampled on every `RELAY_SAMPLE`-th chunk."""
         ctl = req.ctl
         chunk = await resp.read_chunk()
-        if chunk:
-            ttft = perf_counter() - req.t0
+        if chunk:  # the engine has answered the prompt (what the router learns from)
             lease.first_token()
-            self._metrics.first_token(req.pool.name, ttft, req.tier)
-            self._router.record_first_token(replica.id, req.features, ttft, self._clock())
+            self._router.record_first_token(
+                replica.id, req.features, perf_counter() - req.t0, self._clock())
+        itl = self._metrics.itl_child(req.pool.name)
+        n = 0
+        last_sent = 0.0
         while chunk:
+            received = perf_counter()
             ctl.touch()
             out = scanner.feed(chunk)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                sent = perf_counter()
+                if req.ttft is not None:
+                    itl.observe(sent - last_sent)
+                elif _CONTENT.search(out):
+                    req.ttft = sent - req.t0
+                    self._metrics.first_token(req.pool.name, req.ttft, req.tier)
+                last_sent = sent
+                if n % RELAY_SAMPLE == 0:
+                    self._metrics.relay.observe(sent - received)
+                n += 1
             chunk = await resp.read_chunk()
 
     async def _relay_whole(
@@ -345,6 +376,7 @@ class Proxy:
         else:
             replica.record_success()
         if resp.status == 200 and (usage := scan_usage(data[-1024:])):
+            req.usage = usage
             req.used = _total(usage)
             self._metrics.usage(req.pool.name, usage, req.tier)
         req.status = resp.status

@@ -38,8 +38,8 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "ejected_until", "ejections", "failures", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "pool", "scraped", "scraped_at",
+        "_policy", "draining", "ejected_until", "ejections", "failures", "hit_ratio", "id",
+        "inflight", "inflight_prefill", "inflight_prefill_tokens", "pool", "scraped", "scraped_at",
         "state", "url",
     )
 
@@ -53,10 +53,14 @@ class Replica:
         self.inflight_prefill_tokens = 0
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
+        # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
+        self.hit_ratio: float | None = None
         self.state = HEALTHY
         self.failures = 0
         self.ejections = 0
         self.ejected_until = 0.0
+        # left its pool (discovery or policy): takes no new requests, finishes its in-flight
+        self.draining = False
 
     # -- accounting ---------------------------------------------------------------------
     def acquire(self, prompt_tokens: int) -> Lease:
@@ -67,8 +71,15 @@ class Replica:
 
     def record_scrape(self, sample: Sample | None, now: float) -> None:
         """A scrape finished; a failed one (None) leaves the last good sample to age."""
-        if sample is not None:
-            self.scraped, self.scraped_at = sample, now
+        if sample is None:
+            return
+        prev = self.scraped
+        if prev is not None:
+            self.hit_ratio = _delta_ratio(
+                prev.prefix_cache_hits, prev.prefix_cache_queries,
+                sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
+            )
+        self.scraped, self.scraped_at = sample, now
 
     # -- health ---------------------------------------------------------------------------
     def available(self, now: float) -> bool:
@@ -124,6 +135,22 @@ class Replica:
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill,
         )
+
+
+def _delta_ratio(
+    hits0: float | None, queries0: float | None, hits1: float | None, queries1: float | None,
+    last: float | None,
+) -> float | None:
+    """Hit ratio over one scrape interval; the last value when nothing was queried meanwhile
+    (an idle replica keeps its recent ratio) or a counter went backwards (engine restart)."""
+    if None in (hits0, queries0, hits1, queries1):
+        return last
+    assert hits0 is not None and queries0 is not None and hits1 is not None
+    assert queries1 is not None
+    dq, dh = queries1 - queries0, hits1 - hits0
+    if dq <= 0 or dh < 0:
+        return last
+    return min(1.0, dh / dq)
 
 
 class Lease:

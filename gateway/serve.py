@@ -1,9 +1,10 @@
 """`kvgate serve`: load the configuration and run the gateway under uvicorn.
 
-uvicorn with uvloop and httptools, no access log (a log line per request costs more CPU than
-the proxying), TCP_NODELAY set on every accepted socket (small SSE writes must not wait for
-delayed ACKs; uvloop already does it, this keeps it true under any loop). SIGTERM/SIGINT stop
-accepting and let in-flight requests finish for `server.shutdown_grace_s`.
+uvicorn with uvloop and httptools, no uvicorn access log (kvgate writes its own request line,
+with the routing fields, at INFO: `--log-level warning` turns it off), TCP_NODELAY set on every
+accepted socket (small SSE writes must not wait for delayed ACKs; uvloop already does it, this
+keeps it true under any loop). SIGTERM/SIGINT stop accepting and let in-flight requests finish
+for `server.shutdown_grace_s`. Logs are JSON lines unless `--log-format text`.
 
 Authentication is on unless `--no-auth` (or ``tenancy.auth: false``): it needs the salt
 secret (``KVGATE_SALT_SECRET`` or ``tenancy.salt_secret_file``), and without one the command
@@ -29,9 +30,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from gateway.app import GatewayApp
 from gateway.config import KvgateConfig, auth_secret, load_config
 from gateway.errors import ConfigError
+from gateway.logs import configure_logging
 
 __all__ = [
-    "NO_AUTH_WARNING", "build_parser", "check_auth", "config_from_args", "main", "make_server",
+    "NO_AUTH_WARNING", "build_parser", "check_auth", "config_from_args", "configure_logging",
+    "main", "make_server",
 ]
 
 NO_AUTH_WARNING = """
@@ -62,6 +65,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port)")
     p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", choices=["json", "text"], default="json",
+                   help="one JSON object per line (default) or readable text")
     p.add_argument("--no-auth", action="store_true",
                    help="single tenant, no API keys (local use only; says so loudly)")
     return p
@@ -98,14 +103,6 @@ def check_auth(cfg: KvgateConfig) -> str | None:
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
-    logging.getLogger("aiohttp").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
 def make_server(app: GatewayApp) -> uvicorn.Server:
     cfg = app.cfg.server
     config = uvicorn.Config(
@@ -127,7 +124,7 @@ def main(argv: list[str]) -> int:
         return 2
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    configure_logging(cfg.server.log_level)
+    configure_logging(cfg.server.log_level, args.log_format)
     server = make_server(GatewayApp(cfg))
     server.run()
     return 0 if server.started else 1

@@ -21,9 +21,11 @@ from gateway.discovery.config import (
 )
 from gateway.discovery.dns import DnsDiscovery, Resolver, resolve_addresses
 from gateway.discovery.kubernetes import KubeApiError, KubernetesDiscovery
+from gateway.discovery.manager import DiscoveryManager
 
 __all__ = [
     "DiscoveryConfigError",
+    "DiscoveryManager",
     "DiscoverySource",
     "DnsConfig",
     "DnsDiscovery",

@@ -44,6 +44,11 @@ class WatcherBase:
         """The last published set (empty before the first sync)."""
         return self._urls or frozenset()
 
+    @property
+    def synced(self) -> bool:
+        """True once the first set was published."""
+        return self._synced.is_set()
+
     async def start(self) -> None:
         if self._task is not None:
             raise RuntimeError(f"discovery for pool {self.pool!r} already started")

@@ -1,0 +1,111 @@
+"""Logging set-up: one JSON object per line (default for `kvgate serve`) or readable text.
+
+Structured fields travel in ``extra={...}`` and come out as top-level JSON keys (or
+``key=value`` pairs in text). Callers pass only what may be logged: ids, names, counts and
+timings, never prompts, API keys, salts or headers (the request line in `proxy.py` is built
+from an explicit list of fields for that reason). The HTTP client libraries log at WARNING
+only: their DEBUG/INFO lines would repeat every upstream request, URLs and headers included.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, Literal, Protocol
+
+import orjson
+
+__all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
+
+LogFormat = Literal["json", "text"]
+QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio")
+# attributes every LogRecord has; anything else on a record came from `extra`
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
+    "message", "asctime", "taskName",
+}
+
+
+def _extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts", "level", "logger", "msg", **extra, "exc"?}`` on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        doc.update(_extras(record))
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc, default=str).decode()
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger message key=value ...`` for people reading a terminal."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = " ".join(f"{k}={v}" for k, v in _extras(record).items())
+        return f"{line} {fields}" if fields else line
+
+
+def configure_logging(level: str, fmt: LogFormat = "text") -> None:
+    """Configure the root logger once, at start-up (replaces any handler already there)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+class _Parsed(Protocol):
+    model: str
+    stream: bool
+
+
+class RequestRecord(Protocol):
+    """What the request line reads from the proxy's per-request state."""
+
+    req_id: bytes
+    tenant_id: str
+    tier: str
+    kind: str
+    pool_name: str
+    replica: str
+    route: str
+    attempts: int
+    status: int
+    ttft: float | None
+    usage: dict[str, int] | None
+
+
+def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> None:
+    """A request's one INFO line: ids, routing, status, tokens, timings. Built from this
+    explicit list, so nothing else (prompt, key, salt, headers) can end up in it."""
+    usage = req.usage or {}
+    parsed: _Parsed | None = getattr(req, "parsed", None)  # unset when the body was refused
+    logger.info("request", extra={
+        "request_id": req.req_id.decode("latin-1"), "tenant": req.tenant_id, "tier": req.tier,
+        "model": parsed.model if parsed is not None else None, "kind": req.kind,
+        "stream": parsed.stream if parsed is not None else None, "pool": req.pool_name,
+        "replica": req.replica, "route": req.route, "attempts": req.attempts,
+        "status": req.status, "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens"),
+        "cached_tokens": usage.get("cached_tokens"),
+        "ttft_ms": round(req.ttft * 1000, 1) if req.ttft is not None else None,
+        "total_ms": round(total_s * 1000, 1),
+    })
