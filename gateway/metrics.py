@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -123,6 +129,9 @@ class GatewayMetrics:
         *, scrape_errors: Callable[[str], int] = _no_errors,
         affinity: Callable[[], dict[str, int]] = dict,
     ) -> None:
+        # No `*_created` series: they double the page and no query here reads them (vLLM turns
+        # them off too). The switch is the library's, process-wide; kvgate wants it everywhere.
+        disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=False)
         reg = self.registry
         self.requests = Counter(
