@@ -38,7 +38,8 @@ MODEL = "bench-model"
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_overhead.md"
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 TOKENS = 16
-UPSTREAM_MS = 100  # replica think time in the latency runs
+UPSTREAM_MS = 100  # replica think time in the latency runs ...
+JITTER_MS = 100  # ... plus 0-100 ms, fixed per prompt (identical direct and via kvgate)
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -218,25 +219,28 @@ def saturation(base_direct: list[str], base_gw: list[str], pid: int, n: int, rep
             "busy, the replicas and the load generator (on the other core) were the limit.\n")
 
 
-def set_latency(sims: list[str], ms: float) -> None:
+def set_latency(sims: list[str], ms: float, jitter_ms: float = 0.0) -> None:
     import urllib.request
 
+    faults = {"latency_ms": ms, "latency_jitter_ms": jitter_ms}
     for sim in sims:
-        req = urllib.request.Request(f"{sim}/sim/faults", data=orjson.dumps({"latency_ms": ms}),
+        req = urllib.request.Request(f"{sim}/sim/faults", data=orjson.dumps(faults),
                                      headers={"Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=5).close()
 
 
 def latency(base_direct: list[str], base_gw: list[str], rounds: int, rep: Report) -> None:
     rep.add(f"## Added latency (ms): through kvgate minus direct (replicas answer after "
-            f"{UPSTREAM_MS} ms)\n")
+            f"{UPSTREAM_MS}-{UPSTREAM_MS + JITTER_MS} ms)\n")
     rep.add("A replica that answers at once makes any concurrency a saturation test; real "
-            f"replicas take long to answer, so here each waits {UPSTREAM_MS} ms before its "
-            "engine starts (the simulator's latency fault), for direct and proxied runs alike.\n")
+            f"replicas take long to answer, so here each waits {UPSTREAM_MS} ms plus 0-"
+            f"{JITTER_MS} ms before its engine starts (the simulator's latency fault; the extra "
+            "is a fixed fraction per prompt, so request i waits the same direct and via kvgate, "
+            "and a closed-loop load does not arrive in lockstep waves of `conc` requests).\n")
     rep.add("| mode | conc | p50 direct | p50 via | added p50 | p99 direct | p99 via | added p99 "
             "| TTFT p50 direct | TTFT p50 via | added TTFT p50 |")
     rep.add("|---|---|---|---|---|---|---|---|---|---|---|")
-    set_latency(base_direct, UPSTREAM_MS)
+    set_latency(base_direct, UPSTREAM_MS, JITTER_MS)
     for stream in (False, True):
         for conc in (1, 32, 256):
             count = max(5 * rounds, conc * rounds)

@@ -180,8 +180,9 @@ class SimApp:
         gen = parse_generation(body, chat, cfg.max_model_len,
                                cfg.scheduling_policy == "priority")
         self._admit()
-        if self.faults.latency_ms > 0:
-            await asyncio.sleep(self.faults.latency_ms / 1000)
+        delay = self.faults.delay_s(gen.seed)
+        if delay > 0:
+            await asyncio.sleep(delay)
         rid = _header(scope, b"x-request-id") or gen.request_id or uuid.uuid4().hex
         response_id = ("chatcmpl-" if chat else "cmpl-") + rid
         headers = [(b"x-request-id", rid.encode())] if self.options.request_id_headers else []

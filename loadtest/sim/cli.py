@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-request-id-headers", action="store_true")
     faults = p.add_argument_group("faults (also settable at runtime: POST /sim/faults)")
     faults.add_argument("--latency-ms", type=float, default=0.0)
+    faults.add_argument("--latency-jitter-ms", type=float, default=0.0,
+                        help="plus up to this much, a fixed fraction per prompt")
     faults.add_argument("--error-rate", type=float, default=0.0)
     faults.add_argument("--error-status", type=int, choices=[500, 503], default=500)
     faults.add_argument("--max-num-queued-reqs", type=int, default=0)
@@ -56,7 +58,8 @@ def build_app(args: argparse.Namespace) -> SimApp:
         enable_prefix_caching=not args.no_enable_prefix_caching,
         scheduling_policy=args.scheduling_policy,
     )
-    faults = Faults(latency_ms=args.latency_ms, error_rate=args.error_rate,
+    faults = Faults(latency_ms=args.latency_ms, latency_jitter_ms=args.latency_jitter_ms,
+                    error_rate=args.error_rate,
                     error_status=args.error_status, max_num_queued_reqs=args.max_num_queued_reqs,
                     dead=args.dead, hang_after_tokens=args.hang_after_tokens, seed=args.seed)
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)

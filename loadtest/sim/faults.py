@@ -14,6 +14,9 @@ class Faults:
     """Current faults. ``0``/``False``/``-1`` mean off."""
 
     latency_ms: float = 0.0  # wall-clock delay before a request enters the engine
+    # plus up to this much more, a fixed fraction per prompt (the same prompt always waits the
+    # same): arrivals of a closed-loop load spread out instead of moving in lockstep waves
+    latency_jitter_ms: float = 0.0
     error_rate: float = 0.0  # probability that a generation request fails
     error_status: int = 500  # 500 or 503
     max_num_queued_reqs: int = 0  # admission limit on waiting + running (vLLM's flag), 0 = off
@@ -31,8 +34,8 @@ class Faults:
             raise ValueError("error_rate must be in [0, 1]")
         if self.error_status not in (500, 503):
             raise ValueError("error_status must be 500 or 503")
-        if self.latency_ms < 0 or self.max_num_queued_reqs < 0:
-            raise ValueError("latency_ms and max_num_queued_reqs must be >= 0")
+        if self.latency_ms < 0 or self.latency_jitter_ms < 0 or self.max_num_queued_reqs < 0:
+            raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs must be >= 0")
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""
@@ -56,6 +59,11 @@ class Faults:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def delay_s(self, prompt_seed: int) -> float:
+        """The wall-clock delay for a request whose prompt hashes to `prompt_seed`."""
+        spread = self.latency_jitter_ms * ((prompt_seed % 1000) / 1000.0)
+        return (self.latency_ms + spread) / 1000.0
 
     def should_fail(self) -> bool:
         return self.error_rate > 0 and self._rng.random() < self.error_rate
