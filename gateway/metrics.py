@@ -131,7 +131,7 @@ class GatewayMetrics:
     ) -> None:
         # No `*_created` series: they double the page and no query here reads them (vLLM turns
         # them off too). The switch is the library's, process-wide; kvgate wants it everywhere.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
         reg = self.registry
         self.requests = Counter(
