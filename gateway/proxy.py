@@ -26,7 +26,6 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.config import KvgateConfig
 from gateway.errors import (
-    BodyTooLarge,
     KvgateError,
     NoReplicaAvailable,
     UpstreamError,
@@ -37,15 +36,15 @@ from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.replicas import Lease, Replica
+from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.sse import StreamScanner, scan_usage
 from gateway.tenancy.edge import TenantGate
-from gateway.tenancy.limits import Admission
 from gateway.tenancy.planner import Planner
-from gateway.tenancy.resolver import Principal, parse_bearer
+from gateway.tenancy.resolver import Principal
 from gateway.timeouts import Canceller
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import NoCandidate, Router
-from routing.types import Decision, RequestFeatures
+from routing.types import Decision
 
 __all__ = ["KINDS", "Proxy"]
 
@@ -64,60 +63,6 @@ RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the 
 # `text`, tool-call `arguments`, responses' text `delta` -- a non-empty string value
 _CONTENT = re.compile(rb'"(?:content|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]')
 DONE_EVENT = b"data: [DONE]\n\n"
-
-
-class _Request:
-    """One proxied request's state (one object per request, slotted)."""
-
-    ctl: Canceller
-    features: RequestFeatures
-    parsed: ParsedBody
-    pool: Pool
-
-    __slots__ = ("adm", "attempts", "ctl", "extra", "features", "kind", "parsed", "path",
-                 "pool", "pool_name", "replica", "req_id", "route", "spilled", "sse", "status",
-                 "strip", "t0", "tenant", "tenant_id", "tier", "ttft", "usage", "used")
-
-    def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
-        self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
-        self.route = "none"
-        self.replica = "none"
-        self.pool_name = "none"
-        self.status = 0
-        self.sse = False  # an SSE response has started toward the client
-        self.strip = False
-        self.spilled = False
-        self.tier = self.tenant = self.tenant_id = "none"
-        self.attempts = 0
-        self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
-        self.usage: dict[str, int] | None = None  # upstream usage counts
-        self.adm: Admission | None = None
-        self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
-        self.used: int | None = None  # prompt + completion tokens from upstream usage
-
-    def settle_tokens(self) -> int | None:
-        """Tokens to charge: real usage; 0 when nothing reached a replica; else the estimate."""
-        if self.used is not None:
-            return self.used
-        return 0 if self.replica == "none" else None
-
-
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
-    if declared is not None and declared > limit:
-        raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            raise asyncio.CancelledError  # client left while sending
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-        chunks.append(chunk)
-        if not msg.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 class Proxy:
@@ -143,8 +88,8 @@ class Proxy:
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared, token = _scan_headers(scope["headers"], self._new_id)
-        req = _Request(path, KINDS[path], req_id, perf_counter())
+        req_id, declared, token = scan_headers(scope["headers"], self._new_id)
+        req = ProxiedRequest(path, KINDS[path], req_id, perf_counter())
         try:
             try:
                 decision, upstream_body = await self._admit_and_prepare(
@@ -168,7 +113,7 @@ class Proxy:
                 await self._gate.finish(req.adm, req.settle_tokens())
 
     async def _run(
-        self, send: Send, receive: Receive, req: _Request, decision: Decision, body: bytes
+        self, send: Send, receive: Receive, req: ProxiedRequest, decision: Decision, body: bytes
     ) -> None:
         req.ctl = Canceller(self._up, receive)
         try:
@@ -184,7 +129,7 @@ class Proxy:
             req.ctl.close()
 
     async def _admit_and_prepare(
-        self, req: _Request, receive: Receive, declared: int | None, token: str | None
+        self, req: ProxiedRequest, receive: Receive, declared: int | None, token: str | None
     ) -> tuple[Decision, bytes]:
         gate = self._gate
         principal = gate.principal(token)  # before the body: no key, no upload
@@ -203,7 +148,7 @@ class Proxy:
         return self._prepare(req, principal, parsed)
 
     def _prepare(
-        self, req: _Request, principal: Principal, parsed: ParsedBody
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody
     ) -> tuple[Decision, bytes]:
         now = self._clock()
         plan = self.planner.plan(principal, parsed, req.kind, now)
@@ -226,7 +171,9 @@ class Proxy:
         return decision, upstream_body
 
     # -- attempts ----------------------------------------------------------------------------
-    async def _forward(self, send: Send, req: _Request, decision: Decision, body: bytes) -> None:
+    async def _forward(
+        self, send: Send, req: ProxiedRequest, decision: Decision, body: bytes
+    ) -> None:
         pool: Pool = req.pool
         order = (decision.replica, *decision.fallbacks)[: self._up.max_attempts]
         pool.budget.deposit()
@@ -254,7 +201,7 @@ class Proxy:
         raise failure or UpstreamError("No replica answered.")
 
     async def _attempt(
-        self, send: Send, req: _Request, replica: Replica, body: bytes,
+        self, send: Send, req: ProxiedRequest, replica: Replica, body: bytes,
         headers: dict[str, str], last: bool,
     ) -> UpstreamError | None:
         """One try on `replica`; returns an error to retry elsewhere, None when answered."""
@@ -287,7 +234,7 @@ class Proxy:
                 resp.release() if clean else resp.abort()
 
     # -- relaying ----------------------------------------------------------------------------
-    def _headers(self, req: _Request, content_type: str) -> list[tuple[bytes, bytes]]:
+    def _headers(self, req: ProxiedRequest, content_type: str) -> list[tuple[bytes, bytes]]:
         hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req.req_id)]
         if self._cfg.server.replica_header:
             hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
@@ -298,7 +245,8 @@ class Proxy:
         return hdrs
 
     async def _relay(
-        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease,
     ) -> bool:
         """Send the upstream answer to the client; True when it was read to its end."""
         req.ctl.headers_received()
@@ -328,8 +276,8 @@ class Proxy:
         return True
 
     async def _pump(
-        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease,
-        scanner: StreamScanner,
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease, scanner: StreamScanner,
     ) -> None:
         """Relay chunks as they come. TTFT is taken when the first chunk carrying content
         reaches the client (not vLLM's role-only first chat chunk), inter-token latency is
@@ -363,7 +311,8 @@ class Proxy:
             chunk = await resp.read_chunk()
 
     async def _relay_whole(
-        self, send: Send, req: _Request, replica: Replica, resp: UpstreamResponse, lease: Lease
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease,
     ) -> bool:
         try:
             data = await resp.read_all()
@@ -388,7 +337,7 @@ class Proxy:
         return True
 
     # -- endings -----------------------------------------------------------------------------
-    async def _cancelled(self, send: Send, req: _Request) -> None:
+    async def _cancelled(self, send: Send, req: ProxiedRequest) -> None:
         if req.ctl.reason == "disconnect":
             req.status = 499  # nginx's "client closed request", for the metrics only
             return
@@ -399,7 +348,7 @@ class Proxy:
         else:
             await self._send_error(send, req, exc)
 
-    async def _send_error(self, send: Send, req: _Request, exc: KvgateError) -> None:
+    async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
         hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id)]
         await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
@@ -416,23 +365,3 @@ def _stream_error(scanner: StreamScanner | None, message: str) -> bytes:
 
 def _total(usage: dict[str, int]) -> int:
     return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-
-
-def _scan_headers(
-    headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
-) -> tuple[bytes, int | None, str | None]:
-    """X-Request-Id (accepted when sane, else generated), the declared Content-Length and
-    the bearer token of `Authorization`."""
-    req_id = b""
-    declared = None
-    token = None
-    for key, value in headers:
-        if key == b"x-request-id":
-            req_id = value
-        elif key == b"content-length" and value.isdigit():
-            declared = int(value)
-        elif key == b"authorization":
-            token = parse_bearer(value.decode("latin-1"))
-    if not req_id or len(req_id) > 128 or not req_id.isascii():
-        req_id = new_id()
-    return req_id, declared, token
