@@ -58,6 +58,7 @@ class ServerConfig(_Section):
     route_header: bool = True  # x-kvgate-route on proxied responses
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0  # in-flight streams may finish
     log_level: str = "info"
+    log_format: Literal["json", "text"] = "json"  # one JSON object per line, or readable text
 
 
 class UpstreamConfig(_Section):

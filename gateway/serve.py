@@ -65,8 +65,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--host", help="listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port)")
     p.add_argument("--log-level", help="debug, info, warning, error")
-    p.add_argument("--log-format", choices=["json", "text"], default="json",
-                   help="one JSON object per line (default) or readable text")
+    p.add_argument("--log-format", choices=["json", "text"],
+                   help="one JSON object per line or readable text (overrides server.log_format)")
     p.add_argument("--no-auth", action="store_true",
                    help="single tenant, no API keys (local use only; says so loudly)")
     return p
@@ -86,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> KvgateConfig:
         server["port"] = args.port
     if args.log_level:
         server["log_level"] = args.log_level
+    if args.log_format:
+        server["log_format"] = args.log_format
     if server:
         overrides["server"] = server
     if args.policy:
@@ -124,7 +126,7 @@ def main(argv: list[str]) -> int:
         return 2
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    configure_logging(cfg.server.log_level, args.log_format)
+    configure_logging(cfg.server.log_level, cfg.server.log_format)
     server = make_server(GatewayApp(cfg))
     server.run()
     return 0 if server.started else 1
