@@ -38,6 +38,9 @@ class RouterConfig:
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0
     tie_quantum_s: float = 0.001
+    # an uncached prompt token is charged miss_weight x its prefill time (>= 1; 1 = the pure
+    # TTFT estimate); the extra is the fleet's price of recomputing and duplicating a prefix
+    miss_weight: float = 3.0
     pending_ttl_s: float = 120.0
     # consistent_hash
     virtual_nodes: int = 64
@@ -61,6 +64,8 @@ class RouterConfig:
             raise ValueError(
                 "routing: prior_prefill_tps, prior_weight_s, tie_quantum_s must be > 0"
             )
+        if self.miss_weight < 1.0:
+            raise ValueError("routing.miss_weight must be >= 1")
         if self.virtual_nodes <= 0:
             raise ValueError("routing.virtual_nodes must be positive")
 

@@ -118,7 +118,14 @@ class AffinityIndex:
 
     # -- queries ------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        """Leading blocks of ``hashes`` each replica holds (replicas matching nothing omitted)."""
+        """Leading blocks of ``hashes`` each replica holds (replicas matching nothing omitted).
+
+        When a replica holds the whole chain and its last block carries a tail weight (a
+        prompt longer than the hash cap was routed there), the tail counts as held: the
+        prompts the index cannot see past the cap are, on conversation traffic, the same
+        history again. Without it a 70k-token conversation turn looks like 16k cached
+        tokens everywhere, and the cost model gives its replica away for a shorter queue.
+        """
         out: dict[str, int] = {}
         owners = self._owners
         mask = -1
@@ -134,22 +141,31 @@ class AffinityIndex:
                 return out
             mask = held
             depth += 1
+        last = hashes[-1] if depth else 0
         while mask > 0:
             low = mask & -mask
-            out[self._by_slot[low.bit_length() - 1]] = depth
+            name = self._by_slot[low.bit_length() - 1]
+            # the whole chain matched: a capped prompt's tail weight says how many blocks of
+            # its request lay beyond the cap (a conversation's next turn shares them too)
+            out[name] = depth - 1 + self._replicas[name].blocks[last]
             mask ^= low
         return out
 
     def match_one(self, replica: str, hashes: Iterable[int]) -> int:
+        """Blocks of ``hashes`` ``replica`` holds (a fully matched capped chain counts its
+        tail, as in `match`)."""
         lru = self._replicas.get(replica)
         if lru is None:
             return 0
+        blocks = lru.blocks
         depth = 0
+        last = 0
         for h in hashes:
-            if h not in lru.blocks:
-                break
+            if h not in blocks:
+                return depth
             depth += 1
-        return depth
+            last = h
+        return depth - 1 + blocks[last] if depth else 0
 
     def holders(self, block_hash: int) -> int:
         """How many replicas hold ``block_hash``."""

@@ -7,8 +7,14 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
                  own x the mean request size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
-    ttft_r     = (queued_r + decode_r + uncached_r) / rate_r  +  kv_penalty_r      [seconds]
+    cost_r     = (queued_r + decode_r + miss_weight x uncached_r) / rate_r + kv_penalty_r  [s]
     kv_penalty = kv_penalty_s x ((kv_usage - kv_knee) / (1 - kv_knee))^2  above the knee
+
+With ``miss_weight`` = 1 the cost is the request's own TTFT estimate. A miss costs the fleet
+more than that request's wait: the recomputation delays every request queued behind it and the
+copy of the prefix takes KV memory a hit would have shared (on a capacity-bound trace that
+duplication evicts other conversations). ``miss_weight`` > 1 charges it: the request's TTFT
+plus (miss_weight - 1) x its prefill time as the fleet's price of the miss.
 
 ``rate_r`` is r's learned prefill rate (`routing.learning.PrefillRates`). The minimum wins
 among the replicas the bounded-load rule admits; costs are compared in ``tie_quantum_s`` steps
@@ -58,6 +64,7 @@ class CacheAware:
         rates, prior, floor = st.rates.records()
         rget, hashes = rates.get, st.replica_hashes
         rows: list[_Row] = []
+        mw = cfg.miss_weight
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             m = mget(vid, 0)
@@ -89,7 +96,7 @@ class CacheAware:
             if rate < floor:
                 rate = floor
             decode = decoding * dw
-            cost = (own + decode + uncached) / rate + penalty
+            cost = (own + decode + uncached * mw) / rate + penalty
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             rows.append(
                 (int(cost / quantum), z ^ (z >> 29), cost, v, m, own, decode, uncached, rate, kv)

@@ -134,12 +134,21 @@ def test_bounded_load_overrides_cost() -> None:
     assert {c.replica: c.terms["admitted"] for c in d.ranked} == {"r0": 1.0, "r1": 0.0}
 
 
-def test_identical_burst_spreads_deterministically() -> None:
-    def burst() -> list[str]:
-        r = Router()
+@pytest.mark.parametrize(
+    ("miss_weight", "replicas_used"),
+    [
+        # pure TTFT: once each replica holds the prompt, queueing is what differs
+        (1.0, 4),
+        # the default prices a miss at 3x its prefill: copies queue behind the three replicas
+        # that already hold the prompt, up to the bound, rather than prefill it a fourth time
+        (RouterConfig().miss_weight, 3),
+    ],
+)
+def test_identical_burst_spreads_deterministically(miss_weight: float, replicas_used: int) -> None:
+    def burst() -> dict[str, int]:
+        r = Router(RouterConfig(miss_weight=miss_weight))
         f = feats(DOC)
         load = {f"r{i}": 0 for i in range(4)}
-        out = []
         for _ in range(12):
             vs = [
                 ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300)
@@ -148,12 +157,12 @@ def test_identical_burst_spreads_deterministically() -> None:
             d = r.pick(f, vs, 0.0)
             r.record_route(d.replica, f, 0.0)
             load[d.replica] += 1
-            out.append(d.replica)
-        return out
+        return load
 
     first = burst()
     assert first == burst()
-    assert len(set(first)) == 4
+    assert sum(1 for n in first.values() if n) == replicas_used
+    assert max(first.values()) <= 1.25 * 12 / 4 + 1  # the bound, after the last assignment
 
 
 def test_capacity_from_view_bounds_the_index() -> None:
@@ -177,4 +186,36 @@ def test_prompt_beyond_the_hash_cap_is_charged_to_the_index() -> None:
     assert r.state.index.used("r0") == 4 + 30
     r.record_route("r0", feats("w" * 256 * 30, config=cfg), 0.0)  # the index evicts as vLLM would
     assert r.state.index.used("r0") <= 40
-    assert r.state.index.match_one("r0", feats("w" * 256 * 30, config=cfg).block_hashes) == 4
+    w = feats("w" * 256 * 30, config=cfg).block_hashes
+    # the whole capped chain matched: its tail counts as held too (30 blocks, not the 4 hashed)
+    assert r.state.index.match_one("r0", w) == 30
+    assert r.state.index.match(w) == {"r0": 30}
+    # the z prompt lost its tail weight to make room: only its hashed blocks are predicted
+    assert r.state.index.match_one("r0", feats("z" * 256 * 30, config=cfg).block_hashes) < 4
+
+
+@pytest.mark.parametrize(
+    ("miss_weight", "queued", "expected"),
+    [
+        # 3,000 queued tokens on the replica holding 2,240 of the prompt's 2,300 tokens: as a
+        # pure TTFT estimate the idle replica is cheaper (2,300 < 3,000 + 60 + decode)...
+        (1.0, 3_000, "r0"),
+        # ...but charging a miss its cost to the fleet keeps the request with its prefix
+        (2.0, 3_000, "r1"),
+        # a long enough queue still outweighs the cache (5,136 > 2 x 2,300)
+        (2.0, 5_000, "r0"),
+    ],
+)
+def test_miss_weight_prices_recomputation(miss_weight: float, queued: int, expected: str) -> None:
+    cfg = RouterConfig(miss_weight=miss_weight)
+    r = _router_with_doc_on("r1", cfg)
+    busy = ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=queued)
+    d = r.pick(feats(DOC), [ReplicaView(id="r0", pool="p"), busy], 1.0, explain=True)
+    assert d.replica == expected
+    t = {c.replica: c.terms for c in d.ranked}
+    assert (t["r0"]["uncached_tokens"], t["r1"]["uncached_tokens"]) == (2_300, 60)
+
+
+def test_miss_weight_below_one_is_rejected() -> None:
+    with pytest.raises(ValueError, match="miss_weight"):
+        RouterConfig(miss_weight=0.5)
