@@ -84,11 +84,17 @@ class HealthConfig(_Section):
     eject_max_s: Pos = 30.0
 
 
+_ROUTING = RouterConfig()  # the routing core owns the defaults; the config only exposes them
+
+
 class RoutingSection(_Section):
-    policy: str = "cache_aware"
-    block_chars: Annotated[int, Field(gt=0)] = 256
-    max_blocks: Annotated[int, Field(gt=0)] = 256
-    load_factor: Annotated[float, Field(ge=1.0)] = 1.25
+    policy: str = _ROUTING.policy
+    block_chars: Annotated[int, Field(gt=0)] = _ROUTING.block_chars
+    max_blocks: Annotated[int, Field(gt=0)] = _ROUTING.max_blocks
+    load_factor: Annotated[float, Field(ge=1.0)] = _ROUTING.load_factor
+    load_slack: Annotated[float, Field(ge=0.0)] = _ROUTING.load_slack
+    miss_weight: Annotated[float, Field(ge=1.0)] = _ROUTING.miss_weight
+    stale_after_s: Pos = _ROUTING.stale_after_s
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
 
     @field_validator("policy")
@@ -101,7 +107,8 @@ class RoutingSection(_Section):
     def router_config(self) -> RouterConfig:
         return RouterConfig(
             policy=self.policy, block_chars=self.block_chars, max_blocks=self.max_blocks,
-            load_factor=self.load_factor,
+            load_factor=self.load_factor, load_slack=self.load_slack,
+            miss_weight=self.miss_weight, stale_after_s=self.stale_after_s,
         )
 
 
