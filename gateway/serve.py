@@ -110,6 +110,7 @@ def make_server(app: GatewayApp) -> uvicorn.Server:
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, loop="uvloop", http=NoDelayHttpTools,
         lifespan="on", access_log=False, server_header=False, date_header=False,
+        proxy_headers=False,  # kvgate never reads the client address: skip the middleware
         timeout_graceful_shutdown=math.ceil(cfg.shutdown_grace_s), log_level=cfg.log_level.lower(),
         log_config=None,
     )

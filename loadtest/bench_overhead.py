@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -30,11 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+import httpx
 import orjson
 
 __all__ = ["main"]
 
 MODEL = "bench-model"
+ADMIN = secrets.token_hex(16)  # the admin token of the gateway under test (--auth runs)
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_overhead.md"
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 TOKENS = 16
@@ -89,8 +92,12 @@ def _wait(url: str, timeout: float = 30.0) -> None:
 
 
 @contextmanager
-def processes(replicas: int, time_scale: float) -> Iterator[tuple[list[str], str, int]]:
-    """Start replicas (load cores) and kvgate (its own core); yield (sim urls, gateway, pid)."""
+def processes(
+    replicas: int, time_scale: float, auth: bool = False
+) -> Iterator[tuple[list[str], str, int, dict[str, str]]]:
+    """Start replicas (load cores) and kvgate (its own core); yield (sim urls, gateway, pid,
+    request headers). With `auth`, kvgate authenticates every request (in-memory store) and
+    the headers carry a key made for a bench tenant through the admin API."""
     cores = sorted(os.sched_getaffinity(0))
     gw_core, load_cores = {cores[-1]}, set(cores[:-1]) or {cores[-1]}
     os.sched_setaffinity(0, load_cores)
@@ -108,19 +115,33 @@ def processes(replicas: int, time_scale: float) -> Iterator[tuple[list[str], str
         for url in urls:
             _wait(f"{url}/health")
         port = _free_port()
-        cmd = [*KVGATE, "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(port),
+        cmd = [*KVGATE, "serve", "--host", "127.0.0.1", "--port", str(port),
                "--log-level", "warning"] + [arg for url in urls for arg in ("--upstream", url)]
-        gw = subprocess.Popen(cmd, preexec_fn=_pinned(gw_core), env={**os.environ,
-                              "KVGATE_CONFIG": ""})
+        env = {**os.environ, "KVGATE_CONFIG": ""}
+        if auth:
+            env |= {"KVGATE_SALT_SECRET": secrets.token_hex(32), "KVGATE_ADMIN_TOKEN": ADMIN}
+        else:
+            cmd.append("--no-auth")
+        gw = subprocess.Popen(cmd, preexec_fn=_pinned(gw_core), env=env)
         procs.append(gw)
         base = f"http://127.0.0.1:{port}"
         _wait(f"{base}/readyz")
-        yield urls, base, gw.pid
+        yield urls, base, gw.pid, (_bench_key(base) if auth else {})
     finally:
         for p in procs:
             p.terminate()
         for p in procs:
             p.wait(15)
+
+
+def _bench_key(base: str) -> dict[str, str]:
+    """A tenant and an API key for the load generator, made through the admin API."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    httpx.post(f"{base}/admin/tenants", json={"id": "bench", "tier": "default"},
+               headers=admin, timeout=10).raise_for_status()
+    resp = httpx.post(f"{base}/admin/tenants/bench/keys", headers=admin, timeout=10)
+    resp.raise_for_status()
+    return {"Authorization": f"Bearer {resp.json()['key']}"}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -143,11 +164,14 @@ def body(stream: bool, i: int) -> bytes:
     })
 
 
-async def one(session: aiohttp.ClientSession, url: str, stream: bool, i: int, out: Level) -> None:
+async def one(
+    session: aiohttp.ClientSession, url: str, stream: bool, i: int, out: Level,
+    headers: dict[str, str],
+) -> None:
     t0 = time.perf_counter()
     try:
         async with session.post(url, data=body(stream, i),
-                                headers={"Content-Type": "application/json"}) as resp:
+                                headers={"Content-Type": "application/json", **headers}) as resp:
             if stream:
                 first = await resp.content.readany()
                 out.ttft_ms.append((time.perf_counter() - t0) * 1000)
@@ -164,20 +188,24 @@ async def one(session: aiohttp.ClientSession, url: str, stream: bool, i: int, ou
     out.total_ms.append((time.perf_counter() - t0) * 1000)
 
 
-async def run_level(bases: list[str], stream: bool, concurrency: int, n: int) -> Level:
+async def run_level(
+    bases: list[str], stream: bool, concurrency: int, n: int,
+    headers: dict[str, str] | None = None,
+) -> Level:
     """Closed loop: `concurrency` workers, `n` requests spread round robin over `bases`."""
     urls = [f"{b}/v1/chat/completions" for b in bases]
+    hdrs = headers or {}
     out = Level()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         warm = Level()
-        await asyncio.gather(*(one(session, urls[i % len(urls)], stream, i, warm)
+        await asyncio.gather(*(one(session, urls[i % len(urls)], stream, i, warm, hdrs)
                                for i in range(concurrency)))
         counter = iter(range(n))
 
         async def worker() -> None:
             for i in counter:
-                await one(session, urls[i % len(urls)], stream, i, out)
+                await one(session, urls[i % len(urls)], stream, i, out, hdrs)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -195,21 +223,26 @@ class Report:
         self.lines.append(line)
 
 
-def measured(bases: list[str], stream: bool, n: int, pid: int) -> tuple[Level, float]:
+def measured(
+    bases: list[str], stream: bool, n: int, pid: int, headers: dict[str, str]
+) -> tuple[Level, float]:
     """A saturating run through kvgate and the CPU seconds kvgate spent on it."""
     c0 = cpu_seconds(pid)
-    level = asyncio.run(run_level(bases, stream, 64, n))
+    level = asyncio.run(run_level(bases, stream, 64, n, headers))
     return level, cpu_seconds(pid) - c0
 
 
-def saturation(base_direct: list[str], base_gw: list[str], pid: int, n: int, rep: Report) -> None:
+def saturation(
+    base_direct: list[str], base_gw: list[str], pid: int, n: int, rep: Report,
+    headers: dict[str, str],
+) -> None:
     rep.add("## CPU per request and saturation (concurrency 64)\n")
     rep.add("| mode | kvgate CPU µs/request | kvgate core busy | req/s direct | req/s via kvgate "
             "| kvgate-bound req/s (1/CPU) | errors direct/via |")
     rep.add("|---|---|---|---|---|---|---|")
     for stream in (False, True):
         direct = asyncio.run(run_level(base_direct, stream, 64, n))
-        via, cpu = measured(base_gw, stream, n, pid)
+        via, cpu = measured(base_gw, stream, n, pid, headers)
         mode = f"streamed ({TOKENS} tokens)" if stream else "non-streamed"
         busy = cpu / via.wall_s * 100
         rep.add(f"| {mode} | {cpu / n * 1e6:.0f} | {busy:.0f}% | {n / direct.wall_s:.0f} | "
@@ -229,7 +262,10 @@ def set_latency(sims: list[str], ms: float, jitter_ms: float = 0.0) -> None:
         urllib.request.urlopen(req, timeout=5).close()
 
 
-def latency(base_direct: list[str], base_gw: list[str], rounds: int, rep: Report) -> None:
+def latency(
+    base_direct: list[str], base_gw: list[str], rounds: int, rep: Report,
+    headers: dict[str, str],
+) -> None:
     rep.add(f"## Added latency (ms): through kvgate minus direct (replicas answer after "
             f"{UPSTREAM_MS}-{UPSTREAM_MS + JITTER_MS} ms)\n")
     rep.add("A replica that answers at once makes any concurrency a saturation test; real "
@@ -245,7 +281,7 @@ def latency(base_direct: list[str], base_gw: list[str], rounds: int, rep: Report
         for conc in (1, 32, 256):
             count = max(5 * rounds, conc * rounds)
             d = asyncio.run(run_level(base_direct, stream, conc, count))
-            v = asyncio.run(run_level(base_gw, stream, conc, count))
+            v = asyncio.run(run_level(base_gw, stream, conc, count, headers))
             dp50, vp50 = pct(d.total_ms, 0.5), pct(v.total_ms, 0.5)
             dp99, vp99 = pct(d.total_ms, 0.99), pct(v.total_ms, 0.99)
             ttft = "| - | - | - |"
@@ -258,7 +294,9 @@ def latency(base_direct: list[str], base_gw: list[str], rounds: int, rep: Report
     set_latency(base_direct, 0)
 
 
-def memory(base_gw: list[str], pid: int, minutes: float, rep: Report) -> None:
+def memory(
+    base_gw: list[str], pid: int, minutes: float, rep: Report, headers: dict[str, str]
+) -> None:
     rep.add(f"\n## Memory over {minutes:g} minutes of load (concurrency 32, mixed)\n")
     rep.add("| minute | RSS MiB |")
     rep.add("|---|---|")
@@ -267,7 +305,7 @@ def memory(base_gw: list[str], pid: int, minutes: float, rep: Report) -> None:
     end = time.monotonic() + minutes * 60
     step = 0
     while time.monotonic() < end:
-        asyncio.run(run_level(base_gw, step % 2 == 1, 32, 2000))
+        asyncio.run(run_level(base_gw, step % 2 == 1, 32, 2000, headers))
         step += 1
         samples.append(rss_mib(pid))
         rep.add(f"| {(time.monotonic() - end) / 60 + minutes:.1f} | {samples[-1]:.1f} |")
@@ -281,28 +319,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-scale", type=float, default=1000.0)
     p.add_argument("--memory-minutes", type=float, default=0.0,
                    help="also run the memory test for this many minutes (e.g. 10)")
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--auth", action="store_true",
+                   help="kvgate authenticates every request (API key, in-memory tenancy store)")
+    p.add_argument("--out", type=Path, default=None, help="default: loadtest/results/")
     args = p.parse_args(argv)
+    out = args.out or RESULTS.with_name(
+        RESULTS.stem + ("_auth" if args.auth else "") + RESULTS.suffix)
     n_sat, rounds = (1000, 6) if args.quick else (5000, 20)
     rep = Report()
     rep.add("# kvgate overhead benchmark\n")
     rep.add(f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, kvgate pinned to one "
             f"core, {args.replicas} simulated replicas at time-scale {args.time_scale:g}, "
             f"{'quick' if args.quick else 'full'} run, {TOKENS}-token responses, chat "
-            f"completions, aiohttp closed-loop load generator. Load average at the start: "
+            f"completions, aiohttp closed-loop load generator, "
+            f"{'API-key auth (in-memory store)' if args.auth else '--no-auth'}. "
+            f"Load average at the start: "
             f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}.\n")
-    with processes(args.replicas, args.time_scale) as (urls, base, pid):
+    with processes(args.replicas, args.time_scale, args.auth) as (urls, base, pid, headers):
         # direct: the load generator spreads requests over the replicas itself
-        saturation(urls, [base], pid, n_sat, rep)
-        latency(urls, [base], rounds, rep)
+        saturation(urls, [base], pid, n_sat, rep, headers)
+        latency(urls, [base], rounds, rep, headers)
         if args.memory_minutes > 0:
-            memory([base], pid, args.memory_minutes, rep)
+            memory([base], pid, args.memory_minutes, rep, headers)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rep.add(f"\nLoad average at the end: {load} (on {os.cpu_count()} CPUs). Anything above "
             "~1.5 means other work shared the cores and the latency figures are noisy.")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(rep.lines) + "\n")
-    print(f"\nwritten to {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(rep.lines) + "\n")
+    print(f"\nwritten to {out}")
     return 0
 
 
