@@ -19,14 +19,13 @@ from typing import Any
 import orjson
 import xxhash
 
-from loadtest.sim import prompt as P
 from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, error_body
 from loadtest.sim.faults import Faults
 from loadtest.sim.generate import Generation
 from loadtest.sim.metrics import CONTENT_TYPE, SimMetrics
-from loadtest.sim.parse import parse_generation, prompt_ids, validate_cache_salt
+from loadtest.sim.parse import parse_generation, parse_prompt, validate_cache_salt
 from loadtest.sim.runner import EngineRunner
 
 __all__ = ["SimApp", "SimOptions"]
@@ -208,9 +207,10 @@ class SimApp:
             raise SimError(400, "'dimensions' must be a positive integer", param="dimensions")
         data, total = [], 0
         for i, item in enumerate(inputs):
-            ids = prompt_ids({"prompt": item}, chat=False)
-            total += len(ids)
-            data.append({"index": i, "object": "embedding", "embedding": _vector(ids, dim)})
+            prompt = parse_prompt({"prompt": item}, chat=False)
+            total += prompt.num_tokens
+            data.append({"index": i, "object": "embedding",
+                         "embedding": _vector(prompt.seed(), dim)})
         await send_json(send, 200, {
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": self.options.model, "data": data,
@@ -244,7 +244,7 @@ class SimApp:
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._json_body(scope, receive)
         self._check_model(body)
-        ids = prompt_ids(body, chat="messages" in body)
+        ids = parse_prompt(body, chat="messages" in body).ids
         await send_json(send, 200, {"count": len(ids), "max_model_len":
                                     self.engine.config.max_model_len, "tokens": ids,
                                     "token_strs": None})
@@ -297,9 +297,9 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _vector(ids: list[int], dim: int) -> list[float]:
-    """A deterministic unit vector for a token sequence."""
-    seed = P.text_seed(ids) & 0xFFFFFFFF
+def _vector(prompt_seed: int, dim: int) -> list[float]:
+    """A deterministic unit vector for a prompt."""
+    seed = prompt_seed & 0xFFFFFFFF
     h = xxhash.xxh32_intdigest
     raw = [h(i.to_bytes(4, "little"), seed) / 4294967296.0 - 0.5 for i in range(dim)]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0

@@ -43,8 +43,8 @@ class Generation:
         gen = self.gen
         return RequestSpec(
             request_id=self.engine_id,
-            block_hashes=P.block_hashes(gen.ids, self.block_size, gen.salt),
-            prompt_tokens=len(gen.ids), max_tokens=gen.max_tokens, eos_after=gen.eos_after,
+            block_hashes=gen.prompt.block_hashes(self.block_size, gen.salt),
+            prompt_tokens=gen.prompt.num_tokens, max_tokens=gen.max_tokens, eos_after=gen.eos_after,
             priority=gen.priority,
         )
 
@@ -74,7 +74,7 @@ class Generation:
         return text
 
     def _usage(self, out: RequestOutput) -> dict[str, Any]:
-        prompt = len(self.gen.ids)
+        prompt = self.gen.prompt.num_tokens
         return {"prompt_tokens": prompt, "total_tokens": prompt + out.num_output_tokens,
                 "completion_tokens": out.num_output_tokens,
                 "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}

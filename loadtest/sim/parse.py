@@ -8,7 +8,7 @@ from typing import Any
 from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
 
-__all__ = ["GenRequest", "parse_generation", "prompt_ids", "validate_cache_salt"]
+__all__ = ["GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
 
 
 @dataclass(slots=True)
@@ -16,7 +16,7 @@ class GenRequest:
     chat: bool
     stream: bool
     include_usage: bool
-    ids: list[int]
+    prompt: P.Prompt
     salt: str | None
     max_tokens: int
     eos_after: int | None
@@ -40,7 +40,7 @@ def validate_cache_salt(body: dict[str, Any]) -> str | None:
     return salt
 
 
-def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
+def parse_prompt(body: dict[str, Any], chat: bool) -> P.Prompt:
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(
@@ -48,14 +48,14 @@ def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
         ):
             raise SimError(400, "1 validation error: 'messages' must be a non-empty list of "
                            "objects", "Bad Request", "messages")
-        return P.token_ids(P.render_chat(messages, body.get("tools")))
+        return P.Prompt(text=P.render_chat(messages, body.get("tools")))
     raw = body.get("prompt")
     if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
         raw = raw[0]  # a batch of one
     if isinstance(raw, str) and raw:
-        return P.token_ids(raw)
+        return P.Prompt(text=raw)
     if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
-        return list(raw)
+        return P.Prompt(ids=list(raw))
     raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
                    "token ids (batches are not supported by the simulator)", "Bad Request",
                    "prompt")
@@ -133,11 +133,11 @@ def parse_generation(
 ) -> GenRequest:
     salt = validate_cache_salt(body)
     priority = _check_sampling(body, priority_enabled)
-    ids = prompt_ids(body, chat)
+    prompt = parse_prompt(body, chat)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-    max_tokens = _check_length(len(ids), _int_field(body, *names), max_model_len)
+    max_tokens = _check_length(prompt.num_tokens, _int_field(body, *names), max_model_len)
     ignore_eos = body.get("ignore_eos") is True
-    seed = P.text_seed(ids)
+    seed = prompt.seed()
     natural = None if ignore_eos else P.natural_length(seed)
     length = max_tokens if natural is None else min(natural, max_tokens)
     stop_point = _stop_point(seed, length, _stops(body))
@@ -146,5 +146,5 @@ def parse_generation(
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     rid = body.get("request_id")
-    return GenRequest(chat, stream, include_usage, ids, salt, max_tokens, eos_after, visible,
+    return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None)

@@ -9,8 +9,10 @@ then per message ``<|role|>\\n`` + its text content + ``\\n`` (list contents: te
 other parts as sorted-key JSON; assistant ``tool_calls`` as sorted-key JSON), ending with
 ``<|assistant|>\\n``.
 
-Block hashes chain like vLLM's: ``h_i = xxh3_64(h_{i-1} || token ids of block i || extras)``
-with ``h_-1`` a fixed seed and the cache salt in the first block's extras only; full blocks only.
+Block hashes chain like vLLM's: ``h_i = xxh3_64(h_{i-1} || block i || extras)`` with ``h_-1`` a
+fixed seed and the cache salt in the first block's extras only; full blocks only. A text prompt
+hashes the text of each block (its token ids are a function of that text, so equal blocks are
+equal either way, without a Python step per token); a prompt of token ids hashes the ids.
 
 Generated text is a deterministic sequence of 4-character words, so each generated token is
 exactly one token under the rule above.
@@ -25,10 +27,11 @@ from typing import Any
 import orjson
 import xxhash
 
-from routing.tokens import CHARS_PER_TOKEN
+from routing.tokens import CHARS_PER_TOKEN, count_tokens
 
 __all__ = [
     "VOCAB_MASK",
+    "Prompt",
     "block_hashes",
     "generated_text",
     "natural_length",
@@ -101,6 +104,55 @@ def block_hashes(ids: Sequence[int], block_size: int, salt: str | None = None) -
     for b in range(len(ids) // block_size):
         data = parent.to_bytes(8, "little") + packed[b * width : (b + 1) * width]
         parent = h3(data + extra if b == 0 else data)
+        out.append(parent)
+    return tuple(out)
+
+
+class Prompt:
+    """A rendered prompt: text (chat, or a completions string) or client-given token ids."""
+
+    __slots__ = ("_ids", "text")
+
+    def __init__(self, text: str | None = None, ids: list[int] | None = None) -> None:
+        if (text is None) == (ids is None):
+            raise ValueError("a Prompt is text or token ids")
+        self.text, self._ids = text, ids
+
+    @property
+    def num_tokens(self) -> int:
+        return count_tokens(len(self.text)) if self.text is not None else len(self.ids)
+
+    @property
+    def ids(self) -> list[int]:
+        """Token ids (computed on demand for text: only /tokenize needs them)."""
+        if self._ids is None:
+            self._ids = token_ids(self.text or "")
+        return self._ids
+
+    def block_hashes(self, block_size: int, salt: str | None = None) -> tuple[int, ...]:
+        if self.text is None:
+            return block_hashes(self.ids, block_size, salt)
+        return _text_block_hashes(self.text, block_size * _CHARS, salt)
+
+    def seed(self) -> int:
+        """A per-prompt seed for the generated text and its natural length."""
+        if self.text is None:
+            return text_seed(self.ids)
+        return xxhash.xxh3_64_intdigest(self.text.encode("utf-8", "surrogatepass"))
+
+
+def _text_block_hashes(text: str, width: int, salt: str | None) -> tuple[int, ...]:
+    extra = b"\x00salt\x00" + salt.encode() if salt else b""
+    h3 = xxhash.xxh3_64_intdigest
+    ascii_ = text.isascii()
+    data = text.encode("ascii") if ascii_ else b""
+    parent = _NONE_HASH
+    out = []
+    for b in range(len(text) // width):
+        chunk = (data[b * width : (b + 1) * width] if ascii_
+                 else text[b * width : (b + 1) * width].encode("utf-8", "surrogatepass"))
+        block = parent.to_bytes(8, "little") + chunk
+        parent = h3(block + extra if b == 0 else block)
         out.append(parent)
     return tuple(out)
 
