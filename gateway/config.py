@@ -92,7 +92,7 @@ class RoutingSection(_Section):
     block_chars: Annotated[int, Field(gt=0)] = _ROUTING.block_chars
     max_blocks: Annotated[int, Field(gt=0)] = _ROUTING.max_blocks
     load_factor: Annotated[float, Field(ge=1.0)] = _ROUTING.load_factor
-    load_slack: Annotated[float, Field(ge=0.0)] = _ROUTING.load_slack
+    load_slack: Annotated[float, Field(ge=1.0)] = _ROUTING.load_slack
     miss_weight: Annotated[float, Field(ge=1.0)] = _ROUTING.miss_weight
     stale_after_s: Pos = _ROUTING.stale_after_s
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250

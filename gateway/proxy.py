@@ -175,15 +175,15 @@ class Proxy:
         self, send: Send, req: ProxiedRequest, decision: Decision, body: bytes
     ) -> None:
         pool: Pool = req.pool
-        order = (decision.replica, *decision.fallbacks)[: self._up.max_attempts]
+        # replicas that left the pool since the pick are skipped before counting attempts, so
+        # `last` is really the last try (its 502/503/504 then reaches the client as it is)
+        found = (pool.by_id.get(rid) for rid in (decision.replica, *decision.fallbacks))
+        order = [r for r in found if r is not None][: self._up.max_attempts]
         pool.budget.deposit()
         req.route = "spill" if req.spilled else decision.reason
         headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
         failure: UpstreamError | None = None  # built only when an attempt fails (rare)
-        for i, rid in enumerate(order):
-            replica = pool.by_id.get(rid)
-            if replica is None:
-                continue
+        for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
                     break
@@ -217,12 +217,13 @@ class Proxy:
                 resp = await req.pool.transport.post(replica.url + req.path, body, headers)
             except TRANSPORT_ERRORS:
                 replica.record_failure(self._clock())
-                return UpstreamError(f"replica {replica.id} did not answer", reason="connect")
+                log.info("replica did not answer", extra={"replica": replica.id})
+                return UpstreamError("The replica did not answer.", reason="connect")
             if resp.status in RETRY_STATUSES and not last:
                 if resp.status != 503:  # vLLM's 503 = busy (admission), not broken
                     replica.record_failure(self._clock())
                 return UpstreamError(
-                    f"replica {replica.id} answered {resp.status}", reason=f"status_{resp.status}"
+                    f"The replica answered {resp.status}.", reason=f"status_{resp.status}"
                 )
             clean = await self._relay(send, req, replica, resp, lease)
             return None
@@ -264,7 +265,7 @@ class Proxy:
             replica.record_failure(self._clock())
             req.ctl.done = True
             await send({"type": "http.response.body", "more_body": False,
-                        "body": _stream_error(scanner, "The upstream replica failed mid-stream.")})
+                        "body": _stream_error("The upstream replica failed mid-stream.")})
             return False
         replica.record_success()
         if scanner.usage:
@@ -318,7 +319,7 @@ class Proxy:
             data = await resp.read_all()
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError(f"The replica {replica.id} failed while answering.") from None
+            raise UpstreamError("The replica failed while answering.") from None
         lease.first_token()
         if resp.status >= 500 and resp.status != 503:
             replica.record_failure(self._clock())
@@ -344,7 +345,7 @@ class Proxy:
         exc = UpstreamTimeout(f"The replica did not answer in time ({req.ctl.reason}).")
         if req.sse:
             await send({"type": "http.response.body", "more_body": False,
-                        "body": _stream_error(None, exc.message)})
+                        "body": _stream_error(exc.message)})
         else:
             await self._send_error(send, req, exc)
 
@@ -355,12 +356,12 @@ class Proxy:
         await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
 
 
-def _stream_error(scanner: StreamScanner | None, message: str) -> bytes:
-    """Close a broken stream: finish any half-sent event, an error event, then [DONE]."""
-    tail = scanner.flush() if scanner is not None else b""
-    sep = b"\n\n" if tail else b""
+def _stream_error(message: str) -> bytes:
+    """Close a broken stream: an error event, then [DONE]. An incomplete upstream event is
+    never forwarded (the scanner holds fragments back), so it is simply dropped: a client
+    must not be handed half a JSON object."""
     err = error_body(message, "BadGatewayError", 502)
-    return tail + sep + b"data: " + err + b"\n\n" + DONE_EVENT
+    return b"data: " + err + b"\n\n" + DONE_EVENT
 
 
 def _total(usage: dict[str, int]) -> int:

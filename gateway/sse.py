@@ -15,7 +15,11 @@ __all__ = ["StreamScanner", "Usage", "scan_usage"]
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
 _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
-_COUNTS = re.compile(rb'"(prompt_tokens|completion_tokens|cached_tokens)"\s*:\s*(\d+)')
+_COUNTS = re.compile(
+    rb'"(prompt_tokens|completion_tokens|cached_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)'
+)
+# the Responses API names them input/output tokens; kvgate counts in chat/completions names
+_ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
 
 Usage = dict[str, int]
@@ -25,7 +29,10 @@ def scan_usage(blob: bytes) -> Usage | None:
     """Token counts from a JSON text holding a non-null `usage` object, else None."""
     if _USAGE_KEY not in blob or _NULL_USAGE.search(blob):
         return None
-    counts = {k.decode(): int(v) for k, v in _COUNTS.findall(blob)}
+    counts: Usage = {}
+    for key, value in _COUNTS.findall(blob):
+        name = key.decode()
+        counts[_ALIASES.get(name, name)] = int(value)
     return counts or None
 
 

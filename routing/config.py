@@ -54,8 +54,8 @@ class RouterConfig:
             raise ValueError("routing.max_blocks must be positive")
         if self.load_factor < 1.0:
             raise ValueError("routing.load_factor must be >= 1.0")
-        if self.load_slack < 0.0:
-            raise ValueError("routing.load_slack must be >= 0")
+        if self.load_slack < 1.0:  # below 1, an idle pool would admit no replica at all
+            raise ValueError("routing.load_slack must be >= 1")
         if not 0.0 < self.rate_decay < 1.0:
             raise ValueError("routing.rate_decay must be in (0, 1)")
         if not 0.0 <= self.kv_knee < 1.0:

@@ -12,8 +12,7 @@ from contextlib import contextmanager
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 
 from gateway.tenancy.errors import BackendUnavailable
 
@@ -35,9 +34,12 @@ def connect_redis(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
 
 @contextmanager
 def redis_unavailable() -> Iterator[None]:
-    """Map connection failures to `BackendUnavailable` (without the URL, which may hold a
-    password, and without chaining the original exception into logs)."""
+    """Map every Redis failure to `BackendUnavailable` (without the URL, which may hold a
+    password, and without chaining the original exception into logs): connection errors and
+    timeouts, but also server replies such as READONLY after a failover or MISCONF, which must
+    degrade the same way (last known state, per-process limits), never answer a 500."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        raise BackendUnavailable("the tenancy store (Redis) is unreachable") from None
+    except (RedisError, OSError) as exc:
+        kind = type(exc).__name__
+        raise BackendUnavailable(f"the tenancy store (Redis) failed ({kind})") from None

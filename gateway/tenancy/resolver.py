@@ -138,6 +138,12 @@ class TenantResolver:
                 log.warning("tenancy store unreachable; serving last known keys and policy")
             self._degraded_reason = "store unreachable"
             return False
+        except Exception as exc:  # e.g. records this version cannot read (a rolling upgrade)
+            if self._degraded_reason is None:
+                log.error("tenancy store data unreadable (%s); serving last known keys and "
+                          "policy", type(exc).__name__)
+            self._degraded_reason = "store data unreadable"
+            return False
         if self._degraded_reason is not None and self._loaded:
             log.info("tenancy store reachable again")
         self._fresh_at = self._clock()

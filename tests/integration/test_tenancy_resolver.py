@@ -161,3 +161,33 @@ async def test_group_rotation_changes_every_members_salt(stores: StoreFactory) -
         assert after["a"] == after["b"] != salts["a"] and after["c"] == salts["c"]
     finally:
         await resolver.close()
+
+
+class _FlakyStore(InMemoryStore):
+    """A store whose snapshots fail once with an unexpected error (an unreadable record)."""
+
+    fail_next = False
+
+    async def snapshot(self):  # type: ignore[no-untyped-def]
+        if self.fail_next:
+            self.fail_next = False
+            raise ValueError("a record this gateway version cannot read")
+        return await super().snapshot()
+
+
+async def test_an_unreadable_snapshot_degrades_and_sync_goes_on() -> None:
+    store = _FlakyStore()
+    await store.put_policy(POLICY)
+    await store.create_tenant(Tenant(id="acme", tier="free"))
+    key, _ = await _add_key(store, "acme")
+    resolver = await _resolver(store, poll_interval_s=0.05)
+    try:
+        store.fail_next = True
+        await store.create_tenant(Tenant(id="later", tier="free"))  # a change: a refresh runs
+        await _until(lambda: resolver.health().degraded)
+        assert resolver.authenticate(key).tenant_id == "acme"  # last known state serves
+        late_key, _ = await _add_key(store, "later")  # the next refresh reads fine again
+        await _until(lambda: not resolver.health().degraded)
+        assert resolver.authenticate(late_key).tenant_id == "later"
+    finally:
+        await resolver.close()

@@ -68,3 +68,24 @@ def test_truncated_stream_flushes_the_fragment() -> None:
     assert scanner.feed(CHUNK + b'data: {"par') == CHUNK
     assert scanner.flush() == b'data: {"par'
     assert scanner.ended_event is False
+
+
+def test_responses_usage_is_counted_in_chat_names() -> None:
+    blob = (b'{"type":"response.completed","response":{"usage":{"input_tokens":5000,'
+            b'"input_tokens_details":{"cached_tokens":64},"output_tokens":900}}}')
+    assert scan_usage(blob) == {"prompt_tokens": 5000, "cached_tokens": 64,
+                                "completion_tokens": 900}
+
+
+def test_a_broken_stream_ends_with_whole_events_only() -> None:
+    import orjson
+
+    from gateway.proxy import _stream_error
+
+    scanner = StreamScanner(True)
+    assert scanner.feed(CHUNK + b'data: {"id":"x","choi') == CHUNK  # the fragment is held
+    tail = _stream_error("The upstream replica failed mid-stream.")
+    events = [e for e in tail.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert orjson.loads(events[0].removeprefix(b"data: "))["error"]["code"] == 502
+    assert b"choi" not in tail

@@ -219,3 +219,13 @@ def test_miss_weight_prices_recomputation(miss_weight: float, queued: int, expec
 def test_miss_weight_below_one_is_rejected() -> None:
     with pytest.raises(ValueError, match="miss_weight"):
         RouterConfig(miss_weight=0.5)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"load_slack": 0.0}, {"load_slack": 0.5}, {"load_factor": 0.9}, {"block_chars": 255}],
+)
+def test_configs_that_could_admit_no_replica_are_rejected(kwargs: dict[str, float]) -> None:
+    # with slack < 1 an idle pool would admit nobody (c * (0+1)/n + slack - 1 < 0)
+    with pytest.raises(ValueError, match="routing\\."):
+        RouterConfig(**kwargs)  # type: ignore[arg-type]
