@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
+from aiohttp import web
 
-from tests.support.procs import Proc, redis_proc, sim_proc
+from tests.support.fake_kube import COLLECTION, FakeKube
+from tests.support.procs import Proc, free_port, redis_proc, sim_proc
 
 
 @pytest.fixture
@@ -30,3 +32,18 @@ def redis_url() -> Iterator[str]:
     proc, url = redis_proc()
     with proc:
         yield url
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[tuple[FakeKube, str]]:
+    """A fake Kubernetes API (EndpointSlice list + watch) on a free loopback port."""
+    fake = FakeKube()
+    app = web.Application()
+    app.router.add_get(COLLECTION, fake.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield fake, f"http://127.0.0.1:{port}"
+    fake.close_streams()
+    await runner.cleanup()

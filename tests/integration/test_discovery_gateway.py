@@ -13,10 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from aiohttp import web
 
-from tests.integration.test_discovery import (
-    COLLECTION,
+from tests.support.fake_kube import (
     NAMESPACE,
     SERVICE,
     TOKEN,
@@ -25,24 +23,10 @@ from tests.integration.test_discovery import (
     eps,
 )
 from tests.support.gateway import GatewayProc, gateway_proc
-from tests.support.procs import Proc, free_port
+from tests.support.procs import Proc
 
 MODEL = "sim-model"
 ROUTING = {"policy": "round_robin", "scrape_interval_ms": 100}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[tuple[FakeKube, str]]:
-    fake = FakeKube()
-    app = web.Application()
-    app.router.add_get(COLLECTION, fake.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    yield fake, f"http://127.0.0.1:{port}"
-    fake.close_streams()
-    await runner.cleanup()
 
 
 @pytest.fixture
