@@ -109,6 +109,9 @@ class GatewayApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        admin_port = self.cfg.server.admin_port
+        if admin_port is not None and scope.get("server", (None, None))[1] == admin_port:
+            return await self._admin_port_http(scope, receive, send, path)
         if path in KINDS:
             if method != "POST":
                 return await _error(send, MethodNotAllowed(f"Use POST for {path}."))
@@ -120,11 +123,25 @@ class GatewayApp:
                 return await _error(send, MethodNotAllowed(f"Use GET for {path}."))
             status, headers, body = page()
             return await _respond(send, status, headers, body)
+        if admin_port is None and await self._to_mount(scope, receive, send, path):
+            return None
+        return await _error(send, NotFound(f"Unknown path {path}."))
+
+    async def _admin_port_http(
+        self, scope: Scope, receive: Receive, send: Send, path: str
+    ) -> None:
+        """The separate admin port (`server.admin_port`): the admin API and /healthz only."""
+        if path == "/healthz":
+            return await _respond(send, *self._healthz())
+        if not await self._to_mount(scope, receive, send, path):
+            await _error(send, NotFound(f"Unknown path {path} on the admin port."))
+
+    async def _to_mount(self, scope: Scope, receive: Receive, send: Send, path: str) -> bool:
         for prefix, app in self._mounts:
             if path == prefix or path.startswith(prefix + "/"):
                 await app(scope, receive, send)  # type: ignore[misc]
-                return None
-        return await _error(send, NotFound(f"Unknown path {path}."))
+                return True
+        return False
 
     # -- plain pages -----------------------------------------------------------------------
     def _healthz(self) -> Page:

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from gateway.errors import ConfigError
 from gateway.policy import PolicyDoc
@@ -59,6 +67,14 @@ class ServerConfig(_Section):
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0  # in-flight streams may finish
     log_level: str = "info"
     log_format: Literal["json", "text"] = "json"  # one JSON object per line, or readable text
+    # serve the admin API on this port only (same host), not on `port`; None: on `port`
+    admin_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ServerConfig:
+        if self.admin_port is not None and self.admin_port == self.port:
+            raise ValueError("admin_port must differ from port")
+        return self
 
 
 class UpstreamConfig(_Section):

@@ -129,5 +129,20 @@ def main(argv: list[str]) -> int:
         print(warning, file=sys.stderr, flush=True)
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     server = make_server(GatewayApp(cfg))
-    server.run()
+    server.run(sockets=listen_sockets(cfg) if cfg.server.admin_port else None)
     return 0 if server.started else 1
+
+
+def listen_sockets(cfg: KvgateConfig) -> list[socket.socket]:
+    """The API port and the admin port, served by one server (one app, one lifespan); the
+    app tells them apart by the local port of each request."""
+    socks = []
+    for port in (cfg.server.port, cfg.server.admin_port):
+        family = socket.AF_INET6 if ":" in cfg.server.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((cfg.server.host, port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        socks.append(sock)
+    return socks

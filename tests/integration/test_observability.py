@@ -14,6 +14,7 @@ import asyncio
 import itertools
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -116,6 +117,19 @@ async def _chat(client: openai.AsyncOpenAI, text: str, *, stream: bool,
     return "".join([c.choices[0].delta.content or "" async for c in out if c.choices])
 
 
+async def _leave_mid_stream(base: str, key: str, i: int, gone: asyncio.Event) -> None:
+    """A long streamed chat whose client closes its connection when `gone` is set (closing
+    the connection itself: a cancelled SDK call may leave it open until collected)."""
+    body = {"model": MODEL, "messages": _messages(f"long {i}"), "max_tokens": 2000,
+            "ignore_eos": True, "stream": True}  # really long: no natural end of the text
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        req = client.build_request("POST", "/v1/chat/completions", json=body,
+                                   headers={"Authorization": f"Bearer {key}"})
+        resp = await client.send(req, stream=True)
+        await gone.wait()
+        await resp.aclose()
+
+
 def _exposition(url: str) -> dict[str, int]:
     """Sample name -> number of samples, for one live /metrics page (declared-but-empty
     families count 0 under every series name their type produces)."""
@@ -151,16 +165,16 @@ async def _send_traffic(stack: Stack) -> None:
         assert await _chat(premium, f"warm {i}", stream=True)
     # Saturate pool a (one sequence at a time, real-time engine): two long generations, the
     # second queued, so a reports waiting >= 1 and premium requests spill to b.
-    default = stack.client(stack.tenant("default")[1])
-    long = [asyncio.create_task(_chat(default, f"long {i}", stream=True, max_tokens=2000))
+    default_key = stack.tenant("default")[1]
+    gone = asyncio.Event()
+    long = [asyncio.create_task(_leave_mid_stream(stack.gateway, default_key, i, gone))
             for i in range(2)]
     await _until(lambda: _series(stack.gateway, "kvgate_replica_waiting", 'pool="a"') >= 1,
                  "pool a saturated")
     for i in range(8):  # spilled; round robin over b's good and 503-answering replica
         assert await _chat(premium, f"spill {i}", stream=i % 2 == 0)
-    for task in long:  # the client goes away (499); the replica aborts the generation
-        task.cancel()
-    await asyncio.gather(*long, return_exceptions=True)
+    gone.set()  # both clients go away (499); the replica aborts the generations
+    await asyncio.gather(*long)
     free = stack.client(stack.tenant("free")[1])
     with pytest.raises(openai.RateLimitError):
         for i in range(3):
@@ -203,7 +217,14 @@ def test_gateway_exports_exactly_the_documented_families(traffic: Stack) -> None
 
 def test_traffic_outcomes_are_counted(traffic: Stack) -> None:
     stack = traffic
-    text = httpx.get(f"{stack.gateway}/metrics", timeout=5).text
+    # a client that went away is counted when the gateway notices the disconnect and unwinds
+    # the request, which can trail the client's cancel: wait for it, with a deadline
+    deadline = time.monotonic() + 20
+    while True:
+        text = httpx.get(f"{stack.gateway}/metrics", timeout=5).text
+        if 'status="499"' in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert 'kvgate_failovers_total{pool="b"}' in text
     assert 'kvgate_spillovers_total{from_pool="a",tier="premium",to_pool="b"}' in text
     # a 429, labelled by tier, tenant (an id while under the top-N cap) and limit

@@ -1,0 +1,53 @@
+"""`server.admin_port`: the admin API answers only on its own port, the OpenAI API only on the
+main one (one server, one lifespan, the same tenancy state behind both)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.procs import free_port
+
+ADMIN = "admin-port-test-token"
+
+
+def test_admin_api_only_on_the_admin_port(sim_factory) -> None:  # type: ignore[no-untyped-def]
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    admin_port = free_port()
+    env = {
+        "KVGATE_SALT_SECRET": AUTH_SECRET,
+        "KVGATE_ADMIN_TOKEN": ADMIN,
+        "KVGATE_SERVER__ADMIN_PORT": str(admin_port),
+    }
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env=env)
+    admin = f"http://127.0.0.1:{admin_port}"
+    auth = {"Authorization": f"Bearer {ADMIN}"}
+    with gw:
+        # the main port has no admin API (and no hint that it lives elsewhere)
+        assert httpx.get(f"{base}/admin/audit", headers=auth).status_code == 404
+        # the admin port has it, and nothing of the OpenAI API
+        assert httpx.get(f"{admin}/healthz").status_code == 200
+        made = httpx.post(
+            f"{admin}/admin/tenants", json={"id": "t1", "tier": "default"}, headers=auth
+        )
+        assert made.status_code == 201, made.text
+        key = httpx.post(f"{admin}/admin/tenants/t1/keys", headers=auth).json()["key"]
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        hit = httpx.post(
+            f"{admin}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"}
+        )
+        assert hit.status_code == 404
+        assert httpx.get(f"{admin}/admin/audit").status_code == 401
+        # a key made on the admin port works on the main port: one state behind both
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        answer = client.chat.completions.create(model="m", messages=chat["messages"])  # type: ignore[arg-type]
+        assert answer.choices[0].message.content
+
+
+def test_admin_port_equal_to_the_main_port_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="admin_port"):
+        load_config("", overrides={"server": {"port": 9000, "admin_port": 9000}})
