@@ -93,6 +93,7 @@ class TenantResolver:
         self._degraded_reason: str | None = "not loaded yet"
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._unsubscribe: Callable[[], None] | None = None
         self._policy_callbacks: list[PolicyCallback] = []
 
@@ -104,6 +105,10 @@ class TenantResolver:
         self._task = asyncio.create_task(self._sync_loop(), name="tenancy-sync")
 
     async def close(self) -> None:
+        # the flag, not only the cancel, ends the sync loop: redis-py can swallow a cancel that
+        # lands inside a command (it surfaces as a Redis error, which `refresh` survives)
+        self._closing = True
+        self._dirty.set()
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
@@ -117,7 +122,7 @@ class TenantResolver:
         self._dirty.set()
 
     async def _sync_loop(self) -> None:
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._dirty.wait(), timeout=self._poll)
             self._dirty.clear()
