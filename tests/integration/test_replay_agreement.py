@@ -3,7 +3,7 @@ replay (the same routing core and engine model in simulated time) agree on a sho
 
 Tolerances: the hit rate comes from the same engine model and the same routing decisions, so it
 must match closely (0.05 absolute). Latencies differ by what only live has: HTTP, the gateway
-and the simulators' event-loop timers, multiplied by the time scale (x5 here), so TTFT may be
+and the simulators' event-loop timers, multiplied by the time scale (x2 here), so TTFT may be
 a few tens of simulated milliseconds apart; end-to-end medians within 20 %.
 """
 
@@ -18,7 +18,7 @@ from loadtest.replay.offline import FleetSpec
 from loadtest.replay.summary import summarize
 from loadtest.replay.workload import ReplayRequest, SyntheticSpec, synthetic_multitenant
 
-TIME_SCALE = 5.0
+TIME_SCALE = 2.0
 SPEC = SyntheticSpec(
     tenants=2, conversations_per_tenant=3, turns=3, system_prompt_tokens=2048,
     user_turn_tokens=128, answer_tokens=64, rag_documents=2, rate_per_s=4.0, seed=3,
