@@ -69,6 +69,13 @@ class ServerConfig(_Section):
     log_format: Literal["json", "text"] = "json"  # one JSON object per line, or readable text
     # serve the admin API on this port only (same host), not on `port`; None: on `port`
     admin_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    # hostile clients: request line + headers above this, or more header fields -> 431;
+    # headers not complete this long after the first byte, or a body not complete this long
+    # after the headers -> 408 (gateway/httpguard.py)
+    max_header_bytes: Annotated[int, Field(ge=1024)] = 64 * 1024
+    max_headers: Annotated[int, Field(ge=8)] = 100
+    header_timeout_s: Pos = 10.0
+    body_timeout_s: Pos = 60.0
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:

@@ -23,6 +23,7 @@ QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio")
 # attributes every LogRecord has; anything else on a record came from `extra`
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime", "taskName",
+    "color_message",  # uvicorn's copy of its message with ANSI colour escapes
 }
 
 

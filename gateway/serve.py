@@ -16,25 +16,24 @@ bound only to a loopback address (unreachable from other machines, e.g. local be
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import logging
-import math
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, auth_secret, load_config
+from gateway.config import KvgateConfig, ServerConfig, auth_secret, load_config
+from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
+from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
 from gateway.logs import configure_logging
 
 __all__ = [
-    "NO_AUTH_WARNING", "build_parser", "check_auth", "config_from_args", "configure_logging",
-    "main", "make_server",
+    "NO_AUTH_WARNING", "NoDelayHttpTools", "bind_sockets", "build_parser", "check_auth",
+    "config_from_args", "configure_logging", "main", "make_server", "run_server",
 ]
 
 NO_AUTH_WARNING = """
@@ -44,16 +43,6 @@ NO_AUTH_WARNING = """
 """
 
 log = logging.getLogger(__name__)
-
-
-class NoDelayHttpTools(HttpToolsProtocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            # OSError: not a TCP socket (e.g. a unix socket)
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        super().connection_made(transport)
 
 
 def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
@@ -105,16 +94,18 @@ def check_auth(cfg: KvgateConfig) -> str | None:
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 
-def make_server(app: GatewayApp) -> uvicorn.Server:
+def make_server(
+    app: GatewayApp, on_started: Callable[[], None] | None = None
+) -> KvgateServer:
     cfg = app.cfg.server
     config = uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, loop="uvloop", http=NoDelayHttpTools,
+        app, host=cfg.host, port=cfg.port, loop="uvloop", http=guarded_protocol(http_limits(cfg)),
         lifespan="on", access_log=False, server_header=False, date_header=False,
         proxy_headers=False,  # kvgate never reads the client address: skip the middleware
-        timeout_graceful_shutdown=math.ceil(cfg.shutdown_grace_s), log_level=cfg.log_level.lower(),
-        log_config=None,
+        timeout_graceful_shutdown=grace_timeout(cfg.shutdown_grace_s),
+        log_level=cfg.log_level.lower(), log_config=None,
     )
-    return uvicorn.Server(config)
+    return KvgateServer(config, cfg.shutdown_grace_s, on_started)
 
 
 def main(argv: list[str]) -> int:
@@ -127,22 +118,79 @@ def main(argv: list[str]) -> int:
         return 2
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    configure_logging(cfg.server.log_level, cfg.server.log_format)
-    server = make_server(GatewayApp(cfg))
-    server.run(sockets=listen_sockets(cfg) if cfg.server.admin_port else None)
-    return 0 if server.started else 1
+    for line in start_warnings(cfg):
+        print(line, file=sys.stderr, flush=True)
+    return run_server(cfg, "kvgate serve")
 
 
-def listen_sockets(cfg: KvgateConfig) -> list[socket.socket]:
-    """The API port and the admin port, served by one server (one app, one lifespan); the
-    app tells them apart by the local port of each request."""
-    socks = []
-    for port in (cfg.server.port, cfg.server.admin_port):
+# -- listening, limits and start-up warnings (kept apart from the parsing above) ---------------
+def http_limits(cfg: ServerConfig) -> HttpLimits:
+    return HttpLimits(max_header_bytes=cfg.max_header_bytes, max_headers=cfg.max_headers,
+                      header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s)
+
+
+class ListenError(Exception):
+    """A listen address could not be bound; the message is the one line to print."""
+
+
+def bind_sockets(cfg: KvgateConfig) -> list[socket.socket]:
+    """Bind the API port (and the admin port) before anything starts, so a port in use is
+    reported in one line before any start-up log. One server (one app, one lifespan) serves
+    them all; the app tells the ports apart by each request's local port."""
+    ports = [cfg.server.port] + ([cfg.server.admin_port] if cfg.server.admin_port else [])
+    socks: list[socket.socket] = []
+    for port in ports:
         family = socket.AF_INET6 if ":" in cfg.server.host else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((cfg.server.host, port))
+        try:
+            sock.bind((cfg.server.host, port))
+        except OSError as exc:
+            sock.close()
+            for other in socks:
+                other.close()
+            reason = (exc.strerror or str(exc)).lower()
+            where = _hostport(cfg.server.host, port)
+            raise ListenError(f"cannot listen on {where}: {reason}") from None
         sock.listen(2048)
         sock.set_inheritable(True)
         socks.append(sock)
     return socks
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def run_server(
+    cfg: KvgateConfig, prog: str, *, app: GatewayApp | None = None,
+    sockets: list[socket.socket] | None = None, on_started: Callable[[], None] | None = None,
+) -> int:
+    """Bind (unless `sockets` are given), run until SIGTERM/SIGINT, shut down gracefully.
+    0 after a clean stop, 1 when it could not listen or start."""
+    if sockets is None:
+        try:
+            sockets = bind_sockets(cfg)
+        except ListenError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+            return 1
+    configure_logging(cfg.server.log_level, cfg.server.log_format)
+    server = make_server(app or GatewayApp(cfg), on_started)
+    server.run(sockets=sockets)
+    return 0 if server.started else 1
+
+
+def start_warnings(cfg: KvgateConfig) -> list[str]:
+    """Loud start-up warnings about a configuration that cannot work as intended."""
+    out = []
+    # with Redis, keys may come from another replica's admin API: only the in-memory store
+    if cfg.tenancy.auth and cfg.admin_token is None and not cfg.tenants and not cfg.redis_url:
+        out.append(NO_ADMIN_WARNING)
+    return out
+
+
+NO_ADMIN_WARNING = """
+*** WARNING: authentication is on, but KVGATE_ADMIN_TOKEN is not set and no tenants are     ***
+*** configured: nobody can create an API key, so every request will get 401. Set            ***
+*** KVGATE_ADMIN_TOKEN (then `kvgate admin ... keys create`) or add tenants to the config.  ***
+"""

@@ -149,7 +149,7 @@ class TenantResolver:
                           "policy", type(exc).__name__)
             self._degraded_reason = "store data unreadable"
             return False
-        if self._degraded_reason is not None and self._loaded:
+        if self._degraded_reason not in (None, "not loaded yet"):  # a recovery, not the start
             log.info("tenancy store reachable again")
         self._fresh_at = self._clock()
         self._degraded_reason = None

@@ -1,0 +1,108 @@
+"""Graceful shutdown: let in-flight requests finish for the grace period, then end them cleanly.
+
+uvicorn's own shutdown waits `timeout_graceful_shutdown` and then cancels the request tasks:
+a stream is cut mid-event with neither an error event nor ``[DONE]``, counted as a success,
+and the process then re-raises the signal it caught (exit status 143 for SIGTERM).
+`KvgateServer` instead, when `server.shutdown_grace_s` has passed, *interrupts* every
+proxied request still running (`interrupt_all`: its canceller fires with reason
+``"shutdown"``; the proxy ends a stream with an SSE error event and ``data: [DONE]``, answers
+a request that had not started with a 503, and records it as interrupted), gives them
+`INTERRUPT_WAIT_S` to send that, and exits with status 0 after a signal-initiated shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+import uvicorn
+
+__all__ = [
+    "INTERRUPT_WAIT_S", "SHUTDOWN", "KvgateServer", "grace_timeout", "interrupt_all",
+    "interruptible",
+]
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN = "shutdown"  # the canceller reason of a request interrupted by shutdown
+INTERRUPT_WAIT_S = 2.0  # after the grace period, time for interrupted requests to say so
+
+
+class _Firable(Protocol):
+    def fire(self, reason: str) -> None: ...
+
+
+_LIVE: set[_Firable] = set()
+
+
+@contextlib.contextmanager
+def interruptible(canceller: _Firable) -> Iterator[None]:
+    """Register a running request's canceller for `interrupt_all` while the block runs."""
+    _LIVE.add(canceller)
+    try:
+        yield
+    finally:
+        _LIVE.discard(canceller)
+
+
+def interrupt_all() -> int:
+    """Fire every registered canceller with reason "shutdown"; returns how many."""
+    live = list(_LIVE)
+    for canceller in live:
+        canceller.fire(SHUTDOWN)
+    return len(live)
+
+
+class KvgateServer(uvicorn.Server):
+    """uvicorn's server with kvgate's end of grace (see the module docstring).
+
+    Pass `grace_s`; uvicorn's own `timeout_graceful_shutdown` must be at least
+    ``grace_s + INTERRUPT_WAIT_S`` (`grace_config` sets it) so that it never cancels first.
+    """
+
+    def __init__(
+        self, config: uvicorn.Config, grace_s: float,
+        on_started: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(config)
+        self.grace_s = grace_s
+        self.on_started = on_started  # called once listening with the app started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.on_started is not None:
+            self.on_started()
+
+    async def _wait_tasks_to_complete(self) -> None:
+        wait = super()._wait_tasks_to_complete
+        try:
+            async with asyncio.timeout(self.grace_s):
+                await wait()
+            return
+        except TimeoutError:
+            pass
+        n = interrupt_all()
+        log.warning("shutdown grace period over: interrupting in-flight requests",
+                    extra={"interrupted": n, "grace_s": self.grace_s})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(INTERRUPT_WAIT_S):
+                await wait()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """As uvicorn's, without re-raising the caught signal once shut down: a graceful
+        stop on SIGTERM/SIGINT is a clean exit (status 0), not death by signal."""
+        with super().capture_signals():
+            try:
+                yield
+            finally:
+                self._captured_signals.clear()
+
+
+def grace_timeout(grace_s: float) -> int:
+    """uvicorn's `timeout_graceful_shutdown` for a kvgate grace period: a backstop only."""
+    return int(grace_s + INTERRUPT_WAIT_S) + 2

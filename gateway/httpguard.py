@@ -1,0 +1,178 @@
+"""The HTTP/1.1 protocol kvgate serves with: uvicorn's httptools protocol, bounded.
+
+uvicorn's httptools protocol has no limit on request headers and no read timeouts: an 8 MiB
+header or 100,000 headers are parsed and handed to the app, and a client that sends its
+headers (or its body) a byte at a time holds its connection forever. `guarded_protocol`
+returns a subclass that
+
+- answers **431** and closes when the request line and headers exceed `max_header_bytes`
+  (counted as they arrive, so at most one socket read beyond the limit is ever buffered) or
+  carry more than `max_headers` header fields;
+- answers **408** and closes when a request's headers are not complete `header_timeout_s`
+  after its first byte arrived (or after the connection opened), or its body is not complete
+  `body_timeout_s` after its headers (the app sees the client leave: ``http.disconnect``);
+- sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs).
+
+Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from gateway.errors import error_body
+
+__all__ = ["HttpLimits", "guarded_protocol"]
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_bytes: int = 64 * 1024
+    max_headers: int = 100
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+
+
+LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
+
+
+class _TooManyHeaders(Exception):
+    """Raised from the parser's header callback to stop parsing at once."""
+
+
+class NoDelayHttpTools(HttpToolsProtocol):
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            # OSError: not a TCP socket (e.g. a unix socket)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+
+class GuardedHttpTools(NoDelayHttpTools):
+    limits = HttpLimits()
+
+    _in_headers = True  # between a request's first byte and its complete headers
+    _header_bytes = 0
+    _header_count = 0
+    _timer: asyncio.TimerHandle | None = None
+    _refused = False
+
+    # -- connection ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout_s, self._header_timeout)  # silent openers too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # draining a refused request (see `_refuse`)
+        self._unset_keepalive_if_required()
+        if self._in_headers:
+            self._header_bytes += len(data)
+            if self._timer is None:
+                self._arm(self.limits.header_timeout_s, self._header_timeout)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._header_count > self.limits.max_headers:
+                self._refuse(431, f"More than {self.limits.max_headers} request headers.")
+            else:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            return
+        if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "The request headers exceed "
+                              f"{self.limits.max_header_bytes} bytes.")
+
+    # -- parser callbacks ----------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            raise _TooManyHeaders
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._disarm()
+        self._arm(self.limits.body_timeout_s, self._body_timeout)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_headers = True  # the next request's headers (its timer starts with its data)
+        self._header_bytes = self._header_count = 0
+        super().on_message_complete()
+
+    # -- timers and refusals -------------------------------------------------------------
+    def _arm(self, delay: float, callback: object) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(delay, callback)  # type: ignore[arg-type]
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _header_timeout(self) -> None:
+        self._timer = None
+        if self._in_headers and not self.transport.is_closing():
+            if self._header_bytes or self.cycle is None:
+                self._refuse(408, "The request headers did not arrive in time.")
+            else:
+                self.transport.close()  # an idle keep-alive connection: nothing was asked
+
+    def _body_timeout(self) -> None:
+        self._timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        started = cycle.response_started
+        cycle.disconnected = True  # the app's receive() now answers http.disconnect
+        cycle.message_event.set()
+        if started:
+            self.transport.close()
+        else:
+            self._refuse(408, "The request body did not arrive in time.")
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer `status` with an OpenAI-shaped error, then close the connection: a lingering
+        close (our side half-closed, what the client still sends read and dropped, for at most
+        `LINGER_S`), so a client still sending gets the answer instead of a reset."""
+        self._disarm()
+        self._refused = True
+        kind = "RequestTimeoutError" if status == 408 else "RequestHeaderFieldsTooLargeError"
+        body = error_body(message, kind, status)
+        self.transport.write(b"".join([
+            STATUS_LINE[status], b"content-type: application/json\r\n",
+            b"content-length: ", str(len(body)).encode(), b"\r\n", b"connection: close\r\n",
+            b"\r\n", body,
+        ]))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
+        self.logger.info("request refused: %s", message)
+
+
+def guarded_protocol(limits: HttpLimits) -> type[GuardedHttpTools]:
+    """The protocol class for uvicorn's `http=` with these limits."""
+    return type("KvgateHttpTools", (GuardedHttpTools,), {"limits": limits})

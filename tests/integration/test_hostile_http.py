@@ -1,0 +1,72 @@
+"""Hostile HTTP clients against a real `kvgate serve`, over real sockets: header size and count
+limits (431), slow headers and slow bodies (408), with the limits set from the environment."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import orjson
+import pytest
+
+from tests.support.gateway import gateway_proc
+
+LIMITS = {"KVGATE_SERVER__HEADER_TIMEOUT_S": "1", "KVGATE_SERVER__BODY_TIMEOUT_S": "1"}
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], ready=False, env=LIMITS)
+    with gw:
+        yield int(base.rsplit(":", 1)[1])
+
+
+def exchange(port: int, data: bytes, *, then: bytes = b"") -> tuple[int, dict[str, object]]:
+    """Send `data` (and `then`, if the server still reads), return (status, JSON body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        if then:
+            s.sendall(then)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = body.split(b"\r\n")[1]  # one chunk
+    return int(head.split()[1]), orjson.loads(body)
+
+
+def test_an_8_mib_header_gets_431(port: int) -> None:
+    status, body = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: "
+                            + b"a" * (8 << 20) + b"\r\n\r\n")
+    assert status == 431
+    assert "exceed" in body["error"]["message"]  # type: ignore[index]
+
+
+def test_100k_headers_get_431(port: int) -> None:
+    many = b"".join(b"X-%d: a\r\n" % i for i in range(100_000))
+    status, body = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
+    assert status == 431
+    assert body["error"]["code"] == 431  # type: ignore[index]
+
+
+def test_ordinary_headers_still_pass(port: int) -> None:
+    some = b"".join(b"X-%d: %s\r\n" % (i, b"v" * 200) for i in range(60))
+    status, body = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                            + some + b"\r\n")
+    assert status == 200 and body == {"status": "ok"}
+
+
+def test_headers_sent_too_slowly_get_408(port: int) -> None:
+    # the request line, then nothing: the server must give up on its own
+    status, body = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    assert status == 408
+    assert body["error"]["type"] == "RequestTimeoutError"  # type: ignore[index]
+
+
+def test_a_body_sent_too_slowly_gets_408(port: int) -> None:
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n")
+    status, body = exchange(port, head + b'{"model": ')  # ... and the rest never comes
+    assert status == 408
+    assert "body" in body["error"]["message"]  # type: ignore[index]
