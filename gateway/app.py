@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 import orjson
-from fastapi import FastAPI
 
-from gateway.admin import AdminDeps, admin_tokens_from_env, make_admin_router
+from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
+from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig, auth_secret
@@ -40,6 +40,7 @@ from gateway.replicas import Replica
 from gateway.scrape import Sample, Scraper
 from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
+from gateway.tenancy.service import TenancyCollector
 from routing.router import Router
 
 __all__ = ["GatewayApp"]
@@ -118,7 +119,7 @@ class GatewayApp:
             assert self.proxy is not None
             return await self.proxy.handle(scope, receive, send)
         page = self._get.get(path)
-        if page is not None:
+        if page is not None and not (admin_port is not None and path == "/metrics"):
             if method not in ("GET", "HEAD"):
                 return await _error(send, MethodNotAllowed(f"Use GET for {path}."))
             status, headers, body = page()
@@ -130,9 +131,12 @@ class GatewayApp:
     async def _admin_port_http(
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> None:
-        """The separate admin port (`server.admin_port`): the admin API and /healthz only."""
+        """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
+        and replica addresses stay off the public port) and /healthz only."""
         if path == "/healthz":
             return await _respond(send, *self._healthz())
+        if path == "/metrics":
+            return await _respond(send, *self._metrics_page())
         if not await self._to_mount(scope, receive, send, path):
             await _error(send, NotFound(f"Unknown path {path} on the admin port."))
 
@@ -165,6 +169,7 @@ class GatewayApp:
                 "degraded": h.degraded or limiter_down,
                 "reason": h.reason or ("rate limits are per-process" if limiter_down else None),
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
+                "store_resets": h.store_resets,
             }
         info = {"status": "ready" if ok else "not ready",
                 "degraded": bool(info.get("tenancy", {}).get("degraded")), **info}
@@ -235,6 +240,7 @@ class GatewayApp:
         self.metrics.watch_tenancy(
             lambda: (gate.redis_up(), gate.tenancy.resolver.health().policy_version)
         )
+        self.metrics.registry.register(TenancyCollector(self.tenancy.resolver))
         return gate
 
     def _policy_changed(self, snap: PolicySnapshot) -> None:
@@ -306,11 +312,10 @@ class GatewayApp:
             raise ConfigError(str(exc)) from None
         live = LiveViews(self.pools, self.router, self.proxy.planner, gate, self.scraper,
                          self.clock)
-        admin = FastAPI(title="kvgate admin API", version="1", openapi_url="/admin/openapi.json",
-                        docs_url="/admin/docs", redoc_url=None)
-        admin.include_router(make_admin_router(AdminDeps(
-            self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain)))
-        self.mount("/admin", admin)
+        deps = AdminDeps(self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain)
+        self.metrics.registry.register(AuthGuardCollector(deps.guard))
+        self.mount("/admin", create_admin_app(
+            deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"))
 
     async def _start_scraper(self) -> None:
         """Poll every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""

@@ -174,6 +174,15 @@ class KvgateConfig(PolicyDoc):
     admin_token: SecretStr | None = None
     salt_secret: SecretStr | None = None
 
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_tokens(cls, value: SecretStr | None) -> SecretStr | None:
+        from gateway.admin.auth import admin_tokens_from_env  # lazy: keeps FastAPI out
+
+        if value is not None:
+            admin_tokens_from_env(value.get_secret_value())  # ValueError: too short, malformed
+        return value
+
     def policy_doc(self) -> PolicyDoc:
         return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers)
 

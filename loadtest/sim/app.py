@@ -12,7 +12,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +20,15 @@ import orjson
 import xxhash
 
 from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
+from loadtest.sim.chat_format import ChatFormat
 from loadtest.sim.engine import Engine
-from loadtest.sim.errors import SimError, error_body
+from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
 from loadtest.sim.faults import Faults
-from loadtest.sim.generate import Generation
+from loadtest.sim.generate import ConnectionDropped, Format, Generation, ServeContext
+from loadtest.sim.loadreport import load_report_header
 from loadtest.sim.metrics import CONTENT_TYPE, SimMetrics
-from loadtest.sim.parse import parse_generation, parse_prompt, validate_cache_salt
+from loadtest.sim.parse import GenRequest, parse_generation, parse_prompt, validate_cache_salt
+from loadtest.sim.responses import ResponsesAPI
 from loadtest.sim.runner import EngineRunner
 
 __all__ = ["SimApp", "SimOptions"]
@@ -46,6 +49,11 @@ class SimOptions:
     request_log_size: int = 256
     embedding_dim: int = 256
     request_id_headers: bool = False
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    reasoning: bool = False  # --reasoning: chat output starts with a thinking phase
+    keep_alive_s: float = 0.0  # --sse-keep-alive-interval
+    log_stats: bool = True  # False: --disable-log-stats
+    enable_store: bool = False  # --enable-store / VLLM_ENABLE_RESPONSES_API_STORE
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -54,18 +62,28 @@ Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 class SimApp:
     """Owns the engine runner, metrics, faults and the request log for one replica."""
 
-    def __init__(self, engine: Engine, options: SimOptions, faults: Faults) -> None:
-        self.engine, self.options, self.faults = engine, options, faults
-        self.metrics = SimMetrics(engine, options.model, options.legacy_metrics)
-        self.runner = EngineRunner(engine, options.time_scale, self.metrics.observe)
+    def __init__(self, engines: Engine | Sequence[Engine], options: SimOptions,
+                 faults: Faults) -> None:
+        self.engines = [engines] if isinstance(engines, Engine) else list(engines)
+        self.engine = self.engines[0]  # the config is the same for every engine
+        self.options, self.faults = options, faults
+        self.metrics = SimMetrics(self.engines, options.model, options.legacy_metrics,
+                                  options.log_stats)
+        self.runners = [EngineRunner(e, options.time_scale, self.metrics.observer(i))
+                        for i, e in enumerate(self.engines)]
+        self.ctx = ServeContext(faults, options.model, self.engine.config.block_size,
+                                options.legacy_errors, options.prompt_tokens_details,
+                                options.keep_alive_s)
+        self.responses = ResponsesAPI(self)
         self.requests: deque[dict[str, Any]] = deque(maxlen=options.request_log_size)
         self.counters = {"http_requests": 0, "injected_errors": 0, "admission_rejections": 0}
         self._ids = itertools.count()
         self._key_digests = [hashlib.sha256(k.encode()).digest() for k in options.api_keys]
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
         self._routes: dict[tuple[str, str], Handler] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/responses"): self.responses.create,
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
@@ -90,7 +108,7 @@ class SimApp:
             return
         self.counters["http_requests"] += 1
         method, path = scope["method"], scope["path"]
-        handler = self._routes.get((method, path))
+        handler = self._routes.get((method, path)) or self.responses.route(method, path)
         if handler is None:
             status = 405 if path in self._paths else 404
             detail = "Method Not Allowed" if status == 405 else "Not Found"
@@ -110,13 +128,13 @@ class SimApp:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._task = asyncio.create_task(self.runner.run())
+                self._tasks = [asyncio.create_task(r.run()) for r in self.runners]
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
-                if self._task is not None:
-                    self._task.cancel()
+                for task in self._tasks:
+                    task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
-                        await self._task
+                        await task
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -149,18 +167,47 @@ class SimApp:
         if model is not None and model != self.options.model:
             raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
+    @property
+    def num_waiting(self) -> int:
+        return sum(e.num_waiting for e in self.engines)
+
+    @property
+    def num_running(self) -> int:
+        return sum(e.num_running for e in self.engines)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(r.in_flight for r in self.runners)
+
+    def pick_runner(self) -> EngineRunner:
+        """The data-parallel engine for a new request: vLLM's DP load balancer picks the lowest
+        ``waiting * 4 + running`` (vllm/v1/engine/core_client.py), the first on a tie."""
+        if len(self.runners) == 1:
+            return self.runners[0]
+        scores = [e.num_waiting * 4 + e.num_running for e in self.engines]
+        return self.runners[scores.index(min(scores))]
+
+    def check_faults(self) -> None:
+        """The engine-state faults, met when the frontend hands the request to the engine."""
+        faults = self.faults
+        if faults.drop_connections:
+            raise ConnectionDropped("simulated dropped connection")
+        if faults.dead:  # EngineDeadError (error_response.py)
+            raise dead_engine_error()
+        if faults.engine_faulted:
+            raise engine_faulted_error()
+
     def _admit(self) -> None:
         """Fault switches and the admission limit, in the order vLLM's frontend would meet them."""
         faults = self.faults
-        if faults.dead:
-            raise SimError(503, "The engine is dead.", "ServiceUnavailableError")
+        self.check_faults()
         if faults.should_fail():
             self.counters["injected_errors"] += 1
             if faults.error_status == 503:
                 raise SimError(503, "Simulated service unavailable.", "ServiceUnavailableError")
             raise SimError(500, "Simulated internal server error.", "InternalServerError")
         limit = faults.max_num_queued_reqs
-        if limit and self.engine.num_waiting + self.engine.num_running >= limit:
+        if limit and self.num_waiting + self.num_running >= limit:
             self.counters["admission_rejections"] += 1
             self.metrics.admission_rejections += 1
             raise SimError(503, BUSY, "Service Unavailable")
@@ -175,20 +222,35 @@ class SimApp:
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         body = await self._json_body(scope, receive)
         self._check_model(body)
+        gen = self.parse(body, chat)
+        rid = _header(scope, b"x-request-id") or gen.request_id or uuid.uuid4().hex
+        response_id = ("chatcmpl-" if chat else "cmpl-") + rid
+        fmt = _header(scope, b"endpoint-load-metrics-format")
+        reply = (lambda: load_report_header(fmt, self.engines, self.options.log_stats)) if (
+            fmt is not None) else None
+        await self.launch(scope, receive, send, gen, rid,
+                          lambda g: ChatFormat(g, response_id), reply)
+
+    def parse(self, body: dict[str, Any], chat: bool) -> GenRequest:
         cfg = self.engine.config
-        gen = parse_generation(body, chat, cfg.max_model_len,
-                               cfg.scheduling_policy == "priority")
+        return parse_generation(body, chat, cfg.max_model_len, self.options.reasoning)
+
+    async def launch(self, scope: Scope, receive: Receive, send: Send, gen: GenRequest, rid: str,
+                     make_format: Callable[[Generation], Format],
+                     reply_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None,
+                     ) -> Generation:
+        """Admit, wait out the latency fault, then serve ``gen`` on a data-parallel engine."""
         self._admit()
         delay = self.faults.delay_s(gen.seed)
         if delay > 0:
             await asyncio.sleep(delay)
-        rid = _header(scope, b"x-request-id") or gen.request_id or uuid.uuid4().hex
-        response_id = ("chatcmpl-" if chat else "cmpl-") + rid
+            self.check_faults()
         headers = [(b"x-request-id", rid.encode())] if self.options.request_id_headers else []
-        generation = Generation(self.runner, self.faults, self.options.model, cfg.block_size,
-                                gen, response_id, f"{rid}#{next(self._ids)}", headers)
-        # ConnectionDropped propagates: uvicorn then closes the connection (the 'dead' fault)
-        await generation.serve(receive, send)
+        generation = Generation(self.ctx, self.pick_runner(), gen, f"{rid}#{next(self._ids)}",
+                                headers, reply_headers)
+        # ConnectionDropped propagates: uvicorn then closes the connection
+        await generation.serve(receive, send, make_format(generation))
+        return generation
 
     # -- other OpenAI / vLLM endpoints -----------------------------------------------------
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -230,6 +292,8 @@ class SimApp:
         await send_json(send, 200, {"object": "list", "data": [card]})
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # only the engine's errored flag (EngineDeadError) makes /health 503; a faulted (paused)
+        # engine still answers 200
         status = 503 if self.faults.dead else 200
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", b"0")]})
@@ -239,7 +303,7 @@ class SimApp:
         await send_json(send, 200, {"version": VLLM_VERSION})
 
     async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, {"server_load": self.runner.in_flight})
+        await send_json(send, 200, {"server_load": self.in_flight})
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._json_body(scope, receive)
@@ -265,8 +329,9 @@ class SimApp:
             self.faults.update(changes)
         except (ValueError, orjson.JSONDecodeError) as exc:
             raise SimError(400, str(exc)) from None
-        if self.faults.dead:
-            self.runner.abort_all()
+        if self.faults.dead or self.faults.drop_connections:
+            for runner in self.runners:
+                runner.abort_all()
         await send_json(send, 200, self.faults.to_dict())
 
     async def _get_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -280,14 +345,24 @@ class SimApp:
         await send_json(send, 200, {"requests": []})
 
     async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        s, e = self.engine.stats, self.engine
+        stats = [e.stats for e in self.engines]
+
+        def total(name: str) -> int:
+            return sum(int(getattr(s, name)) for s in stats)
+
+        finished = {k: sum(s.finished[k] for s in stats) for k in stats[0].finished}
         await send_json(send, 200, {
-            "received": s.received, "aborted": s.finished["abort"], "finished": s.finished,
-            "preemptions": s.preemptions, "cached_tokens": s.prefix_cache_hits,
-            "prefix_cache_queries": s.prefix_cache_queries, "prompt_tokens": s.prompt_tokens,
-            "generation_tokens": s.generation_tokens, "running": e.num_running,
-            "waiting": e.num_waiting, "kv_usage": e.kv_usage, "steps": s.steps,
-            "in_flight": self.runner.in_flight, **self.counters})
+            "received": total("received"), "aborted": finished["abort"], "finished": finished,
+            "preemptions": total("preemptions"), "cached_tokens": total("prefix_cache_hits"),
+            "prefix_cache_queries": total("prefix_cache_queries"),
+            "prompt_tokens": total("prompt_tokens"),
+            "generation_tokens": total("generation_tokens"), "running": self.num_running,
+            "waiting": self.num_waiting,
+            "kv_usage": max(e.kv_usage for e in self.engines), "steps": total("steps"),
+            "engines": [{"running": e.num_running, "waiting": e.num_waiting,
+                         "kv_usage": e.kv_usage, "received": e.stats.received}
+                        for e in self.engines],
+            "in_flight": self.in_flight, **self.counters})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

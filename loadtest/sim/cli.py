@@ -22,7 +22,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
     p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=64,
+                   help="tokens per KV block (vLLM 0.34's CacheConfig default: 64)")
     p.add_argument("--max-model-len", type=int, help="default: the preset's")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -35,6 +36,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-compat", choices=["current", "legacy"], default="current")
     p.add_argument("--api-key", action="append", default=[], help="repeatable; or VLLM_API_KEY")
     p.add_argument("--enable-request-id-headers", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage.prompt_tokens_details.cached_tokens in chat/completions answers")
+    p.add_argument("--reasoning", action="store_true",
+                   help="chat output starts with a thinking phase (delta.reasoning)")
+    p.add_argument("--reasoning-parser", metavar="NAME",
+                   help="as vLLM's flag: any name turns --reasoning on")
+    p.add_argument("--sse-keep-alive-interval", type=float, default=0.0, metavar="S",
+                   help="': keep-alive' comment lines every S wall seconds while a stream idles")
+    p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
+                   help="N engines (each with --num-gpu-blocks) behind one frontend")
+    p.add_argument("--disable-log-stats", action="store_true", help="no vllm:* metrics")
+    p.add_argument("--enable-store", action="store_true",
+                   help="Responses API store (or VLLM_ENABLE_RESPONSES_API_STORE=1)")
     faults = p.add_argument_group("faults (also settable at runtime: POST /sim/faults)")
     faults.add_argument("--latency-ms", type=float, default=0.0)
     faults.add_argument("--latency-jitter-ms", type=float, default=0.0,
@@ -43,6 +57,8 @@ def parser() -> argparse.ArgumentParser:
     faults.add_argument("--error-status", type=int, choices=[500, 503], default=500)
     faults.add_argument("--max-num-queued-reqs", type=int, default=0)
     faults.add_argument("--dead", action="store_true")
+    faults.add_argument("--drop-connections", action="store_true")
+    faults.add_argument("--engine-faulted", action="store_true")
     faults.add_argument("--hang-after-tokens", type=int, default=-1)
     p.add_argument("--log-level", default="warning")
     return p
@@ -51,6 +67,10 @@ def parser() -> argparse.ArgumentParser:
 def build_app(args: argparse.Namespace) -> SimApp:
     preset = get_preset(args.preset)
     blocks = args.num_gpu_blocks or preset.num_gpu_blocks * 16 // args.block_size
+    if args.data_parallel_size < 1:
+        raise ValueError("--data-parallel-size must be >= 1")
+    if args.sse_keep_alive_interval < 0:
+        raise ValueError("--sse-keep-alive-interval must be >= 0")
     config = EngineConfig(
         cost=preset.cost, num_gpu_blocks=blocks, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
@@ -61,14 +81,21 @@ def build_app(args: argparse.Namespace) -> SimApp:
     faults = Faults(latency_ms=args.latency_ms, latency_jitter_ms=args.latency_jitter_ms,
                     error_rate=args.error_rate,
                     error_status=args.error_status, max_num_queued_reqs=args.max_num_queued_reqs,
-                    dead=args.dead, hang_after_tokens=args.hang_after_tokens, seed=args.seed)
+                    dead=args.dead, drop_connections=args.drop_connections,
+                    engine_faulted=args.engine_faulted, hang_after_tokens=args.hang_after_tokens,
+                    seed=args.seed)
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
     options = SimOptions(
         model=args.model, time_scale=args.time_scale, legacy_errors=args.legacy_errors,
         legacy_metrics=args.metrics_compat == "legacy", api_keys=keys,
         request_id_headers=args.enable_request_id_headers,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
+        reasoning=args.reasoning or bool(args.reasoning_parser),
+        keep_alive_s=args.sse_keep_alive_interval, log_stats=not args.disable_log_stats,
+        enable_store=args.enable_store or os.environ.get(
+            "VLLM_ENABLE_RESPONSES_API_STORE", "").lower() in ("1", "true"),
     )
-    return SimApp(Engine(config), options, faults)
+    return SimApp([Engine(config) for _ in range(args.data_parallel_size)], options, faults)
 
 
 def main(argv: list[str]) -> int:

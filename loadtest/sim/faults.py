@@ -20,7 +20,12 @@ class Faults:
     error_rate: float = 0.0  # probability that a generation request fails
     error_status: int = 500  # 500 or 503
     max_num_queued_reqs: int = 0  # admission limit on waiting + running (vLLM's flag), 0 = off
-    dead: bool = False  # /health 503, new requests 503, in-flight connections dropped
+    # a dead engine (vLLM's EngineDeadError): /health 503, new requests 500 InternalServerError,
+    # in-flight streams end with an SSE error event (code 500) and `data: [DONE]`
+    dead: bool = False
+    drop_connections: bool = False  # in-flight and new connections closed without an answer
+    # vLLM's fault-tolerance pause: new requests 503 while /health stays 200
+    engine_faulted: bool = False
     hang_after_tokens: int = -1  # stop sending after K tokens and hang until the client leaves
     seed: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)

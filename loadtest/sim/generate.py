@@ -1,171 +1,214 @@
-"""Serving one chat/completions request: submit to the engine, stream or answer, abort on exit."""
+"""Serving one generation request: submit to the engine, stream or answer, abort on exit.
+
+`Generation` owns the request's life (engine submission, client-disconnect abort, faults,
+keep-alive comments, the hang fault); a `Format` turns what each engine output adds into bytes:
+`chat_format.py` for chat/completions, `responses.py` for the Responses API.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
-
-import orjson
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from loadtest.sim import prompt as P
 from loadtest.sim.asgi import Receive, Send, send_json, wait_disconnect
+from loadtest.sim.errors import dead_engine_error, error_body, sse_error
 from loadtest.sim.faults import Faults
 from loadtest.sim.parse import GenRequest
 from loadtest.sim.runner import EngineRunner
 from loadtest.sim.spec import RequestOutput, RequestSpec
 
-__all__ = ["ConnectionDropped", "Generation"]
+__all__ = ["ConnectionDropped", "Format", "Generation", "Piece", "ServeContext"]
 
-_SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
-                (b"cache-control", b"no-cache")]
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"),
+               (b"cache-control", b"no-cache")]
+KEEP_ALIVE = b": keep-alive\n\n"
 
 
 class ConnectionDropped(Exception):
-    """Raised to make the server drop the connection (the 'dead' fault)."""
+    """Raised to make the server close the connection (the 'drop_connections' fault)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServeContext:
+    """What every request of one replica shares."""
+
+    faults: Faults
+    model: str
+    block_size: int
+    legacy_errors: bool = False
+    prompt_tokens_details: bool = False  # --enable-prompt-tokens-details
+    keep_alive_s: float = 0.0  # --sse-keep-alive-interval (wall seconds, 0 = off)
+
+
+@dataclass(slots=True)
+class Piece:
+    """What one engine output adds: thinking text, then answer text (or tool arguments)."""
+
+    reasoning: str
+    content: str
+    out: RequestOutput
+
+
+class Format(Protocol):
+    """Bytes for one API's answer; `Generation` calls it in order."""
+
+    def start(self) -> bytes: ...  # first bytes of a stream (may be empty)
+
+    def piece(self, piece: Piece, first: bool) -> bytes: ...  # a stream's bytes for one output
+
+    def end(self, last: RequestOutput) -> bytes: ...  # a stream's last bytes
+
+    def full(self, reasoning: str, content: str, last: RequestOutput) -> dict[str, Any]: ...
 
 
 class Generation:
     """One request's life on the server side."""
 
-    def __init__(self, runner: EngineRunner, faults: Faults, model: str, block_size: int,
-                 gen: GenRequest, response_id: str, engine_id: str,
-                 extra_headers: list[tuple[bytes, bytes]]) -> None:
-        self.runner, self.faults, self.model, self.gen = runner, faults, model, gen
-        self.block_size = block_size
-        self.response_id, self.engine_id = response_id, engine_id
-        self.headers = extra_headers
+    def __init__(self, ctx: ServeContext, runner: EngineRunner, gen: GenRequest, engine_id: str,
+                 headers: list[tuple[bytes, bytes]],
+                 reply_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None) -> None:
+        self.ctx, self.runner, self.gen = ctx, runner, gen
+        self.engine_id = engine_id
+        self.headers = headers
+        self.reply_headers = reply_headers  # extra headers of a non-streamed answer, at reply time
         self.created = int(time.time())
         self.sent_tokens = 0
         self.chars_sent = 0
+        self.finished: RequestOutput | None = None  # the last output once the request finished
 
     def spec(self) -> RequestSpec:
         gen = self.gen
         return RequestSpec(
             request_id=self.engine_id,
-            block_hashes=gen.prompt.block_hashes(self.block_size, gen.salt),
+            block_hashes=gen.prompt.block_hashes(self.ctx.block_size, gen.salt),
             prompt_tokens=gen.prompt.num_tokens, max_tokens=gen.max_tokens, eos_after=gen.eos_after,
             priority=gen.priority,
         )
 
-    async def serve(self, receive: Receive, send: Send) -> None:
+    def usage(self, out: RequestOutput) -> dict[str, Any]:
+        """Chat/completions usage; `cached_tokens` only with --enable-prompt-tokens-details
+        (vllm/entrypoints/openai/chat_completion/serving.py)."""
+        prompt = self.gen.prompt.num_tokens
+        details = ({"cached_tokens": out.cached_tokens} if self.ctx.prompt_tokens_details
+                   else None)
+        return {"prompt_tokens": prompt, "total_tokens": prompt + out.num_output_tokens,
+                "completion_tokens": out.num_output_tokens, "prompt_tokens_details": details}
+
+    async def serve(self, receive: Receive, send: Send, fmt: Format) -> None:
         track = self.runner.submit(self.spec())
         watcher = asyncio.create_task(wait_disconnect(receive))
         watcher.add_done_callback(lambda _t: self.runner.abort(self.engine_id))
         try:
             if self.gen.stream:
-                await self._stream(track.queue, watcher, send)
+                await self._stream(track.queue, watcher, send, fmt)
             else:
-                await self._full(track.queue, watcher, send)
+                await self._full(track.queue, watcher, send, fmt)
         finally:
             watcher.cancel()
 
     # -- text ------------------------------------------------------------------------------
-    def _text(self, count: int) -> str:
-        hang = self.faults.hang_after_tokens
+    def _piece(self, out: RequestOutput) -> Piece:
+        count = out.new_tokens
+        hang = self.ctx.faults.hang_after_tokens
         if hang >= 0:  # never send past the hang point, even when outputs arrive batched
             count = min(count, max(0, hang - self.sent_tokens))
-        text = P.generated_text(self.gen.seed, self.sent_tokens, count)
-        self.sent_tokens += count
+        start, self.sent_tokens = self.sent_tokens, self.sent_tokens + count
+        tool = self.gen.tool
+        if tool is not None:
+            return Piece("", tool.arguments[4 * start: 4 * (start + count)], out)
+        think = self.gen.reasoning_tokens
+        split = min(max(think - start, 0), count)
+        text = P.generated_text(self.gen.seed, start, count)
         limit = self.gen.visible_chars
         if limit is not None:
             text = text[: max(0, limit - self.chars_sent)]
         self.chars_sent += len(text)
-        return text
+        return Piece(text[: 4 * split], text[4 * split:], out)
 
-    def _usage(self, out: RequestOutput) -> dict[str, Any]:
-        prompt = self.gen.prompt.num_tokens
-        return {"prompt_tokens": prompt, "total_tokens": prompt + out.num_output_tokens,
-                "completion_tokens": out.num_output_tokens,
-                "prompt_tokens_details": {"cached_tokens": out.cached_tokens}}
+    def _hung(self) -> bool:
+        return 0 <= self.ctx.faults.hang_after_tokens <= self.sent_tokens
+
+    async def _next(self, queue: asyncio.Queue[RequestOutput], send: Send | None) -> RequestOutput:
+        """The next engine output; a stream gets `: keep-alive` comments while it waits."""
+        interval = self.ctx.keep_alive_s
+        if send is None or interval <= 0:
+            return await queue.get()
+        while True:
+            try:
+                return await asyncio.wait_for(queue.get(), interval)
+            except TimeoutError:
+                await _body(send, KEEP_ALIVE)
+
+    def _fault(self) -> str | None:
+        faults = self.ctx.faults
+        if faults.drop_connections:
+            self.runner.abort(self.engine_id)
+            raise ConnectionDropped("simulated dropped connection")
+        return "dead" if faults.dead else None
 
     # -- non-streaming ---------------------------------------------------------------------
     async def _full(self, queue: asyncio.Queue[RequestOutput], watcher: asyncio.Task[None],
-                    send: Send) -> None:
-        parts: list[str] = []
+                    send: Send, fmt: Format) -> None:
+        reasoning: list[str] = []
+        content: list[str] = []
         while True:
-            out = await queue.get()
-            self._check_dead()
+            out = await self._next(queue, None)
+            if self._fault() == "dead":
+                await send_json(send, 500, error_body(dead_engine_error(),
+                                                      self.ctx.legacy_errors))
+                return
             if out.finish_reason == "abort":
                 return
-            parts.append(self._text(out.new_tokens))
-            if 0 <= self.faults.hang_after_tokens <= self.sent_tokens:
+            piece = self._piece(out)
+            reasoning.append(piece.reasoning)
+            content.append(piece.content)
+            if self._hung():
                 await watcher
                 return
             if out.finish_reason is not None:
                 break
-        await send_json(send, 200, self._full_body("".join(parts), out), self.headers)
-
-    def _full_body(self, text: str, out: RequestOutput) -> dict[str, Any]:
-        if self.gen.chat:
-            choice: dict[str, Any] = {
-                "index": 0, "logprobs": None, "finish_reason": out.finish_reason,
-                "stop_reason": None,
-                "message": {"role": "assistant", "content": text, "refusal": None,
-                            "tool_calls": [], "reasoning_content": None},
-            }
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None,
-                      "finish_reason": out.finish_reason, "stop_reason": None}
-            obj = "text_completion"
-        return {"id": self.response_id, "object": obj, "created": self.created,
-                "model": self.model, "choices": [choice], "usage": self._usage(out),
-                "prompt_logprobs": None, "kv_transfer_params": None}
+        self.finished = out
+        extra = self.reply_headers() if self.reply_headers is not None else []
+        await send_json(send, 200, fmt.full("".join(reasoning), "".join(content), out),
+                        self.headers + extra)
 
     # -- streaming -------------------------------------------------------------------------
-    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> bytes:
-        if self.gen.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": ""} if role else (
-                {"content": text} if text else {})
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None,
-                                      "finish_reason": finish}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": 0, "text": text or "", "logprobs": None,
-                      "finish_reason": finish}
-            obj = "text_completion"
-        if finish is not None:
-            choice["stop_reason"] = None
-        body = {"id": self.response_id, "object": obj, "created": self.created,
-                "model": self.model, "choices": [choice]}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
-    def _usage_chunk(self, out: RequestOutput) -> bytes:
-        obj = "chat.completion.chunk" if self.gen.chat else "text_completion"
-        body = {"id": self.response_id, "object": obj, "created": self.created,
-                "model": self.model, "choices": [], "usage": self._usage(out)}
-        return b"data: " + orjson.dumps(body) + b"\n\n"
-
     async def _stream(self, queue: asyncio.Queue[RequestOutput], watcher: asyncio.Task[None],
-                      send: Send) -> None:
+                      send: Send, fmt: Format) -> None:
         await send({"type": "http.response.start", "status": 200,
-                    "headers": _SSE_HEADERS + self.headers})
-        if self.gen.chat:
-            await _body(send, self._chunk(None, None, role=True))
+                    "headers": SSE_HEADERS + self.headers})
+        head = fmt.start()
+        if head:
+            await _body(send, head)
+        first = True
         while True:
-            out = await queue.get()
-            self._check_dead()
+            out = await self._next(queue, send)
+            if self._fault() == "dead":
+                await send({"type": "http.response.body",
+                            "body": sse_error(dead_engine_error(), self.ctx.legacy_errors)})
+                return
             if out.finish_reason == "abort":
                 return
-            text = self._text(out.new_tokens)
-            if 0 <= self.faults.hang_after_tokens <= self.sent_tokens:
-                if text:
-                    await _body(send, self._chunk(text, None))
+            piece = self._piece(out)
+            if self._hung():
+                if piece.reasoning or piece.content:
+                    await _body(send, fmt.piece(piece, first))
                 await watcher
                 return
-            if text or out.finish_reason is not None:
-                await _body(send, self._chunk(text, out.finish_reason))
+            data = fmt.piece(piece, first)
+            if data:
+                first = False
+                await _body(send, data)
             if out.finish_reason is not None:
                 break
-        tail = self._usage_chunk(out) if self.gen.include_usage else b""
-        await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
-
-    def _check_dead(self) -> None:
-        if self.faults.dead:
-            self.runner.abort(self.engine_id)
-            raise ConnectionDropped("simulated replica death")
+        self.finished = out
+        await send({"type": "http.response.body", "body": fmt.end(out)})
 
 
 async def _body(send: Send, data: bytes) -> None:
     await send({"type": "http.response.body", "body": data, "more_body": True})
+

@@ -8,9 +8,14 @@ from engine outputs in SIMULATED seconds (what the modelled GPU would report, in
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -20,7 +25,7 @@ from prometheus_client.core import (
 
 from loadtest.sim.engine import Engine
 from loadtest.sim.runner import Track
-from loadtest.sim.spec import FINISH_REASONS, RequestOutput
+from loadtest.sim.spec import FINISH_REASONS, EngineConfig, RequestOutput
 
 __all__ = ["CONTENT_TYPE", "Histogram", "SimMetrics"]
 
@@ -54,106 +59,137 @@ class Histogram:
 
 
 class SimMetrics:
-    """Histograms fed by the runner, plus a collector that renders everything on scrape."""
+    """Histograms fed by the runners, plus a collector that renders everything on scrape.
 
-    def __init__(self, engine: Engine, model: str, legacy: bool = False) -> None:
-        self.engine = engine
+    One ``engine`` label value per data-parallel engine (``"0".."N-1"``), as vLLM's
+    `PrometheusStatLogger` (vllm/v1/metrics/loggers.py). With ``log_stats=False``
+    (``--disable-log-stats``) no ``vllm:*`` series is exported at all, only the process ones.
+    """
+
+    def __init__(self, engines: Sequence[Engine], model: str, legacy: bool = False,
+                 log_stats: bool = True) -> None:
+        self.engines = list(engines)
         self.model = model
         self.legacy = legacy
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.itl = Histogram(ITL_BUCKETS)
-        self.e2e = Histogram(E2E_BUCKETS)
+        self.log_stats = log_stats
+        n = len(self.engines)
+        self.ttft = [Histogram(TTFT_BUCKETS) for _ in range(n)]
+        self.itl = [Histogram(ITL_BUCKETS) for _ in range(n)]
+        self.e2e = [Histogram(E2E_BUCKETS) for _ in range(n)]
         self.admission_rejections = 0
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
+        ProcessCollector(registry=self._registry)
+        PlatformCollector(registry=self._registry)
 
-    def observe(self, out: RequestOutput, track: Track) -> None:
-        """Runner hook: one output of one request."""
-        if out.first_token_time is not None:
-            self.ttft.observe(out.first_token_time - track.arrival)
-            gaps = out.new_tokens - 1
-            if gaps > 0 and out.time > out.first_token_time:
-                self.itl.observe((out.time - out.first_token_time) / gaps, gaps)
-        elif out.new_tokens > 0 and track.last_time is not None:
-            self.itl.observe((out.time - track.last_time) / out.new_tokens, out.new_tokens)
-        if out.finish_reason is not None and out.finish_reason != "abort":
-            self.e2e.observe(out.time - track.arrival)
+    def observer(self, index: int) -> Callable[[RequestOutput, Track], None]:
+        """The runner hook of engine ``index``."""
+        ttft, itl, e2e = self.ttft[index], self.itl[index], self.e2e[index]
+
+        def observe(out: RequestOutput, track: Track) -> None:
+            if out.first_token_time is not None:
+                ttft.observe(out.first_token_time - track.arrival)
+                gaps = out.new_tokens - 1
+                if gaps > 0 and out.time > out.first_token_time:
+                    itl.observe((out.time - out.first_token_time) / gaps, gaps)
+            elif out.new_tokens > 0 and track.last_time is not None:
+                itl.observe((out.time - track.last_time) / out.new_tokens, out.new_tokens)
+            if out.finish_reason is not None and out.finish_reason != "abort":
+                e2e.observe(out.time - track.arrival)
+
+        return observe
 
     def render(self) -> bytes:
         return generate_latest(self._registry)
 
     # prometheus_client collector protocol
     def collect(self) -> Iterator[Metric]:
-        labels, values = ["model_name", "engine"], [self.model, "0"]
-        e, s = self.engine, self.engine.stats
+        if not self.log_stats:
+            return
         kv_name = "vllm:gpu_cache_usage_perc" if self.legacy else "vllm:kv_cache_usage_perc"
         pc = "vllm:gpu_prefix_cache_" if self.legacy else "vllm:prefix_cache_"
         itl_name = ("vllm:time_per_output_token_seconds" if self.legacy
                     else "vllm:inter_token_latency_seconds")
-        yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-                     labels, values, e.num_running)
-        yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                     labels, values, e.num_waiting)
-        yield _gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, values,
-                     e.kv_usage)
-        yield _counter(pc + "queries", "Prefix cache queries, in terms of number of queried "
-                       "tokens.", labels, values, s.prefix_cache_queries)
-        yield _counter(pc + "hits", "Prefix cache hits, in terms of number of cached tokens.",
-                       labels, values, s.prefix_cache_hits)
-        yield _counter("vllm:num_preemptions", "Cumulative number of preemption from the "
-                       "engine.", labels, values, s.preemptions)
-        yield _counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels,
-                       values, s.prompt_tokens)
-        yield _counter("vllm:generation_tokens", "Number of generation tokens processed.",
-                       labels, values, s.generation_tokens)
+        engines = self.engines
+        yield self._per_engine(GaugeMetricFamily, "vllm:num_requests_running",
+                               "Number of requests in model execution batches.",
+                               [e.num_running for e in engines])
+        yield self._per_engine(GaugeMetricFamily, "vllm:num_requests_waiting",
+                               "Number of requests waiting to be processed.",
+                               [e.num_waiting for e in engines])
+        yield self._per_engine(GaugeMetricFamily, kv_name,
+                               "KV-cache usage. 1 means 100 percent usage.",
+                               [e.kv_usage for e in engines])
+        stats = [e.stats for e in engines]
+        yield self._per_engine(CounterMetricFamily, pc + "queries", "Prefix cache queries, in "
+                               "terms of number of queried tokens.",
+                               [s.prefix_cache_queries for s in stats])
+        yield self._per_engine(CounterMetricFamily, pc + "hits", "Prefix cache hits, in terms "
+                               "of number of cached tokens.", [s.prefix_cache_hits for s in stats])
+        yield self._per_engine(CounterMetricFamily, "vllm:num_preemptions", "Cumulative number "
+                               "of preemption from the engine.", [s.preemptions for s in stats])
+        yield self._per_engine(CounterMetricFamily, "vllm:prompt_tokens", "Number of prefill "
+                               "tokens processed.", [s.prompt_tokens for s in stats])
+        yield self._per_engine(CounterMetricFamily, "vllm:generation_tokens", "Number of "
+                               "generation tokens processed.", [s.generation_tokens for s in stats])
         success = CounterMetricFamily("vllm:request_success", "Count of successfully processed "
-                                      "requests.", labels=[*labels, "finished_reason"])
-        for reason in FINISH_REASONS:
-            success.add_metric([*values, reason], s.finished[reason])
+                                      "requests.", labels=[*LABELS, "finished_reason"])
+        for i, s in enumerate(stats):
+            for reason in FINISH_REASONS:
+                success.add_metric([self.model, str(i), reason], s.finished[reason])
         yield success
         rejected = CounterMetricFamily("vllm:admission_rejections", "Requests rejected by the "
                                        "admission limits.", labels=["model_name", "reason"])
         rejected.add_metric([self.model, "max_num_queued_reqs"], self.admission_rejections)
         yield rejected
-        yield _hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in "
-                    "seconds.", labels, values, self.ttft)
-        yield _hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
-                    "seconds.", labels, values, self.e2e)
-        yield _hist(itl_name, "Histogram of inter-token latency in seconds.", labels, values,
-                    self.itl)
+        yield self._hists("vllm:time_to_first_token_seconds", "Histogram of time to first token "
+                          "in seconds.", self.ttft)
+        yield self._hists("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency "
+                          "in seconds.", self.e2e)
+        yield self._hists(itl_name, "Histogram of inter-token latency in seconds.", self.itl)
         yield self._cache_config_info()
 
+    def _per_engine(self, kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str,
+                    doc: str, values: Sequence[float]) -> Metric:
+        family = kind(name, doc, labels=LABELS)
+        for i, v in enumerate(values):
+            family.add_metric([self.model, str(i)], v)
+        return family
+
+    def _hists(self, name: str, doc: str, hists: Sequence[Histogram]) -> Metric:
+        family = HistogramMetricFamily(name, doc, labels=LABELS)
+        for i, h in enumerate(hists):
+            family.add_metric([self.model, str(i)], h.buckets(), h.sum)
+        return family
+
     def _cache_config_info(self) -> Metric:
-        cfg = self.engine.config
-        info = {
-            "block_size": str(cfg.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": str(cfg.enable_prefix_caching),
-            "engine": "",
-            "gpu_memory_utilization": "0.9",
-            "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(cfg.num_gpu_blocks),
-            "prefix_caching_hash_algo": "xxhash",
-        }
+        """One series per engine; ``num_gpu_blocks`` is the TOTAL over the data-parallel engines
+        (v1/engine/core_client.py sums the engines' counts into the shared CacheConfig before the
+        loggers export it), ``kv_cache_size_tokens`` this engine's own KV capacity in tokens."""
+        cfg = self.engines[0].config
+        total_blocks = sum(e.config.num_gpu_blocks for e in self.engines)
         family = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine "
-                                   "CacheConfig", labels=list(info))
-        family.add_metric(list(info.values()), 1.0)
+                                   "CacheConfig", labels=list(_info(cfg, 0, 0)))
+        for i, engine in enumerate(self.engines):
+            info = _info(cfg, i, total_blocks)
+            info["kv_cache_size_tokens"] = str(engine.config.num_gpu_blocks
+                                               * engine.config.block_size)
+            family.add_metric(list(info.values()), 1.0)
         return family
 
 
-def _gauge(name: str, doc: str, labels: list[str], values: list[str], v: float) -> Metric:
-    family = GaugeMetricFamily(name, doc, labels=labels)
-    family.add_metric(values, v)
-    return family
+LABELS = ["model_name", "engine"]
 
 
-def _counter(name: str, doc: str, labels: list[str], values: list[str], v: float) -> Metric:
-    family = CounterMetricFamily(name, doc, labels=labels)
-    family.add_metric(values, v)
-    return family
-
-
-def _hist(name: str, doc: str, labels: list[str], values: list[str], h: Histogram) -> Metric:
-    family = HistogramMetricFamily(name, doc, labels=labels)
-    family.add_metric(values, h.buckets(), h.sum)
-    return family
+def _info(cfg: EngineConfig, index: int, total_blocks: int) -> dict[str, str]:
+    return {
+        "block_size": str(cfg.block_size),
+        "cache_dtype": "auto",
+        "enable_prefix_caching": str(cfg.enable_prefix_caching),
+        "engine": str(index),
+        "gpu_memory_utilization": "0.9",
+        "kv_cache_size_tokens": "",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(total_blocks),
+        "prefix_caching_hash_algo": "xxhash",
+    }

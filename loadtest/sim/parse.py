@@ -7,6 +7,7 @@ from typing import Any
 
 from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
+from loadtest.sim.tools import ToolPlan, plan_tool_call
 
 __all__ = ["GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
 
@@ -24,6 +25,8 @@ class GenRequest:
     seed: int
     priority: int
     request_id: str | None
+    tool: ToolPlan | None = None  # a forced tool call: the output is its arguments
+    reasoning_tokens: int = 0  # the first tokens are a thinking phase (``--reasoning``)
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -72,7 +75,7 @@ def _int_field(body: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _check_sampling(body: dict[str, Any], priority_enabled: bool) -> int:
+def _check_sampling(body: dict[str, Any]) -> int:
     n = _int_field(body, "n")
     if n not in (None, 1):
         raise SimError(400, "The simulator supports n=1 only.", param="n")
@@ -80,10 +83,9 @@ def _check_sampling(body: dict[str, Any], priority_enabled: bool) -> int:
     if temp is not None and (isinstance(temp, bool) or not isinstance(temp, int | float)):
         raise SimError(400, "1 validation error: 'temperature' must be a number", "Bad Request",
                        "temperature")
-    priority = _int_field(body, "priority") or 0
-    if priority and not priority_enabled:
-        raise SimError(400, f"Got priority {priority} but Priority scheduling is not enabled.")
-    return priority
+    # V1 ignores `priority` under fcfs (the engine orders by arrival only); only the old V0
+    # engine answered 400 "Priority scheduling is not enabled" (vllm/v1/core/sched/request_queue.py)
+    return _int_field(body, "priority") or 0
 
 
 def _stops(body: dict[str, Any]) -> list[str]:
@@ -129,22 +131,29 @@ def _stop_point(seed: int, length: int, stops: list[str]) -> tuple[int, int] | N
 
 
 def parse_generation(
-    body: dict[str, Any], chat: bool, max_model_len: int, priority_enabled: bool
+    body: dict[str, Any], chat: bool, max_model_len: int, reasoning: bool = False
 ) -> GenRequest:
     salt = validate_cache_salt(body)
-    priority = _check_sampling(body, priority_enabled)
+    priority = _check_sampling(body)
+    tool = plan_tool_call(body) if chat else None
     prompt = parse_prompt(body, chat)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     max_tokens = _check_length(prompt.num_tokens, _int_field(body, *names), max_model_len)
     ignore_eos = body.get("ignore_eos") is True
     seed = prompt.seed()
-    natural = None if ignore_eos else P.natural_length(seed)
-    length = max_tokens if natural is None else min(natural, max_tokens)
-    stop_point = _stop_point(seed, length, _stops(body))
-    eos_after, visible = (stop_point if stop_point else (natural, None))
+    thinking = P.reasoning_length(seed) if (reasoning and chat and tool is None) else 0
+    eos_after: int | None
+    visible: int | None
+    if tool is not None:  # guided decoding ends with the JSON object, EOS or not
+        eos_after, visible = -(-len(tool.arguments) // 4), None
+    else:
+        natural = None if ignore_eos else thinking + P.natural_length(seed)
+        length = max_tokens if natural is None else min(natural, max_tokens)
+        stop_point = _stop_point(seed, length, _stops(body))
+        eos_after, visible = (stop_point if stop_point else (natural, None))
     options = body.get("stream_options")
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
-                      seed, priority, rid if isinstance(rid, str) else None)
+                      seed, priority, rid if isinstance(rid, str) else None, tool, thinking)

@@ -33,8 +33,10 @@ __all__ = [
     "VOCAB_MASK",
     "Prompt",
     "block_hashes",
+    "content_text",
     "generated_text",
     "natural_length",
+    "reasoning_length",
     "render_chat",
     "text_seed",
     "token_ids",
@@ -56,7 +58,8 @@ def _dumps(value: Any) -> str:
     return orjson.dumps(value, option=_JSON_OPTS).decode()
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as the template renders it."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -78,7 +81,7 @@ def render_chat(messages: Sequence[dict[str, Any]], tools: Any = None) -> str:
     if tools:
         out.append(f"<|tools|>\n{_dumps(tools)}\n")
     for message in messages:
-        text = _content_text(message.get("content"))
+        text = content_text(message.get("content"))
         if message.get("tool_calls"):
             text += _dumps(message["tool_calls"])
         out.append(f"<|{message.get('role', 'user')}|>\n{text}\n")
@@ -165,6 +168,11 @@ def text_seed(ids: Sequence[int]) -> int:
 def natural_length(seed: int, lo: int = 8, hi: int = 128) -> int:
     """Where generation would hit EOS for this prompt: ``lo..hi`` tokens, fixed per prompt."""
     return lo + seed % (hi - lo + 1)
+
+
+def reasoning_length(seed: int, lo: int = 4, hi: int = 16) -> int:
+    """How many leading output tokens are the thinking phase (``--reasoning``), fixed per prompt."""
+    return lo + (seed >> 20) % (hi - lo + 1)
 
 
 def generated_text(seed: int, start: int, count: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -81,17 +82,82 @@ def test_admission_limit_503_busy(sim_factory: SimFactory) -> None:
     assert _stats(url)["admission_rejections"] == 1
 
 
+DEAD_BODY = {"error": {"message": "The server had an error while processing your request.",
+                       "type": "InternalServerError", "param": None, "code": 500}}
+
+
 def test_dead_switch(sim_factory: SimFactory) -> None:
     _, url = sim_factory()
     assert httpx.get(f"{url}/health").status_code == 200
     faults = httpx.post(f"{url}/sim/faults", json={"dead": True}).json()
     assert faults["dead"] is True
     assert httpx.get(f"{url}/health").status_code == 503
-    with pytest.raises(openai.APIStatusError) as info:
+    with pytest.raises(openai.InternalServerError) as info:  # vLLM's EngineDeadError: a 500
         _client(url).completions.create(model=MODEL, prompt="y", max_tokens=1)
-    assert info.value.status_code == 503
+    assert info.value.status_code == 500
+    r = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": MSG})
+    assert (r.status_code, r.json()) == (500, DEAD_BODY)
     httpx.post(f"{url}/sim/faults", json={"dead": False})
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_dead_engine_ends_running_streams_with_an_error_event(sim_factory: SimFactory,
+                                                              chat: bool) -> None:
+    _, url = sim_factory("--time-scale", "1")
+    path, body = (("/v1/chat/completions", {"messages": MSG}) if chat
+                  else ("/v1/completions", {"prompt": "x"}))
+    body = {"model": MODEL, "max_tokens": 2000, "ignore_eos": True, "stream": True, **body}
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=10) as resp:
+        lines = resp.iter_lines()
+        assert '"choices"' in next(line for line in lines if line.startswith("data: "))
+        httpx.post(f"{url}/sim/faults", json={"dead": True}).raise_for_status()
+        events = [line for line in lines if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2][6:]) == DEAD_BODY
+    assert resp.status_code == 200
+
+
+def test_dead_engine_fails_a_waiting_non_streamed_request(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "0.05")  # slow: the request is still running
+
+    async def scenario() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=10) as client:
+            pending = asyncio.ensure_future(client.post(f"{url}/v1/completions", json={
+                "model": MODEL, "prompt": "x", "max_tokens": 500, "ignore_eos": True}))
+            while (await client.get(f"{url}/sim/stats")).json()["running"] == 0:
+                await asyncio.sleep(0.01)
+            await client.post(f"{url}/sim/faults", json={"dead": True})
+            return await pending
+
+    r = asyncio.run(scenario())
+    assert (r.status_code, r.json()) == (500, DEAD_BODY)
+
+
+def test_drop_connections_closes_streams_without_an_answer(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "1")
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}
+    with pytest.raises(httpx.RemoteProtocolError), httpx.stream(
+        "POST", f"{url}/v1/completions", json=body, timeout=10
+    ) as resp:
+        lines = resp.iter_lines()
+        next(lines)
+        httpx.post(f"{url}/sim/faults", json={"drop_connections": True}).raise_for_status()
+        rest = list(lines)
+        raise AssertionError(f"the stream ended cleanly: {rest[-2:]}")
+    assert httpx.get(f"{url}/health").status_code == 200  # the process is still up
+
+
+def test_engine_faulted_answers_503_while_health_stays_200(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--engine-faulted")
+    assert httpx.get(f"{url}/health").status_code == 200
+    r = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": "x"})
+    assert r.status_code == 503
+    err = r.json()["error"]
+    assert err["code"] == 503 and "EngineFaultedError" in err["message"]
+    httpx.post(f"{url}/sim/faults", json={"engine_faulted": False}).raise_for_status()
+    _client(url).completions.create(model=MODEL, prompt="x", max_tokens=1)
 
 
 def test_hang_after_tokens(sim_factory: SimFactory) -> None:

@@ -12,12 +12,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.procs import sim_proc
 
 MODEL = "sim-model"
-LONG = "You are a helpful assistant. " * 40  # ~280 tokens: several 16-token blocks
+LONG = "You are a helpful assistant. " * 40  # ~290 tokens: several 64-token blocks
 
 
 @pytest.fixture(scope="module")
 def sim() -> Iterator[str]:
-    proc, url = sim_proc(None, "--time-scale", "20", "--max-model-len", "4096", model=MODEL)
+    proc, url = sim_proc(None, "--time-scale", "20", "--max-model-len", "4096",
+                         "--enable-prompt-tokens-details", model=MODEL)
     with proc:
         yield url
 
@@ -55,7 +56,7 @@ def test_chat_non_streaming_usage_and_prefix_hit(sim: str) -> None:
     assert again.usage.prompt_tokens_details is not None
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     cached = again.usage.prompt_tokens_details.cached_tokens or 0
-    assert cached > 0 and cached % 16 == 0 and cached < again.usage.prompt_tokens
+    assert cached > 0 and cached % 64 == 0 and cached < again.usage.prompt_tokens
 
 
 def test_cache_salt_isolates(sim: str) -> None:
@@ -174,4 +175,5 @@ def test_metrics_names_and_counters(sim: str) -> None:
     assert _value(m, "vllm:e2e_request_latency_seconds_count") >= 1
     assert any(n == "vllm:inter_token_latency_seconds_count" for n, _ in m)
     info = next(dict(ls) for (n, ls) in m if n == "vllm:cache_config_info")
-    assert info["block_size"] == "16" and int(info["num_gpu_blocks"]) > 0
+    assert info["block_size"] == "64" and int(info["num_gpu_blocks"]) > 0  # vLLM 0.34's default
+    assert info["engine"] == "0"

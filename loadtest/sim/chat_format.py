@@ -1,0 +1,107 @@
+"""Chat and completions bodies and SSE chunks (vllm/entrypoints/openai/chat_completion/serving.py,
+completion/serving.py): role chunk with the first output, `delta.reasoning`, `delta.tool_calls`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+
+from loadtest.sim.generate import Generation, Piece
+from loadtest.sim.spec import RequestOutput
+
+__all__ = ["ChatFormat"]
+
+
+class ChatFormat:
+    """Chat (``chat=True``) or completions answers of one `Generation`."""
+
+    def __init__(self, generation: Generation, response_id: str) -> None:
+        self.g = generation
+        self.chat = generation.gen.chat
+        self.response_id = response_id
+        # vLLM's default tool-call id: "chatcmpl-tool-" + a random hex id
+        self.tool_call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
+
+    def _finish(self, out: RequestOutput) -> str | None:
+        reason = out.finish_reason
+        tool = self.g.gen.tool
+        # "tool_calls" for tool_choice "required", "stop" for a named function (as OpenAI)
+        if tool is not None and tool.required and reason == "stop":
+            return "tool_calls"
+        return reason
+
+    def _tool_call(self, arguments: str) -> dict[str, Any]:
+        tool = self.g.gen.tool
+        assert tool is not None
+        return {"id": self.tool_call_id, "type": "function",
+                "function": {"name": tool.name, "arguments": arguments}}
+
+    # -- streaming -------------------------------------------------------------------------
+    def start(self) -> bytes:
+        return b""  # vLLM sends the role chunk with the first output, not before
+
+    def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None) -> bytes:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "logprobs": None,
+                                      "finish_reason": finish}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            obj = "text_completion"
+        if finish is not None:
+            choice["stop_reason"] = None
+        body = {"id": self.response_id, "object": obj, "created": self.g.created,
+                "model": self.g.ctx.model, "choices": [choice]}
+        return b"data: " + orjson.dumps(body) + b"\n\n"
+
+    def piece(self, piece: Piece, first: bool) -> bytes:
+        finish = self._finish(piece.out)
+        if not self.chat:
+            if not piece.content and finish is None:
+                return b""
+            return self._chunk(None, piece.content, finish)
+        head = self._chunk({"role": "assistant", "content": ""}, "", None) if first else b""
+        delta: dict[str, Any] = {}
+        if self.g.gen.tool is not None:
+            if first:
+                delta["tool_calls"] = [{"index": 0, **self._tool_call(piece.content)}]
+            elif piece.content:
+                delta["tool_calls"] = [{"index": 0, "function": {"arguments": piece.content}}]
+        else:
+            if piece.reasoning:
+                delta["reasoning"] = piece.reasoning
+            if piece.content:
+                delta["content"] = piece.content
+        if not delta and finish is None:
+            return head
+        return head + self._chunk(delta, "", finish)
+
+    def end(self, last: RequestOutput) -> bytes:
+        tail = b""
+        if self.g.gen.include_usage:
+            obj = "chat.completion.chunk" if self.chat else "text_completion"
+            body = {"id": self.response_id, "object": obj, "created": self.g.created,
+                    "model": self.g.ctx.model, "choices": [], "usage": self.g.usage(last)}
+            tail = b"data: " + orjson.dumps(body) + b"\n\n"
+        return tail + b"data: [DONE]\n\n"
+
+    # -- non-streaming ---------------------------------------------------------------------
+    def full(self, reasoning: str, content: str, last: RequestOutput) -> dict[str, Any]:
+        finish = self._finish(last)
+        if self.chat:
+            tool = self.g.gen.tool
+            message = {"role": "assistant", "content": "" if tool else content, "refusal": None,
+                       "tool_calls": [self._tool_call(content)] if tool else [],
+                       "reasoning": reasoning or None}
+            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
+                                      "stop_reason": None, "message": message}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
+                      "stop_reason": None}
+            obj = "text_completion"
+        return {"id": self.response_id, "object": obj, "created": self.g.created,
+                "model": self.g.ctx.model, "choices": [choice], "usage": self.g.usage(last),
+                "prompt_logprobs": None, "kv_transfer_params": None}
