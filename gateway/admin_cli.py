@@ -6,7 +6,9 @@
     kvgate admin ... policy get | put FILE [--if-match VERSION]
     kvgate admin ... rotate-salt TENANT | audit [--limit N]
 
-Prints the JSON answer on stdout; errors go to stderr with exit status 1 (2 for usage).
+Prints the JSON answer on stdout (for `keys revoke` and `tenants delete`, which the API answers
+with an empty 204, a JSON confirmation of what was done); errors go to stderr with exit
+status 1 (2 for usage).
 """
 
 from __future__ import annotations
@@ -122,11 +124,21 @@ def main(argv: list[str]) -> int:
     except httpx.HTTPError as exc:
         print(f"kvgate admin: {args.url}: {type(exc).__name__}", file=sys.stderr)
         return 1
-    return _report(response)
+    return _report(response, _confirmation(args))
 
 
-def _report(response: httpx.Response) -> int:
-    payload: Any = response.json() if response.content else None
+def _confirmation(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What an empty success answer confirms, for the commands the API answers with 204."""
+    action = getattr(args, "action", None)
+    if args.group == "keys" and action == "revoke":
+        return {"revoked": True, "tenant": args.tenant, "id": args.key_id}
+    if args.group == "tenants" and action == "delete":
+        return {"deleted": True, "id": args.id}
+    return None
+
+
+def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None) -> int:
+    payload: Any = response.json() if response.content else confirmation
     if response.is_error:
         message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
         print(

@@ -83,6 +83,9 @@ class TierConfig(BaseModel):
     borrow_below: LoadThreshold = Field(
         default_factory=lambda: LoadThreshold(waiting=0, kv_usage=0.5)
     )
+    # vLLM's operator-only body fields (`request_id`, `kv_transfer_params`, `vllm_xargs`) are
+    # forwarded only for tiers that allow them; otherwise they are dropped from the request
+    operator_fields: bool = False
 
 
 class PolicyDoc(BaseModel):

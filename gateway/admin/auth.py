@@ -1,4 +1,9 @@
-"""Admin authentication: bearer admin tokens, compared in constant time, never tenant keys."""
+"""Admin authentication: bearer admin tokens, compared in constant time, never tenant keys.
+
+Admin tokens must be at least `MIN_ADMIN_TOKEN_CHARS` characters (checked when the
+configuration loads, so a short one stops `kvgate serve` before anything listens). Refusals
+carry a `reason` for the guard (`gateway.admin.guard`) that throttles, logs and counts them.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,28 @@ from gateway.tenancy.errors import AuthError, PermissionDenied
 from gateway.tenancy.keys import looks_like_key
 from gateway.tenancy.resolver import parse_bearer
 
-__all__ = ["AdminToken", "admin_tokens_from_env", "check_admin"]
+__all__ = [
+    "MIN_ADMIN_TOKEN_CHARS", "AdminAuthError", "AdminForbidden", "AdminToken",
+    "admin_tokens_from_env", "check_admin",
+]
+
+MIN_ADMIN_TOKEN_CHARS = 16
+
+
+class AdminAuthError(AuthError):
+    """401 on the admin API; `reason` is "missing" or "invalid"."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class AdminForbidden(PermissionDenied):
+    """403 on the admin API; `reason` is "tenant_key" or "disabled"."""
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,28 +48,43 @@ class AdminToken:
 
 
 def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
-    """Parse ``KVGATE_ADMIN_TOKEN``: a bare token (id ``admin``) or ``id:token,id:token``."""
+    """Parse ``KVGATE_ADMIN_TOKEN``: a bare token (id ``admin``) or ``id:token,id:token``.
+
+    `ValueError` (naming the token's id, never the token) for a malformed value or a token
+    shorter than `MIN_ADMIN_TOKEN_CHARS`."""
     if not value or not value.strip():
         return []
     entries = [part.strip() for part in value.split(",") if part.strip()]
     if len(entries) == 1 and ":" not in entries[0]:
-        return [AdminToken("admin", entries[0])]
-    tokens = []
-    for entry in entries:
-        ident, sep, token = entry.partition(":")
-        if not sep or not ident or not token:
-            raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
-        tokens.append(AdminToken(ident, token))
+        tokens = [AdminToken("admin", entries[0])]
+    else:
+        tokens = []
+        for entry in entries:
+            ident, sep, token = entry.partition(":")
+            if not sep or not ident or not token:
+                raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
+            tokens.append(AdminToken(ident, token))
+    for admin in tokens:
+        if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"KVGATE_ADMIN_TOKEN: the admin token {admin.id!r} has {len(admin.token)} "
+                f"characters; admin tokens need at least {MIN_ADMIN_TOKEN_CHARS} "
+                "(e.g. `openssl rand -hex 24`)"
+            )
     return tokens
 
 
 def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     """The id of the admin token in an Authorization header value, or raise 401/403."""
     if not tokens:
-        raise PermissionDenied("the admin API is disabled: no admin token is configured")
+        raise AdminForbidden(
+            "the admin API is disabled: no admin token is configured", reason="disabled"
+        )
     presented = parse_bearer(authorization)
     if presented is None:
-        raise AuthError("missing admin token: send 'Authorization: Bearer <admin token>'")
+        raise AdminAuthError(
+            "missing admin token: send 'Authorization: Bearer <admin token>'", reason="missing"
+        )
     found: str | None = None
     given = presented.encode()
     for candidate in tokens:  # no early exit: every token is compared, in constant time
@@ -52,5 +93,5 @@ def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     if found is not None:
         return found
     if looks_like_key(presented):
-        raise PermissionDenied("tenant API keys cannot use the admin API")
-    raise AuthError("invalid admin token")
+        raise AdminForbidden("tenant API keys cannot use the admin API", reason="tenant_key")
+    raise AdminAuthError("invalid admin token", reason="invalid")

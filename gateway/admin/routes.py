@@ -2,31 +2,38 @@
 
 Routes (DESIGN.md "Admin API contract"): tenants CRUD, key creation/revocation, salt
 rotation, the versioned policy document (ETag / If-Match), replicas, route explain, audit.
-Every change is audited with the admin token's id. Keys appear only in the 201 of key creation.
+Every change is audited with the admin token's id; failed authentications are throttled per
+client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
+creation. Times are ISO 8601 (UTC).
 """
 
 # No `from __future__ import annotations`: FastAPI must see the route signatures' real
 # annotations, including the `Who` dependency alias that exists only inside the factory.
 
+import contextlib
 import inspect
+import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gateway.admin.auth import AdminToken, check_admin
+from gateway.admin.auth import AdminAuthError, AdminForbidden, AdminToken, check_admin
 from gateway.admin.errors import AdminRoute
-from gateway.admin.schemas import TenantCreate, TenantPatch, tenant_view
-from gateway.policy import PolicyValidationError, parse_policy
-from gateway.tenancy.errors import InvalidRequest, NotFound
+from gateway.admin.guard import AuthGuard
+from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
+from gateway.policy import DEFAULT_TIER, PolicyValidationError, parse_policy
+from gateway.tenancy.errors import BackendUnavailable, InvalidRequest, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
 from gateway.tenancy.store import TenantStore
 
 __all__ = ["AdminDeps", "make_admin_router"]
+
+log = logging.getLogger(__name__)
 
 Supplier = Callable[[], Any]  # may return an awaitable
 Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
@@ -39,6 +46,7 @@ class AdminDeps:
     replicas: Supplier | None = None  # live view of pools/replicas (the gateway supplies it)
     explain: Explainer | None = None  # dry-run routing of a request body
     clock: Callable[[], float] = time.time  # wall clock for audit timestamps
+    guard: AuthGuard = field(default_factory=AuthGuard)  # failed-auth throttle and counters
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -65,20 +73,49 @@ class _Ctx:
         return tenant
 
     async def check_tier(self, tier: str) -> None:
+        """A tenant's tier must exist in the policy in force; with no policy stored (a wiped
+        store not yet re-seeded) no tier is known, so nothing is accepted."""
         policy = await self.store.get_policy()
-        if policy is not None and tier not in policy.doc.tiers:
+        if policy is None:
+            raise InvalidRequest(
+                f"tier: unknown tier {tier!r} (no policy is stored yet; retry shortly)",
+                param="tier",
+            )
+        if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
             known = ", ".join(sorted(policy.doc.tiers))
             raise InvalidRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+
+    async def auth_failed(
+        self, address: str, reason: str, path: str
+    ) -> None:
+        """Count, and (until the address is throttled) log and audit a refused request."""
+        throttled = self.deps.guard.failed(address, reason)
+        extra = {"client": address, "reason": reason, "path": path}
+        log.warning("admin authentication failed", extra=extra)
+        action = "admin.auth_throttled" if throttled else "admin.auth_failed"
+        if throttled:
+            log.warning("admin authentication throttled for this address", extra=extra)
+        with contextlib.suppress(BackendUnavailable):  # an audit write never decides the answer
+            await self.audit("-", action, address, reason=reason, path=path)
 
 
 def make_admin_router(deps: AdminDeps) -> APIRouter:
     """An APIRouter with every admin route under ``/admin``; mount it with include_router."""
 
-    def admin(authorization: Annotated[str | None, Header()] = None) -> str:
-        return check_admin(deps.tokens, authorization)
+    ctx = _Ctx(deps)
+
+    async def admin(
+        request: Request, authorization: Annotated[str | None, Header()] = None
+    ) -> str:
+        address = request.client.host if request.client is not None else "unknown"
+        deps.guard.check(address)  # 429 while this address is throttled
+        try:
+            return check_admin(deps.tokens, authorization)
+        except (AdminAuthError, AdminForbidden) as exc:
+            await ctx.auth_failed(address, exc.reason, request.url.path)
+            raise
 
     router = APIRouter(prefix="/admin", route_class=AdminRoute, tags=["admin"])
-    ctx = _Ctx(deps)
     who_dep = Annotated[str, Depends(admin)]
     _tenant_routes(router, ctx, who_dep)
     _key_routes(router, ctx, who_dep)
@@ -104,7 +141,10 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.get("/tenants/{tenant_id}")
     async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
         tenant = await ctx.tenant(tenant_id)
-        keys = [k.public() for k in await ctx.store.list_keys(tenant_id)]
+        keys = [
+            {"id": k.key_id, "created_at": iso_time(k.created_at)}
+            for k in await ctx.store.list_keys(tenant_id)
+        ]
         return tenant_view(tenant, keys)
 
     @router.patch("/tenants/{tenant_id}")
@@ -153,7 +193,8 @@ def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         )
         await ctx.store.add_key(record)
         await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
-        body = {"id": key_id, "key": key, "tenant": tenant_id, "created_at": record.created_at}
+        body = {"id": key_id, "key": key, "tenant": tenant_id,
+                "created_at": iso_time(record.created_at)}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
@@ -194,7 +235,7 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         except PolicyValidationError as exc:
             raise InvalidRequest(str(exc), param=exc.field or None) from None
         for tenant in await ctx.store.list_tenants():
-            if tenant.tier not in doc.tiers:
+            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
                 raise InvalidRequest(
                     f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
                 )
@@ -220,4 +261,4 @@ def _ops_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.get("/audit")
     async def audit(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:
         entries = await ctx.store.list_audit(limit)
-        return {"object": "list", "data": [e.model_dump() for e in entries]}
+        return {"object": "list", "data": [audit_view(e) for e in entries]}

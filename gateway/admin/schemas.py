@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy import Limits
-from gateway.tenancy.models import NAME_PATTERN, Tenant
+from gateway.tenancy.models import NAME_PATTERN, AuditEntry, Tenant
 
-__all__ = ["TenantCreate", "TenantPatch", "tenant_view"]
+__all__ = ["TenantCreate", "TenantPatch", "audit_view", "iso_time", "tenant_view"]
+
+
+def iso_time(ts: float) -> str:
+    """Seconds since the epoch as ISO 8601 in UTC: ``2026-12-03T05:24:46.123Z``."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z"
+    )
+
+
+def audit_view(entry: AuditEntry) -> dict[str, Any]:
+    return {**entry.model_dump(), "at": iso_time(entry.at)}
 
 
 class TenantCreate(BaseModel):

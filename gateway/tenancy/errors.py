@@ -1,9 +1,11 @@
 """Errors raised by tenancy and the admin API, each knowing its HTTP status and OpenAI shape.
 
-They are part of the gateway's one hierarchy (`gateway.errors.KvgateError`), so the proxy
-renders them with every other error it raises, and the admin router with `to_dict`: both give
-``{"error": {"message","type","param","code"}}``. Messages never contain keys, salts, the
-server secret or prompt text.
+They are part of the gateway's one hierarchy (`gateway.errors.KvgateError`) and use its one
+`type` vocabulary (vLLM's: ``AuthenticationError``, ``RateLimitError``, ...), so every error a
+client sees from kvgate or from a replica through it reads the same. The body is
+``{"error": {"message","type","param","code"}}``; `code` is a stable machine-readable string
+(OpenAI's where one exists: ``invalid_api_key``, ``rate_limit_exceeded``). Messages never
+contain keys, salts, the server secret or prompt text.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ __all__ = [
 
 class TenancyError(KvgateError):
     status: int = 400
-    type: str = "invalid_request_error"
+    type_: str = "BadRequestError"
     code: str | None = None
 
     def __init__(
@@ -45,7 +47,7 @@ class TenancyError(KvgateError):
         return {
             "error": {
                 "message": self.message,
-                "type": self.type,
+                "type": self.type_,
                 "param": self.param,
                 "code": self.code,
             }
@@ -58,37 +60,37 @@ class InvalidRequest(TenancyError):
 
 class AuthError(TenancyError):
     status = 401
-    type = "authentication_error"
+    type_ = "AuthenticationError"
     code = "invalid_api_key"
 
 
 class PermissionDenied(TenancyError):
     status = 403
-    type = "permission_error"
+    type_ = "PermissionDeniedError"
     code = "forbidden"
 
 
 class NotFound(TenancyError):
     status = 404
-    type = "not_found_error"
+    type_ = "NotFoundError"
     code = "not_found"
 
 
 class Conflict(TenancyError):
     status = 409
-    type = "conflict_error"
+    type_ = "ConflictError"
     code = "conflict"
 
 
 class PreconditionFailed(TenancyError):
     status = 412
-    type = "precondition_failed"
+    type_ = "PreconditionFailedError"
     code = "version_mismatch"
 
 
 class RateLimited(TenancyError):
     status = 429
-    type = "rate_limit_error"
+    type_ = "RateLimitError"
     code = "rate_limit_exceeded"
 
     def __init__(self, message: str, *, retry_after_s: float) -> None:
@@ -100,5 +102,5 @@ class BackendUnavailable(TenancyError):
     """The shared store (Redis) cannot be reached, or cached state is too stale to trust."""
 
     status = 503
-    type = "service_unavailable"
+    type_ = "ServiceUnavailableError"
     code = "store_unavailable"

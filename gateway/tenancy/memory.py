@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections import deque
 
 from gateway.policy import PolicyDoc
@@ -35,6 +36,7 @@ class InMemoryStore(TenantStore):
         self._group_epochs: dict[str, int] = {}
         self._audit: deque[AuditEntry] = deque(maxlen=audit_cap)
         self._generation = 0
+        self._mark: str | None = None  # process memory cannot be wiped behind our back
 
     def _changed(self, kind: str, ident: str | None) -> None:
         self._generation += 1
@@ -131,3 +133,10 @@ class InMemoryStore(TenantStore):
             policy=self._policy,
             group_epochs=dict(self._group_epochs),
         )
+
+    async def mark_seeded(self) -> None:
+        if self._mark is None:
+            self._mark = secrets.token_hex(8)
+
+    async def seed_mark(self) -> str | None:
+        return self._mark

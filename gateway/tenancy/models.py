@@ -45,9 +45,6 @@ class KeyRecord(BaseModel):
     key_hash: str
     created_at: float
 
-    def public(self) -> dict[str, Any]:
-        return {"id": self.key_id, "created_at": self.created_at}
-
 
 class AuditEntry(BaseModel):
     """One admin change: who (admin token id), what (action + target + detail), when."""

@@ -4,7 +4,8 @@
 versions), resolves the tier's pool with `resolve_tier` over the pools' live `ReplicaView`s
 (built lazily, only for the pools it looks at, and reused for the pick), and computes the
 request's features with the tenant's salt in the prefix key, so affinity never crosses
-tenants. The proxy and the admin API's route explain share it.
+tenants. It also drops vLLM's operator-only body fields unless the tier allows them
+(`operator_fields`). The proxy and the admin API's route explain share it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gateway.errors import ModelNotFound, NoReplicaAvailable
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
+from gateway.tenancy.salts import drop_operator_fields
 from gateway.tenancy.tiers import resolve_tier
 from routing.config import RouterConfig
 from routing.features import extract_features
@@ -88,6 +90,9 @@ class Planner:
             served, spilled = route.served_model or pool.served_model, route.reason == "spill"
         if served is None:
             raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
+        tier_cfg = doc.tiers.get(principal.tier)
+        if tier_cfg is None or not tier_cfg.operator_fields:
+            drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         features = self._features(kind, parsed, principal, priority)
         return Plan(pool, served, priority, home, spilled, features, views[pool.name])
 

@@ -4,7 +4,10 @@ Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time
 set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry. Time is Redis's own
 clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
 `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
-that dies frees its tenants' concurrency within one TTL.
+that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled
+or unreachable) is kept and retried as soon as Redis answers again -- before this process's
+next admission and by a background retry -- so a tenant is not locked out for a lease TTL
+after a stall.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from gateway.tenancy.errors import BackendUnavailable
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.redis_conn import redis_unavailable
 
-__all__ = ["RedisRateLimiter"]
+__all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
+
+RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +109,10 @@ class RedisRateLimiter(RateLimiter):
         self._settle = client.register_script(_SETTLE)
         self._renew = client.register_script(_RENEW)
         self._live: dict[str, str] = {}  # lease id -> tenant id, renewed while live
+        self._unreleased: dict[str, str] = {}  # lease id -> tenant id, release failed
+        self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
+        self._retrier: asyncio.Task[None] | None = None
 
     def _bucket(self, tenant_id: str) -> str:
         return f"{self._ns}:rl:{{{tenant_id}}}"  # {hash tag}: both keys in one cluster slot
@@ -115,15 +123,24 @@ class RedisRateLimiter(RateLimiter):
     async def start(self) -> None:
         if self._renewer is None:
             self._renewer = asyncio.create_task(self._renew_loop(), name="lease-renewal")
+        if self._retrier is None:
+            self._retrier = asyncio.create_task(self._retry_loop(), name="lease-release-retry")
 
     async def close(self) -> None:
-        if self._renewer is not None:
-            while not self._renewer.done():  # redis-py can swallow a cancel inside a read
-                self._renewer.cancel()
-                await asyncio.wait({self._renewer}, timeout=0.5)
-            self._renewer = None
+        for task in (self._renewer, self._retrier):
+            while task is not None and not task.done():  # redis-py can swallow a cancel
+                task.cancel()
+                await asyncio.wait({task}, timeout=0.5)
+        self._renewer = self._retrier = None
+
+    @property
+    def unreleased(self) -> int:
+        """Leases whose release failed and is waiting for Redis to answer again."""
+        return len(self._unreleased)
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        if self._unreleased:  # Redis may be back: free the stalled leases before counting
+            await self.release_pending()
         lease_id = secrets.token_hex(8)
         bucket = self._bucket(tenant_id)
         args: list[str | int | float] = [
@@ -166,8 +183,44 @@ class RedisRateLimiter(RateLimiter):
             return
         admission.released = True
         self._live.pop(admission.lease_id, None)
+        try:
+            with redis_unavailable():
+                await self._r.zrem(
+                    self._bucket(admission.tenant_id) + ":leases", admission.lease_id
+                )
+        except BackendUnavailable:
+            self._unreleased[admission.lease_id] = admission.tenant_id
+            self._retry_wake.set()
+            raise
+
+    async def release_pending(self) -> int:
+        """Retry the releases that failed; the number still pending (0: all done).
+
+        `BackendUnavailable` while Redis still does not answer."""
+        pending = list(self._unreleased.items())
+        if not pending:
+            return 0
         with redis_unavailable():
-            await self._r.zrem(self._bucket(admission.tenant_id) + ":leases", admission.lease_id)
+            async with self._r.pipeline(transaction=False) as pipe:
+                for lease_id, tenant_id in pending:
+                    pipe.zrem(self._bucket(tenant_id) + ":leases", lease_id)
+                await pipe.execute()
+        for lease_id, _ in pending:
+            self._unreleased.pop(lease_id, None)
+        log.info("concurrency leases released after Redis answered again",
+                 extra={"leases": len(pending)})
+        return len(self._unreleased)
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await self._retry_wake.wait()
+            self._retry_wake.clear()
+            while self._unreleased:
+                await asyncio.sleep(RELEASE_RETRY_S)
+                try:
+                    await self.release_pending()
+                except BackendUnavailable:
+                    continue
 
     async def _renew_loop(self) -> None:
         while True:

@@ -2,8 +2,9 @@
 
 Layout under a namespace (default ``kvgate``): ``:tenants`` hash id -> JSON, ``:keys`` hash
 key-hash -> JSON, ``:tkeys:<id>`` hash key-id -> key-hash, ``:policy`` hash {version, doc},
-``:salt_groups`` hash group -> epoch, ``:audit`` capped list, ``:gen`` counter and the
-``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen`` and
+``:salt_groups`` hash group -> epoch, ``:audit`` capped list, ``:gen`` counter, the
+``:seeded`` bootstrap marker (its absence means the store was never seeded, or was wiped) and
+the ``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen`` and
 publish, so a change and its notification are one atomic step.
 """
 
@@ -13,6 +14,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -272,6 +275,16 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             raw = await self._r.get(self._k("gen"))
         return int(raw or 0)
+
+    async def mark_seeded(self) -> None:
+        mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
+        with redis_unavailable():
+            await self._r.set(self._k("seeded"), mark, nx=True)
+
+    async def seed_mark(self) -> str | None:
+        with redis_unavailable():
+            raw = await self._r.get(self._k("seeded"))
+        return None if raw is None else _text(raw)
 
     async def snapshot(self) -> StoreSnapshot:
         with redis_unavailable():

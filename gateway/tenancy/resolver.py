@@ -5,6 +5,12 @@ or in-process callbacks) trigger a reload at once, and a periodic generation che
 safety net for lost messages. If the store is unreachable the last known state keeps serving
 for at most `max_staleness_s` (then requests get 503), `health()` says degraded, and the task
 recovers by itself when the store returns.
+
+Given a `reseed` callable (the gateway's bootstrap from configuration), every check also looks
+for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
+without persistence), so it is re-seeded before anything is loaded from it, logged, and
+counted (`health().store_resets`). A tenant whose tier the policy in force does not define is
+never admitted (403): its limits would be unknown, and limits are never silently off.
 """
 
 from __future__ import annotations
@@ -13,11 +19,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gateway.policy import Limits
-from gateway.tenancy.errors import AuthError, BackendUnavailable, NotFound
+from gateway.policy import DEFAULT_TIER, Limits
+from gateway.tenancy.errors import AuthError, BackendUnavailable, NotFound, PermissionDenied
 from gateway.tenancy.keys import hash_key
 from gateway.tenancy.models import Change, PolicySnapshot, StoreSnapshot, Tenant
 from gateway.tenancy.salts import SaltDeriver
@@ -42,6 +48,7 @@ class Principal:
     # The policy this principal was built from: use it for the whole request, so one request
     # never mixes two policy versions.
     policy: PolicySnapshot | None = field(default=None, repr=False, compare=False)
+    tier_known: bool = True  # False: the policy does not define `tier` (never admitted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +59,7 @@ class TenancyHealth:
     generation: int
     policy_version: int
     staleness_s: float  # since the store last confirmed our state
+    store_resets: int = 0  # wiped stores noticed (and re-seeded) since start
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +89,13 @@ class TenantResolver:
         poll_interval_s: float = 0.5,
         max_staleness_s: float | None = 300.0,
         clock: Callable[[], float] = time.monotonic,
+        reseed: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self._store = store
+        self._reseed = reseed
+        self._resets = 0
+        self._mark: str | None = None  # the store's bootstrap marker our state was read under
+        self._wipe_seen: str | None = None  # the marker of the last wipe reported
         self._salts = salts
         self._poll = poll_interval_s
         self._max_stale = max_staleness_s
@@ -98,6 +111,10 @@ class TenantResolver:
         self._policy_callbacks: list[PolicyCallback] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def reseed_with(self, reseed: Callable[[], Awaitable[object]]) -> None:
+        """Watch the store's bootstrap marker and re-seed a wiped store with `reseed()`."""
+        self._reseed = reseed
+
     async def start(self) -> None:
         """Load once (a failure leaves us degraded, not crashed) and start syncing."""
         self._unsubscribe = self._store.subscribe(self._on_change)
@@ -131,13 +148,25 @@ class TenantResolver:
     async def refresh(self) -> bool:
         """Bring the cache up to date with the store now. False when the store is unreachable."""
         try:
+            mark, wiped = self._mark, False
+            if self._reseed is not None:
+                mark = await self._store.seed_mark()
+                if mark is None:
+                    mark = await self._reseeded()
+                # another marker than the one our state came from: wiped and re-seeded (by
+                # another gateway, perhaps), whatever the generation counter says now
+                wiped = mark != self._mark
+                if wiped and self._mark is not None and mark != self._wipe_seen:
+                    self._wipe_seen = mark
+                    self._wiped()
             generation = await self._store.generation()
-            if generation != self._state.generation or not self._loaded:
+            if wiped or generation != self._state.generation or not self._loaded:
                 snap = await self._store.snapshot()
                 if snap.generation == 0 and self._state.generation > 0:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
                     return False
                 self._apply(snap)
+                self._mark = mark
         except BackendUnavailable:
             if self._degraded_reason is None:
                 log.warning("tenancy store unreachable; serving last known keys and policy")
@@ -154,6 +183,23 @@ class TenantResolver:
         self._fresh_at = self._clock()
         self._degraded_reason = None
         return True
+
+    async def _reseeded(self) -> str | None:
+        """The store lost its bootstrap marker: seed it from configuration before reading it.
+        Returns the new marker; a wipe of the store our state came from is logged and counted
+        (here, or by the gateway that finds another gateway's marker)."""
+        assert self._reseed is not None
+        if self._loaded:
+            self._degraded_reason = "store was wiped; re-seeding it from configuration"
+        await self._reseed()
+        return await self._store.seed_mark()
+
+    def _wiped(self) -> None:
+        self._resets += 1
+        log.error(
+            "tenancy store was wiped (its bootstrap marker changed): policy and configured "
+            "tenants re-seeded from configuration; API keys, tenants made through the admin "
+            "API and rate-limit budgets were lost", extra={"store_resets": self._resets})
 
     def _apply(self, snap: StoreSnapshot) -> None:
         old_policy = self._state.policy
@@ -175,6 +221,9 @@ class TenantResolver:
     def _principal(self, tenant: Tenant, snap: StoreSnapshot, key_id: str | None) -> Principal:
         tier = snap.policy.doc.tiers.get(tenant.tier) if snap.policy else None
         base = tier.limits if tier is not None else Limits()
+        # 'default' needs no entry in `tiers` (no limits unless one is set) -- if there is a
+        # policy at all; any other tier must be defined there
+        known = snap.policy is not None and (tier is not None or tenant.tier == DEFAULT_TIER)
         return Principal(
             tenant_id=tenant.id,
             tier=tenant.tier,
@@ -183,6 +232,7 @@ class TenantResolver:
             key_id=key_id,
             cache_salt=self._salts.for_tenant(tenant, snap.group_epochs),
             policy=snap.policy,
+            tier_known=known,
         )
 
     # -- hot path ----------------------------------------------------------------------------
@@ -200,7 +250,7 @@ class TenantResolver:
         principal = self._state.by_key.get(hash_key(token))
         if principal is None:
             raise AuthError("invalid or revoked API key")
-        return principal
+        return _admissible(principal)
 
     def principal_for(self, tenant_id: str) -> Principal:
         """A tenant's principal without a key (the `--no-auth` single-tenant mode)."""
@@ -208,7 +258,7 @@ class TenantResolver:
         principal = self._state.by_tenant.get(tenant_id)
         if principal is None:
             raise NotFound(f"tenant {tenant_id!r} not found")
-        return principal
+        return _admissible(principal)
 
     @property
     def policy(self) -> PolicySnapshot | None:
@@ -229,4 +279,13 @@ class TenantResolver:
             generation=state.generation,
             policy_version=state.policy.version if state.policy else 0,
             staleness_s=max(0.0, self._clock() - self._fresh_at),
+            store_resets=self._resets,
         )
+
+
+def _admissible(principal: Principal) -> Principal:
+    if not principal.tier_known:
+        raise PermissionDenied(
+            f"this tenant's tier {principal.tier!r} is not defined in the policy in force; "
+            "ask the operator", param="tier")
+    return principal

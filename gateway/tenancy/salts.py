@@ -18,12 +18,19 @@ from typing import Any, Literal
 from gateway.tenancy.errors import InvalidRequest
 from gateway.tenancy.models import Tenant
 
-__all__ = ["ClientPriorityMode", "ClientSaltMode", "SaltDeriver", "SaltEncoding", "rewrite_body"]
+__all__ = [
+    "OPERATOR_FIELDS", "ClientPriorityMode", "ClientSaltMode", "SaltDeriver", "SaltEncoding",
+    "drop_operator_fields", "rewrite_body",
+]
 
 SaltEncoding = Literal["hex", "base64url"]
 ClientSaltMode = Literal["strip", "reject"]
 ClientPriorityMode = Literal["drop", "keep"]
 _CONTEXT = b"kvgate-cache-salt"
+# vLLM body fields meant for the operator: its internal request id, the KV-transfer handshake
+# of disaggregated prefill, and free-form engine arguments. No tenant may set them unless its
+# tier says `operator_fields: true`.
+OPERATOR_FIELDS = ("request_id", "kv_transfer_params", "vllm_xargs")
 MIN_SECRET_BYTES = 16
 
 
@@ -92,3 +99,9 @@ def rewrite_body(
         body["model"] = served_model
     if priority is not None:
         body["priority"] = priority
+
+
+def drop_operator_fields(body: dict[str, Any]) -> None:
+    """Remove vLLM's operator-only fields (`OPERATOR_FIELDS`) from a parsed body, in place."""
+    for name in OPERATOR_FIELDS:
+        body.pop(name, None)

@@ -8,10 +8,12 @@ at start-up (bootstrap from config, first load, background sync and lease renewa
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy import PolicyDoc
@@ -27,7 +29,7 @@ from gateway.tenancy.resolver import TenantResolver
 from gateway.tenancy.salts import ClientSaltMode, SaltDeriver, SaltEncoding
 from gateway.tenancy.store import TenantStore, bootstrap
 
-__all__ = ["Tenancy", "TenancySettings", "build_tenancy"]
+__all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +59,20 @@ class Tenancy:
     async def start(
         self, *, tenants: Iterable[Tenant] = (), policy: PolicyDoc | None = None
     ) -> None:
+        """Seed the store from configuration, load it and keep it in sync. A store that is
+        unreachable now, or wiped later (its bootstrap marker gone), is seeded by the
+        resolver as soon as it answers."""
         await self.store.start()
+        seed = list(tenants)
+
+        async def reseed() -> None:
+            await bootstrap(self.store, tenants=seed, policy=policy)
+
         try:
-            await bootstrap(self.store, tenants=tenants, policy=policy)
+            await reseed()
         except BackendUnavailable:
-            log.warning("tenancy bootstrap skipped: store unreachable")
+            log.warning("tenancy bootstrap postponed: store unreachable")
+        self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()
 
@@ -69,6 +80,21 @@ class Tenancy:
         await self.limiter.close()
         await self.resolver.close()
         await self.store.close()
+
+
+class TenancyCollector(Collector):
+    """`kvgate_tenancy_store_resets_total`: wiped stores noticed and re-seeded (0 from start)."""
+
+    def __init__(self, resolver: TenantResolver) -> None:
+        self._resolver = resolver
+
+    def collect(self) -> Iterator[Metric]:
+        resets = CounterMetricFamily(
+            "kvgate_tenancy_store_resets",
+            "times the tenancy store was found wiped (bootstrap marker gone) and re-seeded",
+        )
+        resets.add_metric([], self._resolver.health().store_resets)
+        yield resets
 
 
 def build_tenancy(settings: TenancySettings, salt_secret: str | bytes) -> Tenancy:

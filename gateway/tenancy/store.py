@@ -115,6 +115,17 @@ class TenantStore(ABC):
     @abstractmethod
     async def snapshot(self) -> StoreSnapshot: ...
 
+    @abstractmethod
+    async def mark_seeded(self) -> None:
+        """Set the bootstrap marker (a random id) unless it is already there: this store has
+        been seeded from configuration."""
+
+    @abstractmethod
+    async def seed_mark(self) -> str | None:
+        """The bootstrap marker's id, None when it is missing. A store that was seeded and has
+        lost it was wiped (Redis FLUSHALL, a restart without persistence); a different id than
+        before means it was wiped and re-seeded meanwhile."""
+
     def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
         """Call `callback` after every change (from any replica). Returns an unsubscriber."""
         self._subscribers.append(callback)
@@ -183,11 +194,13 @@ class BootstrapResult:
 async def bootstrap(
     store: TenantStore, *, tenants: Iterable[Tenant], policy: PolicyDoc | None
 ) -> BootstrapResult:
-    """Seed tenants and the policy from configuration; safe to run on every replica's start.
+    """Seed tenants and the policy from configuration; safe to run on every replica's start,
+    and again whenever the store has lost its bootstrap marker (wiped).
 
     The store owns this state afterwards: existing tenants are left alone, and the policy is
     written only when the store has none (compare-and-set against version 0, so concurrent
-    replicas starting together seed it once).
+    replicas starting together seed it once). The marker is set last, so a store is marked
+    only once everything is in it.
     """
     seeded = False
     if policy is not None:
@@ -203,4 +216,5 @@ async def bootstrap(
             created.append(tenant.id)
         except Conflict:
             pass
+    await store.mark_seeded()
     return BootstrapResult(tuple(created), seeded)

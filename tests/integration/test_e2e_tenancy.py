@@ -110,7 +110,7 @@ def test_key_lifecycle_across_two_gateways(stack: Stack) -> None:
         wait_for(lambda gw=gw: status_of(stack.client(key, gw)) == 401, 1.0, f"revoked on gw{gw}")
     with pytest.raises(openai.AuthenticationError) as err:
         chat(stack.client(key))
-    assert err.value.body["type"] == "authentication_error"  # type: ignore[index]
+    assert err.value.body["type"] == "AuthenticationError"  # type: ignore[index]
     assert key not in err.value.response.text
     missing = httpx.post(f"{stack.gateways[1]}/v1/chat/completions", timeout=5,
                          json={"model": "llama", "messages": []})  # no Authorization at all
@@ -211,7 +211,7 @@ def test_policy_changes_reach_both_gateways_and_bad_documents_are_refused(stack:
         assert put.status_code == 200
         stale = admin.put("/policy", json=doc, headers={"If-Match": version})
         assert stale.status_code == 412
-        assert stale.json()["error"]["type"] == "precondition_failed"
+        assert stale.json()["error"]["type"] == "PreconditionFailedError"
         try:
             for gw in (0, 1):
                 wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-fp8",

@@ -79,7 +79,7 @@ def test_env_override_parsing() -> None:
 
 
 def test_secrets_are_redacted() -> None:
-    env = {"KVGATE_ADMIN_TOKEN": "s3cret", "KVGATE_SALT_SECRET": "pepper"}
+    env = {"KVGATE_ADMIN_TOKEN": "s3cret-admin-token-0123", "KVGATE_SALT_SECRET": "pepper"}
     dumped = yaml.safe_dump(redacted_dump(load_config(None, overrides=POOLS, environ=env)))
     assert "s3cret" not in dumped and "pepper" not in dumped
     assert "redacted" in dumped

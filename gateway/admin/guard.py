@@ -1,0 +1,103 @@
+"""Failed admin authentications: throttled per client address, logged, counted and audited.
+
+Each client address has a bucket of `burst` failures refilled at `per_minute`; an address whose
+bucket is empty gets 429 with ``Retry-After`` on every admin request (before its token is even
+looked at) until one failure's worth has refilled, so guessing tokens costs minutes per dozen
+tries. Successful requests cost nothing. The address is the TCP peer (behind a reverse proxy
+every client shares the proxy's address: serve the admin API on its own port, reached directly).
+Every failure is counted (`kvgate_admin_auth_failures_total{reason}`) and, while the address is
+not throttled, logged at WARNING and written to the audit log (``admin.auth_failed``); the
+moment an address becomes throttled is logged and audited once (``admin.auth_throttled``).
+The token presented is never logged or stored.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.tenancy.errors import RateLimited
+
+__all__ = ["REASONS", "AuthGuard", "AuthGuardCollector"]
+
+log = logging.getLogger(__name__)
+
+# why an admin request was refused: no bearer token, a wrong one, a tenant key, no admin token
+# configured at all, or the address is throttled (the token was not checked)
+REASONS = ("missing", "invalid", "tenant_key", "disabled", "throttled")
+
+
+@dataclass(slots=True)
+class _Bucket:
+    level: float
+    at: float
+
+
+class AuthGuard:
+    def __init__(
+        self,
+        *,
+        burst: int = 10,
+        per_minute: float = 10.0,
+        max_addresses: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._burst = float(burst)
+        self._rate = per_minute / 60.0
+        self._max = max_addresses
+        self._clock = clock
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self.failures: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    def _level(self, address: str, now: float) -> _Bucket | None:
+        bucket = self._buckets.get(address)
+        if bucket is not None:
+            bucket.level = min(self._burst, bucket.level + (now - bucket.at) * self._rate)
+            bucket.at = now
+        return bucket
+
+    def check(self, address: str) -> None:
+        """Raise 429 (`RateLimited`) while `address` has used up its failures."""
+        bucket = self._level(address, self._clock())
+        if bucket is not None and bucket.level < 1.0:
+            self.failures["throttled"] += 1
+            wait = (1.0 - bucket.level) / self._rate
+            raise RateLimited(
+                "too many failed admin authentications from this address; retry later",
+                retry_after_s=wait,
+            )
+
+    def failed(self, address: str, reason: str) -> bool:
+        """Record one failure; True when it has just made `address` throttled."""
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+        now = self._clock()
+        bucket = self._level(address, now)
+        if bucket is None:
+            bucket = self._buckets[address] = _Bucket(self._burst, now)
+            while len(self._buckets) > self._max:  # bounded memory: forget the oldest
+                self._buckets.popitem(last=False)
+        self._buckets.move_to_end(address)
+        bucket.level -= 1.0
+        return bucket.level < 1.0
+
+
+class AuthGuardCollector(Collector):
+    """`kvgate_admin_auth_failures_total{reason}` (every reason present from the start)."""
+
+    def __init__(self, guard: AuthGuard) -> None:
+        self._guard = guard
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvgate_admin_auth_failures", "admin API requests refused for authentication",
+            labels=["reason"],
+        )
+        for reason, count in self._guard.failures.items():
+            family.add_metric([reason], count)
+        yield family
