@@ -38,6 +38,7 @@ from gateway.pool import PoolChanges, Pools
 from gateway.proxy import KINDS, Proxy
 from gateway.replicas import Replica
 from gateway.scrape import Sample, Scraper
+from gateway.stored import match_stored
 from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.service import TenancyCollector
@@ -118,6 +119,9 @@ class GatewayApp:
                 return await _error(send, MethodNotAllowed(f"Use POST for {path}."))
             assert self.proxy is not None
             return await self.proxy.handle(scope, receive, send)
+        if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
+            assert self.proxy is not None
+            return await self.proxy.handle_stored(scope, receive, send)
         page = self._get.get(path)
         if page is not None and not (admin_port is not None and path == "/metrics"):
             if method not in ("GET", "HEAD"):

@@ -88,23 +88,29 @@ class UpstreamConfig(_Section):
     """Timeouts and retries toward the replicas. Defaults suit LLM traffic."""
 
     connect_timeout_s: Pos = 3.0
-    first_byte_timeout_s: Pos = 300.0  # until response headers (non-streamed: whole answer)
-    idle_timeout_s: Pos = 120.0  # between streamed chunks
+    first_byte_timeout_s: Pos = 300.0  # until the answer (streams: its first SSE event)
+    idle_timeout_s: Pos = 120.0  # between chunks once the answer has started
     total_timeout_s: Pos = 1800.0  # whole exchange; long generations take minutes
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries
     retry_budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2  # retries per request
     retry_budget_min: Annotated[int, Field(ge=0)] = 10  # retries always allowed in reserve
     max_connections: Annotated[int, Field(gt=0)] = 1024  # per pool, keep-alive pooled
+    # answers retried on another replica before the first byte (500: vLLM's dead engine)
+    retry_statuses: list[Annotated[int, Field(ge=500, le=599)]] = [500, 502, 503, 504]
 
 
 class HealthConfig(_Section):
     """Passive ejection and active `/health` polling."""
 
     interval_s: Pos = 2.0  # active poll period per replica
-    timeout_s: Pos = 1.0
+    # vLLM answers /health on the event loop that serves requests: slow when saturated
+    timeout_s: Pos = 5.0
+    slow_threshold: Annotated[int, Field(ge=1)] = 3  # consecutive slow probes -> eject
     failure_threshold: Annotated[int, Field(ge=1)] = 3  # consecutive failures -> eject
     eject_base_s: Pos = 1.0  # first ejection; doubles each time
     eject_max_s: Pos = 30.0
+    busy_backoff_s: Pos = 0.25  # after a busy 503: no new picks for this long (doubles)
+    busy_backoff_max_s: Pos = 2.0
 
 
 _ROUTING = RouterConfig()  # the routing core owns the defaults; the config only exposes them

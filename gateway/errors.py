@@ -19,9 +19,11 @@ __all__ = [
     "ModelNotFound",
     "NoReplicaAvailable",
     "NotFound",
+    "RetryBudgetExhausted",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
+    "openai_shaped",
 ]
 
 
@@ -88,8 +90,25 @@ class UpstreamError(KvgateError):
 
 
 class UpstreamTimeout(UpstreamError):
+    """A first-byte, idle or total timeout (`code` 504, `type` says timeout)."""
+
     status = 504
     type_ = "GatewayTimeoutError"
+
+    def __init__(self, message: str, *, reason: str = "timeout") -> None:
+        super().__init__(message, reason=reason)
+
+
+class RetryBudgetExhausted(UpstreamError):
+    """Replicas answered busy/failed and the pool's retry budget allows no further attempt:
+    503 with Retry-After (a client may try again shortly), not a 502."""
+
+    status = 503
+    type_ = "ServiceUnavailableError"
+
+    def __init__(self, message: str, *, reason: str = "retry_budget") -> None:
+        super().__init__(message, reason=reason)
+        self.retry_after = 1
 
 
 class NoReplicaAvailable(KvgateError):
@@ -98,3 +117,42 @@ class NoReplicaAvailable(KvgateError):
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message, retry_after=retry_after)
+
+
+# HTTP status -> OpenAI/vLLM error type, for upstream errors kvgate has to re-shape
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
+          404: "NotFoundError", 405: "MethodNotAllowedError", 409: "ConflictError",
+          413: "RequestEntityTooLargeError", 422: "UnprocessableEntityError",
+          429: "RateLimitError", 500: "InternalServerError", 501: "NotImplementedError",
+          502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+def openai_shaped(status: int, body: bytes) -> bytes | None:
+    """An upstream error body in OpenAI's shape, or None when it already is one.
+
+    vLLM >= 0.10.1 answers ``{"error": {"message", "type", "param", "code"}}`` (kept as is);
+    older vLLM the flat ``{"object": "error", ...}`` (nested); anything else -- FastAPI's
+    ``{"detail": ...}``, vLLM's auth ``{"error": "Unauthorized"}``, a text/plain page of a
+    dying server -- is replaced by an OpenAI error with the same status. The upstream text is
+    kept only when it is a short JSON string (never a raw page: it may hold a traceback)."""
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        data = None
+    message: object = None
+    type_ = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    param = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return None
+        if data.get("object") == "error" and isinstance(data.get("message"), str):
+            message, param = data["message"], data.get("param")
+            type_ = data["type"] if isinstance(data.get("type"), str) else type_
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(data.get("detail"), str):
+            message = data["detail"]
+    if not isinstance(message, str) or not message or len(message) > 500:
+        message = f"The upstream replica answered {status}."
+    return error_body(message, type_, status, param if isinstance(param, str) else None)

@@ -1,9 +1,12 @@
 """Active health: poll every replica's `/health`, and learn served model names.
 
 A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
-`Replica`; this poller marks a replica down as soon as its `/health` fails and acts as the
-half-open probe once an ejection's back-off has expired, so a replica that comes back is used
-again without a restart and without risking a client request on it.
+`Replica`; this poller acts as the half-open probe once an ejection's back-off has expired, so
+a replica that comes back is used again without a restart and without risking a client request
+on it. vLLM's `/health` reports only the engine's errored flag and is served on the same event
+loop as the requests, so a saturated replica answers it late: a probe that times out is only
+*slow*, and ejects after `health.slow_threshold` in a row; a refused connection or an explicit
+non-200 (vLLM's 503 for a dead engine) ejects at once.
 """
 
 from __future__ import annotations
@@ -49,13 +52,23 @@ class HealthMonitor:
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
             )
             ok = status == 200
-        except TRANSPORT_ERRORS:  # includes TimeoutError (an OSError)
+        except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
+            if replica.state == "healthy":
+                replica.record_slow_probe(self._clock())
+                if replica.state != "healthy":
+                    log.warning("replica down: /health too slow",
+                                extra={"pool": pool.name, "replica": replica.id})
+            else:  # the half-open probe: no answer is no recovery
+                replica.mark_down(self._clock())
+            return
+        except TRANSPORT_ERRORS:  # refused, reset: down now
             ok = False
         if not ok:
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id})
             replica.mark_down(self._clock())
             return
+        replica.record_probe_ok()
         if replica.state != "healthy":
             # the half-open probe: only an ejected replica is restored by /health. A healthy
             # one keeps its passive failure count (it may answer /health yet fail requests).

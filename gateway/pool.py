@@ -63,8 +63,10 @@ class Pools:
 
     def __init__(self, cfg: KvgateConfig, doc: PolicyDoc | None = None) -> None:
         self._cfg = cfg
+        h = cfg.health
         self._health = HealthPolicy(
-            cfg.health.failure_threshold, cfg.health.eject_base_s, cfg.health.eject_max_s
+            h.failure_threshold, h.eject_base_s, h.eject_max_s, h.slow_threshold,
+            h.busy_backoff_s, h.busy_backoff_max_s,
         )
         self.doc: PolicyDoc = doc if doc is not None else cfg
         self.by_name: dict[str, Pool] = {}

@@ -4,12 +4,15 @@ Per request: authenticate (in memory), read the body (size-limited), parse it on
 against the tenant's limits (one store round trip; none for a tenant without limits), plan
 the pool from the principal's policy snapshot (`Planner`: tier, spill-over, salted features),
 rewrite the body, ask the router, then try the decision's replica and its fallbacks. The
-admission is settled with the real usage in a ``finally``. A connect error, a reset or a
-502/503/504 *before anything was sent to the client* moves on to the next replica (bounded by
-`max_attempts` and the pool's retry budget). Once a streamed response has started, a failure
-ends it with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is
-released in a ``finally``; client disconnects and timeouts cancel the handler task (see
-`Canceller`), which closes the upstream connection so the replica aborts the generation.
+admission is settled with the real usage in a ``finally``. A connect error, a reset or one
+of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the client* moves
+on to the next replica (bounded by `max_attempts` and the pool's retry budget; a budget that
+runs out is a 503 with Retry-After). Once a streamed response has started, a failure ends it
+with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is released
+in a ``finally``; client disconnects and timeouts cancel the handler task (see `Canceller`),
+which closes the upstream connection so the replica aborts the generation. Relaying the answer
+and judging the replica by it is `relay.py`; stored Responses-API responses (GET, cancel,
+``previous_response_id``) are pinned to their replica (`responses.py`).
 """
 
 from __future__ import annotations
@@ -18,33 +21,36 @@ import asyncio
 import itertools
 import logging
 import os
-import re
 from collections.abc import Callable
+from dataclasses import replace
 from time import perf_counter
 
 from gateway.asgi import Receive, Scope, Send
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.config import KvgateConfig
+from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     KvgateError,
     NoReplicaAvailable,
+    RetryBudgetExhausted,
     UpstreamError,
     UpstreamTimeout,
-    error_body,
 )
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
-from gateway.replicas import Lease, Replica
+from gateway.relay import Relay, judge, stream_error
+from gateway.replicas import Replica
 from gateway.request import ProxiedRequest, read_body, scan_headers
-from gateway.sse import StreamScanner, scan_usage
+from gateway.responses import ResponseStore
+from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.planner import Planner
 from gateway.tenancy.resolver import Principal
 from gateway.timeouts import Canceller
-from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
 from routing.router import NoCandidate, Router
-from routing.types import Decision
+from routing.types import Decision, ReplicaView
 
 __all__ = ["KINDS", "Proxy"]
 
@@ -57,12 +63,6 @@ KINDS: dict[str, str] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
-RETRY_STATUSES = frozenset({502, 503, 504})
-RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
-# a streamed event carrying generated output: chat `content`/`reasoning_content`, completions
-# `text`, tool-call `arguments`, responses' text `delta` -- a non-empty string value
-_CONTENT = re.compile(rb'"(?:content|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]')
-DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class Proxy:
@@ -79,6 +79,10 @@ class Proxy:
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
         self._up = cfg.upstream
+        self._retry = frozenset(cfg.upstream.retry_statuses)
+        self.responses = ResponseStore()
+        self._relay = Relay(cfg, router, metrics, clock, self.responses)
+        self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream)
         # request ids: a random per-process prefix + a counter (unique, and cheaper than
         # reading the OS's random source per request)
         prefix = os.urandom(8).hex()
@@ -112,12 +116,18 @@ class Proxy:
             if req.adm is not None:
                 await self._gate.finish(req.adm, req.settle_tokens())
 
+    async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to its replica."""
+        req_id, _, token = scan_headers(scope["headers"], self._new_id)
+        await self.stored.handle(scope, send, req_id, token)
+
     async def _run(
         self, send: Send, receive: Receive, req: ProxiedRequest, decision: Decision, body: bytes
     ) -> None:
         req.ctl = Canceller(self._up, receive)
         try:
-            await self._forward(send, req, decision, body)
+            with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
+                await self._forward(send, req, decision, body)
         except asyncio.CancelledError:
             if req.ctl.reason is None:
                 raise  # shutdown or a real cancellation: not ours to swallow
@@ -160,15 +170,34 @@ class Proxy:
             priority=plan.priority, client_salt=gate.client_salt,
             client_priority=gate.client_priority,
         )
+        if plan.spilled:
+            self._metrics.spilled(principal.tier, plan.home, pool.name)
+        if req.kind == "responses" and (home := self._response_home(req, parsed)) is not None:
+            return Decision(home, (), "response-affinity"), upstream_body
         try:
             decision = self._router.pick(plan.features, plan.views, now)
         except NoCandidate:
-            raise NoReplicaAvailable(
-                f"No healthy replica for the model `{parsed.model}`.", retry_after=1
-            ) from None
-        if plan.spilled:
-            self._metrics.spilled(principal.tier, plan.home, pool.name)
+            # every available replica is only backing off after busy 503s: try them anyway
+            # rather than answering 503 without asking
+            views = [v if v.healthy or not (r := pool.by_id.get(v.id)) or not r.available(now)
+                     else _healthy(v) for v in plan.views]
+            try:
+                decision = self._router.pick(plan.features, views, now)
+            except NoCandidate:
+                raise NoReplicaAvailable(
+                    f"No healthy replica for the model `{parsed.model}`.", retry_after=1
+                ) from None
         return decision, upstream_body
+
+    def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
+        """The replica holding `previous_response_id`, when this gateway relayed it."""
+        prev = parsed.data.get("previous_response_id")
+        if not isinstance(prev, str):
+            return None
+        home = self.responses.home(prev, req.tenant_id)
+        if home is None or home.pool != req.pool.name or home.replica not in req.pool.by_id:
+            return None
+        return home.replica
 
     # -- attempts ----------------------------------------------------------------------------
     async def _forward(
@@ -176,7 +205,7 @@ class Proxy:
     ) -> None:
         pool: Pool = req.pool
         # replicas that left the pool since the pick are skipped before counting attempts, so
-        # `last` is really the last try (its 502/503/504 then reaches the client as it is)
+        # `last` is really the last try (its error status then reaches the client as it is)
         found = (pool.by_id.get(rid) for rid in (decision.replica, *decision.fallbacks))
         order = [r for r in found if r is not None][: self._up.max_attempts]
         pool.budget.deposit()
@@ -186,7 +215,8 @@ class Proxy:
         for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
-                    break
+                    raise RetryBudgetExhausted(
+                        "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
             if i == 0:
                 self._metrics.pre_upstream.observe(perf_counter() - req.t0)
@@ -206,6 +236,7 @@ class Proxy:
     ) -> UpstreamError | None:
         """One try on `replica`; returns an error to retry elsewhere, None when answered."""
         req.replica = replica.id
+        req.target = replica
         req.attempts += 1
         lease = replica.acquire(req.features.prompt_tokens)
         resp: UpstreamResponse | None = None
@@ -215,17 +246,25 @@ class Proxy:
             self._router.record_route(replica.id, req.features, self._clock())
             try:
                 resp = await req.pool.transport.post(replica.url + req.path, body, headers)
-            except TRANSPORT_ERRORS:
-                replica.record_failure(self._clock())
+            except TRANSPORT_ERRORS as exc:
+                if refused(exc):  # nothing listens there: down now, not after N requests
+                    replica.mark_down(self._clock())
+                else:
+                    replica.record_failure(self._clock())
                 log.info("replica did not answer", extra={"replica": replica.id})
                 return UpstreamError("The replica did not answer.", reason="connect")
-            if resp.status in RETRY_STATUSES and not last:
-                if resp.status != 503:  # vLLM's 503 = busy (admission), not broken
-                    replica.record_failure(self._clock())
+            if resp.status in self._retry and not last:
+                try:  # a short error body: it tells busy from faulted from dead
+                    data = await resp.read_all()
+                    clean = True
+                except TRANSPORT_ERRORS:
+                    data = b""
+                verdict = judge(replica, resp.status, data, self._clock())
                 return UpstreamError(
-                    f"The replica answered {resp.status}.", reason=f"status_{resp.status}"
+                    f"The replica answered {resp.status}.",
+                    reason="busy" if verdict == "busy" else f"status_{resp.status}",
                 )
-            clean = await self._relay(send, req, replica, resp, lease)
+            clean = await self._relay.relay(send, req, replica, resp, lease)
             return None
         finally:
             if not lease.answered:
@@ -234,118 +273,24 @@ class Proxy:
             if resp is not None:
                 resp.release() if clean else resp.abort()
 
-    # -- relaying ----------------------------------------------------------------------------
-    def _headers(self, req: ProxiedRequest, content_type: str) -> list[tuple[bytes, bytes]]:
-        hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req.req_id)]
-        if self._cfg.server.replica_header:
-            hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
-        if self._cfg.server.route_header:
-            hdrs.append((b"x-kvgate-route", req.route.encode()))
-        if req.extra:
-            hdrs.extend(req.extra)
-        return hdrs
-
-    async def _relay(
-        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
-        lease: Lease,
-    ) -> bool:
-        """Send the upstream answer to the client; True when it was read to its end."""
-        req.ctl.headers_received()
-        if not (req.parsed.stream and resp.status == 200
-                and resp.content_type.startswith("text/event-stream")):
-            return await self._relay_whole(send, req, replica, resp, lease)
-        req.status = 200
-        req.sse = True
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": self._headers(req, resp.content_type)})
-        scanner = StreamScanner(req.strip)
-        try:
-            await self._pump(send, req, replica, resp, lease, scanner)
-        except TRANSPORT_ERRORS:
-            replica.record_failure(self._clock())
-            req.ctl.done = True
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": _stream_error("The upstream replica failed mid-stream.")})
-            return False
-        replica.record_success()
-        if scanner.usage:
-            req.usage = scanner.usage
-            req.used = _total(scanner.usage)
-            self._metrics.usage(req.pool.name, scanner.usage, req.tier)
-        req.ctl.done = True
-        await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
-        return True
-
-    async def _pump(
-        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
-        lease: Lease, scanner: StreamScanner,
-    ) -> None:
-        """Relay chunks as they come. TTFT is taken when the first chunk carrying content
-        reaches the client (not vLLM's role-only first chat chunk), inter-token latency is
-        the gap between chunks sent after it, and kvgate's relay overhead (upstream chunk
-        received -> handed to the client) is sampled on every `RELAY_SAMPLE`-th chunk."""
-        ctl = req.ctl
-        chunk = await resp.read_chunk()
-        if chunk:  # the engine has answered the prompt (what the router learns from)
-            lease.first_token()
-            self._router.record_first_token(
-                replica.id, req.features, perf_counter() - req.t0, self._clock())
-        itl = self._metrics.itl_child(req.pool.name)
-        n = 0
-        last_sent = 0.0
-        while chunk:
-            received = perf_counter()
-            ctl.touch()
-            out = scanner.feed(chunk)
-            if out:
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                sent = perf_counter()
-                if req.ttft is not None:
-                    itl.observe(sent - last_sent)
-                elif _CONTENT.search(out):
-                    req.ttft = sent - req.t0
-                    self._metrics.first_token(req.pool.name, req.ttft, req.tier)
-                last_sent = sent
-                if n % RELAY_SAMPLE == 0:
-                    self._metrics.relay.observe(sent - received)
-                n += 1
-            chunk = await resp.read_chunk()
-
-    async def _relay_whole(
-        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
-        lease: Lease,
-    ) -> bool:
-        try:
-            data = await resp.read_all()
-        except TRANSPORT_ERRORS:
-            replica.record_failure(self._clock())
-            raise UpstreamError("The replica failed while answering.") from None
-        lease.first_token()
-        if resp.status >= 500 and resp.status != 503:
-            replica.record_failure(self._clock())
-        else:
-            replica.record_success()
-        if resp.status == 200 and (usage := scan_usage(data[-1024:])):
-            req.usage = usage
-            req.used = _total(usage)
-            self._metrics.usage(req.pool.name, usage, req.tier)
-        req.status = resp.status
-        req.ctl.done = True
-        hdrs = self._headers(req, resp.content_type)
-        hdrs.append((b"content-length", str(len(data)).encode()))
-        await send({"type": "http.response.start", "status": resp.status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": data, "more_body": False})
-        return True
-
     # -- endings -----------------------------------------------------------------------------
     async def _cancelled(self, send: Send, req: ProxiedRequest) -> None:
-        if req.ctl.reason == "disconnect":
+        reason = req.ctl.reason
+        if reason == "disconnect":
             req.status = 499  # nginx's "client closed request", for the metrics only
             return
-        exc = UpstreamTimeout(f"The replica did not answer in time ({req.ctl.reason}).")
+        if reason == SHUTDOWN:  # the shutdown grace period is over (gateway/drain.py)
+            exc: KvgateError = NoReplicaAvailable(
+                "The gateway is shutting down; the response was interrupted.")
+            req.route = "interrupted"  # recorded as 503 / route "interrupted"
+        else:
+            exc = UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")
+        if reason == "idle" and req.target is not None:
+            req.target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
+            req.status = exc.status
             await send({"type": "http.response.body", "more_body": False,
-                        "body": _stream_error(exc.message)})
+                        "body": stream_error(exc.message, exc.type_, exc.status)})
         else:
             await self._send_error(send, req, exc)
 
@@ -356,13 +301,5 @@ class Proxy:
         await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
 
 
-def _stream_error(message: str) -> bytes:
-    """Close a broken stream: an error event, then [DONE]. An incomplete upstream event is
-    never forwarded (the scanner holds fragments back), so it is simply dropped: a client
-    must not be handed half a JSON object."""
-    err = error_body(message, "BadGatewayError", 502)
-    return b"data: " + err + b"\n\n" + DONE_EVENT
-
-
-def _total(usage: dict[str, int]) -> int:
-    return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+def _healthy(view: ReplicaView) -> ReplicaView:
+    return replace(view, healthy=True)

@@ -4,7 +4,12 @@
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures eject a replica for an
 exponentially growing back-off; when it expires the replica is half-open and one request (or
-an active `/health` probe) decides. Time is passed in, so the machine is testable without sleeps.
+an active `/health` probe) decides. A refused connection or a dead engine ejects at once
+(`mark_down`); a slow `/health` only after `slow_threshold` consecutive slow probes (vLLM serves
+it on the loop that is busy with requests). Apart from health, a replica that answers vLLM's
+busy 503 is *backing off* (`record_busy`): its view says unavailable for a short, growing
+while, so no policy keeps sending it the traffic it rejects at once. Time is passed in, so the
+machine is testable without sleeps.
 """
 
 from __future__ import annotations
@@ -32,15 +37,18 @@ class HealthPolicy:
     failure_threshold: int = 3
     eject_base_s: float = 1.0
     eject_max_s: float = 30.0
+    slow_threshold: int = 3  # consecutive slow (timed-out) /health probes -> eject
+    busy_backoff_s: float = 0.25  # first busy-503 back-off; doubles while it keeps answering busy
+    busy_backoff_max_s: float = 2.0
 
 
 class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "draining", "ejected_until", "ejections", "failures", "hit_ratio", "id",
-        "inflight", "inflight_prefill", "inflight_prefill_tokens", "pool", "scraped", "scraped_at",
-        "state", "url",
+        "_policy", "busy_streak", "busy_until", "draining", "ejected_until", "ejections",
+        "failures", "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
+        "pool", "scraped", "scraped_at", "slow_probes", "state", "url",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthPolicy) -> None:
@@ -59,6 +67,9 @@ class Replica:
         self.failures = 0
         self.ejections = 0
         self.ejected_until = 0.0
+        self.slow_probes = 0  # consecutive /health probes that timed out
+        self.busy_until = 0.0  # answered busy (503): no new picks before this time
+        self.busy_streak = 0
         # left its pool (discovery or policy): takes no new requests, finishes its in-flight
         self.draining = False
 
@@ -91,6 +102,31 @@ class Replica:
         # half-open: one trial request at a time
         return self.state == HALF_OPEN and self.inflight == 0
 
+    def busy(self, now: float) -> bool:
+        """Backing off after a busy 503 (health aside)."""
+        return now < self.busy_until
+
+    def record_busy(self, now: float) -> None:
+        """vLLM answered 503 "engine is currently busy": keep new picks away for a while.
+        The back-off doubles while the replica keeps rejecting and starts over once it has
+        been quiet for the longest back-off."""
+        p = self._policy
+        if now - self.busy_until > p.busy_backoff_max_s:
+            self.busy_streak = 0
+        self.busy_streak += 1
+        backoff = p.busy_backoff_s * 2 ** min(self.busy_streak - 1, 16)
+        self.busy_until = now + min(backoff, p.busy_backoff_max_s)
+
+    def record_slow_probe(self, now: float) -> None:
+        """An active probe timed out: eject only after `slow_threshold` in a row."""
+        self.slow_probes += 1
+        if self.slow_probes >= self._policy.slow_threshold:
+            self.slow_probes = 0
+            self.mark_down(now)
+
+    def record_probe_ok(self) -> None:
+        self.slow_probes = 0
+
     def record_success(self) -> None:
         self.failures = 0
         if self.state != HEALTHY:
@@ -111,7 +147,8 @@ class Replica:
         self.state = EJECTED
 
     def mark_down(self, now: float) -> None:
-        """An active probe failed: stop sending here now (already ejected: keep the back-off)."""
+        """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
+        ejected: keep the back-off)."""
         self.failures += 1
         if self.state != EJECTED:
             self.eject(now)
@@ -121,15 +158,16 @@ class Replica:
         return self.state != EJECTED or now >= self.ejected_until
 
     def view(self, now: float) -> ReplicaView:
+        healthy = self.available(now) and now >= self.busy_until
         s = self.scraped
         if s is None:
             return ReplicaView(
-                id=self.id, pool=self.pool, healthy=self.available(now), inflight=self.inflight,
+                id=self.id, pool=self.pool, healthy=healthy, inflight=self.inflight,
                 inflight_prefill_tokens=self.inflight_prefill_tokens,
                 inflight_prefill=self.inflight_prefill,
             )
         return ReplicaView(
-            id=self.id, pool=self.pool, healthy=self.available(now), waiting=s.waiting,
+            id=self.id, pool=self.pool, healthy=healthy, waiting=s.waiting,
             running=s.running, kv_usage=s.kv_usage, cache_capacity_tokens=s.cache_capacity_tokens,
             scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,

@@ -12,6 +12,7 @@ from gateway.asgi import Receive
 from gateway.body import ParsedBody
 from gateway.errors import BodyTooLarge
 from gateway.pool import Pool
+from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
@@ -30,12 +31,13 @@ class ProxiedRequest:
 
     __slots__ = ("adm", "attempts", "ctl", "extra", "features", "kind", "parsed", "path",
                  "pool", "pool_name", "replica", "req_id", "route", "spilled", "sse", "status",
-                 "strip", "t0", "tenant", "tenant_id", "tier", "ttft", "usage", "used")
+                 "strip", "t0", "target", "tenant", "tenant_id", "tier", "ttft", "usage", "used")
 
     def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
         self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
         self.route = "none"
         self.replica = "none"
+        self.target: Replica | None = None  # the replica of the current attempt
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client

@@ -4,8 +4,14 @@
 a current name is absent, the deprecated one (``gpu_cache_usage_perc`` before 0.9.2,
 ``gpu_prefix_cache_*`` before 0.9; names from vLLM's ``v1/metrics/loggers.py``). Counts and
 counters are summed over the ``engine`` label (one series per data-parallel rank); KV usage, a
-fraction, takes the fullest engine. Capacity comes from ``vllm:cache_config_info``'s
-``block_size`` and ``num_gpu_blocks`` labels.
+fraction, takes the fullest engine. Capacity comes from ``vllm:cache_config_info``: vLLM exports
+one series per engine and each already carries the total over the data-parallel engines
+(v1/metrics/loggers.py, v1/engine/core_client.py), so ONE series is read (``block_size`` x
+``num_gpu_blocks``), never their sum; where the series carry vLLM 0.34's per-engine
+``kv_cache_size_tokens`` label (right for hybrid models too, config/cache.py) it wins, summed
+over the engines. A page without any ``vllm:`` series (``--disable-log-stats``) is not a
+sample: `parse_vllm_metrics` raises `NoLoadData`, the scrape counts as failed and the
+replica's last sample ages out (the router then relies on its own accounting).
 
 `Scraper` polls every target in its own task (so a hanging ``/metrics`` delays only itself),
 with a timeout over the whole request, jittered intervals, and hands each outcome to
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["Sample", "Scraper", "parse_vllm_metrics"]
+__all__ = ["NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +66,21 @@ class Sample:
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
     block_size: int | None = None
-    num_gpu_blocks: int | None = None
+    num_gpu_blocks: int | None = None  # the whole replica's (one cache_config_info series)
     legacy_names: bool = False  # True when a deprecated name was read
+    kv_cache_size_tokens: int | None = None  # sum of the engines' `kv_cache_size_tokens`
 
     @property
     def cache_capacity_tokens(self) -> int | None:
+        if self.kv_cache_size_tokens is not None:
+            return self.kv_cache_size_tokens
         if self.block_size is None or self.num_gpu_blocks is None:
             return None
         return self.block_size * self.num_gpu_blocks
+
+
+class NoLoadData(ValueError):
+    """The page has no ``vllm:`` series at all (vLLM started with ``--disable-log-stats``)."""
 
 
 def _relevant_lines(text: str) -> str:
@@ -98,19 +111,23 @@ def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[s
     return sums, maxima, infos
 
 
-def _capacity(infos: list[dict[str, str]]) -> tuple[int | None, int | None]:
-    block_size: int | None = None
-    blocks: int | None = None
-    for labels in infos:
-        block_size = block_size or _int_label(labels.get("block_size"))
-        n = _int_label(labels.get("num_gpu_blocks"))
-        if n is not None:
-            blocks = (blocks or 0) + n
-    return block_size, blocks
+def _capacity(infos: list[dict[str, str]]) -> tuple[int | None, int | None, int | None]:
+    """(block_size, num_gpu_blocks, kv_cache_size_tokens) from the cache_config_info series."""
+    if not infos:
+        return None, None, None
+    one = min(infos, key=lambda labels: labels.get("engine", ""))  # engine "0" (or the only)
+    per_engine = {labels.get("engine", ""): _int_label(labels.get("kv_cache_size_tokens"))
+                  for labels in infos}
+    sizes = [n for n in per_engine.values() if n is not None]
+    tokens = sum(sizes) if sizes and len(sizes) == len(per_engine) else None
+    return _int_label(one.get("block_size")), _int_label(one.get("num_gpu_blocks")), tokens
 
 
 def parse_vllm_metrics(text: str) -> Sample:
-    """Parse one vLLM ``/metrics`` page (current or deprecated names). Raises ValueError."""
+    """Parse one vLLM ``/metrics`` page (current or deprecated names). Raises ValueError
+    (`NoLoadData` when the page holds no ``vllm:`` series)."""
+    if "vllm:" not in text:
+        raise NoLoadData("no vllm:* series (--disable-log-stats?)")
     sums, maxima, infos = _collect(text)
     fields: dict[str, float | None] = {}
     legacy = False
@@ -120,11 +137,12 @@ def parse_vllm_metrics(text: str) -> Sample:
         legacy |= found is not None and found != names[0]
     kv_name = next((n for n in _KV if n in maxima), None)
     legacy |= kv_name == _KV[1]
-    block_size, num_gpu_blocks = _capacity(infos)
+    block_size, num_gpu_blocks, kv_tokens = _capacity(infos)
     return Sample(
         kv_usage=maxima[kv_name] if kv_name else None,
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
+        kv_cache_size_tokens=kv_tokens,
         legacy_names=legacy,
         **fields,
     )
@@ -139,6 +157,7 @@ class _Target:
     task: asyncio.Task[None] | None = None
     last_ok: float | None = None
     errors: int = 0
+    no_load_data: bool = False  # the last page had no vllm:* series
 
 
 class Scraper:
@@ -192,6 +211,11 @@ class Scraper:
         target = self._targets.get(replica_id)
         return target.errors if target is not None else 0
 
+    def no_load_data(self, replica_id: str) -> bool:
+        """Whether the replica's last page had no ``vllm:`` series (``--disable-log-stats``)."""
+        target = self._targets.get(replica_id)
+        return target is not None and target.no_load_data
+
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         self._running = True
@@ -232,6 +256,13 @@ class Scraper:
                 response = await self._client.get(target.url, timeout=self.timeout_s)
             response.raise_for_status()
             sample = parse_vllm_metrics(response.text)
+            target.no_load_data = False
+        except NoLoadData:
+            target.errors += 1
+            if not target.no_load_data:
+                log.warning("replica exports no vllm:* metrics (--disable-log-stats?): "
+                            "routing on kvgate's own accounting", extra={"replica": replica_id})
+            target.no_load_data = True
         except (httpx.HTTPError, TimeoutError, ValueError) as exc:
             target.errors += 1
             log.debug("scrape failed", extra={"replica": replica_id, "error": type(exc).__name__})

@@ -3,14 +3,18 @@
 Chunks are forwarded as they arrive. Only a chunk that mentions ``"usage"`` is split into
 events; the usage numbers are read with a regular expression, and the usage-only chunk
 (``"choices": []``) is dropped when kvgate asked for it and the client did not. Comment lines
-(``: keep-alive``), error events and ``data: [DONE]`` pass through untouched.
+(``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
+(vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`.
+`body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["StreamScanner", "Usage", "scan_usage"]
+import orjson
+
+__all__ = ["StreamScanner", "Usage", "body_usage", "comment_only", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -21,6 +25,14 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+# an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
+# text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
+_ERROR_EVENT = re.compile(
+    rb'(?:^|\n)data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\n]*'
+)
+_CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
+_USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
+_BRACES = re.compile(rb"[{}]")
 
 Usage = dict[str, int]
 
@@ -29,6 +41,10 @@ def scan_usage(blob: bytes) -> Usage | None:
     """Token counts from a JSON text holding a non-null `usage` object, else None."""
     if _USAGE_KEY not in blob or _NULL_USAGE.search(blob):
         return None
+    return _counts(blob)
+
+
+def _counts(blob: bytes) -> Usage | None:
     counts: Usage = {}
     for key, value in _COUNTS.findall(blob):
         name = key.decode()
@@ -36,18 +52,66 @@ def scan_usage(blob: bytes) -> Usage | None:
     return counts or None
 
 
+def body_usage(body: bytes) -> Usage | None:
+    """The top-level `usage` of a whole JSON answer, wherever it sits in the body.
+
+    vLLM puts fields after `usage` (``prompt_logprobs``, ``prompt_token_ids``, the Responses
+    API's ``input_messages``/``output_messages``...), so it is not always near the end. The
+    common case -- one ``"usage": {`` key in the body -- costs one regex scan and a parse of
+    that object's few bytes only; several (a nested object of the same name) parse the body."""
+    if _USAGE_KEY not in body:
+        return None
+    found = _USAGE_OBJ.findall(body, 0)
+    if not found:
+        return None
+    if len(found) > 1:
+        try:
+            top = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        usage = top.get("usage") if isinstance(top, dict) else None
+        return _counts(orjson.dumps(usage)) if isinstance(usage, dict) else None
+    m = _USAGE_OBJ.search(body)
+    assert m is not None
+    if m.group(1) == b"null":
+        return None
+    depth = 0
+    for brace in _BRACES.finditer(body, m.start(1)):
+        depth += 1 if brace.group() == b"{" else -1
+        if depth == 0:
+            return _counts(body[m.start(1):brace.end()])
+    return None
+
+
+def comment_only(block: bytes) -> bool:
+    """True when a block of whole SSE lines holds only comments (``: keep-alive``)."""
+    return all(not line or line.startswith(b":") for line in block.splitlines())
+
+
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_partial", "_strip", "ended_event", "usage")
+    __slots__ = ("_partial", "_strip", "ended_event", "error_code", "usage")
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip = strip_usage
         self._partial = b""
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
+        self.error_code: int | None = None  # status code of the last error event seen
 
     def feed(self, chunk: bytes) -> bytes:
+        out = self._feed(chunk)
+        if b'error"' in out:  # cheap pre-check; a real error event is rare
+            self._errors(out)
+        return out
+
+    def _errors(self, block: bytes) -> None:
+        for m in _ERROR_EVENT.finditer(block):
+            code = _CODE.search(m.group())
+            self.error_code = int(code.group(1)) if code else 500
+
+    def _feed(self, chunk: bytes) -> bytes:
         if not self._partial and chunk.endswith(_ENDS):
             # the common case: whole events in one read
             return chunk if _USAGE_KEY not in chunk else self._events(chunk)

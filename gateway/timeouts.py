@@ -2,9 +2,13 @@
 
 One `Canceller` per request holds a single timer and a task that waits for the ASGI
 ``http.disconnect``. Either cancels the handler task and records why; the handler turns that
-into a 504, an SSE error event, or nothing (client gone). The timer is lazy: a streamed chunk
-only stores the time (`touch`); the callback re-arms itself until a deadline really passed,
-so streaming pays no timer churn per chunk.
+into a 504, an SSE error event, or nothing (client gone). Phases: until the answer has started
+the first-byte timeout applies (a non-streamed answer: its headers; a stream: its first SSE
+event -- vLLM sends a stream's headers at once and ``: keep-alive`` comments while a request
+waits, neither is an answer); from then on the idle timeout between chunks. The timer is lazy:
+a streamed chunk only stores the time (`touch`); the callback re-arms itself until a deadline
+really passed, and it is moved earlier once when the answer starts, so a stall after a few
+tokens is cut after `idle_timeout_s`, not at the first-byte deadline.
 """
 
 from __future__ import annotations
@@ -61,8 +65,24 @@ class Canceller:
         self._first = True
 
     def headers_received(self) -> None:
+        """A non-streamed answer's headers: the answer has started."""
+        self.started()
+
+    def started(self) -> None:
+        """The answer has started (headers of a whole answer, or a stream's first event):
+        from now on the idle timeout applies."""
+        if not self._first:
+            return
         self._first = False
         self.last = self._loop.time()
+        self._rearm()
+
+    def _rearm(self) -> None:
+        if self.done or self.reason is not None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._loop.call_at(self._deadline()[0], self._check)
 
     def touch(self) -> None:
         self.last = self._loop.time()

@@ -16,10 +16,18 @@ import asyncio
 
 import aiohttp
 
-__all__ = ["TRANSPORT_ERRORS", "Transport", "UpstreamResponse"]
+__all__ = ["TRANSPORT_ERRORS", "Transport", "UpstreamResponse", "refused"]
 
 # What a failed exchange raises: connect errors, resets, protocol errors, bad payloads.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+
+
+def refused(exc: BaseException) -> bool:
+    """Nothing could be connected to (refused, unreachable, no such host) -- as opposed to a
+    slow connect or a reset of an open connection."""
+    if isinstance(exc, TimeoutError):
+        return False
+    return isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError)
 
 
 class UpstreamResponse:
@@ -82,6 +90,18 @@ class Transport:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(url, timeout=timeout, headers=headers) as resp:
             return resp.status, await resp.read()
+
+    async def call(
+        self, method: str, url: str, timeout_s: float, headers: dict[str, str]
+    ) -> tuple[int, str, bytes]:
+        """A small request without a body (Responses-API GET and cancel): status, content
+        type and body."""
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self._session.request(
+            method, url, timeout=timeout, headers=headers, allow_redirects=False
+        ) as resp:
+            body = await resp.read()
+            return resp.status, resp.headers.get("Content-Type", "application/json"), body
 
     async def close(self) -> None:
         await self._session.close()

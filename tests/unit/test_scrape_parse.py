@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.scrape import Sample, parse_vllm_metrics
+from gateway.scrape import NoLoadData, Sample, parse_vllm_metrics
 
 CURRENT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -92,8 +92,6 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="qwen-fp8"} 0.99
                 legacy_names=True,
             ),
         ),
-        ("", Sample()),
-        ("# only a comment\nsome_other_metric 1\n", Sample()),
     ],
 )
 def test_parse(text: str, expected: Sample) -> None:
@@ -117,3 +115,39 @@ def test_capacity(block_size: str, blocks: str, tokens: int | None) -> None:
 def test_garbage_raises_value_error() -> None:
     with pytest.raises(ValueError):
         parse_vllm_metrics('vllm:num_requests_running{engine="0" 12\n')
+
+
+# `--disable-log-stats` removes every vllm:* series: no load data, not a sample of Nones
+@pytest.mark.parametrize(
+    "text",
+    ["", "# only a comment\nsome_other_metric 1\n",
+     'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 3.0\n'
+     'process_resident_memory_bytes 1.2e+09\n'],
+)
+def test_a_page_without_vllm_series_is_no_load_data(text: str) -> None:
+    with pytest.raises(NoLoadData):
+        parse_vllm_metrics(text)
+
+
+# vLLM exports one cache_config_info per engine, each with the total over the data-parallel
+# engines (v1/metrics/loggers.py, v1/engine/core_client.py): 2 engines, 2,000 blocks in all
+DP2 = """\
+vllm:cache_config_info{block_size="16",engine="0",model_name="m",num_gpu_blocks="2000"} 1.0
+vllm:cache_config_info{block_size="16",engine="1",model_name="m",num_gpu_blocks="2000"} 1.0
+vllm:num_requests_running{engine="0",model_name="m"} 1.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+"""
+
+
+def test_data_parallel_capacity_is_read_from_one_series() -> None:
+    s = parse_vllm_metrics(DP2)
+    assert s.cache_capacity_tokens == 32_000  # not 64,000
+    assert s.running == 3.0  # request counts still add up over the engines
+
+
+def test_per_engine_kv_cache_size_tokens_wins() -> None:
+    # a hybrid model: num_gpu_blocks x block_size is wrong (config/cache.py); the per-engine
+    # label is right, and the replica holds the engines' sum
+    text = DP2.replace('num_gpu_blocks="2000"}',
+                       'kv_cache_size_tokens="12000",num_gpu_blocks="2000"}')
+    assert parse_vllm_metrics(text).cache_capacity_tokens == 24_000

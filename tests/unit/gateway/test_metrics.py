@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from gateway.config import load_config
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pools
-from gateway.proxy import _CONTENT
+from gateway.relay import _CONTENT
 from gateway.replicas import HealthPolicy, Replica
 from gateway.scrape import Sample
 
@@ -121,6 +121,9 @@ async def test_a_replica_back_while_draining_keeps_its_counters() -> None:  # a 
         (b'data: {"choices":[{"text":"Once","index":0}]}\n\n', True),
         (b'data: {"choices":[{"text":"","index":0}]}\n\n', False),
         (b'data: {"choices":[{"delta":{"reasoning_content":"Let me"}}]}\n\n', True),
+        # vLLM 0.34 reasoning models stream `reasoning` (entrypoints/generate/base/protocol.py)
+        (b'data: {"choices":[{"delta":{"reasoning":"Let me"}}]}\n\n', True),
+        (b'data: {"choices":[{"delta":{"reasoning":""}}]}\n\n', False),
         (b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\\""}}]}}]}\n\n',
          True),
         (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sse import StreamScanner, scan_usage
+from gateway.sse import StreamScanner, body_usage, comment_only, scan_usage
 
 CHUNK = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
@@ -80,12 +80,71 @@ def test_responses_usage_is_counted_in_chat_names() -> None:
 def test_a_broken_stream_ends_with_whole_events_only() -> None:
     import orjson
 
-    from gateway.proxy import _stream_error
+    from gateway.relay import stream_error
 
     scanner = StreamScanner(True)
     assert scanner.feed(CHUNK + b'data: {"id":"x","choi') == CHUNK  # the fragment is held
-    tail = _stream_error("The upstream replica failed mid-stream.")
+    tail = stream_error("The upstream replica failed mid-stream.")
     events = [e for e in tail.split(b"\n\n") if e]
     assert events[-1] == b"data: [DONE]"
     assert orjson.loads(events[0].removeprefix(b"data: "))["error"]["code"] == 502
     assert b"choi" not in tail
+
+
+# vLLM 0.34's mid-stream engine death (chat_completion/serving.py): an error event, then [DONE]
+DEAD = (b'data: {"error":{"message":"The server had an error while processing your request.",'
+        b'"type":"InternalServerError","param":null,"code":500}}\n\n')
+FLAT = b'data: {"object":"error","message":"boom","type":"InternalServerError","code":503}\n\n'
+
+
+@pytest.mark.parametrize("size", [1, 5, 64, 4096])
+@pytest.mark.parametrize(("event", "code"), [(DEAD, 500), (FLAT, 503)])
+def test_an_error_event_is_noted_and_passed_through(size: int, event: bytes, code: int) -> None:
+    stream = CHUNK + event + DONE
+    out, scanner = run(split_every(stream, size), False)
+    assert out == stream
+    assert scanner.error_code == code
+
+
+def test_generated_text_about_errors_is_not_an_error_event() -> None:
+    text = (b'data: {"choices":[{"delta":{"content":"data: {\\"error\\": 1}\\n'
+            b'{\\"error\\":{\\"code\\":500}}"}}]}\n\n')
+    _, scanner = run([text, DONE], False)
+    assert scanner.error_code is None
+
+
+@pytest.mark.parametrize(
+    ("block", "only"),
+    [(COMMENT, True), (COMMENT + COMMENT, True), (COMMENT + CHUNK, False), (CHUNK, False),
+     (b"event: response.created\ndata: {}\n\n", False)],
+)
+def test_comment_only(block: bytes, only: bool) -> None:
+    assert comment_only(block) is only
+
+
+USAGE_OBJ = b'"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3,' \
+            b'"prompt_tokens_details":{"cached_tokens":4}}'
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # usage followed by more than 1 KiB of other fields (prompt_logprobs, token ids, ...)
+        b'{"id":"c","choices":[{"text":"x"}],' + USAGE_OBJ + b',"prompt_token_ids":['
+        + b",".join(b"%d" % i for i in range(2000)) + b"]}",
+        # Responses API: usage before input/output messages
+        b'{"id":"resp_1",' + USAGE_OBJ + b',"input_messages":[' + b'{"role":"user"},' * 200
+        + b'{"role":"user"}]}',
+        # a nested object also named usage: the top-level one wins
+        b'{"choices":[{"message":{"content":"x"}}],' + USAGE_OBJ
+        + b',"output":[{"usage":{"prompt_tokens":999}}]}',
+    ],
+)
+def test_body_usage_finds_the_top_level_usage_anywhere(body: bytes) -> None:
+    assert body_usage(body) == EXPECTED_USAGE
+    assert scan_usage(body[-1024:]) != EXPECTED_USAGE  # what the old last-1-KiB read missed
+
+
+@pytest.mark.parametrize("body", [b'{"usage":null}', b'{"id":"x"}', b'{"usage":{"prompt'])
+def test_body_usage_absent(body: bytes) -> None:
+    assert body_usage(body) is None

@@ -1,0 +1,217 @@
+"""Relaying one upstream answer to the client, and what the answer says about its replica.
+
+Split from `proxy.py` (which keeps the request's steps and the attempts). A stream is passed
+through as bytes (`StreamScanner` reads the usage chunk and notes error events); a whole answer
+is sent in one piece, its error body re-shaped when it is not OpenAI's. What the upstream
+answered feeds the replica's health (`judge`):
+
+- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"): a short back-off from
+  new picks (`Replica.record_busy`), health untouched;
+- vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
+  your request.", the server exits right after): down at once (`Replica.mark_down`);
+- any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
+  that ends with an error event of code >= 500 (vLLM's mid-stream engine death) or stalls:
+  a failure (consecutive failures eject);
+- anything else: a success.
+
+TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
+comment lines (``--sse-keep-alive-interval``) are neither the first token nor an inter-token gap.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from time import perf_counter
+
+from gateway.asgi import Send
+from gateway.config import KvgateConfig
+from gateway.errors import UpstreamError, error_body, openai_shaped
+from gateway.metrics import GatewayMetrics
+from gateway.replicas import Lease, Replica
+from gateway.request import ProxiedRequest
+from gateway.responses import ResponseStore, response_id
+from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from routing.router import Router
+
+__all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
+
+RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
+# a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
+# `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
+# `delta` -- a non-empty string value
+_CONTENT = re.compile(
+    rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
+)
+DONE_EVENT = b"data: [DONE]\n\n"
+# vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
+_BUSY = (b"currently busy", b"backlog limit")
+# vLLM's answer once its engine died (exception_handling/error_response.py)
+_DEAD = b"The server had an error while processing your request"
+
+
+def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
+    """Feed an upstream answer's status (and error body) to the replica's health; returns
+    the verdict ("busy", "dead", "failure", "ok") for logs and metrics."""
+    if status == 503 and any(marker in body for marker in _BUSY):
+        replica.record_busy(now)
+        return "busy"
+    if status == 500 and _DEAD in body:
+        replica.mark_down(now)
+        return "dead"
+    if status >= 500:
+        replica.record_failure(now)
+        return "failure"
+    replica.record_success()
+    return "ok"
+
+
+def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
+    """Close a broken stream: an error event, then [DONE]. An incomplete upstream event is
+    never forwarded (the scanner holds fragments back), so it is simply dropped: a client
+    must not be handed half a JSON object."""
+    return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
+
+
+def _total(usage: dict[str, int]) -> int:
+    return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+
+
+class Relay:
+    def __init__(
+        self, cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
+        clock: Callable[[], float], responses: ResponseStore,
+    ) -> None:
+        self._cfg = cfg
+        self._router = router
+        self._metrics = metrics
+        self._clock = clock
+        self._responses = responses
+
+    def headers(self, req: ProxiedRequest, content_type: str) -> list[tuple[bytes, bytes]]:
+        hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req.req_id)]
+        if self._cfg.server.replica_header:
+            hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
+        if self._cfg.server.route_header:
+            hdrs.append((b"x-kvgate-route", req.route.encode()))
+        if req.extra:
+            hdrs.extend(req.extra)
+        return hdrs
+
+    async def relay(
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease,
+    ) -> bool:
+        """Send the upstream answer to the client; True when it was read to its end."""
+        if not (req.parsed.stream and resp.status == 200
+                and resp.content_type.startswith("text/event-stream")):
+            return await self._relay_whole(send, req, replica, resp, lease)
+        req.status = 200
+        req.sse = True
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.headers(req, resp.content_type)})
+        scanner = StreamScanner(req.strip)
+        try:
+            await self._pump(send, req, replica, resp, lease, scanner)
+        except TRANSPORT_ERRORS:
+            replica.record_failure(self._clock())
+            req.ctl.done = True
+            req.status = 502
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error("The upstream replica failed mid-stream.")})
+            return False
+        if scanner.error_code is not None and scanner.error_code >= 500:
+            # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The
+            # client gets them as sent; the request and the replica count it as a failure.
+            replica.record_failure(self._clock())
+            req.status = scanner.error_code
+        else:
+            replica.record_success()
+        if scanner.usage:
+            req.usage = scanner.usage
+            req.used = _total(scanner.usage)
+            self._metrics.usage(req.pool.name, scanner.usage, req.tier)
+        req.ctl.done = True
+        await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
+        return True
+
+    async def _pump(
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease, scanner: StreamScanner,
+    ) -> None:
+        """Relay chunks as they come. The engine has answered the prompt at the first SSE
+        event (what the router learns from; comment lines do not count). TTFT is taken when
+        the first chunk carrying content reaches the client (not vLLM's role-only first chat
+        chunk), inter-token latency is the gap between event chunks sent after it, and
+        kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
+        on every `RELAY_SAMPLE`-th chunk."""
+        ctl = req.ctl
+        itl = self._metrics.itl_child(req.pool.name)
+        n = 0
+        last_sent = 0.0
+        answered = False
+        want_id = req.kind == "responses"
+        chunk = await resp.read_chunk()
+        while chunk:
+            received = perf_counter()
+            out = scanner.feed(chunk)
+            if out:
+                if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                    chunk = await resp.read_chunk()
+                    continue
+                ctl.touch()
+                if not answered:
+                    answered = True
+                    ctl.started()
+                    lease.first_token()
+                    self._router.record_first_token(
+                        replica.id, req.features, received - req.t0, self._clock())
+                if want_id and (rid := response_id(out)) is not None:
+                    want_id = False
+                    self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id)
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+                sent = perf_counter()
+                if req.ttft is not None:
+                    itl.observe(sent - last_sent)
+                elif _CONTENT.search(out):
+                    req.ttft = sent - req.t0
+                    self._metrics.first_token(req.pool.name, req.ttft, req.tier)
+                last_sent = sent
+                if n % RELAY_SAMPLE == 0:
+                    self._metrics.relay.observe(sent - received)
+                n += 1
+            chunk = await resp.read_chunk()
+
+    async def _relay_whole(
+        self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
+        lease: Lease,
+    ) -> bool:
+        req.ctl.headers_received()
+        try:
+            data = await resp.read_all()
+        except TRANSPORT_ERRORS:
+            replica.record_failure(self._clock())
+            raise UpstreamError("The replica failed while answering.") from None
+        lease.first_token()
+        judge(replica, resp.status, data, self._clock())
+        content_type = resp.content_type
+        if resp.status == 200:
+            if usage := body_usage(data):
+                req.usage = usage
+                req.used = _total(usage)
+                self._metrics.usage(req.pool.name, usage, req.tier)
+            if req.kind == "responses" and (rid := response_id(data)) is not None:
+                self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id)
+        elif resp.status >= 400 and (shaped := openai_shaped(resp.status, data)) is not None:
+            data, content_type = shaped, "application/json"
+        req.status = resp.status
+        req.ctl.done = True
+        hdrs = self.headers(req, content_type)
+        hdrs.append((b"content-length", str(len(data)).encode()))
+        if resp.status == 503:
+            hdrs.append((b"retry-after", b"1"))
+        await send({"type": "http.response.start", "status": resp.status, "headers": hdrs})
+        await send({"type": "http.response.body", "body": data, "more_body": False})
+        return True
