@@ -125,7 +125,7 @@ def test_dead_engine_fails_a_waiting_non_streamed_request(sim_factory: SimFactor
         async with httpx.AsyncClient(timeout=10) as client:
             pending = asyncio.ensure_future(client.post(f"{url}/v1/completions", json={
                 "model": MODEL, "prompt": "x", "max_tokens": 500, "ignore_eos": True}))
-            while (await client.get(f"{url}/sim/stats")).json()["running"] == 0:
+            while (await client.get(f"{url}/sim/stats")).json()["running"] == 0:  # noqa: ASYNC110
                 await asyncio.sleep(0.01)
             await client.post(f"{url}/sim/faults", json={"dead": True})
             return await pending
