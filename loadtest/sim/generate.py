@@ -143,6 +143,16 @@ class Generation:
             except TimeoutError:
                 await _body(send, KEEP_ALIVE)
 
+    async def _hang(self, watcher: asyncio.Task[None], send: Send) -> None:
+        """A hung engine: no output until the client leaves; the frontend's keep-alive timer
+        still runs, so a stream keeps getting comment lines."""
+        interval = self.ctx.keep_alive_s
+        while interval > 0 and not watcher.done():
+            done, _ = await asyncio.wait({watcher}, timeout=interval)
+            if not done:
+                await _body(send, KEEP_ALIVE)
+        await watcher
+
     def _fault(self) -> str | None:
         faults = self.ctx.faults
         if faults.drop_connections:
@@ -197,7 +207,7 @@ class Generation:
             if self._hung():
                 if piece.reasoning or piece.content:
                     await _body(send, fmt.piece(piece, first))
-                await watcher
+                await self._hang(watcher, send)
                 return
             data = fmt.piece(piece, first)
             if data:

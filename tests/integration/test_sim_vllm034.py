@@ -125,3 +125,19 @@ def test_endpoint_load_metrics_header(sim_factory: SimFactory) -> None:
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
                       headers={"endpoint-load-metrics-format": "text"}) as r:
         assert "endpoint-load-metrics" not in r.headers  # streams never carry it
+
+
+def test_a_hung_engine_still_sends_keep_alive_comments(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "50", "--hang-after-tokens", "1",
+                         "--sse-keep-alive-interval", "0.05")
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 50, "ignore_eos": True, "stream": True}
+    seen: list[str] = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30) as r:
+        for line in r.iter_lines():
+            if line:
+                seen.append(line)
+            if seen.count(": keep-alive") >= 3 and seen[0].startswith("data: "):
+                break
+    data = [json.loads(line[6:]) for line in seen if line.startswith("data: ")]
+    assert len("".join(c["choices"][0]["text"] for c in data)) == 4  # one token, then nothing
+    assert "data: [DONE]" not in seen
