@@ -114,7 +114,8 @@ def main(argv: list[str]) -> int:
     try:
         method, path, body, headers = _request(args)
     except (OSError, yaml.YAMLError) as exc:
-        print(f"kvgate admin: cannot read the policy file: {exc}", file=sys.stderr)
+        reason = exc.strerror if isinstance(exc, OSError) else f"invalid YAML/JSON ({exc})"
+        print(f"kvgate admin: policy file {args.file}: {reason}", file=sys.stderr)
         return 1
     headers["authorization"] = f"Bearer {token}"
     try:

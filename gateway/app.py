@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import orjson
 
+from gateway import __version__
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
 from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
@@ -88,6 +89,8 @@ class GatewayApp:
         self._get = {
             "/healthz": self._healthz, "/readyz": self._readyz,
             "/metrics": self._metrics_page, "/v1/models": self._models,
+            # vLLM's operational paths, for drop-in use (benchmark clients probe /health)
+            "/health": self._healthz, "/ping": self._healthz, "/version": _version_page,
         }
 
     def mount(self, prefix: str, app: Callable[..., object]) -> None:
@@ -185,7 +188,17 @@ class GatewayApp:
     def _models(self) -> Page:
         names = self.pools.model_names() if self.pools is not None else []
         data = [{"id": n, "object": "model", "created": 0, "owned_by": "kvgate"} for n in names]
-        return 200, JSON, orjson.dumps({"object": "list", "data": data})
+        doc: dict[str, Any] = {"object": "list", "data": data}
+        now = self.clock()
+        not_ready = [
+            {"pool": p.name, "reason": "no healthy replica" if p.served_model
+             else "served model not known yet (no replica answered)"}
+            for p in (self.pools.by_name.values() if self.pools is not None else ())
+            if not (p.served_model and any(r.available(now) for r in p.replicas))
+        ]
+        if not_ready:  # kvgate's addition; OpenAI clients ignore unknown fields
+            doc["not_ready"] = not_ready
+        return 200, JSON, orjson.dumps(doc)
 
     # -- lifespan --------------------------------------------------------------------------
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -361,6 +374,11 @@ class GatewayApp:
         self._tasks.clear()
         if self.pools is not None:
             await self.pools.close()
+
+
+def _version_page() -> Page:
+    """`GET /version`, as vLLM's: ``{"version": ...}`` (kvgate's own version)."""
+    return 200, JSON, orjson.dumps({"version": __version__})
 
 
 async def _respond(send: Send, status: int, headers: Headers, body: bytes) -> None:

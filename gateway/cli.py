@@ -23,12 +23,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: kvgate COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<8} {summary}" for name, (_, summary) in COMMANDS.items()]
-    lines += ["", "run `kvgate COMMAND --help` for a command's options"]
+    lines += ["", "run `kvgate COMMAND --help` for a command's options; `kvgate --version`"]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-V", "--version"):
+        from gateway import __version__
+
+        print(f"kvgate {__version__}")
+        return 0
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
         return 0 if args else 2

@@ -7,6 +7,10 @@ fresh API key each at start, and the banner prints both keys and the admin token
 command already shows tiers. The key `demo` (tenant `demo`, default tier) also works, so
 copy-pasted snippets run as they are; the demo listens on 127.0.0.1 only. The gateway runs in
 this process; Ctrl-C (or SIGTERM) stops it gracefully, then the replicas.
+
+The port is bound first (a port in use is one line, before any replica starts), and the banner
+is printed once the server listens with the app started and the keys created, so whoever sees
+it can use it at once.
 """
 
 from __future__ import annotations
@@ -14,20 +18,20 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
 import sys
-import threading
 import time
 from typing import Any
 
 from gateway.app import GatewayApp
 from gateway.config import KvgateConfig, load_config
 from gateway.errors import ConfigError
-from gateway.serve import configure_logging, make_server
+from gateway.serve import ListenError, bind_sockets, run_server
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
-from loadtest.fleet import Fleet, wait_http
+from loadtest.fleet import Fleet
 
-__all__ = ["main"]
+__all__ = ["banner", "main"]
 
 PUBLIC_MODEL = "kvgate-demo"
 POOLS = {  # pool -> (served model name, simulator preset)
@@ -48,9 +52,12 @@ def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]]:
     }
 
 
-def demo_config(urls: dict[str, list[str]], port: int, admin_token: str) -> KvgateConfig:
+def demo_config(
+    urls: dict[str, list[str]], port: int, admin_token: str, *, log_level: str = "warning"
+) -> KvgateConfig:
     overrides: dict[str, Any] = {
-        "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 5},
+        "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 5,
+                   "log_level": log_level, "log_format": "text"},
         "pools": {pool: {"served_model": POOLS[pool][0], "replicas": urls[pool]}
                   for pool in POOLS},
         "models": {PUBLIC_MODEL: {"default": "fp8", "premium": "fp8", "free": "awq"}},
@@ -82,34 +89,37 @@ def key_seeder(keys: dict[str, str]) -> Any:
 
 
 def banner(base: str, keys: dict[str, str], admin_token: str) -> str:
+    """What the demo prints once it serves. The snippets start in column 0, so they run when
+    pasted as printed (a heredoc's closing `EOF` must be alone on its line); the Python one
+    names this interpreter, which has the `openai` package (the `demo` extra)."""
+    premium, free = keys.get("premium"), keys.get("free")
+    python = shlex.quote(sys.executable)
+    body = f'{{"model": "{PUBLIC_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
     return f"""
 kvgate is up: {base}/v1   (pools fp8 and awq, 2 simulated replicas each)
 
-  tenant premium -> fp8 pool:  {keys.get("premium")}
-  tenant free    -> awq pool:  {keys.get("free")}
+  tenant premium -> fp8 pool:  {premium}
+  tenant free    -> awq pool:  {free}
   admin token:                 {admin_token}
 
-  python - <<'EOF'
-  from openai import OpenAI
-  for key in ("{keys.get("premium")}", "{keys.get("free")}"):
-      client = OpenAI(base_url="{base}/v1", api_key=key)
-      r = client.chat.completions.with_raw_response.create(
-          model="{PUBLIC_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}])
-      print(r.headers["x-kvgate-replica"], r.parse().model, r.parse().choices[0].message.content)
-  EOF
+Try it from another shell (each snippet runs as printed):
 
-  curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {keys.get("free")}' \\
-    -H 'Content-Type: application/json' \\
-    -d '{{"model": "{PUBLIC_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+{python} - <<'EOF'
+from openai import OpenAI
+for key in ("{premium}", "{free}"):
+    client = OpenAI(base_url="{base}/v1", api_key=key)
+    r = client.chat.completions.with_raw_response.create(
+        model="{PUBLIC_MODEL}", messages=[{{"role": "user", "content": "Hello!"}}])
+    print(r.headers["x-kvgate-replica"], r.parse().model, r.parse().choices[0].message.content)
+EOF
 
-  admin: curl -s {base}/admin/replicas -H 'Authorization: Bearer {admin_token}'
-  metrics: {base}/metrics    readiness: {base}/readyz    Ctrl-C stops everything.
+curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {free}' \\
+  -H 'Content-Type: application/json' -d '{body}'
+
+curl -s {base}/admin/replicas -H 'Authorization: Bearer {admin_token}'
+
+metrics: {base}/metrics    readiness: {base}/readyz    Ctrl-C stops everything.
 """
-
-
-def _announce_when_ready(base: str, keys: dict[str, str], admin_token: str) -> None:
-    if wait_http(f"{base}/readyz", 60):
-        print(banner(base, keys, admin_token), flush=True)
 
 
 def main(argv: list[str]) -> int:
@@ -119,7 +129,14 @@ def main(argv: list[str]) -> int:
                    help="run the simulated engines this many times faster than real time")
     p.add_argument("--log-level", default="warning")
     args = p.parse_args(argv)
-    configure_logging(args.log_level)
+    try:  # the port first: a port in use is one line, before any replica starts
+        sockets = bind_sockets(_listen_config(args.port))
+    except ListenError as exc:
+        print(f"kvgate demo: {exc} (choose another port with --port)", file=sys.stderr)
+        return 1
+    except ConfigError as exc:
+        print(f"kvgate demo: {exc.message}", file=sys.stderr)
+        return 2
     fleet = Fleet()
     try:
         try:
@@ -129,17 +146,26 @@ def main(argv: list[str]) -> int:
             return 1
         admin_token = os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         try:
-            cfg = demo_config(urls, args.port, admin_token)
+            cfg = demo_config(urls, args.port, admin_token, log_level=args.log_level)
         except ConfigError as exc:
             print(f"kvgate demo: {exc.message}", file=sys.stderr)
             return 2
         base = f"http://127.0.0.1:{cfg.server.port}"
         keys: dict[str, str] = {}
-        threading.Thread(target=_announce_when_ready, args=(base, keys, admin_token),
-                         daemon=True).start()
-        server = make_server(GatewayApp(cfg, after_start=key_seeder(keys)))
-        server.run()  # returns after Ctrl-C / SIGTERM and a graceful shutdown
-        return 0 if server.started else 1
+        return run_server(
+            cfg, "kvgate demo", app=GatewayApp(cfg, after_start=key_seeder(keys)),
+            sockets=sockets, on_started=lambda: print(banner(base, keys, admin_token), flush=True),
+        )
     finally:
+        for sock in sockets:
+            sock.close()
         fleet.stop()
         print("kvgate demo: stopped", file=sys.stderr)
+
+
+def _listen_config(port: int) -> KvgateConfig:
+    """Just enough config to bind the demo's address (the replicas do not exist yet)."""
+    return load_config("", overrides={
+        "server": {"host": "127.0.0.1", "port": port},
+        "pools": {"probe": {"served_model": "x", "replicas": ["http://127.0.0.1:9"]}},
+    })

@@ -80,6 +80,10 @@ class Planner:
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:
+                learning = [p.name for p in self.pools.by_name.values() if not p.served_model]
+                if learning:  # a pool whose served name is not known yet may serve it
+                    raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
+                                             f"(not ready: pool {', '.join(learning)}).")
                 raise ModelNotFound(parsed.model)
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:

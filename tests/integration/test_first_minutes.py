@@ -1,0 +1,151 @@
+"""A new user's first five minutes, each command run as the README or the issue writes it:
+`kvgate --version`, the venv on PATH, an upstream that is down at start (503 + Retry-After, and
+`/v1/models` naming the pool that is not ready), vLLM's operational paths (`/health`, `/ping`,
+`/version`), start-up warnings about missing secrets, a port already in use, clean logs."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+import yaml
+
+from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
+ANSI = re.compile(r"\x1b\[")
+
+
+def run(*args: str, env: dict[str, str] | None = None,
+        timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    base = {"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": ""}
+    return subprocess.run([*KVGATE, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**base, **(env or {})})
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        yield s.getsockname()[1]
+
+
+def test_version_flag() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert re.fullmatch(r"kvgate \S+\n", result.stdout)
+
+
+def test_readme_puts_the_venv_on_path(tmp_path: Path) -> None:
+    """The README's line for a new shell, run in a shell with a bare PATH, finds `kvgate`."""
+    readme = (ROOT / "README.md").read_text()
+    line = re.search(r"^(\. \.venv/bin/activate)\b", readme, re.M)
+    assert line, "README must say how to put the venv on PATH"
+    venv = Path(KVGATE[0]).parent.parent  # the venv this test runs in
+    if venv.resolve() != (ROOT / ".venv").resolve():
+        # not the project's .venv (e.g. another checkout's): point .venv at this one
+        (tmp_path / ".venv").symlink_to(venv)
+        cwd = tmp_path
+    else:
+        cwd = ROOT
+    result = subprocess.run(["bash", "--noprofile", "--norc", "-c",
+                             f"{line.group(1)} && kvgate --version"],
+                            cwd=cwd, capture_output=True, text=True, timeout=30,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("kvgate ")
+
+
+def test_upstream_down_at_start_is_503_not_404() -> None:
+    gw, base = gateway_proc(upstreams=[f"http://127.0.0.1:{free_port()}"], ready=False)
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as err:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert err.value.status_code == 503
+        assert "No ready replica for the model `m`" in err.value.message
+        assert err.value.response.headers["retry-after"].isdigit()
+        assert client.models.list().data == []
+        models = httpx.get(f"{base}/v1/models").json()
+        assert [p["pool"] for p in models["not_ready"]] == ["default"]
+
+
+def test_vllm_operational_paths(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        for path in ("/health", "/ping"):
+            assert httpx.get(f"{base}{path}").status_code == 200, path
+        version = httpx.get(f"{base}/version").json()["version"]
+        assert version == run("--version").stdout.split()[1]
+    # /health is liveness, like /healthz: 200 while no replica is up
+    gw, base = gateway_proc(upstreams=[f"http://127.0.0.1:{free_port()}"], ready=False)
+    with gw:
+        assert httpx.get(f"{base}/health").status_code == 200
+        assert httpx.get(f"{base}/readyz").status_code == 503
+
+
+def test_auth_without_admin_token_or_tenants_warns_loudly() -> None:
+    gw, _ = gateway_proc(upstreams=[f"http://127.0.0.1:{free_port()}"], ready=False,
+                         auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
+    with gw:
+        gw.stop()
+        assert "nobody can create an API key" in gw.output()
+
+
+def test_config_check_warns_about_missing_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump(
+        {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    result = run("config", "check", str(path))
+    assert result.returncode == 0
+    assert "KVGATE_SALT_SECRET" in result.stderr and "KVGATE_ADMIN_TOKEN" in result.stderr
+    assert "nobody can ever get an API key" in result.stderr
+    complete = run("config", "check", str(path), env={
+        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": "admin-token-0123456789"})
+    assert complete.returncode == 0 and complete.stderr == ""
+
+
+def test_serve_on_a_port_in_use_is_one_line(busy_port: int) -> None:
+    result = run("serve", "--no-auth", "--host", "127.0.0.1", "--port", str(busy_port),
+                 "--upstream", "http://127.0.0.1:9")
+    assert result.returncode == 1
+    lines = [x for x in result.stderr.splitlines() if x.strip() and not x.startswith("***")]
+    assert lines == [f"kvgate serve: cannot listen on 127.0.0.1:{busy_port}: "
+                     "address already in use"]
+
+
+def test_demo_on_a_port_in_use_says_to_use_port(busy_port: int) -> None:
+    result = run("demo", "--port", str(busy_port))
+    assert result.returncode == 1
+    assert result.stderr.strip() == (f"kvgate demo: cannot listen on 127.0.0.1:{busy_port}: "
+                                     "address already in use (choose another port with --port)")
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_logs_have_no_colour_and_no_false_recovery(sim_factory: SimFactory, fmt: str) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], auth=True, args=["--log-format", fmt],
+                            env={"KVGATE_SALT_SECRET": AUTH_SECRET,
+                                 "KVGATE_ADMIN_TOKEN": "admin-token-0123456789"})
+    with gw:
+        assert httpx.get(f"{base}/healthz").status_code == 200
+        assert gw.stop() == 0
+        out = gw.output()
+    assert "Started server process" in out and "Finished server process" in out
+    assert not ANSI.search(out)
+    assert "color_message" not in out
+    assert "reachable again" not in out
+    if fmt == "json":
+        for line in out.splitlines():
+            if line.startswith("{"):
+                orjson.loads(line)
