@@ -1,0 +1,76 @@
+"""Concurrency leases whose release fails while Redis is away are released as soon as Redis
+answers again: the tenant is not locked out for the lease TTL (30 s).
+
+Redis goes away by stopping (and restarting with its append-only file, as in production) rather
+than by ``DEBUG SLEEP``: a release sent into a stalled Redis may still run when it wakes, so
+only a release that surely never reached Redis tells whether the gateway retries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import openai
+
+from tests.support.gateway import (
+    AUTH_SECRET,
+    admin_client,
+    gateway_proc,
+    persistent_redis,
+    wait_for,
+)
+from tests.support.procs import Proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+ADMIN = "stall-admin-token-0123456789"
+
+
+def _status(client: openai.OpenAI) -> int:
+    try:
+        return client.chat.completions.with_raw_response.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).status_code
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+def _degraded(base: str) -> bool:
+    return bool(httpx.get(f"{base}/readyz").json()["degraded"])
+
+
+def test_a_lease_whose_release_failed_is_freed_when_redis_answers_again(
+    sim_factory: SimFactory, tmp_path: Path
+) -> None:
+    # the replica sends two tokens, then holds the stream until the client leaves
+    _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "2", model="m")
+    redis, url, port = persistent_redis(str(tmp_path))
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"max_concurrency": 1}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with redis, gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        stream = client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hold"}], max_tokens=50,
+            stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))  # admitted: the one lease is held in Redis
+        assert _status(client) == 429  # the lease is real
+
+        redis.stop()
+        wait_for(lambda: _degraded(base), what="the gateway noticing Redis is gone")
+        stream.close()  # the client leaves while Redis is away: the release fails
+        httpx.post(f"{sim}/sim/faults", json={"hang_after_tokens": -1}).raise_for_status()
+        again, _, _ = persistent_redis(str(tmp_path), port)  # the lease is still in its data
+        with again:
+            wait_for(lambda: not _degraded(base), what="the gateway back on Redis")
+            assert _status(client) == 200  # not 429 until the stale lease's TTL runs out
+        assert "leases released after Redis answered again" in gw.output()
