@@ -1,9 +1,9 @@
 """Active health: poll every replica's `/health`, and learn served model names.
 
 A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
-`Replica`; this poller acts as the half-open probe once an ejection's back-off has expired, so
-a replica that comes back is used again without a restart and without risking a client request
-on it. vLLM's `/health` reports only the engine's errored flag and is served on the same event
+`Replica`; once an ejection's back-off has expired this poller keeps a replica that still fails
+`/health` out, and one that answers becomes half-open (one trial request decides), so a replica
+that comes back is used again without a restart. vLLM's `/health` reports only the engine's errored flag and is served on the same event
 loop as the requests, so a saturated replica answers it late: a probe that times out is only
 *slow*, and ejects after `health.slow_threshold` in a row; a refused connection or an explicit
 non-200 (vLLM's 503 for a dead engine) ejects at once.
@@ -69,11 +69,13 @@ class HealthMonitor:
             replica.mark_down(self._clock())
             return
         replica.record_probe_ok()
-        if replica.state != "healthy":
-            # the half-open probe: only an ejected replica is restored by /health. A healthy
-            # one keeps its passive failure count (it may answer /health yet fail requests).
-            log.info("replica back", extra={"pool": pool.name, "replica": replica.id})
-            replica.record_success()
+        if replica.state == "ejected":
+            # the back-off expired and /health answers: half-open, the next request decides
+            # (a healthy replica keeps its passive failure count: it may answer /health yet
+            # fail requests, as a faulted vLLM engine does)
+            log.info("replica answers /health again",
+                     extra={"pool": pool.name, "replica": replica.id})
+            replica.probe_recovered()
         if pool.served_model is None:
             await self._learn_model(pool, replica)
 

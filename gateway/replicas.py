@@ -3,8 +3,8 @@
 `Replica.acquire` hands out a `Lease` whose `release` is idempotent and is called from a
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures eject a replica for an
-exponentially growing back-off; when it expires the replica is half-open and one request (or
-an active `/health` probe) decides. A refused connection or a dead engine ejects at once
+exponentially growing back-off; when it expires the replica is half-open and one request
+decides (an active `/health` probe that fails keeps it out). A refused connection or a dead engine ejects at once
 (`mark_down`); a slow `/health` only after `slow_threshold` consecutive slow probes (vLLM serves
 it on the loop that is busy with requests). Apart from health, a replica that answers vLLM's
 busy 503 is *backing off* (`record_busy`): its view says unavailable for a short, growing
@@ -126,6 +126,13 @@ class Replica:
 
     def record_probe_ok(self) -> None:
         self.slow_probes = 0
+
+    def probe_recovered(self) -> None:
+        """`/health` answers again after an ejection: half-open, so the next request decides.
+        (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
+        on its own, or one that fails every request would be readmitted every back-off.)"""
+        if self.state == EJECTED:
+            self.state = HALF_OPEN
 
     def record_success(self) -> None:
         self.failures = 0

@@ -55,8 +55,9 @@ async def hanging_url() -> AsyncIterator[str]:
 async def test_both_dialects_and_live_counters(
     sim_factory: Callable[..., tuple[Proc, str]],
 ) -> None:
-    _, current = sim_factory("--num-gpu-blocks", "4000", "--time-scale", "50")
-    _, legacy = sim_factory("--num-gpu-blocks", "3000", "--metrics-compat", "legacy")
+    _, current = sim_factory("--num-gpu-blocks", "4000", "--block-size", "16", "--time-scale", "50")
+    _, legacy = sim_factory("--num-gpu-blocks", "3000", "--block-size", "16",
+                            "--metrics-compat", "legacy")
     rec = Recorder()
     async with httpx.AsyncClient() as client:
         scraper = Scraper(client, rec, interval_s=0.05, timeout_s=2.0)
@@ -116,3 +117,25 @@ async def test_targets_change_at_runtime(sim_factory: Callable[..., tuple[Proc, 
             scraper.add_target("a", a)
             proc_a.stop()  # a dead replica reports None, not an exception
             await rec.until(lambda: rec.samples["a"][-1:] == [None])
+
+
+async def test_data_parallel_capacity_and_no_load_data(
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    # 2 data-parallel engines of 3,000 blocks each: vLLM exports a cache_config_info series per
+    # engine, each carrying the 6,000-block total, and a per-engine kv_cache_size_tokens
+    _, dp2 = sim_factory("--data-parallel-size", "2", "--num-gpu-blocks", "3000",
+                         "--block-size", "16")
+    _, quiet = sim_factory("--disable-log-stats")
+    rec = Recorder()
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper(client, rec, interval_s=0.05, timeout_s=2.0)
+        scraper.add_target("dp2", dp2)
+        scraper.add_target("quiet", quiet)
+        async with scraper:
+            await rec.until(lambda: bool(rec.ok("dp2")) and len(rec.samples["quiet"]) >= 2)
+        assert rec.ok("dp2")[-1].cache_capacity_tokens == 2 * 3000 * 16  # not 4 x 3,000 x 16
+        # --disable-log-stats: no vllm:* series is "no load data", never a sample of Nones
+        assert rec.ok("quiet") == []
+        assert scraper.no_load_data("quiet") and not scraper.no_load_data("dp2")
+        assert scraper.scrape_age("quiet") is None
