@@ -54,6 +54,7 @@ class SimOptions:
     keep_alive_s: float = 0.0  # --sse-keep-alive-interval
     log_stats: bool = True  # False: --disable-log-stats
     enable_store: bool = False  # --enable-store / VLLM_ENABLE_RESPONSES_API_STORE
+    server_load_tracking: bool = False  # --enable-server-load-tracking (GET /load)
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -87,6 +88,8 @@ class SimApp:
             ("POST", "/v1/embeddings"): self._embeddings,
             ("GET", "/v1/models"): self._models,
             ("GET", "/health"): self._health,
+            ("GET", "/ping"): self._health,
+            ("POST", "/ping"): self._health,
             ("GET", "/version"): self._version,
             ("GET", "/load"): self._load,
             ("POST", "/tokenize"): self._tokenize,
@@ -293,7 +296,9 @@ class SimApp:
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         # only the engine's errored flag (EngineDeadError) makes /health 503; a faulted (paused)
-        # engine still answers 200
+        # engine still answers 200. /ping is the same handler (SageMaker-style, as vLLM's).
+        if self.faults.health_latency_ms > 0:
+            await asyncio.sleep(self.faults.health_latency_ms / 1000.0)
         status = 503 if self.faults.dead else 200
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-length", b"0")]})
@@ -303,7 +308,10 @@ class SimApp:
         await send_json(send, 200, {"version": VLLM_VERSION})
 
     async def _load(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, {"server_load": self.in_flight})
+        # counted only with --enable-server-load-tracking, else vLLM's counter stays 0
+        # (vllm/entrypoints/serve/instrumentator/basic.py)
+        load = self.in_flight if self.options.server_load_tracking else 0
+        await send_json(send, 200, {"server_load": load})
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._json_body(scope, receive)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from loadtest.sim import prompt as P
 from loadtest.sim.generate import Generation, Piece
 from loadtest.sim.spec import RequestOutput
 
@@ -102,6 +103,16 @@ class ChatFormat:
             choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
                       "stop_reason": None}
             obj = "text_completion"
-        return {"id": self.response_id, "object": obj, "created": self.g.created,
+        body = {"id": self.response_id, "object": obj, "created": self.g.created,
                 "model": self.g.ctx.model, "choices": [choice], "usage": self.g.usage(last),
                 "prompt_logprobs": None, "kv_transfer_params": None}
+        if self.g.gen.return_token_ids:
+            # `return_token_ids` (vLLM extra): the prompt's ids come AFTER usage in a chat body
+            # (ChatCompletionResponse.prompt_token_ids), inside the choice for completions
+            prompt_ids = self.g.gen.prompt.ids
+            choice["token_ids"] = P.token_ids(reasoning + content)
+            if self.chat:
+                body = {**body, "prompt_token_ids": prompt_ids}
+            else:
+                choice["prompt_token_ids"] = prompt_ids
+        return body

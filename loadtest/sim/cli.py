@@ -47,6 +47,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--data-parallel-size", type=int, default=1, metavar="N",
                    help="N engines (each with --num-gpu-blocks) behind one frontend")
     p.add_argument("--disable-log-stats", action="store_true", help="no vllm:* metrics")
+    p.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="GET /load counts in-flight requests (else it stays 0, as vLLM)")
     p.add_argument("--enable-store", action="store_true",
                    help="Responses API store (or VLLM_ENABLE_RESPONSES_API_STORE=1)")
     faults = p.add_argument_group("faults (also settable at runtime: POST /sim/faults)")
@@ -59,6 +61,7 @@ def parser() -> argparse.ArgumentParser:
     faults.add_argument("--dead", action="store_true")
     faults.add_argument("--drop-connections", action="store_true")
     faults.add_argument("--engine-faulted", action="store_true")
+    faults.add_argument("--health-latency-ms", type=float, default=0.0)
     faults.add_argument("--hang-after-tokens", type=int, default=-1)
     p.add_argument("--log-level", default="warning")
     return p
@@ -82,7 +85,8 @@ def build_app(args: argparse.Namespace) -> SimApp:
                     error_rate=args.error_rate,
                     error_status=args.error_status, max_num_queued_reqs=args.max_num_queued_reqs,
                     dead=args.dead, drop_connections=args.drop_connections,
-                    engine_faulted=args.engine_faulted, hang_after_tokens=args.hang_after_tokens,
+                    engine_faulted=args.engine_faulted, health_latency_ms=args.health_latency_ms,
+                    hang_after_tokens=args.hang_after_tokens,
                     seed=args.seed)
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
     options = SimOptions(
@@ -92,6 +96,7 @@ def build_app(args: argparse.Namespace) -> SimApp:
         prompt_tokens_details=args.enable_prompt_tokens_details,
         reasoning=args.reasoning or bool(args.reasoning_parser),
         keep_alive_s=args.sse_keep_alive_interval, log_stats=not args.disable_log_stats,
+        server_load_tracking=args.enable_server_load_tracking,
         enable_store=args.enable_store or os.environ.get(
             "VLLM_ENABLE_RESPONSES_API_STORE", "").lower() in ("1", "true"),
     )

@@ -26,6 +26,8 @@ class Faults:
     drop_connections: bool = False  # in-flight and new connections closed without an answer
     # vLLM's fault-tolerance pause: new requests 503 while /health stays 200
     engine_faulted: bool = False
+    # /health answers this much later (vLLM serves it on the same, possibly busy, event loop)
+    health_latency_ms: float = 0.0
     hang_after_tokens: int = -1  # stop sending after K tokens and hang until the client leaves
     seed: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
@@ -39,8 +41,10 @@ class Faults:
             raise ValueError("error_rate must be in [0, 1]")
         if self.error_status not in (500, 503):
             raise ValueError("error_status must be 500 or 503")
-        if self.latency_ms < 0 or self.latency_jitter_ms < 0 or self.max_num_queued_reqs < 0:
-            raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs must be >= 0")
+        if min(self.latency_ms, self.latency_jitter_ms, self.max_num_queued_reqs,
+               self.health_latency_ms) < 0:
+            raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs and "
+                             "health_latency_ms must be >= 0")
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""

@@ -27,6 +27,7 @@ class GenRequest:
     request_id: str | None
     tool: ToolPlan | None = None  # a forced tool call: the output is its arguments
     reasoning_tokens: int = 0  # the first tokens are a thinking phase (``--reasoning``)
+    return_token_ids: bool = False  # vLLM extra: prompt and output token ids in the answer
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -156,4 +157,5 @@ def parse_generation(
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
-                      seed, priority, rid if isinstance(rid, str) else None, tool, thinking)
+                      seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
+                      body.get("return_token_ids") is True)

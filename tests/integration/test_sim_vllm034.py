@@ -141,3 +141,45 @@ def test_a_hung_engine_still_sends_keep_alive_comments(sim_factory: SimFactory) 
     data = [json.loads(line[6:]) for line in seen if line.startswith("data: ")]
     assert len("".join(c["choices"][0]["text"] for c in data)) == 4  # one token, then nothing
     assert "data: [DONE]" not in seen
+
+
+def test_slow_health_ping_and_load_tracking(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "1")
+    assert httpx.get(f"{url}/ping").status_code == 200
+    assert httpx.post(f"{url}/ping").status_code == 200
+    httpx.post(f"{url}/sim/faults", json={"health_latency_ms": 3000}).raise_for_status()
+    try:
+        httpx.get(f"{url}/health", timeout=0.2)
+        raise AssertionError("/health answered before its latency")
+    except httpx.ReadTimeout:
+        pass
+    httpx.post(f"{url}/sim/faults", json={"health_latency_ms": 0, "dead": True})
+    assert httpx.get(f"{url}/ping").status_code == 503  # /ping is /health
+    httpx.post(f"{url}/sim/faults", json={"dead": False})
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(lines)
+        assert httpx.get(f"{url}/load").json() == {"server_load": 0}  # not tracked by default
+
+
+def test_load_tracking_counts_in_flight(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "1", "--enable-server-load-tracking")
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 500, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        next(lines)
+        assert httpx.get(f"{url}/load").json() == {"server_load": 1}
+
+
+def test_return_token_ids_puts_prompt_ids_after_usage(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "50")
+    raw = httpx.post(f"{url}/v1/chat/completions", json={
+        "model": MODEL, "messages": MSG, "max_tokens": 3, "return_token_ids": True})
+    body = raw.json()
+    keys = list(body)
+    assert keys.index("prompt_token_ids") > keys.index("usage")
+    assert len(body["prompt_token_ids"]) == body["usage"]["prompt_tokens"]
+    assert len(body["choices"][0]["token_ids"]) == 3
+    # the usage object is far from the end of the body (a gateway must not look only there)
+    assert len(raw.content) - raw.content.index(b'"usage"') > 1024
