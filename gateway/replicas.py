@@ -4,12 +4,12 @@
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures eject a replica for an
 exponentially growing back-off; when it expires the replica is half-open and one request
-decides (an active `/health` probe that fails keeps it out). A refused connection or a dead engine ejects at once
-(`mark_down`); a slow `/health` only after `slow_threshold` consecutive slow probes (vLLM serves
-it on the loop that is busy with requests). Apart from health, a replica that answers vLLM's
-busy 503 is *backing off* (`record_busy`): its view says unavailable for a short, growing
-while, so no policy keeps sending it the traffic it rejects at once. Time is passed in, so the
-machine is testable without sleeps.
+decides (an active `/health` probe that fails keeps it out). A refused connection or a dead
+engine ejects at once (`mark_down`); a slow `/health` only after `slow_threshold` consecutive
+slow probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
+replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
+unavailable for a short, growing while, so no policy keeps sending it the traffic it rejects
+at once. Time is passed in, so the machine is testable without sleeps.
 """
 
 from __future__ import annotations
