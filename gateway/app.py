@@ -33,6 +33,7 @@ from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.errors import ConfigError, KvgateError, NotFound
 from gateway.health import HealthMonitor
+from gateway.jsondepth import guard_json_depth
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.policy import DEFAULT_TIER
 from gateway.pool import PoolChanges, Pools
@@ -331,8 +332,8 @@ class GatewayApp:
                          self.clock)
         deps = AdminDeps(self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain)
         self.metrics.registry.register(AuthGuardCollector(deps.guard))
-        self.mount("/admin", create_admin_app(
-            deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"))
+        self.mount("/admin", guard_json_depth(create_admin_app(  # too deep: 400 first
+            deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs")))
 
     async def _start_scraper(self) -> None:
         """Poll every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""

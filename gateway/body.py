@@ -1,7 +1,8 @@
 """The request body: parsed once with orjson, checked just enough, rewritten for the pool.
 
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
-checks only what it needs itself (a JSON object, a string `model`, a boolean `stream`).
+checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, a
+string `model`, a boolean `stream`).
 `rewrite_body` is the one place a body changes on its way upstream: the tenancy edits (served
 model, `cache_salt`, `priority`: `gateway.tenancy.salts.rewrite_body`) plus the usage request
 for streams.
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest
+from gateway.jsondepth import check_depth
 from gateway.tenancy.salts import ClientPriorityMode, ClientSaltMode
 from gateway.tenancy.salts import rewrite_body as rewrite_tenancy_fields
 from routing.tokens import count_tokens
@@ -40,6 +42,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise BadRequest("The request body is not valid JSON.") from None
+    check_depth(raw)  # deeper than orjson can write back: a 400 before any work
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")

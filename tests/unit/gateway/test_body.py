@@ -79,3 +79,29 @@ def test_streams_ask_for_usage(
     out, stripped = rewrite_body(parse_body(orjson.dumps(body), kind), kind, "s")
     assert orjson.loads(out).get("stream_options") == sent_options
     assert stripped is strip
+
+
+def _nested(depth: int, *, objects: bool = False) -> bytes:
+    """JSON text nested `depth` levels (arrays, or arrays and objects alternating)."""
+    opens = [b'{"a": ' if objects and i % 2 else b"[" for i in range(depth)]
+    closes = [b"}" if o.startswith(b"{") else b"]" for o in reversed(opens)]
+    return b"".join(opens) + b"1" + b"".join(closes)
+
+
+@pytest.mark.parametrize("objects", [False, True])
+@pytest.mark.parametrize("depth", [129, 255, 300, 1000])
+def test_excessive_nesting_is_a_400_not_a_500(depth: int, objects: bool) -> None:
+    # orjson parses up to 1024 levels but writes only 254: such a body used to pass the parser
+    # and fail in the rewrite with a 500
+    raw = b'{"model": "m", "prompt": "x", "x": ' + _nested(depth - 1, objects=objects) + b"}"
+    with pytest.raises(BadRequest) as info:
+        parse_body(raw, "completions")
+    assert info.value.status == 400 and "deeper than 128" in info.value.message
+
+
+def test_ordinary_nesting_and_brackets_in_strings_pass() -> None:
+    raw = (b'{"model": "m", "prompt": "' + b"[{" * 500 + b'", "response_format": '
+           + _nested(127, objects=True) + b"}")
+    parsed = parse_body(raw, "completions")
+    out, _ = rewrite_body(parsed, "completions", "served")
+    assert orjson.loads(out)["prompt"] == "[{" * 500

@@ -1,0 +1,89 @@
+"""A bound on JSON nesting, checked before any work is done on a request body.
+
+orjson parses up to 1024 levels but serialises only 254, so a proxied body nested deeper than
+that used to pass the parser and fail in the body rewrite (a 500 with a traceback); the admin
+API's JSON parser has its own recursion limits. `MAX_JSON_DEPTH` is far above what any
+OpenAI request needs (deep JSON schemas included) and far below both limits.
+
+`too_deep` costs almost nothing on ordinary bodies: bodies with fewer brackets than the limit
+are accepted after two `bytes.count` calls. Otherwise strings are blanked out (brackets inside
+them do not nest) and innermost ``[]``/``{}`` pairs are removed level by level, each level one
+C-speed pass, stopping after `limit` levels. `guard_json_depth` applies it to an ASGI app whose
+request bodies are JSON (the admin API): 400 in OpenAI's shape, before the app sees the body.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from gateway.asgi import Receive, Scope, Send
+from gateway.errors import BadRequest
+
+__all__ = ["MAX_JSON_DEPTH", "TooDeep", "check_depth", "guard_json_depth", "too_deep"]
+
+MAX_JSON_DEPTH = 128
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: fast on long strings
+_PAIR = re.compile(rb"\[\]|\{\}")  # one scan removes only the pairs innermost before it
+_SCALARS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class TooDeep(BadRequest):
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body nests JSON deeper than {limit} levels.")
+
+
+def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when the JSON text `raw` nests arrays/objects more than `limit` levels deep
+    (meaningful for well-formed JSON; anything else is left to the parser)."""
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    brackets = _STRING.sub(b'""', raw).translate(None, _SCALARS)
+    if len(brackets) <= 2 * limit:
+        return False
+    for _ in range(limit):
+        shorter = _PAIR.sub(b"", brackets)
+        if not shorter:
+            return False
+        brackets = shorter
+    return True
+
+
+def check_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
+    """Raise `TooDeep` (a 400) when `raw` nests deeper than `limit`."""
+    if too_deep(raw, limit):
+        raise TooDeep(limit)
+
+
+def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+    """Wrap an ASGI app: request bodies nested deeper than `limit` get a 400 before the app
+    runs. The body is read whole first, then replayed to the app (admin bodies are small;
+    the gateway's `server.max_body_bytes` limit does not apply to the admin API, so neither
+    does this copy)."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "DELETE"):
+            await app(scope, receive, send)
+            return
+        messages: list[dict[str, Any]] = []
+        while True:
+            msg = await receive()
+            messages.append(msg)
+            if msg["type"] != "http.request" or not msg.get("more_body", False):
+                break
+        body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
+        if too_deep(body, limit):
+            exc = TooDeep(limit)
+            await send({"type": "http.response.start", "status": exc.status,
+                        "headers": exc.headers()})
+            await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+            return
+        pending = iter(messages)
+
+        async def replay() -> Any:
+            nxt = next(pending, None)
+            return nxt if nxt is not None else await receive()
+
+        await app(scope, replay, send)
+
+    return guarded
