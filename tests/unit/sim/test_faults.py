@@ -27,7 +27,8 @@ def test_delay_is_fixed_per_prompt(
 
 @pytest.mark.parametrize(
     "change",
-    [{"latency_jitter_ms": -1}, {"latency_ms": -5}, {"error_rate": 2}, {"nope": 1}, {"dead": 1}],
+    [{"latency_jitter_ms": -1}, {"latency_ms": -5}, {"error_rate": 2}, {"nope": 1}, {"dead": 1},
+     {"health_latency_ms": -1}, {"drop_connections": 1}, {"engine_faulted": "yes"}],
 )
 def test_bad_updates_change_nothing(change: dict[str, object]) -> None:
     f = Faults(latency_ms=10)
