@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -52,10 +53,13 @@ async def test_cli_round_trip(
         assert code == 1 and "412" in err
         code, out, _ = await _cli(capsys, *base, "rotate-salt", "acme")
         assert json.loads(out)["salt_epoch"] == 1
-        code, _, _ = await _cli(capsys, *base, "keys", "revoke", "acme", created["id"])
-        assert code == 0
+        code, out, _ = await _cli(capsys, *base, "keys", "revoke", "acme", created["id"])
+        assert code == 0  # the API answers 204; the CLI confirms what it did
+        assert json.loads(out) == {"revoked": True, "tenant": "acme", "id": created["id"]}
         code, out, _ = await _cli(capsys, *base, "audit", "--limit", "3")
-        assert json.loads(out)["data"][0]["action"] == "key.revoke"
+        newest = json.loads(out)["data"][0]
+        assert newest["action"] == "key.revoke"
+        assert datetime.fromisoformat(newest["at"]).tzinfo is not None  # ISO 8601, UTC
         code, _, err = await _cli(capsys, *base, "tenants", "get", "ghost")
         assert code == 1 and "404" in err
         monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "wrong")

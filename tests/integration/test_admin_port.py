@@ -27,8 +27,12 @@ def test_admin_api_only_on_the_admin_port(sim_factory) -> None:  # type: ignore[
     admin = f"http://127.0.0.1:{admin_port}"
     auth = {"Authorization": f"Bearer {ADMIN}"}
     with gw:
-        # the main port has no admin API (and no hint that it lives elsewhere)
+        # the main port has no admin API (and no hint that it lives elsewhere), and no
+        # /metrics (tenant ids, replica addresses): that moves to the admin port
         assert httpx.get(f"{base}/admin/audit", headers=auth).status_code == 404
+        assert httpx.get(f"{base}/metrics").status_code == 404
+        metrics = httpx.get(f"{admin}/metrics")
+        assert metrics.status_code == 200 and "kvgate_requests_total" in metrics.text
         # the admin port has it, and nothing of the OpenAI API
         assert httpx.get(f"{admin}/healthz").status_code == 200
         made = httpx.post(

@@ -1,0 +1,82 @@
+"""Admin authentication under attack: tokens too short are refused at start; failed attempts
+are throttled per client address (429 + Retry-After), logged, counted and audited; unknown
+admin paths answer in OpenAI's error shape."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+
+import httpx
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
+ADMIN = "guard-admin-token-0123456789"
+FAILURES = "kvgate_admin_auth_failures_total"
+
+
+def _shape(resp: httpx.Response, status: int) -> dict[str, object]:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return dict(error)
+
+
+def test_failed_admin_auth_is_throttled_logged_counted_and_audited(
+    sim_factory: SimFactory,
+) -> None:
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env=env)
+    wrong = "wrong-token-" + "x" * 20
+    with gw, admin_client(base, wrong) as attacker, admin_client(base, ADMIN) as admin:
+        before = metric_values(base, FAILURES)  # every reason there from the start, at 0
+        assert before == {f'{{reason="{r}"}}': 0.0
+                          for r in ("missing", "invalid", "tenant_key", "disabled", "throttled")}
+        for _ in range(3):
+            assert _shape(attacker.get("/tenants"), 401)["type"] == "AuthenticationError"
+        entries = admin.get("/audit").json()["data"]
+        failed = [e for e in entries if e["action"] == "admin.auth_failed"]
+        assert len(failed) == 3 and {e["target"] for e in failed} == {"127.0.0.1"}
+        assert failed[0]["detail"] == {"reason": "invalid", "path": "/admin/tenants"}
+        for _ in range(7):  # ten failures in all: the address's budget
+            _shape(attacker.get("/tenants"), 401)
+        throttled = attacker.get("/tenants")
+        assert _shape(throttled, 429)["type"] == "RateLimitError"
+        assert int(throttled.headers["retry-after"]) >= 1
+        assert admin.get("/tenants").status_code == 429  # the address, whatever the token
+        counts = metric_values(base, FAILURES)
+        assert counts['{reason="invalid"}'] == 10.0 and counts['{reason="throttled"}'] == 2.0
+        assert httpx.get(f"{base}/healthz").status_code == 200  # only /admin is throttled
+        log = gw.output()
+        assert log.count("admin authentication failed") == 10 and "127.0.0.1" in log
+        assert wrong not in log and ADMIN not in log
+
+
+def test_unknown_admin_paths_and_methods_answer_in_openai_shape(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env=env)
+    with gw, admin_client(base, ADMIN) as admin:
+        missing = _shape(admin.get("/no-such-thing"), 404)
+        assert missing["type"] == "NotFoundError" and "/admin/no-such-thing" in str(
+            missing["message"])
+        assert "detail" not in admin.get("/no-such-thing").json()
+        assert _shape(admin.put("/audit"), 405)["type"] == "MethodNotAllowedError"
+
+
+def test_an_admin_token_shorter_than_16_characters_is_refused_at_start() -> None:
+    for value in ("short-tok", "ops:0123456789abcdef,ci:tiny"):
+        env = {"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": "", "KVGATE_ADMIN_TOKEN": value,
+               "KVGATE_SALT_SECRET": AUTH_SECRET}
+        cmd = [*KVGATE, "serve", "--upstream", "http://127.0.0.1:9", "--host", "127.0.0.1",
+               "--port", str(free_port())]
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=30,
+                                env=env)
+        assert result.returncode == 2, result.stderr
+        assert "admin tokens need at least 16" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert "short-tok" not in result.stderr and "tiny" not in result.stderr.replace(
+            "'ci'", "")
