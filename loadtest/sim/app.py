@@ -21,6 +21,7 @@ import xxhash
 
 from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.chat_format import ChatFormat
+from loadtest.sim.control import SimControl
 from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
 from loadtest.sim.faults import Faults
@@ -94,11 +95,7 @@ class SimApp:
             ("GET", "/load"): self._load,
             ("POST", "/tokenize"): self._tokenize,
             ("GET", "/metrics"): self._metrics,
-            ("GET", "/sim/faults"): self._get_faults,
-            ("POST", "/sim/faults"): self._set_faults,
-            ("GET", "/sim/requests"): self._get_requests,
-            ("DELETE", "/sim/requests"): self._clear_requests,
-            ("GET", "/sim/stats"): self._stats,
+            **SimControl(self).routes(),
         }
         self._paths = {path for _, path in self._routes}
 
@@ -323,54 +320,6 @@ class SimApp:
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send_bytes(send, 200, self.metrics.render(), (b"content-type", CONTENT_TYPE.encode()))
-
-    # -- simulator control -----------------------------------------------------------------
-    async def _get_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, self.faults.to_dict())
-
-    async def _set_faults(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await read_body(receive)
-        try:
-            changes = orjson.loads(body or b"{}")
-            if not isinstance(changes, dict):
-                raise ValueError("the body must be a JSON object")
-            self.faults.update(changes)
-        except (ValueError, orjson.JSONDecodeError) as exc:
-            raise SimError(400, str(exc)) from None
-        if self.faults.dead or self.faults.drop_connections:
-            for runner in self.runners:
-                runner.abort_all()
-        await send_json(send, 200, self.faults.to_dict())
-
-    async def _get_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
-        query = dict(p.split("=", 1) for p in scope["query_string"].decode().split("&") if "=" in p)
-        n = int(query.get("n", "0") or 0) if query.get("n", "").isdigit() else 0
-        items = list(self.requests)[-n:] if n > 0 else list(self.requests)
-        await send_json(send, 200, {"requests": items})
-
-    async def _clear_requests(self, scope: Scope, receive: Receive, send: Send) -> None:
-        self.requests.clear()
-        await send_json(send, 200, {"requests": []})
-
-    async def _stats(self, scope: Scope, receive: Receive, send: Send) -> None:
-        stats = [e.stats for e in self.engines]
-
-        def total(name: str) -> int:
-            return sum(int(getattr(s, name)) for s in stats)
-
-        finished = {k: sum(s.finished[k] for s in stats) for k in stats[0].finished}
-        await send_json(send, 200, {
-            "received": total("received"), "aborted": finished["abort"], "finished": finished,
-            "preemptions": total("preemptions"), "cached_tokens": total("prefix_cache_hits"),
-            "prefix_cache_queries": total("prefix_cache_queries"),
-            "prompt_tokens": total("prompt_tokens"),
-            "generation_tokens": total("generation_tokens"), "running": self.num_running,
-            "waiting": self.num_waiting,
-            "kv_usage": max(e.kv_usage for e in self.engines), "steps": total("steps"),
-            "engines": [{"running": e.num_running, "waiting": e.num_waiting,
-                         "kv_usage": e.kv_usage, "received": e.stats.received}
-                        for e in self.engines],
-            "in_flight": self.in_flight, **self.counters})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
