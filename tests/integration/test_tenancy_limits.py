@@ -89,6 +89,16 @@ async def test_tpm_charges_estimate_then_settles_real_usage(
     assert fourth.allowed and fourth.remaining_tokens == 65
 
 
+async def test_tpm_admits_only_on_a_positive_balance(limiter: RateLimiter) -> None:
+    """The boundary: a bucket drained to exactly 0 admits nothing more (no free request)."""
+    limits = Limits(tpm=100)
+    first = await limiter.admit("t", limits, tokens=100)  # the whole minute's budget
+    assert first.allowed and first.remaining_tokens == 0
+    at_zero = await limiter.admit("t", limits, tokens=1)
+    assert not at_zero.allowed and at_zero.reason == "tpm"
+    assert at_zero.retry_after_s == pytest.approx(60 / 100)  # one token's refill
+
+
 async def test_settle_charges_output_tokens_beyond_the_estimate(limiter: RateLimiter) -> None:
     limits = Limits(tpm=100)
     a = await limiter.admit("t", limits, tokens=10)
