@@ -316,6 +316,11 @@ class ResponsesFormat:
                              "output_tokens": done,
                              "output_tokens_details": {"reasoning_tokens": thinking},
                              "total_tokens": prompt + done}
+        if self.body.get("enable_response_messages") is True:
+            # vLLM extra: the prompt and output messages, after `usage` in the body
+            response["input_messages"] = self.g.gen.prompt.text
+            response["output_messages"] = [{"role": "assistant",
+                                            "content": "".join(self.content)}]
         if self.entry is not None and self.entry.response.get("status") != "cancelled":
             self.entry.response = response
             self.entry.messages = [*self.entry.messages,

@@ -139,3 +139,12 @@ def test_background_response_completes(sim_factory: SimFactory) -> None:
         if got.status not in ("queued", "in_progress"):
             break
     assert got.status == "incomplete" and len(got.output_text) == 12
+
+
+def test_response_messages_come_after_usage(sims: tuple[str, str]) -> None:
+    r = httpx.post(f"{sims[0]}/v1/responses", json={
+        "model": MODEL, "input": "x " * 800, "max_output_tokens": 2, "store": False,
+        "enable_response_messages": True})
+    keys = list(r.json())
+    assert keys.index("input_messages") > keys.index("usage")
+    assert len(r.content) - r.content.index(b'"usage"') > 1024
