@@ -108,3 +108,45 @@ def test_retry_budget_reserve_then_ratio() -> None:
     assert not budget.try_spend()
     budget.deposit()
     assert budget.try_spend()
+
+
+BUSY = HealthPolicy(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0, slow_threshold=3,
+                    busy_backoff_s=0.25, busy_backoff_max_s=1.0)
+
+
+def test_busy_answers_back_off_new_picks_without_touching_health() -> None:
+    r = Replica("p", "http://127.0.0.1:9001", BUSY)
+    r.record_failure(0.0)
+    r.record_busy(0.0)
+    assert not r.view(0.1).healthy  # no new picks while it backs off ...
+    assert r.available(0.1) and r.state == "healthy" and r.failures == 1  # ... health as was
+    assert r.view(0.25).healthy
+    r.record_busy(0.3)  # still busy: twice as long
+    assert r.busy_until == 0.8
+    r.record_busy(0.8)
+    r.record_busy(1.3)
+    assert r.busy_until == 2.3  # capped at 1 s
+    r.record_busy(10.0)  # quiet for longer than the cap: starts over
+    assert r.busy_until == 10.25
+
+
+def test_slow_probes_eject_only_in_a_row() -> None:
+    r = Replica("p", "http://127.0.0.1:9001", BUSY)
+    r.record_slow_probe(0.0)
+    r.record_slow_probe(1.0)
+    r.record_probe_ok()  # an answer in time resets the count
+    r.record_slow_probe(2.0)
+    r.record_slow_probe(3.0)
+    assert r.state == "healthy"
+    r.record_slow_probe(4.0)
+    assert r.state == "ejected"
+
+
+def test_health_answering_again_makes_an_ejected_replica_half_open_only() -> None:
+    r = Replica("p", "http://127.0.0.1:9001", BUSY)
+    for t in range(3):
+        r.record_failure(float(t))  # e.g. EngineFaultedError 503s while /health says 200
+    r.probe_recovered()
+    assert r.state == "half_open"
+    r.record_failure(5.0)  # the trial request fails again: ejected, back-off doubled
+    assert r.state == "ejected" and r.ejected_until == 7.0

@@ -1,0 +1,113 @@
+"""Active health against real HTTP on loopback (issue 15, item 2): vLLM answers `/health` on
+the event loop that serves requests, so a saturated replica answers late. A slow answer is not a
+dead replica: only `slow_threshold` slow probes in a row eject; a refused connection or an
+explicit non-200 ejects at once. The replica here is a local aiohttp server whose `/health`
+takes as long as the test says (a saturated vLLM's does)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from aiohttp import web
+
+from gateway.config import KvgateConfig
+from gateway.health import HealthMonitor
+from gateway.pool import Pools
+from loadtest.fleet import free_port
+
+
+@dataclass
+class Behaviour:
+    delay_s: float = 0.0
+    status: int = 200
+
+
+@pytest.fixture
+async def replica() -> AsyncIterator[tuple[str, Behaviour]]:
+    how = Behaviour()
+
+    async def health(request: web.Request) -> web.Response:
+        await asyncio.sleep(how.delay_s)
+        return web.Response(status=how.status)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}", how
+    await runner.cleanup()
+
+
+def pools_for(url: str, **health: float) -> tuple[Pools, KvgateConfig]:
+    cfg = KvgateConfig.model_validate({
+        "pools": {"p": {"served_model": "m", "replicas": [url]}},
+        "health": {"timeout_s": 0.2, "slow_threshold": 3, "eject_base_s": 60, **health},
+    })
+    return Pools(cfg), cfg
+
+
+async def test_slow_health_ejects_only_after_several_slow_probes_in_a_row(
+    replica: tuple[str, Behaviour],
+) -> None:
+    url, how = replica
+    pools, cfg = pools_for(url)
+    r = pools.by_name["p"].replicas[0]
+    monitor = HealthMonitor(pools, cfg.health, lambda: 0.0)
+    try:
+        how.delay_s = 0.5  # > timeout_s: saturated
+        await monitor.poll_once()
+        await monitor.poll_once()
+        assert r.state == "healthy"  # two slow answers: still in
+        how.delay_s = 0.0
+        await monitor.poll_once()  # one in time resets the count
+        how.delay_s = 0.5
+        for _ in range(2):
+            await monitor.poll_once()
+        assert r.state == "healthy"
+        await monitor.poll_once()
+        assert r.state == "ejected"  # the third slow probe in a row
+    finally:
+        await pools.close()
+
+
+async def test_explicit_error_ejects_at_once(replica: tuple[str, Behaviour]) -> None:
+    url, how = replica
+    pools, cfg = pools_for(url)
+    r = pools.by_name["p"].replicas[0]
+    try:
+        how.status = 503  # vLLM's /health for a dead engine
+        await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
+        assert r.state == "ejected"
+    finally:
+        await pools.close()
+
+
+async def test_connection_refused_ejects_at_once() -> None:
+    pools, cfg = pools_for(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    r = pools.by_name["p"].replicas[0]
+    try:
+        await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
+        assert r.state == "ejected"
+    finally:
+        await pools.close()
+
+
+async def test_default_timeout_tolerates_a_saturated_replica(
+    replica: tuple[str, Behaviour],
+) -> None:
+    url, how = replica
+    cfg = KvgateConfig.model_validate({"pools": {"p": {"served_model": "m", "replicas": [url]}}})
+    pools = Pools(cfg)
+    r = pools.by_name["p"].replicas[0]
+    try:
+        how.delay_s = 1.5  # beyond the old 1 s default timeout
+        for _ in range(cfg.health.slow_threshold):
+            await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
+        assert r.state == "healthy" and r.ejections == 0
+    finally:
+        await pools.close()

@@ -1,0 +1,66 @@
+"""Upstream error bodies re-shaped into OpenAI's, and the Responses-API id -> replica store."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from gateway.errors import RetryBudgetExhausted, UpstreamTimeout, openai_shaped
+from gateway.responses import ResponseStore, response_id
+
+NESTED = b'{"error":{"message":"bad","type":"BadRequestError","param":"x","code":400}}'
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message", "type_"),
+    [
+        (404, b'{"detail":"Not Found"}', "Not Found", "NotFoundError"),  # FastAPI
+        (401, b'{"error":"Unauthorized"}', "Unauthorized", "AuthenticationError"),  # --api-key
+        (400, b'{"object":"error","message":"m","type":"BadRequestError","param":null,'
+              b'"code":400}', "m", "BadRequestError"),  # vLLM < 0.10.1
+        (500, b"Internal Server Error", "The upstream replica answered 500.",
+         "InternalServerError"),
+        (502, b'Traceback (most recent call last):\n  File "x"', "The upstream replica "
+         "answered 502.", "BadGatewayError"),  # never a raw page
+        (503, b"", "The upstream replica answered 503.", "ServiceUnavailableError"),
+    ],
+)
+def test_non_openai_bodies_are_reshaped_keeping_the_status(
+    status: int, body: bytes, message: str, type_: str,
+) -> None:
+    shaped = openai_shaped(status, body)
+    assert shaped is not None
+    err = orjson.loads(shaped)["error"]
+    assert (err["message"], err["type"], err["code"]) == (message, type_, status)
+
+
+def test_an_openai_body_is_kept() -> None:
+    assert openai_shaped(400, NESTED) is None
+
+
+def test_timeout_and_budget_errors() -> None:
+    t = UpstreamTimeout("slow")
+    assert (t.status, t.type_) == (504, "GatewayTimeoutError")
+    b = RetryBudgetExhausted("busy")
+    assert b.status == 503 and (b"retry-after", b"1") in b.headers()
+
+
+def test_response_store_is_per_tenant_and_bounded() -> None:
+    store = ResponseStore(capacity=2)
+    store.remember("resp_a", "t1", "p", "r1")
+    store.remember("resp_b", "t1", "p", "r2")
+    assert store.home("resp_a", "t2") is None  # another tenant never reaches it
+    assert store.home("resp_a", "t1") == ("t1", "p", "r1")  # (and it is now the newest)
+    store.remember("resp_c", "t1", "p", "r3")
+    assert store.home("resp_b", "t1") is None and len(store) == 2
+
+
+@pytest.mark.parametrize(
+    ("blob", "rid"),
+    [(b'{"id":"resp_1a2b","object":"response","output":[{"id":"msg_9"}]}', "resp_1a2b"),
+     (b'event: response.created\ndata: {"type":"response.created","response":'
+      b'{"id":"resp_xyz","status":"in_progress"}}\n\n', "resp_xyz"),
+     (b'data: {"type":"response.output_item.added","item":{"id":"msg_1"}}\n\n', None)],
+)
+def test_response_id(blob: bytes, rid: str | None) -> None:
+    assert response_id(blob) == rid
