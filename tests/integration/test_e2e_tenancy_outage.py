@@ -16,8 +16,9 @@ from tests.support.gateway import (
     gateway_proc,
     metric_values,
     persistent_redis,
+    wait_for,
 )
-from tests.support.procs import Proc
+from tests.support.procs import Proc, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "outage-admin-token-0123456789"
@@ -92,3 +93,39 @@ async def _outage_under_load(base: str, redis: Proc, data_dir: Path, port: int) 
         for task in workers:
             task.cancel()
     assert statuses and set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+
+
+def test_while_redis_is_down_each_gateway_enforces_its_share_of_the_rpm(
+    sim_factory: SimFactory,
+) -> None:
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"rpm": 6}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+        "tenancy": {"gateway_replicas": 2},
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with redis, gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+
+        def status() -> int:
+            try:
+                return client.chat.completions.with_raw_response.create(
+                    model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                ).status_code
+            except openai.APIStatusError as exc:
+                return exc.status_code
+
+        wait_for(lambda: status() == 200, what="the key")  # one of the shared 6 spent
+        redis.stop()
+        wait_for(lambda: httpx.get(f"{base}/readyz").json()["degraded"], what="degraded")
+        # this gateway's share of rpm 6 over gateway_replicas 2: 3 a minute, whatever is
+        # left of the shared budget
+        assert [status() for _ in range(5)] == [200, 200, 200, 429, 429]
