@@ -23,6 +23,13 @@ from loadtest.fleet import Fleet
 from loadtest.replay.live import LiveTarget, replay_live
 from loadtest.replay.offline import FleetSpec, replay_offline
 from loadtest.replay.reference import pooled_reference_hit_rate
+from loadtest.replay.report import (
+    Progress,
+    ReplayError,
+    default_json_path,
+    format_table,
+    report_failures,
+)
 from loadtest.replay.summary import summarize
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from loadtest.sim.costmodel import PRESETS
@@ -45,7 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rate-scale", type=float, default=1.0, help="arrivals X times faster")
     p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
     p.add_argument("--limit", type=int, help="replay only the first N requests")
-    p.add_argument("--json", metavar="OUT", help="write the summaries here")
+    p.add_argument("--json", metavar="OUT", nargs="?", const="",
+                   help="write the summaries as JSON to OUT (bare --json: a timestamped file "
+                        "under loadtest/results/)")
     live = p.add_argument_group("live mode")
     live.add_argument("--target", help="a running kvgate's base URL")
     live.add_argument(
@@ -75,7 +84,13 @@ def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
         return reqs[: args.limit] if args.limit else reqs
     if not args.trace:
         raise SystemExit("kvgate replay: give a TRACE file or --synthetic")
-    return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    try:
+        return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+    except OSError as exc:
+        raise ReplayError(f"cannot read the trace {args.trace}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:  # orjson's errors are ValueErrors
+        raise ReplayError(f"{args.trace} is not a Mooncake-format JSONL trace "
+                          f"({type(exc).__name__}: {exc})") from None
 
 
 def _policies(name: str) -> list[str]:
@@ -147,7 +162,9 @@ def _live_once(
 ) -> dict[str, object]:
     model = model or _first_model(base, args.api_key)
     target = LiveTarget(base, model, args.time_scale, args.api_key)
-    outcomes, delta = asyncio.run(replay_live(reqs, target, replicas))
+    progress = Progress(f"policy {policy}", len(reqs))
+    outcomes, delta = asyncio.run(replay_live(reqs, target, replicas, progress.step))
+    progress.close()
     hit = delta.hits / delta.queries if delta.queries else 0.0
     names = sorted({o.replica for o in outcomes})
     cfg = RouterConfig()
@@ -169,44 +186,49 @@ def _first_model(base: str, api_key: str | None) -> str:
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    data = httpx.get(f"{base}/v1/models", headers=headers, timeout=10).json()
-    return str(data["data"][0]["id"])
-
-
-def _print_table(summaries: list[dict[str, object]]) -> None:
-    cols = (
-        "policy",
-        "requests",
-        "hit_rate",
-        "hit_rate_vs_reference",
-        "ttft_p50_s",
-        "ttft_p99_s",
-        "e2e_p99_s",
-        "max_over_mean_inflight",
-        "preemptions",
-    )
-    print("  ".join(f"{c:>14}" for c in cols))
-    for s in summaries:
-        print("  ".join(f"{s.get(c)!s:>14}" for c in cols))
+    try:
+        resp = httpx.get(f"{base}/v1/models", headers=headers, timeout=10)
+    except httpx.HTTPError as exc:
+        raise ReplayError(f"target {base} is unreachable ({type(exc).__name__})") from None
+    if resp.status_code != 200:
+        hint = " (give --api-key)" if resp.status_code == 401 else ""
+        raise ReplayError(f"target {base}: GET /v1/models answered {resp.status_code}{hint}")
+    names = [m.get("id") for m in resp.json().get("data", [])]
+    if not names:
+        raise ReplayError(f"target {base} lists no model (give --model)")
+    return str(names[0])
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except ReplayError as exc:
+        print(f"kvgate replay: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
     reqs = _workload(args)
     fleet = FleetSpec(replicas=args.replicas, kv_tokens=args.kv_tokens, profile=args.profile)
     ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size)
     summaries = []
     for policy in _policies(args.policy):
         if args.offline:
+            progress = Progress(f"policy {policy}", len(reqs))
+            progress.note(f"offline replay of {len(reqs)} requests in simulated time")
             summary = run_offline(reqs, fleet, policy, ref)
+            progress.close()
             summary["mode"] = "offline"
         else:
             summary = _run_live(args, reqs, policy, ref)
         summaries.append(summary)
-    _print_table(summaries)
-    if args.json:
-        Path(args.json).write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
-    return 0 if summaries else 1
+    print(format_table(summaries))
+    if args.json is not None:
+        path = Path(args.json) if args.json else default_json_path()
+        path.write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
+        print(f"kvgate replay: summaries written to {path}", file=sys.stderr)
+    return report_failures(summaries) if summaries else 1
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.replay.report import ReplayError
 from loadtest.replay.summary import Outcome
 from loadtest.replay.text import render_prompt
 from loadtest.replay.workload import ReplayRequest
@@ -60,8 +62,13 @@ async def read_counters(
     """Prefix-cache queries/hits and preemptions summed over replicas (and engines)."""
     totals = {"queries": 0.0, "hits": 0.0, "preemptions": 0.0}
     for url in replica_urls:
-        async with session.get(f"{url}/metrics") as resp:
-            text = await resp.text()
+        try:
+            async with session.get(f"{url}/metrics") as resp:
+                text = await resp.text()
+                if resp.status != 200:
+                    raise ReplayError(f"replica {url}: GET /metrics answered {resp.status}")
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ReplayError(f"replica {url} is unreachable ({_reason(exc)})") from None
         for family in text_string_to_metric_families(text):
             field = _COUNTER_NAMES.get(family.name)
             if field is None:
@@ -79,6 +86,7 @@ async def _one(
     seq: int,
     t0: float,
     sem: asyncio.Semaphore,
+    done: Callable[[], None],
 ) -> Outcome:
     delay = req.arrival_s / target.time_scale - (time.perf_counter() - t0)
     if delay > 0:
@@ -97,18 +105,25 @@ async def _one(
         first: float | None = None
         replica = "?"
         ok = False
+        error = ""
         try:
             async with session.post(
                 f"{target.base_url}/v1/completions", json=body, headers=headers
             ) as resp:
                 replica = resp.headers.get("x-kvgate-replica", "?")
-                async for chunk in resp.content.iter_any():
-                    if first is None and b'"text"' in chunk:
-                        first = time.perf_counter()
-                ok = resp.status == 200
-        except aiohttp.ClientError:
-            ok = False
+                if resp.status != 200:
+                    error = f"HTTP {resp.status}: {_message(await resp.read())}"
+                else:
+                    async for chunk in resp.content.iter_any():
+                        if first is None and b'"text"' in chunk:
+                            first = time.perf_counter()
+                        if b'data: {"error"' in chunk and not error:
+                            error = f"stream error: {_message(chunk.partition(b'data: ')[2])}"
+                    ok = not error
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = _reason(exc)
         end = time.perf_counter()
+        done()
     base = start - t0
     return Outcome(
         replica=replica,
@@ -117,13 +132,31 @@ async def _one(
         end_s=(end - t0) * scale,
         ok=ok,
         seq=seq,
+        error=error,
     )
 
 
+def _message(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else its start (one short line)."""
+    try:
+        err = orjson.loads(body.split(b"\n\n")[0]).get("error")
+        text = str(err.get("message") if isinstance(err, dict) else err)
+    except (orjson.JSONDecodeError, AttributeError):
+        text = body[:80].decode("utf-8", "replace")
+    return " ".join(text.split())[:120]
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:160] if str(exc) else type(exc).__name__
+
+
 async def replay_live(
-    requests: Sequence[ReplayRequest], target: LiveTarget, replica_urls: Sequence[str]
+    requests: Sequence[ReplayRequest], target: LiveTarget, replica_urls: Sequence[str],
+    done: Callable[[], None] = lambda: None,
 ) -> tuple[list[Outcome], ReplicaCounters]:
-    """Replay `requests`; return their outcomes and the replicas' counter deltas."""
+    """Replay `requests`; return their outcomes and the replicas' counter deltas. `done` is
+    called as each request finishes (progress). `ReplayError` when a replica's counters
+    cannot be read."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=target.max_concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
@@ -131,7 +164,7 @@ async def replay_live(
         sem = asyncio.Semaphore(target.max_concurrency)
         t0 = time.perf_counter()
         outcomes = await asyncio.gather(
-            *(_one(session, target, r, i, t0, sem) for i, r in enumerate(requests))
+            *(_one(session, target, r, i, t0, sem, done) for i, r in enumerate(requests))
         )
         after = await read_counters(session, replica_urls)
     return list(outcomes), after - before

@@ -20,6 +20,7 @@ class Outcome:
     end_s: float
     ok: bool = True
     seq: int = 0  # arrival order (breaks ties between requests arriving at the same instant)
+    error: str = ""  # why it failed, short ("HTTP 401: ...", "connect: ..."); "" when ok
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -81,12 +82,18 @@ def summarize(
     e2es = [o.end_s - o.start_s for o in outcomes if o.ok]
     balance, violations = inflight_balance(outcomes, replicas, load_factor, load_slack)
     per_replica = {r: 0 for r in replicas}
+    errors: dict[str, int] = {}
+    for o in outcomes:
+        if not o.ok:
+            why = o.error or "failed"
+            errors[why] = errors.get(why, 0) + 1
     for o in outcomes:
         per_replica[o.replica] = per_replica.get(o.replica, 0) + 1
     return {
         "policy": policy,
         "requests": len(outcomes),
         "failed": sum(1 for o in outcomes if not o.ok),
+        "errors": errors,  # reason -> count of failed requests
         "hit_rate": round(hit_rate, 4),
         "pooled_reference_hit_rate": round(pooled_reference_hit_rate, 4),
         "hit_rate_vs_reference": round(hit_rate / pooled_reference_hit_rate, 4)

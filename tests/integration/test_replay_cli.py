@@ -1,0 +1,100 @@
+"""`kvgate replay` as a user runs it: the README's commands and trace path, failures that show
+(table, reasons, exit status), one-line errors instead of tracebacks, progress, and where a
+bare `--json` writes."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+
+from loadtest.replay.report import COLUMNS, RESULTS
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
+SAMPLE = "loadtest/data/mooncake_sample.jsonl"
+ADMIN = "admin-token-0123456789abcdef"
+
+
+def replay(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*KVGATE, "replay", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvgate replay: "), result.stderr
+    return lines[0]
+
+
+def test_readme_replay_commands_use_a_trace_that_exists() -> None:
+    readme = (ROOT / "README.md").read_text()
+    traces = re.findall(r"^kvgate replay (\S+\.jsonl)", readme, re.M)
+    assert traces, "the README shows `kvgate replay TRACE ...`"
+    for trace in traces:
+        assert (ROOT / trace).is_file(), trace
+
+
+def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> None:
+    before = set(RESULTS.glob("replay-*.json"))
+    result = replay(str(ROOT / SAMPLE), "--offline", "--replicas", "4", "--policy", "all",
+                    "--limit", "120", "--json", cwd=tmp_path)
+    try:
+        assert result.returncode == 0, result.stderr
+        header = result.stdout.splitlines()[0].split()
+        assert tuple(header) == COLUMNS
+        assert len(result.stdout.splitlines()) == 1 + 4  # one row per policy
+        assert "policy cache_aware: done" in result.stderr  # progress, one line per phase
+        assert list(tmp_path.iterdir()) == []  # nothing lands in the working directory
+        written = set(RESULTS.glob("replay-*.json")) - before
+        assert len(written) == 1
+        summaries = orjson.loads(next(iter(written)).read_bytes())
+        assert [s["requests"] for s in summaries] == [120] * 4
+    finally:
+        for path in set(RESULTS.glob("replay-*.json")) - before:
+            path.unlink()
+
+
+def test_missing_trace_is_one_line() -> None:
+    line = one_line_error(replay("no/such/trace.jsonl", "--offline"))
+    assert "no/such/trace.jsonl" in line and "No such file" in line
+
+
+def test_unreachable_replica_is_one_line(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    dead = f"http://127.0.0.1:{free_port()}"
+    with gw:
+        line = one_line_error(replay(SAMPLE, "--limit", "3", "--target", base,
+                                     "--replica", dead, "--time-scale", "50"))
+    assert dead in line and "unreachable" in line
+
+
+def test_auth_on_gateway_without_api_key_fails_visibly(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], auth=True,
+                            env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw:
+        result = replay(SAMPLE, "--limit", "5", "--target", base, "--replica", sim,
+                        "--time-scale", "50")
+        assert result.returncode == 1
+        row = dict(zip(COLUMNS, result.stdout.splitlines()[1].split(), strict=True))
+        assert (row["requests"], row["failed"]) == ("5", "5")
+        assert "5 of 5 requests failed (is --api-key set?): 5 x HTTP 401" in result.stderr
+        assert "policy cache_aware: 5/5 requests" in result.stderr  # progress lines
+        # and with a key, the same command succeeds
+        with admin_client(base, ADMIN) as admin:
+            admin.post("/tenants", json={"id": "bench", "tier": "default"})
+            key = admin.post("/tenants/bench/keys").json()["key"]
+        ok = replay(SAMPLE, "--limit", "5", "--target", base, "--api-key", key,
+                    "--replica", sim, "--time-scale", "50")
+        assert ok.returncode == 0, ok.stderr
+        row = dict(zip(COLUMNS, ok.stdout.splitlines()[1].split(), strict=True))
+        assert row["failed"] == "0", shlex.join(ok.args)
