@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -149,3 +149,34 @@ def test_logs_have_no_colour_and_no_false_recovery(sim_factory: SimFactory, fmt:
         for line in out.splitlines():
             if line.startswith("{"):
                 orjson.loads(line)
+
+
+def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env={
+        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": "admin-token-0123456789"})
+    with gw, admin_client(base, "admin-token-0123456789") as admin:
+        keys = {}
+        for tenant, limits in (("limited", {"rpm": 3}), ("free", {})):
+            assert admin.post("/tenants", json={"id": tenant, "tier": "default",
+                                                "limits": limits}).status_code == 201
+            keys[tenant] = admin.post(f"/tenants/{tenant}/keys").json()["key"]
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=keys["limited"], max_retries=0)
+        seen = []
+        ok = c.completions.with_raw_response.create(model="sim-model", prompt="x", max_tokens=2)
+        seen.append(ok.headers)
+        with c.completions.with_streaming_response.create(
+                model="sim-model", prompt="x", max_tokens=2, stream=True) as stream:
+            seen.append(stream.headers)
+        with pytest.raises(openai.BadRequestError) as upstream_400:  # vLLM's own 400, relayed
+            c.completions.create(model="sim-model", prompt="x", max_tokens=-1)
+        seen.append(upstream_400.value.response.headers)
+        with pytest.raises(openai.RateLimitError) as limited:
+            c.completions.create(model="sim-model", prompt="x", max_tokens=2)
+        seen.append(limited.value.response.headers)
+        assert [h.get("x-ratelimit-limit-requests") for h in seen] == ["3"] * 4
+        assert [h.get("x-ratelimit-remaining-requests") for h in seen] == ["2", "1", "0", "0"]
+        free = openai.OpenAI(base_url=f"{base}/v1", api_key=keys["free"], max_retries=0)
+        raw = free.completions.with_raw_response.create(model="sim-model", prompt="x",
+                                                        max_tokens=2)
+        assert not [h for h in raw.headers if h.startswith("x-ratelimit")]
