@@ -111,3 +111,61 @@ def test_no_auth_serves_one_tenant_and_says_so(sim_factory: SimFactory) -> None:
         assert "WITHOUT AUTHENTICATION" in gw.output()
         sent: list[dict[str, Any]] = httpx.get(f"{sim}/sim/requests").json()["requests"]
         assert "cache_salt" not in sent[-1]["body"]  # one tenant, no secret: nothing to isolate
+
+
+def _waiting(base: str, pool: str) -> float:
+    with admin_client(base, ADMIN) as admin:
+        pools = {p["pool"]: p for p in admin.get("/replicas").json()["data"]}
+    return float(pools[pool]["replicas"][0]["waiting"] or 0)
+
+
+async def test_free_borrows_the_idle_premium_pool_when_its_own_is_saturated(
+    sim_factory: SimFactory,
+) -> None:
+    _, fp8 = sim_factory("--time-scale", "50", model="m-fp8")
+    # awq: one sequence at a time in real time, so two held streams leave one waiting
+    _, awq = sim_factory("--max-num-seqs", "1", "--time-scale", "1", model="m-awq")
+    config = {
+        "pools": {"fp8": {"served_model": "m-fp8", "replicas": [fp8]},
+                  "awq": {"served_model": "m-awq", "replicas": [awq]}},
+        "models": {"llama": {"premium": "fp8", "free": "awq"}},
+        "tiers": {"premium": {},
+                  "free": {"borrow_from": "fp8",
+                           "spill_when": {"waiting": 1, "kv_usage": 0.99}}},
+        "routing": {"scrape_interval_ms": 100},
+        "tenants": [{"id": "cheap", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/cheap/keys").json()["key"]
+        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        sync = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+
+        def pool_of_next() -> str:
+            raw = sync.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            return str(raw.headers["x-kvgate-replica"]).split("/")[0]
+
+        assert pool_of_next() == "awq"  # its own pool while that is not saturated
+        held = [asyncio.create_task(_hold(client)) for _ in range(2)]
+        try:
+            deadline = asyncio.get_running_loop().time() + 20
+            while await asyncio.to_thread(_waiting, base, "awq") < 1:
+                assert asyncio.get_running_loop().time() < deadline, "awq never saturated"
+                await asyncio.sleep(0.05)
+            raw = await client.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            assert raw.headers["x-kvgate-replica"].startswith("fp8/")  # the idle pool
+            assert raw.headers["x-kvgate-route"] == "spill"
+            assert raw.parse().model == "m-fp8"
+        finally:
+            for task in held:
+                task.cancel()
+            for task in held:
+                with contextlib.suppress(BaseException):
+                    await task
+        spills = metric_values(base, "kvgate_spillovers_total")
+        assert spills['{from_pool="awq",tier="free",to_pool="fp8"}'] >= 1
+        wait_for(lambda: pool_of_next() == "awq", 20, "free back on its own pool")
