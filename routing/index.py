@@ -15,6 +15,10 @@ tokens lie beyond a 16k-token cap) and predict hits the engine has already evict
 Blocks of a routed request are inserted tail first, so the request's first block is the most
 recently used: like vLLM (which frees a request's blocks in reverse order), eviction eats
 prefixes from their tail and a shared head survives longest.
+
+Chains routed by other gateways (`routing.peers`) are inserted the same way with
+``peer=True``; a block remembers whether a peer touched it last (the low bit of its stored
+weight), which is how the router tells decisions that used peers' records.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class _ReplicaLRU:
     def __init__(self, slot: int, capacity: int) -> None:
         self.slot = slot
         self.capacity = capacity
-        self.blocks: OrderedDict[int, int] = OrderedDict()  # hash -> capacity blocks it stands for
+        # hash -> (capacity blocks it stands for) << 1 | (a peer touched it last)
+        self.blocks: OrderedDict[int, int] = OrderedDict()
         self.used = 0
 
 
@@ -79,28 +84,39 @@ class AffinityIndex:
         self._free_slots.append(lru.slot)
 
     # -- updates ------------------------------------------------------------------------------
-    def insert(self, replica: str, hashes: Sequence[int], tail_blocks: int = 0) -> None:
+    def insert(
+        self, replica: str, hashes: Sequence[int], tail_blocks: int = 0, peer: bool = False
+    ) -> None:
         """``replica`` now holds the chain ``hashes`` (most recently used first block), plus
-        ``tail_blocks`` more blocks of the same request beyond the hashed cap."""
+        ``tail_blocks`` more blocks of the same request beyond the hashed cap; ``peer``: the
+        chain was routed by another gateway."""
+        if not hashes:
+            return
         lru = self._lru(replica)
         bit = 1 << lru.slot
+        flag = 1 if peer else 0
         blocks, owners = lru.blocks, self._owners
         used = lru.used
-        if hashes and tail_blocks > 0:
+        first = hashes[0]
+        if tail_blocks > 0:
             h = hashes[-1]
-            used += 1 + tail_blocks - blocks.get(h, 0)
+            used += 1 + tail_blocks - (blocks.get(h, 0) >> 1)
             if h not in blocks:
                 owners[h] = owners.get(h, 0) | bit
-            blocks[h] = 1 + tail_blocks
+            blocks[h] = ((1 + tail_blocks) << 1) | flag
             blocks.move_to_end(h)
             hashes = hashes[:-1]
+        fresh = 2 | flag
         for h in reversed(hashes):
             if h in blocks:
                 blocks.move_to_end(h)
             else:
-                blocks[h] = 1
+                blocks[h] = fresh
                 used += 1
                 owners[h] = owners.get(h, 0) | bit
+        weight = blocks[first]
+        if weight & 1 != flag:
+            blocks[first] = weight ^ 1
         lru.used = used
         self._evict(lru)
 
@@ -109,7 +125,7 @@ class AffinityIndex:
         clear = ~(1 << lru.slot)
         while lru.used > lru.capacity:
             h, weight = blocks.popitem(last=False)
-            lru.used -= weight
+            lru.used -= weight >> 1
             mask = owners[h] & clear
             if mask:
                 owners[h] = mask
@@ -147,7 +163,7 @@ class AffinityIndex:
             name = self._by_slot[low.bit_length() - 1]
             # the whole chain matched: a capped prompt's tail weight says how many blocks of
             # its request lay beyond the cap (a conversation's next turn shares them too)
-            out[name] = depth - 1 + self._replicas[name].blocks[last]
+            out[name] = depth - 1 + (self._replicas[name].blocks[last] >> 1)
             mask ^= low
         return out
 
@@ -165,7 +181,12 @@ class AffinityIndex:
                 return depth
             depth += 1
             last = h
-        return depth - 1 + blocks[last] if depth else 0
+        return depth - 1 + (blocks[last] >> 1) if depth else 0
+
+    def peer_touched(self, replica: str, block_hash: int) -> bool:
+        """Whether ``replica``'s entry for ``block_hash`` was last refreshed by a peer."""
+        lru = self._replicas.get(replica)
+        return lru is not None and bool(lru.blocks.get(block_hash, 0) & 1)
 
     def holders(self, block_hash: int) -> int:
         """How many replicas hold ``block_hash``."""

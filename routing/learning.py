@@ -99,12 +99,16 @@ class PendingWork:
         p = self._replicas.get(replica)
         return p.count if p is not None else 0
 
-    def add(self, replica: str, key: tuple[int, int], uncached: float, now: float) -> float:
-        """Record a routed request; returns the work ahead of its first token (incl. itself)."""
+    def add(
+        self, replica: str, key: tuple[int, int], uncached: float, now: float,
+        others: float = 0.0,
+    ) -> float:
+        """Record a routed request; returns the work ahead of its first token (incl. itself).
+        ``others``: work queued there by other gateways (shared state), ahead of it too."""
         self.expire(now)
         self.mean_request_tokens += 0.05 * (uncached - self.mean_request_tokens)
         p = self._replicas.setdefault(replica, ReplicaPending())
-        entry = _Entry(replica, key, uncached, p.total + uncached, now)
+        entry = _Entry(replica, key, uncached, p.total + others + uncached, now)
         p.by_key.setdefault(key, deque()).append(entry)
         p.total += uncached
         p.count += 1

@@ -4,17 +4,25 @@ The gateway (and the offline replayer) call, per request: `pick` -> send -> `rec
 (the replica it was actually sent to) -> `record_first_token` when the first token arrives
 (or `record_failure` when it never will). `forget_replica` when a replica leaves its pool.
 Nothing here reads a clock: ``now`` is passed in (seconds, any monotonic origin).
+
+Shared state (several gateways deciding as one): after `enable_sharing`, every routed chain
+is also queued in `outbox` for the caller to publish, and other gateways' records come in
+through `apply_peer_routes` (into the same affinity index) and `apply_peer_load` (their
+in-flight work per replica, added to the views at pick time, aged out when a peer goes
+quiet). The live gateway carries records over Redis (`gateway.fleet`); the offline replay
+delivers them after a simulated delay. Both call the same methods.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import attrgetter
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
 from routing.learning import PendingWork, PrefillRates
 from routing.load import replica_hash
+from routing.peers import PeerLoads, ReplicaLoad, RouteRecord
 from routing.policies import PickContext, RouterState, build_policy
 from routing.types import Decision, ReplicaView, RequestFeatures
 
@@ -47,6 +55,48 @@ class Router:
         )
         self.policy = build_policy(cfg.policy, self.state)
         self._capacity_tokens: dict[str, int] = {}
+        # shared state: off until `enable_sharing`
+        self.peers: PeerLoads | None = None
+        self.member = ""
+        self.outbox: list[RouteRecord] = []
+        self.decisions = 0  # picks made (explain calls excluded)
+        self.peer_decisions = 0  # of those, picks that used other gateways' records
+
+    # -- shared state ---------------------------------------------------------------------------
+    def enable_sharing(self, stale_after_s: float, member: str) -> None:
+        """Publish routed chains to `outbox`; accept other gateways' records. ``member``:
+        this gateway's id in the shared state (as its peers know it)."""
+        self.peers = PeerLoads(stale_after_s)
+        self.member = member
+
+    def _rank(self, now: float) -> tuple[int, int]:
+        """(this gateway's rank among the live gateways, how many are live)."""
+        assert self.peers is not None
+        members = self.peers.member_ids(now)
+        if not members:
+            return 0, 1
+        return sorted((*members, self.member)).index(self.member), len(members) + 1
+
+    def drain_outbox(self) -> list[RouteRecord]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def apply_peer_routes(self, records: Sequence[RouteRecord]) -> None:
+        """Another gateway routed these chains: the replicas now hold them (as if ours)."""
+        insert = self.state.index.insert
+        for r in records:
+            insert(r.replica, r.hashes, r.tail_blocks, True)
+
+    def apply_peer_load(
+        self, member: str, loads: Mapping[str, ReplicaLoad], now: float
+    ) -> None:
+        """Gateway ``member``'s own load changed on these replicas (it is alive at ``now``)."""
+        if self.peers is not None:
+            self.peers.apply(member, loads, now)
+
+    def own_load(self, replica: str) -> float:
+        """This router's predicted pending prefill work on ``replica`` (to publish)."""
+        return self.state.pending.total(replica)
 
     def pick(
         self,
@@ -66,8 +116,23 @@ class Router:
                 hashes[v.id] = replica_hash(v.id)
             if v.cache_capacity_tokens and capacity.get(v.id) != v.cache_capacity_tokens:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
-        ctx = PickContext(features, healthy, now, self.state, explain)
-        return self.policy.choose(ctx)
+        used_peers = False
+        rank, gateways = 0, 1
+        if self.peers is not None:
+            totals = self.peers.totals(now)
+            if totals:
+                healthy, used_peers = _with_peers(healthy, totals)
+            rank, gateways = self._rank(now)
+        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways)
+        decision = self.policy.choose(ctx)
+        if not explain:
+            self.decisions += 1
+            if self.peers is not None and (used_peers or (
+                features.block_hashes
+                and self.state.index.peer_touched(decision.replica, features.block_hashes[0])
+            )):
+                self.peer_decisions += 1
+        return decision
 
     def _set_capacity(self, replica: str, tokens: int) -> None:
         self._capacity_tokens[replica] = tokens
@@ -79,11 +144,17 @@ class Router:
         prompt = features.prompt_tokens
         matched = st.index.match_one(replica, features.block_hashes) * self.config.tokens_per_block
         uncached = float(prompt - max(0, min(prompt - 1, matched)))
-        st.pending.add(replica, _request_key(features), uncached, now)
+        others = 0.0
+        if self.peers is not None:
+            peer = self.peers.totals(now).get(replica)
+            others = peer.pending_work if peer is not None else 0.0
+        st.pending.add(replica, _request_key(features), uncached, now, others)
         if features.block_hashes:
             hashes, tpb = features.block_hashes, self.config.tokens_per_block
             tail = -(-prompt // tpb) - len(hashes) if len(hashes) >= self.config.max_blocks else 0
             st.index.insert(replica, hashes, tail)
+            if self.peers is not None:
+                self.outbox.append(RouteRecord(replica, hashes, tail))
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float
@@ -105,6 +176,8 @@ class Router:
         self.state.pending.forget(replica)
         self.state.replica_hashes.pop(replica, None)
         self._capacity_tokens.pop(replica, None)
+        if self.peers is not None:
+            self.peers.forget_replica(replica)
 
     def affinity_entries(self) -> dict[str, int]:
         """Prefix blocks remembered per replica (for ``kvgate_affinity_index_entries``)."""
@@ -114,3 +187,24 @@ class Router:
     def prefill_rate(self, replica: str) -> float:
         """The learned prefill rate of ``replica`` in prompt tokens per second."""
         return self.state.rates.rate(replica)
+
+
+def _with_peers(
+    views: list[ReplicaView], totals: Mapping[str, ReplicaLoad]
+) -> tuple[list[ReplicaView], bool]:
+    """``views`` with other gateways' load added (fleet-wide in-flight and pending work)."""
+    out: list[ReplicaView] = []
+    used = False
+    for v in views:
+        p = totals.get(v.id)
+        if p is None:
+            out.append(v)
+            continue
+        used = True
+        out.append(ReplicaView(
+            v.id, v.pool, v.healthy, v.waiting, v.running, v.kv_usage,
+            v.cache_capacity_tokens, v.scrape_age_s, v.inflight + p.inflight,
+            v.inflight_prefill_tokens + p.prefill_tokens, v.inflight_prefill + p.prefill,
+            v.peer_prefill_work + p.pending_work,
+        ))
+    return out, used

@@ -16,7 +16,8 @@ class ReplicaView:
     """What the router may know about one replica at pick time.
 
     Scraped fields are ``None`` when no fresh scrape exists (the router then relies on the
-    gateway's own accounting). ``inflight*`` fields are the gateway's own, always fresh.
+    gateway's own accounting). ``inflight*`` fields are the gateway's own, always fresh;
+    `Router.pick` adds other gateways' shared load to them (`routing.peers`).
     """
 
     id: str
@@ -32,6 +33,9 @@ class ReplicaView:
     inflight: int = 0  # requests sent and not finished
     inflight_prefill_tokens: int = 0  # prompt tokens sent and not yet answered by a first token
     inflight_prefill: int = 0  # requests sent and not yet answered by a first token (0 = unknown)
+    # other gateways' predicted uncached prefill work here (`routing.peers`); their requests
+    # are already counted in the inflight* fields above, which are fleet-wide when shared
+    peer_prefill_work: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,11 +5,18 @@ the `kvgate sim` replicas run serves. The gateway's side is reproduced as the ga
 in-flight accounting per replica (requests, and prompt tokens awaiting a first token), scraped
 replica gauges refreshed every `scrape_interval_s` (so they are as stale as live), and the
 `record_route` / `record_first_token` / `record_failure` calls.
+
+Several gateways (`GatewaySpec`): each request goes to one of N routers at random (seeded);
+each router keeps its own in-flight counts and scrapes, and, when they share state, sees the
+others' records (`Router.apply_peer_routes` / `apply_peer_load`, the calls the live gateway
+makes for records read from Redis) ``sync_delay_s`` later. ``share=False`` is N gateways that
+know nothing of each other. Peers never crash here, so none ages out.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,10 +27,11 @@ from loadtest.sim.costmodel import get_preset
 from loadtest.sim.engine import Engine
 from loadtest.sim.spec import EngineConfig, RequestSpec
 from routing.features import root_seed
+from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
 
-__all__ = ["FleetSpec", "OfflineResult", "replay_offline"]
+__all__ = ["FleetSpec", "GatewaySpec", "OfflineResult", "replay_offline"]
 
 MODEL = "replay-model"
 
@@ -48,6 +56,14 @@ class FleetSpec:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class GatewaySpec:
+    gateways: int = 1
+    share: bool = True  # exchange routing records (else N independent gateways)
+    sync_delay_s: float = 0.0  # a record reaches the other gateways this much later
+    seed: int = 0  # which gateway takes which request
+
+
 @dataclass(slots=True)
 class OfflineResult:
     outcomes: list[Outcome]
@@ -68,6 +84,12 @@ class OfflineResult:
 class _Replica:
     id: str
     engine: Engine
+
+
+@dataclass(slots=True)
+class _Counts:
+    """One gateway's own accounting of one replica."""
+
     inflight: int = 0
     prefill_tokens: int = 0
     prefill_count: int = 0
@@ -76,22 +98,43 @@ class _Replica:
 
 
 @dataclass(slots=True)
+class _Gateway:
+    id: str
+    router: Router
+    counts: dict[str, _Counts]
+
+    def load(self, replica: str) -> ReplicaLoad:
+        c = self.counts[replica]
+        return ReplicaLoad(
+            c.inflight, c.prefill_count, c.prefill_tokens, self.router.own_load(replica)
+        )
+
+
+@dataclass(slots=True)
 class _Live:
     req: ReplayRequest
     features: RequestFeatures
     replica: _Replica
+    gateway: _Gateway
     seq: int
     first_token_s: float | None = None
+
+
+# a record in transit: (delivery time, order, target gateway, sender, routes, loads)
+_Delivery = tuple[float, int, int, str, list[RouteRecord], dict[str, ReplicaLoad]]
 
 
 @dataclass(slots=True)
 class _Sim:
     fleet: FleetSpec
-    router: Router
+    spec: GatewaySpec
+    gateways: list[_Gateway]
     replicas: list[_Replica]
     live: dict[str, _Live] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
     deferred: list[tuple[float, int, str, float]] = field(default_factory=list)
+    transit: list[_Delivery] = field(default_factory=list)
+    sent: int = 0
     rejected: int = 0
 
 
@@ -124,14 +167,15 @@ def _spec(rid: str, req: ReplayRequest, block_size: int) -> RequestSpec:
     )
 
 
-def _views(sim: _Sim, now: float) -> list[ReplicaView]:
+def _views(sim: _Sim, gw: _Gateway, now: float) -> list[ReplicaView]:
     out = []
     for r in sim.replicas:
-        if now - r.scraped_at >= sim.fleet.scrape_interval_s:
+        c = gw.counts[r.id]
+        if now - c.scraped_at >= sim.fleet.scrape_interval_s:
             e = r.engine
-            r.scraped = (float(e.num_waiting), float(e.num_running), e.kv_usage)
-            r.scraped_at = now
-        waiting, running, kv = r.scraped
+            c.scraped = (float(e.num_waiting), float(e.num_running), e.kv_usage)
+            c.scraped_at = now
+        waiting, running, kv = c.scraped
         out.append(
             ReplicaView(
                 id=r.id,
@@ -140,17 +184,38 @@ def _views(sim: _Sim, now: float) -> list[ReplicaView]:
                 running=running,
                 kv_usage=kv,
                 cache_capacity_tokens=sim.fleet.kv_tokens,
-                scrape_age_s=now - r.scraped_at,
-                inflight=r.inflight,
-                inflight_prefill_tokens=r.prefill_tokens,
-                inflight_prefill=r.prefill_count,
+                scrape_age_s=now - c.scraped_at,
+                inflight=c.inflight,
+                inflight_prefill_tokens=c.prefill_tokens,
+                inflight_prefill=c.prefill_count,
             )
         )
     return out
 
 
+def _publish(sim: _Sim, gw: _Gateway, replica: str, now: float) -> None:
+    """``gw``'s load on ``replica`` changed (and it may have routed): tell the others."""
+    routes = gw.router.drain_outbox()
+    if not sim.spec.share or len(sim.gateways) == 1:
+        return
+    loads = {replica: gw.load(replica)}
+    at = now + sim.spec.sync_delay_s
+    for i, other in enumerate(sim.gateways):
+        if other is not gw:
+            sim.sent += 1
+            heapq.heappush(sim.transit, (at, sim.sent, i, gw.id, routes, loads))
+
+
+def _deliver(sim: _Sim, d: _Delivery) -> None:
+    at, _, target, sender, routes, loads = d
+    router = sim.gateways[target].router
+    router.apply_peer_routes(routes)
+    router.apply_peer_load(sender, loads, at)
+
+
 def _advance(sim: _Sim, until: float) -> None:
-    """Run every engine up to `until`, feeding first tokens and finishes back at their times.
+    """Run every engine up to `until`, feeding first tokens, finishes and other gateways'
+    records back at their times.
 
     An engine runs each step that starts before `until`, so some outputs carry later times:
     they wait in `sim.deferred` until simulated time reaches them, as the gateway would only
@@ -164,8 +229,16 @@ def _advance(sim: _Sim, until: float) -> None:
                     heapq.heappush(sim.deferred, (first, 0, out.request_id, first))
                 if out.finish_reason is not None:
                     heapq.heappush(sim.deferred, (out.time, 1, out.request_id, out.time))
-    while sim.deferred and sim.deferred[0][0] <= until:
-        _, kind, rid, t = heapq.heappop(sim.deferred)
+    deferred, transit = sim.deferred, sim.transit
+    while deferred or transit:
+        t_event = deferred[0][0] if deferred else float("inf")
+        t_sync = transit[0][0] if transit else float("inf")
+        if min(t_event, t_sync) > until:
+            return
+        if t_sync <= t_event:
+            _deliver(sim, heapq.heappop(transit))
+            continue
+        _, kind, rid, t = heapq.heappop(deferred)
         live = sim.live[rid]
         if kind == 0:
             _first_token(sim, live, t)
@@ -174,25 +247,28 @@ def _advance(sim: _Sim, until: float) -> None:
 
 
 def _first_token(sim: _Sim, live: _Live, t: float) -> None:
-    r = live.replica
+    gw, r = live.gateway, live.replica
+    c = gw.counts[r.id]
     live.first_token_s = t
-    r.prefill_tokens -= live.req.prompt_tokens
-    r.prefill_count -= 1
-    sim.router.record_first_token(r.id, live.features, t - live.req.arrival_s, t)
+    c.prefill_tokens -= live.req.prompt_tokens
+    c.prefill_count -= 1
+    gw.router.record_first_token(r.id, live.features, t - live.req.arrival_s, t)
+    _publish(sim, gw, r.id, t)
 
 
 def _finish(sim: _Sim, rid: str, live: _Live, t: float) -> None:
-    live.replica.inflight -= 1
+    gw, r, req = live.gateway, live.replica, live.req
+    gw.counts[r.id].inflight -= 1
     del sim.live[rid]
-    r, req = live.replica, live.req
     sim.outcomes.append(Outcome(r.id, req.arrival_s, live.first_token_s, t, True, live.seq))
+    _publish(sim, gw, r.id, t)
 
 
-def _route(sim: _Sim, seq: int, req: ReplayRequest) -> None:
+def _route(sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway) -> None:
     rid = f"r{seq}"
     now = req.arrival_s
-    features = _features(req, sim.router)
-    decision = sim.router.pick(features, _views(sim, now), now)
+    features = _features(req, gw.router)
+    decision = gw.router.pick(features, _views(sim, gw, now), now)
     replica = next(r for r in sim.replicas if r.id == decision.replica)
     try:
         replica.engine.add_request(_spec(rid, req, sim.fleet.block_size), now)
@@ -200,24 +276,37 @@ def _route(sim: _Sim, seq: int, req: ReplayRequest) -> None:
         sim.rejected += 1
         sim.outcomes.append(Outcome(replica.id, now, None, now, False, seq))
         return
-    sim.router.record_route(replica.id, features, now)
-    replica.inflight += 1
-    replica.prefill_tokens += req.prompt_tokens
-    replica.prefill_count += 1
-    sim.live[rid] = _Live(req, features, replica, seq)
+    gw.router.record_route(replica.id, features, now)
+    c = gw.counts[replica.id]
+    c.inflight += 1
+    c.prefill_tokens += req.prompt_tokens
+    c.prefill_count += 1
+    sim.live[rid] = _Live(req, features, replica, gw, seq)
+    _publish(sim, gw, replica.id, now)
 
 
 def replay_offline(
-    requests: Sequence[ReplayRequest], fleet: FleetSpec, router_config: RouterConfig
+    requests: Sequence[ReplayRequest],
+    fleet: FleetSpec,
+    router_config: RouterConfig,
+    gateways: GatewaySpec | None = None,
 ) -> OfflineResult:
     """Replay `requests` (sorted by arrival) through `fleet` under `router_config`."""
+    spec = gateways or GatewaySpec()
     cfg = fleet.engine_config()
     replicas = [_Replica(f"replica-{i}", Engine(cfg)) for i in range(fleet.replicas)]
-    sim = _Sim(fleet, Router(router_config), replicas)
+    gws = []
+    for g in range(max(1, spec.gateways)):
+        router = Router(router_config)
+        if spec.share and spec.gateways > 1:
+            router.enable_sharing(float("inf"), f"gw-{g}")  # no peer crashes offline
+        gws.append(_Gateway(f"gw-{g}", router, {r.id: _Counts() for r in replicas}))
+    sim = _Sim(fleet, spec, gws, replicas)
+    pick_gateway = random.Random(spec.seed).randrange
     order = heapq.nsmallest(len(requests), enumerate(requests), key=lambda ir: ir[1].arrival_s)
     for i, req in order:
         _advance(sim, req.arrival_s)
-        _route(sim, i, req)
+        _route(sim, i, req, gws[pick_gateway(len(gws))] if len(gws) > 1 else gws[0])
     _advance(sim, float("inf"))
     stats = [r.engine.stats for r in replicas]
     return OfflineResult(

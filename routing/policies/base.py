@@ -32,6 +32,9 @@ class PickContext:
     now: float
     state: RouterState
     explain: bool = False
+    # several gateways sharing state: this gateway's rank among the `gateways` live ones
+    rank: int = 0
+    gateways: int = 1
 
     @property
     def tie_key(self) -> int:

@@ -2,9 +2,10 @@
 
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
-    queued_r   = kvgate's own pending uncached prefill work on r (capped by the gateway's
-                 in-flight prompt tokens) + requests the scrape shows waiting beyond kvgate's
-                 own x the mean request size (only when the scrape is fresh)
+    queued_r   = kvgate's pending uncached prefill work on r, its own plus other gateways'
+                 (shared state; capped by the fleet's in-flight prompt tokens) + requests
+                 the scrape shows waiting beyond kvgate's own x the mean request size (only
+                 when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     cost_r     = (queued_r + decode_r + miss_weight x uncached_r) / rate_r + kv_penalty_r  [s]
@@ -76,6 +77,10 @@ class CacheAware:
             # gateway's count alone when we hold no record (e.g. routed before a restart)
             p = pget(vid)
             own, own_reqs = (0.0, 0) if p is None else (p.total if inflight > 0 else 0.0, p.count)
+            peer = v.peer_prefill_work  # other gateways' predicted work (shared state)
+            if peer > 0.0:
+                own += peer
+                own_reqs += 1
             gateway = v.inflight_prefill_tokens
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)
@@ -98,9 +103,8 @@ class CacheAware:
             decode = decoding * dw
             cost = (own + decode + uncached * mw) / rate + penalty
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
-            rows.append(
-                (int(cost / quantum), z ^ (z >> 29), cost, v, m, own, decode, uncached, rate, kv)
-            )
+            z ^= z >> 29
+            rows.append((int(cost / quantum), z, cost, v, m, own, decode, uncached, rate, kv))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
@@ -111,7 +115,7 @@ class CacheAware:
         admitted = [r for r in rows if r[3].inflight <= limit]
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
-        if chosen is not rows[0]:
+        if not admitted or admitted[0] is not rows[0]:
             reason = "overflow"
         elif chosen[4] > 0 and chosen[4] >= max(r[4] for r in rows):
             reason = "prefix-hit"
@@ -142,3 +146,4 @@ class CacheAware:
 
 def _rank(row: _Row) -> tuple[int, int]:
     return row[0], row[1]
+

@@ -1,0 +1,139 @@
+"""Other gateways' records: what they routed, and the load they keep on each replica.
+
+Several gateway processes (replicas of a Deployment, worker processes of one pod) route for
+the same fleet. Each publishes what it routed (`RouteRecord`: a replica and the salted prefix
+chain sent there, applied to every other router's affinity index as if routed there) and its
+own per-replica load (`ReplicaLoad`). `PeerLoads` keeps the latest load of each peer and sums
+the fresh ones, so the bounded-load rule and the cost model see the fleet's in-flight work,
+not one gateway's share. A peer not heard from for ``stale_after_s`` ages out with all its
+load: it stopped, crashed, or the channel between us is down. Time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+__all__ = ["ZERO", "PeerLoads", "ReplicaLoad", "RouteRecord"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """One gateway's own load on one replica."""
+
+    inflight: int = 0  # requests sent and not finished
+    prefill: int = 0  # of those, requests still waiting for their first token
+    prefill_tokens: int = 0  # their prompt tokens
+    pending_work: float = 0.0  # predicted uncached prefill tokens ahead (the cost model's)
+
+    def __bool__(self) -> bool:
+        return bool(self.inflight or self.prefill or self.prefill_tokens or self.pending_work)
+
+    def __add__(self, other: ReplicaLoad) -> ReplicaLoad:
+        return ReplicaLoad(
+            self.inflight + other.inflight,
+            self.prefill + other.prefill,
+            self.prefill_tokens + other.prefill_tokens,
+            self.pending_work + other.pending_work,
+        )
+
+
+ZERO = ReplicaLoad()
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRecord:
+    """A request's prefix chain was sent to ``replica`` (``tail_blocks`` as in the index)."""
+
+    replica: str
+    hashes: tuple[int, ...]
+    tail_blocks: int = 0
+
+
+@dataclass(slots=True)
+class _Peer:
+    seen: float
+    loads: dict[str, ReplicaLoad] = field(default_factory=dict)
+
+
+class PeerLoads:
+    """The latest per-replica load of every peer; fresh peers summed per replica."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        if stale_after_s <= 0:
+            raise ValueError("peer stale_after_s must be > 0")
+        self.stale_after_s = stale_after_s
+        self._peers: dict[str, _Peer] = {}
+        self._totals: dict[str, ReplicaLoad] = {}
+        self._dirty = False
+        self._next_expiry = float("inf")
+        self._ids: tuple[str, ...] | None = None  # sorted live member ids (cached)
+
+    def heard(self, member: str, now: float) -> None:
+        """``member`` published something (a route-only batch proves it alive too)."""
+        peer = self._peers.get(member)
+        if peer is None:
+            self._peers[member] = _Peer(now)
+            self._ids = None
+        else:
+            peer.seen = max(peer.seen, now)
+        self._next_expiry = min(self._next_expiry, now + self.stale_after_s)
+
+    def apply(self, member: str, loads: Mapping[str, ReplicaLoad], now: float) -> None:
+        """``member``'s load changed on the replicas in ``loads`` (others keep their value)."""
+        self.heard(member, now)
+        own = self._peers[member].loads
+        for replica, load in loads.items():
+            if load:
+                own[replica] = load
+            else:
+                own.pop(replica, None)
+        if loads:
+            self._dirty = True
+
+    def drop(self, member: str) -> None:
+        """``member`` said goodbye (a clean shutdown): its load is gone now."""
+        if self._peers.pop(member, None) is not None:
+            self._dirty = True
+            self._ids = None
+
+    def expire(self, now: float) -> None:
+        if now < self._next_expiry:
+            return
+        limit = now - self.stale_after_s
+        gone = [m for m, p in self._peers.items() if p.seen < limit]
+        for member in gone:
+            self._ids = None
+            if self._peers.pop(member).loads:
+                self._dirty = True
+        self._next_expiry = min((p.seen for p in self._peers.values()), default=float("inf"))
+        self._next_expiry += self.stale_after_s
+
+    def totals(self, now: float) -> Mapping[str, ReplicaLoad]:
+        """Per replica, the summed load of every fresh peer (replicas with none omitted)."""
+        self.expire(now)
+        if self._dirty:
+            totals: dict[str, ReplicaLoad] = {}
+            for peer in self._peers.values():
+                for replica, load in peer.loads.items():
+                    totals[replica] = totals.get(replica, ZERO) + load
+            self._totals = totals
+            self._dirty = False
+        return self._totals
+
+    def members(self, now: float) -> int:
+        """Peers heard from within the staleness bound."""
+        self.expire(now)
+        return len(self._peers)
+
+    def member_ids(self, now: float) -> tuple[str, ...]:
+        """The live peers' ids, sorted."""
+        self.expire(now)
+        if self._ids is None:
+            self._ids = tuple(sorted(self._peers))
+        return self._ids
+
+    def forget_replica(self, replica: str) -> None:
+        for peer in self._peers.values():
+            if peer.loads.pop(replica, None) is not None:
+                self._dirty = True
