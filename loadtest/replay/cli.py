@@ -21,7 +21,7 @@ import orjson
 
 from loadtest.fleet import Fleet
 from loadtest.replay.live import LiveTarget, replay_live
-from loadtest.replay.offline import FleetSpec, replay_offline
+from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.reference import pooled_reference_hit_rate
 from loadtest.replay.report import (
     Progress,
@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", nargs="?", const="",
                    help="write the summaries as JSON to OUT (bare --json: a timestamped file "
                         "under loadtest/results/)")
+    gw = p.add_argument_group("several gateways (offline)")
+    gw.add_argument("--gateways", type=int, default=1,
+                    help="spread requests at random over N routers, each with its own counts")
+    gw.add_argument("--sync-delay-ms", type=float, default=10.0,
+                    help="a router sees the others' records this much later (default 10)")
+    gw.add_argument("--no-share", action="store_true",
+                    help="the N routers share nothing (the baseline)")
     live = p.add_argument_group("live mode")
     live.add_argument("--target", help="a running kvgate's base URL")
     live.add_argument(
@@ -107,12 +114,14 @@ def run_offline(
     policy: str,
     reference: float,
     load_factor: float | None = None,
+    gateways: GatewaySpec | None = None,
 ) -> dict[str, object]:
     cfg = RouterConfig(policy=policy)
     if load_factor is not None:
         cfg = RouterConfig(policy=policy, load_factor=load_factor)
-    res = replay_offline(reqs, fleet, cfg)
-    return summarize(
+    spec = gateways or GatewaySpec()
+    res = replay_offline(reqs, fleet, cfg, spec)
+    out = summarize(
         policy=policy,
         outcomes=res.outcomes,
         replicas=res.replicas,
@@ -122,6 +131,10 @@ def run_offline(
         load_factor=cfg.load_factor,
         load_slack=cfg.load_slack,
     )
+    out["gateways"] = spec.gateways
+    out["shared"] = spec.share and spec.gateways > 1
+    out["sync_delay_ms"] = round(spec.sync_delay_s * 1000.0, 3) if out["shared"] else None
+    return out
 
 
 def _sim_args(args: argparse.Namespace) -> list[str]:
@@ -217,7 +230,8 @@ def _main(args: argparse.Namespace) -> int:
         if args.offline:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
-            summary = run_offline(reqs, fleet, policy, ref)
+            gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3)
+            summary = run_offline(reqs, fleet, policy, ref, gateways=gateways)
             progress.close()
             summary["mode"] = "offline"
         else:
