@@ -1,6 +1,6 @@
 """The admin API as a router factory: ``make_admin_router(AdminDeps(...))``.
 
-Routes (DESIGN.md "Admin API contract"): tenants CRUD, key creation/revocation, salt
+Routes: tenants CRUD, key creation/revocation, salt
 rotation, the versioned policy document (ETag / If-Match), replicas, route explain, audit.
 Every change is audited with the admin token's id; failed authentications are throttled per
 client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
