@@ -3,8 +3,8 @@
 The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``.
 Messages are written by us and never contain prompt text, keys, salts or tracebacks.
 Tenancy's errors (authentication, rate limits, admin API) subclass `KvgateError` in
-`gateway.tenancy.errors` with OpenAI's lower-case types (``authentication_error``, ...), so the
-proxy renders every error it raises through this one base.
+`gateway.tenancy.errors` with the same `type` vocabulary (``AuthenticationError``,
+``RateLimitError``, ...), so the proxy renders every error it raises through this one base.
 """
 
 from __future__ import annotations
