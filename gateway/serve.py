@@ -116,11 +116,16 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"kvgate serve: {exc.message}", file=sys.stderr)
         return 2
+    try:  # first: a port in use is the one line printed
+        sockets = bind_sockets(cfg)
+    except ListenError as exc:
+        print(f"kvgate serve: {exc}", file=sys.stderr, flush=True)
+        return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
     for line in start_warnings(cfg):
         print(line, file=sys.stderr, flush=True)
-    return run_server(cfg, "kvgate serve")
+    return run_server(cfg, "kvgate serve", sockets=sockets)
 
 
 # -- listening, limits and start-up warnings (kept apart from the parsing above) ---------------
