@@ -76,6 +76,9 @@ class ServerConfig(_Section):
     max_headers: Annotated[int, Field(ge=8)] = 100
     header_timeout_s: Pos = 10.0
     body_timeout_s: Pos = 60.0
+    # worker processes sharing the port (each a member of the shared routing state; more
+    # than 1 needs KVGATE_REDIS_URL: with the in-memory store it is refused at start)
+    workers: Annotated[int, Field(ge=1, le=64)] = 1
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -159,6 +162,26 @@ class TenancySection(_Section):
     metrics_max_tenants: Annotated[int, Field(ge=0)] = 20
 
 
+class SyncSection(_Section):
+    """Shared routing state between gateway processes over Redis (gateway/fleet/): on
+    whenever KVGATE_REDIS_URL is set, unless ``enabled: false``."""
+
+    enabled: bool = True
+    flush_interval_ms: Annotated[float, Field(gt=0, le=1000)] = 5.0  # batch period
+    heartbeat_s: Pos = 0.5  # a quiet gateway still says it is alive (and its load)
+    stale_after_s: Pos = 2.0  # a peer not heard from this long ages out with its load
+    stream_maxlen: Annotated[int, Field(ge=100)] = 20_000  # entries kept (approximate)
+    catchup_entries: Annotated[int, Field(ge=0)] = 5_000  # routes read at start (warm start)
+    max_entries_per_tick: Annotated[int, Field(ge=1)] = 256  # applied per event-loop turn
+    timeout_s: Pos = 1.0  # per Redis call; then degraded
+
+    @model_validator(mode="after")
+    def _stale_after_heartbeats(self) -> SyncSection:
+        if self.stale_after_s < 2 * self.heartbeat_s:
+            raise ValueError("stale_after_s must be at least 2 x heartbeat_s")
+        return self
+
+
 class TenantBootstrap(_Section):
     id: str
     tier: str = "default"
@@ -175,6 +198,7 @@ class KvgateConfig(PolicyDoc):
     routing: RoutingSection = Field(default_factory=RoutingSection)
     tenants: list[TenantBootstrap] = Field(default_factory=list)
     tenancy: TenancySection = Field(default_factory=TenancySection)
+    sync: SyncSection = Field(default_factory=SyncSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
