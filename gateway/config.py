@@ -263,7 +263,8 @@ def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 
 def _read_file(path: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)  # a YAML error then names the file, line and column
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -308,7 +309,8 @@ def load_config(
     try:
         cfg = KvgateConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_explain(exc)) from None
+        where = f" in {path} (or its KVGATE_* overrides)" if path else ""
+        raise ConfigError(_explain(exc).replace(":", where + ":", 1)) from None
     if not cfg.pools:
         raise ConfigError("pools: at least one pool is required (or use --upstream URL)")
     try:

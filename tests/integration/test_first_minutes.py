@@ -179,3 +179,19 @@ def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimF
         raw = free.completions.with_raw_response.create(model="sim-model", prompt="x",
                                                         max_tokens=2)
         assert not [h for h in raw.headers if h.startswith("x-ratelimit")]
+
+
+def test_config_errors_name_the_file(tmp_path: Path) -> None:
+    bad_field = tmp_path / "bad-field.yaml"
+    bad_field.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+        "upstream": {"idle_timeout_s": -1}}))
+    bad_yaml = tmp_path / "bad-yaml.yaml"
+    bad_yaml.write_text("pools:\n  a: [\n")
+    for path, what in ((bad_field, "upstream.idle_timeout_s"), (bad_yaml, "line 3")):
+        for cmd in (("config", "check", str(path)),
+                    ("serve", "--config", str(path), "--no-auth", "--port", str(free_port()))):
+            result = run(*cmd)
+            assert result.returncode == 2, result.stderr
+            assert str(path) in result.stderr and what in result.stderr, result.stderr
+            assert "Traceback" not in result.stderr
