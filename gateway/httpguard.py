@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 from dataclasses import dataclass
+from typing import Any, cast
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -57,7 +59,9 @@ class NoDelayHttpTools(HttpToolsProtocol):
 
 
 class GuardedHttpTools(NoDelayHttpTools):
-    limits = HttpLimits()
+    def __init__(self, *args: Any, limits: HttpLimits | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits = limits or HttpLimits()
 
     _in_headers = True  # between a request's first byte and its complete headers
     _header_bytes = 0
@@ -174,5 +178,6 @@ class GuardedHttpTools(NoDelayHttpTools):
 
 
 def guarded_protocol(limits: HttpLimits) -> type[GuardedHttpTools]:
-    """The protocol class for uvicorn's `http=` with these limits."""
-    return type("KvgateHttpTools", (GuardedHttpTools,), {"limits": limits})
+    """The protocol factory for uvicorn's `http=` with these limits: a `partial` of a
+    module-level class, so a config holding it can be pickled (uvicorn's worker processes)."""
+    return cast(type[GuardedHttpTools], functools.partial(GuardedHttpTools, limits=limits))
