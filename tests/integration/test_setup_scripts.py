@@ -1,46 +1,97 @@
-"""The set-up scripts as a user runs them (in dry-run mode: the install commands are printed,
-not run): `scripts/demo` installs only the demo's needs, `scripts/test` (what `.ci/run` calls)
-installs everything, redis-server included; the package declares an SPDX license string."""
+"""The set-up scripts as a user (or CI) runs them, on a copy of the project whose tools are
+stand-ins that only record how they were called: `scripts/demo` installs the demo extra only
+and no redis-server, `.ci/run` -> `scripts/test` installs everything, redis-server from
+Debian's packages included, then runs ruff, mypy and pytest; the package declares an SPDX
+license string. Nothing is installed or started for real."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import tomllib
+from pathlib import Path
 
 from tests.support.procs import ROOT
 
+RECORDER = '#!/bin/bash\necho "{name} $*" >> "$KVGATE_TEST_LOG"\n'
 
-def dry_run(script: str, *args: str) -> str:
-    env = {**os.environ, "KVGATE_SETUP_DRY_RUN": "1"}
-    env.pop("KVGATE_EXTRAS", None)
-    result = subprocess.run([str(ROOT / "scripts" / script), *args], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+
+def _tool(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def fake_project(tmp: Path) -> tuple[Path, dict[str, str]]:
+    """A copy of the scripts with recording stand-ins for python, kvgate, pip's venv, apt-get,
+    ruff, mypy and pytest; PATH holds only those and a few coreutils (no redis-server)."""
+    project = tmp / "project"
+    shutil.copytree(ROOT / "scripts", project / "scripts")
+    shutil.copytree(ROOT / ".ci", project / ".ci")
+    shutil.copy(ROOT / "pyproject.toml", project / "pyproject.toml")
+    venv_bin = project / ".venv" / "bin"
+    for name in ("python", "kvgate"):
+        _tool(venv_bin / name, RECORDER.format(name=name))
+    _tool(venv_bin / "activate", "")  # sourced by scripts/test
+    fakebin = tmp / "bin"
+    for name in ("apt-get", "ruff", "mypy", "pytest"):
+        _tool(fakebin / name, RECORDER.format(name=name))
+    _tool(fakebin / "sudo", '#!/bin/bash\nexec "$@"\n')
+    for name in ("bash", "dirname", "id", "touch"):
+        real = shutil.which(name)
+        assert real is not None
+        (fakebin / name).symlink_to(real)
+    env = {"PATH": str(fakebin), "HOME": str(tmp), "KVGATE_TEST_LOG": str(tmp / "calls.log")}
+    return project, env
+
+
+def calls(env: dict[str, str]) -> list[str]:
+    return Path(env["KVGATE_TEST_LOG"]).read_text().splitlines()
+
+
+def installed_extras(log: list[str]) -> set[str]:
+    found = [m for line in log if (m := re.fullmatch(r"python -m pip install --quiet -e \.\[(.*)\]",
+                                                     line))]
+    assert len(found) == 1, log
+    return set(found[0].group(1).split(","))
+
+
+def test_demo_installs_only_what_it_needs(tmp_path: Path) -> None:
+    project, env = fake_project(tmp_path)
+    result = subprocess.run([str(project / "scripts" / "demo"), "--port", "8123"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return result.stdout + result.stderr
+    log = calls(env)
+    assert installed_extras(log) == {"demo"}
+    assert not [line for line in log if line.startswith("apt-get")]  # no redis-server
+    assert log[-1] == "kvgate demo --port 8123"
+    assert ". .venv/bin/activate" in result.stderr  # how to get `kvgate` on PATH in a new shell
 
 
-def installed_extras(out: str) -> set[str]:
-    m = re.search(r"pip install --quiet -e \.\[([^\]]*)\]", out)
-    assert m, out
-    return set(m.group(1).split(","))
+def test_ci_installs_everything_with_redis_then_checks(tmp_path: Path) -> None:
+    project, env = fake_project(tmp_path)
+    result = subprocess.run([str(project / ".ci" / "run")], cwd=tmp_path,
+                            env={**env, "KVGATE_EXTRAS": "demo"}, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    log = calls(env)
+    assert installed_extras(log) == {"demo", "test", "bench"}  # whatever KVGATE_EXTRAS says
+    assert "apt-get install -y -qq redis-server" in log
+    assert [line.split()[0] for line in log[-3:]] == ["ruff", "mypy", "pytest"]
+    assert log[-1] == "pytest -q"
 
 
-def test_demo_installs_only_what_it_needs() -> None:
-    out = dry_run("demo", "--port", "8123")
-    assert installed_extras(out) == {"demo"}
-    assert "redis" not in out
-    assert "+ .venv/bin/kvgate demo --port 8123" in out
-    assert ". .venv/bin/activate" in out  # how to get `kvgate` on PATH in a new shell
-
-
-def test_full_setup_installs_everything_with_redis() -> None:
-    assert "scripts/test" in (ROOT / ".ci" / "run").read_text()
-    assert "KVGATE_EXTRAS=demo,test,bench scripts/setup" in (ROOT / "scripts" / "test").read_text()
-    out = dry_run("setup")
-    assert installed_extras(out) == {"demo", "test", "bench"}
-    assert "apt-get install -y -qq redis-server" in out or "redis-server: already installed" in out
+def test_setup_installs_again_only_when_needed(tmp_path: Path) -> None:
+    project, env = fake_project(tmp_path)
+    setup = [str(project / "scripts" / "setup")]
+    for _ in range(2):
+        subprocess.run(setup, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
+    assert len([line for line in calls(env) if " -e " in line]) == 1  # stamped
+    os.utime(project / "pyproject.toml")  # newer than the stamp: install again
+    subprocess.run(setup, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
+    assert len([line for line in calls(env) if " -e " in line]) == 2
 
 
 def test_pyproject_uses_an_spdx_license_string() -> None:
