@@ -1,14 +1,15 @@
 """A replica that answers "busy" must not attract the traffic (issue 10, faults 1).
 
     python -m loadtest.bench_busy [--requests 1500] [--concurrency 32] [--policy all]
-                                  [--source DIR] [--json FILE]
+                                  [--scenario busy|error500] [--source DIR] [--json FILE]
 
 Three simulated replicas behind one kvgate; one of them runs with vLLM's
 ``--max-num-queued-reqs 2``, so it answers 503 "The engine is currently busy ..." at once when
 two requests are already there. A closed loop of `--concurrency` clients sends `--requests`
 non-streamed completions per policy; the table shows per policy how many failed (any status
 but 200), how many requests the busy replica served, and the gateway's retries. The target is
-<= 1 % failed for every policy.
+<= 1 % failed for every policy. ``--scenario error500`` instead gives that replica vLLM's
+500 on 30 % of its requests (issue 10, faults 7: a 500 before the first byte is retried).
 
 ``--source DIR`` runs the gateway (and simulators) from another source tree, e.g. an export of
 an older commit (``git archive <commit> | tar -x -C DIR``), to measure "before" with the same
@@ -115,7 +116,9 @@ def run(args: argparse.Namespace) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     try:
         scale = ["--time-scale", str(args.time_scale)]
-        busy = procs.sim(*scale, "--max-num-queued-reqs", "2")
+        fault = (["--max-num-queued-reqs", "2"] if args.scenario == "busy"
+                 else ["--error-rate", "0.3", "--error-status", "500", "--seed", "1"])
+        busy = procs.sim(*scale, *fault)
         free = [procs.sim(*scale) for _ in range(2)]
         for policy in args.policies:
             base, gw = procs.gateway([busy, *free], policy)
@@ -141,13 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--time-scale", type=float, default=10.0)
     p.add_argument("--policy", default="all", help="one policy or 'all'")
+    p.add_argument("--scenario", choices=["busy", "error500"], default="busy")
     p.add_argument("--source", default=str(Path(__file__).resolve().parents[1]),
                    help="source tree to run kvgate from (default: this one)")
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args(argv)
     args.policies = POLICIES if args.policy == "all" else (args.policy,)
     rows = run(args)
-    print(f"{'policy':<16} {'failed':>7} {'failed %':>9} {'on busy':>8} {'retries':>8}  statuses")
+    print(f"{'policy':<16} {'failed':>7} {'failed %':>9} {'on it':>8} {'retries':>8}  statuses")
     for r in rows:
         print(f"{r['policy']:<16} {r['failed']:>7} {r['failed_pct']:>9} "
               f"{r['served_by_busy_replica']:>8} {r['retries']:>8.0f}  {r['statuses']}")
