@@ -70,3 +70,34 @@ def test_a_body_sent_too_slowly_gets_408(port: int) -> None:
     status, body = exchange(port, head + b'{"model": ')  # ... and the rest never comes
     assert status == 408
     assert "body" in body["error"]["message"]  # type: ignore[index]
+
+
+def drip(port: int, head: bytes, rest: bytes) -> tuple[int, dict[str, object]]:
+    """Send `head`, then `rest` one byte every 0.3 s (slowloris) until the server answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(head)
+        s.settimeout(0.3)
+        raw = b""
+        for i in range(len(rest)):
+            try:
+                raw += s.recv(65536)
+                break  # the server answered (and closes)
+            except TimeoutError:
+                s.sendall(rest[i:i + 1])
+        s.settimeout(30)
+        while chunk := s.recv(65536):
+            raw += chunk
+    head_part, _, body = raw.partition(b"\r\n\r\n")
+    return int(head_part.split()[1]), orjson.loads(body)
+
+
+def test_dripped_headers_get_408(port: int) -> None:
+    status, _ = drip(port, b"GET /healthz HTTP/1.1\r\n", b"X-Slow: " + b"a" * 200 + b"\r\n\r\n")
+    assert status == 408
+
+
+def test_dripped_body_gets_408(port: int) -> None:
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 200\r\n\r\n")
+    status, body = drip(port, head, b'{"model": "m", "prompt": "' + b"a" * 170 + b'"}')
+    assert status == 408 and "body" in body["error"]["message"]  # type: ignore[index]
