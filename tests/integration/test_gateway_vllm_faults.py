@@ -182,19 +182,24 @@ def test_stall_after_first_tokens_is_cut_by_the_idle_timeout_as_504(
 ) -> None:
     _, a = sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[a], env={
-        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "120", "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+        **QUIET_HEALTH, "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "120",
+        "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
     with gw:
         set_faults(a, hang_after_tokens=5)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True}
-        # cut after ~1 s of silence, long before the 120 s first-byte timeout (the client's
-        # 30 s read timeout would fire first otherwise)
-        with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as r:
-            events = sse_events(r)
-        err = orjson.loads(events[-2][5:])["error"]
-        assert events[-1] == "data: [DONE]"
-        assert (err["code"], err["type"]) == (504, "GatewayTimeoutError")
-        assert "idle" in err["message"]
-        assert any('"text"' in e for e in events[:-2])  # the answer had started
+        for _ in range(2):  # failure_threshold 2
+            # cut after ~1 s of silence, long before the 120 s first-byte timeout (the
+            # client's 30 s read timeout would fire first otherwise)
+            with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as r:
+                events = sse_events(r)
+            err = orjson.loads(events[-2][5:])["error"]
+            assert events[-1] == "data: [DONE]"
+            assert (err["code"], err["type"]) == (504, "GatewayTimeoutError")
+            assert "idle" in err["message"]
+            assert any('"text"' in e for e in events[:-2])  # the answer had started
+        assert healthy(base, a) == 0.0  # stalled streams are failures of the replica
+        statuses = metric_values(base, "kvgate_requests_total")
+        assert sum(v for k, v in statuses.items() if 'status="504"' in k) == 2
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
 
 
