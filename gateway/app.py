@@ -32,6 +32,8 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.errors import ConfigError, KvgateError, NotFound
+from gateway.fleet.metrics import SyncCollector
+from gateway.fleet.sync import RouteSync, SyncSettings
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -44,6 +46,7 @@ from gateway.stored import match_stored
 from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.service import TenancyCollector
+from routing.peers import ReplicaLoad
 from routing.router import Router
 
 __all__ = ["GatewayApp"]
@@ -80,6 +83,7 @@ class GatewayApp:
         self.discovery = DiscoveryManager(build_discovery, self._discovered)
         self.proxy: Proxy | None = None
         self.scraper: Scraper | None = None
+        self.sync: RouteSync | None = None  # shared routing state (with Redis)
         self.tenancy: Tenancy | None = None
         self.gate: TenantGate | None = None
         self._by_id: dict[str, Replica] = {}  # replica id -> replica (scrape samples land here)
@@ -179,8 +183,13 @@ class GatewayApp:
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
                 "store_resets": h.store_resets,
             }
-        info = {"status": "ready" if ok else "not ready",
-                "degraded": bool(info.get("tenancy", {}).get("degraded")), **info}
+        degraded = bool(info.get("tenancy", {}).get("degraded"))
+        if self.sync is not None:
+            info["sync"] = {"degraded": self.sync.degraded, "member": self.sync.member,
+                            "peers": self.router.peers.members(self.clock())
+                            if self.router.peers else 0}
+            degraded = degraded or self.sync.degraded
+        info = {"status": "ready" if ok else "not ready", "degraded": degraded, **info}
         return (200 if ok else 503), JSON, orjson.dumps(info)
 
     def _metrics_page(self) -> Page:
@@ -231,6 +240,7 @@ class GatewayApp:
         self._tasks.append(asyncio.create_task(monitor.run(), name="kvgate-health"))
         self._tasks.append(asyncio.create_task(self._reap_drained(), name="kvgate-drain"))
         await self._start_scraper()
+        await self._start_sync()
         self._mount_admin(gate)
         if self.after_start is not None:
             await self.after_start(self)
@@ -307,6 +317,8 @@ class GatewayApp:
                     self.scraper.remove_target(replica.id)
         for replica in changes.added:
             self._by_id[replica.id] = replica
+            if self.sync is not None:
+                replica.watch = self.sync.wake
             if self.scraper is not None:
                 self.scraper.add_target(replica.id, replica.url)
 
@@ -355,9 +367,42 @@ class GatewayApp:
             self.scraper.add_target(replica.id, replica.url)
         await self.scraper.start()
 
+    async def _start_sync(self) -> None:
+        """Share routing state with the other gateway processes (Redis only)."""
+        sc = self.cfg.sync
+        url = self.cfg.redis_url.get_secret_value() if self.cfg.redis_url else None
+        if url and sc.enabled:
+            settings = SyncSettings(
+                flush_interval_s=sc.flush_interval_ms / 1000.0, heartbeat_s=sc.heartbeat_s,
+                stale_after_s=sc.stale_after_s, stream_maxlen=sc.stream_maxlen,
+                catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
+                timeout_s=sc.timeout_s,
+            )
+            by_id = self._by_id
+            self.sync = RouteSync(
+                self.router, url, self.cfg.tenancy.namespace, settings, self._own_loads,
+                by_id.__contains__, self.clock,
+            )
+            for replica in self._described():
+                replica.watch = self.sync.wake
+            await self.sync.start()
+            log.info("shared routing state on", extra={"member": self.sync.member})
+        self.metrics.registry.register(SyncCollector(self.router, self.sync, self.clock))
+
+    def _own_loads(self) -> dict[str, ReplicaLoad]:
+        """This process's own load per replica (published to the other gateways)."""
+        pending = self.router.own_load
+        return {
+            r.id: ReplicaLoad(r.inflight, r.inflight_prefill, r.inflight_prefill_tokens,
+                              pending(r.id) if r.inflight else 0.0)
+            for r in self._described()
+        }
+
     async def shutdown(self) -> None:
         self._unsubscribe()  # no policy version may start discovery sources any more
         self._unsubscribe = lambda: None
+        if self.sync is not None:
+            await self.sync.stop()
         for task in list(self._background):
             with contextlib.suppress(asyncio.CancelledError):
                 await task

@@ -195,6 +195,7 @@ class Relay:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.") from None
         lease.first_token()
+        self._router.record_answered(replica.id, req.features, self._clock())
         judge(replica, resp.status, data, self._clock())
         content_type = resp.content_type
         if resp.status == 200:

@@ -14,6 +14,7 @@ at once. Time is passed in, so the machine is testable without sleeps.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -48,7 +49,7 @@ class Replica:
     __slots__ = (
         "_policy", "busy_streak", "busy_until", "draining", "ejected_until", "ejections",
         "failures", "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
-        "pool", "scraped", "scraped_at", "slow_probes", "state", "url",
+        "pool", "scraped", "scraped_at", "slow_probes", "state", "url", "watch",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthPolicy) -> None:
@@ -72,6 +73,9 @@ class Replica:
         self.busy_streak = 0
         # left its pool (discovery or policy): takes no new requests, finishes its in-flight
         self.draining = False
+        # called when a request on it ends (shared routing state publishes the change at
+        # once: a client's next turn may reach another gateway a millisecond later)
+        self.watch: Callable[[], None] | None = None
 
     # -- accounting ---------------------------------------------------------------------
     def acquire(self, prompt_tokens: int) -> Lease:
@@ -223,7 +227,10 @@ class Lease:
             self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
         self._released = True
-        self._replica.inflight -= 1
+        replica = self._replica
+        replica.inflight -= 1
+        if replica.watch is not None:
+            replica.watch()
 
 
 class RetryBudget:

@@ -91,6 +91,22 @@ class PeerLoads:
         if loads:
             self._dirty = True
 
+    def settle(self, member: str, replica: str) -> None:
+        """One of ``member``'s requests on ``replica`` is known to have finished (ahead of
+        the member's own record saying so, which then replaces this guess)."""
+        peer = self._peers.get(member)
+        load = peer.loads.get(replica) if peer is not None else None
+        if peer is None or load is None or load.inflight <= 0:
+            return
+        fewer = ReplicaLoad(load.inflight - 1, min(load.prefill, load.inflight - 1),
+                            load.prefill_tokens if load.prefill < load.inflight else 0,
+                            load.pending_work if load.prefill < load.inflight else 0.0)
+        if fewer:
+            peer.loads[replica] = fewer
+        else:
+            del peer.loads[replica]
+        self._dirty = True
+
     def drop(self, member: str) -> None:
         """``member`` said goodbye (a clean shutdown): its load is gone now."""
         if self._peers.pop(member, None) is not None:

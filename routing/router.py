@@ -15,7 +15,8 @@ delivers them after a simulated delay. Both call the same methods.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
 from routing.config import RouterConfig
@@ -34,6 +35,8 @@ class NoCandidate(Exception):
 
 
 _by_id = attrgetter("id")
+_MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
+_CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -59,6 +62,11 @@ class Router:
         self.peers: PeerLoads | None = None
         self.member = ""
         self.outbox: list[RouteRecord] = []
+        # called when the outbox stops being empty (the publisher wakes up at once: a
+        # conversation's next turn may reach another gateway a few ms after this one ends)
+        self.on_outbox: Callable[[], None] | None = None
+        # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
+        self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -81,11 +89,30 @@ class Router:
         out, self.outbox = self.outbox, []
         return out
 
-    def apply_peer_routes(self, records: Sequence[RouteRecord]) -> None:
-        """Another gateway routed these chains: the replicas now hold them (as if ours)."""
+    def apply_peer_routes(self, records: Sequence[RouteRecord], member: str = "") -> None:
+        """Gateway ``member`` routed these chains: the replicas now hold them (as if ours)."""
         insert = self.state.index.insert
+        chains = self._peer_chains
         for r in records:
             insert(r.replica, r.hashes, r.tail_blocks, True)
+            if member and len(r.hashes) >= 2:
+                chains[r.hashes[-1]] = (member, r.replica)
+                if len(chains) > _MAX_PEER_CHAINS:
+                    chains.popitem(last=False)
+
+    def _settle_continued(self, hashes: tuple[int, ...]) -> None:
+        """A request that extends a chain a peer routed (a conversation's next turn) means
+        that peer's request has finished -- the client had its answer -- even if the peer's
+        load record saying so is still on its way: count it as finished now. Without this a
+        turn sent to another gateway a millisecond after the previous one ended finds the
+        previous one still in flight there, and the bounded-load rule sends it elsewhere."""
+        assert self.peers is not None
+        chains = self._peer_chains
+        for i in range(len(hashes) - 1, max(-1, len(hashes) - 1 - _CONTINUATION_SCAN), -1):
+            found = chains.pop(hashes[i], None)
+            if found is not None:
+                self.peers.settle(*found)
+                return
 
     def apply_peer_load(
         self, member: str, loads: Mapping[str, ReplicaLoad], now: float
@@ -119,6 +146,8 @@ class Router:
         used_peers = False
         rank, gateways = 0, 1
         if self.peers is not None:
+            if self._peer_chains and not explain:
+                self._settle_continued(features.block_hashes)
             totals = self.peers.totals(now)
             if totals:
                 healthy, used_peers = _with_peers(healthy, totals)
@@ -154,6 +183,8 @@ class Router:
             tail = -(-prompt // tpb) - len(hashes) if len(hashes) >= self.config.max_blocks else 0
             st.index.insert(replica, hashes, tail)
             if self.peers is not None:
+                if not self.outbox and self.on_outbox is not None:
+                    self.on_outbox()
                 self.outbox.append(RouteRecord(replica, hashes, tail))
 
     def record_first_token(
@@ -164,6 +195,11 @@ class Router:
         if work is None:
             work = float(features.prompt_tokens)
         self.state.rates.observe(replica, max(work, float(self.config.tokens_per_block)), ttft_s)
+
+    def record_answered(self, replica: str, features: RequestFeatures, now: float) -> None:
+        """A whole (non-streamed) answer arrived: its prefill is done, it no longer waits.
+        (It carries no first-token time to learn a rate from.)"""
+        self.state.pending.pop(replica, _request_key(features))
 
     def record_failure(self, replica: str, features: RequestFeatures, now: float) -> None:
         """The request sent to `replica` will never produce a first token (error, cancel)."""

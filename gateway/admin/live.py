@@ -7,7 +7,7 @@ sending it and without recording anything in the router. Salts never appear in t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -21,6 +21,7 @@ from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.errors import InvalidRequest
 from gateway.tenancy.planner import Planner
 from gateway.tenancy.resolver import Principal
+from routing.peers import ZERO, ReplicaLoad
 from routing.router import NoCandidate, Router
 
 __all__ = ["ENDPOINTS", "LiveViews"]
@@ -41,21 +42,33 @@ class LiveViews:
     def replicas(self) -> dict[str, Any]:
         now = self._clock()
         snap = self._gate.tenancy.resolver.policy
+        peers = self._router.peers.totals(now) if self._router.peers is not None else {}
         data = []
         for pool in self._pools.by_name.values():
             prio = self._pools.doc.pools.get(pool.name)
             data.append({
                 "pool": pool.name, "served_model": pool.served_model,
                 "priority": bool(prio and prio.priority),
-                "replicas": [self._replica(r, now) for r in pool.replicas],
+                "replicas": [self._replica(r, now, peers) for r in pool.replicas],
             })
-        return {"object": "list", "policy_version": snap.version if snap else 0, "data": data}
+        out: dict[str, Any] = {
+            "object": "list", "policy_version": snap.version if snap else 0, "data": data}
+        if self._router.peers is not None:  # shared routing state
+            out["sync"] = {"member": self._router.member,
+                           "peers": self._router.peers.members(now)}
+        return out
 
-    def _replica(self, r: Replica, now: float) -> dict[str, Any]:
+    def _replica(
+        self, r: Replica, now: float, peers: Mapping[str, ReplicaLoad]
+    ) -> dict[str, Any]:
         s = r.scraped
+        p = peers.get(r.id, ZERO)
         return {
             "id": r.id, "url": r.url, "healthy": r.available(now), "state": r.state,
+            # own: this gateway process's; fleet: own + every live peer's (shared state)
             "inflight": r.inflight, "inflight_prefill": r.inflight_prefill,
+            "inflight_fleet": r.inflight + p.inflight,
+            "inflight_prefill_fleet": r.inflight_prefill + p.prefill,
             "waiting": s.waiting if s else None, "running": s.running if s else None,
             "kv_usage": s.kv_usage if s else None,
             "cache_capacity_tokens": s.cache_capacity_tokens if s else None,

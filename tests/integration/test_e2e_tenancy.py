@@ -317,16 +317,19 @@ def test_operator_only_body_fields_reach_vllm_only_for_tiers_that_allow_them(
 def test_keys_are_stored_only_as_sha256_hashes(stack: Stack) -> None:
     tid, key = stack.tenant("free")
     r = redis.Redis.from_url(stack.redis, decode_responses=True)
+    raw = redis.Redis.from_url(stack.redis)  # streams hold packed binary routing records
     try:
         dump = []
         for name in r.scan_iter("*"):
             kind = r.type(name)
             value = {"string": r.get, "hash": r.hgetall, "list": lambda n: r.lrange(n, 0, -1),
-                     "zset": lambda n: r.zrange(n, 0, -1), "set": r.smembers}[kind](name)
+                     "zset": lambda n: r.zrange(n, 0, -1), "set": r.smembers,
+                     "stream": raw.xrange}[kind](name)
             dump.append(f"{name} {value}")
         stored = r.hgetall("kvgate:keys")
     finally:
         r.close()
+        raw.close()
     everything = "\n".join(dump)
     assert key not in everything and key[4:] not in everything  # not even without the prefix
     digest = hashlib.sha256(key.encode()).hexdigest()

@@ -1,0 +1,299 @@
+"""Shared routing state over Redis: every gateway process publishes what it routed and its own
+per-replica load, and applies every other process's records to its router.
+
+One Redis Stream per namespace (``{namespace}:routes``), trimmed to about ``stream_maxlen``
+entries. Two owned tasks:
+
+- the publisher wakes every ``flush_interval_ms``, takes the router's outbox (chains it routed)
+  and the own loads that changed since the last batch (all non-zero ones, and an empty batch
+  as a sign of life, every ``heartbeat_s``), and appends one entry (XADD, approximate trim);
+- the reader blocks on XREAD for entries after the last one it saw, at most
+  ``max_entries_per_tick`` per read, applies them, then yields to the event loop before the
+  next read, so a burst after an outage never stalls request handling.
+
+Nothing here is on the request path: a request reads the router's memory only. While Redis is
+down or slow, publishing and reading fail fast, the gateway routes on its own state (peers age
+out after ``stale_after_s``), reports ``degraded``, and resumes on its own: the reader
+continues after the last entry it saw (what was trimmed meanwhile is lost, harmlessly), the
+publisher re-sends its whole load. At start the reader first applies the routes of the last
+``catchup_entries`` entries, so a new or restarted gateway begins warm, not cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
+from routing.peers import ReplicaLoad
+from routing.router import Router
+
+__all__ = ["RouteSync", "SyncSettings", "SyncStats", "member_id"]
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 0.5  # back-off after a failed Redis call
+_Entries = list[tuple[bytes, dict[bytes, bytes]]]  # a stream's entries as redis-py returns them
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def member_id() -> str:
+    """This process's id among the gateways: host, pid and a random part (pids repeat)."""
+    return f"{socket.gethostname()[:64]}:{os.getpid()}:{os.urandom(3).hex()}"
+
+
+@dataclass(frozen=True, slots=True)
+class SyncSettings:
+    flush_interval_s: float = 0.005
+    heartbeat_s: float = 0.5
+    stale_after_s: float = 2.0
+    stream_maxlen: int = 20_000
+    catchup_entries: int = 5_000
+    max_entries_per_tick: int = 256
+    timeout_s: float = 1.0
+
+
+@dataclass(slots=True)
+class SyncStats:
+    """Counters the metrics collector reads."""
+
+    published: int = 0  # stream entries written
+    applied: int = 0  # peers' entries applied
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> entries or routes
+    up: bool = False
+    # apply lag (publisher's wall clock -> applied here): a histogram, and the recent values
+    lag_buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS))
+    lag_count: int = 0
+    lag_sum: float = 0.0
+    recent_lags: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + n
+
+    def lag(self, seconds: float) -> None:
+        self.lag_count += 1
+        self.lag_sum += seconds
+        self.recent_lags.append(seconds)
+        i = bisect_left(LAG_BUCKETS, seconds)
+        if i < len(LAG_BUCKETS):
+            self.lag_buckets[i] += 1
+
+
+class RouteSync:
+    """Publishes this gateway's records and applies its peers' (owned by the app's lifespan).
+
+    ``own_loads()`` returns this gateway's load per replica it knows; ``known(replica)`` says
+    whether a replica id belongs to one of its pools (routes to others are dropped as
+    ``foreign``: another gateway with another config). ``clock`` is the router's clock.
+    """
+
+    def __init__(
+        self, router: Router, redis_url: str, namespace: str, settings: SyncSettings,
+        own_loads: Callable[[], Mapping[str, ReplicaLoad]], known: Callable[[str], bool],
+        clock: Callable[[], float], member: str | None = None,
+    ) -> None:
+        self.member = member or member_id()
+        self.key = f"{namespace}:routes".encode()
+        self.settings = settings
+        self.stats = SyncStats()
+        self._router = router
+        self._own_loads = own_loads
+        self._known = known
+        self._clock = clock
+        self._published: dict[str, ReplicaLoad] = {}  # what peers believe of our load
+        self._last_beat = float("-inf")
+        self._last_id = b"0-0"
+        self._stale_ms = int(settings.stale_after_s * 1000)
+        self._tasks: list[asyncio.Task[None]] = []
+        timeout = settings.timeout_s
+        self._redis: aioredis.Redis = aioredis.Redis.from_url(
+            redis_url, decode_responses=False, socket_timeout=timeout + 1.0,
+            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
+        )
+        router.enable_sharing(settings.stale_after_s, self.member)
+        self._wake = asyncio.Event()
+        router.on_outbox = self._wake.set
+
+    def wake(self) -> None:
+        """Publish now (a request ended: its load must not linger in peers' views)."""
+        self._wake.set()
+
+    @property
+    def degraded(self) -> bool:
+        return not self.stats.up
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Catch up on the recent past (best effort), then start publishing and reading."""
+        try:
+            await self._catch_up()
+            self.stats.up = True
+        except (RedisError, OSError) as exc:
+            self._down("catch-up", exc)
+        self._tasks = [
+            asyncio.create_task(self._publish_loop(), name="kvgate-sync-publish"),
+            asyncio.create_task(self._read_loop(), name="kvgate-sync-read"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.stats.up:  # say goodbye so peers drop our load now, not after the timeout
+            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+                fields = encode(self.member, time.time(), [], {}, bye=True)
+                await asyncio.wait_for(self._xadd(fields), self.settings.timeout_s)
+        await self._redis.aclose()
+
+    # -- publishing ---------------------------------------------------------------------------
+    def _batch(self, now: float) -> dict[bytes, bytes] | None:
+        routes = self._router.drain_outbox()
+        loads = self._own_loads()
+        beat = now - self._last_beat >= self.settings.heartbeat_s
+        if beat:  # everything peers should hold, and a sign of life
+            changed = {k: v for k, v in loads.items() if v or k in self._published}
+            self._last_beat = now
+        else:
+            changed = {k: v for k, v in loads.items() if self._published.get(k, _NONE) != v
+                       and (v or k in self._published)}
+        if not (routes or changed or beat):
+            return None
+        for k, v in changed.items():
+            if v:
+                self._published[k] = v
+            else:
+                self._published.pop(k, None)
+        return encode(self.member, time.time(), routes, changed)
+
+    async def _xadd(self, fields: dict[bytes, bytes]) -> None:
+        await self._redis.xadd(
+            self.key, fields, maxlen=self.settings.stream_maxlen, approximate=True  # type: ignore[arg-type]
+        )
+
+    async def _publish_loop(self) -> None:
+        """Publish at once when the router queued a route (routes queued while a write is in
+        flight go in the next batch: batches grow with load), and every flush interval for
+        load changes."""
+        interval = self.settings.flush_interval_s
+        wake = self._wake
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), interval)
+            wake.clear()
+            fields = self._batch(self._clock())
+            if fields is None:
+                continue
+            try:
+                await asyncio.wait_for(self._xadd(fields), self.settings.timeout_s)
+                self.stats.published += 1
+            except (TimeoutError, RedisError, OSError) as exc:
+                if b"r" in fields:
+                    self.stats.drop("unpublished", 1)
+                self._published.clear()  # re-send the whole load once Redis is back
+                self._last_beat = float("-inf")
+                self._down("publish", exc)
+                await asyncio.sleep(RETRY_S)
+
+    # -- reading ------------------------------------------------------------------------------
+    async def _catch_up(self) -> None:
+        """Apply the routes of the recent entries (their loads are old: not applied)."""
+        n = self.settings.catchup_entries
+        entries = cast(_Entries, await self._redis.xrevrange(self.key, count=n)) if n else []
+        if not entries:
+            self._last_id = b"0-0"  # an empty stream: read from its start
+            return
+        self._last_id = entries[0][0]
+        for _, fields in reversed(entries):
+            batch = self._decode(fields)
+            if batch is not None and batch.member != self.member:
+                self._apply_routes(batch)
+
+    async def _read_loop(self) -> None:
+        block_ms = int(min(self.settings.timeout_s, 0.5) * 1000)
+        count = self.settings.max_entries_per_tick
+        while True:
+            try:
+                reply = cast(list[tuple[bytes, _Entries]], await self._redis.xread(
+                    {self.key: self._last_id}, count=count, block=block_ms))
+                if not self.stats.up:
+                    log.info("shared routing state: Redis reachable again")
+                self.stats.up = True
+            except (RedisError, OSError) as exc:
+                self._down("read", exc)
+                await asyncio.sleep(RETRY_S)
+                continue
+            for _, entries in reply or ():
+                newest = _ms(entries[-1][0])
+                for entry_id, fields in entries:
+                    self._last_id = entry_id
+                    # loads older than the staleness bound (a backlog after an outage) are
+                    # history: their routes still count, their loads do not (Redis's clock)
+                    self._apply(fields, newest - _ms(entry_id) <= self._stale_ms)
+            await asyncio.sleep(0)  # bounded work per tick: let requests run between reads
+
+    def _decode(self, fields: Mapping[bytes, bytes]) -> Batch | None:
+        try:
+            return decode(fields)
+        except UnknownVersion:
+            self.stats.drop("version")
+        except BadRecord:
+            self.stats.drop("malformed")
+        return None
+
+    def _apply(self, fields: Mapping[bytes, bytes], current: bool = True) -> None:
+        batch = self._decode(fields)
+        if batch is None or batch.member == self.member:
+            return
+        router = self._router
+        if batch.bye:
+            if router.peers is not None:
+                router.peers.drop(batch.member)
+            self.stats.applied += 1
+            return
+        self._apply_routes(batch)
+        self.stats.applied += 1
+        if not current:
+            return
+        known = self._known
+        loads = {k: v for k, v in batch.loads.items() if known(k)}
+        router.apply_peer_load(batch.member, loads, self._clock())
+        self.stats.lag(max(0.0, time.time() - batch.sent_at))
+
+    def _apply_routes(self, batch: Batch) -> None:
+        known = self._known
+        routes = [r for r in batch.routes if known(r.replica)]
+        if len(routes) < len(batch.routes):
+            self.stats.drop("foreign", len(batch.routes) - len(routes))
+        if routes:
+            self._router.apply_peer_routes(routes, batch.member)
+
+    def _down(self, what: str, exc: BaseException) -> None:
+        if self.stats.up:
+            log.warning("shared routing state: Redis unavailable; routing on own state",
+                        extra={"during": what, "error": type(exc).__name__})
+        self.stats.up = False
+
+
+_NONE = ReplicaLoad(-1)  # "never published"
+
+
+def _ms(entry_id: bytes) -> int:
+    """The Redis-clock milliseconds of a stream entry id (``<ms>-<seq>``)."""
+    return int(entry_id.split(b"-", 1)[0])
