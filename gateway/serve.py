@@ -30,6 +30,7 @@ from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
 from gateway.logs import configure_logging
+from gateway.workers import WORKERS_NEED_REDIS, run_workers
 
 __all__ = [
     "NO_AUTH_WARNING", "NoDelayHttpTools", "bind_sockets", "build_parser", "check_auth",
@@ -53,6 +54,9 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--policy", help="routing policy (overrides routing.policy)")
     p.add_argument("--host", help="listen address (overrides server.host)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    p.add_argument("--workers", type=int,
+                   help="worker processes on the port (overrides server.workers; >1 needs "
+                        "KVGATE_REDIS_URL)")
     p.add_argument("--log-level", help="debug, info, warning, error")
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one JSON object per line or readable text (overrides server.log_format)")
@@ -73,6 +77,8 @@ def config_from_args(args: argparse.Namespace) -> KvgateConfig:
         server["host"] = args.host
     if args.port is not None:
         server["port"] = args.port
+    if getattr(args, "workers", None) is not None:
+        server["workers"] = args.workers
     if args.log_level:
         server["log_level"] = args.log_level
     if args.log_format:
@@ -116,6 +122,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"kvgate serve: {exc.message}", file=sys.stderr)
         return 2
+    if cfg.server.workers > 1 and cfg.redis_url is None:
+        print(f"kvgate serve: {WORKERS_NEED_REDIS}", file=sys.stderr)
+        return 2
     try:  # first: a port in use is the one line printed
         sockets = bind_sockets(cfg)
     except ListenError as exc:
@@ -125,6 +134,12 @@ def main(argv: list[str]) -> int:
         print(warning, file=sys.stderr, flush=True)
     for line in start_warnings(cfg):
         print(line, file=sys.stderr, flush=True)
+    if cfg.server.workers > 1:
+        return run_workers(cfg, sockets, _serve_one)
+    return run_server(cfg, "kvgate serve", sockets=sockets)
+
+
+def _serve_one(cfg: KvgateConfig, sockets: list[socket.socket]) -> int:
     return run_server(cfg, "kvgate serve", sockets=sockets)
 
 

@@ -6,6 +6,8 @@ under load loses nothing, both report degraded, and sharing resumes when it retu
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -15,7 +17,7 @@ import openai
 import pytest
 
 from tests.support.gateway import gateway_proc, metric_values, wait_for
-from tests.support.procs import Proc, free_port, redis_proc
+from tests.support.procs import KVGATE, Proc, free_port, redis_proc
 
 pytestmark = pytest.mark.slow
 
@@ -215,3 +217,41 @@ def test_redis_stopped_under_load_then_back(
 def _degraded(base: str) -> bool:
     doc = httpx.get(f"{base}/readyz", timeout=5).json()
     return bool(doc["sync"]["degraded"])
+
+
+def test_workers_of_one_gateway_decide_as_one(redis_url: str, fleet: list[str]) -> None:
+    """`server.workers 2`: one port, two processes; conversations keep their replica whichever
+    worker takes each turn (a new connection per request, so the kernel spreads them)."""
+    stack, (base,) = _gateways(redis_url, fleet, n=1, extra={"server": {"workers": 2}})
+    with stack:
+        members: set[str] = set()
+
+        def both_workers_up() -> bool:
+            with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+                doc = c.get(f"{base}/readyz", timeout=5).json()
+            members.add(doc["sync"]["member"])
+            return len(members) == 2 and doc["sync"]["peers"] == 1
+
+        wait_for(both_workers_up, what="two workers that see each other")
+        fresh = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0,
+                               timeout=30, http_client=fresh)
+        for c in range(4):
+            system = f"worker conversation {c}: " + " ".join(f"w-{c}-{i}" for i in range(160))
+            messages = [{"role": "system", "content": system}]
+            seen = []
+            for t in range(6):
+                messages.append({"role": "user", "content": f"turn {t}, go on"})
+                seen.append(_turn(client, messages))
+            assert len(set(seen)) == 1, seen
+        fresh.close()
+
+
+def test_workers_without_redis_are_refused(fleet: list[str]) -> None:
+    cmd = [*KVGATE, "serve", "--no-auth", "--host", "127.0.0.1", "--port", str(free_port()),
+           "--workers", "2", "--upstream", fleet[0]]
+    env = {**os.environ, "KVGATE_REDIS_URL": "", "KVGATE_CONFIG": ""}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "server.workers > 1 needs KVGATE_REDIS_URL" in done.stderr
+    assert "Traceback" not in done.stderr

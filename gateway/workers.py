@@ -1,0 +1,122 @@
+"""`server.workers`: several gateway processes serving one port, deciding as one.
+
+The parent binds the listening sockets once (a port in use is still one line), then forks
+the workers; each inherits the sockets and runs a whole gateway (its own event loop, pools,
+router and lifespan). The kernel hands each accepted connection to one of the processes
+waiting on the shared socket. The workers share routing state like separate gateway replicas
+do: through Redis (`gateway.fleet`), so ``workers > 1`` needs ``KVGATE_REDIS_URL``. With the
+in-memory store each worker would hold its own tenants, keys, limits and routing state, so
+that combination is refused at start.
+
+The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
+in-flight requests for ``server.shutdown_grace_s``), a worker that dies is started again,
+and a worker that fails at start stops them all (exit status 1).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from multiprocessing.process import BaseProcess
+from types import FrameType
+
+from gateway.config import KvgateConfig
+
+__all__ = ["WORKERS_NEED_REDIS", "run_workers"]
+
+log = logging.getLogger(__name__)
+
+WORKERS_NEED_REDIS = (
+    "server.workers > 1 needs KVGATE_REDIS_URL: the workers share tenants, limits and routing "
+    "state through Redis (with the in-memory store each would have its own)"
+)
+EARLY_EXIT_S = 5.0  # a worker that exits this soon after its start failed to start
+POLL_S = 0.2
+
+
+def run_workers(
+    cfg: KvgateConfig, sockets: list[socket.socket],
+    serve: Callable[[KvgateConfig, list[socket.socket]], int],
+) -> int:
+    """Run ``cfg.server.workers`` processes, each ``serve(cfg, sockets)``; supervise them."""
+    ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
+    workers: dict[int, tuple[BaseProcess, float]] = {}
+    stopping: list[int] = []
+
+    def start(slot: int) -> None:
+        proc = ctx.Process(target=_worker, args=(serve, cfg, sockets), name=f"kvgate-{slot}")
+        proc.start()
+        workers[slot] = (proc, time.monotonic())
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        stopping.append(signum)
+        for proc, _ in workers.values():
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGTERM)
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for slot in range(cfg.server.workers):
+            start(slot)
+        return _supervise(workers, stopping, start, stop)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for sock in sockets:
+            sock.close()
+
+
+def _supervise(
+    workers: dict[int, tuple[BaseProcess, float]], stopping: list[int],
+    start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
+) -> int:
+    status = 0
+    while workers:
+        time.sleep(POLL_S)
+        for slot, (proc, started) in list(workers.items()):
+            if proc.is_alive():
+                continue
+            proc.join()
+            del workers[slot]
+            if stopping:
+                continue
+            if time.monotonic() - started < EARLY_EXIT_S and proc.exitcode != 0:
+                print(f"kvgate serve: worker {slot} failed to start (exit {proc.exitcode}); "
+                      "stopping", file=sys.stderr, flush=True)
+                status = 1
+                stop(signal.SIGTERM, None)
+                continue
+            log.warning("worker exited; starting it again",
+                        extra={"worker": slot, "exitcode": proc.exitcode})
+            start(slot)
+    return status
+
+
+def _worker(
+    serve: Callable[[KvgateConfig, list[socket.socket]], int], cfg: KvgateConfig,
+    sockets: list[socket.socket],
+) -> None:
+    # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
+    # one SIGTERM (a second signal would make the server skip its graceful drain)
+    os.setpgrp()
+    _die_with_parent()
+    for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
+        signal.signal(s, signal.SIG_DFL)
+    sys.exit(serve(cfg, sockets))
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this worker when the supervisor dies (even by SIGKILL)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
