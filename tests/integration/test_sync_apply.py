@@ -1,0 +1,128 @@
+"""`RouteSync` against a real redis-server: catch-up at start, bounded work per event-loop
+turn on a backlog, foreign / malformed / unknown-version / own records, goodbye."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from gateway.fleet.records import encode
+from gateway.fleet.sync import RouteSync, SyncSettings
+from routing.peers import ReplicaLoad, RouteRecord
+from routing.router import Router, RouterConfig
+
+KEY = b"kvgate:routes"
+KNOWN = {"a:1", "b:1"}
+
+
+def _sync(url: str, router: Router, **settings: float) -> RouteSync:
+    return RouteSync(router, url, "kvgate", SyncSettings(**settings),  # type: ignore[arg-type]
+                     own_loads=dict, known=KNOWN.__contains__, clock=time.monotonic,
+                     member="me")
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    for _ in range(500):  # 5 s
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+async def _add(r: aioredis.Redis, fields: dict[bytes, bytes]) -> None:
+    await r.xadd(KEY, fields)  # type: ignore[arg-type]
+
+
+async def test_backlog_is_applied_in_bounded_steps(redis_url: str) -> None:
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, max_entries_per_tick=8, catchup_entries=0)
+    await sync.start()
+    try:
+        await asyncio.sleep(0.2)  # the reader waits for new entries
+        for i in range(200):
+            await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (i + 1, i + 2), 0)],
+                                 {"a:1": ReplicaLoad(1, 0, 0, 0.0)}))
+        samples = [sync.stats.applied]
+        while sync.stats.applied < 200:
+            await asyncio.sleep(0)  # one event-loop turn
+            samples.append(sync.stats.applied)
+        steps = [b - a for a, b in itertools.pairwise(samples)]
+        assert max(steps) <= 8  # never more than one read's worth per turn
+        assert router.state.index.entries("a:1") == 201
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_bad_foreign_own_and_future_records(redis_url: str) -> None:
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, catchup_entries=0)
+    await sync.start()
+    try:
+        await asyncio.sleep(0.2)
+        await _add(r, {b"v": b"1", b"m": b"peer", b"t": b"1.0", b"h": b"\x00" * 3,
+                       b"r": b"[[\"a:1\",0,1]]"})
+        await _add(r, {**encode("peer", time.time(), [], {}), b"v": b"9"})
+        await _add(r, encode("peer", time.time(), [RouteRecord("z:9", (5,), 0)], {}))
+        await _add(r, encode("me", time.time(), [RouteRecord("a:1", (6,), 0)], {}))
+        await _add(r, encode("peer", time.time(), [], {"b:1": ReplicaLoad(3, 0, 0, 0.0)}))
+        await _until(lambda: sync.stats.applied >= 2)
+        assert sync.stats.dropped == {"malformed": 1, "version": 1, "foreign": 1}
+        assert router.state.index.entries("a:1") == 0  # its own record is not applied again
+        assert router.peers is not None
+        assert router.peers.totals(time.monotonic())["b:1"].inflight == 3
+        await _add(r, encode("peer", time.time(), [], {}, bye=True))
+        peers = router.peers
+        await _until(lambda: not peers.members(time.monotonic()))
+        assert router.peers.totals(time.monotonic()) == {}  # a goodbye drops its load now
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_a_new_gateway_catches_up_on_routes_not_on_old_loads(redis_url: str) -> None:
+    r = aioredis.Redis.from_url(redis_url)
+    for i in range(50):
+        await _add(r, encode("old-peer", time.time(), [RouteRecord("a:1", (i + 1,), 0)],
+                             {"a:1": ReplicaLoad(9, 0, 0, 0.0)}))
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, catchup_entries=20)
+    await sync.start()
+    try:
+        assert router.state.index.entries("a:1") == 20  # warm from the last 20 entries
+        assert router.peers is not None and router.peers.totals(time.monotonic()) == {}
+        assert not sync.degraded
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    loads = {"a:1": ReplicaLoad(1, 1, 64, 64.0)}
+    sync = RouteSync(router, redis_url, "kvgate", SyncSettings(catchup_entries=0),
+                     own_loads=lambda: loads, known=KNOWN.__contains__, clock=time.monotonic,
+                     member="me")
+    await sync.start()
+    try:
+        from routing.types import RequestFeatures
+
+        router.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+        await _until(lambda: sync.stats.published >= 1)
+        entries = await r.xrange(KEY)
+        fields = entries[-1][1]
+        assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"] and b"a:1" in fields[b"l"]
+    finally:
+        await sync.stop()
+        await r.aclose()
+    r = aioredis.Redis.from_url(redis_url)
+    last = (await r.xrange(KEY))[-1][1]
+    await r.aclose()
+    assert b"b" in last  # a clean stop says goodbye

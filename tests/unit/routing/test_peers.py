@@ -1,0 +1,106 @@
+"""Shared routing state in the pure core: peers' loads summed and aged out, peers' routes in
+the affinity index, the outbox, and a continued conversation settling a peer's request."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.peers import PeerLoads, ReplicaLoad, RouteRecord
+from routing.router import Router, RouterConfig
+from routing.types import ReplicaView, RequestFeatures
+
+L1 = ReplicaLoad(1, 1, 100, 80.0)
+L2 = ReplicaLoad(2, 0, 0, 0.0)
+
+
+@pytest.mark.parametrize(("events", "now", "expected"), [
+    ([("a", {"r": L1}, 0.0)], 0.5, {"r": L1}),
+    ([("a", {"r": L1}, 0.0), ("b", {"r": L2}, 0.1)], 0.5, {"r": L1 + L2}),
+    ([("a", {"r": L1}, 0.0), ("a", {"r": L2}, 0.1)], 0.5, {"r": L2}),  # latest wins
+    ([("a", {"r": L1}, 0.0), ("a", {"r": ReplicaLoad()}, 0.1)], 0.5, {}),  # back to zero
+    ([("a", {"r": L1}, 0.0)], 2.5, {}),  # aged out
+    ([("a", {"r": L1}, 0.0), ("a", {}, 2.0)], 2.5, {"r": L1}),  # a heartbeat keeps it
+    ([("a", {"r": L1}, 0.0), ("b", {"s": L2}, 2.0)], 2.5, {"s": L2}),  # one ages out
+])
+def test_peer_loads(
+    events: list[tuple[str, dict[str, ReplicaLoad], float]], now: float,
+    expected: dict[str, ReplicaLoad],
+) -> None:
+    peers = PeerLoads(stale_after_s=2.0)
+    for member, loads, at in events:
+        peers.apply(member, loads, at)
+    assert dict(peers.totals(now)) == expected
+
+
+def test_drop_settle_and_members() -> None:
+    peers = PeerLoads(2.0)
+    peers.apply("a", {"r": ReplicaLoad(2, 1, 50, 40.0)}, 0.0)
+    peers.apply("b", {"r": L2}, 0.0)
+    assert peers.member_ids(1.0) == ("a", "b")
+    peers.settle("a", "r")
+    assert peers.totals(1.0)["r"].inflight == 3
+    peers.drop("b")
+    assert peers.totals(1.0)["r"] == ReplicaLoad(1, 1, 50, 40.0)
+    assert peers.members(5.0) == 0
+
+
+def test_stale_bound_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        PeerLoads(0.0)
+
+
+def _views(inflight: dict[str, int] | None = None) -> list[ReplicaView]:
+    inflight = inflight or {}
+    return [ReplicaView(id=r, pool="p", inflight=inflight.get(r, 0)) for r in ("a", "b", "c")]
+
+
+def _features(hashes: tuple[int, ...], tokens: int = 0) -> RequestFeatures:
+    return RequestFeatures(model="m", block_hashes=hashes,
+                           prompt_tokens=tokens or 64 * len(hashes) + 10, prefix_key=hashes[-1])
+
+
+def test_a_peers_route_attracts_the_next_turn() -> None:
+    gw_a, gw_b = Router(RouterConfig()), Router(RouterConfig())
+    gw_a.enable_sharing(2.0, "a")
+    gw_b.enable_sharing(2.0, "b")
+    chain = tuple(range(100, 140))
+    first = gw_a.pick(_features(chain), _views(), 0.0)
+    gw_a.record_route(first.replica, _features(chain), 0.0)
+    outbox = gw_a.drain_outbox()
+    assert outbox == [RouteRecord(first.replica, chain, 0)] and gw_a.drain_outbox() == []
+    gw_b.apply_peer_routes(outbox, "a")
+    nxt = gw_b.pick(_features((*chain, 999)), _views(), 0.1)
+    assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
+    assert gw_b.peer_decisions == 1
+
+
+def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "b")
+    chain = tuple(range(7, 47))
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
+    # the holder of the prefix has 6 requests of peer 'a' in flight: over the bound
+    router.apply_peer_load("a", {"a": ReplicaLoad(6, 0, 0, 0.0)}, 0.0)
+    other = tuple(range(1000, 1040))  # a different conversation: it must not settle them
+    assert router.pick(_features(other), _views(), 0.1).replica != "a"
+    decision = router.pick(_features(chain[:30]), _views(), 0.1)
+    assert decision.replica != "a" and decision.reason == "overflow"
+
+
+def test_a_continued_chain_settles_the_peers_finished_request() -> None:
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "b")
+    chain = tuple(range(7, 47))
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
+    # peer 'a' still says 1 in flight on replica a: the previous turn, whose 'finished'
+    # record is on its way (over the bound of an otherwise idle pool: it would overflow)
+    router.apply_peer_load("a", {"a": ReplicaLoad(1, 0, 0, 0.0)}, 0.0)
+    decision = router.pick(_features((*chain, 5, 6)), _views(), 0.1)
+    assert decision.replica == "a" and decision.reason == "prefix-hit"
+    assert router.peers is not None and "a" not in router.peers.totals(0.1)
+
+
+def test_without_sharing_there_is_no_outbox() -> None:
+    router = Router(RouterConfig())
+    router.record_route("a", _features((1, 2, 3)), 0.0)
+    assert router.drain_outbox() == []
