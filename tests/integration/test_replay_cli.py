@@ -52,6 +52,7 @@ def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> Non
         assert tuple(header) == COLUMNS
         assert len(result.stdout.splitlines()) == 1 + 4  # one row per policy
         assert "policy cache_aware: done" in result.stderr  # progress, one line per phase
+        assert "policy round_robin: 120/120 requests" in result.stderr  # and per 10 %
         assert list(tmp_path.iterdir()) == []  # nothing lands in the working directory
         written = set(RESULTS.glob("replay-*.json")) - before
         assert len(written) == 1
