@@ -42,6 +42,13 @@ def test_readme_replay_commands_use_a_trace_that_exists() -> None:
         assert (ROOT / trace).is_file(), trace
 
 
+def test_the_table_has_the_readmes_columns() -> None:
+    readme = (ROOT / "README.md").read_text()
+    described = re.search(r"a table with the columns (.*?)`--json", readme, re.S)
+    assert described, "the README describes the replay table's columns"
+    assert tuple(re.findall(r"`([^`]+)`", described.group(1))) == COLUMNS
+
+
 def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> None:
     before = set(RESULTS.glob("replay-*.json"))
     result = replay(str(ROOT / SAMPLE), "--offline", "--replicas", "4", "--policy", "all",
