@@ -144,9 +144,11 @@ class GatewayApp:
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> None:
         """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
-        and replica addresses stay off the public port) and /healthz only."""
+        and replica addresses stay off the public port), /healthz and /readyz only."""
         if path == "/healthz":
             return await _respond(send, *self._healthz())
+        if path == "/readyz":
+            return await _respond(send, *self._readyz())
         if path == "/metrics":
             return await _respond(send, *self._metrics_page())
         if not await self._to_mount(scope, receive, send, path):

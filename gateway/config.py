@@ -31,6 +31,7 @@ from routing.config import RouterConfig
 from routing.policies import REGISTRY
 
 __all__ = [
+    "EppSection",
     "HealthConfig",
     "KvgateConfig",
     "RoutingSection",
@@ -182,6 +183,18 @@ class SyncSection(_Section):
         return self
 
 
+class EppSection(_Section):
+    """`kvgate epp`: kvgate as the endpoint picker of an Envoy-based gateway (gateway/epp/).
+    The HTTP port (`server.admin_port`, default 9090 there) serves /metrics, /readyz and the
+    admin API; the requests themselves come through Envoy's ext_proc stream on `port`."""
+
+    port: Annotated[int, Field(ge=0, le=65535)] = 9002  # gRPC: ext_proc and health
+    # endpoints after the first in x-gateway-destination-endpoint, tried in order by a data
+    # plane that takes a list (Envoy's override_host policy); an ORIGINAL_DST cluster takes
+    # exactly one, so the default is none
+    fallbacks: Annotated[int, Field(ge=0, le=9)] = 0
+
+
 class TenantBootstrap(_Section):
     id: str
     tier: str = "default"
@@ -199,6 +212,7 @@ class KvgateConfig(PolicyDoc):
     tenants: list[TenantBootstrap] = Field(default_factory=list)
     tenancy: TenancySection = Field(default_factory=TenancySection)
     sync: SyncSection = Field(default_factory=SyncSection)
+    epp: EppSection = Field(default_factory=EppSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
