@@ -158,7 +158,7 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
                                                                    end_of_stream=True)))
     headers, _ = await _answers(call, 2)
-    primary, fallback = _set(headers)[DESTINATION].decode().split(",")
+    _, fallback = _set(headers)[DESTINATION].decode().split(",")
     served = Struct()
     served.update({"x-gateway-destination-endpoint-served": fallback})
     await call.write(pb.ProcessingRequest(
