@@ -31,7 +31,6 @@ from routing.config import RouterConfig
 from routing.policies import REGISTRY
 
 __all__ = [
-    "EppSection",
     "HealthConfig",
     "KvgateConfig",
     "RoutingSection",
@@ -183,6 +182,12 @@ class SyncSection(_Section):
         return self
 
 
+class TenantBootstrap(_Section):
+    id: str
+    tier: str = "default"
+    salt_group: str | None = None
+
+
 class EppSection(_Section):
     """`kvgate epp`: kvgate as the endpoint picker of an Envoy-based gateway (gateway/epp/).
     The HTTP port (`server.admin_port`, default 9090 there) serves /metrics, /readyz and the
@@ -195,12 +200,6 @@ class EppSection(_Section):
     fallbacks: Annotated[int, Field(ge=0, le=9)] = 0
 
 
-class TenantBootstrap(_Section):
-    id: str
-    tier: str = "default"
-    salt_group: str | None = None
-
-
 class KvgateConfig(PolicyDoc):
     """The whole configuration. `pools`, `models`, `tiers` come from `PolicyDoc`."""
 
@@ -209,10 +208,10 @@ class KvgateConfig(PolicyDoc):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     routing: RoutingSection = Field(default_factory=RoutingSection)
+    epp: EppSection = Field(default_factory=EppSection)
     tenants: list[TenantBootstrap] = Field(default_factory=list)
     tenancy: TenancySection = Field(default_factory=TenancySection)
     sync: SyncSection = Field(default_factory=SyncSection)
-    epp: EppSection = Field(default_factory=EppSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
