@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("gateway.config_cli", "check and print the effective configuration"),
     "replay": ("loadtest.replay.cli", "replay a trace live or offline against routing policies"),
     "admin": ("gateway.admin_cli", "talk to a running gateway's admin API"),
+    "doctor": ("gateway.doctor.cli", "diagnose a running gateway: findings, cache return"),
 }
 
 

@@ -31,6 +31,7 @@ from routing.config import RouterConfig
 from routing.policies import REGISTRY
 
 __all__ = [
+    "DoctorSection",
     "HealthConfig",
     "KvgateConfig",
     "RoutingSection",
@@ -182,6 +183,23 @@ class SyncSection(_Section):
         return self
 
 
+class DoctorSection(_Section):
+    """`kvgate doctor`'s rolling history in the gateway process (gateway/doctor/)."""
+
+    interval_s: Annotated[float, Field(ge=0.05, le=60)] = 1.0  # one snapshot per interval
+    history_s: Annotated[float, Field(ge=10, le=86_400)] = 900.0  # the longest window
+    # overrides of the threshold table by name (docs/doctor.md)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known(cls, value: dict[str, float]) -> dict[str, float]:
+        from gateway.doctor.thresholds import Thresholds
+
+        Thresholds(value)  # ValueError naming the unknown threshold
+        return value
+
+
 class TenantBootstrap(_Section):
     id: str
     tier: str = "default"
@@ -212,6 +230,7 @@ class KvgateConfig(PolicyDoc):
     tenants: list[TenantBootstrap] = Field(default_factory=list)
     tenancy: TenancySection = Field(default_factory=TenancySection)
     sync: SyncSection = Field(default_factory=SyncSection)
+    doctor: DoctorSection = Field(default_factory=DoctorSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None

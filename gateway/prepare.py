@@ -20,6 +20,7 @@ from dataclasses import replace
 from time import perf_counter
 
 from gateway.body import ParsedBody, parse_body, rewrite_body
+from gateway.doctor.sharing import PrefixSharing
 from gateway.errors import NoReplicaAvailable
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
@@ -46,6 +47,7 @@ class Preparer:
         self._clock = clock
         self._gate = gate
         self._responses = responses
+        self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
 
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
@@ -109,6 +111,8 @@ class Preparer:
                 raise NoReplicaAvailable(
                     f"No healthy replica for the model `{parsed.model}`.", retry_after=1
                 ) from None
+        if self.sharing is not None:
+            self.sharing.observe(pool.name, decision.replica, plan.features)
         return decision, upstream_body
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
