@@ -41,8 +41,14 @@ def replica_of(raw: object) -> str:
 def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> None:
     (a, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"],
-                            env={"KVGATE_HEALTH__INTERVAL_S": "60"})  # only requests notice
+                            env={"KVGATE_HEALTH__INTERVAL_S": "60",  # only requests notice
+                                 # and an ejection lasts the test (not 0.2 s: half-open again)
+                                 "KVGATE_HEALTH__EJECT_BASE_S": "60",
+                                 "KVGATE_HEALTH__EJECT_MAX_S": "60"})
     with gw:
+        # the health monitor probes every replica once at start: let that round end first,
+        # or on a loaded machine it may be the one that finds `a` dead (no request would)
+        time.sleep(1.0)
         a.kill()  # connection refused from now on; the gateway has not noticed yet
         c = client(base)
         for _ in range(6):
