@@ -16,7 +16,8 @@ decoding and applying the same records) as the alternative the design rejected.
 ``--workers`` (live): one gateway with ``server.workers`` 1 then 2 (Redis on), 4 fast
 simulated replicas, saturating non-streamed load: requests/s and gateway CPU per request.
 
-Written to ``loadtest/results/bench_sync.md`` (+ ``bench_sync_offline.png``).
+Written to ``loadtest/results/bench_sync_offline.md`` (+ ``bench_sync_offline.png``) and
+``bench_sync_live.md``.
 """
 
 from __future__ import annotations
@@ -204,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     if every or args.workers:
         workers(rep, 3000 if args.quick else 12000)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "bench_sync.md").write_text("\n".join(rep.lines) + "\n")
+    parts = [n for n, on in (("offline", args.offline), ("live", args.cost or args.workers))
+             if on or every]
+    (RESULTS / f"bench_sync_{'_'.join(parts)}.md").write_text("\n".join(rep.lines) + "\n")
     return 0
 
 

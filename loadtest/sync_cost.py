@@ -176,7 +176,8 @@ def _tree_cpu(pid: int) -> float:
 
     total = cpu_seconds(pid)
     try:
-        kids = open(f"/proc/{pid}/task/{pid}/children").read().split()
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            kids = f.read().split()
     except OSError:
         kids = []
     return total + sum(_tree_cpu(int(k)) for k in kids)
