@@ -30,9 +30,9 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from loadtest.bench_overhead import Report
 from loadtest.fleet import free_port
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.summary import summarize
@@ -43,15 +43,6 @@ __all__ = ["main"]
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
-
-
-@dataclass
-class Report:
-    lines: list[str] = field(default_factory=list)
-
-    def add(self, line: str = "") -> None:
-        print(line, flush=True)
-        self.lines.append(line)
 
 
 # -- offline: routing quality of N gateways -----------------------------------------------------
