@@ -176,6 +176,29 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     await call.done_writing()
 
 
+async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:
+    """Envoy's own 503 (no upstream answered) reaches the client as an OpenAI error."""
+    body = _chat("to a dead replica")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    await _answers(call, 2)
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "503", "content-type": "text/plain", "content-length": "19"})))
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b"no healthy upstream", end_of_stream=True)))
+    headers, answer = await _answers(call, 2)  # the headers wait for the body
+    mutation = headers.response_headers.response.header_mutation
+    added = {h.header.key: h.header.raw_value for h in mutation.set_headers}
+    assert added["content-type"] == b"application/json" and added["retry-after"] == b"1"
+    assert list(mutation.remove_headers) == ["content-length"]
+    shaped = orjson.loads(answer.response_body.response.body_mutation.streamed_response.body)
+    assert shaped["error"]["type"] == "ServiceUnavailableError"
+    assert shaped["error"]["code"] == 503
+    await call.done_writing()
+
+
 async def test_oversized_and_unknown_requests_are_refused_at_once(stub: Any) -> None:
     call = stub.Process()
     await call.write(pb.ProcessingRequest(request_headers=_headers(
