@@ -357,7 +357,9 @@ class Exchange:
         req = self.req
         if req is None:
             return
-        if self._lease is not None and req.status == 200 and not self._lease.answered:
+        if req.status == 0:
+            req.status = 499  # the exchange ended before any answer (the client left)
+        elif self._lease is not None and req.status == 200 and not self._lease.answered:
             req.status = 502  # the answer was cut before it began
         self._detach()
         await self._core.prep.finish(req, log)
