@@ -42,7 +42,10 @@ def stack() -> Iterator[Stack]:
     try:
         sim, url = sim_proc(None, "--time-scale", "20", model=MODEL)
         procs.append(sim.start())
-        config = {"pools": {"default": {"served_model": MODEL, "replicas": [url]}}}
+        # an ejected replica stays out 5 s (no half-open trial request during the test)
+        config = {"pools": {"default": {"served_model": MODEL, "replicas": [url]}},
+                  "health": {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 1,
+                             "eject_base_s": 5, "eject_max_s": 5}}
         epp = epp_proc(config=config)
         procs.append(epp.start())
         closed, close_base = envoy_proc(epp.picker)
@@ -71,7 +74,7 @@ def test_no_ready_endpoint_is_a_503_from_the_picker(stack: Stack) -> None:
     finally:
         httpx.post(f"{stack.sim}/sim/faults", json={"dead": False}, timeout=5)
     wait_for(lambda: httpx.get(f"{stack.epp.base}/readyz", timeout=5).status_code == 200,
-             what="the replica back")
+             timeout=30, what="the replica back")
 
 
 def _logged(sim: str) -> int:
