@@ -8,8 +8,9 @@ the last core, the replicas and the load generator on the other core(s). Printed
 to ``loadtest/results/bench_epp.md``:
 
 - CPU per request (utime+stime from ``/proc``) of kvgate serve, of Envoy alone (round robin),
-  and of Envoy + kvgate epp (each process apart), non-streamed and streamed (16 tokens), at
-  concurrency 16 and 64, with requests/s;
+  of Envoy + a picker that does nothing (`loadtest.null_picker`: the ext_proc protocol's own
+  cost in Python) and of Envoy + kvgate epp (each process apart), non-streamed and streamed
+  (16 tokens), at concurrency 16 and 64, with requests/s;
 - added p50/p99 latency and TTFT (first SSE event) against direct, replicas answering after
   100-200 ms;
 - prefix pinning and balance: 8 groups of requests sharing a long prefix, through the HTTP
@@ -123,24 +124,28 @@ def stack(replicas: int, time_scale: float) -> Iterator[tuple[list[str], list[Ta
         epp = start([*KVGATE, "epp", "--port", str(grpc_port), "--http-port", str(epp_http),
                      *common], edge)
         endpoints = [u.removeprefix("http://") for u in urls]
+        null_port = free_port()
+        null = start([sys.executable, "-m", "loadtest.null_picker", str(null_port), *endpoints],
+                     edge)
         targets = [Target("kvgate HTTP proxy", f"http://127.0.0.1:{http_port}",
                           {"kvgate": serve.pid})]
-        for name, config in (
-            ("Envoy alone (round robin)", _plain_envoy),
-            ("Envoy + kvgate epp", None),
+        for name, picker in (
+            ("Envoy alone (round robin)", None),
+            ("Envoy + null picker (protocol floor)", (null_port, null.pid, "null picker")),
+            ("Envoy + kvgate epp", (grpc_port, epp.pid, "kvgate epp")),
         ):
             port, admin = free_port(), free_port()
-            if config is None:
-                doc = envoy_config(listen_port=port, picker=f"127.0.0.1:{grpc_port}",
-                                   listen_host="127.0.0.1", admin_port=admin)
+            if picker is None:
+                doc = _plain_envoy(port, admin, endpoints)
             else:
-                doc = config(port, admin, endpoints)
+                doc = envoy_config(listen_port=port, picker=f"127.0.0.1:{picker[0]}",
+                                   listen_host="127.0.0.1", admin_port=admin)
             path = Path(tmp) / f"envoy-{port}.yaml"
             path.write_text(render(doc))
             proc = start([envoy, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
                           "--log-level", "error"], edge)
             assert wait_http(f"http://127.0.0.1:{admin}/ready", 30), name
-            pids = {"envoy": proc.pid} | ({"kvgate epp": epp.pid} if config is None else {})
+            pids = {"envoy": proc.pid} | ({picker[2]: picker[1]} if picker else {})
             targets.append(Target(name, f"http://127.0.0.1:{port}", pids))
         assert wait_http(f"http://127.0.0.1:{http_port}/readyz", 30)
         assert wait_http(f"http://127.0.0.1:{epp_http}/readyz", 30)
@@ -243,7 +248,7 @@ def pinning(targets: list[Target], rep: Report) -> None:
             "(even: 25%) |")
     rep.add("|---|---|---|")
     for t in targets:
-        if t.name.startswith("Envoy alone"):
+        if "kvgate" not in t.name:
             continue
         pinned, share = asyncio.run(_pinning(t.base, groups, per_group))
         rep.add(f"| {t.name} | {pinned:.0%} | {share:.0%} |")

@@ -283,12 +283,13 @@ class Exchange:
         out = scanner.feed(chunk) if chunk else b""
         if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
             self._event(out, lease, req)
-            if scanner.usage is not None and req.usage is None:
-                # now: a client that leaves at [DONE] may end the exchange before the end
-                self._usage(scanner.usage, req)
         if end:
             out += scanner.flush()
             self._stream_ended(scanner, req)
+        if scanner.usage is not None and req.usage is None:
+            # as soon as it is seen: a client that leaves at [DONE] may end the exchange
+            # before Envoy sends the end of the stream
+            self._usage(scanner.usage, req)
         return wire.body_responses(out, end) if out or end else ()
 
     def _event(self, out: bytes, lease: Lease, req: ProxiedRequest) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.type.v3.http_status_pb2 import HttpStatus
-from google.protobuf.struct_pb2 import Struct
+from google.protobuf.struct_pb2 import Struct, Value
 
 __all__ = [
     "CHUNK_BYTES", "DESTINATION", "DESTINATION_SERVED", "LB_NAMESPACE", "SUBSET_KEY",
@@ -86,8 +86,8 @@ def destination_response(
 ) -> pb.ProcessingResponse:
     """The answer to the request headers: where to send it (header and metadata, one value),
     the new body's length, the upstream's headers; the route is re-evaluated."""
-    meta = Struct()
-    meta.update({LB_NAMESPACE: {DESTINATION: destination}})
+    meta = Struct(fields={LB_NAMESPACE: Value(struct_value=Struct(
+        fields={DESTINATION: Value(string_value=destination)}))})
     headers = [(DESTINATION, destination.encode()),
                ("content-length", str(body_length).encode()), *set_headers]
     return pb.ProcessingResponse(
