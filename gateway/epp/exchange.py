@@ -44,6 +44,7 @@ from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.stored import StoredResponses, match_stored
 from gateway.tenancy.resolver import Principal, parse_bearer
 from routing.router import Router
 
@@ -64,6 +65,7 @@ class PickerCore:
     responses: ResponseStore
     clock: Callable[[], float]
     page: Callable[[str], Page | None]  # GET pages kvgate answers itself (/v1/models ...)
+    stored: StoredResponses  # where a stored Responses-API response lives
     new_id: Callable[[], bytes]
     fallbacks: int  # endpoints after the first in the destination (0: the first only)
 
@@ -83,7 +85,7 @@ class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
     __slots__ = ("_chunks", "_core", "_held", "_lease", "_principal", "_scanner", "_size",
-                 "_subset", "_whole", "order", "req", "sse")
+                 "_stored", "_subset", "_whole", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -98,6 +100,7 @@ class Exchange:
         self._scanner: StreamScanner | None = None
         self._held: list[bytes] | None = None  # an error answer, re-shaped at its end
         self._whole: list[bytes] = []  # a whole (non-SSE) answer, read at its end
+        self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
 
     # -- request path ----------------------------------------------------------------------
     def request_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
@@ -105,6 +108,8 @@ class Exchange:
         core = self._core
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
+        if kind is None and match_stored(path):
+            return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
             return [self._not_proxied(path, method)]
         if not req_id or len(req_id) > 128 or not req_id.isascii():
@@ -123,6 +128,8 @@ class Exchange:
 
     async def request_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         body = msg.request_body
+        if self._stored is not None:  # already sent on: the body passes as it is
+            return wire.body_responses(body.body, body.end_of_stream, request=True)
         if body.body:
             self._chunks.append(body.body)
             self._size += len(body.body)
@@ -161,13 +168,21 @@ class Exchange:
         req.route = "spill" if req.spilled else decision.reason
         self._attach(self.order[0])
         core.metrics.pre_upstream.observe(perf_counter() - req.t0)
-        creds = pool.headers.get("Authorization")
-        set_headers = [("authorization", creds.encode())] if creds else []
+        set_headers, remove = _credentials(pool.headers.get("Authorization"))
         set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id)]
-        remove = () if creds else ("authorization",)  # the client's key stays here
         destination = ",".join(endpoint(r) for r in self.order)
         return [wire.destination_response(destination, len(upstream), set_headers, remove),
                 *wire.body_responses(upstream, end, request=True)]
+
+    def _to_stored(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
+        """``GET /v1/responses/{id}``, ``POST .../cancel``: to the replica that holds it."""
+        try:
+            pool, replica = self._core.stored.locate(path, method, token)
+        except KvgateError as exc:
+            return self._refuse(exc)
+        self._stored = f"{pool.name}/{replica.id}"
+        set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
     def _not_proxied(self, path: str, method: str) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
@@ -230,7 +245,7 @@ class Exchange:
     def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         req = self.req
         if req is None or self._lease is None:
-            return [wire.headers_response()]
+            return [wire.headers_response(self._stored_headers())]
         status, content_type = _status(msg.response_headers.headers.headers)
         self._served_by(wire.served_endpoint(msg))
         req.status = status
@@ -265,6 +280,13 @@ class Exchange:
         if self._held is not None:  # the body ended without an end-of-stream message
             out = [*self._error_answer(end=False)]
         return [*out, wire.trailers_response(request=False)]
+
+    def _stored_headers(self) -> list[wire.Header]:
+        server = self._core.cfg.server
+        if self._stored is None:
+            return []
+        out = [("x-kvgate-replica", self._stored.encode())] if server.replica_header else []
+        return out + ([("x-kvgate-route", b"response-affinity")] if server.route_header else [])
 
     def _headers(self) -> list[wire.Header]:
         req, server = self.req, self._core.cfg.server
@@ -364,6 +386,13 @@ class Exchange:
             req.status = 502  # the answer was cut before it began
         self._detach()
         await self._core.prep.finish(req, log)
+
+
+def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]:
+    """The pool's vLLM key replaces the client's (which never reaches a replica)."""
+    if creds:
+        return [("authorization", creds.encode())], ()
+    return [], ("authorization",)
 
 
 def _scan(headers: Any) -> tuple[str, str, str | None, bytes, int | None]:

@@ -109,6 +109,7 @@ class EppApp(GatewayApp):
         core = PickerCore(
             cfg=self.cfg, prep=self.proxy.prep, router=self.router, metrics=self.metrics,
             responses=self.proxy.responses, clock=self.clock, page=self._public_page,
+            stored=self.proxy.stored,
             new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
             fallbacks=self.cfg.epp.fallbacks,
         )

@@ -82,14 +82,17 @@ def served_endpoint(msg: pb.ProcessingRequest) -> str | None:
 
 
 def destination_response(
-    destination: str, body_length: int, set_headers: Sequence[Header], remove: Sequence[str],
+    destination: str, body_length: int | None, set_headers: Sequence[Header],
+    remove: Sequence[str],
 ) -> pb.ProcessingResponse:
     """The answer to the request headers: where to send it (header and metadata, one value),
-    the new body's length, the upstream's headers; the route is re-evaluated."""
+    the new body's length (None: the body passes unchanged), the upstream's headers; the
+    route is re-evaluated."""
     meta = Struct(fields={LB_NAMESPACE: Value(struct_value=Struct(
         fields={DESTINATION: Value(string_value=destination)}))})
-    headers = [(DESTINATION, destination.encode()),
-               ("content-length", str(body_length).encode()), *set_headers]
+    headers = [(DESTINATION, destination.encode()), *set_headers]
+    if body_length is not None:
+        headers.append(("content-length", str(body_length).encode()))
     return pb.ProcessingResponse(
         request_headers=pb.HeadersResponse(response=pb.CommonResponse(
             clear_route_cache=True,

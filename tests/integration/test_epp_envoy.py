@@ -62,7 +62,7 @@ def stack() -> Iterator[Stack]:
     try:
         urls = []
         for _ in range(REPLICAS):
-            sim, url = sim_proc(None, "--time-scale", "5", model=MODEL)
+            sim, url = sim_proc(None, "--time-scale", "5", "--enable-store", model=MODEL)
             procs.append(sim.start())
             urls.append(url)
         config = {"pools": {"default": {"served_model": MODEL, "replicas": urls}},
@@ -199,6 +199,30 @@ async def test_a_burst_of_identical_requests_spreads_within_the_bound(
     # bounded load: at assignment, load <= 1.25 x mean + 1, so at most 1.25 x 16/4 + 1 = 6
     assert max(counts.values()) <= 6, counts
     assert len(counts) >= 3, counts
+
+
+def test_stored_responses_are_reached_through_the_picker(stack: Stack, key: str) -> None:
+    """previous_response_id follow-ups and GET /v1/responses/{id} go to the replica that
+    stores the response; another tenant does not find it."""
+    client = stack.client(key)
+    first = client.responses.create(model=MODEL, input="Hello", max_output_tokens=4)
+    prev, homes = first.id, set()
+    for i in range(3):
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input=f"and then {i}?", previous_response_id=prev, max_output_tokens=4)
+        prev = raw.parse().id
+        homes.add(raw.headers["x-kvgate-replica"])
+        assert raw.headers["x-kvgate-route"] == "response-affinity"
+    assert len(homes) == 1
+    got = client.responses.with_raw_response.retrieve(first.id)
+    assert got.parse().id == first.id and got.parse().output_text == first.output_text
+    assert got.headers["x-kvgate-replica"] in homes
+    with pytest.raises(openai.BadRequestError):  # the replica's answer: it has finished
+        client.responses.cancel(prev)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_never_made_here")
+    with pytest.raises(openai.NotFoundError):
+        stack.client(stack.tenant()[1]).responses.retrieve(first.id)
 
 
 def test_a_bad_key_is_a_401_from_the_picker(stack: Stack) -> None:
