@@ -10,9 +10,11 @@ starts, so a port in use is one line.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import socket
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
 from gateway.config import KvgateConfig
 from gateway.errors import ConfigError
@@ -25,7 +27,7 @@ from gateway.serve import (
     start_warnings,
 )
 
-__all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main"]
+__all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts"]
 
 DEFAULT_HTTP_PORT = 9090
 
@@ -69,6 +71,26 @@ def load(args: argparse.Namespace) -> KvgateConfig:
     return cfg
 
 
+def named_hosts(cfg: KvgateConfig) -> list[str]:
+    """A warning for replicas listed by host name: the data plane connects to the address
+    the picker names (an ORIGINAL_DST cluster takes an IP, an override_host cluster the
+    address of one of its endpoints), so replicas must be listed by IP."""
+    named = sorted({urlsplit(url).hostname or url for pc in cfg.pools.values()
+                    for url in pc.replicas if not _is_ip(urlsplit(url).hostname or "")})
+    if not named:
+        return []
+    return [f"kvgate epp: warning: replicas listed by name ({', '.join(named)}); Envoy needs "
+            "their IP addresses (http://IP:PORT) in x-gateway-destination-endpoint"]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def _check_free(host: str, port: int) -> None:
     """The gRPC port must be free (grpc binds it later, inside the start-up)."""
     if port == 0:
@@ -100,7 +122,7 @@ def main(argv: list[str]) -> int:
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    for line in start_warnings(cfg):
+    for line in [*start_warnings(cfg), *named_hosts(cfg)]:
         print(line, file=sys.stderr, flush=True)
     from gateway.epp.server import EppApp  # the protos load only here
 
