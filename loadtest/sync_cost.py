@@ -83,7 +83,7 @@ class _PubSub:
 
     async def stop(self) -> None:
         self.task.cancel()
-        await self.sub.aclose()
+        await self.sub.aclose()  # type: ignore[no-untyped-call]
         await self.redis.aclose()
 
 
@@ -187,6 +187,10 @@ def workers_run(redis_url: str, workers: int, n: int) -> tuple[float, float, int
     """(req/s, gateway CPU µs per request, errors) for one gateway with `workers`."""
     from loadtest.bench_overhead import run_level
 
+    import redis
+
+    # a fresh store: the policy a previous run seeded (its replicas) would win over --upstream
+    redis.Redis.from_url(redis_url).flushall()
     procs: list[subprocess.Popen[bytes]] = []
     env = {**os.environ, "KVGATE_CONFIG": "", "KVGATE_REDIS_URL": redis_url}
     try:
