@@ -185,9 +185,9 @@ def _tree_cpu(pid: int) -> float:
 
 def workers_run(redis_url: str, workers: int, n: int) -> tuple[float, float, int]:
     """(req/s, gateway CPU µs per request, errors) for one gateway with `workers`."""
-    from loadtest.bench_overhead import run_level
-
     import redis
+
+    from loadtest.bench_overhead import run_level
 
     # a fresh store: the policy a previous run seeded (its replicas) would win over --upstream
     redis.Redis.from_url(redis_url).flushall()
