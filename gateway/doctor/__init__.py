@@ -4,7 +4,7 @@
 |---|---|
 | `thresholds.py` | the one threshold table (docs/doctor.md shows it); config overrides by name |
 | `history.py` | the rolling history: a compact tick per ``doctor.interval_s``; the `Sampler` task |
-| `sharing.py` | prefix sharing the traffic allows, sampled at routing time (1 request in 8) |
+| `sharing.py` | prefix sharing the traffic allows, sampled at routing time (25-50 requests/s) |
 | `window.py` | a window of ticks reduced to numbers per replica, pool, process and tenant |
 | `classify.py` | pure rules: findings (class, severity, evidence, one action) |
 | `cache.py` | cache return per tenant and per pool, with a verdict |

@@ -38,7 +38,7 @@ __all__ = [
 CLASSES = ("KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing", "gateway",
            "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
-MIN_SAMPLES = 5  # spreads between replicas are judged over at least this many ticks
+MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
 
 
 @dataclass
@@ -132,7 +132,7 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Find
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
         out.append(scrape)
-    if r.fresh == 0 or not _active(r, th):
+    if r.fresh < MIN_SAMPLES or not _active(r, th):
         if not out:
             out.append(_healthy_replica(r, th, idle=True))
         return out
@@ -249,6 +249,11 @@ def _queue_bound(r: ReplicaStats, th: Thresholds) -> Finding:
 
 
 def _healthy_replica(r: ReplicaStats, th: Thresholds, idle: bool) -> Finding:
+    if idle and r.fresh < MIN_SAMPLES:
+        return Finding("healthy", "ok", r.pool, r.id,
+                       f"not judged yet: {r.fresh} fresh samples in the window (< {MIN_SAMPLES})",
+                       "none", [_ev("kvgate_replica_scrape_age_seconds", "fresh samples",
+                                    float(r.fresh))])
     if idle:
         started = f"{r.requests:.0f}" if _ok(r.requests) else "no"
         return Finding("healthy", "ok", r.pool, r.id,
@@ -268,7 +273,7 @@ def _healthy_replica(r: ReplicaStats, th: Thresholds, idle: bool) -> Finding:
 
 
 def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
-    if r.samples == 0 or r.draining:
+    if r.samples < MIN_SAMPLES or r.draining:
         return None
     # scrapes attempted while the replica was listed (one every routing.scrape_interval_ms)
     attempts = max(1.0, r.samples * ctx.interval_s / max(ctx.scrape_interval_s, 1e-3))
@@ -294,14 +299,24 @@ def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | 
 
 # -- per pool -------------------------------------------------------------------------------------
 def classify_pool(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
+    if p.samples < MIN_SAMPLES:
+        return [Finding("healthy", "ok", p.name, None,
+                        f"routing: not judged yet ({p.samples} samples in the window, "
+                        f"< {MIN_SAMPLES})", "none", [])]
     out: list[Finding] = []
-    out.extend(_imbalance(p, th))
+    imbalance = _imbalance(p, th)
+    out.extend(imbalance)
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
         out.append(hit)
     if p.requests >= th.min_pool_requests:
         overflow = p.overflow / p.requests
-        if overflow >= th.overflow_share:
+        if overflow >= th.overflow_share and imbalance:
+            # the hot replica's load sends requests away: a symptom, said with the cause
+            imbalance[0].evidence.append(_ev(
+                'kvgate_requests_total{route="overflow"}', "overflow share (a consequence)",
+                overflow, ">=", th, "overflow_share", "%"))
+        elif overflow >= th.overflow_share:
             out.append(Finding(
                 "routing", "warning", p.name, None,
                 f"{overflow:.0%} of requests overflowed: the bounded-load rule sent them away "
@@ -337,13 +352,16 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
         return []
     checks: tuple[tuple[str, str, str, float, str], ...] = (
         ("inflight_mean", "kvgate_inflight_requests", "mean in flight", th.imbalance_min, ""),
-        ("waiting_mean", "vllm:num_requests_waiting", "mean waiting", th.imbalance_min, ""),
         ("time_per_request", "kvgate_inflight_requests / requests per second",
          "time per request", th.slow_min_s, "s"),
+        ("waiting_mean", "vllm:num_requests_waiting", "mean waiting", th.imbalance_min, ""),
     )
     for attr, metric, what, minimum, unit in checks:
         values = [(getattr(r, attr), r) for r in live if _ok(getattr(r, attr))
                   and (attr != "time_per_request" or r.requests >= 4 * th.min_requests)]
+        if attr == "waiting_mean" and values and not _queueing(
+                max(values, key=lambda v: v[0])[1], th):
+            continue  # the most waiting is requests between two steps, not a queue
         if len(values) < 2:
             continue
         values.sort(key=lambda x: x[0])
@@ -385,6 +403,15 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
 
 def _short(v: float, unit: str) -> str:
     return f"{v * 1000:.0f} ms" if unit == "s" else f"{v:.1f}"
+
+
+def _queueing(r: ReplicaStats, th: Thresholds) -> bool:
+    """Requests wait for a seat there, not just for the next step (see queue-bound)."""
+    if not (_ok(r.waiting_share) and r.waiting_share >= th.queue_waiting_share):
+        return False
+    if _ok(r.ttft_mean) and _ok(r.itl_mean) and r.itl_mean > 0:
+        return r.ttft_mean >= th.queue_ttft_itl_ratio * r.itl_mean
+    return True
 
 
 def _ratio_or_nan(num: float, den: float) -> float:

@@ -57,6 +57,8 @@ def _pct(v: float | None) -> str:
 def _header(report: dict[str, Any], url: str) -> list[str]:
     w, h = report["window"], report["history"]
     line = f"kvgate doctor  {url}  window {format_duration(w['requested_s'])}"
+    if w.get("asked_s", 0) > w["requested_s"]:
+        line += f" (at most doctor.history_s, not {format_duration(w['asked_s'])})"
     if w.get("short"):
         line += (f" (the history covers {format_duration(w['covered_s'])}: it started at "
                  f"{h['started_at']}; {h['note']})")

@@ -45,7 +45,7 @@ class Doctor:
         self.ctx = ctx
         self.workers = workers
         self.history = History(settings.interval_s, settings.history_s)
-        self.sharing = src.sharing  # the proxy feeds it (1 routing decision in 8)
+        self.sharing = src.sharing  # routing decisions feed it (sampled, 25-50/s)
         self.sampler = Sampler(src, self.history, clock)
 
     async def start(self) -> None:
@@ -63,7 +63,7 @@ class Doctor:
 
     def build(self, ticks: list[Tick], window_s: float) -> dict[str, Any]:
         th, h = self.thresholds, self.history
-        window_s = min(window_s, h.history_s)
+        asked, window_s = window_s, min(window_s, h.history_s)
         w = summarise(ticks, window_s, self.ctx.stale_after_s)
         findings = classify(w, th, self.ctx)
         tenants, pools = cache_return(w, th)
@@ -76,6 +76,7 @@ class Doctor:
             "process": {"pid": os.getpid(), "workers": self.workers},
             "window": {
                 "requested_s": window_s, "covered_s": round(w.span_s, 3),
+                "asked_s": asked, "max_s": h.history_s,
                 "start": iso(w.start_wall), "end": iso(w.end_wall), "samples": w.ticks,
                 "interval_s": self.settings.interval_s,
                 "short": short,

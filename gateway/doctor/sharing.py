@@ -8,7 +8,8 @@ what this routing decision expects to reuse. Per pool the sums feed the doctor's
 hit-rate rule: the engines' real hit rate far below the best-replica share means requests are
 sent away from their prefix (the policy, overflow) or the caches evict before reuse.
 
-Sampling: about `TARGET_PER_S` requests a second, whatever the request rate. Gaps between
+Sampling: between `TARGET_PER_S` / 2 and `TARGET_PER_S` requests a second (25-50), whatever
+the request rate, and every request below that. Gaps between
 samples are random (so periodic traffic -- a prefix sent twice in a row -- cannot alias with
 the sampling) with a mean that doubles while samples come faster than the target and halves
 while they come slower (1 to `MAX_GAP`). Cost on the request path: a counter decrement per

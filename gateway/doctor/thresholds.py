@@ -70,7 +70,7 @@ TABLE: tuple[Threshold, ...] = (
               "(the router balances in-flight counts, so a slow replica shows here)"),
     Threshold("hit_potential_min", 0.3, "fraction", "kvgate router affinity index (sampled)",
               "the prefix sharing the traffic allows (the best replica's cached share, sampled at "
-              "~50 requests/s) must reach this before a low hit rate is routing's fault ..."),
+              "25-50 requests/s) must reach this before a low hit rate is routing's fault ..."),
     Threshold("hit_gap_ratio", 0.5, "ratio", "vllm:prefix_cache_hits_total",
               "... and the pool's engine hit rate is below this share of it"),
     Threshold("min_pool_requests", 50, "requests", "kvgate_requests_total",

@@ -122,6 +122,7 @@ class ReplicaStats:
 @dataclass
 class PoolStats:
     name: str
+    samples: int = 0  # ticks in the window
     requests: float = 0.0
     errors: float = 0.0
     overflow: float = 0.0
@@ -340,6 +341,7 @@ def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> W
     pools = []
     for name in names:
         ps = _pool_stats(name, span)
+        ps.samples = len(span) - 1
         ps.replicas = [r for r in replicas if r.pool == name]
         pools.append(ps)
     tenants, tenant_span = _tenant_stats(ticks, start)

@@ -104,6 +104,19 @@ def test_a_whole_report_is_json_without_nan_and_renders() -> None:
     assert "acme" in cache and "(all, engine)" in cache
 
 
+def test_a_window_longer_than_the_history_is_clamped_and_said() -> None:
+    f = Fleet()
+    h = _ticks(f, 12, waiting=0.0, running=1.0, kv=0.1, new=3)
+    doctor = Doctor(f.src, DoctorSettings(1.0, 60.0), Context(), lambda: f.now)
+    doctor.history = h
+    report = doctor.build(list(h.ticks), 3600.0)
+    assert (report["window"]["requested_s"], report["window"]["asked_s"]) == (60.0, 3600.0)
+    assert report["window"]["short"] is True  # and the history is younger still
+    head = render_findings(report).splitlines()[0]
+    assert "window 1m (at most doctor.history_s, not 1h00m)" in head
+    assert "the history covers 11s" in head
+
+
 def test_overrides_change_the_verdict_and_are_reported() -> None:
     report = _report(min_requests=1000)
     assert report["thresholds"]["min_requests"] == 1000

@@ -137,7 +137,7 @@ def test_a_draining_replica_is_not_a_scrape_problem() -> None:
 
 
 def pool(*replicas: ReplicaStats, **kw: Any) -> PoolStats:
-    p = PoolStats("p", requests=kw.pop("requests", 500.0), **kw)
+    p = PoolStats("p", samples=kw.pop("samples", 40), requests=kw.pop("requests", 500.0), **kw)
     p.replicas = list(replicas)
     return p
 
@@ -246,3 +246,34 @@ def test_findings_as_json_have_no_nan() -> None:
     d = f.as_dict()
     assert d["class"] == "healthy" and all(
         not (isinstance(e["value"], float) and math.isnan(e["value"])) for e in d["evidence"])
+
+
+def test_too_few_samples_are_not_judged() -> None:
+    # the first second of a load: one sample with a request waiting is no queue yet
+    r = replica(samples=2, fresh=2, waiting_share=1.0, waiting_mean=3.0, ttft_mean=math.nan,
+                itl_mean=math.nan, requests=0.0)
+    (f,) = classify_replica(r, TH, CTX)
+    assert f.cls == "healthy" and f.summary.startswith("not judged yet: 2 fresh samples")
+
+
+def test_overflow_caused_by_an_imbalance_is_evidence_not_a_second_finding() -> None:
+    hot = replica("hot", inflight_mean=12.0, running_mean=10.0, waiting_mean=2.0)
+    (f,) = classify_pool(pool(hot, replica("a"), replica("b"), overflow=150.0), TH, CTX)
+    assert f.summary.startswith("imbalance")
+    assert f.evidence[-1].metric == 'kvgate_requests_total{route="overflow"}'
+    assert f.evidence[-1].value == pytest.approx(0.3)
+
+
+def test_waiting_between_steps_on_the_busiest_replica_is_not_an_imbalance() -> None:
+    # the replica serving most requests shows a request or two waiting for the next step
+    busy = replica("busy", waiting_share=0.6, waiting_mean=2.5, ttft_mean=0.012, itl_mean=0.008)
+    fs = classify_pool(pool(busy, replica("a"), replica("b")), TH, CTX)
+    assert classes(fs) == ["healthy"]
+    queued = replica("queued", waiting_share=0.8, waiting_mean=6.0, ttft_mean=0.9, itl_mean=0.01)
+    (f,) = classify_pool(pool(queued, replica("a"), replica("b")), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "queued") and "mean waiting" in f.summary
+
+
+def test_a_pool_is_not_judged_on_a_few_ticks() -> None:
+    (f,) = classify_pool(pool(replica("a"), overflow=400.0, samples=2), TH, CTX)
+    assert f.cls == "healthy" and "not judged yet" in f.summary
