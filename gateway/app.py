@@ -33,7 +33,7 @@ from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.doctor import build_doctor
 from gateway.doctor.service import Doctor
-from gateway.errors import ConfigError, KvgateError, NotFound
+from gateway.errors import ConfigError, KvgateError, MethodNotAllowed, NotFound
 from gateway.fleet.metrics import SyncCollector
 from gateway.fleet.sync import RouteSync, SyncSettings
 from gateway.health import HealthMonitor
@@ -59,11 +59,6 @@ Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
 REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
-
-
-class MethodNotAllowed(KvgateError):
-    status = 405
-    type_ = "MethodNotAllowedError"
 
 
 class GatewayApp:

@@ -3,24 +3,33 @@
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, a
 string `model`, a boolean `stream`).
-`rewrite_body` is the one place a body changes on its way upstream: the tenancy edits (served
-model, `cache_salt`, `priority`: `gateway.tenancy.salts.rewrite_body`) plus the usage request
-for streams.
+`rewrite_body` is the one place a body changes on its way upstream: the served model, the
+tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
+`drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
+allow them.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
 from gateway.errors import BadRequest
 from gateway.jsondepth import check_depth
-from gateway.tenancy.salts import ClientPriorityMode, ClientSaltMode
-from gateway.tenancy.salts import rewrite_body as rewrite_tenancy_fields
 from routing.tokens import count_tokens
 
-__all__ = ["ParsedBody", "parse_body", "prompt_chars", "rewrite_body"]
+__all__ = [
+    "OPERATOR_FIELDS", "ClientPriorityMode", "ClientSaltMode", "ParsedBody",
+    "drop_operator_fields", "parse_body", "prompt_chars", "rewrite_body",
+]
+
+ClientSaltMode = Literal["strip", "reject"]
+ClientPriorityMode = Literal["drop", "keep"]
+# vLLM body fields meant for the operator: its internal request id, the KV-transfer handshake
+# of disaggregated prefill, and free-form engine arguments. No tenant may set them unless its
+# tier says `operator_fields: true`.
+OPERATOR_FIELDS = ("request_id", "kv_transfer_params", "vllm_xargs")
 
 # Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
@@ -91,22 +100,35 @@ def rewrite_body(
     kind: str,
     served_model: str,
     *,
-    cache_salt: str | None = None,
-    priority: int | None = None,
-    client_salt: ClientSaltMode = "strip",
-    client_priority: ClientPriorityMode = "keep",
+    cache_salt: str | None,
+    priority: int | None,
+    client_salt: ClientSaltMode,
+    client_priority: ClientPriorityMode,
 ) -> tuple[bytes, bool]:
     """The upstream body, and whether the usage chunk must be stripped from the stream.
 
-    `model` becomes the pool's served name; a client `cache_salt` is never forwarded (the
-    gateway sets the tenant's, when given); `priority` is the tier's for priority pools;
-    streams ask for usage so kvgate can count tokens (and charge them to the tenant).
+    `model` becomes the pool's served name. A client's `cache_salt` is never forwarded: it is
+    dropped (``client_salt="strip"``) or refused with a 400 (``"reject"``), so no tenant can
+    pick another tenant's salt; the gateway sets the tenant's when given. The client's
+    `priority` is dropped (vLLM rejects non-zero priority on pools without priority scheduling,
+    and tiers, not clients, decide it) unless ``client_priority="keep"`` (the single-tenant
+    ``--no-auth`` mode, where the caller owns the replicas); a tier's `priority` always wins.
+    Streams ask for usage so kvgate can count tokens (and charge them to the tenant).
     """
     data = parsed.data
-    rewrite_tenancy_fields(
-        data, cache_salt=cache_salt, served_model=served_model, priority=priority,
-        client_salt=client_salt, client_priority=client_priority,
-    )
+    if "cache_salt" in data:
+        if client_salt == "reject":
+            raise BadRequest(
+                "cache_salt is set by the gateway and must not be sent", param="cache_salt"
+            )
+        del data["cache_salt"]
+    if client_priority == "drop":
+        data.pop("priority", None)
+    if cache_salt is not None:
+        data["cache_salt"] = cache_salt
+    data["model"] = served_model
+    if priority is not None:
+        data["priority"] = priority
     strip_usage = False
     if parsed.stream and kind in USAGE_STREAM_KINDS:
         options = data.get("stream_options")
@@ -117,3 +139,9 @@ def rewrite_body(
             data["stream_options"] = {**options, "include_usage": True}
             strip_usage = True
     return orjson.dumps(data), strip_usage
+
+
+def drop_operator_fields(body: dict[str, Any]) -> None:
+    """Remove vLLM's operator-only fields (`OPERATOR_FIELDS`) from a parsed body, in place."""
+    for name in OPERATOR_FIELDS:
+        body.pop(name, None)

@@ -1,28 +1,40 @@
 """One exception hierarchy for everything kvgate itself rejects, rendered once as OpenAI JSON.
 
-The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``.
-Messages are written by us and never contain prompt text, keys, salts or tracebacks.
-Tenancy's errors (authentication, rate limits, admin API) subclass `KvgateError` in
-`gateway.tenancy.errors` with the same `type` vocabulary (``AuthenticationError``,
-``RateLimitError``, ...), so the proxy renders every error it raises through this one base.
+The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``;
+`type` uses vLLM's vocabulary (``AuthenticationError``, ``RateLimitError``, ...) and `code` is
+a stable machine-readable string where OpenAI has one (``invalid_api_key``,
+``rate_limit_exceeded``), else the HTTP status, as vLLM answers. The proxy, the endpoint
+picker, tenancy and the admin API all raise these classes, so every error a client sees from
+kvgate or from a replica through it reads the same. Messages are written by us and never
+contain prompt text, keys, salts, the server secret or tracebacks.
 """
 
 from __future__ import annotations
 
+import math
+
 import orjson
 
 __all__ = [
+    "AuthError",
+    "BackendUnavailable",
     "BadRequest",
     "BodyTooLarge",
     "ConfigError",
+    "Conflict",
     "KvgateError",
+    "MethodNotAllowed",
     "ModelNotFound",
     "NoReplicaAvailable",
     "NotFound",
+    "PermissionDenied",
+    "PreconditionFailed",
+    "RateLimited",
     "RetryBudgetExhausted",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
+    "for_status",
     "openai_shaped",
 ]
 
@@ -33,19 +45,26 @@ def error_body(message: str, type_: str, code: int | str | None, param: str | No
 
 
 class KvgateError(Exception):
-    """Base: an error kvgate answers itself. Subclasses fix the status and the OpenAI type."""
+    """Base: an error kvgate answers itself. Subclasses fix the status, the OpenAI type and,
+    where OpenAI has one, a string `code` (None: the status is the code)."""
 
     status: int = 500
     type_: str = "InternalServerError"
+    code: str | None = None
 
-    def __init__(self, message: str, *, param: str | None = None, retry_after: int | None = None):
+    def __init__(
+        self, message: str, *, param: str | None = None, retry_after: int | None = None,
+        reason: str = "error",
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after = retry_after
+        self.reason = reason  # short label for logs and metrics: "missing", "connect", ...
 
     def body(self) -> bytes:
-        return error_body(self.message, self.type_, self.status, self.param)
+        code = self.code if self.code is not None else self.status
+        return error_body(self.message, self.type_, code, self.param)
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         hdrs = [(b"content-type", b"application/json")]
@@ -63,6 +82,18 @@ class BadRequest(KvgateError):
     type_ = "BadRequestError"
 
 
+class AuthError(KvgateError):
+    status = 401
+    type_ = "AuthenticationError"
+    code = "invalid_api_key"
+
+
+class PermissionDenied(KvgateError):
+    status = 403
+    type_ = "PermissionDeniedError"
+    code = "forbidden"
+
+
 class NotFound(KvgateError):
     status = 404
     type_ = "NotFoundError"
@@ -73,9 +104,38 @@ class ModelNotFound(NotFound):
         super().__init__(f"The model `{model}` does not exist.", param="model")
 
 
+class MethodNotAllowed(KvgateError):
+    status = 405
+    type_ = "MethodNotAllowedError"
+
+
+class Conflict(KvgateError):
+    status = 409
+    type_ = "ConflictError"
+    code = "conflict"
+
+
+class PreconditionFailed(KvgateError):
+    """An admin write whose expected version is not the stored one."""
+
+    status = 412
+    type_ = "PreconditionFailedError"
+    code = "version_mismatch"
+
+
 class BodyTooLarge(KvgateError):
     status = 413
     type_ = "RequestEntityTooLargeError"
+
+
+class RateLimited(KvgateError):
+    status = 429
+    type_ = "RateLimitError"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, retry_after=max(1, math.ceil(retry_after_s)))
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(KvgateError):
@@ -85,8 +145,7 @@ class UpstreamError(KvgateError):
     type_ = "BadGatewayError"
 
     def __init__(self, message: str, *, reason: str = "error") -> None:
-        super().__init__(message)
-        self.reason = reason  # short label for metrics: "connect", "status_503", ...
+        super().__init__(message, reason=reason)  # "connect", "status_503", ...
 
 
 class UpstreamTimeout(UpstreamError):
@@ -111,6 +170,14 @@ class RetryBudgetExhausted(UpstreamError):
         self.retry_after = 1
 
 
+class BackendUnavailable(KvgateError):
+    """The shared store (Redis) cannot be reached, or cached state is too stale to trust."""
+
+    status = 503
+    type_ = "ServiceUnavailableError"
+    code = "store_unavailable"
+
+
 class NoReplicaAvailable(KvgateError):
     status = 503
     type_ = "ServiceUnavailableError"
@@ -125,6 +192,14 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDe
           413: "RequestEntityTooLargeError", 422: "UnprocessableEntityError",
           429: "RateLimitError", 500: "InternalServerError", 501: "NotImplementedError",
           502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
+
+
+def for_status(status: int, message: str) -> KvgateError:
+    """An error with ``status`` and its OpenAI type (for statuses no class above names)."""
+    error = KvgateError(message)
+    error.status = status
+    error.type_ = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    return error
 
 
 def openai_shaped(status: int, body: bytes) -> bytes | None:

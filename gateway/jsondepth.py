@@ -20,7 +20,7 @@ from typing import Any
 from gateway.asgi import Receive, Scope, Send
 from gateway.errors import BadRequest
 
-__all__ = ["MAX_JSON_DEPTH", "TooDeep", "check_depth", "guard_json_depth", "too_deep"]
+__all__ = ["MAX_JSON_DEPTH", "check_depth", "guard_json_depth", "too_deep"]
 
 MAX_JSON_DEPTH = 128
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: fast on long strings
@@ -28,9 +28,8 @@ _PAIR = re.compile(rb"\[\]|\{\}")  # one scan removes only the pairs innermost b
 _SCALARS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-class TooDeep(BadRequest):
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"The request body nests JSON deeper than {limit} levels.")
+def _too_deep_error(limit: int) -> BadRequest:
+    return BadRequest(f"The request body nests JSON deeper than {limit} levels.")
 
 
 def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
@@ -50,9 +49,9 @@ def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 
 def check_depth(raw: bytes, limit: int = MAX_JSON_DEPTH) -> None:
-    """Raise `TooDeep` (a 400) when `raw` nests deeper than `limit`."""
+    """Raise a 400 (`BadRequest`) when `raw` nests deeper than `limit`."""
     if too_deep(raw, limit):
-        raise TooDeep(limit)
+        raise _too_deep_error(limit)
 
 
 def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
@@ -73,7 +72,7 @@ def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
                 break
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if too_deep(body, limit):
-            exc = TooDeep(limit)
+            exc = _too_deep_error(limit)
             await send({"type": "http.response.start", "status": exc.status,
                         "headers": exc.headers()})
             await send({"type": "http.response.body", "body": exc.body(), "more_body": False})

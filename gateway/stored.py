@@ -15,6 +15,7 @@ from gateway.asgi import Scope, Send
 from gateway.config import UpstreamConfig
 from gateway.errors import (
     KvgateError,
+    MethodNotAllowed,
     NotFound,
     UpstreamError,
     UpstreamTimeout,
@@ -73,7 +74,7 @@ class StoredResponses:
             raise NotFound(f"Unknown path {path}.")
         cancel = m.group(2) is not None
         if method != ("POST" if cancel else "GET"):
-            raise _MethodNotAllowed(f"Use {'POST' if cancel else 'GET'} for {path}.")
+            raise MethodNotAllowed(f"Use {'POST' if cancel else 'GET'} for {path}.")
         rid = m.group(1)
         home = self._store.home(rid, principal.tenant_id)
         pool = self._pools.by_name.get(home.pool) if home is not None else None
@@ -97,8 +98,3 @@ class StoredResponses:
         except TRANSPORT_ERRORS:
             raise UpstreamError("The replica holding this response did not answer.") from None
         return status, content_type, body, f"{pool.name}/{replica.id}"
-
-
-class _MethodNotAllowed(KvgateError):
-    status = 405
-    type_ = "MethodNotAllowedError"

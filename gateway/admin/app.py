@@ -13,27 +13,18 @@ from starlette.exceptions import HTTPException
 
 from gateway.admin.errors import error_response
 from gateway.admin.routes import AdminDeps, make_admin_router
-from gateway.errors import KvgateError
-from gateway.tenancy.errors import NotFound, TenancyError
+from gateway.errors import KvgateError, MethodNotAllowed, NotFound, for_status
 
 __all__ = ["create_admin_app"]
-
-
-class _MethodNotAllowed(TenancyError):
-    status = 405
-    type_ = "MethodNotAllowedError"
-    code = "method_not_allowed"
 
 
 def _http_error(request: Request, exc: HTTPException) -> KvgateError:
     path = request.url.path
     if exc.status_code == 405:
-        return _MethodNotAllowed(f"{request.method} is not allowed on {path}")
+        return MethodNotAllowed(f"{request.method} is not allowed on {path}")
     if exc.status_code == 404:
         return NotFound(f"unknown admin path {path}")
-    error = TenancyError(str(exc.detail))
-    error.status = exc.status_code
-    return error
+    return for_status(exc.status_code, str(exc.detail))
 
 
 def create_admin_app(

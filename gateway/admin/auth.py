@@ -11,32 +11,16 @@ import hmac
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gateway.tenancy.errors import AuthError, PermissionDenied
+from gateway.errors import AuthError, PermissionDenied
 from gateway.tenancy.keys import looks_like_key
 from gateway.tenancy.resolver import parse_bearer
 
 __all__ = [
-    "MIN_ADMIN_TOKEN_CHARS", "AdminAuthError", "AdminForbidden", "AdminToken",
+    "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
     "admin_tokens_from_env", "check_admin",
 ]
 
 MIN_ADMIN_TOKEN_CHARS = 16
-
-
-class AdminAuthError(AuthError):
-    """401 on the admin API; `reason` is "missing" or "invalid"."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class AdminForbidden(PermissionDenied):
-    """403 on the admin API; `reason` is "tenant_key" or "disabled"."""
-
-    def __init__(self, message: str, *, reason: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +61,12 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
 def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     """The id of the admin token in an Authorization header value, or raise 401/403."""
     if not tokens:
-        raise AdminForbidden(
+        raise PermissionDenied(
             "the admin API is disabled: no admin token is configured", reason="disabled"
         )
     presented = parse_bearer(authorization)
     if presented is None:
-        raise AdminAuthError(
+        raise AuthError(
             "missing admin token: send 'Authorization: Bearer <admin token>'", reason="missing"
         )
     found: str | None = None
@@ -93,5 +77,5 @@ def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     if found is not None:
         return found
     if looks_like_key(presented):
-        raise AdminForbidden("tenant API keys cannot use the admin API", reason="tenant_key")
-    raise AdminAuthError("invalid admin token", reason="invalid")
+        raise PermissionDenied("tenant API keys cannot use the admin API", reason="tenant_key")
+    raise AuthError("invalid admin token", reason="invalid")

@@ -1,7 +1,7 @@
 """OpenAI-shaped errors for the admin routes, handled inside the router itself.
 
-A custom route class catches kvgate's errors (one hierarchy: `KvgateError`, of which the
-tenancy errors are a branch) and request-validation errors, so the router answers
+A custom route class catches kvgate's errors (one hierarchy: `gateway.errors.KvgateError`)
+and request-validation errors, so the router answers
 ``{"error": {...}}`` wherever it is mounted, without app-level exception handlers.
 """
 
@@ -15,8 +15,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-from gateway.errors import KvgateError
-from gateway.tenancy.errors import InvalidRequest
+from gateway.errors import BadRequest, KvgateError
 
 __all__ = ["AdminRoute", "error_response"]
 
@@ -30,14 +29,14 @@ def error_response(error: KvgateError) -> Response:
     return Response(error.body(), status_code=error.status, headers=headers)
 
 
-def _from_validation(exc: RequestValidationError) -> InvalidRequest:
+def _from_validation(exc: RequestValidationError) -> BadRequest:
     errors: list[Any] = list(exc.errors())
     if not errors:
-        return InvalidRequest("invalid request")
+        return BadRequest("invalid request")
     loc = [str(p) for p in errors[0].get("loc", ()) if p not in ("body", "query", "path")]
     field = ".".join(loc)
     msg = str(errors[0].get("msg", "invalid value"))
-    return InvalidRequest(f"{field}: {msg}" if field else msg, param=field or None)
+    return BadRequest(f"{field}: {msg}" if field else msg, param=field or None)
 
 
 class AdminRoute(APIRoute):

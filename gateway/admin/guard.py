@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.tenancy.errors import RateLimited
+from gateway.errors import RateLimited
 
 __all__ = ["REASONS", "AuthGuard", "AuthGuardCollector"]
 

@@ -13,12 +13,12 @@ from typing import Any
 import orjson
 
 from gateway.body import parse_body
+from gateway.errors import BadRequest
 from gateway.policy import Limits
 from gateway.pool import Pools
 from gateway.replicas import Replica
 from gateway.scrape import Scraper
 from gateway.tenancy.edge import TenantGate
-from gateway.tenancy.errors import InvalidRequest
 from gateway.tenancy.planner import Planner
 from gateway.tenancy.resolver import Principal
 from routing.peers import ZERO, ReplicaLoad
@@ -83,10 +83,10 @@ class LiveViews:
         endpoint = body.get("endpoint", "chat")
         kind = ENDPOINTS.get(endpoint) if isinstance(endpoint, str) else None
         if kind is None:
-            raise InvalidRequest(f"endpoint: one of {', '.join(ENDPOINTS)}", param="endpoint")
+            raise BadRequest(f"endpoint: one of {', '.join(ENDPOINTS)}", param="endpoint")
         request = body.get("request")
         if not isinstance(request, dict):
-            raise InvalidRequest("request: the OpenAI request body (an object)", param="request")
+            raise BadRequest("request: the OpenAI request body (an object)", param="request")
         parsed = parse_body(orjson.dumps(request), kind)
         now = self._clock()
         plan = self._planner.plan(principal, parsed, kind, now)
@@ -119,10 +119,10 @@ class LiveViews:
         if isinstance(tenant, str) and tenant:
             return resolver.principal_for(tenant)
         if not isinstance(tier, str) or not tier:
-            raise InvalidRequest("tenant or tier: one of them is required", param="tenant")
+            raise BadRequest("tenant or tier: one of them is required", param="tenant")
         snap = resolver.policy
         if snap is not None and tier not in snap.doc.tiers:
-            raise InvalidRequest(f"tier: unknown tier {tier!r}", param="tier")
+            raise BadRequest(f"tier: unknown tier {tier!r}", param="tier")
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
                          key_id=None, cache_salt="", policy=snap)

@@ -22,13 +22,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from gateway.admin.auth import AdminAuthError, AdminForbidden, AdminToken, check_admin
+from gateway.admin.auth import AdminToken, check_admin
 from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
 from gateway.doctor.render import parse_duration
+from gateway.errors import AuthError, BackendUnavailable, BadRequest, NotFound, PermissionDenied
 from gateway.policy import DEFAULT_TIER, PolicyValidationError, parse_policy
-from gateway.tenancy.errors import BackendUnavailable, InvalidRequest, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
 from gateway.tenancy.store import TenantStore
@@ -80,13 +80,13 @@ class _Ctx:
         store not yet re-seeded) no tier is known, so nothing is accepted."""
         policy = await self.store.get_policy()
         if policy is None:
-            raise InvalidRequest(
+            raise BadRequest(
                 f"tier: unknown tier {tier!r} (no policy is stored yet; retry shortly)",
                 param="tier",
             )
         if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
             known = ", ".join(sorted(policy.doc.tiers))
-            raise InvalidRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+            raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
 
     async def auth_failed(
         self, address: str, reason: str, path: str
@@ -114,7 +114,7 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
         deps.guard.check(address)  # 429 while this address is throttled
         try:
             return check_admin(deps.tokens, authorization)
-        except (AdminAuthError, AdminForbidden) as exc:
+        except (AuthError, PermissionDenied) as exc:
             await ctx.auth_failed(address, exc.reason, request.url.path)
             raise
 
@@ -155,7 +155,7 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         changes = body.changes()
         if "tier" in changes:
             if body.tier is None:
-                raise InvalidRequest("tier: must not be null", param="tier")
+                raise BadRequest("tier: must not be null", param="tier")
             await ctx.check_tier(body.tier)
         tenant = await ctx.store.update_tenant(tenant_id, changes)
         await ctx.audit(who, "tenant.update", tenant_id, fields=sorted(changes))
@@ -213,7 +213,7 @@ def _parse_if_match(value: str | None) -> int | None:
         return None
     text = value.strip().removeprefix("W/").strip('"')
     if not text.isdigit():
-        raise InvalidRequest('If-Match: expected a policy version such as "3"', param="If-Match")
+        raise BadRequest('If-Match: expected a policy version such as "3"', param="If-Match")
     return int(text)
 
 
@@ -236,10 +236,10 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         try:
             doc = parse_policy(document)
         except PolicyValidationError as exc:
-            raise InvalidRequest(str(exc), param=exc.field or None) from None
+            raise BadRequest(str(exc), param=exc.field or None) from None
         for tenant in await ctx.store.list_tenants():
             if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
-                raise InvalidRequest(
+                raise BadRequest(
                     f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
                 )
         snap = await ctx.store.put_policy(doc, if_version=expected)
@@ -268,7 +268,7 @@ def _ops_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         try:
             seconds = parse_duration(window)
         except ValueError as exc:
-            raise InvalidRequest(str(exc), param="window") from None
+            raise BadRequest(str(exc), param="window") from None
         return await _maybe_await(ctx.deps.doctor(seconds))
 
     @router.get("/audit")

@@ -32,6 +32,7 @@ from gateway.epp import wire
 from gateway.errors import (
     BodyTooLarge,
     KvgateError,
+    MethodNotAllowed,
     NoReplicaAvailable,
     NotFound,
     openai_shaped,
@@ -187,7 +188,7 @@ class Exchange:
     def _not_proxied(self, path: str, method: str) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
         if path in KINDS:
-            return self._refuse(_MethodNotAllowed(f"Use POST for {path}."))
+            return self._refuse(MethodNotAllowed(f"Use POST for {path}."))
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
             return self._refuse(NotFound(f"Unknown path {path}."))
@@ -421,9 +422,3 @@ def _status(headers: Any) -> tuple[int, str]:
         elif h.key == "content-type":
             content_type = h.raw_value.decode("latin-1")
     return status, content_type
-
-
-class _MethodNotAllowed(KvgateError):
-    status = 405
-    type_ = "MethodNotAllowedError"
-

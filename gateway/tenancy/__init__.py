@@ -1,16 +1,5 @@
 """Tenancy: tenants, API keys, cache salts, tiers and rate limits (see README.md here)."""
 
-from gateway.tenancy.errors import (
-    AuthError,
-    BackendUnavailable,
-    Conflict,
-    InvalidRequest,
-    NotFound,
-    PermissionDenied,
-    PreconditionFailed,
-    RateLimited,
-    TenancyError,
-)
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.keys import generate_key, hash_key
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
@@ -28,7 +17,7 @@ from gateway.tenancy.redis_conn import connect_redis
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import Principal, TenancyHealth, TenantResolver, parse_bearer
-from gateway.tenancy.salts import SaltDeriver, rewrite_body
+from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.service import Tenancy, TenancySettings, build_tenancy
 from gateway.tenancy.store import TenantStore, bootstrap
 from gateway.tenancy.tiers import ReplicaLoad, TierRoute, resolve_tier
@@ -36,21 +25,13 @@ from gateway.tenancy.tiers import ReplicaLoad, TierRoute, resolve_tier
 __all__ = [
     "Admission",
     "AuditEntry",
-    "AuthError",
-    "BackendUnavailable",
     "Change",
-    "Conflict",
     "FallbackRateLimiter",
     "InMemoryStore",
-    "InvalidRequest",
     "KeyRecord",
     "MemoryRateLimiter",
-    "NotFound",
-    "PermissionDenied",
     "PolicySnapshot",
-    "PreconditionFailed",
     "Principal",
-    "RateLimited",
     "RateLimiter",
     "RedisRateLimiter",
     "RedisStore",
@@ -59,7 +40,6 @@ __all__ = [
     "SaltRotation",
     "StoreSnapshot",
     "Tenancy",
-    "TenancyError",
     "TenancyHealth",
     "TenancySettings",
     "Tenant",
@@ -73,5 +53,4 @@ __all__ = [
     "hash_key",
     "parse_bearer",
     "resolve_tier",
-    "rewrite_body",
 ]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from gateway.tenancy.errors import BackendUnavailable, TenancyError
+from gateway.body import ClientPriorityMode, ClientSaltMode
+from gateway.errors import KvgateError
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
-from gateway.tenancy.salts import ClientPriorityMode, ClientSaltMode
 from gateway.tenancy.service import Tenancy
 
 __all__ = ["NO_AUTH_TENANT", "TenantGate", "TenantLabels"]
@@ -87,7 +87,7 @@ class TenantGate:
         """Settle and release; never raises (a request's answer must not depend on it)."""
         try:
             await self._limiter.finish(adm, used_tokens)
-        except (BackendUnavailable, TenancyError):
+        except KvgateError:
             log.debug("admission not settled: store unavailable")
 
     def redis_up(self) -> bool | None:

@@ -11,8 +11,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.errors import BackendUnavailable
 from gateway.policy import Limits
-from gateway.tenancy.errors import BackendUnavailable
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]

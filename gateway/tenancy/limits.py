@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway.errors import RateLimited
 from gateway.policy import Limits
-from gateway.tenancy.errors import RateLimited
 
 __all__ = ["Admission", "MemoryRateLimiter", "RateLimiter", "refill"]
 

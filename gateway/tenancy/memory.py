@@ -5,8 +5,8 @@ from __future__ import annotations
 import secrets
 from collections import deque
 
+from gateway.errors import Conflict, NotFound
 from gateway.policy import PolicyDoc
-from gateway.tenancy.errors import Conflict, NotFound
 from gateway.tenancy.models import (
     AuditEntry,
     Change,

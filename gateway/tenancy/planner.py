@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from gateway.body import ParsedBody
+from gateway.body import ParsedBody, drop_operator_fields
 from gateway.errors import ModelNotFound, NoReplicaAvailable
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
-from gateway.tenancy.salts import drop_operator_fields
 from gateway.tenancy.tiers import resolve_tier
 from routing.config import RouterConfig
 from routing.features import extract_features

@@ -14,7 +14,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from gateway.tenancy.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable
 
 __all__ = ["connect_redis", "redis_unavailable"]
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
+from gateway.errors import BackendUnavailable
 from gateway.policy import Limits
-from gateway.tenancy.errors import BackendUnavailable
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.redis_conn import redis_unavailable
 

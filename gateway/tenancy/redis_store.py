@@ -21,8 +21,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.errors import Conflict, NotFound
 from gateway.policy import PolicyDoc
-from gateway.tenancy.errors import Conflict, NotFound
 from gateway.tenancy.models import (
     AuditEntry,
     Change,

@@ -16,8 +16,9 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.body import ClientSaltMode
+from gateway.errors import BackendUnavailable
 from gateway.policy import PolicyDoc
-from gateway.tenancy.errors import BackendUnavailable
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
@@ -26,7 +27,7 @@ from gateway.tenancy.redis_conn import connect_redis
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
-from gateway.tenancy.salts import ClientSaltMode, SaltDeriver, SaltEncoding
+from gateway.tenancy.salts import SaltDeriver, SaltEncoding
 from gateway.tenancy.store import TenantStore, bootstrap
 
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from gateway.errors import BadRequest, Conflict, PreconditionFailed
 from gateway.policy import PolicyDoc
-from gateway.tenancy.errors import Conflict, InvalidRequest, PreconditionFailed
 from gateway.tenancy.models import (
     AuditEntry,
     Change,
@@ -156,11 +156,11 @@ def tenant_from_json(raw: str | bytes) -> Tenant:
     return Tenant.model_validate_json(raw)
 
 
-def invalid_from(exc: ValidationError) -> InvalidRequest:
+def invalid_from(exc: ValidationError) -> BadRequest:
     """The first pydantic error as a 400 naming the field (never echoing the input)."""
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
-    return InvalidRequest(f"{loc}: {err['msg']}" if loc else str(err["msg"]), param=loc or None)
+    return BadRequest(f"{loc}: {err['msg']}" if loc else str(err["msg"]), param=loc or None)
 
 
 def apply_tenant_changes(tenant: Tenant, changes: dict[str, object]) -> Tenant:
@@ -168,7 +168,7 @@ def apply_tenant_changes(tenant: Tenant, changes: dict[str, object]) -> Tenant:
     data = tenant.model_dump(mode="json", exclude_unset=True)
     for name, value in changes.items():
         if name not in _MUTABLE_FIELDS:
-            raise InvalidRequest(f"{name}: cannot be changed", param=name)
+            raise BadRequest(f"{name}: cannot be changed", param=name)
         if name == "limits" and isinstance(value, dict):
             data["limits"] = {**data.get("limits", {}), **value}
         else:

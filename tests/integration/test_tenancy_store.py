@@ -11,10 +11,10 @@ import pytest
 from gateway.policy import Limits, PolicyDoc, parse_policy
 from gateway.tenancy import (
     AuditEntry,
+    BadRequest,
     Change,
     Conflict,
     InMemoryStore,
-    InvalidRequest,
     KeyRecord,
     NotFound,
     PreconditionFailed,
@@ -82,9 +82,9 @@ async def test_update_merges_limit_overrides_and_validates(store: TenantStore) -
     t = await store.update_tenant("acme", {"limits": {"tpm": 100}, "salt_group": "pub"})
     assert t.limits.model_dump(exclude_unset=True) == {"rpm": 7, "tpm": 100}
     assert (await store.get_tenant("acme")) == t and t.salt_group == "pub"
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(BadRequest):
         await store.update_tenant("acme", {"salt_epoch": 9})
-    with pytest.raises(InvalidRequest):
+    with pytest.raises(BadRequest):
         await store.update_tenant("acme", {"limits": {"rpm": -1}})
     with pytest.raises(NotFound):
         await store.update_tenant("nope", {"tier": "free"})

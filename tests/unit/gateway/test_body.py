@@ -1,12 +1,25 @@
-"""Request parsing and rewriting: parsed once, only `model`/`stream_options`/`cache_salt` change."""
+"""Request parsing and rewriting: parsed once, only `model`/`stream_options`/`cache_salt`/
+`priority` change."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 import pytest
 
 from gateway.body import parse_body, prompt_chars, rewrite_body
 from gateway.errors import BadRequest
+
+# the single-tenant (--no-auth) gateway's modes: strip a client's salt, keep its priority
+NO_AUTH: dict[str, Any] = {"cache_salt": None, "priority": None, "client_salt": "strip",
+                           "client_priority": "keep"}
+
+
+def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes, bool]:
+    """A multi-tenant rewrite (salt "S", client priority dropped) of a chat body."""
+    args: dict[str, Any] = {**NO_AUTH, "cache_salt": "S", "client_priority": "drop", **kw}
+    return rewrite_body(parse_body(orjson.dumps(body), "chat"), "chat", served, **args)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +62,7 @@ def test_rewrite_keeps_everything_but_model_and_drops_client_salt() -> None:
         "priority": 3, "ignore_eos": True, "top_k": 5, "cache_salt": "stolen",
     })
     parsed = parse_body(raw, "chat")
-    out, strip = rewrite_body(parsed, "chat", "served-fp8")
+    out, strip = rewrite_body(parsed, "chat", "served-fp8", **NO_AUTH)
     sent = orjson.loads(out)
     assert sent == {
         "model": "served-fp8", "messages": [{"role": "user", "content": "hi"}],
@@ -76,7 +89,7 @@ def test_streams_ask_for_usage(
     body: dict[str, object] = {"model": "m", "stream": True, "prompt": "x"}
     if options is not None:
         body["stream_options"] = options
-    out, stripped = rewrite_body(parse_body(orjson.dumps(body), kind), kind, "s")
+    out, stripped = rewrite_body(parse_body(orjson.dumps(body), kind), kind, "s", **NO_AUTH)
     assert orjson.loads(out).get("stream_options") == sent_options
     assert stripped is strip
 
@@ -103,5 +116,53 @@ def test_ordinary_nesting_and_brackets_in_strings_pass() -> None:
     raw = (b'{"model": "m", "prompt": "' + b"[{" * 500 + b'", "response_format": '
            + _nested(127, objects=True) + b"}")
     parsed = parse_body(raw, "completions")
-    out, _ = rewrite_body(parsed, "completions", "served")
+    out, _ = rewrite_body(parsed, "completions", "served", **NO_AUTH)
     assert orjson.loads(out)["prompt"] == "[{" * 500
+
+
+REWRITES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
+    ("salt added", {"model": "m"}, {}, {"model": "m", "cache_salt": "S"}),
+    (
+        "client salt stripped",
+        {"model": "m", "cache_salt": "evil"},
+        {},
+        {"model": "m", "cache_salt": "S"},
+    ),
+    (
+        "model rewritten",
+        {"model": "m"},
+        {"served": "m-fp8"},
+        {"model": "m-fp8", "cache_salt": "S"},
+    ),
+    (
+        "priority injected",
+        {"model": "m", "priority": -100},
+        {"priority": 10},
+        {"model": "m", "cache_salt": "S", "priority": 10},
+    ),
+    (
+        "client priority dropped",
+        {"model": "m", "priority": -100},
+        {},
+        {"model": "m", "cache_salt": "S"},
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "kw", "expected"), REWRITES, ids=[r[0] for r in REWRITES])
+def test_rewrite_body(
+    case: str, body: dict[str, Any], kw: dict[str, Any], expected: dict[str, Any]
+) -> None:
+    body["messages"] = [{"role": "user", "content": "hi"}]
+    out, _ = _rewrite(body, **kw)
+    sent = orjson.loads(out)
+    assert sent.pop("messages") == [{"role": "user", "content": "hi"}]
+    assert sent == expected
+
+
+def test_reject_mode_refuses_a_client_salt_without_echoing_it() -> None:
+    body = {"model": "m", "cache_salt": "client-secret-salt"}
+    with pytest.raises(BadRequest) as info:
+        _rewrite(body, client_salt="reject")
+    assert info.value.param == "cache_salt" and info.value.status == 400
+    assert b"client-secret-salt" not in info.value.body()

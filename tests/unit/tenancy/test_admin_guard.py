@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.admin.guard import AuthGuard
-from gateway.tenancy.errors import RateLimited
+from gateway.errors import RateLimited
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Cache salts: vLLM-safe, keyed, rotated by epoch, shared by group; body rewrite; no leaks."""
+"""Cache salts: vLLM-safe, keyed, rotated by epoch, shared by group; no leaks."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.tenancy.errors import InvalidRequest
 from gateway.tenancy.models import Tenant
-from gateway.tenancy.salts import SaltDeriver, rewrite_body
+from gateway.tenancy.salts import SaltDeriver
 
 SECRET = "s3cret-s3cret-s3cret-0123456789"
 VLLM_FORBIDDEN = re.compile(r"[@/\\\x00]")
@@ -56,51 +55,3 @@ def test_short_secret_is_refused_and_repr_hides_the_secret() -> None:
         SaltDeriver("short")
     d = SaltDeriver(SECRET)
     assert SECRET not in repr(d) and SECRET not in str(d)
-
-
-REWRITES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
-    ("salt added", {"model": "m"}, {}, {"model": "m", "cache_salt": "S"}),
-    (
-        "client salt stripped",
-        {"model": "m", "cache_salt": "evil"},
-        {},
-        {"model": "m", "cache_salt": "S"},
-    ),
-    (
-        "model rewritten",
-        {"model": "m"},
-        {"served_model": "m-fp8"},
-        {"model": "m-fp8", "cache_salt": "S"},
-    ),
-    (
-        "priority injected",
-        {"model": "m", "priority": -100},
-        {"priority": 10},
-        {"model": "m", "cache_salt": "S", "priority": 10},
-    ),
-    (
-        "client priority dropped",
-        {"model": "m", "priority": -100},
-        {},
-        {"model": "m", "cache_salt": "S"},
-    ),
-]
-
-
-@pytest.mark.parametrize(("case", "body", "kw", "expected"), REWRITES, ids=[r[0] for r in REWRITES])
-def test_rewrite_body(
-    case: str, body: dict[str, Any], kw: dict[str, Any], expected: dict[str, Any]
-) -> None:
-    messages = [{"role": "user", "content": "hi"}]
-    body["messages"] = messages
-    rewrite_body(body, cache_salt="S", **kw)
-    assert body.pop("messages") is messages  # rewritten in place, nothing re-parsed
-    assert body == expected
-
-
-def test_reject_mode_refuses_a_client_salt_without_echoing_it() -> None:
-    body = {"model": "m", "cache_salt": "client-secret-salt"}
-    with pytest.raises(InvalidRequest) as info:
-        rewrite_body(body, cache_salt="S", client_salt="reject")
-    assert info.value.param == "cache_salt" and info.value.status == 400
-    assert "client-secret-salt" not in str(info.value.to_dict())

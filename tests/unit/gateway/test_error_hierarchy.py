@@ -1,0 +1,54 @@
+"""One error hierarchy (issue 10, Structure): every error kvgate answers is a class of
+`gateway.errors`, each name defined once, and each renders OpenAI's body shape."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import orjson
+
+import gateway
+from gateway import errors
+from gateway.errors import KvgateError
+
+
+def _all_subclasses(cls: type) -> set[type]:
+    out: set[type] = set()
+    for sub in cls.__subclasses__():
+        out |= {sub} | _all_subclasses(sub)
+    return out
+
+
+def test_every_error_class_lives_in_gateway_errors_once() -> None:
+    for mod in pkgutil.walk_packages(gateway.__path__, "gateway."):
+        if mod.name.endswith("__main__"):
+            continue
+        importlib.import_module(mod.name)
+    classes = _all_subclasses(KvgateError)
+    assert {c.__module__ for c in classes} == {"gateway.errors"}
+    names = [c.__name__ for c in classes]
+    assert len(names) == len(set(names))
+    assert set(errors.__all__) >= set(names)
+
+
+def test_every_error_renders_openai_shape_with_a_code() -> None:
+    for cls in _all_subclasses(KvgateError):
+        try:
+            error = cls("m")
+        except TypeError:  # needs more arguments (ModelNotFound, RateLimited)
+            continue
+        body = orjson.loads(error.body())["error"]
+        assert set(body) == {"message", "type", "param", "code"}
+        assert body["code"] == (cls.code or cls.status)
+
+
+def test_rate_limited_says_when_to_retry() -> None:
+    error = errors.RateLimited("slow down", retry_after_s=0.2)
+    assert (b"retry-after", b"1") in error.headers()
+    assert orjson.loads(error.body())["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_for_status_uses_the_vocabulary() -> None:
+    assert errors.for_status(422, "x").type_ == "UnprocessableEntityError"
+    assert orjson.loads(errors.for_status(422, "x").body())["error"]["code"] == 422
