@@ -16,9 +16,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
-from gateway.config import KvgateConfig
-from gateway.errors import ConfigError
-from gateway.serve import (
+from gateway.cli.serve import (
     ListenError,
     bind_sockets,
     check_auth,
@@ -26,6 +24,8 @@ from gateway.serve import (
     run_server,
     start_warnings,
 )
+from gateway.config import KvgateConfig
+from gateway.errors import ConfigError
 
 __all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts"]
 

@@ -18,10 +18,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gateway.demo import banner, demo_config, key_seeder, start_replicas
+from gateway.cli.demo import banner, demo_config, key_seeder, start_replicas
+from gateway.cli.serve import ListenError, bind_sockets, run_server
 from gateway.epp.envoy import EnvoyProcess, envoy_binary, envoy_config, render
 from gateway.errors import ConfigError
-from gateway.serve import ListenError, bind_sockets, run_server
 from loadtest.fleet import Fleet, free_port
 
 __all__ = ["run_epp_demo"]

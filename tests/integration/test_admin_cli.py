@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway import admin_cli
 from gateway.admin import AdminToken
+from gateway.cli import admin as admin_cli
 from gateway.policy import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin

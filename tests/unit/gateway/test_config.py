@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.cli.serve import build_parser, config_from_args
 from gateway.config import env_overrides, load_config, redacted_dump
 from gateway.errors import ConfigError
-from gateway.serve import build_parser, config_from_args
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
 POOLS = {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}

@@ -24,9 +24,9 @@ import time
 from typing import Any
 
 from gateway.app import GatewayApp
+from gateway.cli.serve import ListenError, bind_sockets, run_server
 from gateway.config import KvgateConfig, load_config
 from gateway.errors import ConfigError
-from gateway.serve import ListenError, bind_sockets, run_server
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
 from loadtest.fleet import Fleet

@@ -1,7 +1,10 @@
 """The `kvgate` command: a thin dispatcher to sub-commands.
 
-Each sub-command lives in its own module exposing ``main(argv: list[str]) -> int``; it is
-imported only when called, so `kvgate sim` does not pay for the gateway's imports.
+Each sub-command lives in its own module exposing ``main(argv: list[str]) -> int``: the
+gateway's own in this package (`serve`, `demo`, `config`, `admin`), the others beside the
+feature they drive (`gateway.epp.cli`, `gateway.doctor.cli`, `loadtest.sim.cli`,
+`loadtest.replay.cli`). A module is imported only when called, so `kvgate sim` does not pay
+for the gateway's imports.
 """
 
 from __future__ import annotations
@@ -12,12 +15,12 @@ import sys
 # name -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("loadtest.sim.cli", "run one simulated vLLM replica"),
-    "serve": ("gateway.serve", "run the gateway"),
+    "serve": ("gateway.cli.serve", "run the gateway"),
     "epp": ("gateway.epp.cli", "run the gateway as an Envoy endpoint picker (gRPC ext_proc)"),
-    "demo": ("gateway.demo", "simulated pools + the gateway on loopback (the embedded default)"),
-    "config": ("gateway.config_cli", "check and print the effective configuration"),
+    "demo": ("gateway.cli.demo", "simulated pools + the gateway on loopback (embedded default)"),
+    "config": ("gateway.cli.config", "check and print the effective configuration"),
     "replay": ("loadtest.replay.cli", "replay a trace live or offline against routing policies"),
-    "admin": ("gateway.admin_cli", "talk to a running gateway's admin API"),
+    "admin": ("gateway.cli.admin", "talk to a running gateway's admin API"),
     "doctor": ("gateway.doctor.cli", "diagnose a running gateway: findings, cache return"),
 }
 
@@ -46,7 +49,3 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(COMMANDS[name][0])
     result: int = module.main(rest)
     return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())
