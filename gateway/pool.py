@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gateway.config import KvgateConfig
 from gateway.policy import DEFAULT_TIER, PolicyDoc, PoolConfig
 from gateway.replicas import HealthPolicy, Replica, RetryBudget
-from gateway.transport import Transport
+from gateway.transport import Transport, TransportFactory, aiohttp_transport
 
 __all__ = ["Pool", "PoolChanges", "Pools"]
 
@@ -61,8 +61,12 @@ class PoolChanges:
 class Pools:
     """All pools of one gateway and the public-name → pool map (default tier)."""
 
-    def __init__(self, cfg: KvgateConfig, doc: PolicyDoc | None = None) -> None:
+    def __init__(
+        self, cfg: KvgateConfig, doc: PolicyDoc | None = None,
+        transport: TransportFactory = aiohttp_transport,
+    ) -> None:
         self._cfg = cfg
+        self._transport = transport
         h = cfg.health
         self._health = HealthPolicy(
             h.failure_threshold, h.eject_base_s, h.eject_max_s, h.slow_threshold,
@@ -80,9 +84,7 @@ class Pools:
     def _new_pool(self, name: str, pc: PoolConfig) -> Pool:
         replicas = [Replica(name, url, self._health) for url in pc.replicas]
         up = self._cfg.upstream
-        transport = Transport(
-            max_connections=up.max_connections, connect_timeout_s=up.connect_timeout_s
-        )
+        transport = self._transport(up.max_connections, up.connect_timeout_s)
         api_key = os.environ.get(pc.api_key_env) if pc.api_key_env else None
         budget = RetryBudget(up.retry_budget_ratio, up.retry_budget_min)
         return Pool(name, pc.served_model, replicas, transport, api_key, budget)

@@ -6,17 +6,24 @@ httpx 0.29 spent ~800 us of client CPU per request (~1,100 us reading the body a
 aiohttp 3.14 ~65-75 us. httpx alone would exceed the whole 400 us budget. aiohttp also sets
 TCP_NODELAY on every connection it opens (and uvloop does on every TCP transport).
 
-The rest of the gateway sees only `Transport` and `UpstreamResponse`, so a test or a future
-client swaps in behind these two classes.
+The rest of the gateway sees only the `Transport` and `UpstreamResponse` protocols: `Pools`
+takes a `TransportFactory` (`aiohttp_transport` by default), so a test or a future client swaps
+in behind them. An in-process fake must raise what a failed exchange raises here
+(`TRANSPORT_ERRORS`, `TimeoutError`).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 
-__all__ = ["TRANSPORT_ERRORS", "Transport", "UpstreamResponse", "refused"]
+__all__ = [
+    "TRANSPORT_ERRORS", "AiohttpResponse", "AiohttpTransport", "Transport", "TransportFactory",
+    "UpstreamResponse", "aiohttp_transport", "refused",
+]
 
 # What a failed exchange raises: connect errors, resets, protocol errors, bad payloads.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
@@ -30,8 +37,61 @@ def refused(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError)
 
 
-class UpstreamResponse:
+class UpstreamResponse(Protocol):
     """An upstream answer whose headers have arrived; the body is read chunk by chunk."""
+
+    status: int
+    content_type: str
+    content_length: str | None
+
+    async def read_chunk(self) -> bytes:
+        """The bytes that have arrived (waits for some); b"" at the end of the body."""
+        ...
+
+    async def read_all(self) -> bytes: ...
+
+    def release(self) -> None:
+        """Finished normally: the connection may be reused."""
+
+    def abort(self) -> None:
+        """Abandoned (client gone, timeout, error): close the connection so the replica
+        sees the disconnect and aborts the generation."""
+
+
+class Transport(Protocol):
+    """A pooled client for one pool of replicas."""
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        """Send; returns once the response headers arrived."""
+        ...
+
+    async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
+        """A small GET for health checks and model discovery."""
+        ...
+
+    async def call(
+        self, method: str, url: str, timeout_s: float, headers: dict[str, str]
+    ) -> tuple[int, str, bytes]:
+        """A small request without a body: status, content type and body."""
+        ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+# (max_connections, connect_timeout_s) -> a transport; called on the event loop
+TransportFactory = Callable[[int, float], Transport]
+
+
+def aiohttp_transport(max_connections: int, connect_timeout_s: float) -> Transport:
+    return AiohttpTransport(max_connections=max_connections,
+                            connect_timeout_s=connect_timeout_s)
+
+
+class AiohttpResponse:
+    """`UpstreamResponse` over aiohttp."""
 
     __slots__ = ("_resp", "content_length", "content_type", "status")
 
@@ -59,8 +119,8 @@ class UpstreamResponse:
         self._resp.close()
 
 
-class Transport:
-    """A pooled keep-alive client for one pool of replicas."""
+class AiohttpTransport:
+    """`Transport` over aiohttp: a pooled keep-alive client for one pool of replicas."""
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
         connector = aiohttp.TCPConnector(
@@ -83,7 +143,7 @@ class Transport:
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send; returns once the response headers arrived."""
         resp = await self._session.post(url, data=body, headers=headers, allow_redirects=False)
-        return UpstreamResponse(resp)
+        return AiohttpResponse(resp)
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
         """A small GET for health checks and model discovery."""
@@ -102,6 +162,10 @@ class Transport:
         ) as resp:
             body = await resp.read()
             return resp.status, resp.headers.get("Content-Type", "application/json"), body
+
+    @property
+    def closed(self) -> bool:
+        return self._session.closed
 
     async def close(self) -> None:
         await self._session.close()

@@ -78,14 +78,15 @@ def key_seeder(keys: dict[str, str]) -> Any:
     """An `after_start` hook: one fresh key per demo tenant (+ the public `demo` key)."""
 
     async def seed(app: GatewayApp) -> None:
-        assert app.tenancy is not None
-        store = app.tenancy.store
+        assert app.rt is not None
+        tenancy = app.rt.tenancy
+        store = tenancy.store
         for tenant in DEMO_TENANTS:
             key = PUBLIC_DEMO_KEY if tenant == "demo" else generate_key()
             await store.add_key(KeyRecord(key_id=new_key_id(), tenant_id=tenant,
                                           key_hash=hash_key(key), created_at=time.time()))
             keys[tenant] = key
-        await app.tenancy.resolver.refresh()  # usable before /readyz answers
+        await tenancy.resolver.refresh()  # usable before /readyz answers
 
     return seed
 

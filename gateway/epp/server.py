@@ -16,6 +16,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -25,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.epp.exchange import Exchange, PickerCore
+from gateway.runtime import Runtime
 
 __all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
 
@@ -102,14 +104,12 @@ class EppApp(GatewayApp):
         self.grpc: grpc.aio.Server | None = None
         self.grpc_port = 0
 
-    async def startup(self) -> None:
-        await super().startup()
-        assert self.proxy is not None
+    async def started(self, rt: Runtime, stack: AsyncExitStack) -> None:
         prefix, counter = os.urandom(8).hex(), itertools.count()
         core = PickerCore(
-            cfg=self.cfg, prep=self.proxy.prep, router=self.router, metrics=self.metrics,
-            responses=self.proxy.responses, clock=self.clock, page=self._public_page,
-            stored=self.proxy.stored,
+            cfg=self.cfg, prep=rt.proxy.prep, router=self.router, metrics=self.metrics,
+            responses=rt.proxy.responses, clock=self.clock, page=self._public_page,
+            stored=rt.proxy.stored,
             new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
             fallbacks=self.cfg.epp.fallbacks,
         )
@@ -123,12 +123,12 @@ class EppApp(GatewayApp):
             raise RuntimeError(f"cannot listen on {address} (gRPC): {exc}") from None
         await server.start()
         self.grpc = server
-        log.info("endpoint picker listening", extra={"grpc": address})
 
-    async def shutdown(self) -> None:
-        if self.grpc is not None:  # streams in flight may finish, new ones are refused
-            await self.grpc.stop(self.cfg.server.shutdown_grace_s)
-        await super().shutdown()
+        async def stop() -> None:  # streams in flight may finish, new ones are refused
+            await server.stop(self.cfg.server.shutdown_grace_s)
+
+        stack.push_async_callback(stop)
+        log.info("endpoint picker listening", extra={"grpc": address})
 
     def ready(self) -> bool:
         return self._readyz()[0] == 200

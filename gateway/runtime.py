@@ -1,0 +1,306 @@
+"""The gateway's long-lived parts, started in order on one `AsyncExitStack`.
+
+`start_runtime` builds and starts tenancy, the pools (following the policy in force), discovery,
+health polling, the drain reaper, the scraper, shared routing state, the doctor and the admin
+API. Each part pushes its own stop onto the stack as soon as it has started, so a start that
+fails half way stops exactly what had started, in reverse order; shutdown is `stack.aclose()`.
+The result is one frozen `Runtime`: the app's dispatch and pages read it, nothing reassigns it.
+
+`Membership` follows which replicas exist: a policy version or a discovery source re-lists
+pools; newcomers are scraped and watched by shared state, leavers drain (no new picks, their
+in-flight requests finish) and are then forgotten by the scraper and the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import httpx
+
+from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
+from gateway.admin.guard import AuthGuardCollector
+from gateway.admin.live import LiveViews
+from gateway.asgi import ASGIApp
+from gateway.config import KvgateConfig, auth_secret
+from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
+from gateway.doctor import build_doctor
+from gateway.doctor.service import Doctor
+from gateway.errors import ConfigError
+from gateway.fleet.metrics import SyncCollector
+from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.health import HealthMonitor
+from gateway.jsondepth import guard_json_depth
+from gateway.metrics import GatewayMetrics
+from gateway.policy import DEFAULT_TIER
+from gateway.pool import PoolChanges, Pools
+from gateway.proxy import Proxy
+from gateway.replicas import Replica
+from gateway.scrape import Sample, Scraper
+from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
+from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
+from gateway.tenancy.service import TenancyCollector
+from gateway.transport import TransportFactory, aiohttp_transport
+from routing.peers import ReplicaLoad
+from routing.router import Router
+
+__all__ = ["Membership", "Runtime", "start_runtime"]
+
+log = logging.getLogger(__name__)
+DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
+REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """Everything a started gateway serves with."""
+
+    tenancy: Tenancy
+    gate: TenantGate
+    pools: Pools
+    proxy: Proxy
+    scraper: Scraper
+    sync: RouteSync | None  # shared routing state (with Redis)
+    doctor: Doctor  # `kvgate doctor`'s rolling history
+    admin: ASGIApp  # the admin API, mounted at /admin
+
+
+async def start_runtime(
+    cfg: KvgateConfig, router: Router, metrics: GatewayMetrics, clock: Callable[[], float],
+    stack: AsyncExitStack, transport: TransportFactory = aiohttp_transport,
+) -> Runtime:
+    """Start every part in order, each registering its stop on ``stack`` once started.
+    ``transport`` makes each pool's upstream client (tests pass an in-process one)."""
+    tenancy, gate = await _start_tenancy(cfg, metrics, stack)
+    snap = tenancy.resolver.policy  # the store's policy, once seeded from config
+    pools = Pools(cfg, snap.doc if snap is not None else cfg.policy_doc(), transport)
+    stack.push_async_callback(pools.close)
+    by_id = {r.id: r for r in pools.replicas()}  # replica id -> replica; scrapes land here
+    scraper = _scraper(cfg, by_id, clock, stack)
+    sync = _route_sync(cfg, router, pools, by_id, clock)
+    members = Membership(pools, by_id, router, scraper, sync)
+    stack.push_async_callback(members.stop)
+    # subscribed before the next await, so no policy version can slip in between
+    stack.callback(tenancy.resolver.on_policy(members.policy_changed))
+    proxy = Proxy(cfg, pools, router, metrics, clock, gate)
+    await members.start_discovery()
+    monitor = HealthMonitor(pools, cfg.health, clock)
+    await monitor.poll_once()  # know who is up (and the served names) before serving
+    _run(stack, monitor.run(), "kvgate-health")
+    _run(stack, members.reap_drained(), "kvgate-drain")
+    await scraper.start()
+    stack.push_async_callback(scraper.stop)
+    if sync is not None:
+        await sync.start()
+        stack.push_async_callback(sync.stop)
+        log.info("shared routing state on", extra={"member": sync.member})
+    metrics.registry.register(SyncCollector(router, sync, clock))
+    doctor = build_doctor(
+        cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,
+        sync_degraded=lambda: sync.degraded if sync else None, clock=clock)
+    proxy.prep.sharing = doctor.sharing
+    await doctor.start()
+    stack.push_async_callback(doctor.stop)
+    admin = _admin_app(cfg, tenancy, gate, pools, router, proxy, scraper, doctor, metrics, clock)
+    stack.callback(members.close)  # the first thing shutdown does: stop following changes
+    return Runtime(tenancy, gate, pools, proxy, scraper, sync, doctor, admin)
+
+
+async def _start_tenancy(
+    cfg: KvgateConfig, metrics: GatewayMetrics, stack: AsyncExitStack
+) -> tuple[Tenancy, TenantGate]:
+    tcfg = cfg.tenancy
+    secret, salted = auth_secret(cfg)
+    redis_url = cfg.redis_url.get_secret_value() if cfg.redis_url else None
+    settings = TenancySettings(
+        redis_url=redis_url, namespace=tcfg.namespace, redis_timeout_s=tcfg.redis_timeout_s,
+        poll_interval_s=tcfg.poll_interval_s, max_staleness_s=tcfg.max_staleness_s,
+        client_salt=tcfg.client_salt, salt_encoding=tcfg.salt_encoding,
+        gateway_replicas=tcfg.gateway_replicas,
+    )
+    tenancy = build_tenancy(settings, secret)
+    tenants = [Tenant(id=t.id, tier=t.tier, salt_group=t.salt_group) for t in cfg.tenants]
+    if not tcfg.auth:  # the 'default' tier: models' default pools, no limits unless set
+        tenants.append(Tenant(id=NO_AUTH_TENANT, tier=DEFAULT_TIER))
+    stack.push_async_callback(tenancy.close)
+    await tenancy.start(tenants=tenants, policy=cfg.policy_doc())
+    labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
+    gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,
+                      labels=labels)
+    metrics.watch_tenancy(lambda: (gate.redis_up(), tenancy.resolver.health().policy_version))
+    metrics.registry.register(TenancyCollector(tenancy.resolver))
+    return tenancy, gate
+
+
+def _scraper(
+    cfg: KvgateConfig, by_id: dict[str, Replica], clock: Callable[[], float],
+    stack: AsyncExitStack,
+) -> Scraper:
+    """Polls every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""
+    client = httpx.AsyncClient()
+    stack.push_async_callback(client.aclose)
+
+    def on_sample(replica_id: str, sample: Sample | None, now: float) -> None:
+        replica = by_id.get(replica_id)
+        if replica is not None:
+            replica.record_scrape(sample, now)
+
+    interval = cfg.routing.scrape_interval_ms / 1000.0
+    scraper = Scraper(client, on_sample, interval_s=interval,
+                      timeout_s=max(0.5, 4 * interval), clock=clock)
+    for replica in by_id.values():
+        scraper.add_target(replica.id, replica.url)
+    return scraper
+
+
+def _route_sync(
+    cfg: KvgateConfig, router: Router, pools: Pools, by_id: dict[str, Replica],
+    clock: Callable[[], float],
+) -> RouteSync | None:
+    """Shared routing state with the other gateway processes (Redis only; not started)."""
+    sc = cfg.sync
+    url = cfg.redis_url.get_secret_value() if cfg.redis_url else None
+    if not (url and sc.enabled):
+        return None
+    settings = SyncSettings(
+        flush_interval_s=sc.flush_interval_ms / 1000.0, heartbeat_s=sc.heartbeat_s,
+        stale_after_s=sc.stale_after_s, stream_maxlen=sc.stream_maxlen,
+        catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
+        timeout_s=sc.timeout_s,
+    )
+
+    def own_loads() -> dict[str, ReplicaLoad]:
+        """This process's own load per replica (published to the other gateways)."""
+        pending = router.own_load
+        return {
+            r.id: ReplicaLoad(r.inflight, r.inflight_prefill, r.inflight_prefill_tokens,
+                              pending(r.id) if r.inflight else 0.0)
+            for r in pools.described()
+        }
+
+    sync = RouteSync(router, url, cfg.tenancy.namespace, settings, own_loads,
+                     by_id.__contains__, clock)
+    for replica in pools.described():
+        replica.watch = sync.wake
+    return sync
+
+
+def _admin_app(
+    cfg: KvgateConfig, tenancy: Tenancy, gate: TenantGate, pools: Pools, router: Router,
+    proxy: Proxy, scraper: Scraper, doctor: Doctor, metrics: GatewayMetrics,
+    clock: Callable[[], float],
+) -> ASGIApp:
+    token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
+    try:
+        tokens = admin_tokens_from_env(token)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    live = LiveViews(pools, router, proxy.planner, gate, scraper, clock)
+    deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
+                     doctor=doctor.report)
+    metrics.registry.register(AuthGuardCollector(deps.guard))
+    app: ASGIApp = guard_json_depth(create_admin_app(  # too deep: 400 first
+        deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"))
+    return app
+
+
+def _run(stack: AsyncExitStack, work: object, name: str) -> None:
+    """A background task, cancelled and awaited when the stack closes."""
+    task: asyncio.Task[None] = asyncio.create_task(work, name=name)  # type: ignore[arg-type]
+
+    async def stop() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(stop)
+
+
+class Membership:
+    """Follows the replica lists: policy versions and discovery re-list pools."""
+
+    def __init__(
+        self, pools: Pools, by_id: dict[str, Replica], router: Router, scraper: Scraper,
+        sync: RouteSync | None,
+    ) -> None:
+        self._pools = pools
+        self._by_id = by_id
+        self._router = router
+        self._scraper = scraper
+        self._sync = sync
+        self.discovery = DiscoveryManager(build_discovery, self.discovered)
+        self._background: set[asyncio.Task[None]] = set()  # one-off (discovery re-sync)
+        self._closed = False
+
+    async def start_discovery(self) -> None:
+        """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
+        try:
+            await self.discovery.sync(self._pools.doc.pools, strict=True)
+        except DiscoveryConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.discovery.pools:
+            late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
+            if late:
+                log.warning("discovery not synced yet; those pools start empty",
+                            extra={"pools": late})
+
+    def policy_changed(self, snap: PolicySnapshot) -> None:
+        """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
+        if self._closed:
+            return
+        changes = self._pools.apply(snap.doc)
+        self._follow(changes)
+        task = asyncio.create_task(self.discovery.sync(snap.doc.pools))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
+                                          "removed": len(changes.removed)})
+
+    def discovered(self, pool: str, urls: frozenset[str]) -> None:
+        """Discovery's `on_change` (sync, on the loop): re-list the pool; leavers drain."""
+        if self._closed:
+            return
+        changes = self._pools.set_discovered(pool, urls)
+        self._follow(changes)
+        if changes:
+            log.info("pool replicas changed", extra={
+                "pool": pool, "replicas": len(urls),
+                "added": [r.id for r in changes.added],
+                "draining": [r.id for r in changes.removed]})
+
+    def _follow(self, changes: PoolChanges) -> None:
+        """Scrape the new replicas; stop scraping the ones that started draining."""
+        for replica in changes.removed:
+            if self._by_id.get(replica.id) is replica:
+                del self._by_id[replica.id]
+                self._scraper.remove_target(replica.id)
+        for replica in changes.added:
+            self._by_id[replica.id] = replica
+            if self._sync is not None:
+                replica.watch = self._sync.wake
+            self._scraper.add_target(replica.id, replica.url)
+
+    async def reap_drained(self) -> None:
+        """Forget drained replicas once their last in-flight request has finished."""
+        pools = self._pools
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            for replica in pools.reap():
+                if not any(r.id == replica.id for r in pools.replicas()):
+                    self._router.forget_replica(replica.id)
+                log.info("replica drained", extra={"pool": replica.pool, "replica": replica.id})
+
+    def close(self) -> None:
+        """Stop following: later policy versions and discovery changes are ignored."""
+        self._closed = True
+
+    async def stop(self) -> None:
+        self._closed = True
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.discovery.stop()

@@ -1,0 +1,208 @@
+"""The proxy's retry, failover and timeout rules, in process: the gateway runs with an
+in-process `Transport` (the seam every upstream exchange goes through), so each rule is
+checked against a scripted replica without processes or sockets. The same rules are checked
+against real simulators in tests/integration/test_gateway_failover.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+import orjson
+
+from gateway.app import GatewayApp
+from gateway.config import load_config
+from gateway.transport import Transport, UpstreamResponse
+
+A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"  # never connected to: the transport fakes them
+OK = orjson.dumps({"id": "c", "object": "text_completion", "model": "sim-model", "choices": [
+    {"index": 0, "text": "hi", "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+Behaviour = Callable[[], Any]  # returns a FakeResponse, or raises / hangs
+
+
+class FakeResponse:
+    def __init__(self, status: int, chunks: list[bytes | BaseException],
+                 content_type: str = "application/json") -> None:
+        self.status = status
+        self.content_type = content_type
+        self.content_length: str | None = None
+        self._chunks = list(chunks)
+        self.ended: str | None = None  # "released" or "aborted"
+
+    async def read_chunk(self) -> bytes:
+        if not self._chunks:
+            return b""
+        item = self._chunks.pop(0)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    async def read_all(self) -> bytes:
+        out = b""
+        while chunk := await self.read_chunk():
+            out += chunk
+        return out
+
+    def release(self) -> None:
+        self.ended = "released"
+
+    def abort(self) -> None:
+        self.ended = "aborted"
+
+
+class FakeTransport:
+    """Answers /health and /v1/models; POSTs follow the replica's scripted behaviour."""
+
+    def __init__(self, script: dict[str, Behaviour], posts: list[str]) -> None:
+        self._script = script
+        self._posts = posts
+        self.closed = False
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        base = url[: url.index("/v1/")]
+        self._posts.append(base)
+        result: UpstreamResponse = await self._script[base]()
+        return result
+
+    async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
+        if url.endswith("/v1/models"):
+            return 200, b'{"object":"list","data":[{"id":"sim-model"}]}'
+        return 200, b""
+
+    async def call(self, method: str, url: str, timeout_s: float,
+                   headers: dict[str, str]) -> tuple[int, str, bytes]:
+        return 404, "application/json", b"{}"
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def ok() -> Behaviour:
+    async def answer() -> FakeResponse:
+        return FakeResponse(200, [OK])
+    return answer
+
+
+def status(code: int, body: bytes = b'{"error":{"message":"x","type":"t","code":1}}') -> Behaviour:
+    async def answer() -> FakeResponse:
+        return FakeResponse(code, [body])
+    return answer
+
+
+def refused() -> Behaviour:
+    async def answer() -> FakeResponse:
+        raise ConnectionRefusedError("refused")
+    return answer
+
+
+def hang() -> Behaviour:
+    async def answer() -> FakeResponse:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+    return answer
+
+
+def stream_reset() -> Behaviour:
+    async def answer() -> FakeResponse:
+        first = (b'data: {"id":"c","object":"text_completion",'
+                 b'"choices":[{"index":0,"text":"a"}]}\n\n')
+        return FakeResponse(200, [first, aiohttp.ClientPayloadError("reset")],
+                            content_type="text/event-stream")
+    return answer
+
+
+async def _call(app: GatewayApp, body: dict[str, Any]) -> tuple[int, bytes, dict[bytes, bytes]]:
+    raw = orjson.dumps(body)
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+             "headers": [(b"content-type", b"application/json"),
+                         (b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "http_version": "1.1", "scheme": "http"}
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(3600)  # the client stays connected
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    body_out = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], body_out, dict(start["headers"])
+
+
+def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
+         upstream: dict[str, Any] | None = None) -> tuple[list[tuple[int, bytes]], list[str]]:
+    posts: list[str] = []
+
+    def factory(max_connections: int, connect_timeout_s: float) -> Transport:
+        return FakeTransport(script, posts)
+
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A, B]}},
+        "tenancy": {"auth": False}, "upstream": upstream or {},
+        "routing": {"scrape_interval_ms": 60_000}})
+
+    async def run() -> list[tuple[int, bytes]]:
+        app = GatewayApp(cfg, transport=factory)
+        await app.startup()
+        try:
+            out = []
+            for body in requests:
+                code, data, _ = await _call(app, body)
+                out.append((code, data))
+            return out
+        finally:
+            await app.shutdown()
+
+    return asyncio.run(run()), posts
+
+
+REQ = {"model": "sim-model", "prompt": "hello", "max_tokens": 2}
+
+
+def test_a_refused_replica_fails_over_and_is_taken_out() -> None:
+    answers, posts = _run({A: refused(), B: ok()}, [REQ] * 6)
+    assert all(code == 200 for code, _ in answers)
+    assert posts.count(A) <= 1  # down at the first refusal, not after N requests
+    if posts[0] == A:
+        assert posts[1] == B
+
+
+def test_busy_everywhere_passes_the_last_answer_through() -> None:
+    answers, posts = _run({A: status(503), B: status(503)}, [REQ])
+    assert answers[0][0] == 503
+    assert orjson.loads(answers[0][1])["error"]["message"]
+    assert sorted(posts) == [A, B]  # each replica tried once, none twice
+
+
+def test_a_client_error_is_not_retried() -> None:
+    body = b'{"error":{"message":"bad prompt","type":"BadRequestError","param":null,"code":400}}'
+    answers, posts = _run({A: status(400, body), B: status(400, body)}, [REQ])
+    assert answers == [(400, body)] and len(posts) == 1
+
+
+def test_no_first_byte_in_time_is_a_504_without_retry() -> None:
+    answers, posts = _run({A: hang(), B: hang()}, [REQ],
+                          upstream={"first_byte_timeout_s": 0.2})
+    code, body = answers[0]
+    assert code == 504 and orjson.loads(body)["error"]["type"] == "GatewayTimeoutError"
+    assert len(posts) == 1
+
+
+def test_a_stream_reset_after_the_first_byte_ends_the_stream_with_an_error() -> None:
+    answers, posts = _run({A: stream_reset(), B: stream_reset()}, [{**REQ, "stream": True}])
+    code, body = answers[0]
+    assert code == 200 and b'"text":"a"' in body
+    assert b'"error"' in body and body.rstrip().endswith(b"data: [DONE]")
+    assert len(posts) == 1  # bytes reached the client: never retried
