@@ -144,7 +144,7 @@ class GatewayApp:
             usable = h.loaded and (max_stale is None or h.staleness_s <= max_stale)
             ok = ok and usable
             info["tenancy"] = {
-                "store": "redis" if tenancy.settings.redis_url else "memory",
+                "store": "redis" if tenancy.redis_url else "memory",
                 "degraded": h.degraded or limiter_down,
                 "reason": h.reason or ("rate limits are per-process" if limiter_down else None),
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),

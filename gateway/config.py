@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import pydantic.dataclasses
 import yaml
 from pydantic import (
     BaseModel,
@@ -27,6 +29,7 @@ from pydantic import (
 
 from gateway.errors import ConfigError
 from gateway.policy import PolicyDoc
+from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
 from routing.policies import REGISTRY
 
@@ -117,17 +120,11 @@ class HealthConfig(_Section):
     busy_backoff_max_s: Pos = 2.0
 
 
-_ROUTING = RouterConfig()  # the routing core owns the defaults; the config only exposes them
+@pydantic.dataclasses.dataclass(frozen=True, config=ConfigDict(extra="forbid"))
+class RoutingSection(RouterConfig):
+    """Every field of the routing core's `RouterConfig` (defined, defaulted and checked once,
+    there; documented in routing/README.md), plus how often the gateway scrapes replicas."""
 
-
-class RoutingSection(_Section):
-    policy: str = _ROUTING.policy
-    block_chars: Annotated[int, Field(gt=0)] = _ROUTING.block_chars
-    max_blocks: Annotated[int, Field(gt=0)] = _ROUTING.max_blocks
-    load_factor: Annotated[float, Field(ge=1.0)] = _ROUTING.load_factor
-    load_slack: Annotated[float, Field(ge=1.0)] = _ROUTING.load_slack
-    miss_weight: Annotated[float, Field(ge=1.0)] = _ROUTING.miss_weight
-    stale_after_s: Pos = _ROUTING.stale_after_s
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
 
     @field_validator("policy")
@@ -138,25 +135,15 @@ class RoutingSection(_Section):
         return value
 
     def router_config(self) -> RouterConfig:
-        return RouterConfig(
-            policy=self.policy, block_chars=self.block_chars, max_blocks=self.max_blocks,
-            load_factor=self.load_factor, load_slack=self.load_slack,
-            miss_weight=self.miss_weight, stale_after_s=self.stale_after_s,
-        )
+        return RouterConfig(**{f.name: getattr(self, f.name) for f in fields(RouterConfig)})
 
 
-class TenancySection(_Section):
-    """Authentication, salts and the shared store's behaviour (secrets come from the env)."""
+class TenancySection(TenancySettings):
+    """Authentication, salts and the shared store's behaviour (secrets come from the env):
+    tenancy's own settings (`gateway.tenancy.service.TenancySettings`) plus the gateway's."""
 
     auth: bool = True  # False = `kvgate serve --no-auth`: one tenant, no API keys
     salt_secret_file: str | None = None  # alternative to KVGATE_SALT_SECRET (first line)
-    client_salt: Literal["strip", "reject"] = "strip"  # what to do with a client cache_salt
-    salt_encoding: Literal["hex", "base64url"] = "base64url"
-    gateway_replicas: Annotated[int, Field(ge=1)] = 1  # divides limits while Redis is down
-    poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5  # safety net for pub/sub
-    max_staleness_s: Annotated[float, Field(gt=0)] | None = 300.0  # then requests get 503
-    redis_timeout_s: Pos = 0.5
-    namespace: str = "kvgate"
     # `tenant` metric label: these ids, or (empty list) the first `metrics_max_tenants` seen;
     # every other tenant is "other", so the label stays bounded
     metrics_tenants: list[str] = Field(default_factory=list)

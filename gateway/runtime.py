@@ -41,7 +41,7 @@ from gateway.pool import PoolChanges, Pools
 from gateway.proxy import Proxy
 from gateway.replicas import Replica
 from gateway.scrape import Sample, Scraper
-from gateway.tenancy import PolicySnapshot, Tenancy, TenancySettings, Tenant, build_tenancy
+from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, aiohttp_transport
@@ -116,13 +116,7 @@ async def _start_tenancy(
     tcfg = cfg.tenancy
     secret, salted = auth_secret(cfg)
     redis_url = cfg.redis_url.get_secret_value() if cfg.redis_url else None
-    settings = TenancySettings(
-        redis_url=redis_url, namespace=tcfg.namespace, redis_timeout_s=tcfg.redis_timeout_s,
-        poll_interval_s=tcfg.poll_interval_s, max_staleness_s=tcfg.max_staleness_s,
-        client_salt=tcfg.client_salt, salt_encoding=tcfg.salt_encoding,
-        gateway_replicas=tcfg.gateway_replicas,
-    )
-    tenancy = build_tenancy(settings, secret)
+    tenancy = build_tenancy(tcfg, secret, redis_url)
     tenants = [Tenant(id=t.id, tier=t.tier, salt_group=t.salt_group) for t in cfg.tenants]
     if not tcfg.auth:  # the 'default' tier: models' default pools, no limits unless set
         tenants.append(Tenant(id=NO_AUTH_TENANT, tier=DEFAULT_TIER))

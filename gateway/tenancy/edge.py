@@ -92,6 +92,6 @@ class TenantGate:
 
     def redis_up(self) -> bool | None:
         """None without Redis; else whether both the store and the shared limits answer."""
-        if self.tenancy.settings.redis_url is None:
+        if self.tenancy.redis_url is None:
             return None
         return not (self._resolver.health().degraded or self._limiter.degraded)

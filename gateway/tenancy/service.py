@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 
 class TenancySettings(BaseModel):
+    """Tenancy's settings (the `tenancy` section of the gateway's config extends these)."""
+
     model_config = ConfigDict(extra="forbid")
-    redis_url: str | None = None  # KVGATE_REDIS_URL; None: in-memory, single process
     namespace: str = "kvgate"
     redis_timeout_s: Annotated[float, Field(gt=0)] = 0.5
     poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5  # safety net for pub/sub
@@ -56,6 +57,7 @@ class Tenancy:
     store: TenantStore
     limiter: RateLimiter
     resolver: TenantResolver
+    redis_url: str | None = None  # KVGATE_REDIS_URL; None: in-memory, single process
 
     async def start(
         self, *, tenants: Iterable[Tenant] = (), policy: PolicyDoc | None = None
@@ -98,15 +100,17 @@ class TenancyCollector(Collector):
         yield resets
 
 
-def build_tenancy(settings: TenancySettings, salt_secret: str | bytes) -> Tenancy:
+def build_tenancy(
+    settings: TenancySettings, salt_secret: str | bytes, redis_url: str | None = None
+) -> Tenancy:
     salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
     store: TenantStore
     limiter: RateLimiter
-    if settings.redis_url is None:
+    if redis_url is None:
         store = InMemoryStore(audit_cap=settings.audit_cap)
         limiter = MemoryRateLimiter()
     else:
-        client = connect_redis(settings.redis_url, timeout_s=settings.redis_timeout_s)
+        client = connect_redis(redis_url, timeout_s=settings.redis_timeout_s)
         store = RedisStore(client, namespace=settings.namespace, audit_cap=settings.audit_cap)
         shared = RedisRateLimiter(
             client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s
@@ -118,4 +122,4 @@ def build_tenancy(settings: TenancySettings, salt_secret: str | bytes) -> Tenanc
         poll_interval_s=settings.poll_interval_s,
         max_staleness_s=settings.max_staleness_s,
     )
-    return Tenancy(settings, salts, store, limiter, resolver)
+    return Tenancy(settings, salts, store, limiter, resolver, redis_url)

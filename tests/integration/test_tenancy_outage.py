@@ -7,10 +7,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway.errors import AuthError, BackendUnavailable
 from gateway.policy import parse_policy
 from gateway.tenancy import (
-    AuthError,
-    BackendUnavailable,
     KeyRecord,
     RedisStore,
     SaltDeriver,
@@ -66,8 +65,8 @@ async def _until(cond: Callable[[], bool]) -> None:
 async def test_outage_fallback_and_recovery(tmp_path: Path) -> None:
     proc, url = _persistent_redis(tmp_path)
     proc.start()
-    settings = TenancySettings(redis_url=url, gateway_replicas=2, poll_interval_s=0.1)
-    tenancy = build_tenancy(settings, SECRET)
+    settings = TenancySettings(gateway_replicas=2, poll_interval_s=0.1)
+    tenancy = build_tenancy(settings, SECRET, url)
     try:
         await tenancy.start(tenants=[Tenant(id="acme", tier="premium")], policy=POLICY)
         key = generate_key()

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from gateway.errors import AuthError
 from gateway.policy import Limits, parse_policy
 from gateway.tenancy import (
-    AuthError,
     InMemoryStore,
     KeyRecord,
     PolicySnapshot,

@@ -8,16 +8,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
+from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed
 from gateway.policy import Limits, PolicyDoc, parse_policy
 from gateway.tenancy import (
     AuditEntry,
-    BadRequest,
     Change,
-    Conflict,
     InMemoryStore,
     KeyRecord,
-    NotFound,
-    PreconditionFailed,
     RedisStore,
     Tenant,
     TenantStore,

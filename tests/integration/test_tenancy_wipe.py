@@ -12,9 +12,9 @@ import redis
 import redis.asyncio
 
 from gateway.admin import AdminToken
+from gateway.errors import AuthError
 from gateway.policy import parse_policy
 from gateway.tenancy import (
-    AuthError,
     InMemoryStore,
     KeyRecord,
     RedisStore,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gateway.cli.serve import build_parser, config_from_args
-from gateway.config import env_overrides, load_config, redacted_dump
+from gateway.config import KvgateConfig, env_overrides, load_config, redacted_dump
 from gateway.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
@@ -99,3 +100,20 @@ def test_config_and_upstream_together_is_an_error() -> None:
     args = build_parser().parse_args(["--config", str(EXAMPLE), "--upstream", "http://a:1"])
     with pytest.raises(ConfigError):
         config_from_args(args)
+
+
+def test_example_file_lists_every_section_field() -> None:
+    # each setting is defined once (routing: RouterConfig; tenancy: TenancySettings + the
+    # gateway's); the reference example must show every one, set or commented out
+    text = EXAMPLE.read_text()
+    sections = {name: field.annotation for name, field in KvgateConfig.model_fields.items()
+                if name in ("server", "upstream", "health", "routing", "tenancy", "sync",
+                            "doctor", "epp")}
+    missing = []
+    for section, model in sections.items():
+        block = text.split(f"\n{section}:", 1)[1].split("\n\n", 1)[0]
+        names = (model.model_fields if hasattr(model, "model_fields")
+                 else {f.name: f for f in dataclasses.fields(model)})
+        missing += [f"{section}.{n}" for n in names
+                    if f"  {n}:" not in block and f"# {n}:" not in block]
+    assert missing == []
