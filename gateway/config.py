@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
-from gateway.policy import PolicyDoc
+from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
 from routing.policies import REGISTRY

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.config import KvgateConfig
-from gateway.policy import DEFAULT_TIER, PolicyDoc, PoolConfig
-from gateway.replicas import HealthPolicy, Replica, RetryBudget
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PoolConfig
+from gateway.replicas import HealthRules, Replica, RetryBudget
 from gateway.transport import Transport, TransportFactory, aiohttp_transport
 
 __all__ = ["Pool", "PoolChanges", "Pools"]
@@ -68,7 +68,7 @@ class Pools:
         self._cfg = cfg
         self._transport = transport
         h = cfg.health
-        self._health = HealthPolicy(
+        self._health = HealthRules(
             h.failure_threshold, h.eject_base_s, h.eject_max_s, h.slow_threshold,
             h.busy_backoff_s, h.busy_backoff_max_s,
         )

@@ -24,11 +24,11 @@ from gateway.doctor.sharing import PrefixSharing
 from gateway.errors import NoReplicaAvailable
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
+from gateway.planner import Planner
 from gateway.pool import Pools
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
-from gateway.tenancy.planner import Planner
 from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView

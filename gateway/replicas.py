@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from gateway.scrape import Sample
 from routing.types import ReplicaView
 
-__all__ = ["HealthPolicy", "Lease", "Replica", "RetryBudget", "replica_id"]
+__all__ = ["HealthRules", "Lease", "Replica", "RetryBudget", "replica_id"]
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
 
@@ -34,7 +34,7 @@ def replica_id(url: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
-class HealthPolicy:
+class HealthRules:
     failure_threshold: int = 3
     eject_base_s: float = 1.0
     eject_max_s: float = 30.0
@@ -52,7 +52,7 @@ class Replica:
         "pool", "scraped", "scraped_at", "slow_probes", "state", "url", "watch",
     )
 
-    def __init__(self, pool: str, url: str, policy: HealthPolicy) -> None:
+    def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
         self.pool = pool
         self.url = url.rstrip("/")
         self.id = replica_id(url)

@@ -36,7 +36,7 @@ from gateway.fleet.sync import RouteSync, SyncSettings
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
 from gateway.metrics import GatewayMetrics
-from gateway.policy import DEFAULT_TIER
+from gateway.policy_doc import DEFAULT_TIER
 from gateway.pool import PoolChanges, Pools
 from gateway.proxy import Proxy
 from gateway.replicas import Replica

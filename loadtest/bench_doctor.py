@@ -127,12 +127,12 @@ def _history_cost(rate: float = 2000.0, replicas: int = 16, pools: int = 4,
     from gateway.doctor.service import Doctor, DoctorSettings
     from gateway.doctor.sharing import PrefixSharing
     from gateway.metrics import GatewayMetrics
-    from gateway.replicas import HealthPolicy, Replica
+    from gateway.replicas import HealthRules, Replica
     from gateway.scrape import Sample
     from routing.router import Router
     from routing.types import RequestFeatures
 
-    reps = [Replica(f"pool{i % pools}", f"http://10.0.0.{i}:8000", HealthPolicy())
+    reps = [Replica(f"pool{i % pools}", f"http://10.0.0.{i}:8000", HealthRules())
             for i in range(replicas)]
     rng = random.Random(7)
     metrics = GatewayMetrics(lambda: reps, time.monotonic)

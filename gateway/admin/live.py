@@ -14,12 +14,12 @@ import orjson
 
 from gateway.body import parse_body
 from gateway.errors import BadRequest
-from gateway.policy import Limits
+from gateway.planner import Planner
+from gateway.policy_doc import Limits
 from gateway.pool import Pools
 from gateway.replicas import Replica
 from gateway.scrape import Scraper
 from gateway.tenancy.edge import TenantGate
-from gateway.tenancy.planner import Planner
 from gateway.tenancy.resolver import Principal
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import NoCandidate, Router

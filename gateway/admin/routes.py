@@ -28,7 +28,7 @@ from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
 from gateway.doctor.render import parse_duration
 from gateway.errors import AuthError, BackendUnavailable, BadRequest, NotFound, PermissionDenied
-from gateway.policy import DEFAULT_TIER, PolicyValidationError, parse_policy
+from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
 from gateway.tenancy.store import TenantStore

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 from gateway.tenancy.models import NAME_PATTERN, AuditEntry, Tenant
 
 __all__ = ["TenantCreate", "TenantPatch", "audit_view", "iso_time", "tenant_view"]

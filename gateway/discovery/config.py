@@ -1,7 +1,7 @@
 """Typed discovery settings, parsed from a pool's ``discovery`` mapping.
 
 A pool's config carries ``discovery: {kubernetes: {...}}`` or ``discovery: {dns: {...}}``
-(see ``gateway.policy.PoolConfig.discovery``); exactly one mode per pool. Errors name the field.
+(see ``gateway.policy_doc.PoolConfig.discovery``); exactly one mode per pool. Errors name the field.
 """
 
 from __future__ import annotations

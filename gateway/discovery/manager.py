@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 
 class PoolDiscovery(Protocol):
-    """The part of a pool's config the manager reads (`gateway.policy.PoolConfig`)."""
+    """The part of a pool's config the manager reads (`gateway.policy_doc.PoolConfig`)."""
 
     discovery: dict[str, dict[str, object]] | None
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 
 from gateway.errors import BackendUnavailable
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway.errors import RateLimited
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 
 __all__ = ["Admission", "MemoryRateLimiter", "RateLimiter", "refill"]
 

@@ -6,7 +6,7 @@ import secrets
 from collections import deque
 
 from gateway.errors import Conflict, NotFound
-from gateway.policy import PolicyDoc
+from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
     Change,

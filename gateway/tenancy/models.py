@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.policy import Limits, PolicyDoc
+from gateway.policy_doc import Limits, PolicyDoc
 
 __all__ = [
     "NAME_PATTERN",

@@ -20,7 +20,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 
 from gateway.errors import BackendUnavailable
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.redis_conn import redis_unavailable
 

@@ -22,7 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.errors import Conflict, NotFound
-from gateway.policy import PolicyDoc
+from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
     Change,

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.errors import AuthError, BackendUnavailable, NotFound, PermissionDenied
-from gateway.policy import DEFAULT_TIER, Limits
+from gateway.policy_doc import DEFAULT_TIER, Limits
 from gateway.tenancy.keys import hash_key
 from gateway.tenancy.models import Change, PolicySnapshot, StoreSnapshot, Tenant
 from gateway.tenancy.salts import SaltDeriver

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.body import ClientSaltMode
 from gateway.errors import BackendUnavailable
-from gateway.policy import PolicyDoc
+from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore

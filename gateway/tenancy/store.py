@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from gateway.errors import BadRequest, Conflict, PreconditionFailed
-from gateway.policy import PolicyDoc
+from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
     Change,

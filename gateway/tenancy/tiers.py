@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from gateway.policy import LoadThreshold, PolicyDoc, TierConfig
+from gateway.policy_doc import LoadThreshold, PolicyDoc, TierConfig
 
 __all__ = ["LoadSignal", "ReplicaLoad", "TierRoute", "resolve_tier"]
 

@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 
 from gateway.admin import AdminDeps, AdminToken, create_admin_app
-from gateway.policy import parse_policy
+from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     InMemoryStore,
     RedisStore,

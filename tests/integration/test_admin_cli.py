@@ -12,7 +12,7 @@ import pytest
 
 from gateway.admin import AdminToken
 from gateway.cli import admin as admin_cli
-from gateway.policy import parse_policy
+from gateway.policy_doc import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin
 from tests.support.procs import ROOT

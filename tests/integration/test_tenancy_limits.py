@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 from gateway.tenancy import MemoryRateLimiter, RateLimiter, RedisRateLimiter, connect_redis
 from tests.support.procs import redis_proc
 

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from gateway.policy import Limits
+from gateway.policy_doc import Limits
 from gateway.tenancy import RedisRateLimiter, connect_redis
 from tests.support.procs import ROOT, redis_proc
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gateway.errors import AuthError, BackendUnavailable
-from gateway.policy import parse_policy
+from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     KeyRecord,
     RedisStore,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from gateway.errors import AuthError
-from gateway.policy import Limits, parse_policy
+from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import (
     InMemoryStore,
     KeyRecord,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed
-from gateway.policy import Limits, PolicyDoc, parse_policy
+from gateway.policy_doc import Limits, PolicyDoc, parse_policy
 from gateway.tenancy import (
     AuditEntry,
     Change,

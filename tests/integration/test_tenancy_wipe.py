@@ -13,7 +13,7 @@ import redis.asyncio
 
 from gateway.admin import AdminToken
 from gateway.errors import AuthError
-from gateway.policy import parse_policy
+from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     InMemoryStore,
     KeyRecord,

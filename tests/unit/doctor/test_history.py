@@ -11,7 +11,7 @@ from gateway.doctor.history import REP, History, Sampler, Sources, read_tick
 from gateway.doctor.sharing import PrefixSharing
 from gateway.doctor.window import histogram_quantile, increase, summarise
 from gateway.metrics import GatewayMetrics
-from gateway.replicas import HealthPolicy, Replica
+from gateway.replicas import HealthRules, Replica
 from gateway.scrape import Sample
 from routing.router import Router
 from routing.types import RequestFeatures
@@ -36,7 +36,7 @@ class Fleet:
 
     def __init__(self) -> None:
         self.now = 100.0
-        self.reps = [Replica("p", f"http://10.0.0.{i}:8000", HealthPolicy()) for i in (1, 2)]
+        self.reps = [Replica("p", f"http://10.0.0.{i}:8000", HealthRules()) for i in (1, 2)]
         self.metrics = GatewayMetrics(lambda: self.reps, lambda: self.now)
         self.router = Router()
         self.errors: dict[str, int] = {}

@@ -9,7 +9,7 @@ from google.protobuf.struct_pb2 import Struct
 
 from gateway.epp import wire
 from gateway.epp.exchange import endpoint, replica_key
-from gateway.replicas import HealthPolicy, Replica
+from gateway.replicas import HealthRules, Replica
 
 
 def _meta(namespace: str, values: dict[str, object]) -> Metadata:
@@ -95,6 +95,6 @@ def test_immediate_response() -> None:
     ("http://[fd00::5]:8000", "[fd00::5]:8000"),
 ])
 def test_endpoint_names_round_trip(url: str, name: str) -> None:
-    replica = Replica("p", url, HealthPolicy())
+    replica = Replica("p", url, HealthRules())
     assert endpoint(replica) == name
     assert replica_key(name) == replica.id

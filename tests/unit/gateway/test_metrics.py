@@ -10,10 +10,10 @@ from gateway.config import load_config
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pools
 from gateway.relay import _CONTENT
-from gateway.replicas import HealthPolicy, Replica
+from gateway.replicas import HealthRules, Replica
 from gateway.scrape import Sample
 
-POLICY = HealthPolicy()
+POLICY = HealthRules()
 Key = tuple[str, tuple[tuple[str, str], ...]]
 
 

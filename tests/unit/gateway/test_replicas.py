@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.replicas import HealthPolicy, Replica, RetryBudget, replica_id
+from gateway.replicas import HealthRules, Replica, RetryBudget, replica_id
 
-POLICY = HealthPolicy(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
+POLICY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
 
 
 def replica() -> Replica:
@@ -110,7 +110,7 @@ def test_retry_budget_reserve_then_ratio() -> None:
     assert budget.try_spend()
 
 
-BUSY = HealthPolicy(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0, slow_threshold=3,
+BUSY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0, slow_threshold=3,
                     busy_backoff_s=0.25, busy_backoff_max_s=1.0)
 
 

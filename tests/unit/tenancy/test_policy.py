@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy import Limits, PolicyValidationError, parse_policy
+from gateway.policy_doc import Limits, PolicyValidationError, parse_policy
 
 BASE: dict[str, Any] = {
     "pools": {

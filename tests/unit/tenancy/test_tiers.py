@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.policy import parse_policy
+from gateway.policy_doc import parse_policy
 from gateway.tenancy.tiers import ReplicaLoad, resolve_tier
 
 POLICY = parse_policy(
