@@ -27,7 +27,7 @@ from gateway.proxy import KINDS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
-from gateway.transport import TransportFactory, aiohttp_transport
+from gateway.transport import TransportFactory, default_transport
 from routing.router import Router
 
 __all__ = ["GatewayApp", "Page"]
@@ -45,7 +45,7 @@ class GatewayApp:
         cfg: KvgateConfig,
         clock: Callable[[], float] = time.monotonic,
         after_start: Callable[[GatewayApp], Awaitable[None]] | None = None,
-        transport: TransportFactory = aiohttp_transport,
+        transport: TransportFactory = default_transport,
     ) -> None:
         self.cfg = cfg
         self.clock = clock

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gateway.config import KvgateConfig
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PoolConfig
 from gateway.replicas import HealthRules, Replica, RetryBudget
-from gateway.transport import Transport, TransportFactory, aiohttp_transport
+from gateway.transport import Transport, TransportFactory, default_transport
 
 __all__ = ["Pool", "PoolChanges", "Pools"]
 
@@ -63,7 +63,7 @@ class Pools:
 
     def __init__(
         self, cfg: KvgateConfig, doc: PolicyDoc | None = None,
-        transport: TransportFactory = aiohttp_transport,
+        transport: TransportFactory = default_transport,
     ) -> None:
         self._cfg = cfg
         self._transport = transport

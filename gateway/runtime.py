@@ -44,7 +44,7 @@ from gateway.scrape import Sample, Scraper
 from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.service import TenancyCollector
-from gateway.transport import TransportFactory, aiohttp_transport
+from gateway.transport import TransportFactory, default_transport
 from routing.peers import ReplicaLoad
 from routing.router import Router
 
@@ -71,7 +71,7 @@ class Runtime:
 
 async def start_runtime(
     cfg: KvgateConfig, router: Router, metrics: GatewayMetrics, clock: Callable[[], float],
-    stack: AsyncExitStack, transport: TransportFactory = aiohttp_transport,
+    stack: AsyncExitStack, transport: TransportFactory = default_transport,
 ) -> Runtime:
     """Start every part in order, each registering its stop on ``stack`` once started.
     ``transport`` makes each pool's upstream client (tests pass an in-process one)."""

@@ -1,13 +1,14 @@
-"""The upstream transport seam: the only module that knows which HTTP client kvgate uses.
+"""The upstream transport seam: the only module that knows which HTTP clients kvgate uses.
 
-Choice: aiohttp (one keep-alive `ClientSession` per pool). Measured on this machine for this
-proxy's pattern (POST a small JSON body, read the answer, keep-alive, concurrency 32, one core):
-httpx 0.29 spent ~800 us of client CPU per request (~1,100 us reading the body as a stream),
-aiohttp 3.14 ~65-75 us. httpx alone would exceed the whole 400 us budget. aiohttp also sets
-TCP_NODELAY on every connection it opens (and uvloop does on every TCP transport).
+Proxied requests (`post`) go through kvgate's own HTTP/1.1 client (`gateway.h1`: raw asyncio
+connections kept alive per pool, httptools parsing): aiohttp's client cost about a quarter of
+kvgate's CPU per request under load. Health checks, model discovery and the Responses-API
+lookups (`get`, `call`) are rare and use aiohttp. (httpx was measured at ~800 us of client CPU
+per request for this pattern, aiohttp ~65-75 us; see `loadtest/bench_overhead.py` for the
+proxy as a whole against a bare pass-through.)
 
 The rest of the gateway sees only the `Transport` and `UpstreamResponse` protocols: `Pools`
-takes a `TransportFactory` (`aiohttp_transport` by default), so a test or a future client swaps
+takes a `TransportFactory` (`default_transport` by default), so a test or a future client swaps
 in behind them. An in-process fake must raise what a failed exchange raises here
 (`TRANSPORT_ERRORS`, `TimeoutError`).
 """
@@ -15,18 +16,25 @@ in behind them. An in-process fake must raise what a failed exchange raises here
 from __future__ import annotations
 
 import asyncio
+import errno
+import socket
 from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
 
+from gateway.h1 import H1Pool
+
 __all__ = [
-    "TRANSPORT_ERRORS", "AiohttpResponse", "AiohttpTransport", "Transport", "TransportFactory",
-    "UpstreamResponse", "aiohttp_transport", "refused",
+    "TRANSPORT_ERRORS", "ReplicaTransport", "Transport", "TransportFactory", "UpstreamResponse",
+    "default_transport", "refused",
 ]
 
 # What a failed exchange raises: connect errors, resets, protocol errors, bad payloads.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+
+
+UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
 
 
 def refused(exc: BaseException) -> bool:
@@ -34,7 +42,9 @@ def refused(exc: BaseException) -> bool:
     slow connect or a reset of an open connection."""
     if isinstance(exc, TimeoutError):
         return False
-    return isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError)
+    if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError | socket.gaierror):
+        return True
+    return isinstance(exc, OSError) and exc.errno in UNREACHABLE
 
 
 class UpstreamResponse(Protocol):
@@ -85,44 +95,17 @@ class Transport(Protocol):
 TransportFactory = Callable[[int, float], Transport]
 
 
-def aiohttp_transport(max_connections: int, connect_timeout_s: float) -> Transport:
-    return AiohttpTransport(max_connections=max_connections,
+def default_transport(max_connections: int, connect_timeout_s: float) -> Transport:
+    return ReplicaTransport(max_connections=max_connections,
                             connect_timeout_s=connect_timeout_s)
 
 
-class AiohttpResponse:
-    """`UpstreamResponse` over aiohttp."""
-
-    __slots__ = ("_resp", "content_length", "content_type", "status")
-
-    def __init__(self, resp: aiohttp.ClientResponse) -> None:
-        self._resp = resp
-        self.status = resp.status
-        headers = resp.headers
-        self.content_type = headers.get("Content-Type", "application/json")
-        self.content_length = headers.get("Content-Length")
-
-    async def read_chunk(self) -> bytes:
-        """The bytes that have arrived (waits for some); b"" at the end of the body."""
-        return await self._resp.content.readany()
-
-    async def read_all(self) -> bytes:
-        return await self._resp.read()
-
-    def release(self) -> None:
-        """Finished normally: the connection goes back to the keep-alive pool."""
-        self._resp.release()
-
-    def abort(self) -> None:
-        """Abandoned (client gone, timeout, error): close the connection so the replica
-        sees the disconnect and aborts the generation."""
-        self._resp.close()
-
-
-class AiohttpTransport:
-    """`Transport` over aiohttp: a pooled keep-alive client for one pool of replicas."""
+class ReplicaTransport:
+    """`Transport` of one pool of replicas: `gateway.h1` for proxied requests, aiohttp for
+    the rest."""
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
+        self._h1 = H1Pool(max_connections=max_connections, connect_timeout_s=connect_timeout_s)
         connector = aiohttp.TCPConnector(
             limit=max_connections, limit_per_host=0, keepalive_timeout=30.0,
             enable_cleanup_closed=False, ttl_dns_cache=300,
@@ -142,8 +125,7 @@ class AiohttpTransport:
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send; returns once the response headers arrived."""
-        resp = await self._session.post(url, data=body, headers=headers, allow_redirects=False)
-        return AiohttpResponse(resp)
+        return await self._h1.post(url, body, headers)
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
         """A small GET for health checks and model discovery."""
@@ -165,9 +147,10 @@ class AiohttpTransport:
 
     @property
     def closed(self) -> bool:
-        return self._session.closed
+        return self._h1.closed and self._session.closed
 
     async def close(self) -> None:
+        await self._h1.close()
         await self._session.close()
         # let the connector's transports finish closing before the loop goes away
         await asyncio.sleep(0)

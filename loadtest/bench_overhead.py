@@ -3,10 +3,12 @@
     python -m loadtest.bench_overhead [--quick] [--memory-minutes 10]
 
 kvgate runs pinned to one core (the last one); the load generator and the simulated replicas
-share the other core(s). Printed and written to ``loadtest/results/bench_overhead.md``:
+share the other core(s). A bare aiohttp pass-through (`loadtest.bare_proxy`) runs pinned to
+the same core as the reference. Printed and written to ``loadtest/results/bench_overhead.md``:
 
-- kvgate's own CPU time per proxied request, from its process's utime+stime (``/proc``) over a
-  saturating run, non-streamed and streamed (16-token responses);
+- CPU time per proxied request of kvgate and of the bare pass-through, from each process's
+  utime+stime (``/proc``) over a saturating run at concurrency 16 and 128, non-streamed and
+  streamed (16-token responses), and their ratio;
 - requests/s at saturation, direct and through kvgate;
 - p50/p99 latency direct and through kvgate, and the difference, at concurrency 1, 32 and 256,
   streamed and not; for streams also time to first token (the first SSE event);
@@ -91,13 +93,21 @@ def _wait(url: str, timeout: float = 30.0) -> None:
     raise RuntimeError(f"not ready: {url}")
 
 
+@dataclass
+class Procs:
+    sims: list[str]
+    gateway: str
+    gateway_pid: int
+    bare: str
+    bare_pid: int
+    headers: dict[str, str]  # what kvgate's requests carry (an API key with --auth)
+
+
 @contextmanager
-def processes(
-    replicas: int, time_scale: float, auth: bool = False
-) -> Iterator[tuple[list[str], str, int, dict[str, str]]]:
-    """Start replicas (load cores) and kvgate (its own core); yield (sim urls, gateway, pid,
-    request headers). With `auth`, kvgate authenticates every request (in-memory store) and
-    the headers carry a key made for a bench tenant through the admin API."""
+def processes(replicas: int, time_scale: float, auth: bool = False) -> Iterator[Procs]:
+    """Start replicas (load cores), kvgate and the bare pass-through (both on the last core).
+    With `auth`, kvgate authenticates every request (in-memory store) and the headers carry
+    a key made for a bench tenant through the admin API."""
     cores = sorted(os.sched_getaffinity(0))
     gw_core, load_cores = {cores[-1]}, set(cores[:-1]) or {cores[-1]}
     os.sched_setaffinity(0, load_cores)
@@ -125,8 +135,15 @@ def processes(
         gw = subprocess.Popen(cmd, preexec_fn=_pinned(gw_core), env=env)
         procs.append(gw)
         base = f"http://127.0.0.1:{port}"
+        bare_port = _free_port()
+        bare = subprocess.Popen([sys.executable, "-m", "loadtest.bare_proxy", str(bare_port),
+                                 *urls], preexec_fn=_pinned(gw_core))
+        procs.append(bare)
+        bare_base = f"http://127.0.0.1:{bare_port}"
         _wait(f"{base}/readyz")
-        yield urls, base, gw.pid, (_bench_key(base) if auth else {})
+        _wait(f"{bare_base}/readyz")
+        yield Procs(urls, base, gw.pid, bare_base, bare.pid,
+                    _bench_key(base) if auth else {})
     finally:
         for p in procs:
             p.terminate()
@@ -224,32 +241,35 @@ class Report:
 
 
 def measured(
-    bases: list[str], stream: bool, n: int, pid: int, headers: dict[str, str]
+    bases: list[str], stream: bool, conc: int, n: int, pid: int, headers: dict[str, str]
 ) -> tuple[Level, float]:
-    """A saturating run through kvgate and the CPU seconds kvgate spent on it."""
+    """A saturating run through a proxy and the CPU seconds that process spent on it."""
     c0 = cpu_seconds(pid)
-    level = asyncio.run(run_level(bases, stream, 64, n, headers))
+    level = asyncio.run(run_level(bases, stream, conc, n, headers))
     return level, cpu_seconds(pid) - c0
 
 
-def saturation(
-    base_direct: list[str], base_gw: list[str], pid: int, n: int, rep: Report,
-    headers: dict[str, str],
-) -> None:
-    rep.add("## CPU per request and saturation (concurrency 64)\n")
-    rep.add("| mode | kvgate CPU µs/request | kvgate core busy | req/s direct | req/s via kvgate "
-            "| kvgate-bound req/s (1/CPU) | errors direct/via |")
-    rep.add("|---|---|---|---|---|---|---|")
+def saturation(procs: Procs, n: int, rep: Report) -> None:
+    rep.add("## CPU per request: kvgate beside a bare pass-through, one run\n")
+    rep.add("| mode | conc | bare CPU µs/req | kvgate CPU µs/req | kvgate / bare | req/s direct "
+            "| req/s bare | req/s kvgate | kvgate core busy | errors direct/bare/kvgate |")
+    rep.add("|---|---|---|---|---|---|---|---|---|---|")
     for stream in (False, True):
-        direct = asyncio.run(run_level(base_direct, stream, 64, n))
-        via, cpu = measured(base_gw, stream, n, pid, headers)
-        mode = f"streamed ({TOKENS} tokens)" if stream else "non-streamed"
-        busy = cpu / via.wall_s * 100
-        rep.add(f"| {mode} | {cpu / n * 1e6:.0f} | {busy:.0f}% | {n / direct.wall_s:.0f} | "
-                f"{n / via.wall_s:.0f} | {n / cpu:.0f} | {direct.errors}/{via.errors} |")
-    rep.add("\nCPU is kvgate's utime+stime over the measured requests (warm-up excluded from the "
-            "count but not from the CPU, a <2% overstatement). When kvgate's core is not 100% "
-            "busy, the replicas and the load generator (on the other core) were the limit.\n")
+        for conc in (16, 128):
+            direct = asyncio.run(run_level(procs.sims, stream, conc, n))
+            bare, bare_cpu = measured([procs.bare], stream, conc, n, procs.bare_pid, {})
+            via, cpu = measured([procs.gateway], stream, conc, n, procs.gateway_pid,
+                                procs.headers)
+            mode = f"streamed ({TOKENS} tokens)" if stream else "non-streamed"
+            rep.add(f"| {mode} | {conc} | {bare_cpu / n * 1e6:.0f} | {cpu / n * 1e6:.0f} | "
+                    f"{cpu / bare_cpu:.2f}x | {n / direct.wall_s:.0f} | {n / bare.wall_s:.0f} | "
+                    f"{n / via.wall_s:.0f} | {cpu / via.wall_s * 100:.0f}% | "
+                    f"{direct.errors}/{bare.errors}/{via.errors} |")
+    rep.add("\nCPU is each process's utime+stime over the measured requests (warm-up excluded "
+            "from the count but not from the CPU, a <2% overstatement). Both proxies run on the "
+            "same core, one after the other; the bare pass-through (`loadtest/bare_proxy.py`: "
+            "aiohttp server and client, round robin, no parsing, routing, accounting or "
+            "metrics) is what any Python proxy on this stack pays at least.\n")
 
 
 def set_latency(sims: list[str], ms: float, jitter_ms: float = 0.0) -> None:
@@ -321,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="also run the memory test for this many minutes (e.g. 10)")
     p.add_argument("--auth", action="store_true",
                    help="kvgate authenticates every request (API key, in-memory tenancy store)")
+    p.add_argument("--cpu-only", action="store_true", help="skip the added-latency runs")
     p.add_argument("--out", type=Path, default=None, help="default: loadtest/results/")
     args = p.parse_args(argv)
     out = args.out or RESULTS.with_name(
@@ -335,12 +356,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{'API-key auth (in-memory store)' if args.auth else '--no-auth'}. "
             f"Load average at the start: "
             f"{', '.join(f'{x:.2f}' for x in os.getloadavg())}.\n")
-    with processes(args.replicas, args.time_scale, args.auth) as (urls, base, pid, headers):
+    with processes(args.replicas, args.time_scale, args.auth) as procs:
         # direct: the load generator spreads requests over the replicas itself
-        saturation(urls, [base], pid, n_sat, rep, headers)
-        latency(urls, [base], rounds, rep, headers)
+        saturation(procs, n_sat, rep)
+        if not args.cpu_only:
+            latency(procs.sims, [procs.gateway], rounds, rep, procs.headers)
         if args.memory_minutes > 0:
-            memory([base], pid, args.memory_minutes, rep, headers)
+            memory([procs.gateway], procs.gateway_pid, args.memory_minutes, rep, procs.headers)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     rep.add(f"\nLoad average at the end: {load} (on {os.cpu_count()} CPUs). Anything above "
             "~1.5 means other work shared the cores and the latency figures are noisy.")

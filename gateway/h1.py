@@ -1,0 +1,326 @@
+"""kvgate's own HTTP/1.1 client for the hot path: `POST` to a replica, relay the answer.
+
+Why not aiohttp's client here: per proxied request it builds a `ClientRequest`, header
+multidicts, cookie and tracing hooks, timers and a payload object; measured under load that
+was about a quarter of kvgate's CPU per request (`loadtest/bench_overhead.py`). This client
+keeps one keep-alive pool of raw asyncio connections per pool of replicas, writes the request
+as one bytes object and parses the answer with httptools (the parser uvicorn uses), so a
+proxied exchange costs a few Python calls. Health checks and the Responses-API lookups stay on
+aiohttp (`ReplicaTransport`): they are rare.
+
+Rules it keeps:
+- a connection is reused only when its answer was read to the end and both sides said
+  keep-alive; one idle for longer than `IDLE_S` (under uvicorn's and so vLLM's 5 s default)
+  is closed instead of reused;
+- a request sent on a reused connection that the replica closed before answering anything is
+  sent again once on a new connection (the replica closed an idle connection; it never saw
+  the request);
+- reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
+  taken, so a stream never buffers without bound;
+- failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`) or
+  `TimeoutError`, which `gateway.transport.TRANSPORT_ERRORS` covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from collections import deque
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = ["H1Pool", "H1Response", "UpstreamClosed", "UpstreamProtocolError"]
+
+IDLE_S = 4.0  # an idle keep-alive connection older than this is not reused
+HIGH_WATER = 256 * 1024  # bytes of an answer buffered for a slow reader before reading pauses
+
+
+class UpstreamClosed(ConnectionResetError):
+    """The replica closed the connection before the answer was complete."""
+
+
+class UpstreamProtocolError(ConnectionError):
+    """The replica's answer is not valid HTTP/1.1."""
+
+
+class _Conn(asyncio.Protocol):
+    """One connection to a replica; carries one exchange at a time."""
+
+    def __init__(self, key: tuple[str, int, bool]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.used = False  # has carried an exchange before this one
+        self._parser = httptools.HttpResponseParser(self)
+        self._loop = asyncio.get_running_loop()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.content_type = "application/json"
+        self.content_length: str | None = None
+        self.head: asyncio.Future[None] = self._loop.create_future()
+        self.any_byte = False  # of this exchange's answer
+        self.complete = False
+        self.keep_alive = False
+        self.error: BaseException | None = None
+        self._chunked = False
+        self._chunks: deque[bytes] = deque()
+        self._buffered = 0
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.any_byte = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._fail(UpstreamProtocolError("the replica switched protocols"))
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamProtocolError(f"invalid HTTP answer: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.complete or self.error is not None:
+            return
+        if self.head.done() and self.content_length is None and not self._chunked:
+            self.complete = True  # a body delimited by the end of the connection
+            self.keep_alive = False
+            self._wake()
+            return
+        self._fail(UpstreamClosed("the replica closed the connection"))
+
+    # -- httptools callbacks ---------------------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lname = name.lower()
+        if lname == b"content-type":
+            self.content_type = value.decode("latin-1")
+        elif lname == b"content-length":
+            self.content_length = value.decode("latin-1")
+        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
+            self._chunked = True
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        if not self.head.done():
+            self.head.set_result(None)
+
+    def on_body(self, body: bytes) -> None:
+        self._chunks.append(body)
+        self._buffered += len(body)
+        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # -- the exchange ----------------------------------------------------------------------
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        if not self.head.done():
+            self.head.set_exception(exc)
+            self.head.exception()  # retrieved: no "never retrieved" warning if nobody waits
+        self._wake()
+        self.close()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def start(self, request: bytes) -> None:
+        self._reset()
+        assert self.transport is not None
+        self.transport.write(request)
+
+    async def read_chunk(self) -> bytes:
+        while not self._chunks:
+            if self.complete:
+                return b""
+            if self.error is not None:
+                raise self.error
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
+        self._chunks.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None and not self.closed:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+class H1Response:
+    """`gateway.transport.UpstreamResponse` of one exchange on an `_Conn`."""
+
+    __slots__ = ("_conn", "_pool", "content_length", "content_type", "status")
+
+    def __init__(self, conn: _Conn, pool: H1Pool) -> None:
+        self._conn = conn
+        self._pool = pool
+        self.status = conn.status
+        self.content_type = conn.content_type
+        self.content_length = conn.content_length
+
+    async def read_chunk(self) -> bytes:
+        return await self._conn.read_chunk()
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while chunk := await self._conn.read_chunk():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def release(self) -> None:
+        self._pool.done_with(self._conn, reuse=True)
+
+    def abort(self) -> None:
+        self._pool.done_with(self._conn, reuse=False)
+
+
+class H1Pool:
+    """Keep-alive connections to the replicas of one pool; at most `max_connections` carry an
+    exchange at once (more wait)."""
+
+    def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
+        self._connect_timeout_s = connect_timeout_s
+        self._slots = asyncio.Semaphore(max_connections)
+        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
+        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, str]] = {}
+        self._busy: set[_Conn] = set()
+        self._ssl: ssl.SSLContext | None = None
+        self.closed = False
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> H1Response:
+        if self.closed:
+            raise UpstreamClosed("the transport is closed")
+        key, host_line, path = self._target(url)
+        head = [f"POST {path} HTTP/1.1\r\n".encode("latin-1"), host_line]
+        head += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()]
+        head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
+        request = b"".join(head) + body
+        await self._slots.acquire()
+        try:
+            conn = await self._exchange(key, request)
+        except BaseException:
+            self._slots.release()
+            raise
+        return H1Response(conn, self)
+
+    async def _exchange(self, key: tuple[str, int, bool], request: bytes) -> _Conn:
+        """Send ``request``; return the connection once the answer's head has arrived."""
+        conn = self._take_idle(key)
+        if conn is not None:
+            self._busy.add(conn)
+            conn.start(request)
+            try:
+                await conn.head
+                return conn
+            except UpstreamClosed:
+                self._busy.discard(conn)
+                if conn.any_byte:
+                    raise
+                # closed while idle (the replica's keep-alive timeout): it never saw it
+            except BaseException:
+                self._busy.discard(conn)
+                conn.close()
+                raise
+        conn = await self._connect(key)
+        self._busy.add(conn)
+        conn.start(request)
+        try:
+            await conn.head
+        except BaseException:
+            self._busy.discard(conn)
+            conn.close()
+            raise
+        return conn
+
+    def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes, str]:
+        """(connection key, Host header line, path) of a URL; bases are parsed once."""
+        cut = url.find("/", url.find("//") + 2)
+        base, path = (url, "/") if cut < 0 else (url[:cut], url[cut:])
+        found = self._targets.get(base)
+        if found is None:
+            parts = urlsplit(base)
+            tls = parts.scheme == "https"
+            host = parts.hostname or "127.0.0.1"
+            port = parts.port or (443 if tls else 80)
+            found = ((host, port, tls), f"Host: {parts.netloc}\r\n".encode("latin-1"), "")
+            self._targets[base] = found
+        return found[0], found[1], path
+
+    def _take_idle(self, key: tuple[str, int, bool]) -> _Conn | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and now - conn.idle_since < IDLE_S:
+                conn.used = True
+                return conn
+            conn.close()
+        return None
+
+    async def _connect(self, key: tuple[str, int, bool]) -> _Conn:
+        host, port, tls = key
+        loop = asyncio.get_running_loop()
+        context = None
+        if tls:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            context = self._ssl
+        async with asyncio.timeout(self._connect_timeout_s):
+            _, conn = await loop.create_connection(
+                lambda: _Conn(key), host, port, ssl=context,
+                server_hostname=host if tls else None)
+        return conn
+
+    def done_with(self, conn: _Conn, *, reuse: bool) -> None:
+        """The exchange on ``conn`` is over: keep the connection for the next one, or close."""
+        if conn not in self._busy:
+            return  # released twice
+        self._busy.discard(conn)
+        self._slots.release()
+        if reuse and conn.complete and conn.keep_alive and not conn.closed and not self.closed:
+            conn.idle_since = time.monotonic()
+            self._idle.setdefault(conn.key, []).append(conn)
+        else:
+            conn.close()
+
+    async def close(self) -> None:
+        self.closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+        for conn in list(self._busy):
+            conn.close()
+        await asyncio.sleep(0)
