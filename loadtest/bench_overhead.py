@@ -12,7 +12,9 @@ the same core as the reference. Printed and written to ``loadtest/results/bench_
 - requests/s at saturation, direct and through kvgate;
 - p50/p99 latency direct and through kvgate, and the difference, at concurrency 1, 32 and 256,
   streamed and not; for streams also time to first token (the first SSE event);
-- with ``--memory-minutes N``: kvgate's RSS sampled over an N-minute run under load.
+- with ``--memory-minutes N``: kvgate's RSS sampled over an N-minute run under load;
+- with ``--granian`` (granian installed): the same app under granian (a Rust ASGI server)
+  beside uvicorn+httptools, CPU per request.
 
 The simulated replicas run far faster than real time, so the upstream answers quickly and the
 gateway's cost is a visible part of each request. The load generator is aiohttp, closed loop.
@@ -101,6 +103,7 @@ class Procs:
     bare: str
     bare_pid: int
     headers: dict[str, str]  # what kvgate's requests carry (an API key with --auth)
+    core: int  # the core kvgate and the bare pass-through are pinned to
 
 
 @contextmanager
@@ -143,7 +146,7 @@ def processes(replicas: int, time_scale: float, auth: bool = False) -> Iterator[
         _wait(f"{base}/readyz")
         _wait(f"{bare_base}/readyz")
         yield Procs(urls, base, gw.pid, bare_base, bare.pid,
-                    _bench_key(base) if auth else {})
+                    _bench_key(base) if auth else {}, cores[-1])
     finally:
         for p in procs:
             p.terminate()
@@ -162,8 +165,18 @@ def _bench_key(base: str) -> dict[str, str]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    """utime + stime of ``pid`` and its children (granian serves from a child process)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / TICKS
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -272,6 +285,34 @@ def saturation(procs: Procs, n: int, rep: Report) -> None:
             "metrics) is what any Python proxy on this stack pays at least.\n")
 
 
+def granian(procs: Procs, n: int, rep: Report) -> None:
+    """kvgate's app under granian beside uvicorn+httptools (what `kvgate serve` uses)."""
+    port = _free_port()
+    env = {**os.environ, "KVGATE_BENCH_UPSTREAMS": ",".join(procs.sims),
+           "KVGATE_BENCH_MODEL": MODEL}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "granian", "--interface", "asgi", "--host", "127.0.0.1",
+         "--port", str(port), "--loop", "uvloop", "--workers", "1", "--log-level", "warning",
+         "--no-ws", "loadtest.granian_app:app"],
+        env=env, preexec_fn=_pinned({procs.core}))
+    base = f"http://127.0.0.1:{port}"
+    rep.add("\n## The ASGI server: uvicorn+httptools vs granian (same app, same core)\n")
+    rep.add("| mode | conc | uvicorn CPU µs/req | granian CPU µs/req | granian / uvicorn |")
+    rep.add("|---|---|---|---|---|")
+    try:
+        _wait(f"{base}/readyz")
+        for stream in (False, True):
+            for conc in (16, 128):
+                _, uv = measured([procs.gateway], stream, conc, n, procs.gateway_pid, {})
+                _, gr = measured([base], stream, conc, n, proc.pid, {})
+                mode = "streamed" if stream else "non-streamed"
+                rep.add(f"| {mode} | {conc} | {uv / n * 1e6:.0f} | {gr / n * 1e6:.0f} | "
+                        f"{gr / uv:.2f}x |")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
 def set_latency(sims: list[str], ms: float, jitter_ms: float = 0.0) -> None:
     import urllib.request
 
@@ -342,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--auth", action="store_true",
                    help="kvgate authenticates every request (API key, in-memory tenancy store)")
     p.add_argument("--cpu-only", action="store_true", help="skip the added-latency runs")
+    p.add_argument("--granian", action="store_true",
+                   help="also run kvgate's app under granian (must be installed)")
     p.add_argument("--out", type=Path, default=None, help="default: loadtest/results/")
     args = p.parse_args(argv)
     out = args.out or RESULTS.with_name(
@@ -359,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     with processes(args.replicas, args.time_scale, args.auth) as procs:
         # direct: the load generator spreads requests over the replicas itself
         saturation(procs, n_sat, rep)
+        if args.granian:
+            granian(procs, n_sat, rep)
         if not args.cpu_only:
             latency(procs.sims, [procs.gateway], rounds, rep, procs.headers)
         if args.memory_minutes > 0:
