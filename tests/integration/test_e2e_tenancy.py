@@ -127,7 +127,8 @@ def test_key_lifecycle_across_two_gateways(stack: Stack) -> None:
         wait_for(partial(answers, 401, gw), what=f"revoked on gw{gw}")
     with pytest.raises(openai.AuthenticationError) as err:
         chat(stack.client(key))
-    assert err.value.body["type"] == "AuthenticationError"  # type: ignore[index]
+    assert isinstance(err.value.body, dict), err.value.body
+    assert err.value.body["type"] == "AuthenticationError"
     assert key not in err.value.response.text
     missing = httpx.post(f"{stack.gateways[1]}/v1/chat/completions", timeout=5,
                          json={"model": "llama", "messages": []})  # no Authorization at all
@@ -203,7 +204,8 @@ def test_rate_limit_holds_across_two_gateways(stack: Stack) -> None:
         except openai.RateLimitError as exc:
             outcomes.append(429)
             retry_after = exc.response.headers["retry-after"]
-            assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+            assert isinstance(exc.body, dict), exc.body
+            assert exc.body["code"] == "rate_limit_exceeded"
     assert outcomes.count(200) == 6 and outcomes.count(429) == 4
     assert int(retry_after) >= 1
     rejections = sum(
@@ -441,7 +443,8 @@ def test_a_tenant_whose_tier_is_not_in_the_policy_is_never_admitted(stack: Stack
     wait_for(lambda: status_of(stack.client(key)) != 401, what="the planted key")
     with pytest.raises(openai.PermissionDeniedError) as err:
         chat(stack.client(key, gw=1))
-    assert err.value.body["param"] == "tier"  # type: ignore[index]
+    assert isinstance(err.value.body, dict), err.value.body
+    assert err.value.body["param"] == "tier"
     with admin_client(stack.gateways[0], ADMIN) as admin:  # the admin API refuses it too
         made = admin.post("/tenants", json={"id": "x-gold", "tier": "gold"})
         assert made.status_code == 400 and made.json()["error"]["param"] == "tier"

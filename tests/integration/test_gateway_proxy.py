@@ -4,6 +4,7 @@ to real simulated replicas; what the replicas receive; request ids and routing h
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -38,10 +39,10 @@ def client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
 
 
-def last_request(sim_url: str) -> dict[str, object]:
+def last_request(sim_url: str) -> dict[str, Any]:
     items = httpx.get(f"{sim_url}/sim/requests?n=1").json()["requests"]
     assert items, "the replica received nothing"
-    item: dict[str, object] = items[-1]
+    item: dict[str, Any] = items[-1]
     return item
 
 
@@ -64,7 +65,7 @@ def test_chat_non_streamed_with_headers_and_request_id(fleet: tuple[str, list[st
     assert pool == "default" and f"http://{replica}" in sims
     assert raw.headers["x-kvgate-route"]
     received = last_request(f"http://{replica}")
-    assert received["headers"]["x-request-id"] == "req-abc-123"  # type: ignore[index]
+    assert received["headers"]["x-request-id"] == "req-abc-123"
 
 
 def test_generated_request_id(fleet: tuple[str, list[str]]) -> None:

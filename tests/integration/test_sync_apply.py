@@ -34,6 +34,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 async def _add(r: aioredis.Redis, fields: dict[bytes, bytes]) -> None:
+    # redis types fields as an invariant Dict[FieldT, EncodableT]: dict[bytes, bytes] is valid
     await r.xadd(KEY, fields)  # type: ignore[arg-type]
 
 
