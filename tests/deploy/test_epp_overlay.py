@@ -123,6 +123,7 @@ def test_kvgate_pools_are_the_inferencepools_pods(
     config_file.write_text(find(docs, "ConfigMap", "kvgate-config")["data"]["config.yaml"])
     policy = load_config(str(config_file), environ={})
     for name, pc in policy.pools.items():
+        assert pc.discovery is not None, name
         disc = parse_discovery(pc.discovery)
         assert isinstance(disc, KubernetesConfig), name
         svc = find(docs, "Service", disc.service)

@@ -3,19 +3,24 @@ main one (one server, one lifespan, the same tenancy state behind both)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.config import load_config
 from gateway.errors import ConfigError
 from tests.support.gateway import AUTH_SECRET, gateway_proc, metric_values
-from tests.support.procs import free_port
+from tests.support.procs import Proc, free_port
 
 ADMIN = "admin-port-test-token"
 
 
-def test_admin_api_only_on_the_admin_port(sim_factory) -> None:  # type: ignore[no-untyped-def]
+def test_admin_api_only_on_the_admin_port(
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
     _, sim = sim_factory("--time-scale", "50", model="m")
     admin_port = free_port()
     env = {
@@ -38,7 +43,8 @@ def test_admin_api_only_on_the_admin_port(sim_factory) -> None:  # type: ignore[
         )
         assert made.status_code == 201, made.text
         key = httpx.post(f"{admin}/admin/tenants/t1/keys", headers=auth).json()["key"]
-        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+        chat = {"model": "m", "messages": messages}
         hit = httpx.post(
             f"{admin}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"}
         )
@@ -46,7 +52,7 @@ def test_admin_api_only_on_the_admin_port(sim_factory) -> None:  # type: ignore[
         assert httpx.get(f"{admin}/admin/audit").status_code == 401
         # a key made on the admin port works on the main port: one state behind both
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
-        answer = client.chat.completions.create(model="m", messages=chat["messages"])  # type: ignore[arg-type]
+        answer = client.chat.completions.create(model="m", messages=messages)
         assert answer.choices[0].message.content
         # the admin port's /metrics is the gateway's: it counted that request
         served = metric_values(admin, "kvgate_requests_total")

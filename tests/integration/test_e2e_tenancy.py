@@ -12,14 +12,17 @@ import hashlib
 import itertools
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
 import openai
 import pytest
 import redis
+from openai._legacy_response import LegacyAPIResponse
+from openai.types.chat import ChatCompletion
 
 from gateway.tenancy import KeyRecord, RedisStore, Tenant, connect_redis, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
@@ -86,7 +89,9 @@ def stack() -> Iterator[Stack]:
             proc.stop()
 
 
-def chat(client: openai.OpenAI, content: str = "Hello", **kw: Any) -> Any:
+def chat(
+    client: openai.OpenAI, content: str = "Hello", **kw: Any
+) -> LegacyAPIResponse[ChatCompletion]:
     return client.chat.completions.with_raw_response.create(
         model="llama", messages=[{"role": "user", "content": content}], max_tokens=4, **kw)
 
@@ -109,16 +114,21 @@ def status_of(client: openai.OpenAI) -> int:
 
 def test_key_lifecycle_across_two_gateways(stack: Stack) -> None:
     tid, key = stack.tenant("free")
+
+    def answers(status: int, gw: int) -> bool:
+        return status_of(stack.client(key, gw)) == status
+
     for gw in (0, 1):  # the second gateway learns the key from Redis (pub/sub)
-        wait_for(lambda gw=gw: status_of(stack.client(key, gw)) == 200, what=f"key on gw{gw}")
+        wait_for(partial(answers, 200, gw), what=f"key on gw{gw}")
     with admin_client(stack.gateways[1], ADMIN) as admin:
         key_id = admin.get(f"/tenants/{tid}").json()["keys"][0]["id"]
         assert admin.delete(f"/tenants/{tid}/keys/{key_id}").status_code == 204
     for gw in (0, 1):
-        wait_for(lambda gw=gw: status_of(stack.client(key, gw)) == 401, what=f"revoked on gw{gw}")
+        wait_for(partial(answers, 401, gw), what=f"revoked on gw{gw}")
     with pytest.raises(openai.AuthenticationError) as err:
         chat(stack.client(key))
-    assert err.value.body["type"] == "AuthenticationError"  # type: ignore[index]
+    assert isinstance(err.value.body, dict), err.value.body
+    assert err.value.body["type"] == "AuthenticationError"
     assert key not in err.value.response.text
     missing = httpx.post(f"{stack.gateways[1]}/v1/chat/completions", timeout=5,
                          json={"model": "llama", "messages": []})  # no Authorization at all
@@ -172,6 +182,7 @@ def test_prefix_cache_is_never_shared_between_tenants(stack: Stack) -> None:
 
     def cached(key: str, gw: int = 0) -> int:
         usage = chat(stack.client(key, gw), prompt).parse().usage
+        assert usage is not None and usage.prompt_tokens_details is not None
         return int(usage.prompt_tokens_details.cached_tokens or 0)
 
     assert cached(key_a) == 0
@@ -193,7 +204,8 @@ def test_rate_limit_holds_across_two_gateways(stack: Stack) -> None:
         except openai.RateLimitError as exc:
             outcomes.append(429)
             retry_after = exc.response.headers["retry-after"]
-            assert exc.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
+            assert isinstance(exc.body, dict), exc.body
+            assert exc.body["code"] == "rate_limit_exceeded"
     assert outcomes.count(200) == 6 and outcomes.count(429) == 4
     assert int(retry_after) >= 1
     rejections = sum(
@@ -206,6 +218,10 @@ def test_rate_limit_holds_across_two_gateways(stack: Stack) -> None:
 
 def test_policy_changes_reach_both_gateways_and_bad_documents_are_refused(stack: Stack) -> None:
     _, free = stack.tenant("free")
+
+    def serves(model: str, gw: int) -> bool:
+        return chat(stack.client(free, gw)).parse().model == model
+
     with admin_client(stack.gateways[0], ADMIN) as admin:
         current = admin.get("/policy")
         version = current.headers["etag"]
@@ -222,15 +238,14 @@ def test_policy_changes_reach_both_gateways_and_bad_documents_are_refused(stack:
         assert stale.json()["error"]["type"] == "PreconditionFailedError"
         try:
             for gw in (0, 1):
-                wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-fp8",
-                         what=f"policy on gw{gw}")
+                wait_for(partial(serves, "m-fp8", gw), what=f"policy on gw{gw}")
             versions = {metric_values(gw, "kvgate_policy_version")[""] for gw in stack.gateways}
             assert versions == {float(put.headers["etag"].strip('"'))}
         finally:
             restored = admin.put("/policy", json=doc, headers={"If-Match": put.headers["etag"]})
             assert restored.status_code == 200
     for gw in (0, 1):
-        wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-awq")
+        wait_for(partial(serves, "m-awq", gw))
 
 
 def test_admin_auth_failures_are_openai_shaped(stack: Stack) -> None:
@@ -285,16 +300,19 @@ def test_a_policy_that_adds_a_pool_is_served_by_both_gateways(stack: Stack) -> N
                 return False
             return bool(raw.headers["x-kvgate-replica"].startswith("extra/"))
 
+        def not_served(gw: int) -> bool:
+            return not served(gw)
+
         try:
             for gw in (0, 1):
-                wait_for(lambda gw=gw: served(gw), what=f"the new pool on gw{gw}")
+                wait_for(partial(served, gw), what=f"the new pool on gw{gw}")
             pools = {p["pool"] for p in admin.get("/replicas").json()["data"]}
             assert pools == {"fp8", "awq", "extra"}
         finally:
             restored = admin.put("/policy", json=doc, headers={"If-Match": put.headers["etag"]})
             assert restored.status_code == 200
         for gw in (0, 1):
-            wait_for(lambda gw=gw: not served(gw), what=f"the pool gone on gw{gw}")
+            wait_for(partial(not_served, gw), what=f"the pool gone on gw{gw}")
 
 
 def test_a_policy_that_changes_a_pools_replicas_and_served_name_is_followed(
@@ -310,6 +328,9 @@ def test_a_policy_that_changes_a_pools_replicas_and_served_name_is_followed(
         raw = chat(stack.client(key, gw))
         replica = "http://" + raw.headers["x-kvgate-replica"].partition("/")[2]
         return replica, raw.parse().model, raw.headers["x-request-id"]
+
+    def routed(replica: str, model: str, gw: int) -> bool:
+        return answered_by(gw)[:2] == (replica, model)
 
     with same_proc, renamed_proc, admin_client(stack.gateways[0], ADMIN) as admin:
         current = admin.get("/policy")
@@ -327,11 +348,11 @@ def test_a_policy_that_changes_a_pools_replicas_and_served_name_is_followed(
         try:
             put({"replicas": [same]})  # the replicas change, the served name does not
             for gw in (0, 1):
-                wait_for(lambda gw=gw: answered_by(gw)[:2] == (same, "m-awq"),
+                wait_for(partial(routed, same, "m-awq", gw),
                          what=f"the re-listed replica on gw{gw}")
             put({"replicas": [renamed], "served_model": "m-awq-v2"})
             for gw in (0, 1):
-                wait_for(lambda gw=gw: answered_by(gw)[:2] == (renamed, "m-awq-v2"),
+                wait_for(partial(routed, renamed, "m-awq-v2", gw),
                          what=f"the new served name on gw{gw}")
             _, _, rid = answered_by(1)
             assert received(renamed, rid)["model"] == "m-awq-v2"
@@ -339,7 +360,7 @@ def test_a_policy_that_changes_a_pools_replicas_and_served_name_is_followed(
             restored = admin.put("/policy", json=doc, headers={"If-Match": version})
             assert restored.status_code == 200, restored.text
         for gw in (0, 1):
-            wait_for(lambda gw=gw: answered_by(gw)[:2] == (stack.awq, "m-awq"),
+            wait_for(partial(routed, stack.awq, "m-awq", gw),
                      what=f"the original pool on gw{gw}")
 
 
@@ -366,11 +387,13 @@ def test_keys_are_stored_only_as_sha256_hashes(stack: Stack) -> None:
     raw = redis.Redis.from_url(stack.redis)  # streams hold packed binary routing records
     try:
         dump = []
+        readers: dict[str, Callable[[str], object]] = {
+            "string": r.get, "hash": r.hgetall, "list": lambda n: r.lrange(n, 0, -1),
+            "zset": lambda n: r.zrange(n, 0, -1), "set": r.smembers, "stream": raw.xrange}
         for name in r.scan_iter("*"):
             kind = r.type(name)
-            value = {"string": r.get, "hash": r.hgetall, "list": lambda n: r.lrange(n, 0, -1),
-                     "zset": lambda n: r.zrange(n, 0, -1), "set": r.smembers,
-                     "stream": raw.xrange}[kind](name)
+            assert isinstance(kind, str), kind  # decode_responses=True
+            value = readers[kind](name)
             dump.append(f"{name} {value}")
         stored = r.hgetall("kvgate:keys")
     finally:
@@ -420,7 +443,8 @@ def test_a_tenant_whose_tier_is_not_in_the_policy_is_never_admitted(stack: Stack
     wait_for(lambda: status_of(stack.client(key)) != 401, what="the planted key")
     with pytest.raises(openai.PermissionDeniedError) as err:
         chat(stack.client(key, gw=1))
-    assert err.value.body["param"] == "tier"  # type: ignore[index]
+    assert isinstance(err.value.body, dict), err.value.body
+    assert err.value.body["param"] == "tier"
     with admin_client(stack.gateways[0], ADMIN) as admin:  # the admin API refuses it too
         made = admin.post("/tenants", json={"id": "x-gold", "tier": "gold"})
         assert made.status_code == 400 and made.json()["error"]["param"] == "tier"

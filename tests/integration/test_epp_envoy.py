@@ -229,7 +229,8 @@ def test_a_bad_key_is_a_401_from_the_picker(stack: Stack) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         stack.client("sk-not-a-key").chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-    assert err.value.body["code"] == "invalid_api_key"  # type: ignore[index]
+    assert isinstance(err.value.body, dict), err.value.body
+    assert err.value.body["code"] == "invalid_api_key"
     missing = httpx.post(f"{stack.envoy}/v1/chat/completions", timeout=5,
                          json={"model": MODEL, "messages": []})
     assert missing.status_code == 401

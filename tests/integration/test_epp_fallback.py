@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai._legacy_response import LegacyAPIResponse
+from openai.types.chat import ChatCompletion
 
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.procs import Proc, sim_proc
@@ -59,7 +61,7 @@ def stack() -> Iterator[Stack]:
             proc.stop()
 
 
-def _replica(resp: httpx.Response) -> str:
+def _replica(resp: httpx.Response | LegacyAPIResponse[ChatCompletion]) -> str:
     return resp.headers["x-kvgate-replica"].removeprefix("default/")
 
 

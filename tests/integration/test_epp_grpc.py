@@ -99,7 +99,7 @@ async def test_a_large_body_is_rewritten_and_rechunked(stub: Any, picker: Any) -
     assert first.request_headers.response.clear_route_cache
     assert "authorization" in first.request_headers.response.header_mutation.remove_headers
     length = int(sent["content-length"])
-    chunks = []
+    chunks: list[pb.ProcessingResponse] = []
     while sum(len(c.request_body.response.body_mutation.streamed_response.body)
               for c in chunks) < length:
         chunks += await _answers(call, 1)

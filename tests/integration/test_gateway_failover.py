@@ -7,11 +7,14 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 
 import httpx
 import openai
 import orjson
 import pytest
+from openai._legacy_response import LegacyAPIResponse
+from openai.types import Completion
 
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import Proc
@@ -30,12 +33,16 @@ def stats(sim: str) -> dict[str, float]:
     return data
 
 
+def idle(sim: str) -> bool:
+    return stats(sim)["in_flight"] == 0
+
+
 def client(base: str, timeout: float = 30.0) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=timeout)
 
 
-def replica_of(raw: object) -> str:
-    return raw.headers["x-kvgate-replica"].partition("/")[2]  # type: ignore[attr-defined]
+def replica_of(raw: LegacyAPIResponse[Completion]) -> str:
+    return raw.headers["x-kvgate-replica"].partition("/")[2]
 
 
 def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> None:
@@ -180,7 +187,8 @@ async def test_no_leaked_inflight_after_a_storm(sim_factory: SimFactory) -> None
             except TimeoutError:
                 return "client timeout"
             except openai.APIStatusError as exc:  # an HTTP error answer: OpenAI-shaped
-                assert set(exc.body) >= {"message", "type", "code"}, exc.body  # type: ignore[arg-type]
+                assert isinstance(exc.body, dict), exc.body
+                assert set(exc.body) >= {"message", "type", "code"}, exc.body
                 return f"status {exc.status_code}"
             except openai.APIConnectionError as exc:
                 return f"connection error: {exc!r}"
@@ -198,7 +206,7 @@ async def test_no_leaked_inflight_after_a_storm(sim_factory: SimFactory) -> None
         assert outcomes["answered"] + outcomes["client timeout"] >= 50, outcomes  # of 60
         wait_for(lambda: inflight(base) == 0, timeout=15, what="in-flight back to 0")
         for sim in sims:
-            wait_for(lambda sim=sim: stats(sim)["in_flight"] == 0, what="replicas idle")
+            wait_for(partial(idle, sim), what="replicas idle")
 
 
 def test_graceful_shutdown_lets_streams_finish(sim_factory: SimFactory) -> None:

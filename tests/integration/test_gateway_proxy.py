@@ -4,10 +4,12 @@ to real simulated replicas; what the replicas receive; request ids and routing h
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc, sim_proc
@@ -37,10 +39,10 @@ def client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
 
 
-def last_request(sim_url: str) -> dict[str, object]:
+def last_request(sim_url: str) -> dict[str, Any]:
     items = httpx.get(f"{sim_url}/sim/requests?n=1").json()["requests"]
     assert items, "the replica received nothing"
-    item: dict[str, object] = items[-1]
+    item: dict[str, Any] = items[-1]
     return item
 
 
@@ -63,7 +65,7 @@ def test_chat_non_streamed_with_headers_and_request_id(fleet: tuple[str, list[st
     assert pool == "default" and f"http://{replica}" in sims
     assert raw.headers["x-kvgate-route"]
     received = last_request(f"http://{replica}")
-    assert received["headers"]["x-request-id"] == "req-abc-123"  # type: ignore[index]
+    assert received["headers"]["x-request-id"] == "req-abc-123"
 
 
 def test_generated_request_id(fleet: tuple[str, list[str]]) -> None:
@@ -92,15 +94,15 @@ def test_body_forwarded_untouched_except_model_and_usage(fleet: tuple[str, list[
 def test_chat_stream_strips_usage_unless_asked(fleet: tuple[str, list[str]]) -> None:
     base, _ = fleet
     c = client(base)
-    msgs = [{"role": "user", "content": "count"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "count"}]
     chunks = list(c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16,
-                                            stream=True))  # type: ignore[arg-type]
+                                            stream=True))
     assert all(ch.usage is None for ch in chunks)
     assert any(ch.choices and ch.choices[0].finish_reason for ch in chunks)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text
     asked = list(c.chat.completions.create(
-        model=MODEL, messages=msgs, max_tokens=16, stream=True,  # type: ignore[arg-type]
+        model=MODEL, messages=msgs, max_tokens=16, stream=True,
         stream_options={"include_usage": True}))
     assert asked[-1].usage is not None and asked[-1].usage.completion_tokens == 16
 
@@ -127,12 +129,11 @@ def test_completions_and_embeddings(fleet: tuple[str, list[str]]) -> None:
 async def test_async_client_stream_and_not(fleet: tuple[str, list[str]]) -> None:
     base, _ = fleet
     c = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    msgs = [{"role": "user", "content": "async"}]
-    done = await c.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore[arg-type]
-                                           max_tokens=3)
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "async"}]
+    done = await c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=3)
     assert done.choices[0].finish_reason == "length"
-    stream = await c.chat.completions.create(model=MODEL, messages=msgs,  # type: ignore[arg-type]
-                                             max_tokens=8, stream=True)
+    stream = await c.chat.completions.create(model=MODEL, messages=msgs, max_tokens=8,
+                                             stream=True)
     reasons = [ch.choices[0].finish_reason async for ch in stream if ch.choices]
     assert reasons[-1] is not None
     await c.close()

@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc, sim_proc
@@ -56,6 +57,7 @@ def test_a_tool_calling_loop_through_the_gateway(base: str, stream: bool) -> Non
         assert reply.choices[0].finish_reason == "tool_calls"
         calls = reply.choices[0].message.tool_calls
         assert calls is not None and len(calls) == 1
+        assert isinstance(calls[0], ChatCompletionMessageFunctionToolCall), calls[0]
         call_id, name, arguments = calls[0].id, calls[0].function.name, \
             calls[0].function.arguments
     assert name == "get_weather"

@@ -13,6 +13,8 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai._legacy_response import LegacyAPIResponse
+from openai.types import Completion
 
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import Proc
@@ -32,8 +34,8 @@ def client(base: str, timeout: float = 30.0) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=timeout)
 
 
-def replica_of(raw: object) -> str:
-    return "http://" + raw.headers["x-kvgate-replica"].partition("/")[2]  # type: ignore[attr-defined]
+def replica_of(raw: LegacyAPIResponse[Completion]) -> str:
+    return "http://" + raw.headers["x-kvgate-replica"].partition("/")[2]
 
 
 def healthy(base: str, sim: str) -> float:

@@ -11,6 +11,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.responses import Response
 
 from tests.support.gateway import gateway_proc, metric_values
 from tests.support.procs import Proc
@@ -78,6 +79,7 @@ def test_stored_responses_stay_on_their_replica(sim_factory: SimFactory, stream:
     gw, base = gateway_proc(upstreams=sims, args=["--policy", "round_robin"])
     with gw:
         c = client(base)
+        first: Response
         if stream:
             with c.responses.stream(model=MODEL, input="Hello", max_output_tokens=4) as s:
                 first = s.get_final_response()

@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.test_observability_assets import (
@@ -99,7 +100,7 @@ def stack() -> Iterator[Stack]:
             proc.stop()
 
 
-def _messages(text: str) -> list[dict[str, str]]:
+def _messages(text: str) -> list[ChatCompletionMessageParam]:
     return [{"role": "user", "content": f"{PROMPT_MARK} {text} " + "lorem ipsum " * 40}]
 
 
@@ -108,11 +109,10 @@ async def _chat(client: openai.AsyncOpenAI, text: str, *, stream: bool,
     headers = {"X-Request-Id": rid} if rid else None
     if not stream:
         resp = await client.chat.completions.create(
-            model=MODEL, messages=_messages(text),  # type: ignore[arg-type]
-            max_tokens=max_tokens, extra_headers=headers)
+            model=MODEL, messages=_messages(text), max_tokens=max_tokens, extra_headers=headers)
         return resp.choices[0].message.content or ""
     out = await client.chat.completions.create(
-        model=MODEL, messages=_messages(text), max_tokens=max_tokens,  # type: ignore[arg-type]
+        model=MODEL, messages=_messages(text), max_tokens=max_tokens,
         stream=True, extra_headers=headers, stream_options={"include_usage": True})
     return "".join([c.choices[0].delta.content or "" async for c in out if c.choices])
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc, sim_proc
@@ -40,9 +41,9 @@ def _system(n: int) -> str:
     return " ".join(f"rule {n}-{i}: answer precisely and cite the section." for i in range(60))
 
 
-def _ask(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, str]:
+def _ask(client: openai.OpenAI, messages: list[ChatCompletionMessageParam]) -> tuple[str, str]:
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_tokens=4
     )
     raw.parse()
     return raw.headers["x-kvgate-replica"], raw.headers["x-kvgate-route"]
@@ -50,7 +51,7 @@ def _ask(client: openai.OpenAI, messages: list[dict[str, str]]) -> tuple[str, st
 
 def test_a_conversation_stays_on_the_replica_holding_its_prefix(fleet: str) -> None:
     client = openai.OpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
-    messages = [{"role": "system", "content": _system(1)}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": _system(1)}]
     seen = []
     for turn in range(5):
         messages.append({"role": "user", "content": f"question {turn}: what does rule {turn} say?"})
@@ -74,11 +75,12 @@ def test_different_prefixes_use_more_than_one_replica(fleet: str) -> None:
 
 async def test_a_burst_of_identical_requests_spreads_within_the_bound(fleet: str) -> None:
     client = openai.AsyncOpenAI(base_url=f"{fleet}/v1", api_key="unused", max_retries=0)
-    messages = [{"role": "system", "content": _system(7)}, {"role": "user", "content": "same"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": _system(7)}, {"role": "user", "content": "same"}]
 
     async def one() -> str:
         raw = await client.chat.completions.with_raw_response.create(
-            model=MODEL, messages=messages, max_tokens=4  # type: ignore[arg-type]
+            model=MODEL, messages=messages, max_tokens=4
         )
         raw.parse()
         return raw.headers["x-kvgate-replica"]

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import KVGATE, Proc, free_port, redis_proc
@@ -54,9 +55,9 @@ def _client(base: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
 
 
-def _turn(client: openai.OpenAI, messages: list[dict[str, str]]) -> str:
+def _turn(client: openai.OpenAI, messages: list[ChatCompletionMessageParam]) -> str:
     raw = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+        model=MODEL, messages=messages, max_tokens=8)
     reply = raw.parse().choices[0].message.content or ""
     messages.append({"role": "assistant", "content": reply})
     return raw.headers["x-kvgate-replica"]
@@ -67,7 +68,7 @@ def _conversation_replicas(bases: list[str], conversations: int, turns: int) -> 
     out = []
     for c in range(conversations):
         system = f"conversation {c}: " + " ".join(f"rule-{c}-{i}" for i in range(160))
-        messages = [{"role": "system", "content": system}]
+        messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": system}]
         seen = []
         for t in range(turns):
             messages.append({"role": "user", "content": f"turn {t} of conversation {c}, go on"})
@@ -235,11 +236,13 @@ def test_workers_of_one_gateway_decide_as_one(redis_url: str, fleet: list[str]) 
 
         wait_for(both_workers_up, what="two workers that see each other")
         fresh = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+        # the SDK annotates http_client as httpx2.Client but also takes an httpx.Client
+        # (openai/_httpx2.py, is_legacy_httpx_sync_client)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0,
-                               timeout=30, http_client=fresh)
+                               timeout=30, http_client=fresh)  # type: ignore[arg-type]
         for c in range(4):
             system = f"worker conversation {c}: " + " ".join(f"w-{c}-{i}" for i in range(160))
-            messages = [{"role": "system", "content": system}]
+            messages: list[ChatCompletionMessageParam] = [{"role": "system", "content": system}]
             seen = []
             for t in range(6):
                 messages.append({"role": "user", "content": f"turn {t}, go on"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -46,7 +47,8 @@ def test_streams_past_the_grace_period_end_with_an_error_event(sim_factory: SimF
         except openai.APIError as exc:  # the SDK raises on an error event in a stream
             assert "shutting down" in exc.message
         assert gw.popen is not None and gw.popen.wait(15) == 0
-        lines = [orjson.loads(line) for line in gw.output().splitlines()
-                 if line.startswith("{") and '"msg":"request"' in line]
-    interrupted = [r for r in lines if r["route"] == "interrupted"]
+        records: list[dict[str, Any]] = [
+            orjson.loads(line) for line in gw.output().splitlines()
+            if line.startswith("{") and '"msg":"request"' in line]
+    interrupted = [r for r in records if r["route"] == "interrupted"]
     assert len(interrupted) == 2 and all(r["status"] == 503 for r in interrupted)

@@ -11,13 +11,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
 SimFactory = Callable[..., tuple[Proc, str]]
-MSG = [{"role": "user", "content": "hello"}]
+MSG: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
 
 def _client(url: str, key: str = "unused") -> openai.OpenAI:
@@ -105,9 +106,9 @@ def test_dead_switch(sim_factory: SimFactory) -> None:
 def test_dead_engine_ends_running_streams_with_an_error_event(sim_factory: SimFactory,
                                                               chat: bool) -> None:
     _, url = sim_factory("--time-scale", "1")
-    path, body = (("/v1/chat/completions", {"messages": MSG}) if chat
-                  else ("/v1/completions", {"prompt": "x"}))
-    body = {"model": MODEL, "max_tokens": 2000, "ignore_eos": True, "stream": True, **body}
+    path, fields = (("/v1/chat/completions", {"messages": MSG}) if chat
+                    else ("/v1/completions", {"prompt": "x"}))
+    body = {"model": MODEL, "max_tokens": 2000, "ignore_eos": True, "stream": True, **fields}
     with httpx.stream("POST", f"{url}{path}", json=body, timeout=10) as resp:
         lines = resp.iter_lines()
         assert '"choices"' in next(line for line in lines if line.startswith("data: "))

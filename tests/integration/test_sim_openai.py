@@ -7,6 +7,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.procs import sim_proc
@@ -44,7 +45,8 @@ def _value(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: 
 
 def test_chat_non_streaming_usage_and_prefix_hit(sim: str) -> None:
     client = _client(sim)
-    messages = [{"role": "system", "content": LONG}, {"role": "user", "content": "hi"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": LONG}, {"role": "user", "content": "hi"}]
     first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
     again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=5)
     assert first.choices[0].finish_reason == "length"
@@ -61,7 +63,7 @@ def test_chat_non_streaming_usage_and_prefix_hit(sim: str) -> None:
 
 def test_cache_salt_isolates(sim: str) -> None:
     client = _client(sim)
-    messages = [{"role": "user", "content": LONG + "salted"}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": LONG + "salted"}]
     for salt, expect_hit in (("tenant-a", False), ("tenant-a", True), ("tenant-b", False)):
         resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=1,
                                               extra_body={"cache_salt": salt})

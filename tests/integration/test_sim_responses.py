@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import openai
 import pytest
+from openai.types.responses import ResponseCompletedEvent, ResponseInputParam
 
 from tests.support.procs import Proc, sim_proc
 
@@ -48,11 +49,11 @@ def test_non_streamed_response_text_and_usage(sims: tuple[str, str]) -> None:
 def test_message_list_input_and_prefix_cache_hit(sims: tuple[str, str]) -> None:
     client = _client(sims[0])
     long = "A long shared system prompt for the responses test. " * 30
-    items: list[dict[str, object]] = [
+    items: ResponseInputParam = [
         {"role": "system", "content": long},
         {"role": "user", "content": [{"type": "input_text", "text": "hi there"}]}]
-    first = client.responses.create(model=MODEL, input=items, store=False)  # type: ignore[arg-type]
-    again = client.responses.create(model=MODEL, input=items, store=False)  # type: ignore[arg-type]
+    first = client.responses.create(model=MODEL, input=items, store=False)
+    again = client.responses.create(model=MODEL, input=items, store=False)
     assert first.status == "completed" and first.output_text == again.output_text
     assert again.usage is not None and again.usage.input_tokens_details.cached_tokens >= 64
 
@@ -69,6 +70,7 @@ def test_stream_event_sequence(sims: tuple[str, str]) -> None:
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert [e.sequence_number for e in events] == list(range(len(events)))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert isinstance(events[-1], ResponseCompletedEvent), events[-1]
     done = events[-1].response
     assert len(text) == 20 and done.output_text == text
     assert done.usage is not None and done.usage.output_tokens == 5

@@ -8,20 +8,23 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
 
 from tests.support.procs import sim_proc
 
 MODEL = "sim-model"
-WEATHER = {"type": "function", "function": {
+WEATHER: ChatCompletionFunctionToolParam = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string"}, "days": {"type": "integer"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
         "detailed": {"type": "boolean"}},
         "required": ["city", "days", "unit"]}}}
-CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
-    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
-MSG: list[Any] = [{"role": "user", "content": "What's the weather in Paris?"}]
+CLOCK: ChatCompletionFunctionToolParam = {"type": "function", "function": {
+    "name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+MSG: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What's the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")

@@ -102,10 +102,10 @@ def test_disable_log_stats_removes_every_vllm_series(sim_factory: SimFactory) ->
 def test_endpoint_load_metrics_header(sim_factory: SimFactory) -> None:
     _, url = sim_factory("--time-scale", "50")
     client = _client(url)
-    raw = client.chat.completions.with_raw_response.create(
+    chat = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=MSG, max_tokens=1,
         extra_headers={"endpoint-load-metrics-format": "text"})
-    header = raw.headers["endpoint-load-metrics"]
+    header = chat.headers["endpoint-load-metrics"]
     assert header.startswith("TEXT ")
     pairs = dict(p.split("=") for p in header[5:].split(", "))
     assert set(pairs) == {"named_metrics.num_requests_waiting",

@@ -34,6 +34,7 @@ async def _until(condition: Callable[[], bool]) -> None:
 
 
 async def _add(r: aioredis.Redis, fields: dict[bytes, bytes]) -> None:
+    # redis types fields as an invariant Dict[FieldT, EncodableT]: dict[bytes, bytes] is valid
     await r.xadd(KEY, fields)  # type: ignore[arg-type]
 
 
@@ -117,12 +118,16 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
         router.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
         await _until(lambda: sync.stats.published >= 1)
         entries = await r.xrange(KEY)
+        assert entries
         fields = entries[-1][1]
+        assert fields is not None
         assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"] and b"a:1" in fields[b"l"]
     finally:
         await sync.stop()
         await r.aclose()
     r = aioredis.Redis.from_url(redis_url)
-    last = (await r.xrange(KEY))[-1][1]
+    entries = await r.xrange(KEY)
     await r.aclose()
-    assert b"b" in last  # a clean stop says goodbye
+    assert entries
+    last = entries[-1][1]
+    assert last is not None and b"b" in last  # a clean stop says goodbye

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -16,6 +17,7 @@ from gateway.tenancy import (
     PolicySnapshot,
     RedisStore,
     SaltDeriver,
+    StoreSnapshot,
     Tenant,
     TenantResolver,
     TenantStore,
@@ -80,9 +82,9 @@ async def _add_key(store: TenantStore, tenant: str) -> tuple[str, str]:
     return key, kid
 
 
-async def _resolver(store: TenantStore, **kw: float) -> TenantResolver:
+async def _resolver(store: TenantStore, **kw: Any) -> TenantResolver:
     await store.start()
-    resolver = TenantResolver(store, SaltDeriver(SECRET), **kw)  # type: ignore[arg-type]
+    resolver = TenantResolver(store, SaltDeriver(SECRET), **kw)
     await resolver.start()
     return resolver
 
@@ -168,7 +170,7 @@ class _FlakyStore(InMemoryStore):
 
     fail_next = False
 
-    async def snapshot(self):  # type: ignore[no-untyped-def]
+    async def snapshot(self) -> StoreSnapshot:
         if self.fail_next:
             self.fail_next = False
             raise ValueError("a record this gateway version cannot read")

@@ -110,7 +110,8 @@ async def test_rotate_salt_bumps_tenant_or_group_epoch(store: TenantStore) -> No
     r1 = await store.rotate_salt("solo")
     r2 = await store.rotate_salt("solo")
     assert (r1.scope, r1.epoch, r2.epoch) == ("tenant", 1, 2)
-    assert (await store.get_tenant("solo")).salt_epoch == 2  # type: ignore[union-attr]
+    solo = await store.get_tenant("solo")
+    assert solo is not None and solo.salt_epoch == 2
     g = await store.rotate_salt("g1")
     assert (g.scope, g.salt_group, g.epoch) == ("group", "pub", 1)
     assert (await store.snapshot()).group_epochs == {"pub": 1}
@@ -161,5 +162,6 @@ async def test_bootstrap_is_idempotent_and_never_overwrites(store: TenantStore) 
     await store.update_tenant("acme", {"tier": "free"})
     second = await bootstrap(store, tenants=tenants, policy=POLICY)
     assert second.created_tenants == () and not second.policy_seeded
-    assert (await store.get_tenant("acme")).tier == "free"  # type: ignore[union-attr]
-    assert (await store.get_policy()).version == 1  # type: ignore[union-attr]
+    acme, policy = await store.get_tenant("acme"), await store.get_policy()
+    assert acme is not None and acme.tier == "free"
+    assert policy is not None and policy.version == 1

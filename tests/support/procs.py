@@ -22,6 +22,8 @@ import httpx
 
 from loadtest.fleet import free_port
 
+__all__ = ["KVGATE", "ROOT", "Proc", "free_port", "redis_proc", "sim_proc"]  # free_port re-exported
+
 ROOT = Path(__file__).resolve().parents[2]
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 

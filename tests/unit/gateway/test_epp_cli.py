@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.config import KvgateConfig
 from gateway.epp.cli import DEFAULT_HTTP_PORT, build_parser, load, named_hosts
 
 
-def _cfg(*argv: str):  # type: ignore[no-untyped-def]
+def _cfg(*argv: str) -> KvgateConfig:
     return load(build_parser().parse_args([*argv, "--no-auth"]))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import TypeVar
 
 import orjson
 
@@ -12,9 +13,11 @@ import gateway
 from gateway import errors
 from gateway.errors import KvgateError
 
+_T = TypeVar("_T")
 
-def _all_subclasses(cls: type) -> set[type]:
-    out: set[type] = set()
+
+def _all_subclasses(cls: type[_T]) -> set[type[_T]]:
+    out: set[type[_T]] = set()
     for sub in cls.__subclasses__():
         out |= {sub} | _all_subclasses(sub)
     return out

@@ -29,7 +29,7 @@ def record(msg: str = "hello", **extra: object) -> logging.LogRecord:
 )
 def test_json_line_has_extras_at_top_level(extra: dict[str, object],
                                            expected: dict[str, object]) -> None:
-    doc = json.loads(JsonFormatter().format(record(**extra)))
+    doc = json.loads(JsonFormatter().format(record("hello", **extra)))
     assert doc.pop("ts").endswith("Z")
     assert doc == {"level": "info", "logger": "kvgate.test", "msg": "hello", **expected}
 
@@ -58,7 +58,7 @@ def test_request_line_reads_only_its_fields(caplog: pytest.LogCaptureFixture) ->
     )
     logger = logging.getLogger("kvgate.test.request")
     with caplog.at_level(logging.INFO, logger=logger.name):
-        log_request(logger, req, 0.5)  # type: ignore[arg-type]
+        log_request(logger, req, 0.5)
     line = JsonFormatter().format(caplog.records[0])
     doc = json.loads(line)
     assert doc["request_id"] == "r-1" and doc["tenant"] == "acme" and doc["model"] == "llama"

@@ -80,7 +80,8 @@ def test_inflight_balance_counts_assignments_over_the_bound() -> None:
     worst, violations = inflight_balance(outs, ["r0", "r1"], 1.25, 1.0)
     assert worst == 2.0 and violations == 2
     spread = [Outcome(f"r{i % 2}", 0.0, 0.1, 1.0, True, i) for i in range(4)]
-    assert inflight_balance(spread, ["r0", "r1"], 1.25, 1.0) == (pytest.approx(4 / 3), 0)
+    worst, violations = inflight_balance(spread, ["r0", "r1"], 1.25, 1.0)
+    assert worst == pytest.approx(4 / 3) and violations == 0
 
 
 def test_percentile_nearest_rank() -> None:

@@ -120,10 +120,11 @@ def test_canonical_text_distinguishes(left: dict[str, object], right: dict[str, 
 
 def test_growing_conversation_keeps_its_prefix() -> None:
     turn1 = chat("q" * 2000, system="s" * 1000)
+    assert isinstance(turn1["messages"], list)
     turn2 = {
         "messages": [
             *turn1["messages"],
-            {"role": "assistant", "content": "a" * 500},  # type: ignore[misc]
+            {"role": "assistant", "content": "a" * 500},
             {"role": "user", "content": "next"},
         ]
     }
