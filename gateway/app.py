@@ -36,6 +36,7 @@ from gateway.doctor.service import Doctor
 from gateway.errors import ConfigError, KvgateError, NotFound
 from gateway.fleet.metrics import SyncCollector
 from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.flow import FlowGate
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -239,6 +240,9 @@ class GatewayApp:
         # registered before the next await, so no policy version can slip in between
         self._unsubscribe = self.tenancy.resolver.on_policy(self._policy_changed)
         self.proxy = Proxy(self.cfg, self.pools, self.router, self.metrics, self.clock, gate)
+        if self.cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow.py)
+            self.proxy.prep.flow = FlowGate(self.cfg.flow, self.pools, self.router,
+                                            self.proxy.planner, self.metrics, self.clock)
         await self._start_discovery()
         monitor = HealthMonitor(self.pools, self.cfg.health, self.clock)
         await monitor.poll_once()  # know who is up (and the served names) before serving
@@ -348,6 +352,7 @@ class GatewayApp:
             raise ConfigError(str(exc)) from None
         live = LiveViews(self.pools, self.router, self.proxy.planner, gate, self.scraper,
                          self.clock)
+        live.flow = self.proxy.prep.flow
         deps = AdminDeps(self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                          doctor=self.doctor.report if self.doctor is not None else None)
         self.metrics.registry.register(AuthGuardCollector(deps.guard))
