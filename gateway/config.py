@@ -220,17 +220,18 @@ class EppSection(_Section):
     fallbacks: Annotated[int, Field(ge=0, le=9)] = 0
 
 
-_FLOW = FlowConfig()  # flow control's core owns its defaults (why: routing/flow/README.md)
+_FLOW = FlowConfig()  # flow control's core owns its defaults (why: docs/flow-control.md)
 
 
 class FlowSection(_Section):
     """Flow control (gateway/flow.py): an admission queue per pool while the pool is
     saturated. Bands, weights and longest waits are policy (`tiers.*.flow`, `fairness`)."""
 
-    enabled: bool = True
+    enabled: bool = False  # off: every request is forwarded at once, as before
     # a replica is full (would queue inside vLLM beyond the bound) at or above any of these;
     # a pool is saturated when every healthy replica is full (fleet-wide with shared state)
     max_prefill_tokens: Annotated[int, Field(ge=1)] = _FLOW.saturation.max_prefill_tokens
+    max_unanswered: Annotated[int, Field(ge=1)] | None = _FLOW.saturation.max_unanswered
     max_waiting: Annotated[float, Field(ge=0)] = _FLOW.saturation.max_waiting
     kv_knee: Annotated[float, Field(gt=0, le=1)] = _FLOW.saturation.kv_knee
     max_inflight: Annotated[int, Field(ge=1)] | None = _FLOW.saturation.max_inflight
@@ -244,7 +245,8 @@ class FlowSection(_Section):
     def flow_config(self) -> FlowConfig:
         return FlowConfig(
             saturation=Saturation(
-                max_prefill_tokens=self.max_prefill_tokens, max_waiting=self.max_waiting,
+                max_prefill_tokens=self.max_prefill_tokens,
+                max_unanswered=self.max_unanswered, max_waiting=self.max_waiting,
                 kv_knee=self.kv_knee, max_inflight=self.max_inflight),
             max_queue=self.max_queue, expected_output_tokens=self.expected_output_tokens,
         )

@@ -88,11 +88,11 @@ def _progress(name: str, row: dict[str, Any]) -> None:
 
 def _others_p99(row: dict[str, Any]) -> float:
     """TTFT p99 over every tenant but the noisy one, from the per-tenant p99s' worst."""
-    return max(t["ttft_p99_s"] for name, t in row["tenants"].items() if name != NOISY)
+    return max(float(t["ttft_p99_s"]) for name, t in row["tenants"].items() if name != NOISY)
 
 
 def _others(row: dict[str, Any], tier: str) -> float:
-    return max(t["ttft_p99_s"] for name, t in row["tenants"].items()
+    return max(float(t["ttft_p99_s"]) for name, t in row["tenants"].items()
                if name != NOISY and name.startswith(tier))
 
 
@@ -133,8 +133,9 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None) -> str:
         out.append(f"| premium goodput @ {SLO_S:g} s >= 95 % | {rate:g}x | "
                    f"{off['tiers']['premium']['goodput']} | {g} | "
                    f"{'met' if g >= 0.95 else 'missed'} |")
+        fewer = on["preemptions"] <= off["preemptions"]
         out.append(f"| preemptions on <= off | {rate:g}x | {off['preemptions']} | "
-                   f"{on['preemptions']} | {'met' if on['preemptions'] <= off['preemptions'] else 'missed'} |")
+                   f"{on['preemptions']} | {'met' if fewer else 'missed'} |")
         jain = (on.get("flow") or {}).get("jain")
         out.append(f"| equal-weight fair-share Jain >= 0.95 | {rate:g}x | - | {jain} | "
                    f"{'met' if jain is not None and jain >= 0.95 else 'missed'} |")

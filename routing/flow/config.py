@@ -1,7 +1,7 @@
 """Flow control's configuration: the saturation rule and the queue's bounds, every field
 defaulted. The gateway's ``flow`` config section exposes these (``gateway/config.py``) and the
 offline replay builds the same value, so both run the same rule with the same defaults. Why
-each default is what it is: ``routing/flow/README.md`` (the benchmark behind them).
+each default is what it is: ``docs/flow-control.md`` (the benchmark behind them).
 """
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ class Saturation:
     # prompt tokens sent to the replica and not answered by a first token yet: the prefill
     # queue vLLM holds for it (exact: kvgate's own accounting, not a scrape)
     max_prefill_tokens: int = 16_384
+    # requests sent to the replica and not answered by a first token yet, at or above this (exact:
+    # kvgate's own count). Fresh where the scrape is not: it stops a burst of releases from
+    # landing in vLLM's queue within one scrape interval. Those requests are prefilling or
+    # waiting for a seat; a replica with room answers them within a step or two.
+    max_unanswered: int | None = 16
     # scraped vllm:num_requests_waiting above this: vLLM is queueing (no seat, no KV blocks)
     max_waiting: float = 4.0
     # scraped KV usage at or above this while anything waits: admitting more means preemption
@@ -35,6 +40,8 @@ class Saturation:
     def __post_init__(self) -> None:
         if self.max_prefill_tokens < 1:
             raise ValueError("flow.max_prefill_tokens must be >= 1")
+        if self.max_unanswered is not None and self.max_unanswered < 1:
+            raise ValueError("flow.max_unanswered must be >= 1")
         if self.max_waiting < 0:
             raise ValueError("flow.max_waiting must be >= 0")
         if not 0.0 < self.kv_knee <= 1.0:

@@ -1,8 +1,8 @@
 """Is a pool saturated? A pure rule over the replicas' views and other gateways' load.
 
 A replica *has room* when one more request would not queue inside vLLM beyond the configured
-bound (`Saturation`): its unanswered prompt tokens (the prefill queue kvgate itself sent it,
-exact), vLLM's scraped waiting queue, KV usage at the knee while anything waits, and an
+bound (`Saturation`): its unanswered prompt tokens and requests (the prefill queue kvgate itself
+sent it, exact), vLLM's scraped waiting queue, KV usage at the knee while anything waits, and an
 optional in-flight cap. Other gateways' in-flight work on the replica (`routing.peers`) is
 added first, so the rule is fleet-wide. A pool is *saturated* when it has healthy replicas and
 none of them has room; a pool without a healthy replica is not saturated (holding requests
@@ -29,23 +29,28 @@ _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 def full_reason(
     view: ReplicaView, peer: ReplicaLoad | None, rule: Saturation
 ) -> str | None:
-    """Why ``view``'s replica cannot take a request now ("prefill", "inflight", "waiting",
-    "kv"), or None when it has room."""
+    """Why ``view``'s replica cannot take a request now ("prefill", "unanswered", "inflight",
+    "waiting", "kv"), or None when it has room."""
     prefill = view.inflight_prefill_tokens
     inflight = view.inflight
+    unanswered = view.inflight_prefill
     if peer is not None:
         prefill += peer.prefill_tokens
         inflight += peer.inflight
+        unanswered += peer.prefill
     if prefill >= rule.max_prefill_tokens:
         return "prefill"
+    if rule.max_unanswered is not None and unanswered >= rule.max_unanswered:
+        return "unanswered"
     if rule.max_inflight is not None and inflight >= rule.max_inflight:
         return "inflight"
     waiting = view.waiting
     if waiting is not None and waiting > rule.max_waiting:
         return "waiting"
-    kv = projected_kv(view, prefill)
-    if kv is not None and kv >= rule.kv_knee:
-        return "kv"
+    if (waiting or 0.0) > 0 or prefill > 0:  # a full cache alone is a busy replica, not a queue
+        kv = projected_kv(view, prefill)
+        if kv is not None and kv >= rule.kv_knee:
+            return "kv"
     return None
 
 

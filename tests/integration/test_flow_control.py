@@ -43,7 +43,7 @@ POLICY: dict[str, Any] = {
         "capped": {"priority": 1, "limits": {"max_concurrency": 2}},
     },
 }
-FLOW = {"max_waiting": 0, "tick_ms": 5}
+FLOW = {"enabled": True, "max_waiting": 0, "max_unanswered": 1, "tick_ms": 5}
 LONG = 4000  # tokens of a filler: ~25 s at the simulator's ~6 ms per step
 _ids = itertools.count()
 

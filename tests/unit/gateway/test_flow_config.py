@@ -3,6 +3,7 @@ the example file, the policy's bands/weights/waits and their validation, the rep
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -96,4 +97,4 @@ def test_noisy_tenant_adds_its_extra_requests_on_top() -> None:
     assert sum(1 for r in loud if r.tenant == "a-0") == 5 * mine
     others = sorted((r.arrival_s, r.block_ids) for r in loud if r.tenant != "a-0")
     assert others == sorted((r.arrival_s, r.block_ids) for r in base if r.tenant != "a-0")
-    assert all(a.arrival_s <= b.arrival_s for a, b in zip(loud, loud[1:], strict=False))
+    assert all(a.arrival_s <= b.arrival_s for a, b in itertools.pairwise(loud))

@@ -21,7 +21,8 @@ from routing.flow import (
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-RULE = Saturation(max_prefill_tokens=1000, max_waiting=2, kv_knee=0.9, max_inflight=4)
+RULE = Saturation(max_prefill_tokens=1000, max_unanswered=3, max_waiting=2, kv_knee=0.9,
+                  max_inflight=4)
 
 
 def view(rid: str = "a", **kw: object) -> ReplicaView:
@@ -37,6 +38,9 @@ def view(rid: str = "a", **kw: object) -> ReplicaView:
         ({"inflight_prefill_tokens": 1000}, None, "prefill"),
         ({"inflight_prefill_tokens": 600}, ReplicaLoad(1, 1, 400), "prefill"),  # fleet-wide
         ({"inflight": 3}, ReplicaLoad(1), "inflight"),
+        ({"inflight_prefill": 2}, None, None),
+        ({"inflight_prefill": 2}, ReplicaLoad(1, 1, 10), "unanswered"),  # fresh, fleet-wide
+        ({"waiting": 0.0, "kv_usage": 0.95, "inflight_prefill_tokens": 1}, None, "kv"),
         ({"waiting": 2.0, "kv_usage": 0.5}, None, None),  # queueing within the bound
         ({"waiting": 3.0, "kv_usage": 0.1}, None, "waiting"),
         ({"waiting": 1.0, "kv_usage": 0.9}, None, "kv"),  # full KV and a queue: preemption
