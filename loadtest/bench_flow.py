@@ -34,6 +34,7 @@ from loadtest.replay.offline import FleetSpec
 from loadtest.replay.reference import pooled_reference_hit_rate
 from loadtest.replay.tiers import assign, noisy, parse_mix
 from loadtest.replay.workload import ReplayRequest, load_mooncake
+from routing.flow import FlowConfig, Saturation
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_TRACE = (
@@ -43,6 +44,14 @@ MIX = "premium:0.3,free:0.7"
 TENANTS = 4
 NOISY = "free-0"
 RATES = (1.5, 2.0, 3.0)
+FLOOR = 0.5  # the same workload at half the trace's rate, flow control off: TTFT's floor
+# thresholds tried at 2x beside the defaults (the figures behind the defaults)
+SWEEP: dict[str, Saturation] = {
+    "prefill8k": Saturation(max_prefill_tokens=8192),
+    "prefill32k": Saturation(max_prefill_tokens=32768),
+    "unanswered4": Saturation(max_unanswered=4),
+    "waiting0": Saturation(max_waiting=0.0),
+}
 SLO_S = 2.0
 
 
@@ -53,11 +62,13 @@ def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 
     return noisy(reqs, NOISY, noisy_factor) if noisy_factor > 1 else reqs
 
 
-def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, on: bool) -> dict[str, Any]:
+def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, on: bool,
+            config: FlowConfig | None = None) -> dict[str, Any]:
     ref = pooled_reference_hit_rate(reqs, fleet.replicas * fleet.kv_tokens, fleet.block_size)
     t0 = time.perf_counter()
+    spec = FlowSpec(config=config) if config is not None else FlowSpec()
     row = run_offline(reqs, fleet, "cache_aware", ref,
-                      flow=FlowDriver(FlowSpec()) if on else None, slo_ttft_s=SLO_S)
+                      flow=FlowDriver(spec) if on else None, slo_ttft_s=SLO_S)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     return row
 
@@ -65,6 +76,8 @@ def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, on: bool) -> dict[str, 
 def offline(trace: Path, limit: int | None) -> dict[str, Any]:
     fleet = FleetSpec()
     runs: dict[str, Any] = {}
+    runs[f"{FLOOR:g}x-off"] = one_run(workload(trace, FLOOR, limit), fleet, False)
+    _progress(f"{FLOOR:g}x-off", runs[f"{FLOOR:g}x-off"])
     for rate in RATES:
         base = workload(trace, rate, limit)
         loud = workload(trace, rate, limit, 5.0) if rate >= 2.0 else None
@@ -75,6 +88,11 @@ def offline(trace: Path, limit: int | None) -> dict[str, Any]:
             if loud is not None:
                 runs[f"{name}-noisy"] = one_run(loud, fleet, on)
                 _progress(f"{name}-noisy", runs[f"{name}-noisy"])
+    base = workload(trace, 2.0, limit)
+    for tag, rule in SWEEP.items():
+        name = f"2x-on-{tag}"
+        runs[name] = one_run(base, fleet, True, FlowConfig(saturation=rule))
+        _progress(name, runs[name])
     return runs
 
 
@@ -278,17 +296,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, help="only the first N requests of the trace")
     p.add_argument("--live", action="store_true", help="also the live on/off comparison")
     p.add_argument("--quick", action="store_true", help="a shorter live run")
+    p.add_argument("--live-only", action="store_true",
+                   help="only the live part (the offline runs from the saved flow.json)")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    runs = offline(args.trace, args.limit)
-    live = live_bench(args.quick) if args.live else None
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "flow.json").write_bytes(orjson.dumps(
-        {"offline": runs, "live": live}, option=orjson.OPT_INDENT_2))
-    (args.out / "flow.md").write_text(report(runs, live))
-    plot(runs, args.out / "flow.png")
-    print(f"written to {args.out}/flow.md, flow.json, flow.png")
+    runs = offline(args.trace, args.limit) if not args.live_only else _saved(args.out)
+    write(args.out, runs, None)  # the offline figures are kept if the live part fails
+    if args.live or args.live_only:
+        write(args.out, runs, live_bench(args.quick))
     return 0
+
+
+def _saved(out: Path) -> dict[str, Any]:
+    runs: dict[str, Any] = orjson.loads((out / "flow.json").read_bytes())["offline"]
+    return runs
+
+
+def write(out: Path, runs: dict[str, Any], live: dict[str, Any] | None) -> None:
+    (out / "flow.json").write_bytes(orjson.dumps(
+        {"offline": runs, "live": live}, option=orjson.OPT_INDENT_2))
+    (out / "flow.md").write_text(report(runs, live))
+    plot(runs, out / "flow.png")
+    print(f"written to {out}/flow.md, flow.json, flow.png", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.support.gateway import (
@@ -172,17 +173,23 @@ def queued(s: Stack, n: int) -> None:
 
 
 # -- tests ------------------------------------------------------------------------------------
+def sdk(base: str, key: str, timeout: float = 30.0) -> openai.OpenAI:
+    """The official client, no retries (a 429 must reach the test)."""
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=timeout)
+
+
 def test_no_saturation_no_queueing(s: Stack) -> None:
     key = s.tenant("free")
     before = sum(metric_values(s.base, "kvgate_flow_queued_total").values())
-    with httpx.Client(timeout=30) as client:
+    with sdk(s.base, key) as client:
         for _ in range(10):
-            resp = client.post(f"{s.base}/v1/chat/completions", json=body(5, stream=False),
-                               headers={"Authorization": f"Bearer {key}"})
-            assert resp.status_code == 200
-            assert resp.headers["x-kvgate-route"] != "queued"
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
+            assert raw.parse().choices[0].message.content
+            assert raw.headers["x-kvgate-route"] != "queued"
     assert sum(metric_values(s.base, "kvgate_flow_queued_total").values()) == before
     assert not saturated(s.base)
+    assert inflight(s.base) == 0
 
 
 def test_premium_queued_after_free_finishes_first(s: Stack) -> None:
@@ -259,10 +266,11 @@ def test_max_wait_is_a_429_with_retry_after(s: Stack) -> None:
     key = s.tenant("impatient")
     saturate(s, s.tenant("free"))
     t0 = time.monotonic()
-    with httpx.Client(timeout=30) as client:
-        resp = client.post(f"{s.base}/v1/chat/completions", json=body(5, stream=False),
-                           headers={"Authorization": f"Bearer {key}"})
+    with sdk(s.base, key) as client, pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
     waited = time.monotonic() - t0
+    resp = err.value.response
     assert resp.status_code == 429 and int(resp.headers["retry-after"]) >= 1
     assert resp.json()["error"]["type"] == "RateLimitError"
     assert 0.4 <= waited < 3.0
@@ -305,6 +313,41 @@ def test_explain_says_whether_a_request_would_queue(s: Stack) -> None:
         assert busy["flow"]["band"] == 1 and busy["flow"]["replicas"]
         pools = admin.get("/replicas").json()["data"]
         assert pools[0]["flow"]["saturated"]
+
+
+def test_policy_hot_reload_moves_tiers_and_rejects_bad_weights(s: Stack) -> None:
+    """Bands and weights are policy: a PUT through the admin API reaches the queue without a
+    restart (explain shows it); a bad weight or band floor is a 400 naming the field."""
+    with admin_client(s.base, ADMIN) as admin:
+        got = admin.get("/policy")
+        assert got.status_code == 200
+        old, etag = got.json(), got.headers["etag"]
+
+        def explain() -> dict[str, Any]:
+            out = admin.post("/route/explain", json={"tier": "free", "request": body(5)})
+            flow: dict[str, Any] = out.json()["flow"]
+            return flow
+
+        assert (explain()["band"], explain()["weight"]) == (1, 1.0)
+        new = {**old, "tiers": {**old["tiers"], "free": {**old["tiers"]["free"],
+                                                         "flow": {"band": 0, "weight": 3}}},
+               "fairness": {"min_share": {"1": 0.2}, "tenants": {}}}
+        put = admin.put("/policy", json=new, headers={"if-match": etag})
+        assert put.status_code == 200, put.text
+        try:
+            wait_for(lambda: (explain()["band"], explain()["weight"]) == (0, 3.0), 10,
+                     "the new policy in the queue")
+            bad = {**new, "tiers": {**new["tiers"], "free": {"flow": {"weight": -1}}}}
+            err = admin.put("/policy", json=bad)
+            assert err.status_code == 400
+            assert "tiers.free.flow.weight" in err.json()["error"]["param"], err.text
+            floors = {**new, "fairness": {"min_share": {"1": 0.6, "2": 0.5}}}
+            err = admin.put("/policy", json=floors)
+            assert err.status_code == 400 and "min_share" in err.text, err.text
+        finally:
+            restore = admin.put("/policy", json=old)
+            assert restore.status_code == 200, restore.text
+        wait_for(lambda: explain()["band"] == 1, 10, "the old policy back")
 
 
 def test_queue_full_sheds_lower_band_with_429_and_top_band_gets_503(s: Stack) -> None:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from gateway.config import FlowSection, load_config
+from gateway.errors import ConfigError
 from gateway.policy import PolicyDoc, PolicyValidationError, parse_policy
 from loadtest.replay.tiers import assign, noisy, parse_mix
 from loadtest.replay.workload import ReplayRequest
@@ -66,6 +67,22 @@ def test_invalid_flow_policy_names_the_field(doc: dict[str, object], field: str)
     with pytest.raises(PolicyValidationError) as exc:
         parse_policy(doc)
     assert exc.value.field.startswith(field), exc.value
+
+
+@pytest.mark.parametrize(
+    ("flow", "field"),
+    [
+        ({"kv_knee": 1.5}, "flow.kv_knee"),
+        ({"max_unanswered": 0}, "flow.max_unanswered"),
+        ({"max_queue": -1}, "flow.max_queue"),
+        ({"tick_ms": 0}, "flow.tick_ms"),
+        ({"max_waitng": 3}, "flow.max_waitng"),  # a typo is not ignored
+    ],
+)
+def test_invalid_flow_config_names_the_field(flow: dict[str, object], field: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(None, overrides={**POOLS, "flow": flow}, environ={})
+    assert field in str(exc.value)
 
 
 def test_old_policy_documents_stay_valid() -> None:
