@@ -50,6 +50,7 @@ SWEEP: dict[str, Saturation] = {
     "prefill8k": Saturation(max_prefill_tokens=8192),
     "prefill32k": Saturation(max_prefill_tokens=32768),
     "unanswered4": Saturation(max_unanswered=4),
+    "unanswered-off": Saturation(max_unanswered=None),
     "waiting0": Saturation(max_waiting=0.0),
 }
 SLO_S = 2.0
@@ -260,7 +261,10 @@ def live_bench(quick: bool) -> dict[str, Any]:
                 level, cpu = bo.measured([base], False, n_sat, pid, {})
                 lines.append(f"| {mode} | {cpu / n_sat * 1e6:.0f} | "
                              f"{n_sat / level.wall_s:.0f} |")
-        lines += ["", fast_path_cost()]
+        queued = _metric_sum(gws["on"][0], "kvgate_flow_queued_total")
+        lines += ["", f"Requests that waited in the flow-control gateway's queue during the "
+                  f"latency runs and the saturation run: {queued:g} (0: every request took "
+                  "the fast path).", "", fast_path_cost()]
     finally:
         for p in procs:
             p.terminate()
@@ -270,6 +274,14 @@ def live_bench(quick: bool) -> dict[str, Any]:
     lines.append(f"\nLoad average at the end: {load} on {os.cpu_count()} CPUs (other work "
                  "shared the machine when it is above ~1.5).")
     return {"text": "\n".join(lines)}
+
+
+def _metric_sum(base: str, name: str) -> float:
+    import httpx
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))
 
 
 def fast_path_cost() -> str:

@@ -28,8 +28,9 @@ class Saturation:
     # requests sent to the replica and not answered by a first token yet, at or above this (exact:
     # kvgate's own count). Fresh where the scrape is not: it stops a burst of releases from
     # landing in vLLM's queue within one scrape interval. Those requests are prefilling or
-    # waiting for a seat; a replica with room answers them within a step or two.
-    max_unanswered: int | None = 16
+    # waiting for a seat; a replica with room answers them within a step or two. High enough
+    # that a burst of short prompts (prefilled together, one step) does not look like a queue.
+    max_unanswered: int | None = 64
     # scraped vllm:num_requests_waiting above this: vLLM is queueing (no seat, no KV blocks)
     max_waiting: float = 4.0
     # scraped KV usage at or above this while anything waits: admitting more means preemption
