@@ -387,3 +387,37 @@ def test_queue_full_sheds_lower_band_with_429_and_top_band_gets_503(s: Stack) ->
             c.join(30)
             assert c.status == 200
         wait_for(lambda: inflight(base) == 0, 30, "drained")
+
+
+def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
+    """A tier with `spill_to`: while its pool is saturated its request goes to the spill pool
+    at once (route "spill"), not into the queue. A gateway of its own (two pools) on a Redis
+    database of its own (its own policy)."""
+    sim2, sim2_url = sim_proc(None, "--max-num-seqs", "8", model="m-sim")
+    tiers = {**POLICY["tiers"], "spiller": {"priority": 1, "spill_to": "q"}}
+    config = {**s.config, "tiers": tiers,
+              "pools": {POOL: {"served_model": "m-sim", "replicas": [s.sim]},
+                        "q": {"served_model": "m-sim", "replicas": [sim2_url]}}}
+    env = {**s.env, "KVGATE_REDIS_URL": s.redis.rsplit("/", 1)[0] + "/3"}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with sim2, gw:
+        keys = {}
+        with admin_client(base, ADMIN) as admin:
+            for tier in ("free", "spiller"):
+                tid = f"spill-{tier}-{uuid.uuid4().hex[:6]}"
+                assert admin.post("/tenants", json={"id": tid, "tier": tier}).status_code == 201
+                keys[tier] = str(admin.post(f"/tenants/{tid}/keys").json()["key"])
+        for _ in range(3):
+            f = Filler(base, keys["free"], LONG)
+            f.start()
+            s.fillers.append(f)
+            time.sleep(0.15)
+        wait_for(lambda: saturated(base), 10, "saturated")
+        with sdk(base, keys["spiller"]) as client:
+            raw = client.chat.completions.with_raw_response.create(
+                model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
+        assert raw.headers["x-kvgate-route"] == "spill"
+        assert raw.headers["x-kvgate-replica"].startswith("q/")
+        assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == 0
+        release(s)
+        wait_for(lambda: inflight(base) == 0, 30, "drained")
