@@ -123,7 +123,11 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None) -> str:
            "free band 1 (minimum share 0.1); flow control with its defaults (`flow` config "
            f"section, `routing/flow/config.py`). Goodput: share of a tier's requests whose "
            f"first token came within {SLO_S:g} s (shed requests count as missed). Times are "
-           "simulated seconds.\n",
+           "simulated seconds. `0.5x-off` is the same workload at half the trace's rate without "
+           "flow control: nothing queues anywhere, so its TTFT is the floor the prompts' own "
+           "prefill sets (the trace's longest prompts take seconds to prefill). "
+           "`2x-on-<variant>` runs change one threshold from its default (the sweep behind the "
+           "defaults). `-noisy`: tenant free-0 sends 5x its share on top.\n",
            "## Per tier\n",
            "| run | premium TTFT p50 | premium TTFT p99 | premium goodput | free TTFT p50 | "
            "free TTFT p99 | free goodput | all goodput | preemptions | shed | hit rate | "
