@@ -238,37 +238,45 @@ def live_bench(quick: bool) -> dict[str, Any]:
             procs.append(p)
             gws[mode] = (f"http://127.0.0.1:{port}", p.pid)
             bo._wait(f"{gws[mode][0]}/readyz")
-        rounds = 3 if quick else 8
+        rounds = 4 if quick else 8
         lat: dict[tuple[str, int], list[float]] = {}
-        for conc, n in ((1, 300 if quick else 1000), (32, 1500 if quick else 5000)):
+        queued: dict[int, float] = {}
+        levels = ((1, 800 if quick else 2000), (8, 1600 if quick else 4000))
+        for conc, n in levels:
+            q0 = _metric_sum(gws["on"][0], "kvgate_flow_queued_total")
             for _ in range(rounds):  # alternate, so drift in the machine's load hits both
                 for mode in ("off", "on"):
                     lvl = asyncio.run(bo.run_level([gws[mode][0]], False, conc, n // rounds))
                     lat.setdefault((mode, conc), []).extend(lvl.total_ms)
+            queued[conc] = _metric_sum(gws["on"][0], "kvgate_flow_queued_total") - q0
         lines += ["Two gateways on the same 2 simulated replicas (time-scale 1000: they answer "
                   "at once), flow control off and on, no-auth, non-streamed 16-token chat; "
-                  "measured alternately in rounds. Nothing is saturated: every request takes "
-                  "the fast path (one saturation check, the narrowing of the views).\n",
+                  "measured alternately in rounds. `queued`: requests that waited in the "
+                  "flow-control gateway's queue during the level (0: every request took the "
+                  "fast path, one saturation check and the narrowing of the views).\n",
                   "| concurrency | p50 off (ms) | p50 on (ms) | added p50 (µs) | p99 off | "
-                  "p99 on |", "|---|---|---|---|---|---|"]
-        for conc in (1, 32):
+                  "p99 on | queued |", "|---|---|---|---|---|---|---|"]
+        for conc, _n in levels:
             off, on = lat[("off", conc)], lat[("on", conc)]
             lines.append(f"| {conc} | {bo.pct(off, 0.5):.3f} | {bo.pct(on, 0.5):.3f} | "
                          f"{(bo.pct(on, 0.5) - bo.pct(off, 0.5)) * 1000:+.0f} | "
-                         f"{bo.pct(off, 0.99):.3f} | {bo.pct(on, 0.99):.3f} |")
-        n_sat = 1000 if quick else 4000
-        lines += ["", "| flow control | kvgate CPU µs/request (concurrency 64) | req/s |",
-                  "|---|---|---|"]
+                         f"{bo.pct(off, 0.99):.3f} | {bo.pct(on, 0.99):.3f} | "
+                         f"{queued[conc]:g} |")
+        n_cpu = 1500 if quick else 4000
+        lines += ["", "CPU per request: concurrency 8 (not saturated), kvgate pinned to one "
+                  "core, measured twice each, alternately.\n",
+                  "| flow control | kvgate CPU µs/request | req/s | queued |", "|---|---|---|---|"]
         for _ in range(2):
             for mode in ("off", "on"):
                 base, pid = gws[mode]
-                level, cpu = bo.measured([base], False, n_sat, pid, {})
-                lines.append(f"| {mode} | {cpu / n_sat * 1e6:.0f} | "
-                             f"{n_sat / level.wall_s:.0f} |")
-        queued = _metric_sum(gws["on"][0], "kvgate_flow_queued_total")
-        lines += ["", f"Requests that waited in the flow-control gateway's queue during the "
-                  f"latency runs and the saturation run: {queued:g} (0: every request took "
-                  "the fast path).", "", fast_path_cost()]
+                q0 = _metric_sum(gws["on"][0], "kvgate_flow_queued_total")
+                c0 = bo.cpu_seconds(pid)
+                level = asyncio.run(bo.run_level([base], False, 8, n_cpu))
+                cpu = bo.cpu_seconds(pid) - c0
+                q = _metric_sum(gws["on"][0], "kvgate_flow_queued_total") - q0
+                lines.append(f"| {mode} | {cpu / n_cpu * 1e6:.0f} | "
+                             f"{n_cpu / level.wall_s:.0f} | {q:g} |")
+        lines += ["", fast_path_cost()]
     finally:
         for p in procs:
             p.terminate()

@@ -33,7 +33,8 @@ class Saturation:
     max_unanswered: int | None = 64
     # scraped vllm:num_requests_waiting above this: vLLM is queueing (no seat, no KV blocks)
     max_waiting: float = 4.0
-    # scraped KV usage at or above this while anything waits: admitting more means preemption
+    # scraped KV usage plus the unanswered prompts at or above this: what is admitted now grows
+    # into the cache as it decodes, and past the knee vLLM preempts
     kv_knee: float = 0.9
     # requests in flight at or above this (None: no such limit; e.g. vLLM's --max-num-seqs)
     max_inflight: int | None = None

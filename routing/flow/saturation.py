@@ -2,7 +2,8 @@
 
 A replica *has room* when one more request would not queue inside vLLM beyond the configured
 bound (`Saturation`): its unanswered prompt tokens and requests (the prefill queue kvgate itself
-sent it, exact), vLLM's scraped waiting queue, KV usage at the knee while anything waits, and an
+sent it, exact), vLLM's scraped waiting queue, KV usage at the knee (the scraped usage plus the
+unanswered prompts), and an
 optional in-flight cap. Other gateways' in-flight work on the replica (`routing.peers`) is
 added first, so the rule is fleet-wide. A pool is *saturated* when it has healthy replicas and
 none of them has room; a pool without a healthy replica is not saturated (holding requests
@@ -47,10 +48,11 @@ def full_reason(
     waiting = view.waiting
     if waiting is not None and waiting > rule.max_waiting:
         return "waiting"
-    if (waiting or 0.0) > 0 or prefill > 0:  # a full cache alone is a busy replica, not a queue
-        kv = projected_kv(view, prefill)
-        if kv is not None and kv >= rule.kv_knee:
-            return "kv"
+    # KV at the knee is full even with nothing waiting: what is admitted now grows into the
+    # cache as it decodes and, past the knee, vLLM preempts (the benchmark: docs/flow-control.md)
+    kv = projected_kv(view, prefill)
+    if kv is not None and kv >= rule.kv_knee:
+        return "kv"
     return None
 
 

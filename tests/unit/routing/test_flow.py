@@ -44,7 +44,8 @@ def view(rid: str = "a", **kw: object) -> ReplicaView:
         ({"waiting": 2.0, "kv_usage": 0.5}, None, None),  # queueing within the bound
         ({"waiting": 3.0, "kv_usage": 0.1}, None, "waiting"),
         ({"waiting": 1.0, "kv_usage": 0.9}, None, "kv"),  # full KV and a queue: preemption
-        ({"waiting": 0.0, "kv_usage": 0.99}, None, None),  # full KV, nothing waits: room
+        ({"waiting": 0.0, "kv_usage": 0.99}, None, "kv"),  # nothing waits yet, but decoding
+        ({"waiting": 0.0, "kv_usage": 0.85}, None, None),  # grows into the cache: preemption
         ({"waiting": None, "kv_usage": None}, None, None),  # no scrape never makes it full
     ],
 )
