@@ -45,13 +45,16 @@ TENANTS = 4
 NOISY = "free-0"
 RATES = (1.5, 2.0, 3.0)
 FLOOR = 0.5  # the same workload at half the trace's rate, flow control off: TTFT's floor
-# thresholds tried at 2x beside the defaults (the figures behind the defaults)
-SWEEP: dict[str, Saturation] = {
-    "prefill8k": Saturation(max_prefill_tokens=8192),
-    "prefill32k": Saturation(max_prefill_tokens=32768),
-    "unanswered4": Saturation(max_unanswered=4),
-    "unanswered-off": Saturation(max_unanswered=None),
-    "waiting0": Saturation(max_waiting=0.0),
+# thresholds tried beside the defaults, one changed at a time (the figures behind the defaults)
+SWEEP: dict[str, tuple[float, Saturation]] = {
+    "prefill8k": (2.0, Saturation(max_prefill_tokens=8192)),
+    "prefill32k": (2.0, Saturation(max_prefill_tokens=32768)),
+    "unanswered4": (2.0, Saturation(max_unanswered=4)),
+    "unanswered-off": (2.0, Saturation(max_unanswered=None)),
+    "waiting0": (2.0, Saturation(max_waiting=0.0)),
+    "knee0.8": (2.0, Saturation(kv_knee=0.8)),
+    "3x-prefill8k": (3.0, Saturation(max_prefill_tokens=8192)),
+    "3x-knee0.8": (3.0, Saturation(kv_knee=0.8)),
 }
 SLO_S = 2.0
 
@@ -89,10 +92,10 @@ def offline(trace: Path, limit: int | None) -> dict[str, Any]:
             if loud is not None:
                 runs[f"{name}-noisy"] = one_run(loud, fleet, on)
                 _progress(f"{name}-noisy", runs[f"{name}-noisy"])
-    base = workload(trace, 2.0, limit)
-    for tag, rule in SWEEP.items():
-        name = f"2x-on-{tag}"
-        runs[name] = one_run(base, fleet, True, FlowConfig(saturation=rule))
+    for tag, (rate, rule) in SWEEP.items():
+        name = tag if tag.startswith("3x") else f"{rate:g}x-on-{tag}"
+        runs[name] = one_run(workload(trace, rate, limit), fleet, True,
+                             FlowConfig(saturation=rule))
         _progress(name, runs[name])
     return runs
 
@@ -126,8 +129,8 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None) -> str:
            "simulated seconds. `0.5x-off` is the same workload at half the trace's rate without "
            "flow control: nothing queues anywhere, so its TTFT is the floor the prompts' own "
            "prefill sets (the trace's longest prompts take seconds to prefill). "
-           "`2x-on-<variant>` runs change one threshold from its default (the sweep behind the "
-           "defaults). `-noisy`: tenant free-0 sends 5x its share on top.\n",
+           "`2x-on-<variant>` and `3x-<variant>` runs change one threshold from its default "
+           "(the sweep behind the defaults). `-noisy`: tenant free-0 sends 5x its share on top.\n",
            "## Per tier\n",
            "| run | premium TTFT p50 | premium TTFT p99 | premium goodput | free TTFT p50 | "
            "free TTFT p99 | free goodput | all goodput | preemptions | shed | hit rate | "
@@ -325,16 +328,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    runs = offline(args.trace, args.limit) if not args.live_only else _saved(args.out)
-    write(args.out, runs, None)  # the offline figures are kept if the live part fails
+    saved = args.out / "flow.json"
+    before = orjson.loads(saved.read_bytes()) if saved.exists() else {}
+    runs = offline(args.trace, args.limit) if not args.live_only else before["offline"]
+    write(args.out, runs, before.get("live"))  # the offline figures kept if the live part fails
     if args.live or args.live_only:
         write(args.out, runs, live_bench(args.quick))
     return 0
-
-
-def _saved(out: Path) -> dict[str, Any]:
-    runs: dict[str, Any] = orjson.loads((out / "flow.json").read_bytes())["offline"]
-    return runs
 
 
 def write(out: Path, runs: dict[str, Any], live: dict[str, Any] | None) -> None:
