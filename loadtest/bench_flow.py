@@ -5,14 +5,16 @@
 Offline (simulated time, the gateway's flow-control code in front of the same router): the
 Mooncake conversation trace on 8 simulated replicas (h100-8b-fp8, 262,144 KV tokens each),
 30 % premium / 70 % free conversations (4 tenants per tier, equal weights), at 1.5x, 2x and 3x
-its arrival rate, flow control off and on; then the same with tenant free-0 sending 5x its
-share (its extra requests added on top, so every other tenant's traffic is identical). Per
-run: TTFT p50/p99 and goodput at a 2 s TTFT SLO per tier, preemptions, sheds, the fair-share
-ratios and their Jain index. Writes ``flow.md``, ``flow.json`` and ``flow.png``.
+its arrival rate (and 0.5x without flow control: the floor), flow control off and on; then the
+same with tenant free-0 sending 5x its share (its extra requests added on top, so every other
+tenant's traffic is identical); then a sweep, one threshold changed at a time. Per run: TTFT
+p50/p99 and goodput at a 2 s TTFT SLO per tier, preemptions, sheds, the fair-share ratios and
+their Jain index. Writes ``flow.md``, ``flow.json`` and ``flow.png``.
 
 Live (``--live``): two real gateways on the same simulated replicas, flow control on and off,
-measured alternately: added latency when nothing is saturated (p50 at concurrency 1 and 32)
-and kvgate's CPU per request at saturation, plus the in-process cost of the fast path.
+measured alternately: added latency when nothing is saturated (p50 at concurrency 1 and 8,
+with the count of requests that queued, which should be 0) and kvgate's CPU per request, plus the
+in-process cost of the fast path.
 """
 
 from __future__ import annotations
@@ -200,6 +202,10 @@ def plot(runs: dict[str, Any], path: Path) -> None:
                 xs = [r for r in RATES if f"{r:g}x-{mode}" in runs]
                 ys = [runs[f"{r:g}x-{mode}"]["tiers"][tier][key] for r in xs]
                 ax.plot(xs, ys, style, marker="o", color=color, label=f"{tier}, flow {mode}")
+        floor = runs.get(f"{FLOOR:g}x-off")
+        if floor is not None:  # what the prompts' own prefill allows (nothing queues)
+            ax.axhline(floor["tiers"]["premium"][key], color="gray", linestyle=":",
+                       label=f"premium at {FLOOR:g}x (floor)")
         ax.set_xlabel("arrival rate (x the trace's)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
