@@ -31,10 +31,12 @@ from gateway.errors import ConfigError
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
+from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
 
 __all__ = [
     "DoctorSection",
+    "FlowSection",
     "HealthConfig",
     "KvgateConfig",
     "RoutingSection",
@@ -205,6 +207,38 @@ class EppSection(_Section):
     fallbacks: Annotated[int, Field(ge=0, le=9)] = 0
 
 
+_FLOW = FlowConfig()  # flow control's core owns its defaults (why: docs/flow-control.md)
+
+
+class FlowSection(_Section):
+    """Flow control (gateway/flow.py): an admission queue per pool while the pool is
+    saturated. Bands, weights and longest waits are policy (`tiers.*.flow`, `fairness`)."""
+
+    enabled: bool = False  # off: every request is forwarded at once, as before
+    # a replica is full (would queue inside vLLM beyond the bound) at or above any of these;
+    # a pool is saturated when every healthy replica is full (fleet-wide with shared state)
+    max_prefill_tokens: Annotated[int, Field(ge=1)] = _FLOW.saturation.max_prefill_tokens
+    max_unanswered: Annotated[int, Field(ge=1)] | None = _FLOW.saturation.max_unanswered
+    max_waiting: Annotated[float, Field(ge=0)] = _FLOW.saturation.max_waiting
+    kv_knee: Annotated[float, Field(gt=0, le=1)] = _FLOW.saturation.kv_knee
+    max_inflight: Annotated[int, Field(ge=1)] | None = _FLOW.saturation.max_inflight
+    max_queue: Annotated[int, Field(ge=0)] = _FLOW.max_queue  # per pool; 0: shed, never hold
+    expected_output_tokens: Annotated[int, Field(ge=0)] = _FLOW.expected_output_tokens
+    tick_ms: Annotated[float, Field(gt=0, le=1000)] = 5.0  # re-check period while queued
+    # the router picks only among replicas with room, and among those the ones whose KV
+    # stays under the knee with the prompt in (false: any healthy replica)
+    room_only: bool = True
+
+    def flow_config(self) -> FlowConfig:
+        return FlowConfig(
+            saturation=Saturation(
+                max_prefill_tokens=self.max_prefill_tokens,
+                max_unanswered=self.max_unanswered, max_waiting=self.max_waiting,
+                kv_knee=self.kv_knee, max_inflight=self.max_inflight),
+            max_queue=self.max_queue, expected_output_tokens=self.expected_output_tokens,
+        )
+
+
 class KvgateConfig(PolicyDoc):
     """The whole configuration. `pools`, `models`, `tiers` come from `PolicyDoc`."""
 
@@ -218,6 +252,7 @@ class KvgateConfig(PolicyDoc):
     tenancy: TenancySection = Field(default_factory=TenancySection)
     sync: SyncSection = Field(default_factory=SyncSection)
     doctor: DoctorSection = Field(default_factory=DoctorSection)
+    flow: FlowSection = Field(default_factory=FlowSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
@@ -233,7 +268,8 @@ class KvgateConfig(PolicyDoc):
         return value
 
     def policy_doc(self) -> PolicyDoc:
-        return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers)
+        return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers,
+                         fairness=self.fairness)
 
     def public_models(self) -> dict[str, str]:
         """Public model name -> pool for the default tier. Without `models`, pools' served names."""

@@ -28,7 +28,9 @@ __all__ = [
     "NoReplicaAvailable",
     "NotFound",
     "PermissionDenied",
+    "PoolOverloaded",
     "PreconditionFailed",
+    "QueueShed",
     "RateLimited",
     "RetryBudgetExhausted",
     "UpstreamError",
@@ -170,6 +172,12 @@ class RetryBudgetExhausted(UpstreamError):
         self.retry_after = 1
 
 
+class QueueShed(RateLimited):
+    """Shed from flow control's queue: its tier's longest wait, or displaced (429)."""
+
+    code = "queue_shed"
+
+
 class BackendUnavailable(KvgateError):
     """The shared store (Redis) cannot be reached, or cached state is too stale to trust."""
 
@@ -184,6 +192,11 @@ class NoReplicaAvailable(KvgateError):
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message, retry_after=retry_after)
+
+
+class PoolOverloaded(NoReplicaAvailable):
+    """Flow control: the pool's queue is full of requests at least as important as a top-band
+    one (503)."""
 
 
 # HTTP status -> OpenAI/vLLM error type, for upstream errors kvgate has to re-shape

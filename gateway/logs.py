@@ -92,6 +92,7 @@ class RequestRecord(Protocol):
     status: int
     ttft: float | None
     usage: dict[str, int] | None
+    queued_s: float | None
 
 
 def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> None:
@@ -109,4 +110,5 @@ def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> N
         "cached_tokens": usage.get("cached_tokens"),
         "ttft_ms": round(req.ttft * 1000, 1) if req.ttft is not None else None,
         "total_ms": round(total_s * 1000, 1),
+        "queued_ms": round(req.queued_s * 1000, 1) if req.queued_s is not None else None,
     })

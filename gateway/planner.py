@@ -10,14 +10,14 @@ tenants. It also drops vLLM's operator-only body fields unless the tier allows t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 from gateway.body import ParsedBody, drop_operator_fields
 from gateway.errors import ModelNotFound, NoReplicaAvailable
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
-from gateway.tenancy.tiers import resolve_tier
+from gateway.tenancy.tiers import LoadSignal, ReplicaLoad, resolve_tier
 from routing.config import RouterConfig
 from routing.features import extract_features
 from routing.types import ReplicaView, RequestFeatures
@@ -64,18 +64,47 @@ class _Views(Mapping[str, list[ReplicaView]]):
         return len(self._pools.by_name)
 
 
+class _Avoid(Mapping[str, Sequence[LoadSignal]]):
+    """Views where the ``avoid`` pools look saturated (an unhealthy replica each)."""
+
+    __slots__ = ("_avoid", "_views")
+
+    def __init__(self, views: _Views, avoid: Collection[str]) -> None:
+        self._views, self._avoid = views, avoid
+
+    def __getitem__(self, name: str) -> Sequence[LoadSignal]:
+        if name in self._avoid:
+            return _FULL
+        return self._views[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+_FULL = (ReplicaLoad(healthy=False),)
+
+
 class Planner:
     def __init__(self, pools: Pools, config: RouterConfig, gate: TenantGate) -> None:
         self.pools = pools
         self._config = config
         self._gate = gate
 
-    def plan(self, principal: Principal, parsed: ParsedBody, kind: str, now: float) -> Plan:
-        """The pool (tier, spill-over) and features for one request, from one policy snapshot."""
+    def plan(
+        self, principal: Principal, parsed: ParsedBody, kind: str, now: float,
+        avoid: Collection[str] = (),
+    ) -> Plan:
+        """The pool (tier, spill-over) and features for one request, from one policy snapshot.
+        ``avoid``: pools tier resolution treats as saturated (flow control tries the tier's
+        spill-over before queueing)."""
         snap = principal.policy
         doc = snap.doc if snap is not None else self.pools.doc
         views = _Views(self.pools, now)
-        route = resolve_tier(doc, parsed.model, principal.tier, views)
+        loads: Mapping[str, Sequence[LoadSignal]] = _Avoid(views, avoid) if avoid else views
+        route = resolve_tier(doc, parsed.model, principal.tier, loads)
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:

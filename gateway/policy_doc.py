@@ -12,14 +12,18 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
+
 __all__ = [
     "DEFAULT_TIER",
+    "Fairness",
     "Limits",
     "LoadThreshold",
     "PolicyDoc",
     "PolicyValidationError",
     "PoolConfig",
     "TierConfig",
+    "TierFlow",
     "parse_policy",
 ]
 
@@ -67,6 +71,38 @@ class LoadThreshold(BaseModel):
     kv_usage: Annotated[float, Field(ge=0, le=1)]
 
 
+class TierFlow(BaseModel):
+    """The tier in flow control's admission queue (used only while its pool is saturated)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # priority band, lower first (None: the tier's `priority`, so the queue keeps vLLM's order)
+    band: int | None = None
+    # share of its band's tokens relative to the band's other tenants (`fairness.tenants`
+    # overrides it per tenant)
+    weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    # longest wait in the queue; then 429 with Retry-After
+    max_wait_s: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_MAX_WAIT_S
+
+
+Share = Annotated[float, Field(ge=0, lt=1)]
+
+
+class Fairness(BaseModel):
+    """Flow control's sharing rules: band floors and per-tenant weights (hot-reloaded)."""
+
+    model_config = ConfigDict(extra="forbid")
+    # band -> minimum share of the dispatched tokens while a higher band competes with it
+    min_share: dict[int, Share] = Field(default_factory=dict)
+    default_min_share: Share = DEFAULT_MIN_SHARE  # bands not in `min_share`
+    tenants: dict[str, Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _shares_fit(self) -> Fairness:
+        if sum(self.min_share.values()) >= 1.0:
+            raise ValueError("fairness.min_share: the shares must add up to less than 1")
+        return self
+
+
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits = Field(default_factory=Limits)
@@ -86,6 +122,7 @@ class TierConfig(BaseModel):
     # vLLM's operator-only body fields (`request_id`, `kv_transfer_params`, `vllm_xargs`) are
     # forwarded only for tiers that allow them; otherwise they are dropped from the request
     operator_fields: bool = False
+    flow: TierFlow = Field(default_factory=TierFlow)  # flow control (gateway/flow.py)
 
 
 class PolicyDoc(BaseModel):
@@ -95,6 +132,7 @@ class PolicyDoc(BaseModel):
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
     models: dict[str, dict[str, str]] = Field(default_factory=dict)  # public -> {tier: pool}
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {DEFAULT_TIER: TierConfig()})
+    fairness: Fairness = Field(default_factory=Fairness)  # flow control's sharing rules
 
     @model_validator(mode="after")
     def _references_resolve(self) -> PolicyDoc:
@@ -139,12 +177,22 @@ class PolicyDoc(BaseModel):
                 edges.setdefault(src, (dst, tier_name))
             _raise_on_cycle(model, edges)
 
+    def flow_class(self, tier: str, tenant: str) -> tuple[int, float, float]:
+        """(band, weight, longest wait in seconds) of ``tenant`` of ``tier`` in flow control."""
+        cfg = self.tiers.get(tier) or _DEFAULT_TIER_CONFIG
+        flow = cfg.flow
+        band = flow.band if flow.band is not None else cfg.priority
+        return band, self.fairness.tenants.get(tenant, flow.weight), flow.max_wait_s
+
     def pool_for(self, model: str, tier: str) -> str | None:
         """The pool serving public `model` for `tier` (falling back to the 'default' tier)."""
         per_tier = self.models.get(model)
         if per_tier is None:
             return None
         return per_tier.get(tier) or per_tier.get(DEFAULT_TIER)
+
+
+_DEFAULT_TIER_CONFIG = TierConfig()
 
 
 def _raise_on_cycle(model: str, edges: dict[str, tuple[str, str]]) -> None:

@@ -15,16 +15,17 @@ request's state lands on the `ProxiedRequest`, which both edges settle the same 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from time import perf_counter
 
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.doctor.sharing import PrefixSharing
 from gateway.errors import NoReplicaAvailable
+from gateway.flow import FlowGate
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
-from gateway.planner import Planner
+from gateway.planner import Plan, Planner
 from gateway.pool import Pools
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore
@@ -48,6 +49,7 @@ class Preparer:
         self._gate = gate
         self._responses = responses
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
+        self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
 
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
@@ -60,8 +62,10 @@ class Preparer:
     async def prepare(
         self, req: ProxiedRequest, principal: Principal, body: bytes,
         subset: Collection[str] | None = None,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> tuple[Decision, bytes]:
-        """Parse, admit, plan, rewrite and pick: the decision and the upstream body."""
+        """Parse, admit, plan, rewrite and pick: the decision and the upstream body.
+        ``gone`` returns when the client has left (flow control drops it from its queue)."""
         parsed = req.parsed = parse_body(body, req.kind)
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
         if adm is not None:
@@ -71,14 +75,17 @@ class Preparer:
                 self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
                 raise adm.error()
             req.adm = adm
-        return self._plan_and_pick(req, principal, parsed, subset)
+        plan = None
+        if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
+            plan = await self.flow.admit(req, principal, parsed, gone)
+        return self._plan_and_pick(req, principal, parsed, subset, plan)
 
     def _plan_and_pick(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
-        subset: Collection[str] | None,
+        subset: Collection[str] | None, plan: Plan | None = None,
     ) -> tuple[Decision, bytes]:
         now = self._clock()
-        plan = self.planner.plan(principal, parsed, req.kind, now)
+        plan = plan or self.planner.plan(principal, parsed, req.kind, now)
         pool = req.pool = plan.pool
         req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
         gate = self._gate
@@ -113,6 +120,8 @@ class Preparer:
                 ) from None
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
+        if req.queued_s is not None and self.flow is not None:
+            decision = self.flow.mark(req, decision)  # route "queued"
         return decision, upstream_body
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:

@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
+from functools import partial
 from time import perf_counter
 
 from gateway.asgi import Receive, Scope, Send
@@ -35,6 +36,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
+from gateway.flow import until_disconnect
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
@@ -134,7 +136,8 @@ class Proxy:
     ) -> tuple[Decision, bytes]:
         principal = self.prep.identify(req, token)  # before the body: no key, no upload
         body = await read_body(receive, self._limit, declared)
-        return await self.prep.prepare(req, principal, body)
+        gone = partial(until_disconnect, receive)  # flow control drops a queued request then
+        return await self.prep.prepare(req, principal, body, gone=gone)
 
     # -- attempts ----------------------------------------------------------------------------
     async def _forward(

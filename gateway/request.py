@@ -29,9 +29,34 @@ class ProxiedRequest:
     parsed: ParsedBody
     pool: Pool
 
-    __slots__ = ("adm", "attempts", "ctl", "extra", "features", "kind", "parsed", "path",
-                 "pool", "pool_name", "replica", "req_id", "route", "spilled", "sse", "status",
-                 "strip", "t0", "target", "tenant", "tenant_id", "tier", "ttft", "usage", "used")
+    __slots__ = (
+        "adm",
+        "attempts",
+        "ctl",
+        "extra",
+        "features",
+        "kind",
+        "parsed",
+        "path",
+        "pool",
+        "pool_name",
+        "queued_s",
+        "replica",
+        "req_id",
+        "route",
+        "spilled",
+        "sse",
+        "status",
+        "strip",
+        "t0",
+        "target",
+        "tenant",
+        "tenant_id",
+        "tier",
+        "ttft",
+        "usage",
+        "used",
+    )
 
     def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
         self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
@@ -50,6 +75,7 @@ class ProxiedRequest:
         self.adm: Admission | None = None
         self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
         self.used: int | None = None  # prompt + completion tokens from upstream usage
+        self.queued_s: float | None = None  # time waited in flow control's queue (gateway/flow)
 
     def settle_tokens(self) -> int | None:
         """Tokens to charge: real usage; 0 when nothing reached a replica; else the estimate."""

@@ -33,6 +33,7 @@ from gateway.doctor.service import Doctor
 from gateway.errors import ConfigError
 from gateway.fleet.metrics import SyncCollector
 from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.flow import FlowGate
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
 from gateway.metrics import GatewayMetrics
@@ -87,6 +88,8 @@ async def start_runtime(
     # subscribed before the next await, so no policy version can slip in between
     stack.callback(tenancy.resolver.on_policy(members.policy_changed))
     proxy = Proxy(cfg, pools, router, metrics, clock, gate)
+    if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow.py)
+        proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics, clock)
     await members.start_discovery()
     monitor = HealthMonitor(pools, cfg.health, clock)
     await monitor.poll_once()  # know who is up (and the served names) before serving
@@ -194,6 +197,7 @@ def _admin_app(
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     live = LiveViews(pools, router, proxy.planner, gate, scraper, clock)
+    live.flow = proxy.prep.flow
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report)
     metrics.registry.register(AuthGuardCollector(deps.guard))

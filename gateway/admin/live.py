@@ -14,6 +14,7 @@ import orjson
 
 from gateway.body import parse_body
 from gateway.errors import BadRequest
+from gateway.flow import FlowGate
 from gateway.planner import Planner
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
@@ -37,6 +38,7 @@ class LiveViews:
     ) -> None:
         self._pools, self._router, self._planner = pools, router, planner
         self._gate, self._scraper, self._clock = gate, scraper, clock
+        self.flow: FlowGate | None = None  # flow control, when on (gateway/flow.py)
 
     # -- GET /admin/replicas -----------------------------------------------------------------
     def replicas(self) -> dict[str, Any]:
@@ -46,11 +48,14 @@ class LiveViews:
         data = []
         for pool in self._pools.by_name.values():
             prio = self._pools.doc.pools.get(pool.name)
-            data.append({
+            entry: dict[str, Any] = {
                 "pool": pool.name, "served_model": pool.served_model,
                 "priority": bool(prio and prio.priority),
                 "replicas": [self._replica(r, now, peers) for r in pool.replicas],
-            })
+            }
+            if self.flow is not None:  # flow control's queue for this pool
+                entry["flow"] = self.flow.pool_state(pool, now)
+            data.append(entry)
         out: dict[str, Any] = {
             "object": "list", "policy_version": snap.version if snap else 0, "data": data}
         if self._router.peers is not None:  # shared routing state
@@ -111,6 +116,9 @@ class LiveViews:
                 {"replica": c.replica, "cost": c.cost, "terms": c.terms}
                 for c in (decision.ranked if decision else ())
             ],
+            # would it wait in flow control's queue (and behind how much)?
+            "flow": self.flow.explain(principal, plan, parsed, now) if self.flow is not None
+            else {"enabled": False, "would_queue": False},
         }
 
     def _principal(self, body: dict[str, Any]) -> Principal:

@@ -21,6 +21,8 @@ from pathlib import Path
 import orjson
 
 from loadtest.fleet import Fleet
+from loadtest.replay import tiers
+from loadtest.replay.flow import FlowDriver, FlowSpec, flow_report
 from loadtest.replay.live import LiveTarget, replay_live
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.reference import pooled_reference_hit_rate
@@ -81,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the simulators' --time-scale (workload times are divided by it)",
     )
     live.add_argument("--api-key", help="bearer key for --target")
+    tiers.add_args(p)
     return p
 
 
@@ -117,12 +120,14 @@ def run_offline(
     load_factor: float | None = None,
     gateways: GatewaySpec | None = None,
     progress: Callable[[int], None] | None = None,
+    flow: FlowDriver | None = None,
+    slo_ttft_s: float = 2.0,
 ) -> dict[str, object]:
     cfg = RouterConfig(policy=policy)
     if load_factor is not None:
         cfg = RouterConfig(policy=policy, load_factor=load_factor)
     spec = gateways or GatewaySpec()
-    res = replay_offline(reqs, fleet, cfg, spec, progress=progress)
+    res = replay_offline(reqs, fleet, cfg, spec, progress=progress, flow=flow)
     out = summarize(
         policy=policy,
         outcomes=res.outcomes,
@@ -136,6 +141,7 @@ def run_offline(
     out["gateways"] = spec.gateways
     out["shared"] = spec.share and spec.gateways > 1
     out["sync_delay_ms"] = round(spec.sync_delay_s * 1000.0, 3) if out["shared"] else None
+    out.update(flow_report(reqs, res.outcomes, flow, slo_ttft_s))  # tiers, tenants, flow
     return out
 
 
@@ -224,7 +230,10 @@ def main(argv: list[str]) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    reqs = _workload(args)
+    try:
+        reqs = tiers.shape(args, _workload(args))  # --tier-mix, --noisy-tenant
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
     fleet = FleetSpec(replicas=args.replicas, kv_tokens=args.kv_tokens, profile=args.profile)
     ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size)
     summaries = []
@@ -233,8 +242,10 @@ def _main(args: argparse.Namespace) -> int:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
             gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3)
+            flow = FlowDriver(FlowSpec()) if args.flow_control == "on" else None
             summary = run_offline(reqs, fleet, policy, ref, gateways=gateways,
-                                  progress=progress.step)
+                                  progress=progress.step, flow=flow,
+                                  slo_ttft_s=args.slo_ttft_s)
             progress.close()
             summary["mode"] = "offline"
         else:

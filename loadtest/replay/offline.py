@@ -19,6 +19,7 @@ import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from loadtest.replay.blocks import unit_hashes
 from loadtest.replay.summary import Outcome
@@ -31,7 +32,7 @@ from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
 
-__all__ = ["FleetSpec", "GatewaySpec", "OfflineResult", "replay_offline"]
+__all__ = ["FleetSpec", "FlowHook", "GatewaySpec", "OfflineResult", "replay_offline"]
 
 MODEL = "replay-model"
 
@@ -118,6 +119,13 @@ class _Live:
     gateway: _Gateway
     seq: int
     first_token_s: float | None = None
+
+
+class FlowHook(Protocol):
+    """Flow control's side of the replay (`loadtest.replay.flow.FlowDriver`)."""
+
+    def arrive(self, sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway) -> None: ...
+    def drain(self, sim: _Sim) -> None: ...
 
 
 # a record in transit: (delivery time, order, target gateway, sender, routes, loads)
@@ -264,11 +272,15 @@ def _finish(sim: _Sim, rid: str, live: _Live, t: float) -> None:
     _publish(sim, gw, r.id, t)
 
 
-def _route(sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway) -> None:
+def _route(
+    sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway,
+    views: list[ReplicaView] | None = None,
+) -> None:
+    """Route `req` now (`views`: the replicas to pick from, when the caller narrowed them)."""
     rid = f"r{seq}"
     now = req.arrival_s
     features = _features(req, gw.router)
-    decision = gw.router.pick(features, _views(sim, gw, now), now)
+    decision = gw.router.pick(features, views if views is not None else _views(sim, gw, now), now)
     replica = next(r for r in sim.replicas if r.id == decision.replica)
     try:
         replica.engine.add_request(_spec(rid, req, sim.fleet.block_size), now)
@@ -291,11 +303,13 @@ def replay_offline(
     router_config: RouterConfig,
     gateways: GatewaySpec | None = None,
     progress: Callable[[int], None] | None = None,
+    flow: FlowHook | None = None,
 ) -> OfflineResult:
     """Replay `requests` (sorted by arrival) through `fleet` under `router_config`.
 
     `progress`, when given, is called with 1 after each request is routed (e.g.
-    `loadtest.replay.report.Progress.step`)."""
+    `loadtest.replay.report.Progress.step`). `flow`: flow control in front of the routers
+    (`loadtest.replay.flow.FlowDriver`): it takes each arrival and routes it now or later."""
     spec = gateways or GatewaySpec()
     cfg = fleet.engine_config()
     replicas = [_Replica(f"replica-{i}", Engine(cfg)) for i in range(fleet.replicas)]
@@ -309,10 +323,16 @@ def replay_offline(
     pick_gateway = random.Random(spec.seed).randrange
     order = heapq.nsmallest(len(requests), enumerate(requests), key=lambda ir: ir[1].arrival_s)
     for i, req in order:
-        _advance(sim, req.arrival_s)
-        _route(sim, i, req, gws[pick_gateway(len(gws))] if len(gws) > 1 else gws[0])
+        gw = gws[pick_gateway(len(gws))] if len(gws) > 1 else gws[0]
+        if flow is not None:  # flow control (loadtest/replay/flow.py)
+            flow.arrive(sim, i, req, gw)
+        else:
+            _advance(sim, req.arrival_s)
+            _route(sim, i, req, gw)
         if progress is not None:
             progress(1)
+    if flow is not None:
+        flow.drain(sim)
     _advance(sim, float("inf"))
     stats = [r.engine.stats for r in replicas]
     return OfflineResult(

@@ -28,6 +28,7 @@ class ReplayRequest:
     block_ids: tuple[int, ...]
     block_tokens: int = MOONCAKE_BLOCK_TOKENS
     tenant: str = "default"
+    tier: str = "default"  # the tenant's tier (flow control's band, weight, longest wait)
 
 
 def load_mooncake(

@@ -47,6 +47,10 @@ POLICY: dict[str, Any] = {
               "premium": {"spill_to": "b", "spill_when": {"waiting": 1, "kv_usage": 1.0}},
               "free": {"limits": {"rpm": 2}}},
     "routing": {"policy": "round_robin", "scrape_interval_ms": 100},
+    # flow control on (its families are exported) with bounds nothing here reaches, so the
+    # spill-over and the 429s below behave as without it
+    "flow": {"enabled": True, "max_prefill_tokens": 10**9, "max_unanswered": None,
+             "max_waiting": 10**6, "kv_knee": 1.0, "room_only": False},
 }
 _ids = itertools.count()
 

@@ -52,7 +52,7 @@ def test_request_line_reads_only_its_fields(caplog: pytest.LogCaptureFixture) ->
     req = SimpleNamespace(
         req_id=b"r-1", tenant_id="acme", tier="premium", kind="chat", pool_name="fp8",
         replica="10.0.0.1:8000", route="prefix-hit", attempts=1, status=200, ttft=0.0123,
-        usage={"prompt_tokens": 10, "completion_tokens": 3},
+        usage={"prompt_tokens": 10, "completion_tokens": 3}, queued_s=0.25,
         parsed=SimpleNamespace(model="llama", stream=True, data={"messages": "secret prompt"}),
         extra=[(b"authorization", b"Bearer sk-secret")],
     )
@@ -63,6 +63,7 @@ def test_request_line_reads_only_its_fields(caplog: pytest.LogCaptureFixture) ->
     doc = json.loads(line)
     assert doc["request_id"] == "r-1" and doc["tenant"] == "acme" and doc["model"] == "llama"
     assert doc["ttft_ms"] == 12.3 and doc["total_ms"] == 500.0 and doc["cached_tokens"] is None
+    assert doc["queued_ms"] == 250.0
     assert "secret" not in line and "Bearer" not in line
 
 

@@ -1,0 +1,413 @@
+"""Flow control in the gateway: a thin asyncio wrapper around the pure core (`routing.flow`).
+
+`FlowGate.admit` runs after the request is admitted against its tenant's limits and before the
+router picks a replica (`Preparer.prepare`). It plans the pool; while the pool has room and
+nothing waits for it the request passes straight through (one saturation check over the
+pool's views, other gateways' load added: work-conserving, no reordering). Otherwise the
+tier's spill-over is tried first (the planner, with the saturated pool avoided), then the
+request waits in the pool's queue (`PoolFlow`: priority bands, fair shares in tokens, bounds)
+until the pump releases it, and it is planned again with fresh views.
+
+The pump runs when a request is queued and every ``flow.tick_ms`` while anything is queued (a
+first token, a finished request, a fresh scrape or another gateway's record can each free
+room). It releases one request at a time: the released request acquires its replica before
+the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
+
+A queued request holds its concurrency lease (it counts once, as it did before queueing) and
+no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
+``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
+as important as a top-band one: the pool is overloaded), abandoned (its client disconnected:
+removed at once, the proxy settles the admission), or interrupted at the end of the shutdown
+grace (503). `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that
+waited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from time import perf_counter
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway.body import ParsedBody
+from gateway.config import FlowSection
+from gateway.drain import interruptible
+from gateway.errors import KvgateError, NoReplicaAvailable, PoolOverloaded, QueueShed
+from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
+from gateway.planner import Plan, Planner
+from gateway.policy_doc import PolicyDoc
+from gateway.pool import Pool, Pools
+from gateway.request import ProxiedRequest
+from gateway.tenancy.resolver import Principal
+from routing.flow import Entry, PoolFlow, replica_reasons, request_cost
+from routing.peers import ReplicaLoad
+from routing.router import Router
+from routing.types import Decision
+
+__all__ = ["FlowGate", "until_disconnect"]
+
+_NO_PEERS: Mapping[str, ReplicaLoad] = {}
+QUEUED = "queued"  # the route of a request that waited
+
+
+class _Gone(Exception):
+    """The queued request's client disconnected."""
+
+
+async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
+    """Returns when the ASGI client disconnects (the body has been read already)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class _Ticket:
+    """One queued request's handle: its future and, once offered, its queue entry."""
+
+    __slots__ = ("entry", "fut", "state")
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+        self.entry: Entry[_Ticket] | None = None
+        self.state: _PoolState | None = None
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(exc)
+
+    def fire(self, reason: str) -> None:
+        """The shutdown grace is over (`gateway.drain.interrupt_all`)."""
+        if self.entry is not None and self.state is not None:
+            self.state.flow.remove(self.entry)
+        self.fail(NoReplicaAvailable("The gateway is shutting down; the request was not sent."))
+
+
+class _PoolState:
+    __slots__ = ("doc", "flow", "name", "timer", "transit")
+
+    def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
+        self.name = name
+        self.flow = flow
+        self.transit: _Ticket | None = None  # released, not yet on its replica
+        self.timer: asyncio.TimerHandle | None = None
+        self.doc: PolicyDoc | None = None  # the policy the shares were taken from
+
+
+class FlowGate:
+    def __init__(
+        self, cfg: FlowSection, pools: Pools, router: Router, planner: Planner,
+        metrics: GatewayMetrics, clock: Callable[[], float],
+    ) -> None:
+        self._cfg = cfg
+        self._core = cfg.flow_config()
+        self._tick = cfg.tick_ms / 1000.0
+        self._expected = cfg.expected_output_tokens
+        self._room_only = cfg.room_only
+        self._pools = pools
+        self._router = router
+        self._planner = planner
+        self._clock = clock
+        self._states: dict[str, _PoolState] = {}
+        reg = metrics.registry
+        self.m_queued = Counter(
+            "kvgate_flow_queued_total", "requests that waited in flow control's queue",
+            ["pool", "tier"], registry=reg)
+        self.m_wait = Histogram(
+            "kvgate_flow_wait_seconds", "time released requests waited in the queue", ["tier"],
+            buckets=LATENCY_BUCKETS, registry=reg)
+        self.m_shed = Counter(
+            "kvgate_flow_shed_total", "queued or arriving requests shed by flow control",
+            ["pool", "tier", "reason"], registry=reg)
+        self.m_abandoned = Counter(
+            "kvgate_flow_abandoned_total", "queued requests whose client disconnected",
+            ["pool", "tier"], registry=reg)
+        self.m_tokens = Counter(
+            "kvgate_flow_served_tokens_total",
+            "tokens (prompt + expected output) sent on by flow control: the fair-share view",
+            ["pool", "tier", "tenant"], registry=reg)
+        reg.register(_FlowCollector(self))
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    # -- the hook -----------------------------------------------------------------------------
+    async def admit(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
+        gone: Callable[[], Awaitable[object]] | None = None,
+    ) -> Plan:
+        """The plan to pick a replica from, now or after waiting (see the module docstring).
+        ``gone``: returns when the client has left (a queued request is then dropped)."""
+        now = self._clock()
+        plan = self._planner.plan(principal, parsed, req.kind, now)
+        cost = request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected)
+        state = self._state(plan.pool.name)
+        peers = self._peers(now)
+        if state.flow.admit(plan.views, cost, now, peers):
+            self._served(plan.pool.name, req, cost)
+            return self._narrow(state, plan, peers)
+        alt = self._spill(req, principal, parsed, plan, now, peers)
+        if alt is not None:
+            alt_state = self._state(alt.pool.name)
+            alt_state.flow.queue.note_dispatch(cost, now)
+            self._served(alt.pool.name, req, cost)
+            return self._narrow(alt_state, alt, peers)
+        await self._wait(req, principal, state, cost, now, gone)
+        now = self._clock()
+        plan = self._planner.plan(principal, parsed, req.kind, now)
+        return self._narrow(self._state(plan.pool.name), plan, self._peers(now))
+
+    def _narrow(
+        self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad]
+    ) -> Plan:
+        """The router picks only among the replicas with room for this prompt (when any)."""
+        if self._room_only:
+            plan.views = state.flow.with_room(plan.views, peers, plan.features.prompt_tokens)
+        return plan
+
+    def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
+        """``decision`` with the route "queued" when the request waited."""
+        if req.queued_s is None or req.spilled:
+            return decision
+        return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
+
+    def _spill(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
+        now: float, peers: Mapping[str, ReplicaLoad],
+    ) -> Plan | None:
+        """The tier's spill-over, tried before queueing: a plan for another pool with room."""
+        if plan.spilled:
+            return None
+        doc = _doc(principal, self._pools)
+        tier = doc.tiers.get(principal.tier)
+        if tier is None or (tier.spill_to is None and tier.borrow_from is None):
+            return None
+        alt = self._planner.plan(principal, parsed, req.kind, now, avoid=(plan.pool.name,))
+        if alt.pool is plan.pool:
+            return None
+        other = self._state(alt.pool.name).flow
+        if other.queue or other.saturated(alt.views, peers):
+            return None
+        return alt
+
+    async def _wait(
+        self, req: ProxiedRequest, principal: Principal, state: _PoolState, cost: float,
+        now: float, gone: Callable[[], Awaitable[object]] | None,
+    ) -> None:
+        doc = _doc(principal, self._pools)
+        self._shares(state, doc)
+        band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(loop.create_future())
+        offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
+                                 now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
+        for evicted in offer.evicted:
+            self._shed(state, evicted, "queue_full", now)
+        if offer.entry is None:
+            req.route = "shed"
+            self._child(self.m_shed, state.name, req.tier, "queue_full").inc()
+            raise self._full(state, band, doc, now)
+        ticket.entry, ticket.state = offer.entry, state
+        self._child(self.m_queued, state.name, req.tier).inc()
+        loop.call_soon(self._pump, state)
+        watch: asyncio.Future[object] | None = None
+        if gone is not None:
+            watch = asyncio.ensure_future(gone())
+
+            def left(task: asyncio.Future[object]) -> None:
+                if not task.cancelled():
+                    self._left(state, ticket)
+
+            watch.add_done_callback(left)
+        t0 = perf_counter()
+        released = False
+        try:
+            with interruptible(ticket):
+                await ticket.fut
+            released = True
+        except _Gone:
+            req.queued_s = perf_counter() - t0
+            self._child(self.m_abandoned, state.name, req.tier).inc()
+            raise asyncio.CancelledError from None  # the proxy records 499 and settles
+        except KvgateError:
+            req.queued_s = perf_counter() - t0
+            req.route = "shed"
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+            if ticket.entry.queued:  # cancelled from outside while queued
+                state.flow.remove(ticket.entry)
+            if not released and state.transit is ticket:  # released, then cancelled
+                state.transit = None
+                loop.call_soon(self._pump, state)
+        req.queued_s = waited = perf_counter() - t0
+        self._child(self.m_wait, req.tier).observe(waited)
+        self._served(state.name, req, cost)
+        # the pump looks again once this request has its replica (after this task's step)
+        loop.call_soon(self._landed, state, ticket)
+
+    def _left(self, state: _PoolState, ticket: _Ticket) -> None:
+        """The client disconnected while queued: out of the queue now, not at its turn."""
+        if ticket.entry is not None and ticket.entry.queued:
+            state.flow.remove(ticket.entry)
+        ticket.fail(_Gone())
+
+    def _landed(self, state: _PoolState, ticket: _Ticket) -> None:
+        if state.transit is ticket:
+            state.transit = None
+        self._pump(state)
+
+    # -- the pump ---------------------------------------------------------------------------
+    def _pump(self, state: _PoolState) -> None:
+        if state.timer is not None:
+            state.timer.cancel()
+            state.timer = None
+        flow = state.flow
+        now = self._clock()
+        for entry in flow.expire(now):
+            self._shed(state, entry, "max_wait", now)
+        pool = self._pools.by_name.get(state.name)
+        while state.transit is None and flow.queue:
+            if pool is None:  # the pool left the policy: let them through to be re-planned
+                out = flow.queue.pop(now)
+            else:
+                views = [r.view(now) for r in pool.replicas]
+                out = flow.release(views, now, self._peers(now))
+            if out is None:
+                break
+            ticket = out.handle
+            if ticket.fut.done():
+                continue
+            state.transit = ticket
+            ticket.fut.set_result(None)
+        if flow.queue:
+            state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
+
+    def _shed(self, state: _PoolState, entry: Entry[_Ticket], reason: str, now: float) -> None:
+        self._child(self.m_shed, state.name, entry.tier, reason).inc()
+        what = ("waited longer than its tier allows" if reason == "max_wait"
+                else "was displaced from a full queue")
+        retry = self._retry_after(state, entry.band, now)
+        entry.handle.fail(QueueShed(
+            f"The model's replicas are saturated and this request {what}; retry after "
+            f"{retry}s.", retry_after_s=retry))
+
+    def _full(self, state: _PoolState, band: int, doc: PolicyDoc, now: float) -> KvgateError:
+        retry = self._retry_after(state, band, now)
+        top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
+        if band <= top:
+            return PoolOverloaded(
+                "The model's replicas are overloaded and the queue is full; retry after "
+                f"{retry}s.", retry_after=retry)
+        return QueueShed(
+            f"The model's replicas are saturated and the queue is full; retry after {retry}s.",
+            retry_after_s=retry)
+
+    def _retry_after(self, state: _PoolState, band: int, now: float) -> int:
+        est = state.flow.queue.wait_estimate(band, now)
+        return 1 if est is None else max(1, min(60, math.ceil(est)))
+
+    # -- state --------------------------------------------------------------------------------
+    def _state(self, pool: str) -> _PoolState:
+        state = self._states.get(pool)
+        if state is None:
+            state = self._states[pool] = _PoolState(pool, PoolFlow(self._core))
+        return state
+
+    def _shares(self, state: _PoolState, doc: PolicyDoc) -> None:
+        if state.doc is not doc:
+            state.flow.queue.set_shares(doc.fairness.min_share, doc.fairness.default_min_share)
+            state.doc = doc
+
+    def _peers(self, now: float) -> Mapping[str, ReplicaLoad]:
+        peers = self._router.peers
+        return peers.totals(now) if peers is not None else _NO_PEERS
+
+    def _served(self, pool: str, req: ProxiedRequest, cost: float) -> None:
+        self._child(self.m_tokens, pool, req.tier, req.tenant).inc(cost)
+
+    def pools(self) -> dict[str, _PoolState]:
+        return self._states
+
+    def saturated(self, pool: Pool, now: float) -> bool:
+        views = [r.view(now) for r in pool.replicas]
+        return self._state(pool.name).flow.saturated(views, self._peers(now))
+
+    # -- explain ------------------------------------------------------------------------------
+    def pool_state(self, pool: Pool, now: float) -> dict[str, Any]:
+        """For `GET /admin/replicas`: the pool's queue and whether it is saturated."""
+        state = self._states.get(pool.name)
+        return {"saturated": self.saturated(pool, now),
+                "queued": len(state.flow.queue) if state is not None else 0,
+                "bands": {str(b): n for b, n in state.flow.queue.depth().items()}
+                if state is not None else {}}
+
+    def explain(
+        self, principal: Principal, plan: Plan, parsed: ParsedBody, now: float
+    ) -> dict[str, Any]:
+        """Would this request queue, and what would it wait behind (nothing is queued)."""
+        doc = _doc(principal, self._pools)
+        band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
+        state = self._state(plan.pool.name)
+        peers = self._peers(now)
+        saturated = state.flow.saturated(plan.views, peers)
+        queued = len(state.flow.queue)
+        est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
+        return {
+            "enabled": True, "pool": plan.pool.name, "saturated": saturated,
+            "would_queue": saturated or queued > 0, "queued": queued,
+            "band": band, "weight": weight, "max_wait_s": max_wait,
+            "cost_tokens": request_cost(plan.features.prompt_tokens, _max_tokens(parsed),
+                                        self._expected),
+            "ahead_tokens": state.flow.queue.ahead(band),
+            "estimated_wait_s": round(est, 3) if est is not None else None,
+            "replicas": replica_reasons(plan.views, self._core.saturation, peers),
+        }
+
+
+def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
+    snap = principal.policy
+    return snap.doc if snap is not None else pools.doc
+
+
+def _max_tokens(parsed: ParsedBody) -> int | None:
+    data = parsed.data
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = data.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+class _FlowCollector(Collector):
+    """Queue depth per pool and band, and whether each pool is saturated, at scrape time."""
+
+    def __init__(self, gate: FlowGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> list[Metric]:
+        gate = self._gate
+        depth = GaugeMetricFamily("kvgate_flow_queue_depth",
+                                  "requests waiting in flow control's queue",
+                                  labels=["pool", "band"])
+        sat = GaugeMetricFamily("kvgate_flow_saturated",
+                                "1 when no healthy replica of the pool has room",
+                                labels=["pool"])
+        now = gate._clock()
+        for name, state in gate.pools().items():
+            for band, n in state.flow.queue.depth().items():
+                depth.add_metric([name, str(band)], n)
+        for pool in gate._pools.by_name.values():
+            sat.add_metric([pool.name], 1.0 if gate.saturated(pool, now) else 0.0)
+        return [depth, sat]

@@ -1,0 +1,36 @@
+"""Flow control: an admission queue per pool in front of the router, pure (time passed in).
+
+`PoolFlow` (gate.py) holds a pool's `FlowQueue` (queue.py: priority bands, weighted fair
+sharing across tenants in tokens, a minimum share per band, bounds) behind the saturation rule
+(saturation.py). The live gateway wraps it in asyncio (``gateway/flow.py``); the offline
+replay drives it in simulated time (``loadtest/replay/flow.py``). Same code, same decisions.
+"""
+
+from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE, FlowConfig, Saturation
+from routing.flow.gate import PoolFlow, request_cost
+from routing.flow.queue import IDLE_FLOWS, Entry, FlowQueue, Offer
+from routing.flow.saturation import (
+    full_reason,
+    pool_saturated,
+    projected_kv,
+    replica_reasons,
+    with_room,
+)
+
+__all__ = [
+    "DEFAULT_MAX_WAIT_S",
+    "DEFAULT_MIN_SHARE",
+    "IDLE_FLOWS",
+    "Entry",
+    "FlowConfig",
+    "FlowQueue",
+    "Offer",
+    "PoolFlow",
+    "Saturation",
+    "full_reason",
+    "pool_saturated",
+    "projected_kv",
+    "replica_reasons",
+    "request_cost",
+    "with_room",
+]

@@ -1,0 +1,72 @@
+"""Flow control's configuration: the saturation rule and the queue's bounds, every field
+defaulted. The gateway's ``flow`` config section exposes these (``gateway/config.py``) and the
+offline replay builds the same value, so both run the same rule with the same defaults. Why
+each default is what it is: ``docs/flow-control.md`` (the benchmark behind them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEFAULT_MAX_WAIT_S", "DEFAULT_MIN_SHARE", "FlowConfig", "Saturation"]
+
+DEFAULT_MAX_WAIT_S = 30.0  # a tier's longest wait in the queue (the policy may set its own)
+DEFAULT_MIN_SHARE = 0.1  # a band's floor of the dispatched tokens while it has requests queued
+
+
+@dataclass(frozen=True, slots=True)
+class Saturation:
+    """When a replica cannot take one more request without it queueing inside vLLM beyond the
+    bound. A pool is saturated when none of its healthy replicas can (`routing.flow.saturation`).
+
+    Each limit is fleet-wide when gateways share state (other gateways' in-flight work is
+    added to this one's)."""
+
+    # prompt tokens sent to the replica and not answered by a first token yet: the prefill
+    # queue vLLM holds for it (exact: kvgate's own accounting, not a scrape)
+    max_prefill_tokens: int = 16_384
+    # requests sent to the replica and not answered by a first token yet, at or above this (exact:
+    # kvgate's own count). Fresh where the scrape is not: it stops a burst of releases from
+    # landing in vLLM's queue within one scrape interval. Those requests are prefilling or
+    # waiting for a seat; a replica with room answers them within a step or two. High enough
+    # that a burst of short prompts (prefilled together, one step) does not look like a queue.
+    max_unanswered: int | None = 64
+    # scraped vllm:num_requests_waiting above this: vLLM is queueing (no seat, no KV blocks)
+    max_waiting: float = 4.0
+    # scraped KV usage plus the unanswered prompts at or above this: what is admitted now grows
+    # into the cache as it decodes, and past the knee vLLM preempts
+    kv_knee: float = 0.9
+    # requests in flight at or above this (None: no such limit; e.g. vLLM's --max-num-seqs)
+    max_inflight: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_prefill_tokens < 1:
+            raise ValueError("flow.max_prefill_tokens must be >= 1")
+        if self.max_unanswered is not None and self.max_unanswered < 1:
+            raise ValueError("flow.max_unanswered must be >= 1")
+        if self.max_waiting < 0:
+            raise ValueError("flow.max_waiting must be >= 0")
+        if not 0.0 < self.kv_knee <= 1.0:
+            raise ValueError("flow.kv_knee must be in (0, 1]")
+        if self.max_inflight is not None and self.max_inflight < 1:
+            raise ValueError("flow.max_inflight must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class FlowConfig:
+    saturation: Saturation = Saturation()
+    # requests held per pool, all bands together; past it the least entitled one is shed
+    max_queue: int = 1024
+    # a request without max_tokens is charged this many output tokens (prompt + expected
+    # output is what fair sharing counts)
+    expected_output_tokens: int = 256
+    # the dispatch-rate average (for Retry-After and explain's wait estimate), seconds
+    rate_window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 0:
+            raise ValueError("flow.max_queue must be >= 0")
+        if self.expected_output_tokens < 0:
+            raise ValueError("flow.expected_output_tokens must be >= 0")
+        if self.rate_window_s <= 0:
+            raise ValueError("flow.rate_window_s must be > 0")

@@ -1,0 +1,406 @@
+"""One pool's admission queue: priority bands, weighted fair sharing inside a band, a minimum
+share per band, bounds. Pure: no asyncio, no clock; every call that needs the time gets it.
+
+**Bands.** Every queued request belongs to a band (a small integer, lower = dispatched first:
+the tier's band). The highest-priority band with requests is served, except that a lower band
+is never starved: each band has a minimum share ``s`` of the dispatched tokens while a
+higher band competes with it. A contended band earns ``s x cost`` credit for every dispatch
+(its own included) and pays ``cost`` for its own; it is *owed* once its credit covers its next
+request, and the highest-priority owed band goes first. Over any stretch in which a band stays
+backlogged below a busier one it gets at least ``s`` of the tokens, minus one request's worth.
+Credit is reset when the band empties or is the top band with requests (nothing to make up
+for), so an idle band banks nothing.
+
+**Inside a band:** start-time fair queueing over tenants, in tokens. A request of ``cost``
+tokens from a tenant of weight ``w`` gets a start tag ``S = max(V, F)`` (``F``: the tenant's
+previous finish tag, ``V``: the band's virtual time, the start tag of the last dispatched
+request) and a finish tag ``S + cost / w``; the smallest start tag goes first (ties: arrival
+order). A backlogged tenant therefore gets ``w / sum(w)`` of the band's tokens, and a tenant
+that was idle starts at ``V``: it banks no credit for the time it sent nothing.
+
+**Bounds.** At most ``max_queue`` requests. A request arriving at a full queue displaces the
+newest request of the lowest band below its own; failing that, the newest request of the
+tenant of its own band with the largest weighted backlog, when that backlog exceeds its own
+tenant's (with the new request); failing that it is rejected. Each request carries its
+deadline (its tier's longest wait); `expire` hands back the ones past it. Memory: the queued
+requests, plus per band the tenants seen recently (idle ones are forgotten as soon as ``V``
+passes their finish tag, and at most `IDLE_FLOWS` are kept beyond that).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from routing.flow.config import DEFAULT_MIN_SHARE
+
+__all__ = ["IDLE_FLOWS", "Entry", "FlowQueue", "Offer"]
+
+T = TypeVar("T")
+IDLE_FLOWS = 256  # per band: idle tenants remembered ahead of V (beyond: the oldest forgotten)
+_QUEUED, _DISPATCHED, _REMOVED = 0, 1, 2
+
+
+class Entry(Generic[T]):
+    """One queued request. ``handle`` is the caller's (a future, a replay request, ...)."""
+
+    __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "seq",
+                 "start", "state", "tenant", "tier")
+
+    def __init__(
+        self, handle: T, tenant: str, tier: str, band: int, cost: float, delta: float,
+        enqueued_at: float, deadline: float, seq: int,
+    ) -> None:
+        self.handle = handle
+        self.tenant, self.tier, self.band = tenant, tier, band
+        self.cost = cost  # tokens: prompt + expected output
+        self.delta = delta  # cost / the tenant's weight: its advance in virtual time
+        self.enqueued_at, self.deadline, self.seq = enqueued_at, deadline, seq
+        self.start = self.finish = 0.0
+        self.state = _QUEUED
+
+    @property
+    def queued(self) -> bool:
+        return self.state == _QUEUED
+
+    def __repr__(self) -> str:
+        return f"Entry({self.tenant!r}, band={self.band}, cost={self.cost:g}, seq={self.seq})"
+
+
+class _Flow(Generic[T]):
+    """One tenant's requests in one band."""
+
+    __slots__ = ("backlog", "finish", "items", "tenant", "weight")
+
+    def __init__(self, tenant: str) -> None:
+        self.tenant = tenant
+        self.weight = 1.0  # of its latest request
+        self.items: deque[Entry[T]] = deque()
+        self.finish = 0.0  # finish tag of its last request (queued or dispatched)
+        self.backlog = 0.0  # sum of its queued requests' deltas
+
+
+class _Band(Generic[T]):
+    __slots__ = ("cost", "count", "credit", "flows", "heads", "level", "vtime")
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self.vtime = 0.0
+        self.flows: dict[str, _Flow[T]] = {}
+        # (head start tag, head seq, flow): lazily invalidated (valid while it is the head)
+        self.heads: list[tuple[float, int, _Flow[T]]] = []
+        self.count = 0
+        self.cost = 0.0
+        self.credit = 0.0
+
+    def head(self) -> Entry[T] | None:
+        heads = self.heads
+        while heads:
+            start, seq, flow = heads[0]
+            if flow.items and flow.items[0].seq == seq and flow.items[0].start == start:
+                return flow.items[0]
+            heapq.heappop(heads)
+        return None
+
+
+@dataclass(slots=True)
+class Offer(Generic[T]):
+    """What `FlowQueue.offer` did: queued ``entry`` (None: rejected, the queue is full and it
+    could displace nobody), after shedding ``evicted`` to make room."""
+
+    entry: Entry[T] | None
+    evicted: list[Entry[T]] = field(default_factory=list)
+
+
+class FlowQueue(Generic[T]):
+    def __init__(
+        self, max_queue: int, min_share: Mapping[int, float] | None = None,
+        default_min_share: float = DEFAULT_MIN_SHARE, rate_window_s: float = 10.0,
+    ) -> None:
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self.max_queue = max_queue
+        self._bands: dict[int, _Band[T]] = {}
+        self._levels: list[int] = []  # sorted band levels that exist
+        self._shares: dict[int, float] = {}
+        self._default_share = 0.0
+        self.set_shares(min_share or {}, default_min_share)
+        self._deadlines: list[tuple[float, int, Entry[T]]] = []
+        self._seq = 0
+        self._len = 0
+        self._window = rate_window_s
+        self._rate = 0.0  # dispatched tokens per second (exponentially weighted)
+        self._rate_at = 0.0
+        self.dispatched_tokens = 0.0
+
+    # -- configuration ------------------------------------------------------------------------
+    def set_shares(self, min_share: Mapping[int, float], default: float) -> None:
+        """Per band minimum shares (a band not listed: ``default``); each in [0, 1)."""
+        for level, share in (*min_share.items(), (None, default)):
+            if not 0.0 <= share < 1.0:
+                raise ValueError(f"min_share of band {level}: must be in [0, 1)")
+        self._shares = dict(min_share)
+        self._default_share = default
+
+    def share(self, level: int) -> float:
+        return self._shares.get(level, self._default_share)
+
+    # -- size ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    def depth(self) -> dict[int, int]:
+        """Band -> requests queued, for every band that ever had one."""
+        return {lv: self._bands[lv].count for lv in self._levels}
+
+    def flows(self) -> int:
+        """Tenant states held, queued or idle (for the memory bound)."""
+        return sum(len(b.flows) for b in self._bands.values())
+
+    def backlogged(self, band: int) -> dict[str, float]:
+        """The tenants with requests queued in ``band`` -> their weight (fair-share view)."""
+        b = self._bands.get(band)
+        if b is None:
+            return {}
+        return {t: f.weight for t, f in b.flows.items() if f.items}
+
+    def entries(self) -> Iterator[Entry[T]]:
+        for lv in self._levels:
+            for flow in self._bands[lv].flows.values():
+                yield from flow.items
+
+    # -- offer --------------------------------------------------------------------------------
+    def offer(
+        self, handle: T, *, tenant: str, band: int, cost: float, now: float,
+        max_wait_s: float, weight: float = 1.0, tier: str = "",
+    ) -> Offer[T]:
+        """Queue a request (see the module docstring for a full queue)."""
+        if weight <= 0 or not math.isfinite(weight):
+            raise ValueError("weight must be a positive number")
+        cost = max(0.0, float(cost))
+        evicted: list[Entry[T]] = []
+        if self._len >= self.max_queue:
+            victim = self._victim(tenant, band, cost / weight)
+            if victim is None:
+                return Offer(None)
+            self._remove(victim)
+            evicted.append(victim)
+        self._seq += 1
+        entry = Entry(handle, tenant, tier, band, cost, cost / weight, now, now + max_wait_s,
+                      self._seq)
+        b = self._band(band)
+        flow = b.flows.get(tenant)
+        if flow is None:
+            flow = b.flows[tenant] = _Flow(tenant)
+        flow.weight = weight
+        entry.start = flow.finish if flow.items else max(b.vtime, flow.finish)
+        entry.finish = flow.finish = entry.start + entry.delta
+        flow.items.append(entry)
+        flow.backlog += entry.delta
+        if len(flow.items) == 1:
+            heapq.heappush(b.heads, (entry.start, entry.seq, flow))
+        b.count += 1
+        b.cost += cost
+        self._len += 1
+        heapq.heappush(self._deadlines, (entry.deadline, entry.seq, entry))
+        return Offer(entry, evicted)
+
+    def _victim(self, tenant: str, band: int, delta: float) -> Entry[T] | None:
+        for lv in reversed(self._levels):
+            b = self._bands[lv]
+            if not b.count:
+                continue
+            if lv > band:  # a lower band: its newest request from its biggest backlog
+                flow = max((f for f in b.flows.values() if f.items), key=_backlog)
+                return flow.items[-1]
+            if lv < band:
+                return None
+            own = b.flows.get(tenant)
+            mine = (own.backlog if own is not None else 0.0) + delta
+            flow = max((f for f in b.flows.values() if f.items), key=_backlog)
+            if flow.tenant != tenant and flow.backlog > mine:
+                return flow.items[-1]
+            return None
+        return None
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def peek(self) -> Entry[T] | None:
+        """The request `pop` would hand out next (nothing changes)."""
+        b = self._choose()
+        return b.head() if b is not None else None
+
+    def pop(self, now: float) -> Entry[T] | None:
+        """Dispatch the next request: band, then tenant (module docstring)."""
+        b = self._choose()
+        if b is None:
+            return None
+        entry = b.head()
+        assert entry is not None
+        self._charge(b, entry.cost)
+        b.vtime = max(b.vtime, entry.start)
+        flow = b.flows[entry.tenant]
+        flow.items.popleft()
+        flow.backlog -= entry.delta
+        heapq.heappop(b.heads)
+        if flow.items:
+            nxt = flow.items[0]
+            heapq.heappush(b.heads, (nxt.start, nxt.seq, flow))
+        self._unqueue(b, entry, _DISPATCHED)
+        self._prune(b)
+        self.note_dispatch(entry.cost, now)
+        return entry
+
+    def _choose(self) -> _Band[T] | None:
+        top: _Band[T] | None = None
+        for lv in self._levels:
+            b = self._bands[lv]
+            if not b.count:
+                continue
+            if top is None:
+                top = b
+                continue
+            head = b.head()
+            if head is not None and self.share(lv) > 0 and b.credit >= head.cost:
+                return b  # a lower band owed its minimum share
+        return top
+
+    def _charge(self, served: _Band[T], cost: float) -> None:
+        """Credits after dispatching ``cost`` tokens from ``served`` (module docstring)."""
+        top = True
+        for lv in self._levels:
+            b = self._bands[lv]
+            if not b.count:
+                continue
+            if top:
+                top = False
+                b.credit = 0.0  # uncontended: nothing to make up for
+                continue
+            b.credit += self.share(lv) * cost
+            if b is served:
+                b.credit -= cost
+
+    def remove(self, entry: Entry[T]) -> bool:
+        """Take a queued request out (its client left); False when it is no longer queued."""
+        if entry.state != _QUEUED:
+            return False
+        self._remove(entry)
+        return True
+
+    def _remove(self, entry: Entry[T]) -> None:
+        b = self._bands[entry.band]
+        flow = b.flows[entry.tenant]
+        items = flow.items
+        was_head = items[0] is entry
+        i = items.index(entry)
+        del items[i]
+        # the tenant's later requests move up into the removed one's place
+        for later in list(items)[i:]:
+            later.start -= entry.delta
+            later.finish -= entry.delta
+        flow.finish -= entry.delta
+        flow.backlog -= entry.delta
+        if was_head and items:
+            heapq.heappush(b.heads, (items[0].start, items[0].seq, flow))
+        self._unqueue(b, entry, _REMOVED)
+        self._prune(b)
+
+    def _unqueue(self, b: _Band[T], entry: Entry[T], state: int) -> None:
+        entry.state = state
+        b.count -= 1
+        b.cost -= entry.cost
+        self._len -= 1
+        if not b.count:
+            b.credit = 0.0
+            b.cost = 0.0
+            b.heads.clear()
+        dl = self._deadlines
+        if not self._len:
+            dl.clear()
+        elif len(dl) > 2 * self._len + 64:  # drop the ones no longer queued (bounded memory)
+            self._deadlines = [d for d in dl if d[2].state == _QUEUED]
+            heapq.heapify(self._deadlines)
+
+    def _prune(self, b: _Band[T]) -> None:
+        """Forget idle tenants whose finish tag V has passed (they would start at V anyway)."""
+        flows = b.flows
+        if len(flows) <= b.count + 8:
+            return
+        v = b.vtime
+        idle = [f for f in flows.values() if not f.items]
+        for f in idle:
+            if f.finish <= v:
+                del flows[f.tenant]
+        idle = [f for f in flows.values() if not f.items]
+        if len(idle) > IDLE_FLOWS:
+            idle.sort(key=_finish)
+            for f in idle[: len(idle) - IDLE_FLOWS]:
+                del flows[f.tenant]
+
+    # -- time ---------------------------------------------------------------------------------
+    def expire(self, now: float) -> list[Entry[T]]:
+        """Take out and return the requests whose deadline has passed."""
+        out: list[Entry[T]] = []
+        dl = self._deadlines
+        while dl and dl[0][0] <= now:
+            entry = heapq.heappop(dl)[2]
+            if entry.state == _QUEUED:
+                self._remove(entry)
+                out.append(entry)
+        return out
+
+    def next_deadline(self) -> float | None:
+        dl = self._deadlines
+        while dl and dl[0][2].state != _QUEUED:
+            heapq.heappop(dl)
+        return dl[0][0] if dl else None
+
+    def note_dispatch(self, cost: float, now: float) -> None:
+        """``cost`` tokens went to the pool at ``now`` (queued or not): the dispatch rate."""
+        dt = now - self._rate_at
+        if dt > 0:
+            self._rate *= math.exp(-dt / self._window)
+            self._rate_at = now
+        self._rate += cost / self._window
+        self.dispatched_tokens += cost
+
+    def rate(self, now: float) -> float:
+        """Dispatched tokens per second, averaged over about the rate window."""
+        dt = now - self._rate_at
+        return self._rate * math.exp(-dt / self._window) if dt > 0 else self._rate
+
+    def ahead(self, band: int) -> float:
+        """Tokens queued that a new request of ``band`` would wait behind (its band and the
+        ones above; fair sharing makes this an upper bound for a light tenant)."""
+        return sum(b.cost for lv, b in self._bands.items() if lv <= band)
+
+    def wait_estimate(self, band: int, now: float) -> float | None:
+        """Seconds a new request of ``band`` would wait at the current dispatch rate (None:
+        no dispatch seen recently to estimate from)."""
+        rate = self.rate(now)
+        if rate <= 1e-9:
+            return None
+        return self.ahead(band) / rate
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _band(self, level: int) -> _Band[T]:
+        b = self._bands.get(level)
+        if b is None:
+            b = self._bands[level] = _Band(level)
+            self._levels = sorted(self._bands)
+        return b
+
+
+def _backlog(flow: _Flow[T]) -> tuple[float, int]:
+    """The biggest weighted backlog; on a tie, the one whose newest request is newest."""
+    return flow.backlog, flow.items[-1].seq
+
+
+def _finish(flow: _Flow[T]) -> float:
+    return flow.finish
