@@ -357,6 +357,9 @@ class GatewayApp:
             replica = by_id.get(replica_id)
             if replica is not None:
                 replica.record_scrape(sample, now)
+                counters = sample.engine_counters() if sample is not None else None
+                if counters is not None:  # every request teaches the TTFT model
+                    self.router.record_counters(replica_id, counters, now)
 
         interval = self.cfg.routing.scrape_interval_ms / 1000.0
         self.scraper = Scraper(

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from routing.learning import EngineCounters
+
 __all__ = ["NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ _SUMMED: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
+    # request phases (vLLM >= 0.7): what the router learns its TTFT model from
+    "prefill_seconds": ("vllm:request_prefill_time_seconds_sum",),
+    "prefill_requests": ("vllm:request_prefill_time_seconds_count",),
+    "prefill_computed_tokens": ("vllm:request_prefill_kv_computed_tokens_sum",),
 }
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"
@@ -69,6 +75,22 @@ class Sample:
     num_gpu_blocks: int | None = None  # the whole replica's (one cache_config_info series)
     legacy_names: bool = False  # True when a deprecated name was read
     kv_cache_size_tokens: int | None = None  # sum of the engines' `kv_cache_size_tokens`
+    prefill_seconds: float | None = None  # request_prefill_time_seconds sum and count
+    prefill_requests: float | None = None
+    prefill_computed_tokens: float | None = None  # request_prefill_kv_computed_tokens sum
+
+    def engine_counters(self) -> EngineCounters | None:
+        """The cumulative prefill counters the router learns from (None: not exported).
+        Without the computed-tokens histogram (older vLLM), prompt tokens minus prefix-cache
+        hits stand in for it."""
+        if self.prefill_seconds is None or self.prefill_requests is None:
+            return None
+        computed = self.prefill_computed_tokens
+        if computed is None and self.prompt_tokens is not None:
+            computed = self.prompt_tokens - (self.prefix_cache_hits or 0.0)
+        if computed is None:
+            return None
+        return EngineCounters(self.prefill_seconds, self.prefill_requests, computed)
 
     @property
     def cache_capacity_tokens(self) -> int | None:

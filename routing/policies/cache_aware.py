@@ -25,6 +25,9 @@ per-prompt order, never by the order views arrive in.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from routing.learning import TtftFit
 from routing.load import LoadBound
 from routing.policies.base import PickContext, RouterState, decide
 from routing.types import Candidate, Decision, ReplicaView
@@ -34,8 +37,8 @@ __all__ = ["CacheAware"]
 _MASK64 = (1 << 64) - 1
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
-# uncached, rate, kv usage)
-_Row = tuple[int, int, float, ReplicaView, int, float, float, float, float, float]
+# uncached, TTFT fit, kv usage)
+_Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float]
 
 
 class CacheAware:
@@ -62,8 +65,7 @@ class CacheAware:
             st.pending.mean_request_tokens,
         )
         pget = st.pending.records().get
-        rates, prior, floor = st.rates.records()
-        rget, hashes = rates.get, st.replica_hashes
+        fget, prior, hashes = st.ttft.fits().get, st.ttft.prior, st.replica_hashes
         rows: list[_Row] = []
         mw = cfg.miss_weight
         for v in ctx.views:
@@ -76,7 +78,10 @@ class CacheAware:
             # queued: our predicted uncached work, capped by the gateway's raw count; the
             # gateway's count alone when we hold no record (e.g. routed before a restart)
             p = pget(vid)
-            own, own_reqs = (0.0, 0) if p is None else (p.total if inflight > 0 else 0.0, p.count)
+            fit = fget(vid, prior)
+            spt = fit.s_per_token
+            own, own_reqs = (0.0, 0) if p is None else (
+                p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             peer = v.peer_prefill_work  # other gateways' predicted work (shared state)
             if peer > 0.0:
                 own += peer
@@ -96,22 +101,22 @@ class CacheAware:
                 if kv > knee:
                     x = (kv - knee) / (1.0 - knee)
                     penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
-            r = rget(vid, prior)
-            rate = r.work / r.seconds
-            if rate < floor:
-                rate = floor
             decode = decoding * dw
-            cost = (own + decode + uncached * mw) / rate + penalty
+            cost = fit.fixed_s + (own + decode + uncached * mw) * spt + penalty
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
-            rows.append((int(cost / quantum), z, cost, v, m, own, decode, uncached, rate, kv))
+            rows.append((int(cost / quantum), z, cost, v, m, own, decode, uncached, fit, kv))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
         cfg = self._state.config
         rows = self._rows(ctx)
+        if ctx.unseen > 0:
+            rows = self._with_unseen(rows, ctx.unseen)
         rows.sort(key=_rank)
         limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
+        if ctx.unseen > 0:
+            limit += cfg.load_factor * ctx.unseen / len(rows)
         admitted = [r for r in rows if r[3].inflight <= limit]
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
@@ -124,17 +129,50 @@ class CacheAware:
         ranked = self._explain(ordered, limit) if ctx.explain else ()
         return decide([r[3].id for r in ordered], reason, ranked)
 
+    def _with_unseen(self, rows: list[_Row], unseen: int) -> list[_Row]:
+        """``unseen`` requests other gateways routed within the sync window (not known here
+        yet), each assumed to be of the mean size and placed where it was cheapest (the
+        others see the same shared state): their queue and in-flight count on those rows."""
+        st, cfg = self._state, self._state.config
+        mean_req, factor, slack = st.pending.mean_request_tokens, cfg.load_factor, cfg.load_slack
+        loads = [r[3].inflight for r in rows]
+        extra = [0.0] * len(rows)
+        total = sum(loads)
+        for _ in range(unseen):
+            limit = factor * (total + 1) / len(rows) + slack - 1.0 + 1e-9
+            best = min(
+                (i for i in range(len(rows)) if loads[i] <= limit),
+                key=lambda i: (rows[i][8].fixed_s + (rows[i][5] + extra[i] + rows[i][6])
+                               * rows[i][8].s_per_token, rows[i][1]),
+                default=min(range(len(rows)), key=loads.__getitem__),
+            )
+            extra[best] += mean_req
+            loads[best] += 1
+            total += 1
+        out: list[_Row] = []
+        quantum = cfg.tie_quantum_s
+        for r, add, load in zip(rows, extra, loads, strict=True):
+            if not add:
+                out.append(r)
+                continue
+            _, z, cost, v, m, own, decode, uncached, fit, kv = r
+            cost += add * fit.s_per_token
+            v = replace(v, inflight=load)
+            out.append((int(cost / quantum), z, cost, v, m, own + add, decode, uncached, fit, kv))
+        return out
+
     def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
         low = max(min(r[2] for r in rows), 1e-9)
         out = []
-        for _, _, cost, v, m, queued, decode, uncached, rate, kv in rows:
+        for _, _, cost, v, m, queued, decode, uncached, fit, kv in rows:
             terms = {
                 "matched_tokens": float(m * tpb),
                 "uncached_tokens": uncached,
                 "queued_tokens": queued,
                 "decode_tokens": decode,
-                "prefill_tps": rate,
+                "prefill_tps": fit.rate,
+                "fixed_s": fit.fixed_s,
                 "kv_usage": kv,
                 "inflight": float(v.inflight),
                 "admitted": 1.0 if v.inflight <= limit else 0.0,

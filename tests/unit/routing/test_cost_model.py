@@ -18,8 +18,10 @@ def _router_with_doc_on(replica: str, cfg: RouterConfig | None = None) -> Router
     return r
 
 
-def _terms(r: Router, vs: list[ReplicaView], text: str = DOC) -> dict[str, dict[str, float]]:
-    d = r.pick(feats(text), vs, 1.0, explain=True)
+def _terms(
+    r: Router, vs: list[ReplicaView], text: str = DOC, now: float = 1.0
+) -> dict[str, dict[str, float]]:
+    d = r.pick(feats(text), vs, now, explain=True)
     return {c.replica: {**c.terms, "cost": c.cost} for c in d.ranked}
 
 
@@ -79,9 +81,22 @@ def test_own_pending_work_counts_until_first_token(gateway_tokens: int, queued: 
     r = Router()
     big = feats("x" * 40_000)  # 10,000 tokens, nothing cached
     r.record_route("r0", big, 0.0)
-    assert _terms(r, _loaded(gateway_tokens), "y" * 4000)["r0"]["queued_tokens"] == queued
+    assert _terms(r, _loaded(gateway_tokens), "y" * 4000, 0.0)["r0"]["queued_tokens"] == queued
     r.record_first_token("r0", big, 1.0, 1.0)
     assert _terms(r, _loaded(), "y" * 4000)["r0"]["queued_tokens"] == 0
+
+
+def test_pending_work_drains_at_the_learned_rate() -> None:
+    r = Router()
+    r.record_route("r0", feats("x" * 40_000), 0.0)  # 10,000 tokens
+    rate = r.prefill_rate("r0")
+    for now in (0.25, 0.5, 1.0):
+        left = _terms(r, _loaded(), "y" * 4000, now)["r0"]["queued_tokens"]
+        assert left == pytest.approx(max(0.0, 10_000 - rate * now))
+    # a request routed behind it waits for what is left of it, then its own work
+    r.record_route("r0", feats("z" * 8_000), 0.5)
+    left = _terms(r, _loaded(), "y" * 4000, 0.5)["r0"]["queued_tokens"]
+    assert left == pytest.approx(10_000 - rate * 0.5 + 2_000)
 
 
 def test_gateway_count_is_used_when_we_have_no_record() -> None:
@@ -92,25 +107,26 @@ def test_failure_releases_pending_work() -> None:
     r = Router()
     f = feats("x" * 8000)
     r.record_route("r0", f, 0.0)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
-    r.record_failure("r0", f, 0.1)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 2000
+    r.record_failure("r0", f, 0.0)
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 0
 
 
 def test_pending_work_expires() -> None:
     r = Router(RouterConfig(pending_ttl_s=10.0))
     r.record_route("r0", feats("x" * 8000), 0.0)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 2000
     r.record_route("r1", feats("z" * 40), 100.0)  # sweeps expired entries
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+    assert r.state.pending.load("r0") == (0.0, 0)
 
 
 def test_prefill_rate_is_learned_per_replica() -> None:
     r = Router()
     prior = r.prefill_rate("slow")
     for i in range(30):
-        f = feats(f"{i} " + "q" * 8000)  # 2,000 tokens, no cache
-        for rid, ttft in (("slow", 2.0), ("fast", 0.1)):
+        tokens = 500 + 250 * i
+        f = feats(f"{i} " + "q" * 4 * tokens)  # no cache
+        for rid, ttft in (("slow", 0.05 + tokens / 1_000), ("fast", 0.01 + tokens / 40_000)):
             r.record_route(rid, f, float(i))
             r.record_first_token(rid, f, ttft, float(i) + ttft)
     assert r.prefill_rate("slow") < 0.25 * prior
@@ -122,7 +138,7 @@ def test_prefill_rate_is_learned_per_replica() -> None:
     )
     assert d.replica == "fast"
     r.forget_replica("slow")
-    assert r.prefill_rate("slow") == prior
+    assert r.ttft_fit("slow") == r.state.ttft.fleet  # what the other replicas show
 
 
 def test_bounded_load_overrides_cost() -> None:
