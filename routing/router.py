@@ -36,6 +36,8 @@ class NoCandidate(Exception):
 
 _by_id = attrgetter("id")
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
+import os
+_NOUNSEEN = bool(os.environ.get("NOUNSEEN"))
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 
 
@@ -73,7 +75,7 @@ class Router:
         # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
         self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
-        self._recent: deque[float] = deque()  # times of our own routes within the window
+        self._recent: deque[tuple[float, str, float]] = deque()  # own routes within the window
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -103,7 +105,7 @@ class Router:
         counting them makes the gateways take turns over the cheapest replicas instead of all
         taking the same one.)"""
         recent, start = self._recent, now - self._window
-        while recent and recent[0] <= start:
+        while recent and recent[0][0] <= start:
             recent.popleft()
         return len(recent) * (gateways - 1) + rank if self._window > 0 else 0
 
@@ -175,7 +177,18 @@ class Router:
                 healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
         unseen = self._unseen(now, rank, gateways) if gateways > 1 else 0
-        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, unseen)
+        if _NOUNSEEN:
+            unseen = 0
+        order: tuple[str, ...] = ()
+        slot = 0
+        if gateways > 1 and self._window > 0:
+            own: dict[str, int] = {}
+            for _, rid, _w in self._recent:
+                own[rid] = own.get(rid, 0) + 1
+            hs = self.state.replica_hashes
+            order = tuple(v.id for v in sorted(healthy, key=lambda v: (v.inflight - own.get(v.id, 0), hs[v.id])))
+            slot = len(self._recent) * gateways + rank
+        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, unseen, order, slot)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1
@@ -211,7 +224,7 @@ class Router:
                     self.on_outbox()
                 self.outbox.append(RouteRecord(replica, hashes, tail))
         if self._window > 0:
-            self._recent.append(now)
+            self._recent.append((now, replica, uncached))
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float

@@ -38,6 +38,8 @@ class PickContext:
     rank: int = 0
     gateways: int = 1
     unseen: int = 0
+    burst_order: tuple[str, ...] = ()
+    slot: int = 0
 
     @property
     def tie_key(self) -> int:

@@ -25,8 +25,6 @@ per-prompt order, never by the order views arrive in.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from routing.learning import TtftFit
 from routing.load import LoadBound
 from routing.policies.base import PickContext, RouterState, decide
@@ -35,6 +33,10 @@ from routing.types import Candidate, Decision, ReplicaView
 __all__ = ["CacheAware"]
 
 _MASK64 = (1 << 64) - 1
+import os
+_MODE = os.environ.get("MGW", "")
+_K = float(os.environ.get("MGWK", "1.0"))
+_BOUNDX = bool(os.environ.get("BOUNDX"))
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
 # uncached, TTFT fit, kv usage)
@@ -65,7 +67,7 @@ class CacheAware:
             st.pending.mean_request_tokens,
         )
         pget = st.pending.records().get
-        fget, prior, hashes = st.ttft.fits().get, st.ttft.prior, st.replica_hashes
+        fget, fleet, hashes = st.ttft.fits().get, st.ttft.fleet, st.replica_hashes
         rows: list[_Row] = []
         mw = cfg.miss_weight
         for v in ctx.views:
@@ -78,7 +80,7 @@ class CacheAware:
             # queued: our predicted uncached work, capped by the gateway's raw count; the
             # gateway's count alone when we hold no record (e.g. routed before a restart)
             p = pget(vid)
-            fit = fget(vid, prior)
+            fit = fget(vid, fleet)
             spt = fit.s_per_token
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
@@ -111,13 +113,13 @@ class CacheAware:
     def choose(self, ctx: PickContext) -> Decision:
         cfg = self._state.config
         rows = self._rows(ctx)
-        if ctx.unseen > 0:
-            rows = self._with_unseen(rows, ctx.unseen)
         rows.sort(key=_rank)
         limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
-        if ctx.unseen > 0:
+        if _BOUNDX and ctx.unseen > 0:
             limit += cfg.load_factor * ctx.unseen / len(rows)
         admitted = [r for r in rows if r[3].inflight <= limit]
+        if ctx.gateways > 1 and _MODE == "order" and ctx.burst_order and len(admitted) > 1:
+            admitted = self._order(ctx, admitted)
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
         if not admitted or admitted[0] is not rows[0]:
@@ -129,37 +131,18 @@ class CacheAware:
         ranked = self._explain(ordered, limit) if ctx.explain else ()
         return decide([r[3].id for r in ordered], reason, ranked)
 
-    def _with_unseen(self, rows: list[_Row], unseen: int) -> list[_Row]:
-        """``unseen`` requests other gateways routed within the sync window (not known here
-        yet), each assumed to be of the mean size and placed where it was cheapest (the
-        others see the same shared state): their queue and in-flight count on those rows."""
-        st, cfg = self._state, self._state.config
-        mean_req, factor, slack = st.pending.mean_request_tokens, cfg.load_factor, cfg.load_slack
-        loads = [r[3].inflight for r in rows]
-        extra = [0.0] * len(rows)
-        total = sum(loads)
-        for _ in range(unseen):
-            limit = factor * (total + 1) / len(rows) + slack - 1.0 + 1e-9
-            best = min(
-                (i for i in range(len(rows)) if loads[i] <= limit),
-                key=lambda i: (rows[i][8].fixed_s + (rows[i][5] + extra[i] + rows[i][6])
-                               * rows[i][8].s_per_token, rows[i][1]),
-                default=min(range(len(rows)), key=loads.__getitem__),
-            )
-            extra[best] += mean_req
-            loads[best] += 1
-            total += 1
-        out: list[_Row] = []
-        quantum = cfg.tie_quantum_s
-        for r, add, load in zip(rows, extra, loads, strict=True):
-            if not add:
-                out.append(r)
-                continue
-            _, z, cost, v, m, own, decode, uncached, fit, kv = r
-            cost += add * fit.s_per_token
-            v = replace(v, inflight=load)
-            out.append((int(cost / quantum), z, cost, v, m, own + add, decode, uncached, fit, kv))
-        return out
+    def _order(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
+        st = self._state
+        margin = _K * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
+        low = admitted[0][2]
+        order = ctx.burst_order
+        ok = {r[3].id: r for r in admitted if r[2] <= low + margin}
+        n = len(order)
+        for i in range(n):
+            r = ok.get(order[(ctx.slot + i) % n])
+            if r is not None:
+                return [r] + [x for x in admitted if x is not r]
+        return admitted
 
     def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
