@@ -16,8 +16,9 @@ Observations (work tokens, seconds) come from two places:
   shared replica, teach the model too.
 
 The fit is a decayed weighted least-squares line through them, anchored by a prior: two
-pseudo-observations (no work, and `PRIOR_ANCHOR_TOKENS` of work) on the line of the *fleet's*
-fit -- every replica's observations together, itself anchored on the configured prior
+pseudo-observations (no work, and `PRIOR_ANCHOR_TOKENS` of work; together worth
+``fleet_weight`` observations) on the line of the *fleet's* fit -- every replica's
+observations together, itself anchored the same way (``prior_weight``) on the configured prior
 (``prior_fixed_s``, ``prior_prefill_tps``). So a replica that sees too few or too similar
 observations (one that serves only cache hits cannot tell its rate from its fixed part)
 leans on what its peers show rather than swinging, while its own observations decide as
@@ -45,7 +46,9 @@ __all__ = [
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
 MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see little work
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
-_SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
+_SCRAPE_WEIGHT_CAP = 4.0
+import os
+_FLEET_WEIGHT = float(os.environ.get("FW", "1"))  # one scrape interval counts as at most this many observations
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +105,11 @@ class _Sums:
 class TtftModel:
     def __init__(
         self, prior_tps: float, prior_fixed_s: float, prior_weight: float, decay: float,
-        floor_tps: float, max_fixed_s: float, outlier_factor: float,
+        floor_tps: float, max_fixed_s: float, outlier_factor: float, fleet_weight: float,
     ) -> None:
         self.prior = TtftFit(prior_fixed_s, 1.0 / prior_tps)
         self._weight = prior_weight
+        self._fleet_weight = fleet_weight
         self._decay = decay
         self._fleet_decay = decay**0.25  # the fleet's sums see every replica's observations
         self._max_spt = 1.0 / floor_tps
@@ -138,13 +142,13 @@ class TtftModel:
         seconds = min(max(seconds, expected / self._outlier), expected * self._outlier)
         self._fleet.scale(self._fleet_decay**weight)
         self._fleet.add(work_tokens, seconds, weight)
-        self.fleet = self._solve(self._fleet, self.prior)
+        self.fleet = self._solve(self._fleet, self.prior, self._weight)
         sums = self._sums.get(replica)
         if sums is None:
             sums = self._sums[replica] = _Sums()
         sums.scale(self._decay**weight)
         sums.add(work_tokens, seconds, weight)
-        self._fits[replica] = self._solve(sums, self.fleet)
+        self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an
@@ -160,10 +164,10 @@ class TtftModel:
             return
         self.observe(replica, tokens / n, seconds / n, min(n, _SCRAPE_WEIGHT_CAP))
 
-    def _solve(self, sums: _Sums, prior: TtftFit) -> TtftFit:
+    def _solve(self, sums: _Sums, prior: TtftFit, weight: float) -> TtftFit:
         """The least-squares line through ``sums`` and ``prior``'s two pseudo-observations
         (no work, and `PRIOR_ANCHOR_TOKENS`; together worth ``prior_weight``), bounded."""
-        half, x1 = self._weight / 2.0, PRIOR_ANCHOR_TOKENS
+        half, x1 = weight / 2.0, PRIOR_ANCHOR_TOKENS
         y0, y1 = prior.fixed_s, prior.predict(x1)
         w, x, y = sums.w + 2.0 * half, sums.x + half * x1, sums.y + half * (y0 + y1)
         xx, xy = sums.xx + half * x1 * x1, sums.xy + half * x1 * y1
@@ -250,8 +254,9 @@ class PendingWork:
         self._timeline.append(entry)
         return entry.work
 
-    def pop(self, replica: str, key: tuple[int, int]) -> float | None:
-        """Remove the oldest pending request with ``key``; returns its predicted work."""
+    def pop(self, replica: str, key: tuple[int, int]) -> tuple[float, float] | None:
+        """Remove the oldest pending request with ``key``; returns (the work predicted ahead
+        of its first token, its own part of it)."""
         p = self._replicas.get(replica)
         queue = p.by_key.get(key) if p is not None else None
         if p is None or not queue:
@@ -260,7 +265,7 @@ class PendingWork:
         if not queue:
             del p.by_key[key]
         self._retire(p, entry)
-        return entry.work
+        return entry.work, entry.uncached
 
     def _retire(self, p: ReplicaPending, entry: _Entry) -> None:
         entry.live = False

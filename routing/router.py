@@ -38,7 +38,9 @@ _by_id = attrgetter("id")
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 import os
 _NOUNSEEN = bool(os.environ.get("NOUNSEEN"))
-_CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
+_LV = os.environ.get("LV", "")
+_CONTINUATION_SCAN = 64
+_MIN_OBSERVATION_WEIGHT = 0.1  # blocks from the end of a request searched for a peer's chain end
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -58,7 +60,7 @@ class Router:
             index=AffinityIndex(cfg.fallback_capacity_tokens // cfg.tokens_per_block),
             ttft=TtftModel(
                 cfg.prior_prefill_tps, cfg.prior_fixed_s, cfg.prior_weight, cfg.rate_decay,
-                cfg.min_prefill_tps, cfg.max_fixed_s, cfg.outlier_factor,
+                cfg.min_prefill_tps, cfg.max_fixed_s, cfg.outlier_factor, cfg.fleet_weight,
             ),
             pending=PendingWork(cfg.pending_ttl_s, cfg.prior_request_tokens),
             replica_hashes={},
@@ -229,11 +231,17 @@ class Router:
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float
     ) -> None:
-        """The first token arrived after `ttft_s` (learns the replica's TTFT model)."""
-        work = self.state.pending.pop(replica, _request_key(features))
-        if work is None:
-            work = float(features.prompt_tokens)
-        self.state.ttft.observe(replica, work, ttft_s)
+        """The first token arrived after `ttft_s` (learns the replica's TTFT model). The work
+        predicted ahead of it is certain for its own part and a guess for the queue's, so the
+        observation weighs by that share (a guessed queue attenuates the learned rate)."""
+        popped = self.state.pending.pop(replica, _request_key(features))
+        work, own = popped or (float(features.prompt_tokens), float(features.prompt_tokens))
+        share = own / work if work > 0.0 else 1.0
+        if _LV == "none":
+            return
+        if _LV == "sq":
+            share = share * share
+        self.state.ttft.observe(replica, work, ttft_s, max(share, _MIN_OBSERVATION_WEIGHT))
 
     def record_counters(self, replica: str, counters: EngineCounters, now: float) -> None:
         """A scrape of ``replica``'s engine counters (learns its TTFT model from all the

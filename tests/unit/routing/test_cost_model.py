@@ -141,8 +141,11 @@ def test_prefill_rate_is_learned_per_replica() -> None:
     assert r.ttft_fit("slow") == r.state.ttft.fleet  # what the other replicas show
 
 
+TIGHT = RouterConfig(load_factor=1.25, load_slack=1.0)  # a bound that binds at small loads
+
+
 def test_bounded_load_overrides_cost() -> None:
-    r = _router_with_doc_on("r1")
+    r = _router_with_doc_on("r1", TIGHT)
     vs = [ReplicaView(id="r0", pool="p", inflight=0), ReplicaView(id="r1", pool="p", inflight=4)]
     d = r.pick(feats(DOC), vs, 1.0, explain=True)
     assert (d.replica, d.reason) == ("r0", "overflow")
@@ -155,14 +158,14 @@ def test_bounded_load_overrides_cost() -> None:
     [
         # pure TTFT: once each replica holds the prompt, queueing is what differs
         (1.0, 4),
-        # the default prices a miss at 3x its prefill: copies queue behind the three replicas
-        # that already hold the prompt, up to the bound, rather than prefill it a fourth time
-        (RouterConfig().miss_weight, 3),
+        # a miss priced at 3x its prefill: copies queue behind the three replicas that
+        # already hold the prompt, up to the bound, rather than prefill it a fourth time
+        (3.0, 3),
     ],
 )
 def test_identical_burst_spreads_deterministically(miss_weight: float, replicas_used: int) -> None:
     def burst() -> dict[str, int]:
-        r = Router(RouterConfig(miss_weight=miss_weight))
+        r = Router(RouterConfig(miss_weight=miss_weight, load_factor=1.25, load_slack=1.0))
         f = feats(DOC)
         load = {f"r{i}": 0 for i in range(4)}
         for _ in range(12):

@@ -17,6 +17,7 @@ def _model(**kw: float) -> TtftModel:
         prior_tps=CFG.prior_prefill_tps, prior_fixed_s=CFG.prior_fixed_s,
         prior_weight=CFG.prior_weight, decay=CFG.rate_decay, floor_tps=CFG.min_prefill_tps,
         max_fixed_s=CFG.max_fixed_s, outlier_factor=CFG.outlier_factor,
+        fleet_weight=CFG.fleet_weight,
     )
     args.update(kw)
     return TtftModel(**args)  # type: ignore[arg-type]

@@ -74,8 +74,11 @@ def test_a_peers_route_attracts_the_next_turn() -> None:
     assert gw_b.peer_decisions == 1
 
 
+TIGHT = RouterConfig(load_factor=1.25, load_slack=1.0)  # a bound that binds at small loads
+
+
 def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
-    router = Router(RouterConfig())
+    router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
     router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
@@ -88,7 +91,7 @@ def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
 
 
 def test_a_continued_chain_settles_the_peers_finished_request() -> None:
-    router = Router(RouterConfig())
+    router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
     router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
