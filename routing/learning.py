@@ -46,9 +46,7 @@ __all__ = [
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
 MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see little work
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
-_SCRAPE_WEIGHT_CAP = 4.0
-import os
-_FLEET_WEIGHT = float(os.environ.get("FW", "1"))  # one scrape interval counts as at most this many observations
+_SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
+from typing import cast
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
@@ -36,9 +37,6 @@ class NoCandidate(Exception):
 
 _by_id = attrgetter("id")
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
-import os
-_NOUNSEEN = bool(os.environ.get("NOUNSEEN"))
-_LV = os.environ.get("LV", "")
 _CONTINUATION_SCAN = 64
 _MIN_OBSERVATION_WEIGHT = 0.1  # blocks from the end of a request searched for a peer's chain end
 
@@ -77,7 +75,7 @@ class Router:
         # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
         self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
-        self._recent: deque[tuple[float, str, float]] = deque()  # own routes within the window
+        self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -98,18 +96,33 @@ class Router:
             return 0, 1
         return sorted((*members, self.member)).index(self.member), len(members) + 1
 
-    def _unseen(self, now: float, rank: int, gateways: int) -> int:
-        """Requests the other gateways probably routed, ahead of this one, within the last
-        sync window: records this gateway cannot have yet. Requests are spread evenly over
-        the gateways, so while this one routed ``k`` requests in the window each other one
-        routed about ``k`` too, and in this round those ranked before it one more. (Bursts:
-        arrivals at one instant split over N gateways, each blind to the others' share;
-        counting them makes the gateways take turns over the cheapest replicas instead of all
-        taking the same one.)"""
+    def _turn(
+        self, views: Sequence[ReplicaView], now: float, rank: int, gateways: int
+    ) -> tuple[int, tuple[str, ...]]:
+        """This pick's turn among the picks all gateways make within the sync window, and the
+        order the gateways agree on to take turns in (`PickContext.turn`).
+
+        Within the window a gateway cannot see the others' picks. Arrivals at one instant
+        (a burst) split over N gateways; deciding on the same shared state, each would send its
+        share to the same cheapest replicas. Requests being spread evenly over the gateways,
+        while this one made ``k`` picks in the window each other one made about ``k`` too, and
+        in this round those ranked before it one more: its turn is ``k x N + rank``. The order
+        is the replicas by fleet-wide in-flight requests as all gateways knew them at the
+        window's start (this gateway's own picks in the window taken out), then by a hash of
+        the replica id: the same for every gateway."""
         recent, start = self._recent, now - self._window
         while recent and recent[0][0] <= start:
             recent.popleft()
-        return len(recent) * (gateways - 1) + rank if self._window > 0 else 0
+        own: dict[str, int] = {}
+        for _, replica in recent:
+            own[replica] = own.get(replica, 0) + 1
+        hashes = self.state.replica_hashes
+
+        def shared_load(v: ReplicaView) -> tuple[int, int]:
+            return v.inflight - own.get(v.id, 0), hashes[v.id]
+
+        order = tuple(v.id for v in sorted(views, key=shared_load))
+        return len(recent) * gateways + rank, order
 
     def drain_outbox(self) -> list[RouteRecord]:
         out, self.outbox = self.outbox, []
@@ -178,19 +191,10 @@ class Router:
             if totals:
                 healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
-        unseen = self._unseen(now, rank, gateways) if gateways > 1 else 0
-        if _NOUNSEEN:
-            unseen = 0
-        order: tuple[str, ...] = ()
-        slot = 0
+        turn, order = 0, cast(tuple[str, ...], ())
         if gateways > 1 and self._window > 0:
-            own: dict[str, int] = {}
-            for _, rid, _w in self._recent:
-                own[rid] = own.get(rid, 0) + 1
-            hs = self.state.replica_hashes
-            order = tuple(v.id for v in sorted(healthy, key=lambda v: (v.inflight - own.get(v.id, 0), hs[v.id])))
-            slot = len(self._recent) * gateways + rank
-        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, unseen, order, slot)
+            turn, order = self._turn(healthy, now, rank, gateways)
+        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1
@@ -226,7 +230,7 @@ class Router:
                     self.on_outbox()
                 self.outbox.append(RouteRecord(replica, hashes, tail))
         if self._window > 0:
-            self._recent.append((now, replica, uncached))
+            self._recent.append((now, replica))
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float
@@ -237,10 +241,6 @@ class Router:
         popped = self.state.pending.pop(replica, _request_key(features))
         work, own = popped or (float(features.prompt_tokens), float(features.prompt_tokens))
         share = own / work if work > 0.0 else 1.0
-        if _LV == "none":
-            return
-        if _LV == "sq":
-            share = share * share
         self.state.ttft.observe(replica, work, ttft_s, max(share, _MIN_OBSERVATION_WEIGHT))
 
     def record_counters(self, replica: str, counters: EngineCounters, now: float) -> None:

@@ -32,14 +32,14 @@ class PickContext:
     now: float
     state: RouterState
     explain: bool = False
-    # several gateways sharing state: this gateway's rank among the `gateways` live ones, and
-    # how many requests the others are expected to have routed ahead of this one within the
-    # sync window, which this gateway cannot see yet (`Router.pick`)
+    # several gateways sharing state: this gateway's rank among the `gateways` live ones; this
+    # pick's turn among the picks all of them make within the sync window (which they cannot
+    # see of each other), and the replica order they agree on to take turns in
+    # (`Router._turn`; empty with one gateway)
     rank: int = 0
     gateways: int = 1
-    unseen: int = 0
-    burst_order: tuple[str, ...] = ()
-    slot: int = 0
+    turn: int = 0
+    turn_order: tuple[str, ...] = ()
 
     @property
     def tie_key(self) -> int:

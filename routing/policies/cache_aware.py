@@ -33,10 +33,10 @@ from routing.types import Candidate, Decision, ReplicaView
 __all__ = ["CacheAware"]
 
 _MASK64 = (1 << 64) - 1
-import os
-_MODE = os.environ.get("MGW", "")
-_K = float(os.environ.get("MGWK", "1.0"))
-_BOUNDX = bool(os.environ.get("BOUNDX"))
+# several gateways: candidates within this share of the cheapest cost, plus this many mean
+# requests' prefill, count as equally good, and the gateways take turns over them
+_TURN_RELATIVE = 0.1
+_TURN_MEAN_REQUESTS = 0.5
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
 # uncached, TTFT fit, kv usage)
@@ -115,11 +115,9 @@ class CacheAware:
         rows = self._rows(ctx)
         rows.sort(key=_rank)
         limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
-        if _BOUNDX and ctx.unseen > 0:
-            limit += cfg.load_factor * ctx.unseen / len(rows)
         admitted = [r for r in rows if r[3].inflight <= limit]
-        if ctx.gateways > 1 and _MODE == "order" and ctx.burst_order and len(admitted) > 1:
-            admitted = self._order(ctx, admitted)
+        if ctx.turn_order and len(admitted) > 1:
+            admitted = self._take_turns(ctx, admitted)
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
         if not admitted or admitted[0] is not rows[0]:
@@ -131,18 +129,20 @@ class CacheAware:
         ranked = self._explain(ordered, limit) if ctx.explain else ()
         return decide([r[3].id for r in ordered], reason, ranked)
 
-    def _order(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
+    def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
+        """Several gateways: among the admitted candidates about as cheap as the cheapest, the
+        one whose turn it is in the order all gateways agree on (`Router._turn`), so that
+        gateways blind to each other's latest picks do not all take the same replica."""
         st = self._state
-        margin = _K * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
-        low = admitted[0][2]
-        order = ctx.burst_order
-        ok = {r[3].id: r for r in admitted if r[2] <= low + margin}
-        n = len(order)
-        for i in range(n):
-            r = ok.get(order[(ctx.slot + i) % n])
+        margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
+        good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
+        near = {r[3].id: r for r in admitted if r[2] <= good}
+        order = ctx.turn_order
+        for i in range(len(order)):
+            r = near.get(order[(ctx.turn + i) % len(order)])
             if r is not None:
                 return [r] + [x for x in admitted if x is not r]
-        return admitted
+        return admitted  # pragma: no cover - the cheapest is always near
 
     def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
