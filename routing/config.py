@@ -33,7 +33,7 @@ class RouterConfig:
     prior_prefill_tps: float = 8_000.0
     prior_fixed_s: float = 0.02
     prior_weight: float = 2.0  # the prior counts as this many observations (fleet fit)
-    fleet_weight: float = 8.0  # the fleet's fit counts as this many (each replica's fit)
+    fleet_weight: float = 4.0  # the fleet's fit counts as this many (each replica's fit)
     rate_decay: float = 0.98  # per observation
     min_prefill_tps: float = 50.0
     max_fixed_s: float = 2.0
