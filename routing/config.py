@@ -43,6 +43,7 @@ class RouterConfig:
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0
     tie_quantum_s: float = 0.001
+    tie_relative: float = 0.05  # costs within this share of each other tie too
     # an uncached prompt token is charged miss_weight x its prefill time (>= 1; 1 = the pure
     # TTFT estimate); the extra is the fleet's price of recomputing and duplicating a prefix
     miss_weight: float = 2.0
@@ -74,6 +75,8 @@ class RouterConfig:
             raise ValueError(
                 "routing: need 0 <= prior_fixed_s <= max_fixed_s and min_prefill_tps > 0"
             )
+        if not 0.0 < self.tie_relative < 1.0:
+            raise ValueError("routing.tie_relative must be in (0, 1)")
         if self.outlier_factor <= 1.0:
             raise ValueError("routing.outlier_factor must be > 1")
         if self.miss_weight < 1.0:

@@ -22,9 +22,13 @@ observations together, itself anchored the same way (``prior_weight``) on the co
 (``prior_fixed_s``, ``prior_prefill_tps``). So a replica that sees too few or too similar
 observations (one that serves only cache hits cannot tell its rate from its fixed part)
 leans on what its peers show rather than swinging, while its own observations decide as
-soon as they say something. Bounds: an observation counts at most ``outlier_factor`` x
-(or 1/x) the current prediction, the fixed part is in [0, ``max_fixed_s``], the rate in
-[``floor_tps``, `MAX_PREFILL_TPS`]. One outlier therefore moves the fit a little, a changed
+soon as they say something. A replica with fewer (decayed) observations than ``fleet_weight``
+uses the fleet's fit as it is: two identical replicas must not differ because one of them
+happened to serve a request first (every cold request would follow the first).
+
+Bounds: an observation counts at most ``outlier_factor`` x (or 1/x) the current prediction,
+the fixed part is in [0, ``max_fixed_s``], the rate in [``floor_tps``, `MAX_PREFILL_TPS`].
+One outlier therefore moves the fit a little, a changed
 replica (another model, a busy GPU) moves it within a few dozen requests.
 
 Pending work. Per replica, the predicted uncached tokens of requests routed there whose first
@@ -146,7 +150,8 @@ class TtftModel:
             sums = self._sums[replica] = _Sums()
         sums.scale(self._decay**weight)
         sums.add(work_tokens, seconds, weight)
-        self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+        if sums.w >= self._fleet_weight:  # until then its own few observations are noise
+            self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an

@@ -25,6 +25,9 @@ per-prompt order, never by the order views arrive in.
 
 from __future__ import annotations
 
+from math import log as _log
+from math import log1p as _log1p
+
 from routing.learning import TtftFit
 from routing.load import LoadBound
 from routing.policies.base import PickContext, RouterState, decide
@@ -54,11 +57,12 @@ class CacheAware:
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
         mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
-        prompt, tpb, key, quantum = (
+        prompt, tpb, key, quantum, per_step = (
             f.prompt_tokens,
             cfg.tokens_per_block,
             ctx.tie_key,
             cfg.tie_quantum_s,
+            _log1p(cfg.tie_relative),
         )
         stale, knee, dw, mean_req = (
             cfg.stale_after_s,
@@ -69,7 +73,8 @@ class CacheAware:
         pget = st.pending.records().get
         fget, fleet, hashes = st.ttft.fits().get, st.ttft.fleet, st.replica_hashes
         rows: list[_Row] = []
-        mw = cfg.miss_weight
+        dup = cfg.miss_weight - 1.0
+        used, capacity = st.index.used, st.index.capacity
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             m = mget(vid, 0)
@@ -104,10 +109,15 @@ class CacheAware:
                     x = (kv - knee) / (1.0 - knee)
                     penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
             decode = decoding * dw
-            cost = fit.fixed_s + (own + decode + uncached * mw) * spt + penalty
+            # the copy's price beyond its own prefill grows with how full the replica's cache
+            # is (what it will evict): a cold fleet fills its emptiest caches first
+            full = (used(vid) + uncached / tpb) / capacity(vid)
+            cost = (fit.fixed_s + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
+                    + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
-            rows.append((int(cost / quantum), z, cost, v, m, own, decode, uncached, fit, kv))
+            step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
+            rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:

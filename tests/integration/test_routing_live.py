@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
+from routing.config import RouterConfig
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc, sim_proc
 
@@ -86,6 +87,8 @@ async def test_a_burst_of_identical_requests_spreads_within_the_bound(fleet: str
     burst = 16
     counts = Counter(await asyncio.gather(*(one() for _ in range(burst))))
     await client.close()
-    # bounded load: at assignment, load <= 1.25 x mean + 1, so at most 1.25 x 16/4 + 1 = 6
-    assert max(counts.values()) <= 6, counts
-    assert len(counts) >= 3, counts
+    # bounded load: at assignment, load <= c x mean + slack (2 x 16/4 + 4 = 12 by default);
+    # within it the cost model queues copies behind the first ones rather than prefill more
+    cfg = RouterConfig()
+    assert max(counts.values()) <= cfg.load_factor * burst / 4 + cfg.load_slack, counts
+    assert len(counts) >= 2, counts

@@ -169,8 +169,9 @@ def test_identical_burst_spreads_deterministically(miss_weight: float, replicas_
         f = feats(DOC)
         load = {f"r{i}": 0 for i in range(4)}
         for _ in range(12):
-            vs = [
-                ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300)
+            vs = [  # warm caches: every copy evicts what it takes
+                ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300,
+                            cache_capacity_tokens=2_304)
                 for k, n in load.items()
             ]
             d = r.pick(f, vs, 0.0)
@@ -226,10 +227,14 @@ def test_prompt_beyond_the_hash_cap_is_charged_to_the_index() -> None:
     ],
 )
 def test_miss_weight_prices_recomputation(miss_weight: float, queued: int, expected: str) -> None:
+    """(In a warm fleet: every replica's cache is full, a copy evicts what it takes.)"""
     cfg = RouterConfig(miss_weight=miss_weight)
     r = _router_with_doc_on("r1", cfg)
-    busy = ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=queued)
-    d = r.pick(feats(DOC), [ReplicaView(id="r0", pool="p"), busy], 1.0, explain=True)
+    # caches as full as in a warm fleet (a copy then evicts as much as it takes)
+    full = {"cache_capacity_tokens": 2_304}
+    busy = ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=queued, **full)
+    idle = ReplicaView(id="r0", pool="p", **full)  # type: ignore[arg-type]
+    d = r.pick(feats(DOC), [idle, busy], 1.0, explain=True)  # type: ignore[arg-type]
     assert d.replica == expected
     t = {c.replica: c.terms for c in d.ranked}
     assert (t["r0"]["uncached_tokens"], t["r1"]["uncached_tokens"]) == (2_300, 60)
