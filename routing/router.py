@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
-from typing import cast
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
@@ -36,9 +35,10 @@ class NoCandidate(Exception):
 
 
 _by_id = attrgetter("id")
+_NO_ORDER: tuple[str, ...] = ()
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
-_CONTINUATION_SCAN = 64
-_MIN_OBSERVATION_WEIGHT = 0.1  # blocks from the end of a request searched for a peer's chain end
+_CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
+_MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -110,9 +110,7 @@ class Router:
         is the replicas by fleet-wide in-flight requests as all gateways knew them at the
         window's start (this gateway's own picks in the window taken out), then by a hash of
         the replica id: the same for every gateway."""
-        recent, start = self._recent, now - self._window
-        while recent and recent[0][0] <= start:
-            recent.popleft()
+        recent = self._recent_picks(now)
         own: dict[str, int] = {}
         for _, replica in recent:
             own[replica] = own.get(replica, 0) + 1
@@ -123,6 +121,13 @@ class Router:
 
         order = tuple(v.id for v in sorted(views, key=shared_load))
         return len(recent) * gateways + rank, order
+
+    def _recent_picks(self, now: float) -> deque[tuple[float, str]]:
+        """Our own routes within the last sync window (older ones dropped)."""
+        recent, start = self._recent, now - self._window
+        while recent and recent[0][0] <= start:
+            recent.popleft()
+        return recent
 
     def drain_outbox(self) -> list[RouteRecord]:
         out, self.outbox = self.outbox, []
@@ -191,7 +196,7 @@ class Router:
             if totals:
                 healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
-        turn, order = 0, cast(tuple[str, ...], ())
+        turn, order = 0, _NO_ORDER
         if gateways > 1 and self._window > 0:
             turn, order = self._turn(healthy, now, rank, gateways)
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order)
@@ -230,7 +235,7 @@ class Router:
                     self.on_outbox()
                 self.outbox.append(RouteRecord(replica, hashes, tail))
         if self._window > 0:
-            self._recent.append((now, replica))
+            self._recent_picks(now).append((now, replica))
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float

@@ -124,7 +124,9 @@ class RouteSync:
             redis_url, decode_responses=False, socket_timeout=timeout + 1.0,
             socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
         )
-        router.enable_sharing(settings.stale_after_s, self.member)
+        # peers' records arrive about a flush interval or two late: within that window the
+        # gateways take turns over equally good replicas (routing.router.Router._turn)
+        router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
 

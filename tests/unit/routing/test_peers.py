@@ -107,3 +107,28 @@ def test_without_sharing_there_is_no_outbox() -> None:
     router = Router(RouterConfig())
     router.record_route("a", _features((1, 2, 3)), 0.0)
     assert router.drain_outbox() == []
+
+
+@pytest.mark.parametrize(("window_s", "distinct"), [(0.01, 8), (0.0, 7)])
+def test_gateways_blind_to_each_others_burst_take_turns(window_s: float, distinct: int) -> None:
+    """Two gateways, eight idle replicas, four cold requests each at one instant, before any
+    record of the other's arrives: with a sync window they take turns (no two on a replica);
+    without one, ties go by each request's hash and two requests of the burst collide."""
+    ids = [f"r{i}" for i in range(8)]
+    gateways = [Router(RouterConfig()) for _ in range(2)]
+    for name, router in zip("ab", gateways, strict=True):
+        router.enable_sharing(2.0, name, window_s)
+    for name, router in zip("ab", gateways, strict=True):
+        router.apply_peer_load("b" if name == "a" else "a", {}, 0.0)  # each knows the other
+    picks = []
+    for i in range(4):
+        for g, router in enumerate(gateways):
+            counts = {rid: 0 for rid in ids}
+            for _, rid in (p for p in picks if p[0] == g):
+                counts[rid] += 1  # its own in flight (the other's unseen)
+            views = [ReplicaView(id=rid, pool="p", inflight=counts[rid]) for rid in ids]
+            f = _features(tuple(range(10_000 * (2 * i + g) + 1, 10_000 * (2 * i + g) + 40)))
+            replica = router.pick(f, views, 1.0).replica
+            router.record_route(replica, f, 1.0)
+            picks.append((g, replica))
+    assert len({replica for _, replica in picks}) == distinct, picks
