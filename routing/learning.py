@@ -169,7 +169,7 @@ class TtftModel:
 
     def _solve(self, sums: _Sums, prior: TtftFit, weight: float) -> TtftFit:
         """The least-squares line through ``sums`` and ``prior``'s two pseudo-observations
-        (no work, and `PRIOR_ANCHOR_TOKENS`; together worth ``prior_weight``), bounded."""
+        (no work, and `PRIOR_ANCHOR_TOKENS`; together worth ``weight`` observations), bounded."""
         half, x1 = weight / 2.0, PRIOR_ANCHOR_TOKENS
         y0, y1 = prior.fixed_s, prior.predict(x1)
         w, x, y = sums.w + 2.0 * half, sums.x + half * x1, sums.y + half * (y0 + y1)

@@ -2,25 +2,28 @@
 
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
-    queued_r   = kvgate's pending uncached prefill work on r, its own plus other gateways'
-                 (shared state; capped by the fleet's in-flight prompt tokens) + requests
-                 the scrape shows waiting beyond kvgate's own x the mean request size (only
-                 when the scrape is fresh)
+    queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
+                 it was sent), its own plus other gateways' (shared state; capped by the
+                 fleet's in-flight prompt tokens) + requests the scrape shows waiting beyond
+                 kvgate's own x the mean request size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
-    cost_r     = (queued_r + decode_r + miss_weight x uncached_r) / rate_r + kv_penalty_r  [s]
+    full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
+    cost_r     = fixed_r + (queued_r + decode_r + uncached_r x (1 + (miss_weight - 1) x full_r))
+                 x spt_r + kv_penalty_r                                                    [s]
     kv_penalty = kv_penalty_s x ((kv_usage - kv_knee) / (1 - kv_knee))^2  above the knee
 
-With ``miss_weight`` = 1 the cost is the request's own TTFT estimate. A miss costs the fleet
-more than that request's wait: the recomputation delays every request queued behind it and the
-copy of the prefix takes KV memory a hit would have shared (on a capacity-bound trace that
-duplication evicts other conversations). ``miss_weight`` > 1 charges it: the request's TTFT
-plus (miss_weight - 1) x its prefill time as the fleet's price of the miss.
+``fixed_r`` and ``spt_r`` (seconds per token) are r's learned TTFT model
+(`routing.learning.TtftModel`). With ``miss_weight`` = 1 the cost is the request's own TTFT
+estimate. A miss costs the fleet more than that request's wait: the copy of the prefix takes KV
+memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
+it, as much as r's cache is full: while caches have room, cold requests fill the emptiest.
 
-``rate_r`` is r's learned prefill rate (`routing.learning.PrefillRates`). The minimum wins
-among the replicas the bounded-load rule admits; costs are compared in ``tie_quantum_s`` steps
-and ties go to a stable hash of (prompt, replica), so identical requests spread by a fixed
-per-prompt order, never by the order views arrive in.
+The minimum wins among the replicas the bounded-load rule admits; costs within
+``tie_quantum_s`` or ``tie_relative`` of each other tie, and ties go to a stable hash of
+(prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
+views arrive in. Several gateways blind to each other's latest picks take turns among the
+candidates about as cheap as the cheapest (`PickContext.turn`).
 """
 
 from __future__ import annotations
