@@ -31,6 +31,8 @@ from gateway.admin.live import LiveViews
 from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
+from gateway.doctor import build_doctor
+from gateway.doctor.service import Doctor
 from gateway.errors import ConfigError, KvgateError, NotFound
 from gateway.fleet.metrics import SyncCollector
 from gateway.fleet.sync import RouteSync, SyncSettings
@@ -86,6 +88,7 @@ class GatewayApp:
         self.sync: RouteSync | None = None  # shared routing state (with Redis)
         self.tenancy: Tenancy | None = None
         self.gate: TenantGate | None = None
+        self.doctor: Doctor | None = None  # `kvgate doctor`'s rolling history
         self._by_id: dict[str, Replica] = {}  # replica id -> replica (scrape samples land here)
         self._unsubscribe: Callable[[], None] = lambda: None
         self._tasks: list[asyncio.Task[None]] = []
@@ -144,9 +147,11 @@ class GatewayApp:
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> None:
         """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
-        and replica addresses stay off the public port) and /healthz only."""
+        and replica addresses stay off the public port), /healthz and /readyz only."""
         if path == "/healthz":
             return await _respond(send, *self._healthz())
+        if path == "/readyz":
+            return await _respond(send, *self._readyz())
         if path == "/metrics":
             return await _respond(send, *self._metrics_page())
         if not await self._to_mount(scope, receive, send, path):
@@ -241,6 +246,7 @@ class GatewayApp:
         self._tasks.append(asyncio.create_task(self._reap_drained(), name="kvgate-drain"))
         await self._start_scraper()
         await self._start_sync()
+        await self._start_doctor(gate)
         self._mount_admin(gate)
         if self.after_start is not None:
             await self.after_start(self)
@@ -342,7 +348,8 @@ class GatewayApp:
             raise ConfigError(str(exc)) from None
         live = LiveViews(self.pools, self.router, self.proxy.planner, gate, self.scraper,
                          self.clock)
-        deps = AdminDeps(self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain)
+        deps = AdminDeps(self.tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
+                         doctor=self.doctor.report if self.doctor is not None else None)
         self.metrics.registry.register(AuthGuardCollector(deps.guard))
         self.mount("/admin", guard_json_depth(create_admin_app(  # too deep: 400 first
             deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs")))
@@ -392,6 +399,17 @@ class GatewayApp:
             log.info("shared routing state on", extra={"member": self.sync.member})
         self.metrics.registry.register(SyncCollector(self.router, self.sync, self.clock))
 
+    async def _start_doctor(self, gate: TenantGate) -> None:
+        """`kvgate doctor`: the rolling history (gateway/doctor/) and its routing-time probe."""
+        assert self.proxy is not None
+        sync = self.sync
+        self.doctor = build_doctor(
+            self.cfg, self.router, self.metrics, self._described, self._scrape_errors,
+            redis_up=gate.redis_up, sync_degraded=lambda: sync.degraded if sync else None,
+            clock=self.clock)
+        self.proxy.prep.sharing = self.doctor.sharing
+        await self.doctor.start()
+
     def _own_loads(self) -> dict[str, ReplicaLoad]:
         """This process's own load per replica (published to the other gateways)."""
         pending = self.router.own_load
@@ -404,6 +422,8 @@ class GatewayApp:
     async def shutdown(self) -> None:
         self._unsubscribe()  # no policy version may start discovery sources any more
         self._unsubscribe = lambda: None
+        if self.doctor is not None:
+            await self.doctor.stop()
         if self.sync is not None:
             await self.sync.stop()
         for task in list(self._background):

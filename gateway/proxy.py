@@ -1,9 +1,10 @@
 """The hot path: one proxied OpenAI request, from body to relayed response.
 
-Per request: authenticate (in memory), read the body (size-limited), parse it once, admit it
-against the tenant's limits (one store round trip; none for a tenant without limits), plan
-the pool from the principal's policy snapshot (`Planner`: tier, spill-over, salted features),
-rewrite the body, ask the router, then try the decision's replica and its fallbacks. The
+Per request: authenticate (in memory), read the body (size-limited), then the step both
+edges share (`prepare.py`: parse it once, admit it against the tenant's limits -- one store
+round trip, none for a tenant without limits --, plan the pool from the principal's policy
+snapshot, rewrite the body, ask the router), then try the decision's replica and its
+fallbacks. The
 admission is settled with the real usage in a ``finally``. A connect error, a reset or one
 of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the client* moves
 on to the next replica (bounded by `max_attempts` and the pool's retry budget; a budget that
@@ -22,11 +23,9 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import replace
 from time import perf_counter
 
 from gateway.asgi import Receive, Scope, Send
-from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.config import KvgateConfig
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
@@ -36,21 +35,19 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
+from gateway.prepare import Preparer
 from gateway.relay import Relay, judge, stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
-from gateway.tenancy.planner import Planner
-from gateway.tenancy.resolver import Principal
 from gateway.timeouts import Canceller
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
-from routing.router import NoCandidate, Router
-from routing.types import Decision, ReplicaView
+from routing.router import Router
+from routing.types import Decision
 
 __all__ = ["KINDS", "Proxy"]
 
@@ -73,7 +70,6 @@ class Proxy:
         self._cfg = cfg
         self._pools = pools
         self._gate = gate
-        self.planner = Planner(pools, router.config, gate)
         self._router = router
         self._metrics = metrics
         self._clock = clock
@@ -81,6 +77,8 @@ class Proxy:
         self._up = cfg.upstream
         self._retry = frozenset(cfg.upstream.retry_statuses)
         self.responses = ResponseStore()
+        self.prep = Preparer(pools, router, metrics, clock, gate, self.responses)
+        self.planner = self.prep.planner
         self._relay = Relay(cfg, router, metrics, clock, self.responses)
         self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream)
         # request ids: a random per-process prefix + a counter (unique, and cheaper than
@@ -107,14 +105,7 @@ class Proxy:
                 return  # client disconnected before its body arrived
             await self._run(send, receive, req, decision, upstream_body)
         finally:
-            total = perf_counter() - req.t0
-            self._metrics.finished(
-                req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
-            )
-            if log.isEnabledFor(logging.INFO):
-                log_request(log, req, total)
-            if req.adm is not None:
-                await self._gate.finish(req.adm, req.settle_tokens())
+            await self.prep.finish(req, log)
 
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to its replica."""
@@ -141,63 +132,9 @@ class Proxy:
     async def _admit_and_prepare(
         self, req: ProxiedRequest, receive: Receive, declared: int | None, token: str | None
     ) -> tuple[Decision, bytes]:
-        gate = self._gate
-        principal = gate.principal(token)  # before the body: no key, no upload
-        req.tier, req.tenant = principal.tier, gate.labels(principal.tenant_id)
-        req.tenant_id = principal.tenant_id
+        principal = self.prep.identify(req, token)  # before the body: no key, no upload
         body = await read_body(receive, self._limit, declared)
-        parsed = req.parsed = parse_body(body, req.kind)
-        adm = await gate.admit(principal, parsed.prompt_tokens)
-        if adm is not None:
-            req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
-                         if k != "retry-after"]
-            if not adm.allowed:
-                self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
-                raise adm.error()
-            req.adm = adm
-        return self._prepare(req, principal, parsed)
-
-    def _prepare(
-        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody
-    ) -> tuple[Decision, bytes]:
-        now = self._clock()
-        plan = self.planner.plan(principal, parsed, req.kind, now)
-        pool = req.pool = plan.pool
-        req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
-        gate = self._gate
-        upstream_body, req.strip = rewrite_body(
-            parsed, req.kind, plan.served, cache_salt=gate.salt(principal),
-            priority=plan.priority, client_salt=gate.client_salt,
-            client_priority=gate.client_priority,
-        )
-        if plan.spilled:
-            self._metrics.spilled(principal.tier, plan.home, pool.name)
-        if req.kind == "responses" and (home := self._response_home(req, parsed)) is not None:
-            return Decision(home, (), "response-affinity"), upstream_body
-        try:
-            decision = self._router.pick(plan.features, plan.views, now)
-        except NoCandidate:
-            # every available replica is only backing off after busy 503s: try them anyway
-            # rather than answering 503 without asking
-            views = [v if v.healthy or not (r := pool.by_id.get(v.id)) or not r.available(now)
-                     else _healthy(v) for v in plan.views]
-            try:
-                decision = self._router.pick(plan.features, views, now)
-            except NoCandidate:
-                raise NoReplicaAvailable(
-                    f"No healthy replica for the model `{parsed.model}`.", retry_after=1
-                ) from None
-        return decision, upstream_body
-
-    def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
-        """The replica holding `previous_response_id`, when this gateway relayed it."""
-        prev = parsed.data.get("previous_response_id")
-        if not isinstance(prev, str):
-            return None
-        home = self.responses.home(prev, req.tenant_id)
-        if home is None or home.pool != req.pool.name or home.replica not in req.pool.by_id:
-            return None
-        return home.replica
+        return await self.prep.prepare(req, principal, body)
 
     # -- attempts ----------------------------------------------------------------------------
     async def _forward(
@@ -299,7 +236,3 @@ class Proxy:
         hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id)]
         await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
         await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
-
-
-def _healthy(view: ReplicaView) -> ReplicaView:
-    return replace(view, healthy=True)

@@ -131,7 +131,7 @@ class Relay:
         if scanner.usage:
             req.usage = scanner.usage
             req.used = _total(scanner.usage)
-            self._metrics.usage(req.pool.name, scanner.usage, req.tier)
+            self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
         await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
         return True
@@ -202,7 +202,7 @@ class Relay:
             if usage := body_usage(data):
                 req.usage = usage
                 req.used = _total(usage)
-                self._metrics.usage(req.pool.name, usage, req.tier)
+                self._metrics.usage(req.pool.name, usage, req.tier, req.tenant)
             if req.kind == "responses" and (rid := response_id(data)) is not None:
                 self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id)
         elif resp.status >= 400 and (shaped := openai_shaped(resp.status, data)) is not None:

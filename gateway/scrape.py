@@ -2,7 +2,9 @@
 
 `parse_vllm_metrics` turns one page into a `Sample`, reading the current vLLM names and, where
 a current name is absent, the deprecated one (``gpu_cache_usage_perc`` before 0.9.2,
-``gpu_prefix_cache_*`` before 0.9; names from vLLM's ``v1/metrics/loggers.py``). Counts and
+``gpu_prefix_cache_*`` before 0.9, ``time_per_output_token_seconds`` for the inter-token
+histogram; names from vLLM's ``v1/metrics/loggers.py``). Of the TTFT, inter-token and
+queue-time histograms only ``_sum`` and ``_count`` are read (`kvgate doctor`'s means). Counts and
 counters are summed over the ``engine`` label (one series per data-parallel rank); KV usage, a
 fraction, takes the fullest engine. Capacity comes from ``vllm:cache_config_info``: vLLM exports
 one series per engine and each already carries the total over the data-parallel engines
@@ -53,6 +55,15 @@ _SUMMED: dict[str, tuple[str, ...]] = {
     "prefill_seconds": ("vllm:request_prefill_time_seconds_sum",),
     "prefill_requests": ("vllm:request_prefill_time_seconds_count",),
     "prefill_computed_tokens": ("vllm:request_prefill_kv_computed_tokens_sum",),
+    # engine-side latency histograms: only their _sum and _count (means over a window, for
+    # `kvgate doctor`); seconds of the engine's own clock
+    "ttft_sum": ("vllm:time_to_first_token_seconds_sum",),
+    "ttft_count": ("vllm:time_to_first_token_seconds_count",),
+    "itl_sum": ("vllm:inter_token_latency_seconds_sum", "vllm:time_per_output_token_seconds_sum"),
+    "itl_count": (
+        "vllm:inter_token_latency_seconds_count", "vllm:time_per_output_token_seconds_count"),
+    "queue_time_sum": ("vllm:request_queue_time_seconds_sum",),
+    "queue_time_count": ("vllm:request_queue_time_seconds_count",),
 }
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"
@@ -78,6 +89,13 @@ class Sample:
     prefill_seconds: float | None = None  # request_prefill_time_seconds sum and count
     prefill_requests: float | None = None
     prefill_computed_tokens: float | None = None  # request_prefill_kv_computed_tokens sum
+    # counters: _sum and _count of the engine's TTFT, inter-token and queue-time histograms
+    ttft_sum: float | None = None
+    ttft_count: float | None = None
+    itl_sum: float | None = None
+    itl_count: float | None = None
+    queue_time_sum: float | None = None
+    queue_time_count: float | None = None
 
     def engine_counters(self) -> EngineCounters | None:
         """The cumulative prefill counters the router learns from (None: not exported).

@@ -19,7 +19,7 @@ import argparse
 import logging
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import uvicorn
@@ -65,7 +65,10 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(args: argparse.Namespace) -> KvgateConfig:
+def config_from_args(
+    args: argparse.Namespace, extra: Mapping[str, Mapping[str, Any]] | None = None
+) -> KvgateConfig:
+    """The configuration with the flags applied (`extra`: more section overrides)."""
     overrides: dict[str, Any] = {}
     if args.upstream:
         if args.config:
@@ -89,6 +92,8 @@ def config_from_args(args: argparse.Namespace) -> KvgateConfig:
         overrides["routing"] = {"policy": args.policy}
     if args.no_auth:
         overrides["tenancy"] = {"auth": False}
+    for section, values in (extra or {}).items():
+        overrides[section] = {**overrides.get(section, {}), **values}
     # --upstream replaces any file named by KVGATE_CONFIG: pass an empty path explicitly
     path = args.config if not args.upstream else ""
     return load_config(path, overrides=overrides, quick=bool(args.upstream))
@@ -153,11 +158,12 @@ class ListenError(Exception):
     """A listen address could not be bound; the message is the one line to print."""
 
 
-def bind_sockets(cfg: KvgateConfig) -> list[socket.socket]:
-    """Bind the API port (and the admin port) before anything starts, so a port in use is
-    reported in one line before any start-up log. One server (one app, one lifespan) serves
-    them all; the app tells the ports apart by each request's local port."""
-    ports = [cfg.server.port] + ([cfg.server.admin_port] if cfg.server.admin_port else [])
+def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[socket.socket]:
+    """Bind the API port (and the admin port), or `ports`, before anything starts, so a port
+    in use is reported in one line before any start-up log. One server (one app, one
+    lifespan) serves them all; the app tells the ports apart by each request's local port."""
+    if ports is None:
+        ports = [cfg.server.port] + ([cfg.server.admin_port] if cfg.server.admin_port else [])
     socks: list[socket.socket] = []
     for port in ports:
         family = socket.AF_INET6 if ":" in cfg.server.host else socket.AF_INET

@@ -20,7 +20,8 @@ from gateway.errors import (
     UpstreamTimeout,
     openai_shaped,
 )
-from gateway.pool import Pools
+from gateway.pool import Pool, Pools
+from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.transport import TRANSPORT_ERRORS
@@ -63,9 +64,9 @@ class StoredResponses:
         await send({"type": "http.response.start", "status": status, "headers": hdrs})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _forward(
-        self, path: str, method: str, scope: Scope, token: str | None
-    ) -> tuple[int, str, bytes, str]:
+    def locate(self, path: str, method: str, token: str | None) -> tuple[Pool, Replica]:
+        """The pool and replica holding the response `path` names, for the caller of `token`
+        (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too."""
         principal = self._gate.principal(token)
         m = _PATH.match(path)
         if m is None:
@@ -79,6 +80,12 @@ class StoredResponses:
         replica = pool.by_id.get(home.replica) if pool is not None and home is not None else None
         if pool is None or replica is None:
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
+        return pool, replica
+
+    async def _forward(
+        self, path: str, method: str, scope: Scope, token: str | None
+    ) -> tuple[int, str, bytes, str]:
+        pool, replica = self.locate(path, method, token)
         query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}

@@ -1,6 +1,7 @@
 """Routing quality benchmark: every policy and yardstick on the same workloads, offline.
 
     python -m loadtest.bench_replay [--trace PATH] [--limit N] [--only NAME ...] [--jobs 2]
+    python -m loadtest.bench_replay --render loadtest/results/routing.json   # report only
 
 Workloads (8 simulated replicas sized like an 8B model on one H100): the Mooncake conversation
 trace at its own arrival rate and at 1.5x, the synthetic multi-tenant workload (`kvgate replay
@@ -35,9 +36,13 @@ from routing.policies import REGISTRY, YARDSTICKS
 POLICIES = (*REGISTRY, *YARDSTICKS, "oracle")
 KV_SIZES = (262_144, 1_048_576)
 LOAD_FACTORS = (1.25, 2.0, 4.0)
-DEFAULT_TRACE = (
+# the whole one-hour conversation trace where the project's shared data sits beside the
+# checkout; else the 2-minute sample shipped in the repo
+_WHOLE_TRACE = (
     Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"
 )
+_SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+DEFAULT_TRACE = _WHOLE_TRACE if _WHOLE_TRACE.exists() else _SAMPLE_TRACE
 Row = dict[str, object]
 Task = tuple["Scenario", str, Path, int | None, float | None, int]
 
@@ -169,7 +174,61 @@ def markdown(doc: dict[str, object]) -> str:
             )
         lines.append("")
     lines += _gateways_markdown(doc)
+    lines += _targets_markdown(doc)
     return "\n".join(lines)
+
+
+def targets(rows: list[Row], me: str = "cache_aware") -> dict[str, object]:
+    """Issue 11's targets on one workload: ``me`` against the oracle (hit >= 0.95x, TTFT p99
+    <= 1.1x) and against every other deployable policy or peer rule (best hit, p50, p99)."""
+    mine = next(r for r in rows if r["policy"] == me)
+    others = [r for r in rows if r["policy"] not in (me, "oracle")]
+
+    def best(key: str, higher: bool) -> tuple[bool, str]:
+        if not others:
+            return True, ""
+        sign = 1.0 if higher else -1.0
+        top = max(others, key=lambda r: sign * float(str(r[key])))
+        ok = sign * float(str(mine[key])) >= sign * float(str(top[key]))
+        return ok, f"{top['policy']} {_f(top[key])}"
+
+    hit, p50, p99 = best("hit_rate", True), best("ttft_p50_s", False), best("ttft_p99_s", False)
+    vs_hit, vs_p99 = mine.get("hit_rate_vs_oracle"), mine.get("ttft_p99_vs_oracle")
+    return {
+        "hit_vs_oracle": vs_hit,
+        "hit_vs_oracle_ok": vs_hit is not None and float(str(vs_hit)) >= 0.95,
+        "p99_vs_oracle": vs_p99,
+        "p99_vs_oracle_ok": vs_p99 is not None and float(str(vs_p99)) <= 1.1,
+        "best_hit": hit[0], "best_other_hit": hit[1], "best_p50": p50[0],
+        "best_other_p50": p50[1], "best_p99": p99[0], "best_other_p99": p99[1],
+    }
+
+
+def _targets_markdown(doc: dict[str, object]) -> list[str]:
+    scenarios_ = doc["scenarios"]
+    assert isinstance(scenarios_, dict)
+    yes = {True: "yes", False: "**no**"}
+    lines = [
+        "## Targets (issue 11): cache_aware vs the oracle and the best other policy",
+        "",
+        "Best other = the best of every deployable policy and peer rule but cache_aware "
+        "(the oracle excluded).",
+        "",
+        "| workload | hit / oracle (>= 0.95) | p99 / oracle (<= 1.1) | best hit | best other hit "
+        "| best p50 | best other p50 | best p99 | best other p99 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in scenarios_.items():
+        if not any(r["policy"] == "cache_aware" for r in rows):
+            continue
+        t = targets(rows)
+        lines.append(
+            f"| {name} | {_f(t['hit_vs_oracle'])} {yes[bool(t['hit_vs_oracle_ok'])]} "
+            f"| {_f(t['p99_vs_oracle'])} {yes[bool(t['p99_vs_oracle_ok'])]} "
+            f"| {yes[bool(t['best_hit'])]} | {t['best_other_hit']} "
+            f"| {yes[bool(t['best_p50'])]} | {t['best_other_p50']} "
+            f"| {yes[bool(t['best_p99'])]} | {t['best_other_p99']} |")
+    return [*lines, ""]
 
 
 def _gateways_markdown(doc: dict[str, object]) -> list[str]:
@@ -226,13 +285,20 @@ def plot(doc: dict[str, object], path: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                   help=f"a Mooncake-format trace (default: {DEFAULT_TRACE.name})")
     p.add_argument("--limit", type=int, help="replay only the first N requests of each")
     p.add_argument("--only", nargs="*", help="these workloads only (names as in the report)")
     p.add_argument("--jobs", type=int, default=2, help="replays in parallel")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    p.add_argument("--render", type=Path, metavar="JSON",
+                   help="no replays: write the report and plot again from a routing.json")
     args = p.parse_args()
-    doc = run(args)
+    doc = orjson.loads(args.render.read_bytes()) if args.render else run(args)
+    by_scenario = doc["scenarios"]
+    assert isinstance(by_scenario, dict)
+    doc["targets"] = {name: targets(rows) for name, rows in by_scenario.items()
+                      if any(r["policy"] == "cache_aware" for r in rows)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "routing.json").write_bytes(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
     (args.out / "routing.md").write_text(markdown(doc))

@@ -1,7 +1,8 @@
 """The admin API as a router factory: ``make_admin_router(AdminDeps(...))``.
 
 Routes: tenants CRUD, key creation/revocation, salt
-rotation, the versioned policy document (ETag / If-Match), replicas, route explain, audit.
+rotation, the versioned policy document (ETag / If-Match), replicas, route explain, doctor
+(`GET /admin/doctor?window=5m`, gateway/doctor/), audit.
 Every change is audited with the admin token's id; failed authentications are throttled per
 client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
 creation. Times are ISO 8601 (UTC).
@@ -25,6 +26,7 @@ from gateway.admin.auth import AdminAuthError, AdminForbidden, AdminToken, check
 from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
+from gateway.doctor.render import parse_duration
 from gateway.policy import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.errors import BackendUnavailable, InvalidRequest, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
@@ -45,6 +47,7 @@ class AdminDeps:
     tokens: Sequence[AdminToken]
     replicas: Supplier | None = None  # live view of pools/replicas (the gateway supplies it)
     explain: Explainer | None = None  # dry-run routing of a request body
+    doctor: Callable[[float], Any] | None = None  # `kvgate doctor`: window seconds -> report
     clock: Callable[[], float] = time.time  # wall clock for audit timestamps
     guard: AuthGuard = field(default_factory=AuthGuard)  # failed-auth throttle and counters
 
@@ -257,6 +260,16 @@ def _ops_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         if ctx.deps.explain is None:
             raise NotFound("route explain is not available in this process")
         return await _maybe_await(ctx.deps.explain(body))
+
+    @router.get("/doctor")
+    async def doctor(who: Who, window: Annotated[str, Query(max_length=16)] = "5m") -> Any:
+        if ctx.deps.doctor is None:
+            raise NotFound("the doctor is not available in this process")
+        try:
+            seconds = parse_duration(window)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="window") from None
+        return await _maybe_await(ctx.deps.doctor(seconds))
 
     @router.get("/audit")
     async def audit(who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> dict[str, Any]:

@@ -31,13 +31,10 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from routing.peers import ReplicaLoad
 from routing.router import Router
@@ -47,7 +44,7 @@ __all__ = ["RouteSync", "SyncSettings", "SyncStats", "member_id"]
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # back-off after a failed Redis call
-_Entries = list[tuple[bytes, dict[bytes, bytes]]]  # a stream's entries as redis-py returns them
+_BLOCK_S = 0.5  # the reader's XREAD BLOCK
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -120,10 +117,8 @@ class RouteSync:
         self._stale_ms = int(settings.stale_after_s * 1000)
         self._tasks: list[asyncio.Task[None]] = []
         timeout = settings.timeout_s
-        self._redis: aioredis.Redis = aioredis.Redis.from_url(
-            redis_url, decode_responses=False, socket_timeout=timeout + 1.0,
-            socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), retry_on_timeout=False,
-        )
+        self._out = Link(redis_url, timeout, timeout)  # the publisher's
+        self._in = Link(redis_url, timeout, timeout + _BLOCK_S)  # the reader's (blocking)
         # peers' records arrive about a flush interval or two late: within that window the
         # gateways take turns over equally good replicas (routing.router.Router._turn)
         router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
@@ -159,10 +154,10 @@ class RouteSync:
                 await task
         self._tasks.clear()
         if self.stats.up:  # say goodbye so peers drop our load now, not after the timeout
-            with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
-                fields = encode(self.member, time.time(), [], {}, bye=True)
-                await asyncio.wait_for(self._xadd(fields), self.settings.timeout_s)
-        await self._redis.aclose()
+            with contextlib.suppress(RedisError, OSError):
+                await self._xadd(encode(self.member, time.time(), [], {}, bye=True))
+        await self._out.close()
+        await self._in.close()
 
     # -- publishing ---------------------------------------------------------------------------
     def _batch(self, now: float) -> dict[bytes, bytes] | None:
@@ -185,27 +180,37 @@ class RouteSync:
         return encode(self.member, time.time(), routes, changed)
 
     async def _xadd(self, fields: dict[bytes, bytes]) -> None:
-        await self._redis.xadd(
-            self.key, fields, maxlen=self.settings.stream_maxlen, approximate=True  # type: ignore[arg-type]
-        )
+        args = [x for kv in fields.items() for x in kv]
+        await self._out.call(b"XADD", self.key, b"MAXLEN", b"~", self.settings.stream_maxlen,
+                             b"*", *args)
 
     async def _publish_loop(self) -> None:
-        """Publish at once when the router queued a route (routes queued while a write is in
-        flight go in the next batch: batches grow with load), and every flush interval for
-        load changes."""
+        """A batch at once when the router queued a route or a request ended and the last
+        batch is older than the flush interval (a quiet gateway publishes without delay, so a
+        client's next turn finds every gateway informed); under load, one batch per flush
+        interval, so batches grow with the load and Redis calls do not. Every interval also
+        looks for load changes and heartbeats."""
+        loop = asyncio.get_running_loop()
         interval = self.settings.flush_interval_s
         wake = self._wake
+        last = float("-inf")
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), interval)
+            if not wake.is_set():
+                tick = loop.call_later(interval, wake.set)
+                await wake.wait()
+                tick.cancel()
             wake.clear()
+            early = last + interval - loop.time()
+            if early > 0:
+                await asyncio.sleep(early)
+            last = loop.time()
             fields = self._batch(self._clock())
             if fields is None:
                 continue
             try:
-                await asyncio.wait_for(self._xadd(fields), self.settings.timeout_s)
+                await self._xadd(fields)
                 self.stats.published += 1
-            except (TimeoutError, RedisError, OSError) as exc:
+            except (RedisError, OSError) as exc:
                 if b"r" in fields:
                     self.stats.drop("unpublished", 1)
                 self._published.clear()  # re-send the whole load once Redis is back
@@ -217,23 +222,24 @@ class RouteSync:
     async def _catch_up(self) -> None:
         """Apply the routes of the recent entries (their loads are old: not applied)."""
         n = self.settings.catchup_entries
-        entries = cast(_Entries, await self._redis.xrevrange(self.key, count=n)) if n else []
-        if not entries:
+        found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n)
+                        ) if n else []
+        if not found:
             self._last_id = b"0-0"  # an empty stream: read from its start
             return
-        self._last_id = entries[0][0]
-        for _, fields in reversed(entries):
+        self._last_id = found[0][0]
+        for _, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
                 self._apply_routes(batch)
 
     async def _read_loop(self) -> None:
-        block_ms = int(min(self.settings.timeout_s, 0.5) * 1000)
+        block_ms = int(_BLOCK_S * 1000)
         count = self.settings.max_entries_per_tick
         while True:
             try:
-                reply = cast(list[tuple[bytes, _Entries]], await self._redis.xread(
-                    {self.key: self._last_id}, count=count, block=block_ms))
+                reply = await self._in.call(b"XREAD", b"COUNT", count, b"BLOCK", block_ms,
+                                            b"STREAMS", self.key, self._last_id)
                 if not self.stats.up:
                     log.info("shared routing state: Redis reachable again")
                 self.stats.up = True
@@ -241,9 +247,10 @@ class RouteSync:
                 self._down("read", exc)
                 await asyncio.sleep(RETRY_S)
                 continue
-            for _, entries in reply or ():
-                newest = _ms(entries[-1][0])
-                for entry_id, fields in entries:
+            for _, raw in reply or ():  # type: ignore[attr-defined]
+                batch = entries(raw)
+                newest = _ms(batch[-1][0])
+                for entry_id, fields in batch:
                     self._last_id = entry_id
                     # loads older than the staleness bound (a backlog after an outage) are
                     # history: their routes still count, their loads do not (Redis's clock)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -127,12 +128,13 @@ def run_offline(
     reference: float,
     load_factor: float | None = None,
     gateways: GatewaySpec | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> dict[str, object]:
     cfg = RouterConfig(policy=policy)
     if load_factor is not None:
         cfg = RouterConfig(policy=policy, load_factor=load_factor)
     spec = gateways or GatewaySpec()
-    res = replay_offline(reqs, fleet, cfg, spec)
+    res = replay_offline(reqs, fleet, cfg, spec, progress=progress)
     out = summarize(
         policy=policy,
         outcomes=res.outcomes,
@@ -243,7 +245,8 @@ def _main(args: argparse.Namespace) -> int:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
             gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3)
-            summary = run_offline(reqs, fleet, policy, ref, gateways=gateways)
+            summary = run_offline(reqs, fleet, policy, ref, gateways=gateways,
+                                  progress=progress.step)
             progress.close()
             summary["mode"] = "offline"
         else:

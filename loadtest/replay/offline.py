@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loadtest.replay.blocks import unit_hashes
@@ -311,8 +311,12 @@ def replay_offline(
     fleet: FleetSpec,
     router_config: RouterConfig,
     gateways: GatewaySpec | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> OfflineResult:
-    """Replay `requests` (sorted by arrival) through `fleet` under `router_config`."""
+    """Replay `requests` (sorted by arrival) through `fleet` under `router_config`.
+
+    `progress`, when given, is called with 1 after each request is routed (e.g.
+    `loadtest.replay.report.Progress.step`)."""
     spec = gateways or GatewaySpec()
     cfg = fleet.engine_config()
     replicas = [_Replica(f"replica-{i}", Engine(cfg)) for i in range(fleet.replicas)]
@@ -331,6 +335,8 @@ def replay_offline(
     for i, req in order:
         _advance(sim, req.arrival_s)
         _route(sim, i, req, gws[pick_gateway(len(gws))] if len(gws) > 1 else gws[0])
+        if progress is not None:
+            progress(1)
     _advance(sim, float("inf"))
     stats = [r.engine.stats for r in replicas]
     return OfflineResult(

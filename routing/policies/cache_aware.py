@@ -23,7 +23,8 @@ The minimum wins among the replicas the bounded-load rule admits; costs within
 ``tie_quantum_s`` or ``tie_relative`` of each other tie, and ties go to a stable hash of
 (prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
 views arrive in. Several gateways blind to each other's latest picks take turns among the
-candidates about as cheap as the cheapest (`PickContext.turn`).
+candidates about as cheap as the cheapest that hold the longest prefix of them
+(`PickContext.turn`).
 """
 
 from __future__ import annotations
@@ -143,19 +144,23 @@ class CacheAware:
         return decide([r[3].id for r in ordered], reason, ranked)
 
     def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
-        """Several gateways: among the admitted candidates about as cheap as the cheapest, the
-        one whose turn it is in the order all gateways agree on (`Router._turn`), so that
-        gateways blind to each other's latest picks do not all take the same replica."""
+        """Several gateways: among the admitted candidates about as cheap as the cheapest and
+        holding the longest prefix of those, the one whose turn it is in the order all
+        gateways agree on (`Router._turn`), so that gateways blind to each other's latest
+        picks do not all take the same replica. A turn never gives up a predicted hit: a
+        conversation's next turn stays on its holder when others are about as cheap."""
         st = self._state
         margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
         good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
-        near = {r[3].id: r for r in admitted if r[2] <= good}
+        close = [r for r in admitted if r[2] <= good]
+        longest = max(r[4] for r in close)
+        near = {r[3].id: r for r in close if r[4] == longest}
         order = ctx.turn_order
         for i in range(len(order)):
             r = near.get(order[(ctx.turn + i) % len(order)])
             if r is not None:
                 return [r] + [x for x in admitted if x is not r]
-        return admitted  # pragma: no cover - the cheapest is always near
+        return admitted  # pragma: no cover - `near` is never empty
 
     def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block

@@ -223,7 +223,7 @@ def test_policy_changes_reach_both_gateways_and_bad_documents_are_refused(stack:
         try:
             for gw in (0, 1):
                 wait_for(lambda gw=gw: chat(stack.client(free, gw)).parse().model == "m-fp8",
-                         1.0, f"policy on gw{gw}")
+                         what=f"policy on gw{gw}")
             versions = {metric_values(gw, "kvgate_policy_version")[""] for gw in stack.gateways}
             assert versions == {float(put.headers["etag"].strip('"'))}
         finally:
@@ -295,6 +295,52 @@ def test_a_policy_that_adds_a_pool_is_served_by_both_gateways(stack: Stack) -> N
             assert restored.status_code == 200
         for gw in (0, 1):
             wait_for(lambda gw=gw: not served(gw), what=f"the pool gone on gw{gw}")
+
+
+def test_a_policy_that_changes_a_pools_replicas_and_served_name_is_followed(
+    stack: Stack,
+) -> None:
+    """A new policy version re-lists an existing pool's replicas, then renames the model it
+    serves: both gateways follow each change (no restart), and the replica gets the new name."""
+    same_proc, same = sim_proc(None, *SIM_ARGS, model="m-awq")  # another replica, same model
+    renamed_proc, renamed = sim_proc(None, *SIM_ARGS, model="m-awq-v2")
+    _, key = stack.tenant("free")  # the free tier's pool is "awq"
+
+    def answered_by(gw: int) -> tuple[str, str, str]:
+        raw = chat(stack.client(key, gw))
+        replica = "http://" + raw.headers["x-kvgate-replica"].partition("/")[2]
+        return replica, raw.parse().model, raw.headers["x-request-id"]
+
+    with same_proc, renamed_proc, admin_client(stack.gateways[0], ADMIN) as admin:
+        current = admin.get("/policy")
+        doc = current.json()
+        version = current.headers["etag"]
+
+        def put(awq: dict[str, Any]) -> str:
+            nonlocal version
+            changed = {**doc, "pools": {**doc["pools"], "awq": {**doc["pools"]["awq"], **awq}}}
+            resp = admin.put("/policy", json=changed, headers={"If-Match": version})
+            assert resp.status_code == 200, resp.text
+            version = resp.headers["etag"]
+            return version
+
+        try:
+            put({"replicas": [same]})  # the replicas change, the served name does not
+            for gw in (0, 1):
+                wait_for(lambda gw=gw: answered_by(gw)[:2] == (same, "m-awq"),
+                         what=f"the re-listed replica on gw{gw}")
+            put({"replicas": [renamed], "served_model": "m-awq-v2"})
+            for gw in (0, 1):
+                wait_for(lambda gw=gw: answered_by(gw)[:2] == (renamed, "m-awq-v2"),
+                         what=f"the new served name on gw{gw}")
+            _, _, rid = answered_by(1)
+            assert received(renamed, rid)["model"] == "m-awq-v2"
+        finally:
+            restored = admin.put("/policy", json=doc, headers={"If-Match": version})
+            assert restored.status_code == 200, restored.text
+        for gw in (0, 1):
+            wait_for(lambda gw=gw: answered_by(gw)[:2] == (stack.awq, "m-awq"),
+                     what=f"the original pool on gw{gw}")
 
 
 OPERATOR_BODY = {"request_id": "op-req-1", "kv_transfer_params": {"do_remote_prefill": True},

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import socket
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -148,6 +149,31 @@ def test_logs_have_no_colour_and_no_false_recovery(sim_factory: SimFactory, fmt:
         for line in out.splitlines():
             if line.startswith("{"):
                 orjson.loads(line)
+
+
+def test_no_false_recovery_at_a_normal_start_with_redis(sim_factory: SimFactory,
+                                                        redis_url: str) -> None:
+    """With Redis (tenancy store, shared limits, shared routing state) a normal start and
+    traffic log no "reachable again": nothing was ever unreachable."""
+    _, sim = sim_factory("--time-scale", "50")
+    admin_token = "admin-token-0123456789"
+    gw, base = gateway_proc(upstreams=[sim], auth=True, args=["--log-level", "info"], env={
+        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": admin_token,
+        "KVGATE_REDIS_URL": redis_url})
+    with gw, admin_client(base, admin_token) as admin:
+        ready = httpx.get(f"{base}/readyz").json()
+        assert ready["tenancy"]["store"] == "redis" and not ready["degraded"], ready
+        assert admin.post("/tenants", json={"id": "t", "tier": "default",
+                                            "limits": {"rpm": 100}}).status_code == 201
+        key = admin.post("/tenants/t/keys").json()["key"]
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        for _ in range(3):
+            assert c.completions.create(model="sim-model", prompt="x", max_tokens=2).choices
+        time.sleep(1.5)  # a few refreshes of the tenancy state and reads of the routing stream
+        assert gw.stop() == 0
+        out = gw.output()
+    assert "gateway started" in out
+    assert "reachable again" not in out and "unreachable" not in out
 
 
 def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimFactory) -> None:

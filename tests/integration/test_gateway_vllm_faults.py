@@ -149,7 +149,16 @@ async def test_retry_budget_exhausted_is_503_with_retry_after(sim_factory: SimFa
             answers = await asyncio.gather(*(http.post(
                 f"{base}/v1/completions", json={"model": MODEL, "prompt": f"p{i}"})
                 for i in range(8)))
-    assert [r.status_code for r in answers] == [503] * 8  # never a 502 "answered 503"
+            # the one reserve retry is spent and the ratio adds nothing: from now on no
+            # request is retried, each gets its first replica's busy 503 (with Retry-After)
+            spent = sum(retries(base).values())
+            for i in range(6):
+                later = await http.post(f"{base}/v1/completions",
+                                        json={"model": MODEL, "prompt": f"q{i}"})
+                assert later.status_code == 503 and later.headers["retry-after"] == "1"
+                answers.append(later)
+            assert sum(retries(base).values()) == spent  # a disabled budget retries each
+    assert [r.status_code for r in answers] == [503] * 14  # never a 502 "answered 503"
     assert all(r.headers.get("retry-after") == "1" for r in answers)
     assert all(r.json()["error"]["type"] for r in answers)
 

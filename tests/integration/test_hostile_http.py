@@ -11,7 +11,8 @@ import pytest
 
 from tests.support.gateway import gateway_proc
 
-LIMITS = {"KVGATE_SERVER__HEADER_TIMEOUT_S": "1", "KVGATE_SERVER__BODY_TIMEOUT_S": "1"}
+LIMITS = {"KVGATE_SERVER__HEADER_TIMEOUT_S": "1", "KVGATE_SERVER__BODY_TIMEOUT_S": "1",
+          "KVGATE_SERVER__MAX_HEADER_BYTES": "32768"}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,18 @@ def test_an_8_mib_header_gets_431(port: int) -> None:
                             + b"a" * (8 << 20) + b"\r\n\r\n")
     assert status == 431
     assert "exceed" in body["error"]["message"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize("where", ["header", "url"])
+def test_a_whole_request_over_the_limit_in_one_read_gets_431(port: int, where: str) -> None:
+    """40 KiB of request line or headers in one write, with nothing after them (a GET): the
+    parser sees the complete request at once, and the limit (32 KiB here) still holds."""
+    big = b"a" * (40 << 10)
+    request = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + big + b"\r\n\r\n"
+               if where == "header" else b"GET /healthz?q=" + big + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, body = exchange(port, request)
+    assert status == 431, body
+    assert "32768 bytes" in body["error"]["message"]  # type: ignore[index]
 
 
 def test_100k_headers_get_431(port: int) -> None:

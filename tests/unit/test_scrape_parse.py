@@ -78,6 +78,8 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="qwen-fp8"} 0.99
                 block_size=16,
                 num_gpu_blocks=28_000,
                 legacy_names=False,
+                ttft_sum=141.7,
+                ttft_count=1602.0,
             ),
         ),
         (
@@ -97,6 +99,26 @@ vllm:gpu_cache_usage_perc{engine="0",model_name="qwen-fp8"} 0.99
 )
 def test_parse(text: str, expected: Sample) -> None:
     assert parse_vllm_metrics(text) == expected
+
+
+def test_latency_histograms_sum_and_count_current_and_deprecated_names() -> None:
+    page = """\
+vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 4.0
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.5
+vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 10.0
+vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 1.5
+vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 30.0
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 2.0
+vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 8.0
+"""
+    s = parse_vllm_metrics(page)
+    assert (s.itl_sum, s.itl_count) == (2.0, 40.0)  # summed over the engines
+    assert (s.queue_time_sum, s.queue_time_count) == (2.0, 8.0)
+    assert s.ttft_sum is None and not s.legacy_names
+    old = parse_vllm_metrics(
+        'vllm:time_per_output_token_seconds_sum{model_name="m"} 3.0\n'
+        'vllm:time_per_output_token_seconds_count{model_name="m"} 60.0\n')
+    assert (old.itl_sum, old.itl_count, old.legacy_names) == (3.0, 60.0, True)
 
 
 def test_current_name_wins_over_deprecated() -> None:

@@ -59,19 +59,26 @@ def _features(hashes: tuple[int, ...], tokens: int = 0) -> RequestFeatures:
                            prompt_tokens=tokens or 64 * len(hashes) + 10, prefix_key=hashes[-1])
 
 
-def test_a_peers_route_attracts_the_next_turn() -> None:
+@pytest.mark.parametrize(("blocks", "window_s"), [(40, 0.0), (40, 0.01), (3, 0.01)])
+def test_a_peers_route_attracts_the_next_turn(blocks: int, window_s: float) -> None:
+    """Also with a sync window (gateways taking turns) and a prompt so short that every
+    replica costs about the same: a turn never takes a conversation off its holder."""
     gw_a, gw_b = Router(RouterConfig()), Router(RouterConfig())
-    gw_a.enable_sharing(2.0, "a")
-    gw_b.enable_sharing(2.0, "b")
-    chain = tuple(range(100, 140))
+    gw_a.enable_sharing(2.0, "a", window_s)
+    gw_b.enable_sharing(2.0, "b", window_s)
+    gw_a.apply_peer_load("b", {}, 0.0)  # each knows the other
+    gw_b.apply_peer_load("a", {}, 0.0)
+    chain = tuple(range(100, 100 + blocks))
     first = gw_a.pick(_features(chain), _views(), 0.0)
     gw_a.record_route(first.replica, _features(chain), 0.0)
     outbox = gw_a.drain_outbox()
     assert outbox == [RouteRecord(first.replica, chain, 0)] and gw_a.drain_outbox() == []
     gw_b.apply_peer_routes(outbox, "a")
-    nxt = gw_b.pick(_features((*chain, 999)), _views(), 0.1)
-    assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
-    assert gw_b.peer_decisions == 1
+    for t in range(4):  # the following turns, whichever gateway has its turn
+        nxt = gw_b.pick(_features((*chain, 999 + t)), _views(), 0.1 + 0.001 * t)
+        assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
+        gw_b.record_route(nxt.replica, _features((*chain, 999 + t)), 0.1 + 0.001 * t)
+    assert gw_b.peer_decisions >= 1
 
 
 TIGHT = RouterConfig(load_factor=1.25, load_slack=1.0)  # a bound that binds at small loads

@@ -1,0 +1,53 @@
+"""`kvgate doctor`: the serving SOP's triage, automated, and the cache's return per tenant.
+
+| module | role |
+|---|---|
+| `thresholds.py` | the one threshold table (docs/doctor.md shows it); config overrides by name |
+| `history.py` | the rolling history: a compact tick per ``doctor.interval_s``; the `Sampler` task |
+| `sharing.py` | prefix sharing the traffic allows, sampled at routing time (25-50 requests/s) |
+| `window.py` | a window of ticks reduced to numbers per replica, pool, process and tenant |
+| `classify.py` | pure rules: findings (class, severity, evidence, one action) |
+| `cache.py` | cache return per tenant and per pool, with a verdict |
+| `service.py` | `Doctor`: sampler + `report(window_s)` (`GET /admin/doctor`) |
+| `render.py` | text tables (stdlib only), duration parsing |
+| `cli.py` | `kvgate doctor --url ... [--window 5m] [--json] [--cache]` |
+
+Importing the package imports none of them (the CLI stays light).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from gateway.config import KvgateConfig
+    from gateway.doctor.service import Doctor
+    from gateway.metrics import GatewayMetrics
+    from gateway.replicas import Replica
+    from routing.router import Router
+
+__all__ = ["build_doctor"]
+
+
+def build_doctor(
+    cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
+    replicas: Callable[[], Iterable[Replica]], scrape_errors: Callable[[str], int], *,
+    redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
+    clock: Callable[[], float],
+) -> Doctor:
+    """The doctor of a gateway app (its lifespan starts and stops it)."""
+    from gateway.doctor.classify import Context
+    from gateway.doctor.history import Sources
+    from gateway.doctor.service import Doctor, DoctorSettings
+    from gateway.doctor.sharing import PrefixSharing
+
+    dc, rc = cfg.doctor, cfg.routing
+    src = Sources(replicas=replicas, metrics=metrics, router=router,
+                  sharing=PrefixSharing(router), scrape_errors=scrape_errors,
+                  redis_up=redis_up, sync_degraded=sync_degraded)
+    ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
+                  scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s)
+    settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
+    return Doctor(src, settings, ctx, clock, workers=cfg.server.workers)

@@ -1,0 +1,112 @@
+"""`kvgate doctor`: ask a running gateway for its diagnosis.
+
+    kvgate doctor --url URL [--admin-token TOKEN] [--window 5m] [--json] [--cache]
+
+Reads ``GET /admin/doctor?window=...`` (admin token from ``--admin-token`` or
+``$KVGATE_ADMIN_TOKEN``) and prints the findings as a table, worst first (``--cache``: the
+cache return per tenant and pool instead; ``--json``: the whole report as JSON). Every error
+is one line on stderr: exit status 2 for usage (bad flags, no token, a bad window), 1 when
+the gateway cannot be reached or refuses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+import httpx
+
+from gateway.doctor.render import parse_duration, render_cache, render_findings
+
+__all__ = ["main"]
+
+PROG = "kvgate doctor"
+
+
+class _Usage(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
+        raise _Usage(f"{message} (see `{PROG} --help`)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description="Diagnose a running kvgate gateway and its replicas: "
+                "findings per pool and replica (class, severity, evidence, one action).")
+    p.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="the gateway (or its admin port): default %(default)s")
+    p.add_argument("--admin-token", help="admin token (default: $KVGATE_ADMIN_TOKEN)")
+    p.add_argument("--window", default="5m",
+                   help="how far back to look: 30s, 5m, 1h (default %(default)s; at most the "
+                        "gateway's doctor.history_s)")
+    p.add_argument("--json", action="store_true", help="the whole report as JSON")
+    p.add_argument("--cache", action="store_true",
+                   help="the cache return per tenant and pool instead of the findings")
+    p.add_argument("--timeout", type=float, default=15.0, help="seconds (default %(default)s)")
+    return p
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
+    response = httpx.get(f"{url}/admin/doctor", params={"window": window},
+                         headers={"authorization": f"Bearer {token}"}, timeout=timeout)
+    try:
+        payload = response.json()
+    except ValueError:
+        payload = None
+    if response.is_error:
+        message = None
+        if isinstance(payload, dict):
+            message = (payload.get("error") or {}).get("message")
+        hint = " (a kvgate gateway with `kvgate doctor` support?)" \
+            if response.status_code == 404 else ""
+        raise RuntimeError(f"{url}: HTTP {response.status_code}: "
+                           f"{message or response.reason_phrase}{hint}")
+    if not isinstance(payload, dict) or payload.get("object") != "doctor":
+        raise RuntimeError(f"{url} did not answer with a doctor report (is it a kvgate gateway?)")
+    return payload
+
+
+def main(argv: list[str]) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        parse_duration(args.window)
+        if args.timeout <= 0:
+            raise _Usage("--timeout must be positive")
+    except _Usage as exc:
+        return _fail(str(exc), 2)
+    except ValueError as exc:
+        return _fail(f"--window: {exc}", 2)
+    except SystemExit as exc:  # --help
+        return int(exc.code or 0)
+    token = args.admin_token or os.environ.get("KVGATE_ADMIN_TOKEN", "")
+    if not token:
+        return _fail("no admin token: pass --admin-token or set KVGATE_ADMIN_TOKEN", 2)
+    url = args.url.rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        return _fail(f"--url {args.url!r}: expected http://HOST:PORT", 2)
+    try:
+        report = _fetch(url, token, args.window, args.timeout)
+    except httpx.TimeoutException:
+        return _fail(f"{url} did not answer within {args.timeout:g} s", 1)
+    except httpx.HTTPError as exc:
+        reason = str(exc) or type(exc).__name__
+        return _fail(f"cannot reach {url}: {reason}", 1)
+    except RuntimeError as exc:
+        return _fail(str(exc), 1)
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=False))
+    elif args.cache:
+        print(render_cache(report, url))
+    else:
+        print(render_findings(report, url))
+    return 0

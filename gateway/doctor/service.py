@@ -1,0 +1,108 @@
+"""The doctor as the running gateway holds it: the sampler (owned by the app's lifespan) and
+``report(window_s)``, which `GET /admin/doctor` answers with.
+
+A report takes one more snapshot "now", reduces the history's window to numbers
+(`window.summarise`), classifies them (`classify.classify`) and computes the cache return
+(`cache.cache_return`). The reduction runs in a worker thread on a copy of the tick list, so a
+15-minute window never holds the event loop for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from gateway import __version__
+from gateway.doctor.cache import cache_return
+from gateway.doctor.classify import Context, classify
+from gateway.doctor.history import History, Sampler, Sources, Tick
+from gateway.doctor.render import iso
+from gateway.doctor.thresholds import Thresholds
+from gateway.doctor.window import summarise
+
+__all__ = ["Doctor", "DoctorSettings"]
+
+
+@dataclass(frozen=True)
+class DoctorSettings:
+    interval_s: float = 1.0
+    history_s: float = 900.0
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+
+
+class Doctor:
+    def __init__(
+        self, src: Sources, settings: DoctorSettings, ctx: Context,
+        clock: Callable[[], float] = time.monotonic, workers: int = 1,
+    ) -> None:
+        self.settings = settings
+        self.thresholds = Thresholds(settings.thresholds)
+        self.ctx = ctx
+        self.workers = workers
+        self.history = History(settings.interval_s, settings.history_s)
+        self.sharing = src.sharing  # routing decisions feed it (sampled, 25-50/s)
+        self.sampler = Sampler(src, self.history, clock)
+
+    async def start(self) -> None:
+        await self.sampler.start()
+
+    async def stop(self) -> None:
+        await self.sampler.stop()
+
+    async def report(self, window_s: float) -> dict[str, Any]:
+        """The findings and the cache return over the last ``window_s`` seconds."""
+        if not window_s > 0:
+            raise ValueError("window: must be positive")
+        ticks = [*self.history.ticks, self.sampler.now()]
+        return await asyncio.to_thread(self.build, ticks, window_s)
+
+    def build(self, ticks: list[Tick], window_s: float) -> dict[str, Any]:
+        th, h = self.thresholds, self.history
+        asked, window_s = window_s, min(window_s, h.history_s)
+        w = summarise(ticks, window_s, self.ctx.stale_after_s)
+        findings = classify(w, th, self.ctx)
+        tenants, pools = cache_return(w, th)
+        worst = findings[0].severity if findings else "ok"
+        short = w.span_s + self.settings.interval_s < window_s
+        return {
+            "object": "doctor",
+            "version": __version__,
+            "generated_at": iso(w.end_wall),
+            "process": {"pid": os.getpid(), "workers": self.workers},
+            "window": {
+                "requested_s": window_s, "covered_s": round(w.span_s, 3),
+                "asked_s": asked, "max_s": h.history_s,
+                "start": iso(w.start_wall), "end": iso(w.end_wall), "samples": w.ticks,
+                "interval_s": self.settings.interval_s,
+                "short": short,
+            },
+            "history": {
+                "started_at": iso(h.started_wall), "max_s": h.history_s,
+                "note": "kept in the gateway process: a restart starts a new history"
+                        + ("; each worker process keeps its own" if self.workers > 1 else ""),
+            },
+            "worst": worst,
+            "findings": [f.as_dict() for f in findings],
+            "replicas": [_clean(asdict(r) | {"hit_rate": r.hit_rate, "mean_prompt": r.mean_prompt})
+                         for r in w.replicas],
+            "pools": [_clean({k: v for k, v in asdict(p).items() if k != "replicas"} | {
+                "engine_hit_rate": p.engine_hit_rate, "potential_hit_rate": p.potential_hit_rate,
+                "routed_hit_rate": p.routed_hit_rate}) for p in w.pools],
+            "process_stats": _clean(asdict(w.gateway)),
+            "cache": {
+                "window_s": round(w.tenant_span_s, 3),
+                "tenants": [r.as_dict() for r in tenants],
+                "pools": [r.as_dict() for r in pools],
+            },
+            "thresholds": th.as_dict(),
+        }
+
+
+def _clean(d: dict[str, Any]) -> dict[str, Any]:
+    """NaN (unknown) as null, for JSON."""
+    return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in d.items()}

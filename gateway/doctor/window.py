@@ -1,0 +1,352 @@
+"""A window of the history reduced to numbers: per replica, per pool, for the process and per
+tenant (pure functions over ticks; no clock, no I/O).
+
+The window is the ticks after the last tick at or before ``end - window_s`` (that tick is the
+baseline counters are measured from). Gauges (waiting, running, KV usage, in flight) are
+summarised over the window's ticks; counters are increases, summed step by step so that a
+counter that went backwards (an engine restart, a replica that rejoined) counts from zero
+again instead of going negative, as Prometheus' ``increase`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+
+from gateway.doctor.history import GW, OVERHEAD_BOUNDS, POOL, REP, TTFT_BOUNDS, Tick
+
+__all__ = [
+    "GatewayStats", "PoolStats", "ReplicaStats", "TenantStats", "Window", "histogram_quantile",
+    "increase", "summarise",
+]
+
+
+def increase(values: Sequence[float]) -> float:
+    """Increase of a cumulative counter over consecutive readings (NaN = not read)."""
+    total = 0.0
+    last = math.nan
+    for v in values:
+        if math.isnan(v):
+            continue
+        if not math.isnan(last):
+            total += v - last if v >= last else v
+        last = v
+    return total
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den > 0 else math.nan
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], cumulative: Sequence[float]) -> float:
+    """Prometheus' histogram_quantile over cumulative bucket counts (``le`` order); a rank in
+    the +Inf bucket answers the highest finite bound."""
+    total = cumulative[-1] if cumulative else 0.0
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in zip(bounds, cumulative, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return prev_bound
+            if count == prev_count:
+                return bound
+            return prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+        prev_bound, prev_count = bound, count
+    return prev_bound
+
+
+@dataclass
+class ReplicaStats:
+    id: str
+    pool: str
+    samples: int = 0  # ticks in the window where the replica was listed
+    span_s: float = 0.0  # seconds of the window it was listed for
+    fresh: int = 0  # of those, with a scrape younger than routing.stale_after_s
+    healthy_share: float = math.nan
+    draining: bool = False
+    inflight_mean: float = math.nan
+    inflight_max: float = math.nan
+    waiting_share: float = math.nan  # of fresh samples, waiting > 0
+    waiting_mean: float = math.nan
+    running_mean: float = math.nan
+    running_max: float = math.nan
+    running_when_waiting: float = math.nan  # highest running count while requests waited
+    kv_p90: float = math.nan
+    kv_mean: float = math.nan
+    kv_max: float = math.nan
+    preemptions: float = 0.0
+    queries: float = 0.0
+    hits: float = 0.0
+    prompt_tokens: float = 0.0
+    generation_tokens: float = 0.0
+    requests: float = math.nan  # engine TTFT observations (requests that started)
+    ttft_mean: float = math.nan
+    itl_mean: float = math.nan
+    itl_n: float = 0.0
+    queue_mean: float = math.nan
+    scrape_errors: float = 0.0
+    stale_share: float = math.nan
+    prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
+    capacity_tokens: float = math.nan
+
+    @property
+    def hit_rate(self) -> float:
+        return _ratio(self.hits, self.queries)
+
+    @property
+    def mean_prompt(self) -> float:
+        return _ratio(self.prompt_tokens, self.requests)
+
+    @property
+    def time_per_request(self) -> float:
+        """Seconds a request spends in flight here, by Little's law (mean in flight /
+        requests per second): kvgate's whole view of the replica, network included."""
+        return _ratio(self.inflight_mean, _ratio(self.requests, self.span_s))
+
+
+@dataclass
+class PoolStats:
+    name: str
+    samples: int = 0  # ticks in the window
+    requests: float = 0.0
+    errors: float = 0.0
+    overflow: float = 0.0
+    spilled: float = 0.0
+    prompt_tokens: float = 0.0  # from upstream usage
+    cached_tokens: float = 0.0
+    share_n: float = 0.0  # sampled routing decisions (sharing.py)
+    share_prompt: float = 0.0
+    share_best: float = 0.0
+    share_chosen: float = 0.0
+    ttft_p90_client: float = math.nan  # kvgate_ttft_seconds, as clients see it (streams)
+    ttft_n_client: float = 0.0
+    e2e_p90_client: float = math.nan  # kvgate_request_duration_seconds
+    replicas: list[ReplicaStats] = field(default_factory=list)
+
+    @property
+    def engine_hit_rate(self) -> float:
+        return _ratio(sum(r.hits for r in self.replicas), sum(r.queries for r in self.replicas))
+
+    @property
+    def potential_hit_rate(self) -> float:
+        return _ratio(self.share_best, self.share_prompt)
+
+    @property
+    def routed_hit_rate(self) -> float:
+        return _ratio(self.share_chosen, self.share_prompt)
+
+
+@dataclass
+class GatewayStats:
+    cpu_share: float = math.nan  # CPU seconds per wall second of this process
+    overhead_p99: float = math.nan
+    overhead_n: float = 0.0
+    redis_up: float = math.nan  # last tick: 1, 0, NaN (no Redis)
+    redis_down_s: float = 0.0
+    sync_degraded: float = math.nan  # last tick: 1, 0, NaN (no shared routing state)
+    sync_degraded_s: float = 0.0
+
+
+@dataclass
+class TenantStats:
+    tenant: str
+    pool: str
+    requests: float
+    prompt_tokens: float
+    cached_tokens: float
+    cached_reported: float  # requests whose usage carried cached_tokens
+
+
+@dataclass
+class Window:
+    requested_s: float
+    span_s: float  # what the history covers of it (less just after a start)
+    start_wall: float
+    end_wall: float
+    ticks: int
+    replicas: list[ReplicaStats]
+    pools: list[PoolStats]
+    gateway: GatewayStats
+    tenants: list[TenantStats]
+    tenant_span_s: float
+
+
+def _baseline(ticks: Sequence[Tick], start: float) -> int:
+    """Index of the last tick at or before ``start`` (0 when the history is younger)."""
+    lo, hi = 0, len(ticks) - 1
+    best = 0
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if ticks[mid].t <= start:
+            best = mid
+            lo = mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: float) -> ReplicaStats:
+    st = ReplicaStats(rid, pool)
+    series: dict[int, list[float]] = {f: [] for f in range(REP.N)}
+    for tick in span:
+        i = tick.layout.replica(rid)
+        if i is None:
+            for f in series:
+                series[f].append(math.nan)
+            continue
+        base = i * REP.N
+        row = tick.replicas
+        for f in range(REP.N):
+            series[f].append(row[base + f])
+    window = span[1:]  # gauges: the ticks after the baseline
+    present = [j + 1 for j, tick in enumerate(window) if tick.layout.replica(rid) is not None]
+    st.samples = len(present)
+    if not present:
+        return st
+    st.span_s = sum(span[j].t - span[j - 1].t for j in present)
+
+    def gauge(f: int, keep: list[int]) -> list[float]:
+        return [v for j in keep if not math.isnan(v := series[f][j])]
+
+    ages = series[REP.SCRAPE_AGE]
+    fresh = [j for j in present if not math.isnan(ages[j]) and ages[j] <= stale_after_s]
+    st.fresh = len(fresh)
+    st.stale_share = 1.0 - len(fresh) / len(present)
+    st.healthy_share = _mean(gauge(REP.HEALTHY, present))
+    st.draining = series[REP.DRAINING][present[-1]] > 0
+    inflight = gauge(REP.INFLIGHT, present)
+    st.inflight_mean, st.inflight_max = _mean(inflight), max(inflight, default=math.nan)
+    waiting = gauge(REP.WAITING, fresh)
+    running = gauge(REP.RUNNING, fresh)
+    kv = gauge(REP.KV, fresh)
+    if waiting:
+        st.waiting_share = sum(1 for w in waiting if w > 0) / len(waiting)
+        st.waiting_mean = _mean(waiting)
+        busy = [series[REP.RUNNING][j] for j in fresh if series[REP.WAITING][j] > 0]
+        st.running_when_waiting = max((v for v in busy if not math.isnan(v)), default=math.nan)
+    if running:
+        st.running_mean, st.running_max = _mean(running), max(running)
+    if kv:
+        st.kv_p90, st.kv_mean, st.kv_max = _quantile(kv, 0.9), _mean(kv), max(kv)
+    inc = {f: increase(series[f]) for f in (
+        REP.PREEMPTIONS, REP.QUERIES, REP.HITS, REP.PROMPT, REP.GENERATION, REP.TTFT_SUM,
+        REP.TTFT_COUNT, REP.ITL_SUM, REP.ITL_COUNT, REP.QUEUE_SUM, REP.QUEUE_COUNT,
+        REP.SCRAPE_ERRORS)}
+    st.preemptions, st.queries, st.hits = inc[REP.PREEMPTIONS], inc[REP.QUERIES], inc[REP.HITS]
+    st.prompt_tokens, st.generation_tokens = inc[REP.PROMPT], inc[REP.GENERATION]
+    if any(not math.isnan(v) for v in series[REP.TTFT_COUNT]):
+        st.requests = inc[REP.TTFT_COUNT]
+    st.ttft_mean = _ratio(inc[REP.TTFT_SUM], inc[REP.TTFT_COUNT])
+    st.itl_n = inc[REP.ITL_COUNT]
+    st.itl_mean = _ratio(inc[REP.ITL_SUM], inc[REP.ITL_COUNT])
+    st.queue_mean = _ratio(inc[REP.QUEUE_SUM], inc[REP.QUEUE_COUNT])
+    st.scrape_errors = inc[REP.SCRAPE_ERRORS]
+    last = present[-1]
+    st.prefill_rate = series[REP.PREFILL_RATE][last]
+    caps = gauge(REP.CAPACITY, present)
+    st.capacity_tokens = caps[-1] if caps else math.nan
+    return st
+
+
+def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
+    ps = PoolStats(name)
+
+    def inc(f: int) -> float:
+        return increase([t.pool(name, f) for t in span])
+
+    ps.requests, ps.errors = inc(POOL.REQUESTS), inc(POOL.ERRORS)
+    ps.overflow, ps.spilled = inc(POOL.OVERFLOW), inc(POOL.SPILLED)
+    ps.prompt_tokens, ps.cached_tokens = inc(POOL.PROMPT), inc(POOL.CACHED)
+    ps.share_n, ps.share_prompt = inc(POOL.SHARE_N), inc(POOL.SHARE_PROMPT)
+    ps.share_best, ps.share_chosen = inc(POOL.SHARE_BEST), inc(POOL.SHARE_CHOSEN)
+    buckets = [inc(POOL.TTFT + i) for i in range(len(TTFT_BOUNDS))]
+    ps.ttft_n_client = buckets[-1]
+    ps.ttft_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, buckets)
+    e2e = [inc(POOL.E2E + i) for i in range(len(TTFT_BOUNDS))]
+    ps.e2e_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, e2e)
+    return ps
+
+
+def _gateway_stats(span: Sequence[Tick]) -> GatewayStats:
+    gs = GatewayStats()
+    first, last = span[0], span[-1]
+    dt = last.t - first.t
+    if dt > 0:
+        gs.cpu_share = (last.gateway[GW.CPU] - first.gateway[GW.CPU]) / dt
+    buckets = [increase([t.gateway[GW.OVERHEAD + i] for t in span])
+               for i in range(len(OVERHEAD_BOUNDS))]
+    gs.overhead_n = buckets[-1]
+    gs.overhead_p99 = histogram_quantile(0.99, OVERHEAD_BOUNDS, buckets)
+    gs.redis_up = last.gateway[GW.REDIS_UP]
+    gs.sync_degraded = last.gateway[GW.SYNC_DEGRADED]
+    for prev, tick in pairwise(span):
+        step = tick.t - prev.t
+        if tick.gateway[GW.REDIS_UP] == 0.0:
+            gs.redis_down_s += step
+        if tick.gateway[GW.SYNC_DEGRADED] == 1.0:
+            gs.sync_degraded_s += step
+    return gs
+
+
+def _tenant_stats(ticks: Sequence[Tick], start: float) -> tuple[list[TenantStats], float]:
+    with_tenants = [t for t in ticks if t.tenant_keys is not None]
+    if len(with_tenants) < 2:
+        return [], 0.0
+    end = with_tenants[-1]
+    base = with_tenants[0]
+    for t in with_tenants[:-1]:
+        if t.t <= start:
+            base = t
+    before, after = base.tenants(), end.tenants()
+    assert before is not None and after is not None
+    out = []
+    for key, now in sorted(after.items()):
+        then = before.get(key, (0.0, 0.0, 0.0, 0.0))
+        d = [a - b for a, b in zip(now, then, strict=True)]
+        if d[0] > 0:
+            out.append(TenantStats(key[0], key[1], *map(float, d)))
+    return out, end.t - base.t
+
+
+def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> Window:
+    """Reduce the ticks (oldest first, the last one "now") to one window's numbers."""
+    if not ticks:
+        raise ValueError("no history yet")
+    end = ticks[-1]
+    start = end.t - window_s
+    span = list(ticks)[_baseline(ticks, start):]
+    if len(span) < 2:
+        span = [span[0], span[0]]
+    rids: dict[str, str] = {}
+    for tick in span[1:]:
+        for rid, pool in zip(tick.layout.replicas, tick.layout.replica_pools, strict=True):
+            rids[rid] = pool
+    replicas = [_replica_stats(rid, pool, span, stale_after_s) for rid, pool in rids.items()]
+    names = sorted({p for t in span[1:] for p in t.layout.pools} | set(rids.values()))
+    pools = []
+    for name in names:
+        ps = _pool_stats(name, span)
+        ps.samples = len(span) - 1
+        ps.replicas = [r for r in replicas if r.pool == name]
+        pools.append(ps)
+    tenants, tenant_span = _tenant_stats(ticks, start)
+    return Window(
+        requested_s=window_s, span_s=end.t - span[0].t, start_wall=span[0].wall,
+        end_wall=end.wall, ticks=len(span) - 1, replicas=replicas, pools=pools,
+        gateway=_gateway_stats(span), tenants=tenants, tenant_span_s=tenant_span,
+    )

@@ -1,0 +1,129 @@
+"""`kvgate epp`: run kvgate as the endpoint picker of an Envoy-based gateway.
+
+The same configuration as `kvgate serve` (pools, models, tiers, tenants, routing); the
+requests come through Envoy's ext_proc stream on the gRPC port (`epp.port`, default 9002,
+which also answers gRPC health), and the HTTP port (`server.admin_port`, default 9090)
+serves /metrics, /healthz, /readyz and the admin API. Both ports are checked before anything
+starts, so a port in use is one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import socket
+import sys
+from typing import Any
+from urllib.parse import urlsplit
+
+from gateway.config import KvgateConfig
+from gateway.errors import ConfigError
+from gateway.serve import (
+    ListenError,
+    bind_sockets,
+    check_auth,
+    config_from_args,
+    run_server,
+    start_warnings,
+)
+
+__all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts"]
+
+DEFAULT_HTTP_PORT = 9090
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvgate epp",
+        description="Run kvgate as the endpoint picker (gRPC ext_proc) of an Envoy gateway.")
+    p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
+    p.add_argument("--upstream", action="append", metavar="URL",
+                   help="a vLLM replica base URL, http://IP:PORT (repeat); one pool")
+    p.add_argument("--policy", help="routing policy (overrides routing.policy)")
+    p.add_argument("--host", help="listen address of both ports (overrides server.host)")
+    p.add_argument("--port", dest="grpc_port", type=int,
+                   help="gRPC port: ext_proc and health (overrides epp.port, default 9002)")
+    p.add_argument("--http-port", type=int, help="HTTP port: /metrics, /readyz, admin API "
+                   f"(overrides server.admin_port, default {DEFAULT_HTTP_PORT})")
+    p.add_argument("--fallbacks", type=int,
+                   help="endpoints after the first in the destination (overrides epp.fallbacks)")
+    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-format", choices=["json", "text"], help="overrides server.log_format")
+    p.add_argument("--no-auth", action="store_true",
+                   help="single tenant, no API keys (local use only; says so loudly)")
+    return p
+
+
+def load(args: argparse.Namespace) -> KvgateConfig:
+    """The configuration with the picker's flags applied."""
+    extra: dict[str, dict[str, Any]] = {"server": {}, "epp": {}}
+    if args.grpc_port is not None:
+        extra["epp"]["port"] = args.grpc_port
+    if args.fallbacks is not None:
+        extra["epp"]["fallbacks"] = args.fallbacks
+    if args.http_port is not None:
+        extra["server"]["admin_port"] = args.http_port
+    args.port = None  # `kvgate serve`'s HTTP API port: the picker has none
+    cfg = config_from_args(args, extra)
+    if cfg.server.admin_port is None:
+        extra["server"]["admin_port"] = DEFAULT_HTTP_PORT
+        cfg = config_from_args(args, extra)
+    return cfg
+
+
+def named_hosts(cfg: KvgateConfig) -> list[str]:
+    """A warning for replicas listed by host name: the data plane connects to the address
+    the picker names (an ORIGINAL_DST cluster takes an IP, an override_host cluster the
+    address of one of its endpoints), so replicas must be listed by IP."""
+    named = sorted({urlsplit(url).hostname or url for pc in cfg.pools.values()
+                    for url in pc.replicas if not _is_ip(urlsplit(url).hostname or "")})
+    if not named:
+        return []
+    return [f"kvgate epp: warning: replicas listed by name ({', '.join(named)}); Envoy needs "
+            "their IP addresses (http://IP:PORT) in x-gateway-destination-endpoint"]
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_free(host: str, port: int) -> None:
+    """The gRPC port must be free (grpc binds it later, inside the start-up)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ListenError(f"cannot listen on {host}:{port} (gRPC): {reason}") from None
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load(args)
+        warning = check_auth(cfg)
+    except ConfigError as exc:
+        print(f"kvgate epp: {exc.message}", file=sys.stderr)
+        return 2
+    assert cfg.server.admin_port is not None
+    try:
+        _check_free(cfg.server.host, cfg.epp.port)
+        sockets = bind_sockets(cfg, [cfg.server.admin_port])
+    except ListenError as exc:
+        print(f"kvgate epp: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    for line in [*start_warnings(cfg), *named_hosts(cfg)]:
+        print(line, file=sys.stderr, flush=True)
+    from gateway.epp.server import EppApp  # the protos load only here
+
+    return run_server(cfg, "kvgate epp", app=EppApp(cfg), sockets=sockets)

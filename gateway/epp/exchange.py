@@ -1,0 +1,429 @@
+"""One request's ext_proc stream: Envoy's messages in, the picker's answers out, in order.
+
+Envoy runs the filter with request and response bodies in ``FULL_DUPLEX_STREAMED`` mode, so
+the picker may hold its answers: it answers nothing to the request headers and body chunks
+until the body is complete (at most ``server.max_body_bytes``), then runs the step the HTTP
+proxy runs (`gateway.prepare.Preparer`: tenant, admission, tier plan, body rewrite, pick)
+and answers, in this order, the request headers (destination, new content length, the
+pool's credentials instead of the client's) and the rewritten body in chunks. A request
+kvgate refuses gets an immediate response in OpenAI's shape (401, 413, 429, 400, 404, 503).
+
+The response passes through the picker too, which is how the router's state stays exact: the
+endpoint that served (the lease moves there when Envoy fell back to another one), the first
+SSE event (what the router learns prefill speed from), the usage chunk (stripped when
+kvgate asked for it and the client did not), whole answers judged as the proxy judges them,
+and an error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are
+plain text). The lease is released and the admission settled when the stream ends, however
+it ends (`close`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from gateway.config import KvgateConfig
+from gateway.epp import wire
+from gateway.errors import (
+    BodyTooLarge,
+    KvgateError,
+    NoReplicaAvailable,
+    NotFound,
+    openai_shaped,
+)
+from gateway.metrics import GatewayMetrics
+from gateway.prepare import Preparer
+from gateway.proxy import KINDS
+from gateway.relay import _CONTENT, judge
+from gateway.replicas import Lease, Replica
+from gateway.request import ProxiedRequest
+from gateway.responses import ResponseStore, response_id
+from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.stored import StoredResponses, match_stored
+from gateway.tenancy.resolver import Principal, parse_bearer
+from routing.router import Router
+
+__all__ = ["Exchange", "PickerCore", "endpoint", "replica_key"]
+
+log = logging.getLogger("gateway.epp")
+Page = tuple[int, list[tuple[bytes, bytes]], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class PickerCore:
+    """What every exchange shares: the gateway's started core and the picker's settings."""
+
+    cfg: KvgateConfig
+    prep: Preparer
+    router: Router
+    metrics: GatewayMetrics
+    responses: ResponseStore
+    clock: Callable[[], float]
+    page: Callable[[str], Page | None]  # GET pages kvgate answers itself (/v1/models ...)
+    stored: StoredResponses  # where a stored Responses-API response lives
+    new_id: Callable[[], bytes]
+    fallbacks: int  # endpoints after the first in the destination (0: the first only)
+
+
+def endpoint(replica: Replica) -> str:
+    """The replica as the data plane names it: ``ip:port`` (``[v6]:port``)."""
+    host, _, port = replica.id.rpartition(":")
+    return f"[{host}]:{port}" if ":" in host else replica.id
+
+
+def replica_key(ep: str) -> str:
+    """An ``ip:port`` / ``[v6]:port`` endpoint as a replica id (``v6:port``)."""
+    return ep.replace("[", "").replace("]", "") if ep.startswith("[") else ep
+
+
+class Exchange:
+    """The state of one ext_proc stream (one HTTP request through Envoy)."""
+
+    __slots__ = ("_chunks", "_core", "_held", "_lease", "_principal", "_scanner", "_size",
+                 "_stored", "_subset", "_whole", "order", "req", "sse")
+
+    def __init__(self, core: PickerCore) -> None:
+        self._core = core
+        self.req: ProxiedRequest | None = None
+        self._principal: Principal | None = None
+        self._subset: Collection[str] | None = None
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.order: list[Replica] = []  # the destination: first choice, then fallbacks
+        self._lease: Lease | None = None
+        self.sse = False
+        self._scanner: StreamScanner | None = None
+        self._held: list[bytes] | None = None  # an error answer, re-shaped at its end
+        self._whole: list[bytes] = []  # a whole (non-SSE) answer, read at its end
+        self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
+
+    # -- request path ----------------------------------------------------------------------
+    def request_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        """Who is asking and for what; nothing is answered before the body (unless refused)."""
+        core = self._core
+        path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
+        kind = KINDS.get(path)
+        if kind is None and match_stored(path):
+            return [self._to_stored(path, method, token)]
+        if kind is None or method != "POST":
+            return [self._not_proxied(path, method)]
+        if not req_id or len(req_id) > 128 or not req_id.isascii():
+            req_id = core.new_id()
+        req = self.req = ProxiedRequest(path, kind, req_id, perf_counter())
+        hint = wire.subset_hint(msg)
+        self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
+        try:
+            self._principal = core.prep.identify(req, token)
+            limit = core.cfg.server.max_body_bytes
+            if declared is not None and declared > limit:
+                raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+        except KvgateError as exc:
+            return [self._refuse(exc)]
+        return []
+
+    async def request_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        body = msg.request_body
+        if self._stored is not None:  # already sent on: the body passes as it is
+            return wire.body_responses(body.body, body.end_of_stream, request=True)
+        if body.body:
+            self._chunks.append(body.body)
+            self._size += len(body.body)
+            limit = self._core.cfg.server.max_body_bytes
+            if self._size > limit:
+                return [self._refuse(
+                    BodyTooLarge(f"The request body exceeds the limit of {limit} bytes."))]
+        if not body.end_of_stream:
+            return []
+        return await self.decide(end=True)
+
+    async def request_trailers(self) -> Sequence[pb.ProcessingResponse]:
+        """Trailers end the body when they follow it (HTTP/2 clients may send them)."""
+        out = [] if self.order else list(await self.decide(end=False))
+        if out and out[0].HasField("immediate_response"):
+            return out
+        return [*out, wire.trailers_response(request=True)]
+
+    async def decide(self, *, end: bool) -> Sequence[pb.ProcessingResponse]:
+        """The body is complete: the shared step, then the destination and the new body."""
+        req, principal = self.req, self._principal
+        if req is None or principal is None or self.order:
+            return []
+        core = self._core
+        body = b"".join(self._chunks)
+        self._chunks = []
+        try:
+            decision, upstream = await core.prep.prepare(req, principal, body, self._subset)
+            pool = req.pool
+            picked = (decision.replica, *decision.fallbacks)[: 1 + core.fallbacks]
+            self.order = [r for rid in picked if (r := pool.by_id.get(rid)) is not None]
+            if not self.order:
+                raise NoReplicaAvailable("The chosen replica left its pool; try again.")
+        except KvgateError as exc:
+            return [self._refuse(exc)]
+        req.route = "spill" if req.spilled else decision.reason
+        self._attach(self.order[0])
+        core.metrics.pre_upstream.observe(perf_counter() - req.t0)
+        set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id)]
+        destination = ",".join(endpoint(r) for r in self.order)
+        return [wire.destination_response(destination, len(upstream), set_headers, remove),
+                *wire.body_responses(upstream, end, request=True)]
+
+    def _to_stored(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
+        """``GET /v1/responses/{id}``, ``POST .../cancel``: to the replica that holds it."""
+        try:
+            pool, replica = self._core.stored.locate(path, method, token)
+        except KvgateError as exc:
+            return self._refuse(exc)
+        self._stored = f"{pool.name}/{replica.id}"
+        set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        return wire.destination_response(endpoint(replica), None, set_headers, remove)
+
+    def _not_proxied(self, path: str, method: str) -> pb.ProcessingResponse:
+        """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
+        if path in KINDS:
+            return self._refuse(_MethodNotAllowed(f"Use POST for {path}."))
+        page = self._core.page(path) if method in ("GET", "HEAD") else None
+        if page is None:
+            return self._refuse(NotFound(f"Unknown path {path}."))
+        status, headers, body = page
+        return wire.immediate(status, body, [(k.decode(), v) for k, v in headers], "kvgate_page")
+
+    def _refuse(self, exc: KvgateError) -> pb.ProcessingResponse:
+        headers = [(k.decode(), v) for k, v in exc.headers()]
+        if self.req is not None:
+            self.req.status = exc.status
+            headers += [(k.decode(), v) for k, v in self.req.extra]
+            headers.append(("x-request-id", self.req.req_id))
+        return wire.immediate(exc.status, exc.body(), headers, f"kvgate_{exc.type_}")
+
+    # -- the replica's lease ---------------------------------------------------------------
+    def _attach(self, replica: Replica) -> None:
+        req = self.req
+        assert req is not None
+        req.replica, req.target = replica.id, replica
+        req.attempts += 1
+        self._lease = replica.acquire(req.features.prompt_tokens)
+        self._core.router.record_route(replica.id, req.features, self._core.clock())
+
+    def _detach(self) -> None:
+        """End the current lease; unanswered, it was a failure on that replica."""
+        lease, req = self._lease, self.req
+        if lease is None or req is None or req.target is None:
+            return
+        if not lease.answered:
+            self._core.router.record_failure(req.target.id, req.features, self._core.clock())
+        lease.release()
+        self._lease = None
+
+    def _served_by(self, ep: str | None) -> None:
+        """Envoy went past the first endpoint: the ones before the served one failed."""
+        req = self.req
+        assert req is not None
+        rid = replica_key(ep) if ep else None
+        if rid is None or rid == req.replica:
+            return
+        served = next((r for r in self.order if r.id == rid), None)
+        if served is None:
+            return  # not one of ours (a data plane that ignored the destination)
+        now = self._core.clock()
+        for replica in self.order:
+            if replica is served:
+                break
+            replica.record_failure(now)
+        self._detach()
+        self._attach(served)
+        req.route = "retry"
+        self._core.metrics.failover(req.pool_name)
+
+    # -- response path ---------------------------------------------------------------------
+    def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        req = self.req
+        if req is None or self._lease is None:
+            return [wire.headers_response(self._stored_headers())]
+        status, content_type = _status(msg.response_headers.headers.headers)
+        self._served_by(wire.served_endpoint(msg))
+        req.status = status
+        self.sse = (status == 200 and req.parsed.stream
+                    and content_type.startswith("text/event-stream"))
+        if self.sse:
+            req.sse = True
+            self._scanner = StreamScanner(req.strip)
+        elif status >= 400 and not msg.response_headers.end_of_stream:
+            self._held = []  # answered with the body, once it is re-shaped
+            return []
+        if msg.response_headers.end_of_stream:
+            self._answered_whole(b"")
+        return [wire.headers_response(self._headers())]
+
+    def response_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        body = msg.response_body
+        chunk, end = body.body, body.end_of_stream
+        if self.sse:
+            return self._stream_chunk(chunk, end)
+        if self._held is not None:
+            self._held.append(chunk)
+            return self._error_answer() if end else []
+        if self._lease is not None:
+            self._whole.append(chunk)
+            if end:
+                self._answered_whole(b"".join(self._whole))
+        return wire.body_responses(chunk, end)
+
+    def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
+        out: list[pb.ProcessingResponse] = []
+        if self._held is not None:  # the body ended without an end-of-stream message
+            out = [*self._error_answer(end=False)]
+        return [*out, wire.trailers_response(request=False)]
+
+    def _stored_headers(self) -> list[wire.Header]:
+        server = self._core.cfg.server
+        if self._stored is None:
+            return []
+        out = [("x-kvgate-replica", self._stored.encode())] if server.replica_header else []
+        return out + ([("x-kvgate-route", b"response-affinity")] if server.route_header else [])
+
+    def _headers(self) -> list[wire.Header]:
+        req, server = self.req, self._core.cfg.server
+        assert req is not None
+        out: list[wire.Header] = [("x-request-id", req.req_id)]
+        if server.replica_header:
+            out.append(("x-kvgate-replica", f"{req.pool_name}/{req.replica}".encode()))
+        if server.route_header:
+            out.append(("x-kvgate-route", req.route.encode()))
+        out.extend((k.decode(), v) for k, v in req.extra)
+        return out
+
+    def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
+        scanner, req, lease = self._scanner, self.req, self._lease
+        assert scanner is not None and req is not None
+        out = scanner.feed(chunk) if chunk else b""
+        if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
+            self._event(out, lease, req)
+        if end:
+            out += scanner.flush()
+            self._stream_ended(scanner, req)
+        if scanner.usage is not None and req.usage is None:
+            # as soon as it is seen: a client that leaves at [DONE] may end the exchange
+            # before Envoy sends the end of the stream
+            self._usage(scanner.usage, req)
+        return wire.body_responses(out, end) if out or end else ()
+
+    def _event(self, out: bytes, lease: Lease, req: ProxiedRequest) -> None:
+        """SSE events went by: the first one answers the prompt; the first carrying
+        generated output is the TTFT."""
+        core = self._core
+        if not lease.answered:
+            lease.first_token()
+            core.router.record_first_token(
+                req.replica, req.features, perf_counter() - req.t0, core.clock())
+            if req.kind == "responses" and (rid := response_id(out)) is not None:
+                core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+        if req.ttft is None and _CONTENT.search(out):
+            req.ttft = perf_counter() - req.t0
+            core.metrics.first_token(req.pool_name, req.ttft, req.tier)
+
+    def _stream_ended(self, scanner: StreamScanner, req: ProxiedRequest) -> None:
+        target = req.target
+        assert target is not None
+        if scanner.error_code is not None and scanner.error_code >= 500:
+            target.record_failure(self._core.clock())  # the engine died mid-stream
+            req.status = scanner.error_code
+        else:
+            target.record_success()
+
+    def _answered_whole(self, data: bytes) -> None:
+        """A whole (non-streamed or error) answer arrived: judge it, read its usage."""
+        req, lease, core = self.req, self._lease, self._core
+        assert req is not None and req.target is not None
+        if lease is None or lease.answered:
+            return
+        now = core.clock()
+        lease.first_token()
+        core.router.record_answered(req.replica, req.features, now)
+        judge(req.target, req.status, data, now)
+        if req.status == 200:
+            self._usage(body_usage(data), req)
+            if req.kind == "responses" and (rid := response_id(data)) is not None:
+                core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+
+    def _usage(self, usage: dict[str, int] | None, req: ProxiedRequest) -> None:
+        if usage:
+            req.usage = usage
+            req.used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            self._core.metrics.usage(req.pool_name, usage, req.tier)
+
+    def _error_answer(self, *, end: bool = True) -> Sequence[pb.ProcessingResponse]:
+        """The held error answer: OpenAI-shaped (Envoy's own replies are plain text)."""
+        req = self.req
+        assert req is not None and self._held is not None
+        data, self._held = b"".join(self._held), None
+        self._answered_whole(data)
+        headers = self._headers()
+        shaped = openai_shaped(req.status, data)
+        if shaped is not None:
+            data = shaped
+            headers.append(("content-type", b"application/json"))
+        if req.status == 503:
+            headers.append(("retry-after", b"1"))
+        return [wire.headers_response(headers, ("content-length",)),
+                *wire.body_responses(data, end)]
+
+    # -- the end ---------------------------------------------------------------------------
+    async def close(self) -> None:
+        """The stream ended (answered, refused, or cut): release, settle, count."""
+        req = self.req
+        if req is None:
+            return
+        if req.status == 0:
+            req.status = 499  # the exchange ended before any answer (the client left)
+        elif self._lease is not None and req.status == 200 and not self._lease.answered:
+            req.status = 502  # the answer was cut before it began
+        self._detach()
+        await self._core.prep.finish(req, log)
+
+
+def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]:
+    """The pool's vLLM key replaces the client's (which never reaches a replica)."""
+    if creds:
+        return [("authorization", creds.encode())], ()
+    return [], ("authorization",)
+
+
+def _scan(headers: Any) -> tuple[str, str, str | None, bytes, int | None]:
+    """:path (no query), :method, the bearer token, x-request-id, content-length."""
+    path, method, token, req_id, declared = "", "", None, b"", None
+    for h in headers:
+        key = h.key
+        if key == ":path":
+            path = h.raw_value.decode("latin-1").partition("?")[0]
+        elif key == ":method":
+            method = h.raw_value.decode("latin-1")
+        elif key == "authorization":
+            token = parse_bearer(h.raw_value.decode("latin-1"))
+        elif key == "x-request-id":
+            req_id = h.raw_value
+        elif key == "content-length" and h.raw_value.isdigit():
+            declared = int(h.raw_value)
+    return path, method, token, req_id, declared
+
+
+def _status(headers: Any) -> tuple[int, str]:
+    status, content_type = 0, ""
+    for h in headers:
+        if h.key == ":status":
+            status = int(h.raw_value) if h.raw_value.isdigit() else 0
+        elif h.key == "content-type":
+            content_type = h.raw_value.decode("latin-1")
+    return status, content_type
+
+
+class _MethodNotAllowed(KvgateError):
+    status = 405
+    type_ = "MethodNotAllowedError"
+

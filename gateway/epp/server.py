@@ -1,0 +1,142 @@
+"""The picker's gRPC server: ``envoy.service.ext_proc.v3.ExternalProcessor/Process`` and the
+standard gRPC health service, on the event loop of a started gateway.
+
+`EppApp` is the gateway (`GatewayApp`: tenancy, pools, discovery, health polling, scraping,
+shared routing state, the admin API and /metrics on the HTTP port) with the gRPC server
+started after it and stopped before it. One ext_proc stream is one request (`Exchange`).
+Health answers ``liveness`` (the process answers), ``readiness`` and
+``envoy.service.ext_proc.v3.ExternalProcessor`` (both: what ``/readyz`` says -- every pool
+has a usable replica and tenancy state is loaded); the empty service name is liveness.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.app import GatewayApp, Page
+from gateway.config import KvgateConfig
+from gateway.epp.exchange import Exchange, PickerCore
+
+__all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
+
+log = logging.getLogger(__name__)
+
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+LIVENESS, READINESS = "liveness", "readiness"
+# what a client reaching the picker through Envoy may GET from kvgate itself
+PUBLIC_PAGES = frozenset({"/v1/models", "/health", "/ping", "/version"})
+
+
+class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    """ext_proc: each stream is one HTTP request through the data plane."""
+
+    def __init__(self, core: PickerCore) -> None:
+        self._core = core
+
+    async def Process(
+        self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ProcessingResponse]:
+        ex = Exchange(self._core)
+        try:
+            async for msg in requests:
+                kind = msg.WhichOneof("request")
+                if kind == "response_body":
+                    out = ex.response_body(msg)
+                elif kind == "request_body":
+                    out = await ex.request_body(msg)
+                elif kind == "request_headers":
+                    out = ex.request_headers(msg)
+                    if not out and msg.request_headers.end_of_stream:
+                        out = await ex.decide(end=True)  # a POST without a body
+                elif kind == "response_headers":
+                    out = ex.response_headers(msg)
+                elif kind == "request_trailers":
+                    out = await ex.request_trailers()
+                elif kind == "response_trailers":
+                    out = ex.response_trailers()
+                else:
+                    continue
+                for answer in out:
+                    yield answer
+                if out and out[0].HasField("immediate_response"):
+                    return  # Envoy answers the client and ends the exchange
+        finally:
+            await ex.close()
+
+
+class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """gRPC health: liveness, readiness and the ext_proc service."""
+
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self._ready = ready
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext,
+    ) -> health_pb2.HealthCheckResponse:
+        status = health_pb2.HealthCheckResponse
+        if request.service in ("", LIVENESS):
+            return status(status=status.SERVING)
+        if request.service in (READINESS, EXT_PROC_SERVICE):
+            return status(status=status.SERVING if self._ready() else status.NOT_SERVING)
+        await context.abort(grpc.StatusCode.NOT_FOUND, "unknown service")
+        raise AssertionError("unreachable")  # abort raises
+
+
+class EppApp(GatewayApp):
+    """The gateway with the endpoint picker's gRPC server on `epp.port`."""
+
+    def __init__(
+        self, cfg: KvgateConfig, clock: Callable[[], float] = time.monotonic,
+        after_start: Callable[[GatewayApp], Awaitable[None]] | None = None,
+    ) -> None:
+        super().__init__(cfg, clock, after_start)
+        self.grpc: grpc.aio.Server | None = None
+        self.grpc_port = 0
+
+    async def startup(self) -> None:
+        await super().startup()
+        assert self.proxy is not None
+        prefix, counter = os.urandom(8).hex(), itertools.count()
+        core = PickerCore(
+            cfg=self.cfg, prep=self.proxy.prep, router=self.router, metrics=self.metrics,
+            responses=self.proxy.responses, clock=self.clock, page=self._public_page,
+            stored=self.proxy.stored,
+            new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
+            fallbacks=self.cfg.epp.fallbacks,
+        )
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        pb_grpc.add_ExternalProcessorServicer_to_server(Processor(core), server)
+        health_pb2_grpc.add_HealthServicer_to_server(Health(self.ready), server)
+        address = f"{_grpc_host(self.cfg.server.host)}:{self.cfg.epp.port}"
+        try:
+            self.grpc_port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise RuntimeError(f"cannot listen on {address} (gRPC): {exc}") from None
+        await server.start()
+        self.grpc = server
+        log.info("endpoint picker listening", extra={"grpc": address})
+
+    async def shutdown(self) -> None:
+        if self.grpc is not None:  # streams in flight may finish, new ones are refused
+            await self.grpc.stop(self.cfg.server.shutdown_grace_s)
+        await super().shutdown()
+
+    def ready(self) -> bool:
+        return self._readyz()[0] == 200
+
+    def _public_page(self, path: str) -> Page | None:
+        page = self._get.get(path) if path in PUBLIC_PAGES else None
+        return page() if page is not None else None
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

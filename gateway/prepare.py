@@ -1,0 +1,142 @@
+"""What both edges do with a request before a replica gets it: admit, plan, rewrite, pick.
+
+kvgate has two edges over one core: the HTTP proxy (`proxy.py`), which relays the bytes
+itself, and the Envoy endpoint picker (`gateway/epp/`), which hands Envoy a destination and
+the rewritten body. Both call `Preparer`: `identify` (API key -> tenant, in memory), then
+`prepare` (the body parsed once, admission against the tenant's limits with its
+x-ratelimit-* headers, the tier plan from the principal's policy snapshot -- pool,
+spill-over, salted features --, the body rewritten for the pool: served model,
+``cache_salt``, ``priority``, usage for streams -- and the router's `Decision`). The
+request's state lands on the `ProxiedRequest`, which both edges settle the same way
+(`finish`). `subset`: the picker's data plane may restrict the pick to some endpoints
+(the endpoint picker protocol's subset hint); an empty or foreign subset is a 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection
+from dataclasses import replace
+from time import perf_counter
+
+from gateway.body import ParsedBody, parse_body, rewrite_body
+from gateway.doctor.sharing import PrefixSharing
+from gateway.errors import NoReplicaAvailable
+from gateway.logs import log_request
+from gateway.metrics import GatewayMetrics
+from gateway.pool import Pools
+from gateway.request import ProxiedRequest
+from gateway.responses import ResponseStore
+from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.planner import Planner
+from gateway.tenancy.resolver import Principal
+from routing.router import NoCandidate, Router
+from routing.types import Decision, ReplicaView
+
+__all__ = ["Preparer"]
+
+
+class Preparer:
+    def __init__(
+        self, pools: Pools, router: Router, metrics: GatewayMetrics,
+        clock: Callable[[], float], gate: TenantGate, responses: ResponseStore,
+    ) -> None:
+        self.planner = Planner(pools, router.config, gate)
+        self._router = router
+        self._metrics = metrics
+        self._clock = clock
+        self._gate = gate
+        self._responses = responses
+        self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
+
+    def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
+        """The caller (401 before any body is read); its labels go on the request."""
+        gate = self._gate
+        principal = gate.principal(token)
+        req.tier, req.tenant = principal.tier, gate.labels(principal.tenant_id)
+        req.tenant_id = principal.tenant_id
+        return principal
+
+    async def prepare(
+        self, req: ProxiedRequest, principal: Principal, body: bytes,
+        subset: Collection[str] | None = None,
+    ) -> tuple[Decision, bytes]:
+        """Parse, admit, plan, rewrite and pick: the decision and the upstream body."""
+        parsed = req.parsed = parse_body(body, req.kind)
+        adm = await self._gate.admit(principal, parsed.prompt_tokens)
+        if adm is not None:
+            req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
+                         if k != "retry-after"]
+            if not adm.allowed:
+                self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
+                raise adm.error()
+            req.adm = adm
+        return self._plan_and_pick(req, principal, parsed, subset)
+
+    def _plan_and_pick(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
+        subset: Collection[str] | None,
+    ) -> tuple[Decision, bytes]:
+        now = self._clock()
+        plan = self.planner.plan(principal, parsed, req.kind, now)
+        pool = req.pool = plan.pool
+        req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
+        gate = self._gate
+        upstream_body, req.strip = rewrite_body(
+            parsed, req.kind, plan.served, cache_salt=gate.salt(principal),
+            priority=plan.priority, client_salt=gate.client_salt,
+            client_priority=gate.client_priority,
+        )
+        if plan.spilled:
+            self._metrics.spilled(principal.tier, plan.home, pool.name)
+        views = plan.views
+        if subset is not None:
+            views = [v for v in views if v.id in subset]
+            if not views:
+                raise NoReplicaAvailable("None of the endpoints allowed for this request "
+                                         f"serves the model `{parsed.model}`.")
+        home = self._response_home(req, parsed) if req.kind == "responses" else None
+        if home is not None and (subset is None or home in subset):
+            return Decision(home, (), "response-affinity"), upstream_body
+        try:
+            decision = self._router.pick(plan.features, views, now)
+        except NoCandidate:
+            # every available replica is only backing off after busy 503s: try them anyway
+            # rather than answering 503 without asking
+            views = [v if v.healthy or not (r := pool.by_id.get(v.id)) or not r.available(now)
+                     else _healthy(v) for v in views]
+            try:
+                decision = self._router.pick(plan.features, views, now)
+            except NoCandidate:
+                raise NoReplicaAvailable(
+                    f"No healthy replica for the model `{parsed.model}`.", retry_after=1
+                ) from None
+        if self.sharing is not None:
+            self.sharing.observe(pool.name, decision.replica, plan.features)
+        return decision, upstream_body
+
+    def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
+        """The replica holding `previous_response_id`, when this gateway relayed it."""
+        prev = parsed.data.get("previous_response_id")
+        if not isinstance(prev, str):
+            return None
+        home = self._responses.home(prev, req.tenant_id)
+        if home is None or home.pool != req.pool.name or home.replica not in req.pool.by_id:
+            return None
+        return home.replica
+
+    async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
+        """The request is over (answered, failed or abandoned): metrics, the request line,
+        and the admission settled with the real usage."""
+        total = perf_counter() - req.t0
+        self._metrics.finished(
+            req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
+        )
+        if log.isEnabledFor(logging.INFO):
+            log_request(log, req, total)
+        if req.adm is not None:
+            await self._gate.finish(req.adm, req.settle_tokens())
+
+
+def _healthy(view: ReplicaView) -> ReplicaView:
+    return replace(view, healthy=True)

@@ -1,0 +1,222 @@
+"""Shared routing state between gateways: routing quality, the sharing's cost, workers.
+
+    python -m loadtest.bench_sync [--offline] [--cost] [--workers] [--trace PATH] [--quick]
+                                  [--jobs N]
+
+``--offline`` (routing quality, simulated time): N = 1, 2, 4, 8 gateways, requests spread at
+random over them, sharing off and on at a sync delay D = 0, 10, 50 ms, on the Mooncake
+conversation trace at 1x and 1.5x and the synthetic multi-tenant workload (8 replicas x
+262,144 KV tokens). Ratios against one gateway in the same run.
+
+``--cost`` (live, one process, real redis-server): two routers with their `RouteSync`, 2,000
+routed requests/s alternating between them, each routing a 32-block chain. CPU per request
+with sharing on minus the same loop with sharing off (side by side), Redis bytes per request
+(INFO net input), apply lag p99. The same traffic over Redis pub/sub (PUBLISH + a subscriber
+decoding and applying the same records) as the alternative the design rejected.
+
+``--workers`` (live): one gateway with ``server.workers`` 1 then 2 (Redis on), 4 fast
+simulated replicas, saturating non-streamed load: requests/s and gateway CPU per request.
+
+Written to ``loadtest/results/bench_sync_offline.md`` (+ ``bench_sync_offline.png``) and
+``bench_sync_live.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+from loadtest.bench_overhead import Report
+from loadtest.fleet import free_port
+from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
+from loadtest.replay.summary import summarize
+from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
+from routing.router import RouterConfig
+
+__all__ = ["main"]
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
+
+
+# -- offline: routing quality of N gateways -----------------------------------------------------
+def _workloads(trace: Path, quick: bool) -> list[tuple[str, list[ReplayRequest], int]]:
+    limit = 3000 if quick else None
+    out = []
+    if trace.exists():
+        out.append(("conversation trace 1x", load_mooncake(str(trace), limit=limit), 262_144))
+        if not quick:
+            out.append(("conversation trace 1.5x",
+                        load_mooncake(str(trace), rate_scale=1.5, limit=limit), 262_144))
+    out.append(("synthetic multi-tenant", synthetic_multitenant(), 262_144))
+    return out
+
+
+def _one(reqs: list[ReplayRequest], kv: int, spec: GatewaySpec) -> dict[str, float]:
+    fleet = FleetSpec(replicas=8, kv_tokens=kv)
+    cfg = RouterConfig()
+    res = replay_offline(reqs, fleet, cfg, spec)
+    s = summarize(policy="cache_aware", outcomes=res.outcomes, replicas=res.replicas,
+                  hit_rate=res.hit_rate, pooled_reference_hit_rate=0.0,
+                  preemptions=res.preemptions, load_factor=cfg.load_factor,
+                  load_slack=cfg.load_slack)
+    return {k: float(s[k]) for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s")}  # type: ignore[arg-type]
+
+
+def _job(job: tuple[list[ReplayRequest], int, GatewaySpec]) -> dict[str, float]:
+    return _one(*job)  # a worker process's
+
+
+def offline(rep: Report, trace: Path, quick: bool,
+            jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
+    rep.add("## Routing quality of N gateways (offline, cache_aware, 8 replicas)\n")
+    rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
+            "TTFT p99 s | x 1 gw |")
+    rep.add("|---|---|---|---|---|---|---|---|---|")
+    ns = (1, 4) if quick else (1, 2, 4, 8)
+    delays = (10.0,) if quick else (0.0, 10.0, 50.0)
+    cells: list[tuple[str, str, tuple[list[ReplayRequest], int, GatewaySpec]]] = []
+    for name, reqs, kv in _workloads(trace, quick):
+        for n in ns:
+            variants = [("none", GatewaySpec(n, share=False))] if n > 1 else [("-", GatewaySpec(1))]
+            if n > 1:
+                variants += [(f"D={d:g} ms", GatewaySpec(n, True, d / 1000)) for d in delays]
+            cells += [(name, f"{n}/{label}", (reqs, kv, spec)) for label, spec in variants]
+    with ProcessPoolExecutor(jobs) as pool:
+        results = list(pool.map(_job, [c[2] for c in cells]))
+    rows = []
+    base: dict[str, float] = {}
+    for (name, key, _), r in zip(cells, results, strict=True):
+        gws, label = key.split("/", 1)
+        if gws == "1":
+            base = r  # each workload's first cell: one gateway
+        rows.append((name, key, r))
+        rep.add(f"| {name} | {gws} | {label} | {r['hit_rate']:.4f} | "
+                f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
+                f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
+                f"{r['ttft_p99_s']:.3f} | {r['ttft_p99_s'] / base['ttft_p99_s']:.3f} |")
+    rep.add("")
+    return rows
+
+
+def plot(rows: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({r[0] for r in rows})
+    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes[0], names, strict=True):
+        mine = [r for r in rows if r[0] == name]
+        base = mine[0][2]["hit_rate"] or 1e-9
+        ax.bar([r[1] for r in mine], [r[2]["hit_rate"] / base for r in mine])
+        ax.axhline(0.97, color="red", linewidth=0.8)
+        ax.set_title(name)
+        ax.set_ylabel("hit rate / one gateway")
+        ax.tick_params(axis="x", rotation=70, labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# -- live: the cost of sharing ------------------------------------------------------------------
+@contextmanager
+def redis_server() -> Iterator[str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("bench_sync: redis-server is not installed (scripts/setup installs it)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        import redis
+
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def cost(rep: Report, seconds: float) -> None:
+    from loadtest.sync_cost import measure
+
+    with redis_server() as url:
+        off = asyncio.run(measure(url, "off", seconds))
+        streams = asyncio.run(measure(url, "streams", seconds))
+        pubsub = asyncio.run(measure(url, "pubsub", seconds))
+    rep.add("## The cost of sharing (live, 2 routers in one process, real Redis)\n")
+    rep.add(f"Offered load {off.rate:.0f} routed requests/s for {seconds:g} s, 32-block chains, "
+            "alternating between two routers; CPU is the process's, sharing off as baseline.\n")
+    rep.add("| mode | requests | CPU µs/request | sharing µs/request | Redis bytes in/request "
+            "| batches/s | apply lag p50 ms | apply lag p99 ms |")
+    rep.add("|---|---|---|---|---|---|---|---|")
+    for m in (off, streams, pubsub):
+        extra = m.cpu_us - off.cpu_us
+        rep.add(f"| {m.mode} | {m.requests} | {m.cpu_us:.1f} | "
+                f"{'-' if m is off else f'{extra:.1f}'} | {m.bytes_per_request:.0f} | "
+                f"{m.batches_per_s:.0f} | {m.lag_p50_ms:.2f} | {m.lag_p99_ms:.2f} |")
+    rep.add("")
+
+
+# -- live: workers ------------------------------------------------------------------------------
+def workers(rep: Report, n: int) -> None:
+    from loadtest.sync_cost import workers_run
+
+    with redis_server() as url:
+        one = workers_run(url, 1, n)
+        two = workers_run(url, 2, n)
+    rep.add("## One gateway, server.workers 1 vs 2 (this 2-core machine, Redis on)\n")
+    rep.add("4 simulated replicas at time scale 50 and the load generator share the cores with "
+            "the gateway; non-streamed, concurrency 64, closed loop.\n")
+    rep.add("| workers | requests | req/s | gateway CPU µs/request | errors |")
+    rep.add("|---|---|---|---|---|")
+    for w, r in ((1, one), (2, two)):
+        rep.add(f"| {w} | {n} | {r[0]:.0f} | {r[1]:.0f} | {r[2]} |")
+    rep.add(f"\nThroughput ratio 2 workers / 1: {two[0] / one[0]:.2f}\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_sync", description=__doc__)
+    p.add_argument("--offline", action="store_true")
+    p.add_argument("--cost", action="store_true")
+    p.add_argument("--workers", action="store_true")
+    p.add_argument("--trace", type=Path, default=SAMPLE_TRACE,
+                   help="a Mooncake-format trace (default: the 2-minute sample in the repo)")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="offline replays in parallel")
+    args = p.parse_args(argv)
+    every = not (args.offline or args.cost or args.workers)
+    rep = Report()
+    rep.add("# Shared routing state: benchmark\n")
+    rep.add(f"`python -m loadtest.bench_sync {' '.join(argv or sys.argv[1:])}`\n")
+    if every or args.offline:
+        rows = offline(rep, args.trace, args.quick, args.jobs)
+        plot(rows, RESULTS / "bench_sync_offline.png")
+    if every or args.cost:
+        cost(rep, 5.0 if args.quick else 20.0)
+    if every or args.workers:
+        workers(rep, 3000 if args.quick else 12000)
+    RESULTS.mkdir(exist_ok=True)
+    parts = [n for n, on in (("offline", args.offline), ("live", args.cost or args.workers))
+             if on or every]
+    (RESULTS / f"bench_sync_{'_'.join(parts)}.md").write_text("\n".join(rep.lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

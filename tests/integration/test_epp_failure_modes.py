@@ -1,0 +1,101 @@
+"""When the picker cannot pick: no ready endpoint (the picker answers 503), and the picker
+itself gone (Envoy's ext_proc failure mode, the InferencePool's ``failureMode``):
+
+- FailClose (``failure_mode_allow: false``, kvgate's default bootstrap): Envoy answers 503
+  (its ``status_on_error``; a request caught mid-exchange may get a 500), and nothing reaches
+  a replica;
+- FailOpen (``failure_mode_allow: true``, here with an ``override_host`` cluster that can
+  route unpicked requests): body-less requests (``GET /v1/models``) go on unpicked to some
+  endpoint (Envoy's round robin), without kvgate's routing, tenancy or accounting; a request
+  with a body goes on unpicked when Envoy learnt that the picker is gone before it streamed
+  the body to it, and is a 503 otherwise (in ``FULL_DUPLEX_STREAMED`` mode a body handed to
+  the processor cannot be taken back).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.support.epp import EppProc, envoy_proc, epp_proc
+from tests.support.gateway import wait_for
+from tests.support.procs import Proc, sim_proc
+
+MODEL = "sim-model"
+BODY = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@dataclass
+class Stack:
+    epp: EppProc
+    sim: str
+    fail_close: str
+    fail_open: str
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    procs: list[Proc] = []
+    try:
+        sim, url = sim_proc(None, "--time-scale", "20", model=MODEL)
+        procs.append(sim.start())
+        # an ejected replica stays out 5 s (no half-open trial request during the test)
+        config = {"pools": {"default": {"served_model": MODEL, "replicas": [url]}},
+                  "health": {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 1,
+                             "eject_base_s": 5, "eject_max_s": 5}}
+        epp = epp_proc(config=config)
+        procs.append(epp.start())
+        closed, close_base = envoy_proc(epp.picker)
+        opened, open_base = envoy_proc(epp.picker, failure_mode_allow=True,
+                                       endpoints=[url.removeprefix("http://")])
+        procs += [closed.start(), opened.start()]
+        yield Stack(epp, url, close_base, open_base)
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def _post(base: str) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", json=BODY, timeout=10)
+
+
+def test_no_ready_endpoint_is_a_503_from_the_picker(stack: Stack) -> None:
+    httpx.post(f"{stack.sim}/sim/faults", json={"dead": True}, timeout=5)
+    try:
+        wait_for(lambda: httpx.get(f"{stack.epp.base}/readyz", timeout=5).status_code == 503,
+                 what="the picker sees no ready replica")
+        resp = _post(stack.fail_close)
+        assert resp.status_code == 503
+        assert resp.headers["retry-after"] == "1"
+        assert resp.json()["error"]["type"] == "ServiceUnavailableError"
+    finally:
+        httpx.post(f"{stack.sim}/sim/faults", json={"dead": False}, timeout=5)
+    wait_for(lambda: httpx.get(f"{stack.epp.base}/readyz", timeout=5).status_code == 200,
+             timeout=30, what="the replica back")
+
+
+def _logged(sim: str) -> int:
+    return len(httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"])
+
+
+def test_a_killed_picker_is_envoys_failure_mode(stack: Stack) -> None:
+    for base in (stack.fail_close, stack.fail_open):
+        assert _post(base).headers["x-kvgate-route"]  # picked by kvgate while it runs
+        models = httpx.get(f"{base}/v1/models", timeout=10).json()["data"]
+        assert models[0]["owned_by"] == "kvgate"  # kvgate's own list (public names)
+    stack.epp.kill()
+    before = _logged(stack.sim)
+    for _ in range(4):
+        assert _post(stack.fail_close).status_code in (500, 503)
+    assert httpx.get(f"{stack.fail_close}/v1/models", timeout=10).status_code in (500, 503)
+    assert _logged(stack.sim) == before  # FailClose: nothing went on unpicked
+    for _ in range(4):
+        resp = _post(stack.fail_open)
+        assert resp.status_code in (200, 503)
+        assert "x-kvgate-route" not in resp.headers
+    unpicked = httpx.get(f"{stack.fail_open}/v1/models", timeout=10)
+    assert unpicked.status_code == 200  # FailOpen: the replica's own answer
+    assert unpicked.json()["data"][0]["owned_by"] == "vllm"

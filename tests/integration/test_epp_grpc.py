@@ -1,0 +1,226 @@
+"""The picker's side of the ext_proc protocol, driven by a real gRPC client playing Envoy's
+part: the cases a stock Envoy does not produce on demand (a body large enough to be
+re-chunked, request trailers, the subset hint as the protocol's list, the served endpoint in
+``envoy.lb`` metadata) and the gRPC health service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
+from google.protobuf.struct_pb2 import Struct
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.epp.wire import CHUNK_BYTES, DESTINATION
+from tests.support.epp import EppProc, epp_proc
+from tests.support.procs import Proc, sim_proc
+
+PUBLIC, SERVED = "public-model", "sim-model"
+
+
+@pytest.fixture(scope="module")
+def picker() -> Iterator[tuple[EppProc, list[str]]]:
+    procs: list[Proc] = []
+    try:
+        urls = []
+        for _ in range(2):
+            sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+            procs.append(sim.start())
+            urls.append(url)
+        config = {"pools": {"p": {"served_model": SERVED, "replicas": urls}},
+                  "models": {PUBLIC: {"default": "p"}}, "epp": {"fallbacks": 1},
+                  "server": {"max_body_bytes": 400_000}}
+        epp = epp_proc(config=config)
+        procs.append(epp.start())
+        yield epp, [u.removeprefix("http://") for u in urls]
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+@pytest.fixture
+async def stub(picker: tuple[EppProc, list[str]]) -> AsyncIterator[pb_grpc.ExternalProcessorStub]:
+    async with grpc.aio.insecure_channel(picker[0].picker) as channel:
+        yield pb_grpc.ExternalProcessorStub(channel)
+
+
+def _headers(pairs: dict[str, str], end: bool = False) -> pb.HttpHeaders:
+    return pb.HttpHeaders(end_of_stream=end, headers=HeaderMap(headers=[
+        HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]))
+
+
+def _request(body: bytes, **extra: str) -> dict[str, str]:
+    return {":method": "POST", ":path": "/v1/chat/completions", "content-type":
+            "application/json", "content-length": str(len(body)), **extra}
+
+
+def _subset(endpoints: Sequence[str]) -> Metadata:
+    hint = Struct()
+    hint.update({"x-gateway-destination-endpoint-subset": list(endpoints)})
+    return Metadata(filter_metadata={"envoy.lb.subset_hint": hint})
+
+
+def _chat(content: str, **extra: Any) -> bytes:
+    return orjson.dumps({"model": PUBLIC, "messages": [{"role": "user", "content": content}],
+                         "max_tokens": 2, **extra})
+
+
+def _set(resp: pb.ProcessingResponse) -> dict[str, bytes]:
+    mutation = resp.request_headers.response.header_mutation
+    return {h.header.key: h.header.raw_value for h in mutation.set_headers}
+
+
+async def _answers(call: Any, n: int) -> list[pb.ProcessingResponse]:
+    return [await asyncio.wait_for(call.read(), 10) for _ in range(n)]
+
+
+async def test_a_large_body_is_rewritten_and_rechunked(stub: Any, picker: Any) -> None:
+    body = _chat("x" * 150_000, stream=True)
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    for i in range(0, len(body), 50_000):  # Envoy streams the body in pieces
+        await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(
+            body=body[i:i + 50_000], end_of_stream=i + 50_000 >= len(body))))
+    first = (await _answers(call, 1))[0]
+    sent = _set(first)
+    destination = sent[DESTINATION].decode()
+    lb = first.dynamic_metadata.fields["envoy.lb"].struct_value.fields
+    assert lb[DESTINATION].string_value == destination  # header and metadata agree
+    primary, fallback = destination.split(",")
+    assert {primary, fallback} == set(picker[1])  # epp.fallbacks: 1
+    assert first.request_headers.response.clear_route_cache
+    assert "authorization" in first.request_headers.response.header_mutation.remove_headers
+    length = int(sent["content-length"])
+    chunks = []
+    while sum(len(c.request_body.response.body_mutation.streamed_response.body)
+              for c in chunks) < length:
+        chunks += await _answers(call, 1)
+    streamed = [c.request_body.response.body_mutation.streamed_response for c in chunks]
+    assert all(len(s.body) <= CHUNK_BYTES for s in streamed) and len(streamed) >= 3
+    assert [s.end_of_stream for s in streamed] == [False] * (len(streamed) - 1) + [True]
+    upstream = orjson.loads(b"".join(s.body for s in streamed))
+    assert len(b"".join(s.body for s in streamed)) == length
+    assert upstream["model"] == SERVED  # the public name became the pool's served name
+    assert upstream["stream_options"] == {"include_usage": True}
+    await call.done_writing()
+
+
+async def test_trailers_end_the_body(stub: Any) -> None:
+    body = _chat("with trailers")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body)))
+    await call.write(pb.ProcessingRequest(request_trailers=pb.HttpTrailers()))
+    headers, chunk, trailers = await _answers(call, 3)
+    assert DESTINATION in _set(headers)
+    assert not chunk.request_body.response.body_mutation.streamed_response.end_of_stream
+    assert trailers.HasField("request_trailers")
+    await call.done_writing()
+
+
+async def test_the_subset_list_and_an_empty_one(stub: Any, picker: Any) -> None:
+    allowed = picker[1][1]
+    for _ in range(4):
+        body = _chat("subset")
+        call = stub.Process()
+        await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body)),
+                                              metadata_context=_subset([allowed])))
+        await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                       end_of_stream=True)))
+        headers = (await _answers(call, 1))[0]
+        assert _set(headers)[DESTINATION].decode() == allowed  # no fallback outside it
+        await call.done_writing()
+    body = _chat("nowhere")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body)),
+                                          metadata_context=_subset([])))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    refused = (await _answers(call, 1))[0].immediate_response
+    assert refused.status.code == 503
+    assert orjson.loads(refused.body)["error"]["type"] == "ServiceUnavailableError"
+
+
+async def test_the_served_endpoint_from_metadata_moves_the_request(
+    stub: Any, picker: Any
+) -> None:
+    body = _chat("served elsewhere")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    headers, _ = await _answers(call, 2)
+    _, fallback = _set(headers)[DESTINATION].decode().split(",")
+    served = Struct()
+    served.update({"x-gateway-destination-endpoint-served": fallback})
+    await call.write(pb.ProcessingRequest(
+        response_headers=_headers({":status": "200", "content-type": "application/json"}),
+        metadata_context=Metadata(filter_metadata={"envoy.lb": served})))
+    answer = (await _answers(call, 1))[0].response_headers.response.header_mutation
+    added = {h.header.key: h.header.raw_value.decode() for h in answer.set_headers}
+    assert added["x-kvgate-replica"] == f"p/{fallback}"
+    assert added["x-kvgate-route"] == "retry"
+    reply = b'{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=reply,
+                                                                    end_of_stream=True)))
+    passed = (await _answers(call, 1))[0].response_body.response.body_mutation
+    assert passed.streamed_response.body == reply and passed.streamed_response.end_of_stream
+    await call.done_writing()
+
+
+async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:
+    """Envoy's own 503 (no upstream answered) reaches the client as an OpenAI error."""
+    body = _chat("to a dead replica")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    await _answers(call, 2)
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "503", "content-type": "text/plain", "content-length": "19"})))
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b"no healthy upstream", end_of_stream=True)))
+    headers, answer = await _answers(call, 2)  # the headers wait for the body
+    mutation = headers.response_headers.response.header_mutation
+    added = {h.header.key: h.header.raw_value for h in mutation.set_headers}
+    assert added["content-type"] == b"application/json" and added["retry-after"] == b"1"
+    assert list(mutation.remove_headers) == ["content-length"]
+    shaped = orjson.loads(answer.response_body.response.body_mutation.streamed_response.body)
+    assert shaped["error"]["type"] == "ServiceUnavailableError"
+    assert shaped["error"]["code"] == 503
+    await call.done_writing()
+
+
+async def test_oversized_and_unknown_requests_are_refused_at_once(stub: Any) -> None:
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(
+        _request(b"", **{"content-length": "500000"}))))
+    too_big = (await _answers(call, 1))[0].immediate_response
+    assert too_big.status.code == 413
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(
+        {":method": "GET", ":path": "/v1/unknown"}, end=True)))
+    unknown = (await _answers(call, 1))[0].immediate_response
+    assert unknown.status.code == 404
+    assert orjson.loads(unknown.body)["error"]["type"] == "NotFoundError"
+
+
+async def test_grpc_health(picker: Any) -> None:
+    async with grpc.aio.insecure_channel(picker[0].picker) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        serving = health_pb2.HealthCheckResponse.SERVING
+        for service in ("", "liveness", "readiness",
+                        "envoy.service.ext_proc.v3.ExternalProcessor"):
+            reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert reply.status == serving, service
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await health.Check(health_pb2.HealthCheckRequest(service="other"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

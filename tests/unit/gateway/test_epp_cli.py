@@ -1,0 +1,36 @@
+"""`kvgate epp`'s flags and start-up warnings (gateway/epp/cli.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.epp.cli import DEFAULT_HTTP_PORT, build_parser, load, named_hosts
+
+
+def _cfg(*argv: str):  # type: ignore[no-untyped-def]
+    return load(build_parser().parse_args([*argv, "--no-auth"]))
+
+
+def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVGATE_CONFIG", "")
+    cfg = _cfg("--upstream", "http://10.0.0.1:8000")
+    assert (cfg.epp.port, cfg.epp.fallbacks, cfg.server.admin_port) == (9002, 0, DEFAULT_HTTP_PORT)
+    cfg = _cfg("--upstream", "http://10.0.0.1:8000", "--port", "7002", "--http-port", "7090",
+               "--fallbacks", "2")
+    assert (cfg.epp.port, cfg.epp.fallbacks, cfg.server.admin_port) == (7002, 2, 7090)
+
+
+@pytest.mark.parametrize(("urls", "named"), [
+    (["http://10.0.0.1:8000", "http://[fd00::1]:8000"], None),
+    (["http://vllm-0.llm:8000", "http://10.0.0.2:8000"], "vllm-0.llm"),
+])
+def test_replicas_listed_by_name_are_warned_about(
+    monkeypatch: pytest.MonkeyPatch, urls: list[str], named: str | None
+) -> None:
+    monkeypatch.setenv("KVGATE_CONFIG", "")
+    cfg = _cfg(*[a for u in urls for a in ("--upstream", u)])
+    warnings = named_hosts(cfg)
+    if named is None:
+        assert warnings == []
+    else:
+        assert len(warnings) == 1 and named in warnings[0]
