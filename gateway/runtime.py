@@ -81,7 +81,7 @@ async def start_runtime(
     pools = Pools(cfg, snap.doc if snap is not None else cfg.policy_doc(), transport)
     stack.push_async_callback(pools.close)
     by_id = {r.id: r for r in pools.replicas()}  # replica id -> replica; scrapes land here
-    scraper = _scraper(cfg, by_id, clock, stack)
+    scraper = _scraper(cfg, by_id, router, clock, stack)
     sync = _route_sync(cfg, router, pools, by_id, clock)
     members = Membership(pools, by_id, router, scraper, sync)
     stack.push_async_callback(members.stop)
@@ -134,10 +134,11 @@ async def _start_tenancy(
 
 
 def _scraper(
-    cfg: KvgateConfig, by_id: dict[str, Replica], clock: Callable[[], float],
+    cfg: KvgateConfig, by_id: dict[str, Replica], router: Router, clock: Callable[[], float],
     stack: AsyncExitStack,
 ) -> Scraper:
-    """Polls every replica's vLLM /metrics; samples land on the replica (`record_scrape`)."""
+    """Polls every replica's vLLM /metrics; samples land on the replica (`record_scrape`) and
+    the engine's prefill counters teach the router's TTFT model (`record_counters`)."""
     client = httpx.AsyncClient()
     stack.push_async_callback(client.aclose)
 
@@ -145,6 +146,9 @@ def _scraper(
         replica = by_id.get(replica_id)
         if replica is not None:
             replica.record_scrape(sample, now)
+            counters = sample.engine_counters() if sample is not None else None
+            if counters is not None:  # every request teaches the TTFT model
+                router.record_counters(replica_id, counters, now)
 
     interval = cfg.routing.scrape_interval_ms / 1000.0
     scraper = Scraper(client, on_sample, interval_s=interval,

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from routing.learning import EngineCounters
+
 __all__ = ["NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,10 @@ _SUMMED: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total",),
     "prompt_tokens": ("vllm:prompt_tokens_total",),
     "generation_tokens": ("vllm:generation_tokens_total",),
+    # request phases (vLLM >= 0.7): what the router learns its TTFT model from
+    "prefill_seconds": ("vllm:request_prefill_time_seconds_sum",),
+    "prefill_requests": ("vllm:request_prefill_time_seconds_count",),
+    "prefill_computed_tokens": ("vllm:request_prefill_kv_computed_tokens_sum",),
     # engine-side latency histograms: only their _sum and _count (means over a window, for
     # `kvgate doctor`); seconds of the engine's own clock
     "ttft_sum": ("vllm:time_to_first_token_seconds_sum",),
@@ -80,6 +86,9 @@ class Sample:
     num_gpu_blocks: int | None = None  # the whole replica's (one cache_config_info series)
     legacy_names: bool = False  # True when a deprecated name was read
     kv_cache_size_tokens: int | None = None  # sum of the engines' `kv_cache_size_tokens`
+    prefill_seconds: float | None = None  # request_prefill_time_seconds sum and count
+    prefill_requests: float | None = None
+    prefill_computed_tokens: float | None = None  # request_prefill_kv_computed_tokens sum
     # counters: _sum and _count of the engine's TTFT, inter-token and queue-time histograms
     ttft_sum: float | None = None
     ttft_count: float | None = None
@@ -87,6 +96,19 @@ class Sample:
     itl_count: float | None = None
     queue_time_sum: float | None = None
     queue_time_count: float | None = None
+
+    def engine_counters(self) -> EngineCounters | None:
+        """The cumulative prefill counters the router learns from (None: not exported).
+        Without the computed-tokens histogram (older vLLM), prompt tokens minus prefix-cache
+        hits stand in for it."""
+        if self.prefill_seconds is None or self.prefill_requests is None:
+            return None
+        computed = self.prefill_computed_tokens
+        if computed is None and self.prompt_tokens is not None:
+            computed = self.prompt_tokens - (self.prefix_cache_hits or 0.0)
+        if computed is None:
+            return None
+        return EngineCounters(self.prefill_seconds, self.prefill_requests, computed)
 
     @property
     def cache_capacity_tokens(self) -> int | None:

@@ -1,6 +1,7 @@
 """Shared routing state between gateways: routing quality, the sharing's cost, workers.
 
     python -m loadtest.bench_sync [--offline] [--cost] [--workers] [--trace PATH] [--quick]
+                                  [--jobs N]
 
 ``--offline`` (routing quality, simulated time): N = 1, 2, 4, 8 gateways, requests spread at
 random over them, sharing off and on at a sync delay D = 0, 10, 50 ms, on the Mooncake
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -60,34 +62,47 @@ def _workloads(trace: Path, quick: bool) -> list[tuple[str, list[ReplayRequest],
 
 def _one(reqs: list[ReplayRequest], kv: int, spec: GatewaySpec) -> dict[str, float]:
     fleet = FleetSpec(replicas=8, kv_tokens=kv)
-    res = replay_offline(reqs, fleet, RouterConfig(), spec)
+    cfg = RouterConfig()
+    res = replay_offline(reqs, fleet, cfg, spec)
     s = summarize(policy="cache_aware", outcomes=res.outcomes, replicas=res.replicas,
                   hit_rate=res.hit_rate, pooled_reference_hit_rate=0.0,
-                  preemptions=res.preemptions, load_factor=1.25, load_slack=1.0)
+                  preemptions=res.preemptions, load_factor=cfg.load_factor,
+                  load_slack=cfg.load_slack)
     return {k: float(s[k]) for k in ("hit_rate", "ttft_p50_s", "ttft_p99_s")}  # type: ignore[arg-type]
 
 
-def offline(rep: Report, trace: Path, quick: bool) -> list[tuple[str, str, dict[str, float]]]:
+def _job(job: tuple[list[ReplayRequest], int, GatewaySpec]) -> dict[str, float]:
+    return _one(*job)  # a worker process's
+
+
+def offline(rep: Report, trace: Path, quick: bool,
+            jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
     rep.add("## Routing quality of N gateways (offline, cache_aware, 8 replicas)\n")
     rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
             "TTFT p99 s | x 1 gw |")
     rep.add("|---|---|---|---|---|---|---|---|---|")
-    rows = []
     ns = (1, 4) if quick else (1, 2, 4, 8)
     delays = (10.0,) if quick else (0.0, 10.0, 50.0)
+    cells: list[tuple[str, str, tuple[list[ReplayRequest], int, GatewaySpec]]] = []
     for name, reqs, kv in _workloads(trace, quick):
-        base = _one(reqs, kv, GatewaySpec(1))
         for n in ns:
             variants = [("none", GatewaySpec(n, share=False))] if n > 1 else [("-", GatewaySpec(1))]
             if n > 1:
                 variants += [(f"D={d:g} ms", GatewaySpec(n, True, d / 1000)) for d in delays]
-            for label, spec in variants:
-                r = base if n == 1 else _one(reqs, kv, spec)
-                rows.append((name, f"{n}/{label}", r))
-                rep.add(f"| {name} | {n} | {label} | {r['hit_rate']:.4f} | "
-                        f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
-                        f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
-                        f"{r['ttft_p99_s']:.3f} | {r['ttft_p99_s'] / base['ttft_p99_s']:.3f} |")
+            cells += [(name, f"{n}/{label}", (reqs, kv, spec)) for label, spec in variants]
+    with ProcessPoolExecutor(jobs) as pool:
+        results = list(pool.map(_job, [c[2] for c in cells]))
+    rows = []
+    base: dict[str, float] = {}
+    for (name, key, _), r in zip(cells, results, strict=True):
+        gws, label = key.split("/", 1)
+        if gws == "1":
+            base = r  # each workload's first cell: one gateway
+        rows.append((name, key, r))
+        rep.add(f"| {name} | {gws} | {label} | {r['hit_rate']:.4f} | "
+                f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
+                f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
+                f"{r['ttft_p99_s']:.3f} | {r['ttft_p99_s'] / base['ttft_p99_s']:.3f} |")
     rep.add("")
     return rows
 
@@ -183,13 +198,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", type=Path, default=SAMPLE_TRACE,
                    help="a Mooncake-format trace (default: the 2-minute sample in the repo)")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=1, help="offline replays in parallel")
     args = p.parse_args(argv)
     every = not (args.offline or args.cost or args.workers)
     rep = Report()
     rep.add("# Shared routing state: benchmark\n")
     rep.add(f"`python -m loadtest.bench_sync {' '.join(argv or sys.argv[1:])}`\n")
     if every or args.offline:
-        rows = offline(rep, args.trace, args.quick)
+        rows = offline(rep, args.trace, args.quick, args.jobs)
         plot(rows, RESULTS / "bench_sync_offline.png")
     if every or args.cost:
         cost(rep, 5.0 if args.quick else 20.0)

@@ -21,26 +21,32 @@ class RouterConfig:
     max_blocks: int = 256
     # bounded load: a replica may take a request only while its in-flight load after the
     # assignment stays <= load_factor x pool mean + load_slack
-    load_factor: float = 1.25
-    load_slack: float = 1.0
+    load_factor: float = 2.0
+    load_slack: float = 4.0
     # affinity index: per-replica capacity when the replica's cache_config_info is unknown
     # (262,144 tokens is about an 8B model's KV on one 80 GB GPU)
     fallback_capacity_tokens: int = 262_144
     # scraped values older than this are ignored (fail open to kvgate's own accounting)
     stale_after_s: float = 1.0
-    # cost model (cache_aware); rates in prompt tokens per second
+    # cost model (cache_aware): TTFT = fixed part + work / rate, learned per replica
+    # (routing.learning.TtftModel); rates in prompt tokens per second
     prior_prefill_tps: float = 8_000.0
-    prior_weight_s: float = 2.0
-    rate_decay: float = 0.9
+    prior_fixed_s: float = 0.02
+    prior_weight: float = 2.0  # the prior counts as this many observations (fleet fit)
+    fleet_weight: float = 4.0  # the fleet's fit counts as this many (each replica's fit)
+    rate_decay: float = 0.98  # per observation
     min_prefill_tps: float = 50.0
+    max_fixed_s: float = 2.0
+    outlier_factor: float = 4.0  # an observation counts at most this far from the prediction
     decode_weight_tokens: float = 16.0
     prior_request_tokens: float = 1_024.0
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0
     tie_quantum_s: float = 0.001
+    tie_relative: float = 0.05  # costs within this share of each other tie too
     # an uncached prompt token is charged miss_weight x its prefill time (>= 1; 1 = the pure
     # TTFT estimate); the extra is the fleet's price of recomputing and duplicating a prefix
-    miss_weight: float = 3.0
+    miss_weight: float = 2.0
     pending_ttl_s: float = 120.0
     # consistent_hash
     virtual_nodes: int = 64
@@ -60,10 +66,19 @@ class RouterConfig:
             raise ValueError("routing.rate_decay must be in (0, 1)")
         if not 0.0 <= self.kv_knee < 1.0:
             raise ValueError("routing.kv_knee must be in [0, 1)")
-        if self.prior_prefill_tps <= 0 or self.prior_weight_s <= 0 or self.tie_quantum_s <= 0:
+        if min(self.prior_prefill_tps, self.prior_weight, self.fleet_weight,
+               self.tie_quantum_s) <= 0:
             raise ValueError(
-                "routing: prior_prefill_tps, prior_weight_s, tie_quantum_s must be > 0"
+                "routing: prior_prefill_tps, prior_weight, fleet_weight, tie_quantum_s must be > 0"
             )
+        if not 0.0 <= self.prior_fixed_s <= self.max_fixed_s or self.min_prefill_tps <= 0:
+            raise ValueError(
+                "routing: need 0 <= prior_fixed_s <= max_fixed_s and min_prefill_tps > 0"
+            )
+        if not 0.0 < self.tie_relative < 1.0:
+            raise ValueError("routing.tie_relative must be in (0, 1)")
+        if self.outlier_factor <= 1.0:
+            raise ValueError("routing.outlier_factor must be > 1")
         if self.miss_weight < 1.0:
             raise ValueError("routing.miss_weight must be >= 1")
         if self.virtual_nodes <= 0:

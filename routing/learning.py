@@ -1,12 +1,35 @@
-"""What the router learns online: each replica's prefill rate, and its own pending prefill work.
+"""What the router learns online: each replica's time to first token, and its pending work.
 
-Prefill rate. When kvgate routes a request it predicts the prefill work (tokens) the replica
-must do before that request's first token: the uncached work it had already been sent, plus
-this request's uncached tokens. When the first token arrives after ``ttft_s``, the pair
-(work, ttft_s) is one observation. The rate is the ratio of exponentially decayed sums,
-started from a prior worth ``prior_weight_s`` seconds at ``prior_prefill_tps``; a slow
-replica (AWQ vs FP8, a busy GPU) drifts to its own rate after a few requests, and one outlier
-moves it only a little.
+TTFT model. Per replica, TTFT = ``fixed_s`` + work / rate: a fixed part (the engine step the
+prefill runs in, which also carries the decoding batch; the step in progress; the network)
+plus the prefill work ahead of the first token at the replica's rate. Without the fixed part
+a replica that serves mostly cache hits (little work, the same fixed time) would learn a
+much lower rate than one serving misses, and look slow because it holds the cache.
+
+Observations (work tokens, seconds) come from two places:
+
+- a streamed first token: kvgate predicted, at routing time, the work ahead of the request
+  (pending work it had sent there + the request's own uncached tokens), and now sees its TTFT;
+- the replica's scraped counters (`EngineCounters`): between two scrapes, the mean prefill
+  time (scheduled -> first token) and the mean prompt tokens computed per request, weighted by
+  the requests in the interval -- so non-streamed traffic, and other clients' traffic on a
+  shared replica, teach the model too.
+
+The fit is a decayed weighted least-squares line through them, anchored by a prior: two
+pseudo-observations (no work, and `PRIOR_ANCHOR_TOKENS` of work; together worth
+``fleet_weight`` observations) on the line of the *fleet's* fit -- every replica's
+observations together, itself anchored the same way (``prior_weight``) on the configured prior
+(``prior_fixed_s``, ``prior_prefill_tps``). So a replica that sees too few or too similar
+observations (one that serves only cache hits cannot tell its rate from its fixed part)
+leans on what its peers show rather than swinging, while its own observations decide as
+soon as they say something. A replica with fewer (decayed) observations than ``fleet_weight``
+uses the fleet's fit as it is: two identical replicas must not differ because one of them
+happened to serve a request first (every cold request would follow the first).
+
+Bounds: an observation counts at most ``outlier_factor`` x (or 1/x) the current prediction,
+the fixed part is in [0, ``max_fixed_s``], the rate in [``floor_tps``, `MAX_PREFILL_TPS`].
+One outlier therefore moves the fit a little, a changed
+replica (another model, a busy GPU) moves it within a few dozen requests.
 
 Pending work. Per replica, the predicted uncached tokens of requests routed there whose first
 token has not arrived. Entries leave on the first token, on `drop`, or after ``ttl_s`` (a
@@ -19,41 +42,152 @@ from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-__all__ = ["PendingWork", "PrefillRates", "Rate", "ReplicaPending"]
+__all__ = [
+    "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork", "ReplicaPending",
+    "TtftFit", "TtftModel",
+]
+
+PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
+MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see little work
+_MIN_SPT = 1.0 / MAX_PREFILL_TPS
+_SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
+
+
+@dataclass(frozen=True, slots=True)
+class TtftFit:
+    """TTFT = fixed_s + work_tokens x s_per_token."""
+
+    fixed_s: float
+    s_per_token: float
+
+    @property
+    def rate(self) -> float:
+        return 1.0 / self.s_per_token
+
+    def predict(self, work_tokens: float) -> float:
+        return self.fixed_s + work_tokens * self.s_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCounters:
+    """Cumulative counters of one replica's engine (a scrape of vLLM's /metrics).
+
+    ``prefill_seconds`` / ``prefill_requests``: ``vllm:request_prefill_time_seconds`` sum and
+    count; ``computed_tokens``: ``vllm:request_prefill_kv_computed_tokens`` sum (or, on an
+    engine without it, prompt tokens minus prefix-cache hits)."""
+
+    prefill_seconds: float
+    prefill_requests: float
+    computed_tokens: float
 
 
 @dataclass(slots=True)
-class Rate:
-    work: float
-    seconds: float
+class _Sums:
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def scale(self, k: float) -> None:
+        self.w *= k
+        self.x *= k
+        self.y *= k
+        self.xx *= k
+        self.xy *= k
+
+    def add(self, x: float, y: float, w: float) -> None:
+        self.w += w
+        self.x += w * x
+        self.y += w * y
+        self.xx += w * x * x
+        self.xy += w * x * y
 
 
-class PrefillRates:
-    def __init__(self, prior_tps: float, prior_weight_s: float, decay: float, floor_tps: float):
-        self._prior = Rate(prior_tps * prior_weight_s, prior_weight_s)
+class TtftModel:
+    def __init__(
+        self, prior_tps: float, prior_fixed_s: float, prior_weight: float, decay: float,
+        floor_tps: float, max_fixed_s: float, outlier_factor: float, fleet_weight: float,
+    ) -> None:
+        self.prior = TtftFit(prior_fixed_s, 1.0 / prior_tps)
+        self._weight = prior_weight
+        self._fleet_weight = fleet_weight
         self._decay = decay
-        self._floor = floor_tps
-        self._rates: dict[str, Rate] = {}
+        self._fleet_decay = decay**0.25  # the fleet's sums see every replica's observations
+        self._max_spt = 1.0 / floor_tps
+        self._max_fixed = max_fixed_s
+        self._outlier = outlier_factor
+        self._fleet = _Sums()
+        self.fleet = self.prior  # every replica's observations together (the replicas' prior)
+        self._sums: dict[str, _Sums] = {}
+        self._fits: dict[str, TtftFit] = {}
+        self._counters: dict[str, EngineCounters] = {}
 
-    def records(self) -> tuple[Mapping[str, Rate], Rate, float]:
-        """(learned rates, the prior, the floor): raw access for the per-candidate hot loop."""
-        return self._rates, self._prior, self._floor
+    def fits(self) -> Mapping[str, TtftFit]:
+        """Learned fits by replica (`fleet` for replicas not in it): for the hot loop."""
+        return self._fits
+
+    def fit(self, replica: str) -> TtftFit:
+        return self._fits.get(replica, self.fleet)
 
     def rate(self, replica: str) -> float:
-        r = self._rates.get(replica, self._prior)
-        return max(self._floor, r.work / r.seconds)
+        return self.fit(replica).rate
 
-    def observe(self, replica: str, work_tokens: float, ttft_s: float) -> None:
-        if ttft_s <= 0.0 or work_tokens < 0.0:
+    def observe(
+        self, replica: str, work_tokens: float, seconds: float, weight: float = 1.0
+    ) -> None:
+        """``work_tokens`` of prefill took ``seconds`` to a first token (``weight``
+        observations of that mean)."""
+        if seconds <= 0.0 or work_tokens < 0.0 or weight <= 0.0:
             return
-        r = self._rates.get(replica)
-        if r is None:
-            r = self._rates[replica] = Rate(self._prior.work, self._prior.seconds)
-        r.work = r.work * self._decay + work_tokens
-        r.seconds = r.seconds * self._decay + ttft_s
+        expected = self.fit(replica).predict(work_tokens)
+        seconds = min(max(seconds, expected / self._outlier), expected * self._outlier)
+        self._fleet.scale(self._fleet_decay**weight)
+        self._fleet.add(work_tokens, seconds, weight)
+        self.fleet = self._solve(self._fleet, self.prior, self._weight)
+        sums = self._sums.get(replica)
+        if sums is None:
+            sums = self._sums[replica] = _Sums()
+        sums.scale(self._decay**weight)
+        sums.add(work_tokens, seconds, weight)
+        if sums.w >= self._fleet_weight:  # until then its own few observations are noise
+            self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+
+    def observe_counters(self, replica: str, counters: EngineCounters) -> None:
+        """A scrape of ``replica``'s engine counters: the interval since the last one is an
+        observation (a restarted engine, whose counters went back, starts over)."""
+        last = self._counters.get(replica)
+        self._counters[replica] = counters
+        if last is None:
+            return
+        n = counters.prefill_requests - last.prefill_requests
+        seconds = counters.prefill_seconds - last.prefill_seconds
+        tokens = counters.computed_tokens - last.computed_tokens
+        if n < 1.0 or seconds <= 0.0 or tokens < 0.0:
+            return
+        self.observe(replica, tokens / n, seconds / n, min(n, _SCRAPE_WEIGHT_CAP))
+
+    def _solve(self, sums: _Sums, prior: TtftFit, weight: float) -> TtftFit:
+        """The least-squares line through ``sums`` and ``prior``'s two pseudo-observations
+        (no work, and `PRIOR_ANCHOR_TOKENS`; together worth ``weight`` observations), bounded."""
+        half, x1 = weight / 2.0, PRIOR_ANCHOR_TOKENS
+        y0, y1 = prior.fixed_s, prior.predict(x1)
+        w, x, y = sums.w + 2.0 * half, sums.x + half * x1, sums.y + half * (y0 + y1)
+        xx, xy = sums.xx + half * x1 * x1, sums.xy + half * x1 * y1
+        det = w * xx - x * x
+        spt = (w * xy - x * y) / det if det > 0.0 else prior.s_per_token
+        spt = min(max(spt, _MIN_SPT), self._max_spt)
+        fixed = (y - spt * x) / w
+        if not 0.0 <= fixed <= self._max_fixed:
+            # the bound binds: refit the slope through the bounded intercept
+            fixed = min(max(fixed, 0.0), self._max_fixed)
+            spt = min(max((xy - fixed * x) / xx, _MIN_SPT), self._max_spt)
+        return TtftFit(fixed, spt)
 
     def forget(self, replica: str) -> None:
-        self._rates.pop(replica, None)
+        self._sums.pop(replica, None)
+        self._fits.pop(replica, None)
+        self._counters.pop(replica, None)
 
 
 @dataclass(slots=True)
@@ -70,7 +204,13 @@ class _Entry:
 class ReplicaPending:
     total: float = 0.0
     count: int = 0
+    fluid: float = 0.0  # predicted work not yet done at `fluid_at` (drains at the rate)
+    fluid_at: float = 0.0
     by_key: dict[tuple[int, int], deque[_Entry]] = field(default_factory=dict)
+
+    def fluid_left(self, now: float, rate: float) -> float:
+        left = self.fluid - rate * (now - self.fluid_at)
+        return min(self.total, left) if left > 0.0 else 0.0
 
 
 class PendingWork:
@@ -101,22 +241,25 @@ class PendingWork:
 
     def add(
         self, replica: str, key: tuple[int, int], uncached: float, now: float,
-        others: float = 0.0,
+        others: float = 0.0, rate: float = 0.0,
     ) -> float:
         """Record a routed request; returns the work ahead of its first token (incl. itself).
         ``others``: work queued there by other gateways (shared state), ahead of it too."""
         self.expire(now)
         self.mean_request_tokens += 0.05 * (uncached - self.mean_request_tokens)
         p = self._replicas.setdefault(replica, ReplicaPending())
-        entry = _Entry(replica, key, uncached, p.total + others + uncached, now)
+        ahead = p.fluid_left(now, rate) if rate > 0 else p.total
+        p.fluid, p.fluid_at = ahead + uncached, now
+        entry = _Entry(replica, key, uncached, ahead + others + uncached, now)
         p.by_key.setdefault(key, deque()).append(entry)
         p.total += uncached
         p.count += 1
         self._timeline.append(entry)
         return entry.work
 
-    def pop(self, replica: str, key: tuple[int, int]) -> float | None:
-        """Remove the oldest pending request with ``key``; returns its predicted work."""
+    def pop(self, replica: str, key: tuple[int, int]) -> tuple[float, float] | None:
+        """Remove the oldest pending request with ``key``; returns (the work predicted ahead
+        of its first token, its own part of it)."""
         p = self._replicas.get(replica)
         queue = p.by_key.get(key) if p is not None else None
         if p is None or not queue:
@@ -125,7 +268,7 @@ class PendingWork:
         if not queue:
             del p.by_key[key]
         self._retire(p, entry)
-        return entry.work
+        return entry.work, entry.uncached
 
     def _retire(self, p: ReplicaPending, entry: _Entry) -> None:
         entry.live = False

@@ -15,16 +15,16 @@ delivers them after a simulated delay. Both call the same methods.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
-from routing.learning import PendingWork, PrefillRates
+from routing.learning import EngineCounters, PendingWork, TtftFit, TtftModel
 from routing.load import replica_hash
 from routing.peers import PeerLoads, ReplicaLoad, RouteRecord
-from routing.policies import PickContext, RouterState, build_policy
+from routing.policies import PickContext, PolicyFactory, RouterState, build_policy
 from routing.types import Decision, ReplicaView, RequestFeatures
 
 __all__ = ["NoCandidate", "Router", "RouterConfig"]
@@ -35,8 +35,10 @@ class NoCandidate(Exception):
 
 
 _by_id = attrgetter("id")
+_NO_ORDER: tuple[str, ...] = ()
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
+_MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -45,18 +47,23 @@ def _request_key(features: RequestFeatures) -> tuple[int, int]:
 
 
 class Router:
-    def __init__(self, config: RouterConfig | None = None) -> None:
+    def __init__(
+        self, config: RouterConfig | None = None, *, policy: PolicyFactory | None = None
+    ) -> None:
+        """``policy``: a policy outside the registry (the offline replay's yardsticks);
+        by default the registry's ``config.policy``."""
         self.config = cfg = config or RouterConfig()
         self.state = RouterState(
             config=cfg,
             index=AffinityIndex(cfg.fallback_capacity_tokens // cfg.tokens_per_block),
-            rates=PrefillRates(
-                cfg.prior_prefill_tps, cfg.prior_weight_s, cfg.rate_decay, cfg.min_prefill_tps
+            ttft=TtftModel(
+                cfg.prior_prefill_tps, cfg.prior_fixed_s, cfg.prior_weight, cfg.rate_decay,
+                cfg.min_prefill_tps, cfg.max_fixed_s, cfg.outlier_factor, cfg.fleet_weight,
             ),
             pending=PendingWork(cfg.pending_ttl_s, cfg.prior_request_tokens),
             replica_hashes={},
         )
-        self.policy = build_policy(cfg.policy, self.state)
+        self.policy = policy(self.state) if policy else build_policy(cfg.policy, self.state)
         self._capacity_tokens: dict[str, int] = {}
         # shared state: off until `enable_sharing`
         self.peers: PeerLoads | None = None
@@ -67,15 +74,19 @@ class Router:
         self.on_outbox: Callable[[], None] | None = None
         # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
         self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
+        self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
     # -- shared state ---------------------------------------------------------------------------
-    def enable_sharing(self, stale_after_s: float, member: str) -> None:
+    def enable_sharing(self, stale_after_s: float, member: str, window_s: float = 0.0) -> None:
         """Publish routed chains to `outbox`; accept other gateways' records. ``member``:
-        this gateway's id in the shared state (as its peers know it)."""
+        this gateway's id in the shared state (as its peers know it); ``window_s``: how
+        late the others' records usually arrive (publish batching + transit)."""
         self.peers = PeerLoads(stale_after_s)
         self.member = member
+        self._window = window_s
 
     def _rank(self, now: float) -> tuple[int, int]:
         """(this gateway's rank among the live gateways, how many are live)."""
@@ -84,6 +95,39 @@ class Router:
         if not members:
             return 0, 1
         return sorted((*members, self.member)).index(self.member), len(members) + 1
+
+    def _turn(
+        self, views: Sequence[ReplicaView], now: float, rank: int, gateways: int
+    ) -> tuple[int, tuple[str, ...]]:
+        """This pick's turn among the picks all gateways make within the sync window, and the
+        order the gateways agree on to take turns in (`PickContext.turn`).
+
+        Within the window a gateway cannot see the others' picks. Arrivals at one instant
+        (a burst) split over N gateways; deciding on the same shared state, each would send its
+        share to the same cheapest replicas. Requests being spread evenly over the gateways,
+        while this one made ``k`` picks in the window each other one made about ``k`` too, and
+        in this round those ranked before it one more: its turn is ``k x N + rank``. The order
+        is the replicas by fleet-wide in-flight requests as all gateways knew them at the
+        window's start (this gateway's own picks in the window taken out), then by a hash of
+        the replica id: the same for every gateway."""
+        recent = self._recent_picks(now)
+        own: dict[str, int] = {}
+        for _, replica in recent:
+            own[replica] = own.get(replica, 0) + 1
+        hashes = self.state.replica_hashes
+
+        def shared_load(v: ReplicaView) -> tuple[int, int]:
+            return v.inflight - own.get(v.id, 0), hashes[v.id]
+
+        order = tuple(v.id for v in sorted(views, key=shared_load))
+        return len(recent) * gateways + rank, order
+
+    def _recent_picks(self, now: float) -> deque[tuple[float, str]]:
+        """Our own routes within the last sync window (older ones dropped)."""
+        recent, start = self._recent, now - self._window
+        while recent and recent[0][0] <= start:
+            recent.popleft()
+        return recent
 
     def drain_outbox(self) -> list[RouteRecord]:
         out, self.outbox = self.outbox, []
@@ -152,7 +196,10 @@ class Router:
             if totals:
                 healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
-        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways)
+        turn, order = 0, _NO_ORDER
+        if gateways > 1 and self._window > 0:
+            turn, order = self._turn(healthy, now, rank, gateways)
+        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1
@@ -177,7 +224,8 @@ class Router:
         if self.peers is not None:
             peer = self.peers.totals(now).get(replica)
             others = peer.pending_work if peer is not None else 0.0
-        st.pending.add(replica, _request_key(features), uncached, now, others)
+        st.pending.add(replica, _request_key(features), uncached, now, others,
+                       st.ttft.rate(replica))
         if features.block_hashes:
             hashes, tpb = features.block_hashes, self.config.tokens_per_block
             tail = -(-prompt // tpb) - len(hashes) if len(hashes) >= self.config.max_blocks else 0
@@ -186,15 +234,24 @@ class Router:
                 if not self.outbox and self.on_outbox is not None:
                     self.on_outbox()
                 self.outbox.append(RouteRecord(replica, hashes, tail))
+        if self._window > 0:
+            self._recent_picks(now).append((now, replica))
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float
     ) -> None:
-        """The first token arrived after `ttft_s` (learns the replica's prefill rate)."""
-        work = self.state.pending.pop(replica, _request_key(features))
-        if work is None:
-            work = float(features.prompt_tokens)
-        self.state.rates.observe(replica, max(work, float(self.config.tokens_per_block)), ttft_s)
+        """The first token arrived after `ttft_s` (learns the replica's TTFT model). The work
+        predicted ahead of it is certain for its own part and a guess for the queue's, so the
+        observation weighs by that share (a guessed queue attenuates the learned rate)."""
+        popped = self.state.pending.pop(replica, _request_key(features))
+        work, own = popped or (float(features.prompt_tokens), float(features.prompt_tokens))
+        share = own / work if work > 0.0 else 1.0
+        self.state.ttft.observe(replica, work, ttft_s, max(share, _MIN_OBSERVATION_WEIGHT))
+
+    def record_counters(self, replica: str, counters: EngineCounters, now: float) -> None:
+        """A scrape of ``replica``'s engine counters (learns its TTFT model from all the
+        traffic it served, streamed or not, ours or not)."""
+        self.state.ttft.observe_counters(replica, counters)
 
     def record_answered(self, replica: str, features: RequestFeatures, now: float) -> None:
         """A whole (non-streamed) answer arrived: its prefill is done, it no longer waits.
@@ -208,7 +265,7 @@ class Router:
     def forget_replica(self, replica: str) -> None:
         """`replica` left its pool: drop everything known about it."""
         self.state.index.forget(replica)
-        self.state.rates.forget(replica)
+        self.state.ttft.forget(replica)
         self.state.pending.forget(replica)
         self.state.replica_hashes.pop(replica, None)
         self._capacity_tokens.pop(replica, None)
@@ -222,7 +279,11 @@ class Router:
 
     def prefill_rate(self, replica: str) -> float:
         """The learned prefill rate of ``replica`` in prompt tokens per second."""
-        return self.state.rates.rate(replica)
+        return self.state.ttft.rate(replica)
+
+    def ttft_fit(self, replica: str) -> TtftFit:
+        """The learned TTFT model of ``replica`` (fixed part, seconds per token)."""
+        return self.state.ttft.fit(replica)
 
 
 def _with_peers(

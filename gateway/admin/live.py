@@ -68,6 +68,7 @@ class LiveViews:
     ) -> dict[str, Any]:
         s = r.scraped
         p = peers.get(r.id, ZERO)
+        fit = self._router.ttft_fit(r.id)
         return {
             "id": r.id, "url": r.url, "healthy": r.available(now), "state": r.state,
             # own: this gateway process's; fleet: own + every live peer's (shared state)
@@ -79,6 +80,8 @@ class LiveViews:
             "cache_capacity_tokens": s.cache_capacity_tokens if s else None,
             "scrape_age_s": round(now - r.scraped_at, 3) if s else None,
             "scrape_errors": self._scraper.errors(r.id) if self._scraper else 0,
+            # the router's learned TTFT model: fixed part + prompt tokens / prefill rate
+            "prefill_tps": round(fit.rate, 1), "ttft_fixed_s": round(fit.fixed_s, 4),
         }
 
     # -- POST /admin/route/explain -------------------------------------------------------------

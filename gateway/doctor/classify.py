@@ -88,7 +88,7 @@ class Context:
     """What the rules need besides the numbers."""
 
     policy: str = "cache_aware"
-    load_factor: float = 1.25
+    load_factor: float = 2.0  # RouterConfig's default
     stale_after_s: float = 1.0
     scrape_interval_s: float = 0.25
     interval_s: float = 1.0  # the doctor's tick

@@ -119,7 +119,9 @@ class RouteSync:
         timeout = settings.timeout_s
         self._out = Link(redis_url, timeout, timeout)  # the publisher's
         self._in = Link(redis_url, timeout, timeout + _BLOCK_S)  # the reader's (blocking)
-        router.enable_sharing(settings.stale_after_s, self.member)
+        # peers' records arrive about a flush interval or two late: within that window the
+        # gateways take turns over equally good replicas (routing.router.Router._turn)
+        router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
 

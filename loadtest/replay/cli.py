@@ -3,10 +3,14 @@
     kvgate replay TRACE.jsonl --offline --replicas 8 --kv-tokens 262144 --policy all --json OUT
     kvgate replay TRACE.jsonl --target http://127.0.0.1:8000 --replica URL ... --time-scale 20
     kvgate replay --synthetic --spawn --replicas 4 --policy all --time-scale 20 --json OUT
+    kvgate replay --workload agent-loops --offline --kv-tokens 1048576 --policy all
 
 Offline runs the routing core and the simulator's engines in one process in simulated time.
 Live sends the requests over HTTP to a running kvgate (`--target`) or to a fleet it starts
-itself (`--spawn`: N `kvgate sim` replicas and one `kvgate serve` per policy).
+itself (`--spawn`: N `kvgate sim` replicas and one `kvgate serve` per policy). Offline,
+`--policy all` also runs the yardsticks: re-implementations of peer routers' published rules
+and the oracle (which reads the engines' true state); every summary is then compared with
+the oracle's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import orjson
 from loadtest.fleet import Fleet
 from loadtest.replay import tiers
 from loadtest.replay.flow import FlowDriver, FlowSpec, flow_report
+from loadtest.replay.generators import WORKLOADS
 from loadtest.replay.live import LiveTarget, replay_live
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.reference import pooled_reference_hit_rate
@@ -33,25 +38,29 @@ from loadtest.replay.report import (
     format_table,
     report_failures,
 )
-from loadtest.replay.summary import summarize
+from loadtest.replay.summary import against_oracle, summarize
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from loadtest.sim.costmodel import PRESETS
-from routing.policies import REGISTRY
+from routing.policies import REGISTRY, YARDSTICKS
 from routing.router import RouterConfig
 
 __all__ = ["main", "run_offline"]
 
 SPAWN_MODEL = "replay-model"
+OFFLINE_ONLY = (*YARDSTICKS, "oracle")  # yardsticks: never served, replayed offline
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate replay", description=__doc__.splitlines()[0])
     p.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
     p.add_argument("--synthetic", action="store_true", help="the synthetic multi-tenant workload")
+    p.add_argument("--workload", choices=sorted(WORKLOADS),
+                   help="a generated workload (loadtest.replay.generators)")
     p.add_argument("--offline", action="store_true", help="simulated time, no HTTP")
     p.add_argument("--replicas", type=int, default=8)
     p.add_argument("--kv-tokens", type=int, default=262_144, help="KV cache per replica")
-    p.add_argument("--policy", default="cache_aware", help=f"{', '.join(REGISTRY)} or all")
+    p.add_argument("--policy", default="cache_aware",
+                   help=f"{', '.join(REGISTRY)}; offline also {', '.join(OFFLINE_ONLY)}; or all")
     p.add_argument("--rate-scale", type=float, default=1.0, help="arrivals X times faster")
     p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
     p.add_argument("--limit", type=int, help="replay only the first N requests")
@@ -88,13 +97,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
-    if args.synthetic:
-        reqs = synthetic_multitenant()
+    if args.synthetic or args.workload:
+        reqs = WORKLOADS[args.workload]() if args.workload else synthetic_multitenant()
         if args.rate_scale != 1.0:
             reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
         return reqs[: args.limit] if args.limit else reqs
     if not args.trace:
-        raise SystemExit("kvgate replay: give a TRACE file or --synthetic")
+        raise SystemExit("kvgate replay: give a TRACE file, --synthetic or --workload NAME")
     try:
         return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit)
     except OSError as exc:
@@ -104,11 +113,14 @@ def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
                           f"({type(exc).__name__}: {exc})") from None
 
 
-def _policies(name: str) -> list[str]:
+def _policies(name: str, offline: bool) -> list[str]:
+    known = [*REGISTRY, *OFFLINE_ONLY] if offline else list(REGISTRY)
     if name == "all":
-        return list(REGISTRY)
-    if name not in REGISTRY:
-        raise SystemExit(f"kvgate replay: unknown policy {name!r} (known: {', '.join(REGISTRY)})")
+        return known
+    if name not in known:
+        where = "" if offline or name not in OFFLINE_ONLY else " (a yardstick: offline only)"
+        raise SystemExit(f"kvgate replay: unknown policy {name!r}{where} "
+                         f"(known: {', '.join(known)})")
     return [name]
 
 
@@ -237,7 +249,7 @@ def _main(args: argparse.Namespace) -> int:
     fleet = FleetSpec(replicas=args.replicas, kv_tokens=args.kv_tokens, profile=args.profile)
     ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size)
     summaries = []
-    for policy in _policies(args.policy):
+    for policy in _policies(args.policy, args.offline):
         if args.offline:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
@@ -251,6 +263,7 @@ def _main(args: argparse.Namespace) -> int:
         else:
             summary = _run_live(args, reqs, policy, ref)
         summaries.append(summary)
+    against_oracle(summaries)
     print(format_table(summaries))
     if args.json is not None:
         path = Path(args.json) if args.json else default_json_path()

@@ -11,6 +11,10 @@ each router keeps its own in-flight counts and scrapes, and, when they share sta
 others' records (`Router.apply_peer_routes` / `apply_peer_load`, the calls the live gateway
 makes for records read from Redis) ``sync_delay_s`` later. ``share=False`` is N gateways that
 know nothing of each other. Peers never crash here, so none ages out.
+
+Besides the registry's policies, ``router_config.policy`` may name a yardstick: a peer's
+published rule (`routing.policies.YARDSTICKS`) or ``oracle`` (`loadtest.replay.oracle`, which
+reads the engines' true state; before each pick it is told the request's engine blocks).
 """
 
 from __future__ import annotations
@@ -22,13 +26,16 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from loadtest.replay.blocks import unit_hashes
+from loadtest.replay.oracle import Oracle, Truth
 from loadtest.replay.summary import Outcome
 from loadtest.replay.workload import ReplayRequest
 from loadtest.sim.costmodel import get_preset
 from loadtest.sim.engine import Engine
 from loadtest.sim.spec import EngineConfig, RequestSpec
 from routing.features import root_seed
+from routing.learning import EngineCounters
 from routing.peers import ReplicaLoad, RouteRecord
+from routing.policies import YARDSTICKS, PolicyFactory
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
 
@@ -144,6 +151,7 @@ class _Sim:
     transit: list[_Delivery] = field(default_factory=list)
     sent: int = 0
     rejected: int = 0
+    truth: Truth | None = None  # the oracle's view of the engines
 
 
 def _features(req: ReplayRequest, router: Router) -> RequestFeatures:
@@ -183,6 +191,9 @@ def _views(sim: _Sim, gw: _Gateway, now: float) -> list[ReplicaView]:
             e = r.engine
             c.scraped = (float(e.num_waiting), float(e.num_running), e.kv_usage)
             c.scraped_at = now
+            st = e.stats  # the prefill histograms' sums and count, as the gateway scrapes them
+            gw.router.record_counters(r.id, EngineCounters(
+                st.prefill_seconds, st.prefill_requests, st.prefill_computed_tokens), now)
         waiting, running, kv = c.scraped
         out.append(
             ReplicaView(
@@ -280,10 +291,13 @@ def _route(
     rid = f"r{seq}"
     now = req.arrival_s
     features = _features(req, gw.router)
+    spec = _spec(rid, req, sim.fleet.block_size)
+    if sim.truth is not None:
+        sim.truth.request = spec
     decision = gw.router.pick(features, views if views is not None else _views(sim, gw, now), now)
     replica = next(r for r in sim.replicas if r.id == decision.replica)
     try:
-        replica.engine.add_request(_spec(rid, req, sim.fleet.block_size), now)
+        replica.engine.add_request(spec, now)
     except ValueError:  # longer than max_model_len: vLLM answers 400 before any work
         sim.rejected += 1
         sim.outcomes.append(Outcome(replica.id, now, None, now, False, seq))
@@ -295,6 +309,13 @@ def _route(
     c.prefill_count += 1
     sim.live[rid] = _Live(req, features, replica, gw, seq)
     _publish(sim, gw, replica.id, now)
+
+
+def _yardstick(name: str, truth: Truth | None) -> PolicyFactory | None:
+    """The factory of a policy outside the registry (None: the registry's ``name``)."""
+    if truth is not None:
+        return lambda state: Oracle(state, truth)
+    return YARDSTICKS.get(name)
 
 
 def replay_offline(
@@ -313,13 +334,16 @@ def replay_offline(
     spec = gateways or GatewaySpec()
     cfg = fleet.engine_config()
     replicas = [_Replica(f"replica-{i}", Engine(cfg)) for i in range(fleet.replicas)]
+    truth = Truth({r.id: r.engine for r in replicas}) if router_config.policy == "oracle" else None
+    factory = _yardstick(router_config.policy, truth)
     gws = []
     for g in range(max(1, spec.gateways)):
-        router = Router(router_config)
+        router = Router(router_config, policy=factory)
         if spec.share and spec.gateways > 1:
-            router.enable_sharing(float("inf"), f"gw-{g}")  # no peer crashes offline
+            # no peer crashes offline; records arrive sync_delay_s late
+            router.enable_sharing(float("inf"), f"gw-{g}", spec.sync_delay_s)
         gws.append(_Gateway(f"gw-{g}", router, {r.id: _Counts() for r in replicas}))
-    sim = _Sim(fleet, spec, gws, replicas)
+    sim = _Sim(fleet, spec, gws, replicas, truth=truth)
     pick_gateway = random.Random(spec.seed).randrange
     order = heapq.nsmallest(len(requests), enumerate(requests), key=lambda ir: ir[1].arrival_s)
     for i, req in order:

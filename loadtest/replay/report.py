@@ -1,6 +1,7 @@
 """What `kvgate replay` shows a person: the summary table, progress, failures, where JSON goes.
 
-- The table's columns are the README's summary fields, with `failed` next to `requests`.
+- The table's columns are the README's summary fields, with `failed` next to `requests`, and
+  the ratios to the oracle's when it ran.
 - Progress per policy goes to stderr: a bar on a terminal, a plain line every 10 % otherwise.
 - Failed requests are counted per reason and reported on stderr; any failure makes the exit
   status non-zero, so a replay against a gateway that refuses every request cannot pass for a
@@ -25,6 +26,7 @@ COLUMNS = (
     "policy", "requests", "failed", "hit_rate", "pooled_reference_hit_rate", "ttft_p50_s",
     "ttft_p99_s", "e2e_p99_s", "max_over_mean_inflight", "load_bound.violations", "preemptions",
 )
+ORACLE_COLUMNS = ("hit_rate_vs_oracle", "ttft_p99_vs_oracle")  # when the oracle ran
 RESULTS = Path(__file__).resolve().parents[1] / "results"  # loadtest/results in a source tree
 
 
@@ -40,9 +42,10 @@ def _field(summary: dict[str, object], column: str) -> object:
 
 
 def format_table(summaries: Sequence[dict[str, object]]) -> str:
-    rows = [[str(_field(s, c)) for c in COLUMNS] for s in summaries]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(COLUMNS)]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths, strict=True))]
+    columns = COLUMNS + tuple(c for c in ORACLE_COLUMNS if any(c in s for s in summaries))
+    rows = [[str(_field(s, c)) for c in columns] for s in summaries]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]
     return "\n".join(lines)
 

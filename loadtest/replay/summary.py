@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Outcome", "inflight_balance", "percentile", "summarize"]
+__all__ = ["Outcome", "against_oracle", "inflight_balance", "percentile", "summarize"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,3 +108,18 @@ def summarize(
         "requests_per_replica": per_replica,
         "preemptions": preemptions,
     }
+
+
+def against_oracle(summaries: Sequence[dict[str, object]], oracle: str = "oracle") -> None:
+    """Add ``hit_rate_vs_oracle`` and ``ttft_p99_vs_oracle`` to every summary of a set that
+    includes the oracle's (in place; nothing when it does not)."""
+    ref = next((s for s in summaries if s.get("policy") == oracle), None)
+    if ref is None:
+        return
+    hit, p99 = ref["hit_rate"], ref["ttft_p99_s"]
+    assert isinstance(hit, float | int) and isinstance(p99, float | int)
+    for s in summaries:
+        mine_hit, mine_p99 = s["hit_rate"], s["ttft_p99_s"]
+        assert isinstance(mine_hit, float | int) and isinstance(mine_p99, float | int)
+        s["hit_rate_vs_oracle"] = round(mine_hit / hit, 4) if hit else None
+        s["ttft_p99_vs_oracle"] = round(mine_p99 / p99, 4) if p99 else None

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import orjson
 
-__all__ = ["ReplayRequest", "load_mooncake", "synthetic_multitenant"]
+__all__ = ["IdSource", "ReplayRequest", "SyntheticSpec", "load_mooncake", "synthetic_multitenant"]
 
 MOONCAKE_BLOCK_TOKENS = 512
 
@@ -82,7 +82,7 @@ def synthetic_multitenant(spec: SyntheticSpec | None = None) -> list[ReplayReque
     """
     s = spec or SyntheticSpec()
     rng = random.Random(s.seed)
-    ids = _IdSource()
+    ids = IdSource()
     bt = s.block_tokens
     systems = [ids.take(s.system_prompt_tokens // bt) for _ in range(s.tenants)]
     docs = [ids.take(s.rag_document_tokens // bt) for _ in range(s.rag_documents)]
@@ -115,7 +115,9 @@ def synthetic_multitenant(spec: SyntheticSpec | None = None) -> list[ReplayReque
     return out
 
 
-class _IdSource:
+class IdSource:
+    """Fresh block ids: every `take` is content no other take shares."""
+
     def __init__(self) -> None:
         self._next = 1 << 40  # far from the Mooncake trace's ids
 

@@ -10,6 +10,13 @@ One engine step (a batch of chunked prefills plus one decode token per running s
 The decode cost of reading the weights once per step is inside ``step_overhead_s``: at small batch
 sizes decode is memory-bound on the weights, which is why the fixed term dominates there.
 
+A real replica rarely runs small batches: other traffic (other clients of a shared replica, the
+part of a fleet's load a replay does not model) keeps a decode batch in every step, and vLLM's
+step with a large batch takes tens of ms. ``background_seqs`` sequences of
+``background_context_tokens`` each model that: every step carries them (``busy`` builds such a
+model), so a request's time to first token has a realistic fixed part -- the step in progress
+and the step its prefill runs in -- and not only its prefill work.
+
 The presets are APPROXIMATE. They are roofline estimates from public hardware and model figures,
 rounded and cross-checked against the order of magnitude of public single-stream benchmarks:
 
@@ -30,7 +37,7 @@ rounded and cross-checked against the order of magnitude of public single-stream
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["PRESETS", "CostModel", "Preset", "get_preset"]
 
@@ -43,14 +50,22 @@ class CostModel:
     prefill_token_s: float
     decode_seq_s: float
     kv_read_token_s: float = 0.0
+    background_seqs: int = 0  # other traffic decoding in every step
+    background_context_tokens: int = 4096  # context of each of those sequences
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         return (
             self.step_overhead_s
             + self.prefill_token_s * prefill_tokens
-            + self.decode_seq_s * decode_seqs
-            + self.kv_read_token_s * context_tokens
+            + self.decode_seq_s * (decode_seqs + self.background_seqs)
+            + self.kv_read_token_s
+            * (context_tokens + self.background_seqs * self.background_context_tokens)
         )
+
+    def busy(self, seqs: int = 192, context_tokens: int = 4096) -> CostModel:
+        """This model on a replica that always decodes ``seqs`` other sequences (the default:
+        a large batch, which makes h100-8b-fp8's step ~50 ms)."""
+        return replace(self, background_seqs=seqs, background_context_tokens=context_tokens)
 
 
 @dataclass(frozen=True, slots=True)

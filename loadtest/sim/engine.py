@@ -43,6 +43,7 @@ class _Req:
         "private",
         "prompt",
         "reason",
+        "scheduled_at",
         "seq",
         "state",
         "target",
@@ -68,6 +69,7 @@ class _Req:
         self.next_reg = 0  # next prompt block index to register once computed
         self.cached_tokens = 0
         self.first_token_time: float | None = None
+        self.scheduled_at: float | None = None  # first admitted (start of that step)
         self.preemptions = 0
         self.admitted_once = False
 
@@ -117,6 +119,29 @@ class Engine:
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._reqs
+
+    def cached_prefix(self, block_hashes: tuple[int, ...], prompt_tokens: int) -> int:
+        """Prompt tokens a request arriving now would find in the cache (as admission would
+        count them: full blocks, the last prompt token always recomputed)."""
+        limit = min(len(block_hashes), (prompt_tokens - 1) // self._bs)
+        return self.cache.match(block_hashes, limit) * self._bs
+
+    def backlog(self) -> tuple[int, int, int]:
+        """What a request queued now waits behind: (prompt tokens still to prefill, running
+        and waiting, waiting ones' cache hits as the cache stands now; sequences decoding;
+        context tokens of the running sequences)."""
+        prefill = decoding = context = 0
+        for r in self._running:
+            left = r.num_tokens - r.computed
+            context += r.computed
+            if r.output > 0 and left <= 1:
+                decoding += 1
+            else:
+                prefill += left
+        for r in self._waiting:
+            if r.state == _WAITING:
+                prefill += r.num_tokens - self.cached_prefix(r.hashes, r.num_tokens)
+        return prefill, decoding, context
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, spec: RequestSpec, arrival_time: float) -> None:
@@ -237,6 +262,7 @@ class Engine:
             self.stats.prefix_cache_hits += start
             if not req.admitted_once:
                 req.admitted_once, req.cached_tokens = True, start
+                req.scheduled_at = self.now
             self._running.append(req)
             batch[req] = new
             budget -= new
@@ -259,7 +285,12 @@ class Engine:
                 out.time = now
                 if req.first_token_time is None:
                     req.first_token_time = out.first_token_time = now
-                    self.stats.prompt_tokens += req.prompt
+                    stats = self.stats
+                    stats.prompt_tokens += req.prompt
+                    # vLLM's request_prefill_time_seconds / _kv_computed_tokens histograms
+                    stats.prefill_requests += 1
+                    stats.prefill_seconds += now - (req.scheduled_at or now)
+                    stats.prefill_computed_tokens += req.prompt - req.cached_tokens
                 if req.output >= req.target:
                     self._finish(req, req.reason)
                     finished += 1
@@ -321,6 +352,8 @@ class Engine:
         out.num_output_tokens = req.output
         out.cached_tokens = req.cached_tokens
         out.num_preemptions = req.preemptions
+        out.prompt_tokens = req.prompt
+        out.scheduled_time = req.scheduled_at
         return out
 
     def _peek_waiting(self) -> _Req:

@@ -34,6 +34,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                7.5, 10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000,
+                 100000, 200000)  # vLLM's 1-2-5 buckets up to max_model_len
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -76,6 +78,11 @@ class SimMetrics:
         self.ttft = [Histogram(TTFT_BUCKETS) for _ in range(n)]
         self.itl = [Histogram(ITL_BUCKETS) for _ in range(n)]
         self.e2e = [Histogram(E2E_BUCKETS) for _ in range(n)]
+        # request phases (vLLM 0.34: queue = WAITING, prefill = scheduled -> first token) and
+        # the prompt tokens each request computed (not served from the prefix cache)
+        self.queue = [Histogram(E2E_BUCKETS) for _ in range(n)]
+        self.prefill = [Histogram(E2E_BUCKETS) for _ in range(n)]
+        self.computed = [Histogram(TOKEN_BUCKETS) for _ in range(n)]
         self.admission_rejections = 0
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(self)
@@ -85,10 +92,16 @@ class SimMetrics:
     def observer(self, index: int) -> Callable[[RequestOutput, Track], None]:
         """The runner hook of engine ``index``."""
         ttft, itl, e2e = self.ttft[index], self.itl[index], self.e2e[index]
+        queue, prefill, computed = self.queue[index], self.prefill[index], self.computed[index]
 
         def observe(out: RequestOutput, track: Track) -> None:
             if out.first_token_time is not None:
                 ttft.observe(out.first_token_time - track.arrival)
+                scheduled = out.scheduled_time
+                if scheduled is not None:
+                    queue.observe(max(0.0, scheduled - track.arrival))
+                    prefill.observe(out.first_token_time - scheduled)
+                    computed.observe(out.prompt_tokens - out.cached_tokens)
                 gaps = out.new_tokens - 1
                 if gaps > 0 and out.time > out.first_token_time:
                     itl.observe((out.time - out.first_token_time) / gaps, gaps)
@@ -147,6 +160,13 @@ class SimMetrics:
         yield self._hists("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency "
                           "in seconds.", self.e2e)
         yield self._hists(itl_name, "Histogram of inter-token latency in seconds.", self.itl)
+        yield self._hists("vllm:request_queue_time_seconds", "Histogram of time spent in "
+                          "WAITING phase for request.", self.queue)
+        yield self._hists("vllm:request_prefill_time_seconds", "Histogram of time spent in "
+                          "PREFILL phase for request.", self.prefill)
+        yield self._hists("vllm:request_prefill_kv_computed_tokens", "Histogram of new KV "
+                          "tokens computed during prefill (excluding cached tokens).",
+                          self.computed)
         yield self._cache_config_info()
 
     def _per_engine(self, kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str,

@@ -73,6 +73,8 @@ class RequestOutput:
     num_output_tokens: int = 0  # total so far
     cached_tokens: int = 0  # prefix-cache hit at the request's first scheduling
     num_preemptions: int = 0
+    prompt_tokens: int = 0
+    scheduled_time: float | None = None  # first admitted to a batch (start of that step)
 
 
 @dataclass(slots=True)
@@ -86,6 +88,11 @@ class EngineStats:
     prefix_cache_queries: int = 0  # tokens
     prefix_cache_hits: int = 0  # tokens
     preemptions: int = 0
+    # vLLM's request_prefill_time_seconds (scheduled -> first token) sum and count, and
+    # request_prefill_kv_computed_tokens sum (prompt tokens not served from the cache)
+    prefill_seconds: float = 0.0
+    prefill_requests: int = 0
+    prefill_computed_tokens: int = 0
     steps: int = 0
     fast_forwarded_steps: int = 0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))

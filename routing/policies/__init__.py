@@ -1,4 +1,8 @@
-"""Policy registry: the ONE place a routing policy is named (``RouterConfig.policy``)."""
+"""Policy registry: the ONE place a routing policy is named (``RouterConfig.policy``).
+
+`REGISTRY` holds the policies a gateway may serve with. `YARDSTICKS` holds re-implementations
+of peer routers' published rules, run by the offline replay for comparison only (the replay's
+oracle, which needs the engines' true state, lives in ``loadtest.replay.oracle``)."""
 
 from __future__ import annotations
 
@@ -9,17 +13,28 @@ from routing.policies.base import PickContext, Policy, RouterState
 from routing.policies.cache_aware import CacheAware
 from routing.policies.consistent_hash import ConsistentHash
 from routing.policies.least_load import LeastLoad
+from routing.policies.llmd_style import LlmdStyle
 from routing.policies.round_robin import RoundRobin
+from routing.policies.sglang_style import SGLangStyle
 
-__all__ = ["REGISTRY", "PickContext", "Policy", "RouterState", "build_policy"]
+__all__ = [
+    "REGISTRY", "YARDSTICKS", "PickContext", "Policy", "PolicyFactory", "RouterState",
+    "build_policy",
+]
 
-REGISTRY: Mapping[str, Callable[[RouterState], Policy]] = MappingProxyType(
+PolicyFactory = Callable[[RouterState], Policy]
+
+REGISTRY: Mapping[str, PolicyFactory] = MappingProxyType(
     {
         RoundRobin.name: RoundRobin,
         LeastLoad.name: LeastLoad,
         ConsistentHash.name: ConsistentHash,
         CacheAware.name: CacheAware,
     }
+)
+
+YARDSTICKS: Mapping[str, PolicyFactory] = MappingProxyType(
+    {SGLangStyle.name: SGLangStyle, LlmdStyle.name: LlmdStyle}
 )
 
 

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
-from routing.learning import PendingWork, PrefillRates
+from routing.learning import PendingWork, TtftModel
 from routing.types import Candidate, Decision, ReplicaView, RequestFeatures
 
 __all__ = ["PickContext", "Policy", "RouterState", "decide"]
@@ -20,7 +20,7 @@ class RouterState:
 
     config: RouterConfig
     index: AffinityIndex
-    rates: PrefillRates
+    ttft: TtftModel
     pending: PendingWork
     replica_hashes: dict[str, int]
 
@@ -32,9 +32,14 @@ class PickContext:
     now: float
     state: RouterState
     explain: bool = False
-    # several gateways sharing state: this gateway's rank among the `gateways` live ones
+    # several gateways sharing state: this gateway's rank among the `gateways` live ones; this
+    # pick's turn among the picks all of them make within the sync window (which they cannot
+    # see of each other), and the replica order they agree on to take turns in
+    # (`Router._turn`; empty with one gateway)
     rank: int = 0
     gateways: int = 1
+    turn: int = 0
+    turn_order: tuple[str, ...] = ()
 
     @property
     def tie_key(self) -> int:

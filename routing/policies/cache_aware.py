@@ -2,29 +2,37 @@
 
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
-    queued_r   = kvgate's pending uncached prefill work on r, its own plus other gateways'
-                 (shared state; capped by the fleet's in-flight prompt tokens) + requests
-                 the scrape shows waiting beyond kvgate's own x the mean request size (only
-                 when the scrape is fresh)
+    queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
+                 it was sent), its own plus other gateways' (shared state; capped by the
+                 fleet's in-flight prompt tokens) + requests the scrape shows waiting beyond
+                 kvgate's own x the mean request size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
-    cost_r     = (queued_r + decode_r + miss_weight x uncached_r) / rate_r + kv_penalty_r  [s]
+    full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
+    cost_r     = fixed_r + (queued_r + decode_r + uncached_r x (1 + (miss_weight - 1) x full_r))
+                 x spt_r + kv_penalty_r                                                    [s]
     kv_penalty = kv_penalty_s x ((kv_usage - kv_knee) / (1 - kv_knee))^2  above the knee
 
-With ``miss_weight`` = 1 the cost is the request's own TTFT estimate. A miss costs the fleet
-more than that request's wait: the recomputation delays every request queued behind it and the
-copy of the prefix takes KV memory a hit would have shared (on a capacity-bound trace that
-duplication evicts other conversations). ``miss_weight`` > 1 charges it: the request's TTFT
-plus (miss_weight - 1) x its prefill time as the fleet's price of the miss.
+``fixed_r`` and ``spt_r`` (seconds per token) are r's learned TTFT model
+(`routing.learning.TtftModel`). With ``miss_weight`` = 1 the cost is the request's own TTFT
+estimate. A miss costs the fleet more than that request's wait: the copy of the prefix takes KV
+memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
+it, as much as r's cache is full: while caches have room, cold requests fill the emptiest.
 
-``rate_r`` is r's learned prefill rate (`routing.learning.PrefillRates`). The minimum wins
-among the replicas the bounded-load rule admits; costs are compared in ``tie_quantum_s`` steps
-and ties go to a stable hash of (prompt, replica), so identical requests spread by a fixed
-per-prompt order, never by the order views arrive in.
+The minimum wins among the replicas the bounded-load rule admits; costs within
+``tie_quantum_s`` or ``tie_relative`` of each other tie, and ties go to a stable hash of
+(prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
+views arrive in. Several gateways blind to each other's latest picks take turns among the
+candidates about as cheap as the cheapest that hold the longest prefix of them
+(`PickContext.turn`).
 """
 
 from __future__ import annotations
 
+from math import log as _log
+from math import log1p as _log1p
+
+from routing.learning import TtftFit
 from routing.load import LoadBound
 from routing.policies.base import PickContext, RouterState, decide
 from routing.types import Candidate, Decision, ReplicaView
@@ -32,10 +40,14 @@ from routing.types import Candidate, Decision, ReplicaView
 __all__ = ["CacheAware"]
 
 _MASK64 = (1 << 64) - 1
+# several gateways: candidates within this share of the cheapest cost, plus this many mean
+# requests' prefill, count as equally good, and the gateways take turns over them
+_TURN_RELATIVE = 0.1
+_TURN_MEAN_REQUESTS = 0.5
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
-# uncached, rate, kv usage)
-_Row = tuple[int, int, float, ReplicaView, int, float, float, float, float, float]
+# uncached, TTFT fit, kv usage)
+_Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float]
 
 
 class CacheAware:
@@ -49,11 +61,12 @@ class CacheAware:
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
         mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
-        prompt, tpb, key, quantum = (
+        prompt, tpb, key, quantum, per_step = (
             f.prompt_tokens,
             cfg.tokens_per_block,
             ctx.tie_key,
             cfg.tie_quantum_s,
+            _log1p(cfg.tie_relative),
         )
         stale, knee, dw, mean_req = (
             cfg.stale_after_s,
@@ -62,10 +75,10 @@ class CacheAware:
             st.pending.mean_request_tokens,
         )
         pget = st.pending.records().get
-        rates, prior, floor = st.rates.records()
-        rget, hashes = rates.get, st.replica_hashes
+        fget, fleet, hashes = st.ttft.fits().get, st.ttft.fleet, st.replica_hashes
         rows: list[_Row] = []
-        mw = cfg.miss_weight
+        dup = cfg.miss_weight - 1.0
+        used, capacity = st.index.used, st.index.capacity
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             m = mget(vid, 0)
@@ -76,7 +89,10 @@ class CacheAware:
             # queued: our predicted uncached work, capped by the gateway's raw count; the
             # gateway's count alone when we hold no record (e.g. routed before a restart)
             p = pget(vid)
-            own, own_reqs = (0.0, 0) if p is None else (p.total if inflight > 0 else 0.0, p.count)
+            fit = fget(vid, fleet)
+            spt = fit.s_per_token
+            own, own_reqs = (0.0, 0) if p is None else (
+                p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             peer = v.peer_prefill_work  # other gateways' predicted work (shared state)
             if peer > 0.0:
                 own += peer
@@ -96,15 +112,16 @@ class CacheAware:
                 if kv > knee:
                     x = (kv - knee) / (1.0 - knee)
                     penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
-            r = rget(vid, prior)
-            rate = r.work / r.seconds
-            if rate < floor:
-                rate = floor
             decode = decoding * dw
-            cost = (own + decode + uncached * mw) / rate + penalty
+            # the copy's price beyond its own prefill grows with how full the replica's cache
+            # is (what it will evict): a cold fleet fills its emptiest caches first
+            full = (used(vid) + uncached / tpb) / capacity(vid)
+            cost = (fit.fixed_s + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
+                    + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
-            rows.append((int(cost / quantum), z, cost, v, m, own, decode, uncached, rate, kv))
+            step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
+            rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
@@ -113,6 +130,8 @@ class CacheAware:
         rows.sort(key=_rank)
         limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
         admitted = [r for r in rows if r[3].inflight <= limit]
+        if ctx.turn_order and len(admitted) > 1:
+            admitted = self._take_turns(ctx, admitted)
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
         if not admitted or admitted[0] is not rows[0]:
@@ -124,17 +143,37 @@ class CacheAware:
         ranked = self._explain(ordered, limit) if ctx.explain else ()
         return decide([r[3].id for r in ordered], reason, ranked)
 
+    def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
+        """Several gateways: among the admitted candidates about as cheap as the cheapest and
+        holding the longest prefix of those, the one whose turn it is in the order all
+        gateways agree on (`Router._turn`), so that gateways blind to each other's latest
+        picks do not all take the same replica. A turn never gives up a predicted hit: a
+        conversation's next turn stays on its holder when others are about as cheap."""
+        st = self._state
+        margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
+        good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
+        close = [r for r in admitted if r[2] <= good]
+        longest = max(r[4] for r in close)
+        near = {r[3].id: r for r in close if r[4] == longest}
+        order = ctx.turn_order
+        for i in range(len(order)):
+            r = near.get(order[(ctx.turn + i) % len(order)])
+            if r is not None:
+                return [r] + [x for x in admitted if x is not r]
+        return admitted  # pragma: no cover - `near` is never empty
+
     def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
         low = max(min(r[2] for r in rows), 1e-9)
         out = []
-        for _, _, cost, v, m, queued, decode, uncached, rate, kv in rows:
+        for _, _, cost, v, m, queued, decode, uncached, fit, kv in rows:
             terms = {
                 "matched_tokens": float(m * tpb),
                 "uncached_tokens": uncached,
                 "queued_tokens": queued,
                 "decode_tokens": decode,
-                "prefill_tps": rate,
+                "prefill_tps": fit.rate,
+                "fixed_s": fit.fixed_s,
                 "kv_usage": kv,
                 "inflight": float(v.inflight),
                 "admitted": 1.0 if v.inflight <= limit else 0.0,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.replay.report import COLUMNS, RESULTS
+from loadtest.replay.report import COLUMNS, ORACLE_COLUMNS, RESULTS
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
@@ -46,7 +46,7 @@ def test_the_table_has_the_readmes_columns() -> None:
     readme = (ROOT / "README.md").read_text()
     described = re.search(r"a table with the columns (.*?)`--json", readme, re.S)
     assert described, "the README describes the replay table's columns"
-    assert tuple(re.findall(r"`([^`]+)`", described.group(1))) == COLUMNS
+    assert tuple(re.findall(r"`([^`]+)`", described.group(1))) == COLUMNS + ORACLE_COLUMNS
 
 
 def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> None:
@@ -56,15 +56,16 @@ def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> Non
     try:
         assert result.returncode == 0, result.stderr
         header = result.stdout.splitlines()[0].split()
-        assert tuple(header) == COLUMNS
-        assert len(result.stdout.splitlines()) == 1 + 4  # one row per policy
+        assert tuple(header) == COLUMNS + ORACLE_COLUMNS  # `all` offline: the oracle ran
+        # one row per policy: the registry's 4, the peers' 2 rules and the oracle
+        assert len(result.stdout.splitlines()) == 1 + 7
         assert "policy cache_aware: done" in result.stderr  # progress, one line per phase
         assert "policy round_robin: 120/120 requests" in result.stderr  # and per 10 %
         assert list(tmp_path.iterdir()) == []  # nothing lands in the working directory
         written = set(RESULTS.glob("replay-*.json")) - before
         assert len(written) == 1
         summaries = orjson.loads(next(iter(written)).read_bytes())
-        assert [s["requests"] for s in summaries] == [120] * 4
+        assert [s["requests"] for s in summaries] == [120] * 7
     finally:
         for path in set(RESULTS.glob("replay-*.json")) - before:
             path.unlink()

@@ -151,7 +151,10 @@ def test_streams_through_one_gateway_count_in_the_others_load_bound(
     streams: Callable[[str, int, str], None],
 ) -> None:
     sims = [sim_factory("--time-scale", "1")[1] for _ in range(2)]
-    stack, (a, b) = _gateways(redis_url, sims)
+    # a bound that binds at a few requests (the default's slack admits more at low load)
+    tight: dict[str, object] = {"routing": {"policy": "cache_aware", "scrape_interval_ms": 100,
+                         "load_factor": 1.25, "load_slack": 1.0}}
+    stack, (a, b) = _gateways(redis_url, sims, extra=tight)
     with stack:
         prompt = "shared long prefix " * 80
         streams(a, 4, prompt)

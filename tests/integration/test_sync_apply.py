@@ -45,10 +45,16 @@ async def test_backlog_is_applied_in_bounded_steps(redis_url: str) -> None:
     await sync.start()
     try:
         await asyncio.sleep(0.2)  # the reader waits for new entries
+        # the backlog lands at once (one pipeline): added one await at a time, a reader with
+        # CPU to spare applied each as it came, and no backlog was left to measure
+        pipe = r.pipeline(transaction=False)
         for i in range(200):
-            await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (i + 1, i + 2), 0)],
-                                 {"a:1": ReplicaLoad(1, 0, 0, 0.0)}))
+            pipe.xadd(KEY, encode("peer", time.time(),  # type: ignore[arg-type]
+                                  [RouteRecord("a:1", (i + 1, i + 2), 0)],
+                                  {"a:1": ReplicaLoad(1, 0, 0, 0.0)}))
+        await pipe.execute()
         samples = [sync.stats.applied]
+        assert samples[0] < 200, "the backlog was applied before it could be measured"
         while sync.stats.applied < 200:
             await asyncio.sleep(0)  # one event-loop turn
             samples.append(sync.stats.applied)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.scrape import NoLoadData, Sample, parse_vllm_metrics
+from routing.learning import EngineCounters
 
 CURRENT = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -173,3 +174,37 @@ def test_per_engine_kv_cache_size_tokens_wins() -> None:
     text = DP2.replace('num_gpu_blocks="2000"}',
                        'kv_cache_size_tokens="12000",num_gpu_blocks="2000"}')
     assert parse_vllm_metrics(text).cache_capacity_tokens == 24_000
+
+
+PHASES = """\
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="m"} 90000.0
+vllm:prompt_tokens_total{engine="1",model_name="m"} 10000.0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 30.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 30.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 6.5
+vllm:request_prefill_time_seconds_count{engine="1",model_name="m"} 10.0
+vllm:request_prefill_time_seconds_sum{engine="1",model_name="m"} 1.5
+"""
+COMPUTED = """\
+# TYPE vllm:request_prefill_kv_computed_tokens histogram
+vllm:request_prefill_kv_computed_tokens_count{engine="0",model_name="m"} 30.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 55000.0
+vllm:request_prefill_kv_computed_tokens_sum{engine="1",model_name="m"} 5000.0
+"""
+HITS = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 30000.0\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "counters"),
+    [
+        # the prefill histograms, summed over the engines: what the TTFT model learns from
+        (PHASES + COMPUTED, EngineCounters(8.0, 40.0, 60_000.0)),
+        # a vLLM without the computed-tokens histogram: prompt tokens minus prefix-cache hits
+        (PHASES + HITS, EngineCounters(8.0, 40.0, 70_000.0)),
+        (CURRENT, None),  # no prefill-time histogram: nothing to learn from
+    ],
+)
+def test_engine_counters(text: str, counters: EngineCounters | None) -> None:
+    assert parse_vllm_metrics(text).engine_counters() == counters

@@ -119,13 +119,40 @@ def test_replay_cli_writes_one_summary_per_policy(tmp_path: Path) -> None:
                    "--policy", "all", "--json", str(out)])
     assert code == 0
     summaries = json.loads(out.read_text())
+    # offline, "all" is the registry's policies and the yardsticks: peers' rules, the oracle
     assert {s["policy"] for s in summaries} == {
-        "round_robin", "least_load", "consistent_hash", "cache_aware"}
+        "round_robin", "least_load", "consistent_hash", "cache_aware", "sglang_style",
+        "llmd_style", "oracle"}
     for s in summaries:
         for key in ("requests", "hit_rate", "pooled_reference_hit_rate", "ttft_p50_s",
-                    "ttft_p99_s", "e2e_p99_s", "max_over_mean_inflight", "preemptions"):
+                    "ttft_p99_s", "e2e_p99_s", "max_over_mean_inflight", "preemptions",
+                    "hit_rate_vs_oracle", "ttft_p99_vs_oracle"):
             assert key in s
         assert s["requests"] == 30
+    oracle = next(s for s in summaries if s["policy"] == "oracle")
+    assert oracle["hit_rate_vs_oracle"] == oracle["ttft_p99_vs_oracle"] == 1.0
+
+
+def test_a_yardstick_is_offline_only() -> None:
+    with pytest.raises(SystemExit, match="offline only"):
+        kvgate(["replay", "--synthetic", "--target", "http://127.0.0.1:9", "--policy",
+                "oracle"])
+
+
+def test_generated_workloads_are_seeded_and_have_their_shape() -> None:
+    from loadtest.replay.generators import WORKLOADS
+
+    for name, make in WORKLOADS.items():
+        reqs = make()
+        assert reqs == make(), name  # seeded
+        assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs), name
+        assert all(r.prompt_tokens == len(r.block_ids) * r.block_tokens for r in reqs), name
+    hot = pooled_reference_hit_rate(WORKLOADS["hot-prefixes"](), 8 * 262_144)
+    cold = pooled_reference_hit_rate(WORKLOADS["cold-one-offs"](), 8 * 262_144)
+    assert hot > 0.5 > 0.1 > cold  # shared prefixes vs one-offs
+    burst = WORKLOADS["bursts"]()
+    same_instant = len(burst) - len({r.arrival_s for r in burst})
+    assert same_instant > len(burst) / 2  # most requests share their arrival instant
 
 
 def test_replay_cli_rejects_an_unknown_policy() -> None:

@@ -18,8 +18,10 @@ def _router_with_doc_on(replica: str, cfg: RouterConfig | None = None) -> Router
     return r
 
 
-def _terms(r: Router, vs: list[ReplicaView], text: str = DOC) -> dict[str, dict[str, float]]:
-    d = r.pick(feats(text), vs, 1.0, explain=True)
+def _terms(
+    r: Router, vs: list[ReplicaView], text: str = DOC, now: float = 1.0
+) -> dict[str, dict[str, float]]:
+    d = r.pick(feats(text), vs, now, explain=True)
     return {c.replica: {**c.terms, "cost": c.cost} for c in d.ranked}
 
 
@@ -79,9 +81,22 @@ def test_own_pending_work_counts_until_first_token(gateway_tokens: int, queued: 
     r = Router()
     big = feats("x" * 40_000)  # 10,000 tokens, nothing cached
     r.record_route("r0", big, 0.0)
-    assert _terms(r, _loaded(gateway_tokens), "y" * 4000)["r0"]["queued_tokens"] == queued
+    assert _terms(r, _loaded(gateway_tokens), "y" * 4000, 0.0)["r0"]["queued_tokens"] == queued
     r.record_first_token("r0", big, 1.0, 1.0)
     assert _terms(r, _loaded(), "y" * 4000)["r0"]["queued_tokens"] == 0
+
+
+def test_pending_work_drains_at_the_learned_rate() -> None:
+    r = Router()
+    r.record_route("r0", feats("x" * 40_000), 0.0)  # 10,000 tokens
+    rate = r.prefill_rate("r0")
+    for now in (0.25, 0.5, 1.0):
+        left = _terms(r, _loaded(), "y" * 4000, now)["r0"]["queued_tokens"]
+        assert left == pytest.approx(max(0.0, 10_000 - rate * now))
+    # a request routed behind it waits for what is left of it, then its own work
+    r.record_route("r0", feats("z" * 8_000), 0.5)
+    left = _terms(r, _loaded(), "y" * 4000, 0.5)["r0"]["queued_tokens"]
+    assert left == pytest.approx(10_000 - rate * 0.5 + 2_000)
 
 
 def test_gateway_count_is_used_when_we_have_no_record() -> None:
@@ -92,25 +107,26 @@ def test_failure_releases_pending_work() -> None:
     r = Router()
     f = feats("x" * 8000)
     r.record_route("r0", f, 0.0)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
-    r.record_failure("r0", f, 0.1)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 2000
+    r.record_failure("r0", f, 0.0)
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 0
 
 
 def test_pending_work_expires() -> None:
     r = Router(RouterConfig(pending_ttl_s=10.0))
     r.record_route("r0", feats("x" * 8000), 0.0)
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 2000
+    assert _terms(r, _loaded(), now=0.0)["r0"]["queued_tokens"] == 2000
     r.record_route("r1", feats("z" * 40), 100.0)  # sweeps expired entries
-    assert _terms(r, _loaded())["r0"]["queued_tokens"] == 0
+    assert r.state.pending.load("r0") == (0.0, 0)
 
 
 def test_prefill_rate_is_learned_per_replica() -> None:
     r = Router()
     prior = r.prefill_rate("slow")
     for i in range(30):
-        f = feats(f"{i} " + "q" * 8000)  # 2,000 tokens, no cache
-        for rid, ttft in (("slow", 2.0), ("fast", 0.1)):
+        tokens = 500 + 250 * i
+        f = feats(f"{i} " + "q" * 4 * tokens)  # no cache
+        for rid, ttft in (("slow", 0.05 + tokens / 1_000), ("fast", 0.01 + tokens / 40_000)):
             r.record_route(rid, f, float(i))
             r.record_first_token(rid, f, ttft, float(i) + ttft)
     assert r.prefill_rate("slow") < 0.25 * prior
@@ -122,11 +138,14 @@ def test_prefill_rate_is_learned_per_replica() -> None:
     )
     assert d.replica == "fast"
     r.forget_replica("slow")
-    assert r.prefill_rate("slow") == prior
+    assert r.ttft_fit("slow") == r.state.ttft.fleet  # what the other replicas show
+
+
+TIGHT = RouterConfig(load_factor=1.25, load_slack=1.0)  # a bound that binds at small loads
 
 
 def test_bounded_load_overrides_cost() -> None:
-    r = _router_with_doc_on("r1")
+    r = _router_with_doc_on("r1", TIGHT)
     vs = [ReplicaView(id="r0", pool="p", inflight=0), ReplicaView(id="r1", pool="p", inflight=4)]
     d = r.pick(feats(DOC), vs, 1.0, explain=True)
     assert (d.replica, d.reason) == ("r0", "overflow")
@@ -139,19 +158,20 @@ def test_bounded_load_overrides_cost() -> None:
     [
         # pure TTFT: once each replica holds the prompt, queueing is what differs
         (1.0, 4),
-        # the default prices a miss at 3x its prefill: copies queue behind the three replicas
-        # that already hold the prompt, up to the bound, rather than prefill it a fourth time
-        (RouterConfig().miss_weight, 3),
+        # a miss priced at 3x its prefill: copies queue behind the three replicas that
+        # already hold the prompt, up to the bound, rather than prefill it a fourth time
+        (3.0, 3),
     ],
 )
 def test_identical_burst_spreads_deterministically(miss_weight: float, replicas_used: int) -> None:
     def burst() -> dict[str, int]:
-        r = Router(RouterConfig(miss_weight=miss_weight))
+        r = Router(RouterConfig(miss_weight=miss_weight, load_factor=1.25, load_slack=1.0))
         f = feats(DOC)
         load = {f"r{i}": 0 for i in range(4)}
         for _ in range(12):
-            vs = [
-                ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300)
+            vs = [  # warm caches: every copy evicts what it takes
+                ReplicaView(id=k, pool="p", inflight=n, inflight_prefill_tokens=n * 2300,
+                            cache_capacity_tokens=2_304)
                 for k, n in load.items()
             ]
             d = r.pick(f, vs, 0.0)
@@ -207,10 +227,15 @@ def test_prompt_beyond_the_hash_cap_is_charged_to_the_index() -> None:
     ],
 )
 def test_miss_weight_prices_recomputation(miss_weight: float, queued: int, expected: str) -> None:
+    """(In a warm fleet: every replica's cache is full, a copy evicts what it takes.)"""
     cfg = RouterConfig(miss_weight=miss_weight)
     r = _router_with_doc_on("r1", cfg)
-    busy = ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=queued)
-    d = r.pick(feats(DOC), [ReplicaView(id="r0", pool="p"), busy], 1.0, explain=True)
+    # caches as full as in a warm fleet (a copy then evicts as much as it takes)
+    full = 2_304
+    busy = ReplicaView(id="r1", pool="p", inflight=1, inflight_prefill_tokens=queued,
+                       cache_capacity_tokens=full)
+    idle = ReplicaView(id="r0", pool="p", cache_capacity_tokens=full)
+    d = r.pick(feats(DOC), [idle, busy], 1.0, explain=True)
     assert d.replica == expected
     t = {c.replica: c.terms for c in d.ranked}
     assert (t["r0"]["uncached_tokens"], t["r1"]["uncached_tokens"]) == (2_300, 60)

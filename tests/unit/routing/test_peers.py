@@ -59,23 +59,33 @@ def _features(hashes: tuple[int, ...], tokens: int = 0) -> RequestFeatures:
                            prompt_tokens=tokens or 64 * len(hashes) + 10, prefix_key=hashes[-1])
 
 
-def test_a_peers_route_attracts_the_next_turn() -> None:
+@pytest.mark.parametrize(("blocks", "window_s"), [(40, 0.0), (40, 0.01), (3, 0.01)])
+def test_a_peers_route_attracts_the_next_turn(blocks: int, window_s: float) -> None:
+    """Also with a sync window (gateways taking turns) and a prompt so short that every
+    replica costs about the same: a turn never takes a conversation off its holder."""
     gw_a, gw_b = Router(RouterConfig()), Router(RouterConfig())
-    gw_a.enable_sharing(2.0, "a")
-    gw_b.enable_sharing(2.0, "b")
-    chain = tuple(range(100, 140))
+    gw_a.enable_sharing(2.0, "a", window_s)
+    gw_b.enable_sharing(2.0, "b", window_s)
+    gw_a.apply_peer_load("b", {}, 0.0)  # each knows the other
+    gw_b.apply_peer_load("a", {}, 0.0)
+    chain = tuple(range(100, 100 + blocks))
     first = gw_a.pick(_features(chain), _views(), 0.0)
     gw_a.record_route(first.replica, _features(chain), 0.0)
     outbox = gw_a.drain_outbox()
     assert outbox == [RouteRecord(first.replica, chain, 0)] and gw_a.drain_outbox() == []
     gw_b.apply_peer_routes(outbox, "a")
-    nxt = gw_b.pick(_features((*chain, 999)), _views(), 0.1)
-    assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
-    assert gw_b.peer_decisions == 1
+    for t in range(4):  # the following turns, whichever gateway has its turn
+        nxt = gw_b.pick(_features((*chain, 999 + t)), _views(), 0.1 + 0.001 * t)
+        assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
+        gw_b.record_route(nxt.replica, _features((*chain, 999 + t)), 0.1 + 0.001 * t)
+    assert gw_b.peer_decisions >= 1
+
+
+TIGHT = RouterConfig(load_factor=1.25, load_slack=1.0)  # a bound that binds at small loads
 
 
 def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
-    router = Router(RouterConfig())
+    router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
     router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
@@ -88,7 +98,7 @@ def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
 
 
 def test_a_continued_chain_settles_the_peers_finished_request() -> None:
-    router = Router(RouterConfig())
+    router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
     router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
@@ -104,3 +114,28 @@ def test_without_sharing_there_is_no_outbox() -> None:
     router = Router(RouterConfig())
     router.record_route("a", _features((1, 2, 3)), 0.0)
     assert router.drain_outbox() == []
+
+
+@pytest.mark.parametrize(("window_s", "distinct"), [(0.01, 8), (0.0, 7)])
+def test_gateways_blind_to_each_others_burst_take_turns(window_s: float, distinct: int) -> None:
+    """Two gateways, eight idle replicas, four cold requests each at one instant, before any
+    record of the other's arrives: with a sync window they take turns (no two on a replica);
+    without one, ties go by each request's hash and two requests of the burst collide."""
+    ids = [f"r{i}" for i in range(8)]
+    gateways = [Router(RouterConfig()) for _ in range(2)]
+    for name, router in zip("ab", gateways, strict=True):
+        router.enable_sharing(2.0, name, window_s)
+    for name, router in zip("ab", gateways, strict=True):
+        router.apply_peer_load("b" if name == "a" else "a", {}, 0.0)  # each knows the other
+    picks: list[tuple[int, str]] = []
+    for i in range(4):
+        for g, router in enumerate(gateways):
+            counts = {rid: 0 for rid in ids}
+            for _, rid in (p for p in picks if p[0] == g):
+                counts[rid] += 1  # its own in flight (the other's unseen)
+            views = [ReplicaView(id=rid, pool="p", inflight=counts[rid]) for rid in ids]
+            f = _features(tuple(range(10_000 * (2 * i + g) + 1, 10_000 * (2 * i + g) + 40)))
+            replica = router.pick(f, views, 1.0).replica
+            router.record_route(replica, f, 1.0)
+            picks.append((g, replica))
+    assert len({replica for _, replica in picks}) == distinct, picks

@@ -1,0 +1,59 @@
+"""The oracle yardstick: true TTFT from the engines' state, under the same bounded load."""
+
+from __future__ import annotations
+
+import pytest
+
+from loadtest.replay.oracle import Oracle, Truth, true_ttft
+from loadtest.sim.costmodel import get_preset
+from loadtest.sim.engine import Engine
+from loadtest.sim.spec import EngineConfig, RequestSpec
+from routing.router import Router, RouterConfig
+from routing.types import ReplicaView, RequestFeatures
+
+COST = get_preset("h100-8b-fp8").cost
+
+
+def _engine() -> Engine:
+    return Engine(EngineConfig(cost=COST, num_gpu_blocks=4_096, max_model_len=32_768))
+
+
+def _spec(rid: str, tokens: int, first: int = 0) -> RequestSpec:
+    return RequestSpec(rid, tuple(range(first, first + tokens // 16)), tokens, 4)
+
+
+@pytest.mark.parametrize("tokens", [100, 3_000, 20_000])
+def test_true_ttft_of_an_idle_engine_is_its_prefill(tokens: int) -> None:
+    spec = _spec("a", tokens)
+    predicted, cached = true_ttft(_engine(), spec, 0.0)
+    engine = _engine()
+    engine.add_request(spec, 0.0)
+    first = next(o.first_token_time for o in engine.advance(60.0) if o.first_token_time)
+    assert cached == 0
+    assert predicted == pytest.approx(first, rel=0.05)
+
+
+def test_true_ttft_counts_the_cache_and_the_queue() -> None:
+    engine = _engine()
+    engine.add_request(_spec("old", 8_000), 0.0)
+    engine.advance(10.0)  # done: its blocks are cached
+    hit, cached = true_ttft(engine, _spec("new", 8_000), 10.0)
+    assert cached == 8_000 - 16  # all full blocks but the one holding the last token
+    engine.add_request(_spec("busy", 16_000, first=10_000), 10.0)
+    queued, _ = true_ttft(engine, _spec("other", 4_000, first=20_000), 10.0)
+    alone, _ = true_ttft(_engine(), _spec("other", 4_000, first=20_000), 10.0)
+    assert hit < alone < queued
+
+
+def test_the_oracle_picks_the_least_true_ttft_within_the_bound() -> None:
+    engines = {f"r{i}": _engine() for i in range(4)}
+    engines["r1"].add_request(_spec("old", 8_000), 0.0)
+    engines["r1"].advance(10.0)
+    truth = Truth(engines, _spec("new", 8_000))
+    router = Router(RouterConfig(), policy=lambda state: Oracle(state, truth))
+    f = RequestFeatures("m", (), 8_000, prefix_key=7)
+    idle = [ReplicaView(id=rid, pool="p") for rid in engines]
+    assert router.pick(f, idle, 10.0).replica == "r1"  # it holds the prompt
+    hot = [ReplicaView(id=rid, pool="p", inflight=20 if rid == "r1" else 0) for rid in engines]
+    d = router.pick(f, hot, 10.0)  # ...but is over the bound (2 x 21 / 4 + 4 < 20 + 1)
+    assert d.replica != "r1" and d.fallbacks[-1] == "r1"
