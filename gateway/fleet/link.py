@@ -22,14 +22,18 @@ class Link:
         self._conn: AbstractConnection | None = None
 
     async def call(self, *args: bytes | str | int) -> object:
+        return (await self.pipeline(args))[0]
+
+    async def pipeline(self, *commands: tuple[bytes | str | int, ...]) -> list[object]:
+        """Several commands in one write, their replies in order (one round trip)."""
         conn = self._conn
         if conn is None:
             conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
             await conn.connect()
             self._conn = conn
         try:
-            await conn.send_command(*args)
-            return await conn.read_response()
+            await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+            return [await conn.read_response() for _ in commands]
         except BaseException:  # a half-read reply leaves the connection unusable
             await self.close()
             raise

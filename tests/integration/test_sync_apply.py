@@ -137,3 +137,72 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
     assert entries
     last = entries[-1][1]
     assert last is not None and b"b" in last  # a clean stop says goodbye
+
+
+async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url: str) -> None:
+    """With requests in flight here the publisher ticks every flush interval and reads the
+    new entries in the same round trip as its batch (XADD + XREAD pipelined); the reader
+    stands by. A peer writing every 2 ms costs one round trip per interval, not one per
+    entry, and every entry is applied exactly once."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    interval = 0.02
+    sync = RouteSync(router, redis_url, "kvgate",
+                     SyncSettings(flush_interval_s=interval, catchup_entries=0),
+                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
+                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    calls = {"read": 0, "round": 0}
+    reader_call, publisher_pipeline = sync._in.call, sync._out.pipeline
+
+    async def read(*args: bytes | str | int) -> object:
+        calls["read"] += 1
+        return await reader_call(*args)
+
+    async def pipeline(*commands: tuple[bytes | str | int, ...]) -> list[object]:
+        calls["round"] += 1
+        return await publisher_pipeline(*commands)
+
+    sync._in.call = read  # type: ignore[method-assign]
+    sync._out.pipeline = pipeline  # type: ignore[method-assign]
+    await sync.start()
+    try:
+        await _until(lambda: sync._published != {})  # our load is out: the publisher reads
+        await asyncio.sleep(2 * interval)
+        before = dict(calls)
+        t0 = time.monotonic()
+        for i in range(100):
+            await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (i + 1, i + 2), 0)],
+                                 {"b:1": ReplicaLoad(i % 5 + 1, 0, 0, 0.0)}))
+            await asyncio.sleep(0.002)
+        await _until(lambda: sync.stats.applied >= 100)
+        elapsed = time.monotonic() - t0
+        rounds = calls["round"] - before["round"]
+        assert rounds <= elapsed / interval + 3, (rounds, elapsed)
+        assert calls["read"] - before["read"] <= 1  # at most the read pending when busy began
+        await asyncio.sleep(3 * interval)
+        assert sync.stats.applied == 100  # none twice
+        assert router.state.index.entries("a:1") == 101
+        assert router.peers is not None
+        assert router.peers.totals(time.monotonic())["b:1"].inflight == 5  # the latest
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_own_entries_are_skipped_unread(redis_url: str) -> None:
+    """Entries this process wrote come back on the one stream: skipped before decoding
+    (neither applied nor counted as malformed, even when they would not decode)."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, catchup_entries=0)
+    await sync.start()
+    try:
+        await asyncio.sleep(0.1)
+        await _add(r, {b"v": b"1", b"m": b"me", b"t": b"1.0", b"h": b"\x00" * 3})
+        await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (1,), 0)], {}))
+        await _until(lambda: sync.stats.applied >= 1)
+        assert sync.stats.dropped == {}
+        assert router.state.index.entries("a:1") == 1
+    finally:
+        await sync.stop()
+        await r.aclose()
