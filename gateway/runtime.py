@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
+from gateway import worker_metrics
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
 from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
@@ -108,6 +110,7 @@ async def start_runtime(
     proxy.prep.sharing = doctor.sharing
     await doctor.start()
     stack.push_async_callback(doctor.stop)
+    _share_metrics(metrics, stack)
     admin = _admin_app(cfg, tenancy, gate, pools, router, proxy, scraper, doctor, metrics, clock)
     stack.callback(members.close)  # the first thing shutdown does: stop following changes
     return Runtime(tenancy, gate, pools, proxy, scraper, sync, doctor, admin)
@@ -210,9 +213,20 @@ def _admin_app(
     return app
 
 
-def _run(stack: AsyncExitStack, work: object, name: str) -> None:
+def _share_metrics(metrics: GatewayMetrics, stack: AsyncExitStack) -> None:
+    """A worker of several (`server.workers`): /metrics answers with every worker's series."""
+    slot = worker_metrics.current()
+    if slot is None:
+        return
+    exposition = worker_metrics.WorkerExposition(slot, metrics.render_own)
+    metrics.render_all = exposition.render
+    stack.callback(exposition.remove)
+    _run(stack, exposition.run(), "kvgate-worker-metrics")
+
+
+def _run(stack: AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> None:
     """A background task, cancelled and awaited when the stack closes."""
-    task: asyncio.Task[None] = asyncio.create_task(work, name=name)  # type: ignore[arg-type]
+    task = asyncio.create_task(work, name=name)
 
     async def stop() -> None:
         task.cancel()
