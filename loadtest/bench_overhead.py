@@ -167,16 +167,24 @@ def _bench_key(base: str) -> dict[str, str]:
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and its children (granian serves from a child process)."""
     total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for one in (pid, *_children(pid)):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone
             continue
-        if int(entry.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / TICKS
+        total += (int(fields[11]) + int(fields[12])) / TICKS
     return total
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux: each thread's /proc children list)."""
+    out: list[int] = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            out.extend(int(c) for c in (task / "children").read_text().split())
+    except OSError:
+        pass
+    return out
 
 
 def rss_mib(pid: int) -> float:
