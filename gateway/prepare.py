@@ -75,6 +75,8 @@ class Preparer:
                 self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
                 raise adm.error()
             req.adm = adm
+        if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
+            await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan = None
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)

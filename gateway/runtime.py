@@ -43,8 +43,9 @@ from gateway.policy_doc import DEFAULT_TIER
 from gateway.pool import PoolChanges, Pools
 from gateway.proxy import Proxy
 from gateway.replicas import Replica
+from gateway.responses import SharedHomes
 from gateway.scrape import Sample, Scraper
-from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy
+from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, default_transport
@@ -90,6 +91,9 @@ async def start_runtime(
     # subscribed before the next await, so no policy version can slip in between
     stack.callback(tenancy.resolver.on_policy(members.policy_changed))
     proxy = Proxy(cfg, pools, router, metrics, clock, gate)
+    if tenancy.redis_url is not None:  # Responses API ids relayed by other gateways
+        shared = proxy.responses.shared = SharedHomes(connect_redis(tenancy.redis_url))
+        stack.push_async_callback(shared.close)
     if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow.py)
         proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics, clock)
     await members.start_discovery()

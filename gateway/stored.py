@@ -65,6 +65,12 @@ class StoredResponses:
         await send({"type": "http.response.start", "status": status, "headers": hdrs})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    async def fetch(self, path: str) -> None:
+        """Learn where the response `path` names lives when another gateway relayed it."""
+        m = _PATH.match(path)
+        if m is not None:
+            await self._store.fetch(m.group(1))
+
     def locate(self, path: str, method: str, token: str | None) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
         (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too."""
@@ -86,6 +92,7 @@ class StoredResponses:
     async def _forward(
         self, path: str, method: str, scope: Scope, token: str | None
     ) -> tuple[int, str, bytes, str]:
+        await self.fetch(path)
         pool, replica = self.locate(path, method, token)
         query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")

@@ -104,12 +104,15 @@ class Exchange:
         self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
 
     # -- request path ----------------------------------------------------------------------
-    def request_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+    async def request_headers(
+        self, msg: pb.ProcessingRequest,
+    ) -> Sequence[pb.ProcessingResponse]:
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
+            await self._core.stored.fetch(path)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
             return [self._not_proxied(path, method)]
