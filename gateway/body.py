@@ -16,7 +16,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import BadRequest
-from gateway.jsondepth import check_depth
+from gateway.jsondepth import check_parsed_depth
 from routing.tokens import count_tokens
 
 __all__ = [
@@ -51,7 +51,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise BadRequest("The request body is not valid JSON.") from None
-    check_depth(raw)  # deeper than orjson can write back: a 400 before any work
+    check_parsed_depth(raw, data)  # deeper than orjson can write back: a 400 before any work
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")

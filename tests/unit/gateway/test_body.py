@@ -120,6 +120,13 @@ def test_ordinary_nesting_and_brackets_in_strings_pass() -> None:
     assert orjson.loads(out)["prompt"] == "[{" * 500
 
 
+def test_a_wide_body_is_not_a_deep_one() -> None:
+    # thousands of brackets, four levels: checked on the parsed body, not by scanning the text
+    messages = [{"role": "user", "content": [{"type": "text", "text": "[x]"}]}] * 5000
+    raw = orjson.dumps({"model": "m", "messages": messages})
+    assert len(parse_body(raw, "chat").data["messages"]) == 5000
+
+
 REWRITES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     ("salt added", {"model": "m"}, {}, {"model": "m", "cache_salt": "S"}),
     (
