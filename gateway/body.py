@@ -51,7 +51,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise BadRequest("The request body is not valid JSON.") from None
-    check_parsed_depth(raw, data)  # deeper than orjson can write back: a 400 before any work
+    check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")
