@@ -54,6 +54,7 @@ MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenan
 
 ENV_PREFIX = "KVGATE_"
 # Environment variables with a meaning of their own (not section overrides).
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
 ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_token",
                "KVGATE_SALT_SECRET": "salt_secret"}
 
@@ -257,6 +258,15 @@ class KvgateConfig(PolicyDoc):
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
     salt_secret: SecretStr | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # redis-py would only fail at start-up, deep in the lifespan; the URL may hold a
+        # password, so the message never repeats it
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        return value
 
     @field_validator("admin_token")
     @classmethod

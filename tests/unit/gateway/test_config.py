@@ -121,3 +121,17 @@ def test_example_file_lists_every_section_field() -> None:
         missing += [f"{section}.{n}" for n in names
                     if f"  {n}:" not in block and f"# {n}:" not in block]
     assert missing == []
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://:pw-sekrit@127.0.0.1:6379/0", "127.0.0.1:6379"])
+def test_a_malformed_redis_url_is_a_config_error_that_hides_the_url(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_REDIS_URL": url})
+    assert "KVGATE_REDIS_URL" in info.value.message
+    assert url not in info.value.message and "sekrit" not in info.value.message
+
+
+def test_redis_url_schemes_redis_accepts() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock"):
+        cfg = load_config(None, overrides=POOLS, environ={"KVGATE_REDIS_URL": url})
+        assert cfg.redis_url is not None and cfg.redis_url.get_secret_value() == url
