@@ -51,6 +51,10 @@ class Preparer:
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
 
+    def authenticate(self, token: str | None) -> Principal:
+        """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
+        return self._gate.principal(token)
+
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
         gate = self._gate
