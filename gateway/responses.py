@@ -5,7 +5,9 @@ other replica answers 404 for it (as ``previous_response_id``, or on ``GET /v1/r
 and ``POST /v1/responses/{id}/cancel``). The gateway remembers the id of every response it
 relayed -> (tenant, pool, replica) in a bounded LRU, pins follow-ups to that replica and sends
 the GET and cancel there. A tenant only ever reaches its own responses: an id remembered for
-another tenant is answered as unknown.
+another tenant is answered as unknown, a follow-up naming it included (vLLM's store is keyed
+by id alone and would continue the other tenant's conversation). An id this process never
+relayed (another gateway replica's, or one evicted from the LRU) cannot be checked.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class ResponseStore:
         self._homes.move_to_end(rid)
         if len(self._homes) > self._capacity:
             self._homes.popitem(last=False)
+
+    def foreign(self, rid: str, tenant: str) -> bool:
+        """`rid` is known here as another tenant's response."""
+        found = self._homes.get(rid)
+        return found is not None and found.tenant != tenant
 
     def home(self, rid: str, tenant: str) -> ResponseHome | None:
         """Where `rid` lives, if it was created for `tenant` (else None)."""
