@@ -55,6 +55,7 @@ def test_kvgate_config_env_names_the_file(tmp_path: Path) -> None:
         ({"routing": {"policy": "magic"}}, "routing.policy"),
         ({"routing": {"block_chars": 6}}, "routing.block_chars"),
         ({"serverr": {}}, "serverr"),
+        ({"server": {"log_level": "loud"}}, "server.log_level"),
         ({"models": {"x": {"default": "nope"}}}, "models.x.default"),
         ({"pools": {"a": {"replicas": ["ftp://x"]}}}, "pools.a"),
     ],
@@ -135,3 +136,8 @@ def test_redis_url_schemes_redis_accepts() -> None:
     for url in ("redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock"):
         cfg = load_config(None, overrides=POOLS, environ={"KVGATE_REDIS_URL": url})
         assert cfg.redis_url is not None and cfg.redis_url.get_secret_value() == url
+
+
+def test_log_level_is_case_insensitive() -> None:
+    cfg = load_config(None, overrides={**POOLS, "server": {"log_level": "WARNING"}}, environ={})
+    assert cfg.server.log_level == "warning"
