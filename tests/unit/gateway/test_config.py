@@ -58,6 +58,8 @@ def test_kvgate_config_env_names_the_file(tmp_path: Path) -> None:
         ({"server": {"log_level": "loud"}}, "server.log_level"),
         ({"models": {"x": {"default": "nope"}}}, "models.x.default"),
         ({"pools": {"a": {"replicas": ["ftp://x"]}}}, "pools.a"),
+        ({"pools": {"a": {"replicas": ["http://vllm-0:8000/v1"]}}}, "without /v1"),
+        ({"pools": {"a": {"replicas": ["http://vllm-0:8000/v1/"]}}}, "without /v1"),
     ],
 )
 def test_errors_name_the_field(raw: dict[str, object], field: str) -> None:
