@@ -290,6 +290,11 @@ def test_admin_replicas_and_route_explain(stack: Stack) -> None:
         assert by_tier["pool"] == "awq"
         bad = admin.post("/route/explain", json={"tier": "gold", "request": request})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
+        for field in ("tenant", "tier"):  # a wrong type is named, not "one of them is required"
+            wrong = admin.post("/route/explain", json={field: 5, "request": request})
+            err = wrong.json()["error"]
+            assert wrong.status_code == 400 and err["param"] == field, err
+            assert "string" in err["message"], err
 
 
 def test_a_policy_that_adds_a_pool_is_served_by_both_gateways(stack: Stack) -> None:
