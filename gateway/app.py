@@ -237,10 +237,12 @@ async def _respond(send: Send, status: int, headers: Headers, body: bytes) -> No
 
 
 def _bearer_token(headers: Headers) -> str | None:
+    """As the proxied routes read it (`request.scan_headers`): the last Authorization."""
+    token = None
     for key, value in headers:
         if key == b"authorization":
-            return parse_bearer(value.decode("latin-1"))
-    return None
+            token = parse_bearer(value.decode("latin-1"))
+    return token
 
 
 async def _error(send: Send, exc: KvgateError) -> None:
