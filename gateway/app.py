@@ -89,7 +89,7 @@ class GatewayApp:
         rt = self.rt
         if path in KINDS:
             if method != "POST":
-                return await _error(send, MethodNotAllowed(f"Use POST for {path}."))
+                return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
             assert rt is not None
             return await rt.proxy.handle(scope, receive, send)
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
@@ -98,7 +98,8 @@ class GatewayApp:
         page = self._get.get(path)
         if page is not None and not (admin_port is not None and path == "/metrics"):
             if method not in ("GET", "HEAD"):
-                return await _error(send, MethodNotAllowed(f"Use GET for {path}."))
+                return await _error(
+                    send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
             if path == MODELS and rt is not None:
                 try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
                     rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))

@@ -188,7 +188,7 @@ class Exchange:
     def _not_proxied(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
         if path in KINDS:
-            return self._refuse(MethodNotAllowed(f"Use POST for {path}."))
+            return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
             return self._refuse(NotFound(f"Unknown path {path}."))
