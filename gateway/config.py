@@ -54,6 +54,8 @@ MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenan
 
 ENV_PREFIX = "KVGATE_"
 # Environment variables with a meaning of their own (not section overrides).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
 ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_token",
                "KVGATE_SALT_SECRET": "salt_secret"}
 
@@ -85,6 +87,14 @@ class ServerConfig(_Section):
     # worker processes sharing the port (each a member of the shared routing state; more
     # than 1 needs KVGATE_REDIS_URL: with the in-memory store it is refused at start)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.lower()  # logging and uvicorn would fail at start, with a traceback
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
+        return level
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -257,6 +267,15 @@ class KvgateConfig(PolicyDoc):
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
     salt_secret: SecretStr | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # redis-py would only fail at start-up, deep in the lifespan; the URL may hold a
+        # password, so the message never repeats it
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        return value
 
     @field_validator("admin_token")
     @classmethod

@@ -5,13 +5,15 @@ other replica answers 404 for it (as ``previous_response_id``, or on ``GET /v1/r
 and ``POST /v1/responses/{id}/cancel``). The gateway remembers the id of every response it
 relayed -> (tenant, pool, replica) in a bounded LRU, pins follow-ups to that replica and sends
 the GET and cancel there. A tenant only ever reaches its own responses: an id remembered for
-another tenant is answered as unknown.
+another tenant is answered as unknown, a follow-up naming it included (vLLM's store is keyed
+by id alone and would continue the other tenant's conversation).
 
 With Redis (`KVGATE_REDIS_URL`), every gateway and worker also writes each id's home there
 (`SharedHomes`, in the background, kept a day), and one that meets an id it did not relay
-looks it up there before routing: a follow-up or a GET may reach any gateway. Only Responses
-API requests naming an unknown id wait for Redis, at most `SharedHomes.timeout_s`; with Redis
-down such a request is routed as if the id were unknown (as before sharing).
+looks it up there before routing: a follow-up or a GET may reach any gateway, and another
+tenant's id is refused there too. Only Responses API requests naming an unknown id wait for
+Redis, at most `SharedHomes.timeout_s`; with Redis down (or without it, or for an id evicted
+from the LRU) an id this process never relayed cannot be checked and is routed as unknown.
 """
 
 from __future__ import annotations
@@ -127,6 +129,11 @@ class ResponseStore:
         found = await self.shared.get(rid)
         if found is not None:
             self._keep(rid, found)
+
+    def foreign(self, rid: str, tenant: str) -> bool:
+        """`rid` is known here as another tenant's response."""
+        found = self._homes.get(rid)
+        return found is not None and found.tenant != tenant
 
     def home(self, rid: str, tenant: str) -> ResponseHome | None:
         """Where `rid` lives, if it was created for `tenant` (else None)."""

@@ -80,7 +80,8 @@ class StoredResponses:
             raise NotFound(f"Unknown path {path}.")
         cancel = m.group(2) is not None
         if method != ("POST" if cancel else "GET"):
-            raise MethodNotAllowed(f"Use {'POST' if cancel else 'GET'} for {path}.")
+            allowed = "POST" if cancel else "GET"
+            raise MethodNotAllowed(f"Use {allowed} for {path}.", allow=allowed)
         rid = m.group(1)
         home = self._store.home(rid, principal.tenant_id)
         pool = self._pools.by_name.get(home.pool) if home is not None else None

@@ -31,6 +31,11 @@ def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes,
         (b'{"model": 7}', "model"),
         (b'{"model": ""}', "model"),
         (b'{"model": "m", "stream": "yes"}', "stream"),
+        # the gateway rewrites stream_options: a malformed one was silently replaced, and a
+        # truthy non-boolean include_usage was answered without the usage the client asked for
+        (b'{"model": "m", "stream": true, "stream_options": "x"}', "stream_options"),
+        (b'{"model": "m", "stream": true, "stream_options": {"include_usage": "yes"}}',
+         "stream_options.include_usage"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> None:
