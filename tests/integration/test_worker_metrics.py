@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import threading
 from collections.abc import Callable
 
 import httpx
@@ -41,26 +42,34 @@ def test_metrics_of_two_workers_count_every_request_once(
         "server": {"workers": 2},
     }, env={"KVGATE_REDIS_URL": redis_url})
     with proc:
-        fresh = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
-        # the SDK annotates http_client as httpx2.Client but also takes an httpx.Client
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0,
-                               timeout=30, http_client=fresh)  # type: ignore[arg-type]
-        sent = 40
-        for i in range(sent):  # a new connection each: the kernel spreads them
-            client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": f"hello {i}"}], max_tokens=2)
-        fresh.close()
-        seen: list[dict[str, float]] = []
+        sent = [0]
+        stop = threading.Event()
 
-        def all_counted() -> bool:
-            seen.append(_requests_by_worker(base))
-            return sum(seen[-1].values()) == sent and len(seen[-1]) == 2
+        def load() -> None:  # a new connection each: the kernel spreads them over workers
+            with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as fresh:
+                # the SDK annotates http_client as httpx2.Client but takes an httpx.Client
+                client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0,
+                                       timeout=30, http_client=fresh)  # type: ignore[arg-type]
+                while not stop.is_set():
+                    client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": f"hi {sent[0]}"}],
+                        max_tokens=2)
+                    sent[0] += 1
 
-        wait_for(all_counted, timeout=15, what="both workers' requests in one scrape")
-        assert all(n > 0 for n in seen[-1].values()), seen[-1]  # both served some
-        for _ in range(10):  # scrapes land on either worker: nothing goes back
-            seen.append(_requests_by_worker(base))
-        tail = seen[-11:]
-        for before, after in itertools.pairwise(tail):
+        loader = threading.Thread(target=load)
+        loader.start()
+        try:
+            wait_for(lambda: sent[0] >= 10, timeout=30, what="traffic")
+            seen = [_requests_by_worker(base) for _ in range(15)]  # while requests flow
+        finally:
+            stop.set()
+            loader.join(30)
+        for before, after in itertools.pairwise(seen):  # scrapes reach either worker
             for worker, n in before.items():
                 assert after.get(worker, 0.0) >= n, (before, after)
+
+        def all_counted() -> bool:
+            last = _requests_by_worker(base)
+            return sum(last.values()) == sent[0] and len(last) == 2 and min(last.values()) > 0
+
+        wait_for(all_counted, timeout=15, what="both workers' requests in one scrape")

@@ -8,7 +8,13 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.worker_metrics import STALE_AFTER_S, WorkerExposition, WorkerSlot, merge
+from gateway.worker_metrics import (
+    STALE_AFTER_S,
+    WorkerExposition,
+    WorkerSlot,
+    label_lines,
+    merge,
+)
 
 EXPOSITION = """# HELP kvgate_requests_total finished proxied requests
 # TYPE kvgate_requests_total counter
@@ -28,7 +34,7 @@ def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float
 
 
 def test_merge_labels_every_sample_with_its_worker_and_keeps_one_family() -> None:
-    out = merge({1: EXPOSITION % 4, 0: EXPOSITION % 3})
+    out = merge({1: label_lines(EXPOSITION % 4, 1), 0: label_lines(EXPOSITION % 3, 0)})
     assert out.count(b"# TYPE kvgate_requests_total counter") == 1
     assert out.count(b"# TYPE kvgate_ttft_seconds histogram") == 1
     samples = _samples(out)
@@ -57,6 +63,36 @@ def test_a_scrape_serves_this_workers_series_as_of_now_and_no_later_scrape_goes_
     other.remove()  # a worker that stops takes its part away
     assert ("kvgate_requests_total", (("pool", "p"), ("worker", "1"))) not in _samples(
         mine.render())
+
+
+def test_label_lines_handles_every_sample_shape() -> None:
+    text = ('# HELP a_total x\n# TYPE a_total counter\na_total 1.0\n'
+            'b{} 2.0\nc{x="a b} c"} 3.0\nd{x="1"} 4.0 1700000000000\n')
+    samples = _samples(label_lines(text, 3).encode())
+    assert samples[("a_total", (("worker", "3"),))] == 1.0
+    assert samples[("b", (("worker", "3"),))] == 2.0
+    assert samples[("c", (("worker", "3"), ("x", "a b} c")))] == 3.0
+    assert samples[("d", (("worker", "3"), ("x", "1")))] == 4.0
+
+
+def test_a_broken_part_loses_nothing_else(tmp_path: Path) -> None:
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % 1).encode())
+    (tmp_path / "worker-1.prom").write_bytes(b"\xff\xfe not text {{{\n# TYPE\n")
+    assert {dict(k[1]).get("worker") for k in _samples(mine.render())} == {"0"}
+
+
+def test_a_failed_write_serves_what_the_others_can_read(tmp_path: Path) -> None:
+    """Serving newer values than the file holds would let the next scrape, reaching another
+    worker, go back."""
+    count = [3]
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % count[0]).encode())
+    mine.publish()
+    path = tmp_path / "worker-0.prom"
+    path.unlink()
+    path.mkdir()  # the next write fails (a directory cannot be replaced by a file)
+    count[0] = 9
+    key = ("kvgate_requests_total", (("pool", "p"), ("worker", "0")))
+    assert _samples(mine.render())[key] == 3
 
 
 def test_a_part_not_rewritten_for_a_while_is_left_out(tmp_path: Path) -> None:
