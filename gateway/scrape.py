@@ -70,7 +70,9 @@ _CACHE_INFO = "vllm:cache_config_info"
 _WANTED_NAMES = frozenset({n for names in _SUMMED.values() for n in names} | {*_KV, _CACHE_INFO})
 _WANTED = tuple(sorted(_WANTED_NAMES))
 # one sample line of the text format: name, optional {labels}, value (a timestamp may follow)
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)")
+# (labels: quoted values may hold "}" and spaces; an OpenMetrics exemplar after " # " is ignored)
+_SAMPLE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?[ \t]+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -207,6 +209,7 @@ def parse_vllm_metrics(text: str) -> Sample:
 
 
 OnSample = Callable[[str, Sample | None, float], None]
+_PLAIN = {"Accept-Encoding": "identity"}  # vLLM would gzip every page, 4 times a second
 
 
 @dataclass(slots=True)
@@ -310,7 +313,9 @@ class Scraper:
     async def _scrape(self, replica_id: str, target: _Target) -> Sample | None:
         sample: Sample | None = None
         try:
-            async with asyncio.timeout(self.timeout_s), self._client.get(target.url) as r:
+            async with asyncio.timeout(self.timeout_s), self._client.get(
+                target.url, headers=_PLAIN,
+            ) as r:
                 if r.status != 200:
                     raise ValueError(f"/metrics answered {r.status}")
                 text = await r.text()

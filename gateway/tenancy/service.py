@@ -7,6 +7,7 @@ at start-up (bootstrap from config, first load, background sync and lease renewa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -73,9 +74,11 @@ class Tenancy:
 
         try:
             await reseed()
-            await _say_if_the_stored_policy_wins(self.store, policy)
         except BackendUnavailable:
             log.warning("tenancy bootstrap postponed: store unreachable")
+        else:
+            with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
+                await _say_if_the_stored_policy_wins(self.store, policy)
         self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()

@@ -227,3 +227,10 @@ def test_text_format_details() -> None:
 def test_a_value_that_is_not_a_number_is_a_bad_page() -> None:
     with pytest.raises(ValueError):
         parse_vllm_metrics('vllm:num_requests_running{engine="0"} twelve\n')
+
+
+def test_an_openmetrics_exemplar_and_a_space_before_the_labels() -> None:
+    text = ('vllm:num_requests_running {engine="0"} 3.0\n'
+            'vllm:prompt_tokens_total{engine="0",x="a } # {b"} 10 # {trace_id="abc"} 1.0\n')
+    s = parse_vllm_metrics(text)
+    assert (s.running, s.prompt_tokens) == (3.0, 10.0)
