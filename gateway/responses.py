@@ -28,13 +28,14 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["ResponseHome", "ResponseStore", "SharedHomes", "response_id"]
+__all__ = ["RESPONSE_ID", "ResponseHome", "ResponseStore", "SharedHomes", "response_id"]
 
 log = logging.getLogger(__name__)
 
 # the response's own id (``resp_...``); the top-level `id` is the body's first field, and a
 # stream's first event (``response.created``) carries it as ``response.id``. Items inside a
 # response have other prefixes (``msg_``, ``rs_``, ``fc_``...).
+RESPONSE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,256}")  # what an id in a path or a body may be
 _RESP_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.\-]{1,200})"')
 
 
@@ -52,46 +53,59 @@ class ResponseHome(NamedTuple):
 class SharedHomes:
     """Response homes in Redis, for the gateways and workers that did not relay them."""
 
-    KEY = "kvgate:response:"
     TTL_S = 86_400  # vLLM keeps stored responses in memory until it restarts
-    MAX_PENDING = 1024  # writes in flight; past it a write is dropped (Redis slow or down)
+    MAX_PENDING = 64  # writes in flight; past it a write is dropped (Redis slow or down)
+    CLOSE_WAIT_S = 0.5  # at shutdown, for the ids relayed last
 
-    def __init__(self, redis: aioredis.Redis, timeout_s: float = 0.25) -> None:
+    def __init__(self, redis: aioredis.Redis, namespace: str, timeout_s: float = 0.25) -> None:
         self._redis = redis
+        self._key = f"{namespace}:response:"  # `tenancy.namespace`: deployments apart
         self.timeout_s = timeout_s
         self._pending: set[asyncio.Task[None]] = set()
         self.errors = 0
+        self._failing = False
 
-    def put(self, rid: str, home: ResponseHome) -> None:
+    def put(self, rid: str, home: ResponseHome) -> asyncio.Task[None] | None:
+        """Write in the background; the task, or None when too many writes wait already."""
         if len(self._pending) >= self.MAX_PENDING:
-            self.errors += 1
-            return
+            self._failed("too many writes waiting")
+            return None
         task = asyncio.get_running_loop().create_task(self._put(rid, home))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        return task
 
     async def _put(self, rid: str, home: ResponseHome) -> None:
         try:
             async with asyncio.timeout(self.timeout_s * 4):
-                await self._redis.set(self.KEY + rid, orjson.dumps(list(home)), ex=self.TTL_S)
+                await self._redis.set(self._key + rid, orjson.dumps(list(home)), ex=self.TTL_S)
         except (RedisError, OSError, TimeoutError) as exc:
-            self.errors += 1
-            log.debug("response home not shared", extra={"error": type(exc).__name__})
+            self._failed(type(exc).__name__)
+        else:
+            self._failing = False
 
     async def get(self, rid: str) -> ResponseHome | None:
         try:
             async with asyncio.timeout(self.timeout_s):
-                raw = await self._redis.get(self.KEY + rid)
+                raw = await self._redis.get(self._key + rid)
             if raw is None:
                 return None
             tenant, pool, replica = orjson.loads(raw)
             return ResponseHome(str(tenant), str(pool), str(replica))
-        except (RedisError, OSError, TimeoutError, ValueError) as exc:
-            self.errors += 1
-            log.debug("response home lookup failed", extra={"error": type(exc).__name__})
+        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+            self._failed(type(exc).__name__)
             return None
 
+    def _failed(self, why: str) -> None:
+        self.errors += 1
+        if not self._failing:  # once per outage, not once per request
+            self._failing = True
+            log.warning("Responses API ids not shared through Redis: other gateways may not "
+                        "find the responses relayed here", extra={"error": why})
+
     async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=self.CLOSE_WAIT_S)
         for task in list(self._pending):
             task.cancel()
         await asyncio.gather(*self._pending, return_exceptions=True)
@@ -109,11 +123,16 @@ class ResponseStore:
     def __len__(self) -> int:
         return len(self._homes)
 
-    def remember(self, rid: str, tenant: str, pool: str, replica: str) -> None:
+    def remember(
+        self, rid: str, tenant: str, pool: str, replica: str, *, stored: bool = True,
+    ) -> asyncio.Task[None] | None:
+        """Remember where ``rid`` lives; with Redis, also share it (unless the request said
+        ``store: false``: the replica keeps nothing). Returns the write, if one started."""
         home = ResponseHome(tenant, pool, replica)
         self._keep(rid, home)
-        if self.shared is not None:
-            self.shared.put(rid, home)
+        if self.shared is None or not stored:
+            return None
+        return self.shared.put(rid, home)
 
     def _keep(self, rid: str, home: ResponseHome) -> None:
         self._homes[rid] = home
@@ -124,7 +143,8 @@ class ResponseStore:
     async def fetch(self, rid: object) -> None:
         """Learn where ``rid`` lives from the other gateways (Redis) when this one does not
         know it; `home` answers from memory afterwards."""
-        if self.shared is None or not isinstance(rid, str) or rid in self._homes:
+        if (self.shared is None or not isinstance(rid, str) or rid in self._homes
+                or not RESPONSE_ID.fullmatch(rid)):
             return
         found = await self.shared.get(rid)
         if found is not None:

@@ -92,7 +92,8 @@ async def start_runtime(
     stack.callback(tenancy.resolver.on_policy(members.policy_changed))
     proxy = Proxy(cfg, pools, router, metrics, clock, gate)
     if tenancy.redis_url is not None:  # Responses API ids relayed by other gateways
-        shared = proxy.responses.shared = SharedHomes(connect_redis(tenancy.redis_url))
+        shared = proxy.responses.shared = SharedHomes(
+            connect_redis(tenancy.redis_url, max_connections=16), tenancy.settings.namespace)
         stack.push_async_callback(shared.close)
     if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow.py)
         proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics, clock)

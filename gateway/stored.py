@@ -65,11 +65,17 @@ class StoredResponses:
         await send({"type": "http.response.start", "status": status, "headers": hdrs})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def fetch(self, path: str) -> None:
-        """Learn where the response `path` names lives when another gateway relayed it."""
+    async def fetch(self, path: str, token: str | None) -> None:
+        """Learn where the response `path` names lives when another gateway relayed it;
+        only for a caller with a valid key (`locate` answers the others)."""
         m = _PATH.match(path)
-        if m is not None:
-            await self._store.fetch(m.group(1))
+        if m is None:
+            return
+        try:
+            self._gate.principal(token)
+        except KvgateError:
+            return
+        await self._store.fetch(m.group(1))
 
     def locate(self, path: str, method: str, token: str | None) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
@@ -93,7 +99,7 @@ class StoredResponses:
     async def _forward(
         self, path: str, method: str, scope: Scope, token: str | None
     ) -> tuple[int, str, bytes, str]:
-        await self.fetch(path)
+        await self.fetch(path, token)
         pool, replica = self.locate(path, method, token)
         query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")

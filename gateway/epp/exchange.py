@@ -112,7 +112,7 @@ class Exchange:
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
-            await self._core.stored.fetch(path)  # relayed by another gateway (Redis)
+            await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
             return [self._not_proxied(path, method, token)]
