@@ -177,13 +177,21 @@ def cpu_seconds(pid: int) -> float:
 
 
 def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux: each thread's /proc children list)."""
-    out: list[int] = []
+    """Direct children of ``pid``: each thread's /proc children list, else (a kernel without
+    it) a scan of every process's parent."""
     try:
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            out.extend(int(c) for c in (task / "children").read_text().split())
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
     except OSError:
         pass
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
     return out
 
 
