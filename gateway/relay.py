@@ -41,7 +41,7 @@ __all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
 RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
 # a whole Responses API answer waits this long at most for its id to reach Redis, so that a
 # follow-up through another gateway finds it (a stream's id goes out with its first event)
-_SHARE_WAIT_S = 0.25
+_SHARE_WAIT_S = 1.0  # = the write's own timeout
 # a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
 # `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
 # `delta` -- a non-empty string value
