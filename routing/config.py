@@ -39,8 +39,8 @@ class RouterConfig:
     max_fixed_s: float = 2.0
     outlier_factor: float = 4.0  # an observation counts at most this far from the prediction
     # prefill-token cost of one request decoding in the batch over the steps a prefill
-    # waits (attention reads its whole context every step: ~16 for a 4k-token context,
-    # ~64 for the 16k-48k contexts of agents and long conversations; routing/README.md)
+    # waits (attention reads its whole context every step: ~11 for a 4k-token context,
+    # 35-100 for the 16k-48k contexts of agents and long conversations; routing/README.md)
     decode_weight_tokens: float = 64.0
     prior_request_tokens: float = 1_024.0
     kv_knee: float = 0.85
