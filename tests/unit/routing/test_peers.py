@@ -135,9 +135,10 @@ def test_gateways_blind_to_each_others_burst_take_turns(window_s: float, distinc
                 counts[rid] += 1  # its own in flight (the other's unseen)
             views = [ReplicaView(id=rid, pool="p", inflight=counts[rid]) for rid in ids]
             f = _features(tuple(range(10_000 * (2 * i + g) + 1, 10_000 * (2 * i + g) + 40)))
-            replica = router.pick(f, views, 1.0).replica
-            router.record_route(replica, f, 1.0)
-            picks.append((g, replica))
+            decision = router.pick(f, views, 1.0)
+            assert decision.reason != "overflow"  # a turn is no overflow: nothing is full
+            router.record_route(decision.replica, f, 1.0)
+            picks.append((g, decision.replica))
     assert len({replica for _, replica in picks}) == distinct, picks
 
 
