@@ -240,6 +240,30 @@ def test_equal_weight_tenants_get_equal_token_shares(s: Stack) -> None:
     assert abs(tokens_a - tokens_b) <= 0.1 * max(tokens_a, tokens_b) + 80, (tokens_a, tokens_b)
 
 
+def test_a_tenant_over_its_share_lets_another_tenants_request_pass(s: Stack) -> None:
+    """The noisy tenant's own three fillers saturate the pool (it holds all the in-flight
+    tokens); its three short requests queue, then a quiet tenant's of the same tier. A seat
+    frees: the quiet request goes first although the noisy ones queued before it at the same
+    virtual time (fair queueing alone would send the noisy one first); then the noisy ones,
+    nobody else waiting (work-conserving)."""
+    noisy, quiet = s.tenant("free"), s.tenant("free")
+    saturate(s, noisy)
+    mine = [Call(s.base, noisy, 30) for _ in range(3)]
+    for c in mine:
+        c.start()
+    queued(s, 3)
+    other = Call(s.base, quiet, 30)
+    other.start()
+    queued(s, 4)
+    s.fillers[0].stop()  # a running filler and the one waiting inside vLLM leave: one seat
+    s.fillers[2].stop()
+    for c in [other, *mine]:
+        c.join(60)
+        assert c.status == 200 and c.route == "queued" and c.first is not None, (
+            c.status, c.route, c.error)
+    assert (other.first or 0.0) < min(c.first or 0.0 for c in mine)
+
+
 def test_disconnect_while_queued_leaves_at_once(s: Stack) -> None:
     key = s.tenant("free")
     saturate(s, s.tenant("free"))
