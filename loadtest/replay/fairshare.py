@@ -58,6 +58,7 @@ class FairShareMeter:
         self._weight: dict[str, float] = {}
         # tenant -> [tokens released, tokens due]
         self.totals: dict[str, list[float]] = {}
+        self.windows = 0  # windows judged (two tenants or more waited, something released)
 
     def queued(self, key: tuple[str, int], tenant: str, cost: float, weight: float,
                now: float) -> None:
@@ -108,6 +109,7 @@ class FairShareMeter:
         total = sum(w.released.values())
         if total <= 0 or len(w.demand) < 2:
             return  # nothing shared, or nobody to share with: nothing to judge
+        self.windows += 1
         due = max_min(total, w.demand, self._weight)
         for tenant, owed in due.items():
             row = self.totals.setdefault(tenant, [0.0, 0.0])

@@ -276,6 +276,7 @@ def flow_report(
             "queued": driver.queued, "max_depth": driver.max_depth,
             "shed_reasons": dict(driver.shed_reasons),
             "fair_share": ratios,
-            "jain": jain(ratios.values()),
+            "fair_windows": driver.fair.windows,
+            "jain": jain(ratios.values()) if ratios else None,
         }
     return out

@@ -83,7 +83,7 @@ class FlowConfig:
     share_cap: float | None = 2.0
     # "near": the saturation rule with every bound scaled by 1 - share_headroom. 0: only
     # once the pool is saturated (work-conserving: it waits only while others do)
-    share_headroom: float = 0.25
+    share_headroom: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
