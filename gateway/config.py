@@ -238,6 +238,12 @@ class FlowSection(_Section):
     # the router picks only among replicas with room, and among those the ones whose KV
     # stays under the knee with the prompt in (false: any healthy replica)
     room_only: bool = True
+    # a tenant holding more than share_cap times its weighted fair share of the pool's
+    # in-flight tokens is passed over by its band's other tenants, and waits itself once the
+    # pool is within the headroom of saturation (its bounds scaled by 1 - share_headroom;
+    # 0: only while others wait); null: no such cap
+    share_cap: Annotated[float, Field(ge=1)] | None = _FLOW.share_cap
+    share_headroom: Annotated[float, Field(ge=0, lt=1)] = _FLOW.share_headroom
 
     def flow_config(self) -> FlowConfig:
         return FlowConfig(
@@ -246,6 +252,7 @@ class FlowSection(_Section):
                 max_unanswered=self.max_unanswered, max_waiting=self.max_waiting,
                 kv_knee=self.kv_knee, max_inflight=self.max_inflight),
             max_queue=self.max_queue, expected_output_tokens=self.expected_output_tokens,
+            share_cap=self.share_cap, share_headroom=self.share_headroom,
         )
 
 

@@ -147,6 +147,9 @@ class Preparer:
         """The request is over (answered, failed or abandoned): metrics, the request line,
         and the admission settled with the real usage."""
         total = perf_counter() - req.t0
+        if req.flow_done is not None:  # its tenant's share of the pool (gateway/flow.py)
+            req.flow_done()
+            req.flow_done = None
         self._metrics.finished(
             req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
         )
