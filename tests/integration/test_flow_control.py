@@ -450,11 +450,13 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
             s.fillers.append(f)
             time.sleep(0.15)
         wait_for(lambda: saturated(base), 10, "saturated")
+        # a filler may have queued on a loaded machine: count the spiller's request alone
+        queued = sum(metric_values(base, "kvgate_flow_queued_total").values())
         with sdk(base, keys["spiller"]) as client:
             raw = client.chat.completions.with_raw_response.create(
                 model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
         assert raw.headers["x-kvgate-route"] == "spill"
         assert raw.headers["x-kvgate-replica"].startswith("q/")
-        assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == 0
+        assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == queued
         release(s)
         wait_for(lambda: inflight(base) == 0, 30, "drained")
