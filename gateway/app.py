@@ -23,10 +23,11 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig
 from gateway.errors import KvgateError, MethodNotAllowed, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.proxy import KINDS
+from gateway.proxy import KINDS, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
+from gateway.tenancy.resolver import parse_bearer
 from gateway.transport import TransportFactory, default_transport
 from routing.router import Router
 
@@ -60,7 +61,7 @@ class GatewayApp:
         self._stack: AsyncExitStack | None = None
         self._get = {
             "/healthz": self._healthz, "/readyz": self._readyz,
-            "/metrics": self._metrics_page, "/v1/models": self._models,
+            "/metrics": self._metrics_page, MODELS: self._models,
             # vLLM's operational paths, for drop-in use (benchmark clients probe /health)
             "/health": self._healthz, "/ping": self._healthz, "/version": _version_page,
         }
@@ -88,7 +89,7 @@ class GatewayApp:
         rt = self.rt
         if path in KINDS:
             if method != "POST":
-                return await _error(send, MethodNotAllowed(f"Use POST for {path}."))
+                return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
             assert rt is not None
             return await rt.proxy.handle(scope, receive, send)
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
@@ -97,7 +98,13 @@ class GatewayApp:
         page = self._get.get(path)
         if page is not None and not (admin_port is not None and path == "/metrics"):
             if method not in ("GET", "HEAD"):
-                return await _error(send, MethodNotAllowed(f"Use GET for {path}."))
+                return await _error(
+                    send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
+            if path == MODELS and rt is not None:
+                try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
+                    rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
+                except KvgateError as exc:
+                    return await _error(send, exc)
             status, headers, body = page()
             return await _respond(send, status, headers, body)
         if admin_port is None and await self._to_admin(scope, receive, send, path):
@@ -228,6 +235,15 @@ def _version_page() -> Page:
 async def _respond(send: Send, status: int, headers: Headers, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _bearer_token(headers: Headers) -> str | None:
+    """As the proxied routes read it (`request.scan_headers`): the last Authorization."""
+    token = None
+    for key, value in headers:
+        if key == b"authorization":
+            token = parse_bearer(value.decode("latin-1"))
+    return token
 
 
 async def _error(send: Send, exc: KvgateError) -> None:

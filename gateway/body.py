@@ -2,7 +2,7 @@
 
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, a
-string `model`, a boolean `stream`).
+string `model`, a boolean `stream`, the `stream_options` it rewrites).
 `rewrite_body` is the one place a body changes on its way upstream: the served model, the
 tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
 `drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
@@ -16,7 +16,7 @@ from typing import Any, Literal
 import orjson
 
 from gateway.errors import BadRequest
-from gateway.jsondepth import check_depth
+from gateway.jsondepth import check_parsed_depth
 from routing.tokens import count_tokens
 
 __all__ = [
@@ -51,7 +51,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError:
         raise BadRequest("The request body is not valid JSON.") from None
-    check_depth(raw)  # deeper than orjson can write back: a 400 before any work
+    check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")
@@ -62,7 +62,21 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         stream = False
     if not isinstance(stream, bool):
         raise BadRequest("`stream` must be a boolean.", param="stream")
+    if kind in USAGE_STREAM_KINDS:
+        _check_stream_options(data.get("stream_options"))
     return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)))
+
+
+def _check_stream_options(options: Any) -> None:
+    """`rewrite_body` rewrites `stream_options`: what it cannot read is a 400, not replaced."""
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise BadRequest("`stream_options` must be an object.", param="stream_options")
+    usage = options.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise BadRequest("`stream_options.include_usage` must be a boolean.",
+                         param="stream_options.include_usage")
 
 
 def _text_len(value: Any) -> int:

@@ -54,6 +54,8 @@ MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenan
 
 ENV_PREFIX = "KVGATE_"
 # Environment variables with a meaning of their own (not section overrides).
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
 ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_token",
                "KVGATE_SALT_SECRET": "salt_secret"}
 
@@ -85,6 +87,14 @@ class ServerConfig(_Section):
     # worker processes sharing the port (each a member of the shared routing state; more
     # than 1 needs KVGATE_REDIS_URL: with the in-memory store it is refused at start)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @field_validator("log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        level = value.lower()  # logging and uvicorn would fail at start, with a traceback
+        if level not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}, not {value!r}")
+        return level
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -228,6 +238,12 @@ class FlowSection(_Section):
     # the router picks only among replicas with room, and among those the ones whose KV
     # stays under the knee with the prompt in (false: any healthy replica)
     room_only: bool = True
+    # a tenant holding more than share_cap times its weighted fair share of the pool's
+    # in-flight tokens is passed over by its band's other tenants, and waits itself once the
+    # pool is within the headroom of saturation (its bounds scaled by 1 - share_headroom;
+    # 0: only while others wait); null: no such cap
+    share_cap: Annotated[float, Field(ge=1)] | None = _FLOW.share_cap
+    share_headroom: Annotated[float, Field(ge=0, lt=1)] = _FLOW.share_headroom
 
     def flow_config(self) -> FlowConfig:
         return FlowConfig(
@@ -236,6 +252,7 @@ class FlowSection(_Section):
                 max_unanswered=self.max_unanswered, max_waiting=self.max_waiting,
                 kv_knee=self.kv_knee, max_inflight=self.max_inflight),
             max_queue=self.max_queue, expected_output_tokens=self.expected_output_tokens,
+            share_cap=self.share_cap, share_headroom=self.share_headroom,
         )
 
 
@@ -257,6 +274,15 @@ class KvgateConfig(PolicyDoc):
     redis_url: SecretStr | None = None
     admin_token: SecretStr | None = None
     salt_secret: SecretStr | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # redis-py would only fail at start-up, deep in the lifespan; the URL may hold a
+        # password, so the message never repeats it
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        return value
 
     @field_validator("admin_token")
     @classmethod

@@ -110,6 +110,16 @@ class MethodNotAllowed(KvgateError):
     status = 405
     type_ = "MethodNotAllowedError"
 
+    def __init__(self, message: str, *, allow: str | None = None) -> None:
+        super().__init__(message)
+        self.allow = allow  # the `Allow` header (RFC 9110): the methods the path takes
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        hdrs = super().headers()
+        if self.allow is not None:
+            hdrs.append((b"allow", self.allow.encode()))
+        return hdrs
+
 
 class Conflict(KvgateError):
     status = 409

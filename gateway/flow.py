@@ -13,6 +13,11 @@ first token, a finished request, a fresh scrape or another gateway's record can 
 room). It releases one request at a time: the released request acquires its replica before
 the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
 
+Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
+until it is over (``req.flow_done``, called by `Preparer.finish`): a tenant over its share is
+passed over, and held near saturation (the share cap, `routing.flow.gate`). The share is this
+gateway's: with several gateways behind a balancer each sees its part of every tenant.
+
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
@@ -27,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from time import perf_counter
 from typing import Any
 
@@ -153,14 +159,17 @@ class FlowGate:
         cost = request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected)
         state = self._state(plan.pool.name)
         peers = self._peers(now)
-        if state.flow.admit(plan.views, cost, now, peers):
-            self._served(plan.pool.name, req, cost)
+        tenant = principal.tenant_id
+        doc = _doc(principal, self._pools)
+        weight = doc.flow_class(principal.tier, tenant)[1]
+        if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
+            self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers)
         alt = self._spill(req, principal, parsed, plan, now, peers)
         if alt is not None:
             alt_state = self._state(alt.pool.name)
-            alt_state.flow.queue.note_dispatch(cost, now)
-            self._served(alt.pool.name, req, cost)
+            alt_state.flow.sent(tenant, cost, now, weight)
+            self._sent(alt_state, req, tenant, cost)
             return self._narrow(alt_state, alt, peers)
         await self._wait(req, principal, state, cost, now, gone)
         now = self._clock()
@@ -235,6 +244,7 @@ class FlowGate:
             with interruptible(ticket):
                 await ticket.fut
             released = True
+            self._sent(state, req, principal.tenant_id, cost)
         except _Gone:
             req.queued_s = perf_counter() - t0
             self._child(self.m_abandoned, state.name, req.tier).inc()
@@ -248,12 +258,13 @@ class FlowGate:
                 watch.cancel()
             if ticket.entry.queued:  # cancelled from outside while queued
                 state.flow.remove(ticket.entry)
-            if not released and state.transit is ticket:  # released, then cancelled
-                state.transit = None
-                loop.call_soon(self._pump, state)
+            if not released and ticket.entry.dispatched:  # released, then cancelled
+                state.flow.done(principal.tenant_id, cost)
+                if state.transit is ticket:
+                    state.transit = None
+                    loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
         self._child(self.m_wait, req.tier).observe(waited)
-        self._served(state.name, req, cost)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
 
@@ -280,7 +291,7 @@ class FlowGate:
         pool = self._pools.by_name.get(state.name)
         while state.transit is None and flow.queue:
             if pool is None:  # the pool left the policy: let them through to be re-planned
-                out = flow.queue.pop(now)
+                out = flow.pop(now)
             else:
                 views = [r.view(now) for r in pool.replicas]
                 out = flow.release(views, now, self._peers(now))
@@ -288,6 +299,7 @@ class FlowGate:
                 break
             ticket = out.handle
             if ticket.fut.done():
+                flow.done(out.tenant, out.cost)  # never sent
                 continue
             state.transit = ticket
             ticket.fut.set_result(None)
@@ -334,8 +346,10 @@ class FlowGate:
         peers = self._router.peers
         return peers.totals(now) if peers is not None else _NO_PEERS
 
-    def _served(self, pool: str, req: ProxiedRequest, cost: float) -> None:
-        self._child(self.m_tokens, pool, req.tier, req.tenant).inc(cost)
+    def _sent(self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float) -> None:
+        """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over."""
+        self._child(self.m_tokens, state.name, req.tier, req.tenant).inc(cost)
+        req.flow_done = partial(state.flow.done, tenant, cost)
 
     def pools(self) -> dict[str, _PoolState]:
         return self._states
@@ -371,6 +385,7 @@ class FlowGate:
             "cost_tokens": request_cost(plan.features.prompt_tokens, _max_tokens(parsed),
                                         self._expected),
             "ahead_tokens": state.flow.queue.ahead(band),
+            "over_share": state.flow.over_share(principal.tenant_id),
             "estimated_wait_s": round(est, 3) if est is not None else None,
             "replicas": replica_reasons(plan.views, self._core.saturation, peers),
         }

@@ -21,7 +21,7 @@ import orjson
 from gateway.config import HealthConfig
 from gateway.pool import Pool, Pools
 from gateway.replicas import Replica
-from gateway.transport import TRANSPORT_ERRORS
+from gateway.transport import TRANSPORT_ERRORS, refused
 
 __all__ = ["HealthMonitor"]
 
@@ -53,6 +53,7 @@ class HealthMonitor:
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
             )
             ok = status == 200
+            reason = f"/health answered {status}"
         except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())
@@ -62,11 +63,13 @@ class HealthMonitor:
             else:  # the half-open probe: no answer is no recovery
                 replica.mark_down(self._clock())
             return
-        except TRANSPORT_ERRORS:  # refused, reset: down now
+        except TRANSPORT_ERRORS as exc:  # refused, reset: down now
             ok = False
+            reason = f"/health: {'cannot connect' if refused(exc) else type(exc).__name__}"
         if not ok:
             if replica.state == "healthy":
-                log.warning("replica down", extra={"pool": pool.name, "replica": replica.id})
+                log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
+                                                   "reason": reason})
             replica.mark_down(self._clock())
             return
         replica.record_probe_ok()

@@ -172,6 +172,7 @@ class GatewayMetrics:
         # them off too). The switch is the library's, process-wide; kvgate wants it everywhere.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
+        self.render_all: Callable[[], bytes] | None = None  # every worker's (`render`)
         reg = self.registry
         self.requests = Counter(
             "kvgate_requests_total", "finished proxied requests",
@@ -284,4 +285,9 @@ class GatewayMetrics:
         self.registry.register(_TenancyCollector(state))
 
     def render(self) -> bytes:
+        """What /metrics answers: this process's series, or with `server.workers` > 1 every
+        worker's (`gateway.worker_metrics`, set by the runtime)."""
+        return self.render_all() if self.render_all is not None else self.render_own()
+
+    def render_own(self) -> bytes:
         return generate_latest(self.registry)

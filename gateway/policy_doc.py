@@ -60,6 +60,8 @@ class PoolConfig(BaseModel):
         for url in self.replicas:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"replica URL must start with http:// or https://: {url!r}")
+            if url.rstrip("/").endswith("/v1"):  # an OpenAI client's base URL: never ready
+                raise ValueError(f"a replica URL is the server's, without /v1: {url!r}")
         return self
 
 

@@ -21,7 +21,7 @@ from time import perf_counter
 
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.doctor.sharing import PrefixSharing
-from gateway.errors import NoReplicaAvailable
+from gateway.errors import NoReplicaAvailable, NotFound
 from gateway.flow import FlowGate
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
@@ -51,6 +51,10 @@ class Preparer:
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
 
+    def authenticate(self, token: str | None) -> Principal:
+        """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
+        return self._gate.principal(token)
+
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
         gate = self._gate
@@ -75,6 +79,8 @@ class Preparer:
                 self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
                 raise adm.error()
             req.adm = adm
+        if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
+            await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan = None
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
@@ -125,10 +131,13 @@ class Preparer:
         return decision, upstream_body
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
-        """The replica holding `previous_response_id`, when this gateway relayed it."""
+        """The replica holding `previous_response_id`, when this gateway relayed it (404 when
+        it relayed it for another tenant)."""
         prev = parsed.data.get("previous_response_id")
         if not isinstance(prev, str):
             return None
+        if self._responses.foreign(prev, req.tenant_id):  # answered as GET answers it
+            raise NotFound(f"Response with id '{prev}' not found.", param="previous_response_id")
         home = self._responses.home(prev, req.tenant_id)
         if home is None or home.pool != req.pool.name or home.replica not in req.pool.by_id:
             return None
@@ -138,6 +147,9 @@ class Preparer:
         """The request is over (answered, failed or abandoned): metrics, the request line,
         and the admission settled with the real usage."""
         total = perf_counter() - req.t0
+        if req.flow_done is not None:  # its tenant's share of the pool (gateway/flow.py)
+            req.flow_done()
+            req.flow_done = None
         self._metrics.finished(
             req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
         )

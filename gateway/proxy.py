@@ -51,7 +51,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
 from routing.router import Router
 from routing.types import Decision
 
-__all__ = ["KINDS", "Proxy"]
+__all__ = ["KINDS", "MODELS", "Proxy"]
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,7 @@ KINDS: dict[str, str] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
 }
+MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 
 
 class Proxy:

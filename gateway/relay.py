@@ -20,6 +20,7 @@ comment lines (``--sse-keep-alive-interval``) are neither the first token nor an
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 from time import perf_counter
@@ -38,6 +39,9 @@ from routing.router import Router
 __all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
 
 RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
+# a whole Responses API answer waits this long at most for its id to reach Redis, so that a
+# follow-up through another gateway finds it (a stream's id goes out with its first event)
+_SHARE_WAIT_S = 1.0  # = the write's own timeout
 # a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
 # `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
 # `delta` -- a non-empty string value
@@ -170,7 +174,8 @@ class Relay:
                         replica.id, req.features, received - req.t0, self._clock())
                 if want_id and (rid := response_id(out)) is not None:
                     want_id = False
-                    self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id)
+                    self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
+                                             stored=_stored(req))
                 await send({"type": "http.response.body", "body": out, "more_body": True})
                 sent = perf_counter()
                 if req.ttft is not None:
@@ -204,7 +209,10 @@ class Relay:
                 req.used = _total(usage)
                 self._metrics.usage(req.pool.name, usage, req.tier, req.tenant)
             if req.kind == "responses" and (rid := response_id(data)) is not None:
-                self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id)
+                shared = self._responses.remember(rid, req.tenant_id, req.pool.name,
+                                                  replica.id, stored=_stored(req))
+                if shared is not None:  # the client may follow up through another gateway
+                    await asyncio.wait({shared}, timeout=_SHARE_WAIT_S)
         elif resp.status >= 400 and (shaped := openai_shaped(resp.status, data)) is not None:
             data, content_type = shaped, "application/json"
         req.status = resp.status
@@ -216,3 +224,8 @@ class Relay:
         await send({"type": "http.response.start", "status": resp.status, "headers": hdrs})
         await send({"type": "http.response.body", "body": data, "more_body": False})
         return True
+
+
+def _stored(req: ProxiedRequest) -> bool:
+    """Whether the replica keeps this response (``store`` defaults to true)."""
+    return req.parsed is None or req.parsed.data.get("store") is not False

@@ -35,6 +35,7 @@ class ProxiedRequest:
         "ctl",
         "extra",
         "features",
+        "flow_done",
         "kind",
         "parsed",
         "path",
@@ -76,6 +77,9 @@ class ProxiedRequest:
         self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
         self.used: int | None = None  # prompt + completion tokens from upstream usage
         self.queued_s: float | None = None  # time waited in flow control's queue (gateway/flow)
+        # flow control counts the request against its tenant's share of the pool until this
+        # is called (once, when the request is over)
+        self.flow_done: Callable[[], None] | None = None
 
     def settle_tokens(self) -> int | None:
         """Tokens to charge: real usage; 0 when nothing reached a replica; else the estimate."""

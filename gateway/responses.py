@@ -5,20 +5,37 @@ other replica answers 404 for it (as ``previous_response_id``, or on ``GET /v1/r
 and ``POST /v1/responses/{id}/cancel``). The gateway remembers the id of every response it
 relayed -> (tenant, pool, replica) in a bounded LRU, pins follow-ups to that replica and sends
 the GET and cancel there. A tenant only ever reaches its own responses: an id remembered for
-another tenant is answered as unknown.
+another tenant is answered as unknown, a follow-up naming it included (vLLM's store is keyed
+by id alone and would continue the other tenant's conversation).
+
+With Redis (`KVGATE_REDIS_URL`), every gateway and worker also writes each id's home there
+(`SharedHomes`, in the background, kept a day), and one that meets an id it did not relay
+looks it up there before routing: a follow-up or a GET may reach any gateway, and another
+tenant's id is refused there too. Only Responses API requests naming an unknown id wait for
+Redis, at most `SharedHomes.timeout_s`; with Redis down (or without it, or for an id evicted
+from the LRU) an id this process never relayed cannot be checked and is routed as unknown.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 from collections import OrderedDict
 from typing import NamedTuple
 
-__all__ = ["ResponseHome", "ResponseStore", "response_id"]
+import orjson
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+__all__ = ["RESPONSE_ID", "ResponseHome", "ResponseStore", "SharedHomes", "response_id"]
+
+log = logging.getLogger(__name__)
 
 # the response's own id (``resp_...``); the top-level `id` is the body's first field, and a
 # stream's first event (``response.created``) carries it as ``response.id``. Items inside a
 # response have other prefixes (``msg_``, ``rs_``, ``fc_``...).
+RESPONSE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,256}")  # what an id in a path or a body may be
 _RESP_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.\-]{1,200})"')
 
 
@@ -33,21 +50,110 @@ class ResponseHome(NamedTuple):
     replica: str
 
 
+class SharedHomes:
+    """Response homes in Redis, for the gateways and workers that did not relay them."""
+
+    TTL_S = 86_400  # vLLM keeps stored responses in memory until it restarts
+    MAX_PENDING = 64  # writes in flight; past it a write is dropped (Redis slow or down)
+    CLOSE_WAIT_S = 0.5  # at shutdown, for the ids relayed last
+
+    def __init__(self, redis: aioredis.Redis, namespace: str, timeout_s: float = 0.25) -> None:
+        self._redis = redis
+        self._key = f"{namespace}:response:"  # `tenancy.namespace`: deployments apart
+        self.timeout_s = timeout_s
+        self._pending: set[asyncio.Task[None]] = set()
+        self.errors = 0
+        self._failing = False
+
+    def put(self, rid: str, home: ResponseHome) -> asyncio.Task[None] | None:
+        """Write in the background; the task, or None when too many writes wait already."""
+        if len(self._pending) >= self.MAX_PENDING:
+            self._failed("too many writes waiting")
+            return None
+        task = asyncio.get_running_loop().create_task(self._put(rid, home))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return task
+
+    async def _put(self, rid: str, home: ResponseHome) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s * 4):
+                await self._redis.set(self._key + rid, orjson.dumps(list(home)), ex=self.TTL_S)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(type(exc).__name__)
+        else:
+            self._failing = False
+
+    async def get(self, rid: str) -> ResponseHome | None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                raw = await self._redis.get(self._key + rid)
+            if raw is None:
+                return None
+            tenant, pool, replica = orjson.loads(raw)
+            return ResponseHome(str(tenant), str(pool), str(replica))
+        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+            self._failed(type(exc).__name__)
+            return None
+
+    def _failed(self, why: str) -> None:
+        self.errors += 1
+        if not self._failing:  # once per outage, not once per request
+            self._failing = True
+            log.warning("Responses API ids not shared through Redis: other gateways may not "
+                        "find the responses relayed here", extra={"error": why})
+
+    async def close(self) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=self.CLOSE_WAIT_S)
+        for task in list(self._pending):
+            task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)
+        await self._redis.aclose()
+
+
 class ResponseStore:
-    """A bounded LRU: response id -> where it lives."""
+    """A bounded LRU: response id -> where it lives (and `shared`, with Redis)."""
 
     def __init__(self, capacity: int = 100_000) -> None:
         self._capacity = capacity
         self._homes: OrderedDict[str, ResponseHome] = OrderedDict()
+        self.shared: SharedHomes | None = None
 
     def __len__(self) -> int:
         return len(self._homes)
 
-    def remember(self, rid: str, tenant: str, pool: str, replica: str) -> None:
-        self._homes[rid] = ResponseHome(tenant, pool, replica)
+    def remember(
+        self, rid: str, tenant: str, pool: str, replica: str, *, stored: bool = True,
+    ) -> asyncio.Task[None] | None:
+        """Remember where ``rid`` lives; with Redis, also share it (unless the request said
+        ``store: false``: the replica keeps nothing). Returns the write, if one started."""
+        home = ResponseHome(tenant, pool, replica)
+        self._keep(rid, home)
+        if self.shared is None or not stored:
+            return None
+        return self.shared.put(rid, home)
+
+    def _keep(self, rid: str, home: ResponseHome) -> None:
+        self._homes[rid] = home
         self._homes.move_to_end(rid)
         if len(self._homes) > self._capacity:
             self._homes.popitem(last=False)
+
+    async def fetch(self, rid: object) -> None:
+        """Learn where ``rid`` lives from the other gateways (Redis) when this one does not
+        know it; `home` answers from memory afterwards."""
+        if (self.shared is None or not isinstance(rid, str) or rid in self._homes
+                or not RESPONSE_ID.fullmatch(rid)):
+            return
+        found = await self.shared.get(rid)
+        if found is not None:
+            self._keep(rid, found)
+
+    def foreign(self, rid: str, tenant: str) -> bool:
+        """`rid` is known here as another tenant's response."""
+        found = self._homes.get(rid)
+        return found is not None and found.tenant != tenant
 
     def home(self, rid: str, tenant: str) -> ResponseHome | None:
         """Where `rid` lives, if it was created for `tenant` (else None)."""

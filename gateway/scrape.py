@@ -26,12 +26,12 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
+import aiohttp
 
 from routing.learning import EngineCounters
 
@@ -67,7 +67,14 @@ _SUMMED: dict[str, tuple[str, ...]] = {
 }
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"
-_WANTED = tuple(sorted({n for names in _SUMMED.values() for n in names} | {*_KV, _CACHE_INFO}))
+_WANTED_NAMES = frozenset({n for names in _SUMMED.values() for n in names} | {*_KV, _CACHE_INFO})
+_WANTED = tuple(sorted(_WANTED_NAMES))
+# one sample line of the text format: name, optional {labels}, value (a timestamp may follow)
+# (labels: quoted values may hold "}" and spaces; an OpenMetrics exemplar after " # " is ignored)
+_SAMPLE = re.compile(
+    r'([a-zA-Z_:][a-zA-Z0-9_:]*)[ \t]*(?:\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?[ \t]+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
+_UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +130,24 @@ class NoLoadData(ValueError):
     """The page has no ``vllm:`` series at all (vLLM started with ``--disable-log-stats``)."""
 
 
-def _relevant_lines(text: str) -> str:
-    # Parsing a whole vLLM page (histograms included) costs milliseconds; the few series we
-    # read are a handful of lines, so drop the rest (comments too: untyped samples parse fine).
-    return "\n".join(line for line in text.splitlines() if line.startswith(_WANTED)) + "\n"
+def _samples(text: str) -> Iterator[tuple[str, str, float]]:
+    """(name, raw labels, value) of the page's lines that `parse_vllm_metrics` reads. A vLLM
+    page is mostly histogram buckets; the few series read are a handful of lines, picked by
+    their prefix before anything is parsed (the text format: prometheus.io/docs/instrumenting/
+    exposition_formats). A line that does not parse is a bad page (ValueError)."""
+    for line in text.splitlines():
+        if not line.startswith(_WANTED):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise ValueError(f"not a sample line: {line[:80]!r}")
+        if m.group(1) in _WANTED_NAMES:
+            yield m.group(1), m.group(2) or "", float(m.group(3))
+
+
+def _labels(raw: str) -> dict[str, str]:
+    return {k: re.sub(r"\\[\\\"n]", lambda e: _UNESCAPE[e.group(0)], v)
+            for k, v in _LABEL.findall(raw)}
 
 
 def _int_label(value: str | None) -> int | None:
@@ -140,14 +161,13 @@ def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[s
     sums: dict[str, float] = {}
     maxima: dict[str, float] = {}
     infos: list[dict[str, str]] = []
-    for family in text_string_to_metric_families(_relevant_lines(text)):
-        for s in family.samples:
-            if s.name == _CACHE_INFO:
-                infos.append(dict(s.labels))
-            elif s.name in _KV:
-                maxima[s.name] = max(maxima.get(s.name, 0.0), float(s.value))
-            else:
-                sums[s.name] = sums.get(s.name, 0.0) + float(s.value)
+    for name, labels, value in _samples(text):
+        if name == _CACHE_INFO:
+            infos.append(_labels(labels))
+        elif name in _KV:
+            maxima[name] = max(maxima.get(name, 0.0), value)
+        else:
+            sums[name] = sums.get(name, 0.0) + value
     return sums, maxima, infos
 
 
@@ -189,6 +209,7 @@ def parse_vllm_metrics(text: str) -> Sample:
 
 
 OnSample = Callable[[str, Sample | None, float], None]
+_PLAIN = {"Accept-Encoding": "identity"}  # vLLM would gzip every page, 4 times a second
 
 
 @dataclass(slots=True)
@@ -205,7 +226,7 @@ class Scraper:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: aiohttp.ClientSession,
         on_sample: OnSample,
         *,
         interval_s: float = 0.25,
@@ -292,10 +313,13 @@ class Scraper:
     async def _scrape(self, replica_id: str, target: _Target) -> Sample | None:
         sample: Sample | None = None
         try:
-            async with asyncio.timeout(self.timeout_s):
-                response = await self._client.get(target.url, timeout=self.timeout_s)
-            response.raise_for_status()
-            sample = parse_vllm_metrics(response.text)
+            async with asyncio.timeout(self.timeout_s), self._client.get(
+                target.url, headers=_PLAIN,
+            ) as r:
+                if r.status != 200:
+                    raise ValueError(f"/metrics answered {r.status}")
+                text = await r.text()
+            sample = parse_vllm_metrics(text)
             target.no_load_data = False
         except NoLoadData:
             target.errors += 1
@@ -303,7 +327,7 @@ class Scraper:
                 log.warning("replica exports no vllm:* metrics (--disable-log-stats?): "
                             "routing on kvgate's own accounting", extra={"replica": replica_id})
             target.no_load_data = True
-        except (httpx.HTTPError, TimeoutError, ValueError) as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             target.errors += 1
             log.debug("scrape failed", extra={"replica": replica_id, "error": type(exc).__name__})
         now = self._clock()

@@ -65,6 +65,18 @@ class StoredResponses:
         await send({"type": "http.response.start", "status": status, "headers": hdrs})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
+    async def fetch(self, path: str, token: str | None) -> None:
+        """Learn where the response `path` names lives when another gateway relayed it;
+        only for a caller with a valid key (`locate` answers the others)."""
+        m = _PATH.match(path)
+        if m is None:
+            return
+        try:
+            self._gate.principal(token)
+        except KvgateError:
+            return
+        await self._store.fetch(m.group(1))
+
     def locate(self, path: str, method: str, token: str | None) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
         (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too."""
@@ -74,7 +86,8 @@ class StoredResponses:
             raise NotFound(f"Unknown path {path}.")
         cancel = m.group(2) is not None
         if method != ("POST" if cancel else "GET"):
-            raise MethodNotAllowed(f"Use {'POST' if cancel else 'GET'} for {path}.")
+            allowed = "POST" if cancel else "GET"
+            raise MethodNotAllowed(f"Use {allowed} for {path}.", allow=allowed)
         rid = m.group(1)
         home = self._store.home(rid, principal.tenant_id)
         pool = self._pools.by_name.get(home.pool) if home is not None else None
@@ -86,6 +99,7 @@ class StoredResponses:
     async def _forward(
         self, path: str, method: str, scope: Scope, token: str | None
     ) -> tuple[int, str, bytes, str]:
+        await self.fetch(path, token)
         pool, replica = self.locate(path, method, token)
         query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")

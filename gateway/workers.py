@@ -10,7 +10,8 @@ that combination is refused at start.
 
 The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
 in-flight requests for ``server.shutdown_grace_s``), a worker that dies is started again,
-and a worker that fails at start stops them all (exit status 1).
+and a worker that fails at start stops them all (exit status 1). /metrics answers with every
+worker's series, labelled by worker (`gateway.worker_metrics`).
 """
 
 from __future__ import annotations
@@ -18,15 +19,19 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from types import FrameType
 
 from gateway.config import KvgateConfig
+from gateway.worker_metrics import WorkerSlot, set_current
 
 __all__ = ["WORKERS_NEED_REDIS", "run_workers"]
 
@@ -48,9 +53,16 @@ def run_workers(
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
     workers: dict[int, tuple[BaseProcess, float]] = {}
     stopping: list[int] = []
+    try:  # each worker's part of /metrics goes there
+        shared = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
+    except OSError as exc:
+        print(f"kvgate serve: cannot create the workers' directory: {exc} (set TMPDIR)",
+              file=sys.stderr, flush=True)
+        return 1
 
     def start(slot: int) -> None:
-        proc = ctx.Process(target=_worker, args=(serve, cfg, sockets), name=f"kvgate-{slot}")
+        proc = ctx.Process(target=_worker, args=(serve, cfg, sockets, WorkerSlot(slot, shared)),
+                           name=f"kvgate-{slot}")
         proc.start()
         workers[slot] = (proc, time.monotonic())
 
@@ -70,6 +82,7 @@ def run_workers(
             signal.signal(s, handler)
         for sock in sockets:
             sock.close()
+        shutil.rmtree(shared, ignore_errors=True)
 
 
 def _supervise(
@@ -100,8 +113,9 @@ def _supervise(
 
 def _worker(
     serve: Callable[[KvgateConfig, list[socket.socket]], int], cfg: KvgateConfig,
-    sockets: list[socket.socket],
+    sockets: list[socket.socket], slot: WorkerSlot,
 ) -> None:
+    set_current(slot)
     # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
     # one SIGTERM (a second signal would make the server skip its graceful drain)
     os.setpgrp()

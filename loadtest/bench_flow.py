@@ -1,15 +1,19 @@
 """Flow control benchmark: overload without collapse (issue 12), offline and live.
 
-    python -m loadtest.bench_flow [--trace PATH] [--limit N] [--live] [--out loadtest/results]
+    python -m loadtest.bench_flow [--trace PATH] [--limit N] [--jobs N] [--live]
+                                  [--out loadtest/results]
 
 Offline (simulated time, the gateway's flow-control code in front of the same router): the
 Mooncake conversation trace on 8 simulated replicas (h100-8b-fp8, 262,144 KV tokens each),
 30 % premium / 70 % free conversations (4 tenants per tier, equal weights), at 1.5x, 2x and 3x
-its arrival rate (and 0.5x without flow control: the floor), flow control off and on; then the
-same with tenant free-0 sending 5x its share (its extra requests added on top, so every other
-tenant's traffic is identical); then a sweep, one threshold changed at a time. Per run: TTFT
-p50/p99 and goodput at a 2 s TTFT SLO per tier, preemptions, sheds, the fair-share ratios and
-their Jain index. Writes ``flow.md``, ``flow.json`` and ``flow.png``.
+its arrival rate, flow control off, on, and on without the share cap; then the same with
+tenant free-0 sending 5x its share (its extra requests added on top, so every other tenant's
+traffic is identical); premium's floors (0.5x without flow control, premium alone at 2x, its
+99th-percentile prompt alone on an idle replica); then the share cap's sweep and (``--sweep``)
+the saturation thresholds', one setting changed at a time.
+Per run: TTFT p50/p99 and goodput at a 2 s TTFT SLO per tier and tenant, preemptions, sheds,
+the fair-share ratios (`loadtest.replay.fairshare`) and their Jain index. Writes ``flow.md``,
+``flow.json`` and ``flow.png``.
 
 Live (``--live``): two real gateways on the same simulated replicas, flow control on and off,
 measured alternately: added latency when nothing is saturated (p50 at concurrency 1 and 8,
@@ -21,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
+import multiprocessing
 import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +43,8 @@ from loadtest.replay.offline import FleetSpec
 from loadtest.replay.reference import pooled_reference_hit_rate
 from loadtest.replay.tiers import assign, noisy, parse_mix
 from loadtest.replay.workload import ReplayRequest, load_mooncake
+from loadtest.sim.engine import Engine
+from loadtest.sim.spec import RequestSpec
 from routing.flow import FlowConfig, Saturation
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,80 +68,153 @@ SWEEP: dict[str, tuple[float, Saturation]] = {
     "3x-knee0.8": (3.0, Saturation(kv_knee=0.8)),
 }
 SLO_S = 2.0
+# the share cap's settings tried beside the defaults (share_cap 2, share_headroom 0.5), on
+# 2x with the noisy tenant
+SHARE_SWEEP: dict[str, FlowConfig] = {
+    "headroom0": FlowConfig(share_headroom=0.0),
+    "headroom0.25": FlowConfig(share_headroom=0.25),
+}
 
 
 # -- offline ------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One offline run: the workload (rate, the noisy tenant's factor, premium alone) and the
+    flow control in front of it (None: off)."""
+
+    rate: float
+    config: FlowConfig | None
+    noisy: float = 0.0
+    premium_alone: bool = False
+
+
 def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 0.0
              ) -> list[ReplayRequest]:
     reqs = assign(load_mooncake(trace, rate_scale=rate, limit=limit), parse_mix(MIX), TENANTS)
     return noisy(reqs, NOISY, noisy_factor) if noisy_factor > 1 else reqs
 
 
-def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, on: bool,
-            config: FlowConfig | None = None) -> dict[str, Any]:
+def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, config: FlowConfig | None
+            ) -> dict[str, Any]:
     ref = pooled_reference_hit_rate(reqs, fleet.replicas * fleet.kv_tokens, fleet.block_size)
     t0 = time.perf_counter()
-    spec = FlowSpec(config=config) if config is not None else FlowSpec()
-    row = run_offline(reqs, fleet, "cache_aware", ref,
-                      flow=FlowDriver(spec) if on else None, slo_ttft_s=SLO_S)
+    flow = FlowDriver(FlowSpec(config=config)) if config is not None else None
+    row = run_offline(reqs, fleet, "cache_aware", ref, flow=flow, slo_ttft_s=SLO_S)
     row["wall_s"] = round(time.perf_counter() - t0, 1)
     return row
 
 
-def offline(trace: Path, limit: int | None) -> dict[str, Any]:
-    fleet = FleetSpec()
-    runs: dict[str, Any] = {}
-    runs[f"{FLOOR:g}x-off"] = one_run(workload(trace, FLOOR, limit), fleet, False)
-    _progress(f"{FLOOR:g}x-off", runs[f"{FLOOR:g}x-off"])
+def plan(sweep: bool = False) -> dict[str, Run]:
+    """Every offline run by name: the floors, each rate off / on / on without the share cap
+    (and with the noisy tenant at 2x; 3x off and on only), the share cap's sweep, and with
+    ``sweep`` the saturation thresholds' (one setting changed at a time)."""
+    on, nocap = FlowConfig(), FlowConfig(share_cap=None)
+    runs = {f"{FLOOR:g}x-off": Run(FLOOR, None),
+            "2x-premium-alone-off": Run(2.0, None, premium_alone=True)}
     for rate in RATES:
-        base = workload(trace, rate, limit)
-        loud = workload(trace, rate, limit, 5.0) if rate >= 2.0 else None
-        for on in (False, True):
-            name = f"{rate:g}x-{'on' if on else 'off'}"
-            runs[name] = one_run(base, fleet, on)
-            _progress(name, runs[name])
-            if loud is not None:
-                runs[f"{name}-noisy"] = one_run(loud, fleet, on)
-                _progress(f"{name}-noisy", runs[f"{name}-noisy"])
-    for tag, (rate, rule) in SWEEP.items():
+        for loud in ((0.0, 5.0) if rate == 2.0 else (0.0,)):
+            tail = "-noisy" if loud else ""
+            for mode, config in (("off", None), ("on", on), ("nocap", nocap)):
+                if not (mode == "nocap" and rate > 2.0):
+                    runs[f"{rate:g}x-{mode}{tail}"] = Run(rate, config, loud)
+    for tag, config in SHARE_SWEEP.items():
+        runs[f"2x-on-noisy-{tag}"] = Run(2.0, config, 5.0)
+    for tag, (rate, rule) in SWEEP.items() if sweep else ():
         name = tag if tag.startswith("3x") else f"{rate:g}x-on-{tag}"
-        runs[name] = one_run(workload(trace, rate, limit), fleet, True,
-                             FlowConfig(saturation=rule))
-        _progress(name, runs[name])
+        runs[name] = Run(rate, FlowConfig(saturation=rule))
     return runs
 
 
+def _run_one(args: tuple[str, Run, Path, int | None]) -> tuple[str, dict[str, Any]]:
+    name, run, trace, limit = args
+    reqs = workload(trace, run.rate, limit, run.noisy)
+    if run.premium_alone:
+        reqs = [r for r in reqs if r.tier == "premium"]
+    row = one_run(reqs, FleetSpec(), run.config)
+    _progress(name, row)
+    return name, row
+
+
+def offline(trace: Path, limit: int | None, jobs: int = 1, sweep: bool = False
+            ) -> dict[str, Any]:
+    """Every run of `plan` (``jobs`` at a time, the longest first: each is deterministic in
+    simulated time)."""
+    order = sorted(plan(sweep).items(), key=lambda nr: (-nr[1].noisy, -nr[1].rate))
+    todo = [(name, run, trace, limit) for name, run in order]
+    if jobs <= 1:
+        done = dict(map(_run_one, todo))
+    else:
+        with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+            done = dict(pool.imap_unordered(_run_one, todo))
+    return {name: done[name] for name in plan(sweep)}
+
+
 def _progress(name: str, row: dict[str, Any]) -> None:
-    tiers = row["tiers"]
-    print(f"{name:>16}: premium p99 {tiers['premium']['ttft_p99_s']} goodput "
-          f"{tiers['premium']['goodput']} | free p99 {tiers['free']['ttft_p99_s']} goodput "
-          f"{tiers['free']['goodput']} | preemptions {row['preemptions']} shed {row['shed']} "
+    tiers = " | ".join(f"{t} p99 {x['ttft_p99_s']} goodput {x['goodput']}"
+                       for t, x in row["tiers"].items())
+    print(f"{name:>24}: {tiers} | preemptions {row['preemptions']} shed {row['shed']} "
           f"({row['wall_s']} s)", flush=True)
 
 
-def _others_p99(row: dict[str, Any]) -> float:
-    """TTFT p99 over every tenant but the noisy one, from the per-tenant p99s' worst."""
-    return max(float(t["ttft_p99_s"]) for name, t in row["tenants"].items() if name != NOISY)
-
-
 def _others(row: dict[str, Any], tier: str) -> float:
+    """The worst TTFT p99 among the tier's tenants other than the noisy one."""
     return max(float(t["ttft_p99_s"]) for name, t in row["tenants"].items()
                if name != NOISY and name.startswith(tier))
 
 
-def report(runs: dict[str, Any], live: dict[str, Any] | None) -> str:
+def idle_ttft(prompt_tokens: int) -> float:
+    """Seconds to the first token of a prompt alone on an idle replica, nothing cached (the
+    simulator's cost model): what no scheduling can shorten."""
+    engine = Engine(FleetSpec().engine_config())
+    blocks = tuple(range(prompt_tokens // 16))
+    engine.add_request(RequestSpec("idle", blocks, prompt_tokens, 1), 0.0)
+    first = [o.first_token_time for o in engine.advance(math.inf) if o.first_token_time]
+    return float(first[0])
+
+
+def premium_floor(trace: Path, limit: int | None) -> dict[str, float]:
+    """Premium's prompts at their 99th percentile length, and its prefill alone and idle."""
+    reqs = [r for r in workload(trace, 1.0, limit) if r.tier == "premium"]
+    lengths = sorted(r.prompt_tokens for r in reqs)
+    p99 = lengths[min(len(lengths) - 1, int(0.99 * len(lengths)))]
+    return {"requests": len(reqs), "prompt_p99_tokens": p99,
+            "idle_ttft_p99_prompt_s": round(idle_ttft(p99), 3)}
+
+
+def _jain(row: dict[str, Any]) -> str:
+    """The Jain index and how many 10 s windows it judged."""
+    flow = row.get("flow") or {}
+    return f"{flow.get('jain')} ({flow.get('fair_windows', 0)} windows)"
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    jain = (row.get("flow") or {}).get("jain")
+    return "n/a: nobody shared" if jain is None else "met" if jain >= 0.95 else "missed"
+
+
+def _tier(row: dict[str, Any], tier: str, key: str) -> str:
+    t = row["tiers"].get(tier)
+    return str(t[key]) if t is not None else "-"
+
+
+def report(runs: dict[str, Any], live: dict[str, Any] | None,
+           floor: dict[str, float] | None = None) -> str:
     out = ["# Flow control: overload without collapse\n",
            "Offline: the Mooncake conversation trace (12,031 requests, one hour), 8 simulated "
            "replicas (h100-8b-fp8, 262,144 KV tokens each), cache_aware routing, 30 % premium /"
            " 70 % free conversations, 4 tenants per tier with equal weights; premium is band 0, "
            "free band 1 (minimum share 0.1); flow control with its defaults (`flow` config "
-           f"section, `routing/flow/config.py`). Goodput: share of a tier's requests whose "
+           "section, `routing/flow/config.py`), the share cap included (`share_cap` 2, "
+           f"`share_headroom` 0.5). Goodput: share of a tier's requests whose "
            f"first token came within {SLO_S:g} s (shed requests count as missed). Times are "
-           "simulated seconds. `0.5x-off` is the same workload at half the trace's rate without "
-           "flow control: nothing queues anywhere, so its TTFT is the floor the prompts' own "
-           "prefill sets (the trace's longest prompts take seconds to prefill). "
-           "`2x-on-<variant>` and `3x-<variant>` runs change one threshold from its default "
-           "(the sweep behind the defaults). `-noisy`: tenant free-0 sends 5x its share on top.\n",
+           "simulated seconds. Per rate: `off` without flow control, `on` with it, `nocap` "
+           "with it but without the share cap (`share_cap: null`, the flow control of the first "
+           "version). `-noisy`: tenant free-0 sends 5x its share on top. `0.5x-off` is the "
+           "same workload at half the trace's rate without flow control (nothing queues "
+           "anywhere) and `2x-premium-alone-off` premium's own requests at 2x with nothing "
+           "else on the replicas: the floors of premium's TTFT. `2x-on-<variant>`, "
+           "`2x-on-noisy-<variant>` and `3x-<variant>` runs change one setting from its "
+           "default (the sweeps behind the defaults).\n",
            "## Per tier\n",
            "| run | premium TTFT p50 | premium TTFT p99 | premium goodput | free TTFT p50 | "
            "free TTFT p99 | free goodput | all goodput | preemptions | shed | hit rate | "
@@ -143,41 +225,80 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None) -> str:
         n = sum(x["requests"] for x in t.values())
         good = sum(x["goodput"] * x["requests"] for x in t.values()) / n
         flow = row.get("flow") or {}
-        out.append(
-            f"| {name} | {t['premium']['ttft_p50_s']} | {t['premium']['ttft_p99_s']} | "
-            f"{t['premium']['goodput']} | {t['free']['ttft_p50_s']} | {t['free']['ttft_p99_s']}"
-            f" | {t['free']['goodput']} | {good:.4f} | {row['preemptions']} | {row['shed']} | "
-            f"{row['hit_rate']} | {flow.get('queued', '-')} | {flow.get('jain', '-')} |")
-    out += ["", "## Targets\n", "| target | rate | off | on | ratio / verdict |",
-            "|---|---|---|---|---|"]
+        cells = [_tier(row, tier, key) for tier in ("premium", "free")
+                 for key in ("ttft_p50_s", "ttft_p99_s", "goodput")]
+        out.append(f"| {name} | {' | '.join(cells)} | {good:.4f} | {row['preemptions']} | "
+                   f"{row['shed']} | {row['hit_rate']} | {flow.get('queued', '-')} | "
+                   f"{flow.get('jain', '-')} |")
+    out += ["", "## Targets\n",
+            "| target | rate | off | on | on, no share cap | verdict (on) |",
+            "|---|---|---|---|---|---|"]
     for rate in RATES:
         off, on = runs.get(f"{rate:g}x-off"), runs.get(f"{rate:g}x-on")
         if off is None or on is None:
             continue
-        p_off, p_on = off["tiers"]["premium"]["ttft_p99_s"], on["tiers"]["premium"]["ttft_p99_s"]
-        out.append(f"| premium TTFT p99 on <= 0.5x off | {rate:g}x | {p_off} | {p_on} | "
-                   f"{p_on / p_off:.2f}x |")
-        g = on["tiers"]["premium"]["goodput"]
-        out.append(f"| premium goodput @ {SLO_S:g} s >= 95 % | {rate:g}x | "
-                   f"{off['tiers']['premium']['goodput']} | {g} | "
-                   f"{'met' if g >= 0.95 else 'missed'} |")
-        fewer = on["preemptions"] <= off["preemptions"]
-        out.append(f"| preemptions on <= off | {rate:g}x | {off['preemptions']} | "
-                   f"{on['preemptions']} | {'met' if fewer else 'missed'} |")
-        jain = (on.get("flow") or {}).get("jain")
-        out.append(f"| equal-weight fair-share Jain >= 0.95 | {rate:g}x | - | {jain} | "
-                   f"{'met' if jain is not None and jain >= 0.95 else 'missed'} |")
-        for mode, row in (("off", off), ("on", on)):
-            loud = runs.get(f"{rate:g}x-{mode}-noisy")
-            if loud is None:
-                continue
-            for tier in ("premium", "free"):
-                a, b = _others(row, tier), _others(loud, tier)
-                out.append(f"| noisy {NOISY} (5x): other {tier} tenants' worst p99, flow "
-                           f"{mode} | {rate:g}x | {a} | {b} (noisy) | {b / a - 1:+.1%} |")
-    out += ["", "Fair-share ratios (flow on): per tenant, the tokens released to it while it "
-            "competed with other backlogged tenants of its band, over what its weight entitled "
-            "it to at those moments (1.0 = exactly its share).\n"]
+        nocap = runs.get(f"{rate:g}x-nocap") or {}
+        p_off = off["tiers"]["premium"]["ttft_p99_s"]
+
+        def p99(row: dict[str, Any], p_off: float = p_off) -> str:
+            if not row:
+                return "-"
+            p = row["tiers"]["premium"]["ttft_p99_s"]
+            return f"{p} ({p / p_off:.2f}x)"
+
+        def premium(row: dict[str, Any], key: str) -> str:
+            return str(row["tiers"]["premium"][key]) if row else "-"
+
+        p_on, g_on = on["tiers"]["premium"]["ttft_p99_s"], on["tiers"]["premium"]["goodput"]
+        out += [
+            f"| premium TTFT p99 on <= 0.5x off | {rate:g}x | {p_off} | {p99(on)} | "
+            f"{p99(nocap)} | {'met' if p_on <= 0.5 * p_off else 'missed'} |",
+            f"| premium goodput @ {SLO_S:g} s >= 95 % | {rate:g}x | "
+            f"{premium(off, 'goodput')} | {g_on} | {premium(nocap, 'goodput')} | "
+            f"{'met' if g_on >= 0.95 else 'missed'} |",
+            f"| preemptions on <= off | {rate:g}x | {off['preemptions']} | {on['preemptions']} "
+            f"| {nocap.get('preemptions', '-')} | "
+            f"{'met' if on['preemptions'] <= off['preemptions'] else 'missed'} |",
+            f"| equal-weight fair-share Jain >= 0.95 | {rate:g}x | - | {_jain(on)} | "
+            f"{_jain(nocap) if nocap else '-'} | {_verdict(on)} |"]
+        loud = {m: runs.get(f"{rate:g}x-{m}-noisy") or {} for m in ("off", "on", "nocap")}
+        if not all(loud.values()):
+            continue
+        out.append(f"| equal-weight fair-share Jain >= 0.95, noisy | {rate:g}x | - | "
+                   f"{_jain(loud['on'])} | {_jain(loud['nocap'])} | {_verdict(loud['on'])} |")
+        quiet = {"off": off, "on": on, "nocap": nocap}
+        for tier in ("premium", "free"):
+            cells = []
+            for m in ("off", "on", "nocap"):
+                a, b = _others(quiet[m], tier), _others(loud[m], tier)
+                cells.append(f"{a} → {b} ({b / a - 1:+.0%})")
+            a, b = _others(on, tier), _others(loud["on"], tier)
+            out.append(f"| noisy {NOISY} (5x) raises the other {tier} tenants' worst p99 by "
+                       f"<= 10 % | {rate:g}x | {' | '.join(cells)} | "
+                       f"{'met' if b <= 1.1 * a else 'missed'} |")
+    base, alone, low = runs.get("2x-off"), runs.get("2x-premium-alone-off"), runs.get(
+        f"{FLOOR:g}x-off")
+    if base and alone and low:
+        target = 0.5 * base["tiers"]["premium"]["ttft_p99_s"]
+        out += ["", "## Premium's TTFT p99: the floor\n",
+                f"The target at 2x is half the uncontrolled p99: {target:.2f} s. What premium "
+                "gets when nothing of anyone else's is in its way:\n",
+                "| premium TTFT p99 | s |", "|---|---|",
+                f"| 2x without flow control (the reference) | "
+                f"{base['tiers']['premium']['ttft_p99_s']} |",
+                f"| {FLOOR:g}x, every tier, without flow control (nothing queues) | "
+                f"{low['tiers']['premium']['ttft_p99_s']} |",
+                f"| 2x, premium's own requests alone on the 8 replicas | "
+                f"{alone['tiers']['premium']['ttft_p99_s']} |"]
+        if floor:
+            out.append(f"| one prompt of premium's 99th percentile length "
+                       f"({floor['prompt_p99_tokens']:,} tokens), alone on an idle replica, "
+                       f"nothing cached | {floor['idle_ttft_p99_prompt_s']} |")
+    out += ["", "Fair-share ratios (flow on; `loadtest/replay/fairshare.py`): per tenant, "
+            "the tokens released to it from the queue over its weighted max-min share of what "
+            "its band released, window by window (10 s) while it had requests queued; a tenant "
+            "that asked for less than its share is owed what it asked for (1.0 = exactly its "
+            "share).\n"]
     for name, row in runs.items():
         flow = row.get("flow")
         if flow:
@@ -327,6 +448,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_flow", description=__doc__)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
     p.add_argument("--limit", type=int, help="only the first N requests of the trace")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="offline runs at a time (each is deterministic; default 1)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also the saturation thresholds' sweep (8 runs more)")
     p.add_argument("--live", action="store_true", help="also the live on/off comparison")
     p.add_argument("--quick", action="store_true", help="a shorter live run")
     p.add_argument("--live-only", action="store_true",
@@ -336,17 +461,22 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     saved = args.out / "flow.json"
     before = orjson.loads(saved.read_bytes()) if saved.exists() else {}
-    runs = offline(args.trace, args.limit) if not args.live_only else before["offline"]
-    write(args.out, runs, before.get("live"))  # the offline figures kept if the live part fails
+    if args.live_only:
+        runs, floor = before["offline"], before.get("floor")
+    else:
+        runs = offline(args.trace, args.limit, args.jobs, args.sweep)
+        floor = premium_floor(args.trace, args.limit)
+    write(args.out, runs, floor, before.get("live"))  # kept if the live part fails
     if args.live or args.live_only:
-        write(args.out, runs, live_bench(args.quick))
+        write(args.out, runs, floor, live_bench(args.quick))
     return 0
 
 
-def write(out: Path, runs: dict[str, Any], live: dict[str, Any] | None) -> None:
+def write(out: Path, runs: dict[str, Any], floor: dict[str, float] | None,
+          live: dict[str, Any] | None) -> None:
     (out / "flow.json").write_bytes(orjson.dumps(
-        {"offline": runs, "live": live}, option=orjson.OPT_INDENT_2))
-    (out / "flow.md").write_text(report(runs, live))
+        {"offline": runs, "floor": floor, "live": live}, option=orjson.OPT_INDENT_2))
+    (out / "flow.md").write_text(report(runs, live, floor))
     plot(runs, out / "flow.png")
     print(f"written to {out}/flow.md, flow.json, flow.png", flush=True)
 

@@ -10,8 +10,8 @@ the same core as the reference. Printed and written to ``loadtest/results/bench_
   utime+stime (``/proc``) over a saturating run at concurrency 16 and 128, non-streamed and
   streamed (16-token responses), and their ratio;
 - requests/s at saturation, direct and through kvgate;
-- p50/p99 latency direct and through kvgate, and the difference, at concurrency 1, 32 and 256,
-  streamed and not; for streams also time to first token (the first SSE event);
+- p50/p99 latency direct and what the bare pass-through and kvgate add to it, at concurrency
+  1, 32 and 256, streamed and not; for streams also time to first token (the first SSE event);
 - with ``--memory-minutes N``: kvgate's RSS sampled over an N-minute run under load;
 - with ``--granian`` (granian installed): the same app under granian (a Rust ASGI server)
   beside uvicorn+httptools, CPU per request.
@@ -167,16 +167,32 @@ def _bench_key(base: str) -> dict[str, str]:
 def cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and its children (granian serves from a child process)."""
     total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for one in (pid, *_children(pid)):
         try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone
             continue
-        if int(entry.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / TICKS
+        total += (int(fields[11]) + int(fields[12])) / TICKS
     return total
+
+
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid``: each thread's /proc children list, else (a kernel without
+    it) a scan of every process's parent."""
+    try:
+        return [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()]
+    except OSError:
+        pass
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
 
 
 def rss_mib(pid: int) -> float:
@@ -324,34 +340,40 @@ def set_latency(sims: list[str], ms: float, jitter_ms: float = 0.0) -> None:
 
 
 def latency(
-    base_direct: list[str], base_gw: list[str], rounds: int, rep: Report,
+    base_direct: list[str], base_bare: str, base_gw: str, rounds: int, rep: Report,
     headers: dict[str, str],
 ) -> None:
-    rep.add(f"## Added latency (ms): through kvgate minus direct (replicas answer after "
-            f"{UPSTREAM_MS}-{UPSTREAM_MS + JITTER_MS} ms)\n")
+    rep.add(f"## Added latency (ms) against direct: the bare pass-through and kvgate "
+            f"(replicas answer after {UPSTREAM_MS}-{UPSTREAM_MS + JITTER_MS} ms)\n")
     rep.add("A replica that answers at once makes any concurrency a saturation test; real "
             f"replicas take long to answer, so here each waits {UPSTREAM_MS} ms plus 0-"
             f"{JITTER_MS} ms before its engine starts (the simulator's latency fault; the extra "
-            "is a fixed fraction per prompt, so request i waits the same direct and via kvgate, "
-            "and a closed-loop load does not arrive in lockstep waves of `conc` requests).\n")
-    rep.add("| mode | conc | p50 direct | p50 via | added p50 | p99 direct | p99 via | added p99 "
-            "| TTFT p50 direct | TTFT p50 via | added TTFT p50 |")
-    rep.add("|---|---|---|---|---|---|---|---|---|---|---|")
+            "is a fixed fraction per prompt, so request i waits the same direct and via a "
+            "proxy, and a closed-loop load does not arrive in lockstep waves of `conc` "
+            "requests). The bare pass-through (`loadtest/bare_proxy.py`, same core) is what "
+            "any extra hop costs on this machine: kvgate's own share is the difference.\n")
+    rep.add("| mode | conc | p50 direct | added p50 bare / kvgate | p99 direct "
+            "| added p99 bare / kvgate | TTFT p50 direct | added TTFT p50 bare / kvgate |")
+    rep.add("|---|---|---|---|---|---|---|---|")
     set_latency(base_direct, UPSTREAM_MS, JITTER_MS)
     for stream in (False, True):
         for conc in (1, 32, 256):
             count = max(5 * rounds, conc * rounds)
             d = asyncio.run(run_level(base_direct, stream, conc, count))
-            v = asyncio.run(run_level(base_gw, stream, conc, count, headers))
-            dp50, vp50 = pct(d.total_ms, 0.5), pct(v.total_ms, 0.5)
-            dp99, vp99 = pct(d.total_ms, 0.99), pct(v.total_ms, 0.99)
-            ttft = "| - | - | - |"
+            b = asyncio.run(run_level([base_bare], stream, conc, count))
+            v = asyncio.run(run_level([base_gw], stream, conc, count, headers))
+            cells = []
+            for q in (0.5, 0.99):
+                ref = pct(d.total_ms, q)
+                cells.append(f"{ref:.2f} | {pct(b.total_ms, q) - ref:+.2f} / "
+                             f"{pct(v.total_ms, q) - ref:+.2f}")
+            ttft = "- | -"
             if stream:
-                dt, vt = pct(d.ttft_ms, 0.5), pct(v.ttft_ms, 0.5)
-                ttft = f"| {dt:.2f} | {vt:.2f} | {vt - dt:+.2f} |"
+                ref = pct(d.ttft_ms, 0.5)
+                ttft = (f"{ref:.2f} | {pct(b.ttft_ms, 0.5) - ref:+.2f} / "
+                        f"{pct(v.ttft_ms, 0.5) - ref:+.2f}")
             mode = "stream" if stream else "plain"
-            rep.add(f"| {mode} | {conc} | {dp50:.2f} | {vp50:.2f} | {vp50 - dp50:+.2f} | "
-                    f"{dp99:.2f} | {vp99:.2f} | {vp99 - dp99:+.2f} {ttft}")
+            rep.add(f"| {mode} | {conc} | {' | '.join(cells)} | {ttft} |")
     set_latency(base_direct, 0)
 
 
@@ -405,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.granian:
             granian(procs, n_sat, rep)
         if not args.cpu_only:
-            latency(procs.sims, [procs.gateway], rounds, rep, procs.headers)
+            latency(procs.sims, procs.bare, procs.gateway, rounds, rep, procs.headers)
         if args.memory_minutes > 0:
             memory([procs.gateway], procs.gateway_pid, args.memory_minutes, rep, procs.headers)
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -38,7 +38,10 @@ class RouterConfig:
     min_prefill_tps: float = 50.0
     max_fixed_s: float = 2.0
     outlier_factor: float = 4.0  # an observation counts at most this far from the prediction
-    decode_weight_tokens: float = 16.0
+    # prefill-token cost of one request decoding in the batch over the steps a prefill
+    # waits (attention reads its whole context every step: ~11 for a 4k-token context,
+    # 35-100 for the 16k-48k contexts of agents and long conversations; routing/README.md)
+    decode_weight_tokens: float = 64.0
     prior_request_tokens: float = 1_024.0
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0

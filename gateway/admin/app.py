@@ -21,7 +21,8 @@ __all__ = ["create_admin_app"]
 def _http_error(request: Request, exc: HTTPException) -> KvgateError:
     path = request.url.path
     if exc.status_code == 405:
-        return MethodNotAllowed(f"{request.method} is not allowed on {path}")
+        allow = (exc.headers or {}).get("Allow")
+        return MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allow)
     if exc.status_code == 404:
         return NotFound(f"unknown admin path {path}")
     return for_status(exc.status_code, str(exc.detail))

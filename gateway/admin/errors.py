@@ -2,7 +2,8 @@
 
 A custom route class catches kvgate's errors (one hierarchy: `gateway.errors.KvgateError`)
 and request-validation errors, so the router answers
-``{"error": {...}}`` wherever it is mounted, without app-level exception handlers.
+``{"error": {...}}`` wherever it is mounted, without app-level exception handlers. It also
+reads every body as JSON, whatever its Content-Type.
 """
 
 from __future__ import annotations
@@ -29,14 +30,41 @@ def error_response(error: KvgateError) -> Response:
     return Response(error.body(), status_code=error.status, headers=headers)
 
 
+def _whole_body(error: dict[str, Any]) -> BadRequest | None:
+    """The body itself is wrong (not JSON, missing, not an object): the proxy's wording, no
+    param (FastAPI would name the parse position, e.g. ``"6: JSON decode error"``)."""
+    loc = tuple(error.get("loc", ()))
+    if error.get("type") == "json_invalid":
+        return BadRequest("The request body is not valid JSON.")
+    if loc != ("body",):
+        return None
+    if error.get("type") == "missing":
+        return BadRequest("The request body is missing: send a JSON object.")
+    return BadRequest("The request body must be a JSON object.")
+
+
 def _from_validation(exc: RequestValidationError) -> BadRequest:
     errors: list[Any] = list(exc.errors())
     if not errors:
         return BadRequest("invalid request")
+    whole = _whole_body(errors[0])
+    if whole is not None:
+        return whole
     loc = [str(p) for p in errors[0].get("loc", ()) if p not in ("body", "query", "path")]
     field = ".".join(loc)
     msg = str(errors[0].get("msg", "invalid value"))
     return BadRequest(f"{field}: {msg}" if field else msg, param=field or None)
+
+
+def _read_body_as_json(request: Request) -> None:
+    """Every admin body is JSON, whatever its Content-Type says (as on the proxied routes):
+    ``curl -d`` sends a form type, and FastAPI would not even parse the body then."""
+    headers = request.scope["headers"]
+    if not any(k == b"content-type" and b"json" in v for k, v in headers):
+        request.scope["headers"] = [
+            *(h for h in headers if h[0] != b"content-type"),
+            (b"content-type", b"application/json"),
+        ]
 
 
 class AdminRoute(APIRoute):
@@ -44,6 +72,7 @@ class AdminRoute(APIRoute):
         inner = super().get_route_handler()
 
         async def handler(request: Request) -> Response:
+            _read_body_as_json(request)
             try:
                 return await inner(request)
             except KvgateError as exc:

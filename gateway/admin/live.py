@@ -127,9 +127,12 @@ class LiveViews:
     def _principal(self, body: dict[str, Any]) -> Principal:
         resolver = self._gate.tenancy.resolver
         tenant, tier = body.get("tenant"), body.get("tier")
-        if isinstance(tenant, str) and tenant:
+        for name, value in (("tenant", tenant), ("tier", tier)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise BadRequest(f"{name}: a non-empty string", param=name)
+        if tenant is not None:
             return resolver.principal_for(tenant)
-        if not isinstance(tier, str) or not tier:
+        if tier is None:
             raise BadRequest("tenant or tier: one of them is required", param="tenant")
         snap = resolver.policy
         if snap is not None and tier not in snap.doc.tiers:

@@ -27,7 +27,7 @@ def audit_view(entry: AuditEntry) -> dict[str, Any]:
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: Annotated[str, Field(pattern=NAME_PATTERN)]
-    tier: Annotated[str, Field(min_length=1, max_length=64)]
+    tier: Annotated[str, Field(min_length=1, max_length=64)] = "default"  # as config tenants
     limits: Limits = Field(default_factory=Limits)
     salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
 

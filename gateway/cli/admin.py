@@ -40,7 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     tenants = sub.add_parser("tenants").add_subparsers(dest="action", required=True)
     create = tenants.add_parser("create")
     create.add_argument("id")
-    create.add_argument("--tier", required=True)
+    create.add_argument("--tier", default="default")
     create.add_argument("--rpm", type=int)
     create.add_argument("--tpm", type=int)
     create.add_argument("--max-concurrency", type=int)

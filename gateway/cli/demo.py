@@ -43,13 +43,23 @@ DEMO_TENANTS = {"premium": "premium", "free": "free", "demo": "default"}  # tena
 PUBLIC_DEMO_KEY = "demo"  # loopback only: lets copy-pasted snippets work unchanged
 
 
-def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]]:
-    """Two simulated replicas per pool; returns pool -> replica URLs."""
-    return {
-        pool: [fleet.sim(served, "--preset", preset, "--time-scale", str(time_scale))
-               for _ in range(REPLICAS_PER_POOL)]
-        for pool, (served, preset) in POOLS.items()
-    }
+def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]] | None:
+    """Two simulated replicas per pool: pool -> replica URLs, or None once the reason a
+    replica did not start is printed."""
+    try:
+        return {
+            pool: [fleet.sim(served, "--preset", preset, "--time-scale", str(time_scale))
+                   for _ in range(REPLICAS_PER_POOL)]
+            for pool, (served, preset) in POOLS.items()
+        }
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"kvgate demo: a simulated replica did not start: {exc}", file=sys.stderr)
+        return None
+
+
+def admin_token() -> str:
+    """The operator's KVGATE_ADMIN_TOKEN, else a fresh one (printed in the banner)."""
+    return os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
 
 
 def demo_config(
@@ -153,14 +163,12 @@ def main(argv: list[str]) -> int:
         return 2
     fleet = Fleet()
     try:
-        try:
-            urls = start_replicas(fleet, args.time_scale)
-        except (RuntimeError, TimeoutError) as exc:
-            print(f"kvgate demo: a simulated replica did not start: {exc}", file=sys.stderr)
+        urls = start_replicas(fleet, args.time_scale)
+        if urls is None:
             return 1
-        admin_token = os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        token = admin_token()
         try:
-            cfg = demo_config(urls, args.port, admin_token, log_level=args.log_level)
+            cfg = demo_config(urls, args.port, token, log_level=args.log_level)
         except ConfigError as exc:
             print(f"kvgate demo: {exc.message}", file=sys.stderr)
             return 2
@@ -168,7 +176,7 @@ def main(argv: list[str]) -> int:
         keys: dict[str, str] = {}
         return run_server(
             cfg, "kvgate demo", app=GatewayApp(cfg, after_start=key_seeder(keys)),
-            sockets=sockets, on_started=lambda: print(banner(base, keys, admin_token), flush=True),
+            sockets=sockets, on_started=lambda: print(banner(base, keys, token), flush=True),
         )
     finally:
         for sock in sockets:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ from gateway.logs import configure_logging
 from gateway.workers import WORKERS_NEED_REDIS, run_workers
 
 __all__ = [
-    "NO_AUTH_WARNING", "NoDelayHttpTools", "bind_sockets", "build_parser", "check_auth",
+    "NO_AUTH_WARNING", "NoDelayHttpTools", "bind_sockets", "build_parser", "check_secrets",
     "config_from_args", "configure_logging", "main", "make_server", "run_server",
 ]
 
@@ -99,9 +100,15 @@ def config_from_args(
     return load_config(path, overrides=overrides, quick=bool(args.upstream))
 
 
-def check_auth(cfg: KvgateConfig) -> str | None:
-    """Raise `ConfigError` when auth is on without a secret; a warning to print, or None."""
+def check_secrets(cfg: KvgateConfig) -> str | None:
+    """Raise `ConfigError` when auth is on without a secret, or a pool's `api_key_env` names
+    a variable that is not set (vLLM would answer 401 to every request, while its /health,
+    not behind the key, says the replica is fine); a warning to print, or None."""
     auth_secret(cfg)
+    for name, pool in cfg.pools.items():
+        if pool.api_key_env and not os.environ.get(pool.api_key_env):
+            raise ConfigError(f"pools.{name}.api_key_env: the environment variable "
+                              f"{pool.api_key_env} is not set (or empty)")
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 
@@ -123,7 +130,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = config_from_args(args)
-        warning = check_auth(cfg)  # fail now, with the reason, not inside the lifespan
+        warning = check_secrets(cfg)  # fail now, with the reason, not inside the lifespan
     except ConfigError as exc:
         print(f"kvgate serve: {exc.message}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 from gateway.cli.serve import (
     ListenError,
     bind_sockets,
-    check_auth,
+    check_secrets,
     config_from_args,
     run_server,
     start_warnings,
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args)
-        warning = check_auth(cfg)
+        warning = check_secrets(cfg)
     except ConfigError as exc:
         print(f"kvgate epp: {exc.message}", file=sys.stderr)
         return 2

@@ -11,14 +11,12 @@ replicas.
 from __future__ import annotations
 
 import argparse
-import os
-import secrets
 import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from gateway.cli.demo import banner, demo_config, key_seeder, start_replicas
+from gateway.cli.demo import admin_token, banner, demo_config, key_seeder, start_replicas
 from gateway.cli.serve import ListenError, bind_sockets, run_server
 from gateway.epp.envoy import EnvoyProcess, envoy_binary, envoy_config, render
 from gateway.errors import ConfigError
@@ -50,15 +48,13 @@ def run_epp_demo(args: argparse.Namespace) -> int:
     envoy: EnvoyProcess | None = None
     with tempfile.TemporaryDirectory(prefix="kvgate-demo-") as tmp:
         try:
-            try:
-                urls = start_replicas(fleet, args.time_scale)
-            except (RuntimeError, TimeoutError) as exc:
-                print(f"kvgate demo: a simulated replica did not start: {exc}", file=sys.stderr)
+            urls = start_replicas(fleet, args.time_scale)
+            if urls is None:
                 return 1
-            admin_token = os.environ.get("KVGATE_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+            token = admin_token()
             grpc_port, http_port, envoy_admin = free_port(), free_port(), free_port()
             try:
-                cfg = demo_config(urls, args.port, admin_token, log_level=args.log_level,
+                cfg = demo_config(urls, args.port, token, log_level=args.log_level,
                                   server={"admin_port": http_port},
                                   epp={"port": grpc_port, "fallbacks": 2})
                 sockets = bind_sockets(cfg, [http_port])
@@ -82,7 +78,7 @@ def run_epp_demo(args: argparse.Namespace) -> int:
             return run_server(
                 cfg, "kvgate demo", app=EppApp(cfg, after_start=key_seeder(keys)),
                 sockets=sockets, on_started=lambda: print(
-                    banner(base, keys, admin_token, admin_base=admin_base, via=via), flush=True),
+                    banner(base, keys, token, admin_base=admin_base, via=via), flush=True),
             )
         finally:
             if envoy is not None:

@@ -39,7 +39,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
-from gateway.proxy import KINDS
+from gateway.proxy import KINDS, MODELS
 from gateway.relay import _CONTENT, judge
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
@@ -104,15 +104,18 @@ class Exchange:
         self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
 
     # -- request path ----------------------------------------------------------------------
-    def request_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+    async def request_headers(
+        self, msg: pb.ProcessingRequest,
+    ) -> Sequence[pb.ProcessingResponse]:
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
+            await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
-            return [self._not_proxied(path, method)]
+            return [self._not_proxied(path, method, token)]
         if not req_id or len(req_id) > 128 or not req_id.isascii():
             req_id = core.new_id()
         req = self.req = ProxiedRequest(path, kind, req_id, perf_counter())
@@ -185,13 +188,18 @@ class Exchange:
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
-    def _not_proxied(self, path: str, method: str) -> pb.ProcessingResponse:
+    def _not_proxied(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
         if path in KINDS:
-            return self._refuse(MethodNotAllowed(f"Use POST for {path}."))
+            return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
             return self._refuse(NotFound(f"Unknown path {path}."))
+        if path == MODELS:  # as the HTTP edge: listing models needs a valid key
+            try:
+                self._core.prep.authenticate(token)
+            except KvgateError as exc:
+                return self._refuse(exc)
         status, headers, body = page
         return wire.immediate(status, body, [(k.decode(), v) for k, v in headers], "kvgate_page")
 

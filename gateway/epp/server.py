@@ -56,7 +56,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 elif kind == "request_body":
                     out = await ex.request_body(msg)
                 elif kind == "request_headers":
-                    out = ex.request_headers(msg)
+                    out = await ex.request_headers(msg)
                     if not out and msg.request_headers.end_of_stream:
                         out = await ex.decide(end=True)  # a POST without a body
                 elif kind == "response_headers":

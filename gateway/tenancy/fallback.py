@@ -2,7 +2,10 @@
 
 While the primary (Redis) limiter is unreachable, each gateway enforces its tenants' limits
 divided by the number of gateway replicas, so the fleet as a whole stays near the budget. The
-primary is retried at most every `recheck_s`, and used again as soon as it answers.
+primary is retried at most every `recheck_s`, and used again as soon as it answers. `degraded`
+says what the next admission would use: once `recheck_s` has passed it goes to the primary
+again, so an idle gateway does not report a recovered Redis as down (the tenancy store's own
+health says whether Redis answers meanwhile).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ class FallbackRateLimiter(RateLimiter):
 
     @property
     def degraded(self) -> bool:
-        return self._down_until is not None
+        return self._down_until is not None and self._clock() < self._down_until
 
     async def start(self) -> None:
         await self._primary.start()

@@ -19,10 +19,13 @@ from gateway.errors import BackendUnavailable
 __all__ = ["connect_redis", "redis_unavailable"]
 
 
-def connect_redis(url: str, *, timeout_s: float = 0.5) -> aioredis.Redis:
+def connect_redis(
+    url: str, *, timeout_s: float = 0.5, max_connections: int | None = None,
+) -> aioredis.Redis:
     """A client (lazy: nothing connects until the first command)."""
     client: aioredis.Redis = aioredis.Redis.from_url(
         url,
+        max_connections=max_connections,
         decode_responses=True,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,

@@ -7,6 +7,7 @@ at start-up (bootstrap from config, first load, background sync and lease renewa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ class Tenancy:
             await reseed()
         except BackendUnavailable:
             log.warning("tenancy bootstrap postponed: store unreachable")
+        else:
+            with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
+                await _say_if_the_stored_policy_wins(self.store, policy)
         self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()
@@ -83,6 +87,28 @@ class Tenancy:
         await self.limiter.close()
         await self.resolver.close()
         await self.store.close()
+
+
+async def _say_if_the_stored_policy_wins(store: TenantStore, policy: PolicyDoc | None) -> None:
+    """The store owns the policy once seeded (operators change it through the admin API), so a
+    restart with other pools or models in its configuration (e.g. a new ``--upstream`` on a
+    reused Redis) keeps the stored one: say so at start, with how to apply the new one."""
+    if policy is None:
+        return
+    stored = await store.get_policy()
+    if stored is not None and stored.doc != policy:
+        log.warning(
+            "the policy in the tenancy store differs from this configuration's; the stored "
+            "one is used (it holds what operators changed through the admin API). To use "
+            "the configuration's: kvgate admin policy put FILE (or flush the store)",
+            extra={"stored_version": stored.version,
+                   "differs_in": _differences(stored.doc, policy)})
+
+
+def _differences(stored: PolicyDoc, configured: PolicyDoc) -> list[str]:
+    """The top-level sections that differ (pools, models, tiers, ...)."""
+    a, b = stored.model_dump(), configured.model_dump()
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
 class TenancyCollector(Collector):

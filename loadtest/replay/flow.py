@@ -9,9 +9,13 @@ of the first token, finish or fresh scrape that frees room, as the live pump rel
 request past its tier's longest wait, or displaced from a full queue, is shed (an `Outcome`
 that failed, kept apart from the routed ones so the routing summary is unchanged).
 
+Every request sent is the pool's until it finishes (`finished`): the share cap
+(`routing.flow.share`) counts what each tenant holds, as the live gateway does.
+
 `tier_summaries` adds what the flow-control benchmarks read: per tier and per tenant TTFT
 p50/p99, sheds, goodput (share of *all* the tier's requests, shed ones included, whose first
-token came within the TTFT SLO), served tokens and the Jain fairness index.
+token came within the TTFT SLO), served tokens; `flow_report` adds the fair-share ratios
+(`loadtest.replay.fairshare`) and their Jain index.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from dataclasses import dataclass, field, replace
 
 from gateway.policy_doc import PolicyDoc, TierConfig, TierFlow
 from loadtest.replay import offline
+from loadtest.replay.fairshare import FairShareMeter
 from loadtest.replay.summary import Outcome, percentile
 from loadtest.replay.workload import ReplayRequest
-from routing.flow import Entry, FlowConfig, PoolFlow, request_cost
+from routing.flow import FlowConfig, PoolFlow, request_cost
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
@@ -48,6 +53,7 @@ class FlowSpec:
     policy: PolicyDoc = field(default_factory=default_policy)
     tick_s: float = 0.005  # the pump period while requests wait (the gateway's flow.tick_ms)
     room_only: bool = True  # route only to replicas with room (the gateway's flow.room_only)
+    fair_window_s: float = 10.0  # the fair-share yardstick's window (loadtest.replay.fairshare)
 
 
 @dataclass(slots=True)
@@ -68,8 +74,7 @@ class FlowDriver:
         self.arrivals: dict[int, float] = {}  # seq -> arrival (queued requests only)
         self.max_depth = 0
         self._last = 0.0  # the last pump
-        # tenant -> [tokens released while contended, tokens its weight entitled it to]
-        self.fair: dict[str, list[float]] = {}
+        self.fair = FairShareMeter(spec.fair_window_s)
 
     def _flow(self, gw: offline._Gateway) -> PoolFlow[_Held]:
         flow = self._flows.get(gw.id)
@@ -86,23 +91,36 @@ class FlowDriver:
         now = req.arrival_s
         self._step_until(sim, now)
         flow = self._flow(gw)
-        cost = request_cost(req.prompt_tokens, req.output_tokens, 0)
+        cost = _cost(req)
         views, peers = offline._views(sim, gw, now), _peers(gw, now)
-        if flow.admit(views, cost, now, peers):
-            offline._route(sim, seq, req, gw, self._narrow(flow, views, peers, req))
-            return
         band, weight, max_wait = self.spec.policy.flow_class(req.tier, req.tenant)
+        if flow.admit(views, cost, now, peers, req.tenant, weight):
+            self._send(sim, flow, seq, req, gw, views, peers)
+            return
         offer = flow.offer(_Held(seq, req), tenant=req.tenant, band=band, cost=cost, now=now,
                            max_wait_s=max_wait, weight=weight, tier=req.tier)
         for gone in offer.evicted:
+            self.fair.dropped((gw.id, gone.band), gone.tenant, gone.cost)
             self._shed(gone.handle, now, "queue_full")
         if offer.entry is None:
             self._shed(_Held(seq, req), now, "queue_full")
             return
+        self.fair.queued((gw.id, band), req.tenant, cost, weight, now)
         self.queued += 1
         self.arrivals[seq] = now
         self.max_depth = max(self.max_depth, len(flow.queue))
         self._pump(sim, now)
+
+    def finished(self, req: ReplayRequest, gw: offline._Gateway) -> None:
+        self._flow(gw).done(req.tenant, _cost(req))
+
+    def _send(
+        self, sim: offline._Sim, flow: PoolFlow[_Held], seq: int, req: ReplayRequest,
+        gw: offline._Gateway, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
+    ) -> None:
+        """Route a request the flow let through (the pool holds it until it finishes)."""
+        if not offline._route(sim, seq, req, gw, self._narrow(flow, views, peers, req)):
+            flow.done(req.tenant, _cost(req))  # refused at once: it holds nothing
 
     def drain(self, sim: offline._Sim) -> None:
         """After the last arrival: run until every queue is empty; fix the routed outcomes'
@@ -151,30 +169,17 @@ class FlowDriver:
             if not flow:
                 continue
             for entry in flow.expire(now):
+                self.fair.dropped((gw.id, entry.band), entry.tenant, entry.cost)
                 self._shed(entry.handle, now, "max_wait")
             while flow.queue:
                 views, peers = offline._views(sim, gw, now), _peers(gw, now)
                 out = flow.release(views, now, peers)
                 if out is None:
                     break
-                self._meter(flow, out)
+                self.fair.released((gw.id, out.band), out.tenant, out.cost, now)
                 held = out.handle
-                offline._route(sim, held.seq, replace(held.req, arrival_s=now), gw,
-                               self._narrow(flow, views, peers, held.req))
-
-    def _meter(self, flow: PoolFlow[_Held], entry: Entry[_Held]) -> None:
-        """Fair-share view: the tokens each tenant got released against what its weight
-        entitled it to among the tenants of its band backlogged at that moment."""
-        contenders = flow.queue.backlogged(entry.band)
-        contenders.setdefault(entry.tenant, 1.0)
-        total = sum(contenders.values())
-        if len(contenders) < 2:
-            return  # nobody to share with: nothing to judge
-        fair = self.fair
-        for tenant, weight in contenders.items():
-            got = fair.setdefault(tenant, [0.0, 0.0])
-            got[1] += entry.cost * weight / total
-        fair[entry.tenant][0] += entry.cost
+                self._send(sim, flow, held.seq, replace(held.req, arrival_s=now), gw, views,
+                           peers)
 
     def _narrow(
         self, flow: PoolFlow[_Held], views: list[ReplicaView],
@@ -188,6 +193,10 @@ class FlowDriver:
         self.shed.append(Outcome("none", held.req.arrival_s, None, now, False, held.seq,
                                  f"shed: {reason}"))
         self.shed_reasons[reason] = self.shed_reasons.get(reason, 0) + 1
+
+
+def _cost(req: ReplayRequest) -> float:
+    return request_cost(req.prompt_tokens, req.output_tokens, 0)
 
 
 def _peers(gw: offline._Gateway, now: float) -> Mapping[str, ReplicaLoad]:
@@ -252,8 +261,9 @@ def flow_report(
     slo_s: float,
 ) -> dict[str, object]:
     """What `kvgate replay --offline` adds to a summary: flow control's counts, the per-tier
-    and per-tenant view, and the fair-share view (per tenant: tokens released while it
-    competed with others of its band / what its weight entitled it to; 1.0 is exactly fair)."""
+    and per-tenant view, and the fair-share view (per tenant: tokens released from the queue
+    over its max-min share of them while it waited, `loadtest.replay.fairshare`; 1.0 is
+    exactly fair)."""
     shed = driver.shed if driver is not None else []
     out: dict[str, object] = {
         "flow_control": driver is not None,
@@ -261,12 +271,12 @@ def flow_report(
         **tier_summaries(reqs, [*routed, *shed], slo_s),
     }
     if driver is not None:
-        ratios = {t: round(got / due, 4) for t, (got, due) in sorted(driver.fair.items())
-                  if due > 0}
+        ratios = driver.fair.ratios()
         out["flow"] = {
             "queued": driver.queued, "max_depth": driver.max_depth,
             "shed_reasons": dict(driver.shed_reasons),
             "fair_share": ratios,
-            "jain": jain(ratios.values()),
+            "fair_windows": driver.fair.windows,
+            "jain": jain(ratios.values()) if ratios else None,
         }
     return out

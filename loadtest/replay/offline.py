@@ -132,6 +132,7 @@ class FlowHook(Protocol):
     """Flow control's side of the replay (`loadtest.replay.flow.FlowDriver`)."""
 
     def arrive(self, sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway) -> None: ...
+    def finished(self, req: ReplayRequest, gw: _Gateway) -> None: ...
     def drain(self, sim: _Sim) -> None: ...
 
 
@@ -152,6 +153,7 @@ class _Sim:
     sent: int = 0
     rejected: int = 0
     truth: Truth | None = None  # the oracle's view of the engines
+    flow: FlowHook | None = None  # told when a request finishes
 
 
 def _features(req: ReplayRequest, router: Router) -> RequestFeatures:
@@ -280,14 +282,17 @@ def _finish(sim: _Sim, rid: str, live: _Live, t: float) -> None:
     gw.counts[r.id].inflight -= 1
     del sim.live[rid]
     sim.outcomes.append(Outcome(r.id, req.arrival_s, live.first_token_s, t, True, live.seq))
+    if sim.flow is not None:
+        sim.flow.finished(req, gw)
     _publish(sim, gw, r.id, t)
 
 
 def _route(
     sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway,
     views: list[ReplicaView] | None = None,
-) -> None:
-    """Route `req` now (`views`: the replicas to pick from, when the caller narrowed them)."""
+) -> bool:
+    """Route `req` now (`views`: the replicas to pick from, when the caller narrowed them).
+    False: the replica refused it at once (longer than its context)."""
     rid = f"r{seq}"
     now = req.arrival_s
     features = _features(req, gw.router)
@@ -301,7 +306,7 @@ def _route(
     except ValueError:  # longer than max_model_len: vLLM answers 400 before any work
         sim.rejected += 1
         sim.outcomes.append(Outcome(replica.id, now, None, now, False, seq))
-        return
+        return False
     gw.router.record_route(replica.id, features, now)
     c = gw.counts[replica.id]
     c.inflight += 1
@@ -309,6 +314,7 @@ def _route(
     c.prefill_count += 1
     sim.live[rid] = _Live(req, features, replica, gw, seq)
     _publish(sim, gw, replica.id, now)
+    return True
 
 
 def _yardstick(name: str, truth: Truth | None) -> PolicyFactory | None:
@@ -343,7 +349,7 @@ def replay_offline(
             # no peer crashes offline; records arrive sync_delay_s late
             router.enable_sharing(float("inf"), f"gw-{g}", spec.sync_delay_s)
         gws.append(_Gateway(f"gw-{g}", router, {r.id: _Counts() for r in replicas}))
-    sim = _Sim(fleet, spec, gws, replicas, truth=truth)
+    sim = _Sim(fleet, spec, gws, replicas, truth=truth, flow=flow)
     pick_gateway = random.Random(spec.seed).randrange
     order = heapq.nsmallest(len(requests), enumerate(requests), key=lambda ir: ir[1].arrival_s)
     for i, req in order:

@@ -258,9 +258,11 @@ class Engine:
             self._num_waiting -= 1
             req.cached, req.private = list(hit_hashes), need
             req.computed, req.next_reg, req.state = start, hits, _RUNNING
-            self.stats.prefix_cache_queries += req.num_tokens
-            self.stats.prefix_cache_hits += start
             if not req.admitted_once:
+                # vLLM counts a preempted request's return apart (PrefixCacheStats.record,
+                # v1/metrics/stats.py): its own recomputed blocks are not the cache's hits
+                self.stats.prefix_cache_queries += req.num_tokens
+                self.stats.prefix_cache_hits += start
                 req.admitted_once, req.cached_tokens = True, start
                 req.scheduled_at = self.now
             self._running.append(req)

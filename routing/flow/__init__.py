@@ -2,7 +2,8 @@
 
 `PoolFlow` (gate.py) holds a pool's `FlowQueue` (queue.py: priority bands, weighted fair
 sharing across tenants in tokens, a minimum share per band, bounds) behind the saturation rule
-(saturation.py). The live gateway wraps it in asyncio (``gateway/flow.py``); the offline
+(saturation.py), and the share cap (share.py: what each tenant holds of the pool's in-flight
+work). The live gateway wraps it in asyncio (``gateway/flow.py``); the offline
 replay drives it in simulated time (``loadtest/replay/flow.py``). Same code, same decisions.
 """
 
@@ -16,6 +17,7 @@ from routing.flow.saturation import (
     replica_reasons,
     with_room,
 )
+from routing.flow.share import Holdings
 
 __all__ = [
     "DEFAULT_MAX_WAIT_S",
@@ -24,6 +26,7 @@ __all__ = [
     "Entry",
     "FlowConfig",
     "FlowQueue",
+    "Holdings",
     "Offer",
     "PoolFlow",
     "Saturation",

@@ -51,6 +51,21 @@ class Saturation:
         if self.max_inflight is not None and self.max_inflight < 1:
             raise ValueError("flow.max_inflight must be >= 1")
 
+    def scaled(self, factor: float) -> Saturation:
+        """The same rule with every bound at ``factor`` of its value (0 < factor <= 1): full
+        that much earlier. A count bound stays at least 1."""
+        if factor >= 1.0:
+            return self
+        return Saturation(
+            max_prefill_tokens=max(1, int(self.max_prefill_tokens * factor)),
+            max_unanswered=None if self.max_unanswered is None
+            else max(1, int(self.max_unanswered * factor)),
+            max_waiting=self.max_waiting * factor,
+            kv_knee=self.kv_knee * factor,
+            max_inflight=None if self.max_inflight is None
+            else max(1, int(self.max_inflight * factor)),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class FlowConfig:
@@ -62,6 +77,13 @@ class FlowConfig:
     expected_output_tokens: int = 256
     # the dispatch-rate average (for Retry-After and explain's wait estimate), seconds
     rate_window_s: float = 10.0
+    # a tenant holding more than this many times its weighted fair share of the pool's
+    # in-flight tokens (`routing.flow.share`) is passed over by its band's other tenants, and
+    # waits once the pool is near saturation (None: no such cap)
+    share_cap: float | None = 2.0
+    # "near": the saturation rule with every bound scaled by 1 - share_headroom. 0: only
+    # once the pool is saturated (work-conserving: it waits only while others do)
+    share_headroom: float = 0.5
 
     def __post_init__(self) -> None:
         if self.max_queue < 0:
@@ -70,3 +92,7 @@ class FlowConfig:
             raise ValueError("flow.expected_output_tokens must be >= 0")
         if self.rate_window_s <= 0:
             raise ValueError("flow.rate_window_s must be > 0")
+        if self.share_cap is not None and not self.share_cap >= 1.0:
+            raise ValueError("flow.share_cap must be >= 1")
+        if not 0.0 <= self.share_headroom < 1.0:
+            raise ValueError("flow.share_headroom must be in [0, 1)")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -49,16 +49,17 @@ class Entry(Generic[T]):
     """One queued request. ``handle`` is the caller's (a future, a replay request, ...)."""
 
     __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "seq",
-                 "start", "state", "tenant", "tier")
+                 "start", "state", "tenant", "tier", "weight")
 
     def __init__(
-        self, handle: T, tenant: str, tier: str, band: int, cost: float, delta: float,
+        self, handle: T, tenant: str, tier: str, band: int, cost: float, weight: float,
         enqueued_at: float, deadline: float, seq: int,
     ) -> None:
         self.handle = handle
         self.tenant, self.tier, self.band = tenant, tier, band
         self.cost = cost  # tokens: prompt + expected output
-        self.delta = delta  # cost / the tenant's weight: its advance in virtual time
+        self.weight = weight  # the tenant's
+        self.delta = cost / weight  # its advance in virtual time
         self.enqueued_at, self.deadline, self.seq = enqueued_at, deadline, seq
         self.start = self.finish = 0.0
         self.state = _QUEUED
@@ -66,6 +67,11 @@ class Entry(Generic[T]):
     @property
     def queued(self) -> bool:
         return self.state == _QUEUED
+
+    @property
+    def dispatched(self) -> bool:
+        """Handed out by `FlowQueue.pop` (not removed, shed or still queued)."""
+        return self.state == _DISPATCHED
 
     def __repr__(self) -> str:
         return f"Entry({self.tenant!r}, band={self.band}, cost={self.cost:g}, seq={self.seq})"
@@ -171,6 +177,11 @@ class FlowQueue(Generic[T]):
             return {}
         return {t: f.weight for t, f in b.flows.items() if f.items}
 
+    def waiting(self) -> dict[str, float]:
+        """Every tenant with requests queued, in any band -> its weight."""
+        return {t: f.weight for b in self._bands.values() if b.count
+                for t, f in b.flows.items() if f.items}
+
     def entries(self) -> Iterator[Entry[T]]:
         for lv in self._levels:
             for flow in self._bands[lv].flows.values():
@@ -193,8 +204,7 @@ class FlowQueue(Generic[T]):
             self._remove(victim)
             evicted.append(victim)
         self._seq += 1
-        entry = Entry(handle, tenant, tier, band, cost, cost / weight, now, now + max_wait_s,
-                      self._seq)
+        entry = Entry(handle, tenant, tier, band, cost, weight, now, now + max_wait_s, self._seq)
         b = self._band(band)
         flow = b.flows.get(tenant)
         if flow is None:
@@ -233,23 +243,25 @@ class FlowQueue(Generic[T]):
     # -- dispatch -----------------------------------------------------------------------------
     def peek(self) -> Entry[T] | None:
         """The request `pop` would hand out next (nothing changes)."""
-        b = self._choose()
-        return b.head() if b is not None else None
+        return self._choose((), False)
 
-    def pop(self, now: float) -> Entry[T] | None:
-        """Dispatch the next request: band, then tenant (module docstring)."""
-        b = self._choose()
-        if b is None:
+    def pop(
+        self, now: float, skip: Collection[str] = (), hold: bool = False
+    ) -> Entry[T] | None:
+        """Dispatch the next request: band, then tenant (module docstring). Inside the band
+        whose turn it is the tenants in ``skip`` are passed over by the others; when only
+        they wait in it, its head goes anyway, or with ``hold`` the band's turn passes to
+        the next band (a skipped tenant never goes)."""
+        entry = self._choose(skip, hold)
+        if entry is None:
             return None
-        entry = b.head()
-        assert entry is not None
+        b = self._bands[entry.band]
         self._charge(b, entry.cost)
         b.vtime = max(b.vtime, entry.start)
         flow = b.flows[entry.tenant]
         flow.items.popleft()
         flow.backlog -= entry.delta
-        heapq.heappop(b.heads)
-        if flow.items:
+        if flow.items:  # the popped head's heap item is stale now (`_Band.head` drops it)
             nxt = flow.items[0]
             heapq.heappush(b.heads, (nxt.start, nxt.seq, flow))
         self._unqueue(b, entry, _DISPATCHED)
@@ -257,19 +269,26 @@ class FlowQueue(Generic[T]):
         self.note_dispatch(entry.cost, now)
         return entry
 
-    def _choose(self) -> _Band[T] | None:
-        top: _Band[T] | None = None
-        for lv in self._levels:
-            b = self._bands[lv]
-            if not b.count:
-                continue
-            if top is None:
-                top = b
-                continue
+    def _choose(self, skip: Collection[str], hold: bool) -> Entry[T] | None:
+        for b in self._turns():
+            if not skip:
+                return b.head()
+            entry = _head_but(b, skip)
+            if entry is not None:
+                return entry
+            if not hold:
+                return b.head()
+        return None
+
+    def _turns(self) -> list[_Band[T]]:
+        """The bands with requests in the order they get the turn: the highest-priority band
+        owed its minimum share, then the top band, then the others by priority."""
+        bands = [self._bands[lv] for lv in self._levels if self._bands[lv].count]
+        for i, b in enumerate(bands[1:], 1):
             head = b.head()
-            if head is not None and self.share(lv) > 0 and b.credit >= head.cost:
-                return b  # a lower band owed its minimum share
-        return top
+            if head is not None and self.share(b.level) > 0 and b.credit >= head.cost:
+                return [b, *bands[:i], *bands[i + 1:]]  # a lower band owed its minimum share
+        return bands
 
     def _charge(self, served: _Band[T], cost: float) -> None:
         """Credits after dispatching ``cost`` tokens from ``served`` (module docstring)."""
@@ -395,6 +414,18 @@ class FlowQueue(Generic[T]):
             b = self._bands[level] = _Band(level)
             self._levels = sorted(self._bands)
         return b
+
+
+def _head_but(b: _Band[T], skip: Collection[str]) -> Entry[T] | None:
+    """``b``'s next request among the tenants not in ``skip`` (smallest start tag, then
+    arrival): a scan over its backlogged tenants, a handful."""
+    best: Entry[T] | None = None
+    for flow in b.flows.values():
+        if flow.items and flow.tenant not in skip:
+            e = flow.items[0]
+            if best is None or (e.start, e.seq) < (best.start, best.seq):
+                best = e
+    return best
 
 
 def _backlog(flow: _Flow[T]) -> tuple[float, int]:

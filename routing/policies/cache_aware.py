@@ -130,11 +130,13 @@ class CacheAware:
         rows.sort(key=_rank)
         limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
         admitted = [r for r in rows if r[3].inflight <= limit]
+        # the bound refused the cheapest (a turn among near-equals is no overflow)
+        overflow = not admitted or admitted[0] is not rows[0]
         if ctx.turn_order and len(admitted) > 1:
             admitted = self._take_turns(ctx, admitted)
         ordered = admitted + [r for r in rows if r[3].inflight > limit]
         chosen = ordered[0]
-        if not admitted or admitted[0] is not rows[0]:
+        if overflow:
             reason = "overflow"
         elif chosen[4] > 0 and chosen[4] >= max(r[4] for r in rows):
             reason = "prefix-hit"

@@ -160,7 +160,12 @@ async def test_tenant_lifecycle(admin: Admin) -> None:
         )["param"]
         == "limits.rpm"
     )
-    assert _error(await c.post("/admin/tenants", content=b"{not json"), 400)
+    for body in (b"{not json", b'{"id": "x", "tier":'):
+        bad_json = _error(await c.post("/admin/tenants", content=body), 400)
+        assert bad_json["message"] == "The request body is not valid JSON." \
+            and bad_json["param"] is None, bad_json  # not "6: JSON decode error", param "6"
+    empty = _error(await c.post("/admin/tenants"), 400)
+    assert "request body" in empty["message"] and empty["param"] is None, empty
     r = await c.patch(
         "/admin/tenants/acme", json={"tier": "free", "limits": {"tpm": 5}, "salt_group": None}
     )
@@ -232,6 +237,11 @@ async def test_audit_replicas_explain_and_openapi(admin: Admin) -> None:
     assert (await c.get("/admin/replicas")).json()["data"] == [{"id": "fp8/a"}]
     r = await c.post("/admin/route/explain", json={"model": "llama-70b", "messages": []})
     assert r.json()["pool"] == "fp8"
+    # the README's `curl -d '{...}'`: a JSON body sent with curl's form content type
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    r = await c.post("/admin/route/explain", headers=form,
+                     content=b'{"model": "llama-70b", "messages": []}')
+    assert r.status_code == 200 and r.json()["pool"] == "fp8", r.text
     spec = (await c.get("/openapi.json")).json()
     assert {"/admin/tenants", "/admin/policy", "/admin/audit"} <= set(spec["paths"])
 

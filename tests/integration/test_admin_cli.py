@@ -36,6 +36,9 @@ async def test_cli_round_trip(
             capsys, *base, "tenants", "create", "acme", "--tier", "free", "--rpm", "10"
         )
         assert code == 0 and json.loads(out)["limits"] == {"rpm": 10}
+        # without --tier: the default tier, as for tenants in the config file
+        code, out, _ = await _cli(capsys, *base, "tenants", "create", "solo")
+        assert code == 0 and json.loads(out)["tier"] == "default"
         code, out, _ = await _cli(capsys, *base, "keys", "create", "acme")
         created = json.loads(out)
         assert code == 0 and created["key"].startswith("kvg-")

@@ -136,6 +136,18 @@ def test_key_lifecycle_across_two_gateways(stack: Stack) -> None:
     assert missing.json()["error"]["code"] == "invalid_api_key"
 
 
+def test_models_list_needs_a_valid_key(stack: Stack) -> None:
+    # clients check a key with GET /v1/models (as against OpenAI and vLLM --api-key): an
+    # unknown or missing key must not pass that check, nor learn the models and pools
+    _, key = stack.tenant("free")
+    assert [m.id for m in stack.client(key).models.list()] == ["llama"]
+    with pytest.raises(openai.AuthenticationError) as err:
+        stack.client("kvg-not-a-key").models.list()
+    assert isinstance(err.value.body, dict) and err.value.body["code"] == "invalid_api_key"
+    missing = httpx.get(f"{stack.gateways[0]}/v1/models", timeout=5)
+    assert missing.status_code == 401 and "llama" not in missing.text
+
+
 def test_salt_injected_client_salt_stripped_and_rotated(stack: Stack) -> None:
     a, key_a = stack.tenant("free")
     _, key_b = stack.tenant("free")
@@ -278,6 +290,11 @@ def test_admin_replicas_and_route_explain(stack: Stack) -> None:
         assert by_tier["pool"] == "awq"
         bad = admin.post("/route/explain", json={"tier": "gold", "request": request})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
+        for field in ("tenant", "tier"):  # a wrong type is named, not "one of them is required"
+            wrong = admin.post("/route/explain", json={field: 5, "request": request})
+            err = wrong.json()["error"]
+            assert wrong.status_code == 400 and err["param"] == field, err
+            assert "string" in err["message"], err
 
 
 def test_a_policy_that_adds_a_pool_is_served_by_both_gateways(stack: Stack) -> None:

@@ -129,3 +129,34 @@ def test_while_redis_is_down_each_gateway_enforces_its_share_of_the_rpm(
         # this gateway's share of rpm 6 over gateway_replicas 2: 3 a minute, whatever is
         # left of the shared budget
         assert [status() for _ in range(5)] == [200, 200, 200, 429, 429]
+
+
+def test_idle_gateway_stops_reporting_degraded_once_redis_is_back(
+    sim_factory: SimFactory, tmp_path: Path
+) -> None:
+    # a request with limits during the outage puts the shared limits on the per-process
+    # fallback; when Redis is back and no limited request follows, /readyz and
+    # kvgate_redis_up must still say so (an alert on kvgate_redis_up == 0 must clear)
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url, port = persistent_redis(str(tmp_path))
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"rpm": 1000}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with redis, gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+        redis.stop()
+        wait_for(lambda: _state(base) == (True, 0.0), what="degraded while Redis is down")
+        client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        again, _, _ = persistent_redis(str(tmp_path), port)
+        with again:
+            wait_for(lambda: _state(base) == (False, 1.0), timeout=15,
+                     what="recovery without further traffic")

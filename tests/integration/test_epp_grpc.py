@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
 from tests.support.epp import EppProc, epp_proc
+from tests.support.gateway import AUTH_SECRET
 from tests.support.procs import Proc, sim_proc
 
 PUBLIC, SERVED = "public-model", "sim-model"
@@ -224,3 +225,20 @@ async def test_grpc_health(picker: Any) -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await health.Check(health_pb2.HealthCheckRequest(service="other"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None:
+    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
+              "models": {PUBLIC: {"default": "p"}}}
+    epp = epp_proc(config=config, auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
+    with sim, epp:
+        async with grpc.aio.insecure_channel(epp.picker) as channel:
+            call = pb_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(pb.ProcessingRequest(request_headers=_headers(
+                {":method": "GET", ":path": "/v1/models",
+                 "authorization": "Bearer kvg-not-a-key"}, end=True)))
+            refused = (await _answers(call, 1))[0].immediate_response
+    assert refused.status.code == 401
+    assert orjson.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    assert PUBLIC.encode() not in refused.body

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import httpx
@@ -168,6 +169,10 @@ def release(s: Stack) -> None:
         f.stop()
 
 
+def answered(call: Call) -> bool:
+    return call.first is not None
+
+
 def queued(s: Stack, n: int) -> None:
     wait_for(lambda: depth(s.base) == n, 10, f"{n} requests queued")
 
@@ -238,6 +243,37 @@ def test_equal_weight_tenants_get_equal_token_shares(s: Stack) -> None:
     tokens_a = sum(c.max_tokens for c in window if c in calls_a)
     tokens_b = sum(c.max_tokens for c in window if c in calls_b)
     assert abs(tokens_a - tokens_b) <= 0.1 * max(tokens_a, tokens_b) + 80, (tokens_a, tokens_b)
+
+
+def test_a_tenant_over_its_share_lets_the_other_tenants_pass(s: Stack) -> None:
+    """The noisy tenant's own three fillers saturate the pool (it holds all the in-flight
+    tokens), each sent straight through so the queue has no history of it. Its three short
+    requests queue, then one each of two other tenants of the same tier: fair queueing alone
+    would send the noisy one first (same virtual time, queued first). Over its share (twice its
+    third), it is passed over: the others go first, then its own (work-conserving)."""
+    noisy, quiet, other = s.tenant("free"), s.tenant("free"), s.tenant("free")
+    for i in range(3):
+        f = Filler(s.base, noisy, LONG)
+        f.start()
+        s.fillers.append(f)
+        if i < 2:  # the third waits inside vLLM behind the two running
+            wait_for(partial(answered, f), 10, "the filler's first token")
+    wait_for(lambda: saturated(s.base), 10, "the pool to be saturated")
+    mine = [Call(s.base, noisy, 30) for _ in range(3)]
+    for c in mine:
+        c.start()
+    queued(s, 3)
+    others = [Call(s.base, quiet, 30), Call(s.base, other, 30)]
+    for c in others:
+        c.start()
+    queued(s, 5)
+    s.fillers[0].stop()  # a running filler and the one waiting inside vLLM leave: one seat
+    s.fillers[2].stop()
+    for c in [*others, *mine]:
+        c.join(60)
+        assert c.status == 200 and c.route == "queued" and c.first is not None, (
+            c.status, c.route, c.error)
+    assert max(c.first or 0.0 for c in others) < min(c.first or 0.0 for c in mine)
 
 
 def test_disconnect_while_queued_leaves_at_once(s: Stack) -> None:
@@ -414,11 +450,13 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
             s.fillers.append(f)
             time.sleep(0.15)
         wait_for(lambda: saturated(base), 10, "saturated")
+        # a filler may have queued on a loaded machine: count the spiller's request alone
+        queued = sum(metric_values(base, "kvgate_flow_queued_total").values())
         with sdk(base, keys["spiller"]) as client:
             raw = client.chat.completions.with_raw_response.create(
                 model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
         assert raw.headers["x-kvgate-route"] == "spill"
         assert raw.headers["x-kvgate-replica"].startswith("q/")
-        assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == 0
+        assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == queued
         release(s)
         wait_for(lambda: inflight(base) == 0, 30, "drained")

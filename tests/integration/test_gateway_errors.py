@@ -77,7 +77,10 @@ def test_huge_chunked_body_is_413(gw: tuple[str, str]) -> None:
 )
 def test_unsupported_paths(gw: tuple[str, str], method: str, path: str, status: int) -> None:
     base, _ = gw
-    assert_openai_error(httpx.request(method, f"{base}{path}"), status)
+    resp = httpx.request(method, f"{base}{path}")
+    assert_openai_error(resp, status)
+    if status == 405:  # RFC 9110: a 405 lists the methods the path does allow
+        assert resp.headers["allow"] == ("POST" if path.endswith("completions") else "GET, HEAD")
 
 
 def test_openai_client_error_classes(gw: tuple[str, str]) -> None:

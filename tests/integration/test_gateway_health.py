@@ -75,7 +75,13 @@ async def test_slow_health_ejects_only_after_several_slow_probes_in_a_row(
         await pools.close()
 
 
-async def test_explicit_error_ejects_at_once(replica: tuple[str, Behaviour]) -> None:
+def down_reasons(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [getattr(r, "reason", "") for r in caplog.records if r.getMessage() == "replica down"]
+
+
+async def test_explicit_error_ejects_at_once(
+    replica: tuple[str, Behaviour], caplog: pytest.LogCaptureFixture
+) -> None:
     url, how = replica
     pools, cfg = pools_for(url)
     r = pools.by_name["p"].replicas[0]
@@ -83,16 +89,18 @@ async def test_explicit_error_ejects_at_once(replica: tuple[str, Behaviour]) -> 
         how.status = 503  # vLLM's /health for a dead engine
         await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
         assert r.state == "ejected"
+        assert down_reasons(caplog) == ["/health answered 503"]  # the operator sees why
     finally:
         await pools.close()
 
 
-async def test_connection_refused_ejects_at_once() -> None:
+async def test_connection_refused_ejects_at_once(caplog: pytest.LogCaptureFixture) -> None:
     pools, cfg = pools_for(f"http://127.0.0.1:{free_port()}")  # nothing listens there
     r = pools.by_name["p"].replicas[0]
     try:
         await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
         assert r.state == "ejected"
+        assert down_reasons(caplog) == ["/health: cannot connect"]
     finally:
         await pools.close()
 

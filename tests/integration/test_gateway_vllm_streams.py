@@ -13,10 +13,11 @@ import orjson
 import pytest
 from openai.types.responses import Response
 
-from tests.support.gateway import gateway_proc, metric_values
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
+ADMIN = "streams-admin-token-0123456789"
 SimFactory = Callable[..., tuple[Proc, str]]
 
 
@@ -102,3 +103,28 @@ def test_stored_responses_stay_on_their_replica(sim_factory: SimFactory, stream:
             c.responses.cancel(prev)
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve("resp_never_made_here")
+
+
+def test_a_follow_up_never_continues_another_tenants_response(sim_factory: SimFactory) -> None:
+    # one replica: every request reaches the one that holds the stored response, and vLLM
+    # would continue it for whoever names its id
+    _, sim = sim_factory("--time-scale", "50", "--enable-store")
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [sim]}},
+              "tenants": [{"id": "alice", "tier": "default"}, {"id": "bob", "tier": "default"}]}
+    gw, base = gateway_proc(config=config, auth=True, env={
+        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw, admin_client(base, ADMIN) as admin:
+        alice, bob = (openai.OpenAI(base_url=f"{base}/v1", max_retries=0, timeout=30,
+                                    api_key=admin.post(f"/tenants/{t}/keys").json()["key"])
+                      for t in ("alice", "bob"))
+        secret = alice.responses.create(model=MODEL, input="my password is swordfish",
+                                        max_output_tokens=4)
+        with pytest.raises(openai.NotFoundError) as err:
+            bob.responses.create(model=MODEL, input="what was my password?",
+                                 previous_response_id=secret.id, max_output_tokens=4)
+        assert err.value.body is not None and secret.id in str(err.value.body)
+        with pytest.raises(openai.NotFoundError):
+            bob.responses.retrieve(secret.id)
+        own = alice.responses.create(model=MODEL, input="and then?", max_output_tokens=4,
+                                     previous_response_id=secret.id)
+        assert own.previous_response_id == secret.id

@@ -7,7 +7,7 @@ import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
-import httpx
+import aiohttp
 import openai
 import pytest
 
@@ -59,7 +59,7 @@ async def test_both_dialects_and_live_counters(
     _, legacy = sim_factory("--num-gpu-blocks", "3000", "--block-size", "16",
                             "--metrics-compat", "legacy")
     rec = Recorder()
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         scraper = Scraper(client, rec, interval_s=0.05, timeout_s=2.0)
         scraper.add_target("cur", current)
         scraper.add_target("old", legacy)
@@ -84,7 +84,7 @@ async def test_hanging_metrics_does_not_block_others(
 ) -> None:
     _, sim = sim_factory()
     rec = Recorder()
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         scraper = Scraper(client, rec, interval_s=0.05, timeout_s=0.5)
         scraper.add_target("hang", hanging_url)
         scraper.add_target("sim", sim)
@@ -102,7 +102,7 @@ async def test_targets_change_at_runtime(sim_factory: Callable[..., tuple[Proc, 
     proc_a, a = sim_factory()
     _, b = sim_factory()
     rec = Recorder()
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         scraper = Scraper(client, rec, interval_s=0.05, timeout_s=1.0)
         scraper.add_target("a", a)
         async with scraper:
@@ -128,7 +128,7 @@ async def test_data_parallel_capacity_and_no_load_data(
                          "--block-size", "16")
     _, quiet = sim_factory("--disable-log-stats")
     rec = Recorder()
-    async with httpx.AsyncClient() as client:
+    async with aiohttp.ClientSession() as client:
         scraper = Scraper(client, rec, interval_s=0.05, timeout_s=2.0)
         scraper.add_target("dp2", dp2)
         scraper.add_target("quiet", quiet)

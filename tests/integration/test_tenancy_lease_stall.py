@@ -17,6 +17,7 @@ import openai
 from tests.support.gateway import (
     AUTH_SECRET,
     admin_client,
+    chat_status,
     gateway_proc,
     persistent_redis,
     wait_for,
@@ -25,15 +26,6 @@ from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "stall-admin-token-0123456789"
-
-
-def _status(client: openai.OpenAI) -> int:
-    try:
-        return client.chat.completions.with_raw_response.create(
-            model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        ).status_code
-    except openai.APIStatusError as exc:
-        return exc.status_code
 
 
 def _degraded(base: str) -> bool:
@@ -63,7 +55,7 @@ def test_a_lease_whose_release_failed_is_freed_when_redis_answers_again(
             model="llama", messages=[{"role": "user", "content": "hold"}], max_tokens=50,
             stream=True, extra_body={"ignore_eos": True})
         next(iter(stream))  # admitted: the one lease is held in Redis
-        assert _status(client) == 429  # the lease is real
+        assert chat_status(client) == 429  # the lease is real
 
         redis.stop()
         wait_for(lambda: _degraded(base), what="the gateway noticing Redis is gone")
@@ -72,5 +64,5 @@ def test_a_lease_whose_release_failed_is_freed_when_redis_answers_again(
         again, _, _ = persistent_redis(str(tmp_path), port)  # the lease is still in its data
         with again:
             wait_for(lambda: not _degraded(base), what="the gateway back on Redis")
-            assert _status(client) == 200  # not 429 until the stale lease's TTL runs out
+            assert chat_status(client) == 200  # not 429 until the stale lease's TTL runs out
         assert "leases released after Redis answered again" in gw.output()

@@ -27,20 +27,18 @@ from gateway.tenancy import (
     hash_key,
 )
 from tests.integration.test_admin_api import ADMIN_TOKEN, serve_admin
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
+from tests.support.gateway import (
+    AUTH_SECRET,
+    admin_client,
+    chat_status,
+    gateway_proc,
+    metric_values,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "wipe-admin-token-0123456789"
-
-
-def _status(client: openai.OpenAI) -> int:
-    try:
-        return client.chat.completions.with_raw_response.create(
-            model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        ).status_code
-    except openai.APIStatusError as exc:
-        return exc.status_code
 
 
 def test_flushall_is_noticed_and_the_store_reseeded_from_config(
@@ -62,7 +60,7 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
         assert metric_values(base, resets) == {"": 0.0}
         assert httpx.get(f"{base}/readyz").json()["tenancy"]["store_resets"] == 0
         old_key = admin.post("/tenants/acme/keys").json()["key"]
-        assert _status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key, max_retries=0)) \
+        assert chat_status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key, max_retries=0)) \
             == 200
 
         r = redis.Redis.from_url(redis_url)
@@ -83,13 +81,13 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
         gold = admin.post("/tenants", json={"id": "intruder", "tier": "gold"})
         assert gold.status_code == 400 and gold.json()["error"]["param"] == "tier"
         # keys were in the wiped store: gone (an operator re-issues them)
-        wait_for(lambda: _status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key,
+        wait_for(lambda: chat_status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key,
                                                max_retries=0)) == 401, what="old keys gone")
         # a new key: the tier's limits are in force again (rpm 3), not silently off
         key = admin.post("/tenants/acme/keys").json()["key"]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
-        wait_for(lambda: _status(client) == 200, what="the new key")
-        statuses = [_status(client) for _ in range(4)]
+        wait_for(lambda: chat_status(client) == 200, what="the new key")
+        statuses = [chat_status(client) for _ in range(4)]
         assert statuses.count(200) == 2 and statuses[-1] == 429, statuses
         audit = admin.get("/audit").json()["data"]
         assert any(e["action"] == "key.create" for e in audit)

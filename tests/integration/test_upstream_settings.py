@@ -4,16 +4,20 @@ and `upstream.total_timeout_s` (the whole exchange, however steadily the replica
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import openai
 import orjson
 import pytest
+import yaml
 
 from tests.support.gateway import gateway_proc, inflight, wait_for
-from tests.support.procs import Proc
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
 SimFactory = Callable[..., tuple[Proc, str]]
 MODEL = "sim-model"
@@ -99,3 +103,22 @@ def test_total_timeout_bounds_a_whole_answer(sim_factory: SimFactory) -> None:
         assert resp.status_code == 504, resp.text
         assert "total timeout" in resp.json()["error"]["message"]
         assert 1.4 < took < 10, took
+
+
+@pytest.mark.parametrize("command", ["serve", "epp"])
+def test_a_pool_key_variable_that_is_not_set_stops_the_start(
+    command: str, tmp_path: Path
+) -> None:
+    # without it every request would reach vLLM without its key and come back 401, while
+    # /health (not behind vLLM's key) said the replicas were fine
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({"pools": {"p": {
+        "served_model": MODEL, "replicas": ["http://127.0.0.1:9"],
+        "api_key_env": "TEST_POOL_KEY_NEVER_SET"}}}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
+    result = subprocess.run(
+        [*KVGATE, command, "--no-auth", "--config", str(path), "--port", str(free_port())],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "pools.p.api_key_env" in result.stderr
+    assert "TEST_POOL_KEY_NEVER_SET" in result.stderr and "Traceback" not in result.stderr

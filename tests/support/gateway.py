@@ -17,6 +17,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+import openai
 import yaml
 
 from tests.support.procs import KVGATE, Proc, free_port
@@ -106,6 +107,16 @@ def metric_values(base: str, name: str) -> dict[str, float]:
     for m in re.finditer(rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", text, re.M):
         out[m.group(1) or ""] = float(m.group(2))
     return out
+
+
+def chat_status(client: openai.OpenAI, model: str = "llama") -> int:
+    """The HTTP status of one small chat completion (an error status, not an exception)."""
+    try:
+        return client.chat.completions.with_raw_response.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).status_code
+    except openai.APIStatusError as exc:
+        return exc.status_code
 
 
 def inflight(base: str) -> float:

@@ -208,3 +208,29 @@ HITS = 'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 30000.0\n'
 )
 def test_engine_counters(text: str, counters: EngineCounters | None) -> None:
     assert parse_vllm_metrics(text).engine_counters() == counters
+
+
+def test_text_format_details() -> None:
+    # escaped label values, a timestamp after the value, a series whose name only starts
+    # with a name that is read, and a label value holding a brace and a space
+    text = (
+        'vllm:cache_config_info{block_size="16",model_name="a \\"quoted\\" {name}",'
+        'num_gpu_blocks="100"} 1.0\n'
+        'vllm:num_requests_running{engine="0"} 2.0 1700000000000\n'
+        'vllm:num_requests_running_extra{engine="0"} 50.0\n'
+        "vllm:num_requests_waiting 4\n"
+    )
+    s = parse_vllm_metrics(text)
+    assert (s.running, s.waiting, s.cache_capacity_tokens) == (2.0, 4.0, 1600)
+
+
+def test_a_value_that_is_not_a_number_is_a_bad_page() -> None:
+    with pytest.raises(ValueError):
+        parse_vllm_metrics('vllm:num_requests_running{engine="0"} twelve\n')
+
+
+def test_an_openmetrics_exemplar_and_a_space_before_the_labels() -> None:
+    text = ('vllm:num_requests_running {engine="0"} 3.0\n'
+            'vllm:prompt_tokens_total{engine="0",x="a } # {b"} 10 # {trace_id="abc"} 1.0\n')
+    s = parse_vllm_metrics(text)
+    assert (s.running, s.prompt_tokens) == (3.0, 10.0)

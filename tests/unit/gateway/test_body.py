@@ -31,6 +31,11 @@ def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes,
         (b'{"model": 7}', "model"),
         (b'{"model": ""}', "model"),
         (b'{"model": "m", "stream": "yes"}', "stream"),
+        # the gateway rewrites stream_options: a malformed one was silently replaced, and a
+        # truthy non-boolean include_usage was answered without the usage the client asked for
+        (b'{"model": "m", "stream": true, "stream_options": "x"}', "stream_options"),
+        (b'{"model": "m", "stream": true, "stream_options": {"include_usage": "yes"}}',
+         "stream_options.include_usage"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> None:
@@ -118,6 +123,13 @@ def test_ordinary_nesting_and_brackets_in_strings_pass() -> None:
     parsed = parse_body(raw, "completions")
     out, _ = rewrite_body(parsed, "completions", "served", **NO_AUTH)
     assert orjson.loads(out)["prompt"] == "[{" * 500
+
+
+def test_a_wide_body_is_not_a_deep_one() -> None:
+    # thousands of brackets, four levels: checked on the parsed body, not by scanning the text
+    messages = [{"role": "user", "content": [{"type": "text", "text": "[x]"}]}] * 5000
+    raw = orjson.dumps({"model": "m", "messages": messages})
+    assert len(parse_body(raw, "chat").data["messages"]) == 5000
 
 
 REWRITES: list[tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]] = [

@@ -55,8 +55,11 @@ def test_kvgate_config_env_names_the_file(tmp_path: Path) -> None:
         ({"routing": {"policy": "magic"}}, "routing.policy"),
         ({"routing": {"block_chars": 6}}, "routing.block_chars"),
         ({"serverr": {}}, "serverr"),
+        ({"server": {"log_level": "loud"}}, "server.log_level"),
         ({"models": {"x": {"default": "nope"}}}, "models.x.default"),
         ({"pools": {"a": {"replicas": ["ftp://x"]}}}, "pools.a"),
+        ({"pools": {"a": {"replicas": ["http://vllm-0:8000/v1"]}}}, "without /v1"),
+        ({"pools": {"a": {"replicas": ["http://vllm-0:8000/v1/"]}}}, "without /v1"),
     ],
 )
 def test_errors_name_the_field(raw: dict[str, object], field: str) -> None:
@@ -121,3 +124,22 @@ def test_example_file_lists_every_section_field() -> None:
         missing += [f"{section}.{n}" for n in names
                     if f"  {n}:" not in block and f"# {n}:" not in block]
     assert missing == []
+
+
+@pytest.mark.parametrize("url", ["notaurl", "http://:pw-sekrit@127.0.0.1:6379/0", "127.0.0.1:6379"])
+def test_a_malformed_redis_url_is_a_config_error_that_hides_the_url(url: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_REDIS_URL": url})
+    assert "KVGATE_REDIS_URL" in info.value.message
+    assert url not in info.value.message and "sekrit" not in info.value.message
+
+
+def test_redis_url_schemes_redis_accepts() -> None:
+    for url in ("redis://127.0.0.1:6379/0", "rediss://h:6380", "unix:///run/redis.sock"):
+        cfg = load_config(None, overrides=POOLS, environ={"KVGATE_REDIS_URL": url})
+        assert cfg.redis_url is not None and cfg.redis_url.get_secret_value() == url
+
+
+def test_log_level_is_case_insensitive() -> None:
+    cfg = load_config(None, overrides={**POOLS, "server": {"log_level": "WARNING"}}, environ={})
+    assert cfg.server.log_level == "warning"

@@ -50,6 +50,8 @@ def test_response_store_is_per_tenant_and_bounded() -> None:
     store.remember("resp_a", "t1", "p", "r1")
     store.remember("resp_b", "t1", "p", "r2")
     assert store.home("resp_a", "t2") is None  # another tenant never reaches it
+    assert store.foreign("resp_a", "t2") and not store.foreign("resp_a", "t1")
+    assert not store.foreign("resp_unknown", "t2")  # never relayed here: cannot tell
     assert store.home("resp_a", "t1") == ("t1", "p", "r1")  # (and it is now the newest)
     store.remember("resp_c", "t1", "p", "r3")
     assert store.home("resp_b", "t1") is None and len(store) == 2

@@ -254,3 +254,43 @@ def test_configs_that_could_admit_no_replica_are_rejected(kwargs: dict[str, floa
     # with slack < 1 an idle pool would admit nobody (c * (0+1)/n + slack - 1 < 0)
     with pytest.raises(ValueError, match="routing\\."):
         RouterConfig(**kwargs)  # type: ignore[arg-type]
+
+
+TOOLS = "an agent's tool prompt " * 500  # ~2,900 tokens, shared by every session of the agent
+SESSION = "the session's growing context " * 2_000  # ~15,000 tokens
+
+
+def _agent_router() -> Router:
+    """r0 and r1 both hold the tool prompt and one session's long context each (all
+    answered: nothing pending, the TTFT model at its prior)."""
+    r = Router()
+    other = SESSION.replace("growing", "evolving")
+    for replica, text in (("r0", TOOLS + SESSION), ("r1", TOOLS + other)):
+        r.record_route(replica, feats(text), 0.0)
+        r.record_answered(replica, feats(text), 0.1)
+    return r
+
+
+def _decoding(r0: int, r1: int) -> list[ReplicaView]:
+    return [ReplicaView(id="r0", pool="p", inflight=r0),
+            ReplicaView(id="r1", pool="p", inflight=r1)]
+
+
+def test_new_sessions_go_to_the_holder_with_fewer_decoding_requests() -> None:
+    # A new agent session hits the tool prompt on both holders. Three more requests decoding
+    # on r0 (each reads its long context in every step the new prefill waits through) send it
+    # to r1. At the old weight (16) they tied with r1 and the hash spread the sessions: piled
+    # onto the busiest holder, they fill it to the load bound, which then refuses its own
+    # sessions' next calls (a whole context recomputed elsewhere).
+    r = _agent_router()
+    for i in range(12):
+        task = TOOLS + f"task {i}: " + "do this " * (600 + 20 * i)  # ~1,200-1,700 tokens
+        assert r.pick(feats(task), _decoding(4, 1), 1.0).replica == "r1"
+
+
+def test_a_session_stays_on_its_busy_holder() -> None:
+    # ...while a session's next call keeps its context's replica with many more requests
+    # decoding there (below the bound): recomputing 15,000 tokens costs more
+    r = _agent_router()
+    d = r.pick(feats(TOOLS + SESSION + "tool result"), _decoding(9, 0), 1.0)
+    assert (d.replica, d.reason) == ("r0", "prefix-hit")

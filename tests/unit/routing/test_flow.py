@@ -14,6 +14,7 @@ from routing.flow import (
     IDLE_FLOWS,
     FlowConfig,
     FlowQueue,
+    Holdings,
     PoolFlow,
     Saturation,
     full_reason,
@@ -297,3 +298,97 @@ def _backlogged(q: FlowQueue[int]) -> list[int]:
     for e in q.entries():
         counts[e.tenant] += 1
     return list(counts.values())
+
+
+# -- the share cap ----------------------------------------------------------------------------
+def test_holdings_over_share_by_weight_among_tenants_holding_or_waiting() -> None:
+    h = Holdings()
+    h.add("noisy", 300)
+    assert h.over_share({}) == set()  # alone: never over its share
+    assert h.over_share({"quiet": 1.0}) == {"noisy"}  # someone waits: 300 of 300 > 1/2
+    h.add("quiet", 100)
+    assert h.over_share({}) == {"noisy"}  # 3/4 of the tokens, due 1/2
+    assert h.over_share({}, factor=2.0) == set()  # up to twice its due: up to all of them
+    assert h.over_share({"a": 1.0, "b": 1.0}, factor=2.0) == {"noisy"}  # 3/4 > 2 x 1/4
+    assert h.over("noisy", {}) and not h.over("quiet", {})
+    h.add("noisy", 0, weight=3.0)  # at weight 3 its due is 3/4: not over
+    assert h.over_share({}) == set()
+    h.remove("noisy", 0)
+    h.remove("noisy", 300)
+    assert h.tokens("noisy") == 0 and h.total == 100 and len(h) == 1
+    h.remove("quiet", 100)
+    assert h.total == 0 and len(h) == 0
+
+
+CAP = Saturation(max_prefill_tokens=1000, max_unanswered=None, max_waiting=100, kv_knee=1.0)
+ROOM, NEAR, FULL = ([view("a", inflight_prefill_tokens=n)] for n in (0, 700, 1000))
+
+
+def capped(share_cap: float | None = 1.0, headroom: float = 0.5) -> PoolFlow[str]:
+    return PoolFlow(FlowConfig(saturation=CAP, share_cap=share_cap, share_headroom=headroom))
+
+
+@pytest.mark.parametrize("share_cap", [1.0, None])
+def test_an_over_share_tenant_waits_while_another_tenants_request_passes(
+    share_cap: float | None,
+) -> None:
+    flow = capped(share_cap, headroom=0.0)
+    flow.sent("noisy", 900, 0.0)
+    flow.sent("quiet", 100, 0.0)
+    flow.offer("n1", tenant="noisy", band=1, cost=100, now=1.0, max_wait_s=60)
+    flow.offer("q1", tenant="quiet", band=1, cost=100, now=2.0, max_wait_s=60)
+    assert flow.release(FULL, 3.0) is None  # no room: nobody
+    first = flow.release(ROOM, 3.0)
+    # noisy holds 9/10 of the in-flight tokens: quiet's later request passes it (without the
+    # cap, fair queueing alone sends noisy's, queued first at the same virtual time)
+    assert first is not None and first.handle == ("q1" if share_cap else "n1")
+    second = flow.release(ROOM, 3.0)  # nobody else waits: work-conserving
+    assert second is not None and second.handle == ("n1" if share_cap else "q1")
+    assert flow.holdings.tokens("noisy") == 1000 and flow.holdings.tokens("quiet") == 200
+
+
+def test_near_saturation_an_over_share_tenant_waits_even_when_nobody_else_does() -> None:
+    flow = capped(headroom=0.5)  # near saturation: 500 unanswered prompt tokens
+    flow.sent("noisy", 600, 0.0)
+    flow.sent("quiet", 100, 0.0)
+    assert not flow.admit(NEAR, 50, 1.0, tenant="noisy")  # the headroom is the others'
+    assert flow.admit(NEAR, 50, 1.0, tenant="quiet")  # under its share: straight through
+    assert flow.admit(ROOM, 50, 1.0, tenant="noisy")  # below the headroom: straight through
+    flow.offer("n", tenant="noisy", band=1, cost=50, now=1.0, max_wait_s=60)
+    assert flow.release(NEAR, 2.0) is None  # room, but noisy is over its share
+    out = flow.release(ROOM, 3.0)
+    assert out is not None and out.handle == "n"
+
+
+def test_a_tenant_alone_is_never_held_by_the_cap() -> None:
+    flow = capped(headroom=0.5)
+    flow.sent("noisy", 600, 0.0)
+    assert flow.admit(NEAR, 50, 1.0, tenant="noisy")
+    flow.done("noisy", 50)
+    flow.offer("n", tenant="noisy", band=1, cost=50, now=1.0, max_wait_s=60)
+    out = flow.release(NEAR, 2.0)  # nobody else holds or waits: work-conserving
+    assert out is not None and out.handle == "n"
+    flow.done("noisy", 600)
+    flow.done("noisy", 50)
+    assert flow.holdings.total == 0
+
+
+def test_the_cap_reorders_tenants_inside_a_band_never_the_bands() -> None:
+    """Over its share, a premium tenant still goes before a free one; near saturation it
+    waits, and the turn goes to the free tenant (under its share)."""
+    for views, order in ((ROOM, ["p", "f"]), (NEAR, ["f"])):
+        flow = capped(headroom=0.5)
+        flow.sent("prem", 600, 0.0)
+        flow.offer("p", tenant="prem", band=0, cost=100, now=1.0, max_wait_s=60)
+        flow.offer("f", tenant="free", band=1, cost=100, now=1.0, max_wait_s=60)
+        out = [flow.release(views, 2.0), flow.release(views, 2.0)]
+        assert [e.handle for e in out if e is not None] == order
+
+
+def test_saturation_scaled_is_full_earlier() -> None:
+    rule = Saturation(max_prefill_tokens=1000, max_unanswered=8, max_waiting=4, kv_knee=0.9,
+                      max_inflight=2)
+    half = rule.scaled(0.5)
+    assert (half.max_prefill_tokens, half.max_unanswered, half.max_waiting, half.kv_knee,
+            half.max_inflight) == (500, 4, 2.0, 0.45, 1)
+    assert rule.scaled(1.0) is rule

@@ -170,6 +170,33 @@ def test_gateways_blind_to_each_others_burst_take_turns(window_s: float, distinc
                 counts[rid] += 1  # its own in flight (the other's unseen)
             views = [ReplicaView(id=rid, pool="p", inflight=counts[rid]) for rid in ids]
             f = _features(tuple(range(10_000 * (2 * i + g) + 1, 10_000 * (2 * i + g) + 40)))
+            decision = router.pick(f, views, 1.0)
+            assert decision.reason != "overflow"  # a turn is no overflow: nothing is full
+            router.record_route(decision.replica, f, 1.0)
+            picks.append((g, decision.replica))
+    assert len({replica for _, replica in picks}) == distinct, picks
+
+
+@pytest.mark.parametrize(("window_s", "distinct"), [(0.01, 8), (0.0, 5)])
+def test_four_gateways_spread_a_burst_they_cannot_see(window_s: float, distinct: int) -> None:
+    """Issue 9's setting: four gateways, eight idle replicas, a burst of eight cold requests of
+    one size (two per gateway, arriving in turn) before any record of the burst arrives. With a
+    sync window their turns put the burst on eight replicas; without one each gateway sees an
+    idle fleet and ties go by each request's hash, so requests collide."""
+    ids = [f"r{i}" for i in range(8)]
+    names = "abcd"
+    gateways = [Router(RouterConfig()) for _ in names]
+    for name, router in zip(names, gateways, strict=True):
+        router.enable_sharing(2.0, name, window_s)
+        for other in names.replace(name, ""):
+            router.apply_peer_load(other, {}, 0.0)  # each knows the others
+    picks: list[tuple[int, str]] = []
+    for i in range(2):
+        for g, router in enumerate(gateways):
+            own = [rid for h, rid in picks if h == g]  # its own in flight (the others' unseen)
+            views = [ReplicaView(id=rid, pool="p", inflight=own.count(rid)) for rid in ids]
+            start = 10_000 * (len(names) * i + g) + 1
+            f = _features(tuple(range(start, start + 40)))
             replica = router.pick(f, views, 1.0).replica
             router.record_route(replica, f, 1.0)
             picks.append((g, replica))

@@ -135,6 +135,9 @@ def test_newest_running_request_is_preempted_and_recomputed() -> None:
     assert {o.finish_reason for o in done.values()} == {"length"}
     assert done["a"].num_output_tokens == done["b"].num_output_tokens == 120
     assert e.kv_usage == 0.0
+    # vLLM counts a preempted request's return apart: the prefix-cache counters hold each
+    # request once, its first admission (b's recomputed blocks are no cache hits)
+    assert e.stats.prefix_cache_queries == 128 and e.stats.prefix_cache_hits == 0
 
 
 def test_abort_frees_blocks_and_counts() -> None:

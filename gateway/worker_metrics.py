@@ -1,0 +1,168 @@
+"""`/metrics` of a gateway running `server.workers` > 1: every worker's series in one answer.
+
+The workers share the port, so a scrape reaches one of them at random; left alone each would
+answer with its own counters only, and a counter would jump between the workers' values from
+one scrape to the next. Instead every worker writes its exposition to a file of its own (in a
+directory the supervisor made and removes) every few seconds, every sample already labelled
+``worker="<slot>"``, and the worker a scrape reaches writes its own at once and answers with
+every worker's file, the lines of each family put together (text work only: no parsing of
+values, a few ms for a large page). Files only ever get newer, so counters stay monotonic per
+series whichever worker each scrape reaches; ``sum without (worker)`` gives the gateway's
+totals. A file older than `STALE_AFTER_S` (a worker that stopped or hangs) is left out; a
+restarted worker takes over its slot's series (a counter reset, which Prometheus handles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "label_lines",
+           "merge", "set_current"]
+
+log = logging.getLogger(__name__)
+
+WRITE_INTERVAL_S = 5.0  # also written before every answer: monotonicity does not depend on it
+STALE_AFTER_S = 15.0
+WORKER_LABEL = "worker"
+
+
+@dataclass(frozen=True)
+class WorkerSlot:
+    """This process is worker ``slot`` of a supervisor that shares ``directory``."""
+
+    slot: int
+    directory: Path
+
+
+_current: WorkerSlot | None = None
+
+
+def set_current(slot: WorkerSlot) -> None:
+    """Called once in a worker process, before its gateway starts (`gateway.workers`)."""
+    global _current
+    _current = slot
+
+
+def current() -> WorkerSlot | None:
+    """The worker slot of this process; None for a gateway of one process."""
+    return _current
+
+
+class WorkerExposition:
+    """One worker's part: publishes its exposition and answers scrapes with everyone's."""
+
+    def __init__(
+        self, slot: WorkerSlot, own: Callable[[], bytes],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.slot = slot
+        self._own = own
+        self._clock = clock  # wall clock: compared with the files' mtimes
+        self._written: str | None = None  # the last part written (what the others may read)
+
+    def _path(self, slot: int) -> Path:
+        return self.slot.directory / f"worker-{slot}.prom"
+
+    def publish(self) -> str:
+        """Write this worker's part now; return what is in the file (the last part written
+        when this write fails: never serve more than the others can read, or a counter
+        would go back when the next scrape reaches another worker)."""
+        text = label_lines(self._own().decode(), self.slot.slot)
+        try:
+            path = self._path(self.slot.slot)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)  # readers see the old file or the new one, never half
+        except OSError as exc:
+            log.warning("cannot write this worker's metrics", extra={"error": str(exc)})
+            return self._written if self._written is not None else text
+        self._written = text
+        return text
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.publish()
+            except Exception:  # a collector that fails: keep the loop (and the others' view)
+                log.exception("this worker's metrics could not be rendered")
+            await asyncio.sleep(WRITE_INTERVAL_S)
+
+    def remove(self) -> None:
+        self._path(self.slot.slot).unlink(missing_ok=True)
+
+    def render(self) -> bytes:
+        """Every live worker's series. This worker's are written out first and served as
+        written: a later scrape reaching another worker reads at least these values, so no
+        counter goes back when consecutive scrapes reach different workers."""
+        texts = {self.slot.slot: self.publish()}
+        now = self._clock()
+        for path in self.slot.directory.glob("worker-*.prom"):
+            slot = _slot_of(path)
+            if slot is None or slot == self.slot.slot:
+                continue
+            try:
+                if now - path.stat().st_mtime > STALE_AFTER_S:
+                    continue
+                texts[slot] = path.read_text()
+            except (OSError, UnicodeDecodeError):  # gone between listing and reading: stopped
+                continue
+        return merge(texts)
+
+
+def _slot_of(path: Path) -> int | None:
+    digits = path.stem.removeprefix("worker-")
+    return int(digits) if digits.isdigit() else None
+
+
+def label_lines(text: str, slot: int) -> str:
+    """Add ``worker="<slot>"`` to every sample line of a Prometheus text exposition."""
+    label = f'{WORKER_LABEL}="{slot}"'
+    out = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            cut = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
+            if cut < 0:
+                continue  # not a sample line
+            if line[cut] == "{":
+                sep = "" if line[cut + 1:cut + 2] == "}" else ","
+                line = f"{line[:cut + 1]}{label}{sep}{line[cut + 1:]}"
+            else:
+                line = f"{line[:cut]}{{{label}}}{line[cut:]}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def merge(texts: Mapping[int, str]) -> bytes:
+    """Labelled expositions by worker slot -> one exposition: each family's HELP and TYPE
+    once (the first worker's), then every worker's samples of it, in first-seen order."""
+    metas: dict[str, list[str]] = {}
+    samples: dict[str, list[str]] = {}
+    for slot in sorted(texts):
+        for name, (meta, lines) in _families(texts[slot]).items():
+            if name not in metas:
+                metas[name], samples[name] = meta, []
+            samples[name].extend(lines)
+    out = [line for name, meta in metas.items() for line in (*meta, *samples[name])]
+    return ("\n".join(out) + "\n").encode()
+
+
+def _families(text: str) -> dict[str, tuple[list[str], list[str]]]:
+    """family name -> (its HELP/TYPE lines, its sample lines), as the text lists them."""
+    out: dict[str, tuple[list[str], list[str]]] = {}
+    lines: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith(("# HELP ", "# TYPE ")):
+            parts = line.split(" ", 3)
+            if len(parts) < 3:
+                continue
+            meta, lines = out.setdefault(parts[2], ([], []))
+            meta.append(line)
+        elif line and not line.startswith("#") and lines is not None:
+            lines.append(line)
+    return out

@@ -1,0 +1,123 @@
+"""Each worker's /metrics part: merged with the worker label, stale parts left out."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.worker_metrics import (
+    STALE_AFTER_S,
+    WorkerExposition,
+    WorkerSlot,
+    label_lines,
+    merge,
+)
+
+EXPOSITION = """# HELP kvgate_requests_total finished proxied requests
+# TYPE kvgate_requests_total counter
+kvgate_requests_total{pool="p"} %d.0
+# HELP kvgate_ttft_seconds time to first token
+# TYPE kvgate_ttft_seconds histogram
+kvgate_ttft_seconds_bucket{le="0.1",pool="p"} 1.0
+kvgate_ttft_seconds_bucket{le="+Inf",pool="p"} 2.0
+kvgate_ttft_seconds_sum{pool="p"} 0.5
+kvgate_ttft_seconds_count{pool="p"} 2.0
+"""
+
+
+def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+
+
+def test_merge_labels_every_sample_with_its_worker_and_keeps_one_family() -> None:
+    out = merge({1: label_lines(EXPOSITION % 4, 1), 0: label_lines(EXPOSITION % 3, 0)})
+    assert out.count(b"# TYPE kvgate_requests_total counter") == 1
+    assert out.count(b"# TYPE kvgate_ttft_seconds histogram") == 1
+    samples = _samples(out)
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "0")))] == 3
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "1")))] == 4
+    assert samples[("kvgate_ttft_seconds_bucket",
+                    (("le", "+Inf"), ("pool", "p"), ("worker", "1")))] == 2
+    assert len(samples) == 2 * 5
+
+
+def test_a_scrape_serves_this_workers_series_as_of_now_and_no_later_scrape_goes_back(
+    tmp_path: Path,
+) -> None:
+    count = [3]
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % count[0]).encode())
+    other = WorkerExposition(WorkerSlot(1, tmp_path), lambda: (EXPOSITION % 5).encode())
+    other.publish()
+    mine.publish()
+    count[0] = 7  # served since its last write: a scrape reaching it sees it at once
+    samples = _samples(mine.render())
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "0")))] == 7
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "1")))] == 5
+    # the next scrape reaches the other worker: it reads what this one served, not less
+    assert _samples(other.render())[
+        ("kvgate_requests_total", (("pool", "p"), ("worker", "0")))] == 7
+    other.remove()  # a worker that stops takes its part away
+    assert ("kvgate_requests_total", (("pool", "p"), ("worker", "1"))) not in _samples(
+        mine.render())
+
+
+def test_label_lines_handles_every_sample_shape() -> None:
+    text = ('# HELP a_total x\n# TYPE a_total counter\na_total 1.0\n'
+            'b{} 2.0\nc{x="a b} c"} 3.0\nd{x="1"} 4.0 1700000000000\n')
+    samples = _samples(label_lines(text, 3).encode())
+    assert samples[("a_total", (("worker", "3"),))] == 1.0
+    assert samples[("b", (("worker", "3"),))] == 2.0
+    assert samples[("c", (("worker", "3"), ("x", "a b} c")))] == 3.0
+    assert samples[("d", (("worker", "3"), ("x", "1")))] == 4.0
+
+
+def test_a_broken_part_loses_nothing_else(tmp_path: Path) -> None:
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % 1).encode())
+    (tmp_path / "worker-1.prom").write_bytes(b"\xff\xfe not text {{{\n# TYPE\n")
+    assert {dict(k[1]).get("worker") for k in _samples(mine.render())} == {"0"}
+
+
+def test_a_failed_write_serves_what_the_others_can_read(tmp_path: Path) -> None:
+    """Serving newer values than the file holds would let the next scrape, reaching another
+    worker, go back."""
+    count = [3]
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % count[0]).encode())
+    mine.publish()
+    path = tmp_path / "worker-0.prom"
+    path.unlink()
+    path.mkdir()  # the next write fails (a directory cannot be replaced by a file)
+    count[0] = 9
+    key = ("kvgate_requests_total", (("pool", "p"), ("worker", "0")))
+    assert _samples(mine.render())[key] == 3
+
+
+def test_a_part_not_rewritten_for_a_while_is_left_out(tmp_path: Path) -> None:
+    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % 1).encode())
+    hung = WorkerExposition(WorkerSlot(1, tmp_path), lambda: (EXPOSITION % 2).encode())
+    hung.publish()
+    path = tmp_path / "worker-1.prom"
+    old = path.stat().st_mtime - STALE_AFTER_S - 1
+    os.utime(path, (old, old))
+    labels = {dict(k[1]).get("worker") for k in _samples(mine.render())}
+    assert labels == {"0"}
+    (tmp_path / "worker-x.prom").write_text("not a worker's file")  # ignored, not an error
+    (tmp_path / "worker-2.tmp").write_text("half written")
+    assert {dict(k[1]).get("worker") for k in _samples(mine.render())} == {"0"}
+
+
+def test_the_writer_keeps_serving_when_its_directory_is_gone(tmp_path: Path) -> None:
+    gone = tmp_path / "removed"
+    ex = WorkerExposition(WorkerSlot(0, gone), lambda: (EXPOSITION % 1).encode())
+
+    async def a_few_rounds() -> None:
+        task = asyncio.create_task(ex.run())
+        await asyncio.sleep(0.05)
+        assert not task.done()  # logged, not raised
+        task.cancel()
+
+    asyncio.run(a_few_rounds())
+    assert _samples(ex.render())  # its own series still answer
