@@ -162,6 +162,9 @@ class RouteSync:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            while not task.done():  # a library may swallow a cancellation: ask again
+                await asyncio.wait({task}, timeout=1.0)
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()

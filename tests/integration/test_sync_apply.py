@@ -123,11 +123,14 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
 
         router.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
         await _until(lambda: sync.stats.published >= 1)
-        entries = await r.xrange(KEY)
-        assert entries
-        fields = entries[-1][1]
-        assert fields is not None
-        assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"] and b"a:1" in fields[b"l"]
+        for _ in range(500):  # the route's batch (a first heartbeat may come before it)
+            routed = [f for _, f in await r.xrange(KEY) if f is not None and b"r" in f]
+            if routed:
+                break
+            await asyncio.sleep(0.01)
+        fields = routed[0]
+        assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"]
+        assert any(b"a:1" in f.get(b"l", b"") for _, f in await r.xrange(KEY) if f)
     finally:
         await sync.stop()
         await r.aclose()
@@ -206,3 +209,32 @@ async def test_own_entries_are_skipped_unread(redis_url: str) -> None:
     finally:
         await sync.stop()
         await r.aclose()
+
+
+async def test_stop_ends_the_loops_even_if_a_cancellation_is_swallowed(redis_url: str) -> None:
+    """A shutdown never hangs: a loop whose cancellation a library swallowed (redis-py's
+    write through `asyncio.wait_for` did, on Python 3.11) is cancelled again."""
+    router = Router(RouterConfig())
+    sync = RouteSync(router, redis_url, "kvgate", SyncSettings(catchup_entries=0),
+                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
+                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    publisher_pipeline = sync._out.pipeline
+    swallowed = []
+
+    async def pipeline(*commands: tuple[bytes | str | int, ...]) -> list[object]:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if not swallowed:
+                swallowed.append(True)
+                return [None] * len(commands)  # as if the round trip had completed
+            raise
+        return await publisher_pipeline(*commands)
+
+    sync._out.pipeline = pipeline  # type: ignore[method-assign]
+    await sync.start()
+    await _until(lambda: sync._published != {})
+    loops = list(sync._tasks)
+    t0 = time.monotonic()
+    await asyncio.wait_for(sync.stop(), 5.0)
+    assert swallowed and all(t.done() for t in loops) and time.monotonic() - t0 < 4.0
