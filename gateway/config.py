@@ -167,7 +167,7 @@ class SyncSection(_Section):
     whenever KVGATE_REDIS_URL is set, unless ``enabled: false``."""
 
     enabled: bool = True
-    flush_interval_ms: Annotated[float, Field(gt=0, le=1000)] = 5.0  # batch period
+    flush_interval_ms: Annotated[float, Field(gt=0, le=1000)] = 20.0  # batch and read period
     heartbeat_s: Pos = 0.5  # a quiet gateway still says it is alive (and its load)
     stale_after_s: Pos = 2.0  # a peer not heard from this long ages out with its load
     stream_maxlen: Annotated[int, Field(ge=100)] = 20_000  # entries kept (approximate)

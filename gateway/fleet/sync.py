@@ -63,7 +63,7 @@ def member_id() -> str:
 
 @dataclass(frozen=True, slots=True)
 class SyncSettings:
-    flush_interval_s: float = 0.005
+    flush_interval_s: float = 0.02
     heartbeat_s: float = 0.5
     stale_after_s: float = 2.0
     stream_maxlen: int = 20_000
@@ -217,16 +217,15 @@ class RouteSync:
         wake, calm = self._wake, self._calm
         last = float("-inf")
         while True:
-            if not wake.is_set():
-                wait = interval if self._published else max(
-                    interval, self._last_beat + heartbeat - self._clock())
-                tick = loop.call_later(wait, wake.set)
+            early = last + interval - loop.time()
+            if early > 0:  # the next tick (a wake meanwhile waits for it)
+                await asyncio.sleep(early)
+            elif not (wake.is_set() or self._published):  # quiet: a wake or the heartbeat
+                tick = loop.call_later(
+                    max(interval, self._last_beat + heartbeat - self._clock()), wake.set)
                 await wake.wait()
                 tick.cancel()
             wake.clear()
-            early = last + interval - loop.time()
-            if early > 0:
-                await asyncio.sleep(early)
             last = loop.time()
             fields = self._batch(self._clock())
             reads = bool(self._published) and self.stats.up
