@@ -76,6 +76,7 @@ class Router:
         self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
         self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
+        self._recent_counts: dict[str, int] = {}  # ... per replica
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -111,9 +112,7 @@ class Router:
         window's start (this gateway's own picks in the window taken out), then by a hash of
         the replica id: the same for every gateway."""
         recent = self._recent_picks(now)
-        own: dict[str, int] = {}
-        for _, replica in recent:
-            own[replica] = own.get(replica, 0) + 1
+        own = self._recent_counts
         hashes = self.state.replica_hashes
 
         def shared_load(v: ReplicaView) -> tuple[int, int]:
@@ -124,9 +123,13 @@ class Router:
 
     def _recent_picks(self, now: float) -> deque[tuple[float, str]]:
         """Our own routes within the last sync window (older ones dropped)."""
-        recent, start = self._recent, now - self._window
+        recent, start, counts = self._recent, now - self._window, self._recent_counts
         while recent and recent[0][0] <= start:
-            recent.popleft()
+            replica = recent.popleft()[1]
+            if counts[replica] > 1:
+                counts[replica] -= 1
+            else:
+                del counts[replica]
         return recent
 
     def drain_outbox(self) -> list[RouteRecord]:
@@ -235,6 +238,7 @@ class Router:
                 self.outbox.append(RouteRecord(replica, hashes, tail))
         if self._window > 0:
             self._recent_picks(now).append((now, replica))
+            self._recent_counts[replica] = self._recent_counts.get(replica, 0) + 1
 
     def record_first_token(
         self, replica: str, features: RequestFeatures, ttft_s: float, now: float
