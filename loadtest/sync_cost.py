@@ -1,5 +1,11 @@
 """Live measurements behind `loadtest.bench_sync`: the CPU and bytes of sharing routing state,
-Streams (what kvgate uses) vs pub/sub (the alternative), and gateway workers."""
+Streams (what kvgate uses) vs pub/sub (the alternative), and gateway workers.
+
+    python -m loadtest.sync_cost [--rounds R] [--seconds S] [--modes off,streams,pubsub]
+                                 [--flush-ms W] [--stickiness]
+
+runs the cost measurement alone (interleaved rounds, medians), e.g. to compare two trees or
+flush intervals; ``--stickiness`` checks conversation stickiness across the two routers."""
 
 from __future__ import annotations
 
@@ -356,7 +362,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="off,streams", help="comma-separated: off, streams, pubsub")
     p.add_argument("--flush-ms", type=float, default=SyncSettings().flush_interval_s * 1000,
                    help="sync.flush_interval_ms (streams)")
+    p.add_argument("--stickiness", action="store_true",
+                   help="instead: conversation stickiness across the two routers (simulated "
+                        "time, no Redis) without sharing and at flush intervals 5-40 ms")
     args = p.parse_args(argv)
+    if args.stickiness:
+        for rate, seconds in ((200.0, 60.0), (RATE, 10.0)):
+            shares = [f"{'off' if w is None else f'{w * 1000:g} ms'}: "
+                      f"{stickiness(w, seconds, rate):.3f}"
+                      for w in (None, 0.005, 0.01, 0.02, 0.04)]
+            print(f"{rate:.0f} requests/s: " + ", ".join(shares), flush=True)
+        return 0
     settings = SyncSettings(flush_interval_s=args.flush_ms / 1000)
     modes = args.modes.split(",")
     runs: dict[str, list[Measured]] = {m: [] for m in modes}
