@@ -8,10 +8,12 @@ random over them, sharing off and on at a sync delay D = 0, 10, 50 ms, on the Mo
 conversation trace at 1x and 1.5x and the synthetic multi-tenant workload (8 replicas x
 262,144 KV tokens). Ratios against one gateway in the same run.
 
-``--cost`` (live, one process, real redis-server): two routers with their `RouteSync`, 2,000
-routed requests/s alternating between them, each routing a 32-block chain. CPU per request
-with sharing on minus the same loop with sharing off (side by side), Redis bytes per request
-(INFO net input), apply lag p99. The same traffic over Redis pub/sub (PUBLISH + a subscriber
+``--cost`` (live, one process, real redis-server; `loadtest/sync_cost.py`): two routers with
+their `RouteSync`, 2,000 routed requests/s alternating between them (conversations of 8-32
+blocks, each request in flight for 100 ms), sharing off / on / over pub/sub interleaved for a
+few rounds. CPU per request with sharing on minus the same loop with sharing off, split into
+the routing calls and the publishing + applying, Redis bytes per request (INFO net input and
+output), apply lag p50 / p99. The same traffic over Redis pub/sub (PUBLISH + a subscriber
 decoding and applying the same records) as the alternative the design rejected.
 
 ``--workers`` (live): one gateway with ``server.workers`` 1 then 2 (Redis on), 4 fast
@@ -152,24 +154,42 @@ def redis_server() -> Iterator[str]:
         proc.wait(10)
 
 
-def cost(rep: Report, seconds: float) -> None:
-    from loadtest.sync_cost import measure
+def cost(rep: Report, seconds: float, rounds: int = 3) -> None:
+    import statistics
 
+    from loadtest.sync_cost import HOLD_S, Measured, measure
+
+    modes = ("off", "streams", "pubsub")
+    runs: dict[str, list[Measured]] = {m: [] for m in modes}
     with redis_server() as url:
-        off = asyncio.run(measure(url, "off", seconds))
-        streams = asyncio.run(measure(url, "streams", seconds))
-        pubsub = asyncio.run(measure(url, "pubsub", seconds))
+        for _ in range(rounds):  # interleaved: drift on a shared machine hits every mode alike
+            for m in modes:
+                runs[m].append(asyncio.run(measure(url, m, seconds)))
+
+    def med(m: str, key: str) -> float:
+        return statistics.median(getattr(x, key) for x in runs[m])
+
+    off = med("off", "cpu_us")
+    off_route = med("off", "route_cpu_us")
     rep.add("## The cost of sharing (live, 2 routers in one process, real Redis)\n")
-    rep.add(f"Offered load {off.rate:.0f} routed requests/s for {seconds:g} s, 32-block chains, "
-            "alternating between two routers; CPU is the process's, sharing off as baseline.\n")
-    rep.add("| mode | requests | CPU µs/request | sharing µs/request | Redis bytes in/request "
-            "| batches/s | apply lag p50 ms | apply lag p99 ms |")
+    rep.add(f"Offered load {med('off', 'rate'):.0f} routed requests/s alternating between two "
+            f"routers, {rounds} interleaved rounds of {seconds:g} s per mode (medians); "
+            "conversations of 8-32 blocks, each request in flight for "
+            f"{HOLD_S * 1000:.0f} ms (`loadtest/sync_cost.py`). CPU is the process's; "
+            "'routing' is the CPU of pick + record_route, the rest is publishing, reading and "
+            "applying. Sharing = the mode's CPU minus sharing off's.\n")
+    rep.add("| mode | CPU µs/request | sharing µs/request | of which routing | of which publish "
+            "+ apply | Redis bytes in / out per request | batches/s | apply lag p50 / p99 ms |")
     rep.add("|---|---|---|---|---|---|---|---|")
-    for m in (off, streams, pubsub):
-        extra = m.cpu_us - off.cpu_us
-        rep.add(f"| {m.mode} | {m.requests} | {m.cpu_us:.1f} | "
-                f"{'-' if m is off else f'{extra:.1f}'} | {m.bytes_per_request:.0f} | "
-                f"{m.batches_per_s:.0f} | {m.lag_p50_ms:.2f} | {m.lag_p99_ms:.2f} |")
+    for m in modes:
+        cpu, route = med(m, "cpu_us"), med(m, "route_cpu_us")
+        share = "-" if m == "off" else f"{cpu - off:.1f}"
+        of_route = "-" if m == "off" else f"{route - off_route:.1f}"
+        of_rest = "-" if m == "off" else f"{(cpu - route) - (off - off_route):.1f}"
+        rep.add(f"| {m} | {cpu:.1f} | {share} | {of_route} | {of_rest} | "
+                f"{med(m, 'bytes_per_request'):.0f} / {med(m, 'bytes_out_per_request'):.0f} | "
+                f"{med(m, 'batches_per_s'):.0f} | {med(m, 'lag_p50_ms'):.2f} / "
+                f"{med(m, 'lag_p99_ms'):.2f} |")
     rep.add("")
 
 

@@ -10,14 +10,15 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
 
 from gateway.fleet.records import decode, encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from loadtest.fleet import free_port, wait_http
-from routing.peers import ReplicaLoad
+from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
 
@@ -26,7 +27,11 @@ __all__ = ["Measured", "measure", "workers_run"]
 RATE = 2000.0  # routed requests per second, over both routers
 REPLICAS = [f"10.0.0.{i}:8000" for i in range(8)]
 VIEWS = [ReplicaView(id=r, pool="p") for r in REPLICAS]
-BLOCKS = 32
+CONVERSATIONS = 400
+SYSTEM_PROMPTS, SYSTEM_BLOCKS = 16, 8
+TURNS, TURN_BLOCKS = 6, 4
+HOLD_S = 0.1  # a request's time in flight (so ~25 in flight per replica at RATE)
+PREFILL_S = 0.02  # of which awaiting its first token
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 
 
@@ -34,20 +39,42 @@ KVGATE = [sys.executable, "-m", "gateway.cli"]
 class Measured:
     mode: str
     requests: int
-    cpu_us: float
-    bytes_per_request: float
+    cpu_us: float  # the whole process's CPU per routed request
+    route_cpu_us: float  # of which pick + record_route
+    bytes_per_request: float  # Redis network input (commands: XADD, XREAD)
+    bytes_out_per_request: float  # Redis network output (replies: the entries read)
     batches_per_s: float
     lag_p50_ms: float
     lag_p99_ms: float
     rate: float
 
 
-def _features(rng: random.Random, conversations: int = 400) -> RequestFeatures:
-    conv = rng.randrange(conversations)
-    turn = rng.randrange(1, 4)
-    chain = tuple(((conv << 20) + i) * 0x9E3779B1 % (1 << 63) for i in range(BLOCKS * turn // 3))
-    return RequestFeatures(model="m", block_hashes=chain, prompt_tokens=64 * len(chain) + 20,
-                           prefix_key=chain[-1])
+def _workload(rng: random.Random, n: int) -> list[RequestFeatures]:
+    """``n`` requests of CONVERSATIONS conversations in progress, each a shared system prompt
+    (one of SYSTEM_PROMPTS, SYSTEM_BLOCKS blocks) then TURN_BLOCKS new blocks a turn (the
+    user's message and the previous answer); after TURNS turns a conversation ends and a new
+    one starts. Conversations take turns in a shuffled cycle, so a turn comes ~0.2 s after
+    the previous one (which has finished) and, requests alternating between the routers, at
+    either gateway. Chains are 8-32 blocks, ~20 on average; a fifth of each is new."""
+    systems = [tuple(rng.getrandbits(63) for _ in range(SYSTEM_BLOCKS))
+               for _ in range(SYSTEM_PROMPTS)]
+    chains = [systems[rng.randrange(SYSTEM_PROMPTS)] for _ in range(CONVERSATIONS)]
+    turns = [rng.randrange(TURNS) for _ in range(CONVERSATIONS)]  # staggered ends
+    out: list[RequestFeatures] = []
+    order: list[int] = []
+    while len(out) < n:
+        if not order:
+            order = list(range(CONVERSATIONS))
+            rng.shuffle(order)
+        c = order.pop()
+        if turns[c] >= TURNS:
+            chains[c], turns[c] = systems[rng.randrange(SYSTEM_PROMPTS)], 0
+        chains[c] += tuple(rng.getrandbits(63) for _ in range(TURN_BLOCKS))
+        turns[c] += 1
+        chain = chains[c]
+        out.append(RequestFeatures(model="m", block_hashes=chain,
+                                   prompt_tokens=64 * len(chain) + 20, prefix_key=chain[-1]))
+    return out
 
 
 class _PubSub:
@@ -107,49 +134,103 @@ def fields_of(data: bytes) -> dict[bytes, bytes]:
     return out
 
 
-async def measure(url: str, mode: str, seconds: float) -> Measured:
-    """Route RATE requests/s alternating over two routers; sharing per `mode`."""
+class _Own:
+    """One router's own requests in flight, as a gateway counts them: each holds its replica
+    for HOLD_S, awaiting its first token for the first PREFILL_S. Its views and the loads it
+    publishes follow these counts (so the bounded-load rule and the cost model see a real
+    load, and conversations keep their replica as they would)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.views = {v.id: v for v in VIEWS}
+        self.loads: dict[str, ReplicaLoad] = {}
+        self._counts = {r: [0, 0, 0] for r in REPLICAS}  # inflight, prefill, prefill tokens
+        self._prefill: deque[tuple[float, str, int]] = deque()
+        self._running: deque[tuple[float, str, RequestFeatures]] = deque()
+
+    def _set(self, replica: str) -> None:
+        n, p, t = self._counts[replica]
+        self.views[replica] = ReplicaView(id=replica, pool="p", inflight=n,
+                                          inflight_prefill_tokens=t, inflight_prefill=p)
+        work = self.router.own_load(replica) if n else 0.0
+        self.loads[replica] = ReplicaLoad(n, p, t, work)
+
+    def route(self, f: RequestFeatures, now: float) -> str:
+        while self._prefill and self._prefill[0][0] <= now:
+            _, replica, tokens = self._prefill.popleft()
+            c = self._counts[replica]
+            c[1] -= 1
+            c[2] -= tokens
+            self._set(replica)
+        while self._running and self._running[0][0] <= now:
+            _, replica, done = self._running.popleft()
+            self.router.record_answered(replica, done, now)
+            self._counts[replica][0] -= 1
+            self._set(replica)
+        decision = self.router.pick(f, list(self.views.values()), now)
+        replica = decision.replica
+        self.router.record_route(replica, f, now)
+        c = self._counts[replica]
+        c[0] += 1
+        c[1] += 1
+        c[2] += f.prompt_tokens
+        self._prefill.append((now + PREFILL_S, replica, f.prompt_tokens))
+        self._running.append((now + HOLD_S, replica, f))
+        self._set(replica)
+        return replica
+
+
+async def measure(
+    url: str, mode: str, seconds: float, settings: SyncSettings | None = None
+) -> Measured:
+    """Route RATE requests/s alternating over two routers; sharing per `mode`.
+
+    Each router's views carry its own load as the gateway's do (`_Own`), so the cost model
+    does the same work with sharing off as on and the difference is the sharing's.
+    ``route_cpu_us`` is the CPU of the routing loop itself (pick + record_route, peers' load
+    and turns included, and the load accounting); the rest of the process's CPU is
+    publishing, reading and applying."""
+    settings = settings or SyncSettings()
     rng = random.Random(7)
-    routers = [Router(RouterConfig()), Router(RouterConfig())]
-    loads: list[dict[str, ReplicaLoad]] = [{}, {}]
+    owns = [_Own(Router(RouterConfig())), _Own(Router(RouterConfig()))]
     syncs: list[RouteSync] = []
     pubs: list[_PubSub] = []
     admin = aioredis.Redis.from_url(url)
     await admin.flushall()
     if mode == "streams":
-        for i, router in enumerate(routers):
-            own = loads[i]
-            syncs.append(RouteSync(router, url, "bench", SyncSettings(catchup_entries=0),
-                                   own_loads=lambda own=own: own,  # type: ignore[misc]
+        for i, own in enumerate(owns):
+            syncs.append(RouteSync(own.router, url, "bench", replace(settings, catchup_entries=0),
+                                   own_loads=lambda own=own: own.loads,  # type: ignore[misc]
                                    known=lambda r: True, clock=time.monotonic,
                                    member=f"gw{i}"))
         for s in syncs:
             await s.start()
     elif mode == "pubsub":
-        for i, router in enumerate(routers):
-            router.enable_sharing(2.0, f"gw{i}")
-            pubs.append(_PubSub(router, url, f"gw{i}"))
+        for i, own in enumerate(owns):
+            own.router.enable_sharing(2.0, f"gw{i}")
+            pubs.append(_PubSub(own.router, url, f"gw{i}"))
         for p in pubs:
             await p.start()
-    before = int((await admin.info("stats"))["total_net_input_bytes"])
+    stats = await admin.info("stats")
+    before = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
     n = int(RATE * seconds)
-    features = [_features(rng) for _ in range(4096)]
+    features = _workload(rng, n)
+    await asyncio.sleep(0.05)  # the readers are waiting
+    route_cpu = 0.0
     t0, c0 = time.perf_counter(), time.process_time()
-    for i in range(n):
-        router = routers[i % 2]
-        f = features[i % len(features)]
-        now = time.monotonic()
-        decision = router.pick(f, VIEWS, now)
-        router.record_route(decision.replica, f, now)
-        loads[i % 2][decision.replica] = ReplicaLoad(i % 7, i % 3, 512, 256.0)
-        if i % 20 == 19:  # pace: 20 requests per 10 ms at 2,000/s
-            if pubs:
-                for p in pubs:
-                    await p.publish(loads[pubs.index(p)])
-            await asyncio.sleep(max(0.0, t0 + (i + 1) / RATE - time.perf_counter()))
+    for start in range(0, n, 20):  # pace: 20 requests per 10 ms at 2,000/s
+        r0 = time.process_time()
+        for i in range(start, min(n, start + 20)):
+            owns[i % 2].route(features[i], time.monotonic())
+        route_cpu += time.process_time() - r0
+        if pubs:
+            for p, own in zip(pubs, owns, strict=True):
+                await p.publish(own.loads)
+        await asyncio.sleep(max(0.0, t0 + (start + 20) / RATE - time.perf_counter()))
     await asyncio.sleep(0.2)  # the last batches are applied
-    cpu = time.process_time() - c0 - 0.0
-    after = int((await admin.info("stats"))["total_net_input_bytes"])
+    cpu = time.process_time() - c0
+    stats = await admin.info("stats")
+    after = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
     elapsed = time.perf_counter() - t0
     lags = [x for s in syncs for x in s.stats.recent_lags] + [x for p in pubs for x in p.lags]
     batches = sum(s.stats.published for s in syncs) + sum(p.batches for p in pubs)
@@ -159,9 +240,11 @@ async def measure(url: str, mode: str, seconds: float) -> Measured:
         await p.stop()
     await admin.aclose()
     lags.sort()
+    shared = mode != "off"
     return Measured(
-        mode=mode, requests=n, cpu_us=cpu / n * 1e6,
-        bytes_per_request=(after - before) / n if mode != "off" else 0.0,
+        mode=mode, requests=n, cpu_us=cpu / n * 1e6, route_cpu_us=route_cpu / n * 1e6,
+        bytes_per_request=(after[0] - before[0]) / n if shared else 0.0,
+        bytes_out_per_request=(after[1] - before[1]) / n if shared else 0.0,
         batches_per_s=batches / elapsed,
         lag_p50_ms=statistics.median(lags) * 1e3 if lags else 0.0,
         lag_p99_ms=lags[int(0.99 * (len(lags) - 1))] * 1e3 if lags else 0.0,
@@ -222,3 +305,87 @@ def workers_run(redis_url: str, workers: int, n: int) -> tuple[float, float, int
             p.terminate()
         for p in procs:
             p.wait(15)
+
+
+# -- conversation stickiness across gateways (simulated time, no Redis) -------------------------
+def stickiness(flush_s: float | None, seconds: float = 10.0, rate: float = RATE) -> float:
+    """The same traffic as `measure` in simulated time, two routers sharing as `RouteSync`
+    does under load with ``sync.flush_interval_ms`` = ``flush_s`` (None: not sharing): each
+    publishes a batch every interval, which the other applies an interval later, and takes
+    turns within two. The share of conversation turns after the first that go to the replica
+    of the conversation's previous turn (which went through either router)."""
+    rng = random.Random(7)
+    owns = [_Own(Router(RouterConfig())), _Own(Router(RouterConfig()))]
+    if flush_s is not None:
+        for i, own in enumerate(owns):
+            own.router.enable_sharing(2.0, f"gw{i}", 2 * flush_s)
+    pending: deque[tuple[float, int, list[RouteRecord], dict[str, ReplicaLoad]]] = deque()
+    last: dict[int, str] = {}  # conversation (its first block after the system prompt) -> replica
+    same = turns = 0
+    published = 0.0
+    for i, f in enumerate(_workload(rng, int(rate * seconds))):
+        now = i / rate
+        while pending and pending[0][0] <= now:
+            _, g, routes, loads = pending.popleft()
+            owns[1 - g].router.apply_peer_routes(routes, f"gw{g}")
+            owns[1 - g].router.apply_peer_load(f"gw{g}", loads, now)
+        if flush_s is not None and now - published >= flush_s:
+            published = now
+            for g, o in enumerate(owns):
+                pending.append((now + flush_s, g, o.router.drain_outbox(), dict(o.loads)))
+        replica = owns[i % 2].route(f, now)
+        conv = f.block_hashes[SYSTEM_BLOCKS]
+        if len(f.block_hashes) > SYSTEM_BLOCKS + TURN_BLOCKS:
+            turns += 1
+            same += last.get(conv) == replica
+        last[conv] = replica
+    return same / turns if turns else 0.0
+
+
+# -- command line: quick A/B runs -----------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    """Alternate the modes for a few rounds on one redis-server of its own (drift on a shared
+    machine hits every mode alike) and print each round and the medians."""
+    import argparse
+
+    from loadtest.bench_sync import redis_server
+
+    p = argparse.ArgumentParser(prog="python -m loadtest.sync_cost", description=main.__doc__)
+    p.add_argument("--seconds", type=float, default=5.0, help="per mode and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--modes", default="off,streams", help="comma-separated: off, streams, pubsub")
+    p.add_argument("--flush-ms", type=float, default=SyncSettings().flush_interval_s * 1000,
+                   help="sync.flush_interval_ms (streams)")
+    args = p.parse_args(argv)
+    settings = SyncSettings(flush_interval_s=args.flush_ms / 1000)
+    modes = args.modes.split(",")
+    runs: dict[str, list[Measured]] = {m: [] for m in modes}
+    with redis_server() as url:
+        for r in range(args.rounds):
+            for m in modes:
+                got = asyncio.run(measure(url, m, args.seconds, settings))
+                runs[m].append(got)
+                print(f"round {r} {_row(got)}", flush=True)
+    print("medians:")
+    base = statistics.median(x.cpu_us for x in runs["off"]) if "off" in runs else 0.0
+    for m, each in runs.items():
+        med = Measured(m, each[0].requests, *(statistics.median(getattr(x, k) for x in each)
+                                              for k in _NUMBERS))
+        extra = f" sharing {med.cpu_us - base:.1f} us/request" if base and m != "off" else ""
+        print(f"  {_row(med)}{extra}")
+    return 0
+
+
+_NUMBERS = ("cpu_us", "route_cpu_us", "bytes_per_request", "bytes_out_per_request",
+            "batches_per_s", "lag_p50_ms", "lag_p99_ms", "rate")
+
+
+def _row(m: Measured) -> str:
+    return (f"{m.mode:8} cpu {m.cpu_us:6.1f} us/req (routing {m.route_cpu_us:5.1f}), "
+            f"redis in {m.bytes_per_request:5.0f} B/req out {m.bytes_out_per_request:5.0f} "
+            f"B/req, {m.batches_per_s:4.0f} batches/s, lag p50 {m.lag_p50_ms:6.2f} "
+            f"p99 {m.lag_p99_ms:6.2f} ms, {m.rate:.0f} req/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

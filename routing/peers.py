@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = ["ZERO", "PeerLoads", "ReplicaLoad", "RouteRecord"]
 
@@ -41,9 +42,9 @@ class ReplicaLoad:
 ZERO = ReplicaLoad()
 
 
-@dataclass(frozen=True, slots=True)
-class RouteRecord:
-    """A request's prefix chain was sent to ``replica`` (``tail_blocks`` as in the index)."""
+class RouteRecord(NamedTuple):
+    """A request's prefix chain was sent to ``replica`` (``tail_blocks`` as in the index).
+    (A named tuple: one is made per routed request and per peer's route applied.)"""
 
     replica: str
     hashes: tuple[int, ...]
@@ -57,7 +58,11 @@ class _Peer:
 
 
 class PeerLoads:
-    """The latest per-replica load of every peer; fresh peers summed per replica."""
+    """The latest per-replica load of every peer; fresh peers summed per replica.
+
+    The sums are kept up to date per replica as records arrive (a record changes a few
+    replicas; `Router.pick` reads the sums on every request), and rebuilt whole only when a
+    peer leaves or ages out."""
 
     def __init__(self, stale_after_s: float) -> None:
         if stale_after_s <= 0:
@@ -65,7 +70,8 @@ class PeerLoads:
         self.stale_after_s = stale_after_s
         self._peers: dict[str, _Peer] = {}
         self._totals: dict[str, ReplicaLoad] = {}
-        self._dirty = False
+        self._changed: set[str] = set()  # replicas whose sum is out of date
+        self._all_changed = False  # every sum is
         self._next_expiry = float("inf")
         self._ids: tuple[str, ...] | None = None  # sorted live member ids (cached)
 
@@ -83,13 +89,13 @@ class PeerLoads:
         """``member``'s load changed on the replicas in ``loads`` (others keep their value)."""
         self.heard(member, now)
         own = self._peers[member].loads
+        changed = self._changed
         for replica, load in loads.items():
             if load:
                 own[replica] = load
-            else:
-                own.pop(replica, None)
-        if loads:
-            self._dirty = True
+            elif own.pop(replica, None) is None:
+                continue
+            changed.add(replica)
 
     def settle(self, member: str, replica: str) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of
@@ -105,12 +111,12 @@ class PeerLoads:
             peer.loads[replica] = fewer
         else:
             del peer.loads[replica]
-        self._dirty = True
+        self._changed.add(replica)
 
     def drop(self, member: str) -> None:
         """``member`` said goodbye (a clean shutdown): its load is gone now."""
         if self._peers.pop(member, None) is not None:
-            self._dirty = True
+            self._all_changed = True
             self._ids = None
 
     def expire(self, now: float) -> None:
@@ -121,20 +127,38 @@ class PeerLoads:
         for member in gone:
             self._ids = None
             if self._peers.pop(member).loads:
-                self._dirty = True
+                self._all_changed = True
         self._next_expiry = min((p.seen for p in self._peers.values()), default=float("inf"))
         self._next_expiry += self.stale_after_s
 
     def totals(self, now: float) -> Mapping[str, ReplicaLoad]:
-        """Per replica, the summed load of every fresh peer (replicas with none omitted)."""
+        """Per replica, the summed load of every fresh peer (replicas with none omitted).
+        The mapping returned is not changed afterwards (a new one replaces it)."""
         self.expire(now)
-        if self._dirty:
+        if self._all_changed:
+            self._all_changed = False
+            self._changed.clear()
             totals: dict[str, ReplicaLoad] = {}
             for peer in self._peers.values():
                 for replica, load in peer.loads.items():
-                    totals[replica] = totals.get(replica, ZERO) + load
+                    have = totals.get(replica)
+                    totals[replica] = load if have is None else have + load
             self._totals = totals
-            self._dirty = False
+        elif self._changed:
+            totals = dict(self._totals)
+            peers = self._peers.values()
+            for replica in self._changed:
+                total: ReplicaLoad | None = None
+                for peer in peers:
+                    found = peer.loads.get(replica)
+                    if found is not None:
+                        total = found if total is None else total + found
+                if total is None:
+                    totals.pop(replica, None)
+                else:
+                    totals[replica] = total
+            self._changed.clear()
+            self._totals = totals
         return self._totals
 
     def members(self, now: float) -> int:
@@ -152,4 +176,4 @@ class PeerLoads:
     def forget_replica(self, replica: str) -> None:
         for peer in self._peers.values():
             if peer.loads.pop(replica, None) is not None:
-                self._dirty = True
+                self._changed.add(replica)

@@ -137,12 +137,12 @@ class Router:
         """Gateway ``member`` routed these chains: the replicas now hold them (as if ours)."""
         insert = self.state.index.insert
         chains = self._peer_chains
-        for r in records:
-            insert(r.replica, r.hashes, r.tail_blocks, True)
-            if member and len(r.hashes) >= 2:
-                chains[r.hashes[-1]] = (member, r.replica)
-                if len(chains) > _MAX_PEER_CHAINS:
-                    chains.popitem(last=False)
+        for replica, hashes, tail in records:
+            insert(replica, hashes, tail, True)
+            if member and len(hashes) >= 2:
+                chains[hashes[-1]] = (member, replica)
+        while len(chains) > _MAX_PEER_CHAINS:
+            chains.popitem(last=False)
 
     def _settle_continued(self, hashes: tuple[int, ...]) -> None:
         """A request that extends a chain a peer routed (a conversation's next turn) means
@@ -152,11 +152,10 @@ class Router:
         previous one still in flight there, and the bounded-load rule sends it elsewhere."""
         assert self.peers is not None
         chains = self._peer_chains
-        for i in range(len(hashes) - 1, max(-1, len(hashes) - 1 - _CONTINUATION_SCAN), -1):
-            found = chains.pop(hashes[i], None)
-            if found is not None:
-                self.peers.settle(*found)
-                return
+        # the deepest of the request's last blocks that ends a peer's chain (searched in C)
+        end = next(filter(chains.__contains__, reversed(hashes[-_CONTINUATION_SCAN:])), None)
+        if end is not None:
+            self.peers.settle(*chains.pop(end))
 
     def apply_peer_load(
         self, member: str, loads: Mapping[str, ReplicaLoad], now: float

@@ -5,9 +5,16 @@ command on this project's benchmark machine; a bare connection sending RESP2 and
 reply costs ~40 µs (loadtest/bench_sync.py measures the sharing's cost per request). Each
 loop (publish, read) owns one link, so no locking is needed; a failed command drops the
 connection and the next call reconnects.
+
+The read timeout is the link's own (`asyncio.timeout` around the whole round trip), not the
+connection's ``socket_timeout``: with one set, redis-py writes through `asyncio.wait_for`, which
+on Python 3.11 swallows a cancellation that lands as the write completes, and a cancelled loop
+went on forever (a gateway's shutdown hung).
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
@@ -18,18 +25,25 @@ class Link:
     def __init__(self, url: str, timeout_s: float, read_timeout_s: float) -> None:
         # RESP2: replies are plain lists whatever the server's default protocol
         self._pool = ConnectionPool.from_url(
-            url, protocol=2, socket_timeout=read_timeout_s, socket_connect_timeout=timeout_s)
+            url, protocol=2, socket_timeout=None, socket_connect_timeout=timeout_s)
+        self._timeout = read_timeout_s
         self._conn: AbstractConnection | None = None
 
     async def call(self, *args: bytes | str | int) -> object:
+        return (await self.pipeline(args))[0]
+
+    async def pipeline(self, *commands: tuple[bytes | str | int, ...]) -> list[object]:
+        """Several commands in one write, their replies in order (one round trip); the
+        builtin `TimeoutError` (an `OSError`) after the link's read timeout."""
         conn = self._conn
         if conn is None:
             conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
             await conn.connect()
             self._conn = conn
         try:
-            await conn.send_command(*args)
-            return await conn.read_response()
+            async with asyncio.timeout(self._timeout):
+                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
+                return [await conn.read_response() for _ in commands]
         except BaseException:  # a half-read reply leaves the connection unusable
             await self.close()
             raise

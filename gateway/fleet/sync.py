@@ -2,14 +2,22 @@
 per-replica load, and applies every other process's records to its router.
 
 One Redis Stream per namespace (``{namespace}:routes``), trimmed to about ``stream_maxlen``
-entries. Two owned tasks:
+entries. Two owned tasks, one raw connection each:
 
-- the publisher wakes every ``flush_interval_ms``, takes the router's outbox (chains it routed)
-  and the own loads that changed since the last batch (all non-zero ones, and an empty batch
-  as a sign of life, every ``heartbeat_s``), and appends one entry (XADD, approximate trim);
-- the reader blocks on XREAD for entries after the last one it saw, at most
-  ``max_entries_per_tick`` per read, applies them, then yields to the event loop before the
-  next read, so a burst after an outage never stalls request handling.
+- the publisher takes the router's outbox (chains it routed) and the own loads that changed
+  since the last batch (all non-zero ones, and an empty batch as a sign of life, every
+  ``heartbeat_s``) and appends one entry (XADD, approximate trim): at once when a route is
+  queued or a request ends after a quiet ``flush_interval_ms``, else once per interval. While
+  some of its load is out there (requests in flight) it ticks every interval and reads the
+  new entries in the same round trip (XREAD pipelined after the XADD);
+- the reader blocks on XREAD while the publisher does not read (nothing in flight here: the
+  first entry after a quiet spell is applied at once), at most once per interval.
+
+Either way a read returns at most ``max_entries_per_tick`` entries, which are applied before
+the loop yields to the event loop, so a burst after an outage never stalls request handling;
+the entries this process wrote come back too (one stream) and are skipped undecoded. Under
+load a gateway makes one Redis round trip per interval, whatever the request rate and the
+number of peers: the client's CPU per request falls as batches grow.
 
 Nothing here is on the request path: a request reads the router's memory only. While Redis is
 down or slow, publishing and reading fail fast, the gateway routes on its own state (peers age
@@ -104,6 +112,7 @@ class RouteSync:
         clock: Callable[[], float], member: str | None = None,
     ) -> None:
         self.member = member or member_id()
+        self._member = self.member.encode()
         self.key = f"{namespace}:routes".encode()
         self.settings = settings
         self.stats = SyncStats()
@@ -113,7 +122,8 @@ class RouteSync:
         self._clock = clock
         self._published: dict[str, ReplicaLoad] = {}  # what peers believe of our load
         self._last_beat = float("-inf")
-        self._last_id = b"0-0"
+        self._last_id = b"0-0"  # the newest entry applied (or skipped: our own, bad)
+        self._last_key = (0, 0)  # the same as numbers, to compare
         self._stale_ms = int(settings.stale_after_s * 1000)
         self._tasks: list[asyncio.Task[None]] = []
         timeout = settings.timeout_s
@@ -124,6 +134,8 @@ class RouteSync:
         router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
+        self._calm = asyncio.Event()  # set while the publisher does not read (the reader does)
+        self._calm.set()
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -150,6 +162,9 @@ class RouteSync:
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
+            while not task.done():  # a library may swallow a cancellation: ask again
+                await asyncio.wait({task}, timeout=1.0)
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
@@ -179,24 +194,33 @@ class RouteSync:
                 self._published.pop(k, None)
         return encode(self.member, time.time(), routes, changed)
 
+    def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
+        return (b"XADD", self.key, b"MAXLEN", b"~", self.settings.stream_maxlen, b"*",
+                *(x for kv in fields.items() for x in kv))
+
     async def _xadd(self, fields: dict[bytes, bytes]) -> None:
-        args = [x for kv in fields.items() for x in kv]
-        await self._out.call(b"XADD", self.key, b"MAXLEN", b"~", self.settings.stream_maxlen,
-                             b"*", *args)
+        await self._out.call(*self._xadd_args(fields))
 
     async def _publish_loop(self) -> None:
         """A batch at once when the router queued a route or a request ended and the last
         batch is older than the flush interval (a quiet gateway publishes without delay, so a
         client's next turn finds every gateway informed); under load, one batch per flush
-        interval, so batches grow with the load and Redis calls do not. Every interval also
-        looks for load changes and heartbeats."""
+        interval, so batches grow with the load and Redis calls do not.
+
+        While peers hold some load of ours (requests in flight here) the publisher also
+        ticks every interval, for load changes a first token does not wake it for, and it
+        then reads too: the new entries come back in the same round trip as its batch (an
+        XREAD pipelined after the XADD), and the reader stands by. A busy gateway makes one
+        Redis call per interval, however many requests and peers there are."""
         loop = asyncio.get_running_loop()
-        interval = self.settings.flush_interval_s
-        wake = self._wake
+        interval, heartbeat = self.settings.flush_interval_s, self.settings.heartbeat_s
+        wake, calm = self._wake, self._calm
         last = float("-inf")
         while True:
             if not wake.is_set():
-                tick = loop.call_later(interval, wake.set)
+                wait = interval if self._published else max(
+                    interval, self._last_beat + heartbeat - self._clock())
+                tick = loop.call_later(wait, wake.set)
                 await wake.wait()
                 tick.cancel()
             wake.clear()
@@ -205,18 +229,32 @@ class RouteSync:
                 await asyncio.sleep(early)
             last = loop.time()
             fields = self._batch(self._clock())
-            if fields is None:
-                continue
+            reads = bool(self._published) and self.stats.up
+            if reads:
+                calm.clear()
+            else:
+                calm.set()
+                if fields is None:
+                    continue
+            commands = [self._xadd_args(fields)] if fields is not None else []
+            if reads:
+                commands.append((b"XREAD", b"COUNT", self.settings.max_entries_per_tick,
+                                 b"STREAMS", self.key, self._last_id))
             try:
-                await self._xadd(fields)
-                self.stats.published += 1
+                replies = await self._out.pipeline(*commands)
             except (RedisError, OSError) as exc:
-                if b"r" in fields:
+                if fields is not None and b"r" in fields:
                     self.stats.drop("unpublished", 1)
                 self._published.clear()  # re-send the whole load once Redis is back
                 self._last_beat = float("-inf")
                 self._down("publish", exc)
+                calm.set()  # the reader finds out when Redis is back
                 await asyncio.sleep(RETRY_S)
+                continue
+            if fields is not None:
+                self.stats.published += 1
+            if reads:
+                self._take(replies[-1])
 
     # -- reading ------------------------------------------------------------------------------
     async def _catch_up(self) -> None:
@@ -225,37 +263,68 @@ class RouteSync:
         found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n)
                         ) if n else []
         if not found:
-            self._last_id = b"0-0"  # an empty stream: read from its start
+            self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
             return
-        self._last_id = found[0][0]
+        self._last_id, self._last_key = found[0][0], _key(found[0][0])
         for _, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
                 self._apply_routes(batch)
 
     async def _read_loop(self) -> None:
+        """Blocks on XREAD while the publisher does not read (a gateway with nothing in
+        flight: the first entry after a quiet spell is applied at once); at most one read per
+        flush interval (every entry written meanwhile comes back in one reply, our own too:
+        one stream); a full read (a backlog) is followed by the next at once, after yielding
+        to the event loop."""
+        loop = asyncio.get_running_loop()
+        interval = self.settings.flush_interval_s
         block_ms = int(_BLOCK_S * 1000)
         count = self.settings.max_entries_per_tick
+        calm = self._calm
+        last = float("-inf")
         while True:
+            if not calm.is_set():
+                await calm.wait()  # the publisher reads (pipelined with its batches)
+            early = last + interval - loop.time()
+            if early > 0:
+                await asyncio.sleep(early)
+            last = loop.time()
             try:
                 reply = await self._in.call(b"XREAD", b"COUNT", count, b"BLOCK", block_ms,
                                             b"STREAMS", self.key, self._last_id)
                 if not self.stats.up:
                     log.info("shared routing state: Redis reachable again")
+                    self._wake.set()  # the publisher re-sends our load
                 self.stats.up = True
             except (RedisError, OSError) as exc:
                 self._down("read", exc)
                 await asyncio.sleep(RETRY_S)
                 continue
-            for _, raw in reply or ():  # type: ignore[attr-defined]
-                batch = entries(raw)
-                newest = _ms(batch[-1][0])
-                for entry_id, fields in batch:
-                    self._last_id = entry_id
-                    # loads older than the staleness bound (a backlog after an outage) are
-                    # history: their routes still count, their loads do not (Redis's clock)
-                    self._apply(fields, newest - _ms(entry_id) <= self._stale_ms)
+            if self._take(reply) >= count:
+                last = float("-inf")  # a backlog: read on after this turn
             await asyncio.sleep(0)  # bounded work per tick: let requests run between reads
+
+    def _take(self, reply: object) -> int:
+        """Apply the entries of an XREAD reply not applied yet (the reader's and the
+        publisher's reads may overlap); how many it held."""
+        held = 0
+        for _, raw in reply or ():  # type: ignore[attr-defined]
+            held += len(raw)
+            newest = _ms(raw[-1][0])
+            own = self._member
+            for entry_id, flat in raw:
+                key = _key(entry_id)
+                if key <= self._last_key:
+                    continue  # applied by the other loop's read
+                self._last_id, self._last_key = entry_id, key
+                if len(flat) > 3 and flat[3] == own and flat[2] == b"m":
+                    continue  # our own batch, skipped undecoded (`encode` writes v, m, ..)
+                # loads older than the staleness bound (a backlog after an outage) are
+                # history: their routes still count, their loads do not (Redis's clock)
+                self._apply(dict(zip(flat[::2], flat[1::2], strict=True)),
+                            newest - key[0] <= self._stale_ms)
+        return held
 
     def _decode(self, fields: Mapping[bytes, bytes]) -> Batch | None:
         try:
@@ -306,3 +375,9 @@ _NONE = ReplicaLoad(-1)  # "never published"
 def _ms(entry_id: bytes) -> int:
     """The Redis-clock milliseconds of a stream entry id (``<ms>-<seq>``)."""
     return int(entry_id.split(b"-", 1)[0])
+
+
+def _key(entry_id: bytes) -> tuple[int, int]:
+    """A stream entry id as numbers, in the stream's order."""
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)

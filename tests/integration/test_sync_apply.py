@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
+from typing import cast
 
 import redis.asyncio as aioredis
 
@@ -36,6 +37,11 @@ async def _until(condition: Callable[[], bool]) -> None:
 async def _add(r: aioredis.Redis, fields: dict[bytes, bytes]) -> None:
     # redis types fields as an invariant Dict[FieldT, EncodableT]: dict[bytes, bytes] is valid
     await r.xadd(KEY, fields)  # type: ignore[arg-type]
+
+
+async def _written(r: aioredis.Redis) -> list[dict[bytes, bytes]]:
+    """The fields of every entry in the stream."""
+    return [cast(dict[bytes, bytes], f) for _, f in await r.xrange(KEY) or () if f]
 
 
 async def test_backlog_is_applied_in_bounded_steps(redis_url: str) -> None:
@@ -123,11 +129,14 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
 
         router.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
         await _until(lambda: sync.stats.published >= 1)
-        entries = await r.xrange(KEY)
-        assert entries
-        fields = entries[-1][1]
-        assert fields is not None
-        assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"] and b"a:1" in fields[b"l"]
+        for _ in range(500):  # the route's batch (a first heartbeat may come before it)
+            routed = [f for f in await _written(r) if b"r" in f]
+            if routed:
+                break
+            await asyncio.sleep(0.01)
+        fields = routed[0]
+        assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"]
+        assert any(b"a:1" in f.get(b"l", b"") for f in await _written(r))
     finally:
         await sync.stop()
         await r.aclose()
@@ -137,3 +146,101 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
     assert entries
     last = entries[-1][1]
     assert last is not None and b"b" in last  # a clean stop says goodbye
+
+
+async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url: str) -> None:
+    """With requests in flight here the publisher ticks every flush interval and reads the
+    new entries in the same round trip as its batch (XADD + XREAD pipelined); the reader
+    stands by. A peer writing every 2 ms costs one round trip per interval, not one per
+    entry, and every entry is applied exactly once."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    interval = 0.02
+    sync = RouteSync(router, redis_url, "kvgate",
+                     SyncSettings(flush_interval_s=interval, catchup_entries=0),
+                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
+                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    calls = {"read": 0, "round": 0}
+    reader_call, publisher_pipeline = sync._in.call, sync._out.pipeline
+
+    async def read(*args: bytes | str | int) -> object:
+        calls["read"] += 1
+        return await reader_call(*args)
+
+    async def pipeline(*commands: tuple[bytes | str | int, ...]) -> list[object]:
+        calls["round"] += 1
+        return await publisher_pipeline(*commands)
+
+    sync._in.call = read  # type: ignore[method-assign]
+    sync._out.pipeline = pipeline  # type: ignore[method-assign]
+    await sync.start()
+    try:
+        await _until(lambda: sync._published != {})  # our load is out: the publisher reads
+        await asyncio.sleep(2 * interval)
+        before = dict(calls)
+        t0 = time.monotonic()
+        for i in range(100):
+            await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (i + 1, i + 2), 0)],
+                                 {"b:1": ReplicaLoad(i % 5 + 1, 0, 0, 0.0)}))
+            await asyncio.sleep(0.002)
+        await _until(lambda: sync.stats.applied >= 100)
+        elapsed = time.monotonic() - t0
+        rounds = calls["round"] - before["round"]
+        assert rounds <= elapsed / interval + 3, (rounds, elapsed)
+        assert calls["read"] - before["read"] <= 1  # at most the read pending when busy began
+        await asyncio.sleep(3 * interval)
+        assert sync.stats.applied == 100  # none twice
+        assert router.state.index.entries("a:1") == 101
+        assert router.peers is not None
+        assert router.peers.totals(time.monotonic())["b:1"].inflight == 5  # the latest
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_own_entries_are_skipped_unread(redis_url: str) -> None:
+    """Entries this process wrote come back on the one stream: skipped before decoding
+    (neither applied nor counted as malformed, even when they would not decode)."""
+    r = aioredis.Redis.from_url(redis_url)
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, catchup_entries=0)
+    await sync.start()
+    try:
+        await asyncio.sleep(0.1)
+        await _add(r, {b"v": b"1", b"m": b"me", b"t": b"1.0", b"h": b"\x00" * 3})
+        await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (1,), 0)], {}))
+        await _until(lambda: sync.stats.applied >= 1)
+        assert sync.stats.dropped == {}
+        assert router.state.index.entries("a:1") == 1
+    finally:
+        await sync.stop()
+        await r.aclose()
+
+
+async def test_stop_ends_the_loops_even_if_a_cancellation_is_swallowed(redis_url: str) -> None:
+    """A shutdown never hangs: a loop whose cancellation a library swallowed (redis-py's
+    write through `asyncio.wait_for` did, on Python 3.11) is cancelled again."""
+    router = Router(RouterConfig())
+    sync = RouteSync(router, redis_url, "kvgate", SyncSettings(catchup_entries=0),
+                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
+                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    publisher_pipeline = sync._out.pipeline
+    swallowed: list[bool] = []
+
+    async def pipeline(*commands: tuple[bytes | str | int, ...]) -> list[object]:
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            if not swallowed:
+                swallowed.append(True)
+                return [None] * len(commands)  # as if the round trip had completed
+            raise
+        return await publisher_pipeline(*commands)
+
+    sync._out.pipeline = pipeline  # type: ignore[method-assign]
+    await sync.start()
+    await _until(lambda: sync._published != {})
+    loops = list(sync._tasks)
+    t0 = time.monotonic()
+    await asyncio.wait_for(sync.stop(), 5.0)
+    assert swallowed and all(t.done() for t in loops) and time.monotonic() - t0 < 4.0

@@ -3,6 +3,8 @@ the affinity index, the outbox, and a continued conversation settling a peer's r
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from routing.peers import PeerLoads, ReplicaLoad, RouteRecord
@@ -42,6 +44,39 @@ def test_drop_settle_and_members() -> None:
     peers.drop("b")
     assert peers.totals(1.0)["r"] == ReplicaLoad(1, 1, 50, 40.0)
     assert peers.members(5.0) == 0
+
+
+def test_sums_kept_per_replica_match_a_full_recount() -> None:
+    """The sums are updated per replica as records arrive; after any mix of records,
+    settles, goodbyes, expiries and forgotten replicas they equal a recount from scratch,
+    and a mapping handed out earlier is never changed afterwards."""
+    rng = random.Random(3)
+    peers = PeerLoads(stale_after_s=1.0)
+    members, replicas = ["a", "b", "c"], ["r0", "r1", "r2", "r3"]
+    now = 0.0
+    for _ in range(3000):
+        now += rng.random() * 0.05
+        before = peers.totals(now)
+        frozen = dict(before)
+        kind = rng.random()
+        member, replica = rng.choice(members), rng.choice(replicas)
+        if kind < 0.6:
+            peers.apply(member, {r: ReplicaLoad(rng.randrange(3), rng.randrange(2),
+                                                rng.randrange(3) * 64, rng.randrange(3) * 8.0)
+                                 for r in rng.sample(replicas, rng.randrange(3))}, now)
+        elif kind < 0.85:
+            peers.settle(member, replica)
+        elif kind < 0.9:
+            peers.drop(member)
+        elif kind < 0.95:
+            peers.forget_replica(replica)
+        got = dict(peers.totals(now))
+        assert dict(before) == frozen
+        expected: dict[str, ReplicaLoad] = {}
+        for peer in peers._peers.values():
+            for r, load in peer.loads.items():
+                expected[r] = expected.get(r, ReplicaLoad()) + load
+        assert got == expected
 
 
 def test_stale_bound_must_be_positive() -> None:
