@@ -128,7 +128,8 @@ def markdown(doc: dict[str, object]) -> str:
         "# Routing quality (offline replay)",
         "",
         f"{fleet.replicas} replicas, profile `{fleet.profile}`, KV tokens per replica as named; "
-        "hit rate from the engines' prefix-cache counters; *pooled* = one LRU holding the "
+        "hit rate from the engines' prefix-cache counters (each request once, at its first "
+        "admission, as vLLM counts); *pooled* = one LRU holding the "
         "whole fleet's KV memory on the same request order; *oracle* = the yardstick that "
         "reads the engines' true caches and queues (least true TTFT, same load bound). "
         "Peers' rules re-implemented from their documentation (`sglang_style`, `llmd_style`). "

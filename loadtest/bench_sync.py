@@ -167,7 +167,7 @@ def cost(rep: Report, seconds: float, rounds: int = 3) -> None:
                 runs[m].append(asyncio.run(measure(url, m, seconds)))
 
     def med(m: str, key: str) -> float:
-        return float(statistics.median(float(getattr(x, key)) for x in runs[m]))
+        return float(statistics.median(getattr(x, key) for x in runs[m]))
 
     off = med("off", "cpu_us")
     off_route = med("off", "route_cpu_us")

@@ -12,6 +12,7 @@ import openai
 
 from tests.support.gateway import (
     AUTH_SECRET,
+    acme_gateway,
     admin_client,
     gateway_proc,
     metric_values,
@@ -100,16 +101,7 @@ def test_while_redis_is_down_each_gateway_enforces_its_share_of_the_rpm(
 ) -> None:
     _, sim = sim_factory("--time-scale", "50", model="m")
     redis, url = redis_proc()
-    config = {
-        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
-        "models": {"llama": {"free": "p"}},
-        "tiers": {"free": {"limits": {"rpm": 6}}},
-        "tenants": [{"id": "acme", "tier": "free"}],
-        "tenancy": {"gateway_replicas": 2},
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": url}
-    gw, base = gateway_proc(config=config, env=env, auth=True)
+    gw, base = acme_gateway(sim, url, ADMIN, {"rpm": 6}, tenancy={"gateway_replicas": 2})
     with redis, gw:
         with admin_client(base, ADMIN) as admin:
             key = admin.post("/tenants/acme/keys").json()["key"]
@@ -139,15 +131,7 @@ def test_idle_gateway_stops_reporting_degraded_once_redis_is_back(
     # kvgate_redis_up must still say so (an alert on kvgate_redis_up == 0 must clear)
     _, sim = sim_factory("--time-scale", "50", model="m")
     redis, url, port = persistent_redis(str(tmp_path))
-    config = {
-        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
-        "models": {"llama": {"free": "p"}},
-        "tiers": {"free": {"limits": {"rpm": 1000}}},
-        "tenants": [{"id": "acme", "tier": "free"}],
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": url}
-    gw, base = gateway_proc(config=config, env=env, auth=True)
+    gw, base = acme_gateway(sim, url, ADMIN, {"rpm": 1000})
     with redis, gw:
         with admin_client(base, ADMIN) as admin:
             key = admin.post("/tenants/acme/keys").json()["key"]

@@ -15,10 +15,9 @@ import httpx
 import openai
 
 from tests.support.gateway import (
-    AUTH_SECRET,
+    acme_gateway,
     admin_client,
     chat_status,
-    gateway_proc,
     persistent_redis,
     wait_for,
 )
@@ -38,15 +37,7 @@ def test_a_lease_whose_release_failed_is_freed_when_redis_answers_again(
     # the replica sends two tokens, then holds the stream until the client leaves
     _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "2", model="m")
     redis, url, port = persistent_redis(str(tmp_path))
-    config = {
-        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
-        "models": {"llama": {"free": "p"}},
-        "tiers": {"free": {"limits": {"max_concurrency": 1}}},
-        "tenants": [{"id": "acme", "tier": "free"}],
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": url}
-    gw, base = gateway_proc(config=config, env=env, auth=True)
+    gw, base = acme_gateway(sim, url, ADMIN, {"max_concurrency": 1})
     with redis, gw:
         with admin_client(base, ADMIN) as admin:
             key = admin.post("/tenants/acme/keys").json()["key"]

@@ -29,9 +29,9 @@ from gateway.tenancy import (
 from tests.integration.test_admin_api import ADMIN_TOKEN, serve_admin
 from tests.support.gateway import (
     AUTH_SECRET,
+    acme_gateway,
     admin_client,
     chat_status,
-    gateway_proc,
     metric_values,
     wait_for,
 )
@@ -45,16 +45,7 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
     sim_factory: SimFactory, redis_url: str
 ) -> None:
     _, sim = sim_factory("--time-scale", "50", model="m")
-    config = {
-        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
-        "models": {"llama": {"free": "p"}},
-        "tiers": {"free": {"limits": {"rpm": 3}}},
-        "tenants": [{"id": "acme", "tier": "free"}],
-        "tenancy": {"poll_interval_s": 0.1},
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": redis_url}
-    gw, base = gateway_proc(config=config, env=env, auth=True)
+    gw, base = acme_gateway(sim, redis_url, ADMIN, {"rpm": 3}, tenancy={"poll_interval_s": 0.1})
     with gw, admin_client(base, ADMIN) as admin:
         resets = "kvgate_tenancy_store_resets_total"
         assert metric_values(base, resets) == {"": 0.0}

@@ -109,6 +109,24 @@ def metric_values(base: str, name: str) -> dict[str, float]:
     return out
 
 
+def acme_gateway(
+    sim: str, redis_url: str, admin_token: str, limits: dict[str, Any],
+    tenancy: dict[str, Any] | None = None,
+) -> tuple[GatewayProc, str]:
+    """A gateway with authentication on: one pool on `sim` (served "m", public "llama"), the
+    tenant `acme` in tier `free` with `limits`, state in `redis_url` (not started)."""
+    config: dict[str, Any] = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": limits}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+        **({"tenancy": tenancy} if tenancy else {}),
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": admin_token,
+           "KVGATE_REDIS_URL": redis_url}
+    return gateway_proc(config=config, env=env, auth=True)
+
+
 def chat_status(client: openai.OpenAI, model: str = "llama") -> int:
     """The HTTP status of one small chat completion (an error status, not an exception)."""
     try:
