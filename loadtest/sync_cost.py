@@ -2,10 +2,12 @@
 Streams (what kvgate uses) vs pub/sub (the alternative), and gateway workers.
 
     python -m loadtest.sync_cost [--rounds R] [--seconds S] [--modes off,streams,pubsub]
-                                 [--flush-ms W] [--stickiness]
+                                 [--flush-ms W] [--stickiness] [--simulate N]
 
 runs the cost measurement alone (interleaved rounds, medians), e.g. to compare two trees or
-flush intervals; ``--stickiness`` checks conversation stickiness across the two routers."""
+flush intervals; ``--stickiness`` checks conversation stickiness across the two routers;
+``--simulate N`` runs the same traffic in simulated time without Redis (deterministic: count
+its instructions under callgrind at two sizes N, sharing off and on, to compare two trees)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import redis.asyncio as aioredis
 from gateway.fleet.records import decode, encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from loadtest.fleet import free_port, wait_http
-from routing.peers import ReplicaLoad, RouteRecord
+from routing.peers import ReplicaLoad
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
 
@@ -313,39 +315,68 @@ def workers_run(redis_url: str, workers: int, n: int) -> tuple[float, float, int
             p.wait(15)
 
 
-# -- conversation stickiness across gateways (simulated time, no Redis) -------------------------
-def stickiness(flush_s: float | None, seconds: float = 10.0, rate: float = RATE) -> float:
-    """The same traffic as `measure` in simulated time, two routers sharing as `RouteSync`
-    does under load with ``sync.flush_interval_ms`` = ``flush_s`` (None: not sharing): each
-    publishes a batch every interval, which the other applies an interval later, and takes
-    turns within two. The share of conversation turns after the first that go to the replica
-    of the conversation's previous turn (which went through either router)."""
+# -- simulated time, no Redis: stickiness and the sharing's instructions ------------------------
+_OFFLINE_URL = "redis://127.0.0.1:1"  # never dialled: the simulation calls no Redis
+
+
+@dataclass
+class Simulated:
+    requests: int
+    same_replica: float  # share of conversation turns sent to their previous turn's replica
+    cpu_s: float  # process CPU of the whole run (routing, publishing, applying)
+
+
+def simulate(flush_s: float | None, requests: int, rate: float = RATE) -> Simulated:
+    """The traffic of `measure` in simulated time, two routers sharing through their
+    `RouteSync` as under load, Redis taken out: every ``flush_s`` each one's publisher builds
+    its batch (outbox, changed loads, the wire format) and the other reads it an interval
+    later (`RouteSync._take`: decoding, applying); gateways take turns within two intervals.
+    ``flush_s`` None: not sharing. Deterministic, so instruction counts of two trees compare
+    (run it under ``valgrind --tool=callgrind`` at two sizes: the difference is per request,
+    warm-up and start excluded)."""
     rng = random.Random(7)
+    clock = [0.0]
     owns = [_Own(Router(RouterConfig())), _Own(Router(RouterConfig()))]
+    syncs: list[RouteSync] = []
     if flush_s is not None:
+        settings = SyncSettings(flush_interval_s=flush_s, catchup_entries=0)
         for i, own in enumerate(owns):
-            own.router.enable_sharing(2.0, f"gw{i}", 2 * flush_s)
-    pending: deque[tuple[float, int, list[RouteRecord], dict[str, ReplicaLoad]]] = deque()
+            syncs.append(RouteSync(own.router, _OFFLINE_URL, "bench", settings,
+                                   own_loads=lambda own=own: own.loads,  # type: ignore[misc]
+                                   known=lambda r: True, clock=lambda: clock[0],
+                                   member=f"gw{i}"))
+    pending: deque[tuple[float, int, list[bytes]]] = deque()
     last: dict[int, str] = {}  # conversation (its first block after the system prompt) -> replica
-    same = turns = 0
+    same = turns = entry = 0
     published = 0.0
-    for i, f in enumerate(_workload(rng, int(rate * seconds))):
-        now = i / rate
+    features = _workload(rng, requests)
+    c0 = time.process_time()
+    for i, f in enumerate(features):
+        now = clock[0] = i / rate
         while pending and pending[0][0] <= now:
-            _, g, routes, loads = pending.popleft()
-            owns[1 - g].router.apply_peer_routes(routes, f"gw{g}")
-            owns[1 - g].router.apply_peer_load(f"gw{g}", loads, now)
-        if flush_s is not None and now - published >= flush_s:
+            _, g, flat = pending.popleft()
+            entry += 1
+            syncs[1 - g]._take([(b"bench:routes", [(b"%d-0" % entry, flat)])])
+        if syncs and now - published >= flush_s:  # type: ignore[operator]
             published = now
-            for g, o in enumerate(owns):
-                pending.append((now + flush_s, g, o.router.drain_outbox(), dict(o.loads)))
+            for g, s in enumerate(syncs):
+                fields = s._batch(now)
+                if fields is not None:
+                    flat = [x for kv in fields.items() for x in kv]
+                    pending.append((now + flush_s, g, flat))  # type: ignore[operator]
         replica = owns[i % 2].route(f, now)
         conv = f.block_hashes[SYSTEM_BLOCKS]
         if len(f.block_hashes) > SYSTEM_BLOCKS + TURN_BLOCKS:
             turns += 1
             same += last.get(conv) == replica
         last[conv] = replica
-    return same / turns if turns else 0.0
+    return Simulated(requests, same / turns if turns else 0.0, time.process_time() - c0)
+
+
+def stickiness(flush_s: float | None, seconds: float = 10.0, rate: float = RATE) -> float:
+    """The share of conversation turns after the first that go to the replica of the
+    conversation's previous turn (which went through either router), `simulate`d."""
+    return simulate(flush_s, int(rate * seconds), rate).same_replica
 
 
 # -- command line: quick A/B runs -----------------------------------------------------------------
@@ -365,7 +396,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stickiness", action="store_true",
                    help="instead: conversation stickiness across the two routers (simulated "
                         "time, no Redis) without sharing and at flush intervals 5-40 ms")
+    p.add_argument("--simulate", type=int, metavar="N",
+                   help="instead: N requests in simulated time without Redis (`simulate`), "
+                        "sharing per --modes (off or streams) at --flush-ms; CPU per request")
     args = p.parse_args(argv)
+    if args.simulate is not None:
+        for m in args.modes.split(","):
+            sim = simulate(None if m == "off" else args.flush_ms / 1000, args.simulate)
+            print(f"{m:8} {sim.cpu_s / max(sim.requests, 1) * 1e6:6.1f} us/request, "
+                  f"same replica {sim.same_replica:.3f}", flush=True)
+        return 0
     if args.stickiness:
         for rate, seconds in ((200.0, 60.0), (RATE, 10.0)):
             shares = [f"{'off' if w is None else f'{w * 1000:g} ms'}: "

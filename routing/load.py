@@ -15,7 +15,7 @@ from xxhash import xxh3_64_intdigest
 
 from routing.types import ReplicaView
 
-__all__ = ["LoadBound", "fresh", "mix", "replica_hash"]
+__all__ = ["LoadBound", "bound_limit", "fresh", "mix", "replica_hash"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -36,15 +36,20 @@ def fresh(view: ReplicaView, stale_after_s: float) -> bool:
     return view.scrape_age_s is not None and view.scrape_age_s <= stale_after_s
 
 
+def bound_limit(total: int, n: int, factor: float, slack: float) -> float:
+    """The most requests in flight a replica may have and take one more, with ``total`` in
+    flight over ``n`` candidates: load after assignment <= factor x mean_after + slack,
+    mean_after = (total + 1) / n."""
+    return factor * (total + 1) / n + slack - 1.0
+
+
 class LoadBound:
     """The bounded-load rule over one candidate set."""
 
     __slots__ = ("limit",)
 
     def __init__(self, views: Sequence[ReplicaView], factor: float, slack: float) -> None:
-        total = sum(v.inflight for v in views)
-        # load after assignment <= factor * mean_after + slack, mean_after = (total + 1) / n
-        self.limit = factor * (total + 1) / len(views) + slack - 1.0
+        self.limit = bound_limit(sum(v.inflight for v in views), len(views), factor, slack)
 
     def admits(self, view: ReplicaView) -> bool:
         return view.inflight <= self.limit + 1e-9

@@ -35,7 +35,7 @@ class NoCandidate(Exception):
 
 
 _by_id = attrgetter("id")
-_NO_ORDER: tuple[str, ...] = ()
+_NO_LOADS: Mapping[str, ReplicaLoad] = {}
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
@@ -64,6 +64,9 @@ class Router:
             replica_hashes={},
         )
         self.policy = policy(self.state) if policy else build_policy(cfg.policy, self.state)
+        # the policy reads other gateways' load beside the views (`PickContext.peer_loads`):
+        # no views rebuilt with it on every pick
+        self._reads_peer_loads = bool(getattr(self.policy, "reads_peer_loads", False))
         self._capacity_tokens: dict[str, int] = {}
         # shared state: off until `enable_sharing`
         self.peers: PeerLoads | None = None
@@ -77,6 +80,8 @@ class Router:
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
         self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
         self._recent_counts: dict[str, int] = {}  # ... per replica
+        self._ranked_members: tuple[str, ...] | None = None  # `_rank` for these live peers
+        self._ranked = (0, 1)
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -92,16 +97,21 @@ class Router:
     def _rank(self, now: float) -> tuple[int, int]:
         """(this gateway's rank among the live gateways, how many are live)."""
         assert self.peers is not None
-        members = self.peers.member_ids(now)
-        if not members:
-            return 0, 1
-        return sorted((*members, self.member)).index(self.member), len(members) + 1
+        members = self.peers.member_ids(now)  # the same tuple while membership holds
+        if members is not self._ranked_members:
+            self._ranked_members = members
+            self._ranked = ((0, 1) if not members else
+                            (sorted((*members, self.member)).index(self.member),
+                             len(members) + 1))
+        return self._ranked
 
     def _turn(
-        self, views: Sequence[ReplicaView], now: float, rank: int, gateways: int
-    ) -> tuple[int, tuple[str, ...]]:
+        self, views: Sequence[ReplicaView], peer_loads: Mapping[str, ReplicaLoad], now: float,
+        rank: int, gateways: int,
+    ) -> tuple[int, Callable[[], tuple[str, ...]]]:
         """This pick's turn among the picks all gateways make within the sync window, and the
-        order the gateways agree on to take turns in (`PickContext.turn`).
+        order the gateways agree on to take turns in (`PickContext.turn`; a function: the
+        policy asks for it only when several candidates are about as good).
 
         Within the window a gateway cannot see the others' picks. Arrivals at one instant
         (a burst) split over N gateways; deciding on the same shared state, each would send its
@@ -109,16 +119,21 @@ class Router:
         while this one made ``k`` picks in the window each other one made about ``k`` too, and
         in this round those ranked before it one more: its turn is ``k x N + rank``. The order
         is the replicas by fleet-wide in-flight requests as all gateways knew them at the
-        window's start (this gateway's own picks in the window taken out), then by a hash of
-        the replica id: the same for every gateway."""
+        window's start (this gateway's own picks in the window taken out; ``peer_loads``: the
+        others' when not in the views), then by a hash of the replica id: the same for every
+        gateway."""
         recent = self._recent_picks(now)
-        own = self._recent_counts
-        hashes = self.state.replica_hashes
 
-        def shared_load(v: ReplicaView) -> tuple[int, int]:
-            return v.inflight - own.get(v.id, 0), hashes[v.id]
+        def order() -> tuple[str, ...]:
+            own, hashes, pget = self._recent_counts, self.state.replica_hashes, peer_loads.get
+            keyed = []
+            for v in views:
+                p = pget(v.id)
+                shared = v.inflight + (p.inflight if p is not None else 0) - own.get(v.id, 0)
+                keyed.append((shared, hashes[v.id], v.id))
+            keyed.sort()
+            return tuple(k[2] for k in keyed)
 
-        order = tuple(v.id for v in sorted(views, key=shared_load))
         return len(recent) * gateways + rank, order
 
     def _recent_picks(self, now: float) -> deque[tuple[float, str]]:
@@ -191,17 +206,23 @@ class Router:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
         used_peers = False
         rank, gateways = 0, 1
+        peer_loads: Mapping[str, ReplicaLoad] = _NO_LOADS
         if self.peers is not None:
             if self._peer_chains and not explain:
                 self._settle_continued(features.block_hashes)
             totals = self.peers.totals(now)
             if totals:
-                healthy, used_peers = _with_peers(healthy, totals)
+                if self._reads_peer_loads:
+                    peer_loads = totals
+                    used_peers = any(v.id in totals for v in healthy)
+                else:
+                    healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
-        turn, order = 0, _NO_ORDER
+        turn, order = 0, None
         if gateways > 1 and self._window > 0:
-            turn, order = self._turn(healthy, now, rank, gateways)
-        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order)
+            turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
+        ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
+                          peer_loads)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1

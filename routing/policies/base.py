@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
 from routing.learning import PendingWork, TtftModel
+from routing.peers import ReplicaLoad
 from routing.types import Candidate, Decision, ReplicaView, RequestFeatures
 
 __all__ = ["PickContext", "Policy", "RouterState", "decide"]
@@ -34,12 +35,16 @@ class PickContext:
     explain: bool = False
     # several gateways sharing state: this gateway's rank among the `gateways` live ones; this
     # pick's turn among the picks all of them make within the sync window (which they cannot
-    # see of each other), and the replica order they agree on to take turns in
-    # (`Router._turn`; empty with one gateway)
+    # see of each other), and a function giving the replica order they agree on to take turns
+    # in (`Router._turn`; None with one gateway)
     rank: int = 0
     gateways: int = 1
     turn: int = 0
-    turn_order: tuple[str, ...] = ()
+    turn_order: Callable[[], tuple[str, ...]] | None = None
+    # other gateways' load per replica, not added to `views`: given to a policy that reads it
+    # beside them (``reads_peer_loads = True``; each pick would otherwise rebuild the views
+    # with it), empty otherwise
+    peer_loads: Mapping[str, ReplicaLoad] = field(default_factory=dict)
 
     @property
     def tie_key(self) -> int:

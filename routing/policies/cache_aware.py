@@ -33,7 +33,7 @@ from math import log as _log
 from math import log1p as _log1p
 
 from routing.learning import TtftFit
-from routing.load import LoadBound
+from routing.load import bound_limit
 from routing.policies.base import PickContext, RouterState, decide
 from routing.types import Candidate, Decision, ReplicaView
 
@@ -46,12 +46,13 @@ _TURN_RELATIVE = 0.1
 _TURN_MEAN_REQUESTS = 0.5
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
-# uncached, TTFT fit, kv usage)
-_Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float]
+# uncached, TTFT fit, kv usage, fleet-wide in-flight requests)
+_Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float, int]
 
 
 class CacheAware:
     name = "cache_aware"
+    reads_peer_loads = True  # `PickContext.peer_loads`: other gateways' load, beside the views
 
     def __init__(self, state: RouterState) -> None:
         self._state = state
@@ -79,8 +80,17 @@ class CacheAware:
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
+        peers = ctx.peer_loads.get
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
+            gateway, gateway_reqs, peer = (
+                v.inflight_prefill_tokens, v.inflight_prefill, v.peer_prefill_work)
+            q = peers(vid)
+            if q is not None:  # other gateways' in-flight work (shared state): fleet-wide
+                inflight += q.inflight
+                gateway += q.prefill_tokens
+                gateway_reqs += q.prefill
+                peer += q.pending_work
             m = mget(vid, 0)
             cached = m * tpb
             if cached >= prompt:
@@ -93,14 +103,12 @@ class CacheAware:
             spt = fit.s_per_token
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
-            peer = v.peer_prefill_work  # other gateways' predicted work (shared state)
-            if peer > 0.0:
+            if peer > 0.0:  # other gateways' predicted work (shared state)
                 own += peer
                 own_reqs += 1
-            gateway = v.inflight_prefill_tokens
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)
-            own_reqs = v.inflight_prefill or own_reqs
+            own_reqs = gateway_reqs or own_reqs
             decoding = float(inflight - own_reqs if inflight > own_reqs else 0)
             kv = penalty = 0.0
             if v.scrape_age_s is not None and v.scrape_age_s <= stale:  # else fail open
@@ -121,20 +129,21 @@ class CacheAware:
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
             step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
-            rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv))
+            rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv, inflight))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
         cfg = self._state.config
         rows = self._rows(ctx)
         rows.sort(key=_rank)
-        limit = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack).limit + 1e-9
-        admitted = [r for r in rows if r[3].inflight <= limit]
+        limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
+                            cfg.load_slack) + 1e-9
+        admitted = [r for r in rows if r[10] <= limit]
         # the bound refused the cheapest (a turn among near-equals is no overflow)
         overflow = not admitted or admitted[0] is not rows[0]
-        if ctx.turn_order and len(admitted) > 1:
+        if ctx.turn_order is not None and len(admitted) > 1:
             admitted = self._take_turns(ctx, admitted)
-        ordered = admitted + [r for r in rows if r[3].inflight > limit]
+        ordered = admitted + [r for r in rows if r[10] > limit]
         chosen = ordered[0]
         if overflow:
             reason = "overflow"
@@ -157,7 +166,11 @@ class CacheAware:
         close = [r for r in admitted if r[2] <= good]
         longest = max(r[4] for r in close)
         near = {r[3].id: r for r in close if r[4] == longest}
-        order = ctx.turn_order
+        if len(near) == 1:  # the one whatever the order
+            (chosen,) = near.values()
+            return [chosen] + [x for x in admitted if x is not chosen]
+        assert ctx.turn_order is not None
+        order = ctx.turn_order()
         for i in range(len(order)):
             r = near.get(order[(ctx.turn + i) % len(order)])
             if r is not None:
@@ -168,7 +181,7 @@ class CacheAware:
         tpb = self._state.config.tokens_per_block
         low = max(min(r[2] for r in rows), 1e-9)
         out = []
-        for _, _, cost, v, m, queued, decode, uncached, fit, kv in rows:
+        for _, _, cost, v, m, queued, decode, uncached, fit, kv, inflight in rows:
             terms = {
                 "matched_tokens": float(m * tpb),
                 "uncached_tokens": uncached,
@@ -177,8 +190,8 @@ class CacheAware:
                 "prefill_tps": fit.rate,
                 "fixed_s": fit.fixed_s,
                 "kv_usage": kv,
-                "inflight": float(v.inflight),
-                "admitted": 1.0 if v.inflight <= limit else 0.0,
+                "inflight": float(inflight),
+                "admitted": 1.0 if inflight <= limit else 0.0,
                 "score": min(1.0, low / max(cost, 1e-9)),  # [0, 1], higher is better
             }
             out.append(Candidate(v.id, cost, terms))

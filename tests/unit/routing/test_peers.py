@@ -3,6 +3,7 @@ the affinity index, the outbox, and a continued conversation settling a peer's r
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -201,3 +202,39 @@ def test_four_gateways_spread_a_burst_they_cannot_see(window_s: float, distinct:
             router.record_route(replica, f, 1.0)
             picks.append((g, replica))
     assert len({replica for _, replica in picks}) == distinct, picks
+
+
+def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
+    """`cache_aware` reads other gateways' load beside the views (`PickContext.peer_loads`);
+    its decisions and explained terms equal those of a router given views with that load
+    added (no sharing), whatever the loads, scrapes and cached prefixes."""
+    rng = random.Random(11)
+    ids = [f"r{i}" for i in range(6)]
+    for _ in range(40):
+        shared, plain = Router(RouterConfig()), Router(RouterConfig())
+        shared.enable_sharing(2.0, "me")
+        chains = [tuple(rng.getrandbits(40) for _ in range(rng.randrange(2, 30)))
+                  for _ in range(8)]
+        for chain in chains:
+            replica = rng.choice(ids)
+            for router in (shared, plain):
+                router.record_route(replica, _features(chain), 0.0)
+        loads = {rid: ReplicaLoad(rng.randrange(8), rng.randrange(3), rng.randrange(4) * 900,
+                                  rng.randrange(4) * 700.0)
+                 for rid in rng.sample(ids, rng.randrange(len(ids) + 1))}
+        shared.apply_peer_load("peer", loads, 0.0)
+        own = [ReplicaView(id=rid, pool="p", inflight=rng.randrange(5),
+                           inflight_prefill_tokens=rng.randrange(3) * 640,
+                           inflight_prefill=rng.randrange(2),
+                           waiting=rng.choice([None, 0.0, 3.0]), running=rng.choice([None, 4.0]),
+                           kv_usage=rng.random(), scrape_age_s=rng.choice([None, 0.1, 9.0]))
+               for rid in ids]
+        merged = [v if (p := loads.get(v.id)) is None else dataclasses.replace(
+            v, inflight=v.inflight + p.inflight,
+            inflight_prefill_tokens=v.inflight_prefill_tokens + p.prefill_tokens,
+            inflight_prefill=v.inflight_prefill + p.prefill,
+            peer_prefill_work=v.peer_prefill_work + p.pending_work) for v in own]
+        for chain in (*chains, tuple(rng.getrandbits(40) for _ in range(12))):
+            f = _features((*chain, rng.getrandbits(40)))
+            assert shared.pick(f, own, 0.05, explain=True) == plain.pick(
+                f, merged, 0.05, explain=True)
