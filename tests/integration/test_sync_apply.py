@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -20,10 +21,30 @@ KEY = b"kvgate:routes"
 KNOWN = {"a:1", "b:1"}
 
 
-def _sync(url: str, router: Router, **settings: float) -> RouteSync:
+def _busy() -> dict[str, ReplicaLoad]:
+    """A gateway's own load with a request in flight (peers hold some of its load)."""
+    return {"a:1": ReplicaLoad(1, 0, 0, 0.0)}
+
+
+def _sync(
+    url: str, router: Router, own_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict,
+    **settings: float,
+) -> RouteSync:
     return RouteSync(router, url, "kvgate", SyncSettings(**settings),  # type: ignore[arg-type]
-                     own_loads=dict, known=KNOWN.__contains__, clock=time.monotonic,
+                     own_loads=own_loads, known=KNOWN.__contains__, clock=time.monotonic,
                      member="me")
+
+
+@asynccontextmanager
+async def _running(url: str, sync: RouteSync) -> AsyncIterator[aioredis.Redis]:
+    """``sync`` started, and a client of its Redis; both stopped at the end."""
+    r = aioredis.Redis.from_url(url)
+    await sync.start()
+    try:
+        yield r
+    finally:
+        await sync.stop()
+        await r.aclose()
 
 
 async def _until(condition: Callable[[], bool]) -> None:
@@ -45,11 +66,9 @@ async def _written(r: aioredis.Redis) -> list[dict[bytes, bytes]]:
 
 
 async def test_backlog_is_applied_in_bounded_steps(redis_url: str) -> None:
-    r = aioredis.Redis.from_url(redis_url)
     router = Router(RouterConfig())
     sync = _sync(redis_url, router, max_entries_per_tick=8, catchup_entries=0)
-    await sync.start()
-    try:
+    async with _running(redis_url, sync) as r:
         await asyncio.sleep(0.2)  # the reader waits for new entries
         # the backlog lands at once (one pipeline): added one await at a time, a reader with
         # CPU to spare applied each as it came, and no backlog was left to measure
@@ -67,17 +86,12 @@ async def test_backlog_is_applied_in_bounded_steps(redis_url: str) -> None:
         steps = [b - a for a, b in itertools.pairwise(samples)]
         assert max(steps) <= 8  # never more than one read's worth per turn
         assert router.state.index.entries("a:1") == 201
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def test_bad_foreign_own_and_future_records(redis_url: str) -> None:
-    r = aioredis.Redis.from_url(redis_url)
     router = Router(RouterConfig())
     sync = _sync(redis_url, router, catchup_entries=0)
-    await sync.start()
-    try:
+    async with _running(redis_url, sync) as r:
         await asyncio.sleep(0.2)
         await _add(r, {b"v": b"1", b"m": b"peer", b"t": b"1.0", b"h": b"\x00" * 3,
                        b"r": b"[[\"a:1\",0,1]]"})
@@ -94,9 +108,6 @@ async def test_bad_foreign_own_and_future_records(redis_url: str) -> None:
         peers = router.peers
         await _until(lambda: not peers.members(time.monotonic()))
         assert router.peers.totals(time.monotonic()) == {}  # a goodbye drops its load now
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def test_a_new_gateway_catches_up_on_routes_not_on_old_loads(redis_url: str) -> None:
@@ -104,27 +115,20 @@ async def test_a_new_gateway_catches_up_on_routes_not_on_old_loads(redis_url: st
     for i in range(50):
         await _add(r, encode("old-peer", time.time(), [RouteRecord("a:1", (i + 1,), 0)],
                              {"a:1": ReplicaLoad(9, 0, 0, 0.0)}))
+    await r.aclose()
     router = Router(RouterConfig())
     sync = _sync(redis_url, router, catchup_entries=20)
-    await sync.start()
-    try:
+    async with _running(redis_url, sync):
         assert router.state.index.entries("a:1") == 20  # warm from the last 20 entries
         assert router.peers is not None and router.peers.totals(time.monotonic()) == {}
         assert not sync.degraded
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
-    r = aioredis.Redis.from_url(redis_url)
     router = Router(RouterConfig())
     loads = {"a:1": ReplicaLoad(1, 1, 64, 64.0)}
-    sync = RouteSync(router, redis_url, "kvgate", SyncSettings(catchup_entries=0),
-                     own_loads=lambda: loads, known=KNOWN.__contains__, clock=time.monotonic,
-                     member="me")
-    await sync.start()
-    try:
+    sync = _sync(redis_url, router, lambda: loads, catchup_entries=0)
+    async with _running(redis_url, sync) as r:
         from routing.types import RequestFeatures
 
         router.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
@@ -137,9 +141,6 @@ async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
         fields = routed[0]
         assert fields[b"m"] == b"me" and b"a:1" in fields[b"r"]
         assert any(b"a:1" in f.get(b"l", b"") for f in await _written(r))
-    finally:
-        await sync.stop()
-        await r.aclose()
     r = aioredis.Redis.from_url(redis_url)
     entries = await r.xrange(KEY)
     await r.aclose()
@@ -153,13 +154,9 @@ async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url
     new entries in the same round trip as its batch (XADD + XREAD pipelined); the reader
     stands by. A peer writing every 2 ms costs one round trip per interval, not one per
     entry, and every entry is applied exactly once."""
-    r = aioredis.Redis.from_url(redis_url)
     router = Router(RouterConfig())
     interval = 0.02
-    sync = RouteSync(router, redis_url, "kvgate",
-                     SyncSettings(flush_interval_s=interval, catchup_entries=0),
-                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
-                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    sync = _sync(redis_url, router, _busy, flush_interval_s=interval, catchup_entries=0)
     calls = {"read": 0, "round": 0}
     reader_call, publisher_pipeline = sync._in.call, sync._out.pipeline
 
@@ -173,8 +170,7 @@ async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url
 
     sync._in.call = read  # type: ignore[method-assign]
     sync._out.pipeline = pipeline  # type: ignore[method-assign]
-    await sync.start()
-    try:
+    async with _running(redis_url, sync) as r:
         await _until(lambda: sync._published != {})  # our load is out: the publisher reads
         await asyncio.sleep(2 * interval)
         before = dict(calls)
@@ -193,37 +189,27 @@ async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url
         assert router.state.index.entries("a:1") == 101
         assert router.peers is not None
         assert router.peers.totals(time.monotonic())["b:1"].inflight == 5  # the latest
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def test_own_entries_are_skipped_unread(redis_url: str) -> None:
     """Entries this process wrote come back on the one stream: skipped before decoding
     (neither applied nor counted as malformed, even when they would not decode)."""
-    r = aioredis.Redis.from_url(redis_url)
     router = Router(RouterConfig())
     sync = _sync(redis_url, router, catchup_entries=0)
-    await sync.start()
-    try:
+    async with _running(redis_url, sync) as r:
         await asyncio.sleep(0.1)
         await _add(r, {b"v": b"1", b"m": b"me", b"t": b"1.0", b"h": b"\x00" * 3})
         await _add(r, encode("peer", time.time(), [RouteRecord("a:1", (1,), 0)], {}))
         await _until(lambda: sync.stats.applied >= 1)
         assert sync.stats.dropped == {}
         assert router.state.index.entries("a:1") == 1
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def test_stop_ends_the_loops_even_if_a_cancellation_is_swallowed(redis_url: str) -> None:
     """A shutdown never hangs: a loop whose cancellation a library swallowed (redis-py's
     write through `asyncio.wait_for` did, on Python 3.11) is cancelled again."""
     router = Router(RouterConfig())
-    sync = RouteSync(router, redis_url, "kvgate", SyncSettings(catchup_entries=0),
-                     own_loads=lambda: {"a:1": ReplicaLoad(1, 0, 0, 0.0)},
-                     known=KNOWN.__contains__, clock=time.monotonic, member="me")
+    sync = _sync(redis_url, router, _busy, catchup_entries=0)
     publisher_pipeline = sync._out.pipeline
     swallowed: list[bool] = []
 
