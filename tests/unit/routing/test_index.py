@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import random
+from collections import OrderedDict
+
 from routing.index import AffinityIndex
 
 
@@ -74,3 +77,56 @@ def test_tail_weight_leaves_with_its_block() -> None:
     idx.set_capacity("a", 4)  # the weighted tail is the oldest entry: it goes first
     assert (idx.used("a"), idx.entries("a")) == (3, 3)
     assert idx.match(chain(1, 4)) == {"a": 3}
+
+
+
+class _Model:
+    """The index's rule spelled out one block at a time: per replica an LRU of block ->
+    (weight, a peer touched it last); a chain is inserted tail first; the oldest entries go
+    while the weights exceed the capacity."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.lrus: dict[str, OrderedDict[int, tuple[int, bool]]] = {}
+
+    def insert(self, replica: str, hashes: list[int], tail: int, peer: bool) -> None:
+        lru = self.lrus.setdefault(replica, OrderedDict())
+        last = len(hashes) - 1
+        for i in range(last, -1, -1):
+            weight, flag = lru.pop(hashes[i], (1, peer))
+            if i == last and tail > 0:
+                weight, flag = 1 + tail, peer
+            lru[hashes[i]] = (weight, peer if i == 0 else flag)
+        while sum(w for w, _ in lru.values()) > self.capacity:
+            lru.popitem(last=False)
+
+
+def test_inserts_follow_the_block_by_block_rule() -> None:
+    """Random chains sharing prefixes, tails, peers' and own inserts, evictions: the index's
+    entries (in LRU order), their weights and peer marks, its block owners and its matches are
+    those of the rule applied one block at a time."""
+    rng = random.Random(5)
+    capacity = 40
+    idx, model = AffinityIndex(capacity), _Model(capacity)
+    heads = [[rng.getrandbits(20) for _ in range(12)] for _ in range(6)]
+    for _ in range(3000):
+        head = rng.choice(heads)
+        chain = head[:rng.randrange(1, 12)] + [rng.getrandbits(20) + 2**21
+                                               for _ in range(rng.randrange(4))]
+        replica, tail, peer = rng.choice("abc"), rng.choice([0, 0, 0, 3, 9]), rng.random() < 0.5
+        idx.insert(replica, chain, tail, peer)
+        model.insert(replica, chain, tail, peer)
+        for r, lru in model.lrus.items():
+            assert list(idx._replicas[r].blocks) == list(lru)
+            assert [idx.peer_touched(r, h) for h in lru] == [f for _, f in lru.values()]
+            assert idx.used(r) == sum(w for w, _ in lru.values())
+            probe = rng.choice(heads)[:rng.randrange(1, 12)]
+            expected = 0
+            while expected < len(probe) and probe[expected] in lru:
+                expected += 1
+            if expected == len(probe):
+                expected += lru[probe[-1]][0] - 1
+            assert idx.match_one(r, probe) == expected
+        assert all(idx.holders(h) == sum(h in lru for lru in model.lrus.values())
+                   for lru in model.lrus.values() for h in lru)
+        assert idx.distinct_blocks() == len(set().union(*model.lrus.values()))
