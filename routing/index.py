@@ -23,9 +23,8 @@ weight), which is how the router tells decisions that used peers' records.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Sequence
-from itertools import filterfalse, takewhile
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
 
 __all__ = ["AffinityIndex"]
 
@@ -90,37 +89,36 @@ class AffinityIndex:
     ) -> None:
         """``replica`` now holds the chain ``hashes`` (most recently used first block), plus
         ``tail_blocks`` more blocks of the same request beyond the hashed cap; ``peer``: the
-        chain was routed by another gateway.
-
-        Every process inserts every gateway's chains (its own and its peers'), most of whose
-        blocks it holds already: those are refreshed in one pass in C (`OrderedDict.move_to_end`
-        mapped over the chain), only the new ones and the evictions they cause are Python."""
+        chain was routed by another gateway."""
         if not hashes:
             return
         lru = self._lru(replica)
         bit = 1 << lru.slot
         flag = 1 if peer else 0
         blocks, owners = lru.blocks, self._owners
-        held = len(blocks)
-        fresh = 2 | flag
-        for h in list(filterfalse(blocks.__contains__, hashes)):  # new to this replica
-            blocks[h] = fresh
-            owners[h] = owners.get(h, 0) | bit
-        used = lru.used + len(blocks) - held
+        used = lru.used
+        first = hashes[0]
         if tail_blocks > 0:
             h = hashes[-1]
-            used += 1 + tail_blocks - (blocks[h] >> 1)
+            used += 1 + tail_blocks - (blocks.get(h, 0) >> 1)
+            if h not in blocks:
+                owners[h] = owners.get(h, 0) | bit
             blocks[h] = ((1 + tail_blocks) << 1) | flag
-        # tail first, so the first block ends most recently used (assignments above keep the
-        # order of existing keys: only these moves set it)
-        deque(map(blocks.move_to_end, reversed(hashes)), maxlen=0)
-        first = hashes[0]
+            blocks.move_to_end(h)
+            hashes = hashes[:-1]
+        fresh = 2 | flag
+        for h in reversed(hashes):
+            if h in blocks:
+                blocks.move_to_end(h)
+            else:
+                blocks[h] = fresh
+                used += 1
+                owners[h] = owners.get(h, 0) | bit
         weight = blocks[first]
         if weight & 1 != flag:
             blocks[first] = weight ^ 1
         lru.used = used
-        if used > lru.capacity:
-            self._evict(lru)
+        self._evict(lru)
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners
@@ -169,17 +167,21 @@ class AffinityIndex:
             mask ^= low
         return out
 
-    def match_one(self, replica: str, hashes: Sequence[int]) -> int:
-        """Leading blocks of ``hashes`` ``replica`` holds (a fully matched capped chain counts
-        its tail, as in `match`)."""
+    def match_one(self, replica: str, hashes: Iterable[int]) -> int:
+        """Blocks of ``hashes`` ``replica`` holds (a fully matched capped chain counts its
+        tail, as in `match`)."""
         lru = self._replicas.get(replica)
         if lru is None:
             return 0
         blocks = lru.blocks
-        depth = len(list(takewhile(blocks.__contains__, hashes)))
-        if depth < len(hashes) or not depth:
-            return depth
-        return depth - 1 + (blocks[hashes[-1]] >> 1)
+        depth = 0
+        last = 0
+        for h in hashes:
+            if h not in blocks:
+                return depth
+            depth += 1
+            last = h
+        return depth - 1 + (blocks[last] >> 1) if depth else 0
 
     def peer_touched(self, replica: str, block_hash: int) -> bool:
         """Whether ``replica``'s entry for ``block_hash`` was last refreshed by a peer."""
