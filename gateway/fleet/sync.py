@@ -354,9 +354,9 @@ class RouteSync:
         self.stats.lag(max(0.0, time.time() - batch.sent_at))
 
     def _apply_routes(self, batch: Batch) -> None:
-        known = self._known
-        routes = [r for r in batch.routes if known(r.replica)]
-        if len(routes) < len(batch.routes):
+        known, routes = self._known, batch.routes
+        if not all(map(known, {r.replica for r in routes})):  # asked once per replica
+            routes = [r for r in routes if known(r.replica)]
             self.stats.drop("foreign", len(batch.routes) - len(routes))
         if routes:
             self._router.apply_peer_routes(routes, batch.member)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from math import log as _log
 from math import log1p as _log1p
+from operator import itemgetter
 
 from routing.learning import TtftFit
 from routing.load import bound_limit
@@ -80,13 +81,13 @@ class CacheAware:
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
-        peers = ctx.peer_loads.get
+        peers = ctx.peer_loads.get if ctx.peer_loads else None
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
                 v.inflight_prefill_tokens, v.inflight_prefill, v.peer_prefill_work)
-            q = peers(vid)
-            if q is not None:  # other gateways' in-flight work (shared state): fleet-wide
+            if peers is not None and (q := peers(vid)) is not None:
+                # other gateways' in-flight work (shared state): the fleet's
                 inflight += q.inflight
                 gateway += q.prefill_tokens
                 gateway_reqs += q.prefill
@@ -164,9 +165,11 @@ class CacheAware:
         margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
         good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
         close = [r for r in admitted if r[2] <= good]
-        longest = max(r[4] for r in close)
+        longest = max(close, key=_matched)[4]
         near = {r[3].id: r for r in close if r[4] == longest}
         if len(near) == 1:  # the one whatever the order
+            if close[0][4] == longest:  # the cheapest: the order stands
+                return admitted
             (chosen,) = near.values()
             return [chosen] + [x for x in admitted if x is not chosen]
         assert ctx.turn_order is not None
@@ -200,4 +203,7 @@ class CacheAware:
 
 def _rank(row: _Row) -> tuple[int, int]:
     return row[0], row[1]
+
+
+_matched = itemgetter(4)
 
