@@ -107,30 +107,34 @@ class AffinityIndex:
             blocks.move_to_end(h)
             hashes = hashes[:-1]
         fresh = 2 | flag
+        move, held = blocks.move_to_end, owners.get  # every process inserts every chain
         for h in reversed(hashes):
             if h in blocks:
-                blocks.move_to_end(h)
+                move(h)
             else:
                 blocks[h] = fresh
                 used += 1
-                owners[h] = owners.get(h, 0) | bit
+                owners[h] = held(h, 0) | bit
         weight = blocks[first]
         if weight & 1 != flag:
             blocks[first] = weight ^ 1
         lru.used = used
-        self._evict(lru)
+        if used > lru.capacity:
+            self._evict(lru)
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners
         clear = ~(1 << lru.slot)
-        while lru.used > lru.capacity:
-            h, weight = blocks.popitem(last=False)
-            lru.used -= weight >> 1
+        used, capacity, oldest = lru.used, lru.capacity, blocks.popitem
+        while used > capacity:
+            h, weight = oldest(False)
+            used -= weight >> 1
             mask = owners[h] & clear
             if mask:
                 owners[h] = mask
             else:
                 del owners[h]
+        lru.used = used
 
     # -- queries ------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
