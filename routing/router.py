@@ -214,7 +214,7 @@ class Router:
             if totals:
                 if self._reads_peer_loads:
                     peer_loads = totals
-                    used_peers = any(v.id in totals for v in healthy)
+                    used_peers = not totals.keys().isdisjoint(map(_by_id, healthy))
                 else:
                     healthy, used_peers = _with_peers(healthy, totals)
             rank, gateways = self._rank(now)
