@@ -324,6 +324,7 @@ class Simulated:
     requests: int
     same_replica: float  # share of conversation turns sent to their previous turn's replica
     cpu_s: float  # process CPU of the whole run (routing, publishing, applying)
+    route_cpu_s: float  # of which pick + record_route (as `Measured.route_cpu_us`)
 
 
 def simulate(flush_s: float | None, requests: int, rate: float = RATE) -> Simulated:
@@ -348,7 +349,7 @@ def simulate(flush_s: float | None, requests: int, rate: float = RATE) -> Simula
     pending: deque[tuple[float, int, list[bytes]]] = deque()
     last: dict[int, str] = {}  # conversation (its first block after the system prompt) -> replica
     same = turns = entry = 0
-    published = 0.0
+    published = route_cpu = 0.0
     features = _workload(rng, requests)
     c0 = time.process_time()
     for i, f in enumerate(features):
@@ -364,13 +365,16 @@ def simulate(flush_s: float | None, requests: int, rate: float = RATE) -> Simula
                 if fields is not None:
                     flat = [x for kv in fields.items() for x in kv]
                     pending.append((now + flush_s, g, flat))  # type: ignore[operator]
+        r0 = time.process_time()
         replica = owns[i % 2].route(f, now)
+        route_cpu += time.process_time() - r0
         conv = f.block_hashes[SYSTEM_BLOCKS]
         if len(f.block_hashes) > SYSTEM_BLOCKS + TURN_BLOCKS:
             turns += 1
             same += last.get(conv) == replica
         last[conv] = replica
-    return Simulated(requests, same / turns if turns else 0.0, time.process_time() - c0)
+    return Simulated(requests, same / turns if turns else 0.0, time.process_time() - c0,
+                     route_cpu)
 
 
 def stickiness(flush_s: float | None, seconds: float = 10.0, rate: float = RATE) -> float:
@@ -403,8 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.simulate is not None:
         for m in args.modes.split(","):
             sim = simulate(None if m == "off" else args.flush_ms / 1000, args.simulate)
-            print(f"{m:8} {sim.cpu_s / max(sim.requests, 1) * 1e6:6.1f} us/request, "
-                  f"same replica {sim.same_replica:.3f}", flush=True)
+            n = max(sim.requests, 1)
+            print(f"{m:8} {sim.cpu_s / n * 1e6:6.1f} us/request (routing "
+                  f"{sim.route_cpu_s / n * 1e6:5.1f}), same replica {sim.same_replica:.3f}",
+                  flush=True)
         return 0
     if args.stickiness:
         for rate, seconds in ((200.0, 60.0), (RATE, 10.0)):
