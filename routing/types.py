@@ -17,7 +17,8 @@ class ReplicaView:
 
     Scraped fields are ``None`` when no fresh scrape exists (the router then relies on the
     gateway's own accounting). ``inflight*`` fields are the gateway's own, always fresh;
-    `Router.pick` adds other gateways' shared load to them (`routing.peers`).
+    other gateways' shared load (`routing.peers`) comes beside them in `PickContext.peer_loads`
+    for a policy that reads it (`reads_peer_loads`), else `Router.pick` adds it to them.
     """
 
     id: str
