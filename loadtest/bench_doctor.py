@@ -34,6 +34,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from loadtest.cmdline import shown_command
+
 RESULTS = Path(__file__).resolve().parent / "results"
 OVERHEAD_NOTE = (
     "The last column counts runs in which the doctor also named kvgate's own overhead "
@@ -280,8 +282,8 @@ def _fmt_window(w: float | None, scale: float, scaled: bool) -> str:
 def _markdown(detect: list[dict[str, Any]], cost: dict[str, Any] | None, args: argparse.Namespace,
               load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
     lines = ["# kvgate doctor benchmark", "",
-             f"{datetime.now():%Y-%m-%d %H:%M}, `python -m loadtest.bench_doctor "
-             f"{' '.join(sys.argv[1:])}`. Load average before: "
+             f"{datetime.now():%Y-%m-%d %H:%M}, `{shown_command('loadtest.bench_doctor')}`. "
+             "Load average before: "
              + ", ".join(f"{x:.2f}" for x in load_before)
              + "; after: " + ", ".join(f"{x:.2f}" for x in load_after) + ".", ""]
     if detect:

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from loadtest.bench_overhead import Report
+from loadtest.cmdline import shown_command
 from loadtest.fleet import free_port
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.summary import summarize
@@ -223,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     every = not (args.offline or args.cost or args.workers)
     rep = Report()
     rep.add("# Shared routing state: benchmark\n")
-    rep.add(f"`python -m loadtest.bench_sync {' '.join(argv or sys.argv[1:])}`\n")
+    rep.add(f"`{shown_command('loadtest.bench_sync', argv)}`\n")
     if every or args.offline:
         rows = offline(rep, args.trace, args.quick, args.jobs)
         plot(rows, RESULTS / "bench_sync_offline.png")
