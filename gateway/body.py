@@ -18,6 +18,7 @@ import orjson
 from gateway.errors import BadRequest
 from gateway.jsondepth import check_parsed_depth
 from routing.tokens import count_tokens
+from routing.types import RequestFeatures
 
 __all__ = [
     "OPERATOR_FIELDS", "ClientPriorityMode", "ClientSaltMode", "ParsedBody",
@@ -36,13 +37,16 @@ USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
 
 
 class ParsedBody:
-    __slots__ = ("data", "model", "prompt_tokens", "stream")
+    __slots__ = ("data", "model", "prefix", "prompt_tokens", "stream")
 
     def __init__(self, data: dict[str, Any], model: str, stream: bool, prompt_tokens: int):
         self.data = data
         self.model = model
         self.stream = stream
         self.prompt_tokens = prompt_tokens
+        # the prompt's routing features when they were computed with the parse, off the event
+        # loop (a large body, `gateway/prepare.py`); else the planner computes them
+        self.prefix: RequestFeatures | None = None
 
 
 def parse_body(raw: bytes, kind: str) -> ParsedBody:
