@@ -32,6 +32,7 @@ from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     KvgateError,
     NoReplicaAvailable,
+    ReplicaRefused,
     RetryBudgetExhausted,
     UpstreamError,
     UpstreamTimeout,
@@ -40,7 +41,7 @@ from gateway.flow import until_disconnect
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay, judge, stream_error
+from gateway.relay import REFUSED, Relay, judge, stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
@@ -194,13 +195,15 @@ class Proxy:
                     replica.record_failure(self._clock())
                 log.info("replica did not answer", extra={"replica": replica.id})
                 return UpstreamError("The replica did not answer.", reason="connect")
-            if resp.status in self._retry and not last:
+            if (resp.status in self._retry and not last) or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
                     data = await resp.read_all()
                     clean = True
                 except TRANSPORT_ERRORS:
                     data = b""
                 verdict = judge(replica, resp.status, data, self._clock())
+                if verdict == "refused":  # kvgate's credentials, not the client's: a 502
+                    return ReplicaRefused(resp.status)
                 return UpstreamError(
                     f"The replica answered {resp.status}.",
                     reason="busy" if verdict == "busy" else f"status_{resp.status}",

@@ -3,7 +3,8 @@ holds the stored response (`ResponseStore`), as the tenant that created it.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
-The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped.
+The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped; a replica
+refusing kvgate's own credentials (401/403) is a 502 (`ReplicaRefused`).
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from gateway.errors import (
     KvgateError,
     MethodNotAllowed,
     NotFound,
+    ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
     openai_shaped,
 )
 from gateway.pool import Pool, Pools
+from gateway.relay import REFUSED
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
@@ -111,4 +114,6 @@ class StoredResponses:
             raise UpstreamTimeout("The replica did not answer in time.") from None
         except TRANSPORT_ERRORS:
             raise UpstreamError("The replica holding this response did not answer.") from None
+        if status in REFUSED:  # kvgate's credentials, not the client's
+            raise ReplicaRefused(status)
         return status, content_type, body, f"{pool.name}/{replica.id}"
