@@ -1,5 +1,6 @@
 """Hostile HTTP clients against a real `kvgate serve`, over real sockets: header size and count
-limits (431), slow headers and slow bodies (408), with the limits set from the environment."""
+limits (431), slow headers and slow bodies (408), with the limits set from the environment;
+bytes that are not HTTP/1.1 (400). Every refusal is OpenAI-shaped JSON."""
 
 from __future__ import annotations
 
@@ -115,3 +116,19 @@ def test_dripped_body_gets_408(port: int) -> None:
             b"Content-Length: 200\r\n\r\n")
     status, body = drip(port, head, b'{"model": "m", "prompt": "' + b"a" * 170 + b'"}')
     assert status == 408 and "body" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /v1/mod\xffels HTTP/1.1\r\nHost: x\r\n\r\n",  # a path that is not UTF-8
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",  # request smuggling's ambiguity
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2 prior knowledge
+], ids=["path-not-utf8", "negative-length", "two-lengths", "length-and-chunked", "tls", "h2"])
+def test_bytes_that_are_not_http_get_an_openai_shaped_400(port: int, request_bytes: bytes) -> None:
+    status, body = exchange(port, request_bytes)
+    assert status == 400
+    assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
