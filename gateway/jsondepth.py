@@ -88,9 +88,10 @@ def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if too_deep(body, limit):
             exc = _too_deep_error(limit)
-            await send({"type": "http.response.start", "status": exc.status,
-                        "headers": exc.headers()})
-            await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+            body = exc.body()
+            await send({"type": "http.response.start", "status": exc.status, "headers": [
+                *exc.headers(), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         pending = iter(messages)
 

@@ -240,6 +240,8 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
-        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id)]
+        body = exc.body()
+        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id),
+                (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -56,9 +56,11 @@ class StoredResponses:
         try:
             status, content_type, body, where = await self._forward(path, method, scope, token)
         except KvgateError as exc:
-            hdrs = [*exc.headers(), (b"x-request-id", req_id)]
+            body = exc.body()
+            hdrs = [*exc.headers(), (b"x-request-id", req_id),
+                    (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-            await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"

@@ -132,3 +132,22 @@ def test_bytes_that_are_not_http_get_an_openai_shaped_400(port: int, request_byt
     status, body = exchange(port, request_bytes)
     assert status == 400
     assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /healthz HTTP/1.0\r\n\r\n",  # a page
+    b"GET /nowhere HTTP/1.0\r\n\r\n",  # kvgate's own error
+    b"POST /v1/completions HTTP/1.0\r\nContent-Length: 3\r\n\r\n{x}",  # a proxied route's
+], ids=["page", "error", "proxied-error"])
+def test_whole_answers_carry_their_length_not_chunks(port: int, request_bytes: bytes) -> None:
+    """An HTTP/1.0 client (load balancer health checks, ab) cannot read chunked framing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request_bytes)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert b"transfer-encoding: chunked" not in lines, head
+    assert f"content-length: {len(body)}".encode() in lines, head
+    assert orjson.loads(body)
