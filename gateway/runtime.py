@@ -214,8 +214,9 @@ def _admin_app(
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report)
     metrics.registry.register(AuthGuardCollector(deps.guard))
-    app: ASGIApp = guard_json_depth(create_admin_app(  # too deep: 400 first
-        deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"))
+    app: ASGIApp = guard_json_depth(create_admin_app(  # too large: 413, too deep: 400 first
+        deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),
+        max_bytes=cfg.server.max_body_bytes)
     return app
 
 
