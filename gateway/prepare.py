@@ -149,6 +149,7 @@ class Preparer:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if req.queued_s is not None and self.flow is not None:
             decision = self.flow.mark(req, decision)  # route "queued"
+        parsed.shed()  # everything above has read it; the upstream body is written
         return decision, upstream_body
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
