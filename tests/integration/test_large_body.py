@@ -79,8 +79,7 @@ def test_small_request_is_answered_while_a_large_body_is_prepared() -> None:
         assert order == ["small", "big"], order
         head, _, answer = bytes(bufs[big]).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), head
-        assert orjson.loads(answer.split(b"\r\n")[1])["error"]["type"] == (
-            "ServiceUnavailableError")
+        assert orjson.loads(answer)["error"]["type"] == "ServiceUnavailableError"
         assert bufs[small].startswith(b"HTTP/1.1 200")
 
 
