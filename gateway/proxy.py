@@ -223,6 +223,14 @@ class Proxy:
         if reason == "disconnect":
             req.status = 499  # nginx's "client closed request", for the metrics only
             return
+        if reason == "client":
+            # the client stopped reading the stream (its socket full for `idle_timeout_s`):
+            # the replica is not at fault, and nothing more can be sent. Returning with the
+            # answer unfinished makes the server close the connection.
+            req.status = 408
+            log.info("client stopped reading the stream",
+                     extra={"request_id": req.req_id.decode("latin-1")})
+            return
         if reason == SHUTDOWN:  # the shutdown grace period is over (gateway/drain.py)
             exc: KvgateError = NoReplicaAvailable(
                 "The gateway is shutting down; the response was interrupted.")
@@ -233,6 +241,8 @@ class Proxy:
             req.target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
+            if req.ctl.writing:  # cut while the client was not taking a chunk: it is not
+                return  # reading, so an error event would wait for it as long as it likes
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error(exc.message, exc.type_, exc.status)})
         else:

@@ -177,7 +177,9 @@ class Relay:
             out = scanner.feed(chunk)
             if out:
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                    ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    ctl.writing = False
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
@@ -191,7 +193,9 @@ class Relay:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
+                ctl.writing = True  # a client that stops reading blocks here (`Canceller`)
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                ctl.writing = False
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)
