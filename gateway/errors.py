@@ -16,6 +16,7 @@ import math
 import orjson
 
 __all__ = [
+    "REFUSED",
     "AuthError",
     "BackendUnavailable",
     "BadRequest",
@@ -169,6 +170,10 @@ class UpstreamTimeout(UpstreamError):
 
     def __init__(self, message: str, *, reason: str = "timeout") -> None:
         super().__init__(message, reason=reason)
+
+
+# a replica refusing kvgate's own credentials (vLLM's --api-key middleware answers 401)
+REFUSED = frozenset({401, 403})
 
 
 class ReplicaRefused(UpstreamError):

@@ -30,6 +30,7 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
+    REFUSED,
     KvgateError,
     NoReplicaAvailable,
     ReplicaRefused,
@@ -41,7 +42,7 @@ from gateway.flow import until_disconnect
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import REFUSED, Relay, judge, stream_error
+from gateway.relay import Relay, judge, stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore

@@ -31,7 +31,7 @@ from time import perf_counter
 
 from gateway.asgi import Send
 from gateway.config import KvgateConfig
-from gateway.errors import UpstreamError, error_body, openai_shaped
+from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import EJECTED, Lease, Replica
 from gateway.request import ProxiedRequest
@@ -40,7 +40,7 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["DONE_EVENT", "REFUSED", "Relay", "judge", "stream_error"]
+__all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,6 @@ _CONTENT = re.compile(
 DONE_EVENT = b"data: [DONE]\n\n"
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
-# a replica refusing kvgate's credentials (vLLM's --api-key middleware answers 401)
-REFUSED = frozenset({401, 403})
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
 

@@ -15,6 +15,7 @@ import re
 from gateway.asgi import Scope, Send
 from gateway.config import UpstreamConfig
 from gateway.errors import (
+    REFUSED,
     KvgateError,
     MethodNotAllowed,
     NotFound,
@@ -24,7 +25,6 @@ from gateway.errors import (
     openai_shaped,
 )
 from gateway.pool import Pool, Pools
-from gateway.relay import REFUSED
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate

@@ -73,6 +73,19 @@ def test_without_the_pools_key_the_replica_refuses(sim_factory: SimFactory) -> N
         assert "refused the gateway's credentials" in gw.output()  # the operator is told
 
 
+def test_quick_form_says_why_a_keyed_replica_is_never_ready(sim_factory: SimFactory) -> None:
+    """`--upstream` learns the pool's model from /v1/models, which vLLM's --api-key guards:
+    without the key the pool never gets ready, and the log says why (once)."""
+    _, sim = sim_factory("--time-scale", "50", "--api-key", VLLM_KEY)
+    gw, base = gateway_proc(upstreams=[sim], ready=False)
+    with gw:
+        wait_for(lambda: "refused the gateway's credentials" in gw.output(), timeout=30,
+                 what="the warning")
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503
+        time.sleep(1.0)  # five more health polls (0.2 s apart): not one warning each
+        assert gw.output().count("refused the gateway's credentials") == 1
+
+
 def test_total_timeout_cuts_a_stream_that_never_goes_idle(sim_factory: SimFactory) -> None:
     # real time: a token every few ms, so neither the first-byte nor the idle timeout fires
     _, sim = sim_factory("--time-scale", "1")
