@@ -61,8 +61,8 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     """Parse and check the request; raises `BadRequest` naming the parameter."""
     try:
         data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BadRequest("The request body is not valid JSON.") from None
+    except orjson.JSONDecodeError as exc:  # where and why, never the body's text
+        raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
     check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")

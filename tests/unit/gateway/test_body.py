@@ -193,3 +193,18 @@ def test_shed_keeps_only_what_the_answer_reads(
     parsed.shed()
     assert parsed.data == kept
     assert parsed.model == "m" and parsed.prompt_tokens > 0  # what was read from it stays
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+     "no low surrogate in string: line 1 column 58"),  # a JS client cut an emoji in two
+    (b'{"model": "m", "prompt": "secret\xff"}', "not valid UTF-8"),
+    (b'\xef\xbb\xbf{"model": "m"}', "byte order mark"),
+    (b'{"model": "m"} {"model": "n"}', "unexpected content after document"),
+])
+def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, why: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_body(raw, "chat")
+    assert err.value.message.startswith("The request body is not valid JSON: ")
+    assert why in err.value.message
+    assert "secret" not in err.value.message and "ud83d" not in err.value.message
