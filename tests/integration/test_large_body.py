@@ -6,12 +6,17 @@ from __future__ import annotations
 import selectors
 import socket
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import orjson
 
+from gateway.prepare import OFF_LOOP_BYTES
 from tests.support.gateway import gateway_proc, wait_for
-from tests.support.procs import free_port
+from tests.support.procs import Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
 
 # ~7 MB of 200,000 short messages: the gateway's Python passes over them take a few tenths of
 # a second (parse checks, prompt estimate, canonical prompt text)
@@ -93,3 +98,30 @@ def test_body_over_the_limit_is_413_in_openai_shape() -> None:
         assert r.status_code == 413
         assert r.json()["error"]["type"] == "RequestEntityTooLargeError"
         assert "1000000 bytes" in r.json()["error"]["message"]
+
+
+def test_a_large_body_is_routed_on_the_same_prefix_as_a_small_one(
+    sim_factory: SimFactory,
+) -> None:
+    """A large body's prefix features are computed in a worker thread: they must be the ones
+    the request path computes inline, or a conversation that grows past the threshold would
+    lose its replica."""
+    urls = [sim_factory("--time-scale", "50", "--max-model-len", "65536")[1] for _ in range(2)]
+    gw, base = gateway_proc(upstreams=urls, args=["--policy", "cache_aware"])
+    system = {"role": "system", "content": " ".join(f"rule {i}: be precise." for i in range(200))}
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "x" * 90}
+             for i in range(1500)]
+
+    def ask(client: httpx.Client, messages: list[dict[str, Any]]) -> tuple[str, str, int]:
+        body = orjson.dumps({"model": "sim-model", "messages": messages, "max_tokens": 2})
+        r = client.post("/v1/chat/completions", content=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.headers["x-kvgate-replica"], r.headers["x-kvgate-route"], len(body)
+
+    with gw, httpx.Client(base_url=base) as client:
+        first, _, small = ask(client, [system, turns[0]])
+        big_replica, big_route, big = ask(client, [system, *turns])
+        assert small < OFF_LOOP_BYTES <= big
+        assert (big_replica, big_route) == (first, "prefix-hit")
+        again = ask(client, [system, *turns[:2]])  # inline again, on the chain the big one left
+        assert again[:2] == (first, "prefix-hit")
