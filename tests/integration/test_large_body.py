@@ -1,5 +1,6 @@
 """A large request body does not hold the gateway's event loop: other requests keep being
-answered while it is prepared, and it gets a clean answer itself (or a clean 413)."""
+answered while it is prepared (in a worker thread), it gets a clean answer itself (or a clean
+413), and it is routed as if it had been prepared inline."""
 
 from __future__ import annotations
 
