@@ -151,3 +151,15 @@ def test_whole_answers_carry_their_length_not_chunks(port: int, request_bytes: b
     assert b"transfer-encoding: chunked" not in lines, head
     assert f"content-length: {len(body)}".encode() in lines, head
     assert orjson.loads(body)
+
+
+@pytest.mark.parametrize(("path", "status"), [("/healthz", 200), ("/v1/realtime", 404)])
+def test_a_websocket_upgrade_is_answered_as_plain_http(port: int, path: str, status: int) -> None:
+    """kvgate serves no WebSocket route (e.g. OpenAI's Realtime API): the request is answered
+    as any other, in JSON."""
+    got, body = exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n"
+                         "Connection: Upgrade, close\r\nUpgrade: websocket\r\n"
+                         "Sec-WebSocket-Version: 13\r\n"
+                         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())
+    assert got == status
+    assert ("error" in body) == (status != 200)
