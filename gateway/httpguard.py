@@ -98,10 +98,10 @@ class GuardedHttpTools(NoDelayHttpTools):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # no WebSocket route (`ws="none"`): answered as plain HTTP. uvicorn's own warning
+            # here ("install websockets") would be wrong, and one line per request a client
+            # can repeat at will
+            self.logger.debug("upgrade request answered as plain HTTP")
             return
         except httptools.HttpParserError:
             if self._header_count > self.limits.max_headers:
