@@ -45,6 +45,10 @@ __all__ = ["OFF_LOOP_BYTES", "Preparer"]
 # way (~10 ns per byte of small objects: the `server.max_body_bytes` limit bounds it). Below
 # the threshold the work takes a few milliseconds, less than handing it to a thread is worth.
 OFF_LOOP_BYTES = 128 * 1024
+# Large bodies prepared at once: their parsed objects take ~20x the bytes (7 MB of short
+# messages: ~150 MB), and threads holding the GIL in turn finish no sooner together than one
+# after the other. Two keep one ready while the other runs.
+OFF_LOOP_AT_ONCE = 2
 
 
 class Preparer:
@@ -60,6 +64,7 @@ class Preparer:
         self._responses = responses
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
+        self._off_loop = asyncio.Semaphore(OFF_LOOP_AT_ONCE)
 
     def authenticate(self, token: str | None) -> Principal:
         """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
@@ -83,7 +88,8 @@ class Preparer:
         if len(body) < OFF_LOOP_BYTES:
             parsed = parse_body(body, req.kind)
         else:
-            parsed = await asyncio.to_thread(self._digest, body, req.kind, principal)
+            async with self._off_loop:
+                parsed = await asyncio.to_thread(self._digest, body, req.kind, principal)
         req.parsed = parsed
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
         if adm is not None:

@@ -4,6 +4,7 @@ answered while it is prepared (in a worker thread), it gets a clean answer itsel
 
 from __future__ import annotations
 
+import asyncio
 import selectors
 import socket
 import time
@@ -126,3 +127,34 @@ def test_a_large_body_is_routed_on_the_same_prefix_as_a_small_one(
         assert (big_replica, big_route) == (first, "prefix-hit")
         again = ask(client, [system, *turns[:2]])  # inline again, on the chain the big one left
         assert again[:2] == (first, "prefix-hit")
+
+
+def _memory_mb(pid: int, field: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(f.read().split(field + ":")[1].split()[0]) // 1024
+
+
+def test_concurrent_large_bodies_are_prepared_a_few_at_a_time() -> None:
+    """Each 7 MB body of short messages parses into ~150 MB of objects: eight sent at once
+    must not all be parsed at once (they were, by the thread pool: ~640 MB more at the peak;
+    two at a time: ~250 MB)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw, base = gateway_proc(config={
+        "pools": {"p": {"served_model": "m", "replicas": [dead]}},
+        "health": {"interval_s": 0.2, "eject_base_s": 600, "eject_max_s": 600},
+    }, ready=False)
+    body = _big_body()
+    with gw:
+        wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 503, what="replica down")
+        assert gw.popen is not None
+        before = _memory_mb(gw.popen.pid, "VmRSS")
+
+        async def send_all() -> list[int]:
+            async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=8)) as c:
+                answers = await asyncio.gather(*[
+                    c.post(f"{base}/v1/chat/completions", content=body) for _ in range(8)])
+            return [r.status_code for r in answers]
+
+        assert asyncio.run(send_all()) == [503] * 8
+        peak = _memory_mb(gw.popen.pid, "VmHWM")
+        assert peak - before < 450, (before, peak)
