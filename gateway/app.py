@@ -233,6 +233,8 @@ def _version_page() -> Page:
 
 
 async def _respond(send: Send, status: int, headers: Headers, body: bytes) -> None:
+    # a whole body: its length, not chunked framing (which an HTTP/1.0 client cannot read)
+    headers = [*headers, (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 

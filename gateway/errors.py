@@ -16,6 +16,7 @@ import math
 import orjson
 
 __all__ = [
+    "REFUSED",
     "AuthError",
     "BackendUnavailable",
     "BadRequest",
@@ -32,6 +33,7 @@ __all__ = [
     "PreconditionFailed",
     "QueueShed",
     "RateLimited",
+    "ReplicaRefused",
     "RetryBudgetExhausted",
     "UpstreamError",
     "UpstreamTimeout",
@@ -168,6 +170,21 @@ class UpstreamTimeout(UpstreamError):
 
     def __init__(self, message: str, *, reason: str = "timeout") -> None:
         super().__init__(message, reason=reason)
+
+
+# a replica refusing kvgate's own credentials (vLLM's --api-key middleware answers 401)
+REFUSED = frozenset({401, 403})
+
+
+class ReplicaRefused(UpstreamError):
+    """A replica answered 401/403: it refused kvgate's own credentials (vLLM's ``--api-key``
+    without the pool's `api_key_env`, or another key). The client's key is kvgate's and was
+    accepted, so passing the 401 on would tell the client the wrong thing: a 502."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(
+            f"The replica refused the gateway's credentials (it answered {status}): the gateway "
+            "is misconfigured, your API key is not at fault.", reason="refused")
 
 
 class RetryBudgetExhausted(UpstreamError):

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import orjson
 
 from gateway.config import HealthConfig
+from gateway.errors import REFUSED
 from gateway.pool import Pool, Pools
 from gateway.replicas import Replica
 from gateway.transport import TRANSPORT_ERRORS, refused
@@ -33,6 +34,7 @@ class HealthMonitor:
         self._pools = pools
         self._cfg = cfg
         self._clock = clock
+        self._refusals: set[str] = set()  # replicas whose refusal of the key was logged
 
     async def run(self) -> None:
         while True:
@@ -89,6 +91,12 @@ class HealthMonitor:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers
             )
+            if status in REFUSED and replica.id not in self._refusals:
+                # the quick form cannot learn the pool's model without the replica's key
+                self._refusals.add(replica.id)
+                log.warning("replica refused the gateway's credentials (%d) on /v1/models: "
+                            "set the pool's api_key_env to its --api-key", status,
+                            extra={"pool": pool.name, "replica": replica.id})
             models = orjson.loads(body)["data"] if status == 200 else []
             name = models[0]["id"] if models else None
         except TRANSPORT_ERRORS:

@@ -11,6 +11,9 @@ returns a subclass that
 - answers **408** and closes when a request's headers are not complete `header_timeout_s`
   after its first byte arrived (or after the connection opened), or its body is not complete
   `body_timeout_s` after its headers (the app sees the client leave: ``http.disconnect``);
+- answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
+  are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
+  ``Content-Length``/``Transfer-Encoding``, TLS or HTTP/2 spoken to the plain port);
 - sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs).
 
 Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
@@ -41,6 +44,8 @@ class HttpLimits:
     body_timeout_s: float = 60.0
 
 
+_KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
+          431: "RequestHeaderFieldsTooLargeError"}
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 
 
@@ -93,10 +98,10 @@ class GuardedHttpTools(NoDelayHttpTools):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # no WebSocket route (`ws="none"`): answered as plain HTTP. uvicorn's own warning
+            # here ("install websockets") would be wrong, and one line per request a client
+            # can repeat at will
+            self.logger.debug("upgrade request answered as plain HTTP")
             return
         except httptools.HttpParserError:
             if self._header_count > self.limits.max_headers:
@@ -104,10 +109,8 @@ class GuardedHttpTools(NoDelayHttpTools):
             elif self._parsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, "The request headers exceed "
                                   f"{self.limits.max_header_bytes} bytes.")
-            else:
-                msg = "Invalid HTTP request received."
-                self.logger.warning(msg)
-                self.send_400_response(msg)
+            else:  # uvicorn's own answer here is a text/plain page
+                self._refuse(400, "The request is not valid HTTP/1.1.")
             return
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
@@ -177,7 +180,7 @@ class GuardedHttpTools(NoDelayHttpTools):
         `LINGER_S`), so a client still sending gets the answer instead of a reset."""
         self._disarm()
         self._refused = True
-        kind = "RequestTimeoutError" if status == 408 else "RequestHeaderFieldsTooLargeError"
+        kind = _KINDS[status]
         body = error_body(message, kind, status)
         self.transport.write(b"".join([
             STATUS_LINE[status], b"content-type: application/json\r\n",

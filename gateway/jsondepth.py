@@ -12,7 +12,8 @@ fewer brackets than the limit are accepted after two `bytes.count` calls, otherw
 blanked out (brackets inside them do not nest) and innermost ``[]``/``{}`` pairs are removed
 level by level, each level one C-speed pass, stopping after `limit` levels. `guard_json_depth`
 applies it to an ASGI app whose request bodies are JSON (the admin API): 400 in OpenAI's shape,
-before the app sees the body.
+before the app sees the body; it also bounds the body's size (413), as it reads the body before
+the app authenticates the caller.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 from typing import Any
 
 from gateway.asgi import Receive, Scope, Send
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, BodyTooLarge, KvgateError
 
 __all__ = ["MAX_JSON_DEPTH", "check_parsed_depth", "guard_json_depth", "too_deep"]
 
@@ -69,28 +70,35 @@ def _value_too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
+def guard_json_depth(app: Any, max_bytes: int, limit: int = MAX_JSON_DEPTH) -> Any:
     """Wrap an ASGI app: request bodies nested deeper than `limit` get a 400 before the app
-    runs. The body is read whole first, then replayed to the app (admin bodies are small;
-    the gateway's `server.max_body_bytes` limit does not apply to the admin API, so neither
-    does this copy)."""
+    runs, bodies over `max_bytes` a 413 as soon as they pass it (they are read before the app
+    checks who sent them: unbounded, one anonymous upload could fill the memory). The body is
+    read whole first, then replayed to the app (admin bodies are small)."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "DELETE"):
             await app(scope, receive, send)
             return
         messages: list[dict[str, Any]] = []
-        while True:
-            msg = await receive()
-            messages.append(msg)
-            if msg["type"] != "http.request" or not msg.get("more_body", False):
-                break
+        size = _declared_length(scope)  # refused before a byte is read when above the limit
+        if size <= max_bytes:
+            size = 0
+            while size <= max_bytes:
+                msg = await receive()
+                messages.append(msg)
+                if msg["type"] != "http.request":
+                    break
+                size += len(msg.get("body", b""))
+                if not msg.get("more_body", False):
+                    break
+        if size > max_bytes:
+            await _refuse(send, BodyTooLarge(
+                f"The request body exceeds the limit of {max_bytes} bytes."))
+            return
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if too_deep(body, limit):
-            exc = _too_deep_error(limit)
-            await send({"type": "http.response.start", "status": exc.status,
-                        "headers": exc.headers()})
-            await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+            await _refuse(send, _too_deep_error(limit))
             return
         pending = iter(messages)
 
@@ -101,3 +109,19 @@ def guard_json_depth(app: Any, limit: int = MAX_JSON_DEPTH) -> Any:
         await app(scope, replay, send)
 
     return guarded
+
+
+def _declared_length(scope: Scope) -> int:
+    """The declared Content-Length (0 when absent: a chunked upload is counted as it
+    arrives)."""
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.isdigit():
+            return int(value)
+    return 0
+
+
+async def _refuse(send: Send, exc: KvgateError) -> None:
+    body = exc.body()
+    await send({"type": "http.response.start", "status": exc.status, "headers": [
+        *exc.headers(), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

@@ -11,6 +11,7 @@ tenants. It also drops vLLM's operator-only body fields unless the tier allows t
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import replace
 
 from gateway.body import ParsedBody, drop_operator_fields
 from gateway.errors import ModelNotFound, NoReplicaAvailable
@@ -128,15 +129,26 @@ class Planner:
         features = self._features(kind, parsed, principal, priority)
         return Plan(pool, served, priority, home, spilled, features, views[pool.name])
 
+    def prefix_features(
+        self, parsed: ParsedBody, principal: Principal, priority: int = 0
+    ) -> RequestFeatures:
+        """The salted prefix features of a chat/completions/responses body (pure: safe in a
+        worker thread)."""
+        return extract_features(
+            parsed.data, model=parsed.model, salt=self._gate.salt(principal) or "",
+            config=self._config, tenant=principal.tenant_id, tier=principal.tier,
+            priority=priority,
+        )
+
     def _features(
         self, kind: str, parsed: ParsedBody, principal: Principal, priority: int | None
     ) -> RequestFeatures:
         if kind in PREFIX_KINDS:
-            return extract_features(
-                parsed.data, model=parsed.model, salt=self._gate.salt(principal) or "",
-                config=self._config, tenant=principal.tenant_id, tier=principal.tier,
-                priority=priority or 0,
-            )
+            early = parsed.prefix  # computed off the loop with the parse (a large body)
+            if early is None:
+                return self.prefix_features(parsed, principal, priority or 0)
+            return early if early.priority == (priority or 0) else replace(
+                early, priority=priority or 0)
         return RequestFeatures(
             model=parsed.model, block_hashes=(), prompt_tokens=parsed.prompt_tokens,
             tenant=principal.tenant_id, tier=principal.tier, stream=parsed.stream,

@@ -14,6 +14,7 @@ request's state lands on the `ProxiedRequest`, which both edges settle the same 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
@@ -25,7 +26,7 @@ from gateway.errors import NoReplicaAvailable, NotFound
 from gateway.flow import FlowGate
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
-from gateway.planner import Plan, Planner
+from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pools
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore
@@ -34,7 +35,20 @@ from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["Preparer"]
+__all__ = ["OFF_LOOP_BYTES", "Preparer"]
+
+# A body at least this large is parsed, and its prefix features computed, in a worker thread:
+# the depth check, the prompt estimate and the canonical prompt text are Python passes over
+# every message (~0.25 s for 7 MB of 200,000 short messages), which would hold the event loop
+# -- every other request -- for their whole run; in a thread they yield the GIL to the loop
+# every switch interval (5 ms). orjson's parse itself is one C call that keeps the GIL either
+# way (~10 ns per byte of small objects: the `server.max_body_bytes` limit bounds it). Below
+# the threshold the work takes a few milliseconds, less than handing it to a thread is worth.
+OFF_LOOP_BYTES = 128 * 1024
+# Large bodies prepared at once: their parsed objects take ~20x the bytes (7 MB of short
+# messages: ~150 MB), and threads holding the GIL in turn finish no sooner together than one
+# after the other. Two keep one ready while the other runs.
+OFF_LOOP_AT_ONCE = 2
 
 
 class Preparer:
@@ -50,6 +64,7 @@ class Preparer:
         self._responses = responses
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
+        self._off_loop = asyncio.Semaphore(OFF_LOOP_AT_ONCE)
 
     def authenticate(self, token: str | None) -> Principal:
         """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
@@ -70,7 +85,12 @@ class Preparer:
     ) -> tuple[Decision, bytes]:
         """Parse, admit, plan, rewrite and pick: the decision and the upstream body.
         ``gone`` returns when the client has left (flow control drops it from its queue)."""
-        parsed = req.parsed = parse_body(body, req.kind)
+        if len(body) < OFF_LOOP_BYTES:
+            parsed = parse_body(body, req.kind)
+        else:
+            async with self._off_loop:
+                parsed = await asyncio.to_thread(self._digest, body, req.kind, principal)
+        req.parsed = parsed
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
         if adm is not None:
             req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
@@ -85,6 +105,13 @@ class Preparer:
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         return self._plan_and_pick(req, principal, parsed, subset, plan)
+
+    def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
+        """Parse a large body and compute its prefix features (run in a worker thread)."""
+        parsed = parse_body(body, kind)
+        if kind in PREFIX_KINDS:
+            parsed.prefix = self.planner.prefix_features(parsed, principal)
+        return parsed
 
     def _plan_and_pick(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
@@ -128,6 +155,7 @@ class Preparer:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if req.queued_s is not None and self.flow is not None:
             decision = self.flow.mark(req, decision)  # route "queued"
+        parsed.shed()  # everything above has read it; the upstream body is written
         return decision, upstream_body
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:

@@ -30,8 +30,10 @@ from gateway.asgi import Receive, Scope, Send
 from gateway.config import KvgateConfig
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
+    REFUSED,
     KvgateError,
     NoReplicaAvailable,
+    ReplicaRefused,
     RetryBudgetExhausted,
     UpstreamError,
     UpstreamTimeout,
@@ -194,13 +196,15 @@ class Proxy:
                     replica.record_failure(self._clock())
                 log.info("replica did not answer", extra={"replica": replica.id})
                 return UpstreamError("The replica did not answer.", reason="connect")
-            if resp.status in self._retry and not last:
+            if (resp.status in self._retry and not last) or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
                     data = await resp.read_all()
                     clean = True
                 except TRANSPORT_ERRORS:
                     data = b""
                 verdict = judge(replica, resp.status, data, self._clock())
+                if verdict == "refused":  # kvgate's credentials, not the client's: a 502
+                    return ReplicaRefused(resp.status)
                 return UpstreamError(
                     f"The replica answered {resp.status}.",
                     reason="busy" if verdict == "busy" else f"status_{resp.status}",
@@ -220,6 +224,14 @@ class Proxy:
         if reason == "disconnect":
             req.status = 499  # nginx's "client closed request", for the metrics only
             return
+        if reason == "client":
+            # the client stopped reading the stream (its socket full for `idle_timeout_s`):
+            # the replica is not at fault, and nothing more can be sent. Returning with the
+            # answer unfinished makes the server close the connection.
+            req.status = 408
+            log.info("client stopped reading the stream",
+                     extra={"request_id": req.req_id.decode("latin-1")})
+            return
         if reason == SHUTDOWN:  # the shutdown grace period is over (gateway/drain.py)
             exc: KvgateError = NoReplicaAvailable(
                 "The gateway is shutting down; the response was interrupted.")
@@ -230,6 +242,8 @@ class Proxy:
             req.target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
+            if req.ctl.writing:  # cut while the client was not taking a chunk: it is not
+                return  # reading, so an error event would wait for it as long as it likes
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error(exc.message, exc.type_, exc.status)})
         else:
@@ -237,6 +251,8 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
-        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id)]
+        body = exc.body()
+        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id),
+                (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+        await send({"type": "http.response.body", "body": body, "more_body": False})

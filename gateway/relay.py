@@ -7,6 +7,9 @@ answered feeds the replica's health (`judge`):
 
 - vLLM's busy 503 ("engine is currently busy", "prefill token backlog"): a short back-off from
   new picks (`Replica.record_busy`), health untouched;
+- 401/403: the replica refused kvgate's own credentials (a pool without the replica's
+  ``--api-key``): down at once, as every request would fail there (the client gets a 502,
+  `ReplicaRefused`);
 - vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
   your request.", the server exits right after): down at once (`Replica.mark_down`);
 - any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
@@ -21,15 +24,16 @@ comment lines (``--sse-keep-alive-interval``) are neither the first token nor an
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Callable
 from time import perf_counter
 
 from gateway.asgi import Send
 from gateway.config import KvgateConfig
-from gateway.errors import UpstreamError, error_body, openai_shaped
+from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
 from gateway.metrics import GatewayMetrics
-from gateway.replicas import Lease, Replica
+from gateway.replicas import EJECTED, Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
@@ -37,6 +41,8 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
 __all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
+
+log = logging.getLogger(__name__)
 
 RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
 # a whole Responses API answer waits this long at most for its id to reach Redis, so that a
@@ -57,10 +63,17 @@ _DEAD = b"The server had an error while processing your request"
 
 def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     """Feed an upstream answer's status (and error body) to the replica's health; returns
-    the verdict ("busy", "dead", "failure", "ok") for logs and metrics."""
+    the verdict ("busy", "refused", "dead", "failure", "ok") for logs and metrics."""
     if status == 503 and any(marker in body for marker in _BUSY):
         replica.record_busy(now)
         return "busy"
+    if status in REFUSED:
+        if replica.state != EJECTED:
+            log.warning("replica refused the gateway's credentials (%d): set the pool's "
+                        "api_key_env to its --api-key", status,
+                        extra={"pool": replica.pool, "replica": replica.id})
+        replica.mark_down(now)
+        return "refused"
     if status == 500 and _DEAD in body:
         replica.mark_down(now)
         return "dead"
@@ -162,7 +175,9 @@ class Relay:
             out = scanner.feed(chunk)
             if out:
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                    ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+                    ctl.writing = False
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
@@ -176,7 +191,9 @@ class Relay:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
+                ctl.writing = True  # a client that stops reading blocks here (`Canceller`)
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+                ctl.writing = False
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)

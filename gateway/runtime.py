@@ -27,6 +27,7 @@ from gateway import worker_metrics
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
 from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
+from gateway.admin.writes import read_your_writes
 from gateway.asgi import ASGIApp
 from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
@@ -214,8 +215,11 @@ def _admin_app(
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report)
     metrics.registry.register(AuthGuardCollector(deps.guard))
-    app: ASGIApp = guard_json_depth(create_admin_app(  # too deep: 400 first
-        deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"))
+    admin = read_your_writes(create_admin_app(
+        deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),
+        tenancy.resolver.refresh)  # a write is in force here when it is answered
+    # too large: 413, too deep: 400, before the admin app reads the body
+    app: ASGIApp = guard_json_depth(admin, max_bytes=cfg.server.max_body_bytes)
     return app
 
 

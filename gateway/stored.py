@@ -3,7 +3,8 @@ holds the stored response (`ResponseStore`), as the tenant that created it.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
-The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped.
+The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped; a replica
+refusing kvgate's own credentials (401/403) is a 502 (`ReplicaRefused`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import re
 from gateway.asgi import Scope, Send
 from gateway.config import UpstreamConfig
 from gateway.errors import (
+    REFUSED,
     KvgateError,
     MethodNotAllowed,
     NotFound,
+    ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
     openai_shaped,
@@ -53,9 +56,11 @@ class StoredResponses:
         try:
             status, content_type, body, where = await self._forward(path, method, scope, token)
         except KvgateError as exc:
-            hdrs = [*exc.headers(), (b"x-request-id", req_id)]
+            body = exc.body()
+            hdrs = [*exc.headers(), (b"x-request-id", req_id),
+                    (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-            await send({"type": "http.response.body", "body": exc.body(), "more_body": False})
+            await send({"type": "http.response.body", "body": body, "more_body": False})
             return
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
@@ -111,4 +116,6 @@ class StoredResponses:
             raise UpstreamTimeout("The replica did not answer in time.") from None
         except TRANSPORT_ERRORS:
             raise UpstreamError("The replica holding this response did not answer.") from None
+        if status in REFUSED:  # kvgate's credentials, not the client's
+            raise ReplicaRefused(status)
         return status, content_type, body, f"{pool.name}/{replica.id}"

@@ -8,7 +8,10 @@ event -- vLLM sends a stream's headers at once and ``: keep-alive`` comments whi
 waits, neither is an answer); from then on the idle timeout between chunks. The timer is lazy:
 a streamed chunk only stores the time (`touch`); the callback re-arms itself until a deadline
 really passed, and it is moved earlier once when the answer starts, so a stall after a few
-tokens is cut after `idle_timeout_s`, not at the first-byte deadline.
+tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
+deadline passes while kvgate is blocked handing a chunk to the client (`writing`: the client
+stopped reading and its socket is full) is the client's stall, not the replica's: reason
+``"client"``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class Canceller:
         "done",
         "last",
         "reason",
+        "writing",
     )
 
     def __init__(self, cfg: UpstreamConfig, receive: Callable[[], Awaitable[Any]]) -> None:
@@ -46,7 +50,9 @@ class Canceller:
         self._start = self._attempt = self.last = self._loop.time()
         self._first = True  # waiting for response headers
         self.done = False  # the response is complete: nothing may cancel any more
-        self.reason: str | None = None  # "disconnect" | "first byte" | "idle" | "total"
+        # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
+        self.reason: str | None = None
+        self.writing = False  # a chunk is being handed to the client (set by the relay)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
             self._start + min(cfg.first_byte_timeout_s, cfg.total_timeout_s), self._check
         )
@@ -93,7 +99,8 @@ class Canceller:
         if self._first:
             phase, reason = self._attempt + cfg.first_byte_timeout_s, "first byte"
         else:
-            phase, reason = self.last + cfg.idle_timeout_s, "idle"
+            phase = self.last + cfg.idle_timeout_s
+            reason = "client" if self.writing else "idle"
         return (phase, reason) if phase < total else (total, "total")
 
     def _check(self) -> None:

@@ -119,6 +119,10 @@ def make_server(
     config = uvicorn.Config(
         app, host=cfg.host, port=cfg.port, loop="uvloop", http=guarded_protocol(http_limits(cfg)),
         lifespan="on", access_log=False, server_header=False, date_header=False,
+        # no WebSocket route: an `Upgrade: websocket` request is answered as plain HTTP (with
+        # the websockets library installed, uvicorn upgraded it, the app declined, and the
+        # client got a text/plain 500)
+        ws="none",
         proxy_headers=False,  # kvgate never reads the client address: skip the middleware
         timeout_graceful_shutdown=grace_timeout(cfg.shutdown_grace_s),
         log_level=cfg.log_level.lower(), log_config=None,

@@ -109,6 +109,9 @@ class TenantResolver:
         self._closing = False
         self._unsubscribe: Callable[[], None] | None = None
         self._policy_callbacks: list[PolicyCallback] = []
+        # one refresh at a time: the sync loop's and an admin write's (`read_your_writes`)
+        # must not apply their snapshots out of order
+        self._refreshing = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
     def reseed_with(self, reseed: Callable[[], Awaitable[object]]) -> None:
@@ -147,6 +150,10 @@ class TenantResolver:
 
     async def refresh(self) -> bool:
         """Bring the cache up to date with the store now. False when the store is unreachable."""
+        async with self._refreshing:
+            return await self._refresh()
+
+    async def _refresh(self) -> bool:
         try:
             mark, wiped = self._mark, False
             if self._reseed is not None:

@@ -16,6 +16,7 @@ import pytest
 from openai._legacy_response import LegacyAPIResponse
 from openai.types import Completion
 
+from gateway.errors import ReplicaRefused
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import Proc
 
@@ -217,8 +218,10 @@ def test_stall_after_first_tokens_is_cut_by_the_idle_timeout_as_504(
 @pytest.mark.parametrize(
     ("sim_args", "status", "type_", "message"),
     [
-        # vLLM's --api-key middleware answers a bare {"error": "Unauthorized"}
-        (("--api-key", "upstream-secret"), 401, "AuthenticationError", "Unauthorized"),
+        # vLLM's --api-key middleware answers a bare {"error": "Unauthorized"}: about the
+        # gateway's credentials, not the client's (tests/integration/test_upstream_settings.py)
+        (("--api-key", "upstream-secret"), 502, "BadGatewayError",
+         ReplicaRefused(401).message),
         # vLLM < 0.10.1: the flat {"object": "error", ...} shape
         (("--legacy-errors",), 404, "NotFoundError", "The model `other` does not exist."),
     ],

@@ -1,5 +1,6 @@
 """Hostile HTTP clients against a real `kvgate serve`, over real sockets: header size and count
-limits (431), slow headers and slow bodies (408), with the limits set from the environment."""
+limits (431), slow headers and slow bodies (408), with the limits set from the environment;
+bytes that are not HTTP/1.1 (400). Every refusal is OpenAI-shaped JSON."""
 
 from __future__ import annotations
 
@@ -115,3 +116,50 @@ def test_dripped_body_gets_408(port: int) -> None:
             b"Content-Length: 200\r\n\r\n")
     status, body = drip(port, head, b'{"model": "m", "prompt": "' + b"a" * 170 + b'"}')
     assert status == 408 and "body" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /v1/mod\xffels HTTP/1.1\r\nHost: x\r\n\r\n",  # a path that is not UTF-8
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Content-Length: 3\r\n\r\n{}",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",  # request smuggling's ambiguity
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello
+    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2 prior knowledge
+], ids=["path-not-utf8", "negative-length", "two-lengths", "length-and-chunked", "tls", "h2"])
+def test_bytes_that_are_not_http_get_an_openai_shaped_400(port: int, request_bytes: bytes) -> None:
+    status, body = exchange(port, request_bytes)
+    assert status == 400
+    assert body["error"]["type"] == "BadRequestError" and body["error"]["code"] == 400
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"GET /healthz HTTP/1.0\r\n\r\n",  # a page
+    b"GET /nowhere HTTP/1.0\r\n\r\n",  # kvgate's own error
+    b"POST /v1/completions HTTP/1.0\r\nContent-Length: 3\r\n\r\n{x}",  # a proxied route's
+], ids=["page", "error", "proxied-error"])
+def test_whole_answers_carry_their_length_not_chunks(port: int, request_bytes: bytes) -> None:
+    """An HTTP/1.0 client (load balancer health checks, ab) cannot read chunked framing."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request_bytes)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert b"transfer-encoding: chunked" not in lines, head
+    assert f"content-length: {len(body)}".encode() in lines, head
+    assert orjson.loads(body)
+
+
+@pytest.mark.parametrize(("path", "status"), [("/healthz", 200), ("/v1/realtime", 404)])
+def test_a_websocket_upgrade_is_answered_as_plain_http(port: int, path: str, status: int) -> None:
+    """kvgate serves no WebSocket route (e.g. OpenAI's Realtime API): the request is answered
+    as any other, in JSON."""
+    got, body = exchange(port, f"GET {path} HTTP/1.1\r\nHost: x\r\n"
+                         "Connection: Upgrade, close\r\nUpgrade: websocket\r\n"
+                         "Sec-WebSocket-Version: 13\r\n"
+                         "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())
+    assert got == status
+    assert ("error" in body) == (status != 200)

@@ -3,10 +3,12 @@ proxied routes (nothing reaches the replica) and on the admin API (nothing is cr
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
@@ -62,3 +64,35 @@ def test_deep_json_is_400_before_any_work(sim_factory: SimFactory) -> None:
             assert r.headers["content-type"].startswith("application/json")
             assert "deeper than" in r.json()["error"]["message"]
         assert admin.get("/tenants/deep").status_code == 404  # nothing was created
+
+
+def test_admin_body_over_the_limit_is_413_before_authentication() -> None:
+    """The admin API's JSON guard reads a body before the admin token is checked: without a
+    bound, one anonymous upload would be buffered whole (and copied while checked)."""
+    gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], ready=False, env={
+        "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_SERVER__MAX_BODY_BYTES": "100000"})
+    with gw:
+        port = int(base.rsplit(":", 1)[1])
+        big = b'{"id": "x", "pad": "' + b"a" * 200_000 + b'"}'
+        for declared in (True, False):  # a Content-Length, or a chunked upload
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                # keep-alive: the server reads (and drops) what follows its early answer
+                head = b"POST /admin/tenants HTTP/1.1\r\nhost: x\r\n"
+                if declared:
+                    s.sendall(head + b"content-length: %d\r\n\r\n" % len(big) + big)
+                else:
+                    s.sendall(head + b"transfer-encoding: chunked\r\n\r\n")
+                    for i in range(0, len(big), 10_000):
+                        part = big[i:i + 10_000]
+                        s.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
+                    s.sendall(b"0\r\n\r\n")
+                raw = b""
+                while b"}}" not in raw and (chunk := s.recv(65536)):
+                    raw += chunk
+            head_out, _, body = raw.partition(b"\r\n\r\n")
+            assert head_out.startswith(b"HTTP/1.1 413"), head_out
+            err = orjson.loads(body)["error"]
+            assert err["type"] == "RequestEntityTooLargeError" and "100000 bytes" in err["message"]
+        with admin_client(base, ADMIN) as admin:  # a body within the limit still gets through
+            r = admin.post("/tenants", json={"id": "ok", "tier": "default"})
+            assert r.status_code == 201, r.text

@@ -74,8 +74,11 @@ class Stack:
                              timeout=30)
 
     def log_lines(self) -> list[dict[str, Any]]:
+        """The gateway's JSON log lines so far: complete lines only (the one being written
+        while this reads is left for the next call)."""
         text = Path(self.proc._log.name).read_text(errors="replace")
-        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        complete = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.startswith("{")]
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +151,15 @@ def _exposition(url: str) -> dict[str, int]:
     return out
 
 
+# how long to wait for another process's state to show what the traffic did: generous, as
+# a loaded machine can delay the gateway's scrapes and unwinding by seconds (a deadline only
+# bounds a failing run; a passing one waits only as long as the condition takes)
+DEADLINE_S = 60.0
+
+
 async def _until(condition: Callable[[], bool], what: str) -> None:
     """Poll another process's state (blocking HTTP in a thread) until `condition` holds."""
-    deadline = asyncio.get_running_loop().time() + 15
+    deadline = asyncio.get_running_loop().time() + DEADLINE_S
     while not await asyncio.to_thread(condition):
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
@@ -223,7 +232,7 @@ def test_traffic_outcomes_are_counted(traffic: Stack) -> None:
     stack = traffic
     # a client that went away is counted when the gateway notices the disconnect and unwinds
     # the request, which can trail the client's cancel: wait for it, with a deadline
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + DEADLINE_S
     while True:
         text = httpx.get(f"{stack.gateway}/metrics", timeout=5).text
         if 'status="499"' in text or time.monotonic() > deadline:
@@ -251,7 +260,7 @@ def test_one_json_line_per_request_without_secrets(traffic: Stack) -> None:
         lines[:] = [d for d in stack.log_lines() if d.get("request_id") == rid]
         return bool(lines)
 
-    wait_for(logged, what="the request's log line")
+    wait_for(logged, timeout=DEADLINE_S, what="the request's log line")
     (line,) = lines
     assert line["msg"] == "request" and line["level"] == "info"
     assert line["tenant"] == tid and line["tier"] == "premium"

@@ -17,6 +17,7 @@ from loadtest.replay.live import LiveTarget, replay_live
 from loadtest.replay.offline import FleetSpec
 from loadtest.replay.summary import summarize
 from loadtest.replay.workload import ReplayRequest, SyntheticSpec, synthetic_multitenant
+from tests.support.gateway import metric_values, wait_for
 
 TIME_SCALE = 2.0
 SPEC = SyntheticSpec(
@@ -37,6 +38,12 @@ def _live(reqs: list[ReplayRequest], kv_blocks: int) -> dict[str, object]:
     with Fleet() as fleet:
         urls = [fleet.sim("m", *sim_args) for _ in range(2)]
         base = fleet.gateway(urls, "--policy", "cache_aware")
+        # ready (a healthy replica) is not yet scraped: until its first scrape the router
+        # knows neither a replica's KV capacity nor its load, which offline replay knows from
+        # the start -- and on a loaded machine that first scrape can trail readiness long
+        # enough for the first requests to be routed blind
+        wait_for(lambda: len(metric_values(base, "kvgate_replica_scrape_age_seconds")) == 2,
+                 timeout=60, what="a first scrape of both replicas")
         outcomes, delta = asyncio.run(replay_live(reqs, LiveTarget(base, "m", TIME_SCALE), urls))
     return summarize(
         policy="cache_aware", outcomes=outcomes, replicas=sorted({o.replica for o in outcomes}),

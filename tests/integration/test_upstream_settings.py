@@ -52,17 +52,38 @@ def test_api_key_env_is_sent_to_the_replica_instead_of_the_clients_key(
 
 
 def test_without_the_pools_key_the_replica_refuses(sim_factory: SimFactory) -> None:
-    """The other side of the test above: the replica does check the key."""
+    """The other side of the test above: the replica does check the key. Its 401 is about
+    the gateway's credentials, not the client's (whose key the gateway accepted): the client
+    gets a 502 saying so, and the replica is taken out (every request would fail there)."""
     _, sim = sim_factory("--time-scale", "50", "--api-key", VLLM_KEY)
     config = {"pools": {"p": {"served_model": MODEL, "replicas": [sim],
                               "api_key_env": "TEST_POOL_VLLM_KEY"}}}
     gw, base = gateway_proc(config=config, env={"TEST_POOL_VLLM_KEY": "a-wrong-key"})
     with gw:
         c = openai.OpenAI(base_url=f"{base}/v1", api_key=VLLM_KEY, max_retries=0, timeout=30)
-        with pytest.raises(openai.AuthenticationError) as err:  # relayed, OpenAI-shaped
+        with pytest.raises(openai.InternalServerError) as err:  # not AuthenticationError
             c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                       max_tokens=2)
-        assert err.value.status_code == 401
+        assert err.value.status_code == 502
+        body = err.value.response.json()["error"]
+        assert body["type"] == "BadGatewayError" and body["code"] == 502
+        assert "refused the gateway's credentials" in body["message"]
+        assert "a-wrong-key" not in err.value.response.text
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503  # taken out
+        assert "refused the gateway's credentials" in gw.output()  # the operator is told
+
+
+def test_quick_form_says_why_a_keyed_replica_is_never_ready(sim_factory: SimFactory) -> None:
+    """`--upstream` learns the pool's model from /v1/models, which vLLM's --api-key guards:
+    without the key the pool never gets ready, and the log says why (once)."""
+    _, sim = sim_factory("--time-scale", "50", "--api-key", VLLM_KEY)
+    gw, base = gateway_proc(upstreams=[sim], ready=False)
+    with gw:
+        wait_for(lambda: "refused the gateway's credentials" in gw.output(), timeout=30,
+                 what="the warning")
+        assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503
+        time.sleep(1.0)  # five more health polls (0.2 s apart): not one warning each
+        assert gw.output().count("refused the gateway's credentials") == 1
 
 
 def test_total_timeout_cuts_a_stream_that_never_goes_idle(sim_factory: SimFactory) -> None:

@@ -178,3 +178,33 @@ def test_reject_mode_refuses_a_client_salt_without_echoing_it() -> None:
         _rewrite(body, client_salt="reject")
     assert info.value.param == "cache_salt" and info.value.status == 400
     assert b"client-secret-salt" not in info.value.body()
+
+
+@pytest.mark.parametrize(("kind", "body", "kept"), [
+    ("chat", {"model": "m", "messages": [{"role": "user", "content": "x" * 1000}]}, {}),
+    ("responses", {"model": "m", "input": "x" * 1000, "store": False}, {"store": False}),
+])
+def test_shed_keeps_only_what_the_answer_reads(
+    kind: str, body: dict[str, Any], kept: dict[str, Any],
+) -> None:
+    """A request holds its parsed body for the whole exchange: once the upstream body is
+    written, the document goes (a large conversation's objects are ~20x its bytes)."""
+    parsed = parse_body(orjson.dumps(body), kind)
+    parsed.shed()
+    assert parsed.data == kept
+    assert parsed.model == "m" and parsed.prompt_tokens > 0  # what was read from it stays
+
+
+@pytest.mark.parametrize(("raw", "why"), [
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}',
+     "no low surrogate in string: line 1 column 58"),  # a JS client cut an emoji in two
+    (b'{"model": "m", "prompt": "secret\xff"}', "not valid UTF-8"),
+    (b'\xef\xbb\xbf{"model": "m"}', "byte order mark"),
+    (b'{"model": "m"} {"model": "n"}', "unexpected content after document"),
+])
+def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, why: str) -> None:
+    with pytest.raises(BadRequest) as err:
+        parse_body(raw, "chat")
+    assert err.value.message.startswith("The request body is not valid JSON: ")
+    assert why in err.value.message
+    assert "secret" not in err.value.message and "ud83d" not in err.value.message

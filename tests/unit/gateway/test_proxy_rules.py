@@ -206,3 +206,21 @@ def test_a_stream_reset_after_the_first_byte_ends_the_stream_with_an_error() -> 
     assert code == 200 and b'"text":"a"' in body
     assert b'"error"' in body and body.rstrip().endswith(b"data: [DONE]")
     assert len(posts) == 1  # bytes reached the client: never retried
+
+
+UNAUTHORIZED = b'{"error":"Unauthorized"}'  # vLLM's --api-key middleware
+
+
+def test_a_replica_refusing_the_gateways_key_fails_over_and_is_taken_out() -> None:
+    answers, posts = _run({A: status(401, UNAUTHORIZED), B: ok()}, [REQ] * 6)
+    assert all(code == 200 for code, _ in answers)
+    assert posts.count(A) <= 1  # down at the first refusal: every request would fail there
+
+
+def test_refused_gateway_credentials_are_a_502_not_the_clients_401() -> None:
+    answers, posts = _run({A: status(401, UNAUTHORIZED), B: status(403, b"forbidden")}, [REQ])
+    code, body = answers[0]
+    err = orjson.loads(body)["error"]
+    assert code == 502 and (err["type"], err["code"]) == ("BadGatewayError", 502)
+    assert "refused the gateway's credentials" in err["message"]
+    assert sorted(posts) == [A, B]  # another replica may hold the right key: tried once each

@@ -1,0 +1,53 @@
+"""A client that stops reading a stream: its stall is not the replica's. The request ends
+(counted, its counters released) once kvgate has been blocked handing it a chunk for
+`upstream.idle_timeout_s`, and the replica is not taken out however many clients do it."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+
+from tests.support.gateway import gateway_proc, metric_values, wait_for
+from tests.support.procs import Proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+STALLS = 3  # more than the test gateways' failure_threshold (2)
+
+
+def _stalled_stream(port: int) -> socket.socket:
+    """Ask for a stream far longer than the socket buffers between kvgate and the client
+    (~40 MB of events: loopback buffers grow to a few MB), on a socket with a tiny receive
+    buffer, and never read it."""
+    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
+                       "max_tokens": 250_000, "ignore_eos": True, "stream": True}).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+              b"content-length: %d\r\n\r\n" % len(body) + body)
+    return s
+
+
+def test_a_client_that_stops_reading_ends_its_request_and_not_the_replica(
+    sim_factory: SimFactory,
+) -> None:
+    _, sim = sim_factory("--time-scale", "1000", "--max-model-len", "262144",
+                         "--num-gpu-blocks", "8192")
+    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+    port = int(base.rsplit(":", 1)[1])
+    with gw:
+        stalled = [_stalled_stream(port) for _ in range(STALLS)]
+        try:
+            def counted() -> bool:
+                done = metric_values(base, "kvgate_requests_total")
+                return sum(v for k, v in done.items() if 'status="408"' in k) == STALLS
+
+            # ended while the clients are still connected, not when they go
+            wait_for(counted, timeout=60, what="the stalled streams to be counted (408)")
+            assert sum(metric_values(base, "kvgate_inflight_requests").values()) == 0
+            assert list(metric_values(base, "kvgate_replica_healthy").values()) == [1.0]
+        finally:
+            for s in stalled:
+                s.close()
+        assert "stopped reading" in gw.output()
