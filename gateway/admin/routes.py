@@ -237,6 +237,8 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             doc = parse_policy(document)
         except PolicyValidationError as exc:
             raise BadRequest(str(exc), param=exc.field or None) from None
+        if not doc.pools:  # as at start: a policy without pools would serve no model at all
+            raise BadRequest("pools: at least one pool is required", param="pools")
         for tenant in await ctx.store.list_tenants():
             if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
                 raise BadRequest(
