@@ -13,10 +13,12 @@ import yaml
 
 from gateway.admin import AdminToken
 from gateway.cli import admin as admin_cli
+from gateway.doctor import cli as doctor_cli
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin
-from tests.support.procs import ROOT
+from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.procs import ROOT, free_port
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -138,3 +140,20 @@ async def test_policy_put_takes_a_whole_config_file(
         assert "sending only the policy sections" in err and "server" in err
         code, out, _ = await _cli(capsys, "--url", url, "policy", "get")
         assert set(json.loads(out)["pools"]) == set(yaml.safe_load(example.read_text())["pools"])
+
+
+def test_main_port_with_a_separate_admin_port_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvgate admin` and `kvgate doctor` pointed at the public port while `server.admin_port`
+    is set: the 404 says where the admin API is not, rather than a bare 404."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+           "KVGATE_SERVER__ADMIN_PORT": str(free_port())}
+    gw, base = gateway_proc(upstreams=[f"http://127.0.0.1:{free_port()}"], ready=False,
+                            auth=True, env=env)
+    with gw:
+        assert admin_cli.main(["--url", base, "tenants", "list"]) == 1
+        assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err
+        assert doctor_cli.main(["--url", base]) == 1
+        assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err
