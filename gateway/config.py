@@ -387,7 +387,7 @@ def _explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # model, dataclass
             msg = "unknown field" + _did_you_mean(loc)
         source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
         if source is not None:

@@ -170,6 +170,9 @@ def test_a_misspelt_field_suggests_the_known_one() -> None:
                             "api_key_evn": "X"}}})
     assert "pools.a.api_key_evn: unknown field (did you mean api_key_env?)" \
         in info.value.message
+    with pytest.raises(ConfigError) as info:  # routing: a pydantic dataclass
+        load_config(None, overrides={**POOLS, "routing": {"polcy": "x"}}, environ={})
+    assert "routing.polcy: unknown field (did you mean policy?)" in info.value.message
 
 
 def test_a_whole_document_error_has_no_stray_prefix() -> None:
