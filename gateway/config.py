@@ -8,8 +8,11 @@ tenancy work's `PolicyDoc`; this model extends it with the process-level section
 
 from __future__ import annotations
 
+import difflib
 import os
 import secrets
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -48,6 +51,7 @@ __all__ = [
     "load_config",
     "redacted_dump",
     "salt_secret",
+    "unknown_env",
 ]
 
 MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenancy.salts)
@@ -58,6 +62,10 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
 ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_token",
                "KVGATE_SALT_SECRET": "salt_secret"}
+# every other KVGATE_ variable something reads (no section override): the config file, and
+# scripts/setup, the test suite's log and loadtest/granian_app.py's benchmark settings
+ENV_OTHERS = frozenset({"KVGATE_CONFIG", "KVGATE_EXTRAS", "KVGATE_SKIP_REDIS",
+                        "KVGATE_TEST_LOG", "KVGATE_BENCH_UPSTREAMS", "KVGATE_BENCH_MODEL"})
 
 Pos = Annotated[float, Field(gt=0)]
 
@@ -315,6 +323,10 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def _env_path(name: str) -> list[str]:
+    return [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+
+
 def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
     """``KVGATE_SERVER__PORT=9000`` -> {"server": {"port": 9000}} (values parsed as YAML)."""
     out: dict[str, Any] = {}
@@ -323,13 +335,25 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
             if raw:  # an empty variable means "not set"
                 out[ENV_SECRETS[name]] = raw
         elif name.startswith(ENV_PREFIX) and "__" in name:
-            path = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
             try:
                 value = yaml.safe_load(raw) if raw else raw
             except yaml.YAMLError:
                 value = raw
-            _set_path(out, path, value)
+            _set_path(out, _env_path(name), value)
     return out
+
+
+def unknown_env(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning naming each ``KVGATE_*`` variable that nothing reads (e.g. a single
+    underscore: ``KVGATE_SERVER_PORT``; an unknown ``__`` field is an error already)."""
+    env = os.environ if environ is None else environ
+    known = ENV_OTHERS | ENV_SECRETS.keys() | {p.api_key_env for p in cfg.pools.values()}
+    stray = sorted(name for name in env if name.startswith(ENV_PREFIX)
+                   and "__" not in name and name not in known)
+    if not stray:
+        return []
+    return [f"kvgate: warning: {', '.join(stray)}: no such setting, ignored (a section "
+            "override is KVGATE_<SECTION>__<KEY>, two underscores: KVGATE_SERVER__PORT)"]
 
 
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -357,13 +381,54 @@ def _read_file(path: str) -> dict[str, Any]:
     return data
 
 
-def _explain(exc: ValidationError) -> str:
+def _explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
+    """One line per error, naming the field (and the variable it came from, if any)."""
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "config"
+        loc = tuple(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
-        lines.append(f"{where}: {msg}")
-    return "invalid configuration:\n  " + "\n  ".join(lines)
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # model, dataclass
+            msg = "unknown field" + _did_you_mean(loc)
+        source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
+        if source is not None:
+            msg += f" (from {source})"
+        # a whole-document check (an unknown pool) names its fields in the message itself
+        lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+    return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _did_you_mean(loc: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(loc[-1], _field_names(loc[:-1]), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _field_names(loc: tuple[str, ...]) -> list[str]:
+    """The field names of the model at `loc` in the configuration ([] when not a model)."""
+    kind: Any = KvgateConfig
+    for part in loc:
+        model_fields = getattr(kind, "__pydantic_fields__", None)
+        if model_fields is not None:
+            if part not in model_fields:
+                return []
+            kind = model_fields[part].annotation
+        elif typing.get_origin(kind) in (dict, list):
+            kind = typing.get_args(kind)[-1]  # a pool's or a list item's model
+        else:
+            return []
+        kind = _unwrap(kind)
+    return list(getattr(kind, "__pydantic_fields__", {}))
+
+
+def _unwrap(kind: Any) -> Any:
+    """`X | None` and `Annotated[X, ...]` -> X."""
+    while True:
+        origin = typing.get_origin(kind)
+        if origin is Annotated:
+            kind = typing.get_args(kind)[0]
+        elif origin in (typing.Union, types.UnionType):
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        else:
+            return kind
 
 
 def load_config(
@@ -387,11 +452,13 @@ def load_config(
         raw.pop("pools", None)
         raw.pop("models", None)
     raw = deep_merge(raw, overrides or {})
+    env_names = {tuple(_env_path(name)): name for name in env
+                 if name.startswith(ENV_PREFIX) and "__" in name}
     try:
         cfg = KvgateConfig.model_validate(raw)
     except ValidationError as exc:
         where = f" in {path} (or its KVGATE_* overrides)" if path else ""
-        raise ConfigError(_explain(exc).replace(":", where + ":", 1)) from None
+        raise ConfigError(_explain(exc, where, env_names)) from None
     if not cfg.pools:
         raise ConfigError("pools: at least one pool is required (or use --upstream URL)")
     try:

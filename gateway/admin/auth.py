@@ -51,7 +51,7 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     for admin in tokens:
         if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(
-                f"KVGATE_ADMIN_TOKEN: the admin token {admin.id!r} has {len(admin.token)} "
+                f"KVGATE_ADMIN_TOKEN: the admin token with id {admin.id!r} has {len(admin.token)} "
                 f"characters; admin tokens need at least {MIN_ADMIN_TOKEN_CHARS} "
                 "(e.g. `openssl rand -hex 24`)"
             )

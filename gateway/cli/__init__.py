@@ -10,6 +10,7 @@ for the gateway's imports.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # name -> (module, one-line summary)
@@ -47,5 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvgate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    result: int = module.main(rest)
+    try:
+        result: int = module.main(rest)
+        sys.stdout.flush()  # here, so a closed pipe is caught, not reported at exit
+    except BrokenPipeError:
+        # the reader went away (`kvgate doctor | head -3`): stop quietly. Python's documented
+        # pattern (library/signal.html, "Note on SIGPIPE"): point stdout at devnull so the
+        # interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     return result

@@ -2,9 +2,14 @@
 
     kvgate admin --url URL [--token-env KVGATE_ADMIN_TOKEN] tenants create ID --tier T
     kvgate admin ... tenants list | get ID | delete ID
+    kvgate admin ... tenants update ID [--tier T] [--rpm N] [--tpm N] [--max-concurrency N]
     kvgate admin ... keys create TENANT | revoke TENANT KEY_ID
     kvgate admin ... policy get | put FILE [--if-match VERSION]
     kvgate admin ... rotate-salt TENANT | audit [--limit N]
+
+The token is the gateway's ``KVGATE_ADMIN_TOKEN``: in its ``id:token,id:token`` form, the first
+token is sent. `policy put` takes a policy document or a whole config file (only its policy
+sections are sent, and it says so on stderr).
 
 Prints the JSON answer on stdout (for `keys revoke` and `tenants delete`, which the API answers
 with an empty 204, a JSON confirmation of what was done); errors go to stderr with exit
@@ -23,7 +28,11 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
+
 __all__ = ["main"]
+
+POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-env",
         default="KVGATE_ADMIN_TOKEN",
-        help="environment variable holding the admin token",
+        help=f"environment variable holding the admin token (default %(default)s; "
+             f"{TOKEN_HELP})",
     )
     p.add_argument("--timeout", type=float, default=10.0)
     sub = p.add_subparsers(dest="group", required=True)
@@ -41,10 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     create = tenants.add_parser("create")
     create.add_argument("id")
     create.add_argument("--tier", default="default")
-    create.add_argument("--rpm", type=int)
-    create.add_argument("--tpm", type=int)
-    create.add_argument("--max-concurrency", type=int)
+    _limit_flags(create)
     create.add_argument("--salt-group")
+    update = tenants.add_parser("update", help="change a tenant: only the flags given")
+    update.add_argument("id")
+    update.add_argument("--tier")
+    _limit_flags(update)
+    update.add_argument("--salt-group")
     tenants.add_parser("list")
     for name in ("get", "delete"):
         tenants.add_parser(name).add_argument("id")
@@ -58,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     policy = sub.add_parser("policy").add_subparsers(dest="action", required=True)
     policy.add_parser("get")
     put = policy.add_parser("put")
-    put.add_argument("file", help="policy document (JSON or YAML)")
+    put.add_argument("file", help="policy document (JSON or YAML), or a config file: its "
+                                  f"{'/'.join(POLICY_SECTIONS)} sections")
     put.add_argument("--if-match", help="the version you edited (from `policy get`)")
 
     sub.add_parser("rotate-salt").add_argument("tenant")
@@ -66,24 +80,46 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rpm", type=int, help="requests per minute")
+    p.add_argument("--tpm", type=int, help="tokens per minute")
+    p.add_argument("--max-concurrency", type=int, help="requests in flight")
+
+
+def _limits(args: argparse.Namespace) -> dict[str, int]:
+    return {k: v for k, v in (("rpm", args.rpm), ("tpm", args.tpm),
+                              ("max_concurrency", args.max_concurrency)) if v is not None}
+
+
+def policy_part(doc: Any) -> Any:
+    """A config file's policy sections (a note on stderr names what is left out); any other
+    document as it is, for the API to judge."""
+    if not isinstance(doc, dict):
+        return doc
+    other = sorted(k for k in doc if k not in POLICY_SECTIONS)
+    if not other or not any(k in doc for k in POLICY_SECTIONS):
+        return doc
+    print(f"kvgate admin: sending only the policy sections ({', '.join(POLICY_SECTIONS)}); "
+          f"left out: {', '.join(map(str, other))} (they take effect at restart)",
+          file=sys.stderr)
+    return {k: v for k, v in doc.items() if k in POLICY_SECTIONS}
+
+
 def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, dict[str, str]]:
     """(method, path, json body, extra headers) for the parsed command."""
     group, action = args.group, getattr(args, "action", None)
     if group == "tenants":
         if action == "create":
-            limits = {
-                k: v
-                for k, v in (
-                    ("rpm", args.rpm),
-                    ("tpm", args.tpm),
-                    ("max_concurrency", args.max_concurrency),
-                )
-                if v is not None
-            }
-            body: dict[str, Any] = {"id": args.id, "tier": args.tier, "limits": limits}
+            body: dict[str, Any] = {"id": args.id, "tier": args.tier, "limits": _limits(args)}
             if args.salt_group:
                 body["salt_group"] = args.salt_group
             return "POST", "/admin/tenants", body, {}
+        if action == "update":
+            patch: dict[str, Any] = {k: v for k, v in (
+                ("tier", args.tier), ("salt_group", args.salt_group)) if v is not None}
+            if limits := _limits(args):
+                patch["limits"] = limits
+            return "PATCH", f"/admin/tenants/{args.id}", patch, {}
         if action == "list":
             return "GET", "/admin/tenants", None, {}
         return ("GET" if action == "get" else "DELETE"), f"/admin/tenants/{args.id}", None, {}
@@ -94,7 +130,7 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
     if group == "policy":
         if action == "get":
             return "GET", "/admin/policy", None, {}
-        doc = yaml.safe_load(Path(args.file).read_text())  # YAML is a superset of JSON
+        doc = policy_part(yaml.safe_load(Path(args.file).read_text()))  # YAML > JSON
         headers = {"if-match": f'"{args.if_match}"'} if args.if_match else {}
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
@@ -107,9 +143,19 @@ def main(argv: list[str]) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    token = os.environ.get(args.token_env, "")
+    try:
+        token = client_token(os.environ.get(args.token_env, ""))
+    except ValueError as exc:
+        print(f"kvgate admin: {exc}".replace("KVGATE_ADMIN_TOKEN", f"${args.token_env}", 1),
+              file=sys.stderr)
+        return 2
     if not token:
         print(f"kvgate admin: ${args.token_env} is not set", file=sys.stderr)
+        return 2
+    if args.group == "tenants" and args.action == "update" and not (
+            args.tier or args.salt_group or _limits(args)):
+        print("kvgate admin: tenants update: nothing to change (give --tier, --rpm, --tpm, "
+              "--max-concurrency or --salt-group)", file=sys.stderr)
         return 2
     try:
         method, path, body, headers = _request(args)
@@ -142,6 +188,8 @@ def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None
     payload: Any = response.json() if response.content else confirmation
     if response.is_error:
         message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
+        if not_admin_port(response.status_code, message):
+            message = f"{message} {NOT_ADMIN_PORT}"
         print(
             f"kvgate admin: HTTP {response.status_code}: {message or response.text}",
             file=sys.stderr,

@@ -2,20 +2,21 @@
 
 The effective config is the file merged with ``KVGATE_<SECTION>__<KEY>`` overrides and all
 defaults, as YAML, with secrets (admin token, salt secret, Redis URL, vLLM API keys) redacted.
-Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets that are missing
-for the configuration to work (the salt secret with authentication on; the admin token) are
-warned about on stderr; they do not make the check fail, since they come from the environment
-of the process that serves.
+Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets missing from
+this environment are warned about on stderr; exit status 1 when `kvgate serve` would refuse to
+start with them missing (the salt secret with authentication on, a pool's `api_key_env`
+variable), as it does: run the check in the environment of the process that serves.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import yaml
 
-from gateway.config import KvgateConfig, load_config, redacted_dump, salt_secret
+from gateway.config import KvgateConfig, load_config, redacted_dump, salt_secret, unknown_env
 from gateway.errors import ConfigError
 
 __all__ = ["main"]
@@ -33,25 +34,38 @@ def main(argv: list[str]) -> int:
         print(f"kvgate config: {exc.message}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(redacted_dump(cfg), sort_keys=False), end="")
-    for line in secret_warnings(cfg):
+    refused = False
+    for line, refuses in secret_warnings(cfg):
         print(f"kvgate config: warning: {line}", file=sys.stderr)
-    return 0
+        refused = refused or refuses
+    for line in unknown_env(cfg):
+        print(line, file=sys.stderr)
+    return 1 if refused else 0
 
 
-def secret_warnings(cfg: KvgateConfig) -> list[str]:
-    """What is missing from the environment (or files) for this config to serve as meant."""
+REFUSES = ": `kvgate serve` will refuse to start"
+
+
+def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
+    """What is missing from the environment (or files) for this config to serve as meant:
+    (warning, True when `kvgate serve` refuses to start for it)."""
     out = []
     try:
         secret = salt_secret(cfg)
     except ConfigError as exc:
-        out.append(exc.message)
+        out.append((exc.message + REFUSES, True))
         secret = ""
     if cfg.tenancy.auth and secret is None:
-        out.append("authentication is on but no salt secret is set (KVGATE_SALT_SECRET or "
-                   "tenancy.salt_secret_file): `kvgate serve` will refuse to start")
+        out.append(("authentication is on but no salt secret is set (KVGATE_SALT_SECRET or "
+                    "tenancy.salt_secret_file)" + REFUSES, True))
+    for name, pool in cfg.pools.items():
+        if pool.api_key_env and not os.environ.get(pool.api_key_env):
+            out.append((f"pools.{name}.api_key_env: the environment variable "
+                        f"{pool.api_key_env} is not set (or empty)" + REFUSES, True))
     if cfg.admin_token is None:
         note = ""
-        if cfg.tenancy.auth and not cfg.tenants and cfg.redis_url is None:
-            note = " and no tenants are configured: nobody can ever get an API key"
-        out.append(f"KVGATE_ADMIN_TOKEN is not set: the admin API refuses every call{note}")
+        if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either
+            note = ": nobody can ever get an API key"
+        out.append((f"KVGATE_ADMIN_TOKEN is not set: the admin API refuses every call{note}",
+                    False))
     return out

@@ -8,14 +8,16 @@ for `server.shutdown_grace_s`. Logs are JSON lines unless `--log-format text`.
 
 Authentication is on unless `--no-auth` (or ``tenancy.auth: false``): it needs the salt
 secret (``KVGATE_SALT_SECRET`` or ``tenancy.salt_secret_file``), and without one the command
-stops at once with a message saying so, before anything listens. One exception: a gateway
-bound only to a loopback address (unreachable from other machines, e.g. local benchmarks and
-`kvgate replay --spawn`) runs as if `--no-auth`, with the same loud warning.
+stops at once with a message saying so, before anything listens. Without authentication and
+with no listen address given (`--host`, `server.host` in the file or `KVGATE_SERVER__HOST`),
+the gateway binds 127.0.0.1 only; a given address wins, with a warning when it is reachable
+from the network. The address bound is logged at start: `listening on http://HOST:PORT`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import socket
@@ -26,7 +28,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, ServerConfig, auth_secret, load_config
+from gateway.config import KvgateConfig, ServerConfig, auth_secret, load_config, unknown_env
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
@@ -53,7 +55,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--upstream", action="append", metavar="URL",
                    help="a vLLM replica base URL (repeat); one pool, names from /v1/models")
     p.add_argument("--policy", help="routing policy (overrides routing.policy)")
-    p.add_argument("--host", help="listen address (overrides server.host)")
+    p.add_argument("--host", help="listen address (overrides server.host; default 0.0.0.0, "
+                                  "127.0.0.1 with --no-auth)")
     p.add_argument("--port", type=int, help="listen port (overrides server.port)")
     p.add_argument("--workers", type=int,
                    help="worker processes on the port (overrides server.workers; >1 needs "
@@ -62,7 +65,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one JSON object per line or readable text (overrides server.log_format)")
     p.add_argument("--no-auth", action="store_true",
-                   help="single tenant, no API keys (local use only; says so loudly)")
+                   help="single tenant, no API keys (local use only: binds 127.0.0.1 unless "
+                        "--host or server.host is given; says so loudly)")
     return p
 
 
@@ -97,7 +101,26 @@ def config_from_args(
         overrides[section] = {**overrides.get(section, {}), **values}
     # --upstream replaces any file named by KVGATE_CONFIG: pass an empty path explicitly
     path = args.config if not args.upstream else ""
-    return load_config(path, overrides=overrides, quick=bool(args.upstream))
+    return loopback_without_auth(load_config(path, overrides=overrides, quick=bool(args.upstream)))
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_without_auth(cfg: KvgateConfig) -> KvgateConfig:
+    """Without authentication and no listen address given (flag, file or env), 127.0.0.1."""
+    if cfg.tenancy.auth or "host" in cfg.server.model_fields_set:
+        return cfg
+    return cfg.model_copy(update={"server": cfg.server.model_copy(update={"host": LOOPBACK})})
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def check_secrets(cfg: KvgateConfig) -> str | None:
@@ -144,19 +167,22 @@ def main(argv: list[str]) -> int:
     try:  # first: a port in use is the one line printed
         sockets = bind_sockets(cfg)
     except ListenError as exc:
-        print(f"kvgate serve: {exc}", file=sys.stderr, flush=True)
+        print(f"kvgate serve: {exc} (choose another port with --port)", file=sys.stderr,
+              flush=True)
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
     for line in start_warnings(cfg):
         print(line, file=sys.stderr, flush=True)
     if cfg.server.workers > 1:
+        configure_logging(cfg.server.log_level, cfg.server.log_format)
+        log.info(listening(cfg))  # once, not once per worker
         return run_workers(cfg, sockets, _serve_one)
     return run_server(cfg, "kvgate serve", sockets=sockets)
 
 
 def _serve_one(cfg: KvgateConfig, sockets: list[socket.socket]) -> int:
-    return run_server(cfg, "kvgate serve", sockets=sockets)
+    return run_server(cfg, "kvgate serve", sockets=sockets, announce=False)
 
 
 # -- listening, limits and start-up warnings (kept apart from the parsing above) ---------------
@@ -199,12 +225,23 @@ def _hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def listening(cfg: KvgateConfig) -> str:
+    """The start-up line naming what is bound: `listening on http://HOST:PORT` (+ admin)."""
+    server = cfg.server
+    line = f"listening on http://{_hostport(server.host, server.port)}"
+    if server.admin_port:
+        line += f", admin API on http://{_hostport(server.host, server.admin_port)}"
+    return line
+
+
 def run_server(
     cfg: KvgateConfig, prog: str, *, app: GatewayApp | None = None,
     sockets: list[socket.socket] | None = None, on_started: Callable[[], None] | None = None,
+    announce: bool = True,
 ) -> int:
     """Bind (unless `sockets` are given), run until SIGTERM/SIGINT, shut down gracefully.
-    0 after a clean stop, 1 when it could not listen or start."""
+    `announce`: log the `listening on` line. 0 after a clean stop, 1 when it could not listen
+    or start."""
     if sockets is None:
         try:
             sockets = bind_sockets(cfg)
@@ -212,6 +249,8 @@ def run_server(
             print(f"{prog}: {exc}", file=sys.stderr, flush=True)
             return 1
     configure_logging(cfg.server.log_level, cfg.server.log_format)
+    if announce:
+        log.info(listening(cfg))
     server = make_server(app or GatewayApp(cfg), on_started)
     server.run(sockets=sockets)
     return 0 if server.started else 1
@@ -220,14 +259,28 @@ def run_server(
 def start_warnings(cfg: KvgateConfig) -> list[str]:
     """Loud start-up warnings about a configuration that cannot work as intended."""
     out = []
-    # with Redis, keys may come from another replica's admin API: only the in-memory store
-    if cfg.tenancy.auth and cfg.admin_token is None and not cfg.tenants and not cfg.redis_url:
+    # with Redis, keys may come from another replica's admin API: only the in-memory store.
+    # Tenants from the config get no keys: only the admin API issues them.
+    if cfg.tenancy.auth and cfg.admin_token is None and not cfg.redis_url:
         out.append(NO_ADMIN_WARNING)
-    return out
+    if not cfg.tenancy.auth:
+        if is_loopback(cfg.server.host):
+            out.append(f"kvgate: without authentication, listening on {cfg.server.host} only "
+                       "(this machine); give --host (or server.host) to listen elsewhere")
+        else:
+            out.append(NETWORK_NO_AUTH_WARNING.format(host=cfg.server.host))
+    return out + unknown_env(cfg)
 
 
 NO_ADMIN_WARNING = """
-*** WARNING: authentication is on, but KVGATE_ADMIN_TOKEN is not set and no tenants are     ***
-*** configured: nobody can create an API key, so every request will get 401. Set            ***
-*** KVGATE_ADMIN_TOKEN (then `kvgate admin ... keys create`) or add tenants to the config.  ***
+*** WARNING: authentication is on, but KVGATE_ADMIN_TOKEN is not set and no Redis store is  ***
+*** shared with another gateway: the admin API is disabled and nobody can create an API key, ***
+*** so every request will get 401 (tenants in the config file get no keys either). Set      ***
+*** KVGATE_ADMIN_TOKEN, then `kvgate admin tenants create ID` and `kvgate admin keys create ID`.
+"""
+
+NETWORK_NO_AUTH_WARNING = """
+*** WARNING: an unauthenticated gateway is reachable from the network: it listens on {host}
+*** without authentication, so anyone who can reach this machine can use it. Bind 127.0.0.1
+*** (drop --host / server.host) or turn authentication on.
 """

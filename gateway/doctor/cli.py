@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import httpx
 
+from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
 from gateway.doctor.render import parse_duration, render_cache, render_findings
 
 __all__ = ["main"]
@@ -40,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
                 "findings per pool and replica (class, severity, evidence, one action).")
     p.add_argument("--url", default="http://127.0.0.1:8000",
                    help="the gateway (or its admin port): default %(default)s")
-    p.add_argument("--admin-token", help="admin token (default: $KVGATE_ADMIN_TOKEN)")
+    p.add_argument("--admin-token",
+                   help=f"admin token (default: $KVGATE_ADMIN_TOKEN; {TOKEN_HELP})")
     p.add_argument("--window", default="5m",
                    help="how far back to look: 30s, 5m, 1h (default %(default)s; at most the "
                         "gateway's doctor.history_s)")
@@ -69,6 +71,8 @@ def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
             message = (payload.get("error") or {}).get("message")
         hint = " (a kvgate gateway with `kvgate doctor` support?)" \
             if response.status_code == 404 else ""
+        if not_admin_port(response.status_code, message):
+            hint = f": {NOT_ADMIN_PORT}"
         raise RuntimeError(f"{url}: HTTP {response.status_code}: "
                            f"{message or response.reason_phrase}{hint}")
     if not isinstance(payload, dict) or payload.get("object") != "doctor":
@@ -88,7 +92,10 @@ def main(argv: list[str]) -> int:
         return _fail(f"--window: {exc}", 2)
     except SystemExit as exc:  # --help
         return int(exc.code or 0)
-    token = args.admin_token or os.environ.get("KVGATE_ADMIN_TOKEN", "")
+    try:
+        token = args.admin_token or client_token(os.environ.get("KVGATE_ADMIN_TOKEN", ""))
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     if not token:
         return _fail("no admin token: pass --admin-token or set KVGATE_ADMIN_TOKEN", 2)
     url = args.url.rstrip("/")

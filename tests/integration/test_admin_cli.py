@@ -9,13 +9,16 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gateway.admin import AdminToken
 from gateway.cli import admin as admin_cli
+from gateway.doctor import cli as doctor_cli
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin
-from tests.support.procs import ROOT
+from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.procs import ROOT, free_port
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -83,3 +86,74 @@ async def test_cli_round_trip(
         )
         stdout, _ = await proc.communicate()
         assert proc.returncode == 0 and json.loads(stdout)["data"][0]["id"] == "acme"
+
+
+async def test_multi_token_form_sends_the_first_token(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`KVGATE_ADMIN_TOKEN="ops:...,ci:..."`, as the gateway takes it, works in the same shell."""
+    ci_token = ADMIN_TOKEN[::-1]
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", f"ops:{ADMIN_TOKEN},ci:{ci_token}")
+    async for url in serve_admin(InMemoryStore(), [AdminToken("ops", ADMIN_TOKEN),
+                                                   AdminToken("ci", ci_token)]):
+        code, out, err = await _cli(capsys, "--url", url, "tenants", "list")
+        assert code == 0, err
+        assert json.loads(out)["data"] == []
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "ops:short,ci:x")
+    code, _, err = await _cli(capsys, "tenants", "list")
+    assert code == 2 and "with id 'ops' has 5 characters" in err and "short" not in err
+
+
+async def test_tenants_update_changes_only_what_is_given(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        base = ["--url", url]
+        code, _, _ = await _cli(capsys, *base, "tenants", "create", "acme", "--rpm", "10")
+        assert code == 0
+        code, out, err = await _cli(capsys, *base, "tenants", "update", "acme", "--tier", "free",
+                                    "--max-concurrency", "4")
+        assert code == 0, err
+        updated = json.loads(out)
+        assert updated["tier"] == "free"
+        assert updated["limits"]["max_concurrency"] == 4
+        code, _, err = await _cli(capsys, *base, "tenants", "update", "acme")
+        assert code == 2 and "nothing to change" in err
+        code, _, err = await _cli(capsys, *base, "tenants", "update", "ghost", "--rpm", "1")
+        assert code == 1 and "404" in err
+
+
+async def test_policy_put_takes_a_whole_config_file(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start-up warning's advice, `kvgate admin policy put kvgate.yaml`, works as written."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    example = ROOT / "examples" / "kvgate.yaml"
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        code, _, err = await _cli(capsys, "--url", url, "policy", "put", str(example))
+        assert code == 0, err
+        assert "sending only the policy sections" in err and "server" in err
+        code, out, _ = await _cli(capsys, "--url", url, "policy", "get")
+        assert set(json.loads(out)["pools"]) == set(yaml.safe_load(example.read_text())["pools"])
+
+
+def test_main_port_with_a_separate_admin_port_is_named(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvgate admin` and `kvgate doctor` pointed at the public port while `server.admin_port`
+    is set: the 404 says where the admin API is not, rather than a bare 404."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN_TOKEN,
+           "KVGATE_SERVER__ADMIN_PORT": str(free_port())}
+    gw, base = gateway_proc(upstreams=[f"http://127.0.0.1:{free_port()}"], ready=False,
+                            auth=True, env=env)
+    with gw:
+        assert admin_cli.main(["--url", base, "tenants", "list"]) == 1
+        assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err
+        assert doctor_cli.main(["--url", base]) == 1
+        assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err

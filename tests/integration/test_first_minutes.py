@@ -108,7 +108,7 @@ def test_config_check_warns_about_missing_secrets(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(
         {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
     result = run("config", "check", str(path))
-    assert result.returncode == 0
+    assert result.returncode == 1  # `kvgate serve` would refuse to start without the secret
     assert "KVGATE_SALT_SECRET" in result.stderr and "KVGATE_ADMIN_TOKEN" in result.stderr
     assert "nobody can ever get an API key" in result.stderr
     complete = run("config", "check", str(path), env={
@@ -116,12 +116,54 @@ def test_config_check_warns_about_missing_secrets(tmp_path: Path) -> None:
     assert complete.returncode == 0 and complete.stderr == ""
 
 
+def test_config_check_fails_as_serve_does_on_an_unset_api_key_env(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({"pools": {"a": {
+        "served_model": "m", "replicas": ["http://127.0.0.1:9"], "api_key_env": "VLLM_KEY"}}}))
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": "admin-token-0123456789"}
+    result = run("config", "check", str(path), env=env)
+    assert result.returncode == 1
+    assert "pools.a.api_key_env: the environment variable VLLM_KEY is not set" in result.stderr
+    serve = run("serve", "--config", str(path), "--port", str(free_port()), env=env)
+    assert serve.returncode != 0 and "VLLM_KEY is not set" in serve.stderr
+    assert run("config", "check", str(path), env={**env, "VLLM_KEY": "k"}).returncode == 0
+
+
+def test_no_auth_listens_on_loopback_and_says_where() -> None:
+    port = free_port()
+    gw = Proc([*KVGATE, "serve", "--no-auth", "--port", str(port), "--upstream",
+               "http://127.0.0.1:9"], env={"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": ""},
+              ready_url=f"http://127.0.0.1:{port}/healthz")
+    with gw:
+        gw.stop()
+        assert f"listening on http://127.0.0.1:{port}" in gw.output()
+        assert "127.0.0.1 only" in gw.output()
+
+
+def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """`kvgate config check | head -1` once head has exited: no BrokenPipeError traceback
+    (the reading end is closed before the command writes, so the writer always meets it)."""
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump(
+        {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    proc = subprocess.Popen(
+        [*KVGATE, "config", "check", str(path)], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+        env={"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": "", "KVGATE_SALT_SECRET": AUTH_SECRET,
+             "KVGATE_ADMIN_TOKEN": "admin-token-0123456789"})
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=30) == 1
+    assert err == ""
+
+
 def test_serve_on_a_port_in_use_is_one_line(busy_port: int) -> None:
     result = run("serve", "--no-auth", "--host", "127.0.0.1", "--port", str(busy_port),
                  "--upstream", "http://127.0.0.1:9")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [f"kvgate serve: cannot listen on 127.0.0.1:{busy_port}: "
-                     "address already in use"]
+                     "address already in use (choose another port with --port)"]
 
 
 def test_demo_on_a_port_in_use_says_to_use_port(busy_port: int) -> None:

@@ -63,13 +63,14 @@ def test_config_check_prints_effective_config_without_secrets(tmp_path: Path) ->
     path.write_text(yaml.safe_dump({
         "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
     env = {"KVGATE_SERVER__PORT": "9123", "KVGATE_ADMIN_TOKEN": "very-secret-token",
-           "PATH": "/usr/bin:/bin"}
+           "KVGATE_SALT_SECRET": "very-secret-salt-0123", "PATH": "/usr/bin:/bin"}
     result = run("config", "check", str(path), env=env)
     assert result.returncode == 0, result.stderr
     effective = yaml.safe_load(result.stdout)
     assert effective["server"]["port"] == 9123
     assert effective["upstream"]["connect_timeout_s"] == 3.0
     assert "very-secret-token" not in result.stdout
+    assert "very-secret-salt" not in result.stdout
     assert run("config", "check", str(tmp_path / "missing.yaml")).returncode == 2
 
 

@@ -39,7 +39,7 @@ def fake_project(tmp: Path) -> tuple[Path, dict[str, str]]:
     for name in ("apt-get", "ruff", "mypy", "pytest"):
         _tool(fakebin / name, RECORDER.format(name=name))
     _tool(fakebin / "sudo", '#!/bin/bash\nexec "$@"\n')
-    for name in ("bash", "dirname", "id", "touch"):
+    for name in ("bash", "dirname", "id", "touch", "rm", "env"):
         real = shutil.which(name)
         assert real is not None
         (fakebin / name).symlink_to(real)
@@ -92,6 +92,53 @@ def test_setup_installs_again_only_when_needed(tmp_path: Path) -> None:
     os.utime(project / "pyproject.toml")  # newer than the stamp: install again
     subprocess.run(setup, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
     assert len([line for line in calls(env) if " -e " in line]) == 2
+
+
+FAKE_PYTHON3 = """#!/bin/bash
+echo "python3 $*" >> "$KVGATE_TEST_LOG"
+if [ "$1" = "-c" ]; then exit 1; fi  # `import ensurepip`: Debian's python3 without python3-venv
+mkdir -p .venv/bin && cp "$(dirname "$0")/venv-python" .venv/bin/python
+"""
+
+
+def test_setup_creates_a_venv_left_without_pip_again(tmp_path: Path) -> None:
+    """Debian's python3 without python3-venv: a first `python3 -m venv` left .venv/bin/python
+    without pip; the next run installs python3-venv and creates the venv again, and the run
+    after that is a no-op."""
+    project, env = fake_project(tmp_path)
+    broken = project / ".venv" / "bin" / "python"
+    broken.write_text("#!/bin/bash\nexit 1\n")  # `-m pip` fails: No module named pip
+    fakebin = Path(env["PATH"])
+    _tool(fakebin / "python3", FAKE_PYTHON3)
+    _tool(fakebin / "venv-python", RECORDER.format(name="python"))
+    for name in ("mkdir", "cp"):
+        (fakebin / name).symlink_to(shutil.which(name) or name)
+    setup = [str(project / "scripts" / "setup")]
+    result = subprocess.run(setup, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "creating it again" in result.stderr
+    log = calls(env)
+    assert "apt-get install -y -qq python3-venv redis-server" in log
+    assert "python3 -m venv .venv" in log and " -e " in log[-1]
+    before = len(log)
+    _tool(fakebin / "redis-server", "")  # what the (recorded) apt-get would have installed
+    subprocess.run(setup, cwd=tmp_path, env=env, check=True, capture_output=True, timeout=60)
+    assert calls(env)[before:] == ["python -m pip --version"]  # all there: nothing to do
+
+
+def test_setup_without_root_or_sudo_says_what_to_install(tmp_path: Path) -> None:
+    project, env = fake_project(tmp_path)
+    fakebin = Path(env["PATH"])
+    (fakebin / "sudo").unlink()
+    (fakebin / "id").unlink()
+    _tool(fakebin / "id", "#!/bin/bash\necho 1000\n")
+    result = subprocess.run([str(project / "scripts" / "setup")], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "needs root or sudo" in result.stderr and "apt-get install redis-server" \
+        in result.stderr
+    assert not [line for line in calls(env) if line.startswith("apt-get")]
 
 
 def test_pyproject_uses_an_spdx_license_string() -> None:

@@ -9,8 +9,14 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from gateway.cli.serve import build_parser, config_from_args
-from gateway.config import KvgateConfig, env_overrides, load_config, redacted_dump
+from gateway.cli.serve import (
+    NO_ADMIN_WARNING,
+    build_parser,
+    config_from_args,
+    listening,
+    start_warnings,
+)
+from gateway.config import KvgateConfig, env_overrides, load_config, redacted_dump, unknown_env
 from gateway.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
@@ -143,3 +149,100 @@ def test_redis_url_schemes_redis_accepts() -> None:
 def test_log_level_is_case_insensitive() -> None:
     cfg = load_config(None, overrides={**POOLS, "server": {"log_level": "WARNING"}}, environ={})
     assert cfg.server.log_level == "warning"
+
+
+# -- error wording: env sources, typos, whole-document checks, stray variables -------------
+def test_an_error_from_the_environment_names_the_variable() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_SERVER__PORT": "abc"})
+    assert "server.port:" in info.value.message
+    assert "(from KVGATE_SERVER__PORT)" in info.value.message
+
+
+def test_a_misspelt_field_suggests_the_known_one() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides={**POOLS, "upstream": {"max_atempts": 3}}, environ={})
+    assert "upstream.max_atempts: unknown field (did you mean max_attempts?)" \
+        in info.value.message
+    with pytest.raises(ConfigError) as info:  # inside a pool: the pool's own fields
+        load_config(None, environ={}, overrides={
+            "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"],
+                            "api_key_evn": "X"}}})
+    assert "pools.a.api_key_evn: unknown field (did you mean api_key_env?)" \
+        in info.value.message
+    with pytest.raises(ConfigError) as info:  # routing: a pydantic dataclass
+        load_config(None, overrides={**POOLS, "routing": {"polcy": "x"}}, environ={})
+    assert "routing.polcy: unknown field (did you mean policy?)" in info.value.message
+
+
+def test_a_whole_document_error_has_no_stray_prefix() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={}, overrides={
+            **POOLS, "models": {"big": {"default": "a", "premium": "fp9"}}})
+    assert info.value.message.splitlines()[1].strip() == "models.big.premium: unknown pool 'fp9'"
+
+
+def test_a_short_admin_token_is_named_by_its_id() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_ADMIN_TOKEN": "ops:short"})
+    assert "the admin token with id 'ops' has 5 characters" in info.value.message
+
+
+def test_a_kvgate_variable_that_maps_to_nothing_is_named() -> None:
+    env = {"KVGATE_SERVER_PORT": "9000", "KVGATE_REDIS_URL": "", "KVGATE_CONFIG": "",
+           "KVGATE_SALT_SECRET": "", "KVGATE_POOLKEY": "k", "KVGATE_SERVER__PORT": "9001"}
+    pools = {"pools": {"a": {**POOLS["pools"]["a"], "api_key_env": "KVGATE_POOLKEY"}}}
+    cfg = load_config(None, overrides=pools, environ=env)
+    [line] = unknown_env(cfg, env)
+    assert "KVGATE_SERVER_PORT:" in line and "KVGATE_SERVER__PORT" in line
+    assert unknown_env(cfg, {k: v for k, v in env.items() if k != "KVGATE_SERVER_PORT"}) == []
+
+
+# -- --no-auth listens on loopback unless a host is given ----------------------------------
+def _serve_cfg(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> KvgateConfig:
+    monkeypatch.delenv("KVGATE_CONFIG", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return config_from_args(build_parser().parse_args(["--upstream", "http://127.0.0.1:9",
+                                                       *argv]))
+
+
+def test_no_auth_binds_loopback_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _serve_cfg(monkeypatch, "--no-auth")
+    assert cfg.server.host == "127.0.0.1"
+    assert any("127.0.0.1 only" in line for line in start_warnings(cfg))
+    assert listening(cfg) == "listening on http://127.0.0.1:8000"
+    monkeypatch.setenv("KVGATE_SALT_SECRET", "0123456789abcdef0123")
+    assert _serve_cfg(monkeypatch).server.host == "0.0.0.0"  # with authentication
+
+
+@pytest.mark.parametrize("how", ["flag", "env", "file"])
+def test_a_given_host_wins_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, how: str
+) -> None:
+    if how == "flag":
+        cfg = _serve_cfg(monkeypatch, "--no-auth", "--host", "0.0.0.0")
+    elif how == "env":
+        cfg = _serve_cfg(monkeypatch, "--no-auth", KVGATE_SERVER__HOST="0.0.0.0")
+    else:
+        path = tmp_path / "k.yaml"
+        path.write_text(yaml.safe_dump({**POOLS, "server": {"host": "0.0.0.0"}}))
+        monkeypatch.delenv("KVGATE_CONFIG", raising=False)
+        cfg = config_from_args(build_parser().parse_args(["--no-auth", "--config", str(path)]))
+    assert cfg.server.host == "0.0.0.0"
+    warning = "unauthenticated gateway is reachable from the network"
+    assert any(warning in line for line in start_warnings(cfg))
+
+
+def test_listening_line_names_the_admin_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = _serve_cfg(monkeypatch, "--no-auth", "--port", "8100",
+                     KVGATE_SERVER__ADMIN_PORT="8101")
+    assert listening(cfg) == ("listening on http://127.0.0.1:8100, "
+                              "admin API on http://127.0.0.1:8101")
+
+
+def test_no_admin_token_warns_even_with_config_tenants() -> None:
+    env = {"KVGATE_SALT_SECRET": "0123456789abcdef0123"}
+    cfg = load_config(None, overrides={**POOLS, "tenants": [{"id": "acme"}]}, environ=env)
+    assert NO_ADMIN_WARNING in start_warnings(cfg)
+    assert "add tenants to the config" not in NO_ADMIN_WARNING

@@ -1,0 +1,31 @@
+"""What the admin API's command-line clients (`kvgate admin`, `kvgate doctor`) share: the
+token to send, read from ``KVGATE_ADMIN_TOKEN`` as the gateway reads it, and the hint for an
+admin path the port does not serve."""
+
+from __future__ import annotations
+
+from gateway.admin.auth import admin_tokens_from_env
+
+__all__ = ["NOT_ADMIN_PORT", "TOKEN_HELP", "client_token", "not_admin_port"]
+
+TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
+              "a bare token is sent as it is")
+NOT_ADMIN_PORT = "the admin API is not on this port (server.admin_port?)"
+
+
+def client_token(value: str) -> str:
+    """The token to send for a ``KVGATE_ADMIN_TOKEN`` value: a bare token as it is (the
+    gateway judges it), the first token of the ``id:token,id:token`` form (`ValueError` for a
+    malformed or short one, as the gateway would refuse it at start)."""
+    value = value.strip()
+    if "," not in value and ":" not in value:
+        return value
+    tokens = admin_tokens_from_env(value)
+    return tokens[0].token if tokens else ""
+
+
+def not_admin_port(status: int, message: str | None) -> bool:
+    """True for the gateway's 404 of an /admin path on a port that does not serve the admin
+    API (its public port while `server.admin_port` is set): the admin API's own 404s (an
+    unknown tenant) name what is missing, not the path."""
+    return status == 404 and (message or "").startswith("Unknown path /admin")
