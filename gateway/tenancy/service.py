@@ -24,7 +24,7 @@ from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import Tenant
-from gateway.tenancy.redis_conn import connect_redis
+from gateway.tenancy.redis_conn import StoreUnreachable, connect_redis
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
@@ -74,8 +74,9 @@ class Tenancy:
 
         try:
             await reseed()
-        except BackendUnavailable:
-            log.warning("tenancy bootstrap postponed: store unreachable")
+        except StoreUnreachable as exc:  # seeded when it answers; the log says where and why
+            if isinstance(self.store, RedisStore):
+                self.store.reach.failed(exc.cause)
         else:
             with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
                 await _say_if_the_stored_policy_wins(self.store, policy)
