@@ -35,7 +35,7 @@ def build_doctor(
     cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
     replicas: Callable[[], Iterable[Replica]], scrape_errors: Callable[[str], int], *,
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
-    clock: Callable[[], float],
+    tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
     from gateway.doctor.classify import Context
@@ -46,7 +46,8 @@ def build_doctor(
     dc, rc = cfg.doctor, cfg.routing
     src = Sources(replicas=replicas, metrics=metrics, router=router,
                   sharing=PrefixSharing(router), scrape_errors=scrape_errors,
-                  redis_up=redis_up, sync_degraded=sync_degraded)
+                  redis_up=redis_up, sync_degraded=sync_degraded,
+                  tenancy_loaded=tenancy_loaded)
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))

@@ -486,7 +486,17 @@ def classify_gateway(g: GatewayStats, th: Thresholds) -> list[Finding]:
             "saturation",
             "add server.workers (with Redis) or gateway replicas",
             [_ev("process CPU time / wall time", "CPU", g.cpu_share, ">=", th, "cpu_busy", "%")]))
-    if g.redis_up == 0.0 or g.redis_down_s > 0:
+    if g.redis_up == 0.0 and g.tenancy_loaded == 0.0:
+        out.append(Finding(
+            "gateway", "critical", None, None,
+            "Redis does not answer and has not since start: no tenant, API key or policy was "
+            "ever loaded (policy version 0), so every request gets 503",
+            "check KVGATE_REDIS_URL and that Redis runs (the gateway's log names the address "
+            "and the error); kvgate loads its state on its own once Redis answers",
+            [_ev("kvgate_redis_up", "Redis up (last sample)", g.redis_up),
+             _ev("/readyz tenancy", "tenants and policy loaded (last sample)",
+                 g.tenancy_loaded)]))
+    elif g.redis_up == 0.0 or g.redis_down_s > 0:
         now_down = g.redis_up == 0.0
         out.append(Finding(
             "gateway", "warning" if now_down else "info", None, None,

@@ -222,6 +222,17 @@ def test_redis_and_shared_state_degraded_now_or_earlier() -> None:
     assert classes(no_redis) == ["healthy"] and "Redis" not in no_redis[0].summary
 
 
+def test_redis_down_since_start_is_critical_and_claims_no_last_known_state() -> None:
+    (never,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=30.0,
+                                             tenancy_loaded=0.0), TH)
+    assert (never.cls, never.severity) == ("gateway", "critical")
+    assert "last known" not in never.summary and "every request gets 503" in never.summary
+    assert "KVGATE_REDIS_URL" in never.action
+    (lost,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=30.0,
+                                            tenancy_loaded=1.0), TH)
+    assert lost.severity == "warning" and "last known" in lost.summary
+
+
 def test_classify_orders_worst_first() -> None:
     kv = replica("kv", kv_p90=0.99, preemptions=10.0)
     q = replica("q", waiting_share=0.6, waiting_mean=1.5, running_when_waiting=4.0,
