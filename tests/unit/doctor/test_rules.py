@@ -196,13 +196,28 @@ def test_overflow_and_spill_shares() -> None:
 
 def test_gateway_overhead_busy_or_starved() -> None:
     (busy,) = classify_gateway(GatewayStats(cpu_share=0.6, overhead_p99=0.012,
-                                            overhead_n=500.0), TH)
+                                            overhead_n=500.0), TH, Context(cores=4))
     assert busy.cls == "gateway" and busy.action.startswith("add server.workers")
     (starved,) = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012,
                                                overhead_n=500.0), TH)
     assert "waits for a CPU" in starved.summary and "core of its own" in starved.action
-    few = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012, overhead_n=20.0), TH)
+    few = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012, overhead_n=16.0), TH)
     assert classes(few) == ["healthy"]
+    assert "overhead p99 12 ms (not judged: 16 requests < 100)" in few[0].summary
+    (judged,) = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.004,
+                                              overhead_n=500.0), TH)
+    assert "overhead p99 4 ms (< 10 ms)" in judged.summary
+
+
+def test_more_workers_are_advised_only_with_cores_to_spare() -> None:
+    busy = GatewayStats(cpu_share=0.97)
+    (spare,) = classify_gateway(busy, TH, Context(workers=1, cores=4))
+    assert spare.action.startswith("add server.workers") and "4 cores" in spare.action
+    (full,) = classify_gateway(busy, TH, Context(workers=2, cores=2))
+    assert full.action.startswith("add gateway replicas") and "not add capacity" in full.action
+    (unknown,) = classify_gateway(busy, TH)
+    assert "if the pod has spare cores" in unknown.action
+    assert all("docs/shared-state.md" in f.action for f in (spare, full, unknown))
 
 
 def test_cpu_saturation() -> None:
