@@ -12,6 +12,7 @@ contain prompt text, keys, salts, the server secret or tracebacks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import orjson
 
@@ -104,8 +105,21 @@ class NotFound(KvgateError):
 
 
 class ModelNotFound(NotFound):
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model")
+    """vLLM's message, then the public names this gateway offers (the first `SHOWN`), and
+    when `model` is a replica's served name (what answers carry in `model`), that it is."""
+
+    SHOWN = 10
+
+    def __init__(self, model: str, known: Sequence[str] = (), *, served: bool = False) -> None:
+        message = f"The model `{model}` does not exist."
+        if served:
+            message += (f" `{model}` is the name a replica serves it under (answers carry it"
+                        " in `model`); send the public model name instead.")
+        if known:
+            names = ", ".join(known[:self.SHOWN])
+            more = f" and {len(known) - self.SHOWN} more" if len(known) > self.SHOWN else ""
+            message += f" Models served here: {names}{more} (GET /v1/models lists them)."
+        super().__init__(message, param="model")
 
 
 class MethodNotAllowed(KvgateError):
