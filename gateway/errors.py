@@ -36,6 +36,7 @@ __all__ = [
     "RateLimited",
     "ReplicaRefused",
     "RetryBudgetExhausted",
+    "StoreUnreachable",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -225,6 +226,14 @@ class BackendUnavailable(KvgateError):
     status = 503
     type_ = "ServiceUnavailableError"
     code = "store_unavailable"
+
+
+class StoreUnreachable(BackendUnavailable):
+    """A Redis failure, with its cause in a few words (``connection refused``), never the URL."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"the tenancy store (Redis) failed ({cause})")
+        self.cause = cause
 
 
 class NoReplicaAvailable(KvgateError):

@@ -16,19 +16,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError, ResponseError
 
-from gateway.errors import BackendUnavailable
+from gateway.errors import StoreUnreachable
 
-__all__ = [
-    "StoreUnreachable", "connect_redis", "failure_cause", "redis_address", "redis_unavailable",
-]
-
-
-class StoreUnreachable(BackendUnavailable):
-    """A Redis failure, with its cause in words (``connection refused``), never the URL."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(f"the tenancy store (Redis) failed ({cause})")
-        self.cause = cause
+__all__ = ["connect_redis", "failure_cause", "redis_address", "redis_unavailable"]
 
 
 def connect_redis(

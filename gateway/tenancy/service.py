@@ -18,13 +18,13 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.body import ClientSaltMode
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import Tenant
-from gateway.tenancy.redis_conn import StoreUnreachable, connect_redis
+from gateway.tenancy.redis_conn import connect_redis
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver

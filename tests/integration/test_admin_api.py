@@ -217,7 +217,8 @@ async def test_policy_get_put_with_if_match(admin: Admin) -> None:
         "tiers": {"premium": doc["tiers"]["premium"]},
     }
     assert _error(await c.put("/admin/policy", json=no_free), 400)["param"] == "tiers"
-    for empty in ({}, {"pools": {}, "models": {}}):  # would leave no model served
+    empties: list[dict[str, Any]] = [{}, {"pools": {}, "models": {}}]
+    for empty in empties:  # would leave no model served
         assert _error(await c.put("/admin/policy", json=empty), 400)["param"] == "pools"
     assert (await c.get("/admin/policy")).headers["etag"] == '"2"'
 
