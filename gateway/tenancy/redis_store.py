@@ -44,7 +44,7 @@ from gateway.tenancy.store import (
     with_epoch,
 )
 
-__all__ = ["RETRY_MAX_S", "RedisStore"]
+__all__ = ["RedisStore"]
 
 log = logging.getLogger(__name__)
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this

@@ -74,9 +74,11 @@ class Tenancy:
 
         try:
             await reseed()
-        except StoreUnreachable as exc:  # seeded when it answers; the log says where and why
-            if isinstance(self.store, RedisStore):
-                self.store.reach.failed(exc.cause)
+        except BackendUnavailable as exc:  # seeded by the resolver once the store answers
+            if isinstance(self.store, RedisStore) and isinstance(exc, StoreUnreachable):
+                self.store.reach.failed(exc.cause)  # where and why, once
+            else:
+                log.warning("tenancy bootstrap postponed: %s", exc)
         else:
             with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
                 await _say_if_the_stored_policy_wins(self.store, policy)
