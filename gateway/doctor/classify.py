@@ -519,8 +519,8 @@ def classify_gateway(g: GatewayStats, th: Thresholds, ctx: Context | None = None
             "check KVGATE_REDIS_URL and that Redis runs (the gateway's log names the address "
             "and the error); kvgate loads its state on its own once Redis answers",
             [_ev("kvgate_redis_up", "Redis up (last sample)", g.redis_up),
-             _ev("/readyz tenancy", "tenants and policy loaded (last sample)",
-                 g.tenancy_loaded)]))
+             # nothing loaded means no policy in force: kvgate_policy_version reads 0
+             _ev("kvgate_policy_version", "policy version (nothing loaded)", 0.0)]))
     elif g.redis_up == 0.0 or g.redis_down_s > 0:
         now_down = g.redis_up == 0.0
         out.append(Finding(
