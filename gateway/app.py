@@ -109,7 +109,7 @@ class GatewayApp:
             return await _respond(send, status, headers, body)
         if admin_port is None and await self._to_admin(scope, receive, send, path):
             return None
-        return await _error(send, NotFound(f"Unknown path {path}."))
+        return await _error(send, _unknown_path(path))
 
     async def _admin_port_http(
         self, scope: Scope, receive: Receive, send: Send, path: str
@@ -246,6 +246,14 @@ def _bearer_token(headers: Headers) -> str | None:
         if key == b"authorization":
             token = parse_bearer(value.decode("latin-1"))
     return token
+
+
+def _unknown_path(path: str) -> NotFound:
+    """404, with a hint when the path is an API route without its /v1 (a base URL without it)."""
+    with_v1 = f"/v1{path}"
+    if with_v1 in KINDS or with_v1 == MODELS or match_stored(with_v1):
+        return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    return NotFound(f"Unknown path {path}.")
 
 
 async def _error(send: Send, exc: KvgateError) -> None:

@@ -12,6 +12,7 @@ contain prompt text, keys, salts, the server secret or tracebacks.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import orjson
 
@@ -35,6 +36,7 @@ __all__ = [
     "RateLimited",
     "ReplicaRefused",
     "RetryBudgetExhausted",
+    "StoreUnreachable",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -104,8 +106,21 @@ class NotFound(KvgateError):
 
 
 class ModelNotFound(NotFound):
-    def __init__(self, model: str) -> None:
-        super().__init__(f"The model `{model}` does not exist.", param="model")
+    """vLLM's message, then the public names this gateway offers (the first `SHOWN`), and
+    when `model` is a replica's served name (what answers carry in `model`), that it is."""
+
+    SHOWN = 10
+
+    def __init__(self, model: str, known: Sequence[str] = (), *, served: bool = False) -> None:
+        message = f"The model `{model}` does not exist."
+        if served:
+            message += (f" `{model}` is the name a replica serves it under (answers carry it"
+                        " in `model`); send the public model name instead.")
+        if known:
+            names = ", ".join(known[:self.SHOWN])
+            more = f" and {len(known) - self.SHOWN} more" if len(known) > self.SHOWN else ""
+            message += f" Models served here: {names}{more} (GET /v1/models lists them)."
+        super().__init__(message, param="model")
 
 
 class MethodNotAllowed(KvgateError):
@@ -211,6 +226,14 @@ class BackendUnavailable(KvgateError):
     status = 503
     type_ = "ServiceUnavailableError"
     code = "store_unavailable"
+
+
+class StoreUnreachable(BackendUnavailable):
+    """A Redis failure, with its cause in a few words (``connection refused``), never the URL."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(f"the tenancy store (Redis) failed ({cause})")
+        self.cause = cause
 
 
 class NoReplicaAvailable(KvgateError):

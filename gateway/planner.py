@@ -113,7 +113,9 @@ class Planner:
                 if learning:  # a pool whose served name is not known yet may serve it
                     raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
                                              f"(not ready: pool {', '.join(learning)}).")
-                raise ModelNotFound(parsed.model)
+                raise ModelNotFound(
+                    parsed.model, sorted(set(doc.models) | set(self.pools.public)),
+                    served=any(p.served_model == parsed.model for p in doc.pools.values()))
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:
             found = self.pools.by_name.get(route.pool)

@@ -112,7 +112,8 @@ async def start_runtime(
     metrics.registry.register(SyncCollector(router, sync, clock))
     doctor = build_doctor(
         cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,
-        sync_degraded=lambda: sync.degraded if sync else None, clock=clock)
+        sync_degraded=lambda: sync.degraded if sync else None,
+        tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock)
     proxy.prep.sharing = doctor.sharing
     await doctor.start()
     stack.push_async_callback(doctor.stop)

@@ -14,6 +14,7 @@ The token presented is never logged or stored.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -69,8 +70,9 @@ class AuthGuard:
             self.failures["throttled"] += 1
             wait = (1.0 - bucket.level) / self._rate
             raise RateLimited(
-                "too many failed admin authentications from this address; retry later",
-                retry_after_s=wait,
+                "too many failed admin authentications from this address: all admin requests "
+                f"from this address are refused for {max(1, math.ceil(wait))} s, valid tokens "
+                "included", retry_after_s=wait,
             )
 
     def failed(self, address: str, reason: str) -> bool:

@@ -85,7 +85,7 @@ class _Ctx:
                 param="tier",
             )
         if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
-            known = ", ".join(sorted(policy.doc.tiers))
+            known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
             raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
 
     async def auth_failed(

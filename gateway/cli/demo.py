@@ -48,7 +48,8 @@ def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]] | No
     replica did not start is printed."""
     try:
         return {
-            pool: [fleet.sim(served, "--preset", preset, "--time-scale", str(time_scale))
+            pool: [fleet.sim(served, "--preset", preset, "--time-scale", str(time_scale),
+                             "--enable-store")  # the Responses API's retrieve and follow-ups
                    for _ in range(REPLICAS_PER_POOL)]
             for pool, (served, preset) in POOLS.items()
         }

@@ -17,6 +17,7 @@ Importing the package imports none of them (the CLI stays light).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -28,14 +29,22 @@ if TYPE_CHECKING:
     from gateway.replicas import Replica
     from routing.router import Router
 
-__all__ = ["build_doctor"]
+__all__ = ["build_doctor", "usable_cores"]
+
+
+def usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity, else the machine's count). A CPU
+    quota (a pod's limit) is not seen here."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 def build_doctor(
     cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
     replicas: Callable[[], Iterable[Replica]], scrape_errors: Callable[[str], int], *,
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
-    clock: Callable[[], float],
+    tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
     from gateway.doctor.classify import Context
@@ -46,8 +55,10 @@ def build_doctor(
     dc, rc = cfg.doctor, cfg.routing
     src = Sources(replicas=replicas, metrics=metrics, router=router,
                   sharing=PrefixSharing(router), scrape_errors=scrape_errors,
-                  redis_up=redis_up, sync_degraded=sync_degraded)
+                  redis_up=redis_up, sync_degraded=sync_degraded,
+                  tenancy_loaded=tenancy_loaded)
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
-                  scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s)
+                  scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
+                  workers=cfg.server.workers, cores=usable_cores())
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
     return Doctor(src, settings, ctx, clock, workers=cfg.server.workers)

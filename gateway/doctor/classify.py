@@ -39,6 +39,8 @@ CLASSES = ("KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing"
            "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
+MIN_OVERHEAD_REQUESTS = 100  # kvgate's overhead p99 is judged from this many requests
+WORKERS_DOC = "docs/shared-state.md, Worker processes"
 
 
 @dataclass
@@ -50,9 +52,12 @@ class Evidence:
     threshold: float | None = None
     threshold_name: str | None = None
     unit: str = ""
+    note: str = ""  # instead of a threshold: why the value was not judged
 
     def text(self) -> str:
         value = _fmt(self.value, self.unit)
+        if self.note:
+            return f"{self.what} {value} ({self.note})"
         if self.threshold is None:
             return f"{self.what} {value}"
         return f"{self.what} {value} ({self.op} {_fmt(self.threshold, self.unit)})"
@@ -92,6 +97,8 @@ class Context:
     stale_after_s: float = 1.0
     scrape_interval_s: float = 0.25
     interval_s: float = 1.0  # the doctor's tick
+    workers: int = 1  # server.workers
+    cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
 
 
 def _ok(v: float) -> bool:
@@ -113,10 +120,10 @@ def _fmt(v: float | None, unit: str) -> str:
 
 
 def _ev(metric: str, what: str, value: float, op: str = "", th: Thresholds | None = None,
-        name: str | None = None, unit: str = "") -> Evidence:
+        name: str | None = None, unit: str = "", note: str = "") -> Evidence:
     threshold = getattr(th, name) if th is not None and name else None
     return Evidence(metric, what, None if math.isnan(value) else value, op, threshold, name,
-                    unit)
+                    unit, note)
 
 
 # -- per replica ---------------------------------------------------------------------------------
@@ -465,9 +472,27 @@ def _healthy_pool(p: PoolStats, th: Thresholds) -> Finding:
 
 
 # -- the process ----------------------------------------------------------------------------------
-def classify_gateway(g: GatewayStats, th: Thresholds) -> list[Finding]:
+def _more_capacity(ctx: Context) -> str:
+    """Where more gateway capacity comes from. More workers help only with cores to spare: one
+    gateway on 2 cores shared with its load generator and replicas ran 0.98x the requests/s
+    with 2 workers as with 1, at ~2.6x the CPU per request
+    (loadtest/results/bench_sync_live.md)."""
+    if ctx.cores is None:
+        return (f"add gateway replicas, or server.workers (with Redis) if the pod has spare "
+                f"cores ({WORKERS_DOC})")
+    if ctx.cores > ctx.workers:
+        return (f"add server.workers (with Redis): this process may run on {ctx.cores} cores "
+                f"and has {ctx.workers} worker(s); or add gateway replicas ({WORKERS_DOC})")
+    return (f"add gateway replicas with cores of their own: {ctx.workers} worker(s) already "
+            f"share the {ctx.cores} core(s) this process may run on, so more workers would "
+            f"not add capacity ({WORKERS_DOC})")
+
+
+def classify_gateway(g: GatewayStats, th: Thresholds, ctx: Context | None = None) -> list[Finding]:
+    ctx = ctx or Context()
     out: list[Finding] = []
-    if g.overhead_n >= 100 and _ok(g.overhead_p99) and g.overhead_p99 >= th.overhead_p99_s:
+    judged = g.overhead_n >= MIN_OVERHEAD_REQUESTS
+    if judged and _ok(g.overhead_p99) and g.overhead_p99 >= th.overhead_p99_s:
         starved = _ok(g.cpu_share) and g.cpu_share < 0.5
         out.append(Finding(
             "gateway", "warning", None, None,
@@ -475,7 +500,7 @@ def classify_gateway(g: GatewayStats, th: Thresholds) -> list[Finding]:
             + (f", while the process used only {g.cpu_share:.0%} of a core: it waits for a CPU"
                if starved else ""),
             "give kvgate's process a core of its own (other work on its node delays its event "
-            "loop)" if starved else "add server.workers or gateway replicas",
+            "loop)" if starved else _more_capacity(ctx),
             [_ev('kvgate_overhead_seconds{phase="pre_upstream"}', "p99", g.overhead_p99, ">=",
                  th, "overhead_p99_s", "s"),
              _ev("process CPU time / wall time", "CPU", g.cpu_share, unit="%")]))
@@ -484,9 +509,19 @@ def classify_gateway(g: GatewayStats, th: Thresholds) -> list[Finding]:
             "gateway", "critical" if g.cpu_share >= 0.95 else "warning", None, None,
             f"kvgate's process uses {g.cpu_share:.0%} of a core: its event loop is near "
             "saturation",
-            "add server.workers (with Redis) or gateway replicas",
+            _more_capacity(ctx),
             [_ev("process CPU time / wall time", "CPU", g.cpu_share, ">=", th, "cpu_busy", "%")]))
-    if g.redis_up == 0.0 or g.redis_down_s > 0:
+    if g.redis_up == 0.0 and g.tenancy_loaded == 0.0:
+        out.append(Finding(
+            "gateway", "critical", None, None,
+            "Redis does not answer and has not since start: no tenant, API key or policy was "
+            "ever loaded (policy version 0), so every request gets 503",
+            "check KVGATE_REDIS_URL and that Redis runs (the gateway's log names the address "
+            "and the error); kvgate loads its state on its own once Redis answers",
+            [_ev("kvgate_redis_up", "Redis up (last sample)", g.redis_up),
+             # nothing loaded means no policy in force: kvgate_policy_version reads 0
+             _ev("kvgate_policy_version", "policy version (nothing loaded)", 0.0)]))
+    elif g.redis_up == 0.0 or g.redis_down_s > 0:
         now_down = g.redis_up == 0.0
         out.append(Finding(
             "gateway", "warning" if now_down else "info", None, None,
@@ -507,8 +542,13 @@ def classify_gateway(g: GatewayStats, th: Thresholds) -> list[Finding]:
             [_ev("kvgate_sync_up", "degraded (last sample)", g.sync_degraded),
              _ev("kvgate_sync_up", "seconds degraded in the window", g.sync_degraded_s)]))
     if not out:
-        ev = [_ev('kvgate_overhead_seconds{phase="pre_upstream"}', "overhead p99",
-                  g.overhead_p99, "<", th, "overhead_p99_s", "s"),
+        metric = 'kvgate_overhead_seconds{phase="pre_upstream"}'
+        overhead = (
+            _ev(metric, "overhead p99", g.overhead_p99, "<", th, "overhead_p99_s", "s")
+            if judged else
+            _ev(metric, "overhead p99", g.overhead_p99, unit="s", note=(
+                f"not judged: {g.overhead_n:.0f} requests < {MIN_OVERHEAD_REQUESTS}")))
+        ev = [overhead,
               _ev("process CPU time / wall time", "CPU", g.cpu_share, "<", th, "cpu_busy", "%")]
         redis = ("" if not _ok(g.redis_up) else ", Redis up")
         sync = ("" if not _ok(g.sync_degraded) else ", shared routing state up")
@@ -526,7 +566,7 @@ _CLASS_ORDER = {c: i for i, c in enumerate(CLASSES)}
 def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     """Every finding of the window, worst first."""
     out: list[Finding] = []
-    out.extend(classify_gateway(w.gateway, th))
+    out.extend(classify_gateway(w.gateway, th, ctx))
     for pool in w.pools:
         out.extend(classify_pool(pool, th, ctx))
         for r in pool.replicas:

@@ -69,8 +69,8 @@ class POOL:
 class GW:
     """Field offsets of the process's numbers; the overhead buckets follow at OVERHEAD."""
 
-    CPU, REDIS_UP, SYNC_DEGRADED = range(3)
-    OVERHEAD = 3
+    CPU, REDIS_UP, SYNC_DEGRADED, TENANCY_LOADED = range(4)
+    OVERHEAD = 4
     N = OVERHEAD + len(OVERHEAD_BOUNDS)
 
 
@@ -136,6 +136,8 @@ class Sources:
     redis_up: Callable[[], bool | None]  # tenancy store; None without Redis
     sync_degraded: Callable[[], bool | None]  # shared routing state; None when off
     cpu: Callable[[], float] = time.process_time
+    # tenants and policy loaded at least once (False: Redis never answered since start)
+    tenancy_loaded: Callable[[], bool | None] = lambda: None
 
 
 def _flag(value: bool | None) -> float:
@@ -233,7 +235,8 @@ def read_tick(
         if share is not None:
             row[POOL.SHARE_N:POOL.SHARE_CHOSEN + 1] = [float(v) for v in share]
         pdata.extend(row)
-    gdata = array("d", (src.cpu(), _flag(src.redis_up()), _flag(src.sync_degraded())))
+    gdata = array("d", (src.cpu(), _flag(src.redis_up()), _flag(src.sync_degraded()),
+                        _flag(src.tenancy_loaded())))
     gdata.extend(_overhead(src.metrics))
     keys = values = None
     if tenants:

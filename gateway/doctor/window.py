@@ -158,6 +158,7 @@ class GatewayStats:
     overhead_n: float = 0.0
     redis_up: float = math.nan  # last tick: 1, 0, NaN (no Redis)
     redis_down_s: float = 0.0
+    tenancy_loaded: float = math.nan  # last tick: 1, 0 (nothing loaded yet), NaN (unknown)
     sync_degraded: float = math.nan  # last tick: 1, 0, NaN (no shared routing state)
     sync_degraded_s: float = 0.0
 
@@ -293,6 +294,7 @@ def _gateway_stats(span: Sequence[Tick]) -> GatewayStats:
     gs.overhead_n = buckets[-1]
     gs.overhead_p99 = histogram_quantile(0.99, OVERHEAD_BOUNDS, buckets)
     gs.redis_up = last.gateway[GW.REDIS_UP]
+    gs.tenancy_loaded = last.gateway[GW.TENANCY_LOADED]
     gs.sync_degraded = last.gateway[GW.SYNC_DEGRADED]
     for prev, tick in pairwise(span):
         step = tick.t - prev.t

@@ -32,7 +32,8 @@ from gateway.tenancy.models import (
     StoreSnapshot,
     Tenant,
 )
-from gateway.tenancy.redis_conn import redis_unavailable
+from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
@@ -46,6 +47,7 @@ from gateway.tenancy.store import (
 __all__ = ["RedisStore"]
 
 log = logging.getLogger(__name__)
+RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 
 # Every script: KEYS[1] = generation counter; ARGV[1] = channel, ARGV[2] = change message.
 _BUMP = "redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
@@ -84,6 +86,8 @@ _ROTATE_GROUP = (  # KEYS[2] salt_groups; ARGV[3] group
 
 
 class RedisStore(TenantStore):
+    label = "the tenancy store (Redis)"
+
     def __init__(
         self,
         client: aioredis.Redis,
@@ -93,6 +97,8 @@ class RedisStore(TenantStore):
         listen: bool = True,
     ) -> None:
         super().__init__()
+        # what the log says about reaching Redis: the listener reports every attempt to it
+        self.reach = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S)
         self._r = client
         self._ns = namespace
         self._audit_cap = audit_cap
@@ -141,18 +147,19 @@ class RedisStore(TenantStore):
             pubsub = self._r.pubsub()
             try:
                 await pubsub.subscribe(self.channel)
+                self.reach.answered()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None:
                         self._notify(_parse_change(msg.get("data")))
-            except (RedisError, OSError):
+            except (RedisError, OSError) as exc:
                 if self._closing:
                     return
-                log.warning("tenancy pub/sub disconnected; retrying in %.1fs", backoff)
+                self.reach.failed(failure_cause(exc))
                 await asyncio.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
+                backoff = min(RETRY_MAX_S, backoff * 2)
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]

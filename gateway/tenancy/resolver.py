@@ -245,7 +245,9 @@ class TenantResolver:
     # -- hot path ----------------------------------------------------------------------------
     def _check_usable(self) -> None:
         if not self._loaded:
-            raise BackendUnavailable("tenancy state is not loaded yet; retry shortly")
+            raise BackendUnavailable(
+                f"{self._store.label} has not answered yet, so no API key or policy is loaded; "
+                "retry shortly")
         if self._max_stale is not None and self._clock() - self._fresh_at > self._max_stale:
             raise BackendUnavailable("tenancy state is too stale to serve; retry shortly")
 

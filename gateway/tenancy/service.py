@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.body import ClientSaltMode
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
@@ -74,8 +74,11 @@ class Tenancy:
 
         try:
             await reseed()
-        except BackendUnavailable:
-            log.warning("tenancy bootstrap postponed: store unreachable")
+        except BackendUnavailable as exc:  # seeded by the resolver once the store answers
+            if isinstance(self.store, RedisStore) and isinstance(exc, StoreUnreachable):
+                self.store.reach.failed(exc.cause)  # where and why, once
+            else:
+                log.warning("tenancy bootstrap postponed: %s", exc)
         else:
             with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
                 await _say_if_the_stored_policy_wins(self.store, policy)

@@ -50,6 +50,8 @@ class TenantStore(ABC):
     version), `BackendUnavailable` (Redis unreachable).
     """
 
+    label = "the tenancy store"  # in messages to clients: what has not answered
+
     def __init__(self) -> None:
         self._subscribers: list[ChangeCallback] = []
 

@@ -99,6 +99,12 @@ def test_demo_serves_and_stops_cleanly() -> None:
         reply = c.chat.completions.create(
             model="kvgate-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=4)
         assert reply.model == "demo-8b-fp8"  # the default tier goes to the fp8 pool
+        # the Responses API's follow-ups, as the README shows them (the replicas store)
+        first = c.responses.create(model="kvgate-demo", input="Hello!", max_output_tokens=4)
+        assert c.responses.retrieve(first.id).id == first.id
+        again = c.responses.create(model="kvgate-demo", input="And?", max_output_tokens=4,
+                                   previous_response_id=first.id)
+        assert again.previous_response_id == first.id and again.output_text
         demo.signal(signal.SIGINT)
         assert demo.popen is not None and demo.popen.wait(20) == 0
         assert "kvgate demo: stopped" in demo.output()

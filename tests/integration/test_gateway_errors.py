@@ -83,6 +83,38 @@ def test_unsupported_paths(gw: tuple[str, str], method: str, path: str, status: 
         assert resp.headers["allow"] == ("POST" if path.endswith("completions") else "GET, HEAD")
 
 
+def test_an_api_path_without_v1_is_pointed_at_it(gw: tuple[str, str]) -> None:
+    base, _ = gw
+    for path in ("/chat/completions", "/models", "/responses/resp_1"):
+        resp = httpx.post(f"{base}{path}", json={})
+        assert_openai_error(resp, 404)
+        assert resp.json()["error"]["message"] == (
+            f"Unknown path {path}. Did you mean /v1{path}? (the base URL ends in /v1)")
+    assert httpx.post(f"{base}/sleep").json()["error"]["message"] == "Unknown path /sleep."
+
+
+def test_an_unknown_model_lists_the_public_names(gw: tuple[str, str]) -> None:
+    base, sim_url = gw
+    resp = httpx.post(f"{base}/v1/chat/completions", json={"model": "nope", "messages": []})
+    assert_openai_error(resp, 404, "model")
+    assert resp.json()["error"]["message"] == (
+        "The model `nope` does not exist. Models served here: sim-model (GET /v1/models lists "
+        "them).")
+    # public names of their own: the served name that answers carry is not one of them
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [sim_url]}},
+              "models": {f"public-{i:02}": {"default": "p"} for i in range(12)}}
+    proc, other = gateway_proc(config=config)
+    with proc:
+        resp = httpx.post(f"{other}/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert_openai_error(resp, 404, "model")
+    message = resp.json()["error"]["message"]
+    assert message.startswith(
+        "The model `sim-model` does not exist. `sim-model` is the name a replica serves it "
+        "under (answers carry it in `model`); send the public model name instead.")
+    assert message.endswith(f"Models served here: {', '.join(f'public-{i:02}' for i in range(10))}"
+                            " and 2 more (GET /v1/models lists them).")
+
+
 def test_openai_client_error_classes(gw: tuple[str, str]) -> None:
     base, _ = gw
     c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from gateway.errors import AuthError, BackendUnavailable
 from gateway.policy_doc import parse_policy
@@ -157,4 +160,40 @@ async def test_staleness_is_bounded_and_a_wiped_store_is_not_trusted() -> None:
     finally:
         await resolver.close()
         await store.close()
+        proc.stop()
+
+
+async def test_a_redis_that_never_answered_is_named_once_and_joined_when_it_comes_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A wrong or not-yet-started Redis: one line naming the address and the OS error (not the
+    password), a 503 that names the store, no repeated retry lines, and a line and a load
+    when it comes up."""
+    port = free_port()
+    url = f"redis://:hunter2-secret@127.0.0.1:{port}/0"
+    tenancy = build_tenancy(TenancySettings(poll_interval_s=0.1), SECRET, url)
+    caplog.set_level(logging.INFO, logger="gateway.tenancy")
+    proc, _ = redis_proc(port)
+    proc = Proc([*proc.cmd, "--requirepass", "hunter2-secret"], ready_port=port)
+    try:
+        await tenancy.start(tenants=[Tenant(id="acme", tier="premium")], policy=POLICY)
+        lines = [r.getMessage() for r in caplog.records]
+        assert lines == [f"cannot reach Redis at 127.0.0.1:{port} (connection refused); "
+                         "retrying every 2 s"]
+        try:
+            tenancy.resolver.principal_for("acme")
+            raise AssertionError("served without tenancy state")
+        except BackendUnavailable as exc:
+            assert exc.status == 503
+            assert "the tenancy store (Redis) has not answered yet" in exc.message
+        await asyncio.sleep(3)  # the listener retried several times meanwhile
+        assert [r.getMessage() for r in caplog.records] == lines
+        proc.start()
+        await _until(lambda: tenancy.resolver.health().loaded)
+        back = f"Redis at 127.0.0.1:{port} answers again"
+        await _until(lambda: any(r.getMessage().startswith(back) for r in caplog.records))
+        assert tenancy.resolver.principal_for("acme").tier == "premium"
+        assert not any("hunter2" in r.getMessage() for r in caplog.records)
+    finally:
+        await tenancy.close()
         proc.stop()

@@ -41,11 +41,13 @@ class Fleet:
         self.router = Router()
         self.errors: dict[str, int] = {}
         self.redis: bool | None = True
+        self.loaded = True
         self.cpu = 0.0
         self.src = Sources(lambda: self.reps, self.metrics, self.router,
                            PrefixSharing(self.router, seed=1, clock=lambda: self.now),
                            lambda rid: self.errors.get(rid, 0), lambda: self.redis,
-                           lambda: None, cpu=lambda: self.cpu)
+                           lambda: None, cpu=lambda: self.cpu,
+                           tenancy_loaded=lambda: self.loaded)
         self.k = 0
 
     def scrape(self, waiting: float, running: float, kv: float, new: int) -> None:
@@ -91,6 +93,7 @@ def test_a_window_reduces_gauges_and_counter_increases() -> None:
     assert p.requests == 40.0 and p.prompt_tokens == 40_000.0 and p.cached_tokens == 10_000.0
     assert w.gateway.cpu_share == pytest.approx(0.25)
     assert w.gateway.redis_up == 1.0 and math.isnan(w.gateway.sync_degraded)
+    assert w.gateway.tenancy_loaded == 1.0
     (t,) = w.tenants
     assert (t.tenant, t.pool, t.requests, t.cached_reported) == ("acme", "p", 40.0, 40.0)
     assert w.tenant_span_s == pytest.approx(20.0)  # tenant ticks every 10: 10 .. 30
@@ -176,3 +179,11 @@ async def test_the_sampler_ticks_until_stopped() -> None:
     await asyncio.sleep(0.1)
     assert len(h.ticks) == n
     assert sampler.now().tenant_keys is not None  # a report's "now" carries the tenants
+
+
+def test_a_tenancy_never_loaded_reaches_the_window() -> None:
+    f = Fleet()
+    f.redis, f.loaded = False, False
+    h = _ticks(f, 5, waiting=0.0, running=1.0, kv=0.1, new=1)
+    w = summarise(list(h.ticks), 20.0, stale_after_s=1.0)
+    assert (w.gateway.redis_up, w.gateway.tenancy_loaded) == (0.0, 0.0)

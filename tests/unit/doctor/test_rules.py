@@ -196,13 +196,28 @@ def test_overflow_and_spill_shares() -> None:
 
 def test_gateway_overhead_busy_or_starved() -> None:
     (busy,) = classify_gateway(GatewayStats(cpu_share=0.6, overhead_p99=0.012,
-                                            overhead_n=500.0), TH)
+                                            overhead_n=500.0), TH, Context(cores=4))
     assert busy.cls == "gateway" and busy.action.startswith("add server.workers")
     (starved,) = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012,
                                                overhead_n=500.0), TH)
     assert "waits for a CPU" in starved.summary and "core of its own" in starved.action
-    few = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012, overhead_n=20.0), TH)
+    few = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.012, overhead_n=16.0), TH)
     assert classes(few) == ["healthy"]
+    assert "overhead p99 12 ms (not judged: 16 requests < 100)" in few[0].summary
+    (judged,) = classify_gateway(GatewayStats(cpu_share=0.1, overhead_p99=0.004,
+                                              overhead_n=500.0), TH)
+    assert "overhead p99 4 ms (< 10 ms)" in judged.summary
+
+
+def test_more_workers_are_advised_only_with_cores_to_spare() -> None:
+    busy = GatewayStats(cpu_share=0.97)
+    (spare,) = classify_gateway(busy, TH, Context(workers=1, cores=4))
+    assert spare.action.startswith("add server.workers") and "4 cores" in spare.action
+    (full,) = classify_gateway(busy, TH, Context(workers=2, cores=2))
+    assert full.action.startswith("add gateway replicas") and "not add capacity" in full.action
+    (unknown,) = classify_gateway(busy, TH)
+    assert "if the pod has spare cores" in unknown.action
+    assert all("docs/shared-state.md" in f.action for f in (spare, full, unknown))
 
 
 def test_cpu_saturation() -> None:
@@ -220,6 +235,17 @@ def test_redis_and_shared_state_degraded_now_or_earlier() -> None:
     assert [(f.cls, f.severity) for f in earlier] == [("gateway", "info")]
     no_redis = classify_gateway(GatewayStats(cpu_share=0.1), TH)
     assert classes(no_redis) == ["healthy"] and "Redis" not in no_redis[0].summary
+
+
+def test_redis_down_since_start_is_critical_and_claims_no_last_known_state() -> None:
+    (never,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=30.0,
+                                             tenancy_loaded=0.0), TH)
+    assert (never.cls, never.severity) == ("gateway", "critical")
+    assert "last known" not in never.summary and "every request gets 503" in never.summary
+    assert "KVGATE_REDIS_URL" in never.action
+    (lost,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=30.0,
+                                            tenancy_loaded=1.0), TH)
+    assert lost.severity == "warning" and "last known" in lost.summary
 
 
 def test_classify_orders_worst_first() -> None:

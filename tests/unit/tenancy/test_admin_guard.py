@@ -24,6 +24,8 @@ def test_an_address_is_throttled_after_its_burst_and_recovers_at_the_refill_rate
     with pytest.raises(RateLimited) as err:
         guard.check("10.0.0.1")
     assert err.value.status == 429 and err.value.retry_after == 10
+    assert err.value.message.endswith(  # a valid token is refused too: it says so
+        "all admin requests from this address are refused for 10 s, valid tokens included")
     guard.check("10.0.0.2")  # other addresses are not affected
     clock.now += 10
     guard.check("10.0.0.1")  # one failure's worth refilled

@@ -1,0 +1,58 @@
+"""What the log says while the tenancy store (Redis) does not answer: one clear line at the
+first failure (address and cause, never the URL's credentials), then at most one line a
+minute with a count, and one line when it answers again. A gateway started with a wrong
+``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+__all__ = ["Reachability"]
+
+log = logging.getLogger(__name__)
+
+
+class Reachability:
+    def __init__(
+        self, address: str, *, retry_every_s: float, summary_every_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.address = address
+        self._retry_every_s = retry_every_s
+        self._summary_every_s = summary_every_s
+        self._clock = clock
+        self._down_since: float | None = None
+        self._failures = 0  # since the store last answered
+        self._unsaid = 0  # failures not yet in a log line
+        self._said_at = 0.0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, cause: str) -> None:
+        now = self._clock()
+        self._failures += 1
+        if self._down_since is None:
+            self._down_since, self._said_at, self._unsaid = now, now, 0
+            log.warning("cannot reach Redis at %s (%s); retrying every %g s",
+                        self.address, cause, self._retry_every_s,
+                        extra={"redis": self.address, "cause": cause})
+            return
+        self._unsaid += 1
+        if now - self._said_at >= self._summary_every_s:
+            log.warning("still cannot reach Redis at %s (%s): %d failed attempts in the last "
+                        "%.0f s, down for %.0f s", self.address, cause, self._unsaid,
+                        now - self._said_at, now - self._down_since,
+                        extra={"redis": self.address, "cause": cause})
+            self._said_at, self._unsaid = now, 0
+
+    def answered(self) -> None:
+        if self._down_since is None:
+            return
+        log.info("Redis at %s answers again (down for %.0f s, %d failed attempts)",
+                    self.address, self._clock() - self._down_since, self._failures,
+                    extra={"redis": self.address})
+        self._down_since, self._failures, self._unsaid = None, 0, 0

@@ -1,0 +1,40 @@
+"""The Redis reachability log: the first failure at once, then a line a minute, then one on
+recovery."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from gateway.tenancy.reachability import Reachability
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_an_outage_is_one_line_then_one_a_minute_then_one_on_recovery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.tenancy.reachability")
+    clock = Clock()
+    reach = Reachability("10.0.0.7:6380", retry_every_s=2, clock=clock)
+    for _ in range(31):  # 60 s of retries every 2 s
+        reach.failed("connection refused")
+        clock.now += 2
+    reach.failed("connection refused")
+    clock.now += 5
+    reach.answered()
+    reach.answered()  # already up: nothing to say
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot reach Redis at 10.0.0.7:6380 (connection refused); retrying every 2 s",
+        "still cannot reach Redis at 10.0.0.7:6380 (connection refused): 30 failed attempts "
+        "in the last 60 s, down for 60 s",
+        "Redis at 10.0.0.7:6380 answers again (down for 67 s, 32 failed attempts)",
+    ]
+    assert not reach.down

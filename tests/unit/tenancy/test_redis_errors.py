@@ -1,0 +1,37 @@
+"""Redis failures in words, and where a client points, without credentials."""
+
+from __future__ import annotations
+
+import socket
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from gateway.tenancy.redis_conn import connect_redis, failure_cause, redis_address
+
+
+def _raised_from(cause: BaseException) -> RedisConnectionError:
+    try:
+        try:
+            raise cause
+        except OSError:
+            raise RedisConnectionError("Error connecting to 10.0.0.7:6380.")  # noqa: B904
+    except RedisConnectionError as exc:
+        return exc
+
+
+def test_the_os_error_under_a_redis_error_is_named() -> None:
+    assert failure_cause(_raised_from(ConnectionRefusedError(111, "Connect call failed"))) == (
+        "connection refused")
+    assert failure_cause(_raised_from(socket.gaierror(-2, "Name or service not known"))) == (
+        "name or service not known")
+    assert failure_cause(_raised_from(TimeoutError())) == "timed out"
+    assert failure_cause(ResponseError("READONLY You can't write against a read only replica")) \
+        == "server replied READONLY"
+    assert failure_cause(RedisConnectionError("x")) == "ConnectionError"
+
+
+def test_the_address_leaves_out_user_and_password() -> None:
+    assert redis_address(connect_redis("redis://bob:s3cret@10.0.0.7:6380/2")) == "10.0.0.7:6380"
+    assert redis_address(connect_redis("redis://localhost")) == "localhost:6379"
+    assert redis_address(connect_redis("unix:///sockets/redis.sock")) == "/sockets/redis.sock"
