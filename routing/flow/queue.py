@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -243,15 +243,16 @@ class FlowQueue(Generic[T]):
     # -- dispatch -----------------------------------------------------------------------------
     def peek(self) -> Entry[T] | None:
         """The request `pop` would hand out next (nothing changes)."""
-        return self._choose((), False)
+        return self._choose((), None)
 
     def pop(
-        self, now: float, skip: Collection[str] = (), hold: bool = False
+        self, now: float, skip: Collection[str] = (),
+        hold: Callable[[Entry[T]], bool] | None = None,
     ) -> Entry[T] | None:
         """Dispatch the next request: band, then tenant (module docstring). Inside the band
         whose turn it is the tenants in ``skip`` are passed over by the others; when only
-        they wait in it, its head goes anyway, or with ``hold`` the band's turn passes to
-        the next band (a skipped tenant never goes)."""
+        they wait in it, its head goes anyway, unless ``hold`` says that head must wait: then
+        the band's turn passes to the next band."""
         entry = self._choose(skip, hold)
         if entry is None:
             return None
@@ -269,15 +270,18 @@ class FlowQueue(Generic[T]):
         self.note_dispatch(entry.cost, now)
         return entry
 
-    def _choose(self, skip: Collection[str], hold: bool) -> Entry[T] | None:
+    def _choose(
+        self, skip: Collection[str], hold: Callable[[Entry[T]], bool] | None
+    ) -> Entry[T] | None:
         for b in self._turns():
             if not skip:
                 return b.head()
             entry = _head_but(b, skip)
             if entry is not None:
                 return entry
-            if not hold:
-                return b.head()
+            head = b.head()
+            if head is None or hold is None or not hold(head):
+                return head
         return None
 
     def _turns(self) -> list[_Band[T]]:

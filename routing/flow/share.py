@@ -18,9 +18,10 @@ saturation and others pass it (the rule: ``docs/flow-control.md``). Pure: no clo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
-__all__ = ["Holdings"]
+__all__ = ["Holdings", "SendRates"]
 
 
 class _Held:
@@ -72,12 +73,27 @@ class Holdings:
         held = self._held.get(tenant)
         return held.tokens if held is not None else 0.0
 
-    def over(self, tenant: str, waiting: Mapping[str, float], factor: float = 1.0) -> bool:
-        """Whether ``tenant`` holds more than ``factor`` times its share (as `over_share`)."""
+    def due(
+        self, tenant: str, waiting: Mapping[str, float], factor: float = 1.0, less: float = 0.0
+    ) -> float | None:
+        """The part of the in-flight tokens ``tenant`` may hold: ``factor`` times its weight
+        over the sum of weights (`over_share`). None when it cannot be over its share: it holds
+        nothing or is alone; with ``less``: before one of its requests of that many tokens
+        was added."""
         held = self._held.get(tenant)
-        if held is None or (len(self._held) < 2 and not any(t != tenant for t in waiting)):
-            return False
-        return held.tokens * self._weights(waiting) > factor * held.weight * self.total
+        if held is None or (less and held.count <= 1):
+            return None
+        if len(self._held) < 2 and not any(t != tenant for t in waiting):
+            return None
+        return factor * held.weight / self._weights(waiting)
+
+    def over(
+        self, tenant: str, waiting: Mapping[str, float], factor: float = 1.0, less: float = 0.0
+    ) -> bool:
+        """Whether ``tenant`` holds more than ``factor`` times its share (as `over_share`);
+        with ``less``: before one of its requests of that many tokens was added."""
+        due = self.due(tenant, waiting, factor, less)
+        return due is not None and self.tokens(tenant) - less > due * (self.total - less)
 
     def _weights(self, waiting: Mapping[str, float]) -> float:
         held = self._held
@@ -93,3 +109,37 @@ class Holdings:
             return set()
         weights, total = self._weights(waiting), self.total
         return {t for t, h in held.items() if h.tokens * weights > factor * h.weight * total}
+
+
+class SendRates:
+    """Tokens sent per tenant, averaged over about ``window_s`` (exponentially weighted, as
+    the queue's dispatch rate): who has been taking more than its share lately, not only at
+    this instant. Memory: the tenants that sent within the last `FORGET` windows (checked
+    every `PRUNE_EVERY` sends)."""
+
+    FORGET = 20  # windows: a rate that old has decayed to e^-20 of itself
+    PRUNE_EVERY = 1024
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._rate: dict[str, tuple[float, float]] = {}  # tenant -> (tokens/s, at)
+        self._sends = 0
+
+    def __len__(self) -> int:
+        return len(self._rate)
+
+    def add(self, tenant: str, cost: float, now: float) -> None:
+        """``tenant`` sent ``cost`` tokens at ``now``."""
+        self._rate[tenant] = (self.rate(tenant, now) + cost / self.window_s, now)
+        self._sends += 1
+        if self._sends % self.PRUNE_EVERY == 0:
+            horizon = now - self.FORGET * self.window_s
+            self._rate = {t: r for t, r in self._rate.items() if r[1] > horizon}
+
+    def rate(self, tenant: str, now: float) -> float:
+        """Its tokens per second at ``now``."""
+        r = self._rate.get(tenant)
+        if r is None:
+            return 0.0
+        dt = now - r[1]
+        return r[0] * math.exp(-dt / self.window_s) if dt > 0 else r[0]
