@@ -421,6 +421,30 @@ def test_one_long_prompt_does_not_make_a_tenant_a_hog() -> None:
     assert not flow.admit(NEAR, 50, 1.0, tenant="noisy")
 
 
+def test_a_held_hog_does_not_hold_back_another_over_share_tenant() -> None:
+    """Only two over-share tenants wait in the band and no replica has spare room: the hog
+    (over in what it sent lately too) waits, the other goes, though the hog's request is
+    first in fair-queueing order (the band's head; it held both, and the band's turn passed)."""
+    flow = capped(headroom=0.5)
+    for _ in range(20):  # quiet sent 2,000 tokens lately and holds 100
+        flow.sent("quiet", 100, 0.0)
+        flow.done("quiet", 100)
+    flow.sent("quiet", 100, 0.0)
+    for _ in range(6):  # noisy sent 3,600 lately and holds 600: over both, a hog
+        flow.sent("noisy", 600, 0.0)
+    for _ in range(5):
+        flow.done("noisy", 600)
+    flow.sent("long", 600, 0.0)  # holds 600 of the 1,300 in flight, sent 600 of 6,300
+    assert flow.over_share("noisy") and flow.over_share("long")
+    flow.offer("n", tenant="noisy", band=1, cost=50, now=0.0, max_wait_s=60)
+    flow.offer("l", tenant="long", band=1, cost=50, now=0.0, max_wait_s=60)
+    out = flow.release(NEAR, 0.0)
+    assert out is not None and out.handle == "l"
+    assert flow.release(NEAR, 0.0) is None  # the hog waits for spare room
+    out = flow.release(ROOM, 0.0)
+    assert out is not None and out.handle == "n"
+
+
 def test_with_spare_counts_the_requests_tokens() -> None:
     rule = Saturation(max_prefill_tokens=1000, max_unanswered=None, max_waiting=100,
                       kv_knee=0.5)
