@@ -72,6 +72,9 @@ SLO_S = 2.0
 # 2x with the noisy tenant
 # the noisy tenant at other factors (flow control on, 2x): the rule on other shapes of abuse
 NOISY_FACTORS = (3.0, 10.0)
+# ... and on other draws of the tiers and tenants (`tiers.assign`'s and `tiers.noisy`'s seed;
+# the table's runs are seed 0): each tenant another set of conversations
+SEEDS = (1, 2)
 SHARE_SWEEP: dict[str, FlowConfig] = {
     "headroom0": FlowConfig(share_headroom=0.0),
     "headroom0.25": FlowConfig(share_headroom=0.25),
@@ -89,12 +92,14 @@ class Run:
     config: FlowConfig | None
     noisy: float = 0.0
     premium_alone: bool = False
+    seed: int = 0  # the draw of tiers, tenants and the noisy tenant's extra requests
 
 
-def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 0.0
-             ) -> list[ReplayRequest]:
-    reqs = assign(load_mooncake(trace, rate_scale=rate, limit=limit), parse_mix(MIX), TENANTS)
-    return noisy(reqs, NOISY, noisy_factor) if noisy_factor > 1 else reqs
+def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 0.0,
+             seed: int = 0) -> list[ReplayRequest]:
+    reqs = assign(load_mooncake(trace, rate_scale=rate, limit=limit), parse_mix(MIX), TENANTS,
+                  seed)
+    return noisy(reqs, NOISY, noisy_factor, seed) if noisy_factor > 1 else reqs
 
 
 def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, config: FlowConfig | None
@@ -122,6 +127,9 @@ def plan(sweep: bool = False) -> dict[str, Run]:
                     runs[f"{rate:g}x-{mode}{tail}"] = Run(rate, config, loud)
     for factor in NOISY_FACTORS:
         runs[f"2x-on-noisy{factor:g}x"] = Run(2.0, on, factor)
+    for seed in SEEDS:
+        runs[f"2x-on-seed{seed}"] = Run(2.0, on, seed=seed)
+        runs[f"2x-on-noisy-seed{seed}"] = Run(2.0, on, 5.0, seed=seed)
     for tag, config in SHARE_SWEEP.items():
         runs[f"2x-on-noisy-{tag}"] = Run(2.0, config, 5.0)
     for tag, (rate, rule) in SWEEP.items() if sweep else ():
@@ -132,7 +140,7 @@ def plan(sweep: bool = False) -> dict[str, Run]:
 
 def _run_one(args: tuple[str, Run, Path, int | None]) -> tuple[str, dict[str, Any]]:
     name, run, trace, limit = args
-    reqs = workload(trace, run.rate, limit, run.noisy)
+    reqs = workload(trace, run.rate, limit, run.noisy, run.seed)
     if run.premium_alone:
         reqs = [r for r in reqs if r.tier == "premium"]
     row = one_run(reqs, FleetSpec(), run.config)
@@ -215,7 +223,9 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None,
            f"first token came within {SLO_S:g} s (shed requests count as missed). Times are "
            "simulated seconds. Per rate: `off` without flow control, `on` with it, `nocap` "
            "with it but without the share cap (`share_cap: null`, the flow control of the first "
-           "version). `-noisy`: tenant free-0 sends 5x its share on top. `0.5x-off` is the "
+           "version). `-noisy`: tenant free-0 sends 5x its share on top (`-noisy3x`, "
+           "`-noisy10x`: 3x, 10x); `-seed1`, `-seed2`: the tiers, tenants and the noisy tenant's "
+           "extra requests drawn with another seed (the others: seed 0). `0.5x-off` is the "
            "same workload at half the trace's rate without flow control (nothing queues "
            "anywhere) and `2x-premium-alone-off` premium's own requests at 2x with nothing "
            "else on the replicas: the floors of premium's TTFT. `2x-on-<variant>`, "
@@ -282,14 +292,15 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None,
             out.append(f"| noisy {NOISY} (5x) raises the other {tier} tenants' worst p99 by "
                        f"<= 10 % | {rate:g}x | {' | '.join(cells)} | "
                        f"{'met' if b <= 1.1 * a else 'missed'} |")
-    on2 = runs.get("2x-on")
-    for factor in NOISY_FACTORS:
-        loud_on = runs.get(f"2x-on-noisy{factor:g}x")
-        if on2 is None or loud_on is None:
+    pairs = [(f"{f:g}x", "2x-on", f"2x-on-noisy{f:g}x") for f in NOISY_FACTORS]
+    pairs += [(f"5x, seed {s}", f"2x-on-seed{s}", f"2x-on-noisy-seed{s}") for s in SEEDS]
+    for label, quiet_name, loud_name in pairs:
+        q, loud_on = runs.get(quiet_name), runs.get(loud_name)
+        if q is None or loud_on is None:
             continue
         for tier in ("premium", "free"):
-            a, b = _others(on2, tier), _others(loud_on, tier)
-            out.append(f"| noisy {NOISY} ({factor:g}x) raises the other {tier} tenants' worst "
+            a, b = _others(q, tier), _others(loud_on, tier)
+            out.append(f"| noisy {NOISY} ({label}) raises the other {tier} tenants' worst "
                        f"p99 by <= 10 % | 2x | - | {a} → {b} ({b / a - 1:+.0%}) | - | "
                        f"{'met' if b <= 1.1 * a else 'missed'} |")
     base, alone, low = runs.get("2x-off"), runs.get("2x-premium-alone-off"), runs.get(
