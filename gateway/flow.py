@@ -15,8 +15,9 @@ the next check (`_landed`, scheduled behind it), so one free slot lets out one r
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
 until it is over (``req.flow_done``, called by `Preparer.finish`): a tenant over its share is
-passed over, and held near saturation (the share cap, `routing.flow.gate`). The share is this
-gateway's: with several gateways behind a balancer each sees its part of every tenant.
+passed over, and one over it in what it sent lately too goes only to a replica with spare room
+(the share cap, `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
+with several gateways behind a balancer each sees its part of every tenant.
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
