@@ -10,10 +10,13 @@ finished, per tenant. A tenant is *over its share* when it holds more than ``fac
 hold work in the pool or wait in its queue. A tenant alone is never over its share. The
 factor leaves room for what an even split misses: tenants' demands differ (a tier of 4
 tenants with 70 % of the traffic against one of 4 with 30 %), and one long prompt is a large
-part of what a tenant holds at a time.
+part of what a tenant holds at a time. `SendRates` averages the tokens each tenant was sent
+lately: over its share of those too, a tenant is taking more than its share rather than
+holding one long prompt.
 
-`routing.flow.gate.PoolFlow` holds an over-share tenant back while the pool is near
-saturation and others pass it (the rule: ``docs/flow-control.md``). Pure: no clock, no I/O.
+`routing.flow.gate.PoolFlow` lets others pass an over-share tenant, and sends one over both
+shares only to replicas with spare room (the rule: ``docs/flow-control.md``). Pure: no clock
+(time passed in), no I/O.
 """
 
 from __future__ import annotations
