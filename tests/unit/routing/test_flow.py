@@ -295,6 +295,32 @@ def test_weights_hold_over_long_runs(costs: list[int], weights: list[float]) -> 
     assert max(normalized) - min(normalized) <= 2 * 3000 / min(weights) + 1e-6
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(1, 500)),
+             min_size=1, max_size=40),
+    st.sets(st.integers(0, 3)), st.sets(st.integers(0, 3)),
+)
+def test_only_held_tenants_wait(
+    reqs: list[tuple[int, int, int]], skip: set[int], held: set[int]
+) -> None:
+    """Passing over and holding: a request of a held tenant is never handed out while its
+    tenant is held, and `pop` gives nothing only when every waiting tenant is held (a
+    skipped tenant is held only when ``hold`` says so; one that is not skipped never)."""
+    q: FlowQueue[int] = FlowQueue(1000, default_min_share=0.1)
+    for i, (tenant, band, cost) in enumerate(reqs):
+        q.offer(i, tenant=f"t{tenant}", band=band, cost=cost, now=0, max_wait_s=1e9)
+    names = {f"t{t}" for t in skip}
+    stuck = {f"t{t}" for t in skip & held}
+    while q:
+        waiting = set(q.waiting())
+        e = q.pop(0.0, names, lambda entry: entry.tenant in stuck)
+        if e is None:
+            assert waiting <= stuck
+            break
+        assert e.tenant not in stuck
+
+
 def _backlogged(q: FlowQueue[int]) -> list[int]:
     counts = {"t0": 0, "t1": 0, "t2": 0}
     for e in q.entries():
