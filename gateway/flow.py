@@ -15,8 +15,9 @@ the next check (`_landed`, scheduled behind it), so one free slot lets out one r
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
 until it is over (``req.flow_done``, called by `Preparer.finish`): a tenant over its share is
-passed over, and held near saturation (the share cap, `routing.flow.gate`). The share is this
-gateway's: with several gateways behind a balancer each sees its part of every tenant.
+passed over, and one over it in what it sent lately too goes only to a replica with spare room
+(the share cap, `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
+with several gateways behind a balancer each sees its part of every tenant.
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
@@ -164,24 +165,28 @@ class FlowGate:
         weight = doc.flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
-            return self._narrow(state, plan, peers)
+            return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self._spill(req, principal, parsed, plan, now, peers)
         if alt is not None:
             alt_state = self._state(alt.pool.name)
             alt_state.flow.sent(tenant, cost, now, weight)
             self._sent(alt_state, req, tenant, cost)
-            return self._narrow(alt_state, alt, peers)
+            return self._narrow(alt_state, alt, peers, tenant, cost, now)
         await self._wait(req, principal, state, cost, now, gone)
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
-        return self._narrow(self._state(plan.pool.name), plan, self._peers(now))
+        return self._narrow(self._state(plan.pool.name), plan, self._peers(now), tenant, cost,
+                            now)
 
     def _narrow(
-        self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad]
+        self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad], tenant: str,
+        cost: float, now: float,
     ) -> Plan:
-        """The router picks only among the replicas with room for this prompt (when any)."""
+        """The router picks only among the replicas with room for this prompt (when any; a
+        tenant taking more than its share: with spare room, `PoolFlow.with_room`)."""
         if self._room_only:
-            plan.views = state.flow.with_room(plan.views, peers, plan.features.prompt_tokens)
+            plan.views = state.flow.with_room(plan.views, peers, plan.features.prompt_tokens,
+                                              tenant, cost, now)
         return plan
 
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:

@@ -70,9 +70,15 @@ SWEEP: dict[str, tuple[float, Saturation]] = {
 SLO_S = 2.0
 # the share cap's settings tried beside the defaults (share_cap 2, share_headroom 0.5), on
 # 2x with the noisy tenant
+# the noisy tenant at other factors (flow control on, 2x): the rule on other shapes of abuse
+NOISY_FACTORS = (3.0, 10.0)
+# ... and on other draws of the tiers and tenants (`tiers.assign`'s and `tiers.noisy`'s seed;
+# the table's runs are seed 0): each tenant another set of conversations
+SEEDS = (1, 2)
 SHARE_SWEEP: dict[str, FlowConfig] = {
     "headroom0": FlowConfig(share_headroom=0.0),
     "headroom0.25": FlowConfig(share_headroom=0.25),
+    "headroom0.75": FlowConfig(share_headroom=0.75),
 }
 
 
@@ -86,12 +92,14 @@ class Run:
     config: FlowConfig | None
     noisy: float = 0.0
     premium_alone: bool = False
+    seed: int = 0  # the draw of tiers, tenants and the noisy tenant's extra requests
 
 
-def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 0.0
-             ) -> list[ReplayRequest]:
-    reqs = assign(load_mooncake(trace, rate_scale=rate, limit=limit), parse_mix(MIX), TENANTS)
-    return noisy(reqs, NOISY, noisy_factor) if noisy_factor > 1 else reqs
+def workload(trace: Path, rate: float, limit: int | None, noisy_factor: float = 0.0,
+             seed: int = 0) -> list[ReplayRequest]:
+    reqs = assign(load_mooncake(trace, rate_scale=rate, limit=limit), parse_mix(MIX), TENANTS,
+                  seed)
+    return noisy(reqs, NOISY, noisy_factor, seed) if noisy_factor > 1 else reqs
 
 
 def one_run(reqs: list[ReplayRequest], fleet: FleetSpec, config: FlowConfig | None
@@ -117,6 +125,11 @@ def plan(sweep: bool = False) -> dict[str, Run]:
             for mode, config in (("off", None), ("on", on), ("nocap", nocap)):
                 if not (mode == "nocap" and rate > 2.0):
                     runs[f"{rate:g}x-{mode}{tail}"] = Run(rate, config, loud)
+    for factor in NOISY_FACTORS:
+        runs[f"2x-on-noisy{factor:g}x"] = Run(2.0, on, factor)
+    for seed in SEEDS:
+        runs[f"2x-on-seed{seed}"] = Run(2.0, on, seed=seed)
+        runs[f"2x-on-noisy-seed{seed}"] = Run(2.0, on, 5.0, seed=seed)
     for tag, config in SHARE_SWEEP.items():
         runs[f"2x-on-noisy-{tag}"] = Run(2.0, config, 5.0)
     for tag, (rate, rule) in SWEEP.items() if sweep else ():
@@ -127,7 +140,7 @@ def plan(sweep: bool = False) -> dict[str, Run]:
 
 def _run_one(args: tuple[str, Run, Path, int | None]) -> tuple[str, dict[str, Any]]:
     name, run, trace, limit = args
-    reqs = workload(trace, run.rate, limit, run.noisy)
+    reqs = workload(trace, run.rate, limit, run.noisy, run.seed)
     if run.premium_alone:
         reqs = [r for r in reqs if r.tier == "premium"]
     row = one_run(reqs, FleetSpec(), run.config)
@@ -135,18 +148,19 @@ def _run_one(args: tuple[str, Run, Path, int | None]) -> tuple[str, dict[str, An
     return name, row
 
 
-def offline(trace: Path, limit: int | None, jobs: int = 1, sweep: bool = False
-            ) -> dict[str, Any]:
-    """Every run of `plan` (``jobs`` at a time, the longest first: each is deterministic in
-    simulated time)."""
-    order = sorted(plan(sweep).items(), key=lambda nr: (-nr[1].noisy, -nr[1].rate))
+def offline(trace: Path, limit: int | None, jobs: int = 1, sweep: bool = False,
+            only: set[str] | None = None) -> dict[str, Any]:
+    """Every run of `plan`, or the ``only`` ones (``jobs`` at a time, the longest first: each
+    is deterministic in simulated time)."""
+    runs = {n: r for n, r in plan(sweep).items() if only is None or n in only}
+    order = sorted(runs.items(), key=lambda nr: (-nr[1].noisy, -nr[1].rate))
     todo = [(name, run, trace, limit) for name, run in order]
     if jobs <= 1:
         done = dict(map(_run_one, todo))
     else:
         with multiprocessing.get_context("spawn").Pool(jobs) as pool:
             done = dict(pool.imap_unordered(_run_one, todo))
-    return {name: done[name] for name in plan(sweep)}
+    return {name: done[name] for name in runs}
 
 
 def _progress(name: str, row: dict[str, Any]) -> None:
@@ -209,7 +223,9 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None,
            f"first token came within {SLO_S:g} s (shed requests count as missed). Times are "
            "simulated seconds. Per rate: `off` without flow control, `on` with it, `nocap` "
            "with it but without the share cap (`share_cap: null`, the flow control of the first "
-           "version). `-noisy`: tenant free-0 sends 5x its share on top. `0.5x-off` is the "
+           "version). `-noisy`: tenant free-0 sends 5x its share on top (`-noisy3x`, "
+           "`-noisy10x`: 3x, 10x); `-seed1`, `-seed2`: the tiers, tenants and the noisy tenant's "
+           "extra requests drawn with another seed (the others: seed 0). `0.5x-off` is the "
            "same workload at half the trace's rate without flow control (nothing queues "
            "anywhere) and `2x-premium-alone-off` premium's own requests at 2x with nothing "
            "else on the replicas: the floors of premium's TTFT. `2x-on-<variant>`, "
@@ -275,6 +291,17 @@ def report(runs: dict[str, Any], live: dict[str, Any] | None,
             a, b = _others(on, tier), _others(loud["on"], tier)
             out.append(f"| noisy {NOISY} (5x) raises the other {tier} tenants' worst p99 by "
                        f"<= 10 % | {rate:g}x | {' | '.join(cells)} | "
+                       f"{'met' if b <= 1.1 * a else 'missed'} |")
+    pairs = [(f"{f:g}x", "2x-on", f"2x-on-noisy{f:g}x") for f in NOISY_FACTORS]
+    pairs += [(f"5x, seed {s}", f"2x-on-seed{s}", f"2x-on-noisy-seed{s}") for s in SEEDS]
+    for label, quiet_name, loud_name in pairs:
+        q, loud_on = runs.get(quiet_name), runs.get(loud_name)
+        if q is None or loud_on is None:
+            continue
+        for tier in ("premium", "free"):
+            a, b = _others(q, tier), _others(loud_on, tier)
+            out.append(f"| noisy {NOISY} ({label}) raises the other {tier} tenants' worst "
+                       f"p99 by <= 10 % | 2x | - | {a} → {b} ({b / a - 1:+.0%}) | - | "
                        f"{'met' if b <= 1.1 * a else 'missed'} |")
     base, alone, low = runs.get("2x-off"), runs.get("2x-premium-alone-off"), runs.get(
         f"{FLOOR:g}x-off")
@@ -452,6 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="offline runs at a time (each is deterministic; default 1)")
     p.add_argument("--sweep", action="store_true",
                    help="also the saturation thresholds' sweep (8 runs more)")
+    p.add_argument("--only", metavar="RUN,...",
+                   help="re-run only these offline runs (names as in flow.md); the others are "
+                        "kept from the saved flow.json")
     p.add_argument("--live", action="store_true", help="also the live on/off comparison")
     p.add_argument("--quick", action="store_true", help="a shorter live run")
     p.add_argument("--live-only", action="store_true",
@@ -464,8 +494,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.live_only:
         runs, floor = before["offline"], before.get("floor")
     else:
-        runs = offline(args.trace, args.limit, args.jobs, args.sweep)
-        floor = premium_floor(args.trace, args.limit)
+        only = set(args.only.split(",")) if args.only else None
+        fresh = offline(args.trace, args.limit, args.jobs, args.sweep, only)
+        kept = before.get("offline", {}) if only else {}
+        runs = {n: fresh.get(n) or kept[n] for n in plan(args.sweep) if n in fresh or n in kept}
+        floor = premium_floor(args.trace, args.limit) if not only else before.get("floor")
     write(args.out, runs, floor, before.get("live"))  # kept if the live part fails
     if args.live or args.live_only:
         write(args.out, runs, floor, live_bench(args.quick))

@@ -187,7 +187,8 @@ class FlowDriver:
     ) -> list[ReplicaView] | None:
         if not self.spec.room_only:
             return None
-        return flow.with_room(views, peers, req.prompt_tokens)
+        return flow.with_room(views, peers, req.prompt_tokens, req.tenant, _cost(req),
+                              req.arrival_s)
 
     def _shed(self, held: _Held, now: float, reason: str) -> None:
         self.shed.append(Outcome("none", held.req.arrival_s, None, now, False, held.seq,

@@ -16,8 +16,9 @@ from routing.flow.saturation import (
     projected_kv,
     replica_reasons,
     with_room,
+    with_spare,
 )
-from routing.flow.share import Holdings
+from routing.flow.share import Holdings, SendRates
 
 __all__ = [
     "DEFAULT_MAX_WAIT_S",
@@ -30,10 +31,12 @@ __all__ = [
     "Offer",
     "PoolFlow",
     "Saturation",
+    "SendRates",
     "full_reason",
     "pool_saturated",
     "projected_kv",
     "replica_reasons",
     "request_cost",
     "with_room",
+    "with_spare",
 ]

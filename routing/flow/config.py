@@ -78,11 +78,12 @@ class FlowConfig:
     # the dispatch-rate average (for Retry-After and explain's wait estimate), seconds
     rate_window_s: float = 10.0
     # a tenant holding more than this many times its weighted fair share of the pool's
-    # in-flight tokens (`routing.flow.share`) is passed over by its band's other tenants, and
-    # waits once the pool is near saturation (None: no such cap)
+    # in-flight tokens (`routing.flow.share`) is passed over by its band's other tenants; over
+    # it also in the tokens sent lately (rate_window_s), it goes only to a replica with spare
+    # room (`routing.flow.gate`) and waits while there is none (None: no such cap)
     share_cap: float | None = 2.0
-    # "near": the saturation rule with every bound scaled by 1 - share_headroom. 0: only
-    # once the pool is saturated (work-conserving: it waits only while others do)
+    # "spare room": the saturation rule with every bound scaled by 1 - share_headroom, kept
+    # with the request in. 0: no such wait (work-conserving: it waits only while others do)
     share_headroom: float = 0.5
 
     def __post_init__(self) -> None:

@@ -11,12 +11,17 @@ caller says it is `done`.
 **The share cap** (``FlowConfig.share_cap``): a tenant holding more than ``share_cap`` times
 its weighted fair share of the pool's in-flight tokens (`routing.flow.share`) is passed over
 by the other tenants of its band when `release` gives the band its turn (the cap reorders
-tenants, never bands), and, while the pool is *near* saturation (the rule with its bounds
-scaled by ``1 - share_headroom``), it waits even when nobody else in its band does: `admit`
-queues it and `release` gives the turn to the next band. The headroom it leaves is what the
-other tenants' requests find free when they arrive. A tenant alone in the pool is never over
-its share; with ``share_headroom`` 0 the cap is work-conserving (an over-share tenant waits
-only while another tenant of its band does).
+tenants, never bands). A *hog* -- over its share of the in-flight tokens and of the tokens sent
+to the pool lately (the dispatch rate's window), so not a tenant that merely holds one long
+prompt -- goes only to a replica with *spare room*: room under the saturation rule with its
+bounds scaled by ``1 - share_headroom``, and left within that rule's KV knee and prefill bound
+with the hog's request in. Where there is none it waits even when nobody else in its band
+does: `admit` queues it, `release` gives the turn to the next band, and once released it is
+routed among those replicas only (`with_room`). The headroom is what the other tenants'
+requests find on every replica when they arrive: little of the hog's prefill ahead of them,
+KV for their prompts. A tenant alone in the pool is never over its share; with
+``share_headroom`` 0 the cap is work-conserving (an over-share tenant waits only while
+another tenant of its band does).
 """
 
 from __future__ import annotations
@@ -26,8 +31,8 @@ from typing import Generic, TypeVar
 
 from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig
 from routing.flow.queue import Entry, FlowQueue, Offer
-from routing.flow.saturation import pool_saturated, with_room
-from routing.flow.share import Holdings
+from routing.flow.saturation import pool_saturated, with_room, with_spare
+from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
@@ -53,7 +58,13 @@ class PoolFlow(Generic[T]):
         self.queue: FlowQueue[T] = FlowQueue(
             config.max_queue, min_share, default_min_share, config.rate_window_s)
         self.holdings = Holdings()
+        self.rates = SendRates(config.rate_window_s)
         self._near = config.saturation.scaled(1.0 - config.share_headroom)
+        self._cap = config.share_cap or 1.0
+        self._capped = config.share_cap is not None
+        # an over-share tenant waits for spare room only with a headroom (at 0 the cap only
+        # reorders the queue: work-conserving)
+        self._spares = self._capped and self._near is not config.saturation
 
     def __len__(self) -> int:
         """Requests queued."""
@@ -66,24 +77,49 @@ class PoolFlow(Generic[T]):
 
     def with_room(
         self, views: Sequence[ReplicaView], peers: Mapping[str, ReplicaLoad] = _NO_PEERS,
-        tokens: int = 0,
+        tokens: int = 0, tenant: str = "", cost: float = 0.0, now: float = 0.0,
     ) -> list[ReplicaView]:
         """The views to route a ``tokens``-token prompt from: the replicas without room for
-        it marked unhealthy (`saturation.with_room`)."""
+        it marked unhealthy (`saturation.with_room`). A request of ``tenant`` (``cost``
+        tokens, `sent` at ``now``) that was a hog's goes only to a replica with spare room
+        (`_spare`), when there is one."""
+        if self._spares and self._hog(tenant, self.queue.waiting(), now, cost):
+            spare = self._spare(views, peers, cost)
+            if spare is not None:
+                return spare
         return with_room(views, self.config.saturation, peers, tokens)
+
+    def _hog(self, tenant: str, waiting: Mapping[str, float], now: float, less: float = 0.0
+             ) -> bool:
+        """Over its share both of the pool's in-flight tokens and of the tokens sent to it
+        lately (the dispatch rate's window): a tenant taking more than its share, not one that
+        happens to hold a long prompt (`routing.flow.share`). ``less``: as before one of its
+        requests of that many tokens was sent."""
+        h = self.holdings
+        due = h.due(tenant, waiting, self._cap, less)
+        if due is None or h.tokens(tenant) - less <= due * (h.total - less):
+            return False
+        sent = less / self.rates.window_s  # that request's part of the rates
+        return self.rates.rate(tenant, now) - sent > due * (self.queue.rate(now) - sent)
+
+    def _spare(
+        self, views: Sequence[ReplicaView], peers: Mapping[str, ReplicaLoad], cost: float
+    ) -> list[ReplicaView] | None:
+        """Where a hog's request of ``cost`` tokens may go: the replicas with room under the
+        headroom's rule (`saturation.with_spare`) that it leaves within that rule's KV knee
+        and prefill bound. None: nowhere, it waits."""
+        return with_spare(views, self._near, peers, cost)
 
     def admit(
         self, views: Sequence[ReplicaView], cost: float, now: float,
         peers: Mapping[str, ReplicaLoad] = _NO_PEERS, tenant: str = "", weight: float = 1.0,
     ) -> bool:
         """True: send it now (counted as `sent`). False: it must be offered to the queue."""
-        rule = self.config.saturation
-        if self.queue or pool_saturated(views, rule, peers):
+        if self.queue or pool_saturated(views, self.config.saturation, peers):
             return False
-        cap = self.config.share_cap
-        if (cap is not None and self._near is not rule and self.holdings.over(tenant, {}, cap)
-                and pool_saturated(views, self._near, peers)):
-            return False  # over its share, the pool near saturation: the headroom is others'
+        if (self._spares and self._hog(tenant, {}, now)
+                and self._spare(views, peers, cost) is None):
+            return False  # over its share, no replica with spare room: the headroom is others'
         self.sent(tenant, cost, now, weight)
         return True
 
@@ -91,6 +127,7 @@ class PoolFlow(Generic[T]):
         """A request of ``tenant`` went to the pool without waiting in its queue."""
         self.queue.note_dispatch(cost, now)
         self.holdings.add(tenant, cost, weight)
+        self.rates.add(tenant, cost, now)
 
     def done(self, tenant: str, cost: float) -> None:
         """A request sent to the pool finished (answered, failed, or abandoned)."""
@@ -113,26 +150,31 @@ class PoolFlow(Generic[T]):
         peers: Mapping[str, ReplicaLoad] = _NO_PEERS,
     ) -> Entry[T] | None:
         """The next queued request to send now, or None (nothing queued, no room, or only
-        over-share tenants wait and the pool is near saturation)."""
-        queue, rule = self.queue, self.config.saturation
-        if not queue or pool_saturated(views, rule, peers):
+        tenants over their share wait and no replica has spare room for them)."""
+        queue = self.queue
+        if not queue or pool_saturated(views, self.config.saturation, peers):
             return None
-        cap = self.config.share_cap
-        over = set() if cap is None else self.holdings.over_share(queue.waiting(), cap)
-        # over-share tenants are passed over inside their band; near saturation they wait
-        # even when nobody else in it does (the turn goes to the next band)
-        hold = bool(over) and self._near is not rule and pool_saturated(views, self._near, peers)
-        entry = queue.pop(now, over, hold)
+        waiting = queue.waiting()
+        over = self.holdings.over_share(waiting, self._cap) if self._capped else set()
+
+        def hold(e: Entry[T]) -> bool:  # a hog waits for a replica with spare room
+            return self._hog(e.tenant, waiting, now) and self._spare(views, peers, e.cost) is None
+
+        entry = queue.pop(now, over, hold if self._spares else None)
         if entry is not None:
-            self.holdings.add(entry.tenant, entry.cost, entry.weight)
+            self._took(entry, now)
         return entry
 
     def pop(self, now: float) -> Entry[T] | None:
         """The next queued request in the queue's order, room or not."""
         entry = self.queue.pop(now)
         if entry is not None:
-            self.holdings.add(entry.tenant, entry.cost, entry.weight)
+            self._took(entry, now)
         return entry
+
+    def _took(self, entry: Entry[T], now: float) -> None:
+        self.holdings.add(entry.tenant, entry.cost, entry.weight)
+        self.rates.add(entry.tenant, entry.cost, now)
 
     def expire(self, now: float) -> list[Entry[T]]:
         return self.queue.expire(now)

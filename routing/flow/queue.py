@@ -32,7 +32,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -243,15 +243,16 @@ class FlowQueue(Generic[T]):
     # -- dispatch -----------------------------------------------------------------------------
     def peek(self) -> Entry[T] | None:
         """The request `pop` would hand out next (nothing changes)."""
-        return self._choose((), False)
+        return self._choose((), None)
 
     def pop(
-        self, now: float, skip: Collection[str] = (), hold: bool = False
+        self, now: float, skip: Collection[str] = (),
+        hold: Callable[[Entry[T]], bool] | None = None,
     ) -> Entry[T] | None:
         """Dispatch the next request: band, then tenant (module docstring). Inside the band
         whose turn it is the tenants in ``skip`` are passed over by the others; when only
-        they wait in it, its head goes anyway, or with ``hold`` the band's turn passes to
-        the next band (a skipped tenant never goes)."""
+        they wait in it, the first of their heads that ``hold`` does not hold goes (any, without
+        ``hold``); when it holds them all, the band's turn passes to the next band."""
         entry = self._choose(skip, hold)
         if entry is None:
             return None
@@ -269,15 +270,17 @@ class FlowQueue(Generic[T]):
         self.note_dispatch(entry.cost, now)
         return entry
 
-    def _choose(self, skip: Collection[str], hold: bool) -> Entry[T] | None:
+    def _choose(
+        self, skip: Collection[str], hold: Callable[[Entry[T]], bool] | None
+    ) -> Entry[T] | None:
         for b in self._turns():
             if not skip:
                 return b.head()
             entry = _head_but(b, skip)
+            if entry is None:  # only skipped tenants wait in it: the first one not held
+                entry = b.head() if hold is None else _head_but(b, (), hold)
             if entry is not None:
                 return entry
-            if not hold:
-                return b.head()
         return None
 
     def _turns(self) -> list[_Band[T]]:
@@ -416,14 +419,18 @@ class FlowQueue(Generic[T]):
         return b
 
 
-def _head_but(b: _Band[T], skip: Collection[str]) -> Entry[T] | None:
+def _head_but(
+    b: _Band[T], skip: Collection[str], hold: Callable[[Entry[T]], bool] | None = None
+) -> Entry[T] | None:
     """``b``'s next request among the tenants not in ``skip`` (smallest start tag, then
-    arrival): a scan over its backlogged tenants, a handful."""
+    arrival), leaving out the heads ``hold`` says must wait: a scan over its backlogged
+    tenants, a handful."""
     best: Entry[T] | None = None
     for flow in b.flows.values():
         if flow.items and flow.tenant not in skip:
             e = flow.items[0]
-            if best is None or (e.start, e.seq) < (best.start, best.seq):
+            if (best is None or (e.start, e.seq) < (best.start, best.seq)) and (
+                    hold is None or not hold(e)):
                 best = e
     return best
 

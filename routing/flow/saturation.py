@@ -22,7 +22,9 @@ from routing.flow.config import Saturation
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-__all__ = ["full_reason", "pool_saturated", "projected_kv", "replica_reasons", "with_room"]
+__all__ = [
+    "full_reason", "pool_saturated", "projected_kv", "replica_reasons", "with_room", "with_spare",
+]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 
@@ -89,6 +91,32 @@ def with_room(
     fit = {v.id for v, kv in room if kv is None or kv < rule.kv_knee}
     if not fit:
         fit = {min(room, key=_kv_of)[0].id}
+    return [v if v.id in fit or not v.healthy else replace(v, healthy=False) for v in views]
+
+
+def with_spare(
+    views: Sequence[ReplicaView], rule: Saturation,
+    peers: Mapping[str, ReplicaLoad] = _NO_PEERS, tokens: float = 0.0,
+) -> list[ReplicaView] | None:
+    """``views`` narrowed to the replicas a request of ``tokens`` tokens leaves within
+    ``rule`` (the others marked unhealthy), None when there is none: room under ``rule`` now,
+    KV under its knee with the tokens in (what the request holds once decoded), and the
+    unanswered prompt tokens within its prefill bound with them in, or none unanswered before
+    (a prompt longer than the bound goes only where nothing waits to prefill ahead of it)."""
+    fit = set()
+    for v in views:
+        if not v.healthy:
+            continue
+        peer = peers.get(v.id)
+        if full_reason(v, peer, rule) is not None:
+            continue
+        prefill = v.inflight_prefill_tokens + (peer.prefill_tokens if peer else 0)
+        kv = projected_kv(v, prefill + int(tokens))
+        if ((kv is None or kv < rule.kv_knee)
+                and (prefill == 0 or prefill + tokens <= rule.max_prefill_tokens)):
+            fit.add(v.id)
+    if not fit:
+        return None
     return [v if v.id in fit or not v.healthy else replace(v, healthy=False) for v in views]
 
 

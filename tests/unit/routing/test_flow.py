@@ -17,9 +17,11 @@ from routing.flow import (
     Holdings,
     PoolFlow,
     Saturation,
+    SendRates,
     full_reason,
     pool_saturated,
     request_cost,
+    with_spare,
 )
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
@@ -293,6 +295,32 @@ def test_weights_hold_over_long_runs(costs: list[int], weights: list[float]) -> 
     assert max(normalized) - min(normalized) <= 2 * 3000 / min(weights) + 1e-6
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.integers(0, 1), st.integers(1, 500)),
+             min_size=1, max_size=40),
+    st.sets(st.integers(0, 3)), st.sets(st.integers(0, 3)),
+)
+def test_only_held_tenants_wait(
+    reqs: list[tuple[int, int, int]], skip: set[int], held: set[int]
+) -> None:
+    """Passing over and holding: a request of a held tenant is never handed out while its
+    tenant is held, and `pop` gives nothing only when every waiting tenant is held (a
+    skipped tenant is held only when ``hold`` says so; one that is not skipped never)."""
+    q: FlowQueue[int] = FlowQueue(1000, default_min_share=0.1)
+    for i, (tenant, band, cost) in enumerate(reqs):
+        q.offer(i, tenant=f"t{tenant}", band=band, cost=cost, now=0, max_wait_s=1e9)
+    names = {f"t{t}" for t in skip}
+    stuck = {f"t{t}" for t in skip & held}
+    while q:
+        waiting = set(q.waiting())
+        e = q.pop(0.0, names, lambda entry: entry.tenant in stuck)
+        if e is None:
+            assert waiting <= stuck
+            break
+        assert e.tenant not in stuck
+
+
 def _backlogged(q: FlowQueue[int]) -> list[int]:
     counts = {"t0": 0, "t1": 0, "t2": 0}
     for e in q.entries():
@@ -383,6 +411,89 @@ def test_the_cap_reorders_tenants_inside_a_band_never_the_bands() -> None:
         flow.offer("f", tenant="free", band=1, cost=100, now=1.0, max_wait_s=60)
         out = [flow.release(views, 2.0), flow.release(views, 2.0)]
         assert [e.handle for e in out if e is not None] == order
+
+
+def test_a_hog_goes_only_to_a_replica_with_spare_room() -> None:
+    """Over its share of the in-flight tokens and of what was sent lately: the router may
+    pick only the replica the headroom's rule leaves room on (under the full rule both have
+    room, and without the rule both were offered)."""
+    flow = capped(headroom=0.5)  # spare: under 500 unanswered prompt tokens
+    flow.sent("noisy", 600, 0.0)
+    flow.sent("quiet", 100, 0.0)
+    views = [view("busy", inflight_prefill_tokens=600), view("idle")]
+    assert flow.admit(views, 50, 1.0, tenant="noisy")
+    narrowed = flow.with_room(views, {}, 50, tenant="noisy", cost=50, now=1.0)
+    assert [v.id for v in narrowed if v.healthy] == ["idle"]
+    # an under-share tenant routes among every replica with room
+    assert flow.admit(views, 50, 1.0, tenant="quiet")
+    narrowed = flow.with_room(views, {}, 50, tenant="quiet", cost=50, now=1.0)
+    assert [v.id for v in narrowed if v.healthy] == ["busy", "idle"]
+
+
+def test_one_long_prompt_does_not_make_a_tenant_a_hog() -> None:
+    """A tenant over its share of the in-flight tokens because of one long prompt, but not of
+    what was sent lately, is only passed over in the queue: near saturation it is not held
+    (the first cap held it: every request of a tenant with one long prompt in flight
+    waited)."""
+    flow = capped(headroom=0.5)
+    for i in range(10):  # quiet sent 1,000 tokens over the last seconds, 100 still in flight
+        flow.sent("quiet", 100, float(i) / 10)
+        if i:
+            flow.done("quiet", 100)
+    flow.sent("long", 600, 1.0)  # 600 of the 700 tokens in flight, 600 of the 1,600 sent
+    assert flow.over_share("long")
+    assert flow.admit(NEAR, 50, 1.0, tenant="long")
+    flow.sent("noisy", 5000, 1.0)  # now over both: a hog
+    assert not flow.admit(NEAR, 50, 1.0, tenant="noisy")
+
+
+def test_a_held_hog_does_not_hold_back_another_over_share_tenant() -> None:
+    """Only two over-share tenants wait in the band and no replica has spare room: the hog
+    (over in what it sent lately too) waits, the other goes, though the hog's request is
+    first in fair-queueing order (the band's head; it held both, and the band's turn passed)."""
+    flow = capped(headroom=0.5)
+    for _ in range(20):  # quiet sent 2,000 tokens lately and holds 100
+        flow.sent("quiet", 100, 0.0)
+        flow.done("quiet", 100)
+    flow.sent("quiet", 100, 0.0)
+    for _ in range(6):  # noisy sent 3,600 lately and holds 600: over both, a hog
+        flow.sent("noisy", 600, 0.0)
+    for _ in range(5):
+        flow.done("noisy", 600)
+    flow.sent("long", 600, 0.0)  # holds 600 of the 1,300 in flight, sent 600 of 6,300
+    assert flow.over_share("noisy") and flow.over_share("long")
+    flow.offer("n", tenant="noisy", band=1, cost=50, now=0.0, max_wait_s=60)
+    flow.offer("l", tenant="long", band=1, cost=50, now=0.0, max_wait_s=60)
+    out = flow.release(NEAR, 0.0)
+    assert out is not None and out.handle == "l"
+    assert flow.release(NEAR, 0.0) is None  # the hog waits for spare room
+    out = flow.release(ROOM, 0.0)
+    assert out is not None and out.handle == "n"
+
+
+def test_with_spare_counts_the_requests_tokens() -> None:
+    rule = Saturation(max_prefill_tokens=1000, max_unanswered=None, max_waiting=100,
+                      kv_knee=0.5)
+    kv = {"cache_capacity_tokens": 10_000, "waiting": 0.0}
+    views = [view("a", kv_usage=0.3, **kv), view("b", kv_usage=0.1, **kv),
+             view("c", kv_usage=0.0, inflight_prefill_tokens=400, **kv)]
+    # a: KV 0.3 + 0.25 over the knee; b fits; c: 400 + 2,500 unanswered past the bound
+    out = with_spare(views, rule, {}, 2500)
+    assert out is not None and [v.id for v in out if v.healthy] == ["b"]
+    # longer than the prefill bound: only where nothing is unanswered
+    out = with_spare(views, rule, {}, 3000)
+    assert out is not None and [v.id for v in out if v.healthy] == ["b"]
+    assert with_spare(views, rule, {}, 6000) is None  # nowhere under the knee
+
+
+def test_send_rates_decay_and_forget() -> None:
+    rates = SendRates(10.0)
+    rates.add("a", 100, 0.0)
+    assert rates.rate("a", 0.0) == pytest.approx(10.0)
+    assert rates.rate("a", 10.0) == pytest.approx(10.0 / 2.718281828, rel=1e-6)
+    for i in range(SendRates.PRUNE_EVERY):  # long after: "a" is forgotten at the next prune
+        rates.add(f"t{i % 3}", 1, 1000.0 + i)
+    assert len(rates) == 3 and rates.rate("a", 2000.0) == 0.0
 
 
 def test_saturation_scaled_is_full_earlier() -> None:
