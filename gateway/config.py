@@ -247,9 +247,10 @@ class FlowSection(_Section):
     # stays under the knee with the prompt in (false: any healthy replica)
     room_only: bool = True
     # a tenant holding more than share_cap times its weighted fair share of the pool's
-    # in-flight tokens is passed over by its band's other tenants, and waits itself once the
-    # pool is within the headroom of saturation (its bounds scaled by 1 - share_headroom;
-    # 0: only while others wait); null: no such cap
+    # in-flight tokens is passed over by its band's other tenants; over it also in the tokens
+    # sent lately (rate_window_s: a hog), it goes only to a replica with spare room (the
+    # saturation bounds scaled by 1 - share_headroom, with its request in) and waits while
+    # there is none (share_headroom 0: no such wait); null: no such cap
     share_cap: Annotated[float, Field(ge=1)] | None = _FLOW.share_cap
     share_headroom: Annotated[float, Field(ge=0, lt=1)] = _FLOW.share_headroom
 
