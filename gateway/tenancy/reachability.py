@@ -1,7 +1,10 @@
 """What the log says while the tenancy store (Redis) does not answer: one clear line at the
 first failure (address and cause, never the URL's credentials), then at most one line a
 minute with a count, and one line when it answers again. A gateway started with a wrong
-``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line."""
+``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line.
+
+Other users of Redis (the shared routing state, lease renewal) say the same through their own
+logger, each line prefixed with what is affected (``subject``)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,12 @@ log = logging.getLogger(__name__)
 class Reachability:
     def __init__(
         self, address: str, *, retry_every_s: float, summary_every_s: float = 60.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, subject: str = "",
+        logger: logging.Logger = log,
     ) -> None:
         self.address = address
+        self._prefix = f"{subject}: " if subject else ""
+        self._log = logger
         self._retry_every_s = retry_every_s
         self._summary_every_s = summary_every_s
         self._clock = clock
@@ -37,22 +43,22 @@ class Reachability:
         self._failures += 1
         if self._down_since is None:
             self._down_since, self._said_at, self._unsaid = now, now, 0
-            log.warning("cannot reach Redis at %s (%s); retrying every %g s",
-                        self.address, cause, self._retry_every_s,
-                        extra={"redis": self.address, "cause": cause})
+            self._log.warning("%scannot reach Redis at %s (%s); retrying every %g s",
+                              self._prefix, self.address, cause, self._retry_every_s,
+                              extra={"redis": self.address, "cause": cause})
             return
         self._unsaid += 1
         if now - self._said_at >= self._summary_every_s:
-            log.warning("still cannot reach Redis at %s (%s): %d failed attempts in the last "
-                        "%.0f s, down for %.0f s", self.address, cause, self._unsaid,
-                        now - self._said_at, now - self._down_since,
-                        extra={"redis": self.address, "cause": cause})
+            self._log.warning("%sstill cannot reach Redis at %s (%s): %d failed attempts in "
+                              "the last %.0f s, down for %.0f s", self._prefix, self.address,
+                              cause, self._unsaid, now - self._said_at, now - self._down_since,
+                              extra={"redis": self.address, "cause": cause})
             self._said_at, self._unsaid = now, 0
 
     def answered(self) -> None:
         if self._down_since is None:
             return
-        log.info("Redis at %s answers again (down for %.0f s, %d failed attempts)",
-                    self.address, self._clock() - self._down_since, self._failures,
-                    extra={"redis": self.address})
+        self._log.info("%sRedis at %s answers again (down for %.0f s, %d failed attempts)",
+                       self._prefix, self.address, self._clock() - self._down_since,
+                       self._failures, extra={"redis": self.address})
         self._down_since, self._failures, self._unsaid = None, 0, 0

@@ -7,7 +7,8 @@ clock (``TIME``), so gateways with skewed clocks still share one budget. Leases 
 that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled
 or unreachable) is kept and retried as soon as Redis answers again -- before this process's
 next admission and by a background retry -- so a tenant is not locked out for a lease TTL
-after a stall.
+after a stall. While Redis does not answer, failed renewals are logged like the tenancy store's
+(`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
-from gateway.tenancy.redis_conn import redis_unavailable
+from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_conn import redis_address, redis_unavailable
 
 __all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
 
@@ -113,6 +115,8 @@ class RedisRateLimiter(RateLimiter):
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
+        self.renewal = Reachability(redis_address(client), retry_every_s=lease_ttl_s / 3,
+                                    subject="concurrency lease renewal", logger=log)
 
     def _bucket(self, tenant_id: str) -> str:
         return f"{self._ns}:rl:{{{tenant_id}}}"  # {hash tag}: both keys in one cluster slot
@@ -226,9 +230,12 @@ class RedisRateLimiter(RateLimiter):
         while True:
             await asyncio.sleep(self._ttl / 3)
             try:
-                await self.renew()
-            except BackendUnavailable:
-                log.warning("could not renew concurrency leases: Redis unreachable")
+                renewed = await self.renew()
+            except StoreUnreachable as exc:
+                self.renewal.failed(exc.cause)
+                continue
+            if renewed:  # Redis answered (nothing to renew asks it nothing)
+                self.renewal.answered()
 
     async def renew(self) -> int:
         """Push the expiry of every live lease of this process one TTL ahead."""

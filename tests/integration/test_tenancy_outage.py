@@ -1,4 +1,5 @@
-"""Redis stops and comes back: tenancy keeps serving, says it is degraded, and recovers."""
+"""Redis stops and comes back: tenancy keeps serving, says it is degraded, and recovers, and the
+log says so in a few lines."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from gateway.errors import AuthError, BackendUnavailable
-from gateway.policy_doc import parse_policy
+from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import (
     KeyRecord,
+    RedisRateLimiter,
     RedisStore,
     SaltDeriver,
     TenancySettings,
@@ -196,4 +198,38 @@ async def test_a_redis_that_never_answered_is_named_once_and_joined_when_it_come
         assert not any("hunter2" in r.getMessage() for r in caplog.records)
     finally:
         await tenancy.close()
+        proc.stop()
+
+
+async def test_lease_renewal_failures_are_named_once_and_their_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Live leases while Redis is away: one line for the failed renewals, not one per retry,
+    and one when a renewal succeeds again."""
+    port = free_port()
+    proc, url = redis_proc(port)
+    proc.start()
+    limiter = RedisRateLimiter(connect_redis(url), namespace="renew", lease_ttl_s=0.3)
+    caplog.set_level(logging.INFO, logger="gateway.tenancy")
+    subject = "concurrency lease renewal: "
+
+    def renewal_lines() -> list[str]:
+        return [r.getMessage() for r in caplog.records if r.getMessage().startswith(subject)]
+
+    try:
+        await limiter.start()
+        lease = await limiter.admit("acme", Limits(max_concurrency=2), tokens=1)
+        assert lease.allowed and lease.lease_id is not None
+        proc.stop()
+        await asyncio.sleep(1.5)  # about 15 renewals (every 0.1 s), all failed
+        lines = renewal_lines()
+        assert len(lines) == 1, lines
+        assert lines[0].startswith(f"{subject}cannot reach Redis at 127.0.0.1:{port} (")
+        assert lines[0].endswith("); retrying every 0.1 s")
+        proc.start()
+        back = f"{subject}Redis at 127.0.0.1:{port} answers again"
+        await _until(lambda: any(line.startswith(back) for line in renewal_lines()))
+        assert len(renewal_lines()) == 2
+    finally:
+        await limiter.close()
         proc.stop()

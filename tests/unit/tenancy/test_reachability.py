@@ -38,3 +38,22 @@ def test_an_outage_is_one_line_then_one_a_minute_then_one_on_recovery(
         "Redis at 10.0.0.7:6380 answers again (down for 67 s, 32 failed attempts)",
     ]
     assert not reach.down
+
+
+def test_another_user_of_redis_says_what_is_affected_through_its_own_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.fleet")
+    clock = Clock()
+    reach = Reachability("10.0.0.7:6380", retry_every_s=0.5, clock=clock,
+                         subject="shared routing state",
+                         logger=logging.getLogger("gateway.fleet.sync"))
+    reach.failed("connection refused")
+    clock.now += 3
+    reach.answered()
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("gateway.fleet.sync", "shared routing state: cannot reach Redis at 10.0.0.7:6380 "
+                               "(connection refused); retrying every 0.5 s"),
+        ("gateway.fleet.sync", "shared routing state: Redis at 10.0.0.7:6380 answers again "
+                               "(down for 3 s, 1 failed attempts)"),
+    ]
