@@ -106,9 +106,8 @@ async def start_runtime(
     await scraper.start()
     stack.push_async_callback(scraper.stop)
     if sync is not None:
-        await sync.start()
+        await sync.start()  # logs where it connects, then "on" or why Redis does not answer
         stack.push_async_callback(sync.stop)
-        log.info("shared routing state on", extra={"member": sync.member})
     metrics.registry.register(SyncCollector(router, sync, clock))
     doctor = build_doctor(
         cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,

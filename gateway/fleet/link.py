@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 
+import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+
+from gateway.tenancy.redis_conn import redis_address
 
 __all__ = ["Link", "entries"]
 
@@ -27,6 +30,8 @@ class Link:
         self._pool = ConnectionPool.from_url(
             url, protocol=2, socket_timeout=None, socket_connect_timeout=timeout_s)
         self._timeout = read_timeout_s
+        # where it connects, for logs (never the URL's credentials); the client is not used
+        self.address = redis_address(aioredis.Redis(connection_pool=self._pool))
         self._conn: AbstractConnection | None = None
 
     async def call(self, *args: bytes | str | int) -> object:

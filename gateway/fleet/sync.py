@@ -44,6 +44,8 @@ from redis.exceptions import RedisError
 
 from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
+from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_conn import failure_cause
 from routing.peers import ReplicaLoad
 from routing.router import Router
 
@@ -129,6 +131,9 @@ class RouteSync:
         timeout = settings.timeout_s
         self._out = Link(redis_url, timeout, timeout)  # the publisher's
         self._in = Link(redis_url, timeout, timeout + _BLOCK_S)  # the reader's (blocking)
+        # what the log says about reaching Redis: both loops report their failures to it
+        self.reach = Reachability(self._in.address, retry_every_s=RETRY_S,
+                                  subject="shared routing state", logger=log)
         # peers' records arrive about a flush interval or two late: within that window the
         # gateways take turns over equally good replicas (routing.router.Router._turn)
         router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
@@ -148,11 +153,15 @@ class RouteSync:
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Catch up on the recent past (best effort), then start publishing and reading."""
+        log.info("shared routing state: connecting to Redis at %s", self.reach.address,
+                 extra={"member": self.member, "redis": self.reach.address})
         try:
-            await self._catch_up()
+            peers = await self._catch_up()
             self.stats.up = True
+            log.info("shared routing state on (%d peers)", peers,
+                     extra={"member": self.member, "redis": self.reach.address})
         except (RedisError, OSError) as exc:
-            self._down("catch-up", exc)
+            self._down(exc)
         self._tasks = [
             asyncio.create_task(self._publish_loop(), name="kvgate-sync-publish"),
             asyncio.create_task(self._read_loop(), name="kvgate-sync-read"),
@@ -246,7 +255,7 @@ class RouteSync:
                     self.stats.drop("unpublished", 1)
                 self._published.clear()  # re-send the whole load once Redis is back
                 self._last_beat = float("-inf")
-                self._down("publish", exc)
+                self._down(exc)
                 calm.set()  # the reader finds out when Redis is back
                 await asyncio.sleep(RETRY_S)
                 continue
@@ -256,19 +265,30 @@ class RouteSync:
                 self._take(replies[-1])
 
     # -- reading ------------------------------------------------------------------------------
-    async def _catch_up(self) -> None:
-        """Apply the routes of the recent entries (their loads are old: not applied)."""
+    async def _catch_up(self) -> int:
+        """Apply the routes of the recent entries (their loads are old: not applied); the
+        number of peers among them that wrote within ``stale_after_s`` (by their clocks)."""
         n = self.settings.catchup_entries
-        found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n)
-                        ) if n else []
+        if n:
+            found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
+        else:  # nothing to catch up on, but "on" must mean that Redis answered
+            await self._in.call(b"PING")
+            found = []
         if not found:
             self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
-            return
+            return 0
         self._last_id, self._last_key = found[0][0], _key(found[0][0])
+        recent = time.time() - self.settings.stale_after_s
+        live: set[str] = set()
         for _, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
                 self._apply_routes(batch)
+                if batch.bye:
+                    live.discard(batch.member)
+                elif batch.sent_at >= recent:
+                    live.add(batch.member)
+        return len(live)
 
     async def _read_loop(self) -> None:
         """Blocks on XREAD while the publisher does not read (a gateway with nothing in
@@ -293,11 +313,11 @@ class RouteSync:
                 reply = await self._in.call(b"XREAD", b"COUNT", count, b"BLOCK", block_ms,
                                             b"STREAMS", self.key, self._last_id)
                 if not self.stats.up:
-                    log.info("shared routing state: Redis reachable again")
+                    self.reach.answered()
                     self._wake.set()  # the publisher re-sends our load
                 self.stats.up = True
             except (RedisError, OSError) as exc:
-                self._down("read", exc)
+                self._down(exc)
                 await asyncio.sleep(RETRY_S)
                 continue
             if self._take(reply) >= count:
@@ -361,10 +381,9 @@ class RouteSync:
         if routes:
             self._router.apply_peer_routes(routes, batch.member)
 
-    def _down(self, what: str, exc: BaseException) -> None:
-        if self.stats.up:
-            log.warning("shared routing state: Redis unavailable; routing on own state",
-                        extra={"during": what, "error": type(exc).__name__})
+    def _down(self, exc: BaseException) -> None:
+        """A failed Redis call: route on our own state until Redis answers again."""
+        self.reach.failed(failure_cause(exc))
         self.stats.up = False
 
 

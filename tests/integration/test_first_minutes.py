@@ -196,7 +196,7 @@ def test_logs_have_no_colour_and_no_false_recovery(sim_factory: SimFactory, fmt:
 def test_no_false_recovery_at_a_normal_start_with_redis(sim_factory: SimFactory,
                                                         redis_url: str) -> None:
     """With Redis (tenancy store, shared limits, shared routing state) a normal start and
-    traffic log no "reachable again": nothing was ever unreachable."""
+    traffic log no "reachable again" nor "answers again": nothing was ever unreachable."""
     _, sim = sim_factory("--time-scale", "50")
     admin_token = "admin-token-0123456789"
     gw, base = gateway_proc(upstreams=[sim], auth=True, args=["--log-level", "info"], env={
@@ -214,8 +214,9 @@ def test_no_false_recovery_at_a_normal_start_with_redis(sim_factory: SimFactory,
         time.sleep(1.5)  # a few refreshes of the tenancy state and reads of the routing stream
         assert gw.stop() == 0
         out = gw.output()
-    assert "gateway started" in out
+    assert "gateway started" in out and "shared routing state on (0 peers)" in out
     assert "reachable again" not in out and "unreachable" not in out
+    assert "answers again" not in out and "cannot reach" not in out
 
 
 def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimFactory) -> None:

@@ -224,6 +224,44 @@ def _degraded(base: str) -> bool:
     return bool(doc["sync"]["degraded"])
 
 
+def test_a_redis_that_never_answered_is_named_once_and_joined_when_it_comes_up(
+    fleet: list[str],
+) -> None:
+    """A wrong or not-yet-started Redis: the start line says where the sharing connects, one
+    line names the address and the OS error (not the password), no "on" line while it does not
+    answer; when Redis comes up, one line says so and `degraded` clears."""
+    port = free_port()
+    url = f"redis://:sync-secret-pw@127.0.0.1:{port}/0"
+    config = {"pools": {"p": {"replicas": fleet[:1], "served_model": MODEL}},
+              "models": {MODEL: {"default": "p"}}}
+    gw, base = gateway_proc(config=config, ready=False, args=["--log-level", "info"],
+                            env={"KVGATE_REDIS_URL": url, "KVGATE_ADMIN_TOKEN": ADMIN})
+    redis, _ = redis_proc(port)
+    redis = Proc([*redis.cmd, "--requirepass", "sync-secret-pw"], ready_port=port)
+
+    def sync_lines() -> list[str]:
+        return [line for line in gw.output().splitlines() if "shared routing state" in line]
+
+    with gw:
+        try:
+            cannot = f"shared routing state: cannot reach Redis at 127.0.0.1:{port} "
+            wait_for(lambda: any(cannot in line for line in sync_lines()), what="a first line")
+            time.sleep(3)  # both loops retried every 0.5 s meanwhile
+            lines = sync_lines()
+            assert len(lines) == 2, lines
+            assert f"shared routing state: connecting to Redis at 127.0.0.1:{port}" in lines[0]
+            assert f"{cannot}(connection refused); retrying every 0.5 s" in lines[1]
+            assert _degraded(base)
+            redis.start()
+            wait_for(lambda: not _degraded(base), timeout=20, what="degraded cleared")
+            back = f"shared routing state: Redis at 127.0.0.1:{port} answers again"
+            wait_for(lambda: any(back in line for line in sync_lines()), what="recovery line")
+            assert not any("shared routing state on" in line for line in sync_lines())
+            assert "sync-secret-pw" not in gw.output()
+        finally:
+            redis.stop()
+
+
 def test_workers_of_one_gateway_decide_as_one(redis_url: str, fleet: list[str]) -> None:
     """`server.workers 2`: one port, two processes; conversations keep their replica whichever
     worker takes each turn (a new connection per request, so the kernel spreads them)."""

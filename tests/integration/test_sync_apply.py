@@ -1,21 +1,25 @@
 """`RouteSync` against a real redis-server: catch-up at start, bounded work per event-loop
-turn on a backlog, foreign / malformed / unknown-version / own records, goodbye."""
+turn on a backlog, foreign / malformed / unknown-version / own records, goodbye, the start
+lines."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import cast
 
+import pytest
 import redis.asyncio as aioredis
 
 from gateway.fleet.records import encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
+from tests.support.procs import free_port
 
 KEY = b"kvgate:routes"
 KNOWN = {"a:1", "b:1"}
@@ -122,6 +126,47 @@ async def test_a_new_gateway_catches_up_on_routes_not_on_old_loads(redis_url: st
         assert router.state.index.entries("a:1") == 20  # warm from the last 20 entries
         assert router.peers is not None and router.peers.totals(time.monotonic()) == {}
         assert not sync.degraded
+
+
+async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live(
+    redis_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Peers live at start: those that wrote within ``stale_after_s`` and did not say goodbye."""
+    caplog.set_level(logging.INFO, logger="gateway.fleet")
+    r = aioredis.Redis.from_url(redis_url)
+    now = time.time()
+    for member, sent_at, bye in [("old", now - 10, False), ("left", now, False),
+                                 ("left", now, True), ("live-1", now, False),
+                                 ("live-2", now - 1, False)]:
+        await _add(r, encode(member, sent_at, [], {}, bye=bye))
+    await r.aclose()
+    sync = _sync(redis_url, Router(RouterConfig()), stale_after_s=2.0)
+    async with _running(redis_url, sync):
+        address = redis_url.removeprefix("redis://").removesuffix("/0")
+        assert [m.getMessage() for m in caplog.records] == [
+            f"shared routing state: connecting to Redis at {address}",
+            "shared routing state on (2 peers)",
+        ]
+
+
+@pytest.mark.parametrize("catchup_entries", [0, 20])
+async def test_an_unreachable_redis_is_named_at_start_and_never_said_on(
+    catchup_entries: int, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.fleet")
+    port = free_port()  # nothing listens there
+    url = f"redis://:sync-secret-pw@127.0.0.1:{port}/0"
+    sync = _sync(url, Router(RouterConfig()), catchup_entries=catchup_entries)
+    await sync.start()
+    try:
+        assert sync.degraded
+        assert [m.getMessage() for m in caplog.records] == [
+            f"shared routing state: connecting to Redis at 127.0.0.1:{port}",
+            f"shared routing state: cannot reach Redis at 127.0.0.1:{port} (connection "
+            "refused); retrying every 0.5 s",
+        ]
+    finally:
+        await sync.stop()
 
 
 async def test_publishes_routes_and_load_changes(redis_url: str) -> None:
