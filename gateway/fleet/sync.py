@@ -158,7 +158,7 @@ class RouteSync:
         try:
             peers = await self._catch_up()
             self.stats.up = True
-            log.info("shared routing state on (%d peers)", peers,
+            log.info("shared routing state on (%d peer%s)", peers, "" if peers == 1 else "s",
                      extra={"member": self.member, "redis": self.reach.address})
         except (RedisError, OSError) as exc:
             self._down(exc)
