@@ -393,7 +393,7 @@ def test_explain_says_a_hog_waits_for_spare_room(s: Stack) -> None:
     saturated replica has no spare room, so its next request waits for one. The others are
     under their shares."""
     (noisy, key), (quiet, _) = s.tenant_with_id("free"), s.tenant_with_id("free")
-    send_long(s, key, 10)
+    send_long(s, key, 25)
     fill(s, key)
     others = [Call(s.base, s.tenant("free"), 30), Call(s.base, s.tenant("free"), 30)]
     for c in others:
