@@ -38,7 +38,7 @@ from time import perf_counter
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.body import ParsedBody
@@ -421,7 +421,8 @@ def _max_tokens(parsed: ParsedBody) -> int | None:
 
 
 class _FlowCollector(Collector):
-    """Queue depth per pool and band, and whether each pool is saturated, at scrape time."""
+    """Queue depth per pool and band, whether each pool is saturated, and the requests held
+    for spare room (the share cap's hogs, counted by the core), at scrape time."""
 
     def __init__(self, gate: FlowGate) -> None:
         self._gate = gate
@@ -434,10 +435,15 @@ class _FlowCollector(Collector):
         sat = GaugeMetricFamily("kvgate_flow_saturated",
                                 "1 when no healthy replica of the pool has room",
                                 labels=["pool"])
+        holds = CounterMetricFamily("kvgate_flow_hog_holds",
+                                    "queued requests passed over at a release because their "
+                                    "tenant is a hog and no replica had spare room",
+                                    labels=["pool"])
         now = gate._clock()
         for name, state in gate.pools().items():
             for band, n in state.flow.queue.depth().items():
                 depth.add_metric([name, str(band)], n)
+            holds.add_metric([name], state.flow.hog_holds)
         for pool in gate._pools.by_name.values():
             sat.add_metric([pool.name], 1.0 if gate.saturated(pool, now) else 0.0)
-        return [depth, sat]
+        return [depth, sat, holds]

@@ -82,6 +82,7 @@ class PoolFlow(Generic[T]):
         # an over-share tenant waits for spare room only with a headroom (at 0 the cap only
         # reorders the queue: work-conserving)
         self._spares = self._capped and self._near is not config.saturation
+        self.hog_holds = 0  # queued requests passed over for lack of spare room, each once
 
     def __len__(self) -> int:
         """Requests queued."""
@@ -194,7 +195,13 @@ class PoolFlow(Generic[T]):
         over = self.holdings.over_share(waiting, self._cap) if self._capped else set()
 
         def hold(e: Entry[T]) -> bool:  # a hog waits for a replica with spare room
-            return self._hog(e.tenant, waiting, now) and self._spare(views, peers, e.cost) is None
+            if (not self._hog(e.tenant, waiting, now)
+                    or self._spare(views, peers, e.cost) is not None):
+                return False
+            if not e.held:
+                e.held = True
+                self.hog_holds += 1
+            return True
 
         entry = queue.pop(now, over, hold if self._spares else None)
         if entry is not None:

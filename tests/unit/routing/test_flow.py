@@ -466,9 +466,13 @@ def test_a_held_hog_does_not_hold_back_another_over_share_tenant() -> None:
     flow.offer("l", tenant="long", band=1, cost=50, now=0.0, max_wait_s=60)
     out = flow.release(NEAR, 0.0)
     assert out is not None and out.handle == "l"
+    assert flow.hog_holds == 1  # the hog's request, passed over
     assert flow.release(NEAR, 0.0) is None  # the hog waits for spare room
+    assert flow.release(NEAR, 0.0) is None
+    assert flow.hog_holds == 1  # counted once however many releases pass it over
     out = flow.release(ROOM, 0.0)
     assert out is not None and out.handle == "n"
+    assert flow.hog_holds == 1
 
 
 def test_standing_of_a_hog_names_the_replicas_with_spare_room_or_says_it_waits() -> None:
