@@ -38,7 +38,7 @@ from time import perf_counter
 from typing import Any
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway.body import ParsedBody
@@ -375,22 +375,32 @@ class FlowGate:
     def explain(
         self, principal: Principal, plan: Plan, parsed: ParsedBody, now: float
     ) -> dict[str, Any]:
-        """Would this request queue, and what would it wait behind (nothing is queued)."""
+        """Would this request queue, and what would it wait behind (nothing is queued); where
+        its tenant stands against the share cap (`PoolFlow.standing`)."""
         doc = _doc(principal, self._pools)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
         state = self._state(plan.pool.name)
         peers = self._peers(now)
         saturated = state.flow.saturated(plan.views, peers)
         queued = len(state.flow.queue)
+        cost = request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected)
+        share = state.flow.standing(principal.tenant_id, plan.views, cost, now, peers)
+        no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
         est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
+        if no_spare and not (saturated or queued):
+            est = None  # it waits for spare room, not behind the queue
         return {
             "enabled": True, "pool": plan.pool.name, "saturated": saturated,
-            "would_queue": saturated or queued > 0, "queued": queued,
-            "band": band, "weight": weight, "max_wait_s": max_wait,
-            "cost_tokens": request_cost(plan.features.prompt_tokens, _max_tokens(parsed),
-                                        self._expected),
+            "would_queue": saturated or queued > 0 or no_spare, "queued": queued,
+            "band": band, "weight": weight, "max_wait_s": max_wait, "cost_tokens": cost,
             "ahead_tokens": state.flow.queue.ahead(band),
-            "over_share": state.flow.over_share(principal.tenant_id),
+            "inflight_share": round(share.inflight_share, 4),
+            "recent_share": round(share.recent_share, 4),
+            "fair_share": round(share.fair_share, 4) if share.fair_share is not None else None,
+            "share_cap": self._core.share_cap,
+            "over_share": share.over_share, "hog": share.hog,
+            "spare_replicas": list(share.spare) if share.spare is not None else None,
+            "waits_for_spare": no_spare,
             "estimated_wait_s": round(est, 3) if est is not None else None,
             "replicas": replica_reasons(plan.views, self._core.saturation, peers),
         }
@@ -411,7 +421,8 @@ def _max_tokens(parsed: ParsedBody) -> int | None:
 
 
 class _FlowCollector(Collector):
-    """Queue depth per pool and band, and whether each pool is saturated, at scrape time."""
+    """Queue depth per pool and band, whether each pool is saturated, and the requests held
+    for spare room (the share cap's hogs, counted by the core), at scrape time."""
 
     def __init__(self, gate: FlowGate) -> None:
         self._gate = gate
@@ -424,10 +435,15 @@ class _FlowCollector(Collector):
         sat = GaugeMetricFamily("kvgate_flow_saturated",
                                 "1 when no healthy replica of the pool has room",
                                 labels=["pool"])
+        holds = CounterMetricFamily("kvgate_flow_hog_holds",
+                                    "queued requests passed over at a release because their "
+                                    "tenant is a hog and no replica had spare room",
+                                    labels=["pool"])
         now = gate._clock()
         for name, state in gate.pools().items():
             for band, n in state.flow.queue.depth().items():
                 depth.add_metric([name, str(band)], n)
+            holds.add_metric([name], state.flow.hog_holds)
         for pool in gate._pools.by_name.values():
             sat.add_metric([pool.name], 1.0 if gate.saturated(pool, now) else 0.0)
-        return [depth, sat]
+        return [depth, sat, holds]

@@ -8,7 +8,7 @@ replay drives it in simulated time (``loadtest/replay/flow.py``). Same code, sam
 """
 
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE, FlowConfig, Saturation
-from routing.flow.gate import PoolFlow, request_cost
+from routing.flow.gate import PoolFlow, Standing, request_cost
 from routing.flow.queue import IDLE_FLOWS, Entry, FlowQueue, Offer
 from routing.flow.saturation import (
     full_reason,
@@ -32,6 +32,7 @@ __all__ = [
     "PoolFlow",
     "Saturation",
     "SendRates",
+    "Standing",
     "full_reason",
     "pool_saturated",
     "projected_kv",

@@ -27,6 +27,7 @@ another tenant of its band does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig
@@ -36,7 +37,7 @@ from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-__all__ = ["PoolFlow", "request_cost"]
+__all__ = ["PoolFlow", "Standing", "request_cost"]
 
 T = TypeVar("T")
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
@@ -47,6 +48,22 @@ def request_cost(prompt_tokens: int, max_tokens: int | None, expected_output: in
     when the client set it, else the configured expectation)."""
     out = max_tokens if max_tokens is not None and max_tokens >= 0 else expected_output
     return float(max(0, prompt_tokens) + out)
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A tenant against the share cap, for explain (`PoolFlow.standing`)."""
+
+    inflight_share: float  # its part of the pool's in-flight tokens (0..1)
+    recent_share: float  # its part of the tokens sent to the pool lately (the rate window)
+    # weight / sum of weights (the tenants holding work or waiting); None: it cannot be over
+    # its share (it holds nothing in the pool, or nobody else holds or waits)
+    fair_share: float | None
+    over_share: bool  # over share_cap x fair_share of the in-flight tokens: passed over
+    hog: bool  # over it in the recent tokens too
+    # a hog's request goes only to these replicas (spare room for it); empty: it waits.
+    # None: not held to spare room (not a hog, or share_headroom 0)
+    spare: tuple[str, ...] | None
 
 
 class PoolFlow(Generic[T]):
@@ -65,6 +82,7 @@ class PoolFlow(Generic[T]):
         # an over-share tenant waits for spare room only with a headroom (at 0 the cap only
         # reorders the queue: work-conserving)
         self._spares = self._capped and self._near is not config.saturation
+        self.hog_holds = 0  # queued requests passed over for lack of spare room, each once
 
     def __len__(self) -> int:
         """Requests queued."""
@@ -138,6 +156,25 @@ class PoolFlow(Generic[T]):
         cap = self.config.share_cap
         return cap is not None and self.holdings.over(tenant, self.queue.waiting(), cap)
 
+    def standing(
+        self, tenant: str, views: Sequence[ReplicaView], cost: float, now: float,
+        peers: Mapping[str, ReplicaLoad] = _NO_PEERS,
+    ) -> Standing:
+        """Where ``tenant`` stands against the share cap for its next request of ``cost``
+        tokens, by the rules `admit`, `release` and `with_room` apply (nothing changes)."""
+        h, waiting = self.holdings, self.queue.waiting()
+        pool_rate = self.queue.rate(now)
+        hog = self._capped and self._hog(tenant, waiting, now)
+        spare = None
+        if hog and self._spares:
+            room = self._spare(views, peers, cost)
+            spare = tuple(v.id for v in room if v.healthy) if room is not None else ()
+        return Standing(
+            inflight_share=h.tokens(tenant) / h.total if h.total > 0 else 0.0,
+            recent_share=self.rates.rate(tenant, now) / pool_rate if pool_rate > 0 else 0.0,
+            fair_share=h.due(tenant, waiting),
+            over_share=self.over_share(tenant), hog=hog, spare=spare)
+
     def offer(
         self, handle: T, *, tenant: str, band: int, cost: float, now: float,
         max_wait_s: float, weight: float = 1.0, tier: str = "",
@@ -158,7 +195,13 @@ class PoolFlow(Generic[T]):
         over = self.holdings.over_share(waiting, self._cap) if self._capped else set()
 
         def hold(e: Entry[T]) -> bool:  # a hog waits for a replica with spare room
-            return self._hog(e.tenant, waiting, now) and self._spare(views, peers, e.cost) is None
+            if (not self._hog(e.tenant, waiting, now)
+                    or self._spare(views, peers, e.cost) is not None):
+                return False
+            if not e.held:
+                e.held = True
+                self.hog_holds += 1
+            return True
 
         entry = queue.pop(now, over, hold if self._spares else None)
         if entry is not None:

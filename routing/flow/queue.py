@@ -48,8 +48,8 @@ _QUEUED, _DISPATCHED, _REMOVED = 0, 1, 2
 class Entry(Generic[T]):
     """One queued request. ``handle`` is the caller's (a future, a replay request, ...)."""
 
-    __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "seq",
-                 "start", "state", "tenant", "tier", "weight")
+    __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "held",
+                 "seq", "start", "state", "tenant", "tier", "weight")
 
     def __init__(
         self, handle: T, tenant: str, tier: str, band: int, cost: float, weight: float,
@@ -63,6 +63,7 @@ class Entry(Generic[T]):
         self.enqueued_at, self.deadline, self.seq = enqueued_at, deadline, seq
         self.start = self.finish = 0.0
         self.state = _QUEUED
+        self.held = False  # passed over at a release for lack of spare room (`PoolFlow`)
 
     @property
     def queued(self) -> bool:

@@ -60,12 +60,16 @@ class Stack:
     fillers: list[Filler] = field(default_factory=list)
 
     def tenant(self, tier: str) -> str:
+        return self.tenant_with_id(tier)[1]
+
+    def tenant_with_id(self, tier: str) -> tuple[str, str]:
+        """A new tenant of ``tier``: its id and an API key."""
         tid = f"f{next(_ids)}-{uuid.uuid4().hex[:6]}"
         with admin_client(self.base, ADMIN) as admin:
             assert admin.post("/tenants", json={"id": tid, "tier": tier}).status_code == 201
             created = admin.post(f"/tenants/{tid}/keys")
             assert created.status_code == 201
-            return str(created.json()["key"])
+            return tid, str(created.json()["key"])
 
 
 @pytest.fixture(scope="module")
@@ -350,6 +354,84 @@ def test_explain_says_whether_a_request_would_queue(s: Stack) -> None:
         assert busy["flow"]["band"] == 1 and busy["flow"]["replicas"]
         pools = admin.get("/replicas").json()["data"]
         assert pools[0]["flow"]["saturated"]
+
+
+def fill(s: Stack, key: str) -> None:
+    """``key``'s own three fillers saturate the pool, each sent straight through."""
+    for i in range(3):
+        f = Filler(s.base, key, LONG)
+        f.start()
+        s.fillers.append(f)
+        if i < 2:  # the third waits inside vLLM behind the two running
+            wait_for(partial(answered, f), 10, "the filler's first token")
+    wait_for(lambda: saturated(s.base), 10, "the pool to be saturated")
+
+
+def send_long(s: Stack, key: str, n: int) -> None:
+    """``key`` sends ``n`` long requests one after the other, leaving each at its first token:
+    tokens sent lately, none held."""
+    for _ in range(n):
+        f = Filler(s.base, key, LONG)
+        f.start()
+        wait_for(partial(answered, f), 10, "the filler's first token")
+        f.stop()
+        f.join(10)
+    wait_for(lambda: inflight(s.base) == 0, 10, "the requests to end")
+
+
+def share_of(s: Stack, tenant: str) -> dict[str, Any]:
+    with admin_client(s.base, ADMIN) as admin:
+        out = admin.post("/route/explain", json={"tenant": tenant, "request": body(5)})
+        assert out.status_code == 200, out.text
+        flow: dict[str, Any] = out.json()["flow"]
+        return flow
+
+
+def test_explain_says_a_hog_waits_for_spare_room(s: Stack) -> None:
+    """The noisy tenant holds every in-flight token and sent most tokens lately (the earlier
+    tests' too count in the pool's recent tokens) while two others wait: a hog, and the
+    saturated replica has no spare room, so its next request waits for one. The others are
+    under their shares."""
+    (noisy, key), (quiet, _) = s.tenant_with_id("free"), s.tenant_with_id("free")
+    send_long(s, key, 25)
+    fill(s, key)
+    others = [Call(s.base, s.tenant("free"), 30), Call(s.base, s.tenant("free"), 30)]
+    for c in others:
+        c.start()
+    queued(s, 2)
+    hog = share_of(s, noisy)
+    assert hog["over_share"] and hog["hog"] and hog["waits_for_spare"], hog
+    assert hog["spare_replicas"] == [] and hog["would_queue"]
+    assert hog["inflight_share"] == 1.0 and 2 * hog["fair_share"] < hog["recent_share"] <= 1
+    assert hog["fair_share"] == pytest.approx(1 / 3, abs=1e-3) and hog["share_cap"] == 2.0
+    other = share_of(s, quiet)  # holds nothing: cannot be over its share
+    assert not (other["over_share"] or other["hog"] or other["waits_for_spare"]), other
+    assert other["spare_replicas"] is None and other["fair_share"] is None
+    release(s)
+    for c in others:
+        c.join(60)
+        assert c.status == 200
+
+
+def test_explain_says_one_long_holding_is_over_share_but_no_hog(s: Stack) -> None:
+    """A tenant that holds every in-flight token but sent under its share of the tokens lately
+    (another tenant sent more, now finished) is over its share, not a hog: it is not held to
+    spare room."""
+    (holder, key), busy = s.tenant_with_id("free"), s.tenant("free")
+    send_long(s, busy, 5)
+    fill(s, key)
+    others = [Call(s.base, s.tenant("free"), 30), Call(s.base, s.tenant("free"), 30)]
+    for c in others:
+        c.start()
+    queued(s, 2)
+    got = share_of(s, holder)
+    assert got["over_share"] and not got["hog"] and not got["waits_for_spare"], got
+    assert got["spare_replicas"] is None and got["inflight_share"] == 1.0
+    assert got["recent_share"] < 2 * got["fair_share"]
+    release(s)
+    for c in others:
+        c.join(60)
+        assert c.status == 200
 
 
 def test_policy_hot_reload_moves_tiers_and_rejects_bad_weights(s: Stack) -> None:

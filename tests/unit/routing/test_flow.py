@@ -466,9 +466,56 @@ def test_a_held_hog_does_not_hold_back_another_over_share_tenant() -> None:
     flow.offer("l", tenant="long", band=1, cost=50, now=0.0, max_wait_s=60)
     out = flow.release(NEAR, 0.0)
     assert out is not None and out.handle == "l"
+    assert flow.hog_holds == 1  # the hog's request, passed over
     assert flow.release(NEAR, 0.0) is None  # the hog waits for spare room
+    assert flow.release(NEAR, 0.0) is None
+    assert flow.hog_holds == 1  # counted once however many releases pass it over
     out = flow.release(ROOM, 0.0)
     assert out is not None and out.handle == "n"
+    assert flow.hog_holds == 1
+
+
+def test_standing_of_a_hog_names_the_replicas_with_spare_room_or_says_it_waits() -> None:
+    """Explain's view of a hog: its shares, and where its next request may go -- the replicas
+    `with_room` narrows it to, or none (then `admit` queues it)."""
+    flow = capped(headroom=0.5)
+    flow.sent("noisy", 600, 0.0)
+    flow.sent("quiet", 100, 0.0)
+    views = [view("busy", inflight_prefill_tokens=600), view("idle")]
+    got = flow.standing("noisy", views, 50, 1.0)
+    assert got.over_share and got.hog and got.spare == ("idle",)
+    assert got.inflight_share == pytest.approx(6 / 7) and got.fair_share == pytest.approx(0.5)
+    assert got.recent_share == pytest.approx(6 / 7)
+    assert flow.admit(views, 50, 1.0, tenant="noisy")  # sent: routed among the spare ones
+    narrowed = flow.with_room(views, {}, 50, tenant="noisy", cost=50, now=1.0)
+    assert [v.id for v in narrowed if v.healthy] == list(got.spare)
+    flow.done("noisy", 50)
+    waits = flow.standing("noisy", NEAR, 50, 1.0)
+    assert waits.hog and waits.spare == ()
+    assert not flow.admit(NEAR, 50, 1.0, tenant="noisy")  # as explain says: it waits
+    quiet = flow.standing("quiet", NEAR, 50, 1.0)
+    assert not (quiet.over_share or quiet.hog) and quiet.spare is None
+    assert flow.standing("new", NEAR, 50, 1.0).fair_share is None  # holds nothing
+
+
+def test_standing_of_one_long_prompt_is_over_share_but_not_a_hog() -> None:
+    """Over its share of the in-flight tokens, not of what was sent lately: only passed over
+    in its band, never held to spare room (`admit` lets it through near saturation)."""
+    flow = capped(headroom=0.5)
+    for i in range(10):  # quiet sent 1,000 tokens lately, 100 still in flight
+        flow.sent("quiet", 100, float(i) / 10)
+        if i:
+            flow.done("quiet", 100)
+    flow.sent("long", 600, 1.0)
+    got = flow.standing("long", NEAR, 50, 1.0)
+    assert got.over_share and not got.hog and got.spare is None
+    assert got.inflight_share == pytest.approx(6 / 7) and got.recent_share < 0.5
+    assert flow.admit(NEAR, 50, 1.0, tenant="long")
+    without = capped(share_cap=None)  # no cap: nobody is over, whatever it holds
+    without.sent("long", 600, 1.0)
+    without.sent("quiet", 100, 1.0)
+    off = without.standing("long", NEAR, 50, 1.0)
+    assert not (off.over_share or off.hog) and off.spare is None
 
 
 def test_with_spare_counts_the_requests_tokens() -> None:
