@@ -256,13 +256,7 @@ def test_a_tenant_over_its_share_lets_the_other_tenants_pass(s: Stack) -> None:
     would send the noisy one first (same virtual time, queued first). Over its share (twice its
     third), it is passed over: the others go first, then its own (work-conserving)."""
     noisy, quiet, other = s.tenant("free"), s.tenant("free"), s.tenant("free")
-    for i in range(3):
-        f = Filler(s.base, noisy, LONG)
-        f.start()
-        s.fillers.append(f)
-        if i < 2:  # the third waits inside vLLM behind the two running
-            wait_for(partial(answered, f), 10, "the filler's first token")
-    wait_for(lambda: saturated(s.base), 10, "the pool to be saturated")
+    fill(s, noisy)
     mine = [Call(s.base, noisy, 30) for _ in range(3)]
     for c in mine:
         c.start()

@@ -45,15 +45,19 @@ def _read_answer(sock: socket.socket, buf: bytearray) -> bool:
     return len(rest) >= length
 
 
-def test_small_request_is_answered_while_a_large_body_is_prepared() -> None:
-    # a pool whose one replica is down (and stays ejected): the large body is parsed, planned
-    # and rewritten, then answered 503 at once -- no replica's own time hides how long the
-    # gateway took, and nothing it awaits afterwards lets the small request slip in
+def _gateway_with_its_replica_down() -> tuple[Proc, str]:
+    """A pool whose one replica is down and stays ejected: a large body is parsed, planned and
+    rewritten, then answered 503 at once (no replica's time hides the gateway's)."""
     dead = f"http://127.0.0.1:{free_port()}"
-    gw, base = gateway_proc(config={
+    return gateway_proc(config={
         "pools": {"p": {"served_model": "m", "replicas": [dead]}},
         "health": {"interval_s": 0.2, "eject_base_s": 600, "eject_max_s": 600},
     }, ready=False)
+
+
+def test_small_request_is_answered_while_a_large_body_is_prepared() -> None:
+    # nothing the large body awaits after its preparation lets the small request slip in
+    gw, base = _gateway_with_its_replica_down()
     body = _big_body()
     port = int(base.rsplit(":", 1)[1])
     with gw:
@@ -138,11 +142,7 @@ def test_concurrent_large_bodies_are_prepared_a_few_at_a_time() -> None:
     """Each 7 MB body of short messages parses into ~150 MB of objects: eight sent at once
     must not all be parsed at once (they were, by the thread pool: ~640 MB more at the peak;
     two at a time: ~250 MB)."""
-    dead = f"http://127.0.0.1:{free_port()}"
-    gw, base = gateway_proc(config={
-        "pools": {"p": {"served_model": "m", "replicas": [dead]}},
-        "health": {"interval_s": 0.2, "eject_base_s": 600, "eject_max_s": 600},
-    }, ready=False)
+    gw, base = _gateway_with_its_replica_down()
     body = _big_body()
     with gw:
         wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 503, what="replica down")
