@@ -226,14 +226,14 @@ class RouteSync:
         wake, calm = self._wake, self._calm
         last = float("-inf")
         while True:
-            early = last + interval - loop.time()
-            if early > 0:  # the next tick (a wake meanwhile waits for it)
-                await asyncio.sleep(early)
-            elif not (wake.is_set() or self._published):  # quiet: a wake or the heartbeat
+            if not (wake.is_set() or self._published):  # quiet: a wake or the heartbeat
                 tick = loop.call_later(
                     max(interval, self._last_beat + heartbeat - self._clock()), wake.set)
                 await wake.wait()
                 tick.cancel()
+            early = last + interval - loop.time()
+            if early > 0:  # the next tick (a wake meanwhile waits for it)
+                await asyncio.sleep(early)
             wake.clear()
             last = loop.time()
             fields = self._batch(self._clock())

@@ -236,6 +236,31 @@ async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url
         assert router.peers.totals(time.monotonic())["b:1"].inflight == 5  # the latest
 
 
+async def test_an_idle_gateway_publishes_once_then_waits(redis_url: str) -> None:
+    """A route with nothing in flight is published at once; then the publisher waits for the
+    next wake or heartbeat instead of ticking every flush interval with nothing to send."""
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, flush_interval_s=0.02, heartbeat_s=30, catchup_entries=0)
+    batches = 0
+    batch = sync._batch
+
+    def counted(now: float) -> dict[bytes, bytes] | None:
+        nonlocal batches
+        batches += 1
+        return batch(now)
+
+    sync._batch = counted  # type: ignore[method-assign]
+    async with _running(redis_url, sync):
+        from routing.types import RequestFeatures
+
+        router.record_route("a:1", RequestFeatures("m", (21, 22), 200), time.monotonic())
+        sync._wake.set()
+        await _until(lambda: sync.stats.published >= 1)
+        settled = batches
+        await asyncio.sleep(0.5)  # 25 flush intervals
+        assert batches - settled <= 1, batches - settled
+
+
 async def test_own_entries_are_skipped_unread(redis_url: str) -> None:
     """Entries this process wrote come back on the one stream: skipped before decoding
     (neither applied nor counted as malformed, even when they would not decode)."""
