@@ -16,3 +16,8 @@ def test_plain_arguments_are_kept() -> None:
     assert shown_command("loadtest.bench_doctor", ["--runs", "3"]) == (
         "python -m loadtest.bench_doctor --runs 3"
     )
+
+
+def test_flag_values_and_urls() -> None:
+    shown = shown_command("m", ["--out=/srv/r/x.json", "--target", "http://127.0.0.1:8000/v1"])
+    assert shown == "python -m m --out=<x.json> --target http://127.0.0.1:8000/v1"
