@@ -106,13 +106,19 @@ class NotFound(KvgateError):
 
 
 class ModelNotFound(NotFound):
-    """vLLM's message, then the public names this gateway offers (the first `SHOWN`), and
-    when `model` is a replica's served name (what answers carry in `model`), that it is."""
+    """vLLM's message, then the public names this gateway offers the caller's tier (the first
+    `SHOWN`), and when `model` is a replica's served name (what answers carry in `model`), that
+    it is. A model the policy offers only to other tiers (``other_tier``: the caller's) is
+    said to be not offered to the caller's tier, not to be missing."""
 
     SHOWN = 10
 
-    def __init__(self, model: str, known: Sequence[str] = (), *, served: bool = False) -> None:
-        message = f"The model `{model}` does not exist."
+    def __init__(
+        self, model: str, known: Sequence[str] = (), *, served: bool = False,
+        other_tier: str | None = None,
+    ) -> None:
+        message = (f"The model `{model}` is not offered to this key's tier (`{other_tier}`)."
+                   if other_tier is not None else f"The model `{model}` does not exist.")
         if served:
             message += (f" `{model}` is the name a replica serves it under (answers carry it"
                         " in `model`); send the public model name instead.")

@@ -113,9 +113,12 @@ class Planner:
                 if learning:  # a pool whose served name is not known yet may serve it
                     raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
                                              f"(not ready: pool {', '.join(learning)}).")
+                tier = principal.tier
+                offered = {m for m in doc.models if doc.pool_for(m, tier) is not None}
                 raise ModelNotFound(
-                    parsed.model, sorted(set(doc.models) | set(self.pools.public)),
-                    served=any(p.served_model == parsed.model for p in doc.pools.values()))
+                    parsed.model, sorted(offered | set(self.pools.public)),
+                    served=any(p.served_model == parsed.model for p in doc.pools.values()),
+                    other_tier=tier if parsed.model in doc.models else None)
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:
             found = self.pools.by_name.get(route.pool)

@@ -115,6 +115,21 @@ def test_an_unknown_model_lists_the_public_names(gw: tuple[str, str]) -> None:
                             " and 2 more (GET /v1/models lists them).")
 
 
+def test_a_model_of_other_tiers_is_said_not_offered_not_missing(gw: tuple[str, str]) -> None:
+    _, sim_url = gw
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [sim_url]}},
+              "models": {"open": {"default": "p"}, "premium-only": {"premium": "p"}},
+              "tiers": {"default": {}, "premium": {}}}
+    proc, base = gateway_proc(config=config)  # no auth: every caller is of the default tier
+    with proc:
+        resp = httpx.post(f"{base}/v1/chat/completions",
+                          json={"model": "premium-only", "messages": []})
+    assert_openai_error(resp, 404, "model")
+    assert resp.json()["error"]["message"] == (
+        "The model `premium-only` is not offered to this key's tier (`default`). Models served "
+        "here: open (GET /v1/models lists them).")
+
+
 def test_openai_client_error_classes(gw: tuple[str, str]) -> None:
     base, _ = gw
     c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
