@@ -345,16 +345,19 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def unknown_env(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> list[str]:
-    """A warning naming each ``KVGATE_*`` variable that nothing reads (e.g. a single
-    underscore: ``KVGATE_SERVER_PORT``; an unknown ``__`` field is an error already)."""
+    """A warning naming each ``KVGATE_*`` variable that is not a setting (e.g. a single
+    underscore: ``KVGATE_SERVER_PORT``; an unknown ``__`` field is an error already). Not
+    "ignored": something else may read it (a pool's `api_key_env` known only to the stored
+    policy, `kvgate admin --token-env`)."""
     env = os.environ if environ is None else environ
     known = ENV_OTHERS | ENV_SECRETS.keys() | {p.api_key_env for p in cfg.pools.values()}
     stray = sorted(name for name in env if name.startswith(ENV_PREFIX)
                    and "__" not in name and name not in known)
     if not stray:
         return []
-    return [f"kvgate: warning: {', '.join(stray)}: no such setting, ignored (a section "
-            "override is KVGATE_<SECTION>__<KEY>, two underscores: KVGATE_SERVER__PORT)"]
+    return [f"kvgate: warning: {', '.join(stray)}: not a kvgate setting (if meant as one, "
+            "check the spelling: section and field are joined by two underscores, as in "
+            "KVGATE_SERVER__PORT)"]
 
 
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,12 +13,14 @@ blanked out (brackets inside them do not nest) and innermost ``[]``/``{}`` pairs
 level by level, each level one C-speed pass, stopping after `limit` levels. `guard_json_depth`
 applies it to an ASGI app whose request bodies are JSON (the admin API): 400 in OpenAI's shape,
 before the app sees the body; it also bounds the body's size (413), as it reads the body before
-the app authenticates the caller.
+the app authenticates the caller, and runs an `admit` check before reading it (the admin
+API's throttle of failed authentications: 429 without buffering the upload).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from gateway.asgi import Receive, Scope, Send
@@ -70,16 +72,26 @@ def _value_too_deep(value: Any, limit: int) -> bool:
     return False
 
 
-def guard_json_depth(app: Any, max_bytes: int, limit: int = MAX_JSON_DEPTH) -> Any:
+def guard_json_depth(
+    app: Any, max_bytes: int, limit: int = MAX_JSON_DEPTH,
+    admit: Callable[[Scope], None] | None = None,
+) -> Any:
     """Wrap an ASGI app: request bodies nested deeper than `limit` get a 400 before the app
     runs, bodies over `max_bytes` a 413 as soon as they pass it (they are read before the app
     checks who sent them: unbounded, one anonymous upload could fill the memory). The body is
-    read whole first, then replayed to the app (admin bodies are small)."""
+    read whole first, then replayed to the app (admin bodies are small). `admit(scope)` runs
+    before a byte is read: a `KvgateError` it raises is the answer."""
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "DELETE"):
             await app(scope, receive, send)
             return
+        if admit is not None:
+            try:
+                admit(scope)
+            except KvgateError as exc:
+                await _refuse(send, exc)
+                return
         messages: list[dict[str, Any]] = []
         size = _declared_length(scope)  # refused before a byte is read when above the limit
         if size <= max_bytes:

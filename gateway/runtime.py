@@ -58,6 +58,10 @@ __all__ = ["Membership", "Runtime", "start_runtime"]
 log = logging.getLogger(__name__)
 DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
 REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
+# The admin API reads a body before it authenticates the caller: anonymous uploads on N
+# connections buffer N times this, not N times server.max_body_bytes. A policy document is a
+# few KiB; only /admin/route/explain of a request with a prompt over ~1 MiB is refused (413).
+ADMIN_MAX_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +222,11 @@ def _admin_app(
     admin = read_your_writes(create_admin_app(
         deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),
         tenancy.resolver.refresh)  # a write is in force here when it is answered
-    # too large: 413, too deep: 400, before the admin app reads the body
-    app: ASGIApp = guard_json_depth(admin, max_bytes=cfg.server.max_body_bytes)
+    # throttled: 429 before the body is read; too large: 413, too deep: 400, before the
+    # admin app reads the body (and authenticates the caller)
+    app: ASGIApp = guard_json_depth(
+        admin, max_bytes=min(ADMIN_MAX_BODY_BYTES, cfg.server.max_body_bytes),
+        admit=deps.guard.check_scope)
     return app
 
 

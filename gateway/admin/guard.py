@@ -2,12 +2,13 @@
 
 Each client address has a bucket of `burst` failures refilled at `per_minute`; an address whose
 bucket is empty gets 429 with ``Retry-After`` on every admin request (before its token is even
-looked at) until one failure's worth has refilled, so guessing tokens costs minutes per dozen
-tries. Successful requests cost nothing. The address is the TCP peer (behind a reverse proxy
-every client shares the proxy's address: serve the admin API on its own port, reached directly).
-Every failure is counted (`kvgate_admin_auth_failures_total{reason}`) and, while the address is
-not throttled, logged at WARNING and written to the audit log (``admin.auth_failed``); the
-moment an address becomes throttled is logged and audited once (``admin.auth_throttled``).
+looked at, and before its body is read) until one failure's worth has refilled, so guessing tokens
+costs minutes per dozen tries. Successful requests cost nothing. The address is the TCP peer
+(behind a reverse proxy every client shares the proxy's address: serve the admin API on its own
+port, reached directly). Every failure is counted (`kvgate_admin_auth_failures_total{reason}`) and,
+while the address is not throttled, logged at WARNING and written to the audit log
+(``admin.auth_failed``); the moment an address becomes throttled is logged and audited once
+(``admin.auth_throttled``).
 The token presented is never logged or stored.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.asgi import Scope
 from gateway.errors import RateLimited
 
 __all__ = ["REASONS", "AuthGuard", "AuthGuardCollector"]
@@ -74,6 +76,11 @@ class AuthGuard:
                 f"from this address are refused for {max(1, math.ceil(wait))} s, valid tokens "
                 "included", retry_after_s=wait,
             )
+
+    def check_scope(self, scope: Scope) -> None:
+        """`check` for an ASGI request's client address (before its body is read)."""
+        client = scope.get("client")
+        self.check(client[0] if client else "unknown")
 
     def failed(self, address: str, reason: str) -> bool:
         """Record one failure; True when it has just made `address` throttled."""

@@ -3,9 +3,10 @@
 The effective config is the file merged with ``KVGATE_<SECTION>__<KEY>`` overrides and all
 defaults, as YAML, with secrets (admin token, salt secret, Redis URL, vLLM API keys) redacted.
 Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets missing from
-this environment are warned about on stderr; exit status 1 when `kvgate serve` would refuse to
-start with them missing (the salt secret with authentication on, a pool's `api_key_env`
-variable), as it does: run the check in the environment of the process that serves.
+this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
+the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
+secret with authentication on, a pool's `api_key_env` variable): run a strict check in the
+environment of the process that serves, a plain one anywhere (e.g. a CI job without secrets).
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ import sys
 
 import yaml
 
-from gateway.config import KvgateConfig, load_config, redacted_dump, salt_secret, unknown_env
+from gateway.config import (
+    MIN_SECRET_CHARS,
+    KvgateConfig,
+    load_config,
+    redacted_dump,
+    salt_secret,
+    unknown_env,
+)
 from gateway.errors import ConfigError
 
 __all__ = ["main"]
@@ -27,6 +35,8 @@ def main(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="action", required=True)
     check = sub.add_parser("check", help="validate and print the effective configuration")
     check.add_argument("file", nargs="?", help="YAML file (default: $KVGATE_CONFIG)")
+    check.add_argument("--strict", action="store_true",
+                       help="exit 1 where `kvgate serve` would refuse to start")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.file)
@@ -40,7 +50,7 @@ def main(argv: list[str]) -> int:
         refused = refused or refuses
     for line in unknown_env(cfg):
         print(line, file=sys.stderr)
-    return 1 if refused else 0
+    return 1 if refused and args.strict else 0
 
 
 REFUSES = ": `kvgate serve` will refuse to start"
@@ -55,6 +65,8 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
     except ConfigError as exc:
         out.append((exc.message + REFUSES, True))
         secret = ""
+    if secret and len(secret.encode()) < MIN_SECRET_CHARS:
+        out.append((f"the salt secret is shorter than {MIN_SECRET_CHARS} bytes" + REFUSES, True))
     if cfg.tenancy.auth and secret is None:
         out.append(("authentication is on but no salt secret is set (KVGATE_SALT_SECRET or "
                     "tenancy.salt_secret_file)" + REFUSES, True))

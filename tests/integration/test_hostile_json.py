@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -66,6 +67,28 @@ def test_deep_json_is_400_before_any_work(sim_factory: SimFactory) -> None:
         assert admin.get("/tenants/deep").status_code == 404  # nothing was created
 
 
+def _raw_post(port: int, body: bytes, *, declared: bool) -> tuple[bytes, dict[str, Any]]:
+    """POST `body` to /admin/tenants with a Content-Length or chunked, without authentication:
+    (status line and headers, the error object of the answer)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        # keep-alive: the server reads (and drops) what follows its early answer
+        head = b"POST /admin/tenants HTTP/1.1\r\nhost: x\r\n"
+        if declared:
+            s.sendall(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        else:
+            s.sendall(head + b"transfer-encoding: chunked\r\n\r\n")
+            for i in range(0, len(body), 10_000):
+                part = body[i:i + 10_000]
+                s.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
+            s.sendall(b"0\r\n\r\n")
+        raw = b""
+        while b"}}" not in raw and (chunk := s.recv(65536)):
+            raw += chunk
+    head_out, _, answer = raw.partition(b"\r\n\r\n")
+    error: dict[str, Any] = orjson.loads(answer)["error"]
+    return head_out, error
+
+
 def test_admin_body_over_the_limit_is_413_before_authentication() -> None:
     """The admin API's JSON guard reads a body before the admin token is checked: without a
     bound, one anonymous upload would be buffered whole (and copied while checked)."""
@@ -75,24 +98,30 @@ def test_admin_body_over_the_limit_is_413_before_authentication() -> None:
         port = int(base.rsplit(":", 1)[1])
         big = b'{"id": "x", "pad": "' + b"a" * 200_000 + b'"}'
         for declared in (True, False):  # a Content-Length, or a chunked upload
-            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-                # keep-alive: the server reads (and drops) what follows its early answer
-                head = b"POST /admin/tenants HTTP/1.1\r\nhost: x\r\n"
-                if declared:
-                    s.sendall(head + b"content-length: %d\r\n\r\n" % len(big) + big)
-                else:
-                    s.sendall(head + b"transfer-encoding: chunked\r\n\r\n")
-                    for i in range(0, len(big), 10_000):
-                        part = big[i:i + 10_000]
-                        s.sendall(b"%x\r\n" % len(part) + part + b"\r\n")
-                    s.sendall(b"0\r\n\r\n")
-                raw = b""
-                while b"}}" not in raw and (chunk := s.recv(65536)):
-                    raw += chunk
-            head_out, _, body = raw.partition(b"\r\n\r\n")
-            assert head_out.startswith(b"HTTP/1.1 413"), head_out
-            err = orjson.loads(body)["error"]
+            head, err = _raw_post(port, big, declared=declared)
+            assert head.startswith(b"HTTP/1.1 413"), head
             assert err["type"] == "RequestEntityTooLargeError" and "100000 bytes" in err["message"]
         with admin_client(base, ADMIN) as admin:  # a body within the limit still gets through
             r = admin.post("/tenants", json={"id": "ok", "tier": "default"})
             assert r.status_code == 201, r.text
+
+
+def test_admin_bodies_stop_at_1_mib_and_a_throttled_address_gets_429_unread() -> None:
+    """Below server.max_body_bytes (8 MiB) the admin API has its own 1 MiB bound; an address
+    throttled for failed authentications is refused before its body is read."""
+    gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], ready=False,
+                            env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw:
+        port = int(base.rsplit(":", 1)[1])
+        big = b'{"id": "x", "pad": "' + b"a" * 2_000_000 + b'"}'
+        for declared in (True, False):
+            head, err = _raw_post(port, big, declared=declared)
+            assert head.startswith(b"HTTP/1.1 413"), head
+            assert "1048576 bytes" in err["message"]
+        with admin_client(base, "wrong-token-" + "x" * 20) as attacker:
+            for _ in range(10):  # the address's budget of failures
+                assert attacker.get("/tenants").status_code == 401
+        for declared in (True, False):
+            head, err = _raw_post(port, big, declared=declared)
+            assert head.startswith(b"HTTP/1.1 429") and b"retry-after:" in head.lower(), head
+            assert err["type"] == "RateLimitError"
