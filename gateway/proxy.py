@@ -160,6 +160,8 @@ class Proxy:
         for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
+                    if isinstance(failure, ReplicaRefused):  # misconfigured, not busy: a
+                        raise failure  # "try again shortly" would only bring more of them
                     raise RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
