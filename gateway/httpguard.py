@@ -14,7 +14,10 @@ returns a subclass that
 - answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
   are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
   ``Content-Length``/``Transfer-Encoding``, TLS or HTTP/2 spoken to the plain port);
-- sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs).
+- sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs);
+- puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
+  resets the connection and marks the request disconnected, so an app that gives up on an
+  unfinished response (a client that stopped reading) returns without uvicorn's ERROR line.
 
 Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
 """
@@ -29,11 +32,17 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from gateway.errors import error_body
 
-__all__ = ["HttpLimits", "guarded_protocol"]
+__all__ = ["ABORT", "HttpLimits", "guarded_protocol"]
+
+ABORT = "kvgate.abort"  # the scope extension holding a request's abort callable
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,10 @@ class GuardedHttpTools(NoDelayHttpTools):
         self._disarm()
         self._arm(self.limits.body_timeout_s, self._body_timeout)
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade: a new request
+            scope = cast(dict[str, Any], cycle.scope)
+            scope.setdefault("extensions", {})[ABORT] = functools.partial(self._abort, cycle)
 
     def on_message_complete(self) -> None:
         self._disarm()
@@ -173,6 +186,14 @@ class GuardedHttpTools(NoDelayHttpTools):
             self.transport.close()
         else:
             self._refuse(408, "The request body did not arrive in time.")
+
+    def _abort(self, cycle: RequestResponseCycle) -> None:
+        """Reset the connection under `cycle`, an unfinished response the app gives up on.
+        The cycle is marked disconnected now (the transport reports its loss only on the
+        loop's next turn), so uvicorn takes the app's return as a client gone."""
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.transport.abort()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with an OpenAI-shaped error, then close the connection: a lingering

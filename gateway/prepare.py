@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
 from time import perf_counter
+from typing import TypeVar
 
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.doctor.sharing import PrefixSharing
@@ -35,7 +36,9 @@ from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["OFF_LOOP_BYTES", "Preparer"]
+__all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer"]
+
+T = TypeVar("T")
 
 # A body at least this large is parsed, and its prefix features computed, in a worker thread:
 # the depth check, the prompt estimate and the canonical prompt text are Python passes over
@@ -51,6 +54,26 @@ OFF_LOOP_BYTES = 128 * 1024
 OFF_LOOP_AT_ONCE = 2
 
 
+class OffLoop:
+    """At most `at_once` calls running in worker threads. A slot is held until its thread
+    ends, not until its caller stops waiting: a cancelled request (client gone, shutdown)
+    cannot stop the thread, which keeps its memory until it returns."""
+
+    def __init__(self, at_once: int) -> None:
+        self._slots = asyncio.Semaphore(at_once)
+
+    async def run(self, fn: Callable[..., T], *args: object) -> T:
+        await self._slots.acquire()
+        try:
+            work = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        except BaseException:
+            self._slots.release()
+            raise
+        work.add_done_callback(lambda _: self._slots.release())
+        # shielded: a cancelled caller leaves `work` running (its result, or error, dropped)
+        return await asyncio.shield(work)
+
+
 class Preparer:
     def __init__(
         self, pools: Pools, router: Router, metrics: GatewayMetrics,
@@ -64,7 +87,7 @@ class Preparer:
         self._responses = responses
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
-        self._off_loop = asyncio.Semaphore(OFF_LOOP_AT_ONCE)
+        self._off_loop = OffLoop(OFF_LOOP_AT_ONCE)
 
     def authenticate(self, token: str | None) -> Principal:
         """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
@@ -88,8 +111,7 @@ class Preparer:
         if len(body) < OFF_LOOP_BYTES:
             parsed = parse_body(body, req.kind)
         else:
-            async with self._off_loop:
-                parsed = await asyncio.to_thread(self._digest, body, req.kind, principal)
+            parsed = await self._off_loop.run(self._digest, body, req.kind, principal)
         req.parsed = parsed
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
         if adm is not None:

@@ -39,6 +39,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.flow import until_disconnect
+from gateway.httpguard import ABORT
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
@@ -108,7 +109,7 @@ class Proxy:
             except asyncio.CancelledError:
                 req.status = 499
                 return  # client disconnected before its body arrived
-            await self._run(send, receive, req, decision, upstream_body)
+            await self._run(scope, send, receive, req, decision, upstream_body)
         finally:
             await self.prep.finish(req, log)
 
@@ -118,7 +119,8 @@ class Proxy:
         await self.stored.handle(scope, send, req_id, token)
 
     async def _run(
-        self, send: Send, receive: Receive, req: ProxiedRequest, decision: Decision, body: bytes
+        self, scope: Scope, send: Send, receive: Receive, req: ProxiedRequest,
+        decision: Decision, body: bytes,
     ) -> None:
         req.ctl = Canceller(self._up, receive)
         try:
@@ -128,7 +130,7 @@ class Proxy:
             if req.ctl.reason is None:
                 raise  # shutdown or a real cancellation: not ours to swallow
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            await self._cancelled(send, req)
+            await self._cancelled(scope, send, req)
         except KvgateError as exc:
             await self._send_error(send, req, exc)
         finally:
@@ -158,6 +160,8 @@ class Proxy:
         for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
+                    if isinstance(failure, ReplicaRefused):  # misconfigured, not busy: a
+                        raise failure  # "try again shortly" would only bring more of them
                     raise RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
@@ -219,15 +223,19 @@ class Proxy:
                 resp.release() if clean else resp.abort()
 
     # -- endings -----------------------------------------------------------------------------
-    async def _cancelled(self, send: Send, req: ProxiedRequest) -> None:
+    async def _cancelled(self, scope: Scope, send: Send, req: ProxiedRequest) -> None:
         reason = req.ctl.reason
         if reason == "disconnect":
             req.status = 499  # nginx's "client closed request", for the metrics only
             return
         if reason == "client":
             # the client stopped reading the stream (its socket full for `idle_timeout_s`):
-            # the replica is not at fault, and nothing more can be sent. Returning with the
-            # answer unfinished makes the server close the connection.
+            # the replica is not at fault, and nothing more can be sent: the connection is
+            # reset (gateway/httpguard.py), so the unfinished answer is a client gone, not an
+            # app error, to the server
+            abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
+            if abort is not None:
+                abort()
             req.status = 408
             log.info("client stopped reading the stream",
                      extra={"request_id": req.req_id.decode("latin-1")})

@@ -33,14 +33,14 @@ from gateway.asgi import Send
 from gateway.config import KvgateConfig
 from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
 from gateway.metrics import GatewayMetrics
-from gateway.replicas import EJECTED, Lease, Replica
+from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["DONE_EVENT", "Relay", "judge", "stream_error"]
+__all__ = ["DONE_EVENT", "Relay", "judge", "served", "stream_error"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,10 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+# replicas warned about refusing kvgate's credentials that have served no request since:
+# vLLM's /health needs no key, so such a replica is back every health cycle and refuses
+# again -- one warning, not one per cycle
+_warned: set[Replica] = set()
 
 
 def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
@@ -68,7 +72,8 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
         replica.record_busy(now)
         return "busy"
     if status in REFUSED:
-        if replica.state != EJECTED:
+        if replica not in _warned:
+            _warned.add(replica)
             log.warning("replica refused the gateway's credentials (%d): set the pool's "
                         "api_key_env to its --api-key", status,
                         extra={"pool": replica.pool, "replica": replica.id})
@@ -80,8 +85,14 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     if status >= 500:
         replica.record_failure(now)
         return "failure"
-    replica.record_success()
+    served(replica)
     return "ok"
+
+
+def served(replica: Replica) -> None:
+    """`replica` answered a request well: healthy, and a later refusal is warned about."""
+    _warned.discard(replica)
+    replica.record_success()
 
 
 def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
@@ -144,7 +155,7 @@ class Relay:
             replica.record_failure(self._clock())
             req.status = scanner.error_code
         else:
-            replica.record_success()
+            served(replica)
         if scanner.usage:
             req.usage = scanner.usage
             req.used = _total(scanner.usage)

@@ -6,14 +6,18 @@ against real simulators in tests/integration/test_gateway_failover.py."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
+import pytest
 
 from gateway.app import GatewayApp
 from gateway.config import load_config
+from gateway.relay import judge
+from gateway.replicas import HealthRules, Replica
 from gateway.transport import Transport, UpstreamResponse
 
 A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"  # never connected to: the transport fakes them
@@ -224,3 +228,33 @@ def test_refused_gateway_credentials_are_a_502_not_the_clients_401() -> None:
     assert code == 502 and (err["type"], err["code"]) == ("BadGatewayError", 502)
     assert "refused the gateway's credentials" in err["message"]
     assert sorted(posts) == [A, B]  # another replica may hold the right key: tried once each
+
+
+def test_refused_credentials_stay_a_502_when_the_retry_budget_is_spent() -> None:
+    # no budget: the refusal is not retried, and the client is told why, not "try again"
+    answers, posts = _run({A: status(401, UNAUTHORIZED), B: status(401, UNAUTHORIZED)}, [REQ],
+                          upstream={"retry_budget_ratio": 0, "retry_budget_min": 0})
+    code, body = answers[0]
+    assert code == 502 and "refused the gateway's credentials" in orjson.loads(body)["error"][
+        "message"]
+    assert len(posts) == 1
+
+
+def test_a_refusing_replica_is_warned_about_once_until_it_serves_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    replica = Replica("p", A, HealthRules())
+
+    def warnings() -> int:
+        return sum("refused the gateway's credentials" in r.getMessage() for r in caplog.records)
+
+    with caplog.at_level(logging.WARNING, logger="gateway.relay"):
+        assert judge(replica, 401, UNAUTHORIZED, 0.0) == "refused"
+        for cycle in range(1, 4):  # /health needs no key: back every cycle, refused again
+            replica.probe_recovered()
+            assert judge(replica, 403, b"forbidden", cycle * 100.0) == "refused"
+        assert warnings() == 1
+        replica.probe_recovered()
+        assert judge(replica, 200, OK, 500.0) == "ok"  # the key was fixed
+        assert judge(replica, 401, UNAUTHORIZED, 600.0) == "refused"  # and broken again
+        assert warnings() == 2
