@@ -59,10 +59,6 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
-# replicas warned about refusing kvgate's credentials that have served no request since:
-# vLLM's /health needs no key, so such a replica is back every health cycle and refuses
-# again -- one warning, not one per cycle
-_warned: set[Replica] = set()
 
 
 def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
@@ -72,8 +68,8 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
         replica.record_busy(now)
         return "busy"
     if status in REFUSED:
-        if replica not in _warned:
-            _warned.add(replica)
+        if not replica.refusal_warned:  # one warning, not one per health cycle
+            replica.refusal_warned = True
             log.warning("replica refused the gateway's credentials (%d): set the pool's "
                         "api_key_env to its --api-key", status,
                         extra={"pool": replica.pool, "replica": replica.id})
@@ -91,7 +87,7 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
 
 def served(replica: Replica) -> None:
     """`replica` answered a request well: healthy, and a later refusal is warned about."""
-    _warned.discard(replica)
+    replica.refusal_warned = False
     replica.record_success()
 
 

@@ -49,7 +49,8 @@ class Replica:
     __slots__ = (
         "_policy", "busy_streak", "busy_until", "draining", "ejected_until", "ejections",
         "failures", "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
-        "pool", "scraped", "scraped_at", "slow_probes", "state", "url", "watch",
+        "pool", "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "url",
+        "watch",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -71,6 +72,9 @@ class Replica:
         self.slow_probes = 0  # consecutive /health probes that timed out
         self.busy_until = 0.0  # answered busy (503): no new picks before this time
         self.busy_streak = 0
+        # warned about refusing kvgate's credentials and has served no request since (vLLM's
+        # /health needs no key: such a replica is back every health cycle and refuses again)
+        self.refusal_warned = False
         # left its pool (discovery or policy): takes no new requests, finishes its in-flight
         self.draining = False
         # called when a request on it ends (shared routing state publishes the change at

@@ -40,7 +40,7 @@ from gateway.errors import (
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODELS
-from gateway.relay import _CONTENT, judge
+from gateway.relay import _CONTENT, judge, served
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -344,7 +344,7 @@ class Exchange:
             target.record_failure(self._core.clock())  # the engine died mid-stream
             req.status = scanner.error_code
         else:
-            target.record_success()
+            served(target)
 
     def _answered_whole(self, data: bytes) -> None:
         """A whole (non-streamed or error) answer arrived: judge it, read its usage."""
