@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
-from gateway.asgi import Receive, Scope, Send
+from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import KvgateError, MethodNotAllowed, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
@@ -34,7 +34,6 @@ from routing.router import Router
 __all__ = ["GatewayApp", "Page"]
 
 log = logging.getLogger(__name__)
-Headers = list[tuple[bytes, bytes]]
 Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 ADMIN_PREFIX = "/admin"
@@ -106,7 +105,7 @@ class GatewayApp:
                 except KvgateError as exc:
                     return await _error(send, exc)
             status, headers, body = page()
-            return await _respond(send, status, headers, body)
+            return await send_whole(send, status, headers, body)
         if admin_port is None and await self._to_admin(scope, receive, send, path):
             return None
         return await _error(send, _unknown_path(path))
@@ -117,11 +116,11 @@ class GatewayApp:
         """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
         and replica addresses stay off the public port), /healthz and /readyz only."""
         if path == "/healthz":
-            return await _respond(send, *self._healthz())
+            return await send_whole(send, *self._healthz())
         if path == "/readyz":
-            return await _respond(send, *self._readyz())
+            return await send_whole(send, *self._readyz())
         if path == "/metrics":
-            return await _respond(send, *self._metrics_page())
+            return await send_whole(send, *self._metrics_page())
         if not await self._to_admin(scope, receive, send, path):
             await _error(send, NotFound(f"Unknown path {path} on the admin port."))
 
@@ -232,13 +231,6 @@ def _version_page() -> Page:
     return 200, JSON, orjson.dumps({"version": __version__})
 
 
-async def _respond(send: Send, status: int, headers: Headers, body: bytes) -> None:
-    # a whole body: its length, not chunked framing (which an HTTP/1.0 client cannot read)
-    headers = [*headers, (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 def _bearer_token(headers: Headers) -> str | None:
     """As the proxied routes read it (`request.scan_headers`): the last Authorization."""
     token = None
@@ -257,4 +249,4 @@ def _unknown_path(path: str) -> NotFound:
 
 
 async def _error(send: Send, exc: KvgateError) -> None:
-    await _respond(send, exc.status, exc.headers(), exc.body())
+    await send_whole(send, exc.status, exc.headers(), exc.body())

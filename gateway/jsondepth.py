@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from gateway.asgi import Receive, Scope, Send
+from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.errors import BadRequest, BodyTooLarge, KvgateError
 
 __all__ = ["MAX_JSON_DEPTH", "check_parsed_depth", "guard_json_depth", "too_deep"]
@@ -133,7 +133,4 @@ def _declared_length(scope: Scope) -> int:
 
 
 async def _refuse(send: Send, exc: KvgateError) -> None:
-    body = exc.body()
-    await send({"type": "http.response.start", "status": exc.status, "headers": [
-        *exc.headers(), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
+    await send_whole(send, exc.status, exc.headers(), exc.body())

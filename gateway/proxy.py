@@ -26,7 +26,7 @@ from collections.abc import Callable
 from functools import partial
 from time import perf_counter
 
-from gateway.asgi import Receive, Scope, Send
+from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
@@ -259,8 +259,5 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
-        body = exc.body()
-        hdrs = [*exc.headers(), *req.extra, (b"x-request-id", req.req_id),
-                (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_whole(send, exc.status, [*exc.headers(), *req.extra,
+                                            (b"x-request-id", req.req_id)], exc.body())

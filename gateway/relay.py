@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable
 from time import perf_counter
 
-from gateway.asgi import Send
+from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
 from gateway.metrics import GatewayMetrics
@@ -242,11 +242,9 @@ class Relay:
         req.status = resp.status
         req.ctl.done = True
         hdrs = self.headers(req, content_type)
-        hdrs.append((b"content-length", str(len(data)).encode()))
         if resp.status == 503:
             hdrs.append((b"retry-after", b"1"))
-        await send({"type": "http.response.start", "status": resp.status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": data, "more_body": False})
+        await send_whole(send, resp.status, hdrs, data)
         return True
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import re
 
-from gateway.asgi import Scope, Send
+from gateway.asgi import Scope, Send, send_whole
 from gateway.config import UpstreamConfig
 from gateway.errors import (
     REFUSED,
@@ -56,19 +56,14 @@ class StoredResponses:
         try:
             status, content_type, body, where = await self._forward(path, method, scope, token)
         except KvgateError as exc:
-            body = exc.body()
-            hdrs = [*exc.headers(), (b"x-request-id", req_id),
-                    (b"content-length", str(len(body)).encode())]
-            await send({"type": "http.response.start", "status": exc.status, "headers": hdrs})
-            await send({"type": "http.response.body", "body": body, "more_body": False})
+            await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],
+                             exc.body())
             return
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req_id),
-                (b"x-kvgate-replica", where.encode()), (b"x-kvgate-route", b"response-affinity"),
-                (b"content-length", str(len(body)).encode())]
-        await send({"type": "http.response.start", "status": status, "headers": hdrs})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+                (b"x-kvgate-replica", where.encode()), (b"x-kvgate-route", b"response-affinity")]
+        await send_whole(send, status, hdrs, body)
 
     async def fetch(self, path: str, token: str | None) -> None:
         """Learn where the response `path` names lives when another gateway relayed it;
