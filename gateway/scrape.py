@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import re
 import time
@@ -142,7 +143,12 @@ def _samples(text: str) -> Iterator[tuple[str, str, float]]:
         if m is None:
             raise ValueError(f"not a sample line: {line[:80]!r}")
         if m.group(1) in _WANTED_NAMES:
-            yield m.group(1), m.group(2) or "", float(m.group(3))
+            value = float(m.group(3))
+            # NaN, +-Inf or a negative count/fraction is no reading (every series read here is a
+            # count, a counter, a histogram's _sum/_count or a fraction): the series is skipped,
+            # as if the page did not export it, instead of poisoning the sums the router reads
+            if math.isfinite(value) and value >= 0.0:
+                yield m.group(1), m.group(2) or "", value
 
 
 def _labels(raw: str) -> dict[str, str]:

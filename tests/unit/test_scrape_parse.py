@@ -234,3 +234,14 @@ def test_an_openmetrics_exemplar_and_a_space_before_the_labels() -> None:
             'vllm:prompt_tokens_total{engine="0",x="a } # {b"} 10 # {trace_id="abc"} 1.0\n')
     s = parse_vllm_metrics(text)
     assert (s.running, s.prompt_tokens) == (3.0, 10.0)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "+Inf", "-Inf", "-3"])
+def test_a_non_finite_or_negative_reading_is_skipped_not_summed(bad: str) -> None:
+    text = (f'vllm:num_requests_waiting{{engine="0"}} {bad}\n'
+            'vllm:num_requests_waiting{engine="1"} 2\n'
+            f"vllm:num_requests_running {bad}\n"
+            f"vllm:kv_cache_usage_perc {bad}\n"
+            "vllm:prompt_tokens_total 7\n")
+    s = parse_vllm_metrics(text)
+    assert (s.waiting, s.running, s.kv_usage, s.prompt_tokens) == (2.0, None, None, 7.0)
