@@ -13,8 +13,9 @@ answered feeds the replica's health (`judge`):
 - vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
   your request.", the server exits right after): down at once (`Replica.mark_down`);
 - any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
-  that ends with an error event of code >= 500 (vLLM's mid-stream engine death) or stalls:
-  a failure (consecutive failures eject);
+  that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
+  before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
+  an error event) or stalls: a failure (consecutive failures eject);
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -144,6 +145,15 @@ class Relay:
             req.status = 502
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error("The upstream replica failed mid-stream.")})
+            return False
+        if not scanner.complete():
+            # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
+            # not take it for a whole answer, nor get half an event
+            replica.record_failure(self._clock())
+            req.ctl.done = True
+            req.status = 502
+            await send({"type": "http.response.body", "more_body": False, "body": stream_error(
+                "The upstream replica ended the stream before it was complete.")})
             return False
         if scanner.error_code is not None and scanner.error_code >= 500:
             # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The

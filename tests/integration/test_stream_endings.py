@@ -1,0 +1,112 @@
+"""A stream must end the way OpenAI streams end -- ``data: [DONE]``, a Responses API terminal
+event, or an error event -- or the client is told it was cut. A replica (or a proxy in front of
+it) that ends the body cleanly but early would otherwise hand the official client a stream it
+cannot tell from a complete one. The replica here is a real loopback server that answers
+exactly those bytes (`tests/support/bad_replica.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+
+MODEL = "bad-model"
+CHUNK = b"data: " + orjson.dumps({
+    "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}) + b"\n\n"
+DONE = b"data: [DONE]\n\n"
+CREATED = (b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+           b'"response":{"id":"resp_1","object":"response","status":"in_progress"}}\n\n')
+COMPLETED = (b'event: response.completed\ndata: {"type":"response.completed","sequence_number":1,'
+             b'"response":{"id":"resp_1","object":"response","status":"completed"}}\n\n')
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[tuple[BadReplica, str]]:
+    # failures must not eject the only replica between the cases
+    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
+    with BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url], env=env)
+        with proc:
+            yield replica, base
+
+
+def events(base: str, path: str = "/v1/chat/completions") -> list[bytes]:
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "input": "x"}
+    resp = httpx.post(f"{base}{path}", json=body, timeout=10)
+    assert resp.status_code == 200
+    return [e for e in resp.content.split(b"\n\n") if e]
+
+
+def statuses(base: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in metric_values(base, "kvgate_requests_total").items():
+        status = labels.split('status="')[1].split('"')[0]
+        out[status] = out.get(status, 0.0) + value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("answer", "end"),
+    [
+        (sse_head() + chunked(CHUNK, CHUNK), "keep"),  # the chunked body ends, no [DONE]
+        (sse_head(chunked_body=False) + CHUNK + CHUNK, "close"),  # the connection ends it
+        (sse_head() + chunked(CHUNK, CHUNK, b'data: {"id":"c1","obj'), "keep"),  # half
+    ],
+    ids=["chunked", "connection-close", "half-event"],
+)
+def test_a_stream_ended_early_gets_an_error_event(
+    gw: tuple[BadReplica, str], answer: bytes, end: End,
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = answer, end
+    before = statuses(base).get("502", 0.0)
+    got = events(base)
+    assert got[:-2] == [CHUNK.strip()] * 2  # what came whole is relayed, no half event
+    error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
+    assert error["code"] == 502 and "before it was complete" in error["message"]
+    assert got[-1] == DONE.strip()
+    wait_for(lambda: statuses(base).get("502", 0.0) == before + 1, what="counted as a 502")
+    assert inflight(base) == 0
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                    "content": "x"}], stream=True)
+    with pytest.raises(openai.APIError, match="before it was complete"):
+        list(stream)
+
+
+def test_a_responses_stream_without_its_terminal_event_gets_an_error_event(
+    gw: tuple[BadReplica, str],
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(CREATED), "keep"
+    got = events(base, "/v1/responses")
+    assert got[0] == CREATED.strip()
+    assert b"before it was complete" in got[-2] and got[-1] == DONE.strip()
+
+
+@pytest.mark.parametrize(
+    ("parts", "path"),
+    [
+        ((CHUNK, b"data: [DONE]\n"), "/v1/chat/completions"),  # one newline short
+        ((CHUNK, DONE, b": keep-alive\n\n"), "/v1/chat/completions"),
+        ((CREATED, COMPLETED), "/v1/responses"),
+    ],
+    ids=["done-one-newline", "comment-after-done", "responses"],
+)
+def test_a_complete_stream_is_relayed_as_sent(
+    gw: tuple[BadReplica, str], parts: tuple[bytes, ...], path: str,
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(*parts), "keep"
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "input": "x"}
+    assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
