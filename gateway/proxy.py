@@ -4,13 +4,13 @@ Per request: authenticate (in memory), read the body (size-limited), then the st
 edges share (`prepare.py`: parse it once, admit it against the tenant's limits -- one store
 round trip, none for a tenant without limits --, plan the pool from the principal's policy
 snapshot, rewrite the body, ask the router), then try the decision's replica and its
-fallbacks. The
-admission is settled with the real usage in a ``finally``. A connect error, a reset or one
-of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the client* moves
-on to the next replica (bounded by `max_attempts` and the pool's retry budget; a budget that
-runs out is a 503 with Retry-After). Once a streamed response has started, a failure ends it
-with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is released
-in a ``finally``; client disconnects and timeouts cancel the handler task (see `Canceller`),
+fallbacks. The admission is settled with the real usage in a ``finally``. A connect error, a
+reset or one of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the
+client* (also a whole answer cut after its headers) moves on to the next replica (bounded by
+`max_attempts` and the pool's retry budget; a budget that runs out is a 503 with Retry-After).
+Once a streamed response has started, a failure ends it with an SSE error event and
+``data: [DONE]``. Every lease on a replica's counters is released in a ``finally``; client
+disconnects and timeouts cancel the handler task (see `Canceller`),
 which closes the upstream connection so the replica aborts the generation. Relaying the answer
 and judging the replica by it is `relay.py`; stored Responses-API responses (GET, cancel,
 ``previous_response_id``) are pinned to their replica (`responses.py`).
@@ -213,7 +213,12 @@ class Proxy:
                     f"The replica answered {resp.status}.",
                     reason="busy" if verdict == "busy" else f"status_{resp.status}",
                 )
-            clean = await self._relay.relay(send, req, replica, resp, lease)
+            try:
+                clean = await self._relay.relay(send, req, replica, resp, lease)
+            except UpstreamError as exc:  # a whole answer cut before any byte reached the
+                if last:  # client: another replica can still answer it
+                    raise
+                return exc
             return None
         finally:
             if not lease.answered:

@@ -232,7 +232,7 @@ class Relay:
             data = await resp.read_all()
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError("The replica failed while answering.") from None
+            raise UpstreamError("The replica failed while answering.", reason="cut") from None
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
         judge(replica, resp.status, data, self._clock())

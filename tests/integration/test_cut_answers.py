@@ -1,12 +1,13 @@
-"""A stream must end the way OpenAI streams end -- ``data: [DONE]``, a Responses API terminal
-event, or an error event -- or the client is told it was cut. A replica (or a proxy in front of
-it) that ends the body cleanly but early would otherwise hand the official client a stream it
-cannot tell from a complete one. The replica here is a real loopback server that answers
+"""Answers a replica cuts short. A stream must end the way OpenAI streams end -- ``data:
+[DONE]``, a Responses API terminal event, or an error event -- or the client is told it was
+cut: a replica (or a proxy in front of it) that ends the body cleanly but early would otherwise
+hand the official client a stream it cannot tell from a complete one. A whole answer cut after
+its headers is retried elsewhere. The replica here is a real loopback server that answers
 exactly those bytes (`tests/support/bad_replica.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import openai
@@ -15,6 +16,7 @@ import pytest
 
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import Proc
 
 MODEL = "bad-model"
 CHUNK = b"data: " + orjson.dumps({
@@ -110,3 +112,25 @@ def test_a_complete_stream_is_relayed_as_sent(
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
             "input": "x"}
     assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
+
+
+def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    """Nothing reached the client yet, so another replica can answer instead (as for a reset
+    before the headers); a stream's cut, once relayed, cannot be taken back."""
+    _, sim = sim_factory("--time-scale", "50", model=MODEL)
+    cut = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 99\r\n\r\n{"
+    with BadReplica(MODEL, cut, "reset") as replica:
+        proc, base = gateway_proc(upstreams=[replica.url, sim], args=["--policy", "round_robin"],
+                                  env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+        with proc:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            for _ in range(4):  # round robin: the cut replica is first for half of them
+                raw = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
+                assert raw.headers["x-kvgate-replica"].endswith(sim[7:])
+                assert raw.parse().choices[0].message.content
+            assert replica.posts >= 2
+            assert any("cut" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
+            assert inflight(base) == 0
