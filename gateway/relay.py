@@ -16,6 +16,8 @@ answered feeds the replica's health (`judge`):
   that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
   an error event) or stalls: a failure (consecutive failures eject);
+- a 200 that is not JSON (nor the stream the client asked for): a failure, retried elsewhere
+  (nothing reached the client yet), else a 502;
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -56,6 +58,7 @@ _CONTENT = re.compile(
     rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
 )
 DONE_EVENT = b"data: [DONE]\n\n"
+_JSON = "application/json"
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -233,6 +236,13 @@ class Relay:
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
+        if resp.status == 200 and not resp.content_type.startswith(_JSON):
+            # every 200 of a proxied route is JSON (a stream went to `_pump`): an HTML page
+            # from whatever answered there would reach the SDK as a str or an empty stream
+            replica.record_failure(self._clock())
+            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
+            raise UpstreamError(f"The replica's answer is not JSON ({media}).",
+                                reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
         judge(replica, resp.status, data, self._clock())

@@ -134,3 +134,24 @@ def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
             assert replica.posts >= 2
             assert any("cut" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
             assert inflight(base) == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_200_that_is_not_json_is_a_502_not_a_string_or_an_empty_stream(
+    gw: tuple[BadReplica, str], stream: bool,
+) -> None:
+    """An HTML page with 200 (a URL that reaches some web server, a captive proxy) is no
+    answer: the SDK would hand back a `str`, or an empty stream that looks complete."""
+    replica, base = gw
+    page = b"<html>hello</html>"
+    replica.answer, replica.end = (b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n"
+                                   b"content-length: %d\r\n\r\n" % len(page) + page), "keep"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=stream)
+    assert caught.value.status_code == 502
+    assert caught.value.body == {
+        "message": "The replica's answer is not JSON (text/html).", "type": "BadGatewayError",
+        "param": None, "code": 502}
+    assert inflight(base) == 0
