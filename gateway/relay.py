@@ -131,19 +131,22 @@ class Relay:
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
         lease: Lease,
     ) -> bool:
-        """Send the upstream answer to the client; True when it was read to its end."""
+        """Send the upstream answer to the client; True when it was read to its end. An
+        `UpstreamError` means nothing was sent: the replica failed before its answer started
+        (a whole answer cut, not JSON; a stream reset, empty or an error before its first
+        event), and another replica may answer instead."""
         if not (req.parsed.stream and resp.status == 200
                 and resp.content_type.startswith("text/event-stream")):
             return await self._relay_whole(send, req, replica, resp, lease)
         req.status = 200
-        req.sse = True
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": self.headers(req, resp.content_type)})
         scanner = StreamScanner(req.strip)
         try:
             await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
+            if not req.sse:  # nothing reached the client: another replica can answer it
+                raise UpstreamError("The replica failed before its answer started.",
+                                    reason="cut") from None
             req.ctl.done = True
             req.status = 502
             await send({"type": "http.response.body", "more_body": False,
@@ -153,6 +156,9 @@ class Relay:
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
             # not take it for a whole answer, nor get half an event
             replica.record_failure(self._clock())
+            if not req.sse:
+                raise UpstreamError("The replica ended its answer before it started.",
+                                    reason="cut")
             req.ctl.done = True
             req.status = 502
             await send({"type": "http.response.body", "more_body": False, "body": stream_error(
@@ -170,8 +176,19 @@ class Relay:
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
-        await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
+        rest = scanner.flush()
+        if not req.sse:
+            await self._start(send, req, resp)
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
+
+    async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
+        """The stream's head goes to the client with its first bytes, not with the replica's
+        head (vLLM sends that at once, before scheduling the prompt): until then a failed
+        replica can still be replaced."""
+        req.sse = True
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.headers(req, resp.content_type)})
 
     async def _pump(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
@@ -194,6 +211,13 @@ class Relay:
             received = perf_counter()
             out = scanner.feed(chunk)
             if out:
+                if not req.sse:
+                    code = scanner.error_code
+                    if code is not None and code >= 500:  # vLLM's engine died in prefill
+                        replica.record_failure(self._clock())
+                        raise UpstreamError(f"The replica's answer was an error ({code}).",
+                                            reason="error_event")
+                    await self._start(send, req, resp)
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
                     ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})

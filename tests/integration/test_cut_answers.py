@@ -2,12 +2,13 @@
 [DONE]``, a Responses API terminal event, or an error event -- or the client is told it was
 cut: a replica (or a proxy in front of it) that ends the body cleanly but early would otherwise
 hand the official client a stream it cannot tell from a complete one. A whole answer cut after
-its headers is retried elsewhere. The replica here is a real loopback server that answers
+its headers, a 200 that is not JSON and a stream that fails before its first event reached the
+client are retried elsewhere. The replica here is a real loopback server that answers
 exactly those bytes (`tests/support/bad_replica.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -16,7 +17,7 @@ import pytest
 
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
-from tests.support.procs import Proc
+from tests.support.procs import sim_proc
 
 MODEL = "bad-model"
 CHUNK = b"data: " + orjson.dumps({
@@ -114,26 +115,70 @@ def test_a_complete_stream_is_relayed_as_sent(
     assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
 
 
-def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
-    sim_factory: Callable[..., tuple[Proc, str]],
-) -> None:
-    """Nothing reached the client yet, so another replica can answer instead (as for a reset
-    before the headers); a stream's cut, once relayed, cannot be taken back."""
-    _, sim = sim_factory("--time-scale", "50", model=MODEL)
-    cut = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 99\r\n\r\n{"
-    with BadReplica(MODEL, cut, "reset") as replica:
-        proc, base = gateway_proc(upstreams=[replica.url, sim], args=["--policy", "round_robin"],
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[BadReplica, str, str]]:
+    """The faulty replica and a simulated one, taken in turns (round robin)."""
+    sim, sim_url = sim_proc(None, "--time-scale", "50", model=MODEL)
+    with sim, BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url, sim_url],
+                                  args=["--policy", "round_robin"],
                                   env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
         with proc:
-            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
-            for _ in range(4):  # round robin: the cut replica is first for half of them
-                raw = client.chat.completions.with_raw_response.create(
-                    model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2)
-                assert raw.headers["x-kvgate-replica"].endswith(sim[7:])
-                assert raw.parse().choices[0].message.content
-            assert replica.posts >= 2
-            assert any("cut" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
-            assert inflight(base) == 0
+            yield replica, sim_url, base
+
+
+def answered_by_the_sim(pair: tuple[BadReplica, str, str], answer: bytes, end: End,
+                        *, stream: bool) -> None:
+    """Four requests, half of them sent to the faulty replica first: each is answered whole
+    by the simulated one, and the faulty one's answers were retried."""
+    replica, sim, base = pair
+    replica.answer, replica.end = answer, end
+    posts, before = replica.posts, retried(base)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    for _ in range(4):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+            stream=stream)
+        assert raw.headers["x-kvgate-replica"].endswith(sim[7:])
+        parsed = raw.parse()
+        if isinstance(parsed, openai.Stream):
+            assert "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+        else:
+            assert parsed.choices[0].message.content
+    assert replica.posts - posts >= 2 and retried(base) - before >= 2
+    assert inflight(base) == 0
+
+
+def retried(base: str) -> float:
+    return sum(metric_values(base, "kvgate_upstream_retries_total").values())
+
+
+def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
+    pair: tuple[BadReplica, str, str],
+) -> None:
+    """Nothing reached the client yet, so another replica can answer instead (as for a reset
+    before the headers)."""
+    cut = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 99\r\n\r\n{"
+    answered_by_the_sim(pair, cut, "reset", stream=False)
+
+
+@pytest.mark.parametrize(
+    ("answer", "end"),
+    [
+        (sse_head(), "reset"),  # the head, then a reset
+        (sse_head() + chunked(b'data: {"error":{"message":"dead","type":"x","code":500}}\n\n',
+                              DONE), "keep"),  # vLLM's engine died before the first token
+        (sse_head() + chunked(), "keep"),  # an empty stream
+    ],
+    ids=["reset", "error-event", "empty"],
+)
+def test_a_stream_that_fails_before_its_first_event_is_retried_elsewhere(
+    pair: tuple[BadReplica, str, str], answer: bytes, end: End,
+) -> None:
+    """vLLM sends a stream's headers at once, before the prompt is even scheduled: the
+    client's own headers wait for the first event, so a replica that fails before it (dies
+    in prefill, resets) is hidden like a failure before the headers."""
+    answered_by_the_sim(pair, answer, end, stream=True)
 
 
 @pytest.mark.parametrize("stream", [False, True])
