@@ -24,7 +24,7 @@ from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.proxy import KINDS, MODELS
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 ADMIN_PREFIX = "/admin"
-MODEL_PREFIX = MODELS + "/"
 
 
 class GatewayApp:

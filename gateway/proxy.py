@@ -54,7 +54,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
 from routing.router import Router
 from routing.types import Decision
 
-__all__ = ["KINDS", "MODELS", "Proxy"]
+__all__ = ["KINDS", "MODELS", "MODEL_PREFIX", "Proxy"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ KINDS: dict[str, str] = {
     "/v1/responses": "responses",
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
+MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
 
 
 class Proxy:

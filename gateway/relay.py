@@ -43,7 +43,7 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["DONE_EVENT", "Relay", "judge", "served", "stream_error"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "Relay", "judge", "served", "stream_error"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,7 @@ _CONTENT = re.compile(
 )
 DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = "application/json"
+CUT_SHORT = "The upstream replica ended the stream before it was complete."
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -161,8 +162,8 @@ class Relay:
                                     reason="cut")
             req.ctl.done = True
             req.status = 502
-            await send({"type": "http.response.body", "more_body": False, "body": stream_error(
-                "The upstream replica ended the stream before it was complete.")})
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error(CUT_SHORT)})
             return False
         if scanner.error_code is not None and scanner.error_code >= 500:
             # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The
