@@ -27,6 +27,7 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+_COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
 _ERROR_EVENT = re.compile(
@@ -110,7 +111,7 @@ class StreamScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         out = self._feed(chunk)
-        if out and not (out[:1] == b":" and comment_only(out)):
+        if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
             self._errors(out)
