@@ -24,6 +24,8 @@ CHUNK = b"data: " + orjson.dumps({
     "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
     "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}) + b"\n\n"
 DONE = b"data: [DONE]\n\n"
+EMOJI = CHUNK.replace(b'"hi"', '"\U0001f600 \u00e9"'.encode()).replace(b"\n\n", b"\r\n\r\n")
+CUT = EMOJI.index("\U0001f600".encode()) + 2  # inside the character's 4 bytes
 CREATED = (b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
            b'"response":{"id":"resp_1","object":"response","status":"in_progress"}}\n\n')
 COMPLETED = (b'event: response.completed\ndata: {"type":"response.completed","sequence_number":1,'
@@ -102,8 +104,11 @@ def test_a_responses_stream_without_its_terminal_event_gets_an_error_event(
         ((CHUNK, b"data: [DONE]\n"), "/v1/chat/completions"),  # one newline short
         ((CHUNK, DONE, b": keep-alive\n\n"), "/v1/chat/completions"),
         ((CREATED, COMPLETED), "/v1/responses"),
+        # an event split inside a 4-byte UTF-8 character and across CRLF line ends
+        ((EMOJI[:7], EMOJI[7:CUT], EMOJI[CUT:] + b"data: [DONE]\r", b"\n\r\n"),
+         "/v1/chat/completions"),
     ],
-    ids=["done-one-newline", "comment-after-done", "responses"],
+    ids=["done-one-newline", "comment-after-done", "responses", "split-emoji-crlf"],
 )
 def test_a_complete_stream_is_relayed_as_sent(
     gw: tuple[BadReplica, str], parts: tuple[bytes, ...], path: str,
