@@ -37,10 +37,10 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
 # how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
-# its terminal event, named in the `event:` line and in the data's `type`
+# its terminal event (or an `error` event), named in the `event:` line and the data's `type`
 _DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
 _TERMINAL = re.compile(
-    rb'(?:event:[ \t]*|"type"\s*:\s*")response\.(?:completed|incomplete|failed)\b')
+    rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
 
 Usage = dict[str, int]
 

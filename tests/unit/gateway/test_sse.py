@@ -160,6 +160,7 @@ def test_body_usage_absent(body: bytes) -> None:
         ([b'data: {"error":{"code":500}}\n\n'], True),  # the error event says it
         ([b'event: response.completed\ndata: {"type":"response.completed"}\n\n'], True),
         ([b'data: {"type":"response.incomplete","response":{}}\n\n'], True),
+        ([b'event: error\ndata: {"type":"error","code":"x","message":"m"}\n\n'], True),
         ([], False),
         ([b'data: {"a":1}\n\n'], False),
         ([b'data: {"a":1}\n\n', b'data: {"a"'], False),  # half an event
