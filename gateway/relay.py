@@ -16,8 +16,8 @@ answered feeds the replica's health (`judge`):
   that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
   an error event) or stalls: a failure (consecutive failures eject);
-- a 200 that is not JSON (nor the stream the client asked for): a failure, retried elsewhere
-  (nothing reached the client yet), else a 502;
+- a 200 that is not JSON, or not the stream the client asked for: a failure, retried
+  elsewhere (nothing reached the client yet), else a 502;
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -261,12 +261,15 @@ class Relay:
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
-        if resp.status == 200 and not resp.content_type.startswith(_JSON):
-            # every 200 of a proxied route is JSON (a stream went to `_pump`): an HTML page
-            # from whatever answered there would reach the SDK as a str or an empty stream
+        stream = req.parsed.stream and req.kind != "embeddings"
+        if resp.status == 200 and (stream or not resp.content_type.startswith(_JSON)):
+            # every other 200 of a proxied route is JSON, and a stream asked for went to
+            # `_pump`: an HTML page from whatever answered there, or a whole answer to a
+            # stream, would reach the SDK as a str or as an empty stream that looks complete
             replica.record_failure(self._clock())
             media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
-            raise UpstreamError(f"The replica's answer is not JSON ({media}).",
+            what = "the stream asked for" if stream else "JSON"
+            raise UpstreamError(f"The replica's answer is not {what} ({media}).",
                                 reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())

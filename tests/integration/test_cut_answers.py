@@ -201,7 +201,28 @@ def test_a_200_that_is_not_json_is_a_502_not_a_string_or_an_empty_stream(
         client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x"}], stream=stream)
     assert caught.value.status_code == 502
+    what = "the stream asked for" if stream else "JSON"
     assert caught.value.body == {
-        "message": "The replica's answer is not JSON (text/html).", "type": "BadGatewayError",
-        "param": None, "code": 502}
+        "message": f"The replica's answer is not {what} (text/html).",
+        "type": "BadGatewayError", "param": None, "code": 502}
     assert inflight(base) == 0
+
+
+def test_a_whole_json_answer_to_a_stream_is_a_502_not_an_empty_stream(
+    gw: tuple[BadReplica, str],
+) -> None:
+    """The SDK reads a JSON body given to `stream=True` as a stream without events: it would
+    end at once, looking complete."""
+    replica, base = gw
+    whole = orjson.dumps({"object": "list", "model": MODEL, "data": [
+        {"object": "embedding", "index": 0, "embedding": [1.0]}]})  # whole, as any 200 here
+    replica.answer, replica.end = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                   b"content-length: %d\r\n\r\n" % len(whole) + whole), "keep"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="not the stream asked for"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
+    # embeddings never stream: a `stream` field there is not a stream asked for
+    embedded = client.embeddings.create(model=MODEL, input="x", encoding_format="float",
+                                        extra_body={"stream": True})
+    assert embedded.data[0].embedding == [1.0]
