@@ -6,8 +6,10 @@ round trip, none for a tenant without limits --, plan the pool from the principa
 snapshot, rewrite the body, ask the router), then try the decision's replica and its
 fallbacks. The admission is settled with the real usage in a ``finally``. A connect error, a
 reset or one of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the
-client* (also a whole answer cut after its headers) moves on to the next replica (bounded by
-`max_attempts` and the pool's retry budget; a budget that runs out is a 503 with Retry-After).
+client* (also an answer cut after its headers, a 200 that is not JSON or not the stream asked
+for, a stream failing before its first event: `Relay.relay`) moves on to the next replica
+(bounded by `max_attempts` and the pool's retry budget; a budget that runs out is a 503 with
+Retry-After).
 Once a streamed response has started, a failure ends it with an SSE error event and
 ``data: [DONE]``. Every lease on a replica's counters is released in a ``finally``; client
 disconnects and timeouts cancel the handler task (see `Canceller`),
@@ -216,8 +218,8 @@ class Proxy:
                 )
             try:
                 clean = await self._relay.relay(send, req, replica, resp, lease)
-            except UpstreamError as exc:  # a whole answer cut before any byte reached the
-                if last:  # client: another replica can still answer it
+            except UpstreamError as exc:  # it failed before any byte reached the client
+                if last:  # (`Relay.relay`): another replica can still answer it
                     raise
                 return exc
             return None
