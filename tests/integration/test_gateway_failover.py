@@ -160,6 +160,23 @@ def test_client_disconnect_aborts_upstream(sim_factory: SimFactory, stream: bool
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
 
 
+def test_client_gone_before_a_streams_first_event_aborts_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """The replica's stream head came, the client's has not (it waits for the first event):
+    a client leaving then is a 499 and an abort upstream, as at any other time."""
+    _, sim = sim_factory("--time-scale", "0.01")  # a prefill 100 times slower than real time
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        body = {"model": MODEL, "prompt": "x " * 2000, "max_tokens": 3, "stream": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base}/v1/completions", json=body, timeout=1.0)
+        wait_for(lambda: stats(sim)["aborted"] == 1, what="the replica sees an abort")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        statuses = metric_values(base, "kvgate_requests_total")
+        assert [k for k in statuses if 'status="499"' in k]
+
+
 def test_first_byte_and_idle_timeouts(sim_factory: SimFactory) -> None:
     _, sim = sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[sim], env={
