@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
+from functools import partial
 from typing import Any
 
 import orjson
@@ -21,9 +22,9 @@ import orjson
 from gateway import __version__
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import KvgateError, MethodNotAllowed, NotFound
+from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.proxy import KINDS, MODELS
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
@@ -95,11 +96,14 @@ class GatewayApp:
             assert rt is not None
             return await rt.proxy.handle_stored(scope, receive, send)
         page = self._get.get(path)
+        model = path[len(MODELS) + 1:] if path.startswith(MODEL_PREFIX) else ""
+        if model:  # `GET /v1/models/{model}`, the SDK's `models.retrieve` (a name may hold "/")
+            page = partial(self._model, model)
         if page is not None and not (admin_port is not None and path == "/metrics"):
             if method not in ("GET", "HEAD"):
                 return await _error(
                     send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
-            if path == MODELS and rt is not None:
+            if (path == MODELS or model) and rt is not None:
                 try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
                     rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
                 except KvgateError as exc:
@@ -171,7 +175,7 @@ class GatewayApp:
     def _models(self) -> Page:
         pools = self.rt.pools if self.rt is not None else None
         names = pools.model_names() if pools is not None else []
-        data = [{"id": n, "object": "model", "created": 0, "owned_by": "kvgate"} for n in names]
+        data = [_model_object(n) for n in names]
         doc: dict[str, Any] = {"object": "list", "data": data}
         now = self.clock()
         not_ready = [
@@ -183,6 +187,13 @@ class GatewayApp:
         if not_ready:  # kvgate's addition; OpenAI clients ignore unknown fields
             doc["not_ready"] = not_ready
         return 200, JSON, orjson.dumps(doc)
+
+    def _model(self, name: str) -> Page:
+        names = self.rt.pools.model_names() if self.rt is not None else []
+        if name not in names:
+            exc = ModelNotFound(name, names)
+            return exc.status, exc.headers(), exc.body()
+        return 200, JSON, orjson.dumps(_model_object(name))
 
     # -- lifespan --------------------------------------------------------------------------
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -231,6 +242,10 @@ def _version_page() -> Page:
     return 200, JSON, orjson.dumps({"version": __version__})
 
 
+def _model_object(name: str) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": 0, "owned_by": "kvgate"}
+
+
 def _bearer_token(headers: Headers) -> str | None:
     """As the proxied routes read it (`request.scan_headers`): the last Authorization."""
     token = None
@@ -243,7 +258,8 @@ def _bearer_token(headers: Headers) -> str | None:
 def _unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it)."""
     with_v1 = f"/v1{path}"
-    if with_v1 in KINDS or with_v1 == MODELS or match_stored(with_v1):
+    if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
+            or match_stored(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
     return NotFound(f"Unknown path {path}.")
 

@@ -4,13 +4,15 @@ Per request: authenticate (in memory), read the body (size-limited), then the st
 edges share (`prepare.py`: parse it once, admit it against the tenant's limits -- one store
 round trip, none for a tenant without limits --, plan the pool from the principal's policy
 snapshot, rewrite the body, ask the router), then try the decision's replica and its
-fallbacks. The
-admission is settled with the real usage in a ``finally``. A connect error, a reset or one
-of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the client* moves
-on to the next replica (bounded by `max_attempts` and the pool's retry budget; a budget that
-runs out is a 503 with Retry-After). Once a streamed response has started, a failure ends it
-with an SSE error event and ``data: [DONE]``. Every lease on a replica's counters is released
-in a ``finally``; client disconnects and timeouts cancel the handler task (see `Canceller`),
+fallbacks. The admission is settled with the real usage in a ``finally``. A connect error, a
+reset or one of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the
+client* (also an answer cut after its headers, a 200 that is not JSON or not the stream asked
+for, a stream failing before its first event: `Relay.relay`) moves on to the next replica
+(bounded by `max_attempts` and the pool's retry budget; a budget that runs out is a 503 with
+Retry-After).
+Once a streamed response has started, a failure ends it with an SSE error event and
+``data: [DONE]``. Every lease on a replica's counters is released in a ``finally``; client
+disconnects and timeouts cancel the handler task (see `Canceller`),
 which closes the upstream connection so the replica aborts the generation. Relaying the answer
 and judging the replica by it is `relay.py`; stored Responses-API responses (GET, cancel,
 ``previous_response_id``) are pinned to their replica (`responses.py`).
@@ -54,7 +56,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
 from routing.router import Router
 from routing.types import Decision
 
-__all__ = ["KINDS", "MODELS", "Proxy"]
+__all__ = ["KINDS", "MODELS", "MODEL_PREFIX", "Proxy"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ KINDS: dict[str, str] = {
     "/v1/responses": "responses",
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
+MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
 
 
 class Proxy:
@@ -213,7 +216,12 @@ class Proxy:
                     f"The replica answered {resp.status}.",
                     reason="busy" if verdict == "busy" else f"status_{resp.status}",
                 )
-            clean = await self._relay.relay(send, req, replica, resp, lease)
+            try:
+                clean = await self._relay.relay(send, req, replica, resp, lease)
+            except UpstreamError as exc:  # it failed before any byte reached the client
+                if last:  # (`Relay.relay`): another replica can still answer it
+                    raise
+                return exc
             return None
         finally:
             if not lease.answered:

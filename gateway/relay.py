@@ -13,8 +13,11 @@ answered feeds the replica's health (`judge`):
 - vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
   your request.", the server exits right after): down at once (`Replica.mark_down`);
 - any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
-  that ends with an error event of code >= 500 (vLLM's mid-stream engine death) or stalls:
-  a failure (consecutive failures eject);
+  that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
+  before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
+  an error event) or stalls: a failure (consecutive failures eject);
+- a 200 that is not JSON, or not the stream the client asked for: a failure, retried
+  elsewhere (nothing reached the client yet), else a 502;
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -40,7 +43,7 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["DONE_EVENT", "Relay", "judge", "served", "stream_error"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "Relay", "judge", "served", "stream_error"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,8 @@ _CONTENT = re.compile(
     rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
 )
 DONE_EVENT = b"data: [DONE]\n\n"
+_JSON = "application/json"
+CUT_SHORT = "The upstream replica ended the stream before it was complete."
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -127,23 +132,38 @@ class Relay:
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
         lease: Lease,
     ) -> bool:
-        """Send the upstream answer to the client; True when it was read to its end."""
+        """Send the upstream answer to the client; True when it was read to its end. An
+        `UpstreamError` means nothing was sent: the replica failed before its answer started
+        (a whole answer cut, not JSON; a stream reset, empty or an error before its first
+        event), and another replica may answer instead."""
         if not (req.parsed.stream and resp.status == 200
                 and resp.content_type.startswith("text/event-stream")):
             return await self._relay_whole(send, req, replica, resp, lease)
         req.status = 200
-        req.sse = True
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": self.headers(req, resp.content_type)})
         scanner = StreamScanner(req.strip)
         try:
             await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
+            if not req.sse:  # nothing reached the client: another replica can answer it
+                raise UpstreamError("The replica failed before its answer started.",
+                                    reason="cut") from None
             req.ctl.done = True
             req.status = 502
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error("The upstream replica failed mid-stream.")})
+            return False
+        if not scanner.complete():
+            # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
+            # not take it for a whole answer, nor get half an event
+            replica.record_failure(self._clock())
+            if not req.sse:
+                raise UpstreamError("The replica ended its answer before it started.",
+                                    reason="cut")
+            req.ctl.done = True
+            req.status = 502
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error(CUT_SHORT)})
             return False
         if scanner.error_code is not None and scanner.error_code >= 500:
             # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The
@@ -157,8 +177,19 @@ class Relay:
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
-        await send({"type": "http.response.body", "body": scanner.flush(), "more_body": False})
+        rest = scanner.flush()
+        if not req.sse:
+            await self._start(send, req, resp)
+        await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
+
+    async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
+        """The stream's head goes to the client with its first bytes, not with the replica's
+        head (vLLM sends that at once, before scheduling the prompt): until then a failed
+        replica can still be replaced."""
+        req.sse = True
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": self.headers(req, resp.content_type)})
 
     async def _pump(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
@@ -181,6 +212,13 @@ class Relay:
             received = perf_counter()
             out = scanner.feed(chunk)
             if out:
+                if not req.sse:
+                    code = scanner.error_code
+                    if code is not None and code >= 500:  # vLLM's engine died in prefill
+                        replica.record_failure(self._clock())
+                        raise UpstreamError(f"The replica's answer was an error ({code}).",
+                                            reason="error_event")
+                    await self._start(send, req, resp)
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
                     ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
@@ -222,7 +260,17 @@ class Relay:
             data = await resp.read_all()
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError("The replica failed while answering.") from None
+            raise UpstreamError("The replica failed while answering.", reason="cut") from None
+        stream = req.parsed.stream and req.kind != "embeddings"
+        if resp.status == 200 and (stream or not resp.content_type.startswith(_JSON)):
+            # every other 200 of a proxied route is JSON, and a stream asked for went to
+            # `_pump`: an HTML page from whatever answered there, or a whole answer to a
+            # stream, would reach the SDK as a str or as an empty stream that looks complete
+            replica.record_failure(self._clock())
+            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
+            what = "the stream asked for" if stream else "JSON"
+            raise UpstreamError(f"The replica's answer is not {what} ({media}).",
+                                reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
         judge(replica, resp.status, data, self._clock())

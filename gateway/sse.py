@@ -4,7 +4,9 @@ Chunks are forwarded as they arrive. Only a chunk that mentions ``"usage"`` is s
 events; the usage numbers are read with a regular expression, and the usage-only chunk
 (``"choices": []``) is dropped when kvgate asked for it and the client did not. Comment lines
 (``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
-(vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`.
+(vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
+`complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
+API terminal event, or an error event) rather than being cut short.
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -25,6 +27,7 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+_COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
 _ERROR_EVENT = re.compile(
@@ -33,6 +36,11 @@ _ERROR_EVENT = re.compile(
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
+# how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
+# its terminal event (or an `error` event), named in the `event:` line and the data's `type`
+_DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
+_TERMINAL = re.compile(
+    rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
 
 Usage = dict[str, int]
 
@@ -91,17 +99,20 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_partial", "_strip", "ended_event", "error_code", "usage")
+    __slots__ = ("_last", "_partial", "_strip", "ended_event", "error_code", "usage")
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip = strip_usage
         self._partial = b""
+        self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
 
     def feed(self, chunk: bytes) -> bytes:
         out = self._feed(chunk)
+        if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
+            self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
             self._errors(out)
         return out
@@ -123,6 +134,19 @@ class StreamScanner:
             return b""
         self._partial = data[cut:]
         return self._events(data[:cut])
+
+    def complete(self) -> bool:
+        """Whether what was fed so far ends as a whole stream: its last event (comment lines
+        aside) is ``data: [DONE]`` or a Responses API terminal event, or an error event was
+        seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
+        if self.error_code is not None:
+            return True
+        tail = self._partial or self._last
+        if b"\n:" in tail or tail[:1] == b":":
+            tail = b"\n".join(line for line in tail.splitlines() if line[:1] != b":")
+        tail = tail.replace(b"\r\n", b"\n").rstrip()
+        last = tail[tail.rfind(b"\n\n") + 1:]
+        return _DONE_LINE.search(last) is not None or _TERMINAL.search(last) is not None
 
     def flush(self) -> bytes:
         """At the end of the stream: whatever is left, forwarded as is."""

@@ -39,8 +39,8 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
-from gateway.proxy import KINDS, MODELS
-from gateway.relay import _CONTENT, judge, served
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
+from gateway.relay import _CONTENT, CUT_SHORT, judge, served, stream_error
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -195,7 +195,7 @@ class Exchange:
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
             return self._refuse(NotFound(f"Unknown path {path}."))
-        if path == MODELS:  # as the HTTP edge: listing models needs a valid key
+        if path == MODELS or path.startswith(MODEL_PREFIX):  # as the HTTP edge: a valid key
             try:
                 self._core.prep.authenticate(token)
             except KvgateError as exc:
@@ -315,8 +315,10 @@ class Exchange:
         if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
             self._event(out, lease, req)
         if end:
-            out += scanner.flush()
-            self._stream_ended(scanner, req)
+            whole = scanner.complete()  # else cut short: an error event, never half an event
+            rest = scanner.flush()
+            out += rest if whole else stream_error(CUT_SHORT)
+            self._stream_ended(scanner, req, whole)
         if scanner.usage is not None and req.usage is None:
             # as soon as it is seen: a client that leaves at [DONE] may end the exchange
             # before Envoy sends the end of the stream
@@ -337,10 +339,13 @@ class Exchange:
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
 
-    def _stream_ended(self, scanner: StreamScanner, req: ProxiedRequest) -> None:
+    def _stream_ended(self, scanner: StreamScanner, req: ProxiedRequest, whole: bool) -> None:
         target = req.target
         assert target is not None
-        if scanner.error_code is not None and scanner.error_code >= 500:
+        if not whole:
+            target.record_failure(self._core.clock())
+            req.status = 502
+        elif scanner.error_code is not None and scanner.error_code >= 500:
             target.record_failure(self._core.clock())  # the engine died mid-stream
             req.status = scanner.error_code
         else:

@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.epp.exchange import Exchange, PickerCore
+from gateway.proxy import MODEL_PREFIX
 from gateway.runtime import Runtime
 
 __all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
@@ -134,6 +135,8 @@ class EppApp(GatewayApp):
         return self._readyz()[0] == 200
 
     def _public_page(self, path: str) -> Page | None:
+        if path.startswith(MODEL_PREFIX) and path != MODEL_PREFIX:
+            return self._model(path[len(MODEL_PREFIX):])
         page = self._get.get(path) if path in PUBLIC_PAGES else None
         return page() if page is not None else None
 

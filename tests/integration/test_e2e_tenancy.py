@@ -146,6 +146,9 @@ def test_models_list_needs_a_valid_key(stack: Stack) -> None:
     assert isinstance(err.value.body, dict) and err.value.body["code"] == "invalid_api_key"
     missing = httpx.get(f"{stack.gateways[0]}/v1/models", timeout=5)
     assert missing.status_code == 401 and "llama" not in missing.text
+    assert stack.client(key).models.retrieve("llama").id == "llama"  # the same rule
+    with pytest.raises(openai.AuthenticationError):
+        stack.client("kvg-not-a-key").models.retrieve("llama")
 
 
 def test_salt_injected_client_salt_stripped_and_rotated(stack: Stack) -> None:

@@ -177,6 +177,29 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     await call.done_writing()
 
 
+async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
+    """A replica that ends a stream cleanly but before ``data: [DONE]`` (Envoy relays the end
+    of its body as it came): the last body the picker hands back ends with an error event,
+    and half an event held back is dropped (as the HTTP mode's relay)."""
+    body = _chat("cut short", stream=True)
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    await _answers(call, 2)
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "200", "content-type": "text/event-stream"})))
+    await _answers(call, 1)
+    event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=event + b'data: {"id":"c","cho', end_of_stream=True)))
+    last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
+    first, error, done = last.body.split(b"\n\n")[:3]
+    assert first + b"\n\n" == event and last.end_of_stream
+    assert b"before it was complete" in error and done == b"data: [DONE]"
+    await call.done_writing()
+
+
 async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:
     """Envoy's own 503 (no upstream answered) reaches the client as an OpenAI error."""
     body = _chat("to a dead replica")
@@ -227,6 +250,21 @@ async def test_grpc_health(picker: Any) -> None:
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+async def _get(stub: Any, path: str, token: str) -> pb.ImmediateResponse:
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(
+        {":method": "GET", ":path": path, "authorization": f"Bearer {token}"}, end=True)))
+    answer: pb.ImmediateResponse = (await _answers(call, 1))[0].immediate_response
+    return answer
+
+
+async def test_models_retrieve_answers_a_public_name(stub: Any) -> None:
+    found = await _get(stub, f"/v1/models/{PUBLIC}", "x")
+    assert found.status.code == 200 and orjson.loads(found.body)["id"] == PUBLIC
+    missing = await _get(stub, "/v1/models/org/other", "x")
+    assert missing.status.code == 404 and orjson.loads(missing.body)["error"]["param"] == "model"
+
+
 async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None:
     sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
     config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
@@ -234,11 +272,10 @@ async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None
     epp = epp_proc(config=config, auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
     with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
-            call = pb_grpc.ExternalProcessorStub(channel).Process()
-            await call.write(pb.ProcessingRequest(request_headers=_headers(
-                {":method": "GET", ":path": "/v1/models",
-                 "authorization": "Bearer kvg-not-a-key"}, end=True)))
-            refused = (await _answers(call, 1))[0].immediate_response
-    assert refused.status.code == 401
-    assert orjson.loads(refused.body)["error"]["code"] == "invalid_api_key"
-    assert PUBLIC.encode() not in refused.body
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            refused = [await _get(stub, path, "kvg-not-a-key")
+                       for path in ("/v1/models", f"/v1/models/{PUBLIC}")]
+    for answer in refused:
+        assert answer.status.code == 401
+        assert orjson.loads(answer.body)["error"]["code"] == "invalid_api_key"
+        assert PUBLIC.encode() not in answer.body

@@ -7,6 +7,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import httpx
@@ -65,6 +66,29 @@ def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> N
         healthy = metric_values(base, "kvgate_replica_healthy")
         assert healthy[f'{{pool="default",replica="{a_url[7:]}"}}'] == 0.0  # passively ejected
         assert any("connect" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
+
+
+def test_replica_killed_in_prefill_of_a_stream_fails_over(sim_factory: SimFactory) -> None:
+    """vLLM sends a stream's headers before the prompt is scheduled; a replica that dies
+    before its first event has sent the client nothing yet: another one answers instead."""
+    (a, a_url), (_, b_url) = sim_factory("--time-scale", "0.01"), sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"])
+    body = {"model": MODEL, "prompt": "x " * 2000, "max_tokens": 3, "stream": True}
+    with gw, ThreadPoolExecutor(1) as pool:
+        for _ in range(2):  # round robin: the first request or the second goes to `a`
+            answer = pool.submit(httpx.post, f"{base}/v1/completions", json=body, timeout=30)
+            while stats(a_url)["in_flight"] == 0 and not answer.done():
+                time.sleep(0.01)
+            if not answer.done():
+                break
+        a.kill()  # in prefill (100 times slower than real time)
+        resp = answer.result()
+        assert resp.status_code == 200 and resp.headers["x-kvgate-replica"].endswith(b_url[7:])
+        assert resp.headers["x-kvgate-route"] == "retry"
+        events = [line for line in resp.text.splitlines() if line.startswith("data:")]
+        assert events[-1] == "data: [DONE]" and '"text"' in events[0]
+        assert not any('"error"' in e for e in events)
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
 
 
 def test_503_busy_replica_is_retried_elsewhere(sim_factory: SimFactory) -> None:
@@ -134,6 +158,23 @@ def test_client_disconnect_aborts_upstream(sim_factory: SimFactory, stream: bool
                 httpx.post(f"{base}/v1/completions", json=body, timeout=0.5)
         wait_for(lambda: stats(sim)["aborted"] > before, what="the replica sees an abort")
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_client_gone_before_a_streams_first_event_aborts_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """The replica's stream head came, the client's has not (it waits for the first event):
+    a client leaving then is a 499 and an abort upstream, as at any other time."""
+    _, sim = sim_factory("--time-scale", "0.01")  # a prefill 100 times slower than real time
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        body = {"model": MODEL, "prompt": "x " * 2000, "max_tokens": 3, "stream": True}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{base}/v1/completions", json=body, timeout=1.0)
+        wait_for(lambda: stats(sim)["aborted"] == 1, what="the replica sees an abort")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        statuses = metric_values(base, "kvgate_requests_total")
+        assert [k for k in statuses if 'status="499"' in k]
 
 
 def test_first_byte_and_idle_timeouts(sim_factory: SimFactory) -> None:

@@ -51,6 +51,20 @@ def test_models_lists_the_public_names(fleet: tuple[str, list[str]]) -> None:
     assert [m.id for m in client(base).models.list()] == [MODEL]
 
 
+def test_models_retrieve_answers_a_public_name_and_404s_others(
+    fleet: tuple[str, list[str]],
+) -> None:
+    base, _ = fleet
+    model = client(base).models.retrieve(MODEL)
+    assert (model.id, model.object, model.owned_by) == (MODEL, "model", "kvgate")
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(base).models.retrieve("org/no-such-model")
+    assert caught.value.body == {
+        "message": f"The model `org/no-such-model` does not exist. Models served here: {MODEL}"
+                   " (GET /v1/models lists them).",
+        "type": "NotFoundError", "param": "model", "code": 404}
+
+
 def test_chat_non_streamed_with_headers_and_request_id(fleet: tuple[str, list[str]]) -> None:
     base, sims = fleet
     raw = client(base).chat.completions.with_raw_response.create(

@@ -148,3 +148,29 @@ def test_body_usage_finds_the_top_level_usage_anywhere(body: bytes) -> None:
 @pytest.mark.parametrize("body", [b'{"usage":null}', b'{"id":"x"}', b'{"usage":{"prompt'])
 def test_body_usage_absent(body: bytes) -> None:
     assert body_usage(body) is None
+
+
+@pytest.mark.parametrize(
+    ("chunks", "complete"),
+    [
+        ([b'data: {"a":1}\n\n', b"data: [DONE]\n\n"], True),
+        ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
+        ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], True),  # one newline short
+        ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
+        ([b'data: {"error":{"code":500}}\n\n'], True),  # the error event says it
+        ([b'event: response.completed\ndata: {"type":"response.completed"}\n\n'], True),
+        ([b'data: {"type":"response.incomplete","response":{}}\n\n'], True),
+        ([b'event: error\ndata: {"type":"error","code":"x","message":"m"}\n\n'], True),
+        ([], False),
+        ([b'data: {"a":1}\n\n'], False),
+        ([b'data: {"a":1}\n\n', b'data: {"a"'], False),  # half an event
+        ([b'data: {"text":"data: [DONE]"}\n\n'], False),  # [DONE] inside generated text
+        ([b'event: response.output_text.delta\ndata: {"delta":"response.completed"}\n\n'],
+         False),
+    ],
+)
+def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool) -> None:
+    scanner = StreamScanner(strip_usage=False)
+    for chunk in chunks:
+        scanner.feed(chunk)
+    assert scanner.complete() is complete

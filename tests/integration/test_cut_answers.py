@@ -1,0 +1,228 @@
+"""Answers a replica cuts short. A stream must end the way OpenAI streams end -- ``data:
+[DONE]``, a Responses API terminal event, or an error event -- or the client is told it was
+cut: a replica (or a proxy in front of it) that ends the body cleanly but early would otherwise
+hand the official client a stream it cannot tell from a complete one. A whole answer cut after
+its headers, a 200 that is not JSON and a stream that fails before its first event reached the
+client are retried elsewhere. The replica here is a real loopback server that answers
+exactly those bytes (`tests/support/bad_replica.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import sim_proc
+
+MODEL = "bad-model"
+CHUNK = b"data: " + orjson.dumps({
+    "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}) + b"\n\n"
+DONE = b"data: [DONE]\n\n"
+EMOJI = CHUNK.replace(b'"hi"', '"\U0001f600 \u00e9"'.encode()).replace(b"\n\n", b"\r\n\r\n")
+CUT = EMOJI.index("\U0001f600".encode()) + 2  # inside the character's 4 bytes
+CREATED = (b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
+           b'"response":{"id":"resp_1","object":"response","status":"in_progress"}}\n\n')
+COMPLETED = (b'event: response.completed\ndata: {"type":"response.completed","sequence_number":1,'
+             b'"response":{"id":"resp_1","object":"response","status":"completed"}}\n\n')
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[tuple[BadReplica, str]]:
+    # failures must not eject the only replica between the cases
+    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
+    with BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url], env=env)
+        with proc:
+            yield replica, base
+
+
+def events(base: str, path: str = "/v1/chat/completions") -> list[bytes]:
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "input": "x"}
+    resp = httpx.post(f"{base}{path}", json=body, timeout=10)
+    assert resp.status_code == 200
+    return [e for e in resp.content.split(b"\n\n") if e]
+
+
+def statuses(base: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for labels, value in metric_values(base, "kvgate_requests_total").items():
+        status = labels.split('status="')[1].split('"')[0]
+        out[status] = out.get(status, 0.0) + value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("answer", "end"),
+    [
+        (sse_head() + chunked(CHUNK, CHUNK), "keep"),  # the chunked body ends, no [DONE]
+        (sse_head(chunked_body=False) + CHUNK + CHUNK, "close"),  # the connection ends it
+        (sse_head() + chunked(CHUNK, CHUNK, b'data: {"id":"c1","obj'), "keep"),  # half
+    ],
+    ids=["chunked", "connection-close", "half-event"],
+)
+def test_a_stream_ended_early_gets_an_error_event(
+    gw: tuple[BadReplica, str], answer: bytes, end: End,
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = answer, end
+    before = statuses(base).get("502", 0.0)
+    got = events(base)
+    assert got[:-2] == [CHUNK.strip()] * 2  # what came whole is relayed, no half event
+    error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
+    assert error["code"] == 502 and "before it was complete" in error["message"]
+    assert got[-1] == DONE.strip()
+    wait_for(lambda: statuses(base).get("502", 0.0) == before + 1, what="counted as a 502")
+    assert inflight(base) == 0
+
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                    "content": "x"}], stream=True)
+    with pytest.raises(openai.APIError, match="before it was complete"):
+        list(stream)
+
+
+def test_a_responses_stream_without_its_terminal_event_gets_an_error_event(
+    gw: tuple[BadReplica, str],
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(CREATED), "keep"
+    got = events(base, "/v1/responses")
+    assert got[0] == CREATED.strip()
+    assert b"before it was complete" in got[-2] and got[-1] == DONE.strip()
+
+
+@pytest.mark.parametrize(
+    ("parts", "path"),
+    [
+        ((CHUNK, b"data: [DONE]\n"), "/v1/chat/completions"),  # one newline short
+        ((CHUNK, DONE, b": keep-alive\n\n"), "/v1/chat/completions"),
+        ((CREATED, COMPLETED), "/v1/responses"),
+        # an event split inside a 4-byte UTF-8 character and across CRLF line ends
+        ((EMOJI[:7], EMOJI[7:CUT], EMOJI[CUT:] + b"data: [DONE]\r", b"\n\r\n"),
+         "/v1/chat/completions"),
+    ],
+    ids=["done-one-newline", "comment-after-done", "responses", "split-emoji-crlf"],
+)
+def test_a_complete_stream_is_relayed_as_sent(
+    gw: tuple[BadReplica, str], parts: tuple[bytes, ...], path: str,
+) -> None:
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(*parts), "keep"
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "input": "x"}
+    assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[BadReplica, str, str]]:
+    """The faulty replica and a simulated one, taken in turns (round robin)."""
+    sim, sim_url = sim_proc(None, "--time-scale", "50", model=MODEL)
+    with sim, BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url, sim_url],
+                                  args=["--policy", "round_robin"],
+                                  env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+        with proc:
+            yield replica, sim_url, base
+
+
+def answered_by_the_sim(pair: tuple[BadReplica, str, str], answer: bytes, end: End,
+                        *, stream: bool) -> None:
+    """Four requests, half of them sent to the faulty replica first: each is answered whole
+    by the simulated one, and the faulty one's answers were retried."""
+    replica, sim, base = pair
+    replica.answer, replica.end = answer, end
+    posts, before = replica.posts, retried(base)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    for _ in range(4):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], max_tokens=2,
+            stream=stream)
+        assert raw.headers["x-kvgate-replica"].endswith(sim[7:])
+        parsed = raw.parse()
+        if isinstance(parsed, openai.Stream):
+            assert "".join(c.choices[0].delta.content or "" for c in parsed if c.choices)
+        else:
+            assert parsed.choices[0].message.content
+    assert replica.posts - posts >= 2 and retried(base) - before >= 2
+    assert inflight(base) == 0
+
+
+def retried(base: str) -> float:
+    return sum(metric_values(base, "kvgate_upstream_retries_total").values())
+
+
+def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
+    pair: tuple[BadReplica, str, str],
+) -> None:
+    """Nothing reached the client yet, so another replica can answer instead (as for a reset
+    before the headers)."""
+    cut = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 99\r\n\r\n{"
+    answered_by_the_sim(pair, cut, "reset", stream=False)
+
+
+@pytest.mark.parametrize(
+    ("answer", "end"),
+    [
+        (sse_head(), "reset"),  # the head, then a reset
+        (sse_head() + chunked(b'data: {"error":{"message":"dead","type":"x","code":500}}\n\n',
+                              DONE), "keep"),  # vLLM's engine died before the first token
+        (sse_head() + chunked(), "keep"),  # an empty stream
+    ],
+    ids=["reset", "error-event", "empty"],
+)
+def test_a_stream_that_fails_before_its_first_event_is_retried_elsewhere(
+    pair: tuple[BadReplica, str, str], answer: bytes, end: End,
+) -> None:
+    """vLLM sends a stream's headers at once, before the prompt is even scheduled: the
+    client's own headers wait for the first event, so a replica that fails before it (dies
+    in prefill, resets) is hidden like a failure before the headers."""
+    answered_by_the_sim(pair, answer, end, stream=True)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_200_that_is_not_json_is_a_502_not_a_string_or_an_empty_stream(
+    gw: tuple[BadReplica, str], stream: bool,
+) -> None:
+    """An HTML page with 200 (a URL that reaches some web server, a captive proxy) is no
+    answer: the SDK would hand back a `str`, or an empty stream that looks complete."""
+    replica, base = gw
+    page = b"<html>hello</html>"
+    replica.answer, replica.end = (b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\n"
+                                   b"content-length: %d\r\n\r\n" % len(page) + page), "keep"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as caught:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=stream)
+    assert caught.value.status_code == 502
+    what = "the stream asked for" if stream else "JSON"
+    assert caught.value.body == {
+        "message": f"The replica's answer is not {what} (text/html).",
+        "type": "BadGatewayError", "param": None, "code": 502}
+    assert inflight(base) == 0
+
+
+def test_a_whole_json_answer_to_a_stream_is_a_502_not_an_empty_stream(
+    gw: tuple[BadReplica, str],
+) -> None:
+    """The SDK reads a JSON body given to `stream=True` as a stream without events: it would
+    end at once, looking complete."""
+    replica, base = gw
+    whole = orjson.dumps({"object": "list", "model": MODEL, "data": [
+        {"object": "embedding", "index": 0, "embedding": [1.0]}]})  # whole, as any 200 here
+    replica.answer, replica.end = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                   b"content-length: %d\r\n\r\n" % len(whole) + whole), "keep"
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError, match="not the stream asked for"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
+    # embeddings never stream: a `stream` field there is not a stream asked for
+    embedded = client.embeddings.create(model=MODEL, input="x", encoding_format="float",
+                                        extra_body={"stream": True})
+    assert embedded.data[0].embedding == [1.0]

@@ -1,0 +1,109 @@
+"""A real HTTP/1.1 server on loopback that answers the way a faulty replica (or a proxy in
+front of one) does, for the answers `kvgate sim` cannot give: a stream the server ends
+cleanly but too early, half an SSE event, a body cut after the headers.
+
+It runs its own event loop in a thread, so synchronous tests (and the official `openai`
+client) can use it beside a `kvgate serve` process. `/health` answers 200, `/metrics` an empty
+page and `/v1/models` the model; every POST gets the bytes of ``answer`` then, per ``end``,
+the connection stays open for the next request (``"keep"``), is closed (``"close"``) or
+reset (``"reset"``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import TracebackType
+from typing import Literal
+
+import orjson
+
+__all__ = ["BadReplica", "End", "chunked", "sse_head"]
+
+End = Literal["keep", "close", "reset"]
+
+
+def sse_head(*, chunked_body: bool = True) -> bytes:
+    """A 200 event-stream head: chunked, or delimited by the end of the connection."""
+    framing = b"transfer-encoding: chunked" if chunked_body else b"connection: close"
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + framing + b"\r\n\r\n"
+
+
+def chunked(*parts: bytes, last: bool = True) -> bytes:
+    """`parts` as HTTP/1.1 chunks, with the final empty chunk when `last`."""
+    out = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return out + (b"0\r\n\r\n" if last else b"")
+
+
+def _plain(status: int, body: bytes) -> bytes:
+    return (b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body)) + body)
+
+
+class BadReplica:
+    """``with BadReplica("m") as replica: replica.url ...``; set ``answer``/``end`` any time."""
+
+    def __init__(self, model: str, answer: bytes = b"", end: End = "keep") -> None:
+        self.model = model
+        self.answer = answer
+        self.end: End = end
+        self.posts = 0
+        self.url = ""
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+
+    def __enter__(self) -> BadReplica:
+        self._thread.start()
+        self._server = asyncio.run_coroutine_threadsafe(
+            asyncio.start_server(self._serve, "127.0.0.1", 0), self._loop).result(5)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path = head.split(b" ", 2)[:2]
+                length = 0
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+                if method != b"POST":
+                    writer.write(self._page(path))
+                    await writer.drain()
+                    continue
+                self.posts += 1
+                writer.write(self.answer)
+                await writer.drain()
+                if self.end == "reset":
+                    writer.transport.abort()
+                    return
+                if self.end == "close":
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    def _page(self, path: bytes) -> bytes:
+        if path == b"/v1/models":
+            return _plain(200, orjson.dumps(
+                {"object": "list", "data": [{"id": self.model, "object": "model"}]}))
+        if path == b"/metrics":
+            return _plain(200, b"")
+        return _plain(200, b"{}")
