@@ -207,6 +207,11 @@ class ReplicaRefused(UpstreamError):
             f"The replica refused the gateway's credentials (it answered {status}): the gateway "
             "is misconfigured, your API key is not at fault.", reason="refused")
 
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        # the official OpenAI SDKs read x-should-retry before their status rules (which retry
+        # every 5xx): trying again cannot help until an operator fixes the pool's key
+        return [*super().headers(), (b"x-should-retry", b"false")]
+
 
 class RetryBudgetExhausted(UpstreamError):
     """Replicas answered busy/failed and the pool's retry budget allows no further attempt:

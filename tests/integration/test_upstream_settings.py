@@ -69,6 +69,7 @@ def test_without_the_pools_key_the_replica_refuses(sim_factory: SimFactory) -> N
         assert body["type"] == "BadGatewayError" and body["code"] == 502
         assert "refused the gateway's credentials" in body["message"]
         assert "a-wrong-key" not in err.value.response.text
+        assert err.value.response.headers["x-should-retry"] == "false"  # SDK: no retry
         assert httpx.get(f"{base}/readyz", timeout=5).status_code == 503  # taken out
         assert "refused the gateway's credentials" in gw.output()  # the operator is told
 
