@@ -32,6 +32,7 @@ from gateway.pool import Pools
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
@@ -93,6 +94,29 @@ class Preparer:
         """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
         return self._gate.principal(token)
 
+    async def before_body(
+        self, req: ProxiedRequest, principal: Principal, declared: int | None
+    ) -> None:
+        """A body declared at `OFF_LOOP_BYTES` or more is refused (429) before it is read
+        when its tenant is over a limit now, so a client over its limits cannot keep the
+        worker threads (`OffLoop`) busy with bodies that are refused anyway."""
+        if declared is not None and declared >= OFF_LOOP_BYTES:
+            await self._refuse_early(req, principal)
+
+    async def _refuse_early(self, req: ProxiedRequest, principal: Principal) -> None:
+        req.peeked = True
+        self._admitted(req, await self._gate.peek(principal))
+
+    def _admitted(self, req: ProxiedRequest, adm: Admission | None) -> None:
+        """The x-ratelimit-* headers of an admission on the request; 429 when refused."""
+        if adm is None:
+            return
+        req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
+                     if k != "retry-after"]
+        if not adm.allowed:
+            self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
+            raise adm.error()
+
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
         gate = self._gate
@@ -111,16 +135,13 @@ class Preparer:
         if len(body) < OFF_LOOP_BYTES:
             parsed = parse_body(body, req.kind)
         else:
+            if not req.peeked:  # its size was not known before it was read (chunked)
+                await self._refuse_early(req, principal)
             parsed = await self._off_loop.run(self._digest, body, req.kind, principal)
         req.parsed = parsed
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
-        if adm is not None:
-            req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
-                         if k != "retry-after"]
-            if not adm.allowed:
-                self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
-                raise adm.error()
-            req.adm = adm
+        self._admitted(req, adm)
+        req.adm = adm
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan = None

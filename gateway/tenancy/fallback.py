@@ -61,9 +61,17 @@ class FallbackRateLimiter(RateLimiter):
         await self._primary.close()
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        return await self._decide(tenant_id, limits, tokens, peek=False)
+
+    async def peek(self, tenant_id: str, limits: Limits) -> Admission:
+        return await self._decide(tenant_id, limits, 0, peek=True)
+
+    async def _decide(self, tenant_id: str, limits: Limits, tokens: int, *,
+                      peek: bool) -> Admission:
         if self._down_until is None or self._clock() >= self._down_until:
             try:
-                admission = await self._primary.admit(tenant_id, limits, tokens=tokens)
+                admission = await (self._primary.peek(tenant_id, limits) if peek else
+                                   self._primary.admit(tenant_id, limits, tokens=tokens))
             except BackendUnavailable:
                 if self._down_until is None:
                     log.warning("rate limits: Redis unreachable; using per-process limits")
@@ -74,7 +82,9 @@ class FallbackRateLimiter(RateLimiter):
                 self._down_until = None
                 return admission
         scaled = scale_limits(limits, self._replicas)
-        admission = await self._local.admit(tenant_id, scaled, tokens=tokens)
+        local = self._local
+        admission = await (local.peek(tenant_id, scaled) if peek else
+                           local.admit(tenant_id, scaled, tokens=tokens))
         admission.degraded = True
         return admission
 
