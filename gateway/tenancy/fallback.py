@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
+from gateway.tenancy.reachability import Reachability
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 
@@ -39,6 +40,7 @@ class FallbackRateLimiter(RateLimiter):
         self,
         primary: RateLimiter,
         *,
+        address: str,
         replicas: int,
         recheck_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -49,6 +51,9 @@ class FallbackRateLimiter(RateLimiter):
         self._recheck_s = recheck_s
         self._clock = clock
         self._down_until: float | None = None
+        # the log while the shared limits are away: a line, then one a minute, one at the end
+        self.reach = Reachability(address, retry_every_s=recheck_s, clock=clock,
+                                  subject="rate limits", logger=log)
 
     @property
     def degraded(self) -> bool:
@@ -72,13 +77,11 @@ class FallbackRateLimiter(RateLimiter):
             try:
                 admission = await (self._primary.peek(tenant_id, limits) if peek else
                                    self._primary.admit(tenant_id, limits, tokens=tokens))
-            except BackendUnavailable:
-                if self._down_until is None:
-                    log.warning("rate limits: Redis unreachable; using per-process limits")
+            except BackendUnavailable as exc:
+                self.reach.failed(exc.cause if isinstance(exc, StoreUnreachable) else exc.message)
                 self._down_until = self._clock() + self._recheck_s
             else:
-                if self._down_until is not None:
-                    log.info("rate limits: Redis reachable again; shared limits restored")
+                self.reach.answered()
                 self._down_until = None
                 return admission
         scaled = scale_limits(limits, self._replicas)

@@ -97,8 +97,7 @@ class RedisStore(TenantStore):
         listen: bool = True,
     ) -> None:
         super().__init__()
-        # what the log says about reaching Redis: the listener reports every attempt to it
-        self.reach = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S)
+        self.reach: Reachability = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S)
         self._r = client
         self._ns = namespace
         self._audit_cap = audit_cap

@@ -22,7 +22,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from gateway.errors import AuthError, BackendUnavailable, NotFound, PermissionDenied
+from gateway.errors import (
+    AuthError,
+    BackendUnavailable,
+    NotFound,
+    PermissionDenied,
+    StoreUnreachable,
+)
 from gateway.policy_doc import DEFAULT_TIER, Limits
 from gateway.tenancy.keys import hash_key
 from gateway.tenancy.models import Change, PolicySnapshot, StoreSnapshot, Tenant
@@ -174,9 +180,9 @@ class TenantResolver:
                     return False
                 self._apply(snap)
                 self._mark = mark
-        except BackendUnavailable:
-            if self._degraded_reason is None:
-                log.warning("tenancy store unreachable; serving last known keys and policy")
+        except BackendUnavailable as exc:
+            if self._store.reach is not None and isinstance(exc, StoreUnreachable):
+                self._store.reach.failed(exc.cause)  # the store's one voice in the log
             self._degraded_reason = "store unreachable"
             return False
         except Exception as exc:  # e.g. records this version cannot read (a rolling upgrade)
@@ -185,8 +191,10 @@ class TenantResolver:
                           "policy", type(exc).__name__)
             self._degraded_reason = "store data unreadable"
             return False
-        if self._degraded_reason not in (None, "not loaded yet"):  # a recovery, not the start
-            log.info("tenancy store reachable again")
+        if self._degraded_reason == "store data unreadable":
+            log.info("tenancy store data readable again")
+        if self._store.reach is not None:
+            self._store.reach.answered()
         self._fresh_at = self._clock()
         self._degraded_reason = None
         return True
