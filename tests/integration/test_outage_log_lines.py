@@ -12,7 +12,13 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, persistent_redis, wait_for
+from tests.support.gateway import (
+    AUTH_SECRET,
+    admin_client,
+    gateway_proc,
+    persistent_redis,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
