@@ -22,6 +22,7 @@ from gateway.replicas import Replica
 from gateway.scrape import Scraper
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
+from gateway.wideints import wide_int_error
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import NoCandidate, Router
 
@@ -95,7 +96,11 @@ class LiveViews:
         request = body.get("request")
         if not isinstance(request, dict):
             raise BadRequest("request: the OpenAI request body (an object)", param="request")
-        parsed = parse_body(orjson.dumps(request), kind)
+        try:
+            raw = orjson.dumps(request)
+        except TypeError:  # the admin API's parser keeps integers orjson cannot write
+            raise wide_int_error() from None
+        parsed = parse_body(raw, kind)
         now = self._clock()
         plan = self._planner.plan(principal, parsed, kind, now)
         try:
