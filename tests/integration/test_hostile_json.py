@@ -161,3 +161,23 @@ def test_integers_beyond_64_bits_are_400_and_others_pass_unchanged(
             assert r.status_code == 200, r.text
             sent = httpx.get(f"{sim}/sim/requests?n=1").json()["requests"][0]["body"]
             assert sent[field.split(b'"')[1].decode()] == value
+
+
+def test_route_explain_takes_a_prompt_as_long_as_the_proxy_does(sim_factory: SimFactory) -> None:
+    """Explaining a request with a long prompt is legitimate: with a valid admin token
+    `/admin/route/explain` reads bodies up to `server.max_body_bytes`; without one, and on the
+    other admin routes, the 1 MiB bound stays (and the throttle still answers before it)."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    prompt = "word " * 400_000  # 2 MB
+    body = {"tier": "default", "request": {"model": "sim-model", "prompt": prompt}}
+    with gw, admin_client(base, ADMIN) as admin, admin_client(base, None) as anonymous:
+        r = admin.post("/route/explain", json=body)
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["prompt_tokens"] >= 400_000
+        over = admin.post("/route/explain", json={**body, "pad": "a" * 7_000_000})
+        assert over.status_code == 413 and "8388608 bytes" in over.json()["error"]["message"]
+        r = anonymous.post("/route/explain", json=body)
+        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]
+        r = admin.post("/tenants", json={"id": "big", "tier": "default", "pad": prompt})
+        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]
