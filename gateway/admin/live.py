@@ -144,4 +144,4 @@ class LiveViews:
             raise BadRequest(f"tier: unknown tier {tier!r}", param="tier")
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
-                         key_id=None, cache_salt="", policy=snap)
+                         cache_salt="", policy=snap)
