@@ -103,6 +103,11 @@ class LiveViews:
         parsed = parse_body(raw, kind)
         now = self._clock()
         plan = self._planner.plan(principal, parsed, kind, now)
+        # would it wait in flow control's queue (and behind how much)? where it would, the
+        # tier's spill-over is tried first: the plan the pick is made from
+        flow: dict[str, Any] = {"enabled": False, "would_queue": False}
+        if self.flow is not None:
+            flow, plan = self.flow.explain(principal, plan, parsed, kind, now)
         try:
             decision = self._router.pick(plan.features, plan.views, now, explain=True)
         except NoCandidate:
@@ -124,9 +129,7 @@ class LiveViews:
                 {"replica": c.replica, "cost": c.cost, "terms": c.terms}
                 for c in (decision.ranked if decision else ())
             ],
-            # would it wait in flow control's queue (and behind how much)?
-            "flow": self.flow.explain(principal, plan, parsed, now) if self.flow is not None
-            else {"enabled": False, "would_queue": False},
+            "flow": flow,
         }
 
     def _principal(self, body: dict[str, Any]) -> Principal:
