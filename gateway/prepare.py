@@ -132,13 +132,9 @@ class Preparer:
     ) -> tuple[Decision, bytes]:
         """Parse, admit, plan, rewrite and pick: the decision and the upstream body.
         ``gone`` returns when the client has left (flow control drops it from its queue)."""
-        if len(body) < OFF_LOOP_BYTES:
-            parsed = parse_body(body, req.kind)
-        else:
-            if not req.peeked:  # its size was not known before it was read (chunked)
-                await self._refuse_early(req, principal)
-            parsed = await self._off_loop.run(self._digest, body, req.kind, principal)
-        req.parsed = parsed
+        if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
+            await self._refuse_early(req, principal)
+        parsed = req.parsed = await self.parse(body, req.kind, principal)
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
         self._admitted(req, adm)
         req.adm = adm
@@ -148,6 +144,13 @@ class Preparer:
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         return self._plan_and_pick(req, principal, parsed, subset, plan)
+
+    async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
+        """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
+        with its prefix features, in a worker thread (`OffLoop`; route explain's too)."""
+        if len(body) < OFF_LOOP_BYTES:
+            return parse_body(body, kind)
+        return await self._off_loop.run(self._digest, body, kind, principal)
 
     def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """Parse a large body and compute its prefix features (run in a worker thread)."""

@@ -211,7 +211,7 @@ def _admin_app(
         tokens = admin_tokens_from_env(token)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    live = LiveViews(pools, router, proxy.planner, gate, scraper, clock)
+    live = LiveViews(pools, router, proxy.prep, gate, scraper, clock)
     live.flow = proxy.prep.flow
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report)
