@@ -75,7 +75,7 @@ class Tenancy:
         try:
             await reseed()
         except BackendUnavailable as exc:  # seeded by the resolver once the store answers
-            if isinstance(self.store, RedisStore) and isinstance(exc, StoreUnreachable):
+            if self.store.reach is not None and isinstance(exc, StoreUnreachable):
                 self.store.reach.failed(exc.cause)  # where and why, once
             else:
                 log.warning("tenancy bootstrap postponed: %s", exc)
