@@ -251,7 +251,8 @@ async def test_a_tenant_over_its_limit_is_refused_before_its_large_body() -> Non
     sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
     config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
               "models": {PUBLIC: {"default": "p"}}, "tiers": {"default": {"limits": {"rpm": 1}}}}
-    with sim, epp_proc(config=config) as epp:
+    epp = epp_proc(config=config)
+    with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
             body = _chat("the minute's one request")
