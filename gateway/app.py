@@ -65,6 +65,8 @@ class GatewayApp:
             # vLLM's operational paths, for drop-in use (benchmark clients probe /health)
             "/health": self._healthz, "/ping": self._healthz, "/version": _version_page,
         }
+        self._admin_port_pages = {
+            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics_page}
 
     def _described(self) -> Iterator[Replica]:
         return self.rt.pools.described() if self.rt is not None else iter(())
@@ -119,12 +121,12 @@ class GatewayApp:
     ) -> None:
         """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
         and replica addresses stay off the public port), /healthz and /readyz only."""
-        if path == "/healthz":
-            return await send_whole(send, *self._healthz())
-        if path == "/readyz":
-            return await send_whole(send, *self._readyz())
-        if path == "/metrics":
-            return await send_whole(send, *self._metrics_page())
+        page = self._admin_port_pages.get(path)
+        if page is not None:
+            if scope["method"] not in ("GET", "HEAD"):
+                return await _error(
+                    send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
+            return await send_whole(send, *page())
         if not await self._to_admin(scope, receive, send, path):
             await _error(send, NotFound(f"Unknown path {path} on the admin port."))
 

@@ -1,8 +1,9 @@
 """The request body: parsed once with orjson, checked just enough, rewritten for the pool.
 
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
-checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, a
-string `model`, a boolean `stream`, the `stream_options` it rewrites).
+checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, no
+integer beyond 64 bits (`wideints.py`), a string `model`, a boolean `stream`, the
+`stream_options` it rewrites).
 `rewrite_body` is the one place a body changes on its way upstream: the served model, the
 tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
 `drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
@@ -17,6 +18,7 @@ import orjson
 
 from gateway.errors import BadRequest
 from gateway.jsondepth import check_parsed_depth
+from gateway.wideints import check_wide_ints
 from routing.tokens import count_tokens
 from routing.types import RequestFeatures
 
@@ -64,6 +66,7 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     except orjson.JSONDecodeError as exc:  # where and why, never the body's text
         raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
     check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
+    check_wide_ints(raw)  # read as floats by orjson: a 400, not a changed value
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")

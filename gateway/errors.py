@@ -232,18 +232,23 @@ class QueueShed(RateLimited):
 
 
 class BackendUnavailable(KvgateError):
-    """The shared store (Redis) cannot be reached, or cached state is too stale to trust."""
+    """The shared store (Redis) cannot be reached, or cached state is too stale to trust:
+    a 503 with Retry-After (a store comes back; the client should retry)."""
 
     status = 503
     type_ = "ServiceUnavailableError"
     code = "store_unavailable"
 
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, retry_after=retry_after)
+
 
 class StoreUnreachable(BackendUnavailable):
-    """A Redis failure, with its cause in a few words (``connection refused``), never the URL."""
+    """A Redis failure. Its cause in a few words (``connection refused``) is for the log
+    only: the client's message names neither it nor Redis's address."""
 
     def __init__(self, cause: str) -> None:
-        super().__init__(f"the tenancy store (Redis) failed ({cause})")
+        super().__init__("the tenancy store (Redis) did not answer; retry shortly")
         self.cause = cause
 
 

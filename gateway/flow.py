@@ -166,7 +166,7 @@ class FlowGate:
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
-        alt = self._spill(req, principal, parsed, plan, now, peers)
+        alt = self._spill(req.kind, principal, parsed, plan, now, peers)
         if alt is not None:
             alt_state = self._state(alt.pool.name)
             alt_state.flow.sent(tenant, cost, now, weight)
@@ -196,7 +196,7 @@ class FlowGate:
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
 
     def _spill(
-        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
+        self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
         now: float, peers: Mapping[str, ReplicaLoad],
     ) -> Plan | None:
         """The tier's spill-over, tried before queueing: a plan for another pool with room."""
@@ -206,7 +206,7 @@ class FlowGate:
         tier = doc.tiers.get(principal.tier)
         if tier is None or (tier.spill_to is None and tier.borrow_from is None):
             return None
-        alt = self._planner.plan(principal, parsed, req.kind, now, avoid=(plan.pool.name,))
+        alt = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if alt.pool is plan.pool:
             return None
         other = self._state(alt.pool.name).flow
@@ -373,10 +373,21 @@ class FlowGate:
                 if state is not None else {}}
 
     def explain(
+        self, principal: Principal, plan: Plan, parsed: ParsedBody, kind: str, now: float
+    ) -> tuple[dict[str, Any], Plan]:
+        """Would this request queue, and what would it wait behind (nothing is queued); where
+        its tenant stands against the share cap (`PoolFlow.standing`). With the plan dispatch
+        would pick from: where it would wait, `admit` first tries the tier's spill-over."""
+        info = self._standing(principal, plan, parsed, now)
+        if info["would_queue"]:
+            alt = self._spill(kind, principal, parsed, plan, now, self._peers(now))
+            if alt is not None:
+                return {**info, "would_queue": False, "spills_to": alt.pool.name}, alt
+        return info, plan
+
+    def _standing(
         self, principal: Principal, plan: Plan, parsed: ParsedBody, now: float
     ) -> dict[str, Any]:
-        """Would this request queue, and what would it wait behind (nothing is queued); where
-        its tenant stands against the share cap (`PoolFlow.standing`)."""
         doc = _doc(principal, self._pools)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
         state = self._state(plan.pool.name)

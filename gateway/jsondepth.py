@@ -73,14 +73,16 @@ def _value_too_deep(value: Any, limit: int) -> bool:
 
 
 def guard_json_depth(
-    app: Any, max_bytes: int, limit: int = MAX_JSON_DEPTH,
+    app: Any, max_bytes: int | Callable[[Scope], int], limit: int = MAX_JSON_DEPTH,
     admit: Callable[[Scope], None] | None = None,
 ) -> Any:
     """Wrap an ASGI app: request bodies nested deeper than `limit` get a 400 before the app
-    runs, bodies over `max_bytes` a 413 as soon as they pass it (they are read before the app
-    checks who sent them: unbounded, one anonymous upload could fill the memory). The body is
-    read whole first, then replayed to the app (admin bodies are small). `admit(scope)` runs
-    before a byte is read: a `KvgateError` it raises is the answer."""
+    runs, bodies over `max_bytes` (a number, or one per request: `max_bytes(scope)`) a 413 as
+    soon as they pass it (they are read before the app checks who sent them: unbounded, one
+    anonymous upload could fill the memory). The body is read whole first, then replayed to
+    the app (admin bodies are small). `admit(scope)` runs before a byte is read: a
+    `KvgateError` it raises is the answer."""
+    bound = max_bytes if callable(max_bytes) else lambda _: max_bytes
 
     async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "DELETE"):
@@ -92,11 +94,12 @@ def guard_json_depth(
             except KvgateError as exc:
                 await _refuse(send, exc)
                 return
+        cap = bound(scope)
         messages: list[dict[str, Any]] = []
         size = _declared_length(scope)  # refused before a byte is read when above the limit
-        if size <= max_bytes:
+        if size <= cap:
             size = 0
-            while size <= max_bytes:
+            while size <= cap:
                 msg = await receive()
                 messages.append(msg)
                 if msg["type"] != "http.request":
@@ -104,9 +107,9 @@ def guard_json_depth(
                 size += len(msg.get("body", b""))
                 if not msg.get("more_body", False):
                     break
-        if size > max_bytes:
+        if size > cap:
             await _refuse(send, BodyTooLarge(
-                f"The request body exceeds the limit of {max_bytes} bytes."))
+                f"The request body exceeds the limit of {cap} bytes."))
             return
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if too_deep(body, limit):

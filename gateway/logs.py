@@ -16,7 +16,9 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-__all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
+__all__ = [
+    "JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request",
+]
 
 LogFormat = Literal["json", "text"]
 QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio")
@@ -25,6 +27,20 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime", "taskName",
     "color_message",  # uvicorn's copy of its message with ANSI colour escapes
 }
+
+
+# Characters that end a line for some reader (Python's `str.splitlines` counts \x1c-\x1e,
+# \x85, \u2028 and \u2029 too) or steer a terminal: escaped wherever a value a client chose
+# (a model name, say) may reach a log line, so it can never start a forged line of its own.
+_TEXT_ESCAPES = {c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))} | {
+    0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+# orjson escapes C0 controls itself; these it writes as they are, inside JSON strings
+_JSON_ESCAPES = {c: f"\\u{c:04x}" for c in (*range(0x7F, 0xA0), 0x2028, 0x2029)}
+
+
+def _one_line(text: str) -> str:
+    """`text` with its control and line-breaking characters escaped (``\\n``, ``\\x1b``)."""
+    return text if text.isprintable() else text.translate(_TEXT_ESCAPES)
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
@@ -45,7 +61,8 @@ class JsonFormatter(logging.Formatter):
         doc.update(_extras(record))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc, default=str).decode()
+        line = orjson.dumps(doc, default=str).decode()
+        return line if line.isprintable() else line.translate(_JSON_ESCAPES)
 
 
 class TextFormatter(logging.Formatter):
@@ -54,9 +71,10 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)s %(name)s %(message)s")
 
-    def format(self, record: logging.LogRecord) -> str:
-        line = super().format(record)
-        fields = " ".join(f"{k}={v}" for k, v in _extras(record).items())
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        """The line before its fields; a traceback, if any, follows on lines of its own."""
+        line = _one_line(super().formatMessage(record))
+        fields = " ".join(f"{k}={_one_line(str(v))}" for k, v in _extras(record).items())
         return f"{line} {fields}" if fields else line
 
 

@@ -32,6 +32,7 @@ from gateway.pool import Pools
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
@@ -93,6 +94,29 @@ class Preparer:
         """The caller (401 `AuthError` for a missing, unknown or revoked key)."""
         return self._gate.principal(token)
 
+    async def before_body(
+        self, req: ProxiedRequest, principal: Principal, declared: int | None
+    ) -> None:
+        """A body declared at `OFF_LOOP_BYTES` or more is refused (429) before it is read
+        when its tenant is over a limit now, so a client over its limits cannot keep the
+        worker threads (`OffLoop`) busy with bodies that are refused anyway."""
+        if declared is not None and declared >= OFF_LOOP_BYTES:
+            await self._refuse_early(req, principal)
+
+    async def _refuse_early(self, req: ProxiedRequest, principal: Principal) -> None:
+        req.peeked = True
+        self._admitted(req, await self._gate.peek(principal))
+
+    def _admitted(self, req: ProxiedRequest, adm: Admission | None) -> None:
+        """The x-ratelimit-* headers of an admission on the request; 429 when refused."""
+        if adm is None:
+            return
+        req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
+                     if k != "retry-after"]
+        if not adm.allowed:
+            self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
+            raise adm.error()
+
     def identify(self, req: ProxiedRequest, token: str | None) -> Principal:
         """The caller (401 before any body is read); its labels go on the request."""
         gate = self._gate
@@ -108,25 +132,25 @@ class Preparer:
     ) -> tuple[Decision, bytes]:
         """Parse, admit, plan, rewrite and pick: the decision and the upstream body.
         ``gone`` returns when the client has left (flow control drops it from its queue)."""
-        if len(body) < OFF_LOOP_BYTES:
-            parsed = parse_body(body, req.kind)
-        else:
-            parsed = await self._off_loop.run(self._digest, body, req.kind, principal)
-        req.parsed = parsed
+        if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
+            await self._refuse_early(req, principal)
+        parsed = req.parsed = await self.parse(body, req.kind, principal)
         adm = await self._gate.admit(principal, parsed.prompt_tokens)
-        if adm is not None:
-            req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
-                         if k != "retry-after"]
-            if not adm.allowed:
-                self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
-                raise adm.error()
-            req.adm = adm
+        self._admitted(req, adm)
+        req.adm = adm
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan = None
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         return self._plan_and_pick(req, principal, parsed, subset, plan)
+
+    async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
+        """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
+        with its prefix features, in a worker thread (`OffLoop`; route explain's too)."""
+        if len(body) < OFF_LOOP_BYTES:
+            return parse_body(body, kind)
+        return await self._off_loop.run(self._digest, body, kind, principal)
 
     def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """Parse a large body and compute its prefix features (run in a worker thread)."""

@@ -143,6 +143,7 @@ class Proxy:
         self, req: ProxiedRequest, receive: Receive, declared: int | None, token: str | None
     ) -> tuple[Decision, bytes]:
         principal = self.prep.identify(req, token)  # before the body: no key, no upload
+        await self.prep.before_body(req, principal, declared)  # over a limit: no large upload
         body = await read_body(receive, self._limit, declared)
         gone = partial(until_disconnect, receive)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)

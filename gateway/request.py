@@ -39,6 +39,7 @@ class ProxiedRequest:
         "kind",
         "parsed",
         "path",
+        "peeked",
         "pool",
         "pool_name",
         "queued_s",
@@ -74,6 +75,7 @@ class ProxiedRequest:
         self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
         self.usage: dict[str, int] | None = None  # upstream usage counts
         self.adm: Admission | None = None
+        self.peeked = False  # its tenant's limits were checked before its body was read
         self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
         self.used: int | None = None  # prompt + completion tokens from upstream usage
         self.queued_s: float | None = None  # time waited in flow control's queue (gateway/flow)

@@ -25,6 +25,7 @@ import aiohttp
 
 from gateway import worker_metrics
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
+from gateway.admin.auth import admin_body_limit
 from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
 from gateway.admin.writes import read_your_writes
@@ -58,10 +59,6 @@ __all__ = ["Membership", "Runtime", "start_runtime"]
 log = logging.getLogger(__name__)
 DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
 REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
-# The admin API reads a body before it authenticates the caller: anonymous uploads on N
-# connections buffer N times this, not N times server.max_body_bytes. A policy document is a
-# few KiB; only /admin/route/explain of a request with a prompt over ~1 MiB is refused (413).
-ADMIN_MAX_BODY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +211,7 @@ def _admin_app(
         tokens = admin_tokens_from_env(token)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    live = LiveViews(pools, router, proxy.planner, gate, scraper, clock)
+    live = LiveViews(pools, router, proxy.prep, gate, scraper, clock)
     live.flow = proxy.prep.flow
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report)
@@ -225,7 +222,7 @@ def _admin_app(
     # throttled: 429 before the body is read; too large: 413, too deep: 400, before the
     # admin app reads the body (and authenticates the caller)
     app: ASGIApp = guard_json_depth(
-        admin, max_bytes=min(ADMIN_MAX_BODY_BYTES, cfg.server.max_body_bytes),
+        admin, max_bytes=admin_body_limit(tokens, cfg.server.max_body_bytes),
         admit=deps.guard.check_scope)
     return app
 

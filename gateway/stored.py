@@ -1,5 +1,6 @@
 """``GET /v1/responses/{id}`` and ``POST /v1/responses/{id}/cancel``: sent to the replica that
-holds the stored response (`ResponseStore`), as the tenant that created it.
+holds the stored response (`ResponseStore`), as the tenant that created it. ``HEAD`` is GET
+without the body: the replica is asked with GET, the server leaves the body out.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
@@ -77,16 +78,19 @@ class StoredResponses:
             return
         await self._store.fetch(m.group(1))
 
-    def locate(self, path: str, method: str, token: str | None) -> tuple[Pool, Replica]:
+    def locate(
+        self, path: str, method: str, token: str | None, *, head: bool = False
+    ) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
-        (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too."""
+        (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too
+        (without `head`: Envoy would send a HEAD on to vLLM, which has no HEAD routes)."""
         principal = self._gate.principal(token)
         m = _PATH.match(path)
         if m is None:
             raise NotFound(f"Unknown path {path}.")
         cancel = m.group(2) is not None
         if method != ("POST" if cancel else "GET"):
-            allowed = "POST" if cancel else "GET"
+            allowed = "POST" if cancel else "GET, HEAD" if head else "GET"
             raise MethodNotAllowed(f"Use {allowed} for {path}.", allow=allowed)
         rid = m.group(1)
         home = self._store.home(rid, principal.tenant_id)
@@ -100,7 +104,9 @@ class StoredResponses:
         self, path: str, method: str, scope: Scope, token: str | None
     ) -> tuple[int, str, bytes, str]:
         await self.fetch(path, token)
-        pool, replica = self.locate(path, method, token)
+        if method == "HEAD":  # GET without the body (the server leaves it out)
+            method = "GET"
+        pool, replica = self.locate(path, method, token, head=True)
         query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}

@@ -2,27 +2,42 @@
 
 `create_admin_app(deps)` is what the gateway mounts at ``/admin`` (on its port, or on
 `server.admin_port`) and what tests serve standalone. Paths the router does not know, and
-methods a route does not allow, answer in OpenAI's error shape too (404/405), never FastAPI's
-``{"detail": ...}``.
+methods a route does not allow, answer in OpenAI's error shape too (404/405, with every method
+the path takes in Allow), never FastAPI's ``{"detail": ...}``. HEAD is answered as GET
+without the body.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from gateway.admin.errors import error_response
 from gateway.admin.routes import AdminDeps, make_admin_router
+from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.errors import KvgateError, MethodNotAllowed, NotFound, for_status
 
 __all__ = ["create_admin_app"]
 
 
-def _http_error(request: Request, exc: HTTPException) -> KvgateError:
+def _allowed(routes: list[APIRoute], request: Request) -> str:
+    """Every method the routes of this path take (Starlette names only the last route's)."""
+    methods: set[str] = set()
+    for route in routes:
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    if "GET" in methods:
+        methods.add("HEAD")
+    return ", ".join(sorted(methods))
+
+
+def _http_error(routes: list[APIRoute], request: Request, exc: HTTPException) -> KvgateError:
     path = request.url.path
     if exc.status_code == 405:
-        allow = (exc.headers or {}).get("Allow")
-        return MethodNotAllowed(f"{request.method} is not allowed on {path}", allow=allow)
+        allow = _allowed(routes, request)
+        return MethodNotAllowed(f"Use {allow} for {path}.", allow=allow)
     if exc.status_code == 404:
         return NotFound(f"unknown admin path {path}")
     return for_status(exc.status_code, str(exc.detail))
@@ -33,11 +48,27 @@ def create_admin_app(
 ) -> FastAPI:
     app = FastAPI(title="kvgate admin API", version="1", openapi_url=openapi_url,
                   docs_url=docs_url, redoc_url=None)
-    app.include_router(make_admin_router(deps))
+    router = make_admin_router(deps)
+    app.include_router(router)
+    routes = [r for r in router.routes if isinstance(r, APIRoute)]
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return error_response(_http_error(request, exc))
+        return error_response(_http_error(routes, request, exc))
 
     app.add_exception_handler(HTTPException, on_http_error)
+    app.add_middleware(HeadAsGet)
     return app
+
+
+class HeadAsGet:
+    """HEAD is GET without the body (RFC 9110 9.3.2): the app answers it as GET; the server,
+    which still sees HEAD in its own scope, leaves the body out and keeps Content-Length."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self._app(scope, receive, send)

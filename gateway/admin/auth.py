@@ -8,19 +8,26 @@ carry a `reason` for the guard (`gateway.admin.guard`) that throttles, logs and 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from gateway.errors import AuthError, PermissionDenied
+from gateway.asgi import Scope
+from gateway.errors import AuthError, KvgateError, PermissionDenied
 from gateway.tenancy.keys import looks_like_key
 from gateway.tenancy.resolver import parse_bearer
 
 __all__ = [
-    "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
-    "admin_tokens_from_env", "check_admin",
+    "ADMIN_MAX_BODY_BYTES", "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
+    "admin_body_limit", "admin_tokens_from_env", "check_admin",
 ]
 
 MIN_ADMIN_TOKEN_CHARS = 16
+# The admin API reads a body before it authenticates the caller: anonymous uploads on N
+# connections buffer N times this, not N times server.max_body_bytes. A policy document is a
+# few KiB; route explain of a request with a long prompt takes up to the proxy's own limit
+# from a caller whose admin token is checked before the body is read (`admin_body_limit`).
+ADMIN_MAX_BODY_BYTES = 1024 * 1024
+EXPLAIN_PATH = "/admin/route/explain"
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,3 +86,23 @@ def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     if looks_like_key(presented):
         raise PermissionDenied("tenant API keys cannot use the admin API", reason="tenant_key")
     raise AuthError("invalid admin token", reason="invalid")
+
+
+def admin_body_limit(tokens: Sequence[AdminToken], max_body: int) -> Callable[[Scope], int]:
+    """The admin API's body bound for one request (`gateway.jsondepth.guard_json_depth`):
+    `ADMIN_MAX_BODY_BYTES`, but the proxy's own `max_body` for route explain with a valid
+    admin token (explaining a request with a long prompt is legitimate)."""
+    small = min(ADMIN_MAX_BODY_BYTES, max_body)
+
+    def limit(scope: Scope) -> int:
+        if scope["path"] != EXPLAIN_PATH:
+            return small
+        authorization = next((v.decode("latin-1") for k, v in scope["headers"]
+                              if k == b"authorization"), None)
+        try:
+            check_admin(tokens, authorization)
+        except KvgateError:
+            return small
+        return max_body
+
+    return limit

@@ -16,7 +16,7 @@ from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 
-from gateway.errors import BadRequest, KvgateError
+from gateway.errors import BadRequest, KvgateError, StoreUnreachable
 
 __all__ = ["AdminRoute", "error_response"]
 
@@ -75,6 +75,10 @@ class AdminRoute(APIRoute):
             _read_body_as_json(request)
             try:
                 return await inner(request)
+            except StoreUnreachable as exc:  # the cause is for the log, not the answer
+                log.warning("admin request failed: the tenancy store (Redis) did not answer "
+                            "(%s)", exc.cause, extra={"path": request.url.path})
+                return error_response(exc)
             except KvgateError as exc:
                 return error_response(exc)
             except RequestValidationError as exc:

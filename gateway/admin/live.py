@@ -1,8 +1,10 @@
 """The running gateway as the admin API sees it: `GET /admin/replicas`, `POST /admin/route/explain`.
 
 `LiveViews` reads the gateway's own state (pools, replica counters, last scrapes) and plans a
-request exactly as the proxy would (`Planner`, then `Router.pick(..., explain=True)`), without
-sending it and without recording anything in the router. Salts never appear in the output.
+request exactly as the proxy would (`Preparer.parse` -- a long prompt in the proxy's worker
+threads --, `Planner`, flow control's spill-over, then `Router.pick(..., explain=True)`),
+without sending it and without recording anything in the router. Salts never appear in the
+output.
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from typing import Any
 
 import orjson
 
-from gateway.body import parse_body
 from gateway.errors import BadRequest
 from gateway.flow import FlowGate
-from gateway.planner import Planner
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
+from gateway.prepare import Preparer
 from gateway.replicas import Replica
 from gateway.scrape import Scraper
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
+from gateway.wideints import wide_int_error
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import NoCandidate, Router
 
@@ -33,10 +35,11 @@ ENDPOINTS = {"chat": "chat", "completions": "completions", "embeddings": "embedd
 
 class LiveViews:
     def __init__(
-        self, pools: Pools, router: Router, planner: Planner, gate: TenantGate,
+        self, pools: Pools, router: Router, prep: Preparer, gate: TenantGate,
         scraper: Scraper | None, clock: Callable[[], float],
     ) -> None:
-        self._pools, self._router, self._planner = pools, router, planner
+        self._pools, self._router, self._planner = pools, router, prep.planner
+        self._parse = prep.parse
         self._gate, self._scraper, self._clock = gate, scraper, clock
         self.flow: FlowGate | None = None  # flow control, when on (gateway/flow.py)
 
@@ -85,7 +88,7 @@ class LiveViews:
         }
 
     # -- POST /admin/route/explain -------------------------------------------------------------
-    def explain(self, body: dict[str, Any]) -> dict[str, Any]:
+    async def explain(self, body: dict[str, Any]) -> dict[str, Any]:
         """``{"tenant": id | "tier": name, "endpoint": "chat", "request": {...}}`` -> plan."""
         principal = self._principal(body)
         endpoint = body.get("endpoint", "chat")
@@ -95,9 +98,18 @@ class LiveViews:
         request = body.get("request")
         if not isinstance(request, dict):
             raise BadRequest("request: the OpenAI request body (an object)", param="request")
-        parsed = parse_body(orjson.dumps(request), kind)
+        try:
+            raw = orjson.dumps(request)
+        except TypeError:  # the admin API's parser keeps integers orjson cannot write
+            raise wide_int_error() from None
+        parsed = await self._parse(raw, kind, principal)  # a long prompt: off the event loop
         now = self._clock()
         plan = self._planner.plan(principal, parsed, kind, now)
+        # would it wait in flow control's queue (and behind how much)? where it would, the
+        # tier's spill-over is tried first: the plan the pick is made from
+        flow: dict[str, Any] = {"enabled": False, "would_queue": False}
+        if self.flow is not None:
+            flow, plan = self.flow.explain(principal, plan, parsed, kind, now)
         try:
             decision = self._router.pick(plan.features, plan.views, now, explain=True)
         except NoCandidate:
@@ -119,9 +131,7 @@ class LiveViews:
                 {"replica": c.replica, "cost": c.cost, "terms": c.terms}
                 for c in (decision.ranked if decision else ())
             ],
-            # would it wait in flow control's queue (and behind how much)?
-            "flow": self.flow.explain(principal, plan, parsed, now) if self.flow is not None
-            else {"enabled": False, "would_queue": False},
+            "flow": flow,
         }
 
     def _principal(self, body: dict[str, Any]) -> Principal:
@@ -139,4 +149,4 @@ class LiveViews:
             raise BadRequest(f"tier: unknown tier {tier!r}", param="tier")
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
-                         key_id=None, cache_salt="", policy=snap)
+                         cache_salt="", policy=snap)

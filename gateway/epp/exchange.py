@@ -126,6 +126,7 @@ class Exchange:
             limit = core.cfg.server.max_body_bytes
             if declared is not None and declared > limit:
                 raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+            await core.prep.before_body(req, self._principal, declared)
         except KvgateError as exc:
             return [self._refuse(exc)]
         return []

@@ -83,6 +83,13 @@ class TenantGate:
             return None
         return await self._limiter.admit(principal.tenant_id, limits, tokens=tokens)
 
+    async def peek(self, principal: Principal) -> Admission | None:
+        """What `admit` would answer now, nothing charged; None for a tenant without limits."""
+        limits = principal.limits
+        if limits.rpm is None and limits.tpm is None and limits.max_concurrency is None:
+            return None
+        return await self._limiter.peek(principal.tenant_id, limits)
+
     async def finish(self, adm: Admission, used_tokens: int | None) -> None:
         """Settle and release; never raises (a request's answer must not depend on it)."""
         try:

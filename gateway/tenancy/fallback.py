@@ -14,9 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from gateway.errors import BackendUnavailable
+from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
+from gateway.tenancy.reachability import Reachability
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 
@@ -39,6 +40,7 @@ class FallbackRateLimiter(RateLimiter):
         self,
         primary: RateLimiter,
         *,
+        address: str,
         replicas: int,
         recheck_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
@@ -49,6 +51,9 @@ class FallbackRateLimiter(RateLimiter):
         self._recheck_s = recheck_s
         self._clock = clock
         self._down_until: float | None = None
+        # the log while the shared limits are away: a line, then one a minute, one at the end
+        self.reach = Reachability(address, retry_every_s=recheck_s, clock=clock,
+                                  subject="rate limits", logger=log)
 
     @property
     def degraded(self) -> bool:
@@ -61,20 +66,28 @@ class FallbackRateLimiter(RateLimiter):
         await self._primary.close()
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        return await self._decide(tenant_id, limits, tokens, peek=False)
+
+    async def peek(self, tenant_id: str, limits: Limits) -> Admission:
+        return await self._decide(tenant_id, limits, 0, peek=True)
+
+    async def _decide(self, tenant_id: str, limits: Limits, tokens: int, *,
+                      peek: bool) -> Admission:
         if self._down_until is None or self._clock() >= self._down_until:
             try:
-                admission = await self._primary.admit(tenant_id, limits, tokens=tokens)
-            except BackendUnavailable:
-                if self._down_until is None:
-                    log.warning("rate limits: Redis unreachable; using per-process limits")
+                admission = await (self._primary.peek(tenant_id, limits) if peek else
+                                   self._primary.admit(tenant_id, limits, tokens=tokens))
+            except BackendUnavailable as exc:
+                self.reach.failed(exc.cause if isinstance(exc, StoreUnreachable) else exc.message)
                 self._down_until = self._clock() + self._recheck_s
             else:
-                if self._down_until is not None:
-                    log.info("rate limits: Redis reachable again; shared limits restored")
+                self.reach.answered()
                 self._down_until = None
                 return admission
         scaled = scale_limits(limits, self._replicas)
-        admission = await self._local.admit(tenant_id, scaled, tokens=tokens)
+        local = self._local
+        admission = await (local.peek(tenant_id, scaled) if peek else
+                           local.admit(tenant_id, scaled, tokens=tokens))
         admission.degraded = True
         return admission
 

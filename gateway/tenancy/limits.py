@@ -104,6 +104,11 @@ class RateLimiter(ABC):
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission: ...
 
     @abstractmethod
+    async def peek(self, tenant_id: str, limits: Limits) -> Admission:
+        """The decision `admit` would make now, with nothing charged or leased (a request
+        refused before its body is read; an allowed peek is followed by the real `admit`)."""
+
+    @abstractmethod
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """Charge real usage: the difference to the estimate reserved at admission."""
 
@@ -134,15 +139,18 @@ class MemoryRateLimiter(RateLimiter):
         self._leases: dict[str, set[str]] = {}
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
-        return self.admit_now(tenant_id, limits, tokens=tokens)
+        return self._decide(tenant_id, limits, tokens, charge=True)
 
-    def admit_now(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+    async def peek(self, tenant_id: str, limits: Limits) -> Admission:
+        return self._decide(tenant_id, limits, 0, charge=False)
+
+    def _decide(self, tenant_id: str, limits: Limits, tokens: int, *, charge: bool) -> Admission:
         now = self._clock()
         rpm, tpm, conc = limits.rpm or 0, limits.tpm or 0, limits.max_concurrency or 0
         b = self._buckets.get(tenant_id) or _Bucket(float(rpm), float(tpm), now)
         r = refill(b.requests, b.at, now, rpm) if rpm else 0.0
         t = refill(b.tokens, b.at, now, tpm) if tpm else 0.0
-        leases = self._leases.setdefault(tenant_id, set())
+        leases = self._leases.get(tenant_id, ())
         reason, retry = None, 0.0
         if conc and len(leases) >= conc:
             reason, retry = "concurrency", 1.0
@@ -151,11 +159,13 @@ class MemoryRateLimiter(RateLimiter):
         elif tpm and t <= 0:
             reason, retry = "tpm", _seconds_to(t, 1.0, tpm)
         lease_id = None
+        if not charge:
+            return build_admission(tenant_id, limits, reason, retry, r, t, 0, None, self)
         if reason is None:
             r, t = (r - 1 if rpm else r), (t - tokens if tpm else t)
             if conc:
                 lease_id = secrets.token_hex(8)
-                leases.add(lease_id)
+                self._leases.setdefault(tenant_id, set()).add(lease_id)
         self._buckets[tenant_id] = _Bucket(r, t, now)
         return build_admission(tenant_id, limits, reason, retry, r, t, tokens, lease_id, self)
 

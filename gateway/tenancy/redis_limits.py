@@ -37,7 +37,8 @@ _NOW = (
     "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
 )
 # KEYS[1] bucket hash, KEYS[2] lease zset.
-# ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl.
+# ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
+# peek ('1': decide only, write nothing).
 _ADMIT = (
     _NOW
     + """
@@ -60,6 +61,7 @@ if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1
 elseif rpm > 0 and r < 1 then reason = 'rpm' retry = (1 - r) * 60 / rpm
 elseif tpm > 0 and t <= 0 then reason = 'tpm' retry = (1 - t) * 60 / tpm
 end
+if ARGV[8] == '1' then return {reason, tostring(retry), tostring(r), tostring(t)} end
 if reason == '' then
   if rpm > 0 then r = r - 1 end
   if tpm > 0 then t = t - est end
@@ -143,6 +145,13 @@ class RedisRateLimiter(RateLimiter):
         return len(self._unreleased)
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
+        return await self._decide(tenant_id, limits, tokens, peek=False)
+
+    async def peek(self, tenant_id: str, limits: Limits) -> Admission:
+        return await self._decide(tenant_id, limits, 0, peek=True)
+
+    async def _decide(self, tenant_id: str, limits: Limits, tokens: int, *,
+                      peek: bool) -> Admission:
         if self._unreleased:  # Redis may be back: free the stalled leases before counting
             await self.release_pending()
         lease_id = secrets.token_hex(8)
@@ -152,12 +161,14 @@ class RedisRateLimiter(RateLimiter):
             limits.rpm or 0,
             limits.tpm or 0,
             limits.max_concurrency or 0,
+            tokens,
+            lease_id,
+            self._ttl,
+            "1" if peek else "0",
         ]
         with redis_unavailable():
-            reason, retry, r, t = await self._admit(
-                keys=[bucket, bucket + ":leases"], args=[*args, tokens, lease_id, self._ttl]
-            )
-        lease = lease_id if not reason and limits.max_concurrency else None
+            reason, retry, r, t = await self._admit(keys=[bucket, bucket + ":leases"], args=args)
+        lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
         return build_admission(

@@ -24,7 +24,7 @@ from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import Tenant
-from gateway.tenancy.redis_conn import connect_redis
+from gateway.tenancy.redis_conn import connect_redis, redis_address
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
@@ -75,7 +75,7 @@ class Tenancy:
         try:
             await reseed()
         except BackendUnavailable as exc:  # seeded by the resolver once the store answers
-            if isinstance(self.store, RedisStore) and isinstance(exc, StoreUnreachable):
+            if self.store.reach is not None and isinstance(exc, StoreUnreachable):
                 self.store.reach.failed(exc.cause)  # where and why, once
             else:
                 log.warning("tenancy bootstrap postponed: %s", exc)
@@ -144,7 +144,8 @@ def build_tenancy(
         shared = RedisRateLimiter(
             client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s
         )
-        limiter = FallbackRateLimiter(shared, replicas=settings.gateway_replicas)
+        limiter = FallbackRateLimiter(shared, address=redis_address(client),
+                                      replicas=settings.gateway_replicas)
     resolver = TenantResolver(
         store,
         salts,

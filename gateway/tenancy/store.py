@@ -25,6 +25,7 @@ from gateway.tenancy.models import (
     StoreSnapshot,
     Tenant,
 )
+from gateway.tenancy.reachability import Reachability
 
 __all__ = [
     "DEFAULT_AUDIT_CAP",
@@ -54,6 +55,9 @@ class TenantStore(ABC):
 
     def __init__(self) -> None:
         self._subscribers: list[ChangeCallback] = []
+        # a store that can be away (Redis): what the log says about reaching it, one voice
+        # for every part that tries (the change listener, the resolver's loads)
+        self.reach: Reachability | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect and start listening for changes (idempotent)."""

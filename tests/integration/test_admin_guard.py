@@ -65,7 +65,7 @@ def test_unknown_admin_paths_and_methods_answer_in_openai_shape(sim_factory: Sim
             missing["message"])
         assert "detail" not in admin.get("/no-such-thing").json()
         assert _shape(admin.put("/audit"), 405)["type"] == "MethodNotAllowedError"
-        assert admin.put("/audit").headers["allow"] == "GET"
+        assert admin.put("/audit").headers["allow"] == "GET, HEAD"
 
 
 def test_an_admin_token_shorter_than_16_characters_is_refused_at_start() -> None:

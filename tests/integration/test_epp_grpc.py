@@ -20,6 +20,7 @@ from google.protobuf.struct_pb2 import Struct
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
+from gateway.prepare import OFF_LOOP_BYTES
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import AUTH_SECRET
 from tests.support.procs import Proc, sim_proc
@@ -279,3 +280,28 @@ async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None
         assert answer.status.code == 401
         assert orjson.loads(answer.body)["error"]["code"] == "invalid_api_key"
         assert PUBLIC.encode() not in answer.body
+
+
+async def test_a_tenant_over_its_limit_is_refused_before_its_large_body() -> None:
+    """As on the HTTP edge: a body declared at 128 KiB or more from a tenant over its limit
+    is refused at its headers (429), before Envoy streams it to the picker."""
+    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
+              "models": {PUBLIC: {"default": "p"}}, "tiers": {"default": {"limits": {"rpm": 1}}}}
+    epp = epp_proc(config=config)
+    with sim, epp:
+        async with grpc.aio.insecure_channel(epp.picker) as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            body = _chat("the minute's one request")
+            call = stub.Process()
+            await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+            await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(
+                body=body, end_of_stream=True)))
+            assert DESTINATION in _set((await _answers(call, 1))[0])
+            await call.done_writing()
+            call = stub.Process()
+            await call.write(pb.ProcessingRequest(request_headers=_headers(
+                _request(b"", **{"content-length": str(OFF_LOOP_BYTES)}))))
+            refused = (await _answers(call, 1))[0].immediate_response
+    assert refused.status.code == 429
+    assert orjson.loads(refused.body)["error"]["type"] == "RateLimitError"

@@ -526,6 +526,13 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
             s.fillers.append(f)
             time.sleep(0.15)
         wait_for(lambda: saturated(base), 10, "saturated")
+        with admin_client(base, ADMIN) as admin:  # explain says what dispatch does below
+            plan = admin.post("/route/explain",
+                              json={"tier": "spiller", "request": body(5, stream=False)}).json()
+        assert (plan["pool"], plan["tier_route"], plan["replica"]) == (
+            "q", "spill", sim2_url.removeprefix("http://"))
+        assert not plan["flow"]["would_queue"] and plan["flow"]["spills_to"] == "q"
+        assert plan["flow"]["saturated"]  # its home pool's state, which it avoids
         # a filler may have queued on a loaded machine: count the spiller's request alone
         queued = sum(metric_values(base, "kvgate_flow_queued_total").values())
         with sdk(base, keys["spiller"]) as client:

@@ -125,3 +125,59 @@ def test_admin_bodies_stop_at_1_mib_and_a_throttled_address_gets_429_unread() ->
             head, err = _raw_post(port, big, declared=declared)
             assert head.startswith(b"HTTP/1.1 429") and b"retry-after:" in head.lower(), head
             assert err["type"] == "RateLimitError"
+
+
+def test_integers_beyond_64_bits_are_400_and_others_pass_unchanged(
+    sim_factory: SimFactory,
+) -> None:
+    """orjson reads an integer beyond 64 bits as a float: forwarded, `seed` would have become
+    1.2345678901234568e+29. It is a 400 naming the problem; 64-bit ones (and long digit runs
+    inside strings, and long fractions) reach the replica exactly as sent."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    head = b'{"model": "sim-model", "prompt": "x", "max_tokens": 1, '
+    with gw, admin_client(base, ADMIN) as admin:
+        explain = admin.post("/route/explain", content=b'{"tier": "default", "request": '
+                             + head + b'"seed": 123456789012345678901234567890}}')
+        assert explain.status_code == 400, explain.text  # was a 500 with a traceback
+        assert "integer beyond 64 bits" in explain.json()["error"]["message"]
+        for field in (b'"seed": 123456789012345678901234567890',
+                      b'"seed": -9223372036854775809', b'"seed": 18446744073709551616',
+                      b'"vllm_xargs": {"a": [1, 100000000000000000000000]}'):
+            r = httpx.post(f"{base}/v1/completions", content=head + field + b"}")
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "BadRequestError"
+            assert "integer beyond 64 bits" in error["message"], error
+        r = httpx.post(f"{base}/v1/completions", content=head + b'"max_tokens": 1e400}')
+        assert r.status_code == 400 and "infinity" in r.json()["error"]["message"]
+        assert httpx.get(f"{sim}/sim/stats").json()["received"] == 0  # nothing forwarded
+        for field, value in ((b'"seed": 18446744073709551615', 18446744073709551615),
+                             (b'"seed": -9223372036854775808', -9223372036854775808),
+                             (b'"user": "12345678901234567890123456789"',
+                              "12345678901234567890123456789"),
+                             (b'"temperature": 0.123456789012345678901', 0.123456789012345678901)):
+            r = httpx.post(f"{base}/v1/completions", content=head + field + b"}")
+            assert r.status_code == 200, r.text
+            sent = httpx.get(f"{sim}/sim/requests?n=1").json()["requests"][0]["body"]
+            assert sent[field.split(b'"')[1].decode()] == value
+
+
+def test_route_explain_takes_a_prompt_as_long_as_the_proxy_does(sim_factory: SimFactory) -> None:
+    """Explaining a request with a long prompt is legitimate: with a valid admin token
+    `/admin/route/explain` reads bodies up to `server.max_body_bytes`; without one, and on the
+    other admin routes, the 1 MiB bound stays (and the throttle still answers before it)."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    prompt = "word " * 400_000  # 2 MB
+    body = {"tier": "default", "request": {"model": "sim-model", "prompt": prompt}}
+    with gw, admin_client(base, ADMIN) as admin, admin_client(base, None) as anonymous:
+        r = admin.post("/route/explain", json=body)
+        assert r.status_code == 200, r.text[:300]
+        assert r.json()["prompt_tokens"] >= 400_000
+        over = admin.post("/route/explain", json={**body, "pad": "a" * 7_000_000})
+        assert over.status_code == 413 and "8388608 bytes" in over.json()["error"]["message"]
+        r = anonymous.post("/route/explain", json=body)
+        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]
+        r = admin.post("/tenants", json={"id": "big", "tier": "default", "pad": prompt})
+        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]

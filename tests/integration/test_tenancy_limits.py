@@ -151,3 +151,20 @@ async def test_redis_leases_of_a_dead_gateway_expire(shared_redis: str, clock: C
     assert await alive.renew() == 1  # a live gateway keeps its lease alive past the TTL
     clock.now += 20
     assert not (await dead.admit("t", limits, tokens=0)).allowed
+
+
+async def test_peek_decides_as_admit_and_charges_nothing(limiter: RateLimiter) -> None:
+    limits = Limits(rpm=2, tpm=100, max_concurrency=1)
+    for _ in range(3):  # peeking, however often, takes nothing from any budget
+        peek = await limiter.peek("t", limits)
+        assert peek.allowed and peek.lease_id is None and peek.reserved_tokens == 0
+        assert peek.remaining_requests == 2 and peek.remaining_tokens == 100
+    first = await limiter.admit("t", limits, tokens=10)
+    assert first.allowed
+    busy = await limiter.peek("t", limits)  # the one concurrent request is taken
+    assert (busy.allowed, busy.reason) == (False, "concurrency")
+    await limiter.release(first)
+    assert (await limiter.peek("t", limits)).allowed
+    assert (await limiter.admit("t", limits, tokens=10)).allowed  # the minute's second one
+    over = await limiter.peek("t", Limits(rpm=2, tpm=100))
+    assert (over.allowed, over.reason, over.remaining_requests) == (False, "rpm", 0)

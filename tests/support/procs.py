@@ -105,9 +105,11 @@ class Proc:
             self.popen.kill()
             self.popen.wait(5)
 
-    def output(self) -> str:
+    def output(self, tail: int | None = 8000) -> str:
+        """The last `tail` characters of what the process wrote (None: all of it)."""
         self._log.flush()
-        return Path(self._log.name).read_text(errors="replace")[-8000:]
+        text = Path(self._log.name).read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
     def __enter__(self) -> Proc:
         return self.start()

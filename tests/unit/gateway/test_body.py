@@ -208,3 +208,18 @@ def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, wh
     assert err.value.message.startswith("The request body is not valid JSON: ")
     assert why in err.value.message
     assert "secret" not in err.value.message and "ud83d" not in err.value.message
+
+
+@pytest.mark.parametrize(("literal", "wide"), [
+    (b"18446744073709551615", False), (b"-9223372036854775808", False),
+    (b"18446744073709551616", True), (b"-9223372036854775809", True), (b"1" * 300, True),
+    (b'"12345678901234567890123"', False), (b"0.12345678901234567890123", False),
+    (b"1234567890123456789e3", False),  # a float literal: orjson reads it as the float it is
+])
+def test_integers_beyond_64_bits_are_refused(literal: bytes, wide: bool) -> None:
+    raw = b'{"model": "m", "prompt": "x", "seed": ' + literal + b"}"
+    if wide:
+        with pytest.raises(BadRequest, match="integer beyond 64 bits"):
+            parse_body(raw, "completions")
+    else:
+        assert parse_body(raw, "completions").data["seed"] == orjson.loads(literal)

@@ -1,0 +1,59 @@
+"""What a client is told while the tenancy store (Redis) does not answer: a clean OpenAI-shaped
+503 with Retry-After, never the OS error or Redis's address (those go to the log)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, persistent_redis
+from tests.support.procs import Proc, free_port
+
+SimFactory = Callable[..., tuple[Proc, str]]
+ADMIN = "store-outage-admin-token-0123456789"
+CONFIG = {
+    "pools": {"p": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+    "models": {"llama": {"free": "p"}},
+    "tiers": {"free": {}},
+    "tenants": [{"id": "acme", "tier": "free"}],
+}
+
+
+def _clean_503(answer: httpx.Response, port: int) -> None:
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "ServiceUnavailableError"
+    assert error["code"] == "store_unavailable"
+    for detail in ("refused", "ConnectionError", "127.0.0.1", str(port), "errno", "Traceback"):
+        assert detail not in error["message"], error["message"]
+    assert int(answer.headers["retry-after"]) >= 1
+
+
+def test_admin_write_while_redis_is_down_is_a_clean_503(tmp_path: Path) -> None:
+    redis, url, port = persistent_redis(str(tmp_path))
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    with redis, gw, admin_client(base, ADMIN) as admin:
+        assert admin.post("/tenants/acme/keys").status_code == 201
+        redis.stop()
+        refused = admin.post("/tenants/acme/keys")
+        _clean_503(refused, port)
+        assert refused.json()["error"]["message"] == (
+            "the tenancy store (Redis) did not answer; retry shortly")
+        _clean_503(admin.get("/tenants"), port)
+        assert "admin request failed: the tenancy store (Redis) did not answer (" in gw.output()
+
+
+def test_requests_before_redis_ever_answered_get_a_clean_503() -> None:
+    port = free_port()  # nothing listens there
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    with gw:
+        answer = httpx.post(f"{base}/v1/chat/completions", json={"model": "llama"},
+                            headers={"authorization": "Bearer kvg-anything"}, timeout=10)
+        _clean_503(answer, port)
+        assert "has not answered yet" in answer.json()["error"]["message"]
+        assert "connection refused" in gw.output()
