@@ -2,7 +2,7 @@
 or a throwaway redis-server) gets N `POST /admin/tenants/acme/keys` one by one; prints the
 median time per write over the first and the last 100, and the total.
 
-    python scripts/bench_admin_writes.py memory|redis [N]   (from the project directory)
+    python -m loadtest.bench_admin_writes memory|redis [N]
 """
 
 from __future__ import annotations
@@ -10,11 +10,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import httpx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.gateway import AUTH_SECRET, gateway_proc
 from tests.support.procs import redis_proc
