@@ -166,6 +166,10 @@ def rewrite_body(
             strip_usage = True
         elif options.get("include_usage") is not True:
             data["stream_options"] = {**options, "include_usage": True}
+            if "continuous_usage_stats" in options:
+                # vLLM puts usage on every chunk only with include_usage, which the client did
+                # not ask for: forcing it must not add usage the client would not have had
+                data["stream_options"]["continuous_usage_stats"] = False
             strip_usage = True
     return orjson.dumps(data), strip_usage
 
