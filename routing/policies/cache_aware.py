@@ -19,18 +19,18 @@ estimate. A miss costs the fleet more than that request's wait: the copy of the 
 memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
 it, as much as r's cache is full: while caches have room, cold requests fill the emptiest.
 
-The cheapest wins among the replicas the bounded-load rule admits; admitted replicas within
-``tie_relative`` (+ ``tie_quantum_s``) of the cheapest tie with it. A tie goes to the longest
-predicted match (hits at no estimated cost), then to the emptiest cache (a fleet warming up
-spreads new prefixes over its caches, as SGLang's smallest-tree rule does; a warm fleet's caches
-are all full), then to a stable hash of (prompt, replica), so identical requests spread by a
-fixed per-prompt order, never by the order views arrive in. Several gateways blind to each
-other's latest picks take turns among the candidates about as cheap as the cheapest that hold
-the longest prefix of them (`PickContext.turn`).
+The minimum wins among the replicas the bounded-load rule admits; costs within
+``tie_quantum_s`` or ``tie_relative`` of each other tie, and ties go to a stable hash of
+(prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
+views arrive in. Several gateways blind to each other's latest picks take turns among the
+candidates about as cheap as the cheapest that hold the longest prefix of them
+(`PickContext.turn`).
 """
 
 from __future__ import annotations
 
+from math import log as _log
+from math import log1p as _log1p
 from operator import itemgetter
 
 from routing.learning import TtftFit
@@ -46,8 +46,8 @@ _MASK64 = (1 << 64) - 1
 _TURN_RELATIVE = 0.1
 _TURN_MEAN_REQUESTS = 0.5
 
-# per candidate: (blocks its cache holds (index), tie rank, cost s, view, matched blocks, queued,
-# decode tokens, uncached, TTFT fit, kv usage, fleet-wide in-flight requests)
+# per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
+# uncached, TTFT fit, kv usage, fleet-wide in-flight requests)
 _Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float, int]
 
 
@@ -63,7 +63,13 @@ class CacheAware:
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
         mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
-        prompt, tpb, key = f.prompt_tokens, cfg.tokens_per_block, ctx.tie_key
+        prompt, tpb, key, quantum, per_step = (
+            f.prompt_tokens,
+            cfg.tokens_per_block,
+            ctx.tie_key,
+            cfg.tie_quantum_s,
+            _log1p(cfg.tie_relative),
+        )
         stale, knee, dw, mean_req = (
             cfg.stale_after_s,
             cfg.kv_knee,
@@ -118,13 +124,13 @@ class CacheAware:
             decode = decoding * dw
             # the copy's price beyond its own prefill grows with how full the replica's cache
             # is (what it will evict): a cold fleet fills its emptiest caches first
-            held = used(vid)
-            full = (held + uncached / tpb) / capacity(vid)
+            full = (used(vid) + uncached / tpb) / capacity(vid)
             cost = (fit.fixed_s + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
                     + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
-            rows.append((held, z, cost, v, m, own, decode, uncached, fit, kv, inflight))
+            step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
+            rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv, inflight))
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
@@ -134,15 +140,10 @@ class CacheAware:
         limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
                             cfg.load_slack) + 1e-9
         admitted = [r for r in rows if r[10] <= limit]
-        # the bound refused a replica cheaper, beyond a tie, than every admitted one
-        overflow = not admitted or self._tied(rows[0][2]) < admitted[0][2]
+        # the bound refused the cheapest (a turn among near-equals is no overflow)
+        overflow = not admitted or admitted[0] is not rows[0]
         if ctx.turn_order is not None and len(admitted) > 1:
             admitted = self._take_turns(ctx, admitted)
-        elif len(admitted) > 1:
-            good = self._tied(admitted[0][2])
-            best = min((r for r in admitted if r[2] <= good), key=_tie_break)
-            if best is not admitted[0]:
-                admitted = [best] + [r for r in admitted if r is not best]
         ordered = admitted + [r for r in rows if r[10] > limit]
         chosen = ordered[0]
         if overflow:
@@ -153,11 +154,6 @@ class CacheAware:
             reason = "least-cost"
         ranked = self._explain(ordered, limit) if ctx.explain else ()
         return decide([r[3].id for r in ordered], reason, ranked)
-
-    def _tied(self, cost: float) -> float:
-        """The highest cost that ties with ``cost``."""
-        cfg = self._state.config
-        return cost * (1.0 + cfg.tie_relative) + cfg.tie_quantum_s
 
     def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
         """Several gateways: among the admitted candidates about as cheap as the cheapest and
@@ -205,13 +201,8 @@ class CacheAware:
         return tuple(out)
 
 
-def _rank(row: _Row) -> tuple[float, int]:
-    return row[2], row[1]
-
-
-def _tie_break(row: _Row) -> tuple[int, int, int]:
-    """Among tied candidates: the longest match, then the emptiest cache, then the hash."""
-    return -row[4], row[0], row[1]
+def _rank(row: _Row) -> tuple[int, int]:
+    return row[0], row[1]
 
 
 _matched = itemgetter(4)

@@ -294,32 +294,3 @@ def test_a_session_stays_on_its_busy_holder() -> None:
     r = _agent_router()
     d = r.pick(feats(TOOLS + SESSION + "tool result"), _decoding(9, 0), 1.0)
     assert (d.replica, d.reason) == ("r0", "prefix-hit")
-
-
-def test_cold_prompts_fill_the_emptiest_caches_first() -> None:
-    # An idle fleet warming up: distinct cold prompts cost the same everywhere (within the
-    # tie), so each goes to the replica whose cache holds least. By hash alone some replicas
-    # took two or three tenants' system prompts and others none; the tenants' next requests
-    # then queued on the replicas holding several (the synthetic workload's TTFT tail).
-    r = Router()
-    taken = {f"r{i}": 0 for i in range(4)}
-    for i in range(8):
-        f = feats(f"tenant {i} system prompt " * 200)
-        d = r.pick(f, views(4), 1.0)
-        r.record_route(d.replica, f, 1.0)
-        taken[d.replica] += 1
-    assert taken == {"r0": 2, "r1": 2, "r2": 2, "r3": 2}
-
-
-def test_a_tie_goes_to_the_longest_match() -> None:
-    # r0 holds the first blocks of each prompt and has two requests decoding: its cost equals
-    # the idle replicas' (fewer tokens to compute, a longer wait), a tie. The match wins it:
-    # hits at no estimated cost (by hash, three prompts in four went elsewhere).
-    for i in range(8):
-        text = f"document {i} " * 30 + "question " * 400
-        r = Router()
-        r.record_route("r0", feats(text[:300]), 0.0)
-        vs = [ReplicaView(id="r0", pool="p", inflight=2), *views(4)[1:]]
-        costs = {c.replica: c.cost for c in r.pick(feats(text), vs, 1.0, explain=True).ranked}
-        assert costs["r0"] <= min(costs.values()) * 1.025  # a tie
-        assert r.pick(feats(text), vs, 1.0).replica == "r0"
