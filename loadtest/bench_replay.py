@@ -1,24 +1,28 @@
 """Routing quality benchmark: every policy and yardstick on the same workloads, offline.
 
     python -m loadtest.bench_replay [--trace PATH] [--limit N] [--only NAME ...] [--jobs 2]
+                                    [--seeds N]
     python -m loadtest.bench_replay --render loadtest/results/routing.json   # report only
 
 Workloads (8 simulated replicas sized like an 8B model on one H100): the Mooncake conversation
 trace at its own arrival rate and at 1.5x, the synthetic multi-tenant workload (`kvgate replay
 --synthetic`), and the generated shapes the trace lacks (`loadtest.replay.generators`: hot
 shared prefixes, agent loops, cold one-offs, bursts), each at 262,144 and 1,048,576 KV tokens
-per replica. Policies: the registry's, the peers' published rules re-implemented
-(`routing.policies.YARDSTICKS`) and the oracle (`loadtest.replay.oracle`), against which every
-row is compared. Then cache_aware under other load factors, and several gateways sharing
-state (N = 4, records 10 ms late) against one. Writes `routing.md`, `routing.json` and
-`routing.png` (one row of plots per workload) to ``--out``.
+per replica. The synthetic workload is drawn with 5 seeds and the generated ones with 3, and
+every figure of theirs is the mean over the seeds (the synthetic workload has 576 requests: its
+TTFT p99 is its 6th-slowest request, decided by two or three cold starts); the report also
+gives each policy's median and range of p99 over the seeds. Policies: the registry's, the
+peers' published rules re-implemented (`routing.policies.YARDSTICKS`) and the oracle
+(`loadtest.replay.oracle`), against which every row is compared. Then cache_aware under other
+load factors, and several gateways sharing state (N = 4, records 10 ms late) against one.
+Writes `routing.md`, `routing.json` and `routing.png` (one row of plots per workload) to
+``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,16 +30,26 @@ from pathlib import Path
 import orjson
 
 from loadtest.replay.cli import run_offline
-from loadtest.replay.generators import WORKLOADS
+from loadtest.replay.generators import DEFAULT_SEEDS, SEEDED
 from loadtest.replay.offline import FleetSpec, GatewaySpec
 from loadtest.replay.reference import pooled_reference_hit_rate
-from loadtest.replay.summary import against_oracle
-from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
+from loadtest.replay.summary import against_oracle, percentile
+from loadtest.replay.workload import (
+    ReplayRequest,
+    SyntheticSpec,
+    load_mooncake,
+    synthetic_multitenant,
+)
 from routing.policies import REGISTRY, YARDSTICKS
 
 POLICIES = (*REGISTRY, *YARDSTICKS, "oracle")
 KV_SIZES = (262_144, 1_048_576)
 LOAD_FACTORS = (1.25, 2.0, 4.0)
+SYNTHETIC_SEEDS, GENERATED_SEEDS = 5, 3  # workload seeds: the spec's default, then +1, +2, ...
+# averaged over a workload's seeds (the rest of a row is its first seed's)
+MEAN_OF = ("requests", "hit_rate", "pooled_reference_hit_rate", "hit_rate_vs_reference",
+           "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "max_over_mean_inflight",
+           "preemptions")
 # the whole one-hour conversation trace where the project's shared data sits beside the
 # checkout; else the 2-minute sample shipped in the repo
 _WHOLE_TRACE = (
@@ -53,25 +67,33 @@ class Scenario:
     kv_tokens: int
     source: str  # "mooncake", "synthetic" or a generator's name
     rate_scale: float = 1.0
+    seed: int | None = None  # the workload's seed (generated ones); None: the trace
 
 
-def scenarios() -> list[Scenario]:
+def scenarios(seeds: int | None = None) -> list[Scenario]:
+    """Every workload; the synthetic and generated ones once per seed (``seeds`` of each, or
+    `SYNTHETIC_SEEDS` and `GENERATED_SEEDS`), all seeds of one under the same name."""
+    first = SyntheticSpec().seed
     out = [
         Scenario("mooncake-1x", 262_144, "mooncake"),
         Scenario("mooncake-1.5x", 262_144, "mooncake", 1.5),
-        Scenario("synthetic", 262_144, "synthetic"),
+        *(Scenario("synthetic", 262_144, "synthetic", seed=first + k)
+          for k in range(seeds or SYNTHETIC_SEEDS)),
     ]
-    for name in WORKLOADS:
-        out += [Scenario(f"{name}-{kv // 1024}k", kv, name) for kv in KV_SIZES]
+    for name, first in DEFAULT_SEEDS.items():
+        out += [Scenario(f"{name}-{kv // 1024}k", kv, name, seed=first + k)
+                for kv in KV_SIZES for k in range(seeds or GENERATED_SEEDS)]
     return out
 
 
 def requests(s: Scenario, trace: Path, limit: int | None) -> list[ReplayRequest]:
     if s.source == "mooncake":
         return load_mooncake(trace, rate_scale=s.rate_scale, limit=limit)
-    make: Callable[[], list[ReplayRequest]] = (
-        synthetic_multitenant if s.source == "synthetic" else WORKLOADS[s.source])
-    reqs = make()
+    assert s.seed is not None
+    if s.source == "synthetic":
+        reqs = synthetic_multitenant(SyntheticSpec(seed=s.seed))
+    else:
+        reqs = SEEDED[s.source](s.seed)
     if s.rate_scale != 1.0:
         reqs = [replace(r, arrival_s=r.arrival_s / s.rate_scale) for r in reqs]
     return reqs[:limit] if limit else reqs
@@ -86,15 +108,16 @@ def _one(task: Task) -> Row:
     t0 = time.perf_counter()
     spec = GatewaySpec(gateways, True, 0.010) if gateways > 1 else None
     row = run_offline(reqs, fleet, policy, ref, load_factor=load_factor, gateways=spec)
-    row.update(scenario=s.name, kv_tokens=s.kv_tokens, wall_s=round(time.perf_counter() - t0, 1))
-    print(f"{s.name:>18} {policy:>16} c={load_factor or '-'} gw={gateways}  "
+    row.update(scenario=s.name, kv_tokens=s.kv_tokens, seed=s.seed,
+               wall_s=round(time.perf_counter() - t0, 1))
+    print(f"{s.name:>18} {s.seed or '':>3} {policy:>16} c={load_factor or '-'} gw={gateways}  "
           f"hit {row['hit_rate']}  p50 {row['ttft_p50_s']}  p99 {row['ttft_p99_s']}  "
           f"({row['wall_s']} s)", flush=True)
     return row
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    chosen = [s for s in scenarios() if not args.only or s.name in args.only]
+    chosen = [s for s in scenarios(args.seeds) if not args.only or s.name in args.only]
     tasks: list[Task] = [(s, p, args.trace, args.limit, None, 1) for s in chosen for p in POLICIES]
     moon = next((s for s in chosen if s.name == "mooncake-1x"), None)
     if moon is not None:
@@ -105,17 +128,40 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     tasks.sort(key=lambda t: (t[0].source != "mooncake", t[0].source != "agent-loops"))
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(_one, tasks))
-    by_scenario: dict[str, list[Row]] = {}
+    # one row per (workload, policy, load factor, gateways): the mean over the workload's seeds
+    seeds: dict[tuple[str, str, float | None, int], list[Row]] = {}
     for task, row in zip(tasks, rows, strict=True):
-        if task[4] is None and task[5] == 1:
-            by_scenario.setdefault(task[0].name, []).append(row)
+        seeds.setdefault((task[0].name, task[1], task[4], task[5]), []).append(row)
+    by_scenario: dict[str, list[Row]] = {}
+    sweep, gateways = [], []
+    for (name, _, load_factor, n), group in seeds.items():
+        row = mean_row(group)
+        if load_factor is not None:
+            sweep.append(row)
+        elif n > 1:
+            gateways.append(row)
+        else:
+            by_scenario.setdefault(name, []).append(row)
     for group in by_scenario.values():
         group.sort(key=lambda r: POLICIES.index(str(r["policy"])))
         against_oracle(group)
-    sweep = [r for t, r in zip(tasks, rows, strict=True) if t[4] is not None]
-    gateways = [r for t, r in zip(tasks, rows, strict=True) if t[5] > 1]
-    return {"scenarios": {s.name: by_scenario[s.name] for s in chosen},
+    return {"scenarios": {name: by_scenario[name] for name in dict.fromkeys(
+                s.name for s in chosen)},
             "load_factor_sweep": sweep, "gateways": gateways}
+
+
+def mean_row(rows: list[Row]) -> Row:
+    """One policy's replays of the seeds of one workload as one row: `MEAN_OF` averaged, each
+    seed's value kept under ``per_seed``, the rest as in the first seed's row."""
+    out = dict(rows[0])
+    out["seeds"] = [r["seed"] for r in rows]
+    out["wall_s"] = round(sum(float(str(r["wall_s"])) for r in rows), 1)
+    per_seed: dict[str, list[float]] = {}
+    for key in MEAN_OF:
+        per_seed[key] = [float(str(r[key])) for r in rows]
+        out[key] = round(sum(per_seed[key]) / len(rows), 4)
+    out["per_seed"] = per_seed
+    return out
 
 
 def _f(value: object, digits: int = 4) -> str:
@@ -139,20 +185,27 @@ def markdown(doc: dict[str, object]) -> str:
     scenarios_ = doc["scenarios"]
     assert isinstance(scenarios_, dict)
     for name, rows in scenarios_.items():
+        seeds = rows[0].get("seeds") or [None]
+        several = len(seeds) > 1
+        lines += [f"## {name}", ""]
+        if several:
+            lines += [f"Means over {len(seeds)} workload seeds "
+                      f"({', '.join(str(x) for x in seeds)}); the last column: each policy's "
+                      "TTFT p99 median over the seeds [lowest, highest].", ""]
+        extra = (" | p99 median [range] s", "|---") if several else ("", "")
         lines += [
-            f"## {name}",
-            "",
             "| policy | hit rate | vs pooled | vs oracle | TTFT p50 s | TTFT p99 s "
-            "| p99 vs oracle | e2e p99 s | max/mean in-flight | preemptions |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            f"| p99 vs oracle | e2e p99 s | max/mean in-flight | preemptions{extra[0]} |",
+            f"|---|---|---|---|---|---|---|---|---|---{extra[1]}|",
         ]
         for r in rows:
+            spread = f" | {_spread(r)}" if several else ""
             lines.append(
                 f"| {r['policy']} | {_f(r['hit_rate'])} | {_f(r['hit_rate_vs_reference'])} "
                 f"| {_f(r.get('hit_rate_vs_oracle'))} | {_f(r['ttft_p50_s'])} "
                 f"| {_f(r['ttft_p99_s'])} | {_f(r.get('ttft_p99_vs_oracle'))} "
                 f"| {_f(r['e2e_p99_s'])} | {_f(r['max_over_mean_inflight'])} "
-                f"| {r['preemptions']} |"
+                f"| {_f(r['preemptions'])}{spread} |"
             )
         lines.append("")
     sweep = doc["load_factor_sweep"]
@@ -177,6 +230,13 @@ def markdown(doc: dict[str, object]) -> str:
     lines += _gateways_markdown(doc)
     lines += _targets_markdown(doc)
     return "\n".join(lines)
+
+
+def _spread(row: Row) -> str:
+    per_seed = row["per_seed"]
+    assert isinstance(per_seed, dict)
+    p99 = per_seed["ttft_p99_s"]
+    return f"{_f(percentile(p99, 50))} [{_f(min(p99))}, {_f(max(p99))}]"
 
 
 def targets(rows: list[Row], me: str = "cache_aware") -> dict[str, object]:
@@ -291,6 +351,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, help="replay only the first N requests of each")
     p.add_argument("--only", nargs="*", help="these workloads only (names as in the report)")
     p.add_argument("--jobs", type=int, default=2, help="replays in parallel")
+    p.add_argument("--seeds", type=int, help="seeds per synthetic or generated workload "
+                   f"(default {SYNTHETIC_SEEDS} synthetic, {GENERATED_SEEDS} generated)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--render", type=Path, metavar="JSON",
                    help="no replays: write the report and plot again from a routing.json")

@@ -12,7 +12,8 @@ equal positions are a shared prefix), seeded, sorted by arrival:
 - `bursts`: a mix of the above arriving in bursts (tens of requests at one instant, as batch
   clients and fan-out produce), over a light steady stream.
 
-`WORKLOADS` names them for `kvgate replay --workload` and the benchmark.
+`WORKLOADS` names them for `kvgate replay --workload` and the benchmark; `SEEDED` draws them with
+another seed (the benchmark averages over several, `DEFAULT_SEEDS` being the first).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from types import MappingProxyType
 from loadtest.replay.workload import IdSource, ReplayRequest
 
 __all__ = [
-    "WORKLOADS", "AgentSpec", "BurstSpec", "ColdSpec", "HotPrefixSpec", "agent_loops",
-    "bursts", "cold_one_offs", "hot_prefixes",
+    "DEFAULT_SEEDS", "SEEDED", "WORKLOADS", "AgentSpec", "BurstSpec", "ColdSpec",
+    "HotPrefixSpec", "agent_loops", "bursts", "cold_one_offs", "hot_prefixes",
 ]
 
 BLOCK = 64  # tokens per block id: fine enough that a question ends where it ends
@@ -203,4 +204,18 @@ WORKLOADS: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "agent-loops": agent_loops,
     "cold-one-offs": cold_one_offs,
     "bursts": bursts,
+})
+
+SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
+    "hot-prefixes": lambda seed: hot_prefixes(HotPrefixSpec(seed=seed)),
+    "agent-loops": lambda seed: agent_loops(AgentSpec(seed=seed)),
+    "cold-one-offs": lambda seed: cold_one_offs(ColdSpec(seed=seed)),
+    "bursts": lambda seed: bursts(BurstSpec(seed=seed)),
+})
+
+DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
+    "hot-prefixes": HotPrefixSpec().seed,
+    "agent-loops": AgentSpec().seed,
+    "cold-one-offs": ColdSpec().seed,
+    "bursts": BurstSpec().seed,
 })

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.bench_replay import targets
+from loadtest.bench_replay import (
+    GENERATED_SEEDS,
+    SYNTHETIC_SEEDS,
+    mean_row,
+    scenarios,
+    targets,
+)
 
 
 def _row(policy: str, hit: float, p50: float, p99: float) -> dict[str, object]:
@@ -36,3 +42,28 @@ def test_targets(mine: tuple[float, float, float], other: tuple[float, float, fl
     got = targets([me, _row("llmd_style", *other), oracle])
     assert {k: got[k] for k in expect} == expect
     assert got["best_other_hit"].startswith("llmd_style")  # type: ignore[attr-defined]
+
+
+def test_a_workload_drawn_with_several_seeds_is_one_row_of_means() -> None:
+    rows: list[dict[str, object]] = [
+        {**_row("cache_aware", hit, 0.02, p99), "seed": seed, "wall_s": 0.5, "requests": 576,
+         "pooled_reference_hit_rate": 0.9, "hit_rate_vs_reference": hit / 0.9,
+         "e2e_p50_s": 1.0, "e2e_p99_s": 2.0, "max_over_mean_inflight": 4.0, "preemptions": k}
+        for k, (seed, hit, p99) in enumerate([(7, 0.90, 0.196), (8, 0.92, 0.134),
+                                              (9, 0.91, 0.196)])]
+    got = mean_row(rows)
+    assert got["seeds"] == [7, 8, 9]
+    assert got["hit_rate"] == pytest.approx(0.91)
+    assert got["ttft_p99_s"] == pytest.approx(0.1753, abs=1e-4)
+    assert got["preemptions"] == 1.0
+    assert got["wall_s"] == 1.5
+    assert got["per_seed"]["ttft_p99_s"] == [0.196, 0.134, 0.196]  # type: ignore[index]
+
+
+def test_the_synthetic_and_generated_workloads_come_in_several_seeds() -> None:
+    names = [s.name for s in scenarios()]
+    assert names.count("mooncake-1x") == 1
+    assert names.count("synthetic") == SYNTHETIC_SEEDS
+    assert names.count("bursts-256k") == GENERATED_SEEDS
+    seeds = [s.seed for s in scenarios(seeds=2) if s.name == "hot-prefixes-1024k"]
+    assert len(set(seeds)) == 2

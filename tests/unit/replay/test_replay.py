@@ -140,11 +140,12 @@ def test_a_yardstick_is_offline_only() -> None:
 
 
 def test_generated_workloads_are_seeded_and_have_their_shape() -> None:
-    from loadtest.replay.generators import WORKLOADS
+    from loadtest.replay.generators import DEFAULT_SEEDS, SEEDED, WORKLOADS
 
     for name, make in WORKLOADS.items():
         reqs = make()
-        assert reqs == make(), name  # seeded
+        assert reqs == make() == SEEDED[name](DEFAULT_SEEDS[name]), name  # seeded
+        assert SEEDED[name](DEFAULT_SEEDS[name] + 1) != reqs, name
         assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs), name
         assert all(r.prompt_tokens == len(r.block_ids) * r.block_tokens for r in reqs), name
     hot = pooled_reference_hit_rate(WORKLOADS["hot-prefixes"](), 8 * 262_144)
