@@ -35,8 +35,8 @@ __all__ = [
     "classify_pool", "classify_replica",
 ]
 
-CLASSES = ("KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing", "gateway",
-           "healthy")
+CLASSES = ("down", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing",
+           "gateway", "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
 MIN_OVERHEAD_REQUESTS = 100  # kvgate's overhead p99 is judged from this many requests
@@ -135,6 +135,9 @@ def _active(r: ReplicaStats, th: Thresholds) -> bool:
 
 def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Finding]:
     """Engine classes and scrape health of one replica (healthy when nothing fires)."""
+    down = _down(r)
+    if down is not None:
+        return [down]  # its scrapes fail and it serves nothing: consequences, not findings
     out: list[Finding] = []
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
@@ -163,6 +166,30 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Find
     if not out:
         out.append(_healthy_replica(r, th, idle=False))
     return out
+
+
+def _down(r: ReplicaStats) -> Finding | None:
+    """A replica kvgate's health checks took out of rotation for most of the window (or that
+    is out now after a while): its /metrics failing too is the same fault, not a second one."""
+    if r.samples < MIN_SAMPLES or r.draining or not _ok(r.healthy_share):
+        return None
+    out_share = 1.0 - r.healthy_share
+    now_out = r.healthy_last == 0.0
+    if out_share < 0.5 and not (now_out and out_share >= 0.2):
+        return None
+    ev = [_ev("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
+              unit="%"),
+          _ev("kvgate_replica_healthy", "taking requests (last sample)", r.healthy_last),
+          _ev("kvgate_scrape_errors_total", "failed scrapes in the window", r.scrape_errors),
+          _ev("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
+            f"out of rotation for {out_share:.0%} of the window, back now")
+    return Finding(
+        "down", "critical" if now_out else "warning", r.pool, r.id,
+        f"replica down: kvgate's health checks fail there ({when}); the pool's other "
+        "replicas take its traffic",
+        "check the replica: its vLLM process (GET /health), its host and the network "
+        "between; kvgate probes it and takes it back on its own", ev)
 
 
 def _kv_bound(r: ReplicaStats, th: Thresholds) -> Finding:

@@ -77,7 +77,8 @@ class ReplicaStats:
     samples: int = 0  # ticks in the window where the replica was listed
     span_s: float = 0.0  # seconds of the window it was listed for
     fresh: int = 0  # of those, with a scrape younger than routing.stale_after_s
-    healthy_share: float = math.nan
+    healthy_share: float = math.nan  # of samples, taking requests (not ejected nor draining)
+    healthy_last: float = math.nan  # the last sample: 1 takes requests, 0 not
     draining: bool = False
     inflight_mean: float = math.nan
     inflight_max: float = math.nan
@@ -229,6 +230,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.fresh = len(fresh)
     st.stale_share = 1.0 - len(fresh) / len(present)
     st.healthy_share = _mean(gauge(REP.HEALTHY, present))
+    st.healthy_last = series[REP.HEALTHY][present[-1]]
     st.draining = series[REP.DRAINING][present[-1]] > 0
     inflight = gauge(REP.INFLIGHT, present)
     st.inflight_mean, st.inflight_max = _mean(inflight), max(inflight, default=math.nan)

@@ -303,3 +303,21 @@ def test_waiting_between_steps_on_the_busiest_replica_is_not_an_imbalance() -> N
 def test_a_pool_is_not_judged_on_a_few_ticks() -> None:
     (f,) = classify_pool(pool(replica("a"), overflow=400.0, samples=2), TH, CTX)
     assert f.cls == "healthy" and "not judged yet" in f.summary
+
+
+def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
+    """A replica whose health checks fail also fails its scrapes: one finding, `down`."""
+    dead = replica(healthy_share=0.1, healthy_last=0.0, fresh=0, stale_share=1.0,
+                   scrape_errors=45.0, inflight_mean=0.0, requests=math.nan,
+                   ttft_mean=math.nan, itl_mean=math.nan, waiting_share=math.nan)
+    (f,) = classify_replica(dead, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "critical")
+    assert "health checks fail" in f.summary and "90% of the window" in f.summary
+    assert "--disable-log-stats" not in f.action and "/health" in f.action
+    back = replica(healthy_share=0.4, healthy_last=1.0)
+    (f,) = classify_replica(back, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "warning") and "back now" in f.summary
+    assert classes(classify_replica(replica(healthy_share=0.9, healthy_last=0.0), TH, CTX)) \
+        == ["healthy"]  # a blip: one ejection just now
+    assert classes(classify_replica(replica(healthy_share=0.0, healthy_last=0.0,
+                                            draining=True), TH, CTX)) == ["healthy"]
