@@ -151,6 +151,9 @@ def test_findings_render_evidence_and_action_for_non_healthy_rows() -> None:
     (["--timeout", "0"], 2, "--timeout must be positive"),
     (["--url", "gw:8000", "--admin-token", "x" * 20], 2, "expected http://HOST:PORT"),
     (["--timeout", "many"], 2, "argument --timeout: invalid float value"),
+    (["--timeout", "nan"], 2, "--timeout must be positive and finite"),
+    (["--timeout", "inf"], 2, "--timeout must be positive and finite"),
+    (["--url", "http://[::1", "--admin-token", "x" * 20], 2, "expected http://HOST:PORT"),
 ])
 def test_cli_usage_errors_are_one_line(argv: list[str], code: int, message: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:
