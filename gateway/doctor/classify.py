@@ -133,8 +133,10 @@ def _active(r: ReplicaStats, th: Thresholds) -> bool:
     return started >= th.min_requests or waited
 
 
-def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Finding]:
-    """Engine classes and scrape health of one replica (healthy when nothing fires)."""
+def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
+                     window_s: float = math.inf) -> list[Finding]:
+    """Engine classes and scrape health of one replica (healthy when nothing fires) over a
+    window of ``window_s`` seconds."""
     down = _down(r)
     if down is not None:
         return [down]  # its scrapes fail and it serves nothing: consequences, not findings
@@ -144,7 +146,7 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Find
         out.append(scrape)
     if r.fresh < MIN_SAMPLES or not _active(r, th):
         if not out:
-            out.append(_healthy_replica(r, th, idle=True))
+            out.append(_healthy_replica(r, th, ctx, window_s, idle=True))
         return out
     hit = r.hit_rate
     prompt = r.mean_prompt
@@ -164,7 +166,7 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Find
             or r.ttft_mean >= th.queue_ttft_itl_ratio * r.itl_mean):
         out.append(_queue_bound(r, th))
     if not out:
-        out.append(_healthy_replica(r, th, idle=False))
+        out.append(_healthy_replica(r, th, ctx, window_s, idle=False))
     return out
 
 
@@ -282,10 +284,26 @@ def _queue_bound(r: ReplicaStats, th: Thresholds) -> Finding:
         f"raise --max-num-seqs from {seats:.0f} to {target} (the KV cache has room)", ev)
 
 
-def _healthy_replica(r: ReplicaStats, th: Thresholds, idle: bool) -> Finding:
+def _not_judged(n: int, what: str, ctx: Context, window_s: float) -> str:
+    """Why nothing was judged: a history too young (it will be), or a window too short to hold
+    MIN_SAMPLES ticks (it never will be: say which window would)."""
+    least = MIN_SAMPLES * ctx.interval_s
+    if window_s < least:
+        return (f"not judged: a {_seconds(window_s)} window holds {n} {what} (< {MIN_SAMPLES}, "
+                f"one per doctor.interval_s {_seconds(ctx.interval_s)}): ask for a window of "
+                f"{_seconds(least)} or more")
+    return f"not judged yet: {n} {what} in the window (< {MIN_SAMPLES})"
+
+
+def _seconds(v: float) -> str:
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:g}s"
+
+
+def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: float,
+                     idle: bool) -> Finding:
     if idle and r.fresh < MIN_SAMPLES:
         return Finding("healthy", "ok", r.pool, r.id,
-                       f"not judged yet: {r.fresh} fresh samples in the window (< {MIN_SAMPLES})",
+                       _not_judged(r.fresh, "fresh samples", ctx, window_s),
                        "none", [_ev("kvgate_replica_scrape_age_seconds", "fresh samples",
                                     float(r.fresh))])
     if idle:
@@ -332,11 +350,12 @@ def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | 
 
 
 # -- per pool -------------------------------------------------------------------------------------
-def classify_pool(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
+def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
+                  window_s: float = math.inf) -> list[Finding]:
     if p.samples < MIN_SAMPLES:
         return [Finding("healthy", "ok", p.name, None,
-                        f"routing: not judged yet ({p.samples} samples in the window, "
-                        f"< {MIN_SAMPLES})", "none", [])]
+                        "routing: " + _not_judged(p.samples, "samples", ctx, window_s), "none",
+                        [])]
     out: list[Finding] = []
     imbalance = _imbalance(p, th)
     out.extend(imbalance)
@@ -595,9 +614,9 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     out.extend(classify_gateway(w.gateway, th, ctx))
     for pool in w.pools:
-        out.extend(classify_pool(pool, th, ctx))
+        out.extend(classify_pool(pool, th, ctx, w.requested_s))
         for r in pool.replicas:
-            out.extend(classify_replica(r, th, ctx))
+            out.extend(classify_replica(r, th, ctx, w.requested_s))
     return sort_findings(out)
 
 

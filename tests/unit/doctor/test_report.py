@@ -45,8 +45,8 @@ def test_parse_duration_rejects(text: str) -> None:
 
 
 def test_format_duration() -> None:
-    assert [format_duration(s) for s in (0.4, 30, 300, 330, 3900)] == [
-        "0.4s", "30s", "5m", "5m30s", "1h05m"]
+    assert [format_duration(s) for s in (0.001, 0.4, 30, 300, 330, 3900)] == [
+        "1ms", "0.4s", "30s", "5m", "5m30s", "1h05m"]
 
 
 def _window(tenants: list[TenantStats], replicas: list[ReplicaStats]) -> Window:
@@ -115,6 +115,22 @@ def test_a_window_longer_than_the_history_is_clamped_and_said() -> None:
     head = render_findings(report).splitlines()[0]
     assert "window 1m (at most doctor.history_s, not 1h00m)" in head
     assert "the history covers 11s" in head
+
+
+def test_a_window_too_short_for_the_rules_says_which_window_would_do() -> None:
+    """`?window=2s` with a 1 s tick holds 2 samples: nothing is judged, and waiting would not
+    change that ("not judged yet" would), so every row names the shortest window that works."""
+    f = Fleet()
+    h = _ticks(f, 21, waiting=0.0, running=3.0, kv=0.2, new=10)
+    doctor = Doctor(f.src, DoctorSettings(1.0, 60.0), Context(interval_s=1.0), lambda: f.now)
+    doctor.history = h
+    report = doctor.build(list(h.ticks), 2.0)
+    rows = [x for x in report["findings"] if x["pool"] is not None]
+    assert len(rows) == 3 and all(
+        "window holds 2" in x["summary"] and "ask for a window of 5s or more" in x["summary"]
+        and "yet" not in x["summary"] for x in rows), rows
+    young = doctor.build(list(h.ticks)[:3], 20.0)  # a 20 s window, 2 ticks into the history
+    assert all("not judged yet" in x["summary"] for x in young["findings"] if x["pool"])
 
 
 def test_overrides_change_the_verdict_and_are_reported() -> None:
