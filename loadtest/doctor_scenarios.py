@@ -147,11 +147,22 @@ class Running:
         fd, self._path = tempfile.mkstemp(prefix="kvgate-doctor-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(cfg, f)
-        env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN, "KVGATE_CONFIG": "", "KVGATE_REDIS_URL": "",
-               "KVGATE_SALT_SECRET": SALT_SECRET if tenants else ""}
         if sc.redis:
             self._start_redis()
-            env["KVGATE_REDIS_URL"] = self.redis_url
+        self.base = self.gateway()
+        for tenant in tenants:
+            r = httpx.post(f"{self.base}/admin/tenants/{tenant}/keys", timeout=10,
+                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+            r.raise_for_status()
+            self.keys[tenant] = r.json()["key"]
+
+    def gateway(self) -> str:
+        """Start a gateway on the scenario's config (a second one shares Redis, when the
+        scenario runs it, with the first); returns its base URL."""
+        tenants = bool(self.sc.tenant_loads)
+        env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN, "KVGATE_CONFIG": "",
+               "KVGATE_REDIS_URL": self.redis_url, "KVGATE_SALT_SECRET": SALT_SECRET if tenants
+               else ""}
         port = free_port()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -165,12 +176,7 @@ class Running:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        self.base = f"http://127.0.0.1:{port}"
-        for tenant in tenants:
-            r = httpx.post(f"{self.base}/admin/tenants/{tenant}/keys", timeout=10,
-                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
-            r.raise_for_status()
-            self.keys[tenant] = r.json()["key"]
+        return f"http://127.0.0.1:{port}"
 
     def _start_redis(self) -> None:
         exe = shutil.which("redis-server")
@@ -236,8 +242,9 @@ class Running:
 
         return asyncio.run(main())
 
-    def report(self, window_s: float) -> dict[str, Any]:
-        r = httpx.get(f"{self.base}/admin/doctor", params={"window": f"{window_s:g}s"},
+    def report(self, window_s: float, base: str = "") -> dict[str, Any]:
+        """The doctor's report of this scenario's gateway (or of the one at ``base``)."""
+        r = httpx.get(f"{base or self.base}/admin/doctor", params={"window": f"{window_s:g}s"},
                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
         r.raise_for_status()
         out: dict[str, Any] = r.json()

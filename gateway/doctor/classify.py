@@ -40,6 +40,9 @@ CLASSES = ("down", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
 MIN_OVERHEAD_REQUESTS = 100  # kvgate's overhead p99 is judged from this many requests
+# below this share of a pool's engine traffic, other gateways send the rest: the engines'
+# counters are not this gateway's to compare with its own numbers one for one
+SHARED_ENGINES = 0.8
 WORKERS_DOC = "docs/shared-state.md, Worker processes"
 
 
@@ -409,7 +412,13 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
          "time per request", th.slow_min_s, "s"),
         ("waiting_mean", "vllm:num_requests_waiting", "mean waiting", th.imbalance_min, ""),
     )
+    started = sum(r.requests for r in live if _ok(r.requests))
+    # Little's law needs this gateway's in flight and its own requests per second; with other
+    # gateways sending to the engines (their counts in `requests`), it is not judged
+    shared = started > 0 and p.requests < SHARED_ENGINES * started
     for attr, metric, what, minimum, unit in checks:
+        if attr == "time_per_request" and shared:
+            continue
         values = [(getattr(r, attr), r) for r in live if _ok(getattr(r, attr))
                   and (attr != "time_per_request" or r.requests >= 4 * th.min_requests)]
         if attr == "waiting_mean" and values and not _queueing(
@@ -471,20 +480,39 @@ def _ratio_or_nan(num: float, den: float) -> float:
     return num / den if _ok(num) and den > 0 else math.nan
 
 
+def _own_share(p: PoolStats) -> float:
+    """This gateway's share of the prompt tokens the pool's engines saw (its answers' usage /
+    the engines' prefix-cache queries); NaN when unknown. Well below 1: other gateways (or
+    clients) send to the same engines, whose counters then describe their traffic too."""
+    queries = sum(r.queries for r in p.replicas)
+    if p.prompt_tokens <= 0 or queries <= 0:
+        return math.nan
+    return min(1.0, p.prompt_tokens / queries)
+
+
 def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
     potential, routed, engine = p.potential_hit_rate, p.routed_hit_rate, p.engine_hit_rate
     if p.share_n < 8 or not (_ok(potential) and _ok(engine)):
         return None
+    own = _own_share(p)
+    shared = _ok(own) and own < SHARED_ENGINES
+    if shared:
+        # the potential is sampled from this gateway's traffic only: compare it with the best
+        # hit rate its traffic can have had, every engine hit counted as its own
+        engine = min(1.0, sum(r.hits for r in p.replicas) / p.prompt_tokens)
     if potential < th.hit_potential_min or engine >= th.hit_gap_ratio * potential:
         return None
+    what = "engine hit rate (pool)" if not shared else \
+        "engine hit rate of this gateway's traffic, at most"
     ev = [_ev("kvgate router affinity index (sampled)", "prefix sharing the traffic allows",
               potential, ">=", th, "hit_potential_min", "%"),
-          _ev("vllm:prefix_cache_hits_total", "engine hit rate (pool)", engine, "<", th,
-              "hit_gap_ratio", "%"),
+          _ev("vllm:prefix_cache_hits_total", what, engine, "<", th, "hit_gap_ratio", "%"),
           _ev("kvgate router affinity index (sampled)", "expected where the requests were sent",
               routed, unit="%"),
           _ev('kvgate_requests_total{route="overflow"}', "overflow share",
-              p.overflow / p.requests if p.requests else math.nan, unit="%")]
+              p.overflow / p.requests if p.requests else math.nan, unit="%"),
+          _ev("kvgate_tenant_tokens_total / vllm:prefix_cache_queries_total",
+              "this gateway's share of the engines' prompt tokens", own, unit="%")]
     ev[1].threshold = th.hit_gap_ratio * potential  # the gap rule's bar, in hit-rate terms
     if routed < 0.7 * potential:
         if ctx.policy != "cache_aware":
@@ -500,8 +528,9 @@ def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
         why = "the replicas evict prefixes before reuse"
     return Finding(
         "routing", "warning", p.name, None,
-        f"hit rate {engine:.0%} where the traffic's prefix sharing allows {potential:.0%}: "
-        + why, action, ev)
+        (f"hit rate at most {engine:.0%} on this gateway's traffic ({own:.0%} of the engines' "
+         "prompt tokens; other gateways send the rest)" if shared else f"hit rate {engine:.0%}")
+        + f" where the traffic's prefix sharing allows {potential:.0%}: " + why, action, ev)
 
 
 def _healthy_pool(p: PoolStats, th: Thresholds) -> Finding:

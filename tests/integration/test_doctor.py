@@ -15,6 +15,7 @@ event loop waits for a CPU -- a real finding, but not the one under test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.doctor_load import Load
+from loadtest.doctor_load import Load, LoadResult, run_load
 from loadtest.doctor_scenarios import (
     ADMIN_TOKEN,
     SCENARIOS,
@@ -150,6 +151,34 @@ def test_redis_stopped_and_a_replica_without_metrics_are_gateway_findings() -> N
     assert "--disable-log-stats" in scrape["action"]
     metered = run.urls["p"][0].removeprefix("http://")
     assert [f["class"] for f in _findings(report, "p", metered)] == ["healthy"]
+
+
+def test_a_second_gateway_on_the_same_engines_is_not_a_routing_fault() -> None:
+    """Two gateways share Redis and the engines: this one's traffic comes in pairs (half its
+    prompt tokens reusable), the other's long prompts are unique. The engines' hit rate is the
+    mix, far below what this gateway's traffic allows -- its own traffic hits fine, and the
+    doctor must not blame routing or the caches for the other gateway's prompts."""
+    sc = Scenario("two-gateways", "healthy", "p", None, {"p": _pool_of(2)}, {}, redis=True)
+    with Running(sc, scale=SCALE, thresholds=THRESHOLDS) as run:
+        other = run.gateway()
+
+        async def both() -> list[list[LoadResult]]:
+            return list(await asyncio.gather(
+                run_load(run.base, [Load("m-p", 2, "pairs", 1500, max_tokens=8)], LOAD_S, "a"),
+                run_load(other, [Load("m-p", 4, "long-unique", 1500, max_tokens=8)], LOAD_S,
+                         "b")))
+
+        assert all(r.ok > 0 for rs in asyncio.run(both()) for r in rs)
+        report = run.report(LOAD_S)
+        (pool,) = report["pools"]
+        assert pool["potential_hit_rate"] >= 0.3  # the gap the old rule read as a fault
+        assert pool["engine_hit_rate"] < 0.5 * pool["potential_hit_rate"]
+        assert wrong_classes(report, sc, ("p", None)) == [], report["findings"]
+        assert wrong_classes(run.report(LOAD_S, other), sc, ("p", None)) == []
+
+
+def _pool_of(n: int) -> list[list[str]]:
+    return [[] for _ in range(n)]
 
 
 def _cli(*args: str, token: str | None = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:

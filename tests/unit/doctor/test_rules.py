@@ -321,3 +321,34 @@ def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
         == ["healthy"]  # a blip: one ejection just now
     assert classes(classify_replica(replica(healthy_share=0.0, healthy_last=0.0,
                                             draining=True), TH, CTX)) == ["healthy"]
+
+
+def test_another_gateways_traffic_on_the_same_engines_is_not_this_ones_hit_gap() -> None:
+    """Two gateways share the engines: this one's traffic could reuse 46% of its prompts, the
+    other's long unique prompts (half the engines' tokens) reuse nothing. The engines' 22% is
+    their mix; every hit counted as this gateway's, its traffic hit at most 44%: no gap."""
+    reps = [replica("a", queries=800_000.0, hits=176_000.0),
+            replica("b", queries=800_000.0, hits=176_000.0)]
+    mixed = pool(*reps, share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                 share_chosen=43_000.0, prompt_tokens=800_000.0)
+    assert classes(classify_pool(mixed, TH, CTX)) == ["healthy"]
+    # the same engines with a real gap in this gateway's own traffic is still named
+    starved = pool(*[replica(r.id, queries=800_000.0, hits=40_000.0) for r in reps],
+                   share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                   share_chosen=43_000.0, prompt_tokens=800_000.0)
+    (f,) = classify_pool(starved, TH, CTX)
+    assert f.cls == "routing" and "at most 10% on this gateway's traffic (50%" in f.summary
+    alone = pool(*reps, share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                 share_chosen=43_000.0, prompt_tokens=1_600_000.0)  # one gateway: as before
+    (f,) = classify_pool(alone, TH, CTX)
+    assert f.summary.startswith("hit rate 22% where")
+
+
+def test_time_per_request_is_not_judged_on_engines_another_gateway_also_feeds() -> None:
+    """Little's law over this gateway's in flight and the engines' request counts mixes two
+    gateways' traffic: the other one sending most of its requests to `a` makes `b` look slow."""
+    a = replica("a", inflight_mean=4.0, requests=1000.0)  # 200 ours + 800 of the other gateway
+    b = replica("b", inflight_mean=4.0, requests=200.0)
+    assert classes(classify_pool(pool(a, b, requests=400.0), TH, CTX)) == ["healthy"]
+    (f,) = classify_pool(pool(a, b, requests=1200.0), TH, CTX)  # all ours: b is slow
+    assert (f.cls, f.replica) == ("routing", "b") and "time per request" in f.summary
