@@ -47,6 +47,7 @@ class Scenario:
     loads: dict[str, Load]  # pool -> its load (model names are filled in)
     faults: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     routing: dict[str, Any] = field(default_factory=dict)
+    flow: dict[str, Any] | None = None  # flow control on, with these settings
     redis: bool = False
     stop_redis: bool = False  # stop Redis once the load has run
     gateway_proof: bool = False  # a "gateway" finding is the subject: never count it wrong
@@ -82,6 +83,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("hit-rate", "routing", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 1, "pairs", 1500, max_tokens=4)},
              routing={"policy": "round_robin"}),
+    Scenario("flow-queue", "queue-bound", "q", None, {"q": _pool([]), **OK_POOL},
+             {"q": Load("", 24, "short", max_tokens=200), **OK_LOAD},
+             flow={"max_inflight": 4}),
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),
@@ -139,6 +143,7 @@ class Running:
             "doctor": {"interval_s": max(0.25, round(1.0 / scale, 3)),
                        "thresholds": self._thresholds},
             "health": {"interval_s": 0.5},
+            **({"flow": {"enabled": True, **sc.flow}} if sc.flow is not None else {}),
             **self._config,
         }
         tenants = sorted({t for t, _, _ in sc.tenant_loads})

@@ -102,6 +102,7 @@ class Context:
     interval_s: float = 1.0  # the doctor's tick
     workers: int = 1  # server.workers
     cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
+    flow_max_inflight: int | None = None  # flow.max_inflight when flow control is on
 
 
 def _ok(v: float) -> bool:
@@ -360,6 +361,9 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
                         "routing: " + _not_judged(p.samples, "samples", ctx, window_s), "none",
                         [])]
     out: list[Finding] = []
+    if _ok(p.flow_queued) and p.requests >= th.min_pool_requests \
+            and p.flow_queued >= th.flow_queued_share * p.requests:
+        out.append(_flow_queue(p, th, ctx))
     imbalance = _imbalance(p, th)
     out.extend(imbalance)
     hit = _hit_gap(p, th, ctx)
@@ -392,6 +396,43 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     if not out:
         out.append(_healthy_pool(p, th))
     return out
+
+
+def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
+    """Requests wait in kvgate's flow-control queue: the engines show no queue of their own,
+    so the knob is where the pool's bound is reached -- the engines (full: their findings
+    say which flag) or flow control's saturation bounds (the engines have room)."""
+    share = min(1.0, p.flow_queued / p.requests)
+    live = [r for r in p.replicas if r.fresh >= MIN_SAMPLES and not r.draining]
+    full = [r.id for r in live if _queueing(r, th) or (_ok(r.kv_p90) and r.kv_p90 >= th.kv_high)]
+    inflight = max((r.inflight_mean for r in live if _ok(r.inflight_mean)), default=math.nan)
+    waiting = max((r.waiting_share for r in live if _ok(r.waiting_share)), default=math.nan)
+    kv = max((r.kv_p90 for r in live if _ok(r.kv_p90)), default=math.nan)
+    if full:
+        action = (f"the engines are full too ({', '.join(full)}: their findings say which "
+                  f"flag): act on those, or add replicas to pool {p.name}")
+    elif ctx.flow_max_inflight and _ok(inflight) and inflight >= 0.75 * ctx.flow_max_inflight:
+        action = (f"raise flow.max_inflight (now {ctx.flow_max_inflight}): the replicas hold "
+                  f"~{inflight:.0f} requests each and their engines have room")
+    else:
+        action = ("the engines have room (no queue of their own, KV below the knee): raise "
+                  "the flow control bound the pool reaches (flow.max_unanswered, "
+                  "flow.max_prefill_tokens, flow.max_waiting: docs/flow-control.md), or add "
+                  "replicas")
+    ev = [_ev("kvgate_flow_queued_total", "requests that waited in flow control's queue",
+              share, ">=", th, "flow_queued_share", "%"),
+          _ev("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
+          _ev("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
+              p.flow_wait_mean, unit="s"),
+          _ev("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
+          _ev("vllm:num_requests_waiting", "samples with requests waiting in an engine, most",
+              waiting, unit="%"),
+          _ev("vllm:kv_cache_usage_perc", "KV usage p90, fullest replica", kv, unit="%")]
+    wait = f", ~{_fmt(p.flow_wait_mean, 's')} each" if _ok(p.flow_wait_mean) else ""
+    return Finding(
+        "queue-bound", "warning", p.name, None,
+        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
+        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
 
 
 def _median(values: Sequence[float]) -> float:

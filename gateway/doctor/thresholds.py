@@ -80,6 +80,9 @@ TABLE: tuple[Threshold, ...] = (
               "requests the bounded-load rule sent away from their best replica"),
     Threshold("spill_share", 0.2, "share of requests", "kvgate_spillovers_total",
               "requests spilled from a pool to its tier's spill pool"),
+    Threshold("flow_queued_share", 0.2, "share of requests", "kvgate_flow_queued_total",
+              "requests that waited in kvgate's flow-control queue (the pool was saturated by "
+              "flow control's bounds): the queue is in the gateway, not in the engines"),
     # -- gateway ----------------------------------------------------------------------------
     Threshold("overhead_p99_s", 0.01, "s", 'kvgate_overhead_seconds{phase="pre_upstream"}',
               "kvgate's own time before the upstream request, 99th percentile (of at least "

@@ -137,6 +137,9 @@ class PoolStats:
     ttft_p90_client: float = math.nan  # kvgate_ttft_seconds, as clients see it (streams)
     ttft_n_client: float = 0.0
     e2e_p90_client: float = math.nan  # kvgate_request_duration_seconds
+    flow_queued: float = math.nan  # requests that waited in flow control's queue (NaN: off)
+    flow_depth_mean: float = math.nan  # requests in that queue, mean over the window's ticks
+    flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
     replicas: list[ReplicaStats] = field(default_factory=list)
 
     @property
@@ -282,6 +285,11 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
     ps.ttft_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, buckets)
     e2e = [inc(POOL.E2E + i) for i in range(len(TTFT_BOUNDS))]
     ps.e2e_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, e2e)
+    depth = [v for t in span[1:] if not math.isnan(v := t.pool(name, POOL.FLOW_DEPTH))]
+    if depth:
+        ps.flow_queued, ps.flow_depth_mean = inc(POOL.FLOW_QUEUED), _mean(depth)
+        arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
+        ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
     return ps
 
 

@@ -126,6 +126,20 @@ def test_added_latency_on_one_replica_is_a_routing_imbalance() -> None:
     assert "before" in finding["action"] and target[1] in finding["action"]
 
 
+def test_requests_held_in_flow_controls_queue_name_the_bound_the_pool_reaches() -> None:
+    """Flow control holds the requests (flow.max_inflight 4 per replica) while the engine has
+    room: no engine queue, yet most requests wait in kvgate. It was reported healthy."""
+    sc = SCENARIOS["flow-queue"]
+    report, run = _diagnose(sc)
+    _check_only(report, sc, ("q", None))
+    (finding,) = [f for f in _findings(report, "q", None) if f["class"] == "queue-bound"]
+    queued = _evidence(finding, "kvgate_flow_queued_total")
+    assert queued["value"] >= queued["threshold"] == 0.2
+    assert finding["action"].startswith("raise flow.max_inflight (now 4)")
+    replica = run.urls["q"][0].removeprefix("http://")
+    assert [f["class"] for f in _findings(report, "q", replica)] == ["healthy"]
+
+
 def test_round_robin_wastes_the_prefix_sharing_the_traffic_allows() -> None:
     sc = SCENARIOS["hit-rate"]
     report, _ = _diagnose(sc)

@@ -352,3 +352,27 @@ def test_time_per_request_is_not_judged_on_engines_another_gateway_also_feeds() 
     assert classes(classify_pool(pool(a, b, requests=400.0), TH, CTX)) == ["healthy"]
     (f,) = classify_pool(pool(a, b, requests=1200.0), TH, CTX)  # all ours: b is slow
     assert (f.cls, f.replica) == ("routing", "b") and "time per request" in f.summary
+
+
+@pytest.mark.parametrize(("replicas", "ctx", "action"), [
+    ([replica("a", inflight_mean=4.0)], Context(flow_max_inflight=4),
+     "raise flow.max_inflight (now 4)"),
+    ([replica("a", inflight_mean=2.0)], Context(flow_max_inflight=4),
+     "the engines have room"),
+    ([replica("a", waiting_share=0.9, waiting_mean=8.0, ttft_mean=0.8, itl_mean=0.008)],
+     Context(), "the engines are full too (a: their findings say which flag)"),
+])
+def test_requests_queued_in_flow_control_are_a_pool_queue(
+        replicas: list[ReplicaStats], ctx: Context, action: str) -> None:
+    p = pool(*replicas, requests=400.0, flow_queued=300.0, flow_depth_mean=12.0,
+             flow_wait_mean=0.4)
+    (f,) = [f for f in classify_pool(p, TH, ctx) if f.cls != "healthy"]
+    assert (f.cls, f.replica) == ("queue-bound", None)
+    assert f.summary.startswith("75% of requests waited in kvgate's flow-control queue, ~400 ms")
+    assert f.action.startswith(action)
+
+
+def test_flow_control_off_or_rarely_queueing_is_no_finding() -> None:
+    assert classes(classify_pool(pool(replica("a")), TH, CTX)) == ["healthy"]  # NaN: off
+    few = pool(replica("a"), requests=400.0, flow_queued=40.0, flow_depth_mean=0.1)
+    assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
