@@ -62,6 +62,7 @@ def test_cache_verdicts_per_tenant() -> None:
         TenantStats("chat", "p", 100, 200_000, 120_000, 100),  # 60 %: pays
         TenantStats("rag", "p", 100, 300_000, 51_200, 100),  # a 512-token shared prefix
         TenantStats("old", "p", 100, 200_000, 0, 0),  # no cached_tokens reported
+        TenantStats("mixed", "p", 100, 200_000, 30_000, 55),  # by some replicas only
         TenantStats("tiny", "p", 3, 900, 800, 3),
     ]
     rows, pools = cache_return(_window(tenants, [r]), TH)
@@ -69,6 +70,9 @@ def test_cache_verdicts_per_tenant() -> None:
     assert by["chat"].verdict == PAYS and by["chat"].gpu_seconds_saved == pytest.approx(12.0)
     assert by["rag"].verdict == LITTLE and "~512 of ~3,000 prompt tokens" in by["rag"].detail
     assert by["old"].verdict == UNKNOWN and by["old"].hit_rate is None
+    assert by["old"].detail == "cached_tokens missing from the answers' usage"
+    assert by["mixed"].verdict == UNKNOWN and by["mixed"].hit_rate is None
+    assert by["mixed"].detail.startswith("only 55% of the answers' usage carried cached_tokens")
     assert by["tiny"].verdict == TOO_LITTLE
     assert all(row.kv_share is None for row in rows)  # not known per tenant
     (pool,) = pools
