@@ -80,6 +80,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("imbalance", "routing", "p", 0, {"p": _pool([], 2)},
              {"p": Load("", 16, "short", max_tokens=50)},
              faults={("p", 0): {"latency_ms": 300.0}}),
+    Scenario("slow-replica", "routing", "p", 1, {"p": [[], A100]},
+             {"p": Load("", 8, "short", max_tokens=100)}, routing={"policy": "round_robin"}),
     Scenario("hit-rate", "routing", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 1, "pairs", 1500, max_tokens=4)},
              routing={"policy": "round_robin"}),

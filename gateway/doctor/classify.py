@@ -364,7 +364,7 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     if _ok(p.flow_queued) and p.requests >= th.min_pool_requests \
             and p.flow_queued >= th.flow_queued_share * p.requests:
         out.append(_flow_queue(p, th, ctx))
-    imbalance = _imbalance(p, th)
+    imbalance = _imbalance(p, th, ctx)
     out.extend(imbalance)
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
@@ -441,7 +441,7 @@ def _median(values: Sequence[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
+def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     """The first spread that fires: in flight, engine waiting, time per request."""
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
             and _ok(r.healthy_share) and r.healthy_share >= 0.5]
@@ -475,6 +475,15 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
             continue
         engine = (hot.running_mean if _ok(hot.running_mean) else 0.0) + (
             hot.waiting_mean if _ok(hot.waiting_mean) else 0.0)
+        outside = hot.inflight_mean > 0 and engine < 0.5 * hot.inflight_mean
+        peers = [r for _, r in values[:-1]]
+        itl = _speed(hot, peers, "itl_mean")
+        if not outside and _ok(itl) and itl * th.imbalance_ratio <= 1.0 \
+                and not _queueing(hot, th):
+            # a replica decoding imbalance_ratio times faster than its peers finishes sooner
+            # and takes more (the router weighs speed): nothing waits on it
+            continue
+        slower = max(itl, _speed(hot, peers, "ttft_mean"), key=lambda v: v if _ok(v) else 0.0)
         name = "slow_min_s" if unit else "imbalance_min"
         ev = [_ev(metric, f"{what} on {hot.id}", hot_value, ">=", th, "imbalance_ratio", unit),
               _ev(metric, f"{what}, median of the other replicas", median, unit=unit),
@@ -485,11 +494,18 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
                   hot.ttft_mean, unit="s")]
         ev[0].threshold = th.imbalance_ratio * max(median, floor)
         share = _ratio_or_nan(hot.requests, sum(r.requests for r in live if _ok(r.requests)))
-        outside = hot.inflight_mean > 0 and engine < 0.5 * hot.inflight_mean
         if outside:
             action = (f"requests sit before {hot.id}'s engine ({hot.inflight_mean:.1f} in flight, "
                       f"{engine:.1f} in the engine): check that replica's host, network or HTTP "
                       "frontend, or drain it")
+        elif _ok(slower) and slower >= th.imbalance_ratio:
+            ev.append(_ev("vllm:inter_token_latency_seconds",
+                          f"engine inter-token latency on {hot.id} / its peers' median", itl))
+            action = (f"{hot.id}'s engine is {slower:.1f}x slower than its peers' (inter-token "
+                      f"latency {_fmt(hot.itl_mean, 's')}, TTFT {_fmt(hot.ttft_mean, 's')}): "
+                      "check its GPU, model quantization and engine flags"
+                      + (f", or set routing.policy: cache_aware, which weighs each replica's "
+                         f"speed (now {ctx.policy})" if ctx.policy != "cache_aware" else ""))
         elif attr == "time_per_request":
             action = (f"{hot.id} is slower than its peers: check its GPU and engine flags "
                       "(the router already sends it less)")
@@ -502,6 +518,16 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
             f"imbalance: {what} on {hot.id} {_short(hot_value, unit)} vs a median of "
             f"{_short(median, unit)} on the other replicas{served}", action, ev)]
     return []
+
+
+def _speed(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str) -> float:
+    """The hot replica's engine latency (``itl_mean`` or ``ttft_mean``) over its peers'
+    median: > 1 slower, < 1 faster; NaN when unknown."""
+    theirs = [v for r in peers if _ok(v := getattr(r, attr))]
+    mine = getattr(hot, attr)
+    if not theirs or not _ok(mine):
+        return math.nan
+    return _ratio_or_nan(mine, _median(theirs))
 
 
 def _short(v: float, unit: str) -> str:

@@ -140,6 +140,24 @@ def test_requests_held_in_flow_controls_queue_name_the_bound_the_pool_reaches() 
     assert [f["class"] for f in _findings(report, "q", replica)] == ["healthy"]
 
 
+def test_a_slower_replica_is_named_with_its_engine_not_the_pools_routing() -> None:
+    """An FP8 replica beside one that decodes ~5x slower (the 70B AWQ preset). Round robin
+    piles requests on the slow one: the doctor blamed hot prefixes (routing.load_factor); it
+    must name the slow one's engine. Cache-aware routing sends the fast one more: the doctor
+    named the fast one `hot`; it may name the slow one (or nothing), never the fast one."""
+    sc = SCENARIOS["slow-replica"]
+    report, run = _diagnose(sc)
+    target = run.target()
+    _check_only(report, sc, target)
+    (finding,) = [f for f in _findings(report, *target) if f["class"] == "routing"]
+    assert "x slower than its peers'" in finding["action"]
+    assert "routing.policy: cache_aware" in finding["action"]
+    assert "load_factor" not in finding["action"]
+    weighed = Scenario(**{**sc.__dict__, "routing": {}})
+    report, run = _diagnose(weighed)
+    assert wrong_classes(report, weighed, run.target()) == [], report["findings"]
+
+
 def test_round_robin_wastes_the_prefix_sharing_the_traffic_allows() -> None:
     sc = SCENARIOS["hit-rate"]
     report, _ = _diagnose(sc)

@@ -376,3 +376,26 @@ def test_flow_control_off_or_rarely_queueing_is_no_finding() -> None:
     assert classes(classify_pool(pool(replica("a")), TH, CTX)) == ["healthy"]  # NaN: off
     few = pool(replica("a"), requests=400.0, flow_queued=40.0, flow_depth_mean=0.1)
     assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
+
+
+def test_a_slower_replica_holding_more_in_flight_is_named_slow_not_hot_prefixes() -> None:
+    """Round robin over an FP8 replica and one five times slower (AWQ): the slow one holds the
+    requests. The cause is its engine, not hot prefixes (load_factor)."""
+    fast = replica("fp8", inflight_mean=1.3, running_mean=1.0, ttft_mean=0.007, itl_mean=0.006)
+    slow = replica("awq", inflight_mean=6.0, running_mean=5.9, ttft_mean=0.042, itl_mean=0.035)
+    (f,) = classify_pool(pool(fast, slow), TH, Context(policy="round_robin"))
+    assert (f.cls, f.replica) == ("routing", "awq")
+    assert f.action.startswith("awq's engine is 6.0x slower than its peers'")
+    assert "routing.policy: cache_aware" in f.action and "load_factor" not in f.action
+
+
+def test_a_faster_replica_taking_more_is_not_an_imbalance() -> None:
+    """Cache-aware routing sends most requests to the faster replica; it keeps up (no queue):
+    the router weighing speed, not a fault."""
+    fast = replica("fp8", inflight_mean=5.3, running_mean=2.6, ttft_mean=0.013, itl_mean=0.0066)
+    slow = replica("awq", inflight_mean=2.0, running_mean=3.6, ttft_mean=0.072, itl_mean=0.032)
+    assert classes(classify_pool(pool(fast, slow), TH, CTX)) == ["healthy"]
+    queued = replica("fp8", inflight_mean=5.3, running_mean=2.6, ttft_mean=0.9, itl_mean=0.0066,
+                     waiting_share=0.9, waiting_mean=3.0)
+    (f,) = classify_pool(pool(queued, slow), TH, CTX)  # it does queue: named
+    assert (f.cls, f.replica) == ("routing", "fp8")
