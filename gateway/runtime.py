@@ -118,7 +118,8 @@ async def start_runtime(
         cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,
         sync_degraded=lambda: sync.degraded if sync else None,
         tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock,
-        flow=flow_queues(proxy.prep.flow) if proxy.prep.flow is not None else None)
+        flow=flow_queues(proxy.prep.flow) if proxy.prep.flow is not None else None,
+        no_load_data=scraper.no_load_data)
     proxy.prep.sharing = doctor.sharing
     await doctor.start()
     stack.push_async_callback(doctor.stop)

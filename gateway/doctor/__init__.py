@@ -47,6 +47,7 @@ def build_doctor(
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
     flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
+    no_load_data: Callable[[str], bool] = lambda rid: False,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
     from gateway.doctor.classify import Context
@@ -58,7 +59,7 @@ def build_doctor(
     src = Sources(replicas=replicas, metrics=metrics, router=router,
                   sharing=PrefixSharing(router), scrape_errors=scrape_errors,
                   redis_up=redis_up, sync_degraded=sync_degraded,
-                  tenancy_loaded=tenancy_loaded, flow=flow)
+                  tenancy_loaded=tenancy_loaded, flow=flow, no_load_data=no_load_data)
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
                   workers=cfg.server.workers, cores=usable_cores(),

@@ -344,13 +344,20 @@ def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | 
               f"samples with a scrape older than {ctx.stale_after_s:g} s", r.stale_share, ">=",
               th, "scrape_stale_share", "%")]
     severity = "critical" if r.fresh == 0 else "warning"
+    fallback = "routing falls back to its own accounting and the engine classes cannot be judged"
+    if r.no_stats:
+        return Finding(
+            "gateway", severity, r.pool, r.id,
+            f"this replica's /metrics answers without vllm:* series ({r.stale_share:.0%} of "
+            f"samples without engine numbers): {fallback}",
+            "start its vLLM without --disable-log-stats (the engine then exports its vllm:* "
+            "metrics)", ev)
     return Finding(
         "gateway", severity, r.pool, r.id,
         f"kvgate cannot read this replica's /metrics ({r.scrape_errors:.0f} failed scrapes, "
-        f"{r.stale_share:.0%} of samples stale): routing falls back to its own accounting and "
-        "the engine classes cannot be judged",
-        "check the replica's /metrics (vLLM started with --disable-log-stats? network, auth) "
-        "and its health", ev)
+        f"{r.stale_share:.0%} of samples stale): {fallback}",
+        "check the replica's /metrics: that it answers within routing's scrape timeout "
+        "(network, a proxy in between, auth) and with vLLM's metric names", ev)
 
 
 # -- per pool -------------------------------------------------------------------------------------
@@ -443,8 +450,10 @@ def _median(values: Sequence[float]) -> float:
 
 def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     """The first spread that fires: in flight, engine waiting, time per request."""
+    # a replica without fresh engine numbers has its own finding (its /metrics); where its
+    # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
-            and _ok(r.healthy_share) and r.healthy_share >= 0.5]
+            and _ok(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES]
     if len(live) < 2:
         return []
     checks: tuple[tuple[str, str, str, float, str], ...] = (

@@ -49,10 +49,10 @@ OVERHEAD_BOUNDS = (*OVERHEAD_BUCKETS, math.inf)
 class REP:
     """Field offsets of one replica's numbers in a tick."""
 
-    HEALTHY, DRAINING, INFLIGHT, SCRAPE_AGE, SCRAPE_ERRORS, PREFILL_RATE = range(6)
-    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(6, 14)
-    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(14, 21)
-    N = 21
+    HEALTHY, DRAINING, INFLIGHT, SCRAPE_AGE, SCRAPE_ERRORS, PREFILL_RATE, NO_STATS = range(7)
+    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(7, 15)
+    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(15, 22)
+    N = 22
 
 
 class POOL:
@@ -139,6 +139,8 @@ class Sources:
     cpu: Callable[[], float] = time.process_time
     # tenants and policy loaded at least once (False: Redis never answered since start)
     tenancy_loaded: Callable[[], bool | None] = lambda: None
+    # the replica's last /metrics page answered without vllm:* series (--disable-log-stats)
+    no_load_data: Callable[[str], bool] = lambda rid: False
     # flow control's queue per pool: (requests queued so far, queued now); None: flow is off
     flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None
 
@@ -219,6 +221,7 @@ def read_tick(
             NAN if s is None else now - r.scraped_at,
             float(src.scrape_errors(r.id)),
             rate(r.id),
+            1.0 if src.no_load_data(r.id) else 0.0,
         ))
         if s is None:
             rdata.extend([NAN] * (REP.N - REP.WAITING))

@@ -101,6 +101,7 @@ class ReplicaStats:
     itl_n: float = 0.0
     queue_mean: float = math.nan
     scrape_errors: float = 0.0
+    no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
     capacity_tokens: float = math.nan
@@ -262,6 +263,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.itl_mean = _ratio(inc[REP.ITL_SUM], inc[REP.ITL_COUNT])
     st.queue_mean = _ratio(inc[REP.QUEUE_SUM], inc[REP.QUEUE_COUNT])
     st.scrape_errors = inc[REP.SCRAPE_ERRORS]
+    st.no_stats = series[REP.NO_STATS][present[-1]] > 0
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)

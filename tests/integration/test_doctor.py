@@ -181,6 +181,7 @@ def test_redis_stopped_and_a_replica_without_metrics_are_gateway_findings() -> N
     (scrape,) = [f for f in _findings(report, *run.target()) if f["class"] == "gateway"]
     assert _evidence(scrape, "kvgate_scrape_errors_total")["value"] >= 0.5
     assert "--disable-log-stats" in scrape["action"]
+    assert "without vllm:* series" in scrape["summary"]
     metered = run.urls["p"][0].removeprefix("http://")
     assert [f["class"] for f in _findings(report, "p", metered)] == ["healthy"]
 
@@ -211,6 +212,27 @@ def test_a_second_gateway_on_the_same_engines_is_not_a_routing_fault() -> None:
 
 def _pool_of(n: int) -> list[list[str]]:
     return [[] for _ in range(n)]
+
+
+def test_a_mixed_fleet_names_each_sick_replica_and_not_the_pool() -> None:
+    """One pool: a healthy FP8 replica, one whose engine died (/health 503), one started with
+    --disable-log-stats, one ~5x slower (70B AWQ). Each is named for what it is -- the dead
+    one `down` (it was "cannot read /metrics"), the one without stats by its flag -- and the
+    pool's routing is not blamed for them."""
+    sc = Scenario("mixed", "down", "p", 1,
+                  {"p": [[], [], ["--disable-log-stats"], ["--preset", "a100-70b-awq"]]},
+                  {"p": Load("", 8, "short", max_tokens=100)}, faults={("p", 1): {"dead": True}})
+    report, run = _diagnose(sc)
+    ok, dead, quiet, slow = (u.removeprefix("http://") for u in run.urls["p"])
+    (down,) = _findings(report, "p", dead)
+    assert (down["class"], down["severity"]) == ("down", "critical"), down
+    (stats,) = _findings(report, "p", quiet)
+    assert stats["class"] == "gateway" and "without vllm:* series" in stats["summary"]
+    assert "--disable-log-stats" in stats["action"]
+    assert [f["class"] for f in _findings(report, "p", ok)] == ["healthy"]
+    assert [f["class"] for f in _findings(report, "p", None)] == ["healthy"]
+    for f in _findings(report, "p", slow):  # the router may send it little, or name it slow
+        assert f["class"] == "healthy" or "x slower than its peers'" in f["action"], f
 
 
 def _cli(*args: str, token: str | None = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:

@@ -399,3 +399,25 @@ def test_a_faster_replica_taking_more_is_not_an_imbalance() -> None:
                      waiting_share=0.9, waiting_mean=3.0)
     (f,) = classify_pool(pool(queued, slow), TH, CTX)  # it does queue: named
     assert (f.cls, f.replica) == ("routing", "fp8")
+
+
+def test_a_metrics_page_without_vllm_series_is_named_by_its_flag() -> None:
+    quiet = replica(fresh=0, stale_share=1.0, scrape_errors=40.0, no_stats=True,
+                    requests=math.nan, waiting_share=math.nan)
+    (f,) = classify_replica(quiet, TH, CTX)
+    assert f.cls == "gateway" and "without vllm:* series" in f.summary
+    assert f.action.startswith("start its vLLM without --disable-log-stats")
+    hung = replica(fresh=0, stale_share=1.0, scrape_errors=10.0, requests=math.nan,
+                   waiting_share=math.nan)  # /metrics times out
+    (f,) = classify_replica(hung, TH, CTX)
+    assert f.summary.startswith("kvgate cannot read this replica's /metrics")
+    assert "--disable-log-stats" not in f.action and "scrape timeout" in f.action
+
+
+def test_a_replica_without_engine_numbers_is_not_said_to_hold_requests_before_its_engine() -> None:
+    """--disable-log-stats: kvgate's in-flight count is known, the engine's is not (not 0)."""
+    quiet = replica("quiet", inflight_mean=4.5, fresh=0, stale_share=1.0, no_stats=True,
+                    running_mean=math.nan, waiting_mean=math.nan, waiting_share=math.nan)
+    fs = classify_pool(pool(quiet, replica("a", inflight_mean=1.3),
+                            replica("b", inflight_mean=1.0)), TH, CTX)
+    assert classes(fs) == ["healthy"]
