@@ -175,8 +175,9 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
 
 
 def _down(r: ReplicaStats) -> Finding | None:
-    """A replica kvgate's health checks took out of rotation for most of the window (or that
-    is out now after a while): its /metrics failing too is the same fault, not a second one."""
+    """A replica kvgate took out of rotation (failed health checks or requests: ejected) for
+    most of the window, or that is out now after a while: its /metrics failing too is the same
+    fault, not a second one."""
     if r.samples < MIN_SAMPLES or r.draining or not _ok(r.healthy_share):
         return None
     out_share = 1.0 - r.healthy_share
@@ -192,8 +193,8 @@ def _down(r: ReplicaStats) -> Finding | None:
             f"out of rotation for {out_share:.0%} of the window, back now")
     return Finding(
         "down", "critical" if now_out else "warning", r.pool, r.id,
-        f"replica down: kvgate's health checks fail there ({when}); the pool's other "
-        "replicas take its traffic",
+        f"replica down: kvgate took it out of rotation, its health checks or requests failing "
+        f"({when}); the pool's other replicas take its traffic",
         "check the replica: its vLLM process (GET /health), its host and the network "
         "between; kvgate probes it and takes it back on its own", ev)
 
@@ -292,6 +293,8 @@ def _not_judged(n: int, what: str, ctx: Context, window_s: float) -> str:
     """Why nothing was judged: a history too young (it will be), or a window too short to hold
     MIN_SAMPLES ticks (it never will be: say which window would)."""
     least = MIN_SAMPLES * ctx.interval_s
+    if n == 1:
+        what = what.removesuffix("s")
     if window_s < least:
         return (f"not judged: a {_seconds(window_s)} window holds {n} {what} (< {MIN_SAMPLES}, "
                 f"one per doctor.interval_s {_seconds(ctx.interval_s)}): ask for a window of "

@@ -312,7 +312,8 @@ def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
                    ttft_mean=math.nan, itl_mean=math.nan, waiting_share=math.nan)
     (f,) = classify_replica(dead, TH, CTX)
     assert (f.cls, f.severity) == ("down", "critical")
-    assert "health checks fail" in f.summary and "90% of the window" in f.summary
+    assert "out of rotation, its health checks or requests failing" in f.summary
+    assert "90% of the window" in f.summary
     assert "--disable-log-stats" not in f.action and "/health" in f.action
     back = replica(healthy_share=0.4, healthy_last=1.0)
     (f,) = classify_replica(back, TH, CTX)
