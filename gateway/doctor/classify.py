@@ -35,7 +35,7 @@ __all__ = [
     "classify_pool", "classify_replica",
 ]
 
-CLASSES = ("down", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing",
+CLASSES = ("down", "errors", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing",
            "gateway", "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
@@ -194,7 +194,7 @@ def _down(r: ReplicaStats) -> Finding | None:
     return Finding(
         "down", "critical" if now_out else "warning", r.pool, r.id,
         f"replica down: kvgate took it out of rotation, its health checks or requests failing "
-        f"({when}); the pool's other replicas take its traffic",
+        f"({when}): kvgate sends it no requests until it answers again",
         "check the replica: its vLLM process (GET /health), its host and the network "
         "between; kvgate probes it and takes it back on its own", ev)
 
@@ -379,6 +379,8 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
         out.append(hit)
+    if p.requests >= th.min_pool_requests and p.errors >= th.error_share * p.requests:
+        out.append(_errors(p, th))
     if p.requests >= th.min_pool_requests:
         overflow = p.overflow / p.requests
         if overflow >= th.overflow_share and imbalance:
@@ -406,6 +408,31 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     if not out:
         out.append(_healthy_pool(p, th))
     return out
+
+
+def _errors(p: PoolStats, th: Thresholds) -> Finding:
+    """A pool whose requests end in 5xx: its replicas are down or failing (named on their
+    own), or every one is out of rotation."""
+    share = p.errors / p.requests
+    down = [r.id for r in p.replicas if _down(r) is not None]
+    listed = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining]
+    if listed and len(down) == len(listed):
+        why, action = ("no replica in rotation", f"bring pool {p.name}'s replicas back (each is "
+                       "named down: its health checks or requests fail), or add one")
+    elif down:
+        why, action = (f"{len(down)} of {len(listed)} replicas down",
+                       "see the replicas named down; if the others fail too, read kvgate's "
+                       "request log for the 5xx reasons (upstream errors, timeouts)")
+    else:
+        why, action = ("every replica in rotation", "read kvgate's request log for the 5xx "
+                       "reasons (upstream errors, timeouts, cut streams) and the replicas' logs")
+    return Finding(
+        "errors", "critical" if share >= 0.5 else "warning", p.name, None,
+        f"{share:.0%} of pool {p.name}'s requests failed (5xx), {why}", action,
+        [_ev('kvgate_requests_total{status=~"5.."}', "5xx share", share, ">=", th,
+             "error_share", "%"),
+         _ev("kvgate_requests_total", "requests", p.requests),
+         _ev("kvgate_replica_healthy", "replicas down", float(len(down)))])
 
 
 def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:

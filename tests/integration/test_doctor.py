@@ -235,6 +235,22 @@ def test_a_mixed_fleet_names_each_sick_replica_and_not_the_pool() -> None:
         assert f["class"] == "healthy" or "x slower than its peers'" in f["action"], f
 
 
+def test_a_pool_whose_requests_fail_says_so() -> None:
+    """Both replicas fail half their requests (500): kvgate ejects them in turn and most
+    requests end in a 5xx. The pool said "routing: nothing above thresholds"."""
+    half = {"error_rate": 0.5}
+    sc = Scenario("errors", "errors", "p", None, {"p": _pool_of(2)},
+                  {"p": Load("", 8, "short", max_tokens=50)}, faults={("p", 0): half,
+                                                                      ("p", 1): half})
+    with Running(sc, scale=SCALE, thresholds=THRESHOLDS) as run:
+        results = run.run(LOAD_S)
+        assert sum(n for r in results for s, n in r.statuses.items() if s >= 500) > 0
+        report = run.report(LOAD_S)
+    (errors,) = [f for f in _findings(report, "p", None) if f["class"] == "errors"]
+    assert errors["severity"] == "critical" and "failed (5xx)" in errors["summary"]
+    assert _evidence(errors, 'kvgate_requests_total{status=~"5.."}')["value"] >= 0.5
+
+
 def _cli(*args: str, token: str | None = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "KVGATE_ADMIN_TOKEN": token or ""}
     return subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", *args], cwd=ROOT,

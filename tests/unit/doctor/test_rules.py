@@ -422,3 +422,16 @@ def test_a_replica_without_engine_numbers_is_not_said_to_hold_requests_before_it
     fs = classify_pool(pool(quiet, replica("a", inflight_mean=1.3),
                             replica("b", inflight_mean=1.0)), TH, CTX)
     assert classes(fs) == ["healthy"]
+
+
+def test_a_pool_whose_requests_fail_is_not_healthy() -> None:
+    """Half the requests failing on both replicas (both ejected in turn): the pool said
+    'routing: nothing above thresholds (requests 969, 5xx 671)'."""
+    out = [replica(rid, healthy_share=0.2, healthy_last=0.0) for rid in ("a", "b")]
+    (f, *rest) = classify_pool(pool(*out, requests=969.0, errors=671.0), TH, CTX)
+    assert (f.cls, f.severity, f.replica) == ("errors", "critical", None) and rest == []
+    assert f.summary == "69% of pool p's requests failed (5xx), no replica in rotation"
+    (f,) = classify_pool(pool(replica("a"), replica("b"), requests=500.0, errors=40.0), TH, CTX)
+    assert (f.cls, f.severity) == ("errors", "warning") and "every replica in rotation" in f.summary
+    assert classes(classify_pool(pool(replica("a"), requests=500.0, errors=10.0), TH, CTX)) \
+        == ["healthy"]
