@@ -43,6 +43,8 @@ MIN_OVERHEAD_REQUESTS = 100  # kvgate's overhead p99 is judged from this many re
 # below this share of a pool's engine traffic, other gateways send the rest: the engines'
 # counters are not this gateway's to compare with its own numbers one for one
 SHARED_ENGINES = 0.8
+# a replica out of rotation for this share of the window is down; out now, for this smaller one
+DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
 WORKERS_DOC = "docs/shared-state.md, Worker processes"
 
 
@@ -182,13 +184,14 @@ def _down(r: ReplicaStats) -> Finding | None:
         return None
     out_share = 1.0 - r.healthy_share
     now_out = r.healthy_last == 0.0
-    if out_share < 0.5 and not (now_out and out_share >= 0.2):
+    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE):
         return None
     ev = [_ev("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
-              unit="%"),
+              ">=", unit="%"),
           _ev("kvgate_replica_healthy", "taking requests (last sample)", r.healthy_last),
           _ev("kvgate_scrape_errors_total", "failed scrapes in the window", r.scrape_errors),
           _ev("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    ev[0].threshold = DOWN_SHARE if out_share >= DOWN_SHARE else DOWN_NOW_SHARE
     when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
             f"out of rotation for {out_share:.0%} of the window, back now")
     return Finding(

@@ -314,6 +314,7 @@ def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
     assert (f.cls, f.severity) == ("down", "critical")
     assert "out of rotation, its health checks or requests failing" in f.summary
     assert "90% of the window" in f.summary
+    assert (f.evidence[0].value, f.evidence[0].op, f.evidence[0].threshold) == (0.9, ">=", 0.5)
     assert "--disable-log-stats" not in f.action and "/health" in f.action
     back = replica(healthy_share=0.4, healthy_last=1.0)
     (f,) = classify_replica(back, TH, CTX)
