@@ -1,7 +1,8 @@
 """The triage as pure functions: a window's numbers and the threshold table in, findings out.
 
-The serving SOP, per replica (engine classes; judged only when at least ``min_requests``
-started in the window or the engine kept requests waiting):
+The serving SOP, per replica: first **down** (kvgate ejected it for most of the window: its
+failing scrapes are the same fault), then the engine classes (judged only when at least
+``min_requests`` started in the window or the engine kept requests waiting):
 
 1. **KV-bound** -- KV usage p90 >= ``kv_high`` and preemptions rose (or requests waited):
    lower ``--max-num-seqs``, ``--kv-cache-dtype fp8``, a shorter ``--max-model-len``, or a replica.
@@ -13,11 +14,15 @@ started in the window or the engine kept requests waiting):
    p90 < ``queue_kv_max``, short prompts and a normal inter-token latency: raise
    ``--max-num-seqs`` from the running count observed while requests waited.
 
-Per pool (**routing**): in-flight or waiting imbalance between replicas, an engine hit rate far
-below the prefix sharing the traffic allows, overflow or spill-over shares. For the process
-(**gateway**): kvgate's overhead p99, CPU, a replica's scrape failures or stale data, Redis
-(tenancy store) or the shared routing state degraded. Anything with no finding is reported
-**healthy**, with the numbers that say so. Every evidence item names its metric and threshold.
+Per pool: **errors** (a 5xx share), **queue-bound** in flow control's queue (kvgate holds the
+requests, the engines show no queue), **routing**: in-flight, waiting or time-per-request
+imbalance between replicas (a replica whose engine is slower named as such, a faster one taking
+more is fine), an engine hit rate far below the prefix sharing the traffic allows (against this
+gateway's own traffic when other gateways feed the same engines), overflow or spill-over shares.
+For the process (**gateway**): kvgate's overhead p99, CPU, a replica's scrape failures or stale
+data, Redis (tenancy store) or the shared routing state degraded. Anything with no finding is
+reported **healthy**, with the numbers that say so. Every evidence item names its metric and
+threshold.
 """
 
 from __future__ import annotations
