@@ -33,6 +33,7 @@ from gateway.asgi import ASGIApp
 from gateway.config import KvgateConfig, auth_secret
 from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.doctor import build_doctor
+from gateway.doctor.flowq import flow_queues
 from gateway.doctor.service import Doctor
 from gateway.errors import ConfigError
 from gateway.fleet.metrics import SyncCollector
@@ -113,7 +114,9 @@ async def start_runtime(
     doctor = build_doctor(
         cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,
         sync_degraded=lambda: sync.degraded if sync else None,
-        tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock)
+        tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock,
+        flow=flow_queues(proxy.prep.flow) if proxy.prep.flow is not None else None,
+        no_load_data=scraper.no_load_data)
     proxy.prep.sharing = doctor.sharing
     await doctor.start()
     stack.push_async_callback(doctor.stop)

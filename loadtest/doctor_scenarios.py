@@ -47,6 +47,7 @@ class Scenario:
     loads: dict[str, Load]  # pool -> its load (model names are filled in)
     faults: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)
     routing: dict[str, Any] = field(default_factory=dict)
+    flow: dict[str, Any] | None = None  # flow control on, with these settings
     redis: bool = False
     stop_redis: bool = False  # stop Redis once the load has run
     gateway_proof: bool = False  # a "gateway" finding is the subject: never count it wrong
@@ -79,9 +80,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("imbalance", "routing", "p", 0, {"p": _pool([], 2)},
              {"p": Load("", 16, "short", max_tokens=50)},
              faults={("p", 0): {"latency_ms": 300.0}}),
+    Scenario("slow-replica", "routing", "p", 1, {"p": [[], A100]},
+             {"p": Load("", 8, "short", max_tokens=100)}, routing={"policy": "round_robin"}),
     Scenario("hit-rate", "routing", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 1, "pairs", 1500, max_tokens=4)},
              routing={"policy": "round_robin"}),
+    Scenario("flow-queue", "queue-bound", "q", None, {"q": _pool([]), **OK_POOL},
+             {"q": Load("", 24, "short", max_tokens=200), **OK_LOAD},
+             flow={"max_inflight": 4}),
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),
@@ -139,6 +145,7 @@ class Running:
             "doctor": {"interval_s": max(0.25, round(1.0 / scale, 3)),
                        "thresholds": self._thresholds},
             "health": {"interval_s": 0.5},
+            **({"flow": {"enabled": True, **sc.flow}} if sc.flow is not None else {}),
             **self._config,
         }
         tenants = sorted({t for t, _, _ in sc.tenant_loads})
@@ -147,11 +154,22 @@ class Running:
         fd, self._path = tempfile.mkstemp(prefix="kvgate-doctor-", suffix=".yaml")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(cfg, f)
-        env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN, "KVGATE_CONFIG": "", "KVGATE_REDIS_URL": "",
-               "KVGATE_SALT_SECRET": SALT_SECRET if tenants else ""}
         if sc.redis:
             self._start_redis()
-            env["KVGATE_REDIS_URL"] = self.redis_url
+        self.base = self.gateway()
+        for tenant in tenants:
+            r = httpx.post(f"{self.base}/admin/tenants/{tenant}/keys", timeout=10,
+                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+            r.raise_for_status()
+            self.keys[tenant] = r.json()["key"]
+
+    def gateway(self) -> str:
+        """Start a gateway on the scenario's config (a second one shares Redis, when the
+        scenario runs it, with the first); returns its base URL."""
+        tenants = bool(self.sc.tenant_loads)
+        env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN, "KVGATE_CONFIG": "",
+               "KVGATE_REDIS_URL": self.redis_url, "KVGATE_SALT_SECRET": SALT_SECRET if tenants
+               else ""}
         port = free_port()
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
@@ -165,12 +183,7 @@ class Running:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
-        self.base = f"http://127.0.0.1:{port}"
-        for tenant in tenants:
-            r = httpx.post(f"{self.base}/admin/tenants/{tenant}/keys", timeout=10,
-                           headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
-            r.raise_for_status()
-            self.keys[tenant] = r.json()["key"]
+        return f"http://127.0.0.1:{port}"
 
     def _start_redis(self) -> None:
         exe = shutil.which("redis-server")
@@ -236,8 +249,9 @@ class Running:
 
         return asyncio.run(main())
 
-    def report(self, window_s: float) -> dict[str, Any]:
-        r = httpx.get(f"{self.base}/admin/doctor", params={"window": f"{window_s:g}s"},
+    def report(self, window_s: float, base: str = "") -> dict[str, Any]:
+        """The doctor's report of this scenario's gateway (or of the one at ``base``)."""
+        r = httpx.get(f"{base or self.base}/admin/doctor", params={"window": f"{window_s:g}s"},
                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
         r.raise_for_status()
         out: dict[str, Any] = r.json()

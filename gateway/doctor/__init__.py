@@ -4,6 +4,7 @@
 |---|---|
 | `thresholds.py` | the one threshold table (docs/doctor.md shows it); config overrides by name |
 | `history.py` | the rolling history: a compact tick per ``doctor.interval_s``; the `Sampler` task |
+| `flowq.py` | flow control's queue per pool, read each tick (when flow control is on) |
 | `sharing.py` | prefix sharing the traffic allows, sampled at routing time (25-50 requests/s) |
 | `window.py` | a window of ticks reduced to numbers per replica, pool, process and tenant |
 | `classify.py` | pure rules: findings (class, severity, evidence, one action) |
@@ -21,7 +22,7 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
 
     from gateway.config import KvgateConfig
     from gateway.doctor.service import Doctor
@@ -45,6 +46,8 @@ def build_doctor(
     replicas: Callable[[], Iterable[Replica]], scrape_errors: Callable[[str], int], *,
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
+    flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
+    no_load_data: Callable[[str], bool] = lambda rid: False,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
     from gateway.doctor.classify import Context
@@ -56,9 +59,10 @@ def build_doctor(
     src = Sources(replicas=replicas, metrics=metrics, router=router,
                   sharing=PrefixSharing(router), scrape_errors=scrape_errors,
                   redis_up=redis_up, sync_degraded=sync_degraded,
-                  tenancy_loaded=tenancy_loaded)
+                  tenancy_loaded=tenancy_loaded, flow=flow, no_load_data=no_load_data)
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
-                  workers=cfg.server.workers, cores=usable_cores())
+                  workers=cfg.server.workers, cores=usable_cores(),
+                  flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
     return Doctor(src, settings, ctx, clock, workers=cfg.server.workers)

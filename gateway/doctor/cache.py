@@ -60,11 +60,15 @@ def _num(v: float) -> float | None:
 
 def _verdict(prompt: float, hit: float | None, cached_per: float | None,
              prompt_per: float | None, saved: float | None, span_s: float,
-             th: Thresholds) -> tuple[str, str]:
+             th: Thresholds, reported: float = 0.0) -> tuple[str, str]:
     if prompt < th.cache_min_prompt_tokens:
         return TOO_LITTLE, (f"{prompt:,.0f} prompt tokens in the window "
                             f"(< {th.cache_min_prompt_tokens:,.0f})")
     if hit is None:
+        if reported > 0:
+            return UNKNOWN, (f"only {reported:.0%} of the answers' usage carried cached_tokens: "
+                             "some of the pool's replicas run without "
+                             "--enable-prompt-tokens-details")
         return UNKNOWN, "cached_tokens missing from the answers' usage"
     if hit >= th.cache_pays_hit:
         busy = f" ({saved / span_s:.2f} GPUs busy otherwise)" if saved and span_s > 0 else ""
@@ -96,7 +100,7 @@ def cache_return(w: Window, th: Thresholds) -> tuple[list[CacheRow], list[CacheR
         prompt_per = t.prompt_tokens / t.requests if t.requests else None
         saved = cached / rate if cached is not None and rate > 0 else None
         verdict, detail = _verdict(t.prompt_tokens, hit, per, prompt_per, saved,
-                                   w.tenant_span_s, th)
+                                   w.tenant_span_s, th, t.cached_reported / t.requests)
         tenants.append(CacheRow(t.tenant, t.pool, t.requests, t.prompt_tokens, cached, hit, per,
                                 prompt_per, saved, _num(rate), None, "usage", verdict, detail))
     by_pool = []

@@ -1,7 +1,8 @@
 """The triage as pure functions: a window's numbers and the threshold table in, findings out.
 
-The serving SOP, per replica (engine classes; judged only when at least ``min_requests``
-started in the window or the engine kept requests waiting):
+The serving SOP, per replica: first **down** (kvgate ejected it for most of the window: its
+failing scrapes are the same fault), then the engine classes (judged only when at least
+``min_requests`` started in the window or the engine kept requests waiting):
 
 1. **KV-bound** -- KV usage p90 >= ``kv_high`` and preemptions rose (or requests waited):
    lower ``--max-num-seqs``, ``--kv-cache-dtype fp8``, a shorter ``--max-model-len``, or a replica.
@@ -13,11 +14,15 @@ started in the window or the engine kept requests waiting):
    p90 < ``queue_kv_max``, short prompts and a normal inter-token latency: raise
    ``--max-num-seqs`` from the running count observed while requests waited.
 
-Per pool (**routing**): in-flight or waiting imbalance between replicas, an engine hit rate far
-below the prefix sharing the traffic allows, overflow or spill-over shares. For the process
-(**gateway**): kvgate's overhead p99, CPU, a replica's scrape failures or stale data, Redis
-(tenancy store) or the shared routing state degraded. Anything with no finding is reported
-**healthy**, with the numbers that say so. Every evidence item names its metric and threshold.
+Per pool: **errors** (a 5xx share), **queue-bound** in flow control's queue (kvgate holds the
+requests, the engines show no queue), **routing**: in-flight, waiting or time-per-request
+imbalance between replicas (a replica whose engine is slower named as such, a faster one taking
+more is fine), an engine hit rate far below the prefix sharing the traffic allows (against this
+gateway's own traffic when other gateways feed the same engines), overflow or spill-over shares.
+For the process (**gateway**): kvgate's overhead p99, CPU, a replica's scrape failures or stale
+data, Redis (tenancy store) or the shared routing state degraded. Anything with no finding is
+reported **healthy**, with the numbers that say so. Every evidence item names its metric and
+threshold.
 """
 
 from __future__ import annotations
@@ -35,11 +40,16 @@ __all__ = [
     "classify_pool", "classify_replica",
 ]
 
-CLASSES = ("KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing", "gateway",
-           "healthy")
+CLASSES = ("down", "errors", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing",
+           "gateway", "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
 MIN_OVERHEAD_REQUESTS = 100  # kvgate's overhead p99 is judged from this many requests
+# below this share of a pool's engine traffic, other gateways send the rest: the engines'
+# counters are not this gateway's to compare with its own numbers one for one
+SHARED_ENGINES = 0.8
+# a replica out of rotation for this share of the window is down; out now, for this smaller one
+DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
 WORKERS_DOC = "docs/shared-state.md, Worker processes"
 
 
@@ -99,6 +109,7 @@ class Context:
     interval_s: float = 1.0  # the doctor's tick
     workers: int = 1  # server.workers
     cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
+    flow_max_inflight: int | None = None  # flow.max_inflight when flow control is on
 
 
 def _ok(v: float) -> bool:
@@ -133,15 +144,20 @@ def _active(r: ReplicaStats, th: Thresholds) -> bool:
     return started >= th.min_requests or waited
 
 
-def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Finding]:
-    """Engine classes and scrape health of one replica (healthy when nothing fires)."""
+def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
+                     window_s: float = math.inf) -> list[Finding]:
+    """Engine classes and scrape health of one replica (healthy when nothing fires) over a
+    window of ``window_s`` seconds."""
+    down = _down(r)
+    if down is not None:
+        return [down]  # its scrapes fail and it serves nothing: consequences, not findings
     out: list[Finding] = []
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
         out.append(scrape)
     if r.fresh < MIN_SAMPLES or not _active(r, th):
         if not out:
-            out.append(_healthy_replica(r, th, idle=True))
+            out.append(_healthy_replica(r, th, ctx, window_s, idle=True))
         return out
     hit = r.hit_rate
     prompt = r.mean_prompt
@@ -161,8 +177,34 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context) -> list[Find
             or r.ttft_mean >= th.queue_ttft_itl_ratio * r.itl_mean):
         out.append(_queue_bound(r, th))
     if not out:
-        out.append(_healthy_replica(r, th, idle=False))
+        out.append(_healthy_replica(r, th, ctx, window_s, idle=False))
     return out
+
+
+def _down(r: ReplicaStats) -> Finding | None:
+    """A replica kvgate took out of rotation (failed health checks or requests: ejected) for
+    most of the window, or that is out now after a while: its /metrics failing too is the same
+    fault, not a second one."""
+    if r.samples < MIN_SAMPLES or r.draining or not _ok(r.healthy_share):
+        return None
+    out_share = 1.0 - r.healthy_share
+    now_out = r.healthy_last == 0.0
+    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE):
+        return None
+    ev = [_ev("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
+              ">=", unit="%"),
+          _ev("kvgate_replica_healthy", "taking requests (last sample)", r.healthy_last),
+          _ev("kvgate_scrape_errors_total", "failed scrapes in the window", r.scrape_errors),
+          _ev("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    ev[0].threshold = DOWN_SHARE if out_share >= DOWN_SHARE else DOWN_NOW_SHARE
+    when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
+            f"out of rotation for {out_share:.0%} of the window, back now")
+    return Finding(
+        "down", "critical" if now_out else "warning", r.pool, r.id,
+        f"replica down: kvgate took it out of rotation, its health checks or requests failing "
+        f"({when}): kvgate sends it no requests until it answers again",
+        "check the replica: its vLLM process (GET /health), its host and the network "
+        "between; kvgate probes it and takes it back on its own", ev)
 
 
 def _kv_bound(r: ReplicaStats, th: Thresholds) -> Finding:
@@ -255,10 +297,28 @@ def _queue_bound(r: ReplicaStats, th: Thresholds) -> Finding:
         f"raise --max-num-seqs from {seats:.0f} to {target} (the KV cache has room)", ev)
 
 
-def _healthy_replica(r: ReplicaStats, th: Thresholds, idle: bool) -> Finding:
+def _not_judged(n: int, what: str, ctx: Context, window_s: float) -> str:
+    """Why nothing was judged: a history too young (it will be), or a window too short to hold
+    MIN_SAMPLES ticks (it never will be: say which window would)."""
+    least = MIN_SAMPLES * ctx.interval_s
+    if n == 1:
+        what = what.removesuffix("s")
+    if window_s < least:
+        return (f"not judged: a {_seconds(window_s)} window holds {n} {what} (< {MIN_SAMPLES}, "
+                f"one per doctor.interval_s {_seconds(ctx.interval_s)}): ask for a window of "
+                f"{_seconds(least)} or more")
+    return f"not judged yet: {n} {what} in the window (< {MIN_SAMPLES})"
+
+
+def _seconds(v: float) -> str:
+    return f"{v * 1000:.0f}ms" if v < 1 else f"{v:g}s"
+
+
+def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: float,
+                     idle: bool) -> Finding:
     if idle and r.fresh < MIN_SAMPLES:
         return Finding("healthy", "ok", r.pool, r.id,
-                       f"not judged yet: {r.fresh} fresh samples in the window (< {MIN_SAMPLES})",
+                       _not_judged(r.fresh, "fresh samples", ctx, window_s),
                        "none", [_ev("kvgate_replica_scrape_age_seconds", "fresh samples",
                                     float(r.fresh))])
     if idle:
@@ -295,27 +355,40 @@ def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | 
               f"samples with a scrape older than {ctx.stale_after_s:g} s", r.stale_share, ">=",
               th, "scrape_stale_share", "%")]
     severity = "critical" if r.fresh == 0 else "warning"
+    fallback = "routing falls back to its own accounting and the engine classes cannot be judged"
+    if r.no_stats:
+        return Finding(
+            "gateway", severity, r.pool, r.id,
+            f"this replica's /metrics answers without vllm:* series ({r.stale_share:.0%} of "
+            f"samples without engine numbers): {fallback}",
+            "start its vLLM without --disable-log-stats (the engine then exports its vllm:* "
+            "metrics)", ev)
     return Finding(
         "gateway", severity, r.pool, r.id,
         f"kvgate cannot read this replica's /metrics ({r.scrape_errors:.0f} failed scrapes, "
-        f"{r.stale_share:.0%} of samples stale): routing falls back to its own accounting and "
-        "the engine classes cannot be judged",
-        "check the replica's /metrics (vLLM started with --disable-log-stats? network, auth) "
-        "and its health", ev)
+        f"{r.stale_share:.0%} of samples stale): {fallback}",
+        "check the replica's /metrics: that it answers within routing's scrape timeout "
+        "(network, a proxy in between, auth) and with vLLM's metric names", ev)
 
 
 # -- per pool -------------------------------------------------------------------------------------
-def classify_pool(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
+def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
+                  window_s: float = math.inf) -> list[Finding]:
     if p.samples < MIN_SAMPLES:
         return [Finding("healthy", "ok", p.name, None,
-                        f"routing: not judged yet ({p.samples} samples in the window, "
-                        f"< {MIN_SAMPLES})", "none", [])]
+                        "routing: " + _not_judged(p.samples, "samples", ctx, window_s), "none",
+                        [])]
     out: list[Finding] = []
-    imbalance = _imbalance(p, th)
+    if _ok(p.flow_queued) and p.requests >= th.min_pool_requests \
+            and p.flow_queued >= th.flow_queued_share * p.requests:
+        out.append(_flow_queue(p, th, ctx))
+    imbalance = _imbalance(p, th, ctx)
     out.extend(imbalance)
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
         out.append(hit)
+    if p.requests >= th.min_pool_requests and p.errors >= th.error_share * p.requests:
+        out.append(_errors(p, th))
     if p.requests >= th.min_pool_requests:
         overflow = p.overflow / p.requests
         if overflow >= th.overflow_share and imbalance:
@@ -345,16 +418,80 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     return out
 
 
+def _errors(p: PoolStats, th: Thresholds) -> Finding:
+    """A pool whose requests end in 5xx: its replicas are down or failing (named on their
+    own), or every one is out of rotation."""
+    share = p.errors / p.requests
+    down = [r.id for r in p.replicas if _down(r) is not None]
+    listed = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining]
+    if listed and len(down) == len(listed):
+        why, action = ("no replica in rotation", f"bring pool {p.name}'s replicas back (each is "
+                       "named down: its health checks or requests fail), or add one")
+    elif down:
+        why, action = (f"{len(down)} of {len(listed)} replicas down",
+                       "see the replicas named down; if the others fail too, read kvgate's "
+                       "request log for the 5xx reasons (upstream errors, timeouts)")
+    else:
+        why, action = ("every replica in rotation", "read kvgate's request log for the 5xx "
+                       "reasons (upstream errors, timeouts, cut streams) and the replicas' logs")
+    return Finding(
+        "errors", "critical" if share >= 0.5 else "warning", p.name, None,
+        f"{share:.0%} of pool {p.name}'s requests failed (5xx), {why}", action,
+        [_ev('kvgate_requests_total{status=~"5.."}', "5xx share", share, ">=", th,
+             "error_share", "%"),
+         _ev("kvgate_requests_total", "requests", p.requests),
+         _ev("kvgate_replica_healthy", "replicas down", float(len(down)))])
+
+
+def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
+    """Requests wait in kvgate's flow-control queue: the engines show no queue of their own,
+    so the knob is where the pool's bound is reached -- the engines (full: their findings
+    say which flag) or flow control's saturation bounds (the engines have room)."""
+    share = min(1.0, p.flow_queued / p.requests)
+    live = [r for r in p.replicas if r.fresh >= MIN_SAMPLES and not r.draining]
+    full = [r.id for r in live if _queueing(r, th) or (_ok(r.kv_p90) and r.kv_p90 >= th.kv_high)]
+    inflight = max((r.inflight_mean for r in live if _ok(r.inflight_mean)), default=math.nan)
+    waiting = max((r.waiting_share for r in live if _ok(r.waiting_share)), default=math.nan)
+    kv = max((r.kv_p90 for r in live if _ok(r.kv_p90)), default=math.nan)
+    if full:
+        action = (f"the engines are full too ({', '.join(full)}: their findings say which "
+                  f"flag): act on those, or add replicas to pool {p.name}")
+    elif ctx.flow_max_inflight and _ok(inflight) and inflight >= 0.75 * ctx.flow_max_inflight:
+        action = (f"raise flow.max_inflight (now {ctx.flow_max_inflight}): the replicas hold "
+                  f"~{inflight:.0f} requests each and their engines have room")
+    else:
+        action = ("the engines have room (no queue of their own, KV below the knee): raise "
+                  "the flow control bound the pool reaches (flow.max_unanswered, "
+                  "flow.max_prefill_tokens, flow.max_waiting: docs/flow-control.md), or add "
+                  "replicas")
+    ev = [_ev("kvgate_flow_queued_total", "requests that waited in flow control's queue",
+              share, ">=", th, "flow_queued_share", "%"),
+          _ev("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
+          _ev("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
+              p.flow_wait_mean, unit="s"),
+          _ev("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
+          _ev("vllm:num_requests_waiting", "samples with requests waiting in an engine, most",
+              waiting, unit="%"),
+          _ev("vllm:kv_cache_usage_perc", "KV usage p90, fullest replica", kv, unit="%")]
+    wait = f", ~{_fmt(p.flow_wait_mean, 's')} each" if _ok(p.flow_wait_mean) else ""
+    return Finding(
+        "queue-bound", "warning", p.name, None,
+        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
+        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+
+
 def _median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     n = len(ordered)
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
+def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     """The first spread that fires: in flight, engine waiting, time per request."""
+    # a replica without fresh engine numbers has its own finding (its /metrics); where its
+    # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
-            and _ok(r.healthy_share) and r.healthy_share >= 0.5]
+            and _ok(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES]
     if len(live) < 2:
         return []
     checks: tuple[tuple[str, str, str, float, str], ...] = (
@@ -363,7 +500,13 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
          "time per request", th.slow_min_s, "s"),
         ("waiting_mean", "vllm:num_requests_waiting", "mean waiting", th.imbalance_min, ""),
     )
+    started = sum(r.requests for r in live if _ok(r.requests))
+    # Little's law needs this gateway's in flight and its own requests per second; with other
+    # gateways sending to the engines (their counts in `requests`), it is not judged
+    shared = started > 0 and p.requests < SHARED_ENGINES * started
     for attr, metric, what, minimum, unit in checks:
+        if attr == "time_per_request" and shared:
+            continue
         values = [(getattr(r, attr), r) for r in live if _ok(getattr(r, attr))
                   and (attr != "time_per_request" or r.requests >= 4 * th.min_requests)]
         if attr == "waiting_mean" and values and not _queueing(
@@ -379,6 +522,15 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
             continue
         engine = (hot.running_mean if _ok(hot.running_mean) else 0.0) + (
             hot.waiting_mean if _ok(hot.waiting_mean) else 0.0)
+        outside = hot.inflight_mean > 0 and engine < 0.5 * hot.inflight_mean
+        peers = [r for _, r in values[:-1]]
+        itl = _speed(hot, peers, "itl_mean")
+        if not outside and _ok(itl) and itl * th.imbalance_ratio <= 1.0 \
+                and not _queueing(hot, th):
+            # a replica decoding imbalance_ratio times faster than its peers finishes sooner
+            # and takes more (the router weighs speed): nothing waits on it
+            continue
+        slower = max(itl, _speed(hot, peers, "ttft_mean"), key=lambda v: v if _ok(v) else 0.0)
         name = "slow_min_s" if unit else "imbalance_min"
         ev = [_ev(metric, f"{what} on {hot.id}", hot_value, ">=", th, "imbalance_ratio", unit),
               _ev(metric, f"{what}, median of the other replicas", median, unit=unit),
@@ -389,11 +541,18 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
                   hot.ttft_mean, unit="s")]
         ev[0].threshold = th.imbalance_ratio * max(median, floor)
         share = _ratio_or_nan(hot.requests, sum(r.requests for r in live if _ok(r.requests)))
-        outside = hot.inflight_mean > 0 and engine < 0.5 * hot.inflight_mean
         if outside:
             action = (f"requests sit before {hot.id}'s engine ({hot.inflight_mean:.1f} in flight, "
                       f"{engine:.1f} in the engine): check that replica's host, network or HTTP "
                       "frontend, or drain it")
+        elif _ok(slower) and slower >= th.imbalance_ratio:
+            ev.append(_ev("vllm:inter_token_latency_seconds",
+                          f"engine inter-token latency on {hot.id} / its peers' median", itl))
+            action = (f"{hot.id}'s engine is {slower:.1f}x slower than its peers' (inter-token "
+                      f"latency {_fmt(hot.itl_mean, 's')}, TTFT {_fmt(hot.ttft_mean, 's')}): "
+                      "check its GPU, model quantization and engine flags"
+                      + (f", or set routing.policy: cache_aware, which weighs each replica's "
+                         f"speed (now {ctx.policy})" if ctx.policy != "cache_aware" else ""))
         elif attr == "time_per_request":
             action = (f"{hot.id} is slower than its peers: check its GPU and engine flags "
                       "(the router already sends it less)")
@@ -406,6 +565,16 @@ def _imbalance(p: PoolStats, th: Thresholds) -> list[Finding]:
             f"imbalance: {what} on {hot.id} {_short(hot_value, unit)} vs a median of "
             f"{_short(median, unit)} on the other replicas{served}", action, ev)]
     return []
+
+
+def _speed(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str) -> float:
+    """The hot replica's engine latency (``itl_mean`` or ``ttft_mean``) over its peers'
+    median: > 1 slower, < 1 faster; NaN when unknown."""
+    theirs = [v for r in peers if _ok(v := getattr(r, attr))]
+    mine = getattr(hot, attr)
+    if not theirs or not _ok(mine):
+        return math.nan
+    return _ratio_or_nan(mine, _median(theirs))
 
 
 def _short(v: float, unit: str) -> str:
@@ -425,20 +594,39 @@ def _ratio_or_nan(num: float, den: float) -> float:
     return num / den if _ok(num) and den > 0 else math.nan
 
 
+def _own_share(p: PoolStats) -> float:
+    """This gateway's share of the prompt tokens the pool's engines saw (its answers' usage /
+    the engines' prefix-cache queries); NaN when unknown. Well below 1: other gateways (or
+    clients) send to the same engines, whose counters then describe their traffic too."""
+    queries = sum(r.queries for r in p.replicas)
+    if p.prompt_tokens <= 0 or queries <= 0:
+        return math.nan
+    return min(1.0, p.prompt_tokens / queries)
+
+
 def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
     potential, routed, engine = p.potential_hit_rate, p.routed_hit_rate, p.engine_hit_rate
     if p.share_n < 8 or not (_ok(potential) and _ok(engine)):
         return None
+    own = _own_share(p)
+    shared = _ok(own) and own < SHARED_ENGINES
+    if shared:
+        # the potential is sampled from this gateway's traffic only: compare it with the best
+        # hit rate its traffic can have had, every engine hit counted as its own
+        engine = min(1.0, sum(r.hits for r in p.replicas) / p.prompt_tokens)
     if potential < th.hit_potential_min or engine >= th.hit_gap_ratio * potential:
         return None
+    what = "engine hit rate (pool)" if not shared else \
+        "engine hit rate of this gateway's traffic, at most"
     ev = [_ev("kvgate router affinity index (sampled)", "prefix sharing the traffic allows",
               potential, ">=", th, "hit_potential_min", "%"),
-          _ev("vllm:prefix_cache_hits_total", "engine hit rate (pool)", engine, "<", th,
-              "hit_gap_ratio", "%"),
+          _ev("vllm:prefix_cache_hits_total", what, engine, "<", th, "hit_gap_ratio", "%"),
           _ev("kvgate router affinity index (sampled)", "expected where the requests were sent",
               routed, unit="%"),
           _ev('kvgate_requests_total{route="overflow"}', "overflow share",
-              p.overflow / p.requests if p.requests else math.nan, unit="%")]
+              p.overflow / p.requests if p.requests else math.nan, unit="%"),
+          _ev("kvgate_tenant_tokens_total / vllm:prefix_cache_queries_total",
+              "this gateway's share of the engines' prompt tokens", own, unit="%")]
     ev[1].threshold = th.hit_gap_ratio * potential  # the gap rule's bar, in hit-rate terms
     if routed < 0.7 * potential:
         if ctx.policy != "cache_aware":
@@ -454,8 +642,9 @@ def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
         why = "the replicas evict prefixes before reuse"
     return Finding(
         "routing", "warning", p.name, None,
-        f"hit rate {engine:.0%} where the traffic's prefix sharing allows {potential:.0%}: "
-        + why, action, ev)
+        (f"hit rate at most {engine:.0%} on this gateway's traffic ({own:.0%} of the engines' "
+         "prompt tokens; other gateways send the rest)" if shared else f"hit rate {engine:.0%}")
+        + f" where the traffic's prefix sharing allows {potential:.0%}: " + why, action, ev)
 
 
 def _healthy_pool(p: PoolStats, th: Thresholds) -> Finding:
@@ -568,9 +757,9 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     out.extend(classify_gateway(w.gateway, th, ctx))
     for pool in w.pools:
-        out.extend(classify_pool(pool, th, ctx))
+        out.extend(classify_pool(pool, th, ctx, w.requested_s))
         for r in pool.replicas:
-            out.extend(classify_replica(r, th, ctx))
+            out.extend(classify_replica(r, th, ctx, w.requested_s))
     return sort_findings(out)
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+import time
 from typing import Any, NoReturn
 
 import httpx
@@ -25,6 +27,7 @@ from gateway.doctor.render import parse_duration, render_cache, render_findings
 __all__ = ["main"]
 
 PROG = "kvgate doctor"
+REPORT_KEYS = ("window", "history", "worst", "findings", "cache")  # what the renderers read
 
 
 class _Usage(Exception):
@@ -49,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the whole report as JSON")
     p.add_argument("--cache", action="store_true",
                    help="the cache return per tenant and pool instead of the findings")
-    p.add_argument("--timeout", type=float, default=15.0, help="seconds (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=15.0,
+                   help="seconds for the whole answer (default %(default)s)")
     return p
 
 
@@ -58,11 +62,24 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _read(url: str, token: str, window: str, timeout: float) -> tuple[httpx.Response, bytes]:
+    """The answer, read within ``timeout`` seconds in all (httpx's timeouts are per read, so
+    a link trickling a byte a second would otherwise never time out)."""
+    deadline = time.monotonic() + timeout
+    body = bytearray()
+    with httpx.stream("GET", f"{url}/admin/doctor", params={"window": window},
+                      headers={"authorization": f"Bearer {token}"}, timeout=timeout) as response:
+        for chunk in response.iter_bytes():
+            body += chunk
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout("the whole answer took too long")
+    return response, bytes(body)
+
+
 def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
-    response = httpx.get(f"{url}/admin/doctor", params={"window": window},
-                         headers={"authorization": f"Bearer {token}"}, timeout=timeout)
+    response, body = _read(url, token, window, timeout)
     try:
-        payload = response.json()
+        payload = json.loads(body)
     except ValueError:
         payload = None
     if response.is_error:
@@ -77,6 +94,10 @@ def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
                            f"{message or response.reason_phrase}{hint}")
     if not isinstance(payload, dict) or payload.get("object") != "doctor":
         raise RuntimeError(f"{url} did not answer with a doctor report (is it a kvgate gateway?)")
+    missing = [k for k in REPORT_KEYS if not isinstance(payload.get(k), dict | list | str)]
+    if missing:
+        raise RuntimeError(f"{url} answered an incomplete doctor report (no {', '.join(missing)}"
+                           "): a different kvgate version?")
     return payload
 
 
@@ -84,8 +105,8 @@ def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         parse_duration(args.window)
-        if args.timeout <= 0:
-            raise _Usage("--timeout must be positive")
+        if not (math.isfinite(args.timeout) and args.timeout > 0):
+            raise _Usage("--timeout must be positive and finite (seconds)")
     except _Usage as exc:
         return _fail(str(exc), 2)
     except ValueError as exc:
@@ -99,7 +120,11 @@ def main(argv: list[str]) -> int:
     if not token:
         return _fail("no admin token: pass --admin-token or set KVGATE_ADMIN_TOKEN", 2)
     url = args.url.rstrip("/")
-    if not url.startswith(("http://", "https://")):
+    try:
+        host = httpx.URL(url).host if url.startswith(("http://", "https://")) else ""
+    except httpx.InvalidURL:
+        host = ""
+    if not host:
         return _fail(f"--url {args.url!r}: expected http://HOST:PORT", 2)
     try:
         report = _fetch(url, token, args.window, args.timeout)

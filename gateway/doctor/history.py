@@ -25,7 +25,7 @@ import math
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from gateway.doctor.sharing import PrefixSharing
@@ -49,10 +49,10 @@ OVERHEAD_BOUNDS = (*OVERHEAD_BUCKETS, math.inf)
 class REP:
     """Field offsets of one replica's numbers in a tick."""
 
-    HEALTHY, DRAINING, INFLIGHT, SCRAPE_AGE, SCRAPE_ERRORS, PREFILL_RATE = range(6)
-    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(6, 14)
-    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(14, 21)
-    N = 21
+    HEALTHY, DRAINING, INFLIGHT, SCRAPE_AGE, SCRAPE_ERRORS, PREFILL_RATE, NO_STATS = range(7)
+    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(7, 15)
+    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(15, 22)
+    N = 22
 
 
 class POOL:
@@ -61,7 +61,8 @@ class POOL:
 
     REQUESTS, ERRORS, OVERFLOW, SPILLED, PROMPT, CACHED = range(6)
     SHARE_N, SHARE_PROMPT, SHARE_BEST, SHARE_CHOSEN = range(6, 10)
-    TTFT = 10
+    FLOW_QUEUED, FLOW_DEPTH = 10, 11  # flow control: requests queued so far, queued now
+    TTFT = 12
     E2E = TTFT + len(TTFT_BOUNDS)
     N = E2E + len(TTFT_BOUNDS)
 
@@ -138,6 +139,10 @@ class Sources:
     cpu: Callable[[], float] = time.process_time
     # tenants and policy loaded at least once (False: Redis never answered since start)
     tenancy_loaded: Callable[[], bool | None] = lambda: None
+    # the replica's last /metrics page answered without vllm:* series (--disable-log-stats)
+    no_load_data: Callable[[str], bool] = lambda rid: False
+    # flow control's queue per pool: (requests queued so far, queued now); None: flow is off
+    flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None
 
 
 def _flag(value: bool | None) -> float:
@@ -216,6 +221,7 @@ def read_tick(
             NAN if s is None else now - r.scraped_at,
             float(src.scrape_errors(r.id)),
             rate(r.id),
+            1.0 if src.no_load_data(r.id) else 0.0,
         ))
         if s is None:
             rdata.extend([NAN] * (REP.N - REP.WAITING))
@@ -229,11 +235,14 @@ def read_tick(
             ))
     pdata = array("d")
     sharing = src.sharing.pools
+    flow = src.flow() if src.flow is not None else None
     for name in pool_names:
         row = counters.get(name) or [0.0] * POOL.N
         share = sharing.get(name)
         if share is not None:
             row[POOL.SHARE_N:POOL.SHARE_CHOSEN + 1] = [float(v) for v in share]
+        queued = (NAN, NAN) if flow is None else flow.get(name, (0.0, 0.0))
+        row[POOL.FLOW_QUEUED], row[POOL.FLOW_DEPTH] = queued
         pdata.extend(row)
     gdata = array("d", (src.cpu(), _flag(src.redis_up()), _flag(src.sync_degraded()),
                         _flag(src.tenancy_loaded())))

@@ -30,7 +30,9 @@ def parse_duration(text: str) -> float:
 def format_duration(seconds: float) -> str:
     s = round(seconds)
     if s < 60:
-        return f"{seconds:.0f}s" if seconds >= 1 else f"{seconds:.1f}s"
+        if seconds >= 1:
+            return f"{seconds:.0f}s"
+        return f"{seconds:.1f}s" if seconds >= 0.1 else f"{seconds * 1000:.0f}ms"
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s" if s % 60 else f"{s // 60}m"
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"

@@ -74,12 +74,17 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("hit_gap_ratio", 0.5, "ratio", "vllm:prefix_cache_hits_total",
               "... and the pool's engine hit rate is below this share of it"),
     Threshold("min_pool_requests", 50, "requests", "kvgate_requests_total",
-              "fewer requests in a pool in the window: its overflow and spill-over shares are "
-              "not judged"),
+              "fewer requests in a pool in the window: its error, overflow and spill-over "
+              "shares are not judged"),
+    Threshold("error_share", 0.05, "share of requests", 'kvgate_requests_total{status=~"5.."}',
+              "requests of a pool that ended in a 5xx (critical from 50%)"),
     Threshold("overflow_share", 0.2, "share of requests", 'kvgate_requests_total{route="overflow"}',
               "requests the bounded-load rule sent away from their best replica"),
     Threshold("spill_share", 0.2, "share of requests", "kvgate_spillovers_total",
               "requests spilled from a pool to its tier's spill pool"),
+    Threshold("flow_queued_share", 0.2, "share of requests", "kvgate_flow_queued_total",
+              "requests that waited in kvgate's flow-control queue (the pool was saturated by "
+              "flow control's bounds): the queue is in the gateway, not in the engines"),
     # -- gateway ----------------------------------------------------------------------------
     Threshold("overhead_p99_s", 0.01, "s", 'kvgate_overhead_seconds{phase="pre_upstream"}',
               "kvgate's own time before the upstream request, 99th percentile (of at least "

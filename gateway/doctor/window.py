@@ -77,7 +77,8 @@ class ReplicaStats:
     samples: int = 0  # ticks in the window where the replica was listed
     span_s: float = 0.0  # seconds of the window it was listed for
     fresh: int = 0  # of those, with a scrape younger than routing.stale_after_s
-    healthy_share: float = math.nan
+    healthy_share: float = math.nan  # of samples, taking requests (not ejected nor draining)
+    healthy_last: float = math.nan  # the last sample: 1 takes requests, 0 not
     draining: bool = False
     inflight_mean: float = math.nan
     inflight_max: float = math.nan
@@ -100,6 +101,7 @@ class ReplicaStats:
     itl_n: float = 0.0
     queue_mean: float = math.nan
     scrape_errors: float = 0.0
+    no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
     capacity_tokens: float = math.nan
@@ -136,6 +138,9 @@ class PoolStats:
     ttft_p90_client: float = math.nan  # kvgate_ttft_seconds, as clients see it (streams)
     ttft_n_client: float = 0.0
     e2e_p90_client: float = math.nan  # kvgate_request_duration_seconds
+    flow_queued: float = math.nan  # requests that waited in flow control's queue (NaN: off)
+    flow_depth_mean: float = math.nan  # requests in that queue, mean over the window's ticks
+    flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
     replicas: list[ReplicaStats] = field(default_factory=list)
 
     @property
@@ -229,6 +234,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.fresh = len(fresh)
     st.stale_share = 1.0 - len(fresh) / len(present)
     st.healthy_share = _mean(gauge(REP.HEALTHY, present))
+    st.healthy_last = series[REP.HEALTHY][present[-1]]
     st.draining = series[REP.DRAINING][present[-1]] > 0
     inflight = gauge(REP.INFLIGHT, present)
     st.inflight_mean, st.inflight_max = _mean(inflight), max(inflight, default=math.nan)
@@ -257,6 +263,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.itl_mean = _ratio(inc[REP.ITL_SUM], inc[REP.ITL_COUNT])
     st.queue_mean = _ratio(inc[REP.QUEUE_SUM], inc[REP.QUEUE_COUNT])
     st.scrape_errors = inc[REP.SCRAPE_ERRORS]
+    st.no_stats = series[REP.NO_STATS][present[-1]] > 0
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
@@ -280,6 +287,11 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
     ps.ttft_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, buckets)
     e2e = [inc(POOL.E2E + i) for i in range(len(TTFT_BOUNDS))]
     ps.e2e_p90_client = histogram_quantile(0.9, TTFT_BOUNDS, e2e)
+    depth = [v for t in span[1:] if not math.isnan(v := t.pool(name, POOL.FLOW_DEPTH))]
+    if depth:
+        ps.flow_queued, ps.flow_depth_mean = inc(POOL.FLOW_QUEUED), _mean(depth)
+        arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
+        ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
     return ps
 
 

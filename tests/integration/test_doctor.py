@@ -15,6 +15,7 @@ event loop waits for a CPU -- a real finding, but not the one under test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from loadtest.doctor_load import Load
+from loadtest.doctor_load import Load, LoadResult, run_load
 from loadtest.doctor_scenarios import (
     ADMIN_TOKEN,
     SCENARIOS,
@@ -125,6 +126,38 @@ def test_added_latency_on_one_replica_is_a_routing_imbalance() -> None:
     assert "before" in finding["action"] and target[1] in finding["action"]
 
 
+def test_requests_held_in_flow_controls_queue_name_the_bound_the_pool_reaches() -> None:
+    """Flow control holds the requests (flow.max_inflight 4 per replica) while the engine has
+    room: no engine queue, yet most requests wait in kvgate. It was reported healthy."""
+    sc = SCENARIOS["flow-queue"]
+    report, run = _diagnose(sc)
+    _check_only(report, sc, ("q", None))
+    (finding,) = [f for f in _findings(report, "q", None) if f["class"] == "queue-bound"]
+    queued = _evidence(finding, "kvgate_flow_queued_total")
+    assert queued["value"] >= queued["threshold"] == 0.2
+    assert finding["action"].startswith("raise flow.max_inflight (now 4)")
+    replica = run.urls["q"][0].removeprefix("http://")
+    assert [f["class"] for f in _findings(report, "q", replica)] == ["healthy"]
+
+
+def test_a_slower_replica_is_named_with_its_engine_not_the_pools_routing() -> None:
+    """An FP8 replica beside one that decodes ~5x slower (the 70B AWQ preset). Round robin
+    piles requests on the slow one: the doctor blamed hot prefixes (routing.load_factor); it
+    must name the slow one's engine. Cache-aware routing sends the fast one more: the doctor
+    named the fast one `hot`; it may name the slow one (or nothing), never the fast one."""
+    sc = SCENARIOS["slow-replica"]
+    report, run = _diagnose(sc)
+    target = run.target()
+    _check_only(report, sc, target)
+    (finding,) = [f for f in _findings(report, *target) if f["class"] == "routing"]
+    assert "x slower than its peers'" in finding["action"]
+    assert "routing.policy: cache_aware" in finding["action"]
+    assert "load_factor" not in finding["action"]
+    weighed = Scenario(**{**sc.__dict__, "routing": {}})
+    report, run = _diagnose(weighed)
+    assert wrong_classes(report, weighed, run.target()) == [], report["findings"]
+
+
 def test_round_robin_wastes_the_prefix_sharing_the_traffic_allows() -> None:
     sc = SCENARIOS["hit-rate"]
     report, _ = _diagnose(sc)
@@ -148,8 +181,75 @@ def test_redis_stopped_and_a_replica_without_metrics_are_gateway_findings() -> N
     (scrape,) = [f for f in _findings(report, *run.target()) if f["class"] == "gateway"]
     assert _evidence(scrape, "kvgate_scrape_errors_total")["value"] >= 0.5
     assert "--disable-log-stats" in scrape["action"]
+    assert "without vllm:* series" in scrape["summary"]
     metered = run.urls["p"][0].removeprefix("http://")
     assert [f["class"] for f in _findings(report, "p", metered)] == ["healthy"]
+
+
+def test_a_second_gateway_on_the_same_engines_is_not_a_routing_fault() -> None:
+    """Two gateways share Redis and the engines: this one's traffic comes in pairs (half its
+    prompt tokens reusable), the other's long prompts are unique. The engines' hit rate is the
+    mix, far below what this gateway's traffic allows -- its own traffic hits fine, and the
+    doctor must not blame routing or the caches for the other gateway's prompts."""
+    sc = Scenario("two-gateways", "healthy", "p", None, {"p": _pool_of(2)}, {}, redis=True)
+    with Running(sc, scale=SCALE, thresholds=THRESHOLDS) as run:
+        other = run.gateway()
+
+        async def both() -> list[list[LoadResult]]:
+            return list(await asyncio.gather(
+                run_load(run.base, [Load("m-p", 2, "pairs", 1500, max_tokens=8)], LOAD_S, "a"),
+                run_load(other, [Load("m-p", 4, "long-unique", 3000, max_tokens=8)], LOAD_S,
+                         "b")))
+
+        assert all(r.ok > 0 for rs in asyncio.run(both()) for r in rs)
+        report = run.report(LOAD_S)
+        (pool,) = report["pools"]
+        # the gap the old rule read as a fault
+        assert pool["potential_hit_rate"] >= 0.3, pool
+        assert pool["engine_hit_rate"] < 0.5 * pool["potential_hit_rate"], pool
+        assert wrong_classes(report, sc, ("p", None)) == [], report["findings"]
+        assert wrong_classes(run.report(LOAD_S, other), sc, ("p", None)) == []
+
+
+def _pool_of(n: int) -> list[list[str]]:
+    return [[] for _ in range(n)]
+
+
+def test_a_mixed_fleet_names_each_sick_replica_and_not_the_pool() -> None:
+    """One pool: a healthy FP8 replica, one whose engine died (/health 503), one started with
+    --disable-log-stats, one ~5x slower (70B AWQ). Each is named for what it is -- the dead
+    one `down` (it was "cannot read /metrics"), the one without stats by its flag -- and the
+    pool's routing is not blamed for them."""
+    sc = Scenario("mixed", "down", "p", 1,
+                  {"p": [[], [], ["--disable-log-stats"], ["--preset", "a100-70b-awq"]]},
+                  {"p": Load("", 8, "short", max_tokens=100)}, faults={("p", 1): {"dead": True}})
+    report, run = _diagnose(sc)
+    ok, dead, quiet, slow = (u.removeprefix("http://") for u in run.urls["p"])
+    (down,) = _findings(report, "p", dead)
+    assert (down["class"], down["severity"]) == ("down", "critical"), down
+    (stats,) = _findings(report, "p", quiet)
+    assert stats["class"] == "gateway" and "without vllm:* series" in stats["summary"]
+    assert "--disable-log-stats" in stats["action"]
+    assert [f["class"] for f in _findings(report, "p", ok)] == ["healthy"]
+    assert [f["class"] for f in _findings(report, "p", None)] == ["healthy"]
+    for f in _findings(report, "p", slow):  # the router may send it little, or name it slow
+        assert f["class"] == "healthy" or "x slower than its peers'" in f["action"], f
+
+
+def test_a_pool_whose_requests_fail_says_so() -> None:
+    """Both replicas fail half their requests (500): kvgate ejects them in turn and most
+    requests end in a 5xx. The pool said "routing: nothing above thresholds"."""
+    half = {"error_rate": 0.5}
+    sc = Scenario("errors", "errors", "p", None, {"p": _pool_of(2)},
+                  {"p": Load("", 8, "short", max_tokens=50)}, faults={("p", 0): half,
+                                                                      ("p", 1): half})
+    with Running(sc, scale=SCALE, thresholds=THRESHOLDS) as run:
+        results = run.run(LOAD_S)
+        assert sum(n for r in results for s, n in r.statuses.items() if s >= 500) > 0
+        report = run.report(LOAD_S)
+    (errors,) = [f for f in _findings(report, "p", None) if f["class"] == "errors"]
+    assert errors["severity"] == "critical" and "failed (5xx)" in errors["summary"]
+    assert _evidence(errors, 'kvgate_requests_total{status=~"5.."}')["value"] >= 0.5
 
 
 def _cli(*args: str, token: str | None = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:

@@ -187,3 +187,21 @@ def test_a_tenancy_never_loaded_reaches_the_window() -> None:
     h = _ticks(f, 5, waiting=0.0, running=1.0, kv=0.1, new=1)
     w = summarise(list(h.ticks), 20.0, stale_after_s=1.0)
     assert (w.gateway.redis_up, w.gateway.tenancy_loaded) == (0.0, 0.0)
+
+
+def test_flow_controls_queue_reaches_the_window() -> None:
+    """Queued so far and queued now per pool, each tick; no flow control: unknown (NaN)."""
+    f = Fleet()
+    off = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
+    assert math.isnan(off.pools[0].flow_queued)
+    queued = [0.0]
+
+    def flow() -> dict[str, tuple[float, float]]:
+        queued[0] += 10.0  # 10 requests queued a second, 5 in the queue: 0.5 s each
+        return {"p": (queued[0], 5.0)}
+
+    f.src.flow = flow
+    w = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
+    (p,) = w.pools
+    assert (p.flow_queued, p.flow_depth_mean) == (50.0, 5.0)
+    assert p.flow_wait_mean == pytest.approx(0.5)

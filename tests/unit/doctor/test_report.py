@@ -45,8 +45,8 @@ def test_parse_duration_rejects(text: str) -> None:
 
 
 def test_format_duration() -> None:
-    assert [format_duration(s) for s in (0.4, 30, 300, 330, 3900)] == [
-        "0.4s", "30s", "5m", "5m30s", "1h05m"]
+    assert [format_duration(s) for s in (0.001, 0.4, 30, 300, 330, 3900)] == [
+        "1ms", "0.4s", "30s", "5m", "5m30s", "1h05m"]
 
 
 def _window(tenants: list[TenantStats], replicas: list[ReplicaStats]) -> Window:
@@ -62,6 +62,7 @@ def test_cache_verdicts_per_tenant() -> None:
         TenantStats("chat", "p", 100, 200_000, 120_000, 100),  # 60 %: pays
         TenantStats("rag", "p", 100, 300_000, 51_200, 100),  # a 512-token shared prefix
         TenantStats("old", "p", 100, 200_000, 0, 0),  # no cached_tokens reported
+        TenantStats("mixed", "p", 100, 200_000, 30_000, 55),  # by some replicas only
         TenantStats("tiny", "p", 3, 900, 800, 3),
     ]
     rows, pools = cache_return(_window(tenants, [r]), TH)
@@ -69,6 +70,9 @@ def test_cache_verdicts_per_tenant() -> None:
     assert by["chat"].verdict == PAYS and by["chat"].gpu_seconds_saved == pytest.approx(12.0)
     assert by["rag"].verdict == LITTLE and "~512 of ~3,000 prompt tokens" in by["rag"].detail
     assert by["old"].verdict == UNKNOWN and by["old"].hit_rate is None
+    assert by["old"].detail == "cached_tokens missing from the answers' usage"
+    assert by["mixed"].verdict == UNKNOWN and by["mixed"].hit_rate is None
+    assert by["mixed"].detail.startswith("only 55% of the answers' usage carried cached_tokens")
     assert by["tiny"].verdict == TOO_LITTLE
     assert all(row.kv_share is None for row in rows)  # not known per tenant
     (pool,) = pools
@@ -117,6 +121,22 @@ def test_a_window_longer_than_the_history_is_clamped_and_said() -> None:
     assert "the history covers 11s" in head
 
 
+def test_a_window_too_short_for_the_rules_says_which_window_would_do() -> None:
+    """`?window=2s` with a 1 s tick holds 2 samples: nothing is judged, and waiting would not
+    change that ("not judged yet" would), so every row names the shortest window that works."""
+    f = Fleet()
+    h = _ticks(f, 21, waiting=0.0, running=3.0, kv=0.2, new=10)
+    doctor = Doctor(f.src, DoctorSettings(1.0, 60.0), Context(interval_s=1.0), lambda: f.now)
+    doctor.history = h
+    report = doctor.build(list(h.ticks), 2.0)
+    rows = [x for x in report["findings"] if x["pool"] is not None]
+    assert len(rows) == 3 and all(
+        "window holds 2" in x["summary"] and "ask for a window of 5s or more" in x["summary"]
+        and "yet" not in x["summary"] for x in rows), rows
+    young = doctor.build(list(h.ticks)[:3], 20.0)  # a 20 s window, 2 ticks into the history
+    assert all("not judged yet" in x["summary"] for x in young["findings"] if x["pool"])
+
+
 def test_overrides_change_the_verdict_and_are_reported() -> None:
     report = _report(min_requests=1000)
     assert report["thresholds"]["min_requests"] == 1000
@@ -151,6 +171,9 @@ def test_findings_render_evidence_and_action_for_non_healthy_rows() -> None:
     (["--timeout", "0"], 2, "--timeout must be positive"),
     (["--url", "gw:8000", "--admin-token", "x" * 20], 2, "expected http://HOST:PORT"),
     (["--timeout", "many"], 2, "argument --timeout: invalid float value"),
+    (["--timeout", "nan"], 2, "--timeout must be positive and finite"),
+    (["--timeout", "inf"], 2, "--timeout must be positive and finite"),
+    (["--url", "http://[::1", "--admin-token", "x" * 20], 2, "expected http://HOST:PORT"),
 ])
 def test_cli_usage_errors_are_one_line(argv: list[str], code: int, message: str,
                                        capsys: pytest.CaptureFixture[str]) -> None:

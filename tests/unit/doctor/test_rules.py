@@ -303,3 +303,136 @@ def test_waiting_between_steps_on_the_busiest_replica_is_not_an_imbalance() -> N
 def test_a_pool_is_not_judged_on_a_few_ticks() -> None:
     (f,) = classify_pool(pool(replica("a"), overflow=400.0, samples=2), TH, CTX)
     assert f.cls == "healthy" and "not judged yet" in f.summary
+
+
+def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
+    """A replica whose health checks fail also fails its scrapes: one finding, `down`."""
+    dead = replica(healthy_share=0.1, healthy_last=0.0, fresh=0, stale_share=1.0,
+                   scrape_errors=45.0, inflight_mean=0.0, requests=math.nan,
+                   ttft_mean=math.nan, itl_mean=math.nan, waiting_share=math.nan)
+    (f,) = classify_replica(dead, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "critical")
+    assert "out of rotation, its health checks or requests failing" in f.summary
+    assert "90% of the window" in f.summary
+    assert (f.evidence[0].value, f.evidence[0].op, f.evidence[0].threshold) == (0.9, ">=", 0.5)
+    assert "--disable-log-stats" not in f.action and "/health" in f.action
+    back = replica(healthy_share=0.4, healthy_last=1.0)
+    (f,) = classify_replica(back, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "warning") and "back now" in f.summary
+    assert classes(classify_replica(replica(healthy_share=0.9, healthy_last=0.0), TH, CTX)) \
+        == ["healthy"]  # a blip: one ejection just now
+    assert classes(classify_replica(replica(healthy_share=0.0, healthy_last=0.0,
+                                            draining=True), TH, CTX)) == ["healthy"]
+
+
+def test_another_gateways_traffic_on_the_same_engines_is_not_this_ones_hit_gap() -> None:
+    """Two gateways share the engines: this one's traffic could reuse 46% of its prompts, the
+    other's long unique prompts (half the engines' tokens) reuse nothing. The engines' 22% is
+    their mix; every hit counted as this gateway's, its traffic hit at most 44%: no gap."""
+    reps = [replica("a", queries=800_000.0, hits=176_000.0),
+            replica("b", queries=800_000.0, hits=176_000.0)]
+    mixed = pool(*reps, share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                 share_chosen=43_000.0, prompt_tokens=800_000.0)
+    assert classes(classify_pool(mixed, TH, CTX)) == ["healthy"]
+    # the same engines with a real gap in this gateway's own traffic is still named
+    starved = pool(*[replica(r.id, queries=800_000.0, hits=40_000.0) for r in reps],
+                   share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                   share_chosen=43_000.0, prompt_tokens=800_000.0)
+    (f,) = classify_pool(starved, TH, CTX)
+    assert f.cls == "routing" and "at most 10% on this gateway's traffic (50%" in f.summary
+    alone = pool(*reps, share_n=150.0, share_prompt=100_000.0, share_best=46_000.0,
+                 share_chosen=43_000.0, prompt_tokens=1_600_000.0)  # one gateway: as before
+    (f,) = classify_pool(alone, TH, CTX)
+    assert f.summary.startswith("hit rate 22% where")
+
+
+def test_time_per_request_is_not_judged_on_engines_another_gateway_also_feeds() -> None:
+    """Little's law over this gateway's in flight and the engines' request counts mixes two
+    gateways' traffic: the other one sending most of its requests to `a` makes `b` look slow."""
+    a = replica("a", inflight_mean=4.0, requests=1000.0)  # 200 ours + 800 of the other gateway
+    b = replica("b", inflight_mean=4.0, requests=200.0)
+    assert classes(classify_pool(pool(a, b, requests=400.0), TH, CTX)) == ["healthy"]
+    (f,) = classify_pool(pool(a, b, requests=1200.0), TH, CTX)  # all ours: b is slow
+    assert (f.cls, f.replica) == ("routing", "b") and "time per request" in f.summary
+
+
+@pytest.mark.parametrize(("replicas", "ctx", "action"), [
+    ([replica("a", inflight_mean=4.0)], Context(flow_max_inflight=4),
+     "raise flow.max_inflight (now 4)"),
+    ([replica("a", inflight_mean=2.0)], Context(flow_max_inflight=4),
+     "the engines have room"),
+    ([replica("a", waiting_share=0.9, waiting_mean=8.0, ttft_mean=0.8, itl_mean=0.008)],
+     Context(), "the engines are full too (a: their findings say which flag)"),
+])
+def test_requests_queued_in_flow_control_are_a_pool_queue(
+        replicas: list[ReplicaStats], ctx: Context, action: str) -> None:
+    p = pool(*replicas, requests=400.0, flow_queued=300.0, flow_depth_mean=12.0,
+             flow_wait_mean=0.4)
+    (f,) = [f for f in classify_pool(p, TH, ctx) if f.cls != "healthy"]
+    assert (f.cls, f.replica) == ("queue-bound", None)
+    assert f.summary.startswith("75% of requests waited in kvgate's flow-control queue, ~400 ms")
+    assert f.action.startswith(action)
+
+
+def test_flow_control_off_or_rarely_queueing_is_no_finding() -> None:
+    assert classes(classify_pool(pool(replica("a")), TH, CTX)) == ["healthy"]  # NaN: off
+    few = pool(replica("a"), requests=400.0, flow_queued=40.0, flow_depth_mean=0.1)
+    assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
+
+
+def test_a_slower_replica_holding_more_in_flight_is_named_slow_not_hot_prefixes() -> None:
+    """Round robin over an FP8 replica and one five times slower (AWQ): the slow one holds the
+    requests. The cause is its engine, not hot prefixes (load_factor)."""
+    fast = replica("fp8", inflight_mean=1.3, running_mean=1.0, ttft_mean=0.007, itl_mean=0.006)
+    slow = replica("awq", inflight_mean=6.0, running_mean=5.9, ttft_mean=0.042, itl_mean=0.035)
+    (f,) = classify_pool(pool(fast, slow), TH, Context(policy="round_robin"))
+    assert (f.cls, f.replica) == ("routing", "awq")
+    assert f.action.startswith("awq's engine is 6.0x slower than its peers'")
+    assert "routing.policy: cache_aware" in f.action and "load_factor" not in f.action
+
+
+def test_a_faster_replica_taking_more_is_not_an_imbalance() -> None:
+    """Cache-aware routing sends most requests to the faster replica; it keeps up (no queue):
+    the router weighing speed, not a fault."""
+    fast = replica("fp8", inflight_mean=5.3, running_mean=2.6, ttft_mean=0.013, itl_mean=0.0066)
+    slow = replica("awq", inflight_mean=2.0, running_mean=3.6, ttft_mean=0.072, itl_mean=0.032)
+    assert classes(classify_pool(pool(fast, slow), TH, CTX)) == ["healthy"]
+    queued = replica("fp8", inflight_mean=5.3, running_mean=2.6, ttft_mean=0.9, itl_mean=0.0066,
+                     waiting_share=0.9, waiting_mean=3.0)
+    (f,) = classify_pool(pool(queued, slow), TH, CTX)  # it does queue: named
+    assert (f.cls, f.replica) == ("routing", "fp8")
+
+
+def test_a_metrics_page_without_vllm_series_is_named_by_its_flag() -> None:
+    quiet = replica(fresh=0, stale_share=1.0, scrape_errors=40.0, no_stats=True,
+                    requests=math.nan, waiting_share=math.nan)
+    (f,) = classify_replica(quiet, TH, CTX)
+    assert f.cls == "gateway" and "without vllm:* series" in f.summary
+    assert f.action.startswith("start its vLLM without --disable-log-stats")
+    hung = replica(fresh=0, stale_share=1.0, scrape_errors=10.0, requests=math.nan,
+                   waiting_share=math.nan)  # /metrics times out
+    (f,) = classify_replica(hung, TH, CTX)
+    assert f.summary.startswith("kvgate cannot read this replica's /metrics")
+    assert "--disable-log-stats" not in f.action and "scrape timeout" in f.action
+
+
+def test_a_replica_without_engine_numbers_is_not_said_to_hold_requests_before_its_engine() -> None:
+    """--disable-log-stats: kvgate's in-flight count is known, the engine's is not (not 0)."""
+    quiet = replica("quiet", inflight_mean=4.5, fresh=0, stale_share=1.0, no_stats=True,
+                    running_mean=math.nan, waiting_mean=math.nan, waiting_share=math.nan)
+    fs = classify_pool(pool(quiet, replica("a", inflight_mean=1.3),
+                            replica("b", inflight_mean=1.0)), TH, CTX)
+    assert classes(fs) == ["healthy"]
+
+
+def test_a_pool_whose_requests_fail_is_not_healthy() -> None:
+    """Half the requests failing on both replicas (both ejected in turn): the pool said
+    'routing: nothing above thresholds (requests 969, 5xx 671)'."""
+    out = [replica(rid, healthy_share=0.2, healthy_last=0.0) for rid in ("a", "b")]
+    (f, *rest) = classify_pool(pool(*out, requests=969.0, errors=671.0), TH, CTX)
+    assert (f.cls, f.severity, f.replica) == ("errors", "critical", None) and rest == []
+    assert f.summary == "69% of pool p's requests failed (5xx), no replica in rotation"
+    (f,) = classify_pool(pool(replica("a"), replica("b"), requests=500.0, errors=40.0), TH, CTX)
+    assert (f.cls, f.severity) == ("errors", "warning") and "every replica in rotation" in f.summary
+    assert classes(classify_pool(pool(replica("a"), requests=500.0, errors=10.0), TH, CTX)) \
+        == ["healthy"]

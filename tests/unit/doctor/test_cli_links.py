@@ -1,0 +1,85 @@
+"""`kvgate doctor` against real loopback servers that are not a healthy gateway: a link that
+trickles the answer, a server answering a doctor-shaped but incomplete report. Each is one
+line on stderr and exit status 1, within the --timeout asked for."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from gateway.doctor import cli
+
+TOKEN = ["--admin-token", "x" * 24]
+
+
+class _Answer(BaseHTTPRequestHandler):
+    trickle_s = 0.0  # > 0: send the body one byte per this many seconds
+    body = b""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(self.body)))
+        self.end_headers()
+        try:
+            for i in range(len(self.body)):
+                self.wfile.write(self.body[i:i + 1])
+                self.wfile.flush()
+                time.sleep(self.trickle_s)
+        except OSError:
+            pass  # the CLI gave up
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _serve(handler: type[_Answer]) -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def trickling() -> Iterator[str]:
+    class Slow(_Answer):
+        trickle_s = 0.1
+        body = json.dumps({"object": "doctor"}).encode() * 10
+
+    yield from _serve(Slow)
+
+
+@pytest.fixture
+def incomplete() -> Iterator[str]:
+    class Partial(_Answer):
+        body = json.dumps({"object": "doctor", "findings": []}).encode()
+
+    yield from _serve(Partial)
+
+
+def test_a_trickling_link_times_out_within_the_timeout(
+        trickling: str, capsys: pytest.CaptureFixture[str]) -> None:
+    start = time.monotonic()
+    assert cli.main(["--url", trickling, "--timeout", "0.5", *TOKEN]) == 1
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert took < 2.0  # not one read timeout per byte (the body takes 20 s)
+    assert out == "" and err == f"kvgate doctor: {trickling} did not answer within 0.5 s\n"
+
+
+def test_an_incomplete_report_is_one_line_not_a_traceback(
+        incomplete: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--url", incomplete, *TOKEN]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "incomplete doctor report (no window, history, worst, cache)" in err
