@@ -14,7 +14,9 @@ tokens lie beyond a 16k-token cap) and predict hits the engine has already evict
 
 Blocks of a routed request are inserted tail first, so the request's first block is the most
 recently used: like vLLM (which frees a request's blocks in reverse order), eviction eats
-prefixes from their tail and a shared head survives longest.
+prefixes from their tail and a shared head survives longest. So the blocks of a chain a replica
+holds are the chain's first ones, and `insert` refreshes them in one pass in C once it has
+found the new ones at the tail.
 
 Chains routed by other gateways (`routing.peers`) are inserted the same way with
 ``peer=True``; a block remembers whether a peer touched it last (the low bit of its stored
