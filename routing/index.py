@@ -14,7 +14,9 @@ tokens lie beyond a 16k-token cap) and predict hits the engine has already evict
 
 Blocks of a routed request are inserted tail first, so the request's first block is the most
 recently used: like vLLM (which frees a request's blocks in reverse order), eviction eats
-prefixes from their tail and a shared head survives longest.
+prefixes from their tail and a shared head survives longest. So the blocks of a chain a replica
+holds are the chain's first ones, and `insert` refreshes them in one pass in C once it has
+found the new ones at the tail.
 
 Chains routed by other gateways (`routing.peers`) are inserted the same way with
 ``peer=True``; a block remembers whether a peer touched it last (the low bit of its stored
@@ -106,21 +108,54 @@ class AffinityIndex:
             blocks[h] = ((1 + tail_blocks) << 1) | flag
             blocks.move_to_end(h)
             hashes = hashes[:-1]
+        # Tail first: the blocks not held yet come first (a chain's held blocks are its head,
+        # below), then the held ones are refreshed in one pass in C. Every process inserts
+        # every chain of the fleet: this is most of what applying peers' records costs.
         fresh = 2 | flag
-        move, held = blocks.move_to_end, owners.get  # every process inserts every chain
+        held = owners.get
+        new = 0
         for h in reversed(hashes):
             if h in blocks:
-                move(h)
-            else:
-                blocks[h] = fresh
-                used += 1
-                owners[h] = held(h, 0) | bit
+                break
+            blocks[h] = fresh
+            owners[h] = held(h, 0) | bit
+            new += 1
+        used += new
+        if new < len(hashes):
+            # the held blocks, newest last; moved in C, one lookup each (`_refresh_blockwise`)
+            older = hashes[len(hashes) - new - 1::-1]
+            try:
+                any(map(blocks.move_to_end, older))  # move_to_end returns None: all run
+            except KeyError:
+                used += self._refresh_blockwise(lru, older, fresh, bit)
         weight = blocks[first]
         if weight & 1 != flag:
             blocks[first] = weight ^ 1
         lru.used = used
         if used > lru.capacity:
             self._evict(lru)
+
+    def _refresh_blockwise(self, lru: _ReplicaLRU, older: Sequence[int], fresh: int,
+                           bit: int) -> int:
+        """Refresh ``older`` (a chain's blocks before its newest held one, newest last) block by
+        block; the blocks added. `insert` moves them all in one pass instead, which holds
+        because a chain's blocks are held as a prefix: every insert of a block also refreshes
+        the blocks before it in its chain, later (a block's hash names its whole prefix), so a
+        block is never older than the blocks after it and eviction takes a chain from its
+        tail. An insert that breaks the rule (a hash collision, a hand-made chain) raises
+        KeyError there and comes here: moving the blocks already moved once more, in the same
+        order, leaves the same order."""
+        blocks, owners = lru.blocks, self._owners
+        move, held = blocks.move_to_end, owners.get
+        added = 0
+        for h in older:
+            if h in blocks:
+                move(h)
+            else:
+                blocks[h] = fresh
+                owners[h] = held(h, 0) | bit
+                added += 1
+        return added
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners

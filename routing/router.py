@@ -256,7 +256,8 @@ class Router:
             if self.peers is not None:
                 if not self.outbox and self.on_outbox is not None:
                     self.on_outbox()
-                self.outbox.append(RouteRecord(replica, hashes, tail))
+                # built in C: a named tuple's own __new__ is Python code, and this runs per request
+                self.outbox.append(tuple.__new__(RouteRecord, (replica, hashes, tail)))
         if self._window > 0:
             self._recent_picks(now).append((now, replica))
             self._recent_counts[replica] = self._recent_counts.get(replica, 0) + 1

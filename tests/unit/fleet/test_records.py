@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import orjson
 import pytest
 
@@ -72,10 +74,18 @@ def _with(**changes: bytes) -> dict[bytes, bytes]:
     _with(l=orjson.dumps({"r": [-1, 0, 0, 0]})),
     _with(l=orjson.dumps({"r": [1.5, 0, 0, 0]})),
     _with(l=orjson.dumps({"r": [1, 0, 0, "x"]})),
+    _with(l=orjson.dumps({"r": [1, 0, 0, True]})),
+    _with(l=orjson.dumps({"r": [1, 0, 0, -0.5]})),
 ])
 def test_malformed_batches_are_refused(fields: dict[bytes, bytes]) -> None:
     with pytest.raises(BadRecord):
         decode(fields)
+
+
+def test_hashes_are_little_endian_unsigned_64_bit_words() -> None:
+    """The wire every reader of format 1 expects, whatever array type packs it here."""
+    fields = encode("m", 1.0, ROUTES, {})
+    assert fields[b"h"] == struct.pack("<4Q", 1, 2**64 - 1, 42, 7)
 
 
 def test_hashes_are_packed_not_spelled_out() -> None:

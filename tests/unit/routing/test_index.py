@@ -2,6 +2,9 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
+from collections.abc import Callable
+
+import pytest
 
 from routing.index import AffinityIndex
 
@@ -101,18 +104,32 @@ class _Model:
             lru.popitem(last=False)
 
 
-def test_inserts_follow_the_block_by_block_rule() -> None:
-    """Random chains sharing prefixes, tails, peers' and own inserts, evictions: the index's
-    entries (in LRU order), their weights and peer marks, its block owners and its matches are
-    those of the rule applied one block at a time."""
+def _prefix_chain(rng: random.Random, heads: list[list[int]]) -> list[int]:
+    """A chain as requests make them: a shared head's prefix, then new blocks."""
+    head = rng.choice(heads)
+    return head[:rng.randrange(1, 12)] + [rng.getrandbits(20) + 2**21
+                                          for _ in range(rng.randrange(4))]
+
+
+def _any_chain(rng: random.Random, heads: list[list[int]]) -> list[int]:
+    """Blocks in any order, repeats included: a held block may follow one not held (what a
+    hash collision would do), which `insert`'s one-pass refresh of held blocks cannot take."""
+    return [rng.randrange(60) for _ in range(rng.randrange(1, 14))]
+
+
+@pytest.mark.parametrize("make_chain", [_prefix_chain, _any_chain])
+def test_inserts_follow_the_block_by_block_rule(
+    make_chain: Callable[[random.Random, list[list[int]]], list[int]],
+) -> None:
+    """Random chains sharing prefixes (or not), tails, peers' and own inserts, evictions: the
+    index's entries (in LRU order), their weights and peer marks, its block owners and its
+    matches are those of the rule applied one block at a time."""
     rng = random.Random(5)
     capacity = 40
     idx, model = AffinityIndex(capacity), _Model(capacity)
     heads = [[rng.getrandbits(20) for _ in range(12)] for _ in range(6)]
     for _ in range(3000):
-        head = rng.choice(heads)
-        chain = head[:rng.randrange(1, 12)] + [rng.getrandbits(20) + 2**21
-                                               for _ in range(rng.randrange(4))]
+        chain = make_chain(rng, heads)
         replica, tail, peer = rng.choice("abc"), rng.choice([0, 0, 0, 3, 9]), rng.random() < 0.5
         idx.insert(replica, chain, tail, peer)
         model.insert(replica, chain, tail, peer)
