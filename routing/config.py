@@ -46,7 +46,7 @@ class RouterConfig:
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0
     tie_quantum_s: float = 0.001
-    tie_relative: float = 0.05  # costs within this share of each other tie too
+    tie_relative: float = 0.05  # costs in one step of a log scale of ratio 1 + this tie too
     # an uncached prompt token is charged miss_weight x its prefill time (>= 1; 1 = the pure
     # TTFT estimate); the extra is the fleet's price of recomputing and duplicating a prefix
     miss_weight: float = 2.0
