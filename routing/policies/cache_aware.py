@@ -19,9 +19,9 @@ estimate. A miss costs the fleet more than that request's wait: the copy of the 
 memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
 it, as much as r's cache is full: while caches have room, cold requests fill the emptiest.
 
-The minimum wins among the replicas the bounded-load rule admits; costs tie when they fall in
-the same step of ``tie_quantum_s`` or of a log scale of ratio 1 + ``tie_relative`` (two costs
-1 % apart across a step's edge do not tie), and ties go to a stable hash of
+The minimum wins among the replicas the bounded-load rule admits; costs under ``tie_quantum_s``
+tie, and above it costs in the same step of a log scale of ratio 1 + ``tie_relative`` from
+there (two costs 1 % apart across a step's edge do not tie); ties go to a stable hash of
 (prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
 views arrive in. Several gateways blind to each other's latest picks take turns among the
 candidates about as cheap as the cheapest that hold the longest prefix of them
