@@ -64,6 +64,7 @@ class _Conn(asyncio.Protocol):
         self.status = 0
         self.content_type = "application/json"
         self.content_length: str | None = None
+        self.retry_after: str | None = None
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.any_byte = False  # of this exchange's answer
         self.complete = False
@@ -112,6 +113,8 @@ class _Conn(asyncio.Protocol):
             self.content_type = value.decode("latin-1")
         elif lname == b"content-length":
             self.content_length = value.decode("latin-1")
+        elif lname == b"retry-after":
+            self.retry_after = value.decode("latin-1")
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
             self._chunked = True
 
@@ -181,7 +184,7 @@ class _Conn(asyncio.Protocol):
 class H1Response:
     """`gateway.transport.UpstreamResponse` of one exchange on an `_Conn`."""
 
-    __slots__ = ("_conn", "_pool", "content_length", "content_type", "status")
+    __slots__ = ("_conn", "_pool", "content_length", "content_type", "retry_after", "status")
 
     def __init__(self, conn: _Conn, pool: H1Pool) -> None:
         self._conn = conn
@@ -189,6 +192,7 @@ class H1Response:
         self.status = conn.status
         self.content_type = conn.content_type
         self.content_length = conn.content_length
+        self.retry_after = conn.retry_after
 
     async def read_chunk(self) -> bytes:
         return await self._conn.read_chunk()

@@ -290,10 +290,24 @@ class Relay:
         req.status = resp.status
         req.ctl.done = True
         hdrs = self.headers(req, content_type)
-        if resp.status == 503:
-            hdrs.append((b"retry-after", b"1"))
+        if (wait := _retry_after(resp)) is not None:
+            hdrs.append((b"retry-after", wait))
         await send_whole(send, resp.status, hdrs, data)
         return True
+
+
+_MAX_RETRY_AFTER_S = 3_600
+
+
+def _retry_after(resp: UpstreamResponse) -> bytes | None:
+    """The Retry-After a relayed 429/503 carries: the replica's own when it is a plain number
+    of seconds (capped at an hour; the SDKs wait what it says), else 1 s for a 503."""
+    if resp.status not in (429, 503):
+        return None
+    sent = (resp.retry_after or "").strip()
+    if sent.isdigit():
+        return str(min(int(sent), _MAX_RETRY_AFTER_S)).encode()
+    return b"1" if resp.status == 503 else None
 
 
 def _stored(req: ProxiedRequest) -> bool:

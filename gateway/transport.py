@@ -53,6 +53,7 @@ class UpstreamResponse(Protocol):
     status: int
     content_type: str
     content_length: str | None
+    retry_after: str | None  # the answer's Retry-After header, as sent
 
     async def read_chunk(self) -> bytes:
         """The bytes that have arrived (waits for some); b"" at the end of the body."""

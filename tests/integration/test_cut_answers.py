@@ -226,3 +226,24 @@ def test_a_whole_json_answer_to_a_stream_is_a_502_not_an_empty_stream(
     embedded = client.embeddings.create(model=MODEL, input="x", encoding_format="float",
                                         extra_body={"stream": True})
     assert embedded.data[0].embedding == [1.0]
+
+
+@pytest.mark.parametrize(
+    ("sent", "relayed"),
+    [("7", "7"), ("86400", "3600"), ("Wed, 21 Oct 2015 07:28:00 GMT", None), (None, None)],
+    ids=["seconds", "capped", "http-date", "none"],
+)
+def test_a_replicas_429_keeps_its_retry_after(
+    gw: tuple[BadReplica, str], sent: str | None, relayed: str | None,
+) -> None:
+    """Whatever rate-limits in front of a replica says how long to wait; the SDK honours it."""
+    replica, base = gw
+    body = b'{"error": {"message": "slow down", "type": "RateLimitError", "code": 429}}'
+    head = b"retry-after: %s\r\n" % sent.encode() if sent is not None else b""
+    replica.answer = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                      + head + b"content-length: %d\r\n\r\n" % len(body) + body)
+    replica.end = "keep"
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "x"}]})
+    assert resp.status_code == 429 and resp.json()["error"]["message"] == "slow down"
+    assert resp.headers.get("retry-after") == relayed

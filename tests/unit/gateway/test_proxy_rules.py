@@ -33,6 +33,7 @@ class FakeResponse:
         self.status = status
         self.content_type = content_type
         self.content_length: str | None = None
+        self.retry_after: str | None = None
         self._chunks = list(chunks)
         self.ended: str | None = None  # "released" or "aborted"
 
