@@ -84,6 +84,15 @@ async def _answers(call: Any, n: int) -> list[pb.ProcessingResponse]:
     return [await asyncio.wait_for(call.read(), 10) for _ in range(n)]
 
 
+async def _picked(stub: Any, body: bytes) -> tuple[Any, list[pb.ProcessingResponse]]:
+    """A new exchange with ``body`` sent whole: the call and the picker's two answers."""
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    return call, await _answers(call, 2)
+
+
 async def test_a_large_body_is_rewritten_and_rechunked(stub: Any, picker: Any) -> None:
     body = _chat("x" * 150_000, stream=True)
     call = stub.Process()
@@ -155,11 +164,7 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     stub: Any, picker: Any
 ) -> None:
     body = _chat("served elsewhere")
-    call = stub.Process()
-    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
-    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
-                                                                   end_of_stream=True)))
-    headers, _ = await _answers(call, 2)
+    call, (headers, _) = await _picked(stub, body)
     _, fallback = _set(headers)[DESTINATION].decode().split(",")
     served = Struct()
     served.update({"x-gateway-destination-endpoint-served": fallback})
@@ -183,11 +188,7 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
     of its body as it came): the last body the picker hands back ends with an error event,
     and half an event held back is dropped (as the HTTP mode's relay)."""
     body = _chat("cut short", stream=True)
-    call = stub.Process()
-    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
-    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
-                                                                   end_of_stream=True)))
-    await _answers(call, 2)
+    call, _ = await _picked(stub, body)
     await call.write(pb.ProcessingRequest(response_headers=_headers(
         {":status": "200", "content-type": "text/event-stream"})))
     await _answers(call, 1)
@@ -204,11 +205,7 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
 async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:
     """Envoy's own 503 (no upstream answered) reaches the client as an OpenAI error."""
     body = _chat("to a dead replica")
-    call = stub.Process()
-    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
-    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
-                                                                   end_of_stream=True)))
-    await _answers(call, 2)
+    call, _ = await _picked(stub, body)
     await call.write(pb.ProcessingRequest(response_headers=_headers(
         {":status": "503", "content-type": "text/plain", "content-length": "19"})))
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
