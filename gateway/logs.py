@@ -16,9 +16,7 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
-__all__ = [
-    "JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request",
-]
+__all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
 
 LogFormat = Literal["json", "text"]
 QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio")

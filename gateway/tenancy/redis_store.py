@@ -311,7 +311,6 @@ class RedisStore(TenantStore):
             group_epochs={k: int(v) for k, v in groups.items()},
         )
 
-
     def _key_records(self, raw: dict[str, str]) -> dict[str, KeyRecord]:
         """The key records of a snapshot, each parsed once: a reload after each admin write
         (`gateway.admin.writes`) parses only the records that changed (~5 µs each)."""
