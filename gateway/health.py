@@ -63,7 +63,7 @@ class HealthMonitor:
                     log.warning("replica down: /health too slow",
                                 extra={"pool": pool.name, "replica": replica.id})
             else:  # the half-open probe: no answer is no recovery
-                replica.mark_down(self._clock())
+                replica.mark_down(self._clock(), request=False)
             return
         except TRANSPORT_ERRORS as exc:  # refused, reset: down now
             ok = False
@@ -72,7 +72,7 @@ class HealthMonitor:
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
                                                    "reason": reason})
-            replica.mark_down(self._clock())
+            replica.mark_down(self._clock(), request=False)
             return
         replica.record_probe_ok()
         if replica.state == "ejected":

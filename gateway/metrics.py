@@ -72,6 +72,12 @@ class _ReplicaCollector(Collector):
             "kvgate_replica_scrape_age_seconds", "age of the last good scrape", labels=labels)
         errors = CounterMetricFamily(
             "kvgate_scrape_errors", "failed scrapes of a replica's /metrics", labels=labels)
+        attempts = CounterMetricFamily(
+            "kvgate_replica_attempts", "requests sent to a replica, retries included",
+            labels=labels)
+        failed = CounterMetricFamily(
+            "kvgate_replica_failures", "requests that failed on a replica (5xx, reset, stall, "
+            "cut stream, dead engine), retried elsewhere where they could be", labels=labels)
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)
@@ -88,8 +94,10 @@ class _ReplicaCollector(Collector):
             if r.scraped is not None:
                 age.add_metric(key, now - r.scraped_at)
             errors.add_metric(key, self._scrape_errors(r.id))
+            attempts.add_metric(key, r.attempts)
+            failed.add_metric(key, r.failed)
             affinity.add_metric(key, entries.get(r.id, 0))
-        yield from (inflight, healthy, *gauges, age, errors, affinity)
+        yield from (inflight, healthy, *gauges, age, errors, attempts, failed, affinity)
 
 
 class _TenancyCollector(Collector):

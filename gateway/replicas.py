@@ -47,10 +47,10 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "busy_streak", "busy_until", "draining", "ejected_until", "ejections",
-        "failures", "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
-        "pool", "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "url",
-        "watch",
+        "_policy", "attempts", "busy_streak", "busy_until", "draining", "ejected_until",
+        "ejections", "failed", "failures", "hit_ratio", "id", "inflight", "inflight_prefill",
+        "inflight_prefill_tokens", "pool", "refusal_warned", "scraped", "scraped_at",
+        "slow_probes", "state", "url", "watch",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -66,7 +66,12 @@ class Replica:
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
         self.hit_ratio: float | None = None
         self.state = HEALTHY
-        self.failures = 0
+        self.failures = 0  # consecutive (health's): a success starts it over
+        # cumulative, for operators (kvgate_replica_attempts_total / _failures_total, the
+        # doctor): requests sent here, retries included, and those that failed here; a
+        # replica failing one request in five stays in rotation (the retries hide it)
+        self.attempts = 0
+        self.failed = 0
         self.ejections = 0
         self.ejected_until = 0.0
         self.slow_probes = 0  # consecutive /health probes that timed out
@@ -83,6 +88,7 @@ class Replica:
 
     # -- accounting ---------------------------------------------------------------------
     def acquire(self, prompt_tokens: int) -> Lease:
+        self.attempts += 1
         self.inflight += 1
         self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
@@ -130,7 +136,7 @@ class Replica:
         self.slow_probes += 1
         if self.slow_probes >= self._policy.slow_threshold:
             self.slow_probes = 0
-            self.mark_down(now)
+            self.mark_down(now, request=False)
 
     def record_probe_ok(self) -> None:
         self.slow_probes = 0
@@ -149,7 +155,9 @@ class Replica:
             self.ejections = 0
 
     def record_failure(self, now: float) -> None:
+        """A request failed here (5xx, reset, stall, cut stream)."""
         self.failures += 1
+        self.failed += 1
         if self.state == HALF_OPEN or (
             self.state == HEALTHY and self.failures >= self._policy.failure_threshold
         ):
@@ -161,10 +169,11 @@ class Replica:
         self.ejected_until = now + min(backoff, self._policy.eject_max_s)
         self.state = EJECTED
 
-    def mark_down(self, now: float) -> None:
+    def mark_down(self, now: float, request: bool = True) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
-        ejected: keep the back-off)."""
+        ejected: keep the back-off). ``request``: a request failed here (not a probe)."""
         self.failures += 1
+        self.failed += request
         if self.state != EJECTED:
             self.eject(now)
 

@@ -63,6 +63,7 @@ def build_doctor(
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
                   workers=cfg.server.workers, cores=usable_cores(),
-                  flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None)
+                  flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None,
+                  failure_threshold=cfg.health.failure_threshold)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
     return Doctor(src, settings, ctx, clock, workers=cfg.server.workers)

@@ -110,6 +110,7 @@ class Context:
     workers: int = 1  # server.workers
     cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
     flow_max_inflight: int | None = None  # flow.max_inflight when flow control is on
+    failure_threshold: int = 3  # health.failure_threshold: consecutive failures eject
 
 
 def _ok(v: float) -> bool:
@@ -148,13 +149,18 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
                      window_s: float = math.inf) -> list[Finding]:
     """Engine classes and scrape health of one replica (healthy when nothing fires) over a
     window of ``window_s`` seconds."""
+    failing = _failing(r, th, ctx)
     down = _down(r)
     if down is not None:
-        return [down]  # its scrapes fail and it serves nothing: consequences, not findings
+        # its scrapes fail and it serves nothing: consequences, not findings; its requests
+        # failing while it was in rotation are the cause (ejected after enough in a row)
+        return [down] if failing is None else [down, failing]
     out: list[Finding] = []
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
         out.append(scrape)
+    if failing is not None:
+        out.append(failing)
     if r.fresh < MIN_SAMPLES or not _active(r, th):
         if not out:
             out.append(_healthy_replica(r, th, ctx, window_s, idle=True))
@@ -339,6 +345,31 @@ def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: fl
                    "nothing above thresholds: " + ", ".join(parts), "none", ev)
 
 
+def _failing(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
+    """A replica in rotation failing some of its requests: kvgate retries them elsewhere and
+    ejects it only after ``health.failure_threshold`` failures in a row, so one failing a
+    request in five stays in rotation and the pool's clients may see nothing but a slower
+    answer; its failures are counted per attempt."""
+    if r.attempts < th.min_replica_attempts or r.failed <= 0:
+        return None
+    share = min(1.0, r.failed / r.attempts)
+    if share < th.replica_failure_share:
+        return None
+    return Finding(
+        "errors", "critical" if share >= 0.5 else "warning", r.pool, r.id,
+        f"{share:.0%} of the requests kvgate sent to this replica failed there "
+        f"({r.failed:.0f} of {r.attempts:.0f}: 5xx, resets, stalls, cut streams); retries "
+        "answer them elsewhere where they can, so clients may not see them",
+        "read this replica's own log for its errors and kvgate's request log for the "
+        f"reasons; it stays in rotation while its failures are not {ctx.failure_threshold} in a "
+        "row (health.failure_threshold): restart or remove it if it keeps failing",
+        [_ev("kvgate_replica_failures_total", "failed share of attempts", share, ">=", th,
+             "replica_failure_share", "%"),
+         _ev("kvgate_replica_attempts_total", "requests sent (retries included)", r.attempts,
+             ">=", th, "min_replica_attempts"),
+         _ev("kvgate_replica_failures_total", "failed", r.failed)])
+
+
 def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
     if r.samples < MIN_SAMPLES or r.draining:
         return None
@@ -432,8 +463,13 @@ def _errors(p: PoolStats, th: Thresholds) -> Finding:
                        "see the replicas named down; if the others fail too, read kvgate's "
                        "request log for the 5xx reasons (upstream errors, timeouts)")
     else:
+        failing = [r.id for r in listed if r.attempts >= th.min_replica_attempts
+                   and r.failed >= th.replica_failure_share * r.attempts > 0]
         why, action = ("every replica in rotation", "read kvgate's request log for the 5xx "
                        "reasons (upstream errors, timeouts, cut streams) and the replicas' logs")
+        if failing:
+            why += f", failing: {', '.join(failing)}"
+            action = "see the replicas named with errors; " + action
     return Finding(
         "errors", "critical" if share >= 0.5 else "warning", p.name, None,
         f"{share:.0%} of pool {p.name}'s requests failed (5xx), {why}", action,

@@ -2,7 +2,8 @@
 
 A tick is a snapshot of what the gateway already holds, never of requests: per replica its
 last scrape (the engine's gauges and cumulative counters), kvgate's in-flight count, health,
-scrape age and errors and the router's learned prefill rate; per pool kvgate's cumulative
+scrape age and errors, requests sent there and failed there and the router's learned prefill
+rate; per pool kvgate's cumulative
 request, route, spill-over, usage and client-side TTFT counters and the sampled prefix-sharing
 sums (`sharing.py`); for the process its CPU time, kvgate's overhead histogram and the Redis /
 shared-state flags; every `TENANT_EVERY` ticks the per-tenant token counters. Numbers are
@@ -50,9 +51,10 @@ class REP:
     """Field offsets of one replica's numbers in a tick."""
 
     HEALTHY, DRAINING, INFLIGHT, SCRAPE_AGE, SCRAPE_ERRORS, PREFILL_RATE, NO_STATS = range(7)
-    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(7, 15)
-    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(15, 22)
-    N = 22
+    ATTEMPTS, FAILED = 7, 8  # kvgate's requests sent there and failed there (cumulative)
+    WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(9, 17)
+    TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(17, 24)
+    N = 24
 
 
 class POOL:
@@ -222,6 +224,8 @@ def read_tick(
             float(src.scrape_errors(r.id)),
             rate(r.id),
             1.0 if src.no_load_data(r.id) else 0.0,
+            float(r.attempts),
+            float(r.failed),
         ))
         if s is None:
             rdata.extend([NAN] * (REP.N - REP.WAITING))

@@ -78,6 +78,12 @@ TABLE: tuple[Threshold, ...] = (
               "shares are not judged"),
     Threshold("error_share", 0.05, "share of requests", 'kvgate_requests_total{status=~"5.."}',
               "requests of a pool that ended in a 5xx (critical from 50%)"),
+    Threshold("min_replica_attempts", 20, "requests", "kvgate_replica_attempts_total",
+              "fewer requests sent to a replica in the window: its failure share is not "
+              "judged"),
+    Threshold("replica_failure_share", 0.05, "share of requests",
+              "kvgate_replica_failures_total",
+              "requests that failed on a replica, retried ones included (critical from 50%)"),
     Threshold("overflow_share", 0.2, "share of requests", 'kvgate_requests_total{route="overflow"}',
               "requests the bounded-load rule sent away from their best replica"),
     Threshold("spill_share", 0.2, "share of requests", "kvgate_spillovers_total",

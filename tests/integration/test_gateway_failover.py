@@ -66,6 +66,12 @@ def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> N
         healthy = metric_values(base, "kvgate_replica_healthy")
         assert healthy[f'{{pool="default",replica="{a_url[7:]}"}}'] == 0.0  # passively ejected
         assert any("connect" in k for k in metric_values(base, "kvgate_upstream_retries_total"))
+        # per replica: the refused attempt counted where it failed, none on `b`
+        key = f'{{pool="default",replica="{a_url[7:]}"}}'
+        other = f'{{pool="default",replica="{b_url[7:]}"}}'
+        failures = metric_values(base, "kvgate_replica_failures_total")
+        assert failures[key] >= 1 and failures[other] == 0
+        assert metric_values(base, "kvgate_replica_attempts_total")[other] >= 6
 
 
 def test_replica_killed_in_prefill_of_a_stream_fails_over(sim_factory: SimFactory) -> None:
@@ -103,6 +109,11 @@ def test_503_busy_replica_is_retried_elsewhere(sim_factory: SimFactory) -> None:
             assert f"http://{replica_of(raw)}" == b_url
         retries = metric_values(base, "kvgate_upstream_retries_total")
         assert any("status_503" in k for k in retries)
+        # a 503 without vLLM's "busy" message is a fault: each attempt on `a` failed there
+        key = f'{{pool="default",replica="{a_url[7:]}"}}'
+        attempts = metric_values(base, "kvgate_replica_attempts_total")[key]
+        assert attempts >= 1 and metric_values(base, "kvgate_replica_failures_total")[key] \
+            == attempts
 
 
 def test_replica_dying_mid_stream_ends_with_error_not_hang(sim_factory: SimFactory) -> None:

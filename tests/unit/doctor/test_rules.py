@@ -436,3 +436,44 @@ def test_a_pool_whose_requests_fail_is_not_healthy() -> None:
     assert (f.cls, f.severity) == ("errors", "warning") and "every replica in rotation" in f.summary
     assert classes(classify_pool(pool(replica("a"), requests=500.0, errors=10.0), TH, CTX)) \
         == ["healthy"]
+
+
+def test_a_replica_failing_some_requests_in_rotation_is_named() -> None:
+    """One request in five failing on a replica: never 3 in a row, so never ejected, and the
+    retries answered them elsewhere (the pool's 5xx share stays low): nothing named it."""
+    (f,) = [x for x in classify_replica(replica(attempts=200.0, failed=40.0), TH, CTX)
+            if x.cls != "healthy"]
+    assert (f.cls, f.severity, f.pool, f.replica) == ("errors", "warning", "p", "r1")
+    assert f.summary.startswith("20% of the requests kvgate sent to this replica failed there")
+    assert "40 of 200" in f.summary and "3 in a row" in f.action
+    assert f.evidence[0].metric == "kvgate_replica_failures_total"
+    assert f.evidence[0].threshold == TH.replica_failure_share
+    (f,) = [x for x in classify_replica(replica(attempts=40.0, failed=30.0), TH, CTX)
+            if x.cls == "errors"]
+    assert f.severity == "critical"
+    # the engine classes are still judged beside it
+    both = classify_replica(replica(attempts=200.0, failed=40.0, itl_mean=0.2), TH, CTX)
+    assert sorted(classes(both)) == ["decode-bound", "errors"]
+    # ejected in turn by its failures (health checks pass): down, and why
+    out = replica(attempts=200.0, failed=60.0, healthy_share=0.4, healthy_last=0.0)
+    assert classes(classify_replica(out, TH, CTX)) == ["down", "errors"]
+
+
+@pytest.mark.parametrize("kw", [
+    dict(attempts=200.0, failed=9.0),  # under 5 %
+    dict(attempts=19.0, failed=19.0),  # too few requests to judge
+    dict(attempts=0.0, failed=0.0),
+    dict(attempts=10.0, failed=10.0, healthy_share=0.1, healthy_last=0.0),  # down says it
+])
+def test_few_or_rare_failures_or_a_down_replica_are_not_a_failing_replica(
+    kw: dict[str, Any],
+) -> None:
+    assert "errors" not in classes(classify_replica(replica(**kw), TH, CTX))
+
+
+def test_a_pool_with_5xx_names_its_failing_replicas() -> None:
+    bad = replica("b", attempts=300.0, failed=90.0)
+    (f,) = [x for x in classify_pool(pool(replica("a"), bad, requests=500.0, errors=40.0), TH, CTX)
+            if x.cls == "errors"]
+    assert "every replica in rotation, failing: b" in f.summary
+    assert f.action.startswith("see the replicas named with errors")

@@ -150,3 +150,19 @@ def test_health_answering_again_makes_an_ejected_replica_half_open_only() -> Non
     assert r.state == "half_open"
     r.record_failure(5.0)  # the trial request fails again: ejected, back-off doubled
     assert r.state == "ejected" and r.ejected_until == 7.0
+
+
+def test_attempts_and_failures_are_cumulative_and_count_requests_only() -> None:
+    """`failures` is health's consecutive count; `attempts` / `failed` are the operators'
+    cumulative ones: a success does not reset them, a busy 503 or a failed probe is no
+    request failure."""
+    r = replica()
+    for _ in range(5):
+        r.acquire(10).release()
+    r.record_failure(0.0)
+    r.record_success()
+    r.record_busy(0.0)
+    r.mark_down(1.0, request=False)  # /health refused
+    r.record_slow_probe(2.0)
+    r.mark_down(3.0)  # a request refused
+    assert (r.attempts, r.failed, r.failures) == (5, 2, 2)
