@@ -1,9 +1,11 @@
 """Tiers and tenants on a replay workload, for flow control's benchmarks.
 
-A Mooncake trace has neither: `assign` gives each conversation (its second block id, the
-first being the system prompt every request shares) a tier drawn from a mix such as
-``premium:0.3,free:0.7`` and one of ``tenants`` tenants of that tier (``premium-0`` ...), by
-a seeded hash, so a conversation keeps its tenant (and its cache salt) turn after turn.
+A Mooncake trace has neither: `assign` gives each conversation a tier drawn from a mix such
+as ``premium:0.3,free:0.7`` and one of ``tenants`` tenants of that tier (``premium-0`` ...),
+by a seeded hash, so a conversation keeps its tenant (and its cache salt) turn after turn.
+A conversation is told by the first block of its own after the prefix it shares with others
+(`conversation_keys`): in the Mooncake trace the second block (the first is the system prompt
+every request shares), in an agent loop the first block after its tool prompt, however long.
 `noisy` makes one tenant send ``factor`` times its share: ``factor - 1`` extra copies of each
 of its requests (fresh block ids after the shared system prompt, each within a second of the
 original: a bursty tenant), added on top of the workload, so the other tenants' traffic is
@@ -15,12 +17,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
 from loadtest.replay.workload import ReplayRequest
 
-__all__ = ["add_args", "assign", "noisy", "parse_mix", "shape"]
+__all__ = ["add_args", "assign", "conversation_keys", "noisy", "parse_mix", "shape"]
 
 NOISY_BLOCKS = 1 << 50  # block ids of the noisy tenant's extra requests start here
 
@@ -46,13 +49,30 @@ def _unit(key: str, salt: str) -> float:
     return int.from_bytes(digest, "big") / 2**64
 
 
+def conversation_keys(reqs: Sequence[ReplayRequest]) -> list[str]:
+    """Per request, the block that starts its conversation: the one after the first block of
+    its chain that several chains continue differently (a shared prompt ends there; a
+    conversation's turns extend one chain, so its own blocks have one successor each). A chain
+    that never branches (a one-off prompt) is a conversation of one request."""
+    successors: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for r in reqs:
+        b = r.block_ids
+        for i in range(len(b) - 1):
+            successors[(i, b[i])].add(b[i + 1])
+    keys = []
+    for n, r in enumerate(reqs):
+        b = r.block_ids
+        at = next((i for i in range(len(b) - 1) if len(successors[(i, b[i])]) > 1), None)
+        keys.append(f"#{n}" if at is None else str(b[at + 1]))
+    return keys
+
+
 def assign(
     reqs: Sequence[ReplayRequest], mix: Sequence[tuple[str, float]], tenants: int,
     seed: int = 0,
 ) -> list[ReplayRequest]:
     out = []
-    for i, r in enumerate(reqs):
-        key = str(r.block_ids[1]) if len(r.block_ids) > 1 else f"#{i}"
+    for r, key in zip(reqs, conversation_keys(reqs), strict=True):
         u, acc, tier = _unit(key, f"tier{seed}"), 0.0, mix[-1][0]
         for name, share in mix:
             acc += share

@@ -4,6 +4,7 @@ the example file, the policy's bands/weights/waits and their validation, the rep
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,8 @@ import yaml
 from gateway.config import FlowSection, load_config
 from gateway.errors import ConfigError
 from gateway.policy_doc import PolicyDoc, PolicyValidationError, parse_policy
-from loadtest.replay.tiers import assign, noisy, parse_mix
+from loadtest.replay.generators import AgentSpec, agent_loops
+from loadtest.replay.tiers import assign, conversation_keys, noisy, parse_mix
 from loadtest.replay.workload import ReplayRequest
 from routing.flow import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE, FlowConfig
 
@@ -104,6 +106,23 @@ def test_replay_tiers_follow_the_mix_and_keep_conversations_together() -> None:
         by_conv.setdefault(r.block_ids[1], set()).add(r.tenant)
     assert all(len(t) == 1 for t in by_conv.values())
     assert {r.tenant for r in out} <= {f"{t}-{k}" for t in ("premium", "free") for k in range(4)}
+
+
+def test_replay_tenants_follow_agent_sessions_past_a_long_shared_prompt() -> None:
+    """Agent loops share a tool prompt of many blocks: its second block told no session from
+    another, and nearly every request went to one tenant."""
+    reqs = agent_loops(AgentSpec(sessions=40))
+    out = assign(reqs, parse_mix("premium:0.3,free:0.7"), 4)
+    by_tenant = Counter(r.tenant for r in out)
+    assert len(by_tenant) >= 6 and max(by_tenant.values()) < 0.4 * len(out)
+    keys = conversation_keys(reqs)
+    assert len(set(keys)) == 40  # one per session
+    tenant_of: dict[str, set[str]] = {}
+    for key, r in zip(keys, out, strict=True):
+        tenant_of.setdefault(key, set()).add(r.tenant)
+    assert all(len(t) == 1 for t in tenant_of.values())
+    # a prompt no other chain continues differently is a conversation of its own
+    assert conversation_keys([_r(0), ReplayRequest(0.0, 10, 1, (7, 8))])[1] == "#1"
 
 
 def test_noisy_tenant_adds_its_extra_requests_on_top() -> None:
