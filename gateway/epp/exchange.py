@@ -40,7 +40,7 @@ from gateway.errors import (
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
-from gateway.relay import _CONTENT, CUT_SHORT, judge, served, stream_error
+from gateway.relay import _CONTENT, CUT_SHORT, MALFORMED, judge, served, stream_error
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -312,10 +312,17 @@ class Exchange:
     def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
         scanner, req, lease = self._scanner, self.req, self._lease
         assert scanner is not None and req is not None
+        if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
+            return wire.body_responses(b"", True) if end else ()
         out = scanner.feed(chunk) if chunk else b""
         if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
             self._event(out, lease, req)
-        if end:
+        if scanner.malformed:
+            # an event that is neither JSON nor [DONE]: never forwarded, and the stream ends
+            # for the client as a cut one does (the headers are out: no retry here)
+            out += stream_error(MALFORMED)
+            self._stream_ended(scanner, req, whole=False)
+        elif end:
             whole = scanner.complete()  # else cut short: an error event, never half an event
             rest = scanner.flush()
             out += rest if whole else stream_error(CUT_SHORT)
