@@ -88,12 +88,11 @@ class StoredResponses:
             await self.stream(scope, receive, send, req_id, token)
             return
         try:
-            status, content_type, body, where = await self._forward(path, method, scope, token)
+            status, content_type, body, where = await self.whole(
+                path, method, scope.get("query_string", b""), token)
         except KvgateError as exc:
             await _send_error(send, exc, req_id)
             return
-        if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
-            body, content_type = shaped, "application/json"
         await send_whole(send, status, _headers(content_type, req_id, where), body)
 
     async def stream(
@@ -152,8 +151,8 @@ class StoredResponses:
         self, path: str, method: str, token: str | None, *, head: bool = False
     ) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
-        (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too
-        (without `head`: Envoy would send a HEAD on to vLLM, which has no HEAD routes)."""
+        (401, 404, 405 as `KvgateError`s; `head`: the 405 names HEAD too, the caller asks the
+        replica with GET). The Envoy endpoint picker routes with it too."""
         principal = self._gate.principal(token)
         m = _PATH.match(path)
         if m is None:
@@ -170,14 +169,16 @@ class StoredResponses:
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
         return pool, replica
 
-    async def _forward(
-        self, path: str, method: str, scope: Scope, token: str | None
+    async def whole(
+        self, path: str, method: str, query: bytes, token: str | None
     ) -> tuple[int, str, bytes, str]:
+        """The replica's whole answer: status, content type, body (an error re-shaped into
+        OpenAI's) and ``pool/replica``. ``HEAD`` is asked as GET: the server answering the
+        client leaves the body out (uvicorn here, Envoy for the picker)."""
         await self.fetch(path, token)
-        if method == "HEAD":  # GET without the body (the server leaves it out)
+        if method == "HEAD":
             method = "GET"
         pool, replica = self.locate(path, method, token, head=True)
-        query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         try:
@@ -189,6 +190,8 @@ class StoredResponses:
             raise UpstreamError(_UNANSWERED) from None
         if status in REFUSED:  # kvgate's credentials, not the client's
             raise ReplicaRefused(status)
+        if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
+            body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
 
 

@@ -112,6 +112,8 @@ class Exchange:
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
+            if method == "HEAD":
+                return [await self._head_stored(path, token)]
             await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
@@ -182,12 +184,30 @@ class Exchange:
     def _to_stored(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """``GET /v1/responses/{id}``, ``POST .../cancel``: to the replica that holds it."""
         try:
-            pool, replica = self._core.stored.locate(path, method, token)
+            pool, replica = self._core.stored.locate(path, method, token, head=True)
         except KvgateError as exc:
             return self._refuse(exc)
         self._stored = f"{pool.name}/{replica.id}"
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
+
+    async def _head_stored(self, path: str, token: str | None) -> pb.ProcessingResponse:
+        """``HEAD /v1/responses/{id}``: GET without the body, as in the HTTP mode. vLLM has no
+        HEAD routes (405), and Envoy's ext_proc may not change ``:method`` by default
+        (`allow_all_routing`), so the picker asks the replica with GET itself and answers with
+        that: Envoy sends a HEAD's local reply with the body's length and without the body."""
+        try:
+            status, content_type, body, where = await self._core.stored.whole(
+                path, "HEAD", b"", token)
+        except KvgateError as exc:
+            return self._refuse(exc)
+        server = self._core.cfg.server
+        headers: list[wire.Header] = [("content-type", content_type.encode("latin-1"))]
+        if server.replica_header:
+            headers.append(("x-kvgate-replica", where.encode()))
+        if server.route_header:
+            headers.append(("x-kvgate-route", b"response-affinity"))
+        return wire.immediate(status, body, headers, "kvgate_stored_head")
 
     def _not_proxied(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
