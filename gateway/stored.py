@@ -27,10 +27,12 @@ from urllib.parse import parse_qsl
 
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import UpstreamConfig
+from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     KvgateError,
     MethodNotAllowed,
+    NoReplicaAvailable,
     NotFound,
     ReplicaRefused,
     UpstreamError,
@@ -114,18 +116,22 @@ class StoredResponses:
         resp: UpstreamResponse | None = None
         clean = False
         try:
-            try:
-                resp = await pool.transport.open(url, headers)
-            except TRANSPORT_ERRORS:
-                raise UpstreamError(_UNANSWERED) from None
-            if resp.status in REFUSED:
-                raise ReplicaRefused(resp.status)
-            clean = await pipe.relay(resp)
+            with interruptible(ctl):  # ended cleanly at the end of the shutdown grace
+                try:
+                    resp = await pool.transport.open(url, headers)
+                except TRANSPORT_ERRORS:
+                    raise UpstreamError(_UNANSWERED) from None
+                if resp.status in REFUSED:
+                    raise ReplicaRefused(resp.status)
+                clean = await pipe.relay(resp)
         except asyncio.CancelledError:
             if ctl.reason is None:
-                raise  # shutdown, not ours to swallow
+                raise  # a real cancellation, not ours to swallow
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if ctl.reason not in ("disconnect", "client"):
+            if ctl.reason == SHUTDOWN:
+                await pipe.fail(NoReplicaAvailable(
+                    "The gateway is shutting down; the response was interrupted."))
+            elif ctl.reason not in ("disconnect", "client"):
                 await pipe.fail(UpstreamTimeout(
                     f"The replica did not answer in time ({ctl.reason} timeout)."))
         except KvgateError as exc:

@@ -6,6 +6,7 @@ is shown without any timing; the client is the official `openai` one."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 
@@ -154,3 +155,32 @@ def test_head_with_stream_is_the_streams_head_only(
     assert (resp.status_code, resp.content) == (200, b"")
     assert resp.headers["content-type"] == "text/event-stream"
     assert resp.headers["x-kvgate-route"] == "response-affinity"
+
+
+def test_a_stored_stream_past_the_shutdown_grace_ends_with_an_error_event() -> None:
+    """As a proxied stream: at the end of `server.shutdown_grace_s` it ends with an error event
+    and [DONE], not a cut connection, and the process exits 0."""
+    with BadReplica(MODEL) as replica:
+        gw, base = gateway_proc(upstreams=[replica.url],
+                                env={"KVGATE_SERVER__SHUTDOWN_GRACE_S": "1"})
+        with gw:
+            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+            assert httpx.post(f"{base}/v1/responses", timeout=10,
+                              json={"model": MODEL, "input": "x"}).status_code == 200
+            replica.get_answer = sse_head() + chunked(CREATED, last=False)
+            replica.rest = chunked(COMPLETED)  # held until the test ends: a long stream
+            try:
+                with httpx.stream("GET", f"{base}/v1/responses/{RID}?stream=true",
+                                  timeout=30) as resp:
+                    chunks = resp.iter_bytes()
+                    got = next(chunks)
+                    gw.signal(signal.SIGTERM)
+                    got += b"".join(chunks)
+            finally:
+                replica.gate.set()
+            events = [e for e in got.split(b"\n\n") if e]
+            assert events[0] == CREATED.strip() and events[-1] == b"data: [DONE]"
+            error = orjson.loads(events[-2].removeprefix(b"data: "))["error"]
+            assert error["code"] == 503 and "shutting down" in error["message"]
+            assert gw.popen is not None and gw.popen.wait(15) == 0
