@@ -14,8 +14,10 @@ stored events after ``starting_after`` and follows the running ones until
 first-byte / idle / total timeouts, and dropped upstream when the client leaves. vLLM keeps
 events only for a response created with ``background`` and ``stream`` both true; for another
 one it sends the stream's head and then breaks the connection: kvgate answers that (and any
-stream that ends before its first event) with a 502 saying so, and a stream cut later, or
-with an event that is not JSON, ends with an error event as a proxied one does.
+stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
+a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream); a
+stream cut later, or with an event that is not JSON, ends with an error event as a proxied
+one does.
 """
 
 from __future__ import annotations
@@ -225,7 +227,13 @@ class _Pipe:
 
     async def relay(self, resp: UpstreamResponse) -> bool:
         """True when the replica's answer was read to its end."""
-        if not (resp.status == 200 and resp.content_type.startswith("text/event-stream")):
+        sse = resp.content_type.startswith("text/event-stream")
+        if resp.status == 200 and not sse:
+            # the whole object (a vLLM that ignores `stream`, or not vLLM): the SDK would read
+            # it as a stream without events, which looks complete
+            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
+            raise UpstreamError(f"The replica's answer is not the stream asked for ({media}).")
+        if not (resp.status == 200 and sse):
             self._ctl.headers_received()  # an error, or the whole object: as it is
             body = await resp.read_all()
             content_type = resp.content_type

@@ -120,6 +120,18 @@ def test_a_broken_stored_stream_ends_with_an_error_event(
     assert events[3:] == [b"data: [DONE]"]
 
 
+def test_a_whole_object_to_a_stream_is_a_502_not_an_empty_stream(
+    gw: tuple[BadReplica, str], replica: BadReplica,
+) -> None:
+    """A replica that ignores `stream` (an older vLLM, or not vLLM) answers the object whole:
+    the SDK would read it as a stream without events, which looks complete."""
+    replica.get_answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+    client = openai.OpenAI(base_url=f"{gw[1]}/v1", api_key="x", max_retries=0, timeout=10)
+    with pytest.raises(openai.InternalServerError, match="not the stream asked for"):
+        client.responses.retrieve(RID, stream=True)
+
+
 def test_without_stream_the_object_comes_whole(
     gw: tuple[BadReplica, str], replica: BadReplica,
 ) -> None:
