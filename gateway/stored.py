@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from gateway.asgi import Receive, Scope, Send, send_whole
@@ -41,6 +42,7 @@ from gateway.errors import (
     UpstreamTimeout,
     openai_shaped,
 )
+from gateway.httpguard import ABORT
 from gateway.pool import Pool, Pools
 from gateway.relay import CUT_SHORT, MALFORMED, stream_error
 from gateway.replicas import Replica
@@ -130,10 +132,16 @@ class StoredResponses:
             if ctl.reason is None:
                 raise  # a real cancellation, not ours to swallow
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
-            if ctl.reason == SHUTDOWN:
+            if ctl.reason == "client":  # it stopped reading: reset, as a proxied stream
+                abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
+                if abort is not None:
+                    abort()
+                log.info("client stopped reading the stream",
+                         extra={"request_id": req_id.decode("latin-1")})
+            elif ctl.reason == SHUTDOWN:
                 await pipe.fail(NoReplicaAvailable(
                     "The gateway is shutting down; the response was interrupted."))
-            elif ctl.reason not in ("disconnect", "client"):
+            elif ctl.reason != "disconnect":
                 await pipe.fail(UpstreamTimeout(
                     f"The replica did not answer in time ({ctl.reason} timeout)."))
         except KvgateError as exc:

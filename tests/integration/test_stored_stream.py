@@ -7,6 +7,7 @@ is shown without any timing; the client is the official `openai` one."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -17,7 +18,7 @@ import pytest
 
 from gateway.stored import NO_EVENTS, wants_stream
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
-from tests.support.gateway import gateway_proc
+from tests.support.gateway import gateway_proc, wait_for
 
 MODEL = "bad-model"
 RID = "resp_stored1"
@@ -196,3 +197,33 @@ def test_a_stored_stream_past_the_shutdown_grace_ends_with_an_error_event() -> N
             error = orjson.loads(events[-2].removeprefix(b"data: "))["error"]
             assert error["code"] == 503 and "shutting down" in error["message"]
             assert gw.popen is not None and gw.popen.wait(15) == 0
+
+
+def test_a_client_that_stops_reading_a_stored_stream_is_reset() -> None:
+    """As a proxied stream: once kvgate has been blocked handing it a chunk for
+    `upstream.idle_timeout_s`, the connection is reset (not left to uvicorn as an app that
+    did not finish, an ERROR line a client could repeat at will)."""
+    many = b"".join(_event("response.output_text.delta", i, item_id="m", output_index=0,
+                           content_index=0, delta="w" * 400, logprobs=[])
+                    for i in range(1, 100_001))  # ~50 MB: more than the socket buffers hold
+    with BadReplica(MODEL) as replica:
+        gw, base = gateway_proc(upstreams=[replica.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+        with gw:
+            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+            assert httpx.post(f"{base}/v1/responses", timeout=10,
+                              json={"model": MODEL, "input": "x"}).status_code == 200
+            replica.get_answer = sse_head(chunked_body=False) + CREATED + many
+            replica.end = "close"
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+            s.sendall(f"GET /v1/responses/{RID}?stream=true HTTP/1.1\r\nhost: x\r\n\r\n"
+                      .encode())
+            try:  # never read: the gateway blocks handing it a chunk
+                wait_for(lambda: "stopped reading" in gw.output(), timeout=60,
+                         what="the stalled stream to end")
+            finally:
+                s.close()
+            assert "ASGI callable returned without completing response" not in gw.output()
