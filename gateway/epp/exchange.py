@@ -27,6 +27,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from gateway.app import unknown_path
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.errors import (
@@ -34,7 +35,6 @@ from gateway.errors import (
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
-    NotFound,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
@@ -215,7 +215,7 @@ class Exchange:
             return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
-            return self._refuse(NotFound(f"Unknown path {path}."))
+            return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
         if path == MODELS or path.startswith(MODEL_PREFIX):  # as the HTTP edge: a valid key
             try:
                 self._core.prep.authenticate(token)

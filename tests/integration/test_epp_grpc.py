@@ -261,6 +261,12 @@ async def test_oversized_and_unknown_requests_are_refused_at_once(stub: Any) -> 
     unknown = (await _answers(call, 1))[0].immediate_response
     assert unknown.status.code == 404
     assert orjson.loads(unknown.body)["error"]["type"] == "NotFoundError"
+    call = stub.Process()  # a base URL without /v1: the hint the HTTP mode gives
+    await call.write(pb.ProcessingRequest(request_headers=_headers(
+        {":method": "POST", ":path": "/chat/completions"}, end=True)))
+    hinted = (await _answers(call, 1))[0].immediate_response
+    assert hinted.status.code == 404
+    assert "Did you mean /v1/chat/completions?" in orjson.loads(hinted.body)["error"]["message"]
 
 
 async def test_grpc_health(picker: Any) -> None:
