@@ -19,6 +19,7 @@ import pytest
 from gateway.stored import NO_EVENTS, wants_stream
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
 from tests.support.gateway import gateway_proc, wait_for
+from tests.support.procs import sim_proc
 
 MODEL = "bad-model"
 RID = "resp_stored1"
@@ -227,3 +228,26 @@ def test_a_client_that_stops_reading_a_stored_stream_is_reset() -> None:
             finally:
                 s.close()
             assert "ASGI callable returned without completing response" not in gw.output()
+
+
+def test_a_background_stream_is_resumed_through_the_gateway() -> None:
+    """With the real simulator (vLLM's event store): a background streamed response's events
+    are replayed after `starting_after`; a response without kept events is a 502 saying
+    why, not a broken connection."""
+    sim, url = sim_proc(None, "--time-scale", "20", "--enable-store", model="sim-model")
+    with sim.start():
+        gw, base = gateway_proc(upstreams=[url])
+        with gw:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
+                                   timeout=30)
+            first = list(client.responses.create(model="sim-model", input="resume me",
+                                                 background=True, stream=True,
+                                                 max_output_tokens=8))
+            assert first[0].type == "response.created" and first[-1].type == "response.completed"
+            rid = first[0].response.id
+            again = list(client.responses.retrieve(rid, stream=True, starting_after=2))
+            assert [e.sequence_number for e in again] == [e.sequence_number for e in first[3:]]
+            assert again[-1].type == "response.completed"
+            plain = client.responses.create(model="sim-model", input="x", max_output_tokens=2)
+            with pytest.raises(openai.InternalServerError, match="background and stream"):
+                client.responses.retrieve(plain.id, stream=True)
