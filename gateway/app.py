@@ -32,7 +32,7 @@ from gateway.tenancy.resolver import parse_bearer
 from gateway.transport import TransportFactory, default_transport
 from routing.router import Router
 
-__all__ = ["GatewayApp", "Page"]
+__all__ = ["GatewayApp", "Page", "unknown_path"]
 
 log = logging.getLogger(__name__)
 Page = tuple[int, Headers, bytes]
@@ -114,7 +114,7 @@ class GatewayApp:
             return await send_whole(send, status, headers, body)
         if admin_port is None and await self._to_admin(scope, receive, send, path):
             return None
-        return await _error(send, _unknown_path(path))
+        return await _error(send, unknown_path(path))
 
     async def _admin_port_http(
         self, scope: Scope, receive: Receive, send: Send, path: str
@@ -257,7 +257,7 @@ def _bearer_token(headers: Headers) -> str | None:
     return token
 
 
-def _unknown_path(path: str) -> NotFound:
+def unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it)."""
     with_v1 = f"/v1{path}"
     if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \

@@ -224,10 +224,16 @@ class H1Pool:
         self.closed = False
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> H1Response:
+        return await self.send("POST", url, body, headers)
+
+    async def send(
+        self, method: str, url: str, body: bytes, headers: dict[str, str]
+    ) -> H1Response:
+        """Send a request; returns once the answer's head has arrived."""
         if self.closed:
             raise UpstreamClosed("the transport is closed")
         key, host_line, path = self._target(url)
-        head = [f"POST {path} HTTP/1.1\r\n".encode("latin-1"), host_line]
+        head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), host_line]
         head += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()]
         head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
         request = b"".join(head) + body

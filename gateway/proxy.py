@@ -117,9 +117,10 @@ class Proxy:
             await self.prep.finish(req, log)
 
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """``GET /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``: to its replica."""
+        """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
+        /v1/responses/{id}/cancel``: to its replica."""
         req_id, _, token = scan_headers(scope["headers"], self._new_id)
-        await self.stored.handle(scope, send, req_id, token)
+        await self.stored.handle(scope, receive, send, req_id, token)
 
     async def _run(
         self, scope: Scope, send: Send, receive: Receive, req: ProxiedRequest,

@@ -18,6 +18,9 @@ answered feeds the replica's health (`judge`):
   an error event) or stalls: a failure (consecutive failures eject);
 - a 200 that is not JSON, or not the stream the client asked for: a failure, retried
   elsewhere (nothing reached the client yet), else a 502;
+- a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
+  failure, never forwarded; before the stream reached the client it is retried elsewhere,
+  after it the stream ends with a 502 error event and ``[DONE]`` (as a stream cut short);
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -43,7 +46,8 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "Relay", "judge", "served", "stream_error"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "served",
+           "stream_error"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ _CONTENT = re.compile(
 DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = "application/json"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
+MALFORMED = "The upstream replica sent a stream event that is not JSON."
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -153,6 +158,13 @@ class Relay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error("The upstream replica failed mid-stream.")})
             return False
+        if scanner.malformed:  # the events before it went out (`_pump`), nothing after it
+            replica.record_failure(self._clock())
+            req.ctl.done = True
+            req.status = 502
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error(MALFORMED)})
+            return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
             # not take it for a whole answer, nor get half an event
@@ -211,6 +223,9 @@ class Relay:
         while chunk:
             received = perf_counter()
             out = scanner.feed(chunk)
+            if scanner.malformed and not req.sse:  # nothing reached the client: retry it
+                replica.record_failure(self._clock())
+                raise UpstreamError(MALFORMED, reason="malformed")
             if out:
                 if not req.sse:
                     code = scanner.error_code
@@ -249,6 +264,8 @@ class Relay:
                 if n % RELAY_SAMPLE == 0:
                     self._metrics.relay.observe(sent - received)
                 n += 1
+            if scanner.malformed:
+                return  # read no further: `relay` ends the stream with an error event
             chunk = await resp.read_chunk()
 
     async def _relay_whole(

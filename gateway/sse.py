@@ -6,7 +6,10 @@ events; the usage numbers are read with a regular expression, and the usage-only
 (``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
-API terminal event, or an error event) rather than being cut short.
+API terminal event, or an error event) rather than being cut short. An event whose data
+cannot be an OpenAI event (not JSON, not ``[DONE]``: a replica or a proxy gone wrong) is never
+forwarded: `feed` stops before it and sets `malformed` (the SDKs would raise a JSON decode
+error mid-stream, with nothing saying which side failed).
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -16,7 +19,8 @@ import re
 
 import orjson
 
-__all__ = ["StreamScanner", "Usage", "body_usage", "comment_only", "scan_usage"]
+__all__ = ["StreamScanner", "Usage", "body_usage", "comment_only", "first_malformed",
+           "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -34,6 +38,15 @@ _ERROR_EVENT = re.compile(
     rb'(?:^|\n)data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
+# the data of an OpenAI event is a JSON object, or `[DONE]`: its first byte is `{` or `[`.
+# Per chunk, `startswith` judges the first line and one regex search with a literal prefix
+# the later ones (an anchor such as `^` or `(?:^|\n)` would defeat the prefix scan and cost
+# ten times more; a JSON text holds no raw newline, so generated text never starts a line);
+# only a hit reads the lines (`first_malformed`).
+_DATA = b"data:"
+_GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
+_BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
+_BAD_LINE = re.compile(rb"^data:[ \t]*+(?![{\[])", re.MULTILINE)
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
 # how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
@@ -91,6 +104,20 @@ def body_usage(body: bytes) -> Usage | None:
     return None
 
 
+def first_malformed(block: bytes) -> int | None:
+    """Where the first event of `block` (whole events) whose data is neither JSON nor
+    ``[DONE]`` starts, or None. Only an event's first data line is judged: SSE lets one
+    event's data span several ``data:`` lines, which the client joins."""
+    for m in _BAD_LINE.finditer(block):
+        line = m.start()
+        prev = block.rfind(b"\n", 0, max(line - 1, 0)) + 1
+        if line and block[prev:line].startswith(_DATA):  # a continuation line
+            continue
+        lf, crlf = block.rfind(b"\n\n", 0, line), block.rfind(b"\r\n\r\n", 0, line)
+        return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    return None
+
+
 def comment_only(block: bytes) -> bool:
     """True when a block of whole SSE lines holds only comments (``: keep-alive``)."""
     return all(not line or line.startswith(b":") for line in block.splitlines())
@@ -99,7 +126,8 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_partial", "_strip", "ended_event", "error_code", "usage")
+    __slots__ = ("_last", "_partial", "_strip", "ended_event", "error_code", "malformed",
+                 "usage")
 
     def __init__(self, strip_usage: bool) -> None:
         self._strip = strip_usage
@@ -108,9 +136,18 @@ class StreamScanner:
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
+        self.malformed = False  # an event that is not an OpenAI event came: stop there
 
     def feed(self, chunk: bytes) -> bytes:
+        """The whole events of `chunk` (with what was held back) to forward. After a
+        malformed event: the events before it only, and `malformed` is set (feed no more)."""
         out = self._feed(chunk)
+        suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
+                   or _BAD_LATER.search(out) is not None)
+        if suspect and (bad := first_malformed(out)) is not None:
+            self.malformed = True
+            self._partial = b""
+            out = out[:bad]
         if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare

@@ -6,36 +6,69 @@ Authentication is the proxied routes' (the bearer key -> tenant); an id this gat
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
 The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped; a replica
 refusing kvgate's own credentials (401/403) is a 502 (`ReplicaRefused`).
+
+``GET /v1/responses/{id}?stream=true[&starting_after=N]`` is vLLM's resumption of a background
+response's event stream (``retrieve_responses`` in its Responses API router: it replays the
+stored events after ``starting_after`` and follows the running ones until
+``response.completed``). It is relayed as it arrives (`stream`), under the upstream
+first-byte / idle / total timeouts, and dropped upstream when the client leaves. vLLM keeps
+events only for a response created with ``background`` and ``stream`` both true; for another
+one it sends the stream's head and then breaks the connection: kvgate answers that (and any
+stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
+a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream); a
+stream cut later, or with an event that is not JSON, ends with an error event as a proxied
+one does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+from collections.abc import Callable
+from urllib.parse import parse_qsl
 
-from gateway.asgi import Scope, Send, send_whole
+from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import UpstreamConfig
+from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     KvgateError,
     MethodNotAllowed,
+    NoReplicaAvailable,
     NotFound,
     ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
     openai_shaped,
 )
+from gateway.httpguard import ABORT
 from gateway.pool import Pool, Pools
+from gateway.relay import CUT_SHORT, MALFORMED, stream_error
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
+from gateway.sse import StreamScanner
 from gateway.tenancy.edge import TenantGate
-from gateway.transport import TRANSPORT_ERRORS
+from gateway.timeouts import Canceller
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["StoredResponses", "match_stored"]
+__all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "wants_stream"]
 
 log = logging.getLogger(__name__)
 
 _PATH = re.compile(r"^/v1/responses/([A-Za-z0-9_.\-]{1,256})(/cancel)?$")
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})  # a true bool in vLLM's (FastAPI) query
+NO_EVENTS = ("The replica ended the stream before its first event (vLLM streams a stored "
+             "response only when it was created with background and stream true).")
+_UNANSWERED = "The replica holding this response did not answer."
+
+
+def wants_stream(query: bytes) -> bool:
+    """``stream=true`` in the query string (the last one counts, as in vLLM's parsing)."""
+    if b"stream" not in query:
+        return False
+    values = [v for k, v in parse_qsl(query.decode("latin-1")) if k == "stream"]
+    return bool(values) and values[-1].strip().lower() in _TRUE
 
 
 def match_stored(path: str) -> bool:
@@ -49,22 +82,74 @@ class StoredResponses:
         self._pools = pools
         self._gate = gate
         self._store = store
+        self._up = up
         self._timeout = min(up.first_byte_timeout_s, up.total_timeout_s)
 
-    async def handle(self, scope: Scope, send: Send, req_id: bytes, token: str | None) -> None:
+    async def handle(
+        self, scope: Scope, receive: Receive, send: Send, req_id: bytes, token: str | None
+    ) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
-        try:
-            status, content_type, body, where = await self._forward(path, method, scope, token)
-        except KvgateError as exc:
-            await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],
-                             exc.body())
+        if method in ("GET", "HEAD") and wants_stream(scope.get("query_string", b"")):
+            await self.stream(scope, receive, send, req_id, token)
             return
-        if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
-            body, content_type = shaped, "application/json"
-        hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req_id),
-                (b"x-kvgate-replica", where.encode()), (b"x-kvgate-route", b"response-affinity")]
-        await send_whole(send, status, hdrs, body)
+        try:
+            status, content_type, body, where = await self.whole(
+                path, method, scope.get("query_string", b""), token)
+        except KvgateError as exc:
+            await _send_error(send, exc, req_id)
+            return
+        await send_whole(send, status, _headers(content_type, req_id, where), body)
+
+    async def stream(
+        self, scope: Scope, receive: Receive, send: Send, req_id: bytes, token: str | None
+    ) -> None:
+        """``?stream=true``: the replica's event stream, relayed as it arrives."""
+        path: str = scope["path"]
+        try:
+            await self.fetch(path, token)
+            pool, replica = self.locate(path, "GET", token, head=True)
+        except KvgateError as exc:
+            await _send_error(send, exc, req_id)
+            return
+        where = f"{pool.name}/{replica.id}"
+        url = f"{replica.url}{path}?{scope['query_string'].decode('latin-1')}"
+        headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+        ctl = Canceller(self._up, receive)
+        pipe = _Pipe(send, ctl, req_id, where, head_only=scope["method"] == "HEAD")
+        resp: UpstreamResponse | None = None
+        clean = False
+        try:
+            with interruptible(ctl):  # ended cleanly at the end of the shutdown grace
+                try:
+                    resp = await pool.transport.open(url, headers)
+                except TRANSPORT_ERRORS:
+                    raise UpstreamError(_UNANSWERED) from None
+                if resp.status in REFUSED:
+                    raise ReplicaRefused(resp.status)
+                clean = await pipe.relay(resp)
+        except asyncio.CancelledError:
+            if ctl.reason is None:
+                raise  # a real cancellation, not ours to swallow
+            asyncio.current_task().uncancel()  # type: ignore[union-attr]
+            if ctl.reason == "client":  # it stopped reading: reset, as a proxied stream
+                abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
+                if abort is not None:
+                    abort()
+                log.info("client stopped reading the stream",
+                         extra={"request_id": req_id.decode("latin-1")})
+            elif ctl.reason == SHUTDOWN:
+                await pipe.fail(NoReplicaAvailable(
+                    "The gateway is shutting down; the response was interrupted."))
+            elif ctl.reason != "disconnect":
+                await pipe.fail(UpstreamTimeout(
+                    f"The replica did not answer in time ({ctl.reason} timeout)."))
+        except KvgateError as exc:
+            await pipe.fail(exc)
+        finally:
+            ctl.close()
+            if resp is not None:
+                resp.release() if clean else resp.abort()
 
     async def fetch(self, path: str, token: str | None) -> None:
         """Learn where the response `path` names lives when another gateway relayed it;
@@ -82,8 +167,8 @@ class StoredResponses:
         self, path: str, method: str, token: str | None, *, head: bool = False
     ) -> tuple[Pool, Replica]:
         """The pool and replica holding the response `path` names, for the caller of `token`
-        (401, 404, 405 as `KvgateError`s). The Envoy endpoint picker routes with it too
-        (without `head`: Envoy would send a HEAD on to vLLM, which has no HEAD routes)."""
+        (401, 404, 405 as `KvgateError`s; `head`: the 405 names HEAD too, the caller asks the
+        replica with GET). The Envoy endpoint picker routes with it too."""
         principal = self._gate.principal(token)
         m = _PATH.match(path)
         if m is None:
@@ -100,14 +185,16 @@ class StoredResponses:
             raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
         return pool, replica
 
-    async def _forward(
-        self, path: str, method: str, scope: Scope, token: str | None
+    async def whole(
+        self, path: str, method: str, query: bytes, token: str | None
     ) -> tuple[int, str, bytes, str]:
+        """The replica's whole answer: status, content type, body (an error re-shaped into
+        OpenAI's) and ``pool/replica``. ``HEAD`` is asked as GET: the server answering the
+        client leaves the body out (uvicorn here, Envoy for the picker)."""
         await self.fetch(path, token)
-        if method == "HEAD":  # GET without the body (the server leaves it out)
+        if method == "HEAD":
             method = "GET"
         pool, replica = self.locate(path, method, token, head=True)
-        query = scope.get("query_string", b"")
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         try:
@@ -116,7 +203,97 @@ class StoredResponses:
         except TimeoutError:
             raise UpstreamTimeout("The replica did not answer in time.") from None
         except TRANSPORT_ERRORS:
-            raise UpstreamError("The replica holding this response did not answer.") from None
+            raise UpstreamError(_UNANSWERED) from None
         if status in REFUSED:  # kvgate's credentials, not the client's
             raise ReplicaRefused(status)
+        if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
+            body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
+
+
+def _headers(content_type: str, req_id: bytes, where: str) -> list[tuple[bytes, bytes]]:
+    return [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req_id),
+            (b"x-kvgate-replica", where.encode()), (b"x-kvgate-route", b"response-affinity")]
+
+
+async def _send_error(send: Send, exc: KvgateError, req_id: bytes) -> None:
+    await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)], exc.body())
+
+
+class _Pipe:
+    """One stored response's stream on its way to the client: its head goes out with the
+    first event (until then a failure is a whole JSON error), then events as they come."""
+
+    def __init__(self, send: Send, ctl: Canceller, req_id: bytes, where: str, *,
+                 head_only: bool) -> None:
+        self._send = send
+        self._ctl = ctl
+        self._req_id = req_id
+        self._where = where
+        self._head_only = head_only  # HEAD: the head, then nothing
+        self.started = False
+
+    async def relay(self, resp: UpstreamResponse) -> bool:
+        """True when the replica's answer was read to its end."""
+        sse = resp.content_type.startswith("text/event-stream")
+        if resp.status == 200 and not sse:
+            # the whole object (a vLLM that ignores `stream`, or not vLLM): the SDK would read
+            # it as a stream without events, which looks complete
+            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
+            raise UpstreamError(f"The replica's answer is not the stream asked for ({media}).")
+        if not (resp.status == 200 and sse):
+            self._ctl.headers_received()  # an error, or the whole object: as it is
+            body = await resp.read_all()
+            content_type = resp.content_type
+            if resp.status >= 400 and (shaped := openai_shaped(resp.status, body)) is not None:
+                body, content_type = shaped, "application/json"
+            await send_whole(self._send, resp.status,
+                             _headers(content_type, self._req_id, self._where), body)
+            return True
+        scanner = StreamScanner(strip_usage=False)
+        try:
+            while chunk := await resp.read_chunk():
+                out = scanner.feed(chunk)
+                if out and not await self._events(out):
+                    return False
+                if scanner.malformed:
+                    raise UpstreamError(MALFORMED)
+        except TRANSPORT_ERRORS:
+            raise UpstreamError(NO_EVENTS if not self.started
+                                else "The upstream replica failed mid-stream.") from None
+        if not self.started:
+            raise UpstreamError(NO_EVENTS)
+        if not scanner.complete():
+            raise UpstreamError(CUT_SHORT)
+        self._ctl.done = True
+        await self._send({"type": "http.response.body", "body": scanner.flush(),
+                          "more_body": False})
+        return True
+
+    async def _events(self, out: bytes) -> bool:
+        """Hand whole events to the client; False when nothing more is wanted (HEAD)."""
+        ctl = self._ctl
+        if not self.started:
+            self.started = True
+            ctl.started()
+            await self._send({"type": "http.response.start", "status": 200, "headers":
+                              _headers("text/event-stream", self._req_id, self._where)})
+            if self._head_only:
+                ctl.done = True
+                await self._send({"type": "http.response.body", "body": b"",
+                                  "more_body": False})
+                return False
+        ctl.touch()
+        ctl.writing = True  # a client that stops reading blocks here (`Canceller`)
+        await self._send({"type": "http.response.body", "body": out, "more_body": True})
+        ctl.writing = False
+        return True
+
+    async def fail(self, exc: KvgateError) -> None:
+        """A JSON error before the stream started; after: an error event and [DONE]."""
+        self._ctl.done = True
+        if not self.started:
+            await _send_error(self._send, exc, self._req_id)
+        elif not self._ctl.writing:  # (a client that stopped reading gets nothing more)
+            await self._send({"type": "http.response.body", "more_body": False,
+                              "body": stream_error(exc.message, exc.type_, exc.status)})

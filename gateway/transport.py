@@ -1,11 +1,11 @@
 """The upstream transport seam: the only module that knows which HTTP clients kvgate uses.
 
-Proxied requests (`post`) go through kvgate's own HTTP/1.1 client (`gateway.h1`: raw asyncio
-connections kept alive per pool, httptools parsing): aiohttp's client cost about a quarter of
-kvgate's CPU per request under load. Health checks, model discovery and the Responses-API
-lookups (`get`, `call`) are rare and use aiohttp. (httpx was measured at ~800 us of client CPU
-per request for this pattern, aiohttp ~65-75 us; see `loadtest/bench_overhead.py` for the
-proxy as a whole against a bare pass-through.)
+Proxied requests (`post`; `open`: a stored response streamed) go through kvgate's own HTTP/1.1
+client (`gateway.h1`: raw asyncio connections kept alive per pool, httptools parsing):
+aiohttp's client cost about a quarter of kvgate's CPU per request under load. Health checks,
+model discovery and the Responses-API lookups (`get`, `call`) are rare and use aiohttp.
+(httpx was measured at ~800 us of client CPU per request for this pattern, aiohttp ~65-75 us;
+see `loadtest/bench_overhead.py` for the proxy as a whole against a bare pass-through.)
 
 The rest of the gateway sees only the `Transport` and `UpstreamResponse` protocols: `Pools`
 takes a `TransportFactory` (`default_transport` by default), so a test or a future client swaps
@@ -80,6 +80,11 @@ class Transport(Protocol):
         """A small GET for health checks and model discovery."""
         ...
 
+    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
+        """A GET whose answer is read as it arrives (a stored response streamed); returns
+        once the response headers arrived."""
+        ...
+
     async def call(
         self, method: str, url: str, timeout_s: float, headers: dict[str, str]
     ) -> tuple[int, str, bytes]:
@@ -127,6 +132,11 @@ class ReplicaTransport:
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """Send; returns once the response headers arrived."""
         return await self._h1.post(url, body, headers)
+
+    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
+        """A GET read as it arrives, on the proxied requests' client (the caller's watchdog
+        owns the timeouts, as for `post`)."""
+        return await self._h1.send("GET", url, b"", headers)
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
         """A small GET for health checks and model discovery."""

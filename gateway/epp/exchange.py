@@ -27,6 +27,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from gateway.app import unknown_path
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.errors import (
@@ -34,13 +35,12 @@ from gateway.errors import (
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
-    NotFound,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
-from gateway.relay import _CONTENT, CUT_SHORT, judge, served, stream_error
+from gateway.relay import _CONTENT, CUT_SHORT, MALFORMED, judge, served, stream_error
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -112,6 +112,8 @@ class Exchange:
         path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
+            if method == "HEAD":
+                return [await self._head_stored(path, token)]
             await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
@@ -182,12 +184,30 @@ class Exchange:
     def _to_stored(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """``GET /v1/responses/{id}``, ``POST .../cancel``: to the replica that holds it."""
         try:
-            pool, replica = self._core.stored.locate(path, method, token)
+            pool, replica = self._core.stored.locate(path, method, token, head=True)
         except KvgateError as exc:
             return self._refuse(exc)
         self._stored = f"{pool.name}/{replica.id}"
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
+
+    async def _head_stored(self, path: str, token: str | None) -> pb.ProcessingResponse:
+        """``HEAD /v1/responses/{id}``: GET without the body, as in the HTTP mode. vLLM has no
+        HEAD routes (405), and Envoy's ext_proc may not change ``:method`` by default
+        (`allow_all_routing`), so the picker asks the replica with GET itself and answers with
+        that: Envoy sends a HEAD's local reply with the body's length and without the body."""
+        try:
+            status, content_type, body, where = await self._core.stored.whole(
+                path, "HEAD", b"", token)
+        except KvgateError as exc:
+            return self._refuse(exc)
+        server = self._core.cfg.server
+        headers: list[wire.Header] = [("content-type", content_type.encode("latin-1"))]
+        if server.replica_header:
+            headers.append(("x-kvgate-replica", where.encode()))
+        if server.route_header:
+            headers.append(("x-kvgate-route", b"response-affinity"))
+        return wire.immediate(status, body, headers, "kvgate_stored_head")
 
     def _not_proxied(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
@@ -195,7 +215,7 @@ class Exchange:
             return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         page = self._core.page(path) if method in ("GET", "HEAD") else None
         if page is None:
-            return self._refuse(NotFound(f"Unknown path {path}."))
+            return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
         if path == MODELS or path.startswith(MODEL_PREFIX):  # as the HTTP edge: a valid key
             try:
                 self._core.prep.authenticate(token)
@@ -312,10 +332,17 @@ class Exchange:
     def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
         scanner, req, lease = self._scanner, self.req, self._lease
         assert scanner is not None and req is not None
+        if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
+            return wire.body_responses(b"", True) if end else ()
         out = scanner.feed(chunk) if chunk else b""
         if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
             self._event(out, lease, req)
-        if end:
+        if scanner.malformed:
+            # an event that is neither JSON nor [DONE]: never forwarded, and the stream ends
+            # for the client as a cut one does (the headers are out: no retry here)
+            out += stream_error(MALFORMED)
+            self._stream_ended(scanner, req, whole=False)
+        elif end:
             whole = scanner.complete()  # else cut short: an error event, never half an event
             rest = scanner.flush()
             out += rest if whole else stream_error(CUT_SHORT)

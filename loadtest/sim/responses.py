@@ -8,8 +8,13 @@ no ``[DONE]``) with a ``sequence_number``. The response store is off unless the 
 silently ignored. A stored response lives in this process only, so a ``previous_response_id`` or
 ``GET``/``cancel`` of an id this replica does not hold is a 404. ``background: true`` needs the
 store (400 otherwise) and answers at once with status ``queued``; ``cancel`` stops a queued or
-running background response and is a 400 for one that already finished. The simulator's output is
-text (``tools`` are accepted and ignored).
+running background response and is a 400 for one that already finished. With ``stream: true``
+too, the events are kept (vLLM's event store) and the POST answers them as a stream, as
+``GET /v1/responses/{id}?stream=true[&starting_after=N]`` does later: the kept events after
+``starting_after``, then the new ones until ``response.completed``. vLLM keeps no events for any
+other response: that GET sends the stream's head, then the handler fails and the connection
+breaks (vLLM's generator raises after the head went out). The simulator's output is text
+(``tools`` are accepted and ignored).
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import contextlib
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import orjson
 
 from loadtest.sim.asgi import Message, Receive, Scope, Send, send_json
 from loadtest.sim.errors import SimError
-from loadtest.sim.generate import Generation, Piece
+from loadtest.sim.generate import ConnectionDropped, Generation, Piece
 from loadtest.sim.prompt import content_text
 from loadtest.sim.spec import RequestOutput
 
@@ -47,15 +53,24 @@ def _event(kind: str, seq: int, **fields: Any) -> bytes:
 
 
 class _Stored:
-    """A stored response: the object as answered and the conversation that led to it."""
+    """A stored response: the object as answered and the conversation that led to it (and,
+    for a background stream, its events as vLLM's event store keeps them)."""
 
-    __slots__ = ("generation", "messages", "response", "task")
+    __slots__ = ("events", "generation", "messages", "new_event", "response", "task")
 
     def __init__(self, response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         self.response = response
         self.messages = messages
         self.task: asyncio.Task[None] | None = None
         self.generation: Generation | None = None
+        self.events: list[bytes] | None = None  # whole SSE events, index = sequence_number
+        self.new_event = asyncio.Event()
+
+    def keep(self, data: bytes) -> None:
+        """Body bytes of the background stream (whole events) into the event store."""
+        assert self.events is not None
+        self.events.extend(e + b"\n\n" for e in data.split(b"\n\n") if e.startswith(b"event:"))
+        self.new_event.set()
 
 
 class ResponsesAPI:
@@ -128,10 +143,14 @@ class ResponsesAPI:
         entry = _Stored({}, messages)
         self.store[response_id] = entry
         if background:
-            gen.stream = False
             entry.response = ResponsesFormat.shell(*fmt_args, status="queued")
+            if gen.stream:  # vLLM: the events are kept, and the answer is their stream
+                entry.events = []
             entry.task = asyncio.create_task(self._background(scope, gen, entry, fmt_args))
-            await send_json(send, 200, entry.response)
+            if entry.events is not None:
+                await self._replay(send, entry, 0)
+            else:
+                await send_json(send, 200, entry.response)
             return
         generation = await app.launch(scope, receive, send, gen, response_id,
                                       lambda g: ResponsesFormat(g, *fmt_args, entry))
@@ -148,7 +167,8 @@ class ResponsesAPI:
             return {"type": "http.disconnect"}
 
         async def send(message: Message) -> None:
-            return None
+            if entry.events is not None and message["type"] == "http.response.body":
+                entry.keep(message.get("body", b""))
 
         entry.response["status"] = "in_progress"
         try:
@@ -158,6 +178,7 @@ class ResponsesAPI:
             entry.response["status"] = "failed"
         finally:
             stop.set()
+            entry.new_event.set()
 
     # -- get / cancel ----------------------------------------------------------------------
     async def get(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -165,7 +186,39 @@ class ResponsesAPI:
         stored = self.store.get(response_id)
         if stored is None:
             raise _not_found(response_id)
-        await send_json(send, 200, stored.response)
+        query = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1")))
+        if query.get("stream", "").lower() not in ("1", "true", "t", "yes", "y", "on"):
+            await send_json(send, 200, stored.response)
+            return
+        after = query.get("starting_after", "")
+        start = int(after) + 1 if after.lstrip("-").isdigit() else 0
+        if stored.events is None:
+            # vLLM: the stream's head goes out, then its generator raises "Unknown
+            # response_id" and the server breaks the connection
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream")]})
+            raise ConnectionDropped(f"Unknown response_id: {response_id}")
+        await self._replay(send, stored, max(start, 0))
+
+    async def _replay(self, send: Send, stored: _Stored, start: int) -> None:
+        """The kept events from `start` on, then the new ones until ``response.completed``."""
+        assert stored.events is not None
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        index = start
+        while True:
+            stored.new_event.clear()
+            while index < len(stored.events):
+                event = stored.events[index]
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+                index += 1
+                if event.startswith(b"event: response.completed\n"):
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    return
+            if stored.task is None or stored.task.done():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return  # cancelled or failed: no more events will come
+            await stored.new_event.wait()
 
     async def cancel(self, scope: Scope, receive: Receive, send: Send) -> None:
         response_id = scope["path"][len(_PREFIX):-len("/cancel")]

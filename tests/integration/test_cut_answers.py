@@ -8,6 +8,7 @@ exactly those bytes (`tests/support/bad_replica.py`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import httpx
@@ -99,6 +100,59 @@ def test_a_responses_stream_without_its_terminal_event_gets_an_error_event(
 
 
 @pytest.mark.parametrize(
+    ("bad", "path"),
+    [
+        (b"data: <html><body>Bad Gateway</body></html>\n\n", "/v1/chat/completions"),
+        (b"data:\n\n", "/v1/chat/completions"),  # empty data
+        (b"event: response.output_text.delta\ndata: oops\n\n", "/v1/responses"),
+    ],
+    ids=["html", "empty", "responses"],
+)
+def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
+    gw: tuple[BadReplica, str], bad: bytes, path: str,
+) -> None:
+    """An event whose data is neither JSON nor [DONE] (a replica or a proxy gone wrong) is not
+    relayed: the official client would raise a JSON decode error halfway through, blaming
+    nobody. Once the stream has reached the client it ends as a cut one does: a 502 error
+    event and [DONE] (before that, it is retried: see the "malformed" case below)."""
+    replica, base = gw
+    first = CREATED if path == "/v1/responses" else CHUNK
+    replica.answer = sse_head() + chunked(first, last=False)
+    replica.rest, replica.end = chunked(first + bad, CHUNK, DONE), "keep"
+    before = statuses(base).get("502", 0.0)
+    try:
+        replica.gate = threading.Event()
+        body = {"model": MODEL, "stream": True, "input": "x",
+                "messages": [{"role": "user", "content": "x"}]}
+        with httpx.stream("POST", f"{base}{path}", json=body, timeout=30) as resp:
+            chunks = resp.iter_bytes()
+            received = next(chunks)  # the first event went out before the rest was sent
+            replica.gate.set()
+            received += b"".join(chunks)
+        got = [e for e in received.split(b"\n\n") if e]
+        assert got[:-2] == [first.strip()] * 2  # what came before it is relayed, not after
+        error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
+        assert error == {"message": "The upstream replica sent a stream event that is not "
+                         "JSON.", "type": "BadGatewayError", "param": None, "code": 502}
+        assert got[-1] == DONE.strip()
+        wait_for(lambda: statuses(base).get("502", 0.0) == before + 1, what="a 502")
+        assert inflight(base) == 0
+        if path != "/v1/chat/completions":
+            return
+        replica.gate = threading.Event()
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
+        assert next(iter(stream)).choices[0].delta.content == "hi"
+        replica.gate.set()
+        with pytest.raises(openai.APIError, match="not JSON"):  # not a JSONDecodeError
+            list(stream)
+    finally:
+        replica.rest = b""
+        replica.gate.set()
+
+
+@pytest.mark.parametrize(
     ("parts", "path"),
     [
         ((CHUNK, b"data: [DONE]\n"), "/v1/chat/completions"),  # one newline short
@@ -174,8 +228,9 @@ def test_a_whole_answer_cut_after_its_headers_is_retried_elsewhere(
         (sse_head() + chunked(b'data: {"error":{"message":"dead","type":"x","code":500}}\n\n',
                               DONE), "keep"),  # vLLM's engine died before the first token
         (sse_head() + chunked(), "keep"),  # an empty stream
+        (sse_head() + chunked(b"data: Internal Server Error\n\n", CHUNK, DONE), "keep"),
     ],
-    ids=["reset", "error-event", "empty"],
+    ids=["reset", "error-event", "empty", "malformed"],
 )
 def test_a_stream_that_fails_before_its_first_event_is_retried_elsewhere(
     pair: tuple[BadReplica, str, str], answer: bytes, end: End,

@@ -228,6 +228,23 @@ def test_stored_responses_are_reached_through_the_picker(stack: Stack, key: str)
         stack.client(stack.tenant()[1]).responses.retrieve(first.id)
 
 
+def test_head_of_a_stored_response_is_its_get_without_the_body(stack: Stack, key: str) -> None:
+    """As in the HTTP mode: HEAD answers as GET without the body (vLLM itself has no HEAD
+    routes, so the replica is asked with GET)."""
+    rid = stack.client(key).responses.create(model=MODEL, input="Hi", max_output_tokens=4).id
+    auth = {"authorization": f"Bearer {key}"}
+    url = f"{stack.envoy}/v1/responses/{rid}"
+    get, head = httpx.get(url, headers=auth, timeout=10), httpx.head(url, headers=auth, timeout=10)
+    assert (get.status_code, head.status_code, head.content) == (200, 200, b"")
+    assert head.headers["content-type"] == get.headers["content-type"]
+    assert head.headers["content-length"] == str(len(get.content))
+    assert head.headers["x-kvgate-route"] == "response-affinity"
+    missing = httpx.head(f"{stack.envoy}/v1/responses/resp_unknown", headers=auth, timeout=10)
+    assert (missing.status_code, missing.content) == (404, b"")
+    posted = httpx.post(url, headers=auth, timeout=10)
+    assert (posted.status_code, posted.headers["allow"]) == (405, "GET, HEAD")
+
+
 def test_a_bad_key_is_a_401_from_the_picker(stack: Stack) -> None:
     with pytest.raises(openai.AuthenticationError) as err:
         stack.client("sk-not-a-key").chat.completions.create(

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
+import httpx
 import orjson
 import pytest
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
@@ -22,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
 from gateway.prepare import OFF_LOOP_BYTES
 from tests.support.epp import EppProc, epp_proc
-from tests.support.gateway import AUTH_SECRET
+from tests.support.gateway import AUTH_SECRET, wait_for
 from tests.support.procs import Proc, sim_proc
 
 PUBLIC, SERVED = "public-model", "sim-model"
@@ -202,6 +203,33 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
     await call.done_writing()
 
 
+async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) -> None:
+    """An event whose data is neither JSON nor [DONE]: the events before it pass, then an
+    error event and [DONE] instead of it; the rest of the replica's stream is dropped (the
+    client's stream has ended) and the body still ends when Envoy's does."""
+    body = _chat("malformed", stream=True)
+    call, _ = await _picked(stub, body)
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "200", "content-type": "text/event-stream"})))
+    await _answers(call, 1)
+    event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=event + b"data: <html>502 Bad Gateway</html>\n\n" + event)))
+    sent = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
+    first, error, done = sent.body.split(b"\n\n")[:3]
+    assert first + b"\n\n" == event and not sent.end_of_stream
+    assert orjson.loads(error.removeprefix(b"data: "))["error"] == {
+        "message": "The upstream replica sent a stream event that is not JSON.",
+        "type": "BadGatewayError", "param": None, "code": 502}
+    assert done == b"data: [DONE]" and sent.body.endswith(b"[DONE]\n\n")
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=event)))
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=b"data: [DONE]\n\n", end_of_stream=True)))
+    last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
+    assert last.body == b"" and last.end_of_stream
+    await call.done_writing()
+
+
 async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:
     """Envoy's own 503 (no upstream answered) reaches the client as an OpenAI error."""
     body = _chat("to a dead replica")
@@ -233,9 +261,18 @@ async def test_oversized_and_unknown_requests_are_refused_at_once(stub: Any) -> 
     unknown = (await _answers(call, 1))[0].immediate_response
     assert unknown.status.code == 404
     assert orjson.loads(unknown.body)["error"]["type"] == "NotFoundError"
+    call = stub.Process()  # a base URL without /v1: the hint the HTTP mode gives
+    await call.write(pb.ProcessingRequest(request_headers=_headers(
+        {":method": "POST", ":path": "/chat/completions"}, end=True)))
+    hinted = (await _answers(call, 1))[0].immediate_response
+    assert hinted.status.code == 404
+    assert "Did you mean /v1/chat/completions?" in orjson.loads(hinted.body)["error"]["message"]
 
 
 async def test_grpc_health(picker: Any) -> None:
+    # the failure cases above may have ejected a replica for a moment (FAST_HEALTH)
+    wait_for(lambda: httpx.get(f"{picker[0].base}/readyz", timeout=5).status_code == 200,
+             what="the picker ready again")
     async with grpc.aio.insecure_channel(picker[0].picker) as channel:
         health = health_pb2_grpc.HealthStub(channel)
         serving = health_pb2.HealthCheckResponse.SERVING

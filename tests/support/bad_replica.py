@@ -4,9 +4,12 @@ cleanly but too early, half an SSE event, a body cut after the headers.
 
 It runs its own event loop in a thread, so synchronous tests (and the official `openai`
 client) can use it beside a `kvgate serve` process. `/health` answers 200, `/metrics` an empty
-page and `/v1/models` the model; every POST gets the bytes of ``answer`` then, per ``end``,
-the connection stays open for the next request (``"keep"``), is closed (``"close"``) or
-reset (``"reset"``).
+page and `/v1/models` the model; every POST (and, when ``get_answer`` is set, every GET of a
+stored response, ``/v1/responses/...``) gets the bytes of ``answer`` then, when ``rest`` is
+set, ``rest`` once the test sets ``gate`` (so a test can read the first bytes through the
+gateway before the replica sends more: streamed, not buffered, with no timing involved);
+then, per ``end``, the connection stays open for the next request (``"keep"``), is closed
+(``"close"``) or reset (``"reset"``).
 """
 
 from __future__ import annotations
@@ -46,8 +49,12 @@ class BadReplica:
     def __init__(self, model: str, answer: bytes = b"", end: End = "keep") -> None:
         self.model = model
         self.answer = answer
+        self.get_answer: bytes | None = None
+        self.rest = b""
+        self.gate = threading.Event()
         self.end: End = end
         self.posts = 0
+        self.gets: list[bytes] = []  # the paths (with query) of stored-response GETs
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -84,13 +91,23 @@ class BadReplica:
                     if name.strip().lower() == b"content-length":
                         length = int(value)
                 await reader.readexactly(length)
-                if method != b"POST":
+                stored = path.startswith(b"/v1/responses/") and self.get_answer is not None
+                if method != b"POST" and not stored:
                     writer.write(self._page(path))
                     await writer.drain()
                     continue
-                self.posts += 1
-                writer.write(self.answer)
+                if method == b"POST":
+                    self.posts += 1
+                else:
+                    self.gets.append(path)
+                writer.write(self.answer if method == b"POST" else self.get_answer or b"")
                 await writer.drain()
+                if self.rest:
+                    loop = asyncio.get_running_loop()
+                    if not await loop.run_in_executor(None, self.gate.wait, 30):
+                        break
+                    writer.write(self.rest)
+                    await writer.drain()
                 if self.end == "reset":
                     writer.transport.abort()
                     return

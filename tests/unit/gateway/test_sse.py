@@ -174,3 +174,62 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
     for chunk in chunks:
         scanner.feed(chunk)
     assert scanner.complete() is complete
+
+
+RESPONSES_EVENT = b'event: response.output_text.delta\ndata: {"type":"x","delta":"hi"}\n\n'
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096])
+@pytest.mark.parametrize(
+    "stream",
+    [
+        STREAM,
+        STREAM.replace(b"\n\n", b"\r\n\r\n"),
+        RESPONSES_EVENT * 3,
+        CHUNK.replace(b"data: ", b"data:") + DONE,  # no space after the colon
+        b'data: {"a":\ndata: 1}\n\n' + DONE,  # one event's data on two lines
+        b'data: {"content":"data: oops"}\n\n' + DONE,  # the words inside generated text
+        b'data: [1, 2]\n\n' + DONE,
+    ],
+    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "array"],
+)
+def test_well_formed_events_pass(size: int, stream: bytes) -> None:
+    out, scanner = run(split_every(stream, size), False)
+    assert out == stream and not scanner.malformed
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"data: hello\n\n",
+        b"data: <html>\n\n",
+        b"data:\n\n",  # empty data
+        b"data: \r\n\r\n",
+        b"event: response.output_text.delta\ndata: Internal Server Error\n\n",
+        b'data: "a string"\n\n',
+    ],
+    ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string"],
+)
+def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> None:
+    """Neither JSON nor [DONE]: the SDK would raise a JSON decode error on it. The events
+    before it are forwarded; nothing from it on is."""
+    scanner = StreamScanner(False)
+    out = b""
+    for piece in split_every(CHUNK + COMMENT + CHUNK + bad + CHUNK + DONE, size):
+        out += scanner.feed(piece)
+        if scanner.malformed:
+            break
+    assert scanner.malformed
+    assert out == CHUNK + COMMENT + CHUNK
+    assert scanner.flush() == b""
+
+
+def test_the_malformed_event_is_found_among_whole_events() -> None:
+    from gateway.sse import first_malformed
+
+    assert first_malformed(CHUNK + b"data: x\n\n" + DONE) == len(CHUNK)
+    assert first_malformed(b"data: x\n\n") == 0
+    crlf = CHUNK.replace(b"\n\n", b"\r\n\r\n")
+    assert first_malformed(crlf + b"event: e\r\ndata: x\r\n\r\n") == len(crlf)
+    assert first_malformed(CHUNK + DONE) is None
