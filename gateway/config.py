@@ -31,7 +31,8 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
-from gateway.policy_doc import PolicyDoc
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc
+from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
@@ -208,9 +209,11 @@ class DoctorSection(_Section):
 
 
 class TenantBootstrap(_Section):
-    id: str
-    tier: str = "default"
-    salt_group: str | None = None
+    # the store's own rules for these names (gateway.tenancy.models.Tenant), checked here so a
+    # bad id is refused with its field's name at load, not by the seeding in the lifespan
+    id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    tier: str = DEFAULT_TIER
+    salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
 
 
 class EppSection(_Section):
@@ -301,6 +304,20 @@ class KvgateConfig(PolicyDoc):
         if value is not None:
             admin_tokens_from_env(value.get_secret_value())  # ValueError: too short, malformed
         return value
+
+    @model_validator(mode="after")
+    def _known_tenants(self) -> KvgateConfig:
+        # the admin API refuses an unknown tier (400) and a second tenant of one id (409); the
+        # seeding would take either silently: a tenant never admitted (403), or one entry lost
+        seen: set[str] = set()
+        for i, t in enumerate(self.tenants):
+            if t.tier != DEFAULT_TIER and t.tier not in self.tiers:
+                known = ", ".join(sorted({DEFAULT_TIER, *self.tiers}))
+                raise ValueError(f"tenants.{i}.tier: unknown tier {t.tier!r} (known: {known})")
+            if t.id in seen:
+                raise ValueError(f"tenants.{i}.id: tenant {t.id!r} is listed twice")
+            seen.add(t.id)
+        return self
 
     def policy_doc(self) -> PolicyDoc:
         return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers,

@@ -110,3 +110,28 @@ def test_demo_serves_and_stops_cleanly() -> None:
         assert "kvgate demo: stopped" in demo.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base}/healthz", timeout=1)
+
+
+@pytest.mark.parametrize(("tenants", "field", "why"), [
+    ([{"id": "acme", "tier": "platinum"}], "tenants.0.tier", "unknown tier 'platinum'"),
+    ([{"id": "acme"}, {"id": "acme", "tier": "free"}], "tenants.1.id", "listed twice"),
+    ([{"id": "acme corp/1"}], "tenants.0.id", "should match pattern"),
+    ([{"id": "acme", "salt_group": "g 1"}], "tenants.0.salt_group", "should match pattern"),
+])
+def test_bad_bootstrap_tenant_is_refused_naming_the_field(
+    tmp_path: Path, tenants: list[dict[str, str]], field: str, why: str
+) -> None:
+    # the admin API refuses each of these; from the config they used to start a gateway whose
+    # tenant was never admitted (403), drop a duplicate silently, or crash in the lifespan
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+        "tiers": {"free": {"priority": 10}},
+        "tenants": tenants,
+    }))
+    env = {"PATH": "/usr/bin:/bin", "KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef"}
+    result = run("serve", "--config", str(path), "--port", str(free_port()), env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"{field}: " in result.stderr and why in result.stderr
+    assert "Traceback" not in result.stderr and "listening" not in result.stderr
+    assert run("config", "check", str(path), env=env).returncode == 2
