@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.replicas import replica_id
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 
 __all__ = [
@@ -155,7 +156,20 @@ class PolicyDoc(BaseModel):
                 if target is not None and target not in self.pools:
                     raise ValueError(f"tiers.{name}.{attr}: unknown pool {target!r}")
         self._check_spill_cycles()
+        self._check_replicas_distinct()
         return self
+
+    def _check_replicas_distinct(self) -> None:
+        """A replica (host:port) belongs to one pool: the gateway keys a replica's scrapes and
+        health by host:port, so one listed in two pools went unscraped in one of them (its
+        load stale there, with no error anywhere)."""
+        owner: dict[str, str] = {}
+        for name, pool in self.pools.items():
+            for url in pool.replicas:
+                first = owner.setdefault(replica_id(url), name)
+                if first != name:
+                    raise ValueError(f"pools.{name}.replicas: {url} is also a replica of pool "
+                                     f"{first!r}; a replica belongs to one pool")
 
     def _check_spill_cycles(self) -> None:
         """Spill edges (a tier's pool for a model -> its `spill_to`) must form no cycle.

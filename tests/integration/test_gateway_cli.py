@@ -135,3 +135,27 @@ def test_bad_bootstrap_tenant_is_refused_naming_the_field(
     assert f"{field}: " in result.stderr and why in result.stderr
     assert "Traceback" not in result.stderr and "listening" not in result.stderr
     assert run("config", "check", str(path), env=env).returncode == 2
+
+
+def test_a_replica_in_two_pools_is_refused(tmp_path: Path, sim_factory: SimFactory) -> None:
+    # replicas are keyed by host:port: one listed in two pools was scraped for one of them
+    # only, and the other pool routed on its stale (ignored) load without a word
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    pools = {"a": {"served_model": "m", "replicas": [sim]},
+             "b": {"served_model": "m", "replicas": [f"{sim}/"]}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"pools": pools}))
+    result = run("config", "check", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "pools.b.replicas: " in result.stderr and "also a replica of pool 'a'" in result.stderr
+    assert "Traceback" not in result.stderr
+    token = "two-pools-admin-token-0123456789"
+    env = {"KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef", "KVGATE_ADMIN_TOKEN": token}
+    gw, base = gateway_proc(config={"pools": {"a": pools["a"]}}, env=env, auth=True)
+    with gw:
+        headers = {"Authorization": f"Bearer {token}"}
+        doc = httpx.get(f"{base}/admin/policy", headers=headers, timeout=10).json()
+        doc["pools"]["b"] = pools["b"]
+        put = httpx.put(f"{base}/admin/policy", headers=headers, json=doc, timeout=10)
+        assert put.status_code == 400, put.text
+        assert "pools.b.replicas" in put.json()["error"]["message"]
