@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
-from gateway.policy_doc import DEFAULT_TIER, PolicyDoc
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
@@ -317,6 +317,11 @@ class KvgateConfig(PolicyDoc):
             if t.id in seen:
                 raise ValueError(f"tenants.{i}.id: tenant {t.id!r} is listed twice")
             seen.add(t.id)
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_distinct(self) -> KvgateConfig:
+        check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
         return self
 
     def policy_doc(self) -> PolicyDoc:
