@@ -163,13 +163,19 @@ def main(argv: list[str]) -> int:
         reason = exc.strerror if isinstance(exc, OSError) else f"invalid YAML/JSON ({exc})"
         print(f"kvgate admin: policy file {args.file}: {reason}", file=sys.stderr)
         return 1
+    if not args.url.startswith(("http://", "https://")):
+        print(f"kvgate admin: --url {args.url}: give the scheme, e.g. http://{args.url}",
+              file=sys.stderr)
+        return 2
     headers["authorization"] = f"Bearer {token}"
     try:
         response = httpx.request(
             method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=args.timeout
         )
     except httpx.HTTPError as exc:
-        print(f"kvgate admin: {args.url}: {type(exc).__name__}", file=sys.stderr)
+        # the exception's text carries the reason (connection refused, timed out, ...)
+        print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}",
+              file=sys.stderr)
         return 1
     return _report(response, _confirmation(args))
 
@@ -185,7 +191,13 @@ def _confirmation(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None) -> int:
-    payload: Any = response.json() if response.content else confirmation
+    try:
+        payload: Any = response.json() if response.content else confirmation
+    except ValueError:  # not JSON: --url names another server, or a proxy's error page
+        kind = response.headers.get("content-type", "no content-type")
+        print(f"kvgate admin: HTTP {response.status_code} from {response.url}: not a kvgate "
+              f"admin API answer ({kind}); check --url", file=sys.stderr)
+        return 1
     if response.is_error:
         message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
         if not_admin_port(response.status_code, message):
