@@ -294,6 +294,16 @@ class KvgateConfig(PolicyDoc):
         # password, so the message never repeats it
         if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
             raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        if value is not None:
+            from redis.connection import parse_url  # lazy: only with a Redis URL
+
+            try:  # a bad port or option otherwise failed in the lifespan, the variable unnamed
+                parse_url(value.get_secret_value())  # type: ignore[no-untyped-call]
+            except ValueError as exc:
+                # redis-py's text quotes a piece of the URL, which may be part of a password
+                what = "its port" if "Port" in str(exc) else "an option in its query string"
+                raise ValueError(f"KVGATE_REDIS_URL is not a valid Redis URL: check {what} "
+                                 "(the value is not shown: it may hold a password)") from None
         return value
 
     @field_validator("admin_token")

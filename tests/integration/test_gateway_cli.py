@@ -159,3 +159,24 @@ def test_a_replica_in_two_pools_is_refused(tmp_path: Path, sim_factory: SimFacto
         put = httpx.put(f"{base}/admin/policy", headers=headers, json=doc, timeout=10)
         assert put.status_code == 400, put.text
         assert "pools.b.replicas" in put.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0", "redis://:pa/ss@h:6379/0",
+                                 "redis://127.0.0.1:6379/0?socket_timeout=abc"])
+def test_a_malformed_redis_url_is_refused_at_load_naming_the_variable(
+    tmp_path: Path, url: str
+) -> None:
+    # it used to pass the config check, print "listening on", then fail in the lifespan with
+    # redis-py's "Port could not be cast to integer value as 'pa'" (a piece of the password)
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    env = {"PATH": "/usr/bin:/bin", "KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef",
+           "KVGATE_REDIS_URL": url}
+    serve = ["serve", "--port", str(free_port()), "--config", str(path)]
+    for args in (serve, ["config", "check", str(path)]):
+        result = run(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "KVGATE_REDIS_URL is not a valid Redis URL" in result.stderr
+        assert "Traceback" not in result.stderr and "listening" not in result.stderr
+        assert "pa/ss" not in result.stderr and "'pa'" not in result.stderr
