@@ -181,3 +181,27 @@ def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
     assert closed.returncode == 1 and "Connection refused" in closed.stderr
     for result in (other, bare, closed):
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_help_describes_every_command() -> None:
+    """`kvgate admin --help` and its groups' --help say what each command does, and a missing
+    command is named as such (argparse used to say "required: group", a variable's name)."""
+
+    def admin(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KVGATE, "admin", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30)
+
+    top = admin("--help").stdout
+    assert "(default http://127.0.0.1:8000)" in " ".join(top.split())  # as wrapped
+    for group, actions in {"tenants": ["create", "update", "list", "get", "delete"],
+                           "keys": ["create", "revoke"], "policy": ["get", "put"],
+                           "rotate-salt": [], "audit": []}.items():
+        line = next(x for x in top.splitlines() if x.strip().startswith(group + " "))
+        assert len(line.split()) > 1, f"{group} has no description"
+        if actions:
+            text = admin(group, "--help").stdout
+            for action in actions:
+                line = next(x for x in text.splitlines() if x.strip().startswith(action + " "))
+                assert len(line.split()) > 1, f"{group} {action} has no description"
+    assert "required: command" in admin().stderr
+    assert "required: action" in admin("keys").stderr
