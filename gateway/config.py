@@ -31,7 +31,8 @@ from pydantic import (
 )
 
 from gateway.errors import ConfigError
-from gateway.policy_doc import PolicyDoc
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
+from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
@@ -208,9 +209,11 @@ class DoctorSection(_Section):
 
 
 class TenantBootstrap(_Section):
-    id: str
-    tier: str = "default"
-    salt_group: str | None = None
+    # the store's own rules for these names (gateway.tenancy.models.Tenant), checked here so a
+    # bad id is refused with its field's name at load, not by the seeding in the lifespan
+    id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    tier: str = DEFAULT_TIER
+    salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
 
 
 class EppSection(_Section):
@@ -291,6 +294,16 @@ class KvgateConfig(PolicyDoc):
         # password, so the message never repeats it
         if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
             raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        if value is not None:
+            from redis.connection import parse_url  # lazy: only with a Redis URL
+
+            try:  # a bad port or option otherwise failed in the lifespan, the variable unnamed
+                parse_url(value.get_secret_value())  # type: ignore[no-untyped-call]
+            except ValueError as exc:
+                # redis-py's text quotes a piece of the URL, which may be part of a password
+                what = "its port" if "Port" in str(exc) else "an option in its query string"
+                raise ValueError(f"KVGATE_REDIS_URL is not a valid Redis URL: check {what} "
+                                 "(the value is not shown: it may hold a password)") from None
         return value
 
     @field_validator("admin_token")
@@ -301,6 +314,25 @@ class KvgateConfig(PolicyDoc):
         if value is not None:
             admin_tokens_from_env(value.get_secret_value())  # ValueError: too short, malformed
         return value
+
+    @model_validator(mode="after")
+    def _known_tenants(self) -> KvgateConfig:
+        # the admin API refuses an unknown tier (400) and a second tenant of one id (409); the
+        # seeding would take either silently: a tenant never admitted (403), or one entry lost
+        seen: set[str] = set()
+        for i, t in enumerate(self.tenants):
+            if t.tier != DEFAULT_TIER and t.tier not in self.tiers:
+                known = ", ".join(sorted({DEFAULT_TIER, *self.tiers}))
+                raise ValueError(f"tenants.{i}.tier: unknown tier {t.tier!r} (known: {known})")
+            if t.id in seen:
+                raise ValueError(f"tenants.{i}.id: tenant {t.id!r} is listed twice")
+            seen.add(t.id)
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_distinct(self) -> KvgateConfig:
+        check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
+        return self
 
     def policy_doc(self) -> PolicyDoc:
         return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers,

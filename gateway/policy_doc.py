@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gateway.replicas import replica_id
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PoolConfig",
     "TierConfig",
     "TierFlow",
+    "check_replicas_distinct",
     "parse_policy",
 ]
 
@@ -220,10 +222,26 @@ class PolicyValidationError(ValueError):
         self.message = message
 
 
+def check_replicas_distinct(doc: PolicyDoc) -> None:
+    """A replica (host:port) belongs to one pool: the gateway keys a replica's scrapes and
+    health by host:port, so one listed in two pools went unscraped in one of them (its load
+    stale there, with no error anywhere). Checked on input (the config file, `PUT
+    /admin/policy`) only, not in the model: a stored document that predates the rule must
+    still load, or a gateway would refuse to start on it."""
+    owner: dict[str, str] = {}
+    for name, pool in doc.pools.items():
+        for url in pool.replicas:
+            first = owner.setdefault(replica_id(url), name)
+            if first != name:
+                raise PolicyValidationError(
+                    f"pools.{name}.replicas",
+                    f"{url} is also a replica of pool {first!r}; a replica belongs to one pool")
+
+
 def parse_policy(data: Any) -> PolicyDoc:
     """Validate a policy document (a dict from JSON/YAML) or raise `PolicyValidationError`."""
     try:
-        return PolicyDoc.model_validate(data)
+        doc = PolicyDoc.model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(part) for part in err["loc"])
@@ -231,3 +249,5 @@ def parse_policy(data: Any) -> PolicyDoc:
         if not loc and ": " in msg:  # our own messages lead with the field
             loc, msg = msg.split(": ", 1)
         raise PolicyValidationError(loc, msg) from None
+    check_replicas_distinct(doc)
+    return doc

@@ -131,7 +131,10 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
         await ctx.check_tier(body.tier)
-        tenant = Tenant.model_validate(body.model_dump(exclude_unset=True))
+        data = body.model_dump(exclude_unset=True)
+        if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
+            data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
+        tenant = Tenant.model_validate(data)
         await ctx.store.create_tenant(tenant)
         await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
         return tenant_view(tenant, [])

@@ -37,7 +37,8 @@ POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate admin", description="kvgate admin API client")
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="gateway (or admin port) URL")
+    p.add_argument("--url", default="http://127.0.0.1:8000",
+                   help="gateway (or admin port) URL (default %(default)s)")
     p.add_argument(
         "--token-env",
         default="KVGATE_ADMIN_TOKEN",
@@ -45,10 +46,12 @@ def _parser() -> argparse.ArgumentParser:
              f"{TOKEN_HELP})",
     )
     p.add_argument("--timeout", type=float, default=10.0)
-    sub = p.add_subparsers(dest="group", required=True)
+    # metavar: argparse names a missing one by it ("required: command", not the dest)
+    sub = p.add_subparsers(dest="group", required=True, metavar="command")
 
-    tenants = sub.add_parser("tenants").add_subparsers(dest="action", required=True)
-    create = tenants.add_parser("create")
+    tenants = sub.add_parser("tenants", help="create, update, list, get, delete tenants") \
+        .add_subparsers(dest="action", required=True, metavar="action")
+    create = tenants.add_parser("create", help="a new tenant (--tier, limit overrides)")
     create.add_argument("id")
     create.add_argument("--tier", default="default")
     _limit_flags(create)
@@ -58,25 +61,29 @@ def _parser() -> argparse.ArgumentParser:
     update.add_argument("--tier")
     _limit_flags(update)
     update.add_argument("--salt-group")
-    tenants.add_parser("list")
-    for name in ("get", "delete"):
-        tenants.add_parser(name).add_argument("id")
+    tenants.add_parser("list", help="every tenant")
+    tenants.add_parser("get", help="a tenant and its key ids").add_argument("id")
+    tenants.add_parser("delete", help="a tenant and all its keys").add_argument("id")
 
-    keys = sub.add_parser("keys").add_subparsers(dest="action", required=True)
-    keys.add_parser("create").add_argument("tenant")
-    revoke = keys.add_parser("revoke")
+    keys = sub.add_parser("keys", help="create (shown once) or revoke API keys") \
+        .add_subparsers(dest="action", required=True, metavar="action")
+    keys.add_parser("create", help="a new key for TENANT, printed once").add_argument("tenant")
+    revoke = keys.add_parser("revoke", help="KEY_ID of TENANT, at once on every gateway")
     revoke.add_argument("tenant")
     revoke.add_argument("key_id")
 
-    policy = sub.add_parser("policy").add_subparsers(dest="action", required=True)
-    policy.add_parser("get")
-    put = policy.add_parser("put")
+    policy = sub.add_parser("policy", help="pools, models, tiers, fairness: get or replace") \
+        .add_subparsers(dest="action", required=True, metavar="action")
+    policy.add_parser("get", help="the policy in force (its version on stderr)")
+    put = policy.add_parser("put", help="replace the policy (--if-match: 412 if it changed)")
     put.add_argument("file", help="policy document (JSON or YAML), or a config file: its "
                                   f"{'/'.join(POLICY_SECTIONS)} sections")
     put.add_argument("--if-match", help="the version you edited (from `policy get`)")
 
-    sub.add_parser("rotate-salt").add_argument("tenant")
-    sub.add_parser("audit").add_argument("--limit", type=int, default=100)
+    sub.add_parser("rotate-salt", help="a new cache salt for TENANT (or its salt group)") \
+        .add_argument("tenant")
+    sub.add_parser("audit", help="the latest admin changes").add_argument(
+        "--limit", type=int, default=100)
     return p
 
 
@@ -163,13 +170,19 @@ def main(argv: list[str]) -> int:
         reason = exc.strerror if isinstance(exc, OSError) else f"invalid YAML/JSON ({exc})"
         print(f"kvgate admin: policy file {args.file}: {reason}", file=sys.stderr)
         return 1
+    if not args.url.startswith(("http://", "https://")):
+        print(f"kvgate admin: --url {args.url}: give the scheme, e.g. http://{args.url}",
+              file=sys.stderr)
+        return 2
     headers["authorization"] = f"Bearer {token}"
     try:
         response = httpx.request(
             method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=args.timeout
         )
     except httpx.HTTPError as exc:
-        print(f"kvgate admin: {args.url}: {type(exc).__name__}", file=sys.stderr)
+        # the exception's text carries the reason (connection refused, timed out, ...)
+        print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}",
+              file=sys.stderr)
         return 1
     return _report(response, _confirmation(args))
 
@@ -185,7 +198,13 @@ def _confirmation(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None) -> int:
-    payload: Any = response.json() if response.content else confirmation
+    try:
+        payload: Any = response.json() if response.content else confirmation
+    except ValueError:  # not JSON: --url names another server, or a proxy's error page
+        kind = response.headers.get("content-type", "no content-type")
+        print(f"kvgate admin: HTTP {response.status_code} from {response.url}: not a kvgate "
+              f"admin API answer ({kind}); check --url", file=sys.stderr)
+        return 1
     if response.is_error:
         message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
         if not_admin_port(response.status_code, message):

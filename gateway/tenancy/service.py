@@ -130,8 +130,12 @@ class TenancyCollector(Collector):
 
 
 def build_tenancy(
-    settings: TenancySettings, salt_secret: str | bytes, redis_url: str | None = None
+    settings: TenancySettings, salt_secret: str | bytes, redis_url: str | None = None,
+    *, workers: int = 1,
 ) -> Tenancy:
+    """`workers`: this gateway's processes (`server.workers`). Each keeps its own limits while
+    Redis is down, so each enforces limit / (gateway_replicas x workers): the fleet stays
+    near the budget instead of `workers` times it."""
     salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
     store: TenantStore
     limiter: RateLimiter
@@ -145,7 +149,7 @@ def build_tenancy(
             client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s
         )
         limiter = FallbackRateLimiter(shared, address=redis_address(client),
-                                      replicas=settings.gateway_replicas)
+                                      replicas=settings.gateway_replicas * max(1, workers))
     resolver = TenantResolver(
         store,
         salts,

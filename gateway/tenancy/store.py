@@ -176,7 +176,10 @@ def apply_tenant_changes(tenant: Tenant, changes: dict[str, object]) -> Tenant:
         if name not in _MUTABLE_FIELDS:
             raise BadRequest(f"{name}: cannot be changed", param=name)
         if name == "limits" and isinstance(value, dict):
-            data["limits"] = {**data.get("limits", {}), **value}
+            # null drops the override (the tier's limit again): kept, it read as "unlimited"
+            # and silently lifted the tier's limit, with no way back to the tier default
+            merged = {**data.get("limits", {}), **value}
+            data["limits"] = {k: v for k, v in merged.items() if v is not None}
         else:
             data[name] = value
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -18,7 +19,7 @@ from gateway.policy_doc import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin
 from tests.support.gateway import AUTH_SECRET, gateway_proc
-from tests.support.procs import ROOT, free_port
+from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
 
 async def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -157,3 +158,50 @@ def test_main_port_with_a_separate_admin_port_is_named(
         assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err
         assert doctor_cli.main(["--url", base]) == 1
         assert "the admin API is not on this port (server.admin_port?)" in capsys.readouterr().err
+
+
+def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
+    """`--url` at another HTTP server (its HTML 404), without a scheme, or at a closed port:
+    one line saying what is wrong (the first used to print a JSONDecodeError traceback)."""
+    env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN, "PATH": "/usr/bin:/bin"}
+
+    def admin(url: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KVGATE, "admin", "--url", url, "tenants", "list"], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=30)
+
+    port = free_port()
+    with Proc([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+              ready_port=port):
+        other = admin(f"http://127.0.0.1:{port}")
+    assert other.returncode == 1, other.stderr
+    assert "not a kvgate admin API answer (text/html" in other.stderr
+    bare = admin(f"127.0.0.1:{port}")
+    assert bare.returncode == 2 and "give the scheme" in bare.stderr
+    closed = admin(f"http://127.0.0.1:{free_port()}")
+    assert closed.returncode == 1 and "Connection refused" in closed.stderr
+    for result in (other, bare, closed):
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+def test_help_describes_every_command() -> None:
+    """`kvgate admin --help` and its groups' --help say what each command does, and a missing
+    command is named as such (argparse used to say "required: group", a variable's name)."""
+
+    def admin(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*KVGATE, "admin", *argv], cwd=ROOT, capture_output=True,
+                              text=True, timeout=30)
+
+    top = admin("--help").stdout
+    assert "(default http://127.0.0.1:8000)" in " ".join(top.split())  # as wrapped
+    for group, actions in {"tenants": ["create", "update", "list", "get", "delete"],
+                           "keys": ["create", "revoke"], "policy": ["get", "put"],
+                           "rotate-salt": [], "audit": []}.items():
+        line = next(x for x in top.splitlines() if x.strip().startswith(group + " "))
+        assert len(line.split()) > 1, f"{group} has no description"
+        if actions:
+            text = admin(group, "--help").stdout
+            for action in actions:
+                line = next(x for x in text.splitlines() if x.strip().startswith(action + " "))
+                assert len(line.split()) > 1, f"{group} {action} has no description"
+    assert "required: command" in admin().stderr
+    assert "required: action" in admin("keys").stderr

@@ -110,3 +110,73 @@ def test_demo_serves_and_stops_cleanly() -> None:
         assert "kvgate demo: stopped" in demo.output()
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{base}/healthz", timeout=1)
+
+
+@pytest.mark.parametrize(("tenants", "field", "why"), [
+    ([{"id": "acme", "tier": "platinum"}], "tenants.0.tier", "unknown tier 'platinum'"),
+    ([{"id": "acme"}, {"id": "acme", "tier": "free"}], "tenants.1.id", "listed twice"),
+    ([{"id": "acme corp/1"}], "tenants.0.id", "should match pattern"),
+    ([{"id": "acme", "salt_group": "g 1"}], "tenants.0.salt_group", "should match pattern"),
+])
+def test_bad_bootstrap_tenant_is_refused_naming_the_field(
+    tmp_path: Path, tenants: list[dict[str, str]], field: str, why: str
+) -> None:
+    # the admin API refuses each of these; from the config they used to start a gateway whose
+    # tenant was never admitted (403), drop a duplicate silently, or crash in the lifespan
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+        "tiers": {"free": {"priority": 10}},
+        "tenants": tenants,
+    }))
+    env = {"PATH": "/usr/bin:/bin", "KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef"}
+    result = run("serve", "--config", str(path), "--port", str(free_port()), env=env)
+    assert result.returncode == 2, result.stderr
+    assert f"{field}: " in result.stderr and why in result.stderr
+    assert "Traceback" not in result.stderr and "listening" not in result.stderr
+    assert run("config", "check", str(path), env=env).returncode == 2
+
+
+def test_a_replica_in_two_pools_is_refused(tmp_path: Path, sim_factory: SimFactory) -> None:
+    # replicas are keyed by host:port: one listed in two pools was scraped for one of them
+    # only, and the other pool routed on its stale (ignored) load without a word
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    pools = {"a": {"served_model": "m", "replicas": [sim]},
+             "b": {"served_model": "m", "replicas": [f"{sim}/"]}}
+    path = tmp_path / "two.yaml"
+    path.write_text(yaml.safe_dump({"pools": pools}))
+    result = run("config", "check", str(path))
+    assert result.returncode == 2, result.stderr
+    assert "pools.b.replicas: " in result.stderr and "also a replica of pool 'a'" in result.stderr
+    assert "Traceback" not in result.stderr
+    token = "two-pools-admin-token-0123456789"
+    env = {"KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef", "KVGATE_ADMIN_TOKEN": token}
+    gw, base = gateway_proc(config={"pools": {"a": pools["a"]}}, env=env, auth=True)
+    with gw:
+        headers = {"Authorization": f"Bearer {token}"}
+        doc = httpx.get(f"{base}/admin/policy", headers=headers, timeout=10).json()
+        doc["pools"]["b"] = pools["b"]
+        put = httpx.put(f"{base}/admin/policy", headers=headers, json=doc, timeout=10)
+        assert put.status_code == 400, put.text
+        assert "pools.b.replicas" in put.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("url", ["redis://127.0.0.1:notaport/0", "redis://:pa/ss@h:6379/0",
+                                 "redis://127.0.0.1:6379/0?socket_timeout=abc"])
+def test_a_malformed_redis_url_is_refused_at_load_naming_the_variable(
+    tmp_path: Path, url: str
+) -> None:
+    # it used to pass the config check, print "listening on", then fail in the lifespan with
+    # redis-py's "Port could not be cast to integer value as 'pa'" (a piece of the password)
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    env = {"PATH": "/usr/bin:/bin", "KVGATE_SALT_SECRET": "e2e-salt-secret-0123456789abcdef",
+           "KVGATE_REDIS_URL": url}
+    serve = ["serve", "--port", str(free_port()), "--config", str(path)]
+    for args in (serve, ["config", "check", str(path)]):
+        result = run(*args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert "KVGATE_REDIS_URL is not a valid Redis URL" in result.stderr
+        assert "Traceback" not in result.stderr and "listening" not in result.stderr
+        assert "pa/ss" not in result.stderr and "'pa'" not in result.stderr

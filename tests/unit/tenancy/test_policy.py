@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.policy_doc import Limits, PolicyValidationError, parse_policy
+from gateway.policy_doc import Limits, PolicyDoc, PolicyValidationError, parse_policy
 
 BASE: dict[str, Any] = {
     "pools": {
@@ -76,3 +76,12 @@ def test_limits_overlay_keeps_tier_defaults_for_unset_fields() -> None:
     tier = Limits(rpm=60, tpm=1000, max_concurrency=4)
     assert tier.overlay(Limits(rpm=5)) == Limits(rpm=5, tpm=1000, max_concurrency=4)
     assert tier.overlay(Limits()) == tier
+
+
+def test_a_replica_in_two_pools_is_refused_on_input_but_a_stored_one_still_loads() -> None:
+    doc = _with("pools.awq.replicas", ["http://127.0.0.1:9001/"])  # fp8's replica
+    with pytest.raises(PolicyValidationError) as exc:
+        parse_policy(doc)
+    assert exc.value.field == "pools.awq.replicas"
+    # a store written before the rule: gateways must still start on it
+    assert PolicyDoc.model_validate(doc).pools["awq"].replicas == ["http://127.0.0.1:9001/"]

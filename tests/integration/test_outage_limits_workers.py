@@ -1,0 +1,60 @@
+"""While Redis is down, a gateway of `server.workers` processes keeps its tenants' limits as one
+gateway: each worker enforces limit / (gateway_replicas x workers), not limit / gateway_replicas
+(which let a 2-worker gateway admit twice the budget)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import httpx
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values
+from tests.support.procs import Proc, redis_proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+ADMIN = "workers-outage-admin-token-0123"
+RPM = 4
+
+
+def _per_worker(base: str) -> dict[str, float]:
+    """Requests each worker answered (kvgate_requests_total summed per `worker` label)."""
+    out: dict[str, float] = {}
+    for labels, value in metric_values(base, "kvgate_requests_total").items():
+        worker = re.search(r'worker="([^"]*)"', labels)
+        if worker:
+            out[worker.group(1)] = out.get(worker.group(1), 0) + value
+    return out
+
+
+def test_two_workers_share_the_rpm_budget_while_redis_is_down(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"rpm": RPM}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
+    with redis, gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        redis.stop()
+        body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 2}
+        statuses = []
+        for _ in range(40):
+            # a connection per request, so the kernel hands them to both workers
+            with httpx.Client(timeout=10) as c:
+                r = c.post(f"{base}/v1/chat/completions", json=body,
+                           headers={"Authorization": f"Bearer {key}"})
+            statuses.append(r.status_code)
+            if len(_per_worker(base)) == 2 and min(_per_worker(base).values()) >= RPM:
+                break  # each worker has been asked more than a whole budget
+        workers = _per_worker(base)
+        assert len(workers) == 2 and min(workers.values()) >= RPM, workers  # test premise
+        assert set(statuses) <= {200, 429}, statuses
+        assert statuses.count(200) <= RPM, statuses
