@@ -141,12 +141,19 @@ class GatewayApp:
         return 200, JSON, b'{"status":"ok"}'
 
     def _readyz(self) -> Page:
-        """Ready: every pool has a usable replica and tenancy state is loaded and fresh
-        enough. A Redis outage alone keeps the gateway ready (it serves its last known
-        state) but says so: ``"degraded": true``."""
+        """Ready: some pool can serve (a usable replica, its model known) and tenancy state
+        is loaded and fresh enough. A pool without a usable replica keeps the gateway ready
+        when another can serve, and says so (``"degraded": true``, ``"not_ready"``): every
+        gateway pod sees the same replicas, so failing readiness for one pool would take
+        all of them out of the Service and the other pools' traffic with it (its clients
+        get a clear 503 instead). A Redis outage alone keeps the gateway ready too (it
+        serves its last known state), also degraded."""
         rt = self.rt
-        pools_ok = rt is not None and rt.pools.ready(self.clock())
+        not_ready = rt.pools.not_ready(self.clock()) if rt is not None else {}
+        pools_ok = rt is not None and len(not_ready) < len(rt.pools.by_name)
         info: dict[str, Any] = {"pools": "ready" if pools_ok else "not ready"}
+        if not_ready:
+            info["not_ready"] = not_ready
         ok = pools_ok
         if rt is not None:
             tenancy = rt.tenancy
@@ -162,7 +169,7 @@ class GatewayApp:
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
                 "store_resets": h.store_resets,
             }
-        degraded = bool(info.get("tenancy", {}).get("degraded"))
+        degraded = bool(info.get("tenancy", {}).get("degraded")) or bool(not_ready)
         if rt is not None and rt.sync is not None:
             info["sync"] = {"degraded": rt.sync.degraded, "member": rt.sync.member,
                             "peers": self.router.peers.members(self.clock())
@@ -179,13 +186,8 @@ class GatewayApp:
         names = pools.model_names() if pools is not None else []
         data = [_model_object(n) for n in names]
         doc: dict[str, Any] = {"object": "list", "data": data}
-        now = self.clock()
-        not_ready = [
-            {"pool": p.name, "reason": "no healthy replica" if p.served_model
-             else "served model not known yet (no replica answered)"}
-            for p in (pools.by_name.values() if pools is not None else ())
-            if not (p.served_model and any(r.available(now) for r in p.replicas))
-        ]
+        not_ready = [{"pool": name, "reason": why} for name, why in
+                     (pools.not_ready(self.clock()) if pools is not None else {}).items()]
         if not_ready:  # kvgate's addition; OpenAI clients ignore unknown fields
             doc["not_ready"] = not_ready
         return 200, JSON, orjson.dumps(doc)

@@ -175,12 +175,15 @@ class Pools:
         yield from self.replicas()
         yield from self.draining
 
-    def ready(self, now: float) -> bool:
-        """Every pool knows its served model and has at least one usable replica."""
-        return all(
-            p.served_model and any(r.available(now) for r in p.replicas)
+    def not_ready(self, now: float) -> dict[str, str]:
+        """The pools that cannot serve now, and why: no replica answered yet (its served
+        model is not known) or none is usable."""
+        return {
+            p.name: "no healthy replica" if p.served_model
+            else "served model not known yet (no replica answered)"
             for p in self.by_name.values()
-        )
+            if not (p.served_model and any(r.available(now) for r in p.replicas))
+        }
 
     async def close(self) -> None:
         for pool in [*self.by_name.values(), *self.retired]:

@@ -5,7 +5,7 @@ standard gRPC health service, on the event loop of a started gateway.
 shared routing state, the admin API and /metrics on the HTTP port) with the gRPC server
 started after it and stopped before it. One ext_proc stream is one request (`Exchange`).
 Health answers ``liveness`` (the process answers), ``readiness`` and
-``envoy.service.ext_proc.v3.ExternalProcessor`` (both: what ``/readyz`` says -- every pool
+``envoy.service.ext_proc.v3.ExternalProcessor`` (both: what ``/readyz`` says -- some pool
 has a usable replica and tenancy state is loaded); the empty service name is liveness.
 """
 

@@ -287,3 +287,26 @@ def test_config_errors_name_the_file(tmp_path: Path) -> None:
             assert result.returncode == 2, result.stderr
             assert str(path) in result.stderr and what in result.stderr, result.stderr
             assert "Traceback" not in result.stderr
+
+
+def test_one_dead_pool_keeps_the_gateway_ready_and_says_which(sim_factory: SimFactory) -> None:
+    """Two pools, one with no replica up: every gateway pod sees the same, so a 503 from
+    /readyz took every pod out of the Service and the live pool's traffic with it."""
+    _, sim = sim_factory("--time-scale", "50")
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = {"pools": {"live": {"replicas": [sim]}, "gone": {"replicas": [dead]}}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        ready = httpx.get(f"{base}/readyz")
+        assert ready.status_code == 200, ready.text
+        doc = ready.json()
+        assert doc["status"] == "ready" and doc["degraded"] is True
+        assert list(doc["not_ready"]) == ["gone"]
+        models = httpx.get(f"{base}/v1/models").json()
+        assert [p["pool"] for p in models["not_ready"]] == ["gone"]
+    # no pool can serve: not ready
+    gw, base = gateway_proc(config={"pools": {"gone": {"replicas": [dead]}}}, ready=False)
+    with gw:
+        doc = httpx.get(f"{base}/readyz")
+        assert doc.status_code == 503 and doc.json()["not_ready"] == {
+            "gone": "served model not known yet (no replica answered)"}

@@ -39,7 +39,7 @@ def test_start_then_stop_leaves_nothing_running(sim_factory: SimFactory) -> None
     async def run() -> None:
         app = GatewayApp(_config(sim))
         await app.startup()
-        assert app.rt is not None and app.rt.pools.ready(app.clock())
+        assert app.rt is not None and app.rt.pools.not_ready(app.clock()) == {}
         assert _others(), "the runtime runs background tasks"
         assert app._readyz()[0] == 200
         await app.shutdown()
