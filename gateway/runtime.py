@@ -50,6 +50,7 @@ from gateway.responses import SharedHomes
 from gateway.scrape import Sample, Scraper
 from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
+from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, default_transport
 from routing.peers import ReplicaLoad
@@ -89,6 +90,10 @@ async def start_runtime(
     by_id = {r.id: r for r in pools.replicas()}  # replica id -> replica; scrapes land here
     scraper = _scraper(cfg, by_id, router, clock, stack)
     sync = _route_sync(cfg, router, pools, by_id, clock)
+    if sync is not None and isinstance(tenancy.limiter, FallbackRateLimiter):
+        peers = router.peers
+        if peers is not None:  # a Redis outage divides limits by the fleet it last saw
+            tenancy.limiter.processes = lambda: 1 + peers.members(clock())
     members = Membership(pools, by_id, router, scraper, sync)
     stack.push_async_callback(members.stop)
     # subscribed before the next await, so no policy version can slip in between

@@ -1,7 +1,10 @@
 """Admission that survives a Redis outage: per-process limits while the shared ones are gone.
 
 While the primary (Redis) limiter is unreachable, each gateway enforces its tenants' limits
-divided by the number of gateway replicas, so the fleet as a whole stays near the budget. The
+divided by the number of gateway processes, so the fleet as a whole stays near the budget: the
+configured count (`gateway_replicas` x `server.workers`) or, with shared routing state on, the
+most processes it heard from in the last minute before the outage (`processes`), whichever is
+larger (an autoscaler changes the count; a fixed setting cannot follow it). The
 primary is retried at most every `recheck_s`, and used again as soon as it answers. `degraded`
 says what the next admission would use: once `recheck_s` has passed it goes to the primary
 again, so an idle gateway does not report a recovered Redis as down (the tenancy store's own
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from gateway.errors import BackendUnavailable, StoreUnreachable
@@ -22,6 +26,8 @@ from gateway.tenancy.reachability import Reachability
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 
 log = logging.getLogger(__name__)
+
+FLEET_MEMORY_S = 60  # samples (one a second) of the fleet's size kept for an outage
 
 
 def scale_limits(limits: Limits, replicas: int) -> Limits:
@@ -48,6 +54,11 @@ class FallbackRateLimiter(RateLimiter):
         self._primary = primary
         self._local = MemoryRateLimiter(clock=clock)
         self._replicas = max(1, replicas)
+        # the gateway processes sharing these limits (this one included), as the shared
+        # routing state sees them; sampled once a second while Redis answers
+        self.processes: Callable[[], int] | None = None
+        self._seen: deque[int] = deque(maxlen=FLEET_MEMORY_S)
+        self._sampled_at = float("-inf")
         self._recheck_s = recheck_s
         self._clock = clock
         self._down_until: float | None = None
@@ -83,13 +94,27 @@ class FallbackRateLimiter(RateLimiter):
             else:
                 self.reach.answered()
                 self._down_until = None
+                self._sample()
                 return admission
-        scaled = scale_limits(limits, self._replicas)
+        scaled = scale_limits(limits, self.divisor)
         local = self._local
         admission = await (local.peek(tenant_id, scaled) if peek else
                            local.admit(tenant_id, scaled, tokens=tokens))
         admission.degraded = True
         return admission
+
+    @property
+    def divisor(self) -> int:
+        """How many processes share a limit while Redis is down."""
+        return max(self._replicas, max(self._seen, default=1))
+
+    def _sample(self) -> None:
+        if self.processes is None:
+            return
+        now = self._clock()
+        if now - self._sampled_at >= 1.0:
+            self._sampled_at = now
+            self._seen.append(self.processes())
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         try:

@@ -233,3 +233,28 @@ async def test_lease_renewal_failures_are_named_once_and_their_end_once(
     finally:
         await limiter.close()
         proc.stop()
+
+
+async def test_an_outage_divides_limits_by_the_fleet_last_seen() -> None:
+    """`gateway_replicas` says 1, but the shared routing state heard from 3 other processes
+    before Redis stopped (an autoscaler added them): each then keeps a quarter of the budget,
+    not all of it (4x the budget over the fleet)."""
+    proc, url = redis_proc()
+    proc.start()
+    tenancy = build_tenancy(TenancySettings(poll_interval_s=0.1), SECRET, url)
+    limiter = tenancy.limiter
+    fleet = [4]
+    limiter.processes = lambda: fleet[0]  # type: ignore[attr-defined]
+    limits = Limits(rpm=8)
+    try:
+        await tenancy.start(tenants=[Tenant(id="acme", tier="premium")], policy=POLICY)
+        first = await limiter.admit("acme", limits, tokens=1)  # Redis answers: sampled
+        assert first.allowed and not first.degraded
+        fleet[0] = 1  # the peers age out once Redis is gone: the last minute counts
+        proc.stop()
+        answers = [await limiter.admit("acme", limits, tokens=1) for _ in range(6)]
+        assert all(a.degraded for a in answers)
+        assert sum(a.allowed for a in answers) == 2  # 8 // 4
+    finally:
+        await tenancy.close()
+        proc.stop()
