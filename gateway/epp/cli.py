@@ -64,6 +64,8 @@ def load(args: argparse.Namespace) -> KvgateConfig:
     if args.http_port is not None:
         extra["server"]["admin_port"] = args.http_port
     args.port = None  # `kvgate serve`'s HTTP API port: the picker has none
+    # the picker is one process whatever `server.workers` says (its limits, its doctor)
+    extra["server"]["workers"] = 1
     cfg = config_from_args(args, extra)
     if cfg.server.admin_port is None:
         extra["server"]["admin_port"] = DEFAULT_HTTP_PORT

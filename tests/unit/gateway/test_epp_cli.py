@@ -21,6 +21,16 @@ def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.epp.port, cfg.epp.fallbacks, cfg.server.admin_port) == (7002, 2, 7090)
 
 
+def test_the_picker_is_one_process_whatever_server_workers_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """It runs one process: a config's workers 2 halved its share of a tier's limits in a
+    Redis outage and told its doctor of workers that do not exist."""
+    monkeypatch.setenv("KVGATE_CONFIG", "")
+    monkeypatch.setenv("KVGATE_SERVER__WORKERS", "2")
+    assert _cfg("--upstream", "http://10.0.0.1:8000").server.workers == 1
+
+
 @pytest.mark.parametrize(("urls", "named"), [
     (["http://10.0.0.1:8000", "http://[fd00::1]:8000"], None),
     (["http://vllm-0.llm:8000", "http://10.0.0.2:8000"], "vllm-0.llm"),
