@@ -51,6 +51,16 @@ class RouterConfig:
     # TTFT estimate); the extra is the fleet's price of recomputing and duplicating a prefix
     miss_weight: float = 2.0
     pending_ttl_s: float = 120.0
+    # cache_aware: a request opening a new context (its longest match ends on no earlier
+    # request's prompt) on a replica carrying more live contexts (back twice in a row, each
+    # within session_window_s, the latest within it) than the pool mean is charged up to
+    # session_ramp_tokens of prefill, rising from the mean to session_ramp_factor x mean +
+    # session_ramp_slack; only while the mean is at least session_ramp_min_mean (0 = off)
+    session_ramp_tokens: float = 8_192.0
+    session_window_s: float = 8.0
+    session_ramp_factor: float = 2.0
+    session_ramp_slack: float = 4.0
+    session_ramp_min_mean: float = 0.5
     # consistent_hash
     virtual_nodes: int = 64
 
@@ -84,6 +94,13 @@ class RouterConfig:
             raise ValueError("routing.outlier_factor must be > 1")
         if self.miss_weight < 1.0:
             raise ValueError("routing.miss_weight must be >= 1")
+        if self.session_ramp_tokens < 0 or self.session_window_s <= 0:
+            raise ValueError(
+                "routing: need session_ramp_tokens >= 0 and session_window_s > 0")
+        if (self.session_ramp_factor < 1.0 or self.session_ramp_slack <= 0
+                or self.session_ramp_min_mean < 0):
+            raise ValueError("routing: need session_ramp_factor >= 1, session_ramp_slack > 0 "
+                             "and session_ramp_min_mean >= 0")
         if self.virtual_nodes <= 0:
             raise ValueError("routing.virtual_nodes must be positive")
 

@@ -26,6 +26,15 @@ there (two costs 1 % apart across a step's edge do not tie); ties go to a stable
 views arrive in. Several gateways blind to each other's latest picks take turns among the
 candidates about as cheap as the cheapest that hold the longest prefix of them
 (`PickContext.turn`).
+
+A request opening a new context (an agent session, a conversation: its longest match ends on
+no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
+its replica, which the load bound sees only as they arrive. On a replica carrying more live
+contexts (ones calling back every few seconds) than the pool mean it is charged up to
+``session_ramp_tokens`` of prefill at r's rate, rising from the mean to ``session_ramp_factor``
+x mean + ``session_ramp_slack``, while the mean is at least ``session_ramp_min_mean``: new
+sessions spread before their holder reaches the bound, which would refuse the sessions' next
+calls (each recomputing its whole context elsewhere). Continued contexts are never charged.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from operator import itemgetter
 from routing.learning import TtftFit
 from routing.load import bound_limit
 from routing.policies.base import PickContext, RouterState, decide
+from routing.policies.sessions import Sessions
 from routing.types import Candidate, Decision, ReplicaView
 
 __all__ = ["CacheAware"]
@@ -58,6 +68,7 @@ class CacheAware:
 
     def __init__(self, state: RouterState) -> None:
         self._state = state
+        self._sessions = Sessions(state.config.session_window_s)
 
     def _rows(self, ctx: PickContext) -> list[_Row]:
         # One tight loop run for every candidate of every request (the decision budget is
@@ -137,6 +148,10 @@ class CacheAware:
     def choose(self, ctx: PickContext) -> Decision:
         cfg = self._state.config
         rows = self._rows(ctx)
+        hashes = ctx.features.block_hashes
+        previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
+        if previous is None and cfg.session_ramp_tokens > 0.0:
+            rows = self._ramp(ctx, rows)
         rows.sort(key=_rank)
         limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
                             cfg.load_slack) + 1e-9
@@ -154,7 +169,36 @@ class CacheAware:
         else:
             reason = "least-cost"
         ranked = self._explain(ordered, limit) if ctx.explain else ()
+        if not ctx.explain:
+            self._sessions.record(hashes, chosen[3].id, ctx.now, previous)
         return decide([r[3].id for r in ordered], reason, ranked)
+
+    def _ramp(self, ctx: PickContext, rows: list[_Row]) -> list[_Row]:
+        """A new context commits the calls that will follow it to its replica: on a replica
+        carrying more live contexts than the pool mean, charge it up to
+        ``session_ramp_tokens`` of prefill, in full at ``session_ramp_factor`` x mean +
+        ``session_ramp_slack``, so that new sessions spread before their holder reaches the
+        load bound (which would then refuse the sessions' next calls, each recomputing its
+        whole context elsewhere)."""
+        cfg = self._state.config
+        live = self._sessions.live(ctx.now)
+        if not live:
+            return rows
+        mean = sum(live.values()) / len(rows)
+        if mean < cfg.session_ramp_min_mean:
+            return rows
+        span = (cfg.session_ramp_factor - 1.0) * mean + cfg.session_ramp_slack
+        quantum, per_step = cfg.tie_quantum_s, _log1p(cfg.tie_relative)
+        out = []
+        for row in rows:
+            over = live.get(row[3].id, 0) - mean
+            if over > 0.0:
+                cost = row[2] + cfg.session_ramp_tokens * min(1.0, over / span) * (
+                    row[8].s_per_token)
+                step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
+                row = (step, row[1], cost, *row[3:])
+            out.append(row)
+        return out
 
     def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
         """Several gateways: among the admitted candidates about as cheap as the cheapest and

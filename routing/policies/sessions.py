@@ -1,0 +1,91 @@
+"""Which requests continue a context, and how many live contexts each replica carries.
+
+A context (an agent session, a conversation) comes back as a request whose prompt extends the
+previous request's whole prompt, so its chain of block hashes passes through that request's
+last hash (its tail). A request whose longest match anywhere ends on no earlier tail shares
+only a prefix with earlier requests (a tool or system prompt, a document): it opens a new
+context. A context that came back within ``window_s`` is live on the replica its last request
+went to; a live context will send more requests there (an agent's next call follows in
+seconds), which the load bound sees only when they arrive.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+
+__all__ = ["Sessions"]
+
+# quick returns in a row that make a context live: one can be chance (the same conversation
+# drawn twice in a burst), two in a row is an agent's loop
+_STREAK = 2
+
+
+class Sessions:
+    """Tails of recent requests (at most ``capacity``, oldest forgotten first) and the live
+    contexts per replica. Not thread-safe; owned by one policy instance, like the index."""
+
+    def __init__(self, window_s: float, capacity: int = 65_536) -> None:
+        if window_s <= 0 or capacity <= 0:
+            raise ValueError("Sessions: window_s and capacity must be positive")
+        self._window = window_s
+        self._capacity = capacity
+        # tail -> (time of its request, quick returns in a row of its context up to it)
+        self._tails: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        # a live context's latest tail -> (time of its last request, replica); oldest first
+        self._live: OrderedDict[int, tuple[float, str]] = OrderedDict()
+        self._count: dict[str, int] = {}
+
+    def continued(self, hashes: Sequence[int], matched_blocks: int) -> int | None:
+        """The tail this request continues (its chain's block ``matched_blocks - 1``, the end of
+        its longest match, when an earlier request ended there), else None: a new context."""
+        if 0 < matched_blocks <= len(hashes):
+            tail = hashes[matched_blocks - 1]
+            if tail in self._tails:
+                return tail
+        return None
+
+    def live(self, now: float) -> Mapping[str, int]:
+        """Live contexts per replica (replicas with none are absent)."""
+        horizon = now - self._window
+        live, count = self._live, self._count
+        while live:
+            tail, (t, replica) = next(iter(live.items()))
+            if t >= horizon:
+                break
+            del live[tail]
+            self._drop(replica)
+        return count
+
+    def record(self, hashes: Sequence[int], replica: str, now: float, previous: int | None) -> None:
+        """The request with this chain went to ``replica``; ``previous``: the tail it continued."""
+        if not hashes:
+            return
+        tail = hashes[-1]
+        tails = self._tails
+        before, streak = tails.get(previous, (now, 0)) if previous is not None else (now, 0)
+        quick = previous is not None and now - before <= self._window
+        streak = streak + 1 if quick else 0
+        tails[tail] = (now, streak)
+        tails.move_to_end(tail)
+        if len(tails) > self._capacity:
+            tails.popitem(last=False)
+        if previous is None:
+            return
+        old = self._live.pop(previous, None)
+        if old is not None:
+            self._drop(old[1])
+        if streak < _STREAK:  # came back slowly or once: no stream of calls (yet)
+            return
+        again = self._live.pop(tail, None)  # the same prompt once more
+        if again is not None:
+            self._drop(again[1])
+        self._live[tail] = (now, replica)
+        self._count[replica] = self._count.get(replica, 0) + 1
+
+    def _drop(self, replica: str) -> None:
+        n = self._count[replica] - 1
+        if n:
+            self._count[replica] = n
+        else:
+            del self._count[replica]

@@ -1,0 +1,141 @@
+"""Live contexts (`routing.policies.sessions`) and cache_aware's ramp for new contexts."""
+
+from __future__ import annotations
+
+import pytest
+
+from routing.config import RouterConfig
+from routing.policies.sessions import Sessions
+from routing.router import Router
+from routing.types import ReplicaView
+
+from .helpers import feats, views
+
+TOOLS = "tool schema and instructions. " * 120  # the agents' shared prompt, ~14 blocks
+
+
+def _call(s: Sessions, chain: list[int], replica: str, now: float) -> int | None:
+    previous = s.continued(chain, len(chain) - 1)  # the chain's new block is never held
+    s.record(chain, replica, now, previous)
+    return previous
+
+
+def test_a_request_ending_its_match_on_an_earlier_tail_continues_it() -> None:
+    s = Sessions(window_s=8.0)
+    assert _call(s, [1, 2, 3], "r0", 0.0) is None  # matched [1, 2]: no request ended there
+    assert _call(s, [1, 2, 3, 4], "r0", 1.0) == 3
+    assert s.continued([1, 2, 9], 2) is None  # branches off a shared prefix: a new context
+    assert s.continued([], 0) is None
+    assert s.continued([1, 2, 3], 7) is None  # a match longer than the chain: no tail named
+
+
+def test_a_context_is_live_after_two_quick_returns_and_until_the_window_passes() -> None:
+    s = Sessions(window_s=8.0)
+    chain = [1, 2]
+    for t, live in [(0.0, {}), (2.0, {}), (4.0, {"r1": 1}), (7.0, {"r1": 1})]:
+        _call(s, chain, "r1", t)
+        assert dict(s.live(t)) == live
+        chain = [*chain, len(chain) + 1]
+    assert dict(s.live(15.0)) == {"r1": 1}
+    assert dict(s.live(15.1)) == {}
+
+
+def test_a_context_moves_with_its_last_request_and_counts_once() -> None:
+    s = Sessions(window_s=8.0)
+    chain = [1, 2]
+    for t, replica in enumerate(["r0", "r0", "r0", "r2", "r2"]):
+        _call(s, chain, replica, float(t))
+        chain = [*chain, 10 + t]
+    assert dict(s.live(5.0)) == {"r2": 1}
+    _call(s, chain[:-1], "r1", 5.0)  # the same prompt once more
+    assert dict(s.live(5.0)) == {"r1": 1}
+
+
+def test_slow_returns_never_make_a_context_live() -> None:
+    s = Sessions(window_s=8.0)
+    chain = [1, 2]
+    for k in range(6):
+        _call(s, chain, "r0", 10.0 * k)  # a conversation's turns minutes apart
+        chain = [*chain, 10 + k]
+        assert dict(s.live(10.0 * k)) == {}
+
+
+def test_tails_are_bounded_oldest_forgotten_first() -> None:
+    s = Sessions(window_s=8.0, capacity=2)
+    for tail in (1, 2, 3):
+        s.record([tail], "r0", 0.0, None)
+    assert s.continued([1, 9], 1) is None
+    assert s.continued([3, 9], 1) == 3
+
+
+@pytest.mark.parametrize(("window", "capacity"), [(0.0, 10), (-1.0, 10), (8.0, 0)])
+def test_bad_sessions_arguments_are_refused(window: float, capacity: int) -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Sessions(window, capacity)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"session_ramp_tokens": -1.0},
+        {"session_window_s": 0.0},
+        {"session_ramp_factor": 0.5},
+        {"session_ramp_slack": 0.0},
+        {"session_ramp_min_mean": -1.0},
+    ],
+)
+def test_bad_ramp_config_is_refused(kw: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="session"):
+        RouterConfig(**kw)  # type: ignore[arg-type]
+
+
+def _agents(ramp: float) -> tuple[Router, list[ReplicaView]]:
+    """Four replicas all holding the tool prompt; r0 carries six agent sessions in a loop
+    (live), the others none; every replica equally idle otherwise."""
+    router = Router(RouterConfig(session_ramp_tokens=ramp))
+    vs = views(4)
+    for r in ("r0", "r1", "r2", "r3"):
+        router.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+    for a in range(6):
+        prompt = TOOLS + f"task of agent {a} " * 40
+        for call in range(3):  # the next calls follow the context to r0
+            f = feats(prompt)
+            d = router.pick(f, vs, float(call))
+            assert d.replica == "r0" or call == 0
+            router.record_route("r0", f, float(call))
+            prompt += f" result {call} of agent {a} " * 20
+    return router, vs
+
+
+def test_new_sessions_leave_a_replica_carrying_more_live_contexts_than_the_mean() -> None:
+    router, vs = _agents(8_192.0)
+    picks = [router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica
+             for k in range(40)]
+    assert "r0" not in picks
+    ranked = router.pick(feats(TOOLS + "new task x " * 40), vs, 3.0, explain=True).ranked
+    assert ranked[-1].replica == "r0"  # dearest: the ramp, nothing else tells it apart
+
+
+def test_without_the_ramp_new_sessions_still_tie_over_all_holders() -> None:
+    router, vs = _agents(0.0)
+    picks = {router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica
+             for k in range(40)}
+    assert "r0" in picks
+
+
+def test_a_continued_session_stays_on_its_busy_holder() -> None:
+    router, vs = _agents(8_192.0)
+    prompt = TOOLS + "task of agent 0 " * 40
+    for call in range(3):
+        prompt += f" result {call} of agent 0 " * 20
+    d = router.pick(feats(prompt), vs, 3.0)
+    assert d.replica == "r0"
+    assert d.reason == "prefix-hit"
+
+
+def test_no_ramp_while_the_pool_has_too_few_live_contexts() -> None:
+    router, vs = _agents(8_192.0)
+    # long after the window: every context has gone quiet, r0 no dearer than the rest
+    picks = {router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 30.0).replica
+             for k in range(40)}
+    assert "r0" in picks
