@@ -505,17 +505,22 @@ def load_config(
 
 
 def salt_secret(cfg: KvgateConfig) -> str | None:
-    """The server secret for cache salts: ``KVGATE_SALT_SECRET`` or `tenancy.salt_secret_file`."""
-    if cfg.salt_secret is not None:
-        return cfg.salt_secret.get_secret_value()
+    """The server secret for cache salts: ``KVGATE_SALT_SECRET`` or `tenancy.salt_secret_file`.
+    Both set must agree: the variable won silently, so a rotated (or unreadable) file was
+    ignored while the old secret stayed in use."""
+    env = cfg.salt_secret.get_secret_value() if cfg.salt_secret is not None else None
     path = cfg.tenancy.salt_secret_file
     if not path:
-        return None
+        return env
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise ConfigError(f"tenancy.salt_secret_file: cannot read it ({exc.strerror})") from None
-    return lines[0].strip() if lines and lines[0].strip() else None
+    secret = lines[0].strip() if lines and lines[0].strip() else None
+    if env is not None and secret != env:
+        raise ConfigError("tenancy.salt_secret_file: KVGATE_SALT_SECRET is set too and differs "
+                          "from the file's first line: keep one of the two")
+    return secret if env is None else env
 
 
 def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:

@@ -247,3 +247,24 @@ def test_no_admin_token_warns_even_with_config_tenants() -> None:
     cfg = load_config(None, overrides={**POOLS, "tenants": [{"id": "acme"}]}, environ=env)
     assert NO_ADMIN_WARNING in start_warnings(cfg)
     assert "add tenants to the config" not in NO_ADMIN_WARNING
+
+
+def test_salt_secret_from_the_file_or_the_variable_never_two_that_differ(tmp_path: Path) -> None:
+    """KVGATE_SALT_SECRET won silently over tenancy.salt_secret_file: a rotated file, or one
+    that could not be read, was ignored while the old secret stayed in use."""
+    from gateway.config import salt_secret
+
+    secret = "s" * 40
+    path = tmp_path / "salt"
+    path.write_text(secret + "\n")
+    with_file = {**POOLS, "tenancy": {"salt_secret_file": str(path)}}
+    assert salt_secret(load_config(None, overrides=with_file, environ={})) == secret
+    same = {"KVGATE_SALT_SECRET": secret}
+    assert salt_secret(load_config(None, overrides=with_file, environ=same)) == secret
+    other = load_config(None, overrides=with_file, environ={"KVGATE_SALT_SECRET": "t" * 40})
+    with pytest.raises(ConfigError, match="differs from the file's first line") as err:
+        salt_secret(other)
+    assert "t" * 40 not in str(err.value) and secret not in str(err.value)
+    path.unlink()
+    with pytest.raises(ConfigError, match="cannot read it"):
+        salt_secret(load_config(None, overrides=with_file, environ=same))
