@@ -94,7 +94,9 @@ class AffinityIndex:
         chain was routed by another gateway."""
         if not hashes:
             return
-        lru = self._lru(replica)
+        lru = self._replicas.get(replica)
+        if lru is None:  # a new replica (a call less per insert: every chain of the fleet)
+            lru = self._lru(replica)
         bit = 1 << lru.slot
         flag = 1 if peer else 0
         blocks, owners = lru.blocks, self._owners

@@ -259,7 +259,10 @@ class Router:
                 # built in C: a named tuple's own __new__ is Python code, and this runs per request
                 self.outbox.append(tuple.__new__(RouteRecord, (replica, hashes, tail)))
         if self._window > 0:
-            self._recent_picks(now).append((now, replica))
+            recent = self._recent
+            if recent and recent[0][0] <= now - self._window:  # (`pick` pruned it already)
+                self._recent_picks(now)
+            recent.append((now, replica))
             self._recent_counts[replica] = self._recent_counts.get(replica, 0) + 1
 
     def record_first_token(

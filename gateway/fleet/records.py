@@ -26,6 +26,7 @@ import sys
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from operator import attrgetter
 
 import orjson
@@ -70,6 +71,15 @@ def _pack(hashes: Sequence[int]) -> bytes:
     return a.tobytes()
 
 
+def _packed(routes: Sequence[RouteRecord]) -> bytes:
+    """The routes' hashes, concatenated; on a little-endian machine each route's array goes
+    straight to the join (its buffer), with no Python frame per route."""
+    chains = map(_HASHES, routes)
+    if _SWAP:
+        return b"".join(map(_pack, chains))
+    return b"".join(map(partial(array, _U64), chains))
+
+
 def encode(
     member: str, sent_at: float, routes: Sequence[RouteRecord],
     loads: Mapping[str, ReplicaLoad], bye: bool = False,
@@ -78,7 +88,7 @@ def encode(
     fields = {b"v": VERSION, b"m": member.encode(), b"t": repr(sent_at).encode()}
     if routes:
         fields[b"r"] = orjson.dumps([[r.replica, r.tail_blocks, len(r.hashes)] for r in routes])
-        fields[b"h"] = b"".join(map(_pack, map(_HASHES, routes)))
+        fields[b"h"] = _packed(routes)
     if loads:
         fields[b"l"] = orjson.dumps({
             k: [x.inflight, x.prefill, x.prefill_tokens, round(x.pending_work, 1)]
