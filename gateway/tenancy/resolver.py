@@ -38,6 +38,8 @@ from gateway.tenancy.store import TenantStore
 __all__ = ["Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
 
 log = logging.getLogger(__name__)
+
+WIPE_NOTICE_S = 600.0  # how long health() reports a wiped store as degraded
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -99,6 +101,7 @@ class TenantResolver:
         self._store = store
         self._reseed = reseed
         self._resets = 0
+        self._wiped_at = float("-inf")  # when a wipe was last noticed (this clock)
         self._mark: str | None = None  # the store's bootstrap marker our state was read under
         self._wipe_seen: str | None = None  # the marker of the last wipe reported
         self._salts = salts
@@ -210,6 +213,7 @@ class TenantResolver:
 
     def _wiped(self) -> None:
         self._resets += 1
+        self._wiped_at = self._clock()
         log.error(
             "tenancy store was wiped (its bootstrap marker changed): policy and configured "
             "tenants re-seeded from configuration; API keys, tenants made through the admin "
@@ -285,11 +289,19 @@ class TenantResolver:
         return lambda: self._policy_callbacks.remove(callback)
 
     def health(self) -> TenancyHealth:
+        """`degraded` also for `WIPE_NOTICE_S` after a wipe: the store answers again, but
+        every key made through the admin API is gone and their clients get 401s -- /readyz
+        (and the doctor) must say so, not only a log line and a counter."""
         state = self._state
+        reason = self._degraded_reason
+        since = self._clock() - self._wiped_at
+        if reason is None and since < WIPE_NOTICE_S:
+            reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
+                      "through the admin API are gone (re-issue them)")
         return TenancyHealth(
             loaded=self._loaded,
-            degraded=self._degraded_reason is not None,
-            reason=self._degraded_reason,
+            degraded=reason is not None,
+            reason=reason,
             generation=state.generation,
             policy_version=state.policy.version if state.policy else 0,
             staleness_s=max(0.0, self._clock() - self._fresh_at),

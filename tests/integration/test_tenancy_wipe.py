@@ -63,6 +63,10 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
 
         ready = httpx.get(f"{base}/readyz")
         assert ready.status_code == 200 and ready.json()["tenancy"]["store_resets"] == 1
+        # serving, but its clients' keys are gone: said where operators look, not only logged
+        tenancy = ready.json()["tenancy"]
+        assert ready.json()["degraded"] and tenancy["degraded"]
+        assert "wiped" in tenancy["reason"] and "re-issue" in tenancy["reason"]
         assert ready.json()["tenancy"]["policy_version"] >= 1
         assert metric_values(base, "kvgate_policy_version")[""] >= 1
         assert "wiped" in gw.output()
