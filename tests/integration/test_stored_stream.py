@@ -235,7 +235,7 @@ def test_a_background_stream_is_resumed_through_the_gateway() -> None:
     are replayed after `starting_after`; a response without kept events is a 502 saying
     why, not a broken connection."""
     sim, url = sim_proc(None, "--time-scale", "20", "--enable-store", model="sim-model")
-    with sim.start():
+    with sim:  # `with` starts it (a `.start()` here too started a second one, left running)
         gw, base = gateway_proc(upstreams=[url])
         with gw:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,

@@ -52,6 +52,8 @@ class Proc:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> Proc:
+        if self.popen is not None and self.popen.poll() is None:
+            return self  # running (`with proc.start():` must not start a second, left running)
         self.popen = subprocess.Popen(
             self.cmd, cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT
         )
