@@ -66,6 +66,12 @@ class _Gone(Exception):
     """The queued request's client disconnected."""
 
 
+class _ShutDown(NoReplicaAvailable):
+    """The shutdown grace ended while the request was queued: a 503 recorded as
+    "interrupted" like any request the grace cut (`gateway.drain`), not as flow control's
+    "shed" (no shed was counted for it)."""
+
+
 async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
     """Returns when the ASGI client disconnects (the body has been read already)."""
     while True:
@@ -92,7 +98,7 @@ class _Ticket:
         """The shutdown grace is over (`gateway.drain.interrupt_all`)."""
         if self.entry is not None and self.state is not None:
             self.state.flow.remove(self.entry)
-        self.fail(NoReplicaAvailable("The gateway is shutting down; the request was not sent."))
+        self.fail(_ShutDown("The gateway is shutting down; the request was not sent."))
 
 
 class _PoolState:
@@ -254,6 +260,10 @@ class FlowGate:
             req.queued_s = perf_counter() - t0
             self._child(self.m_abandoned, state.name, req.tier).inc()
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
+        except _ShutDown:
+            req.queued_s = perf_counter() - t0
+            req.route = "interrupted"
+            raise
         except KvgateError:
             req.queued_s = perf_counter() - t0
             req.route = "shed"

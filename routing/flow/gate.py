@@ -125,7 +125,11 @@ class PoolFlow(Generic[T]):
     ) -> list[ReplicaView] | None:
         """Where a hog's request of ``cost`` tokens may go: the replicas with room under the
         headroom's rule (`saturation.with_spare`) that it leaves within that rule's KV knee
-        and prefill bound. None: nowhere, it waits."""
+        and prefill bound. None: nowhere, it waits. A pool without a healthy replica holds
+        no hog (nor is it saturated): waiting would not bring a replica back, routing answers
+        503 at once; ``views`` as they are."""
+        if not _any_healthy(views):
+            return list(views)
         return with_spare(views, self._near, peers, cost)
 
     def admit(
@@ -166,7 +170,7 @@ class PoolFlow(Generic[T]):
         pool_rate = self.queue.rate(now)
         hog = self._capped and self._hog(tenant, waiting, now)
         spare = None
-        if hog and self._spares:
+        if hog and self._spares and _any_healthy(views):
             room = self._spare(views, peers, cost)
             spare = tuple(v.id for v in room if v.healthy) if room is not None else ()
         return Standing(
@@ -224,3 +228,7 @@ class PoolFlow(Generic[T]):
 
     def remove(self, entry: Entry[T]) -> bool:
         return self.queue.remove(entry)
+
+
+def _any_healthy(views: Sequence[ReplicaView]) -> bool:
+    return any(v.healthy for v in views)

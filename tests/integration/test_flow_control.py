@@ -11,6 +11,7 @@ pool is saturated once a third long request waits behind the two the replica run
 from __future__ import annotations
 
 import itertools
+import signal
 import threading
 import time
 import uuid
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.support.gateway import (
@@ -543,3 +545,38 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
         assert sum(metric_values(base, "kvgate_flow_queued_total").values()) == queued
         release(s)
         wait_for(lambda: inflight(base) == 0, 30, "drained")
+
+
+def test_shutdown_grace_ends_a_queued_request_as_interrupted(s: Stack) -> None:
+    """SIGTERM with a request queued: at the end of the grace period it is answered 503 (the
+    OpenAI shape, `Retry-After`) and recorded as interrupted, like the streams the grace cut;
+    not as flow control's "shed" (nothing was counted in kvgate_flow_shed_total for it). A
+    gateway of its own (it is stopped) on a Redis database of its own."""
+    config = {**s.config, "server": {"shutdown_grace_s": 1, "log_level": "info"}}
+    env = {**s.env, "KVGATE_REDIS_URL": s.redis.rsplit("/", 1)[0] + "/4"}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with gw:
+        with admin_client(base, ADMIN) as admin:
+            tid = f"term-{uuid.uuid4().hex[:6]}"
+            assert admin.post("/tenants", json={"id": tid, "tier": "free"}).status_code == 201
+            key = str(admin.post(f"/tenants/{tid}/keys").json()["key"])
+        for _ in range(3):
+            f = Filler(base, key, LONG)
+            f.start()
+            s.fillers.append(f)
+            time.sleep(0.15)
+        wait_for(lambda: saturated(base), 10, "saturated")
+        waiting = Call(base, key, 5, text="queued at shutdown")
+        waiting.start()
+        queued(Stack(base, s.sim, s.redis, env, config), 1)
+        gw.signal(signal.SIGTERM)
+        waiting.join(30)
+        assert gw.popen is not None and gw.popen.wait(15) == 0
+        records: list[dict[str, Any]] = [
+            orjson.loads(line) for line in gw.output(None).splitlines()
+            if line.startswith("{") and '"msg":"request"' in line]
+    assert waiting.status == 503 and waiting.headers is not None
+    assert int(waiting.headers["retry-after"]) >= 1
+    mine = [r for r in records if r["queued_ms"] is not None]
+    assert len(mine) == 1
+    assert (mine[0]["status"], mine[0]["route"]) == (503, "interrupted")

@@ -550,3 +550,25 @@ def test_saturation_scaled_is_full_earlier() -> None:
     assert (half.max_prefill_tokens, half.max_unanswered, half.max_waiting, half.kv_knee,
             half.max_inflight) == (500, 4, 2.0, 0.45, 1)
     assert rule.scaled(1.0) is rule
+
+
+def test_a_hog_is_not_held_for_spare_room_in_a_pool_without_a_healthy_replica() -> None:
+    """Every replica down: the pool is not saturated (holding requests would not help, routing
+    answers 503 at once), for a hog too. It was held for spare room that no replica could
+    give, in `admit` and at each release, until its longest wait shed it with a 429 saying the
+    replicas were saturated."""
+    flow = capped(headroom=0.5)
+    flow.sent("noisy", 600, 0.0)
+    flow.sent("quiet", 100, 0.0)
+    down = [view("a", healthy=False, inflight_prefill_tokens=700)]
+    assert flow.standing("noisy", NEAR, 50, 1.0).hog  # a hog, held while the pool is near
+    assert not flow.admit(NEAR, 50, 1.0, tenant="noisy")
+    got = flow.standing("noisy", down, 50, 1.0)
+    assert got.hog and got.spare is None  # explain: it does not wait for spare room
+    assert flow.admit(down, 50, 1.0, tenant="noisy")  # straight through, to its 503
+    flow.done("noisy", 50)
+    flow.offer("n", tenant="noisy", band=1, cost=50, now=1.0, max_wait_s=60)
+    assert flow.release(NEAR, 2.0) is None
+    out = flow.release(down, 2.0)  # released, to be answered 503 at once
+    assert out is not None and out.handle == "n"
+    assert flow.with_room(down, {}, 50, tenant="noisy", cost=50, now=2.0) == down
