@@ -7,8 +7,9 @@ median time per write over the first and the last 100, and the total.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import statistics
-import sys
 import time
 
 import httpx
@@ -22,9 +23,10 @@ CONFIG = {"pools": {"p": {"served_model": "m", "replicas": ["http://127.0.0.1:9"
 
 
 def main(store: str, n: int) -> None:
-    redis, url = redis_proc()
+    # the memory store needs no redis-server (the demo install has none)
+    redis, url = redis_proc() if store == "redis" else (contextlib.nullcontext(), "")
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": url if store == "redis" else ""}
+           "KVGATE_REDIS_URL": url}
     gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False,
                             args=["--log-level", "warning"])
     with redis, gw, httpx.Client(base_url=f"{base}/admin", timeout=30,
@@ -41,5 +43,13 @@ def main(store: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "memory", int(sys.argv[2]) if len(sys.argv) > 2
-         else 2000)
+    parser = argparse.ArgumentParser(prog="python -m loadtest.bench_admin_writes",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("store", nargs="?", choices=("memory", "redis"), default="memory",
+                        help="the tenancy store (default memory; redis needs redis-server)")
+    parser.add_argument("n", nargs="?", type=int, default=2000,
+                        help="keys made one by one (default 2000; at least 100)")
+    args = parser.parse_args()
+    if args.n < 100:
+        parser.error("n must be at least 100 (the first and the last 100 are compared)")
+    main(args.store, args.n)

@@ -48,9 +48,8 @@ from loadtest.sim.spec import RequestSpec
 from routing.flow import FlowConfig, Saturation
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"
-)
+# the 2-minute sample shipped in the repo; the whole hour (loadtest/data/README.md) with --trace
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
 MIX = "premium:0.3,free:0.7"
 TENANTS = 4
 NOISY = "free-0"
@@ -473,7 +472,10 @@ def fast_path_cost() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_flow", description=__doc__)
-    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
+                   help="a Mooncake-format trace (default: the 2-minute sample, "
+                        "loadtest/data/mooncake_sample.jsonl; the whole hour, which the saved "
+                        "results use: see loadtest/data/README.md)")
     p.add_argument("--limit", type=int, help="only the first N requests of the trace")
     p.add_argument("--jobs", type=int, default=1,
                    help="offline runs at a time (each is deterministic; default 1)")

@@ -50,13 +50,8 @@ SYNTHETIC_SEEDS, GENERATED_SEEDS = 5, 3  # workload seeds: the spec's default, t
 MEAN_OF = ("requests", "hit_rate", "pooled_reference_hit_rate", "hit_rate_vs_reference",
            "ttft_p50_s", "ttft_p99_s", "e2e_p50_s", "e2e_p99_s", "max_over_mean_inflight",
            "preemptions")
-# the whole one-hour conversation trace where the project's shared data sits beside the
-# checkout; else the 2-minute sample shipped in the repo
-_WHOLE_TRACE = (
-    Path(__file__).resolve().parents[2] / "shared/data/mooncake_conversation_trace.jsonl"
-)
-_SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
-DEFAULT_TRACE = _WHOLE_TRACE if _WHOLE_TRACE.exists() else _SAMPLE_TRACE
+# the 2-minute sample shipped in the repo; the whole hour (loadtest/data/README.md) with --trace
+DEFAULT_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl"
 Row = dict[str, object]
 Task = tuple["Scenario", str, Path, int | None, float | None, int]
 
@@ -345,9 +340,12 @@ def plot(doc: dict[str, object], path: Path) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_replay",
+                                description=__doc__.splitlines()[0])
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE,
-                   help=f"a Mooncake-format trace (default: {DEFAULT_TRACE.name})")
+                   help="a Mooncake-format trace (default: the 2-minute sample, "
+                        "loadtest/data/mooncake_sample.jsonl; the whole hour: see "
+                        "loadtest/data/README.md)")
     p.add_argument("--limit", type=int, help="replay only the first N requests of each")
     p.add_argument("--only", nargs="*", help="these workloads only (names as in the report)")
     p.add_argument("--jobs", type=int, default=2, help="replays in parallel")

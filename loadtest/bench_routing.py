@@ -133,7 +133,7 @@ def bench_memory(prefixes: int, blocks_per_prefix: int) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m loadtest.bench_routing", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer iterations, 100k prefixes")
     args = ap.parse_args()
     bench_decisions(300 if args.quick else 3000)

@@ -155,7 +155,8 @@ def bench_engine() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_sim", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seconds", type=float, default=3.0)
     p.add_argument("--ttft-requests", type=int, default=40)
     args = p.parse_args(argv)

@@ -45,7 +45,8 @@ def _parser() -> argparse.ArgumentParser:
         help=f"environment variable holding the admin token (default %(default)s; "
              f"{TOKEN_HELP})",
     )
-    p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds per call to the admin API (default %(default)s)")
     # metavar: argparse names a missing one by it ("required: command", not the dest)
     sub = p.add_subparsers(dest="group", required=True, metavar="command")
 

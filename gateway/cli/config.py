@@ -41,7 +41,12 @@ def main(argv: list[str]) -> int:
     try:
         cfg = load_config(args.file)
     except ConfigError as exc:
-        print(f"kvgate config: {exc.message}", file=sys.stderr)
+        message = exc.message
+        if args.file is None and not os.environ.get("KVGATE_CONFIG"):
+            # `--upstream` is `kvgate serve`'s: here the likely miss is the file itself
+            message = (f"{message.replace(' (or use --upstream URL)', '')}: no configuration "
+                       "file given (`kvgate config check FILE`, or set KVGATE_CONFIG)")
+        print(f"kvgate config: {message}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(redacted_dump(cfg), sort_keys=False), end="")
     refused = False

@@ -57,12 +57,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=sorted(WORKLOADS),
                    help="a generated workload (loadtest.replay.generators)")
     p.add_argument("--offline", action="store_true", help="simulated time, no HTTP")
-    p.add_argument("--replicas", type=int, default=8)
-    p.add_argument("--kv-tokens", type=int, default=262_144, help="KV cache per replica")
+    p.add_argument("--replicas", type=int, default=8,
+                   help="replicas simulated offline or started by --spawn (default 8)")
+    p.add_argument("--kv-tokens", type=int, default=262_144,
+                   help="KV cache per replica, offline or --spawn (default 262144)")
     p.add_argument("--policy", default="cache_aware",
-                   help=f"{', '.join(REGISTRY)}; offline also {', '.join(OFFLINE_ONLY)}; or all")
-    p.add_argument("--rate-scale", type=float, default=1.0, help="arrivals X times faster")
-    p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
+                   help=f"{', '.join(REGISTRY)}; offline also {', '.join(OFFLINE_ONLY)}; or all "
+                        "(default cache_aware)")
+    p.add_argument("--rate-scale", type=float, default=1.0,
+                   help="arrivals X times faster (default 1)")
+    p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
+                   help=f"the simulated engine's cost model, offline or --spawn "
+                        f"(default {PRESETS[0].name})")
     p.add_argument("--limit", type=int, help="replay only the first N requests")
     p.add_argument("--json", metavar="OUT", nargs="?", const="",
                    help="write the summaries as JSON to OUT (bare --json: a timestamped file "
