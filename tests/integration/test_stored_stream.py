@@ -39,6 +39,14 @@ COMPLETED = _event("response.completed", 2, response={**SHELL, "status": "comple
 WHOLE = orjson.dumps({**SHELL, "status": "queued", "background": True})
 
 
+def _store_one(replica: BadReplica, base: str) -> None:
+    """Create the stored response RID through the gateway (which then knows its replica)."""
+    replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+    assert httpx.post(f"{base}/v1/responses", timeout=10,
+                      json={"model": MODEL, "input": "x"}).status_code == 200
+
+
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
     with BadReplica(MODEL) as replica:
@@ -178,10 +186,7 @@ def test_a_stored_stream_past_the_shutdown_grace_ends_with_an_error_event() -> N
         gw, base = gateway_proc(upstreams=[replica.url],
                                 env={"KVGATE_SERVER__SHUTDOWN_GRACE_S": "1"})
         with gw:
-            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
-            assert httpx.post(f"{base}/v1/responses", timeout=10,
-                              json={"model": MODEL, "input": "x"}).status_code == 200
+            _store_one(replica, base)
             replica.get_answer = sse_head() + chunked(CREATED, last=False)
             replica.rest = chunked(COMPLETED)  # held until the test ends: a long stream
             try:
@@ -211,10 +216,7 @@ def test_a_client_that_stops_reading_a_stored_stream_is_reset() -> None:
         gw, base = gateway_proc(upstreams=[replica.url],
                                 env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
         with gw:
-            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
-            assert httpx.post(f"{base}/v1/responses", timeout=10,
-                              json={"model": MODEL, "input": "x"}).status_code == 200
+            _store_one(replica, base)
             replica.get_answer = sse_head(chunked_body=False) + CREATED + many
             replica.end = "close"
             s = socket.socket()
