@@ -36,6 +36,7 @@ __all__ = [
     "RateLimited",
     "ReplicaRefused",
     "RetryBudgetExhausted",
+    "ShutDownWhileQueued",
     "StoreUnreachable",
     "UpstreamError",
     "UpstreamTimeout",
@@ -258,6 +259,12 @@ class NoReplicaAvailable(KvgateError):
 
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message, retry_after=retry_after)
+
+
+class ShutDownWhileQueued(NoReplicaAvailable):
+    """The shutdown grace ended while the request waited in flow control's queue: a 503
+    recorded as "interrupted" like any request the grace cut (`gateway.drain`), not as flow
+    control's "shed" (no shed was counted for it)."""
 
 
 class PoolOverloaded(NoReplicaAvailable):

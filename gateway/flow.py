@@ -44,7 +44,12 @@ from prometheus_client.registry import Collector
 from gateway.body import ParsedBody
 from gateway.config import FlowSection
 from gateway.drain import interruptible
-from gateway.errors import KvgateError, NoReplicaAvailable, PoolOverloaded, QueueShed
+from gateway.errors import (
+    KvgateError,
+    PoolOverloaded,
+    QueueShed,
+    ShutDownWhileQueued,
+)
 from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
 from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
@@ -64,12 +69,6 @@ QUEUED = "queued"  # the route of a request that waited
 
 class _Gone(Exception):
     """The queued request's client disconnected."""
-
-
-class _ShutDown(NoReplicaAvailable):
-    """The shutdown grace ended while the request was queued: a 503 recorded as
-    "interrupted" like any request the grace cut (`gateway.drain`), not as flow control's
-    "shed" (no shed was counted for it)."""
 
 
 async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
@@ -98,7 +97,7 @@ class _Ticket:
         """The shutdown grace is over (`gateway.drain.interrupt_all`)."""
         if self.entry is not None and self.state is not None:
             self.state.flow.remove(self.entry)
-        self.fail(_ShutDown("The gateway is shutting down; the request was not sent."))
+        self.fail(ShutDownWhileQueued("The gateway is shutting down; the request was not sent."))
 
 
 class _PoolState:
@@ -260,7 +259,7 @@ class FlowGate:
             req.queued_s = perf_counter() - t0
             self._child(self.m_abandoned, state.name, req.tier).inc()
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
-        except _ShutDown:
+        except ShutDownWhileQueued:
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
             raise
