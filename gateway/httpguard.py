@@ -40,9 +40,17 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gateway.errors import error_body
 
-__all__ = ["ABORT", "HttpLimits", "guarded_protocol"]
+__all__ = ["ABORT", "HttpLimits", "abort_client", "guarded_protocol"]
 
 ABORT = "kvgate.abort"  # the scope extension holding a request's abort callable
+
+
+def abort_client(scope: dict[str, Any]) -> None:
+    """Reset the connection of a client that stopped reading its stream: nothing more can be
+    sent, and the unfinished answer is a client gone, not an app error, to the server."""
+    abort = scope.get("extensions", {}).get(ABORT)
+    if abort is not None:
+        abort()
 
 
 @dataclass(frozen=True)

@@ -34,14 +34,12 @@ from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     KvgateError,
-    NoReplicaAvailable,
     ReplicaRefused,
     RetryBudgetExhausted,
     UpstreamError,
-    UpstreamTimeout,
 )
 from gateway.flow import until_disconnect
-from gateway.httpguard import ABORT
+from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
@@ -51,7 +49,7 @@ from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
-from gateway.timeouts import Canceller
+from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
 from routing.router import Router
 from routing.types import Decision
@@ -240,22 +238,15 @@ class Proxy:
             return
         if reason == "client":
             # the client stopped reading the stream (its socket full for `idle_timeout_s`):
-            # the replica is not at fault, and nothing more can be sent: the connection is
-            # reset (gateway/httpguard.py), so the unfinished answer is a client gone, not an
-            # app error, to the server
-            abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
-            if abort is not None:
-                abort()
+            # the replica is not at fault; the connection is reset
+            abort_client(scope)
             req.status = 408
             log.info("client stopped reading the stream",
                      extra={"request_id": req.req_id.decode("latin-1")})
             return
-        if reason == SHUTDOWN:  # the shutdown grace period is over (gateway/drain.py)
-            exc: KvgateError = NoReplicaAvailable(
-                "The gateway is shutting down; the response was interrupted.")
+        exc = cut_error(reason)
+        if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
-        else:
-            exc = UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")
         if reason == "idle" and req.target is not None:
             req.target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:

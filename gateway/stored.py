@@ -25,31 +25,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import UpstreamConfig
-from gateway.drain import SHUTDOWN, interruptible
+from gateway.drain import interruptible
 from gateway.errors import (
     REFUSED,
     KvgateError,
     MethodNotAllowed,
-    NoReplicaAvailable,
     NotFound,
     ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
     openai_shaped,
 )
-from gateway.httpguard import ABORT
+from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
 from gateway.relay import CUT_SHORT, MALFORMED, stream_error
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
 from gateway.tenancy.edge import TenantGate
-from gateway.timeouts import Canceller
+from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
 __all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "wants_stream"]
@@ -133,17 +131,11 @@ class StoredResponses:
                 raise  # a real cancellation, not ours to swallow
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if ctl.reason == "client":  # it stopped reading: reset, as a proxied stream
-                abort: Callable[[], None] | None = scope.get("extensions", {}).get(ABORT)
-                if abort is not None:
-                    abort()
+                abort_client(scope)
                 log.info("client stopped reading the stream",
                          extra={"request_id": req_id.decode("latin-1")})
-            elif ctl.reason == SHUTDOWN:
-                await pipe.fail(NoReplicaAvailable(
-                    "The gateway is shutting down; the response was interrupted."))
             elif ctl.reason != "disconnect":
-                await pipe.fail(UpstreamTimeout(
-                    f"The replica did not answer in time ({ctl.reason} timeout)."))
+                await pipe.fail(cut_error(ctl.reason))
         except KvgateError as exc:
             await pipe.fail(exc)
         finally:

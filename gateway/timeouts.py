@@ -21,8 +21,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.config import UpstreamConfig
+from gateway.drain import SHUTDOWN
+from gateway.errors import KvgateError, NoReplicaAvailable, UpstreamTimeout
 
-__all__ = ["Canceller"]
+__all__ = ["Canceller", "cut_error"]
 
 
 class Canceller:
@@ -122,3 +124,11 @@ class Canceller:
         if self._handle is not None:
             self._handle.cancel()
         self._watch.cancel()
+
+
+def cut_error(reason: str | None) -> KvgateError:
+    """What an answer cut by its `Canceller` tells the client (a JSON error before its
+    stream started, an error event after): the shutdown grace ended, or a timeout."""
+    if reason == SHUTDOWN:  # gateway/drain.py
+        return NoReplicaAvailable("The gateway is shutting down; the response was interrupted.")
+    return UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")
