@@ -184,21 +184,28 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     await call.done_writing()
 
 
+EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+
+
+async def _stream_started(stub: Any, text: str) -> Any:
+    """A streamed chat request picked, and its replica's 200 event-stream head passed on."""
+    call, _ = await _picked(stub, _chat(text, stream=True))
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "200", "content-type": "text/event-stream"})))
+    await _answers(call, 1)
+    return call
+
+
 async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
     """A replica that ends a stream cleanly but before ``data: [DONE]`` (Envoy relays the end
     of its body as it came): the last body the picker hands back ends with an error event,
     and half an event held back is dropped (as the HTTP mode's relay)."""
-    body = _chat("cut short", stream=True)
-    call, _ = await _picked(stub, body)
-    await call.write(pb.ProcessingRequest(response_headers=_headers(
-        {":status": "200", "content-type": "text/event-stream"})))
-    await _answers(call, 1)
-    event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    call = await _stream_started(stub, "cut short")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
-        body=event + b'data: {"id":"c","cho', end_of_stream=True)))
+        body=EVENT + b'data: {"id":"c","cho', end_of_stream=True)))
     last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
     first, error, done = last.body.split(b"\n\n")[:3]
-    assert first + b"\n\n" == event and last.end_of_stream
+    assert first + b"\n\n" == EVENT and last.end_of_stream
     assert b"before it was complete" in error and done == b"data: [DONE]"
     await call.done_writing()
 
@@ -207,22 +214,17 @@ async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) 
     """An event whose data is neither JSON nor [DONE]: the events before it pass, then an
     error event and [DONE] instead of it; the rest of the replica's stream is dropped (the
     client's stream has ended) and the body still ends when Envoy's does."""
-    body = _chat("malformed", stream=True)
-    call, _ = await _picked(stub, body)
-    await call.write(pb.ProcessingRequest(response_headers=_headers(
-        {":status": "200", "content-type": "text/event-stream"})))
-    await _answers(call, 1)
-    event = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+    call = await _stream_started(stub, "malformed")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
-        body=event + b"data: <html>502 Bad Gateway</html>\n\n" + event)))
+        body=EVENT + b"data: <html>502 Bad Gateway</html>\n\n" + EVENT)))
     sent = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
     first, error, done = sent.body.split(b"\n\n")[:3]
-    assert first + b"\n\n" == event and not sent.end_of_stream
+    assert first + b"\n\n" == EVENT and not sent.end_of_stream
     assert orjson.loads(error.removeprefix(b"data: "))["error"] == {
         "message": "The upstream replica sent a stream event that is not JSON.",
         "type": "BadGatewayError", "param": None, "code": 502}
     assert done == b"data: [DONE]" and sent.body.endswith(b"[DONE]\n\n")
-    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=event)))
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=EVENT)))
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=b"data: [DONE]\n\n", end_of_stream=True)))
     last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
