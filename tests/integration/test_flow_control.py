@@ -160,14 +160,16 @@ class Filler(Call):
     """A long request that keeps a seat busy until stopped."""
 
 
-def saturate(s: Stack, key: str) -> None:
-    """Two long requests run, a third waits inside vLLM: the pool is saturated."""
+def saturate(s: Stack, key: str, base: str | None = None) -> None:
+    """Two long requests run, a third waits inside vLLM: the pool is saturated (the stack's
+    gateway, or the one at ``base``; its fillers stop with the stack's)."""
+    base = base or s.base
     for _ in range(3):
-        f = Filler(s.base, key, LONG)
+        f = Filler(base, key, LONG)
         f.start()
         s.fillers.append(f)
         time.sleep(0.15)
-    wait_for(lambda: saturated(s.base), 10, "the pool to be saturated")
+    wait_for(lambda: saturated(base), 10, "the pool to be saturated")
 
 
 def release(s: Stack) -> None:
@@ -472,12 +474,7 @@ def test_queue_full_sheds_lower_band_with_429_and_top_band_gets_503(s: Stack) ->
     gw, base = gateway_proc(config=config, env=s.env, auth=True)
     with gw:
         free, premium = s.tenant("free"), s.tenant("premium")
-        for _ in range(3):
-            f = Filler(base, free, LONG)
-            f.start()
-            s.fillers.append(f)
-            time.sleep(0.15)
-        wait_for(lambda: saturated(base), 10, "saturated")
+        saturate(s, free, base)
         frees = [Call(base, free, 5) for _ in range(2)]
         for c in frees:
             c.start()
@@ -522,12 +519,7 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
                 tid = f"spill-{tier}-{uuid.uuid4().hex[:6]}"
                 assert admin.post("/tenants", json={"id": tid, "tier": tier}).status_code == 201
                 keys[tier] = str(admin.post(f"/tenants/{tid}/keys").json()["key"])
-        for _ in range(3):
-            f = Filler(base, keys["free"], LONG)
-            f.start()
-            s.fillers.append(f)
-            time.sleep(0.15)
-        wait_for(lambda: saturated(base), 10, "saturated")
+        saturate(s, keys["free"], base)
         with admin_client(base, ADMIN) as admin:  # explain says what dispatch does below
             plan = admin.post("/route/explain",
                               json={"tier": "spiller", "request": body(5, stream=False)}).json()
@@ -560,12 +552,7 @@ def test_shutdown_grace_ends_a_queued_request_as_interrupted(s: Stack) -> None:
             tid = f"term-{uuid.uuid4().hex[:6]}"
             assert admin.post("/tenants", json={"id": tid, "tier": "free"}).status_code == 201
             key = str(admin.post(f"/tenants/{tid}/keys").json()["key"])
-        for _ in range(3):
-            f = Filler(base, key, LONG)
-            f.start()
-            s.fillers.append(f)
-            time.sleep(0.15)
-        wait_for(lambda: saturated(base), 10, "saturated")
+        saturate(s, key, base)
         waiting = Call(base, key, 5, text="queued at shutdown")
         waiting.start()
         queued(Stack(base, s.sim, s.redis, env, config), 1)
