@@ -112,7 +112,7 @@ class _PubSub:
                 continue
             batch = decode(fields_of(msg["data"]))
             if batch.member != self.member:
-                self.router.apply_peer_routes(batch.routes, batch.member)
+                self.router.apply_peer_routes(batch.routes, batch.member, time.monotonic())
                 self.router.apply_peer_load(batch.member, batch.loads, time.monotonic())
                 self.lags.append(time.time() - batch.sent_at)
 

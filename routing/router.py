@@ -67,6 +67,10 @@ class Router:
         # the policy reads other gateways' load beside the views (`PickContext.peer_loads`):
         # no views rebuilt with it on every pick
         self._reads_peer_loads = bool(getattr(self.policy, "reads_peer_loads", False))
+        # the policy keeps its own record of routes (cache_aware's live contexts): peers'
+        # routes are shown to it too, so that several gateways count every context
+        self._peer_route_seen: Callable[[str, tuple[int, ...], float], None] | None = getattr(
+            self.policy, "peer_routed", None)
         self._capacity_tokens: dict[str, int] = {}
         # shared state: off until `enable_sharing`
         self.peers: PeerLoads | None = None
@@ -151,14 +155,19 @@ class Router:
         out, self.outbox = self.outbox, []
         return out
 
-    def apply_peer_routes(self, records: Sequence[RouteRecord], member: str = "") -> None:
+    def apply_peer_routes(
+        self, records: Sequence[RouteRecord], member: str, now: float
+    ) -> None:
         """Gateway ``member`` routed these chains: the replicas now hold them (as if ours)."""
         insert = self.state.index.insert
         chains = self._peer_chains
+        seen = self._peer_route_seen
         for replica, hashes, tail in records:
             insert(replica, hashes, tail, True)
-            if member and len(hashes) >= 2:
+            if len(hashes) >= 2:
                 chains[hashes[-1]] = (member, replica)
+            if seen is not None:
+                seen(replica, hashes, now)
         while len(chains) > _MAX_PEER_CHAINS:
             chains.popitem(last=False)
 

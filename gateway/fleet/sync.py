@@ -379,7 +379,7 @@ class RouteSync:
             routes = [r for r in routes if known(r.replica)]
             self.stats.drop("foreign", len(batch.routes) - len(routes))
         if routes:
-            self._router.apply_peer_routes(routes, batch.member)
+            self._router.apply_peer_routes(routes, batch.member, self._clock())
 
     def _down(self, exc: BaseException) -> None:
         """A failed Redis call: route on our own state until Redis answers again."""

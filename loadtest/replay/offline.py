@@ -230,7 +230,7 @@ def _publish(sim: _Sim, gw: _Gateway, replica: str, now: float) -> None:
 def _deliver(sim: _Sim, d: _Delivery) -> None:
     at, _, target, sender, routes, loads = d
     router = sim.gateways[target].router
-    router.apply_peer_routes(routes, sender)
+    router.apply_peer_routes(routes, sender, at)
     router.apply_peer_load(sender, loads, at)
 
 

@@ -173,6 +173,10 @@ class CacheAware:
             self._sessions.record(hashes, chosen[3].id, ctx.now, previous)
         return decide([r[3].id for r in ordered], reason, ranked)
 
+    def peer_routed(self, replica: str, hashes: tuple[int, ...], now: float) -> None:
+        """Another gateway routed this chain (`Router.apply_peer_routes`): its contexts count."""
+        self._sessions.peer_routed(hashes, replica, now)
+
     def _ramp(self, ctx: PickContext, rows: list[_Row]) -> list[_Row]:
         """A new context commits the calls that will follow it to its replica: on a replica
         carrying more live contexts than the pool mean, charge it up to

@@ -19,6 +19,7 @@ __all__ = ["Sessions"]
 # quick returns in a row that make a context live: one can be chance (the same conversation
 # drawn twice in a burst), two in a row is an agent's loop
 _STREAK = 2
+_SCAN = 64  # a peer's chain's last blocks searched for the tail it continued
 
 
 class Sessions:
@@ -44,6 +45,15 @@ class Sessions:
             if tail in self._tails:
                 return tail
         return None
+
+    def peer_routed(self, hashes: Sequence[int], replica: str, now: float) -> None:
+        """Another gateway sent the request with this chain to ``replica``: recorded as if
+        ours, continuing the deepest earlier tail on its chain (its longest match is not
+        known here; a context grows by a few blocks a call, so only the chain's last
+        ``_SCAN`` blocks are searched, in C)."""
+        tails = self._tails
+        previous = next(filter(tails.__contains__, reversed(hashes[-_SCAN:])), None)
+        self.record(hashes, replica, now, previous)
 
     def live(self, now: float) -> Mapping[str, int]:
         """Live contexts per replica (replicas with none are absent)."""

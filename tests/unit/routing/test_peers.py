@@ -109,7 +109,7 @@ def test_a_peers_route_attracts_the_next_turn(blocks: int, window_s: float) -> N
     gw_a.record_route(first.replica, _features(chain), 0.0)
     outbox = gw_a.drain_outbox()
     assert outbox == [RouteRecord(first.replica, chain, 0)] and gw_a.drain_outbox() == []
-    gw_b.apply_peer_routes(outbox, "a")
+    gw_b.apply_peer_routes(outbox, "a", 0.05)
     for t in range(4):  # the following turns, whichever gateway has its turn
         nxt = gw_b.pick(_features((*chain, 999 + t)), _views(), 0.1 + 0.001 * t)
         assert (nxt.replica, nxt.reason) == (first.replica, "prefix-hit")
@@ -124,7 +124,7 @@ def test_peers_in_flight_load_counts_in_the_load_bound() -> None:
     router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
-    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a", 0.0)
     # the holder of the prefix has 6 requests of peer 'a' in flight: over the bound
     router.apply_peer_load("a", {"a": ReplicaLoad(6, 0, 0, 0.0)}, 0.0)
     other = tuple(range(1000, 1040))  # a different conversation: it must not settle them
@@ -137,7 +137,7 @@ def test_a_continued_chain_settles_the_peers_finished_request() -> None:
     router = Router(TIGHT)
     router.enable_sharing(2.0, "b")
     chain = tuple(range(7, 47))
-    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a")
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a", 0.0)
     # peer 'a' still says 1 in flight on replica a: the previous turn, whose 'finished'
     # record is on its way (over the bound of an otherwise idle pool: it would overflow)
     router.apply_peer_load("a", {"a": ReplicaLoad(1, 0, 0, 0.0)}, 0.0)

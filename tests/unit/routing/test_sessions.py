@@ -139,3 +139,32 @@ def test_no_ramp_while_the_pool_has_too_few_live_contexts() -> None:
     picks = {router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 30.0).replica
              for k in range(40)}
     assert "r0" in picks
+
+
+def test_a_peers_routes_continue_and_make_contexts_live_as_ours_do() -> None:
+    s = Sessions(window_s=8.0)
+    _call(s, [1, 2], "r0", 0.0)  # ours
+    s.peer_routed([1, 2, 3], "r1", 1.0)  # another gateway's next call: continues tail 2
+    s.peer_routed([1, 2, 3, 4], "r1", 2.0)
+    assert dict(s.live(2.0)) == {"r1": 1}
+    assert _call(s, [1, 2, 3, 4, 5], "r1", 3.0) == 4  # and ours continues the peer's
+    assert dict(s.live(3.0)) == {"r1": 1}
+    s.peer_routed([7, 8], "r2", 3.0)  # a new context: nothing to continue
+    assert dict(s.live(3.0)) == {"r1": 1}
+
+
+def test_new_sessions_leave_a_replica_whose_live_contexts_another_gateway_routed() -> None:
+    a, b = Router(), Router()
+    a.enable_sharing(2.0, "a")
+    b.enable_sharing(2.0, "b")
+    vs = views(4)
+    for r in ("r0", "r1", "r2", "r3"):
+        b.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+    for agent in range(6):  # gateway a routes the agents' calls to r0; b applies its records
+        prompt = TOOLS + f"task of agent {agent} " * 40
+        for call in range(3):
+            a.record_route("r0", feats(prompt), float(call))
+            b.apply_peer_routes(a.drain_outbox(), "a", float(call))
+            prompt += f" result {call} of agent {agent} " * 20
+    picks = [b.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica for k in range(40)]
+    assert "r0" not in picks
