@@ -6,7 +6,9 @@
 ``--offline`` (routing quality, simulated time): N = 1, 2, 4, 8 gateways, requests spread at
 random over them, sharing off and on at a sync delay D = 0, 10, 50 ms, on the Mooncake
 conversation trace at 1x and 1.5x and the synthetic multi-tenant workload (8 replicas x
-262,144 KV tokens). Ratios against one gateway in the same run.
+262,144 KV tokens); then (not with ``--quick``) every generated workload at 262,144 and
+1,048,576 KV tokens with one gateway, four sharing nothing and four at D = 10 ms.
+Ratios against one gateway in the same run.
 
 ``--cost`` (live, one process, real redis-server; `loadtest/sync_cost.py`): two routers with
 their `RouteSync`, 2,000 routed requests/s alternating between them (conversations of 8-32
@@ -39,6 +41,7 @@ from pathlib import Path
 from loadtest.bench_overhead import Report
 from loadtest.cmdline import shown_command
 from loadtest.fleet import free_port
+from loadtest.replay.generators import WORKLOADS
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.summary import summarize
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
@@ -110,6 +113,34 @@ def offline(rep: Report, trace: Path, quick: bool,
     return rows
 
 
+def generated(rep: Report, jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
+    """Every generated workload (`loadtest.replay.generators`) at both KV sizes: one gateway,
+    four sharing nothing, four sharing at D = 10 ms (the issue's target cell)."""
+    rep.add("## Generated workloads: one gateway and four (offline, cache_aware, 8 replicas)\n")
+    rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
+            "TTFT p99 s | x 1 gw |")
+    rep.add("|---|---|---|---|---|---|---|---|---|")
+    specs = [("1", "-", GatewaySpec(1)), ("4", "none", GatewaySpec(4, share=False)),
+             ("4", "D=10 ms", GatewaySpec(4, True, 0.010))]
+    cells = [(f"{name}-{kv // 1024}k", gws, label, (make(), kv, spec))
+             for name, make in sorted(WORKLOADS.items()) for kv in (262_144, 1_048_576)
+             for gws, label, spec in specs]
+    with ProcessPoolExecutor(jobs) as pool:
+        results = list(pool.map(_job, [c[3] for c in cells]))
+    rows = []
+    base: dict[str, float] = {}
+    for (name, gws, label, _), r in zip(cells, results, strict=True):
+        if gws == "1":
+            base = r
+        rows.append((name, f"{gws}/{label}", r))
+        rep.add(f"| {name} | {gws} | {label} | {r['hit_rate']:.4f} | "
+                f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
+                f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
+                f"{r['ttft_p99_s']:.3f} | {r['ttft_p99_s'] / base['ttft_p99_s']:.3f} |")
+    rep.add("")
+    return rows
+
+
 def plot(rows: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
     import matplotlib
 
@@ -117,8 +148,12 @@ def plot(rows: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = sorted({r[0] for r in rows})
-    fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
+    cols = min(4, len(names))
+    nrows = -(-len(names) // cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 4 * nrows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names, strict=False):
         mine = [r for r in rows if r[0] == name]
         base = mine[0][2]["hit_rate"] or 1e-9
         ax.bar([r[1] for r in mine], [r[2]["hit_rate"] / base for r in mine])
@@ -227,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     rep.add(f"`{shown_command('loadtest.bench_sync', argv)}`\n")
     if every or args.offline:
         rows = offline(rep, args.trace, args.quick, args.jobs)
+        if not args.quick:  # a few minutes more: the four generated workloads, two sizes
+            rows += generated(rep, args.jobs)
         plot(rows, RESULTS / "bench_sync_offline.png")
     if every or args.cost:
         cost(rep, 5.0 if args.quick else 20.0)
