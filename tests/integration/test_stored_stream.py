@@ -76,7 +76,7 @@ def test_a_stored_response_streams_as_it_arrives(
     base = gw[1]
     replica.get_answer = sse_head() + chunked(CREATED, last=False)
     replica.rest = chunked(DELTA, COMPLETED)
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
     stream = client.responses.retrieve(RID, stream=True, starting_after=-1)
     events = iter(stream)
     assert next(events).type == "response.created"  # before the replica sent the rest

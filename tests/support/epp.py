@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any
 
 import yaml
@@ -24,20 +23,11 @@ __all__ = ["EppProc", "envoy_proc", "epp_proc"]
 
 
 class EppProc(Proc):
-    """A `Proc` that removes its generated file on exit; `base` is the HTTP port's URL and
-    `picker` the gRPC address."""
+    """A `Proc` (its generated config removed with it, `Proc.owns`); `base` is the HTTP
+    port's URL and `picker` the gRPC address."""
 
-    path: str | None = None
     base = ""
     picker = ""
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        super().__exit__(exc_type, exc, tb)
-        if self.path:
-            os.unlink(self.path)
 
 
 def _write(text: str, suffix: str) -> str:
@@ -68,7 +58,9 @@ def epp_proc(
            "KVGATE_REDIS_URL": "", "KVGATE_ADMIN_TOKEN": "", **(env or {})}
     base = f"http://127.0.0.1:{http_port}"
     proc = EppProc(cmd, ready_url=f"{base}/readyz", env=env)
-    proc.path, proc.base, proc.picker = path, base, f"127.0.0.1:{grpc_port}"
+    proc.base, proc.picker = base, f"127.0.0.1:{grpc_port}"
+    if path is not None:
+        proc.owns(path)
     return proc
 
 
@@ -84,5 +76,5 @@ def envoy_proc(picker: str, **options: Any) -> tuple[EppProc, str]:
     cmd = [binary, "-c", path, "--disable-hot-restart", "--concurrency", "1",
            "--log-level", "warning"]
     proc = EppProc(cmd, ready_url=f"http://127.0.0.1:{admin}/ready")
-    proc.path = path
+    proc.owns(path)
     return proc, f"http://127.0.0.1:{port}"

@@ -13,7 +13,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from types import TracebackType
 from typing import Any
 
 import httpx
@@ -35,19 +34,9 @@ FAST_HEALTH = {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 2,
 
 
 class GatewayProc(Proc):
-    """A `Proc` that also removes its generated config file."""
+    """A `Proc` whose generated config file (`config_path`) it owns (`Proc.owns`)."""
 
     config_path: str | None = None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        super().__exit__(exc_type, exc, tb)
-        if self.config_path:
-            os.unlink(self.config_path)
 
 
 def gateway_proc(
@@ -80,6 +69,8 @@ def gateway_proc(
            "KVGATE_REDIS_URL": "", "KVGATE_ADMIN_TOKEN": "", **(env or {})}
     proc = GatewayProc(cmd, ready_url=f"{base}/readyz" if ready else f"{base}/healthz", env=env)
     proc.config_path = path
+    if path is not None:
+        proc.owns(path)
     return proc, base
 
 

@@ -6,6 +6,7 @@ SIGTERM, waits, then SIGKILLs, and its captured output is printed if the test fa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -14,9 +15,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import IO
 
 import httpx
 
@@ -48,6 +51,8 @@ class Proc:
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - closed in __exit__
             prefix="kvgate-test-", suffix=".log", delete=False
         )
+        # a Proc a test starts and stops by hand (no `with`), or never starts, leaves no file
+        self._files: list[Callable[[], object]] = [weakref.finalize(self, _remove_log, self._log)]
         self.popen: subprocess.Popen[bytes] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -123,8 +128,23 @@ class Proc:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-        self._log.close()
-        os.unlink(self._log.name)
+        for remove in self._files:
+            remove()
+
+    def owns(self, path: str) -> None:
+        """Remove the file at ``path`` (a generated config) with the process's own files: on
+        exit, or when the Proc is collected."""
+        self._files.append(weakref.finalize(self, _remove, path))
+
+
+def _remove_log(log: IO[bytes]) -> None:
+    log.close()
+    _remove(log.name)
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def sim_proc(port: int | None = None, *args: str, model: str = "sim-model") -> tuple[Proc, str]:
