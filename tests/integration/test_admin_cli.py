@@ -148,7 +148,8 @@ async def test_tenants_update_clears_a_limit_override(
                                     "--max-concurrency", "none")
         assert code == 0, err
         assert json.loads(out)["limits"] == {}
-        assert (await store.get_tenant("acme")).limits.model_dump(exclude_unset=True) == {}
+        stored = await store.get_tenant("acme")
+        assert stored is not None and stored.limits.model_dump(exclude_unset=True) == {}
         for bad in ("0", "-3", "unlimited"):
             code, _, err = await _cli(capsys, *base, "tenants", "update", "acme", "--rpm", bad)
             assert code == 2 and "a positive integer, or none" in err, (bad, err)

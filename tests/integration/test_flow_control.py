@@ -350,7 +350,7 @@ def test_a_shed_request_counts_under_its_pool_and_retries_after_the_stall(s: Sta
         def counted(mark: str) -> list[str]:
             return [k for k in metric_values(base, "kvgate_requests_total") if mark in k]
 
-        wait_for(lambda: counted('route="shed"') and counted('status="499"'), 10,
+        wait_for(lambda: bool(counted('route="shed"') and counted('status="499"')), 10,
                  "the shed and the abandoned request counted")
         for key in counted('route="shed"') + counted('status="499"'):
             assert f'pool="{POOL}"' in key, key
