@@ -3,7 +3,7 @@
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, no
 integer beyond 64 bits (`wideints.py`), a string `model`, a boolean `stream`, the
-`stream_options` it rewrites).
+`stream_options` it rewrites, a string `previous_response_id`, which it routes by).
 `rewrite_body` is the one place a body changes on its way upstream: the served model, the
 tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
 `drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
@@ -79,6 +79,11 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         raise BadRequest("`stream` must be a boolean.", param="stream")
     if kind in USAGE_STREAM_KINDS:
         _check_stream_options(data.get("stream_options"))
+    elif kind == "responses":  # routes the request (`previous_response_id`'s replica)
+        prev = data.get("previous_response_id")
+        if prev is not None and not isinstance(prev, str):
+            raise BadRequest("`previous_response_id` must be a string.",
+                             param="previous_response_id")
     return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)))
 
 

@@ -3,7 +3,10 @@
 The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``;
 `type` uses vLLM's vocabulary (``AuthenticationError``, ``RateLimitError``, ...) and `code` is
 a stable machine-readable string where OpenAI has one (``invalid_api_key``,
-``rate_limit_exceeded``), else the HTTP status, as vLLM answers. The proxy, the endpoint
+``rate_limit_exceeded``) or where kvgate itself refuses for a reason a client may act on
+(``queue_shed`` for every request flow control sheds, 429 or 503; ``store_unavailable``,
+``version_mismatch``, ...), else the HTTP status, as vLLM answers (its errors, relayed, and
+kvgate's for a replica failing, timing out or missing: 502, 504, 503). The proxy, the endpoint
 picker, tenancy and the admin API all raise these classes, so every error a client sees from
 kvgate or from a replica through it reads the same. Messages are written by us and never
 contain prompt text, keys, salts, the server secret or tracebacks.
@@ -269,7 +272,9 @@ class ShutDownWhileQueued(NoReplicaAvailable):
 
 class PoolOverloaded(NoReplicaAvailable):
     """Flow control: the pool's queue is full of requests at least as important as a top-band
-    one (503)."""
+    one (503). Its `code` is `QueueShed`'s: every request flow control sheds says so alike."""
+
+    code = "queue_shed"
 
 
 # HTTP status -> OpenAI/vLLM error type, for upstream errors kvgate has to re-shape

@@ -31,7 +31,6 @@ waited.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
 from time import perf_counter
@@ -226,6 +225,7 @@ class FlowGate:
         doc = _doc(principal, self._pools)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
+        req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
         ticket = _Ticket(loop.create_future())
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
@@ -324,13 +324,13 @@ class FlowGate:
         self._child(self.m_shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
-        retry = self._retry_after(state, entry.band, now)
+        retry = state.flow.queue.retry_after(entry.band, now, now - entry.enqueued_at)
         entry.handle.fail(QueueShed(
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
 
     def _full(self, state: _PoolState, band: int, doc: PolicyDoc, now: float) -> KvgateError:
-        retry = self._retry_after(state, band, now)
+        retry = state.flow.queue.retry_after(band, now)
         top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
         if band <= top:
             return PoolOverloaded(
@@ -339,10 +339,6 @@ class FlowGate:
         return QueueShed(
             f"The model's replicas are saturated and the queue is full; retry after {retry}s.",
             retry_after_s=retry)
-
-    def _retry_after(self, state: _PoolState, band: int, now: float) -> int:
-        est = state.flow.queue.wait_estimate(band, now)
-        return 1 if est is None else max(1, min(60, math.ceil(est)))
 
     # -- state --------------------------------------------------------------------------------
     def _state(self, pool: str) -> _PoolState:

@@ -225,9 +225,10 @@ class GatewayMetrics:
         reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity))
         self.tenant_tokens = TenantTokens()
         reg.register(_TenantTokensCollector(self.tenant_tokens))
-        # pool -> [finished requests, 5xx, overflow routes, spilled out]: the same counts as
-        # the labelled counters, per pool only, so `kvgate doctor` reads them without
-        # collecting thousands of (replica, tier, tenant, status, route) children
+        # pool -> [finished requests, 5xx (flow control's sheds aside: they are the doctor's
+        # queue-bound, not errors), overflow routes, spilled out]: the same counts as the
+        # labelled counters, per pool only, so `kvgate doctor` reads them without collecting
+        # thousands of (replica, tier, tenant, status, route) children
         self.pool_counts: dict[str, list[int]] = {}
         self._children: dict[tuple[Any, ...], Any] = {}
         self.pre_upstream = self.overhead.labels("pre_upstream")
@@ -250,7 +251,7 @@ class GatewayMetrics:
         if c is None:
             c = self.pool_counts[pool] = [0, 0, 0, 0]
         c[0] += 1
-        if status >= 500:
+        if status >= 500 and route != "shed":  # flow control's overload 503: queue-bound
             c[1] += 1
         if route == "overflow":
             c[2] += 1

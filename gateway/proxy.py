@@ -117,7 +117,16 @@ class Proxy:
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
         /v1/responses/{id}/cancel``: to its replica."""
-        req_id, _, token = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token = scan_headers(scope["headers"], self._new_id)
+        if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
+            try:  # `server.max_body_bytes`, as any body) and dropped
+                await read_body(receive, self._limit, declared)
+            except KvgateError as exc:
+                await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],
+                                 exc.body())
+                return
+            except asyncio.CancelledError:
+                return  # the client left while sending it
         await self.stored.handle(scope, receive, send, req_id, token)
 
     async def _run(

@@ -50,7 +50,7 @@ from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "wants_stream"]
+__all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream", "wants_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,14 @@ def wants_stream(query: bytes) -> bool:
         return False
     values = [v for k, v in parse_qsl(query.decode("latin-1")) if k == "stream"]
     return bool(values) and values[-1].strip().lower() in _TRUE
+
+
+def not_a_stream(content_type: str) -> UpstreamError:
+    """A 200 to ``?stream=true`` that is not an event stream (a vLLM that ignores `stream`, or
+    not vLLM): the SDK would read the whole object as a stream without events, which looks
+    complete. Both edges answer it with this 502."""
+    media = content_type.partition(";")[0].strip()[:64] or "no content type"
+    return UpstreamError(f"The replica's answer is not the stream asked for ({media}).")
 
 
 def match_stored(path: str) -> bool:
@@ -229,10 +237,7 @@ class _Pipe:
         """True when the replica's answer was read to its end."""
         sse = resp.content_type.startswith("text/event-stream")
         if resp.status == 200 and not sse:
-            # the whole object (a vLLM that ignores `stream`, or not vLLM): the SDK would read
-            # it as a stream without events, which looks complete
-            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
-            raise UpstreamError(f"The replica's answer is not the stream asked for ({media}).")
+            raise not_a_stream(resp.content_type)
         if not (resp.status == 200 and sse):
             self._ctl.headers_received()  # an error, or the whole object: as it is
             body = await resp.read_all()

@@ -1,7 +1,8 @@
 """The admin API as a router factory: ``make_admin_router(AdminDeps(...))``.
 
 Routes: tenants CRUD, key creation/revocation, salt
-rotation, the versioned policy document (ETag / If-Match), replicas, route explain, doctor
+rotation, the versioned policy document (ETag / If-Match; PUT replaces it, PATCH merges a JSON
+merge patch into it), replicas, route explain, doctor
 (`GET /admin/doctor?window=5m`, gateway/doctor/), audit.
 Every change is audited with the admin token's id; failed authentications are throttled per
 client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
@@ -27,13 +28,19 @@ from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
 from gateway.doctor.render import parse_duration
-from gateway.errors import AuthError, BackendUnavailable, BadRequest, NotFound, PermissionDenied
+from gateway.errors import (
+    AuthError,
+    BackendUnavailable,
+    BadRequest,
+    NotFound,
+    PermissionDenied,
+)
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
-from gateway.tenancy.store import TenantStore
+from gateway.tenancy.store import TenantStore, check_policy_version
 
-__all__ = ["AdminDeps", "make_admin_router"]
+__all__ = ["AdminDeps", "make_admin_router", "merge_patch"]
 
 log = logging.getLogger(__name__)
 
@@ -229,12 +236,10 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         doc = snap.doc.model_dump(mode="json", exclude_unset=True)
         return JSONResponse(doc, headers={"etag": f'"{snap.version}"'})
 
-    @router.put("/policy")
-    async def put_policy(
-        who: Who,
-        document: Annotated[dict[str, Any], Body()],
-        if_match: Annotated[str | None, Header()] = None,
+    async def store(
+        who: str, document: Any, if_match: str | None, action: str
     ) -> JSONResponse:
+        """Validate a whole policy document and store it as the next version."""
         expected = _parse_if_match(if_match)
         try:
             doc = parse_policy(document)
@@ -248,9 +253,48 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
                     f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
                 )
         snap = await ctx.store.put_policy(doc, if_version=expected)
-        await ctx.audit(who, "policy.put", "policy", version=snap.version)
+        await ctx.audit(who, action, "policy", version=snap.version)
         body = snap.doc.model_dump(mode="json", exclude_unset=True)
         return JSONResponse(body, headers={"etag": f'"{snap.version}"'})
+
+    @router.put("/policy")
+    async def put_policy(
+        who: Who,
+        document: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        """Replace the whole document: a section or field left out takes its default."""
+        return await store(who, document, if_match, "policy.put")
+
+    @router.patch("/policy")
+    async def patch_policy(
+        who: Who,
+        patch: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        """A JSON merge patch (RFC 7396) on the policy in force: objects merge key by key,
+        `null` removes a key (its default applies), anything else replaces; the result is
+        validated and stored as a PUT of it would be. With If-Match, against that version."""
+        snap = await ctx.store.get_policy()
+        if snap is None:
+            raise NotFound("no policy document has been stored yet")
+        check_policy_version(snap.version, _parse_if_match(if_match))
+        merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
+        # stored only over the version it was merged onto (another write meanwhile: 412)
+        return await store(who, merged, f'"{snap.version}"', "policy.patch")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396: ``patch`` applied to ``target`` (neither is changed)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _ops_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:

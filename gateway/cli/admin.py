@@ -2,14 +2,18 @@
 
     kvgate admin --url URL [--token-env KVGATE_ADMIN_TOKEN] tenants create ID --tier T
     kvgate admin ... tenants list | get ID | delete ID
-    kvgate admin ... tenants update ID [--tier T] [--rpm N] [--tpm N] [--max-concurrency N]
+    kvgate admin ... tenants update ID [--tier T] [--rpm N|none] [--tpm N|none]
+                                       [--max-concurrency N|none]
     kvgate admin ... keys create TENANT | revoke TENANT KEY_ID
-    kvgate admin ... policy get | put FILE [--if-match VERSION]
+    kvgate admin ... policy get | put FILE [--if-match VERSION] | patch FILE|- [--if-match V]
     kvgate admin ... rotate-salt TENANT | audit [--limit N]
 
 The token is the gateway's ``KVGATE_ADMIN_TOKEN``: in its ``id:token,id:token`` form, the first
-token is sent. `policy put` takes a policy document or a whole config file (only its policy
-sections are sent, and it says so on stderr).
+token is sent. A limit flag's `none` removes the tenant's override (the tier's limit applies
+again). `policy put` replaces the whole policy: it takes a policy document or a whole config
+file (only its policy sections are sent, and it says so on stderr); `policy patch` sends a JSON
+merge patch (RFC 7396, JSON or YAML; `-`: stdin): only what it names changes, `null` removes a
+key.
 
 Prints the JSON answer on stdout (for `keys revoke` and `tenants delete`, which the API answers
 with an empty 204, a JSON confirmation of what was done); errors go to stderr with exit
@@ -73,13 +77,18 @@ def _parser() -> argparse.ArgumentParser:
     revoke.add_argument("tenant")
     revoke.add_argument("key_id")
 
-    policy = sub.add_parser("policy", help="pools, models, tiers, fairness: get or replace") \
+    policy = sub.add_parser("policy", help="pools, models, tiers, fairness: get, replace, patch") \
         .add_subparsers(dest="action", required=True, metavar="action")
     policy.add_parser("get", help="the policy in force (its version on stderr)")
     put = policy.add_parser("put", help="replace the policy (--if-match: 412 if it changed)")
     put.add_argument("file", help="policy document (JSON or YAML), or a config file: its "
                                   f"{'/'.join(POLICY_SECTIONS)} sections")
     put.add_argument("--if-match", help="the version you edited (from `policy get`)")
+    patch = policy.add_parser(
+        "patch", help="change only what a JSON merge patch names (null removes a key)")
+    patch.add_argument("file", help="the merge patch (JSON or YAML), or - for stdin; e.g. "
+                                    "'tiers: {free: {limits: {rpm: 30}}}'")
+    patch.add_argument("--if-match", help="412 unless the policy in force is this version")
 
     sub.add_parser("rotate-salt", help="a new cache salt for TENANT (or its salt group)") \
         .add_argument("tenant")
@@ -88,15 +97,34 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+CLEAR = "none"  # a limit flag's value that removes the override (the API's null)
+
+
+def _limit(text: str) -> int | str:
+    """A limit flag's value: a positive integer, or `none` (back to the tier's limit)."""
+    if text.strip().lower() == CLEAR:
+        return CLEAR
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected a positive integer, or none (the tier's limit)")
+    return value
+
+
 def _limit_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rpm", type=int, help="requests per minute")
-    p.add_argument("--tpm", type=int, help="tokens per minute")
-    p.add_argument("--max-concurrency", type=int, help="requests in flight")
+    clear = "; none: the tier's limit again"
+    p.add_argument("--rpm", type=_limit, help="requests per minute" + clear)
+    p.add_argument("--tpm", type=_limit, help="tokens per minute" + clear)
+    p.add_argument("--max-concurrency", type=_limit, help="requests in flight" + clear)
 
 
-def _limits(args: argparse.Namespace) -> dict[str, int]:
-    return {k: v for k, v in (("rpm", args.rpm), ("tpm", args.tpm),
-                              ("max_concurrency", args.max_concurrency)) if v is not None}
+def _limits(args: argparse.Namespace) -> dict[str, int | None]:
+    """The limit flags given; `none` is sent as null (the override removed)."""
+    given = (("rpm", args.rpm), ("tpm", args.tpm), ("max_concurrency", args.max_concurrency))
+    return {k: None if v == CLEAR else v for k, v in given if v is not None}
 
 
 def policy_part(doc: Any) -> Any:
@@ -138,8 +166,11 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
     if group == "policy":
         if action == "get":
             return "GET", "/admin/policy", None, {}
-        doc = policy_part(yaml.safe_load(Path(args.file).read_text()))  # YAML > JSON
         headers = {"if-match": f'"{args.if_match}"'} if args.if_match else {}
+        if action == "patch":
+            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+            return "PATCH", "/admin/policy", yaml.safe_load(text), headers  # YAML > JSON
+        doc = policy_part(yaml.safe_load(Path(args.file).read_text()))
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
         return "POST", f"/admin/tenants/{args.tenant}/rotate-salt", None, {}

@@ -45,7 +45,7 @@ from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
-from gateway.stored import StoredResponses, match_stored
+from gateway.stored import StoredResponses, match_stored, not_a_stream, wants_stream
 from gateway.tenancy.resolver import Principal, parse_bearer
 from routing.router import Router
 
@@ -86,7 +86,7 @@ class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
     __slots__ = ("_chunks", "_core", "_held", "_lease", "_principal", "_scanner", "_size",
-                 "_stored", "_subset", "_whole", "order", "req", "sse")
+                 "_stored", "_stream", "_subset", "_whole", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -102,6 +102,7 @@ class Exchange:
         self._held: list[bytes] | None = None  # an error answer, re-shaped at its end
         self._whole: list[bytes] = []  # a whole (non-SSE) answer, read at its end
         self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
+        self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
 
     # -- request path ----------------------------------------------------------------------
     async def request_headers(
@@ -109,11 +110,14 @@ class Exchange:
     ) -> Sequence[pb.ProcessingResponse]:
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
-        path, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
+        path, query, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             if method == "HEAD":
                 return [await self._head_stored(path, token)]
+            if declared is not None and declared > core.cfg.server.max_body_bytes:
+                return [self._refuse(self._too_large())]  # a cancel's: bounded as any body
+            self._stream = wants_stream(query) and method == "GET"
             await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
             return [self._to_stored(path, method, token)]
         if kind is None or method != "POST":
@@ -125,9 +129,8 @@ class Exchange:
         self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
         try:
             self._principal = core.prep.identify(req, token)
-            limit = core.cfg.server.max_body_bytes
-            if declared is not None and declared > limit:
-                raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+            if declared is not None and declared > core.cfg.server.max_body_bytes:
+                raise self._too_large()
             await core.prep.before_body(req, self._principal, declared)
         except KvgateError as exc:
             return [self._refuse(exc)]
@@ -135,15 +138,13 @@ class Exchange:
 
     async def request_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         body = msg.request_body
-        if self._stored is not None:  # already sent on: the body passes as it is
+        self._size += len(body.body)
+        if self._size > self._core.cfg.server.max_body_bytes:
+            return [self._refuse(self._too_large())]
+        if self._stored is not None:  # already sent on: the body passes as it is (bounded)
             return wire.body_responses(body.body, body.end_of_stream, request=True)
         if body.body:
             self._chunks.append(body.body)
-            self._size += len(body.body)
-            limit = self._core.cfg.server.max_body_bytes
-            if self._size > limit:
-                return [self._refuse(
-                    BodyTooLarge(f"The request body exceeds the limit of {limit} bytes."))]
         if not body.end_of_stream:
             return []
         return await self.decide(end=True)
@@ -176,7 +177,10 @@ class Exchange:
         self._attach(self.order[0])
         core.metrics.pre_upstream.observe(perf_counter() - req.t0)
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
-        set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id)]
+        # the body is JSON (parsed, rewritten): said so whatever the client declared (curl's
+        # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
+        set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id),
+                        ("content-type", b"application/json")]
         destination = ",".join(endpoint(r) for r in self.order)
         return [wire.destination_response(destination, len(upstream), set_headers, remove),
                 *wire.body_responses(upstream, end, request=True)]
@@ -223,6 +227,10 @@ class Exchange:
                 return self._refuse(exc)
         status, headers, body = page
         return wire.immediate(status, body, [(k.decode(), v) for k, v in headers], "kvgate_page")
+
+    def _too_large(self) -> BodyTooLarge:
+        limit = self._core.cfg.server.max_body_bytes
+        return BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
 
     def _refuse(self, exc: KvgateError) -> pb.ProcessingResponse:
         headers = [(k.decode(), v) for k, v in exc.headers()]
@@ -275,6 +283,10 @@ class Exchange:
     def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         req = self.req
         if req is None or self._lease is None:
+            if self._stream:  # as the HTTP edge: a 200 that is not the stream asked for is a
+                status, content_type = _status(msg.response_headers.headers.headers)  # 502
+                if status == 200 and not content_type.startswith("text/event-stream"):
+                    return [self._refuse(not_a_stream(content_type))]
             return [wire.headers_response(self._stored_headers())]
         status, content_type = _status(msg.response_headers.headers.headers)
         self._served_by(wire.served_endpoint(msg))
@@ -437,13 +449,14 @@ def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]
     return [], ("authorization",)
 
 
-def _scan(headers: Any) -> tuple[str, str, str | None, bytes, int | None]:
-    """:path (no query), :method, the bearer token, x-request-id, content-length."""
-    path, method, token, req_id, declared = "", "", None, b"", None
+def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None]:
+    """:path (no query), the query, :method, the bearer token, x-request-id, content-length."""
+    path, query, method, token, req_id, declared = "", b"", "", None, b"", None
     for h in headers:
         key = h.key
         if key == ":path":
-            path = h.raw_value.decode("latin-1").partition("?")[0]
+            raw, _, query = h.raw_value.partition(b"?")
+            path = raw.decode("latin-1")
         elif key == ":method":
             method = h.raw_value.decode("latin-1")
         elif key == "authorization":
@@ -452,7 +465,7 @@ def _scan(headers: Any) -> tuple[str, str, str | None, bytes, int | None]:
             req_id = h.raw_value
         elif key == "content-length" and h.raw_value.isdigit():
             declared = int(h.raw_value)
-    return path, method, token, req_id, declared
+    return path, query, method, token, req_id, declared
 
 
 def _status(headers: Any) -> tuple[int, str]:

@@ -9,7 +9,14 @@ replay drives it in simulated time (``loadtest/replay/flow.py``). Same code, sam
 
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE, FlowConfig, Saturation
 from routing.flow.gate import PoolFlow, Standing, request_cost
-from routing.flow.queue import IDLE_FLOWS, Entry, FlowQueue, Offer
+from routing.flow.queue import (
+    IDLE_FLOWS,
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
+    Entry,
+    FlowQueue,
+    Offer,
+)
 from routing.flow.saturation import (
     full_reason,
     pool_saturated,
@@ -24,6 +31,8 @@ __all__ = [
     "DEFAULT_MAX_WAIT_S",
     "DEFAULT_MIN_SHARE",
     "IDLE_FLOWS",
+    "RETRY_AFTER_MAX_S",
+    "RETRY_AFTER_MIN_S",
     "Entry",
     "FlowConfig",
     "FlowQueue",

@@ -38,11 +38,12 @@ from typing import Generic, TypeVar
 
 from routing.flow.config import DEFAULT_MIN_SHARE
 
-__all__ = ["IDLE_FLOWS", "Entry", "FlowQueue", "Offer"]
+__all__ = ["IDLE_FLOWS", "RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "Entry", "FlowQueue", "Offer"]
 
 T = TypeVar("T")
 IDLE_FLOWS = 256  # per band: idle tenants remembered ahead of V (beyond: the oldest forgotten)
 _QUEUED, _DISPATCHED, _REMOVED = 0, 1, 2
+RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60  # a shed request's Retry-After, in seconds
 
 
 class Entry(Generic[T]):
@@ -410,6 +411,19 @@ class FlowQueue(Generic[T]):
         if rate <= 1e-9:
             return None
         return self.ahead(band) / rate
+
+    def retry_after(self, band: int, now: float, waited: float = 0.0) -> int:
+        """Whole seconds a request of ``band`` shed at ``now`` is told to wait (`Retry-After`):
+        the queue ahead of it drained at the recent dispatch rate (`wait_estimate`). With no
+        dispatch seen to estimate from, the queue has not moved for as long as its oldest
+        request has waited, and for ``waited`` (the shed request's own wait): that long, not
+        a second, which would bring every shed client back at once. Within
+        `RETRY_AFTER_MIN_S`..`RETRY_AFTER_MAX_S`."""
+        est = self.wait_estimate(band, now)
+        if est is None:
+            oldest = min((e.enqueued_at for e in self.entries()), default=now)
+            est = max(waited, now - oldest)
+        return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, math.ceil(est)))
 
     # -- helpers ------------------------------------------------------------------------------
     def _band(self, level: int) -> _Band[T]:

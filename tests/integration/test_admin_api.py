@@ -223,6 +223,38 @@ async def test_policy_get_put_with_if_match(admin: Admin) -> None:
     assert (await c.get("/admin/policy")).headers["etag"] == '"2"'
 
 
+async def test_policy_patch_merges_into_the_policy_in_force(admin: Admin) -> None:
+    """PATCH /admin/policy is a JSON merge patch (RFC 7396) on the stored document: what it
+    names changes, the rest stays; null removes a key; the result is validated as a PUT is."""
+    c = admin.client
+    r = await c.patch("/admin/policy", json={"tiers": {"free": {"limits": {"rpm": 30}}}},
+                      headers={"if-match": '"1"'})
+    assert r.status_code == 200 and r.headers["etag"] == '"2"', r.text
+    doc = r.json()
+    assert doc["tiers"]["free"]["limits"] == {"rpm": 30, "max_concurrency": 4}
+    assert doc["tiers"]["free"]["priority"] == 10
+    assert doc["pools"] == POLICY_DOC["pools"] and doc["models"] == POLICY_DOC["models"]
+    assert (await c.get("/admin/policy")).json() == doc
+    stale = await c.patch("/admin/policy", json={"tiers": {"free": {"priority": 1}}},
+                          headers={"if-match": '"1"'})
+    assert _error(stale, 412)
+    merge = {"content-type": "application/merge-patch+json"}  # the RFC's media type
+    r = await c.patch("/admin/policy", content=b'{"tiers": {"premium": {"spill_to": null}}}',
+                      headers=merge)
+    assert r.status_code == 200 and "spill_to" not in r.json()["tiers"]["premium"], r.text
+    bad = await c.patch("/admin/policy", json={"models": {"llama-70b": {"free": "fp9"}}})
+    assert _error(bad, 400)["param"] == "models.llama-70b.free"
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    in_use = await c.patch("/admin/policy", json={"tiers": {"free": None},
+                                                  "models": {"llama-70b": {"free": None}}})
+    assert _error(in_use, 400)["param"] == "tiers"
+    assert _error(await c.patch("/admin/policy", json=[1]), 400)
+    assert (await c.get("/admin/policy")).headers["etag"] == '"3"'
+    entries = (await c.get("/admin/audit", params={"limit": 10})).json()["data"]
+    patched = [e["detail"]["version"] for e in entries if e["action"] == "policy.patch"]
+    assert patched == [3, 2]
+
+
 async def test_audit_replicas_explain_and_openapi(admin: Admin) -> None:
     c = admin.client
     await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})

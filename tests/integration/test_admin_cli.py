@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -127,6 +128,60 @@ async def test_tenants_update_changes_only_what_is_given(
         assert code == 1 and "404" in err
 
 
+async def test_tenants_update_clears_a_limit_override(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--rpm none` (any limit flag) removes the tenant's override: the tier's limit applies
+    again (the API's `null`); anything but a positive integer or `none` is a usage error."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        base = ["--url", url]
+        code, _, err = await _cli(capsys, *base, "tenants", "create", "acme", "--tier", "free",
+                                  "--rpm", "10", "--tpm", "500", "--max-concurrency", "2")
+        assert code == 0, err
+        code, out, err = await _cli(capsys, *base, "tenants", "update", "acme", "--rpm", "none")
+        assert code == 0, err
+        assert json.loads(out)["limits"] == {"tpm": 500, "max_concurrency": 2}
+        code, out, err = await _cli(capsys, *base, "tenants", "update", "acme", "--tpm", "None",
+                                    "--max-concurrency", "none")
+        assert code == 0, err
+        assert json.loads(out)["limits"] == {}
+        stored = await store.get_tenant("acme")
+        assert stored is not None and stored.limits.model_dump(exclude_unset=True) == {}
+        for bad in ("0", "-3", "unlimited"):
+            code, _, err = await _cli(capsys, *base, "tenants", "update", "acme", "--rpm", bad)
+            assert code == 2 and "a positive integer, or none" in err, (bad, err)
+
+
+async def test_policy_patch_changes_only_what_it_names(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`kvgate admin policy patch FILE` sends a JSON merge patch: one changed field keeps the
+    rest of the policy; `-` reads the patch from stdin; --if-match guards it as `put`."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        patch = tmp_path / "patch.yaml"
+        patch.write_text("tiers: {free: {limits: {rpm: 30}}}\n")
+        code, out, err = await _cli(capsys, "--url", url, "policy", "patch", str(patch),
+                                    "--if-match", "1")
+        assert code == 0 and "version: 2" in err, err
+        doc = json.loads(out)
+        assert doc["tiers"]["free"] == {"limits": {"rpm": 30, "max_concurrency": 4},
+                                        "priority": 10}
+        assert doc["pools"] == POLICY_DOC["pools"] and doc["models"] == POLICY_DOC["models"]
+        code, _, err = await _cli(capsys, "--url", url, "policy", "patch", str(patch),
+                                  "--if-match", "1")
+        assert code == 1 and "412" in err
+        monkeypatch.setattr("sys.stdin", io.StringIO('{"tiers": {"premium": {"spill_to": null}}}'))
+        code, out, err = await _cli(capsys, "--url", url, "policy", "patch", "-")
+        assert code == 0, err
+        assert "spill_to" not in json.loads(out)["tiers"]["premium"]
+
+
 async def test_policy_put_takes_a_whole_config_file(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,7 +249,7 @@ def test_help_describes_every_command() -> None:
     top = admin("--help").stdout
     assert "(default http://127.0.0.1:8000)" in " ".join(top.split())  # as wrapped
     for group, actions in {"tenants": ["create", "update", "list", "get", "delete"],
-                           "keys": ["create", "revoke"], "policy": ["get", "put"],
+                           "keys": ["create", "revoke"], "policy": ["get", "put", "patch"],
                            "rotate-salt": [], "audit": []}.items():
         line = next(x for x in top.splitlines() if x.strip().startswith(group + " "))
         assert len(line.split()) > 1, f"{group} has no description"

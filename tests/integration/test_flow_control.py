@@ -317,6 +317,47 @@ def test_max_wait_is_a_429_with_retry_after(s: Stack) -> None:
     assert shed.get(f'{{pool="{POOL}",reason="max_wait",tier="impatient"}}', 0) >= 1
 
 
+def test_a_shed_request_counts_under_its_pool_and_retries_after_the_stall(s: Stack) -> None:
+    """A gateway of its own that has sent nothing sees the pool saturated (the stack's gateway
+    filled it): no dispatch to estimate the queue's drain from. A request shed at its tier's
+    2 s longest wait is told to retry after at least that long, not after 1 s (every shed
+    client back at once); it is counted under the pool it was queued for (not pool "none"),
+    as is a request whose client left the queue. A gateway of its own on a Redis database of
+    its own (its own policy)."""
+    tiers = {**POLICY["tiers"], "slow": {"priority": 1, "flow": {"max_wait_s": 2}}}
+    env = {**s.env, "KVGATE_REDIS_URL": s.redis.rsplit("/", 1)[0] + "/5"}
+    gw, base = gateway_proc(config={**s.config, "tiers": tiers}, env=env, auth=True)
+    with gw:
+        keys = {}
+        with admin_client(base, ADMIN) as admin:
+            for tier in ("slow", "free"):
+                tid = f"shed-{tier}-{uuid.uuid4().hex[:6]}"
+                assert admin.post("/tenants", json={"id": tid, "tier": tier}).status_code == 201
+                keys[tier] = str(admin.post(f"/tenants/{tid}/keys").json()["key"])
+        saturate(s, s.tenant("free"))  # through the stack's gateway
+        wait_for(lambda: saturated(base), 10, "the other gateway to see the pool saturated")
+        with sdk(base, keys["slow"]) as client, pytest.raises(openai.RateLimitError) as err:
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
+        resp = err.value.response
+        assert int(resp.headers["retry-after"]) >= 2
+        assert resp.json()["error"]["code"] == "queue_shed"
+        gone = Call(base, keys["free"], 5, timeout=1.0)  # leaves the queue after 1 s
+        gone.start()
+        wait_for(lambda: depth(base) == 1, 10, "1 queued")
+        gone.join(5)
+
+        def counted(mark: str) -> list[str]:
+            return [k for k in metric_values(base, "kvgate_requests_total") if mark in k]
+
+        wait_for(lambda: bool(counted('route="shed"') and counted('status="499"')), 10,
+                 "the shed and the abandoned request counted")
+        for key in counted('route="shed"') + counted('status="499"'):
+            assert f'pool="{POOL}"' in key, key
+        release(s)
+        wait_for(lambda: inflight(s.base) == 0, 30, "drained")
+
+
 def test_queued_requests_count_against_concurrency_once(s: Stack) -> None:
     """Two queued requests hold the tenant's two concurrency leases (Redis): a third is a
     429 for concurrency at once; after they are served the leases are back."""
@@ -483,6 +524,7 @@ def test_queue_full_sheds_lower_band_with_429_and_top_band_gets_503(s: Stack) ->
             third = client.post(f"{base}/v1/chat/completions", json=body(5, stream=False),
                                 headers={"Authorization": f"Bearer {free}"})
         assert third.status_code == 429 and int(third.headers["retry-after"]) >= 1
+        assert third.json()["error"]["code"] == "queue_shed"
         prems = [Call(base, premium, 5) for _ in range(2)]
         for c in prems:
             c.start()
@@ -494,6 +536,8 @@ def test_queue_full_sheds_lower_band_with_429_and_top_band_gets_503(s: Stack) ->
             over = client.post(f"{base}/v1/chat/completions", json=body(5, stream=False),
                                headers={"Authorization": f"Bearer {premium}"})
         assert over.status_code == 503 and int(over.headers["retry-after"]) >= 1
+        # every flow-control shed carries one string code, 429 or 503 (the 503 had 503)
+        assert over.json()["error"]["code"] == "queue_shed"
         release(s)
         for c in prems:
             c.join(30)

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.stored import NO_EVENTS, wants_stream
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import gateway_proc, wait_for
 from tests.support.procs import sim_proc
 
@@ -140,6 +141,35 @@ def test_a_whole_object_to_a_stream_is_a_502_not_an_empty_stream(
     client = openai.OpenAI(base_url=f"{gw[1]}/v1", api_key="x", max_retries=0, timeout=10)
     with pytest.raises(openai.InternalServerError, match="not the stream asked for"):
         client.responses.retrieve(RID, stream=True)
+
+
+def test_the_picker_answers_a_whole_object_to_a_stream_as_the_proxy_does() -> None:
+    """Behind Envoy (the endpoint picker) the same 502 as through the HTTP proxy, where the
+    picker used to let the JSON 200 through as it was; the stream itself still passes."""
+    with BadReplica(MODEL) as replica:
+        config = {"pools": {"default": {"served_model": MODEL, "replicas": [replica.url]}},
+                  "health": {"failure_threshold": 1000}}
+        epp = epp_proc(config=config)
+        with epp:
+            envoy, base = envoy_proc(epp.picker)
+            with envoy:
+                _store_one(replica, base)
+                client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
+                                       timeout=10)
+                replica.get_answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                      b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+                with pytest.raises(openai.InternalServerError) as err:
+                    client.responses.retrieve(RID, stream=True)
+                assert err.value.status_code == 502
+                assert err.value.body == {
+                    "message": "The replica's answer is not the stream asked for "
+                               "(application/json).",
+                    "type": "BadGatewayError", "param": None, "code": 502}
+                assert client.responses.retrieve(RID).status == "queued"  # no stream: whole
+                replica.get_answer = sse_head() + chunked(CREATED, DELTA, COMPLETED)
+                events = [e.type for e in client.responses.retrieve(RID, stream=True)]
+                assert events == ["response.created", "response.output_text.delta",
+                                  "response.completed"]
 
 
 def test_without_stream_the_object_comes_whole(

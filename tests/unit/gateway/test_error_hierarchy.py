@@ -55,3 +55,11 @@ def test_rate_limited_says_when_to_retry() -> None:
 def test_for_status_uses_the_vocabulary() -> None:
     assert errors.for_status(422, "x").type_ == "UnprocessableEntityError"
     assert orjson.loads(errors.for_status(422, "x").body())["error"]["code"] == 422
+
+
+def test_every_flow_control_shed_says_queue_shed() -> None:
+    """429 (a lower band, or past its longest wait) or 503 (a queue full of top-band
+    requests): one string code, as the 429 of a tenant's limits has its own."""
+    for error in (errors.QueueShed("m", retry_after_s=3), errors.PoolOverloaded("m")):
+        assert orjson.loads(error.body())["error"]["code"] == "queue_shed", type(error)
+    assert errors.PoolOverloaded("m").status == 503

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from routing.flow import (
     IDLE_FLOWS,
+    RETRY_AFTER_MAX_S,
+    RETRY_AFTER_MIN_S,
     FlowConfig,
     FlowQueue,
     Holdings,
@@ -202,6 +204,27 @@ def test_wait_estimate_from_the_dispatch_rate() -> None:
     q.offer("x", tenant="t", band=0, cost=2000, now=10, max_wait_s=60)
     est = q.wait_estimate(0, 10.0)
     assert est is not None and 2.5 < est < 4.0  # 2000 tokens at ~630 tokens/s (warming up)
+
+
+def test_retry_after_is_the_drain_time_within_its_bounds() -> None:
+    """What a shed request is told: the queue ahead of it over the recent dispatch rate, 1 to
+    60 s; with no dispatch seen to estimate from, not 1 s (a retry storm) but as long as the
+    queue has gone without moving: its oldest wait, or the shed request's own."""
+    q: FlowQueue[str] = FlowQueue(10, rate_window_s=10)
+    assert q.retry_after(0, 0.0) == RETRY_AFTER_MIN_S  # nothing queued, nothing known
+    q.offer("old", tenant="t", band=0, cost=10, now=0.0, max_wait_s=60)
+    assert q.retry_after(0, 12.5) == 13  # nothing dispatched: the oldest has waited 12.5 s
+    assert q.retry_after(0, 1.0, waited=30.2) == 31  # a request shed at its 30 s max_wait
+    assert q.retry_after(0, 500.0) == RETRY_AFTER_MAX_S
+    for t in range(100):
+        q.note_dispatch(100.0, t / 10)  # 1000 tokens/s for 10 s
+    q.offer("x", tenant="t", band=0, cost=2000, now=10, max_wait_s=60)
+    assert q.retry_after(0, 10.0, waited=30.0) == 4  # ~2010 tokens at ~630 tokens/s
+    q.offer("y", tenant="t", band=0, cost=10**7, now=10, max_wait_s=60)
+    assert q.retry_after(0, 10.0) == RETRY_AFTER_MAX_S
+    empty: FlowQueue[str] = FlowQueue(10, rate_window_s=10)
+    empty.note_dispatch(100.0, 0.0)
+    assert empty.retry_after(0, 0.0) == RETRY_AFTER_MIN_S
 
 
 # -- properties -------------------------------------------------------------------------------
