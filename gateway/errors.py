@@ -2,7 +2,7 @@
 
 The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``;
 `type` uses vLLM's vocabulary (``AuthenticationError``, ``RateLimitError``, ...) and `code` is
-a stable machine-readable string where OpenAI has one (``invalid_api_key``,
+a stable machine-readable string where OpenAI has one (``invalid_api_key``, ``model_not_found``,
 ``rate_limit_exceeded``), else the HTTP status, as vLLM answers. The proxy, the endpoint
 picker, tenancy and the admin API all raise these classes, so every error a client sees from
 kvgate or from a replica through it reads the same. Messages are written by us and never
@@ -110,9 +110,11 @@ class ModelNotFound(NotFound):
     """vLLM's message, then the public names this gateway offers the caller's tier (the first
     `SHOWN`), and when `model` is a replica's served name (what answers carry in `model`), that
     it is. A model the policy offers only to other tiers (``other_tier``: the caller's) is
-    said to be not offered to the caller's tier, not to be missing."""
+    said to be not offered to the caller's tier, not to be missing. `code` is OpenAI's
+    ``model_not_found`` (vLLM answers the bare 404), which clients test for."""
 
     SHOWN = 10
+    code = "model_not_found"
 
     def __init__(
         self, model: str, known: Sequence[str] = (), *, served: bool = False,

@@ -1,0 +1,70 @@
+"""What an unmodified OpenAI client sees through kvgate, next to what the replica (or OpenAI)
+would answer: the official openai client against a real gateway with authentication on, one
+simulated vLLM replica, two tiers. A model the key cannot use is OpenAI's `model_not_found`,
+and `/v1/models` lists what the key can use (clients pick `data[0].id`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.procs import sim_proc
+
+ADMIN = "client-surface-admin-0123456789"
+
+
+@pytest.fixture(scope="module")
+def keys() -> Iterator[tuple[str, dict[str, str]]]:
+    """(gateway base URL, {tier: API key}) with the public models `open` (every tier) and
+    `a-premium-only` (the premium tier; it sorts first)."""
+    sim, url = sim_proc(None, "--time-scale", "50", model="sim-model")
+    config = {
+        "pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
+        "models": {"open": {"default": "p"}, "a-premium-only": {"premium": "p"}},
+        "tiers": {"premium": {}},
+        "tenants": [{"id": "basic", "tier": "default"}, {"id": "gold", "tier": "premium"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    with sim:
+        gw, base = gateway_proc(config=config, env=env, auth=True)
+        with gw, admin_client(base, ADMIN) as admin:
+            made = {tier: admin.post(f"/tenants/{tenant}/keys").json()["key"]
+                    for tier, tenant in (("default", "basic"), ("premium", "gold"))}
+            yield base, made
+
+
+def client(base: str, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+
+
+def test_an_unknown_model_is_openai_model_not_found(keys: tuple[str, dict[str, str]]) -> None:
+    base, made = keys
+    c = client(base, made["default"])
+    with pytest.raises(openai.NotFoundError) as chat:
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError) as retrieved:
+        c.models.retrieve("nope")
+    for caught in (chat.value, retrieved.value):
+        assert (caught.code, caught.param) == ("model_not_found", "model")
+        assert caught.message.endswith("The model `nope` does not exist. Models served here: "
+                                       "open (GET /v1/models lists them).")
+
+
+def test_models_lists_what_the_key_can_use(keys: tuple[str, dict[str, str]]) -> None:
+    base, made = keys
+    basic, gold = client(base, made["default"]), client(base, made["premium"])
+    assert [m.id for m in gold.models.list()] == ["a-premium-only", "open"]
+    listed = [m.id for m in basic.models.list()]
+    assert listed == ["open"]
+    # the pattern of many clients: the first listed model works
+    reply = basic.chat.completions.create(
+        model=listed[0], messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert reply.choices[0].message.content
+    assert gold.models.retrieve("a-premium-only").id == "a-premium-only"
+    with pytest.raises(openai.NotFoundError) as caught:
+        basic.models.retrieve("a-premium-only")
+    assert caught.value.code == "model_not_found"
+    assert "not offered to this key's tier" in caught.value.message
