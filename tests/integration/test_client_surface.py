@@ -1,12 +1,16 @@
 """What an unmodified OpenAI client sees through kvgate, next to what the replica (or OpenAI)
 would answer: the official openai client against a real gateway with authentication on, one
 simulated vLLM replica, two tiers. A model the key cannot use is OpenAI's `model_not_found`,
-and `/v1/models` lists what the key can use (clients pick `data[0].id`)."""
+`/v1/models` lists what the key can use (clients pick `data[0].id`), and embeddings come
+base64-encoded when asked (the SDK's default), as vLLM sends them."""
 
 from __future__ import annotations
 
+import base64
+import struct
 from collections.abc import Iterator
 
+import httpx
 import openai
 import pytest
 
@@ -18,8 +22,8 @@ ADMIN = "client-surface-admin-0123456789"
 
 @pytest.fixture(scope="module")
 def keys() -> Iterator[tuple[str, dict[str, str]]]:
-    """(gateway base URL, {tier: API key}) with the public models `open` (every tier) and
-    `a-premium-only` (the premium tier; it sorts first)."""
+    """(gateway base URL, {tier: API key, "sim": the replica's URL}) with the public models
+    `open` (every tier) and `a-premium-only` (the premium tier; it sorts first)."""
     sim, url = sim_proc(None, "--time-scale", "50", model="sim-model")
     config = {
         "pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
@@ -33,7 +37,7 @@ def keys() -> Iterator[tuple[str, dict[str, str]]]:
         with gw, admin_client(base, ADMIN) as admin:
             made = {tier: admin.post(f"/tenants/{tenant}/keys").json()["key"]
                     for tier, tenant in (("default", "basic"), ("premium", "gold"))}
-            yield base, made
+            yield base, {**made, "sim": url}
 
 
 def client(base: str, key: str) -> openai.OpenAI:
@@ -68,3 +72,22 @@ def test_models_lists_what_the_key_can_use(keys: tuple[str, dict[str, str]]) -> 
         basic.models.retrieve("a-premium-only")
     assert caught.value.code == "model_not_found"
     assert "not offered to this key's tier" in caught.value.message
+
+
+def test_embeddings_in_base64_as_vllm_sends_them(keys: tuple[str, dict[str, str]]) -> None:
+    base, made = keys
+    body = {"input": ["hello", "world"], "encoding_format": "base64"}
+    via = httpx.post(f"{base}/v1/embeddings", json={**body, "model": "open"},
+                     headers={"Authorization": f"Bearer {made['default']}"}).json()
+    direct = httpx.post(f"{made['sim']}/v1/embeddings",
+                        json={**body, "model": "sim-model"}).json()
+    encoded = [d["embedding"] for d in via["data"]]
+    assert encoded == [d["embedding"] for d in direct["data"]]
+    assert all(isinstance(e, str) for e in encoded)  # little-endian float32, base64
+    raw = base64.b64decode(encoded[0])
+    floats = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+    c = client(base, made["default"])
+    plain = c.embeddings.create(model="open", input="hello", encoding_format="float")
+    assert floats == pytest.approx(plain.data[0].embedding, abs=1e-6)
+    default = c.embeddings.create(model="open", input="hello")  # base64 on the wire
+    assert default.data[0].embedding == pytest.approx(floats)
