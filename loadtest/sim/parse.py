@@ -134,6 +134,11 @@ def _stop_point(seed: int, length: int, stops: list[str]) -> tuple[int, int] | N
 def parse_generation(
     body: dict[str, Any], chat: bool, max_model_len: int, reasoning: bool = False
 ) -> GenRequest:
+    if not chat and body.get("suffix") is not None:  # vLLM's completions refuse it outright
+        raise SimError(400, "suffix is not currently supported")
+    if body.get("stream_options") and not body.get("stream"):  # the request model's validator
+        raise SimError(400, "1 validation error: Value error, Stream options can only be "
+                       "defined when `stream=True`.", "Bad Request", "stream_options")
     salt = validate_cache_salt(body)
     priority = _check_sampling(body)
     tool = plan_tool_call(body) if chat else None

@@ -91,3 +91,27 @@ def test_embeddings_in_base64_as_vllm_sends_them(keys: tuple[str, dict[str, str]
     assert floats == pytest.approx(plain.data[0].embedding, abs=1e-6)
     default = c.embeddings.create(model="open", input="hello")  # base64 on the wire
     assert default.data[0].embedding == pytest.approx(floats)
+
+
+def _refusal(c: openai.OpenAI, model: str, kind: str) -> tuple[int, str, object]:
+    with pytest.raises(openai.BadRequestError) as caught:
+        if kind == "suffix":  # fill-in-the-middle clients fall back to prefix-only on this 400
+            c.completions.create(model=model, prompt="def f(", suffix="\n", max_tokens=2)
+        else:  # stream_options without a stream (a client that forces stream=False)
+            c.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                      max_tokens=2, stream_options={"include_usage": True})
+    err = caught.value
+    return err.status_code, err.message, err.param
+
+
+@pytest.mark.parametrize("kind", ["suffix", "stream_options"])
+def test_what_vllm_refuses_is_refused_the_same_through_the_gateway(
+    keys: tuple[str, dict[str, str]], kind: str,
+) -> None:
+    base, made = keys
+    direct = _refusal(openai.OpenAI(base_url=f"{made['sim']}/v1", api_key="x", max_retries=0),
+                      "sim-model", kind)
+    assert _refusal(client(base, made["default"]), "open", kind) == direct
+    expected = ("suffix is not currently supported" if kind == "suffix"
+                else "Stream options can only be defined when `stream=True`.")
+    assert direct[0] == 400 and direct[1].endswith(expected)
