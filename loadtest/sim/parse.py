@@ -28,6 +28,9 @@ class GenRequest:
     tool: ToolPlan | None = None  # a forced tool call: the output is its arguments
     reasoning_tokens: int = 0  # the first tokens are a thinking phase (``--reasoning``)
     return_token_ids: bool = False  # vLLM extra: prompt and output token ids in the answer
+    # `stream_options.continuous_usage_stats` (vLLM extra, with include_usage): usage so far
+    # on every chunk
+    continuous_usage: bool = False
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -160,7 +163,9 @@ def parse_generation(
     options = body.get("stream_options")
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    continuous = (include_usage and isinstance(options, dict)
+                  and options.get("continuous_usage_stats") is True)
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True)
+                      body.get("return_token_ids") is True, continuous)

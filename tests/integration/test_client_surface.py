@@ -115,3 +115,30 @@ def test_what_vllm_refuses_is_refused_the_same_through_the_gateway(
     expected = ("suffix is not currently supported" if kind == "suffix"
                 else "Stream options can only be defined when `stream=True`.")
     assert direct[0] == 400 and direct[1].endswith(expected)
+
+
+def _usages(c: openai.OpenAI, model: str, options: dict[str, bool]) -> list[int | None]:
+    """The completion tokens each chunk's usage reports (None: a chunk without usage)."""
+    stream = c.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "count"}], max_tokens=6, stream=True,
+        extra_body={"ignore_eos": True, "stream_options": options})
+    return [ch.usage.completion_tokens if ch.usage else None for ch in stream]
+
+
+@pytest.mark.parametrize("options", [
+    {"include_usage": True, "continuous_usage_stats": True},
+    {"continuous_usage_stats": True},  # no usage at all: vLLM wants include_usage too
+    {"include_usage": False, "continuous_usage_stats": True},
+])
+def test_continuous_usage_stats_as_the_replica_sends_them(
+    keys: tuple[str, dict[str, str]], options: dict[str, bool],
+) -> None:
+    base, made = keys
+    direct = _usages(openai.OpenAI(base_url=f"{made['sim']}/v1", api_key="x", max_retries=0),
+                     "sim-model", options)
+    via = _usages(client(base, made["default"]), "open", options)
+    if options.get("include_usage"):  # every chunk, the last (choices: []) with the total
+        assert None not in direct and None not in via
+        assert direct[-1] == via[-1] == 6
+    else:
+        assert set(direct) == set(via) == {None}
