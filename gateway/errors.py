@@ -2,7 +2,7 @@
 
 The body shape is vLLM's and OpenAI's: ``{"error": {"message", "type", "param", "code"}}``;
 `type` uses vLLM's vocabulary (``AuthenticationError``, ``RateLimitError``, ...) and `code` is
-a stable machine-readable string where OpenAI has one (``invalid_api_key``, ``model_not_found``,
+a stable machine-readable string where OpenAI has one (``invalid_api_key``,
 ``rate_limit_exceeded``), else the HTTP status, as vLLM answers. The proxy, the endpoint
 picker, tenancy and the admin API all raise these classes, so every error a client sees from
 kvgate or from a replica through it reads the same. Messages are written by us and never
