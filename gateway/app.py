@@ -265,12 +265,26 @@ def _bearer_token(headers: Headers) -> str | None:
     return token
 
 
+# what vLLM 0.34 serves its clients beside the routes kvgate proxies (not its operator
+# endpoints, which stay unknown paths): a client that used them against vLLM is told so
+VLLM_ONLY = frozenset({
+    "/tokenize", "/detokenize", "/tokenizer_info", "/v1/messages", "/v1/messages/count_tokens",
+    "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+    "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations", "/cohere/v2/chat",
+    "/v1/chat/completions/batch", "/invocations",
+})
+
+
 def unknown_path(path: str) -> NotFound:
-    """404, with a hint when the path is an API route without its /v1 (a base URL without it)."""
+    """404, with a hint when the path is an API route without its /v1 (a base URL without it),
+    or one of vLLM's own client endpoints."""
     with_v1 = f"/v1{path}"
     if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
             or match_stored(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    if path in VLLM_ONLY:
+        return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
+                        f"{', '.join(KINDS)} and {MODELS}).")
     return NotFound(f"Unknown path {path}.")
 
 

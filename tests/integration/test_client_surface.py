@@ -142,3 +142,21 @@ def test_continuous_usage_stats_as_the_replica_sends_them(
         assert direct[-1] == via[-1] == 6
     else:
         assert set(direct) == set(via) == {None}
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/messages", "/v1/rerank"])
+def test_a_vllm_endpoint_kvgate_does_not_serve_is_said_so(
+    keys: tuple[str, dict[str, str]], path: str,
+) -> None:
+    base, made = keys
+    resp = httpx.post(f"{base}{path}", json={"model": "open", "prompt": "hi"},
+                      headers={"Authorization": f"Bearer {made['default']}"})
+    assert resp.status_code == 404
+    assert resp.json()["error"] == {
+        "message": f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
+                   "/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and "
+                   "/v1/models).",
+        "type": "NotFoundError", "param": None, "code": 404}
+    # vLLM's operator endpoints stay unknown paths
+    sleep = httpx.post(f"{base}/sleep", headers={"Authorization": f"Bearer {made['default']}"})
+    assert sleep.json()["error"]["message"] == "Unknown path /sleep."
