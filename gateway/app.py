@@ -28,7 +28,7 @@ from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
-from gateway.tenancy.resolver import parse_bearer
+from gateway.tenancy.resolver import Principal, parse_bearer
 from gateway.transport import TransportFactory, default_transport
 from routing.router import Router
 
@@ -107,9 +107,11 @@ class GatewayApp:
                     send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
             if (path == MODELS or model) and rt is not None:
                 try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
-                    rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
+                    principal = rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
                 except KvgateError as exc:
                     return await _error(send, exc)
+                page = partial(self._model, model, principal) if model else partial(
+                    self._models, principal)
             status, headers, body = page()
             return await send_whole(send, status, headers, body)
         if admin_port is None and await self._to_admin(scope, receive, send, path):
@@ -181,9 +183,12 @@ class GatewayApp:
     def _metrics_page(self) -> Page:
         return 200, [(b"content-type", CONTENT_TYPE)], self.metrics.render()
 
-    def _models(self) -> Page:
-        pools = self.rt.pools if self.rt is not None else None
-        names = pools.model_names() if pools is not None else []
+    def _models(self, principal: Principal | None = None) -> Page:
+        """The public models the caller's tier can use, as OpenAI lists the models of a key
+        (clients take `data[0].id`), with the pools that cannot serve now."""
+        rt = self.rt
+        pools = rt.pools if rt is not None else None
+        names = rt.proxy.planner.offered(principal) if rt and principal else []
         data = [_model_object(n) for n in names]
         doc: dict[str, Any] = {"object": "list", "data": data}
         not_ready = [{"pool": name, "reason": why} for name, why in
@@ -192,10 +197,11 @@ class GatewayApp:
             doc["not_ready"] = not_ready
         return 200, JSON, orjson.dumps(doc)
 
-    def _model(self, name: str) -> Page:
-        names = self.rt.pools.model_names() if self.rt is not None else []
-        if name not in names:
-            exc = ModelNotFound(name, names)
+    def _model(self, name: str, principal: Principal | None = None) -> Page:
+        rt = self.rt
+        if rt is None or principal is None or name not in rt.proxy.planner.offered(principal):
+            exc = (rt.proxy.planner.not_found(principal, name) if rt and principal
+                   else ModelNotFound(name))
             return exc.status, exc.headers(), exc.body()
         return 200, JSON, orjson.dumps(_model_object(name))
 
@@ -259,12 +265,26 @@ def _bearer_token(headers: Headers) -> str | None:
     return token
 
 
+# what vLLM 0.34 serves its clients beside the routes kvgate proxies (not its operator
+# endpoints, which stay unknown paths): a client that used them against vLLM is told so
+VLLM_ONLY = frozenset({
+    "/tokenize", "/detokenize", "/tokenizer_info", "/v1/messages", "/v1/messages/count_tokens",
+    "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+    "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations", "/cohere/v2/chat",
+    "/v1/chat/completions/batch", "/invocations",
+})
+
+
 def unknown_path(path: str) -> NotFound:
-    """404, with a hint when the path is an API route without its /v1 (a base URL without it)."""
+    """404, with a hint when the path is an API route without its /v1 (a base URL without it),
+    or one of vLLM's own client endpoints."""
     with_v1 = f"/v1{path}"
     if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
             or match_stored(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    if path in VLLM_ONLY:
+        return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
+                        f"{', '.join(KINDS)} and {MODELS}).")
     return NotFound(f"Unknown path {path}.")
 
 

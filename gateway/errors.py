@@ -113,9 +113,11 @@ class ModelNotFound(NotFound):
     """vLLM's message, then the public names this gateway offers the caller's tier (the first
     `SHOWN`), and when `model` is a replica's served name (what answers carry in `model`), that
     it is. A model the policy offers only to other tiers (``other_tier``: the caller's) is
-    said to be not offered to the caller's tier, not to be missing."""
+    said to be not offered to the caller's tier, not to be missing. `code` is OpenAI's
+    ``model_not_found`` (vLLM answers the bare 404), which clients test for."""
 
     SHOWN = 10
+    code = "model_not_found"
 
     def __init__(
         self, model: str, known: Sequence[str] = (), *, served: bool = False,

@@ -113,12 +113,7 @@ class Planner:
                 if learning:  # a pool whose served name is not known yet may serve it
                     raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
                                              f"(not ready: pool {', '.join(learning)}).")
-                tier = principal.tier
-                offered = {m for m in doc.models if doc.pool_for(m, tier) is not None}
-                raise ModelNotFound(
-                    parsed.model, sorted(offered | set(self.pools.public)),
-                    served=any(p.served_model == parsed.model for p in doc.pools.values()),
-                    other_tier=tier if parsed.model in doc.models else None)
+                raise self.not_found(principal, parsed.model)
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:
             found = self.pools.by_name.get(route.pool)
@@ -133,6 +128,23 @@ class Planner:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         features = self._features(kind, parsed, principal, priority)
         return Plan(pool, served, priority, home, spilled, features, views[pool.name])
+
+    def offered(self, principal: Principal) -> list[str]:
+        """The public model names `principal`'s tier can use, sorted (`GET /v1/models`, and
+        the list a 404 names)."""
+        doc = principal.policy.doc if principal.policy is not None else self.pools.doc
+        tier = principal.tier
+        mine = {m for m in doc.models if doc.pool_for(m, tier) is not None}
+        return sorted(mine | set(self.pools.public))
+
+    def not_found(self, principal: Principal, model: str) -> ModelNotFound:
+        """The 404 for a `model` `principal` cannot use: missing, a served name, or offered
+        to other tiers only."""
+        doc = principal.policy.doc if principal.policy is not None else self.pools.doc
+        return ModelNotFound(
+            model, self.offered(principal),
+            served=any(p.served_model == model for p in doc.pools.values()),
+            other_tier=principal.tier if model in doc.models else None)
 
     def prefix_features(
         self, parsed: ParsedBody, principal: Principal, priority: int = 0

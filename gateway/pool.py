@@ -162,10 +162,6 @@ class Pools:
         else:
             self.public = {p.served_model: p for p in self.by_name.values() if p.served_model}
 
-    def model_names(self) -> list[str]:
-        """Every public model name (any tier), for `/v1/models`."""
-        return sorted(set(self.doc.models) | set(self.public))
-
     def replicas(self) -> Iterator[Replica]:
         for pool in self.by_name.values():
             yield from pool.replicas

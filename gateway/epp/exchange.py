@@ -65,7 +65,8 @@ class PickerCore:
     metrics: GatewayMetrics
     responses: ResponseStore
     clock: Callable[[], float]
-    page: Callable[[str], Page | None]  # GET pages kvgate answers itself (/v1/models ...)
+    # GET pages kvgate answers itself (/v1/models ...: for the caller, once authenticated)
+    page: Callable[[str, Principal | None], Page | None]
     stored: StoredResponses  # where a stored Responses-API response lives
     new_id: Callable[[], bytes]
     fallbacks: int  # endpoints after the first in the destination (0: the first only)
@@ -217,14 +218,16 @@ class Exchange:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
         if path in KINDS:
             return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
-        page = self._core.page(path) if method in ("GET", "HEAD") else None
-        if page is None:
-            return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
-        if path == MODELS or path.startswith(MODEL_PREFIX):  # as the HTTP edge: a valid key
-            try:
-                self._core.prep.authenticate(token)
+        get = method in ("GET", "HEAD")
+        principal = None
+        if get and (path == MODELS or (path.startswith(MODEL_PREFIX) and path != MODEL_PREFIX)):
+            try:  # as the HTTP edge: a valid key, and the models of its tier
+                principal = self._core.prep.authenticate(token)
             except KvgateError as exc:
                 return self._refuse(exc)
+        page = self._core.page(path, principal) if get else None
+        if page is None:
+            return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
         status, headers, body = page
         return wire.immediate(status, body, [(k.decode(), v) for k, v in headers], "kvgate_page")
 

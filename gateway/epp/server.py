@@ -26,8 +26,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.epp.exchange import Exchange, PickerCore
-from gateway.proxy import MODEL_PREFIX
+from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.runtime import Runtime
+from gateway.tenancy.resolver import Principal
 
 __all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
 
@@ -134,9 +135,11 @@ class EppApp(GatewayApp):
     def ready(self) -> bool:
         return self._readyz()[0] == 200
 
-    def _public_page(self, path: str) -> Page | None:
+    def _public_page(self, path: str, principal: Principal | None) -> Page | None:
         if path.startswith(MODEL_PREFIX) and path != MODEL_PREFIX:
-            return self._model(path[len(MODEL_PREFIX):])
+            return self._model(path[len(MODEL_PREFIX):], principal)
+        if path == MODELS:
+            return self._models(principal)
         page = self._get.get(path) if path in PUBLIC_PAGES else None
         return page() if page is not None else None
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
 import itertools
 import logging
 import math
+import struct
 import time
 import uuid
 from collections import deque
@@ -267,12 +269,16 @@ class SimApp:
         dim = body.get("dimensions") or self.options.embedding_dim
         if not isinstance(dim, int) or dim < 1:
             raise SimError(400, "'dimensions' must be a positive integer", param="dimensions")
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise SimError(400, "1 validation error: 'encoding_format' must be 'float' or "
+                           "'base64'", "Bad Request", "encoding_format")
         data, total = [], 0
         for i, item in enumerate(inputs):
             prompt = parse_prompt({"prompt": item}, chat=False)
             total += prompt.num_tokens
             data.append({"index": i, "object": "embedding",
-                         "embedding": _vector(prompt.seed(), dim)})
+                         "embedding": _encoded(_vector(prompt.seed(), dim), encoding)})
         await send_json(send, 200, {
             "id": f"embd-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": self.options.model, "data": data,
@@ -327,6 +333,14 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return str(value.decode("latin-1"))
     return None
+
+
+def _encoded(vector: list[float], encoding: str) -> list[float] | str:
+    """vLLM's `encoding_format`: the floats, or (``base64``, the openai SDK's default) their
+    little-endian float32 bytes in base64."""
+    if encoding == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
 
 
 def _vector(prompt_seed: int, dim: int) -> list[float]:

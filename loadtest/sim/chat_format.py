@@ -43,7 +43,8 @@ class ChatFormat:
     def start(self) -> bytes:
         return b""  # vLLM sends the role chunk with the first output, not before
 
-    def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None) -> bytes:
+    def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None,
+               generated: int = 0) -> bytes:
         if self.chat:
             choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "logprobs": None,
                                       "finish_reason": finish}
@@ -53,16 +54,21 @@ class ChatFormat:
             obj = "text_completion"
         if finish is not None:
             choice["stop_reason"] = None
-        body = {"id": self.response_id, "object": obj, "created": self.g.created,
-                "model": self.g.ctx.model, "choices": [choice]}
+        body: dict[str, Any] = {"id": self.response_id, "object": obj, "created": self.g.created,
+                                "model": self.g.ctx.model, "choices": [choice]}
+        if self.g.gen.continuous_usage:  # usage so far on every chunk (the role chunk: 0)
+            prompt = self.g.gen.prompt.num_tokens
+            body["usage"] = {"prompt_tokens": prompt, "total_tokens": prompt + generated,
+                             "completion_tokens": generated}
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
     def piece(self, piece: Piece, first: bool) -> bytes:
         finish = self._finish(piece.out)
+        generated = piece.out.num_output_tokens
         if not self.chat:
             if not piece.content and finish is None:
                 return b""
-            return self._chunk(None, piece.content, finish)
+            return self._chunk(None, piece.content, finish, generated)
         head = self._chunk({"role": "assistant", "content": ""}, "", None) if first else b""
         delta: dict[str, Any] = {}
         if self.g.gen.tool is not None:
@@ -77,7 +83,7 @@ class ChatFormat:
                 delta["content"] = piece.content
         if not delta and finish is None:
             return head
-        return head + self._chunk(delta, "", finish)
+        return head + self._chunk(delta, "", finish, generated)
 
     def end(self, last: RequestOutput) -> bytes:
         tail = b""

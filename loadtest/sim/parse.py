@@ -28,6 +28,9 @@ class GenRequest:
     tool: ToolPlan | None = None  # a forced tool call: the output is its arguments
     reasoning_tokens: int = 0  # the first tokens are a thinking phase (``--reasoning``)
     return_token_ids: bool = False  # vLLM extra: prompt and output token ids in the answer
+    # `stream_options.continuous_usage_stats` (vLLM extra, with include_usage): usage so far
+    # on every chunk
+    continuous_usage: bool = False
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -134,6 +137,11 @@ def _stop_point(seed: int, length: int, stops: list[str]) -> tuple[int, int] | N
 def parse_generation(
     body: dict[str, Any], chat: bool, max_model_len: int, reasoning: bool = False
 ) -> GenRequest:
+    if not chat and body.get("suffix") is not None:  # vLLM's completions refuse it outright
+        raise SimError(400, "suffix is not currently supported")
+    if body.get("stream_options") and not body.get("stream"):  # the request model's validator
+        raise SimError(400, "1 validation error: Value error, Stream options can only be "
+                       "defined when `stream=True`.", "Bad Request", "stream_options")
     salt = validate_cache_salt(body)
     priority = _check_sampling(body)
     tool = plan_tool_call(body) if chat else None
@@ -155,7 +163,9 @@ def parse_generation(
     options = body.get("stream_options")
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
+    continuous = (include_usage and isinstance(options, dict)
+                  and options.get("continuous_usage_stats") is True)
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True)
+                      body.get("return_token_ids") is True, continuous)

@@ -62,7 +62,7 @@ def test_models_retrieve_answers_a_public_name_and_404s_others(
     assert caught.value.body == {
         "message": f"The model `org/no-such-model` does not exist. Models served here: {MODEL}"
                    " (GET /v1/models lists them).",
-        "type": "NotFoundError", "param": "model", "code": 404}
+        "type": "NotFoundError", "param": "model", "code": "model_not_found"}
 
 
 def test_chat_non_streamed_with_headers_and_request_id(fleet: tuple[str, list[str]]) -> None:
