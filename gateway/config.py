@@ -116,7 +116,7 @@ class UpstreamConfig(_Section):
     """Timeouts and retries toward the replicas. Defaults suit LLM traffic."""
 
     connect_timeout_s: Pos = 3.0
-    first_byte_timeout_s: Pos = 300.0  # until the answer (streams: its first SSE event)
+    first_byte_timeout_s: Pos = 300.0  # until a stream's first SSE event (whole answers: total)
     idle_timeout_s: Pos = 120.0  # between chunks once the answer has started
     total_timeout_s: Pos = 1800.0  # whole exchange; long generations take minutes
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries

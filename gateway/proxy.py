@@ -133,7 +133,7 @@ class Proxy:
         self, scope: Scope, send: Send, receive: Receive, req: ProxiedRequest,
         decision: Decision, body: bytes,
     ) -> None:
-        req.ctl = Canceller(self._up, receive)
+        req.ctl = Canceller(self._up, receive, whole=not req.features.stream)
         try:
             with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
                 await self._forward(send, req, decision, body)

@@ -3,9 +3,11 @@
 One `Canceller` per request holds a single timer and a task that waits for the ASGI
 ``http.disconnect``. Either cancels the handler task and records why; the handler turns that
 into a 504, an SSE error event, or nothing (client gone). Phases: until the answer has started
-the first-byte timeout applies (a non-streamed answer: its headers; a stream: its first SSE
-event -- vLLM sends a stream's headers at once and ``: keep-alive`` comments while a request
-waits, neither is an answer); from then on the idle timeout between chunks. The timer is lazy:
+the first-byte timeout applies to a stream (its first SSE event -- vLLM sends a stream's
+headers at once and ``: keep-alive`` comments while a request waits, neither is an answer);
+a non-streamed answer comes whole, after the last token (vLLM sends nothing before), so only
+the total timeout bounds its wait: a first-byte deadline would cut (and the SDK retry, twice)
+every legitimate generation longer than it. From then on the idle timeout between chunks. The timer is lazy:
 a streamed chunk only stores the time (`touch`); the callback re-arms itself until a deadline
 really passed, and it is moved earlier once when the answer starts, so a stall after a few
 tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
@@ -32,6 +34,7 @@ class Canceller:
         "_attempt",
         "_cfg",
         "_first",
+        "_first_s",
         "_handle",
         "_loop",
         "_start",
@@ -43,12 +46,16 @@ class Canceller:
         "writing",
     )
 
-    def __init__(self, cfg: UpstreamConfig, receive: Callable[[], Awaitable[Any]]) -> None:
+    def __init__(
+        self, cfg: UpstreamConfig, receive: Callable[[], Awaitable[Any]], *, whole: bool = False
+    ) -> None:
+        """``whole``: the answer comes whole (not streamed): no first-byte deadline."""
         self._loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
         self._task = task
         self._cfg = cfg
+        self._first_s = cfg.total_timeout_s if whole else cfg.first_byte_timeout_s
         self._start = self._attempt = self.last = self._loop.time()
         self._first = True  # waiting for response headers
         self.done = False  # the response is complete: nothing may cancel any more
@@ -56,7 +63,7 @@ class Canceller:
         self.reason: str | None = None
         self.writing = False  # a chunk is being handed to the client (set by the relay)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self._start + min(cfg.first_byte_timeout_s, cfg.total_timeout_s), self._check
+            self._start + min(self._first_s, cfg.total_timeout_s), self._check
         )
         self._watch = self._loop.create_task(self._watch_disconnect(receive))
 
@@ -99,7 +106,7 @@ class Canceller:
         cfg = self._cfg
         total = self._start + cfg.total_timeout_s
         if self._first:
-            phase, reason = self._attempt + cfg.first_byte_timeout_s, "first byte"
+            phase, reason = self._attempt + self._first_s, "first byte"
         else:
             phase = self.last + cfg.idle_timeout_s
             reason = "client" if self.writing else "idle"

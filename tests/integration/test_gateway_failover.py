@@ -194,8 +194,14 @@ def test_first_byte_and_idle_timeouts(sim_factory: SimFactory) -> None:
         "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "0.5"})
     with gw:
         set_faults(sim, latency_ms=3000)
-        resp = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x"})
+        body = {"model": MODEL, "prompt": "x", "stream": True}
+        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
         assert resp.status_code == 504 and resp.json()["error"]["code"] == 504
+        # a whole answer comes after its last token: only the total timeout bounds its wait
+        set_faults(sim, latency_ms=1500)
+        resp = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x"},
+                          timeout=10)
+        assert resp.status_code == 200 and resp.json()["choices"][0]["text"]
         set_faults(sim, latency_ms=0, hang_after_tokens=2)
         body = {"model": MODEL, "prompt": "x", "max_tokens": 10, "stream": True}
         with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=10) as r:

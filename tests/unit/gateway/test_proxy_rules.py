@@ -200,9 +200,19 @@ def test_a_client_error_is_not_retried() -> None:
     assert answers == [(400, body)] and len(posts) == 1
 
 
-def test_no_first_byte_in_time_is_a_504_without_retry() -> None:
-    answers, posts = _run({A: hang(), B: hang()}, [REQ],
-                          upstream={"first_byte_timeout_s": 0.2})
+@pytest.mark.parametrize(
+    ("request_body", "upstream"),
+    [
+        ({**REQ, "stream": True}, {"first_byte_timeout_s": 0.2}),
+        # a whole answer comes after its last token: the total timeout bounds its wait
+        (REQ, {"first_byte_timeout_s": 0.05, "total_timeout_s": 0.3}),
+    ],
+    ids=["stream-first-byte", "whole-total"],
+)
+def test_no_first_byte_in_time_is_a_504_without_retry(
+    request_body: dict[str, object], upstream: dict[str, float],
+) -> None:
+    answers, posts = _run({A: hang(), B: hang()}, [request_body], upstream=upstream)
     code, body = answers[0]
     assert code == 504 and orjson.loads(body)["error"]["type"] == "GatewayTimeoutError"
     assert len(posts) == 1
