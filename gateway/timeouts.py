@@ -4,13 +4,13 @@ One `Canceller` per request holds a single timer and a task that waits for the A
 ``http.disconnect``. Either cancels the handler task and records why; the handler turns that
 into a 504, an SSE error event, or nothing (client gone). Phases: until the answer has started
 the first-byte timeout applies to a stream (its first SSE event -- vLLM sends a stream's
-headers at once and ``: keep-alive`` comments while a request waits, neither is an answer);
-a non-streamed answer comes whole, after the last token (vLLM sends nothing before), so only
-the total timeout bounds its wait: a first-byte deadline would cut (and the SDK retry, twice)
-every legitimate generation longer than it. From then on the idle timeout between chunks. The timer is lazy:
-a streamed chunk only stores the time (`touch`); the callback re-arms itself until a deadline
-really passed, and it is moved earlier once when the answer starts, so a stall after a few
-tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
+headers at once and ``: keep-alive`` comments while a request waits, neither is an answer); a
+non-streamed answer comes whole, after the last token (vLLM sends nothing before), so only the
+total timeout bounds its wait: a first-byte deadline would cut (and the SDK retry, twice) every
+legitimate generation longer than it. From then on the idle timeout between chunks. The timer
+is lazy: a streamed chunk only stores the time (`touch`); the callback re-arms itself until a
+deadline really passed, and it is moved earlier once when the answer starts, so a stall after a
+few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
 deadline passes while kvgate is blocked handing a chunk to the client (`writing`: the client
 stopped reading and its socket is full) is the client's stall, not the replica's: reason
 ``"client"``.
