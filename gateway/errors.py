@@ -18,6 +18,7 @@ import orjson
 
 __all__ = [
     "REFUSED",
+    "AnswerTooLarge",
     "AuthError",
     "BackendUnavailable",
     "BadRequest",
@@ -211,6 +212,24 @@ class ReplicaRefused(UpstreamError):
     def headers(self) -> list[tuple[bytes, bytes]]:
         # the official OpenAI SDKs read x-should-retry before their status rules (which retry
         # every 5xx): trying again cannot help until an operator fixes the pool's key
+        return [*super().headers(), (b"x-should-retry", b"false")]
+
+
+class AnswerTooLarge(KvgateError):
+    """A replica's whole answer, or one event of its stream, is larger than
+    ``upstream.max_answer_bytes``: kvgate stops reading it (held whole, it could take the
+    gateway's memory, and every other request with it). Not retried elsewhere: another
+    replica would answer the same request as largely."""
+
+    status = 502
+    type_ = "BadGatewayError"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"The replica's answer is larger than the gateway accepts ({limit} bytes, "
+            "upstream.max_answer_bytes); ask for less, or stream it.", reason="too_large")
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
         return [*super().headers(), (b"x-should-retry", b"false")]
 
 

@@ -37,7 +37,7 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
+from gateway.errors import REFUSED, AnswerTooLarge, UpstreamError, error_body, openai_shaped
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
@@ -46,7 +46,7 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "served",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "read_whole", "served",
            "stream_error"]
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class Relay:
                 and resp.content_type.startswith("text/event-stream")):
             return await self._relay_whole(send, req, replica, resp, lease)
         req.status = 200
-        scanner = StreamScanner(req.strip)
+        scanner = StreamScanner(req.strip, self._cfg.upstream.max_answer_bytes)
         try:
             await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
@@ -162,8 +162,10 @@ class Relay:
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
+            message = (AnswerTooLarge(self._cfg.upstream.max_answer_bytes).message
+                       if scanner.oversized else MALFORMED)
             await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(MALFORMED)})
+                        "body": stream_error(message)})
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
@@ -224,6 +226,8 @@ class Relay:
             received = perf_counter()
             out = scanner.feed(chunk)
             if scanner.malformed and not req.sse:  # nothing reached the client: retry it
+                if scanner.oversized:  # (not this: another replica's would be as large)
+                    raise AnswerTooLarge(self._cfg.upstream.max_answer_bytes)
                 replica.record_failure(self._clock())
                 raise UpstreamError(MALFORMED, reason="malformed")
             if out:
@@ -274,7 +278,7 @@ class Relay:
     ) -> bool:
         req.ctl.headers_received()
         try:
-            data = await resp.read_all()
+            data = await read_whole(resp, self._cfg.upstream.max_answer_bytes)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
@@ -311,6 +315,21 @@ class Relay:
             hdrs.append((b"retry-after", wait))
         await send_whole(send, resp.status, hdrs, data)
         return True
+
+
+async def read_whole(resp: UpstreamResponse, limit: int) -> bytes:
+    """A whole answer, `AnswerTooLarge` past ``limit`` bytes (declared or read): the caller
+    then drops the connection, so the replica stops sending."""
+    declared = resp.content_length
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(limit)
+    parts, size = [], 0
+    while chunk := await resp.read_chunk():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 _MAX_RETRY_AFTER_S = 3_600
