@@ -94,17 +94,22 @@ class Replica:
         self.inflight_prefill_tokens += prompt_tokens
         return Lease(self, prompt_tokens)
 
-    def record_scrape(self, sample: Sample | None, now: float) -> None:
-        """A scrape finished; a failed one (None) leaves the last good sample to age."""
+    def record_scrape(self, sample: Sample | None, now: float) -> bool:
+        """A scrape finished; a failed one (None) leaves the last good sample to age. True
+        when the engine restarted since the last good one (its counters went back): its
+        prefix cache is empty."""
         if sample is None:
-            return
+            return False
         prev = self.scraped
+        restarted = False
         if prev is not None:
             self.hit_ratio = _delta_ratio(
                 prev.prefix_cache_hits, prev.prefix_cache_queries,
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
+            restarted = _went_back(prev, sample)
         self.scraped, self.scraped_at = sample, now
+        return restarted
 
     # -- health ---------------------------------------------------------------------------
     def available(self, now: float) -> bool:
@@ -197,6 +202,19 @@ class Replica:
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill,
         )
+
+
+def _went_back(prev: Sample, sample: Sample) -> bool:
+    """Whether a cumulative engine counter is lower than in the previous sample (an engine
+    restart; one data-parallel engine's is enough)."""
+    return any(
+        before is not None and after is not None and after < before
+        for before, after in (
+            (prev.prefix_cache_queries, sample.prefix_cache_queries),
+            (prev.prompt_tokens, sample.prompt_tokens),
+            (prev.generation_tokens, sample.generation_tokens),
+        )
+    )
 
 
 def _delta_ratio(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.replicas import HealthRules, Replica, RetryBudget, replica_id
+from gateway.scrape import Sample
 
 POLICY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
 
@@ -166,3 +167,24 @@ def test_attempts_and_failures_are_cumulative_and_count_requests_only() -> None:
     r.record_slow_probe(2.0)
     r.mark_down(3.0)  # a request refused
     assert (r.attempts, r.failed, r.failures) == (5, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "restarted"),
+    [
+        (Sample(prefix_cache_queries=500, prompt_tokens=900), Sample(prefix_cache_queries=0,
+                                                                     prompt_tokens=0), True),
+        (Sample(prompt_tokens=900, generation_tokens=50), Sample(prompt_tokens=910,
+                                                                 generation_tokens=2), True),
+        (Sample(prefix_cache_queries=500), Sample(prefix_cache_queries=640), False),
+        (Sample(prefix_cache_queries=500), Sample(), False),  # not exported: no reading
+    ],
+    ids=["all-back", "one-back", "forward", "missing"],
+)
+def test_counters_going_back_say_the_engine_restarted(
+    before: Sample, after: Sample, restarted: bool,
+) -> None:
+    r = Replica("p", "http://a:1", HealthRules())
+    assert r.record_scrape(before, 1.0) is False  # the first sample: nothing to compare
+    assert r.record_scrape(None, 2.0) is False  # a failed scrape says nothing
+    assert r.record_scrape(after, 3.0) is restarted
