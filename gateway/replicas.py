@@ -4,9 +4,12 @@
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures eject a replica for an
 exponentially growing back-off; when it expires the replica is half-open and one request
-decides (an active `/health` probe that fails keeps it out). A refused connection or a dead
-engine ejects at once (`mark_down`); a slow `/health` only after `slow_threshold` consecutive
-slow probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
+decides. A refused connection, a dead engine or a failed `/health` ejects at once
+(`mark_down`), and such a replica is known to be down: it stays out past its back-off until
+`/health` answers again (`probe_recovered`), so a pool whose replicas are all gone answers
+503 with Retry-After and is not ready, instead of a trial on a dead replica each time a
+back-off expires. A slow `/health` ejects only after `slow_threshold` consecutive slow
+probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
 replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
 unavailable for a short, growing while, so no policy keeps sending it the traffic it rejects
 at once. Time is passed in, so the machine is testable without sleeps.
@@ -47,7 +50,7 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "attempts", "busy_streak", "busy_until", "draining", "ejected_until",
+        "_policy", "attempts", "busy_streak", "busy_until", "down", "draining", "ejected_until",
         "ejections", "failed", "failures", "hit_ratio", "id", "inflight", "inflight_prefill",
         "inflight_prefill_tokens", "pool", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "state", "url", "watch",
@@ -74,6 +77,7 @@ class Replica:
         self.failed = 0
         self.ejections = 0
         self.ejected_until = 0.0
+        self.down = False  # marked down (refused, dead, /health failed): out until /health answers
         self.slow_probes = 0  # consecutive /health probes that timed out
         self.busy_until = 0.0  # answered busy (503): no new picks before this time
         self.busy_streak = 0
@@ -116,7 +120,7 @@ class Replica:
         """May a request be sent now? Moves an expired ejection to half-open."""
         if self.state == HEALTHY:
             return True
-        if self.state == EJECTED and now >= self.ejected_until:
+        if self.state == EJECTED and now >= self.ejected_until and not self.down:
             self.state = HALF_OPEN
         # half-open: one trial request at a time
         return self.state == HALF_OPEN and self.inflight == 0
@@ -150,11 +154,13 @@ class Replica:
         """`/health` answers again after an ejection: half-open, so the next request decides.
         (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
         on its own, or one that fails every request would be readmitted every back-off.)"""
+        self.down = False
         if self.state == EJECTED:
             self.state = HALF_OPEN
 
     def record_success(self) -> None:
         self.failures = 0
+        self.down = False
         if self.state != HEALTHY:
             self.state = HEALTHY
             self.ejections = 0
@@ -179,6 +185,7 @@ class Replica:
         ejected: keep the back-off). ``request``: a request failed here (not a probe)."""
         self.failures += 1
         self.failed += request
+        self.down = True
         if self.state != EJECTED:
             self.eject(now)
 

@@ -94,6 +94,21 @@ def test_active_probe_marks_down_once_and_waits_for_backoff() -> None:
     assert r.ejected_until == 1.0 and r.probe_due(1.0)
 
 
+def test_a_replica_marked_down_stays_out_past_its_backoff_until_health_answers() -> None:
+    r = replica()
+    r.mark_down(0.0)  # refused, a dead engine, /health failing
+    assert not r.available(5.0) and r.probe_due(5.0)  # probed, but no trial request
+    r.mark_down(5.0, request=False)  # /health still fails
+    assert not r.available(60.0)
+    r.probe_recovered()  # /health answers: one trial request decides
+    assert r.available(60.0) and r.state == "half_open"
+    r.mark_down(60.0)  # the trial was refused: down again
+    assert not r.available(1000.0)
+    r.probe_recovered()
+    r.record_success()
+    assert r.state == "healthy" and r.available(1000.0)
+
+
 def test_view_carries_accounting() -> None:
     r = replica()
     r.acquire(40)
