@@ -36,6 +36,7 @@ __all__ = [
     "QueueShed",
     "RateLimited",
     "ReplicaRefused",
+    "ReplicaWrongModel",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
     "StoreUnreachable",
@@ -213,6 +214,18 @@ class ReplicaRefused(UpstreamError):
         # the official OpenAI SDKs read x-should-retry before their status rules (which retry
         # every 5xx): trying again cannot help until an operator fixes the pool's key
         return [*super().headers(), (b"x-should-retry", b"false")]
+
+
+class ReplicaWrongModel(UpstreamError):
+    """A replica answered vLLM's 404 "The model `...` does not exist." for the pool's served
+    model: it serves another model (restarted with a different one, or listed in the wrong
+    pool). The name was kvgate's, from a public model it offers, so the client's choice is
+    not at fault: a 502, never the 404 that would say so."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The replica does not serve this pool's model (it answered 404): the gateway's "
+            "pool is misconfigured, your model name is not at fault.", reason="wrong_model")
 
 
 class AnswerTooLarge(KvgateError):
