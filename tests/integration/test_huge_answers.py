@@ -39,7 +39,7 @@ def gw() -> Iterator[tuple[BadReplica, BadReplica, str]]:
     config = {
         "pools": {"p": {"served_model": MODEL}},
         "models": {"m": {"default": "p"}},
-        "upstream": {"max_answer_bytes": LIMIT},
+        "upstream": {"max_answer_bytes": LIMIT, "first_byte_timeout_s": 20},
         "health": {"failure_threshold": 1000},
     }
     with BadReplica(MODEL) as one, BadReplica(MODEL) as two:
@@ -102,3 +102,21 @@ def test_one_stream_event_past_the_limit_ends_the_stream_with_an_error_event(
     assert error["code"] == 502 and "max_answer_bytes" in error["message"]
     assert len(received) < LIMIT  # none of the endless event was relayed
     assert inflight(base) == 0
+
+
+def test_an_answer_head_that_does_not_end_is_a_502(
+    gw: tuple[BadReplica, BadReplica, str],
+) -> None:
+    """Headers that go on and on (4 MB of one header, never ended): the exchange fails as an
+    answer that is not HTTP, at once, instead of waiting for the first-byte timeout while the
+    parser joins the header's pieces (quadratic: 25 MB held the event loop for 27 s)."""
+    one, two, base = gw
+    one.answer = two.answer = b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (4 * 1024 * 1024)
+    try:
+        resp = _post(base, stream=False)
+    finally:
+        one.answer = two.answer = _whole(SMALL)
+    assert resp.status_code == 502
+    assert resp.json()["error"]["type"] == "BadGatewayError"
+    assert inflight(base) == 0
+    assert _post(base, stream=False).status_code == 200
