@@ -173,12 +173,13 @@ class StreamScanner:
             # the common case: whole events in one read
             return chunk if _USAGE_KEY not in chunk else self._events(chunk)
         if self._held:
-            seam = self._tail + chunk
-            if b"\n\n" not in seam and b"\r\n\r\n" not in seam:
+            seam = self._tail + chunk[:3]  # an end split between the held bytes and these
+            if not (b"\n\n" in chunk or b"\r\n\r\n" in chunk
+                    or b"\n\n" in seam or b"\r\n\r\n" in seam):
                 # the held event goes on: keep the piece, search only the new bytes
                 self._parts.append(chunk)
                 self._held += len(chunk)
-                self._tail = seam[-3:]
+                self._tail = (self._tail + chunk[-3:])[-3:]
                 self._check_size()
                 return b""
             data = b"".join(self._parts) + chunk
