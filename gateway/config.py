@@ -123,6 +123,9 @@ class UpstreamConfig(_Section):
     retry_budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2  # retries per request
     retry_budget_min: Annotated[int, Field(ge=0)] = 10  # retries always allowed in reserve
     max_connections: Annotated[int, Field(gt=0)] = 1024  # per pool, keep-alive pooled
+    # a whole answer, or one stream event, larger than this is not read on (a 502): held in
+    # memory it could take the gateway down (vLLM's largest, a big embeddings batch, is less)
+    max_answer_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
     # answers retried on another replica before the first byte (500: vLLM's dead engine)
     retry_statuses: list[Annotated[int, Field(ge=500, le=599)]] = [500, 502, 503, 504]
 

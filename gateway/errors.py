@@ -21,6 +21,7 @@ import orjson
 
 __all__ = [
     "REFUSED",
+    "AnswerTooLarge",
     "AuthError",
     "BackendUnavailable",
     "BadRequest",
@@ -38,6 +39,7 @@ __all__ = [
     "QueueShed",
     "RateLimited",
     "ReplicaRefused",
+    "ReplicaWrongModel",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
     "StoreUnreachable",
@@ -216,6 +218,36 @@ class ReplicaRefused(UpstreamError):
     def headers(self) -> list[tuple[bytes, bytes]]:
         # the official OpenAI SDKs read x-should-retry before their status rules (which retry
         # every 5xx): trying again cannot help until an operator fixes the pool's key
+        return [*super().headers(), (b"x-should-retry", b"false")]
+
+
+class ReplicaWrongModel(UpstreamError):
+    """A replica answered vLLM's 404 "The model `...` does not exist." for the pool's served
+    model: it serves another model (restarted with a different one, or listed in the wrong
+    pool). The name was kvgate's, from a public model it offers, so the client's choice is
+    not at fault: a 502, never the 404 that would say so."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The replica does not serve this pool's model (it answered 404): the gateway's "
+            "pool is misconfigured, your model name is not at fault.", reason="wrong_model")
+
+
+class AnswerTooLarge(KvgateError):
+    """A replica's whole answer, or one event of its stream, is larger than
+    ``upstream.max_answer_bytes``: kvgate stops reading it (held whole, it could take the
+    gateway's memory, and every other request with it). Not retried elsewhere: another
+    replica would answer the same request as largely."""
+
+    status = 502
+    type_ = "BadGatewayError"
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(
+            f"The replica's answer is larger than the gateway accepts ({limit} bytes, "
+            "upstream.max_answer_bytes); ask for less, or stream it.", reason="too_large")
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
         return [*super().headers(), (b"x-should-retry", b"false")]
 
 

@@ -17,6 +17,7 @@ Rules it keeps:
   the request);
 - reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
   taken, so a stream never buffers without bound;
+- an answer's head (status line and headers) longer than `MAX_HEAD_BYTES` fails the exchange;
 - failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`) or
   `TimeoutError`, which `gateway.transport.TRANSPORT_ERRORS` covers.
 """
@@ -37,6 +38,10 @@ __all__ = ["H1Pool", "H1Response", "UpstreamClosed", "UpstreamProtocolError"]
 
 IDLE_S = 4.0  # an idle keep-alive connection older than this is not reused
 HIGH_WATER = 256 * 1024  # bytes of an answer buffered for a slow reader before reading pauses
+# an answer whose status line and headers go on past this is not HTTP a replica sends: the
+# parser joins a header's pieces as they come (quadratic: a 25 MB header held the event loop
+# for half a minute)
+MAX_HEAD_BYTES = 64 * 1024
 
 
 class UpstreamClosed(ConnectionResetError):
@@ -67,6 +72,7 @@ class _Conn(asyncio.Protocol):
         self.retry_after: str | None = None
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.any_byte = False  # of this exchange's answer
+        self._head_bytes = 0  # received before the answer's head was complete
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
@@ -91,6 +97,10 @@ class _Conn(asyncio.Protocol):
             self._fail(UpstreamProtocolError("the replica switched protocols"))
         except httptools.HttpParserError as exc:
             self._fail(UpstreamProtocolError(f"invalid HTTP answer: {exc}"))
+        if not self.head.done():
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(UpstreamProtocolError("the answer's head is too large"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport; connection_lost follows

@@ -2,8 +2,9 @@
 
 A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
 `Replica`; once an ejection's back-off has expired this poller keeps a replica that still fails
-`/health` out, and one that answers becomes half-open (one trial request decides), so a replica
-that comes back is used again without a restart. vLLM's `/health` reports only the engine's
+`/health` out (a replica marked down is not tried before `/health` answers), and one that
+answers becomes half-open (one trial request decides), so a replica that comes back is used
+again without a restart. vLLM's `/health` reports only the engine's
 errored flag and is served on the same event loop as the requests, so a saturated replica
 answers it late: a probe that times out is only *slow*, and ejects after
 `health.slow_threshold` in a row; a refused connection or an explicit non-200 (vLLM's 503 for

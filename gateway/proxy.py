@@ -33,6 +33,7 @@ from gateway.config import KvgateConfig
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
+    AnswerTooLarge,
     KvgateError,
     ReplicaRefused,
     RetryBudgetExhausted,
@@ -43,7 +44,7 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay, judge, stream_error
+from gateway.relay import Relay, judge, read_whole, stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
@@ -214,9 +215,11 @@ class Proxy:
                 return UpstreamError("The replica did not answer.", reason="connect")
             if (resp.status in self._retry and not last) or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
-                    data = await resp.read_all()
+                    data = await read_whole(resp, self._up.max_answer_bytes)
                     clean = True
                 except TRANSPORT_ERRORS:
+                    data = b""
+                except AnswerTooLarge:  # not a short error body: judged as a plain failure
                     data = b""
                 verdict = judge(replica, resp.status, data, self._clock())
                 if verdict == "refused":  # kvgate's credentials, not the client's: a 502

@@ -12,6 +12,10 @@ answered feeds the replica's health (`judge`):
   `ReplicaRefused`);
 - vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
   your request.", the server exits right after): down at once (`Replica.mark_down`);
+- vLLM's 404 "The model `...` does not exist.": the replica serves another model than its
+  pool's (kvgate sent the pool's served name): down at once, and the request is answered by
+  another replica (`ReplicaWrongModel`, a 502, when none is left) -- else, fast, unloaded
+  and holding the prefixes routed to it, it drew traffic it fails every time;
 - any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
   that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
@@ -37,7 +41,14 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import REFUSED, UpstreamError, error_body, openai_shaped
+from gateway.errors import (
+    REFUSED,
+    AnswerTooLarge,
+    ReplicaWrongModel,
+    UpstreamError,
+    error_body,
+    openai_shaped,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
@@ -46,7 +57,7 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "served",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "read_whole", "served",
            "stream_error"]
 
 log = logging.getLogger(__name__)
@@ -69,11 +80,14 @@ MALFORMED = "The upstream replica sent a stream event that is not JSON."
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+# vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
+_NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
 
 
 def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     """Feed an upstream answer's status (and error body) to the replica's health; returns
-    the verdict ("busy", "refused", "dead", "failure", "ok") for logs and metrics."""
+    the verdict ("busy", "refused", "dead", "wrong_model", "failure", "ok") for logs and
+    metrics."""
     if status == 503 and any(marker in body for marker in _BUSY):
         replica.record_busy(now)
         return "busy"
@@ -88,6 +102,9 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     if status == 500 and _DEAD in body:
         replica.mark_down(now)
         return "dead"
+    if status == 404 and _NO_MODEL.search(body):
+        replica.mark_down(now)
+        return "wrong_model"
     if status >= 500:
         replica.record_failure(now)
         return "failure"
@@ -145,7 +162,7 @@ class Relay:
                 and resp.content_type.startswith("text/event-stream")):
             return await self._relay_whole(send, req, replica, resp, lease)
         req.status = 200
-        scanner = StreamScanner(req.strip)
+        scanner = StreamScanner(req.strip, self._cfg.upstream.max_answer_bytes)
         try:
             await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
@@ -162,8 +179,10 @@ class Relay:
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
+            message = (AnswerTooLarge(self._cfg.upstream.max_answer_bytes).message
+                       if scanner.oversized else MALFORMED)
             await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(MALFORMED)})
+                        "body": stream_error(message)})
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
@@ -224,6 +243,8 @@ class Relay:
             received = perf_counter()
             out = scanner.feed(chunk)
             if scanner.malformed and not req.sse:  # nothing reached the client: retry it
+                if scanner.oversized:  # (not this: another replica's would be as large)
+                    raise AnswerTooLarge(self._cfg.upstream.max_answer_bytes)
                 replica.record_failure(self._clock())
                 raise UpstreamError(MALFORMED, reason="malformed")
             if out:
@@ -274,7 +295,7 @@ class Relay:
     ) -> bool:
         req.ctl.headers_received()
         try:
-            data = await resp.read_all()
+            data = await read_whole(resp, self._cfg.upstream.max_answer_bytes)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
@@ -290,7 +311,8 @@ class Relay:
                                 reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
-        judge(replica, resp.status, data, self._clock())
+        if judge(replica, resp.status, data, self._clock()) == "wrong_model":
+            raise ReplicaWrongModel  # nothing was sent: another replica answers it
         content_type = resp.content_type
         if resp.status == 200:
             if usage := body_usage(data):
@@ -311,6 +333,21 @@ class Relay:
             hdrs.append((b"retry-after", wait))
         await send_whole(send, resp.status, hdrs, data)
         return True
+
+
+async def read_whole(resp: UpstreamResponse, limit: int) -> bytes:
+    """A whole answer, `AnswerTooLarge` past ``limit`` bytes (declared or read): the caller
+    then drops the connection, so the replica stops sending."""
+    declared = resp.content_length
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(limit)
+    parts, size = [], 0
+    while chunk := await resp.read_chunk():
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 _MAX_RETRY_AFTER_S = 3_600

@@ -4,9 +4,12 @@
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures eject a replica for an
 exponentially growing back-off; when it expires the replica is half-open and one request
-decides (an active `/health` probe that fails keeps it out). A refused connection or a dead
-engine ejects at once (`mark_down`); a slow `/health` only after `slow_threshold` consecutive
-slow probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
+decides. A refused connection, a dead engine or a failed `/health` ejects at once
+(`mark_down`), and such a replica is known to be down: it stays out past its back-off until
+`/health` answers again (`probe_recovered`), so a pool whose replicas are all gone answers
+503 with Retry-After and is not ready, instead of a trial on a dead replica each time a
+back-off expires. A slow `/health` ejects only after `slow_threshold` consecutive slow
+probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
 replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
 unavailable for a short, growing while, so no policy keeps sending it the traffic it rejects
 at once. Time is passed in, so the machine is testable without sleeps.
@@ -47,7 +50,7 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "attempts", "busy_streak", "busy_until", "draining", "ejected_until",
+        "_policy", "attempts", "busy_streak", "busy_until", "down", "draining", "ejected_until",
         "ejections", "failed", "failures", "hit_ratio", "id", "inflight", "inflight_prefill",
         "inflight_prefill_tokens", "pool", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "state", "url", "watch",
@@ -74,6 +77,7 @@ class Replica:
         self.failed = 0
         self.ejections = 0
         self.ejected_until = 0.0
+        self.down = False  # marked down (refused, dead, /health failed): out until /health answers
         self.slow_probes = 0  # consecutive /health probes that timed out
         self.busy_until = 0.0  # answered busy (503): no new picks before this time
         self.busy_streak = 0
@@ -94,24 +98,29 @@ class Replica:
         self.inflight_prefill_tokens += prompt_tokens
         return Lease(self, prompt_tokens)
 
-    def record_scrape(self, sample: Sample | None, now: float) -> None:
-        """A scrape finished; a failed one (None) leaves the last good sample to age."""
+    def record_scrape(self, sample: Sample | None, now: float) -> bool:
+        """A scrape finished; a failed one (None) leaves the last good sample to age. True
+        when the engine restarted since the last good one (its counters went back): its
+        prefix cache is empty."""
         if sample is None:
-            return
+            return False
         prev = self.scraped
+        restarted = False
         if prev is not None:
             self.hit_ratio = _delta_ratio(
                 prev.prefix_cache_hits, prev.prefix_cache_queries,
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
+            restarted = _went_back(prev, sample)
         self.scraped, self.scraped_at = sample, now
+        return restarted
 
     # -- health ---------------------------------------------------------------------------
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
         if self.state == HEALTHY:
             return True
-        if self.state == EJECTED and now >= self.ejected_until:
+        if self.state == EJECTED and now >= self.ejected_until and not self.down:
             self.state = HALF_OPEN
         # half-open: one trial request at a time
         return self.state == HALF_OPEN and self.inflight == 0
@@ -145,11 +154,13 @@ class Replica:
         """`/health` answers again after an ejection: half-open, so the next request decides.
         (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
         on its own, or one that fails every request would be readmitted every back-off.)"""
+        self.down = False
         if self.state == EJECTED:
             self.state = HALF_OPEN
 
     def record_success(self) -> None:
         self.failures = 0
+        self.down = False
         if self.state != HEALTHY:
             self.state = HEALTHY
             self.ejections = 0
@@ -174,6 +185,7 @@ class Replica:
         ejected: keep the back-off). ``request``: a request failed here (not a probe)."""
         self.failures += 1
         self.failed += request
+        self.down = True
         if self.state != EJECTED:
             self.eject(now)
 
@@ -197,6 +209,19 @@ class Replica:
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill,
         )
+
+
+def _went_back(prev: Sample, sample: Sample) -> bool:
+    """Whether a cumulative engine counter is lower than in the previous sample (an engine
+    restart; one data-parallel engine's is enough)."""
+    return any(
+        before is not None and after is not None and after < before
+        for before, after in (
+            (prev.prefix_cache_queries, sample.prefix_cache_queries),
+            (prev.prompt_tokens, sample.prompt_tokens),
+            (prev.generation_tokens, sample.generation_tokens),
+        )
+    )
 
 
 def _delta_ratio(

@@ -164,7 +164,11 @@ def _scraper(
     def on_sample(replica_id: str, sample: Sample | None, now: float) -> None:
         replica = by_id.get(replica_id)
         if replica is not None:
-            replica.record_scrape(sample, now)
+            if replica.record_scrape(sample, now):
+                # its counters went back: a new engine, whose prefix cache is empty
+                log.info("replica restarted: its prefix cache starts empty",
+                         extra={"pool": replica.pool, "replica": replica_id})
+                router.forget_cache(replica_id)
             counters = sample.engine_counters() if sample is not None else None
             if counters is not None:  # every request teaches the TTFT model
                 router.record_counters(replica_id, counters, now)

@@ -159,7 +159,7 @@ def _labels(raw: str) -> dict[str, str]:
 def _int_label(value: str | None) -> int | None:
     try:
         return int(float(value)) if value not in (None, "", "None") else None
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number, NaN; "inf" (an OverflowError)
         return None
 
 
@@ -349,7 +349,11 @@ class Scraper:
     async def _loop(self, replica_id: str, target: _Target) -> None:
         while True:
             started = self._clock()
-            await self._scrape(replica_id, target)
+            try:
+                await self._scrape(replica_id, target)
+            except Exception:  # a page no rule foresaw must not end this replica's polling
+                target.errors += 1
+                log.exception("scrape failed", extra={"replica": replica_id})
             spread = self.interval_s * self.jitter
             delay = self.interval_s + self._rng.uniform(-spread, spread)
             await asyncio.sleep(max(0.0, delay - (self._clock() - started)))

@@ -9,7 +9,11 @@ events; the usage numbers are read with a regular expression, and the usage-only
 API terminal event, or an error event) rather than being cut short. An event whose data
 cannot be an OpenAI event (not JSON, not ``[DONE]``: a replica or a proxy gone wrong) is never
 forwarded: `feed` stops before it and sets `malformed` (the SDKs would raise a JSON decode
-error mid-stream, with nothing saying which side failed).
+error mid-stream, with nothing saying which side failed). So is an event that grows past
+``max_event_bytes`` without ending (`oversized` too): the fragment of an unfinished event is
+held back in pieces, and only the new bytes are searched for its end, so a replica sending one
+endless event costs kvgate linear time and bounded memory, not a copy of the whole fragment
+per chunk (50 MB sent so held the event loop for half a minute).
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -19,8 +23,8 @@ import re
 
 import orjson
 
-__all__ = ["StreamScanner", "Usage", "body_usage", "comment_only", "first_malformed",
-           "scan_usage"]
+__all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "comment_only",
+           "first_malformed", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -31,6 +35,7 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 _COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -126,17 +131,21 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_partial", "_strip", "ended_event", "error_code", "malformed",
-                 "usage")
+    __slots__ = ("_held", "_last", "_max", "_parts", "_strip", "_tail", "ended_event",
+                 "error_code", "malformed", "oversized", "usage")
 
-    def __init__(self, strip_usage: bool) -> None:
+    def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
-        self._partial = b""
+        self._max = max_event_bytes
+        self._parts: list[bytes] = []  # an unfinished event, held back in the pieces it came in
+        self._held = 0  # their bytes
+        self._tail = b""  # their last 3 bytes (an event's end may straddle two chunks)
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
         self.malformed = False  # an event that is not an OpenAI event came: stop there
+        self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events of `chunk` (with what was held back) to forward. After a
@@ -146,7 +155,7 @@ class StreamScanner:
                    or _BAD_LATER.search(out) is not None)
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True
-            self._partial = b""
+            self._hold(b"")
             out = out[:bad]
         if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
             self._last = out
@@ -160,17 +169,38 @@ class StreamScanner:
             self.error_code = int(code.group(1)) if code else 500
 
     def _feed(self, chunk: bytes) -> bytes:
-        if not self._partial and chunk.endswith(_ENDS):
+        if not self._held and chunk.endswith(_ENDS):
             # the common case: whole events in one read
             return chunk if _USAGE_KEY not in chunk else self._events(chunk)
-        data = self._partial + chunk
+        if self._held:
+            seam = self._tail + chunk[:3]  # an end split between the held bytes and these
+            if not (b"\n\n" in chunk or b"\r\n\r\n" in chunk
+                    or b"\n\n" in seam or b"\r\n\r\n" in seam):
+                # the held event goes on: keep the piece, search only the new bytes
+                self._parts.append(chunk)
+                self._held += len(chunk)
+                self._tail = (self._tail + chunk[-3:])[-3:]
+                self._check_size()
+                return b""
+            data = b"".join(self._parts) + chunk
+        else:
+            data = chunk
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-        if cut == 0:  # no complete event yet: hold the fragment (a client can't use it)
-            self._partial = data
-            return b""
-        self._partial = data[cut:]
-        return self._events(data[:cut])
+        # no complete event yet: hold the fragment (a client can't use it)
+        self._hold(data[cut:])
+        self._check_size()
+        return self._events(data[:cut]) if cut else b""
+
+    def _hold(self, fragment: bytes) -> None:
+        self._parts = [fragment] if fragment else []
+        self._held = len(fragment)
+        self._tail = fragment[-3:]
+
+    def _check_size(self) -> None:
+        if self._held > self._max:  # no OpenAI event is this large: not relayed
+            self.malformed = self.oversized = True
+            self._hold(b"")
 
     def complete(self) -> bool:
         """Whether what was fed so far ends as a whole stream: its last event (comment lines
@@ -178,7 +208,7 @@ class StreamScanner:
         seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
         if self.error_code is not None:
             return True
-        tail = self._partial or self._last
+        tail = b"".join(self._parts) or self._last
         if b"\n:" in tail or tail[:1] == b":":
             tail = b"\n".join(line for line in tail.splitlines() if line[:1] != b":")
         tail = tail.replace(b"\r\n", b"\n").rstrip()
@@ -187,7 +217,8 @@ class StreamScanner:
 
     def flush(self) -> bytes:
         """At the end of the stream: whatever is left, forwarded as is."""
-        rest, self._partial = self._partial, b""
+        rest = b"".join(self._parts)
+        self._hold(b"")
         if rest:
             self.ended_event = False
         return rest

@@ -2,7 +2,8 @@
 
 The gateway (and the offline replayer) call, per request: `pick` -> send -> `record_route`
 (the replica it was actually sent to) -> `record_first_token` when the first token arrives
-(or `record_failure` when it never will). `forget_replica` when a replica leaves its pool.
+(or `record_failure` when it never will). `forget_replica` when a replica leaves its pool,
+`forget_cache` when its engine restarted (its prefix cache is empty).
 Nothing here reads a clock: ``now`` is passed in (seconds, any monotonic origin).
 
 Shared state (several gateways deciding as one): after `enable_sharing`, every routed chain
@@ -308,6 +309,12 @@ class Router:
         self._capacity_tokens.pop(replica, None)
         if self.peers is not None:
             self.peers.forget_replica(replica)
+
+    def forget_cache(self, replica: str) -> None:
+        """``replica``'s engine restarted: its prefix cache is empty (what it learned about
+        the replica's speed still holds)."""
+        self.state.index.forget(replica)
+        self._capacity_tokens.pop(replica, None)  # set again at the next pick
 
     def affinity_entries(self) -> dict[str, int]:
         """Prefix blocks remembered per replica (for ``kvgate_affinity_index_entries``)."""

@@ -141,6 +141,10 @@ class RouteSync:
         router.on_outbox = self._wake.set
         self._calm = asyncio.Event()  # set while the publisher does not read (the reader does)
         self._calm.set()
+        # the publisher's last call failed: a read that goes through does not make the sharing
+        # up (a Redis out of memory, or a replica after a failover, answers reads and refuses
+        # writes: "up" on every read was a warning and an info line every half second)
+        self._write_failed = False
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -253,6 +257,7 @@ class RouteSync:
             except (RedisError, OSError) as exc:
                 if fields is not None and b"r" in fields:
                     self.stats.drop("unpublished", 1)
+                self._write_failed = True
                 self._published.clear()  # re-send the whole load once Redis is back
                 self._last_beat = float("-inf")
                 self._down(exc)
@@ -261,6 +266,8 @@ class RouteSync:
                 continue
             if fields is not None:
                 self.stats.published += 1
+                self._write_failed = False
+            self._answered()
             if reads:
                 self._take(replies[-1])
 
@@ -313,9 +320,9 @@ class RouteSync:
                 reply = await self._in.call(b"XREAD", b"COUNT", count, b"BLOCK", block_ms,
                                             b"STREAMS", self.key, self._last_id)
                 if not self.stats.up:
-                    self.reach.answered()
                     self._wake.set()  # the publisher re-sends our load
-                self.stats.up = True
+                    if not self._write_failed:  # (else its next write decides)
+                        self._answered()
             except (RedisError, OSError) as exc:
                 self._down(exc)
                 await asyncio.sleep(RETRY_S)
@@ -380,6 +387,11 @@ class RouteSync:
             self.stats.drop("foreign", len(batch.routes) - len(routes))
         if routes:
             self._router.apply_peer_routes(routes, batch.member, self._clock())
+
+    def _answered(self) -> None:
+        if not self.stats.up:
+            self.reach.answered()
+            self.stats.up = True
 
     def _down(self, exc: BaseException) -> None:
         """A failed Redis call: route on our own state until Redis answers again."""

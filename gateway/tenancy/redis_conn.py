@@ -61,8 +61,13 @@ def failure_cause(exc: BaseException) -> str:
             if seen.strerror:  # getaddrinfo's own codes (negative)
                 return seen.strerror.lower()
         seen = seen.__cause__ or seen.__context__
-    if isinstance(exc, ResponseError) and str(exc):
-        return f"server replied {str(exc).split()[0]}"
+    if isinstance(exc, ResponseError):
+        # redis-py keeps a known reply's code apart (OOM, READONLY, ...: the message then
+        # starts with the reply's second word)
+        words = str(exc).split()
+        code = getattr(exc, "status_code", None) or (words[0] if words else None)
+        if code:
+            return f"server replied {code}"
     return type(exc).__name__
 
 

@@ -7,7 +7,10 @@ clock (``TIME``), so gateways with skewed clocks still share one budget. Leases 
 that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled
 or unreachable) is kept and retried as soon as Redis answers again -- before this process's
 next admission and by a background retry -- so a tenant is not locked out for a lease TTL
-after a stall. While Redis does not answer, failed renewals are logged like the tenancy store's
+after a stall. So is the lease of an admission that failed: a stalled Redis (paused, a long
+fork) still runs the script it had read when it wakes, after this process gave up on it and
+admitted the request on its per-process fallback, and nobody would hold or release that
+lease. While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
 
@@ -166,8 +169,15 @@ class RedisRateLimiter(RateLimiter):
             self._ttl,
             "1" if peek else "0",
         ]
-        with redis_unavailable():
-            reason, retry, r, t = await self._admit(keys=[bucket, bucket + ":leases"], args=args)
+        try:
+            with redis_unavailable():
+                reason, retry, r, t = await self._admit(
+                    keys=[bucket, bucket + ":leases"], args=args)
+        except StoreUnreachable:
+            if limits.max_concurrency and not peek:  # it may still take a lease: free it
+                self._unreleased[lease_id] = tenant_id
+                self._retry_wake.set()
+            raise
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id

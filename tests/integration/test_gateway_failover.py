@@ -153,6 +153,39 @@ def test_replica_that_comes_back_is_used_again(sim_factory: SimFactory) -> None:
         assert a_url in seen
 
 
+def test_a_dead_pool_stays_out_until_health_answers(sim_factory: SimFactory) -> None:
+    """Every replica of the pool refuses connections: once ejected, each stays out while its
+    `/health` fails, however often its back-off expires -- clients get 503 with Retry-After
+    and /readyz says not ready, never a trial on a replica known to be down (a 502 without
+    Retry-After, /readyz flipping to ready); /health answering again brings it back."""
+    procs = [sim_factory("--time-scale", "50") for _ in range(2)]
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [u for _, u in procs]}},
+              "models": {MODEL: {"default": "p"}},
+              "health": {"interval_s": 0.2, "timeout_s": 0.5, "failure_threshold": 2,
+                         "eject_base_s": 0.1, "eject_max_s": 0.2}}  # expiring all the time
+    gw, base = gateway_proc(config=config)
+    with gw:
+        dead = procs[0][0]
+        for proc, _ in procs:
+            proc.stop()
+        wait_for(lambda: httpx.get(f"{base}/readyz").status_code == 503, what="not ready")
+        answers: Counter[tuple[int, str | None]] = Counter()
+        ready: Counter[int] = Counter()
+        deadline = time.monotonic() + 3  # ~15 back-offs expire meanwhile
+        while time.monotonic() < deadline:
+            r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                            "max_tokens": 1})
+            answers[(r.status_code, r.headers.get("retry-after"))] += 1
+            ready[httpx.get(f"{base}/readyz").status_code] += 1
+        assert set(answers) == {(503, "1")}, answers
+        assert set(ready) == {503}, ready
+        dead.start()
+        wait_for(lambda: httpx.post(f"{base}/v1/completions", json={
+            "model": MODEL, "prompt": "x", "max_tokens": 1}).status_code == 200,
+            what="the replica back once /health answers")
+        assert inflight(base) == 0
+
+
 @pytest.mark.parametrize("stream", [True, False])
 def test_client_disconnect_aborts_upstream(sim_factory: SimFactory, stream: bool) -> None:
     _, sim = sim_factory("--time-scale", "1")

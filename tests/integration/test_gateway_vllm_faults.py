@@ -117,6 +117,46 @@ def test_engine_faulted_503_ejects_the_replica(sim_factory: SimFactory) -> None:
         assert sum(retries(base).values()) == 2  # failure_threshold, then no more tries
 
 
+def test_a_replica_serving_another_model_is_taken_out_and_its_requests_go_elsewhere(
+    sim_factory: SimFactory,
+) -> None:
+    """A replica restarted with another model answers every request at once with vLLM's 404
+    "The model `...` does not exist." for the pool's served name -- a black hole that looks
+    unloaded, healthy (its /health says 200) and, once a conversation was routed there, holds
+    its prefix: every later turn went there and failed. The model is the pool's, not the
+    client's choice: the replica is taken out, the request is answered by another one, and
+    with none left the client gets a 502 naming the replica, not a 404 blaming its model."""
+    (_, good), (_, wrong) = sim_factory("--time-scale", "50"), sim_factory(
+        "--time-scale", "50", model="another-model")
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [good, wrong]}},
+              "models": {"public": {"default": "p"}}}
+    gw, base = gateway_proc(config=config, env=STICKY)
+    with gw:
+        c = client(base)
+        system = "the rules of this conversation " * 60
+        for turn in range(6):  # a conversation, then others: none fails, none lands there
+            raw = c.chat.completions.with_raw_response.create(
+                model="public", max_tokens=2, messages=[
+                    {"role": "system", "content": f"{turn // 3} {system}"},
+                    {"role": "user", "content": f"turn {turn}"}])
+            assert raw.http_response.status_code == 200
+            assert replica_of(raw) == good  # type: ignore[arg-type]
+        failures = metric_values(base, "kvgate_replica_failures_total")
+        assert failures[f'{{pool="p",replica="{wrong[7:]}"}}'] >= 1
+        assert metric_values(base, "kvgate_replica_healthy")[
+            f'{{pool="p",replica="{wrong[7:]}"}}'] == 0.0
+
+    gw, base = gateway_proc(config={**config, "pools": {"p": {
+        "served_model": MODEL, "replicas": [wrong]}}}, env=STICKY)
+    with gw:
+        resp = httpx.post(f"{base}/v1/completions", json={
+            "model": "public", "prompt": "x", "max_tokens": 2})
+        assert resp.status_code == 502
+        assert resp.json()["error"]["type"] == "BadGatewayError"
+        assert "does not serve" in resp.json()["error"]["message"]
+        assert inflight(base) == 0
+
+
 def test_busy_503_backs_off_and_retries_go_elsewhere(sim_factory: SimFactory) -> None:
     (_, a), (_, b) = (sim_factory("--time-scale", "1", "--max-num-queued-reqs", "1"),
                       sim_factory("--time-scale", "50"))
@@ -222,20 +262,19 @@ def test_stall_after_first_tokens_is_cut_by_the_idle_timeout_as_504(
         # gateway's credentials, not the client's (tests/integration/test_upstream_settings.py)
         (("--api-key", "upstream-secret"), 502, "BadGatewayError",
          ReplicaRefused(401).message),
-        # vLLM < 0.10.1: the flat {"object": "error", ...} shape
-        (("--legacy-errors",), 404, "NotFoundError", "The model `other` does not exist."),
+        # vLLM < 0.10.1: the flat {"object": "error", ...} shape (a request it refuses: n=2)
+        (("--legacy-errors",), 400, "BadRequestError", "The simulator supports n=1 only."),
     ],
 )
 def test_upstream_errors_are_openai_shaped(
     sim_factory: SimFactory, sim_args: tuple[str, ...], status: int, type_: str, message: str,
 ) -> None:
     _, a = sim_factory(*sim_args)
-    config = {"pools": {"p": {"served_model": "other" if status == 404 else MODEL,
-                              "replicas": [a]}}}
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [a]}}}
     gw, base = gateway_proc(config=config)
     with gw:
         resp = httpx.post(f"{base}/v1/completions", json={
-            "model": "other" if status == 404 else MODEL, "prompt": "x", "max_tokens": 2})
+            "model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2})
     assert resp.status_code == status
     assert resp.headers["content-type"] == "application/json"
     err = resp.json()["error"]  # OpenAI's (and vLLM >= 0.10.1's) nested shape

@@ -4,6 +4,7 @@ whose /metrics hangs (a local asyncio server that accepts and never answers)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 
@@ -139,3 +140,53 @@ async def test_data_parallel_capacity_and_no_load_data(
         assert rec.ok("quiet") == []
         assert scraper.no_load_data("quiet") and not scraper.no_load_data("dp2")
         assert scraper.scrape_age("quiet") is None
+
+
+GOOD_PAGE = (b'vllm:num_requests_running{engine="0"} 3\n'
+             b'vllm:cache_config_info{block_size="16",num_gpu_blocks="100",engine="0"} 1\n')
+GARBAGE_PAGES = [
+    GOOD_PAGE.replace(b'"100"', b'"inf"'),  # int(float("inf")) is an OverflowError
+    b"vllm:\xff\xfe not a page at all {{{\n",
+    GOOD_PAGE.replace(b" 3\n", b" 1e999999\n"),
+]
+
+
+@pytest.fixture
+async def page_url() -> AsyncIterator[tuple[list[bytes], str]]:
+    """A /metrics that serves ``pages[0]`` (the test changes it)."""
+    pages = [GOOD_PAGE]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                body = pages[0]
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n"
+                             b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    yield pages, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+    await server.wait_closed()
+
+
+@pytest.mark.parametrize("garbage", GARBAGE_PAGES, ids=["inf-label", "binary", "huge-value"])
+async def test_a_garbage_page_is_a_failed_scrape_and_polling_goes_on(
+    page_url: tuple[list[bytes], str], garbage: bytes,
+) -> None:
+    """Whatever a page holds, a scrape fails or succeeds: the target's polling task must not
+    die on it (the replica would never be scraped again, its load left to age out)."""
+    pages, url = page_url
+    rec = Recorder()
+    async with aiohttp.ClientSession() as client:
+        scraper = Scraper(client, rec, interval_s=0.02, timeout_s=2.0)
+        scraper.add_target("r", url)
+        async with scraper:
+            await rec.until(lambda: len(rec.ok("r")) >= 1)
+            pages[0] = garbage
+            seen = len(rec.samples["r"])
+            await rec.until(lambda: len(rec.samples["r"]) >= seen + 2)  # the garbage scraped
+            pages[0] = GOOD_PAGE
+            await rec.until(lambda: (rec.samples["r"][-1] or Sample()).running == 3)

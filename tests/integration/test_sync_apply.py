@@ -300,3 +300,39 @@ async def test_stop_ends_the_loops_even_if_a_cancellation_is_swallowed(redis_url
     t0 = time.monotonic()
     await asyncio.wait_for(sync.stop(), 5.0)
     assert swallowed and all(t.done() for t in loops) and time.monotonic() - t0 < 4.0
+
+
+async def test_a_redis_that_refuses_writes_is_down_until_writes_succeed(
+    redis_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis out of memory under ``noeviction`` (or a replica after a failover: READONLY)
+    answers reads and refuses writes. The sharing is down -- its records go nowhere -- and
+    says so once, with the server's reason; it must not flip to "answers again" whenever a
+    read goes through (a warning and an info line every half second, /readyz flapping), and
+    it recovers once writes succeed again."""
+    caplog.set_level(logging.INFO, logger="gateway.fleet")
+    sync = _sync(redis_url, Router(RouterConfig()), _busy, catchup_entries=0)
+    async with _running(redis_url, sync) as r:
+        await _until(lambda: sync.stats.published >= 1)
+        caplog.clear()
+        await r.config_set("maxmemory", 1)  # every write is OOM under noeviction
+        try:
+            await _until(lambda: sync.degraded)
+            seen = set()
+            for _ in range(150):  # 1.5 s: three retries of the publisher, reads meanwhile
+                seen.add(sync.degraded)
+                await asyncio.sleep(0.01)
+            assert seen == {True}
+        finally:
+            await r.config_set("maxmemory", 0)
+        await _until(lambda: not sync.degraded)
+        published = sync.stats.published
+        await _until(lambda: sync.stats.published > published)  # writes again
+    lines = [m.getMessage() for m in caplog.records]
+    assert lines == [
+        f"shared routing state: cannot reach Redis at {sync.reach.address} (server replied "
+        "OOM); retrying every 0.5 s",
+        lines[1],
+    ], lines
+    assert lines[1].startswith(
+        f"shared routing state: Redis at {sync.reach.address} answers again")

@@ -8,6 +8,9 @@ only a release that surely never reached Redis tells whether the gateway retries
 
 from __future__ import annotations
 
+import shutil
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from tests.support.gateway import (
     persistent_redis,
     wait_for,
 )
-from tests.support.procs import Proc
+from tests.support.procs import Proc, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "stall-admin-token-0123456789"
@@ -57,3 +60,33 @@ def test_a_lease_whose_release_failed_is_freed_when_redis_answers_again(
             wait_for(lambda: not _degraded(base), what="the gateway back on Redis")
             assert chat_status(client) == 200  # not 429 until the stale lease's TTL runs out
         assert "leases released after Redis answered again" in gw.output()
+
+
+def test_a_lease_admitted_by_a_stalled_redis_after_the_gateway_gave_up_is_freed(
+    sim_factory: SimFactory,
+) -> None:
+    # a paused Redis (SIGSTOP, a long fork or script) runs the admission it had read when it
+    # wakes, after the gateway timed out and admitted the request on its own: that lease,
+    # which nobody holds, must not lock the tenant out for the lease TTL (30 s)
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    gw, base = acme_gateway(sim, url, ADMIN, {"max_concurrency": 1})
+    with redis, gw:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        assert chat_status(client) == 200
+        assert redis.popen is not None
+        redis.popen.send_signal(signal.SIGSTOP)
+        try:
+            assert chat_status(client) == 200  # admitted on the per-process fallback
+        finally:
+            redis.popen.send_signal(signal.SIGCONT)
+        wait_for(lambda: not _degraded(base), what="the gateway back on Redis")
+        port = url.rsplit(":", 1)[1].split("/")[0]
+        leases = [shutil.which("redis-cli") or "redis-cli", "-p", port, "ZCARD",
+                  "kvgate:rl:{acme}:leases"]
+        wait_for(lambda: subprocess.run(leases, capture_output=True, text=True,
+                                        check=True).stdout.strip() == "0",
+                 what="the stalled admission's lease freed")  # well before its TTL
+        assert chat_status(client) == 200

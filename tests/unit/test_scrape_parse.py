@@ -128,7 +128,9 @@ def test_current_name_wins_over_deprecated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("block_size", "blocks", "tokens"), [("16", "28000", 448_000), ("16", "None", None)]
+    ("block_size", "blocks", "tokens"),
+    [("16", "28000", 448_000), ("16", "None", None), ("16", "inf", None), ("16", "nan", None),
+     ("1e999", "100", None)],
 )
 def test_capacity(block_size: str, blocks: str, tokens: int | None) -> None:
     text = f'vllm:cache_config_info{{block_size="{block_size}",num_gpu_blocks="{blocks}"}} 1.0\n'

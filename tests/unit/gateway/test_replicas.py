@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.replicas import HealthRules, Replica, RetryBudget, replica_id
+from gateway.scrape import Sample
 
 POLICY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
 
@@ -93,6 +94,21 @@ def test_active_probe_marks_down_once_and_waits_for_backoff() -> None:
     assert r.ejected_until == 1.0 and r.probe_due(1.0)
 
 
+def test_a_replica_marked_down_stays_out_past_its_backoff_until_health_answers() -> None:
+    r = replica()
+    r.mark_down(0.0)  # refused, a dead engine, /health failing
+    assert not r.available(5.0) and r.probe_due(5.0)  # probed, but no trial request
+    r.mark_down(5.0, request=False)  # /health still fails
+    assert not r.available(60.0)
+    r.probe_recovered()  # /health answers: one trial request decides
+    assert r.available(60.0) and r.state == "half_open"
+    r.mark_down(60.0)  # the trial was refused: down again
+    assert not r.available(1000.0)
+    r.probe_recovered()
+    r.record_success()
+    assert r.state == "healthy" and r.available(1000.0)
+
+
 def test_view_carries_accounting() -> None:
     r = replica()
     r.acquire(40)
@@ -166,3 +182,24 @@ def test_attempts_and_failures_are_cumulative_and_count_requests_only() -> None:
     r.record_slow_probe(2.0)
     r.mark_down(3.0)  # a request refused
     assert (r.attempts, r.failed, r.failures) == (5, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "restarted"),
+    [
+        (Sample(prefix_cache_queries=500, prompt_tokens=900), Sample(prefix_cache_queries=0,
+                                                                     prompt_tokens=0), True),
+        (Sample(prompt_tokens=900, generation_tokens=50), Sample(prompt_tokens=910,
+                                                                 generation_tokens=2), True),
+        (Sample(prefix_cache_queries=500), Sample(prefix_cache_queries=640), False),
+        (Sample(prefix_cache_queries=500), Sample(), False),  # not exported: no reading
+    ],
+    ids=["all-back", "one-back", "forward", "missing"],
+)
+def test_counters_going_back_say_the_engine_restarted(
+    before: Sample, after: Sample, restarted: bool,
+) -> None:
+    r = Replica("p", "http://a:1", HealthRules())
+    assert r.record_scrape(before, 1.0) is False  # the first sample: nothing to compare
+    assert r.record_scrape(None, 2.0) is False  # a failed scrape says nothing
+    assert r.record_scrape(after, 3.0) is restarted

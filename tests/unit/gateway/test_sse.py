@@ -233,3 +233,24 @@ def test_the_malformed_event_is_found_among_whole_events() -> None:
     crlf = CHUNK.replace(b"\n\n", b"\r\n\r\n")
     assert first_malformed(crlf + b"event: e\r\ndata: x\r\n\r\n") == len(crlf)
     assert first_malformed(CHUNK + DONE) is None
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5])
+def test_an_event_whose_end_straddles_small_pieces_is_found(size: int) -> None:
+    crlf = (CHUNK + CHUNK + DONE).replace(b"\n\n", b"\r\n\r\n")
+    out, scanner = run(split_every(crlf, size), False)
+    assert out == crlf and scanner.complete() and not scanner.malformed
+
+
+def test_an_event_past_the_bound_is_never_forwarded() -> None:
+    """One endless event (a replica gone wrong): held in pieces up to the bound, then the
+    stream is malformed (and `oversized`); the events before it went out."""
+    scanner = StreamScanner(False, max_event_bytes=1000)
+    out = scanner.feed(CHUNK + b'data: {"x":"')
+    for _ in range(20):
+        out += scanner.feed(b"a" * 100)
+        if scanner.malformed:
+            break
+    assert out == CHUNK
+    assert scanner.malformed and scanner.oversized
+    assert scanner.flush() == b""

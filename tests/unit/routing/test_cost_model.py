@@ -195,6 +195,21 @@ def test_capacity_from_view_bounds_the_index() -> None:
     assert r.affinity_entries() == {}
 
 
+def test_a_restarted_engine_holds_nothing_and_keeps_its_learned_speed() -> None:
+    r = _router_with_doc_on("r1")
+    fit = r.ttft_fit("r1")
+    tiny = [ReplicaView(id="r0", pool="p"),
+            ReplicaView(id="r1", pool="p", cache_capacity_tokens=64 * 4)]
+    r.pick(feats(DOC), tiny, 1.0)
+    r.forget_cache("r1")
+    assert r.affinity_entries() == {}
+    assert r.pick(feats(DOC + "question"), tiny, 2.0).reason != "prefix-hit"
+    assert r.ttft_fit("r1") == fit
+    r.pick(feats("x"), tiny, 3.0)  # the replica's capacity holds again
+    r.record_route("r1", feats("y" * 256 * 20), 3.0)
+    assert r.affinity_entries() == {"r1": 4}
+
+
 def test_prompt_beyond_the_hash_cap_is_charged_to_the_index() -> None:
     cfg = RouterConfig(max_blocks=4)
     r = Router(cfg)

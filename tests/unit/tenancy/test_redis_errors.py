@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import OutOfMemoryError, ReadOnlyError, ResponseError
 
 from gateway.tenancy.redis_conn import connect_redis, failure_cause, redis_address
 
@@ -29,6 +29,19 @@ def test_the_os_error_under_a_redis_error_is_named() -> None:
     assert failure_cause(ResponseError("READONLY You can't write against a read only replica")) \
         == "server replied READONLY"
     assert failure_cause(RedisConnectionError("x")) == "ConnectionError"
+
+
+def test_a_known_reply_is_named_by_its_code_as_redis_py_parses_it() -> None:
+    # redis-py strips the code of the replies it maps to a class and keeps it apart (the
+    # message starts with the reply's second word: "server replied command" was logged for OOM)
+    oom = OutOfMemoryError("command not allowed when used memory > 'maxmemory'.",
+                           status_code="OOM")
+    assert failure_cause(oom) == "server replied OOM"
+    readonly = ReadOnlyError("You can't write against a read only replica.",
+                             status_code="READONLY")
+    assert failure_cause(readonly) == "server replied READONLY"
+    assert failure_cause(ResponseError("MISCONF Redis is configured to save RDB snapshots")) \
+        == "server replied MISCONF"
 
 
 def test_the_address_leaves_out_user_and_password() -> None:

@@ -1,0 +1,54 @@
+"""A replica that restarts comes back with an empty prefix cache. Its engine counters, scraped
+from /metrics, go back to zero: the router must forget the prefixes it remembered there
+(else it keeps predicting hits that are misses, and sends prefixes that another replica
+still holds to the cold one), and learn them again from the next requests."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import httpx
+import openai
+
+from tests.support.gateway import gateway_proc, metric_values, wait_for
+from tests.support.procs import free_port, sim_proc
+
+MODEL = "sim-model"
+SYSTEM = " ".join(f"rule {i}: answer precisely and cite the section." for i in range(60))
+
+
+def _ask(client: openai.OpenAI, turn: str) -> tuple[str, str]:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, max_tokens=2,
+        messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": turn}])
+    raw.parse()
+    return raw.headers["x-kvgate-replica"].split("/", 1)[1], raw.headers["x-kvgate-route"]
+
+
+def _entries(base: str, replica: str) -> float:
+    found = metric_values(base, "kvgate_affinity_index_entries")
+    return sum(v for labels, v in found.items() if f'replica="{replica}"' in labels)
+
+
+def test_a_restarted_replica_is_not_thought_to_hold_its_old_prefixes() -> None:
+    ports = [free_port(), free_port()]
+    with ExitStack() as stack:
+        sims = [stack.enter_context(sim_proc(port, "--time-scale", "50", model=MODEL)[0])
+                for port in ports]
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        gw, base = gateway_proc(upstreams=urls, args=["--policy", "cache_aware"],
+                                env={"KVGATE_ROUTING__SCRAPE_INTERVAL_MS": "100"})
+        stack.enter_context(gw)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        holder, _ = _ask(client, "first")
+        assert _ask(client, "second") == (holder, "prefix-hit")
+        assert _entries(base, holder) > 0
+        i = urls.index(f"http://{holder}")
+        # the engine counted the prefix-cache queries: a restart shows as counters going back
+        wait_for(lambda: "vllm:prefix_cache_queries_total" in httpx.get(f"{urls[i]}/metrics").text)
+
+        sims[i].stop()  # restarted on the same port, with an empty cache
+        stack.enter_context(sim_proc(ports[i], "--time-scale", "50", model=MODEL)[0])
+        wait_for(lambda: _entries(base, holder) == 0, what="the restarted replica forgotten")
+        # and its prefixes are learned again from the next requests
+        wait_for(lambda: _ask(client, "third")[1] == "prefix-hit", what="a prefix hit again")
