@@ -69,6 +69,8 @@ class CacheAware:
     def __init__(self, state: RouterState) -> None:
         self._state = state
         self._sessions = Sessions(state.config.session_window_s)
+        # another gateway routed a chain (`Router.apply_peer_routes`): its contexts count too
+        self.peer_routed = self._sessions.peer_routed
 
     def _rows(self, ctx: PickContext) -> list[_Row]:
         # One tight loop run for every candidate of every request (the decision budget is
@@ -172,10 +174,6 @@ class CacheAware:
         if not ctx.explain:
             self._sessions.record(hashes, chosen[3].id, ctx.now, previous)
         return decide([r[3].id for r in ordered], reason, ranked)
-
-    def peer_routed(self, replica: str, hashes: tuple[int, ...], now: float) -> None:
-        """Another gateway routed this chain (`Router.apply_peer_routes`): its contexts count."""
-        self._sessions.peer_routed(hashes, replica, now)
 
     def _ramp(self, ctx: PickContext, rows: list[_Row]) -> list[_Row]:
         """A new context commits the calls that will follow it to its replica: on a replica

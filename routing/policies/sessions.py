@@ -46,7 +46,7 @@ class Sessions:
                 return tail
         return None
 
-    def peer_routed(self, hashes: Sequence[int], replica: str, now: float) -> None:
+    def peer_routed(self, replica: str, hashes: Sequence[int], now: float) -> None:
         """Another gateway sent the request with this chain to ``replica``: recorded as if
         ours, continuing the deepest earlier tail on its chain (its longest match is not
         known here; a context grows by a few blocks a call, so only the chain's last

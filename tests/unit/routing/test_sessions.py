@@ -144,12 +144,12 @@ def test_no_ramp_while_the_pool_has_too_few_live_contexts() -> None:
 def test_a_peers_routes_continue_and_make_contexts_live_as_ours_do() -> None:
     s = Sessions(window_s=8.0)
     _call(s, [1, 2], "r0", 0.0)  # ours
-    s.peer_routed([1, 2, 3], "r1", 1.0)  # another gateway's next call: continues tail 2
-    s.peer_routed([1, 2, 3, 4], "r1", 2.0)
+    s.peer_routed("r1", [1, 2, 3], 1.0)  # another gateway's next call: continues tail 2
+    s.peer_routed("r1", [1, 2, 3, 4], 2.0)
     assert dict(s.live(2.0)) == {"r1": 1}
     assert _call(s, [1, 2, 3, 4, 5], "r1", 3.0) == 4  # and ours continues the peer's
     assert dict(s.live(3.0)) == {"r1": 1}
-    s.peer_routed([7, 8], "r2", 3.0)  # a new context: nothing to continue
+    s.peer_routed("r2", [7, 8], 3.0)  # a new context: nothing to continue
     assert dict(s.live(3.0)) == {"r1": 1}
 
 
