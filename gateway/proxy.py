@@ -120,7 +120,8 @@ class Proxy:
         /v1/responses/{id}/cancel``: to its replica."""
         req_id, declared, token = scan_headers(scope["headers"], self._new_id)
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
-            try:  # `server.max_body_bytes`, as any body) and dropped
+            try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
+                self.prep.authenticate(token)
                 await read_body(receive, self._limit, declared)
             except KvgateError as exc:
                 await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],

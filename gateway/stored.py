@@ -17,7 +17,8 @@ one it sends the stream's head and then breaks the connection: kvgate answers th
 stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
 a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream); a
 stream cut later, or with an event that is not JSON, ends with an error event as a proxied
-one does.
+one does. ``HEAD`` with ``?stream=true`` is the stream's head at its first event (the endpoint
+picker answers it with `stream_head`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import logging
 import re
 from urllib.parse import parse_qsl
 
-from gateway.asgi import Receive, Scope, Send, send_whole
+from gateway.asgi import Headers, Message, Receive, Scope, Send, send_whole
 from gateway.config import UpstreamConfig
 from gateway.drain import interruptible
 from gateway.errors import (
@@ -151,6 +152,28 @@ class StoredResponses:
             if resp is not None:
                 resp.release() if clean else resp.abort()
 
+    async def stream_head(
+        self, path: str, query: bytes, req_id: bytes, token: str | None
+    ) -> tuple[int, Headers, bytes]:
+        """``HEAD ...?stream=true`` for the endpoint picker, which answers it itself (Envoy
+        cannot send a HEAD on as GET): `stream` run as for the HTTP edge, its answer kept --
+        the stream's head at its first event, or the error before it (status, headers,
+        body)."""
+        sent: list[Message] = []
+
+        async def send(message: Message) -> None:
+            sent.append(message)
+
+        async def receive() -> Message:  # no client disconnect to report: wait forever
+            return await asyncio.get_running_loop().create_future()  # type: ignore[no-any-return]
+
+        scope = {"method": "HEAD", "path": path, "query_string": query}
+        await self.stream(scope, receive, send, req_id, token)
+        if not sent:  # (not expected: every way out of `stream` answers)
+            raise UpstreamError(_UNANSWERED)
+        body = b"".join(m.get("body", b"") for m in sent[1:])
+        return sent[0]["status"], sent[0]["headers"], body
+
     async def fetch(self, path: str, token: str | None) -> None:
         """Learn where the response `path` names lives when another gateway relayed it;
         only for a caller with a valid key (`locate` answers the others)."""
@@ -230,7 +253,7 @@ class _Pipe:
         self._ctl = ctl
         self._req_id = req_id
         self._where = where
-        self._head_only = head_only  # HEAD: the head, then nothing
+        self._head_only = head_only  # HEAD: the head (with the first bytes, left out)
         self.started = False
 
     async def relay(self, resp: UpstreamResponse) -> bool:
@@ -275,9 +298,9 @@ class _Pipe:
             ctl.started()
             await self._send({"type": "http.response.start", "status": 200, "headers":
                               _headers("text/event-stream", self._req_id, self._where)})
-            if self._head_only:
-                ctl.done = True
-                await self._send({"type": "http.response.body", "body": b"",
+            if self._head_only:  # the server leaves the body out of a HEAD's answer; the
+                ctl.done = True  # picker's Envoy keeps the content type only with one
+                await self._send({"type": "http.response.body", "body": out,
                                   "more_body": False})
                 return False
         ctl.touch()

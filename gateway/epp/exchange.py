@@ -8,6 +8,10 @@ and answers, in this order, the request headers (destination, new content length
 pool's credentials instead of the client's) and the rewritten body in chunks. A request
 kvgate refuses gets an immediate response in OpenAI's shape (401, 413, 429, 400, 404, 503).
 
+A stored response's ``?stream=true`` takes the proxied streams' body path (its head held until
+its first bytes, as the HTTP edge sends it); its HEAD is the HTTP edge's stream head
+(`StoredResponses.stream_head`).
+
 The response passes through the picker too, which is how the router's state stays exact: the
 endpoint that served (the lease moves there when Envoy fell back to another one), the first
 SSE event (what the router learns prefill speed from), the usage chunk (stripped when
@@ -35,6 +39,7 @@ from gateway.errors import (
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
+    UpstreamError,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
@@ -45,7 +50,13 @@ from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
-from gateway.stored import StoredResponses, match_stored, not_a_stream, wants_stream
+from gateway.stored import (
+    NO_EVENTS,
+    StoredResponses,
+    match_stored,
+    not_a_stream,
+    wants_stream,
+)
 from gateway.tenancy.resolver import Principal, parse_bearer
 from routing.router import Router
 
@@ -86,8 +97,9 @@ def replica_key(ep: str) -> str:
 class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
-    __slots__ = ("_chunks", "_core", "_held", "_lease", "_principal", "_scanner", "_size",
-                 "_stored", "_stream", "_subset", "_whole", "order", "req", "sse")
+    __slots__ = ("_chunks", "_core", "_head", "_held", "_lease", "_pending", "_principal",
+                 "_scanner", "_size", "_stored", "_stream", "_subset", "_whole", "order", "req",
+                 "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -104,6 +116,10 @@ class Exchange:
         self._whole: list[bytes] = []  # a whole (non-SSE) answer, read at its end
         self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
+        self._head: list[wire.Header] | None = None  # its head, held until its first event
+        # a stored response's request with a body (a cancel's): its destination, answered with
+        # the body once it is in (bounded), so no replica answers before a 413
+        self._pending: pb.ProcessingResponse | None = None
 
     # -- request path ----------------------------------------------------------------------
     async def request_headers(
@@ -115,12 +131,20 @@ class Exchange:
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             if method == "HEAD":
-                return [await self._head_stored(path, token)]
+                return [await self._head_stored(path, query, req_id, token)]
             if declared is not None and declared > core.cfg.server.max_body_bytes:
-                return [self._refuse(self._too_large())]  # a cancel's: bounded as any body
+                try:  # a cancel's: bounded as any body, once the key is known good (401
+                    core.prep.authenticate(token)  # first, as on the proxied routes)
+                except KvgateError as exc:
+                    return [self._refuse(exc)]
+                return [self._refuse(self._too_large())]
             self._stream = wants_stream(query) and method == "GET"
             await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
-            return [self._to_stored(path, method, token)]
+            out = self._to_stored(path, method, token)
+            if msg.request_headers.end_of_stream or out.HasField("immediate_response"):
+                return [out]
+            self._pending = out
+            return []
         if kind is None or method != "POST":
             return [self._not_proxied(path, method, token)]
         if not req_id or len(req_id) > 128 or not req_id.isascii():
@@ -142,20 +166,29 @@ class Exchange:
         self._size += len(body.body)
         if self._size > self._core.cfg.server.max_body_bytes:
             return [self._refuse(self._too_large())]
-        if self._stored is not None:  # already sent on: the body passes as it is (bounded)
-            return wire.body_responses(body.body, body.end_of_stream, request=True)
         if body.body:
             self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
-        return await self.decide(end=True)
+        return self._stored_body(end=True) or await self.decide(end=True)
 
     async def request_trailers(self) -> Sequence[pb.ProcessingResponse]:
         """Trailers end the body when they follow it (HTTP/2 clients may send them)."""
-        out = [] if self.order else list(await self.decide(end=False))
+        out = self._stored_body(end=False)
+        if not out and not self.order:
+            out = list(await self.decide(end=False))
         if out and out[0].HasField("immediate_response"):
             return out
         return [*out, wire.trailers_response(request=True)]
+
+    def _stored_body(self, *, end: bool) -> list[pb.ProcessingResponse]:
+        """A stored response's request body is in: its destination, then the body as it
+        came (vLLM's cancel ignores it)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return []
+        body, self._chunks = b"".join(self._chunks), []
+        return [pending, *wire.body_responses(body, end, request=True)]
 
     async def decide(self, *, end: bool) -> Sequence[pb.ProcessingResponse]:
         """The body is complete: the shared step, then the destination and the new body."""
@@ -196,21 +229,38 @@ class Exchange:
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
-    async def _head_stored(self, path: str, token: str | None) -> pb.ProcessingResponse:
+    async def _head_stored(
+        self, path: str, query: bytes, req_id: bytes, token: str | None,
+    ) -> pb.ProcessingResponse:
         """``HEAD /v1/responses/{id}``: GET without the body, as in the HTTP mode. vLLM has no
         HEAD routes (405), and Envoy's ext_proc may not change ``:method`` by default
         (`allow_all_routing`), so the picker asks the replica with GET itself and answers with
-        that: Envoy sends a HEAD's local reply with the body's length and without the body."""
+        that: Envoy sends a HEAD's local reply with the body's length and without the body.
+        With ``?stream=true`` it is the stream's head, as the HTTP edge answers it (the
+        replica's stream up to its first event, or the error before it)."""
+        stored = self._core.stored
+        headers: list[wire.Header] = []
         try:
-            status, content_type, body, where = await self._core.stored.whole(
-                path, "HEAD", b"", token)
+            if wants_stream(query):
+                status, sent, body = await stored.stream_head(
+                    path, query, req_id or self._core.new_id(), token)
+            else:
+                status, content_type, body, home = await stored.whole(
+                    path, "HEAD", b"", token)
+                sent = [(b"content-type", content_type.encode("latin-1")),
+                        (b"x-kvgate-replica", home.encode())]
         except KvgateError as exc:
             return self._refuse(exc)
+        where = ""
+        for k, v in sent:  # the replica/route headers as configured; Envoy sets the length
+            if k == b"x-kvgate-replica":
+                where = v.decode()
+            elif k != b"content-length" and not k.startswith(b"x-kvgate-"):
+                headers.append((k.decode(), v))
         server = self._core.cfg.server
-        headers: list[wire.Header] = [("content-type", content_type.encode("latin-1"))]
-        if server.replica_header:
+        if where and server.replica_header:  # (none on kvgate's own errors)
             headers.append(("x-kvgate-replica", where.encode()))
-        if server.route_header:
+        if where and server.route_header:
             headers.append(("x-kvgate-route", b"response-affinity"))
         return wire.immediate(status, body, headers, "kvgate_stored_head")
 
@@ -290,6 +340,12 @@ class Exchange:
                 status, content_type = _status(msg.response_headers.headers.headers)  # 502
                 if status == 200 and not content_type.startswith("text/event-stream"):
                     return [self._refuse(not_a_stream(content_type))]
+                if status == 200:  # the stream: its head goes out with its first event, and
+                    if msg.response_headers.end_of_stream:  # it ends as a proxied one does
+                        return [self._refuse(UpstreamError(NO_EVENTS))]
+                    self.sse, self._scanner = True, StreamScanner(strip_usage=False)
+                    self._head = self._stored_headers()
+                    return []
             return [wire.headers_response(self._stored_headers())]
         status, content_type = _status(msg.response_headers.headers.headers)
         self._served_by(wire.served_endpoint(msg))
@@ -322,6 +378,8 @@ class Exchange:
 
     def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
         out: list[pb.ProcessingResponse] = []
+        if self._head is not None:  # a stored stream that ended before its first event
+            return [self._refuse(UpstreamError(NO_EVENTS))]
         if self._held is not None:  # the body ended without an end-of-stream message
             out = [*self._error_answer(end=False)]
         return [*out, wire.trailers_response(request=False)]
@@ -345,13 +403,23 @@ class Exchange:
         return out
 
     def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
+        """A streamed answer's chunk: a proxied stream (`req`), or a stored response's (no
+        `req`: nothing to learn or judge; its head is held until its first bytes)."""
         scanner, req, lease = self._scanner, self.req, self._lease
-        assert scanner is not None and req is not None
+        assert scanner is not None
         if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
             return wire.body_responses(b"", True) if end else ()
         out = scanner.feed(chunk) if chunk else b""
-        if out and lease is not None and not (out[:1] == b":" and comment_only(out)):
+        if (out and lease is not None and req is not None
+                and not (out[:1] == b":" and comment_only(out))):
             self._event(out, lease, req)
+        head, self._head = self._head, None
+        if head is not None and not out:  # nothing went out: a JSON error, as the HTTP edge
+            if scanner.malformed or end:
+                return [self._refuse(UpstreamError(MALFORMED if scanner.malformed
+                                                   else NO_EVENTS))]
+            self._head = head
+            return ()
         if scanner.malformed:
             # an event that is neither JSON nor [DONE]: never forwarded, and the stream ends
             # for the client as a cut one does (the headers are out: no retry here)
@@ -362,11 +430,12 @@ class Exchange:
             rest = scanner.flush()
             out += rest if whole else stream_error(CUT_SHORT)
             self._stream_ended(scanner, req, whole)
-        if scanner.usage is not None and req.usage is None:
+        if req is not None and scanner.usage is not None and req.usage is None:
             # as soon as it is seen: a client that leaves at [DONE] may end the exchange
             # before Envoy sends the end of the stream
             self._usage(scanner.usage, req)
-        return wire.body_responses(out, end) if out or end else ()
+        body = wire.body_responses(out, end) if out or end else []
+        return [wire.headers_response(head), *body] if head is not None else body
 
     def _event(self, out: bytes, lease: Lease, req: ProxiedRequest) -> None:
         """SSE events went by: the first one answers the prompt; the first carrying
@@ -382,7 +451,11 @@ class Exchange:
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
 
-    def _stream_ended(self, scanner: StreamScanner, req: ProxiedRequest, whole: bool) -> None:
+    def _stream_ended(
+        self, scanner: StreamScanner, req: ProxiedRequest | None, whole: bool,
+    ) -> None:
+        if req is None:  # a stored response's stream: the HTTP edge does not judge it either
+            return
         target = req.target
         assert target is not None
         if not whole:

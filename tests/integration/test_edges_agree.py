@@ -1,8 +1,9 @@
 """The two edges answer the same request alike: the HTTP proxy (`kvgate serve`) and the Envoy
 endpoint picker (a real Envoy in front of `kvgate epp`), over one simulated replica, for the
 requests where they used to differ -- a JSON body sent under another content type, a
-`previous_response_id` that is not a string, and a stored response's cancel with a body over
-`server.max_body_bytes`.
+`previous_response_id` that is not a string, a stored response's cancel with a body over
+`server.max_body_bytes` (and its order against the key check), a stored response's event
+stream that breaks (`tests/support/bad_replica.py` as its replica) and its HEAD.
 
 What reaches the replica is read from its own request log (`/sim/requests`), matched by the
 X-Request-Id the test sends.
@@ -10,16 +11,22 @@ X-Request-Id the test sends.
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
+from gateway.relay import CUT_SHORT, MALFORMED
+from gateway.stored import NO_EVENTS
+from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
+from tests.support.bad_replica import BadReplica, End, chunked, sse_head
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import gateway_proc
+from tests.support.gateway import AUTH_SECRET, gateway_proc
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -123,3 +130,156 @@ def test_a_cancel_body_over_the_limit_is_a_413(edges: Edges, edge: str) -> None:
     small = httpx.post(url, content=b"{}", timeout=10)
     # the replica's own answer: the response has finished, there is nothing to cancel
     assert small.status_code == 400, small.text
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_body_over_the_limit_without_a_valid_key_is_a_401(edges: Edges, edge: str) -> None:
+    """The key is checked before the body's size, on a stored response's cancel as on the
+    proxied routes (it used to be a 413 there: the size was judged first)."""
+    procs: list[Proc] = []
+    try:  # the same two edges with API keys on (no tenant: no key is valid)
+        env = {"KVGATE_SALT_SECRET": AUTH_SECRET}
+        gw, http = gateway_proc(upstreams=[edges.sim], auth=True,
+                                env={**env, "KVGATE_SERVER__MAX_BODY_BYTES": str(LIMIT)})
+        if edge == "http":
+            procs.append(gw.start())
+            base = http
+        else:
+            epp = epp_proc(auth=True, env=env, config={
+                "pools": {"default": {"served_model": MODEL, "replicas": [edges.sim]}},
+                "server": {"max_body_bytes": LIMIT}})
+            procs.append(epp.start())
+            envoy, base = envoy_proc(epp.picker)
+            procs.append(envoy.start())
+        for path in ("/v1/chat/completions", "/v1/responses/resp_abc/cancel"):
+            for key in ({}, {"authorization": "Bearer sk-not-a-key"}):
+                resp = httpx.post(f"{base}{path}", content=b"x" * (LIMIT + 1), headers=key,
+                                  timeout=10)
+                assert resp.status_code == 401, (path, resp.text)
+                assert resp.json()["error"]["type"] == "AuthenticationError"
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+# -- a stored response's event stream (`GET /v1/responses/{id}?stream=true`) ----------------
+BAD_MODEL = "bad-model"
+
+
+@pytest.fixture(scope="module")
+def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
+    """Both edges over one scriptable replica, each knowing where RID is stored."""
+    with BadReplica(BAD_MODEL) as replica:
+        procs: list[Proc] = []
+        try:
+            gw, http = gateway_proc(upstreams=[replica.url],
+                                    env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+            procs.append(gw.start())
+            epp = epp_proc(config={
+                "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
+                "health": {"failure_threshold": 1000}})
+            procs.append(epp.start())
+            envoy, base = envoy_proc(epp.picker)
+            procs.append(envoy.start())
+            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+            bases = {"http": http, "envoy": base}
+            for url in bases.values():
+                assert httpx.post(f"{url}/v1/responses", timeout=10,
+                                  json={"model": BAD_MODEL, "input": "x"}).status_code == 200
+            yield replica, bases
+        finally:
+            for proc in reversed(procs):
+                proc.stop()
+
+
+@pytest.fixture
+def replica(bad: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
+    replica = bad[0]
+    replica.gate, replica.end = threading.Event(), "keep"
+    yield replica
+    replica.rest, replica.get_answer = b"", None
+    replica.gate.set()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize(
+    ("head", "rest", "end", "message"),
+    [
+        (sse_head(chunked_body=False) + CREATED, DELTA, "close", CUT_SHORT),
+        (sse_head() + chunked(CREATED, last=False), chunked(DELTA, last=False), "reset",
+         "The upstream replica failed mid-stream."),
+        (sse_head() + chunked(CREATED, last=False),
+         chunked(DELTA + b"data: Internal Server Error\n\n", COMPLETED), "keep", MALFORMED),
+    ],
+    ids=["ended-early", "reset", "malformed"],
+)
+def test_a_broken_stored_stream_fails_for_the_client(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, head: bytes,
+    rest: bytes, end: End, message: str,
+) -> None:
+    """A stream that breaks after its first event is not taken for a whole one: it ends with
+    the HTTP edge's error event (the SDK raises it), where the picker used to pass a clean
+    early end and a malformed event through. A reset is the exception (gateway/epp/README.md):
+    Envoy resets the client's stream too, with no message to the picker first, so the client
+    sees a broken connection instead of the error event -- failed either way."""
+    replica.get_answer, replica.rest, replica.end = head, rest, end
+    events = iter(_client(bad[1][edge]).responses.retrieve(RID, stream=True))
+    assert next(events).type == "response.created"  # the stream has started
+    replica.gate.set()
+    if end == "reset" and edge == "envoy":
+        with pytest.raises(openai.APIConnectionError):
+            list(events)
+        return
+    with pytest.raises(openai.APIError) as err:
+        list(events)
+    assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("how", ["empty", "malformed", "reset"])
+def test_a_stored_stream_without_a_first_event_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, how: str,
+) -> None:
+    """The stream's head goes out with its first event: a stream that ends cleanly without one
+    (or whose first event is not JSON) is a 502 JSON saying so, not an empty 200 stream. A
+    reset (vLLM's answer for a response whose events it did not keep) is that 502 on the HTTP
+    edge; through Envoy, which tells the picker nothing, it is Envoy's own plain-text 502
+    (gateway/epp/README.md), where the client used to get a 200 and a broken stream."""
+    if how == "reset":
+        replica.get_answer, replica.end = sse_head(), "reset"
+    else:
+        replica.get_answer = sse_head() + (
+            chunked(b"data: <html>Bad Gateway</html>\n\n") if how == "malformed" else chunked())
+    client = _client(bad[1][edge])
+    with pytest.raises(openai.InternalServerError) as err:
+        client.responses.retrieve(RID, stream=True)
+    assert err.value.status_code == 502
+    if how == "reset" and edge == "envoy":  # Envoy's own reply, not shown to the picker
+        assert "reset before headers" in str(err.value.body)
+        return
+    assert err.value.body == {"message": MALFORMED if how == "malformed" else NO_EVENTS,
+                              "type": "BadGatewayError", "param": None, "code": 502}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_head_of_a_stored_stream_is_the_streams_head(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """`HEAD ...?stream=true` is the stream's head (the picker used to answer a whole GET's):
+    the replica is asked for the stream, the head goes out at its first event, no body."""
+    replica.get_answer = sse_head() + chunked(CREATED, last=False)
+    replica.rest = chunked(DELTA)  # never asked for: the head went out at the first event
+    resp = httpx.head(f"{bad[1][edge]}/v1/responses/{RID}?stream=true", timeout=10)
+    assert (resp.status_code, resp.content) == (200, b"")
+    assert resp.headers["content-type"] == "text/event-stream"
+    assert resp.headers["x-kvgate-route"] == "response-affinity"
+    assert b"stream=true" in replica.gets[-1]
+    replica.get_answer, replica.rest, replica.end = sse_head(), b"", "reset"  # not kept
+    resp = httpx.head(f"{bad[1][edge]}/v1/responses/{RID}?stream=true", timeout=10)
+    assert (resp.status_code, resp.content) == (502, b"")
