@@ -169,7 +169,8 @@ class GatewayApp:
                 "degraded": h.degraded or limiter_down,
                 "reason": h.reason or ("rate limits are per-process" if limiter_down else None),
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
-                "store_resets": h.store_resets,
+                "store_resets": h.store_resets, "store_wiped": h.store_wiped,
+                "records_skipped": h.records_skipped,
             }
         degraded = bool(info.get("tenancy", {}).get("degraded")) or bool(not_ready)
         if rt is not None and rt.sync is not None:

@@ -98,7 +98,9 @@ class TenantGate:
             log.debug("admission not settled: store unavailable")
 
     def redis_up(self) -> bool | None:
-        """None without Redis; else whether both the store and the shared limits answer."""
+        """None without Redis; else whether both the store and the shared limits answer.
+        Reachability only: a wiped store or an unreadable record answers (their degraded
+        notices have their own signals)."""
         if self.tenancy.redis_url is None:
             return None
-        return not (self._resolver.health().degraded or self._limiter.degraded)
+        return self._resolver.health().store_answers and not self._limiter.degraded

@@ -16,6 +16,7 @@ __all__ = [
     "KeyRecord",
     "PolicySnapshot",
     "SaltRotation",
+    "SkippedRecord",
     "StoreSnapshot",
     "Tenant",
 ]
@@ -84,6 +85,17 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedRecord:
+    """A stored record this process cannot read (corrupted, or not a record at all), left out
+    of a snapshot. `name` is safe to log and show: a tenant's id, a key's hash cut to its
+    first 8 characters, ``policy``; `fingerprint` tells one bad value from another."""
+
+    kind: str  # tenant | key | policy
+    name: str
+    fingerprint: str
+
+
+@dataclass(frozen=True, slots=True)
 class StoreSnapshot:
     """Everything the hot-path cache needs, read consistently in one go."""
 
@@ -92,3 +104,4 @@ class StoreSnapshot:
     keys: dict[str, KeyRecord] = field(default_factory=dict)  # key_hash -> record
     policy: PolicySnapshot | None = None
     group_epochs: dict[str, int] = field(default_factory=dict)
+    skipped: tuple[SkippedRecord, ...] = ()  # records left out: unreadable

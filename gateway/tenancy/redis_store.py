@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import logging
 import secrets
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -29,6 +31,7 @@ from gateway.tenancy.models import (
     KeyRecord,
     PolicySnapshot,
     SaltRotation,
+    SkippedRecord,
     StoreSnapshot,
     Tenant,
 )
@@ -39,6 +42,8 @@ from gateway.tenancy.store import (
     TenantStore,
     apply_tenant_changes,
     check_policy_version,
+    key_from_json,
+    policy_from_json,
     tenant_from_json,
     tenant_to_json,
     with_epoch,
@@ -47,6 +52,7 @@ from gateway.tenancy.store import (
 __all__ = ["RedisStore"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 
 # Every script: KEYS[1] = generation counter; ARGV[1] = channel, ARGV[2] = change message.
@@ -102,8 +108,8 @@ class RedisStore(TenantStore):
         self._ns = namespace
         self._audit_cap = audit_cap
         self._listen = listen
-        # key hash -> (its record's JSON, the record) as last read
-        self._parsed_keys: dict[str, tuple[str, KeyRecord]] = {}
+        # key hash -> (its record's JSON, the record or None: unreadable) as last read
+        self._parsed_keys: dict[str, tuple[str, KeyRecord | None]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         self._scripts = {
@@ -197,7 +203,9 @@ class RedisStore(TenantStore):
     async def list_tenants(self) -> list[Tenant]:
         with redis_unavailable():
             raw = _texts(await self._r.hgetall(self._k("tenants")))
-        return sorted((tenant_from_json(v) for v in raw.values()), key=lambda t: t.id)
+        skipped: list[SkippedRecord] = []
+        tenants = _readable(raw, tenant_from_json, "tenant", skipped)
+        return sorted(tenants.values(), key=lambda t: t.id)
 
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first."""
@@ -248,14 +256,15 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             hashes = await self._r.hvals(self._k("tkeys", tenant_id))
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
-        found = [KeyRecord.model_validate_json(r) for r in raws if r is not None]
+        stored = {_text(h): _text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
+        found = list(_readable(stored, key_from_json, "key", []).values())
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
     # -- policy ------------------------------------------------------------------------------
     async def get_policy(self) -> PolicySnapshot | None:
         with redis_unavailable():
             raw = _texts(await self._r.hgetall(self._k("policy")))
-        return _policy_from(raw)
+        return _policy_from(raw, [])
 
     async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
         expected = "" if if_version is None else str(if_version)
@@ -276,7 +285,7 @@ class RedisStore(TenantStore):
     async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         with redis_unavailable():
             raws = await self._r.lrange(self._k("audit"), 0, max(0, limit - 1))
-        return [AuditEntry.model_validate_json(r) for r in raws]
+        return [AuditEntry.model_validate_json(r, extra="ignore") for r in raws]
 
     # -- synchronisation ---------------------------------------------------------------------
     async def generation(self) -> int:
@@ -303,22 +312,30 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("policy"))
                 pipe.hgetall(self._k("salt_groups"))
                 gen, tenants, keys, policy, groups = await pipe.execute()
+        # an unreadable record is left out (and reported), never the whole load failed: one
+        # bad record must not turn every tenant away once the last good state is too stale
+        skipped: list[SkippedRecord] = []
         return StoreSnapshot(
             generation=int(gen or 0),
-            tenants={k: tenant_from_json(v) for k, v in tenants.items()},
-            keys=self._key_records(keys),
-            policy=_policy_from(policy),
+            tenants=_readable(tenants, tenant_from_json, "tenant", skipped),
+            keys=self._key_records(keys, skipped),
+            policy=_policy_from(policy, skipped),
             group_epochs={k: int(v) for k, v in groups.items()},
+            skipped=tuple(skipped),
         )
 
-    def _key_records(self, raw: dict[str, str]) -> dict[str, KeyRecord]:
+    def _key_records(
+        self, raw: dict[str, str], skipped: list[SkippedRecord]
+    ) -> dict[str, KeyRecord]:
         """The key records of a snapshot, each parsed once: a reload after each admin write
         (`gateway.admin.writes`) parses only the records that changed (~5 µs each)."""
         known = self._parsed_keys
         parsed = {k: seen if (seen := known.get(k)) is not None and seen[0] == v
-                  else (v, KeyRecord.model_validate_json(v)) for k, v in raw.items()}
+                  else (v, _read(v, key_from_json)) for k, v in raw.items()}
         self._parsed_keys = parsed
-        return {k: record for k, (_, record) in parsed.items()}
+        skipped.extend(_skipped("key", k, v) for k, (v, record) in parsed.items()
+                       if record is None)
+        return {k: record for k, (_, record) in parsed.items() if record is not None}
 
 
 def _text(value: str | bytes) -> str:
@@ -329,10 +346,42 @@ def _texts(raw: dict[Any, Any]) -> dict[str, str]:
     return {_text(k): _text(v) for k, v in raw.items()}
 
 
-def _policy_from(raw: dict[str, str]) -> PolicySnapshot | None:
+def _policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySnapshot | None:
     if not raw:
         return None
-    return PolicySnapshot(int(raw["version"]), PolicyDoc.model_validate_json(raw["doc"]))
+    try:
+        return PolicySnapshot(int(raw["version"]), policy_from_json(raw["doc"]))
+    except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+        skipped.append(_skipped("policy", "policy", json.dumps(raw, sort_keys=True)))
+        return None
+
+
+def _read(raw: str, parse: Callable[[str], T]) -> T | None:
+    try:
+        return parse(raw)
+    except ValueError:  # not JSON, or not a record (pydantic's ValidationError)
+        return None
+
+
+def _readable(
+    raw: dict[str, str], parse: Callable[[str], T], kind: str, skipped: list[SkippedRecord]
+) -> dict[str, T]:
+    """`raw`'s records that parse; the others are added to `skipped`."""
+    out: dict[str, T] = {}
+    for name, value in raw.items():
+        record = _read(value, parse)
+        if record is None:
+            skipped.append(_skipped(kind, name, value))
+        else:
+            out[name] = record
+    return out
+
+
+def _skipped(kind: str, name: str, value: str) -> SkippedRecord:
+    # a key's name is its hash: never shown whole (a log line or /readyz must not hand out
+    # something to match a key against)
+    shown = f"{name[:8]}..." if kind == "key" else name
+    return SkippedRecord(kind, shown, hashlib.sha256(f"{name}\0{value}".encode()).hexdigest())
 
 
 def _parse_change(data: Any) -> Change:

@@ -9,7 +9,10 @@ recovers by itself when the store returns.
 Given a `reseed` callable (the gateway's bootstrap from configuration), every check also looks
 for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
 without persistence), so it is re-seeded before anything is loaded from it, logged, and
-counted (`health().store_resets`). A tenant whose tier the policy in force does not define is
+counted (`health().store_resets`). A record the store holds but this process cannot read is
+left out of the load (its tenant, key or policy; the last readable policy stays in force),
+logged once, counted (`health().records_skipped`) and reported as degraded, while every other
+tenant keeps working. A tenant whose tier the policy in force does not define is
 never admitted (403): its limits would be unknown, and limits are never silently off.
 """
 
@@ -20,7 +23,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.errors import (
     AuthError,
@@ -31,7 +34,13 @@ from gateway.errors import (
 )
 from gateway.policy_doc import DEFAULT_TIER, Limits
 from gateway.tenancy.keys import hash_key
-from gateway.tenancy.models import Change, PolicySnapshot, StoreSnapshot, Tenant
+from gateway.tenancy.models import (
+    Change,
+    PolicySnapshot,
+    SkippedRecord,
+    StoreSnapshot,
+    Tenant,
+)
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore
 
@@ -67,6 +76,11 @@ class TenancyHealth:
     policy_version: int
     staleness_s: float  # since the store last confirmed our state
     store_resets: int = 0  # wiped stores noticed (and re-seeded) since start
+    store_wiped: bool = False  # a wipe noticed within the last `WIPE_NOTICE_S`
+    # whether the store answered the last load (False until its first answer): reachability
+    # only -- a wiped store or an unreadable record answers
+    store_answers: bool = False
+    records_skipped: dict[str, int] = field(default_factory=dict)  # kind -> count since start
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +126,9 @@ class TenantResolver:
         self._loaded = False
         self._fresh_at = clock()
         self._degraded_reason: str | None = "not loaded yet"
+        self._answers = False
+        self._skipped: dict[str, SkippedRecord] = {}  # fingerprint -> record, of the last load
+        self._skipped_total: dict[str, int] = {}  # kind -> records skipped since start
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -179,6 +196,7 @@ class TenantResolver:
                 snap = await self._store.snapshot()
                 if snap.generation == 0 and self._state.generation > 0:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
+                    self._answers = True
                     return False
                 self._apply(snap)
                 self._mark = mark
@@ -186,12 +204,14 @@ class TenantResolver:
             if self._store.reach is not None and isinstance(exc, StoreUnreachable):
                 self._store.reach.failed(exc.cause)  # the store's one voice in the log
             self._degraded_reason = "store unreachable"
+            self._answers = False
             return False
         except Exception as exc:  # e.g. records this version cannot read (a rolling upgrade)
             if self._degraded_reason is None:
                 log.error("tenancy store data unreadable (%s); serving last known keys and "
                           "policy", type(exc).__name__)
             self._degraded_reason = "store data unreadable"
+            self._answers = True
             return False
         if self._degraded_reason == "store data unreadable":
             log.info("tenancy store data readable again")
@@ -199,6 +219,7 @@ class TenantResolver:
             self._store.reach.answered()
         self._fresh_at = self._clock()
         self._degraded_reason = None
+        self._answers = True
         return True
 
     async def _reseeded(self) -> str | None:
@@ -221,6 +242,9 @@ class TenantResolver:
 
     def _apply(self, snap: StoreSnapshot) -> None:
         old_policy = self._state.policy
+        self._note_skipped(snap.skipped)
+        if snap.policy is None and any(s.kind == "policy" for s in snap.skipped):
+            snap = replace(snap, policy=old_policy)  # the last readable policy stays in force
         # one principal per tenant, shared by its keys: a reload after each admin write costs
         # a dict entry per key, not a salt and a limits overlay (~65 µs) per key
         by_tenant = {t.id: self._principal(t, snap) for t in snap.tenants.values()}
@@ -234,6 +258,20 @@ class TenantResolver:
                     callback(snap.policy)
                 except Exception:
                     log.exception("policy change callback failed")
+
+    def _note_skipped(self, skipped: tuple[SkippedRecord, ...]) -> None:
+        """Log and count each unreadable record once (a reload after every change meets it
+        again); one made readable and broken again counts again."""
+        now = {s.fingerprint: s for s in skipped}
+        for fingerprint, record in now.items():
+            if fingerprint not in self._skipped:
+                self._skipped_total[record.kind] = self._skipped_total.get(record.kind, 0) + 1
+                log.error("tenancy store: %s record %r is unreadable and was skipped; every "
+                          "other record is in force (fix or delete it)", record.kind,
+                          record.name, extra={"kind": record.kind})
+        if self._skipped and not now:
+            log.info("tenancy store: no unreadable record left")
+        self._skipped = now
 
     def _principal(self, tenant: Tenant, snap: StoreSnapshot) -> Principal:
         tier = snap.policy.doc.tiers.get(tenant.tier) if snap.policy else None
@@ -295,9 +333,16 @@ class TenantResolver:
         state = self._state
         reason = self._degraded_reason
         since = self._clock() - self._wiped_at
-        if reason is None and since < WIPE_NOTICE_S:
+        wiped = since < WIPE_NOTICE_S
+        if reason is None and wiped:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
+        if reason is None and self._skipped:
+            names = [f"{s.kind} {s.name!r}" for s in self._skipped.values()]
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                            else "")
+            reason = (f"{len(names)} unreadable record(s) in the store skipped: {shown} "
+                      "(fix or delete them)")
         return TenancyHealth(
             loaded=self._loaded,
             degraded=reason is not None,
@@ -306,6 +351,9 @@ class TenantResolver:
             policy_version=state.policy.version if state.policy else 0,
             staleness_s=max(0.0, self._clock() - self._fresh_at),
             store_resets=self._resets,
+            store_wiped=wiped,
+            store_answers=self._answers,
+            records_skipped=dict(self._skipped_total),
         )
 
 

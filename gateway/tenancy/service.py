@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Annotated
 
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,6 +34,7 @@ from gateway.tenancy.store import TenantStore, bootstrap
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
 
 log = logging.getLogger(__name__)
+SKIPPED_KINDS = ("key", "policy", "tenant")  # of kvgate_tenancy_records_skipped_total
 
 
 class TenancySettings(BaseModel):
@@ -115,7 +116,9 @@ def _differences(stored: PolicyDoc, configured: PolicyDoc) -> list[str]:
 
 
 class TenancyCollector(Collector):
-    """`kvgate_tenancy_store_resets_total`: wiped stores noticed and re-seeded (0 from start)."""
+    """`kvgate_tenancy_store_resets_total`: wiped stores noticed and re-seeded (0 from start);
+    `kvgate_tenancy_store_wiped`: 1 while the wipe notice lasts; and
+    `kvgate_tenancy_records_skipped_total{kind}`: unreadable records left out of loads."""
 
     def __init__(self, resolver: TenantResolver) -> None:
         self._resolver = resolver
@@ -125,8 +128,23 @@ class TenancyCollector(Collector):
             "kvgate_tenancy_store_resets",
             "times the tenancy store was found wiped (bootstrap marker gone) and re-seeded",
         )
-        resets.add_metric([], self._resolver.health().store_resets)
-        yield resets
+        health = self._resolver.health()
+        resets.add_metric([], health.store_resets)
+        wiped = GaugeMetricFamily(
+            "kvgate_tenancy_store_wiped",
+            "1 for 10 minutes after the tenancy store was found wiped (keys made through the "
+            "admin API are gone), else 0",
+        )
+        wiped.add_metric([], 1.0 if health.store_wiped else 0.0)
+        skipped = CounterMetricFamily(
+            "kvgate_tenancy_records_skipped",
+            "unreadable tenancy records left out of loads, each counted once",
+            labels=["kind"],
+        )
+        # every kind from 0: an alert on increase() sees the first skipped record
+        for kind in SKIPPED_KINDS:
+            skipped.add_metric([kind], health.records_skipped.get(kind, 0))
+        yield from (resets, wiped, skipped)
 
 
 def build_tenancy(

@@ -35,6 +35,8 @@ __all__ = [
     "apply_tenant_changes",
     "bootstrap",
     "invalid_from",
+    "key_from_json",
+    "policy_from_json",
     "tenant_from_json",
     "tenant_to_json",
     "with_epoch",
@@ -158,8 +160,19 @@ def tenant_to_json(tenant: Tenant) -> str:
     return tenant.model_dump_json(exclude_unset=True)
 
 
+# Stored records are read with unknown fields ignored: a newer kvgate (a rolling upgrade) may
+# have written a field this one does not know. What operators send the admin API is still
+# validated strictly (`gateway.admin.schemas`, `PolicyDoc`): a typo there is a 400.
 def tenant_from_json(raw: str | bytes) -> Tenant:
-    return Tenant.model_validate_json(raw)
+    return Tenant.model_validate_json(raw, extra="ignore")
+
+
+def key_from_json(raw: str | bytes) -> KeyRecord:
+    return KeyRecord.model_validate_json(raw, extra="ignore")
+
+
+def policy_from_json(raw: str | bytes) -> PolicyDoc:
+    return PolicyDoc.model_validate_json(raw, extra="ignore")
 
 
 def invalid_from(exc: ValidationError) -> BadRequest:

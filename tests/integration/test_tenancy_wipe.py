@@ -49,6 +49,7 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
     with gw, admin_client(base, ADMIN) as admin:
         resets = "kvgate_tenancy_store_resets_total"
         assert metric_values(base, resets) == {"": 0.0}
+        assert metric_values(base, "kvgate_tenancy_store_wiped") == {"": 0.0}
         assert httpx.get(f"{base}/readyz").json()["tenancy"]["store_resets"] == 0
         old_key = admin.post("/tenants/acme/keys").json()["key"]
         assert chat_status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key, max_retries=0)) \
@@ -67,6 +68,9 @@ def test_flushall_is_noticed_and_the_store_reseeded_from_config(
         tenancy = ready.json()["tenancy"]
         assert ready.json()["degraded"] and tenancy["degraded"]
         assert "wiped" in tenancy["reason"] and "re-issue" in tenancy["reason"]
+        # its own signal: Redis answers, so a "Redis down" alert must not fire for ten minutes
+        assert metric_values(base, "kvgate_redis_up") == {"": 1.0}
+        assert metric_values(base, "kvgate_tenancy_store_wiped") == {"": 1.0}
         assert ready.json()["tenancy"]["policy_version"] >= 1
         assert metric_values(base, "kvgate_policy_version")[""] >= 1
         assert "wiped" in gw.output()
