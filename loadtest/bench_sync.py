@@ -81,21 +81,43 @@ def _job(job: tuple[list[ReplayRequest], int, GatewaySpec]) -> dict[str, float]:
     return _one(*job)  # a worker process's
 
 
+_Cell = tuple[str, str, tuple[list[ReplayRequest], int, GatewaySpec]]  # workload, "N/label", job
+
+
 def offline(rep: Report, trace: Path, quick: bool,
             jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
-    rep.add("## Routing quality of N gateways (offline, cache_aware, 8 replicas)\n")
-    rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
-            "TTFT p99 s | x 1 gw |")
-    rep.add("|---|---|---|---|---|---|---|---|---|")
     ns = (1, 4) if quick else (1, 2, 4, 8)
     delays = (10.0,) if quick else (0.0, 10.0, 50.0)
-    cells: list[tuple[str, str, tuple[list[ReplayRequest], int, GatewaySpec]]] = []
+    cells: list[_Cell] = []
     for name, reqs, kv in _workloads(trace, quick):
         for n in ns:
             variants = [("none", GatewaySpec(n, share=False))] if n > 1 else [("-", GatewaySpec(1))]
             if n > 1:
                 variants += [(f"D={d:g} ms", GatewaySpec(n, True, d / 1000)) for d in delays]
             cells += [(name, f"{n}/{label}", (reqs, kv, spec)) for label, spec in variants]
+    return _table(rep, "Routing quality of N gateways (offline, cache_aware, 8 replicas)", cells,
+                  jobs)
+
+
+def generated(rep: Report, jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
+    """Every generated workload (`loadtest.replay.generators`) at both KV sizes: one gateway,
+    four sharing nothing, four sharing at D = 10 ms (the issue's target cell)."""
+    specs = [("1/-", GatewaySpec(1)), ("4/none", GatewaySpec(4, share=False)),
+             ("4/D=10 ms", GatewaySpec(4, True, 0.010))]
+    cells: list[_Cell] = [(f"{name}-{kv // 1024}k", key, (make(), kv, spec))
+                          for name, make in sorted(WORKLOADS.items())
+                          for kv in (262_144, 1_048_576) for key, spec in specs]
+    return _table(rep, "Generated workloads: one gateway and four (offline, cache_aware, "
+                  "8 replicas)", cells, jobs)
+
+
+def _table(rep: Report, title: str, cells: list[_Cell],
+           jobs: int) -> list[tuple[str, str, dict[str, float]]]:
+    """Replay every cell (each workload's first: one gateway, the ratios' base), add the table."""
+    rep.add(f"## {title}\n")
+    rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
+            "TTFT p99 s | x 1 gw |")
+    rep.add("|---|---|---|---|---|---|---|---|---|")
     with ProcessPoolExecutor(jobs) as pool:
         results = list(pool.map(_job, [c[2] for c in cells]))
     rows = []
@@ -103,36 +125,8 @@ def offline(rep: Report, trace: Path, quick: bool,
     for (name, key, _), r in zip(cells, results, strict=True):
         gws, label = key.split("/", 1)
         if gws == "1":
-            base = r  # each workload's first cell: one gateway
-        rows.append((name, key, r))
-        rep.add(f"| {name} | {gws} | {label} | {r['hit_rate']:.4f} | "
-                f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
-                f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
-                f"{r['ttft_p99_s']:.3f} | {r['ttft_p99_s'] / base['ttft_p99_s']:.3f} |")
-    rep.add("")
-    return rows
-
-
-def generated(rep: Report, jobs: int = 1) -> list[tuple[str, str, dict[str, float]]]:
-    """Every generated workload (`loadtest.replay.generators`) at both KV sizes: one gateway,
-    four sharing nothing, four sharing at D = 10 ms (the issue's target cell)."""
-    rep.add("## Generated workloads: one gateway and four (offline, cache_aware, 8 replicas)\n")
-    rep.add("| workload | gateways | sharing | hit rate | x 1 gw | TTFT p50 s | x 1 gw | "
-            "TTFT p99 s | x 1 gw |")
-    rep.add("|---|---|---|---|---|---|---|---|---|")
-    specs = [("1", "-", GatewaySpec(1)), ("4", "none", GatewaySpec(4, share=False)),
-             ("4", "D=10 ms", GatewaySpec(4, True, 0.010))]
-    cells = [(f"{name}-{kv // 1024}k", gws, label, (make(), kv, spec))
-             for name, make in sorted(WORKLOADS.items()) for kv in (262_144, 1_048_576)
-             for gws, label, spec in specs]
-    with ProcessPoolExecutor(jobs) as pool:
-        results = list(pool.map(_job, [c[3] for c in cells]))
-    rows = []
-    base: dict[str, float] = {}
-    for (name, gws, label, _), r in zip(cells, results, strict=True):
-        if gws == "1":
             base = r
-        rows.append((name, f"{gws}/{label}", r))
+        rows.append((name, key, r))
         rep.add(f"| {name} | {gws} | {label} | {r['hit_rate']:.4f} | "
                 f"{r['hit_rate'] / max(base['hit_rate'], 1e-9):.3f} | "
                 f"{r['ttft_p50_s']:.3f} | {r['ttft_p50_s'] / base['ttft_p50_s']:.3f} | "
