@@ -50,13 +50,9 @@ class Sessions:
         """Another gateway sent the request with this chain to ``replica``: recorded as if
         ours, continuing the deepest earlier tail on its chain (its longest match is not
         known here; a context grows by a few blocks a call, so only the chain's last
-        ``_SCAN`` blocks are searched, in C). A chain whose tail is known already is not
-        a call we missed -- the same record again, or a peer's late report of a chain we
-        routed -- and changes nothing. With no pick of ours to expire them, contexts gone
-        quiet are expired here too."""
+        ``_SCAN`` blocks are searched, in C). With no pick of ours to expire them, contexts
+        gone quiet are expired here too."""
         tails = self._tails
-        if not hashes or hashes[-1] in tails:
-            return
         previous = next(filter(tails.__contains__, reversed(hashes[-_SCAN:])), None)
         self.record(hashes, replica, now, previous)
         self.live(now)

@@ -154,27 +154,6 @@ def test_a_peers_routes_continue_and_make_contexts_live_as_ours_do() -> None:
 
 
 
-def test_a_peers_route_applied_twice_is_one_call() -> None:
-    """A record delivered again (a read that overlapped, a catch-up after a reconnect) is not
-    the context coming back: it must not lengthen its streak into a live context."""
-    s = Sessions(window_s=8.0)
-    _call(s, [1, 2], "r0", 0.0)
-    s.peer_routed("r1", [1, 2, 3], 1.0)  # one quick return: not live yet
-    s.peer_routed("r1", [1, 2, 3], 1.1)  # the same record again
-    assert dict(s.live(1.1)) == {}
-
-
-def test_a_peers_late_route_of_a_chain_we_routed_leaves_the_context_where_we_sent_it() -> None:
-    """The peer's record of a chain arrives after our own pick of the same chain (sent to r0):
-    the context stays one context, on r0, with the streak our calls made."""
-    s = Sessions(window_s=8.0)
-    _call(s, [1, 2], "r0", 0.0)
-    _call(s, [1, 2, 3], "r0", 1.0)
-    _call(s, [1, 2, 3, 4], "r0", 2.0)  # two quick returns: live on r0
-    s.peer_routed("r1", [1, 2, 3, 4], 2.5)
-    assert dict(s.live(2.5)) == {"r0": 1}
-
-
 def test_peers_routes_alone_expire_the_contexts_gone_quiet() -> None:
     """A gateway that picks nothing (out of its load balancer) but applies its peers' routes
     keeps only the contexts of the last window, however many came and went."""
