@@ -198,8 +198,8 @@ class StreamScanner:
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         # no complete event yet: hold the fragment (a client can't use it)
-        self._partial = data[cut:]
-        if len(self._partial) > self._max:
+        self._partial = rest = data[cut:]
+        if len(rest) > self._max:
             self._oversize()
         return self._events(data[:cut]) if cut else b""
 
