@@ -212,16 +212,22 @@ class Replica:
 
 
 def _went_back(prev: Sample, sample: Sample) -> bool:
-    """Whether a cumulative engine counter is lower than in the previous sample (an engine
-    restart; one data-parallel engine's is enough)."""
-    return any(
-        before is not None and after is not None and after < before
+    """Whether the engine restarted since `prev`: a new engine starts every cumulative counter
+    at 0, so each one that had counted something is lower now. One that went on, or is gone
+    from the page, says the page is partial (cut short, a data-parallel engine's series
+    missing from one family's sum), not a restart: forgetting the replica's prefix affinity
+    on it would cost its hit rate for nothing."""
+    counted = [
+        (before, after)
         for before, after in (
             (prev.prefix_cache_queries, sample.prefix_cache_queries),
             (prev.prompt_tokens, sample.prompt_tokens),
             (prev.generation_tokens, sample.generation_tokens),
         )
-    )
+        if before  # neither missing nor 0 (a counter still at 0 cannot go back)
+    ]
+    return bool(counted) and all(after is not None and after < before
+                                 for before, after in counted)
 
 
 def _delta_ratio(

@@ -10,10 +10,12 @@ API terminal event, or an error event) rather than being cut short. An event who
 cannot be an OpenAI event (not JSON, not ``[DONE]``: a replica or a proxy gone wrong) is never
 forwarded: `feed` stops before it and sets `malformed` (the SDKs would raise a JSON decode
 error mid-stream, with nothing saying which side failed). So is an event that grows past
-``max_event_bytes`` without ending (`oversized` too): the fragment of an unfinished event is
-held back in pieces, and only the new bytes are searched for its end, so a replica sending one
-endless event costs kvgate linear time and bounded memory, not a copy of the whole fragment
-per chunk (50 MB sent so held the event loop for half a minute).
+``max_event_bytes`` without ending (`oversized` too): an unfinished event split by a read is
+joined with the next chunk as long as it is about that chunk's size (a few KiB more at most,
+the common case, as cheap as before); a larger one is held back in pieces, and only the new
+bytes are searched for its end, so a replica sending one endless event costs kvgate linear
+time and bounded memory, not a copy of the whole fragment per chunk (50 MB sent so held the
+event loop for half a minute).
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -36,6 +38,9 @@ _COUNTS = re.compile(
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
 MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
+# a held fragment up to a chunk's size and this much more is joined with the chunk and searched
+# whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
+_JOIN_BYTES = 4096
 _COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -131,15 +136,15 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_held", "_last", "_max", "_parts", "_strip", "_tail", "ended_event",
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "ended_event",
                  "error_code", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
         self._max = max_event_bytes
-        self._parts: list[bytes] = []  # an unfinished event, held back in the pieces it came in
-        self._held = 0  # their bytes
-        self._tail = b""  # their last 3 bytes (an event's end may straddle two chunks)
+        self._partial = b""  # an unfinished event, held back (a client can't use it) ...
+        self._more: list[bytes] = []  # ... and, once it is large, the pieces that came after
+        self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
@@ -155,7 +160,7 @@ class StreamScanner:
                    or _BAD_LATER.search(out) is not None)
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True
-            self._hold(b"")
+            self._drop()
             out = out[:bad]
         if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
             self._last = out
@@ -169,38 +174,55 @@ class StreamScanner:
             self.error_code = int(code.group(1)) if code else 500
 
     def _feed(self, chunk: bytes) -> bytes:
-        if not self._held and chunk.endswith(_ENDS):
-            # the common case: whole events in one read
-            return chunk if _USAGE_KEY not in chunk else self._events(chunk)
-        if self._held:
-            seam = self._tail + chunk[:3]  # an end split between the held bytes and these
-            if not (b"\n\n" in chunk or b"\r\n\r\n" in chunk
-                    or b"\n\n" in seam or b"\r\n\r\n" in seam):
-                # the held event goes on: keep the piece, search only the new bytes
-                self._parts.append(chunk)
-                self._held += len(chunk)
-                self._tail = (self._tail + chunk[-3:])[-3:]
-                self._check_size()
-                return b""
-            data = b"".join(self._parts) + chunk
-        else:
+        partial = self._partial
+        if not partial:
+            if chunk.endswith(_ENDS):
+                # the common case: whole events in one read
+                return chunk if _USAGE_KEY not in chunk else self._events(chunk)
             data = chunk
+        elif not self._more and len(partial) <= len(chunk) + _JOIN_BYTES:
+            # an event split by a read: joining costs about what reading the chunk does
+            data = partial + chunk
+        elif b"\n\n" in chunk or b"\r\n\r\n" in chunk or self._ends_at_seam(chunk):
+            data = b"".join((partial, *self._more, chunk))
+            self._more.clear()
+            self._more_bytes = 0
+        else:
+            # a large held event goes on: keep the piece, search only the new bytes
+            if chunk:
+                self._more.append(chunk)
+                self._more_bytes += len(chunk)
+                if len(partial) + self._more_bytes > self._max:
+                    self._oversize()
+            return b""
         lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
         cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
         # no complete event yet: hold the fragment (a client can't use it)
-        self._hold(data[cut:])
-        self._check_size()
+        self._partial = rest = data[cut:]
+        if len(rest) > self._max:
+            self._oversize()
         return self._events(data[:cut]) if cut else b""
 
-    def _hold(self, fragment: bytes) -> None:
-        self._parts = [fragment] if fragment else []
-        self._held = len(fragment)
-        self._tail = fragment[-3:]
+    def _ends_at_seam(self, chunk: bytes) -> bool:
+        """Whether an event's end begins in the held bytes and ends in `chunk`'s first 3."""
+        head = chunk[:3]
+        if b"\n" not in head:  # every end's last byte is a newline
+            return False
+        held = b"".join((self._partial, *self._more[-3:]))  # held pieces are never empty
+        seam = held[-3:] + head
+        return b"\n\n" in seam or b"\r\n\r\n" in seam
 
-    def _check_size(self) -> None:
-        if self._held > self._max:  # no OpenAI event is this large: not relayed
-            self.malformed = self.oversized = True
-            self._hold(b"")
+    def _held(self) -> bytes:
+        return b"".join((self._partial, *self._more)) if self._more else self._partial
+
+    def _drop(self) -> None:
+        self._partial = b""
+        self._more.clear()
+        self._more_bytes = 0
+
+    def _oversize(self) -> None:  # no OpenAI event is this large: not relayed
+        self.malformed = self.oversized = True
+        self._drop()
 
     def complete(self) -> bool:
         """Whether what was fed so far ends as a whole stream: its last event (comment lines
@@ -208,7 +230,7 @@ class StreamScanner:
         seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
         if self.error_code is not None:
             return True
-        tail = b"".join(self._parts) or self._last
+        tail = self._held() or self._last
         if b"\n:" in tail or tail[:1] == b":":
             tail = b"\n".join(line for line in tail.splitlines() if line[:1] != b":")
         tail = tail.replace(b"\r\n", b"\n").rstrip()
@@ -217,8 +239,8 @@ class StreamScanner:
 
     def flush(self) -> bytes:
         """At the end of the stream: whatever is left, forwarded as is."""
-        rest = b"".join(self._parts)
-        self._hold(b"")
+        rest = self._held()
+        self._drop()
         if rest:
             self.ended_event = False
         return rest

@@ -157,12 +157,15 @@ class Router:
         return out
 
     def apply_peer_routes(
-        self, records: Sequence[RouteRecord], member: str, now: float
+        self, records: Sequence[RouteRecord], member: str, now: float, live: bool = True
     ) -> None:
-        """Gateway ``member`` routed these chains: the replicas now hold them (as if ours)."""
+        """Gateway ``member`` routed these chains: the replicas now hold them (as if ours).
+        ``live=False``: history (a catch-up, a backlog past the staleness bound), routed at
+        some unknown earlier time: the index learns them, the policy's live contexts do not
+        (applied in one go, every context in it would look like an agent calling now)."""
         insert = self.state.index.insert
         chains = self._peer_chains
-        seen = self._peer_route_seen
+        seen = self._peer_route_seen if live else None
         for replica, hashes, tail in records:
             insert(replica, hashes, tail, True)
             if len(hashes) >= 2:

@@ -290,7 +290,7 @@ class RouteSync:
         for _, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
-                self._apply_routes(batch)
+                self._apply_routes(batch, live=False)  # history: no context is live by it
                 if batch.bye:
                     live.discard(batch.member)
                 elif batch.sent_at >= recent:
@@ -371,7 +371,7 @@ class RouteSync:
                 router.peers.drop(batch.member)
             self.stats.applied += 1
             return
-        self._apply_routes(batch)
+        self._apply_routes(batch, live=current)
         self.stats.applied += 1
         if not current:
             return
@@ -380,13 +380,13 @@ class RouteSync:
         router.apply_peer_load(batch.member, loads, self._clock())
         self.stats.lag(max(0.0, time.time() - batch.sent_at))
 
-    def _apply_routes(self, batch: Batch) -> None:
+    def _apply_routes(self, batch: Batch, live: bool) -> None:
         known, routes = self._known, batch.routes
         if not all(map(known, {r.replica for r in routes})):  # asked once per replica
             routes = [r for r in routes if known(r.replica)]
             self.stats.drop("foreign", len(batch.routes) - len(routes))
         if routes:
-            self._router.apply_peer_routes(routes, batch.member, self._clock())
+            self._router.apply_peer_routes(routes, batch.member, self._clock(), live)
 
     def _answered(self) -> None:
         if not self.stats.up:

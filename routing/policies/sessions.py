@@ -50,10 +50,12 @@ class Sessions:
         """Another gateway sent the request with this chain to ``replica``: recorded as if
         ours, continuing the deepest earlier tail on its chain (its longest match is not
         known here; a context grows by a few blocks a call, so only the chain's last
-        ``_SCAN`` blocks are searched, in C)."""
+        ``_SCAN`` blocks are searched, in C). With no pick of ours to expire them, contexts
+        gone quiet are expired here too."""
         tails = self._tails
         previous = next(filter(tails.__contains__, reversed(hashes[-_SCAN:])), None)
         self.record(hashes, replica, now, previous)
+        self.live(now)
 
     def live(self, now: float) -> Mapping[str, int]:
         """Live contexts per replica (replicas with none are absent)."""

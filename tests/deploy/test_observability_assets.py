@@ -174,3 +174,15 @@ def test_rule_queries_use_real_metrics(rule: dict[str, Any]) -> None:
     recorded = {r["record"] for r in _rules() if "record" in r}
     unknown = metric_names(rule["expr"]) - KNOWN - recorded
     assert not unknown, f"{unknown} in {rule['expr']!r}"
+
+
+def test_error_ratios_leave_out_flow_controls_sheds() -> None:
+    """A shed request is counted under the pool it was queued for (status 503, route
+    `shed`): overload, which `kvgate doctor` reports as the queue's bound, not replica errors.
+    The 5xx ratio behind KvgateHighErrorRatio and the dashboard's must leave it out too."""
+    rule = next(r for r in _rules() if r.get("record") == "pool:kvgate_request_errors:ratio_rate5m")
+    panel = next(p for p in _panels(json.loads(DASHBOARD.read_text()))
+                 if p["title"] == "Error ratio (5xx)")
+    for expr in (rule["expr"], *(t["expr"] for t in panel["targets"])):
+        numerator = expr.split("/")[0]
+        assert 'status=~"5.."' in numerator and 'route!="shed"' in numerator, expr

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -126,6 +126,26 @@ async def test_a_new_gateway_catches_up_on_routes_not_on_old_loads(redis_url: st
         assert router.state.index.entries("a:1") == 20  # warm from the last 20 entries
         assert router.peers is not None and router.peers.totals(time.monotonic()) == {}
         assert not sync.degraded
+
+
+
+async def test_caught_up_routes_make_no_context_live(redis_url: str) -> None:
+    """The catch-up's routes are history (minutes old, applied in one go): they warm the
+    index, but none of their agents' calls counts as a quick return, so no context is live
+    on a replica because of them."""
+    r = aioredis.Redis.from_url(redis_url)
+    for agent in range(20):  # three calls each, each one extending the last
+        base = 10 * (agent + 1)
+        for call in range(3):
+            chain = tuple(range(base, base + 2 + call))
+            await _add(r, encode("old-peer", time.time(), [RouteRecord("a:1", chain, 0)], {}))
+    await r.aclose()
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router)
+    async with _running(redis_url, sync):
+        assert router.state.index.entries("a:1") > 0
+        sessions = cast(Any, router.policy)._sessions
+        assert dict(sessions.live(time.monotonic())) == {}
 
 
 async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live(

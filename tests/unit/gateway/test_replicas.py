@@ -189,12 +189,18 @@ def test_attempts_and_failures_are_cumulative_and_count_requests_only() -> None:
     [
         (Sample(prefix_cache_queries=500, prompt_tokens=900), Sample(prefix_cache_queries=0,
                                                                      prompt_tokens=0), True),
+        # a new engine starts every counter at 0: one that went on is not a restart (a page
+        # missing a data-parallel engine's series for one family)
         (Sample(prompt_tokens=900, generation_tokens=50), Sample(prompt_tokens=910,
-                                                                 generation_tokens=2), True),
+                                                                 generation_tokens=2), False),
+        (Sample(prompt_tokens=900, generation_tokens=0), Sample(prompt_tokens=20,
+                                                                generation_tokens=0), True),
         (Sample(prefix_cache_queries=500), Sample(prefix_cache_queries=640), False),
         (Sample(prefix_cache_queries=500), Sample(), False),  # not exported: no reading
+        # a family gone from the page (cut short) says the page is partial, not a restart
+        (Sample(prompt_tokens=900, generation_tokens=50), Sample(prompt_tokens=10), False),
     ],
-    ids=["all-back", "one-back", "forward", "missing"],
+    ids=["all-back", "one-back", "zero-kept", "forward", "missing", "one-gone"],
 )
 def test_counters_going_back_say_the_engine_restarted(
     before: Sample, after: Sample, restarted: bool,
@@ -203,3 +209,30 @@ def test_counters_going_back_say_the_engine_restarted(
     assert r.record_scrape(before, 1.0) is False  # the first sample: nothing to compare
     assert r.record_scrape(None, 2.0) is False  # a failed scrape says nothing
     assert r.record_scrape(after, 3.0) is restarted
+
+
+def _dp_page(engines: dict[str, tuple[int, int, int]]) -> str:
+    """A data-parallel vLLM page: (prefix cache queries, prompt, generation tokens) per rank."""
+    lines = []
+    for family, i in (("vllm:prefix_cache_queries_total", 0), ("vllm:prompt_tokens_total", 1),
+                      ("vllm:generation_tokens_total", 2)):
+        lines.append(f"# TYPE {family[:-6]} counter")
+        lines += [f'{family}{{engine="{e}",model_name="m"}} {v[i]}.0'
+                  for e, v in engines.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_a_page_missing_one_data_parallel_engine_is_not_a_restart() -> None:
+    """Rank 1's series of the last family are missing (the page was cut after rank 0's line,
+    or rank 1's value was no reading): its sum drops, but the other counters went on, so the
+    engines did not restart and the replica's prefix affinity is kept."""
+    from gateway.scrape import parse_vllm_metrics
+
+    r = Replica("p", "http://a:1", HealthRules())
+    full = _dp_page({"0": (5000, 6000, 700), "1": (4000, 5000, 600)})
+    assert r.record_scrape(parse_vllm_metrics(full), 1.0) is False
+    page = _dp_page({"0": (5100, 6100, 710), "1": (4100, 5100, 610)})
+    cut = page[:page.index('vllm:generation_tokens_total{engine="1"')]
+    assert r.record_scrape(parse_vllm_metrics(cut), 2.0) is False
+    restarted = _dp_page({"0": (0, 0, 0), "1": (0, 0, 0)})
+    assert r.record_scrape(parse_vllm_metrics(restarted), 3.0) is True

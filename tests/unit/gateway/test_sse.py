@@ -254,3 +254,16 @@ def test_an_event_past_the_bound_is_never_forwarded() -> None:
     assert out == CHUNK
     assert scanner.malformed and scanner.oversized
     assert scanner.flush() == b""
+
+
+@pytest.mark.parametrize("sep", [b"\n\n", b"\r\n\r\n"])
+@pytest.mark.parametrize("size", [1, 2, 3, 700])
+def test_a_large_event_held_in_pieces_ends_where_its_end_straddles_them(
+        sep: bytes, size: int) -> None:
+    """An event larger than a read or two is held in pieces (only new bytes searched); its end,
+    split across pieces of any size, still closes it, and nothing is lost or reordered."""
+    big = b'data: {"id":"c","choices":[{"delta":{"content":"' + b"x" * 20_000 + b'"}}]}' + sep
+    stream = (CHUNK + big + CHUNK + DONE).replace(b"\n\n", sep)
+    head = len(CHUNK) + 9000
+    out, scanner = run([stream[:head], *split_every(stream[head:], size)], False)
+    assert out == stream and scanner.complete() and not scanner.malformed

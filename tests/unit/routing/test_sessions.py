@@ -153,6 +153,18 @@ def test_a_peers_routes_continue_and_make_contexts_live_as_ours_do() -> None:
     assert dict(s.live(3.0)) == {"r1": 1}
 
 
+
+def test_peers_routes_alone_expire_the_contexts_gone_quiet() -> None:
+    """A gateway that picks nothing (out of its load balancer) but applies its peers' routes
+    keeps only the contexts of the last window, however many came and went."""
+    s = Sessions(window_s=8.0)
+    for k in range(1_000):
+        base = 10 * k
+        for call in range(3):  # an agent's three quick calls: live
+            s.peer_routed("r1", list(range(base, base + 2 + call)), float(k) + call * 0.1)
+    assert len(s._live) <= 10
+
+
 def test_new_sessions_leave_a_replica_whose_live_contexts_another_gateway_routed() -> None:
     a, b = Router(), Router()
     a.enable_sharing(2.0, "a")
