@@ -19,6 +19,7 @@ __all__ = ["Sessions"]
 # quick returns in a row that make a context live: one can be chance (the same conversation
 # drawn twice in a burst), two in a row is an agent's loop
 _STREAK = 2
+_EXPIRE_EVERY_S = 1.0  # peers' routes expire quiet contexts at most this often (`peer_routed`)
 _SCAN = 64  # a peer's chain's last blocks searched for the tail it continued
 
 
@@ -36,6 +37,7 @@ class Sessions:
         # a live context's latest tail -> (time of its last request, replica); oldest first
         self._live: OrderedDict[int, tuple[float, str]] = OrderedDict()
         self._count: dict[str, int] = {}
+        self._expired_at = float("-inf")  # when `live` last expired quiet contexts
 
     def continued(self, hashes: Sequence[int], matched_blocks: int) -> int | None:
         """The tail this request continues (its chain's block ``matched_blocks - 1``, the end of
@@ -51,14 +53,16 @@ class Sessions:
         ours, continuing the deepest earlier tail on its chain (its longest match is not
         known here; a context grows by a few blocks a call, so only the chain's last
         ``_SCAN`` blocks are searched, in C). With no pick of ours to expire them, contexts
-        gone quiet are expired here too."""
+        gone quiet are expired here too (at most every ``_EXPIRE_EVERY_S``)."""
         tails = self._tails
         previous = next(filter(tails.__contains__, reversed(hashes[-_SCAN:])), None)
         self.record(hashes, replica, now, previous)
-        self.live(now)
+        if now - self._expired_at >= _EXPIRE_EVERY_S:
+            self.live(now)
 
     def live(self, now: float) -> Mapping[str, int]:
         """Live contexts per replica (replicas with none are absent)."""
+        self._expired_at = now
         horizon = now - self._window
         live, count = self._live, self._count
         while live:
@@ -78,8 +82,9 @@ class Sessions:
         before, streak = tails.get(previous, (now, 0)) if previous is not None else (now, 0)
         quick = previous is not None and now - before <= self._window
         streak = streak + 1 if quick else 0
+        if tail in tails:  # the same prompt once more: now the newest
+            tails.move_to_end(tail)
         tails[tail] = (now, streak)
-        tails.move_to_end(tail)
         if len(tails) > self._capacity:
             tails.popitem(last=False)
         if previous is None:
