@@ -22,6 +22,7 @@ import orjson
 from gateway import __version__
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
+from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
@@ -58,6 +59,7 @@ class GatewayApp:
             affinity=self.router.affinity_entries,
         )
         self.rt: Runtime | None = None  # set once started
+        self.cors = Cors.from_config(cfg.server)  # None: CORS off (gateway/cors.py)
         self._stack: AsyncExitStack | None = None
         self._get = {
             "/healthz": self._healthz, "/readyz": self._readyz,
@@ -89,11 +91,17 @@ class GatewayApp:
         if admin_port is not None and scope.get("server", (None, None))[1] == admin_port:
             return await self._admin_port_http(scope, receive, send, path)
         rt = self.rt
-        if path in KINDS:
-            if method != "POST":
-                return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
+        if path in KINDS and method == "POST":
             assert rt is not None
-            return await rt.proxy.handle(scope, receive, send)
+            return await rt.proxy.handle(scope, receive, send)  # CORS: `Proxy.handle`
+        cors = self.cors  # kvgate's own pages (not the hot path), never the admin API
+        if cors is not None and not _is_admin(path):
+            if method == "OPTIONS" and await self._preflight(scope, send):
+                return None
+            if (extra := cors.allowed(origin_of(scope["headers"]))) is not None:
+                send = cors.wrap(send, extra)
+        if path in KINDS:
+            return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
             assert rt is not None
             return await rt.proxy.handle_stored(scope, receive, send)
@@ -132,8 +140,19 @@ class GatewayApp:
         if not await self._to_admin(scope, receive, send, path):
             await _error(send, NotFound(f"Unknown path {path} on the admin port."))
 
+    async def _preflight(self, scope: Scope, send: Send) -> bool:
+        """A CORS preflight from an allowed origin: 204, answered here (no key, no limit, no
+        replica, not a request in the metrics). False when it is not one (then answered as
+        any OPTIONS request: 405, or 404 on an unknown path)."""
+        assert self.cors is not None
+        headers = self.cors.preflight(scope["headers"])
+        if headers is None:
+            return False
+        await send_whole(send, 204, headers, b"")
+        return True
+
     async def _to_admin(self, scope: Scope, receive: Receive, send: Send, path: str) -> bool:
-        if self.rt is None or not (path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")):
+        if self.rt is None or not _is_admin(path):
             return False
         await self.rt.admin(scope, receive, send)
         return True
@@ -246,6 +265,10 @@ class GatewayApp:
         stack, self._stack = self._stack, None
         if stack is not None:
             await stack.aclose()
+
+
+def _is_admin(path: str) -> bool:
+    return path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
 
 
 def _version_page() -> Page:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import secrets
 import types
 import typing
@@ -69,6 +70,9 @@ ENV_OTHERS = frozenset({"KVGATE_CONFIG", "KVGATE_EXTRAS", "KVGATE_SKIP_REDIS",
                         "KVGATE_TEST_LOG", "KVGATE_BENCH_UPSTREAMS", "KVGATE_BENCH_MODEL"})
 
 Pos = Annotated[float, Field(gt=0)]
+# an origin as a browser sends it: scheme://host[:port], no path
+ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[a-z0-9._~%!$&'()*+,;=:@\[\]-]+")
+TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP token (RFC 9110 5.6.2)
 
 
 class _Section(BaseModel):
@@ -96,6 +100,42 @@ class ServerConfig(_Section):
     # worker processes sharing the port (each a member of the shared routing state; more
     # than 1 needs KVGATE_REDIS_URL: with the in-memory store it is refused at start)
     workers: Annotated[int, Field(ge=1, le=64)] = 1
+    # CORS for browser clients (gateway/cors.py): origins answered (["*"]: any, as vLLM's
+    # default; []: CORS off), the methods and request headers a preflight allows ("*": what
+    # it asks for) and how long a browser may cache that answer. Never with credentials:
+    # kvgate's API keys are bearer tokens, which a browser does not send on its own
+    cors_allowed_origins: list[str] = Field(default_factory=lambda: ["*"])
+    cors_allowed_methods: list[str] = Field(default_factory=lambda: ["*"])
+    cors_allowed_headers: list[str] = Field(default_factory=lambda: ["*"])
+    cors_max_age_s: Annotated[int, Field(ge=0, le=86_400)] = 600
+
+    @field_validator("cors_allowed_origins", "cors_allowed_methods", "cors_allowed_headers",
+                     mode="before")
+    @classmethod
+    def _comma_list(cls, value: Any) -> Any:
+        # an environment override may be a plain comma-separated string
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("cors_allowed_origins")
+    @classmethod
+    def _origins(cls, value: list[str]) -> list[str]:
+        if "*" in value and len(value) > 1:
+            raise ValueError("'*' allows every origin: list it alone, or list origins only")
+        for origin in value:
+            if origin != "*" and not ORIGIN.fullmatch(origin):
+                raise ValueError(f"{origin!r} is not an origin: scheme://host[:port], lowercase, "
+                                 "without a path or a trailing slash (as a browser sends it)")
+        return value
+
+    @field_validator("cors_allowed_methods", "cors_allowed_headers")
+    @classmethod
+    def _tokens(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name != "*" and not TOKEN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a method or header name")
+        return value
 
     @field_validator("log_level")
     @classmethod

@@ -30,6 +30,7 @@ from time import perf_counter
 
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
+from gateway.cors import Cors
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
@@ -84,6 +85,7 @@ class Proxy:
         self._limit = cfg.server.max_body_bytes
         self._up = cfg.upstream
         self._retry = frozenset(cfg.upstream.retry_statuses)
+        self.cors = Cors.from_config(cfg.server)  # None: CORS off
         self.responses = ResponseStore()
         self.prep = Preparer(pools, router, metrics, clock, gate, self.responses)
         self.planner = self.prep.planner
@@ -98,8 +100,10 @@ class Proxy:
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared, token = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token, origin = scan_headers(scope["headers"], self._new_id)
         req = ProxiedRequest(path, KINDS[path], req_id, perf_counter())
+        if origin is not None and self.cors is not None:
+            req.cors = self.cors.allowed(origin) or ()
         try:
             try:
                 decision, upstream_body = await self._admit_and_prepare(
@@ -118,7 +122,7 @@ class Proxy:
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
         /v1/responses/{id}/cancel``: to its replica."""
-        req_id, declared, token = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token, _ = scan_headers(scope["headers"], self._new_id)
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
@@ -273,5 +277,5 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
-        await send_whole(send, exc.status, [*exc.headers(), *req.extra,
+        await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
                                             (b"x-request-id", req.req_id)], exc.body())

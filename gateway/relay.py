@@ -148,6 +148,8 @@ class Relay:
             hdrs.append((b"x-kvgate-route", req.route.encode()))
         if req.extra:
             hdrs.extend(req.extra)
+        if req.cors:
+            hdrs.extend(req.cors)
         return hdrs
 
     async def relay(

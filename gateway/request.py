@@ -6,7 +6,7 @@ Split from `proxy.py` so the hot path there reads as the sequence of steps it is
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
@@ -32,6 +32,7 @@ class ProxiedRequest:
     __slots__ = (
         "adm",
         "attempts",
+        "cors",
         "ctl",
         "extra",
         "features",
@@ -77,6 +78,8 @@ class ProxiedRequest:
         self.adm: Admission | None = None
         self.peeked = False  # its tenant's limits were checked before its body was read
         self.extra: list[tuple[bytes, bytes]] = []  # x-ratelimit-* on every answer
+        # CORS headers on every answer (gateway/cors.py); a browser's requests only
+        self.cors: Sequence[tuple[bytes, bytes]] = ()
         self.used: int | None = None  # prompt + completion tokens from upstream usage
         self.queued_s: float | None = None  # time waited in flow control's queue (gateway/flow)
         # flow control counts the request against its tenant's share of the pool until this
@@ -110,12 +113,13 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
 
 def scan_headers(
     headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
-) -> tuple[bytes, int | None, str | None]:
-    """X-Request-Id (accepted when sane, else generated), the declared Content-Length and
-    the bearer token of `Authorization`."""
+) -> tuple[bytes, int | None, str | None, bytes | None]:
+    """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
+    bearer token of `Authorization` and the `Origin` (a browser's request: gateway/cors)."""
     req_id = b""
     declared = None
     token = None
+    origin = None
     for key, value in headers:
         if key == b"x-request-id":
             req_id = value
@@ -123,6 +127,8 @@ def scan_headers(
             declared = int(value)
         elif key == b"authorization":
             token = parse_bearer(value.decode("latin-1"))
+        elif key == b"origin":
+            origin = value
     if not req_id or len(req_id) > 128 or not req_id.isascii():
         req_id = new_id()
-    return req_id, declared, token
+    return req_id, declared, token, origin
