@@ -83,8 +83,8 @@ class ServerConfig(_Section):
     host: str = "0.0.0.0"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024  # 8 MiB -> 413 above it
-    replica_header: bool = True  # x-kvgate-replica on proxied responses
-    route_header: bool = True  # x-kvgate-route on proxied responses
+    replica_header: bool = True  # x-kvgate-replica on proxied and stored responses
+    route_header: bool = True  # x-kvgate-route on proxied and stored responses
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0  # in-flight streams may finish
     log_level: str = "info"
     log_format: Literal["json", "text"] = "json"  # one JSON object per line, or readable text

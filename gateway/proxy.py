@@ -90,7 +90,7 @@ class Proxy:
         self.prep = Preparer(pools, router, metrics, clock, gate, self.responses)
         self.planner = self.prep.planner
         self._relay = Relay(cfg, router, metrics, clock, self.responses)
-        self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream)
+        self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream, cfg.server)
         # request ids: a random per-process prefix + a counter (unique, and cheaper than
         # reading the OS's random source per request)
         prefix = os.urandom(8).hex()

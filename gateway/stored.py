@@ -29,7 +29,7 @@ import re
 from urllib.parse import parse_qsl
 
 from gateway.asgi import Headers, Message, Receive, Scope, Send, send_whole
-from gateway.config import UpstreamConfig
+from gateway.config import ServerConfig, UpstreamConfig
 from gateway.drain import interruptible
 from gateway.errors import (
     REFUSED,
@@ -84,13 +84,23 @@ def match_stored(path: str) -> bool:
 
 class StoredResponses:
     def __init__(
-        self, pools: Pools, gate: TenantGate, store: ResponseStore, up: UpstreamConfig
+        self, pools: Pools, gate: TenantGate, store: ResponseStore, up: UpstreamConfig,
+        server: ServerConfig,
     ) -> None:
         self._pools = pools
         self._gate = gate
         self._store = store
         self._up = up
+        self._server = server
         self._timeout = min(up.first_byte_timeout_s, up.total_timeout_s)
+
+    def where(self, home: str) -> list[tuple[bytes, bytes]]:
+        """``x-kvgate-replica`` (the ``pool/replica`` holding it) and ``x-kvgate-route``, as
+        ``server.replica_header`` / ``server.route_header`` say (as on proxied answers)."""
+        out = [(b"x-kvgate-replica", home.encode())] if self._server.replica_header else []
+        if self._server.route_header:
+            out.append((b"x-kvgate-route", b"response-affinity"))
+        return out
 
     async def handle(
         self, scope: Scope, receive: Receive, send: Send, req_id: bytes, token: str | None
@@ -106,7 +116,7 @@ class StoredResponses:
         except KvgateError as exc:
             await _send_error(send, exc, req_id)
             return
-        await send_whole(send, status, _headers(content_type, req_id, where), body)
+        await send_whole(send, status, _headers(content_type, req_id, self.where(where)), body)
 
     async def stream(
         self, scope: Scope, receive: Receive, send: Send, req_id: bytes, token: str | None
@@ -123,7 +133,7 @@ class StoredResponses:
         url = f"{replica.url}{path}?{scope['query_string'].decode('latin-1')}"
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         ctl = Canceller(self._up, receive)
-        pipe = _Pipe(send, ctl, req_id, where, head_only=scope["method"] == "HEAD")
+        pipe = _Pipe(send, ctl, req_id, self.where(where), head_only=scope["method"] == "HEAD")
         resp: UpstreamResponse | None = None
         clean = False
         try:
@@ -234,9 +244,11 @@ class StoredResponses:
         return status, content_type, body, f"{pool.name}/{replica.id}"
 
 
-def _headers(content_type: str, req_id: bytes, where: str) -> list[tuple[bytes, bytes]]:
+def _headers(
+    content_type: str, req_id: bytes, where: list[tuple[bytes, bytes]],
+) -> list[tuple[bytes, bytes]]:
     return [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req_id),
-            (b"x-kvgate-replica", where.encode()), (b"x-kvgate-route", b"response-affinity")]
+            *where]
 
 
 async def _send_error(send: Send, exc: KvgateError, req_id: bytes) -> None:
@@ -247,8 +259,8 @@ class _Pipe:
     """One stored response's stream on its way to the client: its head goes out with the
     first event (until then a failure is a whole JSON error), then events as they come."""
 
-    def __init__(self, send: Send, ctl: Canceller, req_id: bytes, where: str, *,
-                 head_only: bool) -> None:
+    def __init__(self, send: Send, ctl: Canceller, req_id: bytes,
+                 where: list[tuple[bytes, bytes]], *, head_only: bool) -> None:
         self._send = send
         self._ctl = ctl
         self._req_id = req_id

@@ -15,10 +15,11 @@ its first bytes, as the HTTP edge sends it); its HEAD is the HTTP edge's stream 
 The response passes through the picker too, which is how the router's state stays exact: the
 endpoint that served (the lease moves there when Envoy fell back to another one), the first
 SSE event (what the router learns prefill speed from), the usage chunk (stripped when
-kvgate asked for it and the client did not), whole answers judged as the proxy judges them,
-and an error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are
-plain text). The lease is released and the admission settled when the stream ends, however
-it ends (`close`).
+kvgate asked for it and the client did not), whole answers held to their end and judged as
+the proxy judges them (a 502 past ``upstream.max_answer_bytes``, the stream scanner's bound
+per event too), and an error answer's body re-shaped into OpenAI's when it is not (Envoy's
+own 503s are plain text). The lease is released and the admission settled when the stream
+ends, however it ends (`close`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gateway.app import unknown_path
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.errors import (
+    AnswerTooLarge,
     BodyTooLarge,
     KvgateError,
     MethodNotAllowed,
@@ -97,9 +99,9 @@ def replica_key(ep: str) -> str:
 class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
-    __slots__ = ("_chunks", "_core", "_head", "_held", "_lease", "_pending", "_principal",
-                 "_scanner", "_size", "_stored", "_stream", "_subset", "_whole", "order", "req",
-                 "sse")
+    __slots__ = ("_chunks", "_core", "_head", "_held", "_held_bytes", "_lease", "_pending",
+                 "_principal", "_scanner", "_size", "_stored", "_stream", "_subset", "order",
+                 "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -112,8 +114,10 @@ class Exchange:
         self._lease: Lease | None = None
         self.sse = False
         self._scanner: StreamScanner | None = None
-        self._held: list[bytes] | None = None  # an error answer, re-shaped at its end
-        self._whole: list[bytes] = []  # a whole (non-SSE) answer, read at its end
+        # a whole (non-SSE) answer, held to its end (`upstream.max_answer_bytes` at most) and
+        # answered then: judged, read, an error re-shaped
+        self._held: list[bytes] | None = None
+        self._held_bytes = 0
         self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
         self._head: list[wire.Header] | None = None  # its head, held until its first event
@@ -239,29 +243,17 @@ class Exchange:
         With ``?stream=true`` it is the stream's head, as the HTTP edge answers it (the
         replica's stream up to its first event, or the error before it)."""
         stored = self._core.stored
-        headers: list[wire.Header] = []
         try:
-            if wants_stream(query):
+            if wants_stream(query):  # (the replica/route headers as configured)
                 status, sent, body = await stored.stream_head(
                     path, query, req_id or self._core.new_id(), token)
             else:
                 status, content_type, body, home = await stored.whole(
                     path, "HEAD", b"", token)
-                sent = [(b"content-type", content_type.encode("latin-1")),
-                        (b"x-kvgate-replica", home.encode())]
+                sent = [(b"content-type", content_type.encode("latin-1")), *stored.where(home)]
         except KvgateError as exc:
             return self._refuse(exc)
-        where = ""
-        for k, v in sent:  # the replica/route headers as configured; Envoy sets the length
-            if k == b"x-kvgate-replica":
-                where = v.decode()
-            elif k != b"content-length" and not k.startswith(b"x-kvgate-"):
-                headers.append((k.decode(), v))
-        server = self._core.cfg.server
-        if where and server.replica_header:  # (none on kvgate's own errors)
-            headers.append(("x-kvgate-replica", where.encode()))
-        if where and server.route_header:
-            headers.append(("x-kvgate-route", b"response-affinity"))
+        headers = [(k.decode(), v) for k, v in sent if k != b"content-length"]  # Envoy's
         return wire.immediate(status, body, headers, "kvgate_stored_head")
 
     def _not_proxied(self, path: str, method: str, token: str | None) -> pb.ProcessingResponse:
@@ -347,16 +339,20 @@ class Exchange:
                     self._head = self._stored_headers()
                     return []
             return [wire.headers_response(self._stored_headers())]
-        status, content_type = _status(msg.response_headers.headers.headers)
+        headers = msg.response_headers.headers.headers
+        status, content_type = _status(headers)
         self._served_by(wire.served_endpoint(msg))
         req.status = status
         self.sse = (status == 200 and req.parsed.stream
                     and content_type.startswith("text/event-stream"))
+        limit = self._core.cfg.upstream.max_answer_bytes
         if self.sse:
             req.sse = True
-            self._scanner = StreamScanner(req.strip)
-        elif status >= 400 and not msg.response_headers.end_of_stream:
-            self._held = []  # answered with the body, once it is re-shaped
+            self._scanner = StreamScanner(req.strip, limit)
+        elif (declared := _length(headers)) is not None and declared > limit:
+            return [self._refuse(AnswerTooLarge(limit))]  # as the HTTP edge: not retried
+        elif not msg.response_headers.end_of_stream:
+            self._held = []  # answered with the body, at its end (a 502 past the bound)
             return []
         if msg.response_headers.end_of_stream:
             self._answered_whole(b"")
@@ -369,11 +365,12 @@ class Exchange:
             return self._stream_chunk(chunk, end)
         if self._held is not None:
             self._held.append(chunk)
-            return self._error_answer() if end else []
-        if self._lease is not None:
-            self._whole.append(chunk)
-            if end:
-                self._answered_whole(b"".join(self._whole))
+            self._held_bytes += len(chunk)
+            limit = self._core.cfg.upstream.max_answer_bytes
+            if self._held_bytes > limit:  # Envoy resets the replica's stream
+                self._held = None
+                return [self._refuse(AnswerTooLarge(limit))]
+            return self._whole_answer() if end else []
         return wire.body_responses(chunk, end)
 
     def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
@@ -381,7 +378,7 @@ class Exchange:
         if self._head is not None:  # a stored stream that ended before its first event
             return [self._refuse(UpstreamError(NO_EVENTS))]
         if self._held is not None:  # the body ended without an end-of-stream message
-            out = [*self._error_answer(end=False)]
+            out = [*self._whole_answer(end=False)]
         return [*out, wire.trailers_response(request=False)]
 
     def _stored_headers(self) -> list[wire.Header]:
@@ -408,7 +405,7 @@ class Exchange:
         scanner, req, lease = self._scanner, self.req, self._lease
         assert scanner is not None
         if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
-            return wire.body_responses(b"", True) if end else ()
+            return ()
         out = scanner.feed(chunk) if chunk else b""
         if (out and lease is not None and req is not None
                 and not (out[:1] == b":" and comment_only(out))):
@@ -421,9 +418,13 @@ class Exchange:
             self._head = head
             return ()
         if scanner.malformed:
-            # an event that is neither JSON nor [DONE]: never forwarded, and the stream ends
-            # for the client as a cut one does (the headers are out: no retry here)
-            out += stream_error(MALFORMED)
+            # an event that is neither JSON nor [DONE] (or larger than the bound): never
+            # forwarded, and the stream ends for the client at once, as a cut one does (the
+            # headers are out: no retry here), not when the replica's does
+            end = True
+            limit = self._core.cfg.upstream.max_answer_bytes
+            out += stream_error(AnswerTooLarge(limit).message if scanner.oversized
+                                else MALFORMED)
             self._stream_ended(scanner, req, whole=False)
         elif end:
             whole = scanner.complete()  # else cut short: an error event, never half an event
@@ -488,13 +489,16 @@ class Exchange:
             req.used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
             self._core.metrics.usage(req.pool_name, usage, req.tier)
 
-    def _error_answer(self, *, end: bool = True) -> Sequence[pb.ProcessingResponse]:
-        """The held error answer: OpenAI-shaped (Envoy's own replies are plain text)."""
+    def _whole_answer(self, *, end: bool = True) -> Sequence[pb.ProcessingResponse]:
+        """The held whole answer, judged; an error OpenAI-shaped (Envoy's own replies are
+        plain text)."""
         req = self.req
         assert req is not None and self._held is not None
         data, self._held = b"".join(self._held), None
         self._answered_whole(data)
         headers = self._headers()
+        if req.status < 400:
+            return [wire.headers_response(headers), *wire.body_responses(data, end)]
         shaped = openai_shaped(req.status, data)
         if shaped is not None:
             data = shaped
@@ -542,6 +546,14 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None]
         elif key == "content-length" and h.raw_value.isdigit():
             declared = int(h.raw_value)
     return path, query, method, token, req_id, declared
+
+
+def _length(headers: Any) -> int | None:
+    """The declared content-length, if any."""
+    for h in headers:
+        if h.key == "content-length" and h.raw_value.isdigit():
+            return int(h.raw_value)
+    return None
 
 
 def _status(headers: Any) -> tuple[int, str]:

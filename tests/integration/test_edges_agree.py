@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from gateway.errors import AnswerTooLarge
 from gateway.relay import CUT_SHORT, MALFORMED
 from gateway.stored import NO_EVENTS
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
@@ -31,6 +32,7 @@ from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
 LIMIT = 4096  # server.max_body_bytes of both edges
+ANSWER_LIMIT = 64 * 1024  # upstream.max_answer_bytes of both edges over the bad replica
 
 
 @dataclass
@@ -53,11 +55,15 @@ def edges() -> Iterator[Edges]:
     try:
         sim, url = sim_proc(None, "--time-scale", "20", "--enable-store", model=MODEL)
         procs.append(sim.start())
+        # the replica/route headers off (`test_stored_answers_follow_the_header_settings`)
         gw, http = gateway_proc(upstreams=[url],
-                                env={"KVGATE_SERVER__MAX_BODY_BYTES": str(LIMIT)})
+                                env={"KVGATE_SERVER__MAX_BODY_BYTES": str(LIMIT),
+                                     "KVGATE_SERVER__REPLICA_HEADER": "false",
+                                     "KVGATE_SERVER__ROUTE_HEADER": "false"})
         procs.append(gw.start())
         epp = epp_proc(config={"pools": {"default": {"served_model": MODEL, "replicas": [url]}},
-                               "server": {"max_body_bytes": LIMIT}})
+                               "server": {"max_body_bytes": LIMIT, "replica_header": False,
+                                          "route_header": False}})
         procs.append(epp.start())
         envoy, base = envoy_proc(epp.picker)
         procs.append(envoy.start())
@@ -162,6 +168,26 @@ def test_a_body_over_the_limit_without_a_valid_key_is_a_401(edges: Edges, edge: 
             proc.stop()
 
 
+@pytest.mark.parametrize("edge", EDGES)
+def test_stored_answers_follow_the_header_settings(edges: Edges, edge: str) -> None:
+    """With `server.replica_header` and `server.route_header` off, a stored response's GET,
+    HEAD and cancel carry neither header, as the proxied answers do (the HTTP edge used to
+    send both there whatever the settings; the picker followed them)."""
+    base = _base(edges, edge)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+    created = client.responses.with_raw_response.create(
+        model=MODEL, input="hi", max_output_tokens=2)
+    rid = created.parse().id
+    sdk = (created.http_response, client.responses.with_raw_response.retrieve(rid).http_response)
+    plain = (httpx.head(f"{base}/v1/responses/{rid}", timeout=10),
+             httpx.post(f"{base}/v1/responses/{rid}/cancel", timeout=10))
+    answers = [(r.status_code, set(r.headers)) for r in sdk]
+    answers += [(r.status_code, set(r.headers)) for r in plain]
+    assert [status for status, _ in answers] == [200, 200, 200, 400]  # (cancel: finished)
+    for _, names in answers:
+        assert not names & {"x-kvgate-replica", "x-kvgate-route"}, names
+
+
 # -- a stored response's event stream (`GET /v1/responses/{id}?stream=true`) ----------------
 BAD_MODEL = "bad-model"
 
@@ -173,11 +199,13 @@ def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
         procs: list[Proc] = []
         try:
             gw, http = gateway_proc(upstreams=[replica.url],
-                                    env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+                                    env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
+                                         "KVGATE_UPSTREAM__MAX_ANSWER_BYTES": str(ANSWER_LIMIT)})
             procs.append(gw.start())
             epp = epp_proc(config={
                 "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
-                "health": {"failure_threshold": 1000}})
+                "health": {"failure_threshold": 1000},
+                "upstream": {"max_answer_bytes": ANSWER_LIMIT}})
             procs.append(epp.start())
             envoy, base = envoy_proc(epp.picker)
             procs.append(envoy.start())
@@ -197,8 +225,9 @@ def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
 def replica(bad: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
     replica = bad[0]
     replica.gate, replica.end = threading.Event(), "keep"
+    answer = replica.answer
     yield replica
-    replica.rest, replica.get_answer = b"", None
+    replica.rest, replica.get_answer, replica.answer = b"", None, answer
     replica.gate.set()
 
 
@@ -283,3 +312,54 @@ def test_head_of_a_stored_stream_is_the_streams_head(
     replica.get_answer, replica.rest, replica.end = sse_head(), b"", "reset"  # not kept
     resp = httpx.head(f"{bad[1][edge]}/v1/responses/{RID}?stream=true", timeout=10)
     assert (resp.status_code, resp.content) == (502, b"")
+
+
+# -- an answer over `upstream.max_answer_bytes` ----------------------------------------------
+TOO_LARGE = {"message": AnswerTooLarge(ANSWER_LIMIT).message, "type": "BadGatewayError",
+             "param": None, "code": 502}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_whole_answer_over_the_bound_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, declared: bool,
+) -> None:
+    """A whole answer larger than `upstream.max_answer_bytes` is a 502 the SDK does not retry
+    (`x-should-retry: false`), declared so or not; the picker used to pass it on unbounded
+    (keeping a copy of it all)."""
+    pad = b"a" * (ANSWER_LIMIT // 4)
+    parts = [b'{"id": "chatcmpl-1", "object": "chat.completion", "pad": "', pad, pad, pad, pad,
+             b'", "choices": []}']
+    if declared:
+        body = b"".join(parts)
+        replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n" % len(body) + body)
+    else:
+        replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                          b"transfer-encoding: chunked\r\n\r\n" + chunked(*parts))
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 502
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert err.value.body == TOO_LARGE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_event_over_the_bound_ends_the_stream(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """One stream event growing past `upstream.max_answer_bytes` is not relayed: the started
+    stream ends with the error event saying so (the picker's scanner used to take the
+    default bound, 256 MiB, whatever the setting)."""
+    first = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n'
+    replica.answer = sse_head() + chunked(first, last=False)
+    huge = b'data: {"id": "c", "object": "chat.completion.chunk", "pad": "'
+    replica.rest = chunked(huge, *[b"a" * 16384] * (ANSWER_LIMIT // 8192), last=False)
+    events = iter(_client(bad[1][edge]).chat.completions.create(
+        model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert next(events).id == "c"  # the stream has started
+    replica.gate.set()
+    with pytest.raises(openai.APIError) as err:
+        list(events)
+    assert err.value.body == TOO_LARGE

@@ -172,14 +172,15 @@ async def test_the_served_endpoint_from_metadata_moves_the_request(
     await call.write(pb.ProcessingRequest(
         response_headers=_headers({":status": "200", "content-type": "application/json"}),
         metadata_context=Metadata(filter_metadata={"envoy.lb": served})))
-    answer = (await _answers(call, 1))[0].response_headers.response.header_mutation
-    added = {h.header.key: h.header.raw_value.decode() for h in answer.set_headers}
-    assert added["x-kvgate-replica"] == f"p/{fallback}"
-    assert added["x-kvgate-route"] == "retry"
     reply = b'{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=reply,
                                                                     end_of_stream=True)))
-    passed = (await _answers(call, 1))[0].response_body.response.body_mutation
+    head, body = await _answers(call, 2)  # a whole answer: its head is held to its end
+    answer = head.response_headers.response.header_mutation
+    added = {h.header.key: h.header.raw_value.decode() for h in answer.set_headers}
+    assert added["x-kvgate-replica"] == f"p/{fallback}"
+    assert added["x-kvgate-route"] == "retry"
+    passed = body.response_body.response.body_mutation
     assert passed.streamed_response.body == reply and passed.streamed_response.end_of_stream
     await call.done_writing()
 
@@ -212,14 +213,14 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
 
 async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) -> None:
     """An event whose data is neither JSON nor [DONE]: the events before it pass, then an
-    error event and [DONE] instead of it; the rest of the replica's stream is dropped (the
-    client's stream has ended) and the body still ends when Envoy's does."""
+    error event and [DONE] instead of it, and the client's stream ends there (as on the HTTP
+    edge, not when the replica's does); the rest of the replica's stream is dropped."""
     call = await _stream_started(stub, "malformed")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=EVENT + b"data: <html>502 Bad Gateway</html>\n\n" + EVENT)))
     sent = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
     first, error, done = sent.body.split(b"\n\n")[:3]
-    assert first + b"\n\n" == EVENT and not sent.end_of_stream
+    assert first + b"\n\n" == EVENT and sent.end_of_stream
     assert orjson.loads(error.removeprefix(b"data: "))["error"] == {
         "message": "The upstream replica sent a stream event that is not JSON.",
         "type": "BadGatewayError", "param": None, "code": 502}
@@ -227,9 +228,8 @@ async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) 
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=EVENT)))
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=b"data: [DONE]\n\n", end_of_stream=True)))
-    last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
-    assert last.body == b"" and last.end_of_stream
     await call.done_writing()
+    assert await asyncio.wait_for(call.read(), 10) == grpc.aio.EOF  # nothing more answered
 
 
 async def test_envoys_plain_error_is_answered_in_openai_shape(stub: Any) -> None:

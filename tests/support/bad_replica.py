@@ -38,6 +38,14 @@ def chunked(*parts: bytes, last: bool = True) -> bytes:
     return out + (b"0\r\n\r\n" if last else b"")
 
 
+async def _read_chunked(reader: asyncio.StreamReader) -> None:
+    """Read (and drop) a chunked request body, its trailers included."""
+    while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+        await reader.readexactly(size + 2)
+    while await reader.readuntil(b"\r\n") != b"\r\n":
+        pass
+
+
 def _plain(status: int, body: bytes) -> bytes:
     return (b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
             % (status, len(body)) + body)
@@ -85,12 +93,17 @@ class BadReplica:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path = head.split(b" ", 2)[:2]
-                length = 0
+                length, chunked_body = 0, False
                 for line in head.split(b"\r\n")[1:]:
                     name, _, value = line.partition(b":")
                     if name.strip().lower() == b"content-length":
                         length = int(value)
-                await reader.readexactly(length)
+                    elif name.strip().lower() == b"transfer-encoding":
+                        chunked_body = b"chunked" in value.lower()
+                if chunked_body:  # (Envoy sends the picker's body so)
+                    await _read_chunked(reader)
+                else:
+                    await reader.readexactly(length)
                 stored = path.startswith(b"/v1/responses/") and self.get_answer is not None
                 if method != b"POST" and not stored:
                     writer.write(self._page(path))
