@@ -291,7 +291,8 @@ async def test_no_leaked_inflight_after_a_storm(sim_factory: SimFactory) -> None
         expected = {"streamed", "walked away", "answered", "client timeout", "status 500",
                     "status 503", "stream error: idle"}
         assert set(outcomes) <= expected, outcomes  # e.g. no connection error, no 502
-        assert outcomes["walked away"] >= 15, outcomes  # 20 leave after their first chunk
+        # 20 leave after their first chunk, those whose retries did not all meet errors first
+        assert outcomes["walked away"] >= 10, outcomes
         assert outcomes["streamed"] >= 10, outcomes
         assert outcomes["stream error: idle"] >= 1, outcomes  # the stalled replica's streams
         assert outcomes["answered"] + outcomes["client timeout"] >= 50, outcomes  # of 60
