@@ -382,11 +382,10 @@ class Exchange:
         return [*out, wire.trailers_response(request=False)]
 
     def _stored_headers(self) -> list[wire.Header]:
-        server = self._core.cfg.server
+        """The HTTP edge's replica/route headers of a stored answer (`StoredResponses.where`)."""
         if self._stored is None:
             return []
-        out = [("x-kvgate-replica", self._stored.encode())] if server.replica_header else []
-        return out + ([("x-kvgate-route", b"response-affinity")] if server.route_header else [])
+        return [(k.decode(), v) for k, v in self._core.stored.where(self._stored)]
 
     def _headers(self) -> list[wire.Header]:
         req, server = self.req, self._core.cfg.server
