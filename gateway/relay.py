@@ -44,6 +44,7 @@ from gateway.config import KvgateConfig
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
+    KvgateError,
     ReplicaWrongModel,
     UpstreamError,
     error_body,
@@ -57,8 +58,8 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "Relay", "judge", "read_whole", "served",
-           "stream_error"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "judge", "read_whole",
+           "served", "stream_error", "stream_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,7 @@ DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = "application/json"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
 MALFORMED = "The upstream replica sent a stream event that is not JSON."
+NOT_STARTED = "The replica ended its answer before it started."
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -123,6 +125,16 @@ def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) 
     never forwarded (the scanner holds fragments back), so it is simply dropped: a client
     must not be handed half a JSON object."""
     return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
+
+
+def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
+    """The error of a stream whose scanner stopped at a bad event (`StreamScanner.malformed`):
+    `AnswerTooLarge` for one past ``limit`` (``upstream.max_answer_bytes``), else the event
+    that is not JSON. Before the stream started it is the client's 502 JSON, after it the
+    error event's message (both edges, proxied and stored streams)."""
+    if scanner.oversized:
+        return AnswerTooLarge(limit)
+    return UpstreamError(MALFORMED, reason="malformed")
 
 
 def _total(usage: dict[str, int]) -> int:
@@ -181,18 +193,16 @@ class Relay:
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
-            message = (AnswerTooLarge(self._cfg.upstream.max_answer_bytes).message
-                       if scanner.oversized else MALFORMED)
+            failure = stream_failure(scanner, self._cfg.upstream.max_answer_bytes)
             await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(message)})
+                        "body": stream_error(failure.message)})
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
             # not take it for a whole answer, nor get half an event
             replica.record_failure(self._clock())
             if not req.sse:
-                raise UpstreamError("The replica ended its answer before it started.",
-                                    reason="cut")
+                raise UpstreamError(NOT_STARTED, reason="cut")
             req.ctl.done = True
             req.status = 502
             await send({"type": "http.response.body", "more_body": False,

@@ -4,7 +4,9 @@ without the body: the replica is asked with GET, the server leaves the body out.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
-The answer is relayed whole; an error body that is not OpenAI-shaped is re-shaped; a replica
+The answer is relayed whole, read as a proxied whole answer is (`relay.read_whole`: past
+``upstream.max_answer_bytes`` it is the 502 `AnswerTooLarge`, ``x-should-retry: false``, and the
+connection is dropped); an error body that is not OpenAI-shaped is re-shaped; a replica
 refusing kvgate's own credentials (401/403) is a 502 (`ReplicaRefused`).
 
 ``GET /v1/responses/{id}?stream=true[&starting_after=N]`` is vLLM's resumption of a background
@@ -43,7 +45,7 @@ from gateway.errors import (
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import CUT_SHORT, MALFORMED, stream_error
+from gateway.relay import CUT_SHORT, read_whole, stream_error, stream_failure
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
@@ -133,7 +135,8 @@ class StoredResponses:
         url = f"{replica.url}{path}?{scope['query_string'].decode('latin-1')}"
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         ctl = Canceller(self._up, receive)
-        pipe = _Pipe(send, ctl, req_id, self.where(where), head_only=scope["method"] == "HEAD")
+        pipe = _Pipe(send, ctl, req_id, self.where(where), self._up.max_answer_bytes,
+                     head_only=scope["method"] == "HEAD")
         resp: UpstreamResponse | None = None
         clean = False
         try:
@@ -230,15 +233,23 @@ class StoredResponses:
         pool, replica = self.locate(path, method, token, head=True)
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+        resp: UpstreamResponse | None = None
+        clean = False
         try:
-            status, content_type, body = await pool.transport.call(
-                method, url, self._timeout, headers)
+            async with asyncio.timeout(self._timeout):
+                resp = await pool.transport.open(url, headers, method)
+                if resp.status in REFUSED:  # kvgate's credentials, not the client's
+                    raise ReplicaRefused(resp.status)
+                body = await read_whole(resp, self._up.max_answer_bytes)  # (AnswerTooLarge)
+                clean = True
         except TimeoutError:
             raise UpstreamTimeout("The replica did not answer in time.") from None
         except TRANSPORT_ERRORS:
             raise UpstreamError(_UNANSWERED) from None
-        if status in REFUSED:  # kvgate's credentials, not the client's
-            raise ReplicaRefused(status)
+        finally:
+            if resp is not None:
+                resp.release() if clean else resp.abort()
+        status, content_type = resp.status, resp.content_type
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
@@ -260,8 +271,9 @@ class _Pipe:
     first event (until then a failure is a whole JSON error), then events as they come."""
 
     def __init__(self, send: Send, ctl: Canceller, req_id: bytes,
-                 where: list[tuple[bytes, bytes]], *, head_only: bool) -> None:
+                 where: list[tuple[bytes, bytes]], limit: int, *, head_only: bool) -> None:
         self._send = send
+        self._limit = limit  # upstream.max_answer_bytes: the whole answer, or one event
         self._ctl = ctl
         self._req_id = req_id
         self._where = where
@@ -275,21 +287,21 @@ class _Pipe:
             raise not_a_stream(resp.content_type)
         if not (resp.status == 200 and sse):
             self._ctl.headers_received()  # an error, or the whole object: as it is
-            body = await resp.read_all()
+            body = await read_whole(resp, self._limit)
             content_type = resp.content_type
             if resp.status >= 400 and (shaped := openai_shaped(resp.status, body)) is not None:
                 body, content_type = shaped, "application/json"
             await send_whole(self._send, resp.status,
                              _headers(content_type, self._req_id, self._where), body)
             return True
-        scanner = StreamScanner(strip_usage=False)
+        scanner = StreamScanner(strip_usage=False, max_event_bytes=self._limit)
         try:
             while chunk := await resp.read_chunk():
                 out = scanner.feed(chunk)
                 if out and not await self._events(out):
                     return False
-                if scanner.malformed:
-                    raise UpstreamError(MALFORMED)
+                if scanner.malformed:  # not JSON, or too large: not read on
+                    raise stream_failure(scanner, self._limit)
         except TRANSPORT_ERRORS:
             raise UpstreamError(NO_EVENTS if not self.started
                                 else "The upstream replica failed mid-stream.") from None

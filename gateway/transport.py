@@ -1,9 +1,11 @@
 """The upstream transport seam: the only module that knows which HTTP clients kvgate uses.
 
-Proxied requests (`post`; `open`: a stored response streamed) go through kvgate's own HTTP/1.1
-client (`gateway.h1`: raw asyncio connections kept alive per pool, httptools parsing):
-aiohttp's client cost about a quarter of kvgate's CPU per request under load. Health checks,
-model discovery and the Responses-API lookups (`get`, `call`) are rare and use aiohttp.
+Proxied requests (`post`; `open`: a stored response's GET, streamed or whole, or its cancel)
+go through kvgate's own HTTP/1.1 client (`gateway.h1`: raw asyncio connections kept alive per
+pool, httptools parsing): aiohttp's client cost about a quarter of kvgate's CPU per request
+under load, and an answer read chunk by chunk is bounded as a proxied one
+(`upstream.max_answer_bytes`). Health checks and model discovery (`get`) are rare and use
+aiohttp.
 (httpx was measured at ~800 us of client CPU per request for this pattern, aiohttp ~65-75 us;
 see `loadtest/bench_overhead.py` for the proxy as a whole against a bare pass-through.)
 
@@ -80,15 +82,11 @@ class Transport(Protocol):
         """A small GET for health checks and model discovery."""
         ...
 
-    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
-        """A GET whose answer is read as it arrives (a stored response streamed); returns
-        once the response headers arrived."""
-        ...
-
-    async def call(
-        self, method: str, url: str, timeout_s: float, headers: dict[str, str]
-    ) -> tuple[int, str, bytes]:
-        """A small request without a body: status, content type and body."""
+    async def open(
+        self, url: str, headers: dict[str, str], method: str = "GET",
+    ) -> UpstreamResponse:
+        """A request without a body (a stored response's GET or cancel) whose answer is read
+        as it arrives; returns once the response headers arrived."""
         ...
 
     @property
@@ -133,28 +131,18 @@ class ReplicaTransport:
         """Send; returns once the response headers arrived."""
         return await self._h1.post(url, body, headers)
 
-    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
-        """A GET read as it arrives, on the proxied requests' client (the caller's watchdog
-        owns the timeouts, as for `post`)."""
-        return await self._h1.send("GET", url, b"", headers)
+    async def open(
+        self, url: str, headers: dict[str, str], method: str = "GET",
+    ) -> UpstreamResponse:
+        """A request without a body, read as it arrives, on the proxied requests' client (the
+        caller owns the timeouts, as for `post`)."""
+        return await self._h1.send(method, url, b"", headers)
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
         """A small GET for health checks and model discovery."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(url, timeout=timeout, headers=headers) as resp:
             return resp.status, await resp.read()
-
-    async def call(
-        self, method: str, url: str, timeout_s: float, headers: dict[str, str]
-    ) -> tuple[int, str, bytes]:
-        """A small request without a body (Responses-API GET and cancel): status, content
-        type and body."""
-        timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with self._session.request(
-            method, url, timeout=timeout, headers=headers, allow_redirects=False
-        ) as resp:
-            body = await resp.read()
-            return resp.status, resp.headers.get("Content-Type", "application/json"), body
 
     @property
     def closed(self) -> bool:

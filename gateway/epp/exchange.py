@@ -8,18 +8,21 @@ and answers, in this order, the request headers (destination, new content length
 pool's credentials instead of the client's) and the rewritten body in chunks. A request
 kvgate refuses gets an immediate response in OpenAI's shape (401, 413, 429, 400, 404, 503).
 
-A stored response's ``?stream=true`` takes the proxied streams' body path (its head held until
-its first bytes, as the HTTP edge sends it); its HEAD is the HTTP edge's stream head
-(`StoredResponses.stream_head`).
+A stored response's ``?stream=true`` takes the proxied streams' body path; its HEAD is the
+HTTP edge's stream head (`StoredResponses.stream_head`).
 
 The response passes through the picker too, which is how the router's state stays exact: the
 endpoint that served (the lease moves there when Envoy fell back to another one), the first
 SSE event (what the router learns prefill speed from), the usage chunk (stripped when
 kvgate asked for it and the client did not), whole answers held to their end and judged as
 the proxy judges them (a 502 past ``upstream.max_answer_bytes``, the stream scanner's bound
-per event too), and an error answer's body re-shaped into OpenAI's when it is not (Envoy's
-own 503s are plain text). The lease is released and the admission settled when the stream
-ends, however it ends (`close`).
+per event too; a replica's 401/403 and vLLM's wrong-model 404 the HTTP edge's 502s), and an
+error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are plain text).
+Envoy sends the client nothing until the response headers are answered, so a stream's head
+is held until its first bytes, as the HTTP edge sends it: a stream failing before them is the
+HTTP edge's 502 JSON. A stored response's answers are bounded and held alike, not judged.
+The lease is released and the admission settled when the stream ends, however it ends
+(`close`).
 """
 
 from __future__ import annotations
@@ -36,18 +39,29 @@ from gateway.app import unknown_path
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.errors import (
+    REFUSED,
     AnswerTooLarge,
     BodyTooLarge,
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
+    ReplicaRefused,
+    ReplicaWrongModel,
     UpstreamError,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
-from gateway.relay import _CONTENT, CUT_SHORT, MALFORMED, judge, served, stream_error
+from gateway.relay import (
+    _CONTENT,
+    CUT_SHORT,
+    NOT_STARTED,
+    judge,
+    served,
+    stream_error,
+    stream_failure,
+)
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -99,9 +113,9 @@ def replica_key(ep: str) -> str:
 class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
-    __slots__ = ("_chunks", "_core", "_head", "_held", "_held_bytes", "_lease", "_pending",
-                 "_principal", "_scanner", "_size", "_stored", "_stream", "_subset", "order",
-                 "req", "sse")
+    __slots__ = ("_chunks", "_core", "_head", "_held", "_held_bytes", "_held_status", "_lease",
+                 "_pending", "_principal", "_scanner", "_size", "_stored", "_stream", "_subset",
+                 "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -118,9 +132,11 @@ class Exchange:
         # answered then: judged, read, an error re-shaped
         self._held: list[bytes] | None = None
         self._held_bytes = 0
-        self._stored: str | None = None  # a stored response's pool/replica: bytes pass as is
+        self._held_status = 0
+        self._stored: str | None = None  # a stored response's pool/replica (not judged)
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
-        self._head: list[wire.Header] | None = None  # its head, held until its first event
+        # a stream's head (proxied or stored), held until its first bytes
+        self._head: list[wire.Header] | None = None
         # a stored response's request with a body (a cancel's): its destination, answered with
         # the body once it is in (bounded), so no replica answers before a 413
         self._pending: pb.ProcessingResponse | None = None
@@ -327,36 +343,49 @@ class Exchange:
     # -- response path ---------------------------------------------------------------------
     def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         req = self.req
-        if req is None or self._lease is None:
-            if self._stream:  # as the HTTP edge: a 200 that is not the stream asked for is a
-                status, content_type = _status(msg.response_headers.headers.headers)  # 502
-                if status == 200 and not content_type.startswith("text/event-stream"):
-                    return [self._refuse(not_a_stream(content_type))]
-                if status == 200:  # the stream: its head goes out with its first event, and
-                    if msg.response_headers.end_of_stream:  # it ends as a proxied one does
-                        return [self._refuse(UpstreamError(NO_EVENTS))]
-                    self.sse, self._scanner = True, StreamScanner(strip_usage=False)
-                    self._head = self._stored_headers()
-                    return []
-            return [wire.headers_response(self._stored_headers())]
         headers = msg.response_headers.headers.headers
         status, content_type = _status(headers)
+        end = msg.response_headers.end_of_stream
+        limit = self._core.cfg.upstream.max_answer_bytes
+        sse = status == 200 and content_type.startswith("text/event-stream")
+        if req is None or self._lease is None:  # a stored response's answer, as the HTTP edge
+            if self._stream and status == 200:  # a 200 that is not the stream asked for: 502
+                if not sse:
+                    return [self._refuse(not_a_stream(content_type))]
+                self._scanner = StreamScanner(strip_usage=False, max_event_bytes=limit)
+                return self._stream_head(self._stored_headers(), end)
+            return self._hold(status, headers, end)
         self._served_by(wire.served_endpoint(msg))
         req.status = status
-        self.sse = (status == 200 and req.parsed.stream
-                    and content_type.startswith("text/event-stream"))
-        limit = self._core.cfg.upstream.max_answer_bytes
-        if self.sse:
+        if sse and req.parsed.stream:
             req.sse = True
             self._scanner = StreamScanner(req.strip, limit)
-        elif (declared := _length(headers)) is not None and declared > limit:
-            return [self._refuse(AnswerTooLarge(limit))]  # as the HTTP edge: not retried
-        elif not msg.response_headers.end_of_stream:
-            self._held = []  # answered with the body, at its end (a 502 past the bound)
-            return []
-        if msg.response_headers.end_of_stream:
-            self._answered_whole(b"")
-        return [wire.headers_response(self._headers())]
+            return self._stream_head(self._headers(), end)
+        return self._hold(status, headers, end)
+
+    def _stream_head(
+        self, head: list[wire.Header], end: bool,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """A 200 event stream: its head goes out with its first bytes, as on the HTTP edge
+        (`Relay`: vLLM sends the head before the prompt is scheduled). Envoy sends the
+        client nothing until the headers are answered, so until then the picker can still
+        answer a stream that fails first with the HTTP edge's 502 JSON (`_unstarted`)."""
+        self.sse = True
+        self._head = head
+        return [self._unstarted()] if end else []
+
+    def _hold(
+        self, status: int, headers: Any, end: bool,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """A whole answer (not a stream): held to its end and answered then (judged, an error
+        re-shaped), at most `upstream.max_answer_bytes` of it, as `relay.read_whole` reads one
+        on the HTTP edge: past the bound (declared in its head, or held) it is the 502
+        `AnswerTooLarge`, not retried."""
+        limit = self._core.cfg.upstream.max_answer_bytes
+        if (declared := _length(headers)) is not None and declared > limit:
+            return [self._refuse(AnswerTooLarge(limit))]
+        self._held, self._held_status = [], status
+        return self._whole_answer(headers_only=True) if end else []
 
     def response_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         body = msg.response_body
@@ -375,8 +404,8 @@ class Exchange:
 
     def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
         out: list[pb.ProcessingResponse] = []
-        if self._head is not None:  # a stored stream that ended before its first event
-            return [self._refuse(UpstreamError(NO_EVENTS))]
+        if self._head is not None:  # a stream that ended before its first event
+            return [self._unstarted()]
         if self._held is not None:  # the body ended without an end-of-stream message
             out = [*self._whole_answer(end=False)]
         return [*out, wire.trailers_response(request=False)]
@@ -400,7 +429,7 @@ class Exchange:
 
     def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
         """A streamed answer's chunk: a proxied stream (`req`), or a stored response's (no
-        `req`: nothing to learn or judge; its head is held until its first bytes)."""
+        `req`: nothing to learn or judge); the head goes out with the first bytes."""
         scanner, req, lease = self._scanner, self.req, self._lease
         assert scanner is not None
         if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
@@ -409,21 +438,17 @@ class Exchange:
         if (out and lease is not None and req is not None
                 and not (out[:1] == b":" and comment_only(out))):
             self._event(out, lease, req)
-        head, self._head = self._head, None
+        head = self._head
         if head is not None and not out:  # nothing went out: a JSON error, as the HTTP edge
-            if scanner.malformed or end:
-                return [self._refuse(UpstreamError(MALFORMED if scanner.malformed
-                                                   else NO_EVENTS))]
-            self._head = head
-            return ()
+            return [self._unstarted()] if scanner.malformed or end else ()
+        self._head = None
         if scanner.malformed:
             # an event that is neither JSON nor [DONE] (or larger than the bound): never
             # forwarded, and the stream ends for the client at once, as a cut one does (the
             # headers are out: no retry here), not when the replica's does
             end = True
-            limit = self._core.cfg.upstream.max_answer_bytes
-            out += stream_error(AnswerTooLarge(limit).message if scanner.oversized
-                                else MALFORMED)
+            failure = stream_failure(scanner, self._core.cfg.upstream.max_answer_bytes)
+            out += stream_error(failure.message)
             self._stream_ended(scanner, req, whole=False)
         elif end:
             whole = scanner.complete()  # else cut short: an error event, never half an event
@@ -436,6 +461,22 @@ class Exchange:
             self._usage(scanner.usage, req)
         body = wire.body_responses(out, end) if out or end else []
         return [wire.headers_response(head), *body] if head is not None else body
+
+    def _unstarted(self) -> pb.ProcessingResponse:
+        """A stream that failed before its first bytes (its head held): the HTTP edge's 502
+        JSON instead of a 200 -- `AnswerTooLarge` for a first event past the bound, else the
+        event that is not JSON, or the stream that ended without one -- judged as there (a
+        failure, except the size: another replica's answer would be as large)."""
+        scanner, req = self._scanner, self.req
+        assert scanner is not None
+        self._head = None
+        if scanner.malformed:
+            failure = stream_failure(scanner, self._core.cfg.upstream.max_answer_bytes)
+        else:
+            failure = UpstreamError(NO_EVENTS if req is None else NOT_STARTED)
+        if not scanner.oversized:
+            self._stream_ended(scanner, req, whole=False)
+        return self._refuse(failure)
 
     def _event(self, out: bytes, lease: Lease, req: ProxiedRequest) -> None:
         """SSE events went by: the first one answers the prompt; the first carrying
@@ -467,20 +508,22 @@ class Exchange:
         else:
             served(target)
 
-    def _answered_whole(self, data: bytes) -> None:
-        """A whole (non-streamed or error) answer arrived: judge it, read its usage."""
+    def _answered_whole(self, data: bytes) -> str | None:
+        """A whole (non-streamed or error) answer arrived: judge it (the verdict), read its
+        usage."""
         req, lease, core = self.req, self._lease, self._core
         assert req is not None and req.target is not None
         if lease is None or lease.answered:
-            return
+            return None
         now = core.clock()
         lease.first_token()
         core.router.record_answered(req.replica, req.features, now)
-        judge(req.target, req.status, data, now)
+        verdict = judge(req.target, req.status, data, now)
         if req.status == 200:
             self._usage(body_usage(data), req)
             if req.kind == "responses" and (rid := response_id(data)) is not None:
                 core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+        return verdict
 
     def _usage(self, usage: dict[str, int] | None, req: ProxiedRequest) -> None:
         if usage:
@@ -488,21 +531,36 @@ class Exchange:
             req.used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
             self._core.metrics.usage(req.pool_name, usage, req.tier)
 
-    def _whole_answer(self, *, end: bool = True) -> Sequence[pb.ProcessingResponse]:
-        """The held whole answer, judged; an error OpenAI-shaped (Envoy's own replies are
-        plain text)."""
-        req = self.req
-        assert req is not None and self._held is not None
+    def _whole_answer(
+        self, *, end: bool = True, headers_only: bool = False,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """The held whole answer (`headers_only`: one without a body), judged; an error
+        OpenAI-shaped (Envoy's own replies are plain text). The replica's refusal of kvgate's
+        credentials (401/403) and vLLM's 404 for a model it does not serve are the HTTP edge's
+        502s (`ReplicaRefused`, `ReplicaWrongModel`: the replica is down, and neither status
+        is the client's to see); a stored response's answer is not judged, as there."""
+        req, status = self.req, self._held_status
+        assert self._held is not None
         data, self._held = b"".join(self._held), None
-        self._answered_whole(data)
-        headers = self._headers()
-        if req.status < 400:
+        if req is None:
+            headers = self._stored_headers()
+            verdict = "refused" if status in REFUSED else None
+        else:
+            verdict = self._answered_whole(data)
+            headers = self._headers()
+        if verdict == "refused":
+            return [self._refuse(ReplicaRefused(status))]
+        if verdict == "wrong_model":
+            return [self._refuse(ReplicaWrongModel())]
+        if headers_only:
+            return [wire.headers_response(headers)]
+        if status < 400:
             return [wire.headers_response(headers), *wire.body_responses(data, end)]
-        shaped = openai_shaped(req.status, data)
+        shaped = openai_shaped(status, data)
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))
-        if req.status == 503:
+        if status == 503 and req is not None:
             headers.append(("retry-after", b"1"))
         return [wire.headers_response(headers, ("content-length",)),
                 *wire.body_responses(data, end)]

@@ -3,7 +3,9 @@ endpoint picker (a real Envoy in front of `kvgate epp`), over one simulated repl
 requests where they used to differ -- a JSON body sent under another content type, a
 `previous_response_id` that is not a string, a stored response's cancel with a body over
 `server.max_body_bytes` (and its order against the key check), a stored response's event
-stream that breaks (`tests/support/bad_replica.py` as its replica) and its HEAD.
+stream that breaks (`tests/support/bad_replica.py` as its replica) and its HEAD, answers past
+`upstream.max_answer_bytes` (proxied and stored), a stream that fails before its first event,
+and a replica that refuses kvgate's credentials or serves another model.
 
 What reaches the replica is read from its own request log (`/sim/requests`), matched by the
 X-Request-Id the test sends.
@@ -21,13 +23,13 @@ import httpx
 import openai
 import pytest
 
-from gateway.errors import AnswerTooLarge
-from gateway.relay import CUT_SHORT, MALFORMED
+from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
+from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED
 from gateway.stored import NO_EVENTS
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
-from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.gateway import AUTH_SECRET, FAST_HEALTH, gateway_proc, wait_for
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -204,13 +206,12 @@ def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             procs.append(gw.start())
             epp = epp_proc(config={
                 "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
-                "health": {"failure_threshold": 1000},
+                "health": {**FAST_HEALTH, "failure_threshold": 1000},
                 "upstream": {"max_answer_bytes": ANSWER_LIMIT}})
             procs.append(epp.start())
             envoy, base = envoy_proc(epp.picker)
             procs.append(envoy.start())
-            replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                              b"content-length: %d\r\n\r\n" % len(WHOLE) + WHOLE)
+            replica.answer = whole(WHOLE)
             bases = {"http": http, "envoy": base}
             for url in bases.values():
                 assert httpx.post(f"{url}/v1/responses", timeout=10,
@@ -319,6 +320,23 @@ TOO_LARGE = {"message": AnswerTooLarge(ANSWER_LIMIT).message, "type": "BadGatewa
              "param": None, "code": 502}
 
 
+def _padded(start: bytes) -> list[bytes]:
+    """The parts of a JSON object opened by `start`, larger than the bound."""
+    pad = b"a" * (ANSWER_LIMIT // 4)
+    return [start + b', "pad": "', pad, pad, pad, pad, b'", "choices": []}']
+
+
+def _huge_event(kind: bytes) -> bytes:
+    """One event of type `kind` growing past the bound, sent in chunks, never ended."""
+    start = b"event: " + kind + b'\ndata: {"type": "' + kind + b'", "pad": "'
+    return chunked(start, *[b"a" * 16384] * (ANSWER_LIMIT // 8192), last=False)
+
+
+def _error(exc: KvgateError) -> dict[str, Any]:
+    """The OpenAI error object a client reads for `exc`."""
+    return {"message": exc.message, "type": exc.type_, "param": None, "code": exc.status}
+
+
 @pytest.mark.parametrize("edge", EDGES)
 @pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
 def test_a_whole_answer_over_the_bound_is_a_502(
@@ -327,16 +345,8 @@ def test_a_whole_answer_over_the_bound_is_a_502(
     """A whole answer larger than `upstream.max_answer_bytes` is a 502 the SDK does not retry
     (`x-should-retry: false`), declared so or not; the picker used to pass it on unbounded
     (keeping a copy of it all)."""
-    pad = b"a" * (ANSWER_LIMIT // 4)
-    parts = [b'{"id": "chatcmpl-1", "object": "chat.completion", "pad": "', pad, pad, pad, pad,
-             b'", "choices": []}']
-    if declared:
-        body = b"".join(parts)
-        replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                          b"content-length: %d\r\n\r\n" % len(body) + body)
-    else:
-        replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                          b"transfer-encoding: chunked\r\n\r\n" + chunked(*parts))
+    replica.answer = whole(*_padded(b'{"id": "chatcmpl-1", "object": "chat.completion"'),
+                           declared=declared)
     with pytest.raises(openai.InternalServerError) as err:
         _client(bad[1][edge]).chat.completions.create(
             model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}])
@@ -363,3 +373,136 @@ def test_a_stream_event_over_the_bound_ends_the_stream(
     with pytest.raises(openai.APIError) as err:
         list(events)
     assert err.value.body == TOO_LARGE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("declared", [True, False], ids=["content-length", "chunked"])
+def test_a_stored_answer_over_the_bound_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, declared: bool,
+) -> None:
+    """A stored response's GET, its HEAD and its cancel read the replica's answer as a proxied
+    whole answer is read: past `upstream.max_answer_bytes` it is the 502 the SDK does not
+    retry (both edges used to relay it whole, whatever its size)."""
+    replica.get_answer = replica.answer = whole(*_padded(b'{"id": "resp_stored1"'),
+                                                declared=declared)  # (the cancel is a POST)
+    base = bad[1][edge]
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(base).responses.retrieve(RID)
+    assert err.value.status_code == 502
+    assert err.value.response.headers["x-should-retry"] == "false"
+    assert err.value.body == TOO_LARGE
+    head = httpx.head(f"{base}/v1/responses/{RID}", timeout=10)
+    assert (head.status_code, head.headers["x-should-retry"]) == (502, "false")
+    cancel = httpx.post(f"{base}/v1/responses/{RID}/cancel", timeout=10)
+    assert (cancel.status_code, cancel.json()["error"]) == (502, TOO_LARGE)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("first", [True, False], ids=["first-event", "later-event"])
+def test_a_stored_stream_event_over_the_bound_is_not_relayed(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, first: bool,
+) -> None:
+    """A stored response's event stream takes the bound per event, as a proxied one: a first
+    event past it is the 502 JSON, a later one ends the started stream with the error event
+    (both edges used to relay it, held whole until it ended)."""
+    huge = _huge_event(b"response.output_text.delta")
+    client = _client(bad[1][edge])
+    if first:
+        replica.get_answer = sse_head() + huge
+        with pytest.raises(openai.InternalServerError) as err:
+            client.responses.retrieve(RID, stream=True)
+        assert err.value.response.headers["x-should-retry"] == "false"
+        assert err.value.body == TOO_LARGE
+        return
+    replica.get_answer, replica.rest = sse_head() + chunked(CREATED, last=False), huge
+    events = iter(client.responses.retrieve(RID, stream=True))
+    assert next(events).type == "response.created"  # the stream has started
+    replica.gate.set()
+    with pytest.raises(openai.APIError) as error:
+        list(events)
+    assert error.value.body == TOO_LARGE
+
+
+# -- a proxied stream that fails before its first event -----------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("how", ["oversized", "malformed", "empty"])
+def test_a_stream_that_fails_before_its_first_event_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, how: str,
+) -> None:
+    """A stream's head goes out with its first event, at both edges: a first event past
+    `upstream.max_answer_bytes` or not JSON, or a stream ending without one, is the HTTP
+    edge's 502 JSON, not a 200 (the picker used to pass the replica's head at once, so its
+    client got a 200 and then an error event)."""
+    if how == "oversized":
+        replica.answer = sse_head() + _huge_event(b"chat.completion.chunk")
+    else:
+        replica.answer = sse_head() + chunked(b"data: <html>Bad Gateway</html>\n\n"
+                                              if how == "malformed" else b"")
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err.value.status_code == 502
+    if how == "oversized":
+        assert err.value.response.headers["x-should-retry"] == "false"
+        assert err.value.body == TOO_LARGE
+        return
+    message = MALFORMED if how == "malformed" else NOT_STARTED
+    assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+
+
+# -- a replica that refuses kvgate's credentials, or serves another model -------------------
+# vLLM's answers: its --api-key middleware's 401, its 404 for a model it does not serve
+UNAUTHORIZED = whole(b'{"error": "Unauthorized"}', status=401)
+NO_MODEL = whole(b'{"error": {"message": "The model `bad-model` does not exist.", "type": '
+                 b'"NotFoundError", "param": "model", "code": 404}}', status=404)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [(UNAUTHORIZED, ReplicaRefused(401)), (NO_MODEL, ReplicaWrongModel())],
+    ids=["refused", "wrong-model"])
+def test_a_replica_refusing_kvgate_or_serving_another_model_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+    answer: bytes, error: KvgateError,
+) -> None:
+    """The replica's 401 (kvgate's own credentials refused) or vLLM's 404 for a model it does
+    not serve is not the client's to see: the HTTP edge's 502 (`ReplicaRefused`, not retried
+    by the SDK; `ReplicaWrongModel`) at both edges, and the replica is taken out of service
+    until its health checks bring it back. The picker used to relay the 401 / 404 as sent."""
+    replica.answer, ok = answer, replica.answer
+    client = _client(bad[1][edge])
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+    assert err.value.status_code == 502
+    assert err.value.body == _error(error)
+    if isinstance(error, ReplicaRefused):
+        assert err.value.response.headers["x-should-retry"] == "false"
+    replica.answer = ok
+
+    def back() -> bool:
+        try:
+            client.chat.completions.create(
+                model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}])
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503, exc  # down: no replica left to pick
+            return False
+        return True
+
+    wait_for(back, what="the replica back in service")
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_answer_refused_by_the_replica_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A replica refusing kvgate's credentials on a stored response's GET is the HTTP edge's
+    502 `ReplicaRefused` through the picker too (it relayed the 401)."""
+    replica.get_answer = UNAUTHORIZED
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).responses.retrieve(RID)
+    assert err.value.body == _error(ReplicaRefused(401))
+    assert err.value.response.headers["x-should-retry"] == "false"

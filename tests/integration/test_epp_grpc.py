@@ -189,12 +189,19 @@ EVENT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 
 
 async def _stream_started(stub: Any, text: str) -> Any:
-    """A streamed chat request picked, and its replica's 200 event-stream head passed on."""
+    """A streamed chat request picked, and its replica's 200 event-stream head sent (the
+    picker answers it with the stream's first bytes)."""
     call, _ = await _picked(stub, _chat(text, stream=True))
     await call.write(pb.ProcessingRequest(response_headers=_headers(
         {":status": "200", "content-type": "text/event-stream"})))
-    await _answers(call, 1)
     return call
+
+
+async def _stream_body(call: Any) -> Any:
+    """The first body the picker hands back after the held head (answered with it)."""
+    head, body = await _answers(call, 2)
+    assert head.HasField("response_headers")
+    return body.response_body.response.body_mutation.streamed_response
 
 
 async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
@@ -204,7 +211,7 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
     call = await _stream_started(stub, "cut short")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=EVENT + b'data: {"id":"c","cho', end_of_stream=True)))
-    last = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
+    last = await _stream_body(call)
     first, error, done = last.body.split(b"\n\n")[:3]
     assert first + b"\n\n" == EVENT and last.end_of_stream
     assert b"before it was complete" in error and done == b"data: [DONE]"
@@ -218,7 +225,7 @@ async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) 
     call = await _stream_started(stub, "malformed")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=EVENT + b"data: <html>502 Bad Gateway</html>\n\n" + EVENT)))
-    sent = (await _answers(call, 1))[0].response_body.response.body_mutation.streamed_response
+    sent = await _stream_body(call)
     first, error, done = sent.body.split(b"\n\n")[:3]
     assert first + b"\n\n" == EVENT and sent.end_of_stream
     assert orjson.loads(error.removeprefix(b"data: "))["error"] == {

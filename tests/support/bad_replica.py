@@ -21,7 +21,7 @@ from typing import Literal
 
 import orjson
 
-__all__ = ["BadReplica", "End", "chunked", "sse_head"]
+__all__ = ["BadReplica", "End", "chunked", "sse_head", "whole"]
 
 End = Literal["keep", "close", "reset"]
 
@@ -44,6 +44,14 @@ async def _read_chunked(reader: asyncio.StreamReader) -> None:
         await reader.readexactly(size + 2)
     while await reader.readuntil(b"\r\n") != b"\r\n":
         pass
+
+
+def whole(*parts: bytes, status: int = 200, declared: bool = True) -> bytes:
+    """A JSON answer of `parts`: with its content-length (`declared`), else chunked."""
+    if not declared:
+        return (b"HTTP/1.1 %d X\r\ncontent-type: application/json\r\n"
+                b"transfer-encoding: chunked\r\n\r\n" % status + chunked(*parts))
+    return _plain(status, b"".join(parts))
 
 
 def _plain(status: int, body: bytes) -> bytes:

@@ -77,12 +77,9 @@ class FakeTransport:
             return 200, b'{"object":"list","data":[{"id":"sim-model"}]}'
         return 200, b""
 
-    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
+    async def open(self, url: str, headers: dict[str, str],
+                   method: str = "GET") -> UpstreamResponse:
         return FakeResponse(404, [b"{}"])
-
-    async def call(self, method: str, url: str, timeout_s: float,
-                   headers: dict[str, str]) -> tuple[int, str, bytes]:
-        return 404, "application/json", b"{}"
 
     async def close(self) -> None:
         self.closed = True
