@@ -40,14 +40,17 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
+    UnreadableRecord,
     apply_tenant_changes,
     check_policy_version,
     key_from_json,
     policy_from_json,
+    read_tenant,
     tenant_from_json,
     tenant_to_json,
     with_epoch,
 )
+from gateway.tenancy.unknown import keep_unknown as with_unknown_of
 
 __all__ = ["RedisStore"]
 
@@ -81,14 +84,23 @@ _REVOKE = (  # KEYS[3] keys, KEYS[4] tkeys; ARGV[4] key id
     "local h = redis.call('HGET', KEYS[4], ARGV[4]) if not h then return 0 end "
     "redis.call('HDEL', KEYS[3], h) redis.call('HDEL', KEYS[4], ARGV[4]) " + _BUMP + "return 1"
 )
+# A version that is not a number (a corrupted record) counts as the generation counter, which
+# every write bumps: the next version is still past every one handed out before.
 _PUT_POLICY = (  # KEYS[2] policy; ARGV[3] expected version or '', ARGV[4] doc
     "local v = tonumber(redis.call('HGET', KEYS[2], 'version') or '0') "
+    "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
     "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
     "redis.call('HSET', KEYS[2], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP + "return v + 1"
 )
-_ROTATE_GROUP = (  # KEYS[2] salt_groups; ARGV[3] group
-    "local e = redis.call('HINCRBY', KEYS[2], ARGV[3], 1) " + _BUMP + "return e"
+# An epoch that is not a decimal integer (corrupted) cannot be counted on: the group gets a
+# fresh random one (ARGV[4]), a salt it never had, rather than an error or an old salt.
+_ROTATE_GROUP = (  # KEYS[2] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
+    "local e = redis.call('HGET', KEYS[2], ARGV[3]) "
+    "if e and not string.match(e, '^%d+$') then "
+    "redis.call('HSET', KEYS[2], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) "
+    "else e = redis.call('HINCRBY', KEYS[2], ARGV[3], 1) end " + _BUMP + "return e"
 )
+FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
 
 
 class RedisStore(TenantStore):
@@ -180,16 +192,18 @@ class RedisStore(TenantStore):
         return int(result)
 
     # -- tenants -----------------------------------------------------------------------------
-    async def create_tenant(self, tenant: Tenant) -> Tenant:
-        ok = await self._run(
-            "create",
-            [self._k("tenants")],
-            [tenant.id, tenant_to_json(tenant)],
-            Change("tenant", tenant.id),
-        )
-        if not ok:
-            raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
-        return tenant
+    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+        change = Change("tenant", tenant.id)
+        new = tenant_to_json(tenant)
+        if await self._run("create", [self._k("tenants")], [tenant.id, new], change):
+            return tenant
+        if over_unreadable:  # replaced only if it is still the unreadable value read here
+            raw = await self._get_raw(tenant.id)
+            cas = [tenant.id, raw, new]
+            if (raw is not None and _read(raw, tenant_from_json) is None
+                    and await self._run("cas", [self._k("tenants")], cas, change)):
+                return tenant
+        raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
 
     async def _get_raw(self, tenant_id: str) -> str | None:
         with redis_unavailable():
@@ -198,7 +212,7 @@ class RedisStore(TenantStore):
 
     async def get_tenant(self, tenant_id: str) -> Tenant | None:
         raw = await self._get_raw(tenant_id)
-        return tenant_from_json(raw) if raw is not None else None
+        return read_tenant(tenant_id, raw) if raw is not None else None
 
     async def list_tenants(self) -> list[Tenant]:
         with redis_unavailable():
@@ -208,13 +222,14 @@ class RedisStore(TenantStore):
         return sorted(tenants.values(), key=lambda t: t.id)
 
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
-        """Optimistic read-modify-write: retry while another writer got there first."""
+        """Optimistic read-modify-write: retry while another writer got there first. Fields of
+        the stored record this kvgate does not know (a newer one wrote them) are kept."""
         while True:
             raw = await self._get_raw(tenant_id)
             if raw is None:
                 raise NotFound(f"tenant {tenant_id!r} not found", param="id")
-            new = update(tenant_from_json(raw))
-            args = [tenant_id, raw, tenant_to_json(new)]
+            new = update(read_tenant(tenant_id, raw))
+            args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant)]
             if await self._run("cas", [self._k("tenants")], args, change):
                 return new  # type: ignore[no-any-return]
 
@@ -234,7 +249,8 @@ class RedisStore(TenantStore):
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group
-            epoch = await self._run("group", [self._k("salt_groups")], [group], change)
+            fresh = FRESH_EPOCH_MIN + secrets.randbelow(2**52 - FRESH_EPOCH_MIN)
+            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh], change)
             return SaltRotation(tenant_id, "group", group, epoch)
         new = await self._replace(tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1))
         return SaltRotation(tenant_id, "tenant", None, new.salt_epoch)
@@ -261,14 +277,28 @@ class RedisStore(TenantStore):
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
     # -- policy ------------------------------------------------------------------------------
-    async def get_policy(self) -> PolicySnapshot | None:
+    async def _policy_raw(self) -> dict[str, str]:
         with redis_unavailable():
-            raw = _texts(await self._r.hgetall(self._k("policy")))
-        return _policy_from(raw, [])
+            return _texts(await self._r.hgetall(self._k("policy")))
 
-    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+    async def get_policy(self) -> PolicySnapshot | None:
+        skipped: list[SkippedRecord] = []
+        snap = _policy_from(await self._policy_raw(), skipped)
+        if skipped:
+            raise unreadable_policy()
+        return snap
+
+    async def put_policy(
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+    ) -> PolicySnapshot:
         expected = "" if if_version is None else str(if_version)
-        args = [expected, doc.model_dump_json(exclude_unset=True)]
+        new = doc.model_dump_json(exclude_unset=True)
+        if keep_unknown and if_version is not None:
+            # the version check below makes this the document of `if_version`, or a 412
+            stored = await self._policy_raw()
+            if stored.get("version") == expected and "doc" in stored:
+                new = with_unknown_of(stored["doc"], new, PolicyDoc)
+        args = [expected, new]
         version = await self._run("policy", [self._k("policy")], args, Change("policy"))
         if version < 0:
             check_policy_version(-1 - version, if_version)  # raises PreconditionFailed
@@ -320,7 +350,7 @@ class RedisStore(TenantStore):
             tenants=_readable(tenants, tenant_from_json, "tenant", skipped),
             keys=self._key_records(keys, skipped),
             policy=_policy_from(policy, skipped),
-            group_epochs={k: int(v) for k, v in groups.items()},
+            group_epochs=_readable(groups, _epoch, "salt_group", skipped),
             skipped=tuple(skipped),
         )
 
@@ -354,6 +384,21 @@ def _policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySna
     except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
         skipped.append(_skipped("policy", "policy", json.dumps(raw, sort_keys=True)))
         return None
+
+
+def unreadable_policy() -> UnreadableRecord:
+    return UnreadableRecord(
+        "the stored policy document is unreadable (corrupted, or written by another kvgate "
+        "version in a form this one cannot read); store a whole new one with PUT /admin/policy "
+        "(kvgate admin policy put FILE)")
+
+
+def _epoch(raw: str) -> int:
+    """A salt group's epoch: a decimal integer, as HINCRBY writes it, nothing else (Python's
+    int() would also take ``+1``, ``1_0`` or spaces, which Lua's check does not)."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError("not an epoch")
+    return int(raw)
 
 
 def _read(raw: str, parse: Callable[[str], T]) -> T | None:
