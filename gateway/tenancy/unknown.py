@@ -22,8 +22,7 @@ __all__ = ["keep_unknown", "merge_unknown"]
 
 def keep_unknown(stored: str | bytes, new: str, model: type[BaseModel]) -> str:
     """`new` (a record's JSON) with the fields of `stored` (the JSON it replaces) that `model`
-    does not know. `stored` is returned untouched in spirit only: when it is not a JSON
-    object (it could not have been read), `new` is returned as it is."""
+    does not know; `new` as it is when `stored` is not a JSON object (nothing to keep)."""
     try:
         old = json.loads(stored)
     except ValueError:
