@@ -53,6 +53,10 @@ __all__ = ["Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
 log = logging.getLogger(__name__)
 
 WIPE_NOTICE_S = 600.0  # how long health() reports a wiped store as degraded
+# A reload reads only what changed (`TenantStore.changes_since`) unless the last whole read is
+# older than this: a record changed behind the store's back without bumping the generation
+# (by hand, in redis-cli) is still read within this long.
+WHOLE_RELOAD_S = 30.0
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -135,6 +139,7 @@ class TenantResolver:
         self._state = _State()
         self._loaded = False
         self._fresh_at = clock()
+        self._whole_at = float("-inf")  # when the store was last read whole (this clock)
         self._degraded_reason: str | None = "not loaded yet"
         self._answers = False
         self._skipped: dict[str, SkippedRecord] = {}  # fingerprint -> record, of the last load
@@ -207,7 +212,13 @@ class TenantResolver:
                     self._wiped()
             generation = await self._store.generation()
             if wiped or generation != self._state.generation or not self._loaded:
-                snap = await self._store.snapshot()
+                snap = None
+                if not wiped and self._loaded and \
+                        self._clock() - self._whole_at < WHOLE_RELOAD_S:
+                    snap = await self._store.changes_since(self._state.generation)
+                if snap is None:
+                    snap = await self._store.snapshot()
+                    self._whole_at = self._clock()
                 if snap.generation == 0 and self._state.generation > 0:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
                     self._answers = True

@@ -135,6 +135,12 @@ class TenantStore(ABC):
     @abstractmethod
     async def snapshot(self) -> StoreSnapshot: ...
 
+    async def changes_since(self, generation: int) -> StoreSnapshot | None:
+        """A snapshot as `snapshot` would answer, made by reading only what changed since
+        `generation` (that of the last snapshot this store made); None when this store cannot
+        tell what changed (make a whole `snapshot`). The default: never."""
+        return None
+
     @abstractmethod
     async def mark_seeded(self) -> None:
         """Set the bootstrap marker (a random id) unless it is already there: this store has
