@@ -39,11 +39,12 @@ from gateway.errors import (
     BadRequest,
     NotFound,
     PermissionDenied,
+    UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import AuditEntry, KeyRecord, PolicySnapshot, Tenant
-from gateway.tenancy.store import TenantStore, UnreadableRecord, check_policy_version
+from gateway.tenancy.store import TenantStore, check_policy_version
 
 __all__ = ["AdminDeps", "make_admin_router", "merge_patch"]
 

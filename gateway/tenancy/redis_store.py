@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import Conflict, NotFound
+from gateway.errors import Conflict, NotFound, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -53,7 +53,6 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
-    UnreadableRecord,
     apply_tenant_changes,
     check_policy_version,
     key_from_json,

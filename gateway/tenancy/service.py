@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.body import ClientSaltMode
-from gateway.errors import BackendUnavailable, StoreUnreachable
+from gateway.errors import BackendUnavailable, StoreUnreachable, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
@@ -29,7 +29,7 @@ from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
 from gateway.tenancy.salts import SaltDeriver, SaltEncoding
-from gateway.tenancy.store import TenantStore, UnreadableRecord, bootstrap
+from gateway.tenancy.store import TenantStore, bootstrap
 
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
 

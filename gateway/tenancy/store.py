@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gateway.errors import BadRequest, Conflict, PreconditionFailed
+from gateway.errors import BadRequest, Conflict, PreconditionFailed, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -32,7 +32,6 @@ __all__ = [
     "BootstrapResult",
     "ChangeCallback",
     "TenantStore",
-    "UnreadableRecord",
     "apply_tenant_changes",
     "bootstrap",
     "invalid_from",
@@ -160,13 +159,6 @@ class TenantStore(ABC):
     def _notify(self, change: Change) -> None:
         for callback in list(self._subscribers):
             callback(change)
-
-
-class UnreadableRecord(Conflict):
-    """A stored record asked for by name that this process cannot read: corrupted, or in a
-    form this version does not know. The message names the way out, never the value."""
-
-    code = "record_unreadable"
 
 
 def read_tenant(tenant_id: str, raw: str | bytes) -> Tenant:
