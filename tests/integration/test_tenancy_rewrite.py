@@ -171,6 +171,13 @@ def test_an_unreadable_policy_is_said_so_with_what_is_in_force(
         put = admin.put("/policy", json=doc)
         assert put.status_code == 200, put.text
         assert admin.get("/policy").status_code == 200
+        # a version that is not a number: unreadable too, and a PUT still writes over it
+        _write(redis_url, "kvgate:policy", "version", "three")
+        assert admin.get("/policy").status_code == 409
+        put = admin.put("/policy", json=doc)
+        assert put.status_code == 200, put.text
+        assert int(put.headers["etag"].strip('"')) > 2, put.headers
+        assert admin.get("/policy").status_code == 200
         _write(redis_url, "kvgate:policy", "doc", "{broken again")
     # a gateway that never read a readable policy runs on its configuration's, and says so
     gw.stop()
