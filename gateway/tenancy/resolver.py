@@ -16,8 +16,8 @@ the configuration's if none was ever read: `policy_source`), logged once, counte
 A salt group's unreadable epoch keeps the last one this process read for it; with none, the
 group's tenants are refused (503) rather than given a salt from a guessed epoch: epoch 0 would
 be the group's own first salt (no other tenant's, as the subject names the group) but would
-undo a rotation made to leave that cache. A tenant whose tier the policy in force does not define is
-never admitted (403): its limits would be unknown, and limits are never silently off.
+undo a rotation made to leave that cache. A tenant whose tier the policy in force does not
+define is never admitted (403): its limits would be unknown, and limits are never silently off.
 """
 
 from __future__ import annotations
@@ -213,8 +213,8 @@ class TenantResolver:
             generation = await self._store.generation()
             if wiped or generation != self._state.generation or not self._loaded:
                 snap = None
-                if not wiped and self._loaded and \
-                        self._clock() - self._whole_at < WHOLE_RELOAD_S:
+                recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
+                if not wiped and self._loaded and recent:  # only what changed since
                     snap = await self._store.changes_since(self._state.generation)
                 if snap is None:
                     snap = await self._store.snapshot()
@@ -271,8 +271,8 @@ class TenantResolver:
         source = FROM_STORE if snap.policy is not None else None
         if snap.policy is None and any(s.kind == "policy" for s in snap.skipped):
             if old_policy is not None:  # the last readable policy stays in force
-                source = self._policy_source if self._policy_source != FROM_STORE \
-                    else LAST_READABLE
+                kept = self._policy_source
+                source = LAST_READABLE if kept in (FROM_STORE, None) else kept
                 snap = replace(snap, policy=old_policy)
             elif self.configured_policy is not None:
                 source = CONFIGURED
@@ -329,7 +329,8 @@ class TenantResolver:
                 tenant_id=tenant.id, tier=tenant.tier, limits=base.overlay(tenant.limits),
                 salt_group=group, cache_salt="", policy=snap.policy, tier_known=known,
                 refused=f"this tenant's cache salt is unavailable: the stored epoch of its "
-                        f"salt group {group!r} is unreadable; ask the operator to rotate it")
+                        f"salt group {group!r} is unreadable; ask the operator to rotate its "
+                        "salt (kvgate admin rotate-salt TENANT)")
         return Principal(
             tenant_id=tenant.id,
             tier=tenant.tier,
