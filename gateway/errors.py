@@ -43,6 +43,7 @@ __all__ = [
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
     "StoreUnreachable",
+    "UnreadableRecord",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -156,6 +157,14 @@ class Conflict(KvgateError):
     status = 409
     type_ = "ConflictError"
     code = "conflict"
+
+
+class UnreadableRecord(Conflict):
+    """A stored record asked for by name (the admin API) that this process cannot read:
+    corrupted, or in a form this version does not know. The message names the way out, never
+    the stored value."""
+
+    code = "record_unreadable"
 
 
 class PreconditionFailed(KvgateError):

@@ -225,8 +225,10 @@ def _admin_app(
         raise ConfigError(str(exc)) from None
     live = LiveViews(pools, router, proxy.prep, gate, scraper, clock)
     live.flow = proxy.prep.flow
+    resolver = tenancy.resolver
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
-                     doctor=doctor.report)
+                     doctor=doctor.report,
+                     policy_in_force=lambda: (resolver.policy, resolver.policy_source))
     metrics.registry.register(AuthGuardCollector(deps.guard))
     admin = read_your_writes(create_admin_app(
         deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),

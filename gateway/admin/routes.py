@@ -4,6 +4,11 @@ Routes: tenants CRUD, key creation/revocation, salt
 rotation, the versioned policy document (ETag / If-Match; PUT replaces it, PATCH merges a JSON
 merge patch into it), replicas, route explain, doctor
 (`GET /admin/doctor?window=5m`, gateway/doctor/), audit.
+A record the store holds but cannot read, asked for by name (a tenant, the policy), is a 409
+``record_unreadable`` saying how to write a new one over it (POST the tenant again, PUT the
+policy) and, for the policy, what this gateway runs on meanwhile; never a 500. A PATCH or a
+salt rotation keeps the fields of the stored record this kvgate does not know (a newer one
+wrote them: `gateway.tenancy.unknown`).
 Every change is audited with the admin token's id; failed authentications are throttled per
 client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
 creation. Times are ISO 8601 (UTC).
@@ -34,10 +39,11 @@ from gateway.errors import (
     BadRequest,
     NotFound,
     PermissionDenied,
+    UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
-from gateway.tenancy.models import AuditEntry, KeyRecord, Tenant
+from gateway.tenancy.models import AuditEntry, KeyRecord, PolicySnapshot, Tenant
 from gateway.tenancy.store import TenantStore, check_policy_version
 
 __all__ = ["AdminDeps", "make_admin_router", "merge_patch"]
@@ -46,6 +52,8 @@ log = logging.getLogger(__name__)
 
 Supplier = Callable[[], Any]  # may return an awaitable
 Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
+# the policy this gateway runs on and where it came from (`TenantResolver.policy_source`)
+InForce = Callable[[], tuple[PolicySnapshot | None, str | None]]
 
 
 @dataclass
@@ -57,6 +65,7 @@ class AdminDeps:
     doctor: Callable[[float], Any] | None = None  # `kvgate doctor`: window seconds -> report
     clock: Callable[[], float] = time.time  # wall clock for audit timestamps
     guard: AuthGuard = field(default_factory=AuthGuard)  # failed-auth throttle and counters
+    policy_in_force: InForce | None = None
 
 
 async def _maybe_await(value: Any) -> Any:
@@ -94,6 +103,17 @@ class _Ctx:
         if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
             known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
             raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+
+    def running_on(self) -> str:
+        """What this gateway runs on while the stored policy is unreadable, in words."""
+        if self.deps.policy_in_force is None:
+            return "this process has no policy in force of its own"
+        snap, source = self.deps.policy_in_force()
+        if snap is None:
+            return "this gateway runs on no policy (every tenant is refused with 403)"
+        if source == "configuration":
+            return "this gateway runs on its configuration's policy (none was read from the store)"
+        return f"this gateway runs on the last readable version, {snap.version}"
 
     async def auth_failed(
         self, address: str, reason: str, path: str
@@ -142,7 +162,8 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)
-        await ctx.store.create_tenant(tenant)
+        # over a stored record that cannot be read: the operator's way out (keys are kept)
+        await ctx.store.create_tenant(tenant, over_unreadable=True)
         await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
         return tenant_view(tenant, [])
 
@@ -230,14 +251,17 @@ def _parse_if_match(value: str | None) -> int | None:
 def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.get("/policy")
     async def get_policy(who: Who) -> JSONResponse:
-        snap = await ctx.store.get_policy()
+        try:
+            snap = await ctx.store.get_policy()
+        except UnreadableRecord as exc:
+            raise UnreadableRecord(f"{exc.message}; {ctx.running_on()}") from None
         if snap is None:
             raise NotFound("no policy document has been stored yet")
         doc = snap.doc.model_dump(mode="json", exclude_unset=True)
         return JSONResponse(doc, headers={"etag": f'"{snap.version}"'})
 
     async def store(
-        who: str, document: Any, if_match: str | None, action: str
+        who: str, document: Any, if_match: str | None, action: str, keep_unknown: bool = False
     ) -> JSONResponse:
         """Validate a whole policy document and store it as the next version."""
         expected = _parse_if_match(if_match)
@@ -252,7 +276,7 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
                 raise BadRequest(
                     f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
                 )
-        snap = await ctx.store.put_policy(doc, if_version=expected)
+        snap = await ctx.store.put_policy(doc, if_version=expected, keep_unknown=keep_unknown)
         await ctx.audit(who, action, "policy", version=snap.version)
         body = snap.doc.model_dump(mode="json", exclude_unset=True)
         return JSONResponse(body, headers={"etag": f'"{snap.version}"'})
@@ -280,8 +304,9 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             raise NotFound("no policy document has been stored yet")
         check_policy_version(snap.version, _parse_if_match(if_match))
         merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
-        # stored only over the version it was merged onto (another write meanwhile: 412)
-        return await store(who, merged, f'"{snap.version}"', "policy.patch")
+        # stored only over the version it was merged onto (another write meanwhile: 412),
+        # with the fields of that version this kvgate does not know
+        return await store(who, merged, f'"{snap.version}"', "policy.patch", keep_unknown=True)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -54,6 +54,7 @@ def build_doctor(
     from gateway.doctor.history import Sources
     from gateway.doctor.service import Doctor, DoctorSettings
     from gateway.doctor.sharing import PrefixSharing
+    from gateway.worker_metrics import current
 
     dc, rc = cfg.doctor, cfg.routing
     src = Sources(replicas=replicas, metrics=metrics, router=router,
@@ -66,4 +67,6 @@ def build_doctor(
                   flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None,
                   failure_threshold=cfg.health.failure_threshold)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
-    return Doctor(src, settings, ctx, clock, workers=cfg.server.workers)
+    slot = current()
+    return Doctor(src, settings, ctx, clock, workers=cfg.server.workers,
+                  worker=slot.slot if slot is not None else None)

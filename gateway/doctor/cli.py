@@ -7,6 +7,13 @@ Reads ``GET /admin/doctor?window=...`` (admin token from ``--admin-token`` or
 cache return per tenant and pool instead; ``--json``: the whole report as JSON). Every error
 is one line on stderr: exit status 2 for usage (bad flags, no token, a bad window), 1 when
 the gateway cannot be reached or refuses.
+
+A gateway of ``server.workers`` > 1 answers each request from one worker (the kernel spreads
+connections over them), and each worker's report covers its own requests and history only.
+So the doctor asks again, on a new connection each time, until it has every worker's report
+(at most `TRIES_PER_WORKER` per worker, within ``--timeout``), and prints one section per
+worker, naming any it did not reach; ``--json`` then prints ``{"object": "doctor.workers",
+"workers": N, "missing": [slots], "data": [reports]}``.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ __all__ = ["main"]
 
 PROG = "kvgate doctor"
 REPORT_KEYS = ("window", "history", "worst", "findings", "cache")  # what the renderers read
+TRIES_PER_WORKER = 8  # 2 workers, each reached at random: all missed one 1 time in 2**15
 
 
 class _Usage(Exception):
@@ -135,6 +143,17 @@ def main(argv: list[str]) -> int:
         return _fail(f"cannot reach {url}: {reason}", 1)
     except RuntimeError as exc:
         return _fail(str(exc), 1)
+    workers = _workers(report)
+    if workers > 1:
+        reports, missing = _every_worker(url, token, args.window, args.timeout, report, workers)
+        if args.json:
+            print(json.dumps({"object": "doctor.workers", "workers": workers,
+                              "missing": missing, "data": reports}, indent=2))
+            return 0
+        render = render_cache if args.cache else render_findings
+        print(_workers_note(url, workers, reports, missing))
+        print("\n\n".join(render(r, url) for r in reports))
+        return 0
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     elif args.cache:
@@ -142,3 +161,48 @@ def main(argv: list[str]) -> int:
     else:
         print(render_findings(report, url))
     return 0
+
+
+def _workers(report: dict[str, Any]) -> int:
+    workers = report.get("process", {}).get("workers", 1)
+    return workers if isinstance(workers, int) else 1
+
+
+def _slot(report: dict[str, Any]) -> Any:
+    """Which worker answered: its slot (its pid from a gateway that does not say)."""
+    process = report.get("process", {})
+    return process.get("worker") if process.get("worker") is not None else process.get("pid")
+
+
+def _every_worker(
+    url: str, token: str, window: str, timeout: float, first: dict[str, Any], workers: int
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """One report per worker: asked again on new connections until every worker answered,
+    `TRIES_PER_WORKER` times per worker at most, within ``timeout`` seconds in all. A failed
+    ask ends the search (the reports had so far are shown)."""
+    deadline = time.monotonic() + timeout
+    seen = {_slot(first): first}
+    for _ in range(TRIES_PER_WORKER * workers):
+        if len(seen) >= workers or time.monotonic() > deadline:
+            break
+        try:
+            report = _fetch(url, token, window, max(0.1, deadline - time.monotonic()))
+        except (httpx.HTTPError, RuntimeError):
+            break
+        seen.setdefault(_slot(report), report)
+    reports = sorted(seen.values(), key=lambda r: str(_slot(r)))
+    slots = {r.get("process", {}).get("worker") for r in reports}
+    if None in slots:  # a gateway that names its workers by pid only: counted, not named
+        return reports, []
+    return reports, [s for s in range(workers) if s not in slots]
+
+
+def _workers_note(
+    url: str, workers: int, reports: list[dict[str, Any]], missing: list[int]
+) -> str:
+    note = (f"{url} runs {workers} worker processes, each with its own requests and history: "
+            f"one report per worker below ({len(reports)} of {workers})")
+    if missing:
+        note += (f"; worker(s) {', '.join(map(str, missing))} did not answer within "
+                 f"{TRIES_PER_WORKER * workers} tries: their requests are not in this view")
+    return note + "\n" + "-" * 72

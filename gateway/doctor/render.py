@@ -66,10 +66,21 @@ def _header(report: dict[str, Any], url: str) -> list[str]:
                  f"{h['started_at']}; {h['note']})")
     else:
         line += f" ({w['start']} .. {w['end']}; {h['note']})"
-    workers = report.get("process", {}).get("workers", 1)
-    if workers > 1:
-        line += f"\nthis is worker pid {report['process']['pid']} of {workers}"
+    line += _worker_line(report)
     return [line]
+
+
+def _worker_line(report: dict[str, Any]) -> str:
+    """With `server.workers` > 1, which worker a report is of: each answers for itself."""
+    process = report.get("process", {})
+    workers = process.get("workers", 1)
+    if workers <= 1:
+        return ""
+    slot = process.get("worker")
+    who = f"worker {slot} (pid {process.get('pid')})" if slot is not None \
+        else f"worker pid {process.get('pid')}"
+    return (f"\n{who} of {workers}: this worker's requests, routing, CPU and history only "
+            "(each worker keeps its own)")
 
 
 def render_findings(report: dict[str, Any], url: str = "") -> str:

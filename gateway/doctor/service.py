@@ -39,11 +39,13 @@ class Doctor:
     def __init__(
         self, src: Sources, settings: DoctorSettings, ctx: Context,
         clock: Callable[[], float] = time.monotonic, workers: int = 1,
+        worker: int | None = None,
     ) -> None:
         self.settings = settings
         self.thresholds = Thresholds(settings.thresholds)
         self.ctx = ctx
         self.workers = workers
+        self.worker = worker  # this process's worker slot (`server.workers` > 1), else None
         self.history = History(settings.interval_s, settings.history_s)
         self.sharing = src.sharing  # routing decisions feed it (sampled, 25-50/s)
         self.sampler = Sampler(src, self.history, clock)
@@ -73,7 +75,9 @@ class Doctor:
             "object": "doctor",
             "version": __version__,
             "generated_at": iso(w.end_wall),
-            "process": {"pid": os.getpid(), "workers": self.workers},
+            # with workers > 1 the report is this worker's only (its requests, routing, CPU
+            # and history): `kvgate doctor` asks until it has every worker's
+            "process": {"pid": os.getpid(), "workers": self.workers, "worker": self.worker},
             "window": {
                 "requested_s": window_s, "covered_s": round(w.span_s, 3),
                 "asked_s": asked, "max_s": h.history_s,

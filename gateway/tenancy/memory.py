@@ -48,7 +48,7 @@ class InMemoryStore(TenantStore):
             raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         return tenant
 
-    async def create_tenant(self, tenant: Tenant) -> Tenant:
+    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
         if tenant.id in self._tenants:
             raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
         self._tenants[tenant.id] = tenant
@@ -109,7 +109,9 @@ class InMemoryStore(TenantStore):
     async def get_policy(self) -> PolicySnapshot | None:
         return self._policy
 
-    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+    async def put_policy(
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+    ) -> PolicySnapshot:
         current = self._policy.version if self._policy else 0
         check_policy_version(current, if_version)
         self._policy = PolicySnapshot(current + 1, doc)

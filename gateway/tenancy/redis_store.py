@@ -4,8 +4,21 @@ Layout under a namespace (default ``kvgate``): ``:tenants`` hash id -> JSON, ``:
 key-hash -> JSON, ``:tkeys:<id>`` hash key-id -> key-hash, ``:policy`` hash {version, doc},
 ``:salt_groups`` hash group -> epoch, ``:audit`` capped list, ``:gen`` counter, the
 ``:seeded`` bootstrap marker (its absence means the store was never seeded, or was wiped) and
-the ``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen`` and
-publish, so a change and its notification are one atomic step.
+the ``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen``,
+publish, and journal the records they changed in ``:journal`` (a capped list, newest first,
+``"<gen> <kind> <name>"``: ``tenant <id>``, ``key <hash>`` -- one per key a tenant's deletion
+removes --, ``policy``, ``salt <group>``), so a change, its notification and its journal entry
+are one atomic step.
+
+A reload after a write (`changes_since`) reads the counter, the journal's newest entries, the
+tenants, the policy and the salt groups in one transaction, and only the key records the
+journal names in a second one: a write's cost no longer grows with the keys stored. The key
+records were the one part read whole on every reload (the others are small): whole reads
+enforced that a revoked key, or the keys of a deleted tenant, are gone everywhere, and that a
+record written by another process is seen; the journal names every key record a write removes
+or adds, and anything it does not account for (a generation without an entry: a write behind
+the store's back; an entry trimmed away; a write between the two reads) makes a whole read,
+as does a reload 30 s after the last whole one (`resolver.WHOLE_RELOAD_S`).
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import Conflict, NotFound
+from gateway.errors import Conflict, NotFound, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -44,10 +57,12 @@ from gateway.tenancy.store import (
     check_policy_version,
     key_from_json,
     policy_from_json,
+    read_tenant,
     tenant_from_json,
     tenant_to_json,
     with_epoch,
 )
+from gateway.tenancy.unknown import keep_unknown as with_unknown_of
 
 __all__ = ["RedisStore"]
 
@@ -55,40 +70,68 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 
-# Every script: KEYS[1] = generation counter; ARGV[1] = channel, ARGV[2] = change message.
-_BUMP = "redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
-_CREATE = (  # KEYS[2] tenants; ARGV[3] id, ARGV[4] json
-    "if redis.call('HSETNX', KEYS[2], ARGV[3], ARGV[4]) == 0 then return 0 end "
-    + _BUMP
+# Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
+# ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
+# changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
+_BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
+JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
+JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
+
+
+def _log(kind: str, name: str) -> str:
+    """Journal one changed record (`name`: a Lua expression), then trim the journal."""
+    return (f"redis.call('LPUSH', KEYS[2], g .. ' {kind} ' .. {name}) "
+            f"redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) ")
+
+
+_CREATE = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] json
+    "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
+    + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
-_CAS_TENANT = (  # KEYS[2] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
-    "if redis.call('HGET', KEYS[2], ARGV[3]) ~= ARGV[4] then return 0 end "
-    "redis.call('HSET', KEYS[2], ARGV[3], ARGV[5]) " + _BUMP + "return 1"
-)
-_DELETE = (  # KEYS[2] tenants, KEYS[3] keys, KEYS[4] tkeys:<id>; ARGV[3] id
-    "if redis.call('HDEL', KEYS[2], ARGV[3]) == 0 then return 0 end "
-    "for _, h in ipairs(redis.call('HVALS', KEYS[4])) do redis.call('HDEL', KEYS[3], h) end "
-    "redis.call('DEL', KEYS[4]) " + _BUMP + "return 1"
-)
-_ADD_KEY = (  # KEYS[2..4] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
-    "if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 0 then return 0 end "
-    "redis.call('HSET', KEYS[3], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[4], ARGV[4], ARGV[5]) "
-    + _BUMP
+_CAS_TENANT = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
+    "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
-_REVOKE = (  # KEYS[3] keys, KEYS[4] tkeys; ARGV[4] key id
-    "local h = redis.call('HGET', KEYS[4], ARGV[4]) if not h then return 0 end "
-    "redis.call('HDEL', KEYS[3], h) redis.call('HDEL', KEYS[4], ARGV[4]) " + _BUMP + "return 1"
+_DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
+    "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "local hs = redis.call('HVALS', KEYS[5]) "
+    "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
+    "redis.call('DEL', KEYS[5]) " + _BUMP
+    + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
+    + _log("tenant", "ARGV[3]") + "return 1"
 )
-_PUT_POLICY = (  # KEYS[2] policy; ARGV[3] expected version or '', ARGV[4] doc
-    "local v = tonumber(redis.call('HGET', KEYS[2], 'version') or '0') "
+_ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
+    "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
+    + _BUMP + _log("key", "ARGV[5]")
+    + "return 1"
+)
+_REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
+    "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
+    "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
+    + _log("key", "h") + "return 1"
+)
+# A version that is not a number (a corrupted record) counts as the generation counter, which
+# every write bumps: the next version is still past every one handed out before.
+_PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
+    "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
+    "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
     "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
-    "redis.call('HSET', KEYS[2], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP + "return v + 1"
+    "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
+    + _log("policy", "'policy'") + "return v + 1"
 )
-_ROTATE_GROUP = (  # KEYS[2] salt_groups; ARGV[3] group
-    "local e = redis.call('HINCRBY', KEYS[2], ARGV[3], 1) " + _BUMP + "return e"
+# An epoch that is not a decimal integer (corrupted) cannot be counted on: the group gets a
+# fresh random one (ARGV[4]), a salt it never had, rather than an error or an old salt.
+_ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
+    "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
+    "if e and not string.match(e, '^%d+$') then "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) "
+    "else e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end " + _BUMP
+    + _log("salt", "ARGV[3]") + "return e"
 )
+FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
 
 
 class RedisStore(TenantStore):
@@ -110,6 +153,12 @@ class RedisStore(TenantStore):
         self._listen = listen
         # key hash -> (its record's JSON, the record or None: unreadable) as last read
         self._parsed_keys: dict[str, tuple[str, KeyRecord | None]] = {}
+        # the key records as of `_view_generation` (the last snapshot made), readable ones
+        # and the skipped: `changes_since` updates them from the journal
+        self._keys: dict[str, KeyRecord] = {}
+        self._bad_keys: dict[str, SkippedRecord] = {}
+        self._view_generation: int | None = None
+        self._journal_head: str | None = None  # the journal's newest entry at that generation
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
         self._scripts = {
@@ -175,21 +224,24 @@ class RedisStore(TenantStore):
         message = json.dumps({"kind": change.kind, "id": change.id})
         with redis_unavailable():
             result = await self._scripts[name](
-                keys=[self._k("gen"), *keys], args=[self.channel, message, *args]
+                keys=[self._k("gen"), self._k("journal"), *keys],
+                args=[self.channel, message, *args],
             )
         return int(result)
 
     # -- tenants -----------------------------------------------------------------------------
-    async def create_tenant(self, tenant: Tenant) -> Tenant:
-        ok = await self._run(
-            "create",
-            [self._k("tenants")],
-            [tenant.id, tenant_to_json(tenant)],
-            Change("tenant", tenant.id),
-        )
-        if not ok:
-            raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
-        return tenant
+    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+        change = Change("tenant", tenant.id)
+        new = tenant_to_json(tenant)
+        if await self._run("create", [self._k("tenants")], [tenant.id, new], change):
+            return tenant
+        if over_unreadable:  # replaced only if it is still the unreadable value read here
+            raw = await self._get_raw(tenant.id)
+            cas = [tenant.id, raw, new]
+            if (raw is not None and _read(raw, tenant_from_json) is None
+                    and await self._run("cas", [self._k("tenants")], cas, change)):
+                return tenant
+        raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
 
     async def _get_raw(self, tenant_id: str) -> str | None:
         with redis_unavailable():
@@ -198,7 +250,7 @@ class RedisStore(TenantStore):
 
     async def get_tenant(self, tenant_id: str) -> Tenant | None:
         raw = await self._get_raw(tenant_id)
-        return tenant_from_json(raw) if raw is not None else None
+        return read_tenant(tenant_id, raw) if raw is not None else None
 
     async def list_tenants(self) -> list[Tenant]:
         with redis_unavailable():
@@ -208,13 +260,14 @@ class RedisStore(TenantStore):
         return sorted(tenants.values(), key=lambda t: t.id)
 
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
-        """Optimistic read-modify-write: retry while another writer got there first."""
+        """Optimistic read-modify-write: retry while another writer got there first. Fields of
+        the stored record this kvgate does not know (a newer one wrote them) are kept."""
         while True:
             raw = await self._get_raw(tenant_id)
             if raw is None:
                 raise NotFound(f"tenant {tenant_id!r} not found", param="id")
-            new = update(tenant_from_json(raw))
-            args = [tenant_id, raw, tenant_to_json(new)]
+            new = update(read_tenant(tenant_id, raw))
+            args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant)]
             if await self._run("cas", [self._k("tenants")], args, change):
                 return new  # type: ignore[no-any-return]
 
@@ -234,7 +287,8 @@ class RedisStore(TenantStore):
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group
-            epoch = await self._run("group", [self._k("salt_groups")], [group], change)
+            fresh = FRESH_EPOCH_MIN + secrets.randbelow(2**52 - FRESH_EPOCH_MIN)
+            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh], change)
             return SaltRotation(tenant_id, "group", group, epoch)
         new = await self._replace(tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1))
         return SaltRotation(tenant_id, "tenant", None, new.salt_epoch)
@@ -261,14 +315,28 @@ class RedisStore(TenantStore):
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
     # -- policy ------------------------------------------------------------------------------
-    async def get_policy(self) -> PolicySnapshot | None:
+    async def _policy_raw(self) -> dict[str, str]:
         with redis_unavailable():
-            raw = _texts(await self._r.hgetall(self._k("policy")))
-        return _policy_from(raw, [])
+            return _texts(await self._r.hgetall(self._k("policy")))
 
-    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
+    async def get_policy(self) -> PolicySnapshot | None:
+        skipped: list[SkippedRecord] = []
+        snap = _policy_from(await self._policy_raw(), skipped)
+        if skipped:
+            raise unreadable_policy()
+        return snap
+
+    async def put_policy(
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+    ) -> PolicySnapshot:
         expected = "" if if_version is None else str(if_version)
-        args = [expected, doc.model_dump_json(exclude_unset=True)]
+        new = doc.model_dump_json(exclude_unset=True)
+        if keep_unknown and if_version is not None:
+            # the version check below makes this the document of `if_version`, or a 412
+            stored = await self._policy_raw()
+            if stored.get("version") == expected and "doc" in stored:
+                new = with_unknown_of(stored["doc"], new, PolicyDoc)
+        args = [expected, new]
         version = await self._run("policy", [self._k("policy")], args, Change("policy"))
         if version < 0:
             check_policy_version(-1 - version, if_version)  # raises PreconditionFailed
@@ -311,31 +379,120 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("keys"))
                 pipe.hgetall(self._k("policy"))
                 pipe.hgetall(self._k("salt_groups"))
-                gen, tenants, keys, policy, groups = await pipe.execute()
+                pipe.lindex(self._k("journal"), 0)
+                gen, tenants, keys, policy, groups, head = await pipe.execute()
+        self._key_records(keys)
+        self._journal_head = None if head is None else _text(head)
+        return self._snapshot(int(gen or 0), tenants, policy, groups)
+
+    async def changes_since(self, generation: int) -> StoreSnapshot | None:
+        """The journal's way: the small records read whole, the key records only where the
+        journal says they changed since `generation` (the last snapshot this store made). One
+        transaction reads the counter, the journal's newest entries, the tenants, the policy
+        and the salt groups; a second one the changed key records, checked against the same
+        counter. None (make a whole `snapshot`) unless the journal accounts for every
+        generation in between and goes on with the entry that was its newest at
+        `generation`: a write behind the store's back (no journal entry), a trimmed journal,
+        a wiped store written again as far, another write meanwhile."""
+        if generation != self._view_generation:
+            return None
+        with redis_unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.get(self._k("gen"))
+                pipe.lrange(self._k("journal"), 0, JOURNAL_READ - 1)
+                pipe.hgetall(self._k("tenants"))
+                pipe.hgetall(self._k("policy"))
+                pipe.hgetall(self._k("salt_groups"))
+                gen, journal, tenants, policy, groups = await pipe.execute()
+        now = int(gen or 0)
+        entries = [_text(e) for e in journal]
+        hashes = _changed_keys(entries, generation, now, self._journal_head)
+        if hashes is None:
+            return None
+        if hashes:
+            with redis_unavailable():
+                async with self._r.pipeline(transaction=True) as pipe:
+                    pipe.get(self._k("gen"))
+                    pipe.hmget(self._k("keys"), hashes)
+                    again, raws = await pipe.execute()
+            if int(again or 0) != now:
+                return None
+            self._update_keys(dict(zip(hashes, raws, strict=True)))
+        self._journal_head = entries[0]
+        return self._snapshot(now, tenants, policy, groups)
+
+    def _snapshot(
+        self, generation: int, tenants: dict[str, str], policy: dict[str, str],
+        groups: dict[str, str],
+    ) -> StoreSnapshot:
         # an unreadable record is left out (and reported), never the whole load failed: one
         # bad record must not turn every tenant away once the last good state is too stale
         skipped: list[SkippedRecord] = []
+        readable = _readable(tenants, tenant_from_json, "tenant", skipped)
+        skipped.extend(self._bad_keys.values())
+        self._view_generation = generation
         return StoreSnapshot(
-            generation=int(gen or 0),
-            tenants=_readable(tenants, tenant_from_json, "tenant", skipped),
-            keys=self._key_records(keys, skipped),
+            generation=generation,
+            tenants=readable,
+            keys=self._keys,  # never changed once handed out (`_update_keys` copies)
             policy=_policy_from(policy, skipped),
-            group_epochs={k: int(v) for k, v in groups.items()},
+            group_epochs=_readable(groups, _epoch, "salt_group", skipped),
             skipped=tuple(skipped),
         )
 
-    def _key_records(
-        self, raw: dict[str, str], skipped: list[SkippedRecord]
-    ) -> dict[str, KeyRecord]:
-        """The key records of a snapshot, each parsed once: a reload after each admin write
-        (`gateway.admin.writes`) parses only the records that changed (~5 µs each)."""
+    def _key_records(self, raw: dict[str, str]) -> None:
+        """The key records of a whole snapshot, each parsed once: a reload parses only the
+        records that changed (~5 µs each)."""
         known = self._parsed_keys
         parsed = {k: seen if (seen := known.get(k)) is not None and seen[0] == v
                   else (v, _read(v, key_from_json)) for k, v in raw.items()}
         self._parsed_keys = parsed
-        skipped.extend(_skipped("key", k, v) for k, (v, record) in parsed.items()
-                       if record is None)
-        return {k: record for k, (_, record) in parsed.items() if record is not None}
+        self._bad_keys = {k: _skipped("key", k, v) for k, (v, record) in parsed.items()
+                          if record is None}
+        self._keys = {k: record for k, (_, record) in parsed.items() if record is not None}
+
+    def _update_keys(self, changed: dict[str, str | None]) -> None:
+        """Apply the key records the journal named (None: gone) to a copy of the view."""
+        keys = dict(self._keys)
+        for key_hash, raw in changed.items():
+            keys.pop(key_hash, None)
+            self._bad_keys.pop(key_hash, None)
+            self._parsed_keys.pop(key_hash, None)
+            if raw is None:
+                continue
+            record = _read(raw, key_from_json)
+            self._parsed_keys[key_hash] = (raw, record)
+            if record is None:
+                self._bad_keys[key_hash] = _skipped("key", key_hash, raw)
+            else:
+                keys[key_hash] = record
+        self._keys = keys
+
+
+def _changed_keys(
+    journal: list[str], since: int, now: int, head: str | None
+) -> list[str] | None:
+    """The key hashes the journal (newest entry first) names for generations after `since`
+    up to `now`; None unless it holds an entry for each of them and reaches back to `head`,
+    its newest entry at `since` (so nothing of theirs was trimmed away, and it is the same
+    journal)."""
+    if now <= since:
+        return None
+    seen: set[int] = set()
+    hashes: dict[str, None] = {}
+    for entry in journal:
+        parts = entry.split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            return None
+        generation, kind, name = int(parts[0]), parts[1], parts[2]
+        if generation <= since:
+            whole = entry == head and seen == set(range(since + 1, now + 1))
+            return list(hashes) if whole else None
+        if generation <= now:
+            seen.add(generation)
+            if kind == "key":
+                hashes[name] = None
+    return None
 
 
 def _text(value: str | bytes) -> str:
@@ -354,6 +511,21 @@ def _policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySna
     except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
         skipped.append(_skipped("policy", "policy", json.dumps(raw, sort_keys=True)))
         return None
+
+
+def unreadable_policy() -> UnreadableRecord:
+    return UnreadableRecord(
+        "the stored policy document is unreadable (corrupted, or written by another kvgate "
+        "version in a form this one cannot read); store a whole new one with PUT /admin/policy "
+        "(kvgate admin policy put FILE)")
+
+
+def _epoch(raw: str) -> int:
+    """A salt group's epoch: a decimal integer, as HINCRBY writes it, nothing else (Python's
+    int() would also take ``+1``, ``1_0`` or spaces, which Lua's check does not)."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise ValueError("not an epoch")
+    return int(raw)
 
 
 def _read(raw: str, parse: Callable[[str], T]) -> T | None:

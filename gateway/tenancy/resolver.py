@@ -10,10 +10,14 @@ Given a `reseed` callable (the gateway's bootstrap from configuration), every ch
 for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
 without persistence), so it is re-seeded before anything is loaded from it, logged, and
 counted (`health().store_resets`). A record the store holds but this process cannot read is
-left out of the load (its tenant, key or policy; the last readable policy stays in force),
-logged once, counted (`health().records_skipped`) and reported as degraded, while every other
-tenant keeps working. A tenant whose tier the policy in force does not define is
-never admitted (403): its limits would be unknown, and limits are never silently off.
+left out of the load (its tenant, key or policy; the last readable policy stays in force, or
+the configuration's if none was ever read: `policy_source`), logged once, counted
+(`health().records_skipped`) and reported as degraded, while every other tenant keeps working.
+A salt group's unreadable epoch keeps the last one this process read for it; with none, the
+group's tenants are refused (503) rather than given a salt from a guessed epoch: epoch 0 would
+be the group's own first salt (no other tenant's, as the subject names the group) but would
+undo a rotation made to leave that cache. A tenant whose tier the policy in force does not
+define is never admitted (403): its limits would be unknown, and limits are never silently off.
 """
 
 from __future__ import annotations
@@ -49,6 +53,10 @@ __all__ = ["Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
 log = logging.getLogger(__name__)
 
 WIPE_NOTICE_S = 600.0  # how long health() reports a wiped store as degraded
+# A reload reads only what changed (`TenantStore.changes_since`) unless the last whole read is
+# older than this: a record changed behind the store's back without bumping the generation
+# (by hand, in redis-cli) is still read within this long.
+WHOLE_RELOAD_S = 30.0
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -65,6 +73,7 @@ class Principal:
     # never mixes two policy versions.
     policy: PolicySnapshot | None = field(default=None, repr=False, compare=False)
     tier_known: bool = True  # False: the policy does not define `tier` (never admitted)
+    refused: str | None = None  # why this tenant cannot be served now (503), e.g. no salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +98,11 @@ class _State:
     by_key: dict[str, Principal] = field(default_factory=dict)
     by_tenant: dict[str, Principal] = field(default_factory=dict)
     policy: PolicySnapshot | None = None
+    group_epochs: dict[str, int] = field(default_factory=dict)
+
+
+# where the policy in force came from (`TenantResolver.policy_source`)
+FROM_STORE, LAST_READABLE, CONFIGURED = "store", "last readable", "configuration"
 
 
 def parse_bearer(authorization: str | None) -> str | None:
@@ -125,6 +139,7 @@ class TenantResolver:
         self._state = _State()
         self._loaded = False
         self._fresh_at = clock()
+        self._whole_at = float("-inf")  # when the store was last read whole (this clock)
         self._degraded_reason: str | None = "not loaded yet"
         self._answers = False
         self._skipped: dict[str, SkippedRecord] = {}  # fingerprint -> record, of the last load
@@ -134,6 +149,10 @@ class TenantResolver:
         self._closing = False
         self._unsubscribe: Callable[[], None] | None = None
         self._policy_callbacks: list[PolicyCallback] = []
+        # the configuration's policy: in force while the stored one is unreadable and no
+        # readable one was ever loaded (`Tenancy.start` sets it)
+        self.configured_policy: PolicySnapshot | None = None
+        self._policy_source: str | None = None
         # one refresh at a time: the sync loop's and an admin write's (`read_your_writes`)
         # must not apply their snapshots out of order
         self._refreshing = asyncio.Lock()
@@ -193,7 +212,13 @@ class TenantResolver:
                     self._wiped()
             generation = await self._store.generation()
             if wiped or generation != self._state.generation or not self._loaded:
-                snap = await self._store.snapshot()
+                snap = None
+                recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
+                if not wiped and self._loaded and recent:  # only what changed since
+                    snap = await self._store.changes_since(self._state.generation)
+                if snap is None:
+                    snap = await self._store.snapshot()
+                    self._whole_at = self._clock()
                 if snap.generation == 0 and self._state.generation > 0:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
                     self._answers = True
@@ -243,14 +268,23 @@ class TenantResolver:
     def _apply(self, snap: StoreSnapshot) -> None:
         old_policy = self._state.policy
         self._note_skipped(snap.skipped)
+        source = FROM_STORE if snap.policy is not None else None
         if snap.policy is None and any(s.kind == "policy" for s in snap.skipped):
-            snap = replace(snap, policy=old_policy)  # the last readable policy stays in force
+            if old_policy is not None:  # the last readable policy stays in force
+                kept = self._policy_source
+                source = LAST_READABLE if kept in (FROM_STORE, None) else kept
+                snap = replace(snap, policy=old_policy)
+            elif self.configured_policy is not None:
+                source = CONFIGURED
+                snap = replace(snap, policy=self.configured_policy)
+        self._policy_source = source
+        snap = replace(snap, group_epochs=self._epochs(snap))
         # one principal per tenant, shared by its keys: a reload after each admin write costs
         # a dict entry per key, not a salt and a limits overlay (~65 µs) per key
         by_tenant = {t.id: self._principal(t, snap) for t in snap.tenants.values()}
         by_key = {key_hash: principal for key_hash, record in snap.keys.items()
                   if (principal := by_tenant.get(record.tenant_id)) is not None}
-        self._state = _State(snap.generation, by_key, by_tenant, snap.policy)
+        self._state = _State(snap.generation, by_key, by_tenant, snap.policy, snap.group_epochs)
         self._loaded = True
         if snap.policy is not None and (old_policy is None or old_policy != snap.policy):
             for callback in list(self._policy_callbacks):
@@ -258,6 +292,15 @@ class TenantResolver:
                     callback(snap.policy)
                 except Exception:
                     log.exception("policy change callback failed")
+
+    def _epochs(self, snap: StoreSnapshot) -> dict[str, int]:
+        """The snapshot's salt-group epochs, an unreadable one replaced by the last one read."""
+        epochs = dict(snap.group_epochs)
+        for record in snap.skipped:
+            last = self._state.group_epochs.get(record.name)
+            if record.kind == "salt_group" and last is not None:
+                epochs[record.name] = last
+        return epochs
 
     def _note_skipped(self, skipped: tuple[SkippedRecord, ...]) -> None:
         """Log and count each unreadable record once (a reload after every change meets it
@@ -279,6 +322,15 @@ class TenantResolver:
         # 'default' needs no entry in `tiers` (no limits unless one is set) -- if there is a
         # policy at all; any other tier must be defined there
         known = snap.policy is not None and (tier is not None or tenant.tier == DEFAULT_TIER)
+        group = tenant.salt_group
+        if group is not None and group not in snap.group_epochs and any(
+                s.kind == "salt_group" and s.name == group for s in snap.skipped):
+            return Principal(
+                tenant_id=tenant.id, tier=tenant.tier, limits=base.overlay(tenant.limits),
+                salt_group=group, cache_salt="", policy=snap.policy, tier_known=known,
+                refused=f"this tenant's cache salt is unavailable: the stored epoch of its "
+                        f"salt group {group!r} is unreadable; ask the operator to rotate its "
+                        "salt (kvgate admin rotate-salt TENANT)")
         return Principal(
             tenant_id=tenant.id,
             tier=tenant.tier,
@@ -321,6 +373,13 @@ class TenantResolver:
         """The current policy snapshot; take it once per request and keep it."""
         return self._state.policy
 
+    @property
+    def policy_source(self) -> str | None:
+        """Where the policy in force came from: ``store`` (the stored one), ``last readable``
+        (the stored one is unreadable: the last one read stays), ``configuration`` (unreadable
+        since this process started: the configuration's), None (no policy)."""
+        return self._policy_source if self._state.policy is not None else None
+
     def on_policy(self, callback: PolicyCallback) -> Callable[[], None]:
         """Call `callback(snapshot)` whenever a new policy version is applied."""
         self._policy_callbacks.append(callback)
@@ -358,6 +417,8 @@ class TenantResolver:
 
 
 def _admissible(principal: Principal) -> Principal:
+    if principal.refused is not None:
+        raise BackendUnavailable(principal.refused)
     if not principal.tier_known:
         raise PermissionDenied(
             f"this tenant's tier {principal.tier!r} is not defined in the policy in force; "

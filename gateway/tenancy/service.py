@@ -18,12 +18,12 @@ from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.body import ClientSaltMode
-from gateway.errors import BackendUnavailable, StoreUnreachable
+from gateway.errors import BackendUnavailable, StoreUnreachable, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
-from gateway.tenancy.models import Tenant
+from gateway.tenancy.models import PolicySnapshot, Tenant
 from gateway.tenancy.redis_conn import connect_redis, redis_address
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
@@ -34,7 +34,7 @@ from gateway.tenancy.store import TenantStore, bootstrap
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
 
 log = logging.getLogger(__name__)
-SKIPPED_KINDS = ("key", "policy", "tenant")  # of kvgate_tenancy_records_skipped_total
+SKIPPED_KINDS = ("key", "policy", "salt_group", "tenant")  # of kvgate_tenancy_records_skipped_total
 
 
 class TenancySettings(BaseModel):
@@ -69,6 +69,8 @@ class Tenancy:
         resolver as soon as it answers."""
         await self.store.start()
         seed = list(tenants)
+        if policy is not None:  # in force if the stored one is unreadable from the start
+            self.resolver.configured_policy = PolicySnapshot(0, policy)
 
         async def reseed() -> None:
             await bootstrap(self.store, tenants=seed, policy=policy)
@@ -81,7 +83,8 @@ class Tenancy:
             else:
                 log.warning("tenancy bootstrap postponed: %s", exc)
         else:
-            with contextlib.suppress(BackendUnavailable):  # only a warning to give, or not
+            # only a warning to give, or not (an unreadable one: the resolver says so)
+            with contextlib.suppress(BackendUnavailable, UnreadableRecord):
                 await _say_if_the_stored_policy_wins(self.store, policy)
         self.resolver.reseed_with(reseed)
         await self.resolver.start()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gateway.errors import BadRequest, Conflict, PreconditionFailed
+from gateway.errors import BadRequest, Conflict, PreconditionFailed, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -37,6 +37,7 @@ __all__ = [
     "invalid_from",
     "key_from_json",
     "policy_from_json",
+    "read_tenant",
     "tenant_from_json",
     "tenant_to_json",
     "with_epoch",
@@ -50,7 +51,8 @@ class TenantStore(ABC):
     """Async CRUD over tenants, keys, policy and audit, plus change notifications.
 
     Errors: `Conflict` (exists), `NotFound` (missing tenant), `PreconditionFailed` (policy
-    version), `BackendUnavailable` (Redis unreachable).
+    version), `BackendUnavailable` (Redis unreachable), `UnreadableRecord` (a stored record
+    this process cannot read, asked for by name: only the Redis store meets one).
     """
 
     label = "the tenancy store"  # in messages to clients: what has not answered
@@ -69,10 +71,14 @@ class TenantStore(ABC):
 
     # -- tenants ---------------------------------------------------------------------------
     @abstractmethod
-    async def create_tenant(self, tenant: Tenant) -> Tenant: ...
+    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+        """`Conflict` if it exists. `over_unreadable`: a stored record of that id this process
+        cannot read is replaced (its keys kept) -- an operator's way out, never bootstrap's
+        (an older gateway starting must not overwrite what a newer one wrote)."""
 
     @abstractmethod
-    async def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    async def get_tenant(self, tenant_id: str) -> Tenant | None:
+        """None when missing; `UnreadableRecord` when stored but unreadable."""
 
     @abstractmethod
     async def list_tenants(self) -> list[Tenant]: ...
@@ -101,11 +107,16 @@ class TenantStore(ABC):
 
     # -- policy ----------------------------------------------------------------------------
     @abstractmethod
-    async def get_policy(self) -> PolicySnapshot | None: ...
+    async def get_policy(self) -> PolicySnapshot | None:
+        """None when none is stored; `UnreadableRecord` when the stored one is unreadable."""
 
     @abstractmethod
-    async def put_policy(self, doc: PolicyDoc, *, if_version: int | None = None) -> PolicySnapshot:
-        """Store a new version. `if_version` (0 = "no policy yet") makes it compare-and-set."""
+    async def put_policy(
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+    ) -> PolicySnapshot:
+        """Store a new version. `if_version` (0 = "no policy yet") makes it compare-and-set;
+        `keep_unknown` (with `if_version`: a read-modify-write of that version) keeps the
+        stored document's fields this kvgate does not know (`gateway.tenancy.unknown`)."""
 
     # -- audit -----------------------------------------------------------------------------
     @abstractmethod
@@ -122,6 +133,12 @@ class TenantStore(ABC):
 
     @abstractmethod
     async def snapshot(self) -> StoreSnapshot: ...
+
+    async def changes_since(self, generation: int) -> StoreSnapshot | None:
+        """A snapshot as `snapshot` would answer, made by reading only what changed since
+        `generation` (that of the last snapshot this store made); None when this store cannot
+        tell what changed (make a whole `snapshot`). The default: never."""
+        return None
 
     @abstractmethod
     async def mark_seeded(self) -> None:
@@ -142,6 +159,18 @@ class TenantStore(ABC):
     def _notify(self, change: Change) -> None:
         for callback in list(self._subscribers):
             callback(change)
+
+
+def read_tenant(tenant_id: str, raw: str | bytes) -> Tenant:
+    """A stored tenant record, or `UnreadableRecord` (409) saying how to replace it."""
+    try:
+        return tenant_from_json(raw)
+    except ValueError:  # not JSON, or not a record (pydantic's ValidationError)
+        raise UnreadableRecord(
+            f"the stored record of tenant {tenant_id!r} is unreadable (corrupted, or written "
+            "by another kvgate version in a form this one cannot read); write a new one over "
+            "it with POST /admin/tenants and its id (its keys are kept), or delete it",
+            param="id") from None
 
 
 def check_policy_version(current: int, if_version: int | None) -> None:

@@ -159,7 +159,9 @@ def test_findings_render_evidence_and_action_for_non_healthy_rows() -> None:
     }
     text = render_findings(report, "http://gw")
     assert "the history covers 40s: it started at 2026-01-01T00:00:00Z" in text
-    assert "this is worker pid 7 of 2" in text
+    assert "worker pid 7 of 2: this worker's requests, routing, CPU and history only" in text
+    report["process"] = {"pid": 7, "workers": 2, "worker": 1}
+    assert "worker 1 (pid 7) of 2: this worker's" in render_findings(report, "http://gw")
     assert "evidence: KV usage p90 97% (>= 90%) [vllm:kv_cache_usage_perc]" in text
     assert "running" not in text.split("evidence:")[1].split("\n")[0]  # unjudged: JSON only
     assert "action: lower --max-num-seqs" in text
