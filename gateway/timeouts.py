@@ -10,7 +10,10 @@ total timeout bounds its wait: a first-byte deadline would cut (and the SDK retr
 legitimate generation longer than it. From then on the idle timeout between chunks. The timer
 is lazy: a streamed chunk only stores the time (`touch`); the callback re-arms itself until a
 deadline really passed, and it is moved earlier once when the answer starts, so a stall after a
-few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
+few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. The first-byte
+timeout is per try: when it cuts an attempt that sent the client nothing, the handler may take
+the cut back (`retry_first_byte`) and try another replica, its first-byte clock started anew
+(the total one goes on). A stream whose idle
 deadline passes while kvgate is blocked handing a chunk to the client (`writing`: the client
 stopped reading and its socket is full) is the client's stall, not the replica's: reason
 ``"client"``.
@@ -78,6 +81,18 @@ class Canceller:
         """A new upstream attempt: the first-byte clock restarts (the total one does not)."""
         self._attempt = self._loop.time()
         self._first = True
+
+    def retry_first_byte(self) -> bool:
+        """Take back a first-byte cut so the handler can try another replica (the caller
+        checked that nothing reached the client): False when the cut had another reason.
+        The attempt's own first-byte clock starts now; the total deadline stays."""
+        if self.reason != "first byte" or self.done:
+            return False
+        self.reason = None
+        self._task.uncancel()
+        self.attempt_started()
+        self._rearm()
+        return True
 
     def headers_received(self) -> None:
         """A non-streamed answer's headers: the answer has started."""

@@ -201,21 +201,22 @@ def test_a_client_error_is_not_retried() -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_body", "upstream"),
+    ("request_body", "upstream", "tries"),
     [
-        ({**REQ, "stream": True}, {"first_byte_timeout_s": 0.2}),
+        # the first-byte timeout is per try: each replica is tried, then 504
+        ({**REQ, "stream": True}, {"first_byte_timeout_s": 0.2}, 2),
         # a whole answer comes after its last token: the total timeout bounds its wait
-        (REQ, {"first_byte_timeout_s": 0.05, "total_timeout_s": 0.3}),
+        (REQ, {"first_byte_timeout_s": 0.05, "total_timeout_s": 0.3}, 1),
     ],
     ids=["stream-first-byte", "whole-total"],
 )
-def test_no_first_byte_in_time_is_a_504_without_retry(
-    request_body: dict[str, object], upstream: dict[str, float],
+def test_no_first_byte_in_time_is_a_504(
+    request_body: dict[str, object], upstream: dict[str, float], tries: int,
 ) -> None:
     answers, posts = _run({A: hang(), B: hang()}, [request_body], upstream=upstream)
     code, body = answers[0]
     assert code == 504 and orjson.loads(body)["error"]["type"] == "GatewayTimeoutError"
-    assert len(posts) == 1
+    assert len(posts) == tries and len(set(posts)) == tries
 
 
 def test_a_stream_reset_after_the_first_byte_ends_the_stream_with_an_error() -> None:
