@@ -54,7 +54,7 @@ from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
-from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from routing.router import Router
 from routing.types import Decision
 
@@ -216,9 +216,11 @@ class Proxy:
             except TRANSPORT_ERRORS as exc:
                 if refused(exc):  # nothing listens there: down now, not after N requests
                     replica.mark_down(self._clock())
+                    why = connect_failure(exc, replica.url)
                 else:
                     replica.record_failure(self._clock())
-                log.info("replica did not answer", extra={"replica": replica.id})
+                    why = type(exc).__name__
+                log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
             if (resp.status in self._retry and not last) or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
