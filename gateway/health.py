@@ -72,6 +72,7 @@ class HealthMonitor:
             why = connect_failure(exc, replica.url) if refused(exc) else type(exc).__name__
             reason = f"/health: {why}"
         if not ok:
+            replica.reason = reason
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
                                                    "reason": reason})

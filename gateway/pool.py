@@ -191,10 +191,11 @@ class Pools:
 
     def not_ready(self, now: float) -> dict[str, str]:
         """The pools that cannot serve now, and why: no replica answered yet (its served
-        model is not known) or none is usable."""
+        model is not known) or none is usable; with why its replicas were last found down
+        (``127.0.0.1:8001: cannot connect``, ``r.svc:8000: cannot resolve host r.svc``)."""
         return {
-            p.name: "no healthy replica" if p.served_model
-            else "served model not known yet (no replica answered)"
+            p.name: ("no healthy replica" if p.served_model
+                     else "served model not known yet (no replica answered)") + _why(p)
             for p in self.by_name.values()
             if not (p.served_model and any(r.available(now) for r in p.replicas))
         }
@@ -202,3 +203,9 @@ class Pools:
     async def close(self) -> None:
         for pool in [*self.by_name.values(), *self.retired]:
             await pool.transport.close()
+
+
+def _why(pool: Pool) -> str:
+    """`` (replica: reason; ...)`` for the replicas of `pool` with a known down reason."""
+    known = [f"{r.id}: {r.reason}" for r in pool.replicas if r.reason]
+    return f" ({'; '.join(known)})" if known else ""

@@ -216,7 +216,7 @@ class Proxy:
             except TRANSPORT_ERRORS as exc:
                 if refused(exc):  # nothing listens there: down now, not after N requests
                     replica.mark_down(self._clock())
-                    why = connect_failure(exc, replica.url)
+                    why = replica.reason = connect_failure(exc, replica.url)
                 else:
                     replica.record_failure(self._clock())
                     why = type(exc).__name__

@@ -36,7 +36,8 @@ def test_a_hung_replica_is_retried_elsewhere_before_the_first_byte(
     gw, base = gateway_proc(upstreams=[hung, good], args=["--policy", "round_robin"], env={
         "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_ADMIN_TOKEN": ADMIN,
         "KVGATE_HEALTH__INTERVAL_S": "60", "KVGATE_HEALTH__EJECT_BASE_S": "60",
-        "KVGATE_HEALTH__EJECT_MAX_S": "60", "KVGATE_HEALTH__FAILURE_THRESHOLD": "2"})
+        "KVGATE_HEALTH__EJECT_MAX_S": "60", "KVGATE_HEALTH__FAILURE_THRESHOLD": "2",
+        "KVGATE_FLOW__ENABLED": "true"})
     with gw:
         c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
         routes = []
@@ -62,9 +63,11 @@ def test_a_hung_replica_is_retried_elsewhere_before_the_first_byte(
         assert seen["received"] >= 2 and seen["aborted"] >= 1, seen
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
         with admin_client(base, ADMIN) as admin:
-            replicas = admin.get("/replicas").json()["data"][0]["replicas"]
-        for r in replicas:
+            pool = admin.get("/replicas").json()["data"][0]
+        for r in pool["replicas"]:
             assert (r["inflight"], r["inflight_prefill"]) == (0, 0), r
+        # flow control: nothing queued, nothing held as if the hung tries were still running
+        assert pool["flow"]["queued"] == 0 and pool["flow"]["saturated"] is False, pool
 
 
 def test_every_replica_hung_is_a_504_after_max_attempts(sim_factory: SimFactory) -> None:

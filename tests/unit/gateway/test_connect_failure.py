@@ -1,8 +1,9 @@
-"""A replica whose host name does not resolve is named as such ("cannot resolve host NAME"),
-not as "cannot connect", in the health monitor's "replica down" line and the proxy's "replica
-did not answer" line. The resolver's failure is raised through the transport seam (a real
-lookup would leave loopback): `socket.gaierror` as kvgate's HTTP/1.1 client gets it from
-asyncio, `aiohttp.ClientConnectorDNSError` as the health checks' aiohttp client wraps it."""
+"""A replica whose host name does not resolve is named as such ("cannot resolve host NAME"), not as
+"cannot connect", in the health monitor's "replica down" line, the proxy's "replica did not
+answer" line and the pool's not-ready reason (`/readyz`, `/v1/models`). The resolver's failure
+is raised through the transport seam (a real lookup would leave loopback): `socket.gaierror` as
+kvgate's HTTP/1.1 client gets it from asyncio, `aiohttp.ClientConnectorDNSError` as the health
+checks' aiohttp client wraps it."""
 
 from __future__ import annotations
 
@@ -76,6 +77,9 @@ def test_health_says_the_host_does_not_resolve(
         try:
             await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
             assert pools.by_name["p"].replicas[0].state == "ejected"
+            # /readyz and /v1/models name the pool as not ready, and why
+            assert pools.not_ready(0.0) == {"p": "no healthy replica (replica-a.svc:8000: "
+                                                 "/health: cannot resolve host replica-a.svc)"}
         finally:
             await pools.close()
 
