@@ -36,7 +36,8 @@ class HealthMonitor:
         self._cfg = cfg
         self._clock = clock
         self._refusals: set[str] = set()  # replicas whose refusal of the key was logged
-        self._carded: set[str] = set()  # replicas asked for their model card's context length
+        # (replica, served name) asked for that model card's context length
+        self._carded: set[tuple[str, str | None]] = set()
 
     async def run(self) -> None:
         while True:
@@ -87,7 +88,8 @@ class HealthMonitor:
                      extra={"pool": pool.name, "replica": replica.id})
             replica.probe_recovered()
         if pool.served_model is None or (
-                pool.max_model_len is None and replica.id not in self._carded):
+                pool.max_model_len is None
+                and (replica.id, pool.served_model) not in self._carded):
             await self._learn_model(pool, replica)
 
     async def _learn_model(self, pool: Pool, replica: Replica) -> None:
@@ -104,7 +106,7 @@ class HealthMonitor:
                 log.warning("replica refused the gateway's credentials (%d) on /v1/models: "
                             "set the pool's api_key_env to its --api-key", status,
                             extra={"pool": pool.name, "replica": replica.id})
-            self._carded.add(replica.id)
+            self._carded.add((replica.id, pool.served_model))
             models = orjson.loads(body)["data"] if status == 200 else []
             name = models[0]["id"] if models else None
         except TRANSPORT_ERRORS:
