@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -185,6 +186,24 @@ def test_a_refused_replica_fails_over_and_is_taken_out() -> None:
     assert posts.count(A) <= 1  # down at the first refusal, not after N requests
     if posts[0] == A:
         assert posts[1] == B
+
+
+def test_an_unresolvable_replica_is_named_so_and_fails_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The resolver's error (`socket.gaierror`, as asyncio raises it for a name that does not
+    resolve): down at once like a refused connection, and the log line says why."""
+    def unresolvable() -> Behaviour:
+        async def answer() -> FakeResponse:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return answer
+
+    with caplog.at_level(logging.INFO, logger="gateway.proxy"):
+        answers, posts = _run({A: unresolvable(), B: ok()}, [REQ] * 4)
+    assert all(code == 200 for code, _ in answers) and posts.count(A) == 1
+    reasons = [getattr(r, "reason", None) for r in caplog.records
+               if r.getMessage() == "replica did not answer"]
+    assert reasons == ["cannot resolve host 127.0.0.1"]
 
 
 def test_busy_everywhere_passes_the_last_answer_through() -> None:
