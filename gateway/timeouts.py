@@ -39,6 +39,7 @@ class Canceller:
         "_first",
         "_first_s",
         "_handle",
+        "_later",
         "_loop",
         "_start",
         "_task",
@@ -64,6 +65,7 @@ class Canceller:
         self.done = False  # the response is complete: nothing may cancel any more
         # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
         self.reason: str | None = None
+        self._later: str | None = None  # a reason that fired after `reason` (kept for a retry)
         self.writing = False  # a chunk is being handed to the client (set by the relay)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
             self._start + min(self._first_s, cfg.total_timeout_s), self._check
@@ -87,6 +89,9 @@ class Canceller:
         checked that nothing reached the client): False when the cut had another reason.
         The attempt's own first-byte clock starts now; the total deadline stays."""
         if self.reason != "first byte" or self.done:
+            return False
+        if self._later is not None:  # the client left, or shutdown came, meanwhile: no retry
+            self.reason = self._later
             return False
         self.reason = None
         self._task.uncancel()
@@ -136,7 +141,10 @@ class Canceller:
             self._handle = self._loop.call_at(deadline, self._check)
 
     def fire(self, reason: str) -> None:
-        if self.done or self.reason is not None:
+        if self.done:
+            return
+        if self.reason is not None:
+            self._later = self._later or reason  # the first cut may be taken back
             return
         self.reason = reason
         self._task.cancel()
