@@ -25,6 +25,7 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
@@ -39,6 +40,7 @@ log = logging.getLogger(__name__)
 Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 ADMIN_PREFIX = "/admin"
+POSTED = frozenset({"/ping"})  # kvgate's pages vLLM also answers to POST (SageMaker's probe)
 
 
 class GatewayApp:
@@ -69,6 +71,14 @@ class GatewayApp:
         }
         self._admin_port_pages = {
             "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics_page}
+
+    def refusal_cors(self, origin: bytes, port: int | None) -> Headers | None:
+        """The CORS headers of an answer the HTTP guard gives on its own (400/408/431,
+        `gateway/httpguard.py`) to a request from `origin` on local `port`: as kvgate's
+        other answers, none on the admin port."""
+        if self.cors is None or (port is not None and port == self.cfg.server.admin_port):
+            return None
+        return self.cors.allowed(origin)
 
     def _described(self) -> Iterator[Replica]:
         return self.rt.pools.described() if self.rt is not None else iter(())
@@ -110,9 +120,10 @@ class GatewayApp:
         if model:  # `GET /v1/models/{model}`, the SDK's `models.retrieve` (a name may hold "/")
             page = partial(self._model, model)
         if page is not None and not (admin_port is not None and path == "/metrics"):
-            if method not in ("GET", "HEAD"):
+            if method not in ("GET", "HEAD") and not (method == "POST" and path in POSTED):
+                allow = "GET, HEAD, POST" if path in POSTED else "GET, HEAD"
                 return await _error(
-                    send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
+                    send, MethodNotAllowed(f"Use GET for {path}.", allow=allow))
             if (path == MODELS or model) and rt is not None:
                 try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
                     principal = rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
@@ -209,7 +220,7 @@ class GatewayApp:
         rt = self.rt
         pools = rt.pools if rt is not None else None
         names = rt.proxy.planner.offered(principal) if rt and principal else []
-        data = [_model_object(n) for n in names]
+        data = [self._model_card(n, principal) for n in names]
         doc: dict[str, Any] = {"object": "list", "data": data}
         not_ready = [{"pool": name, "reason": why} for name, why in
                      (pools.not_ready(self.clock()) if pools is not None else {}).items()]
@@ -223,7 +234,23 @@ class GatewayApp:
             exc = (rt.proxy.planner.not_found(principal, name) if rt and principal
                    else ModelNotFound(name))
             return exc.status, exc.headers(), exc.body()
-        return 200, JSON, orjson.dumps(_model_object(name))
+        return 200, JSON, orjson.dumps(self._model_card(name, principal))
+
+    def _model_card(self, name: str, principal: Principal | None) -> dict[str, Any]:
+        """vLLM's model card for a public name: ``created`` is when this gateway first knew
+        the model, ``max_model_len`` the serving pool's replicas' (omitted until known)."""
+        rt = self.rt
+        card: dict[str, Any] = {"id": name, "object": "model", "created": int(time.time()),
+                                "owned_by": "kvgate", "root": name, "parent": None}
+        if rt is None:
+            return {**card, "permission": [_permission(card["created"])]}
+        card["created"] = rt.pools.seen.get(name, card["created"])
+        doc = principal.policy.doc if principal and principal.policy else rt.pools.doc
+        pool = rt.pools.serving(name, doc, principal.tier if principal else DEFAULT_TIER)
+        if pool is not None and pool.max_model_len is not None:
+            card["max_model_len"] = pool.max_model_len
+        card["permission"] = [_permission(card["created"])]
+        return card
 
     # -- lifespan --------------------------------------------------------------------------
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -276,8 +303,14 @@ def _version_page() -> Page:
     return 200, JSON, orjson.dumps({"version": __version__})
 
 
-def _model_object(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "kvgate"}
+def _permission(created: int) -> dict[str, Any]:
+    """The ``permission`` entry of vLLM's model card (its defaults: sampling, logprobs and
+    viewing allowed; kvgate's access rules are its tiers, not this object)."""
+    return {"id": f"modelperm-kvgate-{created}", "object": "model_permission",
+            "created": created, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}
 
 
 def _bearer_token(headers: Headers) -> str | None:

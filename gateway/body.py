@@ -3,7 +3,10 @@
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, no
 integer beyond 64 bits (`wideints.py`), a string `model`, a boolean `stream`, the
-`stream_options` it rewrites, a string `previous_response_id`, which it routes by).
+`stream_options` it rewrites, a string `previous_response_id`, which it routes by). The two
+booleans it reads, `stream` and `stream_options.include_usage`, take what vLLM's pydantic
+models take in lax mode (`lax_bool`: ``"true"``, ``1``, ``"off"``, ...), and are forwarded
+as JSON booleans, so kvgate and the replica read the same value.
 `rewrite_body` is the one place a body changes on its way upstream: the served model, the
 tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
 `drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
@@ -24,7 +27,7 @@ from routing.types import RequestFeatures
 
 __all__ = [
     "OPERATOR_FIELDS", "ClientPriorityMode", "ClientSaltMode", "ParsedBody",
-    "drop_operator_fields", "parse_body", "prompt_chars", "rewrite_body",
+    "drop_operator_fields", "lax_bool", "parse_body", "prompt_chars", "rewrite_body",
 ]
 
 ClientSaltMode = Literal["strip", "reject"]
@@ -33,6 +36,10 @@ ClientPriorityMode = Literal["drop", "keep"]
 # of disaggregated prefill, and free-form engine arguments. No tenant may set them unless its
 # tier says `operator_fields: true`.
 OPERATOR_FIELDS = ("request_id", "kv_transfer_params", "vllm_xargs")
+
+# pydantic's lax-mode strings for a bool (compared lower-cased, nothing stripped)
+_TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
+_FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
 
 # Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
@@ -72,11 +79,12 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` must be a non-empty string.", param="model")
-    stream = data.get("stream", False)
+    sent = data.get("stream")
+    stream = False if sent is None else lax_bool(sent)
     if stream is None:
-        stream = False
-    if not isinstance(stream, bool):
         raise BadRequest("`stream` must be a boolean.", param="stream")
+    if sent is not None and sent is not stream:
+        data["stream"] = stream  # as vLLM reads it
     if kind in USAGE_STREAM_KINDS:
         _check_stream_options(data.get("stream_options"))
     elif kind == "responses":  # routes the request (`previous_response_id`'s replica)
@@ -94,9 +102,30 @@ def _check_stream_options(options: Any) -> None:
     if not isinstance(options, dict):
         raise BadRequest("`stream_options` must be an object.", param="stream_options")
     usage = options.get("include_usage")
-    if usage is not None and not isinstance(usage, bool):
+    if usage is None:
+        return
+    read = lax_bool(usage)
+    if read is None:
         raise BadRequest("`stream_options.include_usage` must be a boolean.",
                          param="stream_options.include_usage")
+    options["include_usage"] = read  # as vLLM reads it (`rewrite_body` compares with True)
+
+
+def lax_bool(value: Any) -> bool | None:
+    """A JSON value read as pydantic reads a ``bool`` field in lax mode (vLLM's request
+    models): booleans, the numbers 0 and 1, and the strings ``true/false``, ``1/0``,
+    ``yes/no``, ``on/off``, ``t/f``, ``y/n`` in any case; None for anything else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return bool(value) if value in (0, 1) else None
+    if isinstance(value, str):
+        low = value.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+    return None
 
 
 def _text_len(value: Any) -> int:

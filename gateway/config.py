@@ -156,7 +156,8 @@ class UpstreamConfig(_Section):
     """Timeouts and retries toward the replicas. Defaults suit LLM traffic."""
 
     connect_timeout_s: Pos = 3.0
-    first_byte_timeout_s: Pos = 300.0  # until a stream's first SSE event (whole answers: total)
+    # until a stream's first SSE event, per try: then the next replica (whole answers: total)
+    first_byte_timeout_s: Pos = 300.0
     idle_timeout_s: Pos = 120.0  # between chunks once the answer has started
     total_timeout_s: Pos = 1800.0  # whole exchange; long generations take minutes
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries

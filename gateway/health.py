@@ -1,4 +1,4 @@
-"""Active health: poll every replica's `/health`, and learn served model names.
+"""Active health: poll every replica's `/health`, and learn served model names and context lengths.
 
 A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
 `Replica`; once an ejection's back-off has expired this poller keeps a replica that still fails
@@ -23,7 +23,7 @@ from gateway.config import HealthConfig
 from gateway.errors import REFUSED
 from gateway.pool import Pool, Pools
 from gateway.replicas import Replica
-from gateway.transport import TRANSPORT_ERRORS, refused
+from gateway.transport import TRANSPORT_ERRORS, connect_failure, refused
 
 __all__ = ["HealthMonitor"]
 
@@ -36,6 +36,8 @@ class HealthMonitor:
         self._cfg = cfg
         self._clock = clock
         self._refusals: set[str] = set()  # replicas whose refusal of the key was logged
+        # (replica, served name) asked for that model card's context length
+        self._carded: set[tuple[str, str | None]] = set()
 
     async def run(self) -> None:
         while True:
@@ -68,8 +70,10 @@ class HealthMonitor:
             return
         except TRANSPORT_ERRORS as exc:  # refused, reset: down now
             ok = False
-            reason = f"/health: {'cannot connect' if refused(exc) else type(exc).__name__}"
+            why = connect_failure(exc, replica.url) if refused(exc) else type(exc).__name__
+            reason = f"/health: {why}"
         if not ok:
+            replica.reason = reason
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
                                                    "reason": reason})
@@ -83,11 +87,15 @@ class HealthMonitor:
             log.info("replica answers /health again",
                      extra={"pool": pool.name, "replica": replica.id})
             replica.probe_recovered()
-        if pool.served_model is None:
+        if pool.served_model is None or (
+                pool.max_model_len is None
+                and (replica.id, pool.served_model) not in self._carded):
             await self._learn_model(pool, replica)
 
     async def _learn_model(self, pool: Pool, replica: Replica) -> None:
-        """Quick form: the pool's served name is what its replicas list in /v1/models."""
+        """Quick form: the pool's served name is what its replicas list in /v1/models. Every
+        pool: its context length is the served model's card's ``max_model_len`` there (each
+        replica is asked once until one gives it; kvgate's own /v1/models shows it)."""
         try:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers
@@ -98,13 +106,25 @@ class HealthMonitor:
                 log.warning("replica refused the gateway's credentials (%d) on /v1/models: "
                             "set the pool's api_key_env to its --api-key", status,
                             extra={"pool": pool.name, "replica": replica.id})
+            self._carded.add((replica.id, pool.served_model))
             models = orjson.loads(body)["data"] if status == 200 else []
             name = models[0]["id"] if models else None
         except TRANSPORT_ERRORS:
             return
         except (ValueError, KeyError, IndexError, TypeError):
             return
+        _learn_context(pool, name if pool.served_model is None else pool.served_model, models)
         if isinstance(name, str) and pool.served_model is None:
             pool.served_model = name
             self._pools.refresh_public()
             log.info("learned served model", extra={"pool": pool.name, "model": name})
+
+
+def _learn_context(pool: Pool, served: object, cards: object) -> None:
+    """The pool's ``max_model_len`` from the card of its served model, when it has one."""
+    for card in cards if isinstance(cards, list) else ():
+        if isinstance(card, dict) and card.get("id") == served:
+            length = card.get("max_model_len")
+            if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+                pool.max_model_len = length
+            return

@@ -14,7 +14,14 @@ returns a subclass that
 - answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
   are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
   ``Content-Length``/``Transfer-Encoding``, TLS or HTTP/2 spoken to the plain port);
+- gives each of those refusals the CORS headers kvgate's other answers carry
+  (``Access-Control-Allow-Origin``, ...) when the request's ``Origin`` arrived before the
+  refusal and is allowed (`server.cors_*`, never on the admin port: the app's `refusal_cors`),
+  so a browser client sees the status instead of an opaque network error;
 - sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs);
+- sends a ``Date`` header on every answer (RFC 9110 8.6.1: an origin server with a clock
+  SHOULD), computed once a second; uvicorn's own (``date_header``) stays off, as does its
+  ``Server: uvicorn`` (kvgate names no software in its answers);
 - puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
   resets the connection and marks the request disconnected, so an app that gives up on an
   unfinished response (a client that stopped reading) returns without uvicorn's ERROR line.
@@ -28,7 +35,10 @@ import asyncio
 import contextlib
 import functools
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, cast
 
 import httptools
@@ -40,7 +50,9 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gateway.errors import error_body
 
-__all__ = ["ABORT", "HttpLimits", "abort_client", "guarded_protocol"]
+__all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
+
+Header = tuple[bytes, bytes]
 
 ABORT = "kvgate.abort"  # the scope extension holding a request's abort callable
 
@@ -66,6 +78,19 @@ _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 
 
+_date: tuple[int, list[Header]] = (0, [])
+
+
+def date_header() -> list[Header]:
+    """``[(b"date", <IMF-fixdate of now>)]``, the same list object within a second (uvicorn
+    copies its default headers into each answer; nothing mutates it)."""
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, [(b"date", formatdate(now, usegmt=True).encode())])
+    return _date[1]
+
+
 class _TooManyHeaders(Exception):
     """Too many or too large request headers: raised from a parser callback to stop parsing
     at once."""
@@ -79,6 +104,13 @@ class NoDelayHttpTools(HttpToolsProtocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         super().connection_made(transport)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None:  # every answer gets a Date (uvicorn's `date_header` is off)
+            extra = cycle.default_headers
+            cycle.default_headers = [*date_header(), *extra] if extra else date_header()
 
 
 class GuardedHttpTools(NoDelayHttpTools):
@@ -94,6 +126,7 @@ class GuardedHttpTools(NoDelayHttpTools):
     _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _refused = False
+    _origin: bytes | None = None  # the current request's Origin header, once parsed
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -121,6 +154,8 @@ class GuardedHttpTools(NoDelayHttpTools):
             self.logger.debug("upgrade request answered as plain HTTP")
             return
         except httptools.HttpParserError:
+            if self._origin is None:  # the parser hands a header over only once it ended
+                self._origin = _scan_origin(data)
             if self._header_count > self.limits.max_headers:
                 self._refuse(431, f"More than {self.limits.max_headers} request headers.")
             elif self._parsed_bytes > self.limits.max_header_bytes:
@@ -141,6 +176,8 @@ class GuardedHttpTools(NoDelayHttpTools):
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) == 6 and name.lower() == b"origin":  # for a refusal's CORS headers
+            self._origin = value
         self._header_count += 1
         self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
         if (self._header_count > self.limits.max_headers
@@ -162,6 +199,7 @@ class GuardedHttpTools(NoDelayHttpTools):
         self._disarm()
         self._in_headers = True  # the next request's headers (its timer starts with its data)
         self._header_bytes = self._header_count = self._parsed_bytes = 0
+        self._origin = None
         super().on_message_complete()
 
     # -- timers and refusals -------------------------------------------------------------
@@ -211,10 +249,11 @@ class GuardedHttpTools(NoDelayHttpTools):
         self._refused = True
         kind = _KINDS[status]
         body = error_body(message, kind, status)
+        extra = b"".join(k + b": " + v + b"\r\n" for k, v in [*date_header(), *self._cors()])
         self.transport.write(b"".join([
             STATUS_LINE[status], b"content-type: application/json\r\n",
             b"content-length: ", str(len(body)).encode(), b"\r\n", b"connection: close\r\n",
-            b"\r\n", body,
+            extra, b"\r\n", body,
         ]))
         if self.transport.can_write_eof():
             self.transport.write_eof()
@@ -222,6 +261,28 @@ class GuardedHttpTools(NoDelayHttpTools):
         else:
             self.transport.close()
         self.logger.info("request refused: %s", message)
+
+
+    def _cors(self) -> list[Header]:
+        """The CORS headers for the refused request's ``Origin``, asked of the app served
+        (`GatewayApp.refusal_cors`: its `server.cors_*`, none on the admin port)."""
+        origin = self._origin
+        find: Callable[[bytes, int | None], list[Header] | None] | None = getattr(
+            self.config.app, "refusal_cors", None)
+        if origin is None or find is None:
+            return []
+        local = self.server
+        return find(origin, local[1] if local else None) or []
+
+
+def _scan_origin(data: bytes) -> bytes | None:
+    """The value of an ``Origin:`` header line in `data` (bytes that failed to parse)."""
+    start = data.lower().find(b"\norigin:")
+    if start < 0:
+        return None
+    end = data.find(b"\n", start + 1)
+    value = data[start + 8: end if end >= 0 else len(data)].strip()
+    return value or None
 
 
 def guarded_protocol(limits: HttpLimits) -> type[GuardedHttpTools]:

@@ -12,6 +12,7 @@ requests finish, and `reap` hands it back once idle so the app can forget it.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -24,7 +25,8 @@ __all__ = ["Pool", "PoolChanges", "Pools"]
 
 
 class Pool:
-    __slots__ = ("budget", "by_id", "headers", "name", "replicas", "served_model", "transport")
+    __slots__ = ("budget", "by_id", "headers", "max_model_len", "name", "replicas",
+                 "served_model", "transport")
 
     def __init__(
         self, name: str, served_model: str | None, replicas: list[Replica],
@@ -32,6 +34,8 @@ class Pool:
     ) -> None:
         self.name = name
         self.served_model = served_model
+        # the context length its replicas' /v1/models card gives (`HealthMonitor`), if known
+        self.max_model_len: int | None = None
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
         self.transport = transport
@@ -79,6 +83,9 @@ class Pools:
         for name, pc in self.doc.pools.items():
             self.by_name[name] = self._new_pool(name, pc)
         self.public: dict[str, Pool] = {}
+        # model name (public or served) -> when this gateway first knew it, unix seconds: the
+        # `created` of its /v1/models card
+        self.seen: dict[str, int] = {}
         self.refresh_public()
 
     def _new_pool(self, name: str, pc: PoolConfig) -> Pool:
@@ -104,6 +111,8 @@ class Pools:
                 continue
             pool = found
             if pc.served_model is not None:
+                if pc.served_model != pool.served_model:
+                    pool.max_model_len = None  # another model's: learned again
                 pool.served_model = pc.served_model
             if not pc.discovery:  # a discovered pool's replicas come from discovery only
                 self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)
@@ -153,6 +162,10 @@ class Pools:
 
     def refresh_public(self) -> None:
         """Recompute public names (after a pool learned its served model name)."""
+        now = int(time.time())
+        for name in [*self.doc.models, *(p.served_model for p in self.by_name.values())]:
+            if name:
+                self.seen.setdefault(name, now)
         if self.doc.models:
             self.public = {}
             for model in self.doc.models:
@@ -161,6 +174,13 @@ class Pools:
                     self.public[model] = self.by_name[name]
         else:
             self.public = {p.served_model: p for p in self.by_name.values() if p.served_model}
+
+    def serving(self, model: str, doc: PolicyDoc, tier: str) -> Pool | None:
+        """The pool that serves public name `model` to `tier` under `doc`, if any."""
+        if doc.models:
+            name = doc.pool_for(model, tier)
+            return self.by_name.get(name) if name is not None else None
+        return self.public.get(model)
 
     def replicas(self) -> Iterator[Replica]:
         for pool in self.by_name.values():
@@ -173,10 +193,11 @@ class Pools:
 
     def not_ready(self, now: float) -> dict[str, str]:
         """The pools that cannot serve now, and why: no replica answered yet (its served
-        model is not known) or none is usable."""
+        model is not known) or none is usable; with why its replicas were last found down
+        (``127.0.0.1:8001: cannot connect``, ``r.svc:8000: cannot resolve host r.svc``)."""
         return {
-            p.name: "no healthy replica" if p.served_model
-            else "served model not known yet (no replica answered)"
+            p.name: ("no healthy replica" if p.served_model
+                     else "served model not known yet (no replica answered)") + _why(p)
             for p in self.by_name.values()
             if not (p.served_model and any(r.available(now) for r in p.replicas))
         }
@@ -184,3 +205,9 @@ class Pools:
     async def close(self) -> None:
         for pool in [*self.by_name.values(), *self.retired]:
             await pool.transport.close()
+
+
+def _why(pool: Pool) -> str:
+    """`` (replica: reason; ...)`` for the replicas of `pool` with a known down reason."""
+    known = [f"{r.id}: {r.reason}" for r in pool.replicas if r.reason]
+    return f" ({'; '.join(known)})" if known else ""

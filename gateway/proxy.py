@@ -7,7 +7,8 @@ snapshot, rewrite the body, ask the router), then try the decision's replica and
 fallbacks. The admission is settled with the real usage in a ``finally``. A connect error, a
 reset or one of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the
 client* (also an answer cut after its headers, a 200 that is not JSON or not the stream asked
-for, a stream failing before its first event: `Relay.relay`) moves on to the next replica
+for, a stream failing before its first event: `Relay.relay`; a stream with no event within
+the first-byte timeout, which is per try: `Canceller.retry_first_byte`) moves on to the next replica
 (bounded by `max_attempts` and the pool's retry budget; a budget that runs out is a 503 with
 Retry-After).
 Once a streamed response has started, a failure ends it with an SSE error event and
@@ -39,6 +40,7 @@ from gateway.errors import (
     ReplicaRefused,
     RetryBudgetExhausted,
     UpstreamError,
+    UpstreamTimeout,
 )
 from gateway.flow import until_disconnect
 from gateway.httpguard import abort_client
@@ -52,7 +54,7 @@ from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
-from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, refused
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from routing.router import Router
 from routing.types import Decision
 
@@ -214,9 +216,11 @@ class Proxy:
             except TRANSPORT_ERRORS as exc:
                 if refused(exc):  # nothing listens there: down now, not after N requests
                     replica.mark_down(self._clock())
+                    why = replica.reason = connect_failure(exc, replica.url)
                 else:
                     replica.record_failure(self._clock())
-                log.info("replica did not answer", extra={"replica": replica.id})
+                    why = type(exc).__name__
+                log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
             if (resp.status in self._retry and not last) or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
@@ -240,6 +244,15 @@ class Proxy:
                     raise
                 return exc
             return None
+        except asyncio.CancelledError:
+            # a first-byte timeout cuts this try only: nothing reached the client, so another
+            # replica may answer (the `finally` drops the connection: the replica aborts it)
+            if last or req.sse or not req.ctl.retry_first_byte():
+                raise
+            replica.record_failure(self._clock())
+            log.info("replica sent nothing in time", extra={"replica": replica.id})
+            return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
+                                   reason="first_byte")
         finally:
             if not lease.answered:
                 self._router.record_failure(replica.id, req.features, self._clock())
@@ -264,7 +277,7 @@ class Proxy:
         exc = cut_error(reason)
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
-        if reason == "idle" and req.target is not None:
+        if reason in ("idle", "first byte") and req.target is not None:
             req.target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status

@@ -52,7 +52,7 @@ class Replica:
     __slots__ = (
         "_policy", "attempts", "busy_streak", "busy_until", "down", "draining", "ejected_until",
         "ejections", "failed", "failures", "hit_ratio", "id", "inflight", "inflight_prefill",
-        "inflight_prefill_tokens", "pool", "refusal_warned", "scraped", "scraped_at",
+        "inflight_prefill_tokens", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "state", "url", "watch",
     )
 
@@ -78,6 +78,9 @@ class Replica:
         self.ejections = 0
         self.ejected_until = 0.0
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
+        # why it was last found down ("cannot resolve host NAME", "/health answered 503"), for
+        # the pools' not-ready reasons; None once it answers again
+        self.reason: str | None = None
         self.slow_probes = 0  # consecutive /health probes that timed out
         self.busy_until = 0.0  # answered busy (503): no new picks before this time
         self.busy_streak = 0
@@ -155,12 +158,14 @@ class Replica:
         (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
         on its own, or one that fails every request would be readmitted every back-off.)"""
         self.down = False
+        self.reason = None
         if self.state == EJECTED:
             self.state = HALF_OPEN
 
     def record_success(self) -> None:
         self.failures = 0
         self.down = False
+        self.reason = None
         if self.state != HEALTHY:
             self.state = HEALTHY
             self.ejections = 0

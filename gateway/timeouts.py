@@ -10,7 +10,10 @@ total timeout bounds its wait: a first-byte deadline would cut (and the SDK retr
 legitimate generation longer than it. From then on the idle timeout between chunks. The timer
 is lazy: a streamed chunk only stores the time (`touch`); the callback re-arms itself until a
 deadline really passed, and it is moved earlier once when the answer starts, so a stall after a
-few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. A stream whose idle
+few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. The first-byte
+timeout is per try: when it cuts an attempt that sent the client nothing, the handler may take
+the cut back (`retry_first_byte`) and try another replica, its first-byte clock started anew
+(the total one goes on). A stream whose idle
 deadline passes while kvgate is blocked handing a chunk to the client (`writing`: the client
 stopped reading and its socket is full) is the client's stall, not the replica's: reason
 ``"client"``.
@@ -36,6 +39,7 @@ class Canceller:
         "_first",
         "_first_s",
         "_handle",
+        "_later",
         "_loop",
         "_start",
         "_task",
@@ -61,6 +65,7 @@ class Canceller:
         self.done = False  # the response is complete: nothing may cancel any more
         # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
         self.reason: str | None = None
+        self._later: str | None = None  # a reason that fired after `reason` (kept for a retry)
         self.writing = False  # a chunk is being handed to the client (set by the relay)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
             self._start + min(self._first_s, cfg.total_timeout_s), self._check
@@ -78,6 +83,21 @@ class Canceller:
         """A new upstream attempt: the first-byte clock restarts (the total one does not)."""
         self._attempt = self._loop.time()
         self._first = True
+
+    def retry_first_byte(self) -> bool:
+        """Take back a first-byte cut so the handler can try another replica (the caller
+        checked that nothing reached the client): False when the cut had another reason.
+        The attempt's own first-byte clock starts now; the total deadline stays."""
+        if self.reason != "first byte" or self.done:
+            return False
+        if self._later is not None:  # the client left, or shutdown came, meanwhile: no retry
+            self.reason = self._later
+            return False
+        self.reason = None
+        self._task.uncancel()
+        self.attempt_started()
+        self._rearm()
+        return True
 
     def headers_received(self) -> None:
         """A non-streamed answer's headers: the answer has started."""
@@ -121,7 +141,10 @@ class Canceller:
             self._handle = self._loop.call_at(deadline, self._check)
 
     def fire(self, reason: str) -> None:
-        if self.done or self.reason is not None:
+        if self.done:
+            return
+        if self.reason is not None:
+            self._later = self._later or reason  # the first cut may be taken back
             return
         self.reason = reason
         self._task.cancel()

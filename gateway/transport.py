@@ -22,6 +22,7 @@ import errno
 import socket
 from collections.abc import Callable
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -29,7 +30,7 @@ from gateway.h1 import H1Pool
 
 __all__ = [
     "TRANSPORT_ERRORS", "ReplicaTransport", "Transport", "TransportFactory", "UpstreamResponse",
-    "default_transport", "refused",
+    "connect_failure", "default_transport", "refused",
 ]
 
 # What a failed exchange raises: connect errors, resets, protocol errors, bad payloads.
@@ -47,6 +48,16 @@ def refused(exc: BaseException) -> bool:
     if isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError | socket.gaierror):
         return True
     return isinstance(exc, OSError) and exc.errno in UNREACHABLE
+
+
+def connect_failure(exc: BaseException, url: str) -> str:
+    """Why nothing could be connected to at `url`, for logs and reasons: ``"cannot resolve
+    host NAME"`` when its host name did not resolve (a typo, a Service not there yet), else
+    ``"cannot connect"``."""
+    cause = getattr(exc, "os_error", exc)  # aiohttp wraps the resolver's error
+    if isinstance(exc, socket.gaierror) or isinstance(cause, socket.gaierror):
+        return f"cannot resolve host {urlsplit(url).hostname}"
+    return "cannot connect"
 
 
 class UpstreamResponse(Protocol):

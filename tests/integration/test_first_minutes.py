@@ -18,7 +18,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, wait_for
 from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -308,5 +308,11 @@ def test_one_dead_pool_keeps_the_gateway_ready_and_says_which(sim_factory: SimFa
     gw, base = gateway_proc(config={"pools": {"gone": {"replicas": [dead]}}}, ready=False)
     with gw:
         doc = httpx.get(f"{base}/readyz")
-        assert doc.status_code == 503 and doc.json()["not_ready"] == {
-            "gone": "served model not known yet (no replica answered)"}
+        assert doc.status_code == 503
+        assert doc.json()["not_ready"]["gone"].startswith(
+            "served model not known yet (no replica answered)")
+        # and why, once the health monitor tried it
+        why = f"served model not known yet (no replica answered) ({dead[7:]}: /health: " \
+              "cannot connect)"
+        wait_for(lambda: httpx.get(f"{base}/readyz").json()["not_ready"] == {"gone": why},
+                 what="the replica's down reason")

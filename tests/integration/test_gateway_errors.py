@@ -38,7 +38,7 @@ def assert_openai_error(resp: httpx.Response, status: int, param: str | None = N
         (b"[1, 2, 3]", 400, None),
         (b'{"messages": []}', 400, "model"),
         (b'{"model": 42, "messages": []}', 400, "model"),
-        (b'{"model": "sim-model", "stream": "yes", "messages": []}', 400, "stream"),
+        (b'{"model": "sim-model", "stream": "maybe", "messages": []}', 400, "stream"),
         (b'{"model": "no-such-model", "messages": []}', 404, "model"),
         (b'{"model": "sim-model", "prompt": "' + b"x" * 5000 + b'"}', 413, None),
     ],

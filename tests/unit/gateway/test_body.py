@@ -1,5 +1,6 @@
 """Request parsing and rewriting: parsed once, only `model`/`stream_options`/`cache_salt`/
-`priority` change."""
+`priority` change (and `stream`/`include_usage` given as vLLM's lax pydantic reads them become
+JSON booleans)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import orjson
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from gateway.body import parse_body, prompt_chars, rewrite_body
 from gateway.errors import BadRequest
@@ -30,11 +32,12 @@ def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes,
         (b'{"messages": []}', "model"),
         (b'{"model": 7}', "model"),
         (b'{"model": ""}', "model"),
-        (b'{"model": "m", "stream": "yes"}', "stream"),
+        (b'{"model": "m", "stream": "maybe"}', "stream"),
+        (b'{"model": "m", "stream": 2}', "stream"),
         # the gateway rewrites stream_options: a malformed one was silently replaced, and a
         # truthy non-boolean include_usage was answered without the usage the client asked for
         (b'{"model": "m", "stream": true, "stream_options": "x"}', "stream_options"),
-        (b'{"model": "m", "stream": true, "stream_options": {"include_usage": "yes"}}',
+        (b'{"model": "m", "stream": true, "stream_options": {"include_usage": "sure"}}',
          "stream_options.include_usage"),
     ],
 )
@@ -225,3 +228,46 @@ def test_integers_beyond_64_bits_are_refused(literal: bytes, wide: bool) -> None
             parse_body(raw, "completions")
     else:
         assert parse_body(raw, "completions").data["seed"] == orjson.loads(literal)
+
+
+class _VllmLike(BaseModel):
+    """vLLM's request models declare ``stream: bool | None = False`` (lax pydantic)."""
+
+    stream: bool | None = False
+
+
+LAX_CANDIDATES: list[object] = [
+    True, False, 0, 1, 2, -1, 0.0, 1.0, 0.5, "true", "false", "True", "FALSE", "1", "0", "yes",
+    "no", "on", "off", "t", "f", "y", "n", "Y", "On", " true", "true ", "", "2", "1.0", "tru",
+    "none", "null", [], {}, [True], {"a": 1},
+]
+
+
+@pytest.mark.parametrize("value", LAX_CANDIDATES, ids=repr)
+def test_stream_is_read_as_vllms_pydantic_models_read_it(value: object) -> None:
+    """What vLLM takes for `stream` (and `include_usage`) kvgate takes, with the same
+    meaning, forwarded as a JSON boolean; what vLLM refuses is kvgate's 400."""
+    try:
+        expected = _VllmLike.model_validate({"stream": value}).stream
+    except ValidationError:
+        expected = None
+    raw = orjson.dumps({"model": "m", "prompt": "x", "stream": value,
+                        "stream_options": {"include_usage": value}})
+    if expected is None:
+        with pytest.raises(BadRequest) as info:
+            parse_body(raw, "completions")
+        assert info.value.param == "stream"
+        with pytest.raises(BadRequest) as info:
+            parse_body(orjson.dumps({"model": "m", "stream_options": {"include_usage": value}}),
+                       "completions")
+        assert info.value.param == "stream_options.include_usage"
+        return
+    parsed = parse_body(raw, "completions")
+    assert parsed.stream is expected
+    out, strip = rewrite_body(parsed, "completions", "m", **NO_AUTH)
+    sent = orjson.loads(out)
+    assert sent["stream"] is expected
+    if expected:  # the usage chunk is stripped only when the client did not ask for it
+        assert sent["stream_options"]["include_usage"] is True and strip is False
+    else:
+        assert sent["stream_options"]["include_usage"] is False

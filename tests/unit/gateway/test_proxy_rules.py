@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -184,6 +185,24 @@ def test_a_refused_replica_fails_over_and_is_taken_out() -> None:
         assert posts[1] == B
 
 
+def test_an_unresolvable_replica_is_named_so_and_fails_over(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The resolver's error (`socket.gaierror`, as asyncio raises it for a name that does not
+    resolve): down at once like a refused connection, and the log line says why."""
+    def unresolvable() -> Behaviour:
+        async def answer() -> FakeResponse:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return answer
+
+    with caplog.at_level(logging.INFO, logger="gateway.proxy"):
+        answers, posts = _run({A: unresolvable(), B: ok()}, [REQ] * 4)
+    assert all(code == 200 for code, _ in answers) and posts.count(A) == 1
+    reasons = [getattr(r, "reason", None) for r in caplog.records
+               if r.getMessage() == "replica did not answer"]
+    assert reasons == ["cannot resolve host 127.0.0.1"]
+
+
 def test_busy_everywhere_passes_the_last_answer_through() -> None:
     answers, posts = _run({A: status(503), B: status(503)}, [REQ])
     assert answers[0][0] == 503
@@ -198,21 +217,22 @@ def test_a_client_error_is_not_retried() -> None:
 
 
 @pytest.mark.parametrize(
-    ("request_body", "upstream"),
+    ("request_body", "upstream", "tries"),
     [
-        ({**REQ, "stream": True}, {"first_byte_timeout_s": 0.2}),
+        # the first-byte timeout is per try: each replica is tried, then 504
+        ({**REQ, "stream": True}, {"first_byte_timeout_s": 0.2}, 2),
         # a whole answer comes after its last token: the total timeout bounds its wait
-        (REQ, {"first_byte_timeout_s": 0.05, "total_timeout_s": 0.3}),
+        (REQ, {"first_byte_timeout_s": 0.05, "total_timeout_s": 0.3}, 1),
     ],
     ids=["stream-first-byte", "whole-total"],
 )
-def test_no_first_byte_in_time_is_a_504_without_retry(
-    request_body: dict[str, object], upstream: dict[str, float],
+def test_no_first_byte_in_time_is_a_504(
+    request_body: dict[str, object], upstream: dict[str, float], tries: int,
 ) -> None:
     answers, posts = _run({A: hang(), B: hang()}, [request_body], upstream=upstream)
     code, body = answers[0]
     assert code == 504 and orjson.loads(body)["error"]["type"] == "GatewayTimeoutError"
-    assert len(posts) == 1
+    assert len(posts) == tries and len(set(posts)) == tries
 
 
 def test_a_stream_reset_after_the_first_byte_ends_the_stream_with_an_error() -> None:

@@ -1,0 +1,100 @@
+"""The first-byte timeout is per try: a replica that takes a stream and then sends nothing (a
+hung engine) is dropped after `upstream.first_byte_timeout_s` and another replica answers,
+with real simulators, a real gateway and the official openai client. The hung try is counted
+against its replica, its connection is closed (the replica aborts the request), and no
+counter is left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import httpx
+import openai
+
+from tests.support.gateway import admin_client, gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import Proc
+
+MODEL = "sim-model"
+ADMIN = "first-byte-admin-0123456789"
+SimFactory = Callable[..., tuple[Proc, str]]
+
+
+def set_faults(sim: str, **faults: object) -> None:
+    httpx.post(f"{sim}/sim/faults", json=faults).raise_for_status()
+
+
+def sim_stats(sim: str) -> dict[str, float]:
+    data: dict[str, float] = httpx.get(f"{sim}/sim/stats").json()
+    return data
+
+
+def test_a_hung_replica_is_retried_elsewhere_before_the_first_byte(
+    sim_factory: SimFactory,
+) -> None:
+    (_, hung), (_, good) = sim_factory("--time-scale", "1"), sim_factory("--time-scale", "50")
+    set_faults(hung, hang_after_tokens=0)  # takes the stream, never sends an event
+    gw, base = gateway_proc(upstreams=[hung, good], args=["--policy", "round_robin"], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_ADMIN_TOKEN": ADMIN,
+        "KVGATE_HEALTH__INTERVAL_S": "60", "KVGATE_HEALTH__EJECT_BASE_S": "60",
+        "KVGATE_HEALTH__EJECT_MAX_S": "60", "KVGATE_HEALTH__FAILURE_THRESHOLD": "2",
+        "KVGATE_FLOW__ENABLED": "true"})
+    with gw:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        routes = []
+        for i in range(4):
+            raw = c.chat.completions.with_raw_response.create(
+                model=MODEL, messages=[{"role": "user", "content": f"story {i}"}],
+                max_tokens=400, stream=True)
+            text = "".join(chunk.choices[0].delta.content or ""
+                           for chunk in raw.parse() if chunk.choices)
+            assert text, "answered by the other replica"
+            assert raw.headers["x-kvgate-replica"].endswith(good[len("http://"):])
+            routes.append(raw.headers["x-kvgate-route"])
+        assert "retry" in routes  # at least the first pick was the hung one
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        assert any('reason="first_byte"' in k for k in retries), retries
+        hung_key = f'{{pool="default",replica="{hung[len("http://"):]}"}}'
+        assert metric_values(base, "kvgate_replica_failures_total")[hung_key] >= 2
+        # two first-byte timeouts in a row (failure_threshold 2) took it out of rotation
+        assert metric_values(base, "kvgate_replica_healthy")[hung_key] == 0.0
+        # the hung tries' connections were closed: the replica aborted what it still ran
+        wait_for(lambda: sim_stats(hung)["in_flight"] == 0, what="the hung replica aborts")
+        seen = sim_stats(hung)
+        assert seen["received"] >= 2 and seen["aborted"] >= 1, seen
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        with admin_client(base, ADMIN) as admin:
+            pool = admin.get("/replicas").json()["data"][0]
+        for r in pool["replicas"]:
+            assert (r["inflight"], r["inflight_prefill"]) == (0, 0), r
+        # flow control: nothing queued, nothing held as if the hung tries were still running
+        assert pool["flow"]["queued"] == 0 and pool["flow"]["saturated"] is False, pool
+
+
+def test_every_replica_hung_is_a_504_after_max_attempts(sim_factory: SimFactory) -> None:
+    sims = [sim_factory("--time-scale", "1")[1] for _ in range(3)]
+    for sim in sims:
+        set_faults(sim, hang_after_tokens=0)
+    gw, base = gateway_proc(upstreams=sims, env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.4", "KVGATE_UPSTREAM__MAX_ATTEMPTS": "2",
+        "KVGATE_HEALTH__INTERVAL_S": "60"})
+    with gw:
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 400, "stream": True}
+        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+        assert resp.status_code == 504, resp.text
+        assert resp.json()["error"]["type"] == "GatewayTimeoutError"
+        attempts = metric_values(base, "kvgate_replica_attempts_total")
+        assert sum(attempts.values()) == 2  # max_attempts, not every replica
+        assert sum(metric_values(base, "kvgate_replica_failures_total").values()) == 2
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        wait_for(lambda: all(sim_stats(s)["in_flight"] == 0 for s in sims),
+                 what="the replicas abort")
+        # the total timeout stays the bound of the whole request: no new try past it
+    gw, base = gateway_proc(upstreams=sims, env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.4",
+        "KVGATE_UPSTREAM__TOTAL_TIMEOUT_S": "0.6", "KVGATE_HEALTH__INTERVAL_S": "60"})
+    with gw:
+        resp = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+        assert resp.status_code == 504, resp.text
+        assert "total timeout" in resp.json()["error"]["message"]
+        assert sum(metric_values(base, "kvgate_replica_attempts_total").values()) == 2
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
