@@ -55,11 +55,9 @@ class Unresolvable:
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         raise self._exc
 
-    async def open(self, url: str, headers: dict[str, str]) -> UpstreamResponse:
-        raise self._exc
-
-    async def call(self, method: str, url: str, timeout_s: float,
-                   headers: dict[str, str]) -> tuple[int, str, bytes]:
+    async def open(
+        self, url: str, headers: dict[str, str], method: str = "GET",
+    ) -> UpstreamResponse:
         raise self._exc
 
     async def close(self) -> None:
