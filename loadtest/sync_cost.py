@@ -118,7 +118,7 @@ class _PubSub:
 
     async def stop(self) -> None:
         self.task.cancel()
-        await self.sub.aclose()  # type: ignore[no-untyped-call]
+        await self.sub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
         await self.redis.aclose()
 
 

@@ -218,7 +218,7 @@ class RedisStore(TenantStore):
                 backoff = min(RETRY_MAX_S, backoff * 2)
             finally:
                 with contextlib.suppress(RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
     async def _run(self, name: str, keys: list[str], args: list[Any], change: Change) -> int:
         message = json.dumps({"kind": change.kind, "id": change.id})
