@@ -23,8 +23,11 @@ answered feeds the replica's health (`judge`):
 - a 200 that is not JSON, or not the stream the client asked for: a failure, retried
   elsewhere (nothing reached the client yet), else a 502;
 - a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
-  failure, never forwarded; before the stream reached the client it is retried elsewhere,
-  after it the stream ends with a 502 error event and ``[DONE]`` (as a stream cut short);
+  failure, never forwarded; before the stream reached the client (its head goes out with the
+  first read that holds events; good events before the bad one in that read are not sent) it
+  is retried elsewhere (`unstarted_failure`), after it the stream ends with a 502 error event
+  and ``[DONE]`` (as a stream cut short); so is a first read holding vLLM's error event of
+  code >= 500 (its engine failed before answering);
 - anything else: a success.
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
@@ -59,7 +62,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "judge", "read_whole",
-           "served", "stream_error", "stream_failure"]
+           "served", "stream_error", "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +138,24 @@ def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
     if scanner.oversized:
         return AnswerTooLarge(limit)
     return UpstreamError(MALFORMED, reason="malformed")
+
+
+def unstarted_failure(
+    scanner: StreamScanner, limit: int, *, error_events: bool = True,
+) -> KvgateError | None:
+    """The failure a stream's read shows while its head has not gone out (nothing reached
+    the client): a bad event (`stream_failure`), even after good ones in the same read (they
+    are not sent: the client gets the 502 JSON, and the HTTP edge another replica first,
+    rather than those events and an error event), or -- `error_events`, a proxied stream --
+    vLLM's error event of code >= 500 (its engine failed before answering). None: the read
+    can go out. Both edges, proxied and stored streams."""
+    if scanner.malformed:
+        return stream_failure(scanner, limit)
+    code = scanner.error_code
+    if error_events and code is not None and code >= 500:
+        return UpstreamError(f"The replica's answer was an error ({code}).",
+                             reason="error_event")
+    return None
 
 
 def _total(usage: dict[str, int]) -> int:
@@ -250,22 +271,19 @@ class Relay:
         last_sent = 0.0
         answered = False
         want_id = req.kind == "responses"
+        limit = self._cfg.upstream.max_answer_bytes
         chunk = await resp.read_chunk()
         while chunk:
             received = perf_counter()
             out = scanner.feed(chunk)
-            if scanner.malformed and not req.sse:  # nothing reached the client: retry it
-                if scanner.oversized:  # (not this: another replica's would be as large)
-                    raise AnswerTooLarge(self._cfg.upstream.max_answer_bytes)
-                replica.record_failure(self._clock())
-                raise UpstreamError(MALFORMED, reason="malformed")
+            if not req.sse and (failure := unstarted_failure(scanner, limit)) is not None:
+                # nothing reached the client: another replica may answer it, except when
+                # it is too large (another replica's would be as large)
+                if not scanner.oversized:
+                    replica.record_failure(self._clock())
+                raise failure
             if out:
                 if not req.sse:
-                    code = scanner.error_code
-                    if code is not None and code >= 500:  # vLLM's engine died in prefill
-                        replica.record_failure(self._clock())
-                        raise UpstreamError(f"The replica's answer was an error ({code}).",
-                                            reason="error_event")
                     await self._start(send, req, resp)
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
                     ctl.writing = True

@@ -18,7 +18,7 @@ from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
 from routing.types import RequestFeatures
 
-__all__ = ["ProxiedRequest", "read_body", "scan_headers"]
+__all__ = ["ProxiedRequest", "read_body", "request_id", "scan_headers"]
 
 
 class ProxiedRequest:
@@ -129,6 +129,12 @@ def scan_headers(
             token = parse_bearer(value.decode("latin-1"))
         elif key == b"origin":
             origin = value
-    if not req_id or len(req_id) > 128 or not req_id.isascii():
-        req_id = new_id()
-    return req_id, declared, token, origin
+    return request_id(req_id, new_id), declared, token, origin
+
+
+def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
+    """The client's X-Request-Id when sane (1 to 128 ASCII bytes), else a new one (both
+    edges, on every answer)."""
+    if not sent or len(sent) > 128 or not sent.isascii():
+        return new_id()
+    return sent

@@ -17,10 +17,12 @@ first-byte / idle / total timeouts, and dropped upstream when the client leaves.
 events only for a response created with ``background`` and ``stream`` both true; for another
 one it sends the stream's head and then breaks the connection: kvgate answers that (and any
 stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
-a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream); a
-stream cut later, or with an event that is not JSON, ends with an error event as a proxied
-one does. ``HEAD`` with ``?stream=true`` is the stream's head at its first event (the endpoint
-picker answers it with `stream_head`).
+a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream) and a
+first read holding an event that is not JSON or too large (good events before it included:
+the head has not gone out, `relay.unstarted_failure`); a stream cut later, or with an event
+that is not JSON, ends with an error event as a proxied one does. ``HEAD`` with
+``?stream=true`` is the stream's head at its first event (the endpoint picker answers it with
+`stream_head`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from gateway.errors import (
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import CUT_SHORT, read_whole, stream_error, stream_failure
+from gateway.relay import CUT_SHORT, read_whole, stream_error, stream_failure, unstarted_failure
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
@@ -298,6 +300,9 @@ class _Pipe:
         try:
             while chunk := await resp.read_chunk():
                 out = scanner.feed(chunk)
+                if not self.started and (failure := unstarted_failure(
+                        scanner, self._limit, error_events=False)) is not None:
+                    raise failure  # the events before it in this read are not sent
                 if out and not await self._events(out):
                     return False
                 if scanner.malformed:  # not JSON, or too large: not read on

@@ -61,9 +61,10 @@ from gateway.relay import (
     served,
     stream_error,
     stream_failure,
+    unstarted_failure,
 )
 from gateway.replicas import Lease, Replica
-from gateway.request import ProxiedRequest
+from gateway.request import ProxiedRequest, request_id
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.stored import (
@@ -114,12 +115,13 @@ class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
     __slots__ = ("_chunks", "_core", "_head", "_held", "_held_bytes", "_held_status", "_lease",
-                 "_pending", "_principal", "_scanner", "_size", "_stored", "_stream", "_subset",
-                 "order", "req", "sse")
+                 "_pending", "_principal", "_req_id", "_scanner", "_size", "_stored", "_stream",
+                 "_subset", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
         self.req: ProxiedRequest | None = None
+        self._req_id = b""  # the answer's x-request-id (a stored response's: no `req`)
         self._principal: Principal | None = None
         self._subset: Collection[str] | None = None
         self._chunks: list[bytes] = []
@@ -147,9 +149,10 @@ class Exchange:
     ) -> Sequence[pb.ProcessingResponse]:
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
-        path, query, method, token, req_id, declared = _scan(msg.request_headers.headers.headers)
+        path, query, method, token, sent_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
+            req_id = self._req_id = request_id(sent_id, core.new_id)
             if method == "HEAD":
                 return [await self._head_stored(path, query, req_id, token)]
             if declared is not None and declared > core.cfg.server.max_body_bytes:
@@ -166,9 +169,8 @@ class Exchange:
             self._pending = out
             return []
         if kind is None or method != "POST":
-            return [self._not_proxied(path, method, token)]
-        if not req_id or len(req_id) > 128 or not req_id.isascii():
-            req_id = core.new_id()
+            return [self._not_proxied(path, method, token)]  # (no x-request-id, as there)
+        req_id = self._req_id = request_id(sent_id, core.new_id)
         req = self.req = ProxiedRequest(path, kind, req_id, perf_counter())
         hint = wire.subset_hint(msg)
         self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
@@ -261,12 +263,12 @@ class Exchange:
         stored = self._core.stored
         try:
             if wants_stream(query):  # (the replica/route headers as configured)
-                status, sent, body = await stored.stream_head(
-                    path, query, req_id or self._core.new_id(), token)
+                status, sent, body = await stored.stream_head(path, query, req_id, token)
             else:
                 status, content_type, body, home = await stored.whole(
                     path, "HEAD", b"", token)
-                sent = [(b"content-type", content_type.encode("latin-1")), *stored.where(home)]
+                sent = [(b"content-type", content_type.encode("latin-1")),
+                        (b"x-request-id", req_id), *stored.where(home)]
         except KvgateError as exc:
             return self._refuse(exc)
         headers = [(k.decode(), v) for k, v in sent if k != b"content-length"]  # Envoy's
@@ -298,7 +300,8 @@ class Exchange:
         if self.req is not None:
             self.req.status = exc.status
             headers += [(k.decode(), v) for k, v in self.req.extra]
-            headers.append(("x-request-id", self.req.req_id))
+        if self._req_id:  # a proxied or stored request's (not kvgate's own pages)
+            headers.append(("x-request-id", self._req_id))
         return wire.immediate(exc.status, exc.body(), headers, f"kvgate_{exc.type_}")
 
     # -- the replica's lease ---------------------------------------------------------------
@@ -358,7 +361,6 @@ class Exchange:
         self._served_by(wire.served_endpoint(msg))
         req.status = status
         if sse and req.parsed.stream:
-            req.sse = True
             self._scanner = StreamScanner(req.strip, limit)
             return self._stream_head(self._headers(), end)
         return self._hold(status, headers, end)
@@ -411,10 +413,12 @@ class Exchange:
         return [*out, wire.trailers_response(request=False)]
 
     def _stored_headers(self) -> list[wire.Header]:
-        """The HTTP edge's replica/route headers of a stored answer (`StoredResponses.where`)."""
-        if self._stored is None:
-            return []
-        return [(k.decode(), v) for k, v in self._core.stored.where(self._stored)]
+        """The HTTP edge's headers of a stored answer: ``x-request-id``, the replica/route
+        headers (`StoredResponses.where`)."""
+        out: list[wire.Header] = [("x-request-id", self._req_id)]
+        if self._stored is not None:
+            out.extend((k.decode(), v) for k, v in self._core.stored.where(self._stored))
+        return out
 
     def _headers(self) -> list[wire.Header]:
         req, server = self.req, self._core.cfg.server
@@ -435,12 +439,19 @@ class Exchange:
         if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
             return ()
         out = scanner.feed(chunk) if chunk else b""
+        head = self._head
+        if head is not None:  # nothing went out yet: a failure is a JSON error, as the HTTP
+            limit = self._core.cfg.upstream.max_answer_bytes  # edge's (`unstarted_failure`)
+            failure = unstarted_failure(scanner, limit, error_events=req is not None)
+            if failure is not None:
+                return [self._unstarted(failure)]
+            if not out:
+                return [self._unstarted()] if end else ()
+            if req is not None:
+                req.sse = True  # the head goes out with these bytes
         if (out and lease is not None and req is not None
                 and not (out[:1] == b":" and comment_only(out))):
             self._event(out, lease, req)
-        head = self._head
-        if head is not None and not out:  # nothing went out: a JSON error, as the HTTP edge
-            return [self._unstarted()] if scanner.malformed or end else ()
         self._head = None
         if scanner.malformed:
             # an event that is neither JSON nor [DONE] (or larger than the bound): never
@@ -462,17 +473,17 @@ class Exchange:
         body = wire.body_responses(out, end) if out or end else []
         return [wire.headers_response(head), *body] if head is not None else body
 
-    def _unstarted(self) -> pb.ProcessingResponse:
-        """A stream that failed before its first bytes (its head held): the HTTP edge's 502
-        JSON instead of a 200 -- `AnswerTooLarge` for a first event past the bound, else the
-        event that is not JSON, or the stream that ended without one -- judged as there (a
-        failure, except the size: another replica's answer would be as large)."""
+    def _unstarted(self, failure: KvgateError | None = None) -> pb.ProcessingResponse:
+        """A stream that failed before its first bytes went out (its head held): the HTTP
+        edge's 502 JSON instead of a 200 -- `failure` (`unstarted_failure`: a first read with
+        an event past the bound or not JSON, or vLLM's error event of code >= 500), else the
+        stream that ended without an event -- judged as there (a failure, except the size:
+        another replica's answer would be as large). The events read before it are dropped,
+        as the HTTP edge never sends them."""
         scanner, req = self._scanner, self.req
         assert scanner is not None
         self._head = None
-        if scanner.malformed:
-            failure = stream_failure(scanner, self._core.cfg.upstream.max_answer_bytes)
-        else:
+        if failure is None:
             failure = UpstreamError(NO_EVENTS if req is None else NOT_STARTED)
         if not scanner.oversized:
             self._stream_ended(scanner, req, whole=False)

@@ -4,8 +4,10 @@ requests where they used to differ -- a JSON body sent under another content typ
 `previous_response_id` that is not a string, a stored response's cancel with a body over
 `server.max_body_bytes` (and its order against the key check), a stored response's event
 stream that breaks (`tests/support/bad_replica.py` as its replica) and its HEAD, answers past
-`upstream.max_answer_bytes` (proxied and stored), a stream that fails before its first event,
-and a replica that refuses kvgate's credentials or serves another model.
+`upstream.max_answer_bytes` (proxied and stored), a stream that fails before its first event
+or in its first read (vLLM's error event of code >= 500, a good event then one that is not
+JSON), a replica that refuses kvgate's credentials or serves another model, and the
+`x-request-id` of a stored response's answers.
 
 What reaches the replica is read from its own request log (`/sim/requests`), matched by the
 X-Request-Id the test sends.
@@ -506,3 +508,87 @@ def test_a_stored_answer_refused_by_the_replica_is_a_502(
         _client(bad[1][edge]).responses.retrieve(RID)
     assert err.value.body == _error(ReplicaRefused(401))
     assert err.value.response.headers["x-should-retry"] == "false"
+
+
+# -- a proxied stream whose first read fails -------------------------------------------------
+GOOD = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n'
+# vLLM's first event when its engine fails before answering
+ENGINE_ERROR = (b'data: {"error": {"message": "The engine failed.", "type": '
+                b'"InternalServerError", "param": null, "code": 500}}\n\n')
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize(
+    ("first", "message"),
+    [(ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500)."),
+     (GOOD + b"data: <html>Bad Gateway</html>\n\n", MALFORMED),
+     (GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500).")],
+    ids=["error-event", "good-then-malformed", "good-then-error-event"])
+def test_a_stream_failing_in_its_first_read_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, first: bytes,
+    message: str,
+) -> None:
+    """Nothing reaches the client before the stream's head goes out with its first events: a
+    first read holding vLLM's error event of code >= 500 (its engine failed), or an event that
+    is not JSON (after good ones too: none was sent yet), is the HTTP edge's 502 JSON (after
+    trying another replica), not a 200 and those events. The picker used to send a 200 and
+    the error event, or the good event and then the error event."""
+    replica.answer = sse_head() + chunked(first)
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err.value.status_code == 502
+    assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+    assert err.value.response.headers["x-request-id"]
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_failing_in_its_first_read_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """The same rule for a stored response's stream: a good first event and one that is not
+    JSON in the same read are the 502 JSON (the HTTP edge used to send the good one, then the
+    error event: its head went out before the read was checked)."""
+    replica.get_answer = sse_head() + chunked(CREATED + b"data: <html>Bad Gateway</html>\n\n")
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).responses.retrieve(RID, stream=True)
+    assert err.value.status_code == 502
+    assert err.value.body == {"message": MALFORMED, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+
+
+# -- x-request-id on every answer ------------------------------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_stored_answers_carry_the_request_id(edges: Edges, edge: str) -> None:
+    """A stored response's GET, HEAD, cancel and refusal carry `x-request-id` (the client's
+    when it sent a sane one), as proxied answers do (the picker left it out of them)."""
+    base = _base(edges, edge)
+    created = httpx.post(f"{base}/v1/responses", timeout=10,
+                         json={"model": MODEL, "input": "hi", "max_output_tokens": 2})
+    assert created.status_code == 200, created.text
+    assert created.headers["x-request-id"]
+    url = f"{base}/v1/responses/{created.json()['id']}"
+    asks = [("GET", url, 200), ("HEAD", url, 200), ("POST", f"{url}/cancel", 400),
+            ("GET", f"{base}/v1/responses/resp_unknown", 404), ("PUT", url, 405)]
+    for method, target, status in asks:
+        rid = f"stored-{uuid.uuid4().hex}"
+        resp = httpx.request(method, target, headers={"x-request-id": rid}, timeout=10)
+        assert resp.status_code == status, (method, target, resp.text)
+        assert resp.headers.get("x-request-id") == rid, (method, target, resp.headers)
+        resp = httpx.request(method, target, timeout=10)  # none sent: one is made
+        assert resp.headers.get("x-request-id"), (method, target, resp.headers)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_carries_the_request_id(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A stored response's event stream carries `x-request-id` too."""
+    replica.get_answer = sse_head() + chunked(CREATED, COMPLETED)
+    rid = f"stored-{uuid.uuid4().hex}"
+    with httpx.stream("GET", f"{bad[1][edge]}/v1/responses/{RID}?stream=true", timeout=10,
+                      headers={"x-request-id": rid}) as resp:
+        assert resp.status_code == 200
+        assert resp.headers.get("x-request-id") == rid, resp.headers
+        assert b"response.completed" in resp.read()

@@ -219,13 +219,17 @@ async def test_a_stream_ended_early_gets_an_error_event(stub: Any) -> None:
 
 
 async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) -> None:
-    """An event whose data is neither JSON nor [DONE]: the events before it pass, then an
-    error event and [DONE] instead of it, and the client's stream ends there (as on the HTTP
-    edge, not when the replica's does); the rest of the replica's stream is dropped."""
+    """An event whose data is neither JSON nor [DONE] once the stream has started: the events
+    before it pass, then an error event and [DONE] instead of it, and the client's stream ends
+    there (as on the HTTP edge, not when the replica's does); the rest of the replica's stream
+    is dropped. (In the stream's first read it is a 502 JSON: test_edges_agree.)"""
     call = await _stream_started(stub, "malformed")
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=EVENT)))
+    assert (await _stream_body(call)).body == EVENT  # the stream has started
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
         body=EVENT + b"data: <html>502 Bad Gateway</html>\n\n" + EVENT)))
-    sent = await _stream_body(call)
+    (answer,) = await _answers(call, 1)
+    sent = answer.response_body.response.body_mutation.streamed_response
     first, error, done = sent.body.split(b"\n\n")[:3]
     assert first + b"\n\n" == EVENT and sent.end_of_stream
     assert orjson.loads(error.removeprefix(b"data: "))["error"] == {

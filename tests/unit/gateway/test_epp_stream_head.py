@@ -1,0 +1,64 @@
+"""The picker's hold of a proxied stream's head (gateway/epp/exchange.py), message by message:
+`ProxiedRequest.sse` says the head went out toward the client (as on the HTTP edge), and a
+first read that fails is an immediate 502, with no first token learnt from it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+from unittest.mock import Mock
+
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from gateway.config import KvgateConfig
+from gateway.epp.exchange import Exchange
+from gateway.replicas import HealthRules, Replica
+from gateway.request import ProxiedRequest
+from routing.types import RequestFeatures
+
+GOOD = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n'
+ENGINE_ERROR = b'data: {"error": {"message": "x", "type": "InternalServerError", "code": 500}}\n\n'
+
+
+def _exchange() -> tuple[Exchange, ProxiedRequest, Any]:
+    core: Any = SimpleNamespace(cfg=KvgateConfig(), router=Mock(), metrics=Mock(),
+                                responses=Mock(), clock=lambda: 0.0, new_id=lambda: b"new")
+    ex = Exchange(core)
+    req = ex.req = ProxiedRequest("/v1/chat/completions", "chat", b"rid", 0.0)
+    req.parsed = SimpleNamespace(stream=True)  # type: ignore[assignment]
+    req.features = RequestFeatures(model="m", block_hashes=(), prompt_tokens=1)
+    replica = Replica("p", "http://127.0.0.1:1", HealthRules())
+    ex.order = [replica]
+    ex._attach(replica)
+    return ex, req, core
+
+
+def _head() -> pb.ProcessingRequest:
+    headers = [(":status", b"200"), ("content-type", b"text/event-stream")]
+    return pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=HeaderMap(
+        headers=[HeaderValue(key=k, raw_value=v) for k, v in headers])))
+
+
+def _body(chunk: bytes, end: bool = False) -> pb.ProcessingRequest:
+    return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end))
+
+
+def test_sse_is_set_when_the_head_goes_out_not_when_it_arrives() -> None:
+    ex, req, core = _exchange()
+    assert ex.response_headers(_head()) == []  # held
+    assert not req.sse
+    assert ex.response_body(_body(b": keep")) == ()  # half a comment: nothing to send yet
+    assert not req.sse
+    out = ex.response_body(_body(b"-alive\n\n" + GOOD))
+    assert out[0].HasField("response_headers") and req.sse
+    core.router.record_first_token.assert_called_once()
+
+
+def test_a_first_read_with_an_error_event_is_an_immediate_502() -> None:
+    ex, req, core = _exchange()
+    ex.response_headers(_head())
+    out = ex.response_body(_body(GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", end=True))
+    assert len(out) == 1 and out[0].immediate_response.status.code == 502
+    assert not req.sse and req.status == 502
+    core.router.record_first_token.assert_not_called()  # as the HTTP edge: not answered
