@@ -286,7 +286,9 @@ class Proxy:
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
         target = req.target
-        if target is not None and (reason == "idle" or reason == "first byte" and _hung(target)):
+        stalled = reason == "idle" or (reason == "first byte" and target is not None
+                                       and _hung(target))
+        if stalled and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
