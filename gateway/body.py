@@ -5,8 +5,10 @@ checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` 
 integer beyond 64 bits (`wideints.py`), a string `model`, a boolean `stream`, the
 `stream_options` it rewrites, a string `previous_response_id`, which it routes by). The two
 booleans it reads, `stream` and `stream_options.include_usage`, take what vLLM's pydantic
-models take in lax mode (`lax_bool`: ``"true"``, ``1``, ``"off"``, ...), and are forwarded
-as JSON booleans, so kvgate and the replica read the same value.
+models take in lax mode (`lax_bool`: ``"true"``, ``1``, ``"off"``, ...), so kvgate and the
+replica read the same value, and are forwarded as JSON booleans -- except a false `stream`,
+forwarded as sent: vLLM's before-validators test the raw value's truth (``"false"`` is true
+there), so ``false`` in its place could turn the replica's answer from a 200 into a 400.
 `rewrite_body` is the one place a body changes on its way upstream: the served model, the
 tenant's `cache_salt`, the tier's `priority`, the usage request for streams; and
 `drop_operator_fields` removes vLLM's operator-only fields for tenants whose tier does not
@@ -83,8 +85,9 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     stream = False if sent is None else lax_bool(sent)
     if stream is None:
         raise BadRequest("`stream` must be a boolean.", param="stream")
-    if sent is not None and sent is not stream:
-        data["stream"] = stream  # as vLLM reads it
+    if stream and sent is not True:  # as vLLM reads it; a false one is forwarded as sent:
+        data["stream"] = True  # vLLM's before-validators test the raw value's truth ("false"
+        # is true there: `stream_options` only with a stream, no `prompt_logprobs` in one)
     if kind in USAGE_STREAM_KINDS:
         _check_stream_options(data.get("stream_options"))
     elif kind == "responses":  # routes the request (`previous_response_id`'s replica)

@@ -73,6 +73,13 @@ MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
 
 
+def _hung(replica: Replica) -> bool:
+    """Is a first-byte cut on `replica` its failure? Only when it answers none of its other
+    requests now: a long queue delays the first byte too, and a replica streaming others'
+    answers is busy, not hung (ejecting it under a load spike would turn the spike into 503s)."""
+    return replica.inflight <= replica.inflight_prefill
+
+
 class Proxy:
     def __init__(
         self, cfg: KvgateConfig, pools: Pools, router: Router, metrics: GatewayMetrics,
@@ -249,7 +256,8 @@ class Proxy:
             # replica may answer (the `finally` drops the connection: the replica aborts it)
             if last or req.sse or not req.ctl.retry_first_byte():
                 raise
-            replica.record_failure(self._clock())
+            if _hung(replica):
+                replica.record_failure(self._clock())
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")
@@ -277,8 +285,11 @@ class Proxy:
         exc = cut_error(reason)
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
-        if reason in ("idle", "first byte") and req.target is not None:
-            req.target.record_failure(self._clock())  # a stalled answer: a passive signal
+        target = req.target
+        stalled = reason == "idle" or (reason == "first byte" and target is not None
+                                       and _hung(target))
+        if stalled and target is not None:
+            target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
             if req.ctl.writing:  # cut while the client was not taking a chunk: it is not

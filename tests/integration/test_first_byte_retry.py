@@ -98,3 +98,29 @@ def test_every_replica_hung_is_a_504_after_max_attempts(sim_factory: SimFactory)
         assert "total timeout" in resp.json()["error"]["message"]
         assert sum(metric_values(base, "kvgate_replica_attempts_total").values()) == 2
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_a_busy_replica_streaming_for_others_is_not_ejected_by_first_byte_cuts(
+    sim_factory: SimFactory,
+) -> None:
+    """A long queue delays the first byte too: requests that wait behind a stream the replica
+    is busy generating are cut (504), but the replica is alive, so it stays in rotation."""
+    _, sim = sim_factory("--time-scale", "1", "--max-num-seqs", "1")
+    gw, base = gateway_proc(upstreams=[sim], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.4", "KVGATE_HEALTH__INTERVAL_S": "60",
+        "KVGATE_HEALTH__EJECT_BASE_S": "60", "KVGATE_HEALTH__EJECT_MAX_S": "60",
+        "KVGATE_HEALTH__FAILURE_THRESHOLD": "2"})
+    with gw, httpx.Client(timeout=30) as client:
+        long = {"model": MODEL, "prompt": "long", "max_tokens": 2000, "stream": True,
+                "ignore_eos": True}  # ~12 s of tokens
+        with client.stream("POST", f"{base}/v1/completions", json=long) as busy:
+            assert busy.status_code == 200
+            lines = busy.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))  # decoding now
+            for i in range(3):  # queued behind it (one sequence at a time): no first byte
+                body = {"model": MODEL, "prompt": f"q{i}", "max_tokens": 5, "stream": True}
+                resp = client.post(f"{base}/v1/completions", json=body)
+                assert resp.status_code == 504, resp.text
+            assert next(line for line in lines if line.startswith("data:"))  # still going
+            healthy = metric_values(base, "kvgate_replica_healthy")
+            assert list(healthy.values()) == [1.0], healthy

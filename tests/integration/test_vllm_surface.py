@@ -171,3 +171,21 @@ def test_the_apps_refusals_carry_cors_too(base: str) -> None:
     assert [r.status_code for r in answers] == [413, 400, 404, 405]
     for resp in answers:
         assert resp.headers["access-control-allow-origin"] == ORIGIN, resp.status_code
+
+
+def test_a_lax_stream_reaches_vllm_as_the_client_sent_it() -> None:
+    """vLLM's request models check `stream` as the client sent it before pydantic reads it
+    (``data.get("stream")`` in their before-validators: `stream_options` only with a stream,
+    no `prompt_logprobs` in one), so the replica must get the client's own value: the same
+    answer as when the client asks the replica itself."""
+    sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
+    with sim:
+        gw, base = gateway_proc(config={"pools": {"p": {"served_model": MODEL,
+                                                        "replicas": [url]}}})
+        with gw:
+            for value in ("false", "0", "no", 1.0):
+                body = {"model": MODEL, "prompt": "x", "max_tokens": 3, "stream": value,
+                        "stream_options": {"include_usage": True}}
+                direct = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
+                through = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+                assert (value, through.status_code) == (value, direct.status_code), through.text
