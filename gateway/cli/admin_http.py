@@ -10,7 +10,8 @@ __all__ = ["NOT_ADMIN_PORT", "TOKEN_HELP", "client_token", "not_admin_port"]
 
 TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
               "a bare token is sent as it is")
-NOT_ADMIN_PORT = "the admin API is not on this port (server.admin_port?)"
+NOT_ADMIN_PORT = ("The admin API is not on this port: point --url at the gateway's admin port "
+                  "(server.admin_port).")
 
 
 def client_token(value: str) -> str:

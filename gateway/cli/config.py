@@ -42,7 +42,8 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.file)
     except ConfigError as exc:
         message = exc.message
-        if args.file is None and not os.environ.get("KVGATE_CONFIG"):
+        if (args.file is None and not os.environ.get("KVGATE_CONFIG")
+                and " (or use --upstream URL)" in message):
             # `--upstream` is `kvgate serve`'s: here the likely miss is the file itself
             message = (f"{message.replace(' (or use --upstream URL)', '')}: no configuration "
                        "file given (`kvgate config check FILE`, or set KVGATE_CONFIG)")

@@ -97,7 +97,7 @@ def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
         hint = " (a kvgate gateway with `kvgate doctor` support?)" \
             if response.status_code == 404 else ""
         if not_admin_port(response.status_code, message):
-            hint = f": {NOT_ADMIN_PORT}"
+            hint = f" {NOT_ADMIN_PORT}"
         raise RuntimeError(f"{url}: HTTP {response.status_code}: "
                            f"{message or response.reason_phrase}{hint}")
     if not isinstance(payload, dict) or payload.get("object") != "doctor":

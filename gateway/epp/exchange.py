@@ -35,7 +35,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from gateway.app import unknown_path
+from gateway.app import POSTED, unknown_path
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.errors import (
@@ -278,7 +278,8 @@ class Exchange:
         """A route that is not proxied: kvgate's own pages, else OpenAI's 404/405."""
         if path in KINDS:
             return self._refuse(MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
-        get = method in ("GET", "HEAD")
+        # as the HTTP edge: GET and HEAD, and POST where vLLM takes it (`POST /ping`)
+        get = method in ("GET", "HEAD") or (method == "POST" and path in POSTED)
         principal = None
         if get and (path == MODELS or (path.startswith(MODEL_PREFIX) and path != MODEL_PREFIX)):
             try:  # as the HTTP edge: a valid key, and the models of its tier
@@ -286,6 +287,9 @@ class Exchange:
             except KvgateError as exc:
                 return self._refuse(exc)
         page = self._core.page(path, principal) if get else None
+        if page is None and not get and self._core.page(path, None) is not None:
+            allow = "GET, HEAD, POST" if path in POSTED else "GET, HEAD"
+            return self._refuse(MethodNotAllowed(f"Use GET for {path}.", allow=allow))
         if page is None:
             return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
         status, headers, body = page

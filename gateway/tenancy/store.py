@@ -169,7 +169,9 @@ def read_tenant(tenant_id: str, raw: str | bytes) -> Tenant:
         raise UnreadableRecord(
             f"the stored record of tenant {tenant_id!r} is unreadable (corrupted, or written "
             "by another kvgate version in a form this one cannot read); write a new one over "
-            "it with POST /admin/tenants and its id (its keys are kept), or delete it",
+            f"it with POST /admin/tenants and its id (kvgate admin tenants create {tenant_id} "
+            f"--tier TIER; its keys are kept), or delete it (kvgate admin tenants delete "
+            f"{tenant_id})",
             param="id") from None
 
 

@@ -282,6 +282,27 @@ async def test_oversized_and_unknown_requests_are_refused_at_once(stub: Any) -> 
     assert "Did you mean /v1/chat/completions?" in orjson.loads(hinted.body)["error"]["message"]
 
 
+async def test_kvgates_pages_take_the_methods_the_http_edge_takes(stub: Any) -> None:
+    """`POST /ping` (vLLM's, SageMaker's probe) is answered; another method on a page is 405
+    with `Allow`, not the unknown path's 404."""
+    answers = {}
+    for method, path in (("POST", "/ping"), ("DELETE", "/ping"), ("DELETE", "/v1/models"),
+                         ("POST", "/version")):
+        call = stub.Process()
+        await call.write(pb.ProcessingRequest(request_headers=_headers(
+            {":method": method, ":path": path}, end=True)))
+        answers[method, path] = (await _answers(call, 1))[0].immediate_response
+    assert answers["POST", "/ping"].status.code == 200
+    assert orjson.loads(answers["POST", "/ping"].body) == {"status": "ok"}
+    for (_, path), answer in answers.items():
+        if path == "/ping" and answer.status.code == 200:
+            continue
+        assert answer.status.code == 405, path
+        allow = {h.header.key: h.header.raw_value for h in answer.headers.set_headers}["allow"]
+        assert allow == (b"GET, HEAD, POST" if path == "/ping" else b"GET, HEAD"), path
+        assert orjson.loads(answer.body)["error"]["type"] == "MethodNotAllowedError"
+
+
 async def test_grpc_health(picker: Any) -> None:
     # the failure cases above may have ejected a replica for a moment (FAST_HEALTH)
     wait_for(lambda: httpx.get(f"{picker[0].base}/readyz", timeout=5).status_code == 200,

@@ -132,6 +132,9 @@ def test_an_unreadable_tenant_is_a_409_and_can_be_written_over(
                 assert error["code"] == "record_unreadable", error
                 assert "unreadable" in error["message"] and "POST /admin/tenants" in \
                     error["message"], error
+                # and the CLI commands that do it, as the policy's refusal names its own
+                assert "kvgate admin tenants create acme --tier" in error["message"], error
+                assert "kvgate admin tenants delete acme" in error["message"], error
                 assert garbage not in answer.text
         # the way out: create it again over the unreadable record; its keys are kept
         created = admin.post("/tenants", json={"id": "acme", "tier": "free"})
