@@ -36,7 +36,9 @@ class HealthMonitor:
         self._cfg = cfg
         self._clock = clock
         self._refusals: set[str] = set()  # replicas whose refusal of the key was logged
-        # (replica, served name) asked for that model card's context length
+        # (replica, served name) asked for that model card's context length; a replica that
+        # leaves the pool is forgotten, one that comes back after being down is asked again
+        # (restarted, perhaps with another --max-model-len)
         self._carded: set[tuple[str, str | None]] = set()
 
     async def run(self) -> None:
@@ -48,6 +50,9 @@ class HealthMonitor:
         checks = [
             self._check(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
         ]
+        present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
+        self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
+        self._refusals &= present
         await asyncio.gather(*checks)
 
     async def _check(self, pool: Pool, replica: Replica) -> None:
@@ -80,14 +85,15 @@ class HealthMonitor:
             replica.mark_down(self._clock(), request=False)
             return
         replica.record_probe_ok()
-        if replica.state == "ejected":
+        came_back = replica.state == "ejected"
+        if came_back:
             # the back-off expired and /health answers: half-open, the next request decides
             # (a healthy replica keeps its passive failure count: it may answer /health yet
             # fail requests, as a faulted vLLM engine does)
             log.info("replica answers /health again",
                      extra={"pool": pool.name, "replica": replica.id})
             replica.probe_recovered()
-        if pool.served_model is None or (
+        if pool.served_model is None or came_back or (
                 pool.max_model_len is None
                 and (replica.id, pool.served_model) not in self._carded):
             await self._learn_model(pool, replica)
@@ -95,7 +101,8 @@ class HealthMonitor:
     async def _learn_model(self, pool: Pool, replica: Replica) -> None:
         """Quick form: the pool's served name is what its replicas list in /v1/models. Every
         pool: its context length is the served model's card's ``max_model_len`` there (each
-        replica is asked once until one gives it; kvgate's own /v1/models shows it)."""
+        replica is asked once until one gives it, and again when it comes back after being
+        down: its length then is the pool's; kvgate's own /v1/models shows it)."""
         try:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers

@@ -174,6 +174,14 @@ def _slot(report: dict[str, Any]) -> Any:
     return process.get("worker") if process.get("worker") is not None else process.get("pid")
 
 
+def _slot_order(report: dict[str, Any]) -> tuple[int, str]:
+    """Workers in numeric order (worker 2 before worker 10); anything not a number after."""
+    slot = _slot(report)
+    if isinstance(slot, int) and not isinstance(slot, bool):
+        return slot, ""
+    return sys.maxsize, str(slot)
+
+
 def _every_worker(
     url: str, token: str, window: str, timeout: float, first: dict[str, Any], workers: int
 ) -> tuple[list[dict[str, Any]], list[int]]:
@@ -190,7 +198,7 @@ def _every_worker(
         except (httpx.HTTPError, RuntimeError):
             break
         seen.setdefault(_slot(report), report)
-    reports = sorted(seen.values(), key=lambda r: str(_slot(r)))
+    reports = sorted(seen.values(), key=_slot_order)
     slots = {r.get("process", {}).get("worker") for r in reports}
     if None in slots:  # a gateway that names its workers by pid only: counted, not named
         return reports, []

@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from gateway.config import UpstreamConfig
 from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
 
 __all__ = ["SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped"]
@@ -115,14 +116,25 @@ def envoy_config(
     *, listen_port: int, picker: str, listen_host: str = "0.0.0.0",
     endpoints: Sequence[str] | None = None, failure_mode_allow: bool = False,
     admin_port: int | None = None, subset_header: str | None = None,
+    upstream: UpstreamConfig | None = None,
 ) -> dict[str, Any]:
-    """The bootstrap: listener -> ext_proc (the picker at `picker`, host:port) -> the pool."""
-    retries: dict[str, Any] = {"num_retries": 0}
+    """The bootstrap: listener -> ext_proc (the picker at `picker`, host:port) -> the pool.
+
+    The timeouts are kvgate's `upstream` ones (its defaults unless given), for what the
+    picker cannot see: a replica that sends no response head is never shown to the picker
+    (Envoy calls its response path with the head), so the router cuts it, a 504 the picker
+    re-shapes -- after ``first_byte_timeout_s`` without a byte (``per_try_idle_timeout``;
+    the connection manager's stream idle timeout is set above it, else a 408 would come
+    first), and after ``total_timeout_s`` in all (the route timeout: the whole answer,
+    streams included). Once the head is in, the picker applies the timeouts itself."""
+    up = upstream or UpstreamConfig()
+    first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
+    retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}
     if endpoints:  # override_host walks the destination list on retries
         retries = {"retry_on": "connect-failure,refused-stream,reset-before-request,"
                    "retriable-status-codes", "retriable_status_codes": RETRY_STATUSES,
-                   "num_retries": 2}
-    route = {"cluster": "kvgate_pool", "timeout": "0s", "retry_policy": retries}
+                   "num_retries": 2, "per_try_idle_timeout": first}
+    route = {"cluster": "kvgate_pool", "timeout": total, "retry_policy": retries}
     filters = [_ext_proc("kvgate_epp", failure_mode_allow)]
     if subset_header:
         filters.insert(0, _subset_from_header(subset_header))
@@ -131,6 +143,7 @@ def envoy_config(
     hcm = {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "kvgate", "codec_type": "AUTO", "http_filters": filters,
+        "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
             "name": "kvgate", "domains": ["*"],
             "routes": [{"match": {"prefix": "/"}, "route": route}]}]},

@@ -21,6 +21,8 @@ error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are
 Envoy sends the client nothing until the response headers are answered, so a stream's head
 is held until its first bytes, as the HTTP edge sends it: a stream failing before them is the
 HTTP edge's 502 JSON. A stored response's answers are bounded and held alike, not judged.
+The HTTP edge's upstream timeouts apply once the answer's head is in (`deadline`,
+`timed_out`: a 504 before a stream's first bytes, an error event after them; no retry).
 The lease is released and the admission settled when the stream ends, however it ends
 (`close`).
 """
@@ -52,7 +54,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
-from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS, _hung
 from gateway.relay import (
     _CONTENT,
     CUT_SHORT,
@@ -75,6 +77,7 @@ from gateway.stored import (
     wants_stream,
 )
 from gateway.tenancy.resolver import Principal, parse_bearer
+from gateway.timeouts import cut_error
 from routing.router import Router
 
 __all__ = ["Exchange", "PickerCore", "endpoint", "replica_key"]
@@ -114,9 +117,9 @@ def replica_key(ep: str) -> str:
 class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
-    __slots__ = ("_chunks", "_core", "_head", "_held", "_held_bytes", "_held_status", "_lease",
-                 "_pending", "_principal", "_req_id", "_scanner", "_size", "_stored", "_stream",
-                 "_subset", "order", "req", "sse")
+    __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_status",
+                 "_last", "_lease", "_pending", "_principal", "_req_id", "_scanner", "_sent_at",
+                 "_size", "_stored", "_stream", "_subset", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -142,6 +145,11 @@ class Exchange:
         # a stored response's request with a body (a cancel's): its destination, answered with
         # the body once it is in (bounded), so no replica answers before a 413
         self._pending: pb.ProcessingResponse | None = None
+        # the upstream timeouts (`deadline`): when the request went to its replica, when its
+        # stream last sent bytes (perf_counter), and whether the picker ended it for them
+        self._sent_at = 0.0
+        self._last = 0.0
+        self._cut = False
 
     # -- request path ----------------------------------------------------------------------
     async def request_headers(
@@ -231,7 +239,8 @@ class Exchange:
             return [self._refuse(exc)]
         req.route = "spill" if req.spilled else decision.reason
         self._attach(self.order[0])
-        core.metrics.pre_upstream.observe(perf_counter() - req.t0)
+        self._sent_at = perf_counter()
+        core.metrics.pre_upstream.observe(self._sent_at - req.t0)
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         # the body is JSON (parsed, rewritten): said so whatever the client declared (curl's
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
@@ -397,6 +406,7 @@ class Exchange:
         body = msg.response_body
         chunk, end = body.body, body.end_of_stream
         if self.sse:
+            self._last = perf_counter()
             return self._stream_chunk(chunk, end)
         if self._held is not None:
             self._held.append(chunk)
@@ -440,8 +450,8 @@ class Exchange:
         `req`: nothing to learn or judge); the head goes out with the first bytes."""
         scanner, req, lease = self._scanner, self.req, self._lease
         assert scanner is not None
-        if scanner.malformed:  # the client's stream has ended: the replica's rest is dropped
-            return ()
+        if scanner.malformed or self._cut:  # the client's stream has ended: the replica's
+            return ()  # rest is dropped
         out = scanner.feed(chunk) if chunk else b""
         head = self._head
         if head is not None:  # nothing went out yet: a failure is a JSON error, as the HTTP
@@ -461,11 +471,12 @@ class Exchange:
             # an event that is neither JSON nor [DONE] (or larger than the bound): never
             # forwarded, and the stream ends for the client at once, as a cut one does (the
             # headers are out: no retry here), not when the replica's does
-            end = True
+            end = self._cut = True
             failure = stream_failure(scanner, self._core.cfg.upstream.max_answer_bytes)
             out += stream_error(failure.message)
             self._stream_ended(scanner, req, whole=False)
         elif end:
+            self._cut = True  # ended: nothing to bound any more
             whole = scanner.complete()  # else cut short: an error event, never half an event
             rest = scanner.flush()
             out += rest if whole else stream_error(CUT_SHORT)
@@ -579,6 +590,58 @@ class Exchange:
             headers.append(("retry-after", b"1"))
         return [wire.headers_response(headers, ("content-length",)),
                 *wire.body_responses(data, end)]
+
+    # -- the upstream timeouts --------------------------------------------------------------
+    def deadline(self) -> float | None:
+        """Seconds until a proxied answer the picker sees passes one of the HTTP edge's
+        upstream timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream's
+        head held past `first_byte_timeout_s` from when the request went to its replica, its
+        bytes stopping for `idle_timeout_s` once started, any answer past `total_timeout_s`
+        from the request's start. An answer whose head never comes is not seen here (Envoy
+        calls the response path with the head): Envoy's router timeouts bound it
+        (`envoy_config`)."""
+        req, up = self.req, self._core.cfg.upstream
+        if req is None or self._lease is None or self._cut:
+            return None
+        if self._head is not None:
+            at = min(self._sent_at + up.first_byte_timeout_s, req.t0 + up.total_timeout_s)
+        elif self.sse and req.sse:  # started, not ended (`_cut`)
+            at = min(self._last + up.idle_timeout_s, req.t0 + up.total_timeout_s)
+        elif self._held is not None:
+            at = req.t0 + up.total_timeout_s
+        else:
+            return None
+        return max(0.0, at - perf_counter())
+
+    def timed_out(self) -> Sequence[pb.ProcessingResponse]:
+        """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
+        stream's first bytes or for a whole answer (an immediate response: Envoy drops the
+        replica's stream), an error event ending a started stream -- and the replica judged
+        as there (a first-byte cut is its failure only when it answers none of its other
+        requests, `_hung`; an idle stream is; the total timeout is not). The picker cannot
+        send the request again: no other replica is tried."""
+        req, up = self.req, self._core.cfg.upstream
+        if req is None or req.target is None or self._lease is None:
+            return ()
+        target, now = req.target, perf_counter()
+        total = now >= req.t0 + up.total_timeout_s
+        self._cut = True
+        if self._head is not None:
+            reason = "total" if total else "first byte"
+            if not total and _hung(target):
+                target.record_failure(self._core.clock())
+            self._head = None
+            log.info("replica sent nothing in time", extra={"replica": target.id})
+            return [self._refuse(cut_error(reason))]
+        if self._held is not None:
+            self._held = None
+            return [self._refuse(cut_error("total"))]
+        reason = "total" if total else "idle"
+        if reason == "idle":
+            target.record_failure(self._core.clock())  # a stalled answer: a passive signal
+        exc = cut_error(reason)
+        req.status = exc.status
+        return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
 
     # -- the end ---------------------------------------------------------------------------
     async def close(self) -> None:

@@ -11,6 +11,7 @@ has a usable replica and tenancy state is loaded); the empty service name is liv
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
@@ -50,8 +51,21 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ProcessingResponse]:
         ex = Exchange(self._core)
+        inbox: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+        reader = asyncio.create_task(_read(requests, inbox))
         try:
-            async for msg in requests:
+            while True:
+                msg = await _next(inbox, ex.deadline())
+                if msg is None:
+                    await reader  # a failed read fails the stream, as before
+                    break
+                if msg is _LATE:  # an upstream timeout passed with no message from Envoy
+                    out = ex.timed_out()
+                    for answer in out:
+                        yield answer
+                    if out and out[0].HasField("immediate_response"):
+                        return
+                    continue
                 kind = msg.WhichOneof("request")
                 if kind == "response_body":
                     out = ex.response_body(msg)
@@ -74,7 +88,37 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if out and out[0].HasField("immediate_response"):
                     return  # Envoy answers the client and ends the exchange
         finally:
+            reader.cancel()
             await ex.close()
+
+
+_LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
+
+
+async def _read(
+    requests: AsyncIterator[pb.ProcessingRequest],
+    inbox: asyncio.Queue[pb.ProcessingRequest | None],
+) -> None:
+    """Envoy's messages into `inbox` (None: the stream ended), so the exchange can wait for
+    the next one with a deadline without cancelling a read of the gRPC stream."""
+    try:
+        async for msg in requests:
+            inbox.put_nowait(msg)
+    finally:
+        inbox.put_nowait(None)
+
+
+async def _next(
+    inbox: asyncio.Queue[pb.ProcessingRequest | None], wait: float | None,
+) -> pb.ProcessingRequest | None:
+    """The next message, or `_LATE` when `wait` seconds pass first."""
+    if wait is None:
+        return await inbox.get()
+    try:
+        async with asyncio.timeout(wait):
+            return await inbox.get()
+    except TimeoutError:
+        return _LATE
 
 
 class Health(health_pb2_grpc.HealthServicer):  # type: ignore[misc]

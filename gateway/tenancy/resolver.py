@@ -54,8 +54,9 @@ log = logging.getLogger(__name__)
 
 WIPE_NOTICE_S = 600.0  # how long health() reports a wiped store as degraded
 # A reload reads only what changed (`TenantStore.changes_since`) unless the last whole read is
-# older than this: a record changed behind the store's back without bumping the generation
-# (by hand, in redis-cli) is still read within this long.
+# older than this, and the store is read whole at least this often even when the generation
+# did not change: a record changed behind the store's back without bumping the generation (by
+# hand, in redis-cli: a key record deleted to revoke it) is still read within this long.
 WHOLE_RELOAD_S = 30.0
 PolicyCallback = Callable[[PolicySnapshot], None]
 
@@ -211,9 +212,9 @@ class TenantResolver:
                     self._wipe_seen = mark
                     self._wiped()
             generation = await self._store.generation()
-            if wiped or generation != self._state.generation or not self._loaded:
+            recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
+            if wiped or generation != self._state.generation or not self._loaded or not recent:
                 snap = None
-                recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
                 if not wiped and self._loaded and recent:  # only what changed since
                     snap = await self._store.changes_since(self._state.generation)
                 if snap is None:

@@ -16,6 +16,7 @@ X-Request-Id the test sends.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ import httpx
 import openai
 import pytest
 
+from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
-from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED
+from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from gateway.stored import NO_EVENTS
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
@@ -592,3 +594,100 @@ def test_a_stored_stream_carries_the_request_id(
         assert resp.status_code == 200
         assert resp.headers.get("x-request-id") == rid, resp.headers
         assert b"response.completed" in resp.read()
+
+
+# -- a replica that goes silent: the upstream timeouts (`upstream.*_timeout_s`) ---------------
+QUICK = {"first_byte_timeout_s": 1.0, "idle_timeout_s": 1.0, "max_attempts": 1}
+
+
+@pytest.fixture(scope="module")
+def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
+    """Both edges over one scriptable replica with 1 s first-byte and idle timeouts (and no
+    retry at the HTTP edge: the picker cannot retry), Envoy's router bounds alike."""
+    with BadReplica(BAD_MODEL) as replica:
+        procs: list[Proc] = []
+        try:
+            gw, http = gateway_proc(upstreams=[replica.url], env={
+                "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
+                **{f"KVGATE_UPSTREAM__{k.upper()}": str(v) for k, v in QUICK.items()}})
+            procs.append(gw.start())
+            epp = epp_proc(config={
+                "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
+                "health": {**FAST_HEALTH, "failure_threshold": 1000}, "upstream": QUICK})
+            procs.append(epp.start())
+            # Envoy's router: a replica's silence past 3 s (above the picker's idle timeout,
+            # which must cut a stalled stream first, as kvgate's defaults are: 300 s, 120 s)
+            envoy, base = envoy_proc(epp.picker,
+                                     upstream=UpstreamConfig(first_byte_timeout_s=3.0))
+            procs.append(envoy.start())
+            yield replica, {"http": http, "envoy": base}
+        finally:
+            replica.gate.set()
+            for proc in reversed(procs):
+                proc.stop()
+
+
+@pytest.fixture
+def quiet(silent: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
+    replica = silent[0]
+    replica.gate, replica.end = threading.Event(), "close"
+    yield replica
+    replica.gate.set()
+    replica.rest, replica.answer, replica.end = b"", b"", "keep"
+
+
+def _chat(base: str, stream: bool) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", timeout=20, json={
+        "model": BAD_MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+
+
+FIRST_BYTE = {"error": {"message": "The replica did not answer in time (first byte timeout).",
+                        "type": "GatewayTimeoutError", "param": None, "code": 504}}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_without_a_first_event_in_time_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stream's head, then nothing: cut after `first_byte_timeout_s` with the HTTP edge's
+    504 JSON at both edges (the picker used to hold the head until Envoy's stream idle
+    timeout, 5 min, or its message timeout, 1000 s: a 503)."""
+    quiet.answer, quiet.rest = sse_head(), chunked(b'data: {"x": 1}\n\n')  # rest: never sent
+    start = time.monotonic()
+    resp = _chat(silent[1][edge], stream=True)
+    assert time.monotonic() - start < 10
+    assert resp.status_code == 504, resp.text
+    assert resp.json() == FIRST_BYTE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_that_stalls_ends_with_the_idle_timeouts_error_event(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stream's first event, then nothing: after `idle_timeout_s` the client's stream ends
+    with the HTTP edge's error event and [DONE] (the picker used to wait for Envoy's idle
+    timeout)."""
+    first = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n'
+    quiet.answer, quiet.rest = sse_head() + chunked(first, last=False), chunked(first)
+    start = time.monotonic()
+    resp = _chat(silent[1][edge], stream=True)
+    assert time.monotonic() - start < 10
+    assert resp.status_code == 200
+    assert resp.content == first + stream_error(
+        "The replica did not answer in time (idle timeout).", "GatewayTimeoutError", 504)
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_replica_that_sends_no_head_is_cut_after_the_first_byte_timeout(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """Nothing at all, not even the head: the picker is never called (Envoy's response path
+    starts with the head); Envoy's router cuts it after the first-byte timeout it was
+    configured with (`envoy_config`'s `per_try_idle_timeout`), a 504 in OpenAI's shape at
+    both edges (the shipped config's route had no timeout, the stream idle one was 5 min)."""
+    quiet.answer, quiet.rest = b"", sse_head()  # rest: never sent
+    start = time.monotonic()
+    resp = _chat(silent[1][edge], stream=True)
+    assert time.monotonic() - start < 10
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"]["code"] == 504

@@ -119,3 +119,82 @@ async def test_default_timeout_tolerates_a_saturated_replica(
         assert r.state == "healthy" and r.ejections == 0
     finally:
         await pools.close()
+
+
+@dataclass
+class Card:
+    max_model_len: int = 4096
+    asked: int = 0
+
+
+@pytest.fixture
+async def carded() -> AsyncIterator[tuple[list[str], Behaviour, Card]]:
+    """A replica answering `/health` and a `/v1/models` card of the length the test says, on
+    several ports (as many replicas to the gateway)."""
+    how, card = Behaviour(), Card()
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(status=how.status)
+
+    async def models(request: web.Request) -> web.Response:
+        card.asked += 1
+        return web.json_response({"object": "list", "data": [
+            {"id": "m", "object": "model", "max_model_len": card.max_model_len}]})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", models)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    urls = []
+    for _ in range(6):
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        urls.append(f"http://127.0.0.1:{port}")
+    yield urls, how, card
+    await runner.cleanup()
+
+
+async def test_a_replica_back_after_being_down_is_asked_its_context_length_again(
+    carded: tuple[list[str], Behaviour, Card],
+) -> None:
+    urls, how, card = carded
+    pools, cfg = pools_for(urls[0])
+    pool = pools.by_name["p"]
+    now = [0.0]
+    monitor = HealthMonitor(pools, cfg.health, lambda: now[0])
+    try:
+        await monitor.poll_once()
+        await monitor.poll_once()
+        assert pool.max_model_len == 4096 and card.asked == 1  # asked once
+        how.status = 503  # down, restarted with another --max-model-len
+        await monitor.poll_once()
+        assert pool.replicas[0].state == "ejected"
+        how.status, card.max_model_len = 200, 8192
+        now[0] += 61  # the back-off (eject_base_s 60) expired
+        await monitor.poll_once()
+        assert pool.max_model_len == 8192 and card.asked == 2
+    finally:
+        await pools.close()
+
+
+async def test_a_replica_that_left_the_pool_is_forgotten(
+    carded: tuple[list[str], Behaviour, Card],
+) -> None:
+    urls, _, card = carded
+    card.max_model_len = 0  # no length in the card (not a vLLM): every replica is asked
+    cfg = KvgateConfig.model_validate({
+        "pools": {"p": {"replicas": urls[:1]}}, "models": {},
+        "health": {"timeout_s": 0.2, "eject_base_s": 60}})
+    pools = Pools(cfg)
+    monitor = HealthMonitor(pools, cfg.health, lambda: 0.0)
+    try:
+        await monitor.poll_once()
+        assert card.asked == 1 and pools.by_name["p"].served_model == "m"
+        for url in urls[1:]:  # discovery churn: replicas come and go
+            pools.set_discovered("p", frozenset({url}))
+            await monitor.poll_once()
+        assert card.asked == 6  # each replica asked once
+        assert len(monitor._carded) == 1, monitor._carded  # not one entry per replica seen
+    finally:
+        await pools.close()

@@ -6,6 +6,7 @@ changes; anything the journal does not account for is read whole."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from gateway.errors import AuthError
@@ -21,6 +22,7 @@ from gateway.tenancy import (
     generate_key,
     hash_key,
 )
+from gateway.tenancy.resolver import WHOLE_RELOAD_S
 from tests.support.gateway import AUTH_SECRET
 
 POLICY = {"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
@@ -127,3 +129,34 @@ async def test_a_reload_after_a_write_reads_what_changed(redis_url: str) -> None
         r.close()
         await resolver.close()
         await store.close()
+
+
+async def test_a_hand_edit_without_a_new_generation_is_read_within_whole_reload_s(
+        redis_url: str) -> None:
+    """A key record deleted by hand (redis-cli, no generation bump) stops authenticating once
+    `WHOLE_RELOAD_S` passed since the last whole read, with no write to trigger a reload."""
+    now = [0.0]
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    resolver = TenantResolver(store, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
+                              max_staleness_s=None, clock=lambda: now[0])
+    r = redis.Redis.from_url(redis_url)
+    try:
+        await bootstrap(store, policy=parse_policy(POLICY), tenants=[Tenant(id="acme",
+                                                                              tier="free")])
+        key = generate_key()
+        await store.add_key(KeyRecord(key_id="k", tenant_id="acme", key_hash=hash_key(key),
+                                      created_at=0.0))
+        await resolver.start()
+        resolver.authenticate(key)
+        assert r.hdel("kvgate:keys", hash_key(key)) == 1  # by hand: the generation stays
+        now[0] += WHOLE_RELOAD_S - 1
+        assert await resolver.refresh()
+        resolver.authenticate(key)  # within the bound: the cache may still hold it
+        now[0] += 2
+        assert await resolver.refresh()
+        with pytest.raises(AuthError):
+            resolver.authenticate(key)
+    finally:
+        await resolver.close()
+        await store.close()
+        r.close()

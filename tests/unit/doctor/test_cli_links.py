@@ -83,3 +83,28 @@ def test_an_incomplete_report_is_one_line_not_a_traceback(
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert "incomplete doctor report (no window, history, worst, cache)" in err
+
+
+@pytest.fixture
+def twelve_workers() -> Iterator[str]:
+    """A gateway of 12 workers as the doctor sees it: each request answered by the next."""
+    turn = iter(range(1_000))
+
+    class Worker(_Answer):
+        def do_GET(self) -> None:
+            worker = next(turn) % 12
+            self.body = json.dumps({
+                "object": "doctor", "window": "5m", "history": {}, "worst": {}, "findings": [],
+                "cache": {}, "process": {"workers": 12, "worker": worker}}).encode()
+            super().do_GET()
+
+    yield from _serve(Worker)
+
+
+def test_the_workers_reports_are_in_numeric_order(
+        twelve_workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--url", twelve_workers, "--json", *TOKEN]) == 0
+    out, _ = capsys.readouterr()
+    both = json.loads(out)
+    assert both["missing"] == []
+    assert [r["process"]["worker"] for r in both["data"]] == list(range(12))  # 2 before 10
