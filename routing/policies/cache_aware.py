@@ -21,11 +21,12 @@ it, as much as r's cache is full: while caches have room, cold requests fill the
 
 The minimum wins among the replicas the bounded-load rule admits; costs under ``tie_quantum_s``
 tie, and above it costs in the same step of a log scale of ratio 1 + ``tie_relative`` from
-there (two costs 1 % apart across a step's edge do not tie); ties go to a stable hash of
-(prompt, replica), so identical requests spread by a fixed per-prompt order, never by the order
-views arrive in. Several gateways blind to each other's latest picks take turns among the
-candidates about as cheap as the cheapest that hold the longest prefix of them
-(`PickContext.turn`).
+there (two costs 1 % apart across a step's edge do not tie); ties go to the replica with fewer
+requests in flight, then to a stable hash of (prompt, replica), so identical requests spread by
+a fixed per-prompt order, never by the order views arrive in. Several gateways blind to each
+other's latest picks break ties by the hash alone (in-flight counts a sync window old would
+send them all to one replica) and take turns among the candidates about as cheap as the
+cheapest that hold the longest prefix of them (`PickContext.turn`).
 
 A request opening a new context (an agent session, a conversation: its longest match ends on
 no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
@@ -154,7 +155,9 @@ class CacheAware:
         previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
         if previous is None and cfg.session_ramp_tokens > 0.0:
             rows = self._ramp(ctx, rows)
-        rows.sort(key=_rank)
+        # one gateway: a tie goes to fewer in flight; several: in-flight counts a sync window
+        # old would send every gateway to the same replica (the hash spreads them, and turns)
+        rows.sort(key=_rank if ctx.gateways == 1 else _hashed)
         limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
                             cfg.load_slack) + 1e-9
         admitted = [r for r in rows if r[10] <= limit]
@@ -248,7 +251,11 @@ class CacheAware:
         return tuple(out)
 
 
-def _rank(row: _Row) -> tuple[int, int]:
+def _rank(row: _Row) -> tuple[int, int, int]:
+    return row[0], row[10], row[1]
+
+
+def _hashed(row: _Row) -> tuple[int, int]:
     return row[0], row[1]
 
 

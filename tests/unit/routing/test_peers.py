@@ -213,6 +213,9 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
     for _ in range(40):
         shared, plain = Router(RouterConfig()), Router(RouterConfig())
         shared.enable_sharing(2.0, "me")
+        # plain: a peer too (ties are broken as with several gateways), one that carries no load
+        plain.enable_sharing(2.0, "me")
+        plain.apply_peer_load("peer", {}, 0.0)
         chains = [tuple(rng.getrandbits(40) for _ in range(rng.randrange(2, 30)))
                   for _ in range(8)]
         for chain in chains:
