@@ -72,6 +72,9 @@ class Router:
         # routes are shown to it too, so that several gateways count every context
         self._peer_route_seen: Callable[[str, tuple[int, ...], float], None] | None = getattr(
             self.policy, "peer_routed", None)
+        # ...and where a request really went: a retry on a fallback moves its context there
+        self._route_seen: Callable[[str, Sequence[int]], None] | None = getattr(
+            self.policy, "routed", None)
         self._capacity_tokens: dict[str, int] = {}
         # shared state: off until `enable_sharing`
         self.peers: PeerLoads | None = None
@@ -266,6 +269,8 @@ class Router:
             hashes, tpb = features.block_hashes, self.config.tokens_per_block
             tail = -(-prompt // tpb) - len(hashes) if len(hashes) >= self.config.max_blocks else 0
             st.index.insert(replica, hashes, tail)
+            if self._route_seen is not None:
+                self._route_seen(replica, hashes)
             if self.peers is not None:
                 if not self.outbox and self.on_outbox is not None:
                     self.on_outbox()

@@ -72,6 +72,8 @@ class CacheAware:
         self._sessions = Sessions(state.config.session_window_s)
         # another gateway routed a chain (`Router.apply_peer_routes`): its contexts count too
         self.peer_routed = self._sessions.peer_routed
+        # where a request really went (`Router.record_route`): a retry moves its context
+        self.routed = self._sessions.routed
 
     def _rows(self, ctx: PickContext) -> list[_Row]:
         # One tight loop run for every candidate of every request (the decision budget is

@@ -73,6 +73,17 @@ class Sessions:
             self._drop(replica)
         return count
 
+    def routed(self, replica: str, hashes: Sequence[int]) -> None:
+        """The request with this chain was sent to ``replica`` (`Router.record_route`): when
+        its context was counted live on another replica (the pick's choice, then a retry on a
+        fallback), it is counted on ``replica`` now."""
+        tail = hashes[-1]
+        entry = self._live.get(tail)
+        if entry is not None and entry[1] != replica:
+            self._live[tail] = (entry[0], replica)
+            self._drop(entry[1])
+            self._count[replica] = self._count.get(replica, 0) + 1
+
     def record(self, hashes: Sequence[int], replica: str, now: float, previous: int | None) -> None:
         """The request with this chain went to ``replica``; ``previous``: the tail it continued."""
         if not hashes:

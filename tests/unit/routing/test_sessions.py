@@ -180,3 +180,39 @@ def test_new_sessions_leave_a_replica_whose_live_contexts_another_gateway_routed
             prompt += f" result {call} of agent {agent} " * 20
     picks = [b.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica for k in range(40)]
     assert "r0" not in picks
+
+
+def test_a_context_counts_where_its_request_went_not_where_it_was_picked() -> None:
+    s = Sessions(window_s=8.0)
+    chain = [1, 2]
+    for t in range(3):
+        _call(s, chain, "r0", float(t))
+        chain = [*chain, 10 + t]
+    assert dict(s.live(2.0)) == {"r0": 1}
+    s.routed("r0", chain[:-1])  # sent where it was picked: nothing moves
+    assert dict(s.live(2.0)) == {"r0": 1}
+    s.routed("r1", chain[:-1])  # the pick's replica failed, a fallback answered
+    assert dict(s.live(2.0)) == {"r1": 1}
+    s.routed("r1", [7, 8])  # a chain that is no live context: nothing to move
+    assert dict(s.live(2.0)) == {"r1": 1}
+
+
+def test_new_sessions_avoid_the_replica_the_retries_sent_live_contexts_to() -> None:
+    # Six agents' contexts are on r0; their third calls are picked for r0 and retried on r1
+    # (r0 failing them): the contexts now live on r1, where their next calls will find them.
+    # Before, the ramp counted them on r0 (the pick's choice) and sent new sessions to r1.
+    router = Router(RouterConfig(session_ramp_tokens=8_192.0))
+    vs = views(4)
+    for r in ("r0", "r1", "r2", "r3"):
+        router.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+    for a in range(6):
+        prompt = TOOLS + f"task of agent {a} " * 40
+        for call in range(3):
+            f = feats(prompt)
+            d = router.pick(f, vs, float(call))
+            assert d.replica == "r0" or call == 0
+            router.record_route("r0" if call < 2 else "r1", f, float(call))
+            prompt += f" result {call} of agent {a} " * 20
+    picks = {router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica
+             for k in range(40)}
+    assert "r1" not in picks
