@@ -22,7 +22,7 @@ decoding and applying the same records) as the alternative the design rejected.
 simulated replicas, saturating non-streamed load: requests/s and gateway CPU per request.
 
 Written to ``loadtest/results/bench_sync_offline.md`` (+ ``bench_sync_offline.png``) and
-``bench_sync_live.md``.
+``bench_sync_live.md``, or to the folder ``--out DIR`` names (the committed results untouched).
 """
 
 from __future__ import annotations
@@ -249,7 +249,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a Mooncake-format trace (default: the 2-minute sample in the repo)")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--jobs", type=int, default=1, help="offline replays in parallel")
+    p.add_argument("--out", type=Path, default=RESULTS,
+                   help="the folder the report and plot go to (default: loadtest/results/)")
     args = p.parse_args(argv)
+    out: Path = args.out
     every = not (args.offline or args.cost or args.workers)
     rep = Report()
     rep.add("# Shared routing state: benchmark\n")
@@ -258,15 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         rows = offline(rep, args.trace, args.quick, args.jobs)
         if not args.quick:  # a few minutes more: the four generated workloads, two sizes
             rows += generated(rep, args.jobs)
-        plot(rows, RESULTS / "bench_sync_offline.png")
+        out.mkdir(parents=True, exist_ok=True)
+        plot(rows, out / "bench_sync_offline.png")
     if every or args.cost:
         cost(rep, 5.0 if args.quick else 20.0)
     if every or args.workers:
         workers(rep, 3000 if args.quick else 12000)
-    RESULTS.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     parts = [n for n, on in (("offline", args.offline), ("live", args.cost or args.workers))
              if on or every]
-    (RESULTS / f"bench_sync_{'_'.join(parts)}.md").write_text("\n".join(rep.lines) + "\n")
+    path = out / f"bench_sync_{'_'.join(parts)}.md"
+    path.write_text("\n".join(rep.lines) + "\n")
+    print(f"written to {path}")
     return 0
 
 
