@@ -262,7 +262,6 @@ class GuardedHttpTools(NoDelayHttpTools):
             self.transport.close()
         self.logger.info("request refused: %s", message)
 
-
     def _cors(self) -> list[Header]:
         """The CORS headers for the refused request's ``Origin``, asked of the app served
         (`GatewayApp.refusal_cors`: its `server.cors_*`, none on the admin port)."""

@@ -73,13 +73,6 @@ MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
 
 
-def _hung(replica: Replica) -> bool:
-    """Is a first-byte cut on `replica` its failure? Only when it answers none of its other
-    requests now: a long queue delays the first byte too, and a replica streaming others'
-    answers is busy, not hung (ejecting it under a load spike would turn the spike into 503s)."""
-    return replica.inflight <= replica.inflight_prefill
-
-
 class Proxy:
     def __init__(
         self, cfg: KvgateConfig, pools: Pools, router: Router, metrics: GatewayMetrics,
@@ -256,7 +249,7 @@ class Proxy:
             # replica may answer (the `finally` drops the connection: the replica aborts it)
             if last or req.sse or not req.ctl.retry_first_byte():
                 raise
-            if _hung(replica):
+            if replica.hung():
                 replica.record_failure(self._clock())
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
@@ -287,7 +280,7 @@ class Proxy:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
         target = req.target
         stalled = reason == "idle" or (reason == "first byte" and target is not None
-                                       and _hung(target))
+                                       and target.hung())
         if stalled and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:

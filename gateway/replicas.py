@@ -119,6 +119,13 @@ class Replica:
         return restarted
 
     # -- health ---------------------------------------------------------------------------
+    def hung(self) -> bool:
+        """Is a first-byte cut here the replica's failure (both edges)? Only when it answers
+        none of its requests now: a long queue delays the first byte too, and a replica
+        streaming others' answers is busy, not hung (ejecting it under a load spike would
+        turn the spike into 503s)."""
+        return self.inflight <= self.inflight_prefill
+
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
         if self.state == HEALTHY:

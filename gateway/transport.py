@@ -54,8 +54,7 @@ def connect_failure(exc: BaseException, url: str) -> str:
     """Why nothing could be connected to at `url`, for logs and reasons: ``"cannot resolve
     host NAME"`` when its host name did not resolve (a typo, a Service not there yet), else
     ``"cannot connect"``."""
-    cause = getattr(exc, "os_error", exc)  # aiohttp wraps the resolver's error
-    if isinstance(exc, socket.gaierror) or isinstance(cause, socket.gaierror):
+    if isinstance(getattr(exc, "os_error", exc), socket.gaierror):  # (aiohttp wraps it)
         return f"cannot resolve host {urlsplit(url).hostname}"
     return "cannot connect"
 

@@ -54,7 +54,7 @@ from gateway.errors import (
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
-from gateway.proxy import KINDS, MODEL_PREFIX, MODELS, _hung
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.relay import (
     _CONTENT,
     CUT_SHORT,
@@ -618,7 +618,7 @@ class Exchange:
         stream's first bytes or for a whole answer (an immediate response: Envoy drops the
         replica's stream), an error event ending a started stream -- and the replica judged
         as there (a first-byte cut is its failure only when it answers none of its other
-        requests, `_hung`; an idle stream is; the total timeout is not). The picker cannot
+        requests, `Replica.hung`; an idle stream is; the total timeout is not). The picker cannot
         send the request again: no other replica is tried."""
         req, up = self.req, self._core.cfg.upstream
         if req is None or req.target is None or self._lease is None:
@@ -628,7 +628,7 @@ class Exchange:
         self._cut = True
         if self._head is not None:
             reason = "total" if total else "first byte"
-            if not total and _hung(target):
+            if not total and target.hung():
                 target.record_failure(self._core.clock())
             self._head = None
             log.info("replica sent nothing in time", extra={"replica": target.id})
