@@ -159,6 +159,21 @@ def test_a_slow_replica_shows_in_time_per_request_when_in_flight_is_balanced() -
     assert "sit before slow's engine" in f.action
 
 
+def test_a_fast_replica_taking_most_requests_is_not_held_before_its_engine() -> None:
+    # seen on a CPU-starved host: 3.6 in flight through the gateway, 1.7 in the engine (the
+    # relay of the streams' last tokens), 5x faster than the slow peer that gets little --
+    # less than `imbalance_min` requests outside the engine is not a frontend stall
+    fast = replica("fast", inflight_mean=3.6, running_mean=1.3, waiting_mean=0.4,
+                   requests=370.0, itl_mean=0.007, ttft_mean=0.02)
+    slow = replica("slow", inflight_mean=0.16, running_mean=0.16, waiting_mean=0.0,
+                   requests=12.0, itl_mean=0.035, ttft_mean=0.05)
+    assert classes(classify_pool(pool(fast, slow), TH, CTX)) == ["healthy"]
+    held = replica("fast", inflight_mean=5.6, running_mean=1.3, waiting_mean=0.4,
+                   requests=370.0, itl_mean=0.007, ttft_mean=0.02)
+    (f,) = classify_pool(pool(held, slow), TH, CTX)
+    assert f.replica == "fast" and "sit before fast's engine" in f.action
+
+
 def test_small_spreads_are_not_imbalance() -> None:
     # more in flight on "a" at the same time per request (it gets more of the traffic)
     fs = classify_pool(pool(replica("a", inflight_mean=2.5, requests=250.0),
