@@ -25,8 +25,8 @@ import re
 
 import orjson
 
-__all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "comment_only",
-           "first_malformed", "scan_usage"]
+__all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
+           "comment_only", "first_malformed", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -37,6 +37,12 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+# a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
+# `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
+# `delta` -- a non-empty string value
+_OUTPUT = re.compile(
+    rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
+)
 MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # a held fragment up to a chunk's size and this much more is joined with the chunk and searched
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
@@ -126,6 +132,12 @@ def first_malformed(block: bytes) -> int | None:
         lf, crlf = block.rfind(b"\n\n", 0, line), block.rfind(b"\r\n\r\n", 0, line)
         return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
     return None
+
+
+def carries_output(block: bytes) -> bool:
+    """Whether relayed events carry generated output (not vLLM's role-only first chat chunk,
+    a keep-alive or usage): the first such chunk sent is the TTFT, at both edges."""
+    return _OUTPUT.search(block) is not None
 
 
 def comment_only(block: bytes) -> bool:

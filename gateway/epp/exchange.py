@@ -56,7 +56,6 @@ from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.relay import (
-    _CONTENT,
     CUT_SHORT,
     NOT_STARTED,
     judge,
@@ -68,7 +67,7 @@ from gateway.relay import (
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest, request_id
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.sse import StreamScanner, body_usage, carries_output, comment_only
 from gateway.stored import (
     NO_EVENTS,
     StoredResponses,
@@ -514,7 +513,7 @@ class Exchange:
                 req.replica, req.features, perf_counter() - req.t0, core.clock())
             if req.kind == "responses" and (rid := response_id(out)) is not None:
                 core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
-        if req.ttft is None and _CONTENT.search(out):
+        if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
 
