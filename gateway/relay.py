@@ -141,13 +141,14 @@ def unstarted_failure(
     the client): a bad event (`stream_failure`), even after good ones in the same read (they
     are not sent: the client gets the 502 JSON, and the HTTP edge another replica first,
     rather than those events and an error event), or -- `error_events`, a proxied stream --
-    vLLM's error event of code >= 500 (its engine failed before answering). None: the read
-    can go out. Both edges, proxied and stored streams."""
+    vLLM's error event of code >= 500 (its engine failed before answering; the 502 keeps
+    its message). None: the read can go out. Both edges, proxied and stored streams."""
     if scanner.malformed:
         return stream_failure(scanner, limit)
     code = scanner.error_code
     if error_events and code is not None and code >= 500:
-        return UpstreamError(f"The replica's answer was an error ({code}).",
+        said = f": {scanner.error_message}" if scanner.error_message else "."  # vLLM's words
+        return UpstreamError(f"The replica's answer was an error ({code}){said}",
                              reason="error_event")
     return None
 

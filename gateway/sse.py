@@ -47,6 +47,7 @@ MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # a held fragment up to a chunk's size and this much more is joined with the chunk and searched
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
 _JOIN_BYTES = 4096
+_MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
 _COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -134,6 +135,20 @@ def first_malformed(block: bytes) -> int | None:
     return None
 
 
+def _error_message(line: bytes) -> str | None:
+    """The message of an error event's data line (nested ``{"error": {"message": ...}}``,
+    flat ``{"object": "error", "message": ...}`` or ``{"error": "..."}``), at most
+    `_MESSAGE_CHARS` of it; None when the line is not JSON or says none. Parsed only for an
+    error event, which is rare."""
+    try:
+        data = orjson.loads(line.partition(b"data:")[2])
+    except orjson.JSONDecodeError:
+        return None
+    error = data.get("error", data) if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message[:_MESSAGE_CHARS] if isinstance(message, str) and message else None
+
+
 def carries_output(block: bytes) -> bool:
     """Whether relayed events carry generated output (not vLLM's role-only first chat chunk,
     a keep-alive or usage): the first such chunk sent is the TTFT, at both edges."""
@@ -149,7 +164,7 @@ class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
     __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "ended_event",
-                 "error_code", "malformed", "oversized", "usage")
+                 "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -161,6 +176,7 @@ class StreamScanner:
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
+        self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
         self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
 
@@ -184,6 +200,7 @@ class StreamScanner:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
             self.error_code = int(code.group(1)) if code else 500
+            self.error_message = _error_message(m.group())
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial

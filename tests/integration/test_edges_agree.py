@@ -517,14 +517,16 @@ GOOD = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n
 # vLLM's first event when its engine fails before answering
 ENGINE_ERROR = (b'data: {"error": {"message": "The engine failed.", "type": '
                 b'"InternalServerError", "param": null, "code": 500}}\n\n')
+# the 502 both edges answer for it keeps the replica's message (both used to drop it)
+ENGINE_FAILED = "The replica's answer was an error (500): The engine failed."
 
 
 @pytest.mark.parametrize("edge", EDGES)
 @pytest.mark.parametrize(
     ("first", "message"),
-    [(ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500)."),
+    [(ENGINE_ERROR + b"data: [DONE]\n\n", ENGINE_FAILED),
      (GOOD + b"data: <html>Bad Gateway</html>\n\n", MALFORMED),
-     (GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500).")],
+     (GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", ENGINE_FAILED)],
     ids=["error-event", "good-then-malformed", "good-then-error-event"])
 def test_a_stream_failing_in_its_first_read_is_a_502(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, first: bytes,
@@ -534,7 +536,8 @@ def test_a_stream_failing_in_its_first_read_is_a_502(
     first read holding vLLM's error event of code >= 500 (its engine failed), or an event that
     is not JSON (after good ones too: none was sent yet), is the HTTP edge's 502 JSON (after
     trying another replica), not a 200 and those events. The picker used to send a 200 and
-    the error event, or the good event and then the error event."""
+    the error event, or the good event and then the error event. The 502 says what vLLM's
+    error event said (both edges used to drop its message)."""
     replica.answer = sse_head() + chunked(first)
     with pytest.raises(openai.InternalServerError) as err:
         _client(bad[1][edge]).chat.completions.create(

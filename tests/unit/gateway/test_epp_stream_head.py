@@ -8,6 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 from unittest.mock import Mock
 
+import orjson
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -60,5 +61,8 @@ def test_a_first_read_with_an_error_event_is_an_immediate_502() -> None:
     ex.response_headers(_head())
     out = ex.response_body(_body(GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", end=True))
     assert len(out) == 1 and out[0].immediate_response.status.code == 502
+    # the replica's own words, as the HTTP edge's 502 keeps them
+    assert orjson.loads(out[0].immediate_response.body)["error"]["message"] == (
+        "The replica's answer was an error (500): x")
     assert not req.sse and req.status == 502
     core.router.record_first_token.assert_not_called()  # as the HTTP edge: not answered
