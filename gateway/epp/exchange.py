@@ -257,6 +257,7 @@ class Exchange:
             return self._refuse(exc)
         self._stored = f"{pool.name}/{replica.id}"
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        set_headers.append(("x-request-id", self._req_id))  # the answer's, as the HTTP edge
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
     async def _head_stored(
@@ -274,7 +275,7 @@ class Exchange:
                 status, sent, body = await stored.stream_head(path, query, req_id, token)
             else:
                 status, content_type, body, home = await stored.whole(
-                    path, "HEAD", b"", token)
+                    path, "HEAD", b"", token, req_id)
                 sent = [(b"content-type", content_type.encode("latin-1")),
                         (b"x-request-id", req_id), *stored.where(home)]
         except KvgateError as exc:

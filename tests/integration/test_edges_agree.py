@@ -586,6 +586,42 @@ def test_stored_answers_carry_the_request_id(edges: Edges, edge: str) -> None:
 
 
 @pytest.mark.parametrize("edge", EDGES)
+def test_a_request_id_is_echoed_else_made_in_one_format(edges: Edges, edge: str) -> None:
+    """A client's sane x-request-id is echoed and sent to the replica; otherwise (none, or one
+    over 128 bytes) kvgate makes one -- 32 hex digits at both edges (Envoy used to make its
+    own, a UUID, which the picker took for the client's)."""
+    base = _base(edges, edge)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    sent = f"mine-{uuid.uuid4().hex}"
+    for header, echoed in ((sent, True), (None, False), ("x" * 129, False)):
+        headers = {"x-request-id": header} if header is not None else {}
+        resp = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        rid = resp.headers["x-request-id"]
+        if echoed:
+            assert rid == sent
+        else:
+            assert len(rid) == 32 and int(rid, 16) >= 0, rid
+        assert edges.seen(rid) is not None  # the replica got the same id
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_request_sends_the_replica_the_answers_request_id(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A stored response's GET reaches its replica with the x-request-id its answer carries,
+    as a proxied request does (the HTTP edge sent none; the picker Envoy's or the client's
+    as it came, even one it replaced in the answer)."""
+    replica.get_answer = whole(WHOLE)
+    for header in ("mine-1", None, "x" * 129):
+        headers = {"x-request-id": header} if header is not None else {}
+        resp = httpx.get(f"{bad[1][edge]}/v1/responses/{RID}", headers=headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        assert replica.get_ids[-1] == resp.headers["x-request-id"].encode()
+        assert header != "mine-1" or replica.get_ids[-1] == b"mine-1"
+
+
+@pytest.mark.parametrize("edge", EDGES)
 def test_a_stored_stream_carries_the_request_id(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
 ) -> None:
