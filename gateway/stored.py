@@ -55,7 +55,8 @@ from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream", "wants_stream"]
+__all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
+           "wants_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})  # a true bool in vLLM's
 NO_EVENTS = ("The replica ended the stream before its first event (vLLM streams a stored "
              "response only when it was created with background and stream true).")
 _UNANSWERED = "The replica holding this response did not answer."
+NOT_IN_TIME = "The replica did not answer in time."  # a whole answer, past its bound
 
 
 def wants_stream(query: bytes) -> bool:
@@ -245,7 +247,7 @@ class StoredResponses:
                 body = await read_whole(resp, self._up.max_answer_bytes)  # (AnswerTooLarge)
                 clean = True
         except TimeoutError:
-            raise UpstreamTimeout("The replica did not answer in time.") from None
+            raise UpstreamTimeout(NOT_IN_TIME) from None
         except TRANSPORT_ERRORS:
             raise UpstreamError(_UNANSWERED) from None
         finally:

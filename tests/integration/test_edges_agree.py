@@ -29,7 +29,7 @@ import pytest
 from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
 from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
-from gateway.stored import NO_EVENTS
+from gateway.stored import NO_EVENTS, NOT_IN_TIME
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import envoy_proc, epp_proc
@@ -659,7 +659,13 @@ def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             envoy, base = envoy_proc(epp.picker,
                                      upstream=UpstreamConfig(first_byte_timeout_s=3.0))
             procs.append(envoy.start())
-            yield replica, {"http": http, "envoy": base}
+            bases = {"http": http, "envoy": base}
+            replica.answer = whole(WHOLE)  # RID stored, through each edge
+            for url in bases.values():
+                assert httpx.post(f"{url}/v1/responses", timeout=10,
+                                  json={"model": BAD_MODEL, "input": "x"}).status_code == 200
+            replica.answer = b""
+            yield replica, bases
         finally:
             replica.gate.set()
             for proc in reversed(procs):
@@ -672,7 +678,7 @@ def quiet(silent: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
     replica.gate, replica.end = threading.Event(), "close"
     yield replica
     replica.gate.set()
-    replica.rest, replica.answer, replica.end = b"", b"", "keep"
+    replica.rest, replica.answer, replica.get_answer, replica.end = b"", b"", None, "keep"
 
 
 def _chat(base: str, stream: bool) -> httpx.Response:
@@ -730,3 +736,52 @@ def test_a_replica_that_sends_no_head_is_cut_after_the_first_byte_timeout(
     assert time.monotonic() - start < 10
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == 504
+
+
+# -- ... and a stored response's answers: the same timeouts at both edges -------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_answer_without_its_body_in_time_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's GET whose head comes but not its body: the HTTP edge's 504 after
+    `first_byte_timeout_s` at both edges (the picker held it until Envoy's per-try idle
+    timeout)."""
+    head, _, body = whole(WHOLE).partition(b"\r\n\r\n")
+    quiet.get_answer, quiet.rest = head + b"\r\n\r\n", body  # rest: never sent
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}", timeout=20,
+                     headers={"x-request-id": "late-whole"})
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"] == {"message": NOT_IN_TIME, "type": "GatewayTimeoutError",
+                                    "param": None, "code": 504}
+    assert resp.headers["x-request-id"] == "late-whole"
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_without_a_first_event_in_time_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's stream: its head, then nothing -- the HTTP edge's 504 JSON after
+    `first_byte_timeout_s` at both edges (the picker held the head for Envoy to cut)."""
+    quiet.get_answer, quiet.rest = sse_head(), chunked(CREATED)  # rest: never sent
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json() == FIRST_BYTE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_that_stalls_ends_with_the_idle_timeouts_error_event(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's stream: its first event, then nothing -- the idle timeout's error
+    event and [DONE] at both edges."""
+    quiet.get_answer, quiet.rest = sse_head() + chunked(CREATED, last=False), chunked(DELTA)
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 200
+    assert resp.content == CREATED + stream_error(
+        "The replica did not answer in time (idle timeout).", "GatewayTimeoutError", 504)
