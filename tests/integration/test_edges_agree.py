@@ -33,7 +33,13 @@ from gateway.stored import NO_EVENTS, NOT_IN_TIME
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, FAST_HEALTH, gateway_proc, wait_for
+from tests.support.gateway import (
+    AUTH_SECRET,
+    FAST_HEALTH,
+    gateway_proc,
+    metric_values,
+    wait_for,
+)
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -217,10 +223,11 @@ def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             procs.append(envoy.start())
             replica.answer = whole(WHOLE)
             bases = {"http": http, "envoy": base}
+            metrics = {"http": http, "envoy": epp.base}  # where each edge's /metrics is
             for url in bases.values():
                 assert httpx.post(f"{url}/v1/responses", timeout=10,
                                   json={"model": BAD_MODEL, "input": "x"}).status_code == 200
-            yield replica, bases
+            yield replica, bases | {f"{k}-metrics": v for k, v in metrics.items()}
         finally:
             for proc in reversed(procs):
                 proc.stop()
@@ -453,6 +460,33 @@ def test_a_stream_that_fails_before_its_first_event_is_a_502(
     message = MALFORMED if how == "malformed" else NOT_STARTED
     assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
                               "code": 502}
+
+
+# -- a client that leaves mid-stream -------------------------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_client_leaving_mid_stream_counts_as_499_and_frees_its_replica(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A client that reads the first event and leaves: a 499 in `kvgate_requests_total` at
+    both edges (the picker counted it 200: the stream had started) and nothing left in
+    flight."""
+    replica.answer = sse_head() + chunked(GOOD, last=False)
+    replica.rest = chunked(GOOD + b"data: [DONE]\n\n")  # never asked for
+    metrics = bad[1][f"{edge}-metrics"]
+
+    def left() -> float:
+        counts = metric_values(metrics, "kvgate_requests_total")
+        return sum(v for k, v in counts.items() if 'status="499"' in k)
+
+    before = left()
+    with httpx.stream("POST", f"{bad[1][edge]}/v1/chat/completions", timeout=10, json={
+            "model": BAD_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}) as resp:
+        assert resp.status_code == 200
+        assert next(resp.iter_raw()) == GOOD
+    wait_for(lambda: left() == before + 1, what="the request counted as 499")
+    wait_for(lambda: sum(metric_values(metrics, "kvgate_inflight_requests").values()) == 0,
+             what="no request in flight")
 
 
 # -- a replica that refuses kvgate's credentials, or serves another model -------------------
