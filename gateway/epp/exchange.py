@@ -154,6 +154,11 @@ class Exchange:
         self._last = 0.0
         self._cut = False
 
+    @property
+    def begun(self) -> bool:
+        """Its request's headers have come (Envoy sends them once per stream)."""
+        return self._t0 != 0.0
+
     # -- request path ----------------------------------------------------------------------
     async def request_headers(
         self, msg: pb.ProcessingRequest,
