@@ -664,24 +664,27 @@ class Exchange:
     # -- the end ---------------------------------------------------------------------------
     async def close(self) -> None:
         """The stream ended (answered, refused, or cut): release, settle, count. Envoy ends
-        it before the answer's end when the client leaves, or when the replica breaks the
-        connection, which Envoy does not tell the picker: both count as the HTTP edge counts
-        a client that left (499), and the replica is not judged by it (health polling finds
-        a dead one). A stream already whole (a client that leaves at ``[DONE]`` may end the
-        exchange before Envoy sends the stream's end) is judged as ended."""
+        a started stream's exchange before its end when the client leaves, or when the
+        replica breaks the connection, which Envoy does not tell the picker: counted as the
+        HTTP edge counts a client that left (499), the replica not judged by it (health
+        polling finds a dead one) -- unless the stream was already whole (a client that
+        leaves at ``[DONE]`` may end the exchange before Envoy sends the stream's end)."""
         req = self.req
         if req is None:
             return
         scanner = self._scanner
         if req.status == 0:
             req.status = 499  # the exchange ended before any answer (the client left)
-        elif self._lease is not None and not self._cut and (self.sse or self._held is not None):
-            if self._head is None and scanner is not None and scanner.complete():
+        elif (self._lease is not None and not self._cut and self.sse and self._head is None
+              and scanner is not None):  # started, not ended (it counted as 200)
+            if scanner.complete():
                 self._stream_ended(scanner, req, whole=True)
             else:
-                req.status = 499  # (it used to count as 200 once a stream had started)
+                req.status = 499
         elif self._lease is not None and req.status == 200 and not self._lease.answered:
-            req.status = 502  # the answer was cut before it began
+            # cut before it began (its head held): Envoy answered the client 502 itself when
+            # the replica broke the connection
+            req.status = 502
         self._detach()
         await self._core.prep.finish(req, log)
 
