@@ -57,7 +57,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.sse import StreamScanner, body_usage, carries_output, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
@@ -70,12 +70,6 @@ RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the 
 # a whole Responses API answer waits this long at most for its id to reach Redis, so that a
 # follow-up through another gateway finds it (a stream's id goes out with its first event)
 _SHARE_WAIT_S = 1.0  # = the write's own timeout
-# a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
-# `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
-# `delta` -- a non-empty string value
-_CONTENT = re.compile(
-    rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
-)
 DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = "application/json"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
@@ -147,13 +141,14 @@ def unstarted_failure(
     the client): a bad event (`stream_failure`), even after good ones in the same read (they
     are not sent: the client gets the 502 JSON, and the HTTP edge another replica first,
     rather than those events and an error event), or -- `error_events`, a proxied stream --
-    vLLM's error event of code >= 500 (its engine failed before answering). None: the read
-    can go out. Both edges, proxied and stored streams."""
+    vLLM's error event of code >= 500 (its engine failed before answering; the 502 keeps
+    its message). None: the read can go out. Both edges, proxied and stored streams."""
     if scanner.malformed:
         return stream_failure(scanner, limit)
     code = scanner.error_code
     if error_events and code is not None and code >= 500:
-        return UpstreamError(f"The replica's answer was an error ({code}).",
+        said = f": {scanner.error_message}" if scanner.error_message else "."  # vLLM's words
+        return UpstreamError(f"The replica's answer was an error ({code}){said}",
                              reason="error_event")
     return None
 
@@ -308,7 +303,7 @@ class Relay:
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)
-                elif _CONTENT.search(out):
+                elif carries_output(out):
                     req.ttft = sent - req.t0
                     self._metrics.first_token(req.pool.name, req.ttft, req.tier)
                 last_sent = sent

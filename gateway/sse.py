@@ -25,8 +25,8 @@ import re
 
 import orjson
 
-__all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "comment_only",
-           "first_malformed", "scan_usage"]
+__all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
+           "comment_only", "first_malformed", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -37,10 +37,17 @@ _COUNTS = re.compile(
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 _ENDS = (b"\n\n", b"\r\n\r\n")
+# a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
+# `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
+# `delta` -- a non-empty string value
+_OUTPUT = re.compile(
+    rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"[^"]'
+)
 MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # a held fragment up to a chunk's size and this much more is joined with the chunk and searched
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
 _JOIN_BYTES = 4096
+_MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
 _COLON = ord(":")  # a line starting with it is an SSE comment
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -128,6 +135,26 @@ def first_malformed(block: bytes) -> int | None:
     return None
 
 
+def _error_message(line: bytes) -> str | None:
+    """The message of an error event's data line (nested ``{"error": {"message": ...}}``,
+    flat ``{"object": "error", "message": ...}`` or ``{"error": "..."}``), at most
+    `_MESSAGE_CHARS` of it; None when the line is not JSON or says none. Parsed only for an
+    error event, which is rare."""
+    try:
+        data = orjson.loads(line.partition(b"data:")[2])
+    except orjson.JSONDecodeError:
+        return None
+    error = data.get("error", data) if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else error
+    return message[:_MESSAGE_CHARS] if isinstance(message, str) and message else None
+
+
+def carries_output(block: bytes) -> bool:
+    """Whether relayed events carry generated output (not vLLM's role-only first chat chunk,
+    a keep-alive or usage): the first such chunk sent is the TTFT, at both edges."""
+    return _OUTPUT.search(block) is not None
+
+
 def comment_only(block: bytes) -> bool:
     """True when a block of whole SSE lines holds only comments (``: keep-alive``)."""
     return all(not line or line.startswith(b":") for line in block.splitlines())
@@ -137,7 +164,7 @@ class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
     __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "ended_event",
-                 "error_code", "malformed", "oversized", "usage")
+                 "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -149,6 +176,7 @@ class StreamScanner:
         self.usage: Usage | None = None
         self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
+        self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
         self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
 
@@ -172,6 +200,7 @@ class StreamScanner:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
             self.error_code = int(code.group(1)) if code else 500
+            self.error_message = _error_message(m.group())
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial

@@ -55,7 +55,8 @@ from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream", "wants_stream"]
+__all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
+           "wants_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})  # a true bool in vLLM's
 NO_EVENTS = ("The replica ended the stream before its first event (vLLM streams a stored "
              "response only when it was created with background and stream true).")
 _UNANSWERED = "The replica holding this response did not answer."
+NOT_IN_TIME = "The replica did not answer in time."  # a whole answer, past its bound
 
 
 def wants_stream(query: bytes) -> bool:
@@ -116,7 +118,7 @@ class StoredResponses:
             return
         try:
             status, content_type, body, where = await self.whole(
-                path, method, scope.get("query_string", b""), token)
+                path, method, scope.get("query_string", b""), token, req_id)
         except KvgateError as exc:
             await _send_error(send, exc, req_id)
             return
@@ -135,7 +137,7 @@ class StoredResponses:
             return
         where = f"{pool.name}/{replica.id}"
         url = f"{replica.url}{path}?{scope['query_string'].decode('latin-1')}"
-        headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+        headers = _upstream_headers(pool, req_id)
         ctl = Canceller(self._up, receive)
         pipe = _Pipe(send, ctl, req_id, self.where(where), self._up.max_answer_bytes,
                      head_only=scope["method"] == "HEAD")
@@ -224,7 +226,7 @@ class StoredResponses:
         return pool, replica
 
     async def whole(
-        self, path: str, method: str, query: bytes, token: str | None
+        self, path: str, method: str, query: bytes, token: str | None, req_id: bytes,
     ) -> tuple[int, str, bytes, str]:
         """The replica's whole answer: status, content type, body (an error re-shaped into
         OpenAI's) and ``pool/replica``. ``HEAD`` is asked as GET: the server answering the
@@ -234,7 +236,7 @@ class StoredResponses:
             method = "GET"
         pool, replica = self.locate(path, method, token, head=True)
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
-        headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+        headers = _upstream_headers(pool, req_id)
         resp: UpstreamResponse | None = None
         clean = False
         try:
@@ -245,7 +247,7 @@ class StoredResponses:
                 body = await read_whole(resp, self._up.max_answer_bytes)  # (AnswerTooLarge)
                 clean = True
         except TimeoutError:
-            raise UpstreamTimeout("The replica did not answer in time.") from None
+            raise UpstreamTimeout(NOT_IN_TIME) from None
         except TRANSPORT_ERRORS:
             raise UpstreamError(_UNANSWERED) from None
         finally:
@@ -255,6 +257,14 @@ class StoredResponses:
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
+
+
+def _upstream_headers(pool: Pool, req_id: bytes) -> dict[str, str]:
+    """What the replica is sent: the pool's credentials (no body: no content type) and the
+    request id the client's answer carries, as on proxied requests (both edges)."""
+    headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+    headers["X-Request-Id"] = req_id.decode("latin-1")
+    return headers
 
 
 def _headers(

@@ -143,6 +143,9 @@ def envoy_config(
     hcm = {
         "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "kvgate", "codec_type": "AUTO", "http_filters": filters,
+        # the picker makes a missing x-request-id in the HTTP edge's format (Envoy's would be a
+        # UUID, which the picker cannot tell from a client's); a client's passes unchanged
+        "generate_request_id": False,
         "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
             "name": "kvgate", "domains": ["*"],

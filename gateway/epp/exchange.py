@@ -21,8 +21,9 @@ error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are
 Envoy sends the client nothing until the response headers are answered, so a stream's head
 is held until its first bytes, as the HTTP edge sends it: a stream failing before them is the
 HTTP edge's 502 JSON. A stored response's answers are bounded and held alike, not judged.
-The HTTP edge's upstream timeouts apply once the answer's head is in (`deadline`,
-`timed_out`: a 504 before a stream's first bytes, an error event after them; no retry).
+The HTTP edge's upstream timeouts apply once the answer's head is in, a stored response's
+too (`deadline`, `timed_out`: a 504 before a stream's first bytes, an error event after them;
+no retry).
 The lease is released and the admission settled when the stream ends, however it ends
 (`close`).
 """
@@ -50,13 +51,13 @@ from gateway.errors import (
     ReplicaRefused,
     ReplicaWrongModel,
     UpstreamError,
+    UpstreamTimeout,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.relay import (
-    _CONTENT,
     CUT_SHORT,
     NOT_STARTED,
     judge,
@@ -68,9 +69,10 @@ from gateway.relay import (
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest, request_id
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.sse import StreamScanner, body_usage, carries_output, comment_only
 from gateway.stored import (
     NO_EVENTS,
+    NOT_IN_TIME,
     StoredResponses,
     match_stored,
     not_a_stream,
@@ -119,7 +121,7 @@ class Exchange:
 
     __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_status",
                  "_last", "_lease", "_pending", "_principal", "_req_id", "_scanner", "_sent_at",
-                 "_size", "_stored", "_stream", "_subset", "order", "req", "sse")
+                 "_size", "_stored", "_stream", "_subset", "_t0", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -147,9 +149,15 @@ class Exchange:
         self._pending: pb.ProcessingResponse | None = None
         # the upstream timeouts (`deadline`): when the request went to its replica, when its
         # stream last sent bytes (perf_counter), and whether the picker ended it for them
-        self._sent_at = 0.0
+        self._t0 = 0.0  # the request's start (the total timeout's), a stored one's too
+        self._sent_at = 0.0  # when it went to its replica (0: not yet)
         self._last = 0.0
         self._cut = False
+
+    @property
+    def begun(self) -> bool:
+        """Its request's headers have come (Envoy sends them once per stream)."""
+        return self._t0 != 0.0
 
     # -- request path ----------------------------------------------------------------------
     async def request_headers(
@@ -157,6 +165,7 @@ class Exchange:
     ) -> Sequence[pb.ProcessingResponse]:
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
+        self._t0 = perf_counter()
         path, query, method, token, sent_id, declared = _scan(msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
@@ -179,7 +188,7 @@ class Exchange:
         if kind is None or method != "POST":
             return [self._not_proxied(path, method, token)]  # (no x-request-id, as there)
         req_id = self._req_id = request_id(sent_id, core.new_id)
-        req = self.req = ProxiedRequest(path, kind, req_id, perf_counter())
+        req = self.req = ProxiedRequest(path, kind, req_id, self._t0)
         hint = wire.subset_hint(msg)
         self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
         try:
@@ -257,7 +266,9 @@ class Exchange:
         except KvgateError as exc:
             return self._refuse(exc)
         self._stored = f"{pool.name}/{replica.id}"
+        self._sent_at = perf_counter()
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        set_headers.append(("x-request-id", self._req_id))  # the answer's, as the HTTP edge
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
     async def _head_stored(
@@ -275,7 +286,7 @@ class Exchange:
                 status, sent, body = await stored.stream_head(path, query, req_id, token)
             else:
                 status, content_type, body, home = await stored.whole(
-                    path, "HEAD", b"", token)
+                    path, "HEAD", b"", token, req_id)
                 sent = [(b"content-type", content_type.encode("latin-1")),
                         (b"x-request-id", req_id), *stored.where(home)]
         except KvgateError as exc:
@@ -514,7 +525,7 @@ class Exchange:
                 req.replica, req.features, perf_counter() - req.t0, core.clock())
             if req.kind == "responses" and (rid := response_id(out)) is not None:
                 core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
-        if req.ttft is None and _CONTENT.search(out):
+        if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
 
@@ -593,22 +604,25 @@ class Exchange:
 
     # -- the upstream timeouts --------------------------------------------------------------
     def deadline(self) -> float | None:
-        """Seconds until a proxied answer the picker sees passes one of the HTTP edge's
-        upstream timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream's
-        head held past `first_byte_timeout_s` from when the request went to its replica, its
-        bytes stopping for `idle_timeout_s` once started, any answer past `total_timeout_s`
-        from the request's start. An answer whose head never comes is not seen here (Envoy
-        calls the response path with the head): Envoy's router timeouts bound it
+        """Seconds until an answer the picker sees passes one of the HTTP edge's upstream
+        timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream's head held
+        past `first_byte_timeout_s` from when the request went to its replica, its bytes
+        stopping for `idle_timeout_s` once started, any answer past `total_timeout_s` from the
+        request's start; a stored response's whole answer past the first of the first-byte and
+        total ones (`StoredResponses.whole`). An answer whose head never comes is not seen here
+        (Envoy calls the response path with the head): Envoy's router timeouts bound it
         (`envoy_config`)."""
-        req, up = self.req, self._core.cfg.upstream
-        if req is None or self._lease is None or self._cut:
+        up = self._core.cfg.upstream
+        if self._cut or not self._sent_at or (self.req is not None and self._lease is None):
             return None
+        total = self._t0 + up.total_timeout_s
         if self._head is not None:
-            at = min(self._sent_at + up.first_byte_timeout_s, req.t0 + up.total_timeout_s)
-        elif self.sse and req.sse:  # started, not ended (`_cut`)
-            at = min(self._last + up.idle_timeout_s, req.t0 + up.total_timeout_s)
+            at = min(self._sent_at + up.first_byte_timeout_s, total)
+        elif self.sse:  # started (its head went out), not ended (`_cut`)
+            at = min(self._last + up.idle_timeout_s, total)
         elif self._held is not None:
-            at = req.t0 + up.total_timeout_s
+            at = total if self.req is not None else min(
+                self._sent_at + up.first_byte_timeout_s, total)
         else:
             return None
         return max(0.0, at - perf_counter())
@@ -616,43 +630,61 @@ class Exchange:
     def timed_out(self) -> Sequence[pb.ProcessingResponse]:
         """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
         stream's first bytes or for a whole answer (an immediate response: Envoy drops the
-        replica's stream), an error event ending a started stream -- and the replica judged
-        as there (a first-byte cut is its failure only when it answers none of its other
-        requests, `Replica.hung`; an idle stream is; the total timeout is not). The picker cannot
-        send the request again: no other replica is tried."""
-        req, up = self.req, self._core.cfg.upstream
-        if req is None or req.target is None or self._lease is None:
+        replica's stream), an error event ending a started stream -- and a proxied answer's
+        replica judged as there (a first-byte cut is its failure only when it answers none of
+        its other requests, `Replica.hung`; an idle stream is; the total timeout is not; a
+        stored response's answer is not judged). The picker cannot send the request again: no
+        other replica is tried."""
+        req = self.req
+        if self.deadline() is None:
             return ()
-        target, now = req.target, perf_counter()
-        total = now >= req.t0 + up.total_timeout_s
+        target = req.target if req is not None else None
+        total = perf_counter() >= self._t0 + self._core.cfg.upstream.total_timeout_s
         self._cut = True
         if self._head is not None:
             reason = "total" if total else "first byte"
-            if not total and target.hung():
+            if target is not None and not total and target.hung():
                 target.record_failure(self._core.clock())
             self._head = None
-            log.info("replica sent nothing in time", extra={"replica": target.id})
+            log.info("replica sent nothing in time",
+                     extra={"replica": target.id if target is not None else self._stored})
             return [self._refuse(cut_error(reason))]
         if self._held is not None:
             self._held = None
-            return [self._refuse(cut_error("total"))]
+            late = cut_error("total") if req is not None else UpstreamTimeout(NOT_IN_TIME)
+            return [self._refuse(late)]
         reason = "total" if total else "idle"
-        if reason == "idle":
+        if reason == "idle" and target is not None:
             target.record_failure(self._core.clock())  # a stalled answer: a passive signal
         exc = cut_error(reason)
-        req.status = exc.status
+        if req is not None:
+            req.status = exc.status
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
 
     # -- the end ---------------------------------------------------------------------------
     async def close(self) -> None:
-        """The stream ended (answered, refused, or cut): release, settle, count."""
+        """The stream ended (answered, refused, or cut): release, settle, count. Envoy ends
+        a started stream's exchange before its end when the client leaves, or when the
+        replica breaks the connection, which Envoy does not tell the picker: counted as the
+        HTTP edge counts a client that left (499), the replica not judged by it (health
+        polling finds a dead one) -- unless the stream was already whole (a client that
+        leaves at ``[DONE]`` may end the exchange before Envoy sends the stream's end)."""
         req = self.req
         if req is None:
             return
+        scanner = self._scanner
         if req.status == 0:
             req.status = 499  # the exchange ended before any answer (the client left)
+        elif (self._lease is not None and not self._cut and self.sse and self._head is None
+              and scanner is not None):  # started, not ended (it counted as 200)
+            if scanner.complete():
+                self._stream_ended(scanner, req, whole=True)
+            else:
+                req.status = 499
         elif self._lease is not None and req.status == 200 and not self._lease.answered:
-            req.status = 502  # the answer was cut before it began
+            # cut before it began (its head held): Envoy answered the client 502 itself when
+            # the replica broke the connection
+            req.status = 502
         self._detach()
         await self._core.prep.finish(req, log)
 

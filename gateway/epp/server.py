@@ -72,6 +72,10 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 elif kind == "request_body":
                     out = await ex.request_body(msg)
                 elif kind == "request_headers":
+                    if ex.begun:  # one request per stream: a second would orphan the first's
+                        # lease and admission (`close` settles the first now)
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                            "request_headers sent twice on one stream")
                     out = await ex.request_headers(msg)
                     if not out and msg.request_headers.end_of_stream:
                         out = await ex.decide(end=True)  # a POST without a body

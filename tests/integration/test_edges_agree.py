@@ -29,11 +29,17 @@ import pytest
 from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
 from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
-from gateway.stored import NO_EVENTS
+from gateway.stored import NO_EVENTS, NOT_IN_TIME
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, FAST_HEALTH, gateway_proc, wait_for
+from tests.support.gateway import (
+    AUTH_SECRET,
+    FAST_HEALTH,
+    gateway_proc,
+    metric_values,
+    wait_for,
+)
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -217,10 +223,11 @@ def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             procs.append(envoy.start())
             replica.answer = whole(WHOLE)
             bases = {"http": http, "envoy": base}
+            metrics = {"http": http, "envoy": epp.base}  # where each edge's /metrics is
             for url in bases.values():
                 assert httpx.post(f"{url}/v1/responses", timeout=10,
                                   json={"model": BAD_MODEL, "input": "x"}).status_code == 200
-            yield replica, bases
+            yield replica, bases | {f"{k}-metrics": v for k, v in metrics.items()}
         finally:
             for proc in reversed(procs):
                 proc.stop()
@@ -455,6 +462,33 @@ def test_a_stream_that_fails_before_its_first_event_is_a_502(
                               "code": 502}
 
 
+# -- a client that leaves mid-stream -------------------------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_client_leaving_mid_stream_counts_as_499_and_frees_its_replica(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A client that reads the first event and leaves: a 499 in `kvgate_requests_total` at
+    both edges (the picker counted it 200: the stream had started) and nothing left in
+    flight."""
+    replica.answer = sse_head() + chunked(GOOD, last=False)
+    replica.rest = chunked(GOOD + b"data: [DONE]\n\n")  # never asked for
+    metrics = bad[1][f"{edge}-metrics"]
+
+    def left() -> float:
+        counts = metric_values(metrics, "kvgate_requests_total")
+        return sum(v for k, v in counts.items() if 'status="499"' in k)
+
+    before = left()
+    with httpx.stream("POST", f"{bad[1][edge]}/v1/chat/completions", timeout=10, json={
+            "model": BAD_MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "stream": True}) as resp:
+        assert resp.status_code == 200
+        assert next(resp.iter_raw()) == GOOD
+    wait_for(lambda: left() == before + 1, what="the request counted as 499")
+    wait_for(lambda: sum(metric_values(metrics, "kvgate_inflight_requests").values()) == 0,
+             what="no request in flight")
+
+
 # -- a replica that refuses kvgate's credentials, or serves another model -------------------
 # vLLM's answers: its --api-key middleware's 401, its 404 for a model it does not serve
 UNAUTHORIZED = whole(b'{"error": "Unauthorized"}', status=401)
@@ -517,14 +551,16 @@ GOOD = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n
 # vLLM's first event when its engine fails before answering
 ENGINE_ERROR = (b'data: {"error": {"message": "The engine failed.", "type": '
                 b'"InternalServerError", "param": null, "code": 500}}\n\n')
+# the 502 both edges answer for it keeps the replica's message (both used to drop it)
+ENGINE_FAILED = "The replica's answer was an error (500): The engine failed."
 
 
 @pytest.mark.parametrize("edge", EDGES)
 @pytest.mark.parametrize(
     ("first", "message"),
-    [(ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500)."),
+    [(ENGINE_ERROR + b"data: [DONE]\n\n", ENGINE_FAILED),
      (GOOD + b"data: <html>Bad Gateway</html>\n\n", MALFORMED),
-     (GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", "The replica's answer was an error (500).")],
+     (GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", ENGINE_FAILED)],
     ids=["error-event", "good-then-malformed", "good-then-error-event"])
 def test_a_stream_failing_in_its_first_read_is_a_502(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, first: bytes,
@@ -534,7 +570,8 @@ def test_a_stream_failing_in_its_first_read_is_a_502(
     first read holding vLLM's error event of code >= 500 (its engine failed), or an event that
     is not JSON (after good ones too: none was sent yet), is the HTTP edge's 502 JSON (after
     trying another replica), not a 200 and those events. The picker used to send a 200 and
-    the error event, or the good event and then the error event."""
+    the error event, or the good event and then the error event. The 502 says what vLLM's
+    error event said (both edges used to drop its message)."""
     replica.answer = sse_head() + chunked(first)
     with pytest.raises(openai.InternalServerError) as err:
         _client(bad[1][edge]).chat.completions.create(
@@ -583,6 +620,42 @@ def test_stored_answers_carry_the_request_id(edges: Edges, edge: str) -> None:
 
 
 @pytest.mark.parametrize("edge", EDGES)
+def test_a_request_id_is_echoed_else_made_in_one_format(edges: Edges, edge: str) -> None:
+    """A client's sane x-request-id is echoed and sent to the replica; otherwise (none, or one
+    over 128 bytes) kvgate makes one -- 32 hex digits at both edges (Envoy used to make its
+    own, a UUID, which the picker took for the client's)."""
+    base = _base(edges, edge)
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    sent = f"mine-{uuid.uuid4().hex}"
+    for header, echoed in ((sent, True), (None, False), ("x" * 129, False)):
+        headers = {"x-request-id": header} if header is not None else {}
+        resp = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        rid = resp.headers["x-request-id"]
+        if echoed:
+            assert rid == sent
+        else:
+            assert len(rid) == 32 and int(rid, 16) >= 0, rid
+        assert edges.seen(rid) is not None  # the replica got the same id
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_request_sends_the_replica_the_answers_request_id(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A stored response's GET reaches its replica with the x-request-id its answer carries,
+    as a proxied request does (the HTTP edge sent none; the picker Envoy's or the client's
+    as it came, even one it replaced in the answer)."""
+    replica.get_answer = whole(WHOLE)
+    for header in ("mine-1", None, "x" * 129):
+        headers = {"x-request-id": header} if header is not None else {}
+        resp = httpx.get(f"{bad[1][edge]}/v1/responses/{RID}", headers=headers, timeout=10)
+        assert resp.status_code == 200, resp.text
+        assert replica.get_ids[-1] == resp.headers["x-request-id"].encode()
+        assert header != "mine-1" or replica.get_ids[-1] == b"mine-1"
+
+
+@pytest.mark.parametrize("edge", EDGES)
 def test_a_stored_stream_carries_the_request_id(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
 ) -> None:
@@ -620,7 +693,13 @@ def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             envoy, base = envoy_proc(epp.picker,
                                      upstream=UpstreamConfig(first_byte_timeout_s=3.0))
             procs.append(envoy.start())
-            yield replica, {"http": http, "envoy": base}
+            bases = {"http": http, "envoy": base}
+            replica.answer = whole(WHOLE)  # RID stored, through each edge
+            for url in bases.values():
+                assert httpx.post(f"{url}/v1/responses", timeout=10,
+                                  json={"model": BAD_MODEL, "input": "x"}).status_code == 200
+            replica.answer = b""
+            yield replica, bases
         finally:
             replica.gate.set()
             for proc in reversed(procs):
@@ -633,7 +712,7 @@ def quiet(silent: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
     replica.gate, replica.end = threading.Event(), "close"
     yield replica
     replica.gate.set()
-    replica.rest, replica.answer, replica.end = b"", b"", "keep"
+    replica.rest, replica.answer, replica.get_answer, replica.end = b"", b"", None, "keep"
 
 
 def _chat(base: str, stream: bool) -> httpx.Response:
@@ -691,3 +770,52 @@ def test_a_replica_that_sends_no_head_is_cut_after_the_first_byte_timeout(
     assert time.monotonic() - start < 10
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"]["code"] == 504
+
+
+# -- ... and a stored response's answers: the same timeouts at both edges -------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_answer_without_its_body_in_time_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's GET whose head comes but not its body: the HTTP edge's 504 after
+    `first_byte_timeout_s` at both edges (the picker held it until Envoy's per-try idle
+    timeout)."""
+    head, _, body = whole(WHOLE).partition(b"\r\n\r\n")
+    quiet.get_answer, quiet.rest = head + b"\r\n\r\n", body  # rest: never sent
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}", timeout=20,
+                     headers={"x-request-id": "late-whole"})
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"] == {"message": NOT_IN_TIME, "type": "GatewayTimeoutError",
+                                    "param": None, "code": 504}
+    assert resp.headers["x-request-id"] == "late-whole"
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_without_a_first_event_in_time_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's stream: its head, then nothing -- the HTTP edge's 504 JSON after
+    `first_byte_timeout_s` at both edges (the picker held the head for Envoy to cut)."""
+    quiet.get_answer, quiet.rest = sse_head(), chunked(CREATED)  # rest: never sent
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json() == FIRST_BYTE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_that_stalls_ends_with_the_idle_timeouts_error_event(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's stream: its first event, then nothing -- the idle timeout's error
+    event and [DONE] at both edges."""
+    quiet.get_answer, quiet.rest = sse_head() + chunked(CREATED, last=False), chunked(DELTA)
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 200
+    assert resp.content == CREATED + stream_error(
+        "The replica did not answer in time (idle timeout).", "GatewayTimeoutError", 504)

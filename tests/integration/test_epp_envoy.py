@@ -3,7 +3,7 @@ kvgate's bootstrap (ext_proc + an ORIGINAL_DST cluster on x-gateway-destination-
 a real `kvgate epp` with API keys, four simulated replicas, the official openai client.
 
 What reaches the replicas is read from their own request logs (`/sim/requests`), matched by
-the X-Request-Id Envoy generates and the picker passes on.
+the X-Request-Id the picker makes (the bootstrap leaves it to the picker) and passes on.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
 from gateway.prepare import OFF_LOOP_BYTES
 from tests.support.epp import EppProc, epp_proc
-from tests.support.gateway import AUTH_SECRET, wait_for
+from tests.support.gateway import AUTH_SECRET, metric_values, wait_for
 from tests.support.procs import Proc, sim_proc
 
 PUBLIC, SERVED = "public-model", "sim-model"
@@ -373,3 +373,29 @@ async def test_a_tenant_over_its_limit_is_refused_before_its_large_body() -> Non
             refused = (await _answers(call, 1))[0].immediate_response
     assert refused.status.code == 429
     assert orjson.loads(refused.body)["error"]["type"] == "RateLimitError"
+
+
+async def test_request_headers_twice_fail_the_stream_and_settle_the_first_request() -> None:
+    """Envoy sends one request's headers per stream. A second set (a broken data plane) used
+    to replace the request in progress: its lease stayed in flight for ever and its tenant's
+    concurrency slot was never returned (every later request a 429). The stream now fails
+    (INVALID_ARGUMENT) and the first request is settled."""
+    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
+              "models": {PUBLIC: {"default": "p"}},
+              "tiers": {"default": {"limits": {"max_concurrency": 1}}}}
+    epp = epp_proc(config=config)
+    with sim, epp:
+        async with grpc.aio.insecure_channel(epp.picker) as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            body = _chat("once")
+            call, answers = await _picked(stub, body)
+            assert DESTINATION in _set(answers[0])
+            await call.write(pb.ProcessingRequest(request_headers=_headers(_request(body))))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await _answers(call, 1)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            wait_for(lambda: sum(metric_values(
+                epp.base, "kvgate_inflight_requests").values()) == 0, what="nothing in flight")
+            _, answers = await _picked(stub, body)  # the tenant's one slot is free again
+            assert DESTINATION in _set(answers[0])

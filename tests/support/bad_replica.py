@@ -71,6 +71,7 @@ class BadReplica:
         self.end: End = end
         self.posts = 0
         self.gets: list[bytes] = []  # the paths (with query) of stored-response GETs
+        self.get_ids: list[bytes] = []  # ... and the x-request-id each came with (b"": none)
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -101,10 +102,12 @@ class BadReplica:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
                 method, path = head.split(b" ", 2)[:2]
-                length, chunked_body = 0, False
+                length, chunked_body, req_id = 0, False, b""
                 for line in head.split(b"\r\n")[1:]:
                     name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
+                    if name.strip().lower() == b"x-request-id":
+                        req_id = value.strip()
+                    elif name.strip().lower() == b"content-length":
                         length = int(value)
                     elif name.strip().lower() == b"transfer-encoding":
                         chunked_body = b"chunked" in value.lower()
@@ -121,6 +124,7 @@ class BadReplica:
                     self.posts += 1
                 else:
                     self.gets.append(path)
+                    self.get_ids.append(req_id)
                 writer.write(self.answer if method == b"POST" else self.get_answer or b"")
                 await writer.drain()
                 if self.rest:

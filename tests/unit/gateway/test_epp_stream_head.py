@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 from typing import Any
-from unittest.mock import Mock
+from unittest.mock import AsyncMock, Mock
 
+import orjson
 from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
@@ -60,5 +61,25 @@ def test_a_first_read_with_an_error_event_is_an_immediate_502() -> None:
     ex.response_headers(_head())
     out = ex.response_body(_body(GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", end=True))
     assert len(out) == 1 and out[0].immediate_response.status.code == 502
+    # the replica's own words, as the HTTP edge's 502 keeps them
+    assert orjson.loads(out[0].immediate_response.body)["error"]["message"] == (
+        "The replica's answer was an error (500): x")
     assert not req.sse and req.status == 502
     core.router.record_first_token.assert_not_called()  # as the HTTP edge: not answered
+
+
+async def test_an_exchange_ended_mid_stream_is_a_499_unless_the_stream_was_whole() -> None:
+    """Envoy ends the exchange before the stream's end when the client leaves (or the replica
+    broke the connection: Envoy does not say): the HTTP edge's 499, not the 200 the picker
+    counted once the stream had started. A client leaving right at [DONE] may beat Envoy's
+    end of stream: that stream was whole, a 200."""
+    for events, status in ((GOOD, 499), (GOOD + b"data: [DONE]\n\n", 200)):
+        ex, req, core = _exchange()
+        core.prep = Mock(finish=AsyncMock())
+        ex.response_headers(_head())
+        ex.response_body(_body(events))
+        assert req.sse  # the head went out
+        await ex.close()
+        assert req.status == status
+        core.prep.finish.assert_awaited_once()
+        assert ex._lease is None  # released

@@ -98,12 +98,22 @@ FLAT = b'data: {"object":"error","message":"boom","type":"InternalServerError","
 
 
 @pytest.mark.parametrize("size", [1, 5, 64, 4096])
-@pytest.mark.parametrize(("event", "code"), [(DEAD, 500), (FLAT, 503)])
-def test_an_error_event_is_noted_and_passed_through(size: int, event: bytes, code: int) -> None:
+@pytest.mark.parametrize(
+    ("event", "code", "message"),
+    [(DEAD, 500, "The server had an error while processing your request."),
+     (FLAT, 503, "boom"),
+     (b'data: {"error": "overloaded", "code": 503}\n\n', 503, "overloaded"),
+     (b'data: {"error": {"code": 500}}\n\n', 500, None),
+     (b'data: {"error": {"message": "' + b"m" * 600 + b'", "code": 500}}\n\n', 500, "m" * 512)])
+def test_an_error_event_is_noted_and_passed_through(
+    size: int, event: bytes, code: int, message: str | None,
+) -> None:
+    """Its code and message (bounded) are kept: a stream failing with it before it reached
+    the client is a 502 that says what the replica said (`relay.unstarted_failure`)."""
     stream = CHUNK + event + DONE
     out, scanner = run(split_every(stream, size), False)
     assert out == stream
-    assert scanner.error_code == code
+    assert (scanner.error_code, scanner.error_message) == (code, message)
 
 
 def test_generated_text_about_errors_is_not_an_error_event() -> None:
