@@ -310,9 +310,9 @@ class TenantResolver:
         for fingerprint, record in now.items():
             if fingerprint not in self._skipped:
                 self._skipped_total[record.kind] = self._skipped_total.get(record.kind, 0) + 1
-                log.error("tenancy store: %s record %r is unreadable and was skipped; every "
-                          "other record is in force (fix or delete it)", record.kind,
-                          record.name, extra={"kind": record.kind})
+                log.error("tenancy store: the record of %s is unreadable and was skipped; "
+                          "every other record is in force (fix or delete it)", record.label,
+                          extra={"kind": record.kind})
         if self._skipped and not now:
             log.info("tenancy store: no unreadable record left")
         self._skipped = now
@@ -398,7 +398,7 @@ class TenantResolver:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
         if reason is None and self._skipped:
-            names = [f"{s.kind} {s.name!r}" for s in self._skipped.values()]
+            names = [s.label for s in self._skipped.values()]
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
                                             else "")
             reason = (f"{len(names)} unreadable record(s) in the store skipped: {shown} "

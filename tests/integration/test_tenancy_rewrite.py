@@ -224,7 +224,7 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
         assert old.authenticate(keys["g1"]).cache_salt == salts.derive("group:pub", 1)
         health = old.health()
         assert health.records_skipped == {"salt_group": 1} and health.degraded
-        assert "salt_group 'pub'" in (health.reason or "")
+        assert "salt group 'pub'" in (health.reason or "")
         # a process that never read it refuses the group's tenants, serves the others
         await new.start()
         assert new.authenticate(keys["solo"]).tier_known
