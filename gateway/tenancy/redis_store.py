@@ -122,13 +122,17 @@ _PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
     "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
     + _log("policy", "'policy'") + "return v + 1"
 )
-# An epoch that is not a decimal integer (corrupted) cannot be counted on: the group gets a
-# fresh random one (ARGV[4]), a salt it never had, rather than an error or an old salt.
+# An epoch that is not valid (`_epoch`: corrupted, "007", past 2**63 - 1) cannot be counted
+# on: the group gets a fresh random one (ARGV[4]), a salt it never had, rather than an error or
+# an old salt. HINCRBY refuses exactly what is not a valid epoch but a negative one ("007" and
+# past 2**63 - 1: "not an integer"; 2**63 - 1 itself: "would overflow"), so its refusal
+# (redis.pcall: an error reply, not a script failure) and a sign take the fresh epoch.
 _ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
     "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
-    "if e and not string.match(e, '^%d+$') then "
-    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) "
-    "else e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end " + _BUMP
+    "if e and string.match(e, '^%d+$') then e = redis.pcall('HINCRBY', KEYS[3], ARGV[3], 1) "
+    "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
+    "if type(e) ~= 'number' then "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
     + _log("salt", "ARGV[3]") + "return e"
 )
 FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
@@ -520,12 +524,20 @@ def unreadable_policy() -> UnreadableRecord:
         "(kvgate admin policy put FILE)")
 
 
+MAX_EPOCH = 2**63 - 1  # Redis's integers: HINCRBY counts no further
+
+
 def _epoch(raw: str) -> int:
-    """A salt group's epoch: a decimal integer, as HINCRBY writes it, nothing else (Python's
-    int() would also take ``+1``, ``1_0`` or spaces, which Lua's check does not)."""
-    if not (raw.isascii() and raw.isdigit()):
+    """A salt group's epoch: a decimal integer from 0 to `MAX_EPOCH` without leading zeros,
+    as HINCRBY writes it, nothing else. Python's int() would also take ``+1``, ``1_0``,
+    spaces, ``007`` or any size, which HINCRBY refuses to count on from: such a value read as
+    valid here made every rotation of the group fail (a 503) while its tenants were served."""
+    if not (raw.isascii() and raw.isdigit()) or (raw[0] == "0" and raw != "0"):
         raise ValueError("not an epoch")
-    return int(raw)
+    epoch = int(raw)
+    if epoch > MAX_EPOCH:
+        raise ValueError("not an epoch")
+    return epoch
 
 
 def _read(raw: str, parse: Callable[[str], T]) -> T | None:

@@ -102,6 +102,10 @@ class _State:
     group_epochs: dict[str, int] = field(default_factory=dict)
 
 
+# what a readable record of a kind is, where a log line can say it in a few words
+_RULES = {"salt_group": "; a salt group's epoch is a decimal integer from 0 to 2**63 - 1 "
+                        "without leading zeros, and rotating its salt writes a fresh one"}
+
 # where the policy in force came from (`TenantResolver.policy_source`)
 FROM_STORE, LAST_READABLE, CONFIGURED = "store", "last readable", "configuration"
 
@@ -311,8 +315,8 @@ class TenantResolver:
             if fingerprint not in self._skipped:
                 self._skipped_total[record.kind] = self._skipped_total.get(record.kind, 0) + 1
                 log.error("tenancy store: the record of %s is unreadable and was skipped; "
-                          "every other record is in force (fix or delete it)", record.label,
-                          extra={"kind": record.kind})
+                          "every other record is in force (fix or delete it)%s", record.label,
+                          _RULES.get(record.kind, ""), extra={"kind": record.kind})
         if self._skipped and not now:
             log.info("tenancy store: no unreadable record left")
         self._skipped = now

@@ -244,6 +244,47 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
         await store.close()
 
 
+@pytest.mark.parametrize(("stored", "readable"), [
+    ("007", False), (str(2**63), False), (str(2**70), False), ("-5", False),
+    (str(2**63 - 1), True),  # the largest epoch: read, but HINCRBY cannot count past it
+])
+async def test_an_epoch_redis_cannot_count_from_is_rotated_to_a_fresh_one(
+    redis_url: str, stored: str, readable: bool
+) -> None:
+    """A salt group's epoch is a decimal integer from 0 to 2**63 - 1 without leading zeros.
+    Before, "007" and anything past 2**63 - 1 were read as epochs (7, a huge one) while
+    every rotation of the group failed: HINCRBY refused them, a 503 each time."""
+    policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                           "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
+    salts = SaltDeriver(AUTH_SECRET)
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    resolver = TenantResolver(store, salts, poll_interval_s=3600, max_staleness_s=None)
+    key = generate_key()
+    try:
+        await bootstrap(store, policy=policy, tenants=[
+            Tenant(id="g1", tier="free", salt_group="pub")])
+        await store.add_key(KeyRecord(key_id="k", tenant_id="g1", key_hash=hash_key(key),
+                                      created_at=0.0))
+        _write(redis_url, "kvgate:salt_groups", "pub", stored)
+        await resolver.start()
+        if readable:
+            assert resolver.authenticate(key).cache_salt == salts.derive(
+                "group:pub", int(stored))
+        else:  # skipped, counted, and its tenants refused rather than salted from a guess
+            assert resolver.health().records_skipped == {"salt_group": 1}
+            with pytest.raises(Exception) as refused:
+                resolver.authenticate(key)
+            assert getattr(refused.value, "status", None) == 503
+        epoch = (await store.rotate_salt("g1")).epoch  # a 503 before
+        assert FRESH_EPOCH_MIN <= epoch < 2**52
+        assert await resolver.refresh()
+        assert resolver.authenticate(key).cache_salt == salts.derive("group:pub", epoch)
+        assert (await store.rotate_salt("g1")).epoch == epoch + 1  # counted from there on
+    finally:
+        await resolver.close()
+        await store.close()
+
+
 def test_a_bad_epoch_is_counted_by_a_running_gateway(
     gateway: tuple[GatewayProc, str], redis_url: str
 ) -> None:
