@@ -31,7 +31,13 @@ from fastapi.responses import JSONResponse
 from gateway.admin.auth import AdminToken, check_admin
 from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
-from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
+from gateway.admin.schemas import (
+    TenantCreate,
+    TenantPatch,
+    audit_view,
+    key_view,
+    tenant_view,
+)
 from gateway.doctor.render import parse_duration
 from gateway.errors import (
     AuthError,
@@ -84,6 +90,12 @@ class _Ctx:
             at=self.deps.clock(), who=who, action=action, target=target, detail=detail
         )
         await self.store.append_audit(entry)
+
+    async def view(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant as every route answers it, with its keys and its salt's epoch."""
+        keys = await self.store.list_keys(tenant.id)
+        epochs = await self.store.salt_group_epochs() if tenant.salt_group else {}
+        return tenant_view(tenant, keys, epochs)
 
     async def tenant(self, tenant_id: str) -> Tenant:
         tenant = await self.store.get_tenant(tenant_id)
@@ -165,21 +177,19 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         # over a stored record that cannot be read: the operator's way out (keys are kept)
         await ctx.store.create_tenant(tenant, over_unreadable=True)
         await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
-        return tenant_view(tenant, [])
+        return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
     @router.get("/tenants")
     async def list_tenants(who: Who) -> dict[str, Any]:
         tenants = await ctx.store.list_tenants()
-        return {"object": "list", "data": [tenant_view(t) for t in tenants]}
+        keys = await ctx.store.keys_by_tenant()
+        epochs = await ctx.store.salt_group_epochs()
+        return {"object": "list",
+                "data": [tenant_view(t, keys.get(t.id, []), epochs) for t in tenants]}
 
     @router.get("/tenants/{tenant_id}")
     async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
-        tenant = await ctx.tenant(tenant_id)
-        keys = [
-            {"id": k.key_id, "created_at": iso_time(k.created_at)}
-            for k in await ctx.store.list_keys(tenant_id)
-        ]
-        return tenant_view(tenant, keys)
+        return await ctx.view(await ctx.tenant(tenant_id))
 
     @router.patch("/tenants/{tenant_id}")
     async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
@@ -190,7 +200,7 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             await ctx.check_tier(body.tier)
         tenant = await ctx.store.update_tenant(tenant_id, changes)
         await ctx.audit(who, "tenant.update", tenant_id, fields=sorted(changes))
-        return tenant_view(tenant)
+        return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
     async def delete_tenant(tenant_id: str, who: Who) -> Response:
@@ -210,12 +220,11 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             salt_group=rotation.salt_group,
             epoch=rotation.epoch,
         )
-        return {
-            "id": tenant_id,
-            "scope": rotation.scope,
-            "salt_group": rotation.salt_group,
-            "salt_epoch": rotation.epoch,
-        }
+        # the tenant as the other routes show it, with the epoch this rotation gave and what
+        # it rotated ("tenant": its own salt; "group": every tenant of its salt group)
+        tenant = await ctx.tenant(tenant_id)
+        view = tenant_view(tenant, await ctx.store.list_keys(tenant_id), {})
+        return {**view, "salt_epoch": rotation.epoch, "scope": rotation.scope}
 
 
 def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
@@ -227,8 +236,7 @@ def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         )
         await ctx.store.add_key(record)
         await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
-        body = {"id": key_id, "key": key, "tenant": tenant_id,
-                "created_at": iso_time(record.created_at)}
+        body = {**key_view(record), "key": key}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)

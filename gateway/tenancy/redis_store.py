@@ -318,6 +318,21 @@ class RedisStore(TenantStore):
         found = list(_readable(stored, key_from_json, "key", []).values())
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
+    async def keys_by_tenant(self) -> dict[str, list[KeyRecord]]:
+        """One read of every key record, not two per tenant."""
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("keys")))
+        found: dict[str, list[KeyRecord]] = {}
+        for record in _readable(raw, key_from_json, "key", []).values():
+            found.setdefault(record.tenant_id, []).append(record)
+        return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
+                for tid, records in found.items()}
+
+    async def salt_group_epochs(self) -> dict[str, int | None]:
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("salt_groups")))
+        return {group: _read(value, _epoch) for group, value in raw.items()}
+
     # -- policy ------------------------------------------------------------------------------
     async def _policy_raw(self) -> dict[str, str]:
         with redis_unavailable():

@@ -137,6 +137,7 @@ async def test_tenant_lifecycle(admin: Admin) -> None:
     )
     assert r.status_code == 201, r.text
     assert r.json() == {
+        "object": "tenant",
         "id": "acme",
         "tier": "premium",
         "limits": {"rpm": 100},
@@ -175,10 +176,34 @@ async def test_tenant_lifecycle(admin: Admin) -> None:
     listed = (await c.get("/admin/tenants")).json()
     assert listed["object"] == "list" and [t["id"] for t in listed["data"]] == ["acme"]
     r = await c.post("/admin/tenants/acme/rotate-salt")
-    assert r.json() == {"id": "acme", "scope": "tenant", "salt_group": None, "salt_epoch": 1}
+    assert r.json() == {"object": "tenant", "id": "acme", "tier": "free",
+                        "limits": {"rpm": 100, "tpm": 5}, "salt_group": None, "salt_epoch": 1,
+                        "keys": [], "scope": "tenant"}
     assert (await c.delete("/admin/tenants/acme")).status_code == 204
     assert _error(await c.get("/admin/tenants/acme"), 404)
     assert _error(await c.delete("/admin/tenants/acme"), 404)
+
+
+async def test_every_route_shows_a_tenant_the_same_way(admin: Admin) -> None:
+    """Create, get, update, list and rotate-salt answer one tenant object: create answered
+    `keys: []` while update and list had no `keys` at all, and a grouped tenant's
+    `salt_epoch` was its own unused one (0) where rotate-salt answered its group's."""
+    c = admin.client
+    created = (await c.post("/admin/tenants", json={"id": "acme", "tier": "free",
+                                                    "salt_group": "pub"})).json()
+    key = (await c.post("/admin/tenants/acme/keys")).json()
+    assert set(key) == {"object", "id", "tenant", "created_at", "key"}
+    shown_key = {k: v for k, v in key.items() if k != "key"}
+    rotated = (await c.post("/admin/tenants/acme/rotate-salt")).json()
+    assert rotated.pop("scope") == "group" and rotated["salt_epoch"] == 1
+    got = (await c.get("/admin/tenants/acme")).json()
+    patched = (await c.patch("/admin/tenants/acme", json={"limits": {"rpm": 7}})).json()
+    listed = (await c.get("/admin/tenants")).json()["data"]
+    assert created["keys"] == [] and set(created) == set(got)
+    for view in (rotated, got, patched, *listed):
+        assert set(view) == set(created), view
+        assert view["keys"] == [shown_key] and view["salt_epoch"] == 1, view
+    assert patched == {**got, "limits": {"rpm": 7}} == listed[0]
 
 
 async def test_key_lifecycle(admin: Admin) -> None:
