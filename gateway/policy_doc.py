@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from gateway.replicas import replica_id
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 
 __all__ = [
     "DEFAULT_TIER",
+    "MAX_LIMIT",
     "Fairness",
     "Limits",
     "LoadThreshold",
@@ -32,13 +40,31 @@ __all__ = [
 DEFAULT_TIER = "default"
 
 
+# A limit's largest value: far past any real budget, and exact in the admission scripts'
+# arithmetic (Lua numbers are doubles). Past it a limit meant nothing exact: remaining counts
+# above the limit in the x-ratelimit headers, and from 10**309 (a float infinity) a 500 on
+# every request of the tenant.
+MAX_LIMIT = 10**12
+
+
+def _not_a_bool(value: object) -> object:
+    """true is not 1 (pydantic's lax mode reads it so: a tenant limited to 1 request a
+    minute); other lax forms ("10", 10.0) stay accepted."""
+    if isinstance(value, bool):
+        raise ValueError("a limit is a positive integer or null, not a boolean")
+    return value
+
+
+Limit = Annotated[int, BeforeValidator(_not_a_bool), Field(gt=0, le=MAX_LIMIT)]
+
+
 class Limits(BaseModel):
     """Per-tenant limits (a tier's defaults, or a tenant's overrides). None = unlimited."""
 
     model_config = ConfigDict(extra="forbid")
-    rpm: Annotated[int, Field(gt=0)] | None = None
-    tpm: Annotated[int, Field(gt=0)] | None = None
-    max_concurrency: Annotated[int, Field(gt=0)] | None = None
+    rpm: Limit | None = None
+    tpm: Limit | None = None
+    max_concurrency: Limit | None = None
 
     def overlay(self, overrides: Limits) -> Limits:
         """These limits with every field `overrides` sets replacing ours."""

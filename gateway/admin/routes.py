@@ -17,6 +17,7 @@ creation. Times are ISO 8601 (UTC).
 # No `from __future__ import annotations`: FastAPI must see the route signatures' real
 # annotations, including the `Who` dependency alias that exists only inside the factory.
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -43,8 +44,10 @@ from gateway.errors import (
     AuthError,
     BackendUnavailable,
     BadRequest,
+    Conflict,
     NotFound,
     PermissionDenied,
+    PreconditionFailed,
     UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
@@ -84,6 +87,7 @@ class _Ctx:
     def __init__(self, deps: AdminDeps) -> None:
         self.deps = deps
         self.store = deps.store
+        self.patching = asyncio.Lock()  # policy PATCHes (read, merge, write) one at a time
 
     async def audit(self, who: str, action: str, target: str, **detail: Any) -> None:
         entry = AuditEntry(
@@ -247,6 +251,9 @@ def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         return Response(status_code=204)
 
 
+PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
+
+
 def _parse_if_match(value: str | None) -> int | None:
     if value is None or value.strip() == "*":
         return None
@@ -307,14 +314,31 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         """A JSON merge patch (RFC 7396) on the policy in force: objects merge key by key,
         `null` removes a key (its default applies), anything else replaces; the result is
         validated and stored as a PUT of it would be. With If-Match, against that version."""
-        snap = await ctx.store.get_policy()
-        if snap is None:
-            raise NotFound("no policy document has been stored yet")
-        check_policy_version(snap.version, _parse_if_match(if_match))
-        merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
-        # stored only over the version it was merged onto (another write meanwhile: 412),
-        # with the fields of that version this kvgate does not know
-        return await store(who, merged, f'"{snap.version}"', "policy.patch", keep_unknown=True)
+        expected = _parse_if_match(if_match)
+        async with ctx.patching:  # this process's patches in turn: only other gateways race
+            return await patch_in_turn(who, patch, expected)
+
+    async def patch_in_turn(
+        who: str, patch: dict[str, Any], expected: int | None
+    ) -> JSONResponse:
+        for _ in range(PATCH_TRIES):
+            snap = await ctx.store.get_policy()
+            if snap is None:
+                raise NotFound("no policy document has been stored yet")
+            check_policy_version(snap.version, expected)
+            merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
+            # stored only over the version it was merged onto, with the fields of that
+            # version this kvgate does not know
+            try:
+                return await store(who, merged, f'"{snap.version}"', "policy.patch",
+                                   keep_unknown=True)
+            except PreconditionFailed:
+                if expected is not None:  # the client's version is not the latest any more
+                    raise
+                # another write landed after the read: merge onto it (a client that named
+                # no version got a 412 for a version it never sent)
+        raise Conflict("the policy document kept changing while this patch was merged into "
+                       "it; retry")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

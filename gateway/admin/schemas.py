@@ -34,7 +34,8 @@ class TenantCreate(BaseModel):
 
 
 class TenantPatch(BaseModel):
-    """Only the fields sent change; ``"salt_group": null`` leaves the group."""
+    """Only the fields sent change; ``"salt_group": null`` leaves the group, ``"limits":
+    null`` drops every override (as a null limit drops one: the tier's limits apply)."""
 
     model_config = ConfigDict(extra="forbid")
     tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -44,8 +45,9 @@ class TenantPatch(BaseModel):
     def changes(self) -> dict[str, object]:
         out: dict[str, object] = {}
         for name in self.model_fields_set:
-            if name == "limits" and self.limits is not None:
-                out[name] = self.limits.model_dump(exclude_unset=True)
+            if name == "limits":
+                out[name] = (dict.fromkeys(Limits.model_fields) if self.limits is None
+                             else self.limits.model_dump(exclude_unset=True))
             else:
                 out[name] = getattr(self, name)
         return out

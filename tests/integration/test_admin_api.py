@@ -342,3 +342,62 @@ async def test_keys_salts_and_secrets_never_leak(
     blob = "\n".join(seen)
     for secret in (key, principal.cache_salt, SECRET, ADMIN_TOKEN):
         assert secret not in blob
+
+
+async def test_limits_are_positive_integers_within_bounds(admin: Admin) -> None:
+    """Before: `true` was read as 1 (a tenant limited to 1 request a minute) and any size
+    was stored; from 10**309 (a float infinity in the admission's arithmetic) every request
+    of the tenant was a 500, and above 2**53 `x-ratelimit-remaining` exceeded the limit."""
+    c = admin.client
+    for limit in (True, 10**12 + 1, 10**400):
+        err = _error(await c.post("/admin/tenants", json={
+            "id": "acme", "tier": "free", "limits": {"rpm": limit}}), 400)
+        assert err["param"] == "limits.rpm", err
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    big = await c.patch("/admin/tenants/acme", json={"limits": {"tpm": 10**12}})
+    assert big.status_code == 200 and big.json()["limits"] == {"tpm": 10**12}, big.text
+    err = _error(await c.patch("/admin/tenants/acme", json={"limits": {"tpm": 10**13}}), 400)
+    assert err["param"] == "limits.tpm"
+    patch = {"tiers": {"free": {"limits": {"max_concurrency": False}}}}
+    err = _error(await c.patch("/admin/policy", json=patch), 400)
+    assert err["param"] == "tiers.free.limits.max_concurrency", err
+
+
+async def test_a_null_limits_drops_every_override(admin: Admin) -> None:
+    """As a null limit drops one override (the tier's limit again), `"limits": null` drops
+    them all: it was a 400 naming pydantic's model ("instance of Limits")."""
+    c = admin.client
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free",
+                                         "limits": {"rpm": 5, "tpm": 9}})
+    r = await c.patch("/admin/tenants/acme", json={"limits": None})
+    assert r.status_code == 200 and r.json()["limits"] == {}, r.text
+    assert (await c.get("/admin/tenants/acme")).json()["limits"] == {}
+
+
+async def test_concurrent_policy_patches_through_two_gateways_all_land(
+    shared_redis: str,
+) -> None:
+    """Two gateways (two stores on one redis-server) PATCH the policy at once, without
+    If-Match: each patch is merged onto the version in force and none is lost. Before, a
+    patch whose read was overtaken by another write got 412 "policy version is N, not M"
+    for a version its client never sent."""
+    namespace = f"t{secrets.token_hex(4)}"
+    stores = [RedisStore(connect_redis(shared_redis), namespace=namespace) for _ in range(2)]
+    await stores[0].put_policy(parse_policy(POLICY_DOC))
+    tokens = [AdminToken("ops", ADMIN_TOKEN)]
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    servers = [serve_admin(store, tokens) for store in stores]
+    try:
+        urls = [await anext(server) for server in servers]
+        async with httpx.AsyncClient(headers=headers) as c:
+            answers = await asyncio.gather(*(
+                c.patch(f"{urls[i % 2]}/admin/policy",
+                        json={"models": {f"m{i}": {"free": "awq"}}}) for i in range(16)))
+            assert [r.status_code for r in answers] == [200] * 16, [r.text for r in answers]
+            doc = (await c.get(f"{urls[0]}/admin/policy")).json()
+        assert {f"m{i}" for i in range(16)} <= set(doc["models"])
+    finally:
+        for server in servers:
+            await server.aclose()
+        for store in stores:
+            await store.close()
