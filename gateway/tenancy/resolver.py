@@ -159,7 +159,11 @@ class TenantResolver:
         self.configured_policy: PolicySnapshot | None = None
         self._policy_source: str | None = None
         # one refresh at a time: the sync loop's and an admin write's (`read_your_writes`)
-        # must not apply their snapshots out of order
+        # must not apply their snapshots out of order. This, not a generation compare, keeps
+        # an older read from landing over a newer one: a later read is made after the earlier
+        # one landed, and Redis answers it with the newer state. A lower generation is no
+        # proof of an older state (the counter deleted by hand and counted again, a restore
+        # from a backup): refusing it would keep revoked keys working.
         self._refreshing = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
