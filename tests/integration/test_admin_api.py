@@ -6,7 +6,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -64,7 +64,9 @@ async def _explain(body: dict[str, Any]) -> dict[str, Any]:
     return {"model": body.get("model"), "pool": "fp8", "replica": "fp8/a", "reason": "tier"}
 
 
-async def serve_admin(store: TenantStore, tokens: list[AdminToken]) -> AsyncIterator[str]:
+async def serve_admin(
+    store: TenantStore, tokens: list[AdminToken]
+) -> AsyncGenerator[str, None]:
     deps = AdminDeps(
         store=store,
         tokens=tokens,
