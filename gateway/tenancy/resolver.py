@@ -339,7 +339,7 @@ class TenantResolver:
                 salt_group=group, cache_salt="", policy=snap.policy, tier_known=known,
                 refused=f"this tenant's cache salt is unavailable: the stored epoch of its "
                         f"salt group {group!r} is unreadable; ask the operator to rotate its "
-                        "salt (kvgate admin rotate-salt TENANT)")
+                        f"salt (kvgate admin rotate-salt {tenant.id})")
         return Principal(
             tenant_id=tenant.id,
             tier=tenant.tier,

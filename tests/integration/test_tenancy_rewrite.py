@@ -232,6 +232,7 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
             new.authenticate(keys["g1"])
         assert getattr(refused.value, "status", None) == 503, refused.value
         assert "salt group 'pub'" in str(refused.value)
+        assert "kvgate admin rotate-salt g1" in str(refused.value)  # named, not a placeholder
         # rotating it is the way out: a fresh epoch, never one the group had before
         epoch = (await store.rotate_salt("g1")).epoch
         assert epoch >= FRESH_EPOCH_MIN
