@@ -139,7 +139,10 @@ def test_an_unreadable_tenant_is_a_409_and_can_be_written_over(
         # the way out: create it again over the unreadable record; its keys are kept
         created = admin.post("/tenants", json={"id": "acme", "tier": "free"})
         assert created.status_code == 201, created.text
-        assert admin.get("/tenants/acme").status_code == 200
+        got = admin.get("/tenants/acme")
+        assert got.status_code == 200
+        # the answer lists the keys it kept (it said `keys: []`), as a GET does
+        assert created.json() == got.json() and len(got.json()["keys"]) == 1, created.text
         wait_for(lambda: chat_status(_client(base, key)) == 200, what="the old key again")
         # a readable tenant is still a conflict, as before
         assert admin.post("/tenants", json={"id": "acme", "tier": "free"}).status_code == 409
