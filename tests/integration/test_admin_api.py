@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+import redis
 import uvicorn
 
 from gateway.admin import AdminDeps, AdminToken, create_admin_app
@@ -65,13 +66,14 @@ async def _explain(body: dict[str, Any]) -> dict[str, Any]:
 
 
 async def serve_admin(
-    store: TenantStore, tokens: list[AdminToken]
+    store: TenantStore, tokens: list[AdminToken], **deps_kw: Any
 ) -> AsyncGenerator[str, None]:
     deps = AdminDeps(
         store=store,
         tokens=tokens,
         explain=_explain,
         replicas=lambda: {"object": "list", "data": [{"id": "fp8/a"}]},
+        **deps_kw,
     )
     port = free_port()
     config = uvicorn.Config(
@@ -403,3 +405,47 @@ async def test_concurrent_policy_patches_through_two_gateways_all_land(
             await server.aclose()
         for store in stores:
             await store.close()
+
+
+async def test_an_unreadable_audit_entry_is_left_out(shared_redis: str) -> None:
+    """One garbage entry in the audit list made `GET /admin/audit` a 500 (plain text, the
+    connection dropped after it), hiding every other entry."""
+    namespace = f"t{secrets.token_hex(4)}"
+    store = RedisStore(connect_redis(shared_redis), namespace=namespace)
+    await store.put_policy(parse_policy(POLICY_DOC))
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    server = serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)])
+    try:
+        url = await anext(server)
+        async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+            await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+            raw = redis.Redis.from_url(shared_redis)
+            try:
+                raw.lpush(f"{namespace}:audit", "{garbage")
+            finally:
+                raw.close()
+            await c.post("/admin/tenants/acme/rotate-salt")
+            r = await c.get("/admin/audit")
+            assert r.status_code == 200, r.text
+            assert [e["action"] for e in r.json()["data"]] == [
+                "tenant.rotate_salt", "tenant.create"]
+    finally:
+        await server.aclose()
+        await store.close()
+
+
+async def test_a_fault_inside_the_admin_api_is_an_openai_shaped_500() -> None:
+    """A kvgate fault behind a route (here the doctor's) is a JSON 500 without the traceback
+    (the log has it), and the connection stays usable."""
+
+    def broken(window_s: float) -> Any:
+        raise RuntimeError("secret detail of the fault")
+
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    async for url in serve_admin(InMemoryStore(), [AdminToken("ops", ADMIN_TOKEN)],
+                                 doctor=broken):
+        async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+            r = await c.get("/admin/doctor")
+            err = _error(r, 500)
+            assert err["type"] == "InternalServerError" and "secret" not in r.text, r.text
+            assert (await c.get("/admin/tenants")).status_code == 200  # same connection
