@@ -136,7 +136,9 @@ class Fairness(BaseModel):
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits = Field(default_factory=Limits)
-    priority: int = 0  # vLLM `priority` for pools that run --scheduling-policy priority
+    # vLLM `priority` for pools that run --scheduling-policy priority; within 64 bits, as
+    # every integer kvgate writes into a request body (a wider one was a 500 on every request)
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
     spill_to: str | None = None  # a pool this tier may overflow to when its own is saturated
     # A replica is saturated at or above either level; the tier spills only when every
     # replica of its own pool is saturated (or unhealthy).
@@ -161,7 +163,9 @@ class PolicyDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
     models: dict[str, dict[str, str]] = Field(default_factory=dict)  # public -> {tier: pool}
-    tiers: dict[str, TierConfig] = Field(default_factory=lambda: {DEFAULT_TIER: TierConfig()})
+    # a tier's name as a tenant's tier may be (`Tenant.tier`): a longer one no tenant could use
+    tiers: dict[Annotated[str, Field(min_length=1, max_length=64)], TierConfig] = Field(
+        default_factory=lambda: {DEFAULT_TIER: TierConfig()})
     fairness: Fairness = Field(default_factory=Fairness)  # flow control's sharing rules
 
     @model_validator(mode="after")

@@ -449,3 +449,19 @@ async def test_a_fault_inside_the_admin_api_is_an_openai_shaped_500() -> None:
             err = _error(r, 500)
             assert err["type"] == "InternalServerError" and "secret" not in r.text, r.text
             assert (await c.get("/admin/tenants")).status_code == 200  # same connection
+
+
+async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
+    """A tier's priority past 64 bits was stored, then every request of the tier was a 500
+    (the body rewrite cannot write it); a tier name no tenant can take (empty, or past the 64
+    characters of a tenant's tier) was stored too."""
+    c = admin.client
+    for priority in (2**63, -(2**63) - 1, 10**400):
+        err = _error(await c.patch("/admin/policy", json={
+            "tiers": {"premium": {"priority": priority}}}), 400)
+        assert err["param"] == "tiers.premium.priority", err
+    for name in ("", "t" * 65):
+        assert _error(await c.patch("/admin/policy", json={"tiers": {name: {}}}), 400)
+    ok = await c.patch("/admin/policy", json={"tiers": {"t" * 64: {"priority": -(2**63)}}})
+    assert ok.status_code == 200, ok.text
+    assert (await c.post("/admin/tenants", json={"id": "a", "tier": "t" * 64})).status_code == 201
