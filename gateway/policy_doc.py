@@ -96,7 +96,9 @@ class PoolConfig(BaseModel):
 class LoadThreshold(BaseModel):
     """A per-replica load level: vLLM's waiting-queue depth and KV-cache occupancy (0..1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite: an infinite `waiting` (JSON bodies may say Infinity) was stored as null, and
+    # the stored policy was then unreadable on every gateway
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     waiting: Annotated[float, Field(ge=0)]
     kv_usage: Annotated[float, Field(ge=0, le=1)]
 

@@ -465,3 +465,14 @@ async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
     ok = await c.patch("/admin/policy", json={"tiers": {"t" * 64: {"priority": -(2**63)}}})
     assert ok.status_code == 200, ok.text
     assert (await c.post("/admin/tenants", json={"id": "a", "tier": "t" * 64})).status_code == 201
+
+
+async def test_an_infinite_threshold_is_refused_not_stored_unreadable(admin: Admin) -> None:
+    """`Infinity` (Python's JSON parser takes it) was accepted as a spill threshold and stored
+    as null: the stored policy was then unreadable on every gateway."""
+    c = admin.client
+    body = b'{"tiers": {"free": {"spill_when": {"waiting": Infinity, "kv_usage": 0.5}}}}'
+    err = _error(await c.patch("/admin/policy", content=body), 400)
+    assert err["param"] == "tiers.free.spill_when.waiting", err
+    r = await c.get("/admin/policy")
+    assert r.status_code == 200 and r.headers["etag"] == '"1"', r.text  # still readable
