@@ -71,15 +71,24 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _read(url: str, token: str, window: str, deadline: float) -> tuple[httpx.Response, bytes]:
+def _client() -> httpx.Client:
+    """One client for the run: building one costs ~0.2 s (its SSL context), which a client
+    per ask spent past the deadline. No keep-alive: each ask is a new connection, which the
+    kernel may hand to another worker."""
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def _read(
+    client: httpx.Client, url: str, token: str, window: str, deadline: float
+) -> tuple[httpx.Response, bytes]:
     """The answer, read by ``deadline`` (`time.monotonic`; httpx's timeouts are per read, so
     a link trickling a byte a second would otherwise never time out)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise httpx.ReadTimeout("no time left")
     body = bytearray()
-    with httpx.stream("GET", f"{url}/admin/doctor", params={"window": window},
-                      headers={"authorization": f"Bearer {token}"}, timeout=left) as response:
+    with client.stream("GET", f"{url}/admin/doctor", params={"window": window},
+                       headers={"authorization": f"Bearer {token}"}, timeout=left) as response:
         for chunk in response.iter_bytes():
             body += chunk
             if time.monotonic() > deadline:
@@ -87,8 +96,10 @@ def _read(url: str, token: str, window: str, deadline: float) -> tuple[httpx.Res
     return response, bytes(body)
 
 
-def _fetch(url: str, token: str, window: str, deadline: float) -> dict[str, Any]:
-    response, body = _read(url, token, window, deadline)
+def _fetch(
+    client: httpx.Client, url: str, token: str, window: str, deadline: float
+) -> dict[str, Any]:
+    response, body = _read(client, url, token, window, deadline)
     try:
         payload = json.loads(body)
     except ValueError:
@@ -140,8 +151,15 @@ def main(argv: list[str]) -> int:
     # one deadline for the whole run: the first report and, with several workers, the others
     # (each ask had a --timeout of its own: the run took up to twice what was asked)
     deadline = time.monotonic() + args.timeout
+    with _client() as client:
+        return _diagnose(client, args, url, token, deadline)
+
+
+def _diagnose(
+    client: httpx.Client, args: argparse.Namespace, url: str, token: str, deadline: float
+) -> int:
     try:
-        report = _fetch(url, token, args.window, deadline)
+        report = _fetch(client, url, token, args.window, deadline)
     except httpx.TimeoutException:
         return _fail(f"{url} did not answer within {args.timeout:g} s", 1)
     except httpx.HTTPError as exc:
@@ -151,7 +169,8 @@ def main(argv: list[str]) -> int:
         return _fail(str(exc), 1)
     workers = _workers(report)
     if workers > 1:
-        reports, missing = _every_worker(url, token, args.window, deadline, report, workers)
+        reports, missing = _every_worker(client, url, token, args.window, deadline, report,
+                                         workers)
         if args.json:
             print(json.dumps({"object": "doctor.workers", "workers": workers,
                               "missing": missing, "data": reports}, indent=2))
@@ -189,7 +208,8 @@ def _slot_order(report: dict[str, Any]) -> tuple[int, str]:
 
 
 def _every_worker(
-    url: str, token: str, window: str, deadline: float, first: dict[str, Any], workers: int
+    client: httpx.Client, url: str, token: str, window: str, deadline: float,
+    first: dict[str, Any], workers: int,
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """One report per worker: asked again on new connections until every worker answered,
     `TRIES_PER_WORKER` times per worker at most, by ``deadline`` (the run's). A failed ask
@@ -199,7 +219,7 @@ def _every_worker(
         if len(seen) >= workers or time.monotonic() >= deadline:
             break
         try:
-            report = _fetch(url, token, window, deadline)
+            report = _fetch(client, url, token, window, deadline)
         except (httpx.HTTPError, RuntimeError):
             break
         seen.setdefault(_slot(report), report)
