@@ -65,12 +65,15 @@ class HealthMonitor:
             ok = status == 200
             reason = f"/health answered {status}"
         except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
+            slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())
-                if replica.state != "healthy":
+                if replica.state != "healthy":  # /readyz says why, as for the other causes
+                    replica.reason = slow
                     log.warning("replica down: /health too slow",
                                 extra={"pool": pool.name, "replica": replica.id})
             else:  # the half-open probe: no answer is no recovery
+                replica.reason = slow
                 replica.mark_down(self._clock(), request=False)
             return
         except TRANSPORT_ERRORS as exc:  # refused, reset: down now

@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from gateway.replicas import replica_id
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 
 __all__ = [
     "DEFAULT_TIER",
+    "MAX_LIMIT",
     "Fairness",
     "Limits",
     "LoadThreshold",
@@ -32,13 +40,31 @@ __all__ = [
 DEFAULT_TIER = "default"
 
 
+# A limit's largest value: far past any real budget, and exact in the admission scripts'
+# arithmetic (Lua numbers are doubles). Past it a limit meant nothing exact: remaining counts
+# above the limit in the x-ratelimit headers, and from 10**309 (a float infinity) a 500 on
+# every request of the tenant.
+MAX_LIMIT = 10**12
+
+
+def _not_a_bool(value: object) -> object:
+    """true is not 1 (pydantic's lax mode reads it so: a tenant limited to 1 request a
+    minute); other lax forms ("10", 10.0) stay accepted."""
+    if isinstance(value, bool):
+        raise ValueError("a limit is a positive integer or null, not a boolean")
+    return value
+
+
+Limit = Annotated[int, BeforeValidator(_not_a_bool), Field(gt=0, le=MAX_LIMIT)]
+
+
 class Limits(BaseModel):
     """Per-tenant limits (a tier's defaults, or a tenant's overrides). None = unlimited."""
 
     model_config = ConfigDict(extra="forbid")
-    rpm: Annotated[int, Field(gt=0)] | None = None
-    tpm: Annotated[int, Field(gt=0)] | None = None
-    max_concurrency: Annotated[int, Field(gt=0)] | None = None
+    rpm: Limit | None = None
+    tpm: Limit | None = None
+    max_concurrency: Limit | None = None
 
     def overlay(self, overrides: Limits) -> Limits:
         """These limits with every field `overrides` sets replacing ours."""
@@ -70,7 +96,9 @@ class PoolConfig(BaseModel):
 class LoadThreshold(BaseModel):
     """A per-replica load level: vLLM's waiting-queue depth and KV-cache occupancy (0..1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # finite: an infinite `waiting` (JSON bodies may say Infinity) was stored as null, and
+    # the stored policy was then unreadable on every gateway
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     waiting: Annotated[float, Field(ge=0)]
     kv_usage: Annotated[float, Field(ge=0, le=1)]
 
@@ -110,7 +138,9 @@ class Fairness(BaseModel):
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits = Field(default_factory=Limits)
-    priority: int = 0  # vLLM `priority` for pools that run --scheduling-policy priority
+    # vLLM `priority` for pools that run --scheduling-policy priority; within 64 bits, as
+    # every integer kvgate writes into a request body (a wider one was a 500 on every request)
+    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
     spill_to: str | None = None  # a pool this tier may overflow to when its own is saturated
     # A replica is saturated at or above either level; the tier spills only when every
     # replica of its own pool is saturated (or unhealthy).
@@ -135,7 +165,9 @@ class PolicyDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
     models: dict[str, dict[str, str]] = Field(default_factory=dict)  # public -> {tier: pool}
-    tiers: dict[str, TierConfig] = Field(default_factory=lambda: {DEFAULT_TIER: TierConfig()})
+    # a tier's name as a tenant's tier may be (`Tenant.tier`): a longer one no tenant could use
+    tiers: dict[Annotated[str, Field(min_length=1, max_length=64)], TierConfig] = Field(
+        default_factory=lambda: {DEFAULT_TIER: TierConfig()})
     fairness: Fairness = Field(default_factory=Fairness)  # flow control's sharing rules
 
     @model_validator(mode="after")

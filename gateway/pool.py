@@ -196,15 +196,23 @@ class Pools:
         model is not known) or none is usable; with why its replicas were last found down
         (``127.0.0.1:8001: cannot connect``, ``r.svc:8000: cannot resolve host r.svc``)."""
         return {
-            p.name: ("no healthy replica" if p.served_model
-                     else "served model not known yet (no replica answered)") + _why(p)
-            for p in self.by_name.values()
+            p.name: _not_ready(p) for p in self.by_name.values()
             if not (p.served_model and any(r.available(now) for r in p.replicas))
         }
 
     async def close(self) -> None:
         for pool in [*self.by_name.values(), *self.retired]:
             await pool.transport.close()
+
+
+def _not_ready(pool: Pool) -> str:
+    # a pool with no replica at all (discovery found none yet, or none is left) said "no
+    # healthy replica" or "no replica answered", as if some were there and down
+    if not pool.replicas:
+        return "no replica listed or discovered"
+    if not pool.served_model:
+        return "served model not known yet (no replica answered)" + _why(pool)
+    return "no healthy replica" + _why(pool)
 
 
 def _why(pool: Pool) -> str:

@@ -83,5 +83,11 @@ class AdminRoute(APIRoute):
                 return error_response(exc)
             except RequestValidationError as exc:
                 return error_response(_from_validation(exc))
+            except Exception:
+                # a fault of kvgate's: the log gets the traceback, the client an OpenAI-shaped
+                # 500 (Starlette's was plain text, and the connection was dropped after it)
+                log.exception("admin request failed", extra={"path": request.url.path})
+                return error_response(KvgateError("internal error in the admin API; the "
+                                                  "gateway's log has the details"))
 
         return handler

@@ -17,6 +17,7 @@ creation. Times are ISO 8601 (UTC).
 # No `from __future__ import annotations`: FastAPI must see the route signatures' real
 # annotations, including the `Who` dependency alias that exists only inside the factory.
 
+import asyncio
 import contextlib
 import inspect
 import logging
@@ -31,14 +32,22 @@ from fastapi.responses import JSONResponse
 from gateway.admin.auth import AdminToken, check_admin
 from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
-from gateway.admin.schemas import TenantCreate, TenantPatch, audit_view, iso_time, tenant_view
+from gateway.admin.schemas import (
+    TenantCreate,
+    TenantPatch,
+    audit_view,
+    key_view,
+    tenant_view,
+)
 from gateway.doctor.render import parse_duration
 from gateway.errors import (
     AuthError,
     BackendUnavailable,
     BadRequest,
+    Conflict,
     NotFound,
     PermissionDenied,
+    PreconditionFailed,
     UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
@@ -78,12 +87,19 @@ class _Ctx:
     def __init__(self, deps: AdminDeps) -> None:
         self.deps = deps
         self.store = deps.store
+        self.patching = asyncio.Lock()  # policy PATCHes (read, merge, write) one at a time
 
     async def audit(self, who: str, action: str, target: str, **detail: Any) -> None:
         entry = AuditEntry(
             at=self.deps.clock(), who=who, action=action, target=target, detail=detail
         )
         await self.store.append_audit(entry)
+
+    async def view(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant as every route answers it, with its keys and its salt's epoch."""
+        keys = await self.store.list_keys(tenant.id)
+        epochs = await self.store.salt_group_epochs() if tenant.salt_group else {}
+        return tenant_view(tenant, keys, epochs)
 
     async def tenant(self, tenant_id: str) -> Tenant:
         tenant = await self.store.get_tenant(tenant_id)
@@ -165,21 +181,19 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         # over a stored record that cannot be read: the operator's way out (keys are kept)
         await ctx.store.create_tenant(tenant, over_unreadable=True)
         await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
-        return tenant_view(tenant, [])
+        return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
     @router.get("/tenants")
     async def list_tenants(who: Who) -> dict[str, Any]:
         tenants = await ctx.store.list_tenants()
-        return {"object": "list", "data": [tenant_view(t) for t in tenants]}
+        keys = await ctx.store.keys_by_tenant()
+        epochs = await ctx.store.salt_group_epochs()
+        return {"object": "list",
+                "data": [tenant_view(t, keys.get(t.id, []), epochs) for t in tenants]}
 
     @router.get("/tenants/{tenant_id}")
     async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
-        tenant = await ctx.tenant(tenant_id)
-        keys = [
-            {"id": k.key_id, "created_at": iso_time(k.created_at)}
-            for k in await ctx.store.list_keys(tenant_id)
-        ]
-        return tenant_view(tenant, keys)
+        return await ctx.view(await ctx.tenant(tenant_id))
 
     @router.patch("/tenants/{tenant_id}")
     async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
@@ -190,7 +204,7 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             await ctx.check_tier(body.tier)
         tenant = await ctx.store.update_tenant(tenant_id, changes)
         await ctx.audit(who, "tenant.update", tenant_id, fields=sorted(changes))
-        return tenant_view(tenant)
+        return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
     async def delete_tenant(tenant_id: str, who: Who) -> Response:
@@ -210,12 +224,11 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             salt_group=rotation.salt_group,
             epoch=rotation.epoch,
         )
-        return {
-            "id": tenant_id,
-            "scope": rotation.scope,
-            "salt_group": rotation.salt_group,
-            "salt_epoch": rotation.epoch,
-        }
+        # the tenant as the other routes show it, with the epoch this rotation gave and what
+        # it rotated ("tenant": its own salt; "group": every tenant of its salt group)
+        tenant = await ctx.tenant(tenant_id)
+        view = tenant_view(tenant, await ctx.store.list_keys(tenant_id), {})
+        return {**view, "salt_epoch": rotation.epoch, "scope": rotation.scope}
 
 
 def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
@@ -227,8 +240,7 @@ def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         )
         await ctx.store.add_key(record)
         await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
-        body = {"id": key_id, "key": key, "tenant": tenant_id,
-                "created_at": iso_time(record.created_at)}
+        body = {**key_view(record), "key": key}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
@@ -237,6 +249,9 @@ def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
         await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)
         return Response(status_code=204)
+
+
+PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
 
 
 def _parse_if_match(value: str | None) -> int | None:
@@ -299,14 +314,31 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         """A JSON merge patch (RFC 7396) on the policy in force: objects merge key by key,
         `null` removes a key (its default applies), anything else replaces; the result is
         validated and stored as a PUT of it would be. With If-Match, against that version."""
-        snap = await ctx.store.get_policy()
-        if snap is None:
-            raise NotFound("no policy document has been stored yet")
-        check_policy_version(snap.version, _parse_if_match(if_match))
-        merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
-        # stored only over the version it was merged onto (another write meanwhile: 412),
-        # with the fields of that version this kvgate does not know
-        return await store(who, merged, f'"{snap.version}"', "policy.patch", keep_unknown=True)
+        expected = _parse_if_match(if_match)
+        async with ctx.patching:  # this process's patches in turn: only other gateways race
+            return await patch_in_turn(who, patch, expected)
+
+    async def patch_in_turn(
+        who: str, patch: dict[str, Any], expected: int | None
+    ) -> JSONResponse:
+        for _ in range(PATCH_TRIES):
+            snap = await ctx.store.get_policy()
+            if snap is None:
+                raise NotFound("no policy document has been stored yet")
+            check_policy_version(snap.version, expected)
+            merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
+            # stored only over the version it was merged onto, with the fields of that
+            # version this kvgate does not know
+            try:
+                return await store(who, merged, f'"{snap.version}"', "policy.patch",
+                                   keep_unknown=True)
+            except PreconditionFailed:
+                if expected is not None:  # the client's version is not the latest any more
+                    raise
+                # another write landed after the read: merge onto it (a client that named
+                # no version got a 412 for a version it never sent)
+        raise Conflict("the policy document kept changing while this patch was merged into "
+                       "it; retry")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

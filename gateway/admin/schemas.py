@@ -1,4 +1,5 @@
-"""Request bodies of the admin API (responses are plain JSON built from store values)."""
+"""Request bodies of the admin API, and the views its answers are built from (one per kind of
+object, the same on every route that returns one: docs/admin-api.md)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.policy_doc import Limits
-from gateway.tenancy.models import NAME_PATTERN, AuditEntry, Tenant
+from gateway.tenancy.models import NAME_PATTERN, AuditEntry, KeyRecord, Tenant
 
-__all__ = ["TenantCreate", "TenantPatch", "audit_view", "iso_time", "tenant_view"]
+__all__ = ["TenantCreate", "TenantPatch", "audit_view", "iso_time", "key_view", "tenant_view"]
 
 
 def iso_time(ts: float) -> str:
@@ -33,7 +34,8 @@ class TenantCreate(BaseModel):
 
 
 class TenantPatch(BaseModel):
-    """Only the fields sent change; ``"salt_group": null`` leaves the group."""
+    """Only the fields sent change; ``"salt_group": null`` leaves the group, ``"limits":
+    null`` drops every override (as a null limit drops one: the tier's limits apply)."""
 
     model_config = ConfigDict(extra="forbid")
     tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
@@ -43,22 +45,35 @@ class TenantPatch(BaseModel):
     def changes(self) -> dict[str, object]:
         out: dict[str, object] = {}
         for name in self.model_fields_set:
-            if name == "limits" and self.limits is not None:
-                out[name] = self.limits.model_dump(exclude_unset=True)
+            if name == "limits":
+                out[name] = (dict.fromkeys(Limits.model_fields) if self.limits is None
+                             else self.limits.model_dump(exclude_unset=True))
             else:
                 out[name] = getattr(self, name)
         return out
 
 
-def tenant_view(tenant: Tenant, keys: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A tenant as the admin API shows it: limit overrides only, never a salt or key."""
-    view: dict[str, Any] = {
+def key_view(record: KeyRecord) -> dict[str, Any]:
+    """A key as the admin API shows it: never the key, never its hash (creation's answer
+    adds ``key``, once)."""
+    return {"object": "key", "id": record.key_id, "tenant": record.tenant_id,
+            "created_at": iso_time(record.created_at)}
+
+
+def tenant_view(
+    tenant: Tenant, keys: list[KeyRecord], group_epochs: dict[str, int | None]
+) -> dict[str, Any]:
+    """A tenant as every admin route shows it (create, get, update, list, rotate-salt): limit
+    overrides only, its keys' ids, never a salt or key. ``salt_epoch`` is the epoch its salt
+    comes from: its salt group's for a tenant in one (null: the group's stored epoch is
+    unreadable), as rotate-salt answers it."""
+    group = tenant.salt_group
+    return {
+        "object": "tenant",
         "id": tenant.id,
         "tier": tenant.tier,
         "limits": tenant.limits.model_dump(exclude_unset=True),
-        "salt_group": tenant.salt_group,
-        "salt_epoch": tenant.salt_epoch,
+        "salt_group": group,
+        "salt_epoch": tenant.salt_epoch if group is None else group_epochs.get(group, 0),
+        "keys": [key_view(k) for k in keys],
     }
-    if keys is not None:
-        view["keys"] = keys
-    return view

@@ -11,9 +11,10 @@ the gateway cannot be reached or refuses.
 A gateway of ``server.workers`` > 1 answers each request from one worker (the kernel spreads
 connections over them), and each worker's report covers its own requests and history only.
 So the doctor asks again, on a new connection each time, until it has every worker's report
-(at most `TRIES_PER_WORKER` per worker, within ``--timeout``), and prints one section per
-worker, naming any it did not reach; ``--json`` then prints ``{"object": "doctor.workers",
-"workers": N, "missing": [slots], "data": [reports]}``.
+(at most `TRIES_PER_WORKER` per worker; ``--timeout`` bounds the whole run, the first report
+and the others together), and prints one section per worker, naming any it did not reach;
+``--json`` then prints ``{"object": "doctor.workers", "workers": N, "missing": [slots],
+"data": [reports]}``.
 """
 
 from __future__ import annotations
@@ -70,13 +71,24 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
-def _read(url: str, token: str, window: str, timeout: float) -> tuple[httpx.Response, bytes]:
-    """The answer, read within ``timeout`` seconds in all (httpx's timeouts are per read, so
+def _client() -> httpx.Client:
+    """One client for the run: building one costs ~0.2 s (its SSL context), which a client
+    per ask spent past the deadline. No keep-alive: each ask is a new connection, which the
+    kernel may hand to another worker."""
+    return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+
+
+def _read(
+    client: httpx.Client, url: str, token: str, window: str, deadline: float
+) -> tuple[httpx.Response, bytes]:
+    """The answer, read by ``deadline`` (`time.monotonic`; httpx's timeouts are per read, so
     a link trickling a byte a second would otherwise never time out)."""
-    deadline = time.monotonic() + timeout
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise httpx.ReadTimeout("no time left")
     body = bytearray()
-    with httpx.stream("GET", f"{url}/admin/doctor", params={"window": window},
-                      headers={"authorization": f"Bearer {token}"}, timeout=timeout) as response:
+    with client.stream("GET", f"{url}/admin/doctor", params={"window": window},
+                       headers={"authorization": f"Bearer {token}"}, timeout=left) as response:
         for chunk in response.iter_bytes():
             body += chunk
             if time.monotonic() > deadline:
@@ -84,8 +96,10 @@ def _read(url: str, token: str, window: str, timeout: float) -> tuple[httpx.Resp
     return response, bytes(body)
 
 
-def _fetch(url: str, token: str, window: str, timeout: float) -> dict[str, Any]:
-    response, body = _read(url, token, window, timeout)
+def _fetch(
+    client: httpx.Client, url: str, token: str, window: str, deadline: float
+) -> dict[str, Any]:
+    response, body = _read(client, url, token, window, deadline)
     try:
         payload = json.loads(body)
     except ValueError:
@@ -134,8 +148,18 @@ def main(argv: list[str]) -> int:
         host = ""
     if not host:
         return _fail(f"--url {args.url!r}: expected http://HOST:PORT", 2)
+    # one deadline for the whole run: the first report and, with several workers, the others
+    # (each ask had a --timeout of its own: the run took up to twice what was asked)
+    deadline = time.monotonic() + args.timeout
+    with _client() as client:
+        return _diagnose(client, args, url, token, deadline)
+
+
+def _diagnose(
+    client: httpx.Client, args: argparse.Namespace, url: str, token: str, deadline: float
+) -> int:
     try:
-        report = _fetch(url, token, args.window, args.timeout)
+        report = _fetch(client, url, token, args.window, deadline)
     except httpx.TimeoutException:
         return _fail(f"{url} did not answer within {args.timeout:g} s", 1)
     except httpx.HTTPError as exc:
@@ -145,13 +169,14 @@ def main(argv: list[str]) -> int:
         return _fail(str(exc), 1)
     workers = _workers(report)
     if workers > 1:
-        reports, missing = _every_worker(url, token, args.window, args.timeout, report, workers)
+        reports, missing = _every_worker(client, url, token, args.window, deadline, report,
+                                         workers)
         if args.json:
             print(json.dumps({"object": "doctor.workers", "workers": workers,
                               "missing": missing, "data": reports}, indent=2))
             return 0
         render = render_cache if args.cache else render_findings
-        print(_workers_note(url, workers, reports, missing))
+        print(_workers_note(url, workers, reports, missing, args.timeout))
         print("\n\n".join(render(r, url) for r in reports))
         return 0
     if args.json:
@@ -183,18 +208,18 @@ def _slot_order(report: dict[str, Any]) -> tuple[int, str]:
 
 
 def _every_worker(
-    url: str, token: str, window: str, timeout: float, first: dict[str, Any], workers: int
+    client: httpx.Client, url: str, token: str, window: str, deadline: float,
+    first: dict[str, Any], workers: int,
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """One report per worker: asked again on new connections until every worker answered,
-    `TRIES_PER_WORKER` times per worker at most, within ``timeout`` seconds in all. A failed
-    ask ends the search (the reports had so far are shown)."""
-    deadline = time.monotonic() + timeout
+    `TRIES_PER_WORKER` times per worker at most, by ``deadline`` (the run's). A failed ask
+    ends the search (the reports had so far are shown)."""
     seen = {_slot(first): first}
     for _ in range(TRIES_PER_WORKER * workers):
-        if len(seen) >= workers or time.monotonic() > deadline:
+        if len(seen) >= workers or time.monotonic() >= deadline:
             break
         try:
-            report = _fetch(url, token, window, max(0.1, deadline - time.monotonic()))
+            report = _fetch(client, url, token, window, deadline)
         except (httpx.HTTPError, RuntimeError):
             break
         seen.setdefault(_slot(report), report)
@@ -206,11 +231,12 @@ def _every_worker(
 
 
 def _workers_note(
-    url: str, workers: int, reports: list[dict[str, Any]], missing: list[int]
+    url: str, workers: int, reports: list[dict[str, Any]], missing: list[int], timeout: float
 ) -> str:
     note = (f"{url} runs {workers} worker processes, each with its own requests and history: "
             f"one report per worker below ({len(reports)} of {workers})")
     if missing:
         note += (f"; worker(s) {', '.join(map(str, missing))} did not answer within "
-                 f"{TRIES_PER_WORKER * workers} tries: their requests are not in this view")
+                 f"{timeout:g} s or {TRIES_PER_WORKER * workers} tries: their requests are not "
+                 "in this view")
     return note + "\n" + "-" * 72

@@ -106,6 +106,9 @@ class InMemoryStore(TenantStore):
         found = [r for r in self._keys.values() if r.tenant_id == tenant_id]
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
+    async def salt_group_epochs(self) -> dict[str, int | None]:
+        return dict(self._group_epochs)
+
     async def get_policy(self) -> PolicySnapshot | None:
         return self._policy
 

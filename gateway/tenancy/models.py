@@ -90,9 +90,17 @@ class SkippedRecord:
     of a snapshot. `name` is safe to log and show: a tenant's id, a key's hash cut to its
     first 8 characters, ``policy``; `fingerprint` tells one bad value from another."""
 
-    kind: str  # tenant | key | policy
+    kind: str  # tenant | key | policy | salt_group
     name: str
     fingerprint: str
+
+    @property
+    def label(self) -> str:
+        """The record in words, for logs and /readyz: ``tenant 'acme'``, ``salt group 'pub'``,
+        ``the policy document`` (there is one: its name says nothing more)."""
+        if self.kind == "policy":
+            return "the policy document"
+        return f"{self.kind.replace('_', ' ')} {self.name!r}"
 
 
 @dataclass(frozen=True, slots=True)

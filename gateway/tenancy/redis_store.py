@@ -122,13 +122,17 @@ _PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
     "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
     + _log("policy", "'policy'") + "return v + 1"
 )
-# An epoch that is not a decimal integer (corrupted) cannot be counted on: the group gets a
-# fresh random one (ARGV[4]), a salt it never had, rather than an error or an old salt.
+# An epoch that is not valid (`_epoch`: corrupted, "007", past 2**63 - 1) cannot be counted
+# on: the group gets a fresh random one (ARGV[4]), a salt it never had, rather than an error or
+# an old salt. HINCRBY refuses exactly what is not a valid epoch but a negative one ("007" and
+# past 2**63 - 1: "not an integer"; 2**63 - 1 itself: "would overflow"), so its refusal
+# (redis.pcall: an error reply, not a script failure) and a sign take the fresh epoch.
 _ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
     "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
-    "if e and not string.match(e, '^%d+$') then "
-    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) "
-    "else e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end " + _BUMP
+    "if e and string.match(e, '^%d+$') then e = redis.pcall('HINCRBY', KEYS[3], ARGV[3], 1) "
+    "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
+    "if type(e) ~= 'number' then "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
     + _log("salt", "ARGV[3]") + "return e"
 )
 FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
@@ -314,6 +318,21 @@ class RedisStore(TenantStore):
         found = list(_readable(stored, key_from_json, "key", []).values())
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
+    async def keys_by_tenant(self) -> dict[str, list[KeyRecord]]:
+        """One read of every key record, not two per tenant."""
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("keys")))
+        found: dict[str, list[KeyRecord]] = {}
+        for record in _readable(raw, key_from_json, "key", []).values():
+            found.setdefault(record.tenant_id, []).append(record)
+        return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
+                for tid, records in found.items()}
+
+    async def salt_group_epochs(self) -> dict[str, int | None]:
+        with redis_unavailable():
+            raw = _texts(await self._r.hgetall(self._k("salt_groups")))
+        return {group: _read(value, _epoch) for group, value in raw.items()}
+
     # -- policy ------------------------------------------------------------------------------
     async def _policy_raw(self) -> dict[str, str]:
         with redis_unavailable():
@@ -353,7 +372,11 @@ class RedisStore(TenantStore):
     async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         with redis_unavailable():
             raws = await self._r.lrange(self._k("audit"), 0, max(0, limit - 1))
-        return [AuditEntry.model_validate_json(r, extra="ignore") for r in raws]
+        entries = [_read(_text(r), audit_from_json) for r in raws]
+        if None in entries:  # one garbage entry made the whole audit list a 500
+            log.warning("tenancy store: %d unreadable audit entries left out of the answer",
+                        entries.count(None))
+        return [e for e in entries if e is not None]
 
     # -- synchronisation ---------------------------------------------------------------------
     async def generation(self) -> int:
@@ -513,6 +536,10 @@ def _policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySna
         return None
 
 
+def audit_from_json(raw: str) -> AuditEntry:
+    return AuditEntry.model_validate_json(raw, extra="ignore")
+
+
 def unreadable_policy() -> UnreadableRecord:
     return UnreadableRecord(
         "the stored policy document is unreadable (corrupted, or written by another kvgate "
@@ -520,12 +547,20 @@ def unreadable_policy() -> UnreadableRecord:
         "(kvgate admin policy put FILE)")
 
 
+MAX_EPOCH = 2**63 - 1  # Redis's integers: HINCRBY counts no further
+
+
 def _epoch(raw: str) -> int:
-    """A salt group's epoch: a decimal integer, as HINCRBY writes it, nothing else (Python's
-    int() would also take ``+1``, ``1_0`` or spaces, which Lua's check does not)."""
-    if not (raw.isascii() and raw.isdigit()):
+    """A salt group's epoch: a decimal integer from 0 to `MAX_EPOCH` without leading zeros,
+    as HINCRBY writes it, nothing else. Python's int() would also take ``+1``, ``1_0``,
+    spaces, ``007`` or any size, which HINCRBY refuses to count on from: such a value read as
+    valid here made every rotation of the group fail (a 503) while its tenants were served."""
+    if not (raw.isascii() and raw.isdigit()) or (raw[0] == "0" and raw != "0"):
         raise ValueError("not an epoch")
-    return int(raw)
+    epoch = int(raw)
+    if epoch > MAX_EPOCH:
+        raise ValueError("not an epoch")
+    return epoch
 
 
 def _read(raw: str, parse: Callable[[str], T]) -> T | None:

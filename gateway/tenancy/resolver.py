@@ -102,6 +102,10 @@ class _State:
     group_epochs: dict[str, int] = field(default_factory=dict)
 
 
+# what a readable record of a kind is, where a log line can say it in a few words
+_RULES = {"salt_group": "; a salt group's epoch is a decimal integer from 0 to 2**63 - 1 "
+                        "without leading zeros, and rotating its salt writes a fresh one"}
+
 # where the policy in force came from (`TenantResolver.policy_source`)
 FROM_STORE, LAST_READABLE, CONFIGURED = "store", "last readable", "configuration"
 
@@ -155,7 +159,11 @@ class TenantResolver:
         self.configured_policy: PolicySnapshot | None = None
         self._policy_source: str | None = None
         # one refresh at a time: the sync loop's and an admin write's (`read_your_writes`)
-        # must not apply their snapshots out of order
+        # must not apply their snapshots out of order. This, not a generation compare, keeps
+        # an older read from landing over a newer one: a later read is made after the earlier
+        # one landed, and Redis answers it with the newer state. A lower generation is no
+        # proof of an older state (the counter deleted by hand and counted again, a restore
+        # from a backup): refusing it would keep revoked keys working.
         self._refreshing = asyncio.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -310,9 +318,9 @@ class TenantResolver:
         for fingerprint, record in now.items():
             if fingerprint not in self._skipped:
                 self._skipped_total[record.kind] = self._skipped_total.get(record.kind, 0) + 1
-                log.error("tenancy store: %s record %r is unreadable and was skipped; every "
-                          "other record is in force (fix or delete it)", record.kind,
-                          record.name, extra={"kind": record.kind})
+                log.error("tenancy store: the record of %s is unreadable and was skipped; "
+                          "every other record is in force (fix or delete it)%s", record.label,
+                          _RULES.get(record.kind, ""), extra={"kind": record.kind})
         if self._skipped and not now:
             log.info("tenancy store: no unreadable record left")
         self._skipped = now
@@ -331,7 +339,7 @@ class TenantResolver:
                 salt_group=group, cache_salt="", policy=snap.policy, tier_known=known,
                 refused=f"this tenant's cache salt is unavailable: the stored epoch of its "
                         f"salt group {group!r} is unreadable; ask the operator to rotate its "
-                        "salt (kvgate admin rotate-salt TENANT)")
+                        f"salt (kvgate admin rotate-salt {tenant.id})")
         return Principal(
             tenant_id=tenant.id,
             tier=tenant.tier,
@@ -398,7 +406,7 @@ class TenantResolver:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
         if reason is None and self._skipped:
-            names = [f"{s.kind} {s.name!r}" for s in self._skipped.values()]
+            names = [s.label for s in self._skipped.values()]
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
                                             else "")
             reason = (f"{len(names)} unreadable record(s) in the store skipped: {shown} "

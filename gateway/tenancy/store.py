@@ -105,6 +105,16 @@ class TenantStore(ABC):
     @abstractmethod
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]: ...
 
+    async def keys_by_tenant(self) -> dict[str, list[KeyRecord]]:
+        """Every tenant's key records (as `list_keys` orders them), for listing tenants."""
+        return {t.id: await self.list_keys(t.id) for t in await self.list_tenants()}
+
+    # -- salt groups -----------------------------------------------------------------------
+    @abstractmethod
+    async def salt_group_epochs(self) -> dict[str, int | None]:
+        """Each rotated salt group's epoch (a group never rotated is at 0 and absent); None
+        for one stored but unreadable."""
+
     # -- policy ----------------------------------------------------------------------------
     @abstractmethod
     async def get_policy(self) -> PolicySnapshot | None:

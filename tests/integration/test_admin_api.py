@@ -6,13 +6,14 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 import pytest
+import redis
 import uvicorn
 
 from gateway.admin import AdminDeps, AdminToken, create_admin_app
@@ -64,12 +65,15 @@ async def _explain(body: dict[str, Any]) -> dict[str, Any]:
     return {"model": body.get("model"), "pool": "fp8", "replica": "fp8/a", "reason": "tier"}
 
 
-async def serve_admin(store: TenantStore, tokens: list[AdminToken]) -> AsyncIterator[str]:
+async def serve_admin(
+    store: TenantStore, tokens: list[AdminToken], **deps_kw: Any
+) -> AsyncGenerator[str, None]:
     deps = AdminDeps(
         store=store,
         tokens=tokens,
         explain=_explain,
         replicas=lambda: {"object": "list", "data": [{"id": "fp8/a"}]},
+        **deps_kw,
     )
     port = free_port()
     config = uvicorn.Config(
@@ -137,6 +141,7 @@ async def test_tenant_lifecycle(admin: Admin) -> None:
     )
     assert r.status_code == 201, r.text
     assert r.json() == {
+        "object": "tenant",
         "id": "acme",
         "tier": "premium",
         "limits": {"rpm": 100},
@@ -175,10 +180,34 @@ async def test_tenant_lifecycle(admin: Admin) -> None:
     listed = (await c.get("/admin/tenants")).json()
     assert listed["object"] == "list" and [t["id"] for t in listed["data"]] == ["acme"]
     r = await c.post("/admin/tenants/acme/rotate-salt")
-    assert r.json() == {"id": "acme", "scope": "tenant", "salt_group": None, "salt_epoch": 1}
+    assert r.json() == {"object": "tenant", "id": "acme", "tier": "free",
+                        "limits": {"rpm": 100, "tpm": 5}, "salt_group": None, "salt_epoch": 1,
+                        "keys": [], "scope": "tenant"}
     assert (await c.delete("/admin/tenants/acme")).status_code == 204
     assert _error(await c.get("/admin/tenants/acme"), 404)
     assert _error(await c.delete("/admin/tenants/acme"), 404)
+
+
+async def test_every_route_shows_a_tenant_the_same_way(admin: Admin) -> None:
+    """Create, get, update, list and rotate-salt answer one tenant object: create answered
+    `keys: []` while update and list had no `keys` at all, and a grouped tenant's
+    `salt_epoch` was its own unused one (0) where rotate-salt answered its group's."""
+    c = admin.client
+    created = (await c.post("/admin/tenants", json={"id": "acme", "tier": "free",
+                                                    "salt_group": "pub"})).json()
+    key = (await c.post("/admin/tenants/acme/keys")).json()
+    assert set(key) == {"object", "id", "tenant", "created_at", "key"}
+    shown_key = {k: v for k, v in key.items() if k != "key"}
+    rotated = (await c.post("/admin/tenants/acme/rotate-salt")).json()
+    assert rotated.pop("scope") == "group" and rotated["salt_epoch"] == 1
+    got = (await c.get("/admin/tenants/acme")).json()
+    patched = (await c.patch("/admin/tenants/acme", json={"limits": {"rpm": 7}})).json()
+    listed = (await c.get("/admin/tenants")).json()["data"]
+    assert created["keys"] == [] and set(created) == set(got)
+    for view in (rotated, got, patched, *listed):
+        assert set(view) == set(created), view
+        assert view["keys"] == [shown_key] and view["salt_epoch"] == 1, view
+    assert patched == {**got, "limits": {"rpm": 7}} == listed[0]
 
 
 async def test_key_lifecycle(admin: Admin) -> None:
@@ -317,3 +346,133 @@ async def test_keys_salts_and_secrets_never_leak(
     blob = "\n".join(seen)
     for secret in (key, principal.cache_salt, SECRET, ADMIN_TOKEN):
         assert secret not in blob
+
+
+async def test_limits_are_positive_integers_within_bounds(admin: Admin) -> None:
+    """Before: `true` was read as 1 (a tenant limited to 1 request a minute) and any size
+    was stored; from 10**309 (a float infinity in the admission's arithmetic) every request
+    of the tenant was a 500, and above 2**53 `x-ratelimit-remaining` exceeded the limit."""
+    c = admin.client
+    for limit in (True, 10**12 + 1, 10**400):
+        err = _error(await c.post("/admin/tenants", json={
+            "id": "acme", "tier": "free", "limits": {"rpm": limit}}), 400)
+        assert err["param"] == "limits.rpm", err
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    big = await c.patch("/admin/tenants/acme", json={"limits": {"tpm": 10**12}})
+    assert big.status_code == 200 and big.json()["limits"] == {"tpm": 10**12}, big.text
+    err = _error(await c.patch("/admin/tenants/acme", json={"limits": {"tpm": 10**13}}), 400)
+    assert err["param"] == "limits.tpm"
+    patch = {"tiers": {"free": {"limits": {"max_concurrency": False}}}}
+    err = _error(await c.patch("/admin/policy", json=patch), 400)
+    assert err["param"] == "tiers.free.limits.max_concurrency", err
+
+
+async def test_a_null_limits_drops_every_override(admin: Admin) -> None:
+    """As a null limit drops one override (the tier's limit again), `"limits": null` drops
+    them all: it was a 400 naming pydantic's model ("instance of Limits")."""
+    c = admin.client
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free",
+                                         "limits": {"rpm": 5, "tpm": 9}})
+    r = await c.patch("/admin/tenants/acme", json={"limits": None})
+    assert r.status_code == 200 and r.json()["limits"] == {}, r.text
+    assert (await c.get("/admin/tenants/acme")).json()["limits"] == {}
+
+
+async def test_concurrent_policy_patches_through_two_gateways_all_land(
+    shared_redis: str,
+) -> None:
+    """Two gateways (two stores on one redis-server) PATCH the policy at once, without
+    If-Match: each patch is merged onto the version in force and none is lost. Before, a
+    patch whose read was overtaken by another write got 412 "policy version is N, not M"
+    for a version its client never sent."""
+    namespace = f"t{secrets.token_hex(4)}"
+    stores = [RedisStore(connect_redis(shared_redis), namespace=namespace) for _ in range(2)]
+    await stores[0].put_policy(parse_policy(POLICY_DOC))
+    tokens = [AdminToken("ops", ADMIN_TOKEN)]
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    servers = [serve_admin(store, tokens) for store in stores]
+    try:
+        urls = [await anext(server) for server in servers]
+        async with httpx.AsyncClient(headers=headers) as c:
+            answers = await asyncio.gather(*(
+                c.patch(f"{urls[i % 2]}/admin/policy",
+                        json={"models": {f"m{i}": {"free": "awq"}}}) for i in range(16)))
+            assert [r.status_code for r in answers] == [200] * 16, [r.text for r in answers]
+            doc = (await c.get(f"{urls[0]}/admin/policy")).json()
+        assert {f"m{i}" for i in range(16)} <= set(doc["models"])
+    finally:
+        for server in servers:
+            await server.aclose()
+        for store in stores:
+            await store.close()
+
+
+async def test_an_unreadable_audit_entry_is_left_out(shared_redis: str) -> None:
+    """One garbage entry in the audit list made `GET /admin/audit` a 500 (plain text, the
+    connection dropped after it), hiding every other entry."""
+    namespace = f"t{secrets.token_hex(4)}"
+    store = RedisStore(connect_redis(shared_redis), namespace=namespace)
+    await store.put_policy(parse_policy(POLICY_DOC))
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    server = serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)])
+    try:
+        url = await anext(server)
+        async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+            await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+            raw = redis.Redis.from_url(shared_redis)
+            try:
+                raw.lpush(f"{namespace}:audit", "{garbage")
+            finally:
+                raw.close()
+            await c.post("/admin/tenants/acme/rotate-salt")
+            r = await c.get("/admin/audit")
+            assert r.status_code == 200, r.text
+            assert [e["action"] for e in r.json()["data"]] == [
+                "tenant.rotate_salt", "tenant.create"]
+    finally:
+        await server.aclose()
+        await store.close()
+
+
+async def test_a_fault_inside_the_admin_api_is_an_openai_shaped_500() -> None:
+    """A kvgate fault behind a route (here the doctor's) is a JSON 500 without the traceback
+    (the log has it), and the connection stays usable."""
+
+    def broken(window_s: float) -> Any:
+        raise RuntimeError("secret detail of the fault")
+
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    async for url in serve_admin(InMemoryStore(), [AdminToken("ops", ADMIN_TOKEN)],
+                                 doctor=broken):
+        async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+            r = await c.get("/admin/doctor")
+            err = _error(r, 500)
+            assert err["type"] == "InternalServerError" and "secret" not in r.text, r.text
+            assert (await c.get("/admin/tenants")).status_code == 200  # same connection
+
+
+async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
+    """A tier's priority past 64 bits was stored, then every request of the tier was a 500
+    (the body rewrite cannot write it); a tier name no tenant can take (empty, or past the 64
+    characters of a tenant's tier) was stored too."""
+    c = admin.client
+    for priority in (2**63, -(2**63) - 1, 10**400):
+        err = _error(await c.patch("/admin/policy", json={
+            "tiers": {"premium": {"priority": priority}}}), 400)
+        assert err["param"] == "tiers.premium.priority", err
+    for name in ("", "t" * 65):
+        assert _error(await c.patch("/admin/policy", json={"tiers": {name: {}}}), 400)
+    ok = await c.patch("/admin/policy", json={"tiers": {"t" * 64: {"priority": -(2**63)}}})
+    assert ok.status_code == 200, ok.text
+    assert (await c.post("/admin/tenants", json={"id": "a", "tier": "t" * 64})).status_code == 201
+
+
+async def test_an_infinite_threshold_is_refused_not_stored_unreadable(admin: Admin) -> None:
+    """`Infinity` (Python's JSON parser takes it) was accepted as a spill threshold and stored
+    as null: the stored policy was then unreadable on every gateway."""
+    c = admin.client
+    body = b'{"tiers": {"free": {"spill_when": {"waiting": Infinity, "kv_usage": 0.5}}}}'
+    err = _error(await c.patch("/admin/policy", content=body), 400)
+    assert err["param"] == "tiers.free.spill_when.waiting", err
+    r = await c.get("/admin/policy")
+    assert r.status_code == 200 and r.headers["etag"] == '"1"', r.text  # still readable

@@ -71,6 +71,9 @@ async def test_slow_health_ejects_only_after_several_slow_probes_in_a_row(
         assert r.state == "healthy"
         await monitor.poll_once()
         assert r.state == "ejected"  # the third slow probe in a row
+        # /readyz says why, as for a refused connection (it said only "no healthy replica")
+        assert pools.not_ready(0.0) == {
+            "p": f"no healthy replica ({r.id}: /health: no answer within 0.2 s)"}
     finally:
         await pools.close()
 

@@ -216,3 +216,72 @@ async def test_a_reload_reuses_what_did_not_change(stores: StoreFactory) -> None
         assert resolver.authenticate(new_key).tenant_id == "acme"
     finally:
         await resolver.close()
+
+
+class _HeldMemory(InMemoryStore):
+    """Its next read (whole or journal) is made, then held until `release` is set."""
+
+    hold = False
+    release = asyncio.Event()
+
+    async def snapshot(self) -> StoreSnapshot:
+        return await self._held(await super().snapshot())
+
+    async def _held(self, snap: StoreSnapshot) -> StoreSnapshot:
+        if self.hold:
+            self.hold = False
+            await self.release.wait()
+        return snap
+
+
+class _HeldRedis(RedisStore):
+    hold = False
+    release = asyncio.Event()
+
+    async def snapshot(self) -> StoreSnapshot:
+        return await self._held(await super().snapshot())
+
+    async def changes_since(self, generation: int) -> StoreSnapshot | None:
+        snap = await super().changes_since(generation)
+        return None if snap is None else await self._held(snap)
+
+    async def _held(self, snap: StoreSnapshot) -> StoreSnapshot:
+        if self.hold:
+            self.hold = False
+            await self.release.wait()
+        return snap
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_an_older_read_never_lands_over_a_newer_one(kind: str, shared_redis: str) -> None:
+    """A reload that read the store before a write, and is slow to finish, against a reload
+    made after the write (an admin write's read-your-writes refresh beside the sync loop's):
+    the newer state stays. Refreshes run one at a time, so the later one reads after the older
+    one has landed; were they to overlap, the older snapshot would land last and a key revoked
+    meanwhile would work again."""
+    store: _HeldMemory | _HeldRedis = (
+        _HeldMemory() if kind == "memory"
+        else _HeldRedis(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
+                        listen=False))
+    store.release = asyncio.Event()
+    resolver = TenantResolver(store, SaltDeriver(SECRET), poll_interval_s=3600,
+                              max_staleness_s=None)
+    try:
+        await store.put_policy(POLICY)
+        await store.create_tenant(Tenant(id="acme", tier="free"))
+        key, kid = await _add_key(store, "acme")
+        assert await resolver.refresh()  # loaded (no sync loop: the test orders the reloads)
+        await _add_key(store, "acme")  # a write, then a reload of it that is slow to finish
+        store.hold = True
+        older = asyncio.create_task(resolver.refresh())
+        await asyncio.sleep(0.05)
+        assert await store.revoke_key("acme", kid)  # a later write, and a reload after it
+        newer = asyncio.create_task(resolver.refresh())
+        await asyncio.sleep(0.05)
+        store.release.set()
+        assert await older and await newer
+        assert resolver.health().generation == await store.generation()
+        with pytest.raises(AuthError):
+            resolver.authenticate(key)  # revoked: the older read did not bring it back
+    finally:
+        await store.close()

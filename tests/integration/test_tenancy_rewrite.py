@@ -139,7 +139,10 @@ def test_an_unreadable_tenant_is_a_409_and_can_be_written_over(
         # the way out: create it again over the unreadable record; its keys are kept
         created = admin.post("/tenants", json={"id": "acme", "tier": "free"})
         assert created.status_code == 201, created.text
-        assert admin.get("/tenants/acme").status_code == 200
+        got = admin.get("/tenants/acme")
+        assert got.status_code == 200
+        # the answer lists the keys it kept (it said `keys: []`), as a GET does
+        assert created.json() == got.json() and len(got.json()["keys"]) == 1, created.text
         wait_for(lambda: chat_status(_client(base, key)) == 200, what="the old key again")
         # a readable tenant is still a conflict, as before
         assert admin.post("/tenants", json={"id": "acme", "tier": "free"}).status_code == 409
@@ -224,7 +227,7 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
         assert old.authenticate(keys["g1"]).cache_salt == salts.derive("group:pub", 1)
         health = old.health()
         assert health.records_skipped == {"salt_group": 1} and health.degraded
-        assert "salt_group 'pub'" in (health.reason or "")
+        assert "salt group 'pub'" in (health.reason or "")
         # a process that never read it refuses the group's tenants, serves the others
         await new.start()
         assert new.authenticate(keys["solo"]).tier_known
@@ -232,6 +235,7 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
             new.authenticate(keys["g1"])
         assert getattr(refused.value, "status", None) == 503, refused.value
         assert "salt group 'pub'" in str(refused.value)
+        assert "kvgate admin rotate-salt g1" in str(refused.value)  # named, not a placeholder
         # rotating it is the way out: a fresh epoch, never one the group had before
         epoch = (await store.rotate_salt("g1")).epoch
         assert epoch >= FRESH_EPOCH_MIN
@@ -241,6 +245,47 @@ async def test_an_unreadable_salt_epoch_is_skipped_not_the_whole_load(redis_url:
     finally:
         await old.close()
         await new.close()
+        await store.close()
+
+
+@pytest.mark.parametrize(("stored", "readable"), [
+    ("007", False), (str(2**63), False), (str(2**70), False), ("-5", False),
+    (str(2**63 - 1), True),  # the largest epoch: read, but HINCRBY cannot count past it
+])
+async def test_an_epoch_redis_cannot_count_from_is_rotated_to_a_fresh_one(
+    redis_url: str, stored: str, readable: bool
+) -> None:
+    """A salt group's epoch is a decimal integer from 0 to 2**63 - 1 without leading zeros.
+    Before, "007" and anything past 2**63 - 1 were read as epochs (7, a huge one) while
+    every rotation of the group failed: HINCRBY refused them, a 503 each time."""
+    policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                           "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
+    salts = SaltDeriver(AUTH_SECRET)
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    resolver = TenantResolver(store, salts, poll_interval_s=3600, max_staleness_s=None)
+    key = generate_key()
+    try:
+        await bootstrap(store, policy=policy, tenants=[
+            Tenant(id="g1", tier="free", salt_group="pub")])
+        await store.add_key(KeyRecord(key_id="k", tenant_id="g1", key_hash=hash_key(key),
+                                      created_at=0.0))
+        _write(redis_url, "kvgate:salt_groups", "pub", stored)
+        await resolver.start()
+        if readable:
+            assert resolver.authenticate(key).cache_salt == salts.derive(
+                "group:pub", int(stored))
+        else:  # skipped, counted, and its tenants refused rather than salted from a guess
+            assert resolver.health().records_skipped == {"salt_group": 1}
+            with pytest.raises(Exception) as refused:
+                resolver.authenticate(key)
+            assert getattr(refused.value, "status", None) == 503
+        epoch = (await store.rotate_salt("g1")).epoch  # a 503 before
+        assert FRESH_EPOCH_MIN <= epoch < 2**52
+        assert await resolver.refresh()
+        assert resolver.authenticate(key).cache_salt == salts.derive("group:pub", epoch)
+        assert (await store.rotate_salt("g1")).epoch == epoch + 1  # counted from there on
+    finally:
+        await resolver.close()
         await store.close()
 
 

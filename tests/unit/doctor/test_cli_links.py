@@ -108,3 +108,32 @@ def test_the_workers_reports_are_in_numeric_order(
     both = json.loads(out)
     assert both["missing"] == []
     assert [r["process"]["worker"] for r in both["data"]] == list(range(12))  # 2 before 10
+
+
+@pytest.fixture
+def slow_workers() -> Iterator[str]:
+    """A gateway of 2 workers whose every report takes 0.6 s, always from worker 0 (the
+    kernel may hand every new connection to the same worker)."""
+
+    class Slow(_Answer):
+        body = json.dumps({
+            "object": "doctor", "window": "5m", "history": {}, "worst": {}, "findings": [],
+            "cache": {}, "process": {"workers": 2, "worker": 0}}).encode()
+
+        def do_GET(self) -> None:
+            time.sleep(0.6)
+            super().do_GET()
+
+    yield from _serve(Slow)
+
+
+def test_several_workers_are_gathered_within_one_timeout(
+        slow_workers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--timeout is the whole run's: the first report and the search for the other workers'
+    together (the search had a --timeout of its own: 1.6 s here for a --timeout of 1)."""
+    start = time.monotonic()
+    assert cli.main(["--url", slow_workers, "--timeout", "1", "--json", *TOKEN]) == 0
+    took = time.monotonic() - start
+    out, _ = capsys.readouterr()
+    assert json.loads(out)["missing"] == [1]  # worker 1 never answered: shown as missing
+    assert took < 1.3, took

@@ -86,3 +86,21 @@ def test_health_says_the_host_does_not_resolve(
     reasons = [getattr(r, "reason", "") for r in caplog.records
                if r.getMessage() == "replica down"]
     assert reasons == ["/health: cannot resolve host replica-a.svc"]
+
+
+def test_a_pool_without_replicas_says_so() -> None:
+    """Discovery that found none (or a relist that left none): the reason said "no healthy
+    replica", as if some were there and down."""
+    cfg = KvgateConfig.model_validate({"pools": {
+        "p": {"served_model": "m", "discovery": {"dns": {"name": "vllm.svc"}}},
+        "q": {"discovery": {"dns": {"name": "vllm-q.svc"}}}}})
+
+    async def run() -> None:
+        pools = Pools(cfg, transport=lambda *_: Unresolvable(NO_NAME))
+        try:
+            assert pools.not_ready(0.0) == {"p": "no replica listed or discovered",
+                                            "q": "no replica listed or discovered"}
+        finally:
+            await pools.close()
+
+    asyncio.run(run())
