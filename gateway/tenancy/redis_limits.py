@@ -173,8 +173,10 @@ class RedisRateLimiter(RateLimiter):
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(
                     keys=[bucket, bucket + ":leases"], args=args)
-        except StoreUnreachable:
-            if limits.max_concurrency and not peek:  # it may still take a lease: free it
+        except (StoreUnreachable, asyncio.CancelledError):
+            # Redis may still take the lease (a client that left cancels the request while
+            # its script runs): free it, or it holds the tenant's slot until its TTL
+            if limits.max_concurrency and not peek:
                 self._unreleased[lease_id] = tenant_id
                 self._retry_wake.set()
             raise

@@ -168,3 +168,45 @@ async def test_peek_decides_as_admit_and_charges_nothing(limiter: RateLimiter) -
     assert (await limiter.admit("t", limits, tokens=10)).allowed  # the minute's second one
     over = await limiter.peek("t", Limits(rpm=2, tpm=100))
     assert (over.allowed, over.reason, over.remaining_requests) == (False, "rpm", 0)
+
+
+# holds Redis (one thread) for ARGV[1] ms: commands sent meanwhile run after it
+_HOLD_REDIS = """
+local t = redis.call('TIME')
+local stop = t[1] * 1000000 + t[2] + ARGV[1] * 1000
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop
+return 1
+"""
+
+
+async def test_an_admit_cancelled_while_redis_runs_it_frees_its_lease(shared_redis: str) -> None:
+    """A client that leaves cancels its request while the admit script is on its way: Redis
+    still runs the script and takes the lease. It is freed (before the next decision), not
+    held for its 30 s TTL, which with max_concurrency 1 refused the tenant meanwhile."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
+                           lease_ttl_s=30)
+    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
+    limits = Limits(max_concurrency=1)
+    try:
+        await lim.release(await lim.admit("t", limits, tokens=0))  # the script is loaded
+        async def held() -> None:
+            await holder.eval(_HOLD_REDIS, 0, "400")
+
+        hold = asyncio.create_task(held())
+        await asyncio.sleep(0.05)
+        admit = asyncio.create_task(lim.admit("t", limits, tokens=0))
+        await asyncio.sleep(0.1)  # sent, waiting behind the held server
+        admit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admit
+        await hold  # the cancelled admit's script has run now
+        again = await lim.admit("t", limits, tokens=0)
+        assert again.allowed
+        await lim.release(again)
+    finally:
+        await lim.close()
+        await holder.aclose()
