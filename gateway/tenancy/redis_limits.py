@@ -215,7 +215,7 @@ class RedisRateLimiter(RateLimiter):
                 await self._r.zrem(
                     self._bucket(admission.tenant_id) + ":leases", admission.lease_id
                 )
-        except BackendUnavailable:
+        except (BackendUnavailable, asyncio.CancelledError):  # cancelled: as in `_decide`
             self._unreleased[admission.lease_id] = admission.tenant_id
             self._retry_wake.set()
             raise
