@@ -26,7 +26,9 @@ requests in flight, then to a stable hash of (prompt, replica), so identical req
 a fixed per-prompt order, never by the order views arrive in. Several gateways blind to each
 other's latest picks break ties by the hash alone (in-flight counts a sync window old would
 send them all to one replica) and take turns among the candidates about as cheap as the
-cheapest that hold the longest prefix of them (`PickContext.turn`).
+cheapest that hold the longest prefix of them (`PickContext.turn`); from a gateway's second
+pick within the sync window (a burst), each replica's TTFT fit counts only half-way from the
+fleet's (`_toward_fleet`).
 
 A request opening a new context (an agent session, a conversation: its longest match ends on
 no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
@@ -40,6 +42,7 @@ calls (each recomputing its whole context elsewhere). Continued contexts are nev
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from math import log as _log
 from math import log1p as _log1p
 from operator import itemgetter
@@ -95,6 +98,8 @@ class CacheAware:
         )
         pget = st.pending.records().get
         fget, fleet, hashes = st.ttft.fits().get, st.ttft.fleet, st.replica_hashes
+        if ctx.gateways > 1 and ctx.turn >= ctx.gateways:  # a burst: `_toward_fleet`
+            fget = _toward_fleet(st.ttft.fits(), fleet).get
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
@@ -251,6 +256,22 @@ class CacheAware:
             }
             out.append(Candidate(v.id, cost, terms))
         return tuple(out)
+
+
+def _toward_fleet(fits: Mapping[str, TtftFit], fleet: TtftFit) -> dict[str, TtftFit]:
+    """Every replica's TTFT fit half-way to the fleet's, for a gateway's second pick and
+    later within the sync window (a burst), when several gateways share state.
+
+    The fits differ between replicas, and every gateway learns the same differences (the
+    same scraped counters): within a burst, blind to each other's picks, all of them lean
+    towards the replicas that look fastest. One gateway sees its own picks queue there and
+    moves on; four stack their picks before any record arrives (bursts, 4 gateways, 10 ms:
+    a replica's work in a burst up to 3x the mean where one gateway has 2x). Without the
+    per-replica differences at all the tail halves but the median loses what the
+    differences are worth (one gateway's p50 +8 %); half of them keeps the median.
+    (docs/shared-state.md, "Bursts")"""
+    return {r: TtftFit((f.fixed_s + fleet.fixed_s) / 2.0,
+                       (f.s_per_token + fleet.s_per_token) / 2.0) for r, f in fits.items()}
 
 
 def _rank(row: _Row) -> tuple[int, int, int]:
