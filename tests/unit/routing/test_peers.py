@@ -266,13 +266,15 @@ def test_in_a_burst_replica_fits_count_half_way_to_the_fleets(
     views = [ReplicaView(id=r, pool="p") for r in ("r0", "r1")]
     first = _features(tuple(range(1, 30)))
     router.record_route(router.pick(first, views, 1.0).replica, first, 1.0)
-    ranked = router.pick(_features(tuple(range(100, 130))), views, 1.0 + later_s,
-                         explain=True).ranked
-    fleet = router.state.ttft.fleet
-    for c in ranked:
-        own = router.ttft_fit(c.replica)
-        spt = (own.s_per_token + fleet.s_per_token) / 2 if blended else own.s_per_token
-        fixed = (own.fixed_s + fleet.fixed_s) / 2 if blended else own.fixed_s
-        assert c.terms["prefill_tps"] == pytest.approx(1.0 / spt)
-        assert c.terms["fixed_s"] == pytest.approx(fixed)
-    assert router.ttft_fit("r0").rate > 2 * router.ttft_fit("r1").rate  # the fits differ
+    for k in range(2):  # the second time after a new observation (the fits changed)
+        ranked = router.pick(_features(tuple(range(100, 130))), views, 1.0 + later_s,
+                             explain=True).ranked
+        fleet = router.state.ttft.fleet
+        for c in ranked:
+            own = router.ttft_fit(c.replica)
+            spt = (own.s_per_token + fleet.s_per_token) / 2 if blended else own.s_per_token
+            fixed = (own.fixed_s + fleet.fixed_s) / 2 if blended else own.fixed_s
+            assert c.terms["prefill_tps"] == pytest.approx(1.0 / spt), k
+            assert c.terms["fixed_s"] == pytest.approx(fixed), k
+        assert router.ttft_fit("r0").rate > 2 * router.ttft_fit("r1").rate  # the fits differ
+        router.state.ttft.observe("r0", 3000.0, 0.5)
