@@ -26,7 +26,9 @@ requests in flight, then to a stable hash of (prompt, replica), so identical req
 a fixed per-prompt order, never by the order views arrive in. Several gateways blind to each
 other's latest picks break ties by the hash alone (in-flight counts a sync window old would
 send them all to one replica) and take turns among the candidates about as cheap as the
-cheapest that hold the longest prefix of them (`PickContext.turn`).
+cheapest that hold the longest prefix of them (`PickContext.turn`); from a gateway's second
+pick within the sync window (a burst), each replica's TTFT fit counts only half-way from the
+fleet's (`_in_burst`).
 
 A request opening a new context (an agent session, a conversation: its longest match ends on
 no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
@@ -59,7 +61,7 @@ _TURN_RELATIVE = 0.1
 _TURN_MEAN_REQUESTS = 0.5
 
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
-# uncached, TTFT fit, kv usage, fleet-wide in-flight requests)
+# uncached, TTFT fit as learned, kv usage, fleet-wide in-flight requests)
 _Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float, int]
 
 
@@ -95,6 +97,7 @@ class CacheAware:
         )
         pget = st.pending.records().get
         fget, fleet, hashes = st.ttft.fits().get, st.ttft.fleet, st.replica_hashes
+        half, fleet_fixed, fleet_spt = _in_burst(ctx), fleet.fixed_s, fleet.s_per_token
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
@@ -118,7 +121,9 @@ class CacheAware:
             # gateway's count alone when we hold no record (e.g. routed before a restart)
             p = pget(vid)
             fit = fget(vid, fleet)
-            spt = fit.s_per_token
+            fixed, spt = fit.fixed_s, fit.s_per_token
+            if half:  # `_in_burst`: half-way to the fleet's fit (`_costed`, inlined)
+                fixed, spt = (fixed + fleet_fixed) * 0.5, (spt + fleet_spt) * 0.5
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
@@ -142,7 +147,7 @@ class CacheAware:
             # the copy's price beyond its own prefill grows with how full the replica's cache
             # is (what it will evict): a cold fleet fills its emptiest caches first
             full = (used(vid) + uncached / tpb) / capacity(vid)
-            cost = (fit.fixed_s + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
+            cost = (fixed + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
                     + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
@@ -175,7 +180,7 @@ class CacheAware:
             reason = "prefix-hit"
         else:
             reason = "least-cost"
-        ranked = self._explain(ordered, limit) if ctx.explain else ()
+        ranked = self._explain(ctx, ordered, limit) if ctx.explain else ()
         if not ctx.explain:
             self._sessions.record(hashes, chosen[3].id, ctx.now, previous)
         return decide([r[3].id for r in ordered], reason, ranked)
@@ -195,13 +200,14 @@ class CacheAware:
         if mean < cfg.session_ramp_min_mean:
             return rows
         span = (cfg.session_ramp_factor - 1.0) * mean + cfg.session_ramp_slack
+        half, fleet = _in_burst(ctx), self._state.ttft.fleet
         quantum, per_step = cfg.tie_quantum_s, _log1p(cfg.tie_relative)
         out = []
         for row in rows:
             over = live.get(row[3].id, 0) - mean
             if over > 0.0:
                 cost = row[2] + cfg.session_ramp_tokens * min(1.0, over / span) * (
-                    row[8].s_per_token)
+                    _costed(row[8], fleet, half).s_per_token)
                 step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
                 row = (step, row[1], cost, *row[3:])
             out.append(row)
@@ -232,11 +238,13 @@ class CacheAware:
                 return [r] + [x for x in admitted if x is not r]
         return admitted  # pragma: no cover - `near` is never empty
 
-    def _explain(self, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
+    def _explain(self, ctx: PickContext, rows: list[_Row], limit: float) -> tuple[Candidate, ...]:
         tpb = self._state.config.tokens_per_block
+        half, fleet = _in_burst(ctx), self._state.ttft.fleet
         low = max(min(r[2] for r in rows), 1e-9)
         out = []
         for _, _, cost, v, m, queued, decode, uncached, fit, kv, inflight in rows:
+            fit = _costed(fit, fleet, half)
             terms = {
                 "matched_tokens": float(m * tpb),
                 "uncached_tokens": uncached,
@@ -251,6 +259,29 @@ class CacheAware:
             }
             out.append(Candidate(v.id, cost, terms))
         return tuple(out)
+
+
+def _in_burst(ctx: PickContext) -> bool:
+    """Whether this pick costs with every replica's TTFT fit half-way to the fleet's: several
+    gateways share state and this is the gateway's second pick or later within the sync
+    window (a burst).
+
+    The fits differ between replicas, and every gateway learns the same differences (the
+    same scraped counters): within a burst, blind to each other's picks, all of them lean
+    towards the replicas that look fastest. One gateway sees its own picks queue there and
+    moves on; four stack their picks before any record arrives (bursts, 4 gateways, 10 ms:
+    a replica's work in a burst up to 3x the mean where one gateway has 2x). Without the
+    per-replica differences at all the tail halves but the median loses what the
+    differences are worth (one gateway's p50 +8 %); half of them keeps the median.
+    (docs/shared-state.md, "Bursts")"""
+    return ctx.gateways > 1 and ctx.turn >= ctx.gateways
+
+
+def _costed(fit: TtftFit, fleet: TtftFit, half: bool) -> TtftFit:
+    """The fit a pick costs with (`_in_burst`: half-way to the fleet's; `_rows` inlines it)."""
+    if not half:
+        return fit
+    return TtftFit((fit.fixed_s + fleet.fixed_s) * 0.5, (fit.s_per_token + fleet.s_per_token) * 0.5)
 
 
 def _rank(row: _Row) -> tuple[int, int, int]:

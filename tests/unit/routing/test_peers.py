@@ -241,3 +241,40 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
             f = _features((*chain, rng.getrandbits(40)))
             assert shared.pick(f, own, 0.05, explain=True) == plain.pick(
                 f, merged, 0.05, explain=True)
+
+
+@pytest.mark.parametrize(("gateways", "later_s", "blended"), [
+    (4, 0.0, True),  # the gateway's second pick in the window: a burst
+    (4, 0.02, False),  # its first pick in a new window
+    (1, 0.0, False),  # one gateway sees its own picks: its fits as learned
+])
+def test_in_a_burst_replica_fits_count_half_way_to_the_fleets(
+    gateways: int, later_s: float, blended: bool
+) -> None:
+    """Gateways blind to each other's picks all lean on the same replica-to-replica fit
+    differences (learned from the same scrapes), and stack a burst on the replica that looks
+    fastest: from a gateway's second pick within the sync window the fits it costs with are
+    half-way to the fleet's; its first pick, and one gateway's every pick, use them as learned."""
+    router = Router(RouterConfig())
+    if gateways > 1:
+        router.enable_sharing(2.0, "a", 0.01)
+        for peer in "bcd"[: gateways - 1]:
+            router.apply_peer_load(peer, {}, 0.0)
+    for work in (500.0, 1000.0, 2000.0, 4000.0, 8000.0, 16000.0):  # r0 fast, r1 slow
+        router.state.ttft.observe("r0", work, 0.01 + work / 40_000)
+        router.state.ttft.observe("r1", work, 0.05 + work / 10_000)
+    views = [ReplicaView(id=r, pool="p") for r in ("r0", "r1")]
+    first = _features(tuple(range(1, 30)))
+    router.record_route(router.pick(first, views, 1.0).replica, first, 1.0)
+    for k in range(2):  # the second time after a new observation (the fits changed)
+        ranked = router.pick(_features(tuple(range(100, 130))), views, 1.0 + later_s,
+                             explain=True).ranked
+        fleet = router.state.ttft.fleet
+        for c in ranked:
+            own = router.ttft_fit(c.replica)
+            spt = (own.s_per_token + fleet.s_per_token) / 2 if blended else own.s_per_token
+            fixed = (own.fixed_s + fleet.fixed_s) / 2 if blended else own.fixed_s
+            assert c.terms["prefill_tps"] == pytest.approx(1.0 / spt), k
+            assert c.terms["fixed_s"] == pytest.approx(fixed), k
+        assert router.ttft_fit("r0").rate > 2 * router.ttft_fit("r1").rate  # the fits differ
+        router.state.ttft.observe("r0", 3000.0, 0.5)
