@@ -17,6 +17,7 @@ at once. Time is passed in, so the machine is testable without sleeps.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -27,6 +28,8 @@ from routing.types import ReplicaView
 __all__ = ["HealthRules", "Lease", "Replica", "RetryBudget", "replica_id"]
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+# the one down reason naming a host (`transport.connect_failure`): clients are told less
+_HOST = re.compile(r"cannot resolve host \S+")
 
 
 def replica_id(url: str) -> str:
@@ -134,6 +137,17 @@ class Replica:
             self.state = HALF_OPEN
         # half-open: one trial request at a time
         return self.state == HALF_OPEN and self.inflight == 0
+
+    def condition(self, now: float) -> str:
+        """Why it takes no request now (``"available"`` when it does), in words an API client
+        may read: no address nor host name (those are for operators: `reason`, /readyz)."""
+        if self.down:
+            return _HOST.sub("cannot resolve its host name", self.reason or "down")
+        if self.available(now):
+            return "backing off after busy 503s" if self.busy(now) else "available"
+        if self.state == EJECTED:
+            return "ejected after failed requests"
+        return "on trial after an ejection"  # half-open, its one trial request in flight
 
     def busy(self, now: float) -> bool:
         """Backing off after a busy 503 (health aside)."""

@@ -289,3 +289,18 @@ def test_a_refusing_replica_is_warned_about_once_until_it_serves_again(
         assert judge(replica, 200, OK, 500.0) == "ok"  # the key was fixed
         assert judge(replica, 401, UNAUTHORIZED, 600.0) == "refused"  # and broken again
         assert warnings() == 2
+
+
+DEAD = (b'{"error":{"message":"The server had an error while processing your request.",'
+        b'"type":"InternalServerError","param":null,"code":500}}')  # vLLM's dead engine
+
+
+def test_no_usable_replica_says_why_without_naming_any_replica() -> None:
+    answers, posts = _run({A: status(500, DEAD), B: refused()}, [REQ, REQ])
+    assert sorted(posts) == [A, B]  # the first request found both down; the second, none
+    code, body = answers[1]
+    message = orjson.loads(body)["error"]["message"]
+    assert code == 503
+    assert message == ("No healthy replica for the model `sim-model` (2 replicas: "
+                       "1 its engine died (500), 1 cannot connect)."), message
+    assert "127.0.0.1" not in message
