@@ -180,8 +180,11 @@ class Proxy:
         for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
-                    if isinstance(failure, ReplicaRefused):  # misconfigured, not busy: a
-                        raise failure  # "try again shortly" would only bring more of them
+                    # misconfigured, not busy: a "try again shortly" would only bring more of
+                    # them; a timeout (other requests spent the budget while this one waited)
+                    # stays the client's 504, not a 503 saying the replicas are busy
+                    if isinstance(failure, ReplicaRefused | UpstreamTimeout):
+                        raise failure
                     raise RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"

@@ -148,7 +148,9 @@ async def _call(app: GatewayApp, body: dict[str, Any]) -> tuple[int, bytes, dict
 
 
 def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
-         upstream: dict[str, Any] | None = None) -> tuple[list[tuple[int, bytes]], list[str]]:
+         upstream: dict[str, Any] | None = None, *, together: bool = False,
+         ) -> tuple[list[tuple[int, bytes]], list[str]]:
+    """Each request answered in turn (``together``: all at once)."""
     posts: list[str] = []
 
     def factory(max_connections: int, connect_timeout_s: float) -> Transport:
@@ -163,6 +165,9 @@ def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
         app = GatewayApp(cfg, transport=factory)
         await app.startup()
         try:
+            if together:
+                done = await asyncio.gather(*(_call(app, body) for body in requests))
+                return [(code, data) for code, data, _ in done]
             out = []
             for body in requests:
                 code, data, _ = await _call(app, body)
@@ -304,3 +309,16 @@ def test_no_usable_replica_says_why_without_naming_any_replica() -> None:
     assert message == ("No healthy replica for the model `sim-model` (2 replicas: "
                        "1 its engine died (500), 1 cannot connect)."), message
     assert "127.0.0.1" not in message
+
+
+def test_a_first_byte_timeout_stays_a_504_when_the_retry_budget_runs_out_meanwhile() -> None:
+    """Two streams time out at once; the one retry the budget holds goes to one of them. The
+    other is a timeout all the same (504), not "busy or failing, try again" (503)."""
+    answers, posts = _run({A: hang(), B: hang()}, [{**REQ, "stream": True}] * 2, upstream={
+        "first_byte_timeout_s": 0.2, "retry_budget_ratio": 0, "retry_budget_min": 1},
+        together=True)
+    assert len(posts) == 3  # two first tries, one retry
+    for code, body in answers:
+        err = orjson.loads(body)["error"]
+        assert (code, err["type"]) == (504, "GatewayTimeoutError"), body
+        assert "first byte timeout" in err["message"]
