@@ -248,12 +248,13 @@ class Proxy:
                 return exc
             return None
         except asyncio.CancelledError:
+            if req.ctl.reason == "first byte" and replica.hung(
+                    lease, self._router.ttft_fit(replica.id), self._up.first_byte_timeout_s):
+                replica.record_failure(self._clock())  # judged while its lease still counts
             # a first-byte timeout cuts this try only: nothing reached the client, so another
             # replica may answer (the `finally` drops the connection: the replica aborts it)
             if last or req.sse or not req.ctl.retry_first_byte():
                 raise
-            if replica.hung():
-                replica.record_failure(self._clock())
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")
@@ -281,10 +282,8 @@ class Proxy:
         exc = cut_error(reason)
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
-        target = req.target
-        stalled = reason == "idle" or (reason == "first byte" and target is not None
-                                       and target.hung())
-        if stalled and target is not None:
+        target = req.target  # (a first-byte cut was judged by `_attempt`)
+        if reason == "idle" and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status

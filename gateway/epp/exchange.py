@@ -617,8 +617,8 @@ class Exchange:
         """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
         stream's first bytes or for a whole answer (an immediate response: Envoy drops the
         replica's stream), an error event ending a started stream -- and the replica judged
-        as there (a first-byte cut is its failure only when it answers none of its other
-        requests, `Replica.hung`; an idle stream is; the total timeout is not). The picker cannot
+        as there (a first-byte cut is its failure only when nothing says it is working,
+        `Replica.hung`; an idle stream is; the total timeout is not). The picker cannot
         send the request again: no other replica is tried."""
         req, up = self.req, self._core.cfg.upstream
         if req is None or req.target is None or self._lease is None:
@@ -628,7 +628,8 @@ class Exchange:
         self._cut = True
         if self._head is not None:
             reason = "total" if total else "first byte"
-            if not total and target.hung():
+            if not total and target.hung(self._lease, self._core.router.ttft_fit(target.id),
+                                         up.first_byte_timeout_s):
                 target.record_failure(self._core.clock())
             self._head = None
             log.info("replica sent nothing in time", extra={"replica": target.id})

@@ -322,3 +322,85 @@ def test_a_first_byte_timeout_stays_a_504_when_the_retry_budget_runs_out_meanwhi
         err = orjson.loads(body)["error"]
         assert (code, err["type"]) == (504, "GatewayTimeoutError"), body
         assert "first byte timeout" in err["message"]
+
+
+def stream_after(delay_s: float) -> Behaviour:
+    async def answer() -> FakeResponse:
+        await asyncio.sleep(delay_s)  # its prefill
+        event = (b'data: {"id":"c","object":"text_completion",'
+                 b'"choices":[{"index":0,"text":"a","finish_reason":"stop"}]}\n\n')
+        return FakeResponse(200, [event, b"data: [DONE]\n\n"], content_type="text/event-stream")
+    return answer
+
+
+def in_turn(*behaviours: Behaviour) -> Behaviour:
+    """The replica's n-th request gets the n-th behaviour."""
+    queue = list(behaviours)
+
+    async def answer() -> Any:
+        return await queue.pop(0)()
+    return answer
+
+
+LONG = "word " * 100_000  # ~125,000 tokens: ~16 s of prefill at the prior's 8,000 tokens/s
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "requests"),
+    [
+        # another request got its first token while the cut one waited: the queue moves
+        (in_turn(stream_after(0.1), hang()), [REQ, REQ]),
+        # the prompt alone takes longer to prefill than the first-byte timeout
+        (hang(), [{**REQ, "prompt": LONG}]),
+    ],
+    ids=["others-answered-meanwhile", "long-prompt"],
+)
+def test_a_first_byte_cut_on_a_progressing_replica_is_not_its_failure(
+    behaviour: Behaviour, requests: list[dict[str, Any]],
+) -> None:
+    """A replica whose requests are all still in prefill is judged hung by a first-byte cut
+    only when nothing says it is working: with one failure enough to eject, a slow but
+    progressing replica must stay in rotation."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.4, "max_attempts": 1},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport({A: behaviour}, []))
+        await app.startup()
+        try:
+            done = await asyncio.gather(*(_call(app, {**r, "stream": True}) for r in requests))
+            assert [code for code, _, _ in done][-1] == 504
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.state, replica.failed) == ("healthy", 0)
+            assert (replica.inflight, replica.inflight_prefill) == (0, 0)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_first_byte_cut_on_a_replica_doing_nothing_is_its_failure() -> None:
+    """The rule still sees a hung engine: short prompts, nothing answered meanwhile."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.2, "max_attempts": 1},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport({A: hang()}, []))
+        await app.startup()
+        try:
+            code, _, _ = await _call(app, {**REQ, "stream": True})
+            assert code == 504
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.state, replica.failed) == ("ejected", 1)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
