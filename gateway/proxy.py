@@ -253,7 +253,7 @@ class Proxy:
                 replica.record_failure(self._clock())  # judged while its lease still counts
             # a first-byte timeout cuts this try only: nothing reached the client, so another
             # replica may answer (the `finally` drops the connection: the replica aborts it)
-            if last or req.sse or not req.ctl.retry_first_byte():
+            if last or req.relayed or not req.ctl.retry_first_byte():
                 raise
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
@@ -296,5 +296,9 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
+        if req.sse:  # only keep-alive comments went out (`Relay._pump`): the stream is open
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error(exc.message, exc.type_, exc.status)})
+            return
         await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
                                             (b"x-request-id", req.req_id)], exc.body())

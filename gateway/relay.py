@@ -42,6 +42,8 @@ import re
 from collections.abc import Callable
 from time import perf_counter
 
+import orjson
+
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import (
@@ -61,7 +63,8 @@ from gateway.sse import StreamScanner, body_usage, comment_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "judge", "read_whole",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
+           "read_whole",
            "served", "stream_error", "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
@@ -131,6 +134,18 @@ def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) 
     never forwarded (the scanner holds fragments back), so it is simply dropped: a client
     must not be handed half a JSON object."""
     return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
+
+
+def error_event(status: int, body: bytes) -> bytes:
+    """A whole error answer (OpenAI-shaped: `openai_shaped`) as a stream's last event, as
+    vLLM ends a stream that fails, for a stream whose head already went out."""
+    try:
+        error = orjson.loads(body) if status >= 400 else None
+    except orjson.JSONDecodeError:
+        error = None
+    if not isinstance(error, dict):
+        return stream_error(f"The upstream replica answered {status}.")
+    return b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
@@ -205,7 +220,7 @@ class Relay:
             await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            if not req.sse:  # nothing reached the client: another replica can answer it
+            if not req.relayed:  # no event reached the client: another replica can answer
                 raise UpstreamError("The replica failed before its answer started.",
                                     reason="cut") from None
             req.ctl.done = True
@@ -225,7 +240,7 @@ class Relay:
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
             # not take it for a whole answer, nor get half an event
             replica.record_failure(self._clock())
-            if not req.sse:
+            if not req.relayed:
                 raise UpstreamError(NOT_STARTED, reason="cut")
             req.ctl.done = True
             req.status = 502
@@ -279,16 +294,16 @@ class Relay:
         while chunk:
             received = perf_counter()
             out = scanner.feed(chunk)
-            if not req.sse and (failure := unstarted_failure(scanner, limit)) is not None:
+            if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
                 if not scanner.oversized:
                     replica.record_failure(self._clock())
                 raise failure
             if out:
-                if not req.sse:
-                    await self._start(send, req, resp)
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                    if not req.sse:  # (the client's connection is kept alive too)
+                        await self._start(send, req, resp)
                     ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     ctl.writing = False
@@ -301,6 +316,9 @@ class Relay:
                     lease.first_token()
                     self._router.record_first_token(
                         replica.id, req.features, received - req.t0, self._clock())
+                if not req.sse:  # (after `started`: a cut from now on is no first-byte one)
+                    await self._start(send, req, resp)
+                req.relayed = True
                 if want_id and (rid := response_id(out)) is not None:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
@@ -361,6 +379,10 @@ class Relay:
             data, content_type = shaped, "application/json"
         req.status = resp.status
         req.ctl.done = True
+        if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": error_event(resp.status, data)})
+            return True
         hdrs = self.headers(req, content_type)
         if (wait := _retry_after(resp)) is not None:
             hdrs.append((b"retry-after", wait))

@@ -44,6 +44,7 @@ class ProxiedRequest:
         "pool",
         "pool_name",
         "queued_s",
+        "relayed",
         "replica",
         "req_id",
         "route",
@@ -69,6 +70,9 @@ class ProxiedRequest:
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
+        # an event of the answer reached the client (before it, only `: keep-alive` comments
+        # may have: another replica can still answer the stream)
+        self.relayed = False
         self.strip = False
         self.spilled = False
         self.tier = self.tenant = self.tenant_id = "none"

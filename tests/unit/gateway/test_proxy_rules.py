@@ -29,7 +29,7 @@ Behaviour = Callable[[], Any]  # returns a FakeResponse, or raises / hangs
 
 
 class FakeResponse:
-    def __init__(self, status: int, chunks: list[bytes | BaseException],
+    def __init__(self, status: int, chunks: list[bytes | BaseException | None],
                  content_type: str = "application/json") -> None:
         self.status = status
         self.content_type = content_type
@@ -42,6 +42,9 @@ class FakeResponse:
         if not self._chunks:
             return b""
         item = self._chunks.pop(0)
+        if item is None:  # the replica sends nothing more, and keeps the connection
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
         if isinstance(item, BaseException):
             raise item
         return item
@@ -404,3 +407,48 @@ def test_a_first_byte_cut_on_a_replica_doing_nothing_is_its_failure() -> None:
             await app.shutdown()
 
     asyncio.run(run())
+
+
+def ping_then_hang() -> Behaviour:
+    async def answer() -> FakeResponse:  # vLLM's --sse-keep-alive-interval, a hung engine
+        return FakeResponse(200, [b": keep-alive\n\n", None], content_type="text/event-stream")
+    return answer
+
+
+def test_keep_alive_comments_do_not_stop_the_retry_of_a_hung_stream() -> None:
+    """A comment is not a token: a replica that sends only `: keep-alive` is cut at the
+    first-byte timeout and another replica answers the same stream (the comments already
+    relayed are all the client saw of the first)."""
+    first_hangs = in_turn(ping_then_hang(), stream_after(0))  # whichever replica is first
+    answers, posts = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.3})
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2 and posts[0] != posts[1]
+    assert body.startswith(b": keep-alive\n\n")
+    assert b'"text":"a"' in body and b"error" not in body
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_stream_of_keep_alive_comments_only_ends_with_the_timeouts_error_event() -> None:
+    """Every replica only pings: the head went out with the first comment, so the 504 comes
+    as the stream's error event and [DONE], once."""
+    answers, posts = _run({A: ping_then_hang(), B: ping_then_hang()}, [{**REQ, "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.2})
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+    assert orjson.loads(events[0][6:])["error"]["code"] == 504
+    assert events[1:] == [b"data: [DONE]"]
+
+
+def test_an_error_answer_after_keep_alive_comments_is_the_streams_error_event() -> None:
+    """The retry's replica answers an error: the stream is open, so it ends with that error
+    as its event (as vLLM ends a failing stream), not with a second response head."""
+    bad = b'{\n  "error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}\n}'
+    first_hangs = in_turn(ping_then_hang(), status(400, bad))
+    answers, _ = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
+                      upstream={"first_byte_timeout_s": 0.2})
+    code, body = answers[0]
+    assert code == 200
+    assert body == (b": keep-alive\n\ndata: " + orjson.dumps(orjson.loads(bad)) + b"\n\n"
+                    b"data: [DONE]\n\n")
