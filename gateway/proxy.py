@@ -36,6 +36,7 @@ from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
+    EncodedBody,
     KvgateError,
     ReplicaRefused,
     RetryBudgetExhausted,
@@ -49,7 +50,7 @@ from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
 from gateway.relay import Relay, judge, read_whole, stream_error
 from gateway.replicas import Replica
-from gateway.request import ProxiedRequest, read_body, scan_headers
+from gateway.request import Head, ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
@@ -102,15 +103,13 @@ class Proxy:
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared, token, origin = scan_headers(scope["headers"], self._new_id)
-        req = ProxiedRequest(path, KINDS[path], req_id, perf_counter())
-        if origin is not None and self.cors is not None:
-            req.cors = self.cors.allowed(origin) or ()
+        head = scan_headers(scope["headers"], self._new_id)
+        req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter())
+        if head.origin is not None and self.cors is not None:
+            req.cors = self.cors.allowed(head.origin) or ()
         try:
             try:
-                decision, upstream_body = await self._admit_and_prepare(
-                    req, receive, declared, token
-                )
+                decision, upstream_body = await self._admit_and_prepare(req, receive, head)
             except KvgateError as exc:
                 await self._send_error(send, req, exc)
                 return
@@ -124,7 +123,7 @@ class Proxy:
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
         /v1/responses/{id}/cancel``: to its replica."""
-        req_id, declared, token, _ = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token, _, _ = scan_headers(scope["headers"], self._new_id)
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
@@ -156,11 +155,14 @@ class Proxy:
             req.ctl.close()
 
     async def _admit_and_prepare(
-        self, req: ProxiedRequest, receive: Receive, declared: int | None, token: str | None
+        self, req: ProxiedRequest, receive: Receive, head: Head
     ) -> tuple[Decision, bytes]:
-        principal = self.prep.identify(req, token)  # before the body: no key, no upload
-        await self.prep.before_body(req, principal, declared)  # over a limit: no large upload
-        body = await read_body(receive, self._limit, declared)
+        principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
+        if head.encoded:  # (its bytes would be judged "not JSON")
+            raise EncodedBody
+        # over a limit: no large upload
+        await self.prep.before_body(req, principal, head.declared)
+        body = await read_body(receive, self._limit, head.declared)
         gone = partial(until_disconnect, receive)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 
