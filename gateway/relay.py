@@ -59,7 +59,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, comment_only
+from gateway.sse import StreamScanner, body_usage, comment_only, preamble_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
@@ -278,17 +278,20 @@ class Relay:
         lease: Lease, scanner: StreamScanner,
     ) -> None:
         """Relay chunks as they come. The engine has answered the prompt at the first SSE
-        event (what the router learns from; comment lines do not count). TTFT is taken when
+        event (what the router learns from; comment lines do not count, nor
+        the Responses API's opening events). TTFT is taken when
         the first chunk carrying content reaches the client (not vLLM's role-only first chat
         chunk), inter-token latency is the gap between event chunks sent after it, and
         kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
-        on every `RELAY_SAMPLE`-th chunk."""
+        on every `RELAY_SAMPLE`-th chunk. A Responses API stream's opening events
+        (``response.created``, ``response.in_progress``) are relayed but answer nothing yet:
+        vLLM sends them before the prompt is scheduled."""
         ctl = req.ctl
         itl = self._metrics.itl_child(req.pool.name)
         n = 0
         last_sent = 0.0
         answered = False
-        want_id = req.kind == "responses"
+        want_id = opening = req.kind == "responses"
         limit = self._cfg.upstream.max_answer_bytes
         chunk = await resp.read_chunk()
         while chunk:
@@ -310,7 +313,8 @@ class Relay:
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
-                if not answered:
+                # (a Responses API stream opens with events sent before the prefill)
+                if not answered and not (opening and preamble_only(out)):
                     answered = True
                     ctl.started()
                     lease.first_token()

@@ -123,9 +123,10 @@ def stream_reset() -> Behaviour:
     return answer
 
 
-async def _call(app: GatewayApp, body: dict[str, Any]) -> tuple[int, bytes, dict[bytes, bytes]]:
+async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completions",
+                ) -> tuple[int, bytes, dict[bytes, bytes]]:
     raw = orjson.dumps(body)
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
              "headers": [(b"content-type", b"application/json"),
                          (b"content-length", str(len(raw)).encode())],
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
@@ -452,3 +453,47 @@ def test_an_error_answer_after_keep_alive_comments_is_the_streams_error_event() 
     assert code == 200
     assert body == (b": keep-alive\n\ndata: " + orjson.dumps(orjson.loads(bad)) + b"\n\n"
                     b"data: [DONE]\n\n")
+
+
+def responses_preamble_then_hang() -> Behaviour:
+    """vLLM's Responses API stream: `response.created` and `response.in_progress` go out at
+    once, before the prompt is scheduled; a hung engine sends nothing after them."""
+    def event(kind: str, seq: int) -> bytes:
+        data = orjson.dumps({"type": kind, "sequence_number": seq, "response": {
+            "id": "resp_1", "object": "response", "status": "in_progress", "output": []}})
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+    async def answer() -> FakeResponse:
+        preamble = event("response.created", 0) + event("response.in_progress", 1)
+        return FakeResponse(200, [preamble, None], content_type="text/event-stream")
+    return answer
+
+
+def test_a_responses_streams_created_events_are_not_its_first_token() -> None:
+    """The first-byte timeout waits for output, not for the events vLLM sends before the
+    prefill: a hung engine is cut after `first_byte_timeout_s` (not the idle timeout) and
+    judged hung; the router learns no first token from it."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.2, "idle_timeout_s": 30, "total_timeout_s": 30},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        transport = FakeTransport({A: responses_preamble_then_hang()}, [])
+        app = GatewayApp(cfg, transport=lambda *_: transport)
+        await app.startup()
+        try:
+            body = {"model": "sim-model", "input": "hi", "stream": True}
+            code, out, _ = await asyncio.wait_for(_call(app, body, "/v1/responses"), 10)
+            assert code == 200 and out.count(b"event: response.created") == 1
+            err = orjson.loads(out.split(b"\n\n")[-3][len(b"data: "):])["error"]
+            assert (err["code"], err["message"]) == (
+                504, "The replica did not answer in time (first byte timeout).")
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.answers, replica.failed) == (0, 1)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
