@@ -149,7 +149,9 @@ class Replica:
         """Why it takes no request now (``"available"`` when it does), in words an API client
         may read: no address nor host name (those are for operators: `reason`, /readyz)."""
         if self.down:
-            return _HOST.sub("cannot resolve its host name", self.reason or "down")
+            why = (self.reason or "down").removeprefix("/health: ")
+            why = why.replace("/health answered", "its health check answered")
+            return _HOST.sub("cannot resolve its host name", why)
         if self.available(now):
             return "backing off after busy 503s" if self.busy(now) else "available"
         if self.state == EJECTED:
