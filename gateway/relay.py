@@ -284,14 +284,18 @@ class Relay:
         chunk), inter-token latency is the gap between event chunks sent after it, and
         kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
         on every `RELAY_SAMPLE`-th chunk. A Responses API stream's opening events
-        (``response.created``, ``response.in_progress``) are relayed but answer nothing yet:
-        vLLM sends them before the prompt is scheduled."""
+        (``response.created``, ``response.in_progress``) answer nothing yet (vLLM sends
+        them before the prompt is scheduled): they are held and go out with the first
+        output, so another replica can still answer in their place -- except a ``background``
+        one's (the replica finishes it whether or not kvgate reads on)."""
         ctl = req.ctl
         itl = self._metrics.itl_child(req.pool.name)
         n = 0
         last_sent = 0.0
         answered = False
         want_id = opening = req.kind == "responses"
+        hold = opening and req.parsed.data.get("background") is not True
+        held = b""
         limit = self._cfg.upstream.max_answer_bytes
         chunk = await resp.read_chunk()
         while chunk:
@@ -313,13 +317,19 @@ class Relay:
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
-                # (a Responses API stream opens with events sent before the prefill)
-                if not answered and not (opening and preamble_only(out)):
+                if not answered and opening and preamble_only(out):
+                    if hold:  # sent with the first output (or dropped for another replica)
+                        held += out
+                        chunk = await resp.read_chunk()
+                        continue
+                elif not answered:
                     answered = True
                     ctl.started()
                     lease.first_token()
                     self._router.record_first_token(
                         replica.id, req.features, received - req.t0, self._clock())
+                if held:
+                    out, held = held + out, b""
                 if not req.sse:  # (after `started`: a cut from now on is no first-byte one)
                     await self._start(send, req, resp)
                 req.relayed = True

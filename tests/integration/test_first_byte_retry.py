@@ -146,7 +146,12 @@ def test_keep_alive_comments_of_a_hung_replica_do_not_stop_the_retry(
             chunks = list(stream)
             assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
             assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+        for i in range(2):  # a Responses stream: its opening events are no answer either
+            events = list(c.responses.create(model=MODEL, input=f"ping {i}",
+                                             max_output_tokens=5, stream=True))
+            types = [e.type for e in events]
+            assert types.count("response.created") == 1 and types[-1] == "response.completed"
         retries = metric_values(base, "kvgate_upstream_retries_total")
-        assert any('reason="first_byte"' in k for k in retries), retries
+        assert retries['{pool="default",reason="first_byte"}'] == 2, retries
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
         wait_for(lambda: sim_stats(hung)["in_flight"] == 0, what="the hung replica aborts")

@@ -153,7 +153,7 @@ async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completi
 
 def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
          upstream: dict[str, Any] | None = None, *, together: bool = False,
-         ) -> tuple[list[tuple[int, bytes]], list[str]]:
+         path: str = "/v1/completions") -> tuple[list[tuple[int, bytes]], list[str]]:
     """Each request answered in turn (``together``: all at once)."""
     posts: list[str] = []
 
@@ -170,11 +170,11 @@ def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
         await app.startup()
         try:
             if together:
-                done = await asyncio.gather(*(_call(app, body) for body in requests))
+                done = await asyncio.gather(*(_call(app, body, path) for body in requests))
                 return [(code, data) for code, data, _ in done]
             out = []
             for body in requests:
-                code, data, _ = await _call(app, body)
+                code, data, _ = await _call(app, body, path)
                 out.append((code, data))
             return out
         finally:
@@ -455,24 +455,40 @@ def test_an_error_answer_after_keep_alive_comments_is_the_streams_error_event() 
                     b"data: [DONE]\n\n")
 
 
-def responses_preamble_then_hang() -> Behaviour:
+def _response_event(kind: str, seq: int, rid: str) -> bytes:
+    data = orjson.dumps({"type": kind, "sequence_number": seq, "response": {
+        "id": rid, "object": "response", "status": "in_progress", "output": []}})
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def responses_preamble_then_hang(rid: str = "resp_1") -> Behaviour:
     """vLLM's Responses API stream: `response.created` and `response.in_progress` go out at
     once, before the prompt is scheduled; a hung engine sends nothing after them."""
-    def event(kind: str, seq: int) -> bytes:
-        data = orjson.dumps({"type": kind, "sequence_number": seq, "response": {
-            "id": "resp_1", "object": "response", "status": "in_progress", "output": []}})
-        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
-
     async def answer() -> FakeResponse:
-        preamble = event("response.created", 0) + event("response.in_progress", 1)
-        return FakeResponse(200, [preamble, None], content_type="text/event-stream")
+        preamble = (_response_event("response.created", 0, rid)
+                    + _response_event("response.in_progress", 1, rid))
+        return FakeResponse(200, [preamble, b": keep-alive\n\n", None],
+                            content_type="text/event-stream")
     return answer
 
 
-def test_a_responses_streams_created_events_are_not_its_first_token() -> None:
+def responses_stream(rid: str) -> Behaviour:
+    async def answer() -> FakeResponse:
+        preamble = (_response_event("response.created", 0, rid)
+                    + _response_event("response.in_progress", 1, rid))
+        delta = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.'
+                 b'delta","sequence_number":2,"delta":"hi"}\n\n')
+        return FakeResponse(200, [preamble, delta, _response_event("response.completed", 3, rid)],
+                            content_type="text/event-stream")
+    return answer
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_responses_streams_created_events_are_not_its_first_token(background: bool) -> None:
     """The first-byte timeout waits for output, not for the events vLLM sends before the
     prefill: a hung engine is cut after `first_byte_timeout_s` (not the idle timeout) and
-    judged hung; the router learns no first token from it."""
+    judged hung; the router learns no first token from it. The opening events were held
+    (dropped with the try), except a background response's (relayed as they come)."""
     cfg = load_config(None, environ={}, overrides={
         "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
         "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
@@ -484,9 +500,9 @@ def test_a_responses_streams_created_events_are_not_its_first_token() -> None:
         app = GatewayApp(cfg, transport=lambda *_: transport)
         await app.startup()
         try:
-            body = {"model": "sim-model", "input": "hi", "stream": True}
+            body = {"model": "sim-model", "input": "hi", "stream": True, "background": background}
             code, out, _ = await asyncio.wait_for(_call(app, body, "/v1/responses"), 10)
-            assert code == 200 and out.count(b"event: response.created") == 1
+            assert code == 200 and out.count(b"event: response.created") == background
             err = orjson.loads(out.split(b"\n\n")[-3][len(b"data: "):])["error"]
             assert (err["code"], err["message"]) == (
                 504, "The replica did not answer in time (first byte timeout).")
@@ -497,3 +513,18 @@ def test_a_responses_streams_created_events_are_not_its_first_token() -> None:
             await app.shutdown()
 
     asyncio.run(run())
+
+
+def test_a_responses_stream_whose_replica_hangs_after_its_opening_events_is_retried() -> None:
+    """The opening events are held until the first output, so a replica that sends only
+    them (and keep-alive comments) is replaced: the client sees one response, the other
+    replica's, whole."""
+    first_hangs = in_turn(responses_preamble_then_hang("resp_hung"), responses_stream("resp_ok"))
+    answers, posts = _run({A: first_hangs, B: first_hangs},
+                          [{"model": "sim-model", "input": "hi", "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.3}, path="/v1/responses")
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2 and posts[0] != posts[1]
+    assert b"resp_hung" not in body and body.count(b"event: response.created") == 1
+    assert body.startswith(b": keep-alive\n\n")  # the hung try's comments kept it open
+    assert b'"delta":"hi"' in body and b"event: response.completed" in body
