@@ -217,7 +217,7 @@ class Relay:
         req.status = 200
         scanner = StreamScanner(req.strip, self._cfg.upstream.max_answer_bytes)
         try:
-            await self._pump(send, req, replica, resp, lease, scanner)
+            held = await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             if not req.relayed:  # no event reached the client: another replica can answer
@@ -259,7 +259,7 @@ class Relay:
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
-        rest = scanner.flush()
+        rest = held + scanner.flush()  # (opening events still held: a last event unended)
         if not req.sse:
             await self._start(send, req, resp)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
@@ -276,7 +276,7 @@ class Relay:
     async def _pump(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
         lease: Lease, scanner: StreamScanner,
-    ) -> None:
+    ) -> bytes:
         """Relay chunks as they come. The engine has answered the prompt at the first SSE
         event (what the router learns from; comment lines do not count, nor
         the Responses API's opening events). TTFT is taken when
@@ -287,7 +287,8 @@ class Relay:
         (``response.created``, ``response.in_progress``) answer nothing yet (vLLM sends
         them before the prompt is scheduled): they are held and go out with the first
         output, so another replica can still answer in their place -- except a ``background``
-        one's (the replica finishes it whether or not kvgate reads on)."""
+        one's (the replica finishes it whether or not kvgate reads on). Returns what is still
+        held when the stream ends."""
         ctl = req.ctl
         itl = self._metrics.itl_child(req.pool.name)
         n = 0
@@ -351,8 +352,9 @@ class Relay:
                     self._metrics.relay.observe(sent - received)
                 n += 1
             if scanner.malformed:
-                return  # read no further: `relay` ends the stream with an error event
+                return b""  # read no further: `relay` ends the stream with an error event
             chunk = await resp.read_chunk()
+        return held
 
     async def _relay_whole(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,

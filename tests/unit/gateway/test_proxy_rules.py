@@ -528,3 +528,19 @@ def test_a_responses_stream_whose_replica_hangs_after_its_opening_events_is_retr
     assert b"resp_hung" not in body and body.count(b"event: response.created") == 1
     assert body.startswith(b": keep-alive\n\n")  # the hung try's comments kept it open
     assert b'"delta":"hi"' in body and b"event: response.completed" in body
+
+
+def test_a_responses_stream_ending_right_after_its_opening_events_keeps_them() -> None:
+    """A replica that ends the stream with its terminal event unended (no blank line) right
+    after the opening events: the held events still reach the client, before it."""
+    async def answer() -> FakeResponse:
+        preamble = (_response_event("response.created", 0, "resp_x")
+                    + _response_event("response.in_progress", 1, "resp_x"))
+        last = _response_event("response.completed", 2, "resp_x").rstrip(b"\n")
+        return FakeResponse(200, [preamble, last], content_type="text/event-stream")
+
+    answers, _ = _run({A: answer, B: answer}, [{"model": "sim-model", "input": "hi",
+                                               "stream": True}], path="/v1/responses")
+    code, body = answers[0]
+    assert code == 200 and body.startswith(b"event: response.created")
+    assert body.index(b"response.in_progress") < body.index(b"event: response.completed")
