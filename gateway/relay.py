@@ -259,7 +259,10 @@ class Relay:
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
-        rest = held + scanner.flush()  # (opening events still held: a last event unended)
+        if held and (rid := response_id(held)) is not None:  # (a last event unended)
+            self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
+                                     stored=_stored(req))
+        rest = held + scanner.flush()
         if not req.sse:
             await self._start(send, req, resp)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
