@@ -223,7 +223,8 @@ class GatewayApp:
         data = [self._model_card(n, principal) for n in names]
         doc: dict[str, Any] = {"object": "list", "data": data}
         not_ready = [{"pool": name, "reason": why} for name, why in
-                     (pools.not_ready(self.clock()) if pools is not None else {}).items()]
+                     (pools.not_ready(self.clock(), operator=False)
+                      if pools is not None else {}).items()]  # no replica address
         if not_ready:  # kvgate's addition; OpenAI clients ignore unknown fields
             doc["not_ready"] = not_ready
         return 200, JSON, orjson.dumps(doc)

@@ -62,10 +62,9 @@ class ParsedBody:
     def shed(self) -> None:
         """Drop the parsed document once the upstream body is written: its objects take ~20x
         the body's bytes (7 MB of short messages: ~150 MB), and a request holds its
-        `ParsedBody` for the whole exchange. Only `store`, which the answer's handling
-        reads, is kept."""
-        store = self.data.get("store")
-        self.data = {} if store is None else {"store": store}
+        `ParsedBody` for the whole exchange. Only `store` and `background`, which the
+        answer's handling reads, are kept."""
+        self.data = {k: self.data[k] for k in ("store", "background") if k in self.data}
 
 
 def parse_body(raw: bytes, kind: str) -> ParsedBody:

@@ -28,6 +28,7 @@ __all__ = [
     "BodyTooLarge",
     "ConfigError",
     "Conflict",
+    "EncodedBody",
     "KvgateError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -178,6 +179,22 @@ class PreconditionFailed(KvgateError):
 class BodyTooLarge(KvgateError):
     status = 413
     type_ = "RequestEntityTooLargeError"
+
+
+class EncodedBody(KvgateError):
+    """A request body sent with a `Content-Encoding` (gzip, ...): kvgate reads bodies as they
+    are (a decompressed body could be any size), so the client hears that, not that its bytes
+    are not JSON. RFC 9110's answer: 415 naming the one coding taken in `Accept-Encoding`."""
+
+    status = 415
+    type_ = "UnsupportedMediaTypeError"
+
+    def __init__(self) -> None:
+        super().__init__("Compressed request bodies (Content-Encoding) are not accepted; send "
+                         "the body uncompressed.")
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"accept-encoding", b"identity")]
 
 
 class RateLimited(KvgateError):

@@ -109,10 +109,11 @@ class Planner:
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:
-                learning = [p.name for p in self.pools.by_name.values() if not p.served_model]
+                learning = [f"pool {p.name}: no replica has answered yet; {p.condition(now)}"
+                            for p in self.pools.by_name.values() if not p.served_model]
                 if learning:  # a pool whose served name is not known yet may serve it
                     raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
-                                             f"(not ready: pool {', '.join(learning)}).")
+                                             f"(not ready: {'; '.join(learning)}).")
                 raise self.not_found(principal, parsed.model)
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:
@@ -122,7 +123,9 @@ class Planner:
             pool, priority, home = found, route.priority, route.home_pool
             served, spilled = route.served_model or pool.served_model, route.reason == "spill"
         if served is None:
-            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet.")
+            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet (pool "
+                                     f"{pool.name}: no replica has answered yet; "
+                                     f"{pool.condition(now)}).")
         tier_cfg = doc.tiers.get(principal.tier)
         if tier_cfg is None or not tier_cfg.operator_fields:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest

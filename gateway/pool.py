@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -44,6 +45,17 @@ class Pool:
         self.headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def condition(self, now: float) -> str:
+        """Its replicas' states counted, for a client's 503: ``2 replicas: 1 cannot connect,
+        1 backing off after busy 503s`` (no address: `Replica.condition`)."""
+        if not self.replicas:
+            return "the pool has no replicas"
+        counts = Counter(r.condition(now) for r in self.replicas)
+        n = len(self.replicas)
+        if n == 1:
+            return f"1 replica: {next(iter(counts))}"
+        return f"{n} replicas: " + ", ".join(f"{k} {why}" for why, k in counts.most_common())
 
     def set_replicas(self, replicas: list[Replica]) -> None:
         # new list objects: a request iterating the old ones is not disturbed
@@ -191,12 +203,14 @@ class Pools:
         yield from self.replicas()
         yield from self.draining
 
-    def not_ready(self, now: float) -> dict[str, str]:
+    def not_ready(self, now: float, *, operator: bool = True) -> dict[str, str]:
         """The pools that cannot serve now, and why: no replica answered yet (its served
-        model is not known) or none is usable; with why its replicas were last found down
-        (``127.0.0.1:8001: cannot connect``, ``r.svc:8000: cannot resolve host r.svc``)."""
+        model is not known) or none is usable; for an operator (/readyz) with why its
+        replicas were last found down (``127.0.0.1:8001: cannot connect``, ``r.svc:8000:
+        cannot resolve host r.svc``), else (an API client's /v1/models) their states
+        counted, naming no address (`Pool.condition`)."""
         return {
-            p.name: _not_ready(p) for p in self.by_name.values()
+            p.name: _not_ready(p, now, operator) for p in self.by_name.values()
             if not (p.served_model and any(r.available(now) for r in p.replicas))
         }
 
@@ -205,14 +219,15 @@ class Pools:
             await pool.transport.close()
 
 
-def _not_ready(pool: Pool) -> str:
+def _not_ready(pool: Pool, now: float, operator: bool) -> str:
     # a pool with no replica at all (discovery found none yet, or none is left) said "no
     # healthy replica" or "no replica answered", as if some were there and down
     if not pool.replicas:
         return "no replica listed or discovered"
+    why = _why(pool) if operator else f" ({pool.condition(now)})"
     if not pool.served_model:
-        return "served model not known yet (no replica answered)" + _why(pool)
-    return "no healthy replica" + _why(pool)
+        return "served model not known yet (no replica answered)" + why
+    return "no healthy replica" + why
 
 
 def _why(pool: Pool) -> str:

@@ -194,9 +194,9 @@ class Preparer:
             try:
                 decision = self._router.pick(plan.features, views, now)
             except NoCandidate:
-                raise NoReplicaAvailable(
-                    f"No healthy replica for the model `{parsed.model}`.", retry_after=1
-                ) from None
+                raise NoReplicaAvailable(  # why, without the replicas' addresses
+                    f"No healthy replica for the model `{parsed.model}` "
+                    f"({pool.condition(now)}).", retry_after=1) from None
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if req.queued_s is not None and self.flow is not None:

@@ -36,6 +36,7 @@ from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
+    EncodedBody,
     KvgateError,
     ReplicaRefused,
     RetryBudgetExhausted,
@@ -49,7 +50,7 @@ from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
 from gateway.relay import Relay, judge, read_whole, stream_error
 from gateway.replicas import Replica
-from gateway.request import ProxiedRequest, read_body, scan_headers
+from gateway.request import Head, ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
@@ -102,15 +103,13 @@ class Proxy:
     # -- entry -------------------------------------------------------------------------------
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
-        req_id, declared, token, origin = scan_headers(scope["headers"], self._new_id)
-        req = ProxiedRequest(path, KINDS[path], req_id, perf_counter())
-        if origin is not None and self.cors is not None:
-            req.cors = self.cors.allowed(origin) or ()
+        head = scan_headers(scope["headers"], self._new_id)
+        req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter())
+        if head.origin is not None and self.cors is not None:
+            req.cors = self.cors.allowed(head.origin) or ()
         try:
             try:
-                decision, upstream_body = await self._admit_and_prepare(
-                    req, receive, declared, token
-                )
+                decision, upstream_body = await self._admit_and_prepare(req, receive, head)
             except KvgateError as exc:
                 await self._send_error(send, req, exc)
                 return
@@ -124,7 +123,7 @@ class Proxy:
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
         /v1/responses/{id}/cancel``: to its replica."""
-        req_id, declared, token, _ = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token, _, _ = scan_headers(scope["headers"], self._new_id)
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
@@ -156,11 +155,14 @@ class Proxy:
             req.ctl.close()
 
     async def _admit_and_prepare(
-        self, req: ProxiedRequest, receive: Receive, declared: int | None, token: str | None
+        self, req: ProxiedRequest, receive: Receive, head: Head
     ) -> tuple[Decision, bytes]:
-        principal = self.prep.identify(req, token)  # before the body: no key, no upload
-        await self.prep.before_body(req, principal, declared)  # over a limit: no large upload
-        body = await read_body(receive, self._limit, declared)
+        principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
+        if head.encoded:  # (its bytes would be judged "not JSON")
+            raise EncodedBody
+        # over a limit: no large upload
+        await self.prep.before_body(req, principal, head.declared)
+        body = await read_body(receive, self._limit, head.declared)
         gone = partial(until_disconnect, receive)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 
@@ -180,8 +182,11 @@ class Proxy:
         for i, replica in enumerate(order):
             if i > 0:
                 if not pool.budget.try_spend():
-                    if isinstance(failure, ReplicaRefused):  # misconfigured, not busy: a
-                        raise failure  # "try again shortly" would only bring more of them
+                    # misconfigured, not busy: a "try again shortly" would only bring more of
+                    # them; a timeout (other requests spent the budget while this one waited)
+                    # stays the client's 504, not a 503 saying the replicas are busy
+                    if isinstance(failure, ReplicaRefused | UpstreamTimeout):
+                        raise failure
                     raise RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
@@ -245,12 +250,13 @@ class Proxy:
                 return exc
             return None
         except asyncio.CancelledError:
+            if req.ctl.reason == "first byte" and replica.hung(
+                    lease, self._router.ttft_fit(replica.id), self._up.first_byte_timeout_s):
+                replica.record_failure(self._clock())  # judged while its lease still counts
             # a first-byte timeout cuts this try only: nothing reached the client, so another
             # replica may answer (the `finally` drops the connection: the replica aborts it)
-            if last or req.sse or not req.ctl.retry_first_byte():
+            if last or req.relayed or not req.ctl.retry_first_byte():
                 raise
-            if replica.hung():
-                replica.record_failure(self._clock())
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")
@@ -278,10 +284,8 @@ class Proxy:
         exc = cut_error(reason)
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
-        target = req.target
-        stalled = reason == "idle" or (reason == "first byte" and target is not None
-                                       and target.hung())
-        if stalled and target is not None:
+        target = req.target  # (a first-byte cut was judged by `_attempt`)
+        if reason == "idle" and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
@@ -294,5 +298,9 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
+        if req.sse:  # only keep-alive comments went out (`Relay._pump`): the stream is open
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": stream_error(exc.message, exc.type_, exc.status)})
+            return
         await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
                                             (b"x-request-id", req.req_id)], exc.body())

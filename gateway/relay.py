@@ -42,6 +42,8 @@ import re
 from collections.abc import Callable
 from time import perf_counter
 
+import orjson
+
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import (
@@ -57,11 +59,12 @@ from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, carries_output, comment_only
+from gateway.sse import StreamScanner, body_usage, carries_output, comment_only, preamble_only
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "judge", "read_whole",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
+           "read_whole",
            "served", "stream_error", "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
@@ -97,12 +100,15 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
                         "api_key_env to its --api-key", status,
                         extra={"pool": replica.pool, "replica": replica.id})
         replica.mark_down(now)
+        replica.reason = f"refused the gateway's credentials ({status})"
         return "refused"
     if status == 500 and _DEAD in body:
         replica.mark_down(now)
+        replica.reason = "its engine died (500)"
         return "dead"
     if status == 404 and _NO_MODEL.search(body):
         replica.mark_down(now)
+        replica.reason = "serves another model (404)"
         return "wrong_model"
     if status >= 500:
         replica.record_failure(now)
@@ -122,6 +128,18 @@ def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) 
     never forwarded (the scanner holds fragments back), so it is simply dropped: a client
     must not be handed half a JSON object."""
     return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
+
+
+def error_event(status: int, body: bytes) -> bytes:
+    """A whole error answer (OpenAI-shaped: `openai_shaped`) as a stream's last event, as
+    vLLM ends a stream that fails, for a stream whose head already went out."""
+    try:
+        error = orjson.loads(body) if status >= 400 else None
+    except orjson.JSONDecodeError:
+        error = None
+    if not isinstance(error, dict):
+        return stream_error(f"The upstream replica answered {status}.")
+    return b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
@@ -194,10 +212,10 @@ class Relay:
         req.status = 200
         scanner = StreamScanner(req.strip, self._cfg.upstream.max_answer_bytes)
         try:
-            await self._pump(send, req, replica, resp, lease, scanner)
+            held = await self._pump(send, req, replica, resp, lease, scanner)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            if not req.sse:  # nothing reached the client: another replica can answer it
+            if not req.relayed:  # no event reached the client: another replica can answer
                 raise UpstreamError("The replica failed before its answer started.",
                                     reason="cut") from None
             req.ctl.done = True
@@ -217,7 +235,7 @@ class Relay:
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
             # not take it for a whole answer, nor get half an event
             replica.record_failure(self._clock())
-            if not req.sse:
+            if not req.relayed:
                 raise UpstreamError(NOT_STARTED, reason="cut")
             req.ctl.done = True
             req.status = 502
@@ -236,7 +254,10 @@ class Relay:
             req.used = _total(scanner.usage)
             self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
         req.ctl.done = True
-        rest = scanner.flush()
+        if held and (rid := response_id(held)) is not None:  # (a last event unended)
+            self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
+                                     stored=_stored(req))
+        rest = held + scanner.flush()
         if not req.sse:
             await self._start(send, req, resp)
         await send({"type": "http.response.body", "body": rest, "more_body": False})
@@ -253,46 +274,64 @@ class Relay:
     async def _pump(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
         lease: Lease, scanner: StreamScanner,
-    ) -> None:
+    ) -> bytes:
         """Relay chunks as they come. The engine has answered the prompt at the first SSE
-        event (what the router learns from; comment lines do not count). TTFT is taken when
+        event (what the router learns from; comment lines do not count, nor
+        the Responses API's opening events). TTFT is taken when
         the first chunk carrying content reaches the client (not vLLM's role-only first chat
         chunk), inter-token latency is the gap between event chunks sent after it, and
         kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
-        on every `RELAY_SAMPLE`-th chunk."""
+        on every `RELAY_SAMPLE`-th chunk. A Responses API stream's opening events
+        (``response.created``, ``response.in_progress``) answer nothing yet (vLLM sends
+        them before the prompt is scheduled): they are held and go out with the first
+        output, so another replica can still answer in their place -- except a ``background``
+        one's (the replica finishes it whether or not kvgate reads on). Returns what is still
+        held when the stream ends."""
         ctl = req.ctl
         itl = self._metrics.itl_child(req.pool.name)
         n = 0
         last_sent = 0.0
         answered = False
-        want_id = req.kind == "responses"
+        want_id = opening = req.kind == "responses"
+        hold = opening and req.parsed.data.get("background") is not True
+        held = b""
         limit = self._cfg.upstream.max_answer_bytes
         chunk = await resp.read_chunk()
         while chunk:
             received = perf_counter()
             out = scanner.feed(chunk)
-            if not req.sse and (failure := unstarted_failure(scanner, limit)) is not None:
+            if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
                 if not scanner.oversized:
                     replica.record_failure(self._clock())
                 raise failure
             if out:
-                if not req.sse:
-                    await self._start(send, req, resp)
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                    if not req.sse:  # (the client's connection is kept alive too)
+                        await self._start(send, req, resp)
                     ctl.writing = True
                     await send({"type": "http.response.body", "body": out, "more_body": True})
                     ctl.writing = False
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
-                if not answered:
+                if not answered and opening and preamble_only(out):
+                    if hold:  # sent with the first output (or dropped for another replica)
+                        held += out
+                        chunk = await resp.read_chunk()
+                        continue
+                elif not answered:
                     answered = True
                     ctl.started()
                     lease.first_token()
                     self._router.record_first_token(
                         replica.id, req.features, received - req.t0, self._clock())
+                if held:
+                    out, held = held + out, b""
+                if not req.sse:  # (after `started`: a cut from now on is no first-byte one)
+                    await self._start(send, req, resp)
+                req.relayed = True
                 if want_id and (rid := response_id(out)) is not None:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
@@ -311,8 +350,9 @@ class Relay:
                     self._metrics.relay.observe(sent - received)
                 n += 1
             if scanner.malformed:
-                return  # read no further: `relay` ends the stream with an error event
+                return b""  # read no further: `relay` ends the stream with an error event
             chunk = await resp.read_chunk()
+        return held
 
     async def _relay_whole(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
@@ -353,6 +393,10 @@ class Relay:
             data, content_type = shaped, "application/json"
         req.status = resp.status
         req.ctl.done = True
+        if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": error_event(resp.status, data)})
+            return True
         hdrs = self.headers(req, content_type)
         if (wait := _retry_after(resp)) is not None:
             hdrs.append((b"retry-after", wait))

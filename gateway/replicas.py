@@ -17,16 +17,20 @@ at once. Time is passed in, so the machine is testable without sleeps.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.scrape import Sample
+from routing.learning import TtftFit
 from routing.types import ReplicaView
 
 __all__ = ["HealthRules", "Lease", "Replica", "RetryBudget", "replica_id"]
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+# the one down reason naming a host (`transport.connect_failure`): clients are told less
+_HOST = re.compile(r"cannot resolve host \S+")
 
 
 def replica_id(url: str) -> str:
@@ -50,8 +54,9 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "attempts", "busy_streak", "busy_until", "down", "draining", "ejected_until",
-        "ejections", "failed", "failures", "hit_ratio", "id", "inflight", "inflight_prefill",
+        "_policy", "answers", "attempts", "busy_streak", "busy_until", "down", "draining",
+        "ejected_until", "ejections", "failed", "failures", "hit_ratio", "id", "inflight",
+        "inflight_prefill",
         "inflight_prefill_tokens", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "state", "url", "watch",
     )
@@ -64,6 +69,7 @@ class Replica:
         self.inflight = 0
         self.inflight_prefill = 0  # requests still waiting for their first token
         self.inflight_prefill_tokens = 0
+        self.answers = 0  # requests that got their first token (or whole answer) here: progress
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
@@ -119,12 +125,16 @@ class Replica:
         return restarted
 
     # -- health ---------------------------------------------------------------------------
-    def hung(self) -> bool:
-        """Is a first-byte cut here the replica's failure (both edges)? Only when it answers
-        none of its requests now: a long queue delays the first byte too, and a replica
-        streaming others' answers is busy, not hung (ejecting it under a load spike would
-        turn the spike into 503s)."""
-        return self.inflight <= self.inflight_prefill
+    def hung(self, lease: Lease, fit: TtftFit, waited_s: float) -> bool:
+        """Is a first-byte cut of `lease`'s request (it waited `waited_s`) the replica's
+        failure (both edges)? Only when nothing says it is working: it streams none of its
+        requests (a replica streaming others' answers is busy), none got its first token or
+        whole answer while this one waited (a queue of prefills that moves is a queue), and
+        the prefill work still waiting there, at its learned TTFT model `fit`, would have
+        been done in that time (long prompts take long). Ejecting a busy replica under a
+        load spike would turn the spike into 503s."""
+        return (self.inflight <= self.inflight_prefill and self.answers == lease.seen
+                and fit.predict(self.inflight_prefill_tokens) < waited_s)
 
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
@@ -134,6 +144,19 @@ class Replica:
             self.state = HALF_OPEN
         # half-open: one trial request at a time
         return self.state == HALF_OPEN and self.inflight == 0
+
+    def condition(self, now: float) -> str:
+        """Why it takes no request now (``"available"`` when it does), in words an API client
+        may read: no address nor host name (those are for operators: `reason`, /readyz)."""
+        if self.down:
+            why = (self.reason or "down").removeprefix("/health: ")
+            why = why.replace("/health answered", "its health check answered")
+            return _HOST.sub("cannot resolve its host name", why)
+        if self.available(now):
+            return "backing off after busy 503s" if self.busy(now) else "available"
+        if self.state == EJECTED:
+            return "ejected after failed requests"
+        return "on trial after an ejection"  # half-open, its one trial request in flight
 
     def busy(self, now: float) -> bool:
         """Backing off after a busy 503 (health aside)."""
@@ -261,19 +284,21 @@ def _delta_ratio(
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
-    __slots__ = ("_prefill", "_released", "_replica", "answered")
+    __slots__ = ("_prefill", "_released", "_replica", "answered", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int) -> None:
         self._replica = replica
         self._prefill = prompt_tokens
         self._released = False
         self.answered = False  # a first token (or a whole answer) arrived
+        self.seen = replica.answers  # its progress when this request was sent (`hung`)
 
     def first_token(self) -> None:
         """The prompt is answered: it no longer waits for prefill."""
         if not self.answered and not self._released:
             self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
+            self._replica.answers += 1
         self.answered = True
 
     def release(self) -> None:

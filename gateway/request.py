@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
@@ -18,7 +19,7 @@ from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
 from routing.types import RequestFeatures
 
-__all__ = ["ProxiedRequest", "read_body", "request_id", "scan_headers"]
+__all__ = ["Head", "ProxiedRequest", "read_body", "request_id", "scan_headers"]
 
 
 class ProxiedRequest:
@@ -44,6 +45,7 @@ class ProxiedRequest:
         "pool",
         "pool_name",
         "queued_s",
+        "relayed",
         "replica",
         "req_id",
         "route",
@@ -69,6 +71,9 @@ class ProxiedRequest:
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
+        # an event of the answer reached the client (before it, only `: keep-alive` comments
+        # may have: another replica can still answer the stream)
+        self.relayed = False
         self.strip = False
         self.spilled = False
         self.tier = self.tenant = self.tenant_id = "none"
@@ -111,15 +116,24 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def scan_headers(
-    headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
-) -> tuple[bytes, int | None, str | None, bytes | None]:
+class Head(NamedTuple):
+    """What the proxied routes read of a request's headers (`scan_headers`)."""
+
+    req_id: bytes
+    declared: int | None  # Content-Length
+    token: str | None  # the bearer token of `Authorization`
+    origin: bytes | None  # a browser's request (gateway/cors)
+    encoded: bool  # a Content-Encoding other than identity: the body is compressed
+
+
+def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]) -> Head:
     """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
-    bearer token of `Authorization` and the `Origin` (a browser's request: gateway/cors)."""
+    bearer token, the `Origin`, and whether the body is compressed."""
     req_id = b""
     declared = None
     token = None
     origin = None
+    encoded = False
     for key, value in headers:
         if key == b"x-request-id":
             req_id = value
@@ -129,7 +143,9 @@ def scan_headers(
             token = parse_bearer(value.decode("latin-1"))
         elif key == b"origin":
             origin = value
-    return request_id(req_id, new_id), declared, token, origin
+        elif key == b"content-encoding":
+            encoded = encoded or value.strip().lower() not in (b"", b"identity")
+    return Head(request_id(req_id, new_id), declared, token, origin, encoded)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:

@@ -26,7 +26,7 @@ import re
 import orjson
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
-           "comment_only", "first_malformed", "scan_usage"]
+           "comment_only", "first_malformed", "preamble_only", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -72,7 +72,22 @@ _DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
 _TERMINAL = re.compile(
     rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
 
+# the Responses API's events vLLM sends as the stream opens, before the prompt is scheduled
+_PREAMBLE = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
+_EVENT_NAME = re.compile(rb"^event:[ \t]*(\S+)", re.MULTILINE)
+_DATA_LINE = re.compile(rb"^data:", re.MULTILINE)
+
 Usage = dict[str, int]
+
+
+def preamble_only(block: bytes) -> bool:
+    """Whether `block` (whole events) holds only the Responses API's opening events
+    (``response.created``, ``response.in_progress``): vLLM sends them before the prefill, so
+    they are no answer yet. Judged by the ``event:`` lines, one per event (a JSON text
+    holds no raw newline, so neither pattern matches inside an event's data)."""
+    names = _EVENT_NAME.findall(block)
+    return (bool(names) and len(names) == len(_DATA_LINE.findall(block))
+            and all(name in _PREAMBLE for name in names))
 
 
 def scan_usage(blob: bytes) -> Usage | None:

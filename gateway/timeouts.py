@@ -4,7 +4,9 @@ One `Canceller` per request holds a single timer and a task that waits for the A
 ``http.disconnect``. Either cancels the handler task and records why; the handler turns that
 into a 504, an SSE error event, or nothing (client gone). Phases: until the answer has started
 the first-byte timeout applies to a stream (its first SSE event -- vLLM sends a stream's
-headers at once and ``: keep-alive`` comments while a request waits, neither is an answer); a
+headers at once and ``: keep-alive`` comments while a request waits, and a Responses API
+stream's ``response.created``/``response.in_progress`` events before its prefill: none is an
+answer); a
 non-streamed answer comes whole, after the last token (vLLM sends nothing before), so only the
 total timeout bounds its wait: a first-byte deadline would cut (and the SDK retry, twice) every
 legitimate generation longer than it. From then on the idle timeout between chunks. The timer

@@ -631,19 +631,20 @@ class Exchange:
         """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
         stream's first bytes or for a whole answer (an immediate response: Envoy drops the
         replica's stream), an error event ending a started stream -- and a proxied answer's
-        replica judged as there (a first-byte cut is its failure only when it answers none of
-        its other requests, `Replica.hung`; an idle stream is; the total timeout is not; a
-        stored response's answer is not judged). The picker cannot send the request again: no
-        other replica is tried."""
-        req = self.req
+        replica judged as there (a first-byte cut is its failure only when nothing says it is
+        working, `Replica.hung`; an idle stream is; the total timeout is not; a stored
+        response's answer is not judged). The picker cannot send the request again: no other
+        replica is tried."""
+        req, up = self.req, self._core.cfg.upstream
         if self.deadline() is None:
             return ()
         target = req.target if req is not None else None
-        total = perf_counter() >= self._t0 + self._core.cfg.upstream.total_timeout_s
+        total = perf_counter() >= self._t0 + up.total_timeout_s
         self._cut = True
         if self._head is not None:
             reason = "total" if total else "first byte"
-            if target is not None and not total and target.hung():
+            if target is not None and self._lease is not None and not total and target.hung(
+                    self._lease, self._core.router.ttft_fit(target.id), up.first_byte_timeout_s):
                 target.record_failure(self._core.clock())
             self._head = None
             log.info("replica sent nothing in time",

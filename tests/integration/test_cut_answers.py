@@ -29,6 +29,10 @@ EMOJI = CHUNK.replace(b'"hi"', '"\U0001f600 \u00e9"'.encode()).replace(b"\n\n", 
 CUT = EMOJI.index("\U0001f600".encode()) + 2  # inside the character's 4 bytes
 CREATED = (b'event: response.created\ndata: {"type":"response.created","sequence_number":0,'
            b'"response":{"id":"resp_1","object":"response","status":"in_progress"}}\n\n')
+# a Responses stream's first output (its opening events are held until one: another replica
+# may still answer in their place)
+DELTA = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+         b'"sequence_number":1,"delta":"hi"}\n\n')
 COMPLETED = (b'event: response.completed\ndata: {"type":"response.completed","sequence_number":1,'
              b'"response":{"id":"resp_1","object":"response","status":"completed"}}\n\n')
 
@@ -93,10 +97,25 @@ def test_a_responses_stream_without_its_terminal_event_gets_an_error_event(
     gw: tuple[BadReplica, str],
 ) -> None:
     replica, base = gw
-    replica.answer, replica.end = sse_head() + chunked(CREATED), "keep"
+    replica.answer, replica.end = sse_head() + chunked(CREATED + DELTA), "keep"
     got = events(base, "/v1/responses")
-    assert got[0] == CREATED.strip()
+    assert got[:2] == [CREATED.strip(), DELTA.strip()]
     assert b"before it was complete" in got[-2] and got[-1] == DONE.strip()
+
+
+def test_a_responses_stream_cut_after_its_opening_events_is_a_502(
+    gw: tuple[BadReplica, str],
+) -> None:
+    """`response.created` alone is no answer yet (vLLM sends it before the prefill): it is
+    held, so the cut comes before anything reached the client -- a 502 JSON (after a retry
+    elsewhere, had there been another replica), as for a chat stream cut before its first
+    event."""
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(CREATED), "keep"
+    resp = httpx.post(f"{base}/v1/responses", json={"model": MODEL, "stream": True,
+                                                    "input": "x"}, timeout=10)
+    assert resp.status_code == 502, resp.text
+    assert resp.json()["error"]["message"] == "The replica ended its answer before it started."
 
 
 @pytest.mark.parametrize(
@@ -116,7 +135,7 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
     nobody. Once the stream has reached the client it ends as a cut one does: a 502 error
     event and [DONE] (before that, it is retried: see the "malformed" case below)."""
     replica, base = gw
-    first = CREATED if path == "/v1/responses" else CHUNK
+    first = CREATED + DELTA if path == "/v1/responses" else CHUNK
     replica.answer = sse_head() + chunked(first, last=False)
     replica.rest, replica.end = chunked(first + bad, CHUNK, DONE), "keep"
     before = statuses(base).get("502", 0.0)
@@ -130,7 +149,8 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
             replica.gate.set()
             received += b"".join(chunks)
         got = [e for e in received.split(b"\n\n") if e]
-        assert got[:-2] == [first.strip()] * 2  # what came before it is relayed, not after
+        # what came before it is relayed, not after
+        assert got[:-2] == [e for e in (first * 2).split(b"\n\n") if e]
         error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
         assert error == {"message": "The upstream replica sent a stream event that is not "
                          "JSON.", "type": "BadGatewayError", "param": None, "code": 502}

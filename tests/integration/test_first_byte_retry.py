@@ -124,3 +124,34 @@ def test_a_busy_replica_streaming_for_others_is_not_ejected_by_first_byte_cuts(
             assert next(line for line in lines if line.startswith("data:"))  # still going
             healthy = metric_values(base, "kvgate_replica_healthy")
             assert list(healthy.values()) == [1.0], healthy
+
+
+def test_keep_alive_comments_of_a_hung_replica_do_not_stop_the_retry(
+    sim_factory: SimFactory,
+) -> None:
+    """vLLM's `--sse-keep-alive-interval` comments are not tokens: a hung engine that keeps
+    pinging is cut at the first-byte timeout like a silent one, and the other replica answers
+    the stream the client already holds open (the SDKs skip comment lines)."""
+    _, hung = sim_factory("--time-scale", "1", "--sse-keep-alive-interval", "0.05")
+    _, good = sim_factory("--time-scale", "50")
+    set_faults(hung, hang_after_tokens=0)
+    gw, base = gateway_proc(upstreams=[hung, good], args=["--policy", "round_robin"], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_HEALTH__INTERVAL_S": "60"})
+    with gw:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        for i in range(2):  # round robin: one of them starts on the hung replica
+            stream = c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": f"ping {i}"}],
+                max_tokens=20, stream=True, stream_options={"include_usage": True})
+            chunks = list(stream)
+            assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+            assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 20
+        for i in range(2):  # a Responses stream: its opening events are no answer either
+            events = list(c.responses.create(model=MODEL, input=f"ping {i}",
+                                             max_output_tokens=5, stream=True))
+            types = [e.type for e in events]
+            assert types.count("response.created") == 1 and types[-1] == "response.completed"
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        assert retries['{pool="default",reason="first_byte"}'] == 2, retries
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        wait_for(lambda: sim_stats(hung)["in_flight"] == 0, what="the hung replica aborts")

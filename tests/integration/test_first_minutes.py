@@ -316,3 +316,14 @@ def test_one_dead_pool_keeps_the_gateway_ready_and_says_which(sim_factory: SimFa
               "cannot connect)"
         wait_for(lambda: httpx.get(f"{base}/readyz").json()["not_ready"] == {"gone": why},
                  what="the replica's down reason")
+        # an API client is told the same without the replica's address (/readyz is the
+        # operators' page; /v1/models and a request's 503 are any key holder's)
+        models = httpx.get(f"{base}/v1/models").json()
+        why = "served model not known yet (no replica answered) (1 replica: cannot connect)"
+        assert models["not_ready"] == [{"pool": "gone", "reason": why}], models
+        resp = httpx.post(f"{base}/v1/completions", json={"model": "m", "prompt": "x"})
+        assert resp.status_code == 503 and resp.headers["retry-after"] == "1"
+        assert resp.json()["error"]["message"] == (
+            "No ready replica for the model `m` (not ready: pool gone: no replica has answered "
+            "yet; 1 replica: cannot connect).")
+        assert dead[7:] not in resp.text

@@ -29,7 +29,7 @@ Behaviour = Callable[[], Any]  # returns a FakeResponse, or raises / hangs
 
 
 class FakeResponse:
-    def __init__(self, status: int, chunks: list[bytes | BaseException],
+    def __init__(self, status: int, chunks: list[bytes | BaseException | None],
                  content_type: str = "application/json") -> None:
         self.status = status
         self.content_type = content_type
@@ -42,6 +42,9 @@ class FakeResponse:
         if not self._chunks:
             return b""
         item = self._chunks.pop(0)
+        if item is None:  # the replica sends nothing more, and keeps the connection
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
         if isinstance(item, BaseException):
             raise item
         return item
@@ -120,9 +123,10 @@ def stream_reset() -> Behaviour:
     return answer
 
 
-async def _call(app: GatewayApp, body: dict[str, Any]) -> tuple[int, bytes, dict[bytes, bytes]]:
+async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completions",
+                ) -> tuple[int, bytes, dict[bytes, bytes]]:
     raw = orjson.dumps(body)
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
              "headers": [(b"content-type", b"application/json"),
                          (b"content-length", str(len(raw)).encode())],
              "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
@@ -148,7 +152,9 @@ async def _call(app: GatewayApp, body: dict[str, Any]) -> tuple[int, bytes, dict
 
 
 def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
-         upstream: dict[str, Any] | None = None) -> tuple[list[tuple[int, bytes]], list[str]]:
+         upstream: dict[str, Any] | None = None, *, together: bool = False,
+         path: str = "/v1/completions") -> tuple[list[tuple[int, bytes]], list[str]]:
+    """Each request answered in turn (``together``: all at once)."""
     posts: list[str] = []
 
     def factory(max_connections: int, connect_timeout_s: float) -> Transport:
@@ -163,9 +169,12 @@ def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
         app = GatewayApp(cfg, transport=factory)
         await app.startup()
         try:
+            if together:
+                done = await asyncio.gather(*(_call(app, body, path) for body in requests))
+                return [(code, data) for code, data, _ in done]
             out = []
             for body in requests:
-                code, data, _ = await _call(app, body)
+                code, data, _ = await _call(app, body, path)
                 out.append((code, data))
             return out
         finally:
@@ -289,3 +298,249 @@ def test_a_refusing_replica_is_warned_about_once_until_it_serves_again(
         assert judge(replica, 200, OK, 500.0) == "ok"  # the key was fixed
         assert judge(replica, 401, UNAUTHORIZED, 600.0) == "refused"  # and broken again
         assert warnings() == 2
+
+
+DEAD = (b'{"error":{"message":"The server had an error while processing your request.",'
+        b'"type":"InternalServerError","param":null,"code":500}}')  # vLLM's dead engine
+
+
+def test_no_usable_replica_says_why_without_naming_any_replica() -> None:
+    answers, posts = _run({A: status(500, DEAD), B: refused()}, [REQ, REQ])
+    assert sorted(posts) == [A, B]  # the first request found both down; the second, none
+    code, body = answers[1]
+    message = orjson.loads(body)["error"]["message"]
+    assert code == 503
+    assert message == ("No healthy replica for the model `sim-model` (2 replicas: "
+                       "1 its engine died (500), 1 cannot connect)."), message
+    assert "127.0.0.1" not in message
+
+
+def test_a_first_byte_timeout_stays_a_504_when_the_retry_budget_runs_out_meanwhile() -> None:
+    """Two streams time out at once; the one retry the budget holds goes to one of them. The
+    other is a timeout all the same (504), not "busy or failing, try again" (503)."""
+    answers, posts = _run({A: hang(), B: hang()}, [{**REQ, "stream": True}] * 2, upstream={
+        "first_byte_timeout_s": 0.2, "retry_budget_ratio": 0, "retry_budget_min": 1},
+        together=True)
+    assert len(posts) == 3  # two first tries, one retry
+    for code, body in answers:
+        err = orjson.loads(body)["error"]
+        assert (code, err["type"]) == (504, "GatewayTimeoutError"), body
+        assert "first byte timeout" in err["message"]
+
+
+def stream_after(delay_s: float) -> Behaviour:
+    async def answer() -> FakeResponse:
+        await asyncio.sleep(delay_s)  # its prefill
+        event = (b'data: {"id":"c","object":"text_completion",'
+                 b'"choices":[{"index":0,"text":"a","finish_reason":"stop"}]}\n\n')
+        return FakeResponse(200, [event, b"data: [DONE]\n\n"], content_type="text/event-stream")
+    return answer
+
+
+def in_turn(*behaviours: Behaviour) -> Behaviour:
+    """The replica's n-th request gets the n-th behaviour."""
+    queue = list(behaviours)
+
+    async def answer() -> Any:
+        return await queue.pop(0)()
+    return answer
+
+
+LONG = "word " * 100_000  # ~125,000 tokens: ~16 s of prefill at the prior's 8,000 tokens/s
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "requests"),
+    [
+        # another request got its first token while the cut one waited: the queue moves
+        (in_turn(stream_after(0.1), hang()), [REQ, REQ]),
+        # the prompt alone takes longer to prefill than the first-byte timeout
+        (hang(), [{**REQ, "prompt": LONG}]),
+    ],
+    ids=["others-answered-meanwhile", "long-prompt"],
+)
+def test_a_first_byte_cut_on_a_progressing_replica_is_not_its_failure(
+    behaviour: Behaviour, requests: list[dict[str, Any]],
+) -> None:
+    """A replica whose requests are all still in prefill is judged hung by a first-byte cut
+    only when nothing says it is working: with one failure enough to eject, a slow but
+    progressing replica must stay in rotation."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.4, "max_attempts": 1},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport({A: behaviour}, []))
+        await app.startup()
+        try:
+            done = await asyncio.gather(*(_call(app, {**r, "stream": True}) for r in requests))
+            assert [code for code, _, _ in done][-1] == 504
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.state, replica.failed) == ("healthy", 0)
+            assert (replica.inflight, replica.inflight_prefill) == (0, 0)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_first_byte_cut_on_a_replica_doing_nothing_is_its_failure() -> None:
+    """The rule still sees a hung engine: short prompts, nothing answered meanwhile."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.2, "max_attempts": 1},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport({A: hang()}, []))
+        await app.startup()
+        try:
+            code, _, _ = await _call(app, {**REQ, "stream": True})
+            assert code == 504
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.state, replica.failed) == ("ejected", 1)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
+
+
+def ping_then_hang() -> Behaviour:
+    async def answer() -> FakeResponse:  # vLLM's --sse-keep-alive-interval, a hung engine
+        return FakeResponse(200, [b": keep-alive\n\n", None], content_type="text/event-stream")
+    return answer
+
+
+def test_keep_alive_comments_do_not_stop_the_retry_of_a_hung_stream() -> None:
+    """A comment is not a token: a replica that sends only `: keep-alive` is cut at the
+    first-byte timeout and another replica answers the same stream (the comments already
+    relayed are all the client saw of the first)."""
+    first_hangs = in_turn(ping_then_hang(), stream_after(0))  # whichever replica is first
+    answers, posts = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.3})
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2 and posts[0] != posts[1]
+    assert body.startswith(b": keep-alive\n\n")
+    assert b'"text":"a"' in body and b"error" not in body
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_a_stream_of_keep_alive_comments_only_ends_with_the_timeouts_error_event() -> None:
+    """Every replica only pings: the head went out with the first comment, so the 504 comes
+    as the stream's error event and [DONE], once."""
+    answers, posts = _run({A: ping_then_hang(), B: ping_then_hang()}, [{**REQ, "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.2})
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2
+    events = [e for e in body.split(b"\n\n") if e.startswith(b"data: ")]
+    assert orjson.loads(events[0][6:])["error"]["code"] == 504
+    assert events[1:] == [b"data: [DONE]"]
+
+
+def test_an_error_answer_after_keep_alive_comments_is_the_streams_error_event() -> None:
+    """The retry's replica answers an error: the stream is open, so it ends with that error
+    as its event (as vLLM ends a failing stream), not with a second response head."""
+    bad = b'{\n  "error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}\n}'
+    first_hangs = in_turn(ping_then_hang(), status(400, bad))
+    answers, _ = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
+                      upstream={"first_byte_timeout_s": 0.2})
+    code, body = answers[0]
+    assert code == 200
+    assert body == (b": keep-alive\n\ndata: " + orjson.dumps(orjson.loads(bad)) + b"\n\n"
+                    b"data: [DONE]\n\n")
+
+
+def _response_event(kind: str, seq: int, rid: str) -> bytes:
+    data = orjson.dumps({"type": kind, "sequence_number": seq, "response": {
+        "id": rid, "object": "response", "status": "in_progress", "output": []}})
+    return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+def responses_preamble_then_hang(rid: str = "resp_1") -> Behaviour:
+    """vLLM's Responses API stream: `response.created` and `response.in_progress` go out at
+    once, before the prompt is scheduled; a hung engine sends nothing after them."""
+    async def answer() -> FakeResponse:
+        preamble = (_response_event("response.created", 0, rid)
+                    + _response_event("response.in_progress", 1, rid))
+        return FakeResponse(200, [preamble, b": keep-alive\n\n", None],
+                            content_type="text/event-stream")
+    return answer
+
+
+def responses_stream(rid: str) -> Behaviour:
+    async def answer() -> FakeResponse:
+        preamble = (_response_event("response.created", 0, rid)
+                    + _response_event("response.in_progress", 1, rid))
+        delta = (b'event: response.output_text.delta\ndata: {"type":"response.output_text.'
+                 b'delta","sequence_number":2,"delta":"hi"}\n\n')
+        return FakeResponse(200, [preamble, delta, _response_event("response.completed", 3, rid)],
+                            content_type="text/event-stream")
+    return answer
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_a_responses_streams_created_events_are_not_its_first_token(background: bool) -> None:
+    """The first-byte timeout waits for output, not for the events vLLM sends before the
+    prefill: a hung engine is cut after `first_byte_timeout_s` (not the idle timeout) and
+    judged hung; the router learns no first token from it. The opening events were held
+    (dropped with the try), except a background response's (relayed as they come)."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.2, "idle_timeout_s": 30, "total_timeout_s": 30},
+        "health": {"failure_threshold": 1, "interval_s": 60}})
+
+    async def run() -> None:
+        transport = FakeTransport({A: responses_preamble_then_hang()}, [])
+        app = GatewayApp(cfg, transport=lambda *_: transport)
+        await app.startup()
+        try:
+            body = {"model": "sim-model", "input": "hi", "stream": True, "background": background}
+            code, out, _ = await asyncio.wait_for(_call(app, body, "/v1/responses"), 10)
+            assert code == 200 and out.count(b"event: response.created") == background
+            err = orjson.loads(out.split(b"\n\n")[-3][len(b"data: "):])["error"]
+            assert (err["code"], err["message"]) == (
+                504, "The replica did not answer in time (first byte timeout).")
+            assert app.rt is not None
+            replica = app.rt.pools.by_name["p"].replicas[0]
+            assert (replica.answers, replica.failed) == (0, 1)
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_responses_stream_whose_replica_hangs_after_its_opening_events_is_retried() -> None:
+    """The opening events are held until the first output, so a replica that sends only
+    them (and keep-alive comments) is replaced: the client sees one response, the other
+    replica's, whole."""
+    first_hangs = in_turn(responses_preamble_then_hang("resp_hung"), responses_stream("resp_ok"))
+    answers, posts = _run({A: first_hangs, B: first_hangs},
+                          [{"model": "sim-model", "input": "hi", "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.3}, path="/v1/responses")
+    code, body = answers[0]
+    assert code == 200 and len(posts) == 2 and posts[0] != posts[1]
+    assert b"resp_hung" not in body and body.count(b"event: response.created") == 1
+    assert body.startswith(b": keep-alive\n\n")  # the hung try's comments kept it open
+    assert b'"delta":"hi"' in body and b"event: response.completed" in body
+
+
+def test_a_responses_stream_ending_right_after_its_opening_events_keeps_them() -> None:
+    """A replica that ends the stream with its terminal event unended (no blank line) right
+    after the opening events: the held events still reach the client, before it."""
+    async def answer() -> FakeResponse:
+        preamble = (_response_event("response.created", 0, "resp_x")
+                    + _response_event("response.in_progress", 1, "resp_x"))
+        last = _response_event("response.completed", 2, "resp_x").rstrip(b"\n")
+        return FakeResponse(200, [preamble, last], content_type="text/event-stream")
+
+    answers, _ = _run({A: answer, B: answer}, [{"model": "sim-model", "input": "hi",
+                                               "stream": True}], path="/v1/responses")
+    code, body = answers[0]
+    assert code == 200 and body.startswith(b"event: response.created")
+    assert body.index(b"response.in_progress") < body.index(b"event: response.completed")

@@ -236,3 +236,35 @@ def test_a_page_missing_one_data_parallel_engine_is_not_a_restart() -> None:
     assert r.record_scrape(parse_vllm_metrics(cut), 2.0) is False
     restarted = _dp_page({"0": (0, 0, 0), "1": (0, 0, 0)})
     assert r.record_scrape(parse_vllm_metrics(restarted), 3.0) is True
+
+
+@pytest.mark.parametrize(
+    ("reason", "told"),
+    [
+        ("/health: cannot resolve host vllm-0.pool.svc", "cannot resolve its host name"),
+        ("cannot resolve host 10.0.0.7", "cannot resolve its host name"),
+        ("/health: cannot connect", "cannot connect"),
+        ("/health answered 503", "its health check answered 503"),
+        ("its engine died (500)", "its engine died (500)"),
+        (None, "down"),
+    ],
+)
+def test_a_down_replicas_condition_names_no_host(reason: str | None, told: str) -> None:
+    """What an API client's 503 says of a replica: never its address or host name."""
+    r = replica()
+    r.mark_down(0.0)
+    r.reason = reason
+    assert r.condition(0.0) == told
+
+
+def test_conditions_of_replicas_taking_no_request() -> None:
+    r = replica()
+    assert r.condition(0.0) == "available"
+    r.record_busy(0.0)
+    assert r.condition(0.0) == "backing off after busy 503s"
+    for _ in range(3):
+        r.record_failure(1.0)
+    assert r.condition(1.0) == "ejected after failed requests"
+    trial = r.acquire(1)  # the back-off expired: half-open, one trial request in flight
+    assert r.available(3.0) is False and r.condition(3.0) == "on trial after an ejection"
+    trial.release()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sse import StreamScanner, body_usage, comment_only, scan_usage
+from gateway.sse import StreamScanner, body_usage, comment_only, preamble_only, scan_usage
 
 CHUNK = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
@@ -277,3 +277,23 @@ def test_a_large_event_held_in_pieces_ends_where_its_end_straddles_them(
     head = len(CHUNK) + 9000
     out, scanner = run([stream[:head], *split_every(stream[head:], size)], False)
     assert out == stream and scanner.complete() and not scanner.malformed
+
+
+def _named(kind: str) -> bytes:
+    return b"event: " + kind.encode() + b'\ndata: {"type":"' + kind.encode() + b'"}\n\n'
+
+
+@pytest.mark.parametrize(
+    ("block", "expected"),
+    [
+        (_named("response.created") + _named("response.in_progress"), True),
+        (_named("response.in_progress"), True),
+        (_named("response.created") + _named("response.output_text.delta"), False),
+        (_named("response.created") + b'data: {"type":"x"}\n\n', False),  # an unnamed event
+        (b'data: {"type":"response.created"}\n\n', False),  # no event lines: not judged
+        (b"", False),
+    ],
+    ids=["both", "one", "then-output", "unnamed-event", "no-names", "empty"],
+)
+def test_preamble_only_is_the_responses_api_opening_alone(block: bytes, expected: bool) -> None:
+    assert preamble_only(block) is expected
