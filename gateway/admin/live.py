@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest
+from gateway.errors import BadRequest, NotFound
 from gateway.flow import FlowGate
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
@@ -141,7 +141,10 @@ class LiveViews:
             if value is not None and not (isinstance(value, str) and value):
                 raise BadRequest(f"{name}: a non-empty string", param=name)
         if tenant is not None:
-            return resolver.principal_for(tenant)
+            try:
+                return resolver.principal_for(tenant)
+            except NotFound as exc:  # the resolver's error names no field: this one is sent
+                raise NotFound(exc.message, param="tenant") from None
         if tier is None:
             raise BadRequest("tenant or tier: one of them is required", param="tenant")
         snap = resolver.policy

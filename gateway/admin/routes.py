@@ -33,6 +33,7 @@ from gateway.admin.auth import AdminToken, check_admin
 from gateway.admin.errors import AdminRoute
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import (
+    NoFields,
     TenantCreate,
     TenantPatch,
     audit_view,
@@ -63,6 +64,8 @@ Supplier = Callable[[], Any]  # may return an awaitable
 Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
 # the policy this gateway runs on and where it came from (`TenantResolver.policy_source`)
 InForce = Callable[[], tuple[PolicySnapshot | None, str | None]]
+# the body of a route that takes none: absent, or an object without fields
+Empty = Annotated[NoFields | None, Body()]
 
 
 @dataclass
@@ -198,6 +201,8 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.patch("/tenants/{tenant_id}")
     async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
         changes = body.changes()
+        if not changes:  # nothing to change: no write, nothing to audit
+            return await ctx.view(await ctx.tenant(tenant_id))
         if "tier" in changes:
             if body.tier is None:
                 raise BadRequest("tier: must not be null", param="tier")
@@ -214,7 +219,7 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")
-    async def rotate_salt(tenant_id: str, who: Who) -> dict[str, Any]:
+    async def rotate_salt(tenant_id: str, who: Who, empty: Empty = None) -> dict[str, Any]:
         rotation = await ctx.store.rotate_salt(tenant_id)
         await ctx.audit(
             who,
@@ -233,7 +238,7 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
 
 def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.post("/tenants/{tenant_id}/keys", status_code=201)
-    async def create_key(tenant_id: str, who: Who) -> JSONResponse:
+    async def create_key(tenant_id: str, who: Who, empty: Empty = None) -> JSONResponse:
         key, key_id = generate_key(), new_key_id()
         record = KeyRecord(
             key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
@@ -326,7 +331,10 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             if snap is None:
                 raise NotFound("no policy document has been stored yet")
             check_policy_version(snap.version, expected)
-            merged = merge_patch(snap.doc.model_dump(mode="json", exclude_unset=True), patch)
+            current = snap.doc.model_dump(mode="json", exclude_unset=True)
+            merged = merge_patch(current, patch)
+            if merged == current:  # e.g. `{}`: nothing changes, no new version, no audit
+                return JSONResponse(current, headers={"etag": f'"{snap.version}"'})
             # stored only over the version it was merged onto, with the fields of that
             # version this kvgate does not know
             try:

@@ -11,7 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.policy_doc import Limits
 from gateway.tenancy.models import NAME_PATTERN, AuditEntry, KeyRecord, Tenant
 
-__all__ = ["TenantCreate", "TenantPatch", "audit_view", "iso_time", "key_view", "tenant_view"]
+__all__ = ["NoFields", "TenantCreate", "TenantPatch", "audit_view", "iso_time", "key_view",
+           "tenant_view"]
 
 
 def iso_time(ts: float) -> str:
@@ -23,6 +24,14 @@ def iso_time(ts: float) -> str:
 
 def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**entry.model_dump(), "at": iso_time(entry.at)}
+
+
+class NoFields(BaseModel):
+    """The body of a route that takes none (key creation, salt rotation): absent or ``{}``;
+    a field is refused as on every other route, not silently ignored (a client sending
+    ``{"name": ...}`` would believe it was kept)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class TenantCreate(BaseModel):

@@ -476,3 +476,36 @@ async def test_an_infinite_threshold_is_refused_not_stored_unreadable(admin: Adm
     assert err["param"] == "tiers.free.spill_when.waiting", err
     r = await c.get("/admin/policy")
     assert r.status_code == 200 and r.headers["etag"] == '"1"', r.text  # still readable
+
+
+async def test_routes_without_a_body_refuse_fields_rather_than_ignore_them(
+    admin: Admin,
+) -> None:
+    """Key creation and salt rotation ignored whatever body came (`{"name": "ci"}` looked
+    kept); every other route refuses an unknown field with a 400 naming it."""
+    c = admin.client
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    for path in ("/admin/tenants/acme/keys", "/admin/tenants/acme/rotate-salt"):
+        err = _error(await c.post(path, json={"name": "ci"}), 400)
+        assert err["param"] == "name" and err["message"].startswith("name: "), err
+        assert _error(await c.post(path, json=["x"]), 400)["param"] is None
+        assert (await c.post(path, json={})).status_code in (200, 201)
+    tenant = (await c.get("/admin/tenants/acme")).json()
+    assert len(tenant["keys"]) == 1 and tenant["salt_epoch"] == 1  # the `{}` ones only
+
+
+async def test_an_empty_patch_changes_nothing_and_is_not_audited(admin: Admin) -> None:
+    """`PATCH {}` wrote the tenant back, and stored the policy as a new version, each with an
+    audit entry for a change that changed nothing: it answers the object as it is."""
+    c = admin.client
+    created = (await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})).json()
+    before = (await c.get("/admin/audit")).json()["data"]
+    r = await c.patch("/admin/tenants/acme", json={})
+    assert r.status_code == 200 and r.json() == created, r.text
+    assert _error(await c.patch("/admin/tenants/ghost", json={}), 404)["param"] == "id"
+    for patch in ({}, {"tiers": {"free": {"priority": 10}}}):  # the second: a value it has
+        r = await c.patch("/admin/policy", json=patch)
+        assert r.status_code == 200 and r.headers["etag"] == '"1"', r.text
+        assert r.json() == (await c.get("/admin/policy")).json()
+    assert _error(await c.patch("/admin/policy", json={}, headers={"if-match": '"7"'}), 412)
+    assert (await c.get("/admin/audit")).json()["data"] == before

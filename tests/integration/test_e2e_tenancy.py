@@ -293,6 +293,8 @@ def test_admin_replicas_and_route_explain(stack: Stack) -> None:
         assert by_tier["pool"] == "awq"
         bad = admin.post("/route/explain", json={"tier": "gold", "request": request})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tier"
+        ghost = admin.post("/route/explain", json={"tenant": "ghost", "request": request})
+        assert ghost.status_code == 404 and ghost.json()["error"]["param"] == "tenant"
         for field in ("tenant", "tier"):  # a wrong type is named, not "one of them is required"
             wrong = admin.post("/route/explain", json={field: 5, "request": request})
             err = wrong.json()["error"]
