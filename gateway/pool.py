@@ -11,6 +11,7 @@ requests finish, and `reap` hands it back once idle so the app can forget it.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import Counter
@@ -23,6 +24,8 @@ from gateway.replicas import HealthRules, Replica, RetryBudget
 from gateway.transport import Transport, TransportFactory, default_transport
 
 __all__ = ["Pool", "PoolChanges", "Pools"]
+
+_MAX_RETRY_AFTER_S = 60
 
 
 class Pool:
@@ -56,6 +59,13 @@ class Pool:
         if n == 1:
             return f"1 replica: {next(iter(counts))}"
         return f"{n} replicas: " + ", ".join(f"{k} {why}" for why, k in counts.most_common())
+
+    def retry_after(self, now: float) -> int:
+        """Whole seconds until the soonest of its replicas may be tried again, for the
+        Retry-After of a 503 none could take: at least 1, at most a minute (the OpenAI SDKs
+        wait out a longer one with their own back-off instead)."""
+        soonest = min((r.back_in(now) for r in self.replicas), default=0.0)
+        return min(max(math.ceil(soonest), 1), _MAX_RETRY_AFTER_S)
 
     def set_replicas(self, replicas: list[Replica]) -> None:
         # new list objects: a request iterating the old ones is not disturbed

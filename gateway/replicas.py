@@ -158,6 +158,12 @@ class Replica:
             return "ejected after failed requests"
         return "on trial after an ejection"  # half-open, its one trial request in flight
 
+    def back_in(self, now: float) -> float:
+        """Seconds until it may be tried again, as far as kvgate knows: the end of its
+        ejection (a replica marked down returns no sooner: its probes count from then on),
+        0 when it may be any moment (on trial, or not out at all)."""
+        return max(self.ejected_until - now, 0.0) if self.state == EJECTED else 0.0
+
     def busy(self, now: float) -> bool:
         """Backing off after a busy 503 (health aside)."""
         return now < self.busy_until

@@ -544,3 +544,27 @@ def test_a_responses_stream_ending_right_after_its_opening_events_keeps_them() -
     code, body = answers[0]
     assert code == 200 and body.startswith(b"event: response.created")
     assert body.index(b"response.in_progress") < body.index(b"event: response.completed")
+
+
+@pytest.mark.parametrize(("eject_s", "retry_after"), [(20, 20), (300, 60)])
+def test_no_usable_replica_says_when_to_retry(eject_s: float, retry_after: int) -> None:
+    """Every replica ejected until a known time: Retry-After is the seconds until the soonest
+    is tried again (was always 1: the SDKs came back 19 times in vain), capped at a minute."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A, B]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "health": {"interval_s": 60, "eject_base_s": eject_s, "eject_max_s": 600}})
+
+    async def run() -> None:
+        script = {A: status(500, DEAD), B: refused()}
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport(script, []))
+        await app.startup()
+        try:
+            await _call(app, REQ)  # both tried, both down
+            code, _, headers = await _call(app, REQ)
+            assert code == 503
+            assert int(headers[b"retry-after"]) in (retry_after - 1, retry_after), headers
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
