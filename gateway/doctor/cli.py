@@ -20,10 +20,13 @@ and the others together), and prints one section per worker, naming any it did n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import socket
 import sys
+import threading
 import time
 from typing import Any, NoReturn
 
@@ -78,21 +81,59 @@ def _client() -> httpx.Client:
     return httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
 
 
+class _Cutter:
+    """Cuts one ask's connection when the run's time is up: httpx's timeouts are per read,
+    so a link trickling its headers or body a byte a second would otherwise never time out.
+    The socket comes from httpx's ``trace`` extension; shutting it down wakes the read
+    blocked on it, which then fails."""
+
+    def __init__(self, left: float) -> None:
+        self.cut = False
+        self._sock: socket.socket | None = None
+        self._timer = threading.Timer(left, self._cut)
+        self._timer.daemon = True
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        # the TCP connection, then (https) the TLS one wrapping the same descriptor
+        if event.endswith((".connect_tcp.complete", ".start_tls.complete")):
+            self._sock = info["return_value"].get_extra_info("socket")
+            if self.cut:  # connected just as the time ran out
+                self._cut()
+
+    def _cut(self) -> None:
+        self.cut = True
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+
+    def __enter__(self) -> _Cutter:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+
+
 def _read(
     client: httpx.Client, url: str, token: str, window: str, deadline: float
 ) -> tuple[httpx.Response, bytes]:
-    """The answer, read by ``deadline`` (`time.monotonic`; httpx's timeouts are per read, so
-    a link trickling a byte a second would otherwise never time out)."""
+    """The answer, headers and body, read by ``deadline`` (`time.monotonic`)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise httpx.ReadTimeout("no time left")
     body = bytearray()
-    with client.stream("GET", f"{url}/admin/doctor", params={"window": window},
-                       headers={"authorization": f"Bearer {token}"}, timeout=left) as response:
-        for chunk in response.iter_bytes():
-            body += chunk
-            if time.monotonic() > deadline:
-                raise httpx.ReadTimeout("the whole answer took too long")
+    with _Cutter(left) as cutter:
+        try:
+            with client.stream("GET", f"{url}/admin/doctor", params={"window": window},
+                               headers={"authorization": f"Bearer {token}"}, timeout=left,
+                               extensions={"trace": cutter.trace}) as response:
+                for chunk in response.iter_bytes():
+                    body += chunk
+        except httpx.HTTPError:
+            if not cutter.cut:
+                raise
+        if cutter.cut:  # (an answer of unknown length cut short looks whole)
+            raise httpx.ReadTimeout("the whole answer took too long")
     return response, bytes(body)
 
 

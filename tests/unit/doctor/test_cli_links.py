@@ -60,6 +60,35 @@ def trickling() -> Iterator[str]:
 
 
 @pytest.fixture
+def slow_headers() -> Iterator[str]:
+    """Its response head comes a byte every 0.05 s (5 s in all): each read is quick."""
+
+    class SlowHead(_Answer):
+        def do_GET(self) -> None:
+            head = b"HTTP/1.1 200 OK\r\nx-pad: " + b"a" * 80 + b"\r\ncontent-length: 2\r\n\r\n{}"
+            try:
+                for i in range(len(head)):
+                    self.wfile.write(head[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.05)
+            except OSError:
+                pass  # the CLI gave up
+
+    yield from _serve(SlowHead)
+
+
+def test_a_link_trickling_its_headers_times_out_within_the_timeout(
+        slow_headers: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the body was held to the deadline: headers trickling in took their whole 5 s."""
+    start = time.monotonic()
+    assert cli.main(["--url", slow_headers, "--timeout", "0.5", *TOKEN]) == 1
+    took = time.monotonic() - start
+    out, err = capsys.readouterr()
+    assert took < 1.5, took
+    assert out == "" and err == f"kvgate doctor: {slow_headers} did not answer within 0.5 s\n"
+
+
+@pytest.fixture
 def incomplete() -> Iterator[str]:
     class Partial(_Answer):
         body = json.dumps({"object": "doctor", "findings": []}).encode()
