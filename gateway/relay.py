@@ -198,6 +198,20 @@ class Relay:
             hdrs.extend(req.cors)
         return hdrs
 
+    def _answered_by(self, req: ProxiedRequest) -> bytes:
+        """SSE comment lines naming the replica that answers a stream whose head went out
+        with another try's keep-alive comments: the head's `x-kvgate-replica` and
+        `x-kvgate-route` name that try's (hung) replica, and headers cannot change once
+        sent. The SDKs skip comment lines, as they skip the keep-alives."""
+        if req.opened_by == req.replica:
+            return b""
+        server = self._cfg.server
+        lines = [f": x-kvgate-replica: {req.pool.name}/{req.replica}\n".encode()
+                 ] if server.replica_header else []
+        if server.route_header:
+            lines.append(f": x-kvgate-route: {req.route}\n".encode())
+        return b"".join(lines) + b"\n" if lines else b""
+
     async def relay(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
         lease: Lease,
@@ -260,6 +274,8 @@ class Relay:
         rest = held + scanner.flush()
         if not req.sse:
             await self._start(send, req, resp)
+        elif not req.relayed and rest:
+            rest = self._answered_by(req) + rest
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
 
@@ -268,6 +284,7 @@ class Relay:
         head (vLLM sends that at once, before scheduling the prompt): until then a failed
         replica can still be replaced."""
         req.sse = True
+        req.opened_by = req.replica
         await send({"type": "http.response.start", "status": 200,
                     "headers": self.headers(req, resp.content_type)})
 
@@ -331,6 +348,8 @@ class Relay:
                     out, held = held + out, b""
                 if not req.sse:  # (after `started`: a cut from now on is no first-byte one)
                     await self._start(send, req, resp)
+                elif not req.relayed:
+                    out = self._answered_by(req) + out
                 req.relayed = True
                 if want_id and (rid := response_id(out)) is not None:
                     want_id = False
@@ -395,7 +414,7 @@ class Relay:
         req.ctl.done = True
         if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
             await send({"type": "http.response.body", "more_body": False,
-                        "body": error_event(resp.status, data)})
+                        "body": self._answered_by(req) + error_event(resp.status, data)})
             return True
         hdrs = self.headers(req, content_type)
         if (wait := _retry_after(resp)) is not None:

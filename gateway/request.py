@@ -39,6 +39,7 @@ class ProxiedRequest:
         "features",
         "flow_done",
         "kind",
+        "opened_by",
         "parsed",
         "path",
         "peeked",
@@ -71,6 +72,7 @@ class ProxiedRequest:
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
+        self.opened_by: str | None = None  # the replica whose try sent the stream's head
         # an event of the answer reached the client (before it, only `: keep-alive` comments
         # may have: another replica can still answer the stream)
         self.relayed = False

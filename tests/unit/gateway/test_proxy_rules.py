@@ -430,6 +430,34 @@ def test_keep_alive_comments_do_not_stop_the_retry_of_a_hung_stream() -> None:
     assert body.endswith(b"data: [DONE]\n\n")
 
 
+def test_a_stream_another_replica_answers_after_keep_alives_names_it() -> None:
+    """The head went out with the hung replica's keep-alive comments, so its x-kvgate-replica
+    names that one, and headers cannot change: a comment block names the replica (and the
+    route) that answered before its first event (the SDKs skip comment lines)."""
+    first_hangs = in_turn(ping_then_hang(), stream_after(0))
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A, B]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "upstream": {"first_byte_timeout_s": 0.3}})
+    posts: list[str] = []
+
+    async def run() -> tuple[int, bytes, dict[bytes, bytes]]:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport(
+            {A: first_hangs, B: first_hangs}, posts))
+        await app.startup()
+        try:
+            return await _call(app, {**REQ, "stream": True})
+        finally:
+            await app.shutdown()
+
+    code, body, headers = asyncio.run(run())
+    hung, answered = (f"p/{url.removeprefix('http://')}" for url in posts)
+    assert code == 200 and headers[b"x-kvgate-replica"] == hung.encode()
+    named = f": x-kvgate-replica: {answered}\n: x-kvgate-route: retry\n\ndata: ".encode()
+    assert body.startswith(b": keep-alive\n\n" + named), body
+    assert body.endswith(b"data: [DONE]\n\n") and body.count(b"x-kvgate") == 2
+
+
 def test_a_stream_of_keep_alive_comments_only_ends_with_the_timeouts_error_event() -> None:
     """Every replica only pings: the head went out with the first comment, so the 504 comes
     as the stream's error event and [DONE], once."""
@@ -447,12 +475,13 @@ def test_an_error_answer_after_keep_alive_comments_is_the_streams_error_event() 
     as its event (as vLLM ends a failing stream), not with a second response head."""
     bad = b'{\n  "error": {"message": "bad prompt", "type": "BadRequestError", "code": 400}\n}'
     first_hangs = in_turn(ping_then_hang(), status(400, bad))
-    answers, _ = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
-                      upstream={"first_byte_timeout_s": 0.2})
+    answers, posts = _run({A: first_hangs, B: first_hangs}, [{**REQ, "stream": True}],
+                          upstream={"first_byte_timeout_s": 0.2})
     code, body = answers[0]
     assert code == 200
-    assert body == (b": keep-alive\n\ndata: " + orjson.dumps(orjson.loads(bad)) + b"\n\n"
-                    b"data: [DONE]\n\n")
+    named = f": x-kvgate-replica: p/{posts[1].removeprefix('http://')}\n"  # (who answered)
+    assert body == (b": keep-alive\n\n" + named.encode() + b": x-kvgate-route: retry\n\n"
+                    b"data: " + orjson.dumps(orjson.loads(bad)) + b"\n\ndata: [DONE]\n\n")
 
 
 def _response_event(kind: str, seq: int, rid: str) -> bytes:
