@@ -46,7 +46,7 @@ from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause
-from routing.peers import ReplicaLoad
+from routing.peers import ZERO, ReplicaLoad
 from routing.router import Router
 
 __all__ = ["RouteSync", "SyncSettings", "SyncStats", "member_id"]
@@ -198,6 +198,11 @@ class RouteSync:
         else:
             changed = {k: v for k, v in loads.items() if self._published.get(k, _NONE) != v
                        and (v or k in self._published)}
+        if not self._published.keys() <= loads.keys():
+            # a replica that left our pools (drained and reaped, removed by a policy change)
+            # between two batches: its last published load would stay in peers' views for
+            # as long as we live, heartbeats and all, if we did not say it is gone
+            changed.update(dict.fromkeys(self._published.keys() - loads.keys(), ZERO))
         if not (routes or changed or beat):
             return None
         for k, v in changed.items():
