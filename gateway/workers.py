@@ -65,6 +65,8 @@ def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -
         return 1
 
     def start(slot: int) -> None:
+        if stopping:  # a signal came after the supervisor decided to restart this one
+            return
         serving = ctx.Event()
         proc = ctx.Process(target=_worker, name=f"kvgate-{slot}",
                            args=(serve, cfg, sockets, WorkerSlot(slot, shared), serving))
