@@ -8,9 +8,14 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 
+import redis.asyncio as aioredis
+
+from gateway.fleet.records import encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad
 from routing.router import Router, RouterConfig
+from routing.types import RequestFeatures
+from tests.support.procs import redis_proc
 
 KNOWN = {"a:1", "b:1"}
 
@@ -55,3 +60,43 @@ async def test_a_replica_gone_from_a_gateway_leaves_its_peers_views(redis_url: s
     finally:
         await me.stop()
         await peer.stop()
+
+
+async def test_a_fresh_redis_whose_ids_are_behind_the_last_one_read_is_followed() -> None:
+    """Redis replaced by a fresh one (state lost) whose stream ids start behind the last id
+    a gateway read -- the old server's clock was ahead, e.g. by a minute (here: one entry
+    with such an id, which every later id then follows): XREAD after that id returned
+    nothing until the new clock caught up, and the gateways, "up", shared nothing."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    router, mine = Router(RouterConfig()), Router(RouterConfig())
+    me = _sync(url, "me", dict, mine)
+    peer = _sync(url, "peer", dict, router)
+    with proc:
+        await peer.start()
+        await me.start()
+        r = aioredis.Redis.from_url(url)
+        ahead = f"{int(time.time() * 1000) + 60_000}-0"  # written by a clock a minute ahead
+        await r.xadd("kvgate:routes", encode("old", time.time(), [], {}),  # type: ignore[arg-type]
+                     id=ahead)
+        await r.aclose()
+        await _until(lambda: peer._last_id == ahead.encode() and me._last_id == ahead.encode())
+        # and an entry of each after it (a heartbeat): every id from that clock is ahead
+        await _published_again(me, peer)
+    fresh, _ = redis_proc(port)
+    try:
+        with fresh:
+            await _published_again(me, peer)  # on the new server (the first may find the
+            # old connection closed)
+            mine.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+            await _until(lambda: router.state.index.entries("a:1") == 2, within_s=3.0)
+    finally:
+        await me.stop()
+        await peer.stop()
+
+
+async def _published_again(*syncs: RouteSync) -> None:
+    """Each of ``syncs`` has written an entry since now (heartbeats come every 0.5 s)."""
+    before = [s.stats.published for s in syncs]
+    await _until(lambda: all(s.stats.published > n for s, n in zip(syncs, before, strict=True)),
+                 within_s=10.0)
