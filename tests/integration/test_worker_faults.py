@@ -40,6 +40,18 @@ def _children(proc: Proc) -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
+def _both_serving(base: str) -> None:
+    """Wait until each worker has answered a /readyz (new connections reach both)."""
+    members: set[str] = set()
+
+    def both() -> bool:
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            members.add(c.get(f"{base}/readyz", timeout=5).json()["sync"]["member"])
+        return len(members) == 2
+
+    wait_for(both, what="both workers serving")
+
+
 def _client(base: str) -> tuple[openai.OpenAI, httpx.Client]:
     """A client opening a new connection per request (the kernel spreads them over workers)."""
     fresh = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
@@ -54,7 +66,7 @@ def test_a_worker_killed_soon_after_its_start_is_restarted(
     _, sim = sim_factory()
     gw, base = _workers(redis_url, sim)
     with gw:
-        wait_for(lambda: len(_children(gw)) == 2, what="two workers")
+        _both_serving(base)
         first, second = _children(gw)
         os.kill(first, signal.SIGKILL)  # a second or two after it started serving
         wait_for(lambda: len(set(_children(gw)) - {first}) == 2, timeout=20,
