@@ -9,9 +9,13 @@ in-memory store each worker would hold its own tenants, keys, limits and routing
 that combination is refused at start.
 
 The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
-in-flight requests for ``server.shutdown_grace_s``), a worker that dies is started again,
-and a worker that fails at start stops them all (exit status 1). /metrics answers with every
-worker's series, labelled by worker (`gateway.worker_metrics`).
+in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
+listening sockets, so a new connection is refused at once instead of waiting in the listen
+backlog until the last worker has drained. A worker that dies after it started serving is
+started again, however soon (the OOM killer does not wait); a worker that dies before it
+started serving failed at start and stops them all (exit status 1): the next would fail
+alike. Each worker says when it serves through an event the parent watches. /metrics
+answers with every worker's series, labelled by worker (`gateway.worker_metrics`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.process import BaseProcess
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from types import FrameType
 
@@ -41,17 +46,16 @@ WORKERS_NEED_REDIS = (
     "server.workers > 1 needs KVGATE_REDIS_URL: the workers share tenants, limits and routing "
     "state through Redis (with the in-memory store each would have its own)"
 )
-EARLY_EXIT_S = 5.0  # a worker that exits this soon after its start failed to start
 POLL_S = 0.2
 
+# serve(cfg, sockets, on_started): runs one gateway; calls on_started once it serves
+Serve = Callable[[KvgateConfig, list[socket.socket], Callable[[], None]], int]
 
-def run_workers(
-    cfg: KvgateConfig, sockets: list[socket.socket],
-    serve: Callable[[KvgateConfig, list[socket.socket]], int],
-) -> int:
-    """Run ``cfg.server.workers`` processes, each ``serve(cfg, sockets)``; supervise them."""
+
+def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -> int:
+    """Run ``cfg.server.workers`` processes, each ``serve(cfg, sockets, ...)``; supervise them."""
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
-    workers: dict[int, tuple[BaseProcess, float]] = {}
+    workers: dict[int, tuple[BaseProcess, Event]] = {}  # slot -> (process, "it serves")
     stopping: list[int] = []
     try:  # each worker's part of /metrics goes there
         shared = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -61,13 +65,20 @@ def run_workers(
         return 1
 
     def start(slot: int) -> None:
-        proc = ctx.Process(target=_worker, args=(serve, cfg, sockets, WorkerSlot(slot, shared)),
-                           name=f"kvgate-{slot}")
+        if stopping:  # a signal came after the supervisor decided to restart this one
+            return
+        serving = ctx.Event()
+        proc = ctx.Process(target=_worker, name=f"kvgate-{slot}",
+                           args=(serve, cfg, sockets, WorkerSlot(slot, shared), serving))
         proc.start()
-        workers[slot] = (proc, time.monotonic())
+        workers[slot] = (proc, serving)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
+        # no worker is started again: the workers' copies, closed as each begins its drain,
+        # were the last ones, and the kernel refuses new connections instead of queueing them
+        for sock in sockets:
+            sock.close()
         for proc, _ in workers.values():
             if proc.pid is not None and proc.is_alive():
                 os.kill(proc.pid, signal.SIGTERM)
@@ -86,20 +97,20 @@ def run_workers(
 
 
 def _supervise(
-    workers: dict[int, tuple[BaseProcess, float]], stopping: list[int],
+    workers: dict[int, tuple[BaseProcess, Event]], stopping: list[int],
     start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
 ) -> int:
     status = 0
     while workers:
         time.sleep(POLL_S)
-        for slot, (proc, started) in list(workers.items()):
+        for slot, (proc, serving) in list(workers.items()):
             if proc.is_alive():
                 continue
             proc.join()
             del workers[slot]
             if stopping:
                 continue
-            if time.monotonic() - started < EARLY_EXIT_S and proc.exitcode != 0:
+            if not serving.is_set():
                 print(f"kvgate serve: worker {slot} failed to start (exit {proc.exitcode}); "
                       "stopping", file=sys.stderr, flush=True)
                 status = 1
@@ -112,8 +123,8 @@ def _supervise(
 
 
 def _worker(
-    serve: Callable[[KvgateConfig, list[socket.socket]], int], cfg: KvgateConfig,
-    sockets: list[socket.socket], slot: WorkerSlot,
+    serve: Serve, cfg: KvgateConfig, sockets: list[socket.socket], slot: WorkerSlot,
+    serving: Event,
 ) -> None:
     set_current(slot)
     # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
@@ -122,7 +133,7 @@ def _worker(
     _die_with_parent()
     for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
         signal.signal(s, signal.SIG_DFL)
-    sys.exit(serve(cfg, sockets))
+    sys.exit(serve(cfg, sockets, serving.set))
 
 
 def _die_with_parent() -> None:

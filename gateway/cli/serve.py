@@ -181,8 +181,11 @@ def main(argv: list[str]) -> int:
     return run_server(cfg, "kvgate serve", sockets=sockets)
 
 
-def _serve_one(cfg: KvgateConfig, sockets: list[socket.socket]) -> int:
-    return run_server(cfg, "kvgate serve", sockets=sockets, announce=False)
+def _serve_one(
+    cfg: KvgateConfig, sockets: list[socket.socket], on_started: Callable[[], None]
+) -> int:
+    return run_server(cfg, "kvgate serve", sockets=sockets, on_started=on_started,
+                      announce=False)
 
 
 # -- listening, limits and start-up warnings (kept apart from the parsing above) ---------------

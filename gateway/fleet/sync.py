@@ -46,7 +46,7 @@ from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause
-from routing.peers import ReplicaLoad
+from routing.peers import ZERO, ReplicaLoad
 from routing.router import Router
 
 __all__ = ["RouteSync", "SyncSettings", "SyncStats", "member_id"]
@@ -126,6 +126,7 @@ class RouteSync:
         self._last_beat = float("-inf")
         self._last_id = b"0-0"  # the newest entry applied (or skipped: our own, bad)
         self._last_key = (0, 0)  # the same as numbers, to compare
+        self._last_own = (0, 0)  # the id of our newest entry, as numbers (`_check_order`)
         self._stale_ms = int(settings.stale_after_s * 1000)
         self._tasks: list[asyncio.Task[None]] = []
         timeout = settings.timeout_s
@@ -198,6 +199,11 @@ class RouteSync:
         else:
             changed = {k: v for k, v in loads.items() if self._published.get(k, _NONE) != v
                        and (v or k in self._published)}
+        if not self._published.keys() <= loads.keys():
+            # a replica that left our pools (drained and reaped, removed by a policy change)
+            # between two batches: its last published load would stay in peers' views for
+            # as long as we live, heartbeats and all, if we did not say it is gone
+            changed.update(dict.fromkeys(self._published.keys() - loads.keys(), ZERO))
         if not (routes or changed or beat):
             return None
         for k, v in changed.items():
@@ -267,6 +273,7 @@ class RouteSync:
             if fields is not None:
                 self.stats.published += 1
                 self._write_failed = False
+                self._check_order(replies[0])
             self._answered()
             if reads:
                 self._take(replies[-1])
@@ -387,6 +394,22 @@ class RouteSync:
             self.stats.drop("foreign", len(batch.routes) - len(routes))
         if routes:
             self._router.apply_peer_routes(routes, batch.member, self._clock(), live)
+
+    def _check_order(self, own_id: object) -> None:
+        """Ids of one stream only grow: our entry's id below our previous one's means the
+        stream is a new one behind the one we read (a Redis that lost its state, on a clock
+        behind the old server's). XREAD after the last id read would return nothing until
+        the new clock caught up, the sharing "up" all along: read the new one from its
+        start."""
+        if not isinstance(own_id, bytes):
+            return
+        key, last = _key(own_id), self._last_own
+        self._last_own = key
+        if key < last:
+            log.warning("shared routing state: the stream restarted behind the last entry "
+                        "read; reading it from its start",
+                        extra={"member": self.member, "redis": self.reach.address})
+            self._last_id, self._last_key = b"0-0", (0, 0)
 
     def _answered(self) -> None:
         if not self.stats.up:

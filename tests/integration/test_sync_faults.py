@@ -1,0 +1,102 @@
+"""Shared routing state between two `RouteSync`s on a real redis-server, under what a fleet
+meets in production: a replica that leaves one gateway's pools while it had requests there
+(drained and reaped between two batches) must not stay busy in the other gateways' views."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+import redis.asyncio as aioredis
+
+from gateway.fleet.records import encode
+from gateway.fleet.sync import RouteSync, SyncSettings
+from routing.peers import ReplicaLoad
+from routing.router import Router, RouterConfig
+from routing.types import RequestFeatures
+from tests.support.procs import redis_proc
+
+KNOWN = {"a:1", "b:1"}
+
+
+def _sync(
+    url: str, member: str, own: Callable[[], Mapping[str, ReplicaLoad]], router: Router
+) -> RouteSync:
+    # a long staleness bound: a peer's load may only go because the peer said so
+    settings = SyncSettings(stale_after_s=30.0, catchup_entries=0)
+    return RouteSync(router, url, "kvgate", settings, own_loads=own,
+                     known=KNOWN.__contains__, clock=time.monotonic, member=member)
+
+
+async def _until(condition: Callable[[], bool], within_s: float = 5.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_replica_gone_from_a_gateway_leaves_its_peers_views(redis_url: str) -> None:
+    loads = {"a:1": ReplicaLoad(1, 0, 0, 0.0), "b:1": ReplicaLoad(2, 0, 0, 0.0)}
+    router = Router(RouterConfig())
+    me = _sync(redis_url, "me", lambda: loads, Router(RouterConfig()))
+    peer = _sync(redis_url, "peer", dict, router)
+    await peer.start()
+    await me.start()
+    try:
+        peers = router.peers
+        assert peers is not None
+
+        def seen() -> Mapping[str, ReplicaLoad]:
+            return peers.totals(time.monotonic())
+
+        await _until(lambda: seen().get("a:1") == loads["a:1"] and "b:1" in seen())
+        # a:1 was drained and reaped before its last request's end was published: it is no
+        # longer among this gateway's replicas at all
+        del loads["a:1"]
+        me.wake()
+        await _until(lambda: "a:1" not in seen(), within_s=2.0)
+        assert seen()["b:1"].inflight == 2  # the others are untouched
+    finally:
+        await me.stop()
+        await peer.stop()
+
+
+async def test_a_fresh_redis_whose_ids_are_behind_the_last_one_read_is_followed() -> None:
+    """Redis replaced by a fresh one (state lost) whose stream ids start behind the last id
+    a gateway read -- the old server's clock was ahead, e.g. by a minute (here: one entry
+    with such an id, which every later id then follows): XREAD after that id returned
+    nothing until the new clock caught up, and the gateways, "up", shared nothing."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    router, mine = Router(RouterConfig()), Router(RouterConfig())
+    me = _sync(url, "me", dict, mine)
+    peer = _sync(url, "peer", dict, router)
+    with proc:
+        await peer.start()
+        await me.start()
+        r = aioredis.Redis.from_url(url)
+        ahead = f"{int(time.time() * 1000) + 60_000}-0"  # written by a clock a minute ahead
+        await r.xadd("kvgate:routes", encode("old", time.time(), [], {}),  # type: ignore[arg-type]
+                     id=ahead)
+        await r.aclose()
+        await _until(lambda: peer._last_id == ahead.encode() and me._last_id == ahead.encode())
+        # and an entry of each after it (a heartbeat): every id from that clock is ahead
+        await _published_again(me, peer)
+    fresh, _ = redis_proc(port)
+    try:
+        with fresh:
+            await _published_again(me, peer)  # on the new server (the first may find the
+            # old connection closed)
+            mine.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+            await _until(lambda: router.state.index.entries("a:1") == 2, within_s=3.0)
+    finally:
+        await me.stop()
+        await peer.stop()
+
+
+async def _published_again(*syncs: RouteSync) -> None:
+    """Each of ``syncs`` has written an entry since now (heartbeats come every 0.5 s)."""
+    before = [s.stats.published for s in syncs]
+    await _until(lambda: all(s.stats.published > n for s, n in zip(syncs, before, strict=True)),
+                 within_s=10.0)

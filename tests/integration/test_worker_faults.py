@@ -1,0 +1,144 @@
+"""`server.workers 2` under the faults an operator meets: a worker killed (OOM killer,
+`kill -9`) soon after it started is restarted, not taken for a failed start that stops the
+whole gateway; a worker that does fail at start still stops them all; on SIGTERM the streams
+in flight finish while a new connection is refused at once (it was left in the listen backlog
+of the supervisor's copy of the socket until the last worker had drained)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.gateway import GatewayProc, gateway_proc, wait_for
+from tests.support.procs import Proc, redis_proc
+
+pytestmark = pytest.mark.slow
+
+MODEL = "sim-model"
+SimFactory = Callable[..., tuple[Proc, str]]
+
+
+def _workers(redis_url: str, sim: str, **server: Any) -> tuple[GatewayProc, str]:
+    config = {"pools": {"p": {"replicas": [sim], "served_model": MODEL}},
+              "models": {MODEL: {"default": "p"}}, "server": {"workers": 2, **server}}
+    return gateway_proc(config=config, env={"KVGATE_REDIS_URL": redis_url})
+
+
+def _children(proc: Proc) -> list[int]:
+    assert proc.popen is not None
+    out = subprocess.run(["pgrep", "-P", str(proc.popen.pid)], capture_output=True, text=True)
+    return [int(pid) for pid in out.stdout.split()]
+
+
+def _both_serving(base: str) -> None:
+    """Wait until each worker has answered a /readyz (new connections reach both)."""
+    members: set[str] = set()
+
+    def both() -> bool:
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            members.add(c.get(f"{base}/readyz", timeout=5).json()["sync"]["member"])
+        return len(members) == 2
+
+    wait_for(both, what="both workers serving")
+
+
+def _client(base: str) -> tuple[openai.OpenAI, httpx.Client]:
+    """A client opening a new connection per request (the kernel spreads them over workers)."""
+    fresh = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+    # the SDK annotates http_client as httpx2.Client but also takes an httpx.Client
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30,
+                         http_client=fresh), fresh  # type: ignore[arg-type]
+
+
+def test_a_worker_killed_soon_after_its_start_is_restarted(
+    redis_url: str, sim_factory: SimFactory
+) -> None:
+    _, sim = sim_factory()
+    gw, base = _workers(redis_url, sim)
+    with gw:
+        _both_serving(base)
+        first, second = _children(gw)
+        os.kill(first, signal.SIGKILL)  # a second or two after it started serving
+        wait_for(lambda: len(set(_children(gw)) - {first}) == 2, timeout=20,
+                 what="the killed worker started again")
+        assert gw.popen is not None and gw.popen.poll() is None, gw.output()
+        assert "failed to start" not in gw.output()
+        client, fresh = _client(base)
+        with fresh:
+            for _ in range(6):
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert second in _children(gw)
+
+
+def test_a_worker_that_fails_at_start_stops_the_gateway(
+    redis_url: str, sim_factory: SimFactory
+) -> None:
+    _, sim = sim_factory()
+    gw, _ = _workers(redis_url, sim)
+    # each worker's start-up fails (discovery without an API server), not the parent's checks
+    assert gw.config_path is not None
+    with open(gw.config_path) as f:
+        config = yaml.safe_load(f)
+    config["pools"]["k"] = {"served_model": MODEL, "discovery": {"kubernetes": {
+        "service": "vllm", "namespace": "default"}}}
+    with open(gw.config_path, "w") as f:
+        yaml.safe_dump(config, f)
+    gw.env.pop("KUBERNETES_SERVICE_HOST", None)
+    done = subprocess.run(gw.cmd, env=gw.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "worker 0 failed to start" in done.stderr or "worker 1 failed to start" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_sigterm_finishes_streams_and_refuses_new_connections_at_once(
+    sim_factory: SimFactory,
+) -> None:
+    _, sim = sim_factory()
+    redis, redis_url = redis_proc()
+    gw, base = _workers(redis_url, sim, shutdown_grace_s=30)
+    with redis, gw:
+        client, fresh = _client(base)
+        started: list[int] = []
+        finished: list[str | None] = []
+
+        def stream() -> None:  # ~600 tokens: a few seconds at the simulator's pace
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "a long story"}],
+                max_tokens=600, stream=True, extra_body={"ignore_eos": True})
+            for i, chunk in enumerate(chunks):
+                if i == 0:
+                    started.append(i)
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finished.append(chunk.choices[0].finish_reason)
+
+        streams = [threading.Thread(target=stream) for _ in range(2)]
+        for t in streams:
+            t.start()
+        wait_for(lambda: len(started) == 2, what="both streams under way")
+        workers = _children(gw)
+        gw.signal(signal.SIGTERM)
+        time.sleep(0.5)  # the workers have closed their listening sockets
+        began = time.monotonic()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{base}/healthz", timeout=10)
+        refused_in = time.monotonic() - began
+        assert gw.popen is not None
+        assert gw.popen.wait(40) == 0, gw.output()
+        for t in streams:
+            t.join(30)
+        fresh.close()
+        assert finished == ["length", "length"]
+        assert refused_in < 1.0, f"a new connection waited {refused_in:.1f} s for the drain"
+        assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
+
