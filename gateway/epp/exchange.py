@@ -12,18 +12,21 @@ A stored response's ``?stream=true`` takes the proxied streams' body path; its H
 HTTP edge's stream head (`StoredResponses.stream_head`).
 
 The response passes through the picker too, which is how the router's state stays exact: the
-endpoint that served (the lease moves there when Envoy fell back to another one), the first
-SSE event (what the router learns prefill speed from), the usage chunk (stripped when
-kvgate asked for it and the client did not), whole answers held to their end and judged as
-the proxy judges them (a 502 past ``upstream.max_answer_bytes``, the stream scanner's bound
-per event too; a replica's 401/403 and vLLM's wrong-model 404 the HTTP edge's 502s), and an
-error answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are plain text).
-Envoy sends the client nothing until the response headers are answered, so a stream's head
-is held until its first bytes, as the HTTP edge sends it: a stream failing before them is the
-HTTP edge's 502 JSON. A stored response's answers are bounded and held alike, not judged.
-The HTTP edge's upstream timeouts apply once the answer's head is in, a stored response's
-too (`deadline`, `timed_out`: a 504 before a stream's first bytes, an error event after them;
-no retry).
+endpoint that served (the lease moves there when Envoy fell back to another one), the first SSE
+event that answers (what the router learns prefill speed from: not a keep-alive comment, nor a
+Responses API stream's opening events, which vLLM sends before the prefill and the picker holds
+until the first output, as the HTTP edge does, `_opened`), the usage chunk (stripped when
+kvgate asked for it and the client did not), whole answers held to their end and judged as the
+proxy judges them (a 502 past ``upstream.max_answer_bytes``, the stream scanner's bound per
+event too; a replica's 401/403 and vLLM's wrong-model 404 the HTTP edge's 502s), and an error
+answer's body re-shaped into OpenAI's when it is not (Envoy's own 503s are plain text). Envoy
+sends the client nothing until the response headers are answered, so a stream's head is held
+until its first bytes, as the HTTP edge sends it: a stream failing before them is the HTTP
+edge's 502 JSON. A stored response's answers are bounded and held alike, not judged. The HTTP
+edge's upstream timeouts apply once the answer's head is in, a stored response's too
+(`deadline`, `timed_out`: the first-byte one until a stream's answer starts, the idle one after
+it and after a whole answer's head; a 504 before a stream's first bytes and for a whole answer,
+an error event after them; no retry).
 The lease is released and the admission settled when the stream ends, however it ends
 (`close`).
 """
@@ -69,7 +72,13 @@ from gateway.relay import (
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest, request_id
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, carries_output, comment_only
+from gateway.sse import (
+    StreamScanner,
+    body_usage,
+    carries_output,
+    comment_only,
+    preamble_only,
+)
 from gateway.stored import (
     NO_EVENTS,
     NOT_IN_TIME,
@@ -120,8 +129,9 @@ class Exchange:
     """The state of one ext_proc stream (one HTTP request through Envoy)."""
 
     __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_status",
-                 "_last", "_lease", "_pending", "_principal", "_req_id", "_scanner", "_sent_at",
-                 "_size", "_stored", "_stream", "_subset", "_t0", "order", "req", "sse")
+                 "_holds", "_last", "_lease", "_opening", "_pending", "_principal", "_req_id",
+                 "_scanner", "_sent_at", "_size", "_started", "_stored", "_stream", "_subset",
+                 "_t0", "_want_id", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -144,6 +154,14 @@ class Exchange:
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
         # a stream's head (proxied or stored), held until its first bytes
         self._head: list[wire.Header] | None = None
+        # a stream's answer has started (its first token; a stored one's: its first bytes):
+        # the first-byte timeout applies until then, the idle one after
+        self._started = False
+        # a Responses API stream's opening events (`preamble_only`), held until its first
+        # output when `_holds` (not a background response's), as the HTTP edge holds them
+        self._holds = False
+        self._opening = b""
+        self._want_id = False  # a Responses API stream's id not remembered yet
         # a stored response's request with a body (a cancel's): its destination, answered with
         # the body once it is in (bounded), so no replica answers before a 413
         self._pending: pb.ProcessingResponse | None = None
@@ -386,6 +404,8 @@ class Exchange:
         req.status = status
         if sse and req.parsed.stream:
             self._scanner = StreamScanner(req.strip, limit)
+            self._want_id = req.kind == "responses"
+            self._holds = self._want_id and req.parsed.data.get("background") is not True
             return self._stream_head(self._headers(), end)
         return self._hold(status, headers, end)
 
@@ -411,13 +431,14 @@ class Exchange:
         if (declared := _length(headers)) is not None and declared > limit:
             return [self._refuse(AnswerTooLarge(limit))]
         self._held, self._held_status = [], status
+        self._last = perf_counter()  # its head: the answer has started (the idle timeout)
         return self._whole_answer(headers_only=True) if end else []
 
     def response_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         body = msg.response_body
         chunk, end = body.body, body.end_of_stream
+        self._last = perf_counter()  # (the idle timeout's clock)
         if self.sse:
-            self._last = perf_counter()
             return self._stream_chunk(chunk, end)
         if self._held is not None:
             self._held.append(chunk)
@@ -459,7 +480,7 @@ class Exchange:
     def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
         """A streamed answer's chunk: a proxied stream (`req`), or a stored response's (no
         `req`: nothing to learn or judge); the head goes out with the first bytes."""
-        scanner, req, lease = self._scanner, self.req, self._lease
+        scanner, req = self._scanner, self.req
         assert scanner is not None
         if scanner.malformed or self._cut:  # the client's stream has ended: the replica's
             return ()  # rest is dropped
@@ -470,13 +491,12 @@ class Exchange:
             failure = unstarted_failure(scanner, limit, error_events=req is not None)
             if failure is not None:
                 return [self._unstarted(failure)]
+        out = self._opened(out, end)
+        if head is not None:
             if not out:
                 return [self._unstarted()] if end else ()
             if req is not None:
                 req.sse = True  # the head goes out with these bytes
-        if (out and lease is not None and req is not None
-                and not (out[:1] == b":" and comment_only(out))):
-            self._event(out, lease, req)
         self._head = None
         if scanner.malformed:
             # an event that is neither JSON nor [DONE] (or larger than the bound): never
@@ -490,7 +510,7 @@ class Exchange:
             self._cut = True  # ended: nothing to bound any more
             whole = scanner.complete()  # else cut short: an error event, never half an event
             rest = scanner.flush()
-            out += rest if whole else stream_error(CUT_SHORT)
+            out += rest if whole else stream_error(CUT_SHORT if self._started else NOT_STARTED)
             self._stream_ended(scanner, req, whole)
         if req is not None and scanner.usage is not None and req.usage is None:
             # as soon as it is seen: a client that leaves at [DONE] may end the exchange
@@ -498,6 +518,35 @@ class Exchange:
             self._usage(scanner.usage, req)
         body = wire.body_responses(out, end) if out or end else []
         return [wire.headers_response(head), *body] if head is not None else body
+
+    def _opened(self, out: bytes, end: bool) -> bytes:
+        """What of a stream's new whole events goes out now. Its answer starts with its first
+        event (a stored one's: its first bytes) that is neither a keep-alive comment nor one
+        of a Responses API stream's opening events (`preamble_only`: vLLM sends them before
+        the prefill): the first token the router learns from, the end of the first-byte
+        timeout. The opening events are held until then and go out with it (`_holds`, as on
+        the HTTP edge: a replica that hangs after them is the first-byte timeout's 504 JSON,
+        not a started stream), or with the stream's end when it ends whole; a background
+        response's go out as they come (the replica runs it on anyway)."""
+        req, lease = self.req, self._lease
+        if req is None or lease is None:  # a stored response's stream
+            self._started = self._started or bool(out)
+            return out
+        if out and not self._started and not (out[:1] == b":" and comment_only(out)):
+            if not (self._want_id and preamble_only(out)):
+                self._started = True
+                lease.first_token()
+                self._core.router.record_first_token(
+                    req.replica, req.features, perf_counter() - req.t0, self._core.clock())
+            elif self._holds:
+                self._opening, out = self._opening + out, b""
+        if self._opening and (self._started or end):
+            assert self._scanner is not None  # (a stream never complete: they are dropped)
+            held, self._opening = self._opening, b""
+            out = held + out if self._started or self._scanner.complete() else out
+        if out and not (out[:1] == b":" and comment_only(out)):
+            self._event(out, req)
+        return out
 
     def _unstarted(self, failure: KvgateError | None = None) -> pb.ProcessingResponse:
         """A stream that failed before its first bytes went out (its head held): the HTTP
@@ -515,16 +564,13 @@ class Exchange:
             self._stream_ended(scanner, req, whole=False)
         return self._refuse(failure)
 
-    def _event(self, out: bytes, lease: Lease, req: ProxiedRequest) -> None:
-        """SSE events went by: the first one answers the prompt; the first carrying
-        generated output is the TTFT."""
+    def _event(self, out: bytes, req: ProxiedRequest) -> None:
+        """SSE events go out: a Responses API stream's id is remembered (follow-ups find its
+        replica); the first event carrying generated output is the TTFT."""
         core = self._core
-        if not lease.answered:
-            lease.first_token()
-            core.router.record_first_token(
-                req.replica, req.features, perf_counter() - req.t0, core.clock())
-            if req.kind == "responses" and (rid := response_id(out)) is not None:
-                core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+        if self._want_id and (rid := response_id(out)) is not None:
+            self._want_id = False
+            core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
         if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
@@ -605,34 +651,43 @@ class Exchange:
     # -- the upstream timeouts --------------------------------------------------------------
     def deadline(self) -> float | None:
         """Seconds until an answer the picker sees passes one of the HTTP edge's upstream
-        timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream's head held
-        past `first_byte_timeout_s` from when the request went to its replica, its bytes
-        stopping for `idle_timeout_s` once started, any answer past `total_timeout_s` from the
-        request's start; a stored response's whole answer past the first of the first-byte and
-        total ones (`StoredResponses.whole`). An answer whose head never comes is not seen here
-        (Envoy calls the response path with the head): Envoy's router timeouts bound it
-        (`envoy_config`)."""
+        timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream not started
+        (its head held, or opened by keep-alive comments or a background response's opening
+        events only, `_opened`) past `first_byte_timeout_s` from when the request went to its
+        replica; a started stream's bytes, or a whole answer's once its head came (a proxied
+        one's, or a stored stream's answered with a whole one), stopping for `idle_timeout_s`;
+        any answer past `total_timeout_s` from the request's start; a stored response's whole
+        answer past the first of the first-byte and total ones (`StoredResponses.whole`). An
+        answer whose head never comes is not seen here (Envoy calls the response path with
+        the head): Envoy's router timeouts bound it (`envoy_config`)."""
         up = self._core.cfg.upstream
         if self._cut or not self._sent_at or (self.req is not None and self._lease is None):
             return None
         total = self._t0 + up.total_timeout_s
-        if self._head is not None:
-            at = min(self._sent_at + up.first_byte_timeout_s, total)
-        elif self.sse:  # started (its head went out), not ended (`_cut`)
-            at = min(self._last + up.idle_timeout_s, total)
+        if self._unanswered():
+            at = self._sent_at + up.first_byte_timeout_s
+        elif self.sse or (self._held is not None and not self._whole_stored()):
+            at = self._last + up.idle_timeout_s
         elif self._held is not None:
-            at = total if self.req is not None else min(
-                self._sent_at + up.first_byte_timeout_s, total)
+            at = self._sent_at + up.first_byte_timeout_s
         else:
             return None
-        return max(0.0, at - perf_counter())
+        return max(0.0, min(at, total) - perf_counter())
+
+    def _unanswered(self) -> bool:
+        """A stream whose answer has not started: the first-byte timeout bounds it."""
+        return self._head is not None or (self.sse and not self._started)
+
+    def _whole_stored(self) -> bool:
+        """A stored response's GET (not a stream's), HEAD or cancel: bounded whole."""
+        return self.req is None and not self._stream
 
     def timed_out(self) -> Sequence[pb.ProcessingResponse]:
         """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
         stream's first bytes or for a whole answer (an immediate response: Envoy drops the
         replica's stream), an error event ending a started stream -- and a proxied answer's
         replica judged as there (a first-byte cut is its failure only when nothing says it is
-        working, `Replica.hung`; an idle stream is; the total timeout is not; a stored
+        working, `Replica.hung`; an idle answer is; the total timeout is not; a stored
         response's answer is not judged). The picker cannot send the request again: no other
         replica is tried."""
         req, up = self.req, self._core.cfg.upstream
@@ -640,23 +695,24 @@ class Exchange:
             return ()
         target = req.target if req is not None else None
         total = perf_counter() >= self._t0 + up.total_timeout_s
+        first = self._unanswered()
+        reason = "total" if total else "first byte" if first else "idle"
         self._cut = True
-        if self._head is not None:
-            reason = "total" if total else "first byte"
-            if target is not None and self._lease is not None and not total and target.hung(
-                    self._lease, self._core.router.ttft_fit(target.id), up.first_byte_timeout_s):
+        if target is not None and reason == "first byte" and self._lease is not None:
+            if target.hung(self._lease, self._core.router.ttft_fit(target.id),
+                           up.first_byte_timeout_s):
                 target.record_failure(self._core.clock())
+        elif target is not None and reason == "idle":
+            target.record_failure(self._core.clock())  # a stalled answer: a passive signal
+        if self._head is not None:
             self._head = None
             log.info("replica sent nothing in time",
                      extra={"replica": target.id if target is not None else self._stored})
             return [self._refuse(cut_error(reason))]
         if self._held is not None:
+            late = UpstreamTimeout(NOT_IN_TIME) if self._whole_stored() else cut_error(reason)
             self._held = None
-            late = cut_error("total") if req is not None else UpstreamTimeout(NOT_IN_TIME)
             return [self._refuse(late)]
-        reason = "total" if total else "idle"
-        if reason == "idle" and target is not None:
-            target.record_failure(self._core.clock())  # a stalled answer: a passive signal
         exc = cut_error(reason)
         if req is not None:
             req.status = exc.status
