@@ -4,6 +4,7 @@ first read that fails is an immediate 502, with no first token learnt from it.""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 from unittest.mock import AsyncMock, Mock
@@ -147,3 +148,22 @@ def test_a_responses_stream_ending_after_its_opening_events_only_is_a_502() -> N
     assert out[0].HasField("response_headers")
     assert b"".join(o.response_body.response.body_mutation.streamed_response.body
                     for o in out[1:]) == CREATED + failed
+
+
+def test_a_whole_answers_idle_clock_starts_at_its_head_and_each_chunk() -> None:
+    """A proxied whole answer: once its head came, the idle timeout bounds the wait for each
+    chunk of its body (`upstream.idle_timeout_s`, "between chunks once the answer has
+    started"), not only the total one."""
+    ex, req, _ = _exchange()
+    req.parsed = SimpleNamespace(stream=False)  # type: ignore[assignment]
+    ex._sent_at = ex._t0 = time.perf_counter()
+    head = [(":status", b"200"), ("content-type", b"application/json")]
+    ex.response_headers(pb.ProcessingRequest(response_headers=pb.HttpHeaders(
+        headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v) for k, v in head]))))
+    idle = KvgateConfig().upstream.idle_timeout_s
+    left = ex.deadline()
+    assert left is not None and idle - 1 < left <= idle
+    ex._last -= idle - 1  # a while later: a chunk restarts the clock
+    assert ex.response_body(_body(b'{"id": ')) == []
+    left = ex.deadline()
+    assert left is not None and idle - 1 < left <= idle
