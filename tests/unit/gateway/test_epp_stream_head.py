@@ -1,4 +1,4 @@
-"""The picker's hold of a proxied stream's head (gateway/epp/exchange.py), message by message:
+"""The picker's hold of a proxied stream's head (gateway/epp/answer_side.py), message by message:
 `ProxiedRequest.sse` says the head went out toward the client (as on the HTTP edge), and a
 first read that fails is an immediate 502, with no first token learnt from it."""
 
