@@ -6,8 +6,10 @@ requests where they used to differ -- a JSON body sent under another content typ
 stream that breaks (`tests/support/bad_replica.py` as its replica) and its HEAD, answers past
 `upstream.max_answer_bytes` (proxied and stored), a stream that fails before its first event
 or in its first read (vLLM's error event of code >= 500, a good event then one that is not
-JSON), a replica that refuses kvgate's credentials or serves another model, and the
-`x-request-id` of a stored response's answers.
+JSON), a replica that refuses kvgate's credentials or serves another model, the
+`x-request-id` of a stored response's answers, and the upstream timeouts (a stream that sends
+only keep-alive comments or a Responses API stream's opening events has not answered; a whole
+answer's body is bounded by the idle timeout once its head came).
 
 What reaches the replica is read from its own request log (`/sim/requests`), matched by the
 X-Request-Id the test sends.
@@ -819,3 +821,92 @@ def test_a_stored_stream_that_stalls_ends_with_the_idle_timeouts_error_event(
     assert resp.status_code == 200
     assert resp.content == CREATED + stream_error(
         "The replica did not answer in time (idle timeout).", "GatewayTimeoutError", 504)
+
+
+# -- a Responses API stream's opening events are no first token ------------------------------
+def _respond(base: str, **extra: Any) -> httpx.Response:
+    return httpx.post(f"{base}/v1/responses", timeout=20, json={
+        "model": BAD_MODEL, "input": "hi", "stream": True, **extra})
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_responses_stream_silent_after_its_opening_events_is_a_504(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """vLLM sends `response.created` before the prefill: a replica that hangs after it has not
+    answered. Both edges hold it (it goes out with the first output) and answer the
+    first-byte timeout's 504 JSON (the picker took it for the first token: a 200, that event,
+    and the idle timeout's error event)."""
+    quiet.answer, quiet.rest = sse_head() + chunked(CREATED, last=False), chunked(DELTA)
+    start = time.monotonic()
+    resp = _respond(silent[1][edge])
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json() == FIRST_BYTE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_background_responses_stream_silent_after_its_opening_events_is_cut_at_first_byte(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A background response's opening events go out as they come (the replica runs it on
+    anyway), but they are no answer: the first-byte timeout's error event ends the stream
+    (the picker waited for the idle timeout's)."""
+    quiet.answer, quiet.rest = sse_head() + chunked(CREATED, last=False), chunked(DELTA)
+    resp = _respond(silent[1][edge], background=True)
+    assert resp.status_code == 200
+    assert resp.content == CREATED + stream_error(
+        FIRST_BYTE["error"]["message"], "GatewayTimeoutError", 504)
+
+
+# -- a whole answer's body: the idle timeout once its head came --------------------------------
+IDLE = {"message": "The replica did not answer in time (idle timeout).",
+        "type": "GatewayTimeoutError", "param": None, "code": 504}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_whole_answer_whose_body_stalls_is_cut_by_the_idle_timeout(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A proxied whole answer's head, then not its body: the idle timeout's 504 at both edges
+    (the picker bounded it by the total timeout only: Envoy's router cut it later)."""
+    head, _, body = whole(b'{"id": "chatcmpl-1", "object": "chat.completion"}').partition(
+        b"\r\n\r\n")
+    quiet.answer, quiet.rest = head + b"\r\n\r\n", body  # rest: never sent
+    start = time.monotonic()
+    resp = _chat(silent[1][edge], stream=False)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"] == IDLE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_answered_whole_whose_body_stalls_is_cut_by_the_idle_timeout(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's `?stream=true` answered with a non-200 head, then not its body: the
+    idle timeout's 504 at both edges (the picker bounded it by the first-byte timeout, as a
+    stored response's whole GET, with that one's message)."""
+    error = b'{"error": {"message": "x", "type": "BadRequestError", "param": null, "code": 400}}'
+    head, _, body = whole(error, status=400).partition(b"\r\n\r\n")
+    quiet.get_answer, quiet.rest = head + b"\r\n\r\n", body  # rest: never sent
+    start = time.monotonic()
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert time.monotonic() - start < 2.5
+    assert resp.status_code == 504, resp.text
+    assert resp.json()["error"] == IDLE
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """`: keep-alive` comments open the client's stream but are no answer: the first-byte
+    timeout's error event ends it at both edges (the picker took them for its start: the
+    idle timeout's event, and comments every few seconds were never cut)."""
+    quiet.answer = sse_head() + chunked(b": keep-alive\n\n", last=False)
+    quiet.rest = chunked(GOOD)  # never sent
+    resp = _chat(silent[1][edge], stream=True)
+    assert resp.status_code == 200
+    assert resp.content == b": keep-alive\n\n" + stream_error(
+        FIRST_BYTE["error"]["message"], "GatewayTimeoutError", 504)

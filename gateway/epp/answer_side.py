@@ -1,0 +1,355 @@
+"""The answer side of an exchange: the replica's response headers, body and trailers in; the
+answer the client gets out -- a stream's head held until its first bytes (its opening events
+until its first output), whole answers held to their end and judged (module docstring of
+`gateway.epp.exchange`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from time import perf_counter
+from typing import Any
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from gateway.epp import wire
+from gateway.epp.state import ExchangeState, replica_key
+from gateway.errors import (
+    REFUSED,
+    AnswerTooLarge,
+    KvgateError,
+    ReplicaRefused,
+    ReplicaWrongModel,
+    UpstreamError,
+    openai_shaped,
+)
+from gateway.relay import (
+    CUT_SHORT,
+    NOT_STARTED,
+    judge,
+    served,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
+from gateway.request import ProxiedRequest
+from gateway.responses import response_id
+from gateway.sse import (
+    StreamScanner,
+    body_usage,
+    carries_output,
+    comment_only,
+    preamble_only,
+)
+from gateway.stored import (
+    NO_EVENTS,
+    not_a_stream,
+)
+
+__all__ = ["AnswerSide"]
+
+
+class AnswerSide(ExchangeState):
+    """What the replica answered, relayed as the HTTP edge relays it."""
+
+    __slots__ = ()
+
+    def _served_by(self, ep: str | None) -> None:
+        """Envoy went past the first endpoint: the ones before the served one failed."""
+        req = self.req
+        assert req is not None
+        rid = replica_key(ep) if ep else None
+        if rid is None or rid == req.replica:
+            return
+        served = next((r for r in self.order if r.id == rid), None)
+        if served is None:
+            return  # not one of ours (a data plane that ignored the destination)
+        now = self._core.clock()
+        for replica in self.order:
+            if replica is served:
+                break
+            replica.record_failure(now)
+        self._detach()
+        self._attach(served)
+        req.route = "retry"
+        self._core.metrics.failover(req.pool_name)
+
+    # -- response path ---------------------------------------------------------------------
+    def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        req = self.req
+        headers = msg.response_headers.headers.headers
+        status, content_type = _status(headers)
+        end = msg.response_headers.end_of_stream
+        limit = self._core.cfg.upstream.max_answer_bytes
+        sse = status == 200 and content_type.startswith("text/event-stream")
+        if req is None or self._lease is None:  # a stored response's answer, as the HTTP edge
+            if self._stream and status == 200:  # a 200 that is not the stream asked for: 502
+                if not sse:
+                    return [self._refuse(not_a_stream(content_type))]
+                self._scanner = StreamScanner(strip_usage=False, max_event_bytes=limit)
+                return self._stream_head(self._stored_headers(), end)
+            return self._hold(status, headers, end)
+        self._served_by(wire.served_endpoint(msg))
+        req.status = status
+        if sse and req.parsed.stream:
+            self._scanner = StreamScanner(req.strip, limit)
+            self._want_id = req.kind == "responses"
+            self._holds = self._want_id and req.parsed.data.get("background") is not True
+            return self._stream_head(self._headers(), end)
+        return self._hold(status, headers, end)
+
+    def _stream_head(
+        self, head: list[wire.Header], end: bool,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """A 200 event stream: its head goes out with its first bytes, as on the HTTP edge
+        (`Relay`: vLLM sends the head before the prompt is scheduled). Envoy sends the
+        client nothing until the headers are answered, so until then the picker can still
+        answer a stream that fails first with the HTTP edge's 502 JSON (`_unstarted`)."""
+        self.sse = True
+        self._head = head
+        return [self._unstarted()] if end else []
+
+    def _hold(
+        self, status: int, headers: Any, end: bool,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """A whole answer (not a stream): held to its end and answered then (judged, an error
+        re-shaped), at most `upstream.max_answer_bytes` of it, as `relay.read_whole` reads one
+        on the HTTP edge: past the bound (declared in its head, or held) it is the 502
+        `AnswerTooLarge`, not retried."""
+        limit = self._core.cfg.upstream.max_answer_bytes
+        if (declared := _length(headers)) is not None and declared > limit:
+            return [self._refuse(AnswerTooLarge(limit))]
+        self._held, self._held_status = [], status
+        self._last = perf_counter()  # its head: the answer has started (the idle timeout)
+        return self._whole_answer(headers_only=True) if end else []
+
+    def response_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+        body = msg.response_body
+        chunk, end = body.body, body.end_of_stream
+        self._last = perf_counter()  # (the idle timeout's clock)
+        if self.sse:
+            return self._stream_chunk(chunk, end)
+        if self._held is not None:
+            self._held.append(chunk)
+            self._held_bytes += len(chunk)
+            limit = self._core.cfg.upstream.max_answer_bytes
+            if self._held_bytes > limit:  # Envoy resets the replica's stream
+                self._held = None
+                return [self._refuse(AnswerTooLarge(limit))]
+            return self._whole_answer() if end else []
+        return wire.body_responses(chunk, end)
+
+    def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
+        out: list[pb.ProcessingResponse] = []
+        if self._head is not None:  # a stream that ended before its first event
+            return [self._unstarted()]
+        if self._held is not None:  # the body ended without an end-of-stream message
+            out = [*self._whole_answer(end=False)]
+        return [*out, wire.trailers_response(request=False)]
+
+    def _stored_headers(self) -> list[wire.Header]:
+        """The HTTP edge's headers of a stored answer: ``x-request-id``, the replica/route
+        headers (`StoredResponses.where`)."""
+        out: list[wire.Header] = [("x-request-id", self._req_id)]
+        if self._stored is not None:
+            out.extend((k.decode(), v) for k, v in self._core.stored.where(self._stored))
+        return out
+
+    def _headers(self) -> list[wire.Header]:
+        req, server = self.req, self._core.cfg.server
+        assert req is not None
+        out: list[wire.Header] = [("x-request-id", req.req_id)]
+        if server.replica_header:
+            out.append(("x-kvgate-replica", f"{req.pool_name}/{req.replica}".encode()))
+        if server.route_header:
+            out.append(("x-kvgate-route", req.route.encode()))
+        out.extend((k.decode(), v) for k, v in req.extra)
+        return out
+
+    def _stream_chunk(self, chunk: bytes, end: bool) -> Sequence[pb.ProcessingResponse]:
+        """A streamed answer's chunk: a proxied stream (`req`), or a stored response's (no
+        `req`: nothing to learn or judge); the head goes out with the first bytes."""
+        scanner, req = self._scanner, self.req
+        assert scanner is not None
+        if scanner.malformed or self._cut:  # the client's stream has ended: the replica's
+            return ()  # rest is dropped
+        out = scanner.feed(chunk) if chunk else b""
+        head = self._head
+        if head is not None:  # nothing went out yet: a failure is a JSON error, as the HTTP
+            limit = self._core.cfg.upstream.max_answer_bytes  # edge's (`unstarted_failure`)
+            failure = unstarted_failure(scanner, limit, error_events=req is not None)
+            if failure is not None:
+                return [self._unstarted(failure)]
+        out = self._opened(out, end)
+        if head is not None:
+            if not out:
+                return [self._unstarted()] if end else ()
+            if req is not None:
+                req.sse = True  # the head goes out with these bytes
+        self._head = None
+        if scanner.malformed:
+            # an event that is neither JSON nor [DONE] (or larger than the bound): never
+            # forwarded, and the stream ends for the client at once, as a cut one does (the
+            # headers are out: no retry here), not when the replica's does
+            end = self._cut = True
+            failure = stream_failure(scanner, self._core.cfg.upstream.max_answer_bytes)
+            out += stream_error(failure.message)
+            self._stream_ended(scanner, req, whole=False)
+        elif end:
+            self._cut = True  # ended: nothing to bound any more
+            whole = scanner.complete()  # else cut short: an error event, never half an event
+            rest = scanner.flush()
+            out += rest if whole else stream_error(CUT_SHORT if self._started else NOT_STARTED)
+            self._stream_ended(scanner, req, whole)
+        if req is not None and scanner.usage is not None and req.usage is None:
+            # as soon as it is seen: a client that leaves at [DONE] may end the exchange
+            # before Envoy sends the end of the stream
+            self._usage(scanner.usage, req)
+        body = wire.body_responses(out, end) if out or end else []
+        return [wire.headers_response(head), *body] if head is not None else body
+
+    def _opened(self, out: bytes, end: bool) -> bytes:
+        """What of a stream's new whole events goes out now. Its answer starts with its first
+        event (a stored one's: its first bytes) that is neither a keep-alive comment nor one
+        of a Responses API stream's opening events (`preamble_only`: vLLM sends them before
+        the prefill): the first token the router learns from, the end of the first-byte
+        timeout. The opening events are held until then and go out with it (`_holds`, as on
+        the HTTP edge: a replica that hangs after them is the first-byte timeout's 504 JSON,
+        not a started stream), or with the stream's end when it ends whole; a background
+        response's go out as they come (the replica runs it on anyway)."""
+        req, lease = self.req, self._lease
+        if req is None or lease is None:  # a stored response's stream
+            self._started = self._started or bool(out)
+            return out
+        if out and not self._started and not (out[:1] == b":" and comment_only(out)):
+            if not (self._want_id and preamble_only(out)):
+                self._started = True
+                lease.first_token()
+                self._core.router.record_first_token(
+                    req.replica, req.features, perf_counter() - req.t0, self._core.clock())
+            elif self._holds:
+                self._opening, out = self._opening + out, b""
+        if self._opening and (self._started or end):
+            assert self._scanner is not None  # (a stream never complete: they are dropped)
+            held, self._opening = self._opening, b""
+            out = held + out if self._started or self._scanner.complete() else out
+        if out and not (out[:1] == b":" and comment_only(out)):
+            self._event(out, req)
+        return out
+
+    def _unstarted(self, failure: KvgateError | None = None) -> pb.ProcessingResponse:
+        """A stream that failed before its first bytes went out (its head held): the HTTP
+        edge's 502 JSON instead of a 200 -- `failure` (`unstarted_failure`: a first read with
+        an event past the bound or not JSON, or vLLM's error event of code >= 500), else the
+        stream that ended without an event -- judged as there (a failure, except the size:
+        another replica's answer would be as large). The events read before it are dropped,
+        as the HTTP edge never sends them."""
+        scanner, req = self._scanner, self.req
+        assert scanner is not None
+        self._head = None
+        if failure is None:
+            failure = UpstreamError(NO_EVENTS if req is None else NOT_STARTED)
+        if not scanner.oversized:
+            self._stream_ended(scanner, req, whole=False)
+        return self._refuse(failure)
+
+    def _event(self, out: bytes, req: ProxiedRequest) -> None:
+        """SSE events go out: a Responses API stream's id is remembered (follow-ups find its
+        replica); the first event carrying generated output is the TTFT."""
+        core = self._core
+        if self._want_id and (rid := response_id(out)) is not None:
+            self._want_id = False
+            core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+        if req.ttft is None and carries_output(out):
+            req.ttft = perf_counter() - req.t0
+            core.metrics.first_token(req.pool_name, req.ttft, req.tier)
+
+    def _stream_ended(
+        self, scanner: StreamScanner, req: ProxiedRequest | None, whole: bool,
+    ) -> None:
+        if req is None:  # a stored response's stream: the HTTP edge does not judge it either
+            return
+        target = req.target
+        assert target is not None
+        if not whole:
+            target.record_failure(self._core.clock())
+            req.status = 502
+        elif scanner.error_code is not None and scanner.error_code >= 500:
+            target.record_failure(self._core.clock())  # the engine died mid-stream
+            req.status = scanner.error_code
+        else:
+            served(target)
+
+    def _answered_whole(self, data: bytes) -> str | None:
+        """A whole (non-streamed or error) answer arrived: judge it (the verdict), read its
+        usage."""
+        req, lease, core = self.req, self._lease, self._core
+        assert req is not None and req.target is not None
+        if lease is None or lease.answered:
+            return None
+        now = core.clock()
+        lease.first_token()
+        core.router.record_answered(req.replica, req.features, now)
+        verdict = judge(req.target, req.status, data, now)
+        if req.status == 200:
+            self._usage(body_usage(data), req)
+            if req.kind == "responses" and (rid := response_id(data)) is not None:
+                core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
+        return verdict
+
+    def _usage(self, usage: dict[str, int] | None, req: ProxiedRequest) -> None:
+        if usage:
+            req.usage = usage
+            req.used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+            self._core.metrics.usage(req.pool_name, usage, req.tier)
+
+    def _whole_answer(
+        self, *, end: bool = True, headers_only: bool = False,
+    ) -> Sequence[pb.ProcessingResponse]:
+        """The held whole answer (`headers_only`: one without a body), judged; an error
+        OpenAI-shaped (Envoy's own replies are plain text). The replica's refusal of kvgate's
+        credentials (401/403) and vLLM's 404 for a model it does not serve are the HTTP edge's
+        502s (`ReplicaRefused`, `ReplicaWrongModel`: the replica is down, and neither status
+        is the client's to see); a stored response's answer is not judged, as there."""
+        req, status = self.req, self._held_status
+        assert self._held is not None
+        data, self._held = b"".join(self._held), None
+        if req is None:
+            headers = self._stored_headers()
+            verdict = "refused" if status in REFUSED else None
+        else:
+            verdict = self._answered_whole(data)
+            headers = self._headers()
+        if verdict == "refused":
+            return [self._refuse(ReplicaRefused(status))]
+        if verdict == "wrong_model":
+            return [self._refuse(ReplicaWrongModel())]
+        if headers_only:
+            return [wire.headers_response(headers)]
+        if status < 400:
+            return [wire.headers_response(headers), *wire.body_responses(data, end)]
+        shaped = openai_shaped(status, data)
+        if shaped is not None:
+            data = shaped
+            headers.append(("content-type", b"application/json"))
+        if status == 503 and req is not None:
+            headers.append(("retry-after", b"1"))
+        return [wire.headers_response(headers, ("content-length",)),
+                *wire.body_responses(data, end)]
+
+
+def _length(headers: Any) -> int | None:
+    """The declared content-length, if any."""
+    for h in headers:
+        if h.key == "content-length" and h.raw_value.isdigit():
+            return int(h.raw_value)
+    return None
+
+
+def _status(headers: Any) -> tuple[int, str]:
+    status, content_type = 0, ""
+    for h in headers:
+        if h.key == ":status":
+            status = int(h.raw_value) if h.raw_value.isdigit() else 0
+        elif h.key == "content-type":
+            content_type = h.raw_value.decode("latin-1")
+    return status, content_type

@@ -1,0 +1,97 @@
+"""The HTTP edge's upstream timeouts (`gateway/timeouts.py`) applied to an exchange's
+answer by the picker: `server.py` waits for Envoy's next message until `deadline`, then
+answers `timed_out`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from time import perf_counter
+
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from gateway.epp import wire
+from gateway.epp.state import ExchangeState
+from gateway.errors import UpstreamTimeout
+from gateway.relay import stream_error
+from gateway.stored import NOT_IN_TIME
+from gateway.timeouts import cut_error
+
+log = logging.getLogger("gateway.epp")
+
+__all__ = ["Deadlines"]
+
+
+class Deadlines(ExchangeState):
+    """When the answer must have come on, and what the client gets when it has not."""
+
+    __slots__ = ()
+
+    def deadline(self) -> float | None:
+        """Seconds until an answer the picker sees passes one of the HTTP edge's upstream
+        timeouts (`gateway/timeouts.py`), else None (nothing to bound): a stream not started
+        (its head held, or opened by keep-alive comments or a background response's opening
+        events only, `_opened`) past `first_byte_timeout_s` from when the request went to its
+        replica; a started stream's bytes, or a whole answer's once its head came (a proxied
+        one's, or a stored stream's answered with a whole one), stopping for `idle_timeout_s`;
+        any answer past `total_timeout_s` from the request's start; a stored response's whole
+        answer past the first of the first-byte and total ones (`StoredResponses.whole`). An
+        answer whose head never comes is not seen here (Envoy calls the response path with
+        the head): Envoy's router timeouts bound it (`envoy_config`)."""
+        up = self._core.cfg.upstream
+        if self._cut or not self._sent_at or (self.req is not None and self._lease is None):
+            return None
+        total = self._t0 + up.total_timeout_s
+        if self._unanswered():
+            at = self._sent_at + up.first_byte_timeout_s
+        elif self.sse or (self._held is not None and not self._whole_stored()):
+            at = self._last + up.idle_timeout_s
+        elif self._held is not None:
+            at = self._sent_at + up.first_byte_timeout_s
+        else:
+            return None
+        return max(0.0, min(at, total) - perf_counter())
+
+    def _unanswered(self) -> bool:
+        """A stream whose answer has not started: the first-byte timeout bounds it."""
+        return self._head is not None or (self.sse and not self._started)
+
+    def _whole_stored(self) -> bool:
+        """A stored response's GET (not a stream's), HEAD or cancel: bounded whole."""
+        return self.req is None and not self._stream
+
+    def timed_out(self) -> Sequence[pb.ProcessingResponse]:
+        """`deadline` passed: what the HTTP edge answers for the cut -- its 504 JSON before a
+        stream's first bytes or for a whole answer (an immediate response: Envoy drops the
+        replica's stream), an error event ending a started stream -- and a proxied answer's
+        replica judged as there (a first-byte cut is its failure only when nothing says it is
+        working, `Replica.hung`; an idle answer is; the total timeout is not; a stored
+        response's answer is not judged). The picker cannot send the request again: no other
+        replica is tried."""
+        req, up = self.req, self._core.cfg.upstream
+        if self.deadline() is None:
+            return ()
+        target = req.target if req is not None else None
+        total = perf_counter() >= self._t0 + up.total_timeout_s
+        first = self._unanswered()
+        reason = "total" if total else "first byte" if first else "idle"
+        self._cut = True
+        if target is not None and reason == "first byte" and self._lease is not None:
+            if target.hung(self._lease, self._core.router.ttft_fit(target.id),
+                           up.first_byte_timeout_s):
+                target.record_failure(self._core.clock())
+        elif target is not None and reason == "idle":
+            target.record_failure(self._core.clock())  # a stalled answer: a passive signal
+        if self._head is not None:
+            self._head = None
+            log.info("replica sent nothing in time",
+                     extra={"replica": target.id if target is not None else self._stored})
+            return [self._refuse(cut_error(reason))]
+        if self._held is not None:
+            late = UpstreamTimeout(NOT_IN_TIME) if self._whole_stored() else cut_error(reason)
+            self._held = None
+            return [self._refuse(late)]
+        exc = cut_error(reason)
+        if req is not None:
+            req.status = exc.status
+        return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
