@@ -856,7 +856,7 @@ def test_a_background_responses_stream_silent_after_its_opening_events_is_cut_at
     resp = _respond(silent[1][edge], background=True)
     assert resp.status_code == 200
     assert resp.content == CREATED + stream_error(
-        FIRST_BYTE["error"]["message"], "GatewayTimeoutError", 504)
+        str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
 
 
 # -- a whole answer's body: the idle timeout once its head came --------------------------------
@@ -909,4 +909,4 @@ def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
     resp = _chat(silent[1][edge], stream=True)
     assert resp.status_code == 200
     assert resp.content == b": keep-alive\n\n" + stream_error(
-        FIRST_BYTE["error"]["message"], "GatewayTimeoutError", 504)
+        str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
