@@ -69,7 +69,8 @@ def test_no_ready_endpoint_is_a_503_from_the_picker(stack: Stack) -> None:
                  what="the picker sees no ready replica")
         resp = _post(stack.fail_close)
         assert resp.status_code == 503
-        assert resp.headers["retry-after"] == "1"
+        # the seconds until the ejected replica is tried again (ejected for 5 s)
+        assert 1 <= int(resp.headers["retry-after"]) <= 5
         assert resp.json()["error"]["type"] == "ServiceUnavailableError"
     finally:
         httpx.post(f"{stack.sim}/sim/faults", json={"dead": False}, timeout=5)
