@@ -15,8 +15,9 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
-from gateway.errors import BadRequest, KvgateError, StoreUnreachable
+from gateway.errors import BadRequest, KvgateError, StoreUnreachable, for_status
 
 __all__ = ["AdminRoute", "error_response"]
 
@@ -83,6 +84,9 @@ class AdminRoute(APIRoute):
                 return error_response(exc)
             except RequestValidationError as exc:
                 return error_response(_from_validation(exc))
+            except HTTPException as exc:  # FastAPI's own refusal: a body that is not UTF-8
+                # text is its 400 "error parsing the body", the client's fault, not a 500
+                return error_response(for_status(exc.status_code, _detail(exc)))
             except Exception:
                 # a fault of kvgate's: the log gets the traceback, the client an OpenAI-shaped
                 # 500 (Starlette's was plain text, and the connection was dropped after it)
@@ -91,3 +95,9 @@ class AdminRoute(APIRoute):
                                                   "gateway's log has the details"))
 
         return handler
+
+
+def _detail(exc: HTTPException) -> str:
+    if exc.status_code == 400:
+        return "the body could not be read: send JSON text (UTF-8)"
+    return str(exc.detail)

@@ -451,6 +451,17 @@ async def test_a_fault_inside_the_admin_api_is_an_openai_shaped_500() -> None:
             assert (await c.get("/admin/tenants")).status_code == 200  # same connection
 
 
+async def test_a_body_that_is_not_utf8_is_a_400_not_a_500(admin: Admin) -> None:
+    """FastAPI refuses a body it cannot decode with its own 400; the catch-all for kvgate's
+    faults took it for one (a 500, and a traceback in the log for the client's mistake)."""
+    for method, path in (("POST", "/admin/tenants"), ("PATCH", "/admin/policy")):
+        r = await admin.client.request(method, path, content=b'{"id": "\xff\xfe"}',
+                                       headers={"content-type": "application/json"})
+        err = _error(r, 400)
+        assert err["type"] == "BadRequestError" and "UTF-8" in err["message"], err
+    assert await admin.store.list_tenants() == []
+
+
 async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
     """A tier's priority past 64 bits was stored, then every request of the tier was a 500
     (the body rewrite cannot write it); a tier name no tenant can take (empty, or past the 64
