@@ -15,6 +15,7 @@ from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
     BodyTooLarge,
+    EncodedBody,
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
@@ -42,7 +43,8 @@ class RequestSide(ExchangeState):
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
         self._t0 = perf_counter()
-        path, query, method, token, sent_id, declared = _scan(msg.request_headers.headers.headers)
+        path, query, method, token, sent_id, declared, encoded = _scan(
+            msg.request_headers.headers.headers)
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             req_id = self._req_id = request_id(sent_id, core.new_id)
@@ -69,6 +71,8 @@ class RequestSide(ExchangeState):
         self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
         try:
             self._principal = core.prep.identify(req, token)
+            if encoded:  # (its bytes would be judged "not JSON"), as at the HTTP edge
+                raise EncodedBody
             if declared is not None and declared > core.cfg.server.max_body_bytes:
                 raise self._too_large()
             await core.prep.before_body(req, self._principal, declared)
@@ -203,9 +207,10 @@ def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]
     return [], ("authorization",)
 
 
-def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None]:
-    """:path (no query), the query, :method, the bearer token, x-request-id, content-length."""
-    path, query, method, token, req_id, declared = "", b"", "", None, b"", None
+def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool]:
+    """:path (no query), the query, :method, the bearer token, x-request-id, content-length,
+    whether a Content-Encoding other than identity compresses the body."""
+    path, query, method, token, req_id, declared, encoded = "", b"", "", None, b"", None, False
     for h in headers:
         key = h.key
         if key == ":path":
@@ -219,4 +224,6 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None]
             req_id = h.raw_value
         elif key == "content-length" and h.raw_value.isdigit():
             declared = int(h.raw_value)
-    return path, query, method, token, req_id, declared
+        elif key == "content-encoding":
+            encoded = encoded or h.raw_value.strip().lower() not in (b"", b"identity")
+    return path, query, method, token, req_id, declared, encoded

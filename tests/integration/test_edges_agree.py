@@ -17,6 +17,7 @@ X-Request-Id the test sends.
 
 from __future__ import annotations
 
+import gzip
 import threading
 import time
 import uuid
@@ -109,6 +110,21 @@ def test_a_json_body_under_another_content_type_reaches_the_replica_as_json(
         assert resp.status_code == 200, resp.text
         seen = edges.seen(rid)
         assert seen is not None and seen["headers"]["content-type"] == "application/json"
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_compressed_body_is_a_415_at_both_edges(edges: Edges, edge: str) -> None:
+    """kvgate reads bodies as sent: a gzip body is refused saying so, at both edges (the
+    picker passed it on, to be judged "not JSON" by the replica)."""
+    rid = f"gz-{uuid.uuid4().hex}"
+    body = gzip.compress(b'{"model": "sim-model", "prompt": "hi", "max_tokens": 2}')
+    resp = httpx.post(f"{_base(edges, edge)}/v1/completions", content=body, timeout=10,
+                      headers={"content-type": "application/json", "content-encoding": "gzip",
+                               "x-request-id": rid})
+    assert resp.status_code == 415, resp.text
+    assert resp.headers["accept-encoding"] == "identity"
+    assert "send the body uncompressed" in resp.json()["error"]["message"]
+    assert edges.seen(rid) is None
 
 
 @pytest.mark.parametrize("edge", EDGES)
