@@ -72,6 +72,8 @@ def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -
                            args=(serve, cfg, sockets, WorkerSlot(slot, shared), serving))
         proc.start()
         workers[slot] = (proc, serving)
+        if stopping and proc.pid is not None:  # the signal came during `proc.start()`
+            os.kill(proc.pid, signal.SIGTERM)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
         stopping.append(signum)
