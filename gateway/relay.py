@@ -379,7 +379,7 @@ class Relay:
     ) -> bool:
         req.ctl.headers_received()
         try:
-            data = await read_whole(resp, self._cfg.upstream.max_answer_bytes)
+            data = await read_whole(resp, self._cfg.upstream.max_answer_bytes, req.ctl.touch)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
@@ -423,14 +423,20 @@ class Relay:
         return True
 
 
-async def read_whole(resp: UpstreamResponse, limit: int) -> bytes:
+async def read_whole(
+    resp: UpstreamResponse, limit: int, touch: Callable[[], None] | None = None,
+) -> bytes:
     """A whole answer, `AnswerTooLarge` past ``limit`` bytes (declared or read): the caller
-    then drops the connection, so the replica stops sending."""
+    then drops the connection, so the replica stops sending. ``touch`` is called at each
+    chunk (`Canceller.touch`): the idle timeout bounds the gaps between a body's chunks, not
+    its whole transfer, so a slow but moving body is not cut."""
     declared = resp.content_length
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise AnswerTooLarge(limit)
     parts, size = [], 0
     while chunk := await resp.read_chunk():
+        if touch is not None:
+            touch()
         size += len(chunk)
         if size > limit:
             raise AnswerTooLarge(limit)

@@ -299,7 +299,7 @@ class _Pipe:
             raise not_a_stream(resp.content_type)
         if not (resp.status == 200 and sse):
             self._ctl.headers_received()  # an error, or the whole object: as it is
-            body = await read_whole(resp, self._limit)
+            body = await read_whole(resp, self._limit, self._ctl.touch)
             content_type = resp.content_type
             if resp.status >= 400 and (shaped := openai_shaped(resp.status, body)) is not None:
                 body, content_type = shaped, "application/json"

@@ -9,7 +9,8 @@ or in its first read (vLLM's error event of code >= 500, a good event then one t
 JSON), a replica that refuses kvgate's credentials or serves another model, the
 `x-request-id` of a stored response's answers, and the upstream timeouts (a stream that sends
 only keep-alive comments or a Responses API stream's opening events has not answered; a whole
-answer's body is bounded by the idle timeout once its head came).
+answer's body is bounded by the idle timeout once its head came, between its chunks: a slow
+but moving body is answered whole).
 
 What reaches the replica is read from its own request log (`/sim/requests`), matched by the
 X-Request-Id the test sends.
@@ -731,6 +732,7 @@ def quiet(silent: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
     yield replica
     replica.gate.set()
     replica.rest, replica.answer, replica.get_answer, replica.end = b"", b"", None, "keep"
+    replica.drip = []
 
 
 def _chat(base: str, stream: bool) -> httpx.Response:
@@ -911,6 +913,46 @@ def test_a_stored_stream_answered_whole_whose_body_stalls_is_cut_by_the_idle_tim
     assert time.monotonic() - start < 2.5
     assert resp.status_code == 504, resp.text
     assert resp.json()["error"] == IDLE
+
+
+def _dripped(answer: bytes) -> tuple[bytes, list[bytes]]:
+    """`answer`'s head and the first of five parts of its body; the other four parts."""
+    head, _, body = answer.partition(b"\r\n\r\n")
+    n = -(-len(body) // 5)
+    parts = [body[i:i + n] for i in range(0, len(body), n)]
+    return head + b"\r\n\r\n" + parts[0], parts[1:]
+
+
+DRIP_S = 0.4  # between the parts of a body: under the 1 s idle timeout, 1.6 s in all
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_whole_answer_whose_body_arrives_slowly_is_answered_whole(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A proxied whole answer's body in parts, each gap under `idle_timeout_s`, all of them
+    over it: the idle timeout bounds the gaps, so the answer arrives whole (the HTTP edge
+    timed the body from its head, and cut it with a 504)."""
+    answer = b'{"id": "chatcmpl-1", "object": "chat.completion", "choices": []}'
+    quiet.answer, quiet.drip = _dripped(whole(answer))
+    quiet.drip_s = DRIP_S
+    resp = _chat(silent[1][edge], stream=False)
+    assert resp.status_code == 200, resp.text
+    assert resp.content == answer
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stored_stream_answered_whole_whose_body_arrives_slowly_is_relayed_whole(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stored response's `?stream=true` answered with a non-200 whose body comes in parts,
+    each gap under `idle_timeout_s`, all of them over it: relayed whole, not cut."""
+    error = b'{"error": {"message": "x", "type": "BadRequestError", "param": null, "code": 400}}'
+    quiet.get_answer, quiet.drip = _dripped(whole(error, status=400))
+    quiet.drip_s = DRIP_S
+    resp = httpx.get(f"{silent[1][edge]}/v1/responses/{RID}?stream=true", timeout=20)
+    assert resp.status_code == 400, resp.text
+    assert resp.content == error
 
 
 @pytest.mark.parametrize("edge", EDGES)

@@ -8,8 +8,9 @@ page and `/v1/models` the model; every POST (and, when ``get_answer`` is set, ev
 stored response, ``/v1/responses/...``) gets the bytes of ``answer`` then, when ``rest`` is
 set, ``rest`` once the test sets ``gate`` (so a test can read the first bytes through the
 gateway before the replica sends more: streamed, not buffered, with no timing involved);
-then, per ``end``, the connection stays open for the next request (``"keep"``), is closed
-(``"close"``) or reset (``"reset"``).
+``drip`` is sent after ``answer``, one part every ``drip_s`` seconds (a body that arrives
+slowly but keeps moving); then, per ``end``, the connection stays open for the next request
+(``"keep"``), is closed (``"close"``) or reset (``"reset"``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class BadReplica:
         self.answer = answer
         self.get_answer: bytes | None = None
         self.rest = b""
+        self.drip: list[bytes] = []
+        self.drip_s = 0.0
         self.gate = threading.Event()
         self.end: End = end
         self.posts = 0
@@ -127,6 +130,10 @@ class BadReplica:
                     self.get_ids.append(req_id)
                 writer.write(self.answer if method == b"POST" else self.get_answer or b"")
                 await writer.drain()
+                for part in self.drip:
+                    await asyncio.sleep(self.drip_s)
+                    writer.write(part)
+                    await writer.drain()
                 if self.rest:
                     loop = asyncio.get_running_loop()
                     if not await loop.run_in_executor(None, self.gate.wait, 30):
