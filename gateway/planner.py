@@ -109,11 +109,14 @@ class Planner:
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:
-                learning = [f"pool {p.name}: no replica has answered yet; {p.condition(now)}"
-                            for p in self.pools.by_name.values() if not p.served_model]
-                if learning:  # a pool whose served name is not known yet may serve it
-                    raise NoReplicaAvailable(f"No ready replica for the model `{parsed.model}` "
-                                             f"(not ready: {'; '.join(learning)}).")
+                unknown = [p for p in self.pools.by_name.values() if not p.served_model]
+                if unknown:  # a pool whose served name is not known yet may serve it
+                    learning = [f"pool {p.name}: no replica has answered yet; {p.condition(now)}"
+                                for p in unknown]
+                    raise NoReplicaAvailable(  # (Retry-After: the soonest back among them)
+                        f"No ready replica for the model `{parsed.model}` "
+                        f"(not ready: {'; '.join(learning)}).",
+                        retry_after=min(p.retry_after(now) for p in unknown))
                 raise self.not_found(principal, parsed.model)
             served, priority, home, spilled = pool.served_model, None, pool.name, False
         else:
@@ -125,7 +128,8 @@ class Planner:
         if served is None:
             raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet (pool "
                                      f"{pool.name}: no replica has answered yet; "
-                                     f"{pool.condition(now)}).")
+                                     f"{pool.condition(now)}).",
+                                     retry_after=pool.retry_after(now))
         tier_cfg = doc.tiers.get(principal.tier)
         if tier_cfg is None or not tier_cfg.operator_fields:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest

@@ -289,7 +289,7 @@ class Proxy:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:
             req.status = exc.status
-            if req.ctl.writing:  # cut while the client was not taking a chunk: it is not
+            if req.ctl.blocked:  # cut while the client was not taking a chunk: it is not
                 return  # reading, so an error event would wait for it as long as it likes
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error(exc.message, exc.type_, exc.status)})

@@ -130,16 +130,17 @@ def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) 
     return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
 
 
-def error_event(status: int, body: bytes) -> bytes:
+def error_event(status: int, body: bytes) -> tuple[int, bytes]:
     """A whole error answer (OpenAI-shaped: `openai_shaped`) as a stream's last event, as
-    vLLM ends a stream that fails, for a stream whose head already went out."""
+    vLLM ends a stream that fails, for a stream whose head already went out; with the status
+    it says, which the request is recorded with (any other answer is a 502 event)."""
     try:
         error = orjson.loads(body) if status >= 400 else None
     except orjson.JSONDecodeError:
         error = None
     if not isinstance(error, dict):
-        return stream_error(f"The upstream replica answered {status}.")
-    return b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
+        return 502, stream_error(f"The upstream replica answered {status}.")
+    return status, b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
@@ -327,9 +328,7 @@ class Relay:
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
                     if not req.sse:  # (the client's connection is kept alive too)
                         await self._start(send, req, resp)
-                    ctl.writing = True
-                    await send({"type": "http.response.body", "body": out, "more_body": True})
-                    ctl.writing = False
+                    await ctl.hand_over(send, out)
                     chunk = await resp.read_chunk()
                     continue
                 ctl.touch()
@@ -355,9 +354,7 @@ class Relay:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
-                ctl.writing = True  # a client that stops reading blocks here (`Canceller`)
-                await send({"type": "http.response.body", "body": out, "more_body": True})
-                ctl.writing = False
+                await ctl.hand_over(send, out)  # (a client that stops reading blocks here)
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)
@@ -413,8 +410,9 @@ class Relay:
         req.status = resp.status
         req.ctl.done = True
         if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
+            req.status, event = error_event(resp.status, data)  # (recorded as the client saw)
             await send({"type": "http.response.body", "more_body": False,
-                        "body": self._answered_by(req) + error_event(resp.status, data)})
+                        "body": self._answered_by(req) + event})
             return True
         hdrs = self.headers(req, content_type)
         if (wait := _retry_after(resp)) is not None:

@@ -343,9 +343,7 @@ class _Pipe:
                                   "more_body": False})
                 return False
         ctl.touch()
-        ctl.writing = True  # a client that stops reading blocks here (`Canceller`)
-        await self._send({"type": "http.response.body", "body": out, "more_body": True})
-        ctl.writing = False
+        await ctl.hand_over(self._send, out)  # (a client that stops reading blocks here)
         return True
 
     async def fail(self, exc: KvgateError) -> None:
@@ -353,6 +351,6 @@ class _Pipe:
         self._ctl.done = True
         if not self.started:
             await _send_error(self._send, exc, self._req_id)
-        elif not self._ctl.writing:  # (a client that stopped reading gets nothing more)
+        elif not self._ctl.blocked:  # (a client that stopped reading gets nothing more)
             await self._send({"type": "http.response.body", "more_body": False,
                               "body": stream_error(exc.message, exc.type_, exc.status)})

@@ -16,9 +16,10 @@ few tokens is cut after `idle_timeout_s`, not at the first-byte deadline. The fi
 timeout is per try: when it cuts an attempt that sent the client nothing, the handler may take
 the cut back (`retry_first_byte`) and try another replica, its first-byte clock started anew
 (the total one goes on). A stream whose idle
-deadline passes while kvgate is blocked handing a chunk to the client (`writing`: the client
-stopped reading and its socket is full) is the client's stall, not the replica's: reason
-``"client"``.
+deadline passes while kvgate is blocked handing a chunk to the client (`writing`, set only
+inside `hand_over`, so it is never left on by a cut: the client stopped reading and its socket
+is full) is the client's stall, not the replica's: reason ``"client"``. Whether the cut found
+such a write blocked is kept (`blocked`): an error event after it would wait on that client.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.asgi import Send
 from gateway.config import UpstreamConfig
 from gateway.drain import SHUTDOWN
 from gateway.errors import KvgateError, NoReplicaAvailable, UpstreamTimeout
@@ -46,6 +48,7 @@ class Canceller:
         "_start",
         "_task",
         "_watch",
+        "blocked",
         "done",
         "last",
         "reason",
@@ -68,7 +71,8 @@ class Canceller:
         # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
         self.reason: str | None = None
         self._later: str | None = None  # a reason that fired after `reason` (kept for a retry)
-        self.writing = False  # a chunk is being handed to the client (set by the relay)
+        self.writing = False  # a chunk is being handed to the client (`hand_over`)
+        self.blocked = False  # the cut came while one was (the client is not reading)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
             self._start + min(self._first_s, cfg.total_timeout_s), self._check
         )
@@ -96,6 +100,7 @@ class Canceller:
             self.reason = self._later
             return False
         self.reason = None
+        self.blocked = False  # the next try's writes start afresh
         self._task.uncancel()
         self.attempt_started()
         self._rearm()
@@ -120,6 +125,16 @@ class Canceller:
         if self._handle is not None:
             self._handle.cancel()
         self._handle = self._loop.call_at(self._deadline()[0], self._check)
+
+    async def hand_over(self, send: Send, body: bytes) -> None:
+        """Send one more piece of the answer's body. A client that stops reading blocks here;
+        `writing` says so to the timer while it does, and is reset however the send ends (a
+        cut, a retry), or a later try's cut would pass for the client's."""
+        self.writing = True
+        try:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            self.writing = False
 
     def touch(self) -> None:
         self.last = self._loop.time()
@@ -149,6 +164,7 @@ class Canceller:
             self._later = self._later or reason  # the first cut may be taken back
             return
         self.reason = reason
+        self.blocked = self.writing
         self._task.cancel()
 
     def close(self) -> None:

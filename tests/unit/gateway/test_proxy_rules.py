@@ -17,7 +17,7 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.config import load_config
-from gateway.relay import judge
+from gateway.relay import judge, stream_error
 from gateway.replicas import HealthRules, Replica
 from gateway.transport import Transport, UpstreamResponse
 
@@ -593,6 +593,134 @@ def test_no_usable_replica_says_when_to_retry(eject_s: float, retry_after: int) 
             code, _, headers = await _call(app, REQ)
             assert code == 503
             assert int(headers[b"retry-after"]) in (retry_after - 1, retry_after), headers
+        finally:
+            await app.shutdown()
+
+    asyncio.run(run())
+
+
+KEEP_ALIVE = b": keep-alive\n\n"
+
+
+def alive_then_silent() -> Behaviour:
+    """A stream head and a keep-alive comment (the request waits there), then nothing."""
+    async def answer() -> FakeResponse:
+        return FakeResponse(200, [KEEP_ALIVE, None], content_type="text/event-stream")
+    return answer
+
+
+async def _stream_call(
+    app: GatewayApp, send_blocks: Callable[[dict[str, Any]], bool],
+) -> tuple[int, bytes]:
+    """A streamed request whose client takes no body piece `send_blocks` names (its socket
+    is full: the send waits until the handler is cut)."""
+    raw = orjson.dumps({**REQ, "stream": True})
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
+             "headers": [(b"content-length", str(len(raw)).encode())],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
+             "http_version": "1.1", "scheme": "http"}
+    sent: list[dict[str, Any]] = []
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if send_blocks(msg):
+            await asyncio.sleep(3600)
+        sent.append(msg)
+
+    await app(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def _app(script: dict[str, Behaviour], **upstream: Any) -> GatewayApp:
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"served_model": "sim-model", "replicas": [A, B]}},
+        "tenancy": {"auth": False}, "routing": {"scrape_interval_ms": 60_000},
+        "health": {"interval_s": 60, "failure_threshold": 100}, "upstream": upstream})
+    return GatewayApp(cfg, transport=lambda *_: FakeTransport(script, []))
+
+
+def test_a_retry_after_a_cut_during_a_blocked_keep_alive_still_ends_with_an_error_event() -> None:
+    """The first try's keep-alive comment opens the stream, and the client's socket is full
+    while it is written; the first-byte cut takes it back and tries the other replica, which
+    sends nothing either: its cut ends the stream with the timeout's error event (a
+    `writing` left on by the first cut passed the second for the client's stall: the stream
+    ended with no event)."""
+    script = in_turn(alive_then_silent(), hang())
+    app = _app({A: script, B: script}, first_byte_timeout_s=0.2, max_attempts=2)
+    blocked: list[bytes] = []
+
+    def first_keep_alive(msg: dict[str, Any]) -> bool:
+        if msg.get("body") == KEEP_ALIVE and not blocked:
+            blocked.append(msg["body"])
+            return True
+        return False
+
+    async def run() -> tuple[int, bytes]:
+        await app.startup()
+        try:
+            return await _stream_call(app, first_keep_alive)
+        finally:
+            await app.shutdown()
+
+    code, body = asyncio.run(run())
+    assert blocked and code == 200
+    assert body == stream_error("The replica did not answer in time (first byte timeout).",
+                                "GatewayTimeoutError", 504)
+
+
+def test_a_stream_opened_by_keep_alives_then_answered_non_200_is_recorded_as_its_502_event(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The next try's replica answers 202: the open stream ends with a 502 error event saying
+    so, and the request is recorded as 502 (what the client got), not 202."""
+    script = in_turn(alive_then_silent(), status(202, b'{"id": "x"}'))
+    app = _app({A: script, B: script}, first_byte_timeout_s=0.2, max_attempts=2)
+
+    async def run() -> tuple[int, bytes]:
+        await app.startup()
+        try:
+            return await _stream_call(app, lambda _: False)
+        finally:
+            await app.shutdown()
+
+    with caplog.at_level(logging.INFO, logger="gateway.proxy"):
+        code, body = asyncio.run(run())
+    assert code == 200
+    assert body.endswith(stream_error("The upstream replica answered 202."))
+    lines = [r for r in caplog.records if r.getMessage() == "request"]
+    assert [getattr(r, "status", None) for r in lines] == [502]
+
+
+def test_no_ready_replica_says_when_to_retry() -> None:
+    """A pool whose served name is not known yet, its one replica down for 20 s: "No ready
+    replica" says when it is tried again (was always 1), as the no-healthy-replica 503."""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"replicas": [A]}}, "tenancy": {"auth": False},
+        "routing": {"scrape_interval_ms": 60_000},
+        "health": {"interval_s": 60, "eject_base_s": 20, "eject_max_s": 600}})
+
+    async def run() -> None:
+        app = GatewayApp(cfg, transport=lambda *_: FakeTransport({A: ok()}, []))
+        await app.startup()
+        try:
+            assert app.rt is not None
+            pool = app.rt.pools.by_name["p"]
+            pool.served_model = None  # not learned yet (the health monitor may have)
+            app.rt.pools.public.clear()
+            pool.replicas[0].mark_down(app.clock())
+            code, body, headers = await _call(app, REQ)
+            assert code == 503
+            assert b"No ready replica" in body
+            assert int(headers[b"retry-after"]) in (19, 20), headers
         finally:
             await app.shutdown()
 
