@@ -158,7 +158,7 @@ class UpstreamConfig(_Section):
     connect_timeout_s: Pos = 3.0
     # until a stream's first SSE event, per try: then the next replica (whole answers: total)
     first_byte_timeout_s: Pos = 300.0
-    idle_timeout_s: Pos = 120.0  # between chunks once the answer has started
+    idle_timeout_s: Pos = 120.0  # between chunks once the answer has started (a whole one's too)
     total_timeout_s: Pos = 1800.0  # whole exchange; long generations take minutes
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries
     retry_budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2  # retries per request
