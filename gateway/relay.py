@@ -1,6 +1,7 @@
 """Relaying one upstream answer to the client, and what the answer says about its replica.
 
-Split from `proxy.py` (which keeps the request's steps and the attempts). A stream is passed
+Split from `proxy.py` (which keeps the request's steps and the attempts); how a broken stream
+ends is `stream_end.py`. A stream is passed
 through as bytes (`StreamScanner` reads the usage chunk and notes error events); a whole answer
 is sent in one piece, its error body re-shaped when it is not OpenAI's. What the upstream
 answered feeds the replica's health (`judge`):
@@ -42,17 +43,13 @@ import re
 from collections.abc import Callable
 from time import perf_counter
 
-import orjson
-
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
-    KvgateError,
     ReplicaWrongModel,
     UpstreamError,
-    error_body,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
@@ -60,6 +57,16 @@ from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
 from gateway.sse import StreamScanner, body_usage, carries_output, comment_only, preamble_only
+from gateway.stream_end import (
+    CUT_SHORT,
+    DONE_EVENT,
+    MALFORMED,
+    NOT_STARTED,
+    error_event,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from routing.router import Router
 
@@ -73,11 +80,7 @@ RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the 
 # a whole Responses API answer waits this long at most for its id to reach Redis, so that a
 # follow-up through another gateway finds it (a stream's id goes out with its first event)
 _SHARE_WAIT_S = 1.0  # = the write's own timeout
-DONE_EVENT = b"data: [DONE]\n\n"
 _JSON = "application/json"
-CUT_SHORT = "The upstream replica ended the stream before it was complete."
-MALFORMED = "The upstream replica sent a stream event that is not JSON."
-NOT_STARTED = "The replica ended its answer before it started."
 # vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
@@ -121,55 +124,6 @@ def served(replica: Replica) -> None:
     """`replica` answered a request well: healthy, and a later refusal is warned about."""
     replica.refusal_warned = False
     replica.record_success()
-
-
-def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
-    """Close a broken stream: an error event, then [DONE]. An incomplete upstream event is
-    never forwarded (the scanner holds fragments back), so it is simply dropped: a client
-    must not be handed half a JSON object."""
-    return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
-
-
-def error_event(status: int, body: bytes) -> tuple[int, bytes]:
-    """A whole error answer (OpenAI-shaped: `openai_shaped`) as a stream's last event, as
-    vLLM ends a stream that fails, for a stream whose head already went out; with the status
-    it says, which the request is recorded with (any other answer is a 502 event)."""
-    try:
-        error = orjson.loads(body) if status >= 400 else None
-    except orjson.JSONDecodeError:
-        error = None
-    if not isinstance(error, dict):
-        return 502, stream_error(f"The upstream replica answered {status}.")
-    return status, b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
-
-
-def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
-    """The error of a stream whose scanner stopped at a bad event (`StreamScanner.malformed`):
-    `AnswerTooLarge` for one past ``limit`` (``upstream.max_answer_bytes``), else the event
-    that is not JSON. Before the stream started it is the client's 502 JSON, after it the
-    error event's message (both edges, proxied and stored streams)."""
-    if scanner.oversized:
-        return AnswerTooLarge(limit)
-    return UpstreamError(MALFORMED, reason="malformed")
-
-
-def unstarted_failure(
-    scanner: StreamScanner, limit: int, *, error_events: bool = True,
-) -> KvgateError | None:
-    """The failure a stream's read shows while its head has not gone out (nothing reached
-    the client): a bad event (`stream_failure`), even after good ones in the same read (they
-    are not sent: the client gets the 502 JSON, and the HTTP edge another replica first,
-    rather than those events and an error event), or -- `error_events`, a proxied stream --
-    vLLM's error event of code >= 500 (its engine failed before answering; the 502 keeps
-    its message). None: the read can go out. Both edges, proxied and stored streams."""
-    if scanner.malformed:
-        return stream_failure(scanner, limit)
-    code = scanner.error_code
-    if error_events and code is not None and code >= 500:
-        said = f": {scanner.error_message}" if scanner.error_message else "."  # vLLM's words
-        return UpstreamError(f"The replica's answer was an error ({code}){said}",
-                             reason="error_event")
-    return None
 
 
 def _total(usage: dict[str, int]) -> int:

@@ -1,0 +1,68 @@
+"""How a broken answer is told to the client: a stream's error event and ``data: [DONE]``
+(`stream_error`, `error_event`), and which failure a stream's read shows (`stream_failure`,
+`unstarted_failure`). Both edges end their streams with these, proxied and stored; split from
+`relay.py`, which re-exports them."""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
+from gateway.sse import StreamScanner
+
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
+           "stream_error", "stream_failure", "unstarted_failure"]
+
+DONE_EVENT = b"data: [DONE]\n\n"
+CUT_SHORT = "The upstream replica ended the stream before it was complete."
+MALFORMED = "The upstream replica sent a stream event that is not JSON."
+NOT_STARTED = "The replica ended its answer before it started."
+
+
+def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
+    """Close a broken stream: an error event, then [DONE]. An incomplete upstream event is
+    never forwarded (the scanner holds fragments back), so it is simply dropped: a client
+    must not be handed half a JSON object."""
+    return b"data: " + error_body(message, type_, code) + b"\n\n" + DONE_EVENT
+
+
+def error_event(status: int, body: bytes) -> tuple[int, bytes]:
+    """A whole error answer (OpenAI-shaped: `openai_shaped`) as a stream's last event, as
+    vLLM ends a stream that fails, for a stream whose head already went out; with the status
+    it says, which the request is recorded with (any other answer is a 502 event)."""
+    try:
+        error = orjson.loads(body) if status >= 400 else None
+    except orjson.JSONDecodeError:
+        error = None
+    if not isinstance(error, dict):
+        return 502, stream_error(f"The upstream replica answered {status}.")
+    return status, b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
+
+
+def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
+    """The error of a stream whose scanner stopped at a bad event (`StreamScanner.malformed`):
+    `AnswerTooLarge` for one past ``limit`` (``upstream.max_answer_bytes``), else the event
+    that is not JSON. Before the stream started it is the client's 502 JSON, after it the
+    error event's message (both edges, proxied and stored streams)."""
+    if scanner.oversized:
+        return AnswerTooLarge(limit)
+    return UpstreamError(MALFORMED, reason="malformed")
+
+
+def unstarted_failure(
+    scanner: StreamScanner, limit: int, *, error_events: bool = True,
+) -> KvgateError | None:
+    """The failure a stream's read shows while its head has not gone out (nothing reached
+    the client): a bad event (`stream_failure`), even after good ones in the same read (they
+    are not sent: the client gets the 502 JSON, and the HTTP edge another replica first,
+    rather than those events and an error event), or -- `error_events`, a proxied stream --
+    vLLM's error event of code >= 500 (its engine failed before answering; the 502 keeps
+    its message). None: the read can go out. Both edges, proxied and stored streams."""
+    if scanner.malformed:
+        return stream_failure(scanner, limit)
+    code = scanner.error_code
+    if error_events and code is not None and code >= 500:
+        said = f": {scanner.error_message}" if scanner.error_message else "."  # vLLM's words
+        return UpstreamError(f"The replica's answer was an error ({code}){said}",
+                             reason="error_event")
+    return None
