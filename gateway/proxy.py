@@ -48,7 +48,7 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay, judge, read_whole, stream_error
+from gateway.relay import Relay, judge, stream_error
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, read_body, scan_headers
 from gateway.responses import ResponseStore
@@ -56,6 +56,7 @@ from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
+from gateway.whole import read_whole
 from routing.router import Router
 from routing.types import Decision
 

@@ -47,7 +47,6 @@ from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import (
     REFUSED,
-    AnswerTooLarge,
     ReplicaWrongModel,
     UpstreamError,
     openai_shaped,
@@ -68,11 +67,11 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.whole import read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
-           "read_whole",
-           "served", "stream_error", "stream_failure", "unstarted_failure"]
+           "read_whole", "served", "stream_error", "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -373,27 +372,6 @@ class Relay:
             hdrs.append((b"retry-after", wait))
         await send_whole(send, resp.status, hdrs, data)
         return True
-
-
-async def read_whole(
-    resp: UpstreamResponse, limit: int, touch: Callable[[], None] | None = None,
-) -> bytes:
-    """A whole answer, `AnswerTooLarge` past ``limit`` bytes (declared or read): the caller
-    then drops the connection, so the replica stops sending. ``touch`` is called at each
-    chunk (`Canceller.touch`): the idle timeout bounds the gaps between a body's chunks, not
-    its whole transfer, so a slow but moving body is not cut."""
-    declared = resp.content_length
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise AnswerTooLarge(limit)
-    parts, size = [], 0
-    while chunk := await resp.read_chunk():
-        if touch is not None:
-            touch()
-        size += len(chunk)
-        if size > limit:
-            raise AnswerTooLarge(limit)
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 _MAX_RETRY_AFTER_S = 3_600

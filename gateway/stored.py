@@ -4,7 +4,7 @@ without the body: the replica is asked with GET, the server leaves the body out.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
 relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
-The answer is relayed whole, read as a proxied whole answer is (`relay.read_whole`: past
+The answer is relayed whole, read as a proxied whole answer is (`whole.read_whole`: past
 ``upstream.max_answer_bytes`` it is the 502 `AnswerTooLarge`, ``x-should-retry: false``, and the
 connection is dropped); an error body that is not OpenAI-shaped is re-shaped; a replica
 refusing kvgate's own credentials (401/403) is a 502 (`ReplicaRefused`).
@@ -47,13 +47,14 @@ from gateway.errors import (
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import CUT_SHORT, read_whole, stream_error, stream_failure, unstarted_failure
+from gateway.relay import CUT_SHORT, stream_error, stream_failure, unstarted_failure
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.whole import read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
            "wants_stream"]
