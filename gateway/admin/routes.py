@@ -177,7 +177,8 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
         await ctx.check_tier(body.tier)
-        data = body.model_dump(exclude_unset=True)
+        # the fields sent, plus the tier: its default ("default") is not "sent" but is needed
+        data = {"tier": body.tier, **body.model_dump(exclude_unset=True)}
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)

@@ -240,11 +240,11 @@ def listening(cfg: KvgateConfig) -> str:
 def run_server(
     cfg: KvgateConfig, prog: str, *, app: GatewayApp | None = None,
     sockets: list[socket.socket] | None = None, on_started: Callable[[], None] | None = None,
-    announce: bool = True,
+    announce: bool = True, line: str | None = None,
 ) -> int:
     """Bind (unless `sockets` are given), run until SIGTERM/SIGINT, shut down gracefully.
-    `announce`: log the `listening on` line. 0 after a clean stop, 1 when it could not listen
-    or start."""
+    `announce`: log the `listening on` line (`line`, else the gateway's ports). 0 after a
+    clean stop, 1 when it could not listen or start."""
     if sockets is None:
         try:
             sockets = bind_sockets(cfg)
@@ -253,7 +253,7 @@ def run_server(
             return 1
     configure_logging(cfg.server.log_level, cfg.server.log_format)
     if announce:
-        log.info(listening(cfg))
+        log.info(line or listening(cfg))
     server = make_server(app or GatewayApp(cfg), on_started)
     server.run(sockets=sockets)
     return 0 if server.started else 1

@@ -128,4 +128,12 @@ def main(argv: list[str]) -> int:
         print(line, file=sys.stderr, flush=True)
     from gateway.epp.server import EppApp  # the protos load only here
 
-    return run_server(cfg, "kvgate epp", app=EppApp(cfg), sockets=sockets)
+    return run_server(cfg, "kvgate epp", app=EppApp(cfg), sockets=sockets,
+                      line=listening_line(cfg))
+
+
+def listening_line(cfg: KvgateConfig) -> str:
+    """The picker binds no `server.port`: its line names the two ports it does serve."""
+    host = f"[{cfg.server.host}]" if ":" in cfg.server.host else cfg.server.host
+    return (f"listening on grpc {host}:{cfg.epp.port} (ext_proc, health), "
+            f"http://{host}:{cfg.server.admin_port} (/metrics, /readyz, admin API)")

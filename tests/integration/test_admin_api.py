@@ -520,3 +520,14 @@ async def test_an_empty_patch_changes_nothing_and_is_not_audited(admin: Admin) -
         assert r.json() == (await c.get("/admin/policy")).json()
     assert _error(await c.patch("/admin/policy", json={}, headers={"if-match": '"7"'}), 412)
     assert (await c.get("/admin/audit")).json()["data"] == before
+
+
+async def test_a_tenant_created_without_a_tier_gets_the_default_tier(admin: Admin) -> None:
+    """`tier` is optional in `POST /admin/tenants` (as in the config's `tenants`): without
+    it the create was a 500 (the dump that keeps only the fields sent left `tier` out)."""
+    c = admin.client
+    for body in ({"id": "solo"}, {"id": "grouped", "salt_group": "team"}):
+        r = await c.post("/admin/tenants", json=body)
+        assert r.status_code == 201, r.text
+        assert r.json()["tier"] == "default", r.text
+    assert (await c.get("/admin/tenants/grouped")).json()["salt_group"] == "team"

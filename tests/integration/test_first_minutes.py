@@ -163,6 +163,21 @@ def test_no_auth_listens_on_loopback_and_says_where() -> None:
         assert "127.0.0.1 only" in gw.output()
 
 
+def test_the_pickers_listening_line_names_its_own_ports() -> None:
+    """`kvgate epp` said `listening on http://127.0.0.1:8000` (server.port, which it never
+    binds): its line names the gRPC port and the HTTP port it serves."""
+    grpc, http = free_port(), free_port()
+    picker = Proc([*KVGATE, "epp", "--no-auth", "--port", str(grpc), "--http-port", str(http),
+                   "--upstream", "http://127.0.0.1:9"],
+                  env={"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": ""},
+                  ready_url=f"http://127.0.0.1:{http}/healthz")
+    with picker:
+        picker.stop()
+        line = next(x for x in picker.output().splitlines() if "\"msg\":\"listening on" in x)
+        assert f"grpc 127.0.0.1:{grpc}" in line and f"http://127.0.0.1:{http}" in line, line
+        assert ":8000" not in line, line
+
+
 def test_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """`kvgate config check | head -1` once head has exited: no BrokenPipeError traceback
     (the reading end is closed before the command writes, so the writer always meets it)."""
