@@ -124,7 +124,10 @@ def stream_reset() -> Behaviour:
 
 
 async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completions",
+                send_blocks: Callable[[dict[str, Any]], bool] = lambda _: False,
                 ) -> tuple[int, bytes, dict[bytes, bytes]]:
+    """One request; its client takes no message `send_blocks` names (its socket is full: the
+    send waits until the handler is cut)."""
     raw = orjson.dumps(body)
     scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
              "headers": [(b"content-type", b"application/json"),
@@ -143,6 +146,8 @@ async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completi
         return {"type": "http.disconnect"}
 
     async def send(msg: dict[str, Any]) -> None:
+        if send_blocks(msg):
+            await asyncio.sleep(3600)
         sent.append(msg)
 
     await app(scope, receive, send)
@@ -612,32 +617,9 @@ def alive_then_silent() -> Behaviour:
 async def _stream_call(
     app: GatewayApp, send_blocks: Callable[[dict[str, Any]], bool],
 ) -> tuple[int, bytes]:
-    """A streamed request whose client takes no body piece `send_blocks` names (its socket
-    is full: the send waits until the handler is cut)."""
-    raw = orjson.dumps({**REQ, "stream": True})
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "query_string": b"",
-             "headers": [(b"content-length", str(len(raw)).encode())],
-             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000),
-             "http_version": "1.1", "scheme": "http"}
-    sent: list[dict[str, Any]] = []
-    delivered = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        await asyncio.sleep(3600)
-        return {"type": "http.disconnect"}
-
-    async def send(msg: dict[str, Any]) -> None:
-        if send_blocks(msg):
-            await asyncio.sleep(3600)
-        sent.append(msg)
-
-    await app(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    return start["status"], b"".join(m.get("body", b"") for m in sent[1:])
+    """A streamed request whose client takes no body piece `send_blocks` names."""
+    status, body, _ = await _call(app, {**REQ, "stream": True}, send_blocks=send_blocks)
+    return status, body
 
 
 def _app(script: dict[str, Behaviour], **upstream: Any) -> GatewayApp:
