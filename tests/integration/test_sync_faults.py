@@ -100,3 +100,29 @@ async def _published_again(*syncs: RouteSync) -> None:
     before = [s.stats.published for s in syncs]
     await _until(lambda: all(s.stats.published > n for s, n in zip(syncs, before, strict=True)),
                  within_s=10.0)
+
+
+async def test_the_first_batch_after_a_redis_restart_is_published() -> None:
+    """Redis restarted: the publisher's connection is closed, and the first batch it sends
+    finds out. That batch (here a route, the only one: no heartbeat for a minute) went
+    nowhere, counted as unpublished; it is sent again, once, on a new connection."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    router, mine = Router(RouterConfig()), Router(RouterConfig())
+    quiet = SyncSettings(stale_after_s=30.0, catchup_entries=0, heartbeat_s=60.0)
+    me = RouteSync(mine, url, "kvgate", quiet, own_loads=dict, known=KNOWN.__contains__,
+                   clock=time.monotonic, member="me")
+    peer = _sync(url, "peer", dict, router)
+    with proc:
+        await peer.start()
+        await me.start()
+        await _published_again(me)  # the first heartbeat: the publisher's connection is open
+    fresh, _ = redis_proc(port)
+    try:
+        with fresh:
+            mine.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+            await _until(lambda: router.state.index.entries("a:1") == 2, within_s=5.0)
+            assert me.stats.dropped.get("unpublished", 0) == 0
+    finally:
+        await me.stop()
+        await peer.stop()
