@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 
 from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
+from gateway.fleet.redis_clock import RedisClock
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause
 from routing.peers import ZERO, ReplicaLoad
@@ -82,7 +83,8 @@ class SyncStats:
     applied: int = 0  # peers' entries applied
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> entries or routes
     up: bool = False
-    # apply lag (publisher's wall clock -> applied here): a histogram, and the recent values
+    # apply lag (written to Redis -> applied here, on Redis's clock: `RedisClock`): a
+    # histogram, and the recent values
     lag_buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS))
     lag_count: int = 0
     lag_sum: float = 0.0
@@ -146,6 +148,7 @@ class RouteSync:
         # up (a Redis out of memory, or a replica after a failover, answers reads and refuses
         # writes: "up" on every read was a warning and an info line every half second)
         self._write_failed = False
+        self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -258,6 +261,7 @@ class RouteSync:
             if reads:
                 commands.append((b"XREAD", b"COUNT", self.settings.max_entries_per_tick,
                                  b"STREAMS", self.key, self._last_id))
+            sent = self._redis_clock.clock()
             try:
                 replies = await self._out.pipeline(*commands)
             except (RedisError, OSError) as exc:
@@ -274,6 +278,7 @@ class RouteSync:
                 self.stats.published += 1
                 self._write_failed = False
                 self._check_order(replies[0])
+                self._redis_clock.sample(sent, self._redis_clock.clock(), replies[0])
             self._answered()
             if reads:
                 self._take(replies[-1])
@@ -355,7 +360,7 @@ class RouteSync:
                     continue  # our own batch, skipped undecoded (`encode` writes v, m, ..)
                 # loads older than the staleness bound (a backlog after an outage) are
                 # history: their routes still count, their loads do not (Redis's clock)
-                self._apply(dict(zip(flat[::2], flat[1::2], strict=True)),
+                self._apply(dict(zip(flat[::2], flat[1::2], strict=True)), key[0],
                             newest - key[0] <= self._stale_ms)
         return held
 
@@ -368,7 +373,8 @@ class RouteSync:
             self.stats.drop("malformed")
         return None
 
-    def _apply(self, fields: Mapping[bytes, bytes], current: bool = True) -> None:
+    def _apply(self, fields: Mapping[bytes, bytes], written_ms: int,
+               current: bool = True) -> None:
         batch = self._decode(fields)
         if batch is None or batch.member == self.member:
             return
@@ -385,7 +391,9 @@ class RouteSync:
         known = self._known
         loads = {k: v for k, v in batch.loads.items() if known(k)}
         router.apply_peer_load(batch.member, loads, self._clock())
-        self.stats.lag(max(0.0, time.time() - batch.sent_at))
+        lag = self._redis_clock.lag(written_ms)  # not the writer's clock against ours
+        if lag is not None:
+            self.stats.lag(lag)
 
     def _apply_routes(self, batch: Batch, live: bool) -> None:
         known, routes = self._known, batch.routes

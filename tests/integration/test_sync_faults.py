@@ -126,3 +126,22 @@ async def test_the_first_batch_after_a_redis_restart_is_published() -> None:
     finally:
         await me.stop()
         await peer.stop()
+
+
+async def test_the_apply_lag_does_not_depend_on_the_peers_clocks(redis_url: str) -> None:
+    """Peers whose clocks are an hour behind and an hour ahead of ours: the lag was our clock
+    minus theirs (an hour, and 0); measured on Redis's clock it is the time the batch waited."""
+    me = _sync(redis_url, "me", dict, Router(RouterConfig()))
+    await me.start()
+    try:
+        await _published_again(me)  # our own write told us Redis's clock
+        r = aioredis.Redis.from_url(redis_url)
+        load = {"a:1": ReplicaLoad(1, 0, 0, 0.0)}
+        for member, skew in (("behind", -3600.0), ("ahead", 3600.0)):
+            fields = encode(member, time.time() + skew, [], load)
+            await r.xadd("kvgate:routes", fields)  # type: ignore[arg-type]
+        await r.aclose()
+        await _until(lambda: me.stats.lag_count == 2)
+        assert all(0.0 <= lag < 600.0 for lag in me.stats.recent_lags), me.stats.recent_lags
+    finally:
+        await me.stop()
