@@ -197,6 +197,7 @@ def _route_sync(
     settings = SyncSettings(
         flush_interval_s=sc.flush_interval_ms / 1000.0, heartbeat_s=sc.heartbeat_s,
         stale_after_s=sc.stale_after_s, stream_maxlen=sc.stream_maxlen,
+        stream_max_mb=sc.stream_max_mb,
         catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
         timeout_s=sc.timeout_s,
     )

@@ -2,7 +2,8 @@
 per-replica load, and applies every other process's records to its router.
 
 One Redis Stream per namespace (``{namespace}:routes``), trimmed to about ``stream_maxlen``
-entries. Two owned tasks, one raw connection each:
+entries, fewer when they are large (``stream_max_mb``: `gateway.fleet.budget`). Two owned
+tasks, one raw connection each:
 
 - the publisher takes the router's outbox (chains it routed) and the own loads that changed
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
@@ -42,6 +43,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
+from gateway.fleet.budget import StreamBudget
 from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.fleet.redis_clock import RedisClock
@@ -70,6 +72,7 @@ class SyncSettings:
     heartbeat_s: float = 0.5
     stale_after_s: float = 2.0
     stream_maxlen: int = 20_000
+    stream_max_mb: int = 64  # the stream's share of Redis's memory (`gateway.fleet.budget`)
     catchup_entries: int = 5_000
     max_entries_per_tick: int = 256
     timeout_s: float = 1.0
@@ -149,6 +152,7 @@ class RouteSync:
         # writes: "up" on every read was a warning and an info line every half second)
         self._write_failed = False
         self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
+        self._budget = StreamBudget(settings.stream_maxlen, settings.stream_max_mb << 20)
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -217,7 +221,7 @@ class RouteSync:
         return encode(self.member, time.time(), routes, changed)
 
     def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
-        return (b"XADD", self.key, b"MAXLEN", b"~", self.settings.stream_maxlen, b"*",
+        return (b"XADD", self.key, b"MAXLEN", b"~", self._budget.trim_to(fields), b"*",
                 *(x for kv in fields.items() for x in kv))
 
     async def _xadd(self, fields: dict[bytes, bytes]) -> None:

@@ -19,6 +19,7 @@ from gateway.fleet.records import encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
+from routing.types import RequestFeatures
 from tests.support.procs import free_port
 
 KEY = b"kvgate:routes"
@@ -356,3 +357,25 @@ async def test_a_redis_that_refuses_writes_is_down_until_writes_succeed(
     ], lines
     assert lines[1].startswith(
         f"shared routing state: Redis at {sync.reach.address} answers again")
+
+
+async def test_the_stream_stays_within_its_memory_budget(redis_url: str) -> None:
+    """Large batches (a high request rate) fill the stream long before `stream_maxlen`
+    entries: trimmed by entries alone, 600 batches of ~3.4 KB kept them all (~2.4 MiB
+    here, ~270 MB at 2,000 requests/s with the defaults); the budget keeps it under 1 MiB."""
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, flush_interval_s=0.002, catchup_entries=0,
+                 stream_max_mb=1)
+    async with _running(redis_url, sync) as r:
+        blocks = itertools.count(1)
+        for _ in range(600):
+            published = sync.stats.published
+            for _ in range(2):  # 2 routes of 200 blocks a batch
+                chain = tuple(next(blocks) for _ in range(200))
+                router.record_route("a:1", RequestFeatures("m", chain, 200 * 64),
+                                    time.monotonic())
+            await _until(lambda n=published: sync.stats.published > n)  # type: ignore[misc]
+        used = await r.memory_usage(KEY, samples=0)
+        length = await r.xlen(KEY)
+    assert used is not None and used <= 1 << 20, (used, length)
+    assert 100 <= length < 600
