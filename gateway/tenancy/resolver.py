@@ -243,7 +243,7 @@ class TenantResolver:
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
-                    self.last_state.save(applied, mark)
+                    await self.last_state.keep(applied, mark)
         except BackendUnavailable as exc:
             if self._store.reach is not None and isinstance(exc, StoreUnreachable):
                 self._store.reach.failed(exc.cause)  # the store's one voice in the log

@@ -68,6 +68,12 @@ def test_no_file_is_no_state(tmp_path: Path) -> None:
     b' "group_epochs": {"g": "2"}}',
     b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [],'
     b' "policy": [1, "{\\"pools\\": 3}"], "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [5],'
+    b' "policy": null, "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [["a", "b"]],'
+    b' "policy": null, "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [],'
+    b' "keys": [["a", "b", "c", "yesterday"]], "policy": null, "group_epochs": {}}',
 ])
 def test_an_unreadable_file_is_ignored(tmp_path: Path, content: bytes,
                                        caplog: pytest.LogCaptureFixture) -> None:
@@ -80,3 +86,15 @@ def test_a_directory_it_cannot_write_costs_only_the_file(tmp_path: Path,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     LastState(tmp_path / "gone" / "t.json").save(SNAP, None)
     assert "cannot keep the tenancy state" in caplog.text
+
+
+async def test_keep_writes_a_state_once(tmp_path: Path) -> None:
+    """The periodic whole reload finds the same generation: not written again."""
+    state = LastState(tmp_path / "t.json")
+    await state.keep(SNAP, "m")
+    (tmp_path / "t.json").write_bytes(b"{}")  # so a second write would show
+    await state.keep(SNAP, "m")
+    assert (tmp_path / "t.json").read_bytes() == b"{}"
+    await state.keep(SNAP, "another mark")  # a wiped store re-seeded
+    saved = state.load()
+    assert saved is not None and saved.mark == "another mark"
