@@ -24,11 +24,27 @@ def test_trim_to(maxlen: int, budget: int, size: int, expected: int) -> None:
     assert StreamBudget(maxlen, budget).trim_to(_entry(size)) == expected
 
 
-def test_a_burst_counts_at_once_and_its_end_slowly() -> None:
+def test_the_cap_is_what_the_latest_entries_fill() -> None:
+    """Sizes that swing between batches: the cap is the count of the latest entries that fill
+    the budget, whatever the last few were; a lasting change moves it as the stream's
+    content changes."""
+    budget = StreamBudget(20_000, 4 * MIB)
+    sizes = (10_000, 20_000) * 200
+    cap = [budget.trim_to(_entry(n)) for n in sizes][-1]
+    cost = [OVERHEAD * n + PER_ENTRY for n in sizes]
+    fits = max(k for k in range(len(cost) + 1) if sum(cost[len(cost) - k:]) <= 4 * MIB)
+    assert cap == fits > MIN_ENTRIES
+    small = [budget.trim_to(_entry(100)) for _ in range(20_000)]  # the load has gone
+    assert small == sorted(small) and small[-1] == 20_000
+
+
+def test_a_gateway_that_just_started_takes_unseen_entries_to_be_like_its_own() -> None:
     budget = StreamBudget(20_000, 64 * MIB)
-    assert budget.trim_to(_entry(100)) == 20_000
-    big = budget.trim_to(_entry(20_000))  # the first large entry: trimmed for it at once
-    assert big == int(64 * MIB / (OVERHEAD * 20_000 + PER_ENTRY))
-    after = [budget.trim_to(_entry(100)) for _ in range(200)]
-    assert after[0] < 2 * big  # one small entry does not undo the burst's cap
-    assert after == sorted(after) and after[-1] == 20_000  # it rises back as they stay small
+    assert budget.trim_to(_entry(13_000)) == int(64 * MIB / (OVERHEAD * 13_000 + PER_ENTRY))
+
+
+def test_its_memory_stays_bounded() -> None:
+    budget = StreamBudget(150, 64 * MIB)
+    for _ in range(10_000):
+        budget.trim_to(_entry(100))
+    assert len(budget._total) <= 2 * 150
