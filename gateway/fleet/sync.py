@@ -40,6 +40,7 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.exceptions import RedisError
 
@@ -290,10 +291,13 @@ class RouteSync:
     # -- reading ------------------------------------------------------------------------------
     async def _catch_up(self) -> int:
         """Apply the routes of the recent entries (their loads are old: not applied); the
-        number of peers among them that wrote within ``stale_after_s`` (by their clocks)."""
+        number of peers among them that wrote within ``stale_after_s``, by Redis's clock
+        (its TIME against the entries' ids: a peer's clock may be off, ours too)."""
         n = self.settings.catchup_entries
         if n:
-            found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
+            now, raw = await self._in.pipeline(
+                (b"TIME",), (b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
+            found = entries(raw)
         else:  # nothing to catch up on, but "on" must mean that Redis answered
             await self._in.call(b"PING")
             found = []
@@ -301,15 +305,15 @@ class RouteSync:
             self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
             return 0
         self._last_id, self._last_key = found[0][0], _key(found[0][0])
-        recent = time.time() - self.settings.stale_after_s
+        recent = _time_ms(now) - self._stale_ms
         live: set[str] = set()
-        for _, fields in reversed(found):
+        for entry_id, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
                 self._apply_routes(batch, live=False)  # history: no context is live by it
                 if batch.bye:
                     live.discard(batch.member)
-                elif batch.sent_at >= recent:
+                elif _ms(entry_id) >= recent:
                     live.add(batch.member)
         return len(live)
 
@@ -435,6 +439,12 @@ class RouteSync:
 
 
 _NONE = ReplicaLoad(-1)  # "never published"
+
+
+def _time_ms(reply: object) -> int:
+    """Redis's clock in milliseconds from its TIME reply (RESP2: ``[b"<s>", b"<us>"]``)."""
+    seconds, micros = cast("list[bytes]", reply)
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _ms(entry_id: bytes) -> int:

@@ -152,13 +152,20 @@ async def test_caught_up_routes_make_no_context_live(redis_url: str) -> None:
 async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live(
     redis_url: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Peers live at start: those that wrote within ``stale_after_s`` and did not say goodbye."""
+    """Peers live at start: those that wrote within ``stale_after_s`` and did not say goodbye,
+    judged by when Redis wrote their entries, not by their clocks (here "old", 10 s ago by
+    Redis's clock, has a clock an hour ahead; "live-2" and "live-3" clocks an hour behind:
+    counted by their clocks, that made 2 live peers, "old" and "live-1")."""
     caplog.set_level(logging.INFO, logger="gateway.fleet")
     r = aioredis.Redis.from_url(redis_url)
     now = time.time()
-    for member, sent_at, bye in [("old", now - 10, False), ("left", now, False),
-                                 ("left", now, True), ("live-1", now, False),
-                                 ("live-2", now - 1, False)]:
+    seconds, micros = await r.time()
+    redis_ms = seconds * 1000 + micros // 1000
+    fields = encode("old", now + 3600, [], {})
+    await r.xadd(KEY, fields, id=f"{redis_ms - 10_000}-0")  # type: ignore[arg-type]
+    for member, sent_at, bye in [("left", now, False), ("left", now, True),
+                                 ("live-1", now, False), ("live-2", now - 3600, False),
+                                 ("live-3", now - 3600, False)]:
         await _add(r, encode(member, sent_at, [], {}, bye=bye))
     await r.aclose()
     sync = _sync(redis_url, Router(RouterConfig()), stale_after_s=2.0)
@@ -166,7 +173,7 @@ async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live
         address = redis_url.removeprefix("redis://").removesuffix("/0")
         assert [m.getMessage() for m in caplog.records] == [
             f"shared routing state: connecting to Redis at {address}",
-            "shared routing state on (2 peers)",
+            "shared routing state on (3 peers)",
         ]
 
 
