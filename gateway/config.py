@@ -224,6 +224,7 @@ class SyncSection(_Section):
     heartbeat_s: Pos = 0.5  # a quiet gateway still says it is alive (and its load)
     stale_after_s: Pos = 2.0  # a peer not heard from this long ages out with its load
     stream_maxlen: Annotated[int, Field(ge=100)] = 20_000  # entries kept (approximate)
+    stream_max_mb: Annotated[int, Field(ge=1)] = 64  # and at most this much of Redis's memory
     catchup_entries: Annotated[int, Field(ge=0)] = 5_000  # routes read at start (warm start)
     max_entries_per_tick: Annotated[int, Field(ge=1)] = 256  # applied per event-loop turn
     timeout_s: Pos = 1.0  # per Redis call; then degraded

@@ -51,6 +51,7 @@ from gateway.scrape import Sample, Scraper
 from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.last_state import LastState
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, default_transport
 from routing.peers import ReplicaLoad
@@ -142,6 +143,9 @@ async def _start_tenancy(
     if not tcfg.auth:  # the 'default' tier: models' default pools, no limits unless set
         tenants.append(Tenant(id=NO_AUTH_TENANT, tier=DEFAULT_TIER))
     stack.push_async_callback(tenancy.close)
+    slot = worker_metrics.current()
+    if slot is not None and tenancy.redis_url is not None:  # for a worker restarted meanwhile
+        tenancy.resolver.last_state = LastState(slot.directory / "tenancy-state.json")
     await tenancy.start(tenants=tenants, policy=cfg.policy_doc())
     labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
     gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,
@@ -193,6 +197,7 @@ def _route_sync(
     settings = SyncSettings(
         flush_interval_s=sc.flush_interval_ms / 1000.0, heartbeat_s=sc.heartbeat_s,
         stale_after_s=sc.stale_after_s, stream_maxlen=sc.stream_maxlen,
+        stream_max_mb=sc.stream_max_mb,
         catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
         timeout_s=sc.timeout_s,
     )

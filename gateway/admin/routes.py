@@ -53,8 +53,8 @@ from gateway.errors import (
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
-from gateway.tenancy.models import AuditEntry, KeyRecord, PolicySnapshot, Tenant
-from gateway.tenancy.store import TenantStore, check_policy_version
+from gateway.tenancy.models import NAME_PATTERN, AuditEntry, KeyRecord, PolicySnapshot, Tenant
+from gateway.tenancy.store import TenantStore, apply_tenant_changes, check_policy_version
 
 __all__ = ["AdminDeps", "make_admin_router", "merge_patch"]
 
@@ -188,12 +188,19 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
     @router.get("/tenants")
-    async def list_tenants(who: Who) -> dict[str, Any]:
-        tenants = await ctx.store.list_tenants()
-        keys = await ctx.store.keys_by_tenant()
+    async def list_tenants(
+        who: Who, limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        after: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    ) -> dict[str, Any]:
+        """A page of tenants in id order, OpenAI's list shape: ``after`` the last id of the
+        previous page."""
+        tenants, more = await ctx.store.tenant_page(after, limit)
+        keys = await ctx.store.keys_by_tenant([t.id for t in tenants])
         epochs = await ctx.store.salt_group_epochs()
         return {"object": "list",
-                "data": [tenant_view(t, keys.get(t.id, []), epochs) for t in tenants]}
+                "data": [tenant_view(t, keys.get(t.id, []), epochs) for t in tenants],
+                "first_id": tenants[0].id if tenants else None,
+                "last_id": tenants[-1].id if tenants else None, "has_more": more}
 
     @router.get("/tenants/{tenant_id}")
     async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
@@ -208,8 +215,13 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             if body.tier is None:
                 raise BadRequest("tier: must not be null", param="tier")
             await ctx.check_tier(body.tier)
+        current = await ctx.tenant(tenant_id)
+        changed = _changed(current, apply_tenant_changes(current, changes))
+        if not changed:
+            # values it already has: no write (every gateway would reload), no audit entry
+            return await ctx.view(current)
         tenant = await ctx.store.update_tenant(tenant_id, changes)
-        await ctx.audit(who, "tenant.update", tenant_id, fields=sorted(changes))
+        await ctx.audit(who, "tenant.update", tenant_id, fields=changed)
         return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
@@ -235,6 +247,13 @@ def _tenant_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         tenant = await ctx.tenant(tenant_id)
         view = tenant_view(tenant, await ctx.store.list_keys(tenant_id), {})
         return {**view, "salt_epoch": rotation.epoch, "scope": rotation.scope}
+
+
+def _changed(old: Tenant, new: Tenant) -> list[str]:
+    """The fields whose values differ, sorted: a value sent that the tenant already has, or
+    a limit override dropped that was never set, is no change."""
+    before, after = old.model_dump(), new.model_dump()
+    return sorted(name for name, value in after.items() if before.get(name) != value)
 
 
 def _key_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:

@@ -1,7 +1,7 @@
 """`kvgate admin ...`: a small client for a running gateway's admin API.
 
     kvgate admin --url URL [--token-env KVGATE_ADMIN_TOKEN] tenants create ID --tier T
-    kvgate admin ... tenants list | get ID | delete ID
+    kvgate admin ... tenants list | get ID | delete ID     (list: every tenant, page by page)
     kvgate admin ... tenants update ID [--tier T] [--rpm N|none] [--tpm N|none]
                                        [--max-concurrency N|none]
     kvgate admin ... keys create TENANT | revoke TENANT KEY_ID
@@ -37,6 +37,7 @@ from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not
 __all__ = ["main"]
 
 POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
+PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -207,16 +208,43 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     headers["authorization"] = f"Bearer {token}"
+    url = args.url.rstrip("/") + path
     try:
-        response = httpx.request(
-            method, args.url.rstrip("/") + path, json=body, headers=headers, timeout=args.timeout
-        )
+        if args.group == "tenants" and args.action == "list":
+            response = _every_tenant(url, headers, args.timeout)
+        else:
+            response = httpx.request(method, url, json=body, headers=headers,
+                                     timeout=args.timeout)
     except httpx.HTTPError as exc:
         # the exception's text carries the reason (connection refused, timed out, ...)
         print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}",
               file=sys.stderr)
         return 1
     return _report(response, _confirmation(args))
+
+
+def _every_tenant(url: str, headers: dict[str, str], timeout: float) -> httpx.Response:
+    """`tenants list`: every tenant, one page after the other (the API answers `PAGE` at
+    most), as one list; the first answer that is not a page is returned as it is."""
+    data: list[Any] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": PAGE, **({"after": after} if after else {})}
+        response = httpx.get(url, params=params, headers=headers, timeout=timeout)
+        try:
+            page = response.json()
+        except ValueError:
+            return response
+        if response.is_error or not (isinstance(page, dict) and isinstance(page.get("data"),
+                                                                          list)):
+            return response
+        data += page["data"]
+        after = page.get("last_id")
+        if not (page.get("has_more") and after):
+            break
+    ends = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    whole = {**page, "data": data, "first_id": ends[0], "last_id": ends[1], "has_more": False}
+    return httpx.Response(200, json=whole, request=response.request)
 
 
 def _confirmation(args: argparse.Namespace) -> dict[str, Any] | None:

@@ -18,6 +18,8 @@ import asyncio
 
 import redis.asyncio as aioredis
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.tenancy.redis_conn import redis_address
 
@@ -39,7 +41,28 @@ class Link:
 
     async def pipeline(self, *commands: tuple[bytes | str | int, ...]) -> list[object]:
         """Several commands in one write, their replies in order (one round trip); the
-        builtin `TimeoutError` (an `OSError`) after the link's read timeout."""
+        builtin `TimeoutError` (an `OSError`) after the link's read timeout.
+
+        A connection opened by an earlier call that turns out closed (Redis restarted, or a
+        proxy dropped the idle connection) is the one failure a new connection cures: the
+        commands are sent once more, on a new one. Without that the call that discovered it
+        lost its batch (the first routes after every Redis restart). A retried XADD may, if
+        the old server wrote it before the connection went, land twice: harmless, a route
+        applied twice is the same route and loads are latest-wins. A timeout is not retried
+        (a slow Redis would only be asked twice as long); a new connection's failure is
+        final (Redis is down)."""
+        if self._conn is None:
+            return await self._round_trip(commands)
+        try:
+            return await self._round_trip(commands)
+        except BusyLoadingError:  # the server answered: still loading its data
+            raise
+        except (RedisConnectionError, ConnectionError):
+            return await self._round_trip(commands)  # the link has a new connection now
+
+    async def _round_trip(
+        self, commands: tuple[tuple[bytes | str | int, ...], ...]
+    ) -> list[object]:
         conn = self._conn
         if conn is None:
             conn = self._pool.make_connection()  # type: ignore[no-untyped-call]

@@ -69,7 +69,8 @@ class SyncCollector(Collector):
         yield peers
         lag = HistogramMetricFamily(
             "kvgate_sync_apply_lag_seconds",
-            "publication (writer's wall clock) to application here, per batch")
+            "a batch's write to Redis to its application here, per batch, on Redis's clock "
+            "(the entry's id; no host clock needs to agree with another)")
         cumulative, buckets = 0, []
         for bound, n in zip(LAG_BUCKETS, st.lag_buckets, strict=True):
             cumulative += n

@@ -6,7 +6,8 @@ Fields of an entry (all bytes; unknown fields are ignored, so a newer writer may
        a rolling upgrade never feeds a reader a format it would misread -- an incompatible
        change bumps ``v`` and writers publish the old version until every reader knows both
     m  the writer's member id (host:pid:random)
-    t  the writer's wall clock at publication, seconds (apply lag on one machine)
+    t  the writer's wall clock at publication, seconds (read by older readers; this one
+       judges time by the entry's id, Redis's clock: apply lag, peers live at start)
     r  JSON list of routes, ``[[replica, tail_blocks, n_blocks], ...]``
     h  the routes' block hashes, concatenated, little-endian unsigned 64-bit (8 x n bytes)
     l  JSON object of the writer's own load that changed, ``{replica: [inflight, prefill,

@@ -2,7 +2,8 @@
 per-replica load, and applies every other process's records to its router.
 
 One Redis Stream per namespace (``{namespace}:routes``), trimmed to about ``stream_maxlen``
-entries. Two owned tasks, one raw connection each:
+entries, fewer when they are large (``stream_max_mb``: `gateway.fleet.budget`). Two owned
+tasks, one raw connection each:
 
 - the publisher takes the router's outbox (chains it routed) and the own loads that changed
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
@@ -39,11 +40,14 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.exceptions import RedisError
 
+from gateway.fleet.budget import StreamBudget
 from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
+from gateway.fleet.redis_clock import RedisClock
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause
 from routing.peers import ZERO, ReplicaLoad
@@ -69,6 +73,7 @@ class SyncSettings:
     heartbeat_s: float = 0.5
     stale_after_s: float = 2.0
     stream_maxlen: int = 20_000
+    stream_max_mb: int = 64  # the stream's share of Redis's memory (`gateway.fleet.budget`)
     catchup_entries: int = 5_000
     max_entries_per_tick: int = 256
     timeout_s: float = 1.0
@@ -82,7 +87,8 @@ class SyncStats:
     applied: int = 0  # peers' entries applied
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> entries or routes
     up: bool = False
-    # apply lag (publisher's wall clock -> applied here): a histogram, and the recent values
+    # apply lag (written to Redis -> applied here, on Redis's clock: `RedisClock`): a
+    # histogram, and the recent values
     lag_buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS))
     lag_count: int = 0
     lag_sum: float = 0.0
@@ -146,6 +152,8 @@ class RouteSync:
         # up (a Redis out of memory, or a replica after a failover, answers reads and refuses
         # writes: "up" on every read was a warning and an info line every half second)
         self._write_failed = False
+        self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
+        self._budget = StreamBudget(settings.stream_maxlen, settings.stream_max_mb << 20)
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -214,7 +222,7 @@ class RouteSync:
         return encode(self.member, time.time(), routes, changed)
 
     def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
-        return (b"XADD", self.key, b"MAXLEN", b"~", self.settings.stream_maxlen, b"*",
+        return (b"XADD", self.key, b"MAXLEN", b"~", self._budget.trim_to(fields), b"*",
                 *(x for kv in fields.items() for x in kv))
 
     async def _xadd(self, fields: dict[bytes, bytes]) -> None:
@@ -258,6 +266,7 @@ class RouteSync:
             if reads:
                 commands.append((b"XREAD", b"COUNT", self.settings.max_entries_per_tick,
                                  b"STREAMS", self.key, self._last_id))
+            sent = self._redis_clock.clock()
             try:
                 replies = await self._out.pipeline(*commands)
             except (RedisError, OSError) as exc:
@@ -274,6 +283,7 @@ class RouteSync:
                 self.stats.published += 1
                 self._write_failed = False
                 self._check_order(replies[0])
+                self._redis_clock.sample(sent, self._redis_clock.clock(), replies[0])
             self._answered()
             if reads:
                 self._take(replies[-1])
@@ -281,10 +291,13 @@ class RouteSync:
     # -- reading ------------------------------------------------------------------------------
     async def _catch_up(self) -> int:
         """Apply the routes of the recent entries (their loads are old: not applied); the
-        number of peers among them that wrote within ``stale_after_s`` (by their clocks)."""
+        number of peers among them that wrote within ``stale_after_s``, by Redis's clock
+        (its TIME against the entries' ids: a peer's clock may be off, ours too)."""
         n = self.settings.catchup_entries
         if n:
-            found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
+            now, raw = await self._in.pipeline(
+                (b"TIME",), (b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
+            found = entries(raw)
         else:  # nothing to catch up on, but "on" must mean that Redis answered
             await self._in.call(b"PING")
             found = []
@@ -292,15 +305,15 @@ class RouteSync:
             self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
             return 0
         self._last_id, self._last_key = found[0][0], _key(found[0][0])
-        recent = time.time() - self.settings.stale_after_s
+        recent = _time_ms(now) - self._stale_ms
         live: set[str] = set()
-        for _, fields in reversed(found):
+        for entry_id, fields in reversed(found):
             batch = self._decode(fields)
             if batch is not None and batch.member != self.member:
                 self._apply_routes(batch, live=False)  # history: no context is live by it
                 if batch.bye:
                     live.discard(batch.member)
-                elif batch.sent_at >= recent:
+                elif _ms(entry_id) >= recent:
                     live.add(batch.member)
         return len(live)
 
@@ -355,7 +368,7 @@ class RouteSync:
                     continue  # our own batch, skipped undecoded (`encode` writes v, m, ..)
                 # loads older than the staleness bound (a backlog after an outage) are
                 # history: their routes still count, their loads do not (Redis's clock)
-                self._apply(dict(zip(flat[::2], flat[1::2], strict=True)),
+                self._apply(dict(zip(flat[::2], flat[1::2], strict=True)), key[0],
                             newest - key[0] <= self._stale_ms)
         return held
 
@@ -368,7 +381,8 @@ class RouteSync:
             self.stats.drop("malformed")
         return None
 
-    def _apply(self, fields: Mapping[bytes, bytes], current: bool = True) -> None:
+    def _apply(self, fields: Mapping[bytes, bytes], written_ms: int,
+               current: bool = True) -> None:
         batch = self._decode(fields)
         if batch is None or batch.member == self.member:
             return
@@ -385,7 +399,9 @@ class RouteSync:
         known = self._known
         loads = {k: v for k, v in batch.loads.items() if known(k)}
         router.apply_peer_load(batch.member, loads, self._clock())
-        self.stats.lag(max(0.0, time.time() - batch.sent_at))
+        lag = self._redis_clock.lag(written_ms)  # not the writer's clock against ours
+        if lag is not None:
+            self.stats.lag(lag)
 
     def _apply_routes(self, batch: Batch, live: bool) -> None:
         known, routes = self._known, batch.routes
@@ -423,6 +439,12 @@ class RouteSync:
 
 
 _NONE = ReplicaLoad(-1)  # "never published"
+
+
+def _time_ms(reply: object) -> int:
+    """Redis's clock in milliseconds from its TIME reply (RESP2: ``[b"<s>", b"<us>"]``)."""
+    seconds, micros = cast("list[bytes]", reply)
+    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def _ms(entry_id: bytes) -> int:

@@ -30,7 +30,8 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from bisect import bisect_right
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -263,6 +264,19 @@ class RedisStore(TenantStore):
         tenants = _readable(raw, tenant_from_json, "tenant", skipped)
         return sorted(tenants.values(), key=lambda t: t.id)
 
+    async def tenant_page(self, after: str | None, limit: int) -> tuple[list[Tenant], bool]:
+        """The ids only, sorted, then the page's records: a page parses `limit` records,
+        not every tenant (an unreadable one is left out, as from `list_tenants`)."""
+        with redis_unavailable():
+            ids = sorted(map(_text, await self._r.hkeys(self._k("tenants"))))
+            if after is not None:
+                ids = ids[bisect_right(ids, after):]
+            page = ids[:limit]
+            raws = await self._r.hmget(self._k("tenants"), page) if page else []
+        stored = {tid: _text(raw) for tid, raw in zip(page, raws, strict=True) if raw is not None}
+        tenants = _readable(stored, tenant_from_json, "tenant", [])
+        return [tenants[tid] for tid in page if tid in tenants], len(ids) > limit
+
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first. Fields of
         the stored record this kvgate does not know (a newer one wrote them) are kept."""
@@ -318,12 +332,31 @@ class RedisStore(TenantStore):
         found = list(_readable(stored, key_from_json, "key", []).values())
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
-    async def keys_by_tenant(self) -> dict[str, list[KeyRecord]]:
-        """One read of every key record, not two per tenant."""
+    async def keys_by_tenant(
+        self, tenant_ids: Collection[str] | None = None
+    ) -> dict[str, list[KeyRecord]]:
+        """One read of every key record, not two per tenant; for a page of tenants, their
+        key indexes in one round trip and their records in a second."""
+        if tenant_ids is not None:
+            return await self._keys_of(tenant_ids)
         with redis_unavailable():
             raw = _texts(await self._r.hgetall(self._k("keys")))
         found: dict[str, list[KeyRecord]] = {}
         for record in _readable(raw, key_from_json, "key", []).values():
+            found.setdefault(record.tenant_id, []).append(record)
+        return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
+                for tid, records in found.items()}
+
+    async def _keys_of(self, tenant_ids: Collection[str]) -> dict[str, list[KeyRecord]]:
+        with redis_unavailable():
+            async with self._r.pipeline(transaction=False) as pipe:
+                for tid in tenant_ids:
+                    pipe.hvals(self._k("tkeys", tid))
+                hashes = [_text(h) for found in await pipe.execute() for h in found]
+            raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
+        stored = {h: _text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
+        found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
+        for record in _readable(stored, key_from_json, "key", []).values():
             found.setdefault(record.tenant_id, []).append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}

@@ -18,6 +18,9 @@ group's tenants are refused (503) rather than given a salt from a guessed epoch:
 be the group's own first salt (no other tenant's, as the subject names the group) but would
 undo a rotation made to leave that cache. A tenant whose tier the policy in force does not
 define is never admitted (403): its limits would be unknown, and limits are never silently off.
+A worker of several (`server.workers`) keeps what it loaded in a file its siblings share
+(`last_state`): one started again while the store does not answer starts from it, degraded
+and as stale as the file, instead of refusing every request until the store is back.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from gateway.errors import (
 )
 from gateway.policy_doc import DEFAULT_TIER, Limits
 from gateway.tenancy.keys import hash_key
+from gateway.tenancy.last_state import LastState
 from gateway.tenancy.models import (
     Change,
     PolicySnapshot,
@@ -157,6 +161,9 @@ class TenantResolver:
         # the configuration's policy: in force while the stored one is unreadable and no
         # readable one was ever loaded (`Tenancy.start` sets it)
         self.configured_policy: PolicySnapshot | None = None
+        # a worker of several (`server.workers`): where the workers keep the state they last
+        # loaded, for one started again while the store does not answer (`gateway.workers`)
+        self.last_state: LastState | None = None
         self._policy_source: str | None = None
         # one refresh at a time: the sync loop's and an admin write's (`read_your_writes`)
         # must not apply their snapshots out of order. This, not a generation compare, keeps
@@ -174,7 +181,8 @@ class TenantResolver:
     async def start(self) -> None:
         """Load once (a failure leaves us degraded, not crashed) and start syncing."""
         self._unsubscribe = self._store.subscribe(self._on_change)
-        await self.refresh()
+        if not await self.refresh() and not self._loaded:
+            self._start_from_last_state()
         self._task = asyncio.create_task(self._sync_loop(), name="tenancy-sync")
 
     async def close(self) -> None:
@@ -232,8 +240,10 @@ class TenantResolver:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
                     self._answers = True
                     return False
-                self._apply(snap)
+                applied = self._apply(snap)
                 self._mark = mark
+                if self.last_state is not None:
+                    await self.last_state.keep(applied, mark)
         except BackendUnavailable as exc:
             if self._store.reach is not None and isinstance(exc, StoreUnreachable):
                 self._store.reach.failed(exc.cause)  # the store's one voice in the log
@@ -254,7 +264,22 @@ class TenantResolver:
         self._fresh_at = self._clock()
         self._degraded_reason = None
         self._answers = True
+        if self.last_state is not None:
+            self.last_state.confirmed()
         return True
+
+    def _start_from_last_state(self) -> None:
+        """The store did not answer our first load: start from the state the other workers
+        of this gateway last loaded, as stale as it is, like they serve it (degraded)."""
+        saved = self.last_state.load() if self.last_state is not None else None
+        if saved is None:
+            return
+        self._apply(saved.snapshot)
+        self._mark = saved.mark
+        self._fresh_at = self._clock() - saved.age_s
+        log.warning("tenancy store not answering: serving the state the other workers last "
+                    "loaded (%.0f s old) until it does", saved.age_s,
+                    extra={"generation": saved.snapshot.generation})
 
     async def _reseeded(self) -> str | None:
         """The store lost its bootstrap marker: seed it from configuration before reading it.
@@ -274,7 +299,9 @@ class TenantResolver:
             "tenants re-seeded from configuration; API keys, tenants made through the admin "
             "API and rate-limit budgets were lost", extra={"store_resets": self._resets})
 
-    def _apply(self, snap: StoreSnapshot) -> None:
+    def _apply(self, snap: StoreSnapshot) -> StoreSnapshot:
+        """Put ``snap`` in force; returns it as applied (an unreadable policy or epoch
+        replaced by the last one read)."""
         old_policy = self._state.policy
         self._note_skipped(snap.skipped)
         source = FROM_STORE if snap.policy is not None else None
@@ -301,6 +328,7 @@ class TenantResolver:
                     callback(snap.policy)
                 except Exception:
                     log.exception("policy change callback failed")
+        return snap
 
     def _epochs(self, snap: StoreSnapshot) -> dict[str, int]:
         """The snapshot's salt-group epochs, an unreadable one replaced by the last one read."""

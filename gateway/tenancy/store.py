@@ -9,7 +9,8 @@ mutation bumps a store-wide `generation` and notifies subscribers; readers on th
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from bisect import bisect_right
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -83,6 +84,15 @@ class TenantStore(ABC):
     @abstractmethod
     async def list_tenants(self) -> list[Tenant]: ...
 
+    async def tenant_page(self, after: str | None, limit: int) -> tuple[list[Tenant], bool]:
+        """At most `limit` tenants in id order, those after the id `after` (None: from the
+        first; it need not exist: a tenant deleted between two pages), and whether more
+        follow."""
+        tenants = await self.list_tenants()
+        if after is not None:
+            tenants = tenants[bisect_right([t.id for t in tenants], after):]
+        return tenants[:limit], len(tenants) > limit
+
     @abstractmethod
     async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
         """Apply `changes` (tier, limits, salt_group) atomically; returns the new tenant."""
@@ -105,9 +115,14 @@ class TenantStore(ABC):
     @abstractmethod
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]: ...
 
-    async def keys_by_tenant(self) -> dict[str, list[KeyRecord]]:
-        """Every tenant's key records (as `list_keys` orders them), for listing tenants."""
-        return {t.id: await self.list_keys(t.id) for t in await self.list_tenants()}
+    async def keys_by_tenant(
+        self, tenant_ids: Collection[str] | None = None
+    ) -> dict[str, list[KeyRecord]]:
+        """Every tenant's key records (as `list_keys` orders them), or those of
+        `tenant_ids` (a page of tenants), for listing tenants."""
+        if tenant_ids is None:
+            tenant_ids = [t.id for t in await self.list_tenants()]
+        return {tid: await self.list_keys(tid) for tid in tenant_ids}
 
     # -- salt groups -----------------------------------------------------------------------
     @abstractmethod

@@ -531,3 +531,79 @@ async def test_a_tenant_created_without_a_tier_gets_the_default_tier(admin: Admi
         assert r.status_code == 201, r.text
         assert r.json()["tier"] == "default", r.text
     assert (await c.get("/admin/tenants/grouped")).json()["salt_group"] == "team"
+
+
+async def test_a_patch_with_the_values_a_tenant_has_is_not_a_change(admin: Admin) -> None:
+    """A PATCH whose values equal the tenant's (its tier, a limit it has, a limit it does not
+    override dropped, its group) was written back, bumping the store's generation (every
+    gateway reloads) and audited as a change: it is answered as the tenant is. Validation
+    still comes first, and a real change among them is written and audited once."""
+    c = admin.client
+    created = (await c.post("/admin/tenants", json={
+        "id": "acme", "tier": "premium", "limits": {"rpm": 100}, "salt_group": "pub"})).json()
+    before = (await c.get("/admin/audit")).json()["data"]
+    generation = await admin.store.generation()
+    for patch in ({"tier": "premium"}, {"limits": {"rpm": 100}}, {"limits": {"tpm": None}},
+                  {"salt_group": "pub"},
+                  {"tier": "premium", "limits": {"rpm": 100, "max_concurrency": None},
+                   "salt_group": "pub"}):
+        r = await c.patch("/admin/tenants/acme", json=patch)
+        assert r.status_code == 200 and r.json() == created, (patch, r.text)
+    assert (await c.get("/admin/audit")).json()["data"] == before
+    assert await admin.store.generation() == generation
+    assert _error(await c.patch("/admin/tenants/acme", json={"tier": "gold"}), 400)["param"] \
+        == "tier"
+    assert _error(await c.patch("/admin/tenants/ghost", json={"tier": "premium"}), 404)
+    r = await c.patch("/admin/tenants/acme", json={"tier": "premium", "limits": {"rpm": 50}})
+    assert r.status_code == 200 and r.json()["limits"] == {"rpm": 50}
+    after = (await c.get("/admin/audit")).json()["data"]
+    assert len(after) == len(before) + 1
+    assert after[0]["action"] == "tenant.update" and after[0]["detail"]["fields"] == ["limits"]
+
+
+async def test_tenants_are_listed_in_pages(admin: Admin) -> None:
+    """`GET /admin/tenants` answered every tenant at once, keys included: `limit` (1-1000,
+    100 by default) and `after` (the last id of the previous page) page through them in id
+    order, as OpenAI's lists do (`has_more`, `first_id`, `last_id`)."""
+    c = admin.client
+    ids = [f"t{i:02d}" for i in range(7)]
+    for tid in reversed(ids):
+        assert (await c.post("/admin/tenants", json={"id": tid, "tier": "free"})).status_code \
+            == 201
+    key = (await c.post("/admin/tenants/t03/keys")).json()
+    seen: list[str] = []
+    after: str | None = None
+    while True:
+        params: dict[str, Any] = {"limit": 3, **({"after": after} if after else {})}
+        page = (await c.get("/admin/tenants", params=params)).json()
+        assert page["object"] == "list" and len(page["data"]) <= 3
+        seen += [t["id"] for t in page["data"]]
+        if page["data"]:
+            assert (page["first_id"], page["last_id"]) == (page["data"][0]["id"],
+                                                           page["data"][-1]["id"])
+        if not page["has_more"]:
+            break
+        after = page["last_id"]
+    assert seen == ids
+    whole = (await c.get("/admin/tenants")).json()  # 100 by default: all of these
+    assert [t["id"] for t in whole["data"]] == ids and whole["has_more"] is False
+    t03 = next(t for t in whole["data"] if t["id"] == "t03")
+    assert [k["id"] for k in t03["keys"]] == [key["id"]]
+    # a cursor that is no tenant (deleted since) still pages on from where it sorts
+    page = (await c.get("/admin/tenants", params={"after": "t025", "limit": 2})).json()
+    assert [t["id"] for t in page["data"]] == ["t03", "t04"] and page["has_more"] is True
+    last = (await c.get("/admin/tenants", params={"after": "t06"})).json()
+    assert last["data"] == [] and last["has_more"] is False
+    assert last["first_id"] is None and last["last_id"] is None
+
+
+@pytest.mark.parametrize(("params", "param"), [
+    ({"limit": 0}, "limit"), ({"limit": 1001}, "limit"), ({"limit": "ten"}, "limit"),
+    ({"limit": ""}, "limit"), ({"after": ""}, "after"), ({"after": "-x"}, "after"),
+    ({"after": "a" * 65}, "after"), ({"after": "a/b"}, "after"),
+])
+async def test_bad_paging_values_are_400s(
+    admin: Admin, params: dict[str, Any], param: str
+) -> None:
+    err = _error(await admin.client.get("/admin/tenants", params=params), 400)
+    assert err["param"] == param and err["type"] == "BadRequestError", err

@@ -264,3 +264,23 @@ def test_help_describes_every_command() -> None:
                 assert len(line.split()) > 1, f"{group} {action} has no description"
     assert "required: command" in admin().stderr
     assert "required: action" in admin("keys").stderr
+
+
+async def test_tenants_list_prints_every_page(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The API answers tenants a page at a time: `tenants list` follows the pages and prints
+    them all as one list (here pages of 2)."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setattr(admin_cli, "PAGE", 2)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        for tid in ("e", "a", "d", "c", "b"):
+            code, _, err = await _cli(capsys, "--url", url, "tenants", "create", tid)
+            assert code == 0, err
+        code, out, err = await _cli(capsys, "--url", url, "tenants", "list")
+        assert code == 0, err
+        listed = json.loads(out)
+        assert [t["id"] for t in listed["data"]] == ["a", "b", "c", "d", "e"]
+        assert (listed["first_id"], listed["last_id"], listed["has_more"]) == ("a", "e", False)

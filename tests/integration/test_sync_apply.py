@@ -19,6 +19,7 @@ from gateway.fleet.records import encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
+from routing.types import RequestFeatures
 from tests.support.procs import free_port
 
 KEY = b"kvgate:routes"
@@ -151,13 +152,20 @@ async def test_caught_up_routes_make_no_context_live(redis_url: str) -> None:
 async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live(
     redis_url: str, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Peers live at start: those that wrote within ``stale_after_s`` and did not say goodbye."""
+    """Peers live at start: those that wrote within ``stale_after_s`` and did not say goodbye,
+    judged by when Redis wrote their entries, not by their clocks (here "old", 10 s ago by
+    Redis's clock, has a clock an hour ahead; "live-2" and "live-3" clocks an hour behind:
+    counted by their clocks, that made 2 live peers, "old" and "live-1")."""
     caplog.set_level(logging.INFO, logger="gateway.fleet")
     r = aioredis.Redis.from_url(redis_url)
     now = time.time()
-    for member, sent_at, bye in [("old", now - 10, False), ("left", now, False),
-                                 ("left", now, True), ("live-1", now, False),
-                                 ("live-2", now - 1, False)]:
+    seconds, micros = await r.time()
+    redis_ms = seconds * 1000 + micros // 1000
+    fields = encode("old", now + 3600, [], {})
+    await r.xadd(KEY, fields, id=f"{redis_ms - 10_000}-0")  # type: ignore[arg-type]
+    for member, sent_at, bye in [("left", now, False), ("left", now, True),
+                                 ("live-1", now, False), ("live-2", now - 3600, False),
+                                 ("live-3", now - 3600, False)]:
         await _add(r, encode(member, sent_at, [], {}, bye=bye))
     await r.aclose()
     sync = _sync(redis_url, Router(RouterConfig()), stale_after_s=2.0)
@@ -165,7 +173,7 @@ async def test_the_start_lines_say_where_it_connects_and_how_many_peers_are_live
         address = redis_url.removeprefix("redis://").removesuffix("/0")
         assert [m.getMessage() for m in caplog.records] == [
             f"shared routing state: connecting to Redis at {address}",
-            "shared routing state on (2 peers)",
+            "shared routing state on (3 peers)",
         ]
 
 
@@ -356,3 +364,25 @@ async def test_a_redis_that_refuses_writes_is_down_until_writes_succeed(
     ], lines
     assert lines[1].startswith(
         f"shared routing state: Redis at {sync.reach.address} answers again")
+
+
+async def test_the_stream_stays_within_its_memory_budget(redis_url: str) -> None:
+    """Large batches (a high request rate) fill the stream long before `stream_maxlen`
+    entries: trimmed by entries alone, 600 batches of ~3.4 KB kept them all (~2.4 MiB
+    here, ~270 MB at 2,000 requests/s with the defaults); the budget keeps it under 1 MiB."""
+    router = Router(RouterConfig())
+    sync = _sync(redis_url, router, flush_interval_s=0.002, catchup_entries=0,
+                 stream_max_mb=1)
+    async with _running(redis_url, sync) as r:
+        blocks = itertools.count(1)
+        for _ in range(600):
+            published = sync.stats.published
+            for _ in range(2):  # 2 routes of 200 blocks a batch
+                chain = tuple(next(blocks) for _ in range(200))
+                router.record_route("a:1", RequestFeatures("m", chain, 200 * 64),
+                                    time.monotonic())
+            await _until(lambda n=published: sync.stats.published > n)  # type: ignore[misc]
+        used = await r.memory_usage(KEY, samples=0)
+        length = await r.xlen(KEY)
+    assert used is not None and used <= 1 << 20, (used, length)
+    assert 100 <= length < 600

@@ -100,3 +100,48 @@ async def _published_again(*syncs: RouteSync) -> None:
     before = [s.stats.published for s in syncs]
     await _until(lambda: all(s.stats.published > n for s, n in zip(syncs, before, strict=True)),
                  within_s=10.0)
+
+
+async def test_the_first_batch_after_a_redis_restart_is_published() -> None:
+    """Redis restarted: the publisher's connection is closed, and the first batch it sends
+    finds out. That batch (here a route, the only one: no heartbeat for a minute) went
+    nowhere, counted as unpublished; it is sent again, once, on a new connection."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    router, mine = Router(RouterConfig()), Router(RouterConfig())
+    quiet = SyncSettings(stale_after_s=30.0, catchup_entries=0, heartbeat_s=60.0)
+    me = RouteSync(mine, url, "kvgate", quiet, own_loads=dict, known=KNOWN.__contains__,
+                   clock=time.monotonic, member="me")
+    peer = _sync(url, "peer", dict, router)
+    with proc:
+        await peer.start()
+        await me.start()
+        await _published_again(me)  # the first heartbeat: the publisher's connection is open
+    fresh, _ = redis_proc(port)
+    try:
+        with fresh:
+            mine.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+            await _until(lambda: router.state.index.entries("a:1") == 2, within_s=5.0)
+            assert me.stats.dropped.get("unpublished", 0) == 0
+    finally:
+        await me.stop()
+        await peer.stop()
+
+
+async def test_the_apply_lag_does_not_depend_on_the_peers_clocks(redis_url: str) -> None:
+    """Peers whose clocks are an hour behind and an hour ahead of ours: the lag was our clock
+    minus theirs (an hour, and 0); measured on Redis's clock it is the time the batch waited."""
+    me = _sync(redis_url, "me", dict, Router(RouterConfig()))
+    await me.start()
+    try:
+        await _published_again(me)  # our own write told us Redis's clock
+        r = aioredis.Redis.from_url(redis_url)
+        load = {"a:1": ReplicaLoad(1, 0, 0, 0.0)}
+        for member, skew in (("behind", -3600.0), ("ahead", 3600.0)):
+            fields = encode(member, time.time() + skew, [], load)
+            await r.xadd("kvgate:routes", fields)  # type: ignore[arg-type]
+        await r.aclose()
+        await _until(lambda: me.stats.lag_count == 2)
+        assert all(0.0 <= lag < 600.0 for lag in me.stats.recent_lags), me.stats.recent_lags
+    finally:
+        await me.stop()

@@ -1,0 +1,140 @@
+"""The tenancy state the workers of one gateway last loaded, kept where a restarted worker
+finds it (`server.workers`).
+
+A worker that dies (the OOM killer, ``kill -9``) is started again by the supervisor. While
+Redis answers it loads the store like any gateway; while Redis is down it could load nothing
+and answered every request 503 ("no API key or policy is loaded") and /readyz "not ready",
+beside siblings that serve their last known state: an answer depended on which worker the
+kernel handed the connection to. So every worker writes what it loaded from the store to one
+file in the supervisor's directory (private to the gateway's user, removed when the
+supervisor exits), and touches it each time the store confirms it; a worker whose first load
+fails starts from that file, as stale as the file says (its mtime: when the store last
+answered any worker), and serves it degraded, exactly as its siblings do.
+
+The file holds what the store holds: tenants, key *hashes* (never a key), the policy, salt
+group epochs and the store's bootstrap marker (so a wipe noticed later is noticed by the
+restarted worker too). It is written whole to a temporary name and renamed over the file, so
+a reader sees one write or the other, never half of one. A file that cannot be read is
+ignored (the worker then waits for Redis, as before), never trusted in part.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from gateway.tenancy.models import KeyRecord, PolicySnapshot, StoreSnapshot
+from gateway.tenancy.store import policy_from_json, tenant_from_json, tenant_to_json
+
+__all__ = ["LastState", "Saved"]
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1  # bumped by an incompatible change; another version is ignored
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """What a restarted worker starts from."""
+
+    snapshot: StoreSnapshot
+    mark: str | None  # the store's bootstrap marker the state was read under
+    age_s: float  # since the store last confirmed it (to any worker)
+
+
+class LastState:
+    """One file shared by the workers of a gateway: the last state loaded from the store."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._kept: tuple[int, str | None] | None = None  # (generation, mark) last written
+
+    async def keep(self, snap: StoreSnapshot, mark: str | None) -> None:
+        """`save` a state just loaded, in a thread (10,000 keys take tens of ms to write,
+        which the event loop must not wait for), unless it is the one written last: the
+        store's periodic whole reload finds the same generation most of the time."""
+        if self._kept == (snap.generation, mark):
+            return
+        self._kept = (snap.generation, mark)
+        await asyncio.to_thread(self.save, snap, mark)
+
+    def save(self, snap: StoreSnapshot, mark: str | None) -> None:
+        """Write the state just loaded (best effort: a full disk only costs the restart)."""
+        doc = {
+            "format": FORMAT,
+            "generation": snap.generation,
+            "mark": mark,
+            "tenants": [tenant_to_json(t) for t in snap.tenants.values()],
+            # as arrays: a pydantic dump per key cost ~5 us, 50 ms for 10,000 keys
+            "keys": [[k.key_id, k.tenant_id, k.key_hash, k.created_at]
+                     for k in snap.keys.values()],
+            "policy": None if snap.policy is None else
+            [snap.policy.version, snap.policy.doc.model_dump_json(exclude_unset=True)],
+            "group_epochs": snap.group_epochs,
+        }
+        try:
+            fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(orjson.dumps(doc))
+            os.replace(self._tmp, self.path)
+        except OSError as exc:
+            log.warning("cannot keep the tenancy state for restarted workers: %s",
+                        exc.strerror or type(exc).__name__)
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+
+    def confirmed(self) -> None:
+        """The store answered and our state is current: the file is as fresh as now."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path)
+
+    def load(self) -> Saved | None:
+        """The state the workers last loaded, or None (no file yet, or one unreadable)."""
+        try:
+            raw = self.path.read_bytes()
+            age = max(0.0, time.time() - self.path.stat().st_mtime)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read the tenancy state the other workers kept: %s",
+                        exc.strerror or type(exc).__name__)
+            return None
+        try:
+            return Saved(*_parse(raw), age_s=age)
+        except (ValueError, TypeError, KeyError) as exc:  # pydantic's errors are ValueErrors
+            log.warning("the tenancy state the other workers kept is unreadable (%s); "
+                        "ignored", type(exc).__name__)
+            return None
+
+
+def _parse(raw: bytes) -> tuple[StoreSnapshot, str | None]:
+    doc = orjson.loads(raw)
+    if doc["format"] != FORMAT:
+        raise ValueError("another format")
+    tenants = [tenant_from_json(t) for t in doc["tenants"]]
+    keys = [KeyRecord(key_id=i, tenant_id=t, key_hash=h, created_at=at)
+            for i, t, h, at in doc["keys"]]
+    policy = doc["policy"]
+    epochs = doc["group_epochs"]
+    if not (isinstance(epochs, dict) and all(type(v) is int for v in epochs.values())):
+        raise TypeError("group_epochs")
+    mark = doc["mark"]
+    if mark is not None and not isinstance(mark, str):
+        raise TypeError("mark")
+    snap = StoreSnapshot(
+        generation=int(doc["generation"]),
+        tenants={t.id: t for t in tenants},
+        keys={k.key_hash: k for k in keys},
+        policy=None if policy is None else
+        PolicySnapshot(int(policy[0]), policy_from_json(policy[1])),
+        group_epochs=dict(epochs),
+    )
+    return snap, mark

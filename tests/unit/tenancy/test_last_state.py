@@ -1,0 +1,100 @@
+"""The workers' last tenancy state on disk: what one writes another reads back whole, and a
+file it cannot read is ignored, never half trusted."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.policy_doc import Limits, parse_policy
+from gateway.tenancy.last_state import LastState
+from gateway.tenancy.models import KeyRecord, PolicySnapshot, StoreSnapshot, Tenant
+
+POLICY = parse_policy({
+    "pools": {"p": {"served_model": "m-p", "replicas": ["http://127.0.0.1:9"]}},
+    "models": {"m": {"default": "p"}},
+    "tiers": {"free": {"limits": {"rpm": 60}}},
+})
+SNAP = StoreSnapshot(
+    generation=7,
+    tenants={"acme": Tenant(id="acme", tier="free", limits=Limits(rpm=5), salt_group="g")},
+    keys={"ab" * 32: KeyRecord(key_id="key_0", tenant_id="acme", key_hash="ab" * 32,
+                               created_at=1.5)},
+    policy=PolicySnapshot(3, POLICY),
+    group_epochs={"g": 2},
+)
+
+
+def test_a_saved_state_reads_back_as_it_was(tmp_path: Path) -> None:
+    state = LastState(tmp_path / "t.json")
+    state.save(SNAP, "mark-1")
+    saved = LastState(tmp_path / "t.json").load()  # another worker's
+    assert saved is not None
+    assert saved.snapshot == SNAP and saved.mark == "mark-1"
+    assert saved.snapshot.tenants["acme"].limits.model_fields_set == {"rpm"}  # overrides only
+    assert stat.S_IMODE(os.stat(tmp_path / "t.json").st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["t.json"]  # no temporary file left
+
+
+def test_its_age_is_since_the_store_last_confirmed_it(tmp_path: Path) -> None:
+    state = LastState(tmp_path / "t.json")
+    state.save(SNAP, None)
+    an_hour_ago = time.time() - 3600
+    os.utime(tmp_path / "t.json", (an_hour_ago, an_hour_ago))
+    old = state.load()
+    assert old is not None and old.age_s >= 3599
+    state.confirmed()
+    now = state.load()
+    assert now is not None and now.age_s < 3599
+
+
+def test_no_file_is_no_state(tmp_path: Path) -> None:
+    assert LastState(tmp_path / "missing.json").load() is None
+    LastState(tmp_path / "missing.json").confirmed()  # nothing to touch: no error
+    assert not (tmp_path / "missing.json").exists()
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"{", b"[]", b'{"format": 2}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": ["{\\"id\\": \\"-bad\\"}"],'
+    b' "keys": [], "policy": null, "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": 5, "tenants": [], "keys": [], "policy": null,'
+    b' "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [], "policy": null,'
+    b' "group_epochs": {"g": "2"}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [],'
+    b' "policy": [1, "{\\"pools\\": 3}"], "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [5],'
+    b' "policy": null, "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [["a", "b"]],'
+    b' "policy": null, "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [],'
+    b' "keys": [["a", "b", "c", "yesterday"]], "policy": null, "group_epochs": {}}',
+])
+def test_an_unreadable_file_is_ignored(tmp_path: Path, content: bytes,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "t.json").write_bytes(content)
+    assert LastState(tmp_path / "t.json").load() is None
+    assert "unreadable" in caplog.text
+
+
+def test_a_directory_it_cannot_write_costs_only_the_file(tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    LastState(tmp_path / "gone" / "t.json").save(SNAP, None)
+    assert "cannot keep the tenancy state" in caplog.text
+
+
+async def test_keep_writes_a_state_once(tmp_path: Path) -> None:
+    """The periodic whole reload finds the same generation: not written again."""
+    state = LastState(tmp_path / "t.json")
+    await state.keep(SNAP, "m")
+    (tmp_path / "t.json").write_bytes(b"{}")  # so a second write would show
+    await state.keep(SNAP, "m")
+    assert (tmp_path / "t.json").read_bytes() == b"{}"
+    await state.keep(SNAP, "another mark")  # a wiped store re-seeded
+    saved = state.load()
+    assert saved is not None and saved.mark == "another mark"
