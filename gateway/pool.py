@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from gateway.config import KvgateConfig
+from gateway.errors import NoReplicaAvailable
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PoolConfig
 from gateway.replicas import HealthRules, Replica, RetryBudget
 from gateway.transport import Transport, TransportFactory, default_transport
@@ -66,6 +67,17 @@ class Pool:
         wait out a longer one with their own back-off instead)."""
         soonest = min((r.back_in(now) for r in self.replicas), default=0.0)
         return min(max(math.ceil(soonest), 1), _MAX_RETRY_AFTER_S)
+
+    def none_healthy(self, model: str, now: float) -> NoReplicaAvailable:
+        """The 503 of a request for `model` none of its replicas can take now: why (counted,
+        no address) and when to try again. The same answer whether the pick found none or
+        the request's own tries just found them gone (the first request after an outage)."""
+        return NoReplicaAvailable(f"No healthy replica for the model `{model}` "
+                                  f"({self.condition(now)}).", retry_after=self.retry_after(now))
+
+    def takes_requests(self, now: float) -> bool:
+        """Whether some replica may be sent a request now (busy back-offs aside)."""
+        return any(r.available(now) for r in self.replicas)
 
     def set_replicas(self, replicas: list[Replica]) -> None:
         # new list objects: a request iterating the old ones is not disturbed
