@@ -22,7 +22,8 @@ answered feeds the replica's health (`judge`):
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
   an error event) or stalls: a failure (consecutive failures eject);
 - a 200 that is not JSON, or not the stream the client asked for: a failure, retried
-  elsewhere (nothing reached the client yet), else a 502;
+  elsewhere (nothing reached the client yet), else a 502; so is a 2xx/3xx to a stream an
+  earlier try's keep-alive comments opened: the client's stream ends with a 502 event;
 - a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
   failure, never forwarded; before the stream reached the client (its head goes out with the
   first read that holds events; good events before the bad one in that read are not sent) it
@@ -345,7 +346,12 @@ class Relay:
                                 reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
-        if judge(replica, resp.status, data, self._clock()) == "wrong_model":
+        if req.sse and resp.status < 400:
+            # an earlier try's keep-alive comments opened the stream: a 2xx/3xx that is not
+            # the stream can only end it with a 502 event (`error_event`), and the replica is
+            # judged by what the client got, not by a status that looks like a success
+            replica.record_failure(self._clock())
+        elif judge(replica, resp.status, data, self._clock()) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         content_type = resp.content_type
         if resp.status == 200:
