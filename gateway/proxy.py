@@ -217,7 +217,7 @@ class Proxy:
         req.replica = replica.id
         req.target = replica
         req.attempts += 1
-        lease = replica.acquire(req.features.prompt_tokens)
+        lease = replica.acquire(req.features.prompt_tokens, req.features.stream)
         resp: UpstreamResponse | None = None
         clean = False
         try:
