@@ -72,7 +72,8 @@ from gateway.whole import read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
-           "read_whole", "served", "stream_error", "stream_failure", "unstarted_failure"]
+           "read_whole", "relayed_retry_after", "served", "stream_error", "stream_failure",
+           "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -384,14 +385,19 @@ _MAX_RETRY_AFTER_S = 3_600
 
 
 def _retry_after(resp: UpstreamResponse) -> bytes | None:
-    """The Retry-After a relayed 429/503 carries: the replica's own when it is a plain number
-    of seconds (capped at an hour; the SDKs wait what it says), else 1 s for a 503."""
-    if resp.status not in (429, 503):
+    return relayed_retry_after(resp.status, resp.retry_after)
+
+
+def relayed_retry_after(status: int, sent: str | None) -> bytes | None:
+    """The Retry-After a relayed 429/503 carries (both edges): the replica's own `sent` when
+    it is a plain number of seconds (capped at an hour; the SDKs wait what it says), else 1 s
+    for a 503."""
+    if status not in (429, 503):
         return None
-    sent = (resp.retry_after or "").strip()
+    sent = (sent or "").strip()
     if sent.isdigit():
         return str(min(int(sent), _MAX_RETRY_AFTER_S)).encode()
-    return b"1" if resp.status == 503 else None
+    return b"1" if status == 503 else None
 
 
 def _stored(req: ProxiedRequest) -> bool:
