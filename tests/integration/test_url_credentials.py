@@ -1,6 +1,7 @@
 """Replica URLs may carry credentials (``http://user:password@host:port``); nothing kvgate
-shows or logs repeats them: the admin API's replica list, /readyz, the doctor, /metrics, the
-gateway's log, a 400 naming a bad URL and `kvgate config check` show ``http://***@host:port``.
+shows or logs repeats them: the admin API's replica list and policy document, /readyz, the
+doctor, /metrics, the gateway's log, a 400 naming a bad URL and `kvgate config check` show
+``http://***@host:port``; a policy document sent back as read keeps the stored credentials.
 Real simulator, real gateway, over loopback."""
 
 from __future__ import annotations
@@ -60,6 +61,25 @@ def test_replica_credentials_are_never_shown_or_logged(sim_factory: SimFactory) 
         assert resp.status_code == 400 and "http://***@127.0.0.1:" in resp.text, resp.text
         assert not _leaks(resp.text)
         assert not _leaks(admin.get("/audit").text)
+        # the policy document as read shows them hidden; sent back as read (PUT, PATCH), the
+        # stored credentials stay: the replicas stay reachable, no new version for a no-op
+        got = admin.get("/policy")
+        assert not _leaks(got.text) and "http://***@127.0.0.1:" in got.text
+        version = got.headers["etag"]
+        resp = admin.patch("/policy", json={"pools": got.json()["pools"]})
+        assert resp.status_code == 200 and resp.headers["etag"] == version, resp.text
+        resp = admin.put("/policy", json=got.json())
+        assert resp.status_code == 200 and not _leaks(resp.text), resp.text
+        assert resp.headers["etag"] != version
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        shown_now = sorted(r["url"] for r in admin.get("/replicas").json()["data"][0]["replicas"])
+        assert shown_now == shown
+        # a hidden URL that matches no stored replica cannot be restored: a 400
+        unknown = {**got.json(), "pools": {"p": {"served_model": "sim-model",
+                                                 "replicas": ["http://***@10.9.9.9:8000"]}}}
+        resp = admin.put("/policy", json=unknown)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "pools", resp.text
         gw.stop()  # its whole log, shutdown included
         assert not _leaks(gw.output(None))
 

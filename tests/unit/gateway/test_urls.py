@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from gateway.urls import shown_url
+from gateway.urls import restore_hidden, shown_policy, shown_url
 
 
 @pytest.mark.parametrize(("url", "shown"), [
@@ -19,3 +21,23 @@ from gateway.urls import shown_url
 ])
 def test_shown_url(url: str, shown: str) -> None:
     assert shown_url(url) == shown
+
+
+def test_a_policy_is_shown_without_credentials_and_they_come_back() -> None:
+    stored = {"pools": {"a": {"served_model": "m", "replicas": [
+        "http://u:pw@10.0.0.1:8000", "http://10.0.0.2:8000"]}}, "models": {}}
+    shown = shown_policy(stored)
+    assert shown["pools"]["a"]["replicas"] == ["http://***@10.0.0.1:8000", "http://10.0.0.2:8000"]
+    assert stored["pools"]["a"]["replicas"][0] == "http://u:pw@10.0.0.1:8000"  # not changed
+    sent = {"pools": {"b": {"served_model": "m", "replicas": ["http://***@10.0.0.1:8000"]}}}
+    assert restore_hidden(sent, stored) is None
+    assert sent["pools"]["b"]["replicas"] == ["http://u:pw@10.0.0.1:8000"]  # moved pools too
+    unknown = {"pools": {"a": {"replicas": ["http://***@10.0.0.9:8000"]}}}
+    assert restore_hidden(unknown, stored) == "http://***@10.0.0.9:8000"
+    assert restore_hidden(unknown, None) == "http://***@10.0.0.9:8000"
+    odds: list[Any] = [{}, {"pools": []}, {"pools": {"a": None}}, {"pools": {"a": {"replicas": 1}}},
+                       []]
+    for odd in odds:
+        assert restore_hidden(odd, stored) is None  # validation answers these
+        if isinstance(odd, dict):
+            assert shown_policy(odd) == odd
