@@ -42,6 +42,9 @@ OPERATOR_FIELDS = ("request_id", "kv_transfer_params", "vllm_xargs")
 # pydantic's lax-mode strings for a bool (compared lower-cased, nothing stripped)
 _TRUE = frozenset({"true", "1", "yes", "on", "t", "y"})
 _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
+# a UTF-8 byte order mark: Python's json (vLLM's parser) skips one at the start of a body,
+# as some Windows tools write it; orjson refuses it
+_BOM = b"\xef\xbb\xbf"
 
 # Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
@@ -69,6 +72,8 @@ class ParsedBody:
 
 def parse_body(raw: bytes, kind: str) -> ParsedBody:
     """Parse and check the request; raises `BadRequest` naming the parameter."""
+    if raw.startswith(_BOM):
+        raw = raw[len(_BOM):]
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # where and why, never the body's text

@@ -35,6 +35,7 @@ from gateway.errors import ConfigError
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
+from gateway.urls import shown_url
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
@@ -597,6 +598,7 @@ def redacted_dump(cfg: KvgateConfig) -> dict[str, Any]:
     for name in ("redis_url", "admin_token", "salt_secret"):
         data[name] = "<set, redacted>" if getattr(cfg, name) is not None else None
     for pool in data.get("pools", {}).values():
+        pool["replicas"] = [shown_url(url) for url in pool.get("replicas") or []]
         env_name = pool.get("api_key_env")
         if env_name:
             pool["api_key"] = "<set, redacted>" if os.environ.get(env_name) else "<not set>"

@@ -111,6 +111,34 @@ class NoDelayHttpTools(HttpToolsProtocol):
         if cycle is not None:  # every answer gets a Date (uvicorn's `date_header` is off)
             extra = cycle.default_headers
             cycle.default_headers = [*date_header(), *extra] if extra else date_header()
+            if cycle.scope.get("http_version") == "1.0":
+                _close_delimited(cycle)
+
+
+# more than any body: the close-delimited answer's bytes are not counted (`_close_delimited`)
+_UNCOUNTED = 1 << 62
+
+
+def _close_delimited(cycle: RequestResponseCycle) -> None:
+    """An HTTP/1.0 client cannot read chunked framing (RFC 9112 6.1: a server must not send
+    Transfer-Encoding to one), which uvicorn uses for any answer without a Content-Length (a
+    stream): for such a request an answer without one is delimited by closing the
+    connection instead (uvicorn closes it after an HTTP/1.0 answer anyway). The cycle's
+    `send` is replaced before the app is run (`run_asgi` reads it when the task starts)."""
+    send = cycle.send
+
+    async def send_close_delimited(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            names = {name.lower() for name, _ in message.get("headers", ())}
+            if b"content-length" not in names and b"transfer-encoding" not in names:
+                cycle.chunked_encoding = False  # uvicorn then writes the body as it comes
+                cycle.expected_content_length = _UNCOUNTED
+        elif (cycle.expected_content_length >= _UNCOUNTED // 2
+              and not message.get("more_body", False)):
+            cycle.expected_content_length = len(message.get("body", b""))  # its last part
+        await send(message)
+
+    cycle.send = send_close_delimited  # type: ignore[method-assign]
 
 
 class GuardedHttpTools(NoDelayHttpTools):

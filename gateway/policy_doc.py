@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from gateway.replicas import replica_id
+from gateway.urls import shown_url
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 
 __all__ = [
@@ -87,9 +88,11 @@ class PoolConfig(BaseModel):
             raise ValueError("a pool needs 'replicas' or 'discovery'")
         for url in self.replicas:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"replica URL must start with http:// or https://: {url!r}")
+                raise ValueError(
+                    f"replica URL must start with http:// or https://: {shown_url(url)!r}")
             if url.rstrip("/").endswith("/v1"):  # an OpenAI client's base URL: never ready
-                raise ValueError(f"a replica URL is the server's, without /v1: {url!r}")
+                raise ValueError(
+                    f"a replica URL is the server's, without /v1: {shown_url(url)!r}")
         return self
 
 
@@ -267,7 +270,8 @@ def check_replicas_distinct(doc: PolicyDoc) -> None:
             if first != name:
                 raise PolicyValidationError(
                     f"pools.{name}.replicas",
-                    f"{url} is also a replica of pool {first!r}; a replica belongs to one pool")
+                    f"{shown_url(url)} is also a replica of pool {first!r}; "
+                    "a replica belongs to one pool")
 
 
 def parse_policy(data: Any) -> PolicyDoc:

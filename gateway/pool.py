@@ -15,10 +15,11 @@ import math
 import os
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from gateway.config import KvgateConfig
+from gateway.errors import NoReplicaAvailable
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PoolConfig
 from gateway.replicas import HealthRules, Replica, RetryBudget
 from gateway.transport import Transport, TransportFactory, default_transport
@@ -49,23 +50,41 @@ class Pool:
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
 
-    def condition(self, now: float) -> str:
-        """Its replicas' states counted, for a client's 503: ``2 replicas: 1 cannot connect,
-        1 backing off after busy 503s`` (no address: `Replica.condition`)."""
-        if not self.replicas:
+    def condition(self, now: float, among: Sequence[Replica] | None = None) -> str:
+        """Its replicas' states counted (`among`: those of them a request may use), for a
+        client's 503: ``2 replicas: 1 cannot connect, 1 backing off after busy 503s`` (no
+        address: `Replica.condition`)."""
+        replicas = self.replicas if among is None else among
+        if not replicas:
             return "the pool has no replicas"
-        counts = Counter(r.condition(now) for r in self.replicas)
-        n = len(self.replicas)
+        counts = Counter(r.condition(now) for r in replicas)
+        n = len(replicas)
         if n == 1:
             return f"1 replica: {next(iter(counts))}"
         return f"{n} replicas: " + ", ".join(f"{k} {why}" for why, k in counts.most_common())
 
-    def retry_after(self, now: float) -> int:
-        """Whole seconds until the soonest of its replicas may be tried again, for the
-        Retry-After of a 503 none could take: at least 1, at most a minute (the OpenAI SDKs
-        wait out a longer one with their own back-off instead)."""
-        soonest = min((r.back_in(now) for r in self.replicas), default=0.0)
+    def retry_after(self, now: float, among: Sequence[Replica] | None = None) -> int:
+        """Whole seconds until the soonest of its replicas (`among`: of those a request may
+        use) may be tried again, for the Retry-After of a 503 none could take: at least 1, at
+        most a minute (the OpenAI SDKs wait out a longer one with their own back-off)."""
+        replicas = self.replicas if among is None else among
+        soonest = min((r.back_in(now) for r in replicas), default=0.0)
         return min(max(math.ceil(soonest), 1), _MAX_RETRY_AFTER_S)
+
+    def none_healthy(
+        self, model: str, now: float, among: Sequence[Replica] | None = None,
+    ) -> NoReplicaAvailable:
+        """The 503 of a request for `model` none of its replicas (`among`: of those it may
+        use, the data plane's subset) can take now: why (counted, no address) and when to
+        try again. The same answer whether the pick found none or the request's own tries
+        just found them gone (the first request after an outage)."""
+        return NoReplicaAvailable(f"No healthy replica for the model `{model}` "
+                                  f"({self.condition(now, among)}).",
+                                  retry_after=self.retry_after(now, among))
+
+    def takes_requests(self, now: float) -> bool:
+        """Whether some replica may be sent a request now (busy back-offs aside)."""
+        return any(r.available(now) for r in self.replicas)
 
     def set_replicas(self, replicas: list[Replica]) -> None:
         # new list objects: a request iterating the old ones is not disturbed

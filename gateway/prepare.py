@@ -176,11 +176,14 @@ class Preparer:
         if plan.spilled:
             self._metrics.spilled(principal.tier, plan.home, pool.name)
         views = plan.views
+        among = None  # the replicas the request may use: all, or the data plane's subset
         if subset is not None:
             views = [v for v in views if v.id in subset]
-            if not views:
+            among = [r for r in pool.replicas if r.id in subset]
+            if not views:  # (nothing of ours to wait for: Retry-After 1, as `retry_after`)
                 raise NoReplicaAvailable("None of the endpoints allowed for this request "
-                                         f"serves the model `{parsed.model}`.")
+                                         f"serves the model `{parsed.model}`.",
+                                         retry_after=pool.retry_after(now, among))
         home = self._response_home(req, parsed) if req.kind == "responses" else None
         if home is not None and (subset is None or home in subset):
             return Decision(home, (), "response-affinity"), upstream_body
@@ -194,9 +197,7 @@ class Preparer:
             try:
                 decision = self._router.pick(plan.features, views, now)
             except NoCandidate:
-                raise NoReplicaAvailable(  # why, without the replicas' addresses
-                    f"No healthy replica for the model `{parsed.model}` "
-                    f"({pool.condition(now)}).", retry_after=pool.retry_after(now)) from None
+                raise pool.none_healthy(parsed.model, now, among) from None
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if req.queued_s is not None and self.flow is not None:

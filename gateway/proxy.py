@@ -201,6 +201,12 @@ class Proxy:
                 return
             failure = failure_or_none
             self._metrics.retried(pool.name, failure.reason)
+        if failure is not None and failure.reason == "connect":
+            now = self._clock()
+            if not pool.takes_requests(now):
+                # the tries found the replicas gone and none is left: the answer the next
+                # request gets (503, why, Retry-After), not a 502 that only the first one sees
+                raise pool.none_healthy(req.parsed.model, now)
         raise failure or UpstreamError("No replica answered.")
 
     async def _attempt(
@@ -211,7 +217,7 @@ class Proxy:
         req.replica = replica.id
         req.target = replica
         req.attempts += 1
-        lease = replica.acquire(req.features.prompt_tokens)
+        lease = replica.acquire(req.features.prompt_tokens, req.features.stream)
         resp: UpstreamResponse | None = None
         clean = False
         try:

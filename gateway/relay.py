@@ -22,7 +22,8 @@ answered feeds the replica's health (`judge`):
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
   an error event) or stalls: a failure (consecutive failures eject);
 - a 200 that is not JSON, or not the stream the client asked for: a failure, retried
-  elsewhere (nothing reached the client yet), else a 502;
+  elsewhere (nothing reached the client yet), else a 502; so is a 2xx/3xx to a stream an
+  earlier try's keep-alive comments opened: the client's stream ends with a 502 event;
 - a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
   failure, never forwarded; before the stream reached the client (its head goes out with the
   first read that holds events; good events before the bad one in that read are not sent) it
@@ -71,7 +72,8 @@ from gateway.whole import read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
-           "read_whole", "served", "stream_error", "stream_failure", "unstarted_failure"]
+           "read_whole", "relayed_retry_after", "served", "stream_error", "stream_failure",
+           "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -345,7 +347,12 @@ class Relay:
                                 reason="not_json")
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
-        if judge(replica, resp.status, data, self._clock()) == "wrong_model":
+        if req.sse and resp.status < 400:
+            # an earlier try's keep-alive comments opened the stream: a 2xx/3xx that is not
+            # the stream can only end it with a 502 event (`error_event`), and the replica is
+            # judged by what the client got, not by a status that looks like a success
+            replica.record_failure(self._clock())
+        elif judge(replica, resp.status, data, self._clock()) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         content_type = resp.content_type
         if resp.status == 200:
@@ -378,14 +385,19 @@ _MAX_RETRY_AFTER_S = 3_600
 
 
 def _retry_after(resp: UpstreamResponse) -> bytes | None:
-    """The Retry-After a relayed 429/503 carries: the replica's own when it is a plain number
-    of seconds (capped at an hour; the SDKs wait what it says), else 1 s for a 503."""
-    if resp.status not in (429, 503):
+    return relayed_retry_after(resp.status, resp.retry_after)
+
+
+def relayed_retry_after(status: int, sent: str | None) -> bytes | None:
+    """The Retry-After a relayed 429/503 carries (both edges): the replica's own `sent` when
+    it is a plain number of seconds (capped at an hour; the SDKs wait what it says), else 1 s
+    for a 503."""
+    if status not in (429, 503):
         return None
-    sent = (resp.retry_after or "").strip()
+    sent = (sent or "").strip()
     if sent.isdigit():
         return str(min(int(sent), _MAX_RETRY_AFTER_S)).encode()
-    return b"1" if resp.status == 503 else None
+    return b"1" if status == 503 else None
 
 
 def _stored(req: ProxiedRequest) -> bool:

@@ -58,7 +58,7 @@ class Replica:
         "ejected_until", "ejections", "failed", "failures", "hit_ratio", "id", "inflight",
         "inflight_prefill",
         "inflight_prefill_tokens", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "state", "url", "watch",
+        "slow_probes", "state", "url", "watch", "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -69,6 +69,9 @@ class Replica:
         self.inflight = 0
         self.inflight_prefill = 0  # requests still waiting for their first token
         self.inflight_prefill_tokens = 0
+        # the part of those tokens that non-streamed requests wait with: their first token is
+        # their whole answer, so nothing tells when their prefill ended (`hung` leaves them out)
+        self.whole_waiting_tokens = 0
         self.answers = 0  # requests that got their first token (or whole answer) here: progress
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
@@ -100,12 +103,16 @@ class Replica:
         self.watch: Callable[[], None] | None = None
 
     # -- accounting ---------------------------------------------------------------------
-    def acquire(self, prompt_tokens: int) -> Lease:
+    def acquire(self, prompt_tokens: int, stream: bool = True) -> Lease:
+        """A request goes here; `stream`: it is answered as a stream (its first token shows
+        when its prefill is done), else whole."""
         self.attempts += 1
         self.inflight += 1
         self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
-        return Lease(self, prompt_tokens)
+        if not stream:
+            self.whole_waiting_tokens += prompt_tokens
+        return Lease(self, prompt_tokens, stream)
 
     def record_scrape(self, sample: Sample | None, now: float) -> bool:
         """A scrape finished; a failed one (None) leaves the last good sample to age. True
@@ -132,9 +139,14 @@ class Replica:
         whole answer while this one waited (a queue of prefills that moves is a queue), and
         the prefill work still waiting there, at its learned TTFT model `fit`, would have
         been done in that time (long prompts take long). Ejecting a busy replica under a
-        load spike would turn the spike into 503s."""
+        load spike would turn the spike into 503s. Non-streamed requests in flight are no
+        evidence either way: they are counted as waiting until their whole answer (prefill
+        and all of their decode), so their prompts are not taken for prefill work still to
+        do (a long one would excuse a hung engine for as long as it stays in flight); their
+        answers, when they come, are progress as any other."""
+        waiting = self.inflight_prefill_tokens - self.whole_waiting_tokens
         return (self.inflight <= self.inflight_prefill and self.answers == lease.seen
-                and fit.predict(self.inflight_prefill_tokens) < waited_s)
+                and fit.predict(waiting) < waited_s)
 
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
@@ -290,11 +302,12 @@ def _delta_ratio(
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
-    __slots__ = ("_prefill", "_released", "_replica", "answered", "seen")
+    __slots__ = ("_prefill", "_released", "_replica", "_whole", "answered", "seen")
 
-    def __init__(self, replica: Replica, prompt_tokens: int) -> None:
+    def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self._replica = replica
         self._prefill = prompt_tokens
+        self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
         self._released = False
         self.answered = False  # a first token (or a whole answer) arrived
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
@@ -304,6 +317,7 @@ class Lease:
         if not self.answered and not self._released:
             self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
+            self._replica.whole_waiting_tokens -= self._whole
             self._replica.answers += 1
         self.answered = True
 
@@ -313,6 +327,7 @@ class Lease:
         if not self.answered:  # ended unanswered: it no longer waits for prefill either
             self._replica.inflight_prefill -= 1
             self._replica.inflight_prefill_tokens -= self._prefill
+            self._replica.whole_waiting_tokens -= self._whole
         self._released = True
         replica = self._replica
         replica.inflight -= 1

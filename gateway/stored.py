@@ -231,7 +231,9 @@ class StoredResponses:
     ) -> tuple[int, str, bytes, str]:
         """The replica's whole answer: status, content type, body (an error re-shaped into
         OpenAI's) and ``pool/replica``. ``HEAD`` is asked as GET: the server answering the
-        client leaves the body out (uvicorn here, Envoy for the picker)."""
+        client leaves the body out (uvicorn here, Envoy for the picker). Its head must come
+        within the first of the first-byte and total timeouts, then each gap in its body
+        within ``idle_timeout_s`` (`whole.read_whole`'s touch), all within the total."""
         await self.fetch(path, token)
         if method == "HEAD":
             method = "GET"
@@ -240,12 +242,20 @@ class StoredResponses:
         headers = _upstream_headers(pool, req_id)
         resp: UpstreamResponse | None = None
         clean = False
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self._up.total_timeout_s
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout) as bound:
                 resp = await pool.transport.open(url, headers, method)
                 if resp.status in REFUSED:  # kvgate's credentials, not the client's
                     raise ReplicaRefused(resp.status)
-                body = await read_whole(resp, self._up.max_answer_bytes)  # (AnswerTooLarge)
+
+                def touch() -> None:  # the body is bounded as a proxied whole answer's:
+                    # each gap by the idle timeout, all of it by the total one
+                    bound.reschedule(min(loop.time() + self._up.idle_timeout_s, end))
+
+                touch()  # the head came: from here on, the body's gaps
+                body = await read_whole(resp, self._up.max_answer_bytes, touch)
                 clean = True
         except TimeoutError:
             raise UpstreamTimeout(NOT_IN_TIME) from None

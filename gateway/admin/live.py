@@ -23,6 +23,7 @@ from gateway.replicas import Replica
 from gateway.scrape import Scraper
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
+from gateway.urls import shown_url
 from gateway.wideints import wide_int_error
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import NoCandidate, Router
@@ -73,7 +74,7 @@ class LiveViews:
         p = peers.get(r.id, ZERO)
         fit = self._router.ttft_fit(r.id)
         return {
-            "id": r.id, "url": r.url, "healthy": r.available(now), "state": r.state,
+            "id": r.id, "url": shown_url(r.url), "healthy": r.available(now), "state": r.state,
             # own: this gateway process's; fleet: own + every live peer's (shared state)
             "inflight": r.inflight, "inflight_prefill": r.inflight_prefill,
             "inflight_fleet": r.inflight + p.inflight,

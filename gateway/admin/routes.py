@@ -55,6 +55,7 @@ from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, AuditEntry, KeyRecord, PolicySnapshot, Tenant
 from gateway.tenancy.store import TenantStore, apply_tenant_changes, check_policy_version
+from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["AdminDeps", "make_admin_router", "merge_patch"]
 
@@ -298,7 +299,7 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         if snap is None:
             raise NotFound("no policy document has been stored yet")
         doc = snap.doc.model_dump(mode="json", exclude_unset=True)
-        return JSONResponse(doc, headers={"etag": f'"{snap.version}"'})
+        return JSONResponse(shown_policy(doc), headers={"etag": f'"{snap.version}"'})
 
     async def store(
         who: str, document: Any, if_match: str | None, action: str, keep_unknown: bool = False
@@ -319,7 +320,7 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         snap = await ctx.store.put_policy(doc, if_version=expected, keep_unknown=keep_unknown)
         await ctx.audit(who, action, "policy", version=snap.version)
         body = snap.doc.model_dump(mode="json", exclude_unset=True)
-        return JSONResponse(body, headers={"etag": f'"{snap.version}"'})
+        return JSONResponse(shown_policy(body), headers={"etag": f'"{snap.version}"'})
 
     @router.put("/policy")
     async def put_policy(
@@ -327,7 +328,14 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
         document: Annotated[dict[str, Any], Body()],
         if_match: Annotated[str | None, Header()] = None,
     ) -> JSONResponse:
-        """Replace the whole document: a section or field left out takes its default."""
+        """Replace the whole document: a section or field left out takes its default. A
+        replica URL shown with hidden credentials (as GET answers it) gets the stored ones."""
+        if restore_hidden(document, None) is not None:  # (None: it has such a URL)
+            try:
+                stored = await ctx.store.get_policy()
+            except UnreadableRecord:
+                stored = None
+            _restore(document, stored.doc.model_dump(mode="json") if stored else None)
         return await store(who, document, if_match, "policy.put")
 
     @router.patch("/policy")
@@ -353,8 +361,10 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
             check_policy_version(snap.version, expected)
             current = snap.doc.model_dump(mode="json", exclude_unset=True)
             merged = merge_patch(current, patch)
+            _restore(merged, current)
             if merged == current:  # e.g. `{}`: nothing changes, no new version, no audit
-                return JSONResponse(current, headers={"etag": f'"{snap.version}"'})
+                return JSONResponse(shown_policy(current),
+                                    headers={"etag": f'"{snap.version}"'})
             # stored only over the version it was merged onto, with the fields of that
             # version this kvgate does not know
             try:
@@ -367,6 +377,13 @@ def _policy_routes(router: APIRouter, ctx: _Ctx, Who: Any) -> None:
                 # no version got a 412 for a version it never sent)
         raise Conflict("the policy document kept changing while this patch was merged into "
                        "it; retry")
+
+
+def _restore(document: Any, stored: dict[str, Any] | None) -> None:
+    """Credentials back into replica URLs sent hidden (`restore_hidden`), or a 400."""
+    if (hidden := restore_hidden(document, stored)) is not None:
+        raise BadRequest(f"{hidden}: a hidden replica URL no stored replica matches; send it "
+                         "with its credentials", param="pools")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

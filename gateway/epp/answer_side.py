@@ -26,6 +26,7 @@ from gateway.relay import (
     CUT_SHORT,
     NOT_STARTED,
     judge,
+    relayed_retry_after,
     served,
     stream_error,
     stream_failure,
@@ -119,6 +120,7 @@ class AnswerSide(ExchangeState):
         if (declared := _length(headers)) is not None and declared > limit:
             return [self._refuse(AnswerTooLarge(limit))]
         self._held, self._held_status = [], status
+        self._held_retry = _header(headers, "retry-after")
         self._last = perf_counter()  # its head: the answer has started (the idle timeout)
         return self._whole_answer(headers_only=True) if end else []
 
@@ -331,10 +333,18 @@ class AnswerSide(ExchangeState):
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))
-        if status == 503 and req is not None:
-            headers.append(("retry-after", b"1"))
+        if req is not None and (wait := relayed_retry_after(status, self._held_retry)):
+            headers.append(("retry-after", wait))  # the HTTP edge's rule (it sets the header)
         return [wire.headers_response(headers, ("content-length",)),
                 *wire.body_responses(data, end)]
+
+
+def _header(headers: Any, key: str) -> str | None:
+    """The value of the header `key` (lowercase), if any."""
+    for h in headers:
+        if h.key == key:
+            return str(h.raw_value.decode("latin-1"))
+    return None
 
 
 def _length(headers: Any) -> int | None:

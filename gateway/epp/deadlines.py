@@ -33,9 +33,9 @@ class Deadlines(ExchangeState):
         (its head held, or opened by keep-alive comments or a background response's opening
         events only, `_opened`) past `first_byte_timeout_s` from when the request went to its
         replica; a started stream's bytes, or a whole answer's once its head came (a proxied
-        one's, or a stored stream's answered with a whole one), stopping for `idle_timeout_s`;
-        any answer past `total_timeout_s` from the request's start; a stored response's whole
-        answer past the first of the first-byte and total ones (`StoredResponses.whole`). An
+        one's, a stored response's, or a stored stream's answered with a whole one), stopping
+        for `idle_timeout_s` (`StoredResponses.whole` alike); any answer past
+        `total_timeout_s` from the request's start. An
         answer whose head never comes is not seen here (Envoy calls the response path with
         the head): Envoy's router timeouts bound it (`envoy_config`)."""
         up = self._core.cfg.upstream
@@ -44,10 +44,8 @@ class Deadlines(ExchangeState):
         total = self._t0 + up.total_timeout_s
         if self._unanswered():
             at = self._sent_at + up.first_byte_timeout_s
-        elif self.sse or (self._held is not None and not self._whole_stored()):
+        elif self.sse or self._held is not None:
             at = self._last + up.idle_timeout_s
-        elif self._held is not None:
-            at = self._sent_at + up.first_byte_timeout_s
         else:
             return None
         return max(0.0, min(at, total) - perf_counter())

@@ -59,10 +59,10 @@ class ExchangeState:
     """The state of one ext_proc stream (one HTTP request through Envoy); the sides of an
     exchange (`RequestSide`, `AnswerSide`, `Deadlines`) are mixins over it."""
 
-    __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_status",
-                 "_holds", "_last", "_lease", "_opening", "_pending", "_principal", "_req_id",
-                 "_scanner", "_sent_at", "_size", "_started", "_stored", "_stream", "_subset",
-                 "_t0", "_want_id", "order", "req", "sse")
+    __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_retry",
+                 "_held_status", "_holds", "_last", "_lease", "_opening", "_pending",
+                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_started",
+                 "_stored", "_stream", "_subset", "_t0", "_want_id", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -81,6 +81,7 @@ class ExchangeState:
         self._held: list[bytes] | None = None
         self._held_bytes = 0
         self._held_status = 0
+        self._held_retry: str | None = None  # the held answer's Retry-After, as sent
         self._stored: str | None = None  # a stored response's pool/replica (not judged)
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
         # a stream's head (proxied or stored), held until its first bytes
@@ -123,7 +124,7 @@ class ExchangeState:
         assert req is not None
         req.replica, req.target = replica.id, replica
         req.attempts += 1
-        self._lease = replica.acquire(req.features.prompt_tokens)
+        self._lease = replica.acquire(req.features.prompt_tokens, req.features.stream)
         self._core.router.record_route(replica.id, req.features, self._core.clock())
 
     def _detach(self) -> None:

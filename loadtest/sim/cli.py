@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
+import sys
 
 from loadtest.sim.app import SimApp, SimOptions
 from loadtest.sim.costmodel import PRESETS, get_preset
@@ -108,11 +110,34 @@ def main(argv: list[str]) -> int:
     try:
         app = build_app(args)
     except ValueError as exc:
-        print(f"kvgate sim: {exc}")
+        print(f"kvgate sim: {exc}", file=sys.stderr)
         return 2
+    try:  # before uvicorn: its bind error is a log line and exit status 3
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        reason = (exc.strerror or str(exc)).lower()
+        where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
+        print(f"kvgate sim: cannot listen on {where}: {reason} (choose another port with --port)",
+              file=sys.stderr)
+        return 1
     import uvicorn  # imported late: `--help` and config errors stay fast
 
     logging.basicConfig(level=args.log_level.upper())
-    uvicorn.run(app, host=args.host, port=args.port, loop="uvloop", http="httptools",
-                lifespan="on", log_level=args.log_level, access_log=False)
+    config = uvicorn.Config(app, loop="uvloop", http="httptools", lifespan="on",
+                            log_level=args.log_level, access_log=False)
+    with sock:
+        uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (OSError when it cannot be had: a port in use)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -43,11 +43,17 @@ T = TypeVar("T")
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 
 
+# the most output a request is charged: beyond any model's context (vLLM refuses more), and
+# small enough that sums of charges stay exact in a float (a client's `max_tokens` of 2**63
+# added to a tenant's holdings absorbed its other requests' tokens, and took them back with it)
+MAX_OUTPUT_TOKENS = 1 << 24
+
+
 def request_cost(prompt_tokens: int, max_tokens: int | None, expected_output: int) -> float:
     """What fair sharing charges a request: its prompt plus its expected output (``max_tokens``
-    when the client set it, else the configured expectation)."""
+    when the client set it, else the configured expectation; at most `MAX_OUTPUT_TOKENS`)."""
     out = max_tokens if max_tokens is not None and max_tokens >= 0 else expected_output
-    return float(max(0, prompt_tokens) + out)
+    return float(max(0, prompt_tokens) + min(out, MAX_OUTPUT_TOKENS))
 
 
 @dataclass(frozen=True, slots=True)

@@ -322,3 +322,38 @@ def test_a_replicas_429_keeps_its_retry_after(
         "model": MODEL, "messages": [{"role": "user", "content": "x"}]})
     assert resp.status_code == 429 and resp.json()["error"]["message"] == "slow down"
     assert resp.headers.get("retry-after") == relayed
+
+
+def test_a_stream_opened_by_keep_alives_and_answered_202_elsewhere_is_a_failure() -> None:
+    """A replica sends `: keep-alive` (the client's stream is open: 200) then hangs; after the
+    first-byte cut another replica answers 202 with a JSON body, no stream. The client gets a
+    502 error event ending its stream: the request and that replica are recorded as such, a
+    failure, not a success that would keep it in rotation (and clear its failure count)."""
+    with BadReplica(MODEL) as hung, BadReplica(MODEL) as odd:
+        hung.answer = sse_head() + chunked(b": keep-alive\n\n", last=False)
+        hung.rest, hung.gate = b"x", threading.Event()  # never sent: the try is cut first
+        body = b'{"id": "queued-1", "status": "queued"}'
+        odd.answer = (b"HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\n"
+                      b"content-length: %d\r\n\r\n" % len(body) + body)
+        gw, base = gateway_proc(upstreams=[hung.url, odd.url], args=["--policy", "round_robin"],
+                                env={"KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5",
+                                     "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+        with gw, httpx.Client(timeout=10) as http:
+            opened = None
+            for _ in range(4):  # round robin: one of the first two starts on the hung one
+                with http.stream("POST", f"{base}/v1/chat/completions", json={
+                        "model": MODEL, "stream": True,
+                        "messages": [{"role": "user", "content": "x"}]}) as resp:
+                    text = resp.read()
+                if text.startswith(b": keep-alive"):
+                    opened = text
+                    break
+            hung.gate.set()
+            assert opened is not None, "no request started on the hung replica"
+            assert b'"code":502' in opened and b"answered 202" in opened, opened
+            assert opened.endswith(DONE)
+            failures = metric_values(base, "kvgate_replica_failures_total")
+            assert failures[f'{{pool="default",replica="{odd.url[7:]}"}}'] >= 1, failures
+            requests = metric_values(base, "kvgate_requests_total")
+            assert any('status="502"' in k for k in requests), requests
+            wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

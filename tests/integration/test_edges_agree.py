@@ -968,3 +968,25 @@ def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
     assert resp.status_code == 200
     assert resp.content == b": keep-alive\n\n" + stream_error(
         str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
+
+
+@pytest.mark.parametrize(("sent", "relayed"), [("30", "30"), ("86400", "3600"), (None, "1")],
+                         ids=["seconds", "capped", "none"])
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, sent: str | None,
+    relayed: str,
+) -> None:
+    """A relayed 503's Retry-After is the replica's own when it says seconds (capped at an
+    hour), else 1: one rule (`relay.relayed_retry_after`) at both edges; the picker had
+    replaced the replica's with 1."""
+    body = (b'{"error": {"message": "maintenance", "type": "ServiceUnavailableError", '
+            b'"param": null, "code": 503}}')
+    head = b"retry-after: %s\r\n" % sent.encode() if sent is not None else b""
+    quiet.answer = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                    + head + b"content-length: %d\r\n\r\n" % len(body) + body)
+    quiet.end = "keep"
+    resp = _chat(silent[1][edge], stream=False)
+    assert resp.status_code == 503, resp.text
+    assert resp.json()["error"]["message"] == "maintenance"
+    assert resp.headers.get_list("retry-after") == [relayed]

@@ -6,10 +6,13 @@ counter is left behind."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable
 
 import httpx
 import openai
+import pytest
 
 from tests.support.gateway import admin_client, gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import Proc
@@ -155,3 +158,38 @@ def test_keep_alive_comments_of_a_hung_replica_do_not_stop_the_retry(
         assert retries['{pool="default",reason="first_byte"}'] == 2, retries
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
         wait_for(lambda: sim_stats(hung)["in_flight"] == 0, what="the hung replica aborts")
+
+
+def test_a_long_non_streamed_request_does_not_excuse_a_hung_replica(
+    sim_factory: SimFactory,
+) -> None:
+    """A non-streamed request is counted as waiting until its whole answer: its prompt is no
+    evidence of prefill work still to do. A hung engine holding one with a long prompt (60,000
+    tokens: 7.5 s at the prior's 8,000 tokens/s, far above the 0.5 s cut) is still judged
+    hung by a short stream's first-byte cut, and taken out."""
+    _, sim = sim_factory("--time-scale", "1", "--max-model-len", "131072")
+    set_faults(sim, hang_after_tokens=0)  # every request taken, none ever answered
+    gw, base = gateway_proc(upstreams=[sim], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_HEALTH__INTERVAL_S": "60",
+        "KVGATE_HEALTH__EJECT_BASE_S": "60", "KVGATE_HEALTH__EJECT_MAX_S": "60",
+        "KVGATE_HEALTH__FAILURE_THRESHOLD": "1", "KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw:
+        long_prompt = "word " * 48_000  # 240,000 characters: 60,000 tokens
+
+        def whole() -> None:  # in flight until the gateway stops (no answer ever comes)
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{base}/v1/completions", timeout=30, json={
+                    "model": MODEL, "prompt": long_prompt, "max_tokens": 5})
+
+        threading.Thread(target=whole, daemon=True).start()
+        wait_for(lambda: inflight(base) == 1, what="the long request in flight")
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        with pytest.raises(openai.APIStatusError) as caught:
+            for _ in c.completions.create(model=MODEL, prompt="short", max_tokens=5,
+                                          stream=True):
+                pass
+        assert caught.value.status_code == 504
+        key = f'{{pool="default",replica="{sim[len("http://"):]}"}}'
+        assert metric_values(base, "kvgate_replica_failures_total")[key] == 1
+        assert metric_values(base, "kvgate_replica_healthy")[key] == 0.0
+        gw.stop()  # ends the long request

@@ -211,6 +211,25 @@ def test_demo_on_a_port_in_use_says_to_use_port(busy_port: int) -> None:
                                      "address already in use (choose another port with --port)")
 
 
+def test_sim_on_a_port_in_use_is_one_line(busy_port: int) -> None:
+    """Not uvicorn's `ERROR: [Errno 98] ...` and its exit status 3."""
+    result = run("sim", "--host", "127.0.0.1", "--port", str(busy_port), "--model", "m")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [f"kvgate sim: cannot listen on 127.0.0.1:{busy_port}: "
+                     "address already in use (choose another port with --port)"]
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("flag", ["--port", "--http-port"])
+def test_epp_on_a_port_in_use_is_one_line(busy_port: int, flag: str) -> None:
+    result = run("epp", "--no-auth", "--host", "127.0.0.1", flag, str(busy_port),
+                 "--upstream", "http://127.0.0.1:9")
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{busy_port}" in lines[0], lines
+    assert "Traceback" not in result.stdout + result.stderr
+
+
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_logs_have_no_colour_and_no_false_recovery(sim_factory: SimFactory, fmt: str) -> None:
     _, sim = sim_factory("--time-scale", "50")

@@ -204,7 +204,7 @@ def test_shed_keeps_only_what_the_answer_reads(
     (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d"}]}',
      "no low surrogate in string: line 1 column 58"),  # a JS client cut an emoji in two
     (b'{"model": "m", "prompt": "secret\xff"}', "not valid UTF-8"),
-    (b'\xef\xbb\xbf{"model": "m"}', "byte order mark"),
+    (b'\xef\xbb\xbf\xef\xbb\xbf{"model": "m"}', "byte order mark"),  # one is skipped
     (b'{"model": "m"} {"model": "n"}', "unexpected content after document"),
 ])
 def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, why: str) -> None:
@@ -213,6 +213,12 @@ def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, wh
     assert err.value.message.startswith("The request body is not valid JSON: ")
     assert why in err.value.message
     assert "secret" not in err.value.message and "ud83d" not in err.value.message
+
+
+def test_a_leading_byte_order_mark_is_skipped_as_vllm_does() -> None:
+    """Python's json (vLLM's FastAPI parser) reads a body starting with a UTF-8 BOM."""
+    parsed = parse_body(b'\xef\xbb\xbf{"model": "m", "prompt": "hi"}', "completions")
+    assert parsed.model == "m" and parsed.data["prompt"] == "hi"
 
 
 @pytest.mark.parametrize(("literal", "wide"), [

@@ -6,6 +6,7 @@ import pytest
 
 from gateway.replicas import HealthRules, Replica, RetryBudget, replica_id
 from gateway.scrape import Sample
+from routing.learning import TtftFit
 
 POLICY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
 
@@ -268,3 +269,40 @@ def test_conditions_of_replicas_taking_no_request() -> None:
     trial = r.acquire(1)  # the back-off expired: half-open, one trial request in flight
     assert r.available(3.0) is False and r.condition(3.0) == "on trial after an ejection"
     trial.release()
+
+
+FIT = TtftFit(fixed_s=0.02, s_per_token=1 / 8000)  # 8,000 prompt tokens/s
+
+
+@pytest.mark.parametrize(
+    ("others", "hung"),
+    [
+        ([], True),  # nothing else there: a hung engine
+        ([(60_000, True)], False),  # a long streamed prompt in prefill: 7.5 s of work
+        ([(60_000, False)], True),  # a non-streamed one: no evidence of prefill to do
+        ([(60_000, False), (60_000, True)], False),
+    ],
+    ids=["alone", "long-stream", "long-whole", "whole-and-stream"],
+)
+def test_hung_leaves_non_streamed_prompts_out(others: list[tuple[int, bool]], hung: bool) -> None:
+    r = replica()
+    leases = [r.acquire(tokens, stream) for tokens, stream in others]
+    cut = r.acquire(10, True)
+    assert r.hung(cut, FIT, waited_s=0.5) is hung
+    for lease in [*leases, cut]:
+        lease.release()
+    assert (r.inflight, r.inflight_prefill, r.inflight_prefill_tokens,
+            r.whole_waiting_tokens) == (0, 0, 0, 0)
+
+
+def test_a_whole_answer_is_progress_and_leaves_no_tokens_behind() -> None:
+    r = replica()
+    whole = r.acquire(60_000, False)
+    cut = r.acquire(10, True)
+    whole.first_token()  # the whole answer came while the stream waited
+    assert r.whole_waiting_tokens == 0
+    assert r.hung(cut, FIT, waited_s=0.5) is False
+    whole.release()
+    whole.release()
+    cut.release()
+    assert (r.inflight, r.inflight_prefill_tokens, r.whole_waiting_tokens) == (0, 0, 0)

@@ -80,6 +80,20 @@ def test_request_cost_is_prompt_plus_expected_output() -> None:
     assert request_cost(100, None, 256) == 356
 
 
+@pytest.mark.parametrize("max_tokens", [2**63 - 1, 2**64 - 1, 10**15])
+def test_a_huge_max_tokens_does_not_swallow_the_tenants_other_holdings(max_tokens: int) -> None:
+    """A client's absurd `max_tokens` (vLLM refuses it after it was charged) is charged a
+    bounded cost: in a float sum, 2**63 tokens absorbed the tenant's other requests' tokens and
+    its release took them back, leaving them counted as 0 while still in flight."""
+    held = Holdings()
+    held.add("t", request_cost(100, 20, 256))
+    huge = request_cost(10, max_tokens, 256)
+    held.add("t", huge)
+    held.add("u", request_cost(50, 0, 256))
+    held.remove("t", huge)
+    assert (held.tokens("t"), held.tokens("u"), held.total) == (120.0, 50.0, 170.0)
+
+
 def test_pool_flow_passes_straight_through_only_with_room_and_an_empty_queue() -> None:
     flow: PoolFlow[str] = PoolFlow(FlowConfig(saturation=RULE))
     room, full = [view("a")], [view("a", inflight=4)]

@@ -1,0 +1,68 @@
+"""The first request after a pool's only replica went away gets the answer the following ones
+get: 503 `ServiceUnavailableError` saying why (counted, no address) with `Retry-After`, not a
+502 "did not answer" that only it sees. Real simulator (killed), real gateway, the official
+openai client; no counter left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import openai
+import pytest
+
+from tests.support.gateway import gateway_proc, inflight
+from tests.support.procs import Proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+# probes far apart: only the requests themselves can find the replica gone
+SLOW_HEALTH = {"interval_s": 60, "timeout_s": 0.5, "failure_threshold": 2,
+               "eject_base_s": 5, "eject_max_s": 30}
+
+
+def _error(client: openai.OpenAI, stream: bool) -> tuple[int, str | None, dict[str, object]]:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+            stream=stream)
+    resp = caught.value.response
+    return resp.status_code, resp.headers.get("retry-after"), resp.json()["error"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_first_request_of_an_outage_is_answered_as_the_next_ones(
+    sim_factory: SimFactory, stream: bool,
+) -> None:
+    sim, url = sim_factory()
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
+              "models": {"m": {"default": "p"}}, "health": SLOW_HEALTH}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        sim.kill()
+        answers = [_error(client, stream) for _ in range(3)]
+        assert answers[0] == answers[1] == answers[2], answers
+        status, retry_after, error = answers[0]
+        assert status == 503 and retry_after is not None and int(retry_after) >= 1
+        assert error["type"] == "ServiceUnavailableError" and error["code"] == 503
+        assert "No healthy replica for the model `m` (1 replica: cannot connect)" in str(
+            error["message"])
+        assert "127.0.0.1" not in str(error["message"])
+        assert inflight(base) == 0
+
+
+def test_a_refused_try_with_another_replica_left_is_answered_by_it(
+    sim_factory: SimFactory,
+) -> None:
+    """The 503 is for a pool left with nothing: with a live replica the request is served."""
+    dead, dead_url = sim_factory()
+    _, live_url = sim_factory("--time-scale", "50")
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [dead_url, live_url]}},
+              "models": {"m": {"default": "p"}}, "health": SLOW_HEALTH}
+    gw, base = gateway_proc(config=config, args=["--policy", "round_robin"])
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        dead.kill()
+        for _ in range(3):
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert inflight(base) == 0
