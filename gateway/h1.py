@@ -18,6 +18,9 @@ Rules it keeps:
 - reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
   taken, so a stream never buffers without bound;
 - an answer's head (status line and headers) longer than `MAX_HEAD_BYTES` fails the exchange;
+- a URL's userinfo (``http://user:password@host``) is sent as Basic credentials, as aiohttp
+  does for the health checks and scrapes, unless the request carries its own `Authorization`
+  (a pool's API key), and never in the `Host` header;
 - failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`) or
   `TimeoutError`, which `gateway.transport.TRANSPORT_ERRORS` covers.
 """
@@ -25,12 +28,13 @@ Rules it keeps:
 from __future__ import annotations
 
 import asyncio
+import base64
 import socket
 import ssl
 import time
 from collections import deque
 from typing import cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -228,7 +232,7 @@ class H1Pool:
         self._connect_timeout_s = connect_timeout_s
         self._slots = asyncio.Semaphore(max_connections)
         self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
-        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, str]] = {}
+        self._targets: dict[str, tuple[tuple[str, int, bool], bytes, bytes]] = {}
         self._busy: set[_Conn] = set()
         self._ssl: ssl.SSLContext | None = None
         self.closed = False
@@ -242,8 +246,10 @@ class H1Pool:
         """Send a request; returns once the answer's head has arrived."""
         if self.closed:
             raise UpstreamClosed("the transport is closed")
-        key, host_line, path = self._target(url)
+        key, host_line, auth_line, path = self._target(url)
         head = [f"{method} {path} HTTP/1.1\r\n".encode("latin-1"), host_line]
+        if auth_line and not any(k.lower() == "authorization" for k in headers):
+            head.append(auth_line)
         head += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()]
         head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
         request = b"".join(head) + body
@@ -284,8 +290,9 @@ class H1Pool:
             raise
         return conn
 
-    def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes, str]:
-        """(connection key, Host header line, path) of a URL; bases are parsed once."""
+    def _target(self, url: str) -> tuple[tuple[str, int, bool], bytes, bytes, str]:
+        """(connection key, Host header line, Authorization line or b"", path) of a URL;
+        bases are parsed once."""
         cut = url.find("/", url.find("//") + 2)
         base, path = (url, "/") if cut < 0 else (url[:cut], url[cut:])
         found = self._targets.get(base)
@@ -294,9 +301,15 @@ class H1Pool:
             tls = parts.scheme == "https"
             host = parts.hostname or "127.0.0.1"
             port = parts.port or (443 if tls else 80)
-            found = ((host, port, tls), f"Host: {parts.netloc}\r\n".encode("latin-1"), "")
+            userinfo, at, hostport = parts.netloc.rpartition("@")
+            auth = b""
+            if at:
+                user, _, password = userinfo.partition(":")
+                pair = f"{unquote(user)}:{unquote(password)}".encode()
+                auth = b"Authorization: Basic " + base64.b64encode(pair) + b"\r\n"
+            found = ((host, port, tls), f"Host: {hostport}\r\n".encode("latin-1"), auth)
             self._targets[base] = found
-        return found[0], found[1], path
+        return found[0], found[1], found[2], path
 
     def _take_idle(self, key: tuple[str, int, bool]) -> _Conn | None:
         idle = self._idle.get(key)

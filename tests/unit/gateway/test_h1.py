@@ -296,3 +296,26 @@ def test_at_most_max_connections_exchanges_at_once() -> None:
         assert most == 2
 
     asyncio.run(run())
+
+
+def test_a_urls_credentials_go_as_basic_auth_never_in_the_host_header() -> None:
+    """``http://user:password@host`` (e.g. a proxy in front of vLLM): the health checks and
+    scrapes (aiohttp) sent Basic credentials from it and proxied requests did not, while the
+    Host header carried the password. A request's own Authorization (a pool's API key) wins."""
+    async def run() -> None:
+        server = serve(keep_alive())
+        async with server as base:
+            p = pool()
+            url = base.replace("http://", "http://al%40ice:pa%3Ass@") + "/v1/x"
+            for headers in ({}, {"Authorization": "Bearer pool-key"}):
+                resp = await p.post(url, b"{}", headers)
+                await resp.read_all()
+            await p.close()
+        plain, keyed = (r.split(b"\r\n\r\n")[0].split(b"\r\n") for r in server.requests)
+        hostport = base.removeprefix("http://").encode()
+        assert f"Host: {hostport.decode()}".encode() in plain and b"pa" not in plain[1]
+        assert b"Authorization: Basic YWxAaWNlOnBhOnNz" in plain  # al@ice:pa:ss
+        assert [h for h in keyed if h.lower().startswith(b"authorization")] == [
+            b"Authorization: Bearer pool-key"]
+
+    asyncio.run(run())
