@@ -121,12 +121,15 @@ class ModelNotFound(NotFound):
     ``model_not_found`` (vLLM answers the bare 404), which clients test for."""
 
     SHOWN = 10
+    NAME_CHARS = 256  # of the name asked for, echoed (a 60 KB name was echoed whole)
     code = "model_not_found"
 
     def __init__(
         self, model: str, known: Sequence[str] = (), *, served: bool = False,
         other_tier: str | None = None,
     ) -> None:
+        if len(model) > self.NAME_CHARS:
+            model = model[:self.NAME_CHARS] + f"... ({len(model)} characters)"
         message = (f"The model `{model}` is not offered to this key's tier (`{other_tier}`)."
                    if other_tier is not None else f"The model `{model}` does not exist.")
         if served:

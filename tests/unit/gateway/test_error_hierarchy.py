@@ -63,3 +63,11 @@ def test_every_flow_control_shed_says_queue_shed() -> None:
     for error in (errors.QueueShed("m", retry_after_s=3), errors.PoolOverloaded("m")):
         assert orjson.loads(error.body())["error"]["code"] == "queue_shed", type(error)
     assert errors.PoolOverloaded("m").status == 503
+
+
+def test_a_long_model_name_is_echoed_cut_with_its_length() -> None:
+    long = "m" * 60_000
+    message = orjson.loads(errors.ModelNotFound(long, ["a"]).body())["error"]["message"]
+    assert len(message) < 500 and "(60000 characters)" in message
+    short = orjson.loads(errors.ModelNotFound("gpt-x").body())["error"]["message"]
+    assert short == "The model `gpt-x` does not exist."
