@@ -265,8 +265,14 @@ def check_replicas_distinct(doc: PolicyDoc) -> None:
     still load, or a gateway would refuse to start on it."""
     owner: dict[str, str] = {}
     for name, pool in doc.pools.items():
+        here: set[str] = set()
         for url in pool.replicas:
-            first = owner.setdefault(replica_id(url), name)
+            rid = replica_id(url)
+            if rid in here:  # two replicas of one id: the router and scrapes would mix them
+                raise PolicyValidationError(
+                    f"pools.{name}.replicas", f"{shown_url(url)}: {rid} is listed twice")
+            here.add(rid)
+            first = owner.setdefault(rid, name)
             if first != name:
                 raise PolicyValidationError(
                     f"pools.{name}.replicas",

@@ -85,3 +85,12 @@ def test_a_replica_in_two_pools_is_refused_on_input_but_a_stored_one_still_loads
     assert exc.value.field == "pools.awq.replicas"
     # a store written before the rule: gateways must still start on it
     assert PolicyDoc.model_validate(doc).pools["awq"].replicas == ["http://127.0.0.1:9001/"]
+
+
+def test_a_replica_listed_twice_in_one_pool_is_refused() -> None:
+    # two Replica objects of one id (host:port): the router and the scrapes key by it
+    doc = _with("pools.awq.replicas", ["http://127.0.0.1:9100", "http://user:pw@127.0.0.1:9100/"])
+    with pytest.raises(PolicyValidationError) as exc:
+        parse_policy(doc)
+    assert exc.value.field == "pools.awq.replicas" and "listed twice" in exc.value.message
+    assert "pw" not in str(exc.value)
