@@ -9,13 +9,12 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
-    novel      = a request opening a new context: its tokens beyond the longest match on any
-                 replica (no replica holds them); else 0
-    claim_r    = while some candidate's cache holds nothing: min(1, fill_r / (the mean fill +
-                 the copy's share of r)), fills = blocks held / capacity; else 0
-    extra_r    = max(uncached_r x full_r, novel x claim_r)
-    cost_r     = fixed_r + (queued_r + decode_r + uncached_r + (miss_weight - 1) x extra_r)
-                 x spt_r + kv_penalty_r                                                    [s]
+    claim_r    = for a prompt no replica holds any of, while some candidate's cache holds
+                 nothing: fill_r / (the mean fill + the copy's share of r), fills = blocks
+                 held / capacity; else 0
+    cost_r     = fixed_r + (queued_r + decode_r
+                 + uncached_r x (1 + (miss_weight - 1) x min(1, max(full_r, claim_r)))) x spt_r
+                 + kv_penalty_r                                                            [s]
     kv_penalty = kv_penalty_s x ((kv_usage - kv_knee) / (1 - kv_knee))^2  above the knee
 
 ``fixed_r`` and ``spt_r`` (seconds per token) are r's learned TTFT model
@@ -23,17 +22,17 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
 estimate. A miss costs the fleet more than that request's wait: the copy of the prefix takes KV
 memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
 it, as much as r's cache is full. While caches have room a copy evicts nothing, but a new
-context (a new tenant's system prompt, a conversation's first turn: its match ends on no
-earlier request's prompt, `routing.policies.sessions`) claims r for the requests that will
-follow it. Placed beside another tenant's prefix, both tenants' traffic must come back to r,
-until the load bound refuses r and their prompts are recomputed elsewhere (the synthetic
-workload's TTFT tail); placed on an empty cache, it competes with nothing. So while some
-candidate's cache holds nothing (a fleet warming up, a replica just started), content no
-replica holds pays for r's fill relative to the mean (``claim_r``), whatever small
-differences the learned fits or the tie hash show. Once every cache holds something the
-fills measure history (at large KV sizes mostly contexts long finished), not what will come
-back: the eviction price alone, as before. A continued context's new tokens claim nothing
-new: its next requests follow it wherever it is.
+prefix (a prompt no replica holds any of: a new tenant's system prompt, a new agent's tool
+prompt, a new document) claims r for every request that will share it. Placed beside another
+tenant's prefix, both tenants' traffic must come back to r, until the load bound refuses r
+and their prompts are recomputed elsewhere (the synthetic workload's TTFT tail); placed on an
+empty cache, it competes with nothing. So while some candidate's cache holds nothing (a fleet
+warming up, a replica just started), a new prefix pays for r's fill against the mean
+(``claim_r``), whatever small differences the learned fits or the tie hash show. A request
+extending a held prefix (a new session on a tool prompt, a conversation's next turn) adds to
+a prefix that already has its home (new sessions: the ramp below). Once every cache holds
+something the fills measure history (at large KV sizes, contexts long finished), not what
+will come back: the eviction price alone, as before.
 
 The minimum wins among the replicas the bounded-load rule admits; costs under ``tie_quantum_s``
 tie, and above it costs in the same step of a log scale of ratio 1 + ``tie_relative`` from
@@ -93,13 +92,11 @@ class CacheAware:
         # where a request really went (`Router.record_route`): a retry moves its context
         self.routed = self._sessions.routed
 
-    def _rows(self, ctx: PickContext, matches: dict[str, int], opens: bool) -> list[_Row]:
+    def _rows(self, ctx: PickContext) -> list[_Row]:
         # One tight loop run for every candidate of every request (the decision budget is
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
-        # ``matches``: blocks each replica holds of the request; ``opens``: it opens a new
-        # context (`routing.policies.sessions`), whose new content claims its replica
         st, cfg, f = self._state, self._state.config, ctx.features
-        mget = matches.get
+        mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
         prompt, tpb, key, quantum, per_step = (
             f.prompt_tokens,
             cfg.tokens_per_block,
@@ -119,13 +116,11 @@ class CacheAware:
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
-        # each cache's fill (blocks held / capacity), their mean and least, and the tokens of a
-        # new context no replica holds, which claim r while a cache is empty (module docstring)
+        # each cache's fill (blocks held / capacity), their mean and least: a prompt no
+        # replica holds any of claims r while a cache is empty (module docstring)
         fill = {v.id: used(v.id) / capacity(v.id) for v in ctx.views}
         mean_fill, least_fill = sum(fill.values()) / len(fill), min(fill.values())
-        longest = max((mget(v.id, 0) for v in ctx.views), default=0) * tpb
-        novel = (float(prompt - min(prompt - 1, longest))
-                 if opens and prompt > 0 and least_fill == 0.0 else 0.0)
+        claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
@@ -170,17 +165,16 @@ class CacheAware:
                     penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
             decode = decoding * dw
             # the copy's price beyond its own prefill: what it evicts (how full r's cache is)
-            # or, while a cache is empty, the claim a new context's new content makes on r's
-            # future traffic (r's fill against the mean), whichever is more
+            # or, for a new prefix while a cache is empty, its claim on r (r's fill against
+            # the mean), whichever is more
             copy = uncached / tpb / capacity(vid)
             full = fill[vid] + copy
-            extra = uncached * (full if full < 1.0 else 1.0)
-            if novel > 0.0:
-                excess = fill[vid] / (mean_fill + copy)
-                claim = novel * (excess if excess < 1.0 else 1.0)
-                if claim > extra:
-                    extra = claim
-            cost = fixed + (own + decode + uncached + dup * extra) * spt + penalty
+            if claims and copy > 0.0:  # (an empty prompt copies nothing)
+                share = fill[vid] / (mean_fill + copy)
+                if share > full:
+                    full = share
+            cost = (fixed + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
+                    + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
             step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
@@ -188,12 +182,10 @@ class CacheAware:
         return rows
 
     def choose(self, ctx: PickContext) -> Decision:
-        cfg, index = self._state.config, self._state.index
+        cfg = self._state.config
+        rows = self._rows(ctx)
         hashes = ctx.features.block_hashes
-        matches = index.match(hashes) if hashes else {}
-        longest = max((matches.get(v.id, 0) for v in ctx.views), default=0)
-        previous = self._sessions.continued(hashes, min(longest, len(hashes)))
-        rows = self._rows(ctx, matches, previous is None)
+        previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
         if previous is None and cfg.session_ramp_tokens > 0.0:
             rows = self._ramp(ctx, rows)
         # one gateway: a tie goes to fewer in flight; several: in-flight counts a sync window

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from routing.config import RouterConfig
+from routing.features import extract_features
 from routing.router import Router
 from routing.types import ReplicaView
 
@@ -347,18 +348,21 @@ def test_a_new_prefix_goes_to_an_emptier_cache_while_the_fleet_warms_up(fast_r0:
     # with r0's faster fit) went to r0 beside tenant A; each tenant's later requests then
     # follow its prefix there, and when both tenants' conversations peak the load bound
     # refuses the holder: their prompts recomputed elsewhere were the synthetic workload's
-    # TTFT tail. While a cache is empty, a new context's content no replica holds pays for
-    # the replica's fill against the mean: a new prefix goes beside none rather than another.
+    # TTFT tail. While a cache is empty, a prompt no replica holds any of pays for the
+    # replica's fill against the mean: a new prefix goes beside none rather than another.
     r = _warming(fast_r0)
     picks = {r.pick(feats(f"tenant {k}'s system prompt " * 500), views(3), 10.0).replica
              for k in range(40)}
     assert picks == {"r1", "r2"}
 
 
-def test_a_prefix_held_by_a_fuller_cache_still_goes_there() -> None:
-    # ...the charge is on new content only: tenant A's next request hits its prompt on r0
+@pytest.mark.parametrize("question_words", [3, 900])
+def test_a_prefix_held_by_a_fuller_cache_still_goes_there(question_words: int) -> None:
+    # ...the charge is on prompts no replica holds any of: tenant A's next conversation hits
+    # its prompt on r0, however much new text it brings (its new text joins a prefix that
+    # already has its home; were it charged, the long question would move to an empty cache)
     r = _warming(fast_r0=True)
-    d = r.pick(feats("tenant A 5 " * 320 + "a new question"), views(3), 10.0)
+    d = r.pick(feats("tenant A 5 " * 320 + "a new question " * question_words), views(3), 10.0)
     assert (d.replica, d.reason) == ("r0", "prefix-hit")
 
 
@@ -408,3 +412,11 @@ def test_a_continued_context_stays_with_its_new_content_beside_an_empty_cache() 
     r.record_answered("r0", f, 7.5)
     d = r.pick(feats(first + "a long new question " * 300), views(3), 10.0)
     assert (d.replica, d.reason) == ("r0", "prefix-hit")
+
+
+def test_an_empty_prompt_on_an_empty_fleet_is_routed() -> None:
+    # no replica holds anything and the prompt copies nothing: no claim (and no 0 / 0)
+    r = Router()
+    f = extract_features({"prompt": ""}, model="m", salt="s", config=r.config)
+    assert f.prompt_tokens == 0
+    assert r.pick(f, views(3), 0.0).replica in {"r0", "r1", "r2"}
