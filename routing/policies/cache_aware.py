@@ -9,15 +9,30 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
-    cost_r     = fixed_r + (queued_r + decode_r + uncached_r x (1 + (miss_weight - 1) x full_r))
-                 x spt_r + kv_penalty_r                                                    [s]
+    claim_r    = for a prompt no replica holds any of, while some candidate's cache holds
+                 nothing: fill_r / (the mean fill + the copy's share of r), fills = blocks
+                 held / capacity; else 0
+    cost_r     = fixed_r + (queued_r + decode_r
+                 + uncached_r x (1 + (miss_weight - 1) x min(1, max(full_r, claim_r)))) x spt_r
+                 + kv_penalty_r                                                            [s]
     kv_penalty = kv_penalty_s x ((kv_usage - kv_knee) / (1 - kv_knee))^2  above the knee
 
 ``fixed_r`` and ``spt_r`` (seconds per token) are r's learned TTFT model
 (`routing.learning.TtftModel`). With ``miss_weight`` = 1 the cost is the request's own TTFT
 estimate. A miss costs the fleet more than that request's wait: the copy of the prefix takes KV
 memory that, in a full cache, evicts another prefix (a later miss). ``miss_weight`` > 1 charges
-it, as much as r's cache is full: while caches have room, cold requests fill the emptiest.
+it, as much as r's cache is full. While caches have room a copy evicts nothing, but a new
+prefix (a prompt no replica holds any of: a new tenant's system prompt, a new agent's tool
+prompt, a new document) claims r for every request that will share it. Placed beside another
+tenant's prefix, both tenants' traffic must come back to r, until the load bound refuses r
+and their prompts are recomputed elsewhere (the synthetic workload's TTFT tail); placed on an
+empty cache, it competes with nothing. So while some candidate's cache holds nothing (a fleet
+warming up, a replica just started), a new prefix pays for r's fill against the mean
+(``claim_r``), whatever small differences the learned fits or the tie hash show. A request
+extending a held prefix (a new session on a tool prompt, a conversation's next turn) adds to
+a prefix that already has its home (new sessions: the ramp below). Once every cache holds
+something the fills measure history (at large KV sizes, contexts long finished), not what
+will come back: the eviction price alone, as before.
 
 The minimum wins among the replicas the bounded-load rule admits; costs under ``tie_quantum_s``
 tie, and above it costs in the same step of a log scale of ratio 1 + ``tie_relative`` from
@@ -101,6 +116,11 @@ class CacheAware:
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
         used, capacity = st.index.used, st.index.capacity
+        # each cache's fill (blocks held / capacity), their mean and least: a prompt no
+        # replica holds any of claims r while a cache is empty (module docstring)
+        fill = {v.id: used(v.id) / capacity(v.id) for v in ctx.views}
+        mean_fill, least_fill = sum(fill.values()) / len(fill), min(fill.values())
+        claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
@@ -144,9 +164,15 @@ class CacheAware:
                     x = (kv - knee) / (1.0 - knee)
                     penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
             decode = decoding * dw
-            # the copy's price beyond its own prefill grows with how full the replica's cache
-            # is (what it will evict): a cold fleet fills its emptiest caches first
-            full = (used(vid) + uncached / tpb) / capacity(vid)
+            # the copy's price beyond its own prefill: what it evicts (how full r's cache is)
+            # or, for a new prefix while a cache is empty, its claim on r (r's fill against
+            # the mean), whichever is more
+            copy = uncached / tpb / capacity(vid)
+            full = fill[vid] + copy
+            if claims and copy > 0.0:  # (an empty prompt copies nothing)
+                share = fill[vid] / (mean_fill + copy)
+                if share > full:
+                    full = share
             cost = (fixed + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
                     + penalty)
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from routing.config import RouterConfig
+from routing.features import extract_features
 from routing.router import Router
 from routing.types import ReplicaView
 
@@ -322,3 +323,100 @@ def test_a_tie_goes_to_the_replica_with_fewer_requests_in_flight() -> None:
     assert {d.replica for d in picks} == {"r1", "r2"}  # both idle ones: the hash spreads them
     ranked = r.pick(feats("cold prompt x " * 1400), vs, 1.0, explain=True).ranked
     assert ranked[-1].replica == "r0" and ranked[-1].cost < ranked[0].cost * 1.05
+
+
+def _warming(fast_r0: bool) -> Router:
+    """A fleet warming up: r0 has served tenant A's first requests (answered; A's prompts in
+    its cache, 41 of its 4,096 blocks), r1 and r2 nothing yet. With ``fast_r0`` r0 saw their
+    first tokens come at a real engine's speed, so its own fit is ~10 % faster than the
+    fleet's, which still leans on the slower prior (r1 and r2 have no fit of their own)."""
+    r = Router()
+    for i in range(6):
+        f = feats(f"tenant A {i} " * (20 + 60 * i))
+        r.record_route("r0", f, float(i))
+        if fast_r0:
+            r.record_first_token("r0", f, 0.006 + f.prompt_tokens / 25_000, i + 0.1)
+        else:
+            r.record_answered("r0", f, i + 0.1)
+    return r
+
+
+@pytest.mark.parametrize("fast_r0", [False, True])
+def test_a_new_prefix_goes_to_an_emptier_cache_while_the_fleet_warms_up(fast_r0: bool) -> None:
+    # Other tenants' first prompts (nothing cached anywhere) tie on the three idle replicas,
+    # or look cheaper on r0 only because its fit is its own. Before, a share of them (all,
+    # with r0's faster fit) went to r0 beside tenant A; each tenant's later requests then
+    # follow its prefix there, and when both tenants' conversations peak the load bound
+    # refuses the holder: their prompts recomputed elsewhere were the synthetic workload's
+    # TTFT tail. While a cache is empty, a prompt no replica holds any of pays for the
+    # replica's fill against the mean: a new prefix goes beside none rather than another.
+    r = _warming(fast_r0)
+    picks = {r.pick(feats(f"tenant {k}'s system prompt " * 500), views(3), 10.0).replica
+             for k in range(40)}
+    assert picks == {"r1", "r2"}
+
+
+@pytest.mark.parametrize("question_words", [3, 900])
+def test_a_prefix_held_by_a_fuller_cache_still_goes_there(question_words: int) -> None:
+    # ...the charge is on prompts no replica holds any of: tenant A's next conversation hits
+    # its prompt on r0, however much new text it brings (its new text joins a prefix that
+    # already has its home; were it charged, the long question would move to an empty cache)
+    r = _warming(fast_r0=True)
+    d = r.pick(feats("tenant A 5 " * 320 + "a new question " * question_words), views(3), 10.0)
+    assert (d.replica, d.reason) == ("r0", "prefix-hit")
+
+
+def test_warm_caches_are_priced_as_before() -> None:
+    # Every cache full (a warm fleet): the replicas' fills are level, and a copy pays for
+    # what it evicts, the same on each; r0's queue decides as before (cf. the miss weight).
+    r = _router_with_doc_on("r1")
+    full = 2_304
+    vs = [ReplicaView(id="r0", pool="p", inflight=1, inflight_prefill_tokens=500,
+                      cache_capacity_tokens=full),
+          ReplicaView(id="r1", pool="p", cache_capacity_tokens=full)]
+    r.record_route("r0", feats("another document " * 540), 0.5)  # r0's cache full too
+    r.record_answered("r0", feats("another document " * 540), 0.6)
+    t = _terms(r, vs, "a cold prompt " * 600)
+    # the same copy price on both: the cost difference is r0's queue and decoding request
+    spt = 1.0 / t["r0"]["prefill_tps"]
+    extra = (t["r0"]["cost"] - t["r1"]["cost"]) / spt
+    assert extra == pytest.approx(500 + 64, rel=1e-6)
+
+
+def test_once_every_cache_holds_something_a_copy_pays_for_what_it_evicts_alone() -> None:
+    # r1 holds a little, r0 much more (no cache empty): the fills now measure history, and a
+    # cold prompt's copy pays the eviction price on each, as before the claim
+    r = _warming(fast_r0=False)
+    r.record_route("r1", feats("tenant B's prompt " * 60), 7.0)
+    r.record_answered("r1", feats("tenant B's prompt " * 60), 7.1)
+    t = _terms(r, views(2), "a cold prompt " * 600, 10.0)
+    used, capacity = r.state.index.used, r.state.index.capacity
+    uncached = t["r0"]["uncached_tokens"]
+    copy = uncached / 64
+    full = {k: (used(k) + copy) / capacity(k) for k in ("r0", "r1")}
+    spt = 1.0 / t["r0"]["prefill_tps"]
+    assert t["r0"]["cost"] - t["r1"]["cost"] == pytest.approx(
+        uncached * (full["r0"] - full["r1"]) * spt, rel=1e-6)
+
+
+def test_a_continued_context_stays_with_its_new_content_beside_an_empty_cache() -> None:
+    # A conversation's second turn brings more new text than it repeats. Its next turns will
+    # follow it wherever it goes, so its new text claims nothing: it stays on r0, although r1
+    # and r2 hold nothing and r0 also holds tenant A's prompts (were its new text charged as a
+    # new context's, r1 would be cheaper).
+    r = _warming(fast_r0=False)
+    first = "the first turn of a conversation " * 120  # ~1,000 tokens
+    f = feats(first)
+    assert r.pick(f, views(3), 7.0).replica is not None
+    r.record_route("r0", f, 7.0)
+    r.record_answered("r0", f, 7.5)
+    d = r.pick(feats(first + "a long new question " * 300), views(3), 10.0)
+    assert (d.replica, d.reason) == ("r0", "prefix-hit")
+
+
+def test_an_empty_prompt_on_an_empty_fleet_is_routed() -> None:
+    # no replica holds anything and the prompt copies nothing: no claim (and no 0 / 0)
+    r = Router()
+    f = extract_features({"prompt": ""}, model="m", salt="s", config=r.config)
+    assert f.prompt_tokens == 0
+    assert r.pick(f, views(3), 0.0).replica in {"r0", "r1", "r2"}

@@ -91,7 +91,9 @@ def test_bad_ramp_config_is_refused(kw: dict[str, float]) -> None:
 
 def _agents(ramp: float) -> tuple[Router, list[ReplicaView]]:
     """Four replicas all holding the tool prompt; r0 carries six agent sessions in a loop
-    (live), the others none; every replica equally idle otherwise."""
+    (live), the others none; every replica equally idle otherwise, and their caches equally
+    full (as in a warm fleet: a fuller cache would also make new content dearer on r0, the
+    claim of `routing.policies.cache_aware`, and the ramp is what these tests are about)."""
     router = Router(RouterConfig(session_ramp_tokens=ramp))
     vs = views(4)
     for r in ("r0", "r1", "r2", "r3"):
@@ -104,6 +106,12 @@ def _agents(ramp: float) -> tuple[Router, list[ReplicaView]]:
             assert d.replica == "r0" or call == 0
             router.record_route("r0", f, float(call))
             prompt += f" result {call} of agent {a} " * 20
+    index = router.state.index
+    for r in ("r1", "r2", "r3"):  # other traffic fills their caches as much as r0's
+        other = (f"other traffic on {r}. " * 2_000)[: 256 * (index.used("r0") - index.used(r))]
+        router.record_route(r, feats(other), 0.0)
+        router.record_answered(r, feats(other), 0.1)
+    assert len({index.used(r) for r in ("r0", "r1", "r2", "r3")}) == 1
     return router, vs
 
 
