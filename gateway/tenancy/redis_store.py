@@ -266,16 +266,25 @@ class RedisStore(TenantStore):
 
     async def tenant_page(self, after: str | None, limit: int) -> tuple[list[Tenant], bool]:
         """The ids only, sorted, then the page's records: a page parses `limit` records,
-        not every tenant (an unreadable one is left out, as from `list_tenants`)."""
+        not every tenant. An unreadable one is left out (as from `list_tenants`) and the
+        page reads on past it: a page of unreadable records only came back empty with more
+        to follow and no last id to follow them by."""
         with redis_unavailable():
             ids = sorted(map(_text, await self._r.hkeys(self._k("tenants"))))
-            if after is not None:
-                ids = ids[bisect_right(ids, after):]
-            page = ids[:limit]
-            raws = await self._r.hmget(self._k("tenants"), page) if page else []
-        stored = {tid: _text(raw) for tid, raw in zip(page, raws, strict=True) if raw is not None}
-        tenants = _readable(stored, tenant_from_json, "tenant", [])
-        return [tenants[tid] for tid in page if tid in tenants], len(ids) > limit
+        if after is not None:
+            ids = ids[bisect_right(ids, after):]
+        page: list[Tenant] = []
+        read = 0
+        while read < len(ids) and len(page) < limit:
+            chunk = ids[read:read + limit - len(page)]
+            read += len(chunk)
+            with redis_unavailable():
+                raws = await self._r.hmget(self._k("tenants"), chunk)
+            stored = {tid: _text(raw) for tid, raw in zip(chunk, raws, strict=True)
+                      if raw is not None}
+            tenants = _readable(stored, tenant_from_json, "tenant", [])
+            page += [tenants[tid] for tid in chunk if tid in tenants]
+        return page, read < len(ids)
 
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first. Fields of
