@@ -416,7 +416,7 @@ class RouteSync:
         stream is a new one behind the one we read (a Redis that lost its state, on a clock
         behind the old server's). XREAD after the last id read would return nothing until
         the new clock caught up, the sharing "up" all along: read the new one from its
-        start."""
+        start, and learn the new server's clock afresh."""
         if not isinstance(own_id, bytes):
             return
         key, last = _key(own_id), self._last_own
@@ -426,6 +426,7 @@ class RouteSync:
                         "read; reading it from its start",
                         extra={"member": self.member, "redis": self.reach.address})
             self._last_id, self._last_key = b"0-0", (0, 0)
+            self._redis_clock.forget()  # learned from the old server's ids
 
     def _answered(self) -> None:
         if not self.stats.up:

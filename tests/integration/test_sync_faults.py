@@ -145,3 +145,47 @@ async def test_the_apply_lag_does_not_depend_on_the_peers_clocks(redis_url: str)
         assert all(0.0 <= lag < 600.0 for lag in me.stats.recent_lags), me.stats.recent_lags
     finally:
         await me.stop()
+
+
+async def test_the_apply_lag_follows_a_fresh_redis_whose_clock_is_behind() -> None:
+    """Redis replaced by a fresh one whose clock is behind the old one's (by ten minutes
+    here): the offset to Redis's clock was learned from the old server's ids, and the best
+    of the last 32 samples kept it (the first write to the new server, on a new connection,
+    is no better a sample), so every record applied meanwhile read as ten minutes late."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    talkative = SyncSettings(stale_after_s=30.0, catchup_entries=0, heartbeat_s=0.1)
+    quiet = SyncSettings(stale_after_s=30.0, catchup_entries=0, heartbeat_s=60.0)
+    theirs, mine = Router(RouterConfig()), Router(RouterConfig())
+    peer = RouteSync(theirs, url, "kvgate", talkative, own_loads=dict,
+                     known=KNOWN.__contains__, clock=time.monotonic, member="peer")
+    me = RouteSync(mine, url, "kvgate", quiet, own_loads=dict, known=KNOWN.__contains__,
+                   clock=time.monotonic, member="me")
+
+    async def route(n: int) -> None:  # our writes: the only samples of Redis's clock
+        before = me.stats.published
+        mine.record_route("a:1", RequestFeatures("m", (n, n + 1), 200), time.monotonic())
+        me.wake()
+        await _until(lambda: me.stats.published > before)
+
+    with proc:
+        await peer.start()
+        await me.start()
+        r = aioredis.Redis.from_url(url)
+        ahead = f"{int(time.time() * 1000) + 600_000}-0"  # a clock ten minutes ahead
+        await r.xadd("kvgate:routes", encode("old", time.time(), [], {}),  # type: ignore[arg-type]
+                     id=ahead)
+        await r.aclose()
+        for n in range(5):
+            await route(10 * n)
+    fresh, _ = redis_proc(port)
+    try:
+        with fresh:
+            await route(100)  # finds the new server (its ids behind ours) and reads it
+            me.stats.recent_lags.clear()
+            await _until(lambda: len(me.stats.recent_lags) >= 3)
+            lags = list(me.stats.recent_lags)
+            assert max(lags) < 60.0, lags
+    finally:
+        await me.stop()
+        await peer.stop()
