@@ -7,7 +7,7 @@ and answered every request 503 ("no API key or policy is loaded") and /readyz "n
 beside siblings that serve their last known state: an answer depended on which worker the
 kernel handed the connection to. So every worker writes what it loaded from the store to one
 file in the supervisor's directory (private to the gateway's user, removed when the
-supervisor exits), and touches it each time the store confirms it; a worker whose first load
+supervisor exits, by the workers when it was killed), and touches it each time the store confirms it; a worker whose first load
 fails starts from that file, as stale as the file says (its mtime: when the store last
 answered any worker), and serves it degraded, exactly as its siblings do.
 
