@@ -7,9 +7,10 @@ and answered every request 503 ("no API key or policy is loaded") and /readyz "n
 beside siblings that serve their last known state: an answer depended on which worker the
 kernel handed the connection to. So every worker writes what it loaded from the store to one
 file in the supervisor's directory (private to the gateway's user, removed when the
-supervisor exits, by the workers when it was killed), and touches it each time the store confirms it; a worker whose first load
-fails starts from that file, as stale as the file says (its mtime: when the store last
-answered any worker), and serves it degraded, exactly as its siblings do.
+supervisor exits, by the workers when it was killed), and touches it each time the store
+confirms it; a worker whose first load fails starts from that file, as stale as the file
+says (its mtime: when the store last answered any worker), and serves it degraded, exactly
+as its siblings do.
 
 The file holds what the store holds: tenants, key *hashes* (never a key), the policy, salt
 group epochs and the store's bootstrap marker (so a wipe noticed later is noticed by the
@@ -57,6 +58,7 @@ class LastState:
         self.path = path
         self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         self._kept: bytes | None = None  # the digest of the state last written
+        self._written = False  # the state last loaded is in the file (as far as we know)
 
     async def keep(self, snap: StoreSnapshot, mark: str | None) -> None:
         """`save` a state just loaded, in a thread (10,000 keys take tens of ms to write,
@@ -71,13 +73,14 @@ class LastState:
 
     def save(self, snap: StoreSnapshot, mark: str | None) -> None:
         """Write the state just loaded (best effort: a full disk only costs the restart)."""
-        self._write(_dump(snap, mark))
+        self._written = self._write(_dump(snap, mark))
 
     def _save_changed(self, snap: StoreSnapshot, mark: str | None) -> None:
         data = _dump(snap, mark)
         digest = hashlib.blake2b(data, digest_size=16).digest()
-        if digest != self._kept and self._write(data):
-            self._kept = digest
+        if digest != self._kept:
+            self._written = self._write(data)
+            self._kept = digest if self._written else None
 
     def _write(self, data: bytes) -> bool:
         try:
@@ -94,7 +97,11 @@ class LastState:
         return True
 
     def confirmed(self) -> None:
-        """The store answered and our state is current: the file is as fresh as now."""
+        """The store answered and our state is current: the file is as fresh as now --
+        unless our last write failed (a full disk): the file then holds an older state (a
+        key revoked since, perhaps), which must not look fresh."""
+        if not self._written:
+            return
         with contextlib.suppress(OSError):
             os.utime(self.path)
 

@@ -117,3 +117,23 @@ async def test_a_key_revoked_by_hand_leaves_the_file_at_the_next_whole_reload(
     await state.keep(replace(SNAP, tenants={}, keys={}), "m")  # a tenant deleted by hand
     saved = state.load()
     assert saved is not None and saved.snapshot.tenants == {}
+
+
+async def test_a_state_it_could_not_write_is_not_vouched_for(tmp_path: Path) -> None:
+    """A write that failed (a full disk) leaves the previous state in the file: touching it
+    as the store confirms the newer one made that older state (a key revoked since in it)
+    look fresh to a worker restarted while Redis is down."""
+    state = LastState(tmp_path / "t.json")
+    await state.keep(SNAP, "m")
+    an_hour_ago = time.time() - 3600
+    os.utime(tmp_path / "t.json", (an_hour_ago, an_hour_ago))
+    os.mkdir(state._tmp)  # the next write fails
+    await state.keep(replace(SNAP, generation=8, keys={}), "m")  # the key revoked
+    state.confirmed()
+    saved = state.load()
+    assert saved is not None and saved.snapshot.keys and saved.age_s >= 3599
+    os.rmdir(state._tmp)
+    await state.keep(replace(SNAP, generation=8, keys={}), "m")  # written again
+    state.confirmed()
+    saved = state.load()
+    assert saved is not None and saved.snapshot.keys == {} and saved.age_s < 3599
