@@ -5,11 +5,14 @@ meets in production: a replica that leaves one gateway's pools while it had requ
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Callable, Mapping
 
+import pytest
 import redis.asyncio as aioredis
 
+from gateway.fleet.link import Link
 from gateway.fleet.records import encode
 from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad
@@ -189,3 +192,30 @@ async def test_the_apply_lag_follows_a_fresh_redis_whose_clock_is_behind() -> No
     finally:
         await me.stop()
         await peer.stop()
+
+
+async def test_a_new_connection_that_hangs_in_its_handshake_is_a_failure() -> None:
+    """Redis gone, and its address taken by a server that accepts connections and never
+    answers (one stopped, a proxy holding them while its backend comes up): the call that
+    found its connection closed was sent again on a new one, whose handshake (redis-py reads
+    the reply to CLIENT SETINFO without a timeout) waited for ever, the sharing "up" and
+    publishing nothing. The link's timeout covers the new connection's handshake too."""
+    proc, url = redis_proc()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    link = Link(url, 0.5, 0.5)
+    with proc:
+        assert await link.call(b"PING") == b"PONG"
+    stuck = socket.socket()  # its backlog completes the handshakes; nothing ever reads
+    stuck.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    stuck.bind(("127.0.0.1", port))
+    stuck.listen(8)
+    call = asyncio.create_task(link.call(b"PING"))
+    try:
+        await asyncio.wait({call}, timeout=10.0)  # far past the link's timeout
+        assert call.done(), "the call still waits"
+        with pytest.raises(TimeoutError):
+            call.result()
+    finally:
+        call.cancel()
+        stuck.close()
+        await link.close()
