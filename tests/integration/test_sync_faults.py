@@ -5,6 +5,7 @@ meets in production: a replica that leaves one gateway's pools while it had requ
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +19,7 @@ from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad
 from routing.router import Router, RouterConfig
 from routing.types import RequestFeatures
-from tests.support.procs import redis_proc
+from tests.support.procs import Proc, free_port, redis_proc
 
 KNOWN = {"a:1", "b:1"}
 
@@ -219,3 +220,35 @@ async def test_a_new_connection_that_hangs_in_its_handshake_is_a_failure() -> No
         call.cancel()
         stuck.close()
         await link.close()
+
+
+async def test_the_catch_up_works_where_time_is_refused() -> None:
+    """A Redis whose TIME is renamed away (``rename-command TIME ""``, a hardened
+    configuration): the catch-up read TIME with the entries, failed as a whole ("cannot reach
+    Redis (server replied ERR)" at every start), and the gateway read the whole stream from
+    its start instead, history applied as live. Without TIME the peers count as live by the
+    stream's newest entry."""
+    exe = shutil.which("redis-server")
+    assert exe is not None
+    port = free_port()
+    proc = Proc([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--rename-command", "TIME", ""], ready_port=port)
+    url = f"redis://127.0.0.1:{port}/0"
+    theirs = Router(RouterConfig())
+    with proc:
+        peer = _sync(url, "peer", dict, theirs)
+        await peer.start()
+        try:
+            theirs.record_route("a:1", RequestFeatures("m", (11, 12), 200), time.monotonic())
+            peer.wake()
+            await _published_again(peer)
+            mine = Router(RouterConfig())
+            me = RouteSync(mine, url, "kvgate", SyncSettings(stale_after_s=30.0), own_loads=dict,
+                           known=KNOWN.__contains__, clock=time.monotonic, member="me")
+            try:
+                assert await me._catch_up() == 1
+                assert mine.state.index.entries("a:1") == 2  # the peer's route, before serving
+            finally:
+                await me.stop()
+        finally:
+            await peer.stop()
