@@ -15,7 +15,10 @@ backlog until the last worker has drained. A worker that dies after it started s
 started again, however soon (the OOM killer does not wait); a worker that dies before it
 started serving failed at start and stops them all (exit status 1): the next would fail
 alike. Each worker says when it serves through an event the parent watches. /metrics
-answers with every worker's series, labelled by worker (`gateway.worker_metrics`).
+answers with every worker's series, labelled by worker (`gateway.worker_metrics`). The
+workers' shared directory (their /metrics parts, the tenancy state a restarted worker starts
+from) is removed by the parent as it exits, or, when it was killed, by the workers as they
+exit.
 """
 
 from __future__ import annotations
@@ -129,13 +132,20 @@ def _worker(
     serving: Event,
 ) -> None:
     set_current(slot)
+    supervisor = os.getppid()
     # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
     # one SIGTERM (a second signal would make the server skip its graceful drain)
     os.setpgrp()
     _die_with_parent()
     for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
         signal.signal(s, signal.SIG_DFL)
-    sys.exit(serve(cfg, sockets, serving.set))
+    status = serve(cfg, sockets, serving.set)
+    if os.getppid() != supervisor:
+        # the supervisor was killed (SIGKILL: its own cleanup never ran): the directory holds
+        # the tenancy state (key hashes, the policy with its replicas' URLs), which must not
+        # outlive the gateway; the workers still running lose only their last writes
+        shutil.rmtree(slot.directory, ignore_errors=True)
+    sys.exit(status)
 
 
 def _die_with_parent() -> None:

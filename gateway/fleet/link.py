@@ -63,13 +63,15 @@ class Link:
     async def _round_trip(
         self, commands: tuple[tuple[bytes | str | int, ...], ...]
     ) -> list[object]:
-        conn = self._conn
-        if conn is None:
-            conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-            await conn.connect()
-            self._conn = conn
         try:
+            # a new connection's handshake too: redis-py reads the reply to its CLIENT SETINFO
+            # without a timeout, and a server that accepts and never answers (stopped, or a
+            # proxy holding connections while its backend comes up) held a retry for ever
             async with asyncio.timeout(self._timeout):
+                conn = self._conn
+                if conn is None:
+                    conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
+                    await conn.connect()
                 await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
                 return [await conn.read_response() for _ in commands]
         except BaseException:  # a half-read reply leaves the connection unusable

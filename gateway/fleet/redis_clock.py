@@ -45,6 +45,13 @@ class RedisClock:
         self._samples.append((rtt, int(ms) / 1000.0 + _HALF_MS - (sent + received) / 2))
         self._offset = min(self._samples)[1]
 
+    def forget(self) -> None:
+        """Redis's clock changed under us (a fresh server whose ids are behind the old
+        one's): the samples of the old one would keep its offset until all `WINDOW` left,
+        every lag meanwhile off by the difference (ten minutes read as ten minutes late)."""
+        self._samples.clear()
+        self._offset = None
+
     def lag(self, written_ms: int) -> float | None:
         """Seconds since Redis wrote the entry of id ``written_ms``-*, by Redis's clock; None
         before the first write of ours taught the offset. Never negative (the offset is

@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
 from gateway.fleet.link import Link, entries
@@ -294,10 +294,10 @@ class RouteSync:
         number of peers among them that wrote within ``stale_after_s``, by Redis's clock
         (its TIME against the entries' ids: a peer's clock may be off, ours too)."""
         n = self.settings.catchup_entries
+        now: int | None = None
         if n:
-            now, raw = await self._in.pipeline(
-                (b"TIME",), (b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
-            found = entries(raw)
+            now = await self._redis_time_ms()
+            found = entries(await self._in.call(b"XREVRANGE", self.key, b"+", b"-", b"COUNT", n))
         else:  # nothing to catch up on, but "on" must mean that Redis answered
             await self._in.call(b"PING")
             found = []
@@ -305,7 +305,7 @@ class RouteSync:
             self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
             return 0
         self._last_id, self._last_key = found[0][0], _key(found[0][0])
-        recent = _time_ms(now) - self._stale_ms
+        recent = (_ms(found[0][0]) if now is None else now) - self._stale_ms
         live: set[str] = set()
         for entry_id, fields in reversed(found):
             batch = self._decode(fields)
@@ -316,6 +316,17 @@ class RouteSync:
                 elif _ms(entry_id) >= recent:
                     live.add(batch.member)
         return len(live)
+
+    async def _redis_time_ms(self) -> int | None:
+        """Redis's clock (TIME), or None where TIME is refused (an ACL user without it, a
+        hardened configuration that renamed it away): the catch-up then judges the peers by
+        the stream's newest entry. Asked on its own, not pipelined with the entries: an
+        error reply fails a whole pipeline (the catch-up failed at every start, "cannot
+        reach Redis", and the stream was read from its start instead, history as live)."""
+        try:
+            return _time_ms(await self._in.call(b"TIME"))
+        except ResponseError:  # unknown command, NOPERM; a connection error is raised
+            return None
 
     async def _read_loop(self) -> None:
         """Blocks on XREAD while the publisher does not read (a gateway with nothing in
@@ -416,7 +427,7 @@ class RouteSync:
         stream is a new one behind the one we read (a Redis that lost its state, on a clock
         behind the old server's). XREAD after the last id read would return nothing until
         the new clock caught up, the sharing "up" all along: read the new one from its
-        start."""
+        start, and learn the new server's clock afresh."""
         if not isinstance(own_id, bytes):
             return
         key, last = _key(own_id), self._last_own
@@ -426,6 +437,7 @@ class RouteSync:
                         "read; reading it from its start",
                         extra={"member": self.member, "redis": self.reach.address})
             self._last_id, self._last_key = b"0-0", (0, 0)
+            self._redis_clock.forget()  # learned from the old server's ids
 
     def _answered(self) -> None:
         if not self.stats.up:

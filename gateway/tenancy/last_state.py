@@ -7,9 +7,10 @@ and answered every request 503 ("no API key or policy is loaded") and /readyz "n
 beside siblings that serve their last known state: an answer depended on which worker the
 kernel handed the connection to. So every worker writes what it loaded from the store to one
 file in the supervisor's directory (private to the gateway's user, removed when the
-supervisor exits), and touches it each time the store confirms it; a worker whose first load
-fails starts from that file, as stale as the file says (its mtime: when the store last
-answered any worker), and serves it degraded, exactly as its siblings do.
+supervisor exits, by the workers when it was killed), and touches it each time the store
+confirms it; a worker whose first load fails starts from that file, as stale as the file
+says (its mtime: when the store last answered any worker), and serves it degraded, exactly
+as its siblings do.
 
 The file holds what the store holds: tenants, key *hashes* (never a key), the policy, salt
 group epochs and the store's bootstrap marker (so a wipe noticed later is noticed by the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -55,44 +57,51 @@ class LastState:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self._kept: tuple[int, str | None] | None = None  # (generation, mark) last written
+        self._kept: bytes | None = None  # the digest of the state last written
+        self._written = False  # the state last loaded is in the file (as far as we know)
 
     async def keep(self, snap: StoreSnapshot, mark: str | None) -> None:
         """`save` a state just loaded, in a thread (10,000 keys take tens of ms to write,
-        which the event loop must not wait for), unless it is the one written last: the
-        store's periodic whole reload finds the same generation most of the time."""
-        if self._kept == (snap.generation, mark):
-            return
-        self._kept = (snap.generation, mark)
-        await asyncio.to_thread(self.save, snap, mark)
+        which the event loop must not wait for), unless it is what was written last.
+
+        Compared by content, not by (generation, marker): the periodic whole reload finds
+        the same generation most of the time, but also what changed behind the store's back
+        without a new generation (a key record deleted in redis-cli to revoke it); the
+        workers drop it then, and the file must too, or a worker restarted while Redis is
+        down admits a key its siblings refuse."""
+        await asyncio.to_thread(self._save_changed, snap, mark)
 
     def save(self, snap: StoreSnapshot, mark: str | None) -> None:
         """Write the state just loaded (best effort: a full disk only costs the restart)."""
-        doc = {
-            "format": FORMAT,
-            "generation": snap.generation,
-            "mark": mark,
-            "tenants": [tenant_to_json(t) for t in snap.tenants.values()],
-            # as arrays: a pydantic dump per key cost ~5 us, 50 ms for 10,000 keys
-            "keys": [[k.key_id, k.tenant_id, k.key_hash, k.created_at]
-                     for k in snap.keys.values()],
-            "policy": None if snap.policy is None else
-            [snap.policy.version, snap.policy.doc.model_dump_json(exclude_unset=True)],
-            "group_epochs": snap.group_epochs,
-        }
+        self._written = self._write(_dump(snap, mark))
+
+    def _save_changed(self, snap: StoreSnapshot, mark: str | None) -> None:
+        data = _dump(snap, mark)
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        if digest != self._kept:
+            self._written = self._write(data)
+            self._kept = digest if self._written else None
+
+    def _write(self, data: bytes) -> bool:
         try:
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
-                f.write(orjson.dumps(doc))
+                f.write(data)
             os.replace(self._tmp, self.path)
         except OSError as exc:
             log.warning("cannot keep the tenancy state for restarted workers: %s",
                         exc.strerror or type(exc).__name__)
             with contextlib.suppress(OSError):
                 os.unlink(self._tmp)
+            return False
+        return True
 
     def confirmed(self) -> None:
-        """The store answered and our state is current: the file is as fresh as now."""
+        """The store answered and our state is current: the file is as fresh as now --
+        unless our last write failed (a full disk): the file then holds an older state (a
+        key revoked since, perhaps), which must not look fresh."""
+        if not self._written:
+            return
         with contextlib.suppress(OSError):
             os.utime(self.path)
 
@@ -109,10 +118,27 @@ class LastState:
             return None
         try:
             return Saved(*_parse(raw), age_s=age)
-        except (ValueError, TypeError, KeyError) as exc:  # pydantic's errors are ValueErrors
+        # pydantic's errors are ValueErrors; a list too short is an IndexError (uncaught, it
+        # failed the worker's start, and the supervisor stopped every worker)
+        except (ValueError, TypeError, LookupError) as exc:
             log.warning("the tenancy state the other workers kept is unreadable (%s); "
                         "ignored", type(exc).__name__)
             return None
+
+
+def _dump(snap: StoreSnapshot, mark: str | None) -> bytes:
+    return orjson.dumps({
+        "format": FORMAT,
+        "generation": snap.generation,
+        "mark": mark,
+        "tenants": [tenant_to_json(t) for t in snap.tenants.values()],
+        # as arrays: a pydantic dump per key cost ~5 us, 50 ms for 10,000 keys
+        "keys": [[k.key_id, k.tenant_id, k.key_hash, k.created_at]
+                 for k in snap.keys.values()],
+        "policy": None if snap.policy is None else
+        [snap.policy.version, snap.policy.doc.model_dump_json(exclude_unset=True)],
+        "group_epochs": snap.group_epochs,
+    })
 
 
 def _parse(raw: bytes) -> tuple[StoreSnapshot, str | None]:

@@ -19,26 +19,28 @@ record written by another process is seen; the journal names every key record a 
 or adds, and anything it does not account for (a generation without an entry: a write behind
 the store's back; an entry trimmed away; a write between the two reads) makes a whole read,
 as does a reload 30 s after the last whole one (`resolver.WHOLE_RELOAD_S`).
+
+The scripts are in `redis_scripts`, the reading of stored values in `redis_records`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import Conflict, NotFound, UnreadableRecord
+from gateway.errors import Conflict, NotFound
 from gateway.policy_doc import PolicyDoc
+from gateway.tenancy import redis_scripts as scripts
 from gateway.tenancy.models import (
     AuditEntry,
     Change,
@@ -51,13 +53,25 @@ from gateway.tenancy.models import (
 )
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
+from gateway.tenancy.redis_records import (
+    audit_from_json,
+    changed_keys,
+    parse_change,
+    policy_from,
+    read_epoch,
+    read_record,
+    readable_records,
+    skipped_record,
+    text,
+    texts,
+    unreadable_policy,
+)
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
     apply_tenant_changes,
     check_policy_version,
     key_from_json,
-    policy_from_json,
     read_tenant,
     tenant_from_json,
     tenant_to_json,
@@ -71,71 +85,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 
-# Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
-# ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
-# changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
-_BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
-JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
 JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
 
-
-def _log(kind: str, name: str) -> str:
-    """Journal one changed record (`name`: a Lua expression), then trim the journal."""
-    return (f"redis.call('LPUSH', KEYS[2], g .. ' {kind} ' .. {name}) "
-            f"redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) ")
-
-
-_CREATE = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] json
-    "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
-    + _BUMP + _log("tenant", "ARGV[3]")
-    + "return 1"
-)
-_CAS_TENANT = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
-    "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
-    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
-    + "return 1"
-)
-_DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
-    "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
-    "local hs = redis.call('HVALS', KEYS[5]) "
-    "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
-    "redis.call('DEL', KEYS[5]) " + _BUMP
-    + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
-    + _log("tenant", "ARGV[3]") + "return 1"
-)
-_ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
-    "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
-    "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
-    + _BUMP + _log("key", "ARGV[5]")
-    + "return 1"
-)
-_REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
-    "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
-    "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
-    + _log("key", "h") + "return 1"
-)
-# A version that is not a number (a corrupted record) counts as the generation counter, which
-# every write bumps: the next version is still past every one handed out before.
-_PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
-    "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
-    "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
-    "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
-    "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
-    + _log("policy", "'policy'") + "return v + 1"
-)
-# An epoch that is not valid (`_epoch`: corrupted, "007", past 2**63 - 1) cannot be counted
-# on: the group gets a fresh random one (ARGV[4]), a salt it never had, rather than an error or
-# an old salt. HINCRBY refuses exactly what is not a valid epoch but a negative one ("007" and
-# past 2**63 - 1: "not an integer"; 2**63 - 1 itself: "would overflow"), so its refusal
-# (redis.pcall: an error reply, not a script failure) and a sign take the fresh epoch.
-_ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
-    "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
-    "if e and string.match(e, '^%d+$') then e = redis.pcall('HINCRBY', KEYS[3], ARGV[3], 1) "
-    "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
-    "if type(e) ~= 'number' then "
-    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
-    + _log("salt", "ARGV[3]") + "return e"
-)
 FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
 
 
@@ -169,13 +120,13 @@ class RedisStore(TenantStore):
         self._scripts = {
             name: client.register_script(src)
             for name, src in {
-                "create": _CREATE,
-                "cas": _CAS_TENANT,
-                "delete": _DELETE,
-                "add_key": _ADD_KEY,
-                "revoke": _REVOKE,
-                "policy": _PUT_POLICY,
-                "group": _ROTATE_GROUP,
+                "create": scripts.CREATE,
+                "cas": scripts.CAS_TENANT,
+                "delete": scripts.DELETE,
+                "add_key": scripts.ADD_KEY,
+                "revoke": scripts.REVOKE,
+                "policy": scripts.PUT_POLICY,
+                "group": scripts.ROTATE_GROUP,
             }.items()
         }
 
@@ -214,7 +165,7 @@ class RedisStore(TenantStore):
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is not None:
-                        self._notify(_parse_change(msg.get("data")))
+                        self._notify(parse_change(msg.get("data")))
             except (RedisError, OSError) as exc:
                 if self._closing:
                     return
@@ -243,7 +194,7 @@ class RedisStore(TenantStore):
         if over_unreadable:  # replaced only if it is still the unreadable value read here
             raw = await self._get_raw(tenant.id)
             cas = [tenant.id, raw, new]
-            if (raw is not None and _read(raw, tenant_from_json) is None
+            if (raw is not None and read_record(raw, tenant_from_json) is None
                     and await self._run("cas", [self._k("tenants")], cas, change)):
                 return tenant
         raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
@@ -251,7 +202,7 @@ class RedisStore(TenantStore):
     async def _get_raw(self, tenant_id: str) -> str | None:
         with redis_unavailable():
             raw = await self._r.hget(self._k("tenants"), tenant_id)
-        return None if raw is None else _text(raw)
+        return None if raw is None else text(raw)
 
     async def get_tenant(self, tenant_id: str) -> Tenant | None:
         raw = await self._get_raw(tenant_id)
@@ -259,23 +210,32 @@ class RedisStore(TenantStore):
 
     async def list_tenants(self) -> list[Tenant]:
         with redis_unavailable():
-            raw = _texts(await self._r.hgetall(self._k("tenants")))
+            raw = texts(await self._r.hgetall(self._k("tenants")))
         skipped: list[SkippedRecord] = []
-        tenants = _readable(raw, tenant_from_json, "tenant", skipped)
+        tenants = readable_records(raw, tenant_from_json, "tenant", skipped)
         return sorted(tenants.values(), key=lambda t: t.id)
 
     async def tenant_page(self, after: str | None, limit: int) -> tuple[list[Tenant], bool]:
         """The ids only, sorted, then the page's records: a page parses `limit` records,
-        not every tenant (an unreadable one is left out, as from `list_tenants`)."""
+        not every tenant. An unreadable one is left out (as from `list_tenants`) and the
+        page reads on past it: a page of unreadable records only came back empty with more
+        to follow and no last id to follow them by."""
         with redis_unavailable():
-            ids = sorted(map(_text, await self._r.hkeys(self._k("tenants"))))
-            if after is not None:
-                ids = ids[bisect_right(ids, after):]
-            page = ids[:limit]
-            raws = await self._r.hmget(self._k("tenants"), page) if page else []
-        stored = {tid: _text(raw) for tid, raw in zip(page, raws, strict=True) if raw is not None}
-        tenants = _readable(stored, tenant_from_json, "tenant", [])
-        return [tenants[tid] for tid in page if tid in tenants], len(ids) > limit
+            ids = sorted(map(text, await self._r.hkeys(self._k("tenants"))))
+        if after is not None:
+            ids = ids[bisect_right(ids, after):]
+        page: list[Tenant] = []
+        read = 0
+        while read < len(ids) and len(page) < limit:
+            chunk = ids[read:read + limit - len(page)]
+            read += len(chunk)
+            with redis_unavailable():
+                raws = await self._r.hmget(self._k("tenants"), chunk)
+            stored = {tid: text(raw) for tid, raw in zip(chunk, raws, strict=True)
+                      if raw is not None}
+            tenants = readable_records(stored, tenant_from_json, "tenant", [])
+            page += [tenants[tid] for tid in chunk if tid in tenants]
+        return page, read < len(ids)
 
     async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first. Fields of
@@ -328,8 +288,8 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             hashes = await self._r.hvals(self._k("tkeys", tenant_id))
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
-        stored = {_text(h): _text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
-        found = list(_readable(stored, key_from_json, "key", []).values())
+        stored = {text(h): text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
+        found = list(readable_records(stored, key_from_json, "key", []).values())
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
     async def keys_by_tenant(
@@ -340,9 +300,9 @@ class RedisStore(TenantStore):
         if tenant_ids is not None:
             return await self._keys_of(tenant_ids)
         with redis_unavailable():
-            raw = _texts(await self._r.hgetall(self._k("keys")))
+            raw = texts(await self._r.hgetall(self._k("keys")))
         found: dict[str, list[KeyRecord]] = {}
-        for record in _readable(raw, key_from_json, "key", []).values():
+        for record in readable_records(raw, key_from_json, "key", []).values():
             found.setdefault(record.tenant_id, []).append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
@@ -352,28 +312,28 @@ class RedisStore(TenantStore):
             async with self._r.pipeline(transaction=False) as pipe:
                 for tid in tenant_ids:
                     pipe.hvals(self._k("tkeys", tid))
-                hashes = [_text(h) for found in await pipe.execute() for h in found]
+                hashes = [text(h) for found in await pipe.execute() for h in found]
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
-        stored = {h: _text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
+        stored = {h: text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
         found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
-        for record in _readable(stored, key_from_json, "key", []).values():
+        for record in readable_records(stored, key_from_json, "key", []).values():
             found.setdefault(record.tenant_id, []).append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
 
     async def salt_group_epochs(self) -> dict[str, int | None]:
         with redis_unavailable():
-            raw = _texts(await self._r.hgetall(self._k("salt_groups")))
-        return {group: _read(value, _epoch) for group, value in raw.items()}
+            raw = texts(await self._r.hgetall(self._k("salt_groups")))
+        return {group: read_record(value, read_epoch) for group, value in raw.items()}
 
     # -- policy ------------------------------------------------------------------------------
     async def _policy_raw(self) -> dict[str, str]:
         with redis_unavailable():
-            return _texts(await self._r.hgetall(self._k("policy")))
+            return texts(await self._r.hgetall(self._k("policy")))
 
     async def get_policy(self) -> PolicySnapshot | None:
         skipped: list[SkippedRecord] = []
-        snap = _policy_from(await self._policy_raw(), skipped)
+        snap = policy_from(await self._policy_raw(), skipped)
         if skipped:
             raise unreadable_policy()
         return snap
@@ -405,7 +365,7 @@ class RedisStore(TenantStore):
     async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         with redis_unavailable():
             raws = await self._r.lrange(self._k("audit"), 0, max(0, limit - 1))
-        entries = [_read(_text(r), audit_from_json) for r in raws]
+        entries = [read_record(text(r), audit_from_json) for r in raws]
         if None in entries:  # one garbage entry made the whole audit list a 500
             log.warning("tenancy store: %d unreadable audit entries left out of the answer",
                         entries.count(None))
@@ -425,7 +385,7 @@ class RedisStore(TenantStore):
     async def seed_mark(self) -> str | None:
         with redis_unavailable():
             raw = await self._r.get(self._k("seeded"))
-        return None if raw is None else _text(raw)
+        return None if raw is None else text(raw)
 
     async def snapshot(self) -> StoreSnapshot:
         with redis_unavailable():
@@ -438,7 +398,7 @@ class RedisStore(TenantStore):
                 pipe.lindex(self._k("journal"), 0)
                 gen, tenants, keys, policy, groups, head = await pipe.execute()
         self._key_records(keys)
-        self._journal_head = None if head is None else _text(head)
+        self._journal_head = None if head is None else text(head)
         return self._snapshot(int(gen or 0), tenants, policy, groups)
 
     async def changes_since(self, generation: int) -> StoreSnapshot | None:
@@ -461,8 +421,8 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("salt_groups"))
                 gen, journal, tenants, policy, groups = await pipe.execute()
         now = int(gen or 0)
-        entries = [_text(e) for e in journal]
-        hashes = _changed_keys(entries, generation, now, self._journal_head)
+        entries = [text(e) for e in journal]
+        hashes = changed_keys(entries, generation, now, self._journal_head)
         if hashes is None:
             return None
         if hashes:
@@ -484,15 +444,15 @@ class RedisStore(TenantStore):
         # an unreadable record is left out (and reported), never the whole load failed: one
         # bad record must not turn every tenant away once the last good state is too stale
         skipped: list[SkippedRecord] = []
-        readable = _readable(tenants, tenant_from_json, "tenant", skipped)
+        readable = readable_records(tenants, tenant_from_json, "tenant", skipped)
         skipped.extend(self._bad_keys.values())
         self._view_generation = generation
         return StoreSnapshot(
             generation=generation,
             tenants=readable,
             keys=self._keys,  # never changed once handed out (`_update_keys` copies)
-            policy=_policy_from(policy, skipped),
-            group_epochs=_readable(groups, _epoch, "salt_group", skipped),
+            policy=policy_from(policy, skipped),
+            group_epochs=readable_records(groups, read_epoch, "salt_group", skipped),
             skipped=tuple(skipped),
         )
 
@@ -501,9 +461,9 @@ class RedisStore(TenantStore):
         records that changed (~5 µs each)."""
         known = self._parsed_keys
         parsed = {k: seen if (seen := known.get(k)) is not None and seen[0] == v
-                  else (v, _read(v, key_from_json)) for k, v in raw.items()}
+                  else (v, read_record(v, key_from_json)) for k, v in raw.items()}
         self._parsed_keys = parsed
-        self._bad_keys = {k: _skipped("key", k, v) for k, (v, record) in parsed.items()
+        self._bad_keys = {k: skipped_record("key", k, v) for k, (v, record) in parsed.items()
                           if record is None}
         self._keys = {k: record for k, (_, record) in parsed.items() if record is not None}
 
@@ -516,117 +476,10 @@ class RedisStore(TenantStore):
             self._parsed_keys.pop(key_hash, None)
             if raw is None:
                 continue
-            record = _read(raw, key_from_json)
+            record = read_record(raw, key_from_json)
             self._parsed_keys[key_hash] = (raw, record)
             if record is None:
-                self._bad_keys[key_hash] = _skipped("key", key_hash, raw)
+                self._bad_keys[key_hash] = skipped_record("key", key_hash, raw)
             else:
                 keys[key_hash] = record
         self._keys = keys
-
-
-def _changed_keys(
-    journal: list[str], since: int, now: int, head: str | None
-) -> list[str] | None:
-    """The key hashes the journal (newest entry first) names for generations after `since`
-    up to `now`; None unless it holds an entry for each of them and reaches back to `head`,
-    its newest entry at `since` (so nothing of theirs was trimmed away, and it is the same
-    journal)."""
-    if now <= since:
-        return None
-    seen: set[int] = set()
-    hashes: dict[str, None] = {}
-    for entry in journal:
-        parts = entry.split(" ", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
-            return None
-        generation, kind, name = int(parts[0]), parts[1], parts[2]
-        if generation <= since:
-            whole = entry == head and seen == set(range(since + 1, now + 1))
-            return list(hashes) if whole else None
-        if generation <= now:
-            seen.add(generation)
-            if kind == "key":
-                hashes[name] = None
-    return None
-
-
-def _text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode()
-
-
-def _texts(raw: dict[Any, Any]) -> dict[str, str]:
-    return {_text(k): _text(v) for k, v in raw.items()}
-
-
-def _policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySnapshot | None:
-    if not raw:
-        return None
-    try:
-        return PolicySnapshot(int(raw["version"]), policy_from_json(raw["doc"]))
-    except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
-        skipped.append(_skipped("policy", "policy", json.dumps(raw, sort_keys=True)))
-        return None
-
-
-def audit_from_json(raw: str) -> AuditEntry:
-    return AuditEntry.model_validate_json(raw, extra="ignore")
-
-
-def unreadable_policy() -> UnreadableRecord:
-    return UnreadableRecord(
-        "the stored policy document is unreadable (corrupted, or written by another kvgate "
-        "version in a form this one cannot read); store a whole new one with PUT /admin/policy "
-        "(kvgate admin policy put FILE)")
-
-
-MAX_EPOCH = 2**63 - 1  # Redis's integers: HINCRBY counts no further
-
-
-def _epoch(raw: str) -> int:
-    """A salt group's epoch: a decimal integer from 0 to `MAX_EPOCH` without leading zeros,
-    as HINCRBY writes it, nothing else. Python's int() would also take ``+1``, ``1_0``,
-    spaces, ``007`` or any size, which HINCRBY refuses to count on from: such a value read as
-    valid here made every rotation of the group fail (a 503) while its tenants were served."""
-    if not (raw.isascii() and raw.isdigit()) or (raw[0] == "0" and raw != "0"):
-        raise ValueError("not an epoch")
-    epoch = int(raw)
-    if epoch > MAX_EPOCH:
-        raise ValueError("not an epoch")
-    return epoch
-
-
-def _read(raw: str, parse: Callable[[str], T]) -> T | None:
-    try:
-        return parse(raw)
-    except ValueError:  # not JSON, or not a record (pydantic's ValidationError)
-        return None
-
-
-def _readable(
-    raw: dict[str, str], parse: Callable[[str], T], kind: str, skipped: list[SkippedRecord]
-) -> dict[str, T]:
-    """`raw`'s records that parse; the others are added to `skipped`."""
-    out: dict[str, T] = {}
-    for name, value in raw.items():
-        record = _read(value, parse)
-        if record is None:
-            skipped.append(_skipped(kind, name, value))
-        else:
-            out[name] = record
-    return out
-
-
-def _skipped(kind: str, name: str, value: str) -> SkippedRecord:
-    # a key's name is its hash: never shown whole (a log line or /readyz must not hand out
-    # something to match a key against)
-    shown = f"{name[:8]}..." if kind == "key" else name
-    return SkippedRecord(kind, shown, hashlib.sha256(f"{name}\0{value}".encode()).hexdigest())
-
-
-def _parse_change(data: Any) -> Change:
-    try:
-        parsed = json.loads(data)
-        return Change(str(parsed.get("kind", "resync")), parsed.get("id"))
-    except (TypeError, ValueError, AttributeError):
-        return Change("resync")

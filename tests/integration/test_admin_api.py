@@ -607,3 +607,38 @@ async def test_bad_paging_values_are_400s(
 ) -> None:
     err = _error(await admin.client.get("/admin/tenants", params=params), 400)
     assert err["param"] == param and err["type"] == "BadRequestError", err
+
+
+async def test_pages_go_past_unreadable_tenant_records(shared_redis: str) -> None:
+    """Unreadable records are left out of a page: a page whose records were all unreadable
+    came back empty with `has_more` true and `last_id` null, so a client (and `kvgate admin
+    tenants list`) could not page past them, and the tenants after them were never listed."""
+    namespace = f"t{secrets.token_hex(4)}"
+    store = RedisStore(connect_redis(shared_redis), namespace=namespace)
+    await store.put_policy(parse_policy(POLICY_DOC))
+    headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+    server = serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)])
+    try:
+        url = await anext(server)
+        async with httpx.AsyncClient(base_url=url, headers=headers) as c:
+            for tid in ("t0", "t3", "t4"):
+                await c.post("/admin/tenants", json={"id": tid, "tier": "free"})
+            raw = redis.Redis.from_url(shared_redis)
+            try:  # written by hand, or by a kvgate whose records this one cannot read
+                raw.hset(f"{namespace}:tenants", mapping={"t1": "{garbage", "t2": "[]"})
+            finally:
+                raw.close()
+            seen: list[str] = []
+            after: str | None = None
+            for _ in range(5):
+                params: dict[str, Any] = {"limit": 2, **({"after": after} if after else {})}
+                page = (await c.get("/admin/tenants", params=params)).json()
+                seen += [t["id"] for t in page["data"]]
+                if not page["has_more"]:
+                    break
+                assert page["last_id"] is not None, page
+                after = page["last_id"]
+            assert seen == ["t0", "t3", "t4"]
+    finally:
+        await server.aclose()
+        await store.close()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
@@ -84,3 +85,40 @@ def test_a_worker_restarted_while_redis_is_down_serves_the_last_state(
             assert doc["degraded"] is True and doc["tenancy"]["degraded"] is True, doc
         assert len({doc["tenancy"]["policy_version"] for doc in docs}) == 1, docs
         assert "serving the state the other workers last loaded" in gw.output()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # exited, not reaped yet
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_supervisor_leaves_no_tenancy_state_behind(
+    sim_factory: SimFactory, tmp_path: Path,
+) -> None:
+    """The supervisor removes its directory when it exits, but not when it is killed
+    (SIGKILL): the workers' tenancy state (key hashes, tenants, the policy with its replicas'
+    URLs, credentials included) stayed in TMPDIR for good. The workers, stopped by the
+    kernel as their supervisor dies, remove it as they exit."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"rpm": 10_000}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url, "TMPDIR": str(tmp_path)}
+    gw, _ = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
+    with redis, gw:
+        [shared] = list(tmp_path.glob("kvgate-workers-*"))
+        wait_for(lambda: (shared / "tenancy-state.json").exists(), timeout=20,
+                 what="the tenancy state kept")
+        workers = _children(gw)
+        assert gw.popen is not None and len(workers) == 2
+        os.kill(gw.popen.pid, signal.SIGKILL)
+        wait_for(lambda: all(map(_gone, workers)), timeout=40, what="the workers exited")
+        assert not shared.exists(), sorted(p.name for p in shared.iterdir())

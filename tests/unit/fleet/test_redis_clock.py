@@ -64,3 +64,16 @@ def test_old_samples_leave_the_window() -> None:
     now.t = 100.0  # Redis's time 1,101.0005 by the new samples, 1,100.0005 by the old one
     lag = clock.lag(1_100_000)
     assert lag == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_forgotten_clock_learns_the_new_server_alone() -> None:
+    """A fresh Redis on a clock ten minutes behind: its first sample, slower (a new
+    connection), must not lose to the old server's."""
+    now = Now(10.0)
+    clock = RedisClock(now)
+    clock.sample(9.0, 9.001, b"1600000-0")  # the old server: Redis's 1600 s at our 9 s
+    clock.forget()
+    assert clock.lag(1_000_000) is None
+    clock.sample(9.5, 9.7, b"1000600-0")  # the new one: 1000.6 s at our 9.6 s
+    lag = clock.lag(1_001_000)
+    assert lag is not None and lag < 1.0

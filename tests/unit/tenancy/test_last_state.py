@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,8 @@ def test_no_file_is_no_state(tmp_path: Path) -> None:
     b' "group_epochs": {"g": "2"}}',
     b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [],'
     b' "policy": [1, "{\\"pools\\": 3}"], "group_epochs": {}}',
+    b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [],'
+    b' "policy": [], "group_epochs": {}}',  # an IndexError: it stopped the gateway
     b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [5],'
     b' "policy": null, "group_epochs": {}}',
     b'{"format": 1, "generation": 1, "mark": null, "tenants": [], "keys": [["a", "b"]],'
@@ -98,3 +101,39 @@ async def test_keep_writes_a_state_once(tmp_path: Path) -> None:
     await state.keep(SNAP, "another mark")  # a wiped store re-seeded
     saved = state.load()
     assert saved is not None and saved.mark == "another mark"
+
+
+async def test_a_key_revoked_by_hand_leaves_the_file_at_the_next_whole_reload(
+    tmp_path: Path,
+) -> None:
+    """A key record deleted in redis-cli leaves the generation as it was; the workers drop
+    the key at their next whole reload, and so must the file, or a worker restarted while
+    Redis is down admits a key its siblings refuse."""
+    state = LastState(tmp_path / "t.json")
+    await state.keep(SNAP, "m")
+    await state.keep(replace(SNAP, keys={}), "m")  # same generation, same marker
+    saved = state.load()
+    assert saved is not None and saved.snapshot.keys == {}
+    await state.keep(replace(SNAP, tenants={}, keys={}), "m")  # a tenant deleted by hand
+    saved = state.load()
+    assert saved is not None and saved.snapshot.tenants == {}
+
+
+async def test_a_state_it_could_not_write_is_not_vouched_for(tmp_path: Path) -> None:
+    """A write that failed (a full disk) leaves the previous state in the file: touching it
+    as the store confirms the newer one made that older state (a key revoked since in it)
+    look fresh to a worker restarted while Redis is down."""
+    state = LastState(tmp_path / "t.json")
+    await state.keep(SNAP, "m")
+    an_hour_ago = time.time() - 3600
+    os.utime(tmp_path / "t.json", (an_hour_ago, an_hour_ago))
+    os.mkdir(state._tmp)  # the next write fails
+    await state.keep(replace(SNAP, generation=8, keys={}), "m")  # the key revoked
+    state.confirmed()
+    saved = state.load()
+    assert saved is not None and saved.snapshot.keys and saved.age_s >= 3599
+    os.rmdir(state._tmp)
+    await state.keep(replace(SNAP, generation=8, keys={}), "m")  # written again
+    state.confirmed()
+    saved = state.load()
+    assert saved is not None and saved.snapshot.keys == {} and saved.age_s < 3599

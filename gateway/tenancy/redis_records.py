@@ -1,0 +1,127 @@
+"""Reading the Redis tenancy store's stored values (`redis_store`): a record that does not
+parse is left out and reported (`SkippedRecord`), never the whole load failed; salt-group
+epochs as HINCRBY writes them; the change journal's entries; pub/sub change messages."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gateway.errors import UnreadableRecord
+from gateway.tenancy.models import AuditEntry, Change, PolicySnapshot, SkippedRecord
+from gateway.tenancy.store import policy_from_json
+
+__all__ = ["MAX_EPOCH", "audit_from_json", "changed_keys", "parse_change", "policy_from",
+           "read_epoch", "read_record", "readable_records", "skipped_record", "text", "texts",
+           "unreadable_policy"]
+
+T = TypeVar("T")
+
+
+def changed_keys(
+    journal: list[str], since: int, now: int, head: str | None
+) -> list[str] | None:
+    """The key hashes the journal (newest entry first) names for generations after `since`
+    up to `now`; None unless it holds an entry for each of them and reaches back to `head`,
+    its newest entry at `since` (so nothing of theirs was trimmed away, and it is the same
+    journal)."""
+    if now <= since:
+        return None
+    seen: set[int] = set()
+    hashes: dict[str, None] = {}
+    for entry in journal:
+        parts = entry.split(" ", 2)
+        if len(parts) != 3 or not parts[0].isdigit():
+            return None
+        generation, kind, name = int(parts[0]), parts[1], parts[2]
+        if generation <= since:
+            whole = entry == head and seen == set(range(since + 1, now + 1))
+            return list(hashes) if whole else None
+        if generation <= now:
+            seen.add(generation)
+            if kind == "key":
+                hashes[name] = None
+    return None
+
+
+def text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode()
+
+
+def texts(raw: dict[Any, Any]) -> dict[str, str]:
+    return {text(k): text(v) for k, v in raw.items()}
+
+
+def policy_from(raw: dict[str, str], skipped: list[SkippedRecord]) -> PolicySnapshot | None:
+    if not raw:
+        return None
+    try:
+        return PolicySnapshot(int(raw["version"]), policy_from_json(raw["doc"]))
+    except (KeyError, ValueError):  # pydantic's ValidationError is a ValueError
+        skipped.append(skipped_record("policy", "policy", json.dumps(raw, sort_keys=True)))
+        return None
+
+
+def audit_from_json(raw: str) -> AuditEntry:
+    return AuditEntry.model_validate_json(raw, extra="ignore")
+
+
+def unreadable_policy() -> UnreadableRecord:
+    return UnreadableRecord(
+        "the stored policy document is unreadable (corrupted, or written by another kvgate "
+        "version in a form this one cannot read); store a whole new one with PUT /admin/policy "
+        "(kvgate admin policy put FILE)")
+
+
+MAX_EPOCH = 2**63 - 1  # Redis's integers: HINCRBY counts no further
+
+
+def read_epoch(raw: str) -> int:
+    """A salt group's epoch: a decimal integer from 0 to `MAX_EPOCH` without leading zeros,
+    as HINCRBY writes it, nothing else. Python's int() would also take ``+1``, ``1_0``,
+    spaces, ``007`` or any size, which HINCRBY refuses to count on from: such a value read as
+    valid here made every rotation of the group fail (a 503) while its tenants were served."""
+    if not (raw.isascii() and raw.isdigit()) or (raw[0] == "0" and raw != "0"):
+        raise ValueError("not an epoch")
+    value = int(raw)
+    if value > MAX_EPOCH:
+        raise ValueError("not an epoch")
+    return value
+
+
+def read_record(raw: str, parse: Callable[[str], T]) -> T | None:
+    try:
+        return parse(raw)
+    except ValueError:  # not JSON, or not a record (pydantic's ValidationError)
+        return None
+
+
+def readable_records(
+    raw: dict[str, str], parse: Callable[[str], T], kind: str, skipped: list[SkippedRecord]
+) -> dict[str, T]:
+    """`raw`'s records that parse; the others are added to `skipped`."""
+    out: dict[str, T] = {}
+    for name, value in raw.items():
+        record = read_record(value, parse)
+        if record is None:
+            skipped.append(skipped_record(kind, name, value))
+        else:
+            out[name] = record
+    return out
+
+
+def skipped_record(kind: str, name: str, value: str) -> SkippedRecord:
+    # a key's name is its hash: never shown whole (a log line or /readyz must not hand out
+    # something to match a key against)
+    shown = f"{name[:8]}..." if kind == "key" else name
+    return SkippedRecord(kind, shown, hashlib.sha256(f"{name}\0{value}".encode()).hexdigest())
+
+
+def parse_change(data: Any) -> Change:
+    try:
+        parsed = json.loads(data)
+        return Change(str(parsed.get("kind", "resync")), parsed.get("id"))
+    except (TypeError, ValueError, AttributeError):
+        return Change("resync")

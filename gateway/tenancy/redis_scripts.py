@@ -1,0 +1,74 @@
+"""The Lua scripts of the Redis tenancy store's conditional writes (`redis_store`): each
+checks its condition, writes, bumps the generation counter, publishes the change and journals
+the records it changed, in one atomic step."""
+
+from __future__ import annotations
+
+__all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "PUT_POLICY", "REVOKE",
+           "ROTATE_GROUP"]
+
+# Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
+# ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
+# changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
+_BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
+JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
+
+
+def _log(kind: str, name: str) -> str:
+    """Journal one changed record (`name`: a Lua expression), then trim the journal."""
+    return (f"redis.call('LPUSH', KEYS[2], g .. ' {kind} ' .. {name}) "
+            f"redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) ")
+
+
+CREATE = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] json
+    "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
+    + _BUMP + _log("tenant", "ARGV[3]")
+    + "return 1"
+)
+CAS_TENANT = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
+    "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
+    + "return 1"
+)
+DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
+    "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "local hs = redis.call('HVALS', KEYS[5]) "
+    "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
+    "redis.call('DEL', KEYS[5]) " + _BUMP
+    + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
+    + _log("tenant", "ARGV[3]") + "return 1"
+)
+ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
+    "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
+    + _BUMP + _log("key", "ARGV[5]")
+    + "return 1"
+)
+REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
+    "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
+    "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
+    + _log("key", "h") + "return 1"
+)
+# A version that is not a number (a corrupted record) counts as the generation counter, which
+# every write bumps: the next version is still past every one handed out before.
+PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
+    "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
+    "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
+    "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
+    "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
+    + _log("policy", "'policy'") + "return v + 1"
+)
+# An epoch that is not valid (`redis_records.epoch`: corrupted, "007", past 2**63 - 1) cannot
+# be counted on: the group gets a fresh random one (ARGV[4]), a salt it never had, rather than
+# an error or an old salt. HINCRBY refuses exactly what is not a valid epoch but a negative
+# one ("007" and past 2**63 - 1: "not an integer"; 2**63 - 1 itself: "would overflow"), so
+# its refusal (redis.pcall: an error reply, not a script failure) and a sign take the fresh
+# epoch.
+ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
+    "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
+    "if e and string.match(e, '^%d+$') then e = redis.pcall('HINCRBY', KEYS[3], ARGV[3], 1) "
+    "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
+    "if type(e) ~= 'number' then "
+    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
+    + _log("salt", "ARGV[3]") + "return e"
+)
