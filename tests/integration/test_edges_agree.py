@@ -970,8 +970,11 @@ def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
         str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
 
 
-@pytest.mark.parametrize(("sent", "relayed"), [("30", "30"), ("86400", "3600"), (None, "1")],
-                         ids=["seconds", "capped", "none"])
+@pytest.mark.parametrize(("sent", "relayed"), [
+    ("30", "30"), ("86400", "3600"), (None, "1"), ("0030", "30"), ("9" * 5000, "3600"),
+    ("-5", "1"), ("2.5", "1"), ("\xb2", "1"), ("Wed, 21 Oct 2015 07:28:00 GMT", "1"),
+], ids=["seconds", "capped", "none", "zeros", "5000-digits", "negative", "fraction",
+        "latin1-superscript", "http-date"])
 @pytest.mark.parametrize("edge", EDGES)
 def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, sent: str | None,
@@ -982,7 +985,7 @@ def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     replaced the replica's with 1."""
     body = (b'{"error": {"message": "maintenance", "type": "ServiceUnavailableError", '
             b'"param": null, "code": 503}}')
-    head = b"retry-after: %s\r\n" % sent.encode() if sent is not None else b""
+    head = b"retry-after: %s\r\n" % sent.encode("latin-1") if sent is not None else b""
     quiet.answer = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                     + head + b"content-length: %d\r\n\r\n" % len(body) + body)
     quiet.end = "keep"
