@@ -19,6 +19,7 @@ X-Request-Id the test sends.
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import uuid
@@ -993,3 +994,32 @@ def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["message"] == "maintenance"
     assert resp.headers.get_list("retry-after") == [relayed]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("edge", EDGES)
+def test_an_http_1_0_client_is_served_at_both_edges(
+    edges: Edges, edge: str, stream: bool,
+) -> None:
+    """An HTTP/1.0 client gets its answer, without chunked framing (RFC 9112 6.1), at both
+    edges: Envoy closed such a connection without a byte unless told to take HTTP/1.0
+    (`accept_http_10`)."""
+    host, port = _base(edges, edge).removeprefix("http://").split(":")
+    body = (b'{"model": "%s", "max_tokens": 3, "stream": %s, '
+            b'"messages": [{"role": "user", "content": "hi"}]}'
+            % (MODEL.encode(), b"true" if stream else b"false"))
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, got = raw.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert lines[0].endswith(b" 200 ok"), raw[:200]
+    assert not any(line.startswith(b"transfer-encoding") for line in lines), head
+    if stream:
+        assert got.startswith(b"data: {") and got.endswith(b"data: [DONE]\n\n"), got[-80:]
+    else:
+        assert b'"object":"chat.completion"' in got.replace(b" ", b""), got[:200]
