@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from gateway.config import UpstreamConfig
@@ -1023,3 +1024,19 @@ def test_an_http_1_0_client_is_served_at_both_edges(
         assert got.startswith(b"data: {") and got.endswith(b"data: [DONE]\n\n"), got[-80:]
     else:
         assert b'"object":"chat.completion"' in got.replace(b" ", b""), got[:200]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-32-le"])
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_body_in_utf16_or_with_a_bom_is_read_as_vllm_reads_it(
+    edges: Edges, edge: str, encoding: str,
+) -> None:
+    """Python's json (vLLM's parser) reads JSON bytes in UTF-8 with a BOM, UTF-16 or UTF-32;
+    so does the gateway at both edges, and the replica gets it as JSON it reads."""
+    text = orjson.dumps({"model": MODEL, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "h\u00e9"}]}).decode()
+    resp = httpx.post(f"{_base(edges, edge)}/v1/chat/completions", timeout=10,
+                      headers={"content-type": "application/json"},
+                      content=text.encode(encoding))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["object"] == "chat.completion"
