@@ -17,6 +17,7 @@ allow them.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 import orjson
@@ -70,10 +71,26 @@ class ParsedBody:
         self.data = {k: self.data[k] for k in ("store", "background") if k in self.data}
 
 
+def _utf8(raw: bytes) -> bytes:
+    """The body as UTF-8, as vLLM's parser (Python's json, given the bytes) reads it: a
+    leading UTF-8 BOM skipped, and UTF-16 or UTF-32 (told by its BOM or its zero bytes, RFC
+    4627's rule, `json.detect_encoding`) decoded; orjson takes UTF-8 only."""
+    if raw.startswith(_BOM):
+        return raw[len(_BOM):]
+    if raw[:1] not in (b"\x00", b"\xfe", b"\xff") and raw[1:2] != b"\x00":
+        return raw  # the common case: UTF-8 (or not JSON at all)
+    encoding = json.detect_encoding(raw)
+    if encoding == "utf-8":
+        return raw
+    try:
+        return raw.decode(encoding).encode()
+    except UnicodeError:  # (lone surrogates too: orjson would refuse them)
+        raise BadRequest(f"The request body is not valid JSON: not valid {encoding}.") from None
+
+
 def parse_body(raw: bytes, kind: str) -> ParsedBody:
     """Parse and check the request; raises `BadRequest` naming the parameter."""
-    if raw.startswith(_BOM):
-        raw = raw[len(_BOM):]
+    raw = _utf8(raw)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # where and why, never the body's text

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import orjson
 
 __all__ = [
+    "NAME_CHARS",
     "REFUSED",
     "AnswerTooLarge",
     "AuthError",
@@ -50,6 +51,7 @@ __all__ = [
     "error_body",
     "for_status",
     "openai_shaped",
+    "shown_name",
 ]
 
 
@@ -113,6 +115,18 @@ class NotFound(KvgateError):
     type_ = "NotFoundError"
 
 
+# of a name a client chose (a model's), echoed in a 404 or logged: a 60 KB name was echoed
+# whole in the 404 and written whole in every request's log line
+NAME_CHARS = 256
+
+
+def shown_name(name: str) -> str:
+    """`name` as a client's choice is shown or logged: cut at `NAME_CHARS`, with its length."""
+    if len(name) <= NAME_CHARS:
+        return name
+    return name[:NAME_CHARS] + f"... ({len(name)} characters)"
+
+
 class ModelNotFound(NotFound):
     """vLLM's message, then the public names this gateway offers the caller's tier (the first
     `SHOWN`), and when `model` is a replica's served name (what answers carry in `model`), that
@@ -121,15 +135,13 @@ class ModelNotFound(NotFound):
     ``model_not_found`` (vLLM answers the bare 404), which clients test for."""
 
     SHOWN = 10
-    NAME_CHARS = 256  # of the name asked for, echoed (a 60 KB name was echoed whole)
     code = "model_not_found"
 
     def __init__(
         self, model: str, known: Sequence[str] = (), *, served: bool = False,
         other_tier: str | None = None,
     ) -> None:
-        if len(model) > self.NAME_CHARS:
-            model = model[:self.NAME_CHARS] + f"... ({len(model)} characters)"
+        model = shown_name(model)
         message = (f"The model `{model}` is not offered to this key's tier (`{other_tier}`)."
                    if other_tier is not None else f"The model `{model}` does not exist.")
         if served:

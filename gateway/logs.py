@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol
 
 import orjson
 
+from gateway.errors import shown_name
+
 __all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
 
 LogFormat = Literal["json", "text"]
@@ -118,7 +120,7 @@ def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> N
     parsed: _Parsed | None = getattr(req, "parsed", None)  # unset when the body was refused
     logger.info("request", extra={
         "request_id": req.req_id.decode("latin-1"), "tenant": req.tenant_id, "tier": req.tier,
-        "model": parsed.model if parsed is not None else None, "kind": req.kind,
+        "model": shown_name(parsed.model) if parsed is not None else None, "kind": req.kind,
         "stream": parsed.stream if parsed is not None else None, "pool": req.pool_name,
         "replica": req.replica, "route": req.route, "attempts": req.attempts,
         "status": req.status, "prompt_tokens": usage.get("prompt_tokens"),

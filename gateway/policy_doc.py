@@ -93,6 +93,11 @@ class PoolConfig(BaseModel):
             if url.rstrip("/").endswith("/v1"):  # an OpenAI client's base URL: never ready
                 raise ValueError(
                     f"a replica URL is the server's, without /v1: {shown_url(url)!r}")
+            try:  # its id (`replica_id`) and the connections need host and port
+                replica_id(url)
+            except ValueError:  # (urllib's message would repeat a password read as a port)
+                raise ValueError("a replica URL needs a valid host and port (a password with "
+                                 f"'#', '?' or '/' percent-encoded): {shown_url(url)!r}") from None
         return self
 
 

@@ -391,12 +391,17 @@ def _retry_after(resp: UpstreamResponse) -> bytes | None:
 def relayed_retry_after(status: int, sent: str | None) -> bytes | None:
     """The Retry-After a relayed 429/503 carries (both edges): the replica's own `sent` when
     it is a plain number of seconds (capped at an hour; the SDKs wait what it says), else 1 s
-    for a 503."""
+    for a 503. Only ASCII digits are a number (``str.isdigit`` takes ``²``, which `int`
+    refuses), and a long one is the cap without `int` (which refuses over 4300 digits): a
+    replica's header never makes the client's answer a 500."""
     if status not in (429, 503):
         return None
     sent = (sent or "").strip()
-    if sent.isdigit():
-        return str(min(int(sent), _MAX_RETRY_AFTER_S)).encode()
+    if sent.isascii() and sent.isdigit():
+        digits = sent.lstrip("0") or "0"
+        if len(digits) > len(str(_MAX_RETRY_AFTER_S)):
+            return str(_MAX_RETRY_AFTER_S).encode()
+        return str(min(int(digits), _MAX_RETRY_AFTER_S)).encode()
     return b"1" if status == 503 else None
 
 

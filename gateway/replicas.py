@@ -143,10 +143,31 @@ class Replica:
         evidence either way: they are counted as waiting until their whole answer (prefill
         and all of their decode), so their prompts are not taken for prefill work still to
         do (a long one would excuse a hung engine for as long as it stays in flight); their
-        answers, when they come, are progress as any other."""
+        answers, when they come, are progress as any other; while they decode, the engine's
+        scraped token counters moving since the request was sent is (`_engine_moved`)."""
         waiting = self.inflight_prefill_tokens - self.whole_waiting_tokens
         return (self.inflight <= self.inflight_prefill and self.answers == lease.seen
-                and fit.predict(waiting) < waited_s)
+                and fit.predict(waiting) < waited_s and not self._engine_moved(lease))
+
+    def engine_tokens(self) -> float | None:
+        """Tokens its engine has processed (prompt and generated, the scraped counters'
+        sum), or None while no scrape said."""
+        s = self.scraped
+        if s is None or s.generation_tokens is None:
+            return None
+        return s.generation_tokens + (s.prompt_tokens or 0.0)
+
+    def _engine_moved(self, lease: Lease) -> bool:
+        """Is a queue moving there, as scraped: requests waiting in its engine (the cut one
+        among them) while it processed tokens since `lease`'s request was sent? The only
+        sign of a replica busy decoding non-streamed answers: a stream queued behind them
+        (vLLM's `max_num_seqs` full) sees no first token, no answer and no prefill work, yet
+        the engine works. A hung engine's counters stop; one that runs requests whose tokens
+        never reach the gateway (nothing waiting) is hung all the same."""
+        now, s = self.engine_tokens(), self.scraped
+        if now is None or lease.engine_tokens is None or s is None or not s.waiting:
+            return False
+        return now > lease.engine_tokens
 
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
@@ -302,7 +323,8 @@ def _delta_ratio(
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
-    __slots__ = ("_prefill", "_released", "_replica", "_whole", "answered", "seen")
+    __slots__ = ("_prefill", "_released", "_replica", "_whole", "answered", "engine_tokens",
+                 "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self._replica = replica
@@ -311,6 +333,7 @@ class Lease:
         self._released = False
         self.answered = False  # a first token (or a whole answer) arrived
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
+        self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
 
     def first_token(self) -> None:
         """The prompt is answered: it no longer waits for prefill."""

@@ -19,14 +19,16 @@ _HIDDEN = "***"
 
 def shown_url(url: str) -> str:
     """`url` with its userinfo, if any, replaced by ``***`` (anything else left as it is).
-    Split by hand, not with urllib: a URL urllib refuses (a bad port) is hidden all the same."""
+    Split by hand, not with urllib: a URL urllib refuses (a bad port) is hidden all the same.
+    The authority is taken to end at the first ``/`` only: a password holding a raw ``?`` or
+    ``#`` (urllib ends the authority there and reads the password as a port) is hidden too,
+    at the cost of hiding an ``@`` in a query of a URL without a path."""
     if "@" not in url:  # the common case
         return url
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
-    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
-    cut = min(ends, default=len(rest))
+    cut = rest.find("/") if "/" in rest else len(rest)
     authority, tail = rest[:cut], rest[cut:]
     if "@" not in authority:
         return url  # an @ in the path or query, not credentials

@@ -146,6 +146,9 @@ def envoy_config(
         # the picker makes a missing x-request-id in the HTTP edge's format (Envoy's would be a
         # UUID, which the picker cannot tell from a client's); a client's passes unchanged
         "generate_request_id": False,
+        # an HTTP/1.0 client (curl --http1.0, old proxies) is served, as at the HTTP edge;
+        # Envoy closed its connection without a byte otherwise (its default refuses it)
+        "http_protocol_options": {"accept_http_10": True},
         "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
             "name": "kvgate", "domains": ["*"],

@@ -19,6 +19,7 @@ X-Request-Id the test sends.
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 import uuid
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from gateway.config import UpstreamConfig
@@ -970,8 +972,11 @@ def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
         str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
 
 
-@pytest.mark.parametrize(("sent", "relayed"), [("30", "30"), ("86400", "3600"), (None, "1")],
-                         ids=["seconds", "capped", "none"])
+@pytest.mark.parametrize(("sent", "relayed"), [
+    ("30", "30"), ("86400", "3600"), (None, "1"), ("0030", "30"), ("9" * 5000, "3600"),
+    ("-5", "1"), ("2.5", "1"), ("\xb2", "1"), ("Wed, 21 Oct 2015 07:28:00 GMT", "1"),
+], ids=["seconds", "capped", "none", "zeros", "5000-digits", "negative", "fraction",
+        "latin1-superscript", "http-date"])
 @pytest.mark.parametrize("edge", EDGES)
 def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, sent: str | None,
@@ -982,7 +987,7 @@ def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     replaced the replica's with 1."""
     body = (b'{"error": {"message": "maintenance", "type": "ServiceUnavailableError", '
             b'"param": null, "code": 503}}')
-    head = b"retry-after: %s\r\n" % sent.encode() if sent is not None else b""
+    head = b"retry-after: %s\r\n" % sent.encode("latin-1") if sent is not None else b""
     quiet.answer = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
                     + head + b"content-length: %d\r\n\r\n" % len(body) + body)
     quiet.end = "keep"
@@ -990,3 +995,48 @@ def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     assert resp.status_code == 503, resp.text
     assert resp.json()["error"]["message"] == "maintenance"
     assert resp.headers.get_list("retry-after") == [relayed]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("edge", EDGES)
+def test_an_http_1_0_client_is_served_at_both_edges(
+    edges: Edges, edge: str, stream: bool,
+) -> None:
+    """An HTTP/1.0 client gets its answer, without chunked framing (RFC 9112 6.1), at both
+    edges: Envoy closed such a connection without a byte unless told to take HTTP/1.0
+    (`accept_http_10`)."""
+    host, port = _base(edges, edge).removeprefix("http://").split(":")
+    body = (b'{"model": "%s", "max_tokens": 3, "stream": %s, '
+            b'"messages": [{"role": "user", "content": "hi"}]}'
+            % (MODEL.encode(), b"true" if stream else b"false"))
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body)
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    head, _, got = raw.partition(b"\r\n\r\n")
+    lines = head.lower().split(b"\r\n")
+    assert lines[0].endswith(b" 200 ok"), raw[:200]
+    assert not any(line.startswith(b"transfer-encoding") for line in lines), head
+    if stream:
+        assert got.startswith(b"data: {") and got.endswith(b"data: [DONE]\n\n"), got[-80:]
+    else:
+        assert b'"object":"chat.completion"' in got.replace(b" ", b""), got[:200]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-32-le"])
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_body_in_utf16_or_with_a_bom_is_read_as_vllm_reads_it(
+    edges: Edges, edge: str, encoding: str,
+) -> None:
+    """Python's json (vLLM's parser) reads JSON bytes in UTF-8 with a BOM, UTF-16 or UTF-32;
+    so does the gateway at both edges, and the replica gets it as JSON it reads."""
+    text = orjson.dumps({"model": MODEL, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "h\u00e9"}]}).decode()
+    resp = httpx.post(f"{_base(edges, edge)}/v1/chat/completions", timeout=10,
+                      headers={"content-type": "application/json"},
+                      content=text.encode(encoding))
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["object"] == "chat.completion"

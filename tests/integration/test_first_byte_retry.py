@@ -193,3 +193,43 @@ def test_a_long_non_streamed_request_does_not_excuse_a_hung_replica(
         assert metric_values(base, "kvgate_replica_failures_total")[key] == 1
         assert metric_values(base, "kvgate_replica_healthy")[key] == 0.0
         gw.stop()  # ends the long request
+
+
+def test_a_replica_decoding_non_streamed_answers_is_busy_not_hung(
+    sim_factory: SimFactory,
+) -> None:
+    """Two long non-streamed answers fill the engine (`--max-num-seqs 2`); a stream queued
+    behind them is cut at its first byte (a 504), but the replica is not failed: its scraped
+    token counters move (it was ejected as hung: no first token, no answer, no prefill work
+    in sight), and the next request is served."""
+    _, sim = sim_factory("--time-scale", "1", "--max-num-seqs", "2")
+    gw, base = gateway_proc(upstreams=[sim], env={
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "1", "KVGATE_HEALTH__INTERVAL_S": "60",
+        "KVGATE_HEALTH__EJECT_BASE_S": "60", "KVGATE_HEALTH__EJECT_MAX_S": "60",
+        "KVGATE_HEALTH__FAILURE_THRESHOLD": "1"})
+    with gw:
+        answers: list[int] = []
+
+        def whole() -> None:  # about 19 s of decode at the sim's pace
+            resp = httpx.post(f"{base}/v1/completions", timeout=60, json={
+                "model": MODEL, "prompt": "x", "max_tokens": 3000, "ignore_eos": True})
+            answers.append(resp.status_code)
+
+        threads = [threading.Thread(target=whole) for _ in range(2)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: inflight(base) == 2, what="both whole requests in flight")
+        wait_for(lambda: sim_stats(sim)["running"] == 2, what="the engine full")
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as caught:
+            for _ in c.completions.create(model=MODEL, prompt="short", max_tokens=5,
+                                          stream=True):
+                pass
+        assert caught.value.status_code == 504
+        key = f'{{pool="default",replica="{sim[len("http://"):]}"}}'
+        assert metric_values(base, "kvgate_replica_failures_total")[key] == 0
+        assert metric_values(base, "kvgate_replica_healthy")[key] == 1.0
+        for t in threads:
+            t.join()
+        assert answers == [200, 200]
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

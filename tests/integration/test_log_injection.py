@@ -37,3 +37,18 @@ def test_client_values_cannot_forge_log_lines(sim_factory: SimFactory, fmt: str)
     else:
         assert "model=x\\n2026-01-01" in out and "model=x\\r2026-01-01" in out
         assert "model=abc\\x1b[2Jdef\\x7f" in out
+
+
+def test_a_huge_model_name_is_logged_cut_as_its_404_shows_it(sim_factory: SimFactory) -> None:
+    """A 60 KB model name is cut in the request's log line as in its 404 (256 characters and
+    the length): the 404 was cut, the log line kept it whole, 60 KB per request."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    gw, base = gateway_proc(upstreams=[sim], args=["--log-format", "json"])
+    with gw:
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+            "model": "a" * 60_000, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 404 and "... (60000 characters)" in r.text, r.text
+        assert gw.stop() == 0
+        out = gw.output(tail=None)
+    line = next(x for x in out.splitlines() if '"msg":"request"' in x)
+    assert len(line) < 2_000 and "... (60000 characters)" in line, line[:300]

@@ -112,3 +112,26 @@ def test_config_check_shows_replica_urls_without_credentials() -> None:
         assert not _leaks(result.stdout + result.stderr)
     finally:
         os.unlink(path)
+
+
+def test_a_replica_url_urllib_cannot_parse_is_a_400_that_shows_no_credentials(
+    sim_factory: SimFactory,
+) -> None:
+    """A replica URL with a bad port, or a password holding ``#`` or ``?`` (which end the
+    authority, so urllib reads the password as a port), is refused by a 400 naming the pool,
+    not a 500 (`replica_id` raised a bare ValueError) whose log line repeated what urllib took
+    for a port -- the password; `shown_url` hides such userinfo too."""
+    _, sim = sim_factory()
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [sim]}},
+              "models": {"m": {"default": "p"}}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw, admin_client(base, ADMIN) as admin:
+        for url in ("http://alice:s3cret-pw#x@127.0.0.1:9", "http://alice:s3cret-pw?x@127.0.0.1:9",
+                    "http://127.0.0.1:99999"):
+            bad = {**config, "pools": {"p": {"served_model": "sim-model", "replicas": [url]}}}
+            resp = admin.put("/policy", json=bad)
+            assert resp.status_code == 400, (url, resp.text)
+            assert resp.json()["error"]["param"].startswith("pools"), resp.text
+            assert not _leaks(resp.text), resp.text
+        gw.stop()
+        assert not _leaks(gw.output(None))

@@ -221,6 +221,21 @@ def test_a_leading_byte_order_mark_is_skipped_as_vllm_does() -> None:
     assert parsed.model == "m" and parsed.data["prompt"] == "hi"
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32",
+                                      "utf-32-le", "utf-32-be"])
+def test_a_utf16_or_utf32_body_is_read_as_vllm_reads_it(encoding: str) -> None:
+    """Python's json, given the bytes, tells UTF-16/32 by the BOM or the zero bytes (vLLM
+    answers such a body); orjson refused it (a 400 from the gateway only)."""
+    text = '{"model": "m", "prompt": "h\u00e9 \U0001f600", "seed": 18446744073709551615}'
+    parsed = parse_body(text.encode(encoding), "completions")
+    assert parsed.model == "m" and parsed.data["prompt"] == "h\u00e9 \U0001f600"
+    with pytest.raises(BadRequest, match="not valid utf-16"):  # a lone surrogate
+        parse_body(b"\xff\xfe{\x00\x00\xd8", "completions")
+    with pytest.raises(BadRequest, match="integer beyond 64 bits"):  # checked as UTF-8
+        parse_body('{"model": "m", "prompt": "x", "seed": 18446744073709551616}'
+                   .encode(encoding), "completions")
+
+
 @pytest.mark.parametrize(("literal", "wide"), [
     (b"18446744073709551615", False), (b"-9223372036854775808", False),
     (b"18446744073709551616", True), (b"-9223372036854775809", True), (b"1" * 300, True),

@@ -306,3 +306,37 @@ def test_a_whole_answer_is_progress_and_leaves_no_tokens_behind() -> None:
     whole.release()
     cut.release()
     assert (r.inflight, r.inflight_prefill_tokens, r.whole_waiting_tokens) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "hung"),
+    [
+        (Sample(generation_tokens=100, prompt_tokens=50),
+         Sample(generation_tokens=180, prompt_tokens=50, waiting=1), False),  # decoding others
+        (Sample(generation_tokens=100, prompt_tokens=50),
+         Sample(generation_tokens=100, prompt_tokens=90, waiting=1), False),  # a prefill moved
+        (Sample(generation_tokens=100, prompt_tokens=50),
+         Sample(generation_tokens=180, prompt_tokens=50, waiting=0), True),  # nothing queued
+        (Sample(generation_tokens=100, prompt_tokens=50),
+         Sample(generation_tokens=100, prompt_tokens=50, waiting=1), True),  # counters stopped
+        (None, Sample(generation_tokens=100, waiting=1), True),  # nothing to compare with
+        (Sample(generation_tokens=100), Sample(waiting=1), True),  # not exported any more
+        (Sample(generation_tokens=100), Sample(generation_tokens=3, waiting=1), True),
+    ],
+    ids=["decoding", "prefilling", "none-waiting", "stopped", "no-sample-before",
+         "not-exported", "restarted"],
+)
+def test_a_cut_stream_is_not_hung_while_the_engine_counters_move(
+    before: Sample | None, after: Sample, hung: bool,
+) -> None:
+    """Non-streamed requests decoding fill the engine (a queued stream sees no first token,
+    no answer, no prefill work): only its scrapes show it works -- a queue (requests waiting)
+    while its token counters move."""
+    r = replica()
+    r.record_scrape(before, 0.0)
+    decoding = [r.acquire(1, False) for _ in range(2)]
+    cut = r.acquire(10, True)
+    r.record_scrape(after, 1.0)
+    assert r.hung(cut, FIT, waited_s=0.5) is hung
+    for lease in [*decoding, cut]:
+        lease.release()

@@ -18,6 +18,8 @@ from gateway.urls import restore_hidden, shown_policy, shown_url
     ("http://h:1/path@x", "http://h:1/path@x"),  # an @ past the host is not userinfo
     ("http://u:pw@[::1:8000", "http://***@[::1:8000"),  # not a valid URL: hidden anyway
     ("u:pw@h", "***@h"),
+    ("http://u:p#w@h:1/x", "http://***@h:1/x"),  # a raw # or ? in the password: hidden too
+    ("http://u:p?w@h:1", "http://***@h:1"),
 ])
 def test_shown_url(url: str, shown: str) -> None:
     assert shown_url(url) == shown
