@@ -305,7 +305,11 @@ class H1Pool:
             auth = b""
             if at:
                 user, _, password = userinfo.partition(":")
-                pair = f"{unquote(user)}:{unquote(password)}".encode()
+                text = f"{unquote(user)}:{unquote(password)}"
+                try:  # Latin-1, as aiohttp's BasicAuth sends it for the health checks
+                    pair = text.encode("latin-1")
+                except UnicodeEncodeError:  # beyond Latin-1: UTF-8 (RFC 7617's charset)
+                    pair = text.encode()
                 auth = b"Authorization: Basic " + base64.b64encode(pair) + b"\r\n"
             found = ((host, port, tls), f"Host: {hostport}\r\n".encode("latin-1"), auth)
             self._targets[base] = found

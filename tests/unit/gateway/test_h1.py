@@ -310,8 +310,12 @@ def test_a_urls_credentials_go_as_basic_auth_never_in_the_host_header() -> None:
             for headers in ({}, {"Authorization": "Bearer pool-key"}):
                 resp = await p.post(url, b"{}", headers)
                 await resp.read_all()
+            latin = base.replace("http://", "http://u:%C3%A9@") + "/v1/x"  # 'é', as aiohttp
+            await (await p.post(latin, b"{}", {})).read_all()
             await p.close()
-        plain, keyed = (r.split(b"\r\n\r\n")[0].split(b"\r\n") for r in server.requests)
+        plain, keyed, accented = (r.split(b"\r\n\r\n")[0].split(b"\r\n")
+                                  for r in server.requests)
+        assert b"Authorization: Basic dTrp" in accented  # b64 of b"u:\xe9" (Latin-1)
         hostport = base.removeprefix("http://").encode()
         assert f"Host: {hostport.decode()}".encode() in plain and b"pa" not in plain[1]
         assert b"Authorization: Basic YWxAaWNlOnBhOnNz" in plain  # al@ice:pa:ss
