@@ -79,10 +79,6 @@ class PeerLoads:
         self._all_changed = False  # every sum is
         self._next_expiry = float("inf")
         self._ids: tuple[str, ...] | None = None  # sorted live member ids (cached)
-        # per replica, when a record changing a peer's pending work there was applied: a peer
-        # publishes that work undrained until its first token, so the sum was at most its
-        # value then (published a sync delay earlier still), and the replica drains it since
-        self._since: dict[str, float] = {}
 
     def heard(self, member: str, now: float) -> None:
         """``member`` published something (a route-only batch proves it alive too)."""
@@ -99,20 +95,12 @@ class PeerLoads:
         self.heard(member, now)
         own = self._peers[member].loads
         changed = self._changed
-        since = self._since
         for replica, load in loads.items():
-            old = own.get(replica)
             if load:
                 own[replica] = load
             elif own.pop(replica, None) is None:
                 continue
-            if old is None or old.pending_work != load.pending_work:
-                since[replica] = now
             changed.add(replica)
-
-    def pending_since(self) -> Mapping[str, float]:
-        """Per replica, when the peers' pending work there last changed (read-only)."""
-        return self._since
 
     def settle(self, member: str, replica: str) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of

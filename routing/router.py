@@ -37,7 +37,6 @@ class NoCandidate(Exception):
 
 _by_id = attrgetter("id")
 _NO_LOADS: Mapping[str, ReplicaLoad] = {}
-_NO_SINCE: Mapping[str, float] = {}
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
@@ -224,14 +223,13 @@ class Router:
         used_peers = False
         rank, gateways = 0, 1
         peer_loads: Mapping[str, ReplicaLoad] = _NO_LOADS
-        peer_since: Mapping[str, float] = _NO_SINCE
         if self.peers is not None:
             if self._peer_chains and not explain:
                 self._settle_continued(features.block_hashes)
             totals = self.peers.totals(now)
             if totals:
                 if self._reads_peer_loads:
-                    peer_loads, peer_since = totals, self.peers.pending_since()
+                    peer_loads = totals
                     used_peers = not totals.keys().isdisjoint(map(_by_id, healthy))
                 else:
                     healthy, used_peers = _with_peers(healthy, totals)
@@ -240,7 +238,7 @@ class Router:
         if gateways > 1 and self._window > 0:
             turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
-                          peer_loads, peer_since)
+                          peer_loads)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1

@@ -45,8 +45,6 @@ class PickContext:
     # beside them (``reads_peer_loads = True``; each pick would otherwise rebuild the views
     # with it), empty otherwise
     peer_loads: Mapping[str, ReplicaLoad] = field(default_factory=dict)
-    # per replica, when the peers' pending work there last changed (`PeerLoads.pending_since`)
-    peer_since: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def tie_key(self) -> int:

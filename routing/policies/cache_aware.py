@@ -3,9 +3,8 @@
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
     queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
-                 it was sent), its own plus other gateways' (shared state, published undrained:
-                 drained from when it last changed here; capped by the fleet's in-flight
-                 prompt tokens) + requests the scrape shows waiting beyond
+                 it was sent), its own plus other gateways' (shared state; capped by the
+                 fleet's in-flight prompt tokens) + requests the scrape shows waiting beyond
                  kvgate's own x the mean request size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
@@ -123,7 +122,6 @@ class CacheAware:
         mean_fill, least_fill = sum(fill.values()) / len(fill), min(fill.values())
         claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
-        since, now = ctx.peer_since.get, ctx.now
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
@@ -149,13 +147,7 @@ class CacheAware:
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
-                # published undrained (until its first token): what was left when it last
-                # changed here, drained at r's rate since (a peer's prefill 170 ms old no
-                # longer counts in full against the holder of its prefix)
-                t = since(vid)
-                if t is not None and now > t:
-                    peer -= (now - t) / spt
-                own += peer if peer > 0.0 else 0.0
+                own += peer
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)

@@ -239,9 +239,8 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
             peer_prefill_work=v.peer_prefill_work + p.pending_work) for v in own]
         for chain in (*chains, tuple(rng.getrandbits(40) for _ in range(12))):
             f = _features((*chain, rng.getrandbits(40)))
-            # at the record's instant: later, the peers' pending work drains (next test)
-            assert shared.pick(f, own, 0.0, explain=True) == plain.pick(
-                f, merged, 0.0, explain=True)
+            assert shared.pick(f, own, 0.05, explain=True) == plain.pick(
+                f, merged, 0.05, explain=True)
 
 
 @pytest.mark.parametrize(("gateways", "later_s", "blended"), [
@@ -279,18 +278,3 @@ def test_in_a_burst_replica_fits_count_half_way_to_the_fleets(
             assert c.terms["fixed_s"] == pytest.approx(fixed), k
         assert router.ttft_fit("r0").rate > 2 * router.ttft_fit("r1").rate  # the fits differ
         router.state.ttft.observe("r0", 3000.0, 0.5)
-
-
-@pytest.mark.parametrize(("later_s", "holder"), [(0.0, False), (1.0, True)])
-def test_a_peers_pending_prefill_drains_after_its_record(later_s: float, holder: bool) -> None:
-    """A peer publishes its pending prefill undrained until the first token: the receiver
-    drains it at the replica's rate from when it last changed, so a prefix a peer began
-    computing a while ago draws its next request back to its holder, not to a new copy."""
-    router = Router(RouterConfig())
-    router.enable_sharing(2.0, "me", 0.01)
-    chain = tuple(range(7, 47))
-    router.apply_peer_routes([RouteRecord("a", chain, 0)], "peer", 0.0)
-    router.apply_peer_load("peer", {"a": ReplicaLoad(2, 2, 5200, 5000.0)}, 0.0)
-    # the same system prompt, another user's turn (not a continuation of the peer's chain)
-    decision = router.pick(_features((*chain[:30], 5)), _views(), later_s)
-    assert (decision.replica == "a") is holder
