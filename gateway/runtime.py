@@ -145,7 +145,7 @@ async def _start_tenancy(
     stack.push_async_callback(tenancy.close)
     slot = worker_metrics.current()
     if slot is not None and tenancy.redis_url is not None:  # for a worker restarted meanwhile
-        tenancy.resolver.last_state = LastState(slot.directory / "tenancy-state.json")
+        tenancy.resolver.last_state = LastState(slot.directory, slot.slot)
     await tenancy.start(tenants=tenants, policy=cfg.policy_doc())
     labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
     gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,

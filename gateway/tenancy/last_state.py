@@ -5,12 +5,22 @@ A worker that dies (the OOM killer, ``kill -9``) is started again by the supervi
 Redis answers it loads the store like any gateway; while Redis is down it could load nothing
 and answered every request 503 ("no API key or policy is loaded") and /readyz "not ready",
 beside siblings that serve their last known state: an answer depended on which worker the
-kernel handed the connection to. So every worker writes what it loaded from the store to one
-file in the supervisor's directory (private to the gateway's user, removed when the
-supervisor exits, by the workers when it was killed), and touches it each time the store
-confirms it; a worker whose first load fails starts from that file, as stale as the file
-says (its mtime: when the store last answered any worker), and serves it degraded, exactly
-as its siblings do.
+kernel handed the connection to. So every worker writes what it loaded from the store to its
+own file in the supervisor's directory (``tenancy-state-<slot>.json``: private to the
+gateway's user, removed when the supervisor exits, by the workers when it was killed), and
+stamps it (its mtime) with when the read that loaded or last confirmed it began; a worker
+whose first load fails starts from the file with the latest stamp, as stale as that stamp
+says, and serves it degraded, exactly as its siblings do.
+
+One file per worker, not one shared: two workers replacing one file raced. A slow writer's
+older state could land over a newer one written meanwhile, and the other worker's next
+confirmation touched the file, so the older state (a key revoked since in it) looked fresh
+to a restarted worker. A file now holds only its worker's own states, written in order (one
+refresh at a time), and its stamp is when that worker's read *began*, not when the write
+or the touch landed: every change the store had made by then is in the state. So the latest
+stamp is the state the store vouched for last, and a slow write never makes an older state
+look newer. (Not a generation compare: a lower generation is no proof of an older state,
+`TenantResolver`.) A restarted worker takes over its slot's file.
 
 The file holds what the store holds: tenants, key *hashes* (never a key), the policy, salt
 group epochs and the store's bootstrap marker (so a wipe noticed later is noticed by the
@@ -51,42 +61,48 @@ class Saved:
     age_s: float  # since the store last confirmed it (to any worker)
 
 
-class LastState:
-    """One file shared by the workers of a gateway: the last state loaded from the store."""
+PREFIX = "tenancy-state-"
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+class LastState:
+    """This worker's file of the last state loaded from the store, beside its siblings'."""
+
+    def __init__(self, directory: Path, slot: int) -> None:
+        self.directory = directory
+        self.path = directory / f"{PREFIX}{slot}.json"
+        self._tmp = directory / f".{PREFIX}{slot}.{os.getpid()}.tmp"
         self._kept: bytes | None = None  # the digest of the state last written
         self._written = False  # the state last loaded is in the file (as far as we know)
 
-    async def keep(self, snap: StoreSnapshot, mark: str | None) -> None:
-        """`save` a state just loaded, in a thread (10,000 keys take tens of ms to write,
-        which the event loop must not wait for), unless it is what was written last.
+    async def keep(self, snap: StoreSnapshot, mark: str | None, read_at: float) -> None:
+        """`save` a state just loaded by a read begun at `read_at` (wall clock), in a thread
+        (10,000 keys take tens of ms to write, which the event loop must not wait for),
+        unless it is what was written last.
 
         Compared by content, not by (generation, marker): the periodic whole reload finds
         the same generation most of the time, but also what changed behind the store's back
         without a new generation (a key record deleted in redis-cli to revoke it); the
         workers drop it then, and the file must too, or a worker restarted while Redis is
         down admits a key its siblings refuse."""
-        await asyncio.to_thread(self._save_changed, snap, mark)
+        await asyncio.to_thread(self._save_changed, snap, mark, read_at)
 
-    def save(self, snap: StoreSnapshot, mark: str | None) -> None:
+    def save(self, snap: StoreSnapshot, mark: str | None, read_at: float) -> None:
         """Write the state just loaded (best effort: a full disk only costs the restart)."""
-        self._written = self._write(_dump(snap, mark))
+        self._written = self._write(_dump(snap, mark), read_at)
 
-    def _save_changed(self, snap: StoreSnapshot, mark: str | None) -> None:
+    def _save_changed(self, snap: StoreSnapshot, mark: str | None, read_at: float) -> None:
         data = _dump(snap, mark)
         digest = hashlib.blake2b(data, digest_size=16).digest()
         if digest != self._kept:
-            self._written = self._write(data)
+            self._written = self._write(data, read_at)
             self._kept = digest if self._written else None
 
-    def _write(self, data: bytes) -> bool:
+    def _write(self, data: bytes, read_at: float) -> bool:
         try:
             fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            os.utime(self._tmp, (read_at, read_at))  # stamped before it can be read
             os.replace(self._tmp, self.path)
         except OSError as exc:
             log.warning("cannot keep the tenancy state for restarted workers: %s",
@@ -96,34 +112,45 @@ class LastState:
             return False
         return True
 
-    def confirmed(self) -> None:
-        """The store answered and our state is current: the file is as fresh as now --
-        unless our last write failed (a full disk): the file then holds an older state (a
+    def confirmed(self, read_at: float) -> None:
+        """A read begun at `read_at` found our state current: the file is as fresh as that
+        -- unless our last write failed (a full disk): the file then holds an older state (a
         key revoked since, perhaps), which must not look fresh."""
         if not self._written:
             return
         with contextlib.suppress(OSError):
-            os.utime(self.path)
+            os.utime(self.path, (read_at, read_at))
 
     def load(self) -> Saved | None:
-        """The state the workers last loaded, or None (no file yet, or one unreadable)."""
-        try:
-            raw = self.path.read_bytes()
-            age = max(0.0, time.time() - self.path.stat().st_mtime)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            log.warning("cannot read the tenancy state the other workers kept: %s",
-                        exc.strerror or type(exc).__name__)
-            return None
-        try:
-            return Saved(*_parse(raw), age_s=age)
-        # pydantic's errors are ValueErrors; a list too short is an IndexError (uncaught, it
-        # failed the worker's start, and the supervisor stopped every worker)
-        except (ValueError, TypeError, LookupError) as exc:
-            log.warning("the tenancy state the other workers kept is unreadable (%s); "
-                        "ignored", type(exc).__name__)
-            return None
+        """The state the store vouched for last among the workers' files (the latest
+        stamp), or None (no file yet, or none readable)."""
+        stamped: list[tuple[float, Path]] = []
+        for path in self.directory.glob(f"{PREFIX}*.json"):
+            with contextlib.suppress(FileNotFoundError):  # a sibling's, replaced meanwhile
+                stamped.append((path.stat().st_mtime, path))
+        for _, path in sorted(stamped, reverse=True):
+            saved = _read(path)
+            if saved is not None:
+                return saved
+        return None
+
+
+def _read(path: Path) -> Saved | None:
+    try:
+        raw = path.read_bytes()
+        age = max(0.0, time.time() - path.stat().st_mtime)
+    except OSError as exc:
+        log.warning("cannot read the tenancy state the other workers kept: %s",
+                    exc.strerror or type(exc).__name__)
+        return None
+    try:
+        return Saved(*_parse(raw), age_s=age)
+    # pydantic's errors are ValueErrors; a list too short is an IndexError (uncaught, it
+    # failed the worker's start, and the supervisor stopped every worker)
+    except (ValueError, TypeError, LookupError) as exc:
+        log.warning("the tenancy state the other workers kept is unreadable (%s); "
+                    "ignored", type(exc).__name__)
+        return None
 
 
 def _dump(snap: StoreSnapshot, mark: str | None) -> bytes:

@@ -18,9 +18,10 @@ group's tenants are refused (503) rather than given a salt from a guessed epoch:
 be the group's own first salt (no other tenant's, as the subject names the group) but would
 undo a rotation made to leave that cache. A tenant whose tier the policy in force does not
 define is never admitted (403): its limits would be unknown, and limits are never silently off.
-A worker of several (`server.workers`) keeps what it loaded in a file its siblings share
-(`last_state`): one started again while the store does not answer starts from it, degraded
-and as stale as the file, instead of refusing every request until the store is back.
+A worker of several (`server.workers`) keeps what it loaded in a file its siblings read
+(`last_state`, one file each): one started again while the store does not answer starts from
+the latest, degraded and as stale as it is, instead of refusing every request until the store
+is back.
 """
 
 from __future__ import annotations
@@ -215,6 +216,9 @@ class TenantResolver:
             return await self._refresh()
 
     async def _refresh(self) -> bool:
+        # wall clock, before anything is read: the state read holds every change made by then
+        # (the stamp of the workers' files, `last_state`)
+        read_at = time.time()
         try:
             mark, wiped = self._mark, False
             if self._reseed is not None:
@@ -243,7 +247,7 @@ class TenantResolver:
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
-                    await self.last_state.keep(applied, mark)
+                    await self.last_state.keep(applied, mark, read_at)
         except BackendUnavailable as exc:
             if self._store.reach is not None and isinstance(exc, StoreUnreachable):
                 self._store.reach.failed(exc.cause)  # the store's one voice in the log
@@ -265,7 +269,7 @@ class TenantResolver:
         self._degraded_reason = None
         self._answers = True
         if self.last_state is not None:
-            self.last_state.confirmed()
+            self.last_state.confirmed(read_at)
         return True
 
     def _start_from_last_state(self) -> None:

@@ -115,7 +115,7 @@ def test_a_killed_supervisor_leaves_no_tenancy_state_behind(
     gw, _ = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
     with redis, gw:
         [shared] = list(tmp_path.glob("kvgate-workers-*"))
-        wait_for(lambda: (shared / "tenancy-state.json").exists(), timeout=20,
+        wait_for(lambda: any(shared.glob("tenancy-state-*.json")), timeout=20,
                  what="the tenancy state kept")
         workers = _children(gw)
         assert gw.popen is not None and len(workers) == 2
