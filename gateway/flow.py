@@ -14,7 +14,8 @@ room). It releases one request at a time: the released request acquires its repl
 the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
-until it is over (``req.flow_done``, called by `Preparer.finish`): a tenant over its share is
+until it is over (``req.flow_done``, called by `Preparer.finish`; one its replica refused before
+any output then gives back all but its prompt, `FlowGate._done`): a tenant over its share is
 passed over, and one over it in what it sent lately too goes only to a replica with spare room
 (the share cap, `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
 with several gateways behind a balancer each sees its part of every tenant.
@@ -140,7 +141,8 @@ class FlowGate:
             ["pool", "tier"], registry=reg)
         self.m_tokens = Counter(
             "kvgate_flow_served_tokens_total",
-            "tokens (prompt + expected output) sent on by flow control: the fair-share view",
+            "tokens (prompt + expected output) sent on by flow control, counted when the "
+            "request is over (refused before any output: its prompt only): the fair-share view",
             ["pool", "tier", "tenant"], registry=reg)
         reg.register(_FlowCollector(self))
         self._children: dict[tuple[object, ...], Any] = {}
@@ -161,22 +163,22 @@ class FlowGate:
         ``gone``: returns when the client has left (a queued request is then dropped)."""
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
-        cost = request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected)
+        cost = self._cost(plan, parsed)
         state = self._state(plan.pool.name)
         peers = self._peers(now)
         tenant = principal.tenant_id
         doc = _doc(principal, self._pools)
         weight = doc.flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
-            self._sent(state, req, tenant, cost)
+            self._sent(state, req, tenant, cost, plan)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self._spill(req.kind, principal, parsed, plan, now, peers)
         if alt is not None:
             alt_state = self._state(alt.pool.name)
             alt_state.flow.sent(tenant, cost, now, weight)
-            self._sent(alt_state, req, tenant, cost)
+            self._sent(alt_state, req, tenant, cost, plan)
             return self._narrow(alt_state, alt, peers, tenant, cost, now)
-        await self._wait(req, principal, state, cost, now, gone)
+        await self._wait(req, principal, state, cost, plan, now, gone)
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
         return self._narrow(self._state(plan.pool.name), plan, self._peers(now), tenant, cost,
@@ -220,7 +222,7 @@ class FlowGate:
 
     async def _wait(
         self, req: ProxiedRequest, principal: Principal, state: _PoolState, cost: float,
-        now: float, gone: Callable[[], Awaitable[object]] | None,
+        plan: Plan, now: float, gone: Callable[[], Awaitable[object]] | None,
     ) -> None:
         doc = _doc(principal, self._pools)
         self._shares(state, doc)
@@ -254,7 +256,7 @@ class FlowGate:
             with interruptible(ticket):
                 await ticket.fut
             released = True
-            self._sent(state, req, principal.tenant_id, cost)
+            self._sent(state, req, principal.tenant_id, cost, plan, ticket.entry)
         except _Gone:
             req.queued_s = perf_counter() - t0
             self._child(self.m_abandoned, state.name, req.tier).inc()
@@ -356,10 +358,33 @@ class FlowGate:
         peers = self._router.peers
         return peers.totals(now) if peers is not None else _NO_PEERS
 
-    def _sent(self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float) -> None:
-        """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over."""
-        self._child(self.m_tokens, state.name, req.tier, req.tenant).inc(cost)
-        req.flow_done = partial(state.flow.done, tenant, cost)
+    def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
+        return request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected,
+                            plan.pool.max_model_len)
+
+    def _sent(
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
+        entry: Entry[_Ticket] | None = None,
+    ) -> None:
+        """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
+        (``entry``: its place in the queue, when it waited)."""
+        req.flow_done = partial(self._done, state, req, tenant, cost,
+                                plan.features.prompt_tokens, entry)
+
+    def _done(
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, prompt: int,
+        entry: Entry[_Ticket] | None,
+    ) -> None:
+        """``req`` is over. Refused by its replica before any output (vLLM's 400 for a
+        ``max_tokens`` beyond the context), it is charged its prompt only: the output it was
+        charged at its send never ran, and a few bad requests must not push a tenant back in
+        the fair-share order, nor count in the served tokens, for a while after."""
+        charged = cost
+        if _refused(req):
+            charged = min(cost, float(max(0, prompt)))
+            state.flow.refund(tenant, cost - charged, self._clock(), entry)
+        state.flow.done(tenant, cost)
+        self._child(self.m_tokens, state.name, req.tier, req.tenant).inc(charged)
 
     def pools(self) -> dict[str, _PoolState]:
         return self._states
@@ -399,7 +424,7 @@ class FlowGate:
         peers = self._peers(now)
         saturated = state.flow.saturated(plan.views, peers)
         queued = len(state.flow.queue)
-        cost = request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected)
+        cost = self._cost(plan, parsed)
         share = state.flow.standing(principal.tenant_id, plan.views, cost, now, peers)
         no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
         est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
@@ -425,6 +450,14 @@ class FlowGate:
 def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
     snap = principal.policy
     return snap.doc if snap is not None else pools.doc
+
+
+def _refused(req: ProxiedRequest) -> bool:
+    """A replica answered it 4xx before any of its output reached the client (not a timeout
+    or a client that left: 408 and 499 are the gateway's own, after output perhaps)."""
+    return (400 <= req.status < 500 and req.status not in (408, 499)
+            and req.replica != "none" and req.used is None and req.ttft is None
+            and not req.relayed)
 
 
 def _max_tokens(parsed: ParsedBody) -> int | None:

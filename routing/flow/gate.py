@@ -49,11 +49,20 @@ _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 MAX_OUTPUT_TOKENS = 1 << 24
 
 
-def request_cost(prompt_tokens: int, max_tokens: int | None, expected_output: int) -> float:
+def request_cost(
+    prompt_tokens: int, max_tokens: int | None, expected_output: int,
+    context: int | None = None,
+) -> float:
     """What fair sharing charges a request: its prompt plus its expected output (``max_tokens``
-    when the client set it, else the configured expectation; at most `MAX_OUTPUT_TOKENS`)."""
+    when the client set it, else the configured expectation; at most `MAX_OUTPUT_TOKENS`, and
+    at most what fits beside the prompt in the model's ``context`` (``max_model_len``) when
+    it is known: a replica can produce no more, and refuses a request that asks for more)."""
+    prompt = max(0, prompt_tokens)
     out = max_tokens if max_tokens is not None and max_tokens >= 0 else expected_output
-    return float(max(0, prompt_tokens) + min(out, MAX_OUTPUT_TOKENS))
+    out = min(out, MAX_OUTPUT_TOKENS)
+    if context is not None:
+        out = min(out, max(0, context - prompt))
+    return float(prompt + out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +169,16 @@ class PoolFlow(Generic[T]):
     def done(self, tenant: str, cost: float) -> None:
         """A request sent to the pool finished (answered, failed, or abandoned)."""
         self.holdings.remove(tenant, cost)
+
+    def refund(
+        self, tenant: str, tokens: float, now: float, entry: Entry[T] | None = None
+    ) -> None:
+        """A request sent was charged ``tokens`` it did not cost (the replica refused it
+        before any output): its tenant's recent sends, the pool's rate and, when it waited
+        in the queue (``entry``), its tenant's place there give them back. Its holding goes
+        at `done`, as any request's."""
+        self.rates.refund(tenant, tokens, now)
+        self.queue.refund(entry, tokens, now)
 
     def over_share(self, tenant: str) -> bool:
         """Whether ``tenant`` holds more than its share of the pool's in-flight tokens."""

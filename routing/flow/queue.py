@@ -385,6 +385,29 @@ class FlowQueue(Generic[T]):
             heapq.heappop(dl)
         return dl[0][0] if dl else None
 
+    def refund(self, entry: Entry[T] | None, tokens: float, now: float) -> None:
+        """A request sent to the pool was charged ``tokens`` it did not cost (the replica
+        refused it before any output): the dispatch rate gives them back and, when it waited
+        here (``entry``), its tenant's finish tag too, so its later requests are not pushed
+        back behind everyone else's. Only what the band's virtual time has not passed yet:
+        past that the charge no longer holds the tenant back (and its flow may be a new one)."""
+        tokens = max(0.0, tokens)
+        self.note_dispatch(-tokens, now)
+        self._rate = max(0.0, self._rate)
+        b = self._bands.get(entry.band) if entry is not None and entry.dispatched else None
+        flow = b.flows.get(entry.tenant) if b is not None and entry is not None else None
+        if b is None or flow is None or entry is None:
+            return
+        back = min(tokens / entry.weight, entry.delta, entry.finish - b.vtime)
+        if back <= 0:
+            return
+        for later in flow.items:  # queued behind it: tagged after its finish tag
+            later.start -= back
+            later.finish -= back
+        flow.finish -= back
+        if flow.items:
+            heapq.heappush(b.heads, (flow.items[0].start, flow.items[0].seq, flow))
+
     def note_dispatch(self, cost: float, now: float) -> None:
         """``cost`` tokens went to the pool at ``now`` (queued or not): the dispatch rate."""
         dt = now - self._rate_at

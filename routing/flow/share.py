@@ -139,6 +139,11 @@ class SendRates:
             horizon = now - self.FORGET * self.window_s
             self._rate = {t: r for t, r in self._rate.items() if r[1] > horizon}
 
+    def refund(self, tenant: str, tokens: float, now: float) -> None:
+        """``tenant`` was charged ``tokens`` at a send that did not cost them."""
+        if tenant in self._rate:
+            self._rate[tenant] = (max(0.0, self.rate(tenant, now) - tokens / self.window_s), now)
+
     def rate(self, tenant: str, now: float) -> float:
         """Its tokens per second at ``now``."""
         r = self._rate.get(tenant)

@@ -611,3 +611,43 @@ def test_shutdown_grace_ends_a_queued_request_as_interrupted(s: Stack) -> None:
     mine = [r for r in records if r["queued_ms"] is not None]
     assert len(mine) == 1
     assert (mine[0]["status"], mine[0]["route"]) == (503, "interrupted")
+
+
+def served_tokens(s: Stack) -> float:
+    """All tenants' (past the metrics' tenant limit a new one's label is another's)."""
+    return sum(metric_values(s.base, "kvgate_flow_served_tokens_total").values())
+
+
+def test_a_request_its_replica_refuses_is_charged_its_prompt_only(s: Stack) -> None:
+    """A ``max_tokens`` beyond the model's context: the replica answers 400 before any output.
+    It was charged 2^24 tokens of output at its send, and kept them: a few such requests made
+    its tenant look like it took the whole pool lately. Now the charge is at most what fits in
+    the pool's context (``max_model_len``, learned from the replicas), and a refused request
+    keeps only its prompt: the fair-share view and the in-flight counts are back to nothing."""
+    tenant, key = s.tenant_with_id("free")
+    wait_for(lambda: "max_model_len" in httpx.get(
+        f"{s.base}/v1/models/m", headers={"Authorization": f"Bearer {key}"}).json(),
+        10, "the pool's context length learned")
+    context = httpx.get(f"{s.base}/v1/models/m",
+                        headers={"Authorization": f"Bearer {key}"}).json()["max_model_len"]
+    with admin_client(s.base, ADMIN) as admin:
+        out = admin.post("/route/explain", json={"tenant": tenant, "request": body(10**9)})
+        assert out.status_code == 200, out.text
+        assert out.json()["flow"]["cost_tokens"] <= context  # not 2^24 and more
+    before = served_tokens(s)  # the pool is drained: nothing else is counted meanwhile
+    with httpx.Client(timeout=30) as client:
+        for _ in range(3):
+            resp = client.post(f"{s.base}/v1/chat/completions",
+                               headers={"Authorization": f"Bearer {key}"},
+                               json=body(10**9, stream=False))
+            assert resp.status_code == 400, resp.text
+    charged = served_tokens(s) - before
+    assert 0 < charged < 3 * 100, charged  # three short prompts, no output
+    assert inflight(s.base) == 0
+    view = share_of(s, tenant)
+    assert view["inflight_share"] == 0 and view["fair_share"] is None, view
+    assert not (view["over_share"] or view["hog"] or view["waits_for_spare"]), view
+    good = sdk(s.base, key).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
+    assert good.choices[0].finish_reason is not None
+    assert served_tokens(s) - before > charged  # an answered request keeps its charge

@@ -94,6 +94,52 @@ def test_a_huge_max_tokens_does_not_swallow_the_tenants_other_holdings(max_token
     assert (held.tokens("t"), held.tokens("u"), held.total) == (120.0, 50.0, 170.0)
 
 
+def test_the_expected_output_is_at_most_what_fits_in_the_models_context() -> None:
+    """A replica produces no more than fits beside the prompt, and refuses a request that
+    asks for more: charging it 2**24 tokens only pushed its tenant back."""
+    assert request_cost(100, 10**9, 256, context=4096) == 4096
+    assert request_cost(100, None, 8192, context=4096) == 4096
+    assert request_cost(100, 50, 256, context=4096) == 150
+    assert request_cost(5000, 50, 256, context=4096) == 5000  # the prompt alone: no output
+
+
+def test_a_refused_request_gives_back_its_place_in_the_fair_order() -> None:
+    """A queued request charged 2**24 tokens of output the replica refused (before any) moved
+    its tenant's finish tag 2**24 tokens ahead: its next requests went behind every other
+    tenant's for as long. Refunded, they take their place again, and its recent sends count
+    the prompt alone."""
+    flow: PoolFlow[str] = PoolFlow(FlowConfig(saturation=RULE))
+    flow.offer("bad", tenant="a", band=0, cost=10 + 2**24, now=0.0, max_wait_s=60)
+    bad = flow.pop(0.0)
+    assert bad is not None
+    for h in ("b1", "b2", "b3"):
+        flow.offer(h, tenant="b", band=0, cost=100, now=0.0, max_wait_s=60)
+    flow.offer("a1", tenant="a", band=0, cost=100, now=0.0, max_wait_s=60)
+    flow.refund("a", 2**24, 0.0, bad)
+    flow.done("a", bad.cost)
+    assert flow.rates.rate("a", 0.0) == pytest.approx(10 / flow.rates.window_s)
+    assert flow.holdings.total == 0
+    order = []
+    while (e := flow.pop(0.0)) is not None:
+        order.append(e.handle)
+    assert order == ["b1", "a1", "b2", "b3"]
+
+
+def test_a_refund_the_virtual_time_has_passed_moves_nobody() -> None:
+    """Once the band's virtual time passed the refused request's finish tag its charge holds
+    nobody back, and its tenant's flow may be a new one: nothing is given back there."""
+    q: FlowQueue[str] = FlowQueue(100, default_min_share=0.0)
+    q.offer("a0", tenant="a", band=0, cost=100, now=0, max_wait_s=60)
+    a0 = q.pop(0.0)
+    q.offer("b0", tenant="b", band=0, cost=500, now=0, max_wait_s=60)
+    q.offer("b1", tenant="b", band=0, cost=500, now=0, max_wait_s=60)
+    assert q.pop(0.0) is not None and q.pop(0.0) is not None  # V = 500, past a0's finish
+    a1 = q.offer("a1", tenant="a", band=0, cost=100, now=0, max_wait_s=60).entry
+    assert a0 is not None and a1 is not None and a1.start == 500  # at V, not a's finish: 100
+    q.refund(a0, 100, 0.0)
+    assert a1.start == 500
+
+
 def test_pool_flow_passes_straight_through_only_with_room_and_an_empty_queue() -> None:
     flow: PoolFlow[str] = PoolFlow(FlowConfig(saturation=RULE))
     room, full = [view("a")], [view("a", inflight=4)]
