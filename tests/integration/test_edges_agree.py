@@ -38,10 +38,9 @@ from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from gateway.stored import NO_EVENTS, NOT_IN_TIME
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
-from tests.support.epp import envoy_proc, epp_proc
+from tests.support.epp import both_edges, envoy_proc, epp_proc
 from tests.support.gateway import (
     AUTH_SECRET,
-    FAST_HEALTH,
     gateway_proc,
     metric_values,
     wait_for,
@@ -228,30 +227,13 @@ BAD_MODEL = "bad-model"
 @pytest.fixture(scope="module")
 def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
     """Both edges over one scriptable replica, each knowing where RID is stored."""
-    with BadReplica(BAD_MODEL) as replica:
-        procs: list[Proc] = []
-        try:
-            gw, http = gateway_proc(upstreams=[replica.url],
-                                    env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
-                                         "KVGATE_UPSTREAM__MAX_ANSWER_BYTES": str(ANSWER_LIMIT)})
-            procs.append(gw.start())
-            epp = epp_proc(config={
-                "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
-                "health": {**FAST_HEALTH, "failure_threshold": 1000},
-                "upstream": {"max_answer_bytes": ANSWER_LIMIT}})
-            procs.append(epp.start())
-            envoy, base = envoy_proc(epp.picker)
-            procs.append(envoy.start())
-            replica.answer = whole(WHOLE)
-            bases = {"http": http, "envoy": base}
-            metrics = {"http": http, "envoy": epp.base}  # where each edge's /metrics is
-            for url in bases.values():
-                assert httpx.post(f"{url}/v1/responses", timeout=10,
-                                  json={"model": BAD_MODEL, "input": "x"}).status_code == 200
-            yield replica, bases | {f"{k}-metrics": v for k, v in metrics.items()}
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
+    with BadReplica(BAD_MODEL) as replica, both_edges(
+            replica.url, BAD_MODEL, {"max_answer_bytes": ANSWER_LIMIT}) as every:
+        replica.answer = whole(WHOLE)
+        for edge in EDGES:
+            assert httpx.post(f"{every[edge]}/v1/responses", timeout=10,
+                              json={"model": BAD_MODEL, "input": "x"}).status_code == 200
+        yield replica, every
 
 
 @pytest.fixture
@@ -698,23 +680,13 @@ QUICK = {"first_byte_timeout_s": 1.0, "idle_timeout_s": 1.0, "max_attempts": 1}
 def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
     """Both edges over one scriptable replica with 1 s first-byte and idle timeouts (and no
     retry at the HTTP edge: the picker cannot retry), Envoy's router bounds alike."""
-    with BadReplica(BAD_MODEL) as replica:
-        procs: list[Proc] = []
+    # Envoy's router: a replica's silence past 3 s (above the picker's idle timeout, which
+    # must cut a stalled stream first, as kvgate's defaults are: 300 s, 120 s)
+    with BadReplica(BAD_MODEL) as replica, both_edges(
+            replica.url, BAD_MODEL, QUICK,
+            upstream=UpstreamConfig(first_byte_timeout_s=3.0)) as every:
         try:
-            gw, http = gateway_proc(upstreams=[replica.url], env={
-                "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
-                **{f"KVGATE_UPSTREAM__{k.upper()}": str(v) for k, v in QUICK.items()}})
-            procs.append(gw.start())
-            epp = epp_proc(config={
-                "pools": {"default": {"served_model": BAD_MODEL, "replicas": [replica.url]}},
-                "health": {**FAST_HEALTH, "failure_threshold": 1000}, "upstream": QUICK})
-            procs.append(epp.start())
-            # Envoy's router: a replica's silence past 3 s (above the picker's idle timeout,
-            # which must cut a stalled stream first, as kvgate's defaults are: 300 s, 120 s)
-            envoy, base = envoy_proc(epp.picker,
-                                     upstream=UpstreamConfig(first_byte_timeout_s=3.0))
-            procs.append(envoy.start())
-            bases = {"http": http, "envoy": base}
+            bases = {edge: every[edge] for edge in EDGES}
             replica.answer = whole(WHOLE)  # RID stored, through each edge
             for url in bases.values():
                 assert httpx.post(f"{url}/v1/responses", timeout=10,
@@ -723,8 +695,6 @@ def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             yield replica, bases
         finally:
             replica.gate.set()
-            for proc in reversed(procs):
-                proc.stop()
 
 
 @pytest.fixture

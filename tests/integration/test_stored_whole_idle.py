@@ -16,9 +16,7 @@ import pytest
 from gateway.config import UpstreamConfig
 from gateway.stored import NOT_IN_TIME
 from tests.support.bad_replica import BadReplica, whole
-from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import FAST_HEALTH, gateway_proc
-from tests.support.procs import Proc
+from tests.support.epp import both_edges
 
 MODEL = "bad-model"
 RID = "resp_whole1"
@@ -31,30 +29,17 @@ EDGES = ["http", "envoy"]
 
 @pytest.fixture(scope="module")
 def edges() -> Iterator[tuple[BadReplica, dict[str, str]]]:
-    with BadReplica(MODEL) as replica:
-        procs: list[Proc] = []
-        try:
-            gw, http = gateway_proc(upstreams=[replica.url], env={
-                "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
-                **{f"KVGATE_UPSTREAM__{k.upper()}": str(v) for k, v in UPSTREAM.items()}})
-            procs.append(gw.start())
-            epp = epp_proc(config={
-                "pools": {"default": {"served_model": MODEL, "replicas": [replica.url]}},
-                "health": {**FAST_HEALTH, "failure_threshold": 1000}, "upstream": UPSTREAM})
-            procs.append(epp.start())
-            # Envoy's own per-try idle bound (3 s) above the picker's idle timeout
-            envoy, base = envoy_proc(epp.picker, upstream=UpstreamConfig(first_byte_timeout_s=3.0))
-            procs.append(envoy.start())
-            bases = {"http": http, "envoy": base}
-            replica.answer = whole(OBJECT)  # RID stored, through each edge
-            for url in bases.values():
-                assert httpx.post(f"{url}/v1/responses", timeout=10,
-                                  json={"model": MODEL, "input": "x"}).status_code == 200
-            replica.answer = b""
-            yield replica, bases
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
+    # Envoy's own per-try idle bound (3 s) above the picker's idle timeout
+    with BadReplica(MODEL) as replica, both_edges(
+            replica.url, MODEL, UPSTREAM,
+            upstream=UpstreamConfig(first_byte_timeout_s=3.0)) as every:
+        bases = {edge: every[edge] for edge in EDGES}
+        replica.answer = whole(OBJECT)  # RID stored, through each edge
+        for url in bases.values():
+            assert httpx.post(f"{url}/v1/responses", timeout=10,
+                              json={"model": MODEL, "input": "x"}).status_code == 200
+        replica.answer = b""
+        yield replica, bases
 
 
 @pytest.fixture

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import yaml
 
 from gateway.epp.envoy import envoy_binary, envoy_config, render
-from tests.support.gateway import FAST_HEALTH
+from tests.support.gateway import FAST_HEALTH, gateway_proc
 from tests.support.procs import KVGATE, Proc, free_port
 
-__all__ = ["EppProc", "envoy_proc", "epp_proc"]
+__all__ = ["EppProc", "both_edges", "envoy_proc", "epp_proc"]
 
 
 class EppProc(Proc):
@@ -78,3 +79,30 @@ def envoy_proc(picker: str, **options: Any) -> tuple[EppProc, str]:
     proc = EppProc(cmd, ready_url=f"http://127.0.0.1:{admin}/ready")
     proc.owns(path)
     return proc, f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def both_edges(
+    replica_url: str, model: str, settings: Mapping[str, object], **envoy: Any,
+) -> Iterator[dict[str, str]]:
+    """Both edges over one (scripted) replica that failures never eject -- its misbehaviour is
+    the test's subject -- with the same `upstream.*` `settings`: the HTTP edge (`kvgate serve`)
+    and the picker behind Envoy (`envoy` options go to `envoy_config`). Yields the bases
+    ``{"http", "envoy"}`` and where each edge's /metrics is (``"http-metrics"``,
+    ``"envoy-metrics"``: the picker's)."""
+    procs: list[Proc] = []
+    try:
+        gw, http = gateway_proc(upstreams=[replica_url], env={
+            "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
+            **{f"KVGATE_UPSTREAM__{k.upper()}": str(v) for k, v in settings.items()}})
+        procs.append(gw.start())
+        epp = epp_proc(config={
+            "pools": {"default": {"served_model": model, "replicas": [replica_url]}},
+            "health": {**FAST_HEALTH, "failure_threshold": 1000}, "upstream": dict(settings)})
+        procs.append(epp.start())
+        proxy, base = envoy_proc(epp.picker, **envoy)
+        procs.append(proxy.start())
+        yield {"http": http, "envoy": base, "http-metrics": http, "envoy-metrics": epp.base}
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
