@@ -46,17 +46,22 @@ def _by_worker(base: str, n: int, ask: Callable[[httpx.Client], httpx.Response],
     return seen
 
 
-def test_a_worker_restarted_while_redis_is_down_serves_the_last_state(
-    sim_factory: SimFactory,
-) -> None:
-    _, sim = sim_factory("--time-scale", "50", model="m")
-    redis, url = redis_proc()
-    config = {
+def _config(sim: str) -> dict[str, object]:
+    """One pool of `sim`, tenant acme on the free tier."""
+    return {
         "pools": {"p": {"served_model": "m", "replicas": [sim]}},
         "models": {"llama": {"free": "p"}},
         "tiers": {"free": {"limits": {"rpm": 10_000}}},
         "tenants": [{"id": "acme", "tier": "free"}],
     }
+
+
+def test_a_worker_restarted_while_redis_is_down_serves_the_last_state(
+    sim_factory: SimFactory,
+) -> None:
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    config = _config(sim)
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
            "KVGATE_REDIS_URL": url}
     gw, base = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
@@ -104,12 +109,7 @@ def test_a_killed_supervisor_leaves_no_tenancy_state_behind(
     kernel as their supervisor dies, remove it as they exit."""
     _, sim = sim_factory("--time-scale", "50", model="m")
     redis, url = redis_proc()
-    config = {
-        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
-        "models": {"llama": {"free": "p"}},
-        "tiers": {"free": {"limits": {"rpm": 10_000}}},
-        "tenants": [{"id": "acme", "tier": "free"}],
-    }
+    config = _config(sim)
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
            "KVGATE_REDIS_URL": url, "TMPDIR": str(tmp_path)}
     gw, _ = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
