@@ -26,6 +26,7 @@ from routing.learning import EngineCounters, PendingWork, TtftFit, TtftModel
 from routing.load import replica_hash
 from routing.peers import PeerLoads, ReplicaLoad, RouteRecord
 from routing.policies import PickContext, PolicyFactory, RouterState, build_policy
+from routing.policies.base import PeerComputing
 from routing.types import Decision, ReplicaView, RequestFeatures
 
 __all__ = ["NoCandidate", "Router", "RouterConfig"]
@@ -37,6 +38,9 @@ class NoCandidate(Exception):
 
 _by_id = attrgetter("id")
 _NO_LOADS: Mapping[str, ReplicaLoad] = {}
+_NO_COMPUTING: Mapping[str, Sequence[PeerComputing]] = {}
+_COMPUTING_KEPT = 8  # a replica's latest peer routes with new blocks (`peer_computing`)
+_COMPUTING_S = 5.0  # ... at most this old
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
@@ -85,6 +89,9 @@ class Router:
         self.on_outbox: Callable[[], None] | None = None
         # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
         self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        # per replica, the latest live peer routes that brought it new blocks: a request
+        # matching those blocks waits for that peer's prefill (`PickContext.peer_computing`)
+        self.peer_computing: dict[str, deque[PeerComputing]] = {}
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
         self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
         self._recent_counts: dict[str, int] = {}  # ... per replica
@@ -166,10 +173,22 @@ class Router:
         ``live=False``: history (a catch-up, a backlog past the staleness bound), routed at
         some unknown earlier time: the index learns them, the policy's live contexts do not
         (applied in one go, every context in it would look like an agent calling now)."""
-        insert = self.state.index.insert
+        index = self.state.index
+        insert, held_of, tpb = index.insert, index.match_one, self.config.tokens_per_block
         chains = self._peer_chains
         seen = self._peer_route_seen if live else None
+        computing = self.peer_computing
         for replica, hashes, tail in records:
+            if live and hashes:
+                held = held_of(replica, hashes)
+                new = len(hashes) + tail - held
+                if new > 0:
+                    q = computing.get(replica)
+                    if q is None:
+                        q = computing[replica] = deque(maxlen=_COMPUTING_KEPT)
+                    while q and now - q[0][0] > _COMPUTING_S:
+                        q.popleft()
+                    q.append((now, hashes, held, float(new * tpb)))
             insert(replica, hashes, tail, True)
             if len(hashes) >= 2:
                 chains[hashes[-1]] = (member, replica)
@@ -223,6 +242,7 @@ class Router:
         used_peers = False
         rank, gateways = 0, 1
         peer_loads: Mapping[str, ReplicaLoad] = _NO_LOADS
+        peer_computing: Mapping[str, Sequence[PeerComputing]] = _NO_COMPUTING
         if self.peers is not None:
             if self._peer_chains and not explain:
                 self._settle_continued(features.block_hashes)
@@ -230,6 +250,7 @@ class Router:
             if totals:
                 if self._reads_peer_loads:
                     peer_loads = totals
+                    peer_computing = self.peer_computing
                     used_peers = not totals.keys().isdisjoint(map(_by_id, healthy))
                 else:
                     healthy, used_peers = _with_peers(healthy, totals)
@@ -238,7 +259,7 @@ class Router:
         if gateways > 1 and self._window > 0:
             turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
-                          peer_loads)
+                          peer_loads, peer_computing)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1

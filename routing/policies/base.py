@@ -26,6 +26,12 @@ class RouterState:
     replica_hashes: dict[str, int]
 
 
+# a peer's route applied at ``now``: ``chain[held:]`` was new to the replica, ``work`` prompt
+# tokens the replica computes for it (published undrained in the peer's load until its first
+# token)
+PeerComputing = tuple[float, tuple[int, ...], int, float]
+
+
 @dataclass(frozen=True, slots=True)
 class PickContext:
     features: RequestFeatures
@@ -45,6 +51,9 @@ class PickContext:
     # beside them (``reads_peer_loads = True``; each pick would otherwise rebuild the views
     # with it), empty otherwise
     peer_loads: Mapping[str, ReplicaLoad] = field(default_factory=dict)
+    # per replica, the peers' recent routes there that brought new blocks
+    # (`Router.peer_computing`): (applied at, chain, blocks held before, new prompt tokens)
+    peer_computing: Mapping[str, Sequence[PeerComputing]] = field(default_factory=dict)
 
     @property
     def tie_key(self) -> int:

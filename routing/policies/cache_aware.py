@@ -3,9 +3,11 @@
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
     queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
-                 it was sent), its own plus other gateways' (shared state; capped by the
-                 fleet's in-flight prompt tokens) + requests the scrape shows waiting beyond
-                 kvgate's own x the mean request size (only when the scrape is fresh)
+                 it was sent), its own plus other gateways' (shared state, published
+                 undrained: only the part the request's own prefix waits for drains,
+                 `_waited_for`; capped by the fleet's in-flight prompt tokens) + requests
+                 the scrape shows waiting beyond kvgate's own x the mean request size (only
+                 when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
@@ -57,13 +59,14 @@ calls (each recomputing its whole context elsewhere). Continued contexts are nev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from math import log as _log
 from math import log1p as _log1p
 from operator import itemgetter
 
 from routing.learning import TtftFit
 from routing.load import bound_limit
-from routing.policies.base import PickContext, RouterState, decide
+from routing.policies.base import PeerComputing, PickContext, RouterState, decide
 from routing.policies.sessions import Sessions
 from routing.types import Candidate, Decision, ReplicaView
 
@@ -122,6 +125,7 @@ class CacheAware:
         mean_fill, least_fill = sum(fill.values()) / len(fill), min(fill.values())
         claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
+        computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
@@ -147,7 +151,12 @@ class CacheAware:
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
-                own += peer
+                # ...only where r alone holds that prefix: elsewhere it is held too, and
+                # waiting for a peer's long prefill is not the price of avoiding a copy
+                if m and (c := computing(vid)) and not any(
+                        mget(o.id, 0) >= m for o in ctx.views if o is not v):
+                    peer -= _waited_for(c, want, m, now, spt, cached)
+                own += peer if peer > 0.0 else 0.0
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)
@@ -319,4 +328,27 @@ def _hashed(row: _Row) -> tuple[int, int]:
 
 
 _matched = itemgetter(4)
+
+
+def _waited_for(
+    computing: Sequence[PeerComputing], want: Sequence[int], m: int, now: float, spt: float,
+    shared: float,
+) -> float:
+    """How much of a peer's pending work on a replica, published undrained until its first
+    token, is already done when it is the prefill this request waits for: the request's
+    match there ends in blocks a peer's recent route brought (the holder is computing the
+    prefix), done at the replica's rate since that route was applied. Only while it is still
+    computing; the rest of the peers' pending work counts in full (draining it all made
+    drained-looking holders attract agent sessions: docs/shared-state.md)."""
+    for t, chain, held, work in reversed(computing):
+        # the match ends inside the peer's chain, past what r held before it: the request
+        # shares a prefix the peer's request is computing (one that covers the whole chain
+        # continues it: that request has its answer, its work is no longer pending)
+        i = m - 1
+        if held <= i < len(chain) - 1 and i < len(want) and chain[i] == want[i]:
+            done = (now - t) / spt
+            if 0.0 < done < work:
+                return done if done < shared else shared
+            return 0.0
+    return 0.0
 

@@ -278,3 +278,25 @@ def test_in_a_burst_replica_fits_count_half_way_to_the_fleets(
             assert c.terms["fixed_s"] == pytest.approx(fixed), k
         assert router.ttft_fit("r0").rate > 2 * router.ttft_fit("r1").rate  # the fits differ
         router.state.ttft.observe("r0", 3000.0, 0.5)
+
+
+@pytest.mark.parametrize(("later_s", "other_work", "holder"), [
+    (0.0, 0.0, False),  # the peer's prefill just began: a copy elsewhere is cheaper
+    (0.5, 0.0, True),  # most of the shared prefix is computed: wait for it on its holder
+    (0.5, 20_000.0, False),  # the peer's other pending work there counts in full
+])
+def test_a_peers_prefill_of_the_shared_prefix_drains(
+    later_s: float, other_work: float, holder: bool
+) -> None:
+    """A peer publishes its pending prefill undrained until the first token. The part a
+    request's own prefix waits for (a peer's route brought those blocks to the replica
+    recently, and no other replica holds them) drains at the replica's rate since the route
+    was applied, so the request goes to the holder instead of copying the prefix."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.01)
+    chain = tuple(range(7, 107))  # 100 blocks, 6,400 new prompt tokens on "a"
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "peer", 0.0)
+    router.apply_peer_load("peer", {"a": ReplicaLoad(2, 2, 6400, 6400.0 + other_work)}, 0.0)
+    # the same system prompt, another user's turn (not a continuation of the peer's chain)
+    decision = router.pick(_features((*chain[:60], 5)), _views(), later_s)
+    assert (decision.replica == "a") is holder
