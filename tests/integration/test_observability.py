@@ -41,10 +41,13 @@ SIM_ARGS = ("--time-scale", "50")
 MODEL = "sim-model"
 PROMPT_MARK = "confidential-prompt-marker-7f3a"  # must never reach a log line
 POLICY: dict[str, Any] = {
-    # premium spills to b as soon as a's replica has a queued request
+    # premium spills to b as soon as a's replica has two queued requests. Not one: b counts
+    # as saturated at the same level, and a scrape of b can catch one of the test's own
+    # requests queued for an engine step (a loaded machine delays the step), which would
+    # make premium stay at home, behind a's endless generations.
     "models": {MODEL: {"default": "a", "premium": "a", "free": "b"}},
     "tiers": {"default": {},
-              "premium": {"spill_to": "b", "spill_when": {"waiting": 1, "kv_usage": 1.0}},
+              "premium": {"spill_to": "b", "spill_when": {"waiting": 2, "kv_usage": 1.0}},
               "free": {"limits": {"rpm": 2}}},
     "routing": {"policy": "round_robin", "scrape_interval_ms": 100},
     # flow control on (its families are exported) with bounds nothing here reaches, so the
@@ -176,17 +179,17 @@ async def _send_traffic(stack: Stack) -> None:
     premium = stack.client(stack.tenant("premium")[1])
     for i in range(2):  # before pool a was scraped: served at home or spilled, either is fine
         assert await _chat(premium, f"warm {i}", stream=True)
-    # Saturate pool a (one sequence at a time, real-time engine): two long generations, the
-    # second queued, so a reports waiting >= 1 and premium requests spill to b.
+    # Saturate pool a (one sequence at a time, real-time engine): three long generations, two
+    # queued, so a reports waiting >= 2 and premium requests spill to b.
     default_key = stack.tenant("default")[1]
     gone = asyncio.Event()
     long = [asyncio.create_task(_leave_mid_stream(stack.gateway, default_key, i, gone))
-            for i in range(2)]
-    await _until(lambda: _series(stack.gateway, "kvgate_replica_waiting", 'pool="a"') >= 1,
+            for i in range(3)]
+    await _until(lambda: _series(stack.gateway, "kvgate_replica_waiting", 'pool="a"') >= 2,
                  "pool a saturated")
     for i in range(8):  # spilled; round robin over b's good and 503-answering replica
         assert await _chat(premium, f"spill {i}", stream=i % 2 == 0)
-    gone.set()  # both clients go away (499); the replica aborts the generations
+    gone.set()  # the clients go away (499); the replica aborts the generations
     await asyncio.gather(*long)
     free = stack.client(stack.tenant("free")[1])
     with pytest.raises(openai.RateLimitError):
@@ -201,7 +204,12 @@ async def _send_traffic(stack: Stack) -> None:
 
 @pytest.fixture(scope="module")
 def traffic(stack: Stack) -> Stack:
-    asyncio.run(_send_traffic(stack))
+    try:
+        asyncio.run(_send_traffic(stack))
+    except Exception as e:  # the gateway's side of it, for the failure's report
+        lines = [json.dumps(line) for line in stack.log_lines() if line.get("msg") == "request"]
+        raise AssertionError(f"traffic failed ({e!r}); the gateway's request lines:\n"
+                             + "\n".join(lines[-30:])) from e
     return stack
 
 
