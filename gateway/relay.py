@@ -86,6 +86,7 @@ _JSON = "application/json"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+_ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
 _NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
 
@@ -352,8 +353,13 @@ class Relay:
             # the stream can only end it with a 502 event (`error_event`), and the replica is
             # judged by what the client got, not by a status that looks like a success
             replica.record_failure(self._clock())
-        elif judge(replica, resp.status, data, self._clock()) == "wrong_model":
+        elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
+        elif verdict == "dead":
+            # the last try's engine died (earlier tries' 500s never get here): the replica's
+            # failure, not this request's; the proxy answers what the next request would get
+            # (the pool's 503 when none is left), not a 500 that only this request sees
+            raise UpstreamError(_ENGINE_DIED, reason="dead")
         content_type = resp.content_type
         if resp.status == 200:
             if usage := body_usage(data):
