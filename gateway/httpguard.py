@@ -33,9 +33,11 @@ returns a subclass that
   `REPROBE_S` until the answer starts, with an interim ``100 Continue`` (RFC 9110 15.2: a
   client must parse an unexpected 1xx): a client gone resets it (its kernel answers the probe
   with a RST), and the request is then a client gone as before (``http.disconnect``),
-  `PROBE_S` later; once the answer runs, its own writes fail the same way. The connection
-  closes after the answer. A request cut short by the EOF, or an HTTP/1.0 one (no 1xx may
-  go to it), is a client gone at once, as before.
+  `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream that
+  stalls then is bounded by the idle timeout). The connection closes after the answer. A
+  request cut short by the EOF, an answer already under way (a client leaving a stream it
+  read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
+  before.
 
 Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
 """
@@ -217,9 +219,12 @@ class GuardedHttpTools(NoDelayHttpTools):
         it meant (a half-close): the connection stays open for the answer, probed for a
         client that left instead (module docstring). True keeps the transport open."""
         cycle = self.cycle
-        if (cycle is None or cycle.more_body or cycle.response_complete or self._refused
+        if (cycle is None or cycle.more_body or cycle.response_started or self._refused
                 or self.pipeline or cycle.scope.get("http_version") != "1.1"):
-            return None  # nothing asked, a request cut short, or HTTP/1.0: the client left
+            # nothing asked, a request cut short, an answer under way (a stream read in part:
+            # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
+            # HTTP/1.0: the client left
+            return None
         cycle.keep_alive = False  # no next request can come: closed once answered
         self._probe(cycle)
         return True
