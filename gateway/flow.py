@@ -378,10 +378,15 @@ class FlowGate:
         """``req`` is over. Refused by its replica before any output (vLLM's 400 for a
         ``max_tokens`` beyond the context), it is charged its prompt only: the output it was
         charged at its send never ran, and a few bad requests must not push a tenant back in
-        the fair-share order, nor count in the served tokens, for a while after."""
+        the fair-share order, nor count in the served tokens, for a while after. One that
+        never reached a replica (the gateway refused it after flow control let it through,
+        or its client left first) ran nothing: it is charged nothing."""
         charged = cost
-        if _refused(req):
+        if req.replica == "none":
+            charged = 0.0
+        elif _refused(req):
             charged = min(cost, float(max(0, prompt)))
+        if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
         state.flow.done(tenant, cost)
         self._child(self.m_tokens, state.name, req.tier, req.tenant).inc(charged)

@@ -24,7 +24,20 @@ returns a subclass that
   ``Server: uvicorn`` (kvgate names no software in its answers);
 - puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
   resets the connection and marks the request disconnected, so an app that gives up on an
-  unfinished response (a client that stopped reading) returns without uvicorn's ERROR line.
+  unfinished response (a client that stopped reading) returns without uvicorn's ERROR line;
+- answers a client that half-closes its side after a whole HTTP/1.1 request
+  (``shutdown(SHUT_WR)``: its end of the request, not of the connection; uvicorn took the EOF
+  for a disconnect, and the app cancelled the request: the client got nothing). Its FIN looks
+  the same as a client that closed its socket and left (an SDK's timeout), whose request must
+  not run on: so the connection is kept open for the answer and probed at once, then every
+  `REPROBE_S` until the answer starts, with an interim ``100 Continue`` (RFC 9110 15.2: a
+  client must parse an unexpected 1xx): a client gone resets it (its kernel answers the probe
+  with a RST), and the request is then a client gone as before (``http.disconnect``),
+  `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream that
+  stalls then is bounded by the idle timeout). The connection closes after the answer. A
+  request cut short by the EOF, an answer already under way (a client leaving a stream it
+  read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
+  before.
 
 Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
 """
@@ -76,6 +89,11 @@ class HttpLimits:
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
           431: "RequestHeaderFieldsTooLargeError"}
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
+# a half-closed client's probe (`GuardedHttpTools.eof_received`): the reset of a client gone
+# is back within a round trip; a later one is seen at the next probe's write
+PROBE_S = 0.2
+REPROBE_S = 1.0
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 _date: tuple[int, list[Header]] = (0, [])
@@ -195,6 +213,37 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        """The client shut its sending side. After a whole HTTP/1.1 request that may be all
+        it meant (a half-close): the connection stays open for the answer, probed for a
+        client that left instead (module docstring). True keeps the transport open."""
+        cycle = self.cycle
+        if (cycle is None or cycle.more_body or cycle.response_started or self._refused
+                or self.pipeline or cycle.scope.get("http_version") != "1.1"):
+            # nothing asked, a request cut short, an answer under way (a stream read in part:
+            # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
+            # HTTP/1.0: the client left
+            return None
+        cycle.keep_alive = False  # no next request can come: closed once answered
+        self._probe(cycle)
+        return True
+
+    def _probe(self, cycle: RequestResponseCycle) -> None:
+        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
+            return
+        if not cycle.response_started:  # (once it runs, the answer's own writes probe)
+            self.transport.write(CONTINUE)
+            self.loop.call_later(PROBE_S, self._probed, cycle)
+
+    def _probed(self, cycle: RequestResponseCycle) -> None:
+        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            self._abort(cycle)  # reset: the client had closed its socket, not half of it
+            return
+        self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
 
     # -- parser callbacks ----------------------------------------------------------------
     def on_url(self, url: bytes) -> None:

@@ -39,6 +39,7 @@ from gateway.errors import (
     EncodedBody,
     KvgateError,
     ReplicaRefused,
+    ReplicaWrongModel,
     RetryBudgetExhausted,
     UpstreamError,
     UpstreamTimeout,
@@ -73,6 +74,9 @@ KINDS: dict[str, str] = {
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
+# failures answered as they are, even when the pool has no replica left: a misconfiguration
+# (retrying cannot help: no "try again shortly") and a timeout (the client's 504)
+_OWN_ANSWER = (ReplicaRefused, ReplicaWrongModel, UpstreamTimeout)
 
 
 class Proxy:
@@ -188,26 +192,37 @@ class Proxy:
                     # stays the client's 504, not a 503 saying the replicas are busy
                     if isinstance(failure, ReplicaRefused | UpstreamTimeout):
                         raise failure
-                    raise RetryBudgetExhausted(
+                    raise self._outage(req, failure) or RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
             if i == 0:
                 self._metrics.pre_upstream.observe(perf_counter() - req.t0)
             last = i + 1 == len(order) or pool.budget.tokens < 1.0
-            failure_or_none = await self._attempt(send, req, replica, body, headers, last)
+            try:
+                failure_or_none = await self._attempt(send, req, replica, body, headers, last)
+            except UpstreamError as exc:  # the last try's failure, nothing sent yet
+                raise self._outage(req, exc) or exc from None
             if failure_or_none is None:
                 if i > 0:
                     self._metrics.failover(pool.name)
                 return
             failure = failure_or_none
             self._metrics.retried(pool.name, failure.reason)
-        if failure is not None and failure.reason == "connect":
-            now = self._clock()
-            if not pool.takes_requests(now):
-                # the tries found the replicas gone and none is left: the answer the next
-                # request gets (503, why, Retry-After), not a 502 that only the first one sees
-                raise pool.none_healthy(req.parsed.model, now)
-        raise failure or UpstreamError("No replica answered.")
+        failure = failure or UpstreamError("No replica answered.")
+        raise self._outage(req, failure) or failure
+
+    def _outage(self, req: ProxiedRequest, failure: UpstreamError | None) -> KvgateError | None:
+        """The pool's 503 (why, Retry-After) when the tries found its replicas gone (refused
+        connections, dead engines, ...) and none is left: the answer the next request gets,
+        not a 502 or the last engine's 500 that only the first one of an outage sees. None:
+        the failure is the answer (a timeout's 504, a misconfiguration's 502, or replicas
+        remain)."""
+        if failure is None or isinstance(failure, _OWN_ANSWER):
+            return None
+        now = self._clock()
+        if req.pool.takes_requests(now):
+            return None
+        return req.pool.none_healthy(req.parsed.model, now)
 
     async def _attempt(
         self, send: Send, req: ProxiedRequest, replica: Replica, body: bytes,

@@ -48,11 +48,13 @@ from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.errors import (
     REFUSED,
+    KvgateError,
     ReplicaWrongModel,
     UpstreamError,
     openai_shaped,
 )
 from gateway.metrics import GatewayMetrics
+from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -71,9 +73,9 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.whole import read_whole
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "error_event", "judge",
-           "read_whole", "relayed_retry_after", "served", "stream_error", "stream_failure",
-           "unstarted_failure"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "engine_died",
+           "error_event", "judge", "read_whole", "relayed_retry_after", "served", "stream_error",
+           "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +88,19 @@ _JSON = "application/json"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+_ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
 _NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
+
+
+def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
+    """The answer to a request whose only try left met vLLM's dead-engine 500 (the replica
+    is down now): the pool's 503 with Retry-After when no replica is left -- what the next
+    request gets --, else a 502 saying so; never the engine's 500, which only the first
+    request of an outage would see (both edges)."""
+    if not pool.takes_requests(now):
+        return pool.none_healthy(model, now)
+    return UpstreamError(_ENGINE_DIED, reason="dead")
 
 
 def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
@@ -352,8 +365,13 @@ class Relay:
             # the stream can only end it with a 502 event (`error_event`), and the replica is
             # judged by what the client got, not by a status that looks like a success
             replica.record_failure(self._clock())
-        elif judge(replica, resp.status, data, self._clock()) == "wrong_model":
+        elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
+        elif verdict == "dead":
+            # the last try's engine died (earlier tries' 500s never get here): the replica's
+            # failure, not this request's; the proxy answers what the next request would get
+            # (the pool's 503 when none is left), not a 500 that only this request sees
+            raise UpstreamError(_ENGINE_DIED, reason="dead")
         content_type = resp.content_type
         if resp.status == 200:
             if usage := body_usage(data):

@@ -51,6 +51,7 @@ from gateway.scrape import Sample, Scraper
 from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.fleet_seen import FleetSeen
 from gateway.tenancy.last_state import LastState
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, default_transport
@@ -95,6 +96,8 @@ async def start_runtime(
         peers = router.peers
         if peers is not None:  # a Redis outage divides limits by the fleet it last saw
             tenancy.limiter.processes = lambda: 1 + peers.members(clock())
+            if (slot := worker_metrics.current()) is not None:  # and a worker started in one
+                tenancy.limiter.kept = FleetSeen(slot.directory, slot.slot)
     members = Membership(pools, by_id, router, scraper, sync)
     stack.push_async_callback(members.stop)
     # subscribed before the next await, so no policy version can slip in between

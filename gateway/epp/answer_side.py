@@ -25,6 +25,7 @@ from gateway.errors import (
 from gateway.relay import (
     CUT_SHORT,
     NOT_STARTED,
+    engine_died,
     judge,
     relayed_retry_after,
     served,
@@ -325,6 +326,8 @@ class AnswerSide(ExchangeState):
             return [self._refuse(ReplicaRefused(status))]
         if verdict == "wrong_model":
             return [self._refuse(ReplicaWrongModel())]
+        if verdict == "dead" and req is not None:  # the HTTP edge's answer (`relay.engine_died`)
+            return [self._refuse(engine_died(req.pool, req.parsed.model, self._core.clock()))]
         if headers_only:
             return [wire.headers_response(headers)]
         if status < 400:

@@ -4,7 +4,9 @@ While the primary (Redis) limiter is unreachable, each gateway enforces its tena
 divided by the number of gateway processes, so the fleet as a whole stays near the budget: the
 configured count (`gateway_replicas` x `server.workers`) or, with shared routing state on, the
 most processes it heard from in the last minute before the outage (`processes`), whichever is
-larger (an autoscaler changes the count; a fixed setting cannot follow it). The
+larger (an autoscaler changes the count; a fixed setting cannot follow it); a worker started
+again during the outage, which heard from nobody, takes the fleet its siblings saw
+(`fleet_seen.py`). The
 primary is retried at most every `recheck_s`, and used again as soon as it answers. `degraded`
 says what the next admission would use: once `recheck_s` has passed it goes to the primary
 again, so an idle gateway does not report a recovered Redis as down (the tenancy store's own
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
+from gateway.tenancy.fleet_seen import FleetSeen
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 from gateway.tenancy.reachability import Reachability
 
@@ -58,6 +61,10 @@ class FallbackRateLimiter(RateLimiter):
         # routing state sees them; sampled once a second while Redis answers
         self.processes: Callable[[], int] | None = None
         self._seen: deque[int] = deque(maxlen=FLEET_MEMORY_S)
+        # a worker of several: where the workers keep the fleet they saw, for one started
+        # again while Redis is down (`fleet_seen.py`)
+        self.kept: FleetSeen | None = None
+        self._recalled: int | None = None  # read once, when first needed
         self._sampled_at = float("-inf")
         self._recheck_s = recheck_s
         self._clock = clock
@@ -106,7 +113,11 @@ class FallbackRateLimiter(RateLimiter):
     @property
     def divisor(self) -> int:
         """How many processes share a limit while Redis is down."""
-        return max(self._replicas, max(self._seen, default=1))
+        if self._seen:
+            return max(self._replicas, max(self._seen))
+        if self.kept is not None and self._recalled is None:  # (heard nobody itself)
+            self._recalled = self.kept.recall() or 1
+        return max(self._replicas, self._recalled or 1)
 
     def _sample(self) -> None:
         if self.processes is None:
@@ -115,6 +126,8 @@ class FallbackRateLimiter(RateLimiter):
         if now - self._sampled_at >= 1.0:
             self._sampled_at = now
             self._seen.append(self.processes())
+            if self.kept is not None:
+                self.kept.keep(max(self._seen))
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         try:

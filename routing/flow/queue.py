@@ -9,7 +9,8 @@ higher band competes with it. A contended band earns ``s x cost`` credit for eve
 request, and the highest-priority owed band goes first. Over any stretch in which a band stays
 backlogged below a busier one it gets at least ``s`` of the tokens, minus one request's worth.
 Credit is reset when the band empties or is the top band with requests (nothing to make up
-for), so an idle band banks nothing.
+for), so an idle band banks nothing. A dispatched request refused before any output (`refund`)
+takes back the credit its unrun tokens paid and earned.
 
 **Inside a band:** start-time fair queueing over tenants, in tokens. A request of ``cost``
 tokens from a tenant of weight ``w`` gets a start tag ``S = max(V, F)`` (``F``: the tenant's
@@ -296,7 +297,8 @@ class FlowQueue(Generic[T]):
         return bands
 
     def _charge(self, served: _Band[T], cost: float) -> None:
-        """Credits after dispatching ``cost`` tokens from ``served`` (module docstring)."""
+        """Credits after dispatching ``cost`` tokens from ``served`` (module docstring); a
+        negative ``cost`` takes back tokens that never ran (`refund`)."""
         top = True
         for lv in self._levels:
             b = self._bands[lv]
@@ -304,7 +306,8 @@ class FlowQueue(Generic[T]):
                 continue
             if top:
                 top = False
-                b.credit = 0.0  # uncontended: nothing to make up for
+                if cost >= 0:
+                    b.credit = 0.0  # uncontended: nothing to make up for
                 continue
             b.credit += self.share(lv) * cost
             if b is served:
@@ -388,13 +391,17 @@ class FlowQueue(Generic[T]):
     def refund(self, entry: Entry[T] | None, tokens: float, now: float) -> None:
         """A request sent to the pool was charged ``tokens`` it did not cost (the replica
         refused it before any output): the dispatch rate gives them back and, when it waited
-        here (``entry``), its tenant's finish tag too, so its later requests are not pushed
-        back behind everyone else's. Only what the band's virtual time has not passed yet:
-        past that the charge no longer holds the tenant back (and its flow may be a new one)."""
+        here (``entry``), the bands' minimum-share credits (its band paid them, the lower
+        bands earned a share of them) and its tenant's finish tag too, so its later requests
+        are not pushed back behind everyone else's. The finish tag: only what the band's
+        virtual time has not passed yet (past that the charge no longer holds the tenant back,
+        and its flow may be a new one)."""
         tokens = max(0.0, tokens)
         self.note_dispatch(-tokens, now)
         self._rate = max(0.0, self._rate)
         b = self._bands.get(entry.band) if entry is not None and entry.dispatched else None
+        if b is not None:  # the minimum shares: its band paid for them, the others earned
+            self._charge(b, -tokens)  # a share of them (bands still waiting only)
         flow = b.flows.get(entry.tenant) if b is not None and entry is not None else None
         if b is None or flow is None or entry is None:
             return

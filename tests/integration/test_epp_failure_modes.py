@@ -100,3 +100,31 @@ def test_a_killed_picker_is_envoys_failure_mode(stack: Stack) -> None:
     unpicked = httpx.get(f"{stack.fail_open}/v1/models", timeout=10)
     assert unpicked.status_code == 200  # FailOpen: the replica's own answer
     assert unpicked.json()["data"][0]["owned_by"] == "vllm"
+
+
+def test_the_first_answer_of_an_engine_outage_is_the_pickers_503_too() -> None:
+    """The HTTP edge's rule at the picker: a replica whose engine died answers 500 until its
+    server exits; the request that met it (the picker's health has not seen it yet) gets the
+    503 with Retry-After the next one gets from the picker, not the engine's 500."""
+    procs: list[Proc] = []
+    try:
+        sim, url = sim_proc(None, "--time-scale", "20", model=MODEL)
+        procs.append(sim.start())
+        config = {"pools": {"default": {"served_model": MODEL, "replicas": [url]}},
+                  "health": {"interval_s": 60, "timeout_s": 0.5, "failure_threshold": 2,
+                             "eject_base_s": 5, "eject_max_s": 5}}  # only requests notice
+        epp = epp_proc(config=config)
+        procs.append(epp.start())
+        envoy, base = envoy_proc(epp.picker)
+        procs.append(envoy.start())
+        assert _post(base).status_code == 200
+        httpx.post(f"{url}/sim/faults", json={"dead": True}, timeout=5)
+        answers = [_post(base) for _ in range(2)]
+        for resp in answers:
+            assert resp.status_code == 503, resp.text
+            assert 1 <= int(resp.headers["retry-after"]) <= 5
+            assert resp.json()["error"]["type"] == "ServiceUnavailableError"
+        assert answers[0].json() == answers[1].json()
+    finally:
+        for proc in reversed(procs):
+            proc.stop()

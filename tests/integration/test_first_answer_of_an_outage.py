@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import httpx
 import openai
 import pytest
 
@@ -65,4 +66,62 @@ def test_a_refused_try_with_another_replica_left_is_answered_by_it(
         for _ in range(3):
             client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert inflight(base) == 0
+
+
+def _set_dead(sim: str) -> None:
+    httpx.post(f"{sim}/sim/faults", json={"dead": True}).raise_for_status()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_first_request_of_an_engine_outage_is_answered_as_the_next_ones(
+    sim_factory: SimFactory, stream: bool,
+) -> None:
+    """Every replica's engine died (vLLM 0.34: each answers 500 "The server had an error
+    while processing your request." until its server exits): the request whose last try
+    met a dead engine gets the pool's 503 with Retry-After, as the ones after it, not the
+    last engine's 500 that only it sees."""
+    (_, a), (_, b) = sim_factory(), sim_factory()
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [a, b]}},
+              "models": {"m": {"default": "p"}}, "health": SLOW_HEALTH}
+    gw, base = gateway_proc(config=config, args=["--policy", "round_robin"])
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        _set_dead(a)
+        _set_dead(b)
+        answers = [_error(client, stream) for _ in range(3)]
+        assert answers[0] == answers[1] == answers[2], answers
+        status, retry_after, error = answers[0]
+        assert status == 503 and retry_after is not None and int(retry_after) >= 1
+        assert error["type"] == "ServiceUnavailableError" and error["code"] == 503
+        assert "No healthy replica for the model `m` (2 replicas: 2 its engine died (500))" in str(
+            error["message"]), error
+        assert inflight(base) == 0
+
+
+def test_a_dead_engine_met_by_the_last_try_with_replicas_left_is_a_502(
+    sim_factory: SimFactory,
+) -> None:
+    """One try per request (`upstream.max_attempts: 1`): the request that meets the dead
+    engine gets a 502 saying so (retried by the SDKs), not the engine's 500 as if the
+    request had failed; the replica is down from then on and the next ones are served."""
+    (_, dead), (_, live) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [dead, live]}},
+              "models": {"m": {"default": "p"}}, "health": SLOW_HEALTH,
+              "upstream": {"max_attempts": 1}}
+    gw, base = gateway_proc(config=config, args=["--policy", "round_robin"])
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+        _set_dead(dead)
+        failed = []
+        for _ in range(4):
+            try:
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+            except openai.APIStatusError as exc:
+                failed.append((exc.status_code, exc.response.json()["error"]))
+        assert len(failed) == 1, failed
+        status, error = failed[0]
+        assert status == 502 and error["type"] == "BadGatewayError", failed
+        assert "engine died" in str(error["message"])
         assert inflight(base) == 0

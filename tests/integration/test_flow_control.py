@@ -651,3 +651,28 @@ def test_a_request_its_replica_refuses_is_charged_its_prompt_only(s: Stack) -> N
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=5)
     assert good.choices[0].finish_reason is not None
     assert served_tokens(s) - before > charged  # an answered request keeps its charge
+
+
+def test_a_request_the_gateway_refuses_after_flow_control_is_charged_nothing(
+    s: Stack,
+) -> None:
+    """A request let through flow control that the gateway itself then refuses before any
+    replica saw it (here the client's own ``cache_salt`` under ``tenancy.client_salt:
+    reject``: a 400 written when the upstream body is) ran nothing at all: its tenant is
+    charged nothing, neither in the served tokens nor in its band's share."""
+    config = {**s.config, "tenancy": {"client_salt": "reject"}}
+    gw, base = gateway_proc(config=config, env={**s.env, "KVGATE_REDIS_URL": ""}, auth=True)
+    with gw:
+        mine = Stack(base, s.sim, s.redis, s.env, config)
+        key = mine.tenant("free")
+        before = served_tokens(mine)
+        with httpx.Client(timeout=30) as client:
+            for _ in range(3):
+                resp = client.post(f"{base}/v1/chat/completions",
+                                   headers={"Authorization": f"Bearer {key}"},
+                                   json={**body(1000, stream=False), "cache_salt": "mine"})
+                assert resp.status_code == 400, resp.text
+                assert resp.json()["error"]["param"] == "cache_salt"
+        after = served_tokens(mine)
+        assert after == before, after - before
+        assert inflight(base) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -122,3 +123,49 @@ def test_a_killed_supervisor_leaves_no_tenancy_state_behind(
         os.kill(gw.popen.pid, signal.SIGKILL)
         wait_for(lambda: all(map(_gone, workers)), timeout=40, what="the workers exited")
         assert not shared.exists(), sorted(p.name for p in shared.iterdir())
+
+
+def _limit(resp: httpx.Response) -> int:
+    assert resp.status_code == 200, resp.text
+    return int(resp.headers["x-ratelimit-limit-requests"])
+
+
+def test_a_worker_restarted_while_redis_is_down_divides_limits_as_its_siblings(
+    sim_factory: SimFactory,
+) -> None:
+    """Three gateway processes share acme's budget (a gateway of 2 workers, another of 1):
+    while Redis is down each enforces a third of it, the fleet its routing state last saw.
+    A worker started again meanwhile saw no fleet: it divided by its own gateway's 2 workers
+    and admitted half the budget alone. It takes its siblings' count."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    redis, url = redis_proc()
+    config = {**_config(sim), "tiers": {"free": {"limits": {"rpm": 3000}}}}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": url}
+    gw, base = gateway_proc(config=config, env=env, auth=True, args=["--workers", "2"])
+    other, _ = gateway_proc(config=config, env=env, auth=True)
+    with redis, gw, other:
+        with admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+        auth = {"Authorization": f"Bearer {key}"}
+
+        def chat(c: httpx.Client) -> httpx.Response:
+            return c.post(f"{base}/v1/chat/completions", json=BODY, headers=auth)
+
+        def fleet_seen() -> bool:  # each worker heard the 2 others and admitted since
+            ready = _by_worker(base, 2, lambda c: c.get(f"{base}/readyz"))
+            if any(r.json()["sync"]["peers"] != 2 for r in ready.values()):
+                return False
+            return all(_limit(r) == 3000 for r in _by_worker(base, 2, chat).values())
+
+        wait_for(fleet_seen, timeout=30, what="both workers to see the fleet of 3")
+        time.sleep(1.1)  # the fleet is sampled at most once a second, at an admission
+        _by_worker(base, 2, chat)
+        redis.stop()
+        assert {_limit(r) for r in _by_worker(base, 2, chat).values()} == {1000}
+        before = _children(gw)
+        os.kill(before[0], signal.SIGKILL)
+        wait_for(lambda: len(set(_children(gw)) - {before[0]}) == 2, timeout=20,
+                 what="the killed worker started again")
+        limits = {_limit(r) for r in _by_worker(base, 2, chat).values()}
+        assert limits == {1000}, limits  # 3000 / 3 on both, not 3000 / 2 on the new one

@@ -214,6 +214,43 @@ def test_lower_band_gets_its_minimum_share() -> None:
     assert 19 <= sum(1 for e in first if e is not None and e.band == 1) <= 20
 
 
+def test_a_refused_request_gives_its_band_back_the_minimum_share_it_did_not_use() -> None:
+    """A lower band pays a dispatched request's predicted cost out of its minimum-share
+    credit. The replica refused it before any output (charged its prompt alone): the band
+    gets the rest back, so it goes on being served as if the request had cost its prompt,
+    not as if the refused output had run."""
+    q: FlowQueue[str] = FlowQueue(10_000, min_share={1: 0.2})
+    for i in range(200):
+        q.offer(f"p{i}", tenant="p", band=0, cost=100, now=0, max_wait_s=60)
+    q.offer("bad", tenant="f", band=1, cost=10 + 1000, now=0, max_wait_s=60)
+    for i in range(20):
+        q.offer(f"f{i}", tenant="f", band=1, cost=100, now=0, max_wait_s=60)
+    first = [q.pop(0.0) for _ in range(52)]  # 51 premium dispatches earn the 1010 it costs
+    bad = first[-1]
+    assert bad is not None and bad.handle == "bad"
+    q.refund(bad, 1000, 0.0)  # refused: charged its 10 prompt tokens only
+    after = [e.handle for e in (q.pop(0.0) for _ in range(50)) if e is not None]
+    # its credit is 20 % of what ran (5100 premium tokens, its 10) less the 10: 1012, and
+    # each of its requests of 100 costs it 80 net: 12 go before the premium band again
+    # (charged the refused 1010, 212 were left: 2)
+    assert after[:13] == [*(f"f{i}" for i in range(12)), "p51"], after[:13]
+
+
+def test_a_refused_request_of_the_top_band_earns_the_lower_band_no_credit() -> None:
+    """The other way round: a lower band earns a share of each dispatched request's cost,
+    and a refused one's output never ran, so that share is taken back too."""
+    q: FlowQueue[str] = FlowQueue(10_000, min_share={1: 0.5})
+    q.offer("bad", tenant="p", band=0, cost=10 + 1000, now=0, max_wait_s=60)
+    for i in range(5):
+        q.offer(f"p{i}", tenant="p", band=0, cost=10, now=0, max_wait_s=60)
+    q.offer("f0", tenant="f", band=1, cost=500, now=0, max_wait_s=60)
+    bad = q.pop(0.0)  # f0 earns 505 (half of 1010): owed at once
+    assert bad is not None and bad.handle == "bad"
+    q.refund(bad, 1000, 0.0)  # half of the 10 that ran: 5, not owed any more
+    assert [e.handle for e in (q.pop(0.0) for _ in range(6)) if e is not None] == [
+        "p0", "p1", "p2", "p3", "p4", "f0"]
+
+
 # -- bounds -----------------------------------------------------------------------------------
 def test_a_full_queue_sheds_the_lowest_band_newest_first() -> None:
     q: FlowQueue[str] = FlowQueue(3)

@@ -1,0 +1,106 @@
+"""A client that half-closes its connection after a whole request (``shutdown(SHUT_WR)``) is
+answered: uvicorn took its FIN for a disconnect and the gateway cancelled the request, so the
+client read an empty connection. A client that closed its socket and left sends the same FIN:
+its request must still stop at once upstream (the replica aborts it), whole or streamed.
+Real gateway, real simulator, raw sockets (no HTTP client library half-closes)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+
+import httpx
+import orjson
+import pytest
+
+from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import Proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+MODEL = "sim-model"
+
+
+def _request(port: int, body: dict[str, object], http: bytes = b"HTTP/1.1") -> socket.socket:
+    data = orjson.dumps(body)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/chat/completions " + http + b"\r\nHost: kvgate\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: "
+                 + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    sock.settimeout(20)
+    out = b""
+    while chunk := sock.recv(65536):  # to the server's close: it closes once it answered
+        out += chunk
+    return out
+
+
+def _body(stream: bool, max_tokens: int = 5) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": max_tokens, "ignore_eos": True, "stream": stream}
+
+
+def _port(base: str) -> int:
+    return int(base.rsplit(":", 1)[1])
+
+
+def _aborted(sim: str) -> int:
+    return int(httpx.get(f"{sim}/sim/stats").json()["aborted"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_half_closes_after_its_request_gets_the_answer(
+    sim_factory: SimFactory, stream: bool,
+) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        sock = _request(_port(base), _body(stream))
+        sock.shutdown(socket.SHUT_WR)
+        answer = _read_all(sock)
+        sock.close()
+        # interim 100s may come first (the probe for a client gone); then the answer
+        final = answer
+        while final.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"):
+            final = final[len(b"HTTP/1.1 100 Continue\r\n\r\n"):]
+        head, _, rest = final.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), answer[:300]
+        assert b"connection: close" in head.lower()
+        assert (b"data: [DONE]" in rest) if stream else (b'"finish_reason"' in rest), rest
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_an_http_1_0_client_that_half_closes_is_a_client_gone(sim_factory: SimFactory) -> None:
+    """No 1xx may go to an HTTP/1.0 client, so there is no probe: its FIN is taken as it
+    was, a client gone (a 499 in the metrics), and it reads nothing."""
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        sock = _request(_port(base), _body(False, 3000), http=b"HTTP/1.0")
+        sock.shutdown(socket.SHUT_WR)
+        assert _read_all(sock) == b""
+        sock.close()
+        wait_for(lambda: any('status="499"' in k for k in
+                             metric_values(base, "kvgate_requests_total")), what="a 499")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_closes_after_its_request_still_stops_it_upstream(
+    sim_factory: SimFactory, stream: bool,
+) -> None:
+    """The same FIN from a client that closed its socket: the probe's reset says it left,
+    and the replica aborts the request within a probe, not after its 3000 tokens."""
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = _aborted(sim)
+        sock = _request(_port(base), _body(stream, 3000))
+        time.sleep(0.05)  # the request reached the replica
+        sock.close()
+        started = time.monotonic()
+        wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
+        assert time.monotonic() - started < 2.0
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
