@@ -24,6 +24,8 @@ Empty = Annotated[NoFields | None, Body()]
 
 
 def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
+    """Tenants created, listed and read; then the routes that change one."""
+
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
         await ctx.check_tier(body.tier)
@@ -55,6 +57,12 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     @router.get("/tenants/{tenant_id}")
     async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
         return await ctx.view(await ctx.tenant(tenant_id))
+
+    _tenant_update_routes(router, ctx, Who)
+
+
+def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
+    """A tenant changed, deleted or its salt rotated."""
 
     @router.patch("/tenants/{tenant_id}")
     async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
