@@ -79,29 +79,34 @@ def _redis(g: GatewayStats) -> Finding | None:
              cite("kvgate_policy_version", "policy version (nothing loaded)", 0.0)])
     if not (g.redis_up == 0.0 or g.redis_down_s > 0):
         return None
-    now_down = g.redis_up == 0.0
-    return Finding(
-        "gateway", "warning" if now_down else "info", None, None,
-        ("Redis degraded: the tenancy store does not answer; kvgate serves its last known "
-         "tenants and policy, rate limits are per process" if now_down else
-         f"Redis was degraded for {g.redis_down_s:.0f} s in the window (answers again)"),
-        "restore Redis (KVGATE_REDIS_URL); /readyz shows the state" if now_down else "none",
-        [cite("kvgate_redis_up", "Redis up (last sample)", g.redis_up),
-         cite("kvgate_redis_up", "seconds down in the window", g.redis_down_s)])
+    return _outage(
+        g.redis_up == 0.0,
+        "Redis degraded: the tenancy store does not answer; kvgate serves its last known "
+        "tenants and policy, rate limits are per process",
+        f"Redis was degraded for {g.redis_down_s:.0f} s in the window (answers again)",
+        "restore Redis (KVGATE_REDIS_URL); /readyz shows the state", "kvgate_redis_up",
+        ("Redis up (last sample)", g.redis_up), ("seconds down in the window", g.redis_down_s))
 
 
 def _sync(g: GatewayStats) -> Finding | None:
     if not (g.sync_degraded == 1.0 or g.sync_degraded_s > 0):
         return None
-    now_down = g.sync_degraded == 1.0
+    return _outage(
+        g.sync_degraded == 1.0,
+        "shared routing state degraded: this gateway routes on its own state (other "
+        "gateways' routes and load unseen)",
+        f"shared routing state was degraded for {g.sync_degraded_s:.0f} s in the window",
+        "restore Redis; sharing resumes on its own", "kvgate_sync_up",
+        ("degraded (last sample)", g.sync_degraded),
+        ("seconds degraded in the window", g.sync_degraded_s))
+
+
+def _outage(now_down: bool, now: str, was: str, action: str, metric: str,
+            last: tuple[str, float], seconds: tuple[str, float]) -> Finding:
+    """A dependency down now (a warning, with what to do) or earlier in the window (info)."""
     return Finding(
-        "gateway", "warning" if now_down else "info", None, None,
-        ("shared routing state degraded: this gateway routes on its own state (other "
-         "gateways' routes and load unseen)" if now_down else
-         f"shared routing state was degraded for {g.sync_degraded_s:.0f} s in the window"),
-        "restore Redis; sharing resumes on its own" if now_down else "none",
-        [cite("kvgate_sync_up", "degraded (last sample)", g.sync_degraded),
-         cite("kvgate_sync_up", "seconds degraded in the window", g.sync_degraded_s)])
+        "gateway", "warning" if now_down else "info", None, None, now if now_down else was,
+        action if now_down else "none", [cite(metric, *last), cite(metric, *seconds)])
 
 
 def _healthy_gateway(g: GatewayStats, th: Thresholds) -> Finding:

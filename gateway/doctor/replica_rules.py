@@ -261,15 +261,13 @@ def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | 
     severity = "critical" if r.fresh == 0 else "warning"
     fallback = "routing falls back to its own accounting and the engine classes cannot be judged"
     if r.no_stats:
-        return Finding(
-            "gateway", severity, r.pool, r.id,
-            f"this replica's /metrics answers without vllm:* series ({r.stale_share:.0%} of "
-            f"samples without engine numbers): {fallback}",
-            "start its vLLM without --disable-log-stats (the engine then exports its vllm:* "
-            "metrics)", ev)
-    return Finding(
-        "gateway", severity, r.pool, r.id,
-        f"kvgate cannot read this replica's /metrics ({r.scrape_errors:.0f} failed scrapes, "
-        f"{r.stale_share:.0%} of samples stale): {fallback}",
-        "check the replica's /metrics: that it answers within routing's scrape timeout "
-        "(network, a proxy in between, auth) and with vLLM's metric names", ev)
+        summary = (f"this replica's /metrics answers without vllm:* series ({r.stale_share:.0%} "
+                   f"of samples without engine numbers): {fallback}")
+        action = ("start its vLLM without --disable-log-stats (the engine then exports its "
+                  "vllm:* metrics)")
+    else:
+        summary = (f"kvgate cannot read this replica's /metrics ({r.scrape_errors:.0f} failed "
+                   f"scrapes, {r.stale_share:.0%} of samples stale): {fallback}")
+        action = ("check the replica's /metrics: that it answers within routing's scrape "
+                  "timeout (network, a proxy in between, auth) and with vLLM's metric names")
+    return Finding("gateway", severity, r.pool, r.id, summary, action, ev)
