@@ -124,7 +124,7 @@ def _detect(name: str, runs: int, scale: float, duration: float) -> dict[str, An
 # -- history cost ------------------------------------------------------------------------------
 def _history_cost(rate: float = 2000.0, replicas: int = 16, pools: int = 4,
                   tenants: int = 21) -> dict[str, Any]:
-    from gateway.doctor.classify import Context
+    from gateway.doctor.findings import Context
     from gateway.doctor.history import History, Sources, read_tick
     from gateway.doctor.service import Doctor, DoctorSettings
     from gateway.doctor.sharing import PrefixSharing

@@ -2,7 +2,8 @@
 
 from gateway.admin.app import create_admin_app
 from gateway.admin.auth import AdminToken, admin_tokens_from_env, check_admin
-from gateway.admin.routes import AdminDeps, make_admin_router
+from gateway.admin.deps import AdminDeps
+from gateway.admin.routes import make_admin_router
 
 __all__ = [
     "AdminDeps",

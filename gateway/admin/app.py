@@ -14,8 +14,9 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from gateway.admin.deps import AdminDeps
 from gateway.admin.errors import error_response
-from gateway.admin.routes import AdminDeps, make_admin_router
+from gateway.admin.routes import make_admin_router
 from gateway.asgi import ASGIApp, Receive, Scope, Send
 from gateway.errors import KvgateError, MethodNotAllowed, NotFound, for_status
 

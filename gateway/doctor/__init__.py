@@ -7,7 +7,11 @@
 | `flowq.py` | flow control's queue per pool, read each tick (when flow control is on) |
 | `sharing.py` | prefix sharing the traffic allows, sampled at routing time (25-50 requests/s) |
 | `window.py` | a window of ticks reduced to numbers per replica, pool, process and tenant |
-| `classify.py` | pure rules: findings (class, severity, evidence, one action) |
+| `classify.py` | the pure triage: every finding of a window, worst first |
+| `findings.py` | what the rules produce (class, severity, evidence, one action) and share |
+| `replica_rules.py` | per replica: down, errors, scrapes, KV-/decode-/prefill-/queue-bound |
+| `pool_rules.py` | per pool: errors, flow control's queue, routing (imbalance, hit rate) |
+| `process_rules.py` | the gateway process: overhead, CPU, Redis, shared routing state |
 | `cache.py` | cache return per tenant and per pool, with a verdict |
 | `service.py` | `Doctor`: sampler + `report(window_s)` (`GET /admin/doctor`) |
 | `render.py` | text tables (stdlib only), duration parsing |
@@ -50,7 +54,7 @@ def build_doctor(
     no_load_data: Callable[[str], bool] = lambda rid: False,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
-    from gateway.doctor.classify import Context
+    from gateway.doctor.findings import Context
     from gateway.doctor.history import Sources
     from gateway.doctor.service import Doctor, DoctorSettings
     from gateway.doctor.sharing import PrefixSharing

@@ -19,7 +19,8 @@ from typing import Any
 
 from gateway import __version__
 from gateway.doctor.cache import cache_return
-from gateway.doctor.classify import Context, classify
+from gateway.doctor.classify import classify
+from gateway.doctor.findings import Context
 from gateway.doctor.history import History, Sampler, Sources, Tick
 from gateway.doctor.render import iso
 from gateway.doctor.thresholds import Thresholds

@@ -30,8 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from routing.flow.bands import Entry
 from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig
-from routing.flow.queue import Entry, FlowQueue, Offer
+from routing.flow.queue import FlowQueue, Offer
 from routing.flow.saturation import pool_saturated, with_room, with_spare
 from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad

@@ -32,88 +32,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from routing.flow.bands import DISPATCHED, QUEUED, REMOVED, Band, Entry, TenantFlow
 from routing.flow.config import DEFAULT_MIN_SHARE
 
-__all__ = ["IDLE_FLOWS", "RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "Entry", "FlowQueue", "Offer"]
+__all__ = ["RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "FlowQueue", "Offer"]
 
 T = TypeVar("T")
-IDLE_FLOWS = 256  # per band: idle tenants remembered ahead of V (beyond: the oldest forgotten)
-_QUEUED, _DISPATCHED, _REMOVED = 0, 1, 2
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60  # a shed request's Retry-After, in seconds
-
-
-class Entry(Generic[T]):
-    """One queued request. ``handle`` is the caller's (a future, a replay request, ...)."""
-
-    __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "held",
-                 "seq", "start", "state", "tenant", "tier", "weight")
-
-    def __init__(
-        self, handle: T, tenant: str, tier: str, band: int, cost: float, weight: float,
-        enqueued_at: float, deadline: float, seq: int,
-    ) -> None:
-        self.handle = handle
-        self.tenant, self.tier, self.band = tenant, tier, band
-        self.cost = cost  # tokens: prompt + expected output
-        self.weight = weight  # the tenant's
-        self.delta = cost / weight  # its advance in virtual time
-        self.enqueued_at, self.deadline, self.seq = enqueued_at, deadline, seq
-        self.start = self.finish = 0.0
-        self.state = _QUEUED
-        self.held = False  # passed over at a release for lack of spare room (`PoolFlow`)
-
-    @property
-    def queued(self) -> bool:
-        return self.state == _QUEUED
-
-    @property
-    def dispatched(self) -> bool:
-        """Handed out by `FlowQueue.pop` (not removed, shed or still queued)."""
-        return self.state == _DISPATCHED
-
-    def __repr__(self) -> str:
-        return f"Entry({self.tenant!r}, band={self.band}, cost={self.cost:g}, seq={self.seq})"
-
-
-class _Flow(Generic[T]):
-    """One tenant's requests in one band."""
-
-    __slots__ = ("backlog", "finish", "items", "tenant", "weight")
-
-    def __init__(self, tenant: str) -> None:
-        self.tenant = tenant
-        self.weight = 1.0  # of its latest request
-        self.items: deque[Entry[T]] = deque()
-        self.finish = 0.0  # finish tag of its last request (queued or dispatched)
-        self.backlog = 0.0  # sum of its queued requests' deltas
-
-
-class _Band(Generic[T]):
-    __slots__ = ("cost", "count", "credit", "flows", "heads", "level", "vtime")
-
-    def __init__(self, level: int) -> None:
-        self.level = level
-        self.vtime = 0.0
-        self.flows: dict[str, _Flow[T]] = {}
-        # (head start tag, head seq, flow): lazily invalidated (valid while it is the head)
-        self.heads: list[tuple[float, int, _Flow[T]]] = []
-        self.count = 0
-        self.cost = 0.0
-        self.credit = 0.0
-
-    def head(self) -> Entry[T] | None:
-        heads = self.heads
-        while heads:
-            start, seq, flow = heads[0]
-            if flow.items and flow.items[0].seq == seq and flow.items[0].start == start:
-                return flow.items[0]
-            heapq.heappop(heads)
-        return None
 
 
 @dataclass(slots=True)
@@ -133,7 +62,7 @@ class FlowQueue(Generic[T]):
         if max_queue < 0:
             raise ValueError("max_queue must be >= 0")
         self.max_queue = max_queue
-        self._bands: dict[int, _Band[T]] = {}
+        self._bands: dict[int, Band[T]] = {}
         self._levels: list[int] = []  # sorted band levels that exist
         self._shares: dict[int, float] = {}
         self._default_share = 0.0
@@ -211,7 +140,7 @@ class FlowQueue(Generic[T]):
         b = self._band(band)
         flow = b.flows.get(tenant)
         if flow is None:
-            flow = b.flows[tenant] = _Flow(tenant)
+            flow = b.flows[tenant] = TenantFlow(tenant)
         flow.weight = weight
         entry.start = flow.finish if flow.items else max(b.vtime, flow.finish)
         entry.finish = flow.finish = entry.start + entry.delta
@@ -231,13 +160,13 @@ class FlowQueue(Generic[T]):
             if not b.count:
                 continue
             if lv > band:  # a lower band: its newest request from its biggest backlog
-                flow = max((f for f in b.flows.values() if f.items), key=_backlog)
+                flow = b.biggest_backlog()
                 return flow.items[-1]
             if lv < band:
                 return None
             own = b.flows.get(tenant)
             mine = (own.backlog if own is not None else 0.0) + delta
-            flow = max((f for f in b.flows.values() if f.items), key=_backlog)
+            flow = b.biggest_backlog()
             if flow.tenant != tenant and flow.backlog > mine:
                 return flow.items[-1]
             return None
@@ -265,11 +194,11 @@ class FlowQueue(Generic[T]):
         flow = b.flows[entry.tenant]
         flow.items.popleft()
         flow.backlog -= entry.delta
-        if flow.items:  # the popped head's heap item is stale now (`_Band.head` drops it)
+        if flow.items:  # the popped head's heap item is stale now (`Band.head` drops it)
             nxt = flow.items[0]
             heapq.heappush(b.heads, (nxt.start, nxt.seq, flow))
-        self._unqueue(b, entry, _DISPATCHED)
-        self._prune(b)
+        self._unqueue(b, entry, DISPATCHED)
+        b.prune()
         self.note_dispatch(entry.cost, now)
         return entry
 
@@ -279,14 +208,14 @@ class FlowQueue(Generic[T]):
         for b in self._turns():
             if not skip:
                 return b.head()
-            entry = _head_but(b, skip)
+            entry = b.head_except(skip)
             if entry is None:  # only skipped tenants wait in it: the first one not held
-                entry = b.head() if hold is None else _head_but(b, (), hold)
+                entry = b.head() if hold is None else b.head_except((), hold)
             if entry is not None:
                 return entry
         return None
 
-    def _turns(self) -> list[_Band[T]]:
+    def _turns(self) -> list[Band[T]]:
         """The bands with requests in the order they get the turn: the highest-priority band
         owed its minimum share, then the top band, then the others by priority."""
         bands = [self._bands[lv] for lv in self._levels if self._bands[lv].count]
@@ -296,7 +225,7 @@ class FlowQueue(Generic[T]):
                 return [b, *bands[:i], *bands[i + 1:]]  # a lower band owed its minimum share
         return bands
 
-    def _charge(self, served: _Band[T], cost: float) -> None:
+    def _charge(self, served: Band[T], cost: float) -> None:
         """Credits after dispatching ``cost`` tokens from ``served`` (module docstring); a
         negative ``cost`` takes back tokens that never ran (`refund`)."""
         top = True
@@ -315,7 +244,7 @@ class FlowQueue(Generic[T]):
 
     def remove(self, entry: Entry[T]) -> bool:
         """Take a queued request out (its client left); False when it is no longer queued."""
-        if entry.state != _QUEUED:
+        if entry.state != QUEUED:
             return False
         self._remove(entry)
         return True
@@ -335,10 +264,10 @@ class FlowQueue(Generic[T]):
         flow.backlog -= entry.delta
         if was_head and items:
             heapq.heappush(b.heads, (items[0].start, items[0].seq, flow))
-        self._unqueue(b, entry, _REMOVED)
-        self._prune(b)
+        self._unqueue(b, entry, REMOVED)
+        b.prune()
 
-    def _unqueue(self, b: _Band[T], entry: Entry[T], state: int) -> None:
+    def _unqueue(self, b: Band[T], entry: Entry[T], state: int) -> None:
         entry.state = state
         b.count -= 1
         b.cost -= entry.cost
@@ -351,24 +280,8 @@ class FlowQueue(Generic[T]):
         if not self._len:
             dl.clear()
         elif len(dl) > 2 * self._len + 64:  # drop the ones no longer queued (bounded memory)
-            self._deadlines = [d for d in dl if d[2].state == _QUEUED]
+            self._deadlines = [d for d in dl if d[2].state == QUEUED]
             heapq.heapify(self._deadlines)
-
-    def _prune(self, b: _Band[T]) -> None:
-        """Forget idle tenants whose finish tag V has passed (they would start at V anyway)."""
-        flows = b.flows
-        if len(flows) <= b.count + 8:
-            return
-        v = b.vtime
-        idle = [f for f in flows.values() if not f.items]
-        for f in idle:
-            if f.finish <= v:
-                del flows[f.tenant]
-        idle = [f for f in flows.values() if not f.items]
-        if len(idle) > IDLE_FLOWS:
-            idle.sort(key=_finish)
-            for f in idle[: len(idle) - IDLE_FLOWS]:
-                del flows[f.tenant]
 
     # -- time ---------------------------------------------------------------------------------
     def expire(self, now: float) -> list[Entry[T]]:
@@ -377,14 +290,14 @@ class FlowQueue(Generic[T]):
         dl = self._deadlines
         while dl and dl[0][0] <= now:
             entry = heapq.heappop(dl)[2]
-            if entry.state == _QUEUED:
+            if entry.state == QUEUED:
                 self._remove(entry)
                 out.append(entry)
         return out
 
     def next_deadline(self) -> float | None:
         dl = self._deadlines
-        while dl and dl[0][2].state != _QUEUED:
+        while dl and dl[0][2].state != QUEUED:
             heapq.heappop(dl)
         return dl[0][0] if dl else None
 
@@ -456,34 +369,10 @@ class FlowQueue(Generic[T]):
         return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, math.ceil(est)))
 
     # -- helpers ------------------------------------------------------------------------------
-    def _band(self, level: int) -> _Band[T]:
+    def _band(self, level: int) -> Band[T]:
         b = self._bands.get(level)
         if b is None:
-            b = self._bands[level] = _Band(level)
+            b = self._bands[level] = Band(level)
             self._levels = sorted(self._bands)
         return b
 
-
-def _head_but(
-    b: _Band[T], skip: Collection[str], hold: Callable[[Entry[T]], bool] | None = None
-) -> Entry[T] | None:
-    """``b``'s next request among the tenants not in ``skip`` (smallest start tag, then
-    arrival), leaving out the heads ``hold`` says must wait: a scan over its backlogged
-    tenants, a handful."""
-    best: Entry[T] | None = None
-    for flow in b.flows.values():
-        if flow.items and flow.tenant not in skip:
-            e = flow.items[0]
-            if (best is None or (e.start, e.seq) < (best.start, best.seq)) and (
-                    hold is None or not hold(e)):
-                best = e
-    return best
-
-
-def _backlog(flow: _Flow[T]) -> tuple[float, int]:
-    """The biggest weighted backlog; on a tie, the one whose newest request is newest."""
-    return flow.backlog, flow.items[-1].seq
-
-
-def _finish(flow: _Flow[T]) -> float:
-    return flow.finish

@@ -13,7 +13,7 @@ import pytest
 
 from gateway.doctor import cli
 from gateway.doctor.cache import LITTLE, PAYS, TOO_LITTLE, UNKNOWN, cache_return
-from gateway.doctor.classify import Context
+from gateway.doctor.findings import Context
 from gateway.doctor.render import format_duration, parse_duration, render_cache, render_findings
 from gateway.doctor.service import Doctor, DoctorSettings
 from gateway.doctor.thresholds import Thresholds, markdown_table

@@ -7,14 +7,11 @@ from typing import Any
 
 import pytest
 
-from gateway.doctor.classify import (
-    Context,
-    Finding,
-    classify,
-    classify_gateway,
-    classify_pool,
-    classify_replica,
-)
+from gateway.doctor.classify import classify
+from gateway.doctor.findings import Context, Finding
+from gateway.doctor.pool_rules import classify_pool
+from gateway.doctor.process_rules import classify_gateway
+from gateway.doctor.replica_rules import classify_replica
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import GatewayStats, PoolStats, ReplicaStats, Window
 

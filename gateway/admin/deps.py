@@ -1,0 +1,95 @@
+"""What the admin routes share: the dependencies the gateway supplies (`AdminDeps`) and the
+context every route group holds (`AdminContext`: audit writes, tenant views, tier checks, the
+policy this gateway runs on). Nothing global: one context per router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.admin.auth import AdminToken
+from gateway.admin.guard import AuthGuard
+from gateway.admin.schemas import tenant_view
+from gateway.errors import BadRequest, NotFound
+from gateway.policy_doc import DEFAULT_TIER
+from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
+from gateway.tenancy.store import TenantStore
+
+__all__ = ["AdminContext", "AdminDeps", "maybe_await"]
+
+Supplier = Callable[[], Any]  # may return an awaitable
+Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
+# the policy this gateway runs on and where it came from (`TenantResolver.policy_source`)
+InForce = Callable[[], tuple[PolicySnapshot | None, str | None]]
+
+
+@dataclass
+class AdminDeps:
+    store: TenantStore
+    tokens: Sequence[AdminToken]
+    replicas: Supplier | None = None  # live view of pools/replicas (the gateway supplies it)
+    explain: Explainer | None = None  # dry-run routing of a request body
+    doctor: Callable[[float], Any] | None = None  # `kvgate doctor`: window seconds -> report
+    clock: Callable[[], float] = time.time  # wall clock for audit timestamps
+    guard: AuthGuard = field(default_factory=AuthGuard)  # failed-auth throttle and counters
+    policy_in_force: InForce | None = None
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class AdminContext:
+    """Shared helpers for the route groups (holds the dependencies, nothing global)."""
+
+    def __init__(self, deps: AdminDeps) -> None:
+        self.deps = deps
+        self.store = deps.store
+        self.patching = asyncio.Lock()  # policy PATCHes (read, merge, write) one at a time
+
+    async def audit(self, who: str, action: str, target: str, **detail: Any) -> None:
+        entry = AuditEntry(
+            at=self.deps.clock(), who=who, action=action, target=target, detail=detail
+        )
+        await self.store.append_audit(entry)
+
+    async def view(self, tenant: Tenant) -> dict[str, Any]:
+        """The tenant as every route answers it, with its keys and its salt's epoch."""
+        keys = await self.store.list_keys(tenant.id)
+        epochs = await self.store.salt_group_epochs() if tenant.salt_group else {}
+        return tenant_view(tenant, keys, epochs)
+
+    async def tenant(self, tenant_id: str) -> Tenant:
+        tenant = await self.store.get_tenant(tenant_id)
+        if tenant is None:
+            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+        return tenant
+
+    async def check_tier(self, tier: str) -> None:
+        """A tenant's tier must exist in the policy in force; with no policy stored (a wiped
+        store not yet re-seeded) no tier is known, so nothing is accepted."""
+        policy = await self.store.get_policy()
+        if policy is None:
+            raise BadRequest(
+                f"tier: unknown tier {tier!r} (no policy is stored yet; retry shortly)",
+                param="tier",
+            )
+        if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
+            known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
+            raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+
+    def running_on(self) -> str:
+        """What this gateway runs on while the stored policy is unreadable, in words."""
+        if self.deps.policy_in_force is None:
+            return "this process has no policy in force of its own"
+        snap, source = self.deps.policy_in_force()
+        if snap is None:
+            return "this gateway runs on no policy (every tenant is refused with 403)"
+        if source == "configuration":
+            return "this gateway runs on its configuration's policy (none was read from the store)"
+        return f"this gateway runs on the last readable version, {snap.version}"

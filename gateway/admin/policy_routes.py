@@ -1,0 +1,147 @@
+"""The admin API's policy routes: the versioned policy document (ETag / If-Match; PUT replaces
+it, PATCH merges a JSON merge patch into it, RFC 7396: `merge_patch`). A stored policy this
+gateway cannot read is a 409 saying what it runs on meanwhile; a PATCH keeps the stored fields
+this kvgate does not know (`gateway.tenancy.unknown`).
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the route signatures' real
+# annotations, including the `Who` dependency alias the router factory passes in.
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Header
+from fastapi.responses import JSONResponse
+
+from gateway.admin.deps import AdminContext
+from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed, UnreadableRecord
+from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
+from gateway.tenancy.store import check_policy_version
+from gateway.urls import restore_hidden, shown_policy
+
+__all__ = ["merge_patch", "policy_routes"]
+
+PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
+
+
+def _parse_if_match(value: str | None) -> int | None:
+    if value is None or value.strip() == "*":
+        return None
+    text = value.strip().removeprefix("W/").strip('"')
+    if not text.isdigit():
+        raise BadRequest('If-Match: expected a policy version such as "3"', param="If-Match")
+    return int(text)
+
+
+def policy_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
+    @router.get("/policy")
+    async def get_policy(who: Who) -> JSONResponse:
+        try:
+            snap = await ctx.store.get_policy()
+        except UnreadableRecord as exc:
+            raise UnreadableRecord(f"{exc.message}; {ctx.running_on()}") from None
+        if snap is None:
+            raise NotFound("no policy document has been stored yet")
+        doc = snap.doc.model_dump(mode="json", exclude_unset=True)
+        return JSONResponse(shown_policy(doc), headers={"etag": f'"{snap.version}"'})
+
+    @router.put("/policy")
+    async def put_policy(
+        who: Who,
+        document: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        """Replace the whole document: a section or field left out takes its default. A
+        replica URL shown with hidden credentials (as GET answers it) gets the stored ones."""
+        if restore_hidden(document, None) is not None:  # (None: it has such a URL)
+            try:
+                stored = await ctx.store.get_policy()
+            except UnreadableRecord:
+                stored = None
+            _restore(document, stored.doc.model_dump(mode="json") if stored else None)
+        return await _store(ctx, who, document, if_match, "policy.put")
+
+    @router.patch("/policy")
+    async def patch_policy(
+        who: Who,
+        patch: Annotated[dict[str, Any], Body()],
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> JSONResponse:
+        """A JSON merge patch (RFC 7396) on the policy in force: objects merge key by key,
+        `null` removes a key (its default applies), anything else replaces; the result is
+        validated and stored as a PUT of it would be. With If-Match, against that version."""
+        expected = _parse_if_match(if_match)
+        async with ctx.patching:  # this process's patches in turn: only other gateways race
+            return await _patch_in_turn(ctx, who, patch, expected)
+
+
+async def _store(
+    ctx: AdminContext, who: str, document: Any, if_match: str | None, action: str,
+    keep_unknown: bool = False,
+) -> JSONResponse:
+    """Validate a whole policy document and store it as the next version."""
+    expected = _parse_if_match(if_match)
+    try:
+        doc = parse_policy(document)
+    except PolicyValidationError as exc:
+        raise BadRequest(str(exc), param=exc.field or None) from None
+    if not doc.pools:  # as at start: a policy without pools would serve no model at all
+        raise BadRequest("pools: at least one pool is required", param="pools")
+    for tenant in await ctx.store.list_tenants():
+        if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
+            raise BadRequest(
+                f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
+            )
+    snap = await ctx.store.put_policy(doc, if_version=expected, keep_unknown=keep_unknown)
+    await ctx.audit(who, action, "policy", version=snap.version)
+    body = snap.doc.model_dump(mode="json", exclude_unset=True)
+    return JSONResponse(shown_policy(body), headers={"etag": f'"{snap.version}"'})
+
+
+async def _patch_in_turn(
+    ctx: AdminContext, who: str, patch: dict[str, Any], expected: int | None
+) -> JSONResponse:
+    """Merge onto the version in force and store the result over that version; another
+    write landing in between (and no version named by the client) merges again."""
+    for _ in range(PATCH_TRIES):
+        snap = await ctx.store.get_policy()
+        if snap is None:
+            raise NotFound("no policy document has been stored yet")
+        check_policy_version(snap.version, expected)
+        current = snap.doc.model_dump(mode="json", exclude_unset=True)
+        merged = merge_patch(current, patch)
+        _restore(merged, current)
+        if merged == current:  # e.g. `{}`: nothing changes, no new version, no audit
+            return JSONResponse(shown_policy(current),
+                                headers={"etag": f'"{snap.version}"'})
+        # stored only over the version it was merged onto, with the fields of that
+        # version this kvgate does not know
+        try:
+            return await _store(ctx, who, merged, f'"{snap.version}"', "policy.patch",
+                                keep_unknown=True)
+        except PreconditionFailed:
+            if expected is not None:  # the client's version is not the latest any more
+                raise
+            # another write landed after the read: merge onto it (a client that named
+            # no version got a 412 for a version it never sent)
+    raise Conflict("the policy document kept changing while this patch was merged into "
+                   "it; retry")
+
+
+def _restore(document: Any, stored: dict[str, Any] | None) -> None:
+    """Credentials back into replica URLs sent hidden (`restore_hidden`), or a 400."""
+    if (hidden := restore_hidden(document, stored)) is not None:
+        raise BadRequest(f"{hidden}: a hidden replica URL no stored replica matches; send it "
+                         "with its credentials", param="pools")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7396: ``patch`` applied to ``target`` (neither is changed)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out

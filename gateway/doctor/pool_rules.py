@@ -1,0 +1,344 @@
+"""The doctor's rules for one pool: **errors** (a 5xx share), **queue-bound** in flow control's
+queue (kvgate holds the requests, the engines show no queue), **routing**: in-flight, waiting
+or time-per-request imbalance between replicas (a replica whose engine is slower named as such,
+a faster one taking more is fine), an engine hit rate far below the prefix sharing the traffic
+allows (against this gateway's own traffic when other gateways feed the same engines), overflow
+or spill-over shares.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from gateway.doctor.findings import (
+    MIN_SAMPLES,
+    Context,
+    Evidence,
+    Finding,
+    cite,
+    fmt_value,
+    known,
+    median_of,
+    not_judged,
+    ratio_or_nan,
+)
+from gateway.doctor.replica_rules import replica_down
+from gateway.doctor.thresholds import Thresholds
+from gateway.doctor.window import PoolStats, ReplicaStats
+
+__all__ = ["classify_pool"]
+
+# below this share of a pool's engine traffic, other gateways send the rest: the engines'
+# counters are not this gateway's to compare with its own numbers one for one
+SHARED_ENGINES = 0.8
+
+
+def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
+                  window_s: float = math.inf) -> list[Finding]:
+    if p.samples < MIN_SAMPLES:
+        return [Finding("healthy", "ok", p.name, None,
+                        "routing: " + not_judged(p.samples, "samples", ctx, window_s), "none",
+                        [])]
+    out: list[Finding] = []
+    if known(p.flow_queued) and p.requests >= th.min_pool_requests \
+            and p.flow_queued >= th.flow_queued_share * p.requests:
+        out.append(_flow_queue(p, th, ctx))
+    imbalance = _imbalance(p, th, ctx)
+    out.extend(imbalance)
+    hit = _hit_gap(p, th, ctx)
+    if hit is not None:
+        out.append(hit)
+    if p.requests >= th.min_pool_requests and p.errors >= th.error_share * p.requests:
+        out.append(_errors(p, th))
+    if p.requests >= th.min_pool_requests:
+        overflow = p.overflow / p.requests
+        if overflow >= th.overflow_share and imbalance:
+            # the hot replica's load sends requests away: a symptom, said with the cause
+            imbalance[0].evidence.append(cite(
+                'kvgate_requests_total{route="overflow"}', "overflow share (a consequence)",
+                overflow, ">=", th, "overflow_share", "%"))
+        elif overflow >= th.overflow_share:
+            out.append(Finding(
+                "routing", "warning", p.name, None,
+                f"{overflow:.0%} of requests overflowed: the bounded-load rule sent them away "
+                "from the replica holding their prefix",
+                f"add a replica to pool {p.name} or raise routing.load_factor (now "
+                f"{ctx.load_factor:g})",
+                [cite('kvgate_requests_total{route="overflow"}', "overflow share", overflow, ">=",
+                      th, "overflow_share", "%")]))
+        spilled = p.spilled / p.requests
+        if spilled >= th.spill_share:
+            out.append(Finding(
+                "routing", "warning", p.name, None,
+                f"{spilled:.0%} of pool {p.name}'s requests spilled to another pool",
+                f"add replicas to pool {p.name} (its tier's traffic does not fit)",
+                [cite("kvgate_spillovers_total", "spill-over share", spilled, ">=", th,
+                      "spill_share", "%")]))
+    if not out:
+        out.append(_healthy_pool(p, th))
+    return out
+
+
+def _errors(p: PoolStats, th: Thresholds) -> Finding:
+    """A pool whose requests end in 5xx: its replicas are down or failing (named on their
+    own), or every one is out of rotation."""
+    share = p.errors / p.requests
+    down = [r.id for r in p.replicas if replica_down(r) is not None]
+    listed = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining]
+    if listed and len(down) == len(listed):
+        why, action = ("no replica in rotation", f"bring pool {p.name}'s replicas back (each is "
+                       "named down: its health checks or requests fail), or add one")
+    elif down:
+        why, action = (f"{len(down)} of {len(listed)} replicas down",
+                       "see the replicas named down; if the others fail too, read kvgate's "
+                       "request log for the 5xx reasons (upstream errors, timeouts)")
+    else:
+        failing = [r.id for r in listed if r.attempts >= th.min_replica_attempts
+                   and r.failed >= th.replica_failure_share * r.attempts > 0]
+        why, action = ("every replica in rotation", "read kvgate's request log for the 5xx "
+                       "reasons (upstream errors, timeouts, cut streams) and the replicas' logs")
+        if failing:
+            why += f", failing: {', '.join(failing)}"
+            action = "see the replicas named with errors; " + action
+    return Finding(
+        "errors", "critical" if share >= 0.5 else "warning", p.name, None,
+        f"{share:.0%} of pool {p.name}'s requests failed (5xx), {why}", action,
+        [cite('kvgate_requests_total{status=~"5.."}', "5xx share", share, ">=", th,
+              "error_share", "%"),
+         cite("kvgate_requests_total", "requests", p.requests),
+         cite("kvgate_replica_healthy", "replicas down", float(len(down)))])
+
+
+def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
+    """Requests wait in kvgate's flow-control queue: the engines show no queue of their own,
+    so the knob is where the pool's bound is reached -- the engines (full: their findings
+    say which flag) or flow control's saturation bounds (the engines have room)."""
+    share = min(1.0, p.flow_queued / p.requests)
+    live = [r for r in p.replicas if r.fresh >= MIN_SAMPLES and not r.draining]
+    full = [r.id for r in live if _queueing(r, th) or (known(r.kv_p90) and r.kv_p90 >= th.kv_high)]
+    inflight = max((r.inflight_mean for r in live if known(r.inflight_mean)), default=math.nan)
+    waiting = max((r.waiting_share for r in live if known(r.waiting_share)), default=math.nan)
+    kv = max((r.kv_p90 for r in live if known(r.kv_p90)), default=math.nan)
+    if full:
+        action = (f"the engines are full too ({', '.join(full)}: their findings say which "
+                  f"flag): act on those, or add replicas to pool {p.name}")
+    elif ctx.flow_max_inflight and known(inflight) and inflight >= 0.75 * ctx.flow_max_inflight:
+        action = (f"raise flow.max_inflight (now {ctx.flow_max_inflight}): the replicas hold "
+                  f"~{inflight:.0f} requests each and their engines have room")
+    else:
+        action = ("the engines have room (no queue of their own, KV below the knee): raise "
+                  "the flow control bound the pool reaches (flow.max_unanswered, "
+                  "flow.max_prefill_tokens, flow.max_waiting: docs/flow-control.md), or add "
+                  "replicas")
+    ev = [cite("kvgate_flow_queued_total", "requests that waited in flow control's queue",
+               share, ">=", th, "flow_queued_share", "%"),
+          cite("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
+          cite("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
+               p.flow_wait_mean, unit="s"),
+          cite("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
+          cite("vllm:num_requests_waiting", "samples with requests waiting in an engine, most",
+               waiting, unit="%"),
+          cite("vllm:kv_cache_usage_perc", "KV usage p90, fullest replica", kv, unit="%")]
+    wait = f", ~{fmt_value(p.flow_wait_mean, 's')} each" if known(p.flow_wait_mean) else ""
+    return Finding(
+        "queue-bound", "warning", p.name, None,
+        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
+        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+
+
+# one spread to check: (ReplicaStats attribute, metric, what, least difference, unit)
+_Check = tuple[str, str, str, float, str]
+
+
+def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
+    """The first spread that fires: in flight, engine waiting, time per request."""
+    # a replica without fresh engine numbers has its own finding (its /metrics); where its
+    # requests wait cannot be told, so it is not compared
+    live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
+            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES]
+    if len(live) < 2:
+        return []
+    checks: tuple[_Check, ...] = (
+        ("inflight_mean", "kvgate_inflight_requests", "mean in flight", th.imbalance_min, ""),
+        ("time_per_request", "kvgate_inflight_requests / requests per second",
+         "time per request", th.slow_min_s, "s"),
+        ("waiting_mean", "vllm:num_requests_waiting", "mean waiting", th.imbalance_min, ""),
+    )
+    started = sum(r.requests for r in live if known(r.requests))
+    # Little's law needs this gateway's in flight and its own requests per second; with other
+    # gateways sending to the engines (their counts in `requests`), it is not judged
+    shared = started > 0 and p.requests < SHARED_ENGINES * started
+    for check in checks:
+        if check[0] == "time_per_request" and shared:
+            continue
+        finding = _spread(p, th, ctx, live, check)
+        if finding is not None:
+            return [finding]
+    return []
+
+
+def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaStats],
+            check: _Check) -> Finding | None:
+    """The replica with the most of one quantity against the median of the others, when
+    something waits on it."""
+    attr, metric, what, minimum, unit = check
+    values = [(getattr(r, attr), r) for r in live if known(getattr(r, attr))
+              and (attr != "time_per_request" or r.requests >= 4 * th.min_requests)]
+    if attr == "waiting_mean" and values and not _queueing(
+            max(values, key=lambda v: v[0])[1], th):
+        return None  # the most waiting is requests between two steps, not a queue
+    if len(values) < 2:
+        return None
+    values.sort(key=lambda x: x[0])
+    hot_value, hot = values[-1]
+    median = median_of([v for v, _ in values[:-1]])
+    floor = 0.5 if unit == "" else 1e-3
+    if hot_value < th.imbalance_ratio * max(median, floor) or hot_value - median < minimum:
+        return None
+    engine = (hot.running_mean if known(hot.running_mean) else 0.0) + (
+        hot.waiting_mean if known(hot.waiting_mean) else 0.0)
+    # requests held before the engine (its host, network or frontend): at least half of
+    # what this gateway has in flight there, and at least `imbalance_min` requests -- a
+    # CPU-starved test host or the relay of a stream's last tokens makes a smaller gap
+    outside = hot.inflight_mean > 0 and engine < 0.5 * hot.inflight_mean \
+        and hot.inflight_mean - engine >= th.imbalance_min
+    peers = [r for _, r in values[:-1]]
+    itl = _speed(hot, peers, "itl_mean")
+    if not outside and known(itl) and itl * th.imbalance_ratio <= 1.0 \
+            and not _queueing(hot, th):
+        # a replica decoding imbalance_ratio times faster than its peers finishes sooner
+        # and takes more (the router weighs speed): nothing waits on it
+        return None
+    name = "slow_min_s" if unit else "imbalance_min"
+    ev = [cite(metric, f"{what} on {hot.id}", hot_value, ">=", th, "imbalance_ratio", unit),
+          cite(metric, f"{what}, median of the other replicas", median, unit=unit),
+          cite(metric, "difference", hot_value - median, ">=", th, name, unit),
+          cite("kvgate_inflight_requests", f"mean in flight on {hot.id}", hot.inflight_mean),
+          cite("vllm:num_requests_running", f"engine running + waiting on {hot.id}", engine),
+          cite("vllm:time_to_first_token_seconds", f"engine TTFT on {hot.id}",
+               hot.ttft_mean, unit="s")]
+    ev[0].threshold = th.imbalance_ratio * max(median, floor)
+    share = ratio_or_nan(hot.requests, sum(r.requests for r in live if known(r.requests)))
+    action = _imbalance_action(hot, peers, attr, outside, engine, ev, th, ctx)
+    served = f", serving {share:.0%} of the pool's requests" if known(share) else ""
+    return Finding(
+        "routing", "warning", p.name, hot.id,
+        f"imbalance: {what} on {hot.id} {_short(hot_value, unit)} vs a median of "
+        f"{_short(median, unit)} on the other replicas{served}", action, ev)
+
+
+def _imbalance_action(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str,
+                      outside: bool, engine: float, ev: list[Evidence], th: Thresholds,
+                      ctx: Context) -> str:
+    """What to do about the replica taking more: requests held before its engine, an engine
+    slower than its peers' (its ratio added to the evidence), or the bounded-load rule."""
+    if outside:
+        return (f"requests sit before {hot.id}'s engine ({hot.inflight_mean:.1f} in flight, "
+                f"{engine:.1f} in the engine): check that replica's host, network or HTTP "
+                "frontend, or drain it")
+    itl = _speed(hot, peers, "itl_mean")
+    slower = max(itl, _speed(hot, peers, "ttft_mean"), key=lambda v: v if known(v) else 0.0)
+    if known(slower) and slower >= th.imbalance_ratio:
+        ev.append(cite("vllm:inter_token_latency_seconds",
+                       f"engine inter-token latency on {hot.id} / its peers' median", itl))
+        latency = f"inter-token latency {fmt_value(hot.itl_mean, 's')}"
+        return (f"{hot.id}'s engine is {slower:.1f}x slower than its peers' ({latency}, "
+                f"TTFT {fmt_value(hot.ttft_mean, 's')}): "
+                "check its GPU, model quantization and engine flags"
+                + (f", or set routing.policy: cache_aware, which weighs each replica's "
+                   f"speed (now {ctx.policy})" if ctx.policy != "cache_aware" else ""))
+    if attr == "time_per_request":
+        return (f"{hot.id} is slower than its peers: check its GPU and engine flags "
+                "(the router already sends it less)")
+    return ("lower routing.load_factor so the bounded-load rule spreads hot prefixes "
+            "sooner, or add a replica")
+
+
+def _speed(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str) -> float:
+    """The hot replica's engine latency (``itl_mean`` or ``ttft_mean``) over its peers'
+    median: > 1 slower, < 1 faster; NaN when unknown."""
+    theirs = [v for r in peers if known(v := getattr(r, attr))]
+    mine = getattr(hot, attr)
+    if not theirs or not known(mine):
+        return math.nan
+    return ratio_or_nan(mine, median_of(theirs))
+
+
+def _short(v: float, unit: str) -> str:
+    return f"{v * 1000:.0f} ms" if unit == "s" else f"{v:.1f}"
+
+
+def _queueing(r: ReplicaStats, th: Thresholds) -> bool:
+    """Requests wait for a seat there, not just for the next step (see queue-bound)."""
+    if not (known(r.waiting_share) and r.waiting_share >= th.queue_waiting_share):
+        return False
+    if known(r.ttft_mean) and known(r.itl_mean) and r.itl_mean > 0:
+        return r.ttft_mean >= th.queue_ttft_itl_ratio * r.itl_mean
+    return True
+
+
+def _own_share(p: PoolStats) -> float:
+    """This gateway's share of the prompt tokens the pool's engines saw (its answers' usage /
+    the engines' prefix-cache queries); NaN when unknown. Well below 1: other gateways (or
+    clients) send to the same engines, whose counters then describe their traffic too."""
+    queries = sum(r.queries for r in p.replicas)
+    if p.prompt_tokens <= 0 or queries <= 0:
+        return math.nan
+    return min(1.0, p.prompt_tokens / queries)
+
+
+def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
+    potential, routed, engine = p.potential_hit_rate, p.routed_hit_rate, p.engine_hit_rate
+    if p.share_n < 8 or not (known(potential) and known(engine)):
+        return None
+    own = _own_share(p)
+    shared = known(own) and own < SHARED_ENGINES
+    if shared:
+        # the potential is sampled from this gateway's traffic only: compare it with the best
+        # hit rate its traffic can have had, every engine hit counted as its own
+        engine = min(1.0, sum(r.hits for r in p.replicas) / p.prompt_tokens)
+    if potential < th.hit_potential_min or engine >= th.hit_gap_ratio * potential:
+        return None
+    what = "engine hit rate (pool)" if not shared else \
+        "engine hit rate of this gateway's traffic, at most"
+    ev = [cite("kvgate router affinity index (sampled)", "prefix sharing the traffic allows",
+               potential, ">=", th, "hit_potential_min", "%"),
+          cite("vllm:prefix_cache_hits_total", what, engine, "<", th, "hit_gap_ratio", "%"),
+          cite("kvgate router affinity index (sampled)", "expected where the requests were sent",
+               routed, unit="%"),
+          cite('kvgate_requests_total{route="overflow"}', "overflow share",
+               p.overflow / p.requests if p.requests else math.nan, unit="%"),
+          cite("kvgate_tenant_tokens_total / vllm:prefix_cache_queries_total",
+               "this gateway's share of the engines' prompt tokens", own, unit="%")]
+    ev[1].threshold = th.hit_gap_ratio * potential  # the gap rule's bar, in hit-rate terms
+    if routed < 0.7 * potential:
+        if ctx.policy != "cache_aware":
+            action = (f"set routing.policy: cache_aware (now {ctx.policy}): requests are sent "
+                      "away from the replica holding their prefix")
+        else:
+            action = (f"raise routing.load_factor (now {ctx.load_factor:g}) or add a replica: "
+                      "load pushes requests away from the replica holding their prefix")
+        why = "requests are routed away from their prefix"
+    else:
+        action = ("give the replicas more KV cache for prefixes (--gpu-memory-utilization, "
+                  "fp8 KV) or add a replica: they evict prefixes before they are reused")
+        why = "the replicas evict prefixes before reuse"
+    return Finding(
+        "routing", "warning", p.name, None,
+        (f"hit rate at most {engine:.0%} on this gateway's traffic ({own:.0%} of the engines' "
+         "prompt tokens; other gateways send the rest)" if shared else f"hit rate {engine:.0%}")
+        + f" where the traffic's prefix sharing allows {potential:.0%}: " + why, action, ev)
+
+
+def _healthy_pool(p: PoolStats, th: Thresholds) -> Finding:
+    ev = [cite("kvgate_requests_total", "requests", p.requests),
+          cite("kvgate_requests_total", "5xx", p.errors),
+          cite("kvgate_request_duration_seconds", "latency p90", p.e2e_p90_client, unit="s"),
+          cite("vllm:prefix_cache_hits_total", "engine hit rate", p.engine_hit_rate, unit="%")]
+    if p.ttft_n_client:
+        ev.insert(3, cite("kvgate_ttft_seconds", "TTFT p90 (streams)", p.ttft_p90_client,
+                          unit="s"))
+    return Finding("healthy", "ok", p.name, None,
+                   "routing: nothing above thresholds (" + ", ".join(e.text() for e in ev) + ")",
+                   "none", ev)

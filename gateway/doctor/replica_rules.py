@@ -1,0 +1,273 @@
+"""The doctor's rules for one replica, as the serving SOP triages it: first **down** (kvgate
+ejected it for most of the window: its failing scrapes are the same fault), then **errors**
+(requests failing there while it stays in rotation) and its scrapes (**gateway**: failing or
+stale /metrics), then the engine classes (judged only when at least ``min_requests`` started in
+the window or the engine kept requests waiting):
+
+1. **KV-bound** -- KV usage p90 >= ``kv_high`` and preemptions rose (or requests waited):
+   lower ``--max-num-seqs``, ``--kv-cache-dtype fp8``, a shorter ``--max-model-len``, or a replica.
+2. **decode-bound** -- mean inter-token latency >= ``itl_high_s``: more replicas (large
+   batches) or a lower ``--max-num-batched-tokens`` (prefill chunks in the decode steps).
+3. **prefill-bound** -- mean TTFT >= ``ttft_high_s`` with a normal inter-token latency, long
+   prompts (>= ``long_prompt_tokens``) and a low hit rate (< ``low_hit_rate``).
+4. **queue-bound** -- requests waiting in >= ``queue_waiting_share`` of the samples while KV
+   p90 < ``queue_kv_max``, short prompts and a normal inter-token latency: raise
+   ``--max-num-seqs`` from the running count observed while requests waited.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gateway.doctor.findings import MIN_SAMPLES, Context, Finding, cite, known, not_judged
+from gateway.doctor.thresholds import Thresholds
+from gateway.doctor.window import ReplicaStats
+
+__all__ = ["classify_replica", "replica_down"]
+
+# a replica out of rotation for this share of the window is down; out now, for this smaller one
+DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
+
+
+def _active(r: ReplicaStats, th: Thresholds) -> bool:
+    started = r.requests if known(r.requests) else 0.0
+    waited = known(r.waiting_share) and r.waiting_share >= th.queue_waiting_share
+    return started >= th.min_requests or waited
+
+
+def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
+                     window_s: float = math.inf) -> list[Finding]:
+    """Engine classes and scrape health of one replica (healthy when nothing fires) over a
+    window of ``window_s`` seconds."""
+    failing = _failing(r, th, ctx)
+    down = replica_down(r)
+    if down is not None:
+        # its scrapes fail and it serves nothing: consequences, not findings; its requests
+        # failing while it was in rotation are the cause (ejected after enough in a row)
+        return [down] if failing is None else [down, failing]
+    out: list[Finding] = []
+    scrape = _scrape_finding(r, th, ctx)
+    if scrape is not None:
+        out.append(scrape)
+    if failing is not None:
+        out.append(failing)
+    if r.fresh < MIN_SAMPLES or not _active(r, th):
+        if not out:
+            out.append(_healthy_replica(r, th, ctx, window_s, idle=True))
+        return out
+    hit = r.hit_rate
+    prompt = r.mean_prompt
+    itl_high = known(r.itl_mean) and r.itl_mean >= th.itl_high_s
+    long_prompts = known(prompt) and prompt >= th.long_prompt_tokens
+    waited = known(r.waiting_share) and r.waiting_share >= th.queue_waiting_share
+    kv_full = known(r.kv_p90) and r.kv_p90 >= th.kv_high
+    if kv_full and (r.preemptions >= th.kv_preemptions or waited):
+        out.append(_kv_bound(r, th))
+    if itl_high:
+        out.append(_decode_bound(r, th))
+    elif long_prompts and known(r.ttft_mean) and r.ttft_mean >= th.ttft_high_s and (
+            not known(hit) or hit < th.low_hit_rate):
+        out.append(_prefill_bound(r, th))
+    elif waited and not long_prompts and known(r.kv_p90) and r.kv_p90 < th.queue_kv_max and (
+            not (known(r.ttft_mean) and known(r.itl_mean))
+            or r.ttft_mean >= th.queue_ttft_itl_ratio * r.itl_mean):
+        out.append(_queue_bound(r, th))
+    if not out:
+        out.append(_healthy_replica(r, th, ctx, window_s, idle=False))
+    return out
+
+
+def replica_down(r: ReplicaStats) -> Finding | None:
+    """A replica kvgate took out of rotation (failed health checks or requests: ejected) for
+    most of the window, or that is out now after a while: its /metrics failing too is the same
+    fault, not a second one."""
+    if r.samples < MIN_SAMPLES or r.draining or not known(r.healthy_share):
+        return None
+    out_share = 1.0 - r.healthy_share
+    now_out = r.healthy_last == 0.0
+    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE):
+        return None
+    ev = [cite("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
+               ">=", unit="%"),
+          cite("kvgate_replica_healthy", "taking requests (last sample)", r.healthy_last),
+          cite("kvgate_scrape_errors_total", "failed scrapes in the window", r.scrape_errors),
+          cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    ev[0].threshold = DOWN_SHARE if out_share >= DOWN_SHARE else DOWN_NOW_SHARE
+    when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
+            f"out of rotation for {out_share:.0%} of the window, back now")
+    return Finding(
+        "down", "critical" if now_out else "warning", r.pool, r.id,
+        f"replica down: kvgate took it out of rotation, its health checks or requests failing "
+        f"({when}): kvgate sends it no requests until it answers again",
+        "check the replica: its vLLM process (GET /health), its host and the network "
+        "between; kvgate probes it and takes it back on its own", ev)
+
+
+def _kv_bound(r: ReplicaStats, th: Thresholds) -> Finding:
+    seats = max(1, math.floor((r.running_mean if known(r.running_mean) else 1) * 0.75))
+    ev = [cite("vllm:kv_cache_usage_perc", "KV usage p90", r.kv_p90, ">=", th, "kv_high", "%"),
+          cite("vllm:num_preemptions_total", "preemptions in the window", r.preemptions, ">=",
+               th, "kv_preemptions"),
+          cite("vllm:num_requests_waiting", "samples with requests waiting", r.waiting_share,
+               unit="%"),
+          cite("vllm:num_requests_running", "mean running", r.running_mean)]
+    running = f"{r.running_mean:.0f}" if known(r.running_mean) else "?"
+    if r.preemptions >= th.kv_preemptions:
+        severity, summary = "critical", (
+            f"KV cache full (p90 {r.kv_p90:.0%}), {r.preemptions:.0f} preemptions: requests "
+            "are evicted and recomputed")
+    else:
+        severity, summary = "warning", (
+            f"KV cache full (p90 {r.kv_p90:.0%}): requests wait for KV blocks "
+            f"({r.waiting_share:.0%} of the time)")
+    return Finding(
+        "KV-bound", severity, r.pool, r.id, summary,
+        f"lower --max-num-seqs (from ~{running} running to {seats}), or --kv-cache-dtype fp8, "
+        "a shorter --max-model-len, or add a replica", ev)
+
+
+def _decode_bound(r: ReplicaStats, th: Thresholds) -> Finding:
+    ev = [cite("vllm:inter_token_latency_seconds", "mean inter-token latency", r.itl_mean, ">=",
+               th, "itl_high_s", "s"),
+          cite("vllm:num_requests_running", "mean running batch", r.running_mean, "vs",
+               th, "large_batch"),
+          cite("vllm:prompt_tokens_total", "mean prompt tokens", r.mean_prompt),
+          cite("vllm:prefix_cache_hits_total", "prefix hit rate", r.hit_rate, unit="%")]
+    batch = r.running_mean if known(r.running_mean) else 0.0
+    uncached = r.mean_prompt * (1 - r.hit_rate) if known(r.hit_rate) else r.mean_prompt
+    if batch >= th.large_batch:
+        action = (f"add replicas (or lower --max-num-seqs): batches of ~{batch:.0f} "
+                  f"sequences decode at {r.itl_mean * 1000:.0f} ms/token")
+    elif known(uncached) and uncached >= 512:
+        action = (f"lower --max-num-batched-tokens for interactive traffic: prefill chunks of "
+                  f"~{uncached:.0f} uncached prompt tokens per request share the decode steps")
+    else:
+        action = ("add replicas or a faster model/GPU pair (fp8 weights, speculative decoding): "
+                  "tokens are slow even in small batches with short prompts")
+    return Finding(
+        "decode-bound", "warning", r.pool, r.id,
+        f"inter-token latency {r.itl_mean * 1000:.0f} ms with ~{batch:.0f} running", action, ev)
+
+
+def _prefill_bound(r: ReplicaStats, th: Thresholds) -> Finding:
+    hit = r.hit_rate if known(r.hit_rate) else 0.0
+    ev = [cite("vllm:time_to_first_token_seconds", "mean TTFT", r.ttft_mean, ">=", th,
+               "ttft_high_s", "s"),
+          cite("vllm:inter_token_latency_seconds", "mean inter-token latency", r.itl_mean, "<",
+               th, "itl_high_s", "s"),
+          cite("vllm:prompt_tokens_total", "mean prompt tokens", r.mean_prompt, ">=", th,
+               "long_prompt_tokens"),
+          cite("vllm:prefix_cache_hits_total", "prefix hit rate", r.hit_rate, "<", th,
+               "low_hit_rate", "%")]
+    return Finding(
+        "prefill-bound", "warning", r.pool, r.id,
+        f"TTFT {r.ttft_mean:.2f} s on ~{r.mean_prompt:.0f}-token prompts, {hit:.0%} cached; "
+        "decode is fine",
+        "raise the prefix hit rate (prefix routing settings, KV cache capacity) or let each "
+        "step prefill more (--max-num-batched-tokens); else add a replica", ev)
+
+
+def _queue_bound(r: ReplicaStats, th: Thresholds) -> Finding:
+    seats = r.running_when_waiting if known(r.running_when_waiting) else r.running_max
+    seats = max(1.0, seats if known(seats) else 1.0)
+    waiting = r.waiting_mean if known(r.waiting_mean) else 0.0
+    kv = r.kv_p90 if known(r.kv_p90) and r.kv_p90 > 0 else 0.01
+    by_kv = seats * th.queue_kv_max / kv  # seats the KV headroom allows at the same sizes
+    target = int(max(seats + 1, min(seats + math.ceil(waiting), by_kv)))
+    ev = [cite("vllm:num_requests_waiting", "samples with requests waiting", r.waiting_share,
+               ">=", th, "queue_waiting_share", "%"),
+          cite("vllm:kv_cache_usage_perc", "KV usage p90", r.kv_p90, "<", th, "queue_kv_max",
+               "%"),
+          cite("vllm:num_requests_running", "running while requests waited", seats),
+          cite("vllm:time_to_first_token_seconds", "mean TTFT / mean inter-token latency",
+               r.ttft_mean / r.itl_mean if known(r.ttft_mean) and known(r.itl_mean) and r.itl_mean
+               else math.nan, ">=", th, "queue_ttft_itl_ratio"),
+          cite("vllm:num_requests_waiting", "mean waiting", waiting),
+          cite("vllm:time_to_first_token_seconds", "mean TTFT", r.ttft_mean, unit="s"),
+          cite("vllm:request_queue_time_seconds", "mean queue time", r.queue_mean, unit="s")]
+    severity = "critical" if r.waiting_share >= 0.9 else "warning"
+    return Finding(
+        "queue-bound", severity, r.pool, r.id,
+        f"requests wait in the engine {r.waiting_share:.0%} of the time (~{waiting:.0f} "
+        f"waiting) with {seats:.0f} running and KV at {r.kv_p90:.0%}",
+        f"raise --max-num-seqs from {seats:.0f} to {target} (the KV cache has room)", ev)
+
+
+def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: float,
+                     idle: bool) -> Finding:
+    if idle and r.fresh < MIN_SAMPLES:
+        return Finding("healthy", "ok", r.pool, r.id,
+                       not_judged(r.fresh, "fresh samples", ctx, window_s),
+                       "none", [cite("kvgate_replica_scrape_age_seconds", "fresh samples",
+                                     float(r.fresh))])
+    if idle:
+        started = f"{r.requests:.0f}" if known(r.requests) else "no"
+        return Finding("healthy", "ok", r.pool, r.id,
+                       f"idle: {started} requests started in the window (< {th.min_requests:.0f})",
+                       "none", [cite("vllm:time_to_first_token_seconds_count", "requests started",
+                                     r.requests, "<", th, "min_requests")])
+    ev = [cite("vllm:num_requests_waiting", "samples with requests waiting", r.waiting_share, "<",
+               th, "queue_waiting_share", "%"),
+          cite("vllm:kv_cache_usage_perc", "KV usage p90", r.kv_p90, "<", th, "kv_high", "%"),
+          cite("vllm:time_to_first_token_seconds", "mean TTFT", r.ttft_mean, unit="s"),
+          cite("vllm:inter_token_latency_seconds", "mean inter-token latency", r.itl_mean, "<",
+               th, "itl_high_s", "s"),
+          cite("vllm:prefix_cache_hits_total", "prefix hit rate", r.hit_rate, unit="%")]
+    parts = [e.text() for e in ev[:4]]
+    return Finding("healthy", "ok", r.pool, r.id,
+                   "nothing above thresholds: " + ", ".join(parts), "none", ev)
+
+
+def _failing(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
+    """A replica in rotation failing some of its requests: kvgate retries them elsewhere and
+    ejects it only after ``health.failure_threshold`` failures in a row, so one failing a
+    request in five stays in rotation and the pool's clients may see nothing but a slower
+    answer; its failures are counted per attempt."""
+    if r.attempts < th.min_replica_attempts or r.failed <= 0:
+        return None
+    share = min(1.0, r.failed / r.attempts)
+    if share < th.replica_failure_share:
+        return None
+    return Finding(
+        "errors", "critical" if share >= 0.5 else "warning", r.pool, r.id,
+        f"{share:.0%} of the requests kvgate sent to this replica failed there "
+        f"({r.failed:.0f} of {r.attempts:.0f}: 5xx, resets, stalls, cut streams); retries "
+        "answer them elsewhere where they can, so clients may not see them",
+        "read this replica's own log for its errors and kvgate's request log for the "
+        f"reasons; it stays in rotation while its failures are not {ctx.failure_threshold} in a "
+        "row (health.failure_threshold): restart or remove it if it keeps failing",
+        [cite("kvgate_replica_failures_total", "failed share of attempts", share, ">=", th,
+              "replica_failure_share", "%"),
+         cite("kvgate_replica_attempts_total", "requests sent (retries included)", r.attempts,
+              ">=", th, "min_replica_attempts"),
+         cite("kvgate_replica_failures_total", "failed", r.failed)])
+
+
+def _scrape_finding(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
+    if r.samples < MIN_SAMPLES or r.draining:
+        return None
+    # scrapes attempted while the replica was listed (one every routing.scrape_interval_ms)
+    attempts = max(1.0, r.samples * ctx.interval_s / max(ctx.scrape_interval_s, 1e-3))
+    fail_share = min(1.0, r.scrape_errors / attempts)
+    stale = known(r.stale_share) and r.stale_share >= th.scrape_stale_share
+    failing = fail_share >= th.scrape_fail_share
+    if not (stale or failing):
+        return None
+    ev = [cite("kvgate_scrape_errors_total", "failed scrapes (share of attempts)", fail_share,
+               ">=", th, "scrape_fail_share", "%"),
+          cite("kvgate_replica_scrape_age_seconds",
+               f"samples with a scrape older than {ctx.stale_after_s:g} s", r.stale_share, ">=",
+               th, "scrape_stale_share", "%")]
+    severity = "critical" if r.fresh == 0 else "warning"
+    fallback = "routing falls back to its own accounting and the engine classes cannot be judged"
+    if r.no_stats:
+        summary = (f"this replica's /metrics answers without vllm:* series ({r.stale_share:.0%} "
+                   f"of samples without engine numbers): {fallback}")
+        action = ("start its vLLM without --disable-log-stats (the engine then exports its "
+                  "vllm:* metrics)")
+    else:
+        summary = (f"kvgate cannot read this replica's /metrics ({r.scrape_errors:.0f} failed "
+                   f"scrapes, {r.stale_share:.0%} of samples stale): {fallback}")
+        action = ("check the replica's /metrics: that it answers within routing's scrape "
+                  "timeout (network, a proxy in between, auth) and with vLLM's metric names")
+    return Finding("gateway", severity, r.pool, r.id, summary, action, ev)
