@@ -3,6 +3,8 @@
     python -m loadtest.bench_replay [--trace PATH] [--limit N] [--only NAME ...] [--jobs 2]
                                     [--seeds N]
     python -m loadtest.bench_replay --render loadtest/results/routing.json   # report only
+    python -m loadtest.bench_replay --policies cache_aware --merge loadtest/results/routing.json
+                                    # re-run one policy, the other rows from an earlier run
 
 Workloads (8 simulated replicas sized like an 8B model on one H100): the Mooncake conversation
 trace at its own arrival rate and at 1.5x, the synthetic multi-tenant workload (`kvgate replay
@@ -113,12 +115,14 @@ def _one(task: Task) -> Row:
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     chosen = [s for s in scenarios(args.seeds) if not args.only or s.name in args.only]
-    tasks: list[Task] = [(s, p, args.trace, args.limit, None, 1) for s in chosen for p in POLICIES]
+    policies = args.policies or POLICIES
+    tasks: list[Task] = [(s, p, args.trace, args.limit, None, 1) for s in chosen for p in policies]
     moon = next((s for s in chosen if s.name == "mooncake-1x"), None)
-    if moon is not None:
-        tasks += [(moon, "cache_aware", args.trace, args.limit, c, 1) for c in LOAD_FACTORS]
     shared = [s for s in chosen if s.name in ("mooncake-1x", "mooncake-1.5x", "synthetic")]
-    tasks += [(s, "cache_aware", args.trace, args.limit, None, 4) for s in shared]
+    if "cache_aware" in policies:  # its load factors, and several gateways
+        if moon is not None:
+            tasks += [(moon, "cache_aware", args.trace, args.limit, c, 1) for c in LOAD_FACTORS]
+        tasks += [(s, "cache_aware", args.trace, args.limit, None, 4) for s in shared]
     # the slowest first, so the pool ends together
     tasks.sort(key=lambda t: (t[0].source != "mooncake", t[0].source != "agent-loops"))
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -137,12 +141,37 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             gateways.append(row)
         else:
             by_scenario.setdefault(name, []).append(row)
-    for group in by_scenario.values():
+    doc: dict[str, object] = {
+        "scenarios": {name: by_scenario[name] for name in dict.fromkeys(s.name for s in chosen)},
+        "load_factor_sweep": sweep, "gateways": gateways}
+    if args.merge:
+        doc = merged(orjson.loads(args.merge.read_bytes()), doc, set(policies))
+    scenarios_ = doc["scenarios"]
+    assert isinstance(scenarios_, dict)
+    for group in scenarios_.values():
         group.sort(key=lambda r: POLICIES.index(str(r["policy"])))
         against_oracle(group)
-    return {"scenarios": {name: by_scenario[name] for name in dict.fromkeys(
-                s.name for s in chosen)},
-            "load_factor_sweep": sweep, "gateways": gateways}
+    return doc
+
+
+def merged(old: dict[str, object], new: dict[str, object], rerun: set[str]) -> dict[str, object]:
+    """An earlier run's report with the rows of the ``rerun`` policies replaced by ``new``'s
+    on the workloads ``new`` ran (the load-factor sweep and several gateways too, when
+    cache_aware was re-run). Only for the same trace and seeds: the rows are compared with
+    each other as they stand."""
+    out_scenarios: dict[str, list[Row]] = {}
+    old_s, new_s = old["scenarios"], new["scenarios"]
+    assert isinstance(old_s, dict) and isinstance(new_s, dict)
+    for name in dict.fromkeys([*old_s, *new_s]):
+        if name not in new_s:
+            out_scenarios[name] = list(old_s[name])
+            continue
+        kept = [r for r in old_s.get(name, []) if r["policy"] not in rerun]
+        out_scenarios[name] = kept + list(new_s[name])
+    out = {**old, "scenarios": out_scenarios}
+    if "cache_aware" in rerun:
+        out["load_factor_sweep"], out["gateways"] = new["load_factor_sweep"], new["gateways"]
+    return out
 
 
 def mean_row(rows: list[Row]) -> Row:
@@ -351,6 +380,10 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2, help="replays in parallel")
     p.add_argument("--seeds", type=int, help="seeds per synthetic or generated workload "
                    f"(default {SYNTHETIC_SEEDS} synthetic, {GENERATED_SEEDS} generated)")
+    p.add_argument("--policies", nargs="*", choices=POLICIES, metavar="POLICY",
+                   help="these policies only (default: every one)")
+    p.add_argument("--merge", type=Path, metavar="JSON", help="take the other policies' rows "
+                   "from this earlier routing.json (the same trace and seeds)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     p.add_argument("--render", type=Path, metavar="JSON",
                    help="no replays: write the report and plot again from a routing.json")

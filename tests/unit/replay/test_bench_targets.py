@@ -8,6 +8,7 @@ from loadtest.bench_replay import (
     GENERATED_SEEDS,
     SYNTHETIC_SEEDS,
     mean_row,
+    merged,
     scenarios,
     targets,
 )
@@ -67,3 +68,21 @@ def test_the_synthetic_and_generated_workloads_come_in_several_seeds() -> None:
     assert names.count("bursts-256k") == GENERATED_SEEDS
     seeds = [s.seed for s in scenarios(seeds=2) if s.name == "hot-prefixes-1024k"]
     assert len(set(seeds)) == 2
+
+
+def test_merged_replaces_only_the_rerun_policies_rows() -> None:
+    rows = {"a": [_row("cache_aware", 0.1, 1, 2), _row("oracle", 0.2, 1, 2)],
+            "b": [_row("cache_aware", 0.3, 1, 2)]}
+    old: dict[str, object] = {"scenarios": rows, "load_factor_sweep": ["old"],
+                              "gateways": ["old"], "targets": {}}
+    new: dict[str, object] = {"scenarios": {"a": [_row("cache_aware", 0.5, 1, 2)]},
+           "load_factor_sweep": ["new"], "gateways": ["new"]}
+    out = merged(old, new, {"cache_aware"})
+    assert out["scenarios"] == {"a": [_row("oracle", 0.2, 1, 2), _row("cache_aware", 0.5, 1, 2)],
+                                "b": [_row("cache_aware", 0.3, 1, 2)]}  # b not re-run
+    assert out["load_factor_sweep"] == ["new"] and out["gateways"] == ["new"]
+    only_oracle = merged(old, {"scenarios": {"a": [_row("oracle", 0.4, 1, 2)]},
+                               "load_factor_sweep": [], "gateways": []}, {"oracle"})
+    assert only_oracle["gateways"] == ["old"]
+    assert only_oracle["scenarios"]["a"] == [_row("cache_aware", 0.1, 1, 2),  # type: ignore[index]
+                                             _row("oracle", 0.4, 1, 2)]
