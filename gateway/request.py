@@ -9,13 +9,13 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from gateway.apikey import KEY_HEADERS, merge_key
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
 from gateway.errors import BodyTooLarge
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
-from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
 from routing.types import RequestFeatures
 
@@ -123,14 +123,14 @@ class Head(NamedTuple):
 
     req_id: bytes
     declared: int | None  # Content-Length
-    token: str | None  # the bearer token of `Authorization`
+    token: str | None  # the API key presented (`gateway.apikey`)
     origin: bytes | None  # a browser's request (gateway/cors)
     encoded: bool  # a Content-Encoding other than identity: the body is compressed
 
 
 def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]) -> Head:
     """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
-    bearer token, the `Origin`, and whether the body is compressed."""
+    API key, the `Origin`, and whether the body is compressed."""
     req_id = b""
     declared = None
     token = None
@@ -141,8 +141,8 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
             req_id = value
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
-        elif key == b"authorization":
-            token = parse_bearer(value.decode("latin-1"))
+        elif key in KEY_HEADERS:
+            token = merge_key(token, key, value)
         elif key == b"origin":
             origin = value
         elif key == b"content-encoding":

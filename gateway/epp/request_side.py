@@ -10,6 +10,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from gateway.apikey import KEY_HEADERS, merge_key
 from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
@@ -26,7 +27,6 @@ from gateway.stored import (
     match_stored,
     wants_stream,
 )
-from gateway.tenancy.resolver import parse_bearer
 
 __all__ = ["RequestSide"]
 
@@ -200,16 +200,22 @@ class RequestSide(ExchangeState):
         return BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
 
 
+# the client's key headers, as Envoy names them; none of them reaches a replica
+_KEY_HEADERS = frozenset(name.decode() for name in KEY_HEADERS)
+_ALT_KEY_HEADERS = tuple(sorted(_KEY_HEADERS - {"authorization"}))
+
+
 def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]:
-    """The pool's vLLM key replaces the client's (which never reaches a replica)."""
+    """The pool's vLLM key replaces the client's (which never reaches a replica, in whichever
+    header it came)."""
     if creds:
-        return [("authorization", creds.encode())], ()
-    return [], ("authorization",)
+        return [("authorization", creds.encode())], _ALT_KEY_HEADERS
+    return [], ("authorization", *_ALT_KEY_HEADERS)
 
 
 def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool]:
-    """:path (no query), the query, :method, the bearer token, x-request-id, content-length,
-    whether a Content-Encoding other than identity compresses the body."""
+    """:path (no query), the query, :method, the API key (`gateway.apikey`), x-request-id,
+    content-length, whether a Content-Encoding other than identity compresses the body."""
     path, query, method, token, req_id, declared, encoded = "", b"", "", None, b"", None, False
     for h in headers:
         key = h.key
@@ -218,8 +224,8 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None,
             path = raw.decode("latin-1")
         elif key == ":method":
             method = h.raw_value.decode("latin-1")
-        elif key == "authorization":
-            token = parse_bearer(h.raw_value.decode("latin-1"))
+        elif key in _KEY_HEADERS:
+            token = merge_key(token, key.encode("latin-1"), h.raw_value)
         elif key == "x-request-id":
             req_id = h.raw_value
         elif key == "content-length" and h.raw_value.isdigit():
