@@ -49,6 +49,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.errors import error_body
+from gateway.upgrade_body import UpgradeBody
 
 __all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
 
@@ -155,6 +156,7 @@ class GuardedHttpTools(NoDelayHttpTools):
     _timer: asyncio.TimerHandle | None = None
     _refused = False
     _origin: bytes | None = None  # the current request's Origin header, once parsed
+    _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -169,17 +171,31 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._refused:
             return  # draining a refused request (see `_refuse`)
         self._unset_keepalive_if_required()
+        if self._upgrade_body is not None:
+            try:
+                rest = self._upgrade_body.feed(data)
+            except httptools.HttpParserError:
+                self._refuse(400, "The request is not valid HTTP/1.1.")
+                return
+            if rest is None:
+                return
+            self._upgrade_body = None
+            self._disarm()
+            if not rest:
+                return
+            data = rest  # a pipelined request after the body
         if self._in_headers:
             self._header_bytes += len(data)
             if self._timer is None:
                 self._arm(self.limits.header_timeout_s, self._header_timeout)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # no WebSocket route (`ws="none"`): answered as plain HTTP. uvicorn's own warning
-            # here ("install websockets") would be wrong, and one line per request a client
-            # can repeat at will
+        except httptools.HttpParserUpgrade as upgrade:
+            # no WebSocket route (`ws="none"`), no h2c: answered as plain HTTP, with the body
+            # the parser skipped (`gateway.upgrade_body`). uvicorn's own warning here ("install
+            # websockets") would be wrong, and one line per request a client can repeat at will
             self.logger.debug("upgrade request answered as plain HTTP")
+            self._read_upgrade_body(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
             if self._origin is None:  # the parser hands a header over only once it ended
@@ -195,6 +211,21 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
+
+    def _read_upgrade_body(self, rest: bytes) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope:
+            return
+        body = UpgradeBody(cycle, self.headers, self.flow)
+        if body.done:
+            if rest:
+                self.data_received(rest)  # a pipelined request
+            return
+        self._upgrade_body = body
+        self._in_headers = False
+        self._arm(self.limits.body_timeout_s, self._body_timeout)
+        if rest:
+            self.data_received(rest)
 
     # -- parser callbacks ----------------------------------------------------------------
     def on_url(self, url: bytes) -> None:
