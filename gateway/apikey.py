@@ -4,10 +4,12 @@ OpenAI's SDKs send ``Authorization: Bearer <key>``; Azure OpenAI's send the bare
 ``api-key``, and clients written for other providers in ``x-api-key``. kvgate reads all three, so
 such a client authenticates instead of getting a 401 that blames a key it did send (the key
 never goes further: kvgate sends replicas its own credentials, not the client's headers).
-Keys that disagree -- two ``Authorization`` headers with different keys, or an ``api-key``
-other than the bearer token -- are `CONFLICTING`: which one a proxy in front of kvgate checked
-is unknowable (vLLM reads the first ``Authorization``, many proxies the last), so the request
-is refused (401 saying so; `TenantResolver.authenticate`) rather than served under one of them.
+``Authorization`` wins over the other two (a client may carry another provider's key in
+``x-api-key`` beside kvgate's bearer). Two ``Authorization`` headers with different keys (or
+``api-key`` and ``x-api-key`` that disagree, without one) are `CONFLICTING`: which one a proxy
+in front of kvgate checked is unknowable (vLLM reads the first ``Authorization``, many proxies
+the last), so the request is refused (401 saying so; `TenantResolver.authenticate`) rather than
+served under one of them.
 """
 
 from __future__ import annotations
@@ -15,18 +17,34 @@ from __future__ import annotations
 from gateway.tenancy.resolver import CONFLICTING_KEYS as CONFLICTING
 from gateway.tenancy.resolver import parse_bearer
 
-__all__ = ["CONFLICTING", "KEY_HEADERS", "merge_key"]
+__all__ = ["CONFLICTING", "KEY_HEADERS", "KeyScan"]
 
 # the request headers that carry a key (ASGI header names are lower-case bytes)
 KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
 
 
-def merge_key(current: str | None, name: bytes, value: bytes) -> str | None:
-    """The key so far (`current`), with one more key header: unchanged by a header that holds
-    none (an ``Authorization`` with another scheme, an empty value), `CONFLICTING` once two
-    disagree."""
-    text = value.decode("latin-1")
-    key = parse_bearer(text) if name == b"authorization" else (text.strip() or None)
+class KeyScan:
+    """Feed it each key header (`KEY_HEADERS`) of a request; `key` is the one presented."""
+
+    __slots__ = ("_bare", "_bearer")
+
+    def __init__(self) -> None:
+        self._bearer: str | None = None  # from Authorization
+        self._bare: str | None = None  # from api-key / x-api-key
+
+    def add(self, name: bytes, value: bytes) -> None:
+        text = value.decode("latin-1")
+        if name == b"authorization":  # another scheme (Basic ...) holds no key for kvgate
+            self._bearer = _merge(self._bearer, parse_bearer(text))
+        else:
+            self._bare = _merge(self._bare, text.strip() or None)
+
+    @property
+    def key(self) -> str | None:
+        return self._bearer if self._bearer is not None else self._bare
+
+
+def _merge(current: str | None, key: str | None) -> str | None:
     if key is None or current == key:
         return current
     return key if current is None else CONFLICTING

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
-from gateway.apikey import KEY_HEADERS, merge_key
+from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
@@ -322,11 +322,11 @@ def _permission(created: int) -> dict[str, Any]:
 
 def _bearer_token(headers: Headers) -> str | None:
     """As the proxied routes read it (`request.scan_headers`, `gateway.apikey`)."""
-    token = None
+    keys = KeyScan()
     for key, value in headers:
         if key in KEY_HEADERS:
-            token = merge_key(token, key, value)
-    return token
+            keys.add(key, value)
+    return keys.key
 
 
 # what vLLM 0.34 serves its clients beside the routes kvgate proxies (not its operator

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from gateway.apikey import KEY_HEADERS, merge_key
+from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
 from gateway.errors import BodyTooLarge
@@ -133,7 +133,7 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
     API key, the `Origin`, and whether the body is compressed."""
     req_id = b""
     declared = None
-    token = None
+    keys: KeyScan | None = None
     origin = None
     encoded = False
     for key, value in headers:
@@ -142,11 +142,13 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
         elif key in KEY_HEADERS:
-            token = merge_key(token, key, value)
+            keys = keys or KeyScan()
+            keys.add(key, value)
         elif key == b"origin":
             origin = value
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
+    token = keys.key if keys is not None else None
     return Head(request_id(req_id, new_id), declared, token, origin, encoded)
 
 

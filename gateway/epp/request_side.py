@@ -10,7 +10,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from gateway.apikey import KEY_HEADERS, merge_key
+from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
@@ -216,7 +216,8 @@ def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]
 def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool]:
     """:path (no query), the query, :method, the API key (`gateway.apikey`), x-request-id,
     content-length, whether a Content-Encoding other than identity compresses the body."""
-    path, query, method, token, req_id, declared, encoded = "", b"", "", None, b"", None, False
+    path, query, method, req_id, declared, encoded = "", b"", "", b"", None, False
+    keys: KeyScan | None = None
     for h in headers:
         key = h.key
         if key == ":path":
@@ -225,11 +226,13 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None,
         elif key == ":method":
             method = h.raw_value.decode("latin-1")
         elif key in _KEY_HEADERS:
-            token = merge_key(token, key.encode("latin-1"), h.raw_value)
+            keys = keys or KeyScan()
+            keys.add(key.encode("latin-1"), h.raw_value)
         elif key == "x-request-id":
             req_id = h.raw_value
         elif key == "content-length" and h.raw_value.isdigit():
             declared = int(h.raw_value)
         elif key == "content-encoding":
             encoded = encoded or h.raw_value.strip().lower() not in (b"", b"identity")
+    token = keys.key if keys is not None else None
     return path, query, method, token, req_id, declared, encoded
