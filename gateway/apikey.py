@@ -17,10 +17,11 @@ from __future__ import annotations
 from gateway.tenancy.resolver import CONFLICTING_KEYS as CONFLICTING
 from gateway.tenancy.resolver import parse_bearer
 
-__all__ = ["CONFLICTING", "KEY_HEADERS", "KeyScan"]
+__all__ = ["BARE_KEY_HEADERS", "CONFLICTING", "KEY_HEADERS", "KeyScan", "bare_key", "merge"]
 
 # the request headers that carry a key (ASGI header names are lower-case bytes)
-KEY_HEADERS = frozenset({b"authorization", b"api-key", b"x-api-key"})
+BARE_KEY_HEADERS = frozenset({b"api-key", b"x-api-key"})
+KEY_HEADERS = BARE_KEY_HEADERS | {b"authorization"}
 
 
 class KeyScan:
@@ -33,18 +34,23 @@ class KeyScan:
         self._bare: str | None = None  # from api-key / x-api-key
 
     def add(self, name: bytes, value: bytes) -> None:
-        text = value.decode("latin-1")
         if name == b"authorization":  # another scheme (Basic ...) holds no key for kvgate
-            self._bearer = _merge(self._bearer, parse_bearer(text))
+            self._bearer = merge(self._bearer, parse_bearer(value.decode("latin-1")))
         else:
-            self._bare = _merge(self._bare, text.strip() or None)
+            self._bare = merge(self._bare, bare_key(value))
 
     @property
     def key(self) -> str | None:
         return self._bearer if self._bearer is not None else self._bare
 
 
-def _merge(current: str | None, key: str | None) -> str | None:
+def bare_key(value: bytes) -> str | None:
+    """The key of an ``api-key`` / ``x-api-key`` header value (the bare key)."""
+    return value.decode("latin-1").strip() or None
+
+
+def merge(current: str | None, key: str | None) -> str | None:
+    """The key of one kind of header so far, with one more header's (None: it held none)."""
     if key is None or current == key:
         return current
     return key if current is None else CONFLICTING

@@ -9,13 +9,14 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from gateway.apikey import KEY_HEADERS, KeyScan
+from gateway.apikey import BARE_KEY_HEADERS, bare_key, merge
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
 from gateway.errors import BodyTooLarge
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
+from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
 from routing.types import RequestFeatures
 
@@ -133,7 +134,7 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
     API key, the `Origin`, and whether the body is compressed."""
     req_id = b""
     declared = None
-    keys: KeyScan | None = None
+    token = alt = None  # from Authorization; from api-key / x-api-key (`gateway.apikey`)
     origin = None
     encoded = False
     for key, value in headers:
@@ -141,15 +142,16 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
             req_id = value
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
-        elif key in KEY_HEADERS:
-            keys = keys or KeyScan()
-            keys.add(key, value)
+        elif key == b"authorization":  # inline, not `KeyScan`: every request has one
+            token = merge(token, parse_bearer(value.decode("latin-1")))
+        elif key in BARE_KEY_HEADERS:
+            alt = merge(alt, bare_key(value))
         elif key == b"origin":
             origin = value
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
-    token = keys.key if keys is not None else None
-    return Head(request_id(req_id, new_id), declared, token, origin, encoded)
+    return Head(request_id(req_id, new_id), declared, token if token is not None else alt,
+                origin, encoded)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
