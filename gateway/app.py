@@ -341,11 +341,15 @@ VLLM_ONLY = frozenset({
 
 def unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it),
-    or one of vLLM's own client endpoints."""
+    an Azure OpenAI deployment's, or one of vLLM's own client endpoints."""
     with_v1 = f"/v1{path}"
     if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
             or match_stored(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    if "/deployments/" in path:  # the AzureOpenAI client's paths
+        return NotFound(f"Unknown path {path}: kvgate serves OpenAI's paths, not Azure OpenAI's "
+                        "deployments. Use the OpenAI client with a base URL ending in /v1 (the "
+                        "key may stay in the api-key header).")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{', '.join(KINDS)} and {MODELS}).")

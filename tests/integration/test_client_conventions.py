@@ -82,6 +82,23 @@ def test_two_different_keys_are_refused_whichever_comes_first(
                           timeout=30).status_code == 200
 
 
+def test_the_azure_client_is_told_which_client_to_use(gw: tuple[str, str]) -> None:
+    """The AzureOpenAI client sends its key in `api-key` (read) to Azure's deployment paths
+    (not served): its 404 says what to use instead of only "Unknown path"."""
+    base, key = gw
+    version = "2024-10-21"
+    clients = [openai.AzureOpenAI(api_key=key, api_version=version, max_retries=0,
+                                  base_url=f"{base}/v1"),
+               openai.AzureOpenAI(api_key=key, api_version=version, max_retries=0,
+                                  azure_endpoint=base)]
+    for client in clients:
+        with pytest.raises(openai.NotFoundError) as caught:
+            client.chat.completions.create(model="llama", max_tokens=2,
+                                           messages=[{"role": "user", "content": "hi"}])
+        assert "not Azure OpenAI's deployments" in caught.value.message
+        assert "base URL ending in /v1" in caught.value.message
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_route_with_a_trailing_slash_is_served(gw: tuple[str, str], stream: bool) -> None:
     """vLLM redirects `/v1/chat/completions/` to the route (FastAPI), and clients follow with
