@@ -114,6 +114,25 @@ class NoDelayHttpTools(HttpToolsProtocol):
             cycle.default_headers = [*date_header(), *extra] if extra else date_header()
             if cycle.scope.get("http_version") == "1.0":
                 _close_delimited(cycle)
+            if cycle.waiting_for_100_continue:
+                _close_if_unasked(cycle)
+
+
+def _close_if_unasked(cycle: RequestResponseCycle) -> None:
+    """A request with ``Expect: 100-continue`` answered before its body was asked for (401,
+    413, 429, ...): the client holds the body back, and whether it will send it after a final
+    answer is its choice, so the connection cannot carry a next request -- kept open, a next
+    request's bytes would be read as this body's and never answered. The answer says
+    ``Connection: close`` and the connection closes after it (RFC 9110 10.1.1: a server
+    answering before the content says whether it keeps reading)."""
+    send = cycle.send
+
+    async def send_then_close(message: Any) -> None:
+        if message["type"] == "http.response.start" and cycle.waiting_for_100_continue:
+            cycle.keep_alive = False  # uvicorn then writes `connection: close` and closes
+        await send(message)
+
+    cycle.send = send_then_close  # type: ignore[method-assign]
 
 
 # more than any body: the close-delimited answer's bytes are not counted (`_close_delimited`)
