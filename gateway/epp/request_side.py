@@ -11,7 +11,7 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.apikey import KEY_HEADERS, KeyScan
-from gateway.app import POSTED, unknown_path
+from gateway.app import POSTED, SLASHED, unknown_path
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
@@ -45,6 +45,9 @@ class RequestSide(ExchangeState):
         self._t0 = perf_counter()
         path, query, method, token, sent_id, declared, encoded = _scan(
             msg.request_headers.headers.headers)
+        if path[-1:] == "/" and path[:-1] in SLASHED:  # as the HTTP edge (`GatewayApp._http`)
+            path = path[:-1]
+            self._slashed = path.encode() + (b"?" + query if query else b"")
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             req_id = self._req_id = request_id(sent_id, core.new_id)
@@ -135,6 +138,8 @@ class RequestSide(ExchangeState):
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
         set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id),
                         ("content-type", b"application/json")]
+        if self._slashed:  # vLLM would redirect: the route's own path (ext_proc may set :path)
+            set_headers.append((":path", self._slashed))
         destination = ",".join(endpoint(r) for r in self.order)
         return [wire.destination_response(destination, len(upstream), set_headers, remove),
                 *wire.body_responses(upstream, end, request=True)]
