@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from gateway import __version__
+from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
@@ -30,7 +31,7 @@ from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
 from gateway.stored import match_stored
-from gateway.tenancy.resolver import Principal, parse_bearer
+from gateway.tenancy.resolver import Principal
 from gateway.transport import TransportFactory, default_transport
 from routing.router import Router
 
@@ -41,6 +42,7 @@ Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 ADMIN_PREFIX = "/admin"
 POSTED = frozenset({"/ping"})  # kvgate's pages vLLM also answers to POST (SageMaker's probe)
+SLASHED = frozenset({*KINDS, MODELS})  # the API routes also served with a trailing slash
 
 
 class GatewayApp:
@@ -96,6 +98,10 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
+        if path[-1:] == "/" and path[:-1] in SLASHED:
+            # vLLM (FastAPI) redirects `/v1/chat/completions/` to the route and the SDKs, curl -L
+            # and requests follow it with the body: serve it as the route, without the round trip
+            path = scope["path"] = path[:-1]
         method: str = scope["method"]
         admin_port = self.cfg.server.admin_port
         if admin_port is not None and scope.get("server", (None, None))[1] == admin_port:
@@ -315,12 +321,12 @@ def _permission(created: int) -> dict[str, Any]:
 
 
 def _bearer_token(headers: Headers) -> str | None:
-    """As the proxied routes read it (`request.scan_headers`): the last Authorization."""
-    token = None
+    """As the proxied routes read it (`request.scan_headers`, `gateway.apikey`)."""
+    keys = KeyScan()
     for key, value in headers:
-        if key == b"authorization":
-            token = parse_bearer(value.decode("latin-1"))
-    return token
+        if key in KEY_HEADERS:
+            keys.add(key, value)
+    return keys.key
 
 
 # what vLLM 0.34 serves its clients beside the routes kvgate proxies (not its operator
@@ -335,11 +341,15 @@ VLLM_ONLY = frozenset({
 
 def unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it),
-    or one of vLLM's own client endpoints."""
+    an Azure OpenAI deployment's, or one of vLLM's own client endpoints."""
     with_v1 = f"/v1{path}"
     if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
             or match_stored(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    if "/deployments/" in path:  # the AzureOpenAI client's paths
+        return NotFound(f"Unknown path {path}: kvgate serves OpenAI's paths, not Azure OpenAI's "
+                        "deployments. Use the OpenAI client with a base URL ending in /v1 (the "
+                        "key may stay in the api-key header).")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{', '.join(KINDS)} and {MODELS}).")

@@ -352,6 +352,14 @@ class PoolOverloaded(NoReplicaAvailable):
     code = "queue_shed"
 
 
+def unserved_route(path: str) -> str:
+    """Why a replica has no `path`: vLLM registers a route only for a model that can serve it
+    (embeddings for an embedding model, chat and completions for a generative one)."""
+    kind = "an embedding (pooling)" if path == "/v1/embeddings" else "a generative"
+    return (f"This model does not serve {path}: its replicas answered 404 (vLLM serves {path} "
+            f"only for {kind} model). GET /v1/models lists the models served here.")
+
+
 # HTTP status -> OpenAI/vLLM error type, for upstream errors kvgate has to re-shape
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
           404: "NotFoundError", 405: "MethodNotAllowedError", 409: "ConflictError",
@@ -368,14 +376,16 @@ def for_status(status: int, message: str) -> KvgateError:
     return error
 
 
-def openai_shaped(status: int, body: bytes) -> bytes | None:
+def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | None:
     """An upstream error body in OpenAI's shape, or None when it already is one.
 
     vLLM >= 0.10.1 answers ``{"error": {"message", "type", "param", "code"}}`` (kept as is);
     older vLLM the flat ``{"object": "error", ...}`` (nested); anything else -- FastAPI's
     ``{"detail": ...}``, vLLM's auth ``{"error": "Unauthorized"}``, a text/plain page of a
     dying server -- is replaced by an OpenAI error with the same status. The upstream text is
-    kept only when it is a short JSON string (never a raw page: it may hold a traceback)."""
+    kept only when it is a short JSON string (never a raw page: it may hold a traceback).
+    FastAPI's bare 404 on a proxied route (`path`) is vLLM without that route for its model
+    (`unserved_route`), said so rather than "Not Found"."""
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
@@ -394,6 +404,8 @@ def openai_shaped(status: int, body: bytes) -> bytes | None:
             message = err
         elif isinstance(data.get("detail"), str):
             message = data["detail"]
+            if status == 404 and message == "Not Found" and path is not None:
+                message, param = unserved_route(path), "model"
     if not isinstance(message, str) or not message or len(message) > 500:
         message = f"The upstream replica answered {status}."
     return error_body(message, type_, status, param if isinstance(param, str) else None)

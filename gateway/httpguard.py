@@ -62,6 +62,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.errors import error_body
+from gateway.upgrade_body import UpgradeBody
 
 __all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
 
@@ -131,6 +132,25 @@ class NoDelayHttpTools(HttpToolsProtocol):
             cycle.default_headers = [*date_header(), *extra] if extra else date_header()
             if cycle.scope.get("http_version") == "1.0":
                 _close_delimited(cycle)
+            if cycle.waiting_for_100_continue:
+                _close_if_unasked(cycle)
+
+
+def _close_if_unasked(cycle: RequestResponseCycle) -> None:
+    """A request with ``Expect: 100-continue`` answered before its body was asked for (401,
+    413, 429, ...): the client holds the body back, and whether it will send it after a final
+    answer is its choice, so the connection cannot carry a next request -- kept open, a next
+    request's bytes would be read as this body's and never answered. The answer says
+    ``Connection: close`` and the connection closes after it (RFC 9110 10.1.1: a server
+    answering before the content says whether it keeps reading)."""
+    send = cycle.send
+
+    async def send_then_close(message: Any) -> None:
+        if message["type"] == "http.response.start" and cycle.waiting_for_100_continue:
+            cycle.keep_alive = False  # uvicorn then writes `connection: close` and closes
+        await send(message)
+
+    cycle.send = send_then_close  # type: ignore[method-assign]
 
 
 # more than any body: the close-delimited answer's bytes are not counted (`_close_delimited`)
@@ -173,6 +193,7 @@ class GuardedHttpTools(NoDelayHttpTools):
     _timer: asyncio.TimerHandle | None = None
     _refused = False
     _origin: bytes | None = None  # the current request's Origin header, once parsed
+    _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -187,17 +208,31 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._refused:
             return  # draining a refused request (see `_refuse`)
         self._unset_keepalive_if_required()
+        if self._upgrade_body is not None:
+            try:
+                rest = self._upgrade_body.feed(data)
+            except httptools.HttpParserError:
+                self._refuse(400, "The request is not valid HTTP/1.1.")
+                return
+            if rest is None:
+                return
+            self._upgrade_body = None
+            self._disarm()
+            if not rest:
+                return
+            data = rest  # a pipelined request after the body
         if self._in_headers:
             self._header_bytes += len(data)
             if self._timer is None:
                 self._arm(self.limits.header_timeout_s, self._header_timeout)
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # no WebSocket route (`ws="none"`): answered as plain HTTP. uvicorn's own warning
-            # here ("install websockets") would be wrong, and one line per request a client
-            # can repeat at will
+        except httptools.HttpParserUpgrade as upgrade:
+            # no WebSocket route (`ws="none"`), no h2c: answered as plain HTTP, with the body
+            # the parser skipped (`gateway.upgrade_body`). uvicorn's own warning here ("install
+            # websockets") would be wrong, and one line per request a client can repeat at will
             self.logger.debug("upgrade request answered as plain HTTP")
+            self._read_upgrade_body(data[upgrade.args[0]:])
             return
         except httptools.HttpParserError:
             if self._origin is None:  # the parser hands a header over only once it ended
@@ -244,6 +279,21 @@ class GuardedHttpTools(NoDelayHttpTools):
             self._abort(cycle)  # reset: the client had closed its socket, not half of it
             return
         self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
+
+    def _read_upgrade_body(self, rest: bytes) -> None:
+        cycle = self.cycle
+        if cycle is None or cycle.scope is not self.scope:
+            return
+        body = UpgradeBody(cycle, self.headers, self.flow)
+        if body.done:
+            if rest:
+                self.data_received(rest)  # a pipelined request
+            return
+        self._upgrade_body = body
+        self._in_headers = False
+        self._arm(self.limits.body_timeout_s, self._body_timeout)
+        if rest:
+            self.data_received(rest)
 
     # -- parser callbacks ----------------------------------------------------------------
     def on_url(self, url: bytes) -> None:

@@ -383,7 +383,8 @@ class Relay:
                                                   replica.id, stored=_stored(req))
                 if shared is not None:  # the client may follow up through another gateway
                     await asyncio.wait({shared}, timeout=_SHARE_WAIT_S)
-        elif resp.status >= 400 and (shaped := openai_shaped(resp.status, data)) is not None:
+        elif resp.status >= 400 and (
+                shaped := openai_shaped(resp.status, data, req.path)) is not None:
             data, content_type = shaped, "application/json"
         req.status = resp.status
         req.ctl.done = True

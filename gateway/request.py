@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from gateway.apikey import BARE_KEY_HEADERS, bare_key, merge
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
 from gateway.errors import BodyTooLarge
@@ -123,17 +124,17 @@ class Head(NamedTuple):
 
     req_id: bytes
     declared: int | None  # Content-Length
-    token: str | None  # the bearer token of `Authorization`
+    token: str | None  # the API key presented (`gateway.apikey`)
     origin: bytes | None  # a browser's request (gateway/cors)
     encoded: bool  # a Content-Encoding other than identity: the body is compressed
 
 
 def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]) -> Head:
     """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
-    bearer token, the `Origin`, and whether the body is compressed."""
+    API key, the `Origin`, and whether the body is compressed."""
     req_id = b""
     declared = None
-    token = None
+    token = alt = None  # from Authorization; from api-key / x-api-key (`gateway.apikey`)
     origin = None
     encoded = False
     for key, value in headers:
@@ -141,13 +142,16 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
             req_id = value
         elif key == b"content-length" and value.isdigit():
             declared = int(value)
-        elif key == b"authorization":
-            token = parse_bearer(value.decode("latin-1"))
+        elif key == b"authorization":  # inline, not `KeyScan`: every request has one
+            token = merge(token, parse_bearer(value.decode("latin-1")))
+        elif key in BARE_KEY_HEADERS:
+            alt = merge(alt, bare_key(value))
         elif key == b"origin":
             origin = value
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
-    return Head(request_id(req_id, new_id), declared, token, origin, encoded)
+    return Head(request_id(req_id, new_id), declared, token if token is not None else alt,
+                origin, encoded)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:

@@ -332,7 +332,7 @@ class AnswerSide(ExchangeState):
             return [wire.headers_response(headers)]
         if status < 400:
             return [wire.headers_response(headers), *wire.body_responses(data, end)]
-        shaped = openai_shaped(status, data)
+        shaped = openai_shaped(status, data, req.path if req is not None else None)
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))

@@ -10,7 +10,8 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from gateway.app import POSTED, unknown_path
+from gateway.apikey import KEY_HEADERS, KeyScan
+from gateway.app import POSTED, SLASHED, unknown_path
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
@@ -26,7 +27,6 @@ from gateway.stored import (
     match_stored,
     wants_stream,
 )
-from gateway.tenancy.resolver import parse_bearer
 
 __all__ = ["RequestSide"]
 
@@ -45,6 +45,9 @@ class RequestSide(ExchangeState):
         self._t0 = perf_counter()
         path, query, method, token, sent_id, declared, encoded = _scan(
             msg.request_headers.headers.headers)
+        if path[-1:] == "/" and path[:-1] in SLASHED:  # as the HTTP edge (`GatewayApp._http`)
+            path = path[:-1]
+            self._slashed = path.encode() + (b"?" + query if query else b"")
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             req_id = self._req_id = request_id(sent_id, core.new_id)
@@ -135,6 +138,8 @@ class RequestSide(ExchangeState):
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
         set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id),
                         ("content-type", b"application/json")]
+        if self._slashed:  # vLLM would redirect: the route's own path (ext_proc may set :path)
+            set_headers.append((":path", self._slashed))
         destination = ",".join(endpoint(r) for r in self.order)
         return [wire.destination_response(destination, len(upstream), set_headers, remove),
                 *wire.body_responses(upstream, end, request=True)]
@@ -200,17 +205,24 @@ class RequestSide(ExchangeState):
         return BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
 
 
+# the client's key headers, as Envoy names them; none of them reaches a replica
+_KEY_HEADERS = frozenset(name.decode() for name in KEY_HEADERS)
+_ALT_KEY_HEADERS = tuple(sorted(_KEY_HEADERS - {"authorization"}))
+
+
 def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]:
-    """The pool's vLLM key replaces the client's (which never reaches a replica)."""
+    """The pool's vLLM key replaces the client's (which never reaches a replica, in whichever
+    header it came)."""
     if creds:
-        return [("authorization", creds.encode())], ()
-    return [], ("authorization",)
+        return [("authorization", creds.encode())], _ALT_KEY_HEADERS
+    return [], ("authorization", *_ALT_KEY_HEADERS)
 
 
 def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool]:
-    """:path (no query), the query, :method, the bearer token, x-request-id, content-length,
-    whether a Content-Encoding other than identity compresses the body."""
-    path, query, method, token, req_id, declared, encoded = "", b"", "", None, b"", None, False
+    """:path (no query), the query, :method, the API key (`gateway.apikey`), x-request-id,
+    content-length, whether a Content-Encoding other than identity compresses the body."""
+    path, query, method, req_id, declared, encoded = "", b"", "", b"", None, False
+    keys: KeyScan | None = None
     for h in headers:
         key = h.key
         if key == ":path":
@@ -218,12 +230,14 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None,
             path = raw.decode("latin-1")
         elif key == ":method":
             method = h.raw_value.decode("latin-1")
-        elif key == "authorization":
-            token = parse_bearer(h.raw_value.decode("latin-1"))
+        elif key in _KEY_HEADERS:
+            keys = keys or KeyScan()
+            keys.add(key.encode("latin-1"), h.raw_value)
         elif key == "x-request-id":
             req_id = h.raw_value
         elif key == "content-length" and h.raw_value.isdigit():
             declared = int(h.raw_value)
         elif key == "content-encoding":
             encoded = encoded or h.raw_value.strip().lower() not in (b"", b"identity")
+    token = keys.key if keys is not None else None
     return path, query, method, token, req_id, declared, encoded

@@ -61,7 +61,7 @@ class ExchangeState:
 
     __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_retry",
                  "_held_status", "_holds", "_last", "_lease", "_opening", "_pending",
-                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_started",
+                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_slashed", "_started",
                  "_stored", "_stream", "_subset", "_t0", "_want_id", "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
@@ -97,6 +97,8 @@ class ExchangeState:
         # a stored response's request with a body (a cancel's): its destination, answered with
         # the body once it is in (bounded), so no replica answers before a 413
         self._pending: pb.ProcessingResponse | None = None
+        # a proxied route asked with a trailing slash: the :path the replica gets instead
+        self._slashed = b""
         # the upstream timeouts (`deadline`): when the request went to its replica, when its
         # stream last sent bytes (perf_counter), and whether the picker ended it for them
         self._t0 = 0.0  # the request's start (the total timeout's), a stored one's too

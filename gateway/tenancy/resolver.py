@@ -53,7 +53,7 @@ from gateway.tenancy.models import (
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore
 
-__all__ = ["Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
+__all__ = ["CONFLICTING_KEYS", "Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,11 @@ _RULES = {"salt_group": "; a salt group's epoch is a decimal integer from 0 to 2
 
 # where the policy in force came from (`TenantResolver.policy_source`)
 FROM_STORE, LAST_READABLE, CONFIGURED = "store", "last readable", "configuration"
+
+
+# the key of a request that presented several different ones (`gateway.apikey`); no issued key
+# equals it (kvgate's keys are base64url), and a client sending it gets the same 401
+CONFLICTING_KEYS = "\x00conflicting"
 
 
 def parse_bearer(authorization: str | None) -> str | None:
@@ -395,6 +400,9 @@ class TenantResolver:
         """The caller of an API key (the token after ``Bearer``). No I/O; raises `AuthError`."""
         if not token:
             raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
+        if token == CONFLICTING_KEYS:
+            raise AuthError("the request presents more than one API key (Authorization, "
+                            "api-key, x-api-key headers that disagree): send one")
         self._check_usable()
         principal = self._state.by_key.get(hash_key(token))
         if principal is None:

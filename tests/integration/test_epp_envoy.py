@@ -290,6 +290,21 @@ def test_client_errors_are_openai_shaped(stack: Stack, key: str) -> None:
     assert [m["id"] for m in models["data"]] == [MODEL]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_route_with_a_trailing_slash_is_served(stack: Stack, key: str, stream: bool) -> None:
+    """As on the HTTP edge: the picker sends the replica the route's own path (vLLM would
+    answer a redirect), and answers `/v1/models/` itself."""
+    auth = {"Authorization": f"Bearer {key}"}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+            "stream": stream}
+    with httpx.Client(base_url=stack.envoy, headers=auth, timeout=30) as c:
+        r = c.post("/v1/chat/completions/", json=body)
+        assert r.status_code == 200, r.text
+        assert r.text.endswith("data: [DONE]\n\n") if stream else r.json()["choices"]
+        models = c.get("/v1/models/")
+        assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+
+
 def test_the_pickers_accounting_settles(stack: Stack, key: str) -> None:
     """Every lease is released (streams, errors, refusals alike) and requests are counted."""
     stack.client(key).completions.create(model=MODEL, prompt="x", max_tokens=2)

@@ -399,3 +399,50 @@ async def test_request_headers_twice_fail_the_stream_and_settle_the_first_reques
                 epp.base, "kvgate_inflight_requests").values()) == 0, what="nothing in flight")
             _, answers = await _picked(stub, body)  # the tenant's one slot is free again
             assert DESTINATION in _set(answers[0])
+
+
+async def test_no_key_header_of_the_client_reaches_the_replica(stub: Any) -> None:
+    """The picker strips the client's key, in whichever header it came (`gateway.apikey`),
+    before Envoy sends the request on."""
+    body = _chat("keys")
+    call = stub.Process()
+    await call.write(pb.ProcessingRequest(request_headers=_headers(_request(
+        body, authorization="Bearer kvg-client", **{"api-key": "kvg-client",
+                                                     "x-api-key": "kvg-client"}))))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
+                                                                   end_of_stream=True)))
+    answers = await _answers(call, 2)
+    removed = {key for answer in answers for key in
+               answer.request_headers.response.header_mutation.remove_headers}
+    assert {"authorization", "api-key", "x-api-key"} <= removed
+    call.cancel()
+
+
+async def test_key_headers_are_read_as_on_the_http_edge() -> None:
+    """A bare key in `api-key` is read (an unknown one is "invalid", not "missing"), and two
+    different bearer keys are refused as such."""
+    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
+              "models": {PUBLIC: {"default": "p"}}}
+    epp = epp_proc(config=config, auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
+    with sim, epp:
+        async with grpc.aio.insecure_channel(epp.picker) as channel:
+            stub = pb_grpc.ExternalProcessorStub(channel)
+            answers = []
+            call = stub.Process()
+            await call.write(pb.ProcessingRequest(request_headers=_headers(
+                {":method": "GET", ":path": "/v1/models", "api-key": "kvg-not-a-key"},
+                end=True)))
+            answers.append((await _answers(call, 1))[0].immediate_response)
+            call = stub.Process()  # Envoy passes a repeated header as repeated entries
+            await call.write(pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+                end_of_stream=True, headers=HeaderMap(headers=[
+                    HeaderValue(key=":method", raw_value=b"GET"),
+                    HeaderValue(key=":path", raw_value=b"/v1/models"),
+                    HeaderValue(key="authorization", raw_value=b"Bearer kvg-a"),
+                    HeaderValue(key="authorization", raw_value=b"Bearer kvg-b")]))))
+            answers.append((await _answers(call, 1))[0].immediate_response)
+    messages = [orjson.loads(a.body)["error"]["message"] for a in answers]
+    assert all(a.status.code == 401 for a in answers)
+    assert messages[0] == "invalid or revoked API key"
+    assert "more than one API key" in messages[1]

@@ -65,3 +65,37 @@ def test_expect_100_continue_and_a_chunked_body_are_answered(sim_factory: SimFac
             assert chunk, raw  # the gateway closed the connection before the answer's end
             raw += chunk
         assert raw.startswith(b"HTTP/1.1 200 OK\r\n"), raw[:200]
+
+
+def _read_until_closed(s: socket.socket) -> bytes:
+    raw = b""
+    while chunk := s.recv(65536):
+        raw += chunk
+    return raw
+
+
+def test_an_answer_before_the_body_was_asked_for_closes_the_connection(
+    sim_factory: SimFactory,
+) -> None:
+    """`Expect: 100-continue` and a body over the limit: the 413 comes before any 100, and
+    the client keeps its body. The answer says `connection: close` and the connection ends
+    with it: it stayed open (closed 5 s later, idle), and a next request sent on it was read
+    as the held body and never answered. A body that was asked for keeps the connection."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    port = int(base.rsplit(":", 1)[1])
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n")
+    with gw:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head % (9 << 20))
+            raw = _read_until_closed(s)
+        status, _, rest = raw.partition(b"\r\n")
+        assert status == b"HTTP/1.1 413 Request Entity Too Large", raw[:200]
+        assert b"\r\nconnection: close\r\n" in rest.lower()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(head % len(BODY))
+            assert s.recv(4096).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            s.sendall(BODY + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            raw = _read_until_closed(s)
+        assert raw.startswith(b"HTTP/1.1 200 OK\r\n") and raw.count(b"HTTP/1.1 200 OK") == 2

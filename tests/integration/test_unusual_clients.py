@@ -1,10 +1,12 @@
 """Clients the other tests do not use: an HTTP/1.0 client, a body starting with a UTF-8 byte
 order mark, duplicate JSON keys, a client that reads a stream slowly (or leaves half way),
-long header values, a huge integer. Real simulator, real gateway, over loopback."""
+long header values, a huge integer, a POST that asks to upgrade to h2c (`curl --http2`). Real
+simulator, real gateway, over loopback."""
 
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -139,3 +141,58 @@ def test_a_huge_max_tokens_is_a_400(gw: tuple[str, str]) -> None:
     for error in errors:
         assert set(error) == {"message", "type", "param", "code"} and error["code"] == 400
         assert "Traceback" not in error["message"]
+
+
+def _answers(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` whole answers (Content-Length framed) read from `sock`: (status line, body)."""
+    buf, out = b"", list[tuple[bytes, bytes]]()
+    while len(out) < count:
+        while b"\r\n\r\n" not in buf:
+            buf += sock.recv(65536) or b"<closed>"
+            assert not buf.endswith(b"<closed>"), (out, buf)
+        head, _, buf = buf.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:")))
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        out.append((head.split(b"\r\n")[0], buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+H2C = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+       b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
+
+
+@pytest.mark.parametrize("framing", ["length", "length-later", "chunked"])
+def test_an_h2c_upgrade_post_is_served_with_its_body(gw: tuple[str, str], framing: str) -> None:
+    """`curl --http2 http://...` asks to upgrade an ordinary POST to h2c. kvgate stays on
+    HTTP/1.1 (RFC 9110 7.8 lets a server ignore Upgrade) and must still read the body, which
+    the HTTP parser skips for an upgrade request: the request is answered as sent (it was a
+    400 "not valid JSON": an empty body), and the connection stays usable."""
+    base, _ = gw
+    host, port = base.removeprefix("http://").split(":")
+    body = orjson.dumps(CHAT)
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if framing == "chunked":
+        head += H2C + b"Transfer-Encoding: chunked\r\n\r\n"
+        sent = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (7, body[:7], len(body) - 7, body[7:])
+    else:
+        head += H2C + b"Content-Length: %d\r\n\r\n" % len(body)
+        sent = body
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        if framing == "length-later":  # the body in later reads than the headers
+            sock.sendall(head + sent[:5])
+            time.sleep(0.2)
+            sock.sendall(sent[5:] + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
+            answers = _answers(sock, 2)
+        else:
+            sock.sendall(head + sent)
+            answers = _answers(sock, 1)
+    status, answer = answers[0]
+    assert status.startswith(b"HTTP/1.1 200"), answer
+    assert orjson.loads(answer)["object"] == "chat.completion"
+    if framing == "length-later":
+        assert answers[1][0].startswith(b"HTTP/1.1 200")
+        assert orjson.loads(answers[1][1])["object"] == "list"
+    wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
