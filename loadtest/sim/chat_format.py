@@ -44,13 +44,13 @@ class ChatFormat:
         return b""  # vLLM sends the role chunk with the first output, not before
 
     def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None,
-               generated: int = 0) -> bytes:
+               generated: int = 0, index: int = 0) -> bytes:
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "logprobs": None,
+            choice: dict[str, Any] = {"index": index, "delta": delta or {}, "logprobs": None,
                                       "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
             obj = "text_completion"
         if finish is not None:
             choice["stop_reason"] = None
@@ -68,8 +68,9 @@ class ChatFormat:
         if not self.chat:
             if not piece.content and finish is None:
                 return b""
-            return self._chunk(None, piece.content, finish, generated)
-        head = self._chunk({"role": "assistant", "content": ""}, "", None) if first else b""
+            return self._chunk(None, piece.content, finish, generated, piece.index)
+        head = (self._chunk({"role": "assistant", "content": ""}, "", None, 0, piece.index)
+                if first else b"")
         delta: dict[str, Any] = {}
         if self.g.gen.tool is not None:
             if first:
@@ -83,7 +84,7 @@ class ChatFormat:
                 delta["content"] = piece.content
         if not delta and finish is None:
             return head
-        return head + self._chunk(delta, "", finish, generated)
+        return head + self._chunk(delta, "", finish, generated, piece.index)
 
     def end(self, last: RequestOutput) -> bytes:
         tail = b""

@@ -9,7 +9,18 @@ from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
 from loadtest.sim.tools import ToolPlan, plan_tool_call
 
-__all__ = ["GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
+__all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
+
+MAX_N = 128  # a sanity bound of the simulator's (vLLM's own is the KV cache)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoicePlan:
+    """One of the ``n`` sequences: its own text (seed), natural end and stop-string cut."""
+
+    seed: int
+    eos_after: int | None
+    visible_chars: int | None
 
 
 @dataclass(slots=True)
@@ -31,6 +42,17 @@ class GenRequest:
     # `stream_options.continuous_usage_stats` (vLLM extra, with include_usage): usage so far
     # on every chunk
     continuous_usage: bool = False
+    # the n sequences (`n`); choices[0] is the fields above, so n=1 is unchanged
+    choices: tuple[ChoicePlan, ...] = ()
+
+    @property
+    def n(self) -> int:
+        return max(1, len(self.choices))
+
+    def plan(self, index: int) -> ChoicePlan:
+        if not self.choices:
+            return ChoicePlan(self.seed, self.eos_after, self.visible_chars)
+        return self.choices[index]
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -63,9 +85,11 @@ def parse_prompt(body: dict[str, Any], chat: bool) -> P.Prompt:
         return P.Prompt(text=raw)
     if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
         return P.Prompt(ids=list(raw))
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
+        raise SimError(400, "The simulator does not support a list of several prompts (batched "
+                       "completions); send one prompt per request.", param="prompt")
     raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
-                   "token ids (batches are not supported by the simulator)", "Bad Request",
-                   "prompt")
+                   "token ids", "Bad Request", "prompt")
 
 
 def _int_field(body: dict[str, Any], *names: str) -> int | None:
@@ -79,10 +103,18 @@ def _int_field(body: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _check_sampling(body: dict[str, Any]) -> int:
+def _check_n(body: dict[str, Any]) -> int:
     n = _int_field(body, "n")
-    if n not in (None, 1):
-        raise SimError(400, "The simulator supports n=1 only.", param="n")
+    if n is None:
+        return 1
+    if n < 1:  # vLLM's SamplingParams check
+        raise SimError(400, f"n must be at least 1, got {n}.", param="n")
+    if n > MAX_N:
+        raise SimError(400, f"The simulator supports n up to {MAX_N}, got {n}.", param="n")
+    return n
+
+
+def _check_sampling(body: dict[str, Any]) -> int:
     temp = body.get("temperature")
     if temp is not None and (isinstance(temp, bool) or not isinstance(temp, int | float)):
         raise SimError(400, "1 validation error: 'temperature' must be a number", "Bad Request",
@@ -151,15 +183,10 @@ def parse_generation(
     ignore_eos = body.get("ignore_eos") is True
     seed = prompt.seed()
     thinking = P.reasoning_length(seed) if (reasoning and chat and tool is None) else 0
-    eos_after: int | None
-    visible: int | None
-    if tool is not None:  # guided decoding ends with the JSON object, EOS or not
-        eos_after, visible = -(-len(tool.arguments) // 4), None
-    else:
-        natural = None if ignore_eos else thinking + P.natural_length(seed)
-        length = max_tokens if natural is None else min(natural, max_tokens)
-        stop_point = _stop_point(seed, length, _stops(body))
-        eos_after, visible = (stop_point if stop_point else (natural, None))
+    stops = _stops(body)
+    choices = tuple(_plan_choice(P.choice_seed(seed, j), thinking, max_tokens, ignore_eos, stops,
+                                 tool) for j in range(_check_n(body)))
+    eos_after, visible = choices[0].eos_after, choices[0].visible_chars
     options = body.get("stream_options")
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -168,4 +195,15 @@ def parse_generation(
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True, continuous)
+                      body.get("return_token_ids") is True, continuous, choices)
+
+
+def _plan_choice(seed: int, thinking: int, max_tokens: int, ignore_eos: bool, stops: list[str],
+                 tool: ToolPlan | None) -> ChoicePlan:
+    if tool is not None:  # guided decoding ends with the JSON object, EOS or not
+        return ChoicePlan(seed, -(-len(tool.arguments) // 4), None)
+    natural = None if ignore_eos else thinking + P.natural_length(seed)
+    length = max_tokens if natural is None else min(natural, max_tokens)
+    stop_point = _stop_point(seed, length, stops)
+    eos_after, visible = (stop_point if stop_point else (natural, None))
+    return ChoicePlan(seed, eos_after, visible)

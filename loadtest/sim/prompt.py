@@ -33,6 +33,7 @@ __all__ = [
     "VOCAB_MASK",
     "Prompt",
     "block_hashes",
+    "choice_seed",
     "content_text",
     "generated_text",
     "natural_length",
@@ -163,6 +164,14 @@ def _text_block_hashes(text: str, width: int, salt: str | None) -> tuple[int, ..
 def text_seed(ids: Sequence[int]) -> int:
     """A per-prompt seed for the generated text and its natural length."""
     return xxhash.xxh3_64_intdigest(array("I", (t & 0xFFFFFFFF for t in ids)).tobytes())
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of an ``n > 1`` request: choice 0 keeps the prompt's own, so
+    n=1 answers do not change; the others get their own text and natural length."""
+    if index == 0:
+        return seed
+    return xxhash.xxh3_64_intdigest(index.to_bytes(4, "little"), seed & 0xFFFFFFFFFFFFFFFF)
 
 
 def natural_length(seed: int, lo: int = 8, hi: int = 128) -> int:
