@@ -52,18 +52,20 @@ class Piece:
     content: str
     out: RequestOutput
     index: int = 0  # the choice it belongs to (`n > 1`)
+    offset: int = 0  # characters of the choice's content sent before this piece's
 
 
 class _Choice:
     """One of the request's n sequences: its engine request and what was sent of it."""
 
-    __slots__ = ("chars_sent", "content", "engine_id", "first", "index", "last", "plan",
-                 "reasoning", "sent_tokens")
+    __slots__ = ("chars_sent", "content", "content_chars", "engine_id", "first", "index", "last",
+                 "plan", "reasoning", "sent_tokens")
 
     def __init__(self, index: int, plan: ChoicePlan, engine_id: str) -> None:
         self.index, self.plan, self.engine_id = index, plan, engine_id
         self.sent_tokens = 0
         self.chars_sent = 0
+        self.content_chars = 0  # of the answer (or tool arguments), not the thinking
         self.first = True  # nothing of it streamed yet
         self.last: RequestOutput | None = None  # its last output once finished
         self.reasoning: list[str] = []
@@ -79,7 +81,9 @@ class Format(Protocol):
 
     def end(self, last: RequestOutput) -> bytes: ...  # a stream's last bytes
 
-    def full(self, reasoning: str, content: str, last: RequestOutput) -> dict[str, Any]: ...
+    # a whole answer's body (of choice ``index``, when the API has n choices)
+    def full(self, reasoning: str, content: str, last: RequestOutput,
+             index: int = 0) -> dict[str, Any]: ...
 
 
 class Generation:
@@ -169,7 +173,7 @@ class Generation:
         start, choice.sent_tokens = choice.sent_tokens, choice.sent_tokens + count
         tool = self.gen.tool
         if tool is not None:
-            return Piece("", tool.arguments[4 * start: 4 * (start + count)], out, choice.index)
+            return self._content(choice, "", tool.arguments[4 * start: 4 * (start + count)], out)
         think = self.gen.reasoning_tokens
         split = min(max(think - start, 0), count)
         text = P.generated_text(choice.plan.seed, start, count)
@@ -177,7 +181,13 @@ class Generation:
         if limit is not None:
             text = text[: max(0, limit - choice.chars_sent)]
         choice.chars_sent += len(text)
-        return Piece(text[: 4 * split], text[4 * split:], out, choice.index)
+        return self._content(choice, text[: 4 * split], text[4 * split:], out)
+
+    @staticmethod
+    def _content(choice: _Choice, reasoning: str, content: str, out: RequestOutput) -> Piece:
+        piece = Piece(reasoning, content, out, choice.index, choice.content_chars)
+        choice.content_chars += len(content)
+        return piece
 
     def _hung(self, choice: _Choice) -> bool:
         return 0 <= self.ctx.faults.hang_after_tokens <= choice.sent_tokens
@@ -232,7 +242,7 @@ class Generation:
 
     def _whole(self, fmt: Format) -> dict[str, Any]:
         """The answer's body: one choice per sequence, in index order."""
-        bodies = [fmt.full("".join(c.reasoning), "".join(c.content), c.last)
+        bodies = [fmt.full("".join(c.reasoning), "".join(c.content), c.last, c.index)
                   for c in self.choices if c.last is not None]
         body = bodies[0]
         if len(bodies) > 1:

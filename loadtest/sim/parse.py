@@ -7,6 +7,7 @@ from typing import Any
 
 from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
+from loadtest.sim.logprobs import MAX_LOGPROBS
 from loadtest.sim.tools import ToolPlan, plan_tool_call
 
 __all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
@@ -44,6 +45,9 @@ class GenRequest:
     continuous_usage: bool = False
     # the n sequences (`n`); choices[0] is the fields above, so n=1 is unchanged
     choices: tuple[ChoicePlan, ...] = ()
+    # alternatives per token when log probabilities were asked for (chat `top_logprobs`,
+    # completions `logprobs: k`), None when not
+    logprobs: int | None = None
 
     @property
     def n(self) -> int:
@@ -114,6 +118,27 @@ def _check_n(body: dict[str, Any]) -> int:
     return n
 
 
+def _check_logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise SimError(400, "1 validation error: 'logprobs' must be a boolean", "Bad Request",
+                           "logprobs")
+        top = _int_field(body, "top_logprobs")
+        if top is not None and top > 0 and not wanted:  # the request model's validator
+            raise SimError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                           param="top_logprobs")
+        count, name = (top or 0) if wanted else None, "top_logprobs"
+    else:
+        count, name = _int_field(body, "logprobs"), "logprobs"
+    if count is not None and count < 0:
+        raise SimError(400, f"`{name}` must be a non-negative value.", param=name)
+    if count is not None and count > MAX_LOGPROBS:  # vLLM's --max-logprobs (default 20)
+        raise SimError(400, f"Requested sample logprobs of {count}, which is greater than max "
+                       f"allowed: {MAX_LOGPROBS}", param=name)
+    return count
+
+
 def _check_sampling(body: dict[str, Any]) -> int:
     temp = body.get("temperature")
     if temp is not None and (isinstance(temp, bool) or not isinstance(temp, int | float)):
@@ -176,6 +201,7 @@ def parse_generation(
                        "defined when `stream=True`.", "Bad Request", "stream_options")
     salt = validate_cache_salt(body)
     priority = _check_sampling(body)
+    logprobs = _check_logprobs(body, chat)
     tool = plan_tool_call(body) if chat else None
     prompt = parse_prompt(body, chat)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
@@ -195,7 +221,7 @@ def parse_generation(
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True, continuous, choices)
+                      body.get("return_token_ids") is True, continuous, choices, logprobs)
 
 
 def _plan_choice(seed: int, thinking: int, max_tokens: int, ignore_eos: bool, stops: list[str],

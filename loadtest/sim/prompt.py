@@ -41,6 +41,7 @@ __all__ = [
     "render_chat",
     "text_seed",
     "token_ids",
+    "vocabulary",
 ]
 
 VOCAB_MASK = (1 << 17) - 1
@@ -182,6 +183,11 @@ def natural_length(seed: int, lo: int = 8, hi: int = 128) -> int:
 def reasoning_length(seed: int, lo: int = 4, hi: int = 16) -> int:
     """How many leading output tokens are the thinking phase (``--reasoning``), fixed per prompt."""
     return lo + (seed >> 20) % (hi - lo + 1)
+
+
+def vocabulary() -> tuple[str, ...]:
+    """The words generated text is made of (one token each)."""
+    return _WORDS
 
 
 def generated_text(seed: int, start: int, count: int) -> str:
