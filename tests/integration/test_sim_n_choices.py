@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import httpx
 import openai
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.integration.test_gateway_vllm_streams import SimFactory
@@ -86,3 +87,12 @@ def test_the_prompt_is_computed_once_for_n_sequences(sim_factory: SimFactory) ->
     # the 2 later sequences find the first one's 4 full blocks in the prefix cache
     assert sim_counter(sim, "vllm:prefix_cache_hits_total") == 2 * 4 * 64
     assert sim_counter(sim, "vllm:generation_tokens_total") == 15
+
+
+def test_n_sequences_count_n_against_the_admission_limit(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50", "--max-num-queued-reqs", "2")
+    api = client(sim)
+    with pytest.raises(openai.APIStatusError) as info:  # 3 sequences > 2, on an idle replica
+        api.completions.create(model=MODEL, prompt="x", max_tokens=2, n=3)
+    assert info.value.status_code == 503 and "currently busy" in info.value.message
+    assert len(api.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2).choices) == 2
