@@ -475,11 +475,16 @@ def _max_tokens(parsed: ParsedBody) -> int | None:
 
 
 def _sequences(parsed: ParsedBody) -> int:
-    """How many outputs the request asks for (chat/completions ``n``; vLLM refuses n < 1)."""
-    value = parsed.data.get("n")
-    if isinstance(value, int) and not isinstance(value, bool) and value > 1:
-        return value
-    return 1
+    """How many outputs the request asks for: ``n`` (vLLM refuses n < 1) per prompt, and a
+    completions batch (a list of prompts) has one prompt per entry."""
+    data = parsed.data
+    value = data.get("n")
+    n = value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and all(
+            isinstance(p, str | list) for p in prompt):
+        return n * len(prompt)
+    return n
 
 
 class _FlowCollector(Collector):

@@ -133,7 +133,7 @@ class ChatFormat:
         if self.g.gen.return_token_ids:
             # `return_token_ids` (vLLM extra): the prompt's ids come AFTER usage in a chat body
             # (ChatCompletionResponse.prompt_token_ids), inside the choice for completions
-            prompt_ids = self.g.gen.prompt.ids
+            prompt_ids = self.g.gen.prompt_of(index).ids
             choice["token_ids"] = P.token_ids(reasoning + content)
             if self.chat:
                 body = {**body, "prompt_token_ids": prompt_ids}

@@ -92,7 +92,8 @@ class Generation:
     ``n > 1`` is n engine requests, as vLLM fans a request out into n child sequences: the
     first is submitted at once, the others when it has its first token, so the prompt's full
     blocks are computed once and the others hit them in the prefix cache (vLLM's children
-    share them too); each then decodes its own text.
+    share them too); each then decodes its own text. A completions batch (a list of prompts)
+    is that per prompt, all prompts at once: choice ``i * n + j`` is prompt i's j-th.
     """
 
     def __init__(self, ctx: ServeContext, runner: EngineRunner, gen: GenRequest, engine_id: str,
@@ -106,33 +107,40 @@ class Generation:
         self.choices = [_Choice(j, gen.plan(j), engine_id if j == 0 else f"{engine_id}.{j}")
                         for j in range(gen.n)]
         self._by_id = {c.engine_id: c for c in self.choices}
-        self._submitted = 0
+        self._submitted: list[_Choice] = []
+        self._per_prompt = len(self.choices) // max(1, len(gen.prompts))  # n
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.finished: RequestOutput | None = None  # the last output once the request finished
 
     def spec(self, index: int = 0) -> RequestSpec:
-        gen, choice = self.gen, self.choices[index]
+        gen, plan = self.gen, self.choices[index].plan
+        prompt = gen.prompt_of(index)
         return RequestSpec(
-            request_id=choice.engine_id,
-            block_hashes=gen.prompt.block_hashes(self.ctx.block_size, gen.salt),
-            prompt_tokens=gen.prompt.num_tokens, max_tokens=gen.max_tokens,
-            eos_after=choice.plan.eos_after, priority=gen.priority,
+            request_id=self.choices[index].engine_id,
+            block_hashes=prompt.block_hashes(self.ctx.block_size, gen.salt),
+            prompt_tokens=prompt.num_tokens, max_tokens=plan.max_tokens or gen.max_tokens,
+            eos_after=plan.eos_after, priority=gen.priority,
         )
 
     def usage(self, out: RequestOutput) -> dict[str, Any]:
         """Chat/completions usage, completion tokens summed over the choices as vLLM does;
         `cached_tokens` only with --enable-prompt-tokens-details
         (vllm/entrypoints/openai/chat_completion/serving.py)."""
-        prompt = self.gen.prompt.num_tokens
-        done = sum((c.last or out).num_output_tokens for c in self.choices) if (
-            len(self.choices) > 1) else out.num_output_tokens
-        details = ({"cached_tokens": out.cached_tokens} if self.ctx.prompt_tokens_details
-                   else None)
+        if len(self.choices) == 1:
+            prompt, done, cached = (self.gen.prompt.num_tokens, out.num_output_tokens,
+                                    out.cached_tokens)
+        else:  # each prompt of a batch counted once; its lead sequence's cache hit
+            leads = [c.last or out for c in self._leads()]
+            prompt = sum(p.num_tokens for p in self.gen.prompts) or self.gen.prompt.num_tokens
+            done = sum((c.last or out).num_output_tokens for c in self.choices)
+            cached = sum(o.cached_tokens for o in leads)
+        details = {"cached_tokens": cached} if self.ctx.prompt_tokens_details else None
         return {"prompt_tokens": prompt, "total_tokens": prompt + done,
                 "completion_tokens": done, "prompt_tokens_details": details}
 
     async def serve(self, receive: Receive, send: Send, fmt: Format) -> None:
-        self._submit(1)
+        for lead in self._leads():
+            self._submit(lead)
         watcher = asyncio.create_task(wait_disconnect(receive))
         watcher.add_done_callback(lambda _t: self._abort())
         try:
@@ -143,20 +151,25 @@ class Generation:
         finally:
             watcher.cancel()
 
-    def _submit(self, upto: int) -> None:
-        while self._submitted < upto:
-            self.runner.submit(self.spec(self._submitted), self._queue)
-            self._submitted += 1
+    def _leads(self) -> list[_Choice]:
+        """The first sequence of each prompt (choice i * n of a batch of prompts)."""
+        return self.choices[:: self._per_prompt]
+
+    def _submit(self, choice: _Choice) -> None:
+        self.runner.submit(self.spec(choice.index), self._queue)
+        self._submitted.append(choice)
 
     def _abort(self) -> None:
-        for choice in self.choices[: self._submitted]:
+        for choice in self._submitted:
             self.runner.abort(choice.engine_id)
 
     async def _output(self, send: Send | None) -> tuple[_Choice, RequestOutput]:
         out = await self._next(self._queue, send)
         choice = self._by_id[out.request_id]
-        if choice.index == 0 and out.first_token_time is not None:
-            self._submit(len(self.choices))  # the prompt's blocks are in the cache now
+        n = self._per_prompt
+        if choice.index % n == 0 and out.first_token_time is not None:
+            for sibling in self.choices[choice.index + 1: choice.index + n]:
+                self._submit(sibling)  # the prompt's blocks are in the cache now
         if out.finish_reason is not None:
             choice.last = out
         return choice, out

@@ -10,7 +10,8 @@ from loadtest.sim.errors import SimError
 from loadtest.sim.logprobs import MAX_LOGPROBS
 from loadtest.sim.tools import ToolPlan, plan_tool_call
 
-__all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
+__all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "parse_prompts",
+           "validate_cache_salt"]
 
 MAX_N = 128  # a sanity bound of the simulator's (vLLM's own is the KV cache)
 
@@ -22,6 +23,8 @@ class ChoicePlan:
     seed: int
     eos_after: int | None
     visible_chars: int | None
+    max_tokens: int = 0  # its prompt's (max_tokens, or what fits beside the prompt)
+    prompt: int = 0  # which of a batch's prompts it answers
 
 
 @dataclass(slots=True)
@@ -53,10 +56,17 @@ class GenRequest:
     def n(self) -> int:
         return max(1, len(self.choices))
 
+    # a completions batch (a list of prompts): one entry each; prompts[0] is `prompt`
+    prompts: tuple[P.Prompt, ...] = ()
+
     def plan(self, index: int) -> ChoicePlan:
         if not self.choices:
-            return ChoicePlan(self.seed, self.eos_after, self.visible_chars)
+            return ChoicePlan(self.seed, self.eos_after, self.visible_chars, self.max_tokens)
         return self.choices[index]
+
+    def prompt_of(self, index: int) -> P.Prompt:
+        """The prompt choice ``index`` answers."""
+        return self.prompts[self.plan(index).prompt] if self.prompts else self.prompt
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -89,11 +99,17 @@ def parse_prompt(body: dict[str, Any], chat: bool) -> P.Prompt:
         return P.Prompt(text=raw)
     if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
         return P.Prompt(ids=list(raw))
-    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
-        raise SimError(400, "The simulator does not support a list of several prompts (batched "
-                       "completions); send one prompt per request.", param="prompt")
     raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
                    "token ids", "Bad Request", "prompt")
+
+
+def parse_prompts(body: dict[str, Any]) -> list[P.Prompt]:
+    """A completions request's prompts: a list of strings or of token-id lists is a batch
+    (vLLM answers one choice per prompt and ``n``); anything else is one prompt."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
+        return [parse_prompt({"prompt": p}, chat=False) for p in raw]
+    return [parse_prompt(body, chat=False)]
 
 
 def _int_field(body: dict[str, Any], *names: str) -> int | None:
@@ -203,15 +219,22 @@ def parse_generation(
     priority = _check_sampling(body)
     logprobs = _check_logprobs(body, chat)
     tool = plan_tool_call(body) if chat else None
-    prompt = parse_prompt(body, chat)
+    prompts = [parse_prompt(body, chat)] if chat else parse_prompts(body)
+    prompt = prompts[0]
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-    max_tokens = _check_length(prompt.num_tokens, _int_field(body, *names), max_model_len)
+    requested = _int_field(body, *names)
+    limits = [_check_length(p.num_tokens, requested, max_model_len) for p in prompts]
+    max_tokens = limits[0]
     ignore_eos = body.get("ignore_eos") is True
     seed = prompt.seed()
     thinking = P.reasoning_length(seed) if (reasoning and chat and tool is None) else 0
     stops = _stops(body)
-    choices = tuple(_plan_choice(P.choice_seed(seed, j), thinking, max_tokens, ignore_eos, stops,
-                                 tool) for j in range(_check_n(body)))
+    n = _check_n(body)
+    # vLLM's order: prompt i's j-th sequence is choice i * n + j
+    choices = tuple(_plan_choice(P.choice_seed(p.seed(), j), thinking, limit, ignore_eos, stops,
+                                 tool, i)
+                    for i, (p, limit) in enumerate(zip(prompts, limits, strict=True))
+                    for j in range(n))
     eos_after, visible = choices[0].eos_after, choices[0].visible_chars
     options = body.get("stream_options")
     stream = body.get("stream") is True
@@ -221,15 +244,16 @@ def parse_generation(
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True, continuous, choices, logprobs)
+                      body.get("return_token_ids") is True, continuous, choices, logprobs,
+                      tuple(prompts) if len(prompts) > 1 else ())
 
 
 def _plan_choice(seed: int, thinking: int, max_tokens: int, ignore_eos: bool, stops: list[str],
-                 tool: ToolPlan | None) -> ChoicePlan:
+                 tool: ToolPlan | None, prompt: int) -> ChoicePlan:
     if tool is not None:  # guided decoding ends with the JSON object, EOS or not
-        return ChoicePlan(seed, -(-len(tool.arguments) // 4), None)
+        return ChoicePlan(seed, -(-len(tool.arguments) // 4), None, max_tokens, prompt)
     natural = None if ignore_eos else thinking + P.natural_length(seed)
     length = max_tokens if natural is None else min(natural, max_tokens)
     stop_point = _stop_point(seed, length, stops)
     eos_after, visible = (stop_point if stop_point else (natural, None))
-    return ChoicePlan(seed, eos_after, visible)
+    return ChoicePlan(seed, eos_after, visible, max_tokens, prompt)

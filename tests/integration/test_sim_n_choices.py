@@ -96,3 +96,26 @@ def test_n_sequences_count_n_against_the_admission_limit(sim_factory: SimFactory
         api.completions.create(model=MODEL, prompt="x", max_tokens=2, n=3)
     assert info.value.status_code == 503 and "currently busy" in info.value.message
     assert len(api.completions.create(model=MODEL, prompt="x", max_tokens=2, n=2).choices) == 2
+
+
+def test_a_batch_of_prompts_is_one_choice_per_prompt_and_n(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        api = client(base)
+        stream = api.completions.create(
+            model=MODEL, prompt=["first prompt", "the second prompt"], max_tokens=3, n=2,
+            stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        chunks = list(stream)
+        text: dict[int, str] = defaultdict(str)
+        for chunk in chunks:
+            for choice in chunk.choices:
+                text[choice.index] += choice.text
+        assert sorted(text) == [0, 1, 2, 3] and all(len(t) == 12 for t in text.values())
+        usage = chunks[-1].usage
+        assert usage is not None and usage.completion_tokens == 12
+        alone = api.completions.create(model=MODEL, prompt="the second prompt", max_tokens=3,
+                                       extra_body={"ignore_eos": True})
+        assert text[2] == alone.choices[0].text  # index = prompt_i * n + j
+        assert alone.usage is not None and usage.prompt_tokens > alone.usage.prompt_tokens
+        assert completion_tokens(base) == 15

@@ -1,4 +1,4 @@
-"""Flow control charges every output sequence a request asks for (`n`)."""
+"""Flow control charges every output sequence a request asks for (`n`, a list of prompts)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ from gateway.flow import _sequences
     ({"n": True}, 1),
     ({"n": "3"}, 1),
     ({"n": None}, 1),
+    ({"prompt": ["a", "b", "c"]}, 3),  # a completions batch: one output per prompt
+    ({"prompt": [[1, 2], [3]], "n": 2}, 4),
+    ({"prompt": [1, 2, 3]}, 1),  # one prompt of token ids
+    ({"prompt": ["one"]}, 1),
 ])
 def test_sequences_from_the_body(body: dict[str, Any], expected: int) -> None:
     assert _sequences(ParsedBody(body, "m", False, 10)) == expected

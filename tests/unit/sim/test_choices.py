@@ -68,3 +68,17 @@ def test_stream_carries_each_choice_index_to_its_finish() -> None:
     assert finishes == {0: "length", 1: "length"}
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
     assert b"".join(sent).endswith(b"data: [DONE]\n\n")
+
+
+def test_a_batch_computes_each_prompt_once() -> None:
+    other = "another prompt that shares nothing " * 20
+    body = {"model": "m", "prompt": [PROMPT, other], "n": 2, "max_tokens": 2,
+            "ignore_eos": True}
+    sent, engine = asyncio.run(_serve(body))
+    answer = orjson.loads(b"".join(sent))
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2, 3]
+    assert answer["usage"]["completion_tokens"] == 8
+    prompts = parse_generation(body, False, 4096).prompts
+    assert answer["usage"]["prompt_tokens"] == sum(p.num_tokens for p in prompts)
+    hits = sum((p.num_tokens - 1) // 16 * 16 for p in prompts)  # each prompt's second sequence
+    assert engine.stats.prefix_cache_hits == hits

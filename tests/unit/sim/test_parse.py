@@ -52,8 +52,23 @@ def test_one_prompt_in_any_form(prompt: Any) -> None:
     assert _parse({"model": "m", "prompt": prompt}, chat=False).prompt.num_tokens > 0
 
 
-@pytest.mark.parametrize("prompt", [["one", "two"], [[1, 2], [3, 4]]])
-def test_a_list_of_prompts_is_a_400_that_says_batches_are_not_supported(prompt: Any) -> None:
+@pytest.mark.parametrize("prompt", [["one", "two words"], [[1, 2], [3, 4, 5]]])
+def test_a_list_of_prompts_is_one_choice_per_prompt_and_n(prompt: Any) -> None:
+    gen = _parse({"model": "m", "prompt": prompt, "n": 2}, chat=False)
+    assert gen.n == 4 and [p.prompt for p in gen.choices] == [0, 0, 1, 1]
+    assert [gen.prompt_of(i).num_tokens for i in range(4)] == [
+        gen.prompts[0].num_tokens] * 2 + [gen.prompts[1].num_tokens] * 2
+    alone = _parse({"model": "m", "prompt": prompt[1]}, chat=False)
+    assert gen.choices[2].seed == alone.seed  # prompt i's first choice is its n=1 answer
+
+
+def test_each_prompt_of_a_batch_gets_what_fits_beside_it() -> None:
+    gen = parse_generation({"model": "m", "prompt": ["a", "b " * 40]}, False, 64)
+    assert [p.max_tokens for p in gen.choices] == [63, 64 - gen.prompts[1].num_tokens]
+
+
+@pytest.mark.parametrize("prompt", [["one", ""], [[1, 2], []], ["one", 3]])
+def test_a_bad_prompt_in_a_batch_is_a_400(prompt: Any) -> None:
     with pytest.raises(SimError) as err:
         _parse({"model": "m", "prompt": prompt}, chat=False)
-    assert err.value.param == "prompt" and "list of several prompts" in err.value.message
+    assert (err.value.status, err.value.param) == (400, "prompt")
