@@ -44,21 +44,27 @@ class ChatFormat:
     def start(self) -> bytes:
         return b""  # vLLM sends the role chunk with the first output, not before
 
-    def _logprobs(self, text: str, index: int, offset: int) -> dict[str, Any] | None:
-        """``choice.logprobs`` for ``text`` when the request asked for them."""
+    def _echo(self, index: int) -> str:
+        """The prompt text a completions choice starts with (``echo``), else ""."""
+        return (self.g.gen.prompt_of(index).text or "") if self.g.gen.echo else ""
+
+    def _logprobs(self, text: str, index: int, offset: int,
+                  echo: str = "") -> dict[str, Any] | None:
+        """``choice.logprobs`` for ``text`` (after ``echo``) when the request asked for them."""
         count = self.g.gen.logprobs
         if count is None:
             return None
         seed = self.g.choices[index].plan.seed
         if self.chat:
             return L.chat_logprobs(text, seed, offset, count)
-        return L.completion_logprobs(text, seed, offset, count)
+        out = L.completion_logprobs(text, seed, offset, count, len(self._echo(index)))
+        return L.joined(L.prompt_logprobs(echo, count), out) if echo else out
 
     def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None,
-               generated: int = 0, piece: Piece | None = None) -> bytes:
+               generated: int = 0, piece: Piece | None = None, echo: str = "") -> bytes:
         index = piece.index if piece is not None else 0
-        logprobs = (self._logprobs(piece.content, index, piece.offset)
-                    if piece is not None and piece.content else None)
+        logprobs = (self._logprobs(piece.content, index, piece.offset, echo)
+                    if piece is not None and (piece.content or echo) else None)
         if self.chat:
             choice: dict[str, Any] = {"index": index, "delta": delta or {}, "logprobs": logprobs,
                                       "finish_reason": finish}
@@ -80,9 +86,10 @@ class ChatFormat:
         finish = self._finish(piece.out)
         generated = piece.out.num_output_tokens
         if not self.chat:
-            if not piece.content and finish is None:
+            echo = self._echo(piece.index) if first else ""  # vLLM: with the first output
+            if not piece.content and not echo and finish is None:
                 return b""
-            return self._chunk(None, piece.content, finish, generated, piece)
+            return self._chunk(None, echo + piece.content, finish, generated, piece, echo)
         role = Piece("", "", piece.out, piece.index)  # the role chunk carries no logprobs
         head = self._chunk({"role": "assistant", "content": ""}, "", None, 0, role) if (
             first) else b""
@@ -114,7 +121,8 @@ class ChatFormat:
     def full(self, reasoning: str, content: str, last: RequestOutput,
              index: int = 0) -> dict[str, Any]:
         finish = self._finish(last)
-        logprobs = self._logprobs(content, index, 0)
+        echo = self._echo(index)
+        logprobs = self._logprobs(content, index, 0, echo)
         if self.chat:
             tool = self.g.gen.tool
             message = {"role": "assistant", "content": "" if tool else content, "refusal": None,
@@ -124,8 +132,8 @@ class ChatFormat:
                                       "stop_reason": None, "message": message}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": content, "logprobs": logprobs, "finish_reason": finish,
-                      "stop_reason": None}
+            choice = {"index": 0, "text": echo + content, "logprobs": logprobs,
+                      "finish_reason": finish, "stop_reason": None}
             obj = "text_completion"
         body = {"id": self.response_id, "object": obj, "created": self.g.created,
                 "model": self.g.ctx.model, "choices": [choice], "usage": self.g.usage(last),

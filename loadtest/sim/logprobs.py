@@ -16,7 +16,8 @@ import xxhash
 
 from loadtest.sim import prompt as P
 
-__all__ = ["MAX_LOGPROBS", "chat_logprobs", "completion_logprobs", "tokens_of"]
+__all__ = ["MAX_LOGPROBS", "chat_logprobs", "completion_logprobs", "joined", "prompt_logprobs",
+           "tokens_of"]
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
@@ -56,16 +57,34 @@ def chat_logprobs(text: str, seed: int, offset: int, top: int) -> dict[str, Any]
     return {"content": content}
 
 
-def completion_logprobs(text: str, seed: int, offset: int, k: int) -> dict[str, Any]:
+def completion_logprobs(text: str, seed: int, offset: int, k: int,
+                        shift: int = 0) -> dict[str, Any]:
     """``choice.logprobs`` of completions: tokens, their log probabilities, the sampled token
     and up to ``k`` alternatives each (k=0: the sampled token only, as vLLM), and where each
-    token starts in the choice's text."""
+    token starts in the choice's text (``shift``: the echoed prompt before the output)."""
     tokens = tokens_of(text)
     lps = [_logprob(seed, offset // 4 + i) for i in range(len(tokens))]
     return {
-        "text_offset": [offset + 4 * i for i in range(len(tokens))],
+        "text_offset": [shift + offset + 4 * i for i in range(len(tokens))],
         "token_logprobs": lps,
         "tokens": tokens,
         "top_logprobs": [dict(_alternatives(t, lp, max(1, k))) for t, lp in zip(tokens, lps,
                                                                                 strict=True)],
     }
+
+
+def prompt_logprobs(text: str, k: int) -> dict[str, Any]:
+    """The echoed prompt's part of completions ``logprobs``: its first token has none (nothing
+    comes before it), as vLLM's echo answers."""
+    tokens = tokens_of(text)
+    lps: list[float | None] = [None]
+    lps += [_logprob(len(text), i) for i in range(1, len(tokens))]
+    tops = [None if lp is None else dict(_alternatives(t, lp, max(1, k)))
+            for t, lp in zip(tokens, lps, strict=False)]
+    return {"text_offset": [4 * i for i in range(len(tokens))], "token_logprobs": lps,
+            "tokens": tokens, "top_logprobs": tops}
+
+
+def joined(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two completions ``logprobs`` objects one after the other."""
+    return {key: first[key] + then[key] for key in first}

@@ -58,6 +58,7 @@ class GenRequest:
 
     # a completions batch (a list of prompts): one entry each; prompts[0] is `prompt`
     prompts: tuple[P.Prompt, ...] = ()
+    echo: bool = False  # completions: the prompt text comes before the output
 
     def plan(self, index: int) -> ChoicePlan:
         if not self.choices:
@@ -226,6 +227,10 @@ def parse_generation(
     limits = [_check_length(p.num_tokens, requested, max_model_len) for p in prompts]
     max_tokens = limits[0]
     ignore_eos = body.get("ignore_eos") is True
+    echo = not chat and body.get("echo") is True
+    if echo and any(p.text is None for p in prompts):  # its text would be the detokenized ids
+        raise SimError(400, "The simulator does not support echo with a prompt of token ids "
+                       "(it cannot detokenize them).", param="echo")
     seed = prompt.seed()
     thinking = P.reasoning_length(seed) if (reasoning and chat and tool is None) else 0
     stops = _stops(body)
@@ -245,7 +250,7 @@ def parse_generation(
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
                       body.get("return_token_ids") is True, continuous, choices, logprobs,
-                      tuple(prompts) if len(prompts) > 1 else ())
+                      tuple(prompts) if len(prompts) > 1 else (), echo)
 
 
 def _plan_choice(seed: int, thinking: int, max_tokens: int, ignore_eos: bool, stops: list[str],

@@ -51,3 +51,21 @@ def test_logprobs_through_the_gateway(sim_factory: SimFactory) -> None:
         assert "".join(lp.tokens) == text.choices[0].text
         assert lp.text_offset == [0, 4, 8, 12]
         assert all(len(top) == 2 for top in lp.top_logprobs)
+
+
+def test_echo_through_the_gateway(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        api = client(base)
+        whole = api.completions.create(model=MODEL, prompt="echo me", max_tokens=3, echo=True,
+                                       logprobs=1)
+        text = whole.choices[0].text
+        assert text.startswith("echo me") and len(text) == len("echo me") + 12
+        lp = whole.choices[0].logprobs
+        assert lp is not None and lp.tokens is not None and lp.token_logprobs is not None
+        assert "".join(lp.tokens) == text and lp.token_logprobs[0] is None
+        assert whole.usage is not None and whole.usage.completion_tokens == 3
+        stream = api.completions.create(model=MODEL, prompt="echo me", max_tokens=3, echo=True,
+                                        stream=True)
+        assert "".join(c.choices[0].text for c in stream if c.choices) == text

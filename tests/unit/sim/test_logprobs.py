@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from loadtest.sim.errors import SimError
-from loadtest.sim.logprobs import chat_logprobs, completion_logprobs
+from loadtest.sim.logprobs import chat_logprobs, completion_logprobs, joined, prompt_logprobs
 from loadtest.sim.parse import parse_generation
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
@@ -62,3 +62,20 @@ def test_bad_logprobs_are_a_400_naming_the_field(body: dict[str, Any], chat: boo
     with pytest.raises(SimError) as err:
         parse_generation(body, chat, 4096)
     assert (err.value.status, err.value.param) == (400, param)
+
+
+def test_an_echoed_prompts_first_token_has_no_logprob() -> None:
+    out = prompt_logprobs("hello world", 2)
+    assert out["tokens"] == ["hell", "o wo", "rld"] and out["text_offset"] == [0, 4, 8]
+    assert out["token_logprobs"][0] is None and out["top_logprobs"][0] is None
+    assert all(lp is not None and lp <= 0 for lp in out["token_logprobs"][1:])
+    both = joined(out, completion_logprobs(" the", 1, 0, 2, shift=11))
+    assert both["tokens"][-1] == " the" and both["text_offset"][-1] == 11
+
+
+def test_echo_is_completions_only_and_needs_a_text_prompt() -> None:
+    assert parse_generation({"model": "m", "prompt": "x", "echo": True}, False, 4096).echo
+    assert not parse_generation({**CHAT, "echo": True}, True, 4096).echo
+    with pytest.raises(SimError) as err:
+        parse_generation({"model": "m", "prompt": [1, 2], "echo": True}, False, 4096)
+    assert (err.value.status, err.value.param) == (400, "echo")
