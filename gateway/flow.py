@@ -360,7 +360,7 @@ class FlowGate:
 
     def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
         return request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected,
-                            plan.pool.max_model_len)
+                            plan.pool.max_model_len, _sequences(parsed))
 
     def _sent(
         self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
@@ -472,6 +472,19 @@ def _max_tokens(parsed: ParsedBody) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def _sequences(parsed: ParsedBody) -> int:
+    """How many outputs the request asks for: ``n`` (vLLM refuses n < 1) per prompt, and a
+    completions batch (a list of prompts) has one prompt per entry."""
+    data = parsed.data
+    value = data.get("n")
+    n = value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) > 1 and all(
+            isinstance(p, str | list) for p in prompt):
+        return n * len(prompt)
+    return n
 
 
 class _FlowCollector(Collector):

@@ -199,8 +199,9 @@ class SimApp:
         if faults.engine_faulted:
             raise engine_faulted_error()
 
-    def _admit(self) -> None:
-        """Fault switches and the admission limit, in the order vLLM's frontend would meet them."""
+    def _admit(self, sequences: int = 1) -> None:
+        """Fault switches and the admission limit, in the order vLLM's frontend would meet them
+        (a request of n sequences counts n against the limit, as vLLM's)."""
         faults = self.faults
         self.check_faults()
         if faults.should_fail():
@@ -209,7 +210,7 @@ class SimApp:
                 raise SimError(503, "Simulated service unavailable.", "ServiceUnavailableError")
             raise SimError(500, "Simulated internal server error.", "InternalServerError")
         limit = faults.max_num_queued_reqs
-        if limit and self.num_waiting + self.num_running >= limit:
+        if limit and self.num_waiting + self.num_running + sequences > limit:
             self.counters["admission_rejections"] += 1
             self.metrics.admission_rejections += 1
             raise SimError(503, BUSY, "Service Unavailable")
@@ -242,7 +243,7 @@ class SimApp:
                      reply_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None,
                      ) -> Generation:
         """Admit, wait out the latency fault, then serve ``gen`` on a data-parallel engine."""
-        self._admit()
+        self._admit(gen.n)
         delay = self.faults.delay_s(gen.seed)
         if delay > 0:
             await asyncio.sleep(delay)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from loadtest.sim import logprobs as L
 from loadtest.sim import prompt as P
 from loadtest.sim.generate import Generation, Piece
 from loadtest.sim.spec import RequestOutput
@@ -43,14 +44,33 @@ class ChatFormat:
     def start(self) -> bytes:
         return b""  # vLLM sends the role chunk with the first output, not before
 
-    def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None,
-               generated: int = 0) -> bytes:
+    def _echo(self, index: int) -> str:
+        """The prompt text a completions choice starts with (``echo``), else ""."""
+        return (self.g.gen.prompt_of(index).text or "") if self.g.gen.echo else ""
+
+    def _logprobs(self, text: str, index: int, offset: int,
+                  echo: str = "") -> dict[str, Any] | None:
+        """``choice.logprobs`` for ``text`` (after ``echo``) when the request asked for them."""
+        count = self.g.gen.logprobs
+        if count is None:
+            return None
+        seed = self.g.choices[index].plan.seed
         if self.chat:
-            choice: dict[str, Any] = {"index": 0, "delta": delta or {}, "logprobs": None,
+            return L.chat_logprobs(text, seed, offset, count)
+        out = L.completion_logprobs(text, seed, offset, count, len(self._echo(index)))
+        return L.joined(L.prompt_logprobs(echo, count), out) if echo else out
+
+    def _chunk(self, delta: dict[str, Any] | None, text: str, finish: str | None,
+               generated: int = 0, piece: Piece | None = None, echo: str = "") -> bytes:
+        index = piece.index if piece is not None else 0
+        logprobs = (self._logprobs(piece.content, index, piece.offset, echo)
+                    if piece is not None and (piece.content or echo) else None)
+        if self.chat:
+            choice: dict[str, Any] = {"index": index, "delta": delta or {}, "logprobs": logprobs,
                                       "finish_reason": finish}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
             obj = "text_completion"
         if finish is not None:
             choice["stop_reason"] = None
@@ -66,10 +86,13 @@ class ChatFormat:
         finish = self._finish(piece.out)
         generated = piece.out.num_output_tokens
         if not self.chat:
-            if not piece.content and finish is None:
+            echo = self._echo(piece.index) if first else ""  # vLLM: with the first output
+            if not piece.content and not echo and finish is None:
                 return b""
-            return self._chunk(None, piece.content, finish, generated)
-        head = self._chunk({"role": "assistant", "content": ""}, "", None) if first else b""
+            return self._chunk(None, echo + piece.content, finish, generated, piece, echo)
+        role = Piece("", "", piece.out, piece.index)  # the role chunk carries no logprobs
+        head = self._chunk({"role": "assistant", "content": ""}, "", None, 0, role) if (
+            first) else b""
         delta: dict[str, Any] = {}
         if self.g.gen.tool is not None:
             if first:
@@ -83,7 +106,7 @@ class ChatFormat:
                 delta["content"] = piece.content
         if not delta and finish is None:
             return head
-        return head + self._chunk(delta, "", finish, generated)
+        return head + self._chunk(delta, "", finish, generated, piece)
 
     def end(self, last: RequestOutput) -> bytes:
         tail = b""
@@ -95,19 +118,22 @@ class ChatFormat:
         return tail + b"data: [DONE]\n\n"
 
     # -- non-streaming ---------------------------------------------------------------------
-    def full(self, reasoning: str, content: str, last: RequestOutput) -> dict[str, Any]:
+    def full(self, reasoning: str, content: str, last: RequestOutput,
+             index: int = 0) -> dict[str, Any]:
         finish = self._finish(last)
+        echo = self._echo(index)
+        logprobs = self._logprobs(content, index, 0, echo)
         if self.chat:
             tool = self.g.gen.tool
             message = {"role": "assistant", "content": "" if tool else content, "refusal": None,
                        "tool_calls": [self._tool_call(content)] if tool else [],
                        "reasoning": reasoning or None}
-            choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
+            choice: dict[str, Any] = {"index": 0, "logprobs": logprobs, "finish_reason": finish,
                                       "stop_reason": None, "message": message}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": content, "logprobs": None, "finish_reason": finish,
-                      "stop_reason": None}
+            choice = {"index": 0, "text": echo + content, "logprobs": logprobs,
+                      "finish_reason": finish, "stop_reason": None}
             obj = "text_completion"
         body = {"id": self.response_id, "object": obj, "created": self.g.created,
                 "model": self.g.ctx.model, "choices": [choice], "usage": self.g.usage(last),
@@ -115,7 +141,7 @@ class ChatFormat:
         if self.g.gen.return_token_ids:
             # `return_token_ids` (vLLM extra): the prompt's ids come AFTER usage in a chat body
             # (ChatCompletionResponse.prompt_token_ids), inside the choice for completions
-            prompt_ids = self.g.gen.prompt.ids
+            prompt_ids = self.g.gen.prompt_of(index).ids
             choice["token_ids"] = P.token_ids(reasoning + content)
             if self.chat:
                 body = {**body, "prompt_token_ids": prompt_ids}

@@ -7,9 +7,24 @@ from typing import Any
 
 from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
+from loadtest.sim.logprobs import MAX_LOGPROBS
 from loadtest.sim.tools import ToolPlan, plan_tool_call
 
-__all__ = ["GenRequest", "parse_generation", "parse_prompt", "validate_cache_salt"]
+__all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "parse_prompts",
+           "validate_cache_salt"]
+
+MAX_N = 128  # a sanity bound of the simulator's (vLLM's own is the KV cache)
+
+
+@dataclass(frozen=True, slots=True)
+class ChoicePlan:
+    """One of the ``n`` sequences: its own text (seed), natural end and stop-string cut."""
+
+    seed: int
+    eos_after: int | None
+    visible_chars: int | None
+    max_tokens: int = 0  # its prompt's (max_tokens, or what fits beside the prompt)
+    prompt: int = 0  # which of a batch's prompts it answers
 
 
 @dataclass(slots=True)
@@ -31,6 +46,28 @@ class GenRequest:
     # `stream_options.continuous_usage_stats` (vLLM extra, with include_usage): usage so far
     # on every chunk
     continuous_usage: bool = False
+    # the n sequences (`n`); choices[0] is the fields above, so n=1 is unchanged
+    choices: tuple[ChoicePlan, ...] = ()
+    # alternatives per token when log probabilities were asked for (chat `top_logprobs`,
+    # completions `logprobs: k`), None when not
+    logprobs: int | None = None
+
+    @property
+    def n(self) -> int:
+        return max(1, len(self.choices))
+
+    # a completions batch (a list of prompts): one entry each; prompts[0] is `prompt`
+    prompts: tuple[P.Prompt, ...] = ()
+    echo: bool = False  # completions: the prompt text comes before the output
+
+    def plan(self, index: int) -> ChoicePlan:
+        if not self.choices:
+            return ChoicePlan(self.seed, self.eos_after, self.visible_chars, self.max_tokens)
+        return self.choices[index]
+
+    def prompt_of(self, index: int) -> P.Prompt:
+        """The prompt choice ``index`` answers."""
+        return self.prompts[self.plan(index).prompt] if self.prompts else self.prompt
 
 
 def validate_cache_salt(body: dict[str, Any]) -> str | None:
@@ -64,8 +101,16 @@ def parse_prompt(body: dict[str, Any], chat: bool) -> P.Prompt:
     if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
         return P.Prompt(ids=list(raw))
     raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
-                   "token ids (batches are not supported by the simulator)", "Bad Request",
-                   "prompt")
+                   "token ids", "Bad Request", "prompt")
+
+
+def parse_prompts(body: dict[str, Any]) -> list[P.Prompt]:
+    """A completions request's prompts: a list of strings or of token-id lists is a batch
+    (vLLM answers one choice per prompt and ``n``); anything else is one prompt."""
+    raw = body.get("prompt")
+    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
+        return [parse_prompt({"prompt": p}, chat=False) for p in raw]
+    return [parse_prompt(body, chat=False)]
 
 
 def _int_field(body: dict[str, Any], *names: str) -> int | None:
@@ -79,10 +124,39 @@ def _int_field(body: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _check_sampling(body: dict[str, Any]) -> int:
+def _check_n(body: dict[str, Any]) -> int:
     n = _int_field(body, "n")
-    if n not in (None, 1):
-        raise SimError(400, "The simulator supports n=1 only.", param="n")
+    if n is None:
+        return 1
+    if n < 1:  # vLLM's SamplingParams check
+        raise SimError(400, f"n must be at least 1, got {n}.", param="n")
+    if n > MAX_N:
+        raise SimError(400, f"The simulator supports n up to {MAX_N}, got {n}.", param="n")
+    return n
+
+
+def _check_logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    if chat:
+        wanted = body.get("logprobs")
+        if wanted is not None and not isinstance(wanted, bool):
+            raise SimError(400, "1 validation error: 'logprobs' must be a boolean", "Bad Request",
+                           "logprobs")
+        top = _int_field(body, "top_logprobs")
+        if top is not None and top > 0 and not wanted:  # the request model's validator
+            raise SimError(400, "when using `top_logprobs`, `logprobs` must be set to true.",
+                           param="top_logprobs")
+        count, name = (top or 0) if wanted else None, "top_logprobs"
+    else:
+        count, name = _int_field(body, "logprobs"), "logprobs"
+    if count is not None and count < 0:
+        raise SimError(400, f"`{name}` must be a non-negative value.", param=name)
+    if count is not None and count > MAX_LOGPROBS:  # vLLM's --max-logprobs (default 20)
+        raise SimError(400, f"Requested sample logprobs of {count}, which is greater than max "
+                       f"allowed: {MAX_LOGPROBS}", param=name)
+    return count
+
+
+def _check_sampling(body: dict[str, Any]) -> int:
     temp = body.get("temperature")
     if temp is not None and (isinstance(temp, bool) or not isinstance(temp, int | float)):
         raise SimError(400, "1 validation error: 'temperature' must be a number", "Bad Request",
@@ -144,22 +218,29 @@ def parse_generation(
                        "defined when `stream=True`.", "Bad Request", "stream_options")
     salt = validate_cache_salt(body)
     priority = _check_sampling(body)
+    logprobs = _check_logprobs(body, chat)
     tool = plan_tool_call(body) if chat else None
-    prompt = parse_prompt(body, chat)
+    prompts = [parse_prompt(body, chat)] if chat else parse_prompts(body)
+    prompt = prompts[0]
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
-    max_tokens = _check_length(prompt.num_tokens, _int_field(body, *names), max_model_len)
+    requested = _int_field(body, *names)
+    limits = [_check_length(p.num_tokens, requested, max_model_len) for p in prompts]
+    max_tokens = limits[0]
     ignore_eos = body.get("ignore_eos") is True
+    echo = not chat and body.get("echo") is True
+    if echo and any(p.text is None for p in prompts):  # its text would be the detokenized ids
+        raise SimError(400, "The simulator does not support echo with a prompt of token ids "
+                       "(it cannot detokenize them).", param="echo")
     seed = prompt.seed()
     thinking = P.reasoning_length(seed) if (reasoning and chat and tool is None) else 0
-    eos_after: int | None
-    visible: int | None
-    if tool is not None:  # guided decoding ends with the JSON object, EOS or not
-        eos_after, visible = -(-len(tool.arguments) // 4), None
-    else:
-        natural = None if ignore_eos else thinking + P.natural_length(seed)
-        length = max_tokens if natural is None else min(natural, max_tokens)
-        stop_point = _stop_point(seed, length, _stops(body))
-        eos_after, visible = (stop_point if stop_point else (natural, None))
+    stops = _stops(body)
+    n = _check_n(body)
+    # vLLM's order: prompt i's j-th sequence is choice i * n + j
+    choices = tuple(_plan_choice(P.choice_seed(p.seed(), j), thinking, limit, ignore_eos, stops,
+                                 tool, i)
+                    for i, (p, limit) in enumerate(zip(prompts, limits, strict=True))
+                    for j in range(n))
+    eos_after, visible = choices[0].eos_after, choices[0].visible_chars
     options = body.get("stream_options")
     stream = body.get("stream") is True
     include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
@@ -168,4 +249,16 @@ def parse_generation(
     rid = body.get("request_id")
     return GenRequest(chat, stream, include_usage, prompt, salt, max_tokens, eos_after, visible,
                       seed, priority, rid if isinstance(rid, str) else None, tool, thinking,
-                      body.get("return_token_ids") is True, continuous)
+                      body.get("return_token_ids") is True, continuous, choices, logprobs,
+                      tuple(prompts) if len(prompts) > 1 else (), echo)
+
+
+def _plan_choice(seed: int, thinking: int, max_tokens: int, ignore_eos: bool, stops: list[str],
+                 tool: ToolPlan | None, prompt: int) -> ChoicePlan:
+    if tool is not None:  # guided decoding ends with the JSON object, EOS or not
+        return ChoicePlan(seed, -(-len(tool.arguments) // 4), None, max_tokens, prompt)
+    natural = None if ignore_eos else thinking + P.natural_length(seed)
+    length = max_tokens if natural is None else min(natural, max_tokens)
+    stop_point = _stop_point(seed, length, stops)
+    eos_after, visible = (stop_point if stop_point else (natural, None))
+    return ChoicePlan(seed, eos_after, visible, max_tokens, prompt)

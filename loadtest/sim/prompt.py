@@ -33,6 +33,7 @@ __all__ = [
     "VOCAB_MASK",
     "Prompt",
     "block_hashes",
+    "choice_seed",
     "content_text",
     "generated_text",
     "natural_length",
@@ -40,6 +41,7 @@ __all__ = [
     "render_chat",
     "text_seed",
     "token_ids",
+    "vocabulary",
 ]
 
 VOCAB_MASK = (1 << 17) - 1
@@ -165,6 +167,14 @@ def text_seed(ids: Sequence[int]) -> int:
     return xxhash.xxh3_64_intdigest(array("I", (t & 0xFFFFFFFF for t in ids)).tobytes())
 
 
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of choice ``index`` of an ``n > 1`` request: choice 0 keeps the prompt's own, so
+    n=1 answers do not change; the others get their own text and natural length."""
+    if index == 0:
+        return seed
+    return xxhash.xxh3_64_intdigest(index.to_bytes(4, "little"), seed & 0xFFFFFFFFFFFFFFFF)
+
+
 def natural_length(seed: int, lo: int = 8, hi: int = 128) -> int:
     """Where generation would hit EOS for this prompt: ``lo..hi`` tokens, fixed per prompt."""
     return lo + seed % (hi - lo + 1)
@@ -173,6 +183,11 @@ def natural_length(seed: int, lo: int = 8, hi: int = 128) -> int:
 def reasoning_length(seed: int, lo: int = 4, hi: int = 16) -> int:
     """How many leading output tokens are the thinking phase (``--reasoning``), fixed per prompt."""
     return lo + (seed >> 20) % (hi - lo + 1)
+
+
+def vocabulary() -> tuple[str, ...]:
+    """The words generated text is made of (one token each)."""
+    return _WORDS
 
 
 def generated_text(seed: int, start: int, count: int) -> str:

@@ -351,7 +351,8 @@ class ResponsesFormat:
         out += self._close()
         return out + self._ev("response.completed", response=self._final(last))
 
-    def full(self, reasoning: str, content: str, last: RequestOutput) -> dict[str, Any]:
+    def full(self, reasoning: str, content: str, last: RequestOutput,
+             index: int = 0) -> dict[str, Any]:  # the Responses API has one output
         self.reasoning, self.content = ([reasoning] if reasoning else []), [content]
         return self._final(last)
 

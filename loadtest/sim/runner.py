@@ -22,8 +22,10 @@ class Track:
 
     __slots__ = ("arrival", "last_time", "queue")
 
-    def __init__(self, arrival: float) -> None:
-        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+    def __init__(self, arrival: float,
+                 queue: asyncio.Queue[RequestOutput] | None = None) -> None:
+        # the n sequences of one `n > 1` request share their handler's queue
+        self.queue: asyncio.Queue[RequestOutput] = asyncio.Queue() if queue is None else queue
         self.arrival = arrival
         self.last_time: float | None = None
 
@@ -57,9 +59,10 @@ class EngineRunner:
     def in_flight(self) -> int:
         return len(self._tracks)
 
-    def submit(self, spec: RequestSpec) -> Track:
+    def submit(self, spec: RequestSpec,
+               queue: asyncio.Queue[RequestOutput] | None = None) -> Track:
         now = self.sim_now()
-        track = Track(now)
+        track = Track(now, queue)
         self.engine.add_request(spec, now)
         self._tracks[spec.request_id] = track
         self._wake.set()

@@ -94,6 +94,15 @@ def test_a_huge_max_tokens_does_not_swallow_the_tenants_other_holdings(max_token
     assert (held.tokens("t"), held.tokens("u"), held.total) == (120.0, 50.0, 170.0)
 
 
+def test_each_of_n_sequences_is_charged_its_output_and_the_prompt_once() -> None:
+    """`n` choices share one prompt and each may generate up to `max_tokens`: charging one
+    output let an n=8 tenant hold 8x the tokens fair sharing thought it held."""
+    assert request_cost(100, 50, 256, sequences=4) == 300
+    assert request_cost(100, None, 256, sequences=2) == 612
+    assert request_cost(100, 10**9, 256, context=4096, sequences=3) == 100 + 3 * 3996
+    assert request_cost(100, 50, 256, sequences=0) == 150  # never below one sequence
+
+
 def test_the_expected_output_is_at_most_what_fits_in_the_models_context() -> None:
     """A replica produces no more than fits beside the prompt, and refuses a request that
     asks for more: charging it 2**24 tokens only pushed its tenant back."""
