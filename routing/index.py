@@ -88,12 +88,14 @@ class AffinityIndex:
     # -- updates ------------------------------------------------------------------------------
     def insert(
         self, replica: str, hashes: Sequence[int], tail_blocks: int = 0, peer: bool = False
-    ) -> None:
+    ) -> int:
         """``replica`` now holds the chain ``hashes`` (most recently used first block), plus
         ``tail_blocks`` more blocks of the same request beyond the hashed cap; ``peer``: the
-        chain was routed by another gateway."""
+        chain was routed by another gateway. Returns the blocks of it held before, as
+        `match_one` would have counted them (a peer's route: what it brought, at no extra
+        walk)."""
         if not hashes:
-            return
+            return 0
         lru = self._replicas.get(replica)
         if lru is None:  # a new replica (a call less per insert: every chain of the fleet)
             lru = self._lru(replica)
@@ -102,9 +104,11 @@ class AffinityIndex:
         blocks, owners = lru.blocks, self._owners
         used = lru.used
         first = hashes[0]
+        last_held = 0  # the capped chain's last block's weight before (its tail included)
         if tail_blocks > 0:
             h = hashes[-1]
-            used += 1 + tail_blocks - (blocks.get(h, 0) >> 1)
+            last_held = blocks.get(h, 0) >> 1
+            used += 1 + tail_blocks - last_held
             if h not in blocks:
                 owners[h] = owners.get(h, 0) | bit
             blocks[h] = ((1 + tail_blocks) << 1) | flag
@@ -133,9 +137,16 @@ class AffinityIndex:
         weight = blocks[first]
         if weight & 1 != flag:
             blocks[first] = weight ^ 1
+        before = len(hashes) - new  # a chain's held blocks are its head (above)
+        if before == len(hashes):  # all of it: its last block counts its tail, as in
+            if tail_blocks > 0:  # `match_one` (the capped last block's, as it was before)
+                before += last_held
+            elif before:
+                before += (blocks[hashes[-1]] >> 1) - 1
         lru.used = used
         if used > lru.capacity:
             self._evict(lru)
+        return before
 
     def _refresh_blockwise(self, lru: _ReplicaLRU, older: Sequence[int], fresh: int,
                            bit: int) -> int:

@@ -173,23 +173,19 @@ class Router:
         ``live=False``: history (a catch-up, a backlog past the staleness bound), routed at
         some unknown earlier time: the index learns them, the policy's live contexts do not
         (applied in one go, every context in it would look like an agent calling now)."""
-        index = self.state.index
-        insert, held_of, tpb = index.insert, index.match_one, self.config.tokens_per_block
+        insert, tpb = self.state.index.insert, self.config.tokens_per_block
         chains = self._peer_chains
         seen = self._peer_route_seen if live else None
         computing = self.peer_computing
         for replica, hashes, tail in records:
-            if live and hashes:
-                held = held_of(replica, hashes)
-                new = len(hashes) + tail - held
-                if new > 0:
-                    q = computing.get(replica)
-                    if q is None:
-                        q = computing[replica] = deque(maxlen=_COMPUTING_KEPT)
-                    while q and now - q[0][0] > _COMPUTING_S:
-                        q.popleft()
-                    q.append((now, hashes, held, float(new * tpb)))
-            insert(replica, hashes, tail, True)
+            held = insert(replica, hashes, tail, True)  # (the blocks held before)
+            if live and hashes and (new := len(hashes) + tail - held) > 0:
+                q = computing.get(replica)
+                if q is None:
+                    q = computing[replica] = deque(maxlen=_COMPUTING_KEPT)
+                while q and now - q[0][0] > _COMPUTING_S:
+                    q.popleft()
+                q.append((now, hashes, held, float(new * tpb)))
             if len(hashes) >= 2:
                 chains[hashes[-1]] = (member, replica)
             if seen is not None:

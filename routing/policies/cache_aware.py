@@ -126,6 +126,7 @@ class CacheAware:
         claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
+        second = -1  # the second longest match among the candidates (< 0: not yet)
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
@@ -153,9 +154,11 @@ class CacheAware:
             if peer > 0.0:  # other gateways' predicted work (shared state)
                 # ...only where r alone holds that prefix: elsewhere it is held too, and
                 # waiting for a peer's long prefill is not the price of avoiding a copy
-                if m and (c := computing(vid)) and not any(
-                        mget(o.id, 0) >= m for o in ctx.views if o is not v):
-                    peer -= _waited_for(c, want, m, now, spt, cached)
+                if m and (c := computing(vid)):
+                    if second < 0:  # the second longest match of all candidates, once
+                        second = sorted([0, *[mget(o.id, 0) for o in ctx.views]])[-2]
+                    if m > second:  # no other candidate matches as much as r
+                        peer -= _waited_for(c, want, m, now, spt, cached)
                 own += peer if peer > 0.0 else 0.0
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):

@@ -147,3 +147,20 @@ def test_inserts_follow_the_block_by_block_rule(
         assert all(idx.holders(h) == sum(h in lru for lru in model.lrus.values())
                    for lru in model.lrus.values() for h in lru)
         assert idx.distinct_blocks() == len(set().union(*model.lrus.values()))
+
+
+def test_insert_returns_what_match_one_counted_before() -> None:
+    """A peer's route costs one walk: insert tells the blocks held before, as match_one does
+    (capped chains with tails, shared heads, evictions at a small capacity)."""
+    rnd = random.Random(5)
+    index = AffinityIndex(40)
+    heads = [[rnd.getrandbits(60) for _ in range(6)] for _ in range(4)]
+    for _ in range(3000):
+        replica = f"r{rnd.randrange(3)}"
+        chain = rnd.choice(heads)[: rnd.randrange(0, 7)] + [
+            rnd.getrandbits(60) for _ in range(rnd.randrange(0, 3))]
+        tail = rnd.choice((0, 0, 3))
+        if rnd.random() < 0.3 and chain:  # the same chain again: held whole, with its tail
+            index.insert(replica, chain, tail)
+        before = index.match_one(replica, chain)
+        assert index.insert(replica, chain, tail, peer=True) == before
