@@ -319,6 +319,17 @@ async def test_grpc_health(picker: Any) -> None:
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
+def _one_pool(tiers: dict[str, Any] | None = None, auth: bool = False) -> tuple[Proc, EppProc]:
+    """A picker over one pool of one simulator serving `PUBLIC` (not started)."""
+    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
+    config: dict[str, Any] = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
+                              "models": {PUBLIC: {"default": "p"}}}
+    if tiers is not None:
+        config["tiers"] = tiers
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET} if auth else None
+    return sim, epp_proc(config=config, auth=auth, env=env)
+
+
 async def _get(stub: Any, path: str, token: str) -> pb.ImmediateResponse:
     call = stub.Process()
     await call.write(pb.ProcessingRequest(request_headers=_headers(
@@ -335,10 +346,7 @@ async def test_models_retrieve_answers_a_public_name(stub: Any) -> None:
 
 
 async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None:
-    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
-              "models": {PUBLIC: {"default": "p"}}}
-    epp = epp_proc(config=config, auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
+    sim, epp = _one_pool(auth=True)
     with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
@@ -353,10 +361,7 @@ async def test_models_list_needs_a_valid_key_when_authentication_is_on() -> None
 async def test_a_tenant_over_its_limit_is_refused_before_its_large_body() -> None:
     """As on the HTTP edge: a body declared at 128 KiB or more from a tenant over its limit
     is refused at its headers (429), before Envoy streams it to the picker."""
-    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
-              "models": {PUBLIC: {"default": "p"}}, "tiers": {"default": {"limits": {"rpm": 1}}}}
-    epp = epp_proc(config=config)
+    sim, epp = _one_pool(tiers={"default": {"limits": {"rpm": 1}}})
     with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
@@ -380,11 +385,7 @@ async def test_request_headers_twice_fail_the_stream_and_settle_the_first_reques
     to replace the request in progress: its lease stayed in flight for ever and its tenant's
     concurrency slot was never returned (every later request a 429). The stream now fails
     (INVALID_ARGUMENT) and the first request is settled."""
-    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
-              "models": {PUBLIC: {"default": "p"}},
-              "tiers": {"default": {"limits": {"max_concurrency": 1}}}}
-    epp = epp_proc(config=config)
+    sim, epp = _one_pool(tiers={"default": {"limits": {"max_concurrency": 1}}})
     with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
@@ -421,10 +422,7 @@ async def test_no_key_header_of_the_client_reaches_the_replica(stub: Any) -> Non
 async def test_key_headers_are_read_as_on_the_http_edge() -> None:
     """A bare key in `api-key` is read (an unknown one is "invalid", not "missing"), and two
     different bearer keys are refused as such."""
-    sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-    config = {"pools": {"p": {"served_model": SERVED, "replicas": [url]}},
-              "models": {PUBLIC: {"default": "p"}}}
-    epp = epp_proc(config=config, auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET})
+    sim, epp = _one_pool(auth=True)
     with sim, epp:
         async with grpc.aio.insecure_channel(epp.picker) as channel:
             stub = pb_grpc.ExternalProcessorStub(channel)
