@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="a router sees the others' records this much later (default 10)")
     gw.add_argument("--no-share", action="store_true",
                     help="the N routers share nothing (the baseline)")
+    gw.add_argument("--gateway-seed", type=int, default=0,
+                    help="which router takes which request (a single run moves by a few per "
+                         "cent between seeds: compare means over several)")
     live = p.add_argument_group("live mode")
     live.add_argument("--target", help="a running kvgate's base URL")
     live.add_argument(
@@ -159,6 +162,7 @@ def run_offline(
     out["gateways"] = spec.gateways
     out["shared"] = spec.share and spec.gateways > 1
     out["sync_delay_ms"] = round(spec.sync_delay_s * 1000.0, 3) if out["shared"] else None
+    out["gateway_seed"] = spec.seed if spec.gateways > 1 else None
     out.update(flow_report(reqs, res.outcomes, flow, slo_ttft_s))  # tiers, tenants, flow
     return out
 
@@ -259,7 +263,8 @@ def _main(args: argparse.Namespace) -> int:
         if args.offline:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
-            gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3)
+            gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3,
+                                   args.gateway_seed)
             flow = FlowDriver(FlowSpec()) if args.flow_control == "on" else None
             summary = run_offline(reqs, fleet, policy, ref, gateways=gateways,
                                   progress=progress.step, flow=flow,

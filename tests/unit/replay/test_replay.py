@@ -133,6 +133,24 @@ def test_replay_cli_writes_one_summary_per_policy(tmp_path: Path) -> None:
     assert oracle["hit_rate_vs_oracle"] == oracle["ttft_p99_vs_oracle"] == 1.0
 
 
+
+def test_replay_cli_spreads_requests_by_the_gateway_seed(tmp_path: Path) -> None:
+    """--gateway-seed picks which of the N routers takes which request: another seed is
+    another run (and is reported), the same seed the same run."""
+    def run(seed: int) -> dict[str, object]:
+        out = tmp_path / f"g{seed}.json"
+        code = kvgate(["replay", "--synthetic", "--offline", "--limit", "200", "--gateways",
+                       "4", "--no-share", "--gateway-seed", str(seed), "--json", str(out)])
+        assert code == 0
+        summary: dict[str, object] = json.loads(out.read_text())[0]
+        return summary
+
+    first, again, other = run(0), run(0), run(1)
+    assert first["gateway_seed"] == 0 and other["gateway_seed"] == 1
+    assert first == again
+    assert {k: v for k, v in first.items() if k != "gateway_seed"} != {
+        k: v for k, v in other.items() if k != "gateway_seed"}
+
 def test_a_yardstick_is_offline_only() -> None:
     with pytest.raises(SystemExit, match="offline only"):
         kvgate(["replay", "--synthetic", "--target", "http://127.0.0.1:9", "--policy",
