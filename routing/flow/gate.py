@@ -52,19 +52,21 @@ MAX_OUTPUT_TOKENS = 1 << 24
 
 def request_cost(
     prompt_tokens: int, max_tokens: int | None, expected_output: int,
-    context: int | None = None, sequences: int = 1,
+    context: int | None = None, sequences: int = 1, prompts: int = 1,
 ) -> float:
     """What fair sharing charges a request: its prompt plus its expected output (``max_tokens``
     when the client set it, else the configured expectation; at most `MAX_OUTPUT_TOKENS`, and
     at most what fits beside the prompt in the model's ``context`` (``max_model_len``) when
     it is known: a replica can produce no more, and refuses a request that asks for more),
     once per output sequence (OpenAI's ``n``: the prompt is computed once, each of the n
-    sequences may generate up to ``max_tokens``)."""
+    sequences may generate up to ``max_tokens``). A completions batch of ``prompts`` prompts
+    (``prompt_tokens`` their sum) is checked against the context one prompt at a time, so
+    the cap is what fits beside an average prompt, not beside the whole batch."""
     prompt = max(0, prompt_tokens)
     out = max_tokens if max_tokens is not None and max_tokens >= 0 else expected_output
     out = min(out, MAX_OUTPUT_TOKENS)
     if context is not None:
-        out = min(out, max(0, context - prompt))
+        out = min(out, max(0, context - -(-prompt // max(1, prompts))))
     return float(prompt + out * max(1, sequences))
 
 
