@@ -218,6 +218,9 @@ class GuardedHttpTools(NoDelayHttpTools):
                 return
             self._upgrade_body = None
             self._disarm()
+            # the next request's headers, timed and counted from its first byte as after any
+            # request (`on_message_complete` ran before the body, when the parser stopped)
+            self._in_headers = True
             if not rest:
                 return
             data = rest  # a pipelined request after the body
