@@ -34,8 +34,10 @@ returns a subclass that
   client must parse an unexpected 1xx): a client gone resets it (its kernel answers the probe
   with a RST), and the request is then a client gone as before (``http.disconnect``),
   `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream that
-  stalls then is bounded by the idle timeout). The connection closes after the answer. A
-  request cut short by the EOF, an answer already under way (a client leaving a stream it
+  stalls then is bounded by the idle timeout). The connection closes after the answer.
+  Pipelined requests sent before the half-close are answered in turn, the connection closed
+  after the last (no 100 goes out while an earlier answer is being written). A request cut
+  short by the EOF, an answer already under way (a client leaving a stream it
   read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
   before.
 
@@ -194,6 +196,7 @@ class GuardedHttpTools(NoDelayHttpTools):
     _refused = False
     _origin: bytes | None = None  # the current request's Origin header, once parsed
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
+    _running: RequestResponseCycle | None = None  # the request whose answer is due next
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -255,31 +258,49 @@ class GuardedHttpTools(NoDelayHttpTools):
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
         """The client shut its sending side. After a whole HTTP/1.1 request that may be all
         it meant (a half-close): the connection stays open for the answer, probed for a
-        client that left instead (module docstring). True keeps the transport open."""
+        client that left instead (module docstring). True keeps the transport open. With
+        pipelined requests, `self.cycle` is the last one read; they are answered in turn."""
         cycle = self.cycle
         if (cycle is None or cycle.more_body or cycle.response_started or self._refused
-                or self.pipeline or cycle.scope.get("http_version") != "1.1"):
+                or self._answering() or cycle.scope.get("http_version") != "1.1"):
             # nothing asked, a request cut short, an answer under way (a stream read in part:
             # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
             # HTTP/1.0: the client left
             return None
-        cycle.keep_alive = False  # no next request can come: closed once answered
+        cycle.keep_alive = False  # no request can come after it: closed once answered
         self._probe(cycle)
         return True
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle  # the request being answered (pipelined ones wait behind it)
+        super()._start_asgi_task(cycle, app)
+
+    def _answering(self) -> bool:
+        """An answer is under way (its head sent, not its end): no 100 may go out now."""
+        running = self._running
+        return running is not None and running.response_started and not running.response_complete
 
     def _probe(self, cycle: RequestResponseCycle) -> None:
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
             return
-        if not cycle.response_started:  # (once it runs, the answer's own writes probe)
-            self.transport.write(CONTINUE)
-            self.loop.call_later(PROBE_S, self._probed, cycle)
+        if cycle.response_started:
+            return  # (once the last answer runs, its own writes probe)
+        if self._answering():  # an earlier pipelined answer: its writes probe; look again
+            self.loop.call_later(REPROBE_S, self._probe, cycle)
+            return
+        self.transport.write(CONTINUE)
+        self.loop.call_later(PROBE_S, self._probed, cycle)
 
     def _probed(self, cycle: RequestResponseCycle) -> None:
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
             return
         sock = self.transport.get_extra_info("socket")
         if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self._abort(cycle)  # reset: the client had closed its socket, not half of it
+            # reset: the client had closed its socket, not half of it. The request being
+            # answered is the one to stop (uvicorn marks only the last one read gone)
+            running = self._running
+            self._abort(running if running is not None and not running.response_complete
+                        else cycle)
             return
         self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
 
