@@ -205,6 +205,10 @@ class GuardedHttpTools(NoDelayHttpTools):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        running = self._running  # uvicorn marks only the last request read (`self.cycle`)
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True  # a pipelined one behind it never ran: this one runs
+            running.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

@@ -7,6 +7,7 @@ Real gateway, real simulator, raw sockets (no HTTP client library half-closes)."
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Callable
 
@@ -153,3 +154,21 @@ def test_a_client_that_pipelines_then_closes_still_stops_it_upstream(
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
         total = sum(v for k, v in metric_values(base, "kvgate_requests_total").items())
         assert total == 1  # the pipelined one behind it was never sent on
+
+
+def test_a_client_that_pipelines_then_resets_still_stops_it_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """Pipelined requests from a client whose connection resets (no FIN to probe): the
+    request being answered is stopped at the replica, not run to its end. uvicorn marks only
+    the last request read as gone, which waited behind it and never ran."""
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = _aborted(sim)
+        sock = _pipelined(_port(base), [_body(False, 3000), _body(False, 3000)])
+        wait_for(lambda: inflight(base) == 1, what="the first request at the replica")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, not a FIN
+        wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
