@@ -64,6 +64,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.errors import error_body
+from gateway.halfclose import HalfCloseProbe
 from gateway.upgrade_body import UpgradeBody
 
 __all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
@@ -92,11 +93,6 @@ class HttpLimits:
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
           431: "RequestHeaderFieldsTooLargeError"}
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
-# a half-closed client's probe (`GuardedHttpTools.eof_received`): the reset of a client gone
-# is back within a round trip; a later one is seen at the next probe's write
-PROBE_S = 0.2
-REPROBE_S = 1.0
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 _date: tuple[int, list[Header]] = (0, [])
@@ -181,7 +177,7 @@ def _close_delimited(cycle: RequestResponseCycle) -> None:
     cycle.send = send_close_delimited  # type: ignore[method-assign]
 
 
-class GuardedHttpTools(NoDelayHttpTools):
+class GuardedHttpTools(HalfCloseProbe, NoDelayHttpTools):
     def __init__(self, *args: Any, limits: HttpLimits | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits or HttpLimits()
@@ -193,10 +189,8 @@ class GuardedHttpTools(NoDelayHttpTools):
     # request, whose headers are then complete before `data_received` could count them
     _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
-    _refused = False
     _origin: bytes | None = None  # the current request's Origin header, once parsed
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
-    _running: RequestResponseCycle | None = None  # the request whose answer is due next
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -205,10 +199,6 @@ class GuardedHttpTools(NoDelayHttpTools):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        running = self._running  # uvicorn marks only the last request read (`self.cycle`)
-        if running is not None and running is not self.cycle and not running.response_complete:
-            running.disconnected = True  # a pipelined one behind it never ran: this one runs
-            running.message_event.set()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -258,55 +248,6 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
-
-    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
-        """The client shut its sending side. After a whole HTTP/1.1 request that may be all
-        it meant (a half-close): the connection stays open for the answer, probed for a
-        client that left instead (module docstring). True keeps the transport open. With
-        pipelined requests, `self.cycle` is the last one read; they are answered in turn."""
-        cycle = self.cycle
-        if (cycle is None or cycle.more_body or cycle.response_started or self._refused
-                or self._answering() or cycle.scope.get("http_version") != "1.1"):
-            # nothing asked, a request cut short, an answer under way (a stream read in part:
-            # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
-            # HTTP/1.0: the client left
-            return None
-        cycle.keep_alive = False  # no request can come after it: closed once answered
-        self._probe(cycle)
-        return True
-
-    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        self._running = cycle  # the request being answered (pipelined ones wait behind it)
-        super()._start_asgi_task(cycle, app)
-
-    def _answering(self) -> bool:
-        """An answer is under way (its head sent, not its end): no 100 may go out now."""
-        running = self._running
-        return running is not None and running.response_started and not running.response_complete
-
-    def _probe(self, cycle: RequestResponseCycle) -> None:
-        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
-            return
-        if cycle.response_started:
-            return  # (once the last answer runs, its own writes probe)
-        if self._answering():  # an earlier pipelined answer: its writes probe; look again
-            self.loop.call_later(REPROBE_S, self._probe, cycle)
-            return
-        self.transport.write(CONTINUE)
-        self.loop.call_later(PROBE_S, self._probed, cycle)
-
-    def _probed(self, cycle: RequestResponseCycle) -> None:
-        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
-            return
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            # reset: the client had closed its socket, not half of it. The request being
-            # answered is the one to stop (uvicorn marks only the last one read gone)
-            running = self._running
-            self._abort(running if running is not None and not running.response_complete
-                        else cycle)
-            return
-        self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
 
     def _read_upgrade_body(self, rest: bytes) -> None:
         cycle = self.cycle
@@ -387,14 +328,6 @@ class GuardedHttpTools(NoDelayHttpTools):
             self.transport.close()
         else:
             self._refuse(408, "The request body did not arrive in time.")
-
-    def _abort(self, cycle: RequestResponseCycle) -> None:
-        """Reset the connection under `cycle`, an unfinished response the app gives up on.
-        The cycle is marked disconnected now (the transport reports its loss only on the
-        loop's next turn), so uvicorn takes the app's return as a client gone."""
-        cycle.disconnected = True
-        cycle.message_event.set()
-        self.transport.abort()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with an OpenAI-shaped error, then close the connection: a lingering
