@@ -38,7 +38,7 @@ from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-__all__ = ["PoolFlow", "Standing", "request_cost"]
+__all__ = ["MAX_REQUEST_COST", "PoolFlow", "Standing", "request_cost"]
 
 T = TypeVar("T")
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
@@ -48,6 +48,10 @@ _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 # small enough that sums of charges stay exact in a float (a client's `max_tokens` of 2**63
 # added to a tenant's holdings absorbed its other requests' tokens, and took them back with it)
 MAX_OUTPUT_TOKENS = 1 << 24
+# the most a request is charged in all: n sequences (up to 2**64 - 1 as a client may send it,
+# before vLLM refuses it) or a batch of prompts times even a bounded output would lose the
+# same exactness; 2**40 leaves thousands of such charges inside a float's 2**53
+MAX_REQUEST_COST = 1 << 40
 
 
 def request_cost(
@@ -67,7 +71,7 @@ def request_cost(
     out = min(out, MAX_OUTPUT_TOKENS)
     if context is not None:
         out = min(out, max(0, context - -(-prompt // max(1, prompts))))
-    return float(prompt + out * max(1, sequences))
+    return float(min(prompt + out * max(1, sequences), MAX_REQUEST_COST))
 
 
 @dataclass(frozen=True, slots=True)
