@@ -459,9 +459,13 @@ def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
 
 def _refused(req: ProxiedRequest) -> bool:
     """A replica answered it 4xx before any of its output reached the client (not a timeout
-    or a client that left: 408 and 499 are the gateway's own, after output perhaps)."""
-    return (400 <= req.status < 500 and req.status not in (408, 499)
-            and req.replica != "none" and req.used is None and req.ttft is None
+    or a client that left: 408 and 499 are the gateway's own, after output perhaps), or its
+    tries failed before any output and the gateway answered 502/503 (dead engines, nothing
+    listening: the first request of an outage, whose next ones the pool's 503 refuses
+    before any replica; a 504's replica may have been working on it)."""
+    status = req.status
+    return ((400 <= status < 500 and status not in (408, 499)) or status in (502, 503)) and (
+            req.replica != "none" and req.used is None and req.ttft is None
             and not req.relayed)
 
 
