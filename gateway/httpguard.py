@@ -144,7 +144,9 @@ def _close_if_unasked(cycle: RequestResponseCycle) -> None:
     send = cycle.send
 
     async def send_then_close(message: Any) -> None:
-        if message["type"] == "http.response.start" and cycle.waiting_for_100_continue:
+        # (`more_body` false: no body, or all of it came without waiting: nothing held back)
+        if (message["type"] == "http.response.start" and cycle.waiting_for_100_continue
+                and cycle.more_body):
             cycle.keep_alive = False  # uvicorn then writes `connection: close` and closes
         await send(message)
 
