@@ -360,7 +360,7 @@ class FlowGate:
 
     def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
         return request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected,
-                            plan.pool.max_model_len, _sequences(parsed))
+                            plan.pool.max_model_len, _sequences(parsed), _prompts(parsed))
 
     def _sent(
         self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
@@ -459,9 +459,13 @@ def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
 
 def _refused(req: ProxiedRequest) -> bool:
     """A replica answered it 4xx before any of its output reached the client (not a timeout
-    or a client that left: 408 and 499 are the gateway's own, after output perhaps)."""
-    return (400 <= req.status < 500 and req.status not in (408, 499)
-            and req.replica != "none" and req.used is None and req.ttft is None
+    or a client that left: 408 and 499 are the gateway's own, after output perhaps), or its
+    tries failed before any output and the gateway answered 502/503 (dead engines, nothing
+    listening: the first request of an outage, whose next ones the pool's 503 refuses
+    before any replica; a 504's replica may have been working on it)."""
+    status = req.status
+    return ((400 <= status < 500 and status not in (408, 499)) or status in (502, 503)) and (
+            req.replica != "none" and req.used is None and req.ttft is None
             and not req.relayed)
 
 
@@ -477,14 +481,19 @@ def _max_tokens(parsed: ParsedBody) -> int | None:
 def _sequences(parsed: ParsedBody) -> int:
     """How many outputs the request asks for: ``n`` (vLLM refuses n < 1) per prompt, and a
     completions batch (a list of prompts) has one prompt per entry."""
-    data = parsed.data
-    value = data.get("n")
+    value = parsed.data.get("n")
     n = value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
-    prompt = data.get("prompt")
+    return n * _prompts(parsed)
+
+
+def _prompts(parsed: ParsedBody) -> int:
+    """How many prompts a completions batch holds (1 for anything else): vLLM checks each
+    against the context on its own, and each gets its own outputs."""
+    prompt = parsed.data.get("prompt")
     if isinstance(prompt, list) and len(prompt) > 1 and all(
             isinstance(p, str | list) for p in prompt):
-        return n * len(prompt)
-    return n
+        return len(prompt)
+    return 1
 
 
 class _FlowCollector(Collector):

@@ -34,8 +34,10 @@ returns a subclass that
   client must parse an unexpected 1xx): a client gone resets it (its kernel answers the probe
   with a RST), and the request is then a client gone as before (``http.disconnect``),
   `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream that
-  stalls then is bounded by the idle timeout). The connection closes after the answer. A
-  request cut short by the EOF, an answer already under way (a client leaving a stream it
+  stalls then is bounded by the idle timeout). The connection closes after the answer.
+  Pipelined requests sent before the half-close are answered in turn, the connection closed
+  after the last (no 100 goes out while an earlier answer is being written). A request cut
+  short by the EOF, an answer already under way (a client leaving a stream it
   read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
   before.
 
@@ -62,6 +64,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from gateway.errors import error_body
+from gateway.halfclose import HalfCloseProbe
 from gateway.upgrade_body import UpgradeBody
 
 __all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
@@ -90,11 +93,6 @@ class HttpLimits:
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
           431: "RequestHeaderFieldsTooLargeError"}
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
-# a half-closed client's probe (`GuardedHttpTools.eof_received`): the reset of a client gone
-# is back within a round trip; a later one is seen at the next probe's write
-PROBE_S = 0.2
-REPROBE_S = 1.0
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 _date: tuple[int, list[Header]] = (0, [])
@@ -146,7 +144,9 @@ def _close_if_unasked(cycle: RequestResponseCycle) -> None:
     send = cycle.send
 
     async def send_then_close(message: Any) -> None:
-        if message["type"] == "http.response.start" and cycle.waiting_for_100_continue:
+        # (`more_body` false: no body, or all of it came without waiting: nothing held back)
+        if (message["type"] == "http.response.start" and cycle.waiting_for_100_continue
+                and cycle.more_body):
             cycle.keep_alive = False  # uvicorn then writes `connection: close` and closes
         await send(message)
 
@@ -179,7 +179,7 @@ def _close_delimited(cycle: RequestResponseCycle) -> None:
     cycle.send = send_close_delimited  # type: ignore[method-assign]
 
 
-class GuardedHttpTools(NoDelayHttpTools):
+class GuardedHttpTools(HalfCloseProbe, NoDelayHttpTools):
     def __init__(self, *args: Any, limits: HttpLimits | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits or HttpLimits()
@@ -191,7 +191,6 @@ class GuardedHttpTools(NoDelayHttpTools):
     # request, whose headers are then complete before `data_received` could count them
     _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
-    _refused = False
     _origin: bytes | None = None  # the current request's Origin header, once parsed
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
 
@@ -218,6 +217,9 @@ class GuardedHttpTools(NoDelayHttpTools):
                 return
             self._upgrade_body = None
             self._disarm()
+            # the next request's headers, timed and counted from its first byte as after any
+            # request (`on_message_complete` ran before the body, when the parser stopped)
+            self._in_headers = True
             if not rest:
                 return
             data = rest  # a pipelined request after the body
@@ -248,37 +250,6 @@ class GuardedHttpTools(NoDelayHttpTools):
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
-
-    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
-        """The client shut its sending side. After a whole HTTP/1.1 request that may be all
-        it meant (a half-close): the connection stays open for the answer, probed for a
-        client that left instead (module docstring). True keeps the transport open."""
-        cycle = self.cycle
-        if (cycle is None or cycle.more_body or cycle.response_started or self._refused
-                or self.pipeline or cycle.scope.get("http_version") != "1.1"):
-            # nothing asked, a request cut short, an answer under way (a stream read in part:
-            # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
-            # HTTP/1.0: the client left
-            return None
-        cycle.keep_alive = False  # no next request can come: closed once answered
-        self._probe(cycle)
-        return True
-
-    def _probe(self, cycle: RequestResponseCycle) -> None:
-        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
-            return
-        if not cycle.response_started:  # (once it runs, the answer's own writes probe)
-            self.transport.write(CONTINUE)
-            self.loop.call_later(PROBE_S, self._probed, cycle)
-
-    def _probed(self, cycle: RequestResponseCycle) -> None:
-        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
-            return
-        sock = self.transport.get_extra_info("socket")
-        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            self._abort(cycle)  # reset: the client had closed its socket, not half of it
-            return
-        self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
 
     def _read_upgrade_body(self, rest: bytes) -> None:
         cycle = self.cycle
@@ -359,14 +330,6 @@ class GuardedHttpTools(NoDelayHttpTools):
             self.transport.close()
         else:
             self._refuse(408, "The request body did not arrive in time.")
-
-    def _abort(self, cycle: RequestResponseCycle) -> None:
-        """Reset the connection under `cycle`, an unfinished response the app gives up on.
-        The cycle is marked disconnected now (the transport reports its loss only on the
-        loop's next turn), so uvicorn takes the app's return as a client gone."""
-        cycle.disconnected = True
-        cycle.message_event.set()
-        self.transport.abort()
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with an OpenAI-shaped error, then close the connection: a lingering

@@ -60,6 +60,8 @@ class UpgradeBody:
     # -- the chunk parser's callbacks --------------------------------------------------------
     def on_body(self, body: bytes) -> None:
         cycle = self._cycle
+        if cycle.response_complete:  # answered before it was read (a 413): read and dropped,
+            return  # as uvicorn's own callback does; held, it paused reading for good
         cycle.body += body
         if len(cycle.body) > HIGH_WATER_LIMIT:
             self._flow.pause_reading()  # as uvicorn's own body callback: the app's receive resumes

@@ -38,7 +38,7 @@ from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-__all__ = ["PoolFlow", "Standing", "request_cost"]
+__all__ = ["MAX_REQUEST_COST", "PoolFlow", "Standing", "request_cost"]
 
 T = TypeVar("T")
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
@@ -48,24 +48,30 @@ _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 # small enough that sums of charges stay exact in a float (a client's `max_tokens` of 2**63
 # added to a tenant's holdings absorbed its other requests' tokens, and took them back with it)
 MAX_OUTPUT_TOKENS = 1 << 24
+# the most a request is charged in all: n sequences (up to 2**64 - 1 as a client may send it,
+# before vLLM refuses it) or a batch of prompts times even a bounded output would lose the
+# same exactness; 2**40 leaves thousands of such charges inside a float's 2**53
+MAX_REQUEST_COST = 1 << 40
 
 
 def request_cost(
     prompt_tokens: int, max_tokens: int | None, expected_output: int,
-    context: int | None = None, sequences: int = 1,
+    context: int | None = None, sequences: int = 1, prompts: int = 1,
 ) -> float:
     """What fair sharing charges a request: its prompt plus its expected output (``max_tokens``
     when the client set it, else the configured expectation; at most `MAX_OUTPUT_TOKENS`, and
     at most what fits beside the prompt in the model's ``context`` (``max_model_len``) when
     it is known: a replica can produce no more, and refuses a request that asks for more),
     once per output sequence (OpenAI's ``n``: the prompt is computed once, each of the n
-    sequences may generate up to ``max_tokens``)."""
+    sequences may generate up to ``max_tokens``). A completions batch of ``prompts`` prompts
+    (``prompt_tokens`` their sum) is checked against the context one prompt at a time, so
+    the cap is what fits beside an average prompt, not beside the whole batch."""
     prompt = max(0, prompt_tokens)
     out = max_tokens if max_tokens is not None and max_tokens >= 0 else expected_output
     out = min(out, MAX_OUTPUT_TOKENS)
     if context is not None:
-        out = min(out, max(0, context - prompt))
-    return float(prompt + out * max(1, sequences))
+        out = min(out, max(0, context - -(-prompt // max(1, prompts))))
+    return float(min(prompt + out * max(1, sequences), MAX_REQUEST_COST))
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import gateway_proc, inflight
+from tests.support.gateway import gateway_proc, inflight, metric_values
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -124,4 +124,32 @@ def test_a_dead_engine_met_by_the_last_try_with_replicas_left_is_a_502(
         status, error = failed[0]
         assert status == 502 and error["type"] == "BadGatewayError", failed
         assert "engine died" in str(error["message"])
+        assert inflight(base) == 0
+
+
+@pytest.mark.parametrize("dead", [True, False], ids=["engines-died", "servers-gone"])
+def test_the_first_request_of_an_outage_is_charged_no_output_by_flow_control(
+    sim_factory: SimFactory, dead: bool,
+) -> None:
+    """Flow control charges a request its prompt and expected output when it sends it on,
+    and gives back what never ran when it is over. The first request of an outage (its tries
+    met dead engines, or nothing listening) ran nothing, as the next ones that the pool's 503
+    refuses at once: it kept its whole charge (1000 output tokens here) in the tenant's
+    fair-share standing and the served-tokens count."""
+    (sim_a, a), (sim_b, b) = sim_factory(), sim_factory()
+    config = {"pools": {"p": {"served_model": "sim-model", "replicas": [a, b]}},
+              "models": {"m": {"default": "p"}}, "health": SLOW_HEALTH,
+              "flow": {"enabled": True}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        for url, proc in ((a, sim_a), (b, sim_b)):
+            if dead:
+                _set_dead(url)
+            else:
+                proc.stop()
+        resp = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1000})
+        assert resp.status_code == 503, resp.text
+        served = sum(metric_values(base, "kvgate_flow_served_tokens_total").values())
+        assert served < 100, served  # its prompt at most (a few tokens)
         assert inflight(base) == 0

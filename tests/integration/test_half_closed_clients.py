@@ -7,6 +7,7 @@ Real gateway, real simulator, raw sockets (no HTTP client library half-closes)."
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from collections.abc import Callable
 
@@ -103,4 +104,71 @@ def test_a_client_that_closes_after_its_request_still_stops_it_upstream(
         started = time.monotonic()
         wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
         assert time.monotonic() - started < 2.0
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def _pipelined(port: int, bodies: list[dict[str, object]]) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    data = b""
+    for body in bodies:
+        raw = orjson.dumps(body)
+        data += (b"POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\nContent-Type: "
+                 b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(raw), raw))
+    sock.sendall(data)  # every request before any answer
+    return sock
+
+
+def test_a_client_that_pipelines_then_half_closes_gets_every_answer(
+    sim_factory: SimFactory,
+) -> None:
+    """Pipelined requests then a half-close (``printf ... | nc -N``): each is answered in
+    order and the connection closes after the last. The FIN was taken for a client gone
+    whenever a request waited behind another: the client read nothing."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        sock = _pipelined(_port(base), [_body(False, 3), _body(True, 4), _body(False, 5)])
+        sock.shutdown(socket.SHUT_WR)
+        answer = _read_all(sock)
+        sock.close()
+        finals = answer.replace(b"HTTP/1.1 100 Continue\r\n\r\n", b"")
+        assert finals.count(b"HTTP/1.1 200 OK\r\n") == 3, answer[:300]
+        assert b"data: [DONE]" in finals
+        assert finals.count(b'"completion_tokens":') >= 2  # the two whole answers' usage
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_a_client_that_pipelines_then_closes_still_stops_it_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """Pipelined requests from a client that closed its socket: the running one is aborted at
+    the replica and the one behind it never starts."""
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = _aborted(sim)
+        sock = _pipelined(_port(base), [_body(True, 3000), _body(False, 3000)])
+        time.sleep(0.05)  # the first reached the replica
+        sock.close()
+        wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        total = sum(v for k, v in metric_values(base, "kvgate_requests_total").items())
+        assert total == 1  # the pipelined one behind it was never sent on
+
+
+def test_a_client_that_pipelines_then_resets_still_stops_it_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """Pipelined requests from a client whose connection resets (no FIN to probe): the
+    request being answered is stopped at the replica, not run to its end. uvicorn marks only
+    the last request read as gone, which waited behind it and never ran."""
+    _, sim = sim_factory("--time-scale", "1")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = _aborted(sim)
+        sock = _pipelined(_port(base), [_body(False, 3000), _body(False, 3000)])
+        wait_for(lambda: inflight(base) == 1, what="the first request at the replica")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()  # a reset, not a FIN
+        wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

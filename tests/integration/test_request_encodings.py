@@ -99,3 +99,24 @@ def test_an_answer_before_the_body_was_asked_for_closes_the_connection(
             s.sendall(BODY + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
             raw = _read_until_closed(s)
         assert raw.startswith(b"HTTP/1.1 200 OK\r\n") and raw.count(b"HTTP/1.1 200 OK") == 2
+
+
+@pytest.mark.parametrize("request_head", [
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n",  # no body at all
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"  # sent at once
+    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY),
+], ids=["no-body", "body-sent-at-once"])
+def test_an_expect_with_nothing_held_back_keeps_the_connection(
+    sim_factory: SimFactory, request_head: bytes,
+) -> None:
+    """`Expect: 100-continue` on a request whose body is not held back (it has none, or the
+    client sent it without waiting): the connection is in step, so the answer keeps it and a
+    pipelined request after it is answered. It was closed after the first answer (the
+    request was taken for one whose body the client still held) and the next one dropped."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    port = int(base.rsplit(":", 1)[1])
+    with gw, socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request_head + b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        raw = _read_until_closed(s).replace(b"HTTP/1.1 100 Continue\r\n\r\n", b"")
+    assert raw.count(b"HTTP/1.1 200 OK\r\n") == 2, raw[:400]

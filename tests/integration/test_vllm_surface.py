@@ -6,6 +6,7 @@ on every other answer to an allowed `Origin`."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -189,3 +190,48 @@ def test_a_lax_stream_reaches_vllm_as_the_client_sent_it() -> None:
                 direct = httpx.post(f"{url}/v1/completions", json=body, timeout=10)
                 through = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
                 assert (value, through.status_code) == (value, direct.status_code), through.text
+
+
+def test_the_header_timeout_holds_after_an_upgrade_requests_body(base: str) -> None:
+    """The body of a POST asking to upgrade to h2c (`curl --http2`) is read apart from the
+    HTTP parser; the next request on the connection must still have its headers timed
+    (`server.header_timeout_s`): they were not, so a client could hold the connection
+    forever by sending them a byte at a time (slowloris)."""
+    body = orjson.dumps({"model": MODEL, "prompt": "x", "max_tokens": 2})
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, "
+                  b"HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA"
+                  b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(body), body))
+        raw = b""
+        while b"text_completion" not in raw or not raw.endswith(b"}"):
+            raw += s.recv(65536)
+        assert raw.startswith(b"HTTP/1.1 200"), raw
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # never ended
+        raw = b""
+        with contextlib.suppress(TimeoutError):  # (10 s: the test fails below)
+            while chunk := s.recv(65536):
+                raw += chunk
+    assert raw.startswith(b"HTTP/1.1 408"), raw
+
+
+def test_an_upgrade_requests_body_refused_early_is_still_read_past(base: str) -> None:
+    """A POST asking to upgrade to h2c whose declared body is past `server.max_body_bytes`
+    gets its 413 at once; the connection stays open (no `connection: close`), so the rest
+    of the body is read and dropped and a next request on it answered, as for any POST.
+    It stalled instead: the body read on (held, unread) until reading paused for good, and
+    the client's send hung until the body timeout reset the connection."""
+    body = b"x" * (2 << 20)  # the fixture's limit is 1 MiB
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, "
+                  b"HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA"
+                  b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                  b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                  % (len(body), body))
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 413"), raw[:200]
+    assert raw.count(b"HTTP/1.1 200 OK") == 1 and b'"object":"list"' in raw, raw[-300:]

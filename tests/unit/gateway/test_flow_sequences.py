@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from gateway.body import ParsedBody
-from gateway.flow import _sequences
+from gateway.flow import _prompts, _sequences
+from routing.flow import request_cost
 
 
 @pytest.mark.parametrize(("body", "expected"), [
@@ -25,3 +26,15 @@ from gateway.flow import _sequences
 ])
 def test_sequences_from_the_body(body: dict[str, Any], expected: int) -> None:
     assert _sequences(ParsedBody(body, "m", False, 10)) == expected
+
+
+def test_a_batch_longer_than_the_context_is_still_charged_its_outputs() -> None:
+    """Each prompt of a batch is checked against the context on its own (vLLM, the
+    simulator): 20 prompts of ~400 tokens each may each generate `max_tokens`. Capping the
+    output by the context minus the whole batch's prompt charged them nothing."""
+    parsed = ParsedBody({"prompt": ["x" * 1600] * 20, "max_tokens": 100}, "m", False, 8000)
+    assert _prompts(parsed) == 20
+    assert request_cost(8000, 100, 256, 4096, _sequences(parsed), _prompts(parsed)) == 10000
+    # one prompt alone still fits its output beside itself only
+    assert request_cost(4000, 1000, 256, 4096, 1, 1) == 4096
+    assert request_cost(8000, 1000, 256, 4096, 2, 2) == 8000 + 2 * 96

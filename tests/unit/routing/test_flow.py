@@ -25,6 +25,7 @@ from routing.flow import (
     request_cost,
     with_spare,
 )
+from routing.flow.gate import MAX_REQUEST_COST
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
@@ -73,6 +74,23 @@ def test_pool_saturated_needs_every_healthy_replica_full() -> None:
     assert not pool_saturated([], RULE)
     # another gateway's load on b fills it
     assert pool_saturated([full, room], RULE, {"b": ReplicaLoad(4, 0, 0)})
+
+
+@pytest.mark.parametrize(("sequences", "prompts"), [(2**63, 1), (2**64 - 1, 1), (128, 10**6)])
+def test_a_huge_n_or_batch_does_not_swallow_the_tenants_other_holdings(
+    sequences: int, prompts: int,
+) -> None:
+    """An absurd `n` (vLLM refuses it after it was charged) or batch times the output, even
+    at most `MAX_OUTPUT_TOKENS`, must stay a bounded cost: 2**63 x 2**24 tokens absorbed the
+    tenant's other requests' tokens in the float sum, and its release took them back."""
+    held = Holdings()
+    held.add("t", request_cost(100, 20, 256))
+    huge = request_cost(10, 2**24, 256, None, sequences * prompts, prompts)
+    assert huge <= MAX_REQUEST_COST
+    held.add("t", huge)
+    held.add("u", request_cost(50, 0, 256))
+    held.remove("t", huge)
+    assert (held.tokens("t"), held.tokens("u"), held.total) == (120.0, 50.0, 170.0)
 
 
 def test_request_cost_is_prompt_plus_expected_output() -> None:

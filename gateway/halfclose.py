@@ -1,0 +1,98 @@
+"""A client that half-closes its side after a whole HTTP/1.1 request, told apart from one that
+left (`gateway.httpguard`'s module docstring says what the client sees).
+
+``shutdown(SHUT_WR)`` ends the request, not the connection, but uvicorn took the EOF for a
+disconnect and the app cancelled the request. The FIN looks the same as a client that closed
+its socket (an SDK's timeout), whose request must not run on, so the connection is kept open
+and probed with an interim ``100 Continue`` (RFC 9110 15.2: a client must parse an
+unexpected 1xx) at once and every `REPROBE_S` until the last answer starts: a client gone
+resets it (its kernel answers the probe with a RST), read as ``SO_ERROR`` `PROBE_S` later.
+Pipelined requests sent before the FIN are answered in turn; no 100 goes out while one of
+their answers is being written.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+__all__ = ["CONTINUE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
+
+# a half-closed client's probe (`HalfCloseProbe.eof_received`): the reset of a client gone
+# is back within a round trip; a later one is seen at the next probe's write
+PROBE_S = 0.2
+REPROBE_S = 1.0
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+class HalfCloseProbe(HttpToolsProtocol):
+    """The half-close handling of `gateway.httpguard.GuardedHttpTools`."""
+
+    _refused = False  # the guard refused the request (its own answer, then a close)
+    _running: RequestResponseCycle | None = None  # the request whose answer is due next
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        running = self._running  # uvicorn marks only the last request read (`self.cycle`)
+        if running is not None and running is not self.cycle and not running.response_complete:
+            running.disconnected = True  # a pipelined one behind it never ran: this one runs
+            running.message_event.set()
+        super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        """The client shut its sending side. After a whole HTTP/1.1 request that may be all
+        it meant (a half-close): the connection stays open for the answer, probed for a
+        client that left instead (module docstring). True keeps the transport open. With
+        pipelined requests, `self.cycle` is the last one read; they are answered in turn."""
+        cycle = self.cycle
+        if (cycle is None or cycle.more_body or cycle.response_started or self._refused
+                or self._answering() or cycle.scope.get("http_version") != "1.1"):
+            # nothing asked, a request cut short, an answer under way (a stream read in part:
+            # no 1xx can probe it now, and a quiet one writes nothing that would fail), or
+            # HTTP/1.0: the client left
+            return None
+        cycle.keep_alive = False  # no request can come after it: closed once answered
+        self._probe(cycle)
+        return True
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        self._running = cycle  # the request being answered (pipelined ones wait behind it)
+        super()._start_asgi_task(cycle, app)
+
+    def _answering(self) -> bool:
+        """An answer is under way (its head sent, not its end): no 100 may go out now."""
+        running = self._running
+        return running is not None and running.response_started and not running.response_complete
+
+    def _probe(self, cycle: RequestResponseCycle) -> None:
+        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
+            return
+        if cycle.response_started:
+            return  # (once the last answer runs, its own writes probe)
+        if self._answering():  # an earlier pipelined answer: its writes probe; look again
+            self.loop.call_later(REPROBE_S, self._probe, cycle)
+            return
+        self.transport.write(CONTINUE)
+        self.loop.call_later(PROBE_S, self._probed, cycle)
+
+    def _probed(self, cycle: RequestResponseCycle) -> None:
+        if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            # reset: the client had closed its socket, not half of it. The request being
+            # answered is the one to stop (uvicorn marks only the last one read gone)
+            running = self._running
+            self._abort(running if running is not None and not running.response_complete
+                        else cycle)
+            return
+        self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
+
+    def _abort(self, cycle: RequestResponseCycle) -> None:
+        """Reset the connection under `cycle`, an unfinished response the app gives up on.
+        The cycle is marked disconnected now (the transport reports its loss only on the
+        loop's next turn), so uvicorn takes the app's return as a client gone."""
+        cycle.disconnected = True
+        cycle.message_event.set()
+        self.transport.abort()
