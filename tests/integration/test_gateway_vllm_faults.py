@@ -262,8 +262,8 @@ def test_stall_after_first_tokens_is_cut_by_the_idle_timeout_as_504(
         # gateway's credentials, not the client's (tests/integration/test_upstream_settings.py)
         (("--api-key", "upstream-secret"), 502, "BadGatewayError",
          ReplicaRefused(401).message),
-        # vLLM < 0.10.1: the flat {"object": "error", ...} shape (a request it refuses: n=2)
-        (("--legacy-errors",), 400, "BadRequestError", "The simulator supports n=1 only."),
+        # vLLM < 0.10.1: the flat {"object": "error", ...} shape (a request it refuses: n=0)
+        (("--legacy-errors",), 400, "BadRequestError", "n must be at least 1, got 0."),
     ],
 )
 def test_upstream_errors_are_openai_shaped(
@@ -274,7 +274,7 @@ def test_upstream_errors_are_openai_shaped(
     gw, base = gateway_proc(config=config)
     with gw:
         resp = httpx.post(f"{base}/v1/completions", json={
-            "model": MODEL, "prompt": "x", "max_tokens": 2, "n": 2})
+            "model": MODEL, "prompt": "x", "max_tokens": 2, "n": 0})
     assert resp.status_code == status
     assert resp.headers["content-type"] == "application/json"
     err = resp.json()["error"]  # OpenAI's (and vLLM >= 0.10.1's) nested shape
