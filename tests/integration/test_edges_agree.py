@@ -38,7 +38,7 @@ from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from gateway.stored import NO_EVENTS, NOT_IN_TIME
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
-from tests.support.epp import both_edges, envoy_proc, epp_proc
+from tests.support.epp import both_edges, envoy_proc, epp_proc, store_through
 from tests.support.gateway import (
     AUTH_SECRET,
     gateway_proc,
@@ -687,11 +687,7 @@ def silent() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             upstream=UpstreamConfig(first_byte_timeout_s=3.0)) as every:
         try:
             bases = {edge: every[edge] for edge in EDGES}
-            replica.answer = whole(WHOLE)  # RID stored, through each edge
-            for url in bases.values():
-                assert httpx.post(f"{url}/v1/responses", timeout=10,
-                                  json={"model": BAD_MODEL, "input": "x"}).status_code == 200
-            replica.answer = b""
+            store_through(replica, bases, BAD_MODEL, WHOLE)  # RID stored, through each edge
             yield replica, bases
         finally:
             replica.gate.set()

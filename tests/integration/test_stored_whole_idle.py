@@ -16,7 +16,7 @@ import pytest
 from gateway.config import UpstreamConfig
 from gateway.stored import NOT_IN_TIME
 from tests.support.bad_replica import BadReplica, whole
-from tests.support.epp import both_edges
+from tests.support.epp import both_edges, store_through
 
 MODEL = "bad-model"
 RID = "resp_whole1"
@@ -34,11 +34,7 @@ def edges() -> Iterator[tuple[BadReplica, dict[str, str]]]:
             replica.url, MODEL, UPSTREAM,
             upstream=UpstreamConfig(first_byte_timeout_s=3.0)) as every:
         bases = {edge: every[edge] for edge in EDGES}
-        replica.answer = whole(OBJECT)  # RID stored, through each edge
-        for url in bases.values():
-            assert httpx.post(f"{url}/v1/responses", timeout=10,
-                              json={"model": MODEL, "input": "x"}).status_code == 200
-        replica.answer = b""
+        store_through(replica, bases, MODEL, OBJECT)  # RID stored, through each edge
         yield replica, bases
 
 

@@ -14,9 +14,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import httpx
 import yaml
 
 from gateway.epp.envoy import envoy_binary, envoy_config, render
+from tests.support.bad_replica import BadReplica, whole
 from tests.support.gateway import FAST_HEALTH, gateway_proc
 from tests.support.procs import KVGATE, Proc, free_port
 
@@ -106,3 +108,14 @@ def both_edges(
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+def store_through(replica: BadReplica, bases: Mapping[str, str], model: str,
+                  stored: bytes) -> None:
+    """A stored response (the JSON ``stored``) created through each edge in ``bases``; the
+    replica answers nothing after it (its ``answer`` emptied)."""
+    replica.answer = whole(stored)
+    for url in bases.values():
+        assert httpx.post(f"{url}/v1/responses", timeout=10,
+                          json={"model": model, "input": "x"}).status_code == 200
+    replica.answer = b""
