@@ -44,6 +44,8 @@ _COMPUTING_S = 5.0  # ... at most this old
 _MAX_PEER_CHAINS = 65_536  # chains remembered for `_settle_continued` (oldest forgotten)
 _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer's chain end
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
+# a deferred pick waits rank x window x this: just past the lower ranks' records' arrival
+_DEFER_MARGIN = 1.001
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -97,17 +99,31 @@ class Router:
         self._recent_counts: dict[str, int] = {}  # ... per replica
         self._ranked_members: tuple[str, ...] | None = None  # `_rank` for these live peers
         self._ranked = (0, 1)
+        self._defers = False  # `enable_sharing(defer=True)`: picks may be held (`defer_s`)
+        self._contested: Callable[[PickContext], bool] | None = None  # the policy's
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
     # -- shared state ---------------------------------------------------------------------------
-    def enable_sharing(self, stale_after_s: float, member: str, window_s: float = 0.0) -> None:
+    def enable_sharing(
+        self, stale_after_s: float, member: str, window_s: float = 0.0, defer: bool = False
+    ) -> None:
         """Publish routed chains to `outbox`; accept other gateways' records. ``member``:
         this gateway's id in the shared state (as its peers know it); ``window_s``: how
-        late the others' records usually arrive (publish batching + transit)."""
+        late the others' records usually arrive (publish batching + transit); ``defer``: the
+        caller asks `defer_s` before each pick and holds the request that long (the picks
+        it defers then take no turns)."""
         self.peers = PeerLoads(stale_after_s)
         self.member = member
         self._window = window_s
+        contested = getattr(self.policy, "contested", None)
+        self._defers = defer and window_s > 0.0 and contested is not None
+        self._contested = contested
+
+    @property
+    def defers(self) -> bool:
+        """Whether the caller holds picks `defer_s` asks it to (`enable_sharing`)."""
+        return self._defers
 
     def _rank(self, now: float) -> tuple[int, int]:
         """(this gateway's rank among the live gateways, how many are live)."""
@@ -226,6 +242,46 @@ class Router:
         explain: bool = False,
     ) -> Decision:
         """Where to send ``features``; ``explain`` fills `Decision.ranked` with cost terms."""
+        ctx, used_peers = self._context(features, views, now, explain)
+        decision = self.policy.choose(ctx)
+        if not explain:
+            self.decisions += 1
+            if self.peers is not None and (used_peers or (
+                features.block_hashes
+                and self.state.index.peer_touched(decision.replica, features.block_hashes[0])
+            )):
+                self.peer_decisions += 1
+        return decision
+
+    def defer_s(
+        self, features: RequestFeatures, views: Sequence[ReplicaView], now: float
+    ) -> float:
+        """How long the caller should hold this request before `pick` (seconds; 0: pick it
+        now). Only a router whose caller honours it (`enable_sharing(defer=True)`) asks.
+
+        Within the sync window gateways cannot see each other's picks; a pick among several
+        candidates about as good (no holder of its prefix to go to: the policy's
+        `contested`) is the one peers' unseen picks of the same instant stack on. The
+        gateway ranked r among the N live ones makes such a pick r sync windows after the
+        arrival (a little more: the records of the pick of rank r - 1 arrive one window
+        after it), when the lower-ranked gateways' picks of that instant have reached it,
+        and routes knowing their sizes; rank 0 never waits, nor one gateway, nor a pick for
+        its prefix's holder. At most (N - 1) windows. (docs/shared-state.md, "Deferred
+        picks")"""
+        if not self._defers:
+            return 0.0
+        rank, gateways = self._rank(now)
+        if rank == 0 or gateways == 1:
+            return 0.0
+        contested = self._contested
+        if contested is None or not contested(self._context(features, views, now, False)[0]):
+            return 0.0
+        return rank * self._window * _DEFER_MARGIN
+
+    def _context(
+        self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool
+    ) -> tuple[PickContext, bool]:
+        """The policy's input for this pick, and whether other gateways' load is in it."""
         healthy = sorted([v for v in views if v.healthy], key=_by_id)
         if not healthy:
             raise NoCandidate(features.model)
@@ -254,17 +310,11 @@ class Router:
         turn, order = 0, None
         if gateways > 1 and self._window > 0:
             turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
+            if self._defers:  # deferred picks see the lower ranks' instead (`defer_s`)
+                order = None
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
                           peer_loads, peer_computing)
-        decision = self.policy.choose(ctx)
-        if not explain:
-            self.decisions += 1
-            if self.peers is not None and (used_peers or (
-                features.block_hashes
-                and self.state.index.peer_touched(decision.replica, features.block_hashes[0])
-            )):
-                self.peer_decisions += 1
-        return decision
+        return ctx, used_peers
 
     def _set_capacity(self, replica: str, tokens: int) -> None:
         self._capacity_tokens[replica] = tokens

@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="a router sees the others' records this much later (default 10)")
     gw.add_argument("--no-share", action="store_true",
                     help="the N routers share nothing (the baseline)")
+    gw.add_argument("--no-defer", action="store_true",
+                    help="pick at arrival: no pick held until the lower-ranked routers' "
+                         "records of the same instant arrive (docs/shared-state.md)")
     gw.add_argument("--gateway-seed", type=int, default=0,
                     help="which router takes which request (a single run moves by a few per "
                          "cent between seeds: compare means over several)")
@@ -264,7 +267,7 @@ def _main(args: argparse.Namespace) -> int:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
             gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3,
-                                   args.gateway_seed)
+                                   args.gateway_seed, not args.no_defer)
             flow = FlowDriver(FlowSpec()) if args.flow_control == "on" else None
             summary = run_offline(reqs, fleet, policy, ref, gateways=gateways,
                                   progress=progress.step, flow=flow,

@@ -23,6 +23,7 @@ import heapq
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from typing import Protocol
 
 from loadtest.replay.blocks import unit_hashes
@@ -70,6 +71,9 @@ class GatewaySpec:
     share: bool = True  # exchange routing records (else N independent gateways)
     sync_delay_s: float = 0.0  # a record reaches the other gateways this much later
     seed: int = 0  # which gateway takes which request
+    # a pick at risk of stacking with peers' unseen picks is held rank x sync delay
+    # (`Router.defer_s`; TTFT still counts from the arrival)
+    defer: bool = True
 
 
 @dataclass(slots=True)
@@ -317,6 +321,16 @@ def _route(
     return True
 
 
+def _release(
+    sim: _Sim, held: list[tuple[float, int, ReplayRequest, int]], until: float
+) -> None:
+    """Route the held requests due by ``until``, each at its time."""
+    while held and held[0][0] <= until:
+        at, seq, req, g = heapq.heappop(held)
+        _advance(sim, at)
+        _route(sim, seq, dc_replace(req, arrival_s=at), sim.gateways[g])
+
+
 def _yardstick(name: str, truth: Truth | None) -> PolicyFactory | None:
     """The factory of a policy outside the registry (None: the registry's ``name``)."""
     if truth is not None:
@@ -342,28 +356,45 @@ def replay_offline(
     replicas = [_Replica(f"replica-{i}", Engine(cfg)) for i in range(fleet.replicas)]
     truth = Truth({r.id: r.engine for r in replicas}) if router_config.policy == "oracle" else None
     factory = _yardstick(router_config.policy, truth)
+    # picks are held (`Router.defer_s`) only here: flow control routes on its own schedule
+    defers = spec.defer and spec.share and spec.gateways > 1 and flow is None
     gws = []
     for g in range(max(1, spec.gateways)):
         router = Router(router_config, policy=factory)
         if spec.share and spec.gateways > 1:
             # no peer crashes offline; records arrive sync_delay_s late
-            router.enable_sharing(float("inf"), f"gw-{g}", spec.sync_delay_s)
+            router.enable_sharing(float("inf"), f"gw-{g}", spec.sync_delay_s, defers)
         gws.append(_Gateway(f"gw-{g}", router, {r.id: _Counts() for r in replicas}))
     sim = _Sim(fleet, spec, gws, replicas, truth=truth, flow=flow)
     pick_gateway = random.Random(spec.seed).randrange
     order = heapq.nsmallest(len(requests), enumerate(requests), key=lambda ir: ir[1].arrival_s)
+    held: list[tuple[float, int, ReplayRequest, int]] = []  # (route at, seq, req, gateway)
+    arrivals: dict[int, float] = {}  # seq -> arrival (held requests only)
     for i, req in order:
         gw = gws[pick_gateway(len(gws))] if len(gws) > 1 else gws[0]
         if flow is not None:  # flow control (loadtest/replay/flow.py)
             flow.arrive(sim, i, req, gw)
         else:
+            _release(sim, held, req.arrival_s)
             _advance(sim, req.arrival_s)
-            _route(sim, i, req, gw)
+            views, wait = None, 0.0
+            if defers:
+                views = _views(sim, gw, req.arrival_s)
+                wait = gw.router.defer_s(_features(req, gw.router), views, req.arrival_s)
+            if wait > 0.0:
+                arrivals[i] = req.arrival_s
+                heapq.heappush(held, (req.arrival_s + wait, i, req, gws.index(gw)))
+            else:
+                _route(sim, i, req, gw, views)
         if progress is not None:
             progress(1)
+    _release(sim, held, float("inf"))
     if flow is not None:
         flow.drain(sim)
     _advance(sim, float("inf"))
+    if arrivals:  # a held request's TTFT counts from its arrival, not its pick
+        sim.outcomes[:] = [dc_replace(o, start_s=arrivals[o.seq]) if o.seq in arrivals else o
+                           for o in sim.outcomes]
     stats = [r.engine.stats for r in replicas]
     return OfflineResult(
         outcomes=sim.outcomes,

@@ -43,7 +43,9 @@ requests in flight, then to a stable hash of (prompt, replica), so identical req
 a fixed per-prompt order, never by the order views arrive in. Several gateways blind to each
 other's latest picks break ties by the hash alone (in-flight counts a sync window old would
 send them all to one replica) and take turns among the candidates about as cheap as the
-cheapest that hold the longest prefix of them (`PickContext.turn`); from a gateway's second
+cheapest that hold the longest prefix of them (`PickContext.turn`), or, when the gateway holds
+such a contested pick until the lower ranks' have reached it (`contested`,
+`Router.defer_s`), pick it knowing them, without turns; from a gateway's second
 pick within the sync window (a burst), each replica's TTFT fit counts only half-way from the
 fleet's (`_in_burst`).
 
@@ -251,18 +253,41 @@ class CacheAware:
             out.append(row)
         return out
 
+    def contested(self, ctx: PickContext) -> bool:
+        """Whether this pick would take a turn: several admitted candidates about as cheap as
+        the cheapest hold the longest prefix of them (`_take_turns`), so that peers blind to
+        it could stack their picks of the same instant on the same replicas
+        (`Router.defer_s`). A pick for its prefix's holder (one such candidate, a
+        conversation's next turn) is not. Reads the state; changes nothing a pick reads."""
+        cfg = self._state.config
+        rows = self._rows(ctx)
+        hashes = ctx.features.block_hashes
+        previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
+        if previous is None and cfg.session_ramp_tokens > 0.0:
+            rows = self._ramp(ctx, rows)
+        rows.sort(key=_hashed)
+        limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
+                            cfg.load_slack) + 1e-9
+        admitted = [r for r in rows if r[10] <= limit]
+        return len(admitted) > 1 and len(self._near(admitted)[2]) > 1
+
+    def _near(self, admitted: list[_Row]) -> tuple[list[_Row], int, dict[str, _Row]]:
+        """The admitted candidates about as cheap as the cheapest, the longest prefix any of
+        them holds, and those of them holding it (by replica id)."""
+        st = self._state
+        margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
+        good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
+        close = [r for r in admitted if r[2] <= good]
+        longest = max(close, key=_matched)[4]
+        return close, longest, {r[3].id: r for r in close if r[4] == longest}
+
     def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
         """Several gateways: among the admitted candidates about as cheap as the cheapest and
         holding the longest prefix of those, the one whose turn it is in the order all
         gateways agree on (`Router._turn`), so that gateways blind to each other's latest
         picks do not all take the same replica. A turn never gives up a predicted hit: a
         conversation's next turn stays on its holder when others are about as cheap."""
-        st = self._state
-        margin = _TURN_MEAN_REQUESTS * st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
-        good = admitted[0][2] * (1.0 + _TURN_RELATIVE) + margin
-        close = [r for r in admitted if r[2] <= good]
-        longest = max(close, key=_matched)[4]
-        near = {r[3].id: r for r in close if r[4] == longest}
+        close, longest, near = self._near(admitted)
         if len(near) == 1:  # the one whatever the order
             if close[0][4] == longest:  # the cheapest: the order stands
                 return admitted

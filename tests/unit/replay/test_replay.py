@@ -11,7 +11,7 @@ import pytest
 from gateway.cli import main as kvgate
 from loadtest.replay.blocks import unit_hashes
 from loadtest.replay.cli import run_offline
-from loadtest.replay.offline import FleetSpec
+from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.reference import pooled_reference_hit_rate
 from loadtest.replay.summary import Outcome, inflight_balance, percentile
 from loadtest.replay.text import render_prompt
@@ -21,6 +21,7 @@ from loadtest.replay.workload import (
     load_mooncake,
     synthetic_multitenant,
 )
+from routing.router import RouterConfig
 from routing.tokens import CHARS_PER_TOKEN
 
 
@@ -150,6 +151,26 @@ def test_replay_cli_spreads_requests_by_the_gateway_seed(tmp_path: Path) -> None
     assert first == again
     assert {k: v for k, v in first.items() if k != "gateway_seed"} != {
         k: v for k, v in other.items() if k != "gateway_seed"}
+
+def test_held_picks_count_their_ttft_from_the_arrival() -> None:
+    """Four gateways, bursts of cold requests at one instant: the higher-ranked gateways hold
+    their picks (`Router.defer_s`), routing them later, but every request's TTFT counts from
+    its arrival; without holding (``defer=False``) the run differs."""
+    reqs = [_req((1000 * i + 1, 1000 * i + 2), 1024, t=0.5 * (i // 12), tenant=str(i % 3))
+            for i in range(48)]
+    fleet, cfg = FleetSpec(replicas=8, kv_tokens=65_536), RouterConfig()
+    held = replay_offline(reqs, fleet, cfg, GatewaySpec(4, True, 0.01, 0))
+    at_once = replay_offline(reqs, fleet, cfg, GatewaySpec(4, True, 0.01, 0, defer=False))
+    for res in (held, at_once):
+        assert sorted((o.seq, o.start_s) for o in res.outcomes) == [
+            (i, r.arrival_s) for i, r in enumerate(reqs)]
+        assert all(o.ok and o.first_token_s is not None for o in res.outcomes)
+    assert sorted(held.outcomes, key=_seq) != sorted(at_once.outcomes, key=_seq)
+
+
+def _seq(o: Outcome) -> int:
+    return o.seq
+
 
 def test_a_yardstick_is_offline_only() -> None:
     with pytest.raises(SystemExit, match="offline only"):
