@@ -143,7 +143,35 @@ class Preparer:
         plan = None
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
+        elif self._router.defers:  # several gateways: a contested pick may wait its rank
+            await self._hold(req, principal, parsed, gone)
         return self._plan_and_pick(req, principal, parsed, subset, plan)
+
+    async def _hold(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
+        gone: Callable[[], Awaitable[object]] | None,
+    ) -> None:
+        """Wait as long as the router asks before its pick (`Router.defer_s`: a pick among
+        several equally good replicas, made once the lower-ranked gateways' picks of the same
+        instant have reached this one). The wait counts in the request's queue time; a client
+        that leaves meanwhile is let go (499, its admission settled like any other)."""
+        now = self._clock()
+        plan = self.planner.plan(principal, parsed, req.kind, now)
+        wait = self._router.defer_s(plan.features, plan.views, now)
+        if wait <= 0.0:
+            return
+        t0 = perf_counter()
+        waits: list[asyncio.Future[object]] = [asyncio.ensure_future(asyncio.sleep(wait))]
+        if gone is not None:
+            waits.append(asyncio.ensure_future(gone()))
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+            req.queued_s = perf_counter() - t0
+        if waits[0] not in done:  # the client left
+            raise asyncio.CancelledError
 
     async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,

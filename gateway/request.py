@@ -89,7 +89,7 @@ class ProxiedRequest:
         # CORS headers on every answer (gateway/cors.py); a browser's requests only
         self.cors: Sequence[tuple[bytes, bytes]] = ()
         self.used: int | None = None  # prompt + completion tokens from upstream usage
-        self.queued_s: float | None = None  # time waited in flow control's queue (gateway/flow)
+        self.queued_s: float | None = None  # waited in flow control's queue, or a held pick
         # flow control counts the request against its tenant's share of the pool until this
         # is called (once, when the request is over)
         self.flow_done: Callable[[], None] | None = None

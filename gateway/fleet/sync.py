@@ -77,6 +77,9 @@ class SyncSettings:
     catchup_entries: int = 5_000
     max_entries_per_tick: int = 256
     timeout_s: float = 1.0
+    # the gateway holds a contested pick rank x the window before making it
+    # (`routing.router.Router.defer_s`; off while flow control schedules the picks)
+    defer: bool = False
 
 
 @dataclass(slots=True)
@@ -142,8 +145,10 @@ class RouteSync:
         self.reach = Reachability(self._in.address, retry_every_s=RETRY_S,
                                   subject="shared routing state", logger=log)
         # peers' records arrive about a flush interval or two late: within that window the
-        # gateways take turns over equally good replicas (routing.router.Router._turn)
-        router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s)
+        # gateways hold their contested picks until the lower ranks' have arrived
+        # (routing.router.Router.defer_s), or take turns over equally good replicas (`_turn`)
+        router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s,
+                              settings.defer)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
         self._calm = asyncio.Event()  # set while the publisher does not read (the reader does)

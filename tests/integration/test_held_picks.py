@@ -1,0 +1,129 @@
+"""Held picks over real Redis (`routing.router.Router.defer_s`): two gateways, a cold request
+through the higher-ranked one is held (every replica about as good) and, picked once the
+lower-ranked gateway's pick of the same instant has reached it, avoids that pick's replica,
+where it would have gone blind; a client that leaves while held is let go (499) and nothing
+stays counted."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from tests.support.gateway import gateway_proc, wait_for
+from tests.support.procs import Proc
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "held-picks-admin-token-0123456789"
+MODEL = "sim-model"
+FLUSH_MS = 500  # the sync window is two flush intervals: rank 1 holds ~1 s
+
+
+@pytest.fixture
+def pair(
+    redis_url: str, sim_factory: Callable[..., tuple[Proc, str]]
+) -> Iterator[list[tuple[Proc, str]]]:
+    """Two gateways sharing state over four simulators, ordered by rank (member id)."""
+    upstreams = [sim_factory()[1] for _ in range(4)]
+    config = {
+        "pools": {"p": {"replicas": upstreams, "served_model": MODEL}},
+        "models": {MODEL: {"default": "p"}},
+        "routing": {"policy": "cache_aware", "scrape_interval_ms": 100},
+        "sync": {"flush_interval_ms": FLUSH_MS},
+    }
+    with ExitStack() as stack:
+        gws = []
+        for _ in range(2):
+            proc, base = gateway_proc(
+                config=config, env={"KVGATE_REDIS_URL": redis_url, "KVGATE_ADMIN_TOKEN": ADMIN})
+            stack.enter_context(proc)
+            gws.append((proc, base))
+        wait_for(lambda: all(_sync(b)["peers"] == 1 for _, b in gws), timeout=20,
+                 what="two gateways that see each other")
+        yield sorted(gws, key=lambda g: str(_sync(g[1])["member"]))
+
+
+def _sync(base: str) -> dict[str, object]:
+    """The shared state's part of ``base``'s readiness (its member id, peers seen)."""
+    doc: dict[str, dict[str, object]] = httpx.get(f"{base}/readyz", timeout=5).json()
+    return doc["sync"]
+
+
+def _chat(text: str, **extra: object) -> dict[str, object]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 8,
+            **extra}
+
+
+def _blind(base: str, text: str) -> str:
+    """Where ``base`` would send ``text`` now (route explain: a dry run)."""
+    r = httpx.post(f"{base}/admin/route/explain", timeout=10,
+                   headers={"Authorization": f"Bearer {ADMIN}"},
+                   json={"tier": "default", "request": _chat(text)})
+    assert r.status_code == 200, r.text
+    return _address(str(r.json()["replica"]))
+
+
+def _address(replica: str) -> str:
+    """A replica's address (`x-kvgate-replica` names it with its pool, explain without)."""
+    return replica.rsplit("/", 1)[-1]
+
+
+def _request_lines(proc: Proc) -> list[dict[str, object]]:
+    out = []
+    for line in proc.output(None).splitlines():
+        try:
+            doc = json.loads(line[line.index("{"):])
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and "queued_ms" in doc:
+            out.append(doc)
+    return out
+
+
+def test_a_held_pick_sees_the_lower_ranks_pick_of_the_same_instant(
+    pair: list[tuple[Proc, str]],
+) -> None:
+    (_, low), (high_proc, high) = pair
+    late = "held cold request " + " ".join(f"h{i}" for i in range(200))
+    target = _blind(high, late)  # picked at arrival, it would go there (an idle fleet)
+    # a long prompt the lower-ranked gateway sends to that same replica
+    early = next(t for t in (f"long prompt {k} " + " ".join(f"w{k}-{i}" for i in range(3000))
+                             for k in range(200)) if _blind(low, t) == target)
+    got: dict[str, object] = {}
+
+    def held() -> None:
+        r = httpx.post(f"{high}/v1/chat/completions", json=_chat(late), timeout=30)
+        got["status"], got["replica"] = r.status_code, _address(r.headers["x-kvgate-replica"])
+
+    thread = threading.Thread(target=held)
+    thread.start()
+    # once the held request has arrived (its pick ~1 s away), the lower rank picks
+    time.sleep(0.3)
+    with httpx.stream("POST", f"{low}/v1/chat/completions", timeout=30, json=_chat(
+            early, stream=True, max_tokens=4000, ignore_eos=True)) as stream:
+        assert _address(stream.headers["x-kvgate-replica"]) == target
+        thread.join(timeout=30)
+    assert got == {"status": 200, "replica": got["replica"]} and got["replica"] != target
+    lines = [d for d in _request_lines(high_proc) if d.get("status") == 200]
+    assert lines and lines[-1]["queued_ms"] is not None  # its wait is its queue time
+
+
+def test_a_client_leaving_while_held_is_let_go(pair: list[tuple[Proc, str]]) -> None:
+    _, (high_proc, high) = pair
+    text = "a cold request whose client leaves " + " ".join(f"c{i}" for i in range(100))
+    with pytest.raises(httpx.TimeoutException):  # gone before its pick, ~1 s away
+        httpx.post(f"{high}/v1/chat/completions", json=_chat(text), timeout=0.3)
+    wait_for(lambda: any(d.get("status") == 499 for d in _request_lines(high_proc)),
+             what="the held request let go (499)")
+    # nothing stays counted: the gateway's replicas idle, and it answers the next request
+    doc = httpx.get(f"{high}/admin/replicas", timeout=5,
+                    headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    assert sum(r["inflight"] for p in doc["data"] for r in p["replicas"]) == 0
+    r = httpx.post(f"{high}/v1/chat/completions", json=_chat(text), timeout=30)
+    assert r.status_code == 200
