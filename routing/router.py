@@ -100,6 +100,7 @@ class Router:
         self._ranked_members: tuple[str, ...] | None = None  # `_rank` for these live peers
         self._ranked = (0, 1)
         self._defers = False  # `enable_sharing(defer=True)`: picks may be held (`defer_s`)
+        self._peer_routed_at = float("-inf")  # a live peer route was last applied then
         self._contested: Callable[[PickContext], bool] | None = None  # the policy's
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
@@ -193,6 +194,8 @@ class Router:
         chains = self._peer_chains
         seen = self._peer_route_seen if live else None
         computing = self.peer_computing
+        if live and records:
+            self._peer_routed_at = now
         for replica, hashes, tail in records:
             held = insert(replica, hashes, tail, True)  # (the blocks held before)
             if live and hashes and (new := len(hashes) + tail - held) > 0:
@@ -240,9 +243,11 @@ class Router:
         now: float,
         *,
         explain: bool = False,
+        held: bool = False,
     ) -> Decision:
-        """Where to send ``features``; ``explain`` fills `Decision.ranked` with cost terms."""
-        ctx, used_peers = self._context(features, views, now, explain)
+        """Where to send ``features``; ``explain`` fills `Decision.ranked` with cost terms;
+        ``held``: the caller held the request as `defer_s` asked (the pick takes no turn)."""
+        ctx, used_peers = self._context(features, views, now, explain, held)
         decision = self.policy.choose(ctx)
         if not explain:
             self.decisions += 1
@@ -273,13 +278,16 @@ class Router:
         rank, gateways = self._rank(now)
         if rank == 0 or gateways == 1:
             return 0.0
+        if not (self._recent_picks(now) or now - self._peer_routed_at < self._window):
+            return 0.0  # no pick of ours nor a peer's within the window: not in a burst
         contested = self._contested
         if contested is None or not contested(self._context(features, views, now, False)[0]):
             return 0.0
         return rank * self._window * _DEFER_MARGIN
 
     def _context(
-        self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool
+        self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool,
+        held: bool = False,
     ) -> tuple[PickContext, bool]:
         """The policy's input for this pick, and whether other gateways' load is in it."""
         healthy = sorted([v for v in views if v.healthy], key=_by_id)
@@ -310,7 +318,7 @@ class Router:
         turn, order = 0, None
         if gateways > 1 and self._window > 0:
             turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
-            if self._defers:  # deferred picks see the lower ranks' instead (`defer_s`)
+            if held:  # a held pick sees the lower ranks' picks instead (`defer_s`)
                 order = None
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
                           peer_loads, peer_computing)

@@ -293,7 +293,7 @@ def _finish(sim: _Sim, rid: str, live: _Live, t: float) -> None:
 
 def _route(
     sim: _Sim, seq: int, req: ReplayRequest, gw: _Gateway,
-    views: list[ReplicaView] | None = None,
+    views: list[ReplicaView] | None = None, held: bool = False,
 ) -> bool:
     """Route `req` now (`views`: the replicas to pick from, when the caller narrowed them).
     False: the replica refused it at once (longer than its context)."""
@@ -303,7 +303,8 @@ def _route(
     spec = _spec(rid, req, sim.fleet.block_size)
     if sim.truth is not None:
         sim.truth.request = spec
-    decision = gw.router.pick(features, views if views is not None else _views(sim, gw, now), now)
+    decision = gw.router.pick(features, views if views is not None else _views(sim, gw, now), now,
+                              held=held)
     replica = next(r for r in sim.replicas if r.id == decision.replica)
     try:
         replica.engine.add_request(spec, now)
@@ -328,7 +329,7 @@ def _release(
     while held and held[0][0] <= until:
         at, seq, req, g = heapq.heappop(held)
         _advance(sim, at)
-        _route(sim, seq, dc_replace(req, arrival_s=at), sim.gateways[g])
+        _route(sim, seq, dc_replace(req, arrival_s=at), sim.gateways[g], held=True)
 
 
 def _yardstick(name: str, truth: Truth | None) -> PolicyFactory | None:
