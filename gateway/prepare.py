@@ -140,26 +140,27 @@ class Preparer:
         req.adm = adm
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
-        plan = None
+        plan, held = None, False
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         elif self._router.defers:  # several gateways: a contested pick may wait its rank
-            await self._hold(req, principal, parsed, gone)
-        return self._plan_and_pick(req, principal, parsed, subset, plan)
+            held = await self._hold(req, principal, parsed, gone)
+        return self._plan_and_pick(req, principal, parsed, subset, plan, held)
 
     async def _hold(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
         gone: Callable[[], Awaitable[object]] | None,
-    ) -> None:
+    ) -> bool:
         """Wait as long as the router asks before its pick (`Router.defer_s`: a pick among
         several equally good replicas, made once the lower-ranked gateways' picks of the same
         instant have reached this one). The wait counts in the request's queue time; a client
-        that leaves meanwhile is let go (499, its admission settled like any other)."""
+        that leaves meanwhile is let go (499, its admission settled like any other). Whether
+        it waited."""
         now = self._clock()
         plan = self.planner.plan(principal, parsed, req.kind, now)
         wait = self._router.defer_s(plan.features, plan.views, now)
         if wait <= 0.0:
-            return
+            return False
         t0 = perf_counter()
         waits: list[asyncio.Future[object]] = [asyncio.ensure_future(asyncio.sleep(wait))]
         if gone is not None:
@@ -172,6 +173,7 @@ class Preparer:
             req.queued_s = perf_counter() - t0
         if waits[0] not in done:  # the client left
             raise asyncio.CancelledError
+        return True
 
     async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
@@ -189,7 +191,7 @@ class Preparer:
 
     def _plan_and_pick(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
-        subset: Collection[str] | None, plan: Plan | None = None,
+        subset: Collection[str] | None, plan: Plan | None = None, held: bool = False,
     ) -> tuple[Decision, bytes]:
         now = self._clock()
         plan = plan or self.planner.plan(principal, parsed, req.kind, now)
@@ -216,14 +218,14 @@ class Preparer:
         if home is not None and (subset is None or home in subset):
             return Decision(home, (), "response-affinity"), upstream_body
         try:
-            decision = self._router.pick(plan.features, views, now)
+            decision = self._router.pick(plan.features, views, now, held=held)
         except NoCandidate:
             # every available replica is only backing off after busy 503s: try them anyway
             # rather than answering 503 without asking
             views = [v if v.healthy or not (r := pool.by_id.get(v.id)) or not r.available(now)
                      else _healthy(v) for v in views]
             try:
-                decision = self._router.pick(plan.features, views, now)
+                decision = self._router.pick(plan.features, views, now, held=held)
             except NoCandidate:
                 raise pool.none_healthy(parsed.model, now, among) from None
         if self.sharing is not None:

@@ -111,8 +111,14 @@ class LiveViews:
         flow: dict[str, Any] = {"enabled": False, "would_queue": False}
         if self.flow is not None:
             flow, plan = self.flow.explain(principal, plan, parsed, kind, now)
+        # several gateways: would the pick be held for the lower ranks' (`Router.defer_s`)?
+        # then it is explained as it would be made, without a turn
+        held_s = 0.0
         try:
-            decision = self._router.pick(plan.features, plan.views, now, explain=True)
+            if self.flow is None and self._router.defers:
+                held_s = self._router.defer_s(plan.features, plan.views, now)
+            decision = self._router.pick(plan.features, plan.views, now, explain=True,
+                                         held=held_s > 0.0)
         except NoCandidate:
             decision = None
         snap = principal.policy
@@ -133,6 +139,7 @@ class LiveViews:
                 for c in (decision.ranked if decision else ())
             ],
             "flow": flow,
+            "held_ms": round(held_s * 1000.0, 3),
         }
 
     def _principal(self, body: dict[str, Any]) -> Principal:
