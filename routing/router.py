@@ -112,8 +112,8 @@ class Router:
         """Publish routed chains to `outbox`; accept other gateways' records. ``member``:
         this gateway's id in the shared state (as its peers know it); ``window_s``: how
         late the others' records usually arrive (publish batching + transit); ``defer``: the
-        caller asks `defer_s` before each pick and holds the request that long (the picks
-        it defers then take no turns)."""
+        caller asks `defer_s` before each pick, holds the request that long and then says
+        so (`pick(held=True)`: a held pick takes no turn)."""
         self.peers = PeerLoads(stale_after_s)
         self.member = member
         self._window = window_s
@@ -266,13 +266,15 @@ class Router:
 
         Within the sync window gateways cannot see each other's picks; a pick among several
         candidates about as good (no holder of its prefix to go to: the policy's
-        `contested`) is the one peers' unseen picks of the same instant stack on. The
+        `contested`) is the one peers' unseen picks of the same instant stack on. In a burst
+        (a pick of this gateway's, or a peer's route applied, within the last window), the
         gateway ranked r among the N live ones makes such a pick r sync windows after the
         arrival (a little more: the records of the pick of rank r - 1 arrive one window
         after it), when the lower-ranked gateways' picks of that instant have reached it,
-        and routes knowing their sizes; rank 0 never waits, nor one gateway, nor a pick for
-        its prefix's holder. At most (N - 1) windows. (docs/shared-state.md, "Deferred
-        picks")"""
+        and routes knowing their sizes, without a turn. Rank 0 never waits, nor one
+        gateway, nor a pick for its prefix's holder, nor one outside a burst (it takes its
+        turn: holding every contested pick cost the synthetic workload's tail the wait
+        itself). At most (N - 1) windows. (docs/shared-state.md, "Deferred picks")"""
         if not self._defers:
             return 0.0
         rank, gateways = self._rank(now)
