@@ -12,45 +12,41 @@ equal positions are a shared prefix), seeded, sorted by arrival:
 - `bursts`: a mix of the above arriving in bursts (tens of requests at one instant, as batch
   clients and fan-out produce), over a light steady stream.
 
+and the shapes of `loadtest.replay.shapes`, which routing was not tuned on: `rag-corpus`,
+`skewed-tenants`, `load-ramp`, `heavy-tail`.
+
 `WORKLOADS` names them for `kvgate replay --workload` and the benchmark; `SEEDED` draws them with
 another seed (the benchmark averages over several, `DEFAULT_SEEDS` being the first).
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from loadtest.replay.draws import BLOCK
+from loadtest.replay.draws import blocks as _blocks
+from loadtest.replay.draws import request as _request
+from loadtest.replay.draws import tokens as _tokens
+from loadtest.replay.draws import zipf as _zipf
+from loadtest.replay.shapes import (
+    HeavyTailSpec,
+    RagSpec,
+    RampSpec,
+    SkewSpec,
+    heavy_tail,
+    load_ramp,
+    rag_corpus,
+    skewed_tenants,
+)
 from loadtest.replay.workload import IdSource, ReplayRequest
 
 __all__ = [
     "DEFAULT_SEEDS", "SEEDED", "WORKLOADS", "AgentSpec", "BurstSpec", "ColdSpec",
     "HotPrefixSpec", "agent_loops", "bursts", "cold_one_offs", "hot_prefixes",
 ]
-
-BLOCK = 64  # tokens per block id: fine enough that a question ends where it ends
-
-
-def _tokens(rng: random.Random, low: int, high: int) -> int:
-    """Log-uniform in [low, high] (sizes of text spread over orders of magnitude)."""
-    return int(math.exp(rng.uniform(math.log(low), math.log(high))))
-
-
-def _blocks(tokens: int) -> int:
-    return max(1, -(-tokens // BLOCK))
-
-
-def _zipf(rng: random.Random, n: int, a: float) -> Callable[[], int]:
-    weights = [1.0 / (k + 1) ** a for k in range(n)]
-    population = list(range(n))
-    return lambda: rng.choices(population, weights)[0]
-
-
-def _request(t: float, ids: list[int], out: int, tenant: str = "default") -> ReplayRequest:
-    return ReplayRequest(t, len(ids) * BLOCK, out, tuple(ids), BLOCK, tenant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +200,10 @@ WORKLOADS: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "agent-loops": agent_loops,
     "cold-one-offs": cold_one_offs,
     "bursts": bursts,
+    "rag-corpus": rag_corpus,
+    "skewed-tenants": skewed_tenants,
+    "load-ramp": load_ramp,
+    "heavy-tail": heavy_tail,
 })
 
 SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
@@ -211,6 +211,10 @@ SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
     "agent-loops": lambda seed: agent_loops(AgentSpec(seed=seed)),
     "cold-one-offs": lambda seed: cold_one_offs(ColdSpec(seed=seed)),
     "bursts": lambda seed: bursts(BurstSpec(seed=seed)),
+    "rag-corpus": lambda seed: rag_corpus(RagSpec(seed=seed)),
+    "skewed-tenants": lambda seed: skewed_tenants(SkewSpec(seed=seed)),
+    "load-ramp": lambda seed: load_ramp(RampSpec(seed=seed)),
+    "heavy-tail": lambda seed: heavy_tail(HeavyTailSpec(seed=seed)),
 })
 
 DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
@@ -218,4 +222,8 @@ DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
     "agent-loops": AgentSpec().seed,
     "cold-one-offs": ColdSpec().seed,
     "bursts": BurstSpec().seed,
+    "rag-corpus": RagSpec().seed,
+    "skewed-tenants": SkewSpec().seed,
+    "load-ramp": RampSpec().seed,
+    "heavy-tail": HeavyTailSpec().seed,
 })
