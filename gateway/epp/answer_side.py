@@ -249,6 +249,10 @@ class AnswerSide(ExchangeState):
         scanner, req = self._scanner, self.req
         assert scanner is not None
         self._head = None
+        # the client's answer is this one: the replica's rest is dropped, not judged again
+        # (its end, read after an error event, counted the failure twice and made the
+        # client's 502 the event's 500 in the metrics)
+        self._cut = True
         if failure is None:
             failure = UpstreamError(NO_EVENTS if req is None else NOT_STARTED)
         if not scanner.oversized:
