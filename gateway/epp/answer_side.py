@@ -27,6 +27,7 @@ from gateway.relay import (
     NOT_STARTED,
     engine_died,
     judge,
+    not_an_answer,
     relayed_retry_after,
     served,
     stream_error,
@@ -92,6 +93,10 @@ class AnswerSide(ExchangeState):
             return self._hold(status, headers, end)
         self._served_by(wire.served_endpoint(msg))
         req.status = status
+        if 200 < status < 400:  # a 204, a 202 page, a redirect: as the HTTP edge (`Relay`)
+            assert req.target is not None
+            req.target.record_failure(self._core.clock())
+            return [self._refuse(not_an_answer(status))]
         if sse and req.parsed.stream:
             self._scanner = StreamScanner(req.strip, limit)
             self._want_id = req.kind == "responses"
