@@ -617,6 +617,24 @@ def test_a_success_or_redirect_that_is_not_an_answer_is_a_502(
 
 
 @pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_200_that_is_not_the_answer_asked_for_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+) -> None:
+    """A 200 page (an HTML error page at the replica's address), or a whole JSON answer to a
+    stream: the SDK would get a str, or an empty stream that looks complete."""
+    replica.answer = whole(b'{"id": "x"}') if stream else (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 5\r\n\r\nhello")
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+    assert err.value.status_code == 502
+    what = "the stream asked for (application/json)" if stream else "JSON (text/html)"
+    assert err.value.body == {"message": f"The replica's answer is not {what}.",
+                              "type": "BadGatewayError", "param": None, "code": 502}
+
+
+@pytest.mark.parametrize("edge", EDGES)
 def test_a_stored_stream_failing_in_its_first_read_is_a_502(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
 ) -> None:
