@@ -26,6 +26,7 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.paths import api_route, canonical, prefixed_route
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
@@ -42,7 +43,6 @@ Page = tuple[int, Headers, bytes]
 JSON: Headers = [(b"content-type", b"application/json")]
 ADMIN_PREFIX = "/admin"
 POSTED = frozenset({"/ping"})  # kvgate's pages vLLM also answers to POST (SageMaker's probe)
-SLASHED = frozenset({*KINDS, MODELS})  # the API routes also served with a trailing slash
 
 
 class GatewayApp:
@@ -98,10 +98,10 @@ class GatewayApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
-        if path[-1:] == "/" and path[:-1] in SLASHED:
-            # vLLM (FastAPI) redirects `/v1/chat/completions/` to the route and the SDKs, curl -L
-            # and requests follow it with the body: serve it as the route, without the round trip
-            path = scope["path"] = path[:-1]
+        if path[-1:] == "/" or "//" in path:
+            # `/v1/chat/completions/` (vLLM redirects it to the route, and clients follow it
+            # with the body) and `//v1/...` are served as the route (`gateway/paths.py`)
+            path = scope["path"] = canonical(path)
         method: str = scope["method"]
         admin_port = self.cfg.server.admin_port
         if admin_port is not None and scope.get("server", (None, None))[1] == admin_port:
@@ -343,9 +343,10 @@ def unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it),
     an Azure OpenAI deployment's, or one of vLLM's own client endpoints."""
     with_v1 = f"/v1{path}"
-    if with_v1 in KINDS or with_v1 == MODELS or with_v1.startswith(MODEL_PREFIX) \
-            or match_stored(with_v1):
+    if api_route(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+    if (prefixed := prefixed_route(path)) is not None:
+        return prefixed
     if "/deployments/" in path:  # the AzureOpenAI client's paths
         return NotFound(f"Unknown path {path}: kvgate serves OpenAI's paths, not Azure OpenAI's "
                         "deployments. Use the OpenAI client with a base URL ending in /v1 (the "

@@ -322,12 +322,35 @@ class BackendUnavailable(KvgateError):
         super().__init__(message, retry_after=retry_after)
 
 
+# Redis's refusals that retrying does not cure (`redis_conn.failure_cause` names them: a reply's
+# first word, or redis-py's class for a refused AUTH): what the 503 says to the operator
+_REFUSALS = {
+    "OOM": "it is out of memory (maxmemory reached under noeviction)",
+    "READONLY": "it is a read-only replica (KVGATE_REDIS_URL must name the primary)",
+    "WRONGTYPE": "a key kvgate uses holds another type (something else writes under "
+                 "tenancy.namespace)",
+    "MISCONF": "it cannot save its data to disk",
+    "NOAUTH": "it asks for a password KVGATE_REDIS_URL does not give",
+    "WRONGPASS": "it refused the password in KVGATE_REDIS_URL",
+    "NOPERM": "its ACL user lacks a permission kvgate needs",
+    "AuthenticationError": "it refused kvgate's credentials",
+}
+
+
 class StoreUnreachable(BackendUnavailable):
     """A Redis failure. Its cause in a few words (``connection refused``) is for the log
-    only: the client's message names neither it nor Redis's address."""
+    only: the client's message names neither it nor Redis's address; a refusal of Redis's
+    own that retrying does not cure (out of memory, a read-only replica, a key of the wrong
+    type, a refused password) is named by its code, which holds no secret, and explained: it
+    was "did not answer; retry shortly", while Redis answered, and would refuse again."""
 
     def __init__(self, cause: str) -> None:
-        super().__init__("the tenancy store (Redis) did not answer; retry shortly")
+        code = cause.removeprefix("server replied ")
+        why = _REFUSALS.get(code)
+        super().__init__(
+            "the tenancy store (Redis) did not answer; retry shortly" if why is None else
+            f"the tenancy store (Redis) refused the request ({code}): {why}; the gateway's "
+            "log has the details")
         self.cause = cause
 
 

@@ -359,8 +359,8 @@ class FlowGate:
         return peers.totals(now) if peers is not None else _NO_PEERS
 
     def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
-        return request_cost(plan.features.prompt_tokens, _max_tokens(parsed), self._expected,
-                            plan.pool.max_model_len, _sequences(parsed), _prompts(parsed))
+        return asked_tokens(parsed, plan.features.prompt_tokens, self._expected,
+                            plan.pool.max_model_len)
 
     def _sent(
         self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
@@ -384,7 +384,7 @@ class FlowGate:
         charged = cost
         if req.replica == "none":
             charged = 0.0
-        elif _refused(req):
+        elif req.refused():
             charged = min(cost, float(max(0, prompt)))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
@@ -457,16 +457,14 @@ def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
     return snap.doc if snap is not None else pools.doc
 
 
-def _refused(req: ProxiedRequest) -> bool:
-    """A replica answered it 4xx before any of its output reached the client (not a timeout
-    or a client that left: 408 and 499 are the gateway's own, after output perhaps), or its
-    tries failed before any output and the gateway answered 502/503 (dead engines, nothing
-    listening: the first request of an outage, whose next ones the pool's 503 refuses
-    before any replica; a 504's replica may have been working on it)."""
-    status = req.status
-    return ((400 <= status < 500 and status not in (408, 499)) or status in (502, 503)) and (
-            req.replica != "none" and req.used is None and req.ttft is None
-            and not req.relayed)
+def asked_tokens(
+    parsed: ParsedBody, prompt_tokens: int, expected_output: int, context: int | None = None,
+) -> float:
+    """What a request may consume: its prompt plus ``n`` times its output (``max_tokens``,
+    else ``expected_output``), per `request_cost`. Flow control holds it; the tenant's TPM
+    admission reserves it (`Preparer.prepare`), both settled with the real usage."""
+    return request_cost(prompt_tokens, _max_tokens(parsed), expected_output, context,
+                        _sequences(parsed), _prompts(parsed))
 
 
 def _max_tokens(parsed: ParsedBody) -> int | None:

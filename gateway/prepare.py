@@ -24,7 +24,7 @@ from typing import TypeVar
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.doctor.sharing import PrefixSharing
 from gateway.errors import NoReplicaAvailable, NotFound
-from gateway.flow import FlowGate
+from gateway.flow import FlowGate, asked_tokens
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.planner import PREFIX_KINDS, Plan, Planner
@@ -79,8 +79,12 @@ class Preparer:
     def __init__(
         self, pools: Pools, router: Router, metrics: GatewayMetrics,
         clock: Callable[[], float], gate: TenantGate, responses: ResponseStore,
+        expected_output: int = 0,
     ) -> None:
         self.planner = Planner(pools, router.config, gate)
+        # the output a request without max_tokens is reserved at TPM admission (as flow
+        # control charges it: `flow.expected_output_tokens`)
+        self._expected = expected_output
         self._router = router
         self._metrics = metrics
         self._clock = clock
@@ -135,7 +139,7 @@ class Preparer:
         if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
             await self._refuse_early(req, principal)
         parsed = req.parsed = await self.parse(body, req.kind, principal)
-        adm = await self._gate.admit(principal, parsed.prompt_tokens)
+        adm = await self._gate.admit(principal, self._reserve(parsed, req.kind))
         self._admitted(req, adm)
         req.adm = adm
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
@@ -174,6 +178,12 @@ class Preparer:
         if waits[0] not in done:  # the client left
             raise asyncio.CancelledError
         return True
+
+    def _reserve(self, parsed: ParsedBody, kind: str) -> int:
+        """The tokens TPM admission reserves: the prompt and ``n`` times the output asked
+        for (an embedding has none), settled with the real usage when the request ends."""
+        expected = 0 if kind == "embeddings" else self._expected
+        return int(asked_tokens(parsed, parsed.prompt_tokens, expected))
 
     async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,

@@ -95,7 +95,8 @@ class Proxy:
         self._retry = frozenset(cfg.upstream.retry_statuses)
         self.cors = Cors.from_config(cfg.server)  # None: CORS off
         self.responses = ResponseStore()
-        self.prep = Preparer(pools, router, metrics, clock, gate, self.responses)
+        self.prep = Preparer(pools, router, metrics, clock, gate, self.responses,
+                             cfg.flow.expected_output_tokens)
         self.planner = self.prep.planner
         self._relay = Relay(cfg, router, metrics, clock, self.responses)
         self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream, cfg.server)

@@ -21,8 +21,9 @@ answered feeds the replica's health (`judge`):
   that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
   an error event) or stalls: a failure (consecutive failures eject);
-- a 200 that is not JSON, or not the stream the client asked for: a failure, retried
-  elsewhere (nothing reached the client yet), else a 502; so is a 2xx/3xx to a stream an
+- a 200 that is not JSON, or not the stream the client asked for, or a 2xx other than 200
+  or a 3xx (`not_an_answer`: vLLM answers 200 or an error): a failure, retried elsewhere
+  (nothing reached the client yet), else a 502; so is a 2xx/3xx to a stream an
   earlier try's keep-alive comments opened: the client's stream ends with a 502 event;
 - a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
   failure, never forwarded; before the stream reached the client (its head goes out with the
@@ -74,8 +75,8 @@ from gateway.whole import read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "engine_died",
-           "error_event", "judge", "read_whole", "relayed_retry_after", "served", "stream_error",
-           "stream_failure", "unstarted_failure"]
+           "error_event", "judge", "not_an_answer", "not_what_was_asked", "read_whole",
+           "relayed_retry_after", "served", "stream_error", "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,23 @@ _DEAD = b"The server had an error while processing your request"
 _ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
 _NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
+
+
+def not_what_was_asked(stream: bool, content_type: str) -> UpstreamError:
+    """A 200 that is not the stream asked for, or (not a stream) not JSON: an HTML page from
+    whatever answers at the replica's address, a whole answer to a stream. Both edges: a
+    failure of the replica, the 502 (relayed, the SDK got a str, or an empty stream that looks
+    complete)."""
+    media = content_type.partition(";")[0].strip()[:64] or "no content type"
+    what = "the stream asked for" if stream else "JSON"
+    return UpstreamError(f"The replica's answer is not {what} ({media}).", reason="not_json")
+
+
+def not_an_answer(status: int) -> UpstreamError:
+    """A proxied route answered 2xx other than 200, or 3xx: not vLLM's (it answers 200 or an
+    error), and nothing an SDK can read. Both edges: a failure of the replica, the 502."""
+    return UpstreamError(f"The replica answered {status}, not an answer.",
+                         reason=f"status_{status}")
 
 
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
@@ -354,10 +372,14 @@ class Relay:
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete
             replica.record_failure(self._clock())
-            media = resp.content_type.partition(";")[0].strip()[:64] or "no content type"
-            what = "the stream asked for" if stream else "JSON"
-            raise UpstreamError(f"The replica's answer is not {what} ({media}).",
-                                reason="not_json")
+            raise not_what_was_asked(stream, resp.content_type)
+        if 200 < resp.status < 400 and not req.sse:  # (opened by keep-alives: see below)
+            # vLLM answers its routes 200 or an error; a 204, a 202 page or a redirect comes
+            # from something else on that address (a proxy, an ingress redirecting to https):
+            # relayed, the SDK failed on it (a JSON decode error, a str for a completion, an
+            # APIStatusError 302) and a redirect told the client an internal address
+            replica.record_failure(self._clock())
+            raise not_an_answer(resp.status)
         lease.first_token()
         self._router.record_answered(replica.id, req.features, self._clock())
         if req.sse and resp.status < 400:

@@ -94,11 +94,29 @@ class ProxiedRequest:
         # is called (once, when the request is over)
         self.flow_done: Callable[[], None] | None = None
 
+    def refused(self) -> bool:
+        """A replica answered it 4xx before any of its output reached the client (not a
+        timeout or a client that left: 408 and 499 are the gateway's own, after output
+        perhaps), or its tries failed before any output and the gateway answered 502/503
+        (dead engines, nothing listening: the first request of an outage, whose next ones the
+        pool's 503 refuses before any replica; a 504's replica may have been working on it)."""
+        status = self.status
+        return ((400 <= status < 500 and status not in (408, 499)) or status in (502, 503)) and (
+                self.replica != "none" and self.used is None and self.ttft is None
+                and not self.relayed)
+
     def settle_tokens(self) -> int | None:
-        """Tokens to charge: real usage; 0 when nothing reached a replica; else the estimate."""
+        """Tokens to charge: real usage; 0 when nothing reached a replica; the prompt
+        estimate when its replica refused it before any output (vLLM's 400 for a
+        ``max_tokens`` beyond the context: the output reserved at admission never ran); else
+        None: the reservation stands (a client that left mid-stream, a stream cut short)."""
         if self.used is not None:
             return self.used
-        return 0 if self.replica == "none" else None
+        if self.replica == "none":
+            return 0
+        if self.refused():  # (a replica was tried: `parsed` is set)
+            return self.parsed.prompt_tokens
+        return None
 
 
 async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:

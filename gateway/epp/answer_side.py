@@ -27,6 +27,8 @@ from gateway.relay import (
     NOT_STARTED,
     engine_died,
     judge,
+    not_an_answer,
+    not_what_was_asked,
     relayed_retry_after,
     served,
     stream_error,
@@ -92,6 +94,15 @@ class AnswerSide(ExchangeState):
             return self._hold(status, headers, end)
         self._served_by(wire.served_endpoint(msg))
         req.status = status
+        stream = req.parsed.stream and req.kind != "embeddings"
+        if 200 < status < 400 or (status == 200 and not (sse and stream) and (
+                stream or not content_type.startswith("application/json"))):
+            # a 204, a 202 page, a redirect, a 200 page or a whole answer to a stream: the
+            # HTTP edge's 502 (`Relay`), and a failure of the replica
+            assert req.target is not None
+            req.target.record_failure(self._core.clock())
+            return [self._refuse(not_an_answer(status) if status != 200
+                                 else not_what_was_asked(stream, content_type))]
         if sse and req.parsed.stream:
             self._scanner = StreamScanner(req.strip, limit)
             self._want_id = req.kind == "responses"
@@ -249,6 +260,10 @@ class AnswerSide(ExchangeState):
         scanner, req = self._scanner, self.req
         assert scanner is not None
         self._head = None
+        # the client's answer is this one: the replica's rest is dropped, not judged again
+        # (its end, read after an error event, counted the failure twice and made the
+        # client's 502 the event's 500 in the metrics)
+        self._cut = True
         if failure is None:
             failure = UpstreamError(NO_EVENTS if req is None else NOT_STARTED)
         if not scanner.oversized:

@@ -11,7 +11,7 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.apikey import KEY_HEADERS, KeyScan
-from gateway.app import POSTED, SLASHED, unknown_path
+from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
@@ -21,6 +21,7 @@ from gateway.errors import (
     MethodNotAllowed,
     NoReplicaAvailable,
 )
+from gateway.paths import canonical
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.request import ProxiedRequest, request_id
 from gateway.stored import (
@@ -45,8 +46,8 @@ class RequestSide(ExchangeState):
         self._t0 = perf_counter()
         path, query, method, token, sent_id, declared, encoded = _scan(
             msg.request_headers.headers.headers)
-        if path[-1:] == "/" and path[:-1] in SLASHED:  # as the HTTP edge (`GatewayApp._http`)
-            path = path[:-1]
+        if (path[-1:] == "/" or "//" in path) and (route := canonical(path)) != path:
+            path = route  # as the HTTP edge (`gateway/paths.py`): the replica gets the route's
             self._slashed = path.encode() + (b"?" + query if query else b"")
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
@@ -154,6 +155,8 @@ class RequestSide(ExchangeState):
         self._sent_at = perf_counter()
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         set_headers.append(("x-request-id", self._req_id))  # the answer's, as the HTTP edge
+        if self._slashed:  # the route's own path (`gateway/paths.py`)
+            set_headers.append((":path", self._slashed))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)
 
     async def _head_stored(

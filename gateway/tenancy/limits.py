@@ -1,9 +1,10 @@
 """Per-tenant admission: requests/minute, tokens/minute and concurrent requests.
 
 Both minute limits are token buckets holding at most one minute of budget and refilling
-continuously (limit/60 per second). TPM admission needs only a positive balance; the request's
-estimated prompt tokens are charged at once and the real usage is settled afterwards, so the
-bucket overshoots by at most the requests already admitted (one, when they run one at a time).
+continuously (limit/60 per second). TPM admission needs only a positive balance; what the
+request may consume (its prompt estimate plus ``n`` times its output: `gateway.flow.asked_tokens`,
+as flow control charges it) is reserved at once and the real usage is settled afterwards, so
+the bucket overshoots by at most the reservations of the requests already admitted.
 Concurrency is a set of leases released when the request ends. `RedisRateLimiter` runs the same
 rules in one Lua script; `MemoryRateLimiter` is the single-process (and fallback) version.
 """

@@ -18,6 +18,10 @@ group's tenants are refused (503) rather than given a salt from a guessed epoch:
 be the group's own first salt (no other tenant's, as the subject names the group) but would
 undo a rotation made to leave that cache. A tenant whose tier the policy in force does not
 define is never admitted (403): its limits would be unknown, and limits are never silently off.
+A store that still holds its marker but lost its policy (the key deleted by hand, or evicted
+by a Redis running an `allkeys-*` eviction policy) had every request refused (403: no tier is
+defined) while `/readyz` said all was well: the policy in force is written back (compare-and-set
+against none, so one gateway writes it), logged, and read again (`_policy_lost`).
 A worker of several (`server.workers`) keeps what it loaded in a file its siblings read
 (`last_state`, one file each): one started again while the store does not answer starts from
 the latest, degraded and as stale as it is, instead of refusing every request until the store
@@ -38,6 +42,7 @@ from gateway.errors import (
     BackendUnavailable,
     NotFound,
     PermissionDenied,
+    PreconditionFailed,
     StoreUnreachable,
 )
 from gateway.policy_doc import DEFAULT_TIER, Limits
@@ -249,6 +254,9 @@ class TenantResolver:
                     self._degraded_reason = "store is empty (reset?); serving last known state"
                     self._answers = True
                     return False
+                if snap.policy is None and self._state.policy is not None and not any(
+                        s.kind == "policy" for s in snap.skipped):
+                    snap = await self._policy_lost(snap)
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
@@ -299,6 +307,21 @@ class TenantResolver:
             self._degraded_reason = "store was wiped; re-seeding it from configuration"
         await self._reseed()
         return await self._store.seed_mark()
+
+    async def _policy_lost(self, snap: StoreSnapshot) -> StoreSnapshot:
+        """The store answers, its marker is there, but its policy is gone (deleted, evicted):
+        write back the one in force (only if the store still has none: another gateway may
+        have done it first) and read the store again; the one in force stays if that fails."""
+        lost = self._state.policy
+        assert lost is not None
+        log.error("tenancy store lost its policy (deleted, or evicted: run Redis with "
+                  "maxmemory-policy noeviction); writing back the one in force (version %d)",
+                  lost.version)
+        with contextlib.suppress(PreconditionFailed):  # another gateway wrote one back first
+            await self._store.put_policy(lost.doc, if_version=0)
+        again = await self._store.snapshot()
+        self._whole_at = self._clock()
+        return again if again.policy is not None else replace(snap, policy=lost)
 
     def _wiped(self) -> None:
         self._resets += 1

@@ -5,7 +5,9 @@ on, a simulated vLLM replica (or a scripted one), the official openai client, ov
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 import httpx
 import openai
@@ -118,6 +120,47 @@ def test_a_route_with_a_trailing_slash_is_served(gw: tuple[str, str], stream: bo
         assert models.status_code == 200 and models.json()["object"] == "list"
         assert c.get("/v1/models/", headers={"Authorization": "Bearer kvg-nope"}).status_code == 401
     assert inflight(base) == 0
+
+
+@pytest.mark.parametrize("base_url", ["{base}//v1", "{base}/v1//", "{base}/v1/"])
+def test_a_base_url_with_doubled_slashes_is_served(gw: tuple[str, str], base_url: str) -> None:
+    """`http://host:port/` + `/v1` (the client sends `//v1/chat/completions`) or a base URL
+    ending in `//` (`/v1//chat/completions`): runs of slashes are one (vLLM answers 404; kvgate
+    has no route with an empty segment), streamed or not, and the models calls too."""
+    base, key = gw
+    client = openai.OpenAI(base_url=base_url.format(base=base), api_key=key, max_retries=0)
+    hi: list[Any] = [{"role": "user", "content": "hi"}]
+    answer = client.chat.completions.create(model="llama", messages=hi, max_tokens=2)
+    assert answer.choices[0].message.content
+    stream = client.chat.completions.create(model="llama", messages=hi, max_tokens=2,
+                                            stream=True)
+    assert [c for c in stream]
+    assert [m.id for m in client.models.list()] == ["llama"]
+    assert client.models.retrieve("llama").id == "llama"
+    assert inflight(base) == 0
+
+
+def test_a_model_asked_with_a_trailing_slash_is_that_model(gw: tuple[str, str]) -> None:
+    """`GET /v1/models/llama/` is model `llama` (it was a 404 for a model `llama/`)."""
+    base, key = gw
+    r = httpx.get(f"{base}/v1/models/llama/", headers={"Authorization": f"Bearer {key}"})
+    assert r.status_code == 200 and r.json()["id"] == "llama", r.text
+
+
+@pytest.mark.parametrize("prefix", ["/openai", "/api"])
+def test_an_api_route_under_a_prefix_names_the_base_url(gw: tuple[str, str], prefix: str) -> None:
+    """A base URL copied from another provider's (`.../openai/v1`): a 404 that says which base
+    URL to use, not a bare "Unknown path"."""
+    base, key = gw
+    client = openai.OpenAI(base_url=f"{base}{prefix}/v1", api_key=key, max_retries=0)
+    hi: list[Any] = [{"role": "user", "content": "hi"}]
+    chat: Callable[[], object] = partial(client.chat.completions.create, model="llama",
+                                         messages=hi, max_tokens=2)
+    for call in (chat, client.models.list):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert "Use the base URL http://HOST:PORT/v1" in caught.value.message
+        assert f"without the {prefix} prefix" in caught.value.message
 
 
 def test_embeddings_on_a_model_without_the_route_say_so() -> None:

@@ -585,6 +585,55 @@ def test_a_stream_failing_in_its_first_read_is_a_502(
     assert err.value.response.headers["x-request-id"]
 
 
+NOT_ANSWERS = {
+    "204": b"HTTP/1.1 204 No Content\r\n\r\n",
+    "202-page": (b"HTTP/1.1 202 Accepted\r\ncontent-type: text/html\r\ncontent-length: 5\r\n"
+                 b"\r\nhello"),
+    "302": (b"HTTP/1.1 302 Found\r\nlocation: http://10.0.0.9/login\r\ncontent-length: 0\r\n"
+            b"\r\n"),
+}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("answer", list(NOT_ANSWERS))
+def test_a_success_or_redirect_that_is_not_an_answer_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+    answer: str,
+) -> None:
+    """vLLM answers its routes 200 or an error: a 204, a 202 page or a redirect comes from
+    something else at the replica's address (a proxy, an ingress redirecting to https). Both
+    edges relayed it: the SDK raised a JSON decode error, returned a str for a completion, or
+    an APIStatusError 302 with an internal address in `Location`. It is the 502 JSON now,
+    naming the status."""
+    replica.answer = NOT_ANSWERS[answer]
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+    assert err.value.status_code == 502
+    assert err.value.body == {"message": f"The replica answered {answer[:3]}, not an answer.",
+                              "type": "BadGatewayError", "param": None, "code": 502}
+    assert "location" not in err.value.response.headers
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_200_that_is_not_the_answer_asked_for_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+) -> None:
+    """A 200 page (an HTML error page at the replica's address), or a whole JSON answer to a
+    stream: the SDK would get a str, or an empty stream that looks complete."""
+    replica.answer = whole(b'{"id": "x"}') if stream else (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 5\r\n\r\nhello")
+    with pytest.raises(openai.InternalServerError) as err:
+        _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+    assert err.value.status_code == 502
+    what = "the stream asked for (application/json)" if stream else "JSON (text/html)"
+    assert err.value.body == {"message": f"The replica's answer is not {what}.",
+                              "type": "BadGatewayError", "param": None, "code": 502}
+
+
 @pytest.mark.parametrize("edge", EDGES)
 def test_a_stored_stream_failing_in_its_first_read_is_a_502(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,

@@ -305,6 +305,23 @@ def test_a_route_with_a_trailing_slash_is_served(stack: Stack, key: str, stream:
         assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
 
 
+def test_doubled_slashes_a_models_trailing_slash_and_a_prefix(stack: Stack, key: str) -> None:
+    """As on the HTTP edge (`gateway/paths.py`): `//v1/...` is the route (the replica is
+    sent the route's own path), `GET /v1/models/NAME/` is that model, and a route under a
+    prefix (`/openai/v1/...`) is a 404 naming the base URL to use."""
+    doubled = openai.OpenAI(base_url=f"{stack.envoy}//v1", api_key=key, max_retries=0)
+    assert doubled.completions.create(model=MODEL, prompt="x", max_tokens=2).choices
+    assert [c for c in doubled.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                                  stream=True)]
+    auth = {"Authorization": f"Bearer {key}"}
+    card = httpx.get(f"{stack.envoy}/v1/models/{MODEL}/", headers=auth, timeout=10)
+    assert card.status_code == 200 and card.json()["id"] == MODEL, card.text
+    prefixed = openai.OpenAI(base_url=f"{stack.envoy}/openai/v1", api_key=key, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as caught:
+        prefixed.completions.create(model=MODEL, prompt="x", max_tokens=2)
+    assert "Use the base URL http://HOST:PORT/v1" in caught.value.message
+
+
 def test_the_pickers_accounting_settles(stack: Stack, key: str) -> None:
     """Every lease is released (streams, errors, refusals alike) and requests are counted."""
     stack.client(key).completions.create(model=MODEL, prompt="x", max_tokens=2)

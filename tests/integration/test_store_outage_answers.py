@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import redis
 
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, persistent_redis
 from tests.support.procs import Proc, free_port
@@ -26,7 +27,8 @@ def _clean_503(answer: httpx.Response, port: int) -> None:
     error = answer.json()["error"]
     assert error["type"] == "ServiceUnavailableError"
     assert error["code"] == "store_unavailable"
-    for detail in ("refused", "ConnectionError", "127.0.0.1", str(port), "errno", "Traceback"):
+    for detail in ("connection refused", "ConnectionError", "127.0.0.1", str(port), "errno",
+                   "Traceback"):
         assert detail not in error["message"], error["message"]
     assert int(answer.headers["retry-after"]) >= 1
 
@@ -57,3 +59,36 @@ def test_requests_before_redis_ever_answered_get_a_clean_503() -> None:
         _clean_503(answer, port)
         assert "has not answered yet" in answer.json()["error"]["message"]
         assert "connection refused" in gw.output()
+
+
+def test_admin_writes_redis_refuses_name_the_refusal_and_succeed_after(redis_url: str) -> None:
+    """A Redis that answers but refuses writes (out of memory under noeviction, a read-only
+    replica): each admin write is a clean 503 naming the refusal (it said "did not answer;
+    retry shortly", as for a Redis that is down), nothing claims success, and the same write
+    succeeds once the refusal ends."""
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": redis_url}
+    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    r = redis.Redis.from_url(redis_url)
+    with gw, admin_client(base, ADMIN) as admin:
+        assert admin.get("/tenants").status_code == 200
+        faults: dict[str, tuple[list[str], list[str]]] = {
+            "OOM": (["CONFIG", "SET", "maxmemory", "1"], ["CONFIG", "SET", "maxmemory", "0"]),
+            "READONLY": (["REPLICAOF", "127.0.0.1", str(free_port())], ["REPLICAOF", "NO", "ONE"]),
+        }
+        for code, (start, end) in faults.items():
+            _command(r, start)
+            try:
+                refused = admin.post("/tenants", json={"id": f"t-{code.lower()}", "tier": "free"})
+            finally:
+                _command(r, end)
+            _clean_503(refused, int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+            assert f"refused the request ({code})" in refused.json()["error"]["message"]
+            assert admin.get(f"/tenants/t-{code.lower()}").status_code == 404
+            assert admin.post("/tenants", json={"id": f"t-{code.lower()}", "tier": "free"}
+                              ).status_code == 201
+    r.close()
+
+
+def _command(r: redis.Redis, words: list[str]) -> None:
+    r.execute_command(*words)  # type: ignore[no-untyped-call]

@@ -147,3 +147,32 @@ async def test_a_wipe_reseeded_by_another_gateway_is_noticed_whatever_the_genera
             await resolver.close()
         for store in stores:
             await store.close()
+
+
+def test_a_policy_lost_from_a_store_that_kept_the_rest_is_written_back(
+    sim_factory: SimFactory, redis_url: str
+) -> None:
+    """Only the policy's key gone (deleted by hand, or evicted by an `allkeys-*` Redis): the
+    marker is there, so this is no wipe. Every request used to get 403 (no tier defined), with
+    /readyz saying all was well and the admin API refusing every tier ("no policy is stored
+    yet") until someone put a policy back. The policy in force, an operator's change included,
+    is written back and the gateway keeps serving."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    gw, base = acme_gateway(sim, redis_url, ADMIN, {"rpm": 100}, tenancy={"poll_interval_s": 0.1})
+    with gw, admin_client(base, ADMIN) as admin:
+        client = openai.OpenAI(base_url=f"{base}/v1", max_retries=0,
+                               api_key=admin.post("/tenants/acme/keys").json()["key"])
+        changed = admin.patch("/policy", json={"tiers": {"free": {"limits": {"rpm": 77}}}})
+        assert changed.status_code == 200, changed.text
+        r = redis.Redis.from_url(redis_url)
+        try:
+            assert r.delete("kvgate:policy") == 1
+        finally:
+            r.close()
+        # a write (the generation moves: the gateway reloads at once) finds it gone
+        assert admin.patch("/tenants/acme", json={"limits": {"rpm": 100}}).status_code == 200
+        wait_for(lambda: admin.get("/policy").status_code == 200, what="the policy written back")
+        assert admin.get("/policy").json()["tiers"]["free"]["limits"]["rpm"] == 77
+        assert chat_status(client) == 200
+        assert admin.post("/tenants", json={"id": "later", "tier": "free"}).status_code == 201
+        assert "lost its policy" in gw.output()

@@ -1,0 +1,55 @@
+"""How both edges read a request's path before matching a route, and what they say about a
+path that matches none.
+
+- Runs of slashes are one slash: ``//v1/chat/completions`` (a base URL written
+  ``http://host:8000/`` + ``/v1``, or ending in ``/v1/``) is ``/v1/chat/completions``. vLLM
+  does not do this (Starlette matches the path as sent: its 404 ``{"detail": "Not Found"}``),
+  but no route of kvgate's or vLLM's has an empty segment, so nothing else could be meant;
+  the replica is sent the route's own path.
+- Under ``/v1/``, one trailing slash is dropped: vLLM (FastAPI) redirects
+  ``/v1/chat/completions/`` to the route and clients follow it with the body, so kvgate
+  serves it as the route without the round trip; ``GET /v1/models/m/`` is model ``m`` (a
+  model name may hold ``/``, never end with one).
+- A path with something before an API route (``/openai/v1/chat/completions``: a base URL
+  copied from another provider's, or a proxy's prefix left on) is a 404 that says to use the
+  base URL ``http://HOST:PORT/v1``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.errors import NotFound
+from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
+from gateway.stored import match_stored
+
+__all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route"]
+
+API_PREFIX = "/v1/"
+_SLASHES = re.compile(r"/{2,}")
+
+
+def canonical(path: str) -> str:
+    """The path routes are matched against (the same string when it is already canonical)."""
+    if "//" in path:
+        path = _SLASHES.sub("/", path)
+    if path[-1:] == "/" and path.startswith(API_PREFIX):
+        path = path[:-1]
+    return path
+
+
+def api_route(path: str) -> bool:
+    """One of the routes clients reach under the base URL (proxied, models, stored)."""
+    return path in KINDS or path == MODELS or path.startswith(MODEL_PREFIX) \
+        or match_stored(path)
+
+
+def prefixed_route(path: str) -> NotFound | None:
+    """The 404 for an API route asked under a prefix (``/openai/v1/chat/completions``),
+    naming the base URL to use; None for any other path."""
+    at = path.find(API_PREFIX, 1)
+    if at < 0 or not api_route(path[at:]):
+        return None
+    return NotFound(f"Unknown path {path}: kvgate serves the OpenAI API at {path[at:]}, without "
+                    f"the {path[:at]} prefix. Use the base URL http://HOST:PORT/v1 (your "
+                    "client adds the rest).")
