@@ -44,3 +44,29 @@ def test_the_floor_covers_what_a_short_interval_does_not() -> None:
     # with a 5 ms interval two intervals (10 ms) would let the held pick go before the
     # peer's pick of the same instant is applied (measured 14-18 ms at p99)
     assert _rank1_wait(0.005) >= 0.018
+
+
+class _NoPools:
+    def described(self) -> list[object]:
+        return []
+
+
+@pytest.mark.parametrize(("sync", "flow", "holds"), [
+    ({}, False, True),  # the default: held in a burst
+    ({"hold_picks": False}, False, False),  # switched off: turns instead
+    ({}, True, False),  # flow control schedules the picks
+])
+def test_a_gateway_holds_picks_unless_switched_off_or_under_flow_control(
+    sync: dict[str, object], flow: bool, holds: bool,
+) -> None:
+    from gateway.config import load_config
+    from gateway.runtime import _route_sync
+
+    cfg = load_config(None, overrides={
+        "pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}},
+        "sync": sync, "flow": {"enabled": flow},
+    }, environ={"KVGATE_REDIS_URL": "redis://127.0.0.1:1"})
+    router = Router(RouterConfig())
+    made = _route_sync(cfg, router, _NoPools(), {}, time.monotonic)  # type: ignore[arg-type]
+    assert made is not None
+    assert made.settings.defer is holds and router.defers is holds
