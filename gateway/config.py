@@ -229,6 +229,9 @@ class SyncSection(_Section):
     catchup_entries: Annotated[int, Field(ge=0)] = 5_000  # routes read at start (warm start)
     max_entries_per_tick: Annotated[int, Field(ge=1)] = 256  # applied per event-loop turn
     timeout_s: Pos = 1.0  # per Redis call; then degraded
+    # in a burst, hold a contested pick rank x the sync window (docs/shared-state.md,
+    # "Deferred picks"); off: the gateways take turns instead (as under flow control)
+    hold_picks: bool = True
 
     @model_validator(mode="after")
     def _stale_after_heartbeats(self) -> SyncSection:

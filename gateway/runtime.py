@@ -202,7 +202,8 @@ def _route_sync(
         stale_after_s=sc.stale_after_s, stream_maxlen=sc.stream_maxlen,
         stream_max_mb=sc.stream_max_mb,
         catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
-        timeout_s=sc.timeout_s, defer=not cfg.flow.enabled,  # flow control picks on its own
+        timeout_s=sc.timeout_s,
+        defer=sc.hold_picks and not cfg.flow.enabled,  # flow control picks on its own
     )
 
     def own_loads() -> dict[str, ReplicaLoad]:

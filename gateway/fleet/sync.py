@@ -53,12 +53,15 @@ from gateway.tenancy.redis_conn import failure_cause
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import Router
 
-__all__ = ["RouteSync", "SyncSettings", "SyncStats", "member_id"]
+__all__ = ["MIN_WINDOW_S", "RouteSync", "SyncSettings", "SyncStats", "member_id"]
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # back-off after a failed Redis call
 _BLOCK_S = 0.5  # the reader's XREAD BLOCK
+# the sync window's floor (`SyncSettings.window_s`): a peer's pick is applied here 14-18 ms
+# after it at p99 live with a 5 ms flush interval, not the two intervals' 10 ms
+MIN_WINDOW_S = 0.02
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -80,6 +83,16 @@ class SyncSettings:
     # the gateway holds a contested pick rank x the window before making it
     # (`routing.router.Router.defer_s`; off while flow control schedules the picks)
     defer: bool = False
+
+    @property
+    def window_s(self) -> float:
+        """How late a peer's pick of the same instant is applied here, at most (p99): the
+        sync window of the held picks and the turns. Up to an interval in the publisher's
+        outbox, up to one more before a busy reader's next read, and transit and event-loop
+        delays that do not shrink with the interval: measured live (`loadtest.held_lag`,
+        docs/shared-state.md "Deferred picks") p99 39 ms at 20 ms, 21 ms at 10 ms, 14-18 ms
+        at 5 ms; so two intervals, never less than MIN_WINDOW_S."""
+        return max(2 * self.flush_interval_s, MIN_WINDOW_S)
 
 
 @dataclass(slots=True)
@@ -144,10 +157,10 @@ class RouteSync:
         # what the log says about reaching Redis: both loops report their failures to it
         self.reach = Reachability(self._in.address, retry_every_s=RETRY_S,
                                   subject="shared routing state", logger=log)
-        # peers' records arrive about a flush interval or two late: within that window the
+        # peers' records arrive about a flush interval or two late (`window_s`): within it the
         # gateways hold their contested picks until the lower ranks' have arrived
         # (routing.router.Router.defer_s), or take turns over equally good replicas (`_turn`)
-        router.enable_sharing(settings.stale_after_s, self.member, 2 * settings.flush_interval_s,
+        router.enable_sharing(settings.stale_after_s, self.member, settings.window_s,
                               settings.defer)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
