@@ -36,7 +36,7 @@ from collections.abc import Collection
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, WatchError
 
 from gateway.errors import Conflict, NotFound
 from gateway.policy_doc import PolicyDoc
@@ -386,6 +386,56 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             raw = await self._r.get(self._k("seeded"))
         return None if raw is None else text(raw)
+
+    async def restore(self, snap: StoreSnapshot) -> bool:
+        """MULTI/EXEC under WATCH of the marker and the counter: the marker still missing,
+        the records are written over whatever a seed wrote meanwhile (the state restored is
+        at least as new), the counter set past both, the journal started again with one
+        entry (a reload reads the store whole), the marker set, a resync published. A
+        concurrent write (a seed) retries; the marker set by another gateway gives up."""
+        seeded, gen = self._k("seeded"), self._k("gen")
+        tkeys: dict[str, dict[str, str]] = {}
+        for key_hash, record in snap.keys.items():
+            tkeys.setdefault(self._k("tkeys", record.tenant_id), {})[record.key_id] = key_hash
+        with redis_unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(seeded, gen)
+                        if await pipe.exists(seeded):
+                            return False
+                        generation = max(int(await pipe.get(gen) or 0), snap.generation) + 1
+                        mark = {"id": secrets.token_hex(8), "at": time.time(),
+                                "restored": snap.generation}
+                        pipe.multi()  # type: ignore[no-untyped-call, unused-ignore]
+                        self._restore_records(pipe, snap, tkeys)
+                        pipe.set(gen, generation)
+                        pipe.delete(self._k("journal"))
+                        pipe.lpush(self._k("journal"), f"{generation} restore *")
+                        pipe.set(seeded, json.dumps(mark))
+                        pipe.publish(self.channel, json.dumps({"kind": "resync", "id": None}))
+                        await pipe.execute()
+                        return True
+                    except WatchError:
+                        continue  # a write meanwhile: look at the marker again
+
+    def _restore_records(
+        self, pipe: Any, snap: StoreSnapshot, tkeys: dict[str, dict[str, str]]
+    ) -> None:
+        if snap.tenants:
+            pipe.hset(self._k("tenants"), mapping={
+                tid: tenant_to_json(t) for tid, t in snap.tenants.items()})
+        if snap.keys:
+            pipe.hset(self._k("keys"), mapping={
+                h: record.model_dump_json() for h, record in snap.keys.items()})
+        for name, ids in tkeys.items():
+            pipe.hset(name, mapping=ids)
+        if snap.policy is not None:
+            pipe.hset(self._k("policy"), mapping={
+                "version": max(snap.policy.version, 1),  # 0: "none stored"
+                "doc": snap.policy.doc.model_dump_json(exclude_unset=True)})
+        if snap.group_epochs:
+            pipe.hset(self._k("salt_groups"), mapping=dict(snap.group_epochs))
 
     async def snapshot(self) -> StoreSnapshot:
         with redis_unavailable():

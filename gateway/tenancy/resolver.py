@@ -8,8 +8,11 @@ recovers by itself when the store returns.
 
 Given a `reseed` callable (the gateway's bootstrap from configuration), every check also looks
 for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
-without persistence), so it is re-seeded before anything is loaded from it, logged, and
-counted (`health().store_resets`). A record the store holds but this process cannot read is
+without persistence). A process that holds a state it loaded (not older than `max_staleness_s`)
+writes it back first (`TenantStore.restore`: one gateway of several does, the others reload
+it), then the store is re-seeded (idempotent) before anything is loaded from it; the wipe is
+logged and counted (`health().store_resets`), and degraded for `WIPE_NOTICE_S` unless it was
+restored. A record the store holds but this process cannot read is
 left out of the load (its tenant, key or policy; the last readable policy stays in force, or
 the configuration's if none was ever read: `policy_source`), logged once, counted
 (`health().records_skipped`) and reported as degraded, while every other tenant keeps working.
@@ -56,7 +59,7 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.salts import SaltDeriver
-from gateway.tenancy.store import TenantStore
+from gateway.tenancy.store import TenantStore, restored_from
 
 __all__ = ["CONFLICTING_KEYS", "Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
 
@@ -95,8 +98,8 @@ class TenancyHealth:
     generation: int
     policy_version: int
     staleness_s: float  # since the store last confirmed our state
-    store_resets: int = 0  # wiped stores noticed (and re-seeded) since start
-    store_wiped: bool = False  # a wipe noticed within the last `WIPE_NOTICE_S`
+    store_resets: int = 0  # wiped stores noticed (restored or re-seeded) since start
+    store_wiped: bool = False  # a wipe noticed within the last `WIPE_NOTICE_S`, restored or not
     # whether the store answered the last load (False until its first answer): reachability
     # only -- a wiped store or an unreadable record answers
     store_answers: bool = False
@@ -152,6 +155,9 @@ class TenantResolver:
         self._wiped_at = float("-inf")  # when a wipe was last noticed (this clock)
         self._mark: str | None = None  # the store's bootstrap marker our state was read under
         self._wipe_seen: str | None = None  # the marker of the last wipe reported
+        self._wipe_restored = False  # the last wipe noticed was restored (by any gateway)
+        self._restored: str | None = None  # the marker of the last restore made here
+        self._applied: StoreSnapshot | None = None  # the state in force, as applied
         self._salts = salts
         self._poll = poll_interval_s
         self._max_stale = max_staleness_s
@@ -240,7 +246,7 @@ class TenantResolver:
                 wiped = mark != self._mark
                 if wiped and self._mark is not None and mark != self._wipe_seen:
                     self._wipe_seen = mark
-                    self._wiped()
+                    self._wiped(mark)
             generation = await self._store.generation()
             recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
             if wiped or generation != self._state.generation or not self._loaded or not recent:
@@ -299,12 +305,22 @@ class TenantResolver:
                     extra={"generation": saved.snapshot.generation})
 
     async def _reseeded(self) -> str | None:
-        """The store lost its bootstrap marker: seed it from configuration before reading it.
-        Returns the new marker; a wipe of the store our state came from is logged and counted
-        (here, or by the gateway that finds another gateway's marker)."""
+        """The store lost its bootstrap marker: write back the state this process loaded, if
+        it has one recent enough, then seed it from configuration (idempotent: what was
+        restored stays) before reading it. Returns the new marker; a wipe of the store our
+        state came from is logged and counted (`_wiped`, here or by the gateway that finds
+        another gateway's marker)."""
         assert self._reseed is not None
-        if self._loaded:
-            self._degraded_reason = "store was wiped; re-seeding it from configuration"
+        last, age = self._applied, self._clock() - self._fresh_at
+        if last is not None:  # loaded: the wipe of a store it read
+            self._degraded_reason = "store was wiped; restoring or re-seeding it"
+            if self._max_stale is not None and age > self._max_stale:
+                # a gateway cut off from the store for that long may hold revoked keys
+                log.error("tenancy store was wiped; this gateway's last state is %.0f s old, "
+                          "past max_staleness_s (%.0f s): not restored, re-seeding from "
+                          "configuration", age, self._max_stale)
+            elif await self._store.restore(last):
+                self._restored = await self._store.seed_mark()
         await self._reseed()
         return await self._store.seed_mark()
 
@@ -323,13 +339,26 @@ class TenantResolver:
         self._whole_at = self._clock()
         return again if again.policy is not None else replace(snap, policy=lost)
 
-    def _wiped(self) -> None:
+    def _wiped(self, mark: str | None) -> None:
         self._resets += 1
         self._wiped_at = self._clock()
-        log.error(
-            "tenancy store was wiped (its bootstrap marker changed): policy and configured "
-            "tenants re-seeded from configuration; API keys, tenants made through the admin "
-            "API and rate-limit budgets were lost", extra={"store_resets": self._resets})
+        restored = restored_from(mark)
+        self._wipe_restored = restored is not None
+        extra = {"store_resets": self._resets}
+        last = self._applied
+        if mark == self._restored and last is not None:
+            log.error("tenancy store was wiped; restored %d tenants and %d keys from this "
+                      "gateway's last state (generation %d, loaded %.0f s ago); rate-limit "
+                      "budgets start again", len(last.tenants), len(last.keys),
+                      last.generation, self._clock() - self._fresh_at, extra=extra)
+        elif restored is not None:
+            log.error("tenancy store was wiped; another gateway restored its last state "
+                      "(generation %d): reloading it", restored, extra=extra)
+        else:
+            log.error(
+                "tenancy store was wiped (its bootstrap marker changed): policy and configured "
+                "tenants re-seeded from configuration; API keys, tenants made through the "
+                "admin API and rate-limit budgets were lost", extra=extra)
 
     def _apply(self, snap: StoreSnapshot) -> StoreSnapshot:
         """Put ``snap`` in force; returns it as applied (an unreadable policy or epoch
@@ -353,6 +382,7 @@ class TenantResolver:
         by_key = {key_hash: principal for key_hash, record in snap.keys.items()
                   if (principal := by_tenant.get(record.tenant_id)) is not None}
         self._state = _State(snap.generation, by_key, by_tenant, snap.policy, snap.group_epochs)
+        self._applied = snap
         self._loaded = True
         if snap.policy is not None and (old_policy is None or old_policy != snap.policy):
             for callback in list(self._policy_callbacks):
@@ -458,14 +488,15 @@ class TenantResolver:
         return lambda: self._policy_callbacks.remove(callback)
 
     def health(self) -> TenancyHealth:
-        """`degraded` also for `WIPE_NOTICE_S` after a wipe: the store answers again, but
-        every key made through the admin API is gone and their clients get 401s -- /readyz
-        (and the doctor) must say so, not only a log line and a counter."""
+        """`degraded` also for `WIPE_NOTICE_S` after a wipe that was not restored: the store
+        answers again, but every key made through the admin API is gone and their clients
+        get 401s -- /readyz (and the doctor) must say so, not only a log line and a counter.
+        A restored one is `store_wiped` (and counted) without being degraded."""
         state = self._state
         reason = self._degraded_reason
         since = self._clock() - self._wiped_at
         wiped = since < WIPE_NOTICE_S
-        if reason is None and wiped:
+        if reason is None and wiped and not self._wipe_restored:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
         if reason is None and self._skipped:

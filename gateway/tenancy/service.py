@@ -119,7 +119,7 @@ def _differences(stored: PolicyDoc, configured: PolicyDoc) -> list[str]:
 
 
 class TenancyCollector(Collector):
-    """`kvgate_tenancy_store_resets_total`: wiped stores noticed and re-seeded (0 from start);
+    """`kvgate_tenancy_store_resets_total`: wiped stores noticed (0 from start);
     `kvgate_tenancy_store_wiped`: 1 while the wipe notice lasts; and
     `kvgate_tenancy_records_skipped_total{kind}`: unreadable records left out of loads."""
 
@@ -129,14 +129,15 @@ class TenancyCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         resets = CounterMetricFamily(
             "kvgate_tenancy_store_resets",
-            "times the tenancy store was found wiped (bootstrap marker gone) and re-seeded",
+            "times the tenancy store was found wiped (bootstrap marker gone), then restored "
+            "from a gateway's last state or re-seeded from configuration",
         )
         health = self._resolver.health()
         resets.add_metric([], health.store_resets)
         wiped = GaugeMetricFamily(
             "kvgate_tenancy_store_wiped",
-            "1 for 10 minutes after the tenancy store was found wiped (keys made through the "
-            "admin API are gone), else 0",
+            "1 for 10 minutes after the tenancy store was found wiped (restored or not: "
+            "/readyz is degraded only if not), else 0",
         )
         wiped.add_metric([], 1.0 if health.store_wiped else 0.0)
         skipped = CounterMetricFamily(

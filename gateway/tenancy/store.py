@@ -8,6 +8,7 @@ mutation bumps a store-wide `generation` and notifies subscribers; readers on th
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable
@@ -39,6 +40,7 @@ __all__ = [
     "key_from_json",
     "policy_from_json",
     "read_tenant",
+    "restored_from",
     "tenant_from_json",
     "tenant_to_json",
     "with_epoch",
@@ -176,6 +178,14 @@ class TenantStore(ABC):
         lost it was wiped (Redis FLUSHALL, a restart without persistence); a different id than
         before means it was wiped and re-seeded meanwhile."""
 
+    async def restore(self, snap: StoreSnapshot) -> bool:
+        """Write `snap` (a gateway's last loaded state) back into a wiped store and set the
+        bootstrap marker, in one atomic step, only while the marker is missing: False when it
+        is there (another gateway restored or seeded the store first), nothing written. The
+        generation counter is set past both `snap`'s and the store's. The default: a store
+        that cannot be wiped (in memory) has nothing to restore."""
+        return False
+
     def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
         """Call `callback` after every change (from any replica). Returns an unsubscriber."""
         self._subscribers.append(callback)
@@ -184,6 +194,17 @@ class TenantStore(ABC):
     def _notify(self, change: Change) -> None:
         for callback in list(self._subscribers):
             callback(change)
+
+
+def restored_from(mark: str | None) -> int | None:
+    """The generation of the state a bootstrap marker says was restored into the store
+    (`TenantStore.restore` writes ``{"restored": <generation>, ...}``); None for a marker set
+    by a seed from configuration."""
+    try:
+        found = json.loads(mark or "").get("restored")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, int) else None
 
 
 def read_tenant(tenant_id: str, raw: str | bytes) -> Tenant:

@@ -1,9 +1,14 @@
-"""A wiped Redis (FLUSHALL) under a running gateway: noticed through the bootstrap marker,
-re-seeded from the configuration, reported (log, metric, /readyz), and limits stay on."""
+"""A wiped Redis (FLUSHALL, a restart without persistence) under running gateways: noticed
+through the bootstrap marker, the state a gateway last loaded written back (once, and not
+when older than max_staleness_s) or else re-seeded from the configuration, reported (log,
+metric, /readyz), and limits stay on."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import openai
@@ -19,6 +24,7 @@ from gateway.tenancy import (
     KeyRecord,
     RedisStore,
     SaltDeriver,
+    StoreSnapshot,
     Tenant,
     TenantResolver,
     bootstrap,
@@ -35,61 +41,67 @@ from tests.support.gateway import (
     metric_values,
     wait_for,
 )
-from tests.support.procs import Proc
+from tests.support.procs import Proc, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "wipe-admin-token-0123456789"
 
 
-def test_flushall_is_noticed_and_the_store_reseeded_from_config(
-    sim_factory: SimFactory, redis_url: str
+def test_a_redis_restarted_empty_gets_the_last_state_back_from_the_gateways(
+    sim_factory: SimFactory,
 ) -> None:
+    """Redis restarted without persistence under two gateways: its bootstrap marker is gone,
+    and one of them writes back the state they all hold in memory (tenants and keys made
+    through the admin API included). Every key made through the admin API used to be lost
+    (401s for its clients) and /readyz said degraded for ten minutes."""
+    proc, redis_url = redis_proc()
     _, sim = sim_factory("--time-scale", "50", model="m")
-    gw, base = acme_gateway(sim, redis_url, ADMIN, {"rpm": 3}, tenancy={"poll_interval_s": 0.1})
-    with gw, admin_client(base, ADMIN) as admin:
+    proc.start()
+    one, base = acme_gateway(sim, redis_url, ADMIN, {"rpm": 3}, tenancy={"poll_interval_s": 0.1})
+    two, base2 = acme_gateway(sim, redis_url, ADMIN, {"rpm": 3},
+                              tenancy={"poll_interval_s": 0.1})
+    with proc, one, two, admin_client(base, ADMIN) as admin:
         resets = "kvgate_tenancy_store_resets_total"
         assert metric_values(base, resets) == {"": 0.0}
         assert metric_values(base, "kvgate_tenancy_store_wiped") == {"": 0.0}
         assert httpx.get(f"{base}/readyz").json()["tenancy"]["store_resets"] == 0
-        old_key = admin.post("/tenants/acme/keys").json()["key"]
-        assert chat_status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key, max_retries=0)) \
-            == 200
+        made = admin.post("/tenants", json={"id": "beta", "tier": "free"})
+        assert made.status_code == 201, made.text
+        key = admin.post("/tenants/beta/keys").json()["key"]
+        clients = [openai.OpenAI(base_url=f"{b}/v1", api_key=key, max_retries=0)
+                   for b in (base, base2)]
+        wait_for(lambda: chat_status(clients[1]) == 200, what="the key on the second gateway")
+        assert chat_status(clients[0]) == 200
 
-        r = redis.Redis.from_url(redis_url)
-        try:
-            r.flushall()
-        finally:
-            r.close()
-        wait_for(lambda: metric_values(base, resets) == {"": 1.0}, what="the wipe noticed")
+        proc.stop()
+        proc.start()  # no persistence: the restarted Redis is empty
+        for b in (base, base2):
+            def noticed(b: str = b) -> bool:
+                return metric_values(b, resets) == {"": 1.0}
 
-        ready = httpx.get(f"{base}/readyz")
-        assert ready.status_code == 200 and ready.json()["tenancy"]["store_resets"] == 1
-        # serving, but its clients' keys are gone: said where operators look, not only logged
-        tenancy = ready.json()["tenancy"]
-        assert ready.json()["degraded"] and tenancy["degraded"]
-        assert "wiped" in tenancy["reason"] and "re-issue" in tenancy["reason"]
-        # its own signal: Redis answers, so a "Redis down" alert must not fire for ten minutes
-        assert metric_values(base, "kvgate_redis_up") == {"": 1.0}
-        assert metric_values(base, "kvgate_tenancy_store_wiped") == {"": 1.0}
-        assert ready.json()["tenancy"]["policy_version"] >= 1
-        assert metric_values(base, "kvgate_policy_version")[""] >= 1
-        assert "wiped" in gw.output()
-        # the policy and the configured tenant are back; unknown tiers are refused again
-        assert admin.get("/policy").status_code == 200
-        assert [t["id"] for t in admin.get("/tenants").json()["data"]] == ["acme"]
+            def ready(b: str = b) -> bool:  # restored: not degraded (what a probe waits for)
+                return not httpx.get(f"{b}/readyz").json()["degraded"]
+
+            wait_for(noticed, what="the wipe noticed")
+            wait_for(ready, what="degraded cleared")
+            tenancy = httpx.get(f"{b}/readyz").json()["tenancy"]
+            assert tenancy["store_resets"] == 1 and tenancy["store_wiped"]
+            # its own signal: Redis answers, so a "Redis down" alert must not fire
+            assert metric_values(b, "kvgate_redis_up") == {"": 1.0}
+            assert metric_values(b, "kvgate_tenancy_store_wiped") == {"": 1.0}
+            assert tenancy["policy_version"] >= 1
+        # the key made through the admin API works on both gateways, limits in force (rpm 3;
+        # the budgets were in the wiped store: they start again)
+        assert [chat_status(c) for c in clients] == [200, 200]
+        assert [chat_status(clients[0]) for _ in range(2)] == [200, 429]
+        assert sorted(t["id"] for t in admin.get("/tenants").json()["data"]) == ["acme", "beta"]
+        assert len(admin.get("/tenants/beta").json()["keys"]) == 1
         gold = admin.post("/tenants", json={"id": "intruder", "tier": "gold"})
         assert gold.status_code == 400 and gold.json()["error"]["param"] == "tier"
-        # keys were in the wiped store: gone (an operator re-issues them)
-        wait_for(lambda: chat_status(openai.OpenAI(base_url=f"{base}/v1", api_key=old_key,
-                                               max_retries=0)) == 401, what="old keys gone")
-        # a new key: the tier's limits are in force again (rpm 3), not silently off
-        key = admin.post("/tenants/acme/keys").json()["key"]
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
-        wait_for(lambda: chat_status(client) == 200, what="the new key")
-        statuses = [chat_status(client) for _ in range(4)]
-        assert statuses.count(200) == 2 and statuses[-1] == 429, statuses
-        audit = admin.get("/audit").json()["data"]
-        assert any(e["action"] == "key.create" for e in audit)
+        logs = one.output() + two.output()
+        assert logs.count("restored 2 tenants and 1 keys") == 1, logs
+        # the other gateway says who restored it
+        assert "another gateway restored" in logs
 
 
 async def test_with_no_policy_stored_no_tier_is_accepted() -> None:
@@ -106,7 +118,8 @@ async def test_with_no_policy_stored_no_tier_is_accepted() -> None:
 async def test_a_wipe_reseeded_by_another_gateway_is_noticed_whatever_the_generation(
     redis_url: str,
 ) -> None:
-    """Gateway A re-seeds the wiped store; gateway B must reload even when the generation
+    """Gateway A, just started (it loaded nothing, so it has nothing to restore), re-seeds
+    the wiped store from its configuration; gateway B must reload even when the generation
     counter happens to read as before (it is the marker, not the counter, that tells)."""
     policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
                            "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
@@ -127,19 +140,20 @@ async def test_a_wipe_reseeded_by_another_gateway_is_noticed_whatever_the_genera
         key = generate_key()
         await stores[0].add_key(KeyRecord(key_id="k", tenant_id="acme", key_hash=hash_key(key),
                                           created_at=0.0))
-        await a.start()
         await b.start()
         assert b.authenticate(key).tenant_id == "acme"
         before = await stores[0].generation()
         r = redis.asyncio.Redis.from_url(redis_url)
         try:
             await r.flushall()
-            assert await a.refresh() and a.health().store_resets == 1  # A re-seeds
+            await a.start()  # A re-seeds (a wipe it did not see: not counted there)
+            assert a.health().loaded and a.health().store_resets == 0
             await r.set("kvgate:gen", before)  # the counter happens to match B's state
         finally:
             await r.aclose()
         assert await b.refresh()
         assert b.health().store_resets == 1
+        assert b.health().degraded and "re-issue" in (b.health().reason or "")
         with pytest.raises(AuthError):  # B reloaded: the wiped key is gone there too
             b.authenticate(key)
     finally:
@@ -176,3 +190,101 @@ def test_a_policy_lost_from_a_store_that_kept_the_rest_is_written_back(
         assert chat_status(client) == 200
         assert admin.post("/tenants", json={"id": "later", "tier": "free"}).status_code == 201
         assert "lost its policy" in gw.output()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _two_gateways_on(
+    redis_url: str, clock: Clock | None = None,
+) -> tuple[list[RedisStore], list[TenantResolver], str]:
+    """Two resolvers, each on its own store client and seeding from the same configuration,
+    on a store holding a tenant made through the admin API (salt group rotated) and its key;
+    both loaded. Returns (stores, resolvers, the key)."""
+    stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
+    resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
+                                max_staleness_s=10, clock=clock or time.monotonic)
+                 for s in stores]
+    for store, resolver in zip(stores, resolvers, strict=True):
+        async def reseed(store: RedisStore = store) -> None:
+            await bootstrap(store, tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+        resolver.reseed_with(reseed)
+    await bootstrap(stores[0], tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+    await stores[0].create_tenant(Tenant(id="beta", tier="free", salt_group="g"))
+    await stores[0].rotate_salt("beta")
+    key = generate_key()
+    await stores[0].add_key(KeyRecord(key_id="k1", tenant_id="beta", key_hash=hash_key(key),
+                                      created_at=1.0))
+    for resolver in resolvers:
+        await resolver.start()
+        assert resolver.authenticate(key).tenant_id == "beta"
+    return stores, resolvers, key
+
+
+POLICY = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                       "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
+RECORDS = ("kvgate:tenants", "kvgate:keys", "kvgate:tkeys:beta", "kvgate:policy",
+           "kvgate:salt_groups")
+
+
+async def test_two_gateways_finding_the_store_wiped_restore_it_once(redis_url: str) -> None:
+    """Both find the marker gone at once: exactly one writes its state back (the records as
+    they were, the generation not reset), the other reloads what it wrote."""
+    stores, resolvers, key = await _two_gateways_on(redis_url)
+    r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        stored = {name: await r.hgetall(name) for name in RECORDS}
+        before = await stores[0].generation()
+        salts = [res.authenticate(key).cache_salt for res in resolvers]
+        restores: list[bool] = []
+        for store in stores:
+            async def restore(snap: StoreSnapshot, real: Callable[..., Any] = store.restore
+                              ) -> bool:
+                restores.append(await real(snap))
+                return restores[-1]
+            store.restore = restore  # type: ignore[method-assign]
+        await r.flushall()
+        assert all(await asyncio.gather(*(res.refresh() for res in resolvers)))
+        assert restores.count(True) == 1, restores
+        assert {name: await r.hgetall(name) for name in RECORDS} == stored
+        assert await stores[0].generation() > before
+        for resolver, salt in zip(resolvers, salts, strict=True):
+            assert resolver.authenticate(key).cache_salt == salt  # the same tenant, same salt
+            health = resolver.health()
+            assert health.store_resets == 1 and health.store_wiped and not health.degraded
+    finally:
+        await r.aclose()
+        for resolver in resolvers:
+            await resolver.close()
+        for store in stores:
+            await store.close()
+
+
+async def test_a_state_older_than_max_staleness_is_not_restored(redis_url: str) -> None:
+    """A gateway whose state the store last confirmed longer ago than `max_staleness_s` (cut
+    off: it may hold keys revoked since) re-seeds from configuration only, degraded."""
+    clock = Clock()
+    stores, resolvers, key = await _two_gateways_on(redis_url, clock)
+    r = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await r.flushall()
+        clock.now += 11  # the store last confirmed their state 11 s ago: max_staleness_s 10
+        assert await resolvers[0].refresh()
+        assert await r.hget("kvgate:tenants", "beta") is None
+        with pytest.raises(AuthError):
+            resolvers[0].authenticate(key)
+        health = resolvers[0].health()
+        assert health.store_resets == 1 and health.degraded
+        assert "re-issue" in (health.reason or "")
+        assert await r.hget("kvgate:tenants", "acme") is not None  # the configured tenant
+    finally:
+        await r.aclose()
+        for resolver in resolvers:
+            await resolver.close()
+        for store in stores:
+            await store.close()
