@@ -61,7 +61,7 @@ calls (each recomputing its whole context elsewhere). Continued contexts are nev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from math import log as _log
 from math import log1p as _log1p
 from operator import itemgetter
@@ -195,19 +195,29 @@ class CacheAware:
             rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv, inflight))
         return rows
 
-    def choose(self, ctx: PickContext) -> Decision:
+    def _admitted(
+        self, ctx: PickContext, key: Callable[[_Row], tuple[int, ...]]
+    ) -> tuple[list[_Row], int | None, float, list[_Row]]:
+        """The candidates' rows (the ramp charged to a new context) sorted by ``key``, the
+        tail this request continues (`Sessions.continued`), the load bound's limit and
+        the rows within it."""
         cfg = self._state.config
         rows = self._rows(ctx)
         hashes = ctx.features.block_hashes
         previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
         if previous is None and cfg.session_ramp_tokens > 0.0:
             rows = self._ramp(ctx, rows)
-        # one gateway: a tie goes to fewer in flight; several: in-flight counts a sync window
-        # old would send every gateway to the same replica (the hash spreads them, and turns)
-        rows.sort(key=_rank if ctx.gateways == 1 else _hashed)
+        rows.sort(key=key)
         limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
                             cfg.load_slack) + 1e-9
-        admitted = [r for r in rows if r[10] <= limit]
+        return rows, previous, limit, [r for r in rows if r[10] <= limit]
+
+    def choose(self, ctx: PickContext) -> Decision:
+        # one gateway: a tie goes to fewer in flight; several: in-flight counts a sync window
+        # old would send every gateway to the same replica (the hash spreads them, and turns)
+        rows, previous, limit, admitted = self._admitted(
+            ctx, _rank if ctx.gateways == 1 else _hashed)
+        hashes = ctx.features.block_hashes
         # the bound refused the cheapest (a turn among near-equals is no overflow)
         overflow = not admitted or admitted[0] is not rows[0]
         if ctx.turn_order is not None and len(admitted) > 1:
@@ -259,16 +269,7 @@ class CacheAware:
         it could stack their picks of the same instant on the same replicas
         (`Router.defer_s`). A pick for its prefix's holder (one such candidate, a
         conversation's next turn) is not. Reads the state; changes nothing a pick reads."""
-        cfg = self._state.config
-        rows = self._rows(ctx)
-        hashes = ctx.features.block_hashes
-        previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
-        if previous is None and cfg.session_ramp_tokens > 0.0:
-            rows = self._ramp(ctx, rows)
-        rows.sort(key=_hashed)
-        limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
-                            cfg.load_slack) + 1e-9
-        admitted = [r for r in rows if r[10] <= limit]
+        admitted = self._admitted(ctx, _hashed)[3]
         return len(admitted) > 1 and len(self._near(admitted)[2]) > 1
 
     def _near(self, admitted: list[_Row]) -> tuple[list[_Row], int, dict[str, _Row]]:
