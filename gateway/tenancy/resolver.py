@@ -65,7 +65,7 @@ __all__ = ["CONFLICTING_KEYS", "Principal", "TenancyHealth", "TenantResolver", "
 
 log = logging.getLogger(__name__)
 
-WIPE_NOTICE_S = 600.0  # how long health() reports a wiped store as degraded
+WIPE_NOTICE_S = 600.0  # how long health() reports a wipe (store_wiped; degraded if not restored)
 # A reload reads only what changed (`TenantStore.changes_since`) unless the last whole read is
 # older than this, and the store is read whole at least this often even when the generation
 # did not change: a record changed behind the store's back without bumping the generation (by
