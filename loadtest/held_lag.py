@@ -143,12 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     from loadtest.bench_sync import redis_server
 
     p = argparse.ArgumentParser(prog="python -m loadtest.held_lag", description=__doc__)
-    p.add_argument("--gateways", type=int, default=4)
-    p.add_argument("--flush-ms", default="5,10,20")
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=4.0)
-    p.add_argument("--rate", type=float, default=400.0, help="background requests/s")
-    p.add_argument("--burst", type=int, default=2, help="picks per router per burst")
+    p.add_argument("--gateways", type=int, default=4, help="routers (default 4)")
+    p.add_argument("--flush-ms", default="5,10,20",
+                   help="flush intervals to compare, ms, comma-separated (default 5,10,20)")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="rounds over every interval (default 2; medians over them)")
+    p.add_argument("--seconds", type=float, default=4.0,
+                   help="length of one run, s (default 4)")
+    p.add_argument("--rate", type=float, default=400.0, help="background requests/s (default 400)")
+    p.add_argument("--burst", type=int, default=2, help="picks per router per burst (default 2)")
     args = p.parse_args(argv)
     flushes = [float(x) / 1000 for x in args.flush_ms.split(",")]
     runs: dict[float, list[Lag]] = {w: [] for w in flushes}

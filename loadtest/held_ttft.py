@@ -80,13 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     from loadtest.bench_sync import redis_server
 
     p = argparse.ArgumentParser(prog="python -m loadtest.held_ttft", description=__doc__)
-    p.add_argument("--gateways", type=int, default=2)
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--bursts", type=int, default=30, help="per variant")
-    p.add_argument("--per", type=int, default=2, help="requests per gateway per burst")
-    p.add_argument("--words", type=int, default=1500)
-    p.add_argument("--flush-ms", type=float, default=20.0)
-    p.add_argument("--gap", type=float, default=1.0, help="seconds between bursts")
+    p.add_argument("--gateways", type=int, default=2, help="gateways per fleet (default 2)")
+    p.add_argument("--replicas", type=int, default=3, help="replicas per fleet (default 3)")
+    p.add_argument("--bursts", type=int, default=30, help="per variant (default 30)")
+    p.add_argument("--per", type=int, default=2, help="requests per gateway per burst (default 2)")
+    p.add_argument("--words", type=int, default=1500, help="words per prompt (default 1500)")
+    p.add_argument("--flush-ms", type=float, default=20.0,
+                   help="the gateways' sync.flush_interval_ms (default 20)")
+    p.add_argument("--gap", type=float, default=1.0, help="seconds between bursts (default 1)")
     args = p.parse_args(argv)
     rng = random.Random(3)
     ttft: dict[bool, list[float]] = {True: [], False: []}
