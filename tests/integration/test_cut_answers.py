@@ -340,11 +340,17 @@ def test_a_stream_opened_by_keep_alives_and_answered_202_elsewhere_is_a_failure(
                                      "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
         with gw, httpx.Client(timeout=10) as http:
             opened = None
-            for _ in range(4):  # round robin: one of the first two starts on the hung one
-                with http.stream("POST", f"{base}/v1/chat/completions", json={
-                        "model": MODEL, "stream": True,
-                        "messages": [{"role": "user", "content": "x"}]}) as resp:
-                    text = resp.read()
+            for _ in range(4):  # round robin (id order): one of the first two starts on `hung`
+                try:
+                    with http.stream("POST", f"{base}/v1/chat/completions", json={
+                            "model": MODEL, "stream": True,
+                            "messages": [{"role": "user", "content": "x"}]},
+                            timeout=httpx.Timeout(10, read=3)) as resp:
+                        text = resp.read()
+                except httpx.ReadTimeout:
+                    # it started on `odd`: its 202 (nothing sent yet) is retried on `hung`,
+                    # the last try, which waits for the replica (no first-byte cut left)
+                    continue
                 if text.startswith(b": keep-alive"):
                     opened = text
                     break
