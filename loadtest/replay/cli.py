@@ -166,6 +166,8 @@ def run_offline(
     out["shared"] = spec.share and spec.gateways > 1
     out["sync_delay_ms"] = round(spec.sync_delay_s * 1000.0, 3) if out["shared"] else None
     out["gateway_seed"] = spec.seed if spec.gateways > 1 else None
+    # contested picks held (`Router.defer_s`; `--no-defer`, and flow control, take turns)
+    out["held_picks"] = (spec.defer and flow is None) if out["shared"] else None
     out.update(flow_report(reqs, res.outcomes, flow, slo_ttft_s))  # tiers, tenants, flow
     return out
 

@@ -152,6 +152,22 @@ def test_replay_cli_spreads_requests_by_the_gateway_seed(tmp_path: Path) -> None
     assert {k: v for k, v in first.items() if k != "gateway_seed"} != {
         k: v for k, v in other.items() if k != "gateway_seed"}
 
+def test_replay_cli_holds_picks_unless_told_not_to(tmp_path: Path) -> None:
+    """`kvgate replay --offline --gateways N` holds contested picks by default and says so in
+    its summary; `--no-defer` picks at arrival (with turns): another run on bursts."""
+    def run(*extra: str) -> dict[str, object]:
+        out = tmp_path / f"h{len(extra)}.json"
+        assert kvgate(["replay", "--workload", "bursts", "--offline", "--limit", "300",
+                       "--gateways", "4", "--sync-delay-ms", "10", *extra,
+                       "--json", str(out)]) == 0
+        summary: dict[str, object] = json.loads(out.read_text())[0]
+        return summary
+
+    held, at_once = run(), run("--no-defer")
+    assert held["held_picks"] is True and at_once["held_picks"] is False
+    assert held["ttft_p99_s"] != at_once["ttft_p99_s"]
+
+
 def test_held_picks_count_their_ttft_from_the_arrival() -> None:
     """Four gateways, bursts of cold requests at one instant: the higher-ranked gateways hold
     their picks (`Router.defer_s`), routing them later, but every request's TTFT counts from
