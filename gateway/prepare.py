@@ -148,23 +148,25 @@ class Preparer:
         if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         elif self._router.defers:  # several gateways: a contested pick may wait its rank
-            held = await self._hold(req, principal, parsed, gone)
+            plan = await self._hold(req, principal, parsed, gone)
+            held = plan is None
         return self._plan_and_pick(req, principal, parsed, subset, plan, held)
 
     async def _hold(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
         gone: Callable[[], Awaitable[object]] | None,
-    ) -> bool:
+    ) -> Plan | None:
         """Wait as long as the router asks before its pick (`Router.defer_s`: a pick among
         several equally good replicas, made once the lower-ranked gateways' picks of the same
         instant have reached this one). The wait counts in the request's queue time; a client
-        that leaves meanwhile is let go (499, its admission settled like any other). Whether
-        it waited."""
+        that leaves meanwhile is let go (499, its admission settled like any other). Returns
+        the plan to pick on when it did not wait (planned once), None when it waited (the
+        replicas' views are planned again after it)."""
         now = self._clock()
         plan = self.planner.plan(principal, parsed, req.kind, now)
         wait = self._router.defer_s(plan.features, plan.views, now)
         if wait <= 0.0:
-            return False
+            return plan
         t0 = perf_counter()
         waits: list[asyncio.Future[object]] = [asyncio.ensure_future(asyncio.sleep(wait))]
         if gone is not None:
@@ -177,7 +179,7 @@ class Preparer:
             req.queued_s = perf_counter() - t0
         if waits[0] not in done:  # the client left
             raise asyncio.CancelledError
-        return True
+        return None
 
     def _reserve(self, parsed: ParsedBody, kind: str) -> int:
         """The tokens TPM admission reserves: the prompt and ``n`` times the output asked
