@@ -4,8 +4,8 @@ the records it changed, in one atomic step."""
 
 from __future__ import annotations
 
-__all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "PUT_POLICY", "REVOKE",
-           "ROTATE_GROUP"]
+__all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "PUT_POLICY",
+           "RESTORE_LOST", "REVOKE", "ROTATE_GROUP"]
 
 # Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
 # ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
@@ -71,4 +71,33 @@ ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
     "if type(e) ~= 'number' then "
     "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
     + _log("salt", "ARGV[3]") + "return e"
+)
+# A hash lost while the marker stayed (deleted whole by hand, evicted; deleting its last
+# record leaves its "." field, `redis_store.PRESENT`, set again here): the records of a
+# gateway's state in force written back, only while the hash is still missing (so one gateway
+# of several does: -1 for the others) and never one the journal names since that state's
+# generation (an operator's deletion: a tenant, its keys, a revoked key); -2 when the journal
+# cannot tell (an entry missing or trimmed away, the counter behind that generation): nothing
+# written.
+RESTORE_LOST = (  # KEYS[3] the hash, KEYS[4..] each key's tkeys:<tenant> (keys only); ARGV[3]
+    # the state's generation, ARGV[4] kind (tenant | key), then name, json(, key id) each
+    "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end "
+    "local since = tonumber(ARGV[3]) local now = tonumber(redis.call('GET', KEYS[1]) or '0') "
+    f"if now < since or now - since > {JOURNAL_CAP} then return -2 end "
+    "local named, seen = {}, {} "
+    "for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do "
+    "local eg, ek, en = string.match(e, '^(%d+) (%S+) (.*)$') "
+    "if eg and tonumber(eg) > since then seen[tonumber(eg)] = true named[ek .. ' ' .. en] = true "
+    "end end "
+    "for i = since + 1, now do if not seen[i] then return -2 end end "
+    "local step = 2 if ARGV[4] == 'key' then step = 3 end "
+    "local back = {} "
+    "redis.call('HSET', KEYS[3], '.', '') "
+    "for i = 5, #ARGV, step do if not named[ARGV[4] .. ' ' .. ARGV[i]] then "
+    "redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) "
+    "if step == 3 then redis.call('HSET', KEYS[4 + (i - 5) / 3], ARGV[i + 2], ARGV[i]) end "
+    "back[#back + 1] = ARGV[i] end end "
+    "if #back == 0 then return 0 end " + _BUMP
+    + "for _, n in ipairs(back) do redis.call('LPUSH', KEYS[2], g .. ' ' .. ARGV[4] .. ' ' .. n) "
+    f"end redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) return #back"
 )

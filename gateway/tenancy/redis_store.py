@@ -2,13 +2,14 @@
 
 Layout under a namespace (default ``kvgate``): ``:tenants`` hash id -> JSON, ``:keys`` hash
 key-hash -> JSON, ``:tkeys:<id>`` hash key-id -> key-hash, ``:policy`` hash {version, doc},
-``:salt_groups`` hash group -> epoch, ``:audit`` capped list, ``:gen`` counter, the
-``:seeded`` bootstrap marker (its absence means the store was never seeded, or was wiped) and
-the ``:changes`` pub/sub channel. Conditional writes are Lua scripts that also bump ``:gen``,
-publish, and journal the records they changed in ``:journal`` (a capped list, newest first,
-``"<gen> <kind> <name>"``: ``tenant <id>``, ``key <hash>`` -- one per key a tenant's deletion
-removes --, ``policy``, ``salt <group>``), so a change, its notification and its journal entry
-are one atomic step.
+``:salt_groups`` hash group -> epoch (the tenants and keys hashes also hold a ``.`` field,
+`PRESENT`, from the first seed on: a hash gone was lost, not emptied, `restore_lost`),
+``:audit`` capped list, ``:gen`` counter, the ``:seeded`` bootstrap marker (its absence means
+the store was never seeded, or was wiped) and the ``:changes`` pub/sub channel. Conditional
+writes are Lua scripts that also bump ``:gen``, publish, and journal the records they changed
+in ``:journal`` (a capped list, newest first, ``"<gen> <kind> <name>"``: ``tenant <id>``,
+``key <hash>`` -- one per key a tenant's deletion removes --, ``policy``, ``salt <group>``), so a
+change, its notification and its journal entry are one atomic step.
 
 A reload after a write (`changes_since`) reads the counter, the journal's newest entries, the
 tenants, the policy and the salt groups in one transaction, and only the key records the
@@ -87,7 +88,19 @@ RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling u
 
 JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
 
+# A field of the tenants hash and of the keys hash from the first seed on (no tenant id or key
+# hash is "."): the last record deleted (by the admin API, or by hand to revoke a key) leaves
+# the hash there, so a hash that is gone was lost (deleted whole, evicted) -- `restore_lost`.
+PRESENT = "."
+
 FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
+
+
+def records(raw: dict[Any, Any]) -> dict[str, str]:
+    """A tenants or keys hash's records: `texts` without the `PRESENT` field."""
+    found = texts(raw)
+    found.pop(PRESENT, None)
+    return found
 
 
 class RedisStore(TenantStore):
@@ -127,6 +140,7 @@ class RedisStore(TenantStore):
                 "revoke": scripts.REVOKE,
                 "policy": scripts.PUT_POLICY,
                 "group": scripts.ROTATE_GROUP,
+                "lost": scripts.RESTORE_LOST,
             }.items()
         }
 
@@ -210,7 +224,7 @@ class RedisStore(TenantStore):
 
     async def list_tenants(self) -> list[Tenant]:
         with redis_unavailable():
-            raw = texts(await self._r.hgetall(self._k("tenants")))
+            raw = records(await self._r.hgetall(self._k("tenants")))
         skipped: list[SkippedRecord] = []
         tenants = readable_records(raw, tenant_from_json, "tenant", skipped)
         return sorted(tenants.values(), key=lambda t: t.id)
@@ -221,7 +235,8 @@ class RedisStore(TenantStore):
         page reads on past it: a page of unreadable records only came back empty with more
         to follow and no last id to follow them by."""
         with redis_unavailable():
-            ids = sorted(map(text, await self._r.hkeys(self._k("tenants"))))
+            ids = sorted(i for i in map(text, await self._r.hkeys(self._k("tenants")))
+                         if i != PRESENT)
         if after is not None:
             ids = ids[bisect_right(ids, after):]
         page: list[Tenant] = []
@@ -300,7 +315,7 @@ class RedisStore(TenantStore):
         if tenant_ids is not None:
             return await self._keys_of(tenant_ids)
         with redis_unavailable():
-            raw = texts(await self._r.hgetall(self._k("keys")))
+            raw = records(await self._r.hgetall(self._k("keys")))
         found: dict[str, list[KeyRecord]] = {}
         for record in readable_records(raw, key_from_json, "key", []).values():
             found.setdefault(record.tenant_id, []).append(record)
@@ -380,7 +395,11 @@ class RedisStore(TenantStore):
     async def mark_seeded(self) -> None:
         mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
         with redis_unavailable():
-            await self._r.set(self._k("seeded"), mark, nx=True)
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hset(self._k("tenants"), PRESENT, "")
+                pipe.hset(self._k("keys"), PRESENT, "")
+                pipe.set(self._k("seeded"), mark, nx=True)
+                await pipe.execute()
 
     async def seed_mark(self) -> str | None:
         with redis_unavailable():
@@ -419,15 +438,29 @@ class RedisStore(TenantStore):
                     except WatchError:
                         continue  # a write meanwhile: look at the marker again
 
+    async def restore_lost(self, kind: str, snap: StoreSnapshot) -> int | None:
+        """One script (`redis_scripts.RESTORE_LOST`): the hash still missing, the records the
+        journal does not name since `snap.generation` written back, journaled and published."""
+        keys, args = [], [snap.generation, kind]
+        if kind == "tenant":
+            keys = [self._k("tenants")]
+            for tid, tenant in snap.tenants.items():
+                args += [tid, tenant_to_json(tenant)]
+        else:
+            keys = [self._k("keys")]
+            for key_hash, record in snap.keys.items():
+                keys.append(self._k("tkeys", record.tenant_id))
+                args += [key_hash, record.model_dump_json(), record.key_id]
+        written = await self._run("lost", keys, args, Change("resync"))
+        return None if written == -2 else max(written, 0)
+
     def _restore_records(
         self, pipe: Any, snap: StoreSnapshot, tkeys: dict[str, dict[str, str]]
     ) -> None:
-        if snap.tenants:
-            pipe.hset(self._k("tenants"), mapping={
-                tid: tenant_to_json(t) for tid, t in snap.tenants.items()})
-        if snap.keys:
-            pipe.hset(self._k("keys"), mapping={
-                h: record.model_dump_json() for h, record in snap.keys.items()})
+        pipe.hset(self._k("tenants"), mapping={
+            PRESENT: "", **{tid: tenant_to_json(t) for tid, t in snap.tenants.items()}})
+        pipe.hset(self._k("keys"), mapping={
+            PRESENT: "", **{h: record.model_dump_json() for h, record in snap.keys.items()}})
         for name, ids in tkeys.items():
             pipe.hset(name, mapping=ids)
         if snap.policy is not None:
@@ -447,9 +480,9 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("salt_groups"))
                 pipe.lindex(self._k("journal"), 0)
                 gen, tenants, keys, policy, groups, head = await pipe.execute()
-        self._key_records(keys)
+        self._key_records(records(keys))
         self._journal_head = None if head is None else text(head)
-        return self._snapshot(int(gen or 0), tenants, policy, groups)
+        return self._snapshot(int(gen or 0), records(tenants), policy, groups)
 
     async def changes_since(self, generation: int) -> StoreSnapshot | None:
         """The journal's way: the small records read whole, the key records only where the
@@ -485,7 +518,7 @@ class RedisStore(TenantStore):
                 return None
             self._update_keys(dict(zip(hashes, raws, strict=True)))
         self._journal_head = entries[0]
-        return self._snapshot(now, tenants, policy, groups)
+        return self._snapshot(now, records(tenants), policy, groups)
 
     def _snapshot(
         self, generation: int, tenants: dict[str, str], policy: dict[str, str],

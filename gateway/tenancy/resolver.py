@@ -24,7 +24,11 @@ define is never admitted (403): its limits would be unknown, and limits are neve
 A store that still holds its marker but lost its policy (the key deleted by hand, or evicted
 by a Redis running an `allkeys-*` eviction policy) had every request refused (403: no tier is
 defined) while `/readyz` said all was well: the policy in force is written back (compare-and-set
-against none, so one gateway writes it), logged, and read again (`_policy_lost`).
+against none, so one gateway writes it), logged, and read again (`_policy_lost`). The same
+for its tenants or its key records (a hash lost): a load finding none while the state in
+force has some writes those back that the journal does not name as changed since (an
+operator deleting the last tenant is journaled, and stays deleted), only while the hash is
+still missing, then reads the store again (`_records_lost`).
 A worker of several (`server.workers`) keeps what it loaded in a file its siblings read
 (`last_state`, one file each): one started again while the store does not answer starts from
 the latest, degraded and as stale as it is, instead of refusing every request until the store
@@ -263,6 +267,8 @@ class TenantResolver:
                 if snap.policy is None and self._state.policy is not None and not any(
                         s.kind == "policy" for s in snap.skipped):
                     snap = await self._policy_lost(snap)
+                if not wiped and (lost := self._lost_kinds(snap)):
+                    snap = await self._records_lost(snap, lost)
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
@@ -338,6 +344,42 @@ class TenantResolver:
         again = await self._store.snapshot()
         self._whole_at = self._clock()
         return again if again.policy is not None else replace(snap, policy=lost)
+
+    def _lost_kinds(self, snap: StoreSnapshot) -> list[str]:
+        """What `snap` has none of while the state in force had some (none unreadable): its
+        tenants, its key records, or both."""
+        had = self._applied
+        if had is None:
+            return []
+        return [kind for kind, now, before in (("tenant", snap.tenants, had.tenants),
+                                               ("key", snap.keys, had.keys))
+                if before and not now and not any(s.kind == kind for s in snap.skipped)]
+
+    async def _records_lost(self, snap: StoreSnapshot, kinds: list[str]) -> StoreSnapshot:
+        """The store answers, its marker is there, but it holds no tenant or no key record
+        while the state in force has some: the last one deleted by an operator (journaled:
+        nothing to do), or the hash lost (deleted by hand, evicted). Write back the records
+        in force the journal does not name as changed since (`TenantStore.restore_lost`:
+        only while the hash is still missing, so one gateway does) and read the store
+        again."""
+        had = self._applied
+        assert had is not None
+        names = {"tenant": "tenants", "key": "API key records"}
+        for kind in kinds:
+            written = await self._store.restore_lost(kind, had)
+            if written is None:
+                log.error("tenancy store lost its %s while its bootstrap marker stayed, and "
+                          "its journal cannot tell which were deleted since generation %d: "
+                          "not written back (re-create them, or restore a backup)",
+                          names[kind], had.generation)
+            elif written:
+                log.error("tenancy store lost its %s (deleted, or evicted: run Redis with "
+                          "maxmemory-policy noeviction); wrote back %d of the state in force "
+                          "(generation %d)", names[kind], written, had.generation,
+                          extra={"kind": kind, "written": written})
+        again = await self._store.snapshot()
+        self._whole_at = self._clock()
+        return again
 
     def _wiped(self, mark: str | None) -> None:
         self._resets += 1

@@ -186,6 +186,16 @@ class TenantStore(ABC):
         that cannot be wiped (in memory) has nothing to restore."""
         return False
 
+    async def restore_lost(self, kind: str, snap: StoreSnapshot) -> int | None:
+        """The store kept its marker but lost every record of `kind` (``tenant`` or ``key``:
+        its hash deleted by hand, or evicted): write `snap`'s records of that kind back (the
+        state in force, read at `snap.generation`), only while there are still none (another
+        gateway may have done it first: 0) and leaving out every record changed since
+        `snap.generation` (an operator's deletion is never undone). The records written back;
+        None when the store cannot tell what changed since (nothing written). The default: a
+        store that cannot lose its records (in memory) has nothing to write back."""
+        return 0
+
     def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
         """Call `callback` after every change (from any replica). Returns an unsubscriber."""
         self._subscribers.append(callback)

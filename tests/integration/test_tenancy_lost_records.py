@@ -1,0 +1,150 @@
+"""A store that kept its bootstrap marker but lost its tenants hash or its keys hash (deleted
+by hand, or evicted by a Redis running an `allkeys-*` eviction policy): not a wipe. Every key
+used to get 401 from the next whole reload on while /readyz said all was well; the records in
+force are written back (by one gateway of two), and an operator's deletion is never undone."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio
+
+from gateway.admin import AdminToken
+from gateway.errors import AuthError
+from gateway.tenancy import (
+    RedisStore,
+    SaltDeriver,
+    StoreSnapshot,
+    Tenant,
+    TenantResolver,
+    bootstrap,
+    connect_redis,
+)
+from gateway.tenancy.redis_store import PRESENT
+from gateway.tenancy.resolver import WHOLE_RELOAD_S
+from tests.integration.test_admin_api import ADMIN_TOKEN, serve_admin
+from tests.integration.test_tenancy_wipe import POLICY, Clock
+from tests.support.gateway import AUTH_SECRET
+
+
+@asynccontextmanager
+async def two_gateways(redis_url: str) -> AsyncIterator[
+        tuple[list[TenantResolver], httpx.AsyncClient, list[int | None], Clock]]:
+    """Two resolvers, each on its own store client, the admin API on the first store; every
+    `restore_lost` answer is recorded. The clock moves only when a test moves it."""
+    clock = Clock()
+    stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
+    resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600, clock=clock)
+                 for s in stores]
+    written: list[int | None] = []
+    for store, resolver in zip(stores, resolvers, strict=True):
+        async def reseed(store: RedisStore = store) -> None:
+            await bootstrap(store, tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+        resolver.reseed_with(reseed)
+
+        async def restore_lost(kind: str, snap: StoreSnapshot,
+                               real: Callable[..., Any] = store.restore_lost) -> int | None:
+            written.append(await real(kind, snap))
+            return written[-1]
+        store.restore_lost = restore_lost  # type: ignore[method-assign]
+    await bootstrap(stores[0], tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+    try:
+        async for url in serve_admin(stores[0], [AdminToken("ops", ADMIN_TOKEN)]):
+            headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+            async with httpx.AsyncClient(base_url=f"{url}/admin", headers=headers) as admin:
+                yield resolvers, admin, written, clock
+    finally:
+        for resolver in resolvers:
+            await resolver.close()
+        for store in stores:
+            await store.close()
+
+
+async def make_key(admin: httpx.AsyncClient, tenant_id: str) -> str:
+    if tenant_id != "acme":
+        made = await admin.post("/tenants", json={"id": tenant_id, "tier": "free"})
+        assert made.status_code == 201, made.text
+    answer = await admin.post(f"/tenants/{tenant_id}/keys")
+    assert answer.status_code == 201, answer.text
+    key: str = answer.json()["key"]
+    return key
+
+
+async def reload_whole(resolvers: list[TenantResolver], clock: Clock) -> None:
+    """The next reload of each, a whole read (as every `WHOLE_RELOAD_S` even with no write)."""
+    clock.now += WHOLE_RELOAD_S + 1
+    assert all(await asyncio.gather(*(res.refresh() for res in resolvers)))
+
+
+@pytest.mark.parametrize("lost", ["kvgate:keys", "kvgate:tenants"])
+async def test_a_lost_hash_is_written_back_by_one_gateway(
+    redis_url: str, lost: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        key = await make_key(admin, "beta")
+        for resolver in resolvers:
+            await resolver.start()
+            assert resolver.authenticate(key).tenant_id == "beta"
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            stored = await r.hgetall(lost)
+            assert await r.delete(lost) == 1
+            assert await r.exists("kvgate:seeded")  # the marker stayed: no wipe
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await reload_whole(resolvers, clock)
+            for resolver in resolvers:  # was AuthError (401)
+                assert resolver.authenticate(key).tenant_id == "beta"
+                assert resolver.health().store_resets == 0
+            assert await r.hgetall(lost) == stored
+        finally:
+            await r.aclose()
+        assert sorted(n or 0 for n in written)[-1] == (2 if lost == "kvgate:tenants" else 1)
+        assert [n for n in written if n], written  # one gateway wrote back, the other found it
+        assert len([n for n in written if n]) == 1, written
+        assert caplog.text.count("tenancy store lost its") == 1, caplog.text
+
+
+async def test_an_operators_deletions_are_not_undone(redis_url: str,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The keys hash lost, then a tenant deleted through the admin API: the other tenants' keys
+    are written back, not the deleted tenant's. Every tenant deleted through the admin API
+    (the tenants hash gone, legitimately): nothing comes back."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        keys = {tid: await make_key(admin, tid) for tid in ("acme", "beta")}
+        for resolver in resolvers:
+            await resolver.start()
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert await r.delete("kvgate:keys") == 1
+            assert (await admin.delete("/tenants/beta")).status_code == 204
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await reload_whole(resolvers, clock)
+            assert sorted(await r.hkeys("kvgate:tenants")) == [PRESENT, "acme"]
+            for resolver in resolvers:
+                assert resolver.authenticate(keys["acme"]).tenant_id == "acme"
+                with pytest.raises(AuthError):
+                    resolver.authenticate(keys["beta"])
+            assert len(await r.hkeys("kvgate:keys")) == 2  # acme's key and PRESENT
+            assert not await r.exists("kvgate:tkeys:beta")
+            assert caplog.text.count("wrote back 1 of the state in force") == 1, caplog.text
+
+            caplog.clear()
+            written.clear()
+            assert (await admin.delete("/tenants/acme")).status_code == 204
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await reload_whole(resolvers, clock)
+            # the last record deleted leaves the hash with its PRESENT field: none was lost
+            assert await r.hkeys("kvgate:tenants") == await r.hkeys("kvgate:keys") == [PRESENT]
+            assert written and not any(written), written
+            for resolver in resolvers:
+                with pytest.raises(AuthError):
+                    resolver.authenticate(keys["acme"])
+            assert "lost its" not in caplog.text
+        finally:
+            await r.aclose()
