@@ -4,8 +4,8 @@ the records it changed, in one atomic step."""
 
 from __future__ import annotations
 
-__all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "PUT_POLICY",
-           "RESTORE_LOST", "REVOKE", "ROTATE_GROUP"]
+__all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "MARK_SEEDED",
+           "PUT_POLICY", "RESTORE_LOST", "REVOKE", "ROTATE_GROUP"]
 
 # Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
 # ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
@@ -100,4 +100,15 @@ RESTORE_LOST = (  # KEYS[3] the hash, KEYS[4..] each key's tkeys:<tenant> (keys 
     "if #back == 0 then return 0 end " + _BUMP
     + "for _, n in ipairs(back) do redis.call('LPUSH', KEYS[2], g .. ' ' .. ARGV[4] .. ' ' .. n) "
     f"end redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) return #back"
+)
+# The bootstrap marker (KEYS[1] the marker, KEYS[2] tenants, KEYS[3] keys; ARGV[1] the mark),
+# run on every gateway's start: a new marker (a first seed, or a wiped store seeded again)
+# comes with the hashes' "." field (`redis_store.PRESENT`); with the marker already there the
+# field is added only to a hash that exists (a store seeded before the field was kept), never
+# to a hash that is gone: a restarting gateway must not make a lost hash look emptied.
+MARK_SEEDED = (
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then "
+    "redis.call('HSET', KEYS[2], '.', '') redis.call('HSET', KEYS[3], '.', '') return 1 end "
+    "for i = 2, 3 do if redis.call('EXISTS', KEYS[i]) == 1 then "
+    "redis.call('HSETNX', KEYS[i], '.', '') end end return 0"
 )

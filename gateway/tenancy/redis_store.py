@@ -141,6 +141,7 @@ class RedisStore(TenantStore):
                 "policy": scripts.PUT_POLICY,
                 "group": scripts.ROTATE_GROUP,
                 "lost": scripts.RESTORE_LOST,
+                "mark": scripts.MARK_SEEDED,
             }.items()
         }
 
@@ -395,11 +396,8 @@ class RedisStore(TenantStore):
     async def mark_seeded(self) -> None:
         mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
         with redis_unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.hset(self._k("tenants"), PRESENT, "")
-                pipe.hset(self._k("keys"), PRESENT, "")
-                pipe.set(self._k("seeded"), mark, nx=True)
-                await pipe.execute()
+            await self._scripts["mark"](
+                keys=[self._k("seeded"), self._k("tenants"), self._k("keys")], args=[mark])
 
     async def seed_mark(self) -> str | None:
         with redis_unavailable():

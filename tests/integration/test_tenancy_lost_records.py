@@ -148,3 +148,55 @@ async def test_an_operators_deletions_are_not_undone(redis_url: str,
             assert "lost its" not in caplog.text
         finally:
             await r.aclose()
+
+
+async def test_a_store_seeded_before_the_field_gets_it_and_a_revoke_by_hand_stays(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A store seeded by a kvgate that kept no `PRESENT` field: the next gateway's start adds
+    it to the hashes there, so removing the last key record by hand (a revoke without the
+    admin API) leaves the hash and is not taken for a loss (the key would come back)."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        key = await make_key(admin, "acme")
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            await r.hdel("kvgate:tenants", PRESENT)
+            await r.hdel("kvgate:keys", PRESENT)  # the old layout: one key record left
+            for resolver in resolvers:
+                await resolver.start()
+                assert resolver.authenticate(key).tenant_id == "acme"
+            await bootstrap(RedisStore(r, listen=False), tenants=[], policy=None)  # a start
+            assert PRESENT in await r.hkeys("kvgate:keys")
+            (key_hash,) = [h for h in await r.hkeys("kvgate:keys") if h != PRESENT]
+            assert await r.hdel("kvgate:keys", key_hash) == 1  # revoked by hand
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await reload_whole(resolvers, clock)
+            for resolver in resolvers:
+                with pytest.raises(AuthError):
+                    resolver.authenticate(key)
+            assert await r.hkeys("kvgate:keys") == [PRESENT]
+            assert "lost its" not in caplog.text
+            assert not any(written), written
+        finally:
+            await r.aclose()
+
+
+async def test_a_gateway_starting_does_not_hide_a_lost_hash(redis_url: str) -> None:
+    """A gateway (re)started while the keys hash is lost must not create it empty (that would
+    read as every key revoked): the running gateways still write the records back."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        key = await make_key(admin, "beta")
+        for resolver in resolvers:
+            await resolver.start()
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert await r.delete("kvgate:keys") == 1
+            await bootstrap(RedisStore(r, listen=False),
+                            tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+            assert not await r.exists("kvgate:keys")
+            await reload_whole(resolvers, clock)
+            for resolver in resolvers:
+                assert resolver.authenticate(key).tenant_id == "beta"
+            assert len([n for n in written if n]) == 1, written
+        finally:
+            await r.aclose()
