@@ -7,7 +7,7 @@ revocation. Keys appear only in the 201 of key creation.
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Body, Path, Query, Response
 from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import AdminContext
@@ -16,6 +16,10 @@ from gateway.errors import BadRequest, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
 from gateway.tenancy.store import apply_tenant_changes
+
+# A tenant named in a path: no record's id can be anything else (and the Redis store's hashes
+# hold a "." field, `redis_store.PRESENT`, that no route may touch).
+TenantId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 __all__ = ["key_routes", "tenant_routes"]
 
@@ -55,7 +59,7 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
                 "last_id": tenants[-1].id if tenants else None, "has_more": more}
 
     @router.get("/tenants/{tenant_id}")
-    async def get_tenant(tenant_id: str, who: Who) -> dict[str, Any]:
+    async def get_tenant(tenant_id: TenantId, who: Who) -> dict[str, Any]:
         return await ctx.view(await ctx.tenant(tenant_id))
 
     _tenant_update_routes(router, ctx, Who)
@@ -65,7 +69,7 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
     """A tenant changed, deleted or its salt rotated."""
 
     @router.patch("/tenants/{tenant_id}")
-    async def patch_tenant(tenant_id: str, body: TenantPatch, who: Who) -> dict[str, Any]:
+    async def patch_tenant(tenant_id: TenantId, body: TenantPatch, who: Who) -> dict[str, Any]:
         changes = body.changes()
         if not changes:  # nothing to change: no write, nothing to audit
             return await ctx.view(await ctx.tenant(tenant_id))
@@ -83,14 +87,14 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
         return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
-    async def delete_tenant(tenant_id: str, who: Who) -> Response:
+    async def delete_tenant(tenant_id: TenantId, who: Who) -> Response:
         if not await ctx.store.delete_tenant(tenant_id):
             raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         await ctx.audit(who, "tenant.delete", tenant_id)
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")
-    async def rotate_salt(tenant_id: str, who: Who, empty: Empty = None) -> dict[str, Any]:
+    async def rotate_salt(tenant_id: TenantId, who: Who, empty: Empty = None) -> dict[str, Any]:
         rotation = await ctx.store.rotate_salt(tenant_id)
         await ctx.audit(
             who,
@@ -116,7 +120,7 @@ def _changed(old: Tenant, new: Tenant) -> list[str]:
 
 def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     @router.post("/tenants/{tenant_id}/keys", status_code=201)
-    async def create_key(tenant_id: str, who: Who, empty: Empty = None) -> JSONResponse:
+    async def create_key(tenant_id: TenantId, who: Who, empty: Empty = None) -> JSONResponse:
         key, key_id = generate_key(), new_key_id()
         record = KeyRecord(
             key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
@@ -127,7 +131,7 @@ def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
-    async def revoke_key(tenant_id: str, key_id: str, who: Who) -> Response:
+    async def revoke_key(tenant_id: TenantId, key_id: str, who: Who) -> Response:
         if not await ctx.store.revoke_key(tenant_id, key_id):
             raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
         await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)

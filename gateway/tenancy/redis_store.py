@@ -215,6 +215,8 @@ class RedisStore(TenantStore):
         raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
 
     async def _get_raw(self, tenant_id: str) -> str | None:
+        if tenant_id == PRESENT:
+            return None
         with redis_unavailable():
             raw = await self._r.hget(self._k("tenants"), tenant_id)
         return None if raw is None else text(raw)

@@ -200,3 +200,18 @@ async def test_a_gateway_starting_does_not_hide_a_lost_hash(redis_url: str) -> N
             assert len([n for n in written if n]) == 1, written
         finally:
             await r.aclose()
+
+
+async def test_the_present_field_is_no_tenant(redis_url: str) -> None:
+    async with two_gateways(redis_url) as (_resolvers, admin, _written, _clock):
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            for method, path in (("GET", "/tenants/%2E"), ("DELETE", "/tenants/%2E"),
+                                 ("PATCH", "/tenants/%2E"), ("POST", "/tenants/%2E/keys")):
+                answer = await admin.request(method, path, json={"tier": "free"})
+                assert answer.status_code in (400, 404), (method, path, answer.text)
+            assert PRESENT in await r.hkeys("kvgate:tenants")
+        finally:
+            await r.aclose()
+        listed = (await admin.get("/tenants")).json()
+        assert [t["id"] for t in listed["data"]] == ["acme"]
