@@ -8,11 +8,15 @@ tasks, one raw connection each:
 - the publisher takes the router's outbox (chains it routed) and the own loads that changed
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
   ``heartbeat_s``) and appends one entry (XADD, approximate trim): at once when a route is
-  queued or a request ends after a quiet ``flush_interval_ms``, else once per interval. While
-  some of its load is out there (requests in flight) it ticks every interval and reads the
-  new entries in the same round trip (XREAD pipelined after the XADD);
+  queued or a request ends after a quiet ``flush_interval_ms``, or when the route is one a
+  higher-ranked peer may be holding a pick for (`Router.on_urgent`), else once per interval.
+  While some of its load is out there (requests in flight) it ticks every interval and reads
+  the new entries in the same round trip (XREAD pipelined after the XADD);
 - the reader blocks on XREAD while the publisher does not read (nothing in flight here: the
-  first entry after a quiet spell is applied at once), at most once per interval.
+  first entry after a quiet spell is applied at once), at most once per interval; and while
+  a pick is held here (`Router.holding`) it reads at once, so the lower ranks' picks of the
+  same instant are applied a round trip after they are written: the held picks wait a hold
+  window (``hold_window_ms``), not the batches' sync window.
 
 Either way a read returns at most ``max_entries_per_tick`` entries, which are applied before
 the loop yields to the event loop, so a burst after an outage never stalls request handling;
