@@ -1,18 +1,23 @@
 """How late a peer's pick reaches a gateway live, the figure the held picks' window stands for
-(`Router.defer_s`: rank r holds a contested pick r windows, the window being how late a pick of
-the same instant by a lower rank is applied here).
+(`Router.defer_s`: rank r holds a contested pick r hold windows, the hold window being how late
+a pick of the same instant by a lower rank is applied here), and whether it is long enough.
 
-    python -m loadtest.held_lag [--gateways N] [--flush-ms 5,10,20] [--rounds R]
-                                [--seconds S] [--rate Q] [--burst K]
+    python -m loadtest.held_lag [--gateways N] [--flush-ms 5,10,20] [--hold-ms 10,20]
+                                [--rounds R] [--seconds S] [--rate Q] [--burst K]
 
-N routers in one process, each with its real `RouteSync` over one real redis-server of its
-own; a background load of Q requests/s spread over them (the `sync_cost` conversations, each in
-flight 100 ms: the publishers tick and read once per interval, as a busy gateway's do), and
-every 100 ms a burst: each router picks K new prompts at the same instant. For each route of a
-burst, the time from its pick to its application by each peer (``pick->apply``), and the
-apply lag the gateways report (`SyncStats.lag`: written to Redis -> applied, Redis's clock);
-the process's CPU per routed request and Redis commands per second. Flush intervals alternate
-in each round (a shared machine's drift hits each alike)."""
+N routers in one process, each with its real `RouteSync` over one real redis-server, picks held
+as a gateway holds them (`sync.hold_picks`); a background load of Q requests/s spread over them
+(the `sync_cost` conversations, each in flight 100 ms: the publishers tick and read once per
+interval, as a busy gateway's do), and every 100 ms a burst: each router gets K new prompts at
+the same instant and, as `Preparer` does, picks each at once or holds it `defer_s` (then says
+so: `Router.holding`). For each route of a burst, the time from its pick to its application by
+each peer (``pick->apply``), and by each higher-ranked peer (the ones that may hold for it);
+the share of the lower ranks' burst picks applied before a held pick of the same burst was
+made (``seen``) and the mean hold; the apply lag the gateways report (`SyncStats.lag`: written
+to Redis -> applied, Redis's clock); the process's CPU per routed request and Redis commands
+per second. Settings alternate in each round (a shared machine's drift hits each alike). One
+process for all routers: each one's work delays the others' (a gateway has a process of its
+own), so the tails are longer than a fleet's."""
 
 from __future__ import annotations
 
