@@ -334,12 +334,11 @@ class RouteSync:
                 self._set_calm(True)  # the reader finds out when Redis is back
                 await asyncio.sleep(RETRY_S)
                 continue
-            received = self._redis_clock.clock()
             if fields is not None:
                 self.stats.published += 1
                 self._write_failed = False
                 self._check_order(replies[0])
-                self._redis_clock.sample(sent, received, replies[0])
+                self._redis_clock.sample(sent, self._redis_clock.clock(), replies[0])
             self._answered()
             if reads:
                 self._take(replies[-1])
