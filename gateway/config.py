@@ -229,9 +229,12 @@ class SyncSection(_Section):
     catchup_entries: Annotated[int, Field(ge=0)] = 5_000  # routes read at start (warm start)
     max_entries_per_tick: Annotated[int, Field(ge=1)] = 256  # applied per event-loop turn
     timeout_s: Pos = 1.0  # per Redis call; then degraded
-    # in a burst, hold a contested pick rank x the sync window (docs/shared-state.md,
+    # in a burst, hold a contested pick rank x the hold window (docs/shared-state.md,
     # "Deferred picks"); off: the gateways take turns instead (as under flow control)
     hold_picks: bool = True
+    # how late a peer's contested pick is applied here at most: such routes are published
+    # and, while a pick is held, read at once (never more than the sync window)
+    hold_window_ms: Annotated[float, Field(gt=0, le=1000)] = 20.0
 
     @model_validator(mode="after")
     def _stale_after_heartbeats(self) -> SyncSection:

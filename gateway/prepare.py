@@ -167,6 +167,7 @@ class Preparer:
         wait = self._router.defer_s(plan.features, plan.views, now)
         if wait <= 0.0:
             return plan
+        self._router.holding(now + wait)  # peers' records are read at once meanwhile
         t0 = perf_counter()
         waits: list[asyncio.Future[object]] = [asyncio.ensure_future(asyncio.sleep(wait))]
         if gone is not None:

@@ -204,6 +204,7 @@ def _route_sync(
         catchup_entries=sc.catchup_entries, max_entries_per_tick=sc.max_entries_per_tick,
         timeout_s=sc.timeout_s,
         defer=sc.hold_picks and not cfg.flow.enabled,  # flow control picks on its own
+        hold_window_s=sc.hold_window_ms / 1000.0,
     )
 
     def own_loads() -> dict[str, ReplicaLoad]:

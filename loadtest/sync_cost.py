@@ -163,7 +163,7 @@ class _Own:
         work = self.router.own_load(replica) if n else 0.0
         self.loads[replica] = ReplicaLoad(n, p, t, work)
 
-    def route(self, f: RequestFeatures, now: float) -> str:
+    def route(self, f: RequestFeatures, now: float, held: bool = False) -> str:
         while self._prefill and self._prefill[0][0] <= now:
             _, replica, tokens = self._prefill.popleft()
             c = self._counts[replica]
@@ -175,7 +175,7 @@ class _Own:
             self.router.record_answered(replica, done, now)
             self._counts[replica][0] -= 1
             self._set(replica)
-        decision = self.router.pick(f, list(self.views.values()), now)
+        decision = self.router.pick(f, list(self.views.values()), now, held=held)
         replica = decision.replica
         self.router.record_route(replica, f, now)
         c = self._counts[replica]
@@ -397,6 +397,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="off,streams", help="comma-separated: off, streams, pubsub")
     p.add_argument("--flush-ms", type=float, default=SyncSettings().flush_interval_s * 1000,
                    help="sync.flush_interval_ms (streams)")
+    p.add_argument("--hold-picks", action="store_true",
+                   help="the routers' callers would hold contested picks (`sync.hold_picks`, "
+                        "the live default; the picks here are not held): urgent routes are "
+                        "published at once")
     p.add_argument("--stickiness", action="store_true",
                    help="instead: conversation stickiness across the two routers (simulated "
                         "time, no Redis) without sharing and at flush intervals 5-40 ms")
@@ -419,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                       for w in (None, 0.005, 0.01, 0.02, 0.04)]
             print(f"{rate:.0f} requests/s: " + ", ".join(shares), flush=True)
         return 0
-    settings = SyncSettings(flush_interval_s=args.flush_ms / 1000)
+    settings = SyncSettings(flush_interval_s=args.flush_ms / 1000, defer=args.hold_picks)
     modes = args.modes.split(",")
     runs: dict[str, list[Measured]] = {m: [] for m in modes}
     with redis_server() as url:

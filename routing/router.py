@@ -95,6 +95,14 @@ class Router:
         # matching those blocks waits for that peer's prefill (`PickContext.peer_computing`)
         self.peer_computing: dict[str, deque[PeerComputing]] = {}
         self._window = 0.0  # peers' records arrive about this late (`enable_sharing`)
+        # ... and the record of a pick a peer may be holding for this late (`defer_s`): the
+        # caller publishes such a route at once (`on_urgent`) and reads at once while it
+        # holds a pick (`holding`), not once per batching interval
+        self._hold_window = 0.0
+        self.on_urgent: Callable[[], None] | None = None  # such a route is in the outbox
+        self.on_hold: Callable[[], None] | None = None  # a pick is held until `held_until`
+        self.held_until = float("-inf")
+        self._urgent: RequestFeatures | None = None  # a pick peers may hold for (`_context`)
         self._recent: deque[tuple[float, str]] = deque()  # own routes within the window
         self._recent_counts: dict[str, int] = {}  # ... per replica
         self._ranked_members: tuple[str, ...] | None = None  # `_rank` for these live peers
@@ -107,19 +115,32 @@ class Router:
 
     # -- shared state ---------------------------------------------------------------------------
     def enable_sharing(
-        self, stale_after_s: float, member: str, window_s: float = 0.0, defer: bool = False
+        self, stale_after_s: float, member: str, window_s: float = 0.0, defer: bool = False,
+        hold_window_s: float | None = None,
     ) -> None:
         """Publish routed chains to `outbox`; accept other gateways' records. ``member``:
         this gateway's id in the shared state (as its peers know it); ``window_s``: how
         late the others' records usually arrive (publish batching + transit); ``defer``: the
         caller asks `defer_s` before each pick, holds the request that long and then says
-        so (`pick(held=True)`: a held pick takes no turn)."""
+        so (`pick(held=True)`: a held pick takes no turn); ``hold_window_s``: how late the
+        record of a pick peers may hold for arrives, at most ``window_s`` (the caller
+        publishes such a route at once, `on_urgent`, and reads at once while it holds a
+        pick, `holding`; default ``window_s``: every record equally late, as offline)."""
         self.peers = PeerLoads(stale_after_s)
         self.member = member
         self._window = window_s
+        self._hold_window = window_s if hold_window_s is None else min(hold_window_s, window_s)
         contested = getattr(self.policy, "contested", None)
         self._defers = defer and window_s > 0.0 and contested is not None
         self._contested = contested
+
+    def holding(self, until: float) -> None:
+        """The caller holds a pick until ``until`` (as `defer_s` asked): peers' records of
+        the same instant should be read as soon as they exist, not at the next batch."""
+        if until > self.held_until:
+            self.held_until = until
+        if self.on_hold is not None:
+            self.on_hold()
 
     @property
     def defers(self) -> bool:
@@ -274,7 +295,9 @@ class Router:
         and routes knowing their sizes, without a turn. Rank 0 never waits, nor one
         gateway, nor a pick for its prefix's holder, nor one outside a burst (it takes its
         turn: holding every contested pick cost the synthetic workload's tail the wait
-        itself). At most (N - 1) windows. (docs/shared-state.md, "Deferred picks")"""
+        itself). At most (N - 1) windows. The window here is the hold window
+        (`enable_sharing`): such picks' records are published and read at once, not
+        batched. (docs/shared-state.md, "Deferred picks")"""
         if not self._defers:
             return 0.0
         rank, gateways = self._rank(now)
@@ -285,7 +308,7 @@ class Router:
         contested = self._contested
         if contested is None or not contested(self._context(features, views, now, False)[0]):
             return 0.0
-        return rank * self._window * _DEFER_MARGIN
+        return rank * self._hold_window * _DEFER_MARGIN
 
     def _context(
         self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool,
@@ -322,9 +345,28 @@ class Router:
             turn, order = self._turn(healthy, peer_loads, now, rank, gateways)
             if held:  # a held pick sees the lower ranks' picks instead (`defer_s`)
                 order = None
+            if self._defers and not explain and rank < gateways - 1:
+                # a contested pick (held, or taking a turn) is one a higher rank may be
+                # holding a pick for: its route goes out at once (`record_route`)
+                if held:
+                    self._urgent = features
+                elif order is not None:
+                    order = self._flagged(order, features)
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
                           peer_loads, peer_computing)
         return ctx, used_peers
+
+    def _flagged(
+        self, order: Callable[[], tuple[str, ...]], features: RequestFeatures
+    ) -> Callable[[], tuple[str, ...]]:
+        """``order``, marking the pick urgent when the policy asks for it: it does only
+        when several candidates are about as good (a contested pick)."""
+
+        def flagged() -> tuple[str, ...]:
+            self._urgent = features
+            return order()
+
+        return flagged
 
     def _set_capacity(self, replica: str, tokens: int) -> None:
         self._capacity_tokens[replica] = tokens
@@ -353,6 +395,10 @@ class Router:
                     self.on_outbox()
                 # built in C: a named tuple's own __new__ is Python code, and this runs per request
                 self.outbox.append(tuple.__new__(RouteRecord, (replica, hashes, tail)))
+                if features is self._urgent:
+                    self._urgent = None
+                    if self.on_urgent is not None:
+                        self.on_urgent()
         if self._window > 0:
             recent = self._recent
             if recent and recent[0][0] <= now - self._window:  # (`pick` pruned it already)

@@ -8,11 +8,15 @@ tasks, one raw connection each:
 - the publisher takes the router's outbox (chains it routed) and the own loads that changed
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
   ``heartbeat_s``) and appends one entry (XADD, approximate trim): at once when a route is
-  queued or a request ends after a quiet ``flush_interval_ms``, else once per interval. While
-  some of its load is out there (requests in flight) it ticks every interval and reads the
-  new entries in the same round trip (XREAD pipelined after the XADD);
+  queued or a request ends after a quiet ``flush_interval_ms``, or when the route is one a
+  higher-ranked peer may be holding a pick for (`Router.on_urgent`), else once per interval.
+  While some of its load is out there (requests in flight) it ticks every interval and reads
+  the new entries in the same round trip (XREAD pipelined after the XADD);
 - the reader blocks on XREAD while the publisher does not read (nothing in flight here: the
-  first entry after a quiet spell is applied at once), at most once per interval.
+  first entry after a quiet spell is applied at once), at most once per interval; and while
+  a pick is held here (`Router.holding`) it reads at once, so the lower ranks' picks of the
+  same instant are applied a round trip after they are written: the held picks wait a hold
+  window (``hold_window_ms``), not the batches' sync window.
 
 Either way a read returns at most ``max_entries_per_tick`` entries, which are applied before
 the loop yields to the event loop, so a burst after an outage never stalls request handling;
@@ -33,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import time
@@ -59,6 +64,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # back-off after a failed Redis call
 _BLOCK_S = 0.5  # the reader's XREAD BLOCK
+_BLOCK_MS = int(_BLOCK_S * 1000)
 # the sync window's floor (`SyncSettings.window_s`): a peer's pick is applied here 14-18 ms
 # after it at p99 live with a 5 ms flush interval, not the two intervals' 10 ms
 MIN_WINDOW_S = 0.02
@@ -80,19 +86,32 @@ class SyncSettings:
     catchup_entries: int = 5_000
     max_entries_per_tick: int = 256
     timeout_s: float = 1.0
-    # the gateway holds a contested pick rank x the window before making it
+    # the gateway holds a contested pick rank x the hold window before making it
     # (`routing.router.Router.defer_s`; off while flow control schedules the picks)
     defer: bool = False
+    # how late the record of a pick a peer may hold for is applied, at most: such a route is
+    # published at once and read at once by a gateway holding a pick (`hold_s`)
+    hold_window_s: float = 0.02
 
     @property
     def window_s(self) -> float:
-        """How late a peer's pick of the same instant is applied here, at most (p99): the
-        sync window of the held picks and the turns. Up to an interval in the publisher's
-        outbox, up to one more before a busy reader's next read, and transit and event-loop
-        delays that do not shrink with the interval: measured live (`loadtest.held_lag`,
-        docs/shared-state.md "Deferred picks") p99 39 ms at 20 ms, 21 ms at 10 ms, 14-18 ms
-        at 5 ms; so two intervals, never less than MIN_WINDOW_S."""
+        """How late a peer's batched record is applied here, at most (p99): the sync window
+        of the bursts and the turns (the held picks wait `hold_s`). Up to an interval in the
+        publisher's outbox, up to one more before a busy reader's next read, and transit and
+        event-loop delays that do not shrink with the interval: measured live
+        (`loadtest.held_lag`, round 7) p99 39 ms at 20 ms, 21 ms at 10 ms, 14-18 ms at 5 ms;
+        so two intervals, never less than MIN_WINDOW_S."""
         return max(2 * self.flush_interval_s, MIN_WINDOW_S)
+
+    @property
+    def hold_s(self) -> float:
+        """The held picks' window: rank r holds a contested pick r x this. The routes of the
+        picks peers may hold for (contested ones) are published at once, not batched, and a
+        gateway holding a pick reads at once: a round trip and the event loops' delays, not
+        the batches' intervals: 2-7 ms at the median and covered by 20 ms in the harness's
+        loaded process (`loadtest.held_lag`, docs/shared-state.md "The live window"). Never
+        more than the sync window (a record a batch late)."""
+        return min(self.hold_window_s, self.window_s)
 
 
 @dataclass(slots=True)
@@ -161,11 +180,18 @@ class RouteSync:
         # gateways hold their contested picks until the lower ranks' have arrived
         # (routing.router.Router.defer_s), or take turns over equally good replicas (`_turn`)
         router.enable_sharing(settings.stale_after_s, self.member, settings.window_s,
-                              settings.defer)
+                              settings.defer, settings.hold_s)
         self._wake = asyncio.Event()
         router.on_outbox = self._wake.set
+        # a route a peer may hold a pick for is queued: publish it now, not at the next tick
+        self._urged = asyncio.Event()
+        router.on_urgent = self._urge
         self._calm = asyncio.Event()  # set while the publisher does not read (the reader does)
         self._calm.set()
+        # the reader's wake-up: the publisher stopped reading, or a pick is held here (the
+        # reader then reads at once, blocking until the next entry or the hold's end)
+        self._go = asyncio.Event()
+        router.on_hold = self._go.set
         # the publisher's last call failed: a read that goes through does not make the sharing
         # up (a Redis out of memory, or a replica after a failover, answers reads and refuses
         # writes: "up" on every read was a warning and an info line every half second)
@@ -176,6 +202,17 @@ class RouteSync:
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
         self._wake.set()
+
+    def _urge(self) -> None:
+        self._urged.set()
+        self._wake.set()
+
+    def _set_calm(self, calm: bool) -> None:
+        if calm:
+            self._calm.set()
+            self._go.set()
+        else:
+            self._calm.clear()
 
     @property
     def degraded(self) -> bool:
@@ -259,7 +296,7 @@ class RouteSync:
         Redis call per interval, however many requests and peers there are."""
         loop = asyncio.get_running_loop()
         interval, heartbeat = self.settings.flush_interval_s, self.settings.heartbeat_s
-        wake, calm = self._wake, self._calm
+        wake, urged = self._wake, self._urged
         last = float("-inf")
         while True:
             if not (wake.is_set() or self._published):  # quiet: a wake or the heartbeat
@@ -268,18 +305,18 @@ class RouteSync:
                 await wake.wait()
                 tick.cancel()
             early = last + interval - loop.time()
-            if early > 0:  # the next tick (a wake meanwhile waits for it)
-                await asyncio.sleep(early)
+            if early > 0 and not urged.is_set():  # the next tick (a wake meanwhile waits
+                with contextlib.suppress(TimeoutError):  # for it, an urgent route does not)
+                    async with asyncio.timeout(early):
+                        await urged.wait()
             wake.clear()
+            urged.clear()
             last = loop.time()
             fields = self._batch(self._clock())
             reads = bool(self._published) and self.stats.up
-            if reads:
-                calm.clear()
-            else:
-                calm.set()
-                if fields is None:
-                    continue
+            self._set_calm(not reads)
+            if not reads and fields is None:
+                continue
             commands = [self._xadd_args(fields)] if fields is not None else []
             if reads:
                 commands.append((b"XREAD", b"COUNT", self.settings.max_entries_per_tick,
@@ -294,7 +331,7 @@ class RouteSync:
                 self._published.clear()  # re-send the whole load once Redis is back
                 self._last_beat = float("-inf")
                 self._down(exc)
-                calm.set()  # the reader finds out when Redis is back
+                self._set_calm(True)  # the reader finds out when Redis is back
                 await asyncio.sleep(RETRY_S)
                 continue
             if fields is not None:
@@ -351,19 +388,30 @@ class RouteSync:
         flight: the first entry after a quiet spell is applied at once); at most one read per
         flush interval (every entry written meanwhile comes back in one reply, our own too:
         one stream); a full read (a backlog) is followed by the next at once, after yielding
-        to the event loop."""
+        to the event loop. While a pick is held here (`Router.holding`) it reads at once,
+        whatever the publisher does, each XREAD blocking until the next entry or the hold's
+        end: a peer's pick of the same instant, published at once, is applied about a round
+        trip after its pick, not an interval or two."""
         loop = asyncio.get_running_loop()
         interval = self.settings.flush_interval_s
-        block_ms = int(_BLOCK_S * 1000)
         count = self.settings.max_entries_per_tick
-        calm = self._calm
+        calm, go = self._calm, self._go
         last = float("-inf")
         while True:
-            if not calm.is_set():
-                await calm.wait()  # the publisher reads (pipelined with its batches)
-            early = last + interval - loop.time()
-            if early > 0:
-                await asyncio.sleep(early)
+            go.clear()
+            held = self._router.held_until - self._clock()
+            if held > 0:
+                block_ms = max(1, min(_BLOCK_MS, math.ceil(held * 1000)))
+            elif not calm.is_set():
+                await go.wait()  # the publisher reads (pipelined with its batches)
+                continue
+            elif (early := last + interval - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(early):
+                        await go.wait()  # (a pick held meanwhile is read for at once)
+                continue
+            else:
+                block_ms = _BLOCK_MS
             last = loop.time()
             try:
                 reply = await self._in.call(b"XREAD", b"COUNT", count, b"BLOCK", block_ms,

@@ -112,3 +112,69 @@ def test_a_deferred_pick_sees_the_peers_pick_of_the_same_instant() -> None:
     load = ReplicaLoad(1, 1, fa.prompt_tokens, a.own_load(picked))
     b.apply_peer_load("a", {picked: load}, 1.0 + WINDOW)
     assert b.pick(fb, _views(), 1.0 + wait, held=True).replica != picked
+
+
+def test_the_hold_is_rank_x_the_hold_window_and_a_burst_lasts_the_sync_window() -> None:
+    """Records of the picks peers hold for arrive a hold window late (published and read at
+    once), the others a sync window late (batched): rank r holds r hold windows, and a
+    peer's route applied after the hold window but within the sync window still makes a
+    burst."""
+    hold = WINDOW / 4
+    routers = [Router(RouterConfig()) for _ in range(4)]
+    for name, router in zip(NAMES, routers, strict=True):
+        router.enable_sharing(2.0, name, WINDOW, True, hold)
+        for other in NAMES.replace(name, ""):
+            router.apply_peer_load(other, {}, 0.0)
+        router.apply_peer_routes([RouteRecord("r7", (777_777,), 0)], "d", 1.0 - WINDOW / 2)
+    waits = [router.defer_s(_features(1), _views(), 1.0) for router in routers]
+    assert waits == pytest.approx([0.0, hold, 2 * hold, 3 * hold], rel=0.01)
+    # never more than the sync window
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "b", WINDOW, True, 5 * WINDOW)
+    router.apply_peer_load("a", {}, 0.0)
+    _in_a_burst(router, 1.0)
+    assert router.defer_s(_features(1), _views(), 1.0) == pytest.approx(WINDOW, rel=0.01)
+
+
+def _urgent_routes(router: Router, picks: list[tuple[RequestFeatures, bool]]) -> list[bool]:
+    """For each (request, held) picked and routed in turn at 1.0, whether its route asked to
+    go out at once (`Router.on_urgent`)."""
+    out: list[bool] = []
+    for f, held in picks:
+        calls: list[int] = []
+        router.on_urgent = lambda calls=calls: calls.append(1)
+        decision = router.pick(f, _views(), 1.0, held=held)
+        router.record_route(decision.replica, f, 1.0)
+        out.append(bool(calls))
+    return out
+
+
+def test_a_contested_pick_a_higher_rank_may_hold_for_goes_out_at_once() -> None:
+    """Rank 2 of 4: a cold pick on an idle fleet (contested: it takes a turn) and a held one
+    are urgent; a conversation's next turn on its holder is not (one candidate, no turn)."""
+    router = _fleet(4)[2]
+    cold, held = _features(1), _features(5_000)
+    nxt = _features(1, blocks=48)  # `cold`'s chain grown: its holder wins outright
+    assert _urgent_routes(router, [(cold, False), (held, True), (nxt, False)]) == [
+        True, True, False]
+
+
+@pytest.mark.parametrize("who", ["top rank", "no defer", "alone"])
+def test_nobody_holds_for_the_top_rank_nor_without_held_picks(who: str) -> None:
+    if who == "top rank":  # rank 3 of 4: no gateway ranks above it
+        router = _fleet(4)[3]
+    elif who == "no defer":  # nobody holds picks: nothing to hurry for
+        router = _fleet(4, defer=False)[0]
+    else:
+        router = _fleet(1)[0]
+    assert _urgent_routes(router, [(_features(1), False), (_features(5_000), True)]) == [
+        False, False]
+
+
+def test_holding_tells_the_caller_until_when() -> None:
+    router = _fleet(2)[1]
+    calls: list[float] = []
+    router.on_hold = lambda: calls.append(router.held_until)
+    router.holding(1.5)
+    router.holding(1.2)  # an earlier end does not shorten the one held longer
+    assert calls == [1.5, 1.5] and router.held_until == 1.5
