@@ -51,12 +51,15 @@ fleet's (`_in_burst`).
 
 A request opening a new context (an agent session, a conversation: its longest match ends on
 no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
-its replica, which the load bound sees only as they arrive. On a replica carrying more live
-contexts (ones calling back every few seconds) than the pool mean it is charged up to
-``session_ramp_tokens`` of prefill at r's rate, rising from the mean to ``session_ramp_factor``
-x mean + ``session_ramp_slack``, while the mean is at least ``session_ramp_min_mean``: new
-sessions spread before their holder reaches the bound, which would refuse the sessions' next
-calls (each recomputing its whole context elsewhere). Continued contexts are never charged.
+its replica, which the load bound sees only as they arrive. On a replica whose foreseen load
+is above the pool mean it is charged up to ``session_ramp_tokens`` of prefill at r's rate,
+rising from the mean to ``session_ramp_factor`` x mean + ``session_ramp_slack``, while the
+pool's mean live contexts are at least ``session_ramp_min_mean``: new sessions spread before
+their holder reaches the bound, which would refuse the sessions' next calls (each recomputing
+its whole context elsewhere). The foreseen load is counted as the bound counts, in requests in
+flight: the larger of r's in flight now and its live contexts (ones calling back every few
+seconds) x the share of live contexts that did come back (`_ramp`). Continued contexts are
+never charged.
 """
 
 from __future__ import annotations
