@@ -272,3 +272,31 @@ def test_a_new_context_is_not_sent_to_a_busier_holder_than_the_one_carrying_live
     picks = {router.pick(feats(TOOLS + f"new conversation {k} " * 40), vs, 3.0).replica
              for k in range(20)}
     assert picks == {"r0"}
+
+
+def test_live_contexts_count_as_much_as_live_contexts_came_back() -> None:
+    # Ten conversations went live on r0 and then quiet, none calling again (a tenant's
+    # conversations retired by newer ones): three live on r0 now foresee no calls, and a
+    # new context may go to r0 as to r1. Counted in full they charged r0, every time.
+    router = Router(RouterConfig(session_ramp_tokens=8_192.0))
+    vs = views(2)
+    for r in ("r0", "r1"):
+        router.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+
+    def converse(c: int, start: float) -> None:
+        prompt = TOOLS + f"conversation {c} " * 40
+        for turn in range(3):
+            router.pick(feats(prompt), vs, start + turn)
+            router.record_route("r0", feats(prompt), start + turn)
+            prompt += f" turn {turn} of conversation {c} " * 20
+
+    for c in range(10):
+        converse(c, 0.0)
+    for c in range(10, 13):
+        converse(c, 20.0)  # the ten went quiet meanwhile
+    sessions = router.policy._sessions  # type: ignore[attr-defined]
+    assert dict(sessions.live(23.0)) == {"r0": 3}
+    assert sessions.returning == 0.0
+    picks = {router.pick(feats(TOOLS + f"new conversation {k} " * 40), vs, 23.0).replica
+             for k in range(20)}
+    assert "r0" in picks
