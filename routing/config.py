@@ -52,10 +52,12 @@ class RouterConfig:
     miss_weight: float = 2.0
     pending_ttl_s: float = 120.0
     # cache_aware: a request opening a new context (its longest match ends on no earlier
-    # request's prompt) on a replica carrying more live contexts (back twice in a row, each
-    # within session_window_s, the latest within it) than the pool mean is charged up to
-    # session_ramp_tokens of prefill, rising from the mean to session_ramp_factor x mean +
-    # session_ramp_slack; only while the mean is at least session_ramp_min_mean (0 = off)
+    # request's prompt) on a replica whose foreseen load is above the pool mean is charged up
+    # to session_ramp_tokens of prefill, rising from the mean to session_ramp_factor x mean +
+    # session_ramp_slack; the foreseen load is the larger of its requests in flight and its
+    # live contexts (back twice in a row, each within session_window_s, the latest within it)
+    # x the share of live contexts that came back; only while the pool's mean live contexts
+    # x that share is at least session_ramp_min_mean (0 = off)
     session_ramp_tokens: float = 8_192.0
     session_window_s: float = 8.0
     session_ramp_factor: float = 2.0

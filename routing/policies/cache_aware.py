@@ -51,12 +51,15 @@ fleet's (`_in_burst`).
 
 A request opening a new context (an agent session, a conversation: its longest match ends on
 no earlier request's prompt, `routing.policies.sessions`) commits the calls that follow it to
-its replica, which the load bound sees only as they arrive. On a replica carrying more live
-contexts (ones calling back every few seconds) than the pool mean it is charged up to
-``session_ramp_tokens`` of prefill at r's rate, rising from the mean to ``session_ramp_factor``
-x mean + ``session_ramp_slack``, while the mean is at least ``session_ramp_min_mean``: new
-sessions spread before their holder reaches the bound, which would refuse the sessions' next
-calls (each recomputing its whole context elsewhere). Continued contexts are never charged.
+its replica, which the load bound sees only as they arrive. On a replica whose foreseen load
+is above the pool mean it is charged up to ``session_ramp_tokens`` of prefill at r's rate,
+rising from the mean to ``session_ramp_factor`` x mean + ``session_ramp_slack``, while the
+pool's mean live contexts are at least ``session_ramp_min_mean``: new sessions spread before
+their holder reaches the bound, which would refuse the sessions' next calls (each recomputing
+its whole context elsewhere). The foreseen load is counted as the bound counts, in requests in
+flight: the larger of r's in flight now and its live contexts (ones calling back every few
+seconds) x the share of live contexts that did come back (`_ramp`). Continued contexts are
+never charged.
 """
 
 from __future__ import annotations
@@ -237,24 +240,33 @@ class CacheAware:
 
     def _ramp(self, ctx: PickContext, rows: list[_Row]) -> list[_Row]:
         """A new context commits the calls that will follow it to its replica: on a replica
-        carrying more live contexts than the pool mean, charge it up to
-        ``session_ramp_tokens`` of prefill, in full at ``session_ramp_factor`` x mean +
-        ``session_ramp_slack``, so that new sessions spread before their holder reaches the
-        load bound (which would then refuse the sessions' next calls, each recomputing its
-        whole context elsewhere)."""
+        whose foreseen load is above the pool mean, charge it up to ``session_ramp_tokens``
+        of prefill, in full at ``session_ramp_factor`` x mean + ``session_ramp_slack``, so
+        that new sessions spread before their holder reaches the load bound (which would
+        then refuse the sessions' next calls, each recomputing its whole context elsewhere).
+
+        The foreseen load is in the bound's own units, requests in flight: once r's live
+        contexts call again, r has at least as many in flight as it has now, and at least one
+        call of each live context that will come back (its live contexts x the share of live
+        contexts that came back, `Sessions.returning`). Neither alone: live contexts alone
+        sent new conversations to holders with fewer of them and more requests in flight
+        (a big tenant's one-off conversations, `routing/README.md`), which then refused
+        their next turns; in-flight requests alone miss the sessions between calls."""
         cfg = self._state.config
         live = self._sessions.live(ctx.now)
         if not live:
             return rows
-        mean = sum(live.values()) / len(rows)
-        if mean < cfg.session_ramp_min_mean:
+        returning, n = self._sessions.returning, len(rows)
+        if returning * sum(live.values()) / n < cfg.session_ramp_min_mean:
             return rows
+        foreseen = [max(float(r[10]), returning * live.get(r[3].id, 0)) for r in rows]
+        mean = sum(foreseen) / n
         span = (cfg.session_ramp_factor - 1.0) * mean + cfg.session_ramp_slack
         half, fleet = _in_burst(ctx), self._state.ttft.fleet
         quantum, per_step = cfg.tie_quantum_s, _log1p(cfg.tie_relative)
         out = []
-        for row in rows:
-            over = live.get(row[3].id, 0) - mean
+        for row, load in zip(rows, foreseen, strict=True):
+            over = load - mean
             if over > 0.0:
                 cost = row[2] + cfg.session_ramp_tokens * min(1.0, over / span) * (
                     _costed(row[8], fleet, half).s_per_token)

@@ -21,6 +21,7 @@ __all__ = ["Sessions"]
 _STREAK = 2
 _EXPIRE_EVERY_S = 1.0  # peers' routes expire quiet contexts at most this often (`peer_routed`)
 _SCAN = 64  # a peer's chain's last blocks searched for the tail it continued
+_OUTCOMES = 256  # live contexts' latest outcomes `Sessions.returning` averages
 
 
 class Sessions:
@@ -38,6 +39,10 @@ class Sessions:
         self._live: OrderedDict[int, tuple[float, str]] = OrderedDict()
         self._count: dict[str, int] = {}
         self._expired_at = float("-inf")  # when `live` last expired quiet contexts
+        # of the live contexts' last `_OUTCOMES` outcomes (came back within the window, or
+        # went quiet), the share that came back; 1 until one is seen
+        self._returning = 1.0
+        self._outcomes = 0
 
     def continued(self, hashes: Sequence[int], matched_blocks: int) -> int | None:
         """The tail this request continues (its chain's block ``matched_blocks - 1``, the end of
@@ -71,7 +76,18 @@ class Sessions:
                 break
             del live[tail]
             self._drop(replica)
+            self._outcome(0.0)
         return count
+
+    @property
+    def returning(self) -> float:
+        """The share of live contexts that came back within the window (of the last
+        `_OUTCOMES` that came back or went quiet; 1 before the first)."""
+        return self._returning
+
+    def _outcome(self, came_back: float) -> None:
+        self._outcomes = n = min(self._outcomes + 1, _OUTCOMES)
+        self._returning += (came_back - self._returning) / n
 
     def routed(self, replica: str, hashes: Sequence[int]) -> None:
         """The request with this chain was sent to ``replica`` (`Router.record_route`): when
@@ -103,6 +119,7 @@ class Sessions:
         old = self._live.pop(previous, None)
         if old is not None:
             self._drop(old[1])
+            self._outcome(1.0 if quick else 0.0)
         if streak < _STREAK:  # came back slowly or once: no stream of calls (yet)
             return
         again = self._live.pop(tail, None)  # the same prompt once more

@@ -224,3 +224,79 @@ def test_new_sessions_avoid_the_replica_the_retries_sent_live_contexts_to() -> N
     picks = {router.pick(feats(TOOLS + f"new task {k} " * 40), vs, 3.0).replica
              for k in range(40)}
     assert "r1" not in picks
+
+
+def test_the_share_of_live_contexts_that_came_back_is_learned() -> None:
+    s = Sessions(window_s=8.0)
+    assert s.returning == 1.0  # nothing seen yet
+    for k in range(4):  # four contexts, live from their third quick call; the fourth returns
+        chain = [100 * k, 100 * k + 1]
+        for call in range(4):
+            _call(s, chain, "r0", float(call))
+            chain = [*chain, 100 * k + 2 + call]
+    assert s.returning == 1.0  # four live contexts came back, none went quiet
+    s.live(20.0)  # then all four went quiet
+    assert s.returning == pytest.approx(4 / 8)
+    chain = [7, 8]
+    for call in range(3):  # one more, live; then its next call comes after the window
+        _call(s, chain, "r1", 30.0 + call)
+        chain = [*chain, 9 + call]
+    _call(s, chain, "r1", 50.0)
+    assert s.returning == pytest.approx(4 / 9)
+
+
+def _holders(ramp: float, busy: int) -> tuple[Router, list[ReplicaView]]:
+    """Two replicas holding the system prompt. r0 carries three conversations in a quick
+    back-and-forth (live), none of them in flight now; r1 carries no live context and has
+    ``busy`` requests in flight."""
+    router = Router(RouterConfig(session_ramp_tokens=ramp))
+    for r in ("r0", "r1"):
+        router.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+    vs = [ReplicaView(id="r0", pool="p"), ReplicaView(id="r1", pool="p", inflight=busy)]
+    for c in range(3):
+        prompt = TOOLS + f"conversation {c} " * 40
+        for turn in range(3):  # picked, and sent to r0 (where the context then lives)
+            router.pick(feats(prompt), views(2), float(turn))
+            router.record_route("r0", feats(prompt), float(turn))
+            prompt += f" turn {turn} of conversation {c} " * 20
+    assert dict(router.policy._sessions.live(3.0)) == {"r0": 3}  # type: ignore[attr-defined]
+    return router, vs
+
+
+def test_a_new_context_is_not_sent_to_a_busier_holder_than_the_one_carrying_live_ones() -> None:
+    # Before, the ramp counted live contexts alone: r0's three made it dearer than r1, whose
+    # six requests in flight it did not see, and the new conversation went there (a big
+    # tenant's conversations, skewed-tenants: the busier holder then refused their next
+    # turns). Foreseen in flight, r0 has 3 (its contexts calling again), r1 has 6.
+    router, vs = _holders(8_192.0, busy=6)
+    picks = {router.pick(feats(TOOLS + f"new conversation {k} " * 40), vs, 3.0).replica
+             for k in range(20)}
+    assert picks == {"r0"}
+
+
+def test_live_contexts_count_as_much_as_live_contexts_came_back() -> None:
+    # Ten conversations went live on r0 and then quiet, none calling again (a tenant's
+    # conversations retired by newer ones): three live on r0 now foresee no calls, and a
+    # new context may go to r0 as to r1. Counted in full they charged r0, every time.
+    router = Router(RouterConfig(session_ramp_tokens=8_192.0))
+    vs = views(2)
+    for r in ("r0", "r1"):
+        router.record_route(r, feats(TOOLS + f"warm {r} " * 40), 0.0)
+
+    def converse(c: int, start: float) -> None:
+        prompt = TOOLS + f"conversation {c} " * 40
+        for turn in range(3):
+            router.pick(feats(prompt), vs, start + turn)
+            router.record_route("r0", feats(prompt), start + turn)
+            prompt += f" turn {turn} of conversation {c} " * 20
+
+    for c in range(10):
+        converse(c, 0.0)
+    for c in range(10, 13):
+        converse(c, 20.0)  # the ten went quiet meanwhile
+    sessions = router.policy._sessions  # type: ignore[attr-defined]
+    assert dict(sessions.live(23.0)) == {"r0": 3}
+    assert sessions.returning == 0.0
+    picks = {router.pick(feats(TOOLS + f"new conversation {k} " * 40), vs, 23.0).replica
+             for k in range(20)}
+    assert "r0" in picks
