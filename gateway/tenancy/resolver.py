@@ -346,22 +346,25 @@ class TenantResolver:
         return again if again.policy is not None else replace(snap, policy=lost)
 
     def _lost_kinds(self, snap: StoreSnapshot) -> list[str]:
-        """What `snap` has none of while the state in force had some (none unreadable): its
-        tenants, its key records, or both."""
+        """What `snap` has none of, or says the store lost (`StoreSnapshot.lost`: its hash
+        made again since, by a gateway's start or an admin write, holds only what they
+        wrote), while the state in force had some (none unreadable): its tenants, its key
+        records, or both."""
         had = self._applied
         if had is None:
             return []
         return [kind for kind, now, before in (("tenant", snap.tenants, had.tenants),
                                                ("key", snap.keys, had.keys))
-                if before and not now and not any(s.kind == kind for s in snap.skipped)]
+                if before and (not now or kind in snap.lost)
+                and not any(s.kind == kind for s in snap.skipped)]
 
     async def _records_lost(self, snap: StoreSnapshot, kinds: list[str]) -> StoreSnapshot:
         """The store answers, its marker is there, but it holds no tenant or no key record
         while the state in force has some: the last one deleted by an operator (journaled:
-        nothing to do), or the hash lost (deleted by hand, evicted). Write back the records
-        in force the journal does not name as changed since (`TenantStore.restore_lost`:
-        only while the hash is still missing, so one gateway does) and read the store
-        again."""
+        nothing to do), or the hash lost (deleted by hand, evicted; perhaps made again since
+        with a few records). Write back the records in force the journal does not name as
+        changed since (`TenantStore.restore_lost`: only while the hash is still lost, so one
+        gateway does) and read the store again."""
         had = self._applied
         assert had is not None
         names = {"tenant": "tenants", "key": "API key records"}
