@@ -75,6 +75,10 @@ WIPE_NOTICE_S = 600.0  # how long health() reports a wipe (store_wiped; degraded
 # did not change: a record changed behind the store's back without bumping the generation (by
 # hand, in redis-cli: a key record deleted to revoke it) is still read within this long.
 WHOLE_RELOAD_S = 30.0
+# A lost hash's records are written back (`_records_lost`) only by a gateway that read the
+# store whole this recently before finding the loss: a record removed by hand (a key revoked
+# in redis-cli) is journaled nowhere, and a gateway cut off since still holds it.
+LOST_RESTORE_S = 2 * WHOLE_RELOAD_S
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -239,6 +243,7 @@ class TenantResolver:
         # wall clock, before anything is read: the state read holds every change made by then
         # (the stamp of the workers' files, `last_state`)
         read_at = time.time()
+        whole_before = self._whole_at
         try:
             mark, wiped = self._mark, False
             if self._reseed is not None:
@@ -268,7 +273,7 @@ class TenantResolver:
                         s.kind == "policy" for s in snap.skipped):
                     snap = await self._policy_lost(snap)
                 if not wiped and (lost := self._lost_kinds(snap)):
-                    snap = await self._records_lost(snap, lost)
+                    snap = await self._records_lost(snap, lost, whole_before)
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
@@ -358,16 +363,26 @@ class TenantResolver:
                 if before and (not now or kind in snap.lost)
                 and not any(s.kind == kind for s in snap.skipped)]
 
-    async def _records_lost(self, snap: StoreSnapshot, kinds: list[str]) -> StoreSnapshot:
+    async def _records_lost(
+        self, snap: StoreSnapshot, kinds: list[str], whole_before: float
+    ) -> StoreSnapshot:
         """The store answers, its marker is there, but it holds no tenant or no key record
         while the state in force has some: the last one deleted by an operator (journaled:
         nothing to do), or the hash lost (deleted by hand, evicted; perhaps made again since
         with a few records). Write back the records in force the journal does not name as
         changed since (`TenantStore.restore_lost`: only while the hash is still lost, so one
-        gateway does) and read the store again."""
+        gateway does) and read the store again. Not from a state last read whole more than
+        `LOST_RESTORE_S` before (`whole_before`; a gateway cut off meanwhile, or started from
+        its siblings' file): another gateway's, or none."""
         had = self._applied
         assert had is not None
         names = {"tenant": "tenants", "key": "API key records"}
+        if (age := self._clock() - whole_before) > LOST_RESTORE_S:
+            log.error("tenancy store lost its %s while its bootstrap marker stayed; this "
+                      "gateway's state was last read whole %.0f s ago (past %.0f s: a record "
+                      "removed by hand since may be in it): not written back from it",
+                      " and ".join(names[k] for k in kinds), age, LOST_RESTORE_S)
+            kinds = []
         for kind in kinds:
             written = await self._store.restore_lost(kind, had)
             if written is None:

@@ -303,3 +303,39 @@ async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
             assert caplog.text.count("journal cannot tell") == 2, caplog.text
         finally:
             await r.aclose()
+
+
+async def test_a_stale_gateway_does_not_write_back_a_key_revoked_by_hand(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key record removed by hand (a documented revoke) is not journaled: a gateway cut
+    off from the store since (its state last read whole long ago) still holds it, and must
+    not be the one that writes a lost keys hash back (the revoked key worked again on every
+    gateway); a gateway that read the store whole since does, without it."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        revoked, kept = await make_key(admin, "acme"), await make_key(admin, "beta")
+        for resolver in resolvers:
+            await resolver.start()
+        fresh, stale = resolvers
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            records = await r.hgetall("kvgate:keys")
+            (gone,) = [h for h, v in records.items() if '"acme"' in v]
+            assert await r.hdel("kvgate:keys", gone) == 1  # revoked by hand
+            clock.now += 600  # the stale one: no load meanwhile (cut off)
+            assert await fresh.refresh()
+            with pytest.raises(AuthError):
+                fresh.authenticate(revoked)
+            assert await r.delete("kvgate:keys") == 1
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await stale.refresh()  # first to find the hash lost
+                await reload_whole(resolvers, clock)
+            await reload_whole(resolvers, clock)  # the stale one reads what the other wrote
+            for resolver in resolvers:
+                with pytest.raises(AuthError):  # was: valid again
+                    resolver.authenticate(revoked)
+                assert resolver.authenticate(kept).tenant_id == "beta"
+            assert len([n for n in written if n]) == 1, written
+            assert "read whole 6" in caplog.text, caplog.text
+        finally:
+            await r.aclose()
