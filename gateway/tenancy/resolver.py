@@ -75,10 +75,6 @@ WIPE_NOTICE_S = 600.0  # how long health() reports a wipe (store_wiped; degraded
 # did not change: a record changed behind the store's back without bumping the generation (by
 # hand, in redis-cli: a key record deleted to revoke it) is still read within this long.
 WHOLE_RELOAD_S = 30.0
-# A lost hash's records are written back (`_records_lost`) only by a gateway that read the
-# store whole this recently before finding the loss: a record removed by hand (a key revoked
-# in redis-cli) is journaled nowhere, and a gateway cut off since still holds it.
-LOST_RESTORE_S = 2 * WHOLE_RELOAD_S
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -372,16 +368,20 @@ class TenantResolver:
         with a few records). Write back the records in force the journal does not name as
         changed since (`TenantStore.restore_lost`: only while the hash is still lost, so one
         gateway does) and read the store again. Not from a state last read whole more than
-        `LOST_RESTORE_S` before (`whole_before`; a gateway cut off meanwhile, or started from
-        its siblings' file): another gateway's, or none."""
+        `max_staleness_s` before (`whole_before`: a gateway cut off meanwhile, or started from
+        its siblings' file), as a wiped store is not restored from one: a record removed by
+        hand (a key revoked in redis-cli) is journaled nowhere, and such a gateway may still
+        hold it; another gateway writes back, or none."""
         had = self._applied
         assert had is not None
         names = {"tenant": "tenants", "key": "API key records"}
-        if (age := self._clock() - whole_before) > LOST_RESTORE_S:
+        age = self._clock() - whole_before
+        if self._max_stale is not None and age > self._max_stale:
             log.error("tenancy store lost its %s while its bootstrap marker stayed; this "
-                      "gateway's state was last read whole %.0f s ago (past %.0f s: a record "
-                      "removed by hand since may be in it): not written back from it",
-                      " and ".join(names[k] for k in kinds), age, LOST_RESTORE_S)
+                      "gateway's state was last read whole %.0f s ago, past max_staleness_s "
+                      "(%.0f s: a record removed by hand since may be in it): not written "
+                      "back from it", " and ".join(names[k] for k in kinds), age,
+                      self._max_stale)
             kinds = []
         for kind in kinds:
             written = await self._store.restore_lost(kind, had)
