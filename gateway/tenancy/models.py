@@ -113,3 +113,6 @@ class StoreSnapshot:
     policy: PolicySnapshot | None = None
     group_epochs: dict[str, int] = field(default_factory=dict)
     skipped: tuple[SkippedRecord, ...] = ()  # records left out: unreadable
+    # the kinds ("tenant", "key") whose every record the store lost (its hash deleted whole,
+    # evicted), perhaps written again since: the Redis store's whole read (`redis_store.PRESENT`)
+    lost: frozenset[str] = frozenset()

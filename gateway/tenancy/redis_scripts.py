@@ -73,21 +73,29 @@ ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
     + _log("salt", "ARGV[3]") + "return e"
 )
 # A hash lost while the marker stayed (deleted whole by hand, evicted; deleting its last
-# record leaves its "." field, `redis_store.PRESENT`, set again here): the records of a
-# gateway's state in force written back, only while the hash is still missing (so one gateway
-# of several does: -1 for the others) and never one the journal names since that state's
-# generation (an operator's deletion: a tenant, its keys, a revoked key); -2 when the journal
-# cannot tell (an entry missing or trimmed away, the counter behind that generation): nothing
-# written.
+# record leaves its "." field, `redis_store.PRESENT`, set again here), perhaps made again
+# since without that field (a gateway's start seeding its configured tenants, an admin write):
+# the records of a gateway's state in force written back, only while the hash still lacks the
+# field (so one gateway of several does: -1 for the others) and never one the journal names
+# since that state's generation (an operator's deletion: a tenant, its keys, a revoked key; a
+# record written since, kept as it is); -2 when the journal cannot tell (an entry missing or
+# trimmed away -- a generation's entries, one per key of a deleted tenant, partly --, a wiped
+# store restored since, the counter behind that generation): nothing written.
 RESTORE_LOST = (  # KEYS[3] the hash, KEYS[4..] each key's tkeys:<tenant> (keys only); ARGV[3]
     # the state's generation, ARGV[4] kind (tenant | key), then name, json(, key id) each
-    "if redis.call('EXISTS', KEYS[3]) == 1 then return -1 end "
+    "if redis.call('HEXISTS', KEYS[3], '.') == 1 then return -1 end "
     "local since = tonumber(ARGV[3]) local now = tonumber(redis.call('GET', KEYS[1]) or '0') "
     f"if now < since or now - since > {JOURNAL_CAP} then return -2 end "
+    "local journal = redis.call('LRANGE', KEYS[2], 0, -1) "
+    f"if #journal >= {JOURNAL_CAP} then "  # trimmed: its oldest entry must be older than since
+    "local og = tonumber(string.match(journal[#journal], '^(%d+) ')) "
+    "if not og or og > since then return -2 end end "
     "local named, seen = {}, {} "
-    "for _, e in ipairs(redis.call('LRANGE', KEYS[2], 0, -1)) do "
+    "for _, e in ipairs(journal) do "
     "local eg, ek, en = string.match(e, '^(%d+) (%S+) (.*)$') "
-    "if eg and tonumber(eg) > since then seen[tonumber(eg)] = true named[ek .. ' ' .. en] = true "
+    "if eg and tonumber(eg) > since then "
+    "if ek == 'restore' then return -2 end "
+    "seen[tonumber(eg)] = true named[ek .. ' ' .. en] = true "
     "end end "
     "for i = since + 1, now do if not seen[i] then return -2 end end "
     "local step = 2 if ARGV[4] == 'key' then step = 3 end "
@@ -101,14 +109,18 @@ RESTORE_LOST = (  # KEYS[3] the hash, KEYS[4..] each key's tkeys:<tenant> (keys 
     + "for _, n in ipairs(back) do redis.call('LPUSH', KEYS[2], g .. ' ' .. ARGV[4] .. ' ' .. n) "
     f"end redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) return #back"
 )
-# The bootstrap marker (KEYS[1] the marker, KEYS[2] tenants, KEYS[3] keys; ARGV[1] the mark),
-# run on every gateway's start: a new marker (a first seed, or a wiped store seeded again)
-# comes with the hashes' "." field (`redis_store.PRESENT`); with the marker already there the
-# field is added only to a hash that exists (a store seeded before the field was kept), never
-# to a hash that is gone: a restarting gateway must not make a lost hash look emptied.
+# The bootstrap marker (KEYS[1] the marker, KEYS[2] tenants, KEYS[3] keys, KEYS[4] the
+# layout's flag, `redis_store.PRESENT`'s; ARGV[1] the mark), run on every gateway's start: a
+# new marker (a first seed, or a wiped store seeded again) comes with the hashes' "." field
+# and the flag. With the marker there and no flag (a store seeded before the field was kept)
+# the field is added to the hashes that exist, once; with the flag, nothing: a hash that is
+# gone, or made again without the field (this start's configured tenants, an admin write),
+# was lost, and a restarting gateway must not make it look emptied (`RESTORE_LOST`).
 MARK_SEEDED = (
     "if redis.call('SET', KEYS[1], ARGV[1], 'NX') then "
-    "redis.call('HSET', KEYS[2], '.', '') redis.call('HSET', KEYS[3], '.', '') return 1 end "
+    "redis.call('HSET', KEYS[2], '.', '') redis.call('HSET', KEYS[3], '.', '') "
+    "redis.call('SET', KEYS[4], '1') return 1 end "
+    "if redis.call('SET', KEYS[4], '1', 'NX') then "
     "for i = 2, 3 do if redis.call('EXISTS', KEYS[i]) == 1 then "
-    "redis.call('HSETNX', KEYS[i], '.', '') end end return 0"
+    "redis.call('HSETNX', KEYS[i], '.', '') end end end return 0"
 )

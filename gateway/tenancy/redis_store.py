@@ -3,7 +3,8 @@
 Layout under a namespace (default ``kvgate``): ``:tenants`` hash id -> JSON, ``:keys`` hash
 key-hash -> JSON, ``:tkeys:<id>`` hash key-id -> key-hash, ``:policy`` hash {version, doc},
 ``:salt_groups`` hash group -> epoch (the tenants and keys hashes also hold a ``.`` field,
-`PRESENT`, from the first seed on: a hash gone was lost, not emptied, `restore_lost`),
+`PRESENT`, from the first seed on, and ``:present`` says they do: a hash without it was lost,
+not emptied, `restore_lost`),
 ``:audit`` capped list, ``:gen`` counter, the ``:seeded`` bootstrap marker (its absence means
 the store was never seeded, or was wiped) and the ``:changes`` pub/sub channel. Conditional
 writes are Lua scripts that also bump ``:gen``, publish, and journal the records they changed
@@ -34,6 +35,7 @@ import secrets
 import time
 from bisect import bisect_right
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -92,6 +94,9 @@ JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a
 # hash is "."): the last record deleted (by the admin API, or by hand to revoke a key) leaves
 # the hash there, so a hash that is gone was lost (deleted whole, evicted) -- `restore_lost`.
 PRESENT = "."
+# what a hash of a store without the ``:present`` flag (seeded before the field was kept) lacks
+# says nothing; with it, a tenants or keys hash without `PRESENT` was lost (`StoreSnapshot.lost`)
+KINDS = {"tenants": "tenant", "keys": "key"}
 
 FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
 
@@ -398,8 +403,9 @@ class RedisStore(TenantStore):
     async def mark_seeded(self) -> None:
         mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
         with redis_unavailable():
-            await self._scripts["mark"](
-                keys=[self._k("seeded"), self._k("tenants"), self._k("keys")], args=[mark])
+            await self._scripts["mark"](keys=[
+                self._k("seeded"), self._k("tenants"), self._k("keys"), self._k("present")],
+                args=[mark])
 
     async def seed_mark(self) -> str | None:
         with redis_unavailable():
@@ -461,6 +467,7 @@ class RedisStore(TenantStore):
             PRESENT: "", **{tid: tenant_to_json(t) for tid, t in snap.tenants.items()}})
         pipe.hset(self._k("keys"), mapping={
             PRESENT: "", **{h: record.model_dump_json() for h, record in snap.keys.items()}})
+        pipe.set(self._k("present"), "1")
         for name, ids in tkeys.items():
             pipe.hset(name, mapping=ids)
         if snap.policy is not None:
@@ -479,10 +486,16 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("policy"))
                 pipe.hgetall(self._k("salt_groups"))
                 pipe.lindex(self._k("journal"), 0)
-                gen, tenants, keys, policy, groups, head = await pipe.execute()
+                pipe.exists(self._k("present"))
+                gen, tenants, keys, policy, groups, head, present = await pipe.execute()
         self._key_records(records(keys))
         self._journal_head = None if head is None else text(head)
-        return self._snapshot(int(gen or 0), records(tenants), policy, groups)
+        snap = self._snapshot(int(gen or 0), records(tenants), policy, groups)
+        if not present:
+            return snap
+        lost = frozenset(KINDS[name] for name, raw in (("tenants", tenants), ("keys", keys))
+                         if PRESENT not in raw and PRESENT.encode() not in raw)
+        return replace(snap, lost=lost) if lost else snap
 
     async def changes_since(self, generation: int) -> StoreSnapshot | None:
         """The journal's way: the small records read whole, the key records only where the

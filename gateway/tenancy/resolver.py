@@ -239,6 +239,7 @@ class TenantResolver:
         # wall clock, before anything is read: the state read holds every change made by then
         # (the stamp of the workers' files, `last_state`)
         read_at = time.time()
+        whole_before = self._whole_at
         try:
             mark, wiped = self._mark, False
             if self._reseed is not None:
@@ -268,7 +269,7 @@ class TenantResolver:
                         s.kind == "policy" for s in snap.skipped):
                     snap = await self._policy_lost(snap)
                 if not wiped and (lost := self._lost_kinds(snap)):
-                    snap = await self._records_lost(snap, lost)
+                    snap = await self._records_lost(snap, lost, whole_before)
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
@@ -346,25 +347,42 @@ class TenantResolver:
         return again if again.policy is not None else replace(snap, policy=lost)
 
     def _lost_kinds(self, snap: StoreSnapshot) -> list[str]:
-        """What `snap` has none of while the state in force had some (none unreadable): its
-        tenants, its key records, or both."""
+        """What `snap` has none of, or says the store lost (`StoreSnapshot.lost`: its hash
+        made again since, by a gateway's start or an admin write, holds only what they
+        wrote), while the state in force had some (none unreadable): its tenants, its key
+        records, or both."""
         had = self._applied
         if had is None:
             return []
         return [kind for kind, now, before in (("tenant", snap.tenants, had.tenants),
                                                ("key", snap.keys, had.keys))
-                if before and not now and not any(s.kind == kind for s in snap.skipped)]
+                if before and (not now or kind in snap.lost)
+                and not any(s.kind == kind for s in snap.skipped)]
 
-    async def _records_lost(self, snap: StoreSnapshot, kinds: list[str]) -> StoreSnapshot:
+    async def _records_lost(
+        self, snap: StoreSnapshot, kinds: list[str], whole_before: float
+    ) -> StoreSnapshot:
         """The store answers, its marker is there, but it holds no tenant or no key record
         while the state in force has some: the last one deleted by an operator (journaled:
-        nothing to do), or the hash lost (deleted by hand, evicted). Write back the records
-        in force the journal does not name as changed since (`TenantStore.restore_lost`:
-        only while the hash is still missing, so one gateway does) and read the store
-        again."""
+        nothing to do), or the hash lost (deleted by hand, evicted; perhaps made again since
+        with a few records). Write back the records in force the journal does not name as
+        changed since (`TenantStore.restore_lost`: only while the hash is still lost, so one
+        gateway does) and read the store again. Not from a state last read whole more than
+        `max_staleness_s` before (`whole_before`: a gateway cut off meanwhile, or started from
+        its siblings' file), as a wiped store is not restored from one: a record removed by
+        hand (a key revoked in redis-cli) is journaled nowhere, and such a gateway may still
+        hold it; another gateway writes back, or none."""
         had = self._applied
         assert had is not None
         names = {"tenant": "tenants", "key": "API key records"}
+        age = self._clock() - whole_before
+        if self._max_stale is not None and age > self._max_stale:
+            log.error("tenancy store lost its %s while its bootstrap marker stayed; this "
+                      "gateway's state was last read whole %.0f s ago, past max_staleness_s "
+                      "(%.0f s: a record removed by hand since may be in it): not written "
+                      "back from it", " and ".join(names[k] for k in kinds), age,
+                      self._max_stale)
+            kinds = []
         for kind in kinds:
             written = await self._store.restore_lost(kind, had)
             if written is None:

@@ -26,6 +26,9 @@ from gateway.tenancy import (
     bootstrap,
     connect_redis,
 )
+from gateway.tenancy.keys import generate_key, hash_key
+from gateway.tenancy.models import KeyRecord
+from gateway.tenancy.redis_scripts import JOURNAL_CAP
 from gateway.tenancy.redis_store import PRESENT
 from gateway.tenancy.resolver import WHOLE_RELOAD_S
 from tests.integration.test_admin_api import ADMIN_TOKEN, serve_admin
@@ -162,6 +165,7 @@ async def test_a_store_seeded_before_the_field_gets_it_and_a_revoke_by_hand_stay
         try:
             await r.hdel("kvgate:tenants", PRESENT)
             await r.hdel("kvgate:keys", PRESENT)  # the old layout: one key record left
+            assert await r.delete("kvgate:present") == 1  # (nor the flag that it is kept)
             for resolver in resolvers:
                 await resolver.start()
                 assert resolver.authenticate(key).tenant_id == "acme"
@@ -215,3 +219,123 @@ async def test_the_present_field_is_no_tenant(redis_url: str) -> None:
             await r.aclose()
         listed = (await admin.get("/tenants")).json()
         assert [t["id"] for t in listed["data"]] == ["acme"]
+
+
+async def test_a_hash_made_again_by_a_start_or_a_write_is_still_lost(redis_url: str) -> None:
+    """A lost hash made again before the gateways' next whole reload -- by a gateway's start
+    (its configured tenants seeded) or by an admin write (a key created) -- holds only the
+    new records and no `PRESENT` field: the records in force are still written back (every
+    other tenant, every other key, used to be gone for good: 401), the new ones kept, and a
+    key written back can be revoked through the admin API."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        key = await make_key(admin, "beta")
+        for resolver in resolvers:
+            await resolver.start()
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert await r.delete("kvgate:tenants", "kvgate:keys") == 2
+            await bootstrap(RedisStore(r, listen=False),  # a gateway (re)starting
+                            tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+            new_key = await make_key(admin, "acme")  # an admin write: the keys hash again
+            assert await r.hkeys("kvgate:tenants") == ["acme"]
+            await reload_whole(resolvers, clock)
+            for resolver in resolvers:  # was AuthError: beta and its key gone for good
+                assert resolver.authenticate(key).tenant_id == "beta"
+                assert resolver.authenticate(new_key).tenant_id == "acme"
+            assert PRESENT in await r.hkeys("kvgate:tenants")
+            assert PRESENT in await r.hkeys("kvgate:keys")
+            assert len([n for n in written if n]) == 2, written  # tenants once, keys once
+            (listed,) = (await admin.get("/tenants/beta")).json()["keys"]
+            assert (await admin.delete(f"/tenants/beta/keys/{listed['id']}")).status_code == 204
+            await reload_whole(resolvers, clock)
+            for resolver in resolvers:
+                with pytest.raises(AuthError):
+                    resolver.authenticate(key)
+        finally:
+            await r.aclose()
+
+
+async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tenant deleted with more keys than the journal keeps journals an entry per key at
+    one generation, and the oldest are trimmed away: the journal cannot tell which keys that
+    deletion removed, so nothing is written back (its keys came back, and a tenant created
+    again under its id would have had them). Said once by each gateway, not at every whole
+    reload while the hash is made again (a key created since: written back with it)."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        first = await make_key(admin, "big")
+        store = RedisStore(connect_redis(redis_url), listen=False)
+        try:
+            for i in range(JOURNAL_CAP):
+                await store.add_key(KeyRecord(key_id=f"k{i}", tenant_id="big",
+                                              key_hash=hash_key(generate_key()), created_at=0.0))
+        finally:
+            await store.close()
+        await make_key(admin, "acme")
+        for resolver in resolvers:
+            await resolver.start()
+            assert resolver.authenticate(first).tenant_id == "big"
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            assert await r.delete("kvgate:keys") == 1
+            assert (await admin.delete("/tenants/big")).status_code == 204
+            assert await r.llen("kvgate:journal") == JOURNAL_CAP  # some of its keys trimmed
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await reload_whole(resolvers, clock)
+            assert not await r.exists("kvgate:tkeys:big")
+            big = [h for h, v in (await r.hgetall("kvgate:keys")).items()
+                   if h != PRESENT and '"big"' in v]
+            assert big == []
+            assert (await admin.post("/tenants", json={"id": "big", "tier": "free"})
+                    ).status_code == 201
+            made = await admin.post("/tenants/big/keys")
+            assert made.status_code == 201, made.text
+            new_key = made.json()["key"]
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                for _ in range(3):
+                    await reload_whole(resolvers, clock)
+            for resolver in resolvers:
+                with pytest.raises(AuthError):
+                    resolver.authenticate(first)
+                assert resolver.authenticate(new_key).tenant_id == "big"
+            assert None in written, written  # the journal could not tell
+            assert caplog.text.count("journal cannot tell") == 2, caplog.text
+        finally:
+            await r.aclose()
+
+
+async def test_a_stale_gateway_does_not_write_back_a_key_revoked_by_hand(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key record removed by hand (a documented revoke) is not journaled: a gateway cut
+    off from the store since (its state last read whole long ago) still holds it, and must
+    not be the one that writes a lost keys hash back (the revoked key worked again on every
+    gateway); a gateway that read the store whole since does, without it."""
+    async with two_gateways(redis_url) as (resolvers, admin, written, clock):
+        revoked, kept = await make_key(admin, "acme"), await make_key(admin, "beta")
+        for resolver in resolvers:
+            await resolver.start()
+        fresh, stale = resolvers
+        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+        try:
+            records = await r.hgetall("kvgate:keys")
+            (gone,) = [h for h, v in records.items() if '"acme"' in v]
+            assert await r.hdel("kvgate:keys", gone) == 1  # revoked by hand
+            clock.now += 600  # the stale one: no load meanwhile (cut off)
+            assert await fresh.refresh()
+            with pytest.raises(AuthError):
+                fresh.authenticate(revoked)
+            assert await r.delete("kvgate:keys") == 1
+            with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
+                await stale.refresh()  # first to find the hash lost
+                await reload_whole(resolvers, clock)
+            await reload_whole(resolvers, clock)  # the stale one reads what the other wrote
+            for resolver in resolvers:
+                with pytest.raises(AuthError):  # was: valid again
+                    resolver.authenticate(revoked)
+                assert resolver.authenticate(kept).tenant_id == "beta"
+            assert len([n for n in written if n]) == 1, written
+            assert "read whole 6" in caplog.text, caplog.text
+        finally:
+            await r.aclose()
