@@ -461,8 +461,12 @@ def asked_tokens(
     parsed: ParsedBody, prompt_tokens: int, expected_output: int, context: int | None = None,
 ) -> float:
     """What a request may consume: its prompt plus ``n`` times its output (``max_tokens``,
-    else ``expected_output``), per `request_cost`. Flow control holds it; the tenant's TPM
+    else ``expected_output``), per `request_cost`; an embedding its prompt alone (it has no
+    output: `expected_output_tokens` charged to it held a pool's share, and the tenant's TPM,
+    for tokens no replica would ever produce). Flow control holds it; the tenant's TPM
     admission reserves it (`Preparer.prepare`), both settled with the real usage."""
+    if not parsed.generates:
+        return request_cost(prompt_tokens, 0, 0)
     return request_cost(prompt_tokens, _max_tokens(parsed), expected_output, context,
                         _sequences(parsed), _prompts(parsed))
 

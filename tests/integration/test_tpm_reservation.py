@@ -55,3 +55,12 @@ def test_a_request_its_replica_refuses_is_charged_its_prompt_only(
                                        max_tokens=100_000)
     # the 100,000 tokens reserved never ran: only the prompt stays charged
     assert _remaining(client, max_tokens=1) >= TPM - 60
+
+
+def test_an_embedding_reserves_its_prompt_only(client: openai.OpenAI) -> None:
+    """No output to reserve, whatever its body carries: a ``max_tokens`` of 5000 on an
+    embedding reserved 1000 (all of this TPM) and was refused with 429."""
+    raw = client.embeddings.with_raw_response.create(
+        model="llama", input="Hello " * 20, extra_body={"max_tokens": 5000, "n": 2})
+    assert raw.parse().data
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) >= TPM - 40
