@@ -55,6 +55,7 @@ class ProxiedRequest:
         "sse",
         "status",
         "strip",
+        "suspect",
         "t0",
         "target",
         "tenant",
@@ -70,6 +71,9 @@ class ProxiedRequest:
         self.route = "none"
         self.replica = "none"
         self.target: Replica | None = None  # the replica of the current attempt
+        # a replica that answered it vLLM's 500 for a request (not its dead engine's), not yet
+        # charged a failure: whose fault it was, the next try tells (`Proxy._forward`)
+        self.suspect: Replica | None = None
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
