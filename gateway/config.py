@@ -281,7 +281,7 @@ _FLOW = FlowConfig()  # flow control's core owns its defaults (why: docs/flow-co
 
 
 class FlowSection(_Section):
-    """Flow control (gateway/flow.py): an admission queue per pool while the pool is
+    """Flow control (gateway/flow/): an admission queue per pool while the pool is
     saturated. Bands, weights and longest waits are policy (`tiers.*.flow`, `fairness`)."""
 
     enabled: bool = False  # off: every request is forwarded at once, as before

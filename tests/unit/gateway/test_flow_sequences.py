@@ -8,7 +8,8 @@ import orjson
 import pytest
 
 from gateway.body import ParsedBody, parse_body
-from gateway.flow import _prompts, _sequences, asked_tokens
+from gateway.flow import asked_tokens
+from gateway.flow.cost import _prompts, _sequences
 from routing.flow import request_cost
 
 
