@@ -113,3 +113,24 @@ def test_a_request_retried_after_a_500_is_reserved_and_settled_once(
     retried = [r for r in lines if r.get("msg") == "request" and r["attempts"] == 2]
     assert len(retried) == sum(retries.values()) >= 1, retries
     assert all(r["route"] == "retry" and r["status"] == 200 for r in retried), retried
+
+
+def test_a_request_its_replica_fails_with_500_is_charged_its_prompt_only(
+        sim_factory: Callable[..., tuple[Proc, str]], redis_url: str) -> None:
+    """vLLM's 500 (an exception serving the request) is the answer: the client got no output,
+    and the 3 x 100 tokens reserved for it stayed charged to its tenant's TPM."""
+    _, sim = sim_factory("--time-scale", "50", "--error-rate", "1", model="m")
+    gw, base = acme_gateway(sim, redis_url, ADMIN, {"tpm": TPM})
+    with gw, admin_client(base, ADMIN) as admin:
+        key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}], n=3,
+                max_tokens=100)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}], max_tokens=1)
+        # the second one's answer shows the bucket after the first was settled
+        left = int(failed.value.response.headers["x-ratelimit-remaining-tokens"])
+        assert left >= TPM - 40, left
