@@ -66,8 +66,9 @@ def test_a_request_its_replica_refuses_is_charged_its_prompt_only(
 
 
 def test_an_embedding_reserves_its_prompt_only(client: openai.OpenAI) -> None:
-    """No output to reserve, whatever its body carries: a ``max_tokens`` of 5000 on an
-    embedding reserved 1000 (all of this TPM) and was refused with 429."""
+    """No output to reserve, whatever its body carries: a ``max_tokens`` of 5000 (and ``n``
+    2) on an embedding reserved 10,000 tokens, emptying this 1000 TPM bucket: the tenant's
+    other requests got 429 until the embedding was settled."""
     raw = client.embeddings.with_raw_response.create(
         model="llama", input="Hello " * 20, extra_body={"max_tokens": 5000, "n": 2})
     assert raw.parse().data
