@@ -51,7 +51,7 @@ from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
 from gateway.relay import Relay, internal_error, judge, stream_error
 from gateway.replicas import Replica
-from gateway.request import Head, ProxiedRequest, read_body, scan_headers
+from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
@@ -91,6 +91,7 @@ class Proxy:
         self._metrics = metrics
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
+        self._uploads = Uploads(cfg.server.max_pending_body_bytes)
         self._up = cfg.upstream
         self._retry = frozenset(cfg.upstream.retry_statuses)
         self.cors = Cors.from_config(cfg.server)  # None: CORS off
@@ -133,7 +134,7 @@ class Proxy:
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
-                await read_body(receive, self._limit, declared)
+                await read_body(receive, self._limit, declared, self._uploads)
             except KvgateError as exc:
                 await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],
                                  exc.body())
@@ -168,7 +169,7 @@ class Proxy:
             raise EncodedBody
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
-        body = await read_body(receive, self._limit, head.declared)
+        body = await read_body(receive, self._limit, head.declared, self._uploads)
         gone = partial(until_disconnect, receive)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 
