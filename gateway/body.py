@@ -51,14 +51,24 @@ _BOM = b"\xef\xbb\xbf"
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
 
 
-class ParsedBody:
-    __slots__ = ("data", "model", "prefix", "prompt_tokens", "stream")
+# Endpoints whose requests generate no output tokens: their cost is their prompt alone.
+NO_OUTPUT_KINDS = frozenset({"embeddings"})
 
-    def __init__(self, data: dict[str, Any], model: str, stream: bool, prompt_tokens: int):
+
+class ParsedBody:
+    __slots__ = ("data", "generates", "model", "prefix", "prompt_tokens", "stream")
+
+    def __init__(
+        self, data: dict[str, Any], model: str, stream: bool, prompt_tokens: int,
+        generates: bool = True,
+    ) -> None:
         self.data = data
         self.model = model
         self.stream = stream
         self.prompt_tokens = prompt_tokens
+        # False for an embedding: no output, whatever `max_tokens` or `n` its body carries
+        # (flow control's charge and the TPM reservation, `gateway.flow.asked_tokens`)
+        self.generates = generates
         # the prompt's routing features when they were computed with the parse, off the event
         # loop (a large body, `gateway/prepare.py`); else the planner computes them
         self.prefix: RequestFeatures | None = None
@@ -116,7 +126,8 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         if prev is not None and not isinstance(prev, str):
             raise BadRequest("`previous_response_id` must be a string.",
                              param="previous_response_id")
-    return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)))
+    return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)),
+                      kind not in NO_OUTPUT_KINDS)
 
 
 def _check_stream_options(options: Any) -> None:

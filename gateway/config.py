@@ -84,6 +84,10 @@ class ServerConfig(_Section):
     host: str = "0.0.0.0"
     port: Annotated[int, Field(ge=0, le=65535)] = 8000
     max_body_bytes: Annotated[int, Field(gt=0)] = 8 * 1024 * 1024  # 8 MiB -> 413 above it
+    # request bodies still arriving, all requests together: past it a body is refused with 503
+    # + Retry-After (slow uploads, each up to `max_body_bytes`, held the gateway's memory
+    # without bound: a tenant's limits are checked once its body is in); 0: no bound
+    max_pending_body_bytes: Annotated[int, Field(ge=0)] = 256 * 1024 * 1024
     replica_header: bool = True  # x-kvgate-replica on proxied and stored responses
     route_header: bool = True  # x-kvgate-route on proxied and stored responses
     shutdown_grace_s: Annotated[float, Field(ge=0)] = 30.0  # in-flight streams may finish
@@ -284,7 +288,7 @@ _FLOW = FlowConfig()  # flow control's core owns its defaults (why: docs/flow-co
 
 
 class FlowSection(_Section):
-    """Flow control (gateway/flow.py): an admission queue per pool while the pool is
+    """Flow control (gateway/flow/): an admission queue per pool while the pool is
     saturated. Bands, weights and longest waits are policy (`tiers.*.flow`, `fairness`)."""
 
     enabled: bool = False  # off: every request is forwarded at once, as before

@@ -46,6 +46,7 @@ __all__ = [
     "ShutDownWhileQueued",
     "StoreUnreachable",
     "UnreadableRecord",
+    "UploadsFull",
     "UpstreamError",
     "UpstreamTimeout",
     "error_body",
@@ -352,6 +353,17 @@ class StoreUnreachable(BackendUnavailable):
             f"the tenancy store (Redis) refused the request ({code}): {why}; the gateway's "
             "log has the details")
         self.cause = cause
+
+
+class UploadsFull(KvgateError):
+    """Request bodies still arriving hold `server.max_pending_body_bytes` already: a 503 with
+    Retry-After (the gateway's memory, not the client's limits)."""
+
+    status = 503
+    type_ = "ServiceUnavailableError"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message, retry_after=retry_after)
 
 
 class NoReplicaAvailable(KvgateError):

@@ -9,22 +9,58 @@ unexpected 1xx) at once and every `REPROBE_S` until the last answer starts: a cl
 resets it (its kernel answers the probe with a RST), read as ``SO_ERROR`` `PROBE_S` later.
 Pipelined requests sent before the FIN are answered in turn; no 100 goes out while one of
 their answers is being written.
+
+Once the last answer has started, no 1xx may go out: its own writes probe the client. A stream
+that goes quiet (a replica that stalls, a long pause between events) writes nothing, and a
+client that left meanwhile went unseen until the idle timeout (120 s by default) while its
+request held a replica slot. So after `REPROBE_S` without a write, at an event boundary, the
+stream gets an SSE comment line (`KEEP_ALIVE`, what vLLM's ``--sse-keep-alive-interval``
+sends; clients skip comments) that probes as the 100 does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import socket
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-__all__ = ["CONTINUE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
+__all__ = ["CONTINUE", "KEEP_ALIVE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
 
 # a half-closed client's probe (`HalfCloseProbe.eof_received`): the reset of a client gone
 # is back within a round trip; a later one is seen at the next probe's write
 PROBE_S = 0.2
 REPROBE_S = 1.0
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+KEEP_ALIVE = b"e\r\n: keep-alive\n\n\r\n"  # one chunk: an SSE comment line and its blank line
+
+
+class _Tail:
+    """The transport as a half-closed client's answer writes to it (`HalfCloseProbe`): whether
+    the answer is an SSE stream, whether its last write ended an event, and when it was."""
+
+    __slots__ = ("_clock", "_transport", "at", "boundary", "sse")
+
+    def __init__(self, transport: asyncio.Transport, clock: Callable[[], float]) -> None:
+        self._transport = transport
+        self._clock = clock
+        self.sse: bool | None = None  # known once the head is written
+        self.boundary = False
+        self.at = clock()
+
+    def write(self, data: bytes) -> None:
+        self._transport.write(data)
+        if self.sse is None:  # uvicorn writes the status line and headers in one write
+            head = data[:data.find(b"\r\n\r\n")].lower()
+            self.sse = b"\r\ncontent-type: text/event-stream" in head
+        # a chunk of uvicorn's chunked framing whose data ends a whole event
+        self.boundary = data.endswith(b"\n\n\r\n")
+        self.at = self._clock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class HalfCloseProbe(HttpToolsProtocol):
@@ -53,6 +89,7 @@ class HalfCloseProbe(HttpToolsProtocol):
             # HTTP/1.0: the client left
             return None
         cycle.keep_alive = False  # no request can come after it: closed once answered
+        cycle.transport = cast(asyncio.Transport, _Tail(self.transport, self.loop.time))
         self._probe(cycle)
         return True
 
@@ -69,12 +106,26 @@ class HalfCloseProbe(HttpToolsProtocol):
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
             return
         if cycle.response_started:
-            return  # (once the last answer runs, its own writes probe)
+            self._probe_stream(cycle)
+            return
         if self._answering():  # an earlier pipelined answer: its writes probe; look again
             self.loop.call_later(REPROBE_S, self._probe, cycle)
             return
         self.transport.write(CONTINUE)
         self.loop.call_later(PROBE_S, self._probed, cycle)
+
+    def _probe_stream(self, cycle: RequestResponseCycle) -> None:
+        """The last answer runs: its writes probe the client. A stream quiet for `REPROBE_S`
+        at an event boundary is probed with a comment line (module docstring); one the
+        client is not reading (bytes still buffered) is left to the stall rule."""
+        tail = cycle.transport
+        if (isinstance(tail, _Tail) and tail.sse and tail.boundary and cycle.chunked_encoding
+                and self._running is cycle and self.loop.time() - tail.at >= REPROBE_S
+                and not self.transport.get_write_buffer_size()):
+            self.transport.write(KEEP_ALIVE)
+            self.loop.call_later(PROBE_S, self._probed, cycle)
+            return
+        self.loop.call_later(REPROBE_S, self._probe, cycle)
 
     def _probed(self, cycle: RequestResponseCycle) -> None:
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():

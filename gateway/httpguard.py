@@ -33,8 +33,9 @@ returns a subclass that
   `REPROBE_S` until the answer starts, with an interim ``100 Continue`` (RFC 9110 15.2: a
   client must parse an unexpected 1xx): a client gone resets it (its kernel answers the probe
   with a RST), and the request is then a client gone as before (``http.disconnect``),
-  `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream that
-  stalls then is bounded by the idle timeout). The connection closes after the answer.
+  `PROBE_S` later; once the answer runs, its own writes fail the same way (a stream quiet
+  for `REPROBE_S` gets an SSE comment line that probes as the 100 does). The connection
+  closes after the answer.
   Pipelined requests sent before the half-close are answered in turn, the connection closed
   after the last (no 100 goes out while an earlier answer is being written). A request cut
   short by the EOF, an answer already under way (a client leaving a stream it

@@ -164,7 +164,7 @@ class TierConfig(BaseModel):
     # vLLM's operator-only body fields (`request_id`, `kv_transfer_params`, `vllm_xargs`) are
     # forwarded only for tiers that allow them; otherwise they are dropped from the request
     operator_fields: bool = False
-    flow: TierFlow = Field(default_factory=TierFlow)  # flow control (gateway/flow.py)
+    flow: TierFlow = Field(default_factory=TierFlow)  # flow control (gateway/flow/)
 
 
 class PolicyDoc(BaseModel):

@@ -49,9 +49,9 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay, judge, stream_error
+from gateway.relay import Relay, internal_error, judge, stream_error
 from gateway.replicas import Replica
-from gateway.request import Head, ProxiedRequest, read_body, scan_headers
+from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.tenancy.edge import TenantGate
@@ -91,6 +91,7 @@ class Proxy:
         self._metrics = metrics
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
+        self._uploads = Uploads(cfg.server.max_pending_body_bytes)
         self._up = cfg.upstream
         self._retry = frozenset(cfg.upstream.retry_statuses)
         self.cors = Cors.from_config(cfg.server)  # None: CORS off
@@ -133,7 +134,7 @@ class Proxy:
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
-                await read_body(receive, self._limit, declared)
+                await read_body(receive, self._limit, declared, self._uploads)
             except KvgateError as exc:
                 await send_whole(send, exc.status, [*exc.headers(), (b"x-request-id", req_id)],
                                  exc.body())
@@ -168,7 +169,7 @@ class Proxy:
             raise EncodedBody
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
-        body = await read_body(receive, self._limit, head.declared)
+        body = await read_body(receive, self._limit, head.declared, self._uploads)
         gone = partial(until_disconnect, receive)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 
@@ -184,6 +185,17 @@ class Proxy:
         pool.budget.deposit()
         req.route = "spill" if req.spilled else decision.reason
         headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
+        try:
+            await self._tries(send, req, order, body, headers)
+        finally:
+            if req.suspect is not None:  # another replica answered it, or none could: the
+                req.suspect.record_failure(self._clock())  # suspect's 500 was its own failure
+
+    async def _tries(
+        self, send: Send, req: ProxiedRequest, order: list[Replica], body: bytes,
+        headers: dict[str, str],
+    ) -> None:
+        pool = req.pool
         failure: UpstreamError | None = None  # built only when an attempt fails (rare)
         for i, replica in enumerate(order):
             if i > 0:
@@ -250,7 +262,10 @@ class Proxy:
                     why = type(exc).__name__
                 log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
-            if (resp.status in self._retry and not last) or resp.status in REFUSED:
+            # a second internal error is relayed (`Relay._relay_whole` acquits the suspect)
+            retry = resp.status in self._retry and not last and not (
+                resp.status == 500 and req.suspect is not None)
+            if retry or resp.status in REFUSED:
                 try:  # a short error body: it tells busy from faulted from dead
                     data = await read_whole(resp, self._up.max_answer_bytes)
                     clean = True
@@ -258,6 +273,11 @@ class Proxy:
                     data = b""
                 except AnswerTooLarge:  # not a short error body: judged as a plain failure
                     data = b""
+                if internal_error(resp.status, data):  # this replica's fault or the request's?
+                    req.suspect = replica  # one other replica tries it and tells (`_forward`)
+                    log.info("replica answered 500, trying one other", extra={
+                        "replica": replica.id, "request_id": req.req_id.decode("latin-1")})
+                    return UpstreamError("The replica answered 500.", reason="status_500")
                 verdict = judge(replica, resp.status, data, self._clock())
                 if verdict == "refused":  # kvgate's credentials, not the client's: a 502
                     return ReplicaRefused(resp.status)

@@ -111,6 +111,13 @@ def not_an_answer(status: int) -> UpstreamError:
                          reason=f"status_{status}")
 
 
+def internal_error(status: int, body: bytes) -> bool:
+    """vLLM's 500 for one request (an exception while serving it: `GenerationError`, a
+    template or parser bug, ...), not its dead engine's (`judge`): the replica or the request
+    may be at fault, and the same request elsewhere tells which (`Proxy._forward`)."""
+    return status == 500 and _DEAD not in body
+
+
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
     """The answer to a request whose only try left met vLLM's dead-engine 500 (the replica
     is down now): the pool's 503 with Retry-After when no replica is left -- what the next
@@ -387,6 +394,10 @@ class Relay:
             # the stream can only end it with a 502 event (`error_event`), and the replica is
             # judged by what the client got, not by a status that looks like a success
             replica.record_failure(self._clock())
+        elif req.suspect is not None and internal_error(resp.status, data):
+            # a second replica failed this request as the first did: the request's fault
+            # (relayed as the replica answered it), neither replica's
+            req.suspect = None
         elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         elif verdict == "dead":

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from gateway.apikey import BARE_KEY_HEADERS, bare_key, merge
 from gateway.asgi import Receive
 from gateway.body import ParsedBody
-from gateway.errors import BodyTooLarge
+from gateway.errors import BodyTooLarge, UploadsFull
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
@@ -20,7 +20,10 @@ from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
 from routing.types import RequestFeatures
 
-__all__ = ["Head", "ProxiedRequest", "read_body", "request_id", "scan_headers"]
+__all__ = ["Head", "ProxiedRequest", "Uploads", "read_body", "request_id", "scan_headers"]
+
+# 5xx a request ends with that ran no output for its client (`ProxiedRequest.refused`)
+_NO_OUTPUT = frozenset({500, 502, 503})
 
 
 class ProxiedRequest:
@@ -55,6 +58,7 @@ class ProxiedRequest:
         "sse",
         "status",
         "strip",
+        "suspect",
         "t0",
         "target",
         "tenant",
@@ -70,6 +74,9 @@ class ProxiedRequest:
         self.route = "none"
         self.replica = "none"
         self.target: Replica | None = None  # the replica of the current attempt
+        # a replica that answered it vLLM's 500 for a request (not its dead engine's), not yet
+        # charged a failure: whose fault it was, the next try tells (`Proxy._forward`)
+        self.suspect: Replica | None = None
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client
@@ -99,11 +106,13 @@ class ProxiedRequest:
         timeout or a client that left: 408 and 499 are the gateway's own, after output
         perhaps), or its tries failed before any output and the gateway answered 502/503
         (dead engines, nothing listening: the first request of an outage, whose next ones the
-        pool's 503 refuses before any replica; a 504's replica may have been working on it)."""
+        pool's 503 refuses before any replica; a 504's replica may have been working on it),
+        or a replica's 500 was its answer (an exception serving it: the client got nothing,
+        and the output reserved for it was charged to its tenant's TPM)."""
         status = self.status
-        return ((400 <= status < 500 and status not in (408, 499)) or status in (502, 503)) and (
-                self.replica != "none" and self.used is None and self.ttft is None
-                and not self.relayed)
+        failed = (400 <= status < 500 and status not in (408, 499)) or status in _NO_OUTPUT
+        return failed and (self.replica != "none" and self.used is None and self.ttft is None
+                           and not self.relayed)
 
     def settle_tokens(self) -> int | None:
         """Tokens to charge: real usage; 0 when nothing reached a replica; the prompt
@@ -119,22 +128,56 @@ class ProxiedRequest:
         return None
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+class Uploads:
+    """The bytes of request bodies still arriving, all requests together, bounded
+    (`server.max_pending_body_bytes`; 0: no bound): many slow uploads of up to
+    `server.max_body_bytes` each held the gateway's memory without bound (40 of 7 MiB: +280 MB
+    RSS), since a tenant's limits are checked only once its body is in."""
+
+    __slots__ = ("_limit", "pending")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.pending = 0
+
+    def take(self, n: int) -> None:
+        if self._limit and self.pending + n > self._limit and self.pending:
+            raise UploadsFull("The gateway is receiving too many request bodies at once; "
+                              "retry shortly.")
+        self.pending += n
+
+    def give(self, n: int) -> None:
+        self.pending -= n
+
+
+async def read_body(
+    receive: Receive, limit: int, declared: int | None, uploads: Uploads | None = None,
+) -> bytes:
+    """The whole body (413 past ``limit``); while it arrives in parts, its bytes count in
+    ``uploads`` (a body whole in its first message, the common case, is not counted)."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
     chunks: list[bytes] = []
-    size = 0
-    while True:
-        msg = await receive()
-        if msg["type"] != "http.request":
-            raise asyncio.CancelledError  # client left while sending
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-        chunks.append(chunk)
-        if not msg.get("more_body", False):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    size = taken = 0
+    try:
+        while True:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                raise asyncio.CancelledError  # client left while sending
+            chunk = msg.get("body", b"")
+            more = msg.get("more_body", False)
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+            if uploads is not None and (more or chunks):
+                uploads.take(len(chunk))
+                taken += len(chunk)
+            chunks.append(chunk)
+            if not more:
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
+        if taken:
+            uploads.give(taken)  # type: ignore[union-attr]  # (taken only with uploads)
 
 
 class Head(NamedTuple):

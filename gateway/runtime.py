@@ -107,7 +107,7 @@ async def start_runtime(
         shared = proxy.responses.shared = SharedHomes(
             connect_redis(tenancy.redis_url, max_connections=16), tenancy.settings.namespace)
         stack.push_async_callback(shared.close)
-    if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow.py)
+    if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow/)
         proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics, clock)
     await members.start_discovery()
     monitor = HealthMonitor(pools, cfg.health, clock)

@@ -42,7 +42,7 @@ class LiveViews:
         self._pools, self._router, self._planner = pools, router, prep.planner
         self._parse = prep.parse
         self._gate, self._scraper, self._clock = gate, scraper, clock
-        self.flow: FlowGate | None = None  # flow control, when on (gateway/flow.py)
+        self.flow: FlowGate | None = None  # flow control, when on (gateway/flow/)
 
     # -- GET /admin/replicas -----------------------------------------------------------------
     def replicas(self) -> dict[str, Any]:

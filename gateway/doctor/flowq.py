@@ -16,7 +16,7 @@ __all__ = ["flow_queues"]
 def flow_queues(gate: FlowGate) -> Callable[[], dict[str, tuple[float, float]]]:
     def read() -> dict[str, tuple[float, float]]:
         queued: dict[str, float] = {}
-        for family in gate.m_queued.collect():
+        for family in gate.metrics.queued.collect():
             for s in family.samples:
                 if s.name.endswith("_total"):
                     pool = s.labels["pool"]

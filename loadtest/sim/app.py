@@ -267,9 +267,13 @@ class SimApp:
             inputs = [inputs]
         if not isinstance(inputs, list) or not inputs:
             raise SimError(400, "1 validation error: 'input' is required", "Bad Request", "input")
-        dim = body.get("dimensions") or self.options.embedding_dim
-        if not isinstance(dim, int) or dim < 1:
-            raise SimError(400, "'dimensions' must be a positive integer", param="dimensions")
+        full = self.options.embedding_dim
+        dim = body.get("dimensions") or full
+        # (no longer than the model's own vector: a client's 10**9 took the replica's memory
+        # and its event loop for minutes)
+        if not isinstance(dim, int) or not 1 <= dim <= full:
+            raise SimError(400, f"'dimensions' must be an integer from 1 to {full}, the model's "
+                           "embedding size", param="dimensions")
         encoding = body.get("encoding_format") or "float"
         if encoding not in ("float", "base64"):
             raise SimError(400, "1 validation error: 'encoding_format' must be 'float' or "

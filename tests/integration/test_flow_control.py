@@ -653,6 +653,29 @@ def test_a_request_its_replica_refuses_is_charged_its_prompt_only(s: Stack) -> N
     assert served_tokens(s) - before > charged  # an answered request keeps its charge
 
 
+def test_an_embedding_is_charged_its_prompt_only(s: Stack) -> None:
+    """An embedding generates nothing: flow control charged it `flow.expected_output_tokens`
+    (256 by default), or the ``max_tokens`` its body happened to carry, on top of its prompt,
+    so a tenant embedding a corpus looked like one generating, to the share cap and the
+    fair-share order."""
+    tenant, key = s.tenant_with_id("free")
+    text = "kvgate embeds this sentence. " * 8
+    with admin_client(s.base, ADMIN) as admin:
+        for request in ({"model": "m", "input": text}, {"model": "m", "input": text,
+                                                          "max_tokens": 5000, "n": 3}):
+            out = admin.post("/route/explain", json={
+                "tenant": tenant, "endpoint": "embeddings", "request": request})
+            assert out.status_code == 200, out.text
+            cost = out.json()["flow"]["cost_tokens"]
+            assert 0 < cost <= len(text) / 4 + 1, cost  # the prompt estimate alone
+    before = served_tokens(s)
+    answer = sdk(s.base, key).embeddings.create(model="m", input=text,
+                                                extra_body={"max_tokens": 5000})
+    assert answer.data and answer.usage.total_tokens > 0
+    assert served_tokens(s) - before == cost
+    assert inflight(s.base) == 0
+
+
 def test_a_request_the_gateway_refuses_after_flow_control_is_charged_nothing(
     s: Stack,
 ) -> None:

@@ -172,3 +172,32 @@ def test_a_client_that_pipelines_then_resets_still_stops_it_upstream(
         sock.close()  # a reset, not a FIN
         wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_a_half_closed_client_that_leaves_a_stalled_stream_stops_it_upstream(
+    sim_factory: SimFactory,
+) -> None:
+    """The stream started (no 1xx may probe it now) and then went quiet: a replica that
+    stalls after 3 tokens. The client still there gets `: keep-alive` comment lines and keeps
+    its stream; once it closes its socket, the next comment's reset stops the request at the
+    replica within a probe or two. It ran on until the idle timeout (120 s) before."""
+    _, sim = sim_factory("--time-scale", "1", "--hang-after-tokens", "3")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        before = _aborted(sim)
+        sock = _request(_port(base), _body(True, 3000))
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(10)
+        got = b""
+        while b": keep-alive" not in got:  # the stall is probed, the client still reading
+            chunk = sock.recv(65536)
+            assert chunk, got
+            got += chunk
+        assert got.count(b"data: {") >= 3 and b"[DONE]" not in got
+        assert _aborted(sim) == before and inflight(base) == 1
+        sock.close()
+        started = time.monotonic()
+        wait_for(lambda: _aborted(sim) > before, timeout=5, what="the replica sees an abort")
+        assert time.monotonic() - started < 3.0
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+        assert any('status="499"' in k for k in metric_values(base, "kvgate_requests_total"))

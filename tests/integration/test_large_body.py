@@ -158,3 +158,39 @@ def test_concurrent_large_bodies_are_prepared_a_few_at_a_time() -> None:
         assert asyncio.run(send_all()) == [503] * 8
         peak = _memory_mb(gw.popen.pid, "VmHWM")
         assert peak - before < 450, (before, peak)
+
+
+def _post(base: str, size: int) -> httpx.Response:
+    body = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * size}]})
+    return httpx.post(f"{base}/v1/chat/completions", content=body, timeout=10)
+
+
+def _uploads_full(resp: httpx.Response) -> bool:
+    return resp.status_code == 503 and "too many request bodies" in resp.text
+
+
+def test_bodies_still_arriving_are_bounded_all_together() -> None:
+    """Slow uploads, each within `max_body_bytes`, held the gateway's memory without bound
+    (40 of 7 MiB held: +280 MB RSS; a tenant's limits are checked only once its body is in).
+    Past `server.max_pending_body_bytes` of bodies arriving a body gets a 503 with
+    Retry-After; once the slow one left, bodies are taken again (nothing stays counted)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw, base = gateway_proc(config={
+        "pools": {"p": {"served_model": "m", "replicas": [dead]}},
+        "server": {"max_body_bytes": 1 << 20, "max_pending_body_bytes": 1 << 20},
+    }, ready=False)
+    with gw:
+        slow = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+                     + b'{"model": "m", "messages": [{"role": "user", "content": "'
+                     + b"x" * 600_000)  # and holds the rest back
+        wait_for(lambda: _uploads_full(_post(base, 500_000)), 10,
+                 "a body refused while the slow one arrives")
+        refused_now = _post(base, 500_000)
+        assert _uploads_full(refused_now) and refused_now.headers["retry-after"] == "1"
+        assert refused_now.json()["error"]["type"] == "ServiceUnavailableError"
+        slow.close()
+        wait_for(lambda: not _uploads_full(_post(base, 500_000)), 10, "bodies taken again")
+        for _ in range(3):  # the slow one's bytes, and each refused one's, were given back
+            assert not _uploads_full(_post(base, 500_000))

@@ -144,6 +144,10 @@ def test_models_embeddings_tokenize_version_load(sim: str) -> None:
     b = client.embeddings.create(model=MODEL, input="same").data
     assert a[0].embedding == b[0].embedding != a[1].embedding
     assert sum(x * x for x in a[0].embedding) == pytest.approx(1.0)
+    short = client.embeddings.create(model=MODEL, input="x", dimensions=8).data[0]
+    assert len(short.embedding) == 8
+    with pytest.raises(openai.BadRequestError):  # no longer than the model's vector (a 10**9
+        client.embeddings.create(model=MODEL, input="x", dimensions=10**9)  # one hung it)
     tok = httpx.post(f"{sim}/tokenize", json={"model": MODEL, "prompt": "abcdefghi"}).json()
     assert tok["count"] == 3 and tok["max_model_len"] == 4096
     assert httpx.get(f"{sim}/version").json() == {"version": "0.34.0"}

@@ -12,9 +12,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import openai
+import orjson
 import pytest
 
-from tests.support.gateway import acme_gateway, admin_client
+from tests.support.gateway import (
+    AUTH_SECRET,
+    acme_gateway,
+    admin_client,
+    gateway_proc,
+    inflight,
+    metric_values,
+)
 from tests.support.procs import Proc
 
 ADMIN = "tpm-reservation-admin-token-0123"
@@ -55,3 +63,75 @@ def test_a_request_its_replica_refuses_is_charged_its_prompt_only(
                                        max_tokens=100_000)
     # the 100,000 tokens reserved never ran: only the prompt stays charged
     assert _remaining(client, max_tokens=1) >= TPM - 60
+
+
+def test_an_embedding_reserves_its_prompt_only(client: openai.OpenAI) -> None:
+    """No output to reserve, whatever its body carries: a ``max_tokens`` of 5000 (and ``n``
+    2) on an embedding reserved 10,000 tokens, emptying this 1000 TPM bucket: the tenant's
+    other requests got 429 until the embedding was settled."""
+    raw = client.embeddings.with_raw_response.create(
+        model="llama", input="Hello " * 20, extra_body={"max_tokens": 5000, "n": 2})
+    assert raw.parse().data
+    assert int(raw.headers["x-ratelimit-remaining-tokens"]) >= TPM - 40
+
+
+def test_a_request_retried_after_a_500_is_reserved_and_settled_once(
+        sim_factory: Callable[..., tuple[Proc, str]], redis_url: str) -> None:
+    """A replica answering vLLM's 500 for every request, another serving: the requests it
+    failed are answered by the other, each reserved once and settled with the one usage that
+    answered it; nothing stays in flight; the retry is in the metrics and the log."""
+    _, bad = sim_factory("--time-scale", "50", "--error-rate", "1", model="m")
+    _, good = sim_factory("--time-scale", "50", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [bad, good]}},
+              "models": {"llama": {"free": "p"}}, "routing": {"policy": "round_robin"},
+              "tiers": {"free": {"limits": {"tpm": TPM}}},
+              "tenants": [{"id": "acme", "tier": "free"}]}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": redis_url}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with gw, admin_client(base, ADMIN) as admin:
+        key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        used = 0
+        for _ in range(2):  # round robin: one of them meets the failing replica first
+            raw = client.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}], max_tokens=20,
+                extra_body={"ignore_eos": True})
+            answer = raw.parse()
+            assert answer.usage is not None and raw.headers["x-kvgate-replica"].endswith(
+                good.rsplit("/", 1)[1])
+            used += answer.usage.total_tokens
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        assert sum(v for k, v in retries.items() if "status_500" in k) == 1, retries
+        left = _remaining(client, max_tokens=1)
+        # the two answers' usage and this one's reservation: no try charged twice
+        assert TPM - used - 15 <= left <= TPM - used, (left, used)
+        assert inflight(base) == 0
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        lines = [orjson.loads(line) for line in gw.output(None).splitlines()
+                 if line.startswith("{")]
+    assert any(r.get("msg") == "replica answered 500, trying one other" for r in lines)
+    retried = [r for r in lines if r.get("msg") == "request" and r["attempts"] == 2]
+    assert len(retried) == sum(retries.values()) >= 1, retries
+    assert all(r["route"] == "retry" and r["status"] == 200 for r in retried), retried
+
+
+def test_a_request_its_replica_fails_with_500_is_charged_its_prompt_only(
+        sim_factory: Callable[..., tuple[Proc, str]], redis_url: str) -> None:
+    """vLLM's 500 (an exception serving the request) is the answer: the client got no output,
+    and the 3 x 100 tokens reserved for it stayed charged to its tenant's TPM."""
+    _, sim = sim_factory("--time-scale", "50", "--error-rate", "1", model="m")
+    gw, base = acme_gateway(sim, redis_url, ADMIN, {"tpm": TPM})
+    with gw, admin_client(base, ADMIN) as admin:
+        key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        with pytest.raises(openai.InternalServerError):
+            client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}], n=3,
+                max_tokens=100)
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": "Hello"}], max_tokens=1)
+        # the second one's answer shows the bucket after the first was settled
+        left = int(failed.value.response.headers["x-ratelimit-remaining-tokens"])
+        assert left >= TPM - 40, left

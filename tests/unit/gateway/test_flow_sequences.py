@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 
-from gateway.body import ParsedBody
-from gateway.flow import _prompts, _sequences
+from gateway.body import ParsedBody, parse_body
+from gateway.flow import asked_tokens
+from gateway.flow.cost import _prompts, _sequences
 from routing.flow import request_cost
 
 
@@ -38,3 +40,17 @@ def test_a_batch_longer_than_the_context_is_still_charged_its_outputs() -> None:
     # one prompt alone still fits its output beside itself only
     assert request_cost(4000, 1000, 256, 4096, 1, 1) == 4096
     assert request_cost(8000, 1000, 256, 4096, 2, 2) == 8000 + 2 * 96
+
+
+@pytest.mark.parametrize("extra", [{}, {"max_tokens": 5000}, {"max_tokens": 5000, "n": 3}])
+def test_an_embedding_asks_for_its_prompt_only(extra: dict[str, Any]) -> None:
+    """No output, whatever the body carries: flow control charged it the expected output
+    (or its `max_tokens`), TPM admission its `max_tokens` x `n`."""
+    raw = orjson.dumps({"model": "m", "input": "x" * 400, **extra})
+    embedding = parse_body(raw, "embeddings")
+    assert asked_tokens(embedding, embedding.prompt_tokens, 256) == embedding.prompt_tokens
+    assert asked_tokens(embedding, embedding.prompt_tokens, 256, 4096) == 100
+    # the same fields on a completion are output asked for
+    completion = parse_body(orjson.dumps({"model": "m", "prompt": "x" * 400, **extra}),
+                            "completions")
+    assert asked_tokens(completion, completion.prompt_tokens, 256) > 100 + 255

@@ -21,7 +21,8 @@ from gateway.relay import judge, stream_error
 from gateway.replicas import HealthRules, Replica
 from gateway.transport import Transport, UpstreamResponse
 
-A, B = "http://127.0.0.1:1", "http://127.0.0.1:2"  # never connected to: the transport fakes them
+# never connected to: the transport fakes them
+A, B, C = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
 OK = orjson.dumps({"id": "c", "object": "text_completion", "model": "sim-model", "choices": [
     {"index": 0, "text": "hi", "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
@@ -158,7 +159,8 @@ async def _call(app: GatewayApp, body: dict[str, Any], path: str = "/v1/completi
 
 def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
          upstream: dict[str, Any] | None = None, *, together: bool = False,
-         path: str = "/v1/completions") -> tuple[list[tuple[int, bytes]], list[str]]:
+         path: str = "/v1/completions", health: dict[str, Any] | None = None,
+         ) -> tuple[list[tuple[int, bytes]], list[str]]:
     """Each request answered in turn (``together``: all at once)."""
     posts: list[str] = []
 
@@ -166,9 +168,9 @@ def _run(script: dict[str, Behaviour], requests: list[dict[str, Any]],
         return FakeTransport(script, posts)
 
     cfg = load_config(None, environ={}, overrides={
-        "pools": {"p": {"served_model": "sim-model", "replicas": [A, B]}},
+        "pools": {"p": {"served_model": "sim-model", "replicas": list(script)}},
         "tenancy": {"auth": False}, "upstream": upstream or {},
-        "routing": {"scrape_interval_ms": 60_000}})
+        "routing": {"scrape_interval_ms": 60_000}, "health": health or {}})
 
     async def run() -> list[tuple[int, bytes]]:
         app = GatewayApp(cfg, transport=factory)
@@ -222,6 +224,51 @@ def test_busy_everywhere_passes_the_last_answer_through() -> None:
     assert answers[0][0] == 503
     assert orjson.loads(answers[0][1])["error"]["message"]
     assert sorted(posts) == [A, B]  # each replica tried once, none twice
+
+
+# vLLM's 500 for one request (an exception while serving it), not its dead engine's
+INTERNAL = (b'{"error":{"message":"list index out of range","type":"InternalServerError",'
+            b'"param":null,"code":500}}')
+
+
+def first(n: int, then: Behaviour, before: Behaviour) -> Behaviour:
+    """``before`` for the first ``n`` requests, ``then`` after."""
+    calls = 0
+
+    async def answer() -> FakeResponse:
+        nonlocal calls
+        calls += 1
+        result: FakeResponse = await (before if calls <= n else then)()
+        return result
+    return answer
+
+
+def test_an_internal_error_on_two_replicas_is_the_requests_answer() -> None:
+    """vLLM's 500 for a request that fails wherever it runs (a bug its input triggers) was
+    tried on every replica (each a prefill paid, on top of the SDK's own two retries of a
+    500): after a second replica fails it alike, its 500 is the answer, as vLLM sent it."""
+    answers, posts = _run({A: status(500, INTERNAL), B: status(500, INTERNAL),
+                           C: status(500, INTERNAL)}, [REQ])
+    assert answers == [(500, INTERNAL)]
+    assert len(posts) == 2
+
+
+def test_a_request_that_fails_everywhere_ejects_no_replica() -> None:
+    """Three such requests (one client and its SDK's retries) charged a failure to every
+    replica they met: a quiet pool was ejected whole, and every tenant got 503s. Two
+    replicas failing one request alike is the request's fault, not theirs."""
+    poison = status(500, INTERNAL)
+    answers, _ = _run({A: first(3, ok(), poison), B: first(3, ok(), poison)}, [REQ] * 4,
+                      health={"failure_threshold": 3})
+    assert [code for code, _ in answers] == [500, 500, 500, 200]
+
+
+def test_a_replica_failing_what_another_serves_is_still_ejected() -> None:
+    """Its 500 is charged once another replica answered the same request."""
+    answers, posts = _run({A: status(500, INTERNAL), B: ok()}, [REQ] * 8,
+                          health={"failure_threshold": 3, "eject_base_s": 60})
+    assert all(code == 200 for code, _ in answers)
+    assert posts.count(A) == 3  # ejected at its third failure, never tried again
 
 
 def test_a_client_error_is_not_retried() -> None:

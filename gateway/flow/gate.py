@@ -37,10 +37,6 @@ from functools import partial
 from time import perf_counter
 from typing import Any
 
-from prometheus_client import Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-
 from gateway.body import ParsedBody
 from gateway.config import FlowSection
 from gateway.drain import interruptible
@@ -50,13 +46,15 @@ from gateway.errors import (
     QueueShed,
     ShutDownWhileQueued,
 )
-from gateway.metrics import LATENCY_BUCKETS, GatewayMetrics
+from gateway.flow.cost import asked_tokens
+from gateway.flow.metrics import FlowMetrics
+from gateway.metrics import GatewayMetrics
 from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.resolver import Principal
-from routing.flow import Entry, PoolFlow, replica_reasons, request_cost
+from routing.flow import Entry, PoolFlow, replica_reasons
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision
@@ -126,33 +124,7 @@ class FlowGate:
         self._planner = planner
         self._clock = clock
         self._states: dict[str, _PoolState] = {}
-        reg = metrics.registry
-        self.m_queued = Counter(
-            "kvgate_flow_queued_total", "requests that waited in flow control's queue",
-            ["pool", "tier"], registry=reg)
-        self.m_wait = Histogram(
-            "kvgate_flow_wait_seconds", "time released requests waited in the queue", ["tier"],
-            buckets=LATENCY_BUCKETS, registry=reg)
-        self.m_shed = Counter(
-            "kvgate_flow_shed_total", "queued or arriving requests shed by flow control",
-            ["pool", "tier", "reason"], registry=reg)
-        self.m_abandoned = Counter(
-            "kvgate_flow_abandoned_total", "queued requests whose client disconnected",
-            ["pool", "tier"], registry=reg)
-        self.m_tokens = Counter(
-            "kvgate_flow_served_tokens_total",
-            "tokens (prompt + expected output) sent on by flow control, counted when the "
-            "request is over (refused before any output: its prompt only): the fair-share view",
-            ["pool", "tier", "tenant"], registry=reg)
-        reg.register(_FlowCollector(self))
-        self._children: dict[tuple[object, ...], Any] = {}
-
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+        self.metrics = FlowMetrics(metrics.registry, self._queues, self._saturation)
 
     # -- the hook -----------------------------------------------------------------------------
     async def admit(
@@ -236,10 +208,10 @@ class FlowGate:
             self._shed(state, evicted, "queue_full", now)
         if offer.entry is None:
             req.route = "shed"
-            self._child(self.m_shed, state.name, req.tier, "queue_full").inc()
+            self.metrics.child(self.metrics.shed, state.name, req.tier, "queue_full").inc()
             raise self._full(state, band, doc, now)
         ticket.entry, ticket.state = offer.entry, state
-        self._child(self.m_queued, state.name, req.tier).inc()
+        self.metrics.child(self.metrics.queued, state.name, req.tier).inc()
         loop.call_soon(self._pump, state)
         watch: asyncio.Future[object] | None = None
         if gone is not None:
@@ -259,7 +231,7 @@ class FlowGate:
             self._sent(state, req, principal.tenant_id, cost, plan, ticket.entry)
         except _Gone:
             req.queued_s = perf_counter() - t0
-            self._child(self.m_abandoned, state.name, req.tier).inc()
+            self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
         except ShutDownWhileQueued:
             req.queued_s = perf_counter() - t0
@@ -280,7 +252,7 @@ class FlowGate:
                     state.transit = None
                     loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
-        self._child(self.m_wait, req.tier).observe(waited)
+        self.metrics.child(self.metrics.wait, req.tier).observe(waited)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
 
@@ -323,7 +295,7 @@ class FlowGate:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
 
     def _shed(self, state: _PoolState, entry: Entry[_Ticket], reason: str, now: float) -> None:
-        self._child(self.m_shed, state.name, entry.tier, reason).inc()
+        self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
         retry = state.flow.queue.retry_after(entry.band, now, now - entry.enqueued_at)
@@ -389,10 +361,17 @@ class FlowGate:
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
         state.flow.done(tenant, cost)
-        self._child(self.m_tokens, state.name, req.tier, req.tenant).inc(charged)
+        self.metrics.child(self.metrics.tokens, state.name, req.tier, req.tenant).inc(charged)
 
     def pools(self) -> dict[str, _PoolState]:
         return self._states
+
+    def _queues(self) -> list[tuple[str, PoolFlow[_Ticket]]]:
+        return [(name, state.flow) for name, state in self._states.items()]
+
+    def _saturation(self) -> list[tuple[str, bool]]:
+        now = self._clock()
+        return [(pool.name, self.saturated(pool, now)) for pool in self._pools.by_name.values()]
 
     def saturated(self, pool: Pool, now: float) -> bool:
         views = [r.view(now) for r in pool.replicas]
@@ -455,69 +434,3 @@ class FlowGate:
 def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
     snap = principal.policy
     return snap.doc if snap is not None else pools.doc
-
-
-def asked_tokens(
-    parsed: ParsedBody, prompt_tokens: int, expected_output: int, context: int | None = None,
-) -> float:
-    """What a request may consume: its prompt plus ``n`` times its output (``max_tokens``,
-    else ``expected_output``), per `request_cost`. Flow control holds it; the tenant's TPM
-    admission reserves it (`Preparer.prepare`), both settled with the real usage."""
-    return request_cost(prompt_tokens, _max_tokens(parsed), expected_output, context,
-                        _sequences(parsed), _prompts(parsed))
-
-
-def _max_tokens(parsed: ParsedBody) -> int | None:
-    data = parsed.data
-    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-        value = data.get(key)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def _sequences(parsed: ParsedBody) -> int:
-    """How many outputs the request asks for: ``n`` (vLLM refuses n < 1) per prompt, and a
-    completions batch (a list of prompts) has one prompt per entry."""
-    value = parsed.data.get("n")
-    n = value if isinstance(value, int) and not isinstance(value, bool) and value > 1 else 1
-    return n * _prompts(parsed)
-
-
-def _prompts(parsed: ParsedBody) -> int:
-    """How many prompts a completions batch holds (1 for anything else): vLLM checks each
-    against the context on its own, and each gets its own outputs."""
-    prompt = parsed.data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) > 1 and all(
-            isinstance(p, str | list) for p in prompt):
-        return len(prompt)
-    return 1
-
-
-class _FlowCollector(Collector):
-    """Queue depth per pool and band, whether each pool is saturated, and the requests held
-    for spare room (the share cap's hogs, counted by the core), at scrape time."""
-
-    def __init__(self, gate: FlowGate) -> None:
-        self._gate = gate
-
-    def collect(self) -> list[Metric]:
-        gate = self._gate
-        depth = GaugeMetricFamily("kvgate_flow_queue_depth",
-                                  "requests waiting in flow control's queue",
-                                  labels=["pool", "band"])
-        sat = GaugeMetricFamily("kvgate_flow_saturated",
-                                "1 when no healthy replica of the pool has room",
-                                labels=["pool"])
-        holds = CounterMetricFamily("kvgate_flow_hog_holds",
-                                    "queued requests passed over at a release because their "
-                                    "tenant is a hog and no replica had spare room",
-                                    labels=["pool"])
-        now = gate._clock()
-        for name, state in gate.pools().items():
-            for band, n in state.flow.queue.depth().items():
-                depth.add_metric([name, str(band)], n)
-            holds.add_metric([name], state.flow.hog_holds)
-        for pool in gate._pools.by_name.values():
-            sat.add_metric([pool.name], 1.0 if gate.saturated(pool, now) else 0.0)
-        return [depth, sat, holds]

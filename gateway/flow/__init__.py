@@ -1,0 +1,16 @@
+"""Flow control in the gateway: an admission queue per pool while the pool is saturated, around
+the pure core (`routing.flow`); docs/flow-control.md.
+
+- `gate.py`: `FlowGate` -- admit (straight through, spill-over, or wait in the pool's queue),
+  the pump that releases queued requests, each request's share of its pool until it is over,
+  and route explain's view of it.
+- `cost.py`: `asked_tokens` -- what a request may consume (its prompt plus ``n`` x the output
+  asked for; an embedding its prompt alone), held by flow control, reserved by TPM admission.
+- `metrics.py`: the ``kvgate_flow_*`` families -- counters, and the queue gauges read when
+  ``/metrics`` is scraped.
+"""
+
+from gateway.flow.cost import asked_tokens
+from gateway.flow.gate import FlowGate, until_disconnect
+
+__all__ = ["FlowGate", "asked_tokens", "until_disconnect"]
