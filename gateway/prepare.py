@@ -91,7 +91,7 @@ class Preparer:
         self._gate = gate
         self._responses = responses
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
-        self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow.py)
+        self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow/gate.py)
         self._off_loop = OffLoop(OFF_LOOP_AT_ONCE)
 
     def authenticate(self, token: str | None) -> Principal:
@@ -145,7 +145,7 @@ class Preparer:
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan, held = None, False
-        if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow.py)
+        if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow/gate.py)
             plan = await self.flow.admit(req, principal, parsed, gone)
         elif self._router.defers:  # several gateways: a contested pick may wait its rank
             plan = await self._hold(req, principal, parsed, gone)
@@ -265,7 +265,7 @@ class Preparer:
         """The request is over (answered, failed or abandoned): metrics, the request line,
         and the admission settled with the real usage."""
         total = perf_counter() - req.t0
-        if req.flow_done is not None:  # its tenant's share of the pool (gateway/flow.py)
+        if req.flow_done is not None:  # its tenant's share of the pool (gateway/flow/gate.py)
             req.flow_done()
             req.flow_done = None
         self._metrics.finished(
