@@ -145,7 +145,7 @@ class Preparer:
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan, held = None, False
-        if self.flow is not None:  # flow control: may wait in the pool's queue (gateway/flow/gate.py)
+        if self.flow is not None:  # flow control: may wait in its pool queue (gateway/flow)
             plan = await self.flow.admit(req, principal, parsed, gone)
         elif self._router.defers:  # several gateways: a contested pick may wait its rank
             plan = await self._hold(req, principal, parsed, gone)
