@@ -261,6 +261,15 @@ class Preparer:
             return None
         return home.replica
 
+    async def settle_before_answer(self, req: ProxiedRequest) -> None:
+        """Settle the admission before a whole answer goes out (`finish` then only releases):
+        a client sending its next request the moment it has this one's answer finds the
+        bucket settled. A ``max_tokens`` far above its tenant's TPM, reserved at admission,
+        made that next request a 429 for the moments until `finish` settled it (after a 400
+        for a context too long, or a short answer)."""
+        if req.adm is not None and (tokens := req.settle_tokens()) is not None:
+            await self._gate.settle(req.adm, tokens)
+
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
         """The request is over (answered, failed or abandoned): metrics, the request line,
         and the admission settled with the real usage."""

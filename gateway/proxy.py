@@ -99,7 +99,8 @@ class Proxy:
         self.prep = Preparer(pools, router, metrics, clock, gate, self.responses,
                              cfg.flow.expected_output_tokens)
         self.planner = self.prep.planner
-        self._relay = Relay(cfg, router, metrics, clock, self.responses)
+        self._relay = Relay(cfg, router, metrics, clock, self.responses,
+                            self.prep.settle_before_answer)
         self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream, cfg.server)
         # request ids: a random per-process prefix + a counter (unique, and cheaper than
         # reading the OS's random source per request)

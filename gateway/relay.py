@@ -42,7 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from time import perf_counter
 
 from gateway.asgi import Send, send_whole
@@ -173,7 +173,9 @@ class Relay:
     def __init__(
         self, cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
         clock: Callable[[], float], responses: ResponseStore,
+        settle: Callable[[ProxiedRequest], Awaitable[None]],
     ) -> None:
+        self._settle = settle  # the admission, before a whole answer goes out
         self._cfg = cfg
         self._router = router
         self._metrics = metrics
@@ -423,12 +425,14 @@ class Relay:
         req.ctl.done = True
         if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
             req.status, event = error_event(resp.status, data)  # (recorded as the client saw)
+            await self._settle(req)
             await send({"type": "http.response.body", "more_body": False,
                         "body": self._answered_by(req) + event})
             return True
         hdrs = self.headers(req, content_type)
         if (wait := _retry_after(resp)) is not None:
             hdrs.append((b"retry-after", wait))
+        await self._settle(req)
         await send_whole(send, resp.status, hdrs, data)
         return True
 

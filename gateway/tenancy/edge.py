@@ -90,6 +90,13 @@ class TenantGate:
             return None
         return await self._limiter.peek(principal.tenant_id, limits)
 
+    async def settle(self, adm: Admission, used_tokens: int) -> None:
+        """Charge real usage now (`finish` then only releases); never raises."""
+        try:
+            await self._limiter.settle(adm, used_tokens)
+        except KvgateError:
+            log.debug("admission not settled: store unavailable")
+
     async def finish(self, adm: Admission, used_tokens: int | None) -> None:
         """Settle and release; never raises (a request's answer must not depend on it)."""
         try:

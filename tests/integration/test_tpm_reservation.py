@@ -57,12 +57,14 @@ def test_n_choices_and_max_tokens_are_reserved_then_settled(client: openai.OpenA
 
 def test_a_request_its_replica_refuses_is_charged_its_prompt_only(
         client: openai.OpenAI) -> None:
-    # beyond the replica's context: vLLM's (here the simulator's) 400 before any output
-    with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model="llama", messages=[{"role": "user", "content": "x"}],
-                                       max_tokens=100_000)
-    # the 100,000 tokens reserved never ran: only the prompt stays charged
-    assert _remaining(client, max_tokens=1) >= TPM - 60
+    for _ in range(10):
+        # beyond the replica's context: vLLM's (here the simulator's) 400 before any output
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "x"}], max_tokens=100_000)
+        # the 100,000 tokens reserved never ran: only the prompt stays charged, and settled
+        # before the 400 went out (the next request, sent at once, was a 429 now and then)
+        assert _remaining(client, max_tokens=1) >= TPM - 200
 
 
 def test_an_embedding_reserves_its_prompt_only(client: openai.OpenAI) -> None:
