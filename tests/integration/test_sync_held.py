@@ -9,8 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -20,6 +19,7 @@ from gateway.fleet.sync import RouteSync, SyncSettings
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
+from tests.integration.test_sync_apply import _running
 from tests.support.procs import redis_proc
 
 KEY = b"kvgate:routes"
@@ -46,17 +46,6 @@ def _sync(url: str, member: str, **settings: float) -> tuple[RouteSync, Router]:
 def _peer(router: Router) -> None:
     """The other gateway is alive now (a second one: ``a-low`` ranks first, ``z-top`` last)."""
     router.apply_peer_load("z-top" if router.member < "z" else "a-low", {}, time.monotonic())
-
-
-@asynccontextmanager
-async def _running(url: str, sync: RouteSync) -> AsyncIterator[aioredis.Redis]:
-    r = aioredis.Redis.from_url(url)
-    await sync.start()
-    try:
-        yield r
-    finally:
-        await sync.stop()
-        await r.aclose()
 
 
 async def _until(condition: Callable[[], bool], within_s: float) -> float:

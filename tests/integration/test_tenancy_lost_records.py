@@ -94,8 +94,7 @@ async def test_a_lost_hash_is_written_back_by_one_gateway(
         for resolver in resolvers:
             await resolver.start()
             assert resolver.authenticate(key).tenant_id == "beta"
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             stored = await r.hgetall(lost)
             assert await r.delete(lost) == 1
             assert await r.exists("kvgate:seeded")  # the marker stayed: no wipe
@@ -105,8 +104,6 @@ async def test_a_lost_hash_is_written_back_by_one_gateway(
                 assert resolver.authenticate(key).tenant_id == "beta"
                 assert resolver.health().store_resets == 0
             assert await r.hgetall(lost) == stored
-        finally:
-            await r.aclose()
         assert sorted(n or 0 for n in written)[-1] == (2 if lost == "kvgate:tenants" else 1)
         assert [n for n in written if n], written  # one gateway wrote back, the other found it
         assert len([n for n in written if n]) == 1, written
@@ -122,8 +119,7 @@ async def test_an_operators_deletions_are_not_undone(redis_url: str,
         keys = {tid: await make_key(admin, tid) for tid in ("acme", "beta")}
         for resolver in resolvers:
             await resolver.start()
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             assert await r.delete("kvgate:keys") == 1
             assert (await admin.delete("/tenants/beta")).status_code == 204
             with caplog.at_level(logging.ERROR, logger="gateway.tenancy.resolver"):
@@ -149,8 +145,6 @@ async def test_an_operators_deletions_are_not_undone(redis_url: str,
                 with pytest.raises(AuthError):
                     resolver.authenticate(keys["acme"])
             assert "lost its" not in caplog.text
-        finally:
-            await r.aclose()
 
 
 async def test_a_store_seeded_before_the_field_gets_it_and_a_revoke_by_hand_stays(
@@ -161,8 +155,7 @@ async def test_a_store_seeded_before_the_field_gets_it_and_a_revoke_by_hand_stay
     admin API) leaves the hash and is not taken for a loss (the key would come back)."""
     async with two_gateways(redis_url) as (resolvers, admin, written, clock):
         key = await make_key(admin, "acme")
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             await r.hdel("kvgate:tenants", PRESENT)
             await r.hdel("kvgate:keys", PRESENT)  # the old layout: one key record left
             assert await r.delete("kvgate:present") == 1  # (nor the flag that it is kept)
@@ -181,8 +174,6 @@ async def test_a_store_seeded_before_the_field_gets_it_and_a_revoke_by_hand_stay
             assert await r.hkeys("kvgate:keys") == [PRESENT]
             assert "lost its" not in caplog.text
             assert not any(written), written
-        finally:
-            await r.aclose()
 
 
 async def test_a_gateway_starting_does_not_hide_a_lost_hash(redis_url: str) -> None:
@@ -192,8 +183,7 @@ async def test_a_gateway_starting_does_not_hide_a_lost_hash(redis_url: str) -> N
         key = await make_key(admin, "beta")
         for resolver in resolvers:
             await resolver.start()
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             assert await r.delete("kvgate:keys") == 1
             await bootstrap(RedisStore(r, listen=False),
                             tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
@@ -202,21 +192,16 @@ async def test_a_gateway_starting_does_not_hide_a_lost_hash(redis_url: str) -> N
             for resolver in resolvers:
                 assert resolver.authenticate(key).tenant_id == "beta"
             assert len([n for n in written if n]) == 1, written
-        finally:
-            await r.aclose()
 
 
 async def test_the_present_field_is_no_tenant(redis_url: str) -> None:
     async with two_gateways(redis_url) as (_resolvers, admin, _written, _clock):
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             for method, path in (("GET", "/tenants/%2E"), ("DELETE", "/tenants/%2E"),
                                  ("PATCH", "/tenants/%2E"), ("POST", "/tenants/%2E/keys")):
                 answer = await admin.request(method, path, json={"tier": "free"})
                 assert answer.status_code in (400, 404), (method, path, answer.text)
             assert PRESENT in await r.hkeys("kvgate:tenants")
-        finally:
-            await r.aclose()
         listed = (await admin.get("/tenants")).json()
         assert [t["id"] for t in listed["data"]] == ["acme"]
 
@@ -231,8 +216,7 @@ async def test_a_hash_made_again_by_a_start_or_a_write_is_still_lost(redis_url: 
         key = await make_key(admin, "beta")
         for resolver in resolvers:
             await resolver.start()
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             assert await r.delete("kvgate:tenants", "kvgate:keys") == 2
             await bootstrap(RedisStore(r, listen=False),  # a gateway (re)starting
                             tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
@@ -251,8 +235,6 @@ async def test_a_hash_made_again_by_a_start_or_a_write_is_still_lost(redis_url: 
             for resolver in resolvers:
                 with pytest.raises(AuthError):
                     resolver.authenticate(key)
-        finally:
-            await r.aclose()
 
 
 async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
@@ -276,8 +258,7 @@ async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
         for resolver in resolvers:
             await resolver.start()
             assert resolver.authenticate(first).tenant_id == "big"
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             assert await r.delete("kvgate:keys") == 1
             assert (await admin.delete("/tenants/big")).status_code == 204
             assert await r.llen("kvgate:journal") == JOURNAL_CAP  # some of its keys trimmed
@@ -301,8 +282,6 @@ async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
                 assert resolver.authenticate(new_key).tenant_id == "big"
             assert None in written, written  # the journal could not tell
             assert caplog.text.count("journal cannot tell") == 2, caplog.text
-        finally:
-            await r.aclose()
 
 
 async def test_a_stale_gateway_does_not_write_back_a_key_revoked_by_hand(
@@ -317,8 +296,7 @@ async def test_a_stale_gateway_does_not_write_back_a_key_revoked_by_hand(
         for resolver in resolvers:
             await resolver.start()
         fresh, stale = resolvers
-        r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-        try:
+        async with redis.asyncio.Redis.from_url(redis_url, decode_responses=True) as r:
             records = await r.hgetall("kvgate:keys")
             (gone,) = [h for h, v in records.items() if '"acme"' in v]
             assert await r.hdel("kvgate:keys", gone) == 1  # revoked by hand
@@ -337,5 +315,3 @@ async def test_a_stale_gateway_does_not_write_back_a_key_revoked_by_hand(
                 assert resolver.authenticate(kept).tenant_id == "beta"
             assert len([n for n in written if n]) == 1, written
             assert "read whole 6" in caplog.text, caplog.text
-        finally:
-            await r.aclose()
