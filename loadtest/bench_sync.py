@@ -2,6 +2,7 @@
 
     python -m loadtest.bench_sync [--offline] [--cost] [--workers] [--trace PATH] [--quick]
                                   [--jobs N]
+    python -m loadtest.bench_sync --offline [--workload ITEM ...] [--seeds SEEDS] [...]
 
 ``--offline`` (routing quality, simulated time): N = 1, 2, 4, 8 gateways, requests spread at
 random over them, sharing off and on at a sync delay D = 0, 10, 50 ms, on the Mooncake
@@ -9,6 +10,16 @@ conversation trace at 1x and 1.5x and the synthetic multi-tenant workload (8 rep
 262,144 KV tokens); then (not with ``--quick``) every generated workload at 262,144 and
 1,048,576 KV tokens with one gateway, four sharing nothing and four at D = 10 ms.
 Ratios against one gateway in the same run.
+
+``--offline`` with ``--workload``, ``--seeds``, ``--gateway-seeds``, ... (`bench_sync_seeds.py`):
+N gateways against one over workload and gateway seeds, ratios to one gateway of the same
+workload seed, target misses marked. The table "2026-12-04: N = 4, D = 10 ms with deferred
+picks, today's code" of ``bench_sync_offline.md`` is
+
+    python -m loadtest.bench_sync --offline --trace <the one-hour Mooncake trace> \\
+        --gateway-seeds 0-2 -w mooncake@262144 -w mooncake-1.5x@262144 \\
+        -w synthetic@262144:7-11:g0 -w bursts:14-21:g0 -w agent-loops -w hot-prefixes \\
+        -w cold-one-offs -w rag-corpus -w skewed-tenants -w load-ramp -w heavy-tail
 
 ``--cost`` (live, one process, real redis-server; `loadtest/sync_cost.py`): two routers with
 their `RouteSync`, 2,000 routed requests/s alternating between them (conversations of 8-32
@@ -38,6 +49,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from loadtest import bench_sync_seeds
 from loadtest.bench_overhead import Report
 from loadtest.cmdline import shown_command
 from loadtest.fleet import free_port
@@ -241,7 +253,8 @@ def workers(rep: Report, n: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_sync", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench_sync", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--offline", action="store_true")
     p.add_argument("--cost", action="store_true")
     p.add_argument("--workers", action="store_true")
@@ -251,13 +264,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="offline replays in parallel")
     p.add_argument("--out", type=Path, default=RESULTS,
                    help="the folder the report and plot go to (default: loadtest/results/)")
+    bench_sync_seeds.add_arguments(p)
     args = p.parse_args(argv)
+    seeds = bench_sync_seeds.chosen(args)
+    if seeds and not args.offline:
+        p.error("--workload, --seeds, --gateway-seeds, --kv-tokens, --gateways, "
+                "--sync-delay-ms and --limit go with --offline")
     out: Path = args.out
     every = not (args.offline or args.cost or args.workers)
     rep = Report()
     rep.add("# Shared routing state: benchmark\n")
     rep.add(f"`{shown_command('loadtest.bench_sync', argv)}`\n")
-    if every or args.offline:
+    if seeds:
+        bench_sync_seeds.seeds_table(rep, args)
+    elif every or args.offline:
         rows = offline(rep, args.trace, args.quick, args.jobs)
         if not args.quick:  # a few minutes more: the four generated workloads, two sizes
             rows += generated(rep, args.jobs)
@@ -268,8 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     if every or args.workers:
         workers(rep, 3000 if args.quick else 12000)
     out.mkdir(parents=True, exist_ok=True)
-    parts = [n for n, on in (("offline", args.offline), ("live", args.cost or args.workers))
-             if on or every]
+    parts = [n for n, on in (("seeds" if seeds else "offline", args.offline),
+                             ("live", args.cost or args.workers)) if on or every]
     path = out / f"bench_sync_{'_'.join(parts)}.md"
     path.write_text("\n".join(rep.lines) + "\n")
     print(f"written to {path}")
