@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -200,12 +201,14 @@ class Clock:
         return self.now
 
 
+@asynccontextmanager
 async def _two_gateways_on(
     redis_url: str, clock: Clock | None = None,
-) -> tuple[list[RedisStore], list[TenantResolver], str]:
+) -> AsyncIterator[tuple[list[RedisStore], list[TenantResolver], str, redis.asyncio.Redis]]:
     """Two resolvers, each on its own store client and seeding from the same configuration,
     on a store holding a tenant made through the admin API (salt group rotated) and its key;
-    both loaded. Returns (stores, resolvers, the key)."""
+    both loaded. Yields (stores, resolvers, the key, a client of the store's Redis); all
+    closed at the end."""
     stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
     resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
                                 max_staleness_s=10, clock=clock or time.monotonic)
@@ -220,10 +223,18 @@ async def _two_gateways_on(
     key = generate_key()
     await stores[0].add_key(KeyRecord(key_id="k1", tenant_id="beta", key_hash=hash_key(key),
                                       created_at=1.0))
-    for resolver in resolvers:
-        await resolver.start()
-        assert resolver.authenticate(key).tenant_id == "beta"
-    return stores, resolvers, key
+    r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        for resolver in resolvers:
+            await resolver.start()
+            assert resolver.authenticate(key).tenant_id == "beta"
+        yield stores, resolvers, key, r
+    finally:
+        await r.aclose()
+        for resolver in resolvers:
+            await resolver.close()
+        for store in stores:
+            await store.close()
 
 
 POLICY = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
@@ -235,9 +246,7 @@ RECORDS = ("kvgate:tenants", "kvgate:keys", "kvgate:tkeys:beta", "kvgate:policy"
 async def test_two_gateways_finding_the_store_wiped_restore_it_once(redis_url: str) -> None:
     """Both find the marker gone at once: exactly one writes its state back (the records as
     they were, the generation not reset), the other reloads what it wrote."""
-    stores, resolvers, key = await _two_gateways_on(redis_url)
-    r = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    try:
+    async with _two_gateways_on(redis_url) as (stores, resolvers, key, r):
         stored = {name: await r.hgetall(name) for name in RECORDS}
         before = await stores[0].generation()
         salts = [res.authenticate(key).cache_salt for res in resolvers]
@@ -257,21 +266,13 @@ async def test_two_gateways_finding_the_store_wiped_restore_it_once(redis_url: s
             assert resolver.authenticate(key).cache_salt == salt  # the same tenant, same salt
             health = resolver.health()
             assert health.store_resets == 1 and health.store_wiped and not health.degraded
-    finally:
-        await r.aclose()
-        for resolver in resolvers:
-            await resolver.close()
-        for store in stores:
-            await store.close()
 
 
 async def test_a_state_older_than_max_staleness_is_not_restored(redis_url: str) -> None:
     """A gateway whose state the store last confirmed longer ago than `max_staleness_s` (cut
     off: it may hold keys revoked since) re-seeds from configuration only, degraded."""
     clock = Clock()
-    stores, resolvers, key = await _two_gateways_on(redis_url, clock)
-    r = redis.asyncio.Redis.from_url(redis_url)
-    try:
+    async with _two_gateways_on(redis_url, clock) as (_stores, resolvers, key, r):
         await r.flushall()
         clock.now += 11  # the store last confirmed their state 11 s ago: max_staleness_s 10
         assert await resolvers[0].refresh()
@@ -282,9 +283,3 @@ async def test_a_state_older_than_max_staleness_is_not_restored(redis_url: str) 
         assert health.store_resets == 1 and health.degraded
         assert "re-issue" in (health.reason or "")
         assert await r.hget("kvgate:tenants", "acme") is not None  # the configured tenant
-    finally:
-        await r.aclose()
-        for resolver in resolvers:
-            await resolver.close()
-        for store in stores:
-            await store.close()
