@@ -75,8 +75,9 @@ from gateway.whole import read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "engine_died",
-           "error_event", "judge", "not_an_answer", "not_what_was_asked", "read_whole",
-           "relayed_retry_after", "served", "stream_error", "stream_failure", "unstarted_failure"]
+           "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
+           "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
+           "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,14 @@ def internal_error(status: int, body: bytes) -> bool:
     template or parser bug, ...), not its dead engine's (`judge`): the replica or the request
     may be at fault, and the same request elsewhere tells which (`Proxy._forward`)."""
     return status == 500 and _DEAD not in body
+
+
+def no_other_replica(pool: Pool, replica: Replica, now: float) -> bool:
+    """No replica of `pool` but `replica` may be sent a request now: an internal 500 there
+    (`internal_error`) cannot be tried elsewhere to tell whose fault it is, and charging it
+    ejected a pool's last replica for a request that fails anywhere (every tenant then got
+    503s, and the replica serves other requests well). Both edges relay it uncharged."""
+    return not any(r is not replica and r.available(now) for r in pool.replicas)
 
 
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
@@ -396,9 +405,10 @@ class Relay:
             # the stream can only end it with a 502 event (`error_event`), and the replica is
             # judged by what the client got, not by a status that looks like a success
             replica.record_failure(self._clock())
-        elif req.suspect is not None and internal_error(resp.status, data):
-            # a second replica failed this request as the first did: the request's fault
-            # (relayed as the replica answered it), neither replica's
+        elif internal_error(resp.status, data) and (
+                req.suspect is not None or no_other_replica(req.pool, replica, self._clock())):
+            # a second replica failed this request as the first did, or no other could try
+            # it: relayed as the replica answered it, charged to neither
             req.suspect = None
         elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it

@@ -263,6 +263,22 @@ def test_a_request_that_fails_everywhere_ejects_no_replica() -> None:
     assert [code for code, _ in answers] == [500, 500, 500, 200]
 
 
+@pytest.mark.parametrize("pool", [[A], [A, B]], ids=["one-replica", "other-down"])
+def test_a_request_failing_on_the_only_replica_left_does_not_eject_it(pool: list[str]) -> None:
+    """With no other replica to try a request that fails with an internal 500, the failure
+    was charged to the one that answered: three such requests (one client's, with its SDK's
+    retries) ejected the pool's only replica, and every tenant got 503s. Nothing tells the
+    request's fault from the replica's there, and ejecting the last replica only stops the
+    requests it serves well."""
+    poison = status(500, INTERNAL)
+    script = {A: first(3, ok(), poison), B: refused()}
+    answers, _ = _run({url: script[url] for url in pool}, [REQ] * 5,
+                          health={"failure_threshold": 3})
+    served = [code for code, _ in answers]  # (the first may meet the other replica's
+    # refusal after this one's 500: a 502, this replica charged once)
+    assert served[:3] in ([500] * 3, [502, 500, 500]) and served[3:] == [200, 200], served
+
+
 def test_a_replica_failing_what_another_serves_is_still_ejected() -> None:
     """Its 500 is charged once another replica answered the same request."""
     answers, posts = _run({A: status(500, INTERNAL), B: ok()}, [REQ] * 8,
