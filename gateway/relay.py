@@ -74,7 +74,8 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.whole import read_whole
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "engine_died",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay",
+           "alone_with_error_event", "engine_died",
            "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
            "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
            "stream_failure", "unstarted_failure"]
@@ -125,6 +126,17 @@ def no_other_replica(pool: Pool, replica: Replica, now: float) -> bool:
     ejected a pool's last replica for a request that fails anywhere (every tenant then got
     503s, and the replica serves other requests well). Both edges relay it uncharged."""
     return not any(r is not replica and r.available(now) for r in pool.replicas)
+
+
+def alone_with_error_event(
+    pool: Pool, replica: Replica, scanner: StreamScanner, now: float,
+) -> bool:
+    """A stream's 5xx error event, not a dead engine's (as `internal_error` tells a whole
+    answer's), from the pool's only replica that takes requests: not charged
+    (`no_other_replica`; both edges)."""
+    said = (scanner.error_message or "").encode()
+    return (scanner.error_code is not None and scanner.error_code >= 500
+            and _DEAD not in said and no_other_replica(pool, replica, now))
 
 
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
@@ -262,9 +274,12 @@ class Relay:
                         "body": stream_error(CUT_SHORT)})
             return False
         if scanner.error_code is not None and scanner.error_code >= 500:
-            # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The
-            # client gets them as sent; the request and the replica count it as a failure.
-            replica.record_failure(self._clock())
+            # vLLM's engine died mid-stream (or the request failed there): it sends an error
+            # event and [DONE] itself. The client gets them as sent; the request counts it as
+            # a failure, and the replica too unless no other one takes requests
+            now = self._clock()
+            if not alone_with_error_event(req.pool, replica, scanner, now):
+                replica.record_failure(now)
             req.status = scanner.error_code
         else:
             served(replica)
@@ -325,8 +340,10 @@ class Relay:
             if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
-                if not scanner.oversized:
-                    replica.record_failure(self._clock())
+                now = self._clock()
+                if not scanner.oversized and not alone_with_error_event(
+                        req.pool, replica, scanner, now):
+                    replica.record_failure(now)
                 raise failure
             if out:
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits

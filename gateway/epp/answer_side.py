@@ -25,6 +25,7 @@ from gateway.errors import (
 from gateway.relay import (
     CUT_SHORT,
     NOT_STARTED,
+    alone_with_error_event,
     engine_died,
     internal_error,
     judge,
@@ -296,12 +297,16 @@ class AnswerSide(ExchangeState):
             return
         target = req.target
         assert target is not None
-        if not whole:
-            target.record_failure(self._core.clock())
+        now = self._core.clock()
+        code = scanner.error_code
+        if code is not None and alone_with_error_event(req.pool, target, scanner, now):
+            req.status = code if whole else 502  # (the HTTP edge's rule: not charged)
+        elif not whole:
+            target.record_failure(now)
             req.status = 502
-        elif scanner.error_code is not None and scanner.error_code >= 500:
-            target.record_failure(self._core.clock())  # the engine died mid-stream
-            req.status = scanner.error_code
+        elif code is not None and code >= 500:
+            target.record_failure(now)  # the engine died mid-stream
+            req.status = code
         else:
             served(target)
 

@@ -61,10 +61,12 @@ def _headers(pairs: dict[str, str], end: bool = False) -> pb.HttpHeaders:
         HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]))
 
 
-async def _exchange(epp: EppProc, status: int, reply: bytes, *, retried: bool) -> int:
-    """One request picked and answered `status` with `reply`, by the destination's second
-    endpoint after Envoy's retry (`retried`) or by its first; the status the client got."""
-    body = orjson.dumps({"model": PUBLIC, "max_tokens": 2,
+async def _exchange(epp: EppProc, status: int, reply: bytes, *, retried: bool,
+                    stream: bool = False) -> int:
+    """One request picked and answered `status` with `reply` (`stream`: an event stream),
+    by the destination's second endpoint after Envoy's retry (`retried`) or by its first;
+    the status the client got."""
+    body = orjson.dumps({"model": PUBLIC, "max_tokens": 2, "stream": stream,
                          "messages": [{"role": "user", "content": "the same poison"}]})
     async with grpc.aio.insecure_channel(epp.picker) as channel:
         call = pb_grpc.ExternalProcessorStub(channel).Process()
@@ -84,8 +86,8 @@ async def _exchange(epp: EppProc, status: int, reply: bytes, *, retried: bool) -
         served.update({"x-gateway-destination-endpoint-served":
                        destination[1] if retried else destination[0]})
         await call.write(pb.ProcessingRequest(
-            response_headers=_headers({":status": str(status),
-                                       "content-type": "application/json"}),
+            response_headers=_headers({":status": str(status), "content-type":
+                                       "text/event-stream" if stream else "application/json"}),
             metadata_context=Metadata(filter_metadata={"envoy.lb": served})))
         await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
             body=reply, end_of_stream=True)))
@@ -124,4 +126,23 @@ async def test_a_500_on_a_pools_only_replica_does_not_eject_it(one: EppProc) -> 
     charged, it ejected the pool's only replica."""
     for _ in range(3):
         assert await _exchange(one, 500, INTERNAL, retried=False) == 500
+    assert _failures(one) == 0 and _healthy(one) == 1
+
+
+ERROR_EVENTS = {
+    "before-output": b"",
+    "mid-stream": b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+}
+
+
+@pytest.mark.parametrize("before", list(ERROR_EVENTS), ids=list(ERROR_EVENTS))
+async def test_a_streams_error_event_on_a_pools_only_replica_does_not_eject_it(
+    one: EppProc, before: str,
+) -> None:
+    """The streamed counterpart (vLLM's error event of code 500, not a dead engine's): it was
+    charged to the pool's only replica, and three of them ejected it."""
+    event = (b'data: {"error":{"message":"list index out of range","type":'
+             b'"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
+    for _ in range(3):
+        await _exchange(one, 200, ERROR_EVENTS[before] + event, retried=False, stream=True)
     assert _failures(one) == 0 and _healthy(one) == 1
