@@ -74,7 +74,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.whole import read_whole
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay",
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
            "alone_with_error_event", "engine_died",
            "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
            "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
@@ -91,6 +91,8 @@ _JSON = "application/json"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+# the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
+REQUEST_FAULT = "request_error_event"
 _ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
 _NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
@@ -134,9 +136,12 @@ def alone_with_error_event(
     """A stream's 5xx error event, not a dead engine's (as `internal_error` tells a whole
     answer's), from the pool's only replica that takes requests: not charged
     (`no_other_replica`; both edges)."""
-    said = (scanner.error_message or "").encode()
     return (scanner.error_code is not None and scanner.error_code >= 500
-            and _DEAD not in said and no_other_replica(pool, replica, now))
+            and not _dead_event(scanner) and no_other_replica(pool, replica, now))
+
+
+def _dead_event(scanner: StreamScanner) -> bool:
+    return _DEAD in (scanner.error_message or "").encode()
 
 
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
@@ -299,6 +304,18 @@ class Relay:
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
 
+    @staticmethod
+    def _suspect(req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float) -> None:
+        """A stream that opened with vLLM's error event of code 500 for this request (not a
+        dead engine's), judged as a whole internal 500 is (`Proxy._forward`): one other
+        replica tries it and tells whose fault it is; a second one alike, or none other to
+        try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's."""
+        if req.suspect is None and not no_other_replica(req.pool, replica, now):
+            req.suspect = replica
+            return
+        req.suspect = None
+        failure.reason = REQUEST_FAULT
+
     async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
         """The stream's head goes to the client with its first bytes, not with the replica's
         head (vLLM sends that at once, before scheduling the prompt): until then a failed
@@ -341,7 +358,9 @@ class Relay:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
                 now = self._clock()
-                if not scanner.oversized and not alone_with_error_event(
+                if scanner.error_code == 500 and not _dead_event(scanner):
+                    self._suspect(req, replica, failure, now)
+                elif not scanner.oversized and not alone_with_error_event(
                         req.pool, replica, scanner, now):
                     replica.record_failure(now)
                 raise failure

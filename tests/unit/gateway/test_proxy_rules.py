@@ -308,6 +308,21 @@ def test_a_stream_failing_on_the_only_replica_left_does_not_eject_it(after_outpu
     assert served[3:] == [200, 200], served
 
 
+def test_a_stream_failing_alike_on_two_replicas_ejects_none_and_stops_there() -> None:
+    """A stream whose every try opened with vLLM's error event of code 500 (an exception
+    while serving that request, not a dead engine) was tried on every replica, each charged
+    a failure: three such requests ejected a quiet pool whole. As for a whole 500: tried on
+    one other replica only, and a second one alike is the request's fault, no replica's."""
+    poison = stream_error_event(after_output=False)
+    streamed = {**REQ, "stream": True}
+    answers, posts = _run({A: first(3, ok(), poison), B: first(3, ok(), poison),
+                           C: first(3, ok(), poison)}, [streamed], health={"failure_threshold": 3})
+    assert [code for code, _ in answers] == [502] and len(posts) == 2, posts
+    answers, _ = _run({A: first(3, ok(), poison), B: first(3, ok(), poison)},
+                      [streamed] * 3 + [REQ, REQ], health={"failure_threshold": 3})
+    assert [code for code, _ in answers] == [502, 502, 502, 200, 200]
+
+
 def test_a_replica_failing_what_another_serves_is_still_ejected() -> None:
     """Its 500 is charged once another replica answered the same request."""
     answers, posts = _run({A: status(500, INTERNAL), B: ok()}, [REQ] * 8,
