@@ -14,7 +14,9 @@ level by level, each level one C-speed pass, stopping after `limit` levels. `gua
 applies it to an ASGI app whose request bodies are JSON (the admin API): 400 in OpenAI's shape,
 before the app sees the body; it also bounds the body's size (413), as it reads the body before
 the app authenticates the caller, and runs an `admit` check before reading it (the admin
-API's throttle of failed authentications: 429 without buffering the upload).
+API's throttle of failed authentications: 429 without buffering the upload). A caller that
+`authorized` refuses (no valid admin token) has its body left unread: the app sees an empty one
+and answers 401/403 at once, so an anonymous upload is never buffered, nor waited for.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ def _value_too_deep(value: Any, limit: int) -> bool:
 def guard_json_depth(
     app: Any, max_bytes: int | Callable[[Scope], int], limit: int = MAX_JSON_DEPTH,
     admit: Callable[[Scope], None] | None = None,
+    authorized: Callable[[Scope], bool] | None = None,
 ) -> Any:
     """Wrap an ASGI app: request bodies nested deeper than `limit` get a 400 before the app
     runs, bodies over `max_bytes` (a number, or one per request: `max_bytes(scope)`) a 413 as
@@ -94,6 +97,9 @@ def guard_json_depth(
             except KvgateError as exc:
                 await _refuse(send, exc)
                 return
+        if authorized is not None and not authorized(scope):
+            await app(scope, _unread(receive), send)
+            return
         cap = bound(scope)
         messages: list[dict[str, Any]] = []
         size = _declared_length(scope)  # refused before a byte is read when above the limit
@@ -124,6 +130,22 @@ def guard_json_depth(
         await app(scope, replay, send)
 
     return guarded
+
+
+def _unread(receive: Receive) -> Receive:
+    """An empty body for the app; the client's is dropped as it arrives, never held."""
+    given = False
+
+    async def empty() -> Any:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        while (msg := await receive())["type"] == "http.request":
+            pass  # (the app asked again: it waits for the client to leave)
+        return msg
+
+    return empty
 
 
 def _declared_length(scope: Scope) -> int:

@@ -189,7 +189,7 @@ class PolicyDoc(BaseModel):
                 where = f"models.{model}.{tier}"
                 if pool not in self.pools:
                     raise ValueError(f"{where}: unknown pool {pool!r}")
-                if tier != DEFAULT_TIER and tier not in self.tiers:
+                if not self.knows_tier(tier):
                     raise ValueError(f"{where}: unknown tier {tier!r}")
         for name, tier_cfg in self.tiers.items():
             for attr in ("spill_to", "borrow_from"):
@@ -227,6 +227,10 @@ class PolicyDoc(BaseModel):
         flow = cfg.flow
         band = flow.band if flow.band is not None else cfg.priority
         return band, self.fairness.tenants.get(tenant, flow.weight), flow.max_wait_s
+
+    def knows_tier(self, tier: str) -> bool:
+        """A tier tenants may be in: one the policy defines, or 'default' (always there)."""
+        return tier == DEFAULT_TIER or tier in self.tiers
 
     def pool_for(self, model: str, tier: str) -> str | None:
         """The pool serving public `model` for `tier` (falling back to the 'default' tier)."""

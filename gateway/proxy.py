@@ -49,7 +49,7 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay, internal_error, judge, stream_error
+from gateway.relay import REQUEST_FAULT, Relay, internal_error, judge, stream_error
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore
@@ -289,8 +289,8 @@ class Proxy:
             try:
                 clean = await self._relay.relay(send, req, replica, resp, lease)
             except UpstreamError as exc:  # it failed before any byte reached the client
-                if last:  # (`Relay.relay`): another replica can still answer it
-                    raise
+                if last or exc.reason == REQUEST_FAULT:  # (`Relay.relay`): another replica
+                    raise  # can still answer it, unless the request fails wherever it runs
                 return exc
             return None
         except asyncio.CancelledError:

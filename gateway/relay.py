@@ -74,9 +74,11 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.whole import read_whole
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "Relay", "engine_died",
-           "error_event", "judge", "not_an_answer", "not_what_was_asked", "read_whole",
-           "relayed_retry_after", "served", "stream_error", "stream_failure", "unstarted_failure"]
+__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
+           "alone_with_error_event", "engine_died",
+           "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
+           "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
+           "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,8 @@ _JSON = "application/json"
 _BUSY = (b"currently busy", b"backlog limit")
 # vLLM's answer once its engine died (exception_handling/error_response.py)
 _DEAD = b"The server had an error while processing your request"
+# the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
+REQUEST_FAULT = "request_error_event"
 _ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
 _NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
@@ -116,6 +120,28 @@ def internal_error(status: int, body: bytes) -> bool:
     template or parser bug, ...), not its dead engine's (`judge`): the replica or the request
     may be at fault, and the same request elsewhere tells which (`Proxy._forward`)."""
     return status == 500 and _DEAD not in body
+
+
+def no_other_replica(pool: Pool, replica: Replica, now: float) -> bool:
+    """No replica of `pool` but `replica` may be sent a request now: an internal 500 there
+    (`internal_error`) cannot be tried elsewhere to tell whose fault it is, and charging it
+    ejected a pool's last replica for a request that fails anywhere (every tenant then got
+    503s, and the replica serves other requests well). Both edges relay it uncharged."""
+    return not any(r is not replica and r.available(now) for r in pool.replicas)
+
+
+def alone_with_error_event(
+    pool: Pool, replica: Replica, scanner: StreamScanner, now: float,
+) -> bool:
+    """A stream's 5xx error event, not a dead engine's (as `internal_error` tells a whole
+    answer's), from the pool's only replica that takes requests: not charged
+    (`no_other_replica`; both edges)."""
+    return (scanner.error_code is not None and scanner.error_code >= 500
+            and not _dead_event(scanner) and no_other_replica(pool, replica, now))
+
+
+def _dead_event(scanner: StreamScanner) -> bool:
+    return _DEAD in (scanner.error_message or "").encode()
 
 
 def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
@@ -253,9 +279,12 @@ class Relay:
                         "body": stream_error(CUT_SHORT)})
             return False
         if scanner.error_code is not None and scanner.error_code >= 500:
-            # vLLM's engine died mid-stream: it sends an error event and [DONE] itself. The
-            # client gets them as sent; the request and the replica count it as a failure.
-            replica.record_failure(self._clock())
+            # vLLM's engine died mid-stream (or the request failed there): it sends an error
+            # event and [DONE] itself. The client gets them as sent; the request counts it as
+            # a failure, and the replica too unless no other one takes requests
+            now = self._clock()
+            if not alone_with_error_event(req.pool, replica, scanner, now):
+                replica.record_failure(now)
             req.status = scanner.error_code
         else:
             served(replica)
@@ -274,6 +303,18 @@ class Relay:
             rest = self._answered_by(req) + rest
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
+
+    @staticmethod
+    def _suspect(req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float) -> None:
+        """A stream that opened with vLLM's error event of code 500 for this request (not a
+        dead engine's), judged as a whole internal 500 is (`Proxy._forward`): one other
+        replica tries it and tells whose fault it is; a second one alike, or none other to
+        try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's."""
+        if req.suspect is None and not no_other_replica(req.pool, replica, now):
+            req.suspect = replica
+            return
+        req.suspect = None
+        failure.reason = REQUEST_FAULT
 
     async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
         """The stream's head goes to the client with its first bytes, not with the replica's
@@ -316,8 +357,12 @@ class Relay:
             if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
-                if not scanner.oversized:
-                    replica.record_failure(self._clock())
+                now = self._clock()
+                if scanner.error_code == 500 and not _dead_event(scanner):
+                    self._suspect(req, replica, failure, now)
+                elif not scanner.oversized and not alone_with_error_event(
+                        req.pool, replica, scanner, now):
+                    replica.record_failure(now)
                 raise failure
             if out:
                 if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
@@ -396,9 +441,10 @@ class Relay:
             # the stream can only end it with a 502 event (`error_event`), and the replica is
             # judged by what the client got, not by a status that looks like a success
             replica.record_failure(self._clock())
-        elif req.suspect is not None and internal_error(resp.status, data):
-            # a second replica failed this request as the first did: the request's fault
-            # (relayed as the replica answered it), neither replica's
+        elif internal_error(resp.status, data) and (
+                req.suspect is not None or no_other_replica(req.pool, replica, self._clock())):
+            # a second replica failed this request as the first did, or no other could try
+            # it: relayed as the replica answered it, charged to neither
             req.suspect = None
         elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it

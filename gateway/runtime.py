@@ -25,7 +25,7 @@ import aiohttp
 
 from gateway import worker_metrics
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
-from gateway.admin.auth import admin_body_limit
+from gateway.admin.auth import admin_authorized, admin_body_limit
 from gateway.admin.guard import AuthGuardCollector
 from gateway.admin.live import LiveViews
 from gateway.admin.writes import read_your_writes
@@ -243,11 +243,11 @@ def _admin_app(
     admin = read_your_writes(create_admin_app(
         deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),
         tenancy.resolver.refresh)  # a write is in force here when it is answered
-    # throttled: 429 before the body is read; too large: 413, too deep: 400, before the
-    # admin app reads the body (and authenticates the caller)
+    # throttled: 429 before the body is read; no valid admin token: the app's 401/403, the
+    # body unread; too large: 413, too deep: 400, before the admin app reads the body
     app: ASGIApp = guard_json_depth(
-        admin, max_bytes=admin_body_limit(tokens, cfg.server.max_body_bytes),
-        admit=deps.guard.check_scope)
+        admin, max_bytes=admin_body_limit(cfg.server.max_body_bytes),
+        admit=deps.guard.check_scope, authorized=admin_authorized(tokens))
     return app
 
 

@@ -18,14 +18,13 @@ from gateway.tenancy.resolver import parse_bearer
 
 __all__ = [
     "ADMIN_MAX_BODY_BYTES", "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
-    "admin_body_limit", "admin_tokens_from_env", "check_admin",
+    "admin_authorized", "admin_body_limit", "admin_tokens_from_env", "check_admin",
 ]
 
 MIN_ADMIN_TOKEN_CHARS = 16
-# The admin API reads a body before it authenticates the caller: anonymous uploads on N
-# connections buffer N times this, not N times server.max_body_bytes. A policy document is a
-# few KiB; route explain of a request with a long prompt takes up to the proxy's own limit
-# from a caller whose admin token is checked before the body is read (`admin_body_limit`).
+# The admin API's body bound for callers with a valid admin token (an anonymous caller's body
+# is never read: `admin_authorized`). A policy document is a few KiB; route explain of a
+# request with a long prompt takes up to the proxy's own limit (`admin_body_limit`).
 ADMIN_MAX_BODY_BYTES = 1024 * 1024
 EXPLAIN_PATH = "/admin/route/explain"
 
@@ -88,21 +87,26 @@ def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     raise AuthError("invalid admin token", reason="invalid")
 
 
-def admin_body_limit(tokens: Sequence[AdminToken], max_body: int) -> Callable[[Scope], int]:
-    """The admin API's body bound for one request (`gateway.jsondepth.guard_json_depth`):
-    `ADMIN_MAX_BODY_BYTES`, but the proxy's own `max_body` for route explain with a valid
-    admin token (explaining a request with a long prompt is legitimate)."""
-    small = min(ADMIN_MAX_BODY_BYTES, max_body)
+def admin_authorized(tokens: Sequence[AdminToken]) -> Callable[[Scope], bool]:
+    """Whether an ASGI request carries a valid admin token, read before its body
+    (`gateway.jsondepth.guard_json_depth` leaves the body of one that does not unread: the
+    admin app refuses it at once, and an anonymous upload is never buffered)."""
 
-    def limit(scope: Scope) -> int:
-        if scope["path"] != EXPLAIN_PATH:
-            return small
+    def authorized(scope: Scope) -> bool:
         authorization = next((v.decode("latin-1") for k, v in scope["headers"]
                               if k == b"authorization"), None)
         try:
             check_admin(tokens, authorization)
         except KvgateError:
-            return small
-        return max_body
+            return False
+        return True
 
-    return limit
+    return authorized
+
+
+def admin_body_limit(max_body: int) -> Callable[[Scope], int]:
+    """The admin API's body bound for one (authorized) request: `ADMIN_MAX_BODY_BYTES`, but
+    the proxy's own `max_body` for route explain (explaining a request with a long prompt is
+    legitimate)."""
+    small = min(ADMIN_MAX_BODY_BYTES, max_body)
+    return lambda scope: max_body if scope["path"] == EXPLAIN_PATH else small

@@ -79,7 +79,7 @@ class AdminContext:
                 f"tier: unknown tier {tier!r} (no policy is stored yet; retry shortly)",
                 param="tier",
             )
-        if tier not in policy.doc.tiers and tier != DEFAULT_TIER:
+        if not policy.doc.knows_tier(tier):
             known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
             raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
 

@@ -156,7 +156,7 @@ class LiveViews:
         if tier is None:
             raise BadRequest("tenant or tier: one of them is required", param="tenant")
         snap = resolver.policy
-        if snap is not None and tier not in snap.doc.tiers:
+        if snap is not None and not snap.doc.knows_tier(tier):  # (as tenants' tiers)
             raise BadRequest(f"tier: unknown tier {tier!r}", param="tier")
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,

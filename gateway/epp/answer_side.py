@@ -25,8 +25,11 @@ from gateway.errors import (
 from gateway.relay import (
     CUT_SHORT,
     NOT_STARTED,
+    alone_with_error_event,
     engine_died,
+    internal_error,
     judge,
+    no_other_replica,
     not_an_answer,
     not_what_was_asked,
     relayed_retry_after,
@@ -57,8 +60,10 @@ class AnswerSide(ExchangeState):
 
     __slots__ = ()
 
-    def _served_by(self, ep: str | None) -> None:
-        """Envoy went past the first endpoint: the ones before the served one failed."""
+    def _served_by(self, ep: str | None, status: int) -> None:
+        """Envoy went past the first endpoint: the ones before the served one failed, unless
+        its answer is vLLM's 500 for this request (`_answered_whole`: Envoy retries a 500, so
+        they most likely failed it alike)."""
         req = self.req
         assert req is not None
         rid = replica_key(ep) if ep else None
@@ -67,15 +72,19 @@ class AnswerSide(ExchangeState):
         served = next((r for r in self.order if r.id == rid), None)
         if served is None:
             return  # not one of ours (a data plane that ignored the destination)
-        now = self._core.clock()
-        for replica in self.order:
-            if replica is served:
-                break
-            replica.record_failure(now)
+        self._skipped = self.order[:self.order.index(served)]
+        if status != 500:
+            self._charge_skipped()
         self._detach()
         self._attach(served)
         req.route = "retry"
         self._core.metrics.failover(req.pool_name)
+
+    def _charge_skipped(self) -> None:
+        now = self._core.clock()
+        for replica in self._skipped:
+            replica.record_failure(now)
+        self._skipped = []
 
     # -- response path ---------------------------------------------------------------------
     def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
@@ -92,7 +101,7 @@ class AnswerSide(ExchangeState):
                 self._scanner = StreamScanner(strip_usage=False, max_event_bytes=limit)
                 return self._stream_head(self._stored_headers(), end)
             return self._hold(status, headers, end)
-        self._served_by(wire.served_endpoint(msg))
+        self._served_by(wire.served_endpoint(msg), status)
         req.status = status
         stream = req.parsed.stream and req.kind != "embeddings"
         if 200 < status < 400 or (status == 200 and not (sse and stream) and (
@@ -288,12 +297,16 @@ class AnswerSide(ExchangeState):
             return
         target = req.target
         assert target is not None
-        if not whole:
-            target.record_failure(self._core.clock())
+        now = self._core.clock()
+        code = scanner.error_code
+        if code is not None and alone_with_error_event(req.pool, target, scanner, now):
+            req.status = code if whole else 502  # (the HTTP edge's rule: not charged)
+        elif not whole:
+            target.record_failure(now)
             req.status = 502
-        elif scanner.error_code is not None and scanner.error_code >= 500:
-            target.record_failure(self._core.clock())  # the engine died mid-stream
-            req.status = scanner.error_code
+        elif code is not None and code >= 500:
+            target.record_failure(now)  # the engine died mid-stream
+            req.status = code
         else:
             served(target)
 
@@ -307,7 +320,15 @@ class AnswerSide(ExchangeState):
         now = core.clock()
         lease.first_token()
         core.router.record_answered(req.replica, req.features, now)
-        verdict = judge(req.target, req.status, data, now)
+        if internal_error(req.status, data) and (
+                self._skipped or no_other_replica(req.pool, req.target, now)):
+            # failed alike where Envoy tried it first, or no other replica could try it: the
+            # request's fault as far as anything tells (the HTTP edge's rule), no replica's
+            self._skipped = []
+            verdict = "request"
+        else:
+            self._charge_skipped()
+            verdict = judge(req.target, req.status, data, now)
         if req.status == 200:
             self._usage(body_usage(data), req)
             if req.kind == "responses" and (rid := response_id(data)) is not None:

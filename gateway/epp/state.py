@@ -61,8 +61,9 @@ class ExchangeState:
 
     __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_retry",
                  "_held_status", "_holds", "_last", "_lease", "_opening", "_pending",
-                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_slashed", "_started",
-                 "_stored", "_stream", "_subset", "_t0", "_want_id", "order", "req", "sse")
+                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
+                 "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_want_id",
+                 "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -73,6 +74,8 @@ class ExchangeState:
         self._chunks: list[bytes] = []
         self._size = 0
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks
+        # the endpoints Envoy went past before the one that answered, not charged yet
+        self._skipped: list[Replica] = []
         self._lease: Lease | None = None
         self.sse = False
         self._scanner: StreamScanner | None = None

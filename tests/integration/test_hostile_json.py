@@ -67,12 +67,16 @@ def test_deep_json_is_400_before_any_work(sim_factory: SimFactory) -> None:
         assert admin.get("/tenants/deep").status_code == 404  # nothing was created
 
 
-def _raw_post(port: int, body: bytes, *, declared: bool) -> tuple[bytes, dict[str, Any]]:
-    """POST `body` to /admin/tenants with a Content-Length or chunked, without authentication:
-    (status line and headers, the error object of the answer)."""
+def _raw_post(port: int, body: bytes, *, declared: bool,
+              token: str | None = ADMIN) -> tuple[bytes, dict[str, Any]]:
+    """POST `body` to /admin/tenants with a Content-Length or chunked, with the admin `token`
+    (None: without authentication): (status line and headers, the error object of the
+    answer)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         # keep-alive: the server reads (and drops) what follows its early answer
         head = b"POST /admin/tenants HTTP/1.1\r\nhost: x\r\n"
+        if token is not None:
+            head += f"authorization: Bearer {token}\r\n".encode()
         if declared:
             s.sendall(head + b"content-length: %d\r\n\r\n" % len(body) + body)
         else:
@@ -89,9 +93,9 @@ def _raw_post(port: int, body: bytes, *, declared: bool) -> tuple[bytes, dict[st
     return head_out, error
 
 
-def test_admin_body_over_the_limit_is_413_before_authentication() -> None:
-    """The admin API's JSON guard reads a body before the admin token is checked: without a
-    bound, one anonymous upload would be buffered whole (and copied while checked)."""
+def test_admin_body_over_the_limit_is_413_before_it_is_read() -> None:
+    """The admin API's JSON guard reads a body before the admin app parses it: without a
+    bound, one upload would be buffered whole (and copied while checked)."""
     gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], ready=False, env={
         "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_SERVER__MAX_BODY_BYTES": "100000"})
     with gw:
@@ -104,6 +108,38 @@ def test_admin_body_over_the_limit_is_413_before_authentication() -> None:
         with admin_client(base, ADMIN) as admin:  # a body within the limit still gets through
             r = admin.post("/tenants", json={"id": "ok", "tier": "default"})
             assert r.status_code == 201, r.text
+
+
+@pytest.mark.parametrize("token", [None, "wrong-token-" + "x" * 20, "kvg-" + "a" * 43],
+                         ids=["no-token", "wrong-token", "tenant-key"])
+def test_an_admin_body_without_a_valid_admin_token_is_refused_unread(
+    token: str | None,
+) -> None:
+    """The body used to be read (up to 1 MiB, waiting for all of it) before the admin token
+    was checked: anonymous callers made the gateway buffer a MiB per connection, and one
+    that declared a body and sent none had no answer until the body timeout. Now the
+    refusal comes at once, before a byte of the body is sent; the body, sent afterwards on
+    the same connection, is dropped and the next request on it is answered."""
+    gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], ready=False,
+                            env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw, socket.create_connection(
+            ("127.0.0.1", int(base.rsplit(":", 1)[1])), timeout=5) as s:
+        body = b'{"id": "x", "pad": "' + b"a" * 500_000 + b'"}'
+        auth = b"" if token is None else f"authorization: Bearer {token}\r\n".encode()
+        s.sendall(b"POST /admin/tenants HTTP/1.1\r\nhost: x\r\n" + auth
+                  + b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+        raw = b""
+        while b"}}" not in raw and (chunk := s.recv(65536)):  # (times out after 5 s)
+            raw += chunk
+        assert raw.split(b" ", 2)[1] in (b"401", b"403"), raw[:200]
+        s.sendall(body + b"GET /admin/tenants HTTP/1.1\r\nhost: x\r\n"
+                  b"authorization: Bearer " + ADMIN.encode() + b"\r\n\r\n")
+        raw = b""
+        while b"HTTP/1.1 200" not in raw and (chunk := s.recv(65536)):
+            raw += chunk
+        assert b"HTTP/1.1 200" in raw
+        with admin_client(base, ADMIN) as admin:
+            assert admin.get("/tenants/x").status_code == 404  # nothing was created
 
 
 def test_admin_bodies_stop_at_1_mib_and_a_throttled_address_gets_429_unread() -> None:
@@ -122,7 +158,7 @@ def test_admin_bodies_stop_at_1_mib_and_a_throttled_address_gets_429_unread() ->
             for _ in range(10):  # the address's budget of failures
                 assert attacker.get("/tenants").status_code == 401
         for declared in (True, False):
-            head, err = _raw_post(port, big, declared=declared)
+            head, err = _raw_post(port, big, declared=declared, token=None)
             assert head.startswith(b"HTTP/1.1 429") and b"retry-after:" in head.lower(), head
             assert err["type"] == "RateLimitError"
 
@@ -165,8 +201,8 @@ def test_integers_beyond_64_bits_are_400_and_others_pass_unchanged(
 
 def test_route_explain_takes_a_prompt_as_long_as_the_proxy_does(sim_factory: SimFactory) -> None:
     """Explaining a request with a long prompt is legitimate: with a valid admin token
-    `/admin/route/explain` reads bodies up to `server.max_body_bytes`; without one, and on the
-    other admin routes, the 1 MiB bound stays (and the throttle still answers before it)."""
+    `/admin/route/explain` reads bodies up to `server.max_body_bytes`; on the other admin routes
+    the 1 MiB bound stays; without a valid token the body is not read at all (401)."""
     _, sim = sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_ADMIN_TOKEN": ADMIN})
     prompt = "word " * 400_000  # 2 MB
@@ -178,6 +214,6 @@ def test_route_explain_takes_a_prompt_as_long_as_the_proxy_does(sim_factory: Sim
         over = admin.post("/route/explain", json={**body, "pad": "a" * 7_000_000})
         assert over.status_code == 413 and "8388608 bytes" in over.json()["error"]["message"]
         r = anonymous.post("/route/explain", json=body)
-        assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]
+        assert r.status_code == 401 and r.json()["error"]["type"] == "AuthenticationError"
         r = admin.post("/tenants", json={"id": "big", "tier": "default", "pad": prompt})
         assert r.status_code == 413 and "1048576 bytes" in r.json()["error"]["message"]

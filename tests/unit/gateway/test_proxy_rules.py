@@ -263,6 +263,66 @@ def test_a_request_that_fails_everywhere_ejects_no_replica() -> None:
     assert [code for code, _ in answers] == [500, 500, 500, 200]
 
 
+@pytest.mark.parametrize("pool", [[A], [A, B]], ids=["one-replica", "other-down"])
+def test_a_request_failing_on_the_only_replica_left_does_not_eject_it(pool: list[str]) -> None:
+    """With no other replica to try a request that fails with an internal 500, the failure
+    was charged to the one that answered: three such requests (one client's, with its SDK's
+    retries) ejected the pool's only replica, and every tenant got 503s. Nothing tells the
+    request's fault from the replica's there, and ejecting the last replica only stops the
+    requests it serves well."""
+    poison = status(500, INTERNAL)
+    script = {A: first(3, ok(), poison), B: refused()}
+    answers, _ = _run({url: script[url] for url in pool}, [REQ] * 5,
+                          health={"failure_threshold": 3})
+    served = [code for code, _ in answers]  # (the first may meet the other replica's
+    # refusal after this one's 500: a 502, this replica charged once)
+    assert served[:3] in ([500] * 3, [502, 500, 500]) and served[3:] == [200, 200], served
+
+
+ERROR_EVENT = (b'data: {"error":{"message":"list index out of range","type":'
+               b'"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
+
+
+def stream_error_event(after_output: bool) -> Behaviour:
+    """vLLM's stream ending with an error event of code 500 (an exception while serving the
+    request), after some output or before any."""
+    async def answer() -> FakeResponse:
+        first = (b'data: {"id":"c","object":"text_completion",'
+                 b'"choices":[{"index":0,"text":"a"}]}\n\n')
+        chunks: list[bytes | BaseException | None] = [first] if after_output else []
+        return FakeResponse(200, [*chunks, ERROR_EVENT], content_type="text/event-stream")
+    return answer
+
+
+@pytest.mark.parametrize("after_output", [True, False], ids=["mid-stream", "before-output"])
+def test_a_stream_failing_on_the_only_replica_left_does_not_eject_it(after_output: bool) -> None:
+    """The streamed counterpart: a stream's 5xx error event on a pool's only replica was
+    charged to it, and three of them (one client's poison request and its SDK's retries)
+    ejected it: every tenant got 503s while its /health said 200 (a dead engine's /health
+    says 503, so it still leaves the pool)."""
+    streamed = {**REQ, "stream": True}
+    answers, _ = _run({A: first(3, ok(), stream_error_event(after_output))},
+                      [streamed] * 3 + [REQ, REQ], health={"failure_threshold": 3})
+    served = [code for code, _ in answers]
+    assert served[:3] == ([200] * 3 if after_output else [502] * 3), served
+    assert served[3:] == [200, 200], served
+
+
+def test_a_stream_failing_alike_on_two_replicas_ejects_none_and_stops_there() -> None:
+    """A stream whose every try opened with vLLM's error event of code 500 (an exception
+    while serving that request, not a dead engine) was tried on every replica, each charged
+    a failure: three such requests ejected a quiet pool whole. As for a whole 500: tried on
+    one other replica only, and a second one alike is the request's fault, no replica's."""
+    poison = stream_error_event(after_output=False)
+    streamed = {**REQ, "stream": True}
+    answers, posts = _run({A: first(3, ok(), poison), B: first(3, ok(), poison),
+                           C: first(3, ok(), poison)}, [streamed], health={"failure_threshold": 3})
+    assert [code for code, _ in answers] == [502] and len(posts) == 2, posts
+    answers, _ = _run({A: first(3, ok(), poison), B: first(3, ok(), poison)},
+                      [streamed] * 3 + [REQ, REQ], health={"failure_threshold": 3})
+    assert [code for code, _ in answers] == [502, 502, 502, 200, 200]
+
+
 def test_a_replica_failing_what_another_serves_is_still_ejected() -> None:
     """Its 500 is charged once another replica answered the same request."""
     answers, posts = _run({A: status(500, INTERNAL), B: ok()}, [REQ] * 8,
