@@ -31,6 +31,10 @@ def _exchange() -> tuple[Exchange, ProxiedRequest, Any]:
     req.parsed = SimpleNamespace(stream=True)  # type: ignore[assignment]
     req.features = RequestFeatures(model="m", block_hashes=(), prompt_tokens=1)
     replica = Replica("p", "http://127.0.0.1:1", HealthRules())
+    # a pool with another replica taking requests: an error event here is charged and the
+    # stream's head is a 502 (alone in its pool, it would be relayed uncharged)
+    other = Replica("p", "http://127.0.0.1:2", HealthRules())
+    req.pool = SimpleNamespace(replicas=[replica, other])  # type: ignore[assignment]
     ex.order = [replica]
     ex._attach(replica)
     return ex, req, core
