@@ -17,6 +17,7 @@ from the network. The address bound is logged at start: `listening on http://HOS
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
@@ -167,8 +168,7 @@ def main(argv: list[str]) -> int:
     try:  # first: a port in use is the one line printed
         sockets = bind_sockets(cfg)
     except ListenError as exc:
-        print(f"kvgate serve: {exc} (choose another port with --port)", file=sys.stderr,
-              flush=True)
+        print(f"kvgate serve: {exc.line()}", file=sys.stderr, flush=True)
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -195,7 +195,28 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
 
 
 class ListenError(Exception):
-    """A listen address could not be bound; the message is the one line to print."""
+    """A listen address could not be bound: the message says which and why, `hint` what to
+    change (in `kvgate serve`'s terms; `line()` is both, the one line to print)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def line(self) -> str:
+        return f"{self} ({self.hint})" if self.hint else str(self)
+
+
+def _listen_hint(exc: OSError, admin: bool) -> str:
+    """What to change: the host when it is not this machine's (a port cannot help), the port
+    when it is taken or privileged -- the admin port's own setting when that is the one
+    refused, not `--port`; nothing for another error (its reason is all there is to say)."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return "choose another host with --host: an address of this machine, or 0.0.0.0 for all"
+    where = ("another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT" if admin
+             else "another port with --port")
+    if exc.errno == errno.EACCES:
+        return f"ports below 1024 need privileges: choose {where}"
+    return f"choose {where}" if exc.errno == errno.EADDRINUSE else ""
 
 
 def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[socket.socket]:
@@ -217,7 +238,9 @@ def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[
                 other.close()
             reason = (exc.strerror or str(exc)).lower()
             where = _hostport(cfg.server.host, port)
-            raise ListenError(f"cannot listen on {where}: {reason}") from None
+            admin = port == cfg.server.admin_port and port != cfg.server.port
+            raise ListenError(f"cannot listen on {where}: {reason}",
+                              _listen_hint(exc, admin)) from None
         sock.listen(2048)
         sock.set_inheritable(True)
         socks.append(sock)
