@@ -75,6 +75,29 @@ def test_errors_name_the_field(raw: dict[str, object], field: str) -> None:
     assert field in info.value.message
 
 
+@pytest.mark.parametrize(("text", "where"), [
+    (b"server:\n  port: 1\n pools: [\n", "at line 3, column 2 (while parsing a block mapping"),
+    (b"a: b: c\n", "mapping values are not allowed here at line 1, column 5"),
+    (b'a: "x\n', "at line 2, column 1 (while scanning a quoted scalar at line 1, column 4)"),
+])
+def test_invalid_yaml_is_one_line_with_its_place(tmp_path: Path, text: bytes, where: str) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path), environ={})
+    assert err.value.message.startswith(f"config file {path}: invalid YAML: ")
+    assert where in err.value.message and "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("text", ["pools: {}\n".encode("utf-16"), b"\x89PNG\r\n\x1a\n\x00"])
+def test_a_file_not_in_utf8_is_a_config_error(tmp_path: Path, text: bytes) -> None:
+    """A UTF-16 save or the wrong file: one line, not a UnicodeDecodeError's traceback."""
+    path = tmp_path / "k.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0x[0-9a-f]{2} at offset \d+\)"):
+        load_config(str(path), environ={})
+
+
 def test_no_pools_is_an_error() -> None:
     with pytest.raises(ConfigError, match="pools"):
         load_config(None, environ={})
