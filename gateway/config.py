@@ -36,6 +36,7 @@ from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from gateway.urls import shown_url
+from gateway.yamlerror import one_line
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
@@ -468,27 +469,12 @@ def _read_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
                           f"at offset {exc.start}): save it as UTF-8") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML: {_yaml_problem(exc)}") from None
+        raise ConfigError(f"config file {path}: invalid YAML: {one_line(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path}: top level must be a mapping")
     return data
-
-
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """PyYAML's error in one line: the problem where it was found, then what was being read
-    and where that began (its own text spreads over four lines, quoting the file's name)."""
-    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem_mark is None:
-        return " ".join(str(exc).split())
-    mark = exc.problem_mark
-    line = f"{exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
-    if exc.context and exc.context_mark is not None:
-        start = exc.context_mark
-        line += f" ({exc.context} at line {start.line + 1}, column {start.column + 1})"
-    elif exc.context:
-        line += f" ({exc.context})"
-    return line
 
 
 def _explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
