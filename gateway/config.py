@@ -42,6 +42,7 @@ from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
 
 __all__ = [
+    "NO_POOLS",
     "DoctorSection",
     "FlowSection",
     "HealthConfig",
@@ -58,6 +59,7 @@ __all__ = [
     "unknown_env",
 ]
 
+NO_POOLS = "pools: at least one pool is required"
 MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenancy.salts)
 
 ENV_PREFIX = "KVGATE_"
@@ -556,7 +558,9 @@ def load_config(
         where = f" in {path} (or its KVGATE_* overrides)" if path else ""
         raise ConfigError(_explain(exc, where, env_names)) from None
     if not cfg.pools:
-        raise ConfigError("pools: at least one pool is required (or use --upstream URL)")
+        raise ConfigError(f"{NO_POOLS} in {path} (or use --upstream URL)" if path else
+                          f"{NO_POOLS}: no configuration file given (--config FILE, or set "
+                          "KVGATE_CONFIG), or use --upstream URL")
     try:
         cfg.routing.router_config()
     except ValueError as exc:  # the routing core's own checks name the field

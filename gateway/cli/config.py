@@ -19,6 +19,7 @@ import yaml
 
 from gateway.config import (
     MIN_SECRET_CHARS,
+    NO_POOLS,
     KvgateConfig,
     load_config,
     redacted_dump,
@@ -42,11 +43,12 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.file)
     except ConfigError as exc:
         message = exc.message
-        if (args.file is None and not os.environ.get("KVGATE_CONFIG")
-                and " (or use --upstream URL)" in message):
-            # `--upstream` is `kvgate serve`'s: here the likely miss is the file itself
-            message = (f"{message.replace(' (or use --upstream URL)', '')}: no configuration "
-                       "file given (`kvgate config check FILE`, or set KVGATE_CONFIG)")
+        if message.startswith(NO_POOLS):
+            # `--config` and `--upstream` are `kvgate serve`'s: here the file is an argument
+            path = args.file or os.environ.get("KVGATE_CONFIG")
+            message = (f"{NO_POOLS} in {path}" if path else
+                       f"{NO_POOLS}: no configuration file given (`kvgate config check FILE`, "
+                       "or set KVGATE_CONFIG)")
         print(f"kvgate config: {message}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(redacted_dump(cfg), sort_keys=False), end="")
