@@ -73,6 +73,10 @@ ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_tok
 ENV_OTHERS = frozenset({"KVGATE_CONFIG", "KVGATE_EXTRAS", "KVGATE_SKIP_REDIS",
                         "KVGATE_TEST_LOG", "KVGATE_BENCH_UPSTREAMS", "KVGATE_BENCH_MODEL"})
 
+# a variable's value is read as YAML: how to write what a field of these types takes
+ENV_SHAPES = {"list_type": ", a list: write it as YAML, e.g. '[a, b]'",
+              "dict_type": ", a mapping: write it as YAML, e.g. '{a: 1}'"}
+
 Pos = Annotated[float, Field(gt=0)]
 # an origin as a browser sends it: scheme://host[:port], no path
 ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[a-z0-9._~%!$&'()*+,;=:@\[\]-]+")
@@ -489,7 +493,7 @@ def _explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...
             msg = "unknown field" + _did_you_mean(loc)
         source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
         if source is not None:
-            msg += f" (from {source})"
+            msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
         # a whole-document check (an unknown pool) names its fields in the message itself
         lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)

@@ -182,6 +182,22 @@ def test_an_error_from_the_environment_names_the_variable() -> None:
     assert "(from KVGATE_SERVER__PORT)" in info.value.message
 
 
+@pytest.mark.parametrize(("name", "value", "shape", "fixed"), [
+    ("KVGATE_TENANCY__METRICS_TENANTS", "acme,globex", "'[a, b]'", "[acme, globex]"),
+    ("KVGATE_UPSTREAM__RETRY_STATUSES", "502,503", "'[a, b]'", "[502, 503]"),
+    ("KVGATE_DOCTOR__THRESHOLDS", "ttft_high_s=2", "'{a: 1}'", "{ttft_high_s: 2}"),
+])
+def test_a_list_or_mapping_from_the_environment_says_how_to_write_it(
+    name: str, value: str, shape: str, fixed: str
+) -> None:
+    """The value is read as YAML: "Input should be a valid list" alone left the form unsaid."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={name: value})
+    assert f"(from {name}, a " in info.value.message
+    assert f"write it as YAML, e.g. {shape})" in info.value.message
+    load_config(None, overrides=POOLS, environ={name: fixed})  # as it says: accepted
+
+
 def test_a_misspelt_field_suggests_the_known_one() -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides={**POOLS, "upstream": {"max_atempts": 3}}, environ={})
