@@ -155,6 +155,19 @@ def test_example_file_lists_every_section_field() -> None:
     assert missing == []
 
 
+def test_example_file_shows_the_code_defaults() -> None:
+    """Every value the reference example sets in a section it does not mark "example" is the
+    code's default (flow and fairness: tests/unit/gateway/test_flow_config.py): a default
+    changed in the code and not in the example would otherwise go unnoticed."""
+    shown = yaml.safe_load(EXAMPLE.read_text())
+    defaults = load_config(None, overrides=POOLS, environ={}).model_dump(mode="json")
+    differ = {f"{section}.{name}": (value, defaults[section][name])
+              for section in ("server", "upstream", "health", "routing", "epp", "tenancy",
+                              "sync", "doctor")
+              for name, value in shown[section].items() if value != defaults[section][name]}
+    assert differ == {}
+
+
 @pytest.mark.parametrize("url", ["notaurl", "http://:pw-sekrit@127.0.0.1:6379/0", "127.0.0.1:6379"])
 def test_a_malformed_redis_url_is_a_config_error_that_hides_the_url(url: str) -> None:
     with pytest.raises(ConfigError) as info:
