@@ -98,6 +98,20 @@ def test_a_file_not_in_utf8_is_a_config_error(tmp_path: Path, text: bytes) -> No
         load_config(str(path), environ={})
 
 
+@pytest.mark.parametrize(("discovery", "message"), [
+    ({"dns": {"nme": "vllm"}}, "pools.a: discovery.dns.name: Field required"),
+    ({"kubernetes": {"service": "v", "scheme": "grpc"}}, "pools.a: discovery.kubernetes.scheme:"),
+    ({"consul": {"name": "v"}}, "pools.a: discovery: unknown mode 'consul'"),
+])
+def test_a_bad_discovery_block_is_refused_at_load(discovery: dict[str, object],
+                                                  message: str) -> None:
+    """`kvgate config check` passed it; `kvgate serve` bound its port, then its lifespan
+    failed (uvicorn's log line and exit status 3)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides={"pools": {"a": {"discovery": discovery}}}, environ={})
+    assert message in err.value.message
+
+
 def test_no_pools_is_an_error() -> None:
     with pytest.raises(ConfigError, match="pools"):
         load_config(None, environ={})
