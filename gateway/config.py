@@ -53,6 +53,7 @@ __all__ = [
     "TenantBootstrap",
     "UpstreamConfig",
     "auth_secret",
+    "discovery_problems",
     "load_config",
     "redacted_dump",
     "salt_secret",
@@ -612,6 +613,26 @@ def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
             "`kvgate serve --no-auth` for local single-tenant use"
         )
     return secrets.token_urlsafe(32), False
+
+
+def discovery_problems(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Pools following Kubernetes without `api_server` where no in-cluster address is set
+    (outside a cluster): `kvgate serve` refuses to start, rather than stop in its lifespan."""
+    from gateway.discovery.config import KubernetesConfig  # lazy: only with discovery
+    from gateway.discovery.kubernetes import api_server_url
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name, pool in cfg.pools.items():
+        kube = (pool.discovery or {}).get("kubernetes")
+        if kube is None:
+            continue
+        try:
+            api_server_url(KubernetesConfig.model_validate(kube), env)
+        except ValueError as exc:
+            out.append(f"pools.{name}.{exc} (outside a cluster, set it: e.g. "
+                       "http://127.0.0.1:8001 with `kubectl proxy`)")
+    return out
 
 
 def redacted_dump(cfg: KvgateConfig) -> dict[str, Any]:

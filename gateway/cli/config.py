@@ -21,6 +21,7 @@ from gateway.config import (
     MIN_SECRET_CHARS,
     NO_POOLS,
     KvgateConfig,
+    discovery_problems,
     load_config,
     redacted_dump,
     salt_secret,
@@ -82,6 +83,7 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             out.append((f"pools.{name}.api_key_env: the environment variable "
                         f"{pool.api_key_env} is not set (or empty)" + REFUSES, True))
+    out += [(problem + REFUSES, True) for problem in discovery_problems(cfg)]
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

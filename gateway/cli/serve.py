@@ -29,7 +29,14 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, ServerConfig, auth_secret, load_config, unknown_env
+from gateway.config import (
+    KvgateConfig,
+    ServerConfig,
+    auth_secret,
+    discovery_problems,
+    load_config,
+    unknown_env,
+)
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
@@ -125,14 +132,17 @@ def is_loopback(host: str) -> bool:
 
 
 def check_secrets(cfg: KvgateConfig) -> str | None:
-    """Raise `ConfigError` when auth is on without a secret, or a pool's `api_key_env` names
+    """Raise `ConfigError` when auth is on without a secret, a pool's `api_key_env` names
     a variable that is not set (vLLM would answer 401 to every request, while its /health,
-    not behind the key, says the replica is fine); a warning to print, or None."""
+    not behind the key, says the replica is fine), or a pool follows Kubernetes with no API
+    server to ask; a warning to print, or None."""
     auth_secret(cfg)
     for name, pool in cfg.pools.items():
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             raise ConfigError(f"pools.{name}.api_key_env: the environment variable "
                               f"{pool.api_key_env} is not set (or empty)")
+    if problems := discovery_problems(cfg):
+        raise ConfigError(problems[0])
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 

@@ -334,6 +334,21 @@ def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimF
         assert not [h for h in raw.headers if h.startswith("x-ratelimit")]
 
 
+def test_kubernetes_discovery_outside_a_cluster_is_refused_before_listening(
+    tmp_path: Path, busy_port: int
+) -> None:
+    """One line and status 2 before binding (the busy port would say otherwise), as for a
+    missing secret; it was the lifespan's failure: uvicorn's log lines and status 3."""
+    path = tmp_path / "k.yaml"
+    path.write_text("pools:\n  a: {discovery: {kubernetes: {service: vllm}}}\n")
+    result = run("serve", "--config", str(path), "--no-auth", "--port", str(busy_port))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "kvgate serve: pools.a.discovery.kubernetes.api_server: not set and "
+        "KUBERNETES_SERVICE_HOST/PORT absent (outside a cluster, set it: e.g. "
+        "http://127.0.0.1:8001 with `kubectl proxy`)"]
+
+
 def test_config_errors_name_the_file(tmp_path: Path) -> None:
     bad_field = tmp_path / "bad-field.yaml"
     bad_field.write_text(yaml.safe_dump({

@@ -16,7 +16,14 @@ from gateway.cli.serve import (
     listening,
     start_warnings,
 )
-from gateway.config import KvgateConfig, env_overrides, load_config, redacted_dump, unknown_env
+from gateway.config import (
+    KvgateConfig,
+    discovery_problems,
+    env_overrides,
+    load_config,
+    redacted_dump,
+    unknown_env,
+)
 from gateway.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
@@ -110,6 +117,24 @@ def test_a_bad_discovery_block_is_refused_at_load(discovery: dict[str, object],
     with pytest.raises(ConfigError) as err:
         load_config(None, overrides={"pools": {"a": {"discovery": discovery}}}, environ={})
     assert message in err.value.message
+
+
+@pytest.mark.parametrize(("kube", "environ", "refused"), [
+    ({"service": "v"}, {}, True),
+    ({"service": "v"}, {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                        "KUBERNETES_SERVICE_PORT": "443"}, False),
+    ({"service": "v", "api_server": "http://127.0.0.1:8001"}, {}, False),
+])
+def test_kubernetes_discovery_without_an_api_server_is_named(
+    kube: dict[str, object], environ: dict[str, str], refused: bool
+) -> None:
+    cfg = load_config(None, overrides={"pools": {"a": {"discovery": {"kubernetes": kube}}}},
+                      environ={})
+    problems = discovery_problems(cfg, environ)
+    assert problems == ([
+        "pools.a.discovery.kubernetes.api_server: not set and KUBERNETES_SERVICE_HOST/PORT "
+        "absent (outside a cluster, set it: e.g. http://127.0.0.1:8001 with `kubectl proxy`)"]
+        if refused else [])
 
 
 def test_no_pools_is_an_error() -> None:
