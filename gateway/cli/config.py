@@ -6,8 +6,8 @@ Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets mi
 this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
 the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
 secret with authentication on, a pool's `api_key_env` variable, Kubernetes discovery with
-no API server): run a strict check in the
-environment of the process that serves, a plain one anywhere (e.g. a CI job without secrets).
+no API server): run a strict check in the environment of the process that serves, a plain
+one anywhere (e.g. a CI job without secrets).
 """
 
 from __future__ import annotations
