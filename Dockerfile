@@ -3,7 +3,10 @@
 #   docker run -p 8000:8000 -v "$PWD/config.yaml:/etc/kvgate/config.yaml:ro" \
 #     -e KVGATE_CONFIG=/etc/kvgate/config.yaml -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
 #     kvgate:0.1.0
-# or, without a file: docker run -p 8000:8000 kvgate:0.1.0 --upstream http://vllm:8000
+# or, without a file (the secrets still needed: authentication is on):
+#   docker run -p 8000:8000 -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
+#     kvgate:0.1.0 --upstream http://vllm:8000
+# (--no-auth listens on the container's loopback only: add --host 0.0.0.0 to publish it)
 
 # ---- build: install kvgate and its dependencies into a self-contained virtualenv --------------
 FROM python:3.11-slim AS build

@@ -36,11 +36,13 @@ from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from gateway.urls import shown_url
+from gateway.yamlerror import one_line
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
 
 __all__ = [
+    "NO_POOLS",
     "DoctorSection",
     "FlowSection",
     "HealthConfig",
@@ -51,12 +53,14 @@ __all__ = [
     "TenantBootstrap",
     "UpstreamConfig",
     "auth_secret",
+    "discovery_problems",
     "load_config",
     "redacted_dump",
     "salt_secret",
     "unknown_env",
 ]
 
+NO_POOLS = "pools: at least one pool is required"
 MIN_SECRET_CHARS = 16  # the salt derivation's minimum key length (gateway.tenancy.salts)
 
 ENV_PREFIX = "KVGATE_"
@@ -69,6 +73,10 @@ ENV_SECRETS = {"KVGATE_REDIS_URL": "redis_url", "KVGATE_ADMIN_TOKEN": "admin_tok
 # scripts/setup, the test suite's log and loadtest/granian_app.py's benchmark settings
 ENV_OTHERS = frozenset({"KVGATE_CONFIG", "KVGATE_EXTRAS", "KVGATE_SKIP_REDIS",
                         "KVGATE_TEST_LOG", "KVGATE_BENCH_UPSTREAMS", "KVGATE_BENCH_MODEL"})
+
+# a variable's value is read as YAML: how to write what a field of these types takes
+ENV_SHAPES = {"list_type": ", a list: write it as YAML, e.g. '[a, b]'",
+              "dict_type": ", a mapping: write it as YAML, e.g. '{a: 1}'"}
 
 Pos = Annotated[float, Field(gt=0)]
 # an origin as a browser sends it: scheme://host[:port], no path
@@ -464,8 +472,11 @@ def _read_file(path: str) -> dict[str, Any]:
             data = yaml.safe_load(f)  # a YAML error then names the file, line and column
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
+        raise ConfigError(f"config file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                          f"at offset {exc.start}): save it as UTF-8") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML ({exc})") from None
+        raise ConfigError(f"config file {path}: invalid YAML: {one_line(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -483,7 +494,7 @@ def _explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...
             msg = "unknown field" + _did_you_mean(loc)
         source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
         if source is not None:
-            msg += f" (from {source})"
+            msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
         # a whole-document check (an unknown pool) names its fields in the message itself
         lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
@@ -552,7 +563,9 @@ def load_config(
         where = f" in {path} (or its KVGATE_* overrides)" if path else ""
         raise ConfigError(_explain(exc, where, env_names)) from None
     if not cfg.pools:
-        raise ConfigError("pools: at least one pool is required (or use --upstream URL)")
+        raise ConfigError(f"{NO_POOLS} in {path} (or use --upstream URL)" if path else
+                          f"{NO_POOLS}: no configuration file given (--config FILE, or set "
+                          "KVGATE_CONFIG), or use --upstream URL")
     try:
         cfg.routing.router_config()
     except ValueError as exc:  # the routing core's own checks name the field
@@ -600,6 +613,26 @@ def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
             "`kvgate serve --no-auth` for local single-tenant use"
         )
     return secrets.token_urlsafe(32), False
+
+
+def discovery_problems(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> list[str]:
+    """Pools following Kubernetes without `api_server` where no in-cluster address is set
+    (outside a cluster): `kvgate serve` refuses to start, rather than stop in its lifespan."""
+    from gateway.discovery.config import KubernetesConfig  # lazy: only with discovery
+    from gateway.discovery.kubernetes import api_server_url
+
+    env = os.environ if environ is None else environ
+    out = []
+    for name, pool in cfg.pools.items():
+        kube = (pool.discovery or {}).get("kubernetes")
+        if kube is None:
+            continue
+        try:
+            api_server_url(KubernetesConfig.model_validate(kube), env)
+        except ValueError as exc:
+            out.append(f"pools.{name}.{exc} (outside a cluster, set it: e.g. "
+                       "http://127.0.0.1:8001 with `kubectl proxy`)")
+    return out
 
 
 def redacted_dump(cfg: KvgateConfig) -> dict[str, Any]:

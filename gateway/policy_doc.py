@@ -19,6 +19,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.discovery.config import parse_discovery
 from gateway.replicas import replica_id
 from gateway.urls import shown_url
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
@@ -86,6 +87,8 @@ class PoolConfig(BaseModel):
     def _has_replicas(self) -> PoolConfig:
         if not self.replicas and not self.discovery:
             raise ValueError("a pool needs 'replicas' or 'discovery'")
+        if self.discovery:  # checked here, not first by the lifespan once the port is bound
+            parse_discovery(self.discovery)  # a ValueError naming the field
         for url in self.replicas:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(

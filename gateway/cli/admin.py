@@ -33,6 +33,7 @@ import httpx
 import yaml
 
 from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
+from gateway.yamlerror import one_line
 
 __all__ = ["main"]
 
@@ -199,8 +200,13 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         method, path, body, headers = _request(args)
-    except (OSError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else f"invalid YAML/JSON ({exc})"
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        if isinstance(exc, OSError):
+            reason = exc.strerror
+        elif isinstance(exc, UnicodeDecodeError):
+            reason = "not UTF-8 text: save it as UTF-8"
+        else:
+            reason = f"invalid YAML/JSON: {one_line(exc)}"
         print(f"kvgate admin: policy file {args.file}: {reason}", file=sys.stderr)
         return 1
     if not args.url.startswith(("http://", "https://")):

@@ -5,8 +5,9 @@ defaults, as YAML, with secrets (admin token, salt secret, Redis URL, vLLM API k
 Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets missing from
 this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
 the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
-secret with authentication on, a pool's `api_key_env` variable): run a strict check in the
-environment of the process that serves, a plain one anywhere (e.g. a CI job without secrets).
+secret with authentication on, a pool's `api_key_env` variable, Kubernetes discovery with
+no API server): run a strict check in the environment of the process that serves, a plain
+one anywhere (e.g. a CI job without secrets).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import yaml
 
 from gateway.config import (
     MIN_SECRET_CHARS,
+    NO_POOLS,
     KvgateConfig,
+    discovery_problems,
     load_config,
     redacted_dump,
     salt_secret,
@@ -42,11 +45,12 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.file)
     except ConfigError as exc:
         message = exc.message
-        if (args.file is None and not os.environ.get("KVGATE_CONFIG")
-                and " (or use --upstream URL)" in message):
-            # `--upstream` is `kvgate serve`'s: here the likely miss is the file itself
-            message = (f"{message.replace(' (or use --upstream URL)', '')}: no configuration "
-                       "file given (`kvgate config check FILE`, or set KVGATE_CONFIG)")
+        if message.startswith(NO_POOLS):
+            # `--config` and `--upstream` are `kvgate serve`'s: here the file is an argument
+            path = args.file or os.environ.get("KVGATE_CONFIG")
+            message = (f"{NO_POOLS} in {path}" if path else
+                       f"{NO_POOLS}: no configuration file given (`kvgate config check FILE`, "
+                       "or set KVGATE_CONFIG)")
         print(f"kvgate config: {message}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(redacted_dump(cfg), sort_keys=False), end="")
@@ -80,6 +84,7 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             out.append((f"pools.{name}.api_key_env: the environment variable "
                         f"{pool.api_key_env} is not set (or empty)" + REFUSES, True))
+    out += [(problem + REFUSES, True) for problem in discovery_problems(cfg)]
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

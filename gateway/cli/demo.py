@@ -157,7 +157,7 @@ def main(argv: list[str]) -> int:
     try:  # the port first: a port in use is one line, before any replica starts
         sockets = bind_sockets(_listen_config(args.port))
     except ListenError as exc:
-        print(f"kvgate demo: {exc} (choose another port with --port)", file=sys.stderr)
+        print(f"kvgate demo: {exc.line()}", file=sys.stderr)
         return 1
     except ConfigError as exc:
         print(f"kvgate demo: {exc.message}", file=sys.stderr)

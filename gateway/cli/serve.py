@@ -17,6 +17,7 @@ from the network. The address bound is logged at start: `listening on http://HOS
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import logging
 import os
@@ -28,7 +29,14 @@ from typing import Any
 import uvicorn
 
 from gateway.app import GatewayApp
-from gateway.config import KvgateConfig, ServerConfig, auth_secret, load_config, unknown_env
+from gateway.config import (
+    KvgateConfig,
+    ServerConfig,
+    auth_secret,
+    discovery_problems,
+    load_config,
+    unknown_env,
+)
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
@@ -124,14 +132,17 @@ def is_loopback(host: str) -> bool:
 
 
 def check_secrets(cfg: KvgateConfig) -> str | None:
-    """Raise `ConfigError` when auth is on without a secret, or a pool's `api_key_env` names
+    """Raise `ConfigError` when auth is on without a secret, a pool's `api_key_env` names
     a variable that is not set (vLLM would answer 401 to every request, while its /health,
-    not behind the key, says the replica is fine); a warning to print, or None."""
+    not behind the key, says the replica is fine), or a pool follows Kubernetes with no API
+    server to ask; a warning to print, or None."""
     auth_secret(cfg)
     for name, pool in cfg.pools.items():
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             raise ConfigError(f"pools.{name}.api_key_env: the environment variable "
                               f"{pool.api_key_env} is not set (or empty)")
+    if problems := discovery_problems(cfg):
+        raise ConfigError(problems[0])
     return None if cfg.tenancy.auth else NO_AUTH_WARNING
 
 
@@ -167,8 +178,7 @@ def main(argv: list[str]) -> int:
     try:  # first: a port in use is the one line printed
         sockets = bind_sockets(cfg)
     except ListenError as exc:
-        print(f"kvgate serve: {exc} (choose another port with --port)", file=sys.stderr,
-              flush=True)
+        print(f"kvgate serve: {exc.line()}", file=sys.stderr, flush=True)
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
@@ -195,7 +205,28 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
 
 
 class ListenError(Exception):
-    """A listen address could not be bound; the message is the one line to print."""
+    """A listen address could not be bound: the message says which and why, `hint` what to
+    change (in `kvgate serve`'s terms; `line()` is both, the one line to print)."""
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.hint = hint
+
+    def line(self) -> str:
+        return f"{self} ({self.hint})" if self.hint else str(self)
+
+
+def _listen_hint(exc: OSError, admin: bool) -> str:
+    """What to change: the host when it is not this machine's (a port cannot help), the port
+    when it is taken or privileged -- the admin port's own setting when that is the one
+    refused, not `--port`; nothing for another error (its reason is all there is to say)."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return "choose another host with --host: an address of this machine, or 0.0.0.0 for all"
+    where = ("another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT" if admin
+             else "another port with --port")
+    if exc.errno == errno.EACCES:
+        return f"ports below 1024 need privileges: choose {where}"
+    return f"choose {where}" if exc.errno == errno.EADDRINUSE else ""
 
 
 def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[socket.socket]:
@@ -217,7 +248,9 @@ def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[
                 other.close()
             reason = (exc.strerror or str(exc)).lower()
             where = _hostport(cfg.server.host, port)
-            raise ListenError(f"cannot listen on {where}: {reason}") from None
+            admin = port == cfg.server.admin_port and port != cfg.server.port
+            raise ListenError(f"cannot listen on {where}: {reason}",
+                              _listen_hint(exc, admin)) from None
         sock.listen(2048)
         sock.set_inheritable(True)
         socks.append(sock)

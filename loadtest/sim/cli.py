@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import socket
@@ -117,7 +118,7 @@ def main(argv: list[str]) -> int:
     except OSError as exc:
         reason = (exc.strerror or str(exc)).lower()
         where = f"[{args.host}]:{args.port}" if ":" in args.host else f"{args.host}:{args.port}"
-        print(f"kvgate sim: cannot listen on {where}: {reason} (choose another port with --port)",
+        print(f"kvgate sim: cannot listen on {where}: {reason}{_listen_hint(exc)}",
               file=sys.stderr)
         return 1
     import uvicorn  # imported late: `--help` and config errors stay fast
@@ -128,6 +129,16 @@ def main(argv: list[str]) -> int:
     with sock:
         uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _listen_hint(exc: OSError) -> str:
+    """The flag to change: the port only when it is taken or privileged; the host when it is
+    not this machine's (another port would fail alike)."""
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return " (choose another host with --host: an address of this machine)"
+    if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+        return " (choose another port with --port)"
+    return ""
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -242,6 +242,28 @@ def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 
 
+@pytest.mark.parametrize(("text", "reason"), [
+    (b"pools:\n  a: [\n", "invalid YAML/JSON: expected the node content, but found "
+                          "'<stream end>' at line 3, column 1"),
+    ("pools: {}\n".encode("utf-16"), "not UTF-8 text: save it as UTF-8"),
+])
+def test_an_unreadable_policy_file_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    text: bytes, reason: str,
+) -> None:
+    """Read before any call: PyYAML's text of several lines, or a UnicodeDecodeError's
+    traceback for a UTF-16 file, used to be printed."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(text)
+    for action in ("put", "patch"):
+        assert admin_cli.main(["--url", f"http://127.0.0.1:{free_port()}", "policy", action,
+                               str(path)]) == 1
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1, err
+        assert err.startswith(f"kvgate admin: policy file {path}: {reason}"), err
+
+
 def test_help_describes_every_command() -> None:
     """`kvgate admin --help` and its groups' --help say what each command does, and a missing
     command is named as such (argparse used to say "required: group", a variable's name)."""

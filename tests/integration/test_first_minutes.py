@@ -220,6 +220,33 @@ def test_sim_on_a_port_in_use_is_one_line(busy_port: int) -> None:
     assert result.stdout == ""
 
 
+NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machine
+
+
+@pytest.mark.parametrize("cmd", [("serve", "--no-auth", "--upstream", "http://127.0.0.1:9"),
+                                 ("sim", "--model", "m")])
+def test_a_host_not_of_this_machine_says_to_change_the_host(cmd: tuple[str, ...]) -> None:
+    """Not "choose another port": no port would do."""
+    port = str(free_port())
+    result = run(*cmd, "--host", NOT_HERE, "--port", port)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"kvgate {cmd[0]}: cannot listen on {NOT_HERE}:{port}: "), lines
+    assert "--host" in lines[0] and "--port" not in lines[0], lines
+
+
+def test_serve_with_its_admin_port_in_use_names_that_setting(busy_port: int) -> None:
+    """`--port` moves the API port, not the admin port that is taken."""
+    result = run("serve", "--no-auth", "--host", "127.0.0.1", "--port", str(free_port()),
+                 "--upstream", "http://127.0.0.1:9",
+                 env={"KVGATE_SERVER__ADMIN_PORT": str(busy_port)})
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"kvgate serve: cannot listen on 127.0.0.1:{busy_port}: address already in use "
+        "(choose another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT)"]
+
+
 @pytest.mark.parametrize("flag", ["--port", "--http-port"])
 def test_epp_on_a_port_in_use_is_one_line(busy_port: int, flag: str) -> None:
     result = run("epp", "--no-auth", "--host", "127.0.0.1", flag, str(busy_port),
@@ -305,6 +332,21 @@ def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimF
         raw = free.completions.with_raw_response.create(model="sim-model", prompt="x",
                                                         max_tokens=2)
         assert not [h for h in raw.headers if h.startswith("x-ratelimit")]
+
+
+def test_kubernetes_discovery_outside_a_cluster_is_refused_before_listening(
+    tmp_path: Path, busy_port: int
+) -> None:
+    """One line and status 2 before binding (the busy port would say otherwise), as for a
+    missing secret; it was the lifespan's failure: uvicorn's log lines and status 3."""
+    path = tmp_path / "k.yaml"
+    path.write_text("pools:\n  a: {discovery: {kubernetes: {service: vllm}}}\n")
+    result = run("serve", "--config", str(path), "--no-auth", "--port", str(busy_port))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        "kvgate serve: pools.a.discovery.kubernetes.api_server: not set and "
+        "KUBERNETES_SERVICE_HOST/PORT absent (outside a cluster, set it: e.g. "
+        "http://127.0.0.1:8001 with `kubectl proxy`)"]
 
 
 def test_config_errors_name_the_file(tmp_path: Path) -> None:

@@ -6,10 +6,13 @@ license string. Nothing is installed or started for real."""
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -148,3 +151,30 @@ def test_pyproject_uses_an_spdx_license_string() -> None:
     assert int(re.findall(r">=(\d+)", setuptools)[0]) >= 77  # SPDX strings need setuptools 77
     demo = meta["project"]["optional-dependencies"]["demo"]
     assert [d for d in demo if d.startswith("openai")]  # the demo's printed snippet needs it
+
+
+def _imported_packages(folder: Path) -> set[str]:
+    """Top-level third-party modules the files under `folder` import (absolute imports)."""
+    local = {"gateway", "routing", "loadtest", "tests", "__future__"}
+    found: set[str] = set()
+    for path in folder.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - local
+
+
+def test_every_package_the_tests_import_is_declared() -> None:
+    """scripts/setup installs the dependencies and the test extra: a package the tests import
+    that only came along with another (jsonschema, through kubernetes-validate) could go with
+    that package's next release."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {re.split(r"[<>=!~;\[ ]", spec)[0].lower().replace("_", "-")
+                for spec in [*meta["dependencies"], *meta["optional-dependencies"]["test"]]}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = sorted(
+        module for module in _imported_packages(ROOT / "tests")
+        if not {d.lower().replace("_", "-") for d in providers.get(module, [module])} & declared)
+    assert undeclared == []

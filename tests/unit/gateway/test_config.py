@@ -16,7 +16,14 @@ from gateway.cli.serve import (
     listening,
     start_warnings,
 )
-from gateway.config import KvgateConfig, env_overrides, load_config, redacted_dump, unknown_env
+from gateway.config import (
+    KvgateConfig,
+    discovery_problems,
+    env_overrides,
+    load_config,
+    redacted_dump,
+    unknown_env,
+)
 from gateway.errors import ConfigError
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "kvgate.yaml"
@@ -73,6 +80,61 @@ def test_errors_name_the_field(raw: dict[str, object], field: str) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides=base, environ={})
     assert field in info.value.message
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    (b"server:\n  port: 1\n pools: [\n", "at line 3, column 2 (while parsing a block mapping"),
+    (b"a: b: c\n", "mapping values are not allowed here at line 1, column 5"),
+    (b'a: "x\n', "at line 2, column 1 (while scanning a quoted scalar at line 1, column 4)"),
+])
+def test_invalid_yaml_is_one_line_with_its_place(tmp_path: Path, text: bytes, where: str) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path), environ={})
+    assert err.value.message.startswith(f"config file {path}: invalid YAML: ")
+    assert where in err.value.message and "\n" not in err.value.message
+
+
+@pytest.mark.parametrize("text", ["pools: {}\n".encode("utf-16"), b"\x89PNG\r\n\x1a\n\x00"])
+def test_a_file_not_in_utf8_is_a_config_error(tmp_path: Path, text: bytes) -> None:
+    """A UTF-16 save or the wrong file: one line, not a UnicodeDecodeError's traceback."""
+    path = tmp_path / "k.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=r"not UTF-8 text \(byte 0x[0-9a-f]{2} at offset \d+\)"):
+        load_config(str(path), environ={})
+
+
+@pytest.mark.parametrize(("discovery", "message"), [
+    ({"dns": {"nme": "vllm"}}, "pools.a: discovery.dns.name: Field required"),
+    ({"kubernetes": {"service": "v", "scheme": "grpc"}}, "pools.a: discovery.kubernetes.scheme:"),
+    ({"consul": {"name": "v"}}, "pools.a: discovery: unknown mode 'consul'"),
+])
+def test_a_bad_discovery_block_is_refused_at_load(discovery: dict[str, object],
+                                                  message: str) -> None:
+    """`kvgate config check` passed it; `kvgate serve` bound its port, then its lifespan
+    failed (uvicorn's log line and exit status 3)."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, overrides={"pools": {"a": {"discovery": discovery}}}, environ={})
+    assert message in err.value.message
+
+
+@pytest.mark.parametrize(("kube", "environ", "refused"), [
+    ({"service": "v"}, {}, True),
+    ({"service": "v"}, {"KUBERNETES_SERVICE_HOST": "10.0.0.1",
+                        "KUBERNETES_SERVICE_PORT": "443"}, False),
+    ({"service": "v", "api_server": "http://127.0.0.1:8001"}, {}, False),
+])
+def test_kubernetes_discovery_without_an_api_server_is_named(
+    kube: dict[str, object], environ: dict[str, str], refused: bool
+) -> None:
+    cfg = load_config(None, overrides={"pools": {"a": {"discovery": {"kubernetes": kube}}}},
+                      environ={})
+    problems = discovery_problems(cfg, environ)
+    assert problems == ([
+        "pools.a.discovery.kubernetes.api_server: not set and KUBERNETES_SERVICE_HOST/PORT "
+        "absent (outside a cluster, set it: e.g. http://127.0.0.1:8001 with `kubectl proxy`)"]
+        if refused else [])
 
 
 def test_no_pools_is_an_error() -> None:
@@ -132,6 +194,19 @@ def test_example_file_lists_every_section_field() -> None:
     assert missing == []
 
 
+def test_example_file_shows_the_code_defaults() -> None:
+    """Every value the reference example sets in a section it does not mark "example" is the
+    code's default (flow and fairness: tests/unit/gateway/test_flow_config.py): a default
+    changed in the code and not in the example would otherwise go unnoticed."""
+    shown = yaml.safe_load(EXAMPLE.read_text())
+    defaults = load_config(None, overrides=POOLS, environ={}).model_dump(mode="json")
+    differ = {f"{section}.{name}": (value, defaults[section][name])
+              for section in ("server", "upstream", "health", "routing", "epp", "tenancy",
+                              "sync", "doctor")
+              for name, value in shown[section].items() if value != defaults[section][name]}
+    assert differ == {}
+
+
 @pytest.mark.parametrize("url", ["notaurl", "http://:pw-sekrit@127.0.0.1:6379/0", "127.0.0.1:6379"])
 def test_a_malformed_redis_url_is_a_config_error_that_hides_the_url(url: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -157,6 +232,22 @@ def test_an_error_from_the_environment_names_the_variable() -> None:
         load_config(None, overrides=POOLS, environ={"KVGATE_SERVER__PORT": "abc"})
     assert "server.port:" in info.value.message
     assert "(from KVGATE_SERVER__PORT)" in info.value.message
+
+
+@pytest.mark.parametrize(("name", "value", "shape", "fixed"), [
+    ("KVGATE_TENANCY__METRICS_TENANTS", "acme,globex", "'[a, b]'", "[acme, globex]"),
+    ("KVGATE_UPSTREAM__RETRY_STATUSES", "502,503", "'[a, b]'", "[502, 503]"),
+    ("KVGATE_DOCTOR__THRESHOLDS", "ttft_high_s=2", "'{a: 1}'", "{ttft_high_s: 2}"),
+])
+def test_a_list_or_mapping_from_the_environment_says_how_to_write_it(
+    name: str, value: str, shape: str, fixed: str
+) -> None:
+    """The value is read as YAML: "Input should be a valid list" alone left the form unsaid."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={name: value})
+    assert f"(from {name}, a " in info.value.message
+    assert f"write it as YAML, e.g. {shape})" in info.value.message
+    load_config(None, overrides=POOLS, environ={name: fixed})  # as it says: accepted
 
 
 def test_a_misspelt_field_suggests_the_known_one() -> None:
