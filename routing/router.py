@@ -109,7 +109,10 @@ class Router:
         self._ranked = (0, 1)
         self._defers = False  # `enable_sharing(defer=True)`: picks may be held (`defer_s`)
         self._peer_routed_at = float("-inf")  # a live peer route was last applied then
-        self._contested: Callable[[PickContext], bool] | None = None  # the policy's
+        # live peer routes applied within the window: (applied at, member, routes)
+        self._peer_recent: deque[tuple[float, str, int]] = deque()
+        self._holds: deque[float] = deque()  # holds `defer_s` asked for within the window
+        self._contested: Callable[[PickContext], int] | None = None  # the policy's
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -217,6 +220,8 @@ class Router:
         computing = self.peer_computing
         if live and records:
             self._peer_routed_at = now
+            if self._defers:
+                self._peer_recent.append((now, member, len(records)))
         for replica, hashes, tail in records:
             held = insert(replica, hashes, tail, True)  # (the blocks held before)
             if live and hashes and (new := len(hashes) + tail - held) > 0:
@@ -306,9 +311,36 @@ class Router:
         if not (self._recent_picks(now) or now - self._peer_routed_at < self._window):
             return 0.0  # no pick of ours nor a peer's within the window: not in a burst
         contested = self._contested
-        if contested is None or not contested(self._context(features, views, now, False)[0]):
+        near = 0 if contested is None else contested(self._context(features, views, now, False)[0])
+        if near < 2:
             return 0.0
-        return rank * self._hold_window * _DEFER_MARGIN
+        hold = rank * self._hold_window * _DEFER_MARGIN
+        if self._unseen(now, rank) * self._collision_s() / near <= hold:
+            return 0.0
+        self._holds.append(now)
+        return hold
+
+    def _unseen(self, now: float, rank: int) -> float:
+        """How many picks the lower-ranked gateways make within a window of this one,
+        unseen by it when it picks at once: as many as it made itself within the last window
+        (held ones included) per lower rank, or as many as their routes applied within the
+        last window (made a window earlier), whichever is more."""
+        start = now - self._window
+        holds, peers = self._holds, self._peer_recent
+        while holds and holds[0] <= start:
+            holds.popleft()
+        while peers and peers[0][0] <= start:
+            peers.popleft()
+        own = len(self._recent_picks(now)) + len(holds)
+        me = self.member
+        lower = sum(n for _, m, n in peers if m < me)
+        return max(float(rank * own), float(lower))
+
+    def _collision_s(self) -> float:
+        """What a peer's unseen pick on the same replica adds to this request's TTFT: the
+        prefill of a mean request at the fleet's rate."""
+        st = self.state
+        return st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
 
     def _context(
         self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool,
