@@ -46,6 +46,7 @@ _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer'
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
 # a deferred pick waits rank x window x this: just past the lower ranks' records' arrival
 _DEFER_MARGIN = 1.001
+_RATE_WINDOWS = 4  # EXPERIMENT
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -329,12 +330,12 @@ class Router:
         holds, peers = self._holds, self._peer_recent
         while holds and holds[0] <= start:
             holds.popleft()
-        while peers and peers[0][0] <= start:
+        while peers and peers[0][0] <= now - _RATE_WINDOWS * self._window:
             peers.popleft()
         own = len(self._recent_picks(now)) + len(holds)
         me = self.member
-        lower = sum(n for _, m, n in peers if m < me)
-        return max(float(rank * own), float(lower))
+        lower = sum(n for _, m, n in peers if m < me) / _RATE_WINDOWS
+        return max(float(rank * own), lower)
 
     def _collision_s(self) -> float:
         """What a peer's unseen pick on the same replica adds to this request's TTFT: the
