@@ -17,7 +17,7 @@ as this one made within the last window (its holds included), per lower rank; ot
 lower ranks' routes applied over the last ``RATE_WINDOWS`` windows, per window (one window
 alone: a single route applied, which is what makes a pick look like part of a burst, counted
 as a whole pick per window; heavy-tail's one-by-one arrivals were then held at 4 gateways,
-p50 1.10x one gateway's, where no holds gave 1.07x).
+p50 1.09x one gateway's on the mean of three seeds, where no holds gave 1.07x on one).
 """
 
 from __future__ import annotations
