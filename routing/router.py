@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
 from routing.config import RouterConfig
+from routing.holds import HoldOdds
 from routing.index import AffinityIndex
 from routing.learning import EngineCounters, PendingWork, TtftFit, TtftModel
 from routing.load import replica_hash
@@ -109,7 +110,8 @@ class Router:
         self._ranked = (0, 1)
         self._defers = False  # `enable_sharing(defer=True)`: picks may be held (`defer_s`)
         self._peer_routed_at = float("-inf")  # a live peer route was last applied then
-        self._contested: Callable[[PickContext], bool] | None = None  # the policy's
+        self._odds: HoldOdds | None = None  # whether a hold pays (`defer_s`)
+        self._contested: Callable[[PickContext], int] | None = None  # the policy's
         self.decisions = 0  # picks made (explain calls excluded)
         self.peer_decisions = 0  # of those, picks that used other gateways' records
 
@@ -133,6 +135,7 @@ class Router:
         contested = getattr(self.policy, "contested", None)
         self._defers = defer and window_s > 0.0 and contested is not None
         self._contested = contested
+        self._odds = HoldOdds(member, window_s) if self._defers else None
 
     def holding(self, until: float) -> None:
         """The caller holds a pick until ``until`` (as `defer_s` asked): peers' records of
@@ -217,6 +220,8 @@ class Router:
         computing = self.peer_computing
         if live and records:
             self._peer_routed_at = now
+            if self._odds is not None:
+                self._odds.peer_routed(member, len(records), now)
         for replica, hashes, tail in records:
             held = insert(replica, hashes, tail, True)  # (the blocks held before)
             if live and hashes and (new := len(hashes) + tail - held) > 0:
@@ -295,9 +300,10 @@ class Router:
         and routes knowing their sizes, without a turn. Rank 0 never waits, nor one
         gateway, nor a pick for its prefix's holder, nor one outside a burst (it takes its
         turn: holding every contested pick cost the synthetic workload's tail the wait
-        itself). At most (N - 1) windows. The window here is the hold window
-        (`enable_sharing`): such picks' records are published and read at once, not
-        batched. (docs/shared-state.md, "Deferred picks")"""
+        itself), nor one whose hold is expected to cost it more than the lower ranks' unseen
+        picks would (`routing.holds`: a short first token's). At most (N - 1) windows. The
+        window here is the hold window (`enable_sharing`): such picks' records are published
+        and read at once, not batched. (docs/shared-state.md, "Deferred picks")"""
         if not self._defers:
             return 0.0
         rank, gateways = self._rank(now)
@@ -305,10 +311,19 @@ class Router:
             return 0.0
         if not (self._recent_picks(now) or now - self._peer_routed_at < self._window):
             return 0.0  # no pick of ours nor a peer's within the window: not in a burst
-        contested = self._contested
-        if contested is None or not contested(self._context(features, views, now, False)[0]):
+        contested, odds = self._contested, self._odds
+        if contested is None or odds is None:
             return 0.0
-        return rank * self._hold_window * _DEFER_MARGIN
+        near = contested(self._context(features, views, now, False)[0])
+        if near < 2:
+            return 0.0
+        hold = rank * self._hold_window * _DEFER_MARGIN
+        st = self.state
+        collision = st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
+        if not odds.worth(now, rank, len(self._recent), near, collision, hold):
+            return 0.0
+        odds.held(now)
+        return hold
 
     def _context(
         self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool,

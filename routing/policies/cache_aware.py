@@ -275,14 +275,17 @@ class CacheAware:
             out.append(row)
         return out
 
-    def contested(self, ctx: PickContext) -> bool:
-        """Whether this pick would take a turn: several admitted candidates about as cheap as
-        the cheapest hold the longest prefix of them (`_take_turns`), so that peers blind to
-        it could stack their picks of the same instant on the same replicas
+    def contested(self, ctx: PickContext) -> int:
+        """Over how many candidates this pick would take a turn (0: none): the admitted ones
+        about as cheap as the cheapest that hold the longest prefix of them (`_take_turns`),
+        the replicas peers blind to it could stack their picks of the same instant on
         (`Router.defer_s`). A pick for its prefix's holder (one such candidate, a
-        conversation's next turn) is not. Reads the state; changes nothing a pick reads."""
+        conversation's next turn) takes none. Reads the state; changes nothing a pick reads."""
         admitted = self._admitted(ctx, _hashed)[3]
-        return len(admitted) > 1 and len(self._near(admitted)[2]) > 1
+        if len(admitted) < 2:
+            return 0
+        near = len(self._near(admitted)[2])
+        return near if near > 1 else 0
 
     def _near(self, admitted: list[_Row]) -> tuple[list[_Row], int, dict[str, _Row]]:
         """The admitted candidates about as cheap as the cheapest, the longest prefix any of

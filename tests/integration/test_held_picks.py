@@ -47,7 +47,10 @@ def pair(
     config = {
         "pools": {"p": {"replicas": upstreams, "served_model": MODEL}},
         "models": {MODEL: {"default": "p"}},
-        "routing": {"policy": "cache_aware", "scrape_interval_ms": 100},
+        # a mean request of 200k tokens: a collision with the lower rank's unseen pick would
+        # cost seconds, more than the 0.4 s hold (`routing.holds`; ~1k tokens would not be)
+        "routing": {"policy": "cache_aware", "scrape_interval_ms": 100,
+                    "prior_request_tokens": 200_000},
         "sync": {"flush_interval_ms": FLUSH_MS, "hold_window_ms": HOLD_MS},
     }
     with ExitStack() as stack:

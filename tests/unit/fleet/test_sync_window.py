@@ -28,7 +28,10 @@ def _rank1_wait(flush_s: float, hold_s: float | None = None) -> float:
               own_loads=dict,
               known=lambda r: True, clock=time.monotonic, member="b")
     router.apply_peer_load("a", {}, 0.0)
-    router.apply_peer_routes([RouteRecord("r7", (777_777,), 0)], "a", 0.999)  # a burst
+    # a burst of the lower rank's (64 routes: collisions that outweigh a hold of 0.1 s,
+    # `routing.holds`)
+    router.apply_peer_routes([RouteRecord(f"r{i % 8}", (777_777 + i,), 0) for i in range(64)],
+                             "a", 0.999)
     hashes = tuple(range(1, 41))
     f = RequestFeatures(model="m", block_hashes=hashes, prompt_tokens=64 * 40 + 10,
                         prefix_key=hashes[-1])

@@ -1,7 +1,8 @@
 """Deferred picks (`Router.defer_s`): in a burst (a pick of its own or a peer's route within the
 sync window), a gateway ranked r among N holds a pick among several near-equal candidates r
-windows, so that the lower ranks' picks of the same instant reach it first; one gateway, rank
-0, a pick outside a burst and a pick for its prefix's holder never wait."""
+windows, so that the lower ranks' picks of the same instant reach it first, when the collisions
+it may spare outweigh the hold (`routing.holds`); one gateway, rank 0, a pick outside a burst
+and a pick for its prefix's holder never wait."""
 
 from __future__ import annotations
 
@@ -36,10 +37,13 @@ def _fleet(n: int, defer: bool = True) -> list[Router]:
     return routers
 
 
-def _in_a_burst(router: Router, now: float) -> None:
-    """A peer's route (of another prompt) applied within the window: picks of the same
-    instant are being made elsewhere."""
-    router.apply_peer_routes([RouteRecord("r7", (777_777,), 0)], "d", now - WINDOW / 2)
+def _in_a_burst(router: Router, now: float, routes: int = 16) -> None:
+    """The lowest rank's routes (of other prompts, two per replica) applied within the window:
+    picks of the same instant are being made elsewhere, many (16 routes: 4 per window over
+    `routing.holds.RATE_WINDOWS`, 4 x 128 ms of a prior mean request / 8 candidates = 64 ms
+    of collisions, more than rank 3's 30 ms hold)."""
+    router.apply_peer_routes([RouteRecord(IDS[i % len(IDS)], (777_777 + i,), 0)
+                              for i in range(routes)], "a", now - WINDOW / 2)
 
 
 def test_in_a_burst_rank_r_holds_a_contested_pick_r_windows_and_rank_0_never() -> None:
@@ -52,6 +56,33 @@ def test_in_a_burst_rank_r_holds_a_contested_pick_r_windows_and_rank_0_never() -
     assert waits[1:] == pytest.approx([WINDOW, 2 * WINDOW, 3 * WINDOW], rel=0.01)
     # bounded: never more than N - 1 windows (and a little)
     assert max(waits) <= 3 * WINDOW * 1.01
+
+
+@pytest.mark.parametrize(("routes", "own", "mean_tokens", "held"), [
+    # one route of the lowest rank within the window (requests arriving one by one): 1/4 of a
+    # pick expected per window x 128 ms (a prior mean request, 1,024 tokens at 8,000/s) / 8
+    # candidates = 4 ms of collisions, against 30 ms of hold
+    (1, 0, 1_024.0, False),
+    (16, 0, 1_024.0, True),  # a burst of theirs: 4 per window, 64 ms
+    (1, 2, 1_024.0, True),  # two picks of its own within the window: each lower rank as many
+    (1, 0, 16_384.0, True),  # long prompts: a collision costs 2 s, 1/4 x 2 s / 8 = 64 ms
+])
+def test_rank_3_holds_a_contested_pick_only_when_collisions_would_cost_more_than_the_hold(
+    routes: int, own: int, mean_tokens: float, held: bool,
+) -> None:
+    routers = [Router(RouterConfig(prior_request_tokens=mean_tokens)) for _ in NAMES]
+    for name, router in zip(NAMES, routers, strict=True):
+        router.enable_sharing(2.0, name, WINDOW, True)
+        for other in NAMES.replace(name, ""):
+            router.apply_peer_load(other, {}, 0.0)
+    router = routers[3]
+    _in_a_burst(router, 1.0, routes)
+    for i in range(own):
+        f = _features(10_000 * (i + 1), blocks=4)
+        router.record_route(router.pick(f, _views(), 1.0 - WINDOW / 4).replica, f,
+                            1.0 - WINDOW / 4)
+    wait = router.defer_s(_features(1), _views(), 1.0)
+    assert wait == (pytest.approx(3 * WINDOW, rel=0.01) if held else 0.0)
 
 
 def test_a_gateways_own_pick_within_the_window_is_a_burst_too() -> None:
@@ -125,7 +156,7 @@ def test_the_hold_is_rank_x_the_hold_window_and_a_burst_lasts_the_sync_window() 
         router.enable_sharing(2.0, name, WINDOW, True, hold)
         for other in NAMES.replace(name, ""):
             router.apply_peer_load(other, {}, 0.0)
-        router.apply_peer_routes([RouteRecord("r7", (777_777,), 0)], "d", 1.0 - WINDOW / 2)
+        _in_a_burst(router, 1.0)
     waits = [router.defer_s(_features(1), _views(), 1.0) for router in routers]
     assert waits == pytest.approx([0.0, hold, 2 * hold, 3 * hold], rel=0.01)
     # never more than the sync window
