@@ -249,9 +249,22 @@ class Router:
     def apply_peer_load(
         self, member: str, loads: Mapping[str, ReplicaLoad], now: float
     ) -> None:
-        """Gateway ``member``'s own load changed on these replicas (it is alive at ``now``)."""
-        if self.peers is not None:
-            self.peers.apply(member, loads, now)
+        """Gateway ``member``'s own load changed on these replicas (it is alive at ``now``).
+        Where the peers' pending work grew, they sent more there: it joins the replica's
+        queue (`PendingWork.arrived`)."""
+        peers = self.peers
+        if peers is None:
+            return
+        before = peers.totals(now)
+        peers.apply(member, loads, now)
+        after = peers.totals(now)
+        pending, rate = self.state.pending, self.state.ttft.rate
+        for replica in loads:
+            was, now_load = before.get(replica), after.get(replica)
+            old = was.pending_work if was is not None else 0.0
+            grew = (now_load.pending_work if now_load is not None else 0.0) - old
+            if grew > 0.0:
+                pending.arrived(replica, grew, now, rate(replica), old)
 
     def own_load(self, replica: str) -> float:
         """This router's predicted pending prefill work on ``replica`` (to publish)."""

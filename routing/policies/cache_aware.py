@@ -134,8 +134,10 @@ class CacheAware:
         second = -1  # the second longest match among the candidates (< 0: not yet)
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
-            gateway, gateway_reqs, peer = (
+            # peers' work the views carry (no times: counted undrained on top of the queue)
+            gateway, gateway_reqs, carried = (
                 v.inflight_prefill_tokens, v.inflight_prefill, v.peer_prefill_work)
+            peer = carried
             if peers is not None and (q := peers(vid)) is not None:
                 # other gateways' in-flight work (shared state): the fleet's
                 inflight += q.inflight
@@ -154,8 +156,6 @@ class CacheAware:
             fixed, spt = fit.fixed_s, fit.s_per_token
             if half:  # `_in_burst`: half-way to the fleet's fit (`_costed`, inlined)
                 fixed, spt = (fixed + fleet_fixed) * 0.5, (spt + fleet_spt) * 0.5
-            own, own_reqs = (0.0, 0) if p is None else (
-                p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
                 # ...only where r alone holds that prefix: elsewhere it is held too, and
                 # waiting for a peer's long prefill is not the price of avoiding a copy
@@ -164,7 +164,13 @@ class CacheAware:
                         second = sorted([0, *[mget(o.id, 0) for o in ctx.views]])[-2]
                     if m > second:  # no other candidate matches as much as r
                         peer -= _waited_for(c, want, m, now, spt, cached)
-                own += peer if peer > 0.0 else 0.0
+                if peer < 0.0:
+                    peer = 0.0
+            # one queue, ours and the peers' (`PendingWork.arrived`), drained at r's rate
+            own, own_reqs = (peer, 0) if p is None else (
+                p.fluid_left(ctx.now, 1.0 / spt, peer) + (carried if carried < peer else peer)
+                if inflight > 0 else peer, p.count)
+            if peer > 0.0:
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)

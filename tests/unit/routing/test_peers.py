@@ -207,7 +207,8 @@ def test_four_gateways_spread_a_burst_they_cannot_see(window_s: float, distinct:
 def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
     """`cache_aware` reads other gateways' load beside the views (`PickContext.peer_loads`);
     its decisions and explained terms equal those of a router given views with that load
-    added (no sharing), whatever the loads, scrapes and cached prefixes."""
+    added (no sharing), whatever the loads, scrapes and cached prefixes, at the instant the
+    load is applied (later, the peers' work drains with ours: views carry no times)."""
     rng = random.Random(11)
     ids = [f"r{i}" for i in range(6)]
     for _ in range(40):
@@ -239,8 +240,8 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
             peer_prefill_work=v.peer_prefill_work + p.pending_work) for v in own]
         for chain in (*chains, tuple(rng.getrandbits(40) for _ in range(12))):
             f = _features((*chain, rng.getrandbits(40)))
-            assert shared.pick(f, own, 0.05, explain=True) == plain.pick(
-                f, merged, 0.05, explain=True)
+            assert shared.pick(f, own, 0.0, explain=True) == plain.pick(
+                f, merged, 0.0, explain=True)
 
 
 @pytest.mark.parametrize(("gateways", "later_s", "blended"), [
@@ -300,3 +301,44 @@ def test_a_peers_prefill_of_the_shared_prefix_drains(
     # the same system prompt, another user's turn (not a continuation of the peer's chain)
     decision = router.pick(_features((*chain[:60], 5)), _views(), later_s)
     assert (decision.replica == "a") is holder
+
+
+@pytest.mark.parametrize(("peer_work", "expected"), [
+    (6000.0, "b"),  # as much done on both: b has less left
+    (12_000.0, "a"),  # b has more left
+])
+def test_our_pending_work_and_the_peers_drain_alike(peer_work: float, expected: str) -> None:
+    """One replica prefills everyone's requests: our own pending work there drains at its
+    rate only as the peers' does. Drained alone while the peers' counted in full, each
+    gateway saw its own queues as nearly done and the peers' as untouched, and piled onto
+    the replicas holding its own backlog (load-ramp at 262,144, four gateways)."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.0)
+    ours = _features(tuple(range(1000, 1125)), 8000)  # 8,000 uncached tokens on "a"
+    router.record_route("a", ours, 0.0)
+    theirs = round(peer_work) // 64
+    router.apply_peer_routes([RouteRecord("b", tuple(range(2000, 2000 + theirs)), 0)], "peer", 0.0)
+    router.apply_peer_load("peer", {"b": ReplicaLoad(1, 1, round(peer_work), peer_work)}, 0.0)
+    views = [ReplicaView(id="a", pool="p", inflight=1, inflight_prefill=1,
+                         inflight_prefill_tokens=8000), ReplicaView(id="b", pool="p")]
+    rate = router.prefill_rate("a")
+    later = 4000.0 / rate  # half of our work done, as much of the peer's
+    decision = router.pick(_features(tuple(range(3000, 3010))), views, later)
+    assert decision.replica == expected
+
+
+def test_a_request_behind_a_peers_work_waits_for_what_is_left_of_it() -> None:
+    """The work predicted ahead of a request (what its first token teaches the TTFT fit)
+    counts the peers' pending work there as drained at the replica's rate since it was
+    sent, with ours: a queue one gateway sees a quarter of must not look longer than it is,
+    nor, drained as ours alone, shorter."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.0)
+    router.apply_peer_load("peer", {"a": ReplicaLoad(1, 1, 8000, 8000.0)}, 0.0)
+    rate = router.prefill_rate("a")
+    req = _features(tuple(range(1000, 1010)), 640)
+    router.record_route("a", req, 2000.0 / rate)
+    popped = router.state.pending.pop("a", (req.prefix_key, 640))
+    assert popped is not None
+    assert popped[0] == pytest.approx(6000.0 + 640.0)  # 8,000 sent, 2,000 done since
+    assert popped[1] == 640.0
