@@ -33,7 +33,13 @@ replica (another model, a busy GPU) moves it within a few dozen requests.
 
 Pending work. Per replica, the predicted uncached tokens of requests routed there whose first
 token has not arrived. Entries leave on the first token, on `drop`, or after ``ttl_s`` (a
-request whose outcome kvgate never reported must not count forever).
+request whose outcome kvgate never reported must not count forever). What is left of it is a
+queue drained at the replica's learned rate, which other gateways' work sent there joins
+(`PendingWork.arrived`, shared state): the replica works through everyone's requests, so ours
+drains only as theirs does. Drained alone while theirs counted in full, four gateways each
+saw their own queues as nearly done and piled onto them (load-ramp at 262,144: the work
+predicted ahead of a pick ~0.5x the engine's true backlog, the fits learned from those first
+tokens ~10k prompt tokens/s where the engines prefilled ~18k; docs/shared-state.md).
 """
 
 from __future__ import annotations

@@ -255,16 +255,13 @@ class Router:
         peers = self.peers
         if peers is None:
             return
-        before = peers.totals(now)
-        peers.apply(member, loads, now)
-        after = peers.totals(now)
-        pending, rate = self.state.pending, self.state.ttft.rate
-        for replica in loads:
-            was, now_load = before.get(replica), after.get(replica)
-            old = was.pending_work if was is not None else 0.0
-            grew = (now_load.pending_work if now_load is not None else 0.0) - old
-            if grew > 0.0:
-                pending.arrived(replica, grew, now, rate(replica), old)
+        grew = peers.apply(member, loads, now)
+        if grew:
+            totals, pending, rate = peers.totals(now), self.state.pending, self.state.ttft.rate
+            for replica, more in grew:
+                sums = totals.get(replica)  # (the peers' sum there before: without `more`)
+                before = sums.pending_work - more if sums is not None else 0.0
+                pending.arrived(replica, more, now, rate(replica), before)
 
     def own_load(self, replica: str) -> float:
         """This router's predicted pending prefill work on ``replica`` (to publish)."""

@@ -35,6 +35,22 @@ def test_peer_loads(
     assert dict(peers.totals(now)) == expected
 
 
+@pytest.mark.parametrize(("first", "then", "grew"), [
+    ({}, {"r": L1}, [("r", 80.0)]),  # new work
+    ({"r": L1}, {"r": ReplicaLoad(2, 2, 300, 200.0)}, [("r", 120.0)]),  # more
+    ({"r": L1}, {"r": L2}, []),  # its first token came: less
+    ({"r": L1}, {"r": ReplicaLoad()}, []),  # none left
+    ({"r": L1}, {"s": L1}, [("s", 80.0)]),  # r keeps its value
+])
+def test_apply_says_where_a_peers_pending_work_grew(
+    first: dict[str, ReplicaLoad], then: dict[str, ReplicaLoad], grew: list[tuple[str, float]]
+) -> None:
+    peers = PeerLoads(stale_after_s=2.0)
+    peers.apply("a", first, 0.0)
+    peers.apply("b", {"r": L1}, 0.0)  # another peer's work there is not the change
+    assert peers.apply("a", then, 0.1) == grew
+
+
 def test_drop_settle_and_members() -> None:
     peers = PeerLoads(2.0)
     peers.apply("a", {"r": ReplicaLoad(2, 1, 50, 40.0)}, 0.0)
