@@ -2,13 +2,13 @@
 
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
-    queued_r   = kvgate's pending uncached prefill work on r, its own and other gateways'
-                 (shared state) as one queue drained at r's learned rate since each part was
-                 sent (`PendingWork.arrived`), at most their pending sums (a peer publishes
-                 its sum undrained until the first token; the part the request's own prefix
-                 waits for comes off it, `_waited_for`); capped by the fleet's in-flight
-                 prompt tokens + requests the scrape shows waiting beyond kvgate's own x
-                 the mean request size (only when the scrape is fresh)
+    queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
+                 it was sent, behind the work other gateways sent there before it:
+                 `PendingWork.arrived`), its own plus other gateways' (shared state, published
+                 undrained: only the part the request's own prefix waits for drains,
+                 `_waited_for`; capped by the fleet's in-flight prompt tokens) + requests
+                 the scrape shows waiting beyond kvgate's own x the mean request size (only
+                 when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
@@ -135,10 +135,8 @@ class CacheAware:
         second = -1  # the second longest match among the candidates (< 0: not yet)
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
-            # peers' work the views carry (no times: counted undrained on top of the queue)
-            gateway, gateway_reqs, carried = (
+            gateway, gateway_reqs, peer = (
                 v.inflight_prefill_tokens, v.inflight_prefill, v.peer_prefill_work)
-            peer = carried
             if peers is not None and (q := peers(vid)) is not None:
                 # other gateways' in-flight work (shared state): the fleet's
                 inflight += q.inflight
@@ -157,6 +155,9 @@ class CacheAware:
             fixed, spt = fit.fixed_s, fit.s_per_token
             if half:  # `_in_burst`: half-way to the fleet's fit (`_costed`, inlined)
                 fixed, spt = (fixed + fleet_fixed) * 0.5, (spt + fleet_spt) * 0.5
+            # (what is left of r's queue, ours and the peers' joined, up to our part of it)
+            own, own_reqs = (0.0, 0) if p is None else (
+                p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
                 # ...only where r alone holds that prefix: elsewhere it is held too, and
                 # waiting for a peer's long prefill is not the price of avoiding a copy
@@ -165,13 +166,7 @@ class CacheAware:
                         second = sorted([0, *[mget(o.id, 0) for o in ctx.views]])[-2]
                     if m > second:  # no other candidate matches as much as r
                         peer -= _waited_for(c, want, m, now, spt, cached)
-                if peer < 0.0:
-                    peer = 0.0
-            # one queue, ours and the peers' (`PendingWork.arrived`), drained at r's rate
-            own, own_reqs = (peer, 0) if p is None else (
-                p.fluid_left(ctx.now, 1.0 / spt, peer) + (carried if carried < peer else peer)
-                if inflight > 0 else peer, p.count)
-            if peer > 0.0:
+                own += peer if peer > 0.0 else 0.0
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)

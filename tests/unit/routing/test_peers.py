@@ -224,7 +224,8 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
     """`cache_aware` reads other gateways' load beside the views (`PickContext.peer_loads`);
     its decisions and explained terms equal those of a router given views with that load
     added (no sharing), whatever the loads, scrapes and cached prefixes, at the instant the
-    load is applied (later, the peers' work drains with ours: views carry no times)."""
+    load is applied (later, ours drains behind the peers' work, `PendingWork.arrived`: views
+    carry no times)."""
     rng = random.Random(11)
     ids = [f"r{i}" for i in range(6)]
     for _ in range(40):
@@ -319,26 +320,26 @@ def test_a_peers_prefill_of_the_shared_prefix_drains(
     assert (decision.replica == "a") is holder
 
 
-@pytest.mark.parametrize(("peer_work", "expected"), [
-    (6000.0, "b"),  # as much done on both: b has less left
-    (12_000.0, "a"),  # b has more left
+@pytest.mark.parametrize(("ours", "expected"), [
+    (8000, "b"),  # a: ours behind the peer's, 20,000 left of both; b: 16,000 left
+    (0, "a"),  # a: the peer's alone, 12,000 left (counted undrained: 20,000 < 24,000)
 ])
-def test_our_pending_work_and_the_peers_drain_alike(peer_work: float, expected: str) -> None:
-    """One replica prefills everyone's requests: our own pending work there drains at its
-    rate only as the peers' does. Drained alone while the peers' counted in full, each
-    gateway saw its own queues as nearly done and the peers' as untouched, and piled onto
-    the replicas holding its own backlog (load-ramp at 262,144, four gateways)."""
+def test_our_pending_work_waits_behind_the_peers(ours: int, expected: str) -> None:
+    """One replica prefills everyone's requests: our own pending work there drains only as
+    the whole queue does, the work peers sent there before ours too. Drained at the
+    replica's whole rate (as if it prefilled nothing else) while the peers' counted in
+    full, each gateway saw its own queues as nearly done and piled onto the replicas
+    holding its own backlog (load-ramp at 262,144, four gateways)."""
     router = Router(RouterConfig())
     router.enable_sharing(2.0, "me", 0.0)
-    ours = _features(tuple(range(1000, 1125)), 8000)  # 8,000 uncached tokens on "a"
-    router.record_route("a", ours, 0.0)
-    theirs = round(peer_work) // 64
-    router.apply_peer_routes([RouteRecord("b", tuple(range(2000, 2000 + theirs)), 0)], "peer", 0.0)
-    router.apply_peer_load("peer", {"b": ReplicaLoad(1, 1, round(peer_work), peer_work)}, 0.0)
-    views = [ReplicaView(id="a", pool="p", inflight=1, inflight_prefill=1,
-                         inflight_prefill_tokens=8000), ReplicaView(id="b", pool="p")]
-    rate = router.prefill_rate("a")
-    later = 4000.0 / rate  # half of our work done, as much of the peer's
+    router.apply_peer_load("peer", {"a": ReplicaLoad(1, 1, 20_000, 20_000.0),
+                                    "b": ReplicaLoad(1, 1, 24_000, 24_000.0)}, 0.0)
+    views = [ReplicaView(id="a", pool="p"), ReplicaView(id="b", pool="p")]
+    if ours:
+        router.record_route("a", _features(tuple(range(1000, 1125)), ours), 0.0)
+        views[0] = ReplicaView(id="a", pool="p", inflight=1, inflight_prefill=1,
+                               inflight_prefill_tokens=ours)
+    later = 8000.0 / router.prefill_rate("a")  # 8,000 tokens prefilled on each since
     decision = router.pick(_features(tuple(range(3000, 3010))), views, later)
     assert decision.replica == expected
 
