@@ -33,7 +33,13 @@ replica (another model, a busy GPU) moves it within a few dozen requests.
 
 Pending work. Per replica, the predicted uncached tokens of requests routed there whose first
 token has not arrived. Entries leave on the first token, on `drop`, or after ``ttl_s`` (a
-request whose outcome kvgate never reported must not count forever).
+request whose outcome kvgate never reported must not count forever). What is left of it is a
+queue drained at the replica's learned rate, which other gateways' work sent there joins
+(`PendingWork.arrived`, shared state): the replica works through everyone's requests, so ours
+drains only as theirs does. Drained alone while theirs counted in full, four gateways each
+saw their own queues as nearly done and piled onto them (load-ramp at 262,144: the work
+predicted ahead of a pick ~0.5x the engine's true backlog, the fits learned from those first
+tokens ~10k prompt tokens/s where the engines prefilled ~18k; docs/shared-state.md).
 """
 
 from __future__ import annotations
@@ -204,13 +210,18 @@ class _Entry:
 class ReplicaPending:
     total: float = 0.0
     count: int = 0
-    fluid: float = 0.0  # predicted work not yet done at `fluid_at` (drains at the rate)
+    # predicted work not yet done at `fluid_at`, ours and (shared state) other gateways'
+    # sent there since: one queue, drained at the replica's rate
+    fluid: float = 0.0
     fluid_at: float = 0.0
     by_key: dict[tuple[int, int], deque[_Entry]] = field(default_factory=dict)
 
-    def fluid_left(self, now: float, rate: float) -> float:
+    def fluid_left(self, now: float, rate: float, others: float = 0.0) -> float:
+        """The queue's work left at ``now``: at most our pending work plus ``others``
+        (other gateways' pending work there, as they last published it)."""
         left = self.fluid - rate * (now - self.fluid_at)
-        return min(self.total, left) if left > 0.0 else 0.0
+        cap = self.total + others
+        return min(cap, left) if left > 0.0 else 0.0
 
 
 class PendingWork:
@@ -244,18 +255,26 @@ class PendingWork:
         others: float = 0.0, rate: float = 0.0,
     ) -> float:
         """Record a routed request; returns the work ahead of its first token (incl. itself).
-        ``others``: work queued there by other gateways (shared state), ahead of it too."""
+        ``others``: other gateways' pending work there (shared state); what of it is left
+        is ahead of the request too (`arrived`)."""
         self.expire(now)
         self.mean_request_tokens += 0.05 * (uncached - self.mean_request_tokens)
         p = self._replicas.setdefault(replica, ReplicaPending())
-        ahead = p.fluid_left(now, rate) if rate > 0 else p.total
+        ahead = p.fluid_left(now, rate, others) if rate > 0 else p.total + others
         p.fluid, p.fluid_at = ahead + uncached, now
-        entry = _Entry(replica, key, uncached, ahead + others + uncached, now)
+        entry = _Entry(replica, key, uncached, ahead + uncached, now)
         p.by_key.setdefault(key, deque()).append(entry)
         p.total += uncached
         p.count += 1
         self._timeline.append(entry)
         return entry.work
+
+    def arrived(self, replica: str, work: float, now: float, rate: float, others: float) -> None:
+        """Other gateways sent ``work`` more to ``replica`` (their published pending work
+        there grew; ``others``: its sum before): it queues with ours. Drained alone, our
+        own work would look done while the replica was prefilling theirs."""
+        p = self._replicas.setdefault(replica, ReplicaPending())
+        p.fluid, p.fluid_at = p.fluid_left(now, rate, others) + work, now
 
     def pop(self, replica: str, key: tuple[int, int]) -> tuple[float, float] | None:
         """Remove the oldest pending request with ``key``; returns (the work predicted ahead

@@ -90,17 +90,28 @@ class PeerLoads:
             peer.seen = max(peer.seen, now)
         self._next_expiry = min(self._next_expiry, now + self.stale_after_s)
 
-    def apply(self, member: str, loads: Mapping[str, ReplicaLoad], now: float) -> None:
-        """``member``'s load changed on the replicas in ``loads`` (others keep their value)."""
+    def apply(
+        self, member: str, loads: Mapping[str, ReplicaLoad], now: float
+    ) -> list[tuple[str, float]]:
+        """``member``'s load changed on the replicas in ``loads`` (others keep their value).
+        Returns the replicas where its pending work grew, and by how much (it sent more)."""
         self.heard(member, now)
         own = self._peers[member].loads
         changed = self._changed
+        grew: list[tuple[str, float]] = []
         for replica, load in loads.items():
+            before = own.get(replica)
+            more = load.pending_work - (before.pending_work if before is not None else 0.0)
+            if more > 0.0:
+                grew.append((replica, more))
             if load:
                 own[replica] = load
-            elif own.pop(replica, None) is None:
+            elif before is None:
                 continue
+            else:
+                del own[replica]
             changed.add(replica)
+        return grew
 
     def settle(self, member: str, replica: str) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of

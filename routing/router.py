@@ -254,9 +254,19 @@ class Router:
     def apply_peer_load(
         self, member: str, loads: Mapping[str, ReplicaLoad], now: float
     ) -> None:
-        """Gateway ``member``'s own load changed on these replicas (it is alive at ``now``)."""
-        if self.peers is not None:
-            self.peers.apply(member, loads, now)
+        """Gateway ``member``'s own load changed on these replicas (it is alive at ``now``).
+        Where the peers' pending work grew, they sent more there: it joins the replica's
+        queue (`PendingWork.arrived`)."""
+        peers = self.peers
+        if peers is None:
+            return
+        grew = peers.apply(member, loads, now)
+        if grew:
+            totals, pending, rate = peers.totals(now), self.state.pending, self.state.ttft.rate
+            for replica, more in grew:
+                sums = totals.get(replica)  # (the peers' sum there before: without `more`)
+                before = sums.pending_work - more if sums is not None else 0.0
+                pending.arrived(replica, more, now, rate(replica), before)
 
     def own_load(self, replica: str) -> float:
         """This router's predicted pending prefill work on ``replica`` (to publish)."""

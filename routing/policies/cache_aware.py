@@ -3,11 +3,12 @@
 For each healthy candidate r (all terms in prompt tokens unless noted):
 
     queued_r   = kvgate's pending uncached prefill work on r (drained at r's learned rate since
-                 it was sent), its own plus other gateways' (shared state, published
-                 undrained: only the part the request's own prefix waits for drains,
-                 `_waited_for`; capped by the fleet's in-flight prompt tokens) + requests
-                 the scrape shows waiting beyond kvgate's own x the mean request size (only
-                 when the scrape is fresh)
+                 it was sent, as r's whole queue drains: the work other gateways sent there
+                 joins it, `PendingWork.arrived`), its own plus other gateways' (shared
+                 state, published undrained: only the part the request's own prefix waits
+                 for drains, `_waited_for`; capped by the fleet's in-flight prompt tokens) +
+                 requests the scrape shows waiting beyond kvgate's own x the mean request
+                 size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
     uncached_r = prompt tokens - tokens of r's predicted prefix match (affinity index)
     full_r     = min(1, (blocks r's cache holds + the copy's) / r's capacity)
@@ -154,6 +155,7 @@ class CacheAware:
             fixed, spt = fit.fixed_s, fit.s_per_token
             if half:  # `_in_burst`: half-way to the fleet's fit (`_costed`, inlined)
                 fixed, spt = (fixed + fleet_fixed) * 0.5, (spt + fleet_spt) * 0.5
+            # (what is left of r's queue, ours and the peers' joined, up to our part of it)
             own, own_reqs = (0.0, 0) if p is None else (
                 p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)

@@ -35,6 +35,22 @@ def test_peer_loads(
     assert dict(peers.totals(now)) == expected
 
 
+@pytest.mark.parametrize(("first", "then", "grew"), [
+    ({}, {"r": L1}, [("r", 80.0)]),  # new work
+    ({"r": L1}, {"r": ReplicaLoad(2, 2, 300, 200.0)}, [("r", 120.0)]),  # more
+    ({"r": L1}, {"r": L2}, []),  # its first token came: less
+    ({"r": L1}, {"r": ReplicaLoad()}, []),  # none left
+    ({"r": L1}, {"s": L1}, [("s", 80.0)]),  # r keeps its value
+])
+def test_apply_says_where_a_peers_pending_work_grew(
+    first: dict[str, ReplicaLoad], then: dict[str, ReplicaLoad], grew: list[tuple[str, float]]
+) -> None:
+    peers = PeerLoads(stale_after_s=2.0)
+    peers.apply("a", first, 0.0)
+    peers.apply("b", {"r": L1}, 0.0)  # another peer's work there is not the change
+    assert peers.apply("a", then, 0.1) == grew
+
+
 def test_drop_settle_and_members() -> None:
     peers = PeerLoads(2.0)
     peers.apply("a", {"r": ReplicaLoad(2, 1, 50, 40.0)}, 0.0)
@@ -207,7 +223,9 @@ def test_four_gateways_spread_a_burst_they_cannot_see(window_s: float, distinct:
 def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
     """`cache_aware` reads other gateways' load beside the views (`PickContext.peer_loads`);
     its decisions and explained terms equal those of a router given views with that load
-    added (no sharing), whatever the loads, scrapes and cached prefixes."""
+    added (no sharing), whatever the loads, scrapes and cached prefixes, at the instant the
+    load is applied (later, ours drains behind the peers' work, `PendingWork.arrived`: views
+    carry no times)."""
     rng = random.Random(11)
     ids = [f"r{i}" for i in range(6)]
     for _ in range(40):
@@ -239,8 +257,8 @@ def test_peers_load_beside_the_views_decides_as_views_carrying_it() -> None:
             peer_prefill_work=v.peer_prefill_work + p.pending_work) for v in own]
         for chain in (*chains, tuple(rng.getrandbits(40) for _ in range(12))):
             f = _features((*chain, rng.getrandbits(40)))
-            assert shared.pick(f, own, 0.05, explain=True) == plain.pick(
-                f, merged, 0.05, explain=True)
+            assert shared.pick(f, own, 0.0, explain=True) == plain.pick(
+                f, merged, 0.0, explain=True)
 
 
 @pytest.mark.parametrize(("gateways", "later_s", "blended"), [
@@ -300,3 +318,44 @@ def test_a_peers_prefill_of_the_shared_prefix_drains(
     # the same system prompt, another user's turn (not a continuation of the peer's chain)
     decision = router.pick(_features((*chain[:60], 5)), _views(), later_s)
     assert (decision.replica == "a") is holder
+
+
+@pytest.mark.parametrize(("ours", "expected"), [
+    (8000, "b"),  # a: ours behind the peer's, 20,000 left of both; b: 16,000 left
+    (0, "a"),  # a: the peer's alone, 12,000 left (counted undrained: 20,000 < 24,000)
+])
+def test_our_pending_work_waits_behind_the_peers(ours: int, expected: str) -> None:
+    """One replica prefills everyone's requests: our own pending work there drains only as
+    the whole queue does, the work peers sent there before ours too. Drained at the
+    replica's whole rate (as if it prefilled nothing else) while the peers' counted in
+    full, each gateway saw its own queues as nearly done and piled onto the replicas
+    holding its own backlog (load-ramp at 262,144, four gateways)."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.0)
+    router.apply_peer_load("peer", {"a": ReplicaLoad(1, 1, 20_000, 20_000.0),
+                                    "b": ReplicaLoad(1, 1, 24_000, 24_000.0)}, 0.0)
+    views = [ReplicaView(id="a", pool="p"), ReplicaView(id="b", pool="p")]
+    if ours:
+        router.record_route("a", _features(tuple(range(1000, 1125)), ours), 0.0)
+        views[0] = ReplicaView(id="a", pool="p", inflight=1, inflight_prefill=1,
+                               inflight_prefill_tokens=ours)
+    later = 8000.0 / router.prefill_rate("a")  # 8,000 tokens prefilled on each since
+    decision = router.pick(_features(tuple(range(3000, 3010))), views, later)
+    assert decision.replica == expected
+
+
+def test_a_request_behind_a_peers_work_waits_for_what_is_left_of_it() -> None:
+    """The work predicted ahead of a request (what its first token teaches the TTFT fit)
+    counts the peers' pending work there as drained at the replica's rate since it was
+    sent, with ours: a queue one gateway sees a quarter of must not look longer than it is,
+    nor, drained as ours alone, shorter."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.0)
+    router.apply_peer_load("peer", {"a": ReplicaLoad(1, 1, 8000, 8000.0)}, 0.0)
+    rate = router.prefill_rate("a")
+    req = _features(tuple(range(1000, 1010)), 640)
+    router.record_route("a", req, 2000.0 / rate)
+    popped = router.state.pending.pop("a", (req.prefix_key, 640))
+    assert popped is not None
+    assert popped[0] == pytest.approx(6000.0 + 640.0)  # 8,000 sent, 2,000 done since
+    assert popped[1] == 640.0
