@@ -69,7 +69,7 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int,
                    help="worker processes on the port (overrides server.workers; >1 needs "
                         "KVGATE_REDIS_URL)")
-    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-level", help="debug, info, warning, error, critical")
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one JSON object per line or readable text (overrides server.log_format)")
     p.add_argument("--no-auth", action="store_true",

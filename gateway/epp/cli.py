@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"(overrides server.admin_port, default {DEFAULT_HTTP_PORT})")
     p.add_argument("--fallbacks", type=int,
                    help="endpoints after the first in the destination (overrides epp.fallbacks)")
-    p.add_argument("--log-level", help="debug, info, warning, error")
+    p.add_argument("--log-level", help="debug, info, warning, error, critical")
     p.add_argument("--log-format", choices=["json", "text"], help="overrides server.log_format")
     p.add_argument("--no-auth", action="store_true",
                    help="single tenant, no API keys (local use only; says so loudly)")
@@ -63,7 +63,8 @@ def load(args: argparse.Namespace) -> KvgateConfig:
         extra["epp"]["fallbacks"] = args.fallbacks
     if args.http_port is not None:
         extra["server"]["admin_port"] = args.http_port
-    args.port = None  # `kvgate serve`'s HTTP API port: the picker has none
+    args.port = None  # `kvgate serve`'s HTTP API port: the picker has none, so it cannot
+    extra["server"]["port"] = 0  # clash with the HTTP port (`--http-port 8000` was refused)
     # the picker is one process whatever `server.workers` says (its limits, its doctor)
     extra["server"]["workers"] = 1
     cfg = config_from_args(args, extra)

@@ -21,6 +21,16 @@ def test_defaults_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.epp.port, cfg.epp.fallbacks, cfg.server.admin_port) == (7002, 2, 7090)
 
 
+def test_the_http_port_may_be_8000(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The picker binds no `server.port` (default 8000): `--http-port 8000` (or a config's
+    `server.admin_port: 8000`) was refused as "admin_port must differ from port"."""
+    monkeypatch.setenv("KVGATE_CONFIG", "")
+    cfg = _cfg("--upstream", "http://10.0.0.1:8000", "--http-port", "8000")
+    assert cfg.server.admin_port == 8000
+    monkeypatch.setenv("KVGATE_SERVER__ADMIN_PORT", "8000")
+    assert _cfg("--upstream", "http://10.0.0.1:8000").server.admin_port == 8000
+
+
 def test_the_picker_is_one_process_whatever_server_workers_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
