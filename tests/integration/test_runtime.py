@@ -69,12 +69,16 @@ def test_a_start_failing_at_the_end_stops_what_had_started(sim_factory: SimFacto
     asyncio.run(run())
 
 
-def test_a_start_failing_half_way_stops_what_had_started(sim_factory: SimFactory) -> None:
+def test_a_start_failing_half_way_stops_what_had_started(
+    sim_factory: SimFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _, sim = sim_factory()
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
 
     async def run() -> None:
-        # tenancy and the pools have started when discovery refuses its configuration
-        cfg = _config(sim, discovery={"dns": {"name": "", "port": 0}})
+        # tenancy and the pools have started when discovery refuses its configuration (no
+        # API server outside a cluster: `kvgate serve` checks it first, the runtime again)
+        cfg = _config(sim, discovery={"kubernetes": {"service": "vllm", "namespace": "d"}})
         app = GatewayApp(cfg)
         with pytest.raises(ConfigError):
             await app.startup()

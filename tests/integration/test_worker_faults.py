@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -17,8 +18,9 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import yaml
 
+from gateway.config import KvgateConfig, load_config
+from gateway.workers import run_workers
 from tests.support.gateway import GatewayProc, gateway_proc, wait_for
 from tests.support.procs import Proc, redis_proc
 
@@ -81,24 +83,26 @@ def test_a_worker_killed_soon_after_its_start_is_restarted(
         assert second in _children(gw)
 
 
-def test_a_worker_that_fails_at_start_stops_the_gateway(
-    redis_url: str, sim_factory: SimFactory
-) -> None:
-    _, sim = sim_factory()
-    gw, _ = _workers(redis_url, sim)
-    # each worker's start-up fails (discovery without an API server), not the parent's checks
-    assert gw.config_path is not None
-    with open(gw.config_path) as f:
-        config = yaml.safe_load(f)
-    config["pools"]["k"] = {"served_model": MODEL, "discovery": {"kubernetes": {
-        "service": "vllm", "namespace": "default"}}}
-    with open(gw.config_path, "w") as f:
-        yaml.safe_dump(config, f)
-    gw.env.pop("KUBERNETES_SERVICE_HOST", None)
-    done = subprocess.run(gw.cmd, env=gw.env, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1, done.stderr
-    assert "worker 0 failed to start" in done.stderr or "worker 1 failed to start" in done.stderr
-    assert "Traceback" not in done.stderr
+def test_a_worker_that_fails_at_start_stops_the_gateway(capfd: pytest.CaptureFixture[str]) -> None:
+    """Each worker's start fails (its server returns before it serves): the supervisor stops
+    them all and exits 1, not starting them again forever. (What made a real worker fail at
+    start -- discovery outside a cluster without an API server -- `kvgate serve` now refuses
+    before it forks: tests/integration/test_first_minutes.py.)"""
+    cfg = load_config(None, environ={}, overrides={
+        "pools": {"p": {"replicas": ["http://127.0.0.1:9"], "served_model": MODEL}},
+        "models": {MODEL: {"default": "p"}}, "server": {"workers": 2},
+        "redis_url": "redis://127.0.0.1:9"})
+    def failing(_cfg: KvgateConfig, _sockets: list[socket.socket],
+                _on_started: Callable[[], None]) -> int:
+        return 3  # never called on_started: a failed start
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    assert run_workers(cfg, [sock], failing) == 1
+    err = capfd.readouterr().err
+    assert "worker 0 failed to start (exit 3)" in err or "worker 1 failed to start (exit 3)" in err
+    assert "Traceback" not in err
 
 
 def test_sigterm_finishes_streams_and_refuses_new_connections_at_once(
