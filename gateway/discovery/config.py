@@ -6,6 +6,7 @@ A pool's config carries ``discovery: {kubernetes: {...}}`` or ``discovery: {dns:
 
 from __future__ import annotations
 
+import difflib
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -73,6 +74,13 @@ def parse_discovery(raw: dict[str, dict[str, object]]) -> KubernetesConfig | Dns
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # a misspelt field is the cause of the "Field required" beside it: name it first
+        errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        first = errors[0]
         where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(first["loc"][-1]), list(model.model_fields),
+                                              n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise DiscoveryConfigError(f"discovery.{mode}.{where}: unknown field{hint}") from None
         raise DiscoveryConfigError(f"discovery.{mode}.{where}: {first['msg']}") from None

@@ -28,6 +28,11 @@ from gateway.discovery.kubernetes import api_server_url
         ({"kubernetes": {"service": "a", "bogus": 1}}, "discovery.kubernetes.bogus"),
         ({"dns": {"name": "a", "port": 70000}}, "discovery.dns.port"),
         ({"dns": {"name": "a", "scheme": "ftp"}}, "discovery.dns.scheme"),
+        # a misspelt required field: the typo is named, not the "Field required" it causes
+        ({"dns": {"nme": "a"}}, r"discovery\.dns\.nme: unknown field \(did you mean name\?\)"),
+        ({"kubernetes": {"servce": "a"}}, r"kubernetes\.servce: unknown field \(did you mean "
+                                          r"service\?\)"),
+        ({"dns": {"name": "a", "zzz": 1}}, r"discovery\.dns\.zzz: unknown field$"),
     ],
 )
 def test_bad_config_names_the_field(raw: dict[str, Any], message: str) -> None:
