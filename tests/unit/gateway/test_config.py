@@ -106,7 +106,7 @@ def test_a_file_not_in_utf8_is_a_config_error(tmp_path: Path, text: bytes) -> No
 
 
 @pytest.mark.parametrize(("discovery", "message"), [
-    ({"dns": {"nme": "vllm"}}, "pools.a: discovery.dns.name: Field required"),
+    ({"dns": {"nme": "vllm"}}, "pools.a: discovery.dns.nme: unknown field (did you mean name?)"),
     ({"kubernetes": {"service": "v", "scheme": "grpc"}}, "pools.a: discovery.kubernetes.scheme:"),
     ({"consul": {"name": "v"}}, "pools.a: discovery: unknown mode 'consul'"),
 ])
