@@ -232,6 +232,7 @@ class PendingWork:
         self.mean_request_tokens = prior_request_tokens
         self._replicas: dict[str, ReplicaPending] = {}
         self._timeline: deque[_Entry] = deque()  # every entry, oldest first (for expiry)
+        self._sweep_at = 0.0  # replicas with nothing pending are swept then (`expire`)
 
     def total(self, replica: str) -> float:
         p = self._replicas.get(replica)
@@ -273,6 +274,7 @@ class PendingWork:
         """Other gateways sent ``work`` more to ``replica`` (their published pending work
         there grew; ``others``: its sum before): it queues with ours. Drained alone, our
         own work would look done while the replica was prefilling theirs."""
+        self.expire(now)
         p = self._replicas.setdefault(replica, ReplicaPending())
         p.fluid, p.fluid_at = p.fluid_left(now, rate, others) + work, now
 
@@ -310,6 +312,15 @@ class PendingWork:
             if not queue:
                 del p.by_key[entry.key]
             self._retire(p, entry)
+        if now >= self._sweep_at:
+            # a replica with none of ours pending whose queue nothing joined for ``ttl_s``
+            # goes (as its requests would have): other gateways' work joins the queue of any
+            # replica they publish (`arrived`), those that left the pool too, after `forget`
+            self._sweep_at = now + self._ttl
+            idle = [r for r, p in self._replicas.items()
+                    if not p.count and now - p.fluid_at > self._ttl]
+            for replica in idle:
+                del self._replicas[replica]
 
     def forget(self, replica: str) -> None:
         p = self._replicas.pop(replica, None)

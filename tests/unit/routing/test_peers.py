@@ -359,3 +359,32 @@ def test_a_request_behind_a_peers_work_waits_for_what_is_left_of_it() -> None:
     assert popped is not None
     assert popped[0] == pytest.approx(6000.0 + 640.0)  # 8,000 sent, 2,000 done since
     assert popped[1] == 640.0
+
+
+
+def test_a_peers_work_on_replicas_that_left_the_pool_is_not_kept_here_for_good() -> None:
+    """Other gateways' pending work joins a replica's queue here (`PendingWork.arrived`),
+    whichever replica they publish it on: one that left the pool (`forget_replica`) while a
+    peer still had requests there too. Such a record, with none of ours pending and nothing
+    joining it for the pending TTL, goes (a pool whose replicas are replaced one after
+    another kept one record per replica it ever had); one with ours pending stays."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me")
+    ttl = router.config.pending_ttl_s
+    views = [ReplicaView(id="r0", pool="p")]
+    grown = ReplicaLoad(1, 1, 1300, 1200.0)
+    records = router.state.pending.records()
+    for i in range(20):
+        now = i * ttl / 2
+        gone = f"old{i}"
+        router.apply_peer_load("peer", {gone: grown}, now)  # a peer's request there
+        router.forget_replica(gone)  # it left the pool
+        router.apply_peer_load("peer", {gone: ReplicaLoad()}, now + 0.1)  # (the peer's ended)
+        f = _features(tuple(range(1000 * i + 1, 1000 * i + 21)))
+        router.record_route(router.pick(f, views, now + 0.2).replica, f, now + 0.2)
+        # a peer that has not heard yet sends there again
+        router.apply_peer_load("peer", {gone: grown}, now + 0.3)
+        assert gone in records and records["r0"].count >= 1
+        # r0 and those joined within two TTLs (swept at most once per TTL): 1 + 5
+        assert len(records) <= 6, sorted(records)
+    assert "old0" not in records
