@@ -42,11 +42,8 @@ class HoldOdds:
     def peer_routed(self, member: str, routes: int, now: float) -> None:
         """Gateway ``member``'s live routes were applied at ``now``."""
         if member < self._member:
-            lower = self._lower
-            lower.append((now, routes))
-            start = now - RATE_WINDOWS * self._window
-            while lower[0][0] <= start:
-                lower.popleft()
+            self._lower.append((now, routes))
+            self._prune_lower(now)
 
     def held(self, now: float) -> None:
         """A pick is held from ``now`` (it is routed, and counted as a pick, after the window)."""
@@ -55,16 +52,19 @@ class HoldOdds:
     def unseen(self, now: float, rank: int, own_picks: int) -> float:
         """The lower ranks' picks expected within the window before ``now`` (module docstring);
         ``own_picks``: this gateway's routes within it."""
-        holds, lower = self._holds, self._lower
+        holds = self._holds
         start = now - self._window
         while holds and holds[0] <= start:
             holds.popleft()
-        start = now - RATE_WINDOWS * self._window
-        while lower and lower[0][0] <= start:
-            lower.popleft()
-        rate = sum(n for _, n in lower) / RATE_WINDOWS
+        self._prune_lower(now)
+        rate = sum(n for _, n in self._lower) / RATE_WINDOWS
         burst = float(rank * (own_picks + len(holds)))
         return burst if burst > rate else rate
+
+    def _prune_lower(self, now: float) -> None:
+        lower, start = self._lower, now - RATE_WINDOWS * self._window
+        while lower and lower[0][0] <= start:
+            lower.popleft()
 
     def worth(
         self, now: float, rank: int, own_picks: int, near: int, collision_s: float, hold_s: float,
