@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from gateway.config import UpstreamConfig
-from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
+from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
 
 __all__ = ["SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped"]
 
@@ -135,6 +135,10 @@ def envoy_config(
                    "retriable-status-codes", "retriable_status_codes": RETRY_STATUSES,
                    "num_retries": 2, "per_try_idle_timeout": first}
     route = {"cluster": "kvgate_pool", "timeout": total, "retry_policy": retries}
+    # a whole answer comes after its last token: no per-try idle timeout, and the stream idle
+    # one (the connection manager's, 2 x first byte) raised: the total timeout bounds it
+    whole = {**route, "idle_timeout": total, "retry_policy": {
+        k: v for k, v in retries.items() if k != "per_try_idle_timeout"}}
     filters = [_ext_proc("kvgate_epp", failure_mode_allow)]
     if subset_header:
         filters.insert(0, _subset_from_header(subset_header))
@@ -152,7 +156,10 @@ def envoy_config(
         "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
             "name": "kvgate", "domains": ["*"],
-            "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
+            "routes": [
+                {"match": {"prefix": "/", "headers": [{"name": WHOLE, "present_match": True}]},
+                 "route": whole, "request_headers_to_remove": [WHOLE]},
+                {"match": {"prefix": "/"}, "route": route}]}]},
     }
     picker_host, picker_port = _split(picker)
     config: dict[str, Any] = {"static_resources": {

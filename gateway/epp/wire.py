@@ -21,7 +21,7 @@ from google.protobuf.struct_pb2 import Struct, Value
 
 __all__ = [
     "CHUNK_BYTES", "DESTINATION", "DESTINATION_SERVED", "LB_NAMESPACE", "SUBSET_KEY",
-    "SUBSET_NAMESPACE", "body_responses", "destination_response", "headers_response",
+    "SUBSET_NAMESPACE", "WHOLE", "body_responses", "destination_response", "headers_response",
     "immediate", "served_endpoint", "subset_hint",
 ]
 
@@ -30,6 +30,9 @@ DESTINATION_SERVED = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# set by the picker on a request whose answer comes whole (not streamed): the bootstrap's
+# route for it has no per-try idle timeout (`envoy.envoy_config`), and removes it upstream
+WHOLE = "x-kvgate-whole"
 UPSTREAM_ATTRIBUTES = "envoy.filters.http.ext_proc"
 # Envoy's ext_proc limits a streamed body message to 64 KiB in some set-ups: stay below
 CHUNK_BYTES = 62_000
