@@ -12,7 +12,8 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
-from gateway.epp.state import ExchangeState, replica_key
+from gateway.epp.deadlines import Deadlines
+from gateway.epp.state import replica_key
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
@@ -55,7 +56,7 @@ from gateway.stored import (
 __all__ = ["AnswerSide"]
 
 
-class AnswerSide(ExchangeState):
+class AnswerSide(Deadlines):
     """What the replica answered, relayed as the HTTP edge relays it."""
 
     __slots__ = ()
@@ -355,6 +356,8 @@ class AnswerSide(ExchangeState):
         if req is None:
             headers = self._stored_headers()
             verdict = "refused" if status in REFUSED else None
+        elif status == 504 and data == wire.ROUTER_TIMEOUT:
+            return [self.router_cut(req)]
         else:
             verdict = self._answered_whole(data)
             headers = self._headers()

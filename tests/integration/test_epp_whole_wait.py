@@ -50,4 +50,8 @@ def test_a_slow_whole_answer_is_waited_for(edges: dict[str, str], edge: str) -> 
 def test_a_slow_stream_is_still_cut_at_first_byte(edges: dict[str, str], edge: str) -> None:
     resp = _ask(edges[edge], stream=True, headers={WHOLE: "1"})  # the marker: not the client's
     assert resp.status_code == 504, resp.text
-    assert resp.json()["error"]["type"] == "GatewayTimeoutError"
+    # the HTTP edge's words at both (the picker said "The upstream replica answered 504." for
+    # Envoy's own plain-text timeout: no replica answered)
+    assert resp.json()["error"] == {
+        "message": "The replica did not answer in time (first byte timeout).",
+        "type": "GatewayTimeoutError", "param": None, "code": 504}
