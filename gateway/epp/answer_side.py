@@ -358,6 +358,9 @@ class AnswerSide(Deadlines):
             verdict = "refused" if status in REFUSED else None
         elif status == 504 and data == wire.ROUTER_TIMEOUT:
             return [self.router_cut(req)]
+        elif status == 503 and data.startswith(wire.ROUTER_RESET):
+            self._charge_skipped()
+            return [self.router_reset(req, data)]
         else:
             verdict = self._answered_whole(data)
             headers = self._headers()

@@ -1,6 +1,8 @@
 """The HTTP edge's upstream timeouts (`gateway/timeouts.py`) applied to an exchange's
 answer by the picker: `server.py` waits for Envoy's next message until `deadline`, then
-answers `timed_out`; and Envoy's own timeout of a replica that sent no head (`router_cut`)."""
+answers `timed_out`; and Envoy's router's own answers for a replica that sent no head -- its
+timeout (`router_cut`), a connection refused or broken (`router_reset`) -- answered as the
+HTTP edge answers them when no attempt is left."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
-from gateway.errors import UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.relay import stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
@@ -111,3 +113,19 @@ class Deadlines(ExchangeState):
         if req.target is not None:
             self._first_byte_cut(req.target)
         return self._refuse(cut_error("first byte"))
+
+    def router_reset(self, req: ProxiedRequest, data: bytes) -> pb.ProcessingResponse:
+        """Envoy's router could not connect to the replica, or lost it before its head (its
+        503 `wire.ROUTER_RESET`): no replica answered. The HTTP edge's last try: a refused
+        connection marks the replica down at once (nothing listens there), a broken one is
+        a failure; the pool's 503 with Retry-After when no replica is left (what the next
+        request gets), else "The replica did not answer." (502)."""
+        now, target = self._core.clock(), req.target
+        if target is not None and data.endswith(wire.CONNECT_FAILED):
+            target.mark_down(now)
+            target.reason = "cannot connect"
+        elif target is not None:
+            target.record_failure(now)
+        if not req.pool.takes_requests(now):
+            return self._refuse(req.pool.none_healthy(req.parsed.model, now))
+        return self._refuse(UpstreamError("The replica did not answer.", reason="connect"))

@@ -47,6 +47,11 @@ WHOLE = "x-kvgate-whole"
 # the body of Envoy's own 504 when its router's per-try idle or route timeout cut a replica
 # that sent no head (the picker sees it as the answer; no replica answered)
 ROUTER_TIMEOUT = b"upstream request timeout"
+# the start of Envoy's own 503 when its router could not connect to the replica, or lost the
+# connection before the head ("... reset reason: connection termination"); its end when the
+# connect itself failed (refused, unreachable)
+ROUTER_RESET = b"upstream connect error or disconnect/reset before headers."
+CONNECT_FAILED = b"reset reason: remote connection failure"
 UPSTREAM_ATTRIBUTES = "envoy.filters.http.ext_proc"
 # Envoy's ext_proc limits a streamed body message to 64 KiB in some set-ups: stay below
 CHUNK_BYTES = 62_000
