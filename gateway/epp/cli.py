@@ -27,7 +27,9 @@ from gateway.cli.serve import (
 from gateway.config import KvgateConfig
 from gateway.errors import ConfigError
 
-__all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts"]
+__all__ = [
+    "DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts", "stall_cut_by_envoy",
+]
 
 DEFAULT_HTTP_PORT = 9090
 
@@ -86,6 +88,20 @@ def named_hosts(cfg: KvgateConfig) -> list[str]:
             "their IP addresses (http://IP:PORT) in x-gateway-destination-endpoint"]
 
 
+def stall_cut_by_envoy(cfg: KvgateConfig) -> list[str]:
+    """A warning when the first-byte timeout is not above the idle one: the bootstrap's
+    per-try idle timeout is `first_byte_timeout_s` (`envoy.envoy_config`), and Envoy resets
+    a stream stalled that long before the picker ends it with its error event after
+    `idle_timeout_s` (the client reads a broken chunked body, not an error)."""
+    up = cfg.upstream
+    if up.first_byte_timeout_s > up.idle_timeout_s:
+        return []
+    return [f"kvgate epp: warning: upstream.first_byte_timeout_s ({up.first_byte_timeout_s:g} s) "
+            f"is not above upstream.idle_timeout_s ({up.idle_timeout_s:g} s): Envoy's per-try "
+            "idle timeout (rendered from the first) resets a stalled stream before the picker "
+            "ends it with its error event"]
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -125,7 +141,7 @@ def main(argv: list[str]) -> int:
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    for line in [*start_warnings(cfg), *named_hosts(cfg)]:
+    for line in [*start_warnings(cfg), *named_hosts(cfg), *stall_cut_by_envoy(cfg)]:
         print(line, file=sys.stderr, flush=True)
     from gateway.epp.server import EppApp  # the protos load only here
 
