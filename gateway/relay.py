@@ -59,7 +59,14 @@ from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, carries_output, comment_only, preamble_only
+from gateway.sse import (
+    StreamScanner,
+    body_usage,
+    carries_output,
+    comment_only,
+    output_chars,
+    preamble_only,
+)
 from gateway.stream_end import (
     CUT_SHORT,
     DONE_EVENT,
@@ -395,6 +402,8 @@ class Relay:
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
                 await ctl.hand_over(send, out)  # (a client that stops reading blocks here)
+                if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+                    req.streamed += output_chars(out)
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)

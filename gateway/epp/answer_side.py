@@ -45,6 +45,7 @@ from gateway.sse import (
     body_usage,
     carries_output,
     comment_only,
+    output_chars,
     preamble_only,
 )
 from gateway.stored import (
@@ -289,6 +290,8 @@ class AnswerSide(ExchangeState):
         if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
+        if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+            req.streamed += output_chars(out)
 
     def _stream_ended(
         self, scanner: StreamScanner, req: ProxiedRequest | None, whole: bool,
