@@ -11,7 +11,8 @@ secret (``KVGATE_SALT_SECRET`` or ``tenancy.salt_secret_file``), and without one
 stops at once with a message saying so, before anything listens. Without authentication and
 with no listen address given (`--host`, `server.host` in the file or `KVGATE_SERVER__HOST`),
 the gateway binds 127.0.0.1 only; a given address wins, with a warning when it is reachable
-from the network. The address bound is logged at start: `listening on http://HOST:PORT`.
+from the network. The address bound is logged once the gateway serves (its start-up done):
+`listening on http://HOST:PORT`.
 """
 
 from __future__ import annotations
@@ -186,8 +187,8 @@ def main(argv: list[str]) -> int:
         print(line, file=sys.stderr, flush=True)
     if cfg.server.workers > 1:
         configure_logging(cfg.server.log_level, cfg.server.log_format)
-        log.info(listening(cfg))  # once, not once per worker
-        return run_workers(cfg, sockets, _serve_one)
+        # once, not once per worker, when every worker serves
+        return run_workers(cfg, sockets, _serve_one, serving=lambda: log.info(listening(cfg)))
     return run_server(cfg, "kvgate serve", sockets=sockets)
 
 
@@ -276,8 +277,9 @@ def run_server(
     announce: bool = True, line: str | None = None,
 ) -> int:
     """Bind (unless `sockets` are given), run until SIGTERM/SIGINT, shut down gracefully.
-    `announce`: log the `listening on` line (`line`, else the gateway's ports). 0 after a
-    clean stop, 1 when it could not listen or start."""
+    `announce`: log the `listening on` line (`line`, else the gateway's ports) once the app
+    has started and serves (a start that fails never said it listened), before
+    `on_started`. 0 after a clean stop, 1 when it could not listen or start."""
     if sockets is None:
         try:
             sockets = bind_sockets(cfg)
@@ -285,9 +287,15 @@ def run_server(
             print(f"{prog}: {exc}", file=sys.stderr, flush=True)
             return 1
     configure_logging(cfg.server.log_level, cfg.server.log_format)
-    if announce:
-        log.info(line or listening(cfg))
-    server = make_server(app or GatewayApp(cfg), on_started)
+    said = line or listening(cfg)
+
+    def started() -> None:
+        if announce:
+            log.info(said)
+        if on_started is not None:
+            on_started()
+
+    server = make_server(app or GatewayApp(cfg), started)
     server.run(sockets=sockets)
     return 0 if server.started else 1
 
