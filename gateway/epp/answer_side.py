@@ -303,7 +303,8 @@ class AnswerSide(ExchangeState):
         now = self._core.clock()
         code = scanner.error_code
         if code is not None and alone_with_error_event(req.pool, target, scanner, now):
-            req.status = code if whole else 502  # (the HTTP edge's rule: not charged)
+            target.count_failure()  # (the HTTP edge's rule: counted, not charged)
+            req.status = code if whole else 502
         elif not whole:
             target.record_failure(now)
             req.status = 502
@@ -326,7 +327,10 @@ class AnswerSide(ExchangeState):
         if internal_error(req.status, data) and (
                 self._skipped or no_other_replica(req.pool, req.target, now)):
             # failed alike where Envoy tried it first, or no other replica could try it: the
-            # request's fault as far as anything tells (the HTTP edge's rule), no replica's
+            # request's fault as far as anything tells (the HTTP edge's rule), no replica's;
+            # the only replica's counted (`Replica.count_failure`)
+            if not self._skipped:
+                req.target.count_failure()
             self._skipped = []
             verdict = "request"
         else:
