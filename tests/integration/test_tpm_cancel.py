@@ -6,8 +6,8 @@ whole answer whose client leaves end without the usage chunk: they were left cha
 whole reservation. Three streams stopped after their first event with ``max_tokens`` 400 used
 a 1,000 TPM budget for about 70 s (the tenant got 429 meanwhile). Each is now charged its
 prompt and the output streamed to the client so far, estimated as the gateway estimates a
-prompt (`routing.tokens`). Real gateways on the in-memory store and on a real redis-server,
-a simulated replica, the official openai client.
+prompt (`routing.tokens`). Real gateways on the in-memory store and on a real redis-server
+(and the picker behind a real Envoy), a simulated replica, the official openai client.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import (
     AUTH_SECRET,
     FAST_HEALTH,
@@ -139,3 +140,25 @@ def test_a_whole_answer_whose_client_left_is_charged_its_prompt(
                            headers={"Authorization": f"Bearer {key}"},
                            json={"model": "llama", "messages": PROMPT, "max_tokens": 400})
         _settled(_client(base, key, timeout=10), TPM - 60)
+
+
+def test_streams_stopped_through_envoy_are_charged_what_they_used(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """The picker edge settles as the HTTP edge does (`ProxiedRequest.settle_tokens`), with
+    the output it saw relayed (`AnswerSide._event`)."""
+    _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "5", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
+              "models": {"llama": {"free": "p"}}, "tiers": {"free": {"limits": {"tpm": TPM}}},
+              "tenants": [{"id": "acme", "tier": "free"}]}
+    epp = epp_proc(config=config, auth=True,
+                   env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+    with epp:
+        envoy, base = envoy_proc(epp.picker)
+        with envoy:
+            client = _client(base, _key(epp.base))
+            for _ in range(3):
+                stream = client.chat.completions.create(
+                    model="llama", messages=PROMPT, max_tokens=400, stream=True)
+                next(iter(stream))
+                stream.close()
+            _settled(client, TPM - 60)
