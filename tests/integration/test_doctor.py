@@ -301,6 +301,7 @@ def test_the_only_replica_failing_every_request_is_named_and_stays_in_rotation()
     assert ok.ok > 0, ok
     (finding,) = [f for f in _findings(report, *target) if f["class"] == "errors"]
     assert finding["severity"] == "critical", finding
+    assert finding["summary"].endswith("clients get them"), finding
     assert _evidence(finding, "kvgate_replica_failures_total")["value"] == 1.0
     # the pool's own 5xx finding is right too; nothing else, and the replica is not down
     wrong = [w for w in wrong_classes(report, sc, target) if w != "errors@p/None"]
