@@ -208,7 +208,8 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
 
 class ListenError(Exception):
     """A listen address could not be bound: the message says which and why, `hint` what to
-    change (in `kvgate serve`'s terms; `line()` is both, the one line to print)."""
+    change (the flag or setting of the command that binds it; `line()` is both, the one line
+    to print)."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
