@@ -92,7 +92,7 @@ class Planner:
     def __init__(self, pools: Pools, config: RouterConfig, gate: TenantGate) -> None:
         self.pools = pools
         self._config = config
-        self._gate = gate
+        self.gate = gate
 
     def plan(
         self, principal: Principal, parsed: ParsedBody, kind: str, now: float,
@@ -159,7 +159,7 @@ class Planner:
         """The salted prefix features of a chat/completions/responses body (pure: safe in a
         worker thread)."""
         return extract_features(
-            parsed.data, model=parsed.model, salt=self._gate.salt(principal) or "",
+            parsed.data, model=parsed.model, salt=self.gate.salt(principal) or "",
             config=self._config, tenant=principal.tenant_id, tier=principal.tier,
             priority=priority,
         )

@@ -152,7 +152,8 @@ class FlowGate:
             return self._narrow(alt_state, alt, peers, tenant, cost, now)
         await self._wait(req, principal, state, cost, plan, now, gone)
         now = self._clock()
-        plan = self._planner.plan(principal, parsed, req.kind, now)
+        # planned again on the policy in force now (it may have changed while this waited)
+        plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
         return self._narrow(self._state(plan.pool.name), plan, self._peers(now), tenant, cost,
                             now)
 

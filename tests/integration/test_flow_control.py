@@ -383,6 +383,30 @@ def test_queued_requests_count_against_concurrency_once(s: Stack) -> None:
             assert resp.status_code == 200
 
 
+def test_clients_leaving_the_queue_give_back_their_concurrency_leases(s: Stack) -> None:
+    """Two queued requests of a tenant allowed two at once, whose clients give up while
+    they wait: their leases (in Redis) are released with them, so the tenant's next two
+    requests are not 429s for concurrency once the pool has room."""
+    key = s.tenant("capped")
+    saturate(s, s.tenant("free"))
+    gone = [Call(s.base, key, 5, timeout=1.0) for _ in range(2)]
+    for c in gone:
+        c.start()
+    queued(s, 2)
+    for c in gone:
+        c.join(5)
+        assert c.error is not None and c.status == 0
+    wait_for(lambda: depth(s.base) == 0, 2, "the queue to empty")
+    release(s)
+    wait_for(lambda: inflight(s.base) == 0, 30, "the fillers to end")
+    calls = [Call(s.base, key, 5) for _ in range(2)]
+    for c in calls:
+        c.start()
+    for c in calls:
+        c.join(30)
+        assert c.status == 200, c.error
+
+
 def test_explain_says_whether_a_request_would_queue(s: Stack) -> None:
     with admin_client(s.base, ADMIN) as admin:
         idle = admin.post("/route/explain", json={"tier": "free", "request": body(5)}).json()
