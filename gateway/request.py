@@ -99,7 +99,8 @@ class ProxiedRequest:
         self.cors: Sequence[tuple[bytes, bytes]] = ()
         self.used: int | None = None  # prompt + completion tokens from upstream usage
         # characters of generated output relayed to the client (`gateway.sse.output_chars`),
-        # counted while a TPM reservation may have to be settled without usage; else None
+        # counted while a TPM reservation or flow control's share may have to be settled
+        # without usage (`spent_tokens`); else None
         self.streamed: int | None = None
         self.queued_s: float | None = None  # waited in flow control's queue, or a held pick
         # flow control counts the request against its tenant's share of the pool until this
@@ -127,15 +128,24 @@ class ProxiedRequest:
         never ran, or the replica dropped it when its connection closed: a chat UI's stop
         button left three streams of ``max_tokens`` 400 holding a 1,000 TPM budget for a
         minute. None: nothing to settle (no admission)."""
+        if self.used is not None or self.replica == "none":
+            return self.spent_tokens()
+        if self.adm is None:
+            return None
+        return min(self.spent_tokens(), self.adm.reserved_tokens)
+
+    def spent_tokens(self) -> int:
+        """Tokens the request used: real usage; 0 when nothing reached a replica; else the
+        prompt estimate and the output relayed so far (``streamed``, estimated alike). What
+        TPM admission settles (`settle_tokens`) and flow control's fair share keeps
+        (`gateway.flow.gate`): a stream stopped after its first event used its prompt and a
+        few tokens, not the ``max_tokens`` it asked for."""
         if self.used is not None:
             return self.used
         if self.replica == "none":
             return 0
-        if self.adm is None:
-            return None
         # (a replica was tried: `parsed` is set)
-        used = self.parsed.prompt_tokens + count_tokens(self.streamed or 0)
-        return min(used, self.adm.reserved_tokens)
+        return self.parsed.prompt_tokens + count_tokens(self.streamed or 0)
 
 
 class Uploads:

@@ -14,10 +14,10 @@ room). It releases one request at a time: the released request acquires its repl
 the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
-until it is over (``req.flow_done``, called by `Preparer.finish`; one its replica refused before
-any output then gives back all but its prompt, `FlowGate._done`): a tenant over its share is
-passed over, and one over it in what it sent lately too goes only to a replica with spare room
-(the share cap, `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
+until it is over (``req.flow_done``, called by `Preparer.finish`; it then keeps what it used and
+gives back the rest, `FlowGate._done`): a tenant over its share is passed over, and one over it
+in what it sent lately too goes only to a replica with spare room (the share cap,
+`routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
 with several gateways behind a balancer each sees its part of every tenant.
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
@@ -142,13 +142,13 @@ class FlowGate:
         doc = _doc(principal, self._pools)
         weight = doc.flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
-            self._sent(state, req, tenant, cost, plan)
+            self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self._spill(req.kind, principal, parsed, plan, now, peers)
         if alt is not None:
             alt_state = self._state(alt.pool.name)
             alt_state.flow.sent(tenant, cost, now, weight)
-            self._sent(alt_state, req, tenant, cost, plan)
+            self._sent(alt_state, req, tenant, cost)
             return self._narrow(alt_state, alt, peers, tenant, cost, now)
         await self._wait(req, principal, state, cost, plan, now, gone)
         now = self._clock()
@@ -229,7 +229,7 @@ class FlowGate:
             with interruptible(ticket):
                 await ticket.fut
             released = True
-            self._sent(state, req, principal.tenant_id, cost, plan, ticket.entry)
+            self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
             req.queued_s = perf_counter() - t0
             self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
@@ -336,29 +336,27 @@ class FlowGate:
                             plan.pool.max_model_len)
 
     def _sent(
-        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float,
         entry: Entry[_Ticket] | None = None,
     ) -> None:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
-        req.flow_done = partial(self._done, state, req, tenant, cost,
-                                plan.features.prompt_tokens, entry)
+        req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(
-        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, prompt: int,
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float,
         entry: Entry[_Ticket] | None,
     ) -> None:
-        """``req`` is over. Refused by its replica before any output (vLLM's 400 for a
-        ``max_tokens`` beyond the context), it is charged its prompt only: the output it was
-        charged at its send never ran, and a few bad requests must not push a tenant back in
-        the fair-share order, nor count in the served tokens, for a while after. One that
-        never reached a replica (the gateway refused it after flow control let it through,
-        or its client left first) ran nothing: it is charged nothing."""
-        charged = cost
-        if req.replica == "none":
-            charged = 0.0
-        elif req.refused():
-            charged = min(cost, float(max(0, prompt)))
+        """``req`` is over: it keeps what it used (`ProxiedRequest.spent_tokens`: the real
+        usage, else its prompt and the output relayed so far), never more than it was charged
+        at its send, and gives the rest back. A stream its client stopped after the first
+        event (a chat UI's stop button) or a replica cut, a request refused before any output
+        (vLLM's 400 for a ``max_tokens`` beyond the context): the output charged at the send
+        never ran, and must not push its tenant back in the fair-share order, nor count in
+        the served tokens, for a while after. One that never reached a replica (the gateway
+        refused it after flow control let it through, or its client left first) ran
+        nothing: it is charged nothing."""
+        charged = min(cost, float(max(0, req.spent_tokens())))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
         state.flow.done(tenant, cost)
