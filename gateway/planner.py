@@ -94,6 +94,18 @@ class Planner:
         self._config = config
         self.gate = gate
 
+    def pool_for(self, principal: Principal, model: str, now: float) -> str | None:
+        """The pool `plan` sends a request for ``model`` to now, on ``principal``'s policy
+        (None: none running here). Flow control moves a queued request whose pool a policy
+        change changed (`FlowGate.policy_changed`)."""
+        snap = principal.policy
+        doc = snap.doc if snap is not None else self.pools.doc
+        route = resolve_tier(doc, model, principal.tier, _Views(self.pools, now))
+        if route is None:
+            pool = self.pools.public.get(model)
+            return pool.name if pool is not None else None
+        return route.pool if route.pool in self.pools.by_name else None
+
     def plan(
         self, principal: Principal, parsed: ParsedBody, kind: str, now: float,
         avoid: Collection[str] = (),

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -53,6 +54,7 @@ from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
+from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from routing.flow import Entry, PoolFlow, replica_reasons
 from routing.peers import ReplicaLoad
@@ -78,14 +80,24 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 
 
 class _Ticket:
-    """One queued request's handle: its future and, once offered, its queue entry."""
+    """One queued request's handle: its future (True: moved to another pool by a policy
+    change, `move`; False: released), who sent it and for which model (where a policy
+    change sends it) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "state")
+    __slots__ = ("entry", "fut", "model", "principal", "state")
 
-    def __init__(self, fut: asyncio.Future[None]) -> None:
+    def __init__(self, fut: asyncio.Future[bool], principal: Principal, model: str) -> None:
         self.fut = fut
+        self.principal, self.model = principal, model
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
+
+    def move(self) -> None:
+        """Out of its queue, to be admitted again where the policy in force sends it."""
+        if self.entry is not None and self.state is not None and self.entry.queued:
+            self.state.flow.remove(self.entry)
+            if not self.fut.done():
+                self.fut.set_result(True)
 
     def fail(self, exc: BaseException) -> None:
         if not self.fut.done():
@@ -132,30 +144,47 @@ class FlowGate:
         gone: Callable[[], Awaitable[object]] | None = None,
     ) -> Plan:
         """The plan to pick a replica from, now or after waiting (see the module docstring).
-        ``gone``: returns when the client has left (a queued request is then dropped)."""
+        ``gone``: returns when the client has left (a queued request is then dropped). A
+        policy change that sends a queued request to another pool moves it there: it is
+        admitted again on the policy in force (`policy_changed`)."""
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
-        cost = self._cost(plan, parsed)
-        state = self._state(plan.pool.name)
+        while True:
+            cost = self._cost(plan, parsed)
+            state = self._state(plan.pool.name)
+            sent = self._pass(req, principal, parsed, plan, state, cost, now)
+            if sent is not None:
+                return sent
+            if not await self._wait(req, principal, parsed, state, cost, now, gone):
+                break
+            now = self._clock()  # moved: its pool changed while it waited
+            principal = self._planner.gate.current(principal)
+            plan = self._planner.plan(principal, parsed, req.kind, now)
+        now = self._clock()
+        # planned again on the policy in force now (it may have changed while this waited)
+        plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
+        return self._narrow(self._state(plan.pool.name), plan, self._peers(now),
+                            principal.tenant_id, cost, now)
+
+    def _pass(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
+        state: _PoolState, cost: float, now: float,
+    ) -> Plan | None:
+        """The plan when the request goes now: straight through, or spilled over to another
+        pool with room; None when it has to wait in ``state``'s queue."""
         peers = self._peers(now)
         tenant = principal.tenant_id
-        doc = _doc(principal, self._pools)
-        weight = doc.flow_class(principal.tier, tenant)[1]
+        weight = _doc(principal, self._pools).flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self._spill(req.kind, principal, parsed, plan, now, peers)
-        if alt is not None:
-            alt_state = self._state(alt.pool.name)
-            alt_state.flow.sent(tenant, cost, now, weight)
-            self._sent(alt_state, req, tenant, cost)
-            return self._narrow(alt_state, alt, peers, tenant, cost, now)
-        await self._wait(req, principal, state, cost, plan, now, gone)
-        now = self._clock()
-        # planned again on the policy in force now (it may have changed while this waited)
-        plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
-        return self._narrow(self._state(plan.pool.name), plan, self._peers(now), tenant, cost,
-                            now)
+        if alt is None:
+            return None
+        alt_state = self._state(alt.pool.name)
+        alt_state.flow.sent(tenant, cost, now, weight)
+        self._sent(alt_state, req, tenant, cost)
+        return self._narrow(alt_state, alt, peers, tenant, cost, now)
 
     def _narrow(
         self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad], tenant: str,
@@ -194,15 +223,17 @@ class FlowGate:
         return alt
 
     async def _wait(
-        self, req: ProxiedRequest, principal: Principal, state: _PoolState, cost: float,
-        plan: Plan, now: float, gone: Callable[[], Awaitable[object]] | None,
-    ) -> None:
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
+        cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
+    ) -> bool:
+        """Queued in ``state``'s pool until released (False) or moved to another pool by a
+        policy change (True); raises when shed, abandoned or interrupted."""
         doc = _doc(principal, self._pools)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future())
+        ticket = _Ticket(loop.create_future(), principal, parsed.model)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -223,13 +254,14 @@ class FlowGate:
                     self._left(state, ticket)
 
             watch.add_done_callback(left)
-        t0 = perf_counter()
-        released = False
+        t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
+        released = moved = False
         try:
             with interruptible(ticket):
-                await ticket.fut
-            released = True
-            self._sent(state, req, principal.tenant_id, cost, ticket.entry)
+                moved = await ticket.fut
+            released = not moved
+            if released:
+                self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
             req.queued_s = perf_counter() - t0
             self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
@@ -253,9 +285,12 @@ class FlowGate:
                     state.transit = None
                     loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
+        if moved:
+            return True
         self.metrics.child(self.metrics.wait, req.tier).observe(waited)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
+        return False
 
     def _left(self, state: _PoolState, ticket: _Ticket) -> None:
         """The client disconnected while queued: out of the queue now, not at its turn."""
@@ -267,6 +302,23 @@ class FlowGate:
         if state.transit is ticket:
             state.transit = None
         self._pump(state)
+
+    def policy_changed(self, snap: PolicySnapshot) -> None:
+        """A new policy version (`TenancyResolver.on_policy`, once the pools follow it): each
+        queued request it sends to another pool than the one its own policy does leaves its
+        queue and is admitted again there (`admit`). Left queued, it waited for its old pool
+        (saturated, perhaps for long: until its ``max_wait_s`` shed it) while new requests
+        went to the new one (a pool the policy removed: its queue went through at once, to
+        its new pool whether saturated or not)."""
+        now = self._clock()
+        planner = self._planner
+        for state in list(self._states.values()):
+            for entry in list(state.flow.queue.entries()):
+                ticket = entry.handle
+                then = planner.pool_for(ticket.principal, ticket.model, now)
+                moved = replace(ticket.principal, policy=snap)
+                if planner.pool_for(moved, ticket.model, now) != then:
+                    ticket.move()
 
     # -- the pump ---------------------------------------------------------------------------
     def _pump(self, state: _PoolState) -> None:
@@ -291,7 +343,7 @@ class FlowGate:
                 flow.done(out.tenant, out.cost)  # never sent
                 continue
             state.transit = ticket
-            ticket.fut.set_result(None)
+            ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
 

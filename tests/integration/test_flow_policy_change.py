@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -74,20 +74,21 @@ def _depth(base: str) -> float:
     return sum(metric_values(base, "kvgate_flow_queue_depth").values())
 
 
-def test_a_queued_request_is_planned_on_the_policy_in_force_when_released(
-        fleet: tuple[str, str, str]) -> None:
-    base, _, idle_url = fleet
+def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """A request of a free tenant queued behind three fillers in pool p while the policy
+    changes (``change`` edits the document): its answer (``replica``, ``route``, ``text``,
+    ``after_s``: seconds from the change) or ``error``, taken while the fillers still run."""
     with admin_client(base, ADMIN) as admin:
         assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
         key = admin.post("/tenants/t/keys").json()["key"]
     fillers = [Filler(base, key) for _ in range(3)]
+    answer: dict[str, Any] = {}
     try:
         for f in fillers:  # two run, a third waits inside the engine: saturated
             f.start()
             time.sleep(0.15)
         wait_for(lambda: metric_values(base, "kvgate_flow_saturated").get('{pool="p"}') == 1.0,
                  10, "the pool to be saturated")
-        answer: dict[str, Any] = {}
 
         def queued() -> None:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
@@ -95,25 +96,60 @@ def test_a_queued_request_is_planned_on_the_policy_in_force_when_released(
             try:
                 raw = client.chat.completions.with_raw_response.create(
                     model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+                answer["after_s"] = time.monotonic() - changed
                 answer["replica"] = raw.headers["x-kvgate-replica"]
+                answer["route"] = raw.headers["x-kvgate-route"]
                 answer["text"] = raw.parse().choices[0].message.content
             except openai.APIStatusError as exc:
                 answer["error"] = f"{exc.status_code} {exc.message}"
 
         waiter = threading.Thread(target=queued)
+        changed = time.monotonic() + 3600.0  # (set when the policy changes)
         waiter.start()
         wait_for(lambda: _depth(base) == 1, 10, "the request to queue")
-        with admin_client(base, ADMIN) as admin:  # the model moves to a new pool
+        with admin_client(base, ADMIN) as admin:
             doc = admin.get("/policy").json()
-            doc["pools"] = {"q": {"served_model": "s", "replicas": [idle_url]}}
-            doc["models"] = {"m": {"default": "q"}}
+            change(doc)
+            changed = time.monotonic()
             assert admin.put("/policy", json=doc).status_code == 200
         waiter.join(30)
-        assert "error" not in answer, answer
-        assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
     finally:
         for f in fillers:
             f.halt.set()
         for f in fillers:
             f.join(30)
     wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
+    return answer
+
+
+def test_a_queued_request_is_planned_on_the_policy_in_force_when_released(
+        fleet: tuple[str, str, str]) -> None:
+    base, _, idle_url = fleet
+
+    def moved(doc: dict[str, Any]) -> None:  # the model moves to a new pool, p removed
+        doc["pools"] = {"q": {"served_model": "s", "replicas": [idle_url]}}
+        doc["models"] = {"m": {"default": "q"}}
+
+    answer = _queued_through(base, moved)
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
+
+
+def test_a_queued_request_moves_to_the_new_pool_of_its_model_when_the_old_one_stays(
+        fleet: tuple[str, str, str]) -> None:
+    """The policy moves the model to a new pool and keeps the old one (another model may
+    use it): the request queued for the old pool stayed there, behind its saturation (here
+    some 25 s of fillers), while new requests went to the idle new pool. It is moved there
+    at once, as the policy in force sends it."""
+    base, busy_url, idle_url = fleet
+
+    def moved(doc: dict[str, Any]) -> None:
+        doc["pools"] = {"p": {"served_model": "s", "replicas": [busy_url]},
+                        "q": {"served_model": "s", "replicas": [idle_url]}}
+        doc["models"] = {"m": {"default": "q"}, "old": {"default": "p"}}
+
+    answer = _queued_through(base, moved)
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
+    assert answer["route"] == "queued", answer  # it waited (in p), then went to q
+    assert answer["after_s"] < 5, answer  # not when p has room again
