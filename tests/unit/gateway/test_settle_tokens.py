@@ -1,5 +1,6 @@
-"""What a request is charged against its tenant's TPM when it ends (`settle_tokens`), and the
-streamed output it is estimated from (`output_chars`): table-driven, no I/O."""
+"""What a request is charged against its tenant's TPM when it ends (`settle_tokens`), what flow
+control keeps of it (`spent_tokens`), and the streamed output both are estimated from
+(`output_chars`): table-driven, no I/O."""
 
 from __future__ import annotations
 
@@ -63,3 +64,20 @@ def test_nothing_to_settle_without_an_admission() -> None:
     req = _req(status=499, streamed=8)
     req.adm = None
     assert req.settle_tokens() is None
+
+
+@pytest.mark.parametrize(
+    ("req", "tokens"),
+    [
+        (_req(used=57), 57),
+        (_req(replica="none", status=499), 0),
+        (_req(status=499, streamed=21), 16),
+        # no reservation bounds it (flow control keeps at most what it charged at the send)
+        (_req(status=504, streamed=10_000), 2510),
+    ],
+)
+def test_spent_tokens_without_an_admission(req: ProxiedRequest, tokens: int) -> None:
+    """What flow control's fair share keeps of a request (`FlowGate._done`), with or without
+    a TPM admission."""
+    req.adm = None
+    assert req.spent_tokens() == tokens
