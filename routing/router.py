@@ -47,9 +47,6 @@ _CONTINUATION_SCAN = 64  # blocks from the end of a request searched for a peer'
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
 # a deferred pick waits rank x window x this: just past the lower ranks' records' arrival
 _DEFER_MARGIN = 1.001
-# outside a burst a contested pick is held only when the hold is at most this share of its own
-# prefill at the fleet's rate (`defer_s`)
-_LONE_HOLD_SHARE = 0.1
 
 
 def _request_key(features: RequestFeatures) -> tuple[int, int]:
@@ -311,53 +308,32 @@ class Router:
         arrival (a little more: the records of the pick of rank r - 1 arrive one window
         after it), when the lower-ranked gateways' picks of that instant have reached it,
         and routes knowing their sizes, without a turn. Rank 0 never waits, nor one
-        gateway, nor a pick for its prefix's holder, nor one whose hold is expected to cost it
-        more than the lower ranks' unseen picks would (`routing.holds`: a short first
-        token's). Outside a burst only a pick whose hold is at most a tenth of its own
-        prefill waits (`_lone_hold`); the others take their turn (holding every contested
-        pick cost the synthetic workload's tail the wait itself). At most (N - 1) windows.
-        The window here is the hold window (`enable_sharing`): such picks' records are
-        published and read at once, not batched. (docs/shared-state.md, "Deferred picks")"""
+        gateway, nor a pick for its prefix's holder, nor one outside a burst (it takes its
+        turn: holding every contested pick cost the synthetic workload's tail the wait
+        itself), nor one whose hold is expected to cost it more than the lower ranks' unseen
+        picks would (`routing.holds`: a short first token's). At most (N - 1) windows. The
+        window here is the hold window (`enable_sharing`): such picks' records are published
+        and read at once, not batched. (docs/shared-state.md, "Deferred picks")"""
         if not self._defers:
             return 0.0
         rank, gateways = self._rank(now)
         if rank == 0 or gateways == 1:
             return 0.0
+        if not (self._recent_picks(now) or now - self._peer_routed_at < self._window):
+            return 0.0  # no pick of ours nor a peer's within the window: not in a burst
         contested, odds = self._contested, self._odds
         if contested is None or odds is None:
             return 0.0
-        hold = rank * self._hold_window * _DEFER_MARGIN
-        if not (self._recent_picks(now) or now - self._peer_routed_at < self._window):
-            # no pick of ours nor a peer's within the window: not in a burst
-            if not self._lone_hold(features, rank):
-                return 0.0
-            return hold if contested(self._context(features, views, now, False)[0]) > 1 else 0.0
         near = contested(self._context(features, views, now, False)[0])
         if near < 2:
             return 0.0
+        hold = rank * self._hold_window * _DEFER_MARGIN
         st = self.state
         collision = st.pending.mean_request_tokens * st.ttft.fleet.s_per_token
         if not odds.worth(now, rank, len(self._recent), near, collision, hold):
             return 0.0
         odds.held(now)
         return hold
-
-    def _lone_hold(self, features: RequestFeatures, rank: int) -> bool:
-        """Whether a contested pick outside a burst is held: its hold is at most
-        `_LONE_HOLD_SHARE` of its own prefill (the prompt past the longest prefix any replica
-        holds, at the fleet's rate). Taking its turn instead, rank r's pick goes to the r-th
-        least loaded of the near-equal replicas, so that the lower ranks' blind picks of the
-        same instant, if any, go elsewhere; a long prefill placed there (often a hot prefix's
-        holder, more requests in flight) delays the next hits on it by its whole length (rag
-        documents: four gateways' median 2.4x one gateway's on the mean of three gateway
-        seeds). Held, it sees the lower ranks' picks of its instant and takes the cheapest
-        replica left, for a wait it barely notices. (docs/shared-state.md, "Rag-corpus's
-        median")"""
-        st, tpb = self.state, self.config.tokens_per_block
-        hashes = features.block_hashes
-        held = max(st.index.match(hashes).values(), default=0) if hashes else 0
-        prefill = (features.prompt_tokens - held * tpb) * st.ttft.fleet.s_per_token
-        return rank * self._hold_window <= _LONE_HOLD_SHARE * prefill
 
     def _context(
         self, features: RequestFeatures, views: Sequence[ReplicaView], now: float, explain: bool,
