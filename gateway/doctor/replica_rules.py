@@ -202,8 +202,11 @@ def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: fl
                                      float(r.fresh))])
     if idle:
         started = f"{r.requests:.0f}" if known(r.requests) else "no"
-        return Finding("healthy", "ok", r.pool, r.id,
-                       f"idle: {started} requests started in the window (< {th.min_requests:.0f})",
+        summary = f"idle: {started} requests started in the window (< {th.min_requests:.0f})"
+        if r.failed > 0:  # too few to judge (_failing), but not to be read as nothing sent
+            summary += (f"; kvgate sent it {r.attempts:.0f}, {r.failed:.0f} failed (a failure "
+                        f"share is judged from {th.min_replica_attempts:.0f})")
+        return Finding("healthy", "ok", r.pool, r.id, summary,
                        "none", [cite("vllm:time_to_first_token_seconds_count", "requests started",
                                      r.requests, "<", th, "min_requests")])
     ev = [cite("vllm:num_requests_waiting", "samples with requests waiting", r.waiting_share, "<",

@@ -49,6 +49,18 @@ def test_an_idle_replica_is_healthy_idle() -> None:
     assert f.cls == "healthy" and f.summary.startswith("idle")
 
 
+def test_an_idle_replica_says_the_requests_kvgate_sent_it_that_failed() -> None:
+    """A pool's only replica answering 500 to 15 requests (fewer than min_replica_attempts):
+    its engine started none, and the row said 'idle: 0 requests started' and nothing else."""
+    (f,) = classify_replica(replica(requests=0.0, waiting_share=0.0, attempts=15.0,
+                                    failed=15.0), TH, CTX, alone=True)
+    assert (f.cls, f.severity) == ("healthy", "ok")
+    assert "kvgate sent it 15, 15 failed" in f.summary, f.summary
+    assert "judged from 20" in f.summary, f.summary
+    (f,) = classify_replica(replica(requests=2.0, waiting_share=0.0, attempts=2.0), TH, CTX)
+    assert "failed" not in f.summary, f.summary
+
+
 def test_queue_bound_says_how_many_seats() -> None:
     r = replica(waiting_share=0.9, waiting_mean=12.0, running_mean=4.0, running_max=4.0,
                 running_when_waiting=4.0, kv_p90=0.05, ttft_mean=0.8, itl_mean=0.008)
