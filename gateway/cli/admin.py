@@ -32,7 +32,13 @@ from typing import Any
 import httpx
 import yaml
 
-from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
+from gateway.cli.admin_http import (
+    NOT_ADMIN_PORT,
+    NOT_LISTENING,
+    TOKEN_HELP,
+    client_token,
+    not_admin_port,
+)
 from gateway.yamlerror import not_utf8, one_line
 
 __all__ = ["main"]
@@ -230,7 +236,8 @@ def main(argv: list[str]) -> int:
                                      timeout=args.timeout)
     except httpx.HTTPError as exc:
         # the exception's text carries the reason (connection refused, timed out, ...)
-        print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}",
+        hint = f"; {NOT_LISTENING}" if isinstance(exc, httpx.ConnectError) else ""
+        print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}{hint}",
               file=sys.stderr)
         return 1
     return _report(response, _confirmation(args))

@@ -1,17 +1,20 @@
 """What the admin API's command-line clients (`kvgate admin`, `kvgate doctor`) share: the
-token to send, read from ``KVGATE_ADMIN_TOKEN`` as the gateway reads it, and the hint for an
-admin path the port does not serve."""
+token to send, read from ``KVGATE_ADMIN_TOKEN`` as the gateway reads it, and the hints for an
+admin path the port does not serve and for a URL nothing answers at."""
 
 from __future__ import annotations
 
 from gateway.admin.auth import admin_tokens_from_env
 
-__all__ = ["NOT_ADMIN_PORT", "TOKEN_HELP", "client_token", "not_admin_port"]
+__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port"]
 
 TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
               "a bare token is sent as it is")
 NOT_ADMIN_PORT = ("The admin API is not on this port: point --url at the gateway's admin port "
                   "(server.admin_port).")
+# after a connection that could not be made: the OS error alone said nothing to do
+NOT_LISTENING = ("is kvgate running there? --url takes the gateway's port (its admin port when "
+                 "server.admin_port is set; `kvgate epp`: its --http-port)")
 
 
 def client_token(value: str) -> str:

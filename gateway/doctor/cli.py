@@ -32,7 +32,13 @@ from typing import Any, NoReturn
 
 import httpx
 
-from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
+from gateway.cli.admin_http import (
+    NOT_ADMIN_PORT,
+    NOT_LISTENING,
+    TOKEN_HELP,
+    client_token,
+    not_admin_port,
+)
 from gateway.doctor.render import parse_duration, render_cache, render_findings
 
 __all__ = ["main"]
@@ -205,7 +211,8 @@ def _diagnose(
         return _fail(f"{url} did not answer within {args.timeout:g} s", 1)
     except httpx.HTTPError as exc:
         reason = str(exc) or type(exc).__name__
-        return _fail(f"cannot reach {url}: {reason}", 1)
+        hint = f"; {NOT_LISTENING}" if isinstance(exc, httpx.ConnectError) else ""
+        return _fail(f"cannot reach {url}: {reason}{hint}", 1)
     except RuntimeError as exc:
         return _fail(str(exc), 1)
     workers = _workers(report)

@@ -241,6 +241,8 @@ def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
     assert bare.returncode == 2 and "give the scheme" in bare.stderr
     closed = admin(f"http://127.0.0.1:{free_port()}")
     assert closed.returncode == 1 and "Connection refused" in closed.stderr
+    # and what to do about it (it named the OS error only)
+    assert "is kvgate running there? --url takes the gateway's port" in closed.stderr
     for result in (other, bare, closed):
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
 

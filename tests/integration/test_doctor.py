@@ -369,6 +369,9 @@ def test_a_quiet_fleet_is_healthy_with_its_cache_return_per_tenant() -> None:
         (["--url", "localhost:8000"], ADMIN_TOKEN, 2, "expected http://HOST:PORT"),
         ([], None, 2, "no admin token"),
         (["--url", "http://127.0.0.1:{port}"], ADMIN_TOKEN, 1, "cannot reach http://127.0.0.1:"),
+        # what to do, not only the OS error
+        (["--url", "http://127.0.0.1:{port}"], ADMIN_TOKEN, 1,
+         "is kvgate running there? --url takes the gateway's port"),
     ],
 )
 def test_cli_errors_are_one_line(args: list[str], token: str | None, code: int,
