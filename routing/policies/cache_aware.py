@@ -6,7 +6,9 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
                  it was sent, as r's whole queue drains: the work other gateways sent there
                  joins it, `PendingWork.arrived`), its own plus other gateways' (shared
                  state, published undrained: only the part the request's own prefix waits
-                 for drains, `_waited_for`; capped by the fleet's in-flight prompt tokens) +
+                 for drains, `_waited_for`, or, while the replicas' scraped queues overload
+                 the fleet, all of it with ours, `_overloaded`; capped by the fleet's
+                 in-flight prompt tokens) +
                  requests the scrape shows waiting beyond kvgate's own x the mean request
                  size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
