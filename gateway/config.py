@@ -36,7 +36,7 @@ from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from gateway.urls import shown_url
-from gateway.yamlerror import one_line
+from gateway.yamlerror import not_utf8, one_line
 from routing.config import RouterConfig
 from routing.flow.config import FlowConfig, Saturation
 from routing.policies import REGISTRY
@@ -473,8 +473,7 @@ def _read_file(path: str) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
-        raise ConfigError(f"config file {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
-                          f"at offset {exc.start}): save it as UTF-8") from None
+        raise ConfigError(f"config file {path}: {not_utf8(exc)}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path}: invalid YAML: {one_line(exc)}") from None
     if data is None:

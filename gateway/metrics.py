@@ -77,7 +77,8 @@ class _ReplicaCollector(Collector):
             labels=labels)
         failed = CounterMetricFamily(
             "kvgate_replica_failures", "requests that failed on a replica (5xx, reset, stall, "
-            "cut stream, dead engine), retried elsewhere where they could be", labels=labels)
+            "cut stream, dead engine), retried elsewhere where they could be; a pool's only "
+            "replica's 500s for single requests too, which never eject it", labels=labels)
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)

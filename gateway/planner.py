@@ -92,7 +92,19 @@ class Planner:
     def __init__(self, pools: Pools, config: RouterConfig, gate: TenantGate) -> None:
         self.pools = pools
         self._config = config
-        self._gate = gate
+        self.gate = gate
+
+    def pool_for(self, principal: Principal, model: str, now: float) -> str | None:
+        """The pool `plan` sends a request for ``model`` to now, on ``principal``'s policy
+        (None: none running here). Flow control moves a queued request whose pool a policy
+        change changed (`FlowGate.policy_changed`)."""
+        snap = principal.policy
+        doc = snap.doc if snap is not None else self.pools.doc
+        route = resolve_tier(doc, model, principal.tier, _Views(self.pools, now))
+        if route is None:
+            pool = self.pools.public.get(model)
+            return pool.name if pool is not None else None
+        return route.pool if route.pool in self.pools.by_name else None
 
     def plan(
         self, principal: Principal, parsed: ParsedBody, kind: str, now: float,
@@ -159,7 +171,7 @@ class Planner:
         """The salted prefix features of a chat/completions/responses body (pure: safe in a
         worker thread)."""
         return extract_features(
-            parsed.data, model=parsed.model, salt=self._gate.salt(principal) or "",
+            parsed.data, model=parsed.model, salt=self.gate.salt(principal) or "",
             config=self._config, tenant=principal.tenant_id, tier=principal.tier,
             priority=priority,
         )

@@ -142,6 +142,9 @@ class Preparer:
         adm = await self._gate.admit(principal, self._reserve(parsed, req.kind))
         self._admitted(req, adm)
         req.adm = adm
+        counted = self.flow is not None or (adm is not None and adm.limit_tokens)
+        if parsed.stream and counted:
+            req.streamed = 0  # its output is counted as it goes out (`spent_tokens`)
         if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
             await self._responses.fetch(parsed.data.get("previous_response_id"))
         plan, held = None, False

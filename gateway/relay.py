@@ -59,7 +59,14 @@ from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
-from gateway.sse import StreamScanner, body_usage, carries_output, comment_only, preamble_only
+from gateway.sse import (
+    StreamScanner,
+    body_usage,
+    carries_output,
+    comment_only,
+    output_chars,
+    preamble_only,
+)
 from gateway.stream_end import (
     CUT_SHORT,
     DONE_EVENT,
@@ -283,7 +290,9 @@ class Relay:
             # event and [DONE] itself. The client gets them as sent; the request counts it as
             # a failure, and the replica too unless no other one takes requests
             now = self._clock()
-            if not alone_with_error_event(req.pool, replica, scanner, now):
+            if alone_with_error_event(req.pool, replica, scanner, now):
+                replica.count_failure()
+            else:
                 replica.record_failure(now)
             req.status = scanner.error_code
         else:
@@ -310,9 +319,11 @@ class Relay:
         dead engine's), judged as a whole internal 500 is (`Proxy._forward`): one other
         replica tries it and tells whose fault it is; a second one alike, or none other to
         try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's."""
-        if req.suspect is None and not no_other_replica(req.pool, replica, now):
-            req.suspect = replica
-            return
+        if req.suspect is None:
+            if not no_other_replica(req.pool, replica, now):
+                req.suspect = replica
+                return
+            replica.count_failure()  # the only replica: counted, not charged
         req.suspect = None
         failure.reason = REQUEST_FAULT
 
@@ -360,8 +371,9 @@ class Relay:
                 now = self._clock()
                 if scanner.error_code == 500 and not _dead_event(scanner):
                     self._suspect(req, replica, failure, now)
-                elif not scanner.oversized and not alone_with_error_event(
-                        req.pool, replica, scanner, now):
+                elif alone_with_error_event(req.pool, replica, scanner, now):
+                    replica.count_failure()
+                elif not scanner.oversized:
                     replica.record_failure(now)
                 raise failure
             if out:
@@ -395,6 +407,8 @@ class Relay:
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
                 await ctl.hand_over(send, out)  # (a client that stops reading blocks here)
+                if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+                    req.streamed += output_chars(out)
                 sent = perf_counter()
                 if req.ttft is not None:
                     itl.observe(sent - last_sent)
@@ -444,7 +458,10 @@ class Relay:
         elif internal_error(resp.status, data) and (
                 req.suspect is not None or no_other_replica(req.pool, replica, self._clock())):
             # a second replica failed this request as the first did, or no other could try
-            # it: relayed as the replica answered it, charged to neither
+            # it: relayed as the replica answered it, charged to neither (a lone replica's
+            # failure is counted: `Replica.count_failure`)
+            if req.suspect is None:
+                replica.count_failure()
             req.suspect = None
         elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it

@@ -248,6 +248,14 @@ class Replica:
         ):
             self.eject(now)
 
+    def count_failure(self) -> None:
+        """A request failed here that health does not hold against the replica: vLLM's 500
+        for one request from a pool's only replica taking requests (`relay.no_other_replica`:
+        no other can tell whose fault it was, and ejecting it refused every tenant). Counted
+        for operators (kvgate_replica_failures_total, the doctor), so a replica failing every
+        request is seen; it stays in rotation."""
+        self.failed += 1
+
     def eject(self, now: float) -> None:
         self.ejections += 1
         backoff = self._policy.eject_base_s * 2 ** (self.ejections - 1)

@@ -18,6 +18,7 @@ from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import parse_bearer
 from gateway.timeouts import Canceller
+from routing.tokens import count_tokens
 from routing.types import RequestFeatures
 
 __all__ = ["Head", "ProxiedRequest", "Uploads", "read_body", "request_id", "scan_headers"]
@@ -57,6 +58,7 @@ class ProxiedRequest:
         "spilled",
         "sse",
         "status",
+        "streamed",
         "strip",
         "suspect",
         "t0",
@@ -96,6 +98,10 @@ class ProxiedRequest:
         # CORS headers on every answer (gateway/cors.py); a browser's requests only
         self.cors: Sequence[tuple[bytes, bytes]] = ()
         self.used: int | None = None  # prompt + completion tokens from upstream usage
+        # characters of generated output relayed to the client (`gateway.sse.output_chars`),
+        # counted while a TPM reservation or flow control's share may have to be settled
+        # without usage (`spent_tokens`); else None
+        self.streamed: int | None = None
         self.queued_s: float | None = None  # waited in flow control's queue, or a held pick
         # flow control counts the request against its tenant's share of the pool until this
         # is called (once, when the request is over)
@@ -115,17 +121,31 @@ class ProxiedRequest:
                            and not self.relayed)
 
     def settle_tokens(self) -> int | None:
-        """Tokens to charge: real usage; 0 when nothing reached a replica; the prompt
-        estimate when its replica refused it before any output (vLLM's 400 for a
-        ``max_tokens`` beyond the context: the output reserved at admission never ran); else
-        None: the reservation stands (a client that left mid-stream, a stream cut short)."""
+        """Tokens to charge: real usage; 0 when nothing reached a replica; else (no usage: a
+        client that left, a stream cut short, a replica's refusal or error, a timeout) the
+        prompt estimate and the output relayed to the client so far, estimated alike
+        (`routing.tokens`), never more than was reserved. The output reserved at admission
+        never ran, or the replica dropped it when its connection closed: a chat UI's stop
+        button left three streams of ``max_tokens`` 400 holding a 1,000 TPM budget for a
+        minute. None: nothing to settle (no admission)."""
+        if self.used is not None or self.replica == "none":
+            return self.spent_tokens()
+        if self.adm is None:
+            return None
+        return min(self.spent_tokens(), self.adm.reserved_tokens)
+
+    def spent_tokens(self) -> int:
+        """Tokens the request used: real usage; 0 when nothing reached a replica; else the
+        prompt estimate and the output relayed so far (``streamed``, estimated alike). What
+        TPM admission settles (`settle_tokens`) and flow control's fair share keeps
+        (`gateway.flow.gate`): a stream stopped after its first event used its prompt and a
+        few tokens, not the ``max_tokens`` it asked for."""
         if self.used is not None:
             return self.used
         if self.replica == "none":
             return 0
-        if self.refused():  # (a replica was tried: `parsed` is set)
-            return self.parsed.prompt_tokens
-        return None
+        # (a replica was tried: `parsed` is set)
+        return self.parsed.prompt_tokens + count_tokens(self.streamed or 0)
 
 
 class Uploads:

@@ -108,7 +108,10 @@ async def start_runtime(
             connect_redis(tenancy.redis_url, max_connections=16), tenancy.settings.namespace)
         stack.push_async_callback(shared.close)
     if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow/)
-        proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics, clock)
+        flow = proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics,
+                                          clock)
+        # after `members`: the pools follow a new policy before the queues move to them
+        stack.callback(tenancy.resolver.on_policy(flow.policy_changed))
     await members.start_discovery()
     monitor = HealthMonitor(pools, cfg.health, clock)
     await monitor.poll_once()  # know who is up (and the served names) before serving

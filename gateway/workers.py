@@ -55,8 +55,12 @@ POLL_S = 0.2
 Serve = Callable[[KvgateConfig, list[socket.socket], Callable[[], None]], int]
 
 
-def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -> int:
-    """Run ``cfg.server.workers`` processes, each ``serve(cfg, sockets, ...)``; supervise them."""
+def run_workers(
+    cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve,
+    serving: Callable[[], None] | None = None,
+) -> int:
+    """Run ``cfg.server.workers`` processes, each ``serve(cfg, sockets, ...)``; supervise them.
+    ``serving`` is called once, when every worker serves for the first time."""
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
     workers: dict[int, tuple[BaseProcess, Event]] = {}  # slot -> (process, "it serves")
     stopping: list[int] = []
@@ -92,7 +96,7 @@ def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -
     try:
         for slot in range(cfg.server.workers):
             start(slot)
-        return _supervise(workers, stopping, start, stop)
+        return _supervise(workers, stopping, start, stop, serving)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -104,10 +108,15 @@ def run_workers(cfg: KvgateConfig, sockets: list[socket.socket], serve: Serve) -
 def _supervise(
     workers: dict[int, tuple[BaseProcess, Event]], stopping: list[int],
     start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
+    all_serving: Callable[[], None] | None,
 ) -> int:
     status = 0
     while workers:
         time.sleep(POLL_S)
+        if all_serving is not None and not stopping and all(
+                up.is_set() for _, up in workers.values()):
+            all_serving()
+            all_serving = None
         for slot, (proc, serving) in list(workers.items()):
             if proc.is_alive():
                 continue

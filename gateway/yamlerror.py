@@ -1,11 +1,19 @@
 """PyYAML's parse errors in one line, for the commands that read YAML files (the config,
-`kvgate admin policy put|patch`): its own text spreads over four or more lines."""
+`kvgate admin policy put|patch`): its own text spreads over four or more lines. A file that is
+not UTF-8 text is worded once for them all (`not_utf8`)."""
 
 from __future__ import annotations
 
 import yaml
 
-__all__ = ["one_line"]
+__all__ = ["not_utf8", "one_line"]
+
+
+def not_utf8(exc: UnicodeDecodeError) -> str:
+    """Why a YAML file could not be read as UTF-8 (saved as UTF-16, or not the file meant),
+    where, and what to do."""
+    return (f"not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+            "save it as UTF-8")
 
 
 def one_line(exc: yaml.YAMLError) -> str:

@@ -33,7 +33,7 @@ import httpx
 import yaml
 
 from gateway.cli.admin_http import NOT_ADMIN_PORT, TOKEN_HELP, client_token, not_admin_port
-from gateway.yamlerror import one_line
+from gateway.yamlerror import not_utf8, one_line
 
 __all__ = ["main"]
 
@@ -170,13 +170,20 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
             return "GET", "/admin/policy", None, {}
         headers = {"if-match": f'"{args.if_match}"'} if args.if_match else {}
         if action == "patch":
-            text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
-            return "PATCH", "/admin/policy", yaml.safe_load(text), headers  # YAML > JSON
-        doc = policy_part(yaml.safe_load(Path(args.file).read_text()))
+            patch_doc = yaml.safe_load(_text(args.file))  # YAML is a superset of JSON
+            return "PATCH", "/admin/policy", patch_doc, headers
+        doc = policy_part(yaml.safe_load(_text(args.file)))
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
         return "POST", f"/admin/tenants/{args.tenant}/rotate-salt", None, {}
     return "GET", f"/admin/audit?limit={args.limit}", None, {}
+
+
+def _text(file: str) -> str:
+    """A policy file (``-``: standard input) read as UTF-8, as the config file is, whatever
+    the locale says."""
+    raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    return raw.decode("utf-8")
 
 
 def main(argv: list[str]) -> int:
@@ -204,7 +211,7 @@ def main(argv: list[str]) -> int:
         if isinstance(exc, OSError):
             reason = exc.strerror
         elif isinstance(exc, UnicodeDecodeError):
-            reason = "not UTF-8 text: save it as UTF-8"
+            reason = not_utf8(exc)
         else:
             reason = f"invalid YAML/JSON: {one_line(exc)}"
         print(f"kvgate admin: policy file {args.file}: {reason}", file=sys.stderr)

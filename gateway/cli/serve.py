@@ -11,7 +11,8 @@ secret (``KVGATE_SALT_SECRET`` or ``tenancy.salt_secret_file``), and without one
 stops at once with a message saying so, before anything listens. Without authentication and
 with no listen address given (`--host`, `server.host` in the file or `KVGATE_SERVER__HOST`),
 the gateway binds 127.0.0.1 only; a given address wins, with a warning when it is reachable
-from the network. The address bound is logged at start: `listening on http://HOST:PORT`.
+from the network. The address bound is logged once the gateway serves (its start-up done):
+`listening on http://HOST:PORT`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import uvicorn
 
@@ -44,7 +45,8 @@ from gateway.logs import configure_logging
 from gateway.workers import WORKERS_NEED_REDIS, run_workers
 
 __all__ = [
-    "NO_AUTH_WARNING", "NoDelayHttpTools", "bind_sockets", "build_parser", "check_secrets",
+    "ADMIN_PORT", "API_PORT", "NO_AUTH_WARNING", "NoDelayHttpTools", "Port", "bind_sockets",
+    "bound_socket", "build_parser", "check_secrets",
     "config_from_args", "configure_logging", "main", "make_server", "run_server",
 ]
 
@@ -186,8 +188,8 @@ def main(argv: list[str]) -> int:
         print(line, file=sys.stderr, flush=True)
     if cfg.server.workers > 1:
         configure_logging(cfg.server.log_level, cfg.server.log_format)
-        log.info(listening(cfg))  # once, not once per worker
-        return run_workers(cfg, sockets, _serve_one)
+        # once, not once per worker, when every worker serves
+        return run_workers(cfg, sockets, _serve_one, serving=lambda: log.info(listening(cfg)))
     return run_server(cfg, "kvgate serve", sockets=sockets)
 
 
@@ -206,7 +208,8 @@ def http_limits(cfg: ServerConfig) -> HttpLimits:
 
 class ListenError(Exception):
     """A listen address could not be bound: the message says which and why, `hint` what to
-    change (in `kvgate serve`'s terms; `line()` is both, the one line to print)."""
+    change (the flag or setting of the command that binds it; `line()` is both, the one line
+    to print)."""
 
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -216,41 +219,64 @@ class ListenError(Exception):
         return f"{self} ({self.hint})" if self.hint else str(self)
 
 
-def _listen_hint(exc: OSError, admin: bool) -> str:
+API_PORT = "another port with --port"  # where another port is chosen (`Port.setting`)
+ADMIN_PORT = "another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT"
+
+
+class Port(NamedTuple):
+    """A port to bind, and where another one is chosen when it cannot be had (the hint)."""
+
+    number: int
+    setting: str  # "" for a port the command chose itself (nothing to change)
+    label: str = ""  # after the address in the message, e.g. " (gRPC)"
+
+
+def _listen_hint(exc: OSError, setting: str) -> str:
     """What to change: the host when it is not this machine's (a port cannot help), the port
-    when it is taken or privileged -- the admin port's own setting when that is the one
-    refused, not `--port`; nothing for another error (its reason is all there is to say)."""
+    (at `setting`: the refused port's own flag or setting) when it is taken or privileged;
+    nothing for another error (its reason is all there is to say)."""
     if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
         return "choose another host with --host: an address of this machine, or 0.0.0.0 for all"
-    where = ("another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT" if admin
-             else "another port with --port")
+    if not setting:  # a port the command chose itself
+        return ""
     if exc.errno == errno.EACCES:
-        return f"ports below 1024 need privileges: choose {where}"
-    return f"choose {where}" if exc.errno == errno.EADDRINUSE else ""
+        return f"ports below 1024 need privileges: choose {setting}"
+    return f"choose {setting}" if exc.errno == errno.EADDRINUSE else ""
 
 
-def bind_sockets(cfg: KvgateConfig, ports: Sequence[int] | None = None) -> list[socket.socket]:
+def bound_socket(host: str, port: Port) -> socket.socket:
+    """A socket bound to `host` and `port` (not yet listening), or `ListenError` naming the
+    address, why, and what to change (both edges' ports, `kvgate serve` and `kvgate epp`)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port.number))
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        raise ListenError(f"cannot listen on {_hostport(host, port.number)}{port.label}: "
+                          f"{reason}", _listen_hint(exc, port.setting)) from None
+    return sock
+
+
+def bind_sockets(cfg: KvgateConfig, ports: Sequence[Port] | None = None) -> list[socket.socket]:
     """Bind the API port (and the admin port), or `ports`, before anything starts, so a port
     in use is reported in one line before any start-up log. One server (one app, one
     lifespan) serves them all; the app tells the ports apart by each request's local port."""
     if ports is None:
-        ports = [cfg.server.port] + ([cfg.server.admin_port] if cfg.server.admin_port else [])
+        server = cfg.server
+        ports = [Port(server.port, API_PORT)]
+        if server.admin_port:  # (never the API port: the config refuses it)
+            ports.append(Port(server.admin_port, ADMIN_PORT))
     socks: list[socket.socket] = []
     for port in ports:
-        family = socket.AF_INET6 if ":" in cfg.server.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((cfg.server.host, port))
-        except OSError as exc:
-            sock.close()
+            sock = bound_socket(cfg.server.host, port)
+        except ListenError:
             for other in socks:
                 other.close()
-            reason = (exc.strerror or str(exc)).lower()
-            where = _hostport(cfg.server.host, port)
-            admin = port == cfg.server.admin_port and port != cfg.server.port
-            raise ListenError(f"cannot listen on {where}: {reason}",
-                              _listen_hint(exc, admin)) from None
+            raise
         sock.listen(2048)
         sock.set_inheritable(True)
         socks.append(sock)
@@ -276,18 +302,25 @@ def run_server(
     announce: bool = True, line: str | None = None,
 ) -> int:
     """Bind (unless `sockets` are given), run until SIGTERM/SIGINT, shut down gracefully.
-    `announce`: log the `listening on` line (`line`, else the gateway's ports). 0 after a
-    clean stop, 1 when it could not listen or start."""
+    `announce`: log the `listening on` line (`line`, else the gateway's ports) once the app
+    has started and serves (a start that fails never said it listened), before
+    `on_started`. 0 after a clean stop, 1 when it could not listen or start."""
     if sockets is None:
         try:
             sockets = bind_sockets(cfg)
         except ListenError as exc:
-            print(f"{prog}: {exc}", file=sys.stderr, flush=True)
+            print(f"{prog}: {exc.line()}", file=sys.stderr, flush=True)
             return 1
     configure_logging(cfg.server.log_level, cfg.server.log_format)
-    if announce:
-        log.info(line or listening(cfg))
-    server = make_server(app or GatewayApp(cfg), on_started)
+    said = line or listening(cfg)
+
+    def started() -> None:
+        if announce:
+            log.info(said)
+        if on_started is not None:
+            on_started()
+
+    server = make_server(app or GatewayApp(cfg), started)
     server.run(sockets=sockets)
     return 0 if server.started else 1
 

@@ -29,8 +29,9 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     out.extend(classify_gateway(w.gateway, th, ctx))
     for pool in w.pools:
         out.extend(classify_pool(pool, th, ctx, w.requested_s))
+        alone = len(pool.replicas) == 1
         for r in pool.replicas:
-            out.extend(classify_replica(r, th, ctx, w.requested_s))
+            out.extend(classify_replica(r, th, ctx, w.requested_s, alone))
     return sort_findings(out)
 
 

@@ -36,10 +36,10 @@ def _active(r: ReplicaStats, th: Thresholds) -> bool:
 
 
 def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
-                     window_s: float = math.inf) -> list[Finding]:
+                     window_s: float = math.inf, alone: bool = False) -> list[Finding]:
     """Engine classes and scrape health of one replica (healthy when nothing fires) over a
-    window of ``window_s`` seconds."""
-    failing = _failing(r, th, ctx)
+    window of ``window_s`` seconds; ``alone``: the only replica its pool lists."""
+    failing = _failing(r, th, ctx, alone)
     down = replica_down(r)
     if down is not None:
         # its scrapes fail and it serves nothing: consequences, not findings; its requests
@@ -218,24 +218,31 @@ def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: fl
                    "nothing above thresholds: " + ", ".join(parts), "none", ev)
 
 
-def _failing(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding | None:
+def _failing(r: ReplicaStats, th: Thresholds, ctx: Context, alone: bool) -> Finding | None:
     """A replica in rotation failing some of its requests: kvgate retries them elsewhere and
     ejects it only after ``health.failure_threshold`` failures in a row, so one failing a
     request in five stays in rotation and the pool's clients may see nothing but a slower
-    answer; its failures are counted per attempt."""
+    answer; its failures are counted per attempt. A pool's only replica is never ejected for
+    vLLM's 500 to a request (nothing else can tell whose fault it was): its clients get
+    them all."""
     if r.attempts < th.min_replica_attempts or r.failed <= 0:
         return None
     share = min(1.0, r.failed / r.attempts)
     if share < th.replica_failure_share:
         return None
+    why = (f"it stays in rotation while its failures are not {ctx.failure_threshold} in a row "
+           "(health.failure_threshold): restart or remove it if it keeps failing")
+    seen = "retries answer them elsewhere where they can, so clients may not see them"
+    if alone:
+        why = ("it is its pool's only replica, kept in rotation whatever it answers: restart "
+               "it, or add a replica to the pool")
+        seen = "it is its pool's only replica: no other can answer them, clients get them"
     return Finding(
         "errors", "critical" if share >= 0.5 else "warning", r.pool, r.id,
         f"{share:.0%} of the requests kvgate sent to this replica failed there "
-        f"({r.failed:.0f} of {r.attempts:.0f}: 5xx, resets, stalls, cut streams); retries "
-        "answer them elsewhere where they can, so clients may not see them",
+        f"({r.failed:.0f} of {r.attempts:.0f}: 5xx, resets, stalls, cut streams); {seen}",
         "read this replica's own log for its errors and kvgate's request log for the "
-        f"reasons; it stays in rotation while its failures are not {ctx.failure_threshold} in a "
-        "row (health.failure_threshold): restart or remove it if it keeps failing",
+        f"reasons; {why}",
         [cite("kvgate_replica_failures_total", "failed share of attempts", share, ">=", th,
               "replica_failure_share", "%"),
          cite("kvgate_replica_attempts_total", "requests sent (retries included)", r.attempts,

@@ -12,7 +12,8 @@ from typing import Any
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
-from gateway.epp.state import ExchangeState, replica_key
+from gateway.epp.deadlines import Deadlines
+from gateway.epp.state import replica_key
 from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
@@ -45,6 +46,7 @@ from gateway.sse import (
     body_usage,
     carries_output,
     comment_only,
+    output_chars,
     preamble_only,
 )
 from gateway.stored import (
@@ -55,7 +57,7 @@ from gateway.stored import (
 __all__ = ["AnswerSide"]
 
 
-class AnswerSide(ExchangeState):
+class AnswerSide(Deadlines):
     """What the replica answered, relayed as the HTTP edge relays it."""
 
     __slots__ = ()
@@ -289,6 +291,8 @@ class AnswerSide(ExchangeState):
         if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
+        if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+            req.streamed += output_chars(out)
 
     def _stream_ended(
         self, scanner: StreamScanner, req: ProxiedRequest | None, whole: bool,
@@ -300,7 +304,8 @@ class AnswerSide(ExchangeState):
         now = self._core.clock()
         code = scanner.error_code
         if code is not None and alone_with_error_event(req.pool, target, scanner, now):
-            req.status = code if whole else 502  # (the HTTP edge's rule: not charged)
+            target.count_failure()  # (the HTTP edge's rule: counted, not charged)
+            req.status = code if whole else 502
         elif not whole:
             target.record_failure(now)
             req.status = 502
@@ -323,7 +328,10 @@ class AnswerSide(ExchangeState):
         if internal_error(req.status, data) and (
                 self._skipped or no_other_replica(req.pool, req.target, now)):
             # failed alike where Envoy tried it first, or no other replica could try it: the
-            # request's fault as far as anything tells (the HTTP edge's rule), no replica's
+            # request's fault as far as anything tells (the HTTP edge's rule), no replica's;
+            # the only replica's counted (`Replica.count_failure`)
+            if not self._skipped:
+                req.target.count_failure()
             self._skipped = []
             verdict = "request"
         else:
@@ -355,6 +363,11 @@ class AnswerSide(ExchangeState):
         if req is None:
             headers = self._stored_headers()
             verdict = "refused" if status in REFUSED else None
+        elif status == 504 and data == wire.ROUTER_TIMEOUT:
+            return [self.router_cut(req)]
+        elif status == 503 and data.startswith(wire.ROUTER_RESET):
+            self._charge_skipped()
+            return [self.router_reset(req, data)]
         else:
             verdict = self._answered_whole(data)
             headers = self._headers()

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import socket
 import sys
 from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.cli.serve import (
     ListenError,
+    Port,
     bind_sockets,
+    bound_socket,
     check_secrets,
     config_from_args,
     run_server,
@@ -27,9 +28,14 @@ from gateway.cli.serve import (
 from gateway.config import KvgateConfig
 from gateway.errors import ConfigError
 
-__all__ = ["DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts"]
+__all__ = [
+    "DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts", "stall_cut_by_envoy",
+]
 
 DEFAULT_HTTP_PORT = 9090
+# where another port is chosen when one is taken (the listen error's hint)
+GRPC_PORT = "another gRPC port with --port (epp.port)"
+HTTP_PORT = "another HTTP port with --http-port (server.admin_port)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,6 +92,20 @@ def named_hosts(cfg: KvgateConfig) -> list[str]:
             "their IP addresses (http://IP:PORT) in x-gateway-destination-endpoint"]
 
 
+def stall_cut_by_envoy(cfg: KvgateConfig) -> list[str]:
+    """A warning when the first-byte timeout is not above the idle one: the bootstrap's
+    per-try idle timeout is `first_byte_timeout_s` (`envoy.envoy_config`), and Envoy resets
+    a stream stalled that long before the picker ends it with its error event after
+    `idle_timeout_s` (the client reads a broken chunked body, not an error)."""
+    up = cfg.upstream
+    if up.first_byte_timeout_s > up.idle_timeout_s:
+        return []
+    return [f"kvgate epp: warning: upstream.first_byte_timeout_s ({up.first_byte_timeout_s:g} s) "
+            f"is not above upstream.idle_timeout_s ({up.idle_timeout_s:g} s): Envoy's per-try "
+            "idle timeout (rendered from the first) resets a stalled stream before the picker "
+            "ends it with its error event"]
+
+
 def _is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
@@ -96,16 +116,8 @@ def _is_ip(host: str) -> bool:
 
 def _check_free(host: str, port: int) -> None:
     """The gRPC port must be free (grpc binds it later, inside the start-up)."""
-    if port == 0:
-        return
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            reason = (exc.strerror or str(exc)).lower()
-            raise ListenError(f"cannot listen on {host}:{port} (gRPC): {reason}") from None
+    if port != 0:
+        bound_socket(host, Port(port, GRPC_PORT, " (gRPC)")).close()
 
 
 def main(argv: list[str]) -> int:
@@ -119,13 +131,13 @@ def main(argv: list[str]) -> int:
     assert cfg.server.admin_port is not None
     try:
         _check_free(cfg.server.host, cfg.epp.port)
-        sockets = bind_sockets(cfg, [cfg.server.admin_port])
+        sockets = bind_sockets(cfg, [Port(cfg.server.admin_port, HTTP_PORT)])
     except ListenError as exc:
-        print(f"kvgate epp: {exc}", file=sys.stderr, flush=True)
+        print(f"kvgate epp: {exc.line()}", file=sys.stderr, flush=True)
         return 1
     if warning:
         print(warning, file=sys.stderr, flush=True)
-    for line in [*start_warnings(cfg), *named_hosts(cfg)]:
+    for line in [*start_warnings(cfg), *named_hosts(cfg), *stall_cut_by_envoy(cfg)]:
         print(line, file=sys.stderr, flush=True)
     from gateway.epp.server import EppApp  # the protos load only here
 

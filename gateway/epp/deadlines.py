@@ -1,6 +1,8 @@
 """The HTTP edge's upstream timeouts (`gateway/timeouts.py`) applied to an exchange's
 answer by the picker: `server.py` waits for Envoy's next message until `deadline`, then
-answers `timed_out`."""
+answers `timed_out`; and Envoy's router's own answers for a replica that sent no head -- its
+timeout (`router_cut`), a connection refused or broken (`router_reset`) -- answered as the
+HTTP edge answers them when no attempt is left."""
 
 from __future__ import annotations
 
@@ -12,8 +14,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
-from gateway.errors import UpstreamTimeout
+from gateway.errors import UpstreamError, UpstreamTimeout
 from gateway.relay import stream_error
+from gateway.replicas import Replica
+from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
 from gateway.timeouts import cut_error
 
@@ -74,10 +78,8 @@ class Deadlines(ExchangeState):
         first = self._unanswered()
         reason = "total" if total else "first byte" if first else "idle"
         self._cut = True
-        if target is not None and reason == "first byte" and self._lease is not None:
-            if target.hung(self._lease, self._core.router.ttft_fit(target.id),
-                           up.first_byte_timeout_s):
-                target.record_failure(self._core.clock())
+        if target is not None and reason == "first byte":
+            self._first_byte_cut(target)
         elif target is not None and reason == "idle":
             target.record_failure(self._core.clock())  # a stalled answer: a passive signal
         if self._head is not None:
@@ -93,3 +95,37 @@ class Deadlines(ExchangeState):
         if req is not None:
             req.status = exc.status
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
+
+    def _first_byte_cut(self, target: Replica) -> None:
+        """A first-byte cut is the replica's failure only when nothing says it is working."""
+        if self._lease is not None and target.hung(
+                self._lease, self._core.router.ttft_fit(target.id),
+                self._core.cfg.upstream.first_byte_timeout_s):
+            target.record_failure(self._core.clock())
+
+    def router_cut(self, req: ProxiedRequest) -> pb.ProcessingResponse:
+        """Envoy's router cut a replica that sent no head (its 504 `wire.ROUTER_TIMEOUT`;
+        `envoy.py`: a stream's per-try idle timeout is the first-byte one, else the route's
+        total one): no replica answered. The HTTP edge's 504 and judgement, as `timed_out`."""
+        stream = req.parsed.stream and req.kind != "embeddings"
+        if not stream or perf_counter() >= self._t0 + self._core.cfg.upstream.total_timeout_s:
+            return self._refuse(cut_error("total"))
+        if req.target is not None:
+            self._first_byte_cut(req.target)
+        return self._refuse(cut_error("first byte"))
+
+    def router_reset(self, req: ProxiedRequest, data: bytes) -> pb.ProcessingResponse:
+        """Envoy's router could not connect to the replica, or lost it before its head (its
+        503 `wire.ROUTER_RESET`): no replica answered. The HTTP edge's last try: a refused
+        connection marks the replica down at once (nothing listens there), a broken one is
+        a failure; the pool's 503 with Retry-After when no replica is left (what the next
+        request gets), else "The replica did not answer." (502)."""
+        now, target = self._core.clock(), req.target
+        if target is not None and data.endswith(wire.CONNECT_FAILED):
+            target.mark_down(now)
+            target.reason = "cannot connect"
+        elif target is not None:
+            target.record_failure(now)
+        if not req.pool.takes_requests(now):
+            return self._refuse(req.pool.none_healthy(req.parsed.model, now))
+        return self._refuse(UpstreamError("The replica did not answer.", reason="connect"))

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from gateway.cli.demo import admin_token, banner, demo_config, key_seeder, start_replicas
-from gateway.cli.serve import ListenError, bind_sockets, run_server
+from gateway.cli.serve import ListenError, Port, bind_sockets, run_server
 from gateway.epp.envoy import EnvoyProcess, envoy_binary, envoy_config, render
 from gateway.errors import ConfigError
 from loadtest.fleet import Fleet, free_port
@@ -57,12 +57,12 @@ def run_epp_demo(args: argparse.Namespace) -> int:
                 cfg = demo_config(urls, args.port, token, log_level=args.log_level,
                                   server={"admin_port": http_port},
                                   epp={"port": grpc_port, "fallbacks": 2})
-                sockets = bind_sockets(cfg, [http_port])
+                sockets = bind_sockets(cfg, [Port(http_port, setting="")])  # (one it chose)
             except ConfigError as exc:
                 print(f"kvgate demo: {exc.message}", file=sys.stderr)
                 return 2
             except ListenError as exc:
-                print(f"kvgate demo: {exc}", file=sys.stderr)
+                print(f"kvgate demo: {exc.line()}", file=sys.stderr)
                 return 1
             endpoints = [u.removeprefix("http://") for pool in urls.values() for u in pool]
             path = Path(tmp) / "envoy.yaml"

@@ -34,9 +34,11 @@ from typing import Any
 import yaml
 
 from gateway.config import UpstreamConfig
-from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE
+from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
 
-__all__ = ["SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped"]
+__all__ = [
+    "PICKER_DOWN", "SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped",
+]
 
 RETRY_STATUSES = [500, 502, 503, 504]
 _TYPES = "type.googleapis.com/envoy.extensions"
@@ -72,6 +74,29 @@ def _ext_proc(picker_cluster: str, fail_open: bool) -> dict[str, Any]:
             "response_attributes": ["upstream.address"],
         },
     }
+
+
+# Envoy's own answer when the picker cannot be reached or fails mid-exchange (FailClose) is an
+# empty 503 (500 mid-exchange); this mapper makes it the OpenAI-shaped 503 an SDK can read.
+# It matches only the ext_proc filter's errors (their response code details), never the
+# picker's own immediate responses, which are local replies too.
+PICKER_DOWN = "The endpoint picker is unavailable; try again."
+
+
+def _picker_down_reply() -> dict[str, Any]:
+    cel = "response.code_details.startsWith('ext_proc_error')"
+    return {"mappers": [{
+        "filter": {"extension_filter": {
+            "name": "envoy.access_loggers.extension_filters.cel",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers."
+                             "filters.cel.v3.ExpressionFilter", "expression": cel}}},
+        "status_code": 503,
+        "headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "body_format_override": {"content_type": "application/json", "json_format": {
+            "error": {"message": PICKER_DOWN, "type": "ServiceUnavailableError",
+                      "param": None, "code": 503}}},
+    }]}
 
 
 def _subset_from_header(header: str) -> dict[str, Any]:
@@ -135,6 +160,10 @@ def envoy_config(
                    "retriable-status-codes", "retriable_status_codes": RETRY_STATUSES,
                    "num_retries": 2, "per_try_idle_timeout": first}
     route = {"cluster": "kvgate_pool", "timeout": total, "retry_policy": retries}
+    # a whole answer comes after its last token: no per-try idle timeout, and the stream idle
+    # one (the connection manager's, 2 x first byte) raised: the total timeout bounds it
+    whole = {**route, "idle_timeout": total, "retry_policy": {
+        k: v for k, v in retries.items() if k != "per_try_idle_timeout"}}
     filters = [_ext_proc("kvgate_epp", failure_mode_allow)]
     if subset_header:
         filters.insert(0, _subset_from_header(subset_header))
@@ -149,10 +178,14 @@ def envoy_config(
         # an HTTP/1.0 client (curl --http1.0, old proxies) is served, as at the HTTP edge;
         # Envoy closed its connection without a byte otherwise (its default refuses it)
         "http_protocol_options": {"accept_http_10": True},
+        "local_reply_config": _picker_down_reply(),
         "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
             "name": "kvgate", "domains": ["*"],
-            "routes": [{"match": {"prefix": "/"}, "route": route}]}]},
+            "routes": [
+                {"match": {"prefix": "/", "headers": [{"name": WHOLE, "present_match": True}]},
+                 "route": whole, "request_headers_to_remove": [WHOLE]},
+                {"match": {"prefix": "/"}, "route": route}]}]},
     }
     picker_host, picker_port = _split(picker)
     config: dict[str, Any] = {"static_resources": {

@@ -135,6 +135,10 @@ class RequestSide(ExchangeState):
         self._sent_at = perf_counter()
         core.metrics.pre_upstream.observe(self._sent_at - req.t0)
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        if req.parsed.stream and req.kind != "embeddings":
+            remove += (wire.WHOLE,)  # a client's: a stream keeps the first-byte bound
+        else:  # comes whole, after its last token: the total timeout bounds it, as at the edge
+            set_headers.append((wire.WHOLE, b"1"))
         # the body is JSON (parsed, rewritten): said so whatever the client declared (curl's
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
         set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id),
@@ -154,6 +158,7 @@ class RequestSide(ExchangeState):
         self._stored = f"{pool.name}/{replica.id}"
         self._sent_at = perf_counter()
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
+        remove += (wire.WHOLE,)  # bounded by the first-byte timeout too, a client's marker off
         set_headers.append(("x-request-id", self._req_id))  # the answer's, as the HTTP edge
         if self._slashed:  # the route's own path (`gateway/paths.py`)
             set_headers.append((":path", self._slashed))

@@ -20,9 +20,20 @@ from envoy.type.v3.http_status_pb2 import HttpStatus
 from google.protobuf.struct_pb2 import Struct, Value
 
 __all__ = [
-    "CHUNK_BYTES", "DESTINATION", "DESTINATION_SERVED", "LB_NAMESPACE", "SUBSET_KEY",
-    "SUBSET_NAMESPACE", "body_responses", "destination_response", "headers_response",
-    "immediate", "served_endpoint", "subset_hint",
+    "CHUNK_BYTES",
+    "DESTINATION",
+    "DESTINATION_SERVED",
+    "LB_NAMESPACE",
+    "ROUTER_TIMEOUT",
+    "SUBSET_KEY",
+    "SUBSET_NAMESPACE",
+    "WHOLE",
+    "body_responses",
+    "destination_response",
+    "headers_response",
+    "immediate",
+    "served_endpoint",
+    "subset_hint",
 ]
 
 DESTINATION = "x-gateway-destination-endpoint"
@@ -30,6 +41,17 @@ DESTINATION_SERVED = "x-gateway-destination-endpoint-served"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 SUBSET_KEY = "x-gateway-destination-endpoint-subset"
+# set by the picker on a request whose answer comes whole (not streamed): the bootstrap's
+# route for it has no per-try idle timeout (`envoy.envoy_config`), and removes it upstream
+WHOLE = "x-kvgate-whole"
+# the body of Envoy's own 504 when its router's per-try idle or route timeout cut a replica
+# that sent no head (the picker sees it as the answer; no replica answered)
+ROUTER_TIMEOUT = b"upstream request timeout"
+# the start of Envoy's own 503 when its router could not connect to the replica, or lost the
+# connection before the head ("... reset reason: connection termination"); its end when the
+# connect itself failed (refused, unreachable)
+ROUTER_RESET = b"upstream connect error or disconnect/reset before headers."
+CONNECT_FAILED = b"reset reason: remote connection failure"
 UPSTREAM_ATTRIBUTES = "envoy.filters.http.ext_proc"
 # Envoy's ext_proc limits a streamed body message to 64 KiB in some set-ups: stay below
 CHUNK_BYTES = 62_000

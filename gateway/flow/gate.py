@@ -14,25 +14,27 @@ room). It releases one request at a time: the released request acquires its repl
 the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
-until it is over (``req.flow_done``, called by `Preparer.finish`; one its replica refused before
-any output then gives back all but its prompt, `FlowGate._done`): a tenant over its share is
-passed over, and one over it in what it sent lately too goes only to a replica with spare room
-(the share cap, `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
+until it is over (``req.flow_done``, called by `Preparer.finish`; it then keeps what it used and
+gives back the rest, `FlowGate._done`): a tenant over its share is passed over, and one over it
+in what it sent lately too goes only to a replica with spare room (the share cap,
+`routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
 with several gateways behind a balancer each sees its part of every tenant.
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
-as important as a top-band one: the pool is overloaded), abandoned (its client disconnected:
-removed at once, the proxy settles the admission), or interrupted at the end of the shutdown
-grace (503). `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that
-waited.
+as important as a top-band one: the pool is overloaded), moved (a policy change sends it to
+another pool: it is admitted again there, `FlowGate.policy_changed`), abandoned (its client
+disconnected: removed at once, the proxy settles the admission), or interrupted at the end of
+the shutdown grace (503). `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a
+request that waited.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from functools import partial
 from time import perf_counter
 from typing import Any
@@ -53,6 +55,7 @@ from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
+from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from routing.flow import Entry, PoolFlow, replica_reasons
 from routing.peers import ReplicaLoad
@@ -78,14 +81,24 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 
 
 class _Ticket:
-    """One queued request's handle: its future and, once offered, its queue entry."""
+    """One queued request's handle: its future (True: moved to another pool by a policy
+    change, `move`; False: released), who sent it and for which model (where a policy
+    change sends it) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "state")
+    __slots__ = ("entry", "fut", "model", "principal", "state")
 
-    def __init__(self, fut: asyncio.Future[None]) -> None:
+    def __init__(self, fut: asyncio.Future[bool], principal: Principal, model: str) -> None:
         self.fut = fut
+        self.principal, self.model = principal, model
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
+
+    def move(self) -> None:
+        """Out of its queue, to be admitted again where the policy in force sends it."""
+        if self.entry is not None and self.state is not None and self.entry.queued:
+            self.state.flow.remove(self.entry)
+            if not self.fut.done():
+                self.fut.set_result(True)
 
     def fail(self, exc: BaseException) -> None:
         if not self.fut.done():
@@ -132,29 +145,47 @@ class FlowGate:
         gone: Callable[[], Awaitable[object]] | None = None,
     ) -> Plan:
         """The plan to pick a replica from, now or after waiting (see the module docstring).
-        ``gone``: returns when the client has left (a queued request is then dropped)."""
+        ``gone``: returns when the client has left (a queued request is then dropped). A
+        policy change that sends a queued request to another pool moves it there: it is
+        admitted again on the policy in force (`policy_changed`)."""
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
-        cost = self._cost(plan, parsed)
-        state = self._state(plan.pool.name)
+        while True:
+            cost = self._cost(plan, parsed)
+            state = self._state(plan.pool.name)
+            sent = self._pass(req, principal, parsed, plan, state, cost, now)
+            if sent is not None:
+                return sent
+            if not await self._wait(req, principal, parsed, state, cost, now, gone):
+                break
+            now = self._clock()  # moved: its pool changed while it waited
+            principal = self._planner.gate.current(principal)
+            plan = self._planner.plan(principal, parsed, req.kind, now)
+        now = self._clock()
+        # planned again on the policy in force now (it may have changed while this waited)
+        plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
+        return self._narrow(self._state(plan.pool.name), plan, self._peers(now),
+                            principal.tenant_id, cost, now)
+
+    def _pass(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
+        state: _PoolState, cost: float, now: float,
+    ) -> Plan | None:
+        """The plan when the request goes now: straight through, or spilled over to another
+        pool with room; None when it has to wait in ``state``'s queue."""
         peers = self._peers(now)
         tenant = principal.tenant_id
-        doc = _doc(principal, self._pools)
-        weight = doc.flow_class(principal.tier, tenant)[1]
+        weight = _doc(principal, self._pools).flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
-            self._sent(state, req, tenant, cost, plan)
+            self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self._spill(req.kind, principal, parsed, plan, now, peers)
-        if alt is not None:
-            alt_state = self._state(alt.pool.name)
-            alt_state.flow.sent(tenant, cost, now, weight)
-            self._sent(alt_state, req, tenant, cost, plan)
-            return self._narrow(alt_state, alt, peers, tenant, cost, now)
-        await self._wait(req, principal, state, cost, plan, now, gone)
-        now = self._clock()
-        plan = self._planner.plan(principal, parsed, req.kind, now)
-        return self._narrow(self._state(plan.pool.name), plan, self._peers(now), tenant, cost,
-                            now)
+        if alt is None:
+            return None
+        alt_state = self._state(alt.pool.name)
+        alt_state.flow.sent(tenant, cost, now, weight)
+        self._sent(alt_state, req, tenant, cost)
+        return self._narrow(alt_state, alt, peers, tenant, cost, now)
 
     def _narrow(
         self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad], tenant: str,
@@ -193,15 +224,17 @@ class FlowGate:
         return alt
 
     async def _wait(
-        self, req: ProxiedRequest, principal: Principal, state: _PoolState, cost: float,
-        plan: Plan, now: float, gone: Callable[[], Awaitable[object]] | None,
-    ) -> None:
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
+        cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
+    ) -> bool:
+        """Queued in ``state``'s pool until released (False) or moved to another pool by a
+        policy change (True); raises when shed, abandoned or interrupted."""
         doc = _doc(principal, self._pools)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future())
+        ticket = _Ticket(loop.create_future(), principal, parsed.model)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -222,13 +255,14 @@ class FlowGate:
                     self._left(state, ticket)
 
             watch.add_done_callback(left)
-        t0 = perf_counter()
-        released = False
+        t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
+        released = moved = False
         try:
             with interruptible(ticket):
-                await ticket.fut
-            released = True
-            self._sent(state, req, principal.tenant_id, cost, plan, ticket.entry)
+                moved = await ticket.fut
+            released = not moved
+            if released:
+                self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
             req.queued_s = perf_counter() - t0
             self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
@@ -252,9 +286,12 @@ class FlowGate:
                     state.transit = None
                     loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
+        if moved:
+            return True
         self.metrics.child(self.metrics.wait, req.tier).observe(waited)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
+        return False
 
     def _left(self, state: _PoolState, ticket: _Ticket) -> None:
         """The client disconnected while queued: out of the queue now, not at its turn."""
@@ -266,6 +303,23 @@ class FlowGate:
         if state.transit is ticket:
             state.transit = None
         self._pump(state)
+
+    def policy_changed(self, snap: PolicySnapshot) -> None:
+        """A new policy version (`TenancyResolver.on_policy`, once the pools follow it): each
+        queued request it sends to another pool than the one its own policy does leaves its
+        queue and is admitted again there (`admit`). Left queued, it waited for its old pool
+        (saturated, perhaps for long: until its ``max_wait_s`` shed it) while new requests
+        went to the new one (a pool the policy removed: its queue went through at once, to
+        its new pool whether saturated or not)."""
+        now = self._clock()
+        planner = self._planner
+        for state in list(self._states.values()):
+            for entry in list(state.flow.queue.entries()):
+                ticket = entry.handle
+                then = planner.pool_for(ticket.principal, ticket.model, now)
+                moved = replace(ticket.principal, policy=snap)
+                if planner.pool_for(moved, ticket.model, now) != then:
+                    ticket.move()
 
     # -- the pump ---------------------------------------------------------------------------
     def _pump(self, state: _PoolState) -> None:
@@ -290,7 +344,7 @@ class FlowGate:
                 flow.done(out.tenant, out.cost)  # never sent
                 continue
             state.transit = ticket
-            ticket.fut.set_result(None)
+            ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
 
@@ -335,29 +389,27 @@ class FlowGate:
                             plan.pool.max_model_len)
 
     def _sent(
-        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, plan: Plan,
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float,
         entry: Entry[_Ticket] | None = None,
     ) -> None:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
-        req.flow_done = partial(self._done, state, req, tenant, cost,
-                                plan.features.prompt_tokens, entry)
+        req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(
-        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float, prompt: int,
+        self, state: _PoolState, req: ProxiedRequest, tenant: str, cost: float,
         entry: Entry[_Ticket] | None,
     ) -> None:
-        """``req`` is over. Refused by its replica before any output (vLLM's 400 for a
-        ``max_tokens`` beyond the context), it is charged its prompt only: the output it was
-        charged at its send never ran, and a few bad requests must not push a tenant back in
-        the fair-share order, nor count in the served tokens, for a while after. One that
-        never reached a replica (the gateway refused it after flow control let it through,
-        or its client left first) ran nothing: it is charged nothing."""
-        charged = cost
-        if req.replica == "none":
-            charged = 0.0
-        elif req.refused():
-            charged = min(cost, float(max(0, prompt)))
+        """``req`` is over: it keeps what it used (`ProxiedRequest.spent_tokens`: the real
+        usage, else its prompt and the output relayed so far), never more than it was charged
+        at its send, and gives the rest back. A stream its client stopped after the first
+        event (a chat UI's stop button) or a replica cut, a request refused before any output
+        (vLLM's 400 for a ``max_tokens`` beyond the context): the output charged at the send
+        never ran, and must not push its tenant back in the fair-share order, nor count in
+        the served tokens, for a while after. One that never reached a replica (the gateway
+        refused it after flow control let it through, or its client left first) ran
+        nothing: it is charged nothing."""
+        charged = min(cost, float(max(0, req.spent_tokens())))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
         state.flow.done(tenant, cost)

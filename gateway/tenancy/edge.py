@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 
 from gateway.body import ClientPriorityMode, ClientSaltMode
 from gateway.errors import KvgateError
@@ -72,6 +73,16 @@ class TenantGate:
         if self.auth:
             return self._resolver.authenticate(token)
         return self._resolver.principal_for(NO_AUTH_TENANT)
+
+    def current(self, principal: Principal) -> Principal:
+        """`principal` on the policy in force now: a request released from flow control's
+        queue is planned on it, not on the one it arrived under (a policy change while it
+        waited moved its model to another pool, and it got a 503 for the pool removed)."""
+        now = self._resolver.policy
+        then = principal.policy
+        if now is None or then is None or now.version == then.version:
+            return principal
+        return replace(principal, policy=now)
 
     def salt(self, principal: Principal) -> str | None:
         return principal.cache_salt if self.salted else None

@@ -15,7 +15,9 @@ import yaml
 
 from gateway.admin import AdminToken
 from gateway.cli import admin as admin_cli
+from gateway.config import load_config
 from gateway.doctor import cli as doctor_cli
+from gateway.errors import ConfigError
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import InMemoryStore
 from tests.integration.test_admin_api import ADMIN_TOKEN, POLICY_DOC, serve_admin
@@ -176,7 +178,8 @@ async def test_policy_patch_changes_only_what_it_names(
         code, _, err = await _cli(capsys, "--url", url, "policy", "patch", str(patch),
                                   "--if-match", "1")
         assert code == 1 and "412" in err
-        monkeypatch.setattr("sys.stdin", io.StringIO('{"tiers": {"premium": {"spill_to": null}}}'))
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(  # (read as bytes, decoded as UTF-8)
+            io.BytesIO(b'{"tiers": {"premium": {"spill_to": null}}}')))
         code, out, err = await _cli(capsys, "--url", url, "policy", "patch", "-")
         assert code == 0, err
         assert "spill_to" not in json.loads(out)["tiers"]["premium"]
@@ -245,7 +248,8 @@ def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
 @pytest.mark.parametrize(("text", "reason"), [
     (b"pools:\n  a: [\n", "invalid YAML/JSON: expected the node content, but found "
                           "'<stream end>' at line 3, column 1"),
-    ("pools: {}\n".encode("utf-16"), "not UTF-8 text: save it as UTF-8"),
+    # worded as `kvgate config check` words it (`gateway.yamlerror.not_utf8`)
+    ("pools: {}\n".encode("utf-16"), "not UTF-8 text (byte 0xff at offset 0): save it as UTF-8"),
 ])
 def test_an_unreadable_policy_file_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
@@ -306,3 +310,19 @@ async def test_tenants_list_prints_every_page(
         listed = json.loads(out)
         assert [t["id"] for t in listed["data"]] == ["a", "b", "c", "d", "e"]
         assert (listed["first_id"], listed["last_id"], listed["has_more"]) == ("a", "e", False)
+
+
+def test_a_policy_file_not_utf8_is_worded_as_the_config_file_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One wording for one problem: `kvgate config check`/serve said where the bad byte is,
+    `kvgate admin policy put|patch` did not (and read the file in the locale's encoding)."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"pools: {}\n# caf\xe9\n")  # Latin-1
+    with pytest.raises(ConfigError) as config_error:
+        load_config(str(path), environ={})
+    config_reason = config_error.value.message.removeprefix(f"config file {path}: ")
+    assert admin_cli.main(["--url", f"http://127.0.0.1:{free_port()}", "policy", "put",
+                           str(path)]) == 1
+    assert capsys.readouterr().err == f"kvgate admin: policy file {path}: {config_reason}\n"

@@ -283,6 +283,31 @@ def test_a_replica_failing_some_requests_is_named_though_its_clients_see_none() 
     assert wrong == [], report["findings"]
 
 
+def test_the_only_replica_failing_every_request_is_named_and_stays_in_rotation() -> None:
+    """A pool's only replica answers vLLM's 500 for every request: kvgate keeps it in rotation
+    on purpose (no other replica can tell whether the requests are at fault), and its failures
+    were counted nowhere, so the doctor named the pool's 5xx but not the replica failing
+    them all. It names the replica (its failed share of attempts), never as down."""
+    sc = Scenario("lone-failing", "errors", "p", 0, {"p": _pool_of(1), "ok": _pool_of(1)},
+                  {"p": Load("", 4, "short", max_tokens=30),
+                   "ok": Load("", 1, "short", max_tokens=20)},
+                  faults={("p", 0): {"error_rate": 1.0}})
+    with Running(sc, scale=SCALE, thresholds=THRESHOLDS) as run:
+        results = run.run(LOAD_S)
+        report = run.report(LOAD_S)
+        target = run.target()
+    lone, ok = results  # (the loads' order: "p", then "ok")
+    assert lone.ok == 0 and lone.statuses.get(500, 0) > 0, lone
+    assert ok.ok > 0, ok
+    (finding,) = [f for f in _findings(report, *target) if f["class"] == "errors"]
+    assert finding["severity"] == "critical", finding
+    assert finding["summary"].endswith("clients get them"), finding
+    assert _evidence(finding, "kvgate_replica_failures_total")["value"] == 1.0
+    # the pool's own 5xx finding is right too; nothing else, and the replica is not down
+    wrong = [w for w in wrong_classes(report, sc, target) if w != "errors@p/None"]
+    assert wrong == [], report["findings"]
+
+
 def _cli(*args: str, token: str | None = ADMIN_TOKEN) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "KVGATE_ADMIN_TOKEN": token or ""}
     return subprocess.run([sys.executable, "-m", "gateway.cli", "doctor", *args], cwd=ROOT,

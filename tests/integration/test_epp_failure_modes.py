@@ -2,8 +2,8 @@
 itself gone (Envoy's ext_proc failure mode, the InferencePool's ``failureMode``):
 
 - FailClose (``failure_mode_allow: false``, kvgate's default bootstrap): Envoy answers 503
-  (its ``status_on_error``; a request caught mid-exchange may get a 500), and nothing reaches
-  a replica;
+  (its ``status_on_error``, a request caught mid-exchange too), OpenAI-shaped by the
+  bootstrap's local reply mapper, and nothing reaches a replica;
 - FailOpen (``failure_mode_allow: true``, here with an ``override_host`` cluster that can
   route unpicked requests): body-less requests (``GET /v1/models``) go on unpicked to some
   endpoint (Envoy's round robin), without kvgate's routing, tenancy or accounting; a request
@@ -18,8 +18,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
 
+from gateway.epp.envoy import PICKER_DOWN
 from tests.support.epp import EppProc, envoy_proc, epp_proc
 from tests.support.gateway import wait_for
 from tests.support.procs import Proc, sim_proc
@@ -78,6 +80,15 @@ def test_no_ready_endpoint_is_a_503_from_the_picker(stack: Stack) -> None:
              timeout=30, what="the replica back")
 
 
+def _picker_down(resp: httpx.Response) -> None:
+    """FailClose's answer, OpenAI-shaped by the bootstrap (Envoy's own was an empty 503, or
+    500 mid-exchange, that an SDK reads as no error at all)."""
+    assert resp.status_code == 503, resp.text
+    assert resp.headers["retry-after"] == "1"
+    assert resp.json() == {"error": {"message": PICKER_DOWN, "type": "ServiceUnavailableError",
+                                     "param": None, "code": 503}}
+
+
 def _logged(sim: str) -> int:
     return len(httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"])
 
@@ -90,8 +101,14 @@ def test_a_killed_picker_is_envoys_failure_mode(stack: Stack) -> None:
     stack.epp.kill()
     before = _logged(stack.sim)
     for _ in range(4):
-        assert _post(stack.fail_close).status_code in (500, 503)
-    assert httpx.get(f"{stack.fail_close}/v1/models", timeout=10).status_code in (500, 503)
+        _picker_down(_post(stack.fail_close))
+    _picker_down(httpx.get(f"{stack.fail_close}/v1/models", timeout=10))
+    with pytest.raises(openai.APIStatusError) as caught:
+        openai.OpenAI(base_url=f"{stack.fail_close}/v1", api_key="x", max_retries=0) \
+            .chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    body = caught.value.body  # the SDK's reading of it: the error object
+    assert caught.value.status_code == 503 and isinstance(body, dict), body
+    assert body["message"] == PICKER_DOWN
     assert _logged(stack.sim) == before  # FailClose: nothing went on unpicked
     for _ in range(4):
         resp = _post(stack.fail_open)

@@ -123,10 +123,11 @@ async def test_the_endpoint_envoy_went_past_is_charged_when_the_next_one_serves(
 
 async def test_a_500_on_a_pools_only_replica_does_not_eject_it(one: EppProc) -> None:
     """As on the HTTP edge: no other replica could try it, so nothing says whose fault it is;
-    charged, it ejected the pool's only replica."""
+    charged, it ejected the pool's only replica. Counted (the doctor names a replica failing
+    every request), not charged to its health."""
     for _ in range(3):
         assert await _exchange(one, 500, INTERNAL, retried=False) == 500
-    assert _failures(one) == 0 and _healthy(one) == 1
+    assert _failures(one) == 3 and _healthy(one) == 1
 
 
 ERROR_EVENTS = {
@@ -145,4 +146,4 @@ async def test_a_streams_error_event_on_a_pools_only_replica_does_not_eject_it(
              b'"InternalServerError","param":null,"code":500}}\n\ndata: [DONE]\n\n')
     for _ in range(3):
         await _exchange(one, 200, ERROR_EVENTS[before] + event, retried=False, stream=True)
-    assert _failures(one) == 0 and _healthy(one) == 1
+    assert _failures(one) == 3 and _healthy(one) == 1  # counted, not charged

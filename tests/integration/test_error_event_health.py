@@ -83,3 +83,33 @@ def _counted(metrics: str, replica: str) -> list[str]:
     return sorted(key.split('status="')[1].split('"')[0]
                   for key, n in metric_values(metrics, "kvgate_requests_total").items()
                   if f'replica="{host}"' in key for _ in range(int(n)))
+
+
+FIRST_EVENT = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+               b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\n\n')
+LONE_ANSWERS = {**ANSWERS, "mid-stream": sse_head() + chunked(FIRST_EVENT + ENGINE_ERROR)}
+
+
+@pytest.mark.parametrize("answer", list(LONE_ANSWERS))
+@pytest.mark.parametrize("edge", ["http", "envoy"])
+def test_a_lone_replica_failing_every_request_is_counted_not_ejected(
+        edge: str, answer: str) -> None:
+    """The pool's only replica answering vLLM's 500 for each request (not its dead engine's)
+    is kept in rotation on purpose: no other replica can tell whether the request or the
+    replica is at fault, and ejecting it refused every tenant. Its failures were counted
+    nowhere (`kvgate_replica_failures_total` stayed 0, and the doctor, which reads it, named
+    nothing): they are counted, and it stays in rotation."""
+    with BadReplica("m", LONE_ANSWERS[answer]) as bad:
+        for base, metrics in _edge(edge, [bad.url]):
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
+            for i in range(5):
+                with pytest.raises(openai.APIError):
+                    for _ in client.chat.completions.create(
+                            model="m", messages=[{"role": "user", "content": f"hi {i}"}],
+                            max_tokens=2, stream=True):
+                        pass
+            key = f'{{pool="p",replica="{bad.url.removeprefix("http://")}"}}'
+            assert bad.posts == 5  # every request reached it: never ejected
+            assert metric_values(metrics, "kvgate_replica_failures_total")[key] == 5
+            assert metric_values(metrics, "kvgate_replica_attempts_total")[key] == 5
+            assert metric_values(metrics, "kvgate_replica_healthy")[key] == 1

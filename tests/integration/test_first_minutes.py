@@ -224,6 +224,7 @@ NOT_HERE = "192.0.2.1"  # TEST-NET-1 (RFC 5737): never an address of this machin
 
 
 @pytest.mark.parametrize("cmd", [("serve", "--no-auth", "--upstream", "http://127.0.0.1:9"),
+                                 ("epp", "--no-auth", "--upstream", "http://127.0.0.1:9"),
                                  ("sim", "--model", "m")])
 def test_a_host_not_of_this_machine_says_to_change_the_host(cmd: tuple[str, ...]) -> None:
     """Not "choose another port": no port would do."""
@@ -232,7 +233,7 @@ def test_a_host_not_of_this_machine_says_to_change_the_host(cmd: tuple[str, ...]
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert len(lines) == 1, lines
-    assert lines[0].startswith(f"kvgate {cmd[0]}: cannot listen on {NOT_HERE}:{port}: "), lines
+    assert lines[0].startswith(f"kvgate {cmd[0]}: cannot listen on {NOT_HERE}:{port}"), lines
     assert "--host" in lines[0] and "--port" not in lines[0], lines
 
 
@@ -247,13 +248,18 @@ def test_serve_with_its_admin_port_in_use_names_that_setting(busy_port: int) -> 
         "(choose another admin port in server.admin_port or KVGATE_SERVER__ADMIN_PORT)"]
 
 
-@pytest.mark.parametrize("flag", ["--port", "--http-port"])
-def test_epp_on_a_port_in_use_is_one_line(busy_port: int, flag: str) -> None:
+@pytest.mark.parametrize(("flag", "hint"), [
+    ("--port", " (gRPC): address already in use (choose another gRPC port with --port (epp.port))"),
+    ("--http-port", ": address already in use (choose another HTTP port with --http-port "
+                    "(server.admin_port))")])
+def test_epp_on_a_port_in_use_is_one_line_naming_the_flag(
+        busy_port: int, flag: str, hint: str) -> None:
+    """As `kvgate serve`'s: it said why, not what to change."""
     result = run("epp", "--no-auth", "--host", "127.0.0.1", flag, str(busy_port),
                  "--upstream", "http://127.0.0.1:9")
     assert result.returncode == 1
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{busy_port}" in lines[0], lines
+    assert result.stderr.splitlines() == [
+        f"kvgate epp: cannot listen on 127.0.0.1:{busy_port}{hint}"]
     assert "Traceback" not in result.stdout + result.stderr
 
 

@@ -49,6 +49,7 @@ POLICY: dict[str, Any] = {
 }
 FLOW = {"enabled": True, "max_waiting": 0, "max_unanswered": 1, "tick_ms": 5}
 LONG = 4000  # tokens of a filler: ~25 s at the simulator's ~6 ms per step
+LONG_PROMPT = "Tell me about the weather in a city by the sea. " * 100  # ~1,200 tokens
 _ids = itertools.count()
 
 
@@ -383,6 +384,30 @@ def test_queued_requests_count_against_concurrency_once(s: Stack) -> None:
             assert resp.status_code == 200
 
 
+def test_clients_leaving_the_queue_give_back_their_concurrency_leases(s: Stack) -> None:
+    """Two queued requests of a tenant allowed two at once, whose clients give up while
+    they wait: their leases (in Redis) are released with them, so the tenant's next two
+    requests are not 429s for concurrency once the pool has room."""
+    key = s.tenant("capped")
+    saturate(s, s.tenant("free"))
+    gone = [Call(s.base, key, 5, timeout=1.0) for _ in range(2)]
+    for c in gone:
+        c.start()
+    queued(s, 2)
+    for c in gone:
+        c.join(5)
+        assert c.error is not None and c.status == 0
+    wait_for(lambda: depth(s.base) == 0, 2, "the queue to empty")
+    release(s)
+    wait_for(lambda: inflight(s.base) == 0, 30, "the fillers to end")
+    calls = [Call(s.base, key, 5) for _ in range(2)]
+    for c in calls:
+        c.start()
+    for c in calls:
+        c.join(30)
+        assert c.status == 200, c.error
+
+
 def test_explain_says_whether_a_request_would_queue(s: Stack) -> None:
     with admin_client(s.base, ADMIN) as admin:
         idle = admin.post("/route/explain", json={"tier": "free", "request": body(5)}).json()
@@ -407,14 +432,14 @@ def fill(s: Stack, key: str) -> None:
 
 
 def send_long(s: Stack, key: str, n: int) -> None:
-    """``key`` sends ``n`` long requests one after the other, leaving each at its first token:
-    tokens sent lately, none held."""
+    """``key`` sends ``n`` requests of a long prompt one after the other, each answered with a
+    token of output: tokens sent lately, none held. (Streams left at their first token no
+    longer count their ``max_tokens`` as sent: a request keeps what it used.)"""
+    client = sdk(s.base, key)
     for _ in range(n):
-        f = Filler(s.base, key, LONG)
-        f.start()
-        wait_for(partial(answered, f), 10, "the filler's first token")
-        f.stop()
-        f.join(10)
+        answer = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": LONG_PROMPT}], max_tokens=1)
+        assert answer.usage is not None and answer.usage.prompt_tokens > 1000, answer.usage
     wait_for(lambda: inflight(s.base) == 0, 10, "the requests to end")
 
 
@@ -457,7 +482,7 @@ def test_explain_says_one_long_holding_is_over_share_but_no_hog(s: Stack) -> Non
     (another tenant sent more, now finished) is over its share, not a hog: it is not held to
     spare room."""
     (holder, key), busy = s.tenant_with_id("free"), s.tenant("free")
-    send_long(s, busy, 5)
+    send_long(s, busy, 10)
     fill(s, key)
     others = [Call(s.base, s.tenant("free"), 30), Call(s.base, s.tenant("free"), 30)]
     for c in others:

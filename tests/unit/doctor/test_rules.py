@@ -471,6 +471,16 @@ def test_a_replica_failing_some_requests_in_rotation_is_named() -> None:
     assert classes(classify_replica(out, TH, CTX)) == ["down", "errors"]
 
 
+def test_the_only_replica_failing_its_requests_is_named_for_what_its_clients_see() -> None:
+    """A pool's only replica is never ejected for vLLM's 500 to a request: its clients get
+    every failure, and no failures in a row will take it out (the finding said both)."""
+    (f,) = [x for x in classify_replica(replica(attempts=200.0, failed=200.0), TH, CTX,
+                                        alone=True) if x.cls != "healthy"]
+    assert (f.cls, f.severity) == ("errors", "critical")
+    assert f.summary.endswith("no other can answer them, clients get them"), f.summary
+    assert "add a replica to the pool" in f.action and "in a row" not in f.action, f.action
+
+
 @pytest.mark.parametrize("kw", [
     dict(attempts=200.0, failed=9.0),  # under 5 %
     dict(attempts=19.0, failed=19.0),  # too few requests to judge

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gateway.config import KvgateConfig
-from gateway.epp.cli import DEFAULT_HTTP_PORT, build_parser, load, named_hosts
+from gateway.epp.cli import (
+    DEFAULT_HTTP_PORT,
+    build_parser,
+    load,
+    named_hosts,
+    stall_cut_by_envoy,
+)
 
 
 def _cfg(*argv: str) -> KvgateConfig:
@@ -55,3 +61,23 @@ def test_replicas_listed_by_name_are_warned_about(
         assert warnings == []
     else:
         assert len(warnings) == 1 and named in warnings[0]
+
+
+@pytest.mark.parametrize(("first_byte", "idle", "warned"), [
+    (None, None, False),  # the defaults: 300 s above 120 s
+    ("3", "3", True),  # Envoy's per-try idle timeout fires with the picker's: it may win
+    ("2", "3", True),
+    ("4", "2", False),
+])
+def test_a_first_byte_timeout_not_above_the_idle_one_is_warned_about(
+    monkeypatch: pytest.MonkeyPatch, first_byte: str | None, idle: str | None, warned: bool,
+) -> None:
+    """Probed through Envoy with both at 3 s: a stalled stream ended in a reset (a broken
+    chunked body) instead of the picker's idle-timeout error event, and nothing said why."""
+    monkeypatch.setenv("KVGATE_CONFIG", "")
+    for name, value in (("FIRST_BYTE", first_byte), ("IDLE", idle)):
+        if value is not None:
+            monkeypatch.setenv(f"KVGATE_UPSTREAM__{name}_TIMEOUT_S", value)
+    warnings = stall_cut_by_envoy(_cfg("--upstream", "http://10.0.0.1:8000"))
+    assert len(warnings) == int(warned)
+    assert all("upstream.first_byte_timeout_s" in w for w in warnings)

@@ -1,0 +1,155 @@
+"""A policy change (``PUT /admin/policy``) while a request waits in flow control's queue: the
+request is planned, once released, on the policy in force then, not on the one it arrived
+under. The policy moved the model to a new pool (its old pool removed): the waiting request
+was let through at once to be planned again -- on its old snapshot, whose pool no longer runs
+here -- and its client got 503 "The pool for `m` is not running here." A real gateway, two
+simulated replicas, the official openai client.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.support.gateway import (
+    AUTH_SECRET,
+    admin_client,
+    gateway_proc,
+    inflight,
+    metric_values,
+    wait_for,
+)
+from tests.support.procs import Proc, sim_proc
+
+ADMIN = "flow-policy-admin-token-0123456789"
+FLOW = {"enabled": True, "max_waiting": 0, "max_unanswered": 1, "tick_ms": 5}
+
+
+class Filler(threading.Thread):
+    """A long stream that keeps a seat of the replica busy until stopped."""
+
+    def __init__(self, base: str, key: str) -> None:
+        super().__init__(daemon=True)
+        self.base, self.key = base, key
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        body = {"model": "m", "stream": True, "max_tokens": 4000, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "fill"}]}
+        with httpx.Client(timeout=60) as c, c.stream(
+                "POST", f"{self.base}/v1/chat/completions", json=body,
+                headers={"Authorization": f"Bearer {self.key}"}) as resp:
+            for _ in resp.iter_raw():
+                if self.halt.is_set():
+                    return
+
+
+@pytest.fixture
+def fleet() -> Iterator[tuple[str, str, str]]:
+    """(gateway base, the saturated replica's URL, the idle one's URL)."""
+    procs: list[Proc] = []
+    try:
+        busy, busy_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
+        idle, idle_url = sim_proc(None, "--time-scale", "50", model="s")
+        procs += [busy.start(), idle.start()]
+        config = {"pools": {"p": {"served_model": "s", "replicas": [busy_url]}},
+                  "models": {"m": {"default": "p"}}, "tiers": {"default": {}, "free": {}},
+                  "routing": {"scrape_interval_ms": 50}, "flow": FLOW}
+        gw, base = gateway_proc(config=config, auth=True, env={
+            "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+        procs.append(gw.start())
+        yield base, busy_url, idle_url
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def _depth(base: str) -> float:
+    return sum(metric_values(base, "kvgate_flow_queue_depth").values())
+
+
+def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """A request of a free tenant queued behind three fillers in pool p while the policy
+    changes (``change`` edits the document): its answer (``replica``, ``route``, ``text``,
+    ``after_s``: seconds from the change) or ``error``, taken while the fillers still run."""
+    with admin_client(base, ADMIN) as admin:
+        assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
+        key = admin.post("/tenants/t/keys").json()["key"]
+    fillers = [Filler(base, key) for _ in range(3)]
+    answer: dict[str, Any] = {}
+    try:
+        for f in fillers:  # two run, a third waits inside the engine: saturated
+            f.start()
+            time.sleep(0.15)
+        wait_for(lambda: metric_values(base, "kvgate_flow_saturated").get('{pool="p"}') == 1.0,
+                 10, "the pool to be saturated")
+
+        def queued() -> None:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
+                                   timeout=30)
+            try:
+                raw = client.chat.completions.with_raw_response.create(
+                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+                answer["after_s"] = time.monotonic() - changed
+                answer["replica"] = raw.headers["x-kvgate-replica"]
+                answer["route"] = raw.headers["x-kvgate-route"]
+                answer["text"] = raw.parse().choices[0].message.content
+            except openai.APIStatusError as exc:
+                answer["error"] = f"{exc.status_code} {exc.message}"
+
+        waiter = threading.Thread(target=queued)
+        changed = time.monotonic() + 3600.0  # (set when the policy changes)
+        waiter.start()
+        wait_for(lambda: _depth(base) == 1, 10, "the request to queue")
+        with admin_client(base, ADMIN) as admin:
+            doc = admin.get("/policy").json()
+            change(doc)
+            changed = time.monotonic()
+            assert admin.put("/policy", json=doc).status_code == 200
+        waiter.join(30)
+    finally:
+        for f in fillers:
+            f.halt.set()
+        for f in fillers:
+            f.join(30)
+    wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
+    return answer
+
+
+def test_a_queued_request_is_planned_on_the_policy_in_force_when_released(
+        fleet: tuple[str, str, str]) -> None:
+    base, _, idle_url = fleet
+
+    def moved(doc: dict[str, Any]) -> None:  # the model moves to a new pool, p removed
+        doc["pools"] = {"q": {"served_model": "s", "replicas": [idle_url]}}
+        doc["models"] = {"m": {"default": "q"}}
+
+    answer = _queued_through(base, moved)
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
+
+
+def test_a_queued_request_moves_to_the_new_pool_of_its_model_when_the_old_one_stays(
+        fleet: tuple[str, str, str]) -> None:
+    """The policy moves the model to a new pool and keeps the old one (another model may
+    use it): the request queued for the old pool stayed there, behind its saturation (here
+    some 25 s of fillers), while new requests went to the idle new pool. It is moved there
+    at once, as the policy in force sends it."""
+    base, busy_url, idle_url = fleet
+
+    def moved(doc: dict[str, Any]) -> None:
+        doc["pools"] = {"p": {"served_model": "s", "replicas": [busy_url]},
+                        "q": {"served_model": "s", "replicas": [idle_url]}}
+        doc["models"] = {"m": {"default": "q"}, "old": {"default": "p"}}
+
+    answer = _queued_through(base, moved)
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
+    assert answer["route"] == "queued", answer  # it waited (in p), then went to q
+    assert answer["after_s"] < 5, answer  # not when p has room again
