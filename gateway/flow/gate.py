@@ -33,6 +33,7 @@ request that waited.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -83,13 +84,16 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
     change, `move`; False: released), who sent it and for which model (where a policy
-    change sends it) and, once offered, its queue entry."""
+    change sends it), when it was first queued (``since``: a move does not restart its
+    wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "model", "principal", "state")
+    __slots__ = ("entry", "fut", "model", "principal", "since", "state")
 
-    def __init__(self, fut: asyncio.Future[bool], principal: Principal, model: str) -> None:
+    def __init__(
+        self, fut: asyncio.Future[bool], principal: Principal, model: str, since: float,
+    ) -> None:
         self.fut = fut
-        self.principal, self.model = principal, model
+        self.principal, self.model, self.since = principal, model, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -147,17 +151,24 @@ class FlowGate:
         """The plan to pick a replica from, now or after waiting (see the module docstring).
         ``gone``: returns when the client has left (a queued request is then dropped). A
         policy change that sends a queued request to another pool moves it there: it is
-        admitted again on the policy in force (`policy_changed`)."""
+        admitted again on the policy in force (`policy_changed`), within the deadline it got
+        when first queued."""
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
+        since: float | None = None  # when first queued: a move keeps its deadline
+        deadline = math.inf
         while True:
             cost = self._cost(plan, parsed)
             state = self._state(plan.pool.name)
             sent = self._pass(req, principal, parsed, plan, state, cost, now)
             if sent is not None:
                 return sent
-            if not await self._wait(req, principal, parsed, state, cost, now, gone):
+            since = now if since is None else since
+            kept = await self._wait(req, principal, parsed, state, cost, now, gone,
+                                    since, deadline)
+            if kept is None:  # released
                 break
+            deadline = kept
             now = self._clock()  # moved: its pool changed while it waited
             principal = self._planner.gate.current(principal)
             plan = self._planner.plan(principal, parsed, req.kind, now)
@@ -226,15 +237,20 @@ class FlowGate:
     async def _wait(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
         cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
-    ) -> bool:
-        """Queued in ``state``'s pool until released (False) or moved to another pool by a
-        policy change (True); raises when shed, abandoned or interrupted."""
+        since: float, deadline: float,
+    ) -> float | None:
+        """Queued in ``state``'s pool until released (None) or moved to another pool by a
+        policy change (its deadline, which it keeps there); raises when shed, abandoned or
+        interrupted. Its deadline: its tier's ``max_wait_s`` from now, or ``deadline`` (the
+        one it got where it was first queued, ``since``) when that comes first, so a move
+        does not restart its wait."""
         doc = _doc(principal, self._pools)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
+        max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, parsed.model)
+        ticket = _Ticket(loop.create_future(), principal, parsed.model, since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -287,11 +303,11 @@ class FlowGate:
                     loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
         if moved:
-            return True
+            return ticket.entry.deadline
         self.metrics.child(self.metrics.wait, req.tier).observe(waited)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
-        return False
+        return None
 
     def _left(self, state: _PoolState, ticket: _Ticket) -> None:
         """The client disconnected while queued: out of the queue now, not at its turn."""
@@ -352,7 +368,7 @@ class FlowGate:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
-        retry = state.flow.queue.retry_after(entry.band, now, now - entry.enqueued_at)
+        retry = state.flow.queue.retry_after(entry.band, now, now - entry.handle.since)
         entry.handle.fail(QueueShed(
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
