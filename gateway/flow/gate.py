@@ -24,10 +24,10 @@ A queued request holds its concurrency lease (it counts once, as it did before q
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
 as important as a top-band one: the pool is overloaded), moved (a policy change sends it to
-another pool: it is admitted again there, `FlowGate.policy_changed`), abandoned (its client
-disconnected: removed at once, the proxy settles the admission), or interrupted at the end of
-the shutdown grace (503). `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a
-request that waited.
+another pool: it is admitted again there, within the deadline of its first queue,
+`FlowGate.policy_changed`), abandoned (its client disconnected: removed at once, the proxy
+settles the admission), or interrupted at the end of the shutdown grace (503).
+`x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
 from __future__ import annotations
