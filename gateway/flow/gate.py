@@ -58,7 +58,7 @@ from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
-from routing.flow import Entry, PoolFlow, replica_reasons
+from routing.flow import Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision
@@ -158,8 +158,8 @@ class FlowGate:
         since: float | None = None  # when first queued: a move keeps its deadline
         deadline = math.inf
         while True:
-            cost = self._cost(plan, parsed)
-            state = self._state(plan.pool.name)
+            cost = self.cost_of(plan, parsed)
+            state = self.state(plan.pool.name)
             sent = self._pass(req, principal, parsed, plan, state, cost, now)
             if sent is not None:
                 return sent
@@ -175,7 +175,7 @@ class FlowGate:
         now = self._clock()
         # planned again on the policy in force now (it may have changed while this waited)
         plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
-        return self._narrow(self._state(plan.pool.name), plan, self._peers(now),
+        return self._narrow(self.state(plan.pool.name), plan, self.peers(now),
                             principal.tenant_id, cost, now)
 
     def _pass(
@@ -184,16 +184,16 @@ class FlowGate:
     ) -> Plan | None:
         """The plan when the request goes now: straight through, or spilled over to another
         pool with room; None when it has to wait in ``state``'s queue."""
-        peers = self._peers(now)
+        peers = self.peers(now)
         tenant = principal.tenant_id
-        weight = _doc(principal, self._pools).flow_class(principal.tier, tenant)[1]
+        weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
-        alt = self._spill(req.kind, principal, parsed, plan, now, peers)
+        alt = self.spill(req.kind, principal, parsed, plan, now, peers)
         if alt is None:
             return None
-        alt_state = self._state(alt.pool.name)
+        alt_state = self.state(alt.pool.name)
         alt_state.flow.sent(tenant, cost, now, weight)
         self._sent(alt_state, req, tenant, cost)
         return self._narrow(alt_state, alt, peers, tenant, cost, now)
@@ -215,21 +215,21 @@ class FlowGate:
             return decision
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
 
-    def _spill(
+    def spill(
         self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
         now: float, peers: Mapping[str, ReplicaLoad],
     ) -> Plan | None:
         """The tier's spill-over, tried before queueing: a plan for another pool with room."""
         if plan.spilled:
             return None
-        doc = _doc(principal, self._pools)
+        doc = self.doc(principal)
         tier = doc.tiers.get(principal.tier)
         if tier is None or (tier.spill_to is None and tier.borrow_from is None):
             return None
         alt = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if alt.pool is plan.pool:
             return None
-        other = self._state(alt.pool.name).flow
+        other = self.state(alt.pool.name).flow
         if other.queue or other.saturated(alt.views, peers):
             return None
         return alt
@@ -244,7 +244,7 @@ class FlowGate:
         interrupted. Its deadline: its tier's ``max_wait_s`` from now, or ``deadline`` (the
         one it got where it was first queued, ``since``) when that comes first, so a move
         does not restart its wait."""
-        doc = _doc(principal, self._pools)
+        doc = self.doc(principal)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
         max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
@@ -352,7 +352,7 @@ class FlowGate:
                 out = flow.pop(now)
             else:
                 views = [r.view(now) for r in pool.replicas]
-                out = flow.release(views, now, self._peers(now))
+                out = flow.release(views, now, self.peers(now))
             if out is None:
                 break
             ticket = out.handle
@@ -384,8 +384,17 @@ class FlowGate:
             f"The model's replicas are saturated and the queue is full; retry after {retry}s.",
             retry_after_s=retry)
 
-    # -- state --------------------------------------------------------------------------------
-    def _state(self, pool: str) -> _PoolState:
+    # -- state (read by gateway/flow/explain.py too) -------------------------------------------
+    @property
+    def core(self) -> FlowConfig:
+        return self._core
+
+    def doc(self, principal: Principal) -> PolicyDoc:
+        """The policy ``principal`` was resolved under (the pools' when it carries none)."""
+        snap = principal.policy
+        return snap.doc if snap is not None else self._pools.doc
+
+    def state(self, pool: str) -> _PoolState:
         state = self._states.get(pool)
         if state is None:
             state = self._states[pool] = _PoolState(pool, PoolFlow(self._core))
@@ -396,11 +405,11 @@ class FlowGate:
             state.flow.queue.set_shares(doc.fairness.min_share, doc.fairness.default_min_share)
             state.doc = doc
 
-    def _peers(self, now: float) -> Mapping[str, ReplicaLoad]:
+    def peers(self, now: float) -> Mapping[str, ReplicaLoad]:
         peers = self._router.peers
         return peers.totals(now) if peers is not None else _NO_PEERS
 
-    def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
+    def cost_of(self, plan: Plan, parsed: ParsedBody) -> float:
         return asked_tokens(parsed, plan.features.prompt_tokens, self._expected,
                             plan.pool.max_model_len)
 
@@ -443,62 +452,4 @@ class FlowGate:
 
     def saturated(self, pool: Pool, now: float) -> bool:
         views = [r.view(now) for r in pool.replicas]
-        return self._state(pool.name).flow.saturated(views, self._peers(now))
-
-    # -- explain ------------------------------------------------------------------------------
-    def pool_state(self, pool: Pool, now: float) -> dict[str, Any]:
-        """For `GET /admin/replicas`: the pool's queue and whether it is saturated."""
-        state = self._states.get(pool.name)
-        return {"saturated": self.saturated(pool, now),
-                "queued": len(state.flow.queue) if state is not None else 0,
-                "bands": {str(b): n for b, n in state.flow.queue.depth().items()}
-                if state is not None else {}}
-
-    def explain(
-        self, principal: Principal, plan: Plan, parsed: ParsedBody, kind: str, now: float
-    ) -> tuple[dict[str, Any], Plan]:
-        """Would this request queue, and what would it wait behind (nothing is queued); where
-        its tenant stands against the share cap (`PoolFlow.standing`). With the plan dispatch
-        would pick from: where it would wait, `admit` first tries the tier's spill-over."""
-        info = self._standing(principal, plan, parsed, now)
-        if info["would_queue"]:
-            alt = self._spill(kind, principal, parsed, plan, now, self._peers(now))
-            if alt is not None:
-                return {**info, "would_queue": False, "spills_to": alt.pool.name}, alt
-        return info, plan
-
-    def _standing(
-        self, principal: Principal, plan: Plan, parsed: ParsedBody, now: float
-    ) -> dict[str, Any]:
-        doc = _doc(principal, self._pools)
-        band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
-        state = self._state(plan.pool.name)
-        peers = self._peers(now)
-        saturated = state.flow.saturated(plan.views, peers)
-        queued = len(state.flow.queue)
-        cost = self._cost(plan, parsed)
-        share = state.flow.standing(principal.tenant_id, plan.views, cost, now, peers)
-        no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
-        est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
-        if no_spare and not (saturated or queued):
-            est = None  # it waits for spare room, not behind the queue
-        return {
-            "enabled": True, "pool": plan.pool.name, "saturated": saturated,
-            "would_queue": saturated or queued > 0 or no_spare, "queued": queued,
-            "band": band, "weight": weight, "max_wait_s": max_wait, "cost_tokens": cost,
-            "ahead_tokens": state.flow.queue.ahead(band),
-            "inflight_share": round(share.inflight_share, 4),
-            "recent_share": round(share.recent_share, 4),
-            "fair_share": round(share.fair_share, 4) if share.fair_share is not None else None,
-            "share_cap": self._core.share_cap,
-            "over_share": share.over_share, "hog": share.hog,
-            "spare_replicas": list(share.spare) if share.spare is not None else None,
-            "waits_for_spare": no_spare,
-            "estimated_wait_s": round(est, 3) if est is not None else None,
-            "replicas": replica_reasons(plan.views, self._core.saturation, peers),
-        }
-
-
-def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
-    snap = principal.policy
-    return snap.doc if snap is not None else pools.doc
+        return self.state(pool.name).flow.saturated(views, self.peers(now))
