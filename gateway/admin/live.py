@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest, NotFound
-from gateway.flow import FlowGate
+from gateway.flow import FlowGate, flow_explain, pool_state
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
 from gateway.prepare import Preparer
@@ -58,7 +58,7 @@ class LiveViews:
                 "replicas": [self._replica(r, now, peers) for r in pool.replicas],
             }
             if self.flow is not None:  # flow control's queue for this pool
-                entry["flow"] = self.flow.pool_state(pool, now)
+                entry["flow"] = pool_state(self.flow, pool, now)
             data.append(entry)
         out: dict[str, Any] = {
             "object": "list", "policy_version": snap.version if snap else 0, "data": data}
@@ -110,7 +110,7 @@ class LiveViews:
         # tier's spill-over is tried first: the plan the pick is made from
         flow: dict[str, Any] = {"enabled": False, "would_queue": False}
         if self.flow is not None:
-            flow, plan = self.flow.explain(principal, plan, parsed, kind, now)
+            flow, plan = flow_explain(self.flow, principal, plan, parsed, kind, now)
         # several gateways: would the pick be held for the lower ranks' (`Router.defer_s`)?
         # then it is explained as it would be made, without a turn
         held_s = 0.0

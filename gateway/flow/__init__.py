@@ -2,8 +2,9 @@
 the pure core (`routing.flow`); docs/flow-control.md.
 
 - `gate.py`: `FlowGate` -- admit (straight through, spill-over, or wait in the pool's queue),
-  the pump that releases queued requests, each request's share of its pool until it is over,
-  and route explain's view of it.
+  the pump that releases queued requests, each request's share of its pool until it is over.
+- `explain.py`: `flow_explain`, `pool_state` -- flow control as route explain and
+  ``GET /admin/replicas`` show it (read only).
 - `cost.py`: `asked_tokens` -- what a request may consume (its prompt plus ``n`` x the output
   asked for; an embedding its prompt alone), held by flow control, reserved by TPM admission.
 - `metrics.py`: the ``kvgate_flow_*`` families -- counters, and the queue gauges read when
@@ -11,6 +12,7 @@ the pure core (`routing.flow`); docs/flow-control.md.
 """
 
 from gateway.flow.cost import asked_tokens
+from gateway.flow.explain import flow_explain, pool_state
 from gateway.flow.gate import FlowGate, until_disconnect
 
-__all__ = ["FlowGate", "asked_tokens", "until_disconnect"]
+__all__ = ["FlowGate", "asked_tokens", "flow_explain", "pool_state", "until_disconnect"]

@@ -24,15 +24,16 @@ A queued request holds its concurrency lease (it counts once, as it did before q
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
 as important as a top-band one: the pool is overloaded), moved (a policy change sends it to
-another pool: it is admitted again there, `FlowGate.policy_changed`), abandoned (its client
-disconnected: removed at once, the proxy settles the admission), or interrupted at the end of
-the shutdown grace (503). `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a
-request that waited.
+another pool: it is admitted again there, within the deadline of its first queue,
+`FlowGate.policy_changed`), abandoned (its client disconnected: removed at once, the proxy
+settles the admission), or interrupted at the end of the shutdown grace (503).
+`x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from functools import partial
@@ -57,7 +58,7 @@ from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
-from routing.flow import Entry, PoolFlow, replica_reasons
+from routing.flow import Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision
@@ -83,13 +84,16 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
     change, `move`; False: released), who sent it and for which model (where a policy
-    change sends it) and, once offered, its queue entry."""
+    change sends it), when it was first queued (``since``: a move does not restart its
+    wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "model", "principal", "state")
+    __slots__ = ("entry", "fut", "model", "principal", "since", "state")
 
-    def __init__(self, fut: asyncio.Future[bool], principal: Principal, model: str) -> None:
+    def __init__(
+        self, fut: asyncio.Future[bool], principal: Principal, model: str, since: float,
+    ) -> None:
         self.fut = fut
-        self.principal, self.model = principal, model
+        self.principal, self.model, self.since = principal, model, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -147,24 +151,31 @@ class FlowGate:
         """The plan to pick a replica from, now or after waiting (see the module docstring).
         ``gone``: returns when the client has left (a queued request is then dropped). A
         policy change that sends a queued request to another pool moves it there: it is
-        admitted again on the policy in force (`policy_changed`)."""
+        admitted again on the policy in force (`policy_changed`), within the deadline it got
+        when first queued."""
         now = self._clock()
         plan = self._planner.plan(principal, parsed, req.kind, now)
+        since: float | None = None  # when first queued: a move keeps its deadline
+        deadline = math.inf
         while True:
-            cost = self._cost(plan, parsed)
-            state = self._state(plan.pool.name)
+            cost = self.cost_of(plan, parsed)
+            state = self.state(plan.pool.name)
             sent = self._pass(req, principal, parsed, plan, state, cost, now)
             if sent is not None:
                 return sent
-            if not await self._wait(req, principal, parsed, state, cost, now, gone):
+            since = now if since is None else since
+            kept = await self._wait(req, principal, parsed, state, cost, now, gone,
+                                    since, deadline)
+            if kept is None:  # released
                 break
+            deadline = kept
             now = self._clock()  # moved: its pool changed while it waited
             principal = self._planner.gate.current(principal)
             plan = self._planner.plan(principal, parsed, req.kind, now)
         now = self._clock()
         # planned again on the policy in force now (it may have changed while this waited)
         plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
-        return self._narrow(self._state(plan.pool.name), plan, self._peers(now),
+        return self._narrow(self.state(plan.pool.name), plan, self.peers(now),
                             principal.tenant_id, cost, now)
 
     def _pass(
@@ -173,16 +184,16 @@ class FlowGate:
     ) -> Plan | None:
         """The plan when the request goes now: straight through, or spilled over to another
         pool with room; None when it has to wait in ``state``'s queue."""
-        peers = self._peers(now)
+        peers = self.peers(now)
         tenant = principal.tenant_id
-        weight = _doc(principal, self._pools).flow_class(principal.tier, tenant)[1]
+        weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
-        alt = self._spill(req.kind, principal, parsed, plan, now, peers)
+        alt = self.spill(req.kind, principal, parsed, plan, now, peers)
         if alt is None:
             return None
-        alt_state = self._state(alt.pool.name)
+        alt_state = self.state(alt.pool.name)
         alt_state.flow.sent(tenant, cost, now, weight)
         self._sent(alt_state, req, tenant, cost)
         return self._narrow(alt_state, alt, peers, tenant, cost, now)
@@ -204,21 +215,21 @@ class FlowGate:
             return decision
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
 
-    def _spill(
+    def spill(
         self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
         now: float, peers: Mapping[str, ReplicaLoad],
     ) -> Plan | None:
         """The tier's spill-over, tried before queueing: a plan for another pool with room."""
         if plan.spilled:
             return None
-        doc = _doc(principal, self._pools)
+        doc = self.doc(principal)
         tier = doc.tiers.get(principal.tier)
         if tier is None or (tier.spill_to is None and tier.borrow_from is None):
             return None
         alt = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if alt.pool is plan.pool:
             return None
-        other = self._state(alt.pool.name).flow
+        other = self.state(alt.pool.name).flow
         if other.queue or other.saturated(alt.views, peers):
             return None
         return alt
@@ -226,15 +237,20 @@ class FlowGate:
     async def _wait(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
         cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
-    ) -> bool:
-        """Queued in ``state``'s pool until released (False) or moved to another pool by a
-        policy change (True); raises when shed, abandoned or interrupted."""
-        doc = _doc(principal, self._pools)
+        since: float, deadline: float,
+    ) -> float | None:
+        """Queued in ``state``'s pool until released (None) or moved to another pool by a
+        policy change (its deadline, which it keeps there); raises when shed, abandoned or
+        interrupted. Its deadline: its tier's ``max_wait_s`` from now, or ``deadline`` (the
+        one it got where it was first queued, ``since``) when that comes first, so a move
+        does not restart its wait."""
+        doc = self.doc(principal)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
+        max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, parsed.model)
+        ticket = _Ticket(loop.create_future(), principal, parsed.model, since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -287,11 +303,11 @@ class FlowGate:
                     loop.call_soon(self._pump, state)
         req.queued_s = waited = perf_counter() - t0
         if moved:
-            return True
+            return ticket.entry.deadline
         self.metrics.child(self.metrics.wait, req.tier).observe(waited)
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
-        return False
+        return None
 
     def _left(self, state: _PoolState, ticket: _Ticket) -> None:
         """The client disconnected while queued: out of the queue now, not at its turn."""
@@ -336,7 +352,7 @@ class FlowGate:
                 out = flow.pop(now)
             else:
                 views = [r.view(now) for r in pool.replicas]
-                out = flow.release(views, now, self._peers(now))
+                out = flow.release(views, now, self.peers(now))
             if out is None:
                 break
             ticket = out.handle
@@ -352,7 +368,7 @@ class FlowGate:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
-        retry = state.flow.queue.retry_after(entry.band, now, now - entry.enqueued_at)
+        retry = state.flow.queue.retry_after(entry.band, now, now - entry.handle.since)
         entry.handle.fail(QueueShed(
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
@@ -368,8 +384,17 @@ class FlowGate:
             f"The model's replicas are saturated and the queue is full; retry after {retry}s.",
             retry_after_s=retry)
 
-    # -- state --------------------------------------------------------------------------------
-    def _state(self, pool: str) -> _PoolState:
+    # -- state (read by gateway/flow/explain.py too) -------------------------------------------
+    @property
+    def core(self) -> FlowConfig:
+        return self._core
+
+    def doc(self, principal: Principal) -> PolicyDoc:
+        """The policy ``principal`` was resolved under (the pools' when it carries none)."""
+        snap = principal.policy
+        return snap.doc if snap is not None else self._pools.doc
+
+    def state(self, pool: str) -> _PoolState:
         state = self._states.get(pool)
         if state is None:
             state = self._states[pool] = _PoolState(pool, PoolFlow(self._core))
@@ -380,11 +405,11 @@ class FlowGate:
             state.flow.queue.set_shares(doc.fairness.min_share, doc.fairness.default_min_share)
             state.doc = doc
 
-    def _peers(self, now: float) -> Mapping[str, ReplicaLoad]:
+    def peers(self, now: float) -> Mapping[str, ReplicaLoad]:
         peers = self._router.peers
         return peers.totals(now) if peers is not None else _NO_PEERS
 
-    def _cost(self, plan: Plan, parsed: ParsedBody) -> float:
+    def cost_of(self, plan: Plan, parsed: ParsedBody) -> float:
         return asked_tokens(parsed, plan.features.prompt_tokens, self._expected,
                             plan.pool.max_model_len)
 
@@ -427,62 +452,4 @@ class FlowGate:
 
     def saturated(self, pool: Pool, now: float) -> bool:
         views = [r.view(now) for r in pool.replicas]
-        return self._state(pool.name).flow.saturated(views, self._peers(now))
-
-    # -- explain ------------------------------------------------------------------------------
-    def pool_state(self, pool: Pool, now: float) -> dict[str, Any]:
-        """For `GET /admin/replicas`: the pool's queue and whether it is saturated."""
-        state = self._states.get(pool.name)
-        return {"saturated": self.saturated(pool, now),
-                "queued": len(state.flow.queue) if state is not None else 0,
-                "bands": {str(b): n for b, n in state.flow.queue.depth().items()}
-                if state is not None else {}}
-
-    def explain(
-        self, principal: Principal, plan: Plan, parsed: ParsedBody, kind: str, now: float
-    ) -> tuple[dict[str, Any], Plan]:
-        """Would this request queue, and what would it wait behind (nothing is queued); where
-        its tenant stands against the share cap (`PoolFlow.standing`). With the plan dispatch
-        would pick from: where it would wait, `admit` first tries the tier's spill-over."""
-        info = self._standing(principal, plan, parsed, now)
-        if info["would_queue"]:
-            alt = self._spill(kind, principal, parsed, plan, now, self._peers(now))
-            if alt is not None:
-                return {**info, "would_queue": False, "spills_to": alt.pool.name}, alt
-        return info, plan
-
-    def _standing(
-        self, principal: Principal, plan: Plan, parsed: ParsedBody, now: float
-    ) -> dict[str, Any]:
-        doc = _doc(principal, self._pools)
-        band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
-        state = self._state(plan.pool.name)
-        peers = self._peers(now)
-        saturated = state.flow.saturated(plan.views, peers)
-        queued = len(state.flow.queue)
-        cost = self._cost(plan, parsed)
-        share = state.flow.standing(principal.tenant_id, plan.views, cost, now, peers)
-        no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
-        est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
-        if no_spare and not (saturated or queued):
-            est = None  # it waits for spare room, not behind the queue
-        return {
-            "enabled": True, "pool": plan.pool.name, "saturated": saturated,
-            "would_queue": saturated or queued > 0 or no_spare, "queued": queued,
-            "band": band, "weight": weight, "max_wait_s": max_wait, "cost_tokens": cost,
-            "ahead_tokens": state.flow.queue.ahead(band),
-            "inflight_share": round(share.inflight_share, 4),
-            "recent_share": round(share.recent_share, 4),
-            "fair_share": round(share.fair_share, 4) if share.fair_share is not None else None,
-            "share_cap": self._core.share_cap,
-            "over_share": share.over_share, "hog": share.hog,
-            "spare_replicas": list(share.spare) if share.spare is not None else None,
-            "waits_for_spare": no_spare,
-            "estimated_wait_s": round(est, 3) if est is not None else None,
-            "replicas": replica_reasons(plan.views, self._core.saturation, peers),
-        }
-
-
-def _doc(principal: Principal, pools: Pools) -> PolicyDoc:
-    snap = principal.policy
-    return snap.doc if snap is not None else pools.doc
+        return self.state(pool.name).flow.saturated(views, self.peers(now))

@@ -6,7 +6,9 @@ For each healthy candidate r (all terms in prompt tokens unless noted):
                  it was sent, as r's whole queue drains: the work other gateways sent there
                  joins it, `PendingWork.arrived`), its own plus other gateways' (shared
                  state, published undrained: only the part the request's own prefix waits
-                 for drains, `_waited_for`; capped by the fleet's in-flight prompt tokens) +
+                 for drains, `_waited_for`, or, while the replicas' scraped queues overload
+                 the fleet, all of it with ours, `_overloaded`; capped by the fleet's
+                 in-flight prompt tokens) +
                  requests the scrape shows waiting beyond kvgate's own x the mean request
                  size (only when the scrape is fresh)
     decode_r   = requests decoding on r x decode_weight_tokens (chunked prefill shares steps)
@@ -84,6 +86,11 @@ _MASK64 = (1 << 64) - 1
 _TURN_RELATIVE = 0.1
 _TURN_MEAN_REQUESTS = 0.5
 
+# several gateways: while the fleet's scraped waiting requests (mean requests) per replica
+# would take longer than this to prefill at the fleet's rate, the peers' pending work drains
+# in the cost as our own does (`_overloaded`)
+_OVERLOAD_S = 0.25
+
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
 # uncached, TTFT fit as learned, kv usage, fleet-wide in-flight requests)
 _Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float, int]
@@ -132,6 +139,7 @@ class CacheAware:
         claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
+        drain = peers is not None and _overloaded(ctx.views, stale, mean_req * fleet_spt)
         second = -1  # the second longest match among the candidates (< 0: not yet)
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
@@ -166,7 +174,12 @@ class CacheAware:
                         second = sorted([0, *[mget(o.id, 0) for o in ctx.views]])[-2]
                     if m > second:  # no other candidate matches as much as r
                         peer -= _waited_for(c, want, m, now, spt, cached)
-                own += peer if peer > 0.0 else 0.0
+                if peer > 0.0:
+                    if drain and p is not None and inflight > 0:
+                        # the fleet overloaded: what is left of r's joined queue, theirs too
+                        own = p.fluid_left(now, 1.0 / spt, peer)
+                    else:
+                        own += peer
                 own_reqs += 1
             if gateway > 0 and (own > gateway or not own_reqs):
                 own = float(gateway)
@@ -356,6 +369,22 @@ def _in_burst(ctx: PickContext) -> bool:
     differences are worth (one gateway's p50 +8 %); half of them keeps the median.
     (docs/shared-state.md, "Bursts")"""
     return ctx.gateways > 1 and ctx.turn >= ctx.gateways
+
+
+def _overloaded(views: Sequence[ReplicaView], stale_s: float, mean_request_s: float) -> bool:
+    """Whether the replicas' scraped waiting requests, each a mean request's prefill at the
+    fleet's rate, are more than `_OVERLOAD_S` of work per replica (fresh scrapes only).
+
+    Several gateways: away from overload the peers' pending work counts as published,
+    undrained until its first token (drained, it made holders look free: agent sessions and
+    rag-corpus's medians at 1,048,576, heavy-tail's tail); under a sustained overload that
+    overstates every queue the peers feed, and each gateway piles onto the replicas holding
+    its own backlog (load-ramp at 262,144: docs/shared-state.md)."""
+    waiting = 0.0
+    for v in views:
+        if v.waiting and v.scrape_age_s is not None and v.scrape_age_s <= stale_s:
+            waiting += v.waiting
+    return waiting * mean_request_s > _OVERLOAD_S * len(views)
 
 
 def _costed(fit: TtftFit, fleet: TtftFit, half: bool) -> TtftFit:

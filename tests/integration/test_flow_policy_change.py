@@ -34,13 +34,13 @@ FLOW = {"enabled": True, "max_waiting": 0, "max_unanswered": 1, "tick_ms": 5}
 class Filler(threading.Thread):
     """A long stream that keeps a seat of the replica busy until stopped."""
 
-    def __init__(self, base: str, key: str) -> None:
+    def __init__(self, base: str, key: str, model: str = "m") -> None:
         super().__init__(daemon=True)
-        self.base, self.key = base, key
+        self.base, self.key, self.model = base, key, model
         self.halt = threading.Event()
 
     def run(self) -> None:
-        body = {"model": "m", "stream": True, "max_tokens": 4000, "ignore_eos": True,
+        body = {"model": self.model, "stream": True, "max_tokens": 4000, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "fill"}]}
         with httpx.Client(timeout=60) as c, c.stream(
                 "POST", f"{self.base}/v1/chat/completions", json=body,
@@ -153,3 +153,92 @@ def test_a_queued_request_moves_to_the_new_pool_of_its_model_when_the_old_one_st
     assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
     assert answer["route"] == "queued", answer  # it waited (in p), then went to q
     assert answer["after_s"] < 5, answer  # not when p has room again
+
+
+MAX_WAIT_S = 3.0  # the free tier's longest wait in the two-pool fleet
+
+
+@pytest.fixture
+def two_busy() -> Iterator[tuple[str, str, str]]:
+    """(gateway base, pool p's replica, pool q's replica): model m goes to p, n to q; the free
+    tier waits at most `MAX_WAIT_S`."""
+    procs: list[Proc] = []
+    try:
+        p, p_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
+        q, q_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
+        procs += [p.start(), q.start()]
+        config = {"pools": {"p": {"served_model": "s", "replicas": [p_url]},
+                            "q": {"served_model": "s", "replicas": [q_url]}},
+                  "models": {"m": {"default": "p"}, "n": {"default": "q"}},
+                  "tiers": {"default": {}, "free": {"flow": {"max_wait_s": MAX_WAIT_S}}},
+                  "routing": {"scrape_interval_ms": 50}, "flow": FLOW}
+        gw, base = gateway_proc(config=config, auth=True, env={
+            "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+        procs.append(gw.start())
+        yield base, p_url, q_url
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def _queued_in(base: str, pool: str) -> float:
+    return sum(v for k, v in metric_values(base, "kvgate_flow_queued_total").items()
+               if f'pool="{pool}"' in k)
+
+
+def test_a_request_moved_back_and_forth_keeps_the_deadline_of_its_first_queue(
+        two_busy: tuple[str, str, str]) -> None:
+    """Both pools saturated; a request queued in p is moved to q by one policy change and back
+    to p by another. Each move used to give it a fresh ``max_wait_s`` where it landed (here it
+    answered some 2 x `MAX_WAIT_S` after it was sent, and more with each further change); it is
+    shed at the deadline it got in p, with the 429 a queue timeout gives."""
+    base, _, _ = two_busy
+    with admin_client(base, ADMIN) as admin:
+        assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
+        key = admin.post("/tenants/t/keys").json()["key"]
+    fillers = [Filler(base, key, model) for model in ("m", "n") for _ in range(3)]
+    answer: dict[str, Any] = {}
+
+    def queued() -> None:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
+        sent = time.monotonic()
+        try:
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+            answer["error"] = None
+        except openai.APIStatusError as exc:
+            answer["status"], answer["body"] = exc.status_code, exc.body
+        answer["after_s"] = time.monotonic() - sent
+
+    def route_m(pool: str) -> None:
+        with admin_client(base, ADMIN) as admin:
+            doc = admin.get("/policy").json()
+            doc["models"]["m"] = {"default": pool}
+            assert admin.put("/policy", json=doc).status_code == 200
+
+    try:
+        for f in fillers:  # two run on each replica, a third waits inside its engine
+            f.start()
+            time.sleep(0.15)
+        wait_for(lambda: metric_values(base, "kvgate_flow_saturated").get('{pool="p"}') == 1.0
+                 and metric_values(base, "kvgate_flow_saturated").get('{pool="q"}') == 1.0,
+                 10, "both pools to be saturated")
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        wait_for(lambda: _queued_in(base, "p") == 1, 10, "the request to queue in p")
+        time.sleep(MAX_WAIT_S / 3)
+        route_m("q")
+        wait_for(lambda: _queued_in(base, "q") == 1, 10, "the request to move to q")
+        time.sleep(MAX_WAIT_S / 3)
+        route_m("p")
+        waiter.join(30)
+    finally:
+        for f in fillers:
+            f.halt.set()
+        for f in fillers:
+            f.join(30)
+    wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
+    assert _queued_in(base, "p") == 2, answer  # it did go back to p's queue
+    assert answer.get("status") == 429, answer
+    assert answer["body"]["code"] == "queue_shed", answer
+    assert MAX_WAIT_S - 0.1 < answer["after_s"] < MAX_WAIT_S + 0.8, answer  # at its deadline

@@ -344,6 +344,26 @@ def test_our_pending_work_waits_behind_the_peers(ours: int, expected: str) -> No
     assert decision.replica == expected
 
 
+@pytest.mark.parametrize(("waiting", "expected"), [
+    (0, "b"),  # the peers' work counted as published: a 30,000 > b 24,000
+    (20, "a"),  # the fleet overloaded: a's, sent earlier, has 22,000 left; b's 24,000
+])
+def test_under_overload_the_peers_pending_work_drains_too(waiting: int, expected: str) -> None:
+    """Away from overload the peers' pending work counts as they published it (undrained
+    until its first token); while the replicas' scraped queues hold more than a quarter of a
+    second of prefill each, every queue the peers feed drains in the cost as ours does: counted
+    undrained, the older queues looked longest and each gateway piled onto the replicas
+    holding its own backlog (load-ramp at 262,144, four gateways)."""
+    router = Router(RouterConfig())
+    router.enable_sharing(2.0, "me", 0.0)
+    router.apply_peer_load("peer", {"a": ReplicaLoad(1, 1, 30_000, 30_000.0)}, 0.0)
+    later = 8000.0 / router.prefill_rate("a")  # 8,000 tokens prefilled on a since
+    router.apply_peer_load("peer", {"b": ReplicaLoad(1, 1, 24_000, 24_000.0)}, later)
+    views = [ReplicaView(id=r, pool="p", waiting=waiting, scrape_age_s=0.0) for r in "ab"]
+    decision = router.pick(_features(tuple(range(3000, 3010))), views, later)
+    assert decision.replica == expected
+
+
 def test_a_request_behind_a_peers_work_waits_for_what_is_left_of_it() -> None:
     """The work predicted ahead of a request (what its first token teaches the TTFT fit)
     counts the peers' pending work there as drained at the replica's rate since it was
