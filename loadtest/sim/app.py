@@ -28,9 +28,16 @@ from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
 from loadtest.sim.faults import Faults
 from loadtest.sim.generate import ConnectionDropped, Format, Generation, ServeContext
+from loadtest.sim.inputs import check_vocabulary, prompt_items
 from loadtest.sim.loadreport import load_report_header
 from loadtest.sim.metrics import CONTENT_TYPE, SimMetrics
-from loadtest.sim.parse import GenRequest, parse_generation, parse_prompt, validate_cache_salt
+from loadtest.sim.parse import (
+    GenRequest,
+    item_prompt,
+    parse_generation,
+    parse_prompt,
+    validate_cache_salt,
+)
 from loadtest.sim.responses import ResponsesAPI
 from loadtest.sim.runner import EngineRunner
 
@@ -261,12 +268,10 @@ class SimApp:
         self._check_model(body)
         validate_cache_salt(body)
         self._admit()
-        inputs = body.get("input")
-        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs
-                                       and all(isinstance(t, int) for t in inputs)):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs:
+        if body.get("input") is None:
             raise SimError(400, "1 validation error: 'input' is required", "Bad Request", "input")
+        # vLLM's `str | list[str] | list[int] | list[list[int]]`: no deeper nesting, no mix
+        prompts = [item_prompt(item, "input") for item in prompt_items(body["input"], "input")]
         full = self.options.embedding_dim
         dim = body.get("dimensions") or full
         # (no longer than the model's own vector: a client's 10**9 took the replica's memory
@@ -278,9 +283,9 @@ class SimApp:
         if encoding not in ("float", "base64"):
             raise SimError(400, "1 validation error: 'encoding_format' must be 'float' or "
                            "'base64'", "Bad Request", "encoding_format")
+        check_vocabulary(prompts)
         data, total = [], 0
-        for i, item in enumerate(inputs):
-            prompt = parse_prompt({"prompt": item}, chat=False)
+        for i, prompt in enumerate(prompts):
             total += prompt.num_tokens
             data.append({"index": i, "object": "embedding",
                          "embedding": _encoded(_vector(prompt.seed(), dim), encoding)})

@@ -7,11 +7,18 @@ from typing import Any
 
 from loadtest.sim import prompt as P
 from loadtest.sim.errors import SimError
+from loadtest.sim.inputs import (
+    check_messages,
+    check_prompt_logprobs,
+    check_response_format,
+    check_vocabulary,
+    prompt_items,
+)
 from loadtest.sim.logprobs import MAX_LOGPROBS
 from loadtest.sim.tools import ToolPlan, plan_tool_call
 
-__all__ = ["ChoicePlan", "GenRequest", "parse_generation", "parse_prompt", "parse_prompts",
-           "validate_cache_salt"]
+__all__ = ["ChoicePlan", "GenRequest", "item_prompt", "parse_generation", "parse_prompt",
+           "parse_prompts", "validate_cache_salt"]
 
 MAX_N = 128  # a sanity bound of the simulator's (vLLM's own is the KV cache)
 
@@ -92,25 +99,29 @@ def parse_prompt(body: dict[str, Any], chat: bool) -> P.Prompt:
         ):
             raise SimError(400, "1 validation error: 'messages' must be a non-empty list of "
                            "objects", "Bad Request", "messages")
+        check_messages(messages)
         return P.Prompt(text=P.render_chat(messages, body.get("tools")))
-    raw = body.get("prompt")
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
-        raw = raw[0]  # a batch of one
-    if isinstance(raw, str) and raw:
-        return P.Prompt(text=raw)
-    if isinstance(raw, list) and raw and all(isinstance(t, int) and t >= 0 for t in raw):
-        return P.Prompt(ids=list(raw))
-    raise SimError(400, "1 validation error: 'prompt' must be a non-empty string or a list of "
-                   "token ids", "Bad Request", "prompt")
+    items = prompt_items(body.get("prompt"), "prompt")
+    if len(items) != 1:
+        raise SimError(400, "1 validation error: 'prompt' must be one prompt here",
+                       "Bad Request", "prompt")
+    return item_prompt(items[0], "prompt")
+
+
+def item_prompt(item: str | list[int], name: str) -> P.Prompt:
+    """One prompt of `prompt_items`: a non-empty text or non-empty, non-negative token ids."""
+    if isinstance(item, str) and item:
+        return P.Prompt(text=item)
+    if isinstance(item, list) and item and all(t >= 0 for t in item):
+        return P.Prompt(ids=list(item))
+    raise SimError(400, f"1 validation error: '{name}' must be a non-empty string or a list of "
+                   "token ids", "Bad Request", name)
 
 
 def parse_prompts(body: dict[str, Any]) -> list[P.Prompt]:
     """A completions request's prompts: a list of strings or of token-id lists is a batch
-    (vLLM answers one choice per prompt and ``n``); anything else is one prompt."""
-    raw = body.get("prompt")
-    if isinstance(raw, list) and len(raw) > 1 and all(isinstance(p, str | list) for p in raw):
-        return [parse_prompt({"prompt": p}, chat=False) for p in raw]
-    return [parse_prompt(body, chat=False)]
+    (vLLM answers one choice per prompt and ``n``); a string or token ids is one prompt."""
+    return [item_prompt(item, "prompt") for item in prompt_items(body.get("prompt"), "prompt")]
 
 
 def _int_field(body: dict[str, Any], *names: str) -> int | None:
@@ -219,12 +230,15 @@ def parse_generation(
     salt = validate_cache_salt(body)
     priority = _check_sampling(body)
     logprobs = _check_logprobs(body, chat)
+    check_prompt_logprobs(body)
+    check_response_format(body)
     tool = plan_tool_call(body) if chat else None
     prompts = [parse_prompt(body, chat)] if chat else parse_prompts(body)
     prompt = prompts[0]
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     requested = _int_field(body, *names)
     limits = [_check_length(p.num_tokens, requested, max_model_len) for p in prompts]
+    check_vocabulary(prompts)  # the engine's input check, after the frontend's length check
     max_tokens = limits[0]
     ignore_eos = body.get("ignore_eos") is True
     echo = not chat and body.get("echo") is True
