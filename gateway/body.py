@@ -25,7 +25,7 @@ import orjson
 from gateway.errors import BadRequest
 from gateway.jsondepth import check_parsed_depth
 from gateway.wideints import check_wide_ints
-from routing.tokens import count_tokens
+from routing.tokens import CHARS_PER_TOKEN, count_tokens
 from routing.types import RequestFeatures
 
 __all__ = [
@@ -163,19 +163,23 @@ def lax_bool(value: Any) -> bool | None:
     return None
 
 
-def _text_len(value: Any) -> int:
+def _text_len(value: Any, depth: int = 0) -> int:
+    """Characters of a prompt or message content, a token id counted as one token's worth
+    (`routing.tokens`): a prompt of token ids, a batch of them (completions, embeddings) and
+    the Responses API's messages (their ``content``) are estimated like text, not as 0."""
     if isinstance(value, str):
         return len(value)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return CHARS_PER_TOKEN if depth else 0  # a bare number is no prompt
+    if depth > 3:  # vLLM reads no deeper (a batch of token-id lists, a message's parts)
+        return 0
     if isinstance(value, list):
-        total = 0
-        for part in value:
-            if isinstance(part, str):
-                total += len(part)
-            elif isinstance(part, dict):
-                text = part.get("text")
-                if isinstance(text, str):
-                    total += len(text)
-        return total
+        return sum(_text_len(part, depth + 1) for part in value)
+    if isinstance(value, dict) and depth:
+        text = value.get("text")
+        if isinstance(text, str):
+            return len(text)
+        return _text_len(value.get("content"), depth + 1)
     return 0
 
 

@@ -58,6 +58,16 @@ def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> N
         ("completions", {"prompt": ["ab", "c"]}, 3),
         ("embeddings", {"input": "xyz"}, 3),
         ("responses", {"input": "hello"}, 5),
+        # token ids: one token's characters each (they were 0: no TPM reservation, no load)
+        ("completions", {"prompt": [1, 2, 3]}, 12),
+        ("completions", {"prompt": [[1, 2], [3]]}, 12),
+        ("embeddings", {"input": [[7] * 10, "abcd"]}, 44),
+        ("completions", {"prompt": [True, 1.5, None]}, 0),
+        ("completions", {"prompt": 5}, 0),
+        # the Responses API's messages: their content, a string or parts
+        ("responses", {"input": [{"role": "user", "content": "hello"}]}, 5),
+        ("responses", {"input": [{"role": "user",
+                                  "content": [{"type": "input_text", "text": "abc"}]}]}, 3),
     ],
 )
 def test_prompt_chars(kind: str, body: dict[str, object], chars: int) -> None:
