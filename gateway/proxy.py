@@ -196,6 +196,27 @@ class Proxy:
         self, send: Send, req: ProxiedRequest, order: list[Replica], body: bytes,
         headers: dict[str, str],
     ) -> None:
+        """The attempts. A replica's 500 for the request (`suspect`) whose other tries got no
+        answer (a refused connection, a 503: nothing tells whose fault it was) is
+        the client's answer, as the replica sent it -- more telling than the 502 for the
+        other try's failure --, counted against it, not charged (as when no other replica
+        can try it). A timeout's 504 and a misconfiguration's 502 stay the answer."""
+        try:
+            await self._try_each(send, req, order, body, headers)
+        except KvgateError as exc:
+            suspect = req.suspect
+            if suspect is None or isinstance(exc, (*_OWN_ANSWER, AnswerTooLarge)) or (
+                    isinstance(exc, UpstreamError) and exc.reason == "cut"):
+                raise  # (an answer, if a broken or too large one: the picker's too)
+            req.suspect = None
+            suspect.count_failure()
+            req.replica, req.target = suspect.id, suspect
+            await self._relay.relay_held(send, req, 500, req.suspect_answer)
+
+    async def _try_each(
+        self, send: Send, req: ProxiedRequest, order: list[Replica], body: bytes,
+        headers: dict[str, str],
+    ) -> None:
         pool = req.pool
         failure: UpstreamError | None = None  # built only when an attempt fails (rare)
         for i, replica in enumerate(order):
@@ -276,6 +297,7 @@ class Proxy:
                     data = b""
                 if internal_error(resp.status, data):  # this replica's fault or the request's?
                     req.suspect = replica  # one other replica tries it and tells (`_forward`)
+                    req.suspect_answer = data
                     log.info("replica answered 500, trying one other", extra={
                         "replica": replica.id, "request_id": req.req_id.decode("latin-1")})
                     return UpstreamError("The replica answered 500.", reason="status_500")
@@ -315,7 +337,8 @@ class Proxy:
     async def _cancelled(self, scope: Scope, send: Send, req: ProxiedRequest) -> None:
         reason = req.ctl.reason
         if reason == "disconnect":
-            req.status = 499  # nginx's "client closed request", for the metrics only
+            if not (req.sse and req.status >= 400):  # (an error event's code: it answered)
+                req.status = 499  # nginx's "client closed request", for the metrics only
             return
         if reason == "client":
             # the client stopped reading the stream (its socket full for `idle_timeout_s`):

@@ -256,7 +256,19 @@ class Relay:
         scanner = StreamScanner(req.strip, self._cfg.upstream.max_answer_bytes)
         try:
             held = await self._pump(send, req, replica, resp, lease, scanner)
+        except asyncio.CancelledError:
+            # a client leaving after an error event (the SDKs raise at it and close) is
+            # answered: the event is judged, as the picker judges it
+            if req.ctl.reason == "disconnect" and scanner.error_code is not None:
+                self._ended(req, replica, scanner)
+            raise
         except TRANSPORT_ERRORS:
+            if scanner.error_code is not None:  # the error event reached the client: its
+                self._ended(req, replica, scanner)  # answer, judged; the stream ends as a
+                # clean end after it does (a second error event said nothing more)
+                req.ctl.done = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return False
             replica.record_failure(self._clock())
             if not req.relayed:  # no event reached the client: another replica can answer
                 raise UpstreamError("The replica failed before its answer started.",
@@ -285,18 +297,7 @@ class Relay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": stream_error(CUT_SHORT)})
             return False
-        if scanner.error_code is not None and scanner.error_code >= 500:
-            # vLLM's engine died mid-stream (or the request failed there): it sends an error
-            # event and [DONE] itself. The client gets them as sent; the request counts it as
-            # a failure, and the replica too unless no other one takes requests
-            now = self._clock()
-            if alone_with_error_event(req.pool, replica, scanner, now):
-                replica.count_failure()
-            else:
-                replica.record_failure(now)
-            req.status = scanner.error_code
-        else:
-            served(replica)
+        self._ended(req, replica, scanner)
         if scanner.usage:
             req.usage = scanner.usage
             req.used = _total(scanner.usage)
@@ -312,6 +313,24 @@ class Relay:
             rest = self._answered_by(req) + rest
         await send({"type": "http.response.body", "body": rest, "more_body": False})
         return True
+
+    def _ended(self, req: ProxiedRequest, replica: Replica, scanner: StreamScanner) -> None:
+        """A started stream ended whole -- or after an error event reached the client, however
+        it ended then (cut, reset, the client gone: the event was the answer) -- judged.
+        vLLM's engine died mid-stream, or the request failed there: it sends an error event
+        and [DONE] itself; the client gets them as sent, the request counts the event's code,
+        a failure of the replica too unless no other one takes requests (as the picker judges
+        it, `_stream_ended`)."""
+        code = scanner.error_code
+        if code is not None and code >= 500:
+            now = self._clock()
+            if alone_with_error_event(req.pool, replica, scanner, now):
+                replica.count_failure()
+            else:
+                replica.record_failure(now)
+            req.status = code
+        else:
+            served(replica)
 
     @staticmethod
     def _suspect(req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float) -> None:
@@ -498,6 +517,22 @@ class Relay:
         await self._settle(req)
         await send_whole(send, resp.status, hdrs, data)
         return True
+
+
+    async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
+        """An error answer read earlier (`Proxy._tries`: a suspect's 500), sent as
+        `_relay_whole` sends one."""
+        shaped = openai_shaped(status, data, req.path)
+        req.status = status
+        req.ctl.done = True
+        if req.sse:  # an earlier try's keep-alive comments opened the stream
+            req.status, event = error_event(status, shaped or data)
+            await self._settle(req)
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": self._answered_by(req) + event})
+            return
+        await self._settle(req)
+        await send_whole(send, status, self.headers(req, _JSON), shaped or data)
 
 
 _MAX_RETRY_AFTER_S = 3_600

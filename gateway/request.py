@@ -61,6 +61,7 @@ class ProxiedRequest:
         "streamed",
         "strip",
         "suspect",
+        "suspect_answer",
         "t0",
         "target",
         "tenant",
@@ -79,6 +80,7 @@ class ProxiedRequest:
         # a replica that answered it vLLM's 500 for a request (not its dead engine's), not yet
         # charged a failure: whose fault it was, the next try tells (`Proxy._forward`)
         self.suspect: Replica | None = None
+        self.suspect_answer = b""  # its 500's body: the answer when no other try answers
         self.pool_name = "none"
         self.status = 0
         self.sse = False  # an SSE response has started toward the client

@@ -332,7 +332,7 @@ class AnswerSide(Deadlines):
             # the only replica's counted (`Replica.count_failure`)
             if not self._skipped:
                 req.target.count_failure()
-            self._skipped = []
+            self._passed, self._skipped = self._skipped, []
             verdict = "request"
         else:
             self._charge_skipped()

@@ -37,6 +37,7 @@ import logging
 
 from gateway.epp.answer_side import AnswerSide
 from gateway.epp.deadlines import Deadlines
+from gateway.epp.passed import mark_refused
 from gateway.epp.request_side import RequestSide
 from gateway.epp.state import PickerCore, endpoint, replica_key
 
@@ -74,5 +75,11 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
             # cut before it began (its head held): Envoy answered the client 502 itself when
             # the replica broke the connection
             req.status = 502
+        # Envoy went past them to an answer that was never judged (cut, too large, timed
+        # out): they failed, as when it is judged (`_charge_skipped`)
+        self._charge_skipped()
         self._detach()
         await self._core.prep.finish(req, log)
+        if self._passed:
+            await mark_refused(self._passed, self._core.cfg.upstream.connect_timeout_s,
+                               self._core.clock)

@@ -60,7 +60,7 @@ class ExchangeState:
     exchange (`RequestSide`, `AnswerSide`, `Deadlines`) are mixins over it."""
 
     __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_retry",
-                 "_held_status", "_holds", "_last", "_lease", "_opening", "_pending",
+                 "_held_status", "_holds", "_last", "_lease", "_opening", "_passed", "_pending",
                  "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
                  "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_want_id",
                  "order", "req", "sse")
@@ -76,6 +76,8 @@ class ExchangeState:
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks
         # the endpoints Envoy went past before the one that answered, not charged yet
         self._skipped: list[Replica] = []
+        # ... not charged for the answer, vLLM's 500 for the request: refused? (`passed`)
+        self._passed: list[Replica] = []
         self._lease: Lease | None = None
         self.sse = False
         self._scanner: StreamScanner | None = None

@@ -87,6 +87,15 @@ class BadReplica:
         self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self
 
+    def refuse(self) -> None:
+        """Take no new connection from now on (a connection to it is refused); the ones open
+        stay (answered with ``end="close"``, none is left open)."""
+        async def stop() -> None:
+            assert self._server is not None
+            self._server.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5)
+
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None,
         tb: TracebackType | None,

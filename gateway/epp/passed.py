@@ -1,0 +1,46 @@
+"""The endpoints Envoy went past before one answered vLLM's 500 for the request: not charged
+for the 500 (they most likely failed it alike, `AnswerSide._answered_whole`), but Envoy also
+goes past an endpoint whose connection was refused, and tells the picker neither which nor
+why. The HTTP edge marks a replica down at once when its connection is refused
+(`Proxy._attempt`); the picker asks each such endpoint for a connection itself, once the
+answer went out, and marks down those that refuse it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+from gateway.replicas import Replica
+from gateway.transport import connect_failure, refused
+
+__all__ = ["mark_refused"]
+
+log = logging.getLogger(__name__)
+
+
+async def _refuses(replica: Replica, within_s: float) -> BaseException | None:
+    """The error of a connection to `replica` that nothing took (None: it was taken, or
+    slow: not a refusal)."""
+    where = urlsplit(replica.url)
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(where.hostname, where.port or 80), within_s)
+    except (OSError, TimeoutError) as exc:
+        return exc if refused(exc) else None
+    writer.close()
+    return None
+
+
+async def mark_refused(
+    replicas: Sequence[Replica], within_s: float, clock: Callable[[], float],
+) -> None:
+    """Mark down each of `replicas` that refuses a connection now."""
+    errors = await asyncio.gather(*(_refuses(r, within_s) for r in replicas))
+    for replica, exc in zip(replicas, errors, strict=True):
+        if exc is not None:
+            replica.mark_down(clock())
+            replica.reason = connect_failure(exc, replica.url)
+            log.info("replica did not answer", extra={"replica": replica.id,
+                                                      "reason": replica.reason})
