@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -50,24 +51,40 @@ class Filler(threading.Thread):
                     return
 
 
-@pytest.fixture
-def fleet() -> Iterator[tuple[str, str, str]]:
-    """(gateway base, the saturated replica's URL, the idle one's URL)."""
+@contextmanager
+def _serve(sims: list[tuple[str, ...]], pools: dict[str, Any], models: dict[str, Any],
+           tiers: dict[str, Any]) -> Iterator[tuple[str, list[str]]]:
+    """A gateway with flow control over `sims` (each a simulator's extra arguments, model s);
+    `pools` name their replicas by index in `sims`: (gateway base, the replicas' URLs)."""
     procs: list[Proc] = []
     try:
-        busy, busy_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
-        idle, idle_url = sim_proc(None, "--time-scale", "50", model="s")
-        procs += [busy.start(), idle.start()]
-        config = {"pools": {"p": {"served_model": "s", "replicas": [busy_url]}},
-                  "models": {"m": {"default": "p"}}, "tiers": {"default": {}, "free": {}},
+        urls = []
+        for args in sims:
+            sim, url = sim_proc(None, *args, model="s")
+            procs.append(sim.start())
+            urls.append(url)
+        config = {"pools": {name: {"served_model": "s", "replicas": [urls[i] for i in idx]}
+                            for name, idx in pools.items()},
+                  "models": models, "tiers": tiers,
                   "routing": {"scrape_interval_ms": 50}, "flow": FLOW}
         gw, base = gateway_proc(config=config, auth=True, env={
             "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
         procs.append(gw.start())
-        yield base, busy_url, idle_url
+        yield base, urls
     finally:
         for proc in reversed(procs):
             proc.stop()
+
+
+BUSY = ("--max-num-seqs", "2", "--latency-ms", "20")  # two seats, slow: saturated by fillers
+
+
+@pytest.fixture
+def fleet() -> Iterator[tuple[str, str, str]]:
+    """(gateway base, the saturated replica's URL, the idle one's URL)."""
+    with _serve([BUSY, ("--time-scale", "50")], {"p": [0]}, {"m": {"default": "p"}},
+                {"default": {}, "free": {}}) as (base, (busy_url, idle_url)):
+        yield base, busy_url, idle_url
 
 
 def _depth(base: str) -> float:
@@ -162,23 +179,11 @@ MAX_WAIT_S = 3.0  # the free tier's longest wait in the two-pool fleet
 def two_busy() -> Iterator[tuple[str, str, str]]:
     """(gateway base, pool p's replica, pool q's replica): model m goes to p, n to q; the free
     tier waits at most `MAX_WAIT_S`."""
-    procs: list[Proc] = []
-    try:
-        p, p_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
-        q, q_url = sim_proc(None, "--max-num-seqs", "2", "--latency-ms", "20", model="s")
-        procs += [p.start(), q.start()]
-        config = {"pools": {"p": {"served_model": "s", "replicas": [p_url]},
-                            "q": {"served_model": "s", "replicas": [q_url]}},
-                  "models": {"m": {"default": "p"}, "n": {"default": "q"}},
-                  "tiers": {"default": {}, "free": {"flow": {"max_wait_s": MAX_WAIT_S}}},
-                  "routing": {"scrape_interval_ms": 50}, "flow": FLOW}
-        gw, base = gateway_proc(config=config, auth=True, env={
-            "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
-        procs.append(gw.start())
+    with _serve([BUSY, BUSY], {"p": [0], "q": [1]},
+                {"m": {"default": "p"}, "n": {"default": "q"}},
+                {"default": {}, "free": {"flow": {"max_wait_s": MAX_WAIT_S}}}
+                ) as (base, (p_url, q_url)):
         yield base, p_url, q_url
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
 
 
 def _queued_in(base: str, pool: str) -> float:
