@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from gateway.body import ParsedBody, drop_operator_fields
 from gateway.errors import ModelNotFound, NoReplicaAvailable
+from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
@@ -94,13 +95,16 @@ class Planner:
         self._config = config
         self.gate = gate
 
+    def doc(self, principal: Principal) -> PolicyDoc:
+        """The policy ``principal`` was resolved under (the pools' when it carries none)."""
+        snap = principal.policy
+        return snap.doc if snap is not None else self.pools.doc
+
     def pool_for(self, principal: Principal, model: str, now: float) -> str | None:
         """The pool `plan` sends a request for ``model`` to now, on ``principal``'s policy
         (None: none running here). Flow control moves a queued request whose pool a policy
         change changed (`FlowGate.policy_changed`)."""
-        snap = principal.policy
-        doc = snap.doc if snap is not None else self.pools.doc
-        route = resolve_tier(doc, model, principal.tier, _Views(self.pools, now))
+        route = resolve_tier(self.doc(principal), model, principal.tier, _Views(self.pools, now))
         if route is None:
             pool = self.pools.public.get(model)
             return pool.name if pool is not None else None
@@ -113,8 +117,7 @@ class Planner:
         """The pool (tier, spill-over) and features for one request, from one policy snapshot.
         ``avoid``: pools tier resolution treats as saturated (flow control tries the tier's
         spill-over before queueing)."""
-        snap = principal.policy
-        doc = snap.doc if snap is not None else self.pools.doc
+        doc = self.doc(principal)
         views = _Views(self.pools, now)
         loads: Mapping[str, Sequence[LoadSignal]] = _Avoid(views, avoid) if avoid else views
         route = resolve_tier(doc, parsed.model, principal.tier, loads)
@@ -151,7 +154,7 @@ class Planner:
     def offered(self, principal: Principal) -> list[str]:
         """The public model names `principal`'s tier can use, sorted (`GET /v1/models`, and
         the list a 404 names)."""
-        doc = principal.policy.doc if principal.policy is not None else self.pools.doc
+        doc = self.doc(principal)
         tier = principal.tier
         mine = {m for m in doc.models if doc.pool_for(m, tier) is not None}
         return sorted(mine | set(self.pools.public))
@@ -159,7 +162,7 @@ class Planner:
     def not_found(self, principal: Principal, model: str) -> ModelNotFound:
         """The 404 for a `model` `principal` cannot use: missing, a served name, or offered
         to other tiers only."""
-        doc = principal.policy.doc if principal.policy is not None else self.pools.doc
+        doc = self.doc(principal)
         return ModelNotFound(
             model, self.offered(principal),
             served=any(p.served_model == model for p in doc.pools.values()),

@@ -426,7 +426,7 @@ class Relay:
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
                 await ctl.hand_over(send, out)  # (a client that stops reading blocks here)
-                if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+                if req.streamed is not None:  # (what it used, if no usage comes: `spent_tokens`)
                     req.streamed += output_chars(out)
                 sent = perf_counter()
                 if req.ttft is not None:
@@ -503,36 +503,34 @@ class Relay:
         elif resp.status >= 400 and (
                 shaped := openai_shaped(resp.status, data, req.path)) is not None:
             data, content_type = shaped, "application/json"
-        req.status = resp.status
-        req.ctl.done = True
-        if req.sse:  # an earlier try's keep-alive comments opened the stream: end it so
-            req.status, event = error_event(resp.status, data)  # (recorded as the client saw)
-            await self._settle(req)
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": self._answered_by(req) + event})
-            return True
-        hdrs = self.headers(req, content_type)
-        if (wait := _retry_after(resp)) is not None:
-            hdrs.append((b"retry-after", wait))
-        await self._settle(req)
-        await send_whole(send, resp.status, hdrs, data)
+        await self._answer(send, req, resp.status, data, content_type, _retry_after(resp))
         return True
-
 
     async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
         """An error answer read earlier (`Proxy._tries`: a suspect's 500), sent as
         `_relay_whole` sends one."""
         shaped = openai_shaped(status, data, req.path)
+        await self._answer(send, req, status, shaped or data, _JSON)
+
+    async def _answer(
+        self, send: Send, req: ProxiedRequest, status: int, data: bytes, content_type: str,
+        retry_after: bytes | None = None,
+    ) -> None:
+        """A whole answer, settled first; when an earlier try's keep-alive comments opened
+        the stream, its error event ends it instead (recorded as the client saw it)."""
         req.status = status
         req.ctl.done = True
-        if req.sse:  # an earlier try's keep-alive comments opened the stream
-            req.status, event = error_event(status, shaped or data)
+        if req.sse:
+            req.status, event = error_event(status, data)
             await self._settle(req)
             await send({"type": "http.response.body", "more_body": False,
                         "body": self._answered_by(req) + event})
             return
+        hdrs = self.headers(req, content_type)
+        if retry_after is not None:
+            hdrs.append((b"retry-after", retry_after))
         await self._settle(req)
-        await send_whole(send, status, self.headers(req, _JSON), shaped or data)
+        await send_whole(send, status, hdrs, data)
 
 
 _MAX_RETRY_AFTER_S = 3_600

@@ -178,8 +178,8 @@ def carries_output(block: bytes) -> bool:
 def output_chars(block: bytes) -> int:
     """The characters of generated output that relayed events carry (`carries_output`'s
     fields), for an estimate of the tokens a stream delivered when it ends without its usage
-    (`ProxiedRequest.settle_tokens`). About 1 us per event: counted only for a tenant with a
-    TPM limit."""
+    (`ProxiedRequest.spent_tokens`). About 1 us per event: counted only for a stream under a
+    TPM limit or flow control (`Preparer`)."""
     return sum(map(len, _OUTPUT_TEXT.findall(block)))
 
 

@@ -291,7 +291,7 @@ class AnswerSide(Deadlines):
         if req.ttft is None and carries_output(out):
             req.ttft = perf_counter() - req.t0
             core.metrics.first_token(req.pool_name, req.ttft, req.tier)
-        if req.streamed is not None:  # (a TPM reservation to settle: `settle_tokens`)
+        if req.streamed is not None:  # (what it used, if no usage comes: `spent_tokens`)
             req.streamed += output_chars(out)
 
     def _stream_ended(

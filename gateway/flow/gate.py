@@ -391,8 +391,7 @@ class FlowGate:
 
     def doc(self, principal: Principal) -> PolicyDoc:
         """The policy ``principal`` was resolved under (the pools' when it carries none)."""
-        snap = principal.policy
-        return snap.doc if snap is not None else self._pools.doc
+        return self._planner.doc(principal)
 
     def state(self, pool: str) -> _PoolState:
         state = self._states.get(pool)
