@@ -17,7 +17,13 @@ import orjson
 import pytest
 
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head
-from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.gateway import (
+    gateway_proc,
+    inflight,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import sim_proc
 
 MODEL = "bad-model"
@@ -55,14 +61,6 @@ def events(base: str, path: str = "/v1/chat/completions") -> list[bytes]:
     return [e for e in resp.content.split(b"\n\n") if e]
 
 
-def statuses(base: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for labels, value in metric_values(base, "kvgate_requests_total").items():
-        status = labels.split('status="')[1].split('"')[0]
-        out[status] = out.get(status, 0.0) + value
-    return out
-
-
 @pytest.mark.parametrize(
     ("answer", "end"),
     [
@@ -77,13 +75,13 @@ def test_a_stream_ended_early_gets_an_error_event(
 ) -> None:
     replica, base = gw
     replica.answer, replica.end = answer, end
-    before = statuses(base).get("502", 0.0)
+    before = request_statuses(base).get("502", 0.0)
     got = events(base)
     assert got[:-2] == [CHUNK.strip()] * 2  # what came whole is relayed, no half event
     error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
     assert error["code"] == 502 and "before it was complete" in error["message"]
     assert got[-1] == DONE.strip()
-    wait_for(lambda: statuses(base).get("502", 0.0) == before + 1, what="counted as a 502")
+    wait_for(lambda: request_statuses(base).get("502", 0.0) == before + 1, what="counted as a 502")
     assert inflight(base) == 0
 
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
@@ -138,7 +136,7 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
     first = CREATED + DELTA if path == "/v1/responses" else CHUNK
     replica.answer = sse_head() + chunked(first, last=False)
     replica.rest, replica.end = chunked(first + bad, CHUNK, DONE), "keep"
-    before = statuses(base).get("502", 0.0)
+    before = request_statuses(base).get("502", 0.0)
     try:
         replica.gate = threading.Event()
         body = {"model": MODEL, "stream": True, "input": "x",
@@ -155,7 +153,7 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
         assert error == {"message": "The upstream replica sent a stream event that is not "
                          "JSON.", "type": "BadGatewayError", "param": None, "code": 502}
         assert got[-1] == DONE.strip()
-        wait_for(lambda: statuses(base).get("502", 0.0) == before + 1, what="a 502")
+        wait_for(lambda: request_statuses(base).get("502", 0.0) == before + 1, what="a 502")
         assert inflight(base) == 0
         if path != "/v1/chat/completions":
             return

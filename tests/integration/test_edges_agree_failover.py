@@ -17,7 +17,13 @@ import pytest
 
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import FAST_HEALTH, gateway_proc, metric_values, wait_for
+from tests.support.gateway import (
+    FAST_HEALTH,
+    gateway_proc,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 EDGES = ["http", "envoy"]
@@ -63,14 +69,6 @@ def _of(metrics: str, name: str, replica: BadReplica) -> float | None:
     return metric_values(metrics, name).get(key)
 
 
-def _statuses(metrics: str) -> dict[str, float]:
-    counts: dict[str, float] = {}
-    for key, n in metric_values(metrics, "kvgate_requests_total").items():
-        status = key.split('status="')[1].split('"')[0]
-        counts[status] = counts.get(status, 0) + n
-    return counts
-
-
 # -- (1) a stream whose error event is followed by a cut, or by the client leaving ----------
 @pytest.mark.parametrize("edge", EDGES)
 @pytest.mark.parametrize("how", ["clean-end", "client-leaves", "reset"])
@@ -105,7 +103,7 @@ def test_a_stream_after_its_error_event_is_judged_by_the_event(edge: str, how: s
                 if how == "client-leaves" and b"boom" in got:
                     break  # as the SDKs do: they raise at the error event
         assert got == GOOD + ERROR_EVENT  # the replica's event, no other after it
-        wait_for(lambda: _statuses(metrics) == {"500": 1.0}, what="the request counted 500")
+        wait_for(lambda: request_statuses(metrics) == {"500": 1.0}, what="the request counted 500")
         assert _of(metrics, "kvgate_replica_failures_total", bad) == 1
         assert _of(metrics, "kvgate_replica_healthy", bad) == 1
 
@@ -199,6 +197,6 @@ def test_a_500_whose_retry_is_refused(edge: str) -> None:
             return
         assert resp.status_code == 500, resp.text
         assert resp.json()["error"] == BOOM
-        assert _statuses(metrics) == {"200": 2.0, "500": 1.0}
+        assert request_statuses(metrics) == {"200": 2.0, "500": 1.0}
         assert _of(metrics, "kvgate_replica_failures_total", bad) == 1
         assert _of(metrics, "kvgate_replica_healthy", bad) == 1

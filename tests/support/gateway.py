@@ -100,6 +100,16 @@ def metric_values(base: str, name: str) -> dict[str, float]:
     return out
 
 
+def request_statuses(base: str) -> dict[str, float]:
+    """{status: requests} of the gateway's kvgate_requests_total, summed over the other
+    labels."""
+    out: dict[str, float] = {}
+    for labels, value in metric_values(base, "kvgate_requests_total").items():
+        status = labels.split('status="')[1].split('"')[0]
+        out[status] = out.get(status, 0.0) + value
+    return out
+
+
 def acme_gateway(
     sim: str, redis_url: str, admin_token: str, limits: dict[str, Any],
     tenancy: dict[str, Any] | None = None,
