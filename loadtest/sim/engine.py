@@ -10,6 +10,15 @@ Scheduling follows vLLM V1: running requests first (each needs its remaining pre
 decode token) under the token budget; when one cannot get KV blocks, the newest running request
 (lowest priority first under the priority policy) is preempted for recomputation; then waiting
 requests are admitted in order while seats, budget and blocks last (none after a preemption).
+
+Prefix caching follows vLLM V1 too: a request's full prompt blocks are cached when they are
+*scheduled*, not when the step computing them ends (V0's rule). `KVCacheManager.allocate_slots`
+(`v1/core/kv_cache_manager.py`) caches the full blocks covered by ``computed + new`` tokens right
+after allocating them (block hashes depend on token ids only), and the forward pass writes
+every scheduled token's KV before attention reads the cache; so a request scheduled later in
+the same step, or in a later step while a chunked prefill goes on, hits the blocks being
+computed and computes only its uncached suffix. Only prompt blocks are hashed here (vLLM V1
+hashes output blocks too; no request of the simulator can share one).
 """
 
 from __future__ import annotations
@@ -66,7 +75,7 @@ class _Req:
         self.state = _WAITING
         self.cached: list[int] = []  # referenced cached block hashes, in block order
         self.private = 0
-        self.next_reg = 0  # next prompt block index to register once computed
+        self.next_reg = 0  # next prompt block index to cache once scheduled
         self.cached_tokens = 0
         self.first_token_time: float | None = None
         self.scheduled_at: float | None = None  # first admitted (start of that step)
@@ -236,6 +245,8 @@ class Engine:
             else:
                 batch[req] = new
                 budget -= new
+                if req.next_reg < len(req.hashes):  # a prefill chunk
+                    self._register(req, req.computed + new)
         return budget, preempted
 
     def _admit_waiting(self, batch: dict[_Req, int], budget: int) -> int:
@@ -258,6 +269,7 @@ class Engine:
             self._num_waiting -= 1
             req.cached, req.private = list(hit_hashes), need
             req.computed, req.next_reg, req.state = start, hits, _RUNNING
+            self._register(req, start + new)
             if not req.admitted_once:
                 # vLLM counts a preempted request's return apart (PrefixCacheStats.record,
                 # v1/metrics/stats.py): its own recomputed blocks are not the cache's hits
@@ -273,11 +285,9 @@ class Engine:
 
     def _apply(self, batch: dict[_Req, int]) -> int:
         finished = 0
-        bs, now = self._bs, self.now
+        now = self.now
         for req, new in batch.items():
             req.computed += new
-            if req.next_reg < len(req.hashes) and req.computed >= (req.next_reg + 1) * bs:
-                self._register(req)
             if req.computed == req.num_tokens:
                 req.output += 1
                 req.num_tokens += 1
@@ -298,8 +308,14 @@ class Engine:
                     finished += 1
         return finished
 
-    def _register(self, req: _Req) -> None:
-        full = min(req.computed // self._bs, len(req.hashes))
+    def _register(self, req: _Req, tokens: int) -> None:
+        """Cache the full prompt blocks among ``req``'s first ``tokens`` (computed and just
+        scheduled), as vLLM V1 does when it allocates a step's slots. A request preempted
+        after this keeps nothing, and the blocks stay cached, evictable, as vLLM's `free`
+        leaves them (this engine cannot preempt a request in the step that cached its
+        blocks: a chunk that is not a prompt's last uses up the step's budget, and every
+        running request after a prefilling one was admitted after its prefill ended)."""
+        full = min(tokens // self._bs, len(req.hashes))
         for i in range(req.next_reg, full):
             h = req.hashes[i]
             if self.cache.register(h):

@@ -218,3 +218,66 @@ def test_fast_forward_is_used_for_long_decodes() -> None:
     e.add_request(_spec("a", 32, 1000 - 32), 0.0)
     _run(e)
     assert e.stats.fast_forwarded_steps > 900
+
+
+# -- prefix blocks are cached when scheduled (vLLM V1's KVCacheManager.allocate_slots) ----------
+
+
+def test_a_request_admitted_after_another_in_the_same_step_hits_its_blocks() -> None:
+    e = _engine()
+    e.add_request(_spec("a", 65, 2), 0.0)  # 4 full blocks and the last token
+    e.add_request(_spec("b", 65, 2), 0.0)
+    e.step()
+    assert e.num_running == 2  # both in the first step
+    done = _run(e)
+    assert done["b"].cached_tokens == 64 and e.stats.prefix_cache_hits == 64
+    # the prompt once, then b's last token (V0's rule, a block cached when its step ends,
+    # made b compute all 65)
+    assert e.stats.prefill_tokens_computed == 65 + 1
+    assert done["a"].first_token_time == done["b"].first_token_time
+
+
+def test_a_chunk_being_computed_is_hit_by_a_request_admitted_behind_it() -> None:
+    e = _engine(max_num_batched_tokens=512)
+    e.add_request(_spec("a", 800, 2), 0.0)  # 50 blocks: 512 tokens, then 288
+    e.step()
+    e.add_request(_spec("b", 816, 2), e.now / 2)  # same 50 blocks and one more
+    e.step()  # a's second chunk, then b with what is left of the budget
+    assert e.num_running == 2 and e.num_waiting == 0
+    done = _run(e)
+    # all of a's blocks, those of the chunk computed in b's own step too (V0: the first 512)
+    assert done["b"].cached_tokens == 800
+    assert e.stats.prefill_tokens_computed == 800 + 16
+    assert done["a"].first_token_time == done["b"].first_token_time
+
+
+def _check_blocks(e: Engine) -> None:
+    """Every used block is one running request's private block or a cached block it
+    references, each reference counted once; every other cached block is evictable."""
+    cache, running = e.cache, e._running
+    shared = {h for r in running for h in r.cached}
+    assert cache.used() == sum(r.private for r in running) + len(shared)
+    assert cache.cached_blocks() - len(shared) == cache.available() - cache.empty
+    for h in shared:
+        assert cache._ref[h] == sum(r.cached.count(h) for r in running)
+
+
+def test_preempting_a_request_that_shares_blocks_cached_at_schedule_keeps_counts() -> None:
+    e = _engine(num_gpu_blocks=13, max_model_len=192)  # 12 usable blocks
+    e.add_request(_spec("a", 65, 120), 0.0)  # 5 blocks, grows to 12
+    e.add_request(_spec("b", 65, 120), 0.0)  # hits a's 4 in the same step: 1 block more
+    e.step()
+    assert e.cache.used() == 6
+    _check_blocks(e)
+    while not e.stats.preemptions:
+        e.step()
+        _check_blocks(e)
+    assert e.num_running == 1  # b, the newest, went back to the queue; a keeps the 4 blocks
+    assert [e.cache._ref[h] for h in _spec("a", 65, 1).block_hashes] == [1] * 4
+    done = _run(e)
+    assert done["b"].num_preemptions >= 1
+    assert {o.num_output_tokens for o in done.values()} == {120}
+    assert e.kv_usage == 0.0 and e.cache.available() == e.cache.usable
+    # counted once, at b's first admission: a's 4 blocks (V0: 0, they were not cached yet)
+    assert e.stats.prefix_cache_hits == 64
+    assert all(e.cache.contains(h) for h in _spec("a", 65, 1).block_hashes)
