@@ -89,11 +89,11 @@ class Format(Protocol):
 class Generation:
     """One request's life on the server side.
 
-    ``n > 1`` is n engine requests, as vLLM fans a request out into n child sequences: the
-    first is submitted at once, the others when it has its first token, so the prompt's full
-    blocks are computed once and the others hit them in the prefix cache (vLLM's children
-    share them too); each then decodes its own text. A completions batch (a list of prompts)
-    is that per prompt, all prompts at once: choice ``i * n + j`` is prompt i's j-th.
+    ``n > 1`` is n engine requests submitted together, as vLLM fans a request out into n
+    child sequences: the engine admits them in one step and caches the first one's full prompt
+    blocks when it schedules them (vLLM V1), so the others hit them and the prompt is computed
+    once; each then decodes its own text. A completions batch (a list of prompts) is that per
+    prompt: choice ``i * n + j`` is prompt i's j-th.
     """
 
     def __init__(self, ctx: ServeContext, runner: EngineRunner, gen: GenRequest, engine_id: str,
@@ -107,7 +107,6 @@ class Generation:
         self.choices = [_Choice(j, gen.plan(j), engine_id if j == 0 else f"{engine_id}.{j}")
                         for j in range(gen.n)]
         self._by_id = {c.engine_id: c for c in self.choices}
-        self._submitted: list[_Choice] = []
         self._per_prompt = len(self.choices) // max(1, len(gen.prompts))  # n
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.finished: RequestOutput | None = None  # the last output once the request finished
@@ -139,8 +138,8 @@ class Generation:
                 "completion_tokens": done, "prompt_tokens_details": details}
 
     async def serve(self, receive: Receive, send: Send, fmt: Format) -> None:
-        for lead in self._leads():
-            self._submit(lead)
+        for choice in self.choices:
+            self.runner.submit(self.spec(choice.index), self._queue)
         watcher = asyncio.create_task(wait_disconnect(receive))
         watcher.add_done_callback(lambda _t: self._abort())
         try:
@@ -155,21 +154,13 @@ class Generation:
         """The first sequence of each prompt (choice i * n of a batch of prompts)."""
         return self.choices[:: self._per_prompt]
 
-    def _submit(self, choice: _Choice) -> None:
-        self.runner.submit(self.spec(choice.index), self._queue)
-        self._submitted.append(choice)
-
     def _abort(self) -> None:
-        for choice in self._submitted:
+        for choice in self.choices:
             self.runner.abort(choice.engine_id)
 
     async def _output(self, send: Send | None) -> tuple[_Choice, RequestOutput]:
         out = await self._next(self._queue, send)
         choice = self._by_id[out.request_id]
-        n = self._per_prompt
-        if choice.index % n == 0 and out.first_token_time is not None:
-            for sibling in self.choices[choice.index + 1: choice.index + n]:
-                self._submit(sibling)  # the prompt's blocks are in the cache now
         if out.finish_reason is not None:
             choice.last = out
         return choice, out

@@ -82,3 +82,14 @@ def test_a_batch_computes_each_prompt_once() -> None:
     assert answer["usage"]["prompt_tokens"] == sum(p.num_tokens for p in prompts)
     hits = sum((p.num_tokens - 1) // 16 * 16 for p in prompts)  # each prompt's second sequence
     assert engine.stats.prefix_cache_hits == hits
+
+
+def test_n_sequences_are_admitted_together_and_share_the_prompt_in_that_step() -> None:
+    body = {"model": "m", "prompt": PROMPT, "n": 3, "max_tokens": 4, "ignore_eos": True}
+    _, engine = asyncio.run(_serve(body))
+    prompt = parse_generation(body, False, 4096).prompt.num_tokens
+    stats = engine.stats
+    # one step prefills the three (vLLM V1 caches the first one's full blocks when it
+    # schedules them), three more decode them
+    assert stats.steps == 4
+    assert stats.prefill_tokens_computed == prompt + 2 * (prompt - (prompt - 1) // 16 * 16)
