@@ -48,6 +48,10 @@ _OUTPUT_TEXT = re.compile(
     rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"'
     rb'([^"\\]*(?:\\.[^"\\]*)*)"'
 )
+# Responses API events (`"type": "response.…"`) carry new output in `delta` fields only: their
+# `.done` events and `response.completed` repeat the whole text (`text`, `part`, `output`)
+_RESPONSES_EVENT = re.compile(rb'"type"\s*:\s*"response\.')
+_DELTA_TEXT = re.compile(rb'"delta"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
 MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # a held fragment up to a chunk's size and this much more is joined with the chunk and searched
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
@@ -180,7 +184,8 @@ def output_chars(block: bytes) -> int:
     fields), for an estimate of the tokens a stream delivered when it ends without its usage
     (`ProxiedRequest.spent_tokens`). About 1 us per event: counted only for a stream under a
     TPM limit or flow control (`Preparer`)."""
-    return sum(map(len, _OUTPUT_TEXT.findall(block)))
+    fields = _DELTA_TEXT if _RESPONSES_EVENT.search(block) else _OUTPUT_TEXT
+    return sum(map(len, fields.findall(block)))
 
 
 def comment_only(block: bytes) -> bool:
