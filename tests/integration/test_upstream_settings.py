@@ -1,4 +1,4 @@
-"""Upstream settings the README documents, through a real gateway and simulated vLLM replicas:
+"""Upstream settings docs/configuration.md documents, through a real gateway and simulated vLLM replicas:
 a pool's `api_key_env` (vLLM's `--api-key`, sent upstream instead of the client's credentials)
 and `upstream.total_timeout_s` (the whole exchange, however steadily the replica streams)."""
 
