@@ -59,7 +59,7 @@ def test_relative_links_lead_somewhere(page: Path) -> None:
     assert broken_links(page) == []
 
 
-def test_the_pages_link_to_each_other() -> None:
+def test_the_readme_links_every_docs_page() -> None:
     """The README is the table of contents: every page under docs/ is linked from it."""
     readme = set(LINK.findall(prose((ROOT / "README.md").read_text())))
     linked = {t.partition("#")[0] for t in readme}
