@@ -300,7 +300,8 @@ async def test_audit_replicas_explain_and_openapi(admin: Admin) -> None:
     assert (await c.get("/admin/replicas")).json()["data"] == [{"id": "fp8/a"}]
     r = await c.post("/admin/route/explain", json={"model": "llama-70b", "messages": []})
     assert r.json()["pool"] == "fp8"
-    # the README's `curl -d '{...}'`: a JSON body sent with curl's form content type
+    # the documented `curl -d '{...}'` (README, docs/flow-control.md): a JSON body sent with
+    # curl's form content type
     form = {"content-type": "application/x-www-form-urlencoded"}
     r = await c.post("/admin/route/explain", headers=form,
                      content=b'{"model": "llama-70b", "messages": []}')
