@@ -9,7 +9,8 @@ tasks, one raw connection each:
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
   ``heartbeat_s``) and appends one entry (XADD, approximate trim): at once when a route is
   queued or a request ends after a quiet ``flush_interval_ms``, or when the route is one a
-  higher-ranked peer may be holding a pick for (`Router.on_urgent`), else once per interval.
+  higher-ranked peer may be holding a pick for (`Router.on_urgent`; at most one such batch
+  per `SyncSettings.urgent_gap_s`, the others joining it), else once per interval.
   While some of its load is out there (requests in flight) it ticks every interval and reads
   the new entries in the same round trip (XREAD pipelined after the XADD);
 - the reader blocks on XREAD while the publisher does not read (nothing in flight here: the
