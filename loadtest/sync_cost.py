@@ -2,12 +2,15 @@
 Streams (what kvgate uses) vs pub/sub (the alternative), and gateway workers.
 
     python -m loadtest.sync_cost [--rounds R] [--seconds S] [--modes off,streams,pubsub]
-                                 [--flush-ms W] [--stickiness] [--simulate N]
+                                 [--flush-ms W] [--hold-picks] [--step K] [--rate R]
+                                 [--stickiness] [--simulate N]
 
 runs the cost measurement alone (interleaved rounds, medians), e.g. to compare two trees or
-flush intervals; ``--stickiness`` checks conversation stickiness across the two routers;
-``--simulate N`` runs the same traffic in simulated time without Redis (deterministic: count
-its instructions under callgrind at two sizes N, sharing off and on, to compare two trees)."""
+flush intervals (``--step 1 --hold-picks``: requests one by one, contested picks' routes
+urgent, and the Redis commands they cost); ``--stickiness`` checks conversation stickiness
+across the two routers; ``--simulate N`` runs the same traffic in simulated time without
+Redis (deterministic: count its instructions under callgrind at two sizes N, sharing off and
+on, to compare two trees)."""
 
 from __future__ import annotations
 
