@@ -18,7 +18,7 @@ replica's last sample ages out (the router then relies on its own accounting).
 `Scraper` polls every target in its own task (so a hanging ``/metrics`` delays only itself),
 with a timeout over the whole request, jittered intervals, and hands each outcome to
 ``on_sample(replica_id, sample_or_None, now)``. The app's lifespan owns it: `start`, `stop`.
-A page is read up to `MAX_PAGE_BYTES` (vLLM's is some 50-100 KB per data-parallel engine; a
+A page is read up to `MAX_PAGE_BYTES` (vLLM's is tens of KB per data-parallel engine; a
 larger one is a failed scrape, read no further) and parsed in a worker thread: a page of
 megabytes costs a second of CPU, which on the event loop held every request that long.
 """

@@ -1,4 +1,4 @@
-"""A replica whose `/metrics` page is huge does not hold the gateway. vLLM's page is some 50-100
+"""A replica whose `/metrics` page is huge does not hold the gateway. vLLM's page is tens of
 KB per engine; a page of tens of MB (a proxy's error page looping, a metrics exporter gone wrong,
 a hostile address in the pool) used to be read whole into memory and parsed on the event loop,
 four times a second: every request through the gateway, `/healthz` included, waited seconds
