@@ -18,6 +18,8 @@ Rules it keeps:
 - reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
   taken, so a stream never buffers without bound;
 - an answer's head (status line and headers) longer than `MAX_HEAD_BYTES` fails the exchange;
+  so does one with a `Content-Encoding` (every request asks for identity: a proxy that
+  compresses anyway sent bytes kvgate can neither read nor relay as the JSON they claim to be);
 - a URL's userinfo (``http://user:password@host``) is sent as Basic credentials, as aiohttp
   does for the health checks and scrapes, unless the request carries its own `Authorization`
   (a pool's API key), and never in the `Host` header;
@@ -74,6 +76,7 @@ class _Conn(asyncio.Protocol):
         self.content_type = "application/json"
         self.content_length: str | None = None
         self.retry_after: str | None = None
+        self._encoding: bytes | None = None
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.any_byte = False  # of this exchange's answer
         self._head_bytes = 0  # received before the answer's head was complete
@@ -131,10 +134,14 @@ class _Conn(asyncio.Protocol):
             self.retry_after = value.decode("latin-1")
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
             self._chunked = True
+        elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            self._encoding = value[:32]
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
-        if not self.head.done():
+        if self._encoding is not None:
+            self._fail(UpstreamProtocolError(f"an answer in {self._encoding!r} encoding"))
+        elif not self.head.done():
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
