@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.transport import read_at_most
 from routing.learning import EngineCounters
 
 __all__ = ["MAX_PAGE_BYTES", "NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
@@ -235,12 +236,10 @@ async def _read_page(r: aiohttp.ClientResponse) -> bytes:
     """The body, or ValueError as soon as it passes `MAX_PAGE_BYTES` (nothing more is read)."""
     if (r.content_length or 0) > MAX_PAGE_BYTES:
         raise ValueError(f"/metrics page of {r.content_length} bytes")
-    page = bytearray()
-    async for chunk in r.content.iter_any():
-        page += chunk
-        if len(page) > MAX_PAGE_BYTES:
-            raise ValueError(f"/metrics page over {MAX_PAGE_BYTES} bytes")
-    return bytes(page)
+    page = await read_at_most(r.content, MAX_PAGE_BYTES)
+    if len(page) > MAX_PAGE_BYTES:
+        raise ValueError(f"/metrics page over {MAX_PAGE_BYTES} bytes")
+    return page
 
 
 def _parse_page(page: bytes) -> Sample:
