@@ -6,8 +6,8 @@ through as bytes (`StreamScanner` reads the usage chunk and notes error events);
 is sent in one piece, its error body re-shaped when it is not OpenAI's. What the upstream
 answered feeds the replica's health (`judge`):
 
-- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"): a short back-off from
-  new picks (`Replica.record_busy`), health untouched;
+- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"), or a 429 (from a
+  limiter in front of the replica): a short back-off from new picks (`Replica.record_busy`);
 - 401/403: the replica refused kvgate's own credentials (a pool without the replica's
   ``--api-key``): down at once, as every request would fail there (the client gets a 502,
   `ReplicaRefused`);
@@ -165,7 +165,7 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     """Feed an upstream answer's status (and error body) to the replica's health; returns
     the verdict ("busy", "refused", "dead", "wrong_model", "failure", "ok") for logs and
     metrics."""
-    if status == 503 and any(marker in body for marker in _BUSY):
+    if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
         replica.record_busy(now)
         return "busy"
     if status in REFUSED:
