@@ -78,7 +78,7 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.whole import read_whole
+from gateway.whole import json_object, read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
@@ -454,7 +454,7 @@ class Relay:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
-        if resp.status == 200 and (stream or not resp.content_type.startswith(_JSON)):
+        if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete
