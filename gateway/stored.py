@@ -47,14 +47,21 @@ from gateway.errors import (
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import CUT_SHORT, stream_error, stream_failure, unstarted_failure
+from gateway.relay import (
+    CUT_SHORT,
+    not_an_answer,
+    not_what_was_asked,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.whole import read_whole
+from gateway.whole import json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
            "wants_stream"]
@@ -265,6 +272,10 @@ class StoredResponses:
             if resp is not None:
                 resp.release() if clean else resp.abort()
         status, content_type = resp.status, resp.content_type
+        if 200 < status < 400:  # vLLM answers 200 or an error: a 204, a redirect (to an
+            raise not_an_answer(status)  # internal address) is something else's at its address
+        if status == 200 and not json_object(content_type, body):  # an HTML page, a cut body
+            raise not_what_was_asked(False, content_type)
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"

@@ -82,3 +82,32 @@ def test_an_answer_with_whitespace_around_its_object_is_relayed() -> None:
         gw, base = gateway_proc(upstreams=[bad.url])
         with gw:
             assert _ask(base) == "hello"
+
+
+STORED = orjson.dumps({
+    "id": "resp_1", "object": "response", "created_at": 1, "model": MODEL,
+    "status": "completed", "output": [],
+    "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}})
+NOT_AN_OBJECT = {
+    **{k: MISLABELLED[k] for k in ("gzip", "html", "cut")},
+    "page": b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 6\r\n\r\n<html>",
+    "redirect": b"HTTP/1.1 302 Found\r\nlocation: https://10.0.0.1/\r\ncontent-length: 0\r\n\r\n",
+    "no-content": b"HTTP/1.1 204 No Content\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("answer", NOT_AN_OBJECT.values(), ids=NOT_AN_OBJECT.keys())
+def test_a_stored_response_answered_with_no_object_is_a_502(answer: bytes) -> None:
+    """`GET /v1/responses/{id}` goes to the one replica holding the response: the answer is
+    judged as a proxied one (a 2xx other than 200, a redirect, a 200 that is no JSON object)."""
+    with BadReplica(MODEL, answer=_json_200(STORED)) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            created = client.responses.create(model=MODEL, input="hi")
+            bad.get_answer = answer
+            with pytest.raises(openai.APIStatusError) as err:
+                client.responses.retrieve(created.id)
+            assert err.value.status_code == 502
+            bad.get_answer = _json_200(STORED)
+            assert client.responses.retrieve(created.id).id == created.id
