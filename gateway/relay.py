@@ -47,13 +47,7 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import (
-    REFUSED,
-    KvgateError,
-    ReplicaWrongModel,
-    UpstreamError,
-    openai_shaped,
-)
+from gateway.errors import REFUSED, KvgateError, ReplicaWrongModel, UpstreamError, openai_shaped
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
@@ -73,6 +67,7 @@ from gateway.stream_end import (
     MALFORMED,
     NOT_STARTED,
     error_event,
+    next_chunk,
     stream_error,
     stream_failure,
     unstarted_failure,
@@ -440,7 +435,7 @@ class Relay:
                 n += 1
             if scanner.malformed:
                 return b""  # read no further: `relay` ends the stream with an error event
-            chunk = await resp.read_chunk()
+            chunk = await next_chunk(resp, scanner)
         return held
 
     async def _relay_whole(

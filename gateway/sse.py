@@ -299,6 +299,10 @@ class StreamScanner:
         last = tail[tail.rfind(b"\n\n") + 1:]
         return _DONE_LINE.search(last) is not None or _TERMINAL.search(last) is not None
 
+    def done(self) -> bool:
+        """Whether the events forwarded so far end with ``data: [DONE]`` (nothing held)."""
+        return b"[DONE]" in self._last and not self._partial and self.complete()
+
     def flush(self) -> bytes:
         """At the end of the stream: whatever is left, forwarded as is."""
         rest = self._held()
