@@ -193,7 +193,8 @@ class RouteSync:
                                   subject="shared routing state", logger=log)
         # peers' records arrive about a flush interval or two late (`window_s`): within it the
         # gateways hold their contested picks until the lower ranks' have arrived
-        # (routing.router.Router.defer_s), or take turns over equally good replicas (`routing.turns.Turns.turn`)
+        # (routing.router.Router.defer_s), or take turns over equally good replicas
+        # (`routing.turns.Turns.turn`)
         router.enable_sharing(settings.stale_after_s, self.member, settings.window_s,
                               settings.defer, settings.hold_s)
         self._wake = asyncio.Event()
