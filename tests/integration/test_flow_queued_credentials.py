@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import redis
 
 from tests.support.gateway import (
     AUTH_SECRET,
@@ -39,6 +40,7 @@ class Stack:
     a: str
     b: str
     sim: str
+    redis: str
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +61,20 @@ def stack() -> Iterator[Stack]:
             gw, base = gateway_proc(config=config, env=env, auth=True)
             procs.append(gw.start())
             bases.append(base)
-        yield Stack(bases[0], bases[1], sim_url)
+        yield Stack(bases[0], bases[1], sim_url, url)
     finally:
         for proc in reversed(procs):
             proc.stop()
 
 
 def _tenant(base: str) -> tuple[str, str, str]:
-    """A new tenant of tier free: its id, a key and the key's id."""
+    """A new tenant of tier free (at most 5 requests at once): its id, a key and the key's
+    id."""
     tid = f"t-{uuid.uuid4().hex[:8]}"
     with admin_client(base, ADMIN) as admin:
-        assert admin.post("/tenants", json={"id": tid, "tier": "free"}).status_code == 201
+        created = admin.post("/tenants", json={"id": tid, "tier": "free",
+                                               "limits": {"max_concurrency": 5}})
+        assert created.status_code == 201
         key = admin.post(f"/tenants/{tid}/keys").json()
     return tid, key["key"], key["id"]
 
@@ -135,8 +140,16 @@ def _with_one_queued(s: Stack, key: str, text: str) -> tuple[Queued, Filler]:
     return queued, filler
 
 
-def _drained(s: Stack) -> None:
-    wait_for(lambda: inflight(s.a) == 0 and _depth(s.a) == 0, 10, "nothing left in flight")
+def _leases(s: Stack, tid: str) -> int:
+    """The tenant's concurrency leases held in Redis."""
+    with redis.Redis.from_url(s.redis) as r:
+        return int(r.zcard(f"kvgate:rl:{{{tid}}}:leases"))
+
+
+def _drained(s: Stack, tid: str) -> None:
+    """Nothing in flight or queued, and the tenant's concurrency leases all given back."""
+    wait_for(lambda: inflight(s.a) == 0 and _depth(s.a) == 0 and _leases(s, tid) == 0, 10,
+             "nothing left held")
 
 
 @pytest.mark.parametrize("change", ["revoke", "delete"])
@@ -144,6 +157,7 @@ def test_a_request_queued_when_its_key_goes_is_refused_not_sent(stack: Stack, ch
     tid, key, key_id = _tenant(stack.a)
     text = f"queued {uuid.uuid4().hex}"
     queued, filler = _with_one_queued(stack, key, text)
+    assert _leases(stack, tid) == 1  # a queued request holds its lease
     with admin_client(stack.b, ADMIN) as admin:  # through the other gateway
         gone = (admin.delete(f"/tenants/{tid}/keys/{key_id}") if change == "revoke"
                 else admin.delete(f"/tenants/{tid}"))
@@ -153,7 +167,7 @@ def test_a_request_queued_when_its_key_goes_is_refused_not_sent(stack: Stack, ch
     queued.join(30)
     assert queued.status == 401
     assert _received(stack.sim, text) == []
-    _drained(stack)
+    _drained(stack, tid)
 
 
 def test_a_request_queued_when_its_salt_rotates_carries_the_new_salt(stack: Stack) -> None:
@@ -165,9 +179,9 @@ def test_a_request_queued_when_its_salt_rotates_carries_the_new_salt(stack: Stac
     filler.close()
     queued.join(30)
     assert queued.status == 200
-    _drained(stack)
+    _drained(stack, tid)
     after = f"after {uuid.uuid4().hex}"
     assert _ask(stack.a, key, after) == 200
     [sent], [new] = _received(stack.sim, text), _received(stack.sim, after)
     assert sent["cache_salt"] == new["cache_salt"]
-    _drained(stack)
+    _drained(stack, tid)
