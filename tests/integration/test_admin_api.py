@@ -479,6 +479,15 @@ async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
     assert (await c.post("/admin/tenants", json={"id": "a", "tier": "t" * 64})).status_code == 201
 
 
+async def test_a_public_model_name_no_request_can_name_is_refused(admin: Admin) -> None:
+    """An empty public model name was stored: no request can name it (its `model` must be a
+    non-empty string), so the operator's alias was dead without a word."""
+    err = _error(await admin.client.patch("/admin/policy", json={
+        "models": {"": {"free": "awq"}}}), 400)
+    assert err["param"] == "models", err
+    assert "" not in (await admin.client.get("/admin/policy")).json()["models"]
+
+
 async def test_an_infinite_threshold_is_refused_not_stored_unreadable(admin: Admin) -> None:
     """`Infinity` (Python's JSON parser takes it) was accepted as a spill threshold and stored
     as null: the stored policy was then unreadable on every gateway."""
