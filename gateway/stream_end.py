@@ -4,9 +4,9 @@
 `relay.py`, which re-exports them. `next_chunk` reads a stream on: after its ``data: [DONE]``
 (a Responses API stream's, proxied or stored: its ``response.completed``,
 `StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
-only, not the idle timeout,
-so a replica or proxy holding the body open cannot hold the client, its replica's counters and
-its tenant's leases, nor have a 504 error event sent after the [DONE]."""
+only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
+client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
+the [DONE]."""
 
 from __future__ import annotations
 
