@@ -103,6 +103,8 @@ class AnswerSide(Deadlines):
                     return [self._refuse(not_a_stream(content_type))]
                 self._scanner = StreamScanner(strip_usage=False, max_event_bytes=limit)
                 return self._stream_head(self._stored_headers(), end)
+            if 200 < status < 400:  # (vLLM answers 200 or an error: the HTTP edge's 502)
+                return [self._refuse(not_an_answer(status))]
             return self._hold(status, headers, end)
         self._served_by(wire.served_endpoint(msg), status)
         req.status = status

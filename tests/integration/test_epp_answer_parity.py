@@ -1,6 +1,7 @@
 """The endpoint picker behind a real Envoy answers two broken answers as the HTTP edge does: a
 200 labelled JSON whose body is no JSON object (a proxy's HTML page, an empty or cut body,
-null) and a stream held open after its last event.
+null; a stored response's 2xx other than 200 or redirect too) and a stream held open after
+its last event.
 
 Both edges over one loopback replica that answers so (`tests/support/bad_replica.py`), the
 official openai client, raw HTTP to see a stream's every byte.
@@ -120,3 +121,29 @@ def test_a_stream_held_open_after_its_last_event_ends_at_both_edges(
     assert got == events
     wait_for(lambda: inflight(every[f"{edge}-metrics"]) == 0, 3, "nothing in flight")
     assert _failures(every[f"{edge}-metrics"]) == before
+
+
+STORED_ODD = {
+    "page": (b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 6\r\n\r\n<html>",
+             "The replica's answer is not JSON (text/html)."),
+    "redirect": (b"HTTP/1.1 302 Found\r\nlocation: http://127.0.0.1:9/x\r\ncontent-length: 0"
+                 b"\r\n\r\n", "The replica answered 302, not an answer."),
+    "no-content": (b"HTTP/1.1 204 No Content\r\n\r\n", "The replica answered 204, not an answer."),
+}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize(("answer", "message"), STORED_ODD.values(), ids=STORED_ODD.keys())
+def test_a_stored_responses_answer_that_is_no_answer_is_a_502_at_both_edges(
+    edges: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, answer: bytes,
+    message: str,
+) -> None:
+    """A stored response's answer that is a 2xx other than 200, a redirect or a 200 page: the
+    picker relayed it (the SDK got a str, a 204 or a 302 naming an internal address)."""
+    replica.get_answer = answer
+    client = openai.OpenAI(base_url=f"{edges[1][edge]}/v1", api_key="x", max_retries=0,
+                           timeout=15)
+    with pytest.raises(openai.InternalServerError) as err:
+        client.responses.retrieve(RID)
+    assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
+                              "code": 502}
