@@ -40,7 +40,8 @@ class Deadlines(ExchangeState):
         replica; a started stream's bytes, or a whole answer's once its head came (a proxied
         one's, a stored response's, or a stored stream's answered with a whole one), stopping
         for `idle_timeout_s` (`StoredResponses.whole` alike); any answer past
-        `total_timeout_s` from the request's start. An
+        `total_timeout_s` from the request's start; a stream past its last event
+        (`_after_done`) waits `AFTER_DONE_S` for its end, as on the HTTP edge. An
         answer whose head never comes is not seen here (Envoy calls the response path with
         the head): Envoy's router timeouts bound it (`envoy_config`)."""
         up = self._core.cfg.upstream

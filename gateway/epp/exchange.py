@@ -26,7 +26,8 @@ edge's 502 JSON. A stored response's answers are bounded and held alike, not jud
 edge's upstream timeouts apply once the answer's head is in, a stored response's too
 (`deadline`, `timed_out`: the first-byte one until a stream's answer starts, the idle one after
 it and after a whole answer's head; a 504 before a stream's first bytes and for a whole answer,
-an error event after them; no retry).
+an error event after them; no retry); a stream held open after its last event ends for the
+client a moment later (`end_after_done`).
 The lease is released and the admission settled when the stream ends, however it ends
 (`close`).
 """
