@@ -58,6 +58,7 @@ from gateway.relay import (
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
+from gateway.stream_end import next_chunk
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
@@ -330,8 +331,8 @@ class _Pipe:
             return True
         scanner = StreamScanner(strip_usage=False, max_event_bytes=self._limit)
         try:
-            while chunk := await resp.read_chunk():
-                out = scanner.feed(chunk)
+            while chunk := await next_chunk(resp, scanner):  # (its end: 1 s after the last
+                out = scanner.feed(chunk)  # event, `response.completed`, at most)
                 if not self.started and (failure := unstarted_failure(
                         scanner, self._limit, error_events=False)) is not None:
                     raise failure  # the events before it in this read are not sent

@@ -2,9 +2,11 @@
 (`stream_error`, `error_event`), and which failure a stream's read shows (`stream_failure`,
 `unstarted_failure`). Both edges end their streams with these, proxied and stored; split from
 `relay.py`, which re-exports them. `next_chunk` reads a stream on: after its ``data: [DONE]``
-the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S` only, not the idle timeout,
-so a replica or proxy holding the body open cannot hold the client, its replica's counters and
-its tenant's leases, nor have a 504 error event sent after the [DONE]."""
+(a Responses API stream's, proxied or stored: its ``response.completed``,
+`StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
+only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
+client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
+the [DONE]."""
 
 from __future__ import annotations
 
@@ -77,7 +79,7 @@ def unstarted_failure(
 
 
 async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
-    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its [DONE] (the
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event (the
     connection is then not reused: its answer did not end)."""
     if not scanner.done():
         return await resp.read_chunk()

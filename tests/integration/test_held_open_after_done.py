@@ -5,6 +5,11 @@ request held its replica's in-flight count and the tenant's concurrency, and at 
 kvgate sent a 504 error event after the [DONE] and counted the answered request a 504. Now the
 end is waited for a moment only, then the stream ends as it is and the connection is dropped.
 
+A Responses API stream ends with its terminal event (``response.completed``), not [DONE]:
+proxied (``POST /v1/responses``) or stored (``GET /v1/responses/{id}?stream=true``), one held
+open after it was the same 120 s and 504 error event (the stored stream's read loop did not
+bound it at all). Both end a moment after that event now.
+
 A real gateway, a loopback replica that holds the body open, raw HTTP to see every byte.
 """
 
@@ -16,7 +21,8 @@ import time
 import httpx
 import orjson
 
-from tests.support.bad_replica import BadReplica, chunked, sse_head
+from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
+from tests.support.bad_replica import BadReplica, chunked, sse_head, whole
 from tests.support.gateway import gateway_proc, inflight, request_statuses
 
 EVENT = b"data: " + orjson.dumps({
@@ -42,4 +48,29 @@ def test_a_stream_held_open_after_its_done_ends_at_once() -> None:
             assert body == EVENT + DONE
             assert inflight(base) == 0
             assert request_statuses(base) == {"200": 1.0}
+        bad.gate.set()
+
+
+def test_a_responses_stream_held_open_after_its_last_event_ends_at_once() -> None:
+    """Proxied and stored: the body after ``response.completed`` is waited for a moment."""
+    events = CREATED + DELTA + COMPLETED
+    with BadReplica("m") as bad:
+        bad.answer = whole(WHOLE)  # RID, stored through the gateway (which learns its home)
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "10"})
+        with gw:
+            assert httpx.post(f"{base}/v1/responses", timeout=10,
+                              json={"model": "m", "input": "x"}).status_code == 200
+            bad.answer = bad.get_answer = sse_head() + chunked(events, last=False)
+            bad.rest, bad.gate = b"0\r\n\r\n", threading.Event()  # the end: never
+            for method, path, body in [
+                    ("POST", "/v1/responses", {"model": "m", "input": "x", "stream": True}),
+                    ("GET", f"/v1/responses/{RID}?stream=true", None)]:
+                started = time.monotonic()
+                with httpx.stream(method, f"{base}{path}", json=body, timeout=30) as resp:
+                    got = b"".join(resp.iter_raw())
+                assert time.monotonic() - started < 5, path
+                assert got == events, path
+            assert inflight(base) == 0
+            assert request_statuses(base) == {"200": 2.0}
         bad.gate.set()
