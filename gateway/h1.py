@@ -18,6 +18,10 @@ Rules it keeps:
 - reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
   taken, so a stream never buffers without bound;
 - an answer's head (status line and headers) longer than `MAX_HEAD_BYTES` fails the exchange;
+  so does one with a `Content-Encoding` (every request asks for identity: a proxy that
+  compresses anyway sent bytes kvgate can neither read nor relay as the JSON they claim to be),
+  or a status HTTP has no answer of (101, under 100, 600 and above); an interim answer (100,
+  102, 103) is skipped for the answer after it;
 - a URL's userinfo (``http://user:password@host``) is sent as Basic credentials, as aiohttp
   does for the health checks and scrapes, unless the request carries its own `Authorization`
   (a pool's API key), and never in the `Host` header;
@@ -70,21 +74,27 @@ class _Conn(asyncio.Protocol):
         self._reset()
 
     def _reset(self) -> None:
-        self.status = 0
-        self.content_type = "application/json"
-        self.content_length: str | None = None
-        self.retry_after: str | None = None
+        self._new_head()
         self.head: asyncio.Future[None] = self._loop.create_future()
         self.any_byte = False  # of this exchange's answer
         self._head_bytes = 0  # received before the answer's head was complete
         self.complete = False
         self.keep_alive = False
         self.error: BaseException | None = None
-        self._chunked = False
         self._chunks: deque[bytes] = deque()
         self._buffered = 0
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+
+    def _new_head(self) -> None:
+        """What an answer's head sets (again after an interim answer's)."""
+        self.status = 0
+        self.content_type = "application/json"
+        self.content_length: str | None = None
+        self.retry_after: str | None = None
+        self._encoding: bytes | None = None
+        self._chunked = False
+        self._interim = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -131,10 +141,22 @@ class _Conn(asyncio.Protocol):
             self.retry_after = value.decode("latin-1")
         elif lname == b"transfer-encoding" and b"chunked" in value.lower():
             self._chunked = True
+        elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            self._encoding = value[:32]
 
     def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-        if not self.head.done():
+        status = self._parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # an interim answer (100 Continue, 103 Early Hints from a proxy): the answer follows
+            self._new_head()
+            self._interim = True
+            return
+        self.status = status
+        if not 200 <= status < 600:  # no answer HTTP has (uvicorn raised sending it on)
+            self._fail(UpstreamProtocolError(f"an answer of status {status}"))
+        elif self._encoding is not None:
+            self._fail(UpstreamProtocolError(f"an answer in {self._encoding!r} encoding"))
+        elif not self.head.done():
             self.head.set_result(None)
 
     def on_body(self, body: bytes) -> None:
@@ -146,6 +168,9 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
         self.complete = True
         self.keep_alive = self._parser.should_keep_alive()
         self._wake()

@@ -186,6 +186,8 @@ class PolicyDoc(BaseModel):
         if not self.tiers:
             raise ValueError("tiers: at least one tier is required")
         for model, per_tier in self.models.items():
+            if not model:  # a request's `model` is a non-empty string: none could name it
+                raise ValueError("models: a public model name must not be empty")
             if not per_tier:
                 raise ValueError(f"models.{model}: maps no tier to a pool")
             for tier, pool in per_tier.items():

@@ -126,7 +126,7 @@ class Preparer:
         gate = self._gate
         principal = gate.principal(token)
         req.tier, req.tenant = principal.tier, gate.labels(principal.tenant_id)
-        req.tenant_id = principal.tenant_id
+        req.tenant_id, req.key_hash = principal.tenant_id, gate.key_hash(token)
         return principal
 
     async def prepare(
@@ -153,6 +153,8 @@ class Preparer:
         elif self._router.defers:  # several gateways: a contested pick may wait its rank
             plan = await self._hold(req, principal, parsed, gone)
             held = plan is None
+        if req.queued_s is not None:  # it waited: sent on the credentials in force now
+            principal = self._gate.current(principal, req.key_hash)
         return self._plan_and_pick(req, principal, parsed, subset, plan, held)
 
     async def _hold(

@@ -5,9 +5,10 @@ edges share (`prepare.py`: parse it once, admit it against the tenant's limits -
 round trip, none for a tenant without limits --, plan the pool from the principal's policy
 snapshot, rewrite the body, ask the router), then try the decision's replica and its
 fallbacks. The admission is settled with the real usage in a ``finally``. A connect error, a
-reset or one of `upstream.retry_statuses` (500/502/503/504) *before anything was sent to the
-client* (also an answer cut after its headers, a 200 that is not JSON or not the stream asked
-for, a stream failing before its first event: `Relay.relay`; a stream with no event within
+reset, one of `upstream.retry_statuses` (500/502/503/504) or a 429 (not vLLM's: a limiter in
+front of that replica) *before anything was sent to the client* (also an answer cut after
+its headers, a 200 that is not JSON or not the stream asked for, a stream failing before its
+first event: `Relay.relay`; a stream with no event within
 the first-byte timeout, which is per try: `Canceller.retry_first_byte`) moves on to the next replica
 (bounded by `max_attempts` and the pool's retry budget; a budget that runs out is a 503 with
 Retry-After).
@@ -93,7 +94,7 @@ class Proxy:
         self._limit = cfg.server.max_body_bytes
         self._uploads = Uploads(cfg.server.max_pending_body_bytes)
         self._up = cfg.upstream
-        self._retry = frozenset(cfg.upstream.retry_statuses)
+        self._retry = frozenset([*cfg.upstream.retry_statuses, 429])
         self.cors = Cors.from_config(cfg.server)  # None: CORS off
         self.responses = ResponseStore()
         self.prep = Preparer(pools, router, metrics, clock, gate, self.responses,

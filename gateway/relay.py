@@ -6,8 +6,8 @@ through as bytes (`StreamScanner` reads the usage chunk and notes error events);
 is sent in one piece, its error body re-shaped when it is not OpenAI's. What the upstream
 answered feeds the replica's health (`judge`):
 
-- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"): a short back-off from
-  new picks (`Replica.record_busy`), health untouched;
+- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"), or a 429 (from a
+  limiter in front of the replica): a short back-off from new picks (`Replica.record_busy`);
 - 401/403: the replica refused kvgate's own credentials (a pool without the replica's
   ``--api-key``): down at once, as every request would fail there (the client gets a 502,
   `ReplicaRefused`);
@@ -47,13 +47,7 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import (
-    REFUSED,
-    KvgateError,
-    ReplicaWrongModel,
-    UpstreamError,
-    openai_shaped,
-)
+from gateway.errors import REFUSED, KvgateError, ReplicaWrongModel, UpstreamError, openai_shaped
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
@@ -73,12 +67,13 @@ from gateway.stream_end import (
     MALFORMED,
     NOT_STARTED,
     error_event,
+    next_chunk,
     stream_error,
     stream_failure,
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.whole import read_whole
+from gateway.whole import json_object, read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
@@ -165,7 +160,7 @@ def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
     """Feed an upstream answer's status (and error body) to the replica's health; returns
     the verdict ("busy", "refused", "dead", "wrong_model", "failure", "ok") for logs and
     metrics."""
-    if status == 503 and any(marker in body for marker in _BUSY):
+    if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
         replica.record_busy(now)
         return "busy"
     if status in REFUSED:
@@ -440,7 +435,7 @@ class Relay:
                 n += 1
             if scanner.malformed:
                 return b""  # read no further: `relay` ends the stream with an error event
-            chunk = await resp.read_chunk()
+            chunk = await next_chunk(resp, scanner)
         return held
 
     async def _relay_whole(
@@ -454,7 +449,7 @@ class Relay:
             replica.record_failure(self._clock())
             raise UpstreamError("The replica failed while answering.", reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
-        if resp.status == 200 and (stream or not resp.content_type.startswith(_JSON)):
+        if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete

@@ -43,6 +43,7 @@ class ProxiedRequest:
         "extra",
         "features",
         "flow_done",
+        "key_hash",
         "kind",
         "opened_by",
         "parsed",
@@ -91,6 +92,7 @@ class ProxiedRequest:
         self.strip = False
         self.spilled = False
         self.tier = self.tenant = self.tenant_id = "none"
+        self.key_hash: str | None = None  # its caller's key, hashed (`TenantGate.current`)
         self.attempts = 0
         self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
         self.usage: dict[str, int] | None = None  # upstream usage counts

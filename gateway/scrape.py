@@ -18,6 +18,9 @@ replica's last sample ages out (the router then relies on its own accounting).
 `Scraper` polls every target in its own task (so a hanging ``/metrics`` delays only itself),
 with a timeout over the whole request, jittered intervals, and hands each outcome to
 ``on_sample(replica_id, sample_or_None, now)``. The app's lifespan owns it: `start`, `stop`.
+A page is read up to `MAX_PAGE_BYTES` (vLLM's is tens of KB per data-parallel engine; a
+larger one is a failed scrape, read no further) and, past 64 KiB, parsed in a worker thread: a
+page of megabytes costs a second of CPU, which on the event loop held every request that long.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from gateway.transport import read_at_most
 from routing.learning import EngineCounters
 
-__all__ = ["NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
+__all__ = ["MAX_PAGE_BYTES", "NoLoadData", "Sample", "Scraper", "parse_vllm_metrics"]
 
 log = logging.getLogger(__name__)
 
@@ -215,6 +219,10 @@ def parse_vllm_metrics(text: str) -> Sample:
 
 
 OnSample = Callable[[str, Sample | None, float], None]
+MAX_PAGE_BYTES = 8 << 20
+# a page this small is parsed on the event loop: a few ms even if every line is a series read,
+# where a worker thread costs ~0.1 ms of CPU per scrape (4 a second per replica)
+_INLINE_BYTES = 64 << 10
 _PLAIN = {"Accept-Encoding": "identity"}  # vLLM would gzip every page, 4 times a second
 
 
@@ -225,6 +233,20 @@ class _Target:
     last_ok: float | None = None
     errors: int = 0
     no_load_data: bool = False  # the last page had no vllm:* series
+
+
+async def _read_page(r: aiohttp.ClientResponse) -> bytes:
+    """The body, or ValueError as soon as it passes `MAX_PAGE_BYTES` (nothing more is read)."""
+    if (r.content_length or 0) > MAX_PAGE_BYTES:
+        raise ValueError(f"/metrics page of {r.content_length} bytes")
+    page = await read_at_most(r.content, MAX_PAGE_BYTES)
+    if len(page) > MAX_PAGE_BYTES:
+        raise ValueError(f"/metrics page over {MAX_PAGE_BYTES} bytes")
+    return page
+
+
+def _parse_page(page: bytes) -> Sample:
+    return parse_vllm_metrics(page.decode())  # the text format is UTF-8 (a ValueError if not)
 
 
 class Scraper:
@@ -324,8 +346,9 @@ class Scraper:
             ) as r:
                 if r.status != 200:
                     raise ValueError(f"/metrics answered {r.status}")
-                text = await r.text()
-            sample = parse_vllm_metrics(text)
+                page = await _read_page(r)
+            sample = (_parse_page(page) if len(page) <= _INLINE_BYTES
+                      else await asyncio.to_thread(_parse_page, page))
             target.no_load_data = False
         except NoLoadData:
             target.errors += 1

@@ -48,6 +48,10 @@ _OUTPUT_TEXT = re.compile(
     rb'"(?:content|reasoning|reasoning_content|text|arguments|delta)"\s*:\s*"'
     rb'([^"\\]*(?:\\.[^"\\]*)*)"'
 )
+# Responses API events (`"type": "response.…"`) carry new output in `delta` fields only: their
+# `.done` events and `response.completed` repeat the whole text (`text`, `part`, `output`)
+_RESPONSES_EVENT = re.compile(rb'"type"\s*:\s*"response\.')
+_DELTA_TEXT = re.compile(rb'"delta"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
 MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # a held fragment up to a chunk's size and this much more is joined with the chunk and searched
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
@@ -76,6 +80,8 @@ _BRACES = re.compile(rb"[{}]")
 _DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
 _TERMINAL = re.compile(
     rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
+_ENDED = re.compile(  # (an `event:` line's start: generated text may say "event: ...")
+    rb'(?:(?:^|\n)event:[ \t]*|"type"\s*:\s*")response\.(?:completed|incomplete|failed)\b')
 
 # the Responses API's events vLLM sends as the stream opens, before the prompt is scheduled
 _PREAMBLE = frozenset({b"response.created", b"response.in_progress", b"response.queued"})
@@ -180,7 +186,8 @@ def output_chars(block: bytes) -> int:
     fields), for an estimate of the tokens a stream delivered when it ends without its usage
     (`ProxiedRequest.spent_tokens`). About 1 us per event: counted only for a stream under a
     TPM limit or flow control (`Preparer`)."""
-    return sum(map(len, _OUTPUT_TEXT.findall(block)))
+    fields = _DELTA_TEXT if _RESPONSES_EVENT.search(block) else _OUTPUT_TEXT
+    return sum(map(len, fields.findall(block)))
 
 
 def comment_only(block: bytes) -> bool:
@@ -287,12 +294,19 @@ class StreamScanner:
         seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
         if self.error_code is not None:
             return True
-        tail = self._held() or self._last
-        if b"\n:" in tail or tail[:1] == b":":
-            tail = b"\n".join(line for line in tail.splitlines() if line[:1] != b":")
-        tail = tail.replace(b"\r\n", b"\n").rstrip()
-        last = tail[tail.rfind(b"\n\n") + 1:]
+        last = _last_event(self._held() or self._last)
         return _DONE_LINE.search(last) is not None or _TERMINAL.search(last) is not None
+
+    def done(self) -> bool:
+        """Whether the events forwarded so far end the stream (nothing held): with ``data:
+        [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
+        vLLM ends the body right after either. An error event is not: vLLM's chat streams
+        send their [DONE] after it."""
+        if self._partial or self._more or (
+                b"[DONE]" not in self._last and b"response." not in self._last):
+            return False
+        last = _last_event(self._last)
+        return _DONE_LINE.search(last) is not None or _ENDED.search(last) is not None
 
     def flush(self) -> bytes:
         """At the end of the stream: whatever is left, forwarded as is."""
@@ -316,3 +330,11 @@ class StreamScanner:
                         continue
             kept.append(event)
         return sep.join(kept)
+
+
+def _last_event(block: bytes) -> bytes:
+    """The last event of a block of whole events, comment lines left out."""
+    if b"\n:" in block or block[:1] == b":":
+        block = b"\n".join(line for line in block.splitlines() if line[:1] != b":")
+    tail = block.replace(b"\r\n", b"\n").rstrip()
+    return tail[tail.rfind(b"\n\n") + 1:]

@@ -47,14 +47,22 @@ from gateway.errors import (
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import CUT_SHORT, stream_error, stream_failure, unstarted_failure
+from gateway.relay import (
+    CUT_SHORT,
+    not_an_answer,
+    not_what_was_asked,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
 from gateway.replicas import Replica
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
+from gateway.stream_end import next_chunk
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.whole import read_whole
+from gateway.whole import json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
            "wants_stream"]
@@ -265,6 +273,10 @@ class StoredResponses:
             if resp is not None:
                 resp.release() if clean else resp.abort()
         status, content_type = resp.status, resp.content_type
+        if 200 < status < 400:  # vLLM answers 200 or an error: a 204, a redirect (to an
+            raise not_an_answer(status)  # internal address) is something else's at its address
+        if status == 200 and not json_object(content_type, body):  # an HTML page, a cut body
+            raise not_what_was_asked(False, content_type)
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
@@ -319,8 +331,8 @@ class _Pipe:
             return True
         scanner = StreamScanner(strip_usage=False, max_event_bytes=self._limit)
         try:
-            while chunk := await resp.read_chunk():
-                out = scanner.feed(chunk)
+            while chunk := await next_chunk(resp, scanner):  # (its end: 1 s after the last
+                out = scanner.feed(chunk)  # event, `response.completed`, at most)
                 if not self.started and (failure := unstarted_failure(
                         scanner, self._limit, error_events=False)) is not None:
                     raise failure  # the events before it in this read are not sent

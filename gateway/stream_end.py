@@ -1,17 +1,27 @@
 """How a broken answer is told to the client: a stream's error event and ``data: [DONE]``
 (`stream_error`, `error_event`), and which failure a stream's read shows (`stream_failure`,
 `unstarted_failure`). Both edges end their streams with these, proxied and stored; split from
-`relay.py`, which re-exports them."""
+`relay.py`, which re-exports them. `next_chunk` reads a stream on: after its ``data: [DONE]``
+(a Responses API stream's, proxied or stored: its ``response.completed``,
+`StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
+only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
+client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
+the [DONE]."""
 
 from __future__ import annotations
+
+import asyncio
 
 import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
 from gateway.sse import StreamScanner
+from gateway.transport import UpstreamResponse
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
-           "stream_error", "stream_failure", "unstarted_failure"]
+__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
+           "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
+
+AFTER_DONE_S = 1.0
 
 DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
@@ -66,3 +76,15 @@ def unstarted_failure(
         return UpstreamError(f"The replica's answer was an error ({code}){said}",
                              reason="error_event")
     return None
+
+
+async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event (the
+    connection is then not reused: its answer did not end)."""
+    if not scanner.done():
+        return await resp.read_chunk()
+    try:
+        async with asyncio.timeout(AFTER_DONE_S):
+            return await resp.read_chunk()
+    except TimeoutError:
+        return b""

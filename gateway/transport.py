@@ -29,13 +29,18 @@ import aiohttp
 from gateway.h1 import H1Pool
 
 __all__ = [
-    "TRANSPORT_ERRORS", "ReplicaTransport", "Transport", "TransportFactory", "UpstreamResponse",
-    "connect_failure", "default_transport", "refused",
+    "MAX_GET_BYTES", "TRANSPORT_ERRORS", "ReplicaTransport", "Transport", "TransportFactory",
+    "UpstreamResponse", "connect_failure", "default_transport", "read_at_most", "refused",
 ]
 
 # What a failed exchange raises: connect errors, resets, protocol errors, bad payloads.
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
 
+
+# what `ReplicaTransport.get` reads of a body: vLLM's /health is empty and /v1/models a card
+# per model (its LoRA adapters included); read whole, an endless /health grew the gateway by
+# gigabytes within one probe's timeout
+MAX_GET_BYTES = 1 << 20
 
 UNREACHABLE = frozenset({errno.ECONNREFUSED, errno.EHOSTUNREACH, errno.ENETUNREACH})
 
@@ -109,6 +114,19 @@ class Transport(Protocol):
 TransportFactory = Callable[[int, float], Transport]
 
 
+async def read_at_most(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """A body up to just past `limit` bytes: longer than `limit` when the body is (nothing more
+    is read; leaving the response unread closes its connection)."""
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in content.iter_any():
+        parts.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            break
+    return b"".join(parts)
+
+
 def default_transport(max_connections: int, connect_timeout_s: float) -> Transport:
     return ReplicaTransport(max_connections=max_connections,
                             connect_timeout_s=connect_timeout_s)
@@ -149,10 +167,12 @@ class ReplicaTransport:
         return await self._h1.send(method, url, b"", headers)
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
-        """A small GET for health checks and model discovery."""
+        """A small GET for health checks and model discovery: the status and at most
+        `MAX_GET_BYTES` of the body (health reads the status; a model list cut short does
+        not parse, and teaches nothing)."""
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with self._session.get(url, timeout=timeout, headers=headers) as resp:
-            return resp.status, await resp.read()
+            return resp.status, (await read_at_most(resp.content, MAX_GET_BYTES))[:MAX_GET_BYTES]
 
     @property
     def closed(self) -> bool:

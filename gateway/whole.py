@@ -4,12 +4,15 @@ re-exports it); the endpoint picker reads Envoy's copy of one by the same rule."
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from gateway.errors import AnswerTooLarge
 from gateway.transport import UpstreamResponse
 
-__all__ = ["read_whole"]
+__all__ = ["json_object", "read_whole"]
+
+_OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")
 
 
 async def read_whole(
@@ -31,3 +34,16 @@ async def read_whole(
             raise AnswerTooLarge(limit)
         parts.append(chunk)
     return b"".join(parts)
+
+
+def json_object(content_type: str, body: bytes) -> bool:
+    """Whether a 200 may be the JSON object every proxied route answers: a JSON media type
+    and a body that opens and closes as an object. Not a parse (a whole answer may be tens of
+    MB: embeddings); an HTML page labelled JSON, an empty or cut body, ``null``, a string or an
+    array are not."""
+    if not content_type.startswith("application/json") or not _OPENS_OBJECT.match(body):
+        return False
+    end = len(body)
+    while body[end - 1] in b" \t\r\n":  # (the match above: a "{" is there to stop at)
+        end -= 1
+    return body[end - 1] == ord("}")

@@ -2,12 +2,15 @@
 Streams (what kvgate uses) vs pub/sub (the alternative), and gateway workers.
 
     python -m loadtest.sync_cost [--rounds R] [--seconds S] [--modes off,streams,pubsub]
-                                 [--flush-ms W] [--stickiness] [--simulate N]
+                                 [--flush-ms W] [--hold-picks] [--step K] [--rate R]
+                                 [--stickiness] [--simulate N]
 
 runs the cost measurement alone (interleaved rounds, medians), e.g. to compare two trees or
-flush intervals; ``--stickiness`` checks conversation stickiness across the two routers;
-``--simulate N`` runs the same traffic in simulated time without Redis (deterministic: count
-its instructions under callgrind at two sizes N, sharing off and on, to compare two trees)."""
+flush intervals (``--step 1 --hold-picks``: requests one by one, contested picks' routes
+urgent, and the Redis commands they cost); ``--stickiness`` checks conversation stickiness
+across the two routers; ``--simulate N`` runs the same traffic in simulated time without
+Redis (deterministic: count its instructions under callgrind at two sizes N, sharing off and
+on, to compare two trees)."""
 
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ class Measured:
     route_cpu_us: float  # of which pick + record_route
     bytes_per_request: float  # Redis network input (commands: XADD, XREAD)
     bytes_out_per_request: float  # Redis network output (replies: the entries read)
-    batches_per_s: float
+    batches_per_s: float  # XADDs (stream entries written)
+    commands_per_s: float  # every Redis command (XADD, XREAD, ...), from its commandstats
     lag_p50_ms: float
     lag_p99_ms: float
     rate: float
@@ -189,9 +193,11 @@ class _Own:
 
 
 async def measure(
-    url: str, mode: str, seconds: float, settings: SyncSettings | None = None
+    url: str, mode: str, seconds: float, settings: SyncSettings | None = None, step: int = 20,
+    rate: float = RATE,
 ) -> Measured:
-    """Route RATE requests/s alternating over two routers; sharing per `mode`.
+    """Route ``rate`` requests/s alternating over two routers, ``step`` requests at a time
+    (20 every 10 ms by default; 1: each on its own, as a gateway's arrive); sharing per `mode`.
 
     Each router's views carry its own load as the gateway's do (`_Own`), so the cost model
     does the same work with sharing off as on and the difference is the sharing's.
@@ -221,22 +227,24 @@ async def measure(
             await p.start()
     stats = await admin.info("stats")
     before = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
-    n = int(RATE * seconds)
+    commands = await _commands(admin)
+    n = int(rate * seconds)
     features = _workload(rng, n)
     await asyncio.sleep(0.05)  # the readers are waiting
     route_cpu = 0.0
     t0, c0 = time.perf_counter(), time.process_time()
-    for start in range(0, n, 20):  # pace: 20 requests per 10 ms at 2,000/s
+    for start in range(0, n, step):  # pace: `step` requests per step / rate seconds
         r0 = time.process_time()
-        for i in range(start, min(n, start + 20)):
+        for i in range(start, min(n, start + step)):
             owns[i % 2].route(features[i], time.monotonic())
         route_cpu += time.process_time() - r0
         if pubs:
             for p, own in zip(pubs, owns, strict=True):
                 await p.publish(own.loads)
-        await asyncio.sleep(max(0.0, t0 + (start + 20) / RATE - time.perf_counter()))
+        await asyncio.sleep(max(0.0, t0 + (start + step) / rate - time.perf_counter()))
     await asyncio.sleep(0.2)  # the last batches are applied
     cpu = time.process_time() - c0
+    commands = await _commands(admin) - commands - 2  # (the two INFOs)
     stats = await admin.info("stats")
     after = int(stats["total_net_input_bytes"]), int(stats["total_net_output_bytes"])
     elapsed = time.perf_counter() - t0
@@ -253,11 +261,17 @@ async def measure(
         mode=mode, requests=n, cpu_us=cpu / n * 1e6, route_cpu_us=route_cpu / n * 1e6,
         bytes_per_request=(after[0] - before[0]) / n if shared else 0.0,
         bytes_out_per_request=(after[1] - before[1]) / n if shared else 0.0,
-        batches_per_s=batches / elapsed,
+        batches_per_s=batches / elapsed, commands_per_s=commands / elapsed,
         lag_p50_ms=statistics.median(lags) * 1e3 if lags else 0.0,
         lag_p99_ms=lags[int(0.99 * (len(lags) - 1))] * 1e3 if lags else 0.0,
         rate=n / elapsed,
     )
+
+
+async def _commands(admin: aioredis.Redis) -> int:
+    """Commands the server has run (its commandstats' calls, summed)."""
+    stats = await admin.info("commandstats")
+    return sum(int(v["calls"]) for v in stats.values())
 
 
 # -- workers ------------------------------------------------------------------------------------
@@ -401,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="the routers' callers would hold contested picks (`sync.hold_picks`, "
                         "the live default; the picks here are not held): urgent routes are "
                         "published at once")
+    p.add_argument("--step", type=int, default=20,
+                   help="requests routed at a time (paced at --rate): 20 every 10 ms; 1 each on "
+                        "its own, as a gateway's requests arrive")
+    p.add_argument("--rate", type=float, default=RATE, help="routed requests/s, both routers")
     p.add_argument("--stickiness", action="store_true",
                    help="instead: conversation stickiness across the two routers (simulated "
                         "time, no Redis) without sharing and at flush intervals 5-40 ms")
@@ -429,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
     with redis_server() as url:
         for r in range(args.rounds):
             for m in modes:
-                got = asyncio.run(measure(url, m, args.seconds, settings))
+                got = asyncio.run(measure(url, m, args.seconds, settings, args.step,
+                                          args.rate))
                 runs[m].append(got)
                 print(f"round {r} {_row(got)}", flush=True)
     print("medians:")
@@ -443,14 +462,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _NUMBERS = ("cpu_us", "route_cpu_us", "bytes_per_request", "bytes_out_per_request",
-            "batches_per_s", "lag_p50_ms", "lag_p99_ms", "rate")
+            "batches_per_s", "commands_per_s", "lag_p50_ms", "lag_p99_ms", "rate")
 
 
 def _row(m: Measured) -> str:
     return (f"{m.mode:8} cpu {m.cpu_us:6.1f} us/req (routing {m.route_cpu_us:5.1f}), "
             f"redis in {m.bytes_per_request:5.0f} B/req out {m.bytes_out_per_request:5.0f} "
-            f"B/req, {m.batches_per_s:4.0f} batches/s, lag p50 {m.lag_p50_ms:6.2f} "
-            f"p99 {m.lag_p99_ms:6.2f} ms, {m.rate:.0f} req/s")
+            f"B/req, {m.batches_per_s:4.0f} batches/s ({m.commands_per_s:4.0f} commands/s), "
+            f"lag p50 {m.lag_p50_ms:6.2f} p99 {m.lag_p99_ms:6.2f} ms, {m.rate:.0f} req/s")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ RATE_WINDOWS = 4  # the lower ranks' route rate is counted over this many sync w
 
 class HoldOdds:
     """The counts behind `worth`: the lower ranks' routes applied lately, this gateway's holds
-    within the window. Peers are ranked by member id, as `Router` ranks them."""
+    within the window. Peers are ranked by member id, as `Turns.rank` ranks them."""
 
     def __init__(self, member: str, window_s: float) -> None:
         self._member = member

@@ -339,6 +339,8 @@ def _healthy_pool(p: PoolStats, th: Thresholds) -> Finding:
     if p.ttft_n_client:
         ev.insert(3, cite("kvgate_ttft_seconds", "TTFT p90 (streams)", p.ttft_p90_client,
                           unit="s"))
-    return Finding("healthy", "ok", p.name, None,
-                   "routing: nothing above thresholds (" + ", ".join(e.text() for e in ev) + ")",
-                   "none", ev)
+    summary = "routing: nothing above thresholds (" + ", ".join(e.text() for e in ev) + ")"
+    if p.requests < th.min_pool_requests:  # shares are not judged: say so, not "nothing"
+        summary = (f"routing: {p.requests:.0f} requests in the window, too few to judge (shares "
+                   f"are judged from {th.min_pool_requests:.0f}); {p.errors:.0f} failed (5xx)")
+    return Finding("healthy", "ok", p.name, None, summary, "none", ev)

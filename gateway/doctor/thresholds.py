@@ -75,7 +75,8 @@ TABLE: tuple[Threshold, ...] = (
               "... and the pool's engine hit rate is below this share of it"),
     Threshold("min_pool_requests", 50, "requests", "kvgate_requests_total",
               "fewer requests in a pool in the window: its error, overflow and spill-over "
-              "shares are not judged"),
+              "shares are not judged (the pool's finding says how many it had and how many "
+              "failed)"),
     Threshold("error_share", 0.05, "share of requests", 'kvgate_requests_total{status=~"5.."}',
               "requests of a pool that ended in a 5xx (critical from 50%)"),
     Threshold("min_replica_attempts", 20, "requests", "kvgate_replica_attempts_total",

@@ -53,6 +53,7 @@ from gateway.stored import (
     NO_EVENTS,
     not_a_stream,
 )
+from gateway.whole import json_object
 
 __all__ = ["AnswerSide"]
 
@@ -92,7 +93,7 @@ class AnswerSide(Deadlines):
     def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         req = self.req
         headers = msg.response_headers.headers.headers
-        status, content_type = _status(headers)
+        status, content_type = wire.status_of(headers)
         end = msg.response_headers.end_of_stream
         limit = self._core.cfg.upstream.max_answer_bytes
         sse = status == 200 and content_type.startswith("text/event-stream")
@@ -102,6 +103,8 @@ class AnswerSide(Deadlines):
                     return [self._refuse(not_a_stream(content_type))]
                 self._scanner = StreamScanner(strip_usage=False, max_event_bytes=limit)
                 return self._stream_head(self._stored_headers(), end)
+            if 200 < status < 400:  # (vLLM answers 200 or an error: the HTTP edge's 502)
+                return [self._refuse(not_an_answer(status))]
             return self._hold(status, headers, end)
         self._served_by(wire.served_endpoint(msg), status)
         req.status = status
@@ -140,10 +143,11 @@ class AnswerSide(Deadlines):
         on the HTTP edge: past the bound (declared in its head, or held) it is the 502
         `AnswerTooLarge`, not retried."""
         limit = self._core.cfg.upstream.max_answer_bytes
-        if (declared := _length(headers)) is not None and declared > limit:
+        if (declared := wire.declared_length(headers)) is not None and declared > limit:
             return [self._refuse(AnswerTooLarge(limit))]
         self._held, self._held_status = [], status
-        self._held_retry = _header(headers, "retry-after")
+        self._held_type = wire.status_of(headers)[1]
+        self._held_retry = wire.header_value(headers, "retry-after")
         self._last = perf_counter()  # its head: the answer has started (the idle timeout)
         return self._whole_answer(headers_only=True) if end else []
 
@@ -360,6 +364,10 @@ class AnswerSide(Deadlines):
         req, status = self.req, self._held_status
         assert self._held is not None
         data, self._held = b"".join(self._held), None
+        if status == 200 and not json_object(self._held_type, data):  # an HTML page, a cut
+            if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
+                req.target.record_failure(self._core.clock())  # judgement (a stored one's:
+            return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
         if req is None:
             headers = self._stored_headers()
             verdict = "refused" if status in REFUSED else None
@@ -390,28 +398,3 @@ class AnswerSide(Deadlines):
         return [wire.headers_response(headers, ("content-length",)),
                 *wire.body_responses(data, end)]
 
-
-def _header(headers: Any, key: str) -> str | None:
-    """The value of the header `key` (lowercase), if any."""
-    for h in headers:
-        if h.key == key:
-            return str(h.raw_value.decode("latin-1"))
-    return None
-
-
-def _length(headers: Any) -> int | None:
-    """The declared content-length, if any."""
-    for h in headers:
-        if h.key == "content-length" and h.raw_value.isdigit():
-            return int(h.raw_value)
-    return None
-
-
-def _status(headers: Any) -> tuple[int, str]:
-    status, content_type = 0, ""
-    for h in headers:
-        if h.key == ":status":
-            status = int(h.raw_value) if h.raw_value.isdigit() else 0
-        elif h.key == "content-type":
-            content_type = h.raw_value.decode("latin-1")
-    return status, content_type

@@ -19,6 +19,7 @@ from gateway.relay import stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
+from gateway.stream_end import AFTER_DONE_S
 from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")
@@ -39,7 +40,8 @@ class Deadlines(ExchangeState):
         replica; a started stream's bytes, or a whole answer's once its head came (a proxied
         one's, a stored response's, or a stored stream's answered with a whole one), stopping
         for `idle_timeout_s` (`StoredResponses.whole` alike); any answer past
-        `total_timeout_s` from the request's start. An
+        `total_timeout_s` from the request's start; a stream past its last event
+        (`_after_done`) waits `AFTER_DONE_S` for its end, as on the HTTP edge. An
         answer whose head never comes is not seen here (Envoy calls the response path with
         the head): Envoy's router timeouts bound it (`envoy_config`)."""
         up = self._core.cfg.upstream
@@ -48,8 +50,8 @@ class Deadlines(ExchangeState):
         total = self._t0 + up.total_timeout_s
         if self._unanswered():
             at = self._sent_at + up.first_byte_timeout_s
-        elif self.sse or self._held is not None:
-            at = self._last + up.idle_timeout_s
+        elif self.sse or self._held is not None:  # (a stream past its last event: a moment)
+            at = self._last + (AFTER_DONE_S if self._after_done() else up.idle_timeout_s)
         else:
             return None
         return max(0.0, min(at, total) - perf_counter())
@@ -57,6 +59,14 @@ class Deadlines(ExchangeState):
     def _unanswered(self) -> bool:
         """A stream whose answer has not started: the first-byte timeout bounds it."""
         return self._head is not None or (self.sse and not self._started)
+
+    def _after_done(self) -> bool:
+        """A stream past its last event (`StreamScanner.done`) whose body has not ended."""
+        return self.sse and self._scanner is not None and self._scanner.done()
+
+    def end_after_done(self) -> Sequence[pb.ProcessingResponse]:
+        """Its end for the client (`Exchange.end_after_done`)."""
+        raise NotImplementedError
 
     def _whole_stored(self) -> bool:
         """A stored response's GET (not a stream's), HEAD or cancel: bounded whole."""
@@ -73,6 +83,8 @@ class Deadlines(ExchangeState):
         req, up = self.req, self._core.cfg.upstream
         if self.deadline() is None:
             return ()
+        if self._after_done():  # the HTTP edge's `next_chunk`: ended as it is, no 504 event
+            return self.end_after_done()
         target = req.target if req is not None else None
         total = perf_counter() >= self._t0 + up.total_timeout_s
         first = self._unanswered()

@@ -26,7 +26,8 @@ edge's 502 JSON. A stored response's answers are bounded and held alike, not jud
 edge's upstream timeouts apply once the answer's head is in, a stored response's too
 (`deadline`, `timed_out`: the first-byte one until a stream's answer starts, the idle one after
 it and after a whole answer's head; a 504 before a stream's first bytes and for a whole answer,
-an error event after them; no retry).
+an error event after them; no retry); a stream held open after its last event ends for the
+client a moment later (`end_after_done`).
 The lease is released and the admission settled when the stream ends, however it ends
 (`close`).
 """
@@ -34,7 +35,11 @@ The lease is released and the admission settled when the stream ends, however it
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+
+from gateway.epp import wire
 from gateway.epp.answer_side import AnswerSide
 from gateway.epp.deadlines import Deadlines
 from gateway.epp.passed import mark_refused
@@ -51,6 +56,15 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
     side, the upstream timeouts, and its end."""
 
     __slots__ = ()
+
+    def end_after_done(self) -> Sequence[pb.ProcessingResponse]:
+        """A stream held open `AFTER_DONE_S` after its last event: ended for the client now
+        and judged whole, as the HTTP edge's `next_chunk` ends it (it waited for the idle
+        timeout, then sent a 504 error event after the [DONE] and charged the replica)."""
+        assert self._scanner is not None
+        self._cut = True
+        self._stream_ended(self._scanner, self.req, whole=True)
+        return wire.body_responses(b"", True)
 
     async def close(self) -> None:
         """The stream ended (answered, refused, or cut): release, settle, count. Envoy ends

@@ -1,6 +1,7 @@
 """The ext_proc messages the picker reads and writes (Envoy's generated protos, `xds-protos`).
 
-Reading: the few request headers kvgate needs, the subset hint (filter metadata
+Reading: the few request headers kvgate needs (and an answer's status, content type and
+length), the subset hint (filter metadata
 ``envoy.lb.subset_hint``), and the endpoint that served (``envoy.lb`` metadata, as the
 endpoint picker protocol says, or the ``upstream.address`` response attribute, which plain
 Envoy sends when its ext_proc filter asks for it). Writing: the request-headers answer with
@@ -13,6 +14,7 @@ destination of its own: Envoy's default action appends).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -29,10 +31,13 @@ __all__ = [
     "SUBSET_NAMESPACE",
     "WHOLE",
     "body_responses",
+    "declared_length",
     "destination_response",
+    "header_value",
     "headers_response",
     "immediate",
     "served_endpoint",
+    "status_of",
     "subset_hint",
 ]
 
@@ -174,3 +179,29 @@ def immediate(
         headers=pb.HeaderMutation(set_headers=_options(headers)),
         body=body, details=details,
     ))
+
+
+def header_value(headers: Any, key: str) -> str | None:
+    """The value of the header `key` (lowercase), if any."""
+    for h in headers:
+        if h.key == key:
+            return str(h.raw_value.decode("latin-1"))
+    return None
+
+
+def declared_length(headers: Any) -> int | None:
+    """The declared content-length, if any."""
+    for h in headers:
+        if h.key == "content-length" and h.raw_value.isdigit():
+            return int(h.raw_value)
+    return None
+
+
+def status_of(headers: Any) -> tuple[int, str]:
+    status, content_type = 0, ""
+    for h in headers:
+        if h.key == ":status":
+            status = int(h.raw_value) if h.raw_value.isdigit() else 0
+        elif h.key == "content-type":
+            content_type = h.raw_value.decode("latin-1")
+    return status, content_type

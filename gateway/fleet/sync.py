@@ -9,7 +9,8 @@ tasks, one raw connection each:
   since the last batch (all non-zero ones, and an empty batch as a sign of life, every
   ``heartbeat_s``) and appends one entry (XADD, approximate trim): at once when a route is
   queued or a request ends after a quiet ``flush_interval_ms``, or when the route is one a
-  higher-ranked peer may be holding a pick for (`Router.on_urgent`), else once per interval.
+  higher-ranked peer may be holding a pick for (`Router.on_urgent`; at most one such batch
+  per `SyncSettings.urgent_gap_s`, the others joining it), else once per interval.
   While some of its load is out there (requests in flight) it ticks every interval and reads
   the new entries in the same round trip (XREAD pipelined after the XADD);
 - the reader blocks on XREAD while the publisher does not read (nothing in flight here: the
@@ -68,6 +69,8 @@ _BLOCK_MS = int(_BLOCK_S * 1000)
 # the sync window's floor (`SyncSettings.window_s`): a peer's pick is applied here 14-18 ms
 # after it at p99 live with a 5 ms flush interval, not the two intervals' 10 ms
 MIN_WINDOW_S = 0.02
+# urgent batches: at most this many per hold window (`SyncSettings.urgent_gap_s`)
+URGENT_GAPS = 4
 LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -112,6 +115,18 @@ class SyncSettings:
         loaded process (`loadtest.held_lag`, docs/shared-state.md "The live window"). Never
         more than the sync window (a record a batch late)."""
         return min(self.hold_window_s, self.window_s)
+
+    @property
+    def urgent_gap_s(self) -> float:
+        """The least time between two batches when a route is urgent (`Router.on_urgent`):
+        one goes out at once, the ones queued within this of the last batch wait for its end
+        and go together. Urgent batches then cost at most one Redis round trip per gap (200
+        a second by default), not one per contested pick (a batch each at 2,000 requests/s,
+        ~170 a second over two gateways, and growing with the rate: `loadtest.sync_cost
+        --step 1`). A quarter of the hold window: an urgent route waits at most that, and the
+        rest of the window is the round trip and the event loops' delays a held pick waits
+        for (2-7 ms at the median live; docs/shared-state.md "The live window")."""
+        return self.hold_s / URGENT_GAPS
 
 
 @dataclass(slots=True)
@@ -178,7 +193,8 @@ class RouteSync:
                                   subject="shared routing state", logger=log)
         # peers' records arrive about a flush interval or two late (`window_s`): within it the
         # gateways hold their contested picks until the lower ranks' have arrived
-        # (routing.router.Router.defer_s), or take turns over equally good replicas (`_turn`)
+        # (routing.router.Router.defer_s), or take turns over equally good replicas
+        # (`routing.turns.Turns.turn`)
         router.enable_sharing(settings.stale_after_s, self.member, settings.window_s,
                               settings.defer, settings.hold_s)
         self._wake = asyncio.Event()
@@ -296,6 +312,7 @@ class RouteSync:
         Redis call per interval, however many requests and peers there are."""
         loop = asyncio.get_running_loop()
         interval, heartbeat = self.settings.flush_interval_s, self.settings.heartbeat_s
+        gap = self.settings.urgent_gap_s
         wake, urged = self._wake, self._urged
         last = float("-inf")
         while True:
@@ -309,6 +326,8 @@ class RouteSync:
                 with contextlib.suppress(TimeoutError):  # for it, an urgent route does not)
                     async with asyncio.timeout(early):
                         await urged.wait()
+            if urged.is_set() and (soon := last + gap - loop.time()) > 0:
+                await asyncio.sleep(soon)  # one urgent batch per gap: the others join it
             wake.clear()
             urged.clear()
             last = loop.time()

@@ -170,11 +170,12 @@ class FlowGate:
                 break
             deadline = kept
             now = self._clock()  # moved: its pool changed while it waited
-            principal = self._planner.gate.current(principal)
+            principal = self._planner.gate.current(principal, req.key_hash)
             plan = self._planner.plan(principal, parsed, req.kind, now)
         now = self._clock()
         # planned again on the policy in force now (it may have changed while this waited)
-        plan = self._planner.plan(self._planner.gate.current(principal), parsed, req.kind, now)
+        plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
+                                  req.kind, now)
         return self._narrow(self.state(plan.pool.name), plan, self.peers(now),
                             principal.tenant_id, cost, now)
 

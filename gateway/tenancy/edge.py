@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import replace
 
 from gateway.body import ClientPriorityMode, ClientSaltMode
 from gateway.errors import KvgateError
+from gateway.tenancy.keys import hash_key
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
 from gateway.tenancy.service import Tenancy
@@ -74,15 +74,17 @@ class TenantGate:
             return self._resolver.authenticate(token)
         return self._resolver.principal_for(NO_AUTH_TENANT)
 
-    def current(self, principal: Principal) -> Principal:
-        """`principal` on the policy in force now: a request released from flow control's
-        queue is planned on it, not on the one it arrived under (a policy change while it
-        waited moved its model to another pool, and it got a 503 for the pool removed)."""
-        now = self._resolver.policy
-        then = principal.policy
-        if now is None or then is None or now.version == then.version:
-            return principal
-        return replace(principal, policy=now)
+    def key_hash(self, token: str | None) -> str | None:
+        """What `current` finds a caller's key by (None without authentication)."""
+        return hash_key(token) if self.auth and token else None
+
+    def current(self, principal: Principal, key_hash: str | None) -> Principal:
+        """`principal` as the state in force now has it: a request released from flow
+        control's queue is sent on it, not on what it arrived with. Its key revoked or its
+        tenant deleted while it waited is a 401, a salt rotated meanwhile the one it carries,
+        and it is planned on the policy in force (a change that moved its model to another
+        pool does not make it a 503 for the pool removed)."""
+        return self._resolver.current(principal.tenant_id, key_hash)
 
     def salt(self, principal: Principal) -> str | None:
         return principal.cache_salt if self.salted else None

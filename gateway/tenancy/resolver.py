@@ -522,6 +522,17 @@ class TenantResolver:
             raise AuthError("invalid or revoked API key")
         return _admissible(principal)
 
+    def current(self, tenant_id: str, key_hash: str | None) -> Principal:
+        """The caller of a request admitted earlier, as the state in force now has it: by the
+        hash of its key (None: by its tenant, the `--no-auth` mode). `AuthError` when the key
+        was revoked or its tenant deleted since. No I/O."""
+        state = self._state
+        found = (state.by_key.get(key_hash) if key_hash is not None
+                 else state.by_tenant.get(tenant_id))
+        if found is None:
+            raise AuthError("invalid or revoked API key")
+        return _admissible(found)
+
     def principal_for(self, tenant_id: str) -> Principal:
         """A tenant's principal without a key (the `--no-auth` single-tenant mode)."""
         self._check_usable()

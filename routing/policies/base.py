@@ -42,7 +42,7 @@ class PickContext:
     # several gateways sharing state: this gateway's rank among the `gateways` live ones; this
     # pick's turn among the picks all of them make within the sync window (which they cannot
     # see of each other), and a function giving the replica order they agree on to take turns
-    # in (`Router._turn`; None with one gateway)
+    # in (`Turns.turn`; None with one gateway)
     rank: int = 0
     gateways: int = 1
     turn: int = 0
@@ -52,7 +52,7 @@ class PickContext:
     # with it), empty otherwise
     peer_loads: Mapping[str, ReplicaLoad] = field(default_factory=dict)
     # per replica, the peers' recent routes there that brought new blocks
-    # (`Router.peer_computing`): (applied at, chain, blocks held before, new prompt tokens)
+    # (`Sharing.peer_computing`): (applied at, chain, blocks held before, new prompt tokens)
     peer_computing: Mapping[str, Sequence[PeerComputing]] = field(default_factory=dict)
 
     @property

@@ -315,7 +315,7 @@ class CacheAware:
     def _take_turns(self, ctx: PickContext, admitted: list[_Row]) -> list[_Row]:
         """Several gateways: among the admitted candidates about as cheap as the cheapest and
         holding the longest prefix of those, the one whose turn it is in the order all
-        gateways agree on (`Router._turn`), so that gateways blind to each other's latest
+        gateways agree on (`Turns.turn`), so that gateways blind to each other's latest
         picks do not all take the same replica. A turn never gives up a predicted hit: a
         conversation's next turn stays on its holder when others are about as cheap."""
         close, longest, near = self._near(admitted)

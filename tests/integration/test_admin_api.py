@@ -300,7 +300,8 @@ async def test_audit_replicas_explain_and_openapi(admin: Admin) -> None:
     assert (await c.get("/admin/replicas")).json()["data"] == [{"id": "fp8/a"}]
     r = await c.post("/admin/route/explain", json={"model": "llama-70b", "messages": []})
     assert r.json()["pool"] == "fp8"
-    # the README's `curl -d '{...}'`: a JSON body sent with curl's form content type
+    # the documented `curl -d '{...}'` (README, docs/flow-control.md): a JSON body sent with
+    # curl's form content type
     form = {"content-type": "application/x-www-form-urlencoded"}
     r = await c.post("/admin/route/explain", headers=form,
                      content=b'{"model": "llama-70b", "messages": []}')
@@ -476,6 +477,15 @@ async def test_a_policy_kvgate_could_not_serve_is_refused(admin: Admin) -> None:
     ok = await c.patch("/admin/policy", json={"tiers": {"t" * 64: {"priority": -(2**63)}}})
     assert ok.status_code == 200, ok.text
     assert (await c.post("/admin/tenants", json={"id": "a", "tier": "t" * 64})).status_code == 201
+
+
+async def test_a_public_model_name_no_request_can_name_is_refused(admin: Admin) -> None:
+    """An empty public model name was stored: no request can name it (its `model` must be a
+    non-empty string), so the operator's alias was dead without a word."""
+    err = _error(await admin.client.patch("/admin/policy", json={
+        "models": {"": {"free": "awq"}}}), 400)
+    assert err["param"] == "models", err
+    assert "" not in (await admin.client.get("/admin/policy")).json()["models"]
 
 
 async def test_an_infinite_threshold_is_refused_not_stored_unreadable(admin: Admin) -> None:

@@ -10,6 +10,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
+from itertools import pairwise
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -102,6 +103,54 @@ async def test_a_contested_route_goes_out_at_once_others_wait_for_the_tick(
         while cold.block_hashes[-1] not in await _routed(r, "a-me"):
             assert time.monotonic() - took < 0.3, "not published at once"
             await asyncio.sleep(0.01)
+
+
+async def test_urgent_routes_go_out_one_batch_per_gap_not_one_per_pick(
+    redis_url: str,
+) -> None:
+    """Rank 0 of 2, busy, a contested pick every 2 ms for ~0.3 s (a 40 ms hold window: a gap
+    of 10 ms between urgent batches): the routes go out in at most one batch per gap, each
+    batch about a gap after the one before (Redis's clock), and every route within a gap
+    and a round trip of its pick, not at the next tick (a second away). Without the bound
+    each contested pick was a batch of its own (~150 here)."""
+    sync, router = _sync(redis_url, "a-me", hold_window_s=0.04)
+    gap = 0.01  # a quarter of the hold window (`SyncSettings.urgent_gap_s`)
+    urgent: list[float] = []
+    urge = router.on_urgent
+    assert urge is not None
+
+    def counted() -> None:
+        urgent.append(time.monotonic())
+        urge()
+
+    router.on_urgent = counted
+    async with _running(redis_url, sync) as r:
+        await _just_ticked(sync)
+        _peer(router)
+        before = len(await _entry_ms(r))
+        t0 = time.monotonic()
+        last: list[int] = []
+        while time.monotonic() - t0 < 0.3:
+            cold = _cold(10_000 + 100 * len(last))
+            now = time.monotonic()
+            router.record_route(router.pick(cold, VIEWS, now).replica, cold, now)
+            last.append(cold.block_hashes[-1])
+            await asyncio.sleep(0.002)
+        took = time.monotonic() - t0
+        await _until(lambda: not router.outbox, 0.1)  # the last ones are out, not at the tick
+        batches = (await _entry_ms(r))[before:]
+        routed = await _routed(r, "a-me")
+    assert len(urgent) >= 50, "the picks were not contested"
+    assert set(last) <= routed
+    assert len(batches) <= took / gap + 2, (len(batches), len(urgent))
+    # (sent a gap apart, stamped on arrival: half a gap leaves room for the round trips' jitter)
+    assert min(b - a for a, b in pairwise(batches)) >= gap * 1000 / 2
+
+
+async def _entry_ms(r: aioredis.Redis) -> list[int]:
+    """The Redis-clock milliseconds of every entry in the stream (from their ids)."""
+    entries = cast(list[tuple[bytes, object]], await r.xrange(KEY))
+    return [int(entry_id.split(b"-")[0]) for entry_id, _ in entries]
 
 
 async def test_a_gateway_holding_a_pick_reads_at_once(redis_url: str) -> None:

@@ -1,6 +1,7 @@
-"""Upstream settings the README documents, through a real gateway and simulated vLLM replicas:
-a pool's `api_key_env` (vLLM's `--api-key`, sent upstream instead of the client's credentials)
-and `upstream.total_timeout_s` (the whole exchange, however steadily the replica streams)."""
+"""Upstream settings docs/configuration.md documents, through a real gateway and simulated vLLM
+replicas: a pool's `api_key_env` (vLLM's `--api-key`, sent upstream instead of the client's
+credentials) and `upstream.total_timeout_s` (the whole exchange, however steadily the replica
+streams)."""
 
 from __future__ import annotations
 

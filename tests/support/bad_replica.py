@@ -4,13 +4,14 @@ cleanly but too early, half an SSE event, a body cut after the headers.
 
 It runs its own event loop in a thread, so synchronous tests (and the official `openai`
 client) can use it beside a `kvgate serve` process. `/health` answers 200, `/metrics` an empty
-page and `/v1/models` the model; every POST (and, when ``get_answer`` is set, every GET of a
-stored response, ``/v1/responses/...``) gets the bytes of ``answer`` then, when ``rest`` is
-set, ``rest`` once the test sets ``gate`` (so a test can read the first bytes through the
-gateway before the replica sends more: streamed, not buffered, with no timing involved);
-``drip`` is sent after ``answer``, one part every ``drip_s`` seconds (a body that arrives
-slowly but keeps moving); then, per ``end``, the connection stays open for the next request
-(``"keep"``), is closed (``"close"``) or reset (``"reset"``).
+page and `/v1/models` the model (a GET of a path in ``pages``, that page); every POST (and,
+when ``get_answer`` is set, every GET of a stored response, ``/v1/responses/...``) gets the
+bytes of ``answer`` then, when ``rest`` is set, ``rest`` once the test sets ``gate`` (so a
+test can read the first bytes through the gateway before the replica sends more: streamed, not
+buffered, with no timing involved); ``drip`` is sent after ``answer``, one part every
+``drip_s`` seconds (a body that arrives slowly but keeps moving); then, per ``end``, the
+connection stays open for the next request (``"keep"``), is closed (``"close"``) or reset
+(``"reset"``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class BadReplica:
         self.model = model
         self.answer = answer
         self.get_answer: bytes | None = None
+        self.pages: dict[bytes, bytes] = {}  # path -> the 200 JSON body a GET of it gets
         self.rest = b""
         self.drip: list[bytes] = []
         self.drip_s = 0.0
@@ -159,6 +161,8 @@ class BadReplica:
         writer.close()
 
     def _page(self, path: bytes) -> bytes:
+        if path in self.pages:
+            return _plain(200, self.pages[path])
         if path == b"/v1/models":
             return _plain(200, orjson.dumps(
                 {"object": "list", "data": [{"id": self.model, "object": "model"}]}))

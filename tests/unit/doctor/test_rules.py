@@ -511,3 +511,13 @@ def test_a_pool_with_5xx_names_its_failing_replicas() -> None:
             if x.cls == "errors"]
     assert "every replica in rotation, failing: b" in f.summary
     assert f.action.startswith("see the replicas named with errors")
+
+
+def test_a_pool_too_small_to_judge_is_not_said_to_have_nothing_above_thresholds() -> None:
+    """27 requests, every one failed: under min_pool_requests no share is judged, and the
+    finding read 'routing: nothing above thresholds (requests 27, 5xx 27, ...)'."""
+    (f,) = classify_pool(pool(replica("a"), replica("b"), requests=27.0, errors=27.0), TH, CTX)
+    assert (f.cls, f.severity) == ("healthy", "ok")
+    assert "nothing above thresholds" not in f.summary
+    assert f.summary.startswith("routing: 27 requests in the window, too few to judge")
+    assert "judged from 50" in f.summary and "27 failed (5xx)" in f.summary

@@ -51,6 +51,17 @@ def test_a_held_pick_waits_the_hold_window_never_more_than_the_sync_window(
         min(hold_ms / 1000, window), rel=0.01)
 
 
+@pytest.mark.parametrize(("flush_ms", "hold_ms", "gap_ms"),
+                         [(20.0, 20.0, 5.0), (5.0, 40.0, 5.0), (20.0, 8.0, 2.0)])
+def test_urgent_batches_are_a_quarter_of_the_hold_window_apart(
+    flush_ms: float, hold_ms: float, gap_ms: float,
+) -> None:
+    # an urgent route waits at most this for the batch it joins (the hold window, capped by
+    # the sync window, is what the held pick waiting for it allows)
+    settings = SyncSettings(flush_interval_s=flush_ms / 1000, hold_window_s=hold_ms / 1000)
+    assert settings.urgent_gap_s == pytest.approx(gap_ms / 1000)
+
+
 def test_by_default_a_held_pick_waits_half_the_sync_window() -> None:
     # the routes it waits for are not batched: 20 ms, where two 20 ms intervals were 40
     assert SyncSettings().window_s == 0.04

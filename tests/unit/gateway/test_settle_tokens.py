@@ -26,6 +26,14 @@ CHAT = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%s"}}]}\n\n'
         (b'data: {"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}\n\n',
          2),
         (b'event: response.output_text.delta\ndata: {"delta":"hello"}\n\n', 5),
+        # a Responses stream's end repeats its text: counted once, from the deltas
+        (b'event: response.output_text.delta\ndata: {"type": "response.output_text.delta", '
+         b'"delta": "hi"}\n\n'
+         b'event: response.output_text.done\ndata: {"type": "response.output_text.done", '
+         b'"text": "hello"}\n\n'
+         b'event: response.content_part.done\ndata: {"type": "response.content_part.done", '
+         b'"part": {"type": "output_text", "text": "hello"}}\n\n', 2),
+        (b'data: {"type":"response.function_call_arguments.done","arguments":"{}"}\n\n', 0),
         (b": keep-alive\n\n", 0),
         (b"data: [DONE]\n\n", 0),
     ],

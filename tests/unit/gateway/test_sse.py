@@ -186,6 +186,32 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
     assert scanner.complete() is complete
 
 
+
+@pytest.mark.parametrize(
+    ("chunks", "done"),
+    [
+        ([b'data: {"a":1}\n\n', b"data: [DONE]\n\n"], True),
+        ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
+        ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
+        ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], False),  # its end not in yet
+        ([b'data: {"error":{"code":500}}\n\n'], False),  # vLLM sends its [DONE] next
+        ([b'data: {"type":"response.completed"}\n\n'], True),  # the Responses API's end
+        ([b'event: response.incomplete\ndata: {"type":"response.incomplete"}\n\n'], True),
+        ([b'event: response.failed\ndata: {}\n\n', b": keep-alive\n\n"], True),
+        ([b'event: response.completed\ndata: {"type":"response.completed"}\n'], False),
+        ([b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+          b'"delta":"event: response.completed"}\n\n'], False),  # generated text saying so
+        ([b'event: error\ndata: {"type":"error","code":"x"}\n\n'], False),
+        ([b'data: {"text":"data: [DONE]"}\n\n'], False),
+    ],
+)
+def test_done_is_a_stream_ended_by_its_last_event(chunks: list[bytes], done: bool) -> None:
+    scanner = StreamScanner(strip_usage=False)
+    for chunk in chunks:
+        scanner.feed(chunk)
+    assert scanner.done() is done
+
+
 RESPONSES_EVENT = b'event: response.output_text.delta\ndata: {"type":"x","delta":"hi"}\n\n'
 
 

@@ -1,0 +1,76 @@
+"""A stream whose replica (or a proxy in front of it) sends `data: [DONE]` and then holds the
+body open instead of ending it. vLLM ends the body right after [DONE]; kvgate waited for that
+end up to `upstream.idle_timeout_s` (120 s by default): the client's stream stayed open, the
+request held its replica's in-flight count and the tenant's concurrency, and at the timeout
+kvgate sent a 504 error event after the [DONE] and counted the answered request a 504. Now the
+end is waited for a moment only, then the stream ends as it is and the connection is dropped.
+
+A Responses API stream ends with its terminal event (``response.completed``), not [DONE]:
+proxied (``POST /v1/responses``) or stored (``GET /v1/responses/{id}?stream=true``), one held
+open after it was the same 120 s and 504 error event (the stored stream's read loop did not
+bound it at all). Both end a moment after that event now.
+
+A real gateway, a loopback replica that holds the body open, raw HTTP to see every byte.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import orjson
+
+from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
+from tests.support.bad_replica import BadReplica, chunked, sse_head, whole
+from tests.support.gateway import gateway_proc, inflight, request_statuses
+
+EVENT = b"data: " + orjson.dumps({
+    "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+    "choices": [{"index": 0, "delta": {"role": "assistant", "content": "hello"},
+                 "finish_reason": "stop"}]}) + b"\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def test_a_stream_held_open_after_its_done_ends_at_once() -> None:
+    with BadReplica("m") as bad:
+        bad.answer = sse_head() + chunked(EVENT + DONE, last=False)
+        bad.rest, bad.gate = b"0\r\n\r\n", threading.Event()  # the end: never, in this test
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "10"})
+        with gw:
+            started = time.monotonic()
+            with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=30, json={
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}],
+                    "stream": True}) as resp:
+                body = b"".join(resp.iter_raw())
+            assert time.monotonic() - started < 5
+            assert body == EVENT + DONE
+            assert inflight(base) == 0
+            assert request_statuses(base) == {"200": 1.0}
+        bad.gate.set()
+
+
+def test_a_responses_stream_held_open_after_its_last_event_ends_at_once() -> None:
+    """Proxied and stored: the body after ``response.completed`` is waited for a moment."""
+    events = CREATED + DELTA + COMPLETED
+    with BadReplica("m") as bad:
+        bad.answer = whole(WHOLE)  # RID, stored through the gateway (which learns its home)
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "10"})
+        with gw:
+            assert httpx.post(f"{base}/v1/responses", timeout=10,
+                              json={"model": "m", "input": "x"}).status_code == 200
+            bad.answer = bad.get_answer = sse_head() + chunked(events, last=False)
+            bad.rest, bad.gate = b"0\r\n\r\n", threading.Event()  # the end: never
+            for method, path, body in [
+                    ("POST", "/v1/responses", {"model": "m", "input": "x", "stream": True}),
+                    ("GET", f"/v1/responses/{RID}?stream=true", None)]:
+                started = time.monotonic()
+                with httpx.stream(method, f"{base}{path}", json=body, timeout=30) as resp:
+                    got = b"".join(resp.iter_raw())
+                assert time.monotonic() - started < 5, path
+                assert got == events, path
+            assert inflight(base) == 0
+            assert request_statuses(base) == {"200": 2.0}
+        bad.gate.set()

@@ -1,0 +1,113 @@
+"""200 answers that are not what their head says: JSON compressed (`Content-Encoding: gzip`)
+although kvgate asks for identity (a proxy in front of the replica that compresses anyway), and
+a body labelled `application/json` that is no JSON object (a proxy's HTML page, an empty or cut
+body). kvgate relayed both as a 200, so the official client failed to decode JSON (and the
+usage went uncounted), and the replica was judged by a success. Now each is a failure of that
+replica: retried on another one before anything reached the client, else a 502 in OpenAI's
+shape.
+
+A real gateway, the official openai client, a loopback replica that answers so, a simulated
+one that does not.
+"""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable
+
+import openai
+import orjson
+import pytest
+
+from tests.support.bad_replica import BadReplica
+from tests.support.gateway import gateway_proc
+from tests.support.procs import Proc
+
+MODEL = "m"
+ANSWER = orjson.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "hello"}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+
+
+def _json_200(body: bytes, encoding: bytes = b"") -> bytes:
+    head = b"content-encoding: %s\r\n" % encoding if encoding else b""
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + head
+            + b"content-length: %d\r\n\r\n" % len(body) + body)
+
+
+MISLABELLED = {
+    "gzip": _json_200(gzip.compress(ANSWER), b"gzip"),
+    "html": _json_200(b"<html><body>502 Bad Gateway</body></html>"),
+    "empty": _json_200(b""),
+    "cut": _json_200(ANSWER[:40]),
+    "null": _json_200(b"null"),
+}
+
+
+def _ask(base: str) -> str | None:
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=15)
+    answer = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    return answer.choices[0].message.content
+
+
+@pytest.mark.parametrize("answer", MISLABELLED.values(), ids=MISLABELLED.keys())
+def test_a_lone_replicas_mislabelled_answer_is_a_502(answer: bytes) -> None:
+    with BadReplica(MODEL, answer=answer) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            with pytest.raises(openai.APIStatusError) as err:
+                _ask(base)
+            assert err.value.status_code == 502
+            assert bad.posts == 1
+
+
+@pytest.mark.parametrize("answer", MISLABELLED.values(), ids=MISLABELLED.keys())
+def test_a_mislabelled_answer_is_retried_on_another_replica(
+    sim_factory: Callable[..., tuple[Proc, str]], answer: bytes,
+) -> None:
+    _, sim = sim_factory(model=MODEL)
+    with BadReplica(MODEL, answer=answer) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url, sim], args=["--policy", "round_robin"])
+        with gw:
+            for _ in range(4):
+                assert _ask(base)
+            assert bad.posts >= 1  # the replica was tried, and passed over
+
+
+def test_an_answer_with_whitespace_around_its_object_is_relayed() -> None:
+    with BadReplica(MODEL, answer=_json_200(b"\r\n " + ANSWER + b" \n")) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            assert _ask(base) == "hello"
+
+
+STORED = orjson.dumps({
+    "id": "resp_1", "object": "response", "created_at": 1, "model": MODEL,
+    "status": "completed", "output": [],
+    "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}})
+NOT_AN_OBJECT = {
+    **{k: MISLABELLED[k] for k in ("gzip", "html", "cut")},
+    "page": b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 6\r\n\r\n<html>",
+    "redirect": b"HTTP/1.1 302 Found\r\nlocation: https://10.0.0.1/\r\ncontent-length: 0\r\n\r\n",
+    "no-content": b"HTTP/1.1 204 No Content\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("answer", NOT_AN_OBJECT.values(), ids=NOT_AN_OBJECT.keys())
+def test_a_stored_response_answered_with_no_object_is_a_502(answer: bytes) -> None:
+    """`GET /v1/responses/{id}` goes to the one replica holding the response: the answer is
+    judged as a proxied one (a 2xx other than 200, a redirect, a 200 that is no JSON object)."""
+    with BadReplica(MODEL, answer=_json_200(STORED)) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            created = client.responses.create(model=MODEL, input="hi")
+            bad.get_answer = answer
+            with pytest.raises(openai.APIStatusError) as err:
+                client.responses.retrieve(created.id)
+            assert err.value.status_code == 502
+            bad.get_answer = _json_200(STORED)
+            assert client.responses.retrieve(created.id).id == created.id
