@@ -19,16 +19,12 @@ import openai
 import orjson
 import pytest
 
+from tests.support.bad_replica import CHAT_ANSWER as ANSWER
 from tests.support.bad_replica import BadReplica
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc
 
 MODEL = "m"
-ANSWER = orjson.dumps({
-    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "hello"}}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 
 def _json_200(body: bytes, encoding: bytes = b"") -> bytes:

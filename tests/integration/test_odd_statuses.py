@@ -12,18 +12,13 @@ A real gateway, the official openai client, a loopback replica sending the statu
 from __future__ import annotations
 
 import openai
-import orjson
 import pytest
 
+from tests.support.bad_replica import CHAT_ANSWER as ANSWER
 from tests.support.bad_replica import BadReplica, whole
 from tests.support.gateway import gateway_proc
 
 MODEL = "m"
-ANSWER = orjson.dumps({
-    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": MODEL,
-    "choices": [{"index": 0, "finish_reason": "stop",
-                 "message": {"role": "assistant", "content": "hello"}}],
-    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 
 def _client(base: str) -> openai.OpenAI:

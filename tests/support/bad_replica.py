@@ -23,9 +23,16 @@ from typing import Literal
 
 import orjson
 
-__all__ = ["BadReplica", "End", "chunked", "sse_head", "whole"]
+__all__ = ["CHAT_ANSWER", "BadReplica", "End", "chunked", "sse_head", "whole"]
 
 End = Literal["keep", "close", "reset"]
+
+# a whole chat completion of model "m", as vLLM answers one
+CHAT_ANSWER = orjson.dumps({
+    "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "hello"}}],
+    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
 
 def sse_head(*, chunked_body: bool = True) -> bytes:
