@@ -158,9 +158,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
 def merged(old: dict[str, object], new: dict[str, object], rerun: set[str]) -> dict[str, object]:
     """An earlier run's report with the rows of the ``rerun`` policies replaced by ``new``'s
-    on the workloads ``new`` ran (the load-factor sweep and several gateways too, when
-    cache_aware was re-run). Only for the same trace and seeds: the rows are compared with
-    each other as they stand."""
+    on the workloads ``new`` ran (the load-factor sweep's and several gateways' rows too, those
+    of the workloads ``new`` ran, when cache_aware was re-run; the others kept). Only for the
+    same trace and seeds: the rows are compared with each other as they stand."""
     out_scenarios: dict[str, list[Row]] = {}
     old_s, new_s = old["scenarios"], new["scenarios"]
     assert isinstance(old_s, dict) and isinstance(new_s, dict)
@@ -172,7 +172,14 @@ def merged(old: dict[str, object], new: dict[str, object], rerun: set[str]) -> d
         out_scenarios[name] = kept + list(new_s[name])
     out = {**old, "scenarios": out_scenarios}
     if "cache_aware" in rerun:
-        out["load_factor_sweep"], out["gateways"] = new["load_factor_sweep"], new["gateways"]
+        order = list(out_scenarios)
+        for key in ("load_factor_sweep", "gateways"):
+            old_rows, new_rows = old.get(key, []), new[key]
+            assert isinstance(old_rows, list) and isinstance(new_rows, list)
+            kept = [r for r in old_rows if r["scenario"] not in new_s]
+            rows = kept + new_rows  # in the workloads' order, each one's rows as they came
+            out[key] = sorted(rows, key=lambda r: order.index(r["scenario"])
+                              if r["scenario"] in order else len(order))
     return out
 
 

@@ -73,16 +73,17 @@ def test_the_synthetic_and_generated_workloads_come_in_several_seeds() -> None:
 def test_merged_replaces_only_the_rerun_policies_rows() -> None:
     rows = {"a": [_row("cache_aware", 0.1, 1, 2), _row("oracle", 0.2, 1, 2)],
             "b": [_row("cache_aware", 0.3, 1, 2)]}
-    old: dict[str, object] = {"scenarios": rows, "load_factor_sweep": ["old"],
-                              "gateways": ["old"], "targets": {}}
+    old: dict[str, object] = {"scenarios": rows, "load_factor_sweep": [{"scenario": "a"}],
+                              "gateways": [{"scenario": "a"}], "targets": {}}
     new: dict[str, object] = {"scenarios": {"a": [_row("cache_aware", 0.5, 1, 2)]},
-           "load_factor_sweep": ["new"], "gateways": ["new"]}
+           "load_factor_sweep": [{"scenario": "a", "new": 1}],
+           "gateways": [{"scenario": "a", "new": 1}]}
     out = merged(old, new, {"cache_aware"})
     assert out["scenarios"] == {"a": [_row("oracle", 0.2, 1, 2), _row("cache_aware", 0.5, 1, 2)],
                                 "b": [_row("cache_aware", 0.3, 1, 2)]}  # b not re-run
-    assert out["load_factor_sweep"] == ["new"] and out["gateways"] == ["new"]
+    assert out["load_factor_sweep"] == out["gateways"] == [{"scenario": "a", "new": 1}]
     only_oracle = merged(old, {"scenarios": {"a": [_row("oracle", 0.4, 1, 2)]},
                                "load_factor_sweep": [], "gateways": []}, {"oracle"})
-    assert only_oracle["gateways"] == ["old"]
+    assert only_oracle["gateways"] == [{"scenario": "a"}]
     assert only_oracle["scenarios"]["a"] == [_row("cache_aware", 0.1, 1, 2),  # type: ignore[index]
                                              _row("oracle", 0.4, 1, 2)]
