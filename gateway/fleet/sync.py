@@ -29,8 +29,9 @@ Nothing here is on the request path: a request reads the router's memory only. W
 down or slow, publishing and reading fail fast, the gateway routes on its own state (peers age
 out after ``stale_after_s``), reports ``degraded``, and resumes on its own: the reader
 continues after the last entry it saw (what was trimmed meanwhile is lost, harmlessly), the
-publisher re-sends its whole load. At start the reader first applies the routes of the last
-``catchup_entries`` entries, so a new or restarted gateway begins warm, not cold.
+publisher re-sends its whole load, zeros included (`_down`). At start the reader first
+applies the routes of the last ``catchup_entries`` entries, so a new or restarted gateway
+begins warm, not cold.
 """
 
 from __future__ import annotations
@@ -179,6 +180,10 @@ class RouteSync:
         self._known = known
         self._clock = clock
         self._published: dict[str, ReplicaLoad] = {}  # what peers believe of our load
+        # Redis failed us since our last batch: peers may hold a load of ours we have since
+        # cleared (a zero record lost, or never written while Redis was down), so the next
+        # batch carries our load on every replica, zeros included (`_batch`)
+        self._resend_all = False
         self._last_beat = float("-inf")
         self._last_id = b"0-0"  # the newest entry applied (or skipped: our own, bad)
         self._last_key = (0, 0)  # the same as numbers, to compare
@@ -272,7 +277,11 @@ class RouteSync:
         routes = self._router.drain_outbox()
         loads = self._own_loads()
         beat = now - self._last_beat >= self.settings.heartbeat_s
-        if beat:  # everything peers should hold, and a sign of life
+        if self._resend_all:  # after an outage: all of it, what went to zero meanwhile too
+            self._resend_all = False
+            changed = dict(loads)
+            self._last_beat = now
+        elif beat:  # everything peers should hold, and a sign of life
             changed = {k: v for k, v in loads.items() if v or k in self._published}
             self._last_beat = now
         else:
@@ -530,9 +539,13 @@ class RouteSync:
             self.stats.up = True
 
     def _down(self, exc: BaseException) -> None:
-        """A failed Redis call: route on our own state until Redis answers again."""
+        """A failed Redis call: route on our own state until Redis answers again. The first
+        batch after it re-sends our whole load, zeros included: a request that ended while
+        Redis was down (or whose zero record a restarted Redis lost) would otherwise stay in
+        the peers' views for as long as we live, our heartbeats keeping it fresh."""
         self.reach.failed(failure_cause(exc))
         self.stats.up = False
+        self._resend_all = True
 
 
 _NONE = ReplicaLoad(-1)  # "never published"
