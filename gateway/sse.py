@@ -302,10 +302,13 @@ class StreamScanner:
         [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
         vLLM ends the body right after either. An error event is not: vLLM's chat streams
         send their [DONE] after it."""
-        if self._partial or self._more or (
-                b"[DONE]" not in self._last and b"response." not in self._last):
+        last = self._last
+        if self._partial or self._more or (b"[DONE]" not in last and (
+                b"response." not in last or (  # every Responses event: look for its ends
+                    b"response.completed" not in last and b"response.incomplete" not in last
+                    and b"response.failed" not in last))):
             return False
-        last = _last_event(self._last)
+        last = _last_event(last)
         return _DONE_LINE.search(last) is not None or _ENDED.search(last) is not None
 
     def flush(self) -> bytes:
