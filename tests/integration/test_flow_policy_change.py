@@ -91,21 +91,41 @@ def _depth(base: str) -> float:
     return sum(metric_values(base, "kvgate_flow_queue_depth").values())
 
 
+def _free_key(base: str) -> str:
+    """A key of a new free-tier tenant ``t``."""
+    with admin_client(base, ADMIN) as admin:
+        assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
+        key: str = admin.post("/tenants/t/keys").json()["key"]
+    return key
+
+
+@contextmanager
+def _saturating(base: str, fillers: list[Filler], pools: tuple[str, ...]) -> Iterator[None]:
+    """The fillers run (one at a time: two per replica, a third waits inside its engine) until
+    ``pools`` are saturated; on leaving they stop, and nothing is left in flight or queued."""
+    try:
+        for f in fillers:
+            f.start()
+            time.sleep(0.15)
+        wait_for(lambda: all(metric_values(base, "kvgate_flow_saturated").get(
+            f'{{pool="{pool}"}}') == 1.0 for pool in pools), 10, "the pools to be saturated")
+        yield
+    finally:
+        for f in fillers:
+            f.halt.set()
+        for f in fillers:
+            f.join(30)
+    wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
+
+
 def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """A request of a free tenant queued behind three fillers in pool p while the policy
     changes (``change`` edits the document): its answer (``replica``, ``route``, ``text``,
     ``after_s``: seconds from the change) or ``error``, taken while the fillers still run."""
-    with admin_client(base, ADMIN) as admin:
-        assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
-        key = admin.post("/tenants/t/keys").json()["key"]
+    key = _free_key(base)
     fillers = [Filler(base, key) for _ in range(3)]
     answer: dict[str, Any] = {}
-    try:
-        for f in fillers:  # two run, a third waits inside the engine: saturated
-            f.start()
-            time.sleep(0.15)
-        wait_for(lambda: metric_values(base, "kvgate_flow_saturated").get('{pool="p"}') == 1.0,
-                 10, "the pool to be saturated")
+    with _saturating(base, fillers, ("p",)):
 
         def queued() -> None:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
@@ -130,12 +150,6 @@ def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict
             changed = time.monotonic()
             assert admin.put("/policy", json=doc).status_code == 200
         waiter.join(30)
-    finally:
-        for f in fillers:
-            f.halt.set()
-        for f in fillers:
-            f.join(30)
-    wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
     return answer
 
 
@@ -198,9 +212,7 @@ def test_a_request_moved_back_and_forth_keeps_the_deadline_of_its_first_queue(
     answered some 2 x `MAX_WAIT_S` after it was sent, and more with each further change); it is
     shed at the deadline it got in p, with the 429 a queue timeout gives."""
     base, _, _ = two_busy
-    with admin_client(base, ADMIN) as admin:
-        assert admin.post("/tenants", json={"id": "t", "tier": "free"}).status_code == 201
-        key = admin.post("/tenants/t/keys").json()["key"]
+    key = _free_key(base)
     fillers = [Filler(base, key, model) for model in ("m", "n") for _ in range(3)]
     answer: dict[str, Any] = {}
 
@@ -221,13 +233,7 @@ def test_a_request_moved_back_and_forth_keeps_the_deadline_of_its_first_queue(
             doc["models"]["m"] = {"default": pool}
             assert admin.put("/policy", json=doc).status_code == 200
 
-    try:
-        for f in fillers:  # two run on each replica, a third waits inside its engine
-            f.start()
-            time.sleep(0.15)
-        wait_for(lambda: metric_values(base, "kvgate_flow_saturated").get('{pool="p"}') == 1.0
-                 and metric_values(base, "kvgate_flow_saturated").get('{pool="q"}') == 1.0,
-                 10, "both pools to be saturated")
+    with _saturating(base, fillers, ("p", "q")):
         waiter = threading.Thread(target=queued)
         waiter.start()
         wait_for(lambda: _queued_in(base, "p") == 1, 10, "the request to queue in p")
@@ -237,12 +243,6 @@ def test_a_request_moved_back_and_forth_keeps_the_deadline_of_its_first_queue(
         time.sleep(MAX_WAIT_S / 3)
         route_m("p")
         waiter.join(30)
-    finally:
-        for f in fillers:
-            f.halt.set()
-        for f in fillers:
-            f.join(30)
-    wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
     assert _queued_in(base, "p") == 2, answer  # it did go back to p's queue
     assert answer.get("status") == 429, answer
     assert answer["body"]["code"] == "queue_shed", answer
