@@ -46,6 +46,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait for the exchanges' ends still running (`Process`'s shielded close)."""
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def Process(
         self, requests: AsyncIterator[pb.ProcessingRequest], context: grpc.aio.ServicerContext,
@@ -93,7 +99,13 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     return  # Envoy answers the client and ends the exchange
         finally:
             reader.cancel()
-            await ex.close()
+            # gRPC cancels this handler when Envoy ends the stream, and may again while it
+            # closes: the close runs on as its own task (a cancelled one left the endpoints
+            # Envoy went past unprobed, and could leave a lease or an admission held)
+            closing = asyncio.create_task(ex.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            await asyncio.shield(closing)
 
 
 _LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
@@ -164,7 +176,8 @@ class EppApp(GatewayApp):
             fallbacks=self.cfg.epp.fallbacks,
         )
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ExternalProcessorServicer_to_server(Processor(core), server)
+        processor = Processor(core)
+        pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.ready), server)
         address = f"{_grpc_host(self.cfg.server.host)}:{self.cfg.epp.port}"
         try:
@@ -176,6 +189,7 @@ class EppApp(GatewayApp):
 
         async def stop() -> None:  # streams in flight may finish, new ones are refused
             await server.stop(self.cfg.server.shutdown_grace_s)
+            await processor.drain()
 
         stack.push_async_callback(stop)
         log.info("endpoint picker listening", extra={"grpc": address})
