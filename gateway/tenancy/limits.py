@@ -118,10 +118,14 @@ class RateLimiter(ABC):
         """Give back the concurrency lease."""
 
     async def finish(self, admission: Admission, used_tokens: int | None) -> None:
-        """`settle` (when usage is known) and `release` together."""
-        if used_tokens is not None:
-            await self.settle(admission, used_tokens)
-        await self.release(admission)
+        """`settle` (when usage is known) and `release` together. The release runs however
+        the settle ends: one cancelled while it waited on Redis (an edge's cleanup cancelled
+        again) left the lease live, renewed for as long as the process ran."""
+        try:
+            if used_tokens is not None:
+                await self.settle(admission, used_tokens)
+        finally:
+            await self.release(admission)
 
 
 @dataclass(slots=True)

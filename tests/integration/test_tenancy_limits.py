@@ -210,3 +210,40 @@ async def test_an_admit_cancelled_while_redis_runs_it_frees_its_lease(shared_red
     finally:
         await lim.close()
         await holder.aclose()
+
+
+async def test_a_finish_cancelled_while_redis_settles_still_releases_its_lease(
+    shared_redis: str,
+) -> None:
+    """The request's end (`finish`: settle the usage, then release the lease) cancelled
+    while the settle waits on Redis -- an edge's cleanup cancelled again (gRPC cancelling
+    the picker's handler as it closed; uvicorn's shutdown backstop): the release was skipped,
+    the lease stayed live and renewed for as long as the process ran, and with
+    max_concurrency 1 the tenant was refused from then on. The release runs whatever the
+    settle did."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
+                           lease_ttl_s=30)
+    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
+    limits = Limits(tpm=1000, max_concurrency=1)
+    try:
+        adm = await lim.admit("t", limits, tokens=100)
+        assert adm.allowed and adm.lease_id is not None
+        hold = asyncio.create_task(holder.eval(_HOLD_REDIS, 0, "300"))
+        await asyncio.sleep(0.05)
+        fin = asyncio.create_task(lim.finish(adm, 10))
+        await asyncio.sleep(0.1)  # the settle is sent, waiting behind the held server
+        fin.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await fin
+        await hold
+        assert lim.unreleased == 0  # released once Redis answered, not left for a retry
+        again = await lim.admit("t", limits, tokens=0)
+        assert again.allowed, again.reason
+        await lim.release(again)
+    finally:
+        await lim.close()
+        await holder.aclose()
