@@ -232,7 +232,10 @@ async def test_a_finish_cancelled_while_redis_settles_still_releases_its_lease(
     try:
         adm = await lim.admit("t", limits, tokens=100)
         assert adm.allowed and adm.lease_id is not None
-        hold = asyncio.create_task(holder.eval(_HOLD_REDIS, 0, "300"))
+        async def held() -> None:
+            await holder.eval(_HOLD_REDIS, 0, "300")
+
+        hold = asyncio.create_task(held())
         await asyncio.sleep(0.05)
         fin = asyncio.create_task(lim.finish(adm, 10))
         await asyncio.sleep(0.1)  # the settle is sent, waiting behind the held server
