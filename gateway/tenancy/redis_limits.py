@@ -10,7 +10,12 @@ next admission and by a background retry -- so a tenant is not locked out for a 
 after a stall. So is the lease of an admission that failed: a stalled Redis (paused, a long
 fork) still runs the script it had read when it wakes, after this process gave up on it and
 admitted the request on its per-process fallback, and nobody would hold or release that
-lease. While Redis does not answer, failed renewals are logged like the tenancy store's
+lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
+picker while its admission waited on a slow Redis) also gives its TPM reservation back when
+its lease is found in Redis, which tells that the script ran (a tenant with a concurrency
+limit; without one nothing tells): the request never reached a replica, and kept its whole
+reservation charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s).
+While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
 
@@ -86,6 +91,16 @@ local t = tonumber(redis.call('HGET', KEYS[1], 't'))
 if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
 return 1
 """
+# KEYS[1] bucket hash, KEYS[2] lease zset; ARGV[1] lease id, ARGV[2] tokens reserved at its
+# admission, ARGV[3] tpm. A lease that was still there was taken by an admission nobody used:
+# its reservation is given back too.
+_RELEASE = """
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and tonumber(ARGV[2]) > 0 then
+  local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+  if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
+end
+return 1
+"""
 # KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
 _RENEW = (
     _NOW
@@ -115,8 +130,11 @@ class RedisRateLimiter(RateLimiter):
         self._admit = client.register_script(_ADMIT)
         self._settle = client.register_script(_SETTLE)
         self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
         self._live: dict[str, str] = {}  # lease id -> tenant id, renewed while live
-        self._unreleased: dict[str, str] = {}  # lease id -> tenant id, release failed
+        # lease id -> (tenant id, tokens to give back with it, tpm): release failed, or its
+        # admission's outcome is unknown
+        self._unreleased: dict[str, tuple[str, int, int]] = {}
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
@@ -177,7 +195,7 @@ class RedisRateLimiter(RateLimiter):
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL
             if limits.max_concurrency and not peek:
-                self._unreleased[lease_id] = tenant_id
+                self._unreleased[lease_id] = (tenant_id, tokens, limits.tpm or 0)
                 self._retry_wake.set()
             raise
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
@@ -216,7 +234,7 @@ class RedisRateLimiter(RateLimiter):
                     self._bucket(admission.tenant_id) + ":leases", admission.lease_id
                 )
         except (BackendUnavailable, asyncio.CancelledError):  # cancelled: as in `_decide`
-            self._unreleased[admission.lease_id] = admission.tenant_id
+            self._unreleased[admission.lease_id] = (admission.tenant_id, 0, 0)
             self._retry_wake.set()
             raise
 
@@ -229,8 +247,10 @@ class RedisRateLimiter(RateLimiter):
             return 0
         with redis_unavailable():
             async with self._r.pipeline(transaction=False) as pipe:
-                for lease_id, tenant_id in pending:
-                    pipe.zrem(self._bucket(tenant_id) + ":leases", lease_id)
+                for lease_id, (tenant_id, tokens, tpm) in pending:
+                    bucket = self._bucket(tenant_id)
+                    await self._release(keys=[bucket, bucket + ":leases"],
+                                        args=[lease_id, tokens, tpm], client=pipe)
                 await pipe.execute()
         for lease_id, _ in pending:
             self._unreleased.pop(lease_id, None)

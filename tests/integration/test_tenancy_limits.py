@@ -250,3 +250,46 @@ async def test_a_finish_cancelled_while_redis_settles_still_releases_its_lease(
     finally:
         await lim.close()
         await holder.aclose()
+
+
+async def test_an_admit_cancelled_while_redis_runs_it_gives_back_its_reservation(
+    shared_redis: str,
+) -> None:
+    """A client leaving the picker while its admission waits on a slow Redis: the script
+    still runs, leases and reserves the request's tokens, and the request never reaches a
+    replica. Its lease was freed, but its reservation (``max_tokens`` 900 of a 1,000 TPM
+    budget) stayed charged until the bucket refilled (~54 s): it is given back with the
+    lease."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
+                           lease_ttl_s=30)
+    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
+    limits = Limits(tpm=1000, max_concurrency=4)
+    try:
+        await lim.release(await lim.admit("t", limits, tokens=0))  # the script is loaded
+
+        async def held() -> None:
+            await holder.eval(_HOLD_REDIS, 0, "300")
+
+        hold = asyncio.create_task(held())
+        await asyncio.sleep(0.05)
+        admit = asyncio.create_task(lim.admit("t", limits, tokens=900))
+        await asyncio.sleep(0.1)  # sent, waiting behind the held server
+        admit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admit
+        await hold  # the cancelled admit's script has run now
+        assert await lim.release_pending() == 0
+        left = (await lim.peek("t", limits)).remaining_tokens
+        assert left is not None and left >= 990, left  # (a refill of ~17 tokens a second)
+        # a lease released as usual gives nothing back: the request's settle charges it
+        used = await lim.admit("t", limits, tokens=500)
+        await lim.release(used)
+        left = (await lim.peek("t", limits)).remaining_tokens
+        assert left is not None and left < 600, left
+    finally:
+        await lim.close()
+        await holder.aclose()
