@@ -1,4 +1,5 @@
-"""An exchange's end runs to its end when gRPC cancels the picker's handler while it closes.
+"""What a picker's exchange took is given back when gRPC cancels its handler: while it closes,
+and while its admission waits on Redis.
 
 Envoy ends an ext_proc stream as soon as it has what it needs; gRPC then cancels the
 stream's handler, which may be closing the exchange right then (`Exchange.close`: release
@@ -7,8 +8,10 @@ was cancelled at its first wait: the probe never ran (CI's
 test_edges_agree_failover[500-envoy] failed 1 run in 3), and with Redis slow at that moment
 the tenant's concurrency lease was never released either (renewed for the process's life: a
 tenant with max_concurrency 1 refused from then on; `RateLimiter.finish` now releases it
-however its settle ends). A real picker with its limits in a real redis-server, held by a
-busy script while a real gRPC client playing Envoy's part cancels the call.
+however its settle ends). Cancelled while its admission waited on Redis, the exchange left
+its TPM reservation charged (`RedisRateLimiter`). A real picker with its limits in a real
+redis-server, held by a busy script while a real gRPC client playing Envoy's part cancels
+the call.
 """
 
 from __future__ import annotations
@@ -33,8 +36,15 @@ from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import AUTH_SECRET, FAST_HEALTH, admin_client, metric_values, wait_for
 
 ADMIN = "epp-close-admin-token-0123456789"
-BODY = orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}],
-                     "max_tokens": 5})
+TPM = 1000
+
+
+def _body(max_tokens: int) -> bytes:
+    return orjson.dumps({"model": "llama", "messages": [{"role": "user", "content": "hi"}],
+                         "max_tokens": max_tokens})
+
+
+USAGE = b'{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}'
 # vLLM's 500 for one request (not its dead engine's)
 E500 = b'{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}'
 # keeps the server busy for ARGV[1] ms: every other command waits behind it
@@ -55,7 +65,7 @@ def picker(redis_url: str) -> Iterator[tuple[EppProc, str, list[BadReplica]]]:
         config = {"pools": {"p": {"served_model": "m", "replicas": [a.url, b.url]}},
                   "models": {"llama": {"free": "p"}}, "health": health,
                   "epp": {"fallbacks": 1},
-                  "tiers": {"free": {"limits": {"tpm": 100_000, "max_concurrency": 1}}},
+                  "tiers": {"free": {"limits": {"tpm": TPM, "max_concurrency": 1}}},
                   "tenants": [{"id": "acme", "tier": "free"}]}
         env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
                "KVGATE_REDIS_URL": redis_url}
@@ -91,15 +101,38 @@ def _headers(pairs: dict[str, str]) -> pb.HttpHeaders:
         HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]))
 
 
-async def _picked(stub: Any, key: str) -> tuple[Any, pb.ProcessingResponse]:
-    """A new exchange with the request sent whole: the call and the picker's first answer."""
+async def _sent(stub: Any, key: str, max_tokens: int = 5) -> Any:
+    """A new exchange with the request sent whole."""
     call = stub.Process()
+    body = _body(max_tokens)
     await call.write(pb.ProcessingRequest(request_headers=_headers({
         ":method": "POST", ":path": "/v1/chat/completions", "content-type": "application/json",
-        "content-length": str(len(BODY)), "authorization": f"Bearer {key}"})))
-    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=BODY,
+        "content-length": str(len(body)), "authorization": f"Bearer {key}"})))
+    await call.write(pb.ProcessingRequest(request_body=pb.HttpBody(body=body,
                                                                    end_of_stream=True)))
+    return call
+
+
+async def _picked(stub: Any, key: str) -> tuple[Any, pb.ProcessingResponse]:
+    """A new exchange with the request sent whole: the call and the picker's first answer."""
+    call = await _sent(stub, key)
     return call, await asyncio.wait_for(call.read(), 10)
+
+
+async def _remaining(stub: Any, key: str) -> int:
+    """The tenant's tokens left after one small request's admission (its answer's
+    x-ratelimit-remaining-tokens), the exchange run to its end."""
+    call = await _admitted(stub, key)
+    await asyncio.wait_for(call.read(), 10)  # the rewritten body
+    await call.write(pb.ProcessingRequest(response_headers=_headers(
+        {":status": "200", "content-type": "application/json"})))
+    await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(
+        body=USAGE, end_of_stream=True)))
+    head = (await asyncio.wait_for(call.read(), 10)).response_headers.response.header_mutation
+    await asyncio.wait_for(call.read(), 10)
+    await call.done_writing()
+    sent = {h.header.key: h.header.raw_value for h in head.set_headers}
+    return int(sent["x-ratelimit-remaining-tokens"])
 
 
 async def _admitted(stub: Any, key: str) -> Any:
@@ -153,3 +186,24 @@ async def test_a_close_cancelled_while_redis_settles_runs_to_its_end(
         wait_for(lambda: _healthy(epp, gone) == 0, timeout=3,
                  what="the endpoint passed over probed and marked down")
         (await _admitted(stub, key)).cancel()  # the tenant's slot is free again
+
+
+async def test_an_exchange_ended_while_redis_admits_it_gives_back_what_it_took(
+    picker: tuple[EppProc, str, list[BadReplica]], redis_url: str,
+) -> None:
+    """The client leaves (Envoy ends the stream, gRPC cancels the handler) while the
+    request's admission waits on Redis: the script still runs when Redis answers, leasing
+    the tenant's one slot and reserving the request's ``max_tokens`` 900 of its 1,000 TPM.
+    The lease was freed; the reservation stayed charged until the bucket refilled (~54 s),
+    though the request never reached a replica. Both are given back."""
+    epp, key, _ = picker
+    async with grpc.aio.insecure_channel(epp.picker) as channel:
+        stub = pb_grpc.ExternalProcessorStub(channel)
+        assert await _remaining(stub, key) > TPM - 20  # (its Redis connection is open now)
+        hold = asyncio.create_task(_hold(redis_url, 400))
+        await asyncio.sleep(0.05)
+        call = await _sent(stub, key, max_tokens=900)  # its admission waits on Redis
+        await asyncio.sleep(0.15)
+        call.cancel()
+        await hold
+        assert await _remaining(stub, key) > TPM - 60
