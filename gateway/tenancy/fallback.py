@@ -7,7 +7,9 @@ most processes it heard from in the last minute before the outage (`processes`),
 larger (an autoscaler changes the count; a fixed setting cannot follow it); a worker started
 again during the outage, which heard from nobody, takes the fleet its siblings saw
 (`fleet_seen.py`). The
-primary is retried at most every `recheck_s`, and used again as soon as it answers. `degraded`
+primary is retried at most every `recheck_s`, and used again as soon as it answers (a
+tenant whose keys Redis refuses as of the wrong type is admitted here alone, each time: Redis
+answers the others). `degraded`
 says what the next admission would use: once `recheck_s` has passed it goes to the primary
 again, so an idle gateway does not report a recovered Redis as down (the tenancy store's own
 health says whether Redis answers meanwhile).
@@ -25,6 +27,7 @@ from gateway.policy_doc import Limits
 from gateway.tenancy.fleet_seen import FleetSeen
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_limits import WRONG_TYPE
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 
@@ -96,8 +99,10 @@ class FallbackRateLimiter(RateLimiter):
                 admission = await (self._primary.peek(tenant_id, limits) if peek else
                                    self._primary.admit(tenant_id, limits, tokens=tokens))
             except BackendUnavailable as exc:
-                self.reach.failed(exc.cause if isinstance(exc, StoreUnreachable) else exc.message)
-                self._down_until = self._clock() + self._recheck_s
+                cause = exc.cause if isinstance(exc, StoreUnreachable) else exc.message
+                if cause != WRONG_TYPE:  # else this tenant's keys only (logged by the primary)
+                    self.reach.failed(cause)
+                    self._down_until = self._clock() + self._recheck_s
             else:
                 self.reach.answered()
                 self._down_until = None

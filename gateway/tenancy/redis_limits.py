@@ -32,11 +32,12 @@ from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_conn import redis_address, redis_unavailable
+from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
 
-__all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
+__all__ = ["RELEASE_RETRY_S", "WRONG_TYPE", "RedisRateLimiter"]
 
 RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
+WRONG_TYPE = "server replied WRONGTYPE"  # a tenant's key, not Redis: the others are unharmed
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +136,7 @@ class RedisRateLimiter(RateLimiter):
         # lease id -> (tenant id, tokens to give back with it, tpm): release failed, or its
         # admission's outcome is unknown
         self._unreleased: dict[str, tuple[str, int, int]] = {}
+        self._wrong_type: dict[str, str] = {}  # tenant id -> its bucket, said in the log
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
@@ -173,8 +175,10 @@ class RedisRateLimiter(RateLimiter):
 
     async def _decide(self, tenant_id: str, limits: Limits, tokens: int, *,
                       peek: bool) -> Admission:
-        if self._unreleased:  # Redis may be back: free the stalled leases before counting
-            await self.release_pending()
+        if any(t == tenant_id for t, _, _ in self._unreleased.values()):
+            # Redis may be back: free the tenant's stalled leases before counting its own (not
+            # the others': a release stuck on another tenant's broken key must not fail this)
+            await self.release_pending(tenant_id)
         lease_id = secrets.token_hex(8)
         bucket = self._bucket(tenant_id)
         args: list[str | int | float] = [
@@ -191,13 +195,18 @@ class RedisRateLimiter(RateLimiter):
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(
                     keys=[bucket, bucket + ":leases"], args=args)
-        except (StoreUnreachable, asyncio.CancelledError):
+        except (StoreUnreachable, asyncio.CancelledError) as exc:
+            if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:
+                self._say_wrong_type(tenant_id, bucket)
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL
             if limits.max_concurrency and not peek:
                 self._unreleased[lease_id] = (tenant_id, tokens, limits.tpm or 0)
                 self._retry_wake.set()
             raise
+        if self._wrong_type.pop(tenant_id, None) is not None:
+            log.info("rate limits of tenant %s: its keys in Redis work again", tenant_id,
+                     extra={"tenant": tenant_id})
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
@@ -238,25 +247,42 @@ class RedisRateLimiter(RateLimiter):
             self._retry_wake.set()
             raise
 
-    async def release_pending(self) -> int:
-        """Retry the releases that failed; the number still pending (0: all done).
+    async def release_pending(self, tenant_id: str | None = None) -> int:
+        """Retry the releases that failed (of one tenant, or all); the number still pending
+        (0: all done).
 
-        `BackendUnavailable` while Redis still does not answer."""
-        pending = list(self._unreleased.items())
+        `BackendUnavailable` while Redis still does not answer, or refuses one of them (a
+        key of the wrong type): the others are done."""
+        pending = [(lease_id, held) for lease_id, held in self._unreleased.items()
+                   if tenant_id is None or held[0] == tenant_id]
         if not pending:
             return 0
         with redis_unavailable():
             async with self._r.pipeline(transaction=False) as pipe:
-                for lease_id, (tenant_id, tokens, tpm) in pending:
-                    bucket = self._bucket(tenant_id)
+                for lease_id, (tenant, tokens, tpm) in pending:
+                    bucket = self._bucket(tenant)
                     await self._release(keys=[bucket, bucket + ":leases"],
                                         args=[lease_id, tokens, tpm], client=pipe)
-                await pipe.execute()
-        for lease_id, _ in pending:
-            self._unreleased.pop(lease_id, None)
-        log.info("concurrency leases released after Redis answered again",
-                 extra={"leases": len(pending)})
+                results = await pipe.execute(raise_on_error=False)
+        refused = [res for res in results if isinstance(res, Exception)]
+        for (lease_id, _), res in zip(pending, results, strict=True):
+            if not isinstance(res, Exception):
+                self._unreleased.pop(lease_id, None)
+        if len(refused) < len(pending):
+            log.info("concurrency leases released after Redis answered again",
+                     extra={"leases": len(pending) - len(refused)})
+        if refused:
+            raise StoreUnreachable(failure_cause(refused[0]))
         return len(self._unreleased)
+
+    def _say_wrong_type(self, tenant_id: str, bucket: str) -> None:
+        """Once per tenant (until its keys work): this is no outage, but a key to delete."""
+        if tenant_id not in self._wrong_type:
+            self._wrong_type[tenant_id] = bucket
+            log.error("rate limits of tenant %s: Redis refused its keys %s and %s:leases "
+                      "(WRONGTYPE: written by hand or another application?); it is admitted on "
+                      "per-process limits until they are deleted", tenant_id, bucket, bucket,
+                      extra={"tenant": tenant_id})
 
     async def _retry_loop(self) -> None:
         while True:

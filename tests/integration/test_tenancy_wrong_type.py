@@ -1,0 +1,84 @@
+"""A rate-limit key of the wrong type (an operator or another application wrote a string where
+kvgate keeps a tenant's bucket hash or lease set): Redis answers WRONGTYPE for that tenant's
+keys only. That tenant is admitted on per-process limits and named in the log with its keys;
+every other tenant stays on the shared limits (it went per-process for everyone: for good with
+a release stuck on the broken key, for a second after each of the tenant's admissions)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.errors import StoreUnreachable
+from gateway.policy_doc import Limits
+from gateway.tenancy import RedisRateLimiter, connect_redis
+from gateway.tenancy.fallback import FallbackRateLimiter
+
+LIMITS = Limits(rpm=10, max_concurrency=2)
+
+
+@pytest.fixture
+async def r(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    ns = f"t{secrets.token_hex(4)}"
+    limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
+    try:
+        await r.set(f"{ns}:rl:{{bad}}:leases", "written by hand")
+        with pytest.raises(StoreUnreachable) as refused:
+            await limiter.admit("bad", LIMITS, tokens=1)
+        assert refused.value.cause == "server replied WRONGTYPE"
+        assert limiter.unreleased == 1  # its lease, in case the script took it
+
+        good = await limiter.admit("good", LIMITS, tokens=1)  # it raised WRONGTYPE too
+        assert good.allowed and good.remaining_requests == 9
+        assert limiter.unreleased == 1
+
+        await r.delete(f"{ns}:rl:{{bad}}:leases")
+        assert (await limiter.admit("bad", LIMITS, tokens=1)).allowed
+        assert limiter.unreleased == 0
+    finally:
+        await limiter.close()
+
+
+async def test_one_tenant_of_the_wrong_type_keeps_the_others_on_redis(
+    redis_url: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    ns = f"t{secrets.token_hex(4)}"
+    client = connect_redis(redis_url)
+    limiter = FallbackRateLimiter(RedisRateLimiter(client, namespace=ns), address="redis",
+                                  replicas=2)
+    caplog.set_level(logging.INFO, logger="gateway.tenancy")
+    rpm = Limits(rpm=10)
+    try:
+        await r.set(f"{ns}:rl:{{bad}}", "written by hand")
+        for _ in range(3):
+            bad = await limiter.admit("bad", rpm, tokens=1)
+            assert bad.allowed and bad.degraded  # on this process's share (10 / 2)
+            good = await limiter.admit("good", rpm, tokens=1)
+            assert good.allowed and not good.degraded  # it went per-process for 1 s
+        assert not limiter.degraded  # Redis answers
+        assert bad.remaining_requests == 2 and good.remaining_requests == 7
+        lines = [m.getMessage() for m in caplog.records]
+        assert lines == [
+            f"rate limits of tenant bad: Redis refused its keys {ns}:rl:{{bad}} and "
+            f"{ns}:rl:{{bad}}:leases (WRONGTYPE: written by hand or another application?); "
+            "it is admitted on per-process limits until they are deleted"], lines
+
+        await r.delete(f"{ns}:rl:{{bad}}")
+        back = await limiter.admit("bad", rpm, tokens=1)
+        assert back.allowed and not back.degraded and back.remaining_requests == 9
+        assert caplog.records[-1].getMessage() == (
+            "rate limits of tenant bad: its keys in Redis work again")
+    finally:
+        await limiter.close()
