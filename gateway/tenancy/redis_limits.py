@@ -103,12 +103,15 @@ end
 return 1
 """
 # KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
+# A key of another type (written by hand) is skipped: it would fail every tenant's renewal.
 _RENEW = (
     _NOW
     + """
 for i, key in ipairs(KEYS) do
-  redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
-  redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
+  if redis.call('TYPE', key)['ok'] == 'zset' then
+    redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
+    redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
+  end
 end
 return #KEYS
 """

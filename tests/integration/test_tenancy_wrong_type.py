@@ -82,3 +82,23 @@ async def test_one_tenant_of_the_wrong_type_keeps_the_others_on_redis(
             "rate limits of tenant bad: its keys in Redis work again")
     finally:
         await limiter.close()
+
+
+async def test_a_broken_lease_key_stops_no_other_tenants_renewals(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """Live leases are renewed in one call for every tenant: a WRONGTYPE on one tenant's key
+    failed it, and every tenant's leases expired after their TTL while their requests ran."""
+    ns = f"t{secrets.token_hex(4)}"
+    limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns, lease_ttl_s=30)
+    try:
+        good = await limiter.admit("good", LIMITS, tokens=1)
+        await limiter.admit("bad", LIMITS, tokens=1)
+        await r.delete(f"{ns}:rl:{{bad}}:leases")
+        await r.set(f"{ns}:rl:{{bad}}:leases", "written by hand")
+        before = await r.zscore(f"{ns}:rl:{{good}}:leases", good.lease_id or "")
+        assert await limiter.renew() == 2
+        after = await r.zscore(f"{ns}:rl:{{good}}:leases", good.lease_id or "")
+        assert before is not None and after is not None and after > before
+    finally:
+        await limiter.close()
