@@ -55,6 +55,7 @@ from gateway.fleet.budget import StreamBudget
 from gateway.fleet.link import Link, entries
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.fleet.redis_clock import RedisClock
+from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause
 from routing.peers import ZERO, ReplicaLoad
@@ -543,7 +544,10 @@ class RouteSync:
         batch after it re-sends our whole load, zeros included: a request that ended while
         Redis was down (or whose zero record a restarted Redis lost) would otherwise stay in
         the peers' views for as long as we live, our heartbeats keeping it fresh."""
-        self.reach.failed(failure_cause(exc))
+        cause = failure_cause(exc)
+        if cause == WRONG_TYPE:  # our one key: say which, retrying will not cure it
+            cause += f": {self.key.decode()} is not a stream (delete it)"
+        self.reach.failed(cause)
         self.stats.up = False
         self._resend_all = True
 

@@ -25,9 +25,9 @@ from collections.abc import Callable
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy.fleet_seen import FleetSeen
+from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_limits import WRONG_TYPE
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 

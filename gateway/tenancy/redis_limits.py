@@ -30,14 +30,14 @@ import redis.asyncio as aioredis
 
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
+from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
 
-__all__ = ["RELEASE_RETRY_S", "WRONG_TYPE", "RedisRateLimiter"]
+__all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
 
 RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
-WRONG_TYPE = "server replied WRONGTYPE"  # a tenant's key, not Redis: the others are unharmed
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,7 @@ class RedisRateLimiter(RateLimiter):
                 reason, retry, r, t = await self._admit(
                     keys=[bucket, bucket + ":leases"], args=args)
         except (StoreUnreachable, asyncio.CancelledError) as exc:
-            if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:
+            if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL

@@ -44,6 +44,7 @@ from redis.exceptions import RedisError, WatchError
 from gateway.errors import Conflict, NotFound
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
+from gateway.tenancy.key_types import name_wrong_types
 from gateway.tenancy.models import (
     AuditEntry,
     Change,
@@ -152,6 +153,9 @@ class RedisStore(TenantStore):
 
     def _k(self, *parts: str) -> str:
         return ":".join((self._ns, *parts))
+
+    async def explain(self, cause: str) -> str:
+        return await name_wrong_types(self._r, self._ns, cause)
 
     @property
     def channel(self) -> str:

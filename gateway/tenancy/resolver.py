@@ -276,7 +276,8 @@ class TenantResolver:
                     await self.last_state.keep(applied, mark, read_at)
         except BackendUnavailable as exc:
             if self._store.reach is not None and isinstance(exc, StoreUnreachable):
-                self._store.reach.failed(exc.cause)  # the store's one voice in the log
+                # the store's one voice in the log
+                self._store.reach.failed(await self._store.explain(exc.cause))
             self._degraded_reason = "store unreachable"
             self._answers = False
             return False

@@ -69,6 +69,11 @@ class TenantStore(ABC):
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect and start listening for changes (idempotent)."""
 
+    async def explain(self, cause: str) -> str:
+        """A failure's cause for the log, with what only the store can tell (Redis: which
+        of its keys hold another type)."""
+        return cause
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Stop listening and disconnect."""
 

@@ -1,22 +1,29 @@
-"""A rate-limit key of the wrong type (an operator or another application wrote a string where
-kvgate keeps a tenant's bucket hash or lease set): Redis answers WRONGTYPE for that tenant's
-keys only. That tenant is admitted on per-process limits and named in the log with its keys;
-every other tenant stays on the shared limits (it went per-process for everyone: for good with
-a release stuck on the broken key, for a second after each of the tenant's admissions)."""
+"""A key of the wrong type (an operator or another application wrote a string where kvgate
+keeps a hash, a list or a stream): Redis answers WRONGTYPE, which no retry cures and whose reply
+names no key.
+
+A tenant's rate-limit key: that tenant is admitted on per-process limits and named in the log
+with its keys; every other tenant stays on the shared limits (it went per-process for everyone:
+for good with a release stuck on the broken key, for a second after each of the tenant's
+admissions). A fixed key of the store or the shared routing state: the log names it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.errors import StoreUnreachable
-from gateway.policy_doc import Limits
-from gateway.tenancy import RedisRateLimiter, connect_redis
+from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.policy_doc import Limits, parse_policy
+from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter
+from routing.router import Router, RouterConfig
 
 LIMITS = Limits(rpm=10, max_concurrency=2)
 
@@ -102,3 +109,50 @@ async def test_a_broken_lease_key_stops_no_other_tenants_renewals(
         assert before is not None and after is not None and after > before
     finally:
         await limiter.close()
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(10):
+        while not condition():  # noqa: ASYNC110 - polling a condition with a deadline
+            await asyncio.sleep(0.02)
+
+
+async def test_the_store_names_its_key_of_the_wrong_type(
+    redis_url: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The journal overwritten: every reload fails (after `max_staleness_s`, every request
+    is refused) and the log said only "server replied WRONGTYPE"."""
+    tenancy = build_tenancy(TenancySettings(poll_interval_s=0.1), "wrong-type-secret-0123456789",
+                            redis_url)
+    policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                           "models": {"m": {"default": "p"}}})
+    caplog.set_level(logging.WARNING, logger="gateway.tenancy")
+    try:
+        await tenancy.start(tenants=[Tenant(id="acme", tier="default")], policy=policy)
+        await r.delete("kvgate:journal")
+        await r.set("kvgate:journal", "written by hand")
+        await r.incr("kvgate:gen")  # a write by another process: reloaded from the journal
+        await _until(lambda: tenancy.resolver.health().degraded)
+        lines = [m.getMessage() for m in caplog.records]
+        assert any(line.endswith("(server replied WRONGTYPE: kvgate:journal is a string, "
+                                 "not a list); retrying every 2 s") for line in lines), lines
+    finally:
+        await tenancy.close()
+
+
+async def test_the_shared_routing_state_names_its_stream_of_the_wrong_type(
+    redis_url: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    sync = RouteSync(Router(RouterConfig()), redis_url, "kvgate", SyncSettings(),
+                     own_loads=dict, known=lambda _: True, clock=time.monotonic, member="me")
+    caplog.set_level(logging.WARNING, logger="gateway.fleet")
+    await r.set("kvgate:routes", "written by hand")
+    await sync.start()
+    try:
+        await _until(lambda: sync.degraded)
+        await _until(lambda: bool(caplog.records))
+        assert caplog.records[0].getMessage().endswith(
+            "(server replied WRONGTYPE: kvgate:routes is not a stream (delete it)); retrying "
+            "every 0.5 s")
+    finally:
+        await sync.stop()

@@ -1,0 +1,51 @@
+"""Which of kvgate's keys hold another type, for the log when Redis answers WRONGTYPE.
+
+WRONGTYPE is no outage: another application or an operator wrote under `tenancy.namespace`,
+and Redis's reply does not say which key. Retrying will not cure it; deleting the key (or
+moving the other writer) will, so the log names it. Only the namespace's fixed keys are
+checked (one round trip); a tenant's own keys are named where they are used (rate limits).
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+__all__ = ["EXPECTED", "WRONG_TYPE", "misplaced", "name_wrong_types"]
+
+WRONG_TYPE = "server replied WRONGTYPE"  # `redis_conn.failure_cause` of that reply
+
+EXPECTED = {
+    "tenants": "hash", "keys": "hash", "policy": "hash", "salt_groups": "hash",
+    "audit": "list", "journal": "list",
+    "gen": "string", "seeded": "string", "present": "string",
+    "routes": "stream",
+}
+
+
+async def misplaced(client: aioredis.Redis, namespace: str) -> list[str]:
+    """``"<key> is a <type>, not a <type>"`` for each fixed key of another type."""
+    names = [f"{namespace}:{part}" for part in EXPECTED]
+    async with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.type(name)
+        found = await pipe.execute()
+    return [f"{name} is a {_text(got)}, not a {want}"
+            for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
+            if _text(got) not in ("none", want)]
+
+
+async def name_wrong_types(client: aioredis.Redis, namespace: str, cause: str) -> str:
+    """`cause`, with the keys to delete when it is WRONGTYPE (as it was if they cannot be
+    read either)."""
+    if cause != WRONG_TYPE:
+        return cause
+    try:
+        wrong = await misplaced(client, namespace)
+    except (RedisError, OSError):
+        return cause
+    return f"{cause}: {'; '.join(wrong)}" if wrong else cause
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
