@@ -1,7 +1,11 @@
 """What the log says while the tenancy store (Redis) does not answer: one clear line at the
 first failure (address and cause, never the URL's credentials), then at most one line a
 minute with a count, and one line when it answers again. A gateway started with a wrong
-``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line.
+``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line. A Redis that
+flaps (stalls of a second, a proxy dropping connections) says so at most once a minute too:
+an outage that begins within a minute of the last line, for the same cause, is counted, not
+logged, and so is its end, unless it lasts until a summary line names it (measured: a Redis
+paused 0.7 s every second wrote a warning and an info line every 2 s per component).
 
 Other users of Redis (the shared routing state, lease renewal) say the same through their own
 logger, each line prefixed with what is affected (``subject``)."""
@@ -32,7 +36,10 @@ class Reachability:
         self._down_since: float | None = None
         self._failures = 0  # since the store last answered
         self._unsaid = 0  # failures not yet in a log line
-        self._said_at = 0.0
+        self._said_at = float("-inf")  # the last warning line
+        self._said_cause = ""
+        self._quiet = False  # this outage is not in the log (Redis flaps)
+        self._flaps = 0  # outages not in the log since the last line
 
     @property
     def down(self) -> bool:
@@ -42,13 +49,22 @@ class Reachability:
         now = self._clock()
         self._failures += 1
         if self._down_since is None:
-            self._down_since, self._said_at, self._unsaid = now, now, 0
-            self._log.warning("%scannot reach Redis at %s (%s); retrying every %g s",
-                              self._prefix, self.address, cause, self._retry_every_s,
+            self._down_since, self._unsaid = now, 0
+            self._quiet = (now - self._said_at < self._summary_every_s
+                           and cause == self._said_cause)
+            if self._quiet:
+                self._flaps += 1
+                return
+            flaps = (f"; {self._flaps} short outages since the last such line, "
+                     f"{now - self._said_at:.0f} s ago" if self._flaps else "")
+            self._said_at, self._said_cause, self._flaps = now, cause, 0
+            self._log.warning("%scannot reach Redis at %s (%s); retrying every %g s%s",
+                              self._prefix, self.address, cause, self._retry_every_s, flaps,
                               extra={"redis": self.address, "cause": cause})
             return
         self._unsaid += 1
         if now - self._said_at >= self._summary_every_s:
+            self._quiet = False  # named now: its end will be too
             self._log.warning("%sstill cannot reach Redis at %s (%s): %d failed attempts in "
                               "the last %.0f s, down for %.0f s", self._prefix, self.address,
                               cause, self._unsaid, now - self._said_at, now - self._down_since,
@@ -57,6 +73,9 @@ class Reachability:
 
     def answered(self) -> None:
         if self._down_since is None:
+            return
+        if self._quiet:  # a flap, counted for the next line
+            self._down_since, self._failures, self._unsaid = None, 0, 0
             return
         self._log.info("%sRedis at %s answers again (down for %.0f s, %d failed attempts)",
                        self._prefix, self.address, self._clock() - self._down_since,

@@ -57,3 +57,55 @@ def test_another_user_of_redis_says_what_is_affected_through_its_own_logger(
         ("gateway.fleet.sync", "shared routing state: Redis at 10.0.0.7:6380 answers again "
                                "(down for 3 s, 1 failed attempts)"),
     ]
+
+
+def test_a_flapping_redis_is_a_line_a_minute_not_two_per_flap(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis paused 0.7 s every second (stalls, a proxy dropping connections): each flap was
+    a warning and an info line. Outages that begin within a minute of the last line, for the
+    same cause, are counted into the next one; another cause is said at once."""
+    caplog.set_level(logging.INFO, logger="gateway.tenancy.reachability")
+    clock = Clock()
+    reach = Reachability("10.0.0.7:6380", retry_every_s=1, clock=clock)
+    for _ in range(65):  # 130 s: down 1 s, up 1 s
+        reach.failed("timed out")
+        clock.now += 1
+        reach.answered()
+        clock.now += 1
+    reach.failed("server replied OOM")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        "cannot reach Redis at 10.0.0.7:6380 (timed out); retrying every 1 s",
+        "Redis at 10.0.0.7:6380 answers again (down for 1 s, 1 failed attempts)",
+        "cannot reach Redis at 10.0.0.7:6380 (timed out); retrying every 1 s; 29 short "
+        "outages since the last such line, 60 s ago",
+        "Redis at 10.0.0.7:6380 answers again (down for 1 s, 1 failed attempts)",
+        "cannot reach Redis at 10.0.0.7:6380 (timed out); retrying every 1 s; 29 short "
+        "outages since the last such line, 60 s ago",
+        "Redis at 10.0.0.7:6380 answers again (down for 1 s, 1 failed attempts)",
+        "cannot reach Redis at 10.0.0.7:6380 (server replied OOM); retrying every 1 s; 4 short "
+        "outages since the last such line, 10 s ago",
+    ], lines
+    assert reach.down
+
+
+def test_a_flap_that_lasts_is_named_by_the_minute_line_and_so_is_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="gateway.tenancy.reachability")
+    clock = Clock()
+    reach = Reachability("10.0.0.7:6380", retry_every_s=2, clock=clock)
+    reach.failed("connection refused")
+    clock.now += 2
+    reach.answered()
+    clock.now += 8
+    for _ in range(30):  # down again 10 s after the first line, for 60 s
+        reach.failed("connection refused")
+        clock.now += 2
+    reach.answered()
+    assert [r.getMessage() for r in caplog.records][2:] == [
+        "still cannot reach Redis at 10.0.0.7:6380 (connection refused): 25 failed attempts "
+        "in the last 60 s, down for 50 s",
+        "Redis at 10.0.0.7:6380 answers again (down for 60 s, 30 failed attempts)",
+    ]
