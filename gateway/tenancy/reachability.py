@@ -2,8 +2,8 @@
 first failure (address and cause, never the URL's credentials), then at most one line a
 minute with a count, and one line when it answers again. A gateway started with a wrong
 ``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line. A Redis that
-flaps (stalls of a second, a proxy dropping connections) says so at most once a minute too:
-an outage that begins within a minute of the last line, for the same cause, is counted, not
+flaps (stalls of a second, a proxy dropping connections) says so at most once a minute per
+cause too: an outage that begins within a minute of a line for its cause is counted, not
 logged, and so is its end, unless it lasts until a summary line names it (measured: a Redis
 paused 0.7 s every second wrote a warning and an info line every 2 s per component).
 
@@ -37,7 +37,7 @@ class Reachability:
         self._failures = 0  # since the store last answered
         self._unsaid = 0  # failures not yet in a log line
         self._said_at = float("-inf")  # the last warning line
-        self._said_cause = ""
+        self._said: dict[str, float] = {}  # cause -> its last warning line (a minute's)
         self._quiet = False  # this outage is not in the log (Redis flaps)
         self._flaps = 0  # outages not in the log since the last line
 
@@ -50,14 +50,16 @@ class Reachability:
         self._failures += 1
         if self._down_since is None:
             self._down_since, self._unsaid = now, 0
-            self._quiet = (now - self._said_at < self._summary_every_s
-                           and cause == self._said_cause)
+            self._quiet = now - self._said.get(cause, float("-inf")) < self._summary_every_s
             if self._quiet:
                 self._flaps += 1
                 return
-            flaps = (f"; {self._flaps} short outages since the last such line, "
-                     f"{now - self._said_at:.0f} s ago" if self._flaps else "")
-            self._said_at, self._said_cause, self._flaps = now, cause, 0
+            flaps = (f"; {self._flaps} short outages in the last {now - self._said_at:.0f} s "
+                     "not logged" if self._flaps else "")
+            self._said = {c: t for c, t in self._said.items()
+                          if now - t < self._summary_every_s}
+            self._said[cause] = self._said_at = now
+            self._flaps = 0
             self._log.warning("%scannot reach Redis at %s (%s); retrying every %g s%s",
                               self._prefix, self.address, cause, self._retry_every_s, flaps,
                               extra={"redis": self.address, "cause": cause})
