@@ -15,7 +15,9 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 
+import openai
 import pytest
+import redis as sync_redis
 import redis.asyncio as aioredis
 
 from gateway.errors import StoreUnreachable
@@ -24,8 +26,11 @@ from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter
 from routing.router import Router, RouterConfig
+from tests.support.gateway import AUTH_SECRET, admin_client, chat_status, gateway_proc
+from tests.support.procs import Proc
 
 LIMITS = Limits(rpm=10, max_concurrency=2)
+ADMIN = "wrong-type-admin-token-0123456789"
 
 
 @pytest.fixture
@@ -156,3 +161,34 @@ async def test_the_shared_routing_state_names_its_stream_of_the_wrong_type(
             "every 0.5 s")
     finally:
         await sync.stop()
+
+
+def test_through_the_gateway_the_other_tenants_stay_on_the_shared_budget(
+    redis_url: str, sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    """What clients see: the tenant whose lease key was overwritten is still served (on its
+    per-process share), and another tenant's requests are still counted in Redis, where the
+    other gateways count them too (they were counted in this process only)."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    config = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]}},
+        "models": {"llama": {"free": "p"}},
+        "tiers": {"free": {"limits": {"rpm": 1000, "max_concurrency": 4}}},
+        "tenants": [{"id": "acme", "tier": "free"}, {"id": "globex", "tier": "free"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": redis_url}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    r = sync_redis.Redis.from_url(redis_url)
+    with gw, admin_client(base, ADMIN) as admin:
+        keys = {t: admin.post(f"/tenants/{t}/keys").json()["key"] for t in ("acme", "globex")}
+        clients = {t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=30)
+                   for t, k in keys.items()}
+        r.set("kvgate:rl:{globex}:leases", "written by hand")
+        assert chat_status(clients["globex"]) == 200  # per-process, its release stuck
+        for _ in range(3):
+            assert chat_status(clients["acme"]) == 200
+        left = r.hget("kvgate:rl:{acme}", "r")  # three counted in Redis
+        assert left is not None and float(left) < 998, left
+        assert "rate limits of tenant globex: Redis refused its keys" in gw.output()
+    r.close()
