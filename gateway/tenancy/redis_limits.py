@@ -4,17 +4,17 @@ Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time
 set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry. Time is Redis's own
 clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
 `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
-that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled
-or unreachable) is kept and retried as soon as Redis answers again -- before this process's
-next admission and by a background retry -- so a tenant is not locked out for a lease TTL
-after a stall. So is the lease of an admission that failed: a stalled Redis (paused, a long
-fork) still runs the script it had read when it wakes, after this process gave up on it and
-admitted the request on its per-process fallback, and nobody would hold or release that
-lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
-picker while its admission waited on a slow Redis) also gives its TPM reservation back when
-its lease is found in Redis, which tells that the script ran (a tenant with a concurrency
-limit; without one nothing tells): the request never reached a replica, and kept its whole
-reservation charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s).
+that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled or
+unreachable) is kept and retried as soon as Redis answers again -- by the tenant's next
+admission, in its own script call, and by a background retry -- so a tenant is not locked out
+for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
+(paused, a long fork) still runs the script it had read when it wakes, after this process gave
+up on it and admitted the request on its per-process fallback, and nobody would hold or release
+that lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
+picker while its admission waited on a slow Redis) also gives its TPM reservation back when its
+lease is found in Redis, which tells that the script ran (a tenant with a concurrency limit;
+without one nothing tells): the request never reached a replica, and kept its whole reservation
+charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s).
 While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
@@ -47,10 +47,19 @@ _NOW = (
 )
 # KEYS[1] bucket hash, KEYS[2] lease zset.
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
-# peek ('1': decide only, write nothing).
+# peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
+# `_RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
 _ADMIT = (
     _NOW
     + """
+for i = 9, #ARGV, 3 do
+  if redis.call('ZREM', KEYS[2], ARGV[i]) == 1 and tonumber(ARGV[i + 1]) > 0 then
+    local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+    if t then
+      redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[i + 2]), t + tonumber(ARGV[i + 1])))
+    end
+  end
+end
 local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local est, ttl = tonumber(ARGV[5]), tonumber(ARGV[7])
 local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
@@ -178,10 +187,10 @@ class RedisRateLimiter(RateLimiter):
 
     async def _decide(self, tenant_id: str, limits: Limits, tokens: int, *,
                       peek: bool) -> Admission:
-        if any(t == tenant_id for t, _, _ in self._unreleased.values()):
-            # Redis may be back: free the tenant's stalled leases before counting its own (not
-            # the others': a release stuck on another tenant's broken key must not fail this)
-            await self.release_pending(tenant_id)
+        # Redis may be back: the tenant's stalled leases are freed before its own are counted,
+        # by the same call (a round trip more before was 2 x redis_timeout_s on a slow Redis);
+        # not the others': a release stuck on another tenant's broken key must not fail this
+        stalled = [(lid, held) for lid, held in self._unreleased.items() if held[0] == tenant_id]
         lease_id = secrets.token_hex(8)
         bucket = self._bucket(tenant_id)
         args: list[str | int | float] = [
@@ -194,6 +203,8 @@ class RedisRateLimiter(RateLimiter):
             self._ttl,
             "1" if peek else "0",
         ]
+        for lid, (_, reserved, tpm) in stalled:
+            args += [lid, reserved, tpm]
         try:
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(
@@ -210,6 +221,11 @@ class RedisRateLimiter(RateLimiter):
         if self._wrong_type.pop(tenant_id, None) is not None:
             log.info("rate limits of tenant %s: its keys in Redis work again", tenant_id,
                      extra={"tenant": tenant_id})
+        if stalled:
+            for lid, _ in stalled:
+                self._unreleased.pop(lid, None)
+            log.info("concurrency leases released after Redis answered again",
+                     extra={"leases": len(stalled)})
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
@@ -250,14 +266,12 @@ class RedisRateLimiter(RateLimiter):
             self._retry_wake.set()
             raise
 
-    async def release_pending(self, tenant_id: str | None = None) -> int:
-        """Retry the releases that failed (of one tenant, or all); the number still pending
-        (0: all done).
+    async def release_pending(self) -> int:
+        """Retry the releases that failed; the number still pending (0: all done).
 
         `BackendUnavailable` while Redis still does not answer, or refuses one of them (a
         key of the wrong type): the others are done."""
-        pending = [(lease_id, held) for lease_id, held in self._unreleased.items()
-                   if tenant_id is None or held[0] == tenant_id]
+        pending = list(self._unreleased.items())
         if not pending:
             return 0
         with redis_unavailable():
