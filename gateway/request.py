@@ -38,6 +38,7 @@ class ProxiedRequest:
     __slots__ = (
         "adm",
         "attempts",
+        "busy_wait",
         "cors",
         "ctl",
         "extra",
@@ -94,6 +95,8 @@ class ProxiedRequest:
         self.tier = self.tenant = self.tenant_id = "none"
         self.key_hash: str | None = None  # its caller's key, hashed (`TenantGate.current`)
         self.attempts = 0
+        # the soonest (s) a replica that answered it 429 takes it again (`relay.busy_wait`)
+        self.busy_wait: int | None = None
         self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
         self.usage: dict[str, int] | None = None  # upstream usage counts
         self.adm: Admission | None = None
