@@ -29,7 +29,7 @@ from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pools
-from gateway.request import ProxiedRequest
+from gateway.request import ProxiedRequest, rate_limit_headers
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
@@ -115,8 +115,7 @@ class Preparer:
         """The x-ratelimit-* headers of an admission on the request; 429 when refused."""
         if adm is None:
             return
-        req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
-                     if k != "retry-after"]
+        req.extra = rate_limit_headers(adm)
         if not adm.allowed:
             self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
             raise adm.error()
@@ -278,6 +277,7 @@ class Preparer:
         for a context too long, or a short answer)."""
         if req.adm is not None and (tokens := req.settle_tokens()) is not None:
             await self._gate.settle(req.adm, tokens)
+            req.settled_headers()
 
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
         """The request is over (answered, failed or abandoned): metrics, the request line,

@@ -531,10 +531,10 @@ class Relay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": self._answered_by(req) + event})
             return
+        await self._settle(req)  # (its x-ratelimit-* headers then show the request settled)
         hdrs = self.headers(req, content_type)
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
-        await self._settle(req)
         await send_whole(send, status, hdrs, data)
 
 

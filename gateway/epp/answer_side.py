@@ -379,6 +379,7 @@ class AnswerSide(Deadlines):
             return [self.router_reset(req, data)]
         else:
             verdict = self._answered_whole(data)
+            req.settled_headers()  # (settled at the exchange's close, with these tokens)
             headers = self._headers()
         if verdict == "refused":
             return [self._refuse(ReplicaRefused(status))]

@@ -2,8 +2,9 @@
 the prompt plus ``n`` times ``max_tokens``, else `flow.expected_output_tokens`), and settles it
 with the real usage: a real gateway on Redis, a simulated replica, the official openai client.
 
-`x-ratelimit-remaining-tokens` on the answer is the bucket right after admission, so it shows
-the reservation. Before, only the prompt was reserved: ``n=3, max_tokens=100`` left ~990 of 1000.
+`x-ratelimit-remaining-tokens` on a whole answer is the bucket after its settle (its usage, which
+`ignore_eos` makes the reservation here). Before, only the prompt was reserved: ``n=3,
+max_tokens=100`` left ~990 of 1000.
 """
 
 from __future__ import annotations
