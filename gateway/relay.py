@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from time import perf_counter
@@ -77,9 +78,10 @@ from gateway.whole import json_object, read_whole
 from routing.router import Router
 
 __all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
-           "alone_with_error_event", "engine_died",
+           "alone_with_error_event", "busy_wait", "engine_died",
            "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
-           "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
+           "not_what_was_asked", "read_whole", "relayed_retry_after", "retry_seconds", "served",
+           "stream_error",
            "stream_failure", "unstarted_failure"]
 
 log = logging.getLogger(__name__)
@@ -156,12 +158,14 @@ def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
     return UpstreamError(_ENGINE_DIED, reason="dead")
 
 
-def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
-    """Feed an upstream answer's status (and error body) to the replica's health; returns
-    the verdict ("busy", "refused", "dead", "wrong_model", "failure", "ok") for logs and
-    metrics."""
+def judge(
+    replica: Replica, status: int, body: bytes, now: float, retry_after: str | None = None,
+) -> str:
+    """Feed an upstream answer's status (error body, `retry_after`: its Retry-After header)
+    to the replica's health; returns the verdict ("busy", "refused", "dead", "wrong_model",
+    "failure", "ok") for logs and metrics."""
     if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
-        replica.record_busy(now)
+        replica.record_busy(now, retry_seconds(retry_after))
         return "busy"
     if status in REFUSED:
         if not replica.refusal_warned:  # one warning, not one per health cycle
@@ -477,7 +481,8 @@ class Relay:
             if req.suspect is None:
                 replica.count_failure()
             req.suspect = None
-        elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
+        elif (verdict := judge(replica, resp.status, data, self._clock(),
+                               resp.retry_after)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         elif verdict == "dead":
             # the last try's engine died (earlier tries' 500s never get here): the replica's
@@ -498,7 +503,12 @@ class Relay:
         elif resp.status >= 400 and (
                 shaped := openai_shaped(resp.status, data, req.path)) is not None:
             data, content_type = shaped, "application/json"
-        await self._answer(send, req, resp.status, data, content_type, _retry_after(resp))
+        wait = None
+        if resp.status == 429:  # the soonest of the replicas that answered it 429
+            wait = busy_wait(replica, resp.retry_after, self._clock())
+            wait = wait if req.busy_wait is None else min(wait, req.busy_wait)
+        retry_after = relayed_retry_after(resp.status, resp.retry_after, wait)
+        await self._answer(send, req, resp.status, data, content_type, retry_after)
         return True
 
     async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
@@ -521,34 +531,49 @@ class Relay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": self._answered_by(req) + event})
             return
+        await self._settle(req)  # (its x-ratelimit-* headers then show the request settled)
         hdrs = self.headers(req, content_type)
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
-        await self._settle(req)
         await send_whole(send, status, hdrs, data)
 
 
 _MAX_RETRY_AFTER_S = 3_600
 
 
-def _retry_after(resp: UpstreamResponse) -> bytes | None:
-    return relayed_retry_after(resp.status, resp.retry_after)
+def retry_seconds(sent: str | None) -> int | None:
+    """A Retry-After header's seconds when it is a plain number, capped at an hour (the SDKs
+    wait what it says); None otherwise (absent, an HTTP date, a fraction). Only ASCII digits
+    are a number (``str.isdigit`` takes ``²``, which `int` refuses), and a long one is the cap
+    without `int` (which refuses over 4300 digits): a replica's header never makes the
+    client's answer a 500."""
+    sent = (sent or "").strip()
+    if not (sent.isascii() and sent.isdigit()):
+        return None
+    digits = sent.lstrip("0") or "0"
+    if len(digits) > len(str(_MAX_RETRY_AFTER_S)):
+        return _MAX_RETRY_AFTER_S
+    return min(int(digits), _MAX_RETRY_AFTER_S)
 
 
-def relayed_retry_after(status: int, sent: str | None) -> bytes | None:
-    """The Retry-After a relayed 429/503 carries (both edges): the replica's own `sent` when
-    it is a plain number of seconds (capped at an hour; the SDKs wait what it says), else 1 s
-    for a 503. Only ASCII digits are a number (``str.isdigit`` takes ``²``, which `int`
-    refuses), and a long one is the cap without `int` (which refuses over 4300 digits): a
-    replica's header never makes the client's answer a 500."""
+def busy_wait(replica: Replica, sent: str | None, now: float) -> int:
+    """Whole seconds until `replica`, which answered 429, may take the request (both
+    edges): what its Retry-After (`sent`) said, else its busy back-off left, at least 1."""
+    said = retry_seconds(sent)
+    return said if said is not None else max(1, math.ceil(replica.busy_until - now))
+
+
+def relayed_retry_after(status: int, sent: str | None, wait: int | None = None) -> bytes | None:
+    """The Retry-After a relayed 429/503 carries (both edges): for a 429, `wait` (the
+    soonest any replica it tried takes it again: `busy_wait`); else the replica's own `sent`
+    when it is a number of seconds (`retry_seconds`), else 1 s for a 503."""
+    if status == 429 and wait is not None:
+        return str(wait).encode()
     if status not in (429, 503):
         return None
-    sent = (sent or "").strip()
-    if sent.isascii() and sent.isdigit():
-        digits = sent.lstrip("0") or "0"
-        if len(digits) > len(str(_MAX_RETRY_AFTER_S)):
-            return str(_MAX_RETRY_AFTER_S).encode()
-        return str(min(int(digits), _MAX_RETRY_AFTER_S)).encode()
+    said = retry_seconds(sent)
+    if said is not None:
+        return str(said).encode()
     return b"1" if status == 503 else None
 
 

@@ -1012,6 +1012,30 @@ def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
     assert resp.headers.get_list("retry-after") == [relayed]
 
 
+@pytest.mark.parametrize(("sent", "relayed"), [
+    ("30", ["30"]), (None, ["1", "2"]), ("Wed, 21 Oct 2015 07:28:00 GMT", ["1", "2"])],
+    ids=["seconds", "none", "http-date"])
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_replicas_429_carries_a_retry_after_at_both_edges(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, sent: str | None,
+    relayed: list[str],
+) -> None:
+    """A 429 from a replica that says no number of seconds: the client is told when the
+    replica's busy back-off ends (at least 1 s; it doubles while the replica keeps answering
+    429, 2 s at most by default), as a 503 is told 1; it had no Retry-After
+    (`relay.busy_wait`, both edges)."""
+    body = (b'{"error": {"message": "slow down", "type": "RateLimitError", "param": null, '
+            b'"code": 429}}')
+    head = b"retry-after: %s\r\n" % sent.encode("latin-1") if sent is not None else b""
+    quiet.answer = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n"
+                    + head + b"content-length: %d\r\n\r\n" % len(body) + body)
+    quiet.end = "keep"
+    resp = _chat(silent[1][edge], stream=False)
+    assert resp.status_code == 429, resp.text
+    assert resp.json()["error"]["message"] == "slow down"
+    assert len(got := resp.headers.get_list("retry-after")) == 1 and got[0] in relayed, got
+
+
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("edge", EDGES)
 def test_an_http_1_0_client_is_served_at_both_edges(
