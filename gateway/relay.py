@@ -48,7 +48,7 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import REFUSED, KvgateError, ReplicaWrongModel, UpstreamError, openai_shaped
+from gateway.errors import REFUSED, KvgateError, ReplicaWrongModel, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
@@ -74,6 +74,7 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.upstream_errors import openai_shaped
 from gateway.whole import json_object, read_whole
 from routing.router import Router
 

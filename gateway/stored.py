@@ -43,7 +43,6 @@ from gateway.errors import (
     ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
-    openai_shaped,
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
@@ -62,6 +61,7 @@ from gateway.stream_end import next_chunk
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.upstream_errors import openai_shaped
 from gateway.whole import json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",

@@ -21,7 +21,6 @@ from gateway.errors import (
     ReplicaRefused,
     ReplicaWrongModel,
     UpstreamError,
-    openai_shaped,
 )
 from gateway.relay import (
     CUT_SHORT,
@@ -54,6 +53,7 @@ from gateway.stored import (
     NO_EVENTS,
     not_a_stream,
 )
+from gateway.upstream_errors import openai_shaped
 from gateway.whole import json_object
 
 __all__ = ["AnswerSide"]

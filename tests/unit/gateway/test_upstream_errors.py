@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import RetryBudgetExhausted, UpstreamTimeout, openai_shaped
+from gateway.errors import RetryBudgetExhausted, UpstreamTimeout
 from gateway.responses import ResponseStore, response_id
+from gateway.upstream_errors import openai_shaped
 
 NESTED = b'{"error":{"message":"bad","type":"BadRequestError","param":"x","code":400}}'
 
