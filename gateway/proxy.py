@@ -50,14 +50,16 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import REQUEST_FAULT, Relay, busy_wait, internal_error, judge, stream_error
+from gateway.relay import REQUEST_FAULT, Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
+from gateway.stream_end import stream_error
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
+from gateway.verdicts import busy_wait, internal_error, judge
 from gateway.whole import read_whole
 from routing.router import Router
 from routing.types import Decision

@@ -22,23 +22,6 @@ from gateway.errors import (
     ReplicaWrongModel,
     UpstreamError,
 )
-from gateway.relay import (
-    CUT_SHORT,
-    NOT_STARTED,
-    alone_with_error_event,
-    busy_wait,
-    engine_died,
-    internal_error,
-    judge,
-    no_other_replica,
-    not_an_answer,
-    not_what_was_asked,
-    relayed_retry_after,
-    served,
-    stream_error,
-    stream_failure,
-    unstarted_failure,
-)
 from gateway.request import ProxiedRequest
 from gateway.responses import response_id
 from gateway.sse import (
@@ -53,7 +36,26 @@ from gateway.stored import (
     NO_EVENTS,
     not_a_stream,
 )
+from gateway.stream_end import (
+    CUT_SHORT,
+    NOT_STARTED,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
 from gateway.upstream_errors import openai_shaped
+from gateway.verdicts import (
+    alone_with_error_event,
+    busy_wait,
+    engine_died,
+    internal_error,
+    judge,
+    no_other_replica,
+    not_an_answer,
+    not_what_was_asked,
+    relayed_retry_after,
+    served,
+)
 from gateway.whole import json_object
 
 __all__ = ["AnswerSide"]

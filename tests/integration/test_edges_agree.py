@@ -34,8 +34,8 @@ import pytest
 
 from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
-from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from gateway.stored import NO_EVENTS, NOT_IN_TIME
+from gateway.stream_end import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import both_edges, envoy_proc, epp_proc, store_through
