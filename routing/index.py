@@ -174,16 +174,16 @@ class AffinityIndex:
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners
-        clear = ~(1 << lru.slot)
+        bit = 1 << lru.slot
         used, capacity, oldest = lru.used, lru.capacity, blocks.popitem
         while used > capacity:
             h, weight = oldest(False)
             used -= weight >> 1
-            mask = owners[h] & clear
-            if mask:
-                owners[h] = mask
-            else:
+            mask = owners[h]
+            if mask == bit:  # its only holder (most blocks): no mask computed
                 del owners[h]
+            else:
+                owners[h] = mask ^ bit
         lru.used = used
 
     # -- queries ------------------------------------------------------------------------------
