@@ -32,7 +32,7 @@ _URL = "redis://127.0.0.1:1"  # never dialled
 Entries = list[tuple[float, object]]  # (the receiver's clock, an XREAD reply)
 
 
-# -- in the child: the tree under test is on the path ---------------------------------------------
+# -- in the child: the tree under test is on the path --------------------------------------------
 def _capture(requests: int, out: Path) -> None:
     from gateway.fleet.sync import RouteSync
     from loadtest.sync_cost import simulate
@@ -66,8 +66,8 @@ def _apply(path: Path, count: int, reps: int) -> dict[str, float]:
                 routes += len(decode(dict(zip(flat[::2], flat[1::2], strict=True))).routes)
     settings = SyncSettings(flush_interval_s=0.02, catchup_entries=0)
     spent: list[float] = []
+    clock = [0.0]
     for _ in range(reps):
-        clock = [0.0]
         sync = RouteSync(Router(RouterConfig()), _URL, "bench", settings, own_loads=dict,
                          known=lambda r: True, clock=lambda: clock[0], member="gw1")
         t0 = time.process_time()
@@ -78,7 +78,7 @@ def _apply(path: Path, count: int, reps: int) -> dict[str, float]:
     return {"routes": routes, "us_per_route": statistics.median(spent) / max(routes, 1) * 1e6}
 
 
-# -- in the parent ----------------------------------------------------------------------------------
+# -- in the parent ---------------------------------------------------------------------------------
 def _child(tree: Path, args: list[str], wrap: list[str] | None = None) -> str:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONHASHSEED": "0"}
     cmd = [*(wrap or []), sys.executable, "-P", str(_HERE), *args]
