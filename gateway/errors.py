@@ -51,8 +51,8 @@ __all__ = [
     "UpstreamTimeout",
     "error_body",
     "for_status",
-    "openai_shaped",
     "shown_name",
+    "type_for",
 ]
 
 
@@ -403,44 +403,14 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDe
           502: "BadGatewayError", 503: "ServiceUnavailableError", 504: "GatewayTimeoutError"}
 
 
+def type_for(status: int) -> str:
+    """The OpenAI/vLLM error type of an HTTP status."""
+    return _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+
+
 def for_status(status: int, message: str) -> KvgateError:
     """An error with ``status`` and its OpenAI type (for statuses no class above names)."""
     error = KvgateError(message)
     error.status = status
-    error.type_ = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    error.type_ = type_for(status)
     return error
-
-
-def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | None:
-    """An upstream error body in OpenAI's shape, or None when it already is one.
-
-    vLLM >= 0.10.1 answers ``{"error": {"message", "type", "param", "code"}}`` (kept as is);
-    older vLLM the flat ``{"object": "error", ...}`` (nested); anything else -- FastAPI's
-    ``{"detail": ...}``, vLLM's auth ``{"error": "Unauthorized"}``, a text/plain page of a
-    dying server -- is replaced by an OpenAI error with the same status. The upstream text is
-    kept only when it is a short JSON string (never a raw page: it may hold a traceback).
-    FastAPI's bare 404 on a proxied route (`path`) is vLLM without that route for its model
-    (`unserved_route`), said so rather than "Not Found"."""
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        data = None
-    message: object = None
-    type_ = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    param = None
-    if isinstance(data, dict):
-        err = data.get("error")
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return None
-        if data.get("object") == "error" and isinstance(data.get("message"), str):
-            message, param = data["message"], data.get("param")
-            type_ = data["type"] if isinstance(data.get("type"), str) else type_
-        elif isinstance(err, str):
-            message = err
-        elif isinstance(data.get("detail"), str):
-            message = data["detail"]
-            if status == 404 and message == "Not Found" and path is not None:
-                message, param = unserved_route(path), "model"
-    if not isinstance(message, str) or not message or len(message) > 500:
-        message = f"The upstream replica answered {status}."
-    return error_body(message, type_, status, param if isinstance(param, str) else None)

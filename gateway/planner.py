@@ -110,6 +110,21 @@ class Planner:
             return pool.name if pool is not None else None
         return route.pool if route.pool in self.pools.by_name else None
 
+    def context_len(self, principal: Principal, model: str) -> int | None:
+        """The longest context (``max_model_len``) among the pools a request for `model`
+        may go to on `principal`'s tier (its own, the tier's spill-over and borrowed ones),
+        before tier resolution picks one; None while one of them has not said it."""
+        doc = self.doc(principal)
+        home = doc.pool_for(model, principal.tier)
+        if home is None:  # no `models` entry: the pool serving that name
+            pool = self.pools.public.get(model)
+            return pool.max_model_len if pool is not None else None
+        tier = doc.tiers.get(principal.tier)
+        names = {home} if tier is None else {home, tier.spill_to, tier.borrow_from} - {None}
+        lengths = [p.max_model_len if (p := self.pools.by_name.get(str(n))) else None
+                   for n in names]
+        return None if None in lengths else max(n for n in lengths if n is not None)
+
     def plan(
         self, principal: Principal, parsed: ParsedBody, kind: str, now: float,
         avoid: Collection[str] = (),

@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
+    Strict,
     ValidationError,
     model_validator,
 )
@@ -49,15 +49,15 @@ DEFAULT_TIER = "default"
 MAX_LIMIT = 10**12
 
 
-def _not_a_bool(value: object) -> object:
-    """true is not 1 (pydantic's lax mode reads it so: a tenant limited to 1 request a
-    minute); other lax forms ("10", 10.0) stay accepted."""
-    if isinstance(value, bool):
-        raise ValueError("a limit is a positive integer or null, not a boolean")
-    return value
-
-
-Limit = Annotated[int, BeforeValidator(_not_a_bool), Field(gt=0, le=MAX_LIMIT)]
+# Every number and boolean of the documents is strict: a JSON string ("100", "true"), a
+# boolean for a number (true read as 1: a tenant limited to 1 request a minute) or a float
+# for an integer is refused naming the field, not converted -- pydantic's lax mode took
+# `"rpm": "100"` from the admin API, so a client's quoting mistake passed unseen. (JSON
+# object keys are strings: `fairness.min_share`'s band keys stay lax.)
+Int = Annotated[int, Strict()]
+Num = Annotated[float, Strict()]  # (an integer is a number)
+Bool = Annotated[bool, Strict()]
+Limit = Annotated[Int, Field(gt=0, le=MAX_LIMIT)]
 
 
 class Limits(BaseModel):
@@ -81,7 +81,7 @@ class PoolConfig(BaseModel):
     replicas: list[str] = Field(default_factory=list)
     discovery: dict[str, dict[str, object]] | None = None  # {kubernetes: {...}} | {dns: {...}}
     api_key_env: str | None = None
-    priority: bool = False  # the pool runs --scheduling-policy priority
+    priority: Bool = False  # the pool runs --scheduling-policy priority
 
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
@@ -110,8 +110,8 @@ class LoadThreshold(BaseModel):
     # finite: an infinite `waiting` (JSON bodies may say Infinity) was stored as null, and
     # the stored policy was then unreadable on every gateway
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    waiting: Annotated[float, Field(ge=0)]
-    kv_usage: Annotated[float, Field(ge=0, le=1)]
+    waiting: Annotated[Num, Field(ge=0)]
+    kv_usage: Annotated[Num, Field(ge=0, le=1)]
 
 
 class TierFlow(BaseModel):
@@ -119,15 +119,15 @@ class TierFlow(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     # priority band, lower first (None: the tier's `priority`, so the queue keeps vLLM's order)
-    band: int | None = None
+    band: Int | None = None
     # share of its band's tokens relative to the band's other tenants (`fairness.tenants`
     # overrides it per tenant)
-    weight: Annotated[float, Field(gt=0, le=1e6)] = 1.0
+    weight: Annotated[Num, Field(gt=0, le=1e6)] = 1.0
     # longest wait in the queue; then 429 with Retry-After
-    max_wait_s: Annotated[float, Field(gt=0, le=3600)] = DEFAULT_MAX_WAIT_S
+    max_wait_s: Annotated[Num, Field(gt=0, le=3600)] = DEFAULT_MAX_WAIT_S
 
 
-Share = Annotated[float, Field(ge=0, lt=1)]
+Share = Annotated[Num, Field(ge=0, lt=1)]
 
 
 class Fairness(BaseModel):
@@ -137,7 +137,7 @@ class Fairness(BaseModel):
     # band -> minimum share of the dispatched tokens while a higher band competes with it
     min_share: dict[int, Share] = Field(default_factory=dict)
     default_min_share: Share = DEFAULT_MIN_SHARE  # bands not in `min_share`
-    tenants: dict[str, Annotated[float, Field(gt=0, le=1e6)]] = Field(default_factory=dict)
+    tenants: dict[str, Annotated[Num, Field(gt=0, le=1e6)]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _shares_fit(self) -> Fairness:
@@ -151,7 +151,7 @@ class TierConfig(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     # vLLM `priority` for pools that run --scheduling-policy priority; within 64 bits, as
     # every integer kvgate writes into a request body (a wider one was a 500 on every request)
-    priority: Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] = 0
+    priority: Annotated[Int, Field(ge=-(2**63), le=2**63 - 1)] = 0
     spill_to: str | None = None  # a pool this tier may overflow to when its own is saturated
     # A replica is saturated at or above either level; the tier spills only when every
     # replica of its own pool is saturated (or unhealthy).
@@ -166,7 +166,7 @@ class TierConfig(BaseModel):
     )
     # vLLM's operator-only body fields (`request_id`, `kv_transfer_params`, `vllm_xargs`) are
     # forwarded only for tiers that allow them; otherwise they are dropped from the request
-    operator_fields: bool = False
+    operator_fields: Bool = False
     flow: TierFlow = Field(default_factory=TierFlow)  # flow control (gateway/flow/)
 
 

@@ -29,7 +29,7 @@ from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pools
-from gateway.request import ProxiedRequest
+from gateway.request import ProxiedRequest, rate_limit_headers
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
@@ -115,8 +115,7 @@ class Preparer:
         """The x-ratelimit-* headers of an admission on the request; 429 when refused."""
         if adm is None:
             return
-        req.extra = [(k.encode(), v.encode()) for k, v in adm.headers().items()
-                     if k != "retry-after"]
+        req.extra = rate_limit_headers(adm)
         if not adm.allowed:
             self._metrics.rejected(req.tier, req.tenant, adm.reason or "rpm")
             raise adm.error()
@@ -139,7 +138,7 @@ class Preparer:
         if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
             await self._refuse_early(req, principal)
         parsed = req.parsed = await self.parse(body, req.kind, principal)
-        adm = await self._gate.admit(principal, self._reserve(parsed, req.kind))
+        adm = await self._gate.admit(principal, self._reserve(parsed, req.kind, principal))
         self._admitted(req, adm)
         req.adm = adm
         counted = self.flow is not None or (adm is not None and adm.limit_tokens)
@@ -187,11 +186,15 @@ class Preparer:
             raise asyncio.CancelledError
         return None
 
-    def _reserve(self, parsed: ParsedBody, kind: str) -> int:
+    def _reserve(self, parsed: ParsedBody, kind: str, principal: Principal) -> int:
         """The tokens TPM admission reserves: the prompt and ``n`` times the output asked
-        for (an embedding has none), settled with the real usage when the request ends."""
+        for (an embedding has none), the output at most what fits beside the prompt in the
+        model's context where it is known (`Planner.context_len`: a ``max_tokens`` of
+        100000 on a 4096-token model reserved 100000, and the tenant's next requests were
+        refused while it ran), settled with the real usage when the request ends."""
         expected = 0 if kind == "embeddings" else self._expected
-        return int(asked_tokens(parsed, parsed.prompt_tokens, expected))
+        context = self.planner.context_len(principal, parsed.model)
+        return int(asked_tokens(parsed, parsed.prompt_tokens, expected, context))
 
     async def parse(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
@@ -274,6 +277,7 @@ class Preparer:
         for a context too long, or a short answer)."""
         if req.adm is not None and (tokens := req.settle_tokens()) is not None:
             await self._gate.settle(req.adm, tokens)
+            req.settled_headers()
 
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
         """The request is over (answered, failed or abandoned): metrics, the request line,

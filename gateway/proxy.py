@@ -50,14 +50,16 @@ from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import REQUEST_FAULT, Relay, internal_error, judge, stream_error
+from gateway.relay import REQUEST_FAULT, Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
+from gateway.stream_end import stream_error
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
+from gateway.verdicts import busy_wait, internal_error, judge
 from gateway.whole import read_whole
 from routing.router import Router
 from routing.types import Decision
@@ -302,9 +304,13 @@ class Proxy:
                     log.info("replica answered 500, trying one other", extra={
                         "replica": replica.id, "request_id": req.req_id.decode("latin-1")})
                     return UpstreamError("The replica answered 500.", reason="status_500")
-                verdict = judge(replica, resp.status, data, self._clock())
+                now = self._clock()
+                verdict = judge(replica, resp.status, data, now, resp.retry_after)
                 if verdict == "refused":  # kvgate's credentials, not the client's: a 502
                     return ReplicaRefused(resp.status)
+                if resp.status == 429:  # the client's Retry-After if every try answers 429
+                    wait = busy_wait(replica, resp.retry_after, now)
+                    req.busy_wait = wait if req.busy_wait is None else min(wait, req.busy_wait)
                 return UpstreamError(
                     f"The replica answered {resp.status}.",
                     reason="busy" if verdict == "busy" else f"status_{resp.status}",

@@ -1,37 +1,10 @@
-"""Relaying one upstream answer to the client, and what the answer says about its replica.
+"""Relaying one upstream answer to the client.
 
 Split from `proxy.py` (which keeps the request's steps and the attempts); how a broken stream
-ends is `stream_end.py`. A stream is passed
-through as bytes (`StreamScanner` reads the usage chunk and notes error events); a whole answer
-is sent in one piece, its error body re-shaped when it is not OpenAI's. What the upstream
-answered feeds the replica's health (`judge`):
-
-- vLLM's busy 503 ("engine is currently busy", "prefill token backlog"), or a 429 (from a
-  limiter in front of the replica): a short back-off from new picks (`Replica.record_busy`);
-- 401/403: the replica refused kvgate's own credentials (a pool without the replica's
-  ``--api-key``): down at once, as every request would fail there (the client gets a 502,
-  `ReplicaRefused`);
-- vLLM's dead-engine 500 (``InternalServerError`` "The server had an error while processing
-  your request.", the server exits right after): down at once (`Replica.mark_down`);
-- vLLM's 404 "The model `...` does not exist.": the replica serves another model than its
-  pool's (kvgate sent the pool's served name): down at once, and the request is answered by
-  another replica (`ReplicaWrongModel`, a 502, when none is left) -- else, fast, unloaded
-  and holding the prefixes routed to it, it drew traffic it fails every time;
-- any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
-  that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
-  before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
-  an error event) or stalls: a failure (consecutive failures eject);
-- a 200 that is not JSON, or not the stream the client asked for, or a 2xx other than 200
-  or a 3xx (`not_an_answer`: vLLM answers 200 or an error): a failure, retried elsewhere
-  (nothing reached the client yet), else a 502; so is a 2xx/3xx to a stream an
-  earlier try's keep-alive comments opened: the client's stream ends with a 502 event;
-- a stream event whose data is neither JSON nor ``[DONE]`` (`StreamScanner.malformed`): a
-  failure, never forwarded; before the stream reached the client (its head goes out with the
-  first read that holds events; good events before the bad one in that read are not sent) it
-  is retried elsewhere (`unstarted_failure`), after it the stream ends with a 502 error event
-  and ``[DONE]`` (as a stream cut short); so is a first read holding vLLM's error event of
-  code >= 500 (its engine failed before answering);
-- anything else: a success.
+ends is `stream_end.py`; what the answer says about its replica (`judge` and the rules both
+edges share) is `verdicts.py`. A stream is passed through as bytes (`StreamScanner` reads the
+usage chunk and notes error events); a whole answer is sent in one piece, its error body
+re-shaped when it is not OpenAI's (`upstream_errors.py`).
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
 comment lines (``--sse-keep-alive-interval``) are neither the first token nor an inter-token gap.
@@ -41,15 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
-from gateway.errors import REFUSED, KvgateError, ReplicaWrongModel, UpstreamError, openai_shaped
+from gateway.errors import KvgateError, ReplicaWrongModel, UpstreamError
 from gateway.metrics import GatewayMetrics
-from gateway.pool import Pool
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
 from gateway.responses import ResponseStore, response_id
@@ -63,8 +34,6 @@ from gateway.sse import (
 )
 from gateway.stream_end import (
     CUT_SHORT,
-    DONE_EVENT,
-    MALFORMED,
     NOT_STARTED,
     error_event,
     next_chunk,
@@ -73,14 +42,24 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.upstream_errors import openai_shaped
+from gateway.verdicts import (
+    ENGINE_DIED,
+    alone_with_error_event,
+    busy_wait,
+    dead_event,
+    internal_error,
+    judge,
+    no_other_replica,
+    not_an_answer,
+    not_what_was_asked,
+    relayed_retry_after,
+    served,
+)
 from gateway.whole import json_object, read_whole
 from routing.router import Router
 
-__all__ = ["CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "REQUEST_FAULT", "Relay",
-           "alone_with_error_event", "engine_died",
-           "error_event", "internal_error", "judge", "no_other_replica", "not_an_answer",
-           "not_what_was_asked", "read_whole", "relayed_retry_after", "served", "stream_error",
-           "stream_failure", "unstarted_failure"]
+__all__ = ["REQUEST_FAULT", "Relay"]
 
 log = logging.getLogger(__name__)
 
@@ -89,110 +68,8 @@ RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the 
 # follow-up through another gateway finds it (a stream's id goes out with its first event)
 _SHARE_WAIT_S = 1.0  # = the write's own timeout
 _JSON = "application/json"
-# vLLM's admission-control 503s (v1 engine: --max-num-queued-reqs / --max-num-queued-tokens)
-_BUSY = (b"currently busy", b"backlog limit")
-# vLLM's answer once its engine died (exception_handling/error_response.py)
-_DEAD = b"The server had an error while processing your request"
 # the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
 REQUEST_FAULT = "request_error_event"
-_ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
-# vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
-_NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
-
-
-def not_what_was_asked(stream: bool, content_type: str) -> UpstreamError:
-    """A 200 that is not the stream asked for, or (not a stream) not JSON: an HTML page from
-    whatever answers at the replica's address, a whole answer to a stream. Both edges: a
-    failure of the replica, the 502 (relayed, the SDK got a str, or an empty stream that looks
-    complete)."""
-    media = content_type.partition(";")[0].strip()[:64] or "no content type"
-    what = "the stream asked for" if stream else "JSON"
-    return UpstreamError(f"The replica's answer is not {what} ({media}).", reason="not_json")
-
-
-def not_an_answer(status: int) -> UpstreamError:
-    """A proxied route answered 2xx other than 200, or 3xx: not vLLM's (it answers 200 or an
-    error), and nothing an SDK can read. Both edges: a failure of the replica, the 502."""
-    return UpstreamError(f"The replica answered {status}, not an answer.",
-                         reason=f"status_{status}")
-
-
-def internal_error(status: int, body: bytes) -> bool:
-    """vLLM's 500 for one request (an exception while serving it: `GenerationError`, a
-    template or parser bug, ...), not its dead engine's (`judge`): the replica or the request
-    may be at fault, and the same request elsewhere tells which (`Proxy._forward`)."""
-    return status == 500 and _DEAD not in body
-
-
-def no_other_replica(pool: Pool, replica: Replica, now: float) -> bool:
-    """No replica of `pool` but `replica` may be sent a request now: an internal 500 there
-    (`internal_error`) cannot be tried elsewhere to tell whose fault it is, and charging it
-    ejected a pool's last replica for a request that fails anywhere (every tenant then got
-    503s, and the replica serves other requests well). Both edges relay it uncharged."""
-    return not any(r is not replica and r.available(now) for r in pool.replicas)
-
-
-def alone_with_error_event(
-    pool: Pool, replica: Replica, scanner: StreamScanner, now: float,
-) -> bool:
-    """A stream's 5xx error event, not a dead engine's (as `internal_error` tells a whole
-    answer's), from the pool's only replica that takes requests: not charged
-    (`no_other_replica`; both edges)."""
-    return (scanner.error_code is not None and scanner.error_code >= 500
-            and not _dead_event(scanner) and no_other_replica(pool, replica, now))
-
-
-def _dead_event(scanner: StreamScanner) -> bool:
-    return _DEAD in (scanner.error_message or "").encode()
-
-
-def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
-    """The answer to a request whose only try left met vLLM's dead-engine 500 (the replica
-    is down now): the pool's 503 with Retry-After when no replica is left -- what the next
-    request gets --, else a 502 saying so; never the engine's 500, which only the first
-    request of an outage would see (both edges)."""
-    if not pool.takes_requests(now):
-        return pool.none_healthy(model, now)
-    return UpstreamError(_ENGINE_DIED, reason="dead")
-
-
-def judge(replica: Replica, status: int, body: bytes, now: float) -> str:
-    """Feed an upstream answer's status (and error body) to the replica's health; returns
-    the verdict ("busy", "refused", "dead", "wrong_model", "failure", "ok") for logs and
-    metrics."""
-    if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
-        replica.record_busy(now)
-        return "busy"
-    if status in REFUSED:
-        if not replica.refusal_warned:  # one warning, not one per health cycle
-            replica.refusal_warned = True
-            log.warning("replica refused the gateway's credentials (%d): set the pool's "
-                        "api_key_env to its --api-key", status,
-                        extra={"pool": replica.pool, "replica": replica.id})
-        replica.mark_down(now)
-        replica.reason = f"refused the gateway's credentials ({status})"
-        return "refused"
-    if status == 500 and _DEAD in body:
-        replica.mark_down(now)
-        replica.reason = "its engine died (500)"
-        return "dead"
-    if status == 404 and _NO_MODEL.search(body):
-        replica.mark_down(now)
-        replica.reason = "serves another model (404)"
-        return "wrong_model"
-    if status >= 500:
-        replica.record_failure(now)
-        return "failure"
-    served(replica)
-    return "ok"
-
-
-def served(replica: Replica) -> None:
-    """`replica` answered a request well: healthy, and a later refusal is warned about."""
-    replica.refusal_warned = False
-    replica.record_success()
-
-
 def _total(usage: dict[str, int]) -> int:
     return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
 
@@ -383,7 +260,7 @@ class Relay:
                 # nothing reached the client: another replica may answer it, except when
                 # it is too large (another replica's would be as large)
                 now = self._clock()
-                if scanner.error_code == 500 and not _dead_event(scanner):
+                if scanner.error_code == 500 and not dead_event(scanner):
                     self._suspect(req, replica, failure, now)
                 elif alone_with_error_event(req.pool, replica, scanner, now):
                     replica.count_failure()
@@ -477,13 +354,14 @@ class Relay:
             if req.suspect is None:
                 replica.count_failure()
             req.suspect = None
-        elif (verdict := judge(replica, resp.status, data, self._clock())) == "wrong_model":
+        elif (verdict := judge(replica, resp.status, data, self._clock(),
+                               resp.retry_after)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         elif verdict == "dead":
             # the last try's engine died (earlier tries' 500s never get here): the replica's
             # failure, not this request's; the proxy answers what the next request would get
             # (the pool's 503 when none is left), not a 500 that only this request sees
-            raise UpstreamError(_ENGINE_DIED, reason="dead")
+            raise UpstreamError(ENGINE_DIED, reason="dead")
         content_type = resp.content_type
         if resp.status == 200:
             if usage := body_usage(data):
@@ -498,7 +376,12 @@ class Relay:
         elif resp.status >= 400 and (
                 shaped := openai_shaped(resp.status, data, req.path)) is not None:
             data, content_type = shaped, "application/json"
-        await self._answer(send, req, resp.status, data, content_type, _retry_after(resp))
+        wait = None
+        if resp.status == 429:  # the soonest of the replicas that answered it 429
+            wait = busy_wait(replica, resp.retry_after, self._clock())
+            wait = wait if req.busy_wait is None else min(wait, req.busy_wait)
+        retry_after = relayed_retry_after(resp.status, resp.retry_after, wait)
+        await self._answer(send, req, resp.status, data, content_type, retry_after)
         return True
 
     async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
@@ -521,35 +404,11 @@ class Relay:
             await send({"type": "http.response.body", "more_body": False,
                         "body": self._answered_by(req) + event})
             return
+        await self._settle(req)  # (its x-ratelimit-* headers then show the request settled)
         hdrs = self.headers(req, content_type)
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
-        await self._settle(req)
         await send_whole(send, status, hdrs, data)
-
-
-_MAX_RETRY_AFTER_S = 3_600
-
-
-def _retry_after(resp: UpstreamResponse) -> bytes | None:
-    return relayed_retry_after(resp.status, resp.retry_after)
-
-
-def relayed_retry_after(status: int, sent: str | None) -> bytes | None:
-    """The Retry-After a relayed 429/503 carries (both edges): the replica's own `sent` when
-    it is a plain number of seconds (capped at an hour; the SDKs wait what it says), else 1 s
-    for a 503. Only ASCII digits are a number (``str.isdigit`` takes ``²``, which `int`
-    refuses), and a long one is the cap without `int` (which refuses over 4300 digits): a
-    replica's header never makes the client's answer a 500."""
-    if status not in (429, 503):
-        return None
-    sent = (sent or "").strip()
-    if sent.isascii() and sent.isdigit():
-        digits = sent.lstrip("0") or "0"
-        if len(digits) > len(str(_MAX_RETRY_AFTER_S)):
-            return str(_MAX_RETRY_AFTER_S).encode()
-        return str(min(int(digits), _MAX_RETRY_AFTER_S)).encode()
-    return b"1" if status == 503 else None
 
 
 def _stored(req: ProxiedRequest) -> bool:

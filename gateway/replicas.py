@@ -201,16 +201,19 @@ class Replica:
         """Backing off after a busy 503 (health aside)."""
         return now < self.busy_until
 
-    def record_busy(self, now: float) -> None:
-        """vLLM answered 503 "engine is currently busy": keep new picks away for a while.
-        The back-off doubles while the replica keeps rejecting and starts over once it has
-        been quiet for the longest back-off."""
+    def record_busy(self, now: float, asked_s: float | None = None) -> None:
+        """vLLM answered 503 "engine is currently busy" (or a limiter in front of it 429):
+        keep new picks away for a while -- `asked_s` when the answer's Retry-After asked for
+        it, else a back-off that doubles while the replica keeps rejecting and starts over
+        once it has been quiet for the longest back-off; never longer than that longest one
+        (a replica asking for an hour is asked again sooner)."""
         p = self._policy
         if now - self.busy_until > p.busy_backoff_max_s:
             self.busy_streak = 0
         self.busy_streak += 1
         backoff = p.busy_backoff_s * 2 ** min(self.busy_streak - 1, 16)
-        self.busy_until = now + min(backoff, p.busy_backoff_max_s)
+        wait = backoff if asked_s is None else asked_s
+        self.busy_until = now + min(wait, p.busy_backoff_max_s)
 
     def record_slow_probe(self, now: float) -> None:
         """An active probe timed out: eject only after `slow_threshold` in a row."""

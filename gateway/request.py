@@ -21,7 +21,8 @@ from gateway.timeouts import Canceller
 from routing.tokens import count_tokens
 from routing.types import RequestFeatures
 
-__all__ = ["Head", "ProxiedRequest", "Uploads", "read_body", "request_id", "scan_headers"]
+__all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "request_id",
+           "scan_headers"]
 
 # 5xx a request ends with that ran no output for its client (`ProxiedRequest.refused`)
 _NO_OUTPUT = frozenset({500, 502, 503})
@@ -38,6 +39,7 @@ class ProxiedRequest:
     __slots__ = (
         "adm",
         "attempts",
+        "busy_wait",
         "cors",
         "ctl",
         "extra",
@@ -94,6 +96,8 @@ class ProxiedRequest:
         self.tier = self.tenant = self.tenant_id = "none"
         self.key_hash: str | None = None  # its caller's key, hashed (`TenantGate.current`)
         self.attempts = 0
+        # the soonest (s) a replica that answered it 429 takes it again (`relay.busy_wait`)
+        self.busy_wait: int | None = None
         self.ttft: float | None = None  # seconds to the first content chunk sent (streams)
         self.usage: dict[str, int] | None = None  # upstream usage counts
         self.adm: Admission | None = None
@@ -124,6 +128,14 @@ class ProxiedRequest:
         return failed and (self.replica != "none" and self.used is None and self.ttft is None
                            and not self.relayed)
 
+    def settled_headers(self) -> None:
+        """`extra`'s x-ratelimit-* as they read once the admission is settled (OpenAI's
+        remaining after the request): a whole answer's, sent after its settle (both edges);
+        they showed the reservation (a ``max_tokens`` of 500 for an answer of 2 tokens)."""
+        adm = self.adm
+        if adm is not None and adm.limit_tokens and (tokens := self.settle_tokens()) is not None:
+            self.extra = rate_limit_headers(adm.settled_to(tokens))
+
     def settle_tokens(self) -> int | None:
         """Tokens to charge: real usage; 0 when nothing reached a replica; else (no usage: a
         client that left, a stream cut short, a replica's refusal or error, a timeout) the
@@ -150,6 +162,11 @@ class ProxiedRequest:
             return 0
         # (a replica was tried: `parsed` is set)
         return self.parsed.prompt_tokens + count_tokens(self.streamed or 0)
+
+
+def rate_limit_headers(adm: Admission) -> list[tuple[bytes, bytes]]:
+    """An admission's x-ratelimit-* headers (its Retry-After goes with a refusal's error)."""
+    return [(k.encode(), v.encode()) for k, v in adm.headers().items() if k != "retry-after"]
 
 
 class Uploads:

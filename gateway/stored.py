@@ -43,25 +43,24 @@ from gateway.errors import (
     ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
-    openai_shaped,
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
-from gateway.relay import (
+from gateway.replicas import Replica
+from gateway.responses import ResponseStore
+from gateway.sse import StreamScanner
+from gateway.stream_end import (
     CUT_SHORT,
-    not_an_answer,
-    not_what_was_asked,
+    next_chunk,
     stream_error,
     stream_failure,
     unstarted_failure,
 )
-from gateway.replicas import Replica
-from gateway.responses import ResponseStore
-from gateway.sse import StreamScanner
-from gateway.stream_end import next_chunk
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.upstream_errors import openai_shaped
+from gateway.verdicts import not_an_answer, not_what_was_asked
 from gateway.whole import json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",

@@ -118,14 +118,16 @@ class AffinityIndex:
         # below), then the held ones are refreshed in one pass in C. Every process inserts
         # every chain of the fleet: this is most of what applying peers' records costs.
         fresh = 2 | flag
-        held = owners.get
-        new = 0
+        own = owners.setdefault  # a new block is most often new to every replica: one lookup
+        start = len(blocks)
         for h in reversed(hashes):
             if h in blocks:
                 break
             blocks[h] = fresh
-            owners[h] = held(h, 0) | bit
-            new += 1
+            mask = own(h, bit)
+            if mask != bit:  # (never ``bit`` when held before: this replica did not hold it)
+                owners[h] = mask | bit
+        new = len(blocks) - start
         used += new
         if new < len(hashes):
             # the held blocks, newest last; moved in C, one lookup each (`_refresh_blockwise`)
@@ -172,16 +174,16 @@ class AffinityIndex:
 
     def _evict(self, lru: _ReplicaLRU) -> None:
         blocks, owners = lru.blocks, self._owners
-        clear = ~(1 << lru.slot)
+        bit = 1 << lru.slot
         used, capacity, oldest = lru.used, lru.capacity, blocks.popitem
         while used > capacity:
             h, weight = oldest(False)
             used -= weight >> 1
-            mask = owners[h] & clear
-            if mask:
-                owners[h] = mask
-            else:
+            mask = owners[h]
+            if mask == bit:  # its only holder (most blocks): no mask computed
                 del owners[h]
+            else:
+                owners[h] = mask ^ bit
         lru.used = used
 
     # -- queries ------------------------------------------------------------------------------

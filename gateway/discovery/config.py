@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 __all__ = [
     "SA_DIR",
@@ -23,7 +23,8 @@ __all__ = [
 # "Accessing the Kubernetes API from a Pod").
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
-Seconds = Annotated[float, Field(gt=0)]
+# strict, as the policy document holding them (`gateway.policy_doc`): "5" is refused
+Seconds = Annotated[float, Strict(), Field(gt=0)]
 
 
 class DiscoveryConfigError(ValueError):
@@ -43,7 +44,7 @@ class KubernetesConfig(BaseModel):
     ca_path: str | None = f"{SA_DIR}/ca.crt"  # None: the system trust store
     namespace_path: str = f"{SA_DIR}/namespace"
     resync_seconds: Seconds = 300.0  # full re-LIST even when the watch is healthy
-    watch_timeout_seconds: Annotated[int, Field(gt=0)] = 240  # server-side watch timeout
+    watch_timeout_seconds: Annotated[int, Strict(), Field(gt=0)] = 240  # server-side watch timeout
     backoff_max_seconds: Seconds = 30.0
 
 
@@ -52,7 +53,7 @@ class DnsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     name: str  # e.g. vllm-fp8.llm.svc.cluster.local
-    port: Annotated[int, Field(gt=0, lt=65536)] = 8000
+    port: Annotated[int, Strict(), Field(gt=0, lt=65536)] = 8000
     scheme: Literal["http", "https"] = "http"
     interval_seconds: Seconds = 5.0
 

@@ -21,23 +21,6 @@ from gateway.errors import (
     ReplicaRefused,
     ReplicaWrongModel,
     UpstreamError,
-    openai_shaped,
-)
-from gateway.relay import (
-    CUT_SHORT,
-    NOT_STARTED,
-    alone_with_error_event,
-    engine_died,
-    internal_error,
-    judge,
-    no_other_replica,
-    not_an_answer,
-    not_what_was_asked,
-    relayed_retry_after,
-    served,
-    stream_error,
-    stream_failure,
-    unstarted_failure,
 )
 from gateway.request import ProxiedRequest
 from gateway.responses import response_id
@@ -52,6 +35,26 @@ from gateway.sse import (
 from gateway.stored import (
     NO_EVENTS,
     not_a_stream,
+)
+from gateway.stream_end import (
+    CUT_SHORT,
+    NOT_STARTED,
+    stream_error,
+    stream_failure,
+    unstarted_failure,
+)
+from gateway.upstream_errors import openai_shaped
+from gateway.verdicts import (
+    alone_with_error_event,
+    busy_wait,
+    engine_died,
+    internal_error,
+    judge,
+    no_other_replica,
+    not_an_answer,
+    not_what_was_asked,
+    relayed_retry_after,
+    served,
 )
 from gateway.whole import json_object
 
@@ -340,7 +343,7 @@ class AnswerSide(Deadlines):
             verdict = "request"
         else:
             self._charge_skipped()
-            verdict = judge(req.target, req.status, data, now)
+            verdict = judge(req.target, req.status, data, now, self._held_retry)
         if req.status == 200:
             self._usage(body_usage(data), req)
             if req.kind == "responses" and (rid := response_id(data)) is not None:
@@ -378,6 +381,7 @@ class AnswerSide(Deadlines):
             return [self.router_reset(req, data)]
         else:
             verdict = self._answered_whole(data)
+            req.settled_headers()  # (settled at the exchange's close, with these tokens)
             headers = self._headers()
         if verdict == "refused":
             return [self._refuse(ReplicaRefused(status))]
@@ -393,7 +397,10 @@ class AnswerSide(Deadlines):
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))
-        if req is not None and (wait := relayed_retry_after(status, self._held_retry)):
+        busy = None  # (Envoy tries no other replica after a 429: this one's wait)
+        if status == 429 and req is not None and req.target is not None:
+            busy = busy_wait(req.target, self._held_retry, self._core.clock())
+        if req is not None and (wait := relayed_retry_after(status, self._held_retry, busy)):
             headers.append(("retry-after", wait))  # the HTTP edge's rule (it sets the header)
         return [wire.headers_response(headers, ("content-length",)),
                 *wire.body_responses(data, end)]

@@ -15,11 +15,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
 from gateway.errors import UpstreamError, UpstreamTimeout
-from gateway.relay import stream_error
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
-from gateway.stream_end import AFTER_DONE_S
+from gateway.stream_end import AFTER_DONE_S, stream_error
 from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")

@@ -48,6 +48,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._core = core
         self._closing: set[asyncio.Task[None]] = set()
 
+    def _closed(self, closing: asyncio.Task[None]) -> None:
+        self._closing.discard(closing)
+        if not closing.cancelled() and (exc := closing.exception()) is not None:
+            # (the handler awaiting it may have been cancelled: nobody else would see it)
+            log.error("closing an exchange failed", exc_info=exc)
+
     async def drain(self) -> None:
         """Wait for the exchanges' ends still running (`Process`'s shielded close)."""
         if self._closing:
@@ -104,7 +110,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             # Envoy went past unprobed, and could leave a lease or an admission held)
             closing = asyncio.create_task(ex.close())
             self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            closing.add_done_callback(self._closed)
             await asyncio.shield(closing)
 
 

@@ -16,7 +16,7 @@ import secrets
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gateway.errors import RateLimited
 from gateway.policy_doc import Limits
@@ -56,6 +56,7 @@ class Admission:
     remaining_tokens: int | None = None
     reset_tokens_s: float = 0.0
     reserved_tokens: int = 0
+    tokens_level: float = 0.0  # the token bucket right after admission (below 0: owed)
     lease_id: str | None = None
     degraded: bool = False  # admitted by per-process fallback limits
     owner: RateLimiter | None = field(default=None, repr=False, compare=False)
@@ -76,6 +77,17 @@ class Admission:
         if not self.allowed:
             out["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
         return out
+
+    def settled_to(self, used_tokens: int) -> Admission:
+        """This admission as it reads once `used_tokens` replaced its reservation: the
+        remaining tokens (and their reset) after the request, as OpenAI's headers give them
+        (others' use since the admission is not seen, as it was not before)."""
+        limit = self.limit_tokens
+        if not limit or not self.allowed:
+            return self
+        level = min(float(limit), self.tokens_level + self.reserved_tokens - used_tokens)
+        return replace(self, remaining_tokens=max(0, math.floor(level)),
+                       reset_tokens_s=_seconds_to(level, limit, limit), tokens_level=level)
 
     def error(self) -> RateLimited:
         what = {"rpm": "requests per minute", "tpm": "tokens per minute"}.get(
@@ -218,6 +230,7 @@ def build_admission(
         remaining_tokens=max(0, math.floor(t)) if tpm else None,
         reset_tokens_s=_seconds_to(t, tpm, tpm) if tpm else 0.0,
         reserved_tokens=tokens if reason is None else 0,
+        tokens_level=t,
         lease_id=lease_id,
         owner=owner,
     )

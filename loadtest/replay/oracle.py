@@ -2,9 +2,12 @@
 
 It reads what no router can: every engine's true cache contents and queue. For each candidate
 it computes the request's time to first token from that truth -- the prompt tokens the cache
-really holds, the prefill work really queued ahead (chunked at the engine's token budget, each
-step also carrying the decoding batch), the step in progress -- with the engine's own cost
-model, and picks the least, under the same bounded-load rule as kvgate's policies. So it is a
+will hold when the request is scheduled (what it holds now, plus the prompt blocks of the
+requests running or queued ahead: the engine caches a prompt's blocks when it schedules them,
+as vLLM V1 does), the prefill work really queued ahead (each queued prompt less what the ones
+ahead of it leave cached; chunked at the engine's token budget, each step also carrying the
+decoding batch), the step in progress -- with the engine's own cost model, and picks the
+least, under the same bounded-load rule as kvgate's policies. So it is a
 greedy, exactly-informed TTFT minimiser: what placement could reach with perfect knowledge of
 the present (not of the future; the pooled LRU reference is the bound on hits).
 """
@@ -33,11 +36,11 @@ class Truth:
 
 
 def true_ttft(engine: Engine, spec: RequestSpec, now: float) -> tuple[float, int]:
-    """(predicted TTFT in s, cached prompt tokens) of ``spec`` queued on ``engine`` at ``now``."""
+    """(predicted TTFT in s, cached prompt tokens when scheduled) of ``spec`` queued on
+    ``engine`` at ``now``."""
     cfg = engine.config
     cost = cfg.cost
-    cached = engine.cached_prefix(spec.block_hashes, spec.prompt_tokens)
-    ahead, decoding, context = engine.backlog()
+    cached, ahead, decoding, context = engine.backlog(spec)
     work = ahead + spec.prompt_tokens - cached
     per_step = max(1, cfg.max_num_batched_tokens - decoding)
     steps = max(1, math.ceil(work / per_step))

@@ -129,16 +129,19 @@ class Engine:
     def has_request(self, request_id: str) -> bool:
         return request_id in self._reqs
 
-    def cached_prefix(self, block_hashes: tuple[int, ...], prompt_tokens: int) -> int:
-        """Prompt tokens a request arriving now would find in the cache (as admission would
-        count them: full blocks, the last prompt token always recomputed)."""
-        limit = min(len(block_hashes), (prompt_tokens - 1) // self._bs)
-        return self.cache.match(block_hashes, limit) * self._bs
+    def backlog(self, spec: RequestSpec) -> tuple[int, int, int, int]:
+        """What ``spec`` queued now would find when it is scheduled: (its prompt tokens cached
+        then, as admission counts them: full blocks, the last prompt token always recomputed;
+        prompt tokens still to prefill ahead of it; sequences decoding; context tokens of the
+        running sequences).
 
-    def backlog(self) -> tuple[int, int, int]:
-        """What a request queued now waits behind: (prompt tokens still to prefill, running
-        and waiting, waiting ones' cache hits as the cache stands now; sequences decoding;
-        context tokens of the running sequences)."""
+        The prompt blocks of every request running or queued ahead count as cached, for it and
+        for each queued one behind them: blocks are cached when scheduled (V1), and a waiting
+        request is admitted only once every prefill ahead of it is scheduled in full (a chunk
+        that is not a prompt's last takes the step's whole budget). Evictions and preemptions
+        before then are not foreseen."""
+        prio = spec.priority if self.config.scheduling_policy == "priority" else 0
+        pending: set[int] = set()  # prompt blocks ahead, not cached yet: they will be
         prefill = decoding = context = 0
         for r in self._running:
             left = r.num_tokens - r.computed
@@ -147,10 +150,23 @@ class Engine:
                 decoding += 1
             else:
                 prefill += left
-        for r in self._waiting:
-            if r.state == _WAITING:
-                prefill += r.num_tokens - self.cached_prefix(r.hashes, r.num_tokens)
-        return prefill, decoding, context
+            pending.update(r.hashes[r.next_reg:])
+        ahead = sorted(r for r in self._waiting if r.state == _WAITING and r.prio_key[0] <= prio)
+        for r in ahead:
+            prefill += r.num_tokens - self._hits(r.hashes, r.num_tokens, pending)
+            pending.update(r.hashes)
+        cached = self._hits(spec.block_hashes, spec.prompt_tokens, pending)
+        return cached, prefill, decoding, context
+
+    def _hits(self, hashes: tuple[int, ...], tokens: int, pending: set[int]) -> int:
+        """Prompt tokens of a prompt of ``tokens`` found in the cache or in ``pending``."""
+        cache = self.cache
+        limit = min(len(hashes), (tokens - 1) // self._bs)
+        n = cache.match(hashes, limit)
+        if cache.enable_prefix_caching:
+            while n < limit and (hashes[n] in pending or cache.contains(hashes[n])):
+                n += 1
+        return n * self._bs
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, spec: RequestSpec, arrival_time: float) -> None:

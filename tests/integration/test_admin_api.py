@@ -368,6 +368,50 @@ async def test_limits_are_positive_integers_within_bounds(admin: Admin) -> None:
     assert err["param"] == "tiers.free.limits.max_concurrency", err
 
 
+# a number or boolean of the policy document sent as a string, and where the 400 points
+QUOTED = {
+    "tier limit": ({"tiers": {"free": {"limits": {"rpm": "60"}}}}, "tiers.free.limits.rpm"),
+    "tier priority": ({"tiers": {"free": {"priority": "5"}}}, "tiers.free.priority"),
+    "operator fields": ({"tiers": {"free": {"operator_fields": "true"}}},
+                        "tiers.free.operator_fields"),
+    "spill threshold": ({"tiers": {"free": {"spill_when": {"waiting": "8", "kv_usage": 0.9}}}},
+                        "tiers.free.spill_when.waiting"),
+    "flow band": ({"tiers": {"free": {"flow": {"band": "1"}}}}, "tiers.free.flow.band"),
+    "flow weight": ({"tiers": {"free": {"flow": {"weight": "2"}}}}, "tiers.free.flow.weight"),
+    "flow wait": ({"tiers": {"free": {"flow": {"max_wait_s": "10"}}}},
+                  "tiers.free.flow.max_wait_s"),
+    "min share": ({"fairness": {"min_share": {"1": "0.2"}}}, "fairness.min_share.1"),
+    "tenant weight": ({"fairness": {"tenants": {"acme": "2"}}}, "fairness.tenants.acme"),
+    "pool priority": ({"pools": {"awq": {"priority": "true"}}}, "pools.awq.priority"),
+    "priority as 1": ({"pools": {"awq": {"priority": 1}}}, "pools.awq.priority"),
+}
+# a pool's discovery is checked as a whole: the param is the pool, the message names the field
+DNS_PORT = {"pools": {"dns": {"discovery": {"dns": {"name": "v.local", "port": "8000"}}}}}
+
+
+async def test_numbers_and_booleans_sent_as_strings_are_refused(admin: Admin) -> None:
+    """`"rpm": "100"` was taken as 100 (pydantic's lax mode), `"priority": "true"` as true and
+    a float as an integer: every number and boolean of a tenant or the policy is now refused
+    unless it is one, with a 400 naming the field; nothing is stored."""
+    c = admin.client
+    for limits in ({"rpm": "100"}, {"tpm": "5000"}, {"max_concurrency": "4"}, {"rpm": 10.0}):
+        err = _error(await c.post("/admin/tenants", json={
+            "id": "acme", "tier": "free", "limits": limits}), 400)
+        assert err["param"] == f"limits.{next(iter(limits))}", err
+        assert err["type"] == "BadRequestError"
+    assert (await c.get("/admin/tenants/acme")).status_code == 404
+    await c.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    err = _error(await c.patch("/admin/tenants/acme", json={"limits": {"tpm": "5"}}), 400)
+    assert err["param"] == "limits.tpm"
+    for patch, field in QUOTED.values():
+        err = _error(await c.patch("/admin/policy", json=patch), 400)
+        assert err["param"] == field and err["message"].startswith(f"{field}: "), err
+    err = _error(await c.patch("/admin/policy", json=DNS_PORT), 400)
+    assert err["message"].startswith("pools.dns: discovery.dns.port: "), err
+    r = await c.get("/admin/policy")
+    assert r.headers["etag"] == '"1"', r.text  # nothing was stored
+
+
 async def test_a_null_limits_drops_every_override(admin: Admin) -> None:
     """As a null limit drops one override (the tier's limit again), `"limits": null` drops
     them all: it was a 400 naming pydantic's model ("instance of Limits")."""

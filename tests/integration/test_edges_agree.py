@@ -34,8 +34,8 @@ import pytest
 
 from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
-from gateway.relay import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from gateway.stored import NO_EVENTS, NOT_IN_TIME
+from gateway.stream_end import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import both_edges, envoy_proc, epp_proc, store_through
@@ -987,29 +987,40 @@ def test_a_stream_of_keep_alive_comments_only_is_cut_at_first_byte(
         str(FIRST_BYTE["error"]["message"]), "GatewayTimeoutError", 504)
 
 
-@pytest.mark.parametrize(("sent", "relayed"), [
-    ("30", "30"), ("86400", "3600"), (None, "1"), ("0030", "30"), ("9" * 5000, "3600"),
-    ("-5", "1"), ("2.5", "1"), ("\xb2", "1"), ("Wed, 21 Oct 2015 07:28:00 GMT", "1"),
-], ids=["seconds", "capped", "none", "zeros", "5000-digits", "negative", "fraction",
-        "latin1-superscript", "http-date"])
+_SAYS = {503: b'"maintenance", "type": "ServiceUnavailableError"',
+         429: b'"slow down", "type": "RateLimitError"'}
+
+
+@pytest.mark.parametrize(("status", "sent", "relayed"), [
+    (503, "30", ["30"]), (503, "86400", ["3600"]), (503, None, ["1"]), (503, "0030", ["30"]),
+    (503, "9" * 5000, ["3600"]), (503, "-5", ["1"]), (503, "2.5", ["1"]), (503, "\xb2", ["1"]),
+    (503, "Wed, 21 Oct 2015 07:28:00 GMT", ["1"]),
+    (429, "30", ["30"]), (429, None, ["1", "2"]),
+    (429, "Wed, 21 Oct 2015 07:28:00 GMT", ["1", "2"]),
+], ids=["503-seconds", "503-capped", "503-none", "503-zeros", "503-5000-digits", "503-negative",
+        "503-fraction", "503-latin1-superscript", "503-http-date",
+        "429-seconds", "429-none", "429-http-date"])
 @pytest.mark.parametrize("edge", EDGES)
-def test_a_replicas_503_keeps_its_retry_after_at_both_edges(
-    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, sent: str | None,
-    relayed: str,
+def test_a_replicas_busy_answer_carries_a_retry_after_at_both_edges(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str, status: int,
+    sent: str | None, relayed: list[str],
 ) -> None:
     """A relayed 503's Retry-After is the replica's own when it says seconds (capped at an
-    hour), else 1: one rule (`relay.relayed_retry_after`) at both edges; the picker had
-    replaced the replica's with 1."""
-    body = (b'{"error": {"message": "maintenance", "type": "ServiceUnavailableError", '
-            b'"param": null, "code": 503}}')
+    hour), else 1 (the picker had replaced the replica's with 1). A 429 from a replica that
+    says no number of seconds: the client is told when the replica's busy back-off ends (at
+    least 1 s; it doubles while the replica keeps answering 429, 2 s at most by default); it
+    had no Retry-After. One rule at both edges (`verdicts.relayed_retry_after`, `busy_wait`)."""
+    body = (b'{"error": {"message": ' + _SAYS[status] + b', "param": null, "code": %d}}'
+            % status)
     head = b"retry-after: %s\r\n" % sent.encode("latin-1") if sent is not None else b""
-    quiet.answer = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    phrase = b"Service Unavailable" if status == 503 else b"Too Many Requests"
+    quiet.answer = (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n" % (status, phrase)
                     + head + b"content-length: %d\r\n\r\n" % len(body) + body)
     quiet.end = "keep"
     resp = _chat(silent[1][edge], stream=False)
-    assert resp.status_code == 503, resp.text
-    assert resp.json()["error"]["message"] == "maintenance"
-    assert resp.headers.get_list("retry-after") == [relayed]
+    assert resp.status_code == status, resp.text
+    assert resp.json()["error"]["message"] == ("maintenance" if status == 503 else "slow down")
+    assert len(got := resp.headers.get_list("retry-after")) == 1 and got[0] in relayed, got
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -147,3 +147,47 @@ def test_a_stored_responses_answer_that_is_no_answer_is_a_502_at_both_edges(
         client.responses.retrieve(RID)
     assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
                               "code": 502}
+
+
+# a replica's request validation errors: vLLM's own (400, OpenAI's shape) and FastAPI's 422
+# list of pydantic errors (a route or version without vLLM's handler); `input` echoes the body
+VALIDATION = {
+    "vllm-400": (400, {"error": {"message": "1 validation error: 'max_tokens' must be an "
+                                 "integer", "type": "Bad Request", "param": "max_tokens",
+                                 "code": 400}}),
+    "fastapi-422": (422, {"detail": [
+        {"type": "int_parsing", "loc": ["body", "max_tokens"], "input": "secret prompt",
+         "msg": "Input should be a valid integer, unable to parse string as an integer"},
+        {"type": "missing", "loc": ["body", "messages"], "msg": "Field required"}]}),
+}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(("status", "answer"), VALIDATION.values(), ids=VALIDATION.keys())
+def test_a_replicas_validation_error_reaches_the_client_at_both_edges(
+    edges: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+    status: int, answer: dict[str, object],
+) -> None:
+    """The client learns which field was wrong, in OpenAI's shape, with the replica's status,
+    and the replica is not charged for the client's mistake. FastAPI's 422 list reached the
+    client as "The upstream replica answered 422." with no param."""
+    every = edges[1]
+    replica.answer = whole(orjson.dumps(answer), status=status)
+    before = _failures(every[f"{edge}-metrics"])
+    client = openai.OpenAI(base_url=f"{every[edge]}/v1", api_key="x", max_retries=0,
+                           timeout=15)
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+    assert err.value.status_code == status
+    body = err.value.body
+    assert isinstance(body, dict)
+    assert body["param"] == "max_tokens" and body["code"] == status
+    assert "max_tokens" in body["message"] and "secret" not in body["message"]
+    if status == 422:
+        assert body == {
+            "message": "2 validation errors: max_tokens: Input should be a valid integer, "
+                       "unable to parse string as an integer; messages: Field required",
+            "type": "UnprocessableEntityError", "param": "max_tokens", "code": 422}
+    assert _failures(every[f"{edge}-metrics"]) == before

@@ -5,10 +5,13 @@ Both use an injected clock here so bucket refill is exact (Redis's own clock in 
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
 from gateway.policy_doc import Limits
 from gateway.tenancy import MemoryRateLimiter, RateLimiter, RedisRateLimiter, connect_redis
@@ -179,37 +182,43 @@ return 1
 """
 
 
+async def _cancelled_behind_held_redis(url: str, call: Coroutine[Any, Any, Any]) -> None:
+    """Run `call` while Redis is held busy (300 ms, by another client with no socket
+    timeout), cancel it once its command waits behind the hold, and return when the hold is
+    over (the cancelled command has run in Redis by then)."""
+    holder = aioredis.Redis.from_url(url)
+
+    async def held() -> None:
+        await holder.eval(_HOLD_REDIS, 0, "300")
+
+    try:
+        hold = asyncio.create_task(held())
+        await asyncio.sleep(0.05)
+        task = asyncio.create_task(call)
+        await asyncio.sleep(0.1)  # sent, waiting behind the held server
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await hold
+    finally:
+        await holder.aclose()
+
+
 async def test_an_admit_cancelled_while_redis_runs_it_frees_its_lease(shared_redis: str) -> None:
     """A client that leaves cancels its request while the admit script is on its way: Redis
     still runs the script and takes the lease. It is freed (before the next decision), not
     held for its 30 s TTL, which with max_concurrency 1 refused the tenant meanwhile."""
-    import asyncio
-
-    import redis.asyncio as aioredis
-
     lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
                            lease_ttl_s=30)
-    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
     limits = Limits(max_concurrency=1)
     try:
         await lim.release(await lim.admit("t", limits, tokens=0))  # the script is loaded
-        async def held() -> None:
-            await holder.eval(_HOLD_REDIS, 0, "400")
-
-        hold = asyncio.create_task(held())
-        await asyncio.sleep(0.05)
-        admit = asyncio.create_task(lim.admit("t", limits, tokens=0))
-        await asyncio.sleep(0.1)  # sent, waiting behind the held server
-        admit.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await admit
-        await hold  # the cancelled admit's script has run now
+        await _cancelled_behind_held_redis(shared_redis, lim.admit("t", limits, tokens=0))
         again = await lim.admit("t", limits, tokens=0)
         assert again.allowed
         await lim.release(again)
     finally:
         await lim.close()
-        await holder.aclose()
 
 
 async def test_a_finish_cancelled_while_redis_settles_still_releases_its_lease(
@@ -221,35 +230,19 @@ async def test_a_finish_cancelled_while_redis_settles_still_releases_its_lease(
     the lease stayed live and renewed for as long as the process ran, and with
     max_concurrency 1 the tenant was refused from then on. The release runs whatever the
     settle did."""
-    import asyncio
-
-    import redis.asyncio as aioredis
-
     lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
                            lease_ttl_s=30)
-    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
     limits = Limits(tpm=1000, max_concurrency=1)
     try:
         adm = await lim.admit("t", limits, tokens=100)
         assert adm.allowed and adm.lease_id is not None
-        async def held() -> None:
-            await holder.eval(_HOLD_REDIS, 0, "300")
-
-        hold = asyncio.create_task(held())
-        await asyncio.sleep(0.05)
-        fin = asyncio.create_task(lim.finish(adm, 10))
-        await asyncio.sleep(0.1)  # the settle is sent, waiting behind the held server
-        fin.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await fin
-        await hold
+        await _cancelled_behind_held_redis(shared_redis, lim.finish(adm, 10))
         assert lim.unreleased == 0  # released once Redis answered, not left for a retry
         again = await lim.admit("t", limits, tokens=0)
         assert again.allowed, again.reason
         await lim.release(again)
     finally:
         await lim.close()
-        await holder.aclose()
 
 
 async def test_an_admit_cancelled_while_redis_runs_it_gives_back_its_reservation(
@@ -260,28 +253,12 @@ async def test_an_admit_cancelled_while_redis_runs_it_gives_back_its_reservation
     replica. Its lease was freed, but its reservation (``max_tokens`` 900 of a 1,000 TPM
     budget) stayed charged until the bucket refilled (~54 s): it is given back with the
     lease."""
-    import asyncio
-
-    import redis.asyncio as aioredis
-
     lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
                            lease_ttl_s=30)
-    holder = aioredis.Redis.from_url(shared_redis)  # no socket timeout: it waits for Redis
     limits = Limits(tpm=1000, max_concurrency=4)
     try:
         await lim.release(await lim.admit("t", limits, tokens=0))  # the script is loaded
-
-        async def held() -> None:
-            await holder.eval(_HOLD_REDIS, 0, "300")
-
-        hold = asyncio.create_task(held())
-        await asyncio.sleep(0.05)
-        admit = asyncio.create_task(lim.admit("t", limits, tokens=900))
-        await asyncio.sleep(0.1)  # sent, waiting behind the held server
-        admit.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await admit
-        await hold  # the cancelled admit's script has run now
+        await _cancelled_behind_held_redis(shared_redis, lim.admit("t", limits, tokens=900))
         assert await lim.release_pending() == 0
         left = (await lim.peek("t", limits)).remaining_tokens
         assert left is not None and left >= 990, left  # (a refill of ~17 tokens a second)
@@ -292,4 +269,3 @@ async def test_an_admit_cancelled_while_redis_runs_it_gives_back_its_reservation
         assert left is not None and left < 600, left
     finally:
         await lim.close()
-        await holder.aclose()

@@ -2,12 +2,14 @@
 the prompt plus ``n`` times ``max_tokens``, else `flow.expected_output_tokens`), and settles it
 with the real usage: a real gateway on Redis, a simulated replica, the official openai client.
 
-`x-ratelimit-remaining-tokens` on the answer is the bucket right after admission, so it shows
-the reservation. Before, only the prompt was reserved: ``n=3, max_tokens=100`` left ~990 of 1000.
+`x-ratelimit-remaining-tokens` on a whole answer is the bucket after its settle (its usage, which
+`ignore_eos` makes the reservation here). Before, only the prompt was reserved: ``n=3,
+max_tokens=100`` left ~990 of 1000.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ import openai
 import orjson
 import pytest
 
+from tests.support.bad_replica import CHAT_ANSWER, BadReplica, whole
 from tests.support.gateway import (
     AUTH_SECRET,
     acme_gateway,
@@ -22,6 +25,7 @@ from tests.support.gateway import (
     gateway_proc,
     inflight,
     metric_values,
+    wait_for,
 )
 from tests.support.procs import Proc
 
@@ -137,3 +141,46 @@ def test_a_request_its_replica_fails_with_500_is_charged_its_prompt_only(
         # the second one's answer shows the bucket after the first was settled
         left = int(failed.value.response.headers["x-ratelimit-remaining-tokens"])
         assert left >= TPM - 40, left
+
+
+def test_a_max_tokens_past_the_models_context_reserves_what_fits_in_it(
+        redis_url: str) -> None:
+    """``max_tokens`` 100,000 on a model of 512 tokens reserved 100,000 of the tenant's 2000
+    TPM: while it ran, the tenant's next request was a 429. The replica can produce at most
+    what fits beside the prompt in its ``max_model_len`` (its /v1/models card), and the
+    reservation is capped there."""
+    card = {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 512}]}
+    with BadReplica("m") as replica:
+        replica.pages[b"/v1/models"] = orjson.dumps(card)
+        replica.rest = whole(CHAT_ANSWER)  # each answer waits for the gate
+        gw, base = acme_gateway(replica.url, redis_url, ADMIN, {"tpm": 2000})
+        with gw, admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
+                                   timeout=30)
+            wait_for(lambda: (client.models.retrieve("llama").model_extra or {}).get(
+                "max_model_len") == 512, what="the gateway learns the context length")
+            statuses: list[int] = []
+
+            def ask(max_tokens: int) -> None:
+                statuses.append(chat_status_of(client, max_tokens))
+
+            first = threading.Thread(target=ask, args=(100_000,))
+            first.start()
+            wait_for(lambda: replica.posts == 1, what="the first request at the replica")
+            second = threading.Thread(target=ask, args=(10,))
+            second.start()
+            wait_for(lambda: replica.posts == 2 or bool(statuses), what="the second request")
+            replica.gate.set()
+            first.join(10)
+            second.join(10)
+            assert statuses == [200, 200]
+
+
+def chat_status_of(client: openai.OpenAI, max_tokens: int) -> int:
+    try:
+        return client.chat.completions.with_raw_response.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}],
+            max_tokens=max_tokens).status_code
+    except openai.APIStatusError as exc:
+        return exc.status_code

@@ -17,9 +17,10 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.config import load_config
-from gateway.relay import judge, stream_error
 from gateway.replicas import HealthRules, Replica
+from gateway.stream_end import stream_error
 from gateway.transport import Transport, UpstreamResponse
+from gateway.verdicts import judge
 
 # never connected to: the transport fakes them
 A, B, C = "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"
@@ -400,7 +401,7 @@ def test_a_refusing_replica_is_warned_about_once_until_it_serves_again(
     def warnings() -> int:
         return sum("refused the gateway's credentials" in r.getMessage() for r in caplog.records)
 
-    with caplog.at_level(logging.WARNING, logger="gateway.relay"):
+    with caplog.at_level(logging.WARNING, logger="gateway.verdicts"):
         assert judge(replica, 401, UNAUTHORIZED, 0.0) == "refused"
         for cycle in range(1, 4):  # /health needs no key: back every cycle, refused again
             replica.probe_recovered()

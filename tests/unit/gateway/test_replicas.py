@@ -147,6 +147,17 @@ def test_busy_answers_back_off_new_picks_without_touching_health() -> None:
     assert r.busy_until == 10.25
 
 
+def test_a_busy_answers_retry_after_sets_the_back_off_within_the_cap() -> None:
+    """A 429's Retry-After was ignored (the back-off was 0.25 s whatever it asked)."""
+    r = Replica("p", "http://127.0.0.1:9001", BUSY)
+    r.record_busy(0.0, 0.6)
+    assert r.busy_until == 0.6  # as asked
+    r.record_busy(5.0, 3600)
+    assert r.busy_until == 6.0  # at most the longest back-off (1 s)
+    r.record_busy(10.0, 0)
+    assert r.view(10.0).healthy  # "now": no back-off
+
+
 def test_slow_probes_eject_only_in_a_row() -> None:
     r = Replica("p", "http://127.0.0.1:9001", BUSY)
     r.record_slow_probe(0.0)

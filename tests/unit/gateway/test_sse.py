@@ -80,7 +80,7 @@ def test_responses_usage_is_counted_in_chat_names() -> None:
 def test_a_broken_stream_ends_with_whole_events_only() -> None:
     import orjson
 
-    from gateway.relay import stream_error
+    from gateway.stream_end import stream_error
 
     scanner = StreamScanner(True)
     assert scanner.feed(CHUNK + b'data: {"id":"x","choi') == CHUNK  # the fragment is held

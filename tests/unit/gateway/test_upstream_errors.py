@@ -5,8 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from gateway.errors import RetryBudgetExhausted, UpstreamTimeout, openai_shaped
+from gateway.errors import RetryBudgetExhausted, UpstreamTimeout
 from gateway.responses import ResponseStore, response_id
+from gateway.upstream_errors import openai_shaped
 
 NESTED = b'{"error":{"message":"bad","type":"BadRequestError","param":"x","code":400}}'
 
@@ -66,3 +67,14 @@ def test_response_store_is_per_tenant_and_bounded() -> None:
 )
 def test_response_id(blob: bytes, rid: str | None) -> None:
     assert response_id(blob) == rid
+
+
+def test_fastapis_validation_list_names_each_field_never_the_input() -> None:
+    detail = [{"type": "int_parsing", "loc": ["body", "messages", 0, "content"],
+               "msg": "Input should be a valid string", "input": "prompt text"}] * 5
+    err = orjson.loads(openai_shaped(422, orjson.dumps({"detail": detail})) or b"")["error"]
+    assert err == {"message": "5 validation errors: " + "; ".join(
+        ["messages.0.content: Input should be a valid string"] * 3) + " (and 2 more)",
+        "type": "UnprocessableEntityError", "param": "messages.0.content", "code": 422}
+    odd = orjson.loads(openai_shaped(422, b'{"detail": [{"loc": 1}]}') or b"")["error"]
+    assert (odd["message"], odd["param"]) == ("The upstream replica answered 422.", None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace as dc_replace
+
 import pytest
 
 from loadtest.replay.oracle import Oracle, Truth, true_ttft
@@ -57,3 +60,50 @@ def test_the_oracle_picks_the_least_true_ttft_within_the_bound() -> None:
     hot = [ReplicaView(id=rid, pool="p", inflight=20 if rid == "r1" else 0) for rid in engines]
     d = router.pick(f, hot, 10.0)  # ...but is over the bound (2 x 21 / 4 + 4 < 20 + 1)
     assert d.replica != "r1" and d.fallbacks[-1] == "r1"
+
+
+def _priority_engine() -> Engine:
+    return Engine(EngineConfig(cost=COST, num_gpu_blocks=4_096, max_model_len=32_768,
+                               scheduling_policy="priority"))
+
+
+# (engine, requests already there: (id, prompt tokens, first block, priority) arriving 0.5 ms
+# apart from t = 0, the new one routed 1 ms after the last)
+QUEUES = [
+    ("idle, one short prompt ahead", _engine, [("a", 4_000, 0, 0)], ("b", 4_000, 0, 0)),
+    ("idle, a chunked prompt ahead", _engine, [("a", 20_000, 0, 0)], ("b", 20_000, 0, 0)),
+    ("busy, the same prompt queued", _engine,
+     [("x", 30_000, 100_000, 0), ("a", 4_000, 0, 0)], ("b", 4_000, 0, 0)),
+    ("busy, the same long prompt queued", _engine,
+     [("x", 30_000, 100_000, 0), ("a", 20_000, 0, 0)], ("b", 20_000, 0, 0)),
+    ("busy, two queued share a prompt", _engine,
+     [("x", 30_000, 100_000, 0), ("a", 6_000, 0, 0), ("a2", 6_000, 0, 0)],
+     ("c", 3_000, 50_000, 0)),
+    ("priority: a queued prompt behind the new one", _priority_engine,
+     [("x", 30_000, 100_000, 0), ("a", 6_000, 0, 5)], ("b", 6_000, 0, 1)),
+]
+
+
+@pytest.mark.parametrize(("engine", "ahead", "new"), [q[1:] for q in QUEUES],
+                         ids=[q[0] for q in QUEUES])
+def test_true_ttft_is_what_the_engine_gives_a_request_queued_behind_others(
+    engine: Callable[[], Engine], ahead: list[tuple[str, int, int, int]],
+    new: tuple[str, int, int, int],
+) -> None:
+    """vLLM V1 caches a prompt's blocks when it is scheduled: a request scheduled after the
+    ones queued or prefilling ahead of it hits their blocks, and each queued one behind
+    another with its prompt computes only its own suffix."""
+    e = engine()
+    for i, (rid, tokens, first, prio) in enumerate(ahead):
+        e.advance(i * 0.0005)
+        e.add_request(dc_replace(_spec(rid, tokens, first), priority=prio), i * 0.0005)
+    now = (len(ahead) - 1) * 0.0005 + 0.001
+    e.advance(now)
+    rid, tokens, first, prio = new
+    spec = dc_replace(_spec(rid, tokens, first), priority=prio)
+    predicted, cached = true_ttft(e, spec, now)
+    e.add_request(spec, now)
+    out = next(o for o in e.advance(60.0) if o.request_id == rid)
+    assert out.first_token_time is not None
+    assert cached == out.cached_tokens
+    assert predicted == pytest.approx(out.first_token_time - now, rel=0.01)

@@ -1,0 +1,80 @@
+"""A replica's error body in OpenAI's shape: what kvgate relays when vLLM (or the server in
+front of it) answers an error that is not already ``{"error": {"message", ...}}`` -- older
+vLLM's flat errors, FastAPI's ``{"detail": ...}`` and its 422 validation lists, a bare string,
+a page of text. Used by both edges (the HTTP proxy and the Envoy picker) and stored responses.
+"""
+
+from __future__ import annotations
+
+import orjson
+
+from gateway.errors import error_body, type_for, unserved_route
+
+__all__ = ["openai_shaped"]
+
+
+# of FastAPI's validation errors (`{"detail": [...]}`), the first few are named, each cut
+_SHOWN_ERRORS, _FIELD_CHARS, _MSG_CHARS = 3, 60, 90  # (under the 500 characters kept)
+
+
+def _validation_errors(detail: list[object]) -> tuple[str | None, str | None]:
+    """FastAPI's 422 ``{"detail": [{"loc", "msg", "type", "input"}, ...]}`` (pydantic's
+    errors, as a vLLM route without vLLM's own handler answers them) as one message naming
+    each field and what is wrong with it, and the first field as `param`. Never ``input``
+    (it may echo prompt text). (None, None) when it is not that shape."""
+    parts: list[str] = []
+    first: str | None = None
+    for item in detail:
+        if not isinstance(item, dict) or not isinstance(item.get("msg"), str):
+            return None, None
+        loc = item.get("loc")
+        names = [str(p) for p in loc if p not in ("body", "query", "path")] if isinstance(
+            loc, list) else []
+        field = ".".join(names)[:_FIELD_CHARS] or None
+        first = first or field
+        if len(parts) < _SHOWN_ERRORS:
+            msg = item["msg"][:_MSG_CHARS]
+            parts.append(f"{field}: {msg}" if field else msg)
+    if not parts:
+        return None, None
+    n = len(detail)
+    more = f" (and {n - _SHOWN_ERRORS} more)" if n > _SHOWN_ERRORS else ""
+    return f"{n} validation error{'s' if n > 1 else ''}: {'; '.join(parts)}{more}", first
+
+
+def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | None:
+    """An upstream error body in OpenAI's shape, or None when it already is one.
+
+    vLLM >= 0.10.1 answers ``{"error": {"message", "type", "param", "code"}}`` (kept as is);
+    older vLLM the flat ``{"object": "error", ...}`` (nested); anything else -- FastAPI's
+    ``{"detail": ...}`` (a list of validation errors: each field named, `param` the
+    first), vLLM's auth ``{"error": "Unauthorized"}``, a text/plain page of a
+    dying server -- is replaced by an OpenAI error with the same status. The upstream text is
+    kept only when it is a short JSON string (never a raw page: it may hold a traceback).
+    FastAPI's bare 404 on a proxied route (`path`) is vLLM without that route for its model
+    (`unserved_route`), said so rather than "Not Found"."""
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        data = None
+    message: object = None
+    type_ = type_for(status)
+    param = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return None
+        if data.get("object") == "error" and isinstance(data.get("message"), str):
+            message, param = data["message"], data.get("param")
+            type_ = data["type"] if isinstance(data.get("type"), str) else type_
+        elif isinstance(err, str):
+            message = err
+        elif isinstance(data.get("detail"), str):
+            message = data["detail"]
+            if status == 404 and message == "Not Found" and path is not None:
+                message, param = unserved_route(path), "model"
+        elif isinstance(data.get("detail"), list):
+            message, param = _validation_errors(data["detail"])
+    if not isinstance(message, str) or not message or len(message) > 500:
+        message = f"The upstream replica answered {status}."
+    return error_body(message, type_, status, param if isinstance(param, str) else None)
