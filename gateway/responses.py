@@ -82,12 +82,13 @@ class SharedHomes:
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(type(exc).__name__)
         else:
-            self._failing = False
+            self._answered()
 
     async def get(self, rid: str) -> ResponseHome | None:
         try:
             async with asyncio.timeout(self.timeout_s):
                 raw = await self._redis.get(self._key + rid)
+            self._answered()
             if raw is None:
                 return None
             tenant, pool, replica = orjson.loads(raw)
@@ -95,6 +96,11 @@ class SharedHomes:
         except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
             self._failed(type(exc).__name__)
             return None
+
+    def _answered(self) -> None:
+        if self._failing:  # the outage's one warning gets its one line of recovery
+            self._failing = False
+            log.info("Responses API ids shared through Redis again")
 
     def _failed(self, why: str) -> None:
         self.errors += 1

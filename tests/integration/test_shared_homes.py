@@ -5,11 +5,14 @@ dropped and counted."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+
+import pytest
 
 from gateway.responses import ResponseHome, ResponseStore, SharedHomes
 from gateway.tenancy import connect_redis
-from tests.support.procs import free_port
+from tests.support.procs import free_port, redis_proc
 
 HOME = ResponseHome("acme", "p", "10.0.0.1:8000")
 
@@ -67,3 +70,30 @@ async def test_a_redis_that_never_answers_costs_the_timeout_only() -> None:
         w.close()
     server.close()
     await server.wait_closed()
+
+
+async def test_an_outage_is_one_warning_and_its_end_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis stopped: failed writes and reads are one warning for the outage (not one a
+    request); Redis back: one info line (nothing said that ids were shared again)."""
+    port = free_port()
+    first, url = redis_proc(port)
+    first.start()
+    shared = SharedHomes(connect_redis(url), "ns", timeout_s=0.2)
+    with caplog.at_level(logging.INFO, logger="gateway.responses"):
+        first.stop()
+        for i in range(3):
+            task = shared.put(f"resp_{i}", HOME)
+            assert task is not None
+            await task
+        assert await shared.get("resp_0") is None
+        with redis_proc(port)[0]:  # back, on the same address
+            task = shared.put("resp_9", HOME)
+            assert task is not None
+            await task
+            assert await shared.get("resp_9") == HOME
+            await shared.close()
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.responses"]
+    assert [m.split(":")[0] for m in said] == ["Responses API ids not shared through Redis",
+                                               "Responses API ids shared through Redis again"]
