@@ -9,10 +9,11 @@
 Workloads (8 simulated replicas sized like an 8B model on one H100): the Mooncake conversation
 trace at its own arrival rate and at 1.5x, the synthetic multi-tenant workload (`kvgate replay
 --synthetic`), and the generated shapes the trace lacks (`loadtest.replay.generators`: hot
-shared prefixes, agent loops, cold one-offs, bursts; and `loadtest.replay.shapes`, which routing
-was not tuned on: a large RAG corpus, a skewed tenant mix, a load ramp, heavy-tailed prompt
-lengths), each at 262,144 and 1,048,576 KV tokens per replica. The synthetic workload is
-drawn with 5 seeds and the generated ones with 3, and every figure of theirs is the mean over
+shared prefixes, agent loops, cold one-offs, bursts; and `loadtest.replay.shapes` and `trees`,
+which routing was not tuned on: a large RAG corpus, a skewed tenant mix, a load ramp,
+heavy-tailed prompt lengths, long documents read by many, prefixes shared at several depths),
+each at 262,144 and 1,048,576 KV tokens per replica. The synthetic workload is drawn
+with 5 seeds and the generated ones with 3, and every figure of theirs is the mean over
 the seeds (the synthetic workload has 576 requests: its
 TTFT p99 is its 6th-slowest request, decided by two or three cold starts); the report also
 gives each policy's median and range of p99 over the seeds. Policies: the registry's, the

@@ -12,8 +12,9 @@ equal positions are a shared prefix), seeded, sorted by arrival:
 - `bursts`: a mix of the above arriving in bursts (tens of requests at one instant, as batch
   clients and fan-out produce), over a light steady stream.
 
-and the shapes of `loadtest.replay.shapes`, which routing was not tuned on: `rag-corpus`,
-`skewed-tenants`, `load-ramp`, `heavy-tail`.
+and the shapes of `loadtest.replay.shapes` and `loadtest.replay.trees`, which routing was not
+tuned on: `rag-corpus`, `skewed-tenants`, `load-ramp`, `heavy-tail`, `long-context`,
+`prefix-tree`.
 
 `WORKLOADS` names them for `kvgate replay --workload` and the benchmark; `SEEDED` draws them with
 another seed (the benchmark averages over several, `DEFAULT_SEEDS` being the first).
@@ -41,6 +42,7 @@ from loadtest.replay.shapes import (
     rag_corpus,
     skewed_tenants,
 )
+from loadtest.replay.trees import LongContextSpec, PrefixTreeSpec, long_context, prefix_tree
 from loadtest.replay.workload import IdSource, ReplayRequest
 
 __all__ = [
@@ -204,6 +206,8 @@ WORKLOADS: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "skewed-tenants": skewed_tenants,
     "load-ramp": load_ramp,
     "heavy-tail": heavy_tail,
+    "long-context": long_context,
+    "prefix-tree": prefix_tree,
 })
 
 SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
@@ -215,6 +219,8 @@ SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
     "skewed-tenants": lambda seed: skewed_tenants(SkewSpec(seed=seed)),
     "load-ramp": lambda seed: load_ramp(RampSpec(seed=seed)),
     "heavy-tail": lambda seed: heavy_tail(HeavyTailSpec(seed=seed)),
+    "long-context": lambda seed: long_context(LongContextSpec(seed=seed)),
+    "prefix-tree": lambda seed: prefix_tree(PrefixTreeSpec(seed=seed)),
 })
 
 DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
@@ -226,4 +232,6 @@ DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
     "skewed-tenants": SkewSpec().seed,
     "load-ramp": RampSpec().seed,
     "heavy-tail": HeavyTailSpec().seed,
+    "long-context": LongContextSpec().seed,
+    "prefix-tree": PrefixTreeSpec().seed,
 })
