@@ -156,7 +156,8 @@ async def _start_tenancy(
     labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
     gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,
                       labels=labels)
-    metrics.watch_tenancy(lambda: (gate.redis_up(), tenancy.resolver.health().policy_version))
+    metrics.watch_tenancy(lambda: (gate.redis_up(), tenancy.resolver.health().policy_version),
+                          gate.redis_down_cause)
     metrics.registry.register(TenancyCollector(tenancy.resolver))
     return tenancy, gate
 
