@@ -33,7 +33,7 @@ async def _label(call: Awaitable[object]) -> tuple[str, str]:
     """(failure_cause, its label) of a call that must fail."""
     try:
         await call
-    except Exception as exc:  # noqa: BLE001 - whatever the client raises is what is named
+    except Exception as exc:
         cause = failure_cause(exc)
         return cause, cause_label(cause)
     raise AssertionError("the call succeeded")
@@ -48,7 +48,8 @@ async def test_refusals_of_a_real_redis_are_named_by_a_bounded_label(
     try:
         await r.set("kvgate:routes", "x")
         assert (await _label(r.xadd("kvgate:routes", {"a": "b"})))[1] == "wrongtype"
-        await r.execute_command("ACL", "SETUSER", "bob", "on", ">pw", "~*", "+@all", "-hset")
+        await r.acl_setuser("bob", enabled=True, passwords=["+pw"], keys=["~*"],
+                            commands=["+@all", "-hset"])
         bob = connect_redis(f"redis://bob:pw@{host_port}/0")
         assert await _label(bob.hset("h", "f", "v")) == ("server replied NOPERM", "noperm")
         # inside a script Redis answers ERR, not NOPERM: it was "server replied ERR", and the
@@ -93,14 +94,20 @@ async def test_a_redis_that_does_not_answer_is_unreachable_or_a_timeout() -> Non
         await client.aclose()
 
 
+def _parsed(reply: str) -> Exception:
+    """What redis-py's parser makes of an error reply (the class the client raises)."""
+    exc: Exception = _RESPBase.parse_error(reply)  # type: ignore[no-untyped-call]
+    return exc
+
+
 def test_loading_and_other_replies_as_redis_py_parses_them() -> None:
     """LOADING (a restart reading a large dataset) is not provoked here: its real reply,
     parsed by redis-py as the client does, is a connection error (BusyLoadingError)."""
-    loading = _RESPBase.parse_error("LOADING Redis is loading the dataset in memory")
+    loading = _parsed("LOADING Redis is loading the dataset in memory")
     assert cause_label(failure_cause(loading)) == "loading"
-    misconf = _RESPBase.parse_error("MISCONF Redis is configured to save RDB snapshots")
+    misconf = _parsed("MISCONF Redis is configured to save RDB snapshots")
     assert cause_label(failure_cause(misconf)) == "misconf"
-    busy = _RESPBase.parse_error("BUSY Redis is busy running a script")
+    busy = _parsed("BUSY Redis is busy running a script")
     assert cause_label(failure_cause(busy)) == "other"
     assert cause_label("server replied WRONGTYPE: kvgate:tenants is a string, not a hash") \
         == "wrongtype"
