@@ -21,8 +21,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.replicas import Replica
+from gateway.tenancy.redis_conn import CAUSE_LABELS
 
-__all__ = ["CONTENT_TYPE", "GatewayMetrics", "TenantTokens"]
+__all__ = ["CONTENT_TYPE", "GatewayMetrics", "TenantTokens", "down_cause"]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 # LLM latencies span milliseconds (TTFT on a warm cache) to many minutes (long generations)
@@ -101,11 +102,26 @@ class _ReplicaCollector(Collector):
         yield from (inflight, healthy, *gauges, age, errors, attempts, failed, affinity)
 
 
-class _TenancyCollector(Collector):
-    """`kvgate_redis_up` (only with Redis) and `kvgate_policy_version`, read at scrape time."""
+def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
+    """An enum gauge over `CAUSE_LABELS`: 1 for the cause of the current outage, 0 for the
+    others (all 0 while Redis answers), so an alert can name it without a free-text label."""
+    family = GaugeMetricFamily(
+        name, f"1 for why {what} fails now (refused: oom, wrongtype, noperm, auth, loading, "
+        "readonly, misconf, other; or unreachable, timeout), 0 for the other causes",
+        labels=["cause"])
+    for label in CAUSE_LABELS:
+        family.add_metric([label], 1.0 if label == cause else 0.0)
+    return family
 
-    def __init__(self, state: Callable[[], tuple[bool | None, int]]) -> None:
+
+class _TenancyCollector(Collector):
+    """`kvgate_redis_up` and `kvgate_redis_down_cause` (only with Redis) and
+    `kvgate_policy_version`, read at scrape time."""
+
+    def __init__(self, state: Callable[[], tuple[bool | None, int]],
+                 cause: Callable[[], str | None]) -> None:
         self._state = state
+        self._cause = cause
 
     def collect(self) -> Iterator[Metric]:
         redis_up, version = self._state()
@@ -115,6 +131,8 @@ class _TenancyCollector(Collector):
             )
             up.add_metric([], 1.0 if redis_up else 0.0)
             yield up
+            yield down_cause("kvgate_redis_down_cause", "the tenancy store's Redis",
+                             None if redis_up else self._cause())
         policy = GaugeMetricFamily(
             "kvgate_policy_version", "version of the policy document in force"
         )
@@ -290,9 +308,11 @@ class GatewayMetrics:
             c = self.pool_counts[from_pool] = [0, 0, 0, 0]
         c[3] += 1
 
-    def watch_tenancy(self, state: Callable[[], tuple[bool | None, int]]) -> None:
-        """Export the tenancy state: `state()` -> (Redis up or None without Redis, version)."""
-        self.registry.register(_TenancyCollector(state))
+    def watch_tenancy(self, state: Callable[[], tuple[bool | None, int]],
+                      cause: Callable[[], str | None]) -> None:
+        """Export the tenancy state: `state()` -> (Redis up or None without Redis, version);
+        `cause()` -> why Redis is not up (one of `CAUSE_LABELS`)."""
+        self.registry.register(_TenancyCollector(state, cause))
 
     def render(self) -> bytes:
         """What /metrics answers: this process's series, or with `server.workers` > 1 every

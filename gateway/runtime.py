@@ -126,6 +126,8 @@ async def start_runtime(
     doctor = build_doctor(
         cfg, router, metrics, pools.described, scraper.errors, redis_up=gate.redis_up,
         sync_degraded=lambda: sync.degraded if sync else None,
+        redis_cause=gate.redis_down_cause,
+        sync_cause=lambda: sync.down_cause if sync else None,
         tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock,
         flow=flow_queues(proxy.prep.flow) if proxy.prep.flow is not None else None,
         no_load_data=scraper.no_load_data)
@@ -156,7 +158,8 @@ async def _start_tenancy(
     labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
     gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,
                       labels=labels)
-    metrics.watch_tenancy(lambda: (gate.redis_up(), tenancy.resolver.health().policy_version))
+    metrics.watch_tenancy(lambda: (gate.redis_up(), tenancy.resolver.health().policy_version),
+                          gate.redis_down_cause)
     metrics.registry.register(TenancyCollector(tenancy.resolver))
     return tenancy, gate
 

@@ -49,6 +49,7 @@ def build_doctor(
     cfg: KvgateConfig, router: Router, metrics: GatewayMetrics,
     replicas: Callable[[], Iterable[Replica]], scrape_errors: Callable[[str], int], *,
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
+    redis_cause: Callable[[], str | None], sync_cause: Callable[[], str | None],
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
     flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
     no_load_data: Callable[[str], bool] = lambda rid: False,
@@ -63,7 +64,8 @@ def build_doctor(
     dc, rc = cfg.doctor, cfg.routing
     src = Sources(replicas=replicas, metrics=metrics, router=router,
                   sharing=PrefixSharing(router), scrape_errors=scrape_errors,
-                  redis_up=redis_up, sync_degraded=sync_degraded,
+                  redis_up=redis_up, sync_degraded=sync_degraded, redis_cause=redis_cause,
+                  sync_cause=sync_cause,
                   tenancy_loaded=tenancy_loaded, flow=flow, no_load_data=no_load_data)
     ctx = Context(policy=rc.policy, load_factor=rc.load_factor, stale_after_s=rc.stale_after_s,
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,

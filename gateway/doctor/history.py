@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from gateway.doctor.sharing import PrefixSharing
 from gateway.metrics import LATENCY_BUCKETS, OVERHEAD_BUCKETS, GatewayMetrics
 from gateway.replicas import Replica
+from gateway.tenancy.redis_conn import CAUSE_LABELS
 from routing.router import Router
 
 __all__ = [
@@ -72,8 +73,8 @@ class POOL:
 class GW:
     """Field offsets of the process's numbers; the overhead buckets follow at OVERHEAD."""
 
-    CPU, REDIS_UP, SYNC_DEGRADED, TENANCY_LOADED = range(4)
-    OVERHEAD = 4
+    CPU, REDIS_UP, SYNC_DEGRADED, TENANCY_LOADED, REDIS_CAUSE, SYNC_CAUSE = range(6)
+    OVERHEAD = 6
     N = OVERHEAD + len(OVERHEAD_BOUNDS)
 
 
@@ -143,12 +144,21 @@ class Sources:
     tenancy_loaded: Callable[[], bool | None] = lambda: None
     # the replica's last /metrics page answered without vllm:* series (--disable-log-stats)
     no_load_data: Callable[[str], bool] = lambda rid: False
+    # why Redis fails now (one of `redis_conn.CAUSE_LABELS`; None while it answers): the
+    # tenancy store's and the shared routing state's
+    redis_cause: Callable[[], str | None] = lambda: None
+    sync_cause: Callable[[], str | None] = lambda: None
     # flow control's queue per pool: (requests queued so far, queued now); None: flow is off
     flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None
 
 
 def _flag(value: bool | None) -> float:
     return NAN if value is None else (1.0 if value else 0.0)
+
+
+def _cause(label: str | None) -> float:
+    """A cause label as a tick's number: its index in `CAUSE_LABELS`, NaN for none."""
+    return NAN if label is None else float(CAUSE_LABELS.index(label))
 
 
 def _opt(value: float | None) -> float:
@@ -249,7 +259,8 @@ def read_tick(
         row[POOL.FLOW_QUEUED], row[POOL.FLOW_DEPTH] = queued
         pdata.extend(row)
     gdata = array("d", (src.cpu(), _flag(src.redis_up()), _flag(src.sync_degraded()),
-                        _flag(src.tenancy_loaded())))
+                        _flag(src.tenancy_loaded()), _cause(src.redis_cause()),
+                        _cause(src.sync_cause())))
     gdata.extend(_overhead(src.metrics))
     keys = values = None
     if tenants:

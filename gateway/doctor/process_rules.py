@@ -1,11 +1,13 @@
 """The doctor's rules for the gateway process itself (**gateway**): kvgate's overhead p99, its
-CPU, Redis (the tenancy store) or the shared routing state degraded; **healthy** with the
+CPU, Redis (the tenancy store) or the shared routing state degraded (named by its cause when
+Redis answers but refuses: `redis_causes`); **healthy** with the
 numbers that say so when nothing fires.
 """
 
 from __future__ import annotations
 
-from gateway.doctor.findings import Context, Finding, cite, known
+from gateway.doctor.findings import Context, Evidence, Finding, cite, known
+from gateway.doctor.redis_causes import cause_evidence, refusal
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import GatewayStats
 
@@ -67,46 +69,60 @@ def _cpu(g: GatewayStats, th: Thresholds, ctx: Context) -> Finding | None:
 
 
 def _redis(g: GatewayStats) -> Finding | None:
+    refused = refusal(g.redis_cause)
     if g.redis_up == 0.0 and g.tenancy_loaded == 0.0:
+        what, action = refused or (
+            "Redis does not answer", "check KVGATE_REDIS_URL and that Redis runs (the "
+            "gateway's log names the address and the error)")
         return Finding(
             "gateway", "critical", None, None,
-            "Redis does not answer and has not since start: no tenant, API key or policy was "
-            "ever loaded (policy version 0), so every request gets 503",
-            "check KVGATE_REDIS_URL and that Redis runs (the gateway's log names the address "
-            "and the error); kvgate loads its state on its own once Redis answers",
+            f"{what} and has not since start: no tenant, API key or policy was ever loaded "
+            "(policy version 0), so every request gets 503",
+            f"{action}; kvgate loads its state on its own once Redis answers",
             [cite("kvgate_redis_up", "Redis up (last sample)", g.redis_up),
              # nothing loaded means no policy in force: kvgate_policy_version reads 0
-             cite("kvgate_policy_version", "policy version (nothing loaded)", 0.0)])
+             cite("kvgate_policy_version", "policy version (nothing loaded)", 0.0),
+             *cause_evidence("kvgate_redis_down_cause", g.redis_cause, True)])
     if not (g.redis_up == 0.0 or g.redis_down_s > 0):
         return None
+    what, action = refused or (
+        "the tenancy store does not answer", "restore Redis (KVGATE_REDIS_URL); /readyz shows "
+        "the state")
     return _outage(
         g.redis_up == 0.0,
-        "Redis degraded: the tenancy store does not answer; kvgate serves its last known "
-        "tenants and policy, rate limits are per process",
-        f"Redis was degraded for {g.redis_down_s:.0f} s in the window (answers again)",
-        "restore Redis (KVGATE_REDIS_URL); /readyz shows the state", "kvgate_redis_up",
-        ("Redis up (last sample)", g.redis_up), ("seconds down in the window", g.redis_down_s))
+        f"Redis degraded: {what}; kvgate serves its last known tenants and policy, rate "
+        "limits are per process",
+        f"Redis was degraded for {g.redis_down_s:.0f} s in the window (answers again)"
+        + (f": {what}" if refused else ""),
+        action, "kvgate_redis_up",
+        ("Redis up (last sample)", g.redis_up), ("seconds down in the window", g.redis_down_s),
+        cause_evidence("kvgate_redis_down_cause", g.redis_cause, g.redis_up == 0.0))
 
 
 def _sync(g: GatewayStats) -> Finding | None:
     if not (g.sync_degraded == 1.0 or g.sync_degraded_s > 0):
         return None
+    refused = refusal(g.sync_cause)
+    what, action = refused or ("", "restore Redis; sharing resumes on its own")
     return _outage(
         g.sync_degraded == 1.0,
         "shared routing state degraded: this gateway routes on its own state (other "
-        "gateways' routes and load unseen)",
-        f"shared routing state was degraded for {g.sync_degraded_s:.0f} s in the window",
-        "restore Redis; sharing resumes on its own", "kvgate_sync_up",
+        "gateways' routes and load unseen)" + (f"; {what}" if refused else ""),
+        f"shared routing state was degraded for {g.sync_degraded_s:.0f} s in the window"
+        + (f": {what}" if refused else ""),
+        action + ("; sharing resumes on its own" if refused else ""), "kvgate_sync_up",
         ("degraded (last sample)", g.sync_degraded),
-        ("seconds degraded in the window", g.sync_degraded_s))
+        ("seconds degraded in the window", g.sync_degraded_s),
+        cause_evidence("kvgate_sync_down_cause", g.sync_cause, g.sync_degraded == 1.0))
 
 
 def _outage(now_down: bool, now: str, was: str, action: str, metric: str,
-            last: tuple[str, float], seconds: tuple[str, float]) -> Finding:
+            last: tuple[str, float], seconds: tuple[str, float],
+            cause: list[Evidence]) -> Finding:
     """A dependency down now (a warning, with what to do) or earlier in the window (info)."""
     return Finding(
         "gateway", "warning" if now_down else "info", None, None, now if now_down else was,
-        action if now_down else "none", [cite(metric, *last), cite(metric, *seconds)])
+        action if now_down else "none", [cite(metric, *last), cite(metric, *seconds), *cause])
 
 
 def _healthy_gateway(g: GatewayStats, th: Thresholds) -> Finding:

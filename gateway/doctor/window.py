@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from gateway.doctor.history import GW, OVERHEAD_BOUNDS, POOL, REP, TTFT_BOUNDS, Tick
+from gateway.tenancy.redis_conn import CAUSE_LABELS
 
 __all__ = [
     "GatewayStats", "PoolStats", "ReplicaStats", "TenantStats", "Window", "histogram_quantile",
@@ -168,6 +169,9 @@ class GatewayStats:
     tenancy_loaded: float = math.nan  # last tick: 1, 0 (nothing loaded yet), NaN (unknown)
     sync_degraded: float = math.nan  # last tick: 1, 0, NaN (no shared routing state)
     sync_degraded_s: float = 0.0
+    # why each failed, now or last in the window (one of `redis_conn.CAUSE_LABELS`)
+    redis_cause: str | None = None
+    sync_cause: str | None = None
 
 
 @dataclass
@@ -315,9 +319,16 @@ def _gateway_stats(span: Sequence[Tick]) -> GatewayStats:
         step = tick.t - prev.t
         if tick.gateway[GW.REDIS_UP] == 0.0:
             gs.redis_down_s += step
+            gs.redis_cause = _cause(tick.gateway[GW.REDIS_CAUSE], gs.redis_cause)
         if tick.gateway[GW.SYNC_DEGRADED] == 1.0:
             gs.sync_degraded_s += step
+            gs.sync_cause = _cause(tick.gateway[GW.SYNC_CAUSE], gs.sync_cause)
     return gs
+
+
+def _cause(code: float, before: str | None) -> str | None:
+    """A tick's cause (`history._cause`), else the one seen before it."""
+    return before if math.isnan(code) else CAUSE_LABELS[int(code)]
 
 
 def _tenant_stats(ticks: Sequence[Tick], start: float) -> tuple[list[TenantStats], float]:

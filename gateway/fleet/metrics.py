@@ -13,6 +13,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from gateway.fleet.sync import LAG_BUCKETS, RouteSync
+from gateway.metrics import down_cause
 from routing.router import Router
 
 __all__ = ["SyncCollector"]
@@ -48,6 +49,8 @@ class SyncCollector(Collector):
             "kvgate_sync_up", "1 while the shared routing state's Redis answers, 0 degraded")
         up.add_metric([], 1.0 if st.up else 0.0)
         yield up
+        yield down_cause("kvgate_sync_down_cause", "the shared routing state's Redis",
+                         sync.down_cause)
         published = CounterMetricFamily(
             "kvgate_sync_records_published", "batches of routing records written to Redis")
         published.add_metric([], float(st.published))

@@ -57,7 +57,7 @@ from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, enco
 from gateway.fleet.redis_clock import RedisClock
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_conn import failure_cause
+from gateway.tenancy.redis_conn import cause_label, failure_cause
 from routing.peers import ZERO, ReplicaLoad
 from routing.router import Router
 
@@ -239,6 +239,12 @@ class RouteSync:
     @property
     def degraded(self) -> bool:
         return not self.stats.up
+
+    @property
+    def down_cause(self) -> str | None:
+        """While degraded: why (one of `redis_conn.CAUSE_LABELS`)."""
+        cause = self.reach.cause
+        return None if self.stats.up or cause is None else cause_label(cause)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:

@@ -124,3 +124,10 @@ class TenantGate:
         if self.tenancy.redis_url is None:
             return None
         return self._resolver.health().store_answers and not self._limiter.degraded
+
+    def redis_down_cause(self) -> str | None:
+        """Why `redis_up` is False (one of `redis_conn.CAUSE_LABELS`), the store's load first;
+        None while it is True or without Redis."""
+        if self.tenancy.redis_url is None:
+            return None
+        return self._resolver.health().store_cause or self._limiter.down_cause

@@ -28,6 +28,7 @@ from gateway.tenancy.fleet_seen import FleetSeen
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
 from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_conn import cause_label
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
 
@@ -79,6 +80,11 @@ class FallbackRateLimiter(RateLimiter):
     @property
     def degraded(self) -> bool:
         return self._down_until is not None and self._clock() < self._down_until
+
+    @property
+    def down_cause(self) -> str | None:
+        cause = self.reach.cause
+        return cause_label(cause) if self.degraded and cause is not None else None
 
     async def start(self) -> None:
         await self._primary.start()

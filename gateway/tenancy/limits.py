@@ -113,6 +113,11 @@ class RateLimiter(ABC):
     def degraded(self) -> bool:
         return False
 
+    @property
+    def down_cause(self) -> str | None:
+        """While `degraded`: why the shared limits fail (one of `redis_conn.CAUSE_LABELS`)."""
+        return None
+
     @abstractmethod
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission: ...
 

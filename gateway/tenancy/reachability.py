@@ -40,6 +40,7 @@ class Reachability:
         self._said: dict[str, float] = {}  # cause -> its last warning line (a minute's)
         self._quiet = False  # this outage is not in the log (Redis flaps)
         self._flaps = 0  # outages not in the log since the last line
+        self.cause: str | None = None  # the current outage's latest cause; None: it answers
 
     @property
     def down(self) -> bool:
@@ -48,6 +49,7 @@ class Reachability:
     def failed(self, cause: str) -> None:
         now = self._clock()
         self._failures += 1
+        self.cause = cause
         if self._down_since is None:
             self._down_since, self._unsaid = now, 0
             self._quiet = now - self._said.get(cause, float("-inf")) < self._summary_every_s
@@ -74,6 +76,7 @@ class Reachability:
             self._said_at, self._unsaid = now, 0
 
     def answered(self) -> None:
+        self.cause = None
         if self._down_since is None:
             return
         if self._quiet:  # a flap, counted for the next line

@@ -18,7 +18,21 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.errors import StoreUnreachable
 
-__all__ = ["connect_redis", "failure_cause", "redis_address", "redis_unavailable"]
+__all__ = [
+    "CAUSE_LABELS", "cause_label", "connect_redis", "failure_cause", "redis_address",
+    "redis_unavailable",
+]
+
+# What `kvgate_redis_down_cause` and `kvgate_sync_down_cause` name (`cause_label`): a fixed
+# set, so a label never carries free text (an address, a key) and the series stay bounded
+CAUSE_LABELS = ("unreachable", "timeout", "auth", "noperm", "oom", "wrongtype", "loading",
+                "readonly", "misconf", "other")
+_BY_CODE = {"WRONGPASS": "auth", "NOAUTH": "auth", "AuthenticationError": "auth",
+            "NOPERM": "noperm", "OOM": "oom", "WRONGTYPE": "wrongtype", "LOADING": "loading",
+            "BusyLoadingError": "loading", "READONLY": "readonly", "MISCONF": "misconf"}
+# Redis answers a command its ACL forbids inside a script with ERR, not NOPERM: "The user
+# executing the script can't run this command..." (7.0), "ACL failure in script: ..." (7.2)
+_SCRIPT_ACL = ("The user executing the script can't", "ACL failure in script")
 
 
 def connect_redis(
@@ -50,7 +64,8 @@ def redis_address(client: aioredis.Redis) -> str:
 def failure_cause(exc: BaseException) -> str:
     """A Redis failure in a few words: the OS error under it (``connection refused``, ``name
     or service not known``, ``timed out``), a server reply's first word (``READONLY``,
-    ``WRONGPASS``: replies never echo a password), else the exception's class name."""
+    ``WRONGPASS``: replies never echo a password; ``NOPERM`` for a script's ACL refusal),
+    else the exception's class name."""
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, TimeoutError):
@@ -61,14 +76,29 @@ def failure_cause(exc: BaseException) -> str:
             if seen.strerror:  # getaddrinfo's own codes (negative)
                 return seen.strerror.lower()
         seen = seen.__cause__ or seen.__context__
+    # redis-py keeps a known reply's code apart (OOM, READONLY, ...: the message then starts
+    # with the reply's second word), also on its connection errors (WRONGPASS, LOADING)
+    code = getattr(exc, "status_code", None)
     if isinstance(exc, ResponseError):
-        # redis-py keeps a known reply's code apart (OOM, READONLY, ...: the message then
-        # starts with the reply's second word)
         words = str(exc).split()
-        code = getattr(exc, "status_code", None) or (words[0] if words else None)
-        if code:
-            return f"server replied {code}"
+        code = code or (words[0] if words else None)
+        if code == "ERR" and str(exc).removeprefix("ERR ").startswith(_SCRIPT_ACL):
+            code = "NOPERM"  # an ACL refusal all the same
+    if code:
+        return f"server replied {code}"
     return type(exc).__name__
+
+
+def cause_label(cause: str) -> str:
+    """A `failure_cause` (perhaps with words after it: the keys of a WRONGTYPE) as one of
+    `CAUSE_LABELS`: a refusal by its code, a timeout, else ``unreachable`` (an OS error, a
+    closed connection)."""
+    if cause == "timed out":
+        return "timeout"
+    code = cause.removeprefix("server replied ").split(":", 1)[0].split(" ", 1)[0]
+    if code in _BY_CODE:
+        return _BY_CODE[code]
+    return "other" if cause.startswith("server replied ") else "unreachable"
 
 
 @contextmanager

@@ -62,6 +62,7 @@ from gateway.tenancy.models import (
     StoreSnapshot,
     Tenant,
 )
+from gateway.tenancy.redis_conn import cause_label
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore, restored_from
 
@@ -107,6 +108,8 @@ class TenancyHealth:
     # whether the store answered the last load (False until its first answer): reachability
     # only -- a wiped store or an unreadable record answers
     store_answers: bool = False
+    # why not, as one of `redis_conn.CAUSE_LABELS` (None while it answers)
+    store_cause: str | None = None
     records_skipped: dict[str, int] = field(default_factory=dict)  # kind -> count since start
 
 
@@ -172,6 +175,7 @@ class TenantResolver:
         self._whole_at = float("-inf")  # when the store was last read whole (this clock)
         self._degraded_reason: str | None = "not loaded yet"
         self._answers = False
+        self._down_cause = "unreachable"  # `store_cause` of the last failed load
         self._skipped: dict[str, SkippedRecord] = {}  # fingerprint -> record, of the last load
         self._skipped_total: dict[str, int] = {}  # kind -> records skipped since start
         self._dirty = asyncio.Event()
@@ -275,9 +279,11 @@ class TenantResolver:
                 if self.last_state is not None:
                     await self.last_state.keep(applied, mark, read_at)
         except BackendUnavailable as exc:
-            if self._store.reach is not None and isinstance(exc, StoreUnreachable):
+            cause = exc.cause if isinstance(exc, StoreUnreachable) else None
+            self._down_cause = "unreachable" if cause is None else cause_label(cause)
+            if self._store.reach is not None and cause is not None:
                 # the store's one voice in the log
-                self._store.reach.failed(await self._store.explain(exc.cause))
+                self._store.reach.failed(await self._store.explain(cause))
             self._degraded_reason = "store unreachable"
             self._answers = False
             return False
@@ -587,6 +593,7 @@ class TenantResolver:
             store_resets=self._resets,
             store_wiped=wiped,
             store_answers=self._answers,
+            store_cause=None if self._answers else self._down_cause,
             records_skipped=dict(self._skipped_total),
         )
 

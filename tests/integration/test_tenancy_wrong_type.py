@@ -141,6 +141,8 @@ async def test_the_store_names_its_key_of_the_wrong_type(
         lines = [m.getMessage() for m in caplog.records]
         assert any(line.endswith("(server replied WRONGTYPE: kvgate:journal is a string, "
                                  "not a list); retrying every 2 s") for line in lines), lines
+        # and for /metrics and the doctor, a label without the key's name
+        assert tenancy.resolver.health().store_cause == "wrongtype"
     finally:
         await tenancy.close()
 
@@ -159,6 +161,7 @@ async def test_the_shared_routing_state_names_its_stream_of_the_wrong_type(
         assert caplog.records[0].getMessage().endswith(
             "(server replied WRONGTYPE: kvgate:routes is not a stream (delete it)); retrying "
             "every 0.5 s")
+        assert sync.down_cause == "wrongtype"
     finally:
         await sync.stop()
 
@@ -215,5 +218,29 @@ async def test_a_stalled_release_goes_with_the_tenants_next_admission(
         sent = {name: stat["calls"] for name, stat in stats.items()  # (not the scripts' own)
                 if name.startswith(("cmdstat_eval", "cmdstat_script"))}
         assert sent == {"cmdstat_evalsha": 1}, sent
+    finally:
+        await limiter.close()
+
+
+async def test_shared_limits_an_acl_user_may_not_run_are_degraded_with_the_cause(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """An ACL user without a command kvgate's admission script calls: Redis refuses it inside
+    the script with ERR, not NOPERM. It was logged as "server replied ERR" and answered as a
+    Redis that "did not answer; retry shortly"; the fallback names the refusal."""
+    await r.acl_setuser("kvgate", enabled=True, passwords=["+pw"], keys=["*"],
+                        commands=["+@all", "-pexpire"])
+    user_url = redis_url.replace("redis://", "redis://kvgate:pw@")
+    ns = f"t{secrets.token_hex(4)}"
+    primary = RedisRateLimiter(connect_redis(user_url), namespace=ns)
+    limiter = FallbackRateLimiter(primary, address="redis", replicas=1)
+    try:
+        with pytest.raises(StoreUnreachable) as refused:
+            await primary.admit("acme", LIMITS, tokens=1)
+        assert refused.value.cause == "server replied NOPERM"
+        assert "(NOPERM)" in refused.value.message
+        assert limiter.down_cause is None
+        assert (await limiter.admit("acme", LIMITS, tokens=1)).degraded
+        assert limiter.degraded and limiter.down_cause == "noperm"
     finally:
         await limiter.close()

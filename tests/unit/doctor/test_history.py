@@ -8,7 +8,9 @@ import math
 import pytest
 
 from gateway.doctor.history import REP, History, Sampler, Sources, read_tick
+from gateway.doctor.process_rules import classify_gateway
 from gateway.doctor.sharing import PrefixSharing
+from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import histogram_quantile, increase, summarise
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import HealthRules, Replica
@@ -97,6 +99,34 @@ def test_a_window_reduces_gauges_and_counter_increases() -> None:
     (t,) = w.tenants
     assert (t.tenant, t.pool, t.requests, t.cached_reported) == ("acme", "p", 40.0, 40.0)
     assert w.tenant_span_s == pytest.approx(20.0)  # tenant ticks every 10: 10 .. 30
+
+
+def test_the_cause_of_a_redis_outage_is_kept_in_the_ticks_and_named_after_it_ends() -> None:
+    f = Fleet()
+    cause: list[str | None] = [None]
+    f.src.redis_cause = lambda: cause[0]
+    h = _ticks(f, 3, waiting=0.0, running=1.0, kv=0.1, new=3)
+    f.redis, cause[0] = False, "oom"
+    h = _more(f, h, 4)
+    w = summarise(list(h.ticks), 30.0, stale_after_s=1.0)
+    assert (w.gateway.redis_up, w.gateway.redis_cause) == (0.0, "oom")
+    (now,) = classify_gateway(w.gateway, Thresholds())
+    assert "out of memory" in now.summary and now.severity == "warning"
+    f.redis, cause[0] = True, None
+    h = _more(f, h, 2)
+    w = summarise(list(h.ticks), 30.0, stale_after_s=1.0)
+    assert (w.gateway.redis_up, w.gateway.redis_cause) == (1.0, "oom")  # the last one seen
+    (was,) = classify_gateway(w.gateway, Thresholds())
+    assert was.severity == "info" and "out of memory" in was.summary
+    recent = summarise(list(h.ticks), 1.0, stale_after_s=1.0).gateway  # after its end only
+    assert (recent.redis_down_s, recent.redis_cause) == (0.0, None)
+
+
+def _more(f: Fleet, h: History, n: int) -> History:
+    for _ in range(n):
+        h.append(read_tick(f.src, f.now, h.layout, False))
+        f.now += 1.0
+    return h
 
 
 def test_a_short_history_covers_less_than_the_window() -> None:

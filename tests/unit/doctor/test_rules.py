@@ -272,6 +272,52 @@ def test_redis_down_since_start_is_critical_and_claims_no_last_known_state() -> 
     assert lost.severity == "warning" and "last known" in lost.summary
 
 
+# cause -> words its finding must say (what Redis does, the change that ends it)
+REFUSALS = {
+    "oom": ("out of memory (OOM", "raise Redis's maxmemory"),
+    "wrongtype": ("(WRONGTYPE)", "delete the key the gateway's log names"),
+    "noperm": ("(NOPERM)", "grant that ACL user"),
+    "auth": ("refuses kvgate's credentials", "fix the user name and password in KVGATE_REDIS_URL"),
+    "loading": ("loading its dataset", "wait"),
+    "readonly": ("read-only replica (READONLY", "point KVGATE_REDIS_URL at the primary"),
+    "misconf": ("(MISCONF", "fix Redis's persistence"),
+    "other": ("the gateway's log names its reply", "read Redis's reply in the gateway's log"),
+}
+
+
+@pytest.mark.parametrize("cause", list(REFUSALS))
+def test_a_redis_that_refuses_is_named_by_its_cause_not_as_dead(cause: str) -> None:
+    """It said "the tenancy store does not answer ... restore Redis" for every cause: an
+    operator looked for a dead server that was running."""
+    said, fix = REFUSALS[cause]
+    tenancy, sync = classify_gateway(GatewayStats(
+        cpu_share=0.1, redis_up=0.0, redis_down_s=4.0, tenancy_loaded=1.0, redis_cause=cause,
+        sync_degraded=1.0, sync_degraded_s=4.0, sync_cause=cause), TH)
+    for f, metric in ((tenancy, "kvgate_redis_down_cause"), (sync, "kvgate_sync_down_cause")):
+        assert said in f.summary and f.action.startswith(fix), (f.summary, f.action)
+        assert "does not answer" not in f.summary and "restore Redis" not in f.action
+        assert f.evidence[-1].metric == f'{metric}{{cause="{cause}"}}'
+    assert tenancy.summary.startswith("Redis degraded: ") and "last known" in tenancy.summary
+    assert sync.summary.startswith("shared routing state degraded")
+    (never,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=0.0, redis_down_s=4.0,
+                                             tenancy_loaded=0.0, redis_cause=cause), TH)
+    assert never.severity == "critical" and said in never.summary
+    assert never.action.startswith(fix) and "every request gets 503" in never.summary
+    (was,) = classify_gateway(GatewayStats(cpu_share=0.1, redis_up=1.0, redis_down_s=3.0,
+                                           redis_cause=cause), TH)
+    assert was.severity == "info" and said in was.summary
+
+
+@pytest.mark.parametrize("cause", ["unreachable", "timeout", None])
+def test_a_redis_that_does_not_answer_keeps_the_words_of_an_outage(cause: str | None) -> None:
+    tenancy, sync = classify_gateway(GatewayStats(
+        cpu_share=0.1, redis_up=0.0, redis_down_s=4.0, tenancy_loaded=1.0, redis_cause=cause,
+        sync_degraded=1.0, sync_degraded_s=4.0, sync_cause=cause), TH)
+    assert tenancy.summary.startswith("Redis degraded: the tenancy store does not answer")
+    assert tenancy.action.startswith("restore Redis (KVGATE_REDIS_URL)")
+    assert sync.action == "restore Redis; sharing resumes on its own"
+
+
 def test_classify_orders_worst_first() -> None:
     kv = replica("kv", kv_p90=0.99, preemptions=10.0)
     q = replica("q", waiting_share=0.6, waiting_mean=1.5, running_when_waiting=4.0,
