@@ -26,6 +26,13 @@ soon as they say something. A replica with fewer (decayed) observations than ``f
 uses the fleet's fit as it is: two identical replicas must not differ because one of them
 happened to serve a request first (every cold request would follow the first).
 
+A replica that had none of the fleet's last `IDLE_SHARES` observations per replica (its fair
+share many times over) returns to the fleet's fit. An idle replica yields no first token and
+no counter that could correct its fit, so a fit learned from a cold start's queue (the wait
+read as a large fixed part: prefix-tree, replica-2 at 0.59 s fixed against its peers'
+0.06-0.16 s) kept it idle for the rest of the run. The replicas that serve keep their fits,
+a slower one too: its share shrinks but does not vanish.
+
 Bounds: an observation counts at most ``outlier_factor`` x (or 1/x) the current prediction,
 the fixed part is in [0, ``max_fixed_s``], the rate in [``floor_tps``, `MAX_PREFILL_TPS`].
 One outlier therefore moves the fit a little, a changed
@@ -49,7 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork", "ReplicaPending",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork", "ReplicaPending",
     "TtftFit", "TtftModel",
 ]
 
@@ -57,6 +64,7 @@ PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small p
 MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see little work
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
+IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +136,9 @@ class TtftModel:
         self._sums: dict[str, _Sums] = {}
         self._fits: dict[str, TtftFit] = {}
         self._counters: dict[str, EngineCounters] = {}
+        self._seen = 0  # the fleet's observations so far
+        self._last: dict[str, int] = {}  # per replica, `_seen` at its last observation
+        self._sweep_at = 0
 
     def fits(self) -> Mapping[str, TtftFit]:
         """Learned fits by replica (`fleet` for replicas not in it): for the hot loop."""
@@ -158,6 +169,20 @@ class TtftModel:
         sums.add(work_tokens, seconds, weight)
         if sums.w >= self._fleet_weight:  # until then its own few observations are noise
             self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+        self._seen += 1
+        self._last[replica] = self._seen
+        if self._seen >= self._sweep_at:
+            self._retire_idle()
+
+    def _retire_idle(self) -> None:
+        """Replicas without an observation over the last `IDLE_SHARES` per replica go back
+        to the fleet's fit (their counters stay: the next scrape still makes an interval)."""
+        period = IDLE_SHARES * len(self._last)
+        self._sweep_at = self._seen + period
+        for replica in [r for r, at in self._last.items() if self._seen - at > period]:
+            del self._last[replica]
+            self._sums.pop(replica, None)
+            self._fits.pop(replica, None)
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an
@@ -194,6 +219,7 @@ class TtftModel:
         self._sums.pop(replica, None)
         self._fits.pop(replica, None)
         self._counters.pop(replica, None)
+        self._last.pop(replica, None)
 
 
 @dataclass(slots=True)

@@ -108,3 +108,38 @@ def test_nothing_learned_falls_back_to_the_fleet_then_the_prior() -> None:
     assert m.fleet.rate == pytest.approx(25_000, rel=0.25)
     m.forget("a")
     assert m.fit("a") == m.fleet
+
+
+def test_a_replica_left_idle_returns_to_the_fleets_fit() -> None:
+    # prefix-tree's cold start: one replica's first tokens all waited behind a queue, so its
+    # line put the wait in the fixed part; then it was sent nothing, and an idle replica
+    # yields no observation that could correct it. Its peers' observations retire the fit.
+    m, rng = _model(), random.Random(5)
+    peers = [f"r{i}" for i in range(7)]
+    for _ in range(20):
+        w = rng.uniform(1_000, 12_000)
+        m.observe("stuck", w, 0.97 + rng.uniform(-0.05, 0.05))
+        for r in peers:
+            m.observe(r, w, _true(w))
+    assert m.fit("stuck").predict(500) > 4 * m.fit("r0").predict(500)
+    for _ in range(64):  # the peers serve everything: 64 observations each
+        for r in peers:
+            w = rng.uniform(200, 12_000)
+            m.observe(r, w, _true(w))
+    assert m.fit("stuck") == m.fleet
+    assert m.fit("stuck").predict(500) == pytest.approx(_true(500), rel=0.3)
+
+
+def test_a_replica_served_its_share_keeps_its_own_fit() -> None:
+    m, rng = _model(), random.Random(6)
+    for _ in range(200):
+        w = rng.uniform(200, 8_000)
+        for r in ("a", "b", "c"):
+            m.observe(r, w, _true(w))
+        m.observe("slow", w, _true(w, fixed=0.08, tps=10_000))
+        for r in ("a", "b", "c"):  # the slow replica gets a quarter of its peers' share
+            m.observe(r, w, _true(w))
+            m.observe(r, w, _true(w))
+            m.observe(r, w, _true(w))
+    assert m.rate("a") / m.rate("slow") == pytest.approx(2.0, rel=0.2)
+    assert m.fit("slow") != m.fleet
