@@ -56,8 +56,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork", "ReplicaPending",
-    "TtftFit", "TtftModel",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork",
+    "ReplicaPending", "TtftFit", "TtftModel",
 ]
 
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
