@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import AdminContext
 from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed, UnreadableRecord
-from gateway.policy_doc import DEFAULT_TIER, PolicyValidationError, parse_policy
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
 from gateway.tenancy.store import check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
@@ -80,10 +80,7 @@ async def _store(
 ) -> JSONResponse:
     """Validate a whole policy document and store it as the next version."""
     expected = _parse_if_match(if_match)
-    try:
-        doc = parse_policy(document)
-    except PolicyValidationError as exc:
-        raise BadRequest(str(exc), param=exc.field or None) from None
+    doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
     for tenant in await ctx.store.list_tenants():
@@ -110,6 +107,8 @@ async def _patch_in_turn(
         current = snap.doc.model_dump(mode="json", exclude_unset=True)
         merged = merge_patch(current, patch)
         _restore(merged, current)
+        # validated first: `30.0` over a stored 30 compares equal, and was answered 200
+        _parsed(merged)
         if merged == current:  # e.g. `{}`: nothing changes, no new version, no audit
             return JSONResponse(shown_policy(current),
                                 headers={"etag": f'"{snap.version}"'})
@@ -125,6 +124,15 @@ async def _patch_in_turn(
             # no version got a 412 for a version it never sent)
     raise Conflict("the policy document kept changing while this patch was merged into "
                    "it; retry")
+
+
+def _parsed(document: Any) -> PolicyDoc:
+    """A policy document validated (strict numbers and booleans), or the 400 naming the
+    field."""
+    try:
+        return parse_policy(document)
+    except PolicyValidationError as exc:
+        raise BadRequest(str(exc), param=exc.field or None) from None
 
 
 def _restore(document: Any, stored: dict[str, Any] | None) -> None:

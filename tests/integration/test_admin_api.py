@@ -371,6 +371,12 @@ async def test_limits_are_positive_integers_within_bounds(admin: Admin) -> None:
 # a number or boolean of the policy document sent as a string, and where the 400 points
 QUOTED = {
     "tier limit": ({"tiers": {"free": {"limits": {"rpm": "60"}}}}, "tiers.free.limits.rpm"),
+    # equal to the stored 60 and 10 as Python compares them: a patch that changed nothing was
+    # answered 200 before it was validated
+    "the stored limit as a float": ({"tiers": {"free": {"limits": {"rpm": 60.0}}}},
+                                    "tiers.free.limits.rpm"),
+    "the stored priority as a float": ({"tiers": {"free": {"priority": 10.0}}},
+                                       "tiers.free.priority"),
     "tier priority": ({"tiers": {"free": {"priority": "5"}}}, "tiers.free.priority"),
     "operator fields": ({"tiers": {"free": {"operator_fields": "true"}}},
                         "tiers.free.operator_fields"),
