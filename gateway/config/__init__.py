@@ -1,0 +1,46 @@
+"""kvgate's configuration: one typed model, loaded from YAML, then environment, then CLI.
+
+Precedence (lowest first): defaults < file (``--config`` / ``KVGATE_CONFIG``) <
+``KVGATE_<SECTION>__<KEY>`` environment overrides < command-line flags. Every error names the
+field (``upstream.connect_timeout_s: ...``). The ``pools``/``models``/``tiers`` part is the
+tenancy work's `PolicyDoc`; this model extends it with the process-level sections.
+
+- `sections`: the process-level sections (``server``, ``upstream``, ``sync``, ...);
+- `model`: `KvgateConfig`, the whole configuration, and its checks across sections;
+- `env`: the ``KVGATE_*`` overrides and secrets, and the warning for stray variables;
+- `load`: `load_config`, the file, environment and flags merged and validated;
+- `explain`: a validation error as lines naming the field;
+- `salt`: the salt secret and whether authentication has one;
+- `report`: the redacted effective config, discovery that cannot work here.
+
+The rest of the tree imports from this package, not from its modules.
+"""
+
+from gateway.config.env import env_overrides, unknown_env
+from gateway.config.load import NO_POOLS, load_config
+from gateway.config.model import KvgateConfig
+from gateway.config.report import discovery_problems, redacted_dump
+from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
+from gateway.config.sections import (
+    FlowSection,
+    HealthConfig,
+    ServerConfig,
+    UpstreamConfig,
+)
+
+__all__ = [
+    "MIN_SECRET_CHARS",
+    "NO_POOLS",
+    "FlowSection",
+    "HealthConfig",
+    "KvgateConfig",
+    "ServerConfig",
+    "UpstreamConfig",
+    "auth_secret",
+    "discovery_problems",
+    "env_overrides",
+    "load_config",
+    "redacted_dump",
+    "salt_secret",
+    "unknown_env",
+]

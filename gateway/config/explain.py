@@ -1,0 +1,67 @@
+"""A failed validation as one line per error, naming the field, the environment variable it
+came from, and the field meant when an unknown one is close to it."""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+from pydantic import ValidationError
+
+from gateway.config.env import ENV_SHAPES
+from gateway.config.model import KvgateConfig
+
+__all__ = ["explain"]
+
+
+def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
+    """One line per error, naming the field (and the variable it came from, if any)."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(str(p) for p in err["loc"])
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # model, dataclass
+            msg = "unknown field" + _did_you_mean(loc)
+        source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
+        if source is not None:
+            msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
+        # a whole-document check (an unknown pool) names its fields in the message itself
+        lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+    return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _did_you_mean(loc: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(loc[-1], _field_names(loc[:-1]), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _field_names(loc: tuple[str, ...]) -> list[str]:
+    """The field names of the model at `loc` in the configuration ([] when not a model)."""
+    kind: Any = KvgateConfig
+    for part in loc:
+        model_fields = getattr(kind, "__pydantic_fields__", None)
+        if model_fields is not None:
+            if part not in model_fields:
+                return []
+            kind = model_fields[part].annotation
+        elif typing.get_origin(kind) in (dict, list):
+            kind = typing.get_args(kind)[-1]  # a pool's or a list item's model
+        else:
+            return []
+        kind = _unwrap(kind)
+    return list(getattr(kind, "__pydantic_fields__", {}))
+
+
+def _unwrap(kind: Any) -> Any:
+    """`X | None` and `Annotated[X, ...]` -> X."""
+    while True:
+        origin = typing.get_origin(kind)
+        if origin is Annotated:
+            kind = typing.get_args(kind)[0]
+        elif origin in (typing.Union, types.UnionType):
+            kind = next(a for a in typing.get_args(kind) if a is not type(None))
+        else:
+            return kind

@@ -1,0 +1,87 @@
+"""Building the effective configuration: the file, then the environment, then the flags,
+validated as a whole (`load_config`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gateway.config.env import ENV_PREFIX, env_overrides, env_path
+from gateway.config.explain import explain
+from gateway.config.model import KvgateConfig
+from gateway.errors import ConfigError
+from gateway.yamlerror import not_utf8, one_line
+
+__all__ = ["NO_POOLS", "load_config"]
+
+NO_POOLS = "pools: at least one pool is required"
+
+
+def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)  # a YAML error then names the file, line and column
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
+        raise ConfigError(f"config file {path}: {not_utf8(exc)}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path}: invalid YAML: {one_line(exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping")
+    return data
+
+
+def load_config(
+    path: str | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    quick: bool = False,
+) -> KvgateConfig:
+    """Build the effective config; raises `ConfigError` naming the offending field.
+
+    `path=None` falls back to ``KVGATE_CONFIG``; ``""`` means no file. `quick` (the
+    ``--upstream`` form) ignores file and environment pools/models: the flags define them.
+    """
+    env = os.environ if environ is None else environ
+    if path is None:
+        path = env.get("KVGATE_CONFIG") or None
+    raw = _read_file(path) if path else {}
+    raw = deep_merge(raw, env_overrides(env))
+    if quick:
+        raw.pop("pools", None)
+        raw.pop("models", None)
+    raw = deep_merge(raw, overrides or {})
+    env_names = {tuple(env_path(name)): name for name in env
+                 if name.startswith(ENV_PREFIX) and "__" in name}
+    try:
+        cfg = KvgateConfig.model_validate(raw)
+    except ValidationError as exc:
+        where = f" in {path} (or its KVGATE_* overrides)" if path else ""
+        raise ConfigError(explain(exc, where, env_names)) from None
+    if not cfg.pools:
+        raise ConfigError(f"{NO_POOLS} in {path} (or use --upstream URL)" if path else
+                          f"{NO_POOLS}: no configuration file given (--config FILE, or set "
+                          "KVGATE_CONFIG), or use --upstream URL")
+    try:
+        cfg.routing.router_config()
+    except ValueError as exc:  # the routing core's own checks name the field
+        raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    return cfg

@@ -1,0 +1,102 @@
+"""`KvgateConfig`, the whole configuration: the policy document (`pools`, `models`, `tiers`,
+`fairness`) with the process-level sections and the secrets read from the environment, and
+the checks that span sections."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from gateway.config.sections import (
+    DoctorSection,
+    EppSection,
+    FlowSection,
+    HealthConfig,
+    RoutingSection,
+    ServerConfig,
+    SyncSection,
+    TenancySection,
+    TenantBootstrap,
+    UpstreamConfig,
+)
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
+
+__all__ = ["KvgateConfig"]
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
+
+
+class KvgateConfig(PolicyDoc):
+    """The whole configuration. `pools`, `models`, `tiers` come from `PolicyDoc`."""
+
+    model_config = ConfigDict(extra="forbid")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    epp: EppSection = Field(default_factory=EppSection)
+    tenants: list[TenantBootstrap] = Field(default_factory=list)
+    tenancy: TenancySection = Field(default_factory=TenancySection)
+    sync: SyncSection = Field(default_factory=SyncSection)
+    doctor: DoctorSection = Field(default_factory=DoctorSection)
+    flow: FlowSection = Field(default_factory=FlowSection)
+    # from the environment only (KVGATE_REDIS_URL, ...); never printed
+    redis_url: SecretStr | None = None
+    admin_token: SecretStr | None = None
+    salt_secret: SecretStr | None = None
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        # redis-py would only fail at start-up, deep in the lifespan; the URL may hold a
+        # password, so the message never repeats it
+        if value is not None and not value.get_secret_value().startswith(REDIS_SCHEMES):
+            raise ValueError("KVGATE_REDIS_URL must start with " + ", ".join(REDIS_SCHEMES))
+        if value is not None:
+            from redis.connection import parse_url  # lazy: only with a Redis URL
+
+            try:  # a bad port or option otherwise failed in the lifespan, the variable unnamed
+                parse_url(value.get_secret_value())  # type: ignore[no-untyped-call]
+            except ValueError as exc:
+                # redis-py's text quotes a piece of the URL, which may be part of a password
+                what = "its port" if "Port" in str(exc) else "an option in its query string"
+                raise ValueError(f"KVGATE_REDIS_URL is not a valid Redis URL: check {what} "
+                                 "(the value is not shown: it may hold a password)") from None
+        return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_tokens(cls, value: SecretStr | None) -> SecretStr | None:
+        from gateway.admin.auth import admin_tokens_from_env  # lazy: keeps FastAPI out
+
+        if value is not None:
+            admin_tokens_from_env(value.get_secret_value())  # ValueError: too short, malformed
+        return value
+
+    @model_validator(mode="after")
+    def _known_tenants(self) -> KvgateConfig:
+        # the admin API refuses an unknown tier (400) and a second tenant of one id (409); the
+        # seeding would take either silently: a tenant never admitted (403), or one entry lost
+        seen: set[str] = set()
+        for i, t in enumerate(self.tenants):
+            if t.tier != DEFAULT_TIER and t.tier not in self.tiers:
+                known = ", ".join(sorted({DEFAULT_TIER, *self.tiers}))
+                raise ValueError(f"tenants.{i}.tier: unknown tier {t.tier!r} (known: {known})")
+            if t.id in seen:
+                raise ValueError(f"tenants.{i}.id: tenant {t.id!r} is listed twice")
+            seen.add(t.id)
+        return self
+
+    @model_validator(mode="after")
+    def _replicas_distinct(self) -> KvgateConfig:
+        check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
+        return self
+
+    def policy_doc(self) -> PolicyDoc:
+        return PolicyDoc(pools=self.pools, models=self.models, tiers=self.tiers,
+                         fairness=self.fairness)
+
+    def public_models(self) -> dict[str, str]:
+        """Public model name -> pool for the default tier. Without `models`, pools' served names."""
+        if self.models:
+            return {m: p for m in self.models if (p := self.pool_for(m, "default")) is not None}
+        return {pc.served_model: name for name, pc in self.pools.items() if pc.served_model}
