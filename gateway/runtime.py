@@ -37,7 +37,8 @@ from gateway.doctor.flowq import flow_queues
 from gateway.doctor.service import Doctor
 from gateway.errors import ConfigError
 from gateway.fleet.metrics import SyncCollector
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from gateway.flow import FlowGate
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth

@@ -55,7 +55,8 @@ def _capture(requests: int, out: Path) -> None:
 
 def _apply(path: Path, count: int, reps: int) -> dict[str, float]:
     from gateway.fleet.records import decode
-    from gateway.fleet.sync import RouteSync, SyncSettings
+    from gateway.fleet.settings import SyncSettings
+    from gateway.fleet.sync import RouteSync
     from routing.router import Router, RouterConfig
 
     entries: Entries = pickle.loads(path.read_bytes())[:count]

@@ -31,7 +31,8 @@ from math import nan
 
 import redis.asyncio as aioredis
 
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from loadtest.sync_cost import _Own, _workload
 from routing.peers import RouteRecord
 from routing.router import Router, RouterConfig

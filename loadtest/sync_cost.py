@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 import redis.asyncio as aioredis
 
 from gateway.fleet.records import decode, encode
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from loadtest.fleet import free_port, wait_http
 from routing.peers import ReplicaLoad
 from routing.router import Router, RouterConfig

@@ -23,7 +23,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.tenancy.redis_conn import redis_address
 
-__all__ = ["Link", "entries"]
+__all__ = ["Link"]
 
 
 class Link:
@@ -82,12 +82,3 @@ class Link:
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.disconnect(nowait=True)  # never wait on a broken socket
-
-
-def entries(raw: object) -> list[tuple[bytes, dict[bytes, bytes]]]:
-    """A stream's entries from a RESP2 XRANGE/XREVRANGE reply (or one stream of XREAD's):
-    ``[[id, [field, value, ...]], ...]``."""
-    out = []
-    for entry_id, flat in raw or ():  # type: ignore[attr-defined]
-        out.append((entry_id, dict(zip(flat[::2], flat[1::2], strict=True))))
-    return out

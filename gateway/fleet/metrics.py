@@ -12,7 +12,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from gateway.fleet.sync import LAG_BUCKETS, RouteSync
+from gateway.fleet.stats import LAG_BUCKETS
+from gateway.fleet.sync import RouteSync
 from gateway.metrics import down_cause
 from routing.router import Router
 

@@ -43,119 +43,36 @@ import math
 import os
 import socket
 import time
-from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import cast
 
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
-from gateway.fleet.link import Link, entries
+from gateway.fleet.link import Link
+from gateway.fleet.published import PublishedLoad
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.fleet.redis_clock import RedisClock
+from gateway.fleet.replies import entries, entry_key, entry_ms, time_ms
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.stats import SyncStats
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import cause_label, failure_cause
-from routing.peers import ZERO, ReplicaLoad
+from routing.peers import ReplicaLoad
 from routing.router import Router
 
-__all__ = ["MIN_WINDOW_S", "RouteSync", "SyncSettings", "SyncStats", "member_id"]
+__all__ = ["RouteSync", "member_id"]
 
 log = logging.getLogger(__name__)
 
 RETRY_S = 0.5  # back-off after a failed Redis call
 _BLOCK_S = 0.5  # the reader's XREAD BLOCK
 _BLOCK_MS = int(_BLOCK_S * 1000)
-# the sync window's floor (`SyncSettings.window_s`): a peer's pick is applied here 14-18 ms
-# after it at p99 live with a 5 ms flush interval, not the two intervals' 10 ms
-MIN_WINDOW_S = 0.02
-# urgent batches: at most this many per hold window (`SyncSettings.urgent_gap_s`)
-URGENT_GAPS = 4
-LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 def member_id() -> str:
     """This process's id among the gateways: host, pid and a random part (pids repeat)."""
     return f"{socket.gethostname()[:64]}:{os.getpid()}:{os.urandom(3).hex()}"
-
-
-@dataclass(frozen=True, slots=True)
-class SyncSettings:
-    flush_interval_s: float = 0.02
-    heartbeat_s: float = 0.5
-    stale_after_s: float = 2.0
-    stream_maxlen: int = 20_000
-    stream_max_mb: int = 64  # the stream's share of Redis's memory (`gateway.fleet.budget`)
-    catchup_entries: int = 5_000
-    max_entries_per_tick: int = 256
-    timeout_s: float = 1.0
-    # the gateway holds a contested pick rank x the hold window before making it
-    # (`routing.router.Router.defer_s`; off while flow control schedules the picks)
-    defer: bool = False
-    # how late the record of a pick a peer may hold for is applied, at most: such a route is
-    # published at once and read at once by a gateway holding a pick (`hold_s`)
-    hold_window_s: float = 0.02
-
-    @property
-    def window_s(self) -> float:
-        """How late a peer's batched record is applied here, at most (p99): the sync window
-        of the bursts and the turns (the held picks wait `hold_s`). Up to an interval in the
-        publisher's outbox, up to one more before a busy reader's next read, and transit and
-        event-loop delays that do not shrink with the interval: measured live
-        (`loadtest.held_lag`, round 7) p99 39 ms at 20 ms, 21 ms at 10 ms, 14-18 ms at 5 ms;
-        so two intervals, never less than MIN_WINDOW_S."""
-        return max(2 * self.flush_interval_s, MIN_WINDOW_S)
-
-    @property
-    def hold_s(self) -> float:
-        """The held picks' window: rank r holds a contested pick r x this. The routes of the
-        picks peers may hold for (contested ones) are published at once, not batched, and a
-        gateway holding a pick reads at once: a round trip and the event loops' delays, not
-        the batches' intervals: 2-7 ms at the median and covered by 20 ms in the harness's
-        loaded process (`loadtest.held_lag`, docs/shared-state.md "The live window"). Never
-        more than the sync window (a record a batch late)."""
-        return min(self.hold_window_s, self.window_s)
-
-    @property
-    def urgent_gap_s(self) -> float:
-        """The least time between two batches when a route is urgent (`Router.on_urgent`):
-        one goes out at once, the ones queued within this of the last batch wait for its end
-        and go together. Urgent batches then cost at most one Redis round trip per gap (200
-        a second by default), not one per contested pick (a batch each at 2,000 requests/s,
-        ~170 a second over two gateways, and growing with the rate: `loadtest.sync_cost
-        --step 1`). A quarter of the hold window: an urgent route waits at most that, and the
-        rest of the window is the round trip and the event loops' delays a held pick waits
-        for (2-7 ms at the median live; docs/shared-state.md "The live window")."""
-        return self.hold_s / URGENT_GAPS
-
-
-@dataclass(slots=True)
-class SyncStats:
-    """Counters the metrics collector reads."""
-
-    published: int = 0  # stream entries written
-    applied: int = 0  # peers' entries applied
-    dropped: dict[str, int] = field(default_factory=dict)  # reason -> entries or routes
-    up: bool = False
-    # apply lag (written to Redis -> applied here, on Redis's clock: `RedisClock`): a
-    # histogram, and the recent values
-    lag_buckets: list[int] = field(default_factory=lambda: [0] * len(LAG_BUCKETS))
-    lag_count: int = 0
-    lag_sum: float = 0.0
-    recent_lags: deque[float] = field(default_factory=lambda: deque(maxlen=4096))
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        self.dropped[reason] = self.dropped.get(reason, 0) + n
-
-    def lag(self, seconds: float) -> None:
-        self.lag_count += 1
-        self.lag_sum += seconds
-        self.recent_lags.append(seconds)
-        i = bisect_left(LAG_BUCKETS, seconds)
-        if i < len(LAG_BUCKETS):
-            self.lag_buckets[i] += 1
 
 
 class RouteSync:
@@ -180,12 +97,7 @@ class RouteSync:
         self._own_loads = own_loads
         self._known = known
         self._clock = clock
-        self._published: dict[str, ReplicaLoad] = {}  # what peers believe of our load
-        # Redis failed us since our last batch: peers may hold a load of ours we have since
-        # cleared (a zero record lost, or never written while Redis was down), so the next
-        # batch carries our load on every replica, zeros included (`_batch`)
-        self._resend_all = False
-        self._last_beat = float("-inf")
+        self._load = PublishedLoad(settings.heartbeat_s)  # what peers believe of our load
         self._last_id = b"0-0"  # the newest entry applied (or skipped: our own, bad)
         self._last_key = (0, 0)  # the same as numbers, to compare
         self._last_own = (0, 0)  # the id of our newest entry, as numbers (`_check_order`)
@@ -282,30 +194,9 @@ class RouteSync:
     # -- publishing ---------------------------------------------------------------------------
     def _batch(self, now: float) -> dict[bytes, bytes] | None:
         routes = self._router.drain_outbox()
-        loads = self._own_loads()
-        beat = now - self._last_beat >= self.settings.heartbeat_s
-        if self._resend_all:  # after an outage: all of it, what went to zero meanwhile too
-            self._resend_all = False
-            changed = dict(loads)
-            self._last_beat = now
-        elif beat:  # everything peers should hold, and a sign of life
-            changed = {k: v for k, v in loads.items() if v or k in self._published}
-            self._last_beat = now
-        else:
-            changed = {k: v for k, v in loads.items() if self._published.get(k, _NONE) != v
-                       and (v or k in self._published)}
-        if not self._published.keys() <= loads.keys():
-            # a replica that left our pools (drained and reaped, removed by a policy change)
-            # between two batches: its last published load would stay in peers' views for
-            # as long as we live, heartbeats and all, if we did not say it is gone
-            changed.update(dict.fromkeys(self._published.keys() - loads.keys(), ZERO))
-        if not (routes or changed or beat):
+        changed = self._load.changes(self._own_loads(), now, bool(routes))
+        if changed is None:
             return None
-        for k, v in changed.items():
-            if v:
-                self._published[k] = v
-            else:
-                self._published.pop(k, None)
         return encode(self.member, time.time(), routes, changed)
 
     def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
@@ -332,9 +223,9 @@ class RouteSync:
         wake, urged = self._wake, self._urged
         last = float("-inf")
         while True:
-            if not (wake.is_set() or self._published):  # quiet: a wake or the heartbeat
+            if not (wake.is_set() or self._load.published):  # quiet: a wake or the heartbeat
                 tick = loop.call_later(
-                    max(interval, self._last_beat + heartbeat - self._clock()), wake.set)
+                    max(interval, self._load.last_beat + heartbeat - self._clock()), wake.set)
                 await wake.wait()
                 tick.cancel()
             early = last + interval - loop.time()
@@ -348,7 +239,7 @@ class RouteSync:
             urged.clear()
             last = loop.time()
             fields = self._batch(self._clock())
-            reads = bool(self._published) and self.stats.up
+            reads = bool(self._load.published) and self.stats.up
             self._set_calm(not reads)
             if not reads and fields is None:
                 continue
@@ -363,8 +254,7 @@ class RouteSync:
                 if fields is not None and b"r" in fields:
                     self.stats.drop("unpublished", 1)
                 self._write_failed = True
-                self._published.clear()  # re-send the whole load once Redis is back
-                self._last_beat = float("-inf")
+                self._load.forget()  # re-send the whole load once Redis is back
                 self._down(exc)
                 self._set_calm(True)  # the reader finds out when Redis is back
                 await asyncio.sleep(RETRY_S)
@@ -394,8 +284,8 @@ class RouteSync:
         if not found:
             self._last_id, self._last_key = b"0-0", (0, 0)  # an empty stream: from its start
             return 0
-        self._last_id, self._last_key = found[0][0], _key(found[0][0])
-        recent = (_ms(found[0][0]) if now is None else now) - self._stale_ms
+        self._last_id, self._last_key = found[0][0], entry_key(found[0][0])
+        recent = (entry_ms(found[0][0]) if now is None else now) - self._stale_ms
         live: set[str] = set()
         for entry_id, fields in reversed(found):
             batch = self._decode(fields)
@@ -403,7 +293,7 @@ class RouteSync:
                 self._apply_routes(batch, live=False)  # history: no context is live by it
                 if batch.bye:
                     live.discard(batch.member)
-                elif _ms(entry_id) >= recent:
+                elif entry_ms(entry_id) >= recent:
                     live.add(batch.member)
         return len(live)
 
@@ -414,7 +304,7 @@ class RouteSync:
         error reply fails a whole pipeline (the catch-up failed at every start, "cannot
         reach Redis", and the stream was read from its start instead, history as live)."""
         try:
-            return _time_ms(await self._in.call(b"TIME"))
+            return time_ms(await self._in.call(b"TIME"))
         except ResponseError:  # unknown command, NOPERM; a connection error is raised
             return None
 
@@ -469,10 +359,10 @@ class RouteSync:
         held = 0
         for _, raw in reply or ():  # type: ignore[attr-defined]
             held += len(raw)
-            newest = _ms(raw[-1][0])
+            newest = entry_ms(raw[-1][0])
             own = self._member
             for entry_id, flat in raw:
-                key = _key(entry_id)
+                key = entry_key(entry_id)
                 if key <= self._last_key:
                     continue  # applied by the other loop's read
                 self._last_id, self._last_key = entry_id, key
@@ -531,7 +421,7 @@ class RouteSync:
         start, and learn the new server's clock afresh."""
         if not isinstance(own_id, bytes):
             return
-        key, last = _key(own_id), self._last_own
+        key, last = entry_key(own_id), self._last_own
         self._last_own = key
         if key < last:
             log.warning("shared routing state: the stream restarted behind the last entry "
@@ -555,24 +445,4 @@ class RouteSync:
             cause += f": {self.key.decode()} is not a stream (delete it)"
         self.reach.failed(cause)
         self.stats.up = False
-        self._resend_all = True
-
-
-_NONE = ReplicaLoad(-1)  # "never published"
-
-
-def _time_ms(reply: object) -> int:
-    """Redis's clock in milliseconds from its TIME reply (RESP2: ``[b"<s>", b"<us>"]``)."""
-    seconds, micros = cast("list[bytes]", reply)
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
-def _ms(entry_id: bytes) -> int:
-    """The Redis-clock milliseconds of a stream entry id (``<ms>-<seq>``)."""
-    return int(entry_id.split(b"-", 1)[0])
-
-
-def _key(entry_id: bytes) -> tuple[int, int]:
-    """A stream entry id as numbers, in the stream's order."""
-    ms, _, seq = entry_id.partition(b"-")
-    return int(ms), int(seq or 0)
+        self._load.resend_all = True

@@ -16,7 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from gateway.fleet.records import encode
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import RequestFeatures
@@ -244,7 +245,7 @@ async def test_a_busy_gateway_reads_with_its_batches_once_per_interval(redis_url
     sync._in.call = read  # type: ignore[method-assign]
     sync._out.pipeline = pipeline  # type: ignore[method-assign]
     async with _running(redis_url, sync) as r:
-        await _until(lambda: sync._published != {})  # our load is out: the publisher reads
+        await _until(lambda: sync._load.published != {})  # our load is out: the publisher reads
         await asyncio.sleep(2 * interval)
         before = dict(calls)
         t0 = time.monotonic()
@@ -323,7 +324,7 @@ async def test_stop_ends_the_loops_even_if_a_cancellation_is_swallowed(redis_url
 
     sync._out.pipeline = pipeline  # type: ignore[method-assign]
     await sync.start()
-    await _until(lambda: sync._published != {})
+    await _until(lambda: sync._load.published != {})
     loops = list(sync._tasks)
     t0 = time.monotonic()
     await asyncio.wait_for(sync.stop(), 5.0)

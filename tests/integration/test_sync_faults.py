@@ -15,7 +15,8 @@ import redis.asyncio as aioredis
 
 from gateway.fleet.link import Link
 from gateway.fleet.records import encode
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from routing.peers import ReplicaLoad
 from routing.router import Router, RouterConfig
 from routing.types import RequestFeatures

@@ -16,7 +16,8 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from gateway.fleet.records import decode, encode
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures

@@ -21,7 +21,8 @@ import redis as sync_redis
 import redis.asyncio as aioredis
 
 from gateway.errors import StoreUnreachable
-from gateway.fleet.sync import RouteSync, SyncSettings
+from gateway.fleet.settings import SyncSettings
+from gateway.fleet.sync import RouteSync
 from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gateway.fleet.sync import MIN_WINDOW_S, RouteSync, SyncSettings
+from gateway.fleet.settings import MIN_WINDOW_S, SyncSettings
+from gateway.fleet.sync import RouteSync
 from routing.peers import RouteRecord
 from routing.router import Router, RouterConfig
 from routing.types import ReplicaView, RequestFeatures
