@@ -57,7 +57,6 @@ class ProxiedRequest:
         "relayed",
         "replica",
         "req_id",
-        "up_id",
         "route",
         "spilled",
         "sse",
@@ -72,6 +71,7 @@ class ProxiedRequest:
         "tenant_id",
         "tier",
         "ttft",
+        "up_id",
         "usage",
         "used",
     )
