@@ -191,7 +191,11 @@ class Preparer:
         for (an embedding has none), the output at most what fits beside the prompt in the
         model's context where it is known (`Planner.context_len`: a ``max_tokens`` of
         100000 on a 4096-token model reserved 100000, and the tenant's next requests were
-        refused while it ran), settled with the real usage when the request ends."""
+        refused while it ran), settled with the real usage when the request ends. Nothing
+        for a tenant without a TPM limit: nothing reads it there, and the context lookup
+        cost every request of such a tenant."""
+        if principal.limits.tpm is None:
+            return 0
         expected = 0 if kind == "embeddings" else self._expected
         context = self.planner.context_len(principal, parsed.model)
         return int(asked_tokens(parsed, parsed.prompt_tokens, expected, context))

@@ -115,7 +115,7 @@ class Proxy:
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         head = scan_headers(scope["headers"], self._new_id)
-        req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter())
+        req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter(), head.up_id)
         if head.origin is not None and self.cors is not None:
             req.cors = self.cors.allowed(head.origin) or ()
         try:
@@ -134,7 +134,8 @@ class Proxy:
     async def handle_stored(self, scope: Scope, receive: Receive, send: Send) -> None:
         """``GET /v1/responses/{id}`` (``?stream=true``: as a stream), ``POST
         /v1/responses/{id}/cancel``: to its replica."""
-        req_id, declared, token, _, _ = scan_headers(scope["headers"], self._new_id)
+        head = scan_headers(scope["headers"], self._new_id)
+        req_id, declared, token = head.req_id, head.declared, head.token
         if scope["method"] == "POST":  # a cancel takes no body: one is read (bounded, 413 past
             try:  # `server.max_body_bytes`, as any body, after the key's 401) and dropped
                 self.prep.authenticate(token)
@@ -188,7 +189,7 @@ class Proxy:
         order = [r for r in found if r is not None][: self._up.max_attempts]
         pool.budget.deposit()
         req.route = "spill" if req.spilled else decision.reason
-        headers = {**pool.headers, "X-Request-Id": req.req_id.decode("latin-1")}
+        headers = {**pool.headers, "X-Request-Id": req.up_id.decode("latin-1")}
         try:
             await self._tries(send, req, order, body, headers)
         finally:

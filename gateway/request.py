@@ -21,8 +21,8 @@ from gateway.timeouts import Canceller
 from routing.tokens import count_tokens
 from routing.types import RequestFeatures
 
-__all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "request_id",
-           "scan_headers"]
+__all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "replica_id",
+           "request_id", "scan_headers"]
 
 # 5xx a request ends with that ran no output for its client (`ProxiedRequest.refused`)
 _NO_OUTPUT = frozenset({500, 502, 503})
@@ -71,12 +71,16 @@ class ProxiedRequest:
         "tenant_id",
         "tier",
         "ttft",
+        "up_id",
         "usage",
         "used",
     )
 
-    def __init__(self, path: str, kind: str, req_id: bytes, t0: float) -> None:
+    def __init__(
+        self, path: str, kind: str, req_id: bytes, t0: float, up_id: bytes | None = None,
+    ) -> None:
         self.path, self.kind, self.req_id, self.t0 = path, kind, req_id, t0
+        self.up_id = req_id if up_id is None else up_id  # the replica's (`replica_id`)
         self.route = "none"
         self.replica = "none"
         self.target: Replica | None = None  # the replica of the current attempt
@@ -225,6 +229,7 @@ class Head(NamedTuple):
     """What the proxied routes read of a request's headers (`scan_headers`)."""
 
     req_id: bytes
+    up_id: bytes  # the X-Request-Id its replica is sent (`replica_id`)
     declared: int | None  # Content-Length
     token: str | None  # the API key presented (`gateway.apikey`)
     origin: bytes | None  # a browser's request (gateway/cors)
@@ -252,8 +257,9 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
             origin = value
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
-    return Head(request_id(req_id, new_id), declared, token if token is not None else alt,
-                origin, encoded)
+    own = request_id(req_id, new_id)
+    return Head(own, replica_id(own, req_id, new_id), declared,
+                token if token is not None else alt, origin, encoded)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
@@ -262,3 +268,14 @@ def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
     if not sent or len(sent) > 128 or not sent.isascii():
         return new_id()
     return sent
+
+
+def replica_id(req_id: bytes, sent: bytes, new_id: Callable[[], bytes]) -> bytes:
+    """The X-Request-Id a replica is sent for the request (both edges). vLLM takes it for its
+    own request id (the answer's ``id`` is ``chatcmpl-<it>``), and an engine from before vLLM
+    made those unique inside refuses a request whose id one still running has ("Request id
+    ... already running", a 400) or mixes their outputs. A client's id (`req_id` is `sent`)
+    may be on two requests at once -- two clients, a retry with a fixed id, an SDK's parallel
+    calls --: it goes with a new kvgate id appended (unique across processes: a random
+    prefix), so it still leads the replica's logs; kvgate's own id is unique as it is."""
+    return req_id + b"-" + new_id() if req_id == sent else req_id

@@ -158,15 +158,19 @@ _MAX_RETRY_AFTER_S = 3_600
 
 
 def retry_seconds(sent: str | None) -> int | None:
-    """A Retry-After header's seconds when it is a plain number, capped at an hour (the SDKs
-    wait what it says); None otherwise (absent, an HTTP date, a fraction). Only ASCII digits
-    are a number (``str.isdigit`` takes ``²``, which `int` refuses), and a long one is the cap
-    without `int` (which refuses over 4300 digits): a replica's header never makes the
-    client's answer a 500."""
+    """A Retry-After header's seconds when it is a positive whole number, capped at an hour
+    (the SDKs wait what it says); None otherwise (absent, an HTTP date, a fraction, a negative
+    number, garbage): the usual back-off then. ``0`` is None too: taken as said, the replica
+    got no back-off at all and was asked again at once, request after request, and the
+    client was told to retry at once. Only ASCII digits are a number (``str.isdigit`` takes
+    ``²``, which `int` refuses), and a long one is the cap without `int` (which refuses over
+    4300 digits): a replica's header never makes the client's answer a 500."""
     sent = (sent or "").strip()
     if not (sent.isascii() and sent.isdigit()):
         return None
-    digits = sent.lstrip("0") or "0"
+    digits = sent.lstrip("0")
+    if not digits:
+        return None
     if len(digits) > len(str(_MAX_RETRY_AFTER_S)):
         return _MAX_RETRY_AFTER_S
     return min(int(digits), _MAX_RETRY_AFTER_S)

@@ -23,7 +23,7 @@ from gateway.errors import (
 )
 from gateway.paths import canonical
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
-from gateway.request import ProxiedRequest, request_id
+from gateway.request import ProxiedRequest, replica_id, request_id
 from gateway.stored import (
     match_stored,
     wants_stream,
@@ -70,7 +70,8 @@ class RequestSide(ExchangeState):
         if kind is None or method != "POST":
             return [self._not_proxied(path, method, token)]  # (no x-request-id, as there)
         req_id = self._req_id = request_id(sent_id, core.new_id)
-        req = self.req = ProxiedRequest(path, kind, req_id, self._t0)
+        req = self.req = ProxiedRequest(path, kind, req_id, self._t0,
+                                        replica_id(req_id, sent_id, core.new_id))
         hint = wire.subset_hint(msg)
         self._subset = frozenset(map(replica_key, hint)) if hint is not None else None
         try:
@@ -141,7 +142,7 @@ class RequestSide(ExchangeState):
             set_headers.append((wire.WHOLE, b"1"))
         # the body is JSON (parsed, rewritten): said so whatever the client declared (curl's
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
-        set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.req_id),
+        set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.up_id),
                         ("content-type", b"application/json")]
         if self._slashed:  # vLLM would redirect: the route's own path (ext_proc may set :path)
             set_headers.append((":path", self._slashed))

@@ -35,6 +35,7 @@ from loadtest.doctor_scenarios import (
 )
 from loadtest.fleet import free_port
 from tests.support.procs import ROOT
+from tests.unit.doctor.test_report import documented_keys
 
 pytestmark = pytest.mark.slow
 
@@ -346,7 +347,10 @@ def test_a_quiet_fleet_is_healthy_with_its_cache_return_per_tenant() -> None:
         assert "worst: ok" in text.stdout and "healthy" in text.stdout
         assert "a restart starts a new history" in text.stdout
         machine = _cli("--url", run.base, "--window", "5s", "--json")
-        assert json.loads(machine.stdout)["object"] == "doctor"
+        printed = json.loads(machine.stdout)
+        assert printed["object"] == "doctor"
+        assert list(printed) == documented_keys("report")  # docs/doctor.md names them
+        assert list(printed["findings"][0]) == documented_keys("finding")
         # the whole history: seconds have passed since the load ended (two CLIs above)
         cache = _cli("--url", run.base, "--window", "10m", "--cache")
         assert "caching pays" in cache.stdout and "little reuse" in cache.stdout

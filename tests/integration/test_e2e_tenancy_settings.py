@@ -61,7 +61,8 @@ def chat(client: openai.OpenAI, **kw: Any) -> Any:
 
 def _sent(sim: str, request_id: str) -> dict[str, Any]:
     for item in httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]:
-        if item["headers"].get("x-request-id") == request_id:
+        sent = item["headers"].get("x-request-id", "")  # a client's: kvgate's id appended
+        if sent == request_id or sent.startswith(f"{request_id}-"):
             body: dict[str, Any] = item["body"]
             return body
     raise AssertionError(f"request {request_id} never reached the replica")

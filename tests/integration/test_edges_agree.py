@@ -19,6 +19,7 @@ X-Request-Id the test sends.
 from __future__ import annotations
 
 import gzip
+import re
 import socket
 import threading
 import time
@@ -59,9 +60,11 @@ class Edges:
     sim: str
 
     def seen(self, request_id: str) -> dict[str, Any] | None:
-        """The replica's record of the request with this id, if it got there."""
+        """The replica's record of the request with this id (a client's, with kvgate's
+        appended: `gateway.request.replica_id`), if it got there."""
         for item in httpx.get(f"{self.sim}/sim/requests", timeout=5).json()["requests"]:
-            if item["headers"].get("x-request-id") == request_id:
+            sent = item["headers"].get("x-request-id", "")
+            if sent == request_id or sent.startswith(f"{request_id}-"):
                 return dict(item)
         return None
 
@@ -673,9 +676,11 @@ def test_stored_answers_carry_the_request_id(edges: Edges, edge: str) -> None:
 
 @pytest.mark.parametrize("edge", EDGES)
 def test_a_request_id_is_echoed_else_made_in_one_format(edges: Edges, edge: str) -> None:
-    """A client's sane x-request-id is echoed and sent to the replica; otherwise (none, or one
-    over 128 bytes) kvgate makes one -- 32 hex digits at both edges (Envoy used to make its
-    own, a UUID, which the picker took for the client's)."""
+    """A client's sane x-request-id is echoed and sent to the replica with a kvgate id
+    appended (two requests may share a client's id: `gateway.request.replica_id`); otherwise
+    (none, or one over 128 bytes) kvgate makes one -- 32 hex digits at both edges (Envoy used
+    to make its own, a UUID, which the picker took for the client's) -- and sends it as it
+    is."""
     base = _base(edges, edge)
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
     sent = f"mine-{uuid.uuid4().hex}"
@@ -684,11 +689,15 @@ def test_a_request_id_is_echoed_else_made_in_one_format(edges: Edges, edge: str)
         resp = httpx.post(f"{base}/v1/completions", json=body, headers=headers, timeout=10)
         assert resp.status_code == 200, resp.text
         rid = resp.headers["x-request-id"]
+        seen = edges.seen(rid)
+        assert seen is not None
         if echoed:
             assert rid == sent
+            assert re.fullmatch(f"{sent}-[0-9a-f]{{32}}", seen["headers"]["x-request-id"])
+            assert resp.json()["id"] == f"cmpl-{seen['headers']['x-request-id']}"
         else:
             assert len(rid) == 32 and int(rid, 16) >= 0, rid
-        assert edges.seen(rid) is not None  # the replica got the same id
+            assert seen["headers"]["x-request-id"] == rid
 
 
 @pytest.mark.parametrize("edge", EDGES)

@@ -73,11 +73,35 @@ def test_a_replicas_retry_after_sets_its_back_off(
             assert limited.posts == 1
 
 
+@pytest.mark.parametrize("said", ["0", "-2", "whenever", "Wed, 21 Oct 2015 07:28:00 GMT"],
+                         ids=["zero", "negative", "garbage", "past-date"])
+def test_a_retry_after_of_zero_or_unusable_gets_the_usual_back_off(
+    sim_factory: Callable[..., tuple[Proc, str]], said: str,
+) -> None:
+    """``Retry-After: 0`` was taken as said: no back-off at all, so round robin sent the
+    limited replica every other request. It (and garbage) gets the usual back-off now, here
+    5 s: the replica is asked once in the run."""
+    _, sim = sim_factory(model=MODEL)
+    with BadReplica(MODEL, answer=_too_many(said)) as limited:
+        gw, base = gateway_proc(
+            upstreams=[limited.url, sim], args=["--policy", "round_robin"],
+            env={"KVGATE_HEALTH__BUSY_BACKOFF_S": "5", "KVGATE_HEALTH__BUSY_BACKOFF_MAX_S": "30"})
+        with gw:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=15)
+            for i in range(8):
+                answer = client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"hi {i}"}], max_tokens=2)
+                assert answer.status_code == 200
+            assert limited.posts == 1
+
+
 @pytest.mark.parametrize(("said", "relayed"), [
     ((None, None), "1"),  # neither said: their back-offs end within a second
     (("7", None), "1"),  # the other one may take it within a second
     (("30", "7"), "7"),  # the soonest either said
-], ids=["none", "one", "both"])
+    (("0", "0"), "1"),  # "at once" is the usual back-off's second, not "0" (a retry loop)
+    (("-1", "soon"), "1"),  # neither is a number of seconds
+], ids=["none", "one", "both", "zero", "garbage"])
 def test_every_replica_answering_429_gives_the_soonest_retry_after(
     said: tuple[str | None, str | None], relayed: str,
 ) -> None:

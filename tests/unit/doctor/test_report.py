@@ -88,6 +88,24 @@ def _report(**overrides: Any) -> dict[str, Any]:
     return doctor.build(list(h.ticks), 20.0)
 
 
+def documented_keys(table: str) -> list[str]:
+    """The keys of one of docs/doctor.md's JSON key tables (``<!-- json keys: NAME -->``)."""
+    text = (ROOT / "docs" / "doctor.md").read_text()
+    m = re.search(rf"<!-- json keys: {table} -->\n(.*?)\n\n", text, re.S)
+    assert m is not None, table
+    return re.findall(r"^\| `([a-z_]+)` \|", m.group(1), re.M)
+
+
+def test_docs_name_the_json_reports_keys_as_the_code_gives_them() -> None:
+    """`kvgate doctor --json` prints the report as built here; its keys were documented
+    nowhere (a script had to guess them from one output)."""
+    report = _report()
+    assert documented_keys("report") == list(report)
+    finding = report["findings"][0]
+    assert documented_keys("finding") == list(finding)
+    assert documented_keys("evidence") == list(finding["evidence"][0])
+
+
 def test_a_whole_report_is_json_without_nan_and_renders() -> None:
     report = _report()
     text = json.dumps(report, allow_nan=False)  # NaN (unknown) went out as null
