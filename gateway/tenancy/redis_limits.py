@@ -1,8 +1,10 @@
 """Admission shared by every gateway replica: one Lua script, one round trip per request.
 
-Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, and a sorted
-set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry. Time is Redis's own
-clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
+Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted
+set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
+``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
+marked for a lease TTL or until its settle takes the mark away in its own call. Time is
+Redis's own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
 `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
 that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled or
 unreachable) is kept and retried as soon as Redis answers again -- by the tenant's next
@@ -12,9 +14,11 @@ for a lease TTL after a stall. So is the lease of an admission that failed: a st
 up on it and admitted the request on its per-process fallback, and nobody would hold or release
 that lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
 picker while its admission waited on a slow Redis) also gives its TPM reservation back when its
-lease is found in Redis, which tells that the script ran (a tenant with a concurrency limit;
-without one nothing tells): the request never reached a replica, and kept its whole reservation
-charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s).
+lease is found in Redis, which tells that the script ran (without a concurrency limit, its
+reservation's mark tells): the request never reached a replica, and kept its whole reservation
+charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s). Found later than a
+lease TTL, nothing is given back (the bucket has refilled much of it by then). A settle runs in
+a task of its own, so one whose caller is cancelled before it was sent is still made.
 While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
@@ -38,6 +42,7 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 __all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
 
 RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
+SETTLE_WAIT_S = 2.0  # how long `close` waits for settles still on their way to Redis
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +50,18 @@ _NOW = (
     "local now = tonumber(ARGV[1]) "
     "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
 )
-# KEYS[1] bucket hash, KEYS[2] lease zset.
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset.
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
 # peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
 # `_RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
+# A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
+# id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 _ADMIT = (
     _NOW
     + """
 for i = 9, #ARGV, 3 do
-  if redis.call('ZREM', KEYS[2], ARGV[i]) == 1 and tonumber(ARGV[i + 1]) > 0 then
+  if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
+      and tonumber(ARGV[i + 1]) > 0 then
     local t = tonumber(redis.call('HGET', KEYS[1], 't'))
     if t then
       redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[i + 2]), t + tonumber(ARGV[i + 1])))
@@ -86,6 +94,10 @@ if reason == '' then
   if conc > 0 then
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+  elseif tpm > 0 and est > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    redis.call('ZADD', KEYS[3], now + ttl, ARGV[6])
+    redis.call('PEXPIRE', KEYS[3], math.ceil(ttl * 1000) + 1000)
   end
 end
 if rpm > 0 then redis.call('HSET', KEYS[1], 'r', r) else redis.call('HDEL', KEYS[1], 'r') end
@@ -95,17 +107,20 @@ redis.call('PEXPIRE', KEYS[1], 61000)
 return {reason, tostring(retry), tostring(r), tostring(t)}
 """
 )
-# KEYS[1] bucket hash; ARGV[1] extra tokens to charge (may be negative), ARGV[2] tpm.
+# KEYS[1] bucket hash, KEYS[2] reservation zset; ARGV[1] extra tokens to charge (may be
+# negative), ARGV[2] tpm, ARGV[3] the reservation's mark ('' for none).
 _SETTLE = """
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
 local t = tonumber(redis.call('HGET', KEYS[1], 't'))
 if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
 return 1
 """
-# KEYS[1] bucket hash, KEYS[2] lease zset; ARGV[1] lease id, ARGV[2] tokens reserved at its
-# admission, ARGV[3] tpm. A lease that was still there was taken by an admission nobody used:
-# its reservation is given back too.
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset; ARGV[1] lease id,
+# ARGV[2] tokens reserved at its admission, ARGV[3] tpm. A lease (or a reservation's mark)
+# that was still there was taken by an admission nobody used: its reservation is given back.
 _RELEASE = """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and tonumber(ARGV[2]) > 0 then
+if (redis.call('ZREM', KEYS[2], ARGV[1]) == 1 or redis.call('ZREM', KEYS[3], ARGV[1]) == 1)
+    and tonumber(ARGV[2]) > 0 then
   local t = tonumber(redis.call('HGET', KEYS[1], 't'))
   if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
 end
@@ -149,6 +164,7 @@ class RedisRateLimiter(RateLimiter):
         # admission's outcome is unknown
         self._unreleased: dict[str, tuple[str, int, int]] = {}
         self._wrong_type: dict[str, str] = {}  # tenant id -> its bucket, said in the log
+        self._settling: set[asyncio.Task[object]] = set()  # settles on their way to Redis
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
@@ -173,6 +189,8 @@ class RedisRateLimiter(RateLimiter):
                 task.cancel()
                 await asyncio.wait({task}, timeout=0.5)
         self._renewer = self._retrier = None
+        if self._settling:  # the last requests' usage (each call bounded by its socket timeout)
+            await asyncio.wait(set(self._settling), timeout=SETTLE_WAIT_S)
 
     @property
     def unreleased(self) -> int:
@@ -193,10 +211,11 @@ class RedisRateLimiter(RateLimiter):
         stalled = [(lid, held) for lid, held in self._unreleased.items() if held[0] == tenant_id]
         lease_id = secrets.token_hex(8)
         bucket = self._bucket(tenant_id)
+        tpm = limits.tpm or 0
         args: list[str | int | float] = [
             self._now(),
             limits.rpm or 0,
-            limits.tpm or 0,
+            tpm,
             limits.max_concurrency or 0,
             tokens,
             lease_id,
@@ -207,15 +226,15 @@ class RedisRateLimiter(RateLimiter):
             args += [lid, reserved, tpm]
         try:
             with redis_unavailable():
-                reason, retry, r, t = await self._admit(
-                    keys=[bucket, bucket + ":leases"], args=args)
+                reason, retry, r, t = await self._admit(keys=self._keys(tenant_id), args=args)
         except (StoreUnreachable, asyncio.CancelledError) as exc:
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
             # Redis may still take the lease (a client that left cancels the request while
-            # its script runs): free it, or it holds the tenant's slot until its TTL
-            if limits.max_concurrency and not peek:
-                self._unreleased[lease_id] = (tenant_id, tokens, limits.tpm or 0)
+            # its script runs): free it, or it holds the tenant's slot until its TTL; and
+            # give back its reservation (found by its lease, or by its mark without one)
+            if not peek and (limits.max_concurrency or (tpm and tokens > 0)):
+                self._unreleased[lease_id] = (tenant_id, tokens, tpm)
                 self._retry_wake.set()
             raise
         if self._wrong_type.pop(tenant_id, None) is not None:
@@ -229,7 +248,7 @@ class RedisRateLimiter(RateLimiter):
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
-        return build_admission(
+        admission = build_admission(
             tenant_id,
             limits,
             reason or None,
@@ -240,16 +259,36 @@ class RedisRateLimiter(RateLimiter):
             lease,
             self,
         )
+        if not reason and not peek and lease is None and tpm and tokens > 0:
+            admission.reservation_id = lease_id  # marked by the script
+        return admission
+
+    def _keys(self, tenant_id: str) -> list[str]:
+        """A tenant's bucket, lease and reservation keys (one cluster slot)."""
+        bucket = self._bucket(tenant_id)
+        return [bucket, bucket + ":leases", bucket + ":reserved"]
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
+        """In a task of its own, which a cancelled caller does not stop: marked settled here,
+        a settle cancelled before it was sent (waiting for a connection) was never made, and
+        the reservation stayed charged until the bucket refilled."""
         if admission.settled or not admission.allowed or not admission.limit_tokens:
             return
         admission.settled = True
         extra = used_tokens - admission.reserved_tokens
+        bucket = self._bucket(admission.tenant_id)
+        task: asyncio.Task[object] = asyncio.ensure_future(self._settle(
+            keys=[bucket, bucket + ":reserved"],
+            args=[extra, admission.limit_tokens, admission.reservation_id or ""]))
+        self._settling.add(task)
+        task.add_done_callback(self._settled)
         with redis_unavailable():
-            await self._settle(
-                keys=[self._bucket(admission.tenant_id)], args=[extra, admission.limit_tokens]
-            )
+            await asyncio.shield(task)
+
+    def _settled(self, task: asyncio.Task[object]) -> None:
+        self._settling.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen: its caller may have gone (a failure is its caller's)
 
     async def release(self, admission: Admission) -> None:
         if admission.released or admission.lease_id is None:
@@ -277,9 +316,8 @@ class RedisRateLimiter(RateLimiter):
         with redis_unavailable():
             async with self._r.pipeline(transaction=False) as pipe:
                 for lease_id, (tenant, tokens, tpm) in pending:
-                    bucket = self._bucket(tenant)
-                    await self._release(keys=[bucket, bucket + ":leases"],
-                                        args=[lease_id, tokens, tpm], client=pipe)
+                    await self._release(keys=self._keys(tenant), args=[lease_id, tokens, tpm],
+                                        client=pipe)
                 results = await pipe.execute(raise_on_error=False)
         refused = [res for res in results if isinstance(res, Exception)]
         for (lease_id, _), res in zip(pending, results, strict=True):
@@ -296,10 +334,10 @@ class RedisRateLimiter(RateLimiter):
         """Once per tenant (until its keys work): this is no outage, but a key to delete."""
         if tenant_id not in self._wrong_type:
             self._wrong_type[tenant_id] = bucket
-            log.error("rate limits of tenant %s: Redis refused its keys %s and %s:leases "
-                      "(WRONGTYPE: written by hand or another application?); it is admitted on "
-                      "per-process limits until they are deleted", tenant_id, bucket, bucket,
-                      extra={"tenant": tenant_id})
+            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases and "
+                      "%s:reserved (WRONGTYPE: written by hand or another application?); it is "
+                      "admitted on per-process limits until they are deleted", tenant_id,
+                      bucket, bucket, bucket, extra={"tenant": tenant_id})
 
     async def _retry_loop(self) -> None:
         while True:
