@@ -1,15 +1,15 @@
 """Admission shared by every gateway replica: one Lua script, one round trip per request.
 
-Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted
-set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
+Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted set
+``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
-marked for a lease TTL or until its settle takes the mark away in its own call. Time is
-Redis's own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
-`lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
-that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled or
-unreachable) is kept and retried as soon as Redis answers again -- by the tenant's next
-admission, in its own script call, and by a background retry -- so a tenant is not locked out
-for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
+marked for a lease TTL or until its settle takes the mark away in its own call. Time is Redis's
+own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire
+after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a
+gateway that dies frees its tenants' concurrency within one TTL. A release that fails (Redis
+stalled or unreachable) is kept and retried as soon as Redis answers again -- by the tenant's
+next admission, in its own script call, and by a background retry -- so a tenant is not locked
+out for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
 (paused, a long fork) still runs the script it had read when it wakes, after this process gave
 up on it and admitted the request on its per-process fallback, and nobody would hold or release
 that lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
