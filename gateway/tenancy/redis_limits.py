@@ -16,9 +16,11 @@ that lease. Such an admission (failed, or cancelled while Redis ran it: a client
 picker while its admission waited on a slow Redis) also gives its TPM reservation back when its
 lease is found in Redis, which tells that the script ran (without a concurrency limit, its
 reservation's mark tells): the request never reached a replica, and kept its whole reservation
-charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s). Found later than a
-lease TTL, nothing is given back (the bucket has refilled much of it by then). A settle runs in
-a task of its own, so one whose caller is cancelled before it was sent is still made.
+charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s). A mark lives about a
+lease TTL (pruned by the tenant's next marking admission, its key expiring a second after the
+last); found later, nothing is given back (the bucket has refilled much of it by then). A
+settle runs in a task of its own, so one whose caller is cancelled before it was sent is still
+made.
 While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
