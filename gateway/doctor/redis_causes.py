@@ -23,7 +23,8 @@ REFUSED: dict[str, tuple[str, str]] = {
         "Redis refuses kvgate's commands on a key of kvgate's that holds another type "
         "(WRONGTYPE): something else wrote under tenancy.namespace",
         "delete the key the gateway's log names (\"<key> is a <type>, not a <type>\"; kvgate "
-        "makes it again) and keep other writers off tenancy.namespace"),
+        "makes it again; a generation counter that \"is not an integer\": set it as the log "
+        "says) and keep other writers off tenancy.namespace"),
     "noperm": (
         "Redis refuses kvgate's commands: the ACL user in KVGATE_REDIS_URL lacks a permission "
         "kvgate needs (NOPERM)",

@@ -4,16 +4,23 @@ WRONGTYPE is no outage: another application or an operator wrote under `tenancy.
 and Redis's reply does not say which key. Retrying will not cure it; deleting the key (or
 moving the other writer) will, so the log names it. Only the namespace's fixed keys are
 checked (one round trip); a tenant's own keys are named where they are used (rate limits).
+The generation counter holding a string that is no integer counts as a key of the wrong
+type (`redis_records.counter`); it is not to be deleted (a counter back at 0 reads as an
+emptied store: the gateways serve their last state, degraded, until the next write): the log
+says what to set it to.
 """
 
 from __future__ import annotations
 
+import re
+
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["EXPECTED", "WRONG_TYPE", "misplaced", "name_wrong_types"]
+__all__ = ["EXPECTED", "INTEGER", "WRONG_TYPE", "misplaced", "name_wrong_types"]
 
 WRONG_TYPE = "server replied WRONGTYPE"  # `redis_conn.failure_cause` of that reply
+INTEGER = re.compile(r"0|-?[1-9][0-9]*")  # what INCR counts on (`redis_scripts._GUARD`)
 
 EXPECTED = {
     "tenants": "hash", "keys": "hash", "policy": "hash", "salt_groups": "hash",
@@ -24,15 +31,24 @@ EXPECTED = {
 
 
 async def misplaced(client: aioredis.Redis, namespace: str) -> list[str]:
-    """``"<key> is a <type>, not a <type>"`` for each fixed key of another type."""
+    """``"<key> is a <type>, not a <type>"`` for each fixed key of another type, and
+    ``"<ns>:gen is not an integer (SET it to <n>, ...)"``."""
     names = [f"{namespace}:{part}" for part in EXPECTED]
+    gen, journal = f"{namespace}:gen", f"{namespace}:journal"
     async with client.pipeline(transaction=False) as pipe:
         for name in names:
             pipe.type(name)
-        found = await pipe.execute()
-    return [f"{name} is a {_text(got)}, not a {want}"
-            for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
-            if _text(got) not in ("none", want)]
+        pipe.get(gen)
+        pipe.lindex(journal, 0)
+        *found, counter, head = await pipe.execute(raise_on_error=False)
+    wrong = [f"{name} is a {_text(got)}, not a {want}"
+             for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
+             if _text(got) not in ("none", want)]
+    if isinstance(counter, str | bytes) and not INTEGER.fullmatch(_text(counter)):
+        newest = re.match(r"[0-9]+ ", _text(head)) if isinstance(head, str | bytes) else None
+        at = f"SET it to {int(newest[0]) + 1}, past" if newest else "SET it to an integer past"
+        wrong.append(f"{gen} is not an integer ({at} the newest generation in {journal})")
+    return wrong
 
 
 async def name_wrong_types(client: aioredis.Redis, namespace: str, cause: str) -> str:

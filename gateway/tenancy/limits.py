@@ -58,6 +58,8 @@ class Admission:
     reserved_tokens: int = 0
     tokens_level: float = 0.0  # the token bucket right after admission (below 0: owed)
     lease_id: str | None = None
+    # a reservation without a lease: its mark in the shared store, taken away by `settle`
+    reservation_id: str | None = None
     degraded: bool = False  # admitted by per-process fallback limits
     owner: RateLimiter | None = field(default=None, repr=False, compare=False)
     settled: bool = False

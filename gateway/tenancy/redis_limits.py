@@ -1,20 +1,26 @@
 """Admission shared by every gateway replica: one Lua script, one round trip per request.
 
-Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, and a sorted
-set ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry. Time is Redis's own
-clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire after
-`lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a gateway
-that dies frees its tenants' concurrency within one TTL. A release that fails (Redis stalled or
-unreachable) is kept and retried as soon as Redis answers again -- by the tenant's next
-admission, in its own script call, and by a background retry -- so a tenant is not locked out
-for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
+Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted set
+``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
+``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
+marked for a lease TTL or until its settle takes the mark away in its own call. Time is Redis's
+own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire
+after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a
+gateway that dies frees its tenants' concurrency within one TTL. A release that fails (Redis
+stalled or unreachable) is kept and retried as soon as Redis answers again -- by the tenant's
+next admission, in its own script call, and by a background retry -- so a tenant is not locked
+out for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
 (paused, a long fork) still runs the script it had read when it wakes, after this process gave
 up on it and admitted the request on its per-process fallback, and nobody would hold or release
 that lease. Such an admission (failed, or cancelled while Redis ran it: a client leaving the
 picker while its admission waited on a slow Redis) also gives its TPM reservation back when its
-lease is found in Redis, which tells that the script ran (a tenant with a concurrency limit;
-without one nothing tells): the request never reached a replica, and kept its whole reservation
-charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s).
+lease is found in Redis, which tells that the script ran (without a concurrency limit, its
+reservation's mark tells): the request never reached a replica, and kept its whole reservation
+charged (``max_tokens`` 900 of a 1,000 TPM budget: 900 tokens for ~54 s). A mark lives about a
+lease TTL (pruned by the tenant's next marking admission, its key expiring a second after the
+last); found later, nothing is given back (the bucket has refilled much of it by then). A
+settle runs in a task of its own, so one whose caller is cancelled before it was sent is still
+made.
 While Redis does not answer, failed renewals are logged like the tenancy store's
 (`gateway.tenancy.reachability`): the first at once, then a line a minute, one on recovery.
 """
@@ -30,6 +36,7 @@ import redis.asyncio as aioredis
 
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
+from gateway.tenancy import redis_limit_scripts as scripts
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
@@ -38,93 +45,9 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 __all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
 
 RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
+SETTLE_WAIT_S = 2.0  # how long `close` waits for settles still on their way to Redis
 
 log = logging.getLogger(__name__)
-
-_NOW = (
-    "local now = tonumber(ARGV[1]) "
-    "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
-)
-# KEYS[1] bucket hash, KEYS[2] lease zset.
-# ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
-# peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
-# `_RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
-_ADMIT = (
-    _NOW
-    + """
-for i = 9, #ARGV, 3 do
-  if redis.call('ZREM', KEYS[2], ARGV[i]) == 1 and tonumber(ARGV[i + 1]) > 0 then
-    local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-    if t then
-      redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[i + 2]), t + tonumber(ARGV[i + 1])))
-    end
-  end
-end
-local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local est, ttl = tonumber(ARGV[5]), tonumber(ARGV[7])
-local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
-local dt = math.max(0, now - (tonumber(b[3]) or now))
-local r = 0
-local t = 0
-if rpm > 0 then r = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60) end
-if tpm > 0 then t = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60) end
-local inflight = 0
-if conc > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  inflight = redis.call('ZCARD', KEYS[2])
-end
-local reason = ''
-local retry = 0
-if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1
-elseif rpm > 0 and r < 1 then reason = 'rpm' retry = (1 - r) * 60 / rpm
-elseif tpm > 0 and t <= 0 then reason = 'tpm' retry = (1 - t) * 60 / tpm
-end
-if ARGV[8] == '1' then return {reason, tostring(retry), tostring(r), tostring(t)} end
-if reason == '' then
-  if rpm > 0 then r = r - 1 end
-  if tpm > 0 then t = t - est end
-  if conc > 0 then
-    redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
-    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
-  end
-end
-if rpm > 0 then redis.call('HSET', KEYS[1], 'r', r) else redis.call('HDEL', KEYS[1], 'r') end
-if tpm > 0 then redis.call('HSET', KEYS[1], 't', t) else redis.call('HDEL', KEYS[1], 't') end
-redis.call('HSET', KEYS[1], 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 61000)
-return {reason, tostring(retry), tostring(r), tostring(t)}
-"""
-)
-# KEYS[1] bucket hash; ARGV[1] extra tokens to charge (may be negative), ARGV[2] tpm.
-_SETTLE = """
-local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
-return 1
-"""
-# KEYS[1] bucket hash, KEYS[2] lease zset; ARGV[1] lease id, ARGV[2] tokens reserved at its
-# admission, ARGV[3] tpm. A lease that was still there was taken by an admission nobody used:
-# its reservation is given back too.
-_RELEASE = """
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 and tonumber(ARGV[2]) > 0 then
-  local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-  if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
-end
-return 1
-"""
-# KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
-# A key of another type (written by hand) is skipped: it would fail every tenant's renewal.
-_RENEW = (
-    _NOW
-    + """
-for i, key in ipairs(KEYS) do
-  if redis.call('TYPE', key)['ok'] == 'zset' then
-    redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
-    redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
-  end
-end
-return #KEYS
-"""
-)
 
 
 class RedisRateLimiter(RateLimiter):
@@ -140,15 +63,16 @@ class RedisRateLimiter(RateLimiter):
         self._ns = namespace
         self._ttl = lease_ttl_s
         self._clock = clock
-        self._admit = client.register_script(_ADMIT)
-        self._settle = client.register_script(_SETTLE)
-        self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
+        self._admit = client.register_script(scripts.ADMIT)
+        self._settle = client.register_script(scripts.SETTLE)
+        self._renew = client.register_script(scripts.RENEW)
+        self._release = client.register_script(scripts.RELEASE)
         self._live: dict[str, str] = {}  # lease id -> tenant id, renewed while live
         # lease id -> (tenant id, tokens to give back with it, tpm): release failed, or its
         # admission's outcome is unknown
         self._unreleased: dict[str, tuple[str, int, int]] = {}
         self._wrong_type: dict[str, str] = {}  # tenant id -> its bucket, said in the log
+        self._settling: set[asyncio.Task[object]] = set()  # settles on their way to Redis
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
@@ -173,6 +97,8 @@ class RedisRateLimiter(RateLimiter):
                 task.cancel()
                 await asyncio.wait({task}, timeout=0.5)
         self._renewer = self._retrier = None
+        if self._settling:  # the last requests' usage (each call bounded by its socket timeout)
+            await asyncio.wait(set(self._settling), timeout=SETTLE_WAIT_S)
 
     @property
     def unreleased(self) -> int:
@@ -193,10 +119,11 @@ class RedisRateLimiter(RateLimiter):
         stalled = [(lid, held) for lid, held in self._unreleased.items() if held[0] == tenant_id]
         lease_id = secrets.token_hex(8)
         bucket = self._bucket(tenant_id)
+        tpm = limits.tpm or 0
         args: list[str | int | float] = [
             self._now(),
             limits.rpm or 0,
-            limits.tpm or 0,
+            tpm,
             limits.max_concurrency or 0,
             tokens,
             lease_id,
@@ -207,15 +134,15 @@ class RedisRateLimiter(RateLimiter):
             args += [lid, reserved, tpm]
         try:
             with redis_unavailable():
-                reason, retry, r, t = await self._admit(
-                    keys=[bucket, bucket + ":leases"], args=args)
+                reason, retry, r, t = await self._admit(keys=self._keys(tenant_id), args=args)
         except (StoreUnreachable, asyncio.CancelledError) as exc:
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
             # Redis may still take the lease (a client that left cancels the request while
-            # its script runs): free it, or it holds the tenant's slot until its TTL
-            if limits.max_concurrency and not peek:
-                self._unreleased[lease_id] = (tenant_id, tokens, limits.tpm or 0)
+            # its script runs): free it, or it holds the tenant's slot until its TTL; and
+            # give back its reservation (found by its lease, or by its mark without one)
+            if not peek and (limits.max_concurrency or (tpm and tokens > 0)):
+                self._unreleased[lease_id] = (tenant_id, tokens, tpm)
                 self._retry_wake.set()
             raise
         if self._wrong_type.pop(tenant_id, None) is not None:
@@ -229,7 +156,7 @@ class RedisRateLimiter(RateLimiter):
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
-        return build_admission(
+        admission = build_admission(
             tenant_id,
             limits,
             reason or None,
@@ -240,16 +167,36 @@ class RedisRateLimiter(RateLimiter):
             lease,
             self,
         )
+        if not reason and not peek and lease is None and tpm and tokens > 0:
+            admission.reservation_id = lease_id  # marked by the script
+        return admission
+
+    def _keys(self, tenant_id: str) -> list[str]:
+        """A tenant's bucket, lease and reservation keys (one cluster slot)."""
+        bucket = self._bucket(tenant_id)
+        return [bucket, bucket + ":leases", bucket + ":reserved"]
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
+        """In a task of its own, which a cancelled caller does not stop: marked settled here,
+        a settle cancelled before it was sent (waiting for a connection) was never made, and
+        the reservation stayed charged until the bucket refilled."""
         if admission.settled or not admission.allowed or not admission.limit_tokens:
             return
         admission.settled = True
         extra = used_tokens - admission.reserved_tokens
+        bucket = self._bucket(admission.tenant_id)
+        task: asyncio.Task[object] = asyncio.ensure_future(self._settle(
+            keys=[bucket, bucket + ":reserved"],
+            args=[extra, admission.limit_tokens, admission.reservation_id or ""]))
+        self._settling.add(task)
+        task.add_done_callback(self._settled)
         with redis_unavailable():
-            await self._settle(
-                keys=[self._bucket(admission.tenant_id)], args=[extra, admission.limit_tokens]
-            )
+            await asyncio.shield(task)
+
+    def _settled(self, task: asyncio.Task[object]) -> None:
+        self._settling.discard(task)
+        if not task.cancelled():
+            task.exception()  # seen: its caller may have gone (a failure is its caller's)
 
     async def release(self, admission: Admission) -> None:
         if admission.released or admission.lease_id is None:
@@ -277,9 +224,8 @@ class RedisRateLimiter(RateLimiter):
         with redis_unavailable():
             async with self._r.pipeline(transaction=False) as pipe:
                 for lease_id, (tenant, tokens, tpm) in pending:
-                    bucket = self._bucket(tenant)
-                    await self._release(keys=[bucket, bucket + ":leases"],
-                                        args=[lease_id, tokens, tpm], client=pipe)
+                    await self._release(keys=self._keys(tenant), args=[lease_id, tokens, tpm],
+                                        client=pipe)
                 results = await pipe.execute(raise_on_error=False)
         refused = [res for res in results if isinstance(res, Exception)]
         for (lease_id, _), res in zip(pending, results, strict=True):
@@ -296,10 +242,10 @@ class RedisRateLimiter(RateLimiter):
         """Once per tenant (until its keys work): this is no outage, but a key to delete."""
         if tenant_id not in self._wrong_type:
             self._wrong_type[tenant_id] = bucket
-            log.error("rate limits of tenant %s: Redis refused its keys %s and %s:leases "
-                      "(WRONGTYPE: written by hand or another application?); it is admitted on "
-                      "per-process limits until they are deleted", tenant_id, bucket, bucket,
-                      extra={"tenant": tenant_id})
+            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases and "
+                      "%s:reserved (WRONGTYPE: written by hand or another application?); it is "
+                      "admitted on per-process limits until they are deleted", tenant_id,
+                      bucket, bucket, bucket, extra={"tenant": tenant_id})
 
     async def _retry_loop(self) -> None:
         while True:

@@ -1,6 +1,7 @@
 """Reading the Redis tenancy store's stored values (`redis_store`): a record that does not
 parse is left out and reported (`SkippedRecord`), never the whole load failed; salt-group
-epochs as HINCRBY writes them; the change journal's entries; pub/sub change messages."""
+epochs as HINCRBY writes them; the generation counter as INCR counts it; the change journal's
+entries; pub/sub change messages."""
 
 from __future__ import annotations
 
@@ -9,15 +10,28 @@ import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gateway.errors import UnreadableRecord
+from gateway.errors import StoreUnreachable, UnreadableRecord
+from gateway.tenancy.key_types import INTEGER, WRONG_TYPE
 from gateway.tenancy.models import AuditEntry, Change, PolicySnapshot, SkippedRecord
 from gateway.tenancy.store import policy_from_json
 
-__all__ = ["MAX_EPOCH", "audit_from_json", "changed_keys", "parse_change", "policy_from",
-           "read_epoch", "read_record", "readable_records", "skipped_record", "text", "texts",
-           "unreadable_policy"]
+__all__ = ["MAX_EPOCH", "audit_from_json", "changed_keys", "counter", "parse_change",
+           "policy_from", "read_epoch", "read_record", "readable_records", "skipped_record",
+           "text", "texts", "unreadable_policy"]
 
 T = TypeVar("T")
+
+
+def counter(raw: str | bytes | None) -> int:
+    """The generation counter (0 while absent). One that holds no integer (written by hand)
+    is a key of the wrong type (`StoreUnreachable` WRONGTYPE, as the scripts refuse it;
+    `key_types.misplaced` names it), not unreadable data: no reload or write can use it."""
+    if raw is None:
+        return 0
+    value = text(raw)
+    if INTEGER.fullmatch(value) is None:
+        raise StoreUnreachable(WRONG_TYPE)
+    return int(value)
 
 
 def changed_keys(

@@ -11,6 +11,15 @@ __all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "MARK_SEE
 # ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
 # changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
 _BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
+# Each script first checks the counter: one that holds no integer as INCR counts it (written
+# by hand) is refused with WRONGTYPE, as a key of another type, before anything is written
+# (INCR failed only after the script had written its record: not journaled, not published).
+# `redis_records.counter` is the same rule where the counter is read.
+_GUARD = (
+    "local g0 = redis.call('GET', KEYS[1]) "
+    "if g0 and g0 ~= '0' and not string.match(g0, '^-?[1-9]%d*$') then "
+    "return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not an integer') end "
+)
 JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
 
 
@@ -21,17 +30,17 @@ def _log(kind: str, name: str) -> str:
 
 
 CREATE = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] json
-    "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
+    _GUARD + "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
     + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
 CAS_TENANT = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
-    "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
+    _GUARD + "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
     "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
 DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
-    "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    _GUARD + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
     "local hs = redis.call('HVALS', KEYS[5]) "
     "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
     "redis.call('DEL', KEYS[5]) " + _BUMP
@@ -39,20 +48,20 @@ DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
     + _log("tenant", "ARGV[3]") + "return 1"
 )
 ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
-    "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
     "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
     + _BUMP + _log("key", "ARGV[5]")
     + "return 1"
 )
 REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
-    "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
+    _GUARD + "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
     "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
     + _log("key", "h") + "return 1"
 )
 # A version that is not a number (a corrupted record) counts as the generation counter, which
 # every write bumps: the next version is still past every one handed out before.
 PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
-    "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
+    _GUARD + "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
     "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
     "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
     "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
@@ -65,7 +74,7 @@ PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
 # its refusal (redis.pcall: an error reply, not a script failure) and a sign take the fresh
 # epoch.
 ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
-    "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
+    _GUARD + "local e = redis.call('HGET', KEYS[3], ARGV[3]) "
     "if e and string.match(e, '^%d+$') then e = redis.pcall('HINCRBY', KEYS[3], ARGV[3], 1) "
     "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
     "if type(e) ~= 'number' then "
@@ -83,7 +92,7 @@ ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
 # store restored since, the counter behind that generation): nothing written.
 RESTORE_LOST = (  # KEYS[3] the hash, KEYS[4..] each key's tkeys:<tenant> (keys only); ARGV[3]
     # the state's generation, ARGV[4] kind (tenant | key), then name, json(, key id) each
-    "if redis.call('HEXISTS', KEYS[3], '.') == 1 then return -1 end "
+    _GUARD + "if redis.call('HEXISTS', KEYS[3], '.') == 1 then return -1 end "
     "local since = tonumber(ARGV[3]) local now = tonumber(redis.call('GET', KEYS[1]) or '0') "
     f"if now < since or now - since > {JOURNAL_CAP} then return -2 end "
     "local journal = redis.call('LRANGE', KEYS[2], 0, -1) "

@@ -60,6 +60,7 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 from gateway.tenancy.redis_records import (
     audit_from_json,
     changed_keys,
+    counter,
     parse_change,
     policy_from,
     read_epoch,
@@ -402,7 +403,7 @@ class RedisStore(TenantStore):
     async def generation(self) -> int:
         with redis_unavailable():
             raw = await self._r.get(self._k("gen"))
-        return int(raw or 0)
+        return counter(raw)
 
     async def mark_seeded(self) -> None:
         mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
@@ -433,7 +434,7 @@ class RedisStore(TenantStore):
                         await pipe.watch(seeded, gen)
                         if await pipe.exists(seeded):
                             return False
-                        generation = max(int(await pipe.get(gen) or 0), snap.generation) + 1
+                        generation = max(counter(await pipe.get(gen)), snap.generation) + 1
                         mark = {"id": secrets.token_hex(8), "at": time.time(),
                                 "restored": snap.generation}
                         pipe.multi()  # type: ignore[no-untyped-call, unused-ignore]
@@ -494,7 +495,7 @@ class RedisStore(TenantStore):
                 gen, tenants, keys, policy, groups, head, present = await pipe.execute()
         self._key_records(records(keys))
         self._journal_head = None if head is None else text(head)
-        snap = self._snapshot(int(gen or 0), records(tenants), policy, groups)
+        snap = self._snapshot(counter(gen), records(tenants), policy, groups)
         if not present:
             return snap
         lost = frozenset(KINDS[name] for name, raw in (("tenants", tenants), ("keys", keys))
@@ -520,7 +521,7 @@ class RedisStore(TenantStore):
                 pipe.hgetall(self._k("policy"))
                 pipe.hgetall(self._k("salt_groups"))
                 gen, journal, tenants, policy, groups = await pipe.execute()
-        now = int(gen or 0)
+        now = counter(gen)
         entries = [text(e) for e in journal]
         hashes = changed_keys(entries, generation, now, self._journal_head)
         if hashes is None:
@@ -531,7 +532,7 @@ class RedisStore(TenantStore):
                     pipe.get(self._k("gen"))
                     pipe.hmget(self._k("keys"), hashes)
                     again, raws = await pipe.execute()
-            if int(again or 0) != now:
+            if counter(again) != now:
                 return None
             self._update_keys(dict(zip(hashes, raws, strict=True)))
         self._journal_head = entries[0]

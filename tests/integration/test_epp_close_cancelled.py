@@ -57,15 +57,19 @@ return 1
 
 
 @pytest.fixture
-def picker(redis_url: str) -> Iterator[tuple[EppProc, str, list[BadReplica]]]:
+def picker(
+    redis_url: str, request: pytest.FixtureRequest,
+) -> Iterator[tuple[EppProc, str, list[BadReplica]]]:
     """A picker over two replicas, polled healthy once (and not again), whose tenant may run
-    one request at a time (limits in Redis); a key of that tenant."""
+    one request at a time (limits in Redis; others as the test's parameter); a key of that
+    tenant."""
+    limits = getattr(request, "param", {"tpm": TPM, "max_concurrency": 1})
     health = {**FAST_HEALTH, "interval_s": 60, "eject_base_s": 60, "eject_max_s": 60}
     with BadReplica("m", end="close") as a, BadReplica("m", end="close") as b:
         config = {"pools": {"p": {"served_model": "m", "replicas": [a.url, b.url]}},
                   "models": {"llama": {"free": "p"}}, "health": health,
                   "epp": {"fallbacks": 1},
-                  "tiers": {"free": {"limits": {"tpm": TPM, "max_concurrency": 1}}},
+                  "tiers": {"free": {"limits": limits}},
                   "tenants": [{"id": "acme", "tier": "free"}]}
         env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
                "KVGATE_REDIS_URL": redis_url}
@@ -188,6 +192,8 @@ async def test_a_close_cancelled_while_redis_settles_runs_to_its_end(
         (await _admitted(stub, key)).cancel()  # the tenant's slot is free again
 
 
+@pytest.mark.parametrize("picker", [{"tpm": TPM, "max_concurrency": 1}, {"tpm": TPM}],
+                         ids=["leased", "tpm-only"], indirect=True)
 async def test_an_exchange_ended_while_redis_admits_it_gives_back_what_it_took(
     picker: tuple[EppProc, str, list[BadReplica]], redis_url: str,
 ) -> None:
@@ -195,7 +201,9 @@ async def test_an_exchange_ended_while_redis_admits_it_gives_back_what_it_took(
     request's admission waits on Redis: the script still runs when Redis answers, leasing
     the tenant's one slot and reserving the request's ``max_tokens`` 900 of its 1,000 TPM.
     The lease was freed; the reservation stayed charged until the bucket refilled (~54 s),
-    though the request never reached a replica. Both are given back."""
+    though the request never reached a replica. Both are given back; without a concurrency
+    limit (no lease to tell that the script ran) the reservation stayed charged: its mark
+    tells now."""
     epp, key, _ = picker
     async with grpc.aio.insecure_channel(epp.picker) as channel:
         stub = pb_grpc.ExternalProcessorStub(channel)

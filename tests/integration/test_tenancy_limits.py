@@ -269,3 +269,62 @@ async def test_an_admit_cancelled_while_redis_runs_it_gives_back_its_reservation
         assert left is not None and left < 600, left
     finally:
         await lim.close()
+
+
+async def test_an_admit_cancelled_while_redis_runs_it_gives_back_a_reservation_without_lease(
+    shared_redis: str,
+) -> None:
+    """The same for a tenant with a TPM limit and no concurrency limit: no lease tells
+    whether the cancelled admission's script ran, so its reservation stayed charged until the
+    bucket refilled. The script marks each reservation (with the lease's TTL) and the
+    admission's cleanup gives it back when the mark is found, once; an admission that goes on
+    takes its mark away with its settle, in the settle's own call."""
+    ns = f"t{secrets.token_hex(4)}"
+    lim = RedisRateLimiter(connect_redis(shared_redis), namespace=ns, lease_ttl_s=30)
+    check = aioredis.Redis.from_url(shared_redis)
+    limits = Limits(tpm=1000)
+    try:
+        await lim.settle(await lim.admit("t", limits, tokens=0), 0)  # the scripts are loaded
+        await _cancelled_behind_held_redis(shared_redis, lim.admit("t", limits, tokens=900))
+        assert await lim.release_pending() == 0
+        left = (await lim.peek("t", limits)).remaining_tokens
+        assert left is not None and left >= 990, left
+        assert await lim.release_pending() == 0  # given back once
+        assert (await lim.peek("t", limits)).remaining_tokens == left
+        # an admission settled as usual gives nothing back and leaves no mark behind, in the
+        # two calls it made before (its admission, its settle)
+        await check.config_resetstat()
+        used = await lim.admit("t", limits, tokens=500)
+        await lim.settle(used, 500)
+        await lim.release(used)
+        stats = await check.info("commandstats")
+        sent = {name: stat["calls"] for name, stat in stats.items()  # (not the scripts' own)
+                if name.startswith(("cmdstat_eval", "cmdstat_script"))}
+        assert sent == {"cmdstat_evalsha": 2}, sent
+        assert await check.zcard(f"{ns}:rl:{{t}}:reserved") == 0
+        left = (await lim.peek("t", limits)).remaining_tokens
+        assert left is not None and left < 600, left
+    finally:
+        await lim.close()
+        await check.aclose()
+
+
+async def test_a_settle_cancelled_before_it_reached_redis_is_still_made(
+    shared_redis: str,
+) -> None:
+    """The request's end cancelled while its settle waits for a connection to Redis (a new
+    one, whose handshake waits behind a busy Redis): the settle was never sent and, marked
+    done, never retried; the reservation (900 tokens of a 1,000 TPM budget, for a request
+    that used 10) stayed charged until the bucket refilled (~54 s). The settle runs in a
+    task of its own that the cancellation does not reach."""
+    client = connect_redis(shared_redis)
+    lim = RedisRateLimiter(client, namespace=f"t{secrets.token_hex(4)}", lease_ttl_s=30)
+    limits = Limits(tpm=1000)
+    try:
+        adm = await lim.admit("t", limits, tokens=900)
+        await client.connection_pool.disconnect()  # the settle's command needs a new one
+        await _cancelled_behind_held_redis(shared_redis, lim.finish(adm, 10))
+    finally:
+        await lim.close()  # waits for a settle still on its way
+    left = (await lim.peek("t", limits)).remaining_tokens
+    assert left is not None and left >= 980, left

@@ -84,9 +84,10 @@ async def test_one_tenant_of_the_wrong_type_keeps_the_others_on_redis(
         assert bad.remaining_requests == 2 and good.remaining_requests == 7
         lines = [m.getMessage() for m in caplog.records]
         assert lines == [
-            f"rate limits of tenant bad: Redis refused its keys {ns}:rl:{{bad}} and "
-            f"{ns}:rl:{{bad}}:leases (WRONGTYPE: written by hand or another application?); "
-            "it is admitted on per-process limits until they are deleted"], lines
+            f"rate limits of tenant bad: Redis refused its keys {ns}:rl:{{bad}}, "
+            f"{ns}:rl:{{bad}}:leases and {ns}:rl:{{bad}}:reserved (WRONGTYPE: written by hand "
+            "or another application?); it is admitted on per-process limits until they are "
+            "deleted"], lines
 
         await r.delete(f"{ns}:rl:{{bad}}")
         back = await limiter.admit("bad", rpm, tokens=1)
@@ -144,6 +145,44 @@ async def test_the_store_names_its_key_of_the_wrong_type(
                                  "not a list); retrying every 2 s") for line in lines), lines
         # and for /metrics and the doctor, a label without the key's name
         assert tenancy.resolver.health().store_cause == "wrongtype"
+    finally:
+        await tenancy.close()
+
+
+async def test_a_generation_that_is_no_integer_is_a_key_of_the_wrong_type(
+    redis_url: str, r: aioredis.Redis, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The generation counter overwritten with what is not an integer: every reload failed
+    as "store data unreadable (ValueError)", naming no key, with the store counted as
+    answering; an admin write made its record and then failed on the counter (not
+    journaled, not published: other gateways never read it), a 503 "did not answer". It is
+    now what a key of the wrong type is: the log names it and says what to set it to, the
+    cause is ``wrongtype``, and a write is refused whole."""
+    tenancy = build_tenancy(TenancySettings(poll_interval_s=0.1), "wrong-type-secret-0123456789",
+                            redis_url)
+    policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                           "models": {"m": {"default": "p"}}})
+    caplog.set_level(logging.WARNING, logger="gateway.tenancy")
+    try:
+        await tenancy.start(tenants=[Tenant(id="acme", tier="default")], policy=policy)
+        newest = int((await r.get("kvgate:gen")) or 0)
+        await r.set("kvgate:gen", "written by hand")
+        await _until(lambda: tenancy.resolver.health().degraded)
+        lines = [m.getMessage() for m in caplog.records]
+        assert any(line.endswith(
+            "(server replied WRONGTYPE: kvgate:gen is not an integer (SET it to "
+            f"{newest + 1}, past the newest generation in kvgate:journal)); retrying every 2 s")
+            for line in lines), lines
+        health = tenancy.resolver.health()
+        assert (health.store_cause, health.store_answers, health.reason) == (
+            "wrongtype", False, "store unreachable")
+        with pytest.raises(StoreUnreachable) as refused:
+            await tenancy.store.create_tenant(Tenant(id="globex", tier="default"))
+        assert "refused the request (WRONGTYPE)" in refused.value.message
+        assert not await r.hexists("kvgate:tenants", "globex")
+
+        await r.set("kvgate:gen", newest + 1)  # as the log says: the gateways recover
+        await _until(lambda: not tenancy.resolver.health().degraded)
     finally:
         await tenancy.close()
 

@@ -1,0 +1,103 @@
+"""The Lua scripts of the shared rate limits (`redis_limits`): admission (with the releases
+that failed earlier, in the same call), settle, release and lease renewal. Each runs on one
+tenant's keys, which share a hash tag, except the renewal, which takes every live lease's."""
+
+from __future__ import annotations
+
+__all__ = ["ADMIT", "RELEASE", "RENEW", "SETTLE"]
+
+_NOW = (
+    "local now = tonumber(ARGV[1]) "
+    "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
+)
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset.
+# ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
+# peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
+# `RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
+# A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
+# id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
+ADMIT = (
+    _NOW
+    + """
+for i = 9, #ARGV, 3 do
+  if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
+      and tonumber(ARGV[i + 1]) > 0 then
+    local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+    if t then
+      redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[i + 2]), t + tonumber(ARGV[i + 1])))
+    end
+  end
+end
+local rpm, tpm, conc = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local est, ttl = tonumber(ARGV[5]), tonumber(ARGV[7])
+local b = redis.call('HMGET', KEYS[1], 'r', 't', 'ts')
+local dt = math.max(0, now - (tonumber(b[3]) or now))
+local r = 0
+local t = 0
+if rpm > 0 then r = math.min(rpm, (tonumber(b[1]) or rpm) + dt * rpm / 60) end
+if tpm > 0 then t = math.min(tpm, (tonumber(b[2]) or tpm) + dt * tpm / 60) end
+local inflight = 0
+if conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  inflight = redis.call('ZCARD', KEYS[2])
+end
+local reason = ''
+local retry = 0
+if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1
+elseif rpm > 0 and r < 1 then reason = 'rpm' retry = (1 - r) * 60 / rpm
+elseif tpm > 0 and t <= 0 then reason = 'tpm' retry = (1 - t) * 60 / tpm
+end
+if ARGV[8] == '1' then return {reason, tostring(retry), tostring(r), tostring(t)} end
+if reason == '' then
+  if rpm > 0 then r = r - 1 end
+  if tpm > 0 then t = t - est end
+  if conc > 0 then
+    redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
+    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+  elseif tpm > 0 and est > 0 then
+    redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+    redis.call('ZADD', KEYS[3], now + ttl, ARGV[6])
+    redis.call('PEXPIRE', KEYS[3], math.ceil(ttl * 1000) + 1000)
+  end
+end
+if rpm > 0 then redis.call('HSET', KEYS[1], 'r', r) else redis.call('HDEL', KEYS[1], 'r') end
+if tpm > 0 then redis.call('HSET', KEYS[1], 't', t) else redis.call('HDEL', KEYS[1], 't') end
+redis.call('HSET', KEYS[1], 'ts', now)
+redis.call('PEXPIRE', KEYS[1], 61000)
+return {reason, tostring(retry), tostring(r), tostring(t)}
+"""
+)
+# KEYS[1] bucket hash, KEYS[2] reservation zset; ARGV[1] extra tokens to charge (may be
+# negative), ARGV[2] tpm, ARGV[3] the reservation's mark ('' for none).
+SETTLE = """
+if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
+return 1
+"""
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset; ARGV[1] lease id,
+# ARGV[2] tokens reserved at its admission, ARGV[3] tpm. A lease (or a reservation's mark)
+# that was still there was taken by an admission nobody used: its reservation is given back.
+RELEASE = """
+if (redis.call('ZREM', KEYS[2], ARGV[1]) == 1 or redis.call('ZREM', KEYS[3], ARGV[1]) == 1)
+    and tonumber(ARGV[2]) > 0 then
+  local t = tonumber(redis.call('HGET', KEYS[1], 't'))
+  if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
+end
+return 1
+"""
+# KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
+# A key of another type (written by hand) is skipped: it would fail every tenant's renewal.
+RENEW = (
+    _NOW
+    + """
+for i, key in ipairs(KEYS) do
+  if redis.call('TYPE', key)['ok'] == 'zset' then
+    redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
+    redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
+  end
+end
+return #KEYS
+"""
+)
+
