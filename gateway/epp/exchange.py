@@ -73,6 +73,7 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
         HTTP edge counts a client that left (499), the replica not judged by it (health
         polling finds a dead one) -- unless the stream was already whole (a client that
         leaves at ``[DONE]`` may end the exchange before Envoy sends the stream's end)."""
+        self._uploaded()  # a body cut or refused before its end
         req = self.req
         if req is None:
             return

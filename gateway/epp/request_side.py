@@ -20,6 +20,7 @@ from gateway.errors import (
     KvgateError,
     MethodNotAllowed,
     NoReplicaAvailable,
+    UploadsFull,
 )
 from gateway.paths import canonical
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
@@ -90,14 +91,22 @@ class RequestSide(ExchangeState):
         self._size += len(body.body)
         if self._size > self._core.cfg.server.max_body_bytes:
             return [self._refuse(self._too_large())]
+        if not body.end_of_stream or self._chunks:  # arriving in parts: bounded, all together
+            try:  # (`server.max_pending_body_bytes`, a 503: as the HTTP edge's `read_body`)
+                self._core.uploads.take(len(body.body))
+            except UploadsFull as exc:
+                return [self._refuse(exc)]
+            self._taken += len(body.body)
         if body.body:
             self._chunks.append(body.body)
         if not body.end_of_stream:
             return []
+        self._uploaded()
         return self._stored_body(end=True) or await self.decide(end=True)
 
     async def request_trailers(self) -> Sequence[pb.ProcessingResponse]:
         """Trailers end the body when they follow it (HTTP/2 clients may send them)."""
+        self._uploaded()
         out = self._stored_body(end=False)
         if not out and not self.order:
             out = list(await self.decide(end=False))

@@ -28,6 +28,7 @@ from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.epp.exchange import Exchange, PickerCore
 from gateway.proxy import MODEL_PREFIX, MODELS
+from gateway.request import Uploads
 from gateway.runtime import Runtime
 from gateway.tenancy.resolver import Principal
 
@@ -180,6 +181,7 @@ class EppApp(GatewayApp):
             stored=rt.proxy.stored,
             new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
             fallbacks=self.cfg.epp.fallbacks,
+            uploads=Uploads(self.cfg.server.max_pending_body_bytes),
         )
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         processor = Processor(core)

@@ -15,7 +15,7 @@ from gateway.errors import KvgateError
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
 from gateway.replicas import Lease, Replica
-from gateway.request import ProxiedRequest
+from gateway.request import ProxiedRequest, Uploads
 from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
 from gateway.stored import StoredResponses
@@ -42,6 +42,8 @@ class PickerCore:
     stored: StoredResponses  # where a stored Responses-API response lives
     new_id: Callable[[], bytes]
     fallbacks: int  # endpoints after the first in the destination (0: the first only)
+    # request bodies still arriving through Envoy, all exchanges together (as at the HTTP edge)
+    uploads: Uploads
 
 
 def endpoint(replica: Replica) -> str:
@@ -63,7 +65,8 @@ class ExchangeState:
                  "_held_status", "_held_type", "_holds", "_last", "_lease", "_opening",
                  "_passed", "_pending",
                  "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
-                 "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_want_id",
+                 "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_taken",
+                 "_want_id",
                  "order", "req", "sse")
 
     def __init__(self, core: PickerCore) -> None:
@@ -74,6 +77,7 @@ class ExchangeState:
         self._subset: Collection[str] | None = None
         self._chunks: list[bytes] = []
         self._size = 0
+        self._taken = 0  # ... of them counted in `PickerCore.uploads` while the rest arrives
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks
         # the endpoints Envoy went past before the one that answered, not charged yet
         self._skipped: list[Replica] = []
@@ -117,6 +121,12 @@ class ExchangeState:
     def begun(self) -> bool:
         """Its request's headers have come (Envoy sends them once per stream)."""
         return self._t0 != 0.0
+
+    def _uploaded(self) -> None:
+        """The body is in (or never will be): its bytes no longer count as arriving."""
+        if self._taken:
+            self._core.uploads.give(self._taken)
+            self._taken = 0
 
     def _refuse(self, exc: KvgateError) -> pb.ProcessingResponse:
         headers = [(k.decode(), v) for k, v in exc.headers()]
