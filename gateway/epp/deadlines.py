@@ -1,8 +1,9 @@
 """The HTTP edge's upstream timeouts (`gateway/timeouts.py`) applied to an exchange's
-answer by the picker: `server.py` waits for Envoy's next message until `deadline`, then
-answers `timed_out`; and Envoy's router's own answers for a replica that sent no head -- its
-timeout (`router_cut`), a connection refused or broken (`router_reset`) -- answered as the
-HTTP edge answers them when no attempt is left."""
+answer by the picker, and its body timeout (`server.body_timeout_s`, `gateway/httpguard.py`)
+to a request body still arriving: `server.py` waits for Envoy's next message until
+`deadline`, then answers `timed_out`; and Envoy's router's own answers for a replica that
+sent no head -- its timeout (`router_cut`), a connection refused or broken
+(`router_reset`) -- answered as the HTTP edge answers them when no attempt is left."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
-from gateway.errors import UpstreamError, UpstreamTimeout
+from gateway.errors import KvgateError, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
@@ -23,7 +24,17 @@ from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")
 
-__all__ = ["Deadlines"]
+__all__ = ["BodyNotInTime", "Deadlines"]
+
+
+class BodyNotInTime(KvgateError):
+    """The HTTP edge's 408 (`gateway/httpguard.py`): a request body not complete
+    `server.body_timeout_s` after its headers. Behind Envoy nothing else bounds it (Envoy's
+    stream idle timeout restarts with each byte), and a body held open keeps its share of
+    `server.max_pending_body_bytes`."""
+
+    status = 408
+    type_ = "RequestTimeoutError"
 
 
 class Deadlines(ExchangeState):
@@ -43,6 +54,8 @@ class Deadlines(ExchangeState):
         (`_after_done`) waits `AFTER_DONE_S` for its end, as on the HTTP edge. An
         answer whose head never comes is not seen here (Envoy calls the response path with
         the head): Envoy's router timeouts bound it (`envoy_config`)."""
+        if self._receiving():
+            return max(0.0, self._t0 + self._core.cfg.server.body_timeout_s - perf_counter())
         up = self._core.cfg.upstream
         if self._cut or not self._sent_at or (self.req is not None and self._lease is None):
             return None
@@ -54,6 +67,11 @@ class Deadlines(ExchangeState):
         else:
             return None
         return max(0.0, min(at, total) - perf_counter())
+
+    def _receiving(self) -> bool:
+        """Its request's body is still arriving (a proxied one's, a stored response's
+        cancel's)."""
+        return self._pending is not None or (self.req is not None and not self._sent_at)
 
     def _unanswered(self) -> bool:
         """A stream whose answer has not started: the first-byte timeout bounds it."""
@@ -79,6 +97,8 @@ class Deadlines(ExchangeState):
         working, `Replica.hung`; an idle answer is; the total timeout is not; a stored
         response's answer is not judged). The picker cannot send the request again: no other
         replica is tried."""
+        if self._receiving():
+            return [self._refuse(BodyNotInTime("The request body did not arrive in time."))]
         req, up = self.req, self._core.cfg.upstream
         if self.deadline() is None:
             return ()
