@@ -2,9 +2,10 @@
 (`server.max_pending_body_bytes`), and each in time (`server.body_timeout_s`). Envoy streams
 a body to the picker as it comes (``FULL_DUPLEX_STREAMED``) and the picker holds it until its
 end, so unfinished uploads held the picker's memory without bound (30 of 7 MiB: +300 MB RSS
-with a 64 MiB bound). Past the bound a body is the HTTP edge's 503 with Retry-After; the bytes come back when an upload ends,
-finished or not. A body still arriving `body_timeout_s` after its headers is the HTTP edge's
-408 (Envoy's stream idle timeout, restarted by each byte, let one trickle for ever).
+with a 64 MiB bound). Past the bound a body is the HTTP edge's 503 with Retry-After; the
+bytes come back when an upload ends, finished or not. A body still arriving `body_timeout_s`
+after its headers is the HTTP edge's 408 (Envoy's stream idle timeout, restarted by each
+byte, let one trickle for ever).
 """
 
 from __future__ import annotations
