@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
-from gateway.errors import KvgateError, UpstreamError, UpstreamTimeout
+from gateway.errors import KvgateError, NoReplicaAvailable, UpstreamError, UpstreamTimeout
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
@@ -147,11 +147,14 @@ class Deadlines(ExchangeState):
 
     def router_reset(self, req: ProxiedRequest, data: bytes) -> pb.ProcessingResponse:
         """Envoy's router could not connect to the replica, or lost it before its head (its
-        503 `wire.ROUTER_RESET`): no replica answered. The HTTP edge's last try: a refused
-        connection marks the replica down at once (nothing listens there), a broken one is
-        a failure; the pool's 503 with Retry-After when no replica is left (what the next
-        request gets), else "The replica did not answer." (502)."""
+        503 `wire.ROUTER_RESET`): no replica answered. Envoy's circuit breaker on the
+        replicas' cluster (`wire.OVERFLOW`) is not the replica's doing (`_overflow`). The HTTP
+        edge's last try: a refused connection marks the replica down at once (nothing listens
+        there), a broken one is a failure; the pool's 503 with Retry-After when no replica is
+        left (what the next request gets), else "The replica did not answer." (502)."""
         now, target = self._core.clock(), req.target
+        if data.endswith(wire.OVERFLOW):  # Envoy's own limit: nothing reached the replica
+            return self._overflow()
         if target is not None and data.endswith(wire.CONNECT_FAILED):
             target.mark_down(now)
             target.reason = "cannot connect"
@@ -160,3 +163,14 @@ class Deadlines(ExchangeState):
         if not req.pool.takes_requests(now):
             return self._refuse(req.pool.none_healthy(req.parsed.model, now))
         return self._refuse(UpstreamError("The replica did not answer.", reason="connect"))
+
+    def _overflow(self) -> pb.ProcessingResponse:
+        """Envoy refused to send the request (the replicas' cluster is at its circuit
+        breaker's limit): a 503 with Retry-After, the replica neither judged nor charged --
+        charged, every replica of a busy pool was ejected within a few overflows."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+        return self._refuse(NoReplicaAvailable(
+            "Envoy's limit on concurrent requests to the replicas (its circuit breaker) is "
+            "reached; retry shortly."))

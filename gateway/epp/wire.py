@@ -57,6 +57,8 @@ ROUTER_TIMEOUT = b"upstream request timeout"
 # connect itself failed (refused, unreachable)
 ROUTER_RESET = b"upstream connect error or disconnect/reset before headers."
 CONNECT_FAILED = b"reset reason: remote connection failure"
+# ... Envoy's own limit on requests to the cluster (a circuit breaker): nothing was sent
+OVERFLOW = b"reset reason: overflow"
 UPSTREAM_ATTRIBUTES = "envoy.filters.http.ext_proc"
 # Envoy's ext_proc limits a streamed body message to 64 KiB in some set-ups: stay below
 CHUNK_BYTES = 62_000

