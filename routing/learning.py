@@ -26,14 +26,6 @@ soon as they say something. A replica with fewer (decayed) observations than ``f
 uses the fleet's fit as it is: two identical replicas must not differ because one of them
 happened to serve a request first (every cold request would follow the first).
 
-Every replica uses the fleet's fit until the fleet has had `SETTLE_SHARES` observations per
-replica. In a cold start (prefix-tree: empty caches, each request 4k-12k cold tokens, the first
-observation after 0.5 s) the first tokens wait behind queues the router guessed at the prior's
-rate, and each replica's few observations then say more about the queue it happened to get
-than about its engine: fits of 0.06-0.6 s fixed and 18k-112k tokens/s on identical replicas,
-whose differences the router followed (the slowest 1 % of prefix-tree's requests, all in its
-first 3 s). The fleet's fit, over all of them, is what they share.
-
 A replica that had none of the fleet's last `IDLE_SHARES` observations per replica (its fair
 share many times over) returns to the fleet's fit. An idle replica yields no first token and
 no counter that could correct its fit, so a fit learned from a cold start's queue (the wait
@@ -64,8 +56,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "SETTLE_SHARES", "EngineCounters",
-    "PendingWork", "ReplicaPending", "TtftFit", "TtftModel",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork",
+    "ReplicaPending", "TtftFit", "TtftModel",
 ]
 
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
@@ -73,7 +65,6 @@ MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see li
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
-SETTLE_SHARES = 8  # fleet observations per replica before any replica has a fit of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,9 +167,7 @@ class TtftModel:
             sums = self._sums[replica] = _Sums()
         sums.scale(self._decay**weight)
         sums.add(work_tokens, seconds, weight)
-        # until then its own few observations are noise, and all of theirs while the fleet
-        # settles (a cold start: the module docstring)
-        if sums.w >= self._fleet_weight and self._seen >= SETTLE_SHARES * len(self._sums):
+        if sums.w >= self._fleet_weight:  # until then its own few observations are noise
             self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
         self._seen += 1
         self._last[replica] = self._seen

@@ -110,27 +110,6 @@ def test_nothing_learned_falls_back_to_the_fleet_then_the_prior() -> None:
     assert m.fit("a") == m.fleet
 
 
-def test_a_cold_start_learns_the_fleets_fit_before_any_replicas() -> None:
-    # prefix-tree's first seconds: every cache empty, every request a cold prefill, each
-    # replica's first tokens waiting behind queues the router guessed at the prior's rate.
-    # A replica's first few observations then say more about the queue it happened to get
-    # than about its engine; the fleet's fit, over all of them, is what they share.
-    m, rng = _model(), random.Random(7)
-    replicas = [f"r{i}" for i in range(8)]
-    for _ in range(7):  # 56 observations, 7 a replica: the cold start's first second
-        for i, r in enumerate(replicas):
-            w = rng.uniform(4_000, 12_000)
-            m.observe(r, w, _true(w) + 0.1 * i)  # r7 waited 0.7 s longer than r0
-    assert all(m.fit(r) == m.fleet for r in replicas)
-    # once the fleet has seen its replicas' share many times over, a lasting difference is
-    # a replica's own: r7 stays 0.7 s slower
-    for _ in range(40):
-        for i, r in enumerate(replicas):
-            w = rng.uniform(200, 12_000)
-            m.observe(r, w, _true(w) + 0.1 * i)
-    assert m.fit("r7").predict(4_000) > m.fit("r0").predict(4_000) + 0.4
-
-
 def test_a_replica_left_idle_returns_to_the_fleets_fit() -> None:
     # prefix-tree's cold start: one replica's first tokens all waited behind a queue, so its
     # line put the wait in the fixed part; then it was sent nothing, and an idle replica
