@@ -46,7 +46,7 @@ queue drained at the replica's learned rate, which other gateways' work sent the
 drains only as theirs does. Drained alone while theirs counted in full, four gateways each
 saw their own queues as nearly done and piled onto them (load-ramp at 262,144: the work
 predicted ahead of a pick ~0.5x the engine's true backlog, the fits learned from those first
-tokens ~10k prompt tokens/s where the engines prefilled ~18k; docs/shared-state.md).
+tokens ~10k prompt tokens/s where the engines prefilled ~18k; docs/shared-state-measurements.md).
 """
 
 from __future__ import annotations

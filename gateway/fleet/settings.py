@@ -49,8 +49,8 @@ class SyncSettings:
         picks peers may hold for (contested ones) are published at once, not batched, and a
         gateway holding a pick reads at once: a round trip and the event loops' delays, not
         the batches' intervals: 2-7 ms at the median and covered by 20 ms in the harness's
-        loaded process (`loadtest.held_lag`, docs/shared-state.md "The live window"). Never
-        more than the sync window (a record a batch late)."""
+        loaded process (`loadtest.held_lag`, docs/shared-state-measurements.md "The live
+        window"). Never more than the sync window (a record a batch late)."""
         return min(self.hold_window_s, self.window_s)
 
     @property
@@ -62,5 +62,5 @@ class SyncSettings:
         ~170 a second over two gateways, and growing with the rate: `loadtest.sync_cost
         --step 1`). A quarter of the hold window: an urgent route waits at most that, and the
         rest of the window is the round trip and the event loops' delays a held pick waits
-        for (2-7 ms at the median live; docs/shared-state.md "The live window")."""
+        for (2-7 ms at the median live; docs/shared-state-measurements.md "The live window")."""
         return self.hold_s / URGENT_GAPS

@@ -367,7 +367,7 @@ def _in_burst(ctx: PickContext) -> bool:
     a replica's work in a burst up to 3x the mean where one gateway has 2x). Without the
     per-replica differences at all the tail halves but the median loses what the
     differences are worth (one gateway's p50 +8 %); half of them keeps the median.
-    (docs/shared-state.md, "Bursts")"""
+    (docs/shared-state-measurements.md, "Bursts")"""
     return ctx.gateways > 1 and ctx.turn >= ctx.gateways
 
 
@@ -379,7 +379,7 @@ def _overloaded(views: Sequence[ReplicaView], stale_s: float, mean_request_s: fl
     undrained until its first token (drained, it made holders look free: agent sessions and
     rag-corpus's medians at 1,048,576, heavy-tail's tail); under a sustained overload that
     overstates every queue the peers feed, and each gateway piles onto the replicas holding
-    its own backlog (load-ramp at 262,144: docs/shared-state.md)."""
+    its own backlog (load-ramp at 262,144: docs/shared-state-measurements.md)."""
     waiting = 0.0
     for v in views:
         if v.waiting and v.scrape_age_s is not None and v.scrape_age_s <= stale_s:
