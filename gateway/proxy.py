@@ -155,6 +155,12 @@ class Proxy:
         req.ctl = Canceller(self._up, receive, whole=not req.features.stream)
         try:
             with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
+                # one turn of the loop first: the disconnect watch sees a client that left
+                # while the request waited (admission on a slow Redis, flow control) and
+                # cancels it before a replica gets it -- on a kept-alive connection the
+                # request was written before the watch ever ran, and the replica aborted
+                # it only after (a prefill wasted)
+                await asyncio.sleep(0)
                 await self._forward(send, req, decision, body)
         except asyncio.CancelledError:
             if req.ctl.reason is None:
