@@ -100,6 +100,7 @@ class RequestRecord(Protocol):
     """What the request line reads from the proxy's per-request state."""
 
     req_id: bytes
+    up_id: bytes  # the X-Request-Id its replica is sent (`gateway.request.replica_id`)
     tenant_id: str
     tier: str
     kind: str
@@ -115,11 +116,15 @@ class RequestRecord(Protocol):
 
 def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> None:
     """A request's one INFO line: ids, routing, status, tokens, timings. Built from this
-    explicit list, so nothing else (prompt, key, salt, headers) can end up in it."""
+    explicit list, so nothing else (prompt, key, salt, headers) can end up in it.
+    ``upstream_request_id`` is the X-Request-Id its replica is sent (the client's id with a
+    kvgate id appended, when the client chose one): vLLM's own logs name the request by it."""
     usage = req.usage or {}
     parsed: _Parsed | None = getattr(req, "parsed", None)  # unset when the body was refused
     logger.info("request", extra={
-        "request_id": req.req_id.decode("latin-1"), "tenant": req.tenant_id, "tier": req.tier,
+        "request_id": req.req_id.decode("latin-1"),
+        "upstream_request_id": req.up_id.decode("latin-1"), "tenant": req.tenant_id,
+        "tier": req.tier,
         "model": shown_name(parsed.model) if parsed is not None else None, "kind": req.kind,
         "stream": parsed.stream if parsed is not None else None, "pool": req.pool_name,
         "replica": req.replica, "route": req.route, "attempts": req.attempts,

@@ -155,6 +155,12 @@ class Proxy:
         req.ctl = Canceller(self._up, receive, whole=not req.features.stream)
         try:
             with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
+                # one turn of the loop first: the disconnect watch sees a client that left
+                # while the request waited (admission on a slow Redis, flow control) and
+                # cancels it before a replica gets it -- on a kept-alive connection the
+                # request was written before the watch ever ran, and the replica aborted
+                # it only after (a prefill wasted)
+                await asyncio.sleep(0)
                 await self._forward(send, req, decision, body)
         except asyncio.CancelledError:
             if req.ctl.reason is None:
@@ -165,6 +171,8 @@ class Proxy:
             await self._send_error(send, req, exc)
         finally:
             req.ctl.close()
+        if req.ctl.stalled:  # its stream's last piece was not taken (`Canceller.end`)
+            self._stalled(scope, req)
 
     async def _admit_and_prepare(
         self, req: ProxiedRequest, receive: Receive, head: Head
@@ -349,12 +357,7 @@ class Proxy:
                 req.status = 499  # nginx's "client closed request", for the metrics only
             return
         if reason == "client":
-            # the client stopped reading the stream (its socket full for `idle_timeout_s`):
-            # the replica is not at fault; the connection is reset
-            abort_client(scope)
-            req.status = 408
-            log.info("client stopped reading the stream",
-                     extra={"request_id": req.req_id.decode("latin-1")})
+            self._stalled(scope, req)
             return
         exc = cut_error(reason)
         if reason == SHUTDOWN:
@@ -366,16 +369,23 @@ class Proxy:
             req.status = exc.status
             if req.ctl.blocked:  # cut while the client was not taking a chunk: it is not
                 return  # reading, so an error event would wait for it as long as it likes
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(exc.message, exc.type_, exc.status)})
+            await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
         else:
             await self._send_error(send, req, exc)
+
+    @staticmethod
+    def _stalled(scope: Scope, req: ProxiedRequest) -> None:
+        """The client stopped reading the stream (its socket full for `idle_timeout_s`): the
+        replica is not at fault; the connection is reset."""
+        abort_client(scope)
+        req.status = 408
+        log.info("client stopped reading the stream",
+                 extra={"request_id": req.req_id.decode("latin-1")})
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
         if req.sse:  # only keep-alive comments went out (`Relay._pump`): the stream is open
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(exc.message, exc.type_, exc.status)})
+            await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
             return
         await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
                                             (b"x-request-id", req.req_id)], exc.body())

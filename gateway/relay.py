@@ -139,7 +139,7 @@ class Relay:
                 self._ended(req, replica, scanner)  # answer, judged; the stream ends as a
                 # clean end after it does (a second error event said nothing more)
                 req.ctl.done = True
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await req.ctl.end(send, b"")
                 return False
             replica.record_failure(self._clock())
             if not req.relayed:  # no event reached the client: another replica can answer
@@ -147,16 +147,14 @@ class Relay:
                                     reason="cut") from None
             req.ctl.done = True
             req.status = 502
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error("The upstream replica failed mid-stream.")})
+            await req.ctl.end(send, stream_error("The upstream replica failed mid-stream."))
             return False
         if scanner.malformed:  # the events before it went out (`_pump`), nothing after it
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
             failure = stream_failure(scanner, self._cfg.upstream.max_answer_bytes)
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(failure.message)})
+            await req.ctl.end(send, stream_error(failure.message))
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
@@ -166,8 +164,7 @@ class Relay:
                 raise UpstreamError(NOT_STARTED, reason="cut")
             req.ctl.done = True
             req.status = 502
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": stream_error(CUT_SHORT)})
+            await req.ctl.end(send, stream_error(CUT_SHORT))
             return False
         self._ended(req, replica, scanner)
         if scanner.usage:
@@ -183,7 +180,7 @@ class Relay:
             await self._start(send, req, resp)
         elif not req.relayed and rest:
             rest = self._answered_by(req) + rest
-        await send({"type": "http.response.body", "body": rest, "more_body": False})
+        await req.ctl.end(send, rest)  # (a client that stopped reading: `Canceller.end`)
         return True
 
     def _ended(self, req: ProxiedRequest, replica: Replica, scanner: StreamScanner) -> None:
@@ -401,8 +398,7 @@ class Relay:
         if req.sse:
             req.status, event = error_event(status, data)
             await self._settle(req)
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": self._answered_by(req) + event})
+            await req.ctl.end(send, self._answered_by(req) + event)
             return
         await self._settle(req)  # (its x-ratelimit-* headers then show the request settled)
         hdrs = self.headers(req, content_type)

@@ -204,15 +204,17 @@ class Replica:
     def record_busy(self, now: float, asked_s: float | None = None) -> None:
         """vLLM answered 503 "engine is currently busy" (or a limiter in front of it 429):
         keep new picks away for a while -- `asked_s` when the answer's Retry-After asked for
-        it, else a back-off that doubles while the replica keeps rejecting and starts over
-        once it has been quiet for the longest back-off; never longer than that longest one
-        (a replica asking for an hour is asked again sooner)."""
+        some (a positive number of seconds), else a back-off that doubles while the replica
+        keeps rejecting and starts over once it has been quiet for the longest back-off;
+        never longer than that longest one (a replica asking for an hour is asked again
+        sooner). ``0`` is no ask, as `gateway.verdicts.retry_seconds` reads "Retry-After: 0":
+        one rule, never a busy replica asked again at once."""
         p = self._policy
         if now - self.busy_until > p.busy_backoff_max_s:
             self.busy_streak = 0
         self.busy_streak += 1
         backoff = p.busy_backoff_s * 2 ** min(self.busy_streak - 1, 16)
-        wait = backoff if asked_s is None else asked_s
+        wait = asked_s if asked_s else backoff  # (None or 0: no ask)
         self.busy_until = now + min(wait, p.busy_backoff_max_s)
 
     def record_slow_probe(self, now: float) -> None:

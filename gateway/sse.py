@@ -7,9 +7,10 @@ events; the usage numbers are read with a regular expression, and the usage-only
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
 API terminal event, or an error event) rather than being cut short. An event whose data
-cannot be an OpenAI event (not JSON, not ``[DONE]``: a replica or a proxy gone wrong) is never
-forwarded: `feed` stops before it and sets `malformed` (the SDKs would raise a JSON decode
-error mid-stream, with nothing saying which side failed). So is an event that grows past
+cannot be an OpenAI event (not JSON, not ``[DONE]``, JSON cut short: a replica or a proxy
+gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
+sets `malformed` (the SDKs would raise a JSON decode error mid-stream, with nothing saying
+which side failed). So is an event that grows past
 ``max_event_bytes`` without ending (`oversized` too): an unfinished event split by a read is
 joined with the next chunk as long as it is about that chunk's size (a few KiB more at most,
 the common case, as cheap as before); a larger one is held back in pieces, and only the new
@@ -69,10 +70,14 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # the later ones (an anchor such as `^` or `(?:^|\n)` would defeat the prefix scan and cost
 # ten times more; a JSON text holds no raw newline, so generated text never starts a line);
 # only a hit reads the lines (`first_malformed`).
+# Its last byte is `}` or `]` too: an event whose JSON was cut short and ended anyway (a
+# replica or a proxy gone wrong) is caught by one more search per chunk for an event's end
+# after neither (`_unended`), where a parse of every event would cost more than the relay.
 _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
-_BAD_LINE = re.compile(rb"^data:[ \t]*+(?![{\[])", re.MULTILINE)
+_SEP = re.compile(rb"\r\n\r\n|\n\n")
+_CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
 # how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
@@ -149,16 +154,31 @@ def body_usage(body: bytes) -> Usage | None:
 
 def first_malformed(block: bytes) -> int | None:
     """Where the first event of `block` (whole events) whose data is neither JSON nor
-    ``[DONE]`` starts, or None. Only an event's first data line is judged: SSE lets one
-    event's data span several ``data:`` lines, which the client joins."""
-    for m in _BAD_LINE.finditer(block):
-        line = m.start()
-        prev = block.rfind(b"\n", 0, max(line - 1, 0)) + 1
-        if line and block[prev:line].startswith(_DATA):  # a continuation line
-            continue
-        lf, crlf = block.rfind(b"\n\n", 0, line), block.rfind(b"\r\n\r\n", 0, line)
-        return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+    ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes (SSE
+    lets one event's data span several ``data:`` lines, which the client joins): a JSON
+    object or array starts with ``{``/``[`` and ends with ``}``/``]``."""
+    start = 0
+    for end in _SEP.finditer(block):
+        if _bad_event(block[start:end.start()]):
+            return start
+        start = end.end()
     return None
+
+
+def _bad_event(event: bytes) -> bool:
+    data = [line[5:] for line in event.splitlines() if line.startswith(_DATA)]
+    if not data:
+        return False  # comment lines, or fields without data
+    first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
+    return first[:1] not in (b"{", b"[") or last[-1:] not in (b"}", b"]")
+
+
+def _unended(block: bytes) -> bool:
+    """Whether some event of `block` (whole events) may end otherwise than with ``}`` or
+    ``]`` -- a comment, a field after the data, data cut short -- or `block` is framed with
+    CRLF (rare): judged event by event (`first_malformed`) then. One regex search with a
+    literal prefix, as `_BAD_LATER`'s."""
+    return block.endswith(b"\r\n") or _CUT_END.search(block) is not None
 
 
 def _error_message(line: bytes) -> str | None:
@@ -220,7 +240,7 @@ class StreamScanner:
         malformed event: the events before it only, and `malformed` is set (feed no more)."""
         out = self._feed(chunk)
         suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
-                   or _BAD_LATER.search(out) is not None)
+                   or _BAD_LATER.search(out) is not None or _unended(out))
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True
             self._drop()

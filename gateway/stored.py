@@ -165,9 +165,7 @@ class StoredResponses:
                 raise  # a real cancellation, not ours to swallow
             asyncio.current_task().uncancel()  # type: ignore[union-attr]
             if ctl.reason == "client":  # it stopped reading: reset, as a proxied stream
-                abort_client(scope)
-                log.info("client stopped reading the stream",
-                         extra={"request_id": req_id.decode("latin-1")})
+                ctl.stalled = True
             elif ctl.reason != "disconnect":
                 await pipe.fail(cut_error(ctl.reason))
         except KvgateError as exc:
@@ -176,6 +174,10 @@ class StoredResponses:
             ctl.close()
             if resp is not None:
                 resp.release() if clean else resp.abort()
+        if ctl.stalled:  # (or its last piece was not taken: `Canceller.end`)
+            abort_client(scope)
+            log.info("client stopped reading the stream",
+                     extra={"request_id": req_id.decode("latin-1")})
 
     async def stream_head(
         self, path: str, query: bytes, req_id: bytes, token: str | None
@@ -347,8 +349,7 @@ class _Pipe:
         if not scanner.complete():
             raise UpstreamError(CUT_SHORT)
         self._ctl.done = True
-        await self._send({"type": "http.response.body", "body": scanner.flush(),
-                          "more_body": False})
+        await self._ctl.end(self._send, scanner.flush())
         return True
 
     async def _events(self, out: bytes) -> bool:
@@ -374,5 +375,4 @@ class _Pipe:
         if not self.started:
             await _send_error(self._send, exc, self._req_id)
         elif not self._ctl.blocked:  # (a client that stopped reading gets nothing more)
-            await self._send({"type": "http.response.body", "more_body": False,
-                              "body": stream_error(exc.message, exc.type_, exc.status)})
+            await self._ctl.end(self._send, stream_error(exc.message, exc.type_, exc.status))

@@ -20,6 +20,7 @@ deadline passes while kvgate is blocked handing a chunk to the client (`writing`
 inside `hand_over`, so it is never left on by a cut: the client stopped reading and its socket
 is full) is the client's stall, not the replica's: reason ``"client"``. Whether the cut found
 such a write blocked is kept (`blocked`): an error event after it would wait on that client.
+A stream's last piece, sent once the answer is whole (`end`), is bounded the same way.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Canceller:
         "done",
         "last",
         "reason",
+        "stalled",
         "writing",
     )
 
@@ -73,6 +75,7 @@ class Canceller:
         self._later: str | None = None  # a reason that fired after `reason` (kept for a retry)
         self.writing = False  # a chunk is being handed to the client (`hand_over`)
         self.blocked = False  # the cut came while one was (the client is not reading)
+        self.stalled = False  # the answer's last piece was not taken in time (`end`)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
             self._start + min(self._first_s, cfg.total_timeout_s), self._check
         )
@@ -135,6 +138,18 @@ class Canceller:
             await send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
             self.writing = False
+
+    async def end(self, send: Send, body: bytes) -> None:
+        """Send the answer's last piece, once it is `done` (no timer cuts it any more). A
+        client that has stopped reading blocks here as in `hand_over`: it waited for it as
+        long as the client kept its connection open, the request counted in flight on its
+        replica and its tenant. Past `idle_timeout_s` the client is `stalled` instead (the
+        caller resets its connection)."""
+        try:
+            async with asyncio.timeout(self._cfg.idle_timeout_s):
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+        except TimeoutError:
+            self.stalled = True
 
     def touch(self) -> None:
         self.last = self._loop.time()

@@ -10,18 +10,27 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.support.gateway import gateway_proc, metric_values, wait_for
+import orjson
+
+from tests.support.bad_replica import BadReplica, chunked, sse_head
+from tests.support.gateway import (
+    gateway_proc,
+    inflight,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 STALLS = 3  # more than the test gateways' failure_threshold (2)
 
 
-def _stalled_stream(port: int) -> socket.socket:
+def _stalled_stream(port: int, model: str = "sim-model") -> socket.socket:
     """Ask for a stream far longer than the socket buffers between kvgate and the client
     (~40 MB of events: loopback buffers grow to a few MB), on a socket with a tiny receive
     buffer, and never read it."""
-    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "x"}],
                        "max_tokens": 250_000, "ignore_eos": True, "stream": True}).encode()
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -64,3 +73,26 @@ def test_a_client_that_stops_reading_ends_its_request_and_not_the_replica(
         assert "stopped reading" in output
         # the connection is reset, not left to uvicorn as an app that did not finish
         assert "ASGI callable returned without completing response" not in output
+
+
+def test_a_client_that_stops_reading_as_its_stream_ends_is_cut_too() -> None:
+    """The replica's last bytes come while the client's socket is full: the stream is whole
+    (nothing may cut it any more), and its last send waited for the client as long as it
+    kept its connection open -- the request in flight, its replica and tenant counted. One
+    event larger than every buffer between kvgate and the client, and [DONE] in the same
+    read, make it so without timing."""
+    event = b"data: " + orjson.dumps({
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "x" * (8 << 20)}}]}) + b"\n\n"
+    with BadReplica("m", answer=sse_head() + chunked(event + b"data: [DONE]\n\n")) as replica:
+        gw, base = gateway_proc(upstreams=[replica.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+        with gw:
+            client = _stalled_stream(int(base.rsplit(":", 1)[1]), "m")
+            try:
+                wait_for(lambda: request_statuses(base).get("408") == 1, timeout=60,
+                         what="the stalled stream to be counted (408)")
+                assert inflight(base) == 0
+            finally:
+                client.close()
+            assert "stopped reading" in gw.output(None)

@@ -122,8 +122,9 @@ def test_a_responses_stream_cut_after_its_opening_events_is_a_502(
         (b"data: <html><body>Bad Gateway</body></html>\n\n", "/v1/chat/completions"),
         (b"data:\n\n", "/v1/chat/completions"),  # empty data
         (b"event: response.output_text.delta\ndata: oops\n\n", "/v1/responses"),
+        (b'data: {"id":"c1","object":"chat.compl\n\n', "/v1/chat/completions"),  # cut JSON
     ],
-    ids=["html", "empty", "responses"],
+    ids=["html", "empty", "responses", "truncated-json"],
 )
 def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
     gw: tuple[BadReplica, str], bad: bytes, path: str,

@@ -11,6 +11,7 @@ headers it got).
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 
@@ -42,12 +43,16 @@ def test_one_client_id_on_two_requests_reaches_the_replica_as_two_ids(
     gw, base = gateway_proc(upstreams=[sim])
     with gw:
         answers = asyncio.run(_ask_twice(base))
+        lines = [json.loads(ln) for ln in gw.output(None).splitlines() if '"msg":"request"' in ln]
     got = [item["headers"]["x-request-id"]
            for item in httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]]
     assert len(got) == 2 and got[0] != got[1], got
     assert all(re.fullmatch(f"{RID}-[0-9a-f]{{32}}", rid) for rid in got), got
     # each answer is its own request's: vLLM's id is `chatcmpl-` + the id it was sent
     assert sorted(a.id for a in answers) == sorted(f"chatcmpl-{rid}" for rid in got)
+    # kvgate's request lines name both: the client's id and the one its replica got
+    assert [line["request_id"] for line in lines] == [RID, RID]
+    assert sorted(line["upstream_request_id"] for line in lines) == sorted(got)
     for answer in answers:
         assert answer.choices[0].message.content
         assert answer.usage is not None and answer.usage.completion_tokens == 12

@@ -283,3 +283,27 @@ def test_a_background_stream_is_resumed_through_the_gateway() -> None:
             plain = client.responses.create(model="sim-model", input="x", max_output_tokens=2)
             with pytest.raises(openai.InternalServerError, match="background and stream"):
                 client.responses.retrieve(plain.id, stream=True)
+
+
+def test_a_client_that_stops_reading_as_a_stored_stream_ends_is_let_go() -> None:
+    """The replica's last bytes come while the client's socket is full (one event larger than
+    every buffer, then the terminal event, in one read): the stream's last send waited for
+    that client as long as it kept its connection. Past the idle timeout it is reset."""
+    big = _event("response.output_text.delta", 1, item_id="msg_1", output_index=0,
+                 content_index=0, delta="x" * (8 << 20), logprobs=[])
+    with BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url],
+                                  env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1"})
+        with proc:
+            _store_one(replica, base)
+            replica.get_answer = sse_head() + chunked(CREATED, big + COMPLETED)
+            client = socket.socket()
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            try:
+                client.connect(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+                client.sendall(f"GET /v1/responses/{RID}?stream=true HTTP/1.1\r\n"
+                               "host: x\r\n\r\n".encode())
+                wait_for(lambda: "stopped reading" in proc.output(None), timeout=60,
+                         what="the stalled client to be let go")
+            finally:
+                client.close()

@@ -50,7 +50,8 @@ def test_exceptions_are_one_json_line() -> None:
 
 def test_request_line_reads_only_its_fields(caplog: pytest.LogCaptureFixture) -> None:
     req = SimpleNamespace(
-        req_id=b"r-1", tenant_id="acme", tier="premium", kind="chat", pool_name="fp8",
+        req_id=b"r-1", up_id=b"r-1-00ab", tenant_id="acme", tier="premium", kind="chat",
+        pool_name="fp8",
         replica="10.0.0.1:8000", route="prefix-hit", attempts=1, status=200, ttft=0.0123,
         usage={"prompt_tokens": 10, "completion_tokens": 3}, queued_s=0.25,
         parsed=SimpleNamespace(model="llama", stream=True, data={"messages": "secret prompt"}),
@@ -62,6 +63,7 @@ def test_request_line_reads_only_its_fields(caplog: pytest.LogCaptureFixture) ->
     line = JsonFormatter().format(caplog.records[0])
     doc = json.loads(line)
     assert doc["request_id"] == "r-1" and doc["tenant"] == "acme" and doc["model"] == "llama"
+    assert doc["upstream_request_id"] == "r-1-00ab"  # what the replica's logs call it
     assert doc["ttft_ms"] == 12.3 and doc["total_ms"] == 500.0 and doc["cached_tokens"] is None
     assert doc["queued_ms"] == 250.0
     assert "secret" not in line and "Bearer" not in line

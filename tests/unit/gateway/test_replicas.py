@@ -154,8 +154,9 @@ def test_a_busy_answers_retry_after_sets_the_back_off_within_the_cap() -> None:
     assert r.busy_until == 0.6  # as asked
     r.record_busy(5.0, 3600)
     assert r.busy_until == 6.0  # at most the longest back-off (1 s)
-    r.record_busy(10.0, 0)
-    assert r.view(10.0).healthy  # "now": no back-off
+    r.record_busy(10.0, 0)  # asks for nothing: the usual back-off, not none
+    assert not r.view(10.0).healthy
+    assert r.busy_until == 10.25
 
 
 def test_slow_probes_eject_only_in_a_row() -> None:

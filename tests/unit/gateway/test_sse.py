@@ -226,8 +226,11 @@ RESPONSES_EVENT = b'event: response.output_text.delta\ndata: {"type":"x","delta"
         b'data: {"a":\ndata: 1}\n\n' + DONE,  # one event's data on two lines
         b'data: {"content":"data: oops"}\n\n' + DONE,  # the words inside generated text
         b'data: [1, 2]\n\n' + DONE,
+        b'data: {"a": 1} \t\n\n' + DONE,  # blanks after the JSON text
+        b'data: {"a": 1}\nid: 7\n\n' + COMMENT + DONE,  # a field after the data
     ],
-    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "array"],
+    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "array", "blanks",
+         "id-field"],
 )
 def test_well_formed_events_pass(size: int, stream: bytes) -> None:
     out, scanner = run(split_every(stream, size), False)
@@ -244,8 +247,12 @@ def test_well_formed_events_pass(size: int, stream: bytes) -> None:
         b"data: \r\n\r\n",
         b"event: response.output_text.delta\ndata: Internal Server Error\n\n",
         b'data: "a string"\n\n',
+        b'data: {"id":"c","choices":[{"ind\n\n',  # JSON cut short, the event ended anyway
+        b'data: {"id":"c",\r\ndata: "choi\r\n\r\n',  # ... on its last data line
+        b'data: [1, 2\n\n',
     ],
-    ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string"],
+    ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string", "cut-json",
+         "cut-json-lines", "cut-array"],
 )
 def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> None:
     """Neither JSON nor [DONE]: the SDK would raise a JSON decode error on it. The events
