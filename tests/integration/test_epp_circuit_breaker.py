@@ -13,10 +13,11 @@ bootstrap's local reply says so, a 503 with Retry-After (not "the picker is unav
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
@@ -60,7 +61,8 @@ def stack() -> Iterator[Stack]:
         epp = epp_proc(config={"pools": {"default": {"served_model": MODEL, "replicas": [url]}}})
         procs.append(epp.start())
         edges = []
-        for options in ({"max_requests": 1}, {}):
+        variants: list[dict[str, Any]] = [{"max_requests": 1}, {}]
+        for options in variants:
             proxy, base = envoy_proc(epp.picker, **options)
             procs.append(proxy.start())
             assert proxy.ready_url is not None
@@ -77,9 +79,10 @@ def _stream(held: ExitStack, base: str) -> tuple[int, str, str]:
     resp = held.enter_context(client.stream("POST", f"{base}/v1/completions", json=STREAM))
     if resp.status_code != 200:
         resp.read()
-        return resp.status_code, resp.headers.get("retry-after", ""), resp.json()["error"]["message"]
-    lines = resp.iter_lines()
-    held.callback(lines.close)  # dropped, the iterator would close the connection
+        message: str = resp.json()["error"]["message"]
+        return resp.status_code, resp.headers.get("retry-after", ""), message
+    lines = cast(Generator[str, None, None], resp.iter_lines())
+    held.callback(lines.close)  # dropped, the generator would close the connection
     return 200, "", next(lines)[:6]
 
 
