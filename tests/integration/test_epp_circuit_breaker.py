@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from gateway.config import UpstreamConfig
 from gateway.epp.envoy import AT_LIMIT
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import inflight, metric_values, wait_for
@@ -138,3 +139,46 @@ def test_with_the_default_limits_all_pass(stack: Stack) -> None:
         assert answers == [(200, "", "data: ")] * 3
         assert edge.stat("cluster.kvgate_pool.upstream_rq_active") == 3
     wait_for(lambda: inflight(stack.picker) == 0, what="no request in flight")
+
+
+@pytest.mark.parametrize(("upstream", "failover"), [
+    (UpstreamConfig(), True),
+    (UpstreamConfig(retry_budget_ratio=0, retry_budget_min=0), False),  # no retry, ever
+])
+def test_failover_spends_upstreams_retry_budget(upstream: UpstreamConfig, failover: bool) -> None:
+    """The replicas' cluster's retry budget is `upstream`'s: a dead first choice is passed over
+    within it (Envoy's own default, 3 retries at once, capped failover fleet-wide)."""
+    procs: list[Proc] = []
+    try:
+        sims, urls = [], []
+        for _ in range(2):
+            sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
+            sims.append(sim.start())
+            urls.append(url)
+        procs += sims
+        # no probe for a minute: the picker learns that a replica died from Envoy
+        epp = epp_proc(config={
+            "pools": {"default": {"served_model": MODEL, "replicas": urls}},
+            "epp": {"fallbacks": 1}, "health": {"interval_s": 60, "failure_threshold": 5}})
+        procs.append(epp.start())
+        proxy, base = envoy_proc(epp.picker, upstream=upstream,
+                                 endpoints=[u.removeprefix("http://") for u in urls])
+        procs.append(proxy.start())
+        assert proxy.ready_url is not None
+        edge = Edge(base, proxy.ready_url.removesuffix("/ready"))
+        body = {"model": MODEL, "prompt": "pinned " * 400, "max_tokens": 2}
+        first = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+        assert first.status_code == 200
+        home = first.headers["x-kvgate-replica"].removeprefix("default/")
+        next(s for s, u in zip(sims, urls, strict=True) if u.endswith(home)).kill()
+        again = httpx.post(f"{base}/v1/completions", json=body, timeout=10)
+        if failover:
+            assert again.status_code == 200, again.text
+            assert again.headers["x-kvgate-replica"] != first.headers["x-kvgate-replica"]
+            assert edge.stat("cluster.kvgate_pool.upstream_rq_retry_overflow") == 0
+        else:
+            assert again.status_code >= 500, again.text
+            assert edge.stat("cluster.kvgate_pool.upstream_rq_retry_overflow") == 1
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
