@@ -47,6 +47,7 @@ __all__ = [
 # Envoy's default, 1,024, silently capped a fleet): what no fleet behind one Envoy reaches --
 # the limit is a guard against runaway, not a capacity (docs/envoy.md)
 MAX_REQUESTS = 100_000
+_UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
 
 
@@ -187,8 +188,8 @@ def envoy_config(
     answers with a 503 and Retry-After); the picker's cluster takes three times as many
     streams: every request holds one for its whole life, those waiting at the replicas'
     cluster and those the picker holds itself (flow control's queue, bodies arriving) too."""
-    if max_requests < 1:
-        raise ValueError(f"max_requests must be at least 1, not {max_requests}")
+    if not 1 <= max_requests <= _UINT32 // 3:  # Envoy's thresholds are uint32
+        raise ValueError(f"max_requests must be from 1 to {_UINT32 // 3}, not {max_requests}")
     up = upstream or UpstreamConfig()
     first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
     retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}

@@ -69,7 +69,11 @@ def test_failover_retries_are_upstreams(
     assert all(p["num_retries"] == 0 for p in _retries(_render(upstream=upstream)))
 
 
-@pytest.mark.parametrize("limit", [0, -1])
-def test_a_limit_below_one_is_refused(limit: int) -> None:
-    with pytest.raises(ValueError, match="max_requests must be at least 1"):
+@pytest.mark.parametrize("limit", [0, -1, 1431655766])
+def test_a_limit_envoy_cannot_take_is_refused(limit: int) -> None:
+    with pytest.raises(ValueError, match="max_requests must be from 1 to 1431655765"):
         _render(max_requests=limit)
+
+
+def test_the_largest_limit_fits_envoys_thresholds() -> None:
+    assert _breakers(_render(max_requests=1431655765), "kvgate_epp")["max_requests"] == 2**32 - 1
