@@ -44,8 +44,8 @@ __all__ = [
 ]
 
 # requests one Envoy sends to the replicas at once, all pools together (its circuit breakers;
-# Envoy's default, 1,024, silently capped a fleet): what no fleet behind one Envoy reaches --
-# the limit is a guard against runaway, not a capacity (docs/envoy.md)
+# Envoy's default, 1,024, silently capped a fleet): some 400 replicas at vLLM's 256 sequences
+# each -- a guard against runaway, not a capacity (docs/envoy.md)
 MAX_REQUESTS = 100_000
 _UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
