@@ -130,8 +130,8 @@ class RedisRateLimiter(RateLimiter):
             self._ttl,
             "1" if peek else "0",
         ]
-        for lid, (_, reserved, tpm) in stalled:
-            args += [lid, reserved, tpm]
+        for lid, (_, reserved, its_tpm) in stalled:  # (each its own: a lease's is 0)
+            args += [lid, reserved, its_tpm]
         try:
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(keys=self._keys(tenant_id), args=args)
