@@ -138,6 +138,7 @@ class RedisRateLimiter(RateLimiter):
         except (StoreUnreachable, asyncio.CancelledError) as exc:
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
+                raise  # refused before the script wrote this admission's lease or mark
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL; and
             # give back its reservation (found by its lease, or by its mark without one)

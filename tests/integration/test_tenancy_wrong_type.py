@@ -47,11 +47,13 @@ async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
     ns = f"t{secrets.token_hex(4)}"
     limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
     try:
+        stuck = await limiter.admit("bad", LIMITS, tokens=1)
+        await r.delete(f"{ns}:rl:{{bad}}:leases")
         await r.set(f"{ns}:rl:{{bad}}:leases", "written by hand")
         with pytest.raises(StoreUnreachable) as refused:
-            await limiter.admit("bad", LIMITS, tokens=1)
+            await limiter.release(stuck)
         assert refused.value.cause == "server replied WRONGTYPE"
-        assert limiter.unreleased == 1  # its lease, in case the script took it
+        assert limiter.unreleased == 1  # kept, retried until the key works
 
         good = await limiter.admit("good", LIMITS, tokens=1)  # it raised WRONGTYPE too
         assert good.allowed and good.remaining_requests == 9
@@ -59,6 +61,27 @@ async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
 
         await r.delete(f"{ns}:rl:{{bad}}:leases")
         assert (await limiter.admit("bad", LIMITS, tokens=1)).allowed
+        assert limiter.unreleased == 0
+    finally:
+        await limiter.close()
+
+
+@pytest.mark.parametrize(("key", "limits"), [(":leases", LIMITS), (":reserved", Limits(tpm=1000))])
+async def test_an_admission_refused_as_wrong_type_leaves_nothing_to_give_back(
+    redis_url: str, r: aioredis.Redis, key: str, limits: Limits,
+) -> None:
+    """Redis refuses the tenant's admission script before it writes a lease or a mark, on
+    every request of the tenant (the fallback sends it to Redis each time): each refusal
+    was kept as a lease or reservation to give back, retried for good, and carried by each
+    of the tenant's next admissions -- a set growing with every request, scanned by every
+    tenant's."""
+    ns = f"t{secrets.token_hex(4)}"
+    limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
+    try:
+        await r.set(f"{ns}:rl:{{bad}}{key}", "written by hand")
+        for _ in range(3):
+            with pytest.raises(StoreUnreachable):
+                await limiter.admit("bad", limits, tokens=100)
         assert limiter.unreleased == 0
     finally:
         await limiter.close()
@@ -246,11 +269,13 @@ async def test_a_stalled_release_goes_with_the_tenants_next_admission(
     ns = f"t{secrets.token_hex(4)}"
     limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
     try:
-        await r.set(f"{ns}:rl:{{acme}}", "written by hand")
+        first = await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
+        await r.delete(f"{ns}:rl:{{acme}}:leases")
+        await r.set(f"{ns}:rl:{{acme}}:leases", "written by hand")
         with pytest.raises(StoreUnreachable):
-            await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
-        assert limiter.unreleased == 1  # its lease, in case the script took it
-        await r.delete(f"{ns}:rl:{{acme}}")
+            await limiter.release(first)
+        assert limiter.unreleased == 1  # its release, stalled
+        await r.delete(f"{ns}:rl:{{acme}}:leases")
         await r.config_resetstat()
         again = await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
         stats = await r.info("commandstats")
