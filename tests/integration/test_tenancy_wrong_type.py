@@ -26,6 +26,8 @@ from gateway.fleet.sync import RouteSync
 from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.key_types import misplaced
+from gateway.tenancy.redis_store import RedisStore
 from routing.router import Router, RouterConfig
 from tests.support.gateway import AUTH_SECRET, admin_client, chat_status, gateway_proc
 from tests.support.procs import Proc
@@ -251,7 +253,7 @@ def test_through_the_gateway_the_other_tenants_stay_on_the_shared_budget(
         clients = {t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=30)
                    for t, k in keys.items()}
         r.set("kvgate:rl:{globex}:leases", "written by hand")
-        assert chat_status(clients["globex"]) == 200  # per-process, its release stuck
+        assert chat_status(clients["globex"]) == 200  # per-process
         for _ in range(3):
             assert chat_status(clients["acme"]) == 200
         left = r.hget("kvgate:rl:{acme}", "r")  # three counted in Redis
@@ -309,3 +311,44 @@ async def test_shared_limits_an_acl_user_may_not_run_are_degraded_with_the_cause
         assert limiter.degraded and limiter.down_cause == "noperm"
     finally:
         await limiter.close()
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "9223372036854775807", "1" * 5000])
+async def test_a_generation_incr_cannot_bump_refuses_a_write_whole(
+    redis_url: str, r: aioredis.Redis, value: str,
+) -> None:
+    """A counter of digits past what INCR takes (beyond a signed 64-bit integer, or at its
+    end, with no room left): the scripts took it for an integer, wrote their record, then
+    failed on INCR ("ERR ... out of range": not journaled, not published, and named as no
+    key; past 4,300 digits a read failed on `int` too). It is refused as a counter that
+    holds no integer, before anything is written."""
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    try:
+        await r.set("kvgate:gen", value)
+        with pytest.raises(StoreUnreachable) as refused:
+            await store.create_tenant(Tenant(id="globex", tier="default"))
+        assert refused.value.cause == "server replied WRONGTYPE"
+        assert not await r.hexists("kvgate:tenants", "globex")
+        with pytest.raises(StoreUnreachable) as refused:
+            await store.generation()
+        assert refused.value.cause == "server replied WRONGTYPE"
+        assert await misplaced(r, "kvgate") == [
+            "kvgate:gen is not an integer (SET it to an integer past the newest generation "
+            "in kvgate:journal)"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "9223372036854775805", "-9223372036854775808"])
+async def test_a_generation_incr_can_bump_is_taken(
+    redis_url: str, r: aioredis.Redis, value: str,
+) -> None:
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    try:
+        await r.set("kvgate:gen", value)
+        assert await store.generation() == int(value)
+        await store.create_tenant(Tenant(id="globex", tier="default"))
+        assert await store.generation() == int(value) + 1
+        assert await misplaced(r, "kvgate") == []
+    finally:
+        await store.close()
