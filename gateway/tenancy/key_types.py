@@ -50,9 +50,9 @@ async def misplaced(client: aioredis.Redis, namespace: str) -> list[str]:
         *found, counter, head = await pipe.execute(raise_on_error=False)
     wrong = [f"{name} is a {_text(got)}, not a {want}"
              for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
-             if _text(got) not in ("none", want)]
+             if isinstance(got, str | bytes) and _text(got) not in ("none", want)]
     if isinstance(counter, str | bytes) and not bumpable(_text(counter)):
-        newest = re.match(r"[0-9]+ ", _text(head)) if isinstance(head, str | bytes) else None
+        newest = re.match(r"[0-9]{1,19} ", _text(head)) if isinstance(head, str | bytes) else None
         at = f"SET it to {int(newest[0]) + 1}, past" if newest else "SET it to an integer past"
         wrong.append(f"{gen} is not an integer ({at} the newest generation in {journal})")
     return wrong

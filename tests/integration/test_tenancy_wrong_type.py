@@ -26,7 +26,7 @@ from gateway.fleet.sync import RouteSync
 from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter
-from gateway.tenancy.key_types import misplaced
+from gateway.tenancy.key_types import WRONG_TYPE, misplaced, name_wrong_types
 from gateway.tenancy.redis_store import RedisStore
 from routing.router import Router, RouterConfig
 from tests.support.gateway import AUTH_SECRET, admin_client, chat_status, gateway_proc
@@ -352,3 +352,34 @@ async def test_a_generation_incr_can_bump_is_taken(
         assert await misplaced(r, "kvgate") == []
     finally:
         await store.close()
+
+
+async def test_keys_whose_type_cannot_be_read_are_named_as_none(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """An ACL user that may not run TYPE: each refused TYPE was named as a key whose type is
+    the refusal's text ("kvgate:tenants is a this user has no permissions to run the 'type'
+    command, not a hash; ..."); the keys are left unnamed and the counter, read with GET,
+    still is."""
+    await r.acl_setuser("kvgate", enabled=True, passwords=["+pw"], keys=["*"],
+                        commands=["+@all", "-type"])
+    user = aioredis.Redis.from_url(redis_url.replace("redis://", "redis://kvgate:pw@"))
+    try:
+        await r.set("kvgate:gen", "written by hand")
+        assert await name_wrong_types(user, "kvgate", WRONG_TYPE) == (
+            f"{WRONG_TYPE}: kvgate:gen is not an integer (SET it to an integer past the newest "
+            "generation in kvgate:journal)")
+    finally:
+        await user.aclose()
+
+
+async def test_a_journal_entry_of_5000_digits_names_the_counter_still(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """A hand-written journal head whose generation has 5,000 digits: what to SET the
+    counter to was read with `int`, which refuses past 4,300 digits (ValueError)."""
+    await r.set("kvgate:gen", "written by hand")
+    await r.lpush("kvgate:journal", "9" * 5000 + " tenant acme")
+    assert await misplaced(r, "kvgate") == [
+        "kvgate:gen is not an integer (SET it to an integer past the newest generation in "
+        "kvgate:journal)"]
