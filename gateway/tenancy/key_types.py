@@ -17,10 +17,17 @@ import re
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["EXPECTED", "INTEGER", "WRONG_TYPE", "misplaced", "name_wrong_types"]
+__all__ = ["EXPECTED", "WRONG_TYPE", "bumpable", "misplaced", "name_wrong_types"]
 
 WRONG_TYPE = "server replied WRONGTYPE"  # `redis_conn.failure_cause` of that reply
-INTEGER = re.compile(r"0|-?[1-9][0-9]*")  # what INCR counts on (`redis_scripts._GUARD`)
+_INTEGER = re.compile(r"0|-?[1-9][0-9]{0,18}")  # as Redis writes a signed 64-bit integer
+_INT64 = 2**63
+
+
+def bumpable(value: str) -> bool:
+    """An integer INCR counts on and can add one to (`redis_scripts._GUARD`): a signed
+    64-bit one below the largest (there INCR overflows)."""
+    return _INTEGER.fullmatch(value) is not None and -_INT64 <= int(value) < _INT64 - 1
 
 EXPECTED = {
     "tenants": "hash", "keys": "hash", "policy": "hash", "salt_groups": "hash",
@@ -43,9 +50,9 @@ async def misplaced(client: aioredis.Redis, namespace: str) -> list[str]:
         *found, counter, head = await pipe.execute(raise_on_error=False)
     wrong = [f"{name} is a {_text(got)}, not a {want}"
              for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
-             if _text(got) not in ("none", want)]
-    if isinstance(counter, str | bytes) and not INTEGER.fullmatch(_text(counter)):
-        newest = re.match(r"[0-9]+ ", _text(head)) if isinstance(head, str | bytes) else None
+             if isinstance(got, str | bytes) and _text(got) not in ("none", want)]
+    if isinstance(counter, str | bytes) and not bumpable(_text(counter)):
+        newest = re.match(r"[0-9]{1,19} ", _text(head)) if isinstance(head, str | bytes) else None
         at = f"SET it to {int(newest[0]) + 1}, past" if newest else "SET it to an integer past"
         wrong.append(f"{gen} is not an integer ({at} the newest generation in {journal})")
     return wrong

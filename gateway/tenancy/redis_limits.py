@@ -130,14 +130,15 @@ class RedisRateLimiter(RateLimiter):
             self._ttl,
             "1" if peek else "0",
         ]
-        for lid, (_, reserved, tpm) in stalled:
-            args += [lid, reserved, tpm]
+        for lid, (_, reserved, its_tpm) in stalled:  # (each its own: a lease's is 0)
+            args += [lid, reserved, its_tpm]
         try:
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(keys=self._keys(tenant_id), args=args)
         except (StoreUnreachable, asyncio.CancelledError) as exc:
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
+                raise  # refused before the script wrote this admission's lease or mark
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL; and
             # give back its reservation (found by its lease, or by its mark without one)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gateway.errors import StoreUnreachable, UnreadableRecord
-from gateway.tenancy.key_types import INTEGER, WRONG_TYPE
+from gateway.tenancy.key_types import WRONG_TYPE, bumpable
 from gateway.tenancy.models import AuditEntry, Change, PolicySnapshot, SkippedRecord
 from gateway.tenancy.store import policy_from_json
 
@@ -29,7 +29,7 @@ def counter(raw: str | bytes | None) -> int:
     if raw is None:
         return 0
     value = text(raw)
-    if INTEGER.fullmatch(value) is None:
+    if not bumpable(value):
         raise StoreUnreachable(WRONG_TYPE)
     return int(value)
 

@@ -11,14 +11,18 @@ __all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "MARK_SEE
 # ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
 # changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
 _BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
-# Each script first checks the counter: one that holds no integer as INCR counts it (written
-# by hand) is refused with WRONGTYPE, as a key of another type, before anything is written
-# (INCR failed only after the script had written its record: not journaled, not published).
-# `redis_records.counter` is the same rule where the counter is read.
+# Each script first checks the counter: one that holds no integer INCR can bump (written by
+# hand: not an integer, or past a signed 64-bit one's range, or at its largest) is refused
+# with WRONGTYPE, as a key of another type, before anything is written (INCR failed only
+# after the script had written its record: not journaled, not published). Digits compared
+# as strings of one length (Lua's numbers are doubles). `key_types.bumpable` is the same
+# rule where the counter is read.
 _GUARD = (
     "local g0 = redis.call('GET', KEYS[1]) "
-    "if g0 and g0 ~= '0' and not string.match(g0, '^-?[1-9]%d*$') then "
-    "return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not an integer') end "
+    "if g0 and g0 ~= '0' then local d = string.match(g0, '^-?([1-9]%d*)$') "
+    "if not d or #d > 19 or (#d == 19 and ((g0 == d and d >= '9223372036854775807') "
+    "or (g0 ~= d and d > '9223372036854775808'))) then "
+    "return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not an integer') end end "
 )
 JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
 

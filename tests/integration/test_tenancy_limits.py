@@ -328,3 +328,26 @@ async def test_a_settle_cancelled_before_it_reached_redis_is_still_made(
         await lim.close()  # waits for a settle still on its way
     left = (await lim.peek("t", limits)).remaining_tokens
     assert left is not None and left >= 980, left
+
+
+async def test_a_stalled_release_does_not_change_the_tpm_a_cancelled_admission_gives_back(
+    shared_redis: str,
+) -> None:
+    """An admission carries the tenant's stalled releases (a release cancelled, tpm 0: a
+    lease gives back no tokens) and is itself cancelled while Redis runs it: its reservation
+    was recorded for give-back with the stalled release's tpm (0), and the give-back capped
+    the bucket at it -- the tenant's 1,000 TPM emptied instead of refilled by 900."""
+    lim = RedisRateLimiter(connect_redis(shared_redis), namespace=f"t{secrets.token_hex(4)}",
+                           lease_ttl_s=30)
+    limits = Limits(tpm=1000, max_concurrency=4)
+    try:
+        first = await lim.admit("t", limits, tokens=0)
+        await _cancelled_behind_held_redis(shared_redis, lim.release(first))
+        assert lim.unreleased == 1
+        await lim.peek("other", limits)  # a connection again (the cancel dropped its own)
+        await _cancelled_behind_held_redis(shared_redis, lim.admit("t", limits, tokens=900))
+        assert await lim.release_pending() == 0
+        left = (await lim.peek("t", limits)).remaining_tokens
+        assert left is not None and left >= 990, left
+    finally:
+        await lim.close()

@@ -26,6 +26,8 @@ from gateway.fleet.sync import RouteSync
 from gateway.policy_doc import Limits, parse_policy
 from gateway.tenancy import RedisRateLimiter, TenancySettings, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.key_types import WRONG_TYPE, misplaced, name_wrong_types
+from gateway.tenancy.redis_store import RedisStore
 from routing.router import Router, RouterConfig
 from tests.support.gateway import AUTH_SECRET, admin_client, chat_status, gateway_proc
 from tests.support.procs import Proc
@@ -47,11 +49,13 @@ async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
     ns = f"t{secrets.token_hex(4)}"
     limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
     try:
+        stuck = await limiter.admit("bad", LIMITS, tokens=1)
+        await r.delete(f"{ns}:rl:{{bad}}:leases")
         await r.set(f"{ns}:rl:{{bad}}:leases", "written by hand")
         with pytest.raises(StoreUnreachable) as refused:
-            await limiter.admit("bad", LIMITS, tokens=1)
+            await limiter.release(stuck)
         assert refused.value.cause == "server replied WRONGTYPE"
-        assert limiter.unreleased == 1  # its lease, in case the script took it
+        assert limiter.unreleased == 1  # kept, retried until the key works
 
         good = await limiter.admit("good", LIMITS, tokens=1)  # it raised WRONGTYPE too
         assert good.allowed and good.remaining_requests == 9
@@ -59,6 +63,27 @@ async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
 
         await r.delete(f"{ns}:rl:{{bad}}:leases")
         assert (await limiter.admit("bad", LIMITS, tokens=1)).allowed
+        assert limiter.unreleased == 0
+    finally:
+        await limiter.close()
+
+
+@pytest.mark.parametrize(("key", "limits"), [(":leases", LIMITS), (":reserved", Limits(tpm=1000))])
+async def test_an_admission_refused_as_wrong_type_leaves_nothing_to_give_back(
+    redis_url: str, r: aioredis.Redis, key: str, limits: Limits,
+) -> None:
+    """Redis refuses the tenant's admission script before it writes a lease or a mark, on
+    every request of the tenant (the fallback sends it to Redis each time): each refusal
+    was kept as a lease or reservation to give back, retried for good, and carried by each
+    of the tenant's next admissions -- a set growing with every request, scanned by every
+    tenant's."""
+    ns = f"t{secrets.token_hex(4)}"
+    limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
+    try:
+        await r.set(f"{ns}:rl:{{bad}}{key}", "written by hand")
+        for _ in range(3):
+            with pytest.raises(StoreUnreachable):
+                await limiter.admit("bad", limits, tokens=100)
         assert limiter.unreleased == 0
     finally:
         await limiter.close()
@@ -228,7 +253,7 @@ def test_through_the_gateway_the_other_tenants_stay_on_the_shared_budget(
         clients = {t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=30)
                    for t, k in keys.items()}
         r.set("kvgate:rl:{globex}:leases", "written by hand")
-        assert chat_status(clients["globex"]) == 200  # per-process, its release stuck
+        assert chat_status(clients["globex"]) == 200  # per-process
         for _ in range(3):
             assert chat_status(clients["acme"]) == 200
         left = r.hget("kvgate:rl:{acme}", "r")  # three counted in Redis
@@ -246,11 +271,13 @@ async def test_a_stalled_release_goes_with_the_tenants_next_admission(
     ns = f"t{secrets.token_hex(4)}"
     limiter = RedisRateLimiter(connect_redis(redis_url), namespace=ns)
     try:
-        await r.set(f"{ns}:rl:{{acme}}", "written by hand")
+        first = await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
+        await r.delete(f"{ns}:rl:{{acme}}:leases")
+        await r.set(f"{ns}:rl:{{acme}}:leases", "written by hand")
         with pytest.raises(StoreUnreachable):
-            await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
-        assert limiter.unreleased == 1  # its lease, in case the script took it
-        await r.delete(f"{ns}:rl:{{acme}}")
+            await limiter.release(first)
+        assert limiter.unreleased == 1  # its release, stalled
+        await r.delete(f"{ns}:rl:{{acme}}:leases")
         await r.config_resetstat()
         again = await limiter.admit("acme", Limits(max_concurrency=1), tokens=1)
         stats = await r.info("commandstats")
@@ -284,3 +311,75 @@ async def test_shared_limits_an_acl_user_may_not_run_are_degraded_with_the_cause
         assert limiter.degraded and limiter.down_cause == "noperm"
     finally:
         await limiter.close()
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "9223372036854775807", "1" * 5000])
+async def test_a_generation_incr_cannot_bump_refuses_a_write_whole(
+    redis_url: str, r: aioredis.Redis, value: str,
+) -> None:
+    """A counter of digits past what INCR takes (beyond a signed 64-bit integer, or at its
+    end, with no room left): the scripts took it for an integer, wrote their record, then
+    failed on INCR ("ERR ... out of range": not journaled, not published, and named as no
+    key; past 4,300 digits a read failed on `int` too). It is refused as a counter that
+    holds no integer, before anything is written."""
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    try:
+        await r.set("kvgate:gen", value)
+        with pytest.raises(StoreUnreachable) as refused:
+            await store.create_tenant(Tenant(id="globex", tier="default"))
+        assert refused.value.cause == "server replied WRONGTYPE"
+        assert not await r.hexists("kvgate:tenants", "globex")
+        with pytest.raises(StoreUnreachable) as refused:
+            await store.generation()
+        assert refused.value.cause == "server replied WRONGTYPE"
+        assert await misplaced(r, "kvgate") == [
+            "kvgate:gen is not an integer (SET it to an integer past the newest generation "
+            "in kvgate:journal)"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("value", ["-5", "0", "9223372036854775805", "-9223372036854775808"])
+async def test_a_generation_incr_can_bump_is_taken(
+    redis_url: str, r: aioredis.Redis, value: str,
+) -> None:
+    store = RedisStore(connect_redis(redis_url), listen=False)
+    try:
+        await r.set("kvgate:gen", value)
+        assert await store.generation() == int(value)
+        await store.create_tenant(Tenant(id="globex", tier="default"))
+        assert await store.generation() == int(value) + 1
+        assert await misplaced(r, "kvgate") == []
+    finally:
+        await store.close()
+
+
+async def test_keys_whose_type_cannot_be_read_are_named_as_none(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """An ACL user that may not run TYPE: each refused TYPE was named as a key whose type is
+    the refusal's text ("kvgate:tenants is a this user has no permissions to run the 'type'
+    command, not a hash; ..."); the keys are left unnamed and the counter, read with GET,
+    still is."""
+    await r.acl_setuser("kvgate", enabled=True, passwords=["+pw"], keys=["*"],
+                        commands=["+@all", "-type"])
+    user = aioredis.Redis.from_url(redis_url.replace("redis://", "redis://kvgate:pw@"))
+    try:
+        await r.set("kvgate:gen", "written by hand")
+        assert await name_wrong_types(user, "kvgate", WRONG_TYPE) == (
+            f"{WRONG_TYPE}: kvgate:gen is not an integer (SET it to an integer past the newest "
+            "generation in kvgate:journal)")
+    finally:
+        await user.aclose()
+
+
+async def test_a_journal_entry_of_5000_digits_names_the_counter_still(
+    redis_url: str, r: aioredis.Redis,
+) -> None:
+    """A hand-written journal head whose generation has 5,000 digits: what to SET the
+    counter to was read with `int`, which refuses past 4,300 digits (ValueError)."""
+    await r.set("kvgate:gen", "written by hand")
+    await r.lpush("kvgate:journal", "9" * 5000 + " tenant acme")
+    assert await misplaced(r, "kvgate") == [
+        "kvgate:gen is not an integer (SET it to an integer past the newest generation in "
+        "kvgate:journal)"]
