@@ -5,11 +5,16 @@ stream (the HTTP edge's disconnect watch signals the queue instead): the queue's
 a cancelled waiter removed it and counted nothing. Both edges (`kvgate serve`; the picker
 behind a real Envoy), a simulated replica whose stream hangs after a few tokens (the pool
 saturated at one request in flight), a raw socket that resets its connection.
+
+Nor is a request still queued when the picker's shutdown grace ends counted abandoned: it is
+answered 503 and recorded "interrupted", as the HTTP edge answers it (gRPC cancelled it, and
+Envoy answered its own 503, "The endpoint picker is unavailable", logged 499).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import struct
 from collections.abc import Callable, Iterator
@@ -113,3 +118,31 @@ def test_a_client_leaving_the_queue_is_counted_abandoned(edge: tuple[str, str, s
     wait_for(lambda: inflight(admin_base) == 0, 10, "the held stream to end")
     assert _received(sim) == sent
     assert _total(admin_base, "kvgate_flow_queued_total") == 1
+
+
+def test_a_request_queued_at_the_end_of_the_pickers_grace_is_interrupted(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "2", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    epp = epp_proc(config={**_config(sim), "server": {"shutdown_grace_s": 1}}, auth=True,
+                   env=env)
+    with epp:
+        envoy, base = envoy_proc(epp.picker)
+        with envoy, httpx.Client(timeout=30) as http, http.stream(
+                "POST", f"{base}/v1/chat/completions", content=BODY,
+                headers={"authorization": f"Bearer {_key(epp.base, 'holder')}",
+                         "content-type": "application/json"}) as held:
+            chunks = held.iter_raw()
+            next(chunks)
+            client = _send(base, _key(epp.base, "leaver"))
+            wait_for(lambda: _total(epp.base, "kvgate_flow_queue_depth") == 1, 10,
+                     "the request to queue")
+            epp.signal(signal.SIGTERM)  # its grace (1 s) ends with the request still queued
+            client.settimeout(30)
+            head, _, body = client.recv(65536).partition(b"\r\n\r\n")
+            client.close()
+            assert head.startswith(b"HTTP/1.1 503") and b"retry-after:" in head.lower(), head
+            assert b"shutting down" in body, body
+            assert epp.popen is not None and epp.popen.wait(30) == 0
+        line = next(ln for ln in epp.output(None).splitlines() if '"tenant":"leaver"' in ln)
+        assert '"status":503' in line and '"route":"interrupted"' in line, line
