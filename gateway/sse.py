@@ -2,7 +2,9 @@
 
 Chunks are forwarded as they arrive. Only a chunk that mentions ``"usage"`` is split into
 events; the usage numbers are read with a regular expression, and the usage-only chunk
-(``"choices": []``) is dropped when kvgate asked for it and the client did not. Comment lines
+(``"choices": []``) is dropped when kvgate asked for it and the client did not (each other
+event keeps its own end, ``\\n\\n`` or ``\\r\\n\\r\\n``: vLLM sends the first, a server or a
+proxy in between may send the second, or both in one read). Comment lines
 (``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
@@ -77,6 +79,7 @@ _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
 _SEP = re.compile(rb"\r\n\r\n|\n\n")
+_SPLIT = re.compile(rb"(\r\n\r\n|\n\n)")  # (each event's end kept)
 _CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
@@ -340,19 +343,28 @@ class StreamScanner:
         return rest
 
     def _events(self, block: bytes) -> bytes:
+        """`block` (whole events) with its usage read, and its usage-only event dropped when
+        stripping. Each event kept keeps its own end: a read may mix the two kinds (a proxy
+        re-framing some events with CRLF), and a split on one kind alone dropped the events
+        around the usage chunk, or their separator."""
         if _USAGE_KEY not in block:
             return block
-        sep = b"\r\n\r\n" if b"\r\n\r\n" in block else b"\n\n"
-        kept = []
-        for event in block.split(sep):
-            if _USAGE_KEY in event:
-                usage = scan_usage(event)
-                if usage is not None:
-                    self.usage = usage
-                    if self._strip and _EMPTY_CHOICES.search(event):
-                        continue
-            kept.append(event)
-        return sep.join(kept)
+        if b"\r\n\r\n" not in block:  # vLLM's framing: `bytes.split`, 6x the regex's speed
+            return b"\n\n".join([e for e in block.split(b"\n\n") if self._keeps(e)])
+        parts = _SPLIT.split(block)  # each event, then its own end; b"" last
+        ends = zip(parts[:-1:2], parts[1::2], strict=True)
+        return b"".join([event + end for event, end in ends if self._keeps(event)])
+
+    def _keeps(self, event: bytes) -> bool:
+        """Whether `event` is forwarded: not a usage-only one when stripping (its usage is
+        read either way)."""
+        if _USAGE_KEY not in event:
+            return True
+        usage = scan_usage(event)
+        if usage is None:
+            return True
+        self.usage = usage
+        return not (self._strip and _EMPTY_CHOICES.search(event))
 
 
 def _last_event(block: bytes) -> bytes:

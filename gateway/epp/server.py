@@ -26,6 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
+from gateway.drain import INTERRUPT_WAIT_S, interrupt_all
 from gateway.epp.exchange import Exchange, PickerCore
 from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
@@ -196,7 +197,7 @@ class EppApp(GatewayApp):
         self.grpc = server
 
         async def stop() -> None:  # streams in flight may finish, new ones are refused
-            await server.stop(self.cfg.server.shutdown_grace_s)
+            await _stop(server, self.cfg.server.shutdown_grace_s)
             await processor.drain()
 
         stack.push_async_callback(stop)
@@ -212,6 +213,18 @@ class EppApp(GatewayApp):
             return self._models(principal)
         page = self._get.get(path) if path in PUBLIC_PAGES else None
         return page() if page is not None else None
+
+
+async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
+    """Stop as the HTTP edge does (`gateway.drain`): what is in flight has the grace, then a
+    request still queued in flow control is answered 503, recorded "interrupted"
+    (`interrupt_all`), within `INTERRUPT_WAIT_S` before gRPC cancels what is left (a
+    cancelled one was Envoy's 503, "The endpoint picker is unavailable", logged 499)."""
+    stopping = asyncio.ensure_future(server.stop(grace_s + INTERRUPT_WAIT_S))
+    await asyncio.wait([stopping], timeout=grace_s)
+    if not stopping.done():
+        interrupt_all()
+    await stopping
 
 
 def _grpc_host(host: str) -> str:

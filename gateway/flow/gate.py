@@ -25,8 +25,9 @@ no replica counter. It leaves the queue released, shed (429 with Retry-After pas
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
 as important as a top-band one: the pool is overloaded), moved (a policy change sends it to
 another pool: it is admitted again there, within the deadline of its first queue,
-`FlowGate.policy_changed`), abandoned (its client disconnected: removed at once, the proxy
-settles the admission), or interrupted at the end of the shutdown grace (503).
+`FlowGate.policy_changed`), abandoned (its client disconnected: removed at once and counted,
+the edge settles the admission; the HTTP edge's disconnect watch signals it, the picker's
+handler is cancelled by gRPC), or interrupted at the end of the shutdown grace (503).
 `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
@@ -281,9 +282,14 @@ class FlowGate:
             if released:
                 self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
-            req.queued_s = perf_counter() - t0
-            self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
+            self._abandoned(state, req, t0)
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
+        except asyncio.CancelledError:
+            # the picker's: gRPC cancels the exchange whose client left (Envoy ended its
+            # stream) where the HTTP edge signals it (`_Gone`); counted alike while queued
+            if ticket.entry.queued:
+                self._abandoned(state, req, t0)
+            raise
         except ShutDownWhileQueued:
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
@@ -309,6 +315,11 @@ class FlowGate:
         # the pump looks again once this request has its replica (after this task's step)
         loop.call_soon(self._landed, state, ticket)
         return None
+
+    def _abandoned(self, state: _PoolState, req: ProxiedRequest, t0: float) -> None:
+        """Its client left while it was queued (the caller records 499 and settles)."""
+        req.queued_s = perf_counter() - t0
+        self.metrics.child(self.metrics.abandoned, state.name, req.tier).inc()
 
     def _left(self, state: _PoolState, ticket: _Ticket) -> None:
         """The client disconnected while queued: out of the queue now, not at its turn."""

@@ -43,6 +43,42 @@ def test_crlf_events() -> None:
     assert scanner.usage == EXPECTED_USAGE
 
 
+CRLF_STREAM = STREAM.replace(b"\n\n", b"\r\n\r\n")
+CRLF_KEPT = (CHUNK + COMMENT + CHUNK + DONE).replace(b"\n\n", b"\r\n\r\n")
+
+
+@pytest.mark.parametrize("at", range(len(CRLF_STREAM) + 1))
+def test_a_crlf_stream_split_anywhere_loses_nothing(at: int) -> None:
+    out, scanner = run([CRLF_STREAM[:at], CRLF_STREAM[at:]], True)
+    assert out == CRLF_KEPT
+    assert scanner.usage == EXPECTED_USAGE and scanner.complete() and not scanner.malformed
+
+
+def _mixed(seps: tuple[bytes, ...], events: tuple[bytes, ...]) -> bytes:
+    return b"".join(e.removesuffix(b"\n\n") + sep for e, sep in zip(events, seps, strict=True))
+
+
+EVENTS = (CHUNK, COMMENT, CHUNK, USAGE, DONE)
+# each event of the stream ended by either separator (a proxy re-framing some of them)
+MIXED = [tuple(b"\r\n\r\n" if bits >> i & 1 else b"\n\n" for i in range(len(EVENTS)))
+         for bits in range(1, 2 ** len(EVENTS) - 1)]
+
+
+@pytest.mark.parametrize("seps", MIXED)
+@pytest.mark.parametrize("size", [1, 7, 4096])
+def test_mixed_separators_in_one_read_keep_each_event_and_its_end(
+        seps: tuple[bytes, ...], size: int) -> None:
+    """The usage chunk a client did not ask for is stripped; every other event goes out as
+    it came, its own separator with it (a lost one merged two events, or left the stream
+    ending without its [DONE]: "ended before complete")."""
+    kept = tuple(sep for e, sep in zip(EVENTS, seps, strict=True) if e is not USAGE)
+    expected = _mixed(kept, (CHUNK, COMMENT, CHUNK, DONE))
+    out, scanner = run(split_every(_mixed(seps, EVENTS), size), True)
+    assert out == expected
+    assert scanner.usage == EXPECTED_USAGE and scanner.complete() and scanner.done()
+    assert not scanner.malformed
+
+
 @pytest.mark.parametrize(
     ("blob", "usage"),
     [
