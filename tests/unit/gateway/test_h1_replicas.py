@@ -90,16 +90,16 @@ def test_a_thousand_replicas_used_once_each_are_forgotten(
 
     async def run() -> None:
         p = H1Pool(max_connections=4, connect_timeout_s=2.0)
-        for batch in range(10):  # 100 replicas at a time, each a new address
+        servers: list[Server] = []  # kept listening: every address is a new one
+        for batch in range(10):  # 100 replicas at a time
             answer = CLOSE if batch % 2 else OK  # closed after the answer, or kept alive
-            servers = [serve(keep_alive(answer)) for _ in range(100)]
-            bases = [await server.__aenter__() for server in servers]
+            servers += [serve(keep_alive(answer)) for _ in range(100)]
+            bases = [await server.__aenter__() for server in servers[-100:]]
             assert await asyncio.gather(*(exchange(p, b + "/v1/x") for b in bases)) == [
                 b"{}"] * 100
-            if answer is CLOSE:
-                assert not p._replicas  # nothing idle, nothing in use: forgotten at once
-            for server in servers:
-                await server.__aexit__()
+            if answer is CLOSE:  # nothing idle, nothing in use: forgotten at once
+                ports = {int(b.rsplit(":", 1)[1]) for b in bases}
+                assert not ports & {port for _, port, _ in p._replicas}
             assert len(p._targets) <= 100
         for _ in range(200):  # the kept-alive ones go once idle too long to be reused
             if not p._replicas:
@@ -108,5 +108,7 @@ def test_a_thousand_replicas_used_once_each_are_forgotten(
         assert not p._replicas
         assert p._sweep is None  # nothing idle: no timer left either
         await p.close()
+        for server in servers:
+            await server.__aexit__()
 
     asyncio.run(asyncio.wait_for(run(), 60))
