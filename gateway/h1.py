@@ -293,16 +293,6 @@ class H1Pool:
         head += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()]
         head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
         request = b"".join(head) + body
-        replica = await self._acquire(key)
-        try:
-            conn = await self._exchange(replica, key, request)
-        except BaseException:
-            self._release(key, replica)
-            raise
-        return H1Response(conn, self)
-
-    async def _acquire(self, key: tuple[str, int, bool]) -> _Replica:
-        """One of the replica's slots (waits for one)."""
         replica = self._replicas.get(key)
         if replica is None:
             replica = self._replicas[key] = _Replica(self._limit)
@@ -310,18 +300,20 @@ class H1Pool:
         try:
             await replica.slots.acquire()
         except BaseException:  # cancelled while waiting
-            replica.users -= 1
-            self._forget_unused(key, replica)
+            self._leave(key, replica)
             raise
-        return replica
+        try:
+            conn = await self._exchange(replica, key, request)
+        except BaseException:
+            replica.slots.release()
+            self._leave(key, replica)
+            raise
+        return H1Response(conn, self)
 
-    def _release(self, key: tuple[str, int, bool], replica: _Replica) -> None:
-        replica.slots.release()
+    def _leave(self, key: tuple[str, int, bool], replica: _Replica) -> None:
+        """An exchange no longer holds or waits for one of the replica's slots."""
         replica.users -= 1
-        self._forget_unused(key, replica)
-
-    def _forget_unused(self, key: tuple[str, int, bool], replica: _Replica) -> None:
-        if not replica.users and not replica.idle and self._replicas.get(key) is replica:
+        if not replica.users and not replica.idle:
             del self._replicas[key]
 
     async def _exchange(self, replica: _Replica, key: tuple[str, int, bool],
@@ -420,7 +412,8 @@ class H1Pool:
                 self._sweep = asyncio.get_running_loop().call_later(IDLE_S, self._sweep_idle)
         else:
             conn.close()
-        self._release(conn.key, replica)
+        replica.slots.release()
+        self._leave(conn.key, replica)
 
     def _sweep_idle(self) -> None:
         """Close connections idle too long to be reused (a replica gone without closing
@@ -432,7 +425,8 @@ class H1Pool:
                 if conn.closed or now - conn.idle_since >= IDLE_S:
                     conn.close()
             replica.idle = [conn for conn in replica.idle if not conn.closed]
-            self._forget_unused(key, replica)
+            if not replica.users and not replica.idle:
+                del self._replicas[key]
         if any(replica.idle for replica in self._replicas.values()):
             self._sweep = asyncio.get_running_loop().call_later(IDLE_S, self._sweep_idle)
 
