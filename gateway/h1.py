@@ -3,12 +3,15 @@
 Why not aiohttp's client here: per proxied request it builds a `ClientRequest`, header
 multidicts, cookie and tracing hooks, timers and a payload object; measured under load that
 was about a quarter of kvgate's CPU per request (`loadtest/bench_overhead.py`). This client
-keeps one keep-alive pool of raw asyncio connections per pool of replicas, writes the request
-as one bytes object and parses the answer with httptools (the parser uvicorn uses), so a
-proxied exchange costs a few Python calls. Health checks and the Responses-API lookups stay on
+keeps raw asyncio keep-alive connections per replica, writes the request as one bytes object
+and parses the answer with httptools (the parser uvicorn uses), so a proxied exchange costs a
+few Python calls. Health checks and the Responses-API lookups stay on
 aiohttp (`ReplicaTransport`): they are rare.
 
 Rules it keeps:
+- at most `max_connections` exchanges with one replica at once, more wait: per replica, so
+  one that takes requests and answers nothing cannot hold its healthy peers' slots; a replica
+  with none in use or kept alive is forgotten (a churning discovery does not grow the pool);
 - a connection is reused only when its answer was read to the end and both sides said
   keep-alive; one idle for longer than `IDLE_S` (under uvicorn's and so vLLM's 5 s default)
   is closed instead of reused;
