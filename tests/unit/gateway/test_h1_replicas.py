@@ -16,11 +16,12 @@ CLOSE = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
 
 
 def stalling(seen: list[bytes], arrived: asyncio.Event) -> Handler:
-    """Takes each request and answers nothing; sets `arrived` at each one."""
+    """Takes each request and answers nothing until the client leaves; sets `arrived` at
+    each one."""
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, n: int) -> None:
         seen.append(await read_request(r))
         arrived.set()
-        await asyncio.Event().wait()
+        await r.read()
     return handler
 
 
