@@ -3,12 +3,15 @@
 Why not aiohttp's client here: per proxied request it builds a `ClientRequest`, header
 multidicts, cookie and tracing hooks, timers and a payload object; measured under load that
 was about a quarter of kvgate's CPU per request (`loadtest/bench_overhead.py`). This client
-keeps one keep-alive pool of raw asyncio connections per pool of replicas, writes the request
-as one bytes object and parses the answer with httptools (the parser uvicorn uses), so a
-proxied exchange costs a few Python calls. Health checks and the Responses-API lookups stay on
+keeps raw asyncio keep-alive connections per replica, writes the request as one bytes object
+and parses the answer with httptools (the parser uvicorn uses), so a proxied exchange costs a
+few Python calls. Health checks and the Responses-API lookups stay on
 aiohttp (`ReplicaTransport`): they are rare.
 
 Rules it keeps:
+- at most `max_connections` exchanges with one replica at once, more wait: per replica, so
+  one that takes requests and answers nothing cannot hold its healthy peers' slots; a replica
+  with none in use or kept alive is forgotten (a churning discovery does not grow the pool);
 - a connection is reused only when its answer was read to the end and both sides said
   keep-alive; one idle for longer than `IDLE_S` (under uvicorn's and so vLLM's 5 s default)
   is closed instead of reused;
@@ -50,6 +53,7 @@ HIGH_WATER = 256 * 1024  # bytes of an answer buffered for a slow reader before 
 # parser joins a header's pieces as they come (quadratic: a 25 MB header held the event loop
 # for half a minute)
 MAX_HEAD_BYTES = 64 * 1024
+MAX_TARGETS = 4096  # replica URLs whose parsed form is kept (all are, past a churn)
 
 
 class UpstreamClosed(ConnectionResetError):
@@ -249,17 +253,31 @@ class H1Response:
         self._pool.done_with(self._conn, reuse=False)
 
 
+class _Replica:
+    """One replica's slots and idle connections, kept while any is in use (or waited for)."""
+
+    __slots__ = ("idle", "slots", "users")
+
+    def __init__(self, limit: int) -> None:
+        self.slots = asyncio.Semaphore(limit)
+        self.idle: list[_Conn] = []
+        self.users = 0  # exchanges holding or waiting for a slot
+
+
 class H1Pool:
     """Keep-alive connections to the replicas of one pool; at most `max_connections` carry an
-    exchange at once (more wait)."""
+    exchange with one replica at once (more wait), so a replica that stalls holds its own
+    slots only. A replica's slots and idle connections are forgotten once none is in use: a
+    discovery that churns replicas does not grow the pool."""
 
     def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
         self._connect_timeout_s = connect_timeout_s
-        self._slots = asyncio.Semaphore(max_connections)
-        self._idle: dict[tuple[str, int, bool], list[_Conn]] = {}
+        self._limit = max_connections
+        self._replicas: dict[tuple[str, int, bool], _Replica] = {}
         self._targets: dict[str, tuple[tuple[str, int, bool], bytes, bytes]] = {}
         self._busy: set[_Conn] = set()
         self._ssl: ssl.SSLContext | None = None
+        self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> H1Response:
@@ -278,17 +296,33 @@ class H1Pool:
         head += [f"{k}: {v}\r\n".encode("latin-1") for k, v in headers.items()]
         head.append(f"Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
         request = b"".join(head) + body
-        await self._slots.acquire()
+        replica = self._replicas.get(key)
+        if replica is None:
+            replica = self._replicas[key] = _Replica(self._limit)
+        replica.users += 1
         try:
-            conn = await self._exchange(key, request)
+            await replica.slots.acquire()
+        except BaseException:  # cancelled while waiting
+            self._leave(key, replica)
+            raise
+        try:
+            conn = await self._exchange(replica, key, request)
         except BaseException:
-            self._slots.release()
+            replica.slots.release()
+            self._leave(key, replica)
             raise
         return H1Response(conn, self)
 
-    async def _exchange(self, key: tuple[str, int, bool], request: bytes) -> _Conn:
+    def _leave(self, key: tuple[str, int, bool], replica: _Replica) -> None:
+        """An exchange no longer holds or waits for one of the replica's slots."""
+        replica.users -= 1
+        if not replica.users and not replica.idle:
+            del self._replicas[key]
+
+    async def _exchange(self, replica: _Replica, key: tuple[str, int, bool],
+                        request: bytes) -> _Conn:
         """Send ``request``; return the connection once the answer's head has arrived."""
-        conn = self._take_idle(key)
+        conn = self._take_idle(replica)
         if conn is not None:
             self._busy.add(conn)
             conn.start(request)
@@ -337,11 +371,14 @@ class H1Pool:
                     pair = text.encode()
                 auth = b"Authorization: Basic " + base64.b64encode(pair) + b"\r\n"
             found = ((host, port, tls), f"Host: {hostport}\r\n".encode("latin-1"), auth)
+            if len(self._targets) >= MAX_TARGETS:  # replicas come and go: forget the old
+                self._targets.clear()
             self._targets[base] = found
         return found[0], found[1], found[2], path
 
-    def _take_idle(self, key: tuple[str, int, bool]) -> _Conn | None:
-        idle = self._idle.get(key)
+    @staticmethod
+    def _take_idle(replica: _Replica) -> _Conn | None:
+        idle = replica.idle
         now = time.monotonic()
         while idle:
             conn = idle.pop()
@@ -370,19 +407,41 @@ class H1Pool:
         if conn not in self._busy:
             return  # released twice
         self._busy.discard(conn)
-        self._slots.release()
+        replica = self._replicas[conn.key]  # kept while this exchange holds its slot
         if reuse and conn.complete and conn.keep_alive and not conn.closed and not self.closed:
             conn.idle_since = time.monotonic()
-            self._idle.setdefault(conn.key, []).append(conn)
+            replica.idle.append(conn)
+            if self._sweep is None:
+                self._sweep = asyncio.get_running_loop().call_later(IDLE_S, self._sweep_idle)
         else:
             conn.close()
+        replica.slots.release()
+        self._leave(conn.key, replica)
+
+    def _sweep_idle(self) -> None:
+        """Close connections idle too long to be reused (a replica gone without closing
+        them holds them otherwise), and forget replicas left with nothing in use."""
+        self._sweep = None
+        now = time.monotonic()
+        for key, replica in list(self._replicas.items()):
+            for conn in replica.idle:
+                if conn.closed or now - conn.idle_since >= IDLE_S:
+                    conn.close()
+            replica.idle = [conn for conn in replica.idle if not conn.closed]
+            if not replica.users and not replica.idle:
+                del self._replicas[key]
+        if any(replica.idle for replica in self._replicas.values()):
+            self._sweep = asyncio.get_running_loop().call_later(IDLE_S, self._sweep_idle)
 
     async def close(self) -> None:
         self.closed = True
-        for idle in self._idle.values():
-            for conn in idle:
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+        for replica in self._replicas.values():
+            for conn in replica.idle:
                 conn.close()
-        self._idle.clear()
+            replica.idle.clear()
         for conn in list(self._busy):
             conn.close()
         await asyncio.sleep(0)

@@ -2,7 +2,7 @@
 
 Proxied requests (`post`; `open`: a stored response's GET, streamed or whole, or its cancel)
 go through kvgate's own HTTP/1.1 client (`gateway.h1`: raw asyncio connections kept alive per
-pool, httptools parsing): aiohttp's client cost about a quarter of kvgate's CPU per request
+replica, httptools parsing): aiohttp's client cost about a quarter of kvgate's CPU per request
 under load, and an answer read chunk by chunk is bounded as a proxied one
 (`upstream.max_answer_bytes`). Health checks and model discovery (`get`) are rare and use
 aiohttp.
@@ -110,7 +110,7 @@ class Transport(Protocol):
     async def close(self) -> None: ...
 
 
-# (max_connections, connect_timeout_s) -> a transport; called on the event loop
+# (max_connections per replica, connect_timeout_s) -> a transport; called on the event loop
 TransportFactory = Callable[[int, float], Transport]
 
 
@@ -139,7 +139,8 @@ class ReplicaTransport:
     def __init__(self, *, max_connections: int, connect_timeout_s: float) -> None:
         self._h1 = H1Pool(max_connections=max_connections, connect_timeout_s=connect_timeout_s)
         connector = aiohttp.TCPConnector(
-            limit=max_connections, limit_per_host=0, keepalive_timeout=30.0,
+            # per replica, as the proxied requests' (`upstream.max_connections`)
+            limit=0, limit_per_host=max_connections, keepalive_timeout=30.0,
             enable_cleanup_closed=False, ttl_dns_cache=300,
         )
         self._session = aiohttp.ClientSession(

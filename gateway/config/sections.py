@@ -132,7 +132,9 @@ class UpstreamConfig(_Section):
     max_attempts: Annotated[int, Field(ge=1, le=10)] = 3  # first try + retries
     retry_budget_ratio: Annotated[float, Field(ge=0, le=1)] = 0.2  # retries per request
     retry_budget_min: Annotated[int, Field(ge=0)] = 10  # retries always allowed in reserve
-    max_connections: Annotated[int, Field(gt=0)] = 1024  # per pool, keep-alive pooled
+    # per replica: exchanges with one replica at once (keep-alive connections); more wait in
+    # kvgate, so a replica that stalls holds its own connections, not its pool's
+    max_connections: Annotated[int, Field(gt=0)] = 1024
     # a whole answer, or one stream event, larger than this is not read on (a 502): held in
     # memory it could take the gateway down (vLLM's largest, a big embeddings batch, is less)
     max_answer_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024
