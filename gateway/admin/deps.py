@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from gateway.admin.auth import AdminToken
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, Conflict, NotFound
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
-from gateway.tenancy.store import TenantStore
+from gateway.tenancy.store import StaleCheck, TenantStore
 
 __all__ = ["AdminContext", "AdminDeps", "maybe_await"]
 
@@ -26,6 +26,8 @@ Supplier = Callable[[], Any]  # may return an awaitable
 Explainer = Callable[[dict[str, Any]], Any]  # may return an awaitable
 # the policy this gateway runs on and where it came from (`TenantResolver.policy_source`)
 InForce = Callable[[], tuple[PolicySnapshot | None, str | None]]
+T = TypeVar("T")
+CHECK_TRIES = 8  # a write checked against another object that keeps changing: then a 409
 
 
 @dataclass
@@ -70,9 +72,24 @@ class AdminContext:
             raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         return tenant
 
-    async def check_tier(self, tier: str) -> None:
-        """A tenant's tier must exist in the policy in force; with no policy stored (a wiped
-        store not yet re-seeded) no tier is known, so nothing is accepted."""
+    async def in_tier(self, tier: str | None, write: Callable[[int | None], Awaitable[T]]) -> T:
+        """`write(policy_version)` of a tenant put in `tier` (None: its tier is not changed),
+        checked against the policy at that version: the store writes only while that version
+        is in force, so a concurrent PUT cannot remove the tier from under it; a policy stored
+        in between is checked again."""
+        for _ in range(CHECK_TRIES):
+            version = None if tier is None else await self.check_tier(tier)
+            try:
+                return await write(version)
+            except StaleCheck:
+                continue
+        raise Conflict("the policy kept changing while the tenant's tier was checked against "
+                       "it; retry", param="tier")
+
+    async def check_tier(self, tier: str) -> int:
+        """A tenant's tier must exist in the policy in force (its version is returned); with
+        no policy stored (a wiped store not yet re-seeded) no tier is known, so nothing is
+        accepted."""
         policy = await self.store.get_policy()
         if policy is None:
             raise BadRequest(
@@ -82,6 +99,7 @@ class AdminContext:
         if not policy.doc.knows_tier(tier):
             known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
             raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+        return policy.version
 
     def running_on(self) -> str:
         """What this gateway runs on while the stored policy is unreadable, in words."""

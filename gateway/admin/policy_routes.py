@@ -12,10 +12,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Header
 from fastapi.responses import JSONResponse
 
-from gateway.admin.deps import AdminContext
+from gateway.admin.deps import CHECK_TRIES, AdminContext
 from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed, UnreadableRecord
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
-from gateway.tenancy.store import check_policy_version
+from gateway.tenancy.store import StaleCheck, check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]
@@ -83,12 +83,24 @@ async def _store(
     doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
-    for tenant in await ctx.store.list_tenants():
-        if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
-            raise BadRequest(
-                f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}", param="tiers"
-            )
-    snap = await ctx.store.put_policy(doc, if_version=expected, keep_unknown=keep_unknown)
+    for _ in range(CHECK_TRIES):
+        # stored only if no tenant was written since this generation: one put in a tier
+        # the document leaves out, meanwhile, would be refused every request (403)
+        at = await ctx.store.generation()
+        for tenant in await ctx.store.list_tenants():
+            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
+                raise BadRequest(
+                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
+                    param="tiers")
+        try:
+            snap = await ctx.store.put_policy(doc, if_version=expected,
+                                              keep_unknown=keep_unknown, tenants_at=at)
+            break
+        except StaleCheck:
+            continue
+    else:
+        raise Conflict("the tenants kept changing while the policy was checked against "
+                       "their tiers; retry")
     await ctx.audit(who, action, "policy", version=snap.version)
     body = snap.doc.model_dump(mode="json", exclude_unset=True)
     return JSONResponse(shown_policy(body), headers={"etag": f'"{snap.version}"'})

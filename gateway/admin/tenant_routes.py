@@ -32,14 +32,14 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
 
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
-        await ctx.check_tier(body.tier)
         # the fields sent, plus the tier: its default ("default") is not "sent" but is needed
         data = {"tier": body.tier, **body.model_dump(exclude_unset=True)}
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)
         # over a stored record that cannot be read: the operator's way out (keys are kept)
-        await ctx.store.create_tenant(tenant, over_unreadable=True)
+        await ctx.in_tier(tenant.tier, lambda version: ctx.store.create_tenant(
+            tenant, over_unreadable=True, policy_version=version))
         await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
         return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
@@ -76,13 +76,15 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
         if "tier" in changes:
             if body.tier is None:
                 raise BadRequest("tier: must not be null", param="tier")
-            await ctx.check_tier(body.tier)
+            await ctx.check_tier(body.tier)  # a 400 first, even for the tier it already has
         current = await ctx.tenant(tenant_id)
         changed = _changed(current, apply_tenant_changes(current, changes))
         if not changed:
             # values it already has: no write (every gateway would reload), no audit entry
             return await ctx.view(current)
-        tenant = await ctx.store.update_tenant(tenant_id, changes)
+        tenant = await ctx.in_tier(body.tier if "tier" in changes else None,
+                                   lambda version: ctx.store.update_tenant(
+                                       tenant_id, changes, policy_version=version))
         await ctx.audit(who, "tenant.update", tenant_id, fields=changed)
         return await ctx.view(tenant)
 

@@ -18,6 +18,7 @@ from gateway.tenancy.models import (
 )
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
+    StaleCheck,
     TenantStore,
     apply_tenant_changes,
     check_policy_version,
@@ -37,10 +38,21 @@ class InMemoryStore(TenantStore):
         self._audit: deque[AuditEntry] = deque(maxlen=audit_cap)
         self._generation = 0
         self._mark: str | None = None  # process memory cannot be wiped behind our back
+        self._tenants_at = 0  # the generation of the last write of a tenant record
 
     def _changed(self, kind: str, ident: str | None) -> None:
         self._generation += 1
+        if kind == "tenant":
+            self._tenants_at = self._generation
         self._notify(Change(kind, ident))
+
+    def _check_policy(self, version: int | None) -> None:
+        """The policy a tenant's tier was checked against is still in force (as the Redis
+        store's scripts check: here nothing awaits between a check and its write, but the
+        rule is the same)."""
+        current = self._policy.version if self._policy else 0
+        if version is not None and version != current:
+            raise StaleCheck("the policy changed while the tenant's tier was checked; retry")
 
     def _require(self, tenant_id: str) -> Tenant:
         tenant = self._tenants.get(tenant_id)
@@ -48,9 +60,12 @@ class InMemoryStore(TenantStore):
             raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         return tenant
 
-    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+    async def create_tenant(
+        self, tenant: Tenant, *, over_unreadable: bool = False, policy_version: int | None = None
+    ) -> Tenant:
         if tenant.id in self._tenants:
             raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
+        self._check_policy(policy_version)
         self._tenants[tenant.id] = tenant
         self._changed("tenant", tenant.id)
         return tenant
@@ -61,8 +76,11 @@ class InMemoryStore(TenantStore):
     async def list_tenants(self) -> list[Tenant]:
         return sorted(self._tenants.values(), key=lambda t: t.id)
 
-    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
+    async def update_tenant(
+        self, tenant_id: str, changes: dict[str, object], *, policy_version: int | None = None
+    ) -> Tenant:
         tenant = apply_tenant_changes(self._require(tenant_id), changes)
+        self._check_policy(policy_version)
         self._tenants[tenant_id] = tenant
         self._changed("tenant", tenant_id)
         return tenant
@@ -113,10 +131,14 @@ class InMemoryStore(TenantStore):
         return self._policy
 
     async def put_policy(
-        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False,
+        tenants_at: int | None = None,
     ) -> PolicySnapshot:
         current = self._policy.version if self._policy else 0
         check_policy_version(current, if_version)
+        if tenants_at is not None and self._tenants_at > tenants_at:
+            raise StaleCheck("a tenant changed while the policy was checked against the "
+                             "tenants' tiers; retry")
         self._policy = PolicySnapshot(current + 1, doc)
         self._changed("policy", None)
         return self._policy

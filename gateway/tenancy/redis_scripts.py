@@ -33,14 +33,24 @@ def _log(kind: str, name: str) -> str:
             f"redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) ")
 
 
-CREATE = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] json
-    _GUARD + "if redis.call('HSETNX', KEYS[3], ARGV[3], ARGV[4]) == 0 then return 0 end "
+def _policy_at(arg: str) -> str:
+    """A tenant written only while the policy (KEYS[4]) is at the version its tier was
+    checked against (`arg`, '' for no check): else -1, nothing written."""
+    return (f"if {arg} ~= '' and (redis.call('HGET', KEYS[4], 'version') or '0') ~= {arg} "
+            "then return -1 end ")
+
+
+CREATE = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] json, ARGV[5] version or ''
+    _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1 then return 0 end "
+    + _policy_at("ARGV[5]") + "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) "
     + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
-CAS_TENANT = (  # KEYS[3] tenants; ARGV[3] id, ARGV[4] expected json, ARGV[5] new json
+CAS_TENANT = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] expected json, ARGV[5]
+    # new json, ARGV[6] policy version or ''
     _GUARD + "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
-    "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
+    + _policy_at("ARGV[6]")
+    + "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
     + "return 1"
 )
 DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
@@ -63,11 +73,21 @@ REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
     + _log("key", "h") + "return 1"
 )
 # A version that is not a number (a corrupted record) counts as the generation counter, which
-# every write bumps: the next version is still past every one handed out before.
-PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc
+# every write bumps: the next version is still past every one handed out before. With ARGV[5]
+# (the generation read before the tenants the document was checked against), a tenant
+# journaled since -- or a journal that no longer reaches back that far, or was restarted
+# since -- returns 0, nothing written: a tier the document leaves out may have been given to a
+# tenant meanwhile.
+PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc, ARGV[5] gen or ''
     _GUARD + "local v = tonumber(redis.call('HGET', KEYS[3], 'version') or '0') "
     "if not v then v = tonumber(redis.call('GET', KEYS[1]) or '0') end "
     "if ARGV[3] ~= '' and tonumber(ARGV[3]) ~= v then return -1 - v end "
+    "if ARGV[5] ~= '' then local since = tonumber(ARGV[5]) local back = false "
+    "local journal = redis.call('LRANGE', KEYS[2], 0, -1) "
+    "for _, e in ipairs(journal) do local eg, ek = string.match(e, '^(%d+) (%S+)') "
+    "if eg and tonumber(eg) <= since then back = true break end "
+    "if not eg or ek == 'tenant' or ek == 'restore' then return 0 end end "
+    f"if not back and #journal >= {JOURNAL_CAP} then return 0 end end "
     "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
     + _log("policy", "'policy'") + "return v + 1"
 )

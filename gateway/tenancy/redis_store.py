@@ -73,6 +73,7 @@ from gateway.tenancy.redis_records import (
 )
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
+    StaleCheck,
     TenantStore,
     apply_tenant_changes,
     check_policy_version,
@@ -108,6 +109,10 @@ def records(raw: dict[Any, Any]) -> dict[str, str]:
     found = texts(raw)
     found.pop(PRESENT, None)
     return found
+
+
+def _stale_tier() -> StaleCheck:
+    return StaleCheck("the policy changed while the tenant's tier was checked; retry")
 
 
 class RedisStore(TenantStore):
@@ -211,17 +216,26 @@ class RedisStore(TenantStore):
         return int(result)
 
     # -- tenants -----------------------------------------------------------------------------
-    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+    async def create_tenant(
+        self, tenant: Tenant, *, over_unreadable: bool = False, policy_version: int | None = None
+    ) -> Tenant:
         change = Change("tenant", tenant.id)
         new = tenant_to_json(tenant)
-        if await self._run("create", [self._k("tenants")], [tenant.id, new], change):
+        at = "" if policy_version is None else str(policy_version)
+        keys = [self._k("tenants"), self._k("policy")]
+        created = await self._run("create", keys, [tenant.id, new, at], change)
+        if created < 0:
+            raise _stale_tier()
+        if created:
             return tenant
         if over_unreadable:  # replaced only if it is still the unreadable value read here
             raw = await self._get_raw(tenant.id)
-            cas = [tenant.id, raw, new]
-            if (raw is not None and read_record(raw, tenant_from_json) is None
-                    and await self._run("cas", [self._k("tenants")], cas, change)):
-                return tenant
+            if raw is not None and read_record(raw, tenant_from_json) is None:
+                replaced = await self._run("cas", keys, [tenant.id, raw, new, at], change)
+                if replaced < 0:
+                    raise _stale_tier()
+                if replaced:
+                    return tenant
         raise Conflict(f"tenant {tenant.id!r} already exists", param="id")
 
     async def _get_raw(self, tenant_id: str) -> str | None:
@@ -265,21 +279,31 @@ class RedisStore(TenantStore):
             page += [tenants[tid] for tid in chunk if tid in tenants]
         return page, read < len(ids)
 
-    async def _replace(self, tenant_id: str, change: Change, update: Any) -> Tenant:
+    async def _replace(
+        self, tenant_id: str, change: Change, update: Any, policy_version: int | None = None
+    ) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first. Fields of
         the stored record this kvgate does not know (a newer one wrote them) are kept."""
+        at = "" if policy_version is None else str(policy_version)
         while True:
             raw = await self._get_raw(tenant_id)
             if raw is None:
                 raise NotFound(f"tenant {tenant_id!r} not found", param="id")
             new = update(read_tenant(tenant_id, raw))
-            args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant)]
-            if await self._run("cas", [self._k("tenants")], args, change):
+            args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant), at]
+            written = await self._run("cas", [self._k("tenants"), self._k("policy")], args,
+                                      change)
+            if written < 0:
+                raise _stale_tier()
+            if written:
                 return new  # type: ignore[no-any-return]
 
-    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
+    async def update_tenant(
+        self, tenant_id: str, changes: dict[str, object], *, policy_version: int | None = None
+    ) -> Tenant:
         return await self._replace(
-            tenant_id, Change("tenant", tenant_id), lambda t: apply_tenant_changes(t, changes)
+            tenant_id, Change("tenant", tenant_id), lambda t: apply_tenant_changes(t, changes),
+            policy_version,
         )
 
     async def delete_tenant(self, tenant_id: str) -> bool:
@@ -367,7 +391,8 @@ class RedisStore(TenantStore):
         return snap
 
     async def put_policy(
-        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False,
+        tenants_at: int | None = None,
     ) -> PolicySnapshot:
         expected = "" if if_version is None else str(if_version)
         new = doc.model_dump_json(exclude_unset=True)
@@ -376,10 +401,13 @@ class RedisStore(TenantStore):
             stored = await self._policy_raw()
             if stored.get("version") == expected and "doc" in stored:
                 new = with_unknown_of(stored["doc"], new, PolicyDoc)
-        args = [expected, new]
+        args = [expected, new, "" if tenants_at is None else str(tenants_at)]
         version = await self._run("policy", [self._k("policy")], args, Change("policy"))
         if version < 0:
             check_policy_version(-1 - version, if_version)  # raises PreconditionFailed
+        if version == 0:
+            raise StaleCheck("a tenant changed while the policy was checked against the "
+                             "tenants' tiers; retry")
         return PolicySnapshot(version, doc)
 
     # -- audit -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ __all__ = [
     "DEFAULT_AUDIT_CAP",
     "BootstrapResult",
     "ChangeCallback",
+    "StaleCheck",
     "TenantStore",
     "apply_tenant_changes",
     "bootstrap",
@@ -48,6 +49,12 @@ __all__ = [
 
 ChangeCallback = Callable[[Change], None]
 DEFAULT_AUDIT_CAP = 10_000
+
+
+class StaleCheck(Conflict):
+    """A write checked against another object that changed before it was stored (a tenant's
+    tier against the policy, a policy against the tenants' tiers): nothing was written; check
+    again and retry (the admin routes do)."""
 
 
 class TenantStore(ABC):
@@ -79,10 +86,14 @@ class TenantStore(ABC):
 
     # -- tenants ---------------------------------------------------------------------------
     @abstractmethod
-    async def create_tenant(self, tenant: Tenant, *, over_unreadable: bool = False) -> Tenant:
+    async def create_tenant(
+        self, tenant: Tenant, *, over_unreadable: bool = False, policy_version: int | None = None
+    ) -> Tenant:
         """`Conflict` if it exists. `over_unreadable`: a stored record of that id this process
         cannot read is replaced (its keys kept) -- an operator's way out, never bootstrap's
-        (an older gateway starting must not overwrite what a newer one wrote)."""
+        (an older gateway starting must not overwrite what a newer one wrote).
+        `policy_version`: the policy version the tenant's tier was checked against; another
+        one stored meanwhile is a `StaleCheck`, nothing written."""
 
     @abstractmethod
     async def get_tenant(self, tenant_id: str) -> Tenant | None:
@@ -101,8 +112,11 @@ class TenantStore(ABC):
         return tenants[:limit], len(tenants) > limit
 
     @abstractmethod
-    async def update_tenant(self, tenant_id: str, changes: dict[str, object]) -> Tenant:
-        """Apply `changes` (tier, limits, salt_group) atomically; returns the new tenant."""
+    async def update_tenant(
+        self, tenant_id: str, changes: dict[str, object], *, policy_version: int | None = None
+    ) -> Tenant:
+        """Apply `changes` (tier, limits, salt_group) atomically; returns the new tenant.
+        `policy_version`: as for `create_tenant`."""
 
     @abstractmethod
     async def delete_tenant(self, tenant_id: str) -> bool:
@@ -144,11 +158,14 @@ class TenantStore(ABC):
 
     @abstractmethod
     async def put_policy(
-        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False
+        self, doc: PolicyDoc, *, if_version: int | None = None, keep_unknown: bool = False,
+        tenants_at: int | None = None,
     ) -> PolicySnapshot:
         """Store a new version. `if_version` (0 = "no policy yet") makes it compare-and-set;
         `keep_unknown` (with `if_version`: a read-modify-write of that version) keeps the
-        stored document's fields this kvgate does not know (`gateway.tenancy.unknown`)."""
+        stored document's fields this kvgate does not know (`gateway.tenancy.unknown`).
+        `tenants_at`: the generation read before the tenants the document was checked
+        against; a tenant written since (or a store that cannot tell) is a `StaleCheck`."""
 
     # -- audit -----------------------------------------------------------------------------
     @abstractmethod
