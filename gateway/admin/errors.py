@@ -3,11 +3,13 @@
 A custom route class catches kvgate's errors (one hierarchy: `gateway.errors.KvgateError`)
 and request-validation errors, so the router answers
 ``{"error": {...}}`` wherever it is mounted, without app-level exception handlers. It also
-reads every body as JSON, whatever its Content-Type.
+reads every body as JSON, whatever its Content-Type, and refuses one whose object names a
+key twice (`_duplicate_key`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -68,6 +70,40 @@ def _read_body_as_json(request: Request) -> None:
         ]
 
 
+class _Duplicate(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Duplicate(key)
+        seen[key] = value
+    return seen
+
+
+async def _duplicate_key(request: Request) -> BadRequest | None:
+    """A JSON object naming a key twice (``{"tier": "free", "tier": "premium"}``): the JSON
+    parser keeps the last value silently, where another reader (a proxy, a log, an operator
+    reviewing the call) may take the first: a 400 naming the key instead of a guess. A body
+    that is not JSON is left to the route (its own 400)."""
+    body = await request.body()  # kept by the request: the route reads it again
+    if not body:
+        return None
+    try:
+        json.loads(body, object_pairs_hook=_unique)
+    except _Duplicate as dup:
+        named = len(dup.key) <= 64
+        return BadRequest(f"{dup.key if named else 'a key'}: sent twice in one JSON object",
+                          param=dup.key if named else None)
+    except (ValueError, RecursionError):
+        pass
+    return None
+
+
 class AdminRoute(APIRoute):
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         inner = super().get_route_handler()
@@ -75,6 +111,8 @@ class AdminRoute(APIRoute):
         async def handler(request: Request) -> Response:
             _read_body_as_json(request)
             try:
+                if (duplicate := await _duplicate_key(request)) is not None:
+                    return error_response(duplicate)
                 return await inner(request)
             except StoreUnreachable as exc:  # the cause is for the log, not the answer
                 log.warning("admin request failed: the tenancy store (Redis) did not answer "
