@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 
 import httpx
 import pytest
@@ -54,6 +55,10 @@ def _status(base: str, key: str) -> int:
                      timeout=10).status_code
 
 
+def _refused(base: str, key: str) -> bool:
+    return _status(base, key) == 401
+
+
 def _until(check: Callable[[], bool], what: str) -> float:
     """Seconds until `check()` holds, at most `BOUND_S`."""
     start = time.monotonic()
@@ -73,10 +78,10 @@ def test_a_key_revoked_through_one_gateway_is_refused_by_the_other_within_the_bo
         for lose_notification in (False, True, False, True):
             key, key_id = _new_key(admin, "prop", b)
             if lose_notification:  # the other gateway's subscription is cut: no message
-                raw.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                raw.client_kill_filter(_type="pubsub")
             assert admin.delete(f"/tenants/prop/keys/{key_id}").status_code == 204
             assert _status(a, key) == 401  # the gateway that answered: at once
-            _until(lambda key=key: _status(b, key) == 401, "revoked on the other gateway")
+            _until(partial(_refused, b, key), "revoked on the other gateway")
     raw.close()
 
 
@@ -98,7 +103,7 @@ def test_a_stream_started_before_its_key_is_revoked_runs_to_its_end(
             for line in stream.iter_lines():
                 if line.startswith("data:") and not lines:
                     assert admin.delete(f"/tenants/inflight/keys/{key_id}").status_code == 204
-                    _until(lambda: _status(b, key) == 401, "revoked on the streaming gateway")
+                    _until(partial(_refused, b, key), "revoked on the streaming gateway")
                     after = -1
                 if line.startswith("data:"):
                     lines.append(line)
