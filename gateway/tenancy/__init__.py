@@ -19,7 +19,7 @@ from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import Principal, TenancyHealth, TenantResolver, parse_bearer
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.service import Tenancy, TenancySettings, build_tenancy
-from gateway.tenancy.store import TenantStore, bootstrap
+from gateway.tenancy.store import StaleCheck, TenantStore, bootstrap
 from gateway.tenancy.tiers import ReplicaLoad, TierRoute, resolve_tier
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "ReplicaLoad",
     "SaltDeriver",
     "SaltRotation",
+    "StaleCheck",
     "StoreSnapshot",
     "Tenancy",
     "TenancyHealth",

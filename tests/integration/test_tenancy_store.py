@@ -16,6 +16,7 @@ from gateway.tenancy import (
     InMemoryStore,
     KeyRecord,
     RedisStore,
+    StaleCheck,
     Tenant,
     TenantStore,
     bootstrap,
@@ -130,6 +131,28 @@ async def test_policy_versions_and_compare_and_set(store: TenantStore) -> None:
     assert (v2.version, v3.version) == (2, 3)
     got = await store.get_policy()
     assert got is not None and got.version == 3 and got.doc == POLICY
+
+
+async def test_tier_and_policy_writes_refuse_a_stale_check(store: TenantStore) -> None:
+    """A tenant written only while the policy is at the version its tier was checked
+    against; a policy only if no tenant was written since the generation its check read."""
+    first = await store.put_policy(POLICY)
+    await store.create_tenant(Tenant(id="acme", tier="free"), policy_version=first.version)
+    at = await store.generation()
+    await store.put_policy(POLICY, tenants_at=at)  # no tenant since: stored
+    with pytest.raises(StaleCheck):
+        await store.create_tenant(Tenant(id="beta", tier="free"), policy_version=first.version)
+    with pytest.raises(StaleCheck):
+        await store.update_tenant("acme", {"tier": "premium"}, policy_version=first.version)
+    assert await store.get_tenant("beta") is None
+    assert (await store.get_tenant("acme")) == Tenant(id="acme", tier="free")
+    at = await store.generation()
+    await store.update_tenant("acme", {"limits": {"rpm": 1}})
+    await store.rotate_salt("acme")  # a tenant's own epoch: its record written again
+    with pytest.raises(StaleCheck):
+        await store.put_policy(POLICY, tenants_at=at)
+    await store.add_key(_key("acme", "k1"))  # a key is no tenant write
+    assert (await store.put_policy(POLICY, tenants_at=await store.generation())).version == 3
 
 
 async def test_audit_is_newest_first_and_capped(store: TenantStore) -> None:
