@@ -723,3 +723,7 @@ async def test_a_key_sent_twice_in_one_object_is_a_400_naming_it(admin: Admin) -
     assert (await c.get("/admin/policy")).headers["etag"] == '"1"'
     r = await c.post("/admin/tenants", content=b'{"id": "ok", "tier": "free", "limits": {}}')
     assert r.status_code == 201, r.text  # the same key in two objects is no duplicate
+    # route explain dry-runs an OpenAI request as the proxy reads it: the last value wins
+    r = await c.post("/admin/route/explain",  # (this test's explainer answers its "model")
+                     content=b'{"tier": "free", "model": "a", "model": "llama-70b"}')
+    assert r.status_code == 200 and r.json()["model"] == "llama-70b", r.text
