@@ -82,6 +82,11 @@ class GatewayApp:
             return None
         return self.cors.allowed(origin)
 
+    def unread_answer(self) -> None:
+        """The HTTP guard reset a connection whose client did not read the answer written to
+        it (`gateway/writewatch.py`)."""
+        self.metrics.unread_answers.inc()
+
     def _described(self) -> Iterator[Replica]:
         return self.rt.pools.described() if self.rt is not None else iter(())
 

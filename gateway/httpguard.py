@@ -40,7 +40,9 @@ returns a subclass that
   after the last (no 100 goes out while an earlier answer is being written). A request cut
   short by the EOF, an answer already under way (a client leaving a stream it
   read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
-  before.
+  before;
+- resets the connection of a client that keeps it open but takes no byte of an answer written
+  in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
 Idle keep-alive connections between requests are uvicorn's `timeout_keep_alive` as before.
 """
@@ -67,6 +69,7 @@ from uvicorn.protocols.http.httptools_impl import (
 from gateway.errors import error_body
 from gateway.halfclose import HalfCloseProbe
 from gateway.upgrade_body import UpgradeBody
+from gateway.writewatch import WriteWatch
 
 __all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
 
@@ -89,6 +92,7 @@ class HttpLimits:
     max_headers: int = 100
     header_timeout_s: float = 10.0
     body_timeout_s: float = 60.0
+    write_timeout_s: float = 120.0  # an answer's buffered bytes unread this long (`writewatch`)
 
 
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
@@ -180,10 +184,11 @@ def _close_delimited(cycle: RequestResponseCycle) -> None:
     cycle.send = send_close_delimited  # type: ignore[method-assign]
 
 
-class GuardedHttpTools(HalfCloseProbe, NoDelayHttpTools):
+class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def __init__(self, *args: Any, limits: HttpLimits | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.limits = limits or HttpLimits()
+        self.write_timeout_s = self.limits.write_timeout_s
 
     _in_headers = True  # between a request's first byte and its complete headers
     _header_bytes = 0

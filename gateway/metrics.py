@@ -241,6 +241,11 @@ class GatewayMetrics:
             "kvgate_spillovers_total", "requests sent to a tier's spill pool",
             ["tier", "from_pool", "to_pool"], registry=reg,
         )
+        self.unread_answers = Counter(
+            "kvgate_unread_answers_total",
+            "connections reset: the client kept them open without reading an answer written "
+            "in full", registry=reg,
+        )
         reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity))
         self.tenant_tokens = TenantTokens()
         reg.register(_TenantTokensCollector(self.tenant_tokens))

@@ -32,7 +32,6 @@ import uvicorn
 from gateway.app import GatewayApp
 from gateway.config import (
     KvgateConfig,
-    ServerConfig,
     auth_secret,
     discovery_problems,
     load_config,
@@ -152,8 +151,9 @@ def make_server(
     app: GatewayApp, on_started: Callable[[], None] | None = None
 ) -> KvgateServer:
     cfg = app.cfg.server
+    protocol = guarded_protocol(http_limits(app.cfg))
     config = uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, loop="uvloop", http=guarded_protocol(http_limits(cfg)),
+        app, host=cfg.host, port=cfg.port, loop="uvloop", http=protocol,
         lifespan="on", access_log=False, server_header=False, date_header=False,
         # no WebSocket route: an `Upgrade: websocket` request is answered as plain HTTP (with
         # the websockets library installed, uvicorn upgraded it, the app declined, and the
@@ -201,9 +201,13 @@ def _serve_one(
 
 
 # -- listening, limits and start-up warnings (kept apart from the parsing above) ---------------
-def http_limits(cfg: ServerConfig) -> HttpLimits:
-    return HttpLimits(max_header_bytes=cfg.max_header_bytes, max_headers=cfg.max_headers,
-                      header_timeout_s=cfg.header_timeout_s, body_timeout_s=cfg.body_timeout_s)
+def http_limits(cfg: KvgateConfig) -> HttpLimits:
+    server = cfg.server
+    # a client gets as long to take an answer's buffered bytes as a stream's client a chunk
+    return HttpLimits(max_header_bytes=server.max_header_bytes, max_headers=server.max_headers,
+                      header_timeout_s=server.header_timeout_s,
+                      body_timeout_s=server.body_timeout_s,
+                      write_timeout_s=cfg.upstream.idle_timeout_s)
 
 
 class ListenError(Exception):
