@@ -280,6 +280,15 @@ class GatewayMetrics:
         if route == "overflow":
             c[2] += 1
 
+    def forget_replica(self, pool: str, replica: str) -> None:
+        """Drop the `kvgate_requests_total` series of `replica` in `pool` (it left and has
+        drained): a fleet whose replicas come and go -- a new pod address at every rollout --
+        kept a series set for every address it ever served from."""
+        requests = id(self.requests)
+        for key in [k for k in self._children if k[0] == requests and k[1:3] == (pool, replica)]:
+            del self._children[key]
+            self.requests.remove(*key[1:])
+
     def first_token(self, pool: str, ttft_s: float, tier: str = "default") -> None:
         self._child(self.ttft, (pool, tier)).observe(ttft_s)
 

@@ -98,6 +98,7 @@ class PoolChanges:
 
     added: list[Replica] = field(default_factory=list)
     removed: list[Replica] = field(default_factory=list)
+    retired: list[Pool] = field(default_factory=list)  # pools the new document removed
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed)
@@ -119,7 +120,8 @@ class Pools:
         )
         self.doc: PolicyDoc = doc if doc is not None else cfg
         self.by_name: dict[str, Pool] = {}
-        self.retired: list[Pool] = []  # removed by a policy change; closed at shutdown
+        # removed by a policy change: closed once drained (`close_retired`) or at shutdown
+        self.retired: list[Pool] = []
         self.draining: list[Replica] = []  # left their pool, requests still in flight
         for name, pc in self.doc.pools.items():
             self.by_name[name] = self._new_pool(name, pc)
@@ -144,6 +146,7 @@ class Pools:
             pool = self.by_name.pop(name)
             changes.removed.extend(self._drain(pool.replicas))
             self.retired.append(pool)
+            changes.retired.append(pool)
         for name, pc in doc.pools.items():
             found = self.by_name.get(name)
             if found is None:
@@ -242,6 +245,11 @@ class Pools:
             p.name: _not_ready(p, now, operator) for p in self.by_name.values()
             if not (p.served_model and any(r.available(now) for r in p.replicas))
         }
+
+    async def close_retired(self, pool: Pool) -> None:
+        """A removed pool nothing uses any more: its transport closed, the pool forgotten."""
+        self.retired = [p for p in self.retired if p is not pool]
+        await pool.transport.close()
 
     async def close(self) -> None:
         for pool in [*self.by_name.values(), *self.retired]:

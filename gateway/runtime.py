@@ -6,9 +6,8 @@ API. Each part pushes its own stop onto the stack as soon as it has started, so 
 fails half way stops exactly what had started, in reverse order; shutdown is `stack.aclose()`.
 The result is one frozen `Runtime`: the app's dispatch and pages read it, nothing reassigns it.
 
-`Membership` follows which replicas exist: a policy version or a discovery source re-lists
-pools; newcomers are scraped and watched by shared state, leavers drain (no new picks, their
-in-flight requests finish) and are then forgotten by the scraper and the router.
+`Membership` (`gateway/membership.py`) follows which replicas exist: a policy version or a
+discovery source re-lists pools; leavers drain, then are forgotten.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from gateway.admin.live import LiveViews
 from gateway.admin.writes import read_your_writes
 from gateway.asgi import ASGIApp
 from gateway.config import KvgateConfig, auth_secret
-from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
 from gateway.doctor import build_doctor
 from gateway.doctor.flowq import flow_queues
 from gateway.doctor.service import Doctor
@@ -42,14 +40,15 @@ from gateway.fleet.sync import RouteSync
 from gateway.flow import FlowGate
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
+from gateway.membership import Membership
 from gateway.metrics import GatewayMetrics
 from gateway.policy_doc import DEFAULT_TIER
-from gateway.pool import PoolChanges, Pools
+from gateway.pool import Pools
 from gateway.proxy import Proxy
 from gateway.replicas import Replica
 from gateway.responses import SharedHomes
 from gateway.scrape import Sample, Scraper
-from gateway.tenancy import PolicySnapshot, Tenancy, Tenant, build_tenancy, connect_redis
+from gateway.tenancy import Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.fleet_seen import FleetSeen
@@ -59,11 +58,9 @@ from gateway.transport import TransportFactory, default_transport
 from routing.peers import ReplicaLoad
 from routing.router import Router
 
-__all__ = ["Membership", "Runtime", "start_runtime"]
+__all__ = ["Runtime", "start_runtime"]
 
 log = logging.getLogger(__name__)
-DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
-REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +96,8 @@ async def start_runtime(
             tenancy.limiter.processes = lambda: 1 + peers.members(clock())
             if (slot := worker_metrics.current()) is not None:  # and a worker started in one
                 tenancy.limiter.kept = FleetSeen(slot.directory, slot.slot)
-    members = Membership(pools, by_id, router, scraper, sync)
+    members = Membership(pools, by_id, router, scraper, sync, metrics, clock,
+                         linger_s=cfg.upstream.total_timeout_s)
     stack.push_async_callback(members.stop)
     # subscribed before the next await, so no policy version can slip in between
     stack.callback(tenancy.resolver.on_policy(members.policy_changed))
@@ -279,89 +277,3 @@ def _run(stack: AsyncExitStack, work: Coroutine[Any, Any, None], name: str) -> N
             await task
 
     stack.push_async_callback(stop)
-
-
-class Membership:
-    """Follows the replica lists: policy versions and discovery re-list pools."""
-
-    def __init__(
-        self, pools: Pools, by_id: dict[str, Replica], router: Router, scraper: Scraper,
-        sync: RouteSync | None,
-    ) -> None:
-        self._pools = pools
-        self._by_id = by_id
-        self._router = router
-        self._scraper = scraper
-        self._sync = sync
-        self.discovery = DiscoveryManager(build_discovery, self.discovered)
-        self._background: set[asyncio.Task[None]] = set()  # one-off (discovery re-sync)
-        self._closed = False
-
-    async def start_discovery(self) -> None:
-        """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
-        try:
-            await self.discovery.sync(self._pools.doc.pools, strict=True)
-        except DiscoveryConfigError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.discovery.pools:
-            late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
-            if late:
-                log.warning("discovery not synced yet; those pools start empty",
-                            extra={"pools": late})
-
-    def policy_changed(self, snap: PolicySnapshot) -> None:
-        """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
-        if self._closed:
-            return
-        changes = self._pools.apply(snap.doc)
-        self._follow(changes)
-        task = asyncio.create_task(self.discovery.sync(snap.doc.pools))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
-                                          "removed": len(changes.removed)})
-
-    def discovered(self, pool: str, urls: frozenset[str]) -> None:
-        """Discovery's `on_change` (sync, on the loop): re-list the pool; leavers drain."""
-        if self._closed:
-            return
-        changes = self._pools.set_discovered(pool, urls)
-        self._follow(changes)
-        if changes:
-            log.info("pool replicas changed", extra={
-                "pool": pool, "replicas": len(urls),
-                "added": [r.id for r in changes.added],
-                "draining": [r.id for r in changes.removed]})
-
-    def _follow(self, changes: PoolChanges) -> None:
-        """Scrape the new replicas; stop scraping the ones that started draining."""
-        for replica in changes.removed:
-            if self._by_id.get(replica.id) is replica:
-                del self._by_id[replica.id]
-                self._scraper.remove_target(replica.id)
-        for replica in changes.added:
-            self._by_id[replica.id] = replica
-            if self._sync is not None:
-                replica.watch = self._sync.wake
-            self._scraper.add_target(replica.id, replica.url)
-
-    async def reap_drained(self) -> None:
-        """Forget drained replicas once their last in-flight request has finished."""
-        pools = self._pools
-        while True:
-            await asyncio.sleep(REAP_INTERVAL_S)
-            for replica in pools.reap():
-                if not any(r.id == replica.id for r in pools.replicas()):
-                    self._router.forget_replica(replica.id)
-                log.info("replica drained", extra={"pool": replica.pool, "replica": replica.id})
-
-    def close(self) -> None:
-        """Stop following: later policy versions and discovery changes are ignored."""
-        self._closed = True
-
-    async def stop(self) -> None:
-        self._closed = True
-        for task in list(self._background):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.discovery.stop()

@@ -34,6 +34,10 @@ from gateway.errors import AuthError, BackendUnavailable, PermissionDenied
 __all__ = ["make_admin_router"]
 
 log = logging.getLogger(__name__)
+# of a refused request's path, what the audit log and the log line keep: the path is the
+# client's (a tenant id in it is not checked before the token), up to `server.max_header_bytes`
+# long, and 10,000 audit entries of 64 KiB paths held 640 MB in the store
+SHOWN_PATH_CHARS = 256
 
 
 def make_admin_router(deps: AdminDeps) -> APIRouter:
@@ -64,6 +68,8 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
 async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) -> None:
     """Count, and (until the address is throttled) log and audit a refused request."""
     throttled = ctx.deps.guard.failed(address, reason)
+    if len(path) > SHOWN_PATH_CHARS:
+        path = path[:SHOWN_PATH_CHARS] + "..."
     extra = {"client": address, "reason": reason, "path": path}
     log.warning("admin authentication failed", extra=extra)
     action = "admin.auth_throttled" if throttled else "admin.auth_failed"

@@ -35,13 +35,17 @@ def test_failed_admin_auth_is_throttled_logged_counted_and_audited(
         before = metric_values(base, FAILURES)  # every reason there from the start, at 0
         assert before == {f'{{reason="{r}"}}': 0.0
                           for r in ("missing", "invalid", "tenant_key", "disabled", "throttled")}
+        # the path is the client's: 60,000 characters of it were kept in each audit entry
+        _shape(attacker.get("/tenants/" + "x" * 60_000), 401)
         for _ in range(3):
             assert _shape(attacker.get("/tenants"), 401)["type"] == "AuthenticationError"
         entries = admin.get("/audit").json()["data"]
         failed = [e for e in entries if e["action"] == "admin.auth_failed"]
-        assert len(failed) == 3 and {e["target"] for e in failed} == {"127.0.0.1"}
+        assert len(failed) == 4 and {e["target"] for e in failed} == {"127.0.0.1"}
         assert failed[0]["detail"] == {"reason": "invalid", "path": "/admin/tenants"}
-        for _ in range(7):  # ten failures in all: the address's budget
+        long = "/admin/tenants/" + "x" * (256 - len("/admin/tenants/")) + "..."
+        assert failed[-1]["detail"] == {"reason": "invalid", "path": long}
+        for _ in range(6):  # ten failures in all: the address's budget
             _shape(attacker.get("/tenants"), 401)
         throttled = attacker.get("/tenants")
         assert _shape(throttled, 429)["type"] == "RateLimitError"

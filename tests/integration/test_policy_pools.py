@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, wait_for
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -52,3 +52,28 @@ def test_a_pools_replicas_and_served_name_follow_the_policy(sim_factory: SimFact
         with pytest.raises(openai.NotFoundError):
             answered_by("m-old")
         assert httpx.get(f"{base}/readyz").status_code == 200
+
+
+def test_a_replica_that_left_leaves_no_request_series(sim_factory: SimFactory) -> None:
+    """Replica addresses churn (a new pod address at every rollout): a replica that left its
+    pool and drained has its `kvgate_requests_total` series dropped once
+    `upstream.total_timeout_s` has passed (they were kept for every address ever served)."""
+    _, staying = sim_factory("--time-scale", "50", model="m")
+    _, leaving = sim_factory("--time-scale", "50", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [staying, leaving]}},
+              "routing": {"policy": "round_robin"}, "upstream": {"total_timeout_s": 2}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    with gw, admin_client(base, ADMIN) as admin:
+        c = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=30)
+
+        def served() -> set[str]:
+            found = metric_values(base, "kvgate_requests_total")
+            return {"http://" + labels.split('replica="')[1].split('"')[0] for labels in found}
+
+        for _ in range(4):
+            c.completions.create(model="m", prompt="x", max_tokens=2)
+        assert served() == {staying, leaving}
+        resp = admin.patch("/policy", json={"pools": {"p": {"replicas": [staying]}}})
+        assert resp.status_code == 200, resp.text
+        c.completions.create(model="m", prompt="x", max_tokens=2)
+        wait_for(lambda: served() == {staying}, timeout=20, what="the series of the replica gone")

@@ -1,0 +1,146 @@
+"""Which replicas exist: policy versions and discovery sources re-list pools.
+
+Newcomers are scraped and watched by shared state; leavers drain (no new picks, their
+in-flight requests finish), then the scraper and the router forget them. Two things of a
+leaver stay `linger_s` longer (`upstream.total_timeout_s`: by then every exchange that could
+still reach them has ended, a stored response's GET included, and Prometheus has scraped their
+last counts): a drained replica's `kvgate_requests_total` series, and a pool a policy version
+removed (its transport, its replicas' last state). Then they go: a fleet whose replicas come
+and go -- a new pod address at every rollout -- kept a series set for every address it ever
+served from, and a client for every pool ever removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable
+
+from gateway.discovery import DiscoveryConfigError, DiscoveryManager, build_discovery
+from gateway.errors import ConfigError
+from gateway.fleet.sync import RouteSync
+from gateway.metrics import GatewayMetrics
+from gateway.pool import Pool, PoolChanges, Pools
+from gateway.replicas import Replica
+from gateway.scrape import Scraper
+from gateway.tenancy import PolicySnapshot
+from routing.router import Router
+
+__all__ = ["REAP_INTERVAL_S", "Membership"]
+
+log = logging.getLogger(__name__)
+DISCOVERY_FIRST_SYNC_S = 5.0  # start-up waits this long for discovered replicas, at most
+REAP_INTERVAL_S = 0.25  # how often draining replicas are checked for their last request
+
+
+class Membership:
+    """Follows the replica lists: policy versions and discovery re-list pools."""
+
+    def __init__(
+        self, pools: Pools, by_id: dict[str, Replica], router: Router, scraper: Scraper,
+        sync: RouteSync | None, metrics: GatewayMetrics, clock: Callable[[], float],
+        linger_s: float,
+    ) -> None:
+        self._pools = pools
+        self._by_id = by_id
+        self._router = router
+        self._scraper = scraper
+        self._sync = sync
+        self._metrics = metrics
+        self._clock = clock
+        self._linger_s = linger_s
+        self.discovery = DiscoveryManager(build_discovery, self.discovered)
+        self._background: set[asyncio.Task[None]] = set()  # one-off (discovery re-sync)
+        # (when to forget it, what): drained replicas' series, removed pools; oldest first
+        self._drained: deque[tuple[float, Replica]] = deque()
+        self._retired: deque[tuple[float, Pool]] = deque()
+        self._closed = False
+
+    async def start_discovery(self) -> None:
+        """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
+        try:
+            await self.discovery.sync(self._pools.doc.pools, strict=True)
+        except DiscoveryConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.discovery.pools:
+            late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
+            if late:
+                log.warning("discovery not synced yet; those pools start empty",
+                            extra={"pools": late})
+
+    def policy_changed(self, snap: PolicySnapshot) -> None:
+        """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
+        if self._closed:
+            return
+        changes = self._pools.apply(snap.doc)
+        self._follow(changes)
+        due = self._clock() + self._linger_s
+        self._retired.extend((due, pool) for pool in changes.retired)
+        task = asyncio.create_task(self.discovery.sync(snap.doc.pools))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
+                                          "removed": len(changes.removed)})
+
+    def discovered(self, pool: str, urls: frozenset[str]) -> None:
+        """Discovery's `on_change` (sync, on the loop): re-list the pool; leavers drain."""
+        if self._closed:
+            return
+        changes = self._pools.set_discovered(pool, urls)
+        self._follow(changes)
+        if changes:
+            log.info("pool replicas changed", extra={
+                "pool": pool, "replicas": len(urls),
+                "added": [r.id for r in changes.added],
+                "draining": [r.id for r in changes.removed]})
+
+    def _follow(self, changes: PoolChanges) -> None:
+        """Scrape the new replicas; stop scraping the ones that started draining."""
+        for replica in changes.removed:
+            if self._by_id.get(replica.id) is replica:
+                del self._by_id[replica.id]
+                self._scraper.remove_target(replica.id)
+        for replica in changes.added:
+            self._by_id[replica.id] = replica
+            if self._sync is not None:
+                replica.watch = self._sync.wake
+            self._scraper.add_target(replica.id, replica.url)
+
+    async def reap_drained(self) -> None:
+        """Forget drained replicas once their last in-flight request has finished, and what
+        lingers of them and of removed pools once its time has come."""
+        while True:
+            await asyncio.sleep(REAP_INTERVAL_S)
+            await self.reap_once()
+
+    async def reap_once(self) -> None:
+        pools, now = self._pools, self._clock()
+        for replica in pools.reap():
+            if not any(r.id == replica.id for r in pools.replicas()):
+                self._router.forget_replica(replica.id)
+            self._drained.append((now + self._linger_s, replica))
+            log.info("replica drained", extra={"pool": replica.pool, "replica": replica.id})
+        while self._drained and self._drained[0][0] <= now:
+            gone = self._drained.popleft()[1]
+            # back in its pool (or draining again, to be forgotten later): its series go on
+            if not any(r.pool == gone.pool and r.id == gone.id for r in pools.described()):
+                self._metrics.forget_replica(gone.pool, gone.id)
+        while self._retired and self._retired[0][0] <= now:
+            pool = self._retired.popleft()[1]
+            if any(pool.by_id.get(r.id) is r for r in pools.draining):  # not over yet
+                self._retired.append((now + self._linger_s, pool))
+                continue
+            await pools.close_retired(pool)
+
+    def close(self) -> None:
+        """Stop following: later policy versions and discovery changes are ignored."""
+        self._closed = True
+
+    async def stop(self) -> None:
+        self._closed = True
+        for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.discovery.stop()
