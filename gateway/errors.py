@@ -26,6 +26,7 @@ __all__ = [
     "AuthError",
     "BackendUnavailable",
     "BadRequest",
+    "BodyNotInTime",
     "BodyTooLarge",
     "ConfigError",
     "Conflict",
@@ -44,6 +45,7 @@ __all__ = [
     "ReplicaWrongModel",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
+    "StaleCheck",
     "StoreUnreachable",
     "UnreadableRecord",
     "UploadsFull",
@@ -184,12 +186,28 @@ class UnreadableRecord(Conflict):
     code = "record_unreadable"
 
 
+class StaleCheck(Conflict):
+    """A write checked against another object that changed before it was stored (a tenant's
+    tier against the policy, a policy against the tenants' tiers): nothing was written; check
+    again and retry (the admin routes do)."""
+
+
 class PreconditionFailed(KvgateError):
     """An admin write whose expected version is not the stored one."""
 
     status = 412
     type_ = "PreconditionFailedError"
     code = "version_mismatch"
+
+
+class BodyNotInTime(KvgateError):
+    """The HTTP edge's 408 (`gateway/httpguard.py`) as the Envoy picker gives it: a request
+    body not complete `server.body_timeout_s` after its headers. Behind Envoy nothing else
+    bounds it (Envoy's stream idle timeout restarts with each byte), and a body held open
+    keeps its share of `server.max_pending_body_bytes`."""
+
+    status = 408
+    type_ = "RequestTimeoutError"
 
 
 class BodyTooLarge(KvgateError):

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 from gateway.admin.auth import AdminToken
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
-from gateway.errors import BadRequest, Conflict, NotFound
+from gateway.errors import BadRequest, Conflict, NotFound, StaleCheck
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
-from gateway.tenancy.store import StaleCheck, TenantStore
+from gateway.tenancy.store import TenantStore
 
 __all__ = ["AdminContext", "AdminDeps", "maybe_await"]
 

@@ -13,9 +13,16 @@ from fastapi import APIRouter, Body, Header
 from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import CHECK_TRIES, AdminContext
-from gateway.errors import BadRequest, Conflict, NotFound, PreconditionFailed, UnreadableRecord
+from gateway.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    StaleCheck,
+    UnreadableRecord,
+)
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
-from gateway.tenancy.store import StaleCheck, check_policy_version
+from gateway.tenancy.store import check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]

@@ -15,7 +15,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.state import ExchangeState
-from gateway.errors import KvgateError, NoReplicaAvailable, UpstreamError, UpstreamTimeout
+from gateway.errors import (
+    BodyNotInTime,
+    NoReplicaAvailable,
+    UpstreamError,
+    UpstreamTimeout,
+)
 from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.stored import NOT_IN_TIME
@@ -24,17 +29,7 @@ from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")
 
-__all__ = ["BodyNotInTime", "Deadlines"]
-
-
-class BodyNotInTime(KvgateError):
-    """The HTTP edge's 408 (`gateway/httpguard.py`): a request body not complete
-    `server.body_timeout_s` after its headers. Behind Envoy nothing else bounds it (Envoy's
-    stream idle timeout restarts with each byte), and a body held open keeps its share of
-    `server.max_pending_body_bytes`."""
-
-    status = 408
-    type_ = "RequestTimeoutError"
+__all__ = ["Deadlines"]
 
 
 class Deadlines(ExchangeState):

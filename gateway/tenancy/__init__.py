@@ -1,5 +1,6 @@
 """Tenancy: tenants, API keys, cache salts, tiers and rate limits (see README.md here)."""
 
+from gateway.errors import StaleCheck
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.keys import generate_key, hash_key
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
@@ -19,7 +20,7 @@ from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import Principal, TenancyHealth, TenantResolver, parse_bearer
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.service import Tenancy, TenancySettings, build_tenancy
-from gateway.tenancy.store import StaleCheck, TenantStore, bootstrap
+from gateway.tenancy.store import TenantStore, bootstrap
 from gateway.tenancy.tiers import ReplicaLoad, TierRoute, resolve_tier
 
 __all__ = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 
-from gateway.errors import Conflict, NotFound
+from gateway.errors import Conflict, NotFound, StaleCheck
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -18,7 +18,6 @@ from gateway.tenancy.models import (
 )
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
-    StaleCheck,
     TenantStore,
     apply_tenant_changes,
     check_policy_version,

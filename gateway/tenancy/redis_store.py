@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.errors import Conflict, NotFound
+from gateway.errors import Conflict, NotFound, StaleCheck
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
 from gateway.tenancy.key_types import name_wrong_types
@@ -73,7 +73,6 @@ from gateway.tenancy.redis_records import (
 )
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
-    StaleCheck,
     TenantStore,
     apply_tenant_changes,
     check_policy_version,

@@ -33,7 +33,6 @@ __all__ = [
     "DEFAULT_AUDIT_CAP",
     "BootstrapResult",
     "ChangeCallback",
-    "StaleCheck",
     "TenantStore",
     "apply_tenant_changes",
     "bootstrap",
@@ -49,12 +48,6 @@ __all__ = [
 
 ChangeCallback = Callable[[Change], None]
 DEFAULT_AUDIT_CAP = 10_000
-
-
-class StaleCheck(Conflict):
-    """A write checked against another object that changed before it was stored (a tenant's
-    tier against the policy, a policy against the tenants' tiers): nothing was written; check
-    again and retry (the admin routes do)."""
 
 
 class TenantStore(ABC):
