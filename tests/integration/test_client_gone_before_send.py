@@ -56,6 +56,17 @@ def _received(sim: str) -> int:
     return int(httpx.get(f"{sim}/sim/stats", timeout=10).json()["received"])
 
 
+def _warmed(base: str, key: str) -> tuple[bytes, dict[str, str]]:
+    """The test's request and headers, asked once: the edge (kvgate, or Envoy) then keeps a
+    connection to the replica alive, so the next request would go at once."""
+    body = json.dumps({"model": "llama", "max_tokens": 5,
+                       "messages": [{"role": "user", "content": "hello"}]}).encode()
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    assert httpx.post(f"{base}/v1/chat/completions", content=body, headers=headers,
+                      timeout=30).status_code == 200
+    return body, headers
+
+
 def test_a_client_gone_while_its_admission_waits_is_not_sent_to_a_replica(
     sim_factory: SimFactory,
 ) -> None:
@@ -65,12 +76,7 @@ def test_a_client_gone_while_its_admission_waits_is_not_sent_to_a_replica(
     with redis, gw:
         with admin_client(base, ADMIN) as admin:
             key = admin.post("/tenants/acme/keys").json()["key"]
-        body = json.dumps({"model": "llama", "max_tokens": 5,
-                           "messages": [{"role": "user", "content": "hello"}]}).encode()
-        headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-        # the gateway keeps a connection to the replica alive (the request would go at once)
-        assert httpx.post(f"{base}/v1/chat/completions", content=body, headers=headers,
-                          timeout=30).status_code == 200
+        body, headers = _warmed(base, key)
         before = _received(sim)
         assert redis.popen is not None
         redis.popen.send_signal(signal.SIGSTOP)
@@ -116,12 +122,7 @@ def test_through_envoy_a_client_gone_while_its_admission_waits_is_not_sent(
         with envoy:
             with admin_client(epp.base, ADMIN) as admin:
                 key = admin.post("/tenants/acme/keys").json()["key"]
-            body = json.dumps({"model": "llama", "max_tokens": 5,
-                               "messages": [{"role": "user", "content": "hello"}]}).encode()
-            headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
-            # Envoy keeps a connection to the replica alive (the request would go at once)
-            assert httpx.post(f"{base}/v1/chat/completions", content=body, headers=headers,
-                              timeout=30).status_code == 200
+            body, headers = _warmed(base, key)
             before, sent = _received(sim), _ext_proc_messages(envoy)
             assert redis.popen is not None
             redis.popen.send_signal(signal.SIGSTOP)
