@@ -18,13 +18,8 @@ Rules it keeps:
 - a request sent on a reused connection that the replica closed before answering anything is
   sent again once on a new connection (the replica closed an idle connection; it never saw
   the request);
-- reading pauses while `HIGH_WATER` bytes wait for a slow client and resumes once they are
-  taken, so a stream never buffers without bound;
-- an answer's head (status line and headers) longer than `MAX_HEAD_BYTES` fails the exchange;
-  so does one with a `Content-Encoding` (every request asks for identity: a proxy that
-  compresses anyway sent bytes kvgate can neither read nor relay as the JSON they claim to be),
-  or a status HTTP has no answer of (101, under 100, 600 and above); an interim answer (100,
-  102, 103) is skipped for the answer after it;
+- an answer is read and paced by its connection (`gateway.h1conn`: its head's bounds, a
+  slow client's back-pressure);
 - a URL's userinfo (``http://user:password@host``) is sent as Basic credentials, as aiohttp
   does for the health checks and scrapes, unless the request carries its own `Authorization`
   (a pool's API key), and never in the `Host` header;
@@ -36,200 +31,24 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import socket
 import ssl
 import time
-from collections import deque
-from typing import cast
 from urllib.parse import unquote, urlsplit
 
-import httptools
+from gateway.h1conn import H1Conn, UpstreamClosed, UpstreamProtocolError
 
 __all__ = ["H1Pool", "H1Response", "UpstreamClosed", "UpstreamProtocolError"]
 
 IDLE_S = 4.0  # an idle keep-alive connection older than this is not reused
-HIGH_WATER = 256 * 1024  # bytes of an answer buffered for a slow reader before reading pauses
-# an answer whose status line and headers go on past this is not HTTP a replica sends: the
-# parser joins a header's pieces as they come (quadratic: a 25 MB header held the event loop
-# for half a minute)
-MAX_HEAD_BYTES = 64 * 1024
 MAX_TARGETS = 4096  # replica URLs whose parsed form is kept (all are, past a churn)
 
 
-class UpstreamClosed(ConnectionResetError):
-    """The replica closed the connection before the answer was complete."""
-
-
-class UpstreamProtocolError(ConnectionError):
-    """The replica's answer is not valid HTTP/1.1."""
-
-
-class _Conn(asyncio.Protocol):
-    """One connection to a replica; carries one exchange at a time."""
-
-    def __init__(self, key: tuple[str, int, bool]) -> None:
-        self.key = key
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self.idle_since = 0.0
-        self.used = False  # has carried an exchange before this one
-        self._parser = httptools.HttpResponseParser(self)
-        self._loop = asyncio.get_running_loop()
-        self._reset()
-
-    def _reset(self) -> None:
-        self._new_head()
-        self.head: asyncio.Future[None] = self._loop.create_future()
-        self.any_byte = False  # of this exchange's answer
-        self._head_bytes = 0  # received before the answer's head was complete
-        self.complete = False
-        self.keep_alive = False
-        self.error: BaseException | None = None
-        self._chunks: deque[bytes] = deque()
-        self._buffered = 0
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    def _new_head(self) -> None:
-        """What an answer's head sets (again after an interim answer's)."""
-        self.status = 0
-        self.content_type = "application/json"
-        self.content_length: str | None = None
-        self.retry_after: str | None = None
-        self._encoding: bytes | None = None
-        self._chunked = False
-        self._interim = False
-
-    # -- asyncio.Protocol ------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def data_received(self, data: bytes) -> None:
-        self.any_byte = True
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(UpstreamProtocolError("the replica switched protocols"))
-        except httptools.HttpParserError as exc:
-            self._fail(UpstreamProtocolError(f"invalid HTTP answer: {exc}"))
-        if not self.head.done():
-            self._head_bytes += len(data)
-            if self._head_bytes > MAX_HEAD_BYTES:
-                self._fail(UpstreamProtocolError("the answer's head is too large"))
-
-    def eof_received(self) -> bool | None:
-        return None  # close the transport; connection_lost follows
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.complete or self.error is not None:
-            return
-        if self.head.done() and self.content_length is None and not self._chunked:
-            self.complete = True  # a body delimited by the end of the connection
-            self.keep_alive = False
-            self._wake()
-            return
-        self._fail(UpstreamClosed("the replica closed the connection"))
-
-    # -- httptools callbacks ---------------------------------------------------------------
-    def on_header(self, name: bytes, value: bytes) -> None:
-        lname = name.lower()
-        if lname == b"content-type":
-            self.content_type = value.decode("latin-1")
-        elif lname == b"content-length":
-            self.content_length = value.decode("latin-1")
-        elif lname == b"retry-after":
-            self.retry_after = value.decode("latin-1")
-        elif lname == b"transfer-encoding" and b"chunked" in value.lower():
-            self._chunked = True
-        elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
-            self._encoding = value[:32]
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if 100 <= status < 200 and status != 101:
-            # an interim answer (100 Continue, 103 Early Hints from a proxy): the answer follows
-            self._new_head()
-            self._interim = True
-            return
-        self.status = status
-        if not 200 <= status < 600:  # no answer HTTP has (uvicorn raised sending it on)
-            self._fail(UpstreamProtocolError(f"an answer of status {status}"))
-        elif self._encoding is not None:
-            self._fail(UpstreamProtocolError(f"an answer in {self._encoding!r} encoding"))
-        elif not self.head.done():
-            self.head.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        if self._buffered > HIGH_WATER and not self._paused and self.transport is not None:
-            self._paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        if self._interim:
-            self._interim = False
-            return
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive()
-        self._wake()
-
-    # -- the exchange ----------------------------------------------------------------------
-    def _fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        if not self.head.done():
-            self.head.set_exception(exc)
-            self.head.exception()  # retrieved: no "never retrieved" warning if nobody waits
-        self._wake()
-        self.close()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def start(self, request: bytes) -> None:
-        self._reset()
-        assert self.transport is not None
-        self.transport.write(request)
-
-    async def read_chunk(self) -> bytes:
-        while not self._chunks:
-            if self.complete:
-                return b""
-            if self.error is not None:
-                raise self.error
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
-        self._chunks.clear()
-        self._buffered = 0
-        if self._paused and self.transport is not None and not self.closed:
-            self._paused = False
-            self.transport.resume_reading()
-        return data
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-
 class H1Response:
-    """`gateway.transport.UpstreamResponse` of one exchange on an `_Conn`."""
+    """`gateway.transport.UpstreamResponse` of one exchange on an `H1Conn`."""
 
     __slots__ = ("_conn", "_pool", "content_length", "content_type", "retry_after", "status")
 
-    def __init__(self, conn: _Conn, pool: H1Pool) -> None:
+    def __init__(self, conn: H1Conn, pool: H1Pool) -> None:
         self._conn = conn
         self._pool = pool
         self.status = conn.status
@@ -260,7 +79,7 @@ class _Replica:
 
     def __init__(self, limit: int) -> None:
         self.slots = asyncio.Semaphore(limit)
-        self.idle: list[_Conn] = []
+        self.idle: list[H1Conn] = []
         self.users = 0  # exchanges holding or waiting for a slot
 
 
@@ -275,7 +94,7 @@ class H1Pool:
         self._limit = max_connections
         self._replicas: dict[tuple[str, int, bool], _Replica] = {}
         self._targets: dict[str, tuple[tuple[str, int, bool], bytes, bytes]] = {}
-        self._busy: set[_Conn] = set()
+        self._busy: set[H1Conn] = set()
         self._ssl: ssl.SSLContext | None = None
         self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
@@ -320,7 +139,7 @@ class H1Pool:
             del self._replicas[key]
 
     async def _exchange(self, replica: _Replica, key: tuple[str, int, bool],
-                        request: bytes) -> _Conn:
+                        request: bytes) -> H1Conn:
         """Send ``request``; return the connection once the answer's head has arrived."""
         conn = self._take_idle(replica)
         if conn is not None:
@@ -377,7 +196,7 @@ class H1Pool:
         return found[0], found[1], found[2], path
 
     @staticmethod
-    def _take_idle(replica: _Replica) -> _Conn | None:
+    def _take_idle(replica: _Replica) -> H1Conn | None:
         idle = replica.idle
         now = time.monotonic()
         while idle:
@@ -388,7 +207,7 @@ class H1Pool:
             conn.close()
         return None
 
-    async def _connect(self, key: tuple[str, int, bool]) -> _Conn:
+    async def _connect(self, key: tuple[str, int, bool]) -> H1Conn:
         host, port, tls = key
         loop = asyncio.get_running_loop()
         context = None
@@ -398,11 +217,11 @@ class H1Pool:
             context = self._ssl
         async with asyncio.timeout(self._connect_timeout_s):
             _, conn = await loop.create_connection(
-                lambda: _Conn(key), host, port, ssl=context,
+                lambda: H1Conn(key), host, port, ssl=context,
                 server_hostname=host if tls else None)
         return conn
 
-    def done_with(self, conn: _Conn, *, reuse: bool) -> None:
+    def done_with(self, conn: H1Conn, *, reuse: bool) -> None:
         """The exchange on ``conn`` is over: keep the connection for the next one, or close."""
         if conn not in self._busy:
             return  # released twice

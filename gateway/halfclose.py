@@ -27,6 +27,8 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from gateway.writewatch import reset
+
 __all__ = ["CONTINUE", "KEEP_ALIVE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
 
 # a half-closed client's probe (`HalfCloseProbe.eof_received`): the reset of a client gone
@@ -143,7 +145,9 @@ class HalfCloseProbe(HttpToolsProtocol):
     def _abort(self, cycle: RequestResponseCycle) -> None:
         """Reset the connection under `cycle`, an unfinished response the app gives up on.
         The cycle is marked disconnected now (the transport reports its loss only on the
-        loop's next turn), so uvicorn takes the app's return as a client gone."""
+        loop's next turn), so uvicorn takes the app's return as a client gone. A reset, not
+        `abort` alone: that closes with a FIN after what the socket still holds (megabytes),
+        and a stalled stream's client would read on to a normal close."""
         cycle.disconnected = True
         cycle.message_event.set()
-        self.transport.abort()
+        reset(self.transport)

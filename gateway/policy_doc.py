@@ -20,6 +20,7 @@ from pydantic import (
 )
 
 from gateway.discovery.config import parse_discovery
+from gateway.errors import NAME_CHARS
 from gateway.replicas import replica_id
 from gateway.urls import shown_url
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
@@ -306,4 +307,16 @@ def parse_policy(data: Any) -> PolicyDoc:
             loc, msg = msg.split(": ", 1)
         raise PolicyValidationError(loc, msg) from None
     check_replicas_distinct(doc)
+    _check_model_names(doc)
     return doc
+
+
+def _check_model_names(doc: PolicyDoc) -> None:
+    """A public model name is one a client's request names: no longer than the `NAME_CHARS`
+    a client's name is shown whole in (a 5,000-character one was stored). On input only, as
+    `check_replicas_distinct`: a stored document that predates the rule must still load."""
+    for model in doc.models:
+        if len(model) > NAME_CHARS:
+            raise PolicyValidationError(
+                "models", f"a public model name is at most {NAME_CHARS} characters "
+                          f"(one of {len(model)} was sent)")

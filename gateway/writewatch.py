@@ -36,7 +36,7 @@ from collections.abc import Callable
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["LOOKS", "WriteWatch"]
+__all__ = ["LOOKS", "WriteWatch", "reset"]
 
 LOOKS = 4  # looks per `write_timeout_s` (module docstring)
 
@@ -83,7 +83,7 @@ class WriteWatch(HttpToolsProtocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True  # a request read after it, not answered yet: gone
             cycle.message_event.set()
-        _reset(self.transport)
+        reset(self.transport)
         self.logger.info("client stopped reading its answer: connection reset "
                          "(%d bytes unread)", size)
         count: Callable[[], None] | None = getattr(self.config.app, "unread_answer", None)
@@ -107,7 +107,7 @@ def _queued(transport: asyncio.Transport) -> int:
 _LINGER_0 = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() discards and sends a RST
 
 
-def _reset(transport: asyncio.Transport) -> None:
+def reset(transport: asyncio.Transport) -> None:
     """Close with a reset: the socket's own unsent bytes (megabytes: the kernel grows a
     loopback send buffer to `tcp_wmem`'s max) are dropped with the transport's, and the client
     sees ECONNRESET, not a FIN after whatever the socket still held (`abort` alone)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -139,6 +140,11 @@ class AdminRoute(APIRoute):
 
 
 def _detail(exc: HTTPException) -> str:
-    if exc.status_code == 400:
-        return "the body could not be read: send JSON text (UTF-8)"
-    return str(exc.detail)
+    if exc.status_code != 400:
+        return str(exc.detail)
+    cause = exc.__cause__  # FastAPI's parse error: its JSON decode errors are validation's
+    if isinstance(cause, ValueError) and not isinstance(cause, UnicodeError):
+        # Python's limit on an integer's digits (CVE-2020-10735), hit while parsing JSON
+        return (f"the body holds a number of more than {sys.get_int_max_str_digits()} "
+                "digits: no field takes one")
+    return "the body could not be read: send JSON text (UTF-8)"

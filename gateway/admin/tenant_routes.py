@@ -20,6 +20,9 @@ from gateway.tenancy.store import apply_tenant_changes
 # A tenant named in a path: no record's id can be anything else (and the Redis store's hashes
 # hold a "." field, `redis_store.PRESENT`, that no route may touch).
 TenantId = Annotated[str, Path(pattern=NAME_PATTERN)]
+# a key's id as `new_key_id` makes it: anything else is no key's (a 60,000-character one was
+# echoed whole in the 404)
+KeyId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 __all__ = ["key_routes", "tenant_routes"]
 
@@ -133,7 +136,7 @@ def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
-    async def revoke_key(tenant_id: TenantId, key_id: str, who: Who) -> Response:
+    async def revoke_key(tenant_id: TenantId, key_id: KeyId, who: Who) -> Response:
         if not await ctx.store.revoke_key(tenant_id, key_id):
             raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
         await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)

@@ -17,6 +17,7 @@ import redis
 import uvicorn
 
 from gateway.admin import AdminDeps, AdminToken, create_admin_app
+from gateway.errors import NAME_CHARS
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     InMemoryStore,
@@ -727,3 +728,36 @@ async def test_a_key_sent_twice_in_one_object_is_a_400_naming_it(admin: Admin) -
     r = await c.post("/admin/route/explain",  # (this test's explainer answers its "model")
                      content=b'{"tier": "free", "model": "a", "model": "llama-70b"}')
     assert r.status_code == 200 and r.json()["model"] == "llama-70b", r.text
+
+
+async def test_a_key_id_no_key_can_have_is_refused_not_echoed(admin: Admin) -> None:
+    """A 60,000-character key id was echoed whole in the 404."""
+    await admin.client.post("/admin/tenants", json={"id": "acme", "tier": "free"})
+    r = await admin.client.delete("/admin/tenants/acme/keys/" + "k" * 60_000)
+    assert _error(r, 400)["param"] == "key_id"
+    assert len(r.content) < 1000, len(r.content)
+
+
+async def test_a_public_model_name_past_the_shown_length_is_refused(admin: Admin) -> None:
+    """A 5,000-character public model name was stored; names up to `NAME_CHARS` are kept."""
+    c = admin.client
+    pools = {"named": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}
+    for name in ("é" * 5000, "m" * (NAME_CHARS + 1)):
+        err = _error(await c.patch("/admin/policy", json={
+            "pools": pools, "models": {name: {"default": "named"}}}), 400)
+        assert err["param"] == "models" and str(NAME_CHARS) in err["message"], err
+        assert len(err["message"]) < 200, err
+    ok = await c.patch("/admin/policy", json={"pools": pools,
+                                              "models": {"m" * NAME_CHARS: {"default": "named"}}})
+    assert ok.status_code == 200, ok.text
+
+
+async def test_a_number_of_too_many_digits_is_named_as_such(admin: Admin) -> None:
+    """A 5,000-digit integer (past Python's limit on an integer's digits) was answered "send
+    JSON text (UTF-8)", which it was."""
+    for method, path in (("POST", "/admin/tenants"), ("PATCH", "/admin/policy")):
+        r = await admin.client.request(method, path, content=b'{"limits": {"rpm": %s}}'
+                                       % (b"9" * 5000))
+        err = _error(r, 400)
+        assert "digits" in err["message"] and "UTF-8" not in err["message"], err
+    assert await admin.store.list_tenants() == []

@@ -5,6 +5,7 @@ connection is reset without an ERROR line from the server (one a client could re
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 from collections.abc import Callable
@@ -73,6 +74,32 @@ def test_a_client_that_stops_reading_ends_its_request_and_not_the_replica(
         assert "stopped reading" in output
         # the connection is reset, not left to uvicorn as an app that did not finish
         assert "ASGI callable returned without completing response" not in output
+
+
+def test_a_stalled_streams_client_sees_a_reset(sim_factory: SimFactory) -> None:
+    """The cut is a reset: the client's next read fails (ECONNRESET), and the megabytes the
+    gateway's socket still held are dropped -- not handed over and followed by a normal close,
+    which a client could take for a stream that simply ended."""
+    _, sim = sim_factory("--time-scale", "1000", "--max-model-len", "262144",
+                         "--num-gpu-blocks", "8192")
+    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "1",
+                                                  "KVGATE_HEALTH__INTERVAL_S": "60"})
+    with gw:
+        client = _stalled_stream(int(base.rsplit(":", 1)[1]))
+        try:
+            wait_for(lambda: request_statuses(base).get("408") == 1, timeout=60,
+                     what="the stalled stream to be counted (408)")
+            client.settimeout(30)
+            got = 0
+            try:
+                while data := client.recv(1 << 16):
+                    got += len(data)
+            except ConnectionResetError as exc:
+                assert exc.errno == errno.ECONNRESET
+            else:
+                raise AssertionError(f"a normal close after {got} bytes, not a reset")
+        finally:
+            client.close()
 
 
 def test_a_client_that_stops_reading_as_its_stream_ends_is_cut_too() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gateway import h1
+from gateway import h1, h1conn
 from gateway.h1 import H1Pool, UpstreamClosed, UpstreamProtocolError
 from gateway.transport import TRANSPORT_ERRORS, refused
 
@@ -237,7 +237,7 @@ def test_nothing_listening_is_refused() -> None:
 
 
 def test_a_slow_reader_pauses_reading_and_loses_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(h1, "HIGH_WATER", 1024)
+    monkeypatch.setattr(h1conn, "HIGH_WATER", 1024)
     payload = bytes(range(256)) * 32768  # 8 MiB
 
     async def run() -> None:
