@@ -6,7 +6,6 @@ connection is reset without an ERROR line from the server (one a client could re
 from __future__ import annotations
 
 import errno
-import json
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +18,7 @@ from tests.support.gateway import (
     inflight,
     metric_values,
     request_statuses,
+    unread_chat,
     wait_for,
 )
 from tests.support.procs import Proc
@@ -31,14 +31,8 @@ def _stalled_stream(port: int, model: str = "sim-model") -> socket.socket:
     """Ask for a stream far longer than the socket buffers between kvgate and the client
     (~40 MB of events: loopback buffers grow to a few MB), on a socket with a tiny receive
     buffer, and never read it."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "x"}],
-                       "max_tokens": 250_000, "ignore_eos": True, "stream": True}).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-              b"content-length: %d\r\n\r\n" % len(body) + body)
-    return s
+    return unread_chat(port, {"model": model, "messages": [{"role": "user", "content": "x"}],
+                              "max_tokens": 250_000, "ignore_eos": True, "stream": True})
 
 
 def test_a_client_that_stops_reading_ends_its_request_and_not_the_replica(

@@ -12,7 +12,13 @@ import socket
 import time
 from collections.abc import Callable
 
-from tests.support.gateway import gateway_proc, metric_values, request_statuses, wait_for
+from tests.support.gateway import (
+    gateway_proc,
+    metric_values,
+    request_statuses,
+    unread_chat,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -23,15 +29,9 @@ TOKENS = 16_000
 
 
 def _ask_whole(port: int, tokens: int = TOKENS) -> socket.socket:
-    body = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content": "x"}],
-                       "max_tokens": tokens, "ignore_eos": True, "logprobs": True,
-                       "top_logprobs": 20}).encode()
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.connect(("127.0.0.1", port))
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-              b"content-length: %d\r\n\r\n" % len(body) + body)
-    return s
+    return unread_chat(port, {"model": "sim-model", "max_tokens": tokens, "ignore_eos": True,
+                              "messages": [{"role": "user", "content": "x"}],
+                              "logprobs": True, "top_logprobs": 20})
 
 
 def _gateway(sim_factory: SimFactory) -> tuple[Proc, str, int]:

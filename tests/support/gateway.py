@@ -7,9 +7,11 @@ the dict as a YAML file (removed when the process stops). Readiness is ``/readyz
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -151,3 +153,15 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0, what: str = "
             return
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def unread_chat(port: int, body: dict[str, Any]) -> socket.socket:
+    """POST ``body`` to the gateway's chat route on a socket with a tiny receive buffer, and
+    leave the answer unread (a client that stopped reading)."""
+    data = json.dumps(body).encode()
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+              b"content-length: %d\r\n\r\n" % len(data) + data)
+    return s
