@@ -66,3 +66,20 @@ def test_a_removed_pools_series_go_after_it_lingered(sim_factory: SimFactory) ->
             assert "gone" in doctor_pools()  # still in ticks of the window
             wait_for(lambda: doctor_pools() == {"kept"}, timeout=30,
                      what="the doctor's window to pass the removed pool")
+
+
+def test_a_pool_back_before_it_lingered_keeps_its_series(sim_factory: SimFactory) -> None:
+    (_, a), (_, b) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    config = {**_policy(a, b), "upstream": {"total_timeout_s": 2}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": TOKEN})
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        client.chat.completions.create(
+            model="gone-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        admin = httpx.Client(base_url=f"{base}/admin", timeout=10,
+                             headers={"authorization": f"Bearer {TOKEN}"})
+        with admin:
+            admin.put("/policy", json=_policy(a, None)).raise_for_status()
+            admin.put("/policy", json=_policy(a, b)).raise_for_status()  # back at once
+            time.sleep(4)  # past the removed pool's linger, and a reap after it
+        assert POOL_LABELLED.search(httpx.get(f"{base}/metrics").text)
