@@ -104,21 +104,22 @@ class Canceller:
     def attempt_started(self) -> None:
         """A new upstream attempt, waiting for a connection to its replica until `sent`
         (bounded by `connection_wait_s`; the total clock goes on)."""
-        self._attempt = self._loop.time()
-        self._first = True
-        self._queued = True
-        self._sooner()
+        self._attempt = now = self._loop.time()
+        self._first = self._queued = True
+        self._sooner(now + self._cfg.connection_wait_s)
 
     def sent(self) -> None:
         """The attempt's request goes out: its first-byte clock starts now."""
-        self._attempt = self._loop.time()
+        self._attempt = now = self._loop.time()
         self._queued = False
-        self._sooner()
+        self._sooner(now + self._first_s)
 
-    def _sooner(self) -> None:
-        """Re-arm the timer when the deadline moved earlier than it is set for (a later one
-        is found when it fires: nothing to do per request on the usual path)."""
-        if self._handle is not None and self._deadline()[0] < self._handle.when():
+    def _sooner(self, phase: float) -> None:
+        """Re-arm the timer when the phase's deadline comes before the time it is set for
+        (a later one is found when it fires: nothing to do per request on the usual path;
+        it is never set past the total deadline)."""
+        handle = self._handle
+        if handle is not None and phase < handle.when():
             self._rearm()
 
     def retry_first_byte(self) -> bool:
