@@ -364,7 +364,7 @@ def unknown_path(path: str) -> NotFound:
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{SERVED}).")
-    if path.startswith(API_PREFIX):  # an OpenAI route vLLM has not either (files, batches, ...)
+    if f"{path}/".startswith(API_PREFIX):  # OpenAI's routes vLLM has not either (files, ...)
         return NotFound(f"Unknown path {path}: kvgate serves {SERVED}.")
     return NotFound(f"Unknown path {path}.")
 

@@ -95,6 +95,9 @@ def test_openai_routes_kvgate_does_not_serve_name_what_it_serves(base: str) -> N
         with pytest.raises(openai.NotFoundError) as err:
             call()
         assert f"kvgate serves {SERVED}." in str(err.value)
+    base_url = httpx.get(f"{base}/v1", timeout=10)  # the base URL itself, opened in a browser
+    assert base_url.status_code == 404
+    assert base_url.json()["error"]["message"] == f"Unknown path /v1: kvgate serves {SERVED}."
     # vLLM 0.34's WebSocket route: said to be vLLM's, as its other client endpoints are
     realtime = httpx.get(f"{base}/v1/realtime", timeout=10)
     assert realtime.status_code == 404
