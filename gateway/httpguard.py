@@ -24,6 +24,8 @@ returns a subclass that
   refusal and is allowed (`server.cors_*`, never on the admin port: the app's `refusal_cors`),
   so a browser client sees the status instead of an opaque network error;
 - sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs);
+- sends no ``100 Continue`` to an HTTP/1.0 client that sent ``Expect: 100-continue`` (RFC
+  9110: ignored in an HTTP/1.0 request);
 - sends a ``Date`` header on every answer (RFC 9110 8.6.1: an origin server with a clock
   SHOULD), computed once a second; uvicorn's own (``date_header``) stays off, as does its
   ``Server: uvicorn`` (kvgate names no software in its answers);
@@ -142,6 +144,9 @@ class NoDelayHttpTools(HttpToolsProtocol):
             cycle.default_headers = [*date_header(), *extra] if extra else date_header()
             if cycle.scope.get("http_version") == "1.0":
                 _close_delimited(cycle)
+                # RFC 9110 10.1.1 and 15.2: an HTTP/1.0 request's 100-continue is ignored (no
+                # 1xx may go to an HTTP/1.0 client; uvicorn sent one at the first read)
+                cycle.waiting_for_100_continue = False
             if cycle.waiting_for_100_continue:
                 _close_if_unasked(cycle)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -34,7 +34,7 @@ def base() -> Iterator[str]:
             yield base
 
 
-def exchange(base: str, head: bytes, body: bytes) -> tuple[int, dict[str, bytes], Any]:
+def exchange(base: str, head: bytes, body: bytes) -> tuple[int, dict[bytes, bytes], Any]:
     """One request on its own connection: (status, headers, JSON body)."""
     port = int(base.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
@@ -89,8 +89,9 @@ def test_a_latin_1_body_is_told_json_is_utf_8(base: str) -> None:
 
 def test_openai_routes_kvgate_does_not_serve_name_what_it_serves(base: str) -> None:
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=10)
-    calls = [client.files.list, client.batches.list,
-             lambda: client.audio.speech.create(model=MODEL, input="hi", voice="alloy")]
+    calls: list[Callable[[], object]] = [
+        client.files.list, client.batches.list,
+        lambda: client.audio.speech.create(model=MODEL, input="hi", voice="alloy")]
     for call in calls:
         with pytest.raises(openai.NotFoundError) as err:
             call()
@@ -103,3 +104,18 @@ def test_openai_routes_kvgate_does_not_serve_name_what_it_serves(base: str) -> N
     assert realtime.status_code == 404
     assert realtime.json()["error"]["message"] == (
         f"/v1/realtime is a vLLM endpoint that kvgate does not serve (it serves {SERVED}).")
+
+
+def test_an_http_1_0_client_gets_no_100_continue(base: str) -> None:
+    """RFC 9110: an HTTP/1.0 request's `Expect: 100-continue` is ignored, and no 1xx may go
+    to an HTTP/1.0 client (one would read "HTTP/1.1 100 Continue" as its answer)."""
+    data = json.dumps(CHAT).encode()
+    port = int(base.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.0\r\nhost: x\r\nexpect: 100-continue\r\n"
+                  b"content-length: %d\r\n\r\n" % len(data) + data)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    assert raw.startswith(b"HTTP/1.1 200 OK\r\n"), raw[:60]
+    assert b" 100 Continue" not in raw
