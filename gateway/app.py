@@ -26,7 +26,7 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.paths import API_PREFIX, api_route, canonical, prefixed_route
+from gateway.paths import API_PREFIX, api_route, canonical, prefixed_route, stored_subroute
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
@@ -124,6 +124,8 @@ class GatewayApp:
         if path in KINDS:
             return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
+            if (beyond := stored_subroute(path)) is not None:  # `.../input_items`, ...
+                return await _error(send, beyond)
             assert rt is not None
             return await rt.proxy.handle_stored(scope, receive, send)
         page = self._get.get(path)

@@ -119,3 +119,13 @@ def test_an_http_1_0_client_gets_no_100_continue(base: str) -> None:
             raw += chunk
     assert raw.startswith(b"HTTP/1.1 200 OK\r\n"), raw[:60]
     assert b" 100 Continue" not in raw
+
+
+def test_input_items_of_a_stored_response_names_the_stored_routes(base: str) -> None:
+    """vLLM 0.34 serves a stored response's GET and cancel, not OpenAI's `input_items` (the
+    SDK's `responses.input_items.list`): its 404 says which ones there are."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=10)
+    with pytest.raises(openai.NotFoundError) as err:
+        client.responses.input_items.list("resp_abc")
+    assert ("Unknown path /v1/responses/resp_abc/input_items: kvgate serves GET "
+            "/v1/responses/{id} and POST /v1/responses/{id}/cancel") in str(err.value)
