@@ -223,13 +223,11 @@ async def _read_parts(
     receive: Receive, limit: int, first: bytes, uploads: Uploads | None,
 ) -> bytes:
     chunks = [first]
-    size = taken = 0
+    size, taken, more = len(first), 0, True
     try:
         if uploads is not None:
-            uploads.take(len(first))
-            taken = len(first)
-        size = len(first)
-        more = True
+            uploads.take(size)
+            taken = size
         while more:
             chunk, more = _body_part(await receive(), size, limit)
             size += len(chunk)
