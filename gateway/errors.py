@@ -432,3 +432,9 @@ def for_status(status: int, message: str) -> KvgateError:
     error.status = status
     error.type_ = type_for(status)
     return error
+
+
+class ShutDownWhileUploading(NoReplicaAvailable):
+    """The shutdown grace ended while the request's body was still arriving (a slow upload):
+    a 503 the client can retry elsewhere, instead of the bare text/plain 500 the server gives
+    a request whose task is cancelled at exit before it answered (`request.read_body`)."""
