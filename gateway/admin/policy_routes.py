@@ -22,12 +22,36 @@ from gateway.errors import (
     UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
+from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.store import check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]
 
 PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
+
+
+async def _put_checked(
+    ctx: AdminContext, doc: PolicyDoc, expected: int | None, keep_unknown: bool
+) -> PolicySnapshot:
+    """Store `doc` once no tenant uses a tier it leaves out, checked again while tenants
+    keep changing in between."""
+    for _ in range(CHECK_TRIES):
+        # stored only if no tenant was written since this generation: one put in a tier
+        # the document leaves out, meanwhile, would be refused every request (403)
+        at = await ctx.store.generation()
+        for tenant in await ctx.store.list_tenants():
+            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
+                raise BadRequest(
+                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
+                    param="tiers")
+        try:
+            return await ctx.store.put_policy(doc, if_version=expected,
+                                              keep_unknown=keep_unknown, tenants_at=at)
+        except StaleCheck:
+            continue
+    raise Conflict("the tenants kept changing while the policy was checked against "
+                   "their tiers; retry")
 
 
 def _parse_if_match(value: str | None) -> int | None:
@@ -90,25 +114,9 @@ async def _store(
     doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
-    for _ in range(CHECK_TRIES):
-        # stored only if no tenant was written since this generation: one put in a tier
-        # the document leaves out, meanwhile, would be refused every request (403)
-        at = await ctx.store.generation()
-        for tenant in await ctx.store.list_tenants():
-            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
-                raise BadRequest(
-                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
-                    param="tiers")
-        try:
-            snap = await ctx.store.put_policy(doc, if_version=expected,
-                                              keep_unknown=keep_unknown, tenants_at=at)
-            break
-        except StaleCheck:
-            continue
-    else:
-        raise Conflict("the tenants kept changing while the policy was checked against "
-                       "their tiers; retry")
-    await ctx.audit(who, action, "policy", version=snap.version)
+    async with ctx.audited(who, action, "policy") as audit:
+        snap = await _put_checked(ctx, doc, expected, keep_unknown)
+        audit.add(version=snap.version)
     body = snap.doc.model_dump(mode="json", exclude_unset=True)
     return JSONResponse(shown_policy(body), headers={"etag": f'"{snap.version}"'})
 

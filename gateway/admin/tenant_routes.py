@@ -41,9 +41,9 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)
         # over a stored record that cannot be read: the operator's way out (keys are kept)
-        await ctx.in_tier(tenant.tier, lambda version: ctx.store.create_tenant(
-            tenant, over_unreadable=True, policy_version=version))
-        await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
+        async with ctx.audited(who, "tenant.create", tenant.id, tier=tenant.tier):
+            await ctx.in_tier(tenant.tier, lambda version: ctx.store.create_tenant(
+                tenant, over_unreadable=True, policy_version=version))
         return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
     @router.get("/tenants")
@@ -85,30 +85,25 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
         if not changed:
             # values it already has: no write (every gateway would reload), no audit entry
             return await ctx.view(current)
-        tenant = await ctx.in_tier(body.tier if "tier" in changes else None,
-                                   lambda version: ctx.store.update_tenant(
-                                       tenant_id, changes, policy_version=version))
-        await ctx.audit(who, "tenant.update", tenant_id, fields=changed)
+        async with ctx.audited(who, "tenant.update", tenant_id, fields=changed):
+            tenant = await ctx.in_tier(body.tier if "tier" in changes else None,
+                                       lambda version: ctx.store.update_tenant(
+                                           tenant_id, changes, policy_version=version))
         return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
     async def delete_tenant(tenant_id: TenantId, who: Who) -> Response:
-        if not await ctx.store.delete_tenant(tenant_id):
-            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
-        await ctx.audit(who, "tenant.delete", tenant_id)
+        async with ctx.audited(who, "tenant.delete", tenant_id):
+            if not await ctx.store.delete_tenant(tenant_id):
+                raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")
     async def rotate_salt(tenant_id: TenantId, who: Who, empty: Empty = None) -> dict[str, Any]:
-        rotation = await ctx.store.rotate_salt(tenant_id)
-        await ctx.audit(
-            who,
-            "tenant.rotate_salt",
-            tenant_id,
-            scope=rotation.scope,
-            salt_group=rotation.salt_group,
-            epoch=rotation.epoch,
-        )
+        async with ctx.audited(who, "tenant.rotate_salt", tenant_id) as audit:
+            rotation = await ctx.store.rotate_salt(tenant_id)
+            audit.add(scope=rotation.scope, salt_group=rotation.salt_group,
+                      epoch=rotation.epoch)
         # the tenant as the other routes show it, with the epoch this rotation gave and what
         # it rotated ("tenant": its own salt; "group": every tenant of its salt group)
         tenant = await ctx.tenant(tenant_id)
@@ -130,14 +125,15 @@ def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
         record = KeyRecord(
             key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
         )
-        await ctx.store.add_key(record)
-        await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
+        async with ctx.audited(who, "key.create", tenant_id, key_id=key_id):
+            await ctx.store.add_key(record)
         body = {**key_view(record), "key": key}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
     async def revoke_key(tenant_id: TenantId, key_id: KeyId, who: Who) -> Response:
-        if not await ctx.store.revoke_key(tenant_id, key_id):
-            raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
-        await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)
+        async with ctx.audited(who, "key.revoke", tenant_id, key_id=key_id):
+            if not await ctx.store.revoke_key(tenant_id, key_id):
+                raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found",
+                               param="key_id")
         return Response(status_code=204)
