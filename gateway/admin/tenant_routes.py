@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import AdminContext
 from gateway.admin.schemas import NoFields, TenantCreate, TenantPatch, key_view, tenant_view
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, Conflict, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
 from gateway.tenancy.store import apply_tenant_changes
@@ -25,6 +25,8 @@ TenantId = Annotated[str, Path(pattern=NAME_PATTERN)]
 KeyId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 __all__ = ["key_routes", "tenant_routes"]
+
+KEY_TRIES = 3  # a new key's id taken (`RedisStore.add_key`): drawn again this often
 
 # the body of a route that takes none: absent, or an object without fields
 Empty = Annotated[NoFields | None, Body()]
@@ -121,12 +123,17 @@ def _changed(old: Tenant, new: Tenant) -> list[str]:
 def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     @router.post("/tenants/{tenant_id}/keys", status_code=201)
     async def create_key(tenant_id: TenantId, who: Who, empty: Empty = None) -> JSONResponse:
-        key, key_id = generate_key(), new_key_id()
-        record = KeyRecord(
-            key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
-        )
-        async with ctx.audited(who, "key.create", tenant_id, key_id=key_id):
-            await ctx.store.add_key(record)
+        for attempt in range(KEY_TRIES):
+            key, key_id = generate_key(), new_key_id()
+            record = KeyRecord(key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key),
+                               created_at=ctx.deps.clock())
+            try:
+                async with ctx.audited(who, "key.create", tenant_id, key_id=key_id):
+                    await ctx.store.add_key(record)
+                break
+            except Conflict:  # an id of 48 random bits the tenant already has: another one
+                if attempt == KEY_TRIES - 1:
+                    raise
         body = {**key_view(record), "key": key}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 

@@ -76,8 +76,13 @@ DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
     + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
     + _log("tenant", "ARGV[3]") + _audit() + "return 1"
 )
+# A key id the tenant's index holds, or a key hash the keys hash holds, is refused (-1): written
+# over, the first key stayed in the keys hash, out of the index (never listed, not revocable
+# by id), or was moved to another tenant whose revocation through the first then removed it.
 ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
     _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "if redis.call('HEXISTS', KEYS[5], ARGV[4]) == 1 "
+    "or redis.call('HEXISTS', KEYS[4], ARGV[5]) == 1 then return -1 end "
     "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
     + _BUMP + _log("key", "ARGV[5]") + _audit()
     + "return 1"

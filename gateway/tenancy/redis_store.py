@@ -348,7 +348,11 @@ class RedisStore(TenantStore):
         tid = record.tenant_id
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tid)]
         args = [tid, record.key_id, record.key_hash, record.model_dump_json()]
-        if not await self._run("add_key", keys, args, Change("key", tid)):
+        added = await self._run("add_key", keys, args, Change("key", tid))
+        if added < 0:
+            raise Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
+                           param="key_id")
+        if not added:
             raise NotFound(f"tenant {tid!r} not found", param="id")
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
