@@ -15,6 +15,7 @@ from gateway.admin.schemas import NoFields, TenantCreate, TenantPatch, key_view,
 from gateway.errors import BadRequest, Conflict, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
+from gateway.tenancy.salts import fresh_epoch
 from gateway.tenancy.store import apply_tenant_changes
 
 # A tenant named in a path: no record's id can be anything else (and the Redis store's hashes
@@ -37,8 +38,11 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
 
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
-        # the fields sent, plus the tier: its default ("default") is not "sent" but is needed
-        data = {"tier": body.tier, **body.model_dump(exclude_unset=True)}
+        # the fields sent, plus the tier: its default ("default") is not "sent" but is needed;
+        # a fresh salt epoch: a tenant deleted under this id had epoch 0 (or counted on from
+        # it), and the same salt would hit its prefix cache in vLLM
+        data = {"tier": body.tier, **body.model_dump(exclude_unset=True),
+                "salt_epoch": fresh_epoch()}
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)

@@ -72,6 +72,7 @@ from gateway.tenancy.redis_records import (
     texts,
     unreadable_policy,
 )
+from gateway.tenancy.salts import fresh_epoch
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
@@ -103,8 +104,6 @@ KINDS = {"tenants": "tenant", "keys": "key"}
 
 # the scripts of admin writes: they take the write's audit entry (`redis_scripts._audit`)
 AUDITED_SCRIPTS = frozenset({"create", "cas", "delete", "add_key", "revoke", "policy", "group"})
-
-FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
 
 
 def records(raw: dict[Any, Any]) -> dict[str, str]:
@@ -334,9 +333,8 @@ class RedisStore(TenantStore):
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group
-            fresh = FRESH_EPOCH_MIN + secrets.randbelow(2**52 - FRESH_EPOCH_MIN)
-            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh], change,
-                                    scope="group", salt_group=group, epoch=RESULT)
+            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh_epoch()],
+                                    change, scope="group", salt_group=group, epoch=RESULT)
             return SaltRotation(tenant_id, "group", group, epoch)
         new = await self._replace(
             tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1),

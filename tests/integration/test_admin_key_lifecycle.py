@@ -26,13 +26,18 @@ CONFIG = {"models": {"llama": {"free": "p", "gold": "p"}},
 
 
 @pytest.fixture(scope="module")
-def fleet() -> Iterator[tuple[str, list[str]]]:
+def sim_url() -> Iterator[str]:
+    sim, url = sim_proc(None, "--time-scale", "1", model="m")  # streams of seconds
+    with sim:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def fleet(sim_url: str) -> Iterator[tuple[str, list[str]]]:
     procs: list[Proc] = []
     try:
         rproc, url = redis_proc()
         procs.append(rproc.start())
-        sim, sim_url = sim_proc(None, "--time-scale", "1", model="m")  # streams of seconds
-        procs.append(sim.start())
         config = {**CONFIG, "pools": {"p": {"served_model": "m", "replicas": [sim_url]}}}
         bases = []
         for _ in range(2):
@@ -206,3 +211,34 @@ def _planned_tier(base: str) -> str | None:
         json={"tenant": "mover", "request": {"model": "llama", "messages": []}},
         timeout=10).json()
     return answer.get("tier")
+
+
+def _sent_salt(sim: str, request_id: str) -> str:
+    for item in httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]:
+        if item["headers"].get("x-request-id") == request_id:
+            return str(item["body"]["cache_salt"])
+    raise AssertionError(f"request {request_id} never reached the replica")
+
+
+def _salt_of(base: str, sim: str, key: str) -> str:
+    answer = _client(base, key).chat.completions.with_raw_response.create(
+        model="llama", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    return _sent_salt(sim, answer.headers["x-request-id"])
+
+
+def test_a_tenant_created_again_under_a_deleted_ones_id_gets_another_salt(
+    fleet: tuple[str, list[str]], sim_url: str,
+) -> None:
+    """A tenant deleted, then one created under its id (a new customer given a name that
+    was free again): its cache salt must not be the deleted one's, or its requests hit the
+    deleted tenant's prefix cache in vLLM (and `cached_tokens` tells it which prefixes the
+    other sent). Before, both were salted from the id and epoch 0: the same salt."""
+    _, bases = fleet
+    with admin_client(bases[0], ADMIN) as admin:
+        assert admin.post("/tenants", json={"id": "reborn", "tier": "free"}).status_code == 201
+        key, _ = _new_key(admin, "reborn", bases)
+        before = _salt_of(bases[1], sim_url, key)
+        assert admin.delete("/tenants/reborn").status_code == 204
+        assert admin.post("/tenants", json={"id": "reborn", "tier": "free"}).status_code == 201
+        key, _ = _new_key(admin, "reborn", bases)
+        assert _salt_of(bases[1], sim_url, key) != before
