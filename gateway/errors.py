@@ -45,6 +45,7 @@ __all__ = [
     "ReplicaWrongModel",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
+    "ShutDownWhileUploading",
     "StaleCheck",
     "StoreUnreachable",
     "UnreadableRecord",
