@@ -26,7 +26,7 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.paths import api_route, canonical, prefixed_route
+from gateway.paths import API_PREFIX, api_route, canonical, prefixed_route, stored_subroute
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
@@ -124,6 +124,8 @@ class GatewayApp:
         if path in KINDS:
             return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
+            if (beyond := stored_subroute(path)) is not None:  # `.../input_items`, ...
+                return await _error(send, beyond)
             assert rt is not None
             return await rt.proxy.handle_stored(scope, receive, send)
         page = self._get.get(path)
@@ -340,13 +342,18 @@ VLLM_ONLY = frozenset({
     "/tokenize", "/detokenize", "/tokenizer_info", "/v1/messages", "/v1/messages/count_tokens",
     "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
     "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations", "/cohere/v2/chat",
-    "/v1/chat/completions/batch", "/invocations",
+    "/v1/chat/completions/batch", "/invocations", "/v1/realtime",
 })
+
+
+SERVED = f"{', '.join(KINDS)} and {MODELS}"  # the API routes, as 404s name them
 
 
 def unknown_path(path: str) -> NotFound:
     """404, with a hint when the path is an API route without its /v1 (a base URL without it),
-    an Azure OpenAI deployment's, or one of vLLM's own client endpoints."""
+    an Azure OpenAI deployment's, one of vLLM's own client endpoints, or another path under
+    /v1 (an OpenAI route neither serves: files, batches, audio speech, ...): the routes
+    kvgate serves. vLLM's operator endpoints (`/sleep`, ...) get a bare 404."""
     with_v1 = f"/v1{path}"
     if api_route(with_v1):
         return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
@@ -358,7 +365,9 @@ def unknown_path(path: str) -> NotFound:
                         "key may stay in the api-key header).")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
-                        f"{', '.join(KINDS)} and {MODELS}).")
+                        f"{SERVED}).")
+    if f"{path}/".startswith(API_PREFIX):  # OpenAI's routes vLLM has not either (files, ...)
+        return NotFound(f"Unknown path {path}: kvgate serves {SERVED}.")
     return NotFound(f"Unknown path {path}.")
 
 

@@ -98,13 +98,25 @@ def _utf8(raw: bytes) -> bytes:
         raise BadRequest(f"The request body is not valid JSON: not valid {encoding}.") from None
 
 
+def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
+    """orjson's reason, except for bytes that are not UTF-8 (a body in Latin-1 or another
+    charset the Content-Type may name; JSON is UTF-8, RFC 8259, and vLLM reads no charset
+    either): orjson says "str is not valid UTF-8: surrogates not allowed" at char 0."""
+    try:
+        raw.decode()
+    except UnicodeDecodeError as bad:
+        return (f"it is not valid UTF-8 (byte {bad.start}); send JSON as UTF-8, whatever "
+                "charset the Content-Type names")
+    return str(exc)
+
+
 def parse_body(raw: bytes, kind: str) -> ParsedBody:
     """Parse and check the request; raises `BadRequest` naming the parameter."""
     raw = _utf8(raw)
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # where and why, never the body's text
-        raise BadRequest(f"The request body is not valid JSON: {exc}.") from None
+        raise BadRequest(f"The request body is not valid JSON: {_why(raw, exc)}.") from None
     check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
     check_wide_ints(raw)  # read as floats by orjson: a 400, not a changed value
     if not isinstance(data, dict):

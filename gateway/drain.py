@@ -6,7 +6,9 @@ and the process then re-raises the signal it caught (exit status 143 for SIGTERM
 `KvgateServer` instead, when `server.shutdown_grace_s` has passed, *interrupts* every
 proxied request still running (`interrupt_all`: its canceller fires with reason
 ``"shutdown"``; the proxy ends a stream with an SSE error event and ``data: [DONE]``, answers
-a request that had not started with a 503, and records it as interrupted), gives them
+a request that had not started with a 503, and records it as interrupted), and stops
+reading every body still arriving (a slow upload: a 503 too, `request.read_body`; left to
+uvicorn, its task was cancelled at exit and the client got a text/plain 500), gives them
 `INTERRUPT_WAIT_S` to send that, and exits with status 0 after a signal-initiated shutdown.
 """
 

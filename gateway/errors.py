@@ -46,12 +46,14 @@ __all__ = [
     "ReplicaWrongModel",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
+    "ShutDownWhileUploading",
     "StaleCheck",
     "StoreUnreachable",
     "UnreadableRecord",
     "UploadsFull",
     "UpstreamError",
     "UpstreamTimeout",
+    "WriteOutcomeUnknown",
     "error_body",
     "for_status",
     "shown_name",
@@ -433,6 +435,30 @@ def for_status(status: int, message: str) -> KvgateError:
     error.status = status
     error.type_ = type_for(status)
     return error
+
+
+class ShutDownWhileUploading(NoReplicaAvailable):
+    """The shutdown grace ended while the request's body was still arriving (a slow upload):
+    a 503 the client can retry elsewhere, instead of the bare text/plain 500 the server gives
+    a request whose task is cancelled at exit before it answered (`request.read_body`)."""
+
+
+class WriteOutcomeUnknown(StoreUnreachable):
+    """An admin write the tenancy store (Redis) did not answer, or refused, before its answer
+    was made: Redis may have run it (then answered too late, or the connection dropped after
+    it), may still run it (a command waiting in a paused Redis), or never did. The 503 says
+    so and names the admin request's id (its `X-Request-Id`), which the write's audit entry
+    carries: the Redis store writes the entry in the same script as the change, so the change
+    was made exactly when `GET /admin/audit` lists an entry with that `request_id`."""
+
+    def __init__(self, cause: str, request_id: str) -> None:
+        super().__init__(cause)
+        self.message = (
+            f"{self.message.removesuffix('; retry shortly')}: this change may have been "
+            "applied, or may still be if Redis runs it late. Read the object back before "
+            f"retrying; the audit log (GET /admin/audit) has an entry with request_id "
+            f"{request_id!r} if and only if the change was made")
+        self.args = (self.message,)
 
 
 class ReplicaConnectionsBusy(UpstreamError):

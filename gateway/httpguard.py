@@ -14,11 +14,18 @@ returns a subclass that
 - answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
   are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
   ``Content-Length``/``Transfer-Encoding``, TLS or HTTP/2 spoken to the plain port);
+- answers **501** (RFC 9112 6.1: a transfer coding the server does not understand) and closes
+  when ``Transfer-Encoding`` names a coding other than ``chunked`` (``gzip, chunked``): the
+  parser undoes the chunked framing only, and the app would read the compressed bytes as the
+  JSON body (a 400 about bytes the client never wrote). ``x-should-retry: false``: the SDKs
+  retry a 5xx, and this one would come back the same;
 - gives each of those refusals the CORS headers kvgate's other answers carry
   (``Access-Control-Allow-Origin``, ...) when the request's ``Origin`` arrived before the
   refusal and is allowed (`server.cors_*`, never on the admin port: the app's `refusal_cors`),
   so a browser client sees the status instead of an opaque network error;
 - sets TCP_NODELAY on every accepted socket (small SSE writes must not wait for delayed ACKs);
+- sends no ``100 Continue`` to an HTTP/1.0 client that sent ``Expect: 100-continue`` (RFC
+  9110: ignored in an HTTP/1.0 request);
 - sends a ``Date`` header on every answer (RFC 9110 8.6.1: an origin server with a clock
   SHOULD), computed once a second; uvicorn's own (``date_header``) stays off, as does its
   ``Server: uvicorn`` (kvgate names no software in its answers);
@@ -96,7 +103,9 @@ class HttpLimits:
 
 
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
-          431: "RequestHeaderFieldsTooLargeError"}
+          431: "RequestHeaderFieldsTooLargeError", 501: "NotImplementedError"}
+_UNRETRIED = {501: [(b"x-should-retry", b"false")]}  # what the SDKs would retry in vain
+_FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 
 
@@ -113,9 +122,9 @@ def date_header() -> list[Header]:
     return _date[1]
 
 
-class _TooManyHeaders(Exception):
-    """Too many or too large request headers: raised from a parser callback to stop parsing
-    at once."""
+class _StopParsing(Exception):
+    """A request refused from a parser callback (too many or too large headers, a transfer
+    coding not undone): raised to stop parsing at once."""
 
 
 class NoDelayHttpTools(HttpToolsProtocol):
@@ -135,6 +144,9 @@ class NoDelayHttpTools(HttpToolsProtocol):
             cycle.default_headers = [*date_header(), *extra] if extra else date_header()
             if cycle.scope.get("http_version") == "1.0":
                 _close_delimited(cycle)
+                # RFC 9110 10.1.1 and 15.2: an HTTP/1.0 request's 100-continue is ignored (no
+                # 1xx may go to an HTTP/1.0 client; uvicorn sent one at the first read)
+                cycle.waiting_for_100_continue = False
             if cycle.waiting_for_100_continue:
                 _close_if_unasked(cycle)
 
@@ -198,6 +210,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _origin: bytes | None = None  # the current request's Origin header, once parsed
+    _coding: bytes | None = None  # a transfer coding the parser would not undo (`on_header`)
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
 
     # -- connection ----------------------------------------------------------------------
@@ -245,7 +258,10 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         except httptools.HttpParserError:
             if self._origin is None:  # the parser hands a header over only once it ended
                 self._origin = _scan_origin(data)
-            if self._header_count > self.limits.max_headers:
+            if self._coding is not None:
+                self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
+                                  "supported (only chunked); send the body uncompressed.")
+            elif self._header_count > self.limits.max_headers:
                 self._refuse(431, f"More than {self.limits.max_headers} request headers.")
             elif self._parsed_bytes > self.limits.max_header_bytes:
                 self._refuse(431, "The request headers exceed "
@@ -276,7 +292,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def on_url(self, url: bytes) -> None:
         self._parsed_bytes += len(url)
         if self._parsed_bytes > self.limits.max_header_bytes:
-            raise _TooManyHeaders
+            raise _StopParsing
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -286,7 +302,11 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._parsed_bytes += len(name) + len(value) + 4  # ": " and CRLF
         if (self._header_count > self.limits.max_headers
                 or self._parsed_bytes > self.limits.max_header_bytes):
-            raise _TooManyHeaders
+            raise _StopParsing
+        if len(name) == 17 and name.lower() == b"transfer-encoding":
+            self._coding = _unframed(value)
+            if self._coding is not None:
+                raise _StopParsing  # stops the parser: refused as a 501 (`data_received`)
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -303,7 +323,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._disarm()
         self._in_headers = True  # the next request's headers (its timer starts with its data)
         self._header_bytes = self._header_count = self._parsed_bytes = 0
-        self._origin = None
+        self._origin = self._coding = None
         super().on_message_complete()
 
     # -- timers and refusals -------------------------------------------------------------
@@ -345,7 +365,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._refused = True
         kind = _KINDS[status]
         body = error_body(message, kind, status)
-        extra = b"".join(k + b": " + v + b"\r\n" for k, v in [*date_header(), *self._cors()])
+        extra = b"".join(k + b": " + v + b"\r\n" for k, v in [
+            *date_header(), *self._cors(), *_UNRETRIED.get(status, ())])
         self.transport.write(b"".join([
             STATUS_LINE[status], b"content-type: application/json\r\n",
             b"content-length: ", str(len(body)).encode(), b"\r\n", b"connection: close\r\n",
@@ -368,6 +389,15 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             return []
         local = self.server
         return find(origin, local[1] if local else None) or []
+
+
+def _unframed(value: bytes) -> bytes | None:
+    """The first coding of a ``Transfer-Encoding`` value other than chunked framing."""
+    for coding in value.split(b","):
+        coding = coding.strip().lower()
+        if coding and coding not in _FRAMINGS:
+            return coding[:40]
+    return None
 
 
 def _scan_origin(data: bytes) -> bytes | None:

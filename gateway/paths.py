@@ -10,6 +10,9 @@ path that matches none.
   ``/v1/chat/completions/`` to the route and clients follow it with the body, so kvgate
   serves it as the route without the round trip; ``GET /v1/models/m/`` is model ``m`` (a
   model name may hold ``/``, never end with one).
+- Under ``/v1/responses/{id}``, only ``/cancel`` is a route (vLLM 0.34's; OpenAI's
+  ``input_items``, which the SDK's ``responses.input_items.list`` asks for, is not): any
+  other sub-path is a 404 naming the two stored-response routes.
 - A path with something before an API route (``/openai/v1/chat/completions``: a base URL
   copied from another provider's, or a proxy's prefix left on) is a 404 that says to use the
   base URL ``http://HOST:PORT/v1``.
@@ -23,7 +26,7 @@ from gateway.errors import NotFound
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.stored import match_stored
 
-__all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route"]
+__all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route", "stored_subroute"]
 
 API_PREFIX = "/v1/"
 _SLASHES = re.compile(r"/{2,}")
@@ -53,3 +56,16 @@ def prefixed_route(path: str) -> NotFound | None:
     return NotFound(f"Unknown path {path}: kvgate serves the OpenAI API at {path[at:]}, without "
                     f"the {path[:at]} prefix. Use the base URL http://HOST:PORT/v1 (your "
                     "client adds the rest).")
+
+
+_STORED = "/v1/responses/"
+
+
+def stored_subroute(path: str) -> NotFound | None:
+    """The 404 for a path under a stored response that is no route (``.../input_items``);
+    None for ``/v1/responses/{id}`` and ``.../cancel`` (`gateway.stored` serves them)."""
+    rest = path[len(_STORED):].partition("/")[2] if match_stored(path) else ""
+    if not rest or rest == "cancel":
+        return None
+    return NotFound(f"Unknown path {path}: kvgate serves GET /v1/responses/{{id}} and POST "
+                    "/v1/responses/{id}/cancel of a stored response, as vLLM does.")

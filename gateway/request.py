@@ -10,9 +10,10 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from gateway.apikey import BARE_KEY_HEADERS, bare_key, merge
-from gateway.asgi import Receive
+from gateway.asgi import Message, Receive
 from gateway.body import ParsedBody
-from gateway.errors import BodyTooLarge, UploadsFull
+from gateway.drain import interruptible
+from gateway.errors import BodyTooLarge, ShutDownWhileUploading, UploadsFull
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
@@ -199,30 +200,73 @@ async def read_body(
     receive: Receive, limit: int, declared: int | None, uploads: Uploads | None = None,
 ) -> bytes:
     """The whole body (413 past ``limit``); while it arrives in parts, its bytes count in
-    ``uploads`` (a body whole in its first message, the common case, is not counted)."""
+    ``uploads`` (a body whole in its first message, the common case, is not counted), and
+    the end of the shutdown grace stops reading it with a 503 (`gateway.drain`)."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-    chunks: list[bytes] = []
-    size = taken = 0
+    chunk, more = _body_part(await receive(), 0, limit)
+    if not more:
+        return chunk
+    stop = _UploadStop()
     try:
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                raise asyncio.CancelledError  # client left while sending
-            chunk = msg.get("body", b"")
-            more = msg.get("more_body", False)
+        with interruptible(stop):
+            return await _read_parts(receive, limit, chunk, uploads)
+    except asyncio.CancelledError:
+        if not stop.fired:
+            raise  # the client left while sending, or a real cancellation
+        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+        raise ShutDownWhileUploading("The gateway is shutting down; the request body did "
+                                     "not arrive in time.") from None
+
+
+async def _read_parts(
+    receive: Receive, limit: int, first: bytes, uploads: Uploads | None,
+) -> bytes:
+    chunks = [first]
+    size, taken, more = len(first), 0, True
+    try:
+        if uploads is not None:
+            uploads.take(size)
+            taken = size
+        while more:
+            chunk, more = _body_part(await receive(), size, limit)
             size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-            if uploads is not None and (more or chunks):
+            if uploads is not None:
                 uploads.take(len(chunk))
                 taken += len(chunk)
             chunks.append(chunk)
-            if not more:
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return b"".join(chunks)
     finally:
         if taken:
             uploads.give(taken)  # type: ignore[union-attr]  # (taken only with uploads)
+
+
+def _body_part(msg: Message, size: int, limit: int) -> tuple[bytes, bool]:
+    """One ``http.request`` message's bytes and whether more follow (413 once the body so
+    far passes ``limit``; a client gone while sending cancels the read)."""
+    if msg["type"] != "http.request":
+        raise asyncio.CancelledError  # client left while sending
+    chunk: bytes = msg.get("body", b"")
+    if size + len(chunk) > limit:
+        raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
+    return chunk, bool(msg.get("more_body", False))
+
+
+class _UploadStop:
+    """A body still arriving, registered with `gateway.drain`: at the end of the grace its
+    read is cancelled and answered with a 503 (else the task is cancelled at exit, and the
+    client gets a text/plain 500)."""
+
+    __slots__ = ("_task", "fired")
+
+    def __init__(self) -> None:
+        self._task = asyncio.current_task()
+        self.fired = False
+
+    def fire(self, reason: str) -> None:
+        if not self.fired and self._task is not None:
+            self.fired = True
+            self._task.cancel()
 
 
 class Head(NamedTuple):

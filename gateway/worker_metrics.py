@@ -3,7 +3,7 @@
 The workers share the port, so a scrape reaches one of them at random; left alone each would
 answer with its own counters only, and a counter would jump between the workers' values from
 one scrape to the next. Instead every worker writes its exposition to a file of its own (in a
-directory the supervisor made and removes) every few seconds, every sample already labelled
+directory the supervisor made and removes) every second, every sample already labelled
 ``worker="<slot>"``, and the worker a scrape reaches writes its own at once and answers with
 every worker's file, the lines of each family put together (text work only: no parsing of
 values, a few ms for a large page). Files only ever get newer, so counters stay monotonic per
@@ -27,7 +27,10 @@ __all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "label_
 
 log = logging.getLogger(__name__)
 
-WRITE_INTERVAL_S = 5.0  # also written before every answer: monotonicity does not depend on it
+# also written before every answer (monotonicity does not depend on it); every second, so a
+# scrape reaching another worker sees this one's gauges at most a second old (docs/metrics.md;
+# a write renders this worker's registry: a few ms a second)
+WRITE_INTERVAL_S = 1.0
 STALE_AFTER_S = 15.0
 WORKER_LABEL = "worker"
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from gateway.admin.auth import AdminToken
+from gateway.admin.errors import REQUEST_ID
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
 from gateway.errors import BadRequest, Conflict, NotFound, StaleCheck
 from gateway.policy_doc import DEFAULT_TIER
+from gateway.tenancy.audited import AUDITING, AuditIntent
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
 from gateway.tenancy.store import TenantStore
 
@@ -54,11 +57,31 @@ class AdminContext:
         self.store = deps.store
         self.patching = asyncio.Lock()  # policy PATCHes (read, merge, write) one at a time
 
+    def _entry(self, who: str, action: str, target: str, detail: dict[str, Any]) -> AuditEntry:
+        return AuditEntry(at=self.deps.clock(), who=who, action=action, target=target,
+                          detail=detail, request_id=REQUEST_ID.get())
+
     async def audit(self, who: str, action: str, target: str, **detail: Any) -> None:
-        entry = AuditEntry(
-            at=self.deps.clock(), who=who, action=action, target=target, detail=detail
-        )
-        await self.store.append_audit(entry)
+        """An entry of its own (a refused authentication): nothing else is written with it."""
+        await self.store.append_audit(self._entry(who, action, target, detail))
+
+    @asynccontextmanager
+    async def audited(
+        self, who: str, action: str, target: str, **detail: Any
+    ) -> AsyncIterator[AuditIntent]:
+        """The store writes made inside carry this entry: the Redis store writes it in the
+        script of the change itself (`gateway.tenancy.audited`); else it is appended once the
+        block is done (`AuditIntent.add`: the detail only the write's result tells). A
+        write that failed is audited only if the store wrote it with the change."""
+        intent = AuditIntent(self._entry(who, action, target, detail))
+        token = AUDITING.set(intent)
+        try:
+            yield intent
+        finally:
+            intent.open = False
+            AUDITING.reset(token)
+        if not intent.written:
+            await self.store.append_audit(intent.entry)
 
     async def view(self, tenant: Tenant) -> dict[str, Any]:
         """The tenant as every route answers it, with its keys and its salt's epoch."""

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import secrets
 import sys
 from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from typing import Any
 
 from fastapi import Request, Response
@@ -20,11 +23,32 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
-from gateway.errors import BadRequest, KvgateError, StoreUnreachable, for_status
+from gateway.errors import (
+    BadRequest,
+    KvgateError,
+    StoreUnreachable,
+    WriteOutcomeUnknown,
+    for_status,
+)
 
-__all__ = ["AdminRoute", "error_response"]
+__all__ = ["REQUEST_ID", "AdminRoute", "error_response"]
 
 log = logging.getLogger(__name__)
+
+# The admin request's id: the client's `X-Request-Id` when it is a plain token, else a new
+# one; answered in `X-Request-Id` and carried by the audit entry of the write it makes, so a
+# write whose outcome is unknown (a 503) can be looked up (`AdminContext.audited`).
+REQUEST_ID: ContextVar[str | None] = ContextVar("kvgate_admin_request_id", default=None)
+_SENT_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+READS = ("GET", "HEAD")
+
+
+def _request_id(request: Request) -> str:
+    # from the scope, not `request.headers`: those are cached, and `_read_body_as_json`
+    # changes the scope's Content-Type afterwards for FastAPI to read
+    sent = next((v for k, v in request.scope["headers"] if k == b"x-request-id"), b"")
+    text = sent.decode("latin-1")
+    return text if _SENT_ID.fullmatch(text) else secrets.token_hex(12)
 
 
 def error_response(error: KvgateError) -> Response:
@@ -113,6 +137,16 @@ class AdminRoute(APIRoute):
         unique_keys = not self.path.endswith("/route/explain")
 
         async def handler(request: Request) -> Response:
+            request_id = _request_id(request)
+            token = REQUEST_ID.set(request_id)
+            try:
+                response = await answer(request, request_id)
+            finally:
+                REQUEST_ID.reset(token)
+            response.headers["x-request-id"] = request_id
+            return response
+
+        async def answer(request: Request, request_id: str) -> Response:
             _read_body_as_json(request)
             try:
                 if unique_keys and (duplicate := await _duplicate_key(request)) is not None:
@@ -120,7 +154,10 @@ class AdminRoute(APIRoute):
                 return await inner(request)
             except StoreUnreachable as exc:  # the cause is for the log, not the answer
                 log.warning("admin request failed: the tenancy store (Redis) did not answer "
-                            "(%s)", exc.cause, extra={"path": request.url.path})
+                            "(%s)", exc.cause, extra={"path": request.url.path,
+                                                      "request_id": request_id})
+                if unique_keys and request.method not in READS:  # a write's: not known
+                    return error_response(WriteOutcomeUnknown(exc.cause, request_id))
                 return error_response(exc)
             except KvgateError as exc:
                 return error_response(exc)

@@ -7,6 +7,8 @@ this kvgate does not know (`gateway.tenancy.unknown`).
 # No `from __future__ import annotations`: FastAPI must see the route signatures' real
 # annotations, including the `Who` dependency alias the router factory passes in.
 
+import asyncio
+import random
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header
@@ -22,12 +24,40 @@ from gateway.errors import (
     UnreadableRecord,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
+from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.store import check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]
 
 PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
+# after a try another write overtook, a random pause of up to this, doubled each time: patches
+# through two gateways in step kept overtaking the same one (16 at once: 2-10 of 480 a 409
+# after 8 tries once the audit entry was written by the write's script, one round trip less)
+PATCH_BACKOFF_S = 0.002
+
+
+async def _put_checked(
+    ctx: AdminContext, doc: PolicyDoc, expected: int | None, keep_unknown: bool
+) -> PolicySnapshot:
+    """Store `doc` once no tenant uses a tier it leaves out, checked again while tenants
+    keep changing in between."""
+    for _ in range(CHECK_TRIES):
+        # stored only if no tenant was written since this generation: one put in a tier
+        # the document leaves out, meanwhile, would be refused every request (403)
+        at = await ctx.store.generation()
+        for tenant in await ctx.store.list_tenants():
+            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
+                raise BadRequest(
+                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
+                    param="tiers")
+        try:
+            return await ctx.store.put_policy(doc, if_version=expected,
+                                              keep_unknown=keep_unknown, tenants_at=at)
+        except StaleCheck:
+            continue
+    raise Conflict("the tenants kept changing while the policy was checked against "
+                   "their tiers; retry")
 
 
 def _parse_if_match(value: str | None) -> int | None:
@@ -90,25 +120,9 @@ async def _store(
     doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
-    for _ in range(CHECK_TRIES):
-        # stored only if no tenant was written since this generation: one put in a tier
-        # the document leaves out, meanwhile, would be refused every request (403)
-        at = await ctx.store.generation()
-        for tenant in await ctx.store.list_tenants():
-            if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
-                raise BadRequest(
-                    f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
-                    param="tiers")
-        try:
-            snap = await ctx.store.put_policy(doc, if_version=expected,
-                                              keep_unknown=keep_unknown, tenants_at=at)
-            break
-        except StaleCheck:
-            continue
-    else:
-        raise Conflict("the tenants kept changing while the policy was checked against "
-                       "their tiers; retry")
-    await ctx.audit(who, action, "policy", version=snap.version)
+    async with ctx.audited(who, action, "policy") as audit:
+        snap = await _put_checked(ctx, doc, expected, keep_unknown)
+        audit.add(version=snap.version)
     body = snap.doc.model_dump(mode="json", exclude_unset=True)
     return JSONResponse(shown_policy(body), headers={"etag": f'"{snap.version}"'})
 
@@ -118,7 +132,9 @@ async def _patch_in_turn(
 ) -> JSONResponse:
     """Merge onto the version in force and store the result over that version; another
     write landing in between (and no version named by the client) merges again."""
-    for _ in range(PATCH_TRIES):
+    for attempt in range(PATCH_TRIES):
+        if attempt:
+            await asyncio.sleep(random.uniform(0, PATCH_BACKOFF_S * 2 ** attempt))
         snap = await ctx.store.get_policy()
         if snap is None:
             raise NotFound("no policy document has been stored yet")

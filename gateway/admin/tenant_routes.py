@@ -12,9 +12,10 @@ from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import AdminContext
 from gateway.admin.schemas import NoFields, TenantCreate, TenantPatch, key_view, tenant_view
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, Conflict, NotFound
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
+from gateway.tenancy.salts import fresh_epoch
 from gateway.tenancy.store import apply_tenant_changes
 
 # A tenant named in a path: no record's id can be anything else (and the Redis store's hashes
@@ -26,6 +27,8 @@ KeyId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 __all__ = ["key_routes", "tenant_routes"]
 
+KEY_TRIES = 3  # a new key's id taken (`RedisStore.add_key`): drawn again this often
+
 # the body of a route that takes none: absent, or an object without fields
 Empty = Annotated[NoFields | None, Body()]
 
@@ -35,15 +38,18 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
 
     @router.post("/tenants", status_code=201)
     async def create_tenant(body: TenantCreate, who: Who) -> dict[str, Any]:
-        # the fields sent, plus the tier: its default ("default") is not "sent" but is needed
-        data = {"tier": body.tier, **body.model_dump(exclude_unset=True)}
+        # the fields sent, plus the tier: its default ("default") is not "sent" but is needed;
+        # a fresh salt epoch: a tenant deleted under this id had epoch 0 (or counted on from
+        # it), and the same salt would hit its prefix cache in vLLM
+        data = {"tier": body.tier, **body.model_dump(exclude_unset=True),
+                "salt_epoch": fresh_epoch()}
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)
         # over a stored record that cannot be read: the operator's way out (keys are kept)
-        await ctx.in_tier(tenant.tier, lambda version: ctx.store.create_tenant(
-            tenant, over_unreadable=True, policy_version=version))
-        await ctx.audit(who, "tenant.create", tenant.id, tier=tenant.tier)
+        async with ctx.audited(who, "tenant.create", tenant.id, tier=tenant.tier):
+            await ctx.in_tier(tenant.tier, lambda version: ctx.store.create_tenant(
+                tenant, over_unreadable=True, policy_version=version))
         return await ctx.view(tenant)  # keys: none, or those of the unreadable record replaced
 
     @router.get("/tenants")
@@ -85,30 +91,25 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
         if not changed:
             # values it already has: no write (every gateway would reload), no audit entry
             return await ctx.view(current)
-        tenant = await ctx.in_tier(body.tier if "tier" in changes else None,
-                                   lambda version: ctx.store.update_tenant(
-                                       tenant_id, changes, policy_version=version))
-        await ctx.audit(who, "tenant.update", tenant_id, fields=changed)
+        async with ctx.audited(who, "tenant.update", tenant_id, fields=changed):
+            tenant = await ctx.in_tier(body.tier if "tier" in changes else None,
+                                       lambda version: ctx.store.update_tenant(
+                                           tenant_id, changes, policy_version=version))
         return await ctx.view(tenant)
 
     @router.delete("/tenants/{tenant_id}", status_code=204)
     async def delete_tenant(tenant_id: TenantId, who: Who) -> Response:
-        if not await ctx.store.delete_tenant(tenant_id):
-            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
-        await ctx.audit(who, "tenant.delete", tenant_id)
+        async with ctx.audited(who, "tenant.delete", tenant_id):
+            if not await ctx.store.delete_tenant(tenant_id):
+                raise NotFound(f"tenant {tenant_id!r} not found", param="id")
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")
     async def rotate_salt(tenant_id: TenantId, who: Who, empty: Empty = None) -> dict[str, Any]:
-        rotation = await ctx.store.rotate_salt(tenant_id)
-        await ctx.audit(
-            who,
-            "tenant.rotate_salt",
-            tenant_id,
-            scope=rotation.scope,
-            salt_group=rotation.salt_group,
-            epoch=rotation.epoch,
-        )
+        async with ctx.audited(who, "tenant.rotate_salt", tenant_id) as audit:
+            rotation = await ctx.store.rotate_salt(tenant_id)
+            audit.add(scope=rotation.scope, salt_group=rotation.salt_group,
+                      epoch=rotation.epoch)
         # the tenant as the other routes show it, with the epoch this rotation gave and what
         # it rotated ("tenant": its own salt; "group": every tenant of its salt group)
         tenant = await ctx.tenant(tenant_id)
@@ -126,18 +127,24 @@ def _changed(old: Tenant, new: Tenant) -> list[str]:
 def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     @router.post("/tenants/{tenant_id}/keys", status_code=201)
     async def create_key(tenant_id: TenantId, who: Who, empty: Empty = None) -> JSONResponse:
-        key, key_id = generate_key(), new_key_id()
-        record = KeyRecord(
-            key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key), created_at=ctx.deps.clock()
-        )
-        await ctx.store.add_key(record)
-        await ctx.audit(who, "key.create", tenant_id, key_id=key_id)
+        for attempt in range(KEY_TRIES):
+            key, key_id = generate_key(), new_key_id()
+            record = KeyRecord(key_id=key_id, tenant_id=tenant_id, key_hash=hash_key(key),
+                               created_at=ctx.deps.clock())
+            try:
+                async with ctx.audited(who, "key.create", tenant_id, key_id=key_id):
+                    await ctx.store.add_key(record)
+                break
+            except Conflict:  # an id of 48 random bits the tenant already has: another one
+                if attempt == KEY_TRIES - 1:
+                    raise
         body = {**key_view(record), "key": key}
         return JSONResponse(body, status_code=201, headers={"cache-control": "no-store"})
 
     @router.delete("/tenants/{tenant_id}/keys/{key_id}", status_code=204)
     async def revoke_key(tenant_id: TenantId, key_id: KeyId, who: Who) -> Response:
-        if not await ctx.store.revoke_key(tenant_id, key_id):
-            raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found", param="key_id")
-        await ctx.audit(who, "key.revoke", tenant_id, key_id=key_id)
+        async with ctx.audited(who, "key.revoke", tenant_id, key_id=key_id):
+            if not await ctx.store.revoke_key(tenant_id, key_id):
+                raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found",
+                               param="key_id")
         return Response(status_code=204)

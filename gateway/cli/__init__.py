@@ -2,9 +2,9 @@
 
 Each sub-command lives in its own module exposing ``main(argv: list[str]) -> int``: the
 gateway's own in this package (`serve`, `demo`, `config`, `admin`), the others beside the
-feature they drive (`gateway.epp.cli`, `gateway.doctor.cli`, `loadtest.sim.cli`,
-`loadtest.replay.cli`). A module is imported only when called, so `kvgate sim` does not pay
-for the gateway's imports.
+feature they drive (`gateway.epp.cli`, `gateway.epp.envoy_cli`, `gateway.doctor.cli`,
+`loadtest.sim.cli`, `loadtest.replay.cli`). A module is imported only when called, so
+`kvgate sim` does not pay for the gateway's imports.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("loadtest.sim.cli", "run one simulated vLLM replica"),
     "serve": ("gateway.cli.serve", "run the gateway"),
     "epp": ("gateway.epp.cli", "run the gateway as an Envoy endpoint picker (gRPC ext_proc)"),
+    "envoy": ("gateway.epp.envoy_cli", "print the Envoy bootstrap for `kvgate epp` from a config"),
     "demo": ("gateway.cli.demo", "simulated pools + the gateway on loopback (embedded default)"),
     "config": ("gateway.cli.config", "check and print the effective configuration"),
     "replay": ("loadtest.replay.cli", "replay a trace live or offline against routing policies"),

@@ -68,7 +68,7 @@ def run_epp_demo(args: argparse.Namespace) -> int:
             path = Path(tmp) / "envoy.yaml"
             path.write_text(render(envoy_config(
                 listen_port=args.port, listen_host="127.0.0.1", picker=f"127.0.0.1:{grpc_port}",
-                endpoints=endpoints, admin_port=envoy_admin)))
+                endpoints=endpoints, admin_port=envoy_admin, upstream=cfg.upstream)))
             envoy = EnvoyProcess(str(path), envoy_admin, log_path=str(Path(tmp) / "envoy.log"))
             envoy.wait_ready()
             base, admin_base = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{http_port}"

@@ -48,7 +48,9 @@ class KeyRecord(BaseModel):
 
 
 class AuditEntry(BaseModel):
-    """One admin change: who (admin token id), what (action + target + detail), when."""
+    """One admin change: who (admin token id), what (action + target + detail), when, and the
+    id of the admin request that made it (its answer's ``X-Request-Id``; None before kvgate
+    kept it): a 503 whose outcome is unknown names it, so the operator can look it up."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     at: float
@@ -56,6 +58,7 @@ class AuditEntry(BaseModel):
     action: str
     target: str
     detail: dict[str, Any] = Field(default_factory=dict)
+    request_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,11 @@ __all__ = ["ADD_KEY", "CAS_TENANT", "CREATE", "DELETE", "JOURNAL_CAP", "MARK_SEE
            "PUT_POLICY", "RESTORE_LOST", "REVOKE", "ROTATE_GROUP"]
 
 # Every script: KEYS[1] = generation counter, KEYS[2] = the change journal; ARGV[1] = channel,
-# ARGV[2] = change message. Each write bumps the counter, publishes, and journals what it
-# changed, one entry per record: "<generation> <kind> <name>" (`changes_since`).
+# ARGV[2] = change message. The admin writes' (all but RESTORE_LOST and MARK_SEEDED) also take
+# the audit log as their last KEYS and the log's cap and an audit entry as their last two ARGV
+# (`_audit`), after those each names below. Each write bumps the counter, publishes, and
+# journals what it changed, one entry per record: "<generation> <kind> <name>"
+# (`changes_since`).
 _BUMP = "local g = redis.call('INCR', KEYS[1]) redis.call('PUBLISH', ARGV[1], ARGV[2]) "
 # Each script first checks the counter: one that holds no integer INCR can bump (written by
 # hand: not an integer, or past a signed 64-bit one's range, or at its largest) is refused
@@ -33,6 +36,18 @@ def _log(kind: str, name: str) -> str:
             f"redis.call('LTRIM', KEYS[2], 0, {JOURNAL_CAP - 1}) ")
 
 
+def _audit(result: str | None = None) -> str:
+    """An admin write's audit entry (the last ARGV; '' for none, the one before it the log's
+    cap) appended to the audit log (the last KEYS) with the change it records: a change Redis
+    ran after the gateway stopped waiting is audited all the same (`gateway.tenancy.audited`).
+    `result`: a Lua expression of the script's result, put where the entry says ``"$result"``
+    (`audited.RESULT`; ``%d``: Lua 5.1 writes a 16-digit double as ``4.5e+15``)."""
+    entry = "ARGV[#ARGV]" if result is None else (
+        f"(string.gsub(ARGV[#ARGV], '\"%$result\"', string.format('%d', {result}), 1))")
+    return (f"if ARGV[#ARGV] ~= '' then redis.call('LPUSH', KEYS[#KEYS], {entry}) "
+            "redis.call('LTRIM', KEYS[#KEYS], 0, tonumber(ARGV[#ARGV - 1]) - 1) end ")
+
+
 def _policy_at(arg: str) -> str:
     """A tenant written only while the policy (KEYS[4]) is at the version its tier was
     checked against (`arg`, '' for no check): else -1, nothing written."""
@@ -43,7 +58,7 @@ def _policy_at(arg: str) -> str:
 CREATE = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] json, ARGV[5] version or ''
     _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 1 then return 0 end "
     + _policy_at("ARGV[5]") + "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) "
-    + _BUMP + _log("tenant", "ARGV[3]")
+    + _BUMP + _log("tenant", "ARGV[3]") + _audit()
     + "return 1"
 )
 CAS_TENANT = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] expected json, ARGV[5]
@@ -51,7 +66,7 @@ CAS_TENANT = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] expected 
     _GUARD + "if redis.call('HGET', KEYS[3], ARGV[3]) ~= ARGV[4] then return 0 end "
     + _policy_at("ARGV[6]")
     + "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
-    + "return 1"
+    + _audit() + "return 1"
 )
 DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
     _GUARD + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
@@ -59,18 +74,23 @@ DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
     "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
     "redis.call('DEL', KEYS[5]) " + _BUMP
     + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
-    + _log("tenant", "ARGV[3]") + "return 1"
+    + _log("tenant", "ARGV[3]") + _audit() + "return 1"
 )
+# A key id the tenant's index holds, or a key hash the keys hash holds, is refused (-1): written
+# over, the first key stayed in the keys hash, out of the index (never listed, not revocable
+# by id), or was moved to another tenant whose revocation through the first then removed it.
 ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
     _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "if redis.call('HEXISTS', KEYS[5], ARGV[4]) == 1 "
+    "or redis.call('HEXISTS', KEYS[4], ARGV[5]) == 1 then return -1 end "
     "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
-    + _BUMP + _log("key", "ARGV[5]")
+    + _BUMP + _log("key", "ARGV[5]") + _audit()
     + "return 1"
 )
 REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
     _GUARD + "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
     "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
-    + _log("key", "h") + "return 1"
+    + _log("key", "h") + _audit() + "return 1"
 )
 # A version that is not a number (a corrupted record) counts as the generation counter, which
 # every write bumps: the next version is still past every one handed out before. With ARGV[5]
@@ -89,7 +109,7 @@ PUT_POLICY = (  # KEYS[3] policy; ARGV[3] expected version or '', ARGV[4] doc, A
     "if not eg or ek == 'tenant' or ek == 'restore' then return 0 end end "
     f"if not back and #journal >= {JOURNAL_CAP} then return 0 end end "
     "redis.call('HSET', KEYS[3], 'version', v + 1, 'doc', ARGV[4]) " + _BUMP
-    + _log("policy", "'policy'") + "return v + 1"
+    + _log("policy", "'policy'") + _audit("v + 1") + "return v + 1"
 )
 # An epoch that is not valid (`redis_records.epoch`: corrupted, "007", past 2**63 - 1) cannot
 # be counted on: the group gets a fresh random one (ARGV[4]), a salt it never had, rather than
@@ -103,7 +123,7 @@ ROTATE_GROUP = (  # KEYS[3] salt_groups; ARGV[3] group, ARGV[4] a fresh epoch
     "elseif not e then e = redis.call('HINCRBY', KEYS[3], ARGV[3], 1) end "
     "if type(e) ~= 'number' then "
     "redis.call('HSET', KEYS[3], ARGV[3], ARGV[4]) e = tonumber(ARGV[4]) end " + _BUMP
-    + _log("salt", "ARGV[3]") + "return e"
+    + _log("salt", "ARGV[3]") + _audit("e") + "return e"
 )
 # A hash lost while the marker stayed (deleted whole by hand, evicted; deleting its last
 # record leaves its "." field, `redis_store.PRESENT`, set again here), perhaps made again

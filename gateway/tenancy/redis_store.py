@@ -44,6 +44,7 @@ from redis.exceptions import RedisError, WatchError
 from gateway.errors import Conflict, NotFound, StaleCheck
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
+from gateway.tenancy.audited import AUDITING, RESULT
 from gateway.tenancy.key_types import name_wrong_types
 from gateway.tenancy.models import (
     AuditEntry,
@@ -71,6 +72,7 @@ from gateway.tenancy.redis_records import (
     texts,
     unreadable_policy,
 )
+from gateway.tenancy.salts import fresh_epoch
 from gateway.tenancy.store import (
     DEFAULT_AUDIT_CAP,
     TenantStore,
@@ -100,7 +102,8 @@ PRESENT = "."
 # says nothing; with it, a tenants or keys hash without `PRESENT` was lost (`StoreSnapshot.lost`)
 KINDS = {"tenants": "tenant", "keys": "key"}
 
-FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
+# the scripts of admin writes: they take the write's audit entry (`redis_scripts._audit`)
+AUDITED_SCRIPTS = frozenset({"create", "cas", "delete", "add_key", "revoke", "policy", "group"})
 
 
 def records(raw: dict[Any, Any]) -> dict[str, str]:
@@ -205,14 +208,26 @@ class RedisStore(TenantStore):
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
-    async def _run(self, name: str, keys: list[str], args: list[Any], change: Change) -> int:
+    async def _run(
+        self, name: str, keys: list[str], args: list[Any], change: Change, **detail: Any
+    ) -> int:
+        """Run a write script; an admin write's (`AUDITING`) audit entry goes with it, in the
+        same atomic step (`detail`: what the entry says of the write, `RESULT` for the
+        script's result), and is marked written once the script says it wrote."""
         message = json.dumps({"kind": change.kind, "id": change.id})
+        intent = AUDITING.get() if name in AUDITED_SCRIPTS else None
+        entry = intent.pending(**detail) if intent is not None else None
+        if name in AUDITED_SCRIPTS:
+            keys = [*keys, self._k("audit")]
+            args = [*args, self._audit_cap, entry or ""]
         with redis_unavailable():
-            result = await self._scripts[name](
+            result = int(await self._scripts[name](
                 keys=[self._k("gen"), self._k("journal"), *keys],
                 args=[self.channel, message, *args],
-            )
-        return int(result)
+            ))
+        if intent is not None and entry is not None and result > 0:
+            intent.written = True  # every audited script's result: > 0 when it wrote
+        return result
 
     # -- tenants -----------------------------------------------------------------------------
     async def create_tenant(
@@ -279,10 +294,12 @@ class RedisStore(TenantStore):
         return page, read < len(ids)
 
     async def _replace(
-        self, tenant_id: str, change: Change, update: Any, policy_version: int | None = None
+        self, tenant_id: str, change: Change, update: Any, policy_version: int | None = None,
+        audit: Any = None,
     ) -> Tenant:
         """Optimistic read-modify-write: retry while another writer got there first. Fields of
-        the stored record this kvgate does not know (a newer one wrote them) are kept."""
+        the stored record this kvgate does not know (a newer one wrote them) are kept.
+        `audit(new)`: what the write's audit entry says of it."""
         at = "" if policy_version is None else str(policy_version)
         while True:
             raw = await self._get_raw(tenant_id)
@@ -291,7 +308,7 @@ class RedisStore(TenantStore):
             new = update(read_tenant(tenant_id, raw))
             args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant), at]
             written = await self._run("cas", [self._k("tenants"), self._k("policy")], args,
-                                      change)
+                                      change, **({} if audit is None else audit(new)))
             if written < 0:
                 raise _stale_tier()
             if written:
@@ -316,10 +333,12 @@ class RedisStore(TenantStore):
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group
-            fresh = FRESH_EPOCH_MIN + secrets.randbelow(2**52 - FRESH_EPOCH_MIN)
-            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh], change)
+            epoch = await self._run("group", [self._k("salt_groups")], [group, fresh_epoch()],
+                                    change, scope="group", salt_group=group, epoch=RESULT)
             return SaltRotation(tenant_id, "group", group, epoch)
-        new = await self._replace(tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1))
+        new = await self._replace(
+            tenant_id, change, lambda t: with_epoch(t, t.salt_epoch + 1),
+            audit=lambda t: {"scope": "tenant", "salt_group": None, "epoch": t.salt_epoch})
         return SaltRotation(tenant_id, "tenant", None, new.salt_epoch)
 
     # -- keys --------------------------------------------------------------------------------
@@ -327,7 +346,11 @@ class RedisStore(TenantStore):
         tid = record.tenant_id
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tid)]
         args = [tid, record.key_id, record.key_hash, record.model_dump_json()]
-        if not await self._run("add_key", keys, args, Change("key", tid)):
+        added = await self._run("add_key", keys, args, Change("key", tid))
+        if added < 0:
+            raise Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
+                           param="key_id")
+        if not added:
             raise NotFound(f"tenant {tid!r} not found", param="id")
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
@@ -401,7 +424,8 @@ class RedisStore(TenantStore):
             if stored.get("version") == expected and "doc" in stored:
                 new = with_unknown_of(stored["doc"], new, PolicyDoc)
         args = [expected, new, "" if tenants_at is None else str(tenants_at)]
-        version = await self._run("policy", [self._k("policy")], args, Change("policy"))
+        version = await self._run("policy", [self._k("policy")], args, Change("policy"),
+                                  version=RESULT)
         if version < 0:
             check_policy_version(-1 - version, if_version)  # raises PreconditionFailed
         if version == 0:

@@ -12,16 +12,25 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import secrets
 from collections.abc import Mapping
 from typing import Literal
 
 from gateway.tenancy.models import Tenant
 
-__all__ = ["SaltDeriver", "SaltEncoding"]
+__all__ = ["FRESH_EPOCH_MIN", "SaltDeriver", "SaltEncoding", "fresh_epoch"]
 
 SaltEncoding = Literal["hex", "base64url"]
 _CONTEXT = b"kvgate-cache-salt"
 MIN_SECRET_BYTES = 16
+FRESH_EPOCH_MIN = 2**40  # a fresh epoch: random in [2**40, 2**52), far past any counted one
+
+
+def fresh_epoch() -> int:
+    """An epoch no salt was derived from before (but by a chance of 2**-52): a salt group
+    whose stored epoch is unreadable, and a tenant created through the admin API, start
+    there (below 2**53: exact in JSON readers that use doubles)."""
+    return FRESH_EPOCH_MIN + secrets.randbelow(2**52 - FRESH_EPOCH_MIN)
 
 
 class SaltDeriver:

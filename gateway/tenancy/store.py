@@ -121,7 +121,9 @@ class TenantStore(ABC):
 
     # -- keys ------------------------------------------------------------------------------
     @abstractmethod
-    async def add_key(self, record: KeyRecord) -> None: ...
+    async def add_key(self, record: KeyRecord) -> None:
+        """`NotFound` for a tenant missing; `Conflict` (the Redis store) for a key id of the
+        tenant's, or a key hash, already stored: nothing written over it."""
 
     @abstractmethod
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool: ...

@@ -27,7 +27,7 @@ from gateway.tenancy import (
     generate_key,
     hash_key,
 )
-from gateway.tenancy.redis_store import FRESH_EPOCH_MIN
+from gateway.tenancy.salts import FRESH_EPOCH_MIN
 from tests.support.gateway import (
     AUTH_SECRET,
     GatewayProc,

@@ -121,3 +121,23 @@ def test_the_writer_keeps_serving_when_its_directory_is_gone(tmp_path: Path) -> 
 
     asyncio.run(a_few_rounds())
     assert _samples(ex.render())  # its own series still answer
+
+
+def test_each_part_is_rewritten_every_second(tmp_path: Path) -> None:
+    """docs/metrics.md: a scrape reaching another worker shows this one's series at most a
+    second old (in-flight gauges showed streams that had ended 4 s before at 5 s)."""
+    writes = []
+
+    def own() -> bytes:
+        writes.append(1)
+        return (EXPOSITION % len(writes)).encode()
+
+    ex = WorkerExposition(WorkerSlot(0, tmp_path), own)
+
+    async def two_seconds() -> None:
+        task = asyncio.create_task(ex.run())
+        await asyncio.sleep(2.2)
+        task.cancel()
+
+    asyncio.run(two_seconds())
+    assert len(writes) >= 2, writes  # at once, then after a second (at least)
