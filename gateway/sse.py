@@ -230,7 +230,7 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "ended_event",
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip",
                  "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
@@ -241,7 +241,6 @@ class StreamScanner:
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self.usage: Usage | None = None
-        self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
@@ -351,8 +350,6 @@ class StreamScanner:
         """At the end of the stream: whatever is left, forwarded as is."""
         rest = self._held()
         self._drop()
-        if rest:
-            self.ended_event = False
         return rest
 
     def _events(self, block: bytes) -> bytes:
