@@ -258,6 +258,8 @@ class GatewayMetrics:
         # labelled counters, per pool only, so `kvgate doctor` reads them without collecting
         # thousands of (replica, tier, tenant, status, route) children
         self.pool_counts: dict[str, list[int]] = {}
+        # what else keeps series per pool (flow control's): told when a pool is forgotten
+        self.pool_forgetters: list[Callable[[str], None]] = []
         self._children: dict[tuple[Any, ...], Any] = {}
         # id(metric) -> (metric, the positions of its labels that name a pool)
         self._pool_labels: dict[int, tuple[Any, tuple[int, ...]]] = {
@@ -308,6 +310,8 @@ class GatewayMetrics:
                 found[0].remove(*key[1:])
         self.pool_counts.pop(pool, None)
         self.tenant_tokens.forget_pool(pool)
+        for forget in self.pool_forgetters:
+            forget(pool)
 
     def first_token(self, pool: str, ttft_s: float, tier: str = "default") -> None:
         self._child(self.ttft, (pool, tier)).observe(ttft_s)

@@ -83,3 +83,27 @@ def test_a_pool_back_before_it_lingered_keeps_its_series(sim_factory: SimFactory
             admin.put("/policy", json=_policy(a, b)).raise_for_status()  # back at once
             time.sleep(4)  # past the removed pool's linger, and a reap after it
         assert POOL_LABELLED.search(httpx.get(f"{base}/metrics").text)
+
+
+FLOW_GONE = re.compile(r'^kvgate_flow_\w+\{[^}]*pool="gone"', re.M)
+
+
+def test_a_removed_pools_flow_control_series_go_too(sim_factory: SimFactory) -> None:
+    (_, a), (_, b) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    config = {**_policy(a, b), "upstream": {"total_timeout_s": 2}, "flow": {"enabled": True}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": TOKEN})
+    with gw:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+        client.chat.completions.create(
+            model="gone-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        wait_for(lambda: bool(FLOW_GONE.search(httpx.get(f"{base}/metrics").text)),
+                 timeout=10, what="flow control's series of the pool")
+        with httpx.Client(base_url=f"{base}/admin", timeout=10,
+                          headers={"authorization": f"Bearer {TOKEN}"}) as admin:
+            admin.put("/policy", json=_policy(a, None)).raise_for_status()
+        wait_for(lambda: not FLOW_GONE.search(httpx.get(f"{base}/metrics").text),
+                 timeout=20, what="flow control's series of the removed pool to go")
+        client.chat.completions.create(
+            model="kept-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+        assert re.search(r'^kvgate_flow_\w+\{[^}]*pool="kept"', httpx.get(f"{base}/metrics").text,
+                         re.M)
