@@ -26,6 +26,15 @@ soon as they say something. A replica with fewer (decayed) observations than ``f
 uses the fleet's fit as it is: two identical replicas must not differ because one of them
 happened to serve a request first (every cold request would follow the first).
 
+Past that, a replica's own line is shrunk toward the fleet's by how little it explains beyond
+it (`SHRINK_NOISES`; positive-part James-Stein): the squared residuals its line saves over the
+fleet's, against the noise its observations are expected to carry (the replicas' scatter
+around their own lines, pooled over the fleet, relative to the predictions). In a cold start
+each replica's few first tokens waited behind queues the router guessed wrong; their lines
+differed by that noise alone, and the router followed the differences (prefix-tree: TTFT p99
+1.37x the oracle's). A replica whose line explains no more than that uses the fleet's fit as
+it moves; one 2x slower than its peers is far above it and keeps its own.
+
 A replica that had none of the fleet's last `IDLE_SHARES` observations per replica (its fair
 share many times over) returns to the fleet's fit. An idle replica yields no first token and
 no counter that could correct its fit, so a fit learned from a cold start's queue (the wait
@@ -56,8 +65,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork",
-    "ReplicaPending", "TtftFit", "TtftModel",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "SHRINK_NOISES", "EngineCounters",
+    "PendingWork", "ReplicaPending", "TtftFit", "TtftModel",
 ]
 
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
@@ -65,6 +74,8 @@ MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see li
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
+# a replica's own line counts in full only well above this many times its expected noise
+SHRINK_NOISES = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +113,7 @@ class _Sums:
     y: float = 0.0
     xx: float = 0.0
     xy: float = 0.0
+    yy: float = 0.0
 
     def scale(self, k: float) -> None:
         self.w *= k
@@ -109,6 +121,7 @@ class _Sums:
         self.y *= k
         self.xx *= k
         self.xy *= k
+        self.yy *= k
 
     def add(self, x: float, y: float, w: float) -> None:
         self.w += w
@@ -116,6 +129,18 @@ class _Sums:
         self.y += w * y
         self.xx += w * x * x
         self.xy += w * x * y
+        self.yy += w * y * y
+
+    def energy(self, fit: TtftFit) -> float:
+        """The weighted squares of ``fit``'s predictions at these observations."""
+        a, b = fit.fixed_s, fit.s_per_token
+        return a * a * self.w + 2.0 * a * b * self.x + b * b * self.xx
+
+    def sse(self, fit: TtftFit) -> float:
+        """The weighted squared residuals of these observations around ``fit``'s line."""
+        a, b = fit.fixed_s, fit.s_per_token
+        return max(0.0, self.yy - 2.0 * (a * self.y + b * self.xy)
+                   + a * a * self.w + 2.0 * a * b * self.x + b * b * self.xx)
 
 
 class TtftModel:
@@ -135,6 +160,7 @@ class TtftModel:
         self.fleet = self.prior  # every replica's observations together (the replicas' prior)
         self._sums: dict[str, _Sums] = {}
         self._fits: dict[str, TtftFit] = {}
+        self._own: dict[str, TtftFit] = {}  # each replica's line before shrinkage
         self._counters: dict[str, EngineCounters] = {}
         self._seen = 0  # the fleet's observations so far
         self._last: dict[str, int] = {}  # per replica, `_seen` at its last observation
@@ -168,7 +194,12 @@ class TtftModel:
         sums.scale(self._decay**weight)
         sums.add(work_tokens, seconds, weight)
         if sums.w >= self._fleet_weight:  # until then its own few observations are noise
-            self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+            own = self._own[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+            fit = self._shrunk(sums, own)
+            if fit is None:
+                self._fits.pop(replica, None)
+            else:
+                self._fits[replica] = fit
         self._seen += 1
         self._last[replica] = self._seen
         if self._seen >= self._sweep_at:
@@ -183,6 +214,34 @@ class TtftModel:
             del self._last[replica]
             self._sums.pop(replica, None)
             self._fits.pop(replica, None)
+            self._own.pop(replica, None)
+
+    def _shrunk(self, sums: _Sums, own: TtftFit) -> TtftFit | None:
+        """A replica's own line, moved toward the fleet's by how little it explains beyond
+        it: the squared residuals its line saves over the fleet's against `SHRINK_NOISES` x
+        the noise expected of its observations (positive-part James-Stein shrinkage).
+        None: the fleet's line itself, as it moves (a copy of it would go stale)."""
+        fleet = self.fleet
+        gain = sums.sse(fleet) - sums.sse(own)
+        noise = self._relative_noise() * sums.energy(own) / sums.w
+        if gain <= SHRINK_NOISES * noise:
+            return None
+        k = 1.0 - SHRINK_NOISES * noise / gain
+        return TtftFit(fleet.fixed_s + k * (own.fixed_s - fleet.fixed_s),
+                       fleet.s_per_token + k * (own.s_per_token - fleet.s_per_token))
+
+    def _relative_noise(self) -> float:
+        """The replicas' squared residuals around their own lines, per degree of freedom,
+        relative to the squared predictions (pooled over the fleet, so a replica with a few
+        observations borrows its peers' scatter; relative, so a slow replica's long first
+        tokens do not count as its fast peers' noise)."""
+        sse = energy = 0.0
+        for replica, fit in self._own.items():
+            sums = self._sums[replica]
+            if sums.w > 2.0:
+                sse += sums.sse(fit)
+                energy += sums.energy(fit) * (sums.w - 2.0) / sums.w
+        return sse / energy if energy > 0.0 else 0.0
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an
@@ -218,6 +277,7 @@ class TtftModel:
     def forget(self, replica: str) -> None:
         self._sums.pop(replica, None)
         self._fits.pop(replica, None)
+        self._own.pop(replica, None)
         self._counters.pop(replica, None)
         self._last.pop(replica, None)
 
