@@ -26,14 +26,12 @@ soon as they say something. A replica with fewer (decayed) observations than ``f
 uses the fleet's fit as it is: two identical replicas must not differ because one of them
 happened to serve a request first (every cold request would follow the first).
 
-Past that, a replica's own line is shrunk toward the fleet's by how little it explains beyond
-it (`SHRINK_NOISES`; positive-part James-Stein): the squared residuals its line saves over the
-fleet's, against the noise its observations are expected to carry (the replicas' scatter
-around their own lines, pooled over the fleet, relative to the predictions). In a cold start
-each replica's few first tokens waited behind queues the router guessed wrong; their lines
-differed by that noise alone, and the router followed the differences (prefix-tree: TTFT p99
-1.37x the oracle's). A replica whose line explains no more than that uses the fleet's fit as
-it moves; one 2x slower than its peers is far above it and keeps its own.
+Past that, in the fleet's cold start (`WARM_SHARES`), its own line is shrunk toward the
+fleet's unless it explains well more than the noise its observations carry (`_shrunk`): each
+replica's few first tokens waited behind queues the router guessed wrong, the lines differed by
+that noise alone, and the router followed them (prefix-tree: TTFT p99 1.37x the oracle's). A
+2x slower replica is far above its noise and keeps its own line. Later the replicas' small
+differences are worth following (shrunk for good, bursts' TTFT p50 was 8-12 % worse).
 
 A replica that had none of the fleet's last `IDLE_SHARES` observations per replica (its fair
 share many times over) returns to the fleet's fit. An idle replica yields no first token and
@@ -65,8 +63,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "SHRINK_NOISES", "EngineCounters",
-    "PendingWork", "ReplicaPending", "TtftFit", "TtftModel",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "SHRINK_NOISES", "WARM_SHARES",
+    "EngineCounters", "PendingWork", "ReplicaPending", "TtftFit", "TtftModel",
 ]
 
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
@@ -74,7 +72,9 @@ MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see li
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
-# a replica's own line counts in full only well above this many times its expected noise
+# while the fleet has had fewer than WARM_SHARES observations per replica (its cold start), a
+# replica's own line counts in full only well above SHRINK_NOISES times its expected noise
+WARM_SHARES = 32
 SHRINK_NOISES = 8.0
 
 
@@ -195,7 +195,7 @@ class TtftModel:
         sums.add(work_tokens, seconds, weight)
         if sums.w >= self._fleet_weight:  # until then its own few observations are noise
             own = self._own[replica] = self._solve(sums, self.fleet, self._fleet_weight)
-            fit = self._shrunk(sums, own)
+            fit = self._shrunk(sums, own) if self._seen < self._warm_until() else own
             if fit is None:
                 self._fits.pop(replica, None)
             else:
@@ -215,6 +215,10 @@ class TtftModel:
             self._sums.pop(replica, None)
             self._fits.pop(replica, None)
             self._own.pop(replica, None)
+
+    def _warm_until(self) -> int:
+        """The fleet's observations that end its cold start: `WARM_SHARES` per replica."""
+        return WARM_SHARES * len(self._last)
 
     def _shrunk(self, sums: _Sums, own: TtftFit) -> TtftFit | None:
         """A replica's own line, moved toward the fleet's by how little it explains beyond
