@@ -26,13 +26,6 @@ soon as they say something. A replica with fewer (decayed) observations than ``f
 uses the fleet's fit as it is: two identical replicas must not differ because one of them
 happened to serve a request first (every cold request would follow the first).
 
-Past that, in the fleet's cold start (`WARM_SHARES`), its own line is shrunk toward the
-fleet's unless it explains well more than the noise its observations carry (`_shrunk`): each
-replica's few first tokens waited behind queues the router guessed wrong, the lines differed by
-that noise alone, and the router followed them (prefix-tree: TTFT p99 1.37x the oracle's). A
-2x slower replica is far above its noise and keeps its own line. Later the replicas' small
-differences are worth following (shrunk for good, bursts' TTFT p50 was 8-12 % worse).
-
 A replica that had none of the fleet's last `IDLE_SHARES` observations per replica (its fair
 share many times over) returns to the fleet's fit. An idle replica yields no first token and
 no counter that could correct its fit, so a fit learned from a cold start's queue (the wait
@@ -63,8 +56,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
-    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "SHRINK_NOISES", "WARM_SHARES",
-    "EngineCounters", "PendingWork", "ReplicaPending", "TtftFit", "TtftModel",
+    "IDLE_SHARES", "MAX_PREFILL_TPS", "PRIOR_ANCHOR_TOKENS", "EngineCounters", "PendingWork",
+    "ReplicaPending", "TtftFit", "TtftModel",
 ]
 
 PRIOR_ANCHOR_TOKENS = 2048.0  # the prior's second pseudo-observation (a small prompt)
@@ -72,10 +65,6 @@ MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see li
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
-# while the fleet has had fewer than WARM_SHARES observations per replica (its cold start), a
-# replica's own line counts in full only well above SHRINK_NOISES times its expected noise
-WARM_SHARES = 32
-SHRINK_NOISES = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +102,6 @@ class _Sums:
     y: float = 0.0
     xx: float = 0.0
     xy: float = 0.0
-    yy: float = 0.0
 
     def scale(self, k: float) -> None:
         self.w *= k
@@ -121,7 +109,6 @@ class _Sums:
         self.y *= k
         self.xx *= k
         self.xy *= k
-        self.yy *= k
 
     def add(self, x: float, y: float, w: float) -> None:
         self.w += w
@@ -129,18 +116,6 @@ class _Sums:
         self.y += w * y
         self.xx += w * x * x
         self.xy += w * x * y
-        self.yy += w * y * y
-
-    def energy(self, fit: TtftFit) -> float:
-        """The weighted squares of ``fit``'s predictions at these observations."""
-        a, b = fit.fixed_s, fit.s_per_token
-        return a * a * self.w + 2.0 * a * b * self.x + b * b * self.xx
-
-    def sse(self, fit: TtftFit) -> float:
-        """The weighted squared residuals of these observations around ``fit``'s line."""
-        a, b = fit.fixed_s, fit.s_per_token
-        return max(0.0, self.yy - 2.0 * (a * self.y + b * self.xy)
-                   + a * a * self.w + 2.0 * a * b * self.x + b * b * self.xx)
 
 
 class TtftModel:
@@ -160,7 +135,6 @@ class TtftModel:
         self.fleet = self.prior  # every replica's observations together (the replicas' prior)
         self._sums: dict[str, _Sums] = {}
         self._fits: dict[str, TtftFit] = {}
-        self._own: dict[str, TtftFit] = {}  # each replica's line before shrinkage
         self._counters: dict[str, EngineCounters] = {}
         self._seen = 0  # the fleet's observations so far
         self._last: dict[str, int] = {}  # per replica, `_seen` at its last observation
@@ -194,12 +168,7 @@ class TtftModel:
         sums.scale(self._decay**weight)
         sums.add(work_tokens, seconds, weight)
         if sums.w >= self._fleet_weight:  # until then its own few observations are noise
-            own = self._own[replica] = self._solve(sums, self.fleet, self._fleet_weight)
-            fit = self._shrunk(sums, own) if self._seen < self._warm_until() else own
-            if fit is None:
-                self._fits.pop(replica, None)
-            else:
-                self._fits[replica] = fit
+            self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
         self._seen += 1
         self._last[replica] = self._seen
         if self._seen >= self._sweep_at:
@@ -214,38 +183,6 @@ class TtftModel:
             del self._last[replica]
             self._sums.pop(replica, None)
             self._fits.pop(replica, None)
-            self._own.pop(replica, None)
-
-    def _warm_until(self) -> int:
-        """The fleet's observations that end its cold start: `WARM_SHARES` per replica."""
-        return WARM_SHARES * len(self._last)
-
-    def _shrunk(self, sums: _Sums, own: TtftFit) -> TtftFit | None:
-        """A replica's own line, moved toward the fleet's by how little it explains beyond
-        it: the squared residuals its line saves over the fleet's against `SHRINK_NOISES` x
-        the noise expected of its observations (positive-part James-Stein shrinkage).
-        None: the fleet's line itself, as it moves (a copy of it would go stale)."""
-        fleet = self.fleet
-        gain = sums.sse(fleet) - sums.sse(own)
-        noise = self._relative_noise() * sums.energy(own) / sums.w
-        if gain <= SHRINK_NOISES * noise:
-            return None
-        k = 1.0 - SHRINK_NOISES * noise / gain
-        return TtftFit(fleet.fixed_s + k * (own.fixed_s - fleet.fixed_s),
-                       fleet.s_per_token + k * (own.s_per_token - fleet.s_per_token))
-
-    def _relative_noise(self) -> float:
-        """The replicas' squared residuals around their own lines, per degree of freedom,
-        relative to the squared predictions (pooled over the fleet, so a replica with a few
-        observations borrows its peers' scatter; relative, so a slow replica's long first
-        tokens do not count as its fast peers' noise)."""
-        sse = energy = 0.0
-        for replica, fit in self._own.items():
-            sums = self._sums[replica]
-            if sums.w > 2.0:
-                sse += sums.sse(fit)
-                energy += sums.energy(fit) * (sums.w - 2.0) / sums.w
-        return sse / energy if energy > 0.0 else 0.0
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an
@@ -281,7 +218,6 @@ class TtftModel:
     def forget(self, replica: str) -> None:
         self._sums.pop(replica, None)
         self._fits.pop(replica, None)
-        self._own.pop(replica, None)
         self._counters.pop(replica, None)
         self._last.pop(replica, None)
 

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from routing.config import RouterConfig
-from routing.learning import WARM_SHARES, EngineCounters, TtftModel
+from routing.learning import EngineCounters, TtftModel
 
 CFG = RouterConfig()
 
@@ -121,7 +121,7 @@ def test_a_replica_left_idle_returns_to_the_fleets_fit() -> None:
         m.observe("stuck", w, 0.97 + rng.uniform(-0.05, 0.05))
         for r in peers:
             m.observe(r, w, _true(w))
-    assert m.fit("stuck").predict(500) > 3 * m.fit("r0").predict(500)
+    assert m.fit("stuck").predict(500) > 4 * m.fit("r0").predict(500)
     for _ in range(64):  # the peers serve everything: 64 observations each
         for r in peers:
             w = rng.uniform(200, 12_000)
@@ -143,76 +143,3 @@ def test_a_replica_served_its_share_keeps_its_own_fit() -> None:
             m.observe(r, w, _true(w))
     assert m.rate("a") / m.rate("slow") == pytest.approx(2.0, rel=0.2)
     assert m.fit("slow") != m.fleet
-
-
-def _queued(work: float, rng: random.Random, tps: float = 20_000.0) -> float:
-    """A cold start's first token: its own prefill behind a queue the router guessed wrong
-    (0-0.6 s of wait that the work it predicted does not explain)."""
-    return _true(work, tps=tps) + rng.uniform(0.0, 0.6)
-
-
-def _spread(m: TtftModel, replicas: list[str], work: float) -> float:
-    predicted = [m.fit(r).predict(work) for r in replicas]
-    return max(predicted) / min(predicted)
-
-
-def test_replicas_that_differ_by_noise_alone_use_the_fleets_line() -> None:
-    # prefix-tree's cold start: eight identical replicas, a handful of queue-laden first
-    # tokens each. Their own lines differed by their noise (up to 0.59 s fixed against
-    # 0.06 s), and the router followed the differences: now they lean on the fleet's line.
-    m, rng = _model(), random.Random(7)
-    replicas = [f"r{i}" for i in range(8)]
-    for _ in range(8):
-        for r in replicas:
-            w = rng.uniform(4_000, 12_000)
-            m.observe(r, w, _queued(w, rng))
-    for work in (500.0, 8_000.0):
-        assert _spread(m, replicas, work) < 1.1, [m.fit(r) for r in replicas]
-
-
-@pytest.mark.parametrize(("slow_tps", "peers_spread"), [
-    (10_000.0, 1.1),  # 2x slower: the peers are still shrunk to the fleet's line
-    # 12.5x slower (AWQ beside FP8): it pulls the fleet's line so far that the peers' own
-    # lines explain much more than their noise, and they keep them (the noise shows)
-    (1_600.0, 1.25),
-])
-def test_a_slower_replica_among_noisy_peers_keeps_its_own_line(
-    slow_tps: float, peers_spread: float
-) -> None:
-    # the same noise, but one replica is much slower: its difference is far above the
-    # noise, so it keeps its own line (within 25 of its own observations)
-    m, rng = _model(), random.Random(8)
-    peers = [f"r{i}" for i in range(7)]
-    for _ in range(25):
-        for r in peers:
-            w = rng.uniform(2_000, 12_000)
-            m.observe(r, w, _queued(w, rng))
-        w = rng.uniform(2_000, 12_000)
-        m.observe("slow", w, _queued(w, rng, tps=slow_tps))
-    ratio = m.fit("slow").predict(8_000) / m.fit("r0").predict(8_000)
-    expected = _true(8_000, tps=slow_tps) / _true(8_000)  # + the mean wait on both: less
-    assert 0.6 * expected < ratio <= expected, (m.fit("slow"), m.fit("r0"))
-    assert _spread(m, peers, 8_000) < peers_spread
-
-
-def test_after_the_cold_start_a_small_difference_is_followed() -> None:
-    # a replica 1.25x slower, within the cold start's noise: shrunk to the fleet's line at
-    # first, its own once the fleet has had `WARM_SHARES` observations per replica (shrunk
-    # for good, the replicas' small differences were lost: bursts' TTFT p50 8-12 % worse)
-    m, rng = _model(), random.Random(9)
-    peers = [f"r{i}" for i in range(7)]
-
-    def round_() -> None:
-        for r in peers:
-            w = rng.uniform(2_000, 12_000)
-            m.observe(r, w, _queued(w, rng))
-        w = rng.uniform(2_000, 12_000)
-        m.observe("slower", w, _queued(w, rng, tps=16_000))
-
-    for _ in range(8):
-        round_()
-    assert m.fit("slower") == m.fleet
-    for _ in range(WARM_SHARES):
-        round_()
-    ratio = m.fit("slower").predict(8_000) / m.fit("r0").predict(8_000)
-    assert ratio > 1.1, (m.fit("slower"), m.fit("r0"))
