@@ -14,7 +14,7 @@ import openai
 import pytest
 import redis
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, inflight, wait_for
+from tests.support.gateway import admin_client, inflight, shared_gateways, wait_for
 from tests.support.gateway import metric_values as metrics
 from tests.support.procs import Proc, redis_proc, sim_proc
 
@@ -39,14 +39,7 @@ def fleet(sim_url: str) -> Iterator[tuple[str, list[str]]]:
         rproc, url = redis_proc()
         procs.append(rproc.start())
         config = {**CONFIG, "pools": {"p": {"served_model": "m", "replicas": [sim_url]}}}
-        bases = []
-        for _ in range(2):
-            gw, base = gateway_proc(
-                config=config, auth=True,
-                env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-                     "KVGATE_REDIS_URL": url})
-            procs.append(gw.start())
-            bases.append(base)
+        bases = shared_gateways(procs, url, ADMIN, config)
         yield url, bases
     finally:
         for proc in reversed(procs):

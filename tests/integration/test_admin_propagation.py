@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.gateway import admin_client, shared_gateways
 from tests.support.procs import Proc, redis_proc, sim_proc
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -28,14 +28,8 @@ def fleet() -> Iterator[tuple[str, list[str]]]:
         procs.append(rproc.start())
         sim, sim_url = sim_proc(None, "--time-scale", "1")  # streams of seconds
         procs.append(sim.start())
-        bases = []
-        for _ in range(2):
-            gw, base = gateway_proc(
-                config={"pools": {"p": {"served_model": "sim-model", "replicas": [sim_url]}}},
-                auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-                                "KVGATE_REDIS_URL": url})
-            procs.append(gw.start())
-            bases.append(base)
+        pools = {"p": {"served_model": "sim-model", "replicas": [sim_url]}}
+        bases = shared_gateways(procs, url, ADMIN, {"pools": pools})
         yield url, bases
     finally:
         for proc in reversed(procs):

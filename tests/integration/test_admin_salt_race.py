@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.gateway import AUTH_SECRET, gateway_proc
+from tests.support.gateway import shared_gateways
 from tests.support.procs import Proc, redis_proc, sim_proc
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -25,14 +25,8 @@ def gateways() -> Iterator[list[str]]:
         procs.append(rproc.start())
         sim, sim_url = sim_proc()
         procs.append(sim.start())
-        bases = []
-        for _ in range(2):
-            gw, base = gateway_proc(
-                config={"pools": {"p": {"served_model": "sim-model", "replicas": [sim_url]}}},
-                auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-                                "KVGATE_REDIS_URL": url})
-            procs.append(gw.start())
-            bases.append(base)
+        pools = {"p": {"served_model": "sim-model", "replicas": [sim_url]}}
+        bases = shared_gateways(procs, url, ADMIN, {"pools": pools})
         yield bases
     finally:
         for proc in reversed(procs):

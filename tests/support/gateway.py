@@ -24,8 +24,14 @@ import yaml
 from tests.support.procs import KVGATE, Proc, free_port
 
 __all__ = [
-    "AUTH_SECRET", "GatewayProc", "admin_client", "gateway_proc", "inflight",
-    "persistent_redis", "wait_for",
+    "AUTH_SECRET",
+    "GatewayProc",
+    "admin_client",
+    "gateway_proc",
+    "inflight",
+    "persistent_redis",
+    "shared_gateways",
+    "wait_for",
 ]
 
 AUTH_SECRET = "e2e-salt-secret-0123456789abcdef"  # tests only
@@ -110,6 +116,20 @@ def request_statuses(base: str) -> dict[str, float]:
         status = labels.split('status="')[1].split('"')[0]
         out[status] = out.get(status, 0.0) + value
     return out
+
+
+def shared_gateways(procs: list[Proc], redis_url: str, admin_token: str,
+                    config: dict[str, Any], n: int = 2) -> list[str]:
+    """Start `n` gateways with authentication on, sharing `redis_url`, each appended to
+    `procs` (the caller stops them); their base URLs."""
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": admin_token,
+           "KVGATE_REDIS_URL": redis_url}
+    bases = []
+    for _ in range(n):
+        gw, base = gateway_proc(config=config, env=env, auth=True)
+        procs.append(gw.start())
+        bases.append(base)
+    return bases
 
 
 def acme_gateway(
