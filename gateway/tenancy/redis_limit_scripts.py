@@ -12,14 +12,18 @@ _NOW = (
 )
 # KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset.
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
-# peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
+# peek ('1': decide only, write nothing), the prefix of the lease holders' heartbeat keys, this
+# process's holder id, its heartbeat's ttl, then the tenant's releases that failed earlier, as
 # `RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
+# A tenant found full drops the leases (`<holder>.<random>`) whose holder's heartbeat is gone
+# (`holders.py`; a lease id without a holder, from an older kvgate, is kept to its TTL); an
+# admission with a concurrency limit keeps its own holder's heartbeat alive.
 # A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
 # id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 ADMIT = (
     _NOW
     + """
-for i = 9, #ARGV, 3 do
+for i = 12, #ARGV, 3 do
   if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
       and tonumber(ARGV[i + 1]) > 0 then
     local t = tonumber(redis.call('HGET', KEYS[1], 't'))
@@ -40,6 +44,22 @@ local inflight = 0
 if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   inflight = redis.call('ZCARD', KEYS[2])
+  if ARGV[8] ~= '1' then
+    redis.call('SET', ARGV[9] .. ARGV[10], '1', 'PX', math.ceil(tonumber(ARGV[11]) * 1000))
+  end
+  if inflight >= conc then
+    local alive = {[ARGV[10]] = true}
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+      local h = string.match(id, '^(%x+)%.')
+      if h then
+        if alive[h] == nil then alive[h] = redis.call('EXISTS', ARGV[9] .. h) == 1 end
+        if not alive[h] then
+          redis.call('ZREM', KEYS[2], id)
+          inflight = inflight - 1
+        end
+      end
+    end
+  end
 end
 local reason = ''
 local retry = 0
