@@ -6,6 +6,7 @@ streaming."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -54,10 +55,8 @@ class Held:
         next(iter(self.stream))  # admitted: its lease is in Redis
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(httpx.TransportError):  # its gateway was killed
             self.stream.close()
-        except httpx.TransportError:  # its gateway was killed
-            pass
         self.http.close()
 
 
