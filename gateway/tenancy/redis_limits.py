@@ -189,9 +189,9 @@ class RedisRateLimiter(RateLimiter):
         return admission
 
     def _keys(self, tenant_id: str) -> list[str]:
-        """A tenant's bucket, lease and reservation keys (one cluster slot)."""
+        """A tenant's bucket, lease, reservation and lease holder keys (one cluster slot)."""
         bucket = self._bucket(tenant_id)
-        return [bucket, bucket + ":leases", bucket + ":reserved"]
+        return [bucket, bucket + ":leases", bucket + ":reserved", bucket + ":holders"]
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """In a task of its own, which a cancelled caller does not stop: marked settled here,
@@ -259,10 +259,11 @@ class RedisRateLimiter(RateLimiter):
         """Once per tenant (until its keys work): this is no outage, but a key to delete."""
         if tenant_id not in self._wrong_type:
             self._wrong_type[tenant_id] = bucket
-            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases and "
-                      "%s:reserved (WRONGTYPE: written by hand or another application?); it is "
-                      "admitted on per-process limits until they are deleted", tenant_id,
-                      bucket, bucket, bucket, extra={"tenant": tenant_id})
+            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases, "
+                      "%s:reserved and %s:holders (WRONGTYPE: written by hand or another "
+                      "application?); it is admitted on per-process limits until they are "
+                      "deleted", tenant_id, bucket, bucket, bucket, bucket,
+                      extra={"tenant": tenant_id})
 
     async def _retry_loop(self) -> None:
         while True:
@@ -303,10 +304,16 @@ class RedisRateLimiter(RateLimiter):
 
     async def renew(self) -> int:
         """Push the expiry of every live lease of this process one TTL ahead."""
-        live = list(self._live.items())
-        if not live:
+        by_tenant: dict[str, list[str]] = {}
+        for lease_id, tenant in self._live.items():
+            by_tenant.setdefault(tenant, []).append(lease_id)
+        if not by_tenant:
             return 0
-        keys = [self._bucket(tenant) + ":leases" for _, tenant in live]
+        keys: list[str] = []
+        args: list[str | float] = [self._now(), self._ttl, self.holder]
+        for tenant, ids in by_tenant.items():
+            keys += [self._bucket(tenant) + ":leases", self._bucket(tenant) + ":holders"]
+            args += [len(ids), *ids]
         with redis_unavailable():
-            await self._renew(keys=keys, args=[self._now(), self._ttl, *(lid for lid, _ in live)])
-        return len(live)
+            await self._renew(keys=keys, args=args)
+        return sum(len(ids) for ids in by_tenant.values())

@@ -99,3 +99,40 @@ def test_forgetting_a_holder_while_redis_is_down_is_a_warning(
     assert [r.getMessage() for r in caplog.records] == [
         "cannot free a dead worker's concurrency leases at once (ConnectionError): they stop "
         "counting within tenancy.lease_holder_ttl_s"]
+
+
+async def test_a_dead_holder_leaves_the_tenants_holders(
+    pair: tuple[RedisRateLimiter, RedisRateLimiter], redis_url: str,
+) -> None:
+    dead, alive = pair
+    await _fill(dead)
+    plain = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        holders = f"{NS}:rl:{{acme}}:holders"
+        assert plain.smembers(holders) == {dead.holder}
+        plain.delete(holder_key(NS, dead.holder))
+        assert (await alive.admit("acme", FULL, tokens=0)).allowed
+        assert plain.smembers(holders) == {alive.holder}
+    finally:
+        plain.close()
+
+
+async def test_the_holders_of_leases_renewed_past_their_ttl_are_still_known(
+    redis_url: str,
+) -> None:
+    """Leases renewed for longer than their TTL with no admission of the tenant meanwhile:
+    its holders set lives as long (the renewal names the holder again)."""
+    live = RedisRateLimiter(connect_redis(redis_url), namespace=NS, lease_ttl_s=3.0)
+    other = RedisRateLimiter(connect_redis(redis_url), namespace=NS)
+    try:
+        await live.start()  # renews every second
+        await _fill(live)
+        await asyncio.sleep(5.0)  # the set written at admission would have expired at 4 s
+        await live.close()  # dies: its leases are still live in Redis (renewed < 1 s ago)
+        plain = redis.Redis.from_url(redis_url)
+        plain.delete(holder_key(NS, live.holder))  # as its supervisor does
+        plain.close()
+        assert (await other.admit("acme", FULL, tokens=0)).allowed
+    finally:
+        await live.close()
+        await other.close()
