@@ -3,11 +3,14 @@
 Every process admitting on Redis (`redis_limits.RedisRateLimiter`) is a lease holder with a
 random id; its lease ids start with it (``<holder>.<random>``) and, while it holds any, it
 keeps a heartbeat key ``<ns>:lease-holder:<holder>`` alive (`HOLDER_TTL_S` by default,
-written every third of it and by each of its admissions, in the admission's own script). An
-admission that finds its tenant full drops the leases whose holder's heartbeat is gone, in
-the same script, before it decides: a dead process's leases stop counting within the
-heartbeat's TTL instead of the lease TTL (30 s). No round trip is added to the request path;
-the heartbeat is one ``SET`` a process per interval, whatever the number of its leases.
+written every third of it and by each of its admissions, in the admission's own script).
+Each tenant's lease holders are a set beside its leases (``...:holders``, written by the
+admission that takes a lease, kept alive by the renewal). An admission that finds its tenant
+full drops, in the same script, the holders whose heartbeat is gone and their leases: a dead
+process's leases stop counting within the heartbeat's TTL instead of the lease TTL (30 s).
+No round trip is added to the request path; the heartbeat is one ``SET`` a process per
+interval, whatever the number of its leases (measured: ~2-6 µs of Redis, where renewing
+1,024 leases costs ~10 ms).
 
 A worker of ``server.workers`` > 1 writes its holder id to a file of its slot in the
 supervisor's directory (``lease-holder-<slot>``), and the supervisor, which sees a worker die,
