@@ -24,7 +24,7 @@ from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
-from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound
+from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound, shown_name
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from gateway.paths import API_PREFIX, api_route, canonical, prefixed_route, stored_subroute
 from gateway.policy_doc import DEFAULT_TIER
@@ -122,7 +122,8 @@ class GatewayApp:
             if (extra := cors.allowed(origin_of(scope["headers"]))) is not None:
                 send = cors.wrap(send, extra)
         if path in KINDS:
-            return await _error(send, MethodNotAllowed(f"Use POST for {path}.", allow="POST"))
+            return await _error(
+                send, MethodNotAllowed(f"Use POST for {shown_name(path)}.", allow="POST"))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
             if (beyond := stored_subroute(path)) is not None:  # `.../input_items`, ...
                 return await _error(send, beyond)
@@ -136,7 +137,7 @@ class GatewayApp:
             if method not in ("GET", "HEAD") and not (method == "POST" and path in POSTED):
                 allow = "GET, HEAD, POST" if path in POSTED else "GET, HEAD"
                 return await _error(
-                    send, MethodNotAllowed(f"Use GET for {path}.", allow=allow))
+                    send, MethodNotAllowed(f"Use GET for {shown_name(path)}.", allow=allow))
             if (path == MODELS or model) and rt is not None:
                 try:  # as OpenAI and vLLM --api-key: listing models needs a valid key
                     principal = rt.proxy.prep.authenticate(_bearer_token(scope["headers"]))
@@ -159,10 +160,10 @@ class GatewayApp:
         if page is not None:
             if scope["method"] not in ("GET", "HEAD"):
                 return await _error(
-                    send, MethodNotAllowed(f"Use GET for {path}.", allow="GET, HEAD"))
+                    send, MethodNotAllowed(f"Use GET for {shown_name(path)}.", allow="GET, HEAD"))
             return await send_whole(send, *page())
         if not await self._to_admin(scope, receive, send, path):
-            await _error(send, NotFound(f"Unknown path {path} on the admin port."))
+            await _error(send, NotFound(f"Unknown path {shown_name(path)} on the admin port."))
 
     async def _preflight(self, scope: Scope, send: Send) -> bool:
         """A CORS preflight from an allowed origin: 204, answered here (no key, no limit, no
@@ -356,19 +357,20 @@ def unknown_path(path: str) -> NotFound:
     kvgate serves. vLLM's operator endpoints (`/sleep`, ...) get a bare 404."""
     with_v1 = f"/v1{path}"
     if api_route(with_v1):
-        return NotFound(f"Unknown path {path}. Did you mean {with_v1}? (the base URL ends in /v1)")
+        return NotFound(f"Unknown path {shown_name(path)}. Did you mean {shown_name(with_v1)}? "
+                        "(the base URL ends in /v1)")
     if (prefixed := prefixed_route(path)) is not None:
         return prefixed
     if "/deployments/" in path:  # the AzureOpenAI client's paths
-        return NotFound(f"Unknown path {path}: kvgate serves OpenAI's paths, not Azure OpenAI's "
-                        "deployments. Use the OpenAI client with a base URL ending in /v1 (the "
-                        "key may stay in the api-key header).")
+        return NotFound(f"Unknown path {shown_name(path)}: kvgate serves OpenAI's paths, not "
+                        "Azure OpenAI's deployments. Use the OpenAI client with a base URL "
+                        "ending in /v1 (the key may stay in the api-key header).")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{SERVED}).")
     if f"{path}/".startswith(API_PREFIX):  # OpenAI's routes vLLM has not either (files, ...)
-        return NotFound(f"Unknown path {path}: kvgate serves {SERVED}.")
-    return NotFound(f"Unknown path {path}.")
+        return NotFound(f"Unknown path {shown_name(path)}: kvgate serves {SERVED}.")
+    return NotFound(f"Unknown path {shown_name(path)}.")
 
 
 async def _error(send: Send, exc: KvgateError) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "PreconditionFailed",
     "QueueShed",
     "RateLimited",
+    "ReplicaConnectionsBusy",
     "ReplicaRefused",
     "ReplicaWrongModel",
     "RetryBudgetExhausted",
@@ -458,3 +459,20 @@ class WriteOutcomeUnknown(StoreUnreachable):
             f"retrying; the audit log (GET /admin/audit) has an entry with request_id "
             f"{request_id!r} if and only if the change was made")
         self.args = (self.message,)
+
+
+class ReplicaConnectionsBusy(UpstreamError):
+    """The request waited `upstream.connection_wait_s` in kvgate for one of its replica's
+    `upstream.max_connections` connections, all carrying other requests: the replica is busy,
+    not failing (it is not charged), and the request never reached it. Another replica is
+    tried; the last try's is a 503 with Retry-After."""
+
+    status = 503
+    type_ = "ServiceUnavailableError"
+
+    def __init__(self) -> None:
+        super().__init__(
+            "The replica's connections (upstream.max_connections) all stayed in use for "
+            "upstream.connection_wait_s: the replica is busy; try again shortly.",
+            reason="connection_wait")
+        self.retry_after = 1

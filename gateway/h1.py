@@ -9,7 +9,8 @@ few Python calls. Health checks and the Responses-API lookups stay on
 aiohttp (`ReplicaTransport`): they are rare.
 
 Rules it keeps:
-- at most `max_connections` exchanges with one replica at once, more wait: per replica, so
+- at most `max_connections` exchanges with one replica at once, more wait (the caller bounds
+  the wait, `upstream.connection_wait_s`, and is told when it ends: `on_send`): per replica, so
   one that takes requests and answers nothing cannot hold its healthy peers' slots; a replica
   with none in use or kept alive is forgotten (a churning discovery does not grow the pool);
 - a connection is reused only when its answer was read to the end and both sides said
@@ -33,6 +34,7 @@ import asyncio
 import base64
 import ssl
 import time
+from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
 from gateway.h1conn import H1Conn, UpstreamClosed, UpstreamProtocolError
@@ -103,9 +105,11 @@ class H1Pool:
         return await self.send("POST", url, body, headers)
 
     async def send(
-        self, method: str, url: str, body: bytes, headers: dict[str, str]
+        self, method: str, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
     ) -> H1Response:
-        """Send a request; returns once the answer's head has arrived."""
+        """Send a request; returns once the answer's head has arrived. `on_send` is called
+        once the request has one of the replica's slots (the caller bounds the wait)."""
         if self.closed:
             raise UpstreamClosed("the transport is closed")
         key, host_line, auth_line, path = self._target(url)
@@ -125,6 +129,8 @@ class H1Pool:
             self._leave(key, replica)
             raise
         try:
+            if on_send is not None:
+                on_send()
             conn = await self._exchange(replica, key, request)
         except BaseException:
             replica.slots.release()

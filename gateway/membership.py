@@ -5,9 +5,10 @@ in-flight requests finish), then the scraper and the router forget them. Two thi
 leaver stay `linger_s` longer (`upstream.total_timeout_s`: by then every exchange that could
 still reach them has ended, a stored response's GET included, and Prometheus has scraped their
 last counts): a drained replica's `kvgate_requests_total` series, and a pool a policy version
-removed (its transport, its replicas' last state). Then they go: a fleet whose replicas come
-and go -- a new pod address at every rollout -- kept a series set for every address it ever
-served from, and a client for every pool ever removed.
+removed (its transport, its replicas' last state, its pool-level series and the counts
+`kvgate doctor` reads). Then they go: a fleet whose replicas come and go -- a new pod address
+at every rollout -- kept a series set for every address it ever served from, and a client
+and a series set for every pool ever removed.
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ class Membership:
                 self._retired.append((now + self._linger_s, pool))
                 continue
             await pools.close_retired(pool)
+            if pool.name not in pools.by_name and all(p.name != pool.name for p in pools.retired):
+                self._metrics.forget_pool(pool.name)  # (not back, nor removed again since)
 
     def close(self) -> None:
         """Stop following: later policy versions and discovery changes are ignored."""

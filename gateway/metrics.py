@@ -164,6 +164,10 @@ class TenantTokens:
             c[2] += cached
             c[3] += 1
 
+    def forget_pool(self, pool: str) -> None:
+        for key in [k for k in self.counts if k[1] == pool]:
+            del self.counts[key]
+
 
 class _TenantTokensCollector(Collector):
     def __init__(self, tokens: TenantTokens) -> None:
@@ -254,7 +258,14 @@ class GatewayMetrics:
         # labelled counters, per pool only, so `kvgate doctor` reads them without collecting
         # thousands of (replica, tier, tenant, status, route) children
         self.pool_counts: dict[str, list[int]] = {}
+        # what else keeps series per pool (flow control's): told when a pool is forgotten
+        self.pool_forgetters: list[Callable[[str], None]] = []
         self._children: dict[tuple[Any, ...], Any] = {}
+        # id(metric) -> (metric, the positions of its labels that name a pool)
+        self._pool_labels: dict[int, tuple[Any, tuple[int, ...]]] = {
+            id(m): (m, (0,)) for m in (self.requests, self.duration, self.ttft, self.itl,
+                                       self.tokens, self.retries, self.failovers)}
+        self._pool_labels[id(self.spillovers)] = (self.spillovers, (1, 2))
         self.pre_upstream = self.overhead.labels("pre_upstream")
         self.relay = self.overhead.labels("relay")
 
@@ -288,6 +299,19 @@ class GatewayMetrics:
         for key in [k for k in self._children if k[0] == requests and k[1:3] == (pool, replica)]:
             del self._children[key]
             self.requests.remove(*key[1:])
+
+    def forget_pool(self, pool: str) -> None:
+        """Drop every series of `pool` (a policy version removed it, and it has lingered):
+        its labelled children, its usage per tenant and its counts for `kvgate doctor`."""
+        for key in list(self._children):
+            found = self._pool_labels.get(key[0])
+            if found is not None and any(key[1 + i] == pool for i in found[1]):
+                del self._children[key]
+                found[0].remove(*key[1:])
+        self.pool_counts.pop(pool, None)
+        self.tenant_tokens.forget_pool(pool)
+        for forget in self.pool_forgetters:
+            forget(pool)
 
     def first_token(self, pool: str, ttft_s: float, tier: str = "default") -> None:
         self._child(self.ttft, (pool, tier)).observe(ttft_s)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from gateway.errors import NotFound
+from gateway.errors import NotFound, shown_name
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.stored import match_stored
 
@@ -53,9 +53,9 @@ def prefixed_route(path: str) -> NotFound | None:
     at = path.find(API_PREFIX, 1)
     if at < 0 or not api_route(path[at:]):
         return None
-    return NotFound(f"Unknown path {path}: kvgate serves the OpenAI API at {path[at:]}, without "
-                    f"the {path[:at]} prefix. Use the base URL http://HOST:PORT/v1 (your "
-                    "client adds the rest).")
+    return NotFound(f"Unknown path {shown_name(path)}: kvgate serves the OpenAI API at "
+                    f"{shown_name(path[at:])}, without the {shown_name(path[:at])} prefix. Use "
+                    "the base URL http://HOST:PORT/v1 (your client adds the rest).")
 
 
 _STORED = "/v1/responses/"
@@ -67,5 +67,5 @@ def stored_subroute(path: str) -> NotFound | None:
     rest = path[len(_STORED):].partition("/")[2] if match_stored(path) else ""
     if not rest or rest == "cancel":
         return None
-    return NotFound(f"Unknown path {path}: kvgate serves GET /v1/responses/{{id}} and POST "
-                    "/v1/responses/{id}/cancel of a stored response, as vLLM does.")
+    return NotFound(f"Unknown path {shown_name(path)}: kvgate serves GET /v1/responses/{{id}} "
+                    "and POST /v1/responses/{id}/cancel of a stored response, as vLLM does.")

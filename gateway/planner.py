@@ -14,7 +14,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from gateway.body import ParsedBody, drop_operator_fields
-from gateway.errors import ModelNotFound, NoReplicaAvailable
+from gateway.errors import ModelNotFound, NoReplicaAvailable, shown_name
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
@@ -144,7 +144,7 @@ class Planner:
                     learning = [f"pool {p.name}: no replica has answered yet; {p.condition(now)}"
                                 for p in unknown]
                     raise NoReplicaAvailable(  # (Retry-After: the soonest back among them)
-                        f"No ready replica for the model `{parsed.model}` "
+                        f"No ready replica for the model `{shown_name(parsed.model)}` "
                         f"(not ready: {'; '.join(learning)}).",
                         retry_after=min(p.retry_after(now) for p in unknown))
                 raise self.not_found(principal, parsed.model)
@@ -152,12 +152,13 @@ class Planner:
         else:
             found = self.pools.by_name.get(route.pool)
             if found is None:
-                raise NoReplicaAvailable(f"The pool for `{parsed.model}` is not running here.")
+                raise NoReplicaAvailable(
+                    f"The pool for `{shown_name(parsed.model)}` is not running here.")
             pool, priority, home = found, route.priority, route.home_pool
             served, spilled = route.served_model or pool.served_model, route.reason == "spill"
         if served is None:
-            raise NoReplicaAvailable(f"The model `{parsed.model}` is not available yet (pool "
-                                     f"{pool.name}: no replica has answered yet; "
+            raise NoReplicaAvailable(f"The model `{shown_name(parsed.model)}` is not available "
+                                     f"yet (pool {pool.name}: no replica has answered yet; "
                                      f"{pool.condition(now)}).",
                                      retry_after=pool.retry_after(now))
         tier_cfg = doc.tiers.get(principal.tier)

@@ -39,6 +39,7 @@ from gateway.errors import (
     AnswerTooLarge,
     EncodedBody,
     KvgateError,
+    ReplicaConnectionsBusy,
     ReplicaRefused,
     ReplicaWrongModel,
     RetryBudgetExhausted,
@@ -286,7 +287,8 @@ class Proxy:
             req.ctl.attempt_started()
             self._router.record_route(replica.id, req.features, self._clock())
             try:
-                resp = await req.pool.transport.post(replica.url + req.path, body, headers)
+                resp = await req.pool.transport.post(
+                    replica.url + req.path, body, headers, req.ctl.sent)
             except TRANSPORT_ERRORS as exc:
                 if refused(exc):  # nothing listens there: down now, not after N requests
                     replica.mark_down(self._clock())
@@ -337,8 +339,13 @@ class Proxy:
                 replica.record_failure(self._clock())  # judged while its lease still counts
             # a first-byte timeout cuts this try only: nothing reached the client, so another
             # replica may answer (the `finally` drops the connection: the replica aborts it)
+            # (a wait for one of its connections is kvgate's own queue: not judged)
+            queued = req.ctl.reason == "connection wait"
             if last or req.relayed or not req.ctl.retry_first_byte():
                 raise
+            if queued:
+                log.info("replica's connections all in use", extra={"replica": replica.id})
+                return ReplicaConnectionsBusy()
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")

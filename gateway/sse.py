@@ -3,8 +3,10 @@
 Chunks are forwarded as they arrive. Only a chunk that mentions ``"usage"`` is split into
 events; the usage numbers are read with a regular expression, and the usage-only chunk
 (``"choices": []``) is dropped when kvgate asked for it and the client did not (each other
-event keeps its own end, ``\\n\\n`` or ``\\r\\n\\r\\n``: vLLM sends the first, a server or a
-proxy in between may send the second, or both in one read). Comment lines
+event keeps its own end: vLLM sends ``\\n\\n``; SSE lets a line end with CRLF or a bare CR
+too, so a server or a proxy in between may send ``\\r\\n\\r\\n``, ``\\r\\r`` or a mix, even in
+one read; the bytes are relayed as sent, each event whole as it comes, and only a read holding
+a CR pays for the general pattern: `_END`). Comment lines
 (``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
@@ -39,7 +41,11 @@ _COUNTS = re.compile(
 )
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
-_ENDS = (b"\n\n", b"\r\n\r\n")
+# how a read of whole events may end: a line's end (LF, CRLF or CR) then an empty line's (the
+# CR of a CRLF may end a read: the event is whole at it). vLLM's `\n\n` first: the fast path
+_ENDS = (b"\n\n", b"\n\r\n", b"\r\r", b"\n\r", b"\r\r\n")
+# an event's end, whatever its line ends (longest first at one position)
+_END = rb"\r\n\r\n|\r\n\r|\r\n\n|\r\r\n|\n\r\n|\r\r|\n\r|\n\n"
 # a streamed event carrying generated output: chat `content`/`reasoning` (vLLM >= 0.34)/
 # `reasoning_content` (older), completions `text`, tool-call `arguments`, responses' text
 # `delta` -- a non-empty string value
@@ -61,10 +67,11 @@ MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 _JOIN_BYTES = 4096
 _MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
 _COLON = ord(":")  # a line starting with it is an SSE comment
+_CR = ord("\r")  # (`_CR in block` is a memchr: 8x faster than `b"\r" in block`)
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
 _ERROR_EVENT = re.compile(
-    rb'(?:^|\n)data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\n]*'
+    rb'(?:^|[\r\n])data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\r\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # the data of an OpenAI event is a JSON object, or `[DONE]`: its first byte is `{` or `[`.
@@ -78,8 +85,8 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
-_SEP = re.compile(rb"\r\n\r\n|\n\n")
-_SPLIT = re.compile(rb"(\r\n\r\n|\n\n)")  # (each event's end kept)
+_SEP = re.compile(_END)
+_SPLIT = re.compile(rb"(" + _END + rb")")  # (each event's end kept)
 _CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
@@ -104,6 +111,8 @@ def preamble_only(block: bytes) -> bool:
     (``response.created``, ``response.in_progress``): vLLM sends them before the prefill, so
     they are no answer yet. Judged by the ``event:`` lines, one per event (a JSON text
     holds no raw newline, so neither pattern matches inside an event's data)."""
+    if _CR in block:
+        block = _lf(block)
     names = _EVENT_NAME.findall(block)
     return (bool(names) and len(names) == len(_DATA_LINE.findall(block))
             and all(name in _PREAMBLE for name in names))
@@ -178,10 +187,10 @@ def _bad_event(event: bytes) -> bool:
 
 def _unended(block: bytes) -> bool:
     """Whether some event of `block` (whole events) may end otherwise than with ``}`` or
-    ``]`` -- a comment, a field after the data, data cut short -- or `block` is framed with
-    CRLF (rare): judged event by event (`first_malformed`) then. One regex search with a
-    literal prefix, as `_BAD_LATER`'s."""
-    return block.endswith(b"\r\n") or _CUT_END.search(block) is not None
+    ``]`` -- a comment, a field after the data, data cut short -- or `block` has CR line
+    ends (rare: CRLF, or bare CR): judged event by event (`first_malformed`) then. One regex
+    search with a literal prefix, as `_BAD_LATER`'s."""
+    return _CR in block or _CUT_END.search(block) is not None
 
 
 def _error_message(line: bytes) -> str | None:
@@ -221,7 +230,7 @@ def comment_only(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "ended_event",
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip",
                  "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
@@ -232,7 +241,6 @@ class StreamScanner:
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self.usage: Usage | None = None
-        self.ended_event = True  # the last forwarded byte closed an event
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
@@ -270,7 +278,8 @@ class StreamScanner:
         elif not self._more and len(partial) <= len(chunk) + _JOIN_BYTES:
             # an event split by a read: joining costs about what reading the chunk does
             data = partial + chunk
-        elif b"\n\n" in chunk or b"\r\n\r\n" in chunk or self._ends_at_seam(chunk):
+        elif b"\n\n" in chunk or (_CR in chunk and _SEP.search(chunk) is not None) \
+                or self._ends_at_seam(chunk):
             data = b"".join((partial, *self._more, chunk))
             self._more.clear()
             self._more_bytes = 0
@@ -282,8 +291,11 @@ class StreamScanner:
                 if len(partial) + self._more_bytes > self._max:
                     self._oversize()
             return b""
-        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-        cut = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if _CR not in data:  # vLLM's framing
+            lf = data.rfind(b"\n\n")
+            cut = lf + 2 if lf >= 0 else 0
+        else:
+            cut = max((m.end() for m in _SEP.finditer(data)), default=0)
         # no complete event yet: hold the fragment (a client can't use it)
         self._partial = rest = data[cut:]
         if len(rest) > self._max:
@@ -293,11 +305,10 @@ class StreamScanner:
     def _ends_at_seam(self, chunk: bytes) -> bool:
         """Whether an event's end begins in the held bytes and ends in `chunk`'s first 3."""
         head = chunk[:3]
-        if b"\n" not in head:  # every end's last byte is a newline
+        if b"\n" not in head and b"\r" not in head:  # every end's last byte is one of them
             return False
         held = b"".join((self._partial, *self._more[-3:]))  # held pieces are never empty
-        seam = held[-3:] + head
-        return b"\n\n" in seam or b"\r\n\r\n" in seam
+        return _SEP.search(held[-3:] + head) is not None
 
     def _held(self) -> bytes:
         return b"".join((self._partial, *self._more)) if self._more else self._partial
@@ -317,7 +328,8 @@ class StreamScanner:
         seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
         if self.error_code is not None:
             return True
-        last = _last_event(self._held() or self._last)
+        held = self._held()  # (a LF held alone: a CRLF's, whose CR ended the last event)
+        last = _last_event(held if held.strip() else self._last)
         return _DONE_LINE.search(last) is not None or _TERMINAL.search(last) is not None
 
     def done(self) -> bool:
@@ -338,8 +350,6 @@ class StreamScanner:
         """At the end of the stream: whatever is left, forwarded as is."""
         rest = self._held()
         self._drop()
-        if rest:
-            self.ended_event = False
         return rest
 
     def _events(self, block: bytes) -> bytes:
@@ -349,11 +359,23 @@ class StreamScanner:
         around the usage chunk, or their separator."""
         if _USAGE_KEY not in block:
             return block
-        if b"\r\n\r\n" not in block:  # vLLM's framing: `bytes.split`, 6x the regex's speed
+        if block[:1] == b"\n":  # the LF of a CRLF whose CR ended the last read's event: its
+            return b"\n" + self._events(block[1:])  # (not dropped with a usage-only one)
+        if _CR not in block:  # vLLM's framing: `bytes.split`, 6x the regex's speed
             return b"\n\n".join([e for e in block.split(b"\n\n") if self._keeps(e)])
         parts = _SPLIT.split(block)  # each event, then its own end; b"" last
-        ends = zip(parts[:-1:2], parts[1::2], strict=True)
-        return b"".join([event + end for event, end in ends if self._keeps(event)])
+        kept, dropped = [], b""
+        for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
+            if self._keeps(event):
+                kept.append(event + end)
+                dropped = b""
+            else:
+                dropped = event + end
+        if dropped.endswith(b"\r") and not self._partial:
+            # the read ended at its end's CR, maybe a CRLF's: held, to be dropped with the
+            # LF the next read may start with (relayed as sent if the stream ends there)
+            self._partial = dropped
+        return b"".join(kept)
 
     def _keeps(self, event: bytes) -> bool:
         """Whether `event` is forwarded: not a usage-only one when stripping (its usage is
@@ -367,9 +389,16 @@ class StreamScanner:
         return not (self._strip and _EMPTY_CHOICES.search(event))
 
 
+def _lf(block: bytes) -> bytes:
+    """`block` with every line end a LF (for judging it: what is relayed keeps its own)."""
+    return block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
 def _last_event(block: bytes) -> bytes:
     """The last event of a block of whole events, comment lines left out."""
+    if _CR in block:
+        block = _lf(block)
     if b"\n:" in block or block[:1] == b":":
         block = b"\n".join(line for line in block.splitlines() if line[:1] != b":")
-    tail = block.replace(b"\r\n", b"\n").rstrip()
+    tail = block.rstrip()
     return tail[tail.rfind(b"\n\n") + 1:]

@@ -43,6 +43,7 @@ from gateway.errors import (
     ReplicaRefused,
     UpstreamError,
     UpstreamTimeout,
+    shown_name,
 )
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
@@ -222,7 +223,7 @@ class StoredResponses:
         principal = self._gate.principal(token)
         m = _PATH.match(path)
         if m is None:
-            raise NotFound(f"Unknown path {path}.")
+            raise NotFound(f"Unknown path {shown_name(path)}.")
         cancel = m.group(2) is not None
         if method != ("POST" if cancel else "GET"):
             allowed = "POST" if cancel else "GET, HEAD" if head else "GET"
@@ -232,7 +233,7 @@ class StoredResponses:
         pool = self._pools.by_name.get(home.pool) if home is not None else None
         replica = pool.by_id.get(home.replica) if pool is not None and home is not None else None
         if pool is None or replica is None:
-            raise NotFound(f"Response with id '{rid}' not found.", param="response_id")
+            raise NotFound(f"Response with id '{shown_name(rid)}' not found.", param="response_id")
         return pool, replica
 
     async def whole(

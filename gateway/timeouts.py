@@ -21,6 +21,11 @@ inside `hand_over`, so it is never left on by a cut: the client stopped reading 
 is full) is the client's stall, not the replica's: reason ``"client"``. Whether the cut found
 such a write blocked is kept (`blocked`): an error event after it would wait on that client.
 A stream's last piece, sent once the answer is whole (`end`), is bounded the same way.
+An attempt waits in kvgate for one of its replica's connections (`upstream.max_connections`)
+before its request goes out: that wait is bounded by `upstream.connection_wait_s` (reason
+``"connection wait"``, taken back for another try like a first-byte cut, never the replica's
+failure), and the first-byte clock starts when the request is sent (`sent`), so a replica is
+given its whole first-byte time whatever kvgate's own queue took.
 """
 
 from __future__ import annotations
@@ -32,7 +37,12 @@ from typing import Any
 from gateway.asgi import Send
 from gateway.config import UpstreamConfig
 from gateway.drain import SHUTDOWN
-from gateway.errors import KvgateError, NoReplicaAvailable, UpstreamTimeout
+from gateway.errors import (
+    KvgateError,
+    NoReplicaAvailable,
+    ReplicaConnectionsBusy,
+    UpstreamTimeout,
+)
 
 __all__ = ["Canceller", "cut_error"]
 
@@ -46,6 +56,7 @@ class Canceller:
         "_handle",
         "_later",
         "_loop",
+        "_queued",
         "_start",
         "_task",
         "_watch",
@@ -69,6 +80,7 @@ class Canceller:
         self._first_s = cfg.total_timeout_s if whole else cfg.first_byte_timeout_s
         self._start = self._attempt = self.last = self._loop.time()
         self._first = True  # waiting for response headers
+        self._queued = False  # waiting for a connection to the replica (`attempt_started`)
         self.done = False  # the response is complete: nothing may cancel any more
         # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
         self.reason: str | None = None
@@ -76,9 +88,10 @@ class Canceller:
         self.writing = False  # a chunk is being handed to the client (`hand_over`)
         self.blocked = False  # the cut came while one was (the client is not reading)
         self.stalled = False  # the answer's last piece was not taken in time (`end`)
+        # (the earliest deadline an attempt may have: no re-arming per request)
         self._handle: asyncio.TimerHandle | None = self._loop.call_at(
-            self._start + min(self._first_s, cfg.total_timeout_s), self._check
-        )
+            self._start + min(self._first_s, cfg.total_timeout_s, cfg.connection_wait_s),
+            self._check)
         self._watch = self._loop.create_task(self._watch_disconnect(receive))
 
     async def _watch_disconnect(self, receive: Callable[[], Awaitable[Any]]) -> None:
@@ -89,15 +102,31 @@ class Canceller:
                 return
 
     def attempt_started(self) -> None:
-        """A new upstream attempt: the first-byte clock restarts (the total one does not)."""
-        self._attempt = self._loop.time()
-        self._first = True
+        """A new upstream attempt, waiting for a connection to its replica until `sent`
+        (bounded by `connection_wait_s`; the total clock goes on)."""
+        self._attempt = now = self._loop.time()
+        self._first = self._queued = True
+        self._sooner(now + self._cfg.connection_wait_s)
+
+    def sent(self) -> None:
+        """The attempt's request goes out: its first-byte clock starts now."""
+        self._attempt = now = self._loop.time()
+        self._queued = False
+        self._sooner(now + self._first_s)
+
+    def _sooner(self, phase: float) -> None:
+        """Re-arm the timer when the phase's deadline comes before the time it is set for
+        (a later one is found when it fires: nothing to do per request on the usual path;
+        it is never set past the total deadline)."""
+        handle = self._handle
+        if handle is not None and phase < handle.when():
+            self._rearm()
 
     def retry_first_byte(self) -> bool:
-        """Take back a first-byte cut so the handler can try another replica (the caller
-        checked that nothing reached the client): False when the cut had another reason.
-        The attempt's own first-byte clock starts now; the total deadline stays."""
-        if self.reason != "first byte" or self.done:
+        """Take back a first-byte cut (or a connection wait's) so the handler can try another
+        replica (the caller checked that nothing reached the client): False when the cut had
+        another reason. The next attempt's own clocks start now; the total deadline stays."""
+        if self.reason not in ("first byte", "connection wait") or self.done:
             return False
         if self._later is not None:  # the client left, or shutdown came, meanwhile: no retry
             self.reason = self._later
@@ -157,7 +186,9 @@ class Canceller:
     def _deadline(self) -> tuple[float, str]:
         cfg = self._cfg
         total = self._start + cfg.total_timeout_s
-        if self._first:
+        if self._queued:
+            phase, reason = self._attempt + cfg.connection_wait_s, "connection wait"
+        elif self._first:
             phase, reason = self._attempt + self._first_s, "first byte"
         else:
             phase = self.last + cfg.idle_timeout_s
@@ -194,4 +225,6 @@ def cut_error(reason: str | None) -> KvgateError:
     stream started, an error event after): the shutdown grace ended, or a timeout."""
     if reason == SHUTDOWN:  # gateway/drain.py
         return NoReplicaAvailable("The gateway is shutting down; the response was interrupted.")
+    if reason == "connection wait":
+        return ReplicaConnectionsBusy()
     return UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")

@@ -89,8 +89,13 @@ class UpstreamResponse(Protocol):
 class Transport(Protocol):
     """A pooled client for one pool of replicas."""
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        """Send; returns once the response headers arrived."""
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
+        """Send; returns once the response headers arrived. `on_send` is called as the
+        request goes out, once it has one of the replica's connections (it may wait for one:
+        `upstream.max_connections`)."""
         ...
 
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
@@ -156,9 +161,12 @@ class ReplicaTransport:
             raise_for_status=False,
         )
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
         """Send; returns once the response headers arrived."""
-        return await self._h1.post(url, body, headers)
+        return await self._h1.send("POST", url, body, headers, on_send)
 
     async def open(
         self, url: str, headers: dict[str, str], method: str = "GET",

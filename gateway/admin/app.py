@@ -18,7 +18,7 @@ from gateway.admin.deps import AdminDeps
 from gateway.admin.errors import error_response
 from gateway.admin.routes import make_admin_router
 from gateway.asgi import ASGIApp, Receive, Scope, Send
-from gateway.errors import KvgateError, MethodNotAllowed, NotFound, for_status
+from gateway.errors import KvgateError, MethodNotAllowed, NotFound, for_status, shown_name
 
 __all__ = ["create_admin_app"]
 
@@ -38,9 +38,9 @@ def _http_error(routes: list[APIRoute], request: Request, exc: HTTPException) ->
     path = request.url.path
     if exc.status_code == 405:
         allow = _allowed(routes, request)
-        return MethodNotAllowed(f"Use {allow} for {path}.", allow=allow)
+        return MethodNotAllowed(f"Use {allow} for {shown_name(path)}.", allow=allow)
     if exc.status_code == 404:
-        return NotFound(f"unknown admin path {path}")
+        return NotFound(f"unknown admin path {shown_name(path)}")
     return for_status(exc.status_code, str(exc.detail))
 
 

@@ -17,7 +17,7 @@ from gateway.admin.auth import AdminToken
 from gateway.admin.errors import REQUEST_ID
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
-from gateway.errors import BadRequest, Conflict, NotFound, StaleCheck
+from gateway.errors import BadRequest, Conflict, NotFound, StaleCheck, shown_name
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.audited import AUDITING, AuditIntent
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
@@ -92,7 +92,7 @@ class AdminContext:
     async def tenant(self, tenant_id: str) -> Tenant:
         tenant = await self.store.get_tenant(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
         return tenant
 
     async def in_tier(self, tier: str | None, write: Callable[[int | None], Awaitable[T]]) -> T:
@@ -116,12 +116,13 @@ class AdminContext:
         policy = await self.store.get_policy()
         if policy is None:
             raise BadRequest(
-                f"tier: unknown tier {tier!r} (no policy is stored yet; retry shortly)",
+                f"tier: unknown tier {shown_name(tier)!r} (no policy is stored yet; retry shortly)",
                 param="tier",
             )
         if not policy.doc.knows_tier(tier):
             known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
-            raise BadRequest(f"tier: unknown tier {tier!r} (known: {known})", param="tier")
+            raise BadRequest(f"tier: unknown tier {shown_name(tier)!r} (known: {known})",
+                             param="tier")
         return policy.version
 
     def running_on(self) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from gateway.errors import BadRequest, NotFound
+from gateway.errors import BadRequest, NotFound, shown_name
 from gateway.flow import FlowGate, flow_explain, pool_state
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
@@ -157,7 +157,7 @@ class LiveViews:
             raise BadRequest("tenant or tier: one of them is required", param="tenant")
         snap = resolver.policy
         if snap is not None and not snap.doc.knows_tier(tier):  # (as tenants' tiers)
-            raise BadRequest(f"tier: unknown tier {tier!r}", param="tier")
+            raise BadRequest(f"tier: unknown tier {shown_name(tier)!r}", param="tier")
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
                          cache_salt="", policy=snap)

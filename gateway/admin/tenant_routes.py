@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import AdminContext
 from gateway.admin.schemas import NoFields, TenantCreate, TenantPatch, key_view, tenant_view
-from gateway.errors import BadRequest, Conflict, NotFound
+from gateway.errors import BadRequest, Conflict, NotFound, shown_name
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
 from gateway.tenancy.salts import fresh_epoch
@@ -101,7 +101,7 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
     async def delete_tenant(tenant_id: TenantId, who: Who) -> Response:
         async with ctx.audited(who, "tenant.delete", tenant_id):
             if not await ctx.store.delete_tenant(tenant_id):
-                raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+                raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")
@@ -145,6 +145,7 @@ def key_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     async def revoke_key(tenant_id: TenantId, key_id: KeyId, who: Who) -> Response:
         async with ctx.audited(who, "key.revoke", tenant_id, key_id=key_id):
             if not await ctx.store.revoke_key(tenant_id, key_id):
-                raise NotFound(f"key {key_id!r} of tenant {tenant_id!r} not found",
+                raise NotFound(f"key {shown_name(key_id)!r} of tenant "
+                               f"{shown_name(tenant_id)!r} not found",
                                param="key_id")
         return Response(status_code=204)

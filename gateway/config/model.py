@@ -18,6 +18,7 @@ from gateway.config.sections import (
     TenantBootstrap,
     UpstreamConfig,
 )
+from gateway.errors import NAME_CHARS, shown_name
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
 
 __all__ = ["KvgateConfig"]
@@ -89,6 +90,16 @@ class KvgateConfig(PolicyDoc):
     @model_validator(mode="after")
     def _replicas_distinct(self) -> KvgateConfig:
         check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
+        return self
+
+    @model_validator(mode="after")
+    def _model_names(self) -> KvgateConfig:
+        # a client's request names it: bounded as the admin API bounds it (`PUT
+        # /admin/policy`), so no name is stored that a client's would be cut short of
+        for model in self.models:
+            if len(model) > NAME_CHARS:
+                raise ValueError(f"models.{shown_name(model)}: a public model name is at most "
+                                 f"{NAME_CHARS} characters")
         return self
 
     def policy_doc(self) -> PolicyDoc:

@@ -135,6 +135,10 @@ class UpstreamConfig(_Section):
     # per replica: exchanges with one replica at once (keep-alive connections); more wait in
     # kvgate, so a replica that stalls holds its own connections, not its pool's
     max_connections: Annotated[int, Field(gt=0)] = 1024
+    # how long a request waits in kvgate for one of those connections (the replica is busy,
+    # not failing: never charged to it); past it the next replica, else a 503 with Retry-After.
+    # The first-byte clock starts once the request is sent
+    connection_wait_s: Pos = 60.0
     # a whole answer, or one stream event, larger than this is not read on (a 502): held in
     # memory it could take the gateway down (vLLM's largest, a big embeddings batch, is less)
     max_answer_bytes: Annotated[int, Field(gt=0)] = 256 * 1024 * 1024

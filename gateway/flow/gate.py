@@ -143,6 +143,7 @@ class FlowGate:
         self._clock = clock
         self._states: dict[str, _PoolState] = {}
         self.metrics = FlowMetrics(metrics.registry, self._queues, self._saturation)
+        metrics.pool_forgetters.append(self._forget_pool)
 
     # -- the hook -----------------------------------------------------------------------------
     async def admit(
@@ -453,6 +454,15 @@ class FlowGate:
 
     def pools(self) -> dict[str, _PoolState]:
         return self._states
+
+    def _forget_pool(self, pool: str) -> None:
+        """A pool a policy removed, once it has lingered: its series go, and its state when
+        nothing is queued or in transit there (a state is made again if the pool comes back)."""
+        self.metrics.forget_pool(pool)
+        state = self._states.get(pool)
+        if state is not None and not len(state.flow) and state.transit is None \
+                and state.timer is None:
+            del self._states[pool]
 
     def _queues(self) -> list[tuple[str, PoolFlow[_Ticket]]]:
         return [(name, state.flow) for name, state in self._states.items()]

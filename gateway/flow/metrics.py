@@ -42,6 +42,14 @@ class FlowMetrics:
         registry.register(_FlowCollector(queues, saturation))
         self._children: dict[tuple[object, ...], Any] = {}
 
+    def forget_pool(self, pool: str) -> None:
+        """Drop the series of `pool` (its labels come first: every family but `wait`)."""
+        by_id: dict[object, Any] = {
+            id(m): m for m in (self.queued, self.shed, self.abandoned, self.tokens)}
+        for key in [k for k in self._children if k[0] in by_id and k[1] == pool]:
+            del self._children[key]
+            by_id[key[0]].remove(*key[1:])
+
     def child(self, metric: Any, *labels: str) -> Any:
         """``metric``'s child for ``labels``, looked up once."""
         key = (id(metric), *labels)

@@ -152,15 +152,39 @@ class _Bucket:
     requests: float
     tokens: float
     at: float
+    rpm: int  # the capacities it was last charged under (0: no such limit)
+    tpm: int
+
+    def full(self, now: float) -> bool:
+        """Refilled to capacity by `now`: the same as no bucket (a new one starts full)."""
+        return ((not self.rpm or refill(self.requests, self.at, now, self.rpm) >= self.rpm)
+                and (not self.tpm or refill(self.tokens, self.at, now, self.tpm) >= self.tpm))
+
+
+MIN_SWEEP = 1024  # buckets kept before the first sweep for full ones
 
 
 class MemoryRateLimiter(RateLimiter):
-    """The same rules for one process (exact within it; no sharing across processes)."""
+    """The same rules for one process (exact within it; no sharing across processes).
+
+    Memory is bounded by the tenants active within about a minute, not by every tenant ever
+    seen (removed ones, or keys used once): a bucket refilled to capacity is dropped (a
+    tenant without one starts full), in a sweep each time the buckets double past
+    `MIN_SWEEP`; a tenant's lease set goes with its last lease. A settlement that finds its
+    bucket dropped is not charged, as the Redis limiter's for an expired bucket: a tenant
+    quiet long enough to refill had such a late excess over its reservation absorbed by
+    the refill already, unless it was larger than what refilled past the top."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
         self._leases: dict[str, set[str]] = {}
+        self._sweep_at = MIN_SWEEP
+
+    @property
+    def tenants_tracked(self) -> int:
+        """Tenants with a bucket or a lease held here."""
+        return len(self._buckets.keys() | self._leases.keys())
 
     async def admit(self, tenant_id: str, limits: Limits, *, tokens: int) -> Admission:
         return self._decide(tenant_id, limits, tokens, charge=True)
@@ -171,7 +195,7 @@ class MemoryRateLimiter(RateLimiter):
     def _decide(self, tenant_id: str, limits: Limits, tokens: int, *, charge: bool) -> Admission:
         now = self._clock()
         rpm, tpm, conc = limits.rpm or 0, limits.tpm or 0, limits.max_concurrency or 0
-        b = self._buckets.get(tenant_id) or _Bucket(float(rpm), float(tpm), now)
+        b = self._buckets.get(tenant_id) or _Bucket(float(rpm), float(tpm), now, rpm, tpm)
         r = refill(b.requests, b.at, now, rpm) if rpm else 0.0
         t = refill(b.tokens, b.at, now, tpm) if tpm else 0.0
         leases = self._leases.get(tenant_id, ())
@@ -190,8 +214,15 @@ class MemoryRateLimiter(RateLimiter):
             if conc:
                 lease_id = secrets.token_hex(8)
                 self._leases.setdefault(tenant_id, set()).add(lease_id)
-        self._buckets[tenant_id] = _Bucket(r, t, now)
+        if rpm or tpm:  # (concurrency alone needs no bucket)
+            self._keep(tenant_id, _Bucket(r, t, now, rpm, tpm), now)
         return build_admission(tenant_id, limits, reason, retry, r, t, tokens, lease_id, self)
+
+    def _keep(self, tenant_id: str, bucket: _Bucket, now: float) -> None:
+        self._buckets[tenant_id] = bucket
+        if len(self._buckets) >= self._sweep_at:
+            self._buckets = {k: b for k, b in self._buckets.items() if not b.full(now)}
+            self._sweep_at = max(MIN_SWEEP, 2 * len(self._buckets))
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         if admission.settled or not admission.allowed:
@@ -206,7 +237,11 @@ class MemoryRateLimiter(RateLimiter):
         if admission.released or admission.lease_id is None:
             return
         admission.released = True
-        self._leases.get(admission.tenant_id, set()).discard(admission.lease_id)
+        leases = self._leases.get(admission.tenant_id)
+        if leases is not None:
+            leases.discard(admission.lease_id)
+            if not leases:
+                del self._leases[admission.tenant_id]
 
     def inflight(self, tenant_id: str) -> int:
         return len(self._leases.get(tenant_id, ()))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 
-from gateway.errors import Conflict, NotFound, StaleCheck
+from gateway.errors import Conflict, NotFound, StaleCheck, shown_name
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -56,7 +56,7 @@ class InMemoryStore(TenantStore):
     def _require(self, tenant_id: str) -> Tenant:
         tenant = self._tenants.get(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
         return tenant
 
     async def create_tenant(

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.errors import Conflict, NotFound, StaleCheck
+from gateway.errors import Conflict, NotFound, StaleCheck, shown_name
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
 from gateway.tenancy.audited import AUDITING, RESULT
@@ -304,7 +304,7 @@ class RedisStore(TenantStore):
         while True:
             raw = await self._get_raw(tenant_id)
             if raw is None:
-                raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+                raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
             new = update(read_tenant(tenant_id, raw))
             args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant), at]
             written = await self._run("cas", [self._k("tenants"), self._k("policy")], args,
@@ -329,7 +329,7 @@ class RedisStore(TenantStore):
     async def rotate_salt(self, tenant_id: str) -> SaltRotation:
         tenant = await self.get_tenant(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {tenant_id!r} not found", param="id")
+            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group

@@ -51,6 +51,7 @@ from gateway.errors import (
     PermissionDenied,
     PreconditionFailed,
     StoreUnreachable,
+    shown_name,
 )
 from gateway.policy_doc import DEFAULT_TIER, Limits
 from gateway.tenancy.keys import hash_key
@@ -545,7 +546,7 @@ class TenantResolver:
         self._check_usable()
         principal = self._state.by_tenant.get(tenant_id)
         if principal is None:
-            raise NotFound(f"tenant {tenant_id!r} not found")
+            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found")
         return _admissible(principal)
 
     @property

@@ -471,3 +471,36 @@ def test_a_tenant_whose_tier_is_not_in_the_policy_is_never_admitted(stack: Stack
     with admin_client(stack.gateways[0], ADMIN) as admin:  # the admin API refuses it too
         made = admin.post("/tenants", json={"id": "x-gold", "tier": "gold"})
         assert made.status_code == 400 and made.json()["error"]["param"] == "tier"
+
+
+def test_client_input_echoed_in_errors_is_bounded(stack: Stack) -> None:
+    """Paths, ids and tier names a client sends are echoed cut at `NAME_CHARS` with their
+    length (`gateway.errors.shown_name`), never whole (a 50,000-character id came back whole
+    in each of these)."""
+    from gateway.errors import NAME_CHARS
+
+    long = "z" * 50_000
+    tid, key = stack.tenant("free")
+    request = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+    answers: dict[str, httpx.Response] = {}
+    with admin_client(stack.gateways[0], ADMIN) as admin:
+        answers["explain tier"] = admin.post("/route/explain", json={"tier": long,
+                                                                     "request": request})
+        answers["explain tenant"] = admin.post("/route/explain", json={"tenant": long,
+                                                                       "request": request})
+        answers["admin path"] = admin.get(f"/{long}")
+        answers["admin tenant"] = admin.get(f"/tenants/{long}")
+    auth = {"Authorization": f"Bearer {key}"}
+    base = stack.gateways[0]
+    answers["response id"] = httpx.get(f"{base}/v1/responses/resp_{long}", headers=auth)
+    answers["api path"] = httpx.get(f"{base}/v1/{long}", headers=auth)
+    answers["prefixed path"] = httpx.post(f"{base}/{long}/v1/chat/completions", headers=auth,
+                                          json=request)
+    answers["missing /v1"] = httpx.post(f"{base}/chat/completions{long}", headers=auth,
+                                        json=request)
+    for what, resp in answers.items():
+        assert 400 <= resp.status_code < 500, (what, resp.status_code)
+        message = resp.json()["error"]["message"]
+        assert len(message) < 3 * NAME_CHARS + 600, (what, len(message))
+    assert "characters)" in answers["explain tier"].json()["error"]["message"]
+    assert tid  # the tenant exists: the key above was valid

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -52,7 +53,10 @@ class Unresolvable:
     async def get(self, url: str, timeout_s: float, headers: dict[str, str]) -> tuple[int, bytes]:
         raise self._exc
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
         raise self._exc
 
     async def open(

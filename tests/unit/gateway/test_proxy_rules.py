@@ -72,7 +72,12 @@ class FakeTransport:
         self._posts = posts
         self.closed = False
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
+    ) -> UpstreamResponse:
+        if on_send is not None:
+            on_send()  # (no connection limit here: sent at once)
         base = url[: url.index("/v1/")]
         self._posts.append(base)
         result: UpstreamResponse = await self._script[base]()

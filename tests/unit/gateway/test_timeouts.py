@@ -35,6 +35,7 @@ async def _cut_then(later: str | None) -> tuple[bool, str | None, int]:
         retried = ctl.retry_first_byte()
         if not retried:
             return retried, ctl.reason, cuts
+        ctl.sent()  # the next try's request goes out (its first-byte clock starts then)
         try:  # the next try gets its own first-byte deadline
             await asyncio.sleep(1)
         except asyncio.CancelledError:
