@@ -3,7 +3,8 @@
 Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted set
 ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
-marked for a lease TTL or until its settle takes the mark away in its own call. Time is Redis's
+marked for a lease TTL or until its settle takes the mark away in its own call, and a set
+``...:holders`` of the processes holding its leases. Time is Redis's
 own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire
 after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background. A
 process that dies frees its tenants' concurrency sooner: each lease names its holder (this
