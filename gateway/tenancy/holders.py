@@ -26,7 +26,9 @@ import os
 from pathlib import Path
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.retry import Retry
 
 __all__ = ["HOLDER_TTL_S", "HolderFile", "forget_holder", "holder_key"]
 
@@ -77,8 +79,9 @@ def forget_holder(url: str, namespace: str, holder_file: HolderFile,
     holder = holder_file.take()
     if holder is None:
         return False
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s,
-                                  socket_connect_timeout=timeout_s)
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s,  # one try: a supervisor
+                                  socket_connect_timeout=timeout_s,  # waits on it
+                                  retry=Retry(NoBackoff(), 0))
     try:
         client.delete(holder_key(namespace, holder))
     except RedisError as exc:
