@@ -14,8 +14,10 @@ listening sockets, so a new connection is refused at once instead of waiting in 
 backlog until the last worker has drained. A worker that dies after it started serving is
 started again, however soon (the OOM killer does not wait); a worker that dies before it
 started serving failed at start and stops them all (exit status 1): the next would fail
-alike. Each worker says when it serves through an event the parent watches. /metrics
-answers with every worker's series, labelled by worker (`gateway.worker_metrics`). The
+alike. Each worker says when it serves through an event the parent watches. A worker that
+dies leaves its tenants' concurrency leases in Redis: the parent deletes its lease holder's
+heartbeat as it sees it die, so they stop counting at once (`gateway.tenancy.holders`).
+/metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`). The
 workers' shared directory (their /metrics parts, the tenancy state a restarted worker starts
 from) is removed by the parent as it exits, or, when it was killed, by the workers as they
 exit.
@@ -39,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 
 from gateway.config import KvgateConfig
+from gateway.tenancy.holders import HolderFile, forget_holder
 from gateway.worker_metrics import WorkerSlot, set_current
 
 __all__ = ["WORKERS_NEED_REDIS", "run_workers"]
@@ -96,7 +99,8 @@ def run_workers(
     try:
         for slot in range(cfg.server.workers):
             start(slot)
-        return _supervise(workers, stopping, start, stop, serving)
+        return _supervise(workers, stopping, start, stop, serving,
+                          lambda slot: _free_leases(cfg, shared, slot))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -108,7 +112,7 @@ def run_workers(
 def _supervise(
     workers: dict[int, tuple[BaseProcess, Event]], stopping: list[int],
     start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
-    all_serving: Callable[[], None] | None,
+    all_serving: Callable[[], None] | None, dead: Callable[[int], None],
 ) -> int:
     status = 0
     while workers:
@@ -122,6 +126,7 @@ def _supervise(
                 continue
             proc.join()
             del workers[slot]
+            dead(slot)
             if stopping:
                 continue
             if not serving.is_set():
@@ -134,6 +139,15 @@ def _supervise(
                         extra={"worker": slot, "exitcode": proc.exitcode})
             start(slot)
     return status
+
+
+def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
+    """A worker is gone: its tenants' concurrency leases stop counting now, not when its
+    heartbeat expires (``tenancy.lease_holder_ttl_s``)."""
+    if cfg.redis_url is not None:
+        tcfg = cfg.tenancy
+        forget_holder(cfg.redis_url.get_secret_value(), tcfg.namespace,
+                      HolderFile(shared, slot), tcfg.redis_timeout_s)
 
 
 def _worker(

@@ -27,7 +27,7 @@ KeyId = Annotated[str, Path(pattern=NAME_PATTERN)]
 
 __all__ = ["key_routes", "tenant_routes"]
 
-KEY_TRIES = 3  # a new key's id taken (`RedisStore.add_key`): drawn again this often
+KEY_TRIES = 3  # a new key's id taken (`TenantStore.add_key`): drawn again this often
 
 # the body of a route that takes none: absent, or an object without fields
 Empty = Annotated[NoFields | None, Body()]

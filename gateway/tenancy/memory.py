@@ -108,6 +108,11 @@ class InMemoryStore(TenantStore):
 
     async def add_key(self, record: KeyRecord) -> None:
         self._require(record.tenant_id)
+        if record.key_hash in self._keys or any(  # as `RedisStore.add_key` refuses it
+                r.tenant_id == record.tenant_id and r.key_id == record.key_id
+                for r in self._keys.values()):
+            raise Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
+                           param="key_id")
         self._keys[record.key_hash] = record
         self._changed("key", record.tenant_id)
 

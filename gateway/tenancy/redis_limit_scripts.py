@@ -1,6 +1,7 @@
 """The Lua scripts of the shared rate limits (`redis_limits`): admission (with the releases
 that failed earlier, in the same call), settle, release and lease renewal. Each runs on one
-tenant's keys, which share a hash tag, except the renewal, which takes every live lease's."""
+tenant's keys, which share a hash tag, except the renewal, which takes every live lease's,
+and the admission's lease holders' heartbeats (`holders.py`)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,23 @@ _NOW = (
     "local now = tonumber(ARGV[1]) "
     "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
 )
-# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset.
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset, KEYS[4] the set of
+# the holders of the tenant's leases.
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
-# peek ('1': decide only, write nothing), then the tenant's releases that failed earlier, as
+# peek ('1': decide only, write nothing), the prefix of the lease holders' heartbeat keys, this
+# process's holder id, its heartbeat's ttl, then the tenant's releases that failed earlier, as
 # `RELEASE` takes them (lease id, tokens reserved, tpm), done first: in the same round trip.
+# A tenant found full drops the holders in KEYS[4] whose heartbeat is gone, and their leases
+# (`<holder>.<random>`: the lease zset is read only when a holder is gone; a lease id without
+# a holder, from an older kvgate, is kept to its TTL); an admission with a concurrency limit
+# keeps its own holder's heartbeat alive, and one that takes a lease names its holder in
+# KEYS[4] first (a WRONGTYPE there takes no lease).
 # A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
 # id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 ADMIT = (
     _NOW
     + """
-for i = 9, #ARGV, 3 do
+for i = 12, #ARGV, 3 do
   if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
       and tonumber(ARGV[i + 1]) > 0 then
     local t = tonumber(redis.call('HGET', KEYS[1], 't'))
@@ -40,6 +48,28 @@ local inflight = 0
 if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   inflight = redis.call('ZCARD', KEYS[2])
+  if ARGV[8] ~= '1' then
+    redis.call('SET', ARGV[9] .. ARGV[10], '1', 'PX', math.ceil(tonumber(ARGV[11]) * 1000))
+  end
+  if inflight >= conc then
+    local dead = nil
+    for _, h in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+      if h ~= ARGV[10] and redis.call('EXISTS', ARGV[9] .. h) == 0 then
+        dead = dead or {}
+        dead[h] = true
+        redis.call('SREM', KEYS[4], h)
+      end
+    end
+    if dead then
+      for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+        local h = string.match(id, '^(%x+)%.')
+        if h and dead[h] then
+          redis.call('ZREM', KEYS[2], id)
+          inflight = inflight - 1
+        end
+      end
+    end
+  end
 end
 local reason = ''
 local retry = 0
@@ -52,6 +82,8 @@ if reason == '' then
   if rpm > 0 then r = r - 1 end
   if tpm > 0 then t = t - est end
   if conc > 0 then
+    redis.call('SADD', KEYS[4], ARGV[10])
+    redis.call('PEXPIRE', KEYS[4], math.ceil(ttl * 1000) + 1000)
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
   elseif tpm > 0 and est > 0 then
@@ -86,18 +118,30 @@ if (redis.call('ZREM', KEYS[2], ARGV[1]) == 1 or redis.call('ZREM', KEYS[3], ARG
 end
 return 1
 """
-# KEYS = lease zsets; ARGV[1] now|'', ARGV[2] ttl, ARGV[3..] lease ids (pairwise with KEYS).
-# A key of another type (written by hand) is skipped: it would fail every tenant's renewal.
+# KEYS = per tenant with live leases, its lease zset and its holders set; ARGV[1] now|'',
+# ARGV[2] ttl, ARGV[3] this process's holder id, then per tenant the number of its live leases
+# and their ids. A key of another type (written by hand) is skipped: it would fail every
+# tenant's renewal. The holders set lives as long as the leases (and names this holder again).
 RENEW = (
     _NOW
     + """
-for i, key in ipairs(KEYS) do
-  if redis.call('TYPE', key)['ok'] == 'zset' then
-    redis.call('ZADD', key, 'XX', now + tonumber(ARGV[2]), ARGV[i + 2])
-    redis.call('PEXPIRE', key, math.ceil(tonumber(ARGV[2]) * 1000) + 1000)
+local ttl = tonumber(ARGV[2])
+local ms = math.ceil(ttl * 1000) + 1000
+local a = 4
+for i = 1, #KEYS, 2 do
+  local n = tonumber(ARGV[a])
+  if redis.call('TYPE', KEYS[i])['ok'] == 'zset' then
+    for j = a + 1, a + n do redis.call('ZADD', KEYS[i], 'XX', now + ttl, ARGV[j]) end
+    redis.call('PEXPIRE', KEYS[i], ms)
+    local t = redis.call('TYPE', KEYS[i + 1])['ok']
+    if t == 'set' or t == 'none' then
+      redis.call('SADD', KEYS[i + 1], ARGV[3])
+      redis.call('PEXPIRE', KEYS[i + 1], ms)
+    end
   end
+  a = a + n + 1
 end
-return #KEYS
+return #KEYS / 2
 """
 )
 

@@ -3,10 +3,14 @@
 Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted set
 ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
-marked for a lease TTL or until its settle takes the mark away in its own call. Time is Redis's
+marked for a lease TTL or until its settle takes the mark away in its own call, and a set
+``...:holders`` of the processes holding its leases. Time is Redis's
 own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire
-after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background, so a
-gateway that dies frees its tenants' concurrency within one TTL. A release that fails (Redis
+after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background. A
+process that dies frees its tenants' concurrency sooner: each lease names its holder (this
+process), whose heartbeat key lives `holder_ttl_s` (5 s) unless written again, and a tenant
+found full drops the leases of holders without one (`holders.py`); the supervisor of
+``server.workers`` deletes a dead worker's at once. A release that fails (Redis
 stalled or unreachable) is kept and retried as soon as Redis answers again -- by the tenant's
 next admission, in its own script call, and by a background retry -- so a tenant is not locked
 out for a lease TTL after a stall. So is the lease of an admission that failed: a stalled Redis
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 from collections.abc import Callable
 
@@ -37,6 +42,7 @@ import redis.asyncio as aioredis
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy import redis_limit_scripts as scripts
+from gateway.tenancy.holders import HOLDER_TTL_S, holder_key
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
@@ -57,11 +63,14 @@ class RedisRateLimiter(RateLimiter):
         *,
         namespace: str = "kvgate",
         lease_ttl_s: float = 30.0,
+        holder_ttl_s: float = HOLDER_TTL_S,
         clock: Callable[[], float] | None = None,  # None: Redis's clock (production)
     ) -> None:
         self._r = client
         self._ns = namespace
         self._ttl = lease_ttl_s
+        self._holder_ttl = holder_ttl_s
+        self.holder = secrets.token_hex(6)  # this process, in its lease ids (`holders.py`)
         self._clock = clock
         self._admit = client.register_script(scripts.ADMIT)
         self._settle = client.register_script(scripts.SETTLE)
@@ -76,11 +85,16 @@ class RedisRateLimiter(RateLimiter):
         self._retry_wake = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
         self._retrier: asyncio.Task[None] | None = None
-        self.renewal = Reachability(redis_address(client), retry_every_s=lease_ttl_s / 3,
+        self.renewal = Reachability(redis_address(client), retry_every_s=self._tick,
                                     subject="concurrency lease renewal", logger=log)
 
     def _bucket(self, tenant_id: str) -> str:
         return f"{self._ns}:rl:{{{tenant_id}}}"  # {hash tag}: both keys in one cluster slot
+
+    @property
+    def _tick(self) -> float:
+        """How often the heartbeat is written (and the leases renewed, when due)."""
+        return min(self._ttl, self._holder_ttl) / 3
 
     def _now(self) -> str:
         return "" if self._clock is None else repr(self._clock())
@@ -117,7 +131,7 @@ class RedisRateLimiter(RateLimiter):
         # by the same call (a round trip more before was 2 x redis_timeout_s on a slow Redis);
         # not the others': a release stuck on another tenant's broken key must not fail this
         stalled = [(lid, held) for lid, held in self._unreleased.items() if held[0] == tenant_id]
-        lease_id = secrets.token_hex(8)
+        lease_id = f"{self.holder}.{secrets.token_hex(8)}"
         bucket = self._bucket(tenant_id)
         tpm = limits.tpm or 0
         args: list[str | int | float] = [
@@ -129,6 +143,9 @@ class RedisRateLimiter(RateLimiter):
             lease_id,
             self._ttl,
             "1" if peek else "0",
+            holder_key(self._ns, ""),
+            self.holder,
+            self._holder_ttl,
         ]
         for lid, (_, reserved, its_tpm) in stalled:  # (each its own: a lease's is 0)
             args += [lid, reserved, its_tpm]
@@ -173,9 +190,9 @@ class RedisRateLimiter(RateLimiter):
         return admission
 
     def _keys(self, tenant_id: str) -> list[str]:
-        """A tenant's bucket, lease and reservation keys (one cluster slot)."""
+        """A tenant's bucket, lease, reservation and lease holder keys (one cluster slot)."""
         bucket = self._bucket(tenant_id)
-        return [bucket, bucket + ":leases", bucket + ":reserved"]
+        return [bucket, bucket + ":leases", bucket + ":reserved", bucket + ":holders"]
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:
         """In a task of its own, which a cancelled caller does not stop: marked settled here,
@@ -243,10 +260,11 @@ class RedisRateLimiter(RateLimiter):
         """Once per tenant (until its keys work): this is no outage, but a key to delete."""
         if tenant_id not in self._wrong_type:
             self._wrong_type[tenant_id] = bucket
-            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases and "
-                      "%s:reserved (WRONGTYPE: written by hand or another application?); it is "
-                      "admitted on per-process limits until they are deleted", tenant_id,
-                      bucket, bucket, bucket, extra={"tenant": tenant_id})
+            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases, "
+                      "%s:reserved and %s:holders (WRONGTYPE: written by hand or another "
+                      "application?); it is admitted on per-process limits until they are "
+                      "deleted", tenant_id, bucket, bucket, bucket, bucket,
+                      extra={"tenant": tenant_id})
 
     async def _retry_loop(self) -> None:
         while True:
@@ -260,22 +278,43 @@ class RedisRateLimiter(RateLimiter):
                     continue
 
     async def _renew_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + self._ttl / 3
         while True:
-            await asyncio.sleep(self._ttl / 3)
+            await asyncio.sleep(self._tick)
             try:
-                renewed = await self.renew()
+                answered = await self.beat()
+                if loop.time() >= renew_at:
+                    answered = await self.renew() > 0 or answered
+                    renew_at = loop.time() + self._ttl / 3
             except StoreUnreachable as exc:
                 self.renewal.failed(exc.cause)
                 continue
-            if renewed:  # Redis answered (nothing to renew asks it nothing)
+            if answered:  # Redis answered (nothing to renew asks it nothing)
                 self.renewal.answered()
+
+    async def beat(self) -> bool:
+        """Keep this process's heartbeat alive while it holds leases (one ``SET``, however
+        many): False when it holds none (nothing written)."""
+        if not self._live:
+            return False
+        with redis_unavailable():
+            await self._r.set(holder_key(self._ns, self.holder), "1",
+                              px=math.ceil(self._holder_ttl * 1000))
+        return True
 
     async def renew(self) -> int:
         """Push the expiry of every live lease of this process one TTL ahead."""
-        live = list(self._live.items())
-        if not live:
+        by_tenant: dict[str, list[str]] = {}
+        for lease_id, tenant in self._live.items():
+            by_tenant.setdefault(tenant, []).append(lease_id)
+        if not by_tenant:
             return 0
-        keys = [self._bucket(tenant) + ":leases" for _, tenant in live]
+        keys: list[str] = []
+        args: list[str | float] = [self._now(), self._ttl, self.holder]
+        for tenant, ids in by_tenant.items():
+            keys += [self._bucket(tenant) + ":leases", self._bucket(tenant) + ":holders"]
+            args += [len(ids), *ids]
         with redis_unavailable():
-            await self._renew(keys=keys, args=[self._now(), self._ttl, *(lid for lid, _ in live)])
-        return len(live)
+            await self._renew(keys=keys, args=args)
+        return sum(len(ids) for ids in by_tenant.values())

@@ -21,6 +21,7 @@ from gateway.body import ClientSaltMode
 from gateway.errors import BackendUnavailable, StoreUnreachable, UnreadableRecord
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.fallback import FallbackRateLimiter
+from gateway.tenancy.holders import HOLDER_TTL_S
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import PolicySnapshot, Tenant
@@ -49,6 +50,8 @@ class TenancySettings(BaseModel):
     salt_encoding: SaltEncoding = "base64url"
     gateway_replicas: Annotated[int, Field(ge=1)] = 1  # divides limits while Redis is down
     lease_ttl_s: Annotated[float, Field(gt=0)] = 30.0
+    # how long the leases of a process that died without a word still count (`holders.py`)
+    lease_holder_ttl_s: Annotated[float, Field(gt=0)] = HOLDER_TTL_S
     audit_cap: Annotated[int, Field(ge=1)] = 10_000
 
 
@@ -60,6 +63,7 @@ class Tenancy:
     limiter: RateLimiter
     resolver: TenantResolver
     redis_url: str | None = None  # KVGATE_REDIS_URL; None: in-memory, single process
+    lease_holder: str | None = None  # this process in its Redis leases (`holders.py`)
 
     async def start(
         self, *, tenants: Iterable[Tenant] = (), policy: PolicyDoc | None = None
@@ -161,6 +165,7 @@ def build_tenancy(
     salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
     store: TenantStore
     limiter: RateLimiter
+    holder: str | None = None
     if redis_url is None:
         store = InMemoryStore(audit_cap=settings.audit_cap)
         limiter = MemoryRateLimiter()
@@ -168,8 +173,10 @@ def build_tenancy(
         client = connect_redis(redis_url, timeout_s=settings.redis_timeout_s)
         store = RedisStore(client, namespace=settings.namespace, audit_cap=settings.audit_cap)
         shared = RedisRateLimiter(
-            client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s
+            client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s,
+            holder_ttl_s=settings.lease_holder_ttl_s,
         )
+        holder = shared.holder
         limiter = FallbackRateLimiter(shared, address=redis_address(client),
                                       replicas=settings.gateway_replicas * max(1, workers))
     resolver = TenantResolver(
@@ -178,4 +185,4 @@ def build_tenancy(
         poll_interval_s=settings.poll_interval_s,
         max_staleness_s=settings.max_staleness_s,
     )
-    return Tenancy(settings, salts, store, limiter, resolver, redis_url)
+    return Tenancy(settings, salts, store, limiter, resolver, redis_url, holder)

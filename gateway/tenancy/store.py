@@ -122,7 +122,7 @@ class TenantStore(ABC):
     # -- keys ------------------------------------------------------------------------------
     @abstractmethod
     async def add_key(self, record: KeyRecord) -> None:
-        """`NotFound` for a tenant missing; `Conflict` (the Redis store) for a key id of the
+        """`NotFound` for a tenant missing; `Conflict` for a key id of the
         tenant's, or a key hash, already stored: nothing written over it."""
 
     @abstractmethod

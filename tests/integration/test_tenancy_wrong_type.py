@@ -68,7 +68,8 @@ async def test_a_release_stuck_on_a_broken_key_holds_up_no_other_tenant(
         await limiter.close()
 
 
-@pytest.mark.parametrize(("key", "limits"), [(":leases", LIMITS), (":reserved", Limits(tpm=1000))])
+@pytest.mark.parametrize(("key", "limits"), [(":leases", LIMITS), (":reserved", Limits(tpm=1000)),
+                                             (":holders", LIMITS)])
 async def test_an_admission_refused_as_wrong_type_leaves_nothing_to_give_back(
     redis_url: str, r: aioredis.Redis, key: str, limits: Limits,
 ) -> None:
@@ -110,9 +111,9 @@ async def test_one_tenant_of_the_wrong_type_keeps_the_others_on_redis(
         lines = [m.getMessage() for m in caplog.records]
         assert lines == [
             f"rate limits of tenant bad: Redis refused its keys {ns}:rl:{{bad}}, "
-            f"{ns}:rl:{{bad}}:leases and {ns}:rl:{{bad}}:reserved (WRONGTYPE: written by hand "
-            "or another application?); it is admitted on per-process limits until they are "
-            "deleted"], lines
+            f"{ns}:rl:{{bad}}:leases, {ns}:rl:{{bad}}:reserved and {ns}:rl:{{bad}}:holders "
+            "(WRONGTYPE: written by hand or another application?); it is admitted on "
+            "per-process limits until they are deleted"], lines
 
         await r.delete(f"{ns}:rl:{{bad}}")
         back = await limiter.admit("bad", rpm, tokens=1)
