@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.admin.writes import IN_FORCE_HEADER
 from gateway.cli.admin_http import (
     NOT_ADMIN_PORT,
     NOT_LISTENING,
@@ -296,6 +297,10 @@ def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None
         return 1
     if "etag" in response.headers:
         print(f"version: {response.headers['etag'].strip(chr(34))}", file=sys.stderr)
+    if response.headers.get(IN_FORCE_HEADER) == "false":
+        print("kvgate admin: warning: stored, but the answering gateway could not reload it "
+              "(Redis went away): not in force there until Redis answers again (at most "
+              "tenancy.max_staleness_s)", file=sys.stderr)
     if payload is not None:
         print(json.dumps(payload, indent=2, sort_keys=True))
     return 0

@@ -6,6 +6,7 @@ moment; the admin app over real HTTP (uvicorn on a loopback port)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -97,3 +98,22 @@ async def test_a_write_not_in_force_on_the_answering_gateway_says_so(
             "admin write stored but not in force on this gateway yet: the tenancy store did "
             "not answer the reload after it (in force once it answers; the answer says "
             "x-kvgate-in-force: false)"]
+
+
+async def test_the_admin_cli_warns_when_a_write_is_not_in_force(
+    served: tuple[str, TenantResolver, StopRedisBeforeAnswer],
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway.cli import main
+
+    base, _, fault = served
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", TOKEN)
+    assert await asyncio.to_thread(main, ["admin", "--url", base, "keys", "create", "acme"]) == 0
+    made = capsys.readouterr()
+    assert "not in force" not in made.err
+    fault.armed = True
+    key_id = json.loads(made.out)["id"]
+    assert await asyncio.to_thread(
+        main, ["admin", "--url", base, "keys", "revoke", "acme", key_id]) == 0
+    said = capsys.readouterr().err
+    assert "warning: stored, but the answering gateway could not reload it" in said, said
