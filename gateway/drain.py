@@ -41,14 +41,25 @@ class _Firable(Protocol):
 _LIVE: set[_Firable] = set()
 
 
-@contextlib.contextmanager
-def interruptible(canceller: _Firable) -> Iterator[None]:
+class _Registered:
+    """`interruptible`'s block: a class, not a generator's context manager (about half its
+    cost, timeit: every proxied request enters two, its body's read and its answer's)."""
+
+    __slots__ = ("_canceller",)
+
+    def __init__(self, canceller: _Firable) -> None:
+        self._canceller = canceller
+
+    def __enter__(self) -> None:
+        _LIVE.add(self._canceller)
+
+    def __exit__(self, *exc: object) -> None:
+        _LIVE.discard(self._canceller)
+
+
+def interruptible(canceller: _Firable) -> _Registered:
     """Register a running request's canceller for `interrupt_all` while the block runs."""
-    _LIVE.add(canceller)
-    try:
-        yield
-    finally:
-        _LIVE.discard(canceller)
+    return _Registered(canceller)
 
 
 def interrupt_all() -> int:

@@ -204,12 +204,12 @@ async def read_body(
     the end of the shutdown grace stops reading it with a 503 (`gateway.drain`)."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
-    chunk, more = _body_part(await receive(), 0, limit)
-    if not more:
-        return chunk
-    stop = _UploadStop()
+    stop = _UploadStop()  # (the first read too: a client may stall before its body)
     try:
         with interruptible(stop):
+            chunk, more = _body_part(await receive(), 0, limit)
+            if not more:
+                return chunk
             return await _read_parts(receive, limit, chunk, uploads)
     except asyncio.CancelledError:
         if not stop.fired:

@@ -155,25 +155,30 @@ class _Bucket:
     rpm: int  # the capacities it was last charged under (0: no such limit)
     tpm: int
 
-    def full(self, now: float) -> bool:
-        """Refilled to capacity by `now`: the same as no bucket (a new one starts full)."""
-        return ((not self.rpm or refill(self.requests, self.at, now, self.rpm) >= self.rpm)
+    def idle(self, now: float) -> bool:
+        """Charged last `KEEP_S` ago and refilled to capacity by `now`: the same as no
+        bucket (a new one starts full), and its admissions' settlements are most likely
+        made (one that comes later is not charged)."""
+        return (now - self.at >= KEEP_S
+                and (not self.rpm or refill(self.requests, self.at, now, self.rpm) >= self.rpm)
                 and (not self.tpm or refill(self.tokens, self.at, now, self.tpm) >= self.tpm))
 
 
-MIN_SWEEP = 1024  # buckets kept before the first sweep for full ones
+MIN_SWEEP = 1024  # buckets kept before the first sweep for idle ones
+# how long a bucket outlives its last charge, as the Redis limiter's bucket (61 s): refilled
+# sooner (a small reservation), it still takes the excess a long stream settles later
+KEEP_S = WINDOW_S + 1.0
 
 
 class MemoryRateLimiter(RateLimiter):
     """The same rules for one process (exact within it; no sharing across processes).
 
     Memory is bounded by the tenants active within about a minute, not by every tenant ever
-    seen (removed ones, or keys used once): a bucket refilled to capacity is dropped (a
-    tenant without one starts full), in a sweep each time the buckets double past
-    `MIN_SWEEP`; a tenant's lease set goes with its last lease. A settlement that finds its
-    bucket dropped is not charged, as the Redis limiter's for an expired bucket: a tenant
-    quiet long enough to refill had such a late excess over its reservation absorbed by
-    the refill already, unless it was larger than what refilled past the top."""
+    seen (removed ones, or keys used once): a bucket refilled to capacity and charged last
+    `KEEP_S` ago is dropped (a tenant without one starts full), in a sweep each time the
+    buckets double past `MIN_SWEEP`; a tenant's lease set goes with its last lease. A
+    settlement that finds its bucket dropped (a request longer than `KEEP_S`) is not
+    charged, as the Redis limiter's for an expired bucket."""
 
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -221,7 +226,7 @@ class MemoryRateLimiter(RateLimiter):
     def _keep(self, tenant_id: str, bucket: _Bucket, now: float) -> None:
         self._buckets[tenant_id] = bucket
         if len(self._buckets) >= self._sweep_at:
-            self._buckets = {k: b for k, b in self._buckets.items() if not b.full(now)}
+            self._buckets = {k: b for k, b in self._buckets.items() if not b.idle(now)}
             self._sweep_at = max(MIN_SWEEP, 2 * len(self._buckets))
 
     async def settle(self, admission: Admission, used_tokens: int) -> None:

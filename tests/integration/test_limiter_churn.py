@@ -62,6 +62,7 @@ def test_removed_tenants_do_not_stay_in_the_limiter(
     sim_factory: SimFactory, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(limits_mod, "MIN_SWEEP", 16)  # (1024 in production: the same rule)
+    monkeypatch.setattr(limits_mod, "KEEP_S", 0.0)  # (61 s in production: the same rule)
     _, sim = sim_factory("--time-scale", "50")
     app = _app(sim)
     port = free_port()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -141,3 +142,24 @@ def test_each_part_is_rewritten_every_second(tmp_path: Path) -> None:
 
     asyncio.run(two_seconds())
     assert len(writes) >= 2, writes  # at once, then after a second (at least)
+
+
+def test_a_slow_write_is_made_less_often(tmp_path: Path) -> None:
+    """A write renders the registry on the event loop: one that takes 100 ms (thousands of
+    series) made every second blocked every request of the worker 10 % of the time."""
+    writes = []
+
+    def own() -> bytes:
+        writes.append(1)
+        time.sleep(0.1)  # (a large registry's render: on the loop, as the real one)
+        return (EXPOSITION % len(writes)).encode()
+
+    ex = WorkerExposition(WorkerSlot(0, tmp_path), own)
+
+    async def two_seconds() -> None:
+        task = asyncio.create_task(ex.run())
+        await asyncio.sleep(2.5)
+        task.cancel()
+
+    asyncio.run(two_seconds())
+    assert len(writes) == 1, writes  # the next one after 5 s: 2 % of the loop's time
