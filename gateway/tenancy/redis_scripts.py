@@ -41,9 +41,11 @@ def _audit(result: str | None = None) -> str:
     cap) appended to the audit log (the last KEYS) with the change it records: a change Redis
     ran after the gateway stopped waiting is audited all the same (`gateway.tenancy.audited`).
     `result`: a Lua expression of the script's result, put where the entry says ``"$result"``
-    (`audited.RESULT`; ``%d``: Lua 5.1 writes a 16-digit double as ``4.5e+15``)."""
+    last (`audited.RESULT`, the last detail the store adds: a token id or group name that is
+    ``$result`` comes before it; ``%d``: Lua 5.1 writes a 16-digit double as ``4.5e+15``)."""
     entry = "ARGV[#ARGV]" if result is None else (
-        f"(string.gsub(ARGV[#ARGV], '\"%$result\"', string.format('%d', {result}), 1))")
+        f"(string.gsub(ARGV[#ARGV], '^(.*)\"%$result\"', "
+        f"'%1' .. string.format('%d', {result}), 1))")
     return (f"if ARGV[#ARGV] ~= '' then redis.call('LPUSH', KEYS[#KEYS], {entry}) "
             "redis.call('LTRIM', KEYS[#KEYS], 0, tonumber(ARGV[#ARGV - 1]) - 1) end ")
 

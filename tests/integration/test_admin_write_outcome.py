@@ -20,6 +20,7 @@ from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import Proc, redis_proc, sim_proc
 
 ADMIN = "admin-token-0123456789abcdef"
+ODD = "odd-admin-token-0123456789abcdef"  # its id is the entry's placeholder, `$result`
 PAUSE_S = 1.2  # past the 0.5 s redis_timeout_s: the gateway gives up, Redis runs it later
 WARM = 8
 
@@ -40,8 +41,8 @@ def gateway(redis_server: tuple[Proc, str]) -> Iterator[tuple[Proc, str]]:
         procs.append(sim.start())
         gw, base = gateway_proc(
             config={"pools": {"p": {"served_model": "sim-model", "replicas": [sim_url]}}},
-            auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-                            "KVGATE_REDIS_URL": url})
+            auth=True, env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_REDIS_URL": url,
+                            "KVGATE_ADMIN_TOKEN": f"ops:{ADMIN},$result:{ODD}"})
         procs.append(gw.start())
         yield rproc, base
     finally:
@@ -154,3 +155,20 @@ def test_an_entry_written_by_the_script_says_what_its_result_was(
         [entry] = _audited(admin, put.headers["x-request-id"])
         assert f'"{entry["detail"]["version"]}"' == put.headers["etag"], entry
     raw.close()
+
+
+def test_a_name_that_is_the_placeholder_is_left_as_it_is(
+    gateway: tuple[Proc, str],
+) -> None:
+    """The script puts its result where the entry says ``"$result"`` last: an admin token id
+    ``$result`` (the entry's `who`) comes before it and stays a name."""
+    _, base = gateway
+    with admin_client(base, ODD) as admin:
+        made = admin.post("/tenants", json={"id": "placeholder", "salt_group": "odd"})
+        assert made.status_code == 201, made.text
+        rotated = admin.post("/tenants/placeholder/rotate-salt")
+        assert rotated.status_code == 200, rotated.text
+        [entry] = _audited(admin, rotated.headers["x-request-id"])
+        assert entry["who"] == "$result", entry
+        assert entry["detail"] == {"scope": "group", "salt_group": "odd",
+                                   "epoch": rotated.json()["salt_epoch"]}, entry
