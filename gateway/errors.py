@@ -457,7 +457,8 @@ class WriteOutcomeUnknown(StoreUnreachable):
             f"{self.message.removesuffix('; retry shortly')}: this change may have been "
             "applied, or may still be if Redis runs it late. Read the object back before "
             f"retrying; the audit log (GET /admin/audit) has an entry with request_id "
-            f"{request_id!r} if and only if the change was made")
+            f"{request_id!r} if and only if the change was made (send a new X-Request-Id on "
+            "each retry)")
         self.args = (self.message,)
 
 
