@@ -74,7 +74,7 @@ SCENARIOS = {s.name: s for s in (
              {"health_latency_ms": 6000}),
     Scenario("kv-lies", "(7) its KV usage gauge says 0 whatever it holds (caches of 40 "
              "blocks: the others' KV is near full)", {"kv_usage_zero": True},
-             sim_flags=("--num-gpu-blocks", "40")),
+             sim_flags=("--num-gpu-blocks", "40", "--max-model-len", "2048")),
 )}
 
 
