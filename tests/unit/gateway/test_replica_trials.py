@@ -4,12 +4,12 @@ not those a hung engine held from before its ejection, whose clients may wait fo
 
 from __future__ import annotations
 
-from gateway.replicas import HealthRules, Replica
+from gateway.replicas import HealthRules, Lease, Replica
 
 POLICY = HealthRules(failure_threshold=3, eject_base_s=1.0, eject_max_s=4.0)
 
 
-def ejected_with_old_requests(n: int) -> tuple[Replica, list[object]]:
+def ejected_with_old_requests(n: int) -> tuple[Replica, list[Lease]]:
     """A replica ejected at t=0 by three failures, `n` older requests still in flight."""
     r = Replica("p", "http://127.0.0.1:9001", POLICY)
     old = [r.acquire(10, stream=False) for _ in range(n)]
@@ -36,5 +36,5 @@ def test_a_trial_that_succeeds_brings_the_replica_back() -> None:
     r.record_success()
     trial.release()
     assert r.state == "healthy" and r.trials == 0
-    old[0].release()  # type: ignore[attr-defined]
+    old[0].release()
     assert r.inflight == 0 and r.trials == 0
