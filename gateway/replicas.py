@@ -62,7 +62,7 @@ class Replica:
         "_policy", "answers", "attempts", "busy_streak", "busy_until", "down", "draining",
         "ejected_until", "ejections", "failed", "failures", "hit_ratio", "id", "inflight",
         "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool", "reason",
-        "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "trials", "url",
+        "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "url",
         "watch", "whole_waiting_tokens",
     )
 
@@ -95,10 +95,6 @@ class Replica:
         self.outcomes = 0
         self.ejections = 0
         self.ejected_until = 0.0
-        # requests in flight that were sent while it was on trial (half-open): the one trial
-        # at a time; requests sent before its ejection (a hung engine's, whose clients wait)
-        # are no trial, and counting them kept a recovered replica out until they ended
-        self.trials = 0
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
         # why it was last found down ("cannot resolve host NAME", "/health answered 503"), for
         # the pools' not-ready reasons; None once it answers again
@@ -120,7 +116,6 @@ class Replica:
         """A request goes here; `stream`: it is answered as a stream (its first token shows
         when its prefill is done), else whole."""
         self.attempts += 1
-        self.trials += self.state != HEALTHY
         self.inflight += 1
         self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
@@ -189,8 +184,8 @@ class Replica:
             return True
         if self.state == EJECTED and now >= self.ejected_until and not self.down:
             self.state = HALF_OPEN
-        # half-open: one trial request at a time (`trials`)
-        return self.state == HALF_OPEN and self.trials == 0
+        # half-open: one trial request at a time
+        return self.state == HALF_OPEN and self.inflight == 0
 
     def condition(self, now: float) -> str:
         """Why it takes no request now (``"available"`` when it does), in words an API client
@@ -356,14 +351,13 @@ def _delta_ratio(
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
-    __slots__ = ("_prefill", "_released", "_replica", "_trial", "_whole", "answered",
-                 "engine_tokens", "seen")
+    __slots__ = ("_prefill", "_released", "_replica", "_whole", "answered", "engine_tokens",
+                 "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self._replica = replica
         self._prefill = prompt_tokens
         self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
-        self._trial = replica.state != HEALTHY  # counted in `Replica.trials`
         self._released = False
         self.answered = False  # a first token (or a whole answer) arrived
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
@@ -388,7 +382,6 @@ class Lease:
         self._released = True
         replica = self._replica
         replica.inflight -= 1
-        replica.trials -= self._trial
         if replica.watch is not None:
             replica.watch()
 
