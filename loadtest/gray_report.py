@@ -130,8 +130,8 @@ def render(runs: list[Run], what: dict[str, str], command: str, pre_s: float,
     for r in runs:
         if r.variant == "baseline":
             continue
-        lines.append(f"- **{r.scenario}** ({what.get(r.scenario, '')}), {r.variant}: "
-                     f"share % per 2 s: `{r.buckets()}`")
+        lines.append(f"- **{r.scenario}** ({what.get(r.scenario, '')}), {r.variant}, faulty "
+                     f"replica {r.faulty}: share % per 2 s: `{r.buckets()}`")
         for finding in r.doctor or ["doctor: nothing but healthy"]:
             lines.append(f"  - doctor: {finding}")
     return "\n".join(lines) + "\n"
