@@ -7,8 +7,10 @@ answers becomes half-open (one trial request decides), so a replica that comes b
 again without a restart. vLLM's `/health` reports only the engine's
 errored flag and is served on the same event loop as the requests, so a saturated replica
 answers it late: a probe that times out is only *slow*, and ejects after
-`health.slow_threshold` in a row; a refused connection or an explicit non-200 (vLLM's 503 for
-a dead engine) ejects at once.
+`health.slow_threshold` in a row -- unless requests were answered there while it waited (first
+tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
+serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
+an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class HealthMonitor:
     async def _check(self, pool: Pool, replica: Replica) -> None:
         if not replica.probe_due(self._clock()):
             return
+        answered = replica.answers  # its progress when the probe went out
         try:
             status, _ = await pool.transport.get(
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
@@ -66,6 +69,9 @@ class HealthMonitor:
             reason = f"/health answered {status}"
         except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
+            if replica.state == "healthy" and replica.answers > answered:
+                replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late
+                return
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())
                 if replica.state != "healthy":  # /readyz says why, as for the other causes

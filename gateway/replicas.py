@@ -2,15 +2,15 @@
 
 `Replica.acquire` hands out a `Lease` whose `release` is idempotent and is called from a
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
-cannot leak. Health is a small state machine: consecutive failures eject a replica for an
-exponentially growing back-off; when it expires the replica is half-open and one request
-decides. A refused connection, a dead engine or a failed `/health` ejects at once
-(`mark_down`), and such a replica is known to be down: it stays out past its back-off until
-`/health` answers again (`probe_recovered`), so a pool whose replicas are all gone answers
-503 with Retry-After and is not ready, instead of a trial on a dead replica each time a
-back-off expires. A slow `/health` ejects only after `slow_threshold` consecutive slow
-probes (vLLM serves it on the loop that is busy with requests). Apart from health, a
-replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
+cannot leak. Health is a small state machine: consecutive failures, or half of its last 20
+requests failed, eject a replica for an exponentially growing back-off; when it expires the
+replica is half-open and one request decides. A refused connection, a dead engine or a failed
+`/health` ejects at once (`mark_down`), and such a replica is known to be down: it stays out
+past its back-off until `/health` answers again (`probe_recovered`), so a pool whose replicas
+are all gone answers 503 with Retry-After and is not ready, instead of a trial on a dead
+replica each time a back-off expires. A slow `/health` ejects only after `slow_threshold`
+consecutive slow probes (vLLM serves it on the loop that is busy with requests). Apart from
+health, a replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
 unavailable for a short, growing while, so no policy keeps sending it the traffic it rejects
 at once. Time is passed in, so the machine is testable without sleeps.
 """
@@ -48,6 +48,11 @@ class HealthRules:
     slow_threshold: int = 3  # consecutive slow (timed-out) /health probes -> eject
     busy_backoff_s: float = 0.25  # first busy-503 back-off; doubles while it keeps answering busy
     busy_backoff_max_s: float = 2.0
+    # ... or when at least half of its last `window` requests failed (`Replica.outcomes`): a
+    # replica failing every other request (connections dropped on and off) had its
+    # consecutive count started over by each success, failed fast, looked idle and drew up
+    # to 64 % of its pool's requests; one failing one in five stays in rotation
+    window: int = 20
 
 
 class Replica:
@@ -56,9 +61,9 @@ class Replica:
     __slots__ = (
         "_policy", "answers", "attempts", "busy_streak", "busy_until", "down", "draining",
         "ejected_until", "ejections", "failed", "failures", "hit_ratio", "id", "inflight",
-        "inflight_prefill",
-        "inflight_prefill_tokens", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "state", "url", "watch", "whole_waiting_tokens",
+        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool", "reason",
+        "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "url",
+        "watch", "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -84,6 +89,10 @@ class Replica:
         # replica failing one request in five stays in rotation (the retries hide it)
         self.attempts = 0
         self.failed = 0
+        # its last `window` judged requests, one bit each (1: failed), newest lowest; kept
+        # across an ejection: a replica back from one is ejected again by its next failure
+        # until successes have pushed the old failures out
+        self.outcomes = 0
         self.ejections = 0
         self.ejected_until = 0.0
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
@@ -237,6 +246,7 @@ class Replica:
             self.state = HALF_OPEN
 
     def record_success(self) -> None:
+        self._outcome(0)
         self.failures = 0
         self.down = False
         self.reason = None
@@ -248,10 +258,15 @@ class Replica:
         """A request failed here (5xx, reset, stall, cut stream)."""
         self.failures += 1
         self.failed += 1
-        if self.state == HALF_OPEN or (
-            self.state == HEALTHY and self.failures >= self._policy.failure_threshold
-        ):
+        self._outcome(1)
+        p = self._policy
+        if self.state == HALF_OPEN or (self.state == HEALTHY and (
+                self.failures >= p.failure_threshold
+                or 2 * self.outcomes.bit_count() >= p.window)):
             self.eject(now)
+
+    def _outcome(self, failed: int) -> None:
+        self.outcomes = ((self.outcomes << 1) | failed) & ((1 << self._policy.window) - 1)
 
     def count_failure(self) -> None:
         """A request failed here that health does not hold against the replica: vLLM's 500

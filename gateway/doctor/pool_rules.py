@@ -152,7 +152,8 @@ _Check = tuple[str, str, str, float, str]
 
 
 def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
-    """The first spread that fires: in flight, engine waiting, time per request."""
+    """The first spread that fires: in flight, time per request, engine waiting; time per
+    request rather than in flight when the two name different replicas."""
     # a replica without fresh engine numbers has its own finding (its /metrics); where its
     # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
@@ -169,13 +170,16 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     # Little's law needs this gateway's in flight and its own requests per second; with other
     # gateways sending to the engines (their counts in `requests`), it is not judged
     shared = started > 0 and p.requests < SHARED_ENGINES * started
-    for check in checks:
-        if check[0] == "time_per_request" and shared:
-            continue
-        finding = _spread(p, th, ctx, live, check)
-        if finding is not None:
-            return [finding]
-    return []
+    found = [(check[0], f) for check in checks
+             if not (check[0] == "time_per_request" and shared)
+             and (f := _spread(p, th, ctx, live, check)) is not None]
+    if not found:
+        return []
+    first, slow = found[0][1], dict(found).get("time_per_request")
+    # a load-aware router steers work off a slow replica: the one it lands on has the most in
+    # flight, a consequence; the slow one, named by its time per request, is the cause (it was
+    # the only replica not named when one of four was 5x slower under cache_aware)
+    return [slow if slow is not None and slow.replica != first.replica else first]
 
 
 def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaStats],

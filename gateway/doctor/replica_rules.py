@@ -223,11 +223,11 @@ def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: fl
 
 def _failing(r: ReplicaStats, th: Thresholds, ctx: Context, alone: bool) -> Finding | None:
     """A replica in rotation failing some of its requests: kvgate retries them elsewhere and
-    ejects it only after ``health.failure_threshold`` failures in a row, so one failing a
-    request in five stays in rotation and the pool's clients may see nothing but a slower
-    answer; its failures are counted per attempt. A pool's only replica is never ejected for
-    vLLM's 500 to a request (nothing else can tell whose fault it was): its clients get
-    them all."""
+    ejects it only after ``health.failure_threshold`` failures in a row or half of its last
+    20 requests failed, so one failing a request in five stays in rotation and the pool's
+    clients may see nothing but a slower answer; its failures are counted per attempt. A
+    pool's only replica is never ejected for vLLM's 500 to a request (nothing else can tell
+    whose fault it was): its clients get them all."""
     if r.attempts < th.min_replica_attempts or r.failed <= 0:
         return None
     share = min(1.0, r.failed / r.attempts)

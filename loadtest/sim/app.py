@@ -335,7 +335,8 @@ class SimApp:
                                     "token_strs": None})
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_bytes(send, 200, self.metrics.render(), (b"content-type", CONTENT_TYPE.encode()))
+        status, page = await self.faults.metrics_answer(self.metrics.render())
+        await send_bytes(send, status, page, (b"content-type", CONTENT_TYPE.encode()))
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

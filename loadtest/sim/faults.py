@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 __all__ = ["Faults"]
+
+# one sample of the KV usage gauge (current or deprecated name), its labels kept
+_KV_LINE = re.compile(rb"^(vllm:(?:kv|gpu)_cache_usage_perc(?:\{[^}]*\})?) \S+$", re.M)
 
 
 @dataclass(slots=True)
@@ -29,6 +34,12 @@ class Faults:
     # /health answers this much later (vLLM serves it on the same, possibly busy, event loop)
     health_latency_ms: float = 0.0
     hang_after_tokens: int = -1  # stop sending after K tokens and hang until the client leaves
+    # gray faults of the metrics exporter alone (requests are served as usual): /metrics
+    # answers this much later, or with this status (0: as usual), or says the KV cache is
+    # empty (`kv_usage_zero`: vllm:kv_cache_usage_perc 0 whatever it holds)
+    metrics_latency_ms: float = 0.0
+    metrics_status: int = 0
+    kv_usage_zero: bool = False
     seed: int = 0
     _rng: random.Random = field(default_factory=random.Random, repr=False)
 
@@ -42,9 +53,11 @@ class Faults:
         if self.error_status not in (500, 503):
             raise ValueError("error_status must be 500 or 503")
         if min(self.latency_ms, self.latency_jitter_ms, self.max_num_queued_reqs,
-               self.health_latency_ms) < 0:
-            raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs and "
-                             "health_latency_ms must be >= 0")
+               self.health_latency_ms, self.metrics_latency_ms) < 0:
+            raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs, "
+                             "health_latency_ms and metrics_latency_ms must be >= 0")
+        if self.metrics_status not in (0, 500, 503):
+            raise ValueError("metrics_status must be 0, 500 or 503")
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""
@@ -73,6 +86,16 @@ class Faults:
         """The wall-clock delay for a request whose prompt hashes to `prompt_seed`."""
         spread = self.latency_jitter_ms * ((prompt_seed % 1000) / 1000.0)
         return (self.latency_ms + spread) / 1000.0
+
+    async def metrics_answer(self, page: bytes) -> tuple[int, bytes]:
+        """The status and body `/metrics` answers with the exporter's faults applied."""
+        if self.metrics_latency_ms > 0:
+            await asyncio.sleep(self.metrics_latency_ms / 1000.0)
+        if self.metrics_status:
+            return self.metrics_status, b"Internal Server Error"
+        if self.kv_usage_zero:
+            page = _KV_LINE.sub(rb"\1 0.0", page)
+        return 200, page
 
     def should_fail(self) -> bool:
         return self.error_rate > 0 and self._rng.random() < self.error_rate
