@@ -2,7 +2,9 @@
 `server.shutdown_grace_s` the request is answered with an OpenAI-shaped 503 and the process
 exits 0 at once. Before, nothing stopped the body read: the server cancelled the task at exit
 and the client got uvicorn's text/plain "Internal Server Error" (logged as an ERROR, "ASGI
-callable returned without starting response"), two seconds later."""
+callable returned without starting response"), two seconds later. The same for a client that
+has sent its request's head and not a byte of its body yet (the first read of the body was
+not interruptible either)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import socket
 import time
 from collections.abc import Callable
 
+import pytest
+
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc
 
@@ -20,8 +24,9 @@ BODY = json.dumps({"model": "sim-model", "messages": [{"role": "user", "content"
                    "max_tokens": 2}).encode()
 
 
+@pytest.mark.parametrize("sent", [10, 0], ids=["half-sent", "not-begun"])
 def test_a_body_still_arriving_at_the_end_of_the_grace_gets_a_503(
-    sim_factory: SimFactory,
+    sim_factory: SimFactory, sent: int,
 ) -> None:
     _, sim = sim_factory()
     gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_SERVER__SHUTDOWN_GRACE_S": "1"})
@@ -29,7 +34,7 @@ def test_a_body_still_arriving_at_the_end_of_the_grace_gets_a_503(
         port = int(base.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                      b"content-length: %d\r\n\r\n" % len(BODY) + BODY[:10])
+                      b"content-length: %d\r\n\r\n" % len(BODY) + BODY[:sent])
             time.sleep(0.3)  # the request is in the app, reading its body
             gw.signal(signal.SIGTERM)
             began = time.monotonic()
