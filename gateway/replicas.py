@@ -51,7 +51,9 @@ class HealthRules:
     # ... or when at least half of its last `window` requests failed (`Replica.outcomes`): a
     # replica failing every other request (connections dropped on and off) had its
     # consecutive count started over by each success, failed fast, looked idle and drew up
-    # to 64 % of its pool's requests; one failing one in five stays in rotation
+    # to 64 % of its pool's requests; one failing one in five stays in rotation. Never with
+    # fewer failures than `failure_threshold` (raised, e.g. for a pool's only replica, it
+    # holds for both rules)
     window: int = 20
 
 
@@ -260,9 +262,10 @@ class Replica:
         self.failed += 1
         self._outcome(1)
         p = self._policy
+        failed = self.outcomes.bit_count()
         if self.state == HALF_OPEN or (self.state == HEALTHY and (
                 self.failures >= p.failure_threshold
-                or 2 * self.outcomes.bit_count() >= p.window)):
+                or (2 * failed >= p.window and failed >= p.failure_threshold))):
             self.eject(now)
 
     def _outcome(self, failed: int) -> None:

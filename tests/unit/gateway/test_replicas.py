@@ -352,3 +352,17 @@ def test_a_cut_stream_is_not_hung_while_the_engine_counters_move(
     assert r.hung(cut, FIT, waited_s=0.5) is hung
     for lease in [*decoding, cut]:
         lease.release()
+
+
+@pytest.mark.parametrize(("threshold", "ejected"), [(3, True), (11, False), (1000, False)])
+def test_a_raised_failure_threshold_holds_for_the_failure_share_rule_too(
+        threshold: int, ejected: bool) -> None:
+    """Half of the last 20 requests failed ejects a replica failing every other request, but
+    never with fewer failures than `failure_threshold`: an operator who raised it (a pool's
+    only replica, a test replica answering badly on purpose) keeps the replica in rotation."""
+    r = Replica("p", "http://a:1", HealthRules(failure_threshold=threshold))
+    for i in range(40):
+        if r.state != "healthy":
+            break
+        r.record_failure(float(i)) if i % 2 else r.record_success()
+    assert (r.state != "healthy") is ejected, r.state
