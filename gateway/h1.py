@@ -101,8 +101,11 @@ class H1Pool:
         self._sweep: asyncio.TimerHandle | None = None
         self.closed = False
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> H1Response:
-        return await self.send("POST", url, body, headers)
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str],
+        on_send: Callable[[], None] | None = None,
+    ) -> H1Response:
+        return await self.send("POST", url, body, headers, on_send)
 
     async def send(
         self, method: str, url: str, body: bytes, headers: dict[str, str],

@@ -166,7 +166,7 @@ class ReplicaTransport:
         on_send: Callable[[], None] | None = None,
     ) -> UpstreamResponse:
         """Send; returns once the response headers arrived."""
-        return await self._h1.send("POST", url, body, headers, on_send)
+        return await self._h1.post(url, body, headers, on_send)
 
     async def open(
         self, url: str, headers: dict[str, str], method: str = "GET",

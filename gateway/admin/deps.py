@@ -17,11 +17,11 @@ from gateway.admin.auth import AdminToken
 from gateway.admin.errors import REQUEST_ID
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
-from gateway.errors import BadRequest, Conflict, NotFound, StaleCheck, shown_name
+from gateway.errors import BadRequest, Conflict, StaleCheck, shown_name
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.audited import AUDITING, AuditIntent
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
-from gateway.tenancy.store import TenantStore
+from gateway.tenancy.store import TenantStore, tenant_missing
 
 __all__ = ["AdminContext", "AdminDeps", "maybe_await"]
 
@@ -92,7 +92,7 @@ class AdminContext:
     async def tenant(self, tenant_id: str) -> Tenant:
         tenant = await self.store.get_tenant(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+            raise tenant_missing(tenant_id)
         return tenant
 
     async def in_tier(self, tier: str | None, write: Callable[[int | None], Awaitable[T]]) -> T:

@@ -16,7 +16,7 @@ from gateway.errors import BadRequest, Conflict, NotFound, shown_name
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
 from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
 from gateway.tenancy.salts import fresh_epoch
-from gateway.tenancy.store import apply_tenant_changes
+from gateway.tenancy.store import apply_tenant_changes, tenant_missing
 
 # A tenant named in a path: no record's id can be anything else (and the Redis store's hashes
 # hold a "." field, `redis_store.PRESENT`, that no route may touch).
@@ -101,7 +101,7 @@ def _tenant_update_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> Non
     async def delete_tenant(tenant_id: TenantId, who: Who) -> Response:
         async with ctx.audited(who, "tenant.delete", tenant_id):
             if not await ctx.store.delete_tenant(tenant_id):
-                raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+                raise tenant_missing(tenant_id)
         return Response(status_code=204)
 
     @router.post("/tenants/{tenant_id}/rotate-salt")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from collections import deque
 
-from gateway.errors import Conflict, NotFound, StaleCheck, shown_name
+from gateway.errors import Conflict, StaleCheck
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -21,6 +21,8 @@ from gateway.tenancy.store import (
     TenantStore,
     apply_tenant_changes,
     check_policy_version,
+    key_taken,
+    tenant_missing,
     with_epoch,
 )
 
@@ -56,7 +58,7 @@ class InMemoryStore(TenantStore):
     def _require(self, tenant_id: str) -> Tenant:
         tenant = self._tenants.get(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+            raise tenant_missing(tenant_id)
         return tenant
 
     async def create_tenant(
@@ -111,8 +113,7 @@ class InMemoryStore(TenantStore):
         if record.key_hash in self._keys or any(  # as `RedisStore.add_key` refuses it
                 r.tenant_id == record.tenant_id and r.key_id == record.key_id
                 for r in self._keys.values()):
-            raise Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
-                           param="key_id")
+            raise key_taken(record)
         self._keys[record.key_hash] = record
         self._changed("key", record.tenant_id)
 

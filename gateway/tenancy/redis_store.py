@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, WatchError
 
-from gateway.errors import Conflict, NotFound, StaleCheck, shown_name
+from gateway.errors import Conflict, StaleCheck
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
 from gateway.tenancy.audited import AUDITING, RESULT
@@ -79,8 +79,10 @@ from gateway.tenancy.store import (
     apply_tenant_changes,
     check_policy_version,
     key_from_json,
+    key_taken,
     read_tenant,
     tenant_from_json,
+    tenant_missing,
     tenant_to_json,
     with_epoch,
 )
@@ -304,7 +306,7 @@ class RedisStore(TenantStore):
         while True:
             raw = await self._get_raw(tenant_id)
             if raw is None:
-                raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+                raise tenant_missing(tenant_id)
             new = update(read_tenant(tenant_id, raw))
             args = [tenant_id, raw, with_unknown_of(raw, tenant_to_json(new), Tenant), at]
             written = await self._run("cas", [self._k("tenants"), self._k("policy")], args,
@@ -329,7 +331,7 @@ class RedisStore(TenantStore):
     async def rotate_salt(self, tenant_id: str) -> SaltRotation:
         tenant = await self.get_tenant(tenant_id)
         if tenant is None:
-            raise NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+            raise tenant_missing(tenant_id)
         change = Change("salt", tenant_id)
         if tenant.salt_group is not None:
             group = tenant.salt_group
@@ -348,10 +350,9 @@ class RedisStore(TenantStore):
         args = [tid, record.key_id, record.key_hash, record.model_dump_json()]
         added = await self._run("add_key", keys, args, Change("key", tid))
         if added < 0:
-            raise Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
-                           param="key_id")
+            raise key_taken(record)
         if not added:
-            raise NotFound(f"tenant {tid!r} not found", param="id")
+            raise tenant_missing(tid)
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]

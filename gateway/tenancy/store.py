@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from gateway.errors import BadRequest, Conflict, PreconditionFailed, UnreadableRecord
+from gateway.errors import (
+    BadRequest,
+    Conflict,
+    NotFound,
+    PreconditionFailed,
+    UnreadableRecord,
+    shown_name,
+)
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy.models import (
     AuditEntry,
@@ -38,10 +45,12 @@ __all__ = [
     "bootstrap",
     "invalid_from",
     "key_from_json",
+    "key_taken",
     "policy_from_json",
     "read_tenant",
     "restored_from",
     "tenant_from_json",
+    "tenant_missing",
     "tenant_to_json",
     "with_epoch",
 ]
@@ -246,6 +255,17 @@ def read_tenant(tenant_id: str, raw: str | bytes) -> Tenant:
             f"--tier TIER; its keys are kept), or delete it (kvgate admin tenants delete "
             f"{tenant_id})",
             param="id") from None
+
+
+def tenant_missing(tenant_id: str) -> NotFound:
+    """The 404 of a tenant id no store holds (the id as a client sent it, bounded)."""
+    return NotFound(f"tenant {shown_name(tenant_id)!r} not found", param="id")
+
+
+def key_taken(record: KeyRecord) -> Conflict:
+    """The 409 of a key whose id its tenant already has, or whose hash is stored."""
+    return Conflict(f"key id {record.key_id!r} (or the key itself) is already stored",
+                    param="key_id")
 
 
 def check_policy_version(current: int, if_version: int | None) -> None:
