@@ -10,11 +10,21 @@ URL shown so gets the stored URL's credentials back (`restore_hidden`).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
-__all__ = ["restore_hidden", "shown_policy", "shown_url"]
+__all__ = ["is_ip", "restore_hidden", "shown_policy", "shown_url"]
 
 _HIDDEN = "***"
+
+
+def is_ip(host: str) -> bool:
+    """Whether `host` is an IP address (v4 or v6), not a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def shown_url(url: str) -> str:

@@ -10,7 +10,6 @@ starts, so a port in use is one line.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -27,6 +26,7 @@ from gateway.cli.serve import (
 )
 from gateway.config import KvgateConfig
 from gateway.errors import ConfigError
+from gateway.urls import is_ip
 
 __all__ = [
     "DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts", "stall_cut_by_envoy",
@@ -85,7 +85,7 @@ def named_hosts(cfg: KvgateConfig) -> list[str]:
     the picker names (an ORIGINAL_DST cluster takes an IP, an override_host cluster the
     address of one of its endpoints), so replicas must be listed by IP."""
     named = sorted({urlsplit(url).hostname or url for pc in cfg.pools.values()
-                    for url in pc.replicas if not _is_ip(urlsplit(url).hostname or "")})
+                    for url in pc.replicas if not is_ip(urlsplit(url).hostname or "")})
     if not named:
         return []
     return [f"kvgate epp: warning: replicas listed by name ({', '.join(named)}); Envoy needs "
@@ -104,14 +104,6 @@ def stall_cut_by_envoy(cfg: KvgateConfig) -> list[str]:
             f"is not above upstream.idle_timeout_s ({up.idle_timeout_s:g} s): Envoy's per-try "
             "idle timeout (rendered from the first) resets a stalled stream before the picker "
             "ends it with its error event"]
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def _check_free(host: str, port: int) -> None:

@@ -11,7 +11,6 @@ the config or an option is wrong, or when fallbacks need endpoints the file does
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from urllib.parse import urlsplit
 from gateway.config import KvgateConfig, load_config
 from gateway.epp.envoy import MAX_REQUESTS, envoy_config, render
 from gateway.errors import ConfigError
+from gateway.urls import is_ip
 
 __all__ = ["endpoints_of", "main"]
 
@@ -66,11 +66,9 @@ def endpoints_of(cfg: KvgateConfig) -> list[str]:
         for url in pool.replicas:
             parts = urlsplit(url)
             host = parts.hostname or ""
-            try:
-                ipaddress.ip_address(host)
-            except ValueError:
+            if not is_ip(host):
                 raise ConfigError(f"pools.{name}: {host[:100]!r} is a name; Envoy's static "
-                                  "cluster needs IP addresses (--endpoint IP:PORT)") from None
+                                  "cluster needs IP addresses (--endpoint IP:PORT)")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             out.append(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     return out
