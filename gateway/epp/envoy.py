@@ -39,14 +39,19 @@ from gateway.config import UpstreamConfig
 from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
 
 __all__ = [
-    "AT_LIMIT", "MAX_REQUESTS", "PICKER_DOWN", "SHIPPED", "EnvoyProcess", "envoy_binary",
-    "envoy_config", "render", "shipped",
+    "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "SHIPPED", "EnvoyProcess",
+    "envoy_binary", "envoy_config", "render", "shipped",
 ]
 
 # requests one Envoy sends to the replicas at once, all pools together (its circuit breakers;
 # Envoy's default, 1,024, silently capped a fleet): some 400 replicas at vLLM's 256 sequences
 # each -- a guard against runaway, not a capacity (docs/envoy.md)
 MAX_REQUESTS = 100_000
+# client connections one Envoy holds open at once (its overload manager's
+# global_downstream_max_connections monitor; past it a new connection is closed at accept).
+# Without one Envoy has no limit and warns at every start; 50,000 is the figure of Envoy's own
+# edge-proxy best practices, far above any fleet's streams, under a pod's default fd limit
+MAX_CONNECTIONS = 50_000
 _UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
 
@@ -171,6 +176,7 @@ def envoy_config(
     endpoints: Sequence[str] | None = None, failure_mode_allow: bool = False,
     admin_port: int | None = None, subset_header: str | None = None,
     upstream: UpstreamConfig | None = None, max_requests: int = MAX_REQUESTS,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> dict[str, Any]:
     """The bootstrap: listener -> ext_proc (the picker at `picker`, host:port) -> the pool.
 
@@ -187,9 +193,13 @@ def envoy_config(
     (as many more wait for a connection; past both, Envoy's overflow, which the picker
     answers with a 503 and Retry-After); the picker's cluster takes three times as many
     streams: every request holds one for its whole life, those waiting at the replicas'
-    cluster and those the picker holds itself (flow control's queue, bodies arriving) too."""
+    cluster and those the picker holds itself (flow control's queue, bodies arriving) too.
+    `max_connections` bounds the clients' connections open at once (the overload manager's
+    connection monitor; the admin port's are not counted)."""
     if not 1 <= max_requests <= _UINT32 // 3:  # Envoy's thresholds are uint32
         raise ValueError(f"max_requests must be from 1 to {_UINT32 // 3}, not {max_requests}")
+    if not 1 <= max_connections <= 2**63 - 1:  # an int64 in DownstreamConnectionsConfig
+        raise ValueError(f"max_connections must be at least 1, not {max_connections}")
     up = upstream or UpstreamConfig()
     first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
     retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}
@@ -243,6 +253,12 @@ def envoy_config(
                 {"endpoint": {"address": _address(picker_host, picker_port)}}]}]},
         }],
     }}
+    config["overload_manager"] = {"resource_monitors": [{
+        "name": "envoy.resource_monitors.global_downstream_max_connections",
+        "typed_config": {
+            "@type": f"{_TYPES}.resource_monitors.downstream_connections.v3."
+                     "DownstreamConnectionsConfig",
+            "max_active_downstream_connections": max_connections}}]}
     if admin_port is not None:
         config["admin"] = {"address": _address("127.0.0.1", admin_port)}
     return config

@@ -48,18 +48,20 @@ def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_the_bootstrap_carries_the_configs_settings(
         config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(["--config", str(config), "--max-requests", "500"], capsys)
+    code, out, err = _run(["--config", str(config), "--max-requests", "500",
+                           "--max-connections", "4000"], capsys)
     assert code == 0, err
     assert err == ""
     expected = envoy_config(
         listen_port=8081, listen_host="0.0.0.0", picker="127.0.0.1:9100",
         endpoints=["10.0.0.1:8000", "10.0.0.2:8001", "[fd00::3]:8000"],
-        upstream=load_config(str(config)).upstream, max_requests=500)
+        upstream=load_config(str(config)).upstream, max_requests=500, max_connections=4000)
     assert yaml.safe_load(out) == expected
     assert "kvgate.yaml" in out.splitlines()[0]
     text = yaml.safe_dump(expected)
     assert "per_try_idle_timeout: 7s" in text and "num_retries: 2" in text
     assert "timeout: 900s" in text and "- 503" in text
+    assert "max_active_downstream_connections: 4000" in text
 
 
 def test_envoy_accepts_it(config: Path, tmp_path: Path,
@@ -107,6 +109,8 @@ def test_named_endpoints_listed_by_hand_work(
      "--endpoint must be HOST:PORT"),
     (["--upstream", "http://10.0.0.1:8000", "--max-requests", "0"], {},
      "--max-requests: max_requests must be from 1"),
+    (["--upstream", "http://10.0.0.1:8000", "--max-connections", "0"], {},
+     "--max-connections: max_connections must be at least 1, not 0"),
     (["--upstream", "http://10.0.0.1:8000", "--listen-port", "70000"], {},
      "--listen-port must be a port from 1 to 65535"),
     ([], {}, "at least one pool is required"),
