@@ -280,7 +280,7 @@ class Proxy:
         req.replica = replica.id
         req.target = replica
         req.attempts += 1
-        lease = replica.acquire(req.features.prompt_tokens, req.features.stream)
+        lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
         resp: UpstreamResponse | None = None
         clean = False
         try:

@@ -61,11 +61,11 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_policy", "answers", "attempts", "busy_streak", "busy_until", "down", "draining",
-        "ejected_until", "ejections", "failed", "failures", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool", "reason",
-        "refusal_warned", "scraped", "scraped_at", "slow_probes", "state", "url",
-        "watch", "whole_waiting_tokens",
+        "_heard_answers", "_policy", "answers", "attempts", "busy_streak", "busy_until",
+        "down", "draining", "ejected_until", "ejections", "failed", "failures", "heard_at",
+        "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
+        "outcomes", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
+        "slow_probes", "state", "url", "waiting_since", "watch", "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -80,6 +80,11 @@ class Replica:
         # their whole answer, so nothing tells when their prefill ended (`hung` leaves them out)
         self.whole_waiting_tokens = 0
         self.answers = 0  # requests that got their first token (or whole answer) here: progress
+        # when it was last heard from (`silent_for`): an answer, or its engine's counters
+        # moving between two scrapes; and since when requests have waited there (None: none)
+        self.heard_at = 0.0
+        self._heard_answers = 0
+        self.waiting_since: float | None = None
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
@@ -114,9 +119,12 @@ class Replica:
         self.watch: Callable[[], None] | None = None
 
     # -- accounting ---------------------------------------------------------------------
-    def acquire(self, prompt_tokens: int, stream: bool = True) -> Lease:
+    def acquire(self, prompt_tokens: int, stream: bool = True, now: float | None = None) -> Lease:
         """A request goes here; `stream`: it is answered as a stream (its first token shows
-        when its prefill is done), else whole."""
+        when its prefill is done), else whole; `now`: when it is sent (the first to wait
+        there starts `silent_for`'s count; None: from the next look)."""
+        if self.inflight_prefill <= 0:
+            self.waiting_since = now
         self.attempts += 1
         self.inflight += 1
         self.inflight_prefill += 1
@@ -139,8 +147,32 @@ class Replica:
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
             restarted = _went_back(prev, sample)
+            before, after = _engine_tokens(prev), _engine_tokens(sample)
+            if before is not None and after is not None and after > before:
+                self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
         return restarted
+
+    def silent_for(self, now: float) -> float:
+        """How long requests have waited here with nothing heard from it (`ReplicaView.
+        silent_s`): no first token or whole answer of any request since the later of the
+        first of them and the last thing heard, and its engine's scraped counters still. A
+        frozen replica (stopped process, black-holed network, hung engine) answers nothing,
+        so its count grows; a busy one is heard from (answers, or counters moving while it
+        decodes whole answers). Non-streamed requests alone say nothing until their whole
+        answer: they count only where scrapes carry the engine's counters (vLLM)."""
+        if self.answers != self._heard_answers:  # answers since the last look: heard now
+            self._heard_answers, self.heard_at = self.answers, now
+        if self.inflight_prefill <= 0 or (
+            self.inflight_prefill_tokens <= self.whole_waiting_tokens
+            and self.engine_tokens() is None
+        ):
+            self.waiting_since = None
+            return 0.0
+        if self.waiting_since is None:  # noticed now (`acquire` was not told when)
+            self.waiting_since = now
+            return 0.0
+        return now - max(self.heard_at, self.waiting_since)
 
     # -- health ---------------------------------------------------------------------------
     def hung(self, lease: Lease, fit: TtftFit, waited_s: float) -> bool:
@@ -163,10 +195,7 @@ class Replica:
     def engine_tokens(self) -> float | None:
         """Tokens its engine has processed (prompt and generated, the scraped counters'
         sum), or None while no scrape said."""
-        s = self.scraped
-        if s is None or s.generation_tokens is None:
-            return None
-        return s.generation_tokens + (s.prompt_tokens or 0.0)
+        return None if self.scraped is None else _engine_tokens(self.scraped)
 
     def _engine_moved(self, lease: Lease) -> bool:
         """Is a queue moving there, as scraped: requests waiting in its engine (the cut one
@@ -305,15 +334,22 @@ class Replica:
             return ReplicaView(
                 id=self.id, pool=self.pool, healthy=healthy, inflight=self.inflight,
                 inflight_prefill_tokens=self.inflight_prefill_tokens,
-                inflight_prefill=self.inflight_prefill,
+                inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
             )
         return ReplicaView(
             id=self.id, pool=self.pool, healthy=healthy, waiting=s.waiting,
             running=s.running, kv_usage=s.kv_usage, cache_capacity_tokens=s.cache_capacity_tokens,
             scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,
-            inflight_prefill=self.inflight_prefill,
+            inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
         )
+
+
+def _engine_tokens(s: Sample) -> float | None:
+    """Tokens an engine processed, prompt and generated (None: its /metrics do not say)."""
+    if s.generation_tokens is None:
+        return None
+    return s.generation_tokens + (s.prompt_tokens or 0.0)
 
 
 def _went_back(prev: Sample, sample: Sample) -> bool:

@@ -63,6 +63,15 @@ class RouterConfig:
     session_ramp_factor: float = 2.0
     session_ramp_slack: float = 4.0
     session_ramp_min_mean: float = 0.5
+    # a replica whose requests have waited silent_s (`ReplicaView`) longer than
+    # max(silent_min_s, silent_factor x its predicted TTFT for one of the prompts waiting
+    # there, their mean) is left out of the pick while another candidate is not (0 = off): a
+    # frozen replica (stopped process, black-holed network, hung engine) looks idle to the
+    # cost model, whose predicted queue drains with time, and drew most requests until
+    # health ejected it; an engine answers a prompt in its turn, and a working one is heard
+    # from between two scrapes (routing.scrape_interval_ms) while it decodes
+    silent_min_s: float = 0.5
+    silent_factor: float = 3.0
     # consistent_hash
     virtual_nodes: int = 64
 
@@ -96,6 +105,8 @@ class RouterConfig:
             raise ValueError("routing.outlier_factor must be > 1")
         if self.miss_weight < 1.0:
             raise ValueError("routing.miss_weight must be >= 1")
+        if self.silent_min_s < 0 or self.silent_factor < 1.0:
+            raise ValueError("routing: need silent_min_s >= 0 (0 = off) and silent_factor >= 1")
         if self.session_ramp_tokens < 0 or self.session_window_s <= 0:
             raise ValueError(
                 "routing: need session_ramp_tokens >= 0 and session_window_s > 0")

@@ -189,6 +189,8 @@ class Router:
         healthy = sorted([v for v in views if v.healthy], key=_by_id)
         if not healthy:
             raise NoCandidate(features.model)
+        if self.config.silent_min_s and any(v.silent_s for v in healthy):
+            healthy = self._heard(healthy)
         hashes, capacity = self.state.replica_hashes, self._capacity_tokens
         for v in healthy:
             if v.id not in hashes:
@@ -196,6 +198,16 @@ class Router:
             if v.cache_capacity_tokens and capacity.get(v.id) != v.cache_capacity_tokens:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
         return self.sharing.context(features, healthy, now, explain, held)
+
+    def _heard(self, views: list[ReplicaView]) -> list[ReplicaView]:
+        """`views` but the silent ones (`RouterConfig.silent_min_s`), unless all are: a
+        replica whose requests wait far past its predicted TTFT with nothing heard from it is
+        no candidate while another is (the cost model's queue drains with time alone)."""
+        cfg, fit = self.config, self.state.ttft.fits().get
+        fleet = self.state.ttft.fleet
+        heard = [v for v in views if v.silent_s <= max(cfg.silent_min_s, cfg.silent_factor * fit(
+            v.id, fleet).predict(v.inflight_prefill_tokens / (v.inflight_prefill or 1)))]
+        return heard or views
 
     def _set_capacity(self, replica: str, tokens: int) -> None:
         self._capacity_tokens[replica] = tokens

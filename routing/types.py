@@ -37,6 +37,10 @@ class ReplicaView:
     # other gateways' predicted uncached prefill work here (`routing.peers`); their requests
     # are already counted in the inflight* fields above, which are fleet-wide when shared
     peer_prefill_work: float = 0.0
+    # how long requests have waited here for a first token with nothing heard from it since
+    # (no first token or whole answer of any, no engine counter moving): the gateway's own
+    # accounting, 0 while nothing waits; a frozen replica's grows (`Router` leaves it out)
+    silent_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

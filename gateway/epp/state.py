@@ -143,7 +143,8 @@ class ExchangeState:
         assert req is not None
         req.replica, req.target = replica.id, replica
         req.attempts += 1
-        self._lease = replica.acquire(req.features.prompt_tokens, req.features.stream)
+        self._lease = replica.acquire(
+            req.features.prompt_tokens, req.features.stream, self._core.clock())
         self._core.router.record_route(replica.id, req.features, self._core.clock())
 
     def _detach(self) -> None:
