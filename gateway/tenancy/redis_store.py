@@ -326,7 +326,8 @@ class RedisStore(TenantStore):
 
     async def delete_tenant(self, tenant_id: str) -> bool:
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
-        return bool(await self._run("delete", keys, [tenant_id], Change("tenant", tenant_id)))
+        args = [tenant_id, *self._viewed_keys({tenant_id})]
+        return bool(await self._run("delete", keys, args, Change("tenant", tenant_id)))
 
     async def rotate_salt(self, tenant_id: str) -> SaltRotation:
         tenant = await self.get_tenant(tenant_id)
@@ -356,16 +357,19 @@ class RedisStore(TenantStore):
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
-        args = [tenant_id, key_id]
+        seen = [h for h in self._viewed_keys({tenant_id}) if self._keys[h].key_id == key_id]
+        args = [tenant_id, key_id, seen[0] if seen else ""]
         return bool(await self._run("revoke", keys, args, Change("key", tenant_id)))
 
+    def _viewed_keys(self, tenant_ids: Collection[str]) -> list[str]:
+        """The hashes of these tenants' keys in the last view loaded (`snapshot`): what their
+        key indexes (``:tkeys:<id>``) name, unless an index was lost (evicted by an
+        `allkeys-*` Redis, deleted by hand) while the records stayed. The admin API's reads
+        and writes of a tenant's keys take these with the index's."""
+        return [h for h, record in self._keys.items() if record.tenant_id in tenant_ids]
+
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
-        with redis_unavailable():
-            hashes = await self._r.hvals(self._k("tkeys", tenant_id))
-            raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
-        stored = {text(h): text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
-        found = list(readable_records(stored, key_from_json, "key", []).values())
-        return sorted(found, key=lambda r: (r.created_at, r.key_id))
+        return (await self._keys_of([tenant_id]))[tenant_id]
 
     async def keys_by_tenant(
         self, tenant_ids: Collection[str] | None = None
@@ -388,11 +392,14 @@ class RedisStore(TenantStore):
                 for tid in tenant_ids:
                     pipe.hvals(self._k("tkeys", tid))
                 hashes = [text(h) for found in await pipe.execute() for h in found]
+            hashes += self._viewed_keys(set(tenant_ids))
+            hashes = list(dict.fromkeys(hashes))
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
         stored = {h: text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
         found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
         for record in readable_records(stored, key_from_json, "key", []).values():
-            found.setdefault(record.tenant_id, []).append(record)
+            if record.tenant_id in found:
+                found[record.tenant_id].append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
 
