@@ -8,7 +8,11 @@ logged, and so is its end, unless it lasts until a summary line names it (measur
 paused 0.7 s every second wrote a warning and an info line every 2 s per component).
 
 Other users of Redis (the shared routing state, lease renewal) say the same through their own
-logger, each line prefixed with what is affected (``subject``)."""
+logger, each line prefixed with what is affected (``subject``).
+
+A Redis reached over TLS (``tls``, a ``rediss://`` URL) that times out before it ever answered
+is most likely a port without TLS, which waits for a command and never answers the handshake:
+the line says so (it read "timed out" and nothing more)."""
 
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ class Reachability:
     def __init__(
         self, address: str, *, retry_every_s: float, summary_every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic, subject: str = "",
-        logger: logging.Logger = log,
+        logger: logging.Logger = log, tls: bool = False,
     ) -> None:
         self.address = address
+        self._tls = tls
+        self._answered = False  # ever
         self._prefix = f"{subject}: " if subject else ""
         self._log = logger
         self._retry_every_s = retry_every_s
@@ -49,6 +55,9 @@ class Reachability:
     def failed(self, cause: str) -> None:
         now = self._clock()
         self._failures += 1
+        if self._tls and not self._answered and cause == "timed out":
+            cause += (" in the TLS handshake? KVGATE_REDIS_URL is rediss://, and a Redis port "
+                      "without TLS never answers it: use redis:// or the TLS port")
         self.cause = cause
         if self._down_since is None:
             self._down_since, self._unsaid = now, 0
@@ -77,6 +86,7 @@ class Reachability:
 
     def answered(self) -> None:
         self.cause = None
+        self._answered = True
         if self._down_since is None:
             return
         if self._quiet:  # a flap, counted for the next line

@@ -57,7 +57,12 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
+from gateway.tenancy.redis_conn import (
+    failure_cause,
+    redis_address,
+    redis_tls,
+    redis_unavailable,
+)
 from gateway.tenancy.redis_records import (
     audit_from_json,
     changed_keys,
@@ -131,7 +136,8 @@ class RedisStore(TenantStore):
         listen: bool = True,
     ) -> None:
         super().__init__()
-        self.reach: Reachability = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S)
+        self.reach: Reachability = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S,
+                                                tls=redis_tls(client.connection_pool))
         self._r = client
         self._ns = namespace
         self._audit_cap = audit_cap
