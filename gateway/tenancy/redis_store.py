@@ -179,8 +179,26 @@ class RedisStore(TenantStore):
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        await self._say_if_evicting()
         if self._listen and self._listener is None:
             self._listener = asyncio.create_task(self._listen_loop(), name="tenancy-pubsub")
+
+    async def _say_if_evicting(self) -> None:
+        """A Redis that evicts any key when full (``maxmemory-policy allkeys-*``) takes
+        kvgate's tenants, keys, policy, its bootstrap marker (a wipe, each time) and leases
+        with it: say so once at start. Nothing is said where CONFIG is refused (an ACL user
+        without it, a managed Redis that renamed it) or Redis does not answer yet."""
+        try:
+            found = await self._r.config_get("maxmemory-policy")
+            policy = text(found.get("maxmemory-policy") or "")
+        except (RedisError, OSError):
+            return
+        if policy.startswith("allkeys-"):
+            log.warning("Redis at %s evicts any key when it is full (maxmemory-policy %s): "
+                        "kvgate's tenants, API keys, policy and concurrency leases may be "
+                        "evicted, each eviction of its bootstrap marker read as a wiped store; "
+                        "give kvgate a Redis with maxmemory-policy noeviction", self.reach.address,
+                        policy, extra={"redis": self.reach.address})
 
     async def close(self) -> None:
         self._closing = True
