@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import ConnectionPool, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import MaxClientsReachedError, RedisError, ResponseError
 
 from gateway.errors import StoreUnreachable
 
@@ -84,6 +84,8 @@ def failure_cause(exc: BaseException) -> str:
             return f"TLS handshake failed ({seen.reason or type(seen).__name__})"
         if isinstance(seen, TimeoutError):
             return "timed out"
+        if isinstance(seen, MaxClientsReachedError):  # an ERR reply, named by its text
+            return "server replied ERR max number of clients reached (Redis's maxclients)"
         if isinstance(seen, OSError) and seen.errno is not None:
             if seen.errno in errno.errorcode:
                 return os.strerror(seen.errno).lower()
