@@ -1,5 +1,6 @@
 """`KVGATE_REDIS_URL` with TLS (``rediss://``) as operators get it wrong: at a Redis port
-without TLS, and at a TLS Redis whose certificate the gateway does not trust. The log line
+without TLS, at a TLS Redis whose certificate the gateway does not trust, and ``redis://`` at
+a port that serves only TLS. The log line
 names the problem (it said "timed out", and "operation not permitted" for the certificate:
 the SSL error's OpenSSL code read as an errno), never the password; with the CA given, the
 gateway works."""
@@ -79,11 +80,15 @@ def test_an_untrusted_certificate_is_named_and_a_trusted_one_works(
     url = f"rediss://default:{PASSWORD}@127.0.0.1:{port}/0"
     untrusting, _ = gateway(sim, url, ready=False)
     trusting, base = gateway(sim, f"{url}?ssl_ca_certs={cert}", ready=True)
-    with server, untrusting:
+    plain, _ = gateway(sim, url.replace("rediss://", "redis://"), ready=False)
+    with server, untrusting, plain:
         lines = redis_lines(untrusting)
         assert "TLS certificate refused: self-signed certificate" in lines, lines
         assert "operation not permitted" not in lines
         assert PASSWORD not in untrusting.output()
+        lines = redis_lines(plain)  # it said "connection reset by peer" and nothing more
+        assert "serves only TLS resets plain connections: rediss://" in lines, lines
+        assert PASSWORD not in plain.output()
         with trusting:
             ready = httpx.get(f"{base}/readyz").json()
             assert not ready["tenancy"]["degraded"] and not ready["sync"]["degraded"], ready
