@@ -186,14 +186,15 @@ class RedisStore(TenantStore):
     async def _say_if_evicting(self) -> None:
         """A Redis that evicts any key when full (``maxmemory-policy allkeys-*``) takes
         kvgate's tenants, keys, policy, its bootstrap marker (a wipe, each time) and leases
-        with it: say so once at start. Nothing is said where CONFIG is refused (an ACL user
-        without it, a managed Redis that renamed it) or Redis does not answer yet."""
+        with it: say so once at start. Nothing is said without a `maxmemory` (it never
+        evicts), where CONFIG is refused (an ACL user without it, a managed Redis that renamed
+        it) or Redis does not answer yet."""
         try:
-            found = await self._r.config_get("maxmemory-policy")
-            policy = text(found.get("maxmemory-policy") or "")
+            found = await self._r.config_get("maxmemory*")
         except (RedisError, OSError):
             return
-        if policy.startswith("allkeys-"):
+        policy = text(found.get("maxmemory-policy") or "")
+        if policy.startswith("allkeys-") and found.get("maxmemory") not in (None, "0"):
             log.warning("Redis at %s evicts any key when it is full (maxmemory-policy %s): "
                         "kvgate's tenants, API keys, policy and concurrency leases may be "
                         "evicted, each eviction of its bootstrap marker read as a wiped store; "

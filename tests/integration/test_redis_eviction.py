@@ -1,8 +1,8 @@
 """A Redis that evicts any key when full (`maxmemory-policy allkeys-*`) takes kvgate's state
 with it: tenants, keys, the policy, the bootstrap marker (each eviction read as a wiped store)
 and leases. The gateway says so once at start (it said nothing: the first sign was a store
-"wiped" again and again under memory pressure); not with `noeviction`, nor where CONFIG is
-refused to its ACL user."""
+"wiped" again and again under memory pressure); not with `noeviction` nor without a
+`maxmemory`, nor where CONFIG is refused to its ACL user."""
 
 from __future__ import annotations
 
@@ -29,10 +29,12 @@ def redis_with(*args: str) -> tuple[Proc, str, int]:
     return Proc(cmd, ready_port=port), f"redis://127.0.0.1:{port}/0", port
 
 
-@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction", "allkeys-lru, no CONFIG"])
+@pytest.mark.parametrize("policy", ["allkeys-lru", "noeviction", "allkeys-lru, no CONFIG",
+                                    "allkeys-lru, no maxmemory"])
 def test_an_evicting_redis_is_named_at_start(sim_factory: SimFactory, policy: str) -> None:
     _, sim = sim_factory("--time-scale", "50", model="m")
-    server, url, port = redis_with("--maxmemory", "64mb",
+    limit = "0" if "no maxmemory" in policy else "64mb"  # 0: it never evicts
+    server, url, port = redis_with("--maxmemory", limit,
                                    "--maxmemory-policy", policy.split(",")[0])
     with server:
         if "no CONFIG" in policy:  # an ACL user with every command but CONFIG
