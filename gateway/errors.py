@@ -54,6 +54,7 @@ __all__ = [
     "UpstreamError",
     "UpstreamTimeout",
     "WriteOutcomeUnknown",
+    "WriteRefused",
     "error_body",
     "for_status",
     "shown_name",
@@ -477,3 +478,27 @@ class ReplicaConnectionsBusy(UpstreamError):
             "upstream.connection_wait_s: the replica is busy; try again shortly.",
             reason="connection_wait")
         self.retry_after = 1
+
+
+class WriteRefused(StoreUnreachable):
+    """An admin write refused by a Redis that refuses every write while the condition lasts: a
+    read-only replica (after a failover, the URL still naming the old primary), out of memory
+    under noeviction, a failed save (MISCONF), refused credentials. A script's first write is
+    refused whole and the script stops, so the change was not made; the 503 says so (it said
+    "may have been applied, or may still be if Redis runs it late", as for a timeout), and
+    still names the audit entry for a refusal that began during a write of several calls."""
+
+    CODES = frozenset({"OOM", "READONLY", "MISCONF", "NOAUTH", "WRONGPASS",
+                       "AuthenticationError"})
+
+    @classmethod
+    def covers(cls, cause: str) -> bool:
+        return cause.removeprefix("server replied ") in cls.CODES
+
+    def __init__(self, cause: str, request_id: str) -> None:
+        super().__init__(cause)
+        self.message = (
+            f"{self.message}: Redis refuses every write while this lasts, so this change was "
+            "not made (the audit log, GET /admin/audit, has an entry with request_id "
+            f"{request_id!r} if and only if it was)")
+        self.args = (self.message,)

@@ -17,7 +17,7 @@ from gateway.admin.auth import AdminToken
 from gateway.admin.errors import REQUEST_ID
 from gateway.admin.guard import AuthGuard
 from gateway.admin.schemas import tenant_view
-from gateway.errors import BadRequest, Conflict, StaleCheck, shown_name
+from gateway.errors import BackendUnavailable, BadRequest, Conflict, StaleCheck, shown_name
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.audited import AUDITING, AuditIntent
 from gateway.tenancy.models import AuditEntry, PolicySnapshot, Tenant
@@ -111,14 +111,16 @@ class AdminContext:
 
     async def check_tier(self, tier: str) -> int:
         """A tenant's tier must exist in the policy in force (its version is returned); with
-        no policy stored (a wiped store not yet re-seeded) no tier is known, so nothing is
-        accepted."""
+        no policy stored (a wiped store not yet re-seeded, a lost policy not yet written back)
+        no tier is known, so nothing is accepted: a 503 to retry, not a 400 that blames the
+        request (it stayed one while the policy could not be written back: Redis a read-only
+        replica)."""
         policy = await self.store.get_policy()
         if policy is None:
-            raise BadRequest(
-                f"tier: unknown tier {shown_name(tier)!r} (no policy is stored yet; retry shortly)",
-                param="tier",
-            )
+            raise BackendUnavailable(
+                f"no policy is stored in the tenancy store yet, so tier {shown_name(tier)!r} "
+                "cannot be checked (a wiped store is written back by the gateways; the log "
+                "says why if it is not); retry shortly")
         if not policy.doc.knows_tier(tier):
             known = ", ".join(sorted({*policy.doc.tiers, DEFAULT_TIER}))
             raise BadRequest(f"tier: unknown tier {shown_name(tier)!r} (known: {known})",

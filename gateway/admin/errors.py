@@ -28,6 +28,7 @@ from gateway.errors import (
     KvgateError,
     StoreUnreachable,
     WriteOutcomeUnknown,
+    WriteRefused,
     for_status,
 )
 
@@ -153,11 +154,13 @@ class AdminRoute(APIRoute):
                     return error_response(duplicate)
                 return await inner(request)
             except StoreUnreachable as exc:  # the cause is for the log, not the answer
-                log.warning("admin request failed: the tenancy store (Redis) did not answer "
-                            "(%s)", exc.cause, extra={"path": request.url.path,
-                                                      "request_id": request_id})
+                refused = WriteRefused.covers(exc.cause)
+                log.warning("admin request failed: the tenancy store (Redis) %s (%s)",
+                            "refused it" if refused else "did not answer", exc.cause,
+                            extra={"path": request.url.path, "request_id": request_id})
                 if unique_keys and request.method not in READS:  # a write's: not known
-                    return error_response(WriteOutcomeUnknown(exc.cause, request_id))
+                    return error_response(WriteRefused(exc.cause, request_id) if refused
+                                          else WriteOutcomeUnknown(exc.cause, request_id))
                 return error_response(exc)
             except KvgateError as exc:
                 return error_response(exc)

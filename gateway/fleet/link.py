@@ -21,7 +21,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.tenancy.redis_conn import redis_address
+from gateway.tenancy.redis_conn import redis_address, redis_tls
 
 __all__ = ["Link"]
 
@@ -34,6 +34,7 @@ class Link:
         self._timeout = read_timeout_s
         # where it connects, for logs (never the URL's credentials); the client is not used
         self.address = redis_address(aioredis.Redis(connection_pool=self._pool))
+        self.tls = redis_tls(self._pool)
         self._conn: AbstractConnection | None = None
 
     async def call(self, *args: bytes | str | int) -> object:

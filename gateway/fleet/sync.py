@@ -108,7 +108,7 @@ class RouteSync:
         self._in = Link(redis_url, timeout, timeout + _BLOCK_S)  # the reader's (blocking)
         # what the log says about reaching Redis: both loops report their failures to it
         self.reach = Reachability(self._in.address, retry_every_s=RETRY_S,
-                                  subject="shared routing state", logger=log)
+                                  subject="shared routing state", logger=log, tls=self._in.tls)
         # peers' records arrive about a flush interval or two late (`window_s`): within it the
         # gateways hold their contested picks until the lower ranks' have arrived
         # (routing.router.Router.defer_s), or take turns over equally good replicas

@@ -8,7 +8,13 @@ logged, and so is its end, unless it lasts until a summary line names it (measur
 paused 0.7 s every second wrote a warning and an info line every 2 s per component).
 
 Other users of Redis (the shared routing state, lease renewal) say the same through their own
-logger, each line prefixed with what is affected (``subject``)."""
+logger, each line prefixed with what is affected (``subject``).
+
+A Redis reached over TLS (``tls`` true, a ``rediss://`` URL) that times out before it ever
+answered is most likely a port without TLS, which waits for a command and never answers the
+handshake; one reached without TLS (``tls`` false) that resets the connection before it ever
+answered, a port that serves only TLS: the line says so (it read "timed out", "connection
+reset by peer"). Not told (None), it says nothing of TLS."""
 
 from __future__ import annotations
 
@@ -25,9 +31,11 @@ class Reachability:
     def __init__(
         self, address: str, *, retry_every_s: float, summary_every_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic, subject: str = "",
-        logger: logging.Logger = log,
+        logger: logging.Logger = log, tls: bool | None = None,
     ) -> None:
         self.address = address
+        self._tls = tls  # None: not told (no hint)
+        self._answered = False  # ever
         self._prefix = f"{subject}: " if subject else ""
         self._log = logger
         self._retry_every_s = retry_every_s
@@ -49,6 +57,8 @@ class Reachability:
     def failed(self, cause: str) -> None:
         now = self._clock()
         self._failures += 1
+        if not self._answered and self._tls is not None:
+            cause += _tls_hint(cause, self._tls)
         self.cause = cause
         if self._down_since is None:
             self._down_since, self._unsaid = now, 0
@@ -77,6 +87,7 @@ class Reachability:
 
     def answered(self) -> None:
         self.cause = None
+        self._answered = True
         if self._down_since is None:
             return
         if self._quiet:  # a flap, counted for the next line
@@ -86,3 +97,15 @@ class Reachability:
                        self._prefix, self.address, self._clock() - self._down_since,
                        self._failures, extra={"redis": self.address})
         self._down_since, self._failures, self._unsaid = None, 0, 0
+
+
+def _tls_hint(cause: str, tls: bool) -> str:
+    """What to add to the cause of a failure before Redis ever answered that a URL's scheme
+    not matching the port's TLS explains."""
+    if tls and cause == "timed out":
+        return (" in the TLS handshake? KVGATE_REDIS_URL is rediss://, and a Redis port "
+                "without TLS never answers it: use redis:// or the TLS port")
+    if not tls and cause == "connection reset by peer":
+        return (" (a Redis port that serves only TLS resets plain connections: "
+                "rediss:// in KVGATE_REDIS_URL?)")
+    return ""

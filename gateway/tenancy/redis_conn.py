@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import errno
 import os
+import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis.asyncio as aioredis
+from redis.asyncio.connection import ConnectionPool, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import MaxClientsReachedError, RedisError, ResponseError
 
 from gateway.errors import StoreUnreachable
 
 __all__ = [
     "CAUSE_LABELS", "cause_label", "connect_redis", "failure_cause", "redis_address",
-    "redis_unavailable",
+    "redis_tls", "redis_unavailable",
 ]
 
 # What `kvgate_redis_down_cause` and `kvgate_sync_down_cause` name (`cause_label`): a fixed
@@ -61,15 +63,29 @@ def redis_address(client: aioredis.Redis) -> str:
     return f"[{host}]:{kw.get('port', 6379)}" if ":" in host else f"{host}:{kw.get('port', 6379)}"
 
 
+def redis_tls(pool: ConnectionPool) -> bool:
+    """Whether a pool's connections use TLS (a ``rediss://`` URL)."""
+    return issubclass(pool.connection_class, SSLConnection)
+
+
 def failure_cause(exc: BaseException) -> str:
     """A Redis failure in a few words: the OS error under it (``connection refused``, ``name
-    or service not known``, ``timed out``), a server reply's first word (``READONLY``,
+    or service not known``, ``timed out``), a TLS handshake's refusal (``TLS certificate
+    refused: self-signed certificate``), a server reply's first word (``READONLY``,
     ``WRONGPASS``: replies never echo a password; ``NOPERM`` for a script's ACL refusal),
     else the exception's class name."""
     seen: BaseException | None = exc
     while seen is not None:
+        # before OSError: an SSLError's errno is OpenSSL's code (1 read as "operation not
+        # permitted")
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return f"TLS certificate refused: {seen.verify_message}"
+        if isinstance(seen, ssl.SSLError):
+            return f"TLS handshake failed ({seen.reason or type(seen).__name__})"
         if isinstance(seen, TimeoutError):
             return "timed out"
+        if isinstance(seen, MaxClientsReachedError):  # an ERR reply, named by its text
+            return "server replied ERR max number of clients reached (Redis's maxclients)"
         if isinstance(seen, OSError) and seen.errno is not None:
             if seen.errno in errno.errorcode:
                 return os.strerror(seen.errno).lower()
@@ -93,7 +109,7 @@ def cause_label(cause: str) -> str:
     """A `failure_cause` (perhaps with words after it: the keys of a WRONGTYPE) as one of
     `CAUSE_LABELS`: a refusal by its code, a timeout, else ``unreachable`` (an OS error, a
     closed connection)."""
-    if cause == "timed out":
+    if cause.startswith("timed out"):
         return "timeout"
     code = cause.removeprefix("server replied ").split(":", 1)[0].split(" ", 1)[0]
     if code in _BY_CODE:

@@ -70,9 +70,24 @@ CAS_TENANT = (  # KEYS[3] tenants, KEYS[4] policy; ARGV[3] id, ARGV[4] expected 
     + "redis.call('HSET', KEYS[3], ARGV[3], ARGV[5]) " + _BUMP + _log("tenant", "ARGV[3]")
     + _audit() + "return 1"
 )
-DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id
-    _GUARD + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
-    "local hs = redis.call('HVALS', KEYS[5]) "
+# A tenant's key index (KEYS[5], key id -> hash) may be lost while its key records stay (an
+# `allkeys-*` Redis evicts any key): the deletion and the revocation also take the hashes the
+# gateway's view holds for the tenant, each used only if its record (KEYS[4]) still names the
+# tenant (and the key id). Revoking by the index alone answered "not found" for a key that
+# kept working, and a deleted tenant's keys worked again for a tenant made under its id.
+_OWNED = (
+    "local function owned(h, kid) local raw = redis.call('HGET', KEYS[4], h) "
+    "if not raw then return false end local ok, r = pcall(cjson.decode, raw) "
+    "return ok and type(r) == 'table' and r.tenant_id == ARGV[3] "
+    "and (kid == nil or r.key_id == kid) end "
+)
+DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id, ARGV[4..] the
+    # hashes of its keys in the gateway's view
+    _GUARD + _OWNED + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    "local hs = redis.call('HVALS', KEYS[5]) local seen = {} "
+    "for _, h in ipairs(hs) do seen[h] = true end "
+    "for i = 4, #ARGV - 2 do local h = ARGV[i] "
+    "if not seen[h] and owned(h) then seen[h] = true table.insert(hs, h) end end "
     "for _, h in ipairs(hs) do redis.call('HDEL', KEYS[4], h) end "
     "redis.call('DEL', KEYS[5]) " + _BUMP
     + "for _, h in ipairs(hs) do " + _log("key", "h") + "end "
@@ -89,8 +104,11 @@ ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, jso
     + _BUMP + _log("key", "ARGV[5]") + _audit()
     + "return 1"
 )
-REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[4] key id
-    _GUARD + "local h = redis.call('HGET', KEYS[5], ARGV[4]) if not h then return 0 end "
+REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[3] tenant id, ARGV[4] key id, ARGV[5] its hash
+    # in the gateway's view or ''
+    _GUARD + _OWNED + "local h = redis.call('HGET', KEYS[5], ARGV[4]) "
+    "if not h and ARGV[5] ~= '' and owned(ARGV[5], ARGV[4]) then h = ARGV[5] end "
+    "if not h then return 0 end "
     "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
     + _log("key", "h") + _audit() + "return 1"
 )

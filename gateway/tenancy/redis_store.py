@@ -57,7 +57,12 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
+from gateway.tenancy.redis_conn import (
+    failure_cause,
+    redis_address,
+    redis_tls,
+    redis_unavailable,
+)
 from gateway.tenancy.redis_records import (
     audit_from_json,
     changed_keys,
@@ -131,7 +136,8 @@ class RedisStore(TenantStore):
         listen: bool = True,
     ) -> None:
         super().__init__()
-        self.reach: Reachability = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S)
+        self.reach: Reachability = Reachability(redis_address(client), retry_every_s=RETRY_MAX_S,
+                                                tls=redis_tls(client.connection_pool))
         self._r = client
         self._ns = namespace
         self._audit_cap = audit_cap
@@ -173,8 +179,27 @@ class RedisStore(TenantStore):
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> None:
+        await self._say_if_evicting()
         if self._listen and self._listener is None:
             self._listener = asyncio.create_task(self._listen_loop(), name="tenancy-pubsub")
+
+    async def _say_if_evicting(self) -> None:
+        """A Redis that evicts any key when full (``maxmemory-policy allkeys-*``) takes
+        kvgate's tenants, keys, policy, its bootstrap marker (a wipe, each time) and leases
+        with it: say so once at start. Nothing is said without a `maxmemory` (it never
+        evicts), where CONFIG is refused (an ACL user without it, a managed Redis that renamed
+        it) or Redis does not answer yet."""
+        try:
+            found = await self._r.config_get("maxmemory*")
+        except (RedisError, OSError):
+            return
+        policy = text(found.get("maxmemory-policy") or "")
+        if policy.startswith("allkeys-") and found.get("maxmemory") not in (None, "0"):
+            log.warning("Redis at %s evicts any key when it is full (maxmemory-policy %s): "
+                        "kvgate's tenants, API keys, policy and concurrency leases may be "
+                        "evicted, each eviction of its bootstrap marker read as a wiped store; "
+                        "give kvgate a Redis with maxmemory-policy noeviction", self.reach.address,
+                        policy, extra={"redis": self.reach.address})
 
     async def close(self) -> None:
         self._closing = True
@@ -326,7 +351,8 @@ class RedisStore(TenantStore):
 
     async def delete_tenant(self, tenant_id: str) -> bool:
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
-        return bool(await self._run("delete", keys, [tenant_id], Change("tenant", tenant_id)))
+        args = [tenant_id, *self._viewed_keys({tenant_id})]
+        return bool(await self._run("delete", keys, args, Change("tenant", tenant_id)))
 
     async def rotate_salt(self, tenant_id: str) -> SaltRotation:
         tenant = await self.get_tenant(tenant_id)
@@ -356,16 +382,19 @@ class RedisStore(TenantStore):
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
         keys = [self._k("tenants"), self._k("keys"), self._k("tkeys", tenant_id)]
-        args = [tenant_id, key_id]
+        seen = [h for h in self._viewed_keys({tenant_id}) if self._keys[h].key_id == key_id]
+        args = [tenant_id, key_id, seen[0] if seen else ""]
         return bool(await self._run("revoke", keys, args, Change("key", tenant_id)))
 
+    def _viewed_keys(self, tenant_ids: Collection[str]) -> list[str]:
+        """The hashes of these tenants' keys in the last view loaded (`snapshot`): what their
+        key indexes (``:tkeys:<id>``) name, unless an index was lost (evicted by an
+        `allkeys-*` Redis, deleted by hand) while the records stayed. The admin API's reads
+        and writes of a tenant's keys take these with the index's."""
+        return [h for h, record in self._keys.items() if record.tenant_id in tenant_ids]
+
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
-        with redis_unavailable():
-            hashes = await self._r.hvals(self._k("tkeys", tenant_id))
-            raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
-        stored = {text(h): text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
-        found = list(readable_records(stored, key_from_json, "key", []).values())
-        return sorted(found, key=lambda r: (r.created_at, r.key_id))
+        return (await self._keys_of([tenant_id]))[tenant_id]
 
     async def keys_by_tenant(
         self, tenant_ids: Collection[str] | None = None
@@ -388,11 +417,14 @@ class RedisStore(TenantStore):
                 for tid in tenant_ids:
                     pipe.hvals(self._k("tkeys", tid))
                 hashes = [text(h) for found in await pipe.execute() for h in found]
+            hashes += self._viewed_keys(set(tenant_ids))
+            hashes = list(dict.fromkeys(hashes))
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
         stored = {h: text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
         found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
         for record in readable_records(stored, key_from_json, "key", []).values():
-            found.setdefault(record.tenant_id, []).append(record)
+            if record.tenant_id in found:
+                found[record.tenant_id].append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
 
