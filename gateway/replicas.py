@@ -240,12 +240,12 @@ class Replica:
             self.inflight == 0 or self._moved_since_ejection())
 
     def _moved_since_ejection(self) -> bool:
-        """Requests it held from before its ejection hold its trial back only while nothing
-        says its engine works: its scraped token counters moved since then (or went back: a
-        new engine) and they are not hung -- a trial sent among hung ones would hang with them
-        (a replica whose streams stall mid-way); while they do not move they are cut in time
-        (a stall, a stream's idle timeout), so the wait is bounded, not the whole of the
-        longest generation, nor a whole answer's client timeout."""
+        """Has its engine worked since its ejection (its scraped token counters moved, or went
+        back: a new engine)? Then requests it held from before do not hold its trial back.
+        While the counters stand still those requests may be hung (a replica whose streams
+        stop mid-way), and a trial sent among them would hang with them: the trial waits, and
+        they are cut in time -- a stream at its idle timeout, one with nothing back yet at
+        `stall_after_s` -- not after the longest generation there or a client's timeout."""
         now, then = self.engine_tokens(), self.progress_at_ejection
         return now is not None and then is not None and now != then
 
