@@ -5,7 +5,8 @@ A task owned by the app's lifespan. Passive health (failures seen by real reques
 `/health` out (a replica marked down is not tried before `/health` answers), and one that
 answers becomes half-open (one trial request decides), so a replica that comes back is used
 again without a restart. vLLM's `/health` reports only the engine's
-errored flag and is served on the same event loop as the requests, so a saturated replica
+errored flag (a hung engine's answers 200: a stalled replica, `gateway.stall`, stays out) and is
+served on the same event loop as the requests, so a saturated replica
 answers it late: a probe that times out is only *slow*, and ejects after
 `health.slow_threshold` in a row -- unless requests were answered there while it waited (first
 tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
@@ -94,14 +95,17 @@ class HealthMonitor:
             replica.mark_down(self._clock(), request=False)
             return
         replica.record_probe_ok()
-        came_back = replica.state == "ejected"
-        if came_back:
+        came_back = False
+        if replica.state == "ejected":
             # the back-off expired and /health answers: half-open, the next request decides
             # (a healthy replica keeps its passive failure count: it may answer /health yet
-            # fail requests, as a faulted vLLM engine does)
-            log.info("replica answers /health again",
-                     extra={"pool": pool.name, "replica": replica.id})
+            # fail requests, as a faulted vLLM engine does); a stalled one stays out (a hung
+            # engine answers /health), unlogged every probe
             replica.probe_recovered()
+            came_back = replica.state != "ejected"
+            if came_back:
+                log.info("replica answers /health again",
+                         extra={"pool": pool.name, "replica": replica.id})
         if pool.served_model is None or came_back or (
                 pool.max_model_len is None
                 and (replica.id, pool.served_model) not in self._carded):

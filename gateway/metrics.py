@@ -80,6 +80,13 @@ class _ReplicaCollector(Collector):
             "kvgate_replica_failures", "requests that failed on a replica (5xx, reset, stall, "
             "cut stream, dead engine), retried elsewhere where they could be; a pool's only "
             "replica's 500s for single requests too, which never eject it", labels=labels)
+        stalls = CounterMetricFamily(
+            "kvgate_replica_stalls", "times a replica was found stalled: requests running, "
+            "its engine's token counters frozen for health.stall_after_s (ejected)",
+            labels=labels)
+        stalled = GaugeMetricFamily(
+            "kvgate_replica_stalled", "1 while its engine is judged stalled (kept out)",
+            labels=labels)
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)
@@ -98,8 +105,11 @@ class _ReplicaCollector(Collector):
             errors.add_metric(key, self._scrape_errors(r.id))
             attempts.add_metric(key, r.attempts)
             failed.add_metric(key, r.failed)
+            stalls.add_metric(key, r.stalls)
+            stalled.add_metric(key, 1.0 if r.stalled else 0.0)
             affinity.add_metric(key, entries.get(r.id, 0))
-        yield from (inflight, healthy, *gauges, age, errors, attempts, failed, affinity)
+        yield from (inflight, healthy, *gauges, age, errors, attempts, failed, stalls, stalled,
+                    affinity)
 
 
 def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:

@@ -116,7 +116,7 @@ class Pools:
         h = cfg.health
         self._health = HealthRules(
             h.failure_threshold, h.eject_base_s, h.eject_max_s, h.slow_threshold,
-            h.busy_backoff_s, h.busy_backoff_max_s,
+            h.busy_backoff_s, h.busy_backoff_max_s, stall_after_s=h.stall_after_s,
         )
         self.doc: PolicyDoc = doc if doc is not None else cfg
         self.by_name: dict[str, Pool] = {}

@@ -281,6 +281,7 @@ class Proxy:
         req.target = replica
         req.attempts += 1
         lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
+        lease.on_stall(req.ctl.replica_stalled)  # its engine stops: tried elsewhere
         resp: UpstreamResponse | None = None
         clean = False
         try:
@@ -339,13 +340,17 @@ class Proxy:
                 replica.record_failure(self._clock())  # judged while its lease still counts
             # a first-byte timeout cuts this try only: nothing reached the client, so another
             # replica may answer (the `finally` drops the connection: the replica aborts it)
-            # (a wait for one of its connections is kvgate's own queue: not judged)
-            queued = req.ctl.reason == "connection wait"
+            # (a wait for one of its connections is kvgate's own queue: not judged; a stall
+            # was judged when it was found, `Replica.record_scrape`)
+            cut = req.ctl.reason
             if last or req.relayed or not req.ctl.retry_first_byte():
                 raise
-            if queued:
+            if cut == "connection wait":
                 log.info("replica's connections all in use", extra={"replica": replica.id})
                 return ReplicaConnectionsBusy()
+            if cut == "stall":
+                log.info("replica stalled: trying another", extra={"replica": replica.id})
+                return UpstreamTimeout("The replica stopped making progress.", reason="stall")
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")

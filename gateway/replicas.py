@@ -4,31 +4,46 @@
 ``finally`` on every path (success, upstream error, timeout, client disconnect), so counters
 cannot leak. Health is a small state machine: consecutive failures, or half of its last 20
 requests failed, eject a replica for an exponentially growing back-off; when it expires the
-replica is half-open and one request decides. A refused connection, a dead engine or a failed
-`/health` ejects at once (`mark_down`), and such a replica is known to be down: it stays out
-past its back-off until `/health` answers again (`probe_recovered`), so a pool whose replicas
-are all gone answers 503 with Retry-After and is not ready, instead of a trial on a dead
-replica each time a back-off expires. A slow `/health` ejects only after `slow_threshold`
-consecutive slow probes (vLLM serves it on the loop that is busy with requests). Apart from
-health, a replica that answers vLLM's busy 503 is *backing off* (`record_busy`): its view says
-unavailable for a short, growing while, so no policy keeps sending it the traffic it rejects
-at once. Time is passed in, so the machine is testable without sleeps.
+replica is half-open and one request decides: one sent since the ejection (`Lease.epoch`).
+Requests still held from before do not decide it by failing late (they are counted, `failed`,
+not judged), nor hold it back once its engine is seen working (`_moved_since_ejection`). A
+refused connection, a dead engine or a failed `/health` ejects at once (`mark_down`), and such
+a replica is known to be down: it stays out past its back-off until `/health` answers again
+(`probe_recovered`), so a pool whose replicas are all gone answers 503 with Retry-After and is
+not ready, instead of a trial on a dead replica each time a back-off expires. A slow `/health`
+ejects only after `slow_threshold` consecutive slow probes (vLLM serves it on the loop that is
+busy with requests). Apart from health, a replica that answers vLLM's busy 503 is *backing off*
+(`record_busy`): its view says unavailable for a short, growing while, so no policy keeps
+sending it the traffic it rejects at once. A replica whose engine stopped making progress
+(`gateway.stall`: requests running, its token counters frozen for `stall_after_s`) is ejected
+as *stalled* and kept out until they move again; its requests that got nothing yet are cut
+(`Lease.on_stall`) and tried elsewhere. Time is passed in, so the machine is testable without
+sleeps.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from gateway.scrape import Sample
+from gateway.stall import StallWatch, progress
 from routing.learning import TtftFit
 from routing.types import ReplicaView
 
 __all__ = ["HealthRules", "Lease", "Replica", "RetryBudget", "replica_id"]
 
+log = logging.getLogger(__name__)
+
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+# the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
+# task on that replica is judged by the epoch its request was sent in; one recorded anywhere
+# else (a probe, another replica's attempt) counts as current
+_SENT: ContextVar[Lease | None] = ContextVar("kvgate_sent_lease", default=None)
 # the one down reason naming a host (`transport.connect_failure`): clients are told less
 _HOST = re.compile(r"cannot resolve host \S+")
 
@@ -55,17 +70,23 @@ class HealthRules:
     # fewer failures than `failure_threshold` (raised, e.g. for a pool's only replica, it
     # holds for both rules)
     window: int = 20
+    # requests running there and its token counters frozen this long: stalled (`gateway.stall`;
+    # None or 0: never judged). Longer than any single prefill (vLLM counts prompt tokens when
+    # a prefill completes, a lone 100k-token prompt may take tens of seconds)
+    stall_after_s: float | None = 60.0
 
 
 class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_heard_answers", "_policy", "answers", "attempts", "busy_streak", "busy_until",
-        "down", "draining", "ejected_until", "ejections", "failed", "failures", "heard_at",
-        "hit_ratio", "id", "inflight", "inflight_prefill", "inflight_prefill_tokens",
-        "outcomes", "pool", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "state", "url", "waiting_since", "watch", "whole_waiting_tokens",
+        "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
+        "busy_until", "current", "cuttable", "down", "draining", "ejected_until", "ejections",
+        "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
+        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool",
+        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
+        "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
+        "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -102,6 +123,16 @@ class Replica:
         self.outcomes = 0
         self.ejections = 0
         self.ejected_until = 0.0
+        # ejections so far (never reset): a request carries the one it was sent in, and only
+        # those sent since the last ejection (`current` in flight) are its trial
+        self.epoch = 0
+        self.current = 0
+        self.progress_at_ejection: float | None = None  # its engine's tokens then (scraped)
+        self._stall = StallWatch(policy.stall_after_s)
+        self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
+        self.stalls = 0  # times it was found stalled (kvgate_replica_stalls_total)
+        # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
+        self.cuttable: set[Lease] = set()
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
         # why it was last found down ("cannot resolve host NAME", "/health answered 503"), for
         # the pools' not-ready reasons; None once it answers again
@@ -127,16 +158,20 @@ class Replica:
             self.waiting_since = now
         self.attempts += 1
         self.inflight += 1
+        self.current += 1
         self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
         if not stream:
             self.whole_waiting_tokens += prompt_tokens
-        return Lease(self, prompt_tokens, stream)
+        lease = Lease(self, prompt_tokens, stream)
+        _SENT.set(lease)
+        return lease
 
     def record_scrape(self, sample: Sample | None, now: float) -> bool:
         """A scrape finished; a failed one (None) leaves the last good sample to age. True
         when the engine restarted since the last good one (its counters went back): its
-        prefix cache is empty."""
+        prefix cache is empty. Also judges whether its engine is stalled (`gateway.stall`)."""
+        self._judge_progress(sample, now)
         if sample is None:
             return False
         prev = self.scraped
@@ -147,7 +182,7 @@ class Replica:
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
             restarted = _went_back(prev, sample)
-            before, after = _engine_tokens(prev), _engine_tokens(sample)
+            before, after = progress(prev), progress(sample)
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
@@ -174,6 +209,23 @@ class Replica:
             return 0.0
         return now - max(self.heard_at, self.waiting_since)
 
+    def _judge_progress(self, sample: Sample | None, now: float) -> None:
+        stalled = self._stall.observe(sample, self.inflight, now)
+        if stalled == self.stalled:
+            return
+        self.stalled = stalled
+        if not stalled:
+            log.info("replica's engine makes progress again",
+                     extra={"pool": self.pool, "replica": self.id})
+            return
+        self.stalls += 1
+        log.warning("replica stalled: requests running, no tokens for %g s; ejected",
+                    self._policy.stall_after_s, extra={"pool": self.pool, "replica": self.id})
+        if self.state != EJECTED:
+            self.eject(now)
+        for lease in list(self.cuttable):  # (each cut removes itself)
+            lease.cut()
+
     # -- health ---------------------------------------------------------------------------
     def hung(self, lease: Lease, fit: TtftFit, waited_s: float) -> bool:
         """Is a first-byte cut of `lease`'s request (it waited `waited_s`) the replica's
@@ -195,7 +247,7 @@ class Replica:
     def engine_tokens(self) -> float | None:
         """Tokens its engine has processed (prompt and generated, the scraped counters'
         sum), or None while no scrape said."""
-        return None if self.scraped is None else _engine_tokens(self.scraped)
+        return None if self.scraped is None else progress(self.scraped)
 
     def _engine_moved(self, lease: Lease) -> bool:
         """Is a queue moving there, as scraped: requests waiting in its engine (the cut one
@@ -213,14 +265,28 @@ class Replica:
         """May a request be sent now? Moves an expired ejection to half-open."""
         if self.state == HEALTHY:
             return True
-        if self.state == EJECTED and now >= self.ejected_until and not self.down:
+        if (self.state == EJECTED and now >= self.ejected_until and not self.down
+                and not self.stalled):
             self.state = HALF_OPEN
         # half-open: one trial request at a time
-        return self.state == HALF_OPEN and self.inflight == 0
+        return self.state == HALF_OPEN and self.current == 0 and (
+            self.inflight == 0 or self._moved_since_ejection())
+
+    def _moved_since_ejection(self) -> bool:
+        """Has its engine worked since its ejection (its scraped token counters moved, or went
+        back: a new engine)? Then requests it held from before do not hold its trial back.
+        While the counters stand still those requests may be hung (a replica whose streams
+        stop mid-way), and a trial sent among them would hang with them: the trial waits, and
+        they are cut in time -- a stream at its idle timeout, one with nothing back yet at
+        `stall_after_s` -- not after the longest generation there or a client's timeout."""
+        now, then = self.engine_tokens(), self.progress_at_ejection
+        return now is not None and then is not None and now != then
 
     def condition(self, now: float) -> str:
         """Why it takes no request now (``"available"`` when it does), in words an API client
         may read: no address nor host name (those are for operators: `reason`, /readyz)."""
+        if self.stalled:
+            return "its engine stopped making progress"
         if self.down:
             why = (self.reason or "down").removeprefix("/health: ")
             why = why.replace("/health answered", "its health check answered")
@@ -270,10 +336,11 @@ class Replica:
     def probe_recovered(self) -> None:
         """`/health` answers again after an ejection: half-open, so the next request decides.
         (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
-        on its own, or one that fails every request would be readmitted every back-off.)"""
+        on its own, or one that fails every request would be readmitted every back-off; nor
+        does it while its engine is stalled: a hung engine answers /health too.)"""
         self.down = False
         self.reason = None
-        if self.state == EJECTED:
+        if self.state == EJECTED and not self.stalled:
             self.state = HALF_OPEN
 
     def record_success(self) -> None:
@@ -286,7 +353,13 @@ class Replica:
             self.ejections = 0
 
     def record_failure(self, now: float) -> None:
-        """A request failed here (5xx, reset, stall, cut stream)."""
+        """A request failed here (5xx, reset, stall, cut stream). One sent before its last
+        ejection is counted (`failed`) but not judged: its replica has been judged since, and
+        a late failure of a request it held then would decide (or start) its next ejection."""
+        sent = _SENT.get()
+        if sent is not None and sent.replica is self and sent.epoch != self.epoch:
+            self.failed += 1
+            return
         self.failures += 1
         self.failed += 1
         self._outcome(1)
@@ -309,6 +382,9 @@ class Replica:
         self.failed += 1
 
     def eject(self, now: float) -> None:
+        self.epoch += 1
+        self.current = 0  # what is in flight now was sent before: not its trial
+        self.progress_at_ejection = self.engine_tokens()
         self.ejections += 1
         backoff = self._policy.eject_base_s * 2 ** (self.ejections - 1)
         self.ejected_until = now + min(backoff, self._policy.eject_max_s)
@@ -343,13 +419,6 @@ class Replica:
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
         )
-
-
-def _engine_tokens(s: Sample) -> float | None:
-    """Tokens an engine processed, prompt and generated (None: its /metrics do not say)."""
-    if s.generation_tokens is None:
-        return None
-    return s.generation_tokens + (s.prompt_tokens or 0.0)
 
 
 def _went_back(prev: Sample, sample: Sample) -> bool:
@@ -390,11 +459,13 @@ def _delta_ratio(
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
-    __slots__ = ("_prefill", "_released", "_replica", "_whole", "answered", "engine_tokens",
-                 "seen")
+    __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
+                 "replica", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
-        self._replica = replica
+        self.replica = replica
+        self.epoch = replica.epoch  # the ejections it was sent after (`Replica.record_failure`)
+        self._cut: Callable[[], None] | None = None
         self._prefill = prompt_tokens
         self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
         self._released = False
@@ -402,25 +473,48 @@ class Lease:
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
 
+    def on_stall(self, cut: Callable[[], None]) -> None:
+        """Call `cut` if its replica is found stalled before this request got anything (a
+        first token, a whole answer) or ended: it can be tried elsewhere."""
+        if not self.answered and not self._released:
+            self._cut = cut
+            self.replica.cuttable.add(self)
+
+    def cut(self) -> None:
+        """Its replica stalled: the request is cut (once)."""
+        cut, self._cut = self._cut, None
+        self.replica.cuttable.discard(self)
+        if cut is not None:
+            cut()
+
+    def _uncuttable(self) -> None:
+        if self._cut is not None:
+            self._cut = None
+            self.replica.cuttable.discard(self)
+
     def first_token(self) -> None:
         """The prompt is answered: it no longer waits for prefill."""
         if not self.answered and not self._released:
-            self._replica.inflight_prefill -= 1
-            self._replica.inflight_prefill_tokens -= self._prefill
-            self._replica.whole_waiting_tokens -= self._whole
-            self._replica.answers += 1
+            self.replica.inflight_prefill -= 1
+            self.replica.inflight_prefill_tokens -= self._prefill
+            self.replica.whole_waiting_tokens -= self._whole
+            self.replica.answers += 1
         self.answered = True
+        self._uncuttable()
 
     def release(self) -> None:
         if self._released:
             return
+        replica = self.replica
         if not self.answered:  # ended unanswered: it no longer waits for prefill either
-            self._replica.inflight_prefill -= 1
-            self._replica.inflight_prefill_tokens -= self._prefill
-            self._replica.whole_waiting_tokens -= self._whole
+            replica.inflight_prefill -= 1
+            replica.inflight_prefill_tokens -= self._prefill
+            replica.whole_waiting_tokens -= self._whole
         self._released = True
-        replica = self._replica
+        self._uncuttable()
         replica.inflight -= 1
+        if self.epoch == replica.epoch:  # sent since its last ejection
+            replica.current -= 1
         if replica.watch is not None:
             replica.watch()
 

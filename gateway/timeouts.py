@@ -25,7 +25,11 @@ An attempt waits in kvgate for one of its replica's connections (`upstream.max_c
 before its request goes out: that wait is bounded by `upstream.connection_wait_s` (reason
 ``"connection wait"``, taken back for another try like a first-byte cut, never the replica's
 failure), and the first-byte clock starts when the request is sent (`sent`), so a replica is
-given its whole first-byte time whatever kvgate's own queue took.
+given its whole first-byte time whatever kvgate's own queue took. A replica whose engine is
+found stalled (`gateway.stall`: requests running there, its token counters frozen for
+`health.stall_after_s`) cuts its attempts whose answer has not started (`replica_stalled`,
+reason ``"stall"``): taken back for another try like a first-byte cut -- the only bound a
+non-streamed answer has before the total timeout.
 """
 
 from __future__ import annotations
@@ -82,7 +86,8 @@ class Canceller:
         self._first = True  # waiting for response headers
         self._queued = False  # waiting for a connection to the replica (`attempt_started`)
         self.done = False  # the response is complete: nothing may cancel any more
-        # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total"
+        # "disconnect" | "first byte" | "idle" | "client" (stopped reading) | "total" |
+        # "stall" (its replica's engine stopped making progress)
         self.reason: str | None = None
         self._later: str | None = None  # a reason that fired after `reason` (kept for a retry)
         self.writing = False  # a chunk is being handed to the client (`hand_over`)
@@ -125,8 +130,9 @@ class Canceller:
     def retry_first_byte(self) -> bool:
         """Take back a first-byte cut (or a connection wait's) so the handler can try another
         replica (the caller checked that nothing reached the client): False when the cut had
-        another reason. The next attempt's own clocks start now; the total deadline stays."""
-        if self.reason not in ("first byte", "connection wait") or self.done:
+        another reason. The next attempt's own clocks start now; the total deadline stays.
+        A stalled replica's cut (`replica_stalled`) is taken back alike."""
+        if self.reason not in ("first byte", "connection wait", "stall") or self.done:
             return False
         if self._later is not None:  # the client left, or shutdown came, meanwhile: no retry
             self.reason = self._later
@@ -137,6 +143,13 @@ class Canceller:
         self.attempt_started()
         self._rearm()
         return True
+
+    def replica_stalled(self) -> None:
+        """The attempt's replica stopped making progress: cut it (waiting for one of its
+        connections too), unless its answer started (a whole answer's headers come with all
+        of it: vLLM finished it)."""
+        if self._first:
+            self.fire("stall")
 
     def headers_received(self) -> None:
         """A non-streamed answer's headers: the answer has started."""
@@ -227,4 +240,7 @@ def cut_error(reason: str | None) -> KvgateError:
         return NoReplicaAvailable("The gateway is shutting down; the response was interrupted.")
     if reason == "connection wait":
         return ReplicaConnectionsBusy()
+    if reason == "stall":
+        return UpstreamTimeout("The replica stopped making progress (its engine stalled).",
+                               reason="stall")
     return UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")

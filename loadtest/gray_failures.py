@@ -46,7 +46,7 @@ ADMIN_TOKEN = "gray-failures-admin-token-0123456"  # loopback benchmark only
 NORMAL: dict[str, Any] = {
     "latency_ms": 0, "error_rate": 0.0, "drop_connections": False, "health_latency_ms": 0,
     "hang_after_tokens": -1, "metrics_latency_ms": 0, "metrics_status": 0,
-    "kv_usage_zero": False}
+    "kv_usage_zero": False, "engine_hang": False}
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ class Scenario:
     faults: dict[str, Any]
     flap_s: float = 0.0  # > 0: the faults go on and off every flap_s (intermittent)
     sim_flags: tuple[str, ...] = ()  # its own four replicas, started with these flags
+    health: dict[str, Any] = field(default_factory=dict)  # the gateway's `health` settings
 
 
 SCENARIOS = {s.name: s for s in (
@@ -75,6 +76,10 @@ SCENARIOS = {s.name: s for s in (
     Scenario("kv-lies", "(7) its KV usage gauge says 0 whatever it holds (caches of 40 "
              "blocks: the others' KV is near full)", {"kv_usage_zero": True},
              sim_flags=("--num-gpu-blocks", "40", "--max-model-len", "2048")),
+    # (the default 60 s would outlast the 30 s fault: the simulator's prefills take ms)
+    Scenario("engine-hang", "(8) its engine stops stepping (--engine-hang): no token for any "
+             "request, /health and /metrics 200; health.stall_after_s 5",
+             {"engine_hang": True}, health={"stall_after_s": 5}),
 )}
 
 
@@ -134,12 +139,13 @@ class Fleet:
             self.procs.remove(p)
 
 
-def _config(path: Path, replicas: list[str], policy: str) -> None:
+def _config(path: Path, replicas: list[str], policy: str, health: dict[str, Any]) -> None:
     cfg = {"server": {"log_level": "warning"},
            "pools": {"p": {"served_model": MODEL, "replicas": replicas}},
            "routing": {"policy": policy},
            "upstream": {"idle_timeout_s": 10},
-           "doctor": {"interval_s": 1.0}}
+           "doctor": {"interval_s": 1.0},
+           **({"health": health} if health else {})}
     path.write_text(yaml.safe_dump(cfg))
 
 
@@ -208,7 +214,7 @@ def _one_run(fleet: Fleet, tmp: Path, sc: Scenario, variant: str, ph: Phases,
     replicas = fleet.sims if variant != "baseline" else fleet.sims[1:]
     policy = "least_load" if variant == "least_load" else "cache_aware"
     cfg = tmp / f"{sc.name}-{variant}.yaml"
-    _config(cfg, replicas, policy)
+    _config(cfg, replicas, policy, sc.health)
     log = tmp / f"{sc.name}-{variant}.log"
     port = free_port()
     os.environ["KVGATE_ADMIN_TOKEN"] = ADMIN_TOKEN

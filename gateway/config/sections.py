@@ -158,6 +158,10 @@ class HealthConfig(_Section):
     eject_max_s: Pos = 30.0
     busy_backoff_s: Pos = 0.25  # after a busy 503: no new picks for this long (doubles)
     busy_backoff_max_s: Pos = 2.0
+    # requests running on a vLLM replica and its token counters (generated + prompt) frozen
+    # this long: stalled, ejected until they move, its unanswered requests tried elsewhere
+    # (gateway/stall.py). 0 or null: off. Keep it above the longest single prefill
+    stall_after_s: Annotated[float, Field(ge=0)] | None = 60.0
 
 
 @pydantic.dataclasses.dataclass(frozen=True, config=ConfigDict(extra="forbid"))

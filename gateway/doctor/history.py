@@ -55,7 +55,8 @@ class REP:
     ATTEMPTS, FAILED = 7, 8  # kvgate's requests sent there and failed there (cumulative)
     WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(9, 17)
     TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(17, 24)
-    N = 24
+    STALLS, STALLED = 24, 25  # times found stalled (cumulative); 1 while stalled (gateway.stall)
+    N = 26
 
 
 class POOL:
@@ -238,7 +239,7 @@ def read_tick(
             float(r.failed),
         ))
         if s is None:
-            rdata.extend([NAN] * (REP.N - REP.WAITING))
+            rdata.extend([NAN] * (REP.STALLS - REP.WAITING))
         else:
             rdata.extend((
                 _opt(s.waiting), _opt(s.running), _opt(s.kv_usage), _opt(s.preemptions),
@@ -247,6 +248,7 @@ def read_tick(
                 _opt(s.itl_sum), _opt(s.itl_count), _opt(s.queue_time_sum),
                 _opt(s.queue_time_count), _opt(s.cache_capacity_tokens),
             ))
+        rdata.extend((float(r.stalls), 1.0 if r.stalled else 0.0))
     pdata = array("d")
     sharing = src.sharing.pools
     flow = src.flow() if src.flow is not None else None

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 import math
 
-from gateway.doctor.findings import MIN_SAMPLES, Context, Finding, cite, known, not_judged
+from gateway.doctor.findings import (
+    MIN_SAMPLES,
+    Context,
+    Evidence,
+    Finding,
+    cite,
+    known,
+    not_judged,
+)
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import ReplicaStats
 
@@ -95,12 +103,31 @@ def replica_down(r: ReplicaStats) -> Finding | None:
     ev[0].threshold = DOWN_SHARE if out_share >= DOWN_SHARE else DOWN_NOW_SHARE
     when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
             f"out of rotation for {out_share:.0%} of the window, back now")
+    if r.stalled_last or r.stalls > 0:
+        return _stalled(r, ev, when, now_out)
     return Finding(
         "down", "critical" if now_out else "warning", r.pool, r.id,
         f"replica down: kvgate took it out of rotation, its health checks or requests failing "
         f"({when}): kvgate sends it no requests until it answers again",
         "check the replica: its vLLM process (GET /health), its host and the network "
         "between; kvgate probes it and takes it back on its own", ev)
+
+
+def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> Finding:
+    """Down because its engine stopped making progress (`gateway.stall`): a hung engine, whose
+    /health still answers 200."""
+    ev.insert(0, cite("kvgate_replica_stalls_total", "times found stalled in the window",
+                      r.stalls))
+    ev.insert(1, cite("kvgate_replica_stalled", "stalled (last sample)",
+                      1.0 if r.stalled_last else 0.0))
+    return Finding(
+        "down", "critical" if now_out else "warning", r.pool, r.id,
+        f"replica stalled: requests there and its engine's token counters frozen for "
+        f"health.stall_after_s, its /health still 200 ({when}): its requests are tried "
+        "elsewhere",
+        "its vLLM engine is hung: restart the process; check the GPU (Xid errors in the "
+        "kernel log, nvidia-smi) and, with several GPUs, the collective (NCCL) it waits on; "
+        "kvgate takes it back once its counters move", ev)
 
 
 def _kv_bound(r: ReplicaStats, th: Thresholds) -> Finding:

@@ -104,6 +104,8 @@ class ReplicaStats:
     scrape_errors: float = 0.0
     attempts: float = 0.0  # kvgate's requests sent here in the window, retries included
     failed: float = 0.0  # of which failed here (the retries hide them from clients)
+    stalls: float = 0.0  # times kvgate found its engine stalled in the window (gateway.stall)
+    stalled_last: bool = False  # ... and whether it still was at the last sample
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
@@ -259,7 +261,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     inc = {f: increase(series[f]) for f in (
         REP.PREEMPTIONS, REP.QUERIES, REP.HITS, REP.PROMPT, REP.GENERATION, REP.TTFT_SUM,
         REP.TTFT_COUNT, REP.ITL_SUM, REP.ITL_COUNT, REP.QUEUE_SUM, REP.QUEUE_COUNT,
-        REP.SCRAPE_ERRORS, REP.ATTEMPTS, REP.FAILED)}
+        REP.SCRAPE_ERRORS, REP.ATTEMPTS, REP.FAILED, REP.STALLS)}
     st.preemptions, st.queries, st.hits = inc[REP.PREEMPTIONS], inc[REP.QUERIES], inc[REP.HITS]
     st.prompt_tokens, st.generation_tokens = inc[REP.PROMPT], inc[REP.GENERATION]
     if any(not math.isnan(v) for v in series[REP.TTFT_COUNT]):
@@ -270,6 +272,8 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.queue_mean = _ratio(inc[REP.QUEUE_SUM], inc[REP.QUEUE_COUNT])
     st.scrape_errors = inc[REP.SCRAPE_ERRORS]
     st.attempts, st.failed = inc[REP.ATTEMPTS], inc[REP.FAILED]
+    st.stalls = inc[REP.STALLS]
+    st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]

@@ -82,6 +82,8 @@ class SimApp:
                                   options.log_stats)
         self.runners = [EngineRunner(e, options.time_scale, self.metrics.observer(i))
                         for i, e in enumerate(self.engines)]
+        for runner in self.runners:  # `--engine-hang`: hung from the start
+            runner.hold(faults.engine_hang)
         self.ctx = ServeContext(faults, options.model, self.engine.config.block_size,
                                 options.legacy_errors, options.prompt_tokens_details,
                                 options.keep_alive_s)

@@ -66,6 +66,8 @@ def parser() -> argparse.ArgumentParser:
     faults.add_argument("--engine-faulted", action="store_true")
     faults.add_argument("--health-latency-ms", type=float, default=0.0)
     faults.add_argument("--hang-after-tokens", type=int, default=-1)
+    faults.add_argument("--engine-hang", action="store_true",
+                        help="the engine takes no step: no tokens, /health and /metrics 200")
     p.add_argument("--log-level", default="warning")
     return p
 
@@ -89,7 +91,7 @@ def build_app(args: argparse.Namespace) -> SimApp:
                     error_status=args.error_status, max_num_queued_reqs=args.max_num_queued_reqs,
                     dead=args.dead, drop_connections=args.drop_connections,
                     engine_faulted=args.engine_faulted, health_latency_ms=args.health_latency_ms,
-                    hang_after_tokens=args.hang_after_tokens,
+                    hang_after_tokens=args.hang_after_tokens, engine_hang=args.engine_hang,
                     seed=args.seed)
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
     options = SimOptions(

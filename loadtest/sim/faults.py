@@ -34,6 +34,9 @@ class Faults:
     # /health answers this much later (vLLM serves it on the same, possibly busy, event loop)
     health_latency_ms: float = 0.0
     hang_after_tokens: int = -1  # stop sending after K tokens and hang until the client leaves
+    # the engine stops stepping (`EngineRunner.hold`): no token for any request, its counters
+    # frozen, requests still counted running; /health and /metrics answer 200 as usual
+    engine_hang: bool = False
     # gray faults of the metrics exporter alone (requests are served as usual): /metrics
     # answers this much later, or with this status (0: as usual), or says the KV cache is
     # empty (`kv_usage_zero`: vllm:kv_cache_usage_perc 0 whatever it holds)

@@ -3,6 +3,12 @@
 Simulated time = wall time since start x ``time_scale``. The loop commits every step that starts
 before "now", sleeps until the last committed step ends, then delivers that step's outputs, so
 the engine's timeline is exact and only delivery carries timer jitter (never accumulated).
+
+`hold` is the engine-hang fault (a GPU kernel that never returns, a deadlocked collective):
+the engine takes no step (a step under way ends), so no request gets a token and every
+counter stays where it is, requests still running; aborts are queued, not applied (a stuck
+engine core reads no abort), and simulated time stands still. Let go, it steps on from where
+it stopped, the hang taken out of its timeline, and applies the aborts.
 """
 
 from __future__ import annotations
@@ -51,9 +57,24 @@ class EngineRunner:
         self._sim0 = engine.now
         self._tracks: dict[str, Track] = {}
         self._wake = asyncio.Event()
+        self._held_at: float | None = None  # wall time the hang began (`hold`)
+        self._held_aborts: list[str] = []
 
     def sim_now(self) -> float:
-        return self._sim0 + (self._clock() - self._wall0) * self.time_scale
+        wall = self._clock() if self._held_at is None else self._held_at
+        return self._sim0 + (wall - self._wall0) * self.time_scale
+
+    def hold(self, on: bool) -> None:
+        """Hang the engine (`on`) or let it go on (see the module's doc)."""
+        if on and self._held_at is None:
+            self._held_at = self._clock()
+        elif not on and self._held_at is not None:
+            self._wall0 += self._clock() - self._held_at  # the hang is not simulated time
+            self._held_at = None
+            aborts, self._held_aborts = self._held_aborts, []
+            for request_id in aborts:
+                self.engine.abort(request_id)
+            self._wake.set()
 
     @property
     def in_flight(self) -> int:
@@ -71,7 +92,10 @@ class EngineRunner:
     def abort(self, request_id: str) -> None:
         """Abort (client gone, or dying); the handler gets a final "abort" output."""
         track = self._tracks.pop(request_id, None)
-        self.engine.abort(request_id)
+        if self._held_at is None:
+            self.engine.abort(request_id)
+        else:
+            self._held_aborts.append(request_id)
         if track is not None:
             track.queue.put_nowait(RequestOutput(request_id, finish_reason="abort"))
 
@@ -82,7 +106,7 @@ class EngineRunner:
     async def run(self) -> None:
         engine = self.engine
         while True:
-            if not engine.busy:
+            if not engine.busy or self._held_at is not None:
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -375,6 +375,17 @@ def test_a_pool_is_not_judged_on_a_few_ticks() -> None:
     assert f.cls == "healthy" and "not judged yet" in f.summary
 
 
+def test_a_stalled_replica_is_named_stalled() -> None:
+    """Out of rotation because its engine made no progress (a hung engine: /health 200, its
+    /metrics readable): the finding says so and what to do, not "health checks failing"."""
+    hung = replica(healthy_share=0.2, healthy_last=0.0, stalls=1.0, stalled_last=True,
+                   requests=0.0, generation_tokens=0.0)
+    (f,) = classify_replica(hung, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "critical")
+    assert f.summary.startswith("replica stalled:") and "restart" in f.action
+    assert (f.evidence[0].metric, f.evidence[0].value) == ("kvgate_replica_stalls_total", 1.0)
+
+
 def test_a_down_replica_is_named_down_not_a_metrics_problem() -> None:
     """A replica whose health checks fail also fails its scrapes: one finding, `down`."""
     dead = replica(healthy_share=0.1, healthy_last=0.0, fresh=0, stale_share=1.0,

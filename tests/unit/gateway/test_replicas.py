@@ -80,6 +80,7 @@ def test_backoff_doubles_then_caps_and_half_open_allows_one_trial() -> None:
     r.record_failure(1.0)  # the trial failed: ejected again, twice as long
     assert r.ejected_until == 3.0
     assert r.available(3.0)
+    r.acquire(1).release()  # the next trial (a failure is judged by when it was sent)
     r.record_failure(3.0)
     assert r.ejected_until == 7.0  # 4 s cap
     assert r.available(7.0)

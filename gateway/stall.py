@@ -1,0 +1,68 @@
+"""Is a replica's engine stalled? A pure judge of its scraped progress counters.
+
+A hung vLLM engine keeps its sockets open: ``/health`` answers 200 (it reports only the
+engine's errored flag) and ``/metrics`` stays readable, but no token comes out for any
+request. Streams see that at their first-byte or idle timeout; a non-streamed answer comes
+whole after its last token, so nothing but `upstream.total_timeout_s` bounded its wait. The
+engine's own counters show it: requests there (``vllm:num_requests_running`` or
+``_waiting`` > 0 -- a stuck engine's gauges keep their last values --, or kvgate's own
+requests in flight there) while the tokens it processed
+(``vllm:generation_tokens_total`` plus ``vllm:prompt_tokens_total``, which vLLM counts when a
+prefill completes) have not moved for `health.stall_after_s`.
+
+The judge fails open: a failed scrape (unreadable, late, an error page), a page without the
+generation counter (not vLLM) or a counter that went back (a restart) starts the evidence
+over, so only an unbroken run of good scrapes showing no progress makes a stall. The clock
+starts when the replica was first seen busy at that value, never earlier: a replica idle for
+an hour is not stalled by the request that just reached it. No I/O, no clock of its own:
+samples and times are passed in.
+
+A stall ends when the tokens move again, or when nothing is left there (kvgate cut its
+requests and the engine's gauges say none): the replica then gets its half-open trial after
+its back-off, and a trial on an engine still hung is found stalled again (a longer back-off).
+Holding it out until its counters move would keep out forever a replica that only needed a
+request to show it works.
+"""
+
+from __future__ import annotations
+
+from gateway.scrape import Sample
+
+__all__ = ["StallWatch", "progress"]
+
+
+def progress(sample: Sample) -> float | None:
+    """Tokens the engine has processed (generated plus prefilled), or None when the page has
+    no generation counter (a backend that is not vLLM)."""
+    if sample.generation_tokens is None:
+        return None
+    return sample.generation_tokens + (sample.prompt_tokens or 0.0)
+
+
+class StallWatch:
+    """One replica's stall evidence. `after_s` None or 0: never stalled (disabled)."""
+
+    __slots__ = ("_since", "_value", "after_s")
+
+    def __init__(self, after_s: float | None) -> None:
+        self.after_s = after_s
+        self._value: float | None = None  # progress when the current run began
+        self._since = 0.0  # when it began: the first good, busy scrape at that value
+
+    def observe(self, sample: Sample | None, inflight: int, now: float) -> bool:
+        """One scrape's outcome (`sample` None: it failed) with kvgate's own requests in
+        flight there at that time: is the engine stalled now?"""
+        if not self.after_s or sample is None:
+            return self._reset()
+        value = progress(sample)
+        busy = (sample.running or 0.0) > 0 or (sample.waiting or 0.0) > 0 or inflight > 0
+        if value is None or not busy:
+            return self._reset()
+        if value != self._value:  # moved on (or went back: a restart), a new baseline
+            self._value, self._since = value, now
+            return False
+        return now - self._since >= self.after_s
+
+    def _reset(self) -> bool:
+        self._value = None
+        return False
