@@ -39,6 +39,7 @@ from gateway.cli.admin_http import (
     TOKEN_HELP,
     client_token,
     not_admin_port,
+    openai_base_url,
 )
 from gateway.yamlerror import not_utf8, one_line
 
@@ -226,6 +227,9 @@ def main(argv: list[str]) -> int:
     if not args.url.startswith(("http://", "https://")):
         print(f"kvgate admin: --url {args.url}: give the scheme, e.g. http://{args.url}",
               file=sys.stderr)
+        return 2
+    if hint := openai_base_url(args.url):
+        print(f"kvgate admin: {hint}", file=sys.stderr)
         return 2
     headers["authorization"] = f"Bearer {token}"
     url = args.url.rstrip("/") + path

@@ -1,12 +1,14 @@
 """What the admin API's command-line clients (`kvgate admin`, `kvgate doctor`) share: the
 token to send, read from ``KVGATE_ADMIN_TOKEN`` as the gateway reads it, and the hints for an
-admin path the port does not serve and for a URL nothing answers at."""
+admin path the port does not serve, for a URL nothing answers at and for the OpenAI base URL
+given as ``--url``."""
 
 from __future__ import annotations
 
 from gateway.admin.auth import admin_tokens_from_env
 
-__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port"]
+__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port",
+           "openai_base_url"]
 
 TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
               "a bare token is sent as it is")
@@ -33,3 +35,14 @@ def not_admin_port(status: int, message: str | None) -> bool:
     API (its public port while `server.admin_port` is set): the admin API's own 404s (an
     unknown tenant) name what is missing, not the path."""
     return status == 404 and (message or "").startswith("Unknown path /admin")
+
+
+def openai_base_url(url: str) -> str | None:
+    """What to say of a ``--url`` that is the gateway's OpenAI base URL (``http://HOST:PORT/v1``,
+    the one every client snippet has), or None: the admin API is at the gateway's address
+    (``/admin/...``), and under ``/v1`` it was a 404 naming the OpenAI routes, --url unsaid."""
+    root = url.rstrip("/")
+    if not root.endswith("/v1"):
+        return None
+    return (f"--url {url}: the admin API is at the gateway's address, not under /v1 (the "
+            f"OpenAI base URL): use --url {root.removesuffix('/v1')}")

@@ -22,6 +22,7 @@ from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
 from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
 from gateway.config.sections import (
+    LOG_LEVELS,
     FlowSection,
     HealthConfig,
     ServerConfig,
@@ -29,6 +30,7 @@ from gateway.config.sections import (
 )
 
 __all__ = [
+    "LOG_LEVELS",
     "MIN_SECRET_CHARS",
     "NO_POOLS",
     "FlowSection",

@@ -23,13 +23,20 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # model, dataclass
+        unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+        if unknown:  # (model, dataclass)
             msg = "unknown field" + _did_you_mean(loc)
-        source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
+        # the variable that set the field, or (an unknown field) put it there: a misspelt
+        # section (KVGATE_SERVR__PORT) is reported at `servr`, above the variable's path
+        source = next((v for path, v in env_names.items() if loc[:len(path)] == path
+                       or (unknown and loc and path[:len(loc)] == loc)), None)
         if source is not None:
             msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
-        # a whole-document check (an unknown pool) names its fields in the message itself
-        lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+        field = ".".join(loc)
+        # a whole-document check (an unknown pool) names its fields in the message itself,
+        # as the routing core's checks do ("routing.load_factor must be >= 1.0")
+        named = not loc or msg.startswith((f"{field}.", f"{field}:"))
+        lines.append(msg if named else f"{field}: {msg}")
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
 
 

@@ -1,0 +1,83 @@
+"""Configuration mistakes a new user makes in the first hour, and what the error says: a
+section misspelt in a variable names the variable, a routing-core check names its field once,
+a `KVGATE_CONFIG` that names no file says it came from the variable, a replica URL with no
+host is refused where it is written (file, `--upstream`, `PUT /admin/policy`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import load_config
+from gateway.errors import ConfigError
+from gateway.policy_doc import PolicyValidationError, parse_policy
+
+POOLS = {"pools": {"a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}
+
+
+@pytest.mark.parametrize(("name", "line"), [
+    ("KVGATE_SERVR__PORT", "servr: unknown field (did you mean server?) (from KVGATE_SERVR__PORT)"),
+    ("KVGATE_UPSTREAMS__MAX_ATTEMPTS__X",
+     "upstreams: unknown field (did you mean upstream?) (from KVGATE_UPSTREAMS__MAX_ATTEMPTS__X)"),
+])
+def test_a_misspelt_section_in_a_variable_names_the_variable(name: str, line: str) -> None:
+    """An unknown field deeper down named its variable; a misspelt section did not, and the
+    user's file has no `servr:` to find."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={name: "1"})
+    assert info.value.message.splitlines()[1].strip() == line
+
+
+def test_a_document_error_does_not_name_an_unrelated_variable() -> None:
+    """A whole-section check (admin_port = port) is not blamed on another variable of the
+    section."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={"KVGATE_SERVER__LOG_LEVEL": "info"},
+                    overrides={**POOLS, "server": {"port": 9000, "admin_port": 9000}})
+    assert "KVGATE_SERVER__LOG_LEVEL" not in info.value.message
+
+
+@pytest.mark.parametrize(("routing", "line"), [
+    ({"load_factor": 0.5}, "routing.load_factor must be >= 1.0"),
+    ({"prior_weight": 0}, "routing: prior_prefill_tps, prior_weight, fleet_weight, "
+                          "tie_quantum_s must be > 0"),
+])
+def test_a_routing_core_check_names_its_field_once(routing: dict[str, float], line: str) -> None:
+    """The routing core's own messages start with the section: not "routing: routing.x"."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides={**POOLS, "routing": routing}, environ={})
+    assert info.value.message.splitlines()[1].strip() == line
+
+
+def test_a_kvgate_config_that_names_no_file_says_it_came_from_the_variable() -> None:
+    """`KVGATE_CONFIG` left from another shell: the error said "config file X" and nothing
+    on the command line named X."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={"KVGATE_CONFIG": "/nonexistent/kvgate.yaml"})
+    assert info.value.message == ("config file /nonexistent/kvgate.yaml (from KVGATE_CONFIG): "
+                                  "No such file or directory")
+    with pytest.raises(ConfigError) as info:  # given as an argument: named as given
+        load_config("/nonexistent/kvgate.yaml", environ={"KVGATE_CONFIG": "/elsewhere.yaml"})
+    assert info.value.message == "config file /nonexistent/kvgate.yaml: No such file or directory"
+
+
+def test_an_invalid_kvgate_config_file_says_it_came_from_the_variable(tmp_path: Path) -> None:
+    path = tmp_path / "k.yaml"
+    path.write_text("server: [\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={"KVGATE_CONFIG": str(path)})
+    assert info.value.message.startswith(f"config file {path} (from KVGATE_CONFIG): invalid YAML")
+
+
+@pytest.mark.parametrize("url", ["http://:9001", "http://user:pw@:9001", "https://:443/"])
+def test_a_replica_url_without_a_host_is_refused(url: str) -> None:
+    """It was taken: the replica was named `None:9001`, its probes failed with aiohttp's
+    InvalidUrlClientError, and the pool never served."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, environ={}, overrides={"pools": {"a": {"replicas": [url]}}})
+    assert "pools.a: a replica URL needs a valid host and port" in info.value.message
+    assert "pw" not in info.value.message
+    with pytest.raises(PolicyValidationError) as err:  # PUT /admin/policy: the same 400
+        parse_policy({"pools": {"a": {"replicas": [url]}}})
+    assert "a replica URL needs a valid host and port" in str(err.value)
