@@ -97,3 +97,15 @@ def test_port_zero_says_the_port_it_got(cmd: list[str], line: str) -> None:
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models",
                            headers={"Authorization": "Bearer demo"}, timeout=10)
         assert models.status_code == 200, models.text
+
+
+@pytest.mark.parametrize("model", [[], ["--model", "m"]])
+def test_replay_given_the_openai_base_url_says_to_drop_v1(model: list[str]) -> None:
+    """`--target http://HOST:PORT/v1` ("a running kvgate's base URL", its help said) asked
+    for /v1/v1/models: "GET /v1/models answered 404"; with --model, every request failed."""
+    target = f"http://127.0.0.1:{free_port()}/v1"
+    result = run("replay", "--synthetic", "--limit", "2", "--target", target, *model)
+    assert result.returncode == 1, result.stderr
+    assert (f"kvgate replay: --target {target}: the gateway's address, without /v1 (the "
+            f"clients' base URL): --target {target.removesuffix('/v1')}") in result.stderr
+    assert "without /v1" in run("replay", "--help").stdout

@@ -1,7 +1,8 @@
 """Configuration mistakes a new user makes in the first hour, and what the error says: a
 section misspelt in a variable names the variable, a routing-core check names its field once,
 a `KVGATE_CONFIG` that names no file says it came from the variable, a replica URL with no
-host is refused where it is written (file, `--upstream`, `PUT /admin/policy`)."""
+host is refused where it is written (file, `--upstream`, `PUT /admin/policy`), and so is an
+empty listen address."""
 
 from __future__ import annotations
 
@@ -81,3 +82,14 @@ def test_a_replica_url_without_a_host_is_refused(url: str) -> None:
     with pytest.raises(PolicyValidationError) as err:  # PUT /admin/policy: the same 400
         parse_policy({"pools": {"a": {"replicas": [url]}}})
     assert "a replica URL needs a valid host and port" in str(err.value)
+
+
+@pytest.mark.parametrize("host", ["", "  "])
+def test_an_empty_listen_address_is_refused_naming_the_variable(host: str) -> None:
+    """`KVGATE_SERVER__HOST=` (a template's unset value) bound every interface -- with
+    `--no-auth` too, whose default is 127.0.0.1 -- and said `listening on http://:8000`."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_SERVER__HOST": host})
+    line = info.value.message.splitlines()[1].strip()
+    assert line.startswith("server.host: empty: give an address")
+    assert line.endswith("(from KVGATE_SERVER__HOST)")
