@@ -93,3 +93,35 @@ def test_an_empty_listen_address_is_refused_naming_the_variable(host: str) -> No
     line = info.value.message.splitlines()[1].strip()
     assert line.startswith("server.host: empty: give an address")
     assert line.endswith("(from KVGATE_SERVER__HOST)")
+
+
+@pytest.mark.parametrize(("raw", "line"), [
+    ({"models": {"m": "a"}}, "models.m: Input should be a valid dictionary: the pool per tier, "
+                             "e.g. {default: fp8, free: awq}"),
+    ({"tenants": {"acme": {"tier": "default"}}},
+     "tenants: Input should be a valid list: a list of tenants, e.g. [{id: acme, tier: premium}]"),
+    ({"pools": {"a": {"replicas": "http://127.0.0.1:9"}}},
+     "pools.a.replicas: Input should be a valid list: a list of URLs, e.g. "
+     "[http://10.0.0.1:8000]"),
+])
+def test_a_policy_field_in_another_shape_says_the_shape(raw: dict[str, object],
+                                                        line: str) -> None:
+    """`models: {llama: fp8}` (a model mapped to a pool, not per tier) was "Input should be a
+    valid dictionary", and what it should map was left to the docs."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides={**POOLS, **raw}, environ={})
+    assert info.value.message.splitlines()[1].strip() == line
+
+
+@pytest.mark.parametrize(("tenant", "field"), [({"id": "acme corp"}, "tenants.0.id"),
+                                               ({"id": "a", "salt_group": "-g"},
+                                                "tenants.0.salt_group")])
+def test_a_tenant_name_that_is_not_a_name_says_what_a_name_is(tenant: dict[str, str],
+                                                               field: str) -> None:
+    """It quoted the regular expression: "String should match pattern '^[A-Za-z0-9]...'"."""
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides={**POOLS, "tenants": [tenant]}, environ={})
+    line = info.value.message.splitlines()[1].strip()
+    assert line.startswith(f"{field}: {tenant[field.rsplit('.', 1)[1]]!r} is not a name: 1 to "
+                           "64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    assert "pattern" not in line
