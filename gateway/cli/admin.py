@@ -39,7 +39,7 @@ from gateway.cli.admin_http import (
     TOKEN_HELP,
     client_token,
     not_admin_port,
-    openai_base_url,
+    url_path_hint,
 )
 from gateway.yamlerror import not_utf8, one_line
 
@@ -228,7 +228,7 @@ def main(argv: list[str]) -> int:
         print(f"kvgate admin: --url {args.url}: give the scheme, e.g. http://{args.url}",
               file=sys.stderr)
         return 2
-    if hint := openai_base_url(args.url):
+    if hint := url_path_hint(args.url):
         print(f"kvgate admin: {hint}", file=sys.stderr)
         return 2
     headers["authorization"] = f"Bearer {token}"

@@ -61,10 +61,10 @@ def test_a_bad_demo_flag_is_named_before_any_replica_starts(flag: str, value: st
     assert "replica" not in result.stderr and "stopped" not in result.stderr
 
 
-def test_the_admin_clients_given_the_openai_base_url_say_to_drop_v1() -> None:
+def test_the_admin_clients_given_a_url_with_v1_or_admin_say_to_drop_it() -> None:
     """`--url http://HOST:PORT/v1`, the base URL every snippet uses: the admin API's 404
     "Unknown path /v1/admin/tenants: kvgate serves /v1/chat/completions, ..." said nothing
-    about --url."""
+    about --url; `--url .../admin` was "unknown admin path /admin/admin/tenants"."""
     gw, base = gateway_proc(upstreams=["http://127.0.0.1:9"], auth=True, ready=False,
                             env=SECRETS)
     env = {"KVGATE_ADMIN_TOKEN": ADMIN_TOKEN}
@@ -76,6 +76,12 @@ def test_the_admin_clients_given_the_openai_base_url_say_to_drop_v1() -> None:
             assert result.returncode == 2, result.stderr
             assert (f"--url {cmd[2]}: the admin API is at the gateway's address, not under "
                     f"/v1 (the OpenAI base URL): use --url {base}") in result.stderr
+        for cmd in (["admin", "--url", f"{base}/admin", "tenants", "list"],
+                    ["doctor", "--url", f"{base}/admin/"]):
+            result = run(*cmd, env=env)
+            assert result.returncode == 2, result.stderr
+            assert (f"--url {cmd[2]}: the admin API is at the gateway's address, without "
+                    f"/admin (added to each call): use --url {base}") in result.stderr
         assert run("admin", "--url", base, "tenants", "list", env=env).returncode == 0
         assert run("doctor", "--url", f"{base}/", env=env).returncode == 0
 
