@@ -191,6 +191,9 @@ def main(argv: list[str]) -> int:
     cfg = with_bound_port(cfg, sockets[0])
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if args.upstream and (path := os.environ.get("KVGATE_CONFIG")):
+        print(f"kvgate serve: warning: --upstream is the quick form: the file KVGATE_CONFIG "
+              f"names ({path}) is not read", file=sys.stderr, flush=True)
     for line in start_warnings(cfg):
         print(line, file=sys.stderr, flush=True)
     if cfg.server.workers > 1:

@@ -115,3 +115,25 @@ def test_replay_given_the_openai_base_url_says_to_drop_v1(model: list[str]) -> N
     assert (f"kvgate replay: --target {target}: the gateway's address, without /v1 (the "
             f"clients' base URL): --target {target.removesuffix('/v1')}") in result.stderr
     assert "without /v1" in run("replay", "--help").stdout
+
+
+def test_upstream_with_kvgate_config_set_says_the_file_is_not_read(tmp_path: Path) -> None:
+    """The quick form reads no file: with KVGATE_CONFIG exported (an image's environment, a
+    shell's), every setting of that file -- port, tenancy, limits -- was dropped silently."""
+    path = tmp_path / "k.yaml"
+    path.write_text(yaml.safe_dump({"server": {"port": 1}, "pools": {
+        "a": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}}))
+    port = free_port()
+    gw = Proc([*KVGATE, "serve", "--no-auth", "--port", str(port), "--upstream",
+               "http://127.0.0.1:9"], env={"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": str(path)},
+              ready_url=f"http://127.0.0.1:{port}/healthz")
+    with gw:
+        gw.stop()
+        assert (f"kvgate serve: warning: --upstream is the quick form: the file KVGATE_CONFIG "
+                f"names ({path}) is not read") in gw.output()
+    quiet = Proc([*KVGATE, "serve", "--no-auth", "--port", str(port), "--upstream",
+                  "http://127.0.0.1:9"], env={"PATH": "/usr/bin:/bin", "KVGATE_CONFIG": ""},
+                 ready_url=f"http://127.0.0.1:{port}/healthz")
+    with quiet:
+        quiet.stop()
+        assert "is not read" not in quiet.output()
