@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import load_config
+from gateway.config import auth_secret, load_config
 from gateway.errors import ConfigError
 from gateway.policy_doc import PolicyValidationError, parse_policy
 
@@ -125,3 +125,33 @@ def test_a_tenant_name_that_is_not_a_name_says_what_a_name_is(tenant: dict[str, 
     assert line.startswith(f"{field}: {tenant[field.rsplit('.', 1)[1]]!r} is not a name: 1 to "
                            "64 letters, digits, '.', '_' or '-', starting with a letter or digit")
     assert "pattern" not in line
+
+
+@pytest.mark.parametrize("text", ["", "\n", "  \nsecond-line-0123456789\n"])
+def test_an_empty_salt_secret_file_is_named_not_asked_for(tmp_path: Path, text: str) -> None:
+    """It said "no salt secret is configured: set KVGATE_SALT_SECRET ... or
+    tenancy.salt_secret_file", the setting the user had just set."""
+    path = tmp_path / "salt"
+    path.write_text(text)
+    cfg = load_config(None, environ={}, overrides={
+        **POOLS, "tenancy": {"salt_secret_file": str(path)}})
+    with pytest.raises(ConfigError) as info:
+        auth_secret(cfg)
+    assert info.value.message == (f"tenancy.salt_secret_file: {path}: its first line, the "
+                                  "secret, is empty")
+
+
+def test_a_short_secret_from_the_file_names_the_file(tmp_path: Path) -> None:
+    """"KVGATE_SALT_SECRET must be at least 16 bytes", with no such variable set."""
+    path = tmp_path / "salt"
+    path.write_text("short\n")
+    cfg = load_config(None, environ={}, overrides={
+        **POOLS, "tenancy": {"salt_secret_file": str(path)}})
+    with pytest.raises(ConfigError) as info:
+        auth_secret(cfg)
+    assert info.value.message == ("tenancy.salt_secret_file: the secret (its first line) must "
+                                  "be at least 16 bytes")
+    env = load_config(None, overrides=POOLS, environ={"KVGATE_SALT_SECRET": "short"})
+    with pytest.raises(ConfigError) as info:
+        auth_secret(env)
+    assert info.value.message == "salt_secret: KVGATE_SALT_SECRET must be at least 16 bytes"
