@@ -9,6 +9,7 @@ into one `PolicyValidationError(field, message)` for callers that answer with HT
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -99,6 +100,8 @@ class PoolConfig(BaseModel):
                     f"a replica URL is the server's, without /v1: {shown_url(url)!r}")
             try:  # its id (`replica_id`) and the connections need host and port
                 replica_id(url)
+                if not urlsplit(url).hostname:  # `http://:8000` became replica `None:8000`
+                    raise ValueError(url)
             except ValueError:  # (urllib's message would repeat a password read as a port)
                 raise ValueError("a replica URL needs a valid host and port (a password with "
                                  f"'#', '?' or '/' percent-encoded): {shown_url(url)!r}") from None

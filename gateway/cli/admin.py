@@ -39,7 +39,9 @@ from gateway.cli.admin_http import (
     TOKEN_HELP,
     client_token,
     not_admin_port,
+    url_path_hint,
 )
+from gateway.config import NAME_RULE
 from gateway.yamlerror import not_utf8, one_line
 
 __all__ = ["main"]
@@ -66,25 +68,30 @@ def _parser() -> argparse.ArgumentParser:
     tenants = sub.add_parser("tenants", help="create, update, list, get, delete tenants") \
         .add_subparsers(dest="action", required=True, metavar="action")
     create = tenants.add_parser("create", help="a new tenant (--tier, limit overrides)")
-    create.add_argument("id")
-    create.add_argument("--tier", default="default")
-    _limit_flags(create)
-    create.add_argument("--salt-group")
+    create.add_argument("id", help=f"the tenant's id: {NAME_RULE}")
+    create.add_argument("--tier", default="default",
+                        help="a tier of the policy (default: the tier named default)")
+    _limit_flags(create, "none: no override, the tier's limit (the default)")
+    create.add_argument("--salt-group", help=SALT_GROUP_HELP)
     update = tenants.add_parser("update", help="change a tenant: only the flags given")
-    update.add_argument("id")
-    update.add_argument("--tier")
-    _limit_flags(update)
-    update.add_argument("--salt-group")
+    update.add_argument("id", help="the tenant's id")
+    update.add_argument("--tier", help="another tier of the policy")
+    _limit_flags(update, "none: the tier's limit again")
+    update.add_argument("--salt-group", help=SALT_GROUP_HELP)
     tenants.add_parser("list", help="every tenant")
-    tenants.add_parser("get", help="a tenant and its key ids").add_argument("id")
-    tenants.add_parser("delete", help="a tenant and all its keys").add_argument("id")
+    tenants.add_parser("get", help="a tenant and its key ids").add_argument(
+        "id", help="the tenant's id")
+    tenants.add_parser("delete", help="a tenant and all its keys").add_argument(
+        "id", help="the tenant's id")
 
     keys = sub.add_parser("keys", help="create (shown once) or revoke API keys") \
         .add_subparsers(dest="action", required=True, metavar="action")
-    keys.add_parser("create", help="a new key for TENANT, printed once").add_argument("tenant")
+    keys.add_parser("create", help="a new key for TENANT, printed once").add_argument(
+        "tenant", help="the tenant's id")
     revoke = keys.add_parser("revoke", help="KEY_ID of TENANT, at once on every gateway")
-    revoke.add_argument("tenant")
-    revoke.add_argument("key_id")
+    revoke.add_argument("tenant", help="the tenant's id")
+    revoke.add_argument("key_id", help="the key's id (`keys create` printed it; `tenants get` "
+                                       "lists them)")
 
     policy = sub.add_parser("policy", help="pools, models, tiers, fairness: get, replace, patch") \
         .add_subparsers(dest="action", required=True, metavar="action")
@@ -100,13 +107,16 @@ def _parser() -> argparse.ArgumentParser:
     patch.add_argument("--if-match", help="412 unless the policy in force is this version")
 
     sub.add_parser("rotate-salt", help="a new cache salt for TENANT (or its salt group)") \
-        .add_argument("tenant")
+        .add_argument("tenant", help="the tenant's id")
     sub.add_parser("audit", help="the latest admin changes").add_argument(
-        "--limit", type=int, default=100)
+        "--limit", type=int, default=100,
+        help="entries, newest first: 1 to 1000 (default %(default)s)")
     return p
 
 
 CLEAR = "none"  # a limit flag's value that removes the override (the API's null)
+SALT_GROUP_HELP = ("tenants of one salt group share one cache salt, so each can reuse the "
+                   "others' cached prefixes")
 
 
 def _limit(text: str) -> int | str:
@@ -123,11 +133,11 @@ def _limit(text: str) -> int | str:
     return value
 
 
-def _limit_flags(p: argparse.ArgumentParser) -> None:
-    clear = "; none: the tier's limit again"
-    p.add_argument("--rpm", type=_limit, help="requests per minute" + clear)
-    p.add_argument("--tpm", type=_limit, help="tokens per minute" + clear)
-    p.add_argument("--max-concurrency", type=_limit, help="requests in flight" + clear)
+def _limit_flags(p: argparse.ArgumentParser, none: str) -> None:
+    """The limit overrides; `none` says what the value none means for this command."""
+    p.add_argument("--rpm", type=_limit, help=f"requests per minute; {none}")
+    p.add_argument("--tpm", type=_limit, help=f"tokens per minute; {none}")
+    p.add_argument("--max-concurrency", type=_limit, help=f"requests in flight; {none}")
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int | None]:
@@ -226,6 +236,9 @@ def main(argv: list[str]) -> int:
     if not args.url.startswith(("http://", "https://")):
         print(f"kvgate admin: --url {args.url}: give the scheme, e.g. http://{args.url}",
               file=sys.stderr)
+        return 2
+    if hint := url_path_hint(args.url):
+        print(f"kvgate admin: {hint}", file=sys.stderr)
         return 2
     headers["authorization"] = f"Bearer {token}"
     url = args.url.rstrip("/") + path

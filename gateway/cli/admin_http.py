@@ -1,12 +1,14 @@
 """What the admin API's command-line clients (`kvgate admin`, `kvgate doctor`) share: the
 token to send, read from ``KVGATE_ADMIN_TOKEN`` as the gateway reads it, and the hints for an
-admin path the port does not serve and for a URL nothing answers at."""
+admin path the port does not serve, for a URL nothing answers at and for a ``--url`` with the
+OpenAI base URL's ``/v1`` or the admin API's ``/admin``."""
 
 from __future__ import annotations
 
 from gateway.admin.auth import admin_tokens_from_env
 
-__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port"]
+__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port",
+           "url_path_hint"]
 
 TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
               "a bare token is sent as it is")
@@ -33,3 +35,19 @@ def not_admin_port(status: int, message: str | None) -> bool:
     API (its public port while `server.admin_port` is set): the admin API's own 404s (an
     unknown tenant) name what is missing, not the path."""
     return status == 404 and (message or "").startswith("Unknown path /admin")
+
+
+def url_path_hint(url: str) -> str | None:
+    """What to say of a ``--url`` ending in ``/v1`` (the gateway's OpenAI base URL, the one
+    every client snippet has) or ``/admin`` (the prefix the clients add to each call), or None:
+    the admin API is at the gateway's address, and those gave a 404 that said nothing of
+    --url ("Unknown path /v1/admin/tenants: kvgate serves /v1/chat/completions, ...")."""
+    root = url.rstrip("/")
+    if root.endswith("/v1"):
+        why = "not under /v1 (the OpenAI base URL)"
+    elif root.endswith("/admin"):
+        why = "without /admin (added to each call)"
+    else:
+        return None
+    return (f"--url {url}: the admin API is at the gateway's address, {why}: use --url "
+            f"{root.rsplit('/', 1)[0]}")

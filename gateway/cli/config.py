@@ -6,8 +6,9 @@ Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets mi
 this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
 the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
 secret with authentication on, a pool's `api_key_env` variable, Kubernetes discovery with
-no API server): run a strict check in the environment of the process that serves, a plain
-one anywhere (e.g. a CI job without secrets).
+no API server, `server.workers` above 1 without ``KVGATE_REDIS_URL``): run a strict check in
+the environment of the process that serves, a plain one anywhere (e.g. a CI job without
+secrets).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gateway.config import (
     unknown_env,
 )
 from gateway.errors import ConfigError
+from gateway.workers import WORKERS_NEED_REDIS
 
 __all__ = ["main"]
 
@@ -85,6 +87,8 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
             out.append((f"pools.{name}.api_key_env: the environment variable "
                         f"{pool.api_key_env} is not set (or empty)" + REFUSES, True))
     out += [(problem + REFUSES, True) for problem in discovery_problems(cfg)]
+    if cfg.server.workers > 1 and cfg.redis_url is None:
+        out.append((WORKERS_NEED_REDIS + REFUSES, True))
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

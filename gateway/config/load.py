@@ -31,20 +31,21 @@ def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _read_file(path: str) -> dict[str, Any]:
+def _read_file(path: str, shown: str) -> dict[str, Any]:
+    """The file's mapping; an error names it as `shown` (the path, and where it came from)."""
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)  # a YAML error then names the file, line and column
     except OSError as exc:
-        raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        raise ConfigError(f"config file {shown}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
-        raise ConfigError(f"config file {path}: {not_utf8(exc)}") from None
+        raise ConfigError(f"config file {shown}: {not_utf8(exc)}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {path}: invalid YAML: {one_line(exc)}") from None
+        raise ConfigError(f"config file {shown}: invalid YAML: {one_line(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {path}: top level must be a mapping")
+        raise ConfigError(f"config file {shown}: top level must be a mapping")
     return data
 
 
@@ -61,9 +62,11 @@ def load_config(
     ``--upstream`` form) ignores file and environment pools/models: the flags define them.
     """
     env = os.environ if environ is None else environ
+    from_env = path is None
     if path is None:
         path = env.get("KVGATE_CONFIG") or None
-    raw = _read_file(path) if path else {}
+    # a variable left set in the shell names a file no command line shows: say where it is from
+    raw = _read_file(path, f"{path} (from KVGATE_CONFIG)" if from_env else path) if path else {}
     raw = deep_merge(raw, env_overrides(env))
     if quick:
         raw.pop("pools", None)

@@ -26,7 +26,10 @@ def salt_secret(cfg: KvgateConfig) -> str | None:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
         raise ConfigError(f"tenancy.salt_secret_file: cannot read it ({exc.strerror})") from None
-    secret = lines[0].strip() if lines and lines[0].strip() else None
+    secret = lines[0].strip() if lines else ""
+    if not secret:  # else "no salt secret is configured: set ... tenancy.salt_secret_file"
+        raise ConfigError(f"tenancy.salt_secret_file: {path}: its first line, the secret, "
+                          "is empty")
     if env is not None and secret != env:
         raise ConfigError("tenancy.salt_secret_file: KVGATE_SALT_SECRET is set too and differs "
                           "from the file's first line: keep one of the two")
@@ -42,6 +45,9 @@ def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
     """
     secret = salt_secret(cfg)
     if secret is not None and len(secret.encode()) < MIN_SECRET_CHARS:
+        if cfg.salt_secret is None:  # from the file: the variable is not set
+            raise ConfigError("tenancy.salt_secret_file: the secret (its first line) must be "
+                              f"at least {MIN_SECRET_CHARS} bytes")
         raise ConfigError(
             f"salt_secret: KVGATE_SALT_SECRET must be at least {MIN_SECRET_CHARS} bytes"
         )

@@ -106,6 +106,16 @@ class ServerConfig(_Section):
                 raise ValueError(f"{name!r} is not a method or header name")
         return value
 
+    @field_validator("host", mode="before")
+    @classmethod
+    def _host(cls, value: Any) -> Any:
+        # an empty KVGATE_SERVER__HOST (a template's unset value; read as YAML, blanks are
+        # null) bound every interface, past --no-auth's loopback default
+        if value is None or (isinstance(value, str) and not value.strip()):
+            raise ValueError("empty: give an address, e.g. 0.0.0.0 (every interface) or "
+                             "127.0.0.1 (this machine only), or leave it unset for the default")
+        return value
+
     @field_validator("log_level")
     @classmethod
     def _log_level(cls, value: str) -> str:

@@ -38,6 +38,7 @@ from gateway.cli.admin_http import (
     TOKEN_HELP,
     client_token,
     not_admin_port,
+    url_path_hint,
 )
 from gateway.doctor.render import parse_duration, render_cache, render_findings
 
@@ -195,6 +196,8 @@ def main(argv: list[str]) -> int:
         host = ""
     if not host:
         return _fail(f"--url {args.url!r}: expected http://HOST:PORT", 2)
+    if hint := url_path_hint(args.url):
+        return _fail(hint, 2)
     # one deadline for the whole run: the first report and, with several workers, the others
     # (each ask had a --timeout of its own: the run took up to twice what was asked)
     deadline = time.monotonic() + args.timeout

@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="which router takes which request (a single run moves by a few per "
                          "cent between seeds: compare means over several)")
     live = p.add_argument_group("live mode")
-    live.add_argument("--target", help="a running kvgate's base URL")
+    live.add_argument("--target", help="a running kvgate's address, e.g. "
+                                       "http://127.0.0.1:8000, without /v1")
     live.add_argument(
         "--replica",
         action="append",
@@ -196,6 +197,10 @@ def _run_live(
             return _live_once(args, reqs, policy, ref, base, urls, SPAWN_MODEL)
     if not args.target:
         raise SystemExit("kvgate replay: live mode needs --target URL or --spawn (or --offline)")
+    root = args.target.rstrip("/")
+    if root.endswith("/v1"):  # the replay adds /v1/...: /v1/v1/models was a bare 404
+        raise ReplayError(f"--target {args.target}: the gateway's address, without /v1 (the "
+                          f"clients' base URL): --target {root.removesuffix('/v1')}")
     return _live_once(args, reqs, policy, ref, args.target, args.replica, args.model)
 
 

@@ -1,0 +1,58 @@
+"""`kvgate serve --help` and `kvgate admin ... --help` as a new user reads them: the policies
+and levels serve takes, a replica URL as the config wants it (the server's address: a URL
+ending in /v1 is refused), and a word for every argument of the admin client."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+
+from gateway.cli.admin import _parser as admin_parser
+from gateway.cli.serve import build_parser
+from gateway.config import LOG_LEVELS
+from routing.policies import REGISTRY
+
+
+def _help() -> str:
+    return " ".join(build_parser().format_help().split())  # argparse's wrapping undone
+
+
+def test_serve_help_names_every_policy_and_level() -> None:
+    text = _help()
+    assert all(name in text for name in REGISTRY), text
+    assert all(level in text for level in LOG_LEVELS), text
+
+
+def test_serve_help_does_not_call_a_replica_url_a_base_url() -> None:
+    """"a vLLM replica base URL" reads as the OpenAI base URL, `http://host:8000/v1`, which
+    `--upstream` refuses."""
+    text = _help()
+    assert "base URL" not in text
+    assert "without /v1" in text
+
+
+def _commands(p: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.Action]]:
+    """Every argument of `p` and of its sub-commands, with the command it belongs to."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub, parser in action.choices.items():
+                yield from _commands(parser, f"{name} {sub}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield name, action
+
+
+def test_every_admin_argument_says_what_it_takes() -> None:
+    """`kvgate admin rotate-salt --help` showed a bare `tenant`, `audit --limit LIMIT` no
+    bound, `keys revoke` no word of where a key id comes from."""
+    bare = [f"{name} {action.dest}" for name, action in _commands(admin_parser(), "kvgate admin")
+            if not action.help]
+    assert bare == []
+
+
+def test_none_means_what_the_command_does_with_it() -> None:
+    """On `tenants create`, "none: the tier's limit again" read as if there were a limit
+    before."""
+    helps = {name: action.help for name, action in _commands(admin_parser(), "kvgate admin")
+             if action.dest == "rpm"}
+    assert "again" not in (helps["kvgate admin tenants create"] or "")
+    assert "again" in (helps["kvgate admin tenants update"] or "")
