@@ -392,12 +392,19 @@ class Replica:
 
     def mark_down(self, now: float, request: bool = True) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
-        ejected: keep the back-off). ``request``: a request failed here (not a probe)."""
+        ejected: keep the back-off). ``request``: a request failed here (not a probe). Found
+        down by its health checks, its requests that got nothing yet are cut to be tried
+        elsewhere, as a stalled engine's: a stopped process or a black-holed network keeps
+        their connections open with no answer to come (they waited for their first-byte or
+        total timeout, 5 or 30 minutes)."""
         self.failures += 1
         self.failed += request
         self.down = True
         if self.state != EJECTED:
             self.eject(now)
+        if not request:
+            for lease in list(self.cuttable):  # (each cut removes itself)
+                lease.cut()
 
     def probe_due(self, now: float) -> bool:
         """Should the active poller's result count now (healthy, or back-off expired)?"""

@@ -241,6 +241,6 @@ def cut_error(reason: str | None) -> KvgateError:
     if reason == "connection wait":
         return ReplicaConnectionsBusy()
     if reason == "stall":
-        return UpstreamTimeout("The replica stopped making progress (its engine stalled).",
-                               reason="stall")
+        return UpstreamTimeout("The replica stopped making progress (its engine stalled, or "
+                               "it stopped answering its health checks).", reason="stall")
     return UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -37,8 +38,8 @@ def _held_on(base: str, replica: str) -> float:
     return sum(v for k, v in values.items() if replica in k)
 
 
-@pytest.fixture
-def frozen_stack() -> Iterator[tuple[Proc, str, str]]:
+@contextmanager
+def _stack(env: dict[str, str]) -> Iterator[tuple[Proc, str, str]]:
     procs: list[Proc] = []
     frozen: Proc | None = None
     try:
@@ -46,10 +47,7 @@ def frozen_stack() -> Iterator[tuple[Proc, str, str]]:
         procs.append(frozen.start())
         other, other_url = sim_proc(None, "--time-scale", "20", model=MODEL)
         procs.append(other.start())
-        gw, base = gateway_proc(upstreams=[frozen_url, other_url], env={
-            # health ejects nothing within the test: the router alone keeps requests away
-            "KVGATE_HEALTH__INTERVAL_S": "30", "KVGATE_HEALTH__TIMEOUT_S": "30",
-            "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+        gw, base = gateway_proc(upstreams=[frozen_url, other_url], env=env)
         procs.append(gw.start())
         yield frozen, frozen_url.removeprefix("http://"), base
     finally:
@@ -57,6 +55,14 @@ def frozen_stack() -> Iterator[tuple[Proc, str, str]]:
             frozen.signal(signal.SIGCONT)
         for p in reversed(procs):
             p.stop()
+
+
+@pytest.fixture
+def frozen_stack() -> Iterator[tuple[Proc, str, str]]:
+    # health ejects nothing within the test: the router alone keeps requests away
+    with _stack({"KVGATE_HEALTH__INTERVAL_S": "30", "KVGATE_HEALTH__TIMEOUT_S": "30",
+                 "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}) as stack:
+        yield stack
 
 
 def test_a_frozen_replica_takes_no_request_once_silent(
@@ -113,3 +119,44 @@ def test_a_frozen_replica_takes_no_request_once_silent(
     assert len(answered) == len(held) and all(answered)  # resumed: every held stream answered
     wait_for(lambda: sum(metric_values(base, "kvgate_inflight_requests").values()) == 0,
              what="nothing in flight")
+
+
+def test_its_waiting_requests_go_elsewhere_once_health_finds_it_down() -> None:
+    """Its requests that got nothing yet are cut when its health checks find it down (two
+    /health probes in a row timing out, nothing answered meanwhile) and tried on the other
+    replica. Before: a non-streamed one waited for `upstream.total_timeout_s` (30 minutes),
+    here until its client's 20 s timeout."""
+    env = {"KVGATE_HEALTH__INTERVAL_S": "0.5", "KVGATE_HEALTH__TIMEOUT_S": "0.5",
+           "KVGATE_HEALTH__SLOW_THRESHOLD": "2", "KVGATE_HEALTH__EJECT_BASE_S": "30",
+           # every other request goes there (the router would send it no second: above)
+           "KVGATE_ROUTING__POLICY": "round_robin", "KVGATE_ROUTING__SILENT_MIN_S": "0"}
+    with _stack(env) as (frozen, frozen_id, base):
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
+        frozen.signal(signal.SIGSTOP)
+        outcomes: list[str] = []
+
+        def ask(i: int, stream: bool) -> None:
+            try:
+                out = client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": f"cut {i} " * 50}],
+                    max_tokens=4, stream=stream)
+                if stream:
+                    assert isinstance(out, openai.Stream)
+                    sum(1 for _ in out)
+                outcomes.append("ok")
+            except openai.APIError as exc:
+                outcomes.append(repr(exc))
+
+        asked: list[threading.Thread] = []
+        while _held_on(base, frozen_id) < 2 and len(asked) < 40:  # two wait there
+            n = len(asked)  # streamed and not, to both replicas
+            asked.append(threading.Thread(target=ask, args=(n, n // 2 % 2 == 1)))
+            asked[-1].start()
+            time.sleep(0.05)
+        for t in asked:
+            t.join(timeout=40)
+        assert outcomes == ["ok"] * len(asked)
+        retries = metric_values(base, "kvgate_upstream_retries_total")
+        assert sum(v for k, v in retries.items() if 'reason="stall"' in k) >= 2, retries
+        wait_for(lambda: sum(metric_values(base, "kvgate_inflight_requests").values()) == 0,
+                 what="nothing in flight")
