@@ -62,7 +62,7 @@ from gateway.tenancy.resolver import Principal
 from routing.flow import Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
-from routing.types import Decision
+from routing.types import Decision, ReplicaView
 
 __all__ = ["FlowGate", "until_disconnect"]
 
@@ -117,12 +117,14 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("doc", "flow", "name", "timer", "transit")
+    __slots__ = ("doc", "flow", "name", "picked", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
         self.flow = flow
         self.transit: _Ticket | None = None  # released, not yet on its replica
+        # replica id -> requests let through and picked for it, not yet on it (`picked`)
+        self.picked: dict[str, list[ProxiedRequest]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
 
@@ -178,8 +180,9 @@ class FlowGate:
         # planned again on the policy in force now (it may have changed while this waited)
         plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
                                   req.kind, now)
-        return self._narrow(self.state(plan.pool.name), plan, self.peers(now),
-                            principal.tenant_id, cost, now)
+        state = self.state(plan.pool.name)
+        plan.views = self._loaded(state, plan.views)
+        return self._narrow(state, plan, self.peers(now), principal.tenant_id, cost, now)
 
     def _pass(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
@@ -190,6 +193,7 @@ class FlowGate:
         peers = self.peers(now)
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
+        plan.views = self._loaded(state, plan.views)
         if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
@@ -212,6 +216,46 @@ class FlowGate:
                                               tenant, cost, now)
         return plan
 
+    def picked(self, req: ProxiedRequest, replica: str) -> None:
+        """The router picked ``replica`` for ``req``, which flow control let through: until
+        the request is on it (its lease taken: ``req.target``) or over, it counts there
+        (`_loaded`). The HTTP edge yields a loop turn between the pick and the lease (the
+        disconnect watch's, `gateway/proxy.py`): every request let through in that turn saw
+        the replica without the others, and a burst arriving together all went straight to
+        a pool its first requests had saturated."""
+        state = self._states.get(req.pool_name)
+        if state is not None and req.flow_done is not None and req.target is None:
+            state.picked.setdefault(replica, []).append(req)
+
+    def _loaded(self, state: _PoolState, views: list[ReplicaView]) -> list[ReplicaView]:
+        """``views`` with the requests picked for each replica and not yet on it added to its
+        in-flight and unanswered counts, as their leases will (`Replica.acquire`)."""
+        picked = state.picked
+        if not picked:
+            return views
+        out = []
+        for view in views:
+            reqs = picked.get(view.id)
+            if reqs is not None:
+                reqs[:] = [r for r in reqs if r.target is None]
+                if not reqs:
+                    del picked[view.id]
+                else:
+                    n, tokens = len(reqs), sum(r.features.prompt_tokens for r in reqs)
+                    view = replace(view, inflight=view.inflight + n,
+                                   inflight_prefill=view.inflight_prefill + n,
+                                   inflight_prefill_tokens=view.inflight_prefill_tokens + tokens)
+            out.append(view)
+        return out
+
+    def _unpick(self, state: _PoolState, req: ProxiedRequest) -> None:
+        """``req`` is over: it no longer counts where it was picked (if it never got there)."""
+        for replica, reqs in list(state.picked.items()):
+            if req in reqs:
+                reqs.remove(req)
+                if not reqs:
+                    del state.picked[replica]
+
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
         """``decision`` with the route "queued" when the request waited."""
         if req.queued_s is None or req.spilled:
@@ -232,8 +276,9 @@ class FlowGate:
         alt = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if alt.pool is plan.pool:
             return None
-        other = self.state(alt.pool.name).flow
-        if other.queue or other.saturated(alt.views, peers):
+        other = self.state(alt.pool.name)
+        alt.views = self._loaded(other, alt.views)
+        if other.flow.queue or other.flow.saturated(alt.views, peers):
             return None
         return alt
 
@@ -364,7 +409,7 @@ class FlowGate:
             if pool is None:  # the pool left the policy: let them through to be re-planned
                 out = flow.pop(now)
             else:
-                views = [r.view(now) for r in pool.replicas]
+                views = self._loaded(state, [r.view(now) for r in pool.replicas])
                 out = flow.release(views, now, self.peers(now))
             if out is None:
                 break
@@ -446,6 +491,7 @@ class FlowGate:
         the served tokens, for a while after. One that never reached a replica (the gateway
         refused it after flow control let it through, or its client left first) ran
         nothing: it is charged nothing."""
+        self._unpick(state, req)
         charged = min(cost, float(max(0, req.spent_tokens())))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
@@ -472,5 +518,6 @@ class FlowGate:
         return [(pool.name, self.saturated(pool, now)) for pool in self._pools.by_name.values()]
 
     def saturated(self, pool: Pool, now: float) -> bool:
-        views = [r.view(now) for r in pool.replicas]
-        return self.state(pool.name).flow.saturated(views, self.peers(now))
+        state = self.state(pool.name)
+        views = self._loaded(state, [r.view(now) for r in pool.replicas])
+        return state.flow.saturated(views, self.peers(now))
