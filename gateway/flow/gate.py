@@ -194,7 +194,8 @@ class FlowGate:
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
         plan.views = self._loaded(state, plan.views)
-        if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
+        if state.flow.admit(self._busy_full(state.name, plan.views, now), cost, now, peers,
+                            tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self.spill(req.kind, principal, parsed, plan, now, peers)
@@ -248,6 +249,22 @@ class FlowGate:
             out.append(view)
         return out
 
+    def _busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
+        """``views`` as the saturation rule takes them: a replica backing off after a busy
+        503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
+        router, it left a pool whose replicas had all answered busy without a healthy one:
+        not saturated, so every queued request went at once and got the proxy's 503."""
+        replicas = self._pools.by_name.get(pool)
+        if replicas is None:
+            return views
+        out = views
+        for i, view in enumerate(views):
+            r = None if view.healthy else replicas.by_id.get(view.id)
+            if r is not None and r.busy(now) and r.available(now):
+                out = list(out) if out is views else out
+                out[i] = replace(view, healthy=True, waiting=math.inf)  # full: "waiting"
+        return out
+
     def _unpick(self, state: _PoolState, req: ProxiedRequest) -> None:
         """``req`` is over: it no longer counts where it was picked (if it never got there)."""
         for replica, reqs in list(state.picked.items()):
@@ -278,7 +295,8 @@ class FlowGate:
             return None
         other = self.state(alt.pool.name)
         alt.views = self._loaded(other, alt.views)
-        if other.flow.queue or other.flow.saturated(alt.views, peers):
+        if other.flow.queue or other.flow.saturated(
+                self._busy_full(other.name, alt.views, now), peers):
             return None
         return alt
 
@@ -410,7 +428,8 @@ class FlowGate:
                 out = flow.pop(now)
             else:
                 views = self._loaded(state, [r.view(now) for r in pool.replicas])
-                out = flow.release(views, now, self.peers(now))
+                out = flow.release(self._busy_full(state.name, views, now), now,
+                                   self.peers(now))
             if out is None:
                 break
             ticket = out.handle
@@ -520,4 +539,4 @@ class FlowGate:
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
         views = self._loaded(state, [r.view(now) for r in pool.replicas])
-        return state.flow.saturated(views, self.peers(now))
+        return state.flow.saturated(self._busy_full(pool.name, views, now), self.peers(now))

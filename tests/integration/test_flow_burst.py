@@ -111,3 +111,45 @@ def test_a_shed_burst_is_told_to_come_back_about_when_the_queue_drains(
         assert len(waits) >= 100, len(waits)  # (most were refused: the queue was full)
         assert max(waits) <= 5 * took + 1, (sorted(waits), took)
         wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
+
+
+async def _outcomes(base: str, n: int) -> list[int]:
+    """``n`` concurrent streams at once: each one's status (200: streamed to its end)."""
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
+
+    async def one(i: int) -> int:
+        try:
+            stream = await client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": f"hello {i}"}],
+                max_tokens=20, stream=True)
+            async for _ in stream:
+                pass
+        except openai.APIStatusError as exc:
+            assert exc.response.headers.get("retry-after"), exc.response.headers
+            return exc.status_code
+        return 200
+
+    statuses = list(await asyncio.gather(*(one(i) for i in range(n))))
+    await client.close()
+    return statuses
+
+
+def test_a_replica_answering_busy_keeps_the_queue_waiting(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """The replica takes one request at a time (vLLM's ``--max-num-queued-reqs``-style 503
+    "engine is currently busy" beyond it), flow control's bound is two: the second request
+    gets the busy 503 and the replica backs off (no new picks for a while). It was then
+    unhealthy to the saturation rule, so the pool had no healthy replica, was not saturated,
+    and the pump let every queued request through at once to be answered 503: 1 of 12
+    served. A replica backing off after a busy answer is full, not gone: the queue waits for
+    it (6 of 12 served: the bound lets one more through than the replica takes)."""
+    sim = sim_factory("--time-scale", "5", "--max-num-queued-reqs", "1", model="m")[1]
+    config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
+              "models": {"llama": {"default": "p"}},
+              "flow": {"enabled": True, "max_inflight": 2, "max_queue": 100}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        statuses = asyncio.run(_outcomes(base, 12))
+        assert set(statuses) <= {200, 503}, statuses
+        assert statuses.count(200) >= 4, statuses
+        wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
