@@ -27,7 +27,7 @@ as important as a top-band one: the pool is overloaded), moved (a policy change 
 another pool: it is admitted again there, within the deadline of its first queue,
 `FlowGate.policy_changed`), abandoned (its client disconnected: removed at once and counted,
 the edge settles the admission; the HTTP edge's disconnect watch signals it, the picker's
-handler is cancelled by gRPC), or interrupted at the end of the shutdown grace (503).
+handler is cancelled by gRPC), or interrupted when shutdown starts (503: not sent during the grace).
 `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
@@ -43,7 +43,7 @@ from typing import Any
 
 from gateway.body import ParsedBody
 from gateway.config import FlowSection
-from gateway.drain import interruptible
+from gateway.drain import interruptible, waiting
 from gateway.errors import (
     KvgateError,
     PoolOverloaded,
@@ -110,7 +110,8 @@ class _Ticket:
             self.fut.set_exception(exc)
 
     def fire(self, reason: str) -> None:
-        """The shutdown grace is over (`gateway.drain.interrupt_all`)."""
+        """Shutdown started (`gateway.drain.interrupt_waiting`; for a request queued after
+        that, the grace is over: `interrupt_all`)."""
         if self.entry is not None and self.state is not None:
             self.state.flow.remove(self.entry)
         self.fail(ShutDownWhileQueued("The gateway is shutting down; the request was not sent."))
@@ -340,7 +341,7 @@ class FlowGate:
         t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
         released = moved = False
         try:
-            with interruptible(ticket):
+            with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
             released = not moved
             if released:
