@@ -10,8 +10,9 @@ until the pump releases it, and it is planned again with fresh views.
 
 The pump runs when a request is queued and every ``flow.tick_ms`` while anything is queued (a
 first token, a finished request, a fresh scrape or another gateway's record can each free
-room). It releases one request at a time: the released request acquires its replica before
-the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
+room). It releases one request at a time: the released request is picked a replica before
+the next check (`_landed`, scheduled behind it) and counts there from then on, as one let
+straight through does (`picked`), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
 until it is over (``req.flow_done``, called by `Preparer.finish`; it then keeps what it used and
