@@ -46,7 +46,9 @@ from gateway.body import ParsedBody
 from gateway.config import FlowSection
 from gateway.drain import interruptible, waiting
 from gateway.errors import (
+    AuthError,
     KvgateError,
+    PermissionDenied,
     PoolOverloaded,
     QueueShed,
     ShutDownWhileQueued,
@@ -69,6 +71,7 @@ __all__ = ["FlowGate", "until_disconnect"]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 QUEUED = "queued"  # the route of a request that waited
+_CHECK_KEYS_S = 0.5  # how often the keys of a pool's queued requests are looked up
 
 
 class _Gone(Exception):
@@ -85,17 +88,19 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
-    change, `move`; False: released), who sent it and for which model (where a policy
-    change sends it), when it was first queued (``since``: a move does not restart its
-    wait) and, once offered, its queue entry."""
+    change, `move`; False: released), who sent it (its key's hash: whether it is still
+    valid) and for which model (where a policy change sends it), when it was first queued
+    (``since``: a move does not restart its wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "model", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "principal", "since", "state")
 
     def __init__(
-        self, fut: asyncio.Future[bool], principal: Principal, model: str, since: float,
+        self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
+        model: str, since: float,
     ) -> None:
         self.fut = fut
-        self.principal, self.model, self.since = principal, model, since
+        self.principal, self.key_hash = principal, key_hash
+        self.model, self.since = model, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -119,11 +124,12 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("doc", "flow", "name", "picked", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "picked", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
         self.flow = flow
+        self.checked = -math.inf  # when its queued requests' keys were last looked up
         self.transit: _Ticket | None = None  # released, not yet on its replica
         # replica id -> requests let through and picked for it, not yet on it (`picked`)
         self.picked: dict[str, list[ProxiedRequest]] = {}
@@ -318,7 +324,7 @@ class FlowGate:
         max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, parsed.model, since)
+        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -359,6 +365,9 @@ class FlowGate:
         except ShutDownWhileQueued:
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
+            raise
+        except (AuthError, PermissionDenied):  # its key revoked meanwhile (`_check_keys`)
+            req.queued_s = perf_counter() - t0
             raise
         except KvgateError:
             req.queued_s = perf_counter() - t0
@@ -424,6 +433,9 @@ class FlowGate:
         now = self._clock()
         for entry in flow.expire(now):
             self._shed(state, entry, "max_wait", now)
+        if now - state.checked >= _CHECK_KEYS_S:
+            state.checked = now
+            self._check_keys(state)
         pool = self._pools.by_name.get(state.name)
         while state.transit is None and flow.queue:
             if pool is None:  # the pool left the policy: let them through to be re-planned
@@ -442,6 +454,22 @@ class FlowGate:
             ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
+
+    def _check_keys(self, state: _PoolState) -> None:
+        """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
+        its tier left the policy; a dictionary lookup each, no I/O: `TenantGate.current`),
+        not when its turn comes: where the pool stayed saturated it waited out its
+        ``max_wait_s`` to be shed with a 429 its SDK retries."""
+        current = self._planner.gate.current
+        for entry in list(state.flow.queue.entries()):
+            ticket = entry.handle
+            try:
+                current(ticket.principal, ticket.key_hash)
+            except (AuthError, PermissionDenied) as exc:  # (a store too stale to say, a 503:
+                state.flow.remove(entry)  # left to its turn, as it may be fresh again then)
+                ticket.fail(exc)
+            except KvgateError:
+                continue
 
     def _shed(self, state: _PoolState, entry: Entry[_Ticket], reason: str, now: float) -> None:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
