@@ -10,6 +10,9 @@ a request that had not started with a 503, and records it as interrupted), and s
 reading every body still arriving (a slow upload: a 503 too, `request.read_body`; left to
 uvicorn, its task was cancelled at exit and the client got a text/plain 500), gives them
 `INTERRUPT_WAIT_S` to send that, and exits with status 0 after a signal-initiated shutdown.
+
+A request still waiting in flow control's queue when shutdown starts is not sent during the
+grace (it would start a stream the grace may cut): `interrupt_waiting` answers it 503 at once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import uvicorn
 
 __all__ = [
     "INTERRUPT_WAIT_S", "SHUTDOWN", "KvgateServer", "grace_timeout", "interrupt_all",
-    "interruptible",
+    "interrupt_waiting", "interruptible", "waiting",
 ]
 
 log = logging.getLogger(__name__)
@@ -39,32 +42,50 @@ class _Firable(Protocol):
 
 
 _LIVE: set[_Firable] = set()
+_WAITING: set[_Firable] = set()  # requests not sent yet: answered when shutdown starts
 
 
 class _Registered:
     """`interruptible`'s block: a class, not a generator's context manager (about half its
     cost, timeit: every proxied request enters two, its body's read and its answer's)."""
 
-    __slots__ = ("_canceller",)
+    __slots__ = ("_canceller", "_into")
 
-    def __init__(self, canceller: _Firable) -> None:
+    def __init__(self, canceller: _Firable, into: set[_Firable]) -> None:
         self._canceller = canceller
+        self._into = into
 
     def __enter__(self) -> None:
-        _LIVE.add(self._canceller)
+        self._into.add(self._canceller)
 
     def __exit__(self, *exc: object) -> None:
-        _LIVE.discard(self._canceller)
+        self._into.discard(self._canceller)
 
 
 def interruptible(canceller: _Firable) -> _Registered:
     """Register a running request's canceller for `interrupt_all` while the block runs."""
-    return _Registered(canceller)
+    return _Registered(canceller, _LIVE)
+
+
+def waiting(canceller: _Firable) -> _Registered:
+    """Register a request waiting to be sent (flow control's queue) for `interrupt_waiting`
+    while the block runs."""
+    return _Registered(canceller, _WAITING)
 
 
 def interrupt_all() -> int:
     """Fire every registered canceller with reason "shutdown"; returns how many."""
-    live = list(_LIVE)
+    return _fire(_LIVE)
+
+
+def interrupt_waiting() -> int:
+    """Shutdown starts: fire the cancellers of the requests waiting to be sent; returns how
+    many."""
+    return _fire(_WAITING)
+
+
+def _fire(registered: set[_Firable]) -> int:
+    live = list(registered)
     for canceller in live:
         canceller.fire(SHUTDOWN)
     return len(live)
@@ -91,6 +112,7 @@ class KvgateServer(uvicorn.Server):
             self.on_started()
 
     async def _wait_tasks_to_complete(self) -> None:
+        interrupt_waiting()
         wait = super()._wait_tasks_to_complete
         try:
             async with asyncio.timeout(self.grace_s):

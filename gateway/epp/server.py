@@ -26,7 +26,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
-from gateway.drain import INTERRUPT_WAIT_S, interrupt_all
+from gateway.drain import INTERRUPT_WAIT_S, interrupt_all, interrupt_waiting
 from gateway.epp.exchange import Exchange, PickerCore
 from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
@@ -216,11 +216,13 @@ class EppApp(GatewayApp):
 
 
 async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
-    """Stop as the HTTP edge does (`gateway.drain`): what is in flight has the grace, then a
-    request still queued in flow control is answered 503, recorded "interrupted"
-    (`interrupt_all`), within `INTERRUPT_WAIT_S` before gRPC cancels what is left (a
-    cancelled one was Envoy's 503, "The endpoint picker is unavailable", logged 499)."""
+    """Stop as the HTTP edge does (`gateway.drain`): a request queued in flow control is
+    answered 503 at once, recorded "interrupted" (`interrupt_waiting`; one queued later, at
+    the end of the grace: `interrupt_all`); what is in flight has the grace, then
+    `INTERRUPT_WAIT_S` before gRPC cancels what is left (a cancelled one was Envoy's 503,
+    "The endpoint picker is unavailable", logged 499)."""
     stopping = asyncio.ensure_future(server.stop(grace_s + INTERRUPT_WAIT_S))
+    interrupt_waiting()
     await asyncio.wait([stopping], timeout=grace_s)
     if not stopping.done():
         interrupt_all()

@@ -10,8 +10,9 @@ until the pump releases it, and it is planned again with fresh views.
 
 The pump runs when a request is queued and every ``flow.tick_ms`` while anything is queued (a
 first token, a finished request, a fresh scrape or another gateway's record can each free
-room). It releases one request at a time: the released request acquires its replica before
-the next check (`_landed`, scheduled behind it), so one free slot lets out one request.
+room). It releases one request at a time: the released request is picked a replica before
+the next check (`_landed`, scheduled behind it) and counts there from then on, as one let
+straight through does (`picked`), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
 until it is over (``req.flow_done``, called by `Preparer.finish`; it then keeps what it used and
@@ -27,7 +28,7 @@ as important as a top-band one: the pool is overloaded), moved (a policy change 
 another pool: it is admitted again there, within the deadline of its first queue,
 `FlowGate.policy_changed`), abandoned (its client disconnected: removed at once and counted,
 the edge settles the admission; the HTTP edge's disconnect watch signals it, the picker's
-handler is cancelled by gRPC), or interrupted at the end of the shutdown grace (503).
+handler is cancelled by gRPC), or interrupted when shutdown starts (503: not sent during the grace).
 `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
@@ -43,9 +44,11 @@ from typing import Any
 
 from gateway.body import ParsedBody
 from gateway.config import FlowSection
-from gateway.drain import interruptible
+from gateway.drain import interruptible, waiting
 from gateway.errors import (
+    AuthError,
     KvgateError,
+    PermissionDenied,
     PoolOverloaded,
     QueueShed,
     ShutDownWhileQueued,
@@ -62,12 +65,13 @@ from gateway.tenancy.resolver import Principal
 from routing.flow import Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
-from routing.types import Decision
+from routing.types import Decision, ReplicaView
 
 __all__ = ["FlowGate", "until_disconnect"]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 QUEUED = "queued"  # the route of a request that waited
+_CHECK_KEYS_S = 0.5  # how often the keys of a pool's queued requests are looked up
 
 
 class _Gone(Exception):
@@ -84,17 +88,19 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
-    change, `move`; False: released), who sent it and for which model (where a policy
-    change sends it), when it was first queued (``since``: a move does not restart its
-    wait) and, once offered, its queue entry."""
+    change, `move`; False: released), who sent it (its key's hash: whether it is still
+    valid) and for which model (where a policy change sends it), when it was first queued
+    (``since``: a move does not restart its wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "model", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "principal", "since", "state")
 
     def __init__(
-        self, fut: asyncio.Future[bool], principal: Principal, model: str, since: float,
+        self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
+        model: str, since: float,
     ) -> None:
         self.fut = fut
-        self.principal, self.model, self.since = principal, model, since
+        self.principal, self.key_hash = principal, key_hash
+        self.model, self.since = model, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -110,19 +116,23 @@ class _Ticket:
             self.fut.set_exception(exc)
 
     def fire(self, reason: str) -> None:
-        """The shutdown grace is over (`gateway.drain.interrupt_all`)."""
+        """Shutdown started (`gateway.drain.interrupt_waiting`; for a request queued after
+        that, the grace is over: `interrupt_all`)."""
         if self.entry is not None and self.state is not None:
             self.state.flow.remove(self.entry)
         self.fail(ShutDownWhileQueued("The gateway is shutting down; the request was not sent."))
 
 
 class _PoolState:
-    __slots__ = ("doc", "flow", "name", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "picked", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
         self.flow = flow
+        self.checked = -math.inf  # when its queued requests' keys were last looked up
         self.transit: _Ticket | None = None  # released, not yet on its replica
+        # replica id -> requests let through and picked for it, not yet on it (`picked`)
+        self.picked: dict[str, list[ProxiedRequest]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
 
@@ -178,8 +188,9 @@ class FlowGate:
         # planned again on the policy in force now (it may have changed while this waited)
         plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
                                   req.kind, now)
-        return self._narrow(self.state(plan.pool.name), plan, self.peers(now),
-                            principal.tenant_id, cost, now)
+        state = self.state(plan.pool.name)
+        plan.views = self._loaded(state, plan.views)
+        return self._narrow(state, plan, self.peers(now), principal.tenant_id, cost, now)
 
     def _pass(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
@@ -190,7 +201,9 @@ class FlowGate:
         peers = self.peers(now)
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        if state.flow.admit(plan.views, cost, now, peers, tenant, weight):
+        plan.views = self._loaded(state, plan.views)
+        if state.flow.admit(self._busy_full(state.name, plan.views, now), cost, now, peers,
+                            tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self.spill(req.kind, principal, parsed, plan, now, peers)
@@ -212,6 +225,62 @@ class FlowGate:
                                               tenant, cost, now)
         return plan
 
+    def picked(self, req: ProxiedRequest, replica: str) -> None:
+        """The router picked ``replica`` for ``req``, which flow control let through: until
+        the request is on it (its lease taken: ``req.target``) or over, it counts there
+        (`_loaded`). The HTTP edge yields a loop turn between the pick and the lease (the
+        disconnect watch's, `gateway/proxy.py`): every request let through in that turn saw
+        the replica without the others, and a burst arriving together all went straight to
+        a pool its first requests had saturated."""
+        state = self._states.get(req.pool_name)
+        if state is not None and req.flow_done is not None and req.target is None:
+            state.picked.setdefault(replica, []).append(req)
+
+    def _loaded(self, state: _PoolState, views: list[ReplicaView]) -> list[ReplicaView]:
+        """``views`` with the requests picked for each replica and not yet on it added to its
+        in-flight and unanswered counts, as their leases will (`Replica.acquire`)."""
+        picked = state.picked
+        if not picked:
+            return views
+        out = []
+        for view in views:
+            reqs = picked.get(view.id)
+            if reqs is not None:
+                reqs[:] = [r for r in reqs if r.target is None]
+                if not reqs:
+                    del picked[view.id]
+                else:
+                    n, tokens = len(reqs), sum(r.features.prompt_tokens for r in reqs)
+                    view = replace(view, inflight=view.inflight + n,
+                                   inflight_prefill=view.inflight_prefill + n,
+                                   inflight_prefill_tokens=view.inflight_prefill_tokens + tokens)
+            out.append(view)
+        return out
+
+    def _busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
+        """``views`` as the saturation rule takes them: a replica backing off after a busy
+        503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
+        router, it left a pool whose replicas had all answered busy without a healthy one:
+        not saturated, so every queued request went at once and got the proxy's 503."""
+        replicas = self._pools.by_name.get(pool)
+        if replicas is None:
+            return views
+        out = views
+        for i, view in enumerate(views):
+            r = None if view.healthy else replicas.by_id.get(view.id)
+            if r is not None and r.busy(now) and r.available(now):
+                out = list(out) if out is views else out
+                out[i] = replace(view, healthy=True, waiting=math.inf)  # full: "waiting"
+        return out
+
+    def _unpick(self, state: _PoolState, req: ProxiedRequest) -> None:
+        """``req`` is over: it no longer counts where it was picked (if it never got there)."""
+        for replica, reqs in list(state.picked.items()):
+            if req in reqs:
+                reqs.remove(req)
+                if not reqs:
+                    del state.picked[replica]
+
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
         """``decision`` with the route "queued" when the request waited."""
         if req.queued_s is None or req.spilled:
@@ -232,8 +301,10 @@ class FlowGate:
         alt = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if alt.pool is plan.pool:
             return None
-        other = self.state(alt.pool.name).flow
-        if other.queue or other.saturated(alt.views, peers):
+        other = self.state(alt.pool.name)
+        alt.views = self._loaded(other, alt.views)
+        if other.flow.queue or other.flow.saturated(
+                self._busy_full(other.name, alt.views, now), peers):
             return None
         return alt
 
@@ -253,7 +324,7 @@ class FlowGate:
         max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, parsed.model, since)
+        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -277,7 +348,7 @@ class FlowGate:
         t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
         released = moved = False
         try:
-            with interruptible(ticket):
+            with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
             released = not moved
             if released:
@@ -294,6 +365,9 @@ class FlowGate:
         except ShutDownWhileQueued:
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
+            raise
+        except (AuthError, PermissionDenied):  # its key revoked meanwhile (`_check_keys`)
+            req.queued_s = perf_counter() - t0
             raise
         except KvgateError:
             req.queued_s = perf_counter() - t0
@@ -359,13 +433,17 @@ class FlowGate:
         now = self._clock()
         for entry in flow.expire(now):
             self._shed(state, entry, "max_wait", now)
+        if now - state.checked >= _CHECK_KEYS_S:
+            state.checked = now
+            self._check_keys(state)
         pool = self._pools.by_name.get(state.name)
         while state.transit is None and flow.queue:
             if pool is None:  # the pool left the policy: let them through to be re-planned
                 out = flow.pop(now)
             else:
-                views = [r.view(now) for r in pool.replicas]
-                out = flow.release(views, now, self.peers(now))
+                views = self._loaded(state, [r.view(now) for r in pool.replicas])
+                out = flow.release(self._busy_full(state.name, views, now), now,
+                                   self.peers(now))
             if out is None:
                 break
             ticket = out.handle
@@ -376,6 +454,22 @@ class FlowGate:
             ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
+
+    def _check_keys(self, state: _PoolState) -> None:
+        """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
+        its tier left the policy; a dictionary lookup each, no I/O: `TenantGate.current`),
+        not when its turn comes: where the pool stayed saturated it waited out its
+        ``max_wait_s`` to be shed with a 429 its SDK retries."""
+        current = self._planner.gate.current
+        for entry in list(state.flow.queue.entries()):
+            ticket = entry.handle
+            try:
+                current(ticket.principal, ticket.key_hash)
+            except (AuthError, PermissionDenied) as exc:  # (a store too stale to say, a 503:
+                state.flow.remove(entry)  # left to its turn, as it may be fresh again then)
+                ticket.fail(exc)
+            except KvgateError:
+                continue
 
     def _shed(self, state: _PoolState, entry: Entry[_Ticket], reason: str, now: float) -> None:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
@@ -446,6 +540,7 @@ class FlowGate:
         the served tokens, for a while after. One that never reached a replica (the gateway
         refused it after flow control let it through, or its client left first) ran
         nothing: it is charged nothing."""
+        self._unpick(state, req)
         charged = min(cost, float(max(0, req.spent_tokens())))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
@@ -472,5 +567,6 @@ class FlowGate:
         return [(pool.name, self.saturated(pool, now)) for pool in self._pools.by_name.values()]
 
     def saturated(self, pool: Pool, now: float) -> bool:
-        views = [r.view(now) for r in pool.replicas]
-        return self.state(pool.name).flow.saturated(views, self.peers(now))
+        state = self.state(pool.name)
+        views = self._loaded(state, [r.view(now) for r in pool.replicas])
+        return state.flow.saturated(self._busy_full(pool.name, views, now), self.peers(now))

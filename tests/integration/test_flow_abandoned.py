@@ -6,7 +6,7 @@ a cancelled waiter removed it and counted nothing. Both edges (`kvgate serve`; t
 behind a real Envoy), a simulated replica whose stream hangs after a few tokens (the pool
 saturated at one request in flight), a raw socket that resets its connection.
 
-Nor is a request still queued when the picker's shutdown grace ends counted abandoned: it is
+Nor is a request still queued when the picker shuts down counted abandoned: it is
 answered 503 and recorded "interrupted", as the HTTP edge answers it (gRPC cancelled it, and
 Envoy answered its own 503, "The endpoint picker is unavailable", logged 499).
 """
@@ -137,7 +137,7 @@ def test_a_request_queued_at_the_end_of_the_pickers_grace_is_interrupted(
             client = _send(base, _key(epp.base, "leaver"))
             wait_for(lambda: _total(epp.base, "kvgate_flow_queue_depth") == 1, 10,
                      "the request to queue")
-            epp.signal(signal.SIGTERM)  # its grace (1 s) ends with the request still queued
+            epp.signal(signal.SIGTERM)  # with the request still queued
             client.settimeout(30)
             head, _, body = client.recv(65536).partition(b"\r\n\r\n")
             client.close()

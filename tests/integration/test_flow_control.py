@@ -609,8 +609,8 @@ def test_spill_over_is_tried_before_queueing(s: Stack) -> None:
 
 
 def test_shutdown_grace_ends_a_queued_request_as_interrupted(s: Stack) -> None:
-    """SIGTERM with a request queued: at the end of the grace period it is answered 503 (the
-    OpenAI shape, `Retry-After`) and recorded as interrupted, like the streams the grace cut;
+    """SIGTERM with a request queued: it is answered 503 (the OpenAI shape, `Retry-After`;
+    at once, test_flow_shutdown.py) and recorded as interrupted, like the streams the grace cut;
     not as flow control's "shed" (nothing was counted in kvgate_flow_shed_total for it). A
     gateway of its own (it is stopped) on a Redis database of its own."""
     config = {**s.config, "server": {"shutdown_grace_s": 1, "log_level": "info"}}

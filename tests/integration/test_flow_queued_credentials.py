@@ -170,6 +170,28 @@ def test_a_request_queued_when_its_key_goes_is_refused_not_sent(stack: Stack, ch
     _drained(stack, tid)
 
 
+@pytest.mark.parametrize("change", ["revoke", "delete"])
+def test_a_request_queued_when_its_key_goes_is_answered_while_the_pool_stays_full(
+        stack: Stack, change: str) -> None:
+    """The pool stays saturated (the filler holds its seat): the queued request is answered
+    401 and leaves the queue, not when its turn comes. It waited out its tier's
+    ``max_wait_s`` (30 s) to be shed with a 429, which its SDK retries."""
+    tid, key, key_id = _tenant(stack.a)
+    text = f"queued {uuid.uuid4().hex}"
+    queued, filler = _with_one_queued(stack, key, text)
+    with admin_client(stack.b, ADMIN) as admin:
+        gone = (admin.delete(f"/tenants/{tid}/keys/{key_id}") if change == "revoke"
+                else admin.delete(f"/tenants/{tid}"))
+        assert gone.status_code == 204
+    queued.join(20)
+    assert queued.status == 401
+    assert _depth(stack.a) == 0
+    wait_for(lambda: _leases(stack, tid) == 0, 10, "its lease back")
+    filler.close()
+    assert _received(stack.sim, text) == []
+    _drained(stack, tid)
+
+
 def test_a_request_queued_when_its_salt_rotates_carries_the_new_salt(stack: Stack) -> None:
     tid, key, _ = _tenant(stack.a)
     text = f"queued {uuid.uuid4().hex}"

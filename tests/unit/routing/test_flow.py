@@ -327,7 +327,7 @@ def test_wait_estimate_from_the_dispatch_rate() -> None:
         q.note_dispatch(100.0, t / 10)  # 1000 tokens/s for 10 s
     q.offer("x", tenant="t", band=0, cost=2000, now=10, max_wait_s=60)
     est = q.wait_estimate(0, 10.0)
-    assert est is not None and 2.5 < est < 4.0  # 2000 tokens at ~630 tokens/s (warming up)
+    assert est is not None and 1.9 < est < 2.1  # 2000 tokens at 1000 tokens/s
 
 
 def test_retry_after_is_the_drain_time_within_its_bounds() -> None:
@@ -343,13 +343,35 @@ def test_retry_after_is_the_drain_time_within_its_bounds() -> None:
     for t in range(100):
         q.note_dispatch(100.0, t / 10)  # 1000 tokens/s for 10 s
     q.offer("x", tenant="t", band=0, cost=2000, now=10, max_wait_s=60)
-    assert q.retry_after(0, 10.0, waited=30.0) == 4  # ~2010 tokens at ~630 tokens/s
+    assert q.retry_after(0, 10.0, waited=30.0) == 3  # ~2010 tokens at 1000 tokens/s
     q.offer("y", tenant="t", band=0, cost=10**7, now=10, max_wait_s=60)
     assert q.retry_after(0, 10.0) == RETRY_AFTER_MAX_S
     empty: FlowQueue[str] = FlowQueue(10, rate_window_s=10)
     empty.note_dispatch(100.0, 0.0)
     assert empty.retry_after(0, 0.0) == RETRY_AFTER_MIN_S
 
+
+
+def test_retry_after_follows_the_pace_of_a_burst_from_its_first_second() -> None:
+    """The dispatch rate's weighted average starts at 0 (and after a quiet spell holds
+    only what is left of the last one): a burst shed in its first seconds was told the queue
+    drained at a tenth of its pace (60 s, for a queue that drained in 6 s)."""
+    q: FlowQueue[str] = FlowQueue(1000, rate_window_s=10)
+    for _ in range(8):  # the pool fills: 8 requests of 40 tokens at once
+        q.note_dispatch(40.0, 100.0)
+    for i in range(200):
+        q.offer(f"r{i}", tenant="t", band=0, cost=40, now=100.1, max_wait_s=60)
+    assert q.retry_after(0, 100.1) == 25  # 8,000 tokens at 8 x 40 in the first second
+    for t in range(1, 21):  # then 1,000 tokens/s drain out for 2 s
+        q.note_dispatch(100.0, 100 + t / 10)
+    assert q.retry_after(0, 102.0) == 7  # 8,000 at about 1,150/s (it read 60)
+    quiet: FlowQueue[str] = FlowQueue(1000, rate_window_s=10)
+    for t in range(600):  # 1,000 tokens/s for a minute, 30 s of nothing, then 2 s of 400/s
+        quiet.note_dispatch(100.0, t / 10)
+    for t in range(1, 21):
+        quiet.note_dispatch(40.0, 90 + t / 10)
+    quiet.offer("x", tenant="t", band=0, cost=4000, now=92, max_wait_s=60)
+    assert quiet.retry_after(0, 92.0) == 10  # 4,000 tokens at 400/s (it read 40)
 
 # -- properties -------------------------------------------------------------------------------
 ops = st.lists(
