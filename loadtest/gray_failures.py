@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,9 @@ class Scenario:
     flap_s: float = 0.0  # > 0: the faults go on and off every flap_s (intermittent)
     sim_flags: tuple[str, ...] = ()  # its own four replicas, started with these flags
     health: dict[str, Any] = field(default_factory=dict)  # the gateway's `health` settings
+    # its process is stopped (SIGSTOP) for the fault and resumed (SIGCONT) after, instead of
+    # `faults`: connections stay open, nothing answers, not /health nor /metrics
+    freeze: bool = False
 
 
 SCENARIOS = {s.name: s for s in (
@@ -80,6 +84,8 @@ SCENARIOS = {s.name: s for s in (
     Scenario("engine-hang", "(8) its engine stops stepping (--engine-hang): no token for any "
              "request, /health and /metrics 200; health.stall_after_s 5",
              {"engine_hang": True}, health={"stall_after_s": 5}),
+    Scenario("frozen", "(9) its process is stopped (SIGSTOP): connections open, nothing answers, "
+             "not /health nor /metrics", {}, freeze=True),
 )}
 
 
@@ -166,14 +172,18 @@ async def _faults(url: str, body: dict[str, Any]) -> None:
 
 
 async def _timeline(run: Run, base: str, faulty: str, ph: Phases, sc: Scenario,
-                    t0: float) -> None:
-    """Inject and lift the fault on schedule, poll the gateway's health gauge, ask the doctor."""
+                    t0: float, pid: int) -> None:
+    """Inject and lift the fault on schedule, poll the gateway's health gauge, ask the doctor.
+    `pid`: the faulty replica's process (`Scenario.freeze`)."""
     rid = faulty.removeprefix("http://")
     async with httpx.AsyncClient(timeout=10) as c:
         fault_on, next_flap, flap_on = False, 0.0, True
         while (now := time.monotonic() - t0) < ph.end_s:
             if not fault_on and ph.pre_s <= now < ph.pre_s + ph.fault_s:
-                await _faults(faulty, sc.faults)
+                if sc.freeze:
+                    os.kill(pid, signal.SIGSTOP)
+                else:
+                    await _faults(faulty, sc.faults)
                 fault_on, next_flap = True, now + sc.flap_s
             if fault_on and sc.flap_s and now >= next_flap and now < ph.pre_s + ph.fault_s:
                 flap_on = not flap_on
@@ -182,6 +192,8 @@ async def _timeline(run: Run, base: str, faulty: str, ph: Phases, sc: Scenario,
             if fault_on and now >= ph.pre_s + ph.fault_s:
                 if run.doctor is None:
                     run.doctor = await _doctor(base, ph.fault_s)
+                if sc.freeze:
+                    os.kill(pid, signal.SIGCONT)
                 await _faults(faulty, NORMAL)
                 fault_on = False
             try:
@@ -227,8 +239,9 @@ def _one_run(fleet: Fleet, tmp: Path, sc: Scenario, variant: str, ph: Phases,
     async def go() -> None:
         t0 = time.monotonic()
         await asyncio.gather(run_conversations(load, ph.end_s, t0),
-                             _timeline(run, base, faulty, ph, sc, t0))
+                             _timeline(run, base, faulty, ph, sc, t0, pid))
 
+    pid = fleet.sim_procs[faulty].pid
     try:
         asyncio.run(go())
         time.sleep(1.5)  # in-flight requests end; then the counters must be back at 0
@@ -236,6 +249,8 @@ def _one_run(fleet: Fleet, tmp: Path, sc: Scenario, variant: str, ph: Phases,
         run.inflight_after = sum(_gauges(text, "kvgate_inflight_requests").values())
         run.retries = _retries(text)
     finally:
+        if sc.freeze:
+            os.kill(pid, signal.SIGCONT)  # (the run stopped early)
         fleet.stop(gw)
     run.records = load.records
     run.tracebacks = log.read_text(errors="replace").count("Traceback")
