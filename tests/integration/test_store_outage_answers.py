@@ -28,6 +28,13 @@ CONFIG = {
 }
 
 
+def _on_redis(url: str) -> tuple[Proc, str]:
+    """A gateway with authentication and the admin API on Redis at `url` (not started; not
+    waiting to be ready: Redis may not answer)."""
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_REDIS_URL": url}
+    return gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+
+
 def _clean_503(answer: httpx.Response, port: int) -> None:
     assert answer.status_code == 503, answer.text
     error = answer.json()["error"]
@@ -41,8 +48,7 @@ def _clean_503(answer: httpx.Response, port: int) -> None:
 
 def test_admin_write_while_redis_is_down_is_a_clean_503(tmp_path: Path) -> None:
     redis, url, port = persistent_redis(str(tmp_path))
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_REDIS_URL": url}
-    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    gw, base = _on_redis(url)
     with redis, gw, admin_client(base, ADMIN) as admin:
         assert admin.post("/tenants/acme/keys").status_code == 201
         redis.stop()
@@ -61,9 +67,7 @@ def test_admin_write_while_redis_is_down_is_a_clean_503(tmp_path: Path) -> None:
 
 def test_requests_before_redis_ever_answered_get_a_clean_503() -> None:
     port = free_port()  # nothing listens there
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
-    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    gw, base = _on_redis(f"redis://127.0.0.1:{port}/0")
     with gw:
         answer = httpx.post(f"{base}/v1/chat/completions", json={"model": "llama"},
                             headers={"authorization": "Bearer kvg-anything"}, timeout=10)
@@ -77,9 +81,7 @@ def test_admin_writes_redis_refuses_name_the_refusal_and_succeed_after(redis_url
     replica): each admin write is a clean 503 naming the refusal (it said "did not answer;
     retry shortly", as for a Redis that is down), nothing claims success, and the same write
     succeeds once the refusal ends."""
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": redis_url}
-    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    gw, base = _on_redis(redis_url)
     r = redis.Redis.from_url(redis_url)
     with gw, admin_client(base, ADMIN) as admin:
         assert admin.get("/tenants").status_code == 200
@@ -114,9 +116,7 @@ def test_a_tier_unknown_for_want_of_a_stored_policy_is_a_503_to_retry(redis_url:
     a read-only replica (after a failover). Creating a tenant cannot check its tier: a 503 to
     retry (it was a 400 "unknown tier", blaming a request that was fine), nothing created;
     once Redis takes writes again the policy is written back and the same request succeeds."""
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
-           "KVGATE_REDIS_URL": redis_url}
-    gw, base = gateway_proc(config=CONFIG, env=env, auth=True, ready=False)
+    gw, base = _on_redis(redis_url)
     r = redis.Redis.from_url(redis_url)
     with gw, admin_client(base, ADMIN) as admin:
         assert admin.get("/policy").status_code == 200
