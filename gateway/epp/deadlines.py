@@ -122,6 +122,31 @@ class Deadlines(ExchangeState):
             req.status = exc.status
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
 
+    def replica_stalled(self) -> Sequence[pb.ProcessingResponse]:
+        """Its replica was found stalled (`gateway.stall`) or down by its health checks (a
+        stopped process, a black-holed network) before the request got anything
+        (`Lease.on_stall`, `ExchangeState._replica_cut`): ended now, as the HTTP edge ends
+        its last try -- the 504 "The replica stopped making progress ..." (an immediate
+        response: Envoy resets the replica's stream; its head held or not come yet), or the
+        error event for a stream opened by keep-alive comments only. The picker cannot send
+        the request again, and Envoy retries none of its answers; the SDKs retry a 504, and
+        the next pick avoids the ejected replica. Nothing once the answer started (a first
+        token, a whole answer's head: vLLM sends it with all of it), as on the HTTP edge.
+        The replica was judged when it was found (ejected)."""
+        req, lease = self.req, self._lease
+        if (self._cut or req is None or lease is None or lease.answered
+                or self._held is not None):
+            return ()
+        self._cut = True
+        exc = cut_error("stall")
+        log.info("replica stopped making progress: request ended",
+                 extra={"replica": req.replica})
+        if self._head is not None or not self.sse:  # no byte went to the client
+            self._head = None
+            return [self._refuse(exc)]
+        req.status = exc.status  # opened by `: keep-alive` comments only
+        return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
+
     def _first_byte_cut(self, target: Replica) -> None:
         """A first-byte cut is the replica's failure only when nothing says it is working."""
         if self._lease is not None and target.hung(

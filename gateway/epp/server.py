@@ -66,6 +66,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     ) -> AsyncIterator[pb.ProcessingResponse]:
         ex = Exchange(self._core)
         inbox: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
+        ex.wake = lambda: inbox.put_nowait(_STALLED)  # (`ExchangeState._replica_cut`)
         reader = asyncio.create_task(_read(requests, inbox))
         try:
             while True:
@@ -73,8 +74,9 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 if msg is None:
                     await reader  # a failed read fails the stream, as before
                     break
-                if msg is _LATE:  # an upstream timeout passed with no message from Envoy
-                    out = ex.timed_out()
+                if msg is _LATE or msg is _STALLED:  # an upstream timeout passed with no
+                    # message from Envoy, or the replica was found stalled or down
+                    out = ex.timed_out() if msg is _LATE else ex.replica_stalled()
                     for answer in out:
                         yield answer
                     if out and out[0].HasField("immediate_response"):
@@ -117,6 +119,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
 
 
 _LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
+_STALLED = pb.ProcessingRequest()  # the replica stalled or was found down (`_replica_cut`)
 
 
 async def _read(

@@ -67,7 +67,7 @@ class ExchangeState:
                  "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
                  "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_taken",
                  "_want_id",
-                 "order", "req", "sse")
+                 "order", "req", "sse", "wake")
 
     def __init__(self, core: PickerCore) -> None:
         self._core = core
@@ -116,6 +116,10 @@ class ExchangeState:
         self._sent_at = 0.0  # when it went to its replica (0: not yet)
         self._last = 0.0
         self._cut = False
+        # what wakes the exchange to end it when its replica is found stalled or down before
+        # it got anything (`_replica_cut`; `server.py`: Envoy tells the picker nothing while
+        # the replica sends no head)
+        self.wake: Callable[[], None] | None = None
 
     @property
     def begun(self) -> bool:
@@ -145,7 +149,14 @@ class ExchangeState:
         req.attempts += 1
         self._lease = replica.acquire(
             req.features.prompt_tokens, req.features.stream, self._core.clock())
+        self._lease.on_stall(self._replica_cut)  # its engine stops, it is found down: ended
         self._core.router.record_route(replica.id, req.features, self._core.clock())
+
+    def _replica_cut(self) -> None:
+        """Its replica stalled or was found down by its health checks before the request got
+        anything: the exchange is woken to end it (`Deadlines.replica_stalled`)."""
+        if self.wake is not None:
+            self.wake()
 
     def _detach(self) -> None:
         """End the current lease; unanswered, it was a failure on that replica."""
