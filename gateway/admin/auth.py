@@ -68,7 +68,8 @@ def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     """The id of the admin token in an Authorization header value, or raise 401/403."""
     if not tokens:
         raise PermissionDenied(
-            "the admin API is disabled: no admin token is configured", reason="disabled"
+            "the admin API is disabled: no admin token is configured (set KVGATE_ADMIN_TOKEN "
+            "on the gateway, e.g. to `openssl rand -hex 24`, and restart it)", reason="disabled"
         )
     presented = parse_bearer(authorization)
     if presented is None:

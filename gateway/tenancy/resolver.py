@@ -67,7 +67,10 @@ from gateway.tenancy.redis_conn import cause_label
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore, restored_from
 
-__all__ = ["CONFLICTING_KEYS", "Principal", "TenancyHealth", "TenantResolver", "parse_bearer"]
+__all__ = [
+    "CONFLICTING_KEYS", "INVALID_KEY", "Principal", "TenancyHealth", "TenantResolver",
+    "parse_bearer",
+]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,9 @@ FROM_STORE, LAST_READABLE, CONFIGURED = "store", "last readable", "configuration
 # the key of a request that presented several different ones (`gateway.apikey`); no issued key
 # equals it (kvgate's keys are base64url), and a client sending it gets the same 401
 CONFLICTING_KEYS = "\x00conflicting"
+# a key no tenant holds (never created, revoked, its tenant deleted): what the client can do
+INVALID_KEY = ("invalid or revoked API key: send a key an operator created for your tenant "
+               "(`kvgate admin keys create`)")
 
 
 def parse_bearer(authorization: str | None) -> str | None:
@@ -527,7 +533,7 @@ class TenantResolver:
         self._check_usable()
         principal = self._state.by_key.get(hash_key(token))
         if principal is None:
-            raise AuthError("invalid or revoked API key")
+            raise AuthError(INVALID_KEY)
         return _admissible(principal)
 
     def current(self, tenant_id: str, key_hash: str | None) -> Principal:
@@ -538,7 +544,7 @@ class TenantResolver:
         found = (state.by_key.get(key_hash) if key_hash is not None
                  else state.by_tenant.get(tenant_id))
         if found is None:
-            raise AuthError("invalid or revoked API key")
+            raise AuthError(INVALID_KEY)
         return _admissible(found)
 
     def principal_for(self, tenant_id: str) -> Principal:

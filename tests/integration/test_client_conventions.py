@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from gateway.tenancy.resolver import INVALID_KEY
 from tests.support.bad_replica import BadReplica, whole
 from tests.support.gateway import AUTH_SECRET, GatewayProc, admin_client, gateway_proc, inflight
 from tests.support.procs import sim_proc
@@ -52,7 +53,7 @@ def test_the_key_in_an_api_key_header_authenticates(gw: tuple[str, str], header:
     assert models.status_code == 200 and models.json()["data"][0]["id"] == "llama"
     wrong = httpx.post(f"{base}/v1/chat/completions", json=CHAT, headers={header: "kvg-nope"})
     assert wrong.status_code == 401
-    assert wrong.json()["error"]["message"] == "invalid or revoked API key"
+    assert wrong.json()["error"]["message"] == INVALID_KEY
 
 
 @pytest.mark.parametrize("headers", [

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
 from gateway.prepare import OFF_LOOP_BYTES
+from gateway.tenancy.resolver import INVALID_KEY
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import AUTH_SECRET, metric_values, wait_for
 from tests.support.procs import Proc, sim_proc
@@ -442,5 +443,5 @@ async def test_key_headers_are_read_as_on_the_http_edge() -> None:
             answers.append((await _answers(call, 1))[0].immediate_response)
     messages = [orjson.loads(a.body)["error"]["message"] for a in answers]
     assert all(a.status.code == 401 for a in answers)
-    assert messages[0] == "invalid or revoked API key"
+    assert messages[0] == INVALID_KEY
     assert "more than one API key" in messages[1]
