@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run kvgate as the endpoint picker (gRPC ext_proc) of an Envoy gateway.")
     p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
     p.add_argument("--upstream", action="append", metavar="URL",
-                   help="a vLLM replica base URL, http://IP:PORT (repeat); one pool")
+                   help="a vLLM replica's address, http://IP:PORT, without /v1 (repeat); "
+                        "one pool")
     p.add_argument("--policy", help="routing policy (overrides routing.policy)")
     p.add_argument("--host", help="listen address of both ports (overrides server.host)")
     p.add_argument("--port", dest="grpc_port", type=int,

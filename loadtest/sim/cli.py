@@ -20,25 +20,33 @@ __all__ = ["build_app", "main", "parser"]
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate sim", description="Run one simulated vLLM replica.")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=9001)
+    p.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
+    p.add_argument("--port", type=int, default=9001, help="listen port (9001)")
     p.add_argument("--model", required=True, help="served model name")
-    p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS])
+    p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
+                   help=f"GPU and model profile: speeds, KV size ({PRESETS[0].name})")
     p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
     p.add_argument("--block-size", type=int, default=64,
                    help="tokens per KV block (vLLM 0.34's CacheConfig default: 64)")
-    p.add_argument("--max-model-len", type=int, help="default: the preset's")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--no-enable-prefix-caching", action="store_true")
-    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
+    p.add_argument("--max-model-len", type=int,
+                   help="longest context in tokens, as vLLM's flag (default: the preset's)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="tokens per engine step, as vLLM's flag (8192)")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="requests running at once, as vLLM's flag (256)")
+    p.add_argument("--no-enable-prefix-caching", action="store_true",
+                   help="no prefix cache (every prompt computed whole)")
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="as vLLM's flag: fcfs, or priority (the request's `priority` field)")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="simulated seconds per wall second (50 = 50x faster than real time)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault RNG")
     p.add_argument("--legacy-errors", action="store_true", help="flat error shape of vLLM<0.10.1")
-    p.add_argument("--metrics-compat", choices=["current", "legacy"], default="current")
+    p.add_argument("--metrics-compat", choices=["current", "legacy"], default="current",
+                   help="metric names of vLLM 0.34 (current) or of older releases (legacy)")
     p.add_argument("--api-key", action="append", default=[], help="repeatable; or VLLM_API_KEY")
-    p.add_argument("--enable-request-id-headers", action="store_true")
+    p.add_argument("--enable-request-id-headers", action="store_true",
+                   help="answers carry X-Request-Id, as vLLM's flag")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage.prompt_tokens_details.cached_tokens in chat/completions answers")
     p.add_argument("--reasoning", action="store_true",
@@ -55,20 +63,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-store", action="store_true",
                    help="Responses API store (or VLLM_ENABLE_RESPONSES_API_STORE=1)")
     faults = p.add_argument_group("faults (also settable at runtime: POST /sim/faults)")
-    faults.add_argument("--latency-ms", type=float, default=0.0)
+    faults.add_argument("--latency-ms", type=float, default=0.0,
+                        help="wall-clock delay before a request enters the engine")
     faults.add_argument("--latency-jitter-ms", type=float, default=0.0,
                         help="plus up to this much, a fixed fraction per prompt")
-    faults.add_argument("--error-rate", type=float, default=0.0)
-    faults.add_argument("--error-status", type=int, choices=[500, 503], default=500)
-    faults.add_argument("--max-num-queued-reqs", type=int, default=0)
-    faults.add_argument("--dead", action="store_true")
-    faults.add_argument("--drop-connections", action="store_true")
-    faults.add_argument("--engine-faulted", action="store_true")
-    faults.add_argument("--health-latency-ms", type=float, default=0.0)
-    faults.add_argument("--hang-after-tokens", type=int, default=-1)
+    faults.add_argument("--error-rate", type=float, default=0.0,
+                        help="probability that a generation request fails (0 to 1)")
+    faults.add_argument("--error-status", type=int, choices=[500, 503], default=500,
+                        help="the status of those failures (500)")
+    faults.add_argument("--max-num-queued-reqs", type=int, default=0,
+                        help="admission limit on waiting + running, as vLLM's flag (0: off)")
+    faults.add_argument("--dead", action="store_true",
+                        help="a dead engine: /health 503, requests 500, streams cut")
+    faults.add_argument("--drop-connections", action="store_true",
+                        help="connections closed without an answer")
+    faults.add_argument("--engine-faulted", action="store_true",
+                        help="vLLM's fault-tolerance pause: requests 503, /health 200")
+    faults.add_argument("--health-latency-ms", type=float, default=0.0,
+                        help="/health answers this much later")
+    faults.add_argument("--hang-after-tokens", type=int, default=-1, metavar="K",
+                        help="streams stop after K tokens and hang until the client leaves")
     faults.add_argument("--engine-hang", action="store_true",
                         help="the engine takes no step: no tokens, /health and /metrics 200")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument("--log-level", default="warning",
+                   help="debug, info, warning (default), error, critical")
     return p
 
 

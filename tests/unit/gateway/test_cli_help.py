@@ -5,11 +5,15 @@ ending in /v1 is refused), and a word for every argument of the admin client."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+
+import pytest
 
 from gateway.cli.admin import _parser as admin_parser
 from gateway.cli.serve import build_parser
 from gateway.config import LOG_LEVELS
+from gateway.epp.cli import build_parser as epp_parser
+from loadtest.sim.cli import parser as sim_parser
 from routing.policies import REGISTRY
 
 
@@ -23,12 +27,19 @@ def test_serve_help_names_every_policy_and_level() -> None:
     assert all(level in text for level in LOG_LEVELS), text
 
 
-def test_serve_help_does_not_call_a_replica_url_a_base_url() -> None:
+@pytest.mark.parametrize("build", [build_parser, epp_parser])
+def test_serve_help_does_not_call_a_replica_url_a_base_url(
+    build: Callable[[], argparse.ArgumentParser],
+) -> None:
     """"a vLLM replica base URL" reads as the OpenAI base URL, `http://host:8000/v1`, which
-    `--upstream` refuses."""
-    text = _help()
+    `--upstream` refuses (`kvgate serve` and `kvgate epp` alike)."""
+    text = " ".join(build().format_help().split())
     assert "base URL" not in text
     assert "without /v1" in text
+
+
+def test_every_sim_argument_says_what_it_takes() -> None:
+    assert [a.dest for _, a in _commands(sim_parser(), "kvgate sim") if not a.help] == []
 
 
 def _commands(p: argparse.ArgumentParser, name: str) -> Iterator[tuple[str, argparse.Action]]:
