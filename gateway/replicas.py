@@ -215,7 +215,10 @@ class Replica:
         return now - max(self.heard_at, self.waiting_since)
 
     def _judge_progress(self, sample: Sample | None, now: float) -> None:
-        stalled = self._stall.observe(sample, self.inflight, now)
+        # (kvgate's requests there that still wait for their answer to start: one the engine
+        # finished whose client reads it slowly owes it nothing -- counted, an idle engine
+        # was stalled and a one-replica pool answered every other client 503)
+        stalled = self._stall.observe(sample, self.inflight_prefill, now)
         if stalled == self.stalled:
             return
         self.stalled = stalled
