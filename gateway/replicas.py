@@ -81,12 +81,12 @@ class Replica:
 
     __slots__ = (
         "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_attempts",
-        "busy_finished", "busy_streak", "busy_until", "current", "cuttable", "down", "draining",
-        "ejected_until", "ejections", "epoch", "failed", "failures", "finished", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool",
-        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
-        "whole_waiting_tokens",
+        "busy_finished", "busy_streak", "busy_until", "current", "cuttable", "down",
+        "draining", "ejected_until", "ejections", "epoch", "failed", "failures", "finished",
+        "heard_at", "hit_ratio", "id", "inflight", "inflight_prefill",
+        "inflight_prefill_tokens", "outcomes", "pool", "progress_at_ejection", "reason",
+        "refusal_warned", "scraped", "scraped_at", "slow_probes", "stalled", "stalls", "state",
+        "url", "waiting_since", "watch", "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:

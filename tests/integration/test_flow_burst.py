@@ -113,11 +113,11 @@ def test_a_shed_burst_is_told_to_come_back_about_when_the_queue_drains(
         wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
 
 
-async def _outcomes(base: str, n: int, timeout: float = 120) -> list[int]:
+async def _outcomes(base: str, n: int, wait_s: float = 120) -> list[int]:
     """``n`` concurrent streams at once: each one's status (200: streamed to its end; 0:
-    no answer within ``timeout``)."""
+    no answer within ``wait_s``)."""
     client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
-                                timeout=timeout)
+                                timeout=wait_s)
 
     async def one(i: int) -> int:
         try:
@@ -174,7 +174,7 @@ def test_a_busy_replica_takes_the_queue_again_once_a_request_of_ours_there_ends(
               "flow": {"enabled": True, "max_inflight": 2, "max_queue": 100}}
     gw, base = gateway_proc(config=config)
     with gw:
-        statuses = asyncio.run(_outcomes(base, 8, timeout=30))
+        statuses = asyncio.run(_outcomes(base, 8, wait_s=30))
         # (a request let through with the busy one may get the 503 itself: not all 8)
         assert statuses.count(200) >= 6, statuses
         wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
