@@ -146,7 +146,8 @@ def test_a_replica_answering_busy_keeps_the_queue_waiting(
     unhealthy to the saturation rule, so the pool had no healthy replica, was not saturated,
     and the pump let every queued request through at once to be answered 503: 1 of 12
     served. A replica backing off after a busy answer is full, not gone: the queue waits for
-    it (6 of 12 served: the bound lets one more through than the replica takes)."""
+    it (6 of 12 served: the bound lets one more through than the replica takes; 11 since a
+    request ending there frees a slot for one, `Replica.busy_room`)."""
     sim = sim_factory("--time-scale", "5", "--max-num-queued-reqs", "1", model="m")[1]
     config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
               "models": {"llama": {"default": "p"}},
