@@ -6,7 +6,8 @@ request. Streams see that at their first-byte or idle timeout; a non-streamed an
 whole after its last token, so nothing but `upstream.total_timeout_s` bounded its wait. The
 engine's own counters show it: requests there (``vllm:num_requests_running`` or
 ``_waiting`` > 0 -- a stuck engine's gauges keep their last values --, or kvgate's own
-requests in flight there) while the tokens it processed
+requests there still waiting for their answer to start: not one the engine finished that
+kvgate still relays to a slow client) while the tokens it processed
 (``vllm:generation_tokens_total`` plus ``vllm:prompt_tokens_total``, which vLLM counts when a
 prefill completes) have not moved for `health.stall_after_s`.
 

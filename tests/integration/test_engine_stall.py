@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import gateway_proc, metric_values, wait_for
+from tests.support.gateway import gateway_proc, inflight, metric_values, unread_chat, wait_for
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
@@ -191,3 +191,31 @@ def test_every_worker_finds_the_stall_and_retries_its_own_requests(
         assert all(r.endswith(good.removeprefix("http://")) for r in replicas), replicas
         stalls = metric_values(base, "kvgate_replica_stalls_total")
         assert sum(v for k, v in stalls.items() if hung.removeprefix("http://") in k) >= 1
+
+
+def test_a_client_reading_slowly_does_not_make_an_idle_engine_stalled(
+    sim_factory: SimFactory,
+) -> None:
+    """A stream the engine finished whose client has not read it all: the engine is idle
+    (nothing running or waiting, its counters still), the request is in flight in kvgate
+    only. Counted as work there, it made the replica stalled after `stall_after_s` and a
+    one-replica pool answered every other client 503 until that client was done (or cut at
+    the idle timeout, 2 minutes). Only requests still waiting for their answer to start say
+    the engine owes tokens."""
+    _, sim = sim_factory("--time-scale", "100", "--max-model-len", "200000")
+    gw, base = gateway_proc(upstreams=[sim], env=ENV)
+    with gw:
+        port = int(base.rsplit(":", 1)[1])
+        s = unread_chat(port, {"model": MODEL, "stream": True, "max_tokens": 100000,
+                               "messages": [{"role": "user", "content": "a long one"}],
+                               "ignore_eos": True})
+        try:
+            wait_for(lambda: httpx.get(f"{sim}/sim/stats").json()["running"] == 0
+                     and inflight(base) == 1, 90, "the engine to finish, the client not")
+            time.sleep(3 * STALL_S)  # (scrapes every 250 ms: the judge has had its look)
+            assert inflight(base) == 1  # (still unread)
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            assert chat(client).choices[0].message.content
+            assert metric_values(base, "kvgate_replica_stalls_total")[key(sim)] == 0
+        finally:
+            s.close()
