@@ -40,8 +40,9 @@ class AdminToken:
 def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     """Parse ``KVGATE_ADMIN_TOKEN``: a bare token (id ``admin``) or ``id:token,id:token``.
 
-    `ValueError` (naming the token's id, never the token) for a malformed value or a token
-    shorter than `MIN_ADMIN_TOKEN_CHARS`."""
+    `ValueError` (naming the token's id, never the token) for a malformed value, a token
+    shorter than `MIN_ADMIN_TOKEN_CHARS`, or an id given twice (the audit log names the
+    writer by its token's id: two tokens under one id could not be told apart)."""
     if not value or not value.strip():
         return []
     entries = [part.strip() for part in value.split(",") if part.strip()]
@@ -53,6 +54,9 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
             ident, sep, token = entry.partition(":")
             if not sep or not ident or not token:
                 raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
+            if any(t.id == ident for t in tokens):
+                raise ValueError(f"KVGATE_ADMIN_TOKEN: the id {ident[:64]!r} is given twice; "
+                                 "each admin token needs its own id (the audit log names it)")
             tokens.append(AdminToken(ident, token))
     for admin in tokens:
         if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:

@@ -279,6 +279,16 @@ def test_a_short_admin_token_is_named_by_its_id() -> None:
     assert "the admin token with id 'ops' has 5 characters" in info.value.message
 
 
+def test_an_admin_token_id_given_twice_is_refused() -> None:
+    """The audit log names a writer by its token's id: two tokens under one id (a rotation
+    that kept the old id) could not be told apart."""
+    tokens = "ops:" + "a" * 24 + ",ops:" + "b" * 24
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides=POOLS, environ={"KVGATE_ADMIN_TOKEN": tokens})
+    assert "the id 'ops' is given twice" in info.value.message
+    assert "a" * 24 not in info.value.message and "b" * 24 not in info.value.message
+
+
 def test_a_kvgate_variable_that_maps_to_nothing_is_named() -> None:
     env = {"KVGATE_SERVER_PORT": "9000", "KVGATE_REDIS_URL": "", "KVGATE_CONFIG": "",
            "KVGATE_SALT_SECRET": "", "KVGATE_POOLKEY": "k", "KVGATE_SERVER__PORT": "9001"}
