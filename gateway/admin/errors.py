@@ -30,7 +30,9 @@ from gateway.errors import (
     WriteOutcomeUnknown,
     WriteRefused,
     for_status,
+    shown_name,
 )
+from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
 __all__ = ["REQUEST_ID", "AdminRoute", "error_response"]
 
@@ -82,6 +84,9 @@ def _from_validation(exc: RequestValidationError) -> BadRequest:
     loc = [str(p) for p in errors[0].get("loc", ()) if p not in ("body", "query", "path")]
     field = ".".join(loc)
     msg = str(errors[0].get("msg", "invalid value"))
+    if errors[0].get("type") == "string_pattern_mismatch" and \
+            (errors[0].get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
+        msg = f"{shown_name(str(errors[0].get('input')))!r} is not a name: {NAME_RULE}"
     return BadRequest(f"{field}: {msg}" if field else msg, param=field or None)
 
 

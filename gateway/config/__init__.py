@@ -17,7 +17,6 @@ The rest of the tree imports from this package, not from its modules.
 """
 
 from gateway.config.env import env_overrides, unknown_env
-from gateway.config.explain import NAME_RULE
 from gateway.config.load import NO_POOLS, load_config
 from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
@@ -29,6 +28,7 @@ from gateway.config.sections import (
     ServerConfig,
     UpstreamConfig,
 )
+from gateway.tenancy.models import NAME_RULE
 
 __all__ = [
     "LOG_LEVELS",

@@ -13,12 +13,10 @@ from pydantic import ValidationError
 
 from gateway.config.env import ENV_SHAPES
 from gateway.config.model import KvgateConfig
-from gateway.tenancy.models import NAME_PATTERN
+from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
-__all__ = ["NAME_RULE", "explain"]
+__all__ = ["explain"]
 
-# a tenant id or salt group (`gateway.tenancy.models.NAME_PATTERN`) in words
-NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"
 # what a field of the policy sections takes, for a file that wrote it in another shape (a
 # model mapped to a pool name, a tenant written as a mapping): pydantic says "a valid
 # dictionary" or "a valid list" and not of what ("*": any key)

@@ -11,6 +11,7 @@ from gateway.policy_doc import Limits, PolicyDoc
 
 __all__ = [
     "NAME_PATTERN",
+    "NAME_RULE",
     "AuditEntry",
     "Change",
     "KeyRecord",
@@ -23,6 +24,7 @@ __all__ = [
 
 # Tenant ids and salt-group names appear in URLs, metrics labels and Redis keys.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"  # in words
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
