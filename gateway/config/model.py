@@ -60,8 +60,12 @@ class KvgateConfig(PolicyDoc):
             except ValueError as exc:
                 # redis-py's text quotes a piece of the URL, which may be part of a password
                 what = "its port" if "Port" in str(exc) else "an option in its query string"
-                raise ValueError(f"KVGATE_REDIS_URL is not a valid Redis URL: check {what} "
-                                 "(the value is not shown: it may hold a password)") from None
+                # a password holding '/', '#', '?' or '@' ends the URL's host part early: the
+                # rest is read as a port, a path or a query
+                raise ValueError(f"KVGATE_REDIS_URL is not a valid Redis URL: check {what}, "
+                                 "and percent-encode '/', '#', '?', '@' and '%' in a user name "
+                                 "or password (e.g. '/' as %2F) (the value is not shown: it "
+                                 "may hold a password)") from None
         return value
 
     @field_validator("admin_token")
