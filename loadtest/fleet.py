@@ -10,10 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 __all__ = ["Fleet", "free_port", "wait_http"]
 
@@ -51,16 +53,28 @@ class Fleet:
 
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     quiet: bool = True
+    # quiet children's standard error (what a child that exits at start said: `start`)
+    _errs: list[IO[bytes]] = field(default_factory=list)
 
     def start(self, args: Sequence[str], probe: str, timeout: float = 30.0) -> None:
-        """Start `kvgate ARGS...` and wait until GET `probe` answers 200."""
+        """Start `kvgate ARGS...` and wait until GET `probe` answers 200. A child that exits
+        first is a `RuntimeError` with the end of what it wrote to standard error."""
+        err: IO[bytes] | None = None
+        if self.quiet:
+            err = tempfile.TemporaryFile()  # noqa: SIM115 (closed by `stop`)
+            self._errs.append(err)
         out = subprocess.DEVNULL if self.quiet else None
-        proc = subprocess.Popen([*KVGATE, *args], stdout=out, stderr=out)
+        proc = subprocess.Popen([*KVGATE, *args], stdout=out, stderr=err)
         self.procs.append(proc)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"kvgate {args[0]} exited with {proc.returncode}")
+                said = ""
+                if err is not None:
+                    err.seek(0)
+                    lines = err.read().decode(errors="replace").strip().splitlines()
+                    said = ": " + " / ".join(lines[-3:])[-400:] if lines else ""
+                raise RuntimeError(f"kvgate {args[0]} exited with {proc.returncode}{said}")
             if _ready(probe):
                 return
             time.sleep(0.05)
@@ -96,6 +110,9 @@ class Fleet:
                 p.kill()
                 p.wait(5)
         self.procs.clear()
+        for f in self._errs:
+            f.close()
+        self._errs.clear()
 
     def __enter__(self) -> Fleet:
         return self
