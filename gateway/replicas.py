@@ -80,13 +80,13 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_attempts",
-        "busy_finished", "busy_streak", "busy_until", "current", "cuttable", "down",
-        "draining", "ejected_until", "ejections", "epoch", "failed", "failures", "finished",
-        "heard_at", "hit_ratio", "id", "inflight", "inflight_prefill",
-        "inflight_prefill_tokens", "outcomes", "pool", "progress_at_ejection", "reason",
-        "refusal_warned", "scraped", "scraped_at", "slow_probes", "stalled", "stalls", "state",
-        "url", "waiting_since", "watch", "whole_waiting_tokens",
+        "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
+        "busy_until", "current", "cuttable", "down", "draining", "ejected_until", "ejections",
+        "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
+        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool",
+        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
+        "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
+        "whole_waiting_tokens",
     )
 
     def __init__(self, pool: str, url: str, policy: HealthRules) -> None:
@@ -101,7 +101,6 @@ class Replica:
         # their whole answer, so nothing tells when their prefill ended (`hung` leaves them out)
         self.whole_waiting_tokens = 0
         self.answers = 0  # requests that got their first token (or whole answer) here: progress
-        self.finished = 0  # requests answered here that have ended since (a slot freed)
         # when it was last heard from (`silent_for`): an answer, or its engine's counters
         # moving between two scrapes; and since when requests have waited there (None: none)
         self.heard_at = 0.0
@@ -140,10 +139,6 @@ class Replica:
         self.reason: str | None = None
         self.slow_probes = 0  # consecutive /health probes that timed out
         self.busy_until = 0.0  # answered busy (503): no new picks before this time
-        # `finished` and `attempts` when it last answered busy without asking for a time
-        # (`busy_room`; None: it asked)
-        self.busy_finished: int | None = None
-        self.busy_attempts = 0
         self.busy_streak = 0
         # warned about refusing kvgate's credentials and has served no request since (vLLM's
         # /health needs no key: such a replica is back every health cycle and refuses again)
@@ -312,22 +307,8 @@ class Replica:
         return max(self.ejected_until - now, 0.0) if self.state == EJECTED else 0.0
 
     def busy(self, now: float) -> bool:
-        """Backing off after a busy 503 (health aside), with no room freed (`busy_room`)."""
-        return self.busy_room(now) == 0
-
-    def busy_room(self, now: float) -> int | None:
-        """Requests it may take while backing off after a busy 503 (None: not backing off):
-        when it asked for no time (no Retry-After), one for each request of ours answered
-        there that ended since, less those sent since -- an ended request freed its slot.
-        None of them until its back-off ended, a replica behind flow control's queue (which
-        waits for it, full) idled with the queue in front of it: a closed loop of 16 clients
-        on one replica taking 4, 10 s, was served 28 requests, 701 without the wait."""
-        if now >= self.busy_until:
-            return None
-        if self.busy_finished is None:
-            return 0
-        return max(0, (self.finished - self.busy_finished)
-                   - (self.attempts - self.busy_attempts))
+        """Backing off after a busy 503 (health aside)."""
+        return now < self.busy_until
 
     def record_busy(self, now: float, asked_s: float | None = None) -> None:
         """vLLM answered 503 "engine is currently busy" (or a limiter in front of it 429):
@@ -343,11 +324,6 @@ class Replica:
         self.busy_streak += 1
         backoff = p.busy_backoff_s * 2 ** min(self.busy_streak - 1, 16)
         wait = asked_s if asked_s else backoff  # (None or 0: no ask)
-        self.busy_finished = None if asked_s else self.finished  # (asked: its time is kept)
-        self.busy_attempts = self.attempts
-        sent = _SENT.get()  # the refused request: its answer, relayed, frees no slot there
-        if sent is not None and sent.replica is self:
-            sent.refused = True
         self.busy_until = now + min(wait, p.busy_backoff_max_s)
 
     def record_slow_probe(self, now: float) -> None:
@@ -438,7 +414,7 @@ class Replica:
         return self.state != EJECTED or now >= self.ejected_until
 
     def view(self, now: float) -> ReplicaView:
-        healthy = self.available(now) and not self.busy(now)
+        healthy = self.available(now) and now >= self.busy_until
         s = self.scraped
         if s is None:
             return ReplicaView(
@@ -494,7 +470,7 @@ class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "refused", "replica", "seen")
+                 "replica", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
@@ -503,7 +479,6 @@ class Lease:
         self._prefill = prompt_tokens
         self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
         self._released = False
-        self.refused = False  # answered busy (`Replica.record_busy`): not counted `finished`
         self.answered = False  # a first token (or a whole answer) arrived
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
@@ -545,8 +520,6 @@ class Lease:
             replica.inflight_prefill -= 1
             replica.inflight_prefill_tokens -= self._prefill
             replica.whole_waiting_tokens -= self._whole
-        elif not self.refused:  # answered and over: its slot there is free (`busy_room`)
-            replica.finished += 1
         self._released = True
         self._uncuttable()
         replica.inflight -= 1

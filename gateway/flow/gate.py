@@ -261,20 +261,14 @@ class FlowGate:
         """``views`` as the saturation rule takes them: a replica backing off after a busy
         503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
         router, it left a pool whose replicas had all answered busy without a healthy one:
-        not saturated, so every queued request went at once and got the proxy's 503. It is
-        full until a request of ours there ends (`Replica.busy_room`), then takes as many as
-        ended, those picked for it and not on it yet included (`picked`)."""
+        not saturated, so every queued request went at once and got the proxy's 503."""
         replicas = self._pools.by_name.get(pool)
         if replicas is None:
             return views
-        picked = self._states[pool].picked if pool in self._states else {}
         out = views
         for i, view in enumerate(views):
-            r = replicas.by_id.get(view.id)
-            if r is None or now >= r.busy_until:  # (not backing off: the common case)
-                continue
-            room = r.busy_room(now)
-            if room is not None and room <= len(picked.get(view.id, ())) and r.available(now):
+            r = None if view.healthy else replicas.by_id.get(view.id)
+            if r is not None and r.busy(now) and r.available(now):
                 out = list(out) if out is views else out
                 out[i] = replace(view, healthy=True, waiting=math.inf)  # full: "waiting"
         return out

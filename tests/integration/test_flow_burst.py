@@ -113,11 +113,9 @@ def test_a_shed_burst_is_told_to_come_back_about_when_the_queue_drains(
         wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
 
 
-async def _outcomes(base: str, n: int, wait_s: float = 120) -> list[int]:
-    """``n`` concurrent streams at once: each one's status (200: streamed to its end; 0:
-    no answer within ``wait_s``)."""
-    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
-                                timeout=wait_s)
+async def _outcomes(base: str, n: int) -> list[int]:
+    """``n`` concurrent streams at once: each one's status (200: streamed to its end)."""
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=120)
 
     async def one(i: int) -> int:
         try:
@@ -129,8 +127,6 @@ async def _outcomes(base: str, n: int, wait_s: float = 120) -> list[int]:
         except openai.APIStatusError as exc:
             assert exc.response.headers.get("retry-after"), exc.response.headers
             return exc.status_code
-        except openai.APITimeoutError:
-            return 0
         return 200
 
     statuses = list(await asyncio.gather(*(one(i) for i in range(n))))
@@ -146,8 +142,7 @@ def test_a_replica_answering_busy_keeps_the_queue_waiting(
     unhealthy to the saturation rule, so the pool had no healthy replica, was not saturated,
     and the pump let every queued request through at once to be answered 503: 1 of 12
     served. A replica backing off after a busy answer is full, not gone: the queue waits for
-    it (6 of 12 served: the bound lets one more through than the replica takes; 11 since a
-    request ending there frees a slot for one, `Replica.busy_room`)."""
+    it (6 of 12 served: the bound lets one more through than the replica takes)."""
     sim = sim_factory("--time-scale", "5", "--max-num-queued-reqs", "1", model="m")[1]
     config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
               "models": {"llama": {"default": "p"}},
@@ -157,25 +152,4 @@ def test_a_replica_answering_busy_keeps_the_queue_waiting(
         statuses = asyncio.run(_outcomes(base, 12))
         assert set(statuses) <= {200, 503}, statuses
         assert statuses.count(200) >= 4, statuses
-        wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")
-
-
-def test_a_busy_replica_takes_the_queue_again_once_a_request_of_ours_there_ends(
-        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
-    """A replica backing off after a busy 503 is full to flow control (the test above), and
-    the queue waited for its whole back-off even once the requests it held had finished: the
-    replica idled with a queue in front of it (a closed loop of 16 clients on flow control's
-    defaults, replica taking 4, 10 s: 28 served, against 701 before the queue waited for busy
-    replicas). Now a request of ours there finishing ends the back-off (it has room again):
-    with a 60 s back-off, 8 concurrent streams are all served well within it."""
-    sim = sim_factory("--time-scale", "5", "--max-num-queued-reqs", "1", model="m")[1]
-    config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
-              "models": {"llama": {"default": "p"}},
-              "health": {"busy_backoff_s": 60, "busy_backoff_max_s": 60},
-              "flow": {"enabled": True, "max_inflight": 2, "max_queue": 100}}
-    gw, base = gateway_proc(config=config)
-    with gw:
-        statuses = asyncio.run(_outcomes(base, 8, wait_s=30))
-        # (a request let through with the busy one may get the 503 itself: not all 8)
-        assert statuses.count(200) >= 6, statuses
         wait_for(lambda: _depth(base) == 0 and inflight(base) == 0, 10, "the pool to drain")

@@ -367,30 +367,3 @@ def test_a_raised_failure_threshold_holds_for_the_failure_share_rule_too(
             break
         r.record_failure(float(i)) if i % 2 else r.record_success()
     assert (r.state != "healthy") is ejected, r.state
-
-
-def test_a_busy_replica_takes_one_request_for_each_of_ours_that_ended_there() -> None:
-    """Held out for its whole back-off, a busy replica idled once its requests had ended (flow
-    control's queue waits for it, full). A request of ours answered there that ends frees a
-    slot: it takes one more; the refused request's own (relayed) answer frees none."""
-    r = Replica("p", "http://127.0.0.1:9001", BUSY)
-    running, refused = r.acquire(10), r.acquire(10)
-    r.record_busy(0.0)
-    refused.first_token()  # (its 503 relayed to the client)
-    refused.release()
-    assert r.busy(0.1) and r.busy_room(0.1) == 0 and not r.view(0.1).healthy
-    running.first_token()
-    running.release()
-    assert r.busy_room(0.1) == 1 and r.view(0.1).healthy  # room for one
-    r.acquire(10)
-    assert r.busy(0.1)  # taken
-    assert r.busy_room(0.3) is None  # the back-off is over
-
-
-def test_a_busy_replica_that_asked_for_a_time_gets_it() -> None:
-    r = Replica("p", "http://127.0.0.1:9001", BUSY)
-    running = r.acquire(10)
-    r.record_busy(0.0, 0.6)
-    running.first_token()
-    running.release()
-    assert r.busy(0.5) and not r.busy(0.6)
