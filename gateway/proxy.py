@@ -58,7 +58,7 @@ from gateway.responses import ResponseStore
 from gateway.stored import StoredResponses
 from gateway.stream_end import stream_error
 from gateway.tenancy.edge import TenantGate
-from gateway.timeouts import Canceller, cut_error
+from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.verdicts import busy_wait, internal_error, judge
 from gateway.whole import read_whole
@@ -350,7 +350,7 @@ class Proxy:
                 return ReplicaConnectionsBusy()
             if cut == "stall":
                 log.info("replica stalled: trying another", extra={"replica": replica.id})
-                return UpstreamTimeout("The replica stopped making progress.", reason="stall")
+                return stall_error()
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")

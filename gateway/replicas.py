@@ -226,8 +226,7 @@ class Replica:
                     self._policy.stall_after_s, extra={"pool": self.pool, "replica": self.id})
         if self.state != EJECTED:
             self.eject(now)
-        for lease in list(self.cuttable):  # (each cut removes itself)
-            lease.cut()
+        self._cut_waiting()
 
     # -- health ---------------------------------------------------------------------------
     def hung(self, lease: Lease, fit: TtftFit, waited_s: float) -> bool:
@@ -406,8 +405,12 @@ class Replica:
         if self.state != EJECTED:
             self.eject(now)
         if not request:
-            for lease in list(self.cuttable):  # (each cut removes itself)
-                lease.cut()
+            self._cut_waiting()
+
+    def _cut_waiting(self) -> None:
+        """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere."""
+        for lease in list(self.cuttable):  # (each cut removes itself)
+            lease.cut()
 
     def probe_due(self, now: float) -> bool:
         """Should the active poller's result count now (healthy, or back-off expired)?"""
@@ -492,8 +495,8 @@ class Lease:
 
     def cut(self) -> None:
         """Its replica stalled: the request is cut (once)."""
-        cut, self._cut = self._cut, None
-        self.replica.cuttable.discard(self)
+        cut = self._cut
+        self._uncuttable()
         if cut is not None:
             cut()
 

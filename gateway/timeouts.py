@@ -48,7 +48,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 
-__all__ = ["Canceller", "cut_error"]
+__all__ = ["Canceller", "cut_error", "stall_error"]
 
 
 class Canceller:
@@ -241,6 +241,11 @@ def cut_error(reason: str | None) -> KvgateError:
     if reason == "connection wait":
         return ReplicaConnectionsBusy()
     if reason == "stall":
-        return UpstreamTimeout("The replica stopped making progress (its engine stalled, or "
-                               "it stopped answering its health checks).", reason="stall")
+        return stall_error()
     return UpstreamTimeout(f"The replica did not answer in time ({reason} timeout).")
+
+
+def stall_error() -> UpstreamTimeout:
+    """A try cut because its replica stalled or was found down (`Canceller.replica_stalled`)."""
+    return UpstreamTimeout("The replica stopped making progress (its engine stalled, or it "
+                           "stopped answering its health checks).", reason="stall")
