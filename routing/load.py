@@ -48,8 +48,14 @@ class LoadBound:
 
     __slots__ = ("limit",)
 
-    def __init__(self, views: Sequence[ReplicaView], factor: float, slack: float) -> None:
-        self.limit = bound_limit(sum(v.inflight for v in views), len(views), factor, slack)
+    def __init__(
+        self, views: Sequence[ReplicaView], factor: float, slack: float,
+        left_out: tuple[int, int] = (0, 0),
+    ) -> None:
+        """``left_out``: the in-flight requests and number of candidates the bound counts
+        beside ``views`` (`PickContext.left_out`)."""
+        self.limit = bound_limit(sum(v.inflight for v in views) + left_out[0],
+                                 len(views) + left_out[1], factor, slack)
 
     def admits(self, view: ReplicaView) -> bool:
         return view.inflight <= self.limit + 1e-9

@@ -189,15 +189,20 @@ class Router:
         healthy = sorted([v for v in views if v.healthy], key=_by_id)
         if not healthy:
             raise NoCandidate(features.model)
+        silent: list[ReplicaView] = []
         if self.config.silent_min_s and any(v.silent_s for v in healthy):
-            healthy = self._heard(healthy)
+            heard = self._heard(healthy)
+            if len(heard) < len(healthy):
+                kept = set(map(id, heard))
+                silent = [v for v in healthy if id(v) not in kept]
+                healthy = heard
         hashes, capacity = self.state.replica_hashes, self._capacity_tokens
         for v in healthy:
             if v.id not in hashes:
                 hashes[v.id] = replica_hash(v.id)
             if v.cache_capacity_tokens and capacity.get(v.id) != v.cache_capacity_tokens:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
-        return self.sharing.context(features, healthy, now, explain, held)
+        return self.sharing.context(features, healthy, now, explain, held, silent)
 
     def _heard(self, views: list[ReplicaView]) -> list[ReplicaView]:
         """`views` but the silent ones (`RouterConfig.silent_min_s`), unless all are: a

@@ -161,14 +161,16 @@ class Sharing:
 
     def context(
         self, features: RequestFeatures, healthy: list[ReplicaView], now: float, explain: bool,
-        held: bool,
+        held: bool, silent: Sequence[ReplicaView] = (),
     ) -> tuple[PickContext, bool]:
-        """The policy's input for a pick among ``healthy`` (sorted by id), and whether other
-        gateways' load is in it."""
+        """The policy's input for a pick among ``healthy`` (sorted by id; ``silent``: the
+        healthy ones left out, `PickContext.left_out`), and whether other gateways' load is
+        in it."""
         used_peers = False
         rank, gateways = 0, 1
         peer_loads: Mapping[str, ReplicaLoad] = _NO_LOADS
         peer_computing: Mapping[str, Sequence[PeerComputing]] = _NO_COMPUTING
+        totals: Mapping[str, ReplicaLoad] = _NO_LOADS
         if self.peers is not None:
             if self._peer_chains and not explain:
                 self._settle_continued(features.block_hashes)
@@ -193,8 +195,12 @@ class Sharing:
                     self._urgent = features
                 elif order is not None:
                     order = self._flagged(order, features)
+        left_out = (0, 0)
+        if silent:
+            left_out = (sum(v.inflight + (p.inflight if (p := totals.get(v.id)) else 0)
+                            for v in silent), len(silent))
         ctx = PickContext(features, healthy, now, self.state, explain, rank, gateways, turn, order,
-                          peer_loads, peer_computing)
+                          peer_loads, peer_computing, left_out)
         return ctx, used_peers
 
     def _flagged(

@@ -54,6 +54,10 @@ class PickContext:
     # per replica, the peers' recent routes there that brought new blocks
     # (`Sharing.peer_computing`): (applied at, chain, blocks held before, new prompt tokens)
     peer_computing: Mapping[str, Sequence[PeerComputing]] = field(default_factory=dict)
+    # the silent replicas left out of `views` (`RouterConfig.silent_min_s`): their in-flight
+    # requests (fleet-wide) and their number, which the load bound still counts (leaving them
+    # out of its mean too would let the rest take every request of a burst)
+    left_out: tuple[int, int] = (0, 0)
 
     @property
     def tie_key(self) -> int:

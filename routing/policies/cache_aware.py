@@ -226,8 +226,9 @@ class CacheAware:
         if previous is None and cfg.session_ramp_tokens > 0.0:
             rows = self._ramp(ctx, rows)
         rows.sort(key=key)
-        limit = bound_limit(sum(r[10] for r in rows), len(rows), cfg.load_factor,
-                            cfg.load_slack) + 1e-9
+        extra, left_out = ctx.left_out
+        limit = bound_limit(sum(r[10] for r in rows) + extra, len(rows) + left_out,
+                            cfg.load_factor, cfg.load_slack) + 1e-9
         return rows, previous, limit, [r for r in rows if r[10] <= limit]
 
     def choose(self, ctx: PickContext) -> Decision:

@@ -76,9 +76,11 @@ class ConsistentHash:
         cfg = self._state.config
         views = {v.id: v for v in ctx.views}
         order = self._ring(tuple(views)).order(self.key(ctx))
-        bound = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack)
+        bound = LoadBound(ctx.views, cfg.load_factor, cfg.load_slack, ctx.left_out)
         for i, rid in enumerate(order):
             if bound.admits(views[rid]):
                 rest = order[:i] + order[i + 1 :]
                 return decide((rid, *rest), "hash" if i == 0 else "overflow")
-        raise AssertionError("bounded load admits the least-loaded replica")  # pragma: no cover
+        # none within it: only when silent replicas left out hold less than the rest
+        rid = min(order, key=lambda r: views[r].inflight)
+        return decide((rid, *(r for r in order if r != rid)), "overflow")

@@ -36,9 +36,13 @@ def fleet() -> Iterator[str]:
         # fit. Learned from the scraped prefill counters, the replica that served the first
         # test gets a fit of its own (these sims' engine prefill times are tiny beside the
         # 200 ms spent before the engine) and, on an idle fleet, rightly takes every cold
-        # request: the tests here are about prefixes, learning is the last test's
+        # request: the tests here are about prefixes, learning is the last test's. With no
+        # scrape, silence (`routing.silent_min_s`) is judged on answers alone, and a loaded
+        # machine's first answer after 0.5 s left replicas out of a burst: off here (its own
+        # tests are test_frozen_replica.py and tests/unit/routing/test_silent_replicas.py)
         gw, base = gateway_proc(upstreams=urls, args=["--policy", "cache_aware"],
-                                env={"KVGATE_ROUTING__SCRAPE_INTERVAL_MS": "600000"})
+                                env={"KVGATE_ROUTING__SCRAPE_INTERVAL_MS": "600000",
+                                     "KVGATE_ROUTING__SILENT_MIN_S": "0"})
         with gw:
             yield base
     finally:

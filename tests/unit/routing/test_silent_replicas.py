@@ -66,3 +66,23 @@ def test_bad_settings_are_refused() -> None:
         RouterConfig(silent_min_s=-1.0)
     with pytest.raises(ValueError, match="silent"):
         RouterConfig(silent_factor=0.5)
+
+
+@pytest.mark.parametrize("policy", ["cache_aware", "consistent_hash"])
+def test_the_load_bound_still_counts_the_silent_replicas(policy: str) -> None:
+    """Two of four replicas silent (a slow first answer on a loaded machine looks the same):
+    a burst of one prompt spreads within the bound taken over all four, not over the two
+    left (over two, the bound admits the holder whatever its load: 16 of 16 on it)."""
+    router = Router(RouterConfig(policy=policy))
+    f = feats("the same question " * 80)
+    load = {"a": 0, "b": 0}
+    silent = [ReplicaView(id=f"s{i}", pool="p", inflight=1, inflight_prefill=1,
+                          inflight_prefill_tokens=500, silent_s=9.0) for i in range(2)]
+    for i in range(16):
+        views = [*silent, *(ReplicaView(id=r, pool="p", inflight=n, inflight_prefill=n,
+                                        inflight_prefill_tokens=320 * n) for r, n in load.items())]
+        replica = router.pick(f, views, 100.0 + i * 0.001).replica
+        router.record_route(replica, f, 100.0 + i * 0.001)
+        load[replica] += 1
+    cfg = router.config
+    assert max(load.values()) <= cfg.load_factor * (16 + 2) / 4 + cfg.load_slack, load
