@@ -11,6 +11,18 @@ _NOW = (
     "local now = tonumber(ARGV[1]) "
     "if not now then local t = redis.call('TIME') now = tonumber(t[1]) + tonumber(t[2]) / 1e6 end "
 )
+# The bucket hash lives until both levels are full again (a missing bucket starts full): a
+# minute and a second, longer while tokens are owed (a level below zero refills at tpm a
+# minute). `KEEP(t, tpm)` pushes its expiry out to that, never in. A fixed 61 s forgave any
+# debt older than that: 3,000 tokens used on a 600 TPM budget were answered Retry-After
+# 241 s, and the next request 63 s later was admitted on a full bucket.
+_KEEP = """
+local function keep(bucket, t, tpm)
+  local ms = 61000
+  if tpm > 0 and t < 0 then ms = math.ceil((tpm - t) * 60000 / tpm) + 1000 end
+  if redis.call('PTTL', bucket) < ms then redis.call('PEXPIRE', bucket, string.format('%d', ms)) end
+end
+"""
 # KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset, KEYS[4] the set of
 # the holders of the tenant's leases.
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
@@ -26,6 +38,7 @@ _NOW = (
 # id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 ADMIT = (
     _NOW
+    + _KEEP
     + """
 for i = 12, #ARGV, 3 do
   if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
@@ -95,16 +108,21 @@ end
 if rpm > 0 then redis.call('HSET', KEYS[1], 'r', r) else redis.call('HDEL', KEYS[1], 'r') end
 if tpm > 0 then redis.call('HSET', KEYS[1], 't', t) else redis.call('HDEL', KEYS[1], 't') end
 redis.call('HSET', KEYS[1], 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 61000)
+keep(KEYS[1], t, tpm)
 return {reason, tostring(retry), tostring(r), tostring(t)}
 """
 )
 # KEYS[1] bucket hash, KEYS[2] reservation zset; ARGV[1] extra tokens to charge (may be
 # negative), ARGV[2] tpm, ARGV[3] the reservation's mark ('' for none).
-SETTLE = """
+SETTLE = _KEEP + """
 if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
 local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[2]), t - tonumber(ARGV[1]))) end
+if t then
+  local tpm = tonumber(ARGV[2])
+  t = math.min(tpm, t - tonumber(ARGV[1]))
+  redis.call('HSET', KEYS[1], 't', t)
+  keep(KEYS[1], t, tpm)
+end
 return 1
 """
 # KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset; ARGV[1] lease id,

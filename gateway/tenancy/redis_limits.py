@@ -1,6 +1,7 @@
 """Admission shared by every gateway replica: one Lua script, one round trip per request.
 
-Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time, a sorted set
+Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time (kept until
+both are full again, tokens owed included: a missing bucket starts full), a sorted set
 ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
 marked for a lease TTL or until its settle takes the mark away in its own call, and a set
