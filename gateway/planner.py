@@ -152,6 +152,9 @@ class Planner:
         else:
             found = self.pools.by_name.get(route.pool)
             if found is None:
+                later = self._in_force(principal)
+                if later is not None:  # its pool was removed since it came in: plan anew
+                    return self.plan(later, parsed, kind, now, avoid)
                 raise NoReplicaAvailable(
                     f"The pool for `{shown_name(parsed.model)}` is not running here.")
             pool, priority, home = found, route.priority, route.home_pool
@@ -166,6 +169,17 @@ class Planner:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         features = self._features(kind, parsed, principal, priority)
         return Plan(pool, served, priority, home, spilled, features, views[pool.name])
+
+    def _in_force(self, principal: Principal) -> Principal | None:
+        """``principal`` on the policy in force, when it was resolved under an older one
+        (None: it was not). A request is identified before its body is read and admitted;
+        a policy change meanwhile that removed its pool (its model moved to another) made
+        it a 503 "not running here", a slow upload's whole body wasted: it goes where the
+        policy in force sends its model, as a request queued in flow control does."""
+        snap, current = principal.policy, self.gate.policy
+        if snap is None or current is None or current.version == snap.version:
+            return None
+        return replace(principal, policy=current)
 
     def offered(self, principal: Principal) -> list[str]:
         """The public model names `principal`'s tier can use, sorted (`GET /v1/models`, and

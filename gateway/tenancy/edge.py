@@ -15,6 +15,7 @@ from gateway.body import ClientPriorityMode, ClientSaltMode
 from gateway.errors import KvgateError
 from gateway.tenancy.keys import hash_key
 from gateway.tenancy.limits import Admission
+from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from gateway.tenancy.service import Tenancy
 
@@ -73,6 +74,12 @@ class TenantGate:
         if self.auth:
             return self._resolver.authenticate(token)
         return self._resolver.principal_for(NO_AUTH_TENANT)
+
+    @property
+    def policy(self) -> PolicySnapshot | None:
+        """The policy in force now (a request keeps the one its principal was resolved
+        under, unless that one's pool is gone: `Planner.plan`)."""
+        return self._resolver.policy
 
     def key_hash(self, token: str | None) -> str | None:
         """What `current` finds a caller's key by (None without authentication)."""
