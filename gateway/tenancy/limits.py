@@ -11,6 +11,7 @@ rules in one Lua script; `MemoryRateLimiter` is the single-process (and fallback
 
 from __future__ import annotations
 
+import asyncio
 import math
 import secrets
 import time
@@ -137,14 +138,19 @@ class RateLimiter(ABC):
         """Give back the concurrency lease."""
 
     async def finish(self, admission: Admission, used_tokens: int | None) -> None:
-        """`settle` (when usage is known) and `release` together. The release runs however
-        the settle ends: one cancelled while it waited on Redis (an edge's cleanup cancelled
-        again) left the lease live, renewed for as long as the process ran."""
+        """`settle` (when usage is known) and `release` together, at once: a stream's last
+        bytes have gone out, and its client's next request may already be here. One after
+        the other (two Redis round trips) a tenant with a TPM limit running as many streams
+        at once as its `max_concurrency` got a third of them refused for concurrency. The
+        release runs however the settle ends, in a task of its own: one cancelled while it
+        waited on Redis (an edge's cleanup cancelled again) left the lease live, renewed for
+        as long as the process ran."""
+        release = asyncio.ensure_future(self.release(admission))
         try:
             if used_tokens is not None:
                 await self.settle(admission, used_tokens)
         finally:
-            await self.release(admission)
+            await asyncio.shield(release)
 
 
 @dataclass(slots=True)
