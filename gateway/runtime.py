@@ -25,7 +25,7 @@ import aiohttp
 from gateway import worker_metrics
 from gateway.admin import AdminDeps, admin_tokens_from_env, create_admin_app
 from gateway.admin.auth import admin_authorized, admin_body_limit
-from gateway.admin.guard import AuthGuardCollector
+from gateway.admin.guard import AuthGuard, AuthGuardCollector
 from gateway.admin.live import LiveViews
 from gateway.admin.writes import read_your_writes
 from gateway.asgi import ASGIApp
@@ -246,7 +246,8 @@ def _admin_app(
     resolver = tenancy.resolver
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report,
-                     policy_in_force=lambda: (resolver.policy, resolver.policy_source))
+                     policy_in_force=lambda: (resolver.policy, resolver.policy_source),
+                     guard=AuthGuard.share_of(cfg.server.workers))
     metrics.registry.register(AuthGuardCollector(deps.guard))
     admin = read_your_writes(create_admin_app(
         deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),

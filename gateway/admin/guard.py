@@ -1,6 +1,7 @@
 """Failed admin authentications: throttled per client address, logged, counted and audited.
 
-Each client address has a bucket of `burst` failures refilled at `per_minute`; an address whose
+Each client address has a bucket of `burst` failures refilled at `per_minute` (on a gateway of
+several ``server.workers``, each process holds its share: `AuthGuard.share_of`); an address whose
 bucket is empty gets 429 with ``Retry-After`` on every admin request (before its token is even
 looked at, and before its body is read) until one failure's worth has refilled, so guessing tokens
 costs minutes per dozen tries. Successful requests cost nothing. The address is the TCP peer
@@ -27,7 +28,7 @@ from prometheus_client.registry import Collector
 from gateway.asgi import Scope
 from gateway.errors import RateLimited
 
-__all__ = ["REASONS", "AuthGuard", "AuthGuardCollector"]
+__all__ = ["BURST", "PER_MINUTE", "REASONS", "AuthGuard", "AuthGuardCollector"]
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,16 @@ class _Bucket:
     at: float
 
 
+BURST = 10  # failures an address may make at once, on one gateway (all its workers)
+PER_MINUTE = 10.0  # and then per minute
+
+
 class AuthGuard:
     def __init__(
         self,
         *,
-        burst: int = 10,
-        per_minute: float = 10.0,
+        burst: float = BURST,
+        per_minute: float = PER_MINUTE,
         max_addresses: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -57,6 +62,14 @@ class AuthGuard:
         self._clock = clock
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self.failures: dict[str, int] = dict.fromkeys(REASONS, 0)
+
+    @classmethod
+    def share_of(cls, processes: int) -> AuthGuard:
+        """One process's share of a gateway's budget, for each of its ``server.workers``
+        processes: each counts alone, and the kernel spreads an address's connections over
+        them (a whole budget each gave an address twice the guesses with two workers: 20,
+        then 2 every 6 s). At least one failure each."""
+        return cls(burst=max(1.0, BURST / processes), per_minute=PER_MINUTE / processes)
 
     def _level(self, address: str, now: float) -> _Bucket | None:
         bucket = self._buckets.get(address)

@@ -85,3 +85,22 @@ def test_an_admin_token_shorter_than_16_characters_is_refused_at_start() -> None
         assert "Traceback" not in result.stderr
         assert "short-tok" not in result.stderr and "tiny" not in result.stderr.replace(
             "'ci'", "")
+
+
+def test_an_address_gets_ten_failures_from_a_gateway_of_two_workers(
+    sim_factory: SimFactory, redis_url: str,
+) -> None:
+    """Each worker throttled alone on a whole budget: an address made 20 failed attempts
+    before its first 429 through a gateway of two workers (the kernel spreads its
+    connections over both), where one process allows 10."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": redis_url}
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env=env, args=["--workers", "2"])
+    statuses: list[int] = []
+    with gw:
+        for _ in range(40):  # a new connection each: either worker may take it
+            with admin_client(base, "wrong-token-" + "x" * 20) as attacker:
+                statuses.append(attacker.get("/tenants").status_code)
+        assert set(statuses) == {401, 429}, statuses
+        assert statuses.count(401) <= 10, statuses
