@@ -459,17 +459,30 @@ class FlowGate:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
         its tier left the policy; a dictionary lookup each, no I/O: `TenantGate.current`),
         not when its turn comes: where the pool stayed saturated it waited out its
-        ``max_wait_s`` to be shed with a 429 its SDK retries."""
+        ``max_wait_s`` to be shed with a 429 its SDK retries. One whose tenant was moved to
+        another tier is admitted again on it (its pool, its band), as for a policy change:
+        it waited for its old tier's pool, perhaps until shed, while its tenant's new
+        requests went where the new tier is served."""
         current = self._planner.gate.current
         for entry in list(state.flow.queue.entries()):
             ticket = entry.handle
             try:
-                current(ticket.principal, ticket.key_hash)
+                now = current(ticket.principal, ticket.key_hash)
             except (AuthError, PermissionDenied) as exc:  # (a store too stale to say, a 503:
                 state.flow.remove(entry)  # left to its turn, as it may be fresh again then)
                 ticket.fail(exc)
+                continue
             except KvgateError:
                 continue
+            if now.tier != ticket.principal.tier and self._elsewhere(state, entry, now):
+                ticket.move()
+
+    def _elsewhere(self, state: _PoolState, entry: Entry[_Ticket], principal: Principal) -> bool:
+        """Whether a queued request would wait in another pool or band as ``principal``."""
+        at = self._clock()
+        if self._planner.pool_for(principal, entry.handle.model, at) != state.name:
+            return True
+        return self.doc(principal).flow_class(principal.tier, principal.tenant_id)[0] != entry.band
 
     def _shed(self, state: _PoolState, entry: Entry[_Ticket], reason: str, now: float) -> None:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()

@@ -118,9 +118,20 @@ def _saturating(base: str, fillers: list[Filler], pools: tuple[str, ...]) -> Ite
     wait_for(lambda: inflight(base) == 0 and _depth(base) == 0, 30, "nothing left in flight")
 
 
-def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """A request of a free tenant queued behind three fillers in pool p while the policy
-    changes (``change`` edits the document): its answer (``replica``, ``route``, ``text``,
+def _policy_edit(edit: Callable[[dict[str, Any]], None]) -> Callable[[httpx.Client], None]:
+    """A change through the admin API: the policy document as ``edit`` leaves it."""
+
+    def change(admin: httpx.Client) -> None:
+        doc = admin.get("/policy").json()
+        edit(doc)
+        assert admin.put("/policy", json=doc).status_code == 200
+
+    return change
+
+
+def _queued_through(base: str, change: Callable[[httpx.Client], None]) -> dict[str, Any]:
+    """A request of a free tenant queued behind three fillers in pool p while an operator
+    makes ``change`` through the admin API: its answer (``replica``, ``route``, ``text``,
     ``after_s``: seconds from the change) or ``error``, taken while the fillers still run."""
     key = _free_key(base)
     fillers = [Filler(base, key) for _ in range(3)]
@@ -145,10 +156,8 @@ def _queued_through(base: str, change: Callable[[dict[str, Any]], None]) -> dict
         waiter.start()
         wait_for(lambda: _depth(base) == 1, 10, "the request to queue")
         with admin_client(base, ADMIN) as admin:
-            doc = admin.get("/policy").json()
-            change(doc)
             changed = time.monotonic()
-            assert admin.put("/policy", json=doc).status_code == 200
+            change(admin)
         waiter.join(30)
     return answer
 
@@ -161,7 +170,7 @@ def test_a_queued_request_is_planned_on_the_policy_in_force_when_released(
         doc["pools"] = {"q": {"served_model": "s", "replicas": [idle_url]}}
         doc["models"] = {"m": {"default": "q"}}
 
-    answer = _queued_through(base, moved)
+    answer = _queued_through(base, _policy_edit(moved))
     assert "error" not in answer, answer
     assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
 
@@ -179,7 +188,28 @@ def test_a_queued_request_moves_to_the_new_pool_of_its_model_when_the_old_one_st
                         "q": {"served_model": "s", "replicas": [idle_url]}}
         doc["models"] = {"m": {"default": "q"}, "old": {"default": "p"}}
 
-    answer = _queued_through(base, moved)
+    answer = _queued_through(base, _policy_edit(moved))
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
+    assert answer["route"] == "queued", answer  # it waited (in p), then went to q
+    assert answer["after_s"] < 5, answer  # not when p has room again
+
+
+def test_a_queued_request_of_a_tenant_moved_to_another_tier_goes_where_that_tier_is_served(
+        ) -> None:
+    """An operator moves a tenant whose requests wait for its saturated pool to a tier served
+    by an idle one: its queued request stayed in the old tier's queue (here until its
+    ``max_wait_s`` shed it with a 429, while its new requests went to the idle pool). It is
+    admitted again on its new tier, as for a policy change."""
+    with _serve([BUSY, ("--time-scale", "50")], {"p": [0], "q": [1]},
+                {"m": {"default": "p", "premium": "q"}},
+                {"default": {}, "free": {"flow": {"max_wait_s": 10}}, "premium": {}}
+                ) as (base, (_, idle_url)):
+
+        def upgraded(admin: httpx.Client) -> None:
+            assert admin.patch("/tenants/t", json={"tier": "premium"}).status_code == 200
+
+        answer = _queued_through(base, upgraded)
     assert "error" not in answer, answer
     assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
     assert answer["route"] == "queued", answer  # it waited (in p), then went to q
