@@ -60,11 +60,17 @@ async def _put_checked(
                    "their tiers; retry")
 
 
+MAX_VERSION_DIGITS = 64  # an If-Match version longer than this is no version (int64 has 19)
+
+
 def _parse_if_match(value: str | None) -> int | None:
+    """The policy version an ``If-Match`` names (None: none, or ``*``). Only ASCII digits:
+    `str.isdigit` also takes a superscript two (a header byte 0xB2) that `int` refuses, and
+    thousands of digits `int` will not convert -- each was a 500 with a traceback."""
     if value is None or value.strip() == "*":
         return None
     text = value.strip().removeprefix("W/").strip('"')
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_VERSION_DIGITS:
         raise BadRequest('If-Match: expected a policy version such as "3"', param="If-Match")
     return int(text)
 
