@@ -28,7 +28,7 @@ def test_an_if_match_that_names_no_version_is_a_400(
         doc, version = got.json(), got.headers["etag"]
         for value in NO_VERSION:
             for method, body in (("PATCH", {}), ("PUT", doc)):
-                resp = admin.request(method, "/policy", json=body, headers={"If-Match": value})
+                resp = admin.request(method, "/policy", json=body, headers={b"If-Match": value})
                 assert resp.status_code == 400, (method, value[:20], resp.text)
                 assert resp.json()["error"]["param"] == "If-Match"
         # a version of any other number is a 412, the one in force goes through
