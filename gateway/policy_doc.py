@@ -150,6 +150,11 @@ class Fairness(BaseModel):
         return self
 
 
+# each threshold's levels when the policy leaves them out
+_SPILL_WHEN: dict[str, float] = {"waiting": 8, "kv_usage": 0.95}
+_BORROW_BELOW: dict[str, float] = {"waiting": 0, "kv_usage": 0.5}
+
+
 class TierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     limits: Limits = Field(default_factory=Limits)
@@ -159,19 +164,27 @@ class TierConfig(BaseModel):
     spill_to: str | None = None  # a pool this tier may overflow to when its own is saturated
     # A replica is saturated at or above either level; the tier spills only when every
     # replica of its own pool is saturated (or unhealthy).
-    spill_when: LoadThreshold = Field(
-        default_factory=lambda: LoadThreshold(waiting=8, kv_usage=0.95)
-    )
+    spill_when: LoadThreshold = Field(default_factory=lambda: LoadThreshold(**_SPILL_WHEN))
     # A pool this tier may borrow while its own is saturated AND that pool is idle: every
     # healthy replica at or below `borrow_below.waiting` and below `borrow_below.kv_usage`.
     borrow_from: str | None = None
-    borrow_below: LoadThreshold = Field(
-        default_factory=lambda: LoadThreshold(waiting=0, kv_usage=0.5)
-    )
+    borrow_below: LoadThreshold = Field(default_factory=lambda: LoadThreshold(**_BORROW_BELOW))
     # vLLM's operator-only body fields (`request_id`, `kv_transfer_params`, `vllm_xargs`) are
     # forwarded only for tiers that allow them; otherwise they are dropped from the request
     operator_fields: Bool = False
     flow: TierFlow = Field(default_factory=TierFlow)  # flow control (gateway/flow/)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _partial_thresholds(cls, data: Any) -> Any:
+        """A threshold that names one level keeps the other's default (the docs give each
+        level's default: `spill_when: {kv_usage: 0.9}` alone was refused, `waiting` missing)."""
+        if isinstance(data, dict):
+            for name, default in (("spill_when", _SPILL_WHEN), ("borrow_below", _BORROW_BELOW)):
+                given = data.get(name)
+                if isinstance(given, dict):
+                    data = {**data, name: {**default, **given}}
+        return data
 
 
 class PolicyDoc(BaseModel):

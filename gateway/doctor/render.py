@@ -11,7 +11,7 @@ from typing import Any
 
 __all__ = ["format_duration", "iso", "parse_duration", "render_cache", "render_findings"]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$", re.ASCII)  # ASCII digits only
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 MAX_WINDOW_S = 24 * 3600.0
 

@@ -47,7 +47,7 @@ def changed_keys(
     hashes: dict[str, None] = {}
     for entry in journal:
         parts = entry.split(" ", 2)
-        if len(parts) != 3 or not parts[0].isdigit():
+        if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
             return None
         generation, kind, name = int(parts[0]), parts[1], parts[2]
         if generation <= since:

@@ -38,7 +38,8 @@ def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "5x", "-1s", "0s", "25h", "5 m s", "1e3s"])
+@pytest.mark.parametrize(
+    "text", ["", "5x", "-1s", "0s", "25h", "5 m s", "1e3s", "\u0663m", "\uff15m"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="invalid window"):
         parse_duration(text)

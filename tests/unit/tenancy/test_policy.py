@@ -72,6 +72,16 @@ def test_the_canonical_document_is_valid_and_resolves_pools() -> None:
     assert doc.tiers["premium"].spill_when.waiting == 8  # documented default
 
 
+def test_a_threshold_naming_one_level_keeps_the_others_default() -> None:
+    # (before: "waiting: Field required", though the docs give each level's default)
+    doc = parse_policy(_with("tiers.premium.spill_when", {"kv_usage": 0.9}))
+    assert doc.tiers["premium"].spill_when.model_dump() == {"waiting": 8, "kv_usage": 0.9}
+    doc = parse_policy(_with("tiers.free.borrow_below", {"waiting": 2}))
+    assert doc.tiers["free"].borrow_below.model_dump() == {"waiting": 2, "kv_usage": 0.5}
+    with pytest.raises(PolicyValidationError):  # what is given is still checked
+        parse_policy(_with("tiers.premium.spill_when", {"kv_usage": 2}))
+
+
 def test_limits_overlay_keeps_tier_defaults_for_unset_fields() -> None:
     tier = Limits(rpm=60, tpm=1000, max_concurrency=4)
     assert tier.overlay(Limits(rpm=5)) == Limits(rpm=5, tpm=1000, max_concurrency=4)
