@@ -336,9 +336,10 @@ class StreamScanner:
         """Whether the events forwarded so far end the stream (nothing held): with ``data:
         [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
         vLLM ends the body right after either. An error event is not: vLLM's chat streams
-        send their [DONE] after it."""
+        send their [DONE] after it. A LF held alone is no event: the end of a CRLF whose CR
+        ended the last one, in a read of its own (flushed at the end)."""
         last = self._last
-        if self._partial or self._more or (b"[DONE]" not in last and (
+        if self._partial not in (b"", b"\n") or self._more or (b"[DONE]" not in last and (
                 b"response." not in last or (  # every Responses event: look for its ends
                     b"response.completed" not in last and b"response.incomplete" not in last
                     and b"response.failed" not in last))):

@@ -23,7 +23,7 @@ import orjson
 
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, chunked, sse_head, whole
-from tests.support.gateway import gateway_proc, inflight, request_statuses
+from tests.support.gateway import gateway_proc, inflight, metric_values, request_statuses
 
 EVENT = b"data: " + orjson.dumps({
     "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
@@ -73,4 +73,30 @@ def test_a_responses_stream_held_open_after_its_last_event_ends_at_once() -> Non
                 assert got == events, path
             assert inflight(base) == 0
             assert request_statuses(base) == {"200": 2.0}
+        bad.gate.set()
+
+
+def test_a_crlf_stream_whose_last_lf_comes_alone_ends_at_once() -> None:
+    """A replica (or a proxy re-framing with CRLF, as sse-starlette does) whose last event's
+    end comes in two reads, ``\\r\\n\\r`` then ``\\n``, and holds the body open after. The lone
+    LF was held as the start of a next event, so the end was waited for until the idle
+    timeout: a 504 error event after the [DONE] (the LF never sent), the request counted 504
+    and its replica charged a failure. Now it ends as a LF-framed one does, byte for byte."""
+    event = EVENT.replace(b"\n", b"\r\n")
+    done = DONE.replace(b"\n", b"\r\n")
+    with BadReplica("m") as bad:
+        bad.answer = sse_head() + chunked(event + done[:-1], last=False)
+        bad.drip, bad.drip_s = [chunked(b"\n", last=False)], 0.2  # (a read of its own)
+        bad.rest, bad.gate = b"0\r\n\r\n", threading.Event()  # the end: never, in this test
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "3"})
+        with gw:
+            with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=30, json={
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}],
+                    "stream": True}) as resp:
+                body = b"".join(resp.iter_raw())
+            assert body == event + done
+            assert inflight(base) == 0
+            assert request_statuses(base) == {"200": 1.0}
+            assert sum(metric_values(base, "kvgate_replica_failures_total").values()) == 0
         bad.gate.set()

@@ -229,6 +229,12 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
         ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
         ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
         ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], False),  # its end not in yet
+        # a CRLF's LF in a read of its own, after the CR that ended the [DONE]
+        ([b'data: {"a":1}\r\n\r\ndata: [DONE]\r\n\r', b"\n"], True),
+        ([b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r', b"\n"],
+         True),
+        ([b'data: {"a":1}\r\n\r\ndata: [DONE]\r\n', b"\r"], True),
+        ([b'data: {"a":1}\r\n\r', b"\n", b"data: [DONE]"], False),  # not in yet
         ([b'data: {"error":{"code":500}}\n\n'], False),  # vLLM sends its [DONE] next
         ([b'data: {"type":"response.completed"}\n\n'], True),  # the Responses API's end
         ([b'event: response.incomplete\ndata: {"type":"response.incomplete"}\n\n'], True),
