@@ -6,7 +6,8 @@
 `StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
 only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
 client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
-the [DONE]."""
+the [DONE]; a connection broken there ends the stream as whole too (no 502 event after the
+[DONE], no failure charged, its usage counted)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
 from gateway.sse import StreamScanner
-from gateway.transport import UpstreamResponse
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
 __all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
            "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
@@ -79,12 +80,14 @@ def unstarted_failure(
 
 
 async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
-    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event (the
-    connection is then not reused: its answer did not end)."""
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event, or
+    when the connection breaks after it (the body's end cut off: a reset, a close without
+    the last chunk; the answer was whole, so it is not a failure mid-stream). The connection
+    is then not reused: its answer did not end."""
     if not scanner.done():
         return await resp.read_chunk()
     try:
         async with asyncio.timeout(AFTER_DONE_S):
             return await resp.read_chunk()
-    except TimeoutError:
+    except (TimeoutError, *TRANSPORT_ERRORS):
         return b""
