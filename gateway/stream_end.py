@@ -23,6 +23,8 @@ __all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED"
            "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
+# what ends a stream's read after its last event: its body's end not in time, or cut off
+_AFTER_DONE_ENDS: tuple[type[BaseException], ...] = (TimeoutError, *TRANSPORT_ERRORS)
 
 DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
@@ -89,5 +91,5 @@ async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
     try:
         async with asyncio.timeout(AFTER_DONE_S):
             return await resp.read_chunk()
-    except (TimeoutError, *TRANSPORT_ERRORS):
+    except _AFTER_DONE_ENDS:
         return b""
