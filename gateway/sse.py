@@ -66,7 +66,8 @@ MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
 _JOIN_BYTES = 4096
 _MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
-_COLON = ord(":")  # a line starting with it is an SSE comment
+# how a block of comment lines and blank lines starts (no event: SSE dispatches no empty one)
+_QUIET = b":\r\n"
 _CR = ord("\r")  # (`_CR in block` is a memchr: 8x faster than `b"\r" in block`)
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -223,7 +224,8 @@ def output_chars(block: bytes) -> int:
 
 
 def comment_only(block: bytes) -> bool:
-    """True when a block of whole SSE lines holds only comments (``: keep-alive``)."""
+    """True when a block of whole SSE lines holds only comments (``: keep-alive``) and blank
+    lines."""
     return all(not line or line.startswith(b":") for line in block.splitlines())
 
 
@@ -256,7 +258,7 @@ class StreamScanner:
             self.malformed = True
             self._drop()
             out = out[:bad]
-        if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
+        if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
             self._errors(out)

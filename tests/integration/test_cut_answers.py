@@ -193,6 +193,29 @@ def test_a_complete_stream_is_relayed_as_sent(
     assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
 
 
+@pytest.mark.parametrize("blank", [b"\n\n", b"\r\n\r\n"], ids=["lf", "crlf"])
+def test_blank_lines_after_the_done_in_a_read_of_their_own_are_no_cut(
+    gw: tuple[BadReplica, str], blank: bytes,
+) -> None:
+    """Blank lines are nothing in SSE (an empty event is not dispatched), but a read holding
+    only them, after the [DONE], was taken for the stream's last event: the whole stream got a
+    502 error event "ended the stream before it was complete" after its [DONE], was counted a
+    502 and its replica charged a failure. Now it is relayed as sent, a 200."""
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(CHUNK + DONE, last=False), "keep"
+    replica.drip, replica.drip_s = [chunked(blank)], 0.2  # (a read of their own)
+    try:
+        before = request_statuses(base)
+        body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=10).content == (
+            CHUNK + DONE + blank)
+        wait_for(lambda: request_statuses(base).get("200", 0.0) == before.get("200", 0.0) + 1,
+                 what="counted as a 200")
+        assert request_statuses(base).get("502", 0.0) == before.get("502", 0.0)
+    finally:
+        replica.drip = []
+
+
 USAGE = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"bad-model",'
          b'"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n')
 

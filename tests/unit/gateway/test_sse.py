@@ -202,6 +202,9 @@ def test_body_usage_absent(body: bytes) -> None:
         ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
         ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], True),  # one newline short
         ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
+        ([b"data: [DONE]\n\n", b"\n\n"], True),  # blank lines (no event) in a read alone
+        ([b"data: [DONE]\r\n\r\n", b"\r\n\r\n"], True),
+        ([b'data: {"a":1}\n\n', b"\n\n"], False),
         ([b'data: {"error":{"code":500}}\n\n'], True),  # the error event says it
         ([b'event: response.completed\ndata: {"type":"response.completed"}\n\n'], True),
         ([b'data: {"type":"response.incomplete","response":{}}\n\n'], True),
