@@ -68,6 +68,8 @@ _JOIN_BYTES = 4096
 _MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
 # how a block of comment lines and blank lines starts (no event: SSE dispatches no empty one)
 _QUIET = b":\r\n"
+# what may be held after whole events that is no event: nothing, or a line end
+_LINE_ENDS = (b"", b"\n", b"\r", b"\r\n")
 _CR = ord("\r")  # (`_CR in block` is a memchr: 8x faster than `b"\r" in block`)
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -338,10 +340,11 @@ class StreamScanner:
         """Whether the events forwarded so far end the stream (nothing held): with ``data:
         [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
         vLLM ends the body right after either. An error event is not: vLLM's chat streams
-        send their [DONE] after it. A LF held alone is no event: the end of a CRLF whose CR
-        ended the last one, in a read of its own (flushed at the end)."""
+        send their [DONE] after it. A line end held alone is no event: the LF of a CRLF whose
+        CR ended the last one, or a blank line after it, in a read of its own (flushed at the
+        end)."""
         last = self._last
-        if self._partial not in (b"", b"\n") or self._more or (b"[DONE]" not in last and (
+        if self._partial not in _LINE_ENDS or self._more or (b"[DONE]" not in last and (
                 b"response." not in last or (  # every Responses event: look for its ends
                     b"response.completed" not in last and b"response.incomplete" not in last
                     and b"response.failed" not in last))):

@@ -237,6 +237,8 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
         ([b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r', b"\n"],
          True),
         ([b'data: {"a":1}\r\n\r\ndata: [DONE]\r\n', b"\r"], True),
+        ([b"data: [DONE]\r\n\r\n", b"\r\n"], True),  # a blank line more
+        ([b"data: [DONE]\r\r", b"\r"], True),
         ([b'data: {"a":1}\r\n\r', b"\n", b"data: [DONE]"], False),  # not in yet
         ([b'data: {"error":{"code":500}}\n\n'], False),  # vLLM sends its [DONE] next
         ([b'data: {"type":"response.completed"}\n\n'], True),  # the Responses API's end
