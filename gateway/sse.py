@@ -369,7 +369,7 @@ class StreamScanner:
             return b"\n" + self._events(block[1:])  # (not dropped with a usage-only one)
         if _CR not in block:  # vLLM's framing: `bytes.split`, 6x the regex's speed
             return b"\n\n".join([e for e in block.split(b"\n\n") if self._keeps(e)])
-        parts = _SPLIT.split(block)  # each event, then its own end; b"" last
+        parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
         kept, dropped = [], b""
         for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
             if self._keeps(event):
@@ -377,10 +377,12 @@ class StreamScanner:
                 dropped = b""
             else:
                 dropped = event + end
-        if dropped.endswith(b"\r") and not self._partial:
+        rest = parts[-1]  # (line ends only, blank lines': relayed as sent)
+        if dropped.endswith(b"\r") and not rest and not self._partial:
             # the read ended at its end's CR, maybe a CRLF's: held, to be dropped with the
             # LF the next read may start with (relayed as sent if the stream ends there)
             self._partial = dropped
+        kept.append(rest)
         return b"".join(kept)
 
     def _keeps(self, event: bytes) -> bool:
