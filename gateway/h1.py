@@ -211,7 +211,6 @@ class H1Pool:
         while idle:
             conn = idle.pop()
             if not conn.closed and now - conn.idle_since < IDLE_S:
-                conn.used = True
                 return conn
             conn.close()
         return None

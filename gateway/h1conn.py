@@ -9,6 +9,8 @@ Rules it keeps:
   compresses anyway sent bytes kvgate can neither read nor relay as the JSON they claim to be),
   or a status HTTP has no answer of (101, under 100, 600 and above); an interim answer (100,
   102, 103) is skipped for the answer after it;
+- an answer's media type (`Content-Type` before its parameters) is read in lower case, as it
+  is compared (`Text/Event-Stream` is a stream);
 - failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`), which
   `gateway.transport.TRANSPORT_ERRORS` covers.
 """
@@ -47,7 +49,6 @@ class H1Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.idle_since = 0.0
-        self.used = False  # has carried an exchange before this one
         self._parser = httptools.HttpResponseParser(self)
         self._loop = asyncio.get_running_loop()
         self._reset()
@@ -113,7 +114,9 @@ class H1Conn(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
         if lname == b"content-type":
-            self.content_type = value.decode("latin-1")
+            # media types are case-insensitive (RFC 9110 8.3.1): kept in lower case, as compared
+            media, sep, params = value.partition(b";")
+            self.content_type = (media.lower() + sep + params).decode("latin-1")
         elif lname == b"content-length":
             self.content_length = value.decode("latin-1")
         elif lname == b"retry-after":

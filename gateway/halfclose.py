@@ -37,6 +37,9 @@ PROBE_S = 0.2
 REPROBE_S = 1.0
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 KEEP_ALIVE = b"e\r\n: keep-alive\n\n\r\n"  # one chunk: an SSE comment line and its blank line
+# a chunk whose data ends a whole SSE event, whatever its line ends (LF, CRLF, CR: kvgate
+# relays a replica's as sent), then the chunk's own CRLF
+_EVENT_END = (b"\n\n\r\n", b"\n\r\n\r\n", b"\r\r\r\n", b"\n\r\r\n", b"\r\r\n\r\n")
 
 
 class _Tail:
@@ -58,7 +61,7 @@ class _Tail:
             head = data[:data.find(b"\r\n\r\n")].lower()
             self.sse = b"\r\ncontent-type: text/event-stream" in head
         # a chunk of uvicorn's chunked framing whose data ends a whole event
-        self.boundary = data.endswith(b"\n\n\r\n")
+        self.boundary = data.endswith(_EVENT_END)
         self.at = self._clock()
 
     def __getattr__(self, name: str) -> Any:

@@ -365,7 +365,8 @@ class Proxy:
     async def _cancelled(self, scope: Scope, send: Send, req: ProxiedRequest) -> None:
         reason = req.ctl.reason
         if reason == "disconnect":
-            if not (req.sse and req.status >= 400):  # (an error event's code: it answered)
+            # (an error event's code, or a stream relayed whole: it answered, `Relay.relay`)
+            if not (req.sse and req.status >= 400) and not req.ctl.done:
                 req.status = 499  # nginx's "client closed request", for the metrics only
             return
         if reason == "client":

@@ -133,6 +133,10 @@ class Relay:
             # answered: the event is judged, as the picker judges it
             if req.ctl.reason == "disconnect" and scanner.error_code is not None:
                 self._ended(req, replica, scanner)
+            elif req.ctl.reason == "disconnect" and scanner.done():
+                # ... and so is one leaving after the stream's [DONE] (the official SDK
+                # closes its response there) before the replica's body ended: a whole answer
+                self._whole(req, replica, scanner)
             raise
         except TRANSPORT_ERRORS:
             if scanner.error_code is not None:  # the error event reached the client: its
@@ -166,12 +170,7 @@ class Relay:
             req.status = 502
             await req.ctl.end(send, stream_error(CUT_SHORT))
             return False
-        self._ended(req, replica, scanner)
-        if scanner.usage:
-            req.usage = scanner.usage
-            req.used = _total(scanner.usage)
-            self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
-        req.ctl.done = True
+        self._whole(req, replica, scanner)
         if held and (rid := response_id(held)) is not None:  # (a last event unended)
             self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                      stored=_stored(req))
@@ -182,6 +181,16 @@ class Relay:
             rest = self._answered_by(req) + rest
         await req.ctl.end(send, rest)  # (a client that stopped reading: `Canceller.end`)
         return True
+
+    def _whole(self, req: ProxiedRequest, replica: Replica, scanner: StreamScanner) -> None:
+        """A stream relayed whole: judged, its usage counted, and done (nothing may cancel
+        it any more: a client leaving now is no 499, `Proxy._cancelled`)."""
+        self._ended(req, replica, scanner)
+        if scanner.usage:
+            req.usage = scanner.usage
+            req.used = _total(scanner.usage)
+            self._metrics.usage(req.pool.name, scanner.usage, req.tier, req.tenant)
+        req.ctl.done = True
 
     def _ended(self, req: ProxiedRequest, replica: Replica, scanner: StreamScanner) -> None:
         """A started stream ended whole -- or after an error event reached the client, however

@@ -66,7 +66,10 @@ MAX_EVENT_BYTES = 256 * 1024 * 1024  # = upstream.max_answer_bytes' default
 # whole (an event split by a read); a larger one is kept in pieces and only new bytes searched
 _JOIN_BYTES = 4096
 _MESSAGE_CHARS = 512  # of an upstream error event's message, kept for a client's 502
-_COLON = ord(":")  # a line starting with it is an SSE comment
+# how a block of comment lines and blank lines starts (no event: SSE dispatches no empty one)
+_QUIET = b":\r\n"
+# what may be held after whole events that is no event: nothing, or a line end
+_LINE_ENDS = (b"", b"\n", b"\r", b"\r\n")
 _CR = ord("\r")  # (`_CR in block` is a memchr: 8x faster than `b"\r" in block`)
 # an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
 # text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
@@ -223,7 +226,8 @@ def output_chars(block: bytes) -> int:
 
 
 def comment_only(block: bytes) -> bool:
-    """True when a block of whole SSE lines holds only comments (``: keep-alive``)."""
+    """True when a block of whole SSE lines holds only comments (``: keep-alive``) and blank
+    lines."""
     return all(not line or line.startswith(b":") for line in block.splitlines())
 
 
@@ -256,7 +260,7 @@ class StreamScanner:
             self.malformed = True
             self._drop()
             out = out[:bad]
-        if out and (out[0] != _COLON or not comment_only(out)):  # keep-alives aside
+        if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
             self._errors(out)
@@ -336,9 +340,11 @@ class StreamScanner:
         """Whether the events forwarded so far end the stream (nothing held): with ``data:
         [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
         vLLM ends the body right after either. An error event is not: vLLM's chat streams
-        send their [DONE] after it."""
+        send their [DONE] after it. A line end held alone is no event: the LF of a CRLF whose
+        CR ended the last one, or a blank line after it, in a read of its own (flushed at the
+        end)."""
         last = self._last
-        if self._partial or self._more or (b"[DONE]" not in last and (
+        if self._partial not in _LINE_ENDS or self._more or (b"[DONE]" not in last and (
                 b"response." not in last or (  # every Responses event: look for its ends
                     b"response.completed" not in last and b"response.incomplete" not in last
                     and b"response.failed" not in last))):
@@ -363,7 +369,7 @@ class StreamScanner:
             return b"\n" + self._events(block[1:])  # (not dropped with a usage-only one)
         if _CR not in block:  # vLLM's framing: `bytes.split`, 6x the regex's speed
             return b"\n\n".join([e for e in block.split(b"\n\n") if self._keeps(e)])
-        parts = _SPLIT.split(block)  # each event, then its own end; b"" last
+        parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
         kept, dropped = [], b""
         for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
             if self._keeps(event):
@@ -371,10 +377,12 @@ class StreamScanner:
                 dropped = b""
             else:
                 dropped = event + end
-        if dropped.endswith(b"\r") and not self._partial:
+        rest = parts[-1]  # (line ends only, blank lines': relayed as sent)
+        if dropped.endswith(b"\r") and not rest and not self._partial:
             # the read ended at its end's CR, maybe a CRLF's: held, to be dropped with the
             # LF the next read may start with (relayed as sent if the stream ends there)
             self._partial = dropped
+        kept.append(rest)
         return b"".join(kept)
 
     def _keeps(self, event: bytes) -> bool:

@@ -6,7 +6,8 @@
 `StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
 only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
 client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
-the [DONE]."""
+the [DONE]; a connection broken there ends the stream as whole too (no 502 event after the
+[DONE], no failure charged, its usage counted)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
 from gateway.sse import StreamScanner
-from gateway.transport import UpstreamResponse
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
 __all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
            "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
+# what ends a stream's read after its last event: its body's end not in time, or cut off
+_AFTER_DONE_ENDS: tuple[type[BaseException], ...] = (TimeoutError, *TRANSPORT_ERRORS)
 
 DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
@@ -79,12 +82,14 @@ def unstarted_failure(
 
 
 async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
-    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event (the
-    connection is then not reused: its answer did not end)."""
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event, or
+    when the connection breaks after it (the body's end cut off: a reset, a close without
+    the last chunk; the answer was whole, so it is not a failure mid-stream). The connection
+    is then not reused: its answer did not end."""
     if not scanner.done():
         return await resp.read_chunk()
     try:
         async with asyncio.timeout(AFTER_DONE_S):
             return await resp.read_chunk()
-    except TimeoutError:
+    except _AFTER_DONE_ENDS:
         return b""

@@ -193,6 +193,69 @@ def test_a_complete_stream_is_relayed_as_sent(
     assert httpx.post(f"{base}{path}", json=body, timeout=10).content == b"".join(parts)
 
 
+@pytest.mark.parametrize("blank", [b"\n\n", b"\r\n\r\n"], ids=["lf", "crlf"])
+def test_blank_lines_after_the_done_in_a_read_of_their_own_are_no_cut(
+    gw: tuple[BadReplica, str], blank: bytes,
+) -> None:
+    """Blank lines are nothing in SSE (an empty event is not dispatched), but a read holding
+    only them, after the [DONE], was taken for the stream's last event: the whole stream got a
+    502 error event "ended the stream before it was complete" after its [DONE], was counted a
+    502 and its replica charged a failure. Now it is relayed as sent, a 200."""
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(CHUNK + DONE, last=False), "keep"
+    replica.drip, replica.drip_s = [chunked(blank)], 0.2  # (a read of their own)
+    try:
+        before = request_statuses(base)
+        body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}]}
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=10).content == (
+            CHUNK + DONE + blank)
+        wait_for(lambda: request_statuses(base).get("200", 0.0) == before.get("200", 0.0) + 1,
+                 what="counted as a 200")
+        assert request_statuses(base).get("502", 0.0) == before.get("502", 0.0)
+    finally:
+        replica.drip = []
+
+
+USAGE = (b'data: {"id":"c1","object":"chat.completion.chunk","created":1,"model":"bad-model",'
+         b'"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}\n\n')
+
+
+@pytest.mark.parametrize("end", ["close", "reset"])
+@pytest.mark.parametrize(
+    ("events", "path"),
+    [(CHUNK + USAGE + DONE, "/v1/chat/completions"),
+     (CREATED + DELTA + COMPLETED, "/v1/responses")],
+    ids=["chat", "responses"],
+)
+def test_a_whole_stream_whose_connection_breaks_after_its_end_is_whole(
+    gw: tuple[BadReplica, str], events: bytes, path: str, end: End,
+) -> None:
+    """The replica (or a proxy in front) sends the whole stream -- its usage and [DONE], or
+    ``response.completed`` -- then closes or resets the connection without the body's last
+    chunk. The client had its whole answer, but got a 502 error event "failed mid-stream"
+    after the [DONE]; the request was counted a 502, its usage lost, and the replica charged
+    a failure for every such answer (ejected after three of them). Now the stream ends as it
+    came, a 200 with its usage, and no failure."""
+    replica, base = gw
+    replica.answer, replica.end = sse_head() + chunked(events, last=False), end
+    before = request_statuses(base)
+    failures = sum(metric_values(base, "kvgate_replica_failures_total").values())
+    tokens = metric_values(base, "kvgate_tokens_total").get(
+        '{kind="completion",pool="default",tier="default"}', 0.0)
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}],
+            "input": "x"}
+    assert httpx.post(f"{base}{path}", json=body, timeout=10).content == (
+        events.replace(USAGE, b""))  # (not asked for: kvgate asked for it, and drops it)
+    wait_for(lambda: request_statuses(base).get("200", 0.0) == before.get("200", 0.0) + 1,
+             what="counted as a 200")
+    assert request_statuses(base).get("502", 0.0) == before.get("502", 0.0)
+    assert sum(metric_values(base, "kvgate_replica_failures_total").values()) == failures
+    if path == "/v1/chat/completions":
+        assert metric_values(base, "kvgate_tokens_total")[
+            '{kind="completion",pool="default",tier="default"}'] == tokens + 1
+    assert inflight(base) == 0
+
+
 @pytest.fixture(scope="module")
 def pair() -> Iterator[tuple[BadReplica, str, str]]:
     """The faulty replica and a simulated one, taken in turns (round robin)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 
@@ -15,6 +16,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.support.bad_replica import BadReplica, chunked, sse_head
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import Proc
 
@@ -201,3 +203,33 @@ def test_a_half_closed_client_that_leaves_a_stalled_stream_stops_it_upstream(
         assert time.monotonic() - started < 3.0
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
         assert any('status="499"' in k for k in metric_values(base, "kvgate_requests_total"))
+
+
+def test_a_half_closed_clients_quiet_crlf_stream_is_probed() -> None:
+    """The same quiet stream from a replica (or a proxy re-framing it, as sse-starlette does)
+    whose events end with CRLF: kvgate relays them as sent, and took only a LF-framed event's
+    end for a boundary where a comment line may go, so such a stream was never probed -- a
+    client that left went unseen until the idle timeout, its request held at the replica.
+    Its comment lines come as a LF-framed stream's do now."""
+    event = orjson.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                          "model": "m", "choices": [{"index": 0, "delta": {"content": "hi"}}]})
+    with BadReplica("m") as bad:
+        bad.answer = sse_head() + chunked(b"data: " + event + b"\r\n\r\n", last=False)
+        bad.rest, bad.gate = b"0\r\n\r\n", threading.Event()  # the rest: never, in this test
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "8"})
+        with gw:
+            sock = _request(_port(base), {"model": "m", "stream": True,
+                                          "messages": [{"role": "user", "content": "hi"}]})
+            sock.shutdown(socket.SHUT_WR)
+            sock.settimeout(20)
+            got = b""
+            while b": keep-alive" not in got:  # (before: the idle timeout's error event)
+                chunk = sock.recv(65536)
+                assert chunk and b'"error"' not in got, got
+                got += chunk
+            assert got.count(b"data: {") == 1 and inflight(base) == 1
+            sock.close()
+            wait_for(lambda: inflight(base) == 0, what="the request stopped")
+            assert any('status="499"' in k for k in metric_values(base, "kvgate_requests_total"))
+        bad.gate.set()

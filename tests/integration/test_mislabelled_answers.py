@@ -107,3 +107,26 @@ def test_a_stored_response_answered_with_no_object_is_a_502(answer: bytes) -> No
             assert err.value.status_code == 502
             bad.get_answer = _json_200(STORED)
             assert client.responses.retrieve(created.id).id == created.id
+
+
+def test_media_types_in_another_case_are_the_same_media_types() -> None:
+    """Media types are case-insensitive (RFC 9110 8.3.1): a replica, or a proxy in front of
+    it, may send `Application/JSON` or `Text/Event-Stream`. kvgate compared them as written,
+    so every answer of such a replica was a 502 "not JSON" / "not the stream asked for", and
+    the replica charged a failure for each (a pool behind such a proxy went down whole)."""
+    event = b"data: " + orjson.dumps({
+        "id": "c1", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+        "choices": [{"index": 0, "delta": {"content": "hello"}, "finish_reason": None}]})
+    stream = b"%s\n\ndata: [DONE]\n\n" % event
+    with BadReplica(MODEL) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            bad.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: Application/JSON; charset=UTF-8\r\n"
+                          b"content-length: %d\r\n\r\n" % len(ANSWER) + ANSWER)
+            assert _ask(base) == "hello"
+            bad.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: Text/Event-Stream\r\n"
+                          b"content-length: %d\r\n\r\n" % len(stream) + stream)
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
+            chunks = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+            assert [c.choices[0].delta.content for c in chunks] == ["hello"]

@@ -202,6 +202,9 @@ def test_body_usage_absent(body: bytes) -> None:
         ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
         ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], True),  # one newline short
         ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
+        ([b"data: [DONE]\n\n", b"\n\n"], True),  # blank lines (no event) in a read alone
+        ([b"data: [DONE]\r\n\r\n", b"\r\n\r\n"], True),
+        ([b'data: {"a":1}\n\n', b"\n\n"], False),
         ([b'data: {"error":{"code":500}}\n\n'], True),  # the error event says it
         ([b'event: response.completed\ndata: {"type":"response.completed"}\n\n'], True),
         ([b'data: {"type":"response.incomplete","response":{}}\n\n'], True),
@@ -229,6 +232,14 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
         ([b'data: {"a":1}\n\ndata: [DONE]\r\n\r\n'], True),
         ([b"data: [DONE]\n\n", b": keep-alive\n\n"], True),
         ([b'data: {"a":1}\n\n', b"data: [DONE]\n"], False),  # its end not in yet
+        # a CRLF's LF in a read of its own, after the CR that ended the [DONE]
+        ([b'data: {"a":1}\r\n\r\ndata: [DONE]\r\n\r', b"\n"], True),
+        ([b'event: response.completed\r\ndata: {"type":"response.completed"}\r\n\r', b"\n"],
+         True),
+        ([b'data: {"a":1}\r\n\r\ndata: [DONE]\r\n', b"\r"], True),
+        ([b"data: [DONE]\r\n\r\n", b"\r\n"], True),  # a blank line more
+        ([b"data: [DONE]\r\r", b"\r"], True),
+        ([b'data: {"a":1}\r\n\r', b"\n", b"data: [DONE]"], False),  # not in yet
         ([b'data: {"error":{"code":500}}\n\n'], False),  # vLLM sends its [DONE] next
         ([b'data: {"type":"response.completed"}\n\n'], True),  # the Responses API's end
         ([b'event: response.incomplete\ndata: {"type":"response.incomplete"}\n\n'], True),

@@ -68,3 +68,16 @@ def test_cr_framed_error_events_and_bad_events_are_seen() -> None:
     bad = b"data: <html>\r\r"
     out, scanner = run([CHUNK.replace(b"\n\n", b"\r") + b"\r" + bad + DONE], True)
     assert scanner.malformed and out == CHUNK.replace(b"\n\n", b"\r\r")
+
+
+@pytest.mark.parametrize("blank", [b"\r\n", b"\r", b"\n"])
+@pytest.mark.parametrize("end", [b"\r\n\r\n", b"\r\r"])
+def test_blank_lines_after_the_last_event_of_a_read_pass_as_sent(
+    end: bytes, blank: bytes,
+) -> None:
+    """A read holding the usage chunk (stripped) whose last event is followed by a blank
+    line's end: those bytes were dropped with the split into events."""
+    stream = _framed((end,) * len(EVENTS)) + blank
+    out, scanner = run([stream], strip=True)
+    assert out == _kept((end,) * len(EVENTS)) + blank
+    assert scanner.usage == EXPECTED_USAGE and scanner.complete()
