@@ -42,6 +42,11 @@ class RouterConfig:
     # waits (attention reads its whole context every step: ~11 for a 4k-token context,
     # 35-100 for the 16k-48k contexts of agents and long conversations; routing/README.md)
     decode_weight_tokens: float = 64.0
+    # cache_aware: until the TTFT model has this many observations per candidate, a
+    # replica's queue is at least its engine's scraped waiting requests x the mean request's
+    # uncached tokens (the rates learned from a cold start's few first tokens drain queues
+    # too fast: prefix-tree piled 20-34 requests on one replica); 0 = never
+    cold_observations: float = 32.0
     prior_request_tokens: float = 1_024.0
     kv_knee: float = 0.85
     kv_penalty_s: float = 1.0
@@ -116,6 +121,8 @@ class RouterConfig:
                              "and session_ramp_min_mean >= 0")
         if self.virtual_nodes <= 0:
             raise ValueError("routing.virtual_nodes must be positive")
+        if not 0.0 <= self.cold_observations < float("inf"):
+            raise ValueError("routing.cold_observations must be >= 0 (0 = off)")
 
     @property
     def tokens_per_block(self) -> int:

@@ -140,6 +140,11 @@ class TtftModel:
         self._last: dict[str, int] = {}  # per replica, `_seen` at its last observation
         self._sweep_at = 0
 
+    @property
+    def observations(self) -> int:
+        """Observations learned so far, every replica's."""
+        return self._seen
+
     def fits(self) -> Mapping[str, TtftFit]:
         """Learned fits by replica (`fleet` for replicas not in it): for the hot loop."""
         return self._fits

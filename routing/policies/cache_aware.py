@@ -141,6 +141,9 @@ class CacheAware:
         computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
         drain = peers is not None and _overloaded(ctx.views, stale, mean_req * fleet_spt)
         second = -1  # the second longest match among the candidates (< 0: not yet)
+        # a cold model (`RouterConfig.cold_observations`): queues are at least what the
+        # engines say waits there (module docstring)
+        cold = st.ttft.observations < cfg.cold_observations * len(ctx.views)
         for v in ctx.views:
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
@@ -187,8 +190,13 @@ class CacheAware:
             decoding = float(inflight - own_reqs if inflight > own_reqs else 0)
             kv = penalty = 0.0
             if v.scrape_age_s is not None and v.scrape_age_s <= stale:  # else fail open
-                if v.waiting is not None and v.waiting > own_reqs:
-                    own += (v.waiting - own_reqs) * mean_req
+                if v.waiting:
+                    if v.waiting > own_reqs:
+                        own += (v.waiting - own_reqs) * mean_req
+                    if cold:  # (less what it prefilled since the scrape)
+                        floor = v.waiting * mean_req - v.scrape_age_s / spt
+                        if own < floor:
+                            own = floor
                 if v.running is not None and v.running > decoding:
                     decoding = v.running
                 kv = v.kv_usage or 0.0
