@@ -33,7 +33,7 @@ from gateway.request import Uploads
 from gateway.runtime import Runtime
 from gateway.tenancy.resolver import Principal
 
-__all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
+__all__ = ["EXT_PROC_SERVICE", "MESSAGE_ROOM", "EppApp", "Processor", "grpc_options"]
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class EppApp(GatewayApp):
             fallbacks=self.cfg.epp.fallbacks,
             uploads=Uploads(self.cfg.server.max_pending_body_bytes),
         )
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=grpc_options(self.cfg.server.max_body_bytes))
         processor = Processor(core)
         pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.ready), server)
@@ -230,6 +230,30 @@ async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
     if not stopping.done():
         interrupt_all()
     await stopping
+
+
+# gRPC's own bound on a received message (4 MiB), kept as room above the body limit: a
+# request body chunk up to `server.max_body_bytes` past it is refused 413, a response body
+# chunk as large as before is taken
+MESSAGE_ROOM = 4 * 1024 * 1024
+
+
+def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+    """The gRPC server's options. A body chunk may be as large as the body (how much a data
+    plane passes at once follows its buffer limits): at gRPC's default 4 MiB bound a 5 MB
+    chunk, under the 8 MiB `server.max_body_bytes`, failed its exchange with
+    RESOURCE_EXHAUSTED (a gRPC error: Envoy's bare 500) instead of being served.
+    Envoy's keepalive pings (``connection_keepalive`` on the picker's cluster) are taken at
+    any rate, with or without streams open: gRPC answers a ping more often than every 5
+    minutes with no data sent by a GOAWAY "too_many_pings" that ends the connection and
+    every exchange on it (a non-streamed generation sends nothing on its exchange for its
+    whole length)."""
+    return [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", max_body_bytes + MESSAGE_ROOM),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_ping_strikes", 0),  # (0: no limit)
+    ]
 
 
 def _grpc_host(host: str) -> str:
