@@ -5,6 +5,10 @@
   `message_timeout` (1000 s): the client's own timeout ran out with no answer. The bootstrap's
   pings on the picker's cluster (`PICKER_KEEPALIVE`) find it and close the connection: the
   request gets the FailClose 503, and the picker serves again once it resumes.
+- Envoy frozen with a request in flight: the exchange waits for its answer and sends
+  nothing, so TCP never found the connection gone, and the replica's in-flight count (and the
+  tenant's concurrency lease) stayed held. The picker's own pings find it and end the
+  exchange (499).
 - Envoy's pings reach a picker with an exchange that sends nothing for a while (a
   non-streamed generation: no message until its answer's head). gRPC's server took one ping
   every 5 minutes without data, and dropped the connection with a GOAWAY "too_many_pings"
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -22,12 +27,15 @@ import pytest
 
 from gateway.epp.envoy import PICKER_DOWN
 from tests.support.epp import EppProc, envoy_proc, epp_proc
-from tests.support.gateway import inflight, wait_for
+from tests.support.gateway import inflight, request_statuses, wait_for
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
 # a completion of some seconds at the simulator's speed (time scale 1), answered whole
 LONG = {"model": MODEL, "prompt": "x", "max_tokens": 800, "ignore_eos": True}
+# one still running at the replica for some minutes (a replica's requests ending leave its
+# token counters still, and the picker would end a request still held there as stalled)
+LONGER = {**LONG, "max_tokens": 20_000}
 
 
 def _start(procs: list[Proc], edit: Any = None) -> tuple[EppProc, str]:
@@ -85,3 +93,26 @@ def test_keepalive_pings_leave_a_long_whole_answer_alone(procs: list[Proc]) -> N
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == LONG["max_tokens"]
     wait_for(lambda: inflight(epp.base) == 0, what="the exchange settled")
+
+
+def test_a_frozen_envoy_lets_go_of_its_exchanges(procs: list[Proc]) -> None:
+    # the reverse: Envoy stops answering (frozen) with a request in flight; the picker's
+    # pings find it (`KEEPALIVE_MS` + its timeout: 30 s), and the exchange is ended (the
+    # replica's in-flight count back to 0), where it was held for as long as the connection
+    # stayed open
+    epp, base = _start(procs)
+    envoy = procs[-1]
+    assert envoy.popen is not None
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(httpx.post, f"{base}/v1/completions", json=LONGER, timeout=300)
+        wait_for(lambda: inflight(epp.base) == 1, timeout=30, what="the request in flight")
+        envoy.popen.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: inflight(epp.base) == 0, timeout=60, what="the exchange ended")
+            assert request_statuses(epp.base).get("499") == 1
+        finally:
+            envoy.popen.send_signal(signal.SIGCONT)
+        # resumed, Envoy finds its exchange gone: the FailClose 503
+        answer = sent.result()
+        assert answer.status_code == 503
+        assert answer.json()["error"]["message"] == PICKER_DOWN
