@@ -39,7 +39,8 @@ from gateway.config import UpstreamConfig
 from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
 
 __all__ = [
-    "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "SHIPPED", "EnvoyProcess",
+    "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "PICKER_KEEPALIVE", "SHIPPED",
+    "EnvoyProcess",
     "envoy_binary", "envoy_config", "render", "shipped",
 ]
 
@@ -52,6 +53,13 @@ MAX_REQUESTS = 100_000
 # Without one Envoy has no limit and warns at every start; 50,000 is the figure of Envoy's own
 # edge-proxy best practices, far above any fleet's streams, under a pod's default fd limit
 MAX_CONNECTIONS = 50_000
+# HTTP/2 pings on the connection to the picker: a picker that stopped answering (a frozen
+# process, a node or network gone without closing the connection) is found by a ping left
+# unanswered and the connection closed, its requests Envoy's FailClose 503 "The endpoint
+# picker is unavailable" (without pings they waited for the ext_proc `message_timeout`,
+# 1000 s, or the kernel's TCP retransmission timeout); the picker takes pings at any rate
+# (`gateway.epp.server.grpc_options`)
+PICKER_KEEPALIVE = {"interval": "10s", "timeout": "5s"}
 _UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
 
@@ -248,7 +256,8 @@ def envoy_config(
             "typed_extension_protocol_options": {
                 "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
                     "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}}}},
+                    "explicit_http_config": {"http2_protocol_options": {
+                        "connection_keepalive": PICKER_KEEPALIVE}}}},
             "load_assignment": {"cluster_name": "kvgate_epp", "endpoints": [{"lb_endpoints": [
                 {"endpoint": {"address": _address(picker_host, picker_port)}}]}]},
         }],

@@ -33,7 +33,10 @@ from gateway.request import Uploads
 from gateway.runtime import Runtime
 from gateway.tenancy.resolver import Principal
 
-__all__ = ["EXT_PROC_SERVICE", "EppApp", "Processor"]
+__all__ = [
+    "EXT_PROC_SERVICE", "KEEPALIVE_MS", "KEEPALIVE_TIMEOUT_MS", "MESSAGE_ROOM", "EppApp",
+    "Processor", "grpc_options",
+]
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +190,7 @@ class EppApp(GatewayApp):
             fallbacks=self.cfg.epp.fallbacks,
             uploads=Uploads(self.cfg.server.max_pending_body_bytes),
         )
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=grpc_options(self.cfg.server.max_body_bytes))
         processor = Processor(core)
         pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.ready), server)
@@ -230,6 +233,44 @@ async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
     if not stopping.done():
         interrupt_all()
     await stopping
+
+
+# gRPC's own bound on a received message (4 MiB), kept as room above the body limit: a
+# request body chunk up to `server.max_body_bytes` past it is refused 413, a response body
+# chunk as large as before is taken
+MESSAGE_ROOM = 4 * 1024 * 1024
+# a ping to Envoy every 20 s on each connection, which is closed when one is not answered
+# within 10 s
+KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 20_000, 10_000
+
+
+def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+    """The gRPC server's options. A body chunk may be as large as the body (how much a data
+    plane passes at once follows its buffer limits): at gRPC's default 4 MiB bound a 5 MB
+    chunk, under the 8 MiB `server.max_body_bytes`, failed its exchange with
+    RESOURCE_EXHAUSTED (a gRPC error: Envoy's bare 500) instead of being served.
+    Envoy's keepalive pings (``connection_keepalive`` on the picker's cluster) are taken at
+    any rate, with or without streams open: gRPC answers a ping more often than every 5
+    minutes with no data sent by a GOAWAY "too_many_pings" that ends the connection and
+    every exchange on it (a non-streamed generation sends nothing on its exchange for its
+    whole length). The picker pings Envoy too (`KEEPALIVE_MS`): an Envoy that stopped
+    answering without closing the connection (frozen, its node or network gone) held its
+    exchanges, their replicas' in-flight counts and their tenants' concurrency leases, for
+    ever -- an exchange waiting for its answer sends nothing, so TCP never found it gone; its
+    connection is now closed once a ping goes unanswered, its exchanges ended (499)."""
+    return [
+        ("grpc.so_reuseport", 0),
+        ("grpc.max_receive_message_length", max_body_bytes + MESSAGE_ROOM),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_ping_strikes", 0),  # (0: no limit)
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.max_pings_without_data", 0),  # (default: 2, then no more pings)
+        # (gRPC 1.5x's defaults: a ping waited 1 minute for its answer, and pings on a
+        # connection sending no data went at most every 5 minutes)
+        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.http2.min_sent_ping_interval_without_data_ms", KEEPALIVE_MS),
+    ]
 
 
 def _grpc_host(host: str) -> str:

@@ -1,0 +1,118 @@
+"""The connection between Envoy and the picker, kept alive by HTTP/2 pings (a real Envoy).
+
+- A picker that stops answering without closing the connection (here: its process frozen;
+  in production a node or a network gone) left every request waiting for the ext_proc
+  `message_timeout` (1000 s): the client's own timeout ran out with no answer. The bootstrap's
+  pings on the picker's cluster (`PICKER_KEEPALIVE`) find it and close the connection: the
+  request gets the FailClose 503, and the picker serves again once it resumes.
+- Envoy frozen with a request in flight: the exchange waits for its answer and sends
+  nothing, so TCP never found the connection gone, and the replica's in-flight count (and the
+  tenant's concurrency lease) stayed held. The picker's own pings find it and end the
+  exchange (499).
+- Envoy's pings reach a picker with an exchange that sends nothing for a while (a
+  non-streamed generation: no message until its answer's head). gRPC's server took one ping
+  every 5 minutes without data, and dropped the connection with a GOAWAY "too_many_pings"
+  past that, the request with it: a ping each second cut a generation of a few seconds.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.epp.envoy import PICKER_DOWN
+from tests.support.epp import EppProc, envoy_proc, epp_proc
+from tests.support.gateway import inflight, request_statuses, wait_for
+from tests.support.procs import Proc, sim_proc
+
+MODEL = "sim-model"
+# a completion of some seconds at the simulator's speed (time scale 1), answered whole
+LONG = {"model": MODEL, "prompt": "x", "max_tokens": 800, "ignore_eos": True}
+# one still running at the replica for some minutes (a replica's requests ending leave its
+# token counters still, and the picker would end a request still held there as stalled)
+LONGER = {**LONG, "max_tokens": 20_000}
+
+
+def _start(procs: list[Proc], edit: Any = None) -> tuple[EppProc, str]:
+    sim, url = sim_proc(None, "--time-scale", "1", model=MODEL)
+    procs.append(sim.start())
+    epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}}})
+    procs.append(epp.start())
+    envoy, base = envoy_proc(epp.picker, edit=edit)
+    procs.append(envoy.start())
+    return epp, base
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for proc in reversed(started):
+            if proc.popen is not None and proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGCONT)  # (a frozen one would not stop)
+            proc.stop()
+
+
+def _ping_every_second(config: dict[str, Any]) -> None:
+    """The picker's cluster pinging each second (a Gateway implementation's keepalive)."""
+    for cluster in config["static_resources"]["clusters"]:
+        if cluster["name"] == "kvgate_epp":
+            options = cluster["typed_extension_protocol_options"][
+                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+            options["explicit_http_config"]["http2_protocol_options"] = {
+                "connection_keepalive": {"interval": "1s", "timeout": "20s"}}
+
+
+def test_a_frozen_picker_is_the_failclose_503_not_a_hang(procs: list[Proc]) -> None:
+    epp, base = _start(procs)
+    one = {"model": MODEL, "prompt": "y", "max_tokens": 1}
+    assert httpx.post(f"{base}/v1/completions", json=one, timeout=30).status_code == 200
+    assert epp.popen is not None
+    epp.popen.send_signal(signal.SIGSTOP)  # the connection stays open; nothing answers
+    try:
+        r = httpx.post(f"{base}/v1/completions", json=one, timeout=60)
+    finally:
+        epp.popen.send_signal(signal.SIGCONT)
+    assert r.status_code == 503
+    assert r.json()["error"]["message"] == PICKER_DOWN
+    # resumed, it serves again (Envoy opens a new connection)
+    wait_for(lambda: httpx.post(f"{base}/v1/completions", json=one, timeout=30).status_code
+             == 200, timeout=30, what="the picker serving again")
+
+
+def test_keepalive_pings_leave_a_long_whole_answer_alone(procs: list[Proc]) -> None:
+    epp, base = _start(procs, _ping_every_second)
+    r = httpx.post(f"{base}/v1/completions", json=LONG, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == LONG["max_tokens"]
+    wait_for(lambda: inflight(epp.base) == 0, what="the exchange settled")
+
+
+def test_a_frozen_envoy_lets_go_of_its_exchanges(procs: list[Proc]) -> None:
+    # the reverse: Envoy stops answering (frozen) with a request in flight; the picker's
+    # pings find it (`KEEPALIVE_MS` + its timeout: 30 s), and the exchange is ended (the
+    # replica's in-flight count back to 0), where it was held for as long as the connection
+    # stayed open
+    epp, base = _start(procs)
+    envoy = procs[-1]
+    assert envoy.popen is not None
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(httpx.post, f"{base}/v1/completions", json=LONGER, timeout=300)
+        wait_for(lambda: inflight(epp.base) == 1, timeout=30, what="the request in flight")
+        envoy.popen.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: inflight(epp.base) == 0, timeout=60, what="the exchange ended")
+            assert request_statuses(epp.base).get("499") == 1
+        finally:
+            envoy.popen.send_signal(signal.SIGCONT)
+        # resumed, Envoy finds its exchange gone: the FailClose 503
+        answer = sent.result()
+        assert answer.status_code == 503
+        assert answer.json()["error"]["message"] == PICKER_DOWN
