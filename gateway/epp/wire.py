@@ -205,5 +205,8 @@ def status_of(headers: Any) -> tuple[int, str]:
         if h.key == ":status":
             status = int(h.raw_value) if h.raw_value.isdigit() else 0
         elif h.key == "content-type":
-            content_type = h.raw_value.decode("latin-1")
+            # media types are case-insensitive (RFC 9110 8.3.1): lower case, as compared (the
+            # HTTP edge's `H1Conn`)
+            media, sep, params = h.raw_value.partition(b";")
+            content_type = (media.lower() + sep + params).decode("latin-1")
     return status, content_type

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from envoy.config.core.v3.base_pb2 import HeaderValueOption, Metadata
+from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, HeaderValueOption, Metadata
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf.struct_pb2 import Struct
 
@@ -98,3 +98,15 @@ def test_endpoint_names_round_trip(url: str, name: str) -> None:
     replica = Replica("p", url, HealthRules())
     assert endpoint(replica) == name
     assert replica_key(name) == replica.id
+
+
+def test_an_answers_media_type_is_read_in_any_case() -> None:
+    # (a replica or proxy sending Application/JSON or Text/Event-Stream had every answer
+    # taken for a page, a 502 charged to the replica, as on the HTTP edge before)
+    def headers(content_type: bytes) -> HeaderMap:
+        return HeaderMap(headers=[HeaderValue(key=":status", raw_value=b"200"),
+                                  HeaderValue(key="content-type", raw_value=content_type)])
+
+    assert wire.status_of(headers(b"Text/Event-Stream; charset=UTF-8").headers) == (
+        200, "text/event-stream; charset=UTF-8")
+    assert wire.status_of(headers(b"APPLICATION/JSON").headers) == (200, "application/json")
