@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
@@ -24,6 +25,20 @@ def sim_factory() -> Iterator[Callable[..., tuple[Proc, str]]]:
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    """Processes a test starts and appends (``procs.append(proc.start())``), stopped last
+    first at its end -- a stopped (SIGSTOP) one is resumed first, or it would not stop."""
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for proc in reversed(started):
+            if proc.popen is not None and proc.popen.poll() is None:
+                proc.popen.send_signal(signal.SIGCONT)
+            proc.stop()
 
 
 @pytest.fixture

@@ -18,12 +18,10 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.epp.envoy import PICKER_DOWN
 from tests.support.epp import EppProc, envoy_proc, epp_proc
@@ -47,17 +45,6 @@ def _start(procs: list[Proc], edit: Any = None) -> tuple[EppProc, str]:
     procs.append(envoy.start())
     return epp, base
 
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in reversed(started):
-            if proc.popen is not None and proc.popen.poll() is None:
-                proc.popen.send_signal(signal.SIGCONT)  # (a frozen one would not stop)
-            proc.stop()
 
 
 def _ping_every_second(config: dict[str, Any]) -> None:

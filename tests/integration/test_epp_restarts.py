@@ -11,12 +11,10 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-import pytest
 
 from gateway.epp.envoy import PICKER_DOWN
 from tests.support.epp import EppProc, envoy_proc, epp_proc
@@ -27,15 +25,6 @@ MODEL = "sim-model"
 ADMIN = "epp-admin-token-0123456789"
 LONG = {"model": MODEL, "prompt": "x", "max_tokens": 4000, "ignore_eos": True}
 
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in reversed(started):
-            proc.stop()
 
 
 def _stack(procs: list[Proc], *, auth: bool) -> tuple[EppProc, EppProc, str]:
