@@ -191,11 +191,7 @@ class Router:
             raise NoCandidate(features.model)
         silent: list[ReplicaView] = []
         if self.config.silent_min_s and any(v.silent_s for v in healthy):
-            heard = self._heard(healthy)
-            if len(heard) < len(healthy):
-                kept = set(map(id, heard))
-                silent = [v for v in healthy if id(v) not in kept]
-                healthy = heard
+            healthy, silent = self._heard(healthy)
         hashes, capacity = self.state.replica_hashes, self._capacity_tokens
         for v in healthy:
             if v.id not in hashes:
@@ -204,15 +200,22 @@ class Router:
                 self._set_capacity(v.id, v.cache_capacity_tokens)
         return self.sharing.context(features, healthy, now, explain, held, silent)
 
-    def _heard(self, views: list[ReplicaView]) -> list[ReplicaView]:
-        """`views` but the silent ones (`RouterConfig.silent_min_s`), unless all are: a
-        replica whose requests wait far past its predicted TTFT with nothing heard from it is
-        no candidate while another is (the cost model's queue drains with time alone)."""
+    def _heard(
+        self, views: list[ReplicaView]
+    ) -> tuple[list[ReplicaView], list[ReplicaView]]:
+        """`views` split into the heard and the silent ones (`RouterConfig.silent_min_s`);
+        all heard when all are silent. A replica whose requests wait far past its predicted
+        TTFT with nothing heard from it is no candidate while another is (the cost model's
+        queue drains with time alone)."""
         cfg, fit = self.config, self.state.ttft.fits().get
         fleet = self.state.ttft.fleet
-        heard = [v for v in views if v.silent_s <= max(cfg.silent_min_s, cfg.silent_factor * fit(
-            v.id, fleet).predict(v.inflight_prefill_tokens / (v.inflight_prefill or 1)))]
-        return heard or views
+        heard: list[ReplicaView] = []
+        silent: list[ReplicaView] = []
+        for v in views:
+            quiet_s = max(cfg.silent_min_s, cfg.silent_factor * fit(v.id, fleet).predict(
+                v.inflight_prefill_tokens / (v.inflight_prefill or 1)))
+            (heard if v.silent_s <= quiet_s else silent).append(v)
+        return (heard, silent) if heard else (views, [])
 
     def _set_capacity(self, replica: str, tokens: int) -> None:
         self._capacity_tokens[replica] = tokens
