@@ -156,12 +156,6 @@ class Proxy:
         req.ctl = Canceller(self._up, receive, whole=not req.features.stream)
         try:
             with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
-                # one turn of the loop first: the disconnect watch sees a client that left
-                # while the request waited (admission on a slow Redis, flow control) and
-                # cancels it before a replica gets it -- on a kept-alive connection the
-                # request was written before the watch ever ran, and the replica aborted
-                # it only after (a prefill wasted)
-                await asyncio.sleep(0)
                 await self._forward(send, req, decision, body)
         except asyncio.CancelledError:
             if req.ctl.reason is None:
@@ -279,7 +273,7 @@ class Proxy:
         """One try on `replica`; returns an error to retry elsewhere, None when answered."""
         req.replica = replica.id
         req.target = replica
-        req.attempts += 1
+        first = req.attempts == 0
         lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
         lease.on_stall(req.ctl.replica_stalled)  # its engine stops: tried elsewhere
         resp: UpstreamResponse | None = None
@@ -287,6 +281,17 @@ class Proxy:
         try:
             req.ctl.attempt_started()
             self._router.record_route(replica.id, req.features, self._clock())
+            if first:
+                # one turn of the loop before the first try is sent: the disconnect watch
+                # sees a client that left while the request waited (admission on a slow
+                # Redis, flow control) and cancels it before a replica gets it -- on a
+                # kept-alive connection the request was written before the watch ever ran,
+                # and the replica aborted it only after (a prefill wasted). Taken after the
+                # lease and the route: a request picked in this turn counts this one (before,
+                # the requests read in one poll of the sockets all saw the replicas empty and
+                # piled onto one)
+                await asyncio.sleep(0)
+            req.attempts += 1
             try:
                 resp = await req.pool.transport.post(
                     replica.url + req.path, body, headers, req.ctl.sent)

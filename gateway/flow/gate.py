@@ -11,8 +11,8 @@ until the pump releases it, and it is planned again with fresh views.
 The pump runs when a request is queued and every ``flow.tick_ms`` while anything is queued (a
 first token, a finished request, a fresh scrape or another gateway's record can each free
 room). It releases one request at a time: the released request is picked a replica before
-the next check (`_landed`, scheduled behind it) and counts there from then on, as one let
-straight through does (`picked`), so one free slot lets out one request.
+the next check (`_landed`, scheduled behind it) and counts there from then on (its lease is
+taken in the turn of its pick, `gateway/proxy.py`), so one free slot lets out one request.
 
 Every request sent to a pool counts against its tenant's share of the pool's in-flight tokens
 until it is over (``req.flow_done``, called by `Preparer.finish`; it then keeps what it used and
@@ -124,15 +124,13 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "picked", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
         self.flow = flow
         self.checked = -math.inf  # when its queued requests' keys were last looked up
         self.transit: _Ticket | None = None  # released, not yet on its replica
-        # replica id -> requests let through and picked for it, not yet on it (`picked`)
-        self.picked: dict[str, list[ProxiedRequest]] = {}
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
 
@@ -189,7 +187,6 @@ class FlowGate:
         plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
                                   req.kind, now)
         state = self.state(plan.pool.name)
-        plan.views = self._loaded(state, plan.views)
         return self._narrow(state, plan, self.peers(now), principal.tenant_id, cost, now)
 
     def _pass(
@@ -201,7 +198,6 @@ class FlowGate:
         peers = self.peers(now)
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        plan.views = self._loaded(state, plan.views)
         if state.flow.admit(self._busy_full(state.name, plan.views, now), cost, now, peers,
                             tenant, weight):
             self._sent(state, req, tenant, cost)
@@ -225,38 +221,6 @@ class FlowGate:
                                               tenant, cost, now)
         return plan
 
-    def picked(self, req: ProxiedRequest, replica: str) -> None:
-        """The router picked ``replica`` for ``req``, which flow control let through: until
-        the request is on it (its lease taken: ``req.target``) or over, it counts there
-        (`_loaded`). The HTTP edge yields a loop turn between the pick and the lease (the
-        disconnect watch's, `gateway/proxy.py`): every request let through in that turn saw
-        the replica without the others, and a burst arriving together all went straight to
-        a pool its first requests had saturated."""
-        state = self._states.get(req.pool_name)
-        if state is not None and req.flow_done is not None and req.target is None:
-            state.picked.setdefault(replica, []).append(req)
-
-    def _loaded(self, state: _PoolState, views: list[ReplicaView]) -> list[ReplicaView]:
-        """``views`` with the requests picked for each replica and not yet on it added to its
-        in-flight and unanswered counts, as their leases will (`Replica.acquire`)."""
-        picked = state.picked
-        if not picked:
-            return views
-        out = []
-        for view in views:
-            reqs = picked.get(view.id)
-            if reqs is not None:
-                reqs[:] = [r for r in reqs if r.target is None]
-                if not reqs:
-                    del picked[view.id]
-                else:
-                    n, tokens = len(reqs), sum(r.features.prompt_tokens for r in reqs)
-                    view = replace(view, inflight=view.inflight + n,
-                                   inflight_prefill=view.inflight_prefill + n,
-                                   inflight_prefill_tokens=view.inflight_prefill_tokens + tokens)
-            out.append(view)
-        return out
-
     def _busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
         """``views`` as the saturation rule takes them: a replica backing off after a busy
         503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
@@ -272,14 +236,6 @@ class FlowGate:
                 out = list(out) if out is views else out
                 out[i] = replace(view, healthy=True, waiting=math.inf)  # full: "waiting"
         return out
-
-    def _unpick(self, state: _PoolState, req: ProxiedRequest) -> None:
-        """``req`` is over: it no longer counts where it was picked (if it never got there)."""
-        for replica, reqs in list(state.picked.items()):
-            if req in reqs:
-                reqs.remove(req)
-                if not reqs:
-                    del state.picked[replica]
 
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
         """``decision`` with the route "queued" when the request waited."""
@@ -302,7 +258,6 @@ class FlowGate:
         if alt.pool is plan.pool:
             return None
         other = self.state(alt.pool.name)
-        alt.views = self._loaded(other, alt.views)
         if other.flow.queue or other.flow.saturated(
                 self._busy_full(other.name, alt.views, now), peers):
             return None
@@ -441,7 +396,7 @@ class FlowGate:
             if pool is None:  # the pool left the policy: let them through to be re-planned
                 out = flow.pop(now)
             else:
-                views = self._loaded(state, [r.view(now) for r in pool.replicas])
+                views = [r.view(now) for r in pool.replicas]
                 out = flow.release(self._busy_full(state.name, views, now), now,
                                    self.peers(now))
             if out is None:
@@ -553,7 +508,6 @@ class FlowGate:
         the served tokens, for a while after. One that never reached a replica (the gateway
         refused it after flow control let it through, or its client left first) ran
         nothing: it is charged nothing."""
-        self._unpick(state, req)
         charged = min(cost, float(max(0, req.spent_tokens())))
         if charged < cost:
             state.flow.refund(tenant, cost - charged, self._clock(), entry)
@@ -581,5 +535,5 @@ class FlowGate:
 
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
-        views = self._loaded(state, [r.view(now) for r in pool.replicas])
+        views = [r.view(now) for r in pool.replicas]
         return state.flow.saturated(self._busy_full(pool.name, views, now), self.peers(now))

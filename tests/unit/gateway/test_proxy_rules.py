@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -820,3 +821,17 @@ def test_no_ready_replica_says_when_to_retry() -> None:
             await app.shutdown()
 
     asyncio.run(run())
+
+
+def test_requests_arriving_together_each_see_the_others_picks() -> None:
+    """Requests whose picks fall in one event-loop turn (a burst read in one poll of the
+    sockets, common on a busy gateway) each count the ones picked before them: the HTTP edge
+    yields a turn between a pick and the request's lease (the disconnect watch's), and every
+    request picked in that turn saw the replicas without the others -- two cold prompts
+    arriving together both went to the first replica, one waiting behind the other's
+    prefill while the second replica idled."""
+    prompts = [{**REQ, "prompt": f"a different prompt {i}", "stream": True} for i in range(4)]
+    answers, posts = _run({A: stream_after(0.05), B: stream_after(0.05)}, prompts,
+                          together=True)
+    assert [code for code, _ in answers] == [200] * 4
+    assert Counter(posts) == {A: 2, B: 2}, posts
