@@ -2,6 +2,12 @@
 
 Redis sits on the request path only for rate-limit admission, so a dead Redis must fail fast
 (the caller then falls back) instead of stalling requests behind redis-py's retry loop.
+
+A client holds at most `max_connections` connections; a call past them waits for one, as
+long as a call may take (`timeout_s`). redis-py's own pool refused the call past its bound
+at once ("Too many connections": a burst of a limited tenant's admissions put the gateway
+on per-process fallback limits), and an unbounded one opens a connection per admission in
+flight, past Redis's `maxclients` or the process's file descriptors.
 """
 
 from __future__ import annotations
@@ -13,17 +19,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import redis.asyncio as aioredis
-from redis.asyncio.connection import ConnectionPool, SSLConnection
+from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, SSLConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import MaxClientsReachedError, RedisError, ResponseError
 
 from gateway.errors import StoreUnreachable
 
 __all__ = [
-    "CAUSE_LABELS", "cause_label", "connect_redis", "failure_cause", "redis_address",
-    "redis_tls", "redis_unavailable",
+    "CAUSE_LABELS", "MAX_CONNECTIONS", "cause_label", "connect_redis", "failure_cause",
+    "redis_address", "redis_tls", "redis_unavailable",
 ]
+
+MAX_CONNECTIONS = 64  # per client (`tenancy.redis_max_connections`)
+# what redis-py's blocking pool raises when no connection came free in time
+_POOL_WAIT = "No connection available."
 
 # What `kvgate_redis_down_cause` and `kvgate_sync_down_cause` name (`cause_label`): a fixed
 # set, so a label never carries free text (an address, a key) and the series stay bounded
@@ -38,19 +49,21 @@ _SCRIPT_ACL = ("The user executing the script can't", "ACL failure in script")
 
 
 def connect_redis(
-    url: str, *, timeout_s: float = 0.5, max_connections: int | None = None,
+    url: str, *, timeout_s: float = 0.5, max_connections: int = MAX_CONNECTIONS,
 ) -> aioredis.Redis:
-    """A client (lazy: nothing connects until the first command)."""
-    client: aioredis.Redis = aioredis.Redis.from_url(
+    """A client (lazy: nothing connects until the first command) of at most
+    `max_connections` connections; a call waits up to `timeout_s` for one of them."""
+    pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
+        timeout=timeout_s,
         decode_responses=True,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 0),
         retry_on_timeout=False,
     )
-    return client
+    return aioredis.Redis.from_pool(pool)
 
 
 def redis_address(client: aioredis.Redis) -> str:
@@ -82,6 +95,9 @@ def failure_cause(exc: BaseException) -> str:
             return f"TLS certificate refused: {seen.verify_message}"
         if isinstance(seen, ssl.SSLError):
             return f"TLS handshake failed ({seen.reason or type(seen).__name__})"
+        if isinstance(seen, RedisConnectionError) and str(seen) == _POOL_WAIT:
+            # its cause is a TimeoutError: said so, and what it waited for
+            return "timed out waiting for a free connection (tenancy.redis_max_connections)"
         if isinstance(seen, TimeoutError):
             return "timed out"
         if isinstance(seen, MaxClientsReachedError):  # an ERR reply, named by its text

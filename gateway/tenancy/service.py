@@ -25,7 +25,7 @@ from gateway.tenancy.holders import HOLDER_TTL_S
 from gateway.tenancy.limits import MemoryRateLimiter, RateLimiter
 from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import PolicySnapshot, Tenant
-from gateway.tenancy.redis_conn import connect_redis, redis_address
+from gateway.tenancy.redis_conn import MAX_CONNECTIONS, connect_redis, redis_address
 from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
@@ -44,6 +44,9 @@ class TenancySettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
     namespace: str = "kvgate"
     redis_timeout_s: Annotated[float, Field(gt=0)] = 0.5
+    # connections to Redis of the store and the rate limits (one client); more calls at once
+    # wait for one, up to redis_timeout_s
+    redis_max_connections: Annotated[int, Field(ge=2)] = MAX_CONNECTIONS
     poll_interval_s: Annotated[float, Field(gt=0, le=1.0)] = 0.5  # safety net for pub/sub
     max_staleness_s: Annotated[float, Field(gt=0)] | None = 300.0  # None: serve stale forever
     client_salt: ClientSaltMode = "strip"
@@ -170,7 +173,8 @@ def build_tenancy(
         store = InMemoryStore(audit_cap=settings.audit_cap)
         limiter = MemoryRateLimiter()
     else:
-        client = connect_redis(redis_url, timeout_s=settings.redis_timeout_s)
+        client = connect_redis(redis_url, timeout_s=settings.redis_timeout_s,
+                               max_connections=settings.redis_max_connections)
         store = RedisStore(client, namespace=settings.namespace, audit_cap=settings.audit_cap)
         shared = RedisRateLimiter(
             client, namespace=settings.namespace, lease_ttl_s=settings.lease_ttl_s,
