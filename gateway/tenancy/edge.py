@@ -1,7 +1,8 @@
 """Tenancy on the proxy's hot path: who is calling, may they, and what the metrics call them.
 
 `TenantGate.principal` authenticates from the in-memory cache (no I/O); `admit` is the one
-store round trip per request (skipped entirely for a tenant without limits); `finish` settles
+store round trip per request (skipped entirely for a tenant without limits); `settle` (before
+a whole answer goes out) or `finish` (when the request is over, whichever comes first) settles
 real usage and releases the concurrency lease. `TenantLabels` keeps the `tenant` metric label
 bounded: an operator's allow-list, or the first N tenants seen, and "other" for the rest.
 """
@@ -111,11 +112,11 @@ class TenantGate:
         return await self._limiter.peek(principal.tenant_id, limits)
 
     async def settle(self, adm: Admission, used_tokens: int) -> None:
-        """Charge real usage now (`finish` then only releases); never raises."""
-        try:
-            await self._limiter.settle(adm, used_tokens)
-        except KvgateError:
-            log.debug("admission not settled: store unavailable")
+        """Charge real usage and release the concurrency lease now, before the answer goes
+        out (`finish` then does nothing more); never raises. Released after it, the lease
+        was still held when the client's next request came: through a gateway nearer Redis
+        than this one, a 429 for concurrency each time."""
+        await self.finish(adm, used_tokens)
 
     async def finish(self, adm: Admission, used_tokens: int | None) -> None:
         """Settle and release; never raises (a request's answer must not depend on it)."""
