@@ -1,7 +1,11 @@
 """Failed admin authentications: throttled per client address, logged, counted and audited.
 
 Each client address has a bucket of `burst` failures refilled at `per_minute` (on a gateway of
-several ``server.workers``, each process holds its share: `AuthGuard.share_of`); an address whose
+several ``server.workers``, each process holds its share: `AuthGuard.share_of`). With Redis the
+budget is also counted once for every gateway sharing it (`TenantStore.auth_failures`, read
+before the token is checked and charged with each failure; each process's bucket `adopt`s the
+shared level), so N gateways do not give an address N times the guesses; while Redis does not
+answer, each process counts alone. An address whose
 bucket is empty gets 429 with ``Retry-After`` on every admin request (before its token is even
 looked at, and before its body is read) until one failure's worth has refilled, so guessing tokens
 costs minutes per dozen tries. Successful requests cost nothing. The address is the TCP peer
@@ -98,15 +102,30 @@ class AuthGuard:
     def failed(self, address: str, reason: str) -> bool:
         """Record one failure; True when it has just made `address` throttled."""
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        bucket = self._bucket(address, self._clock())
+        bucket.level -= 1.0
+        return bucket.level < 1.0
+
+    def adopt(self, address: str, level: float) -> None:
+        """The failures `address` has left at every gateway (the tenancy store's shared
+        count, `TenantStore.auth_failures`): this process's bucket follows it down, never
+        up, so `check` throttles here too, before a body is read."""
         now = self._clock()
+        bucket = self._level(address, now)
+        if bucket is None:
+            if level >= self._burst:
+                return
+            bucket = self._bucket(address, now)
+        bucket.level = min(bucket.level, level)
+
+    def _bucket(self, address: str, now: float) -> _Bucket:
         bucket = self._level(address, now)
         if bucket is None:
             bucket = self._buckets[address] = _Bucket(self._burst, now)
             while len(self._buckets) > self._max:  # bounded memory: forget the oldest
                 self._buckets.popitem(last=False)
         self._buckets.move_to_end(address)
-        bucket.level -= 1.0
-        return bucket.level < 1.0
+        return bucket
 
 
 class AuthGuardCollector(Collector):

@@ -10,7 +10,8 @@ policy) and, for the policy, what this gateway runs on meanwhile; never a 500. A
 salt rotation keeps the fields of the stored record this kvgate does not know (a newer one
 wrote them: `gateway.tenancy.unknown`).
 Every change is audited with the admin token's id; failed authentications are throttled per
-client address, logged, counted and audited (`AuthGuard`). Keys appear only in the 201 of key
+client address (with Redis, one budget for every gateway on it), logged, counted and audited
+(`AuthGuard`). Keys appear only in the 201 of key
 creation. Times are ISO 8601 (UTC).
 """
 
@@ -26,6 +27,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from gateway.admin.auth import check_admin
 from gateway.admin.deps import AdminContext, AdminDeps
 from gateway.admin.errors import AdminRoute
+from gateway.admin.guard import BURST, PER_MINUTE
 from gateway.admin.ops_routes import ops_routes
 from gateway.admin.policy_routes import policy_routes
 from gateway.admin.tenant_routes import key_routes, tenant_routes
@@ -50,6 +52,10 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
     ) -> str:
         address = request.client.host if request.client is not None else "unknown"
         deps.guard.check(address)  # 429 while this address is throttled
+        shared = await _shared_failures(ctx, address, charge=False)
+        if shared is not None:  # ... here or, with Redis, at any gateway
+            deps.guard.adopt(address, shared)
+            deps.guard.check(address)
         try:
             return check_admin(deps.tokens, authorization)
         except (AuthError, PermissionDenied) as exc:
@@ -68,6 +74,10 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
 async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) -> None:
     """Count, and (until the address is throttled) log and audit a refused request."""
     throttled = ctx.deps.guard.failed(address, reason)
+    shared = await _shared_failures(ctx, address, charge=True)
+    if shared is not None:
+        ctx.deps.guard.adopt(address, shared)
+        throttled = throttled or shared < 1.0
     if len(path) > SHOWN_PATH_CHARS:
         path = path[:SHOWN_PATH_CHARS] + "..."
     extra = {"client": address, "reason": reason, "path": path}
@@ -77,3 +87,14 @@ async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) 
         log.warning("admin authentication throttled for this address", extra=extra)
     with contextlib.suppress(BackendUnavailable):  # an audit write never decides the answer
         await ctx.audit("-", action, address, reason=reason, path=path)
+
+
+async def _shared_failures(ctx: AdminContext, address: str, *, charge: bool) -> float | None:
+    """The failures `address` has left at every gateway on this store (one taken first when
+    `charge`); None without a shared count (in memory) or while the store does not answer
+    (this process's own count decides alone)."""
+    try:
+        return await ctx.deps.store.auth_failures(address, burst=BURST, per_minute=PER_MINUTE,
+                                                  charge=charge)
+    except BackendUnavailable:
+        return None

@@ -57,6 +57,7 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.redis_auth_failures import auth_failure_level
 from gateway.tenancy.redis_conn import (
     failure_cause,
     redis_address,
@@ -482,6 +483,11 @@ class RedisStore(TenantStore):
             log.warning("tenancy store: %d unreadable audit entries left out of the answer",
                         entries.count(None))
         return [e for e in entries if e is not None]
+
+    async def auth_failures(self, address: str, *, burst: float, per_minute: float,
+                            charge: bool) -> float | None:
+        return await auth_failure_level(self._r, self._k("admin_auth", address), burst=burst,
+                                        per_minute=per_minute, charge=charge)
 
     # -- synchronisation ---------------------------------------------------------------------
     async def generation(self) -> int:

@@ -179,6 +179,15 @@ class TenantStore(ABC):
     async def list_audit(self, limit: int = 100) -> list[AuditEntry]:
         """Newest first."""
 
+    # -- failed admin authentications ------------------------------------------------------
+    async def auth_failures(self, address: str, *, burst: float, per_minute: float,
+                            charge: bool) -> float | None:
+        """The failed admin authentications `address` may still make at every gateway
+        sharing this store (a bucket of `burst` refilled at `per_minute`; below 1:
+        throttled), one taken first when `charge`. None: nothing shared (the in-memory
+        store serves one process, whose own `AuthGuard` counts)."""
+        return None
+
     # -- synchronisation -------------------------------------------------------------------
     @abstractmethod
     async def generation(self) -> int:
