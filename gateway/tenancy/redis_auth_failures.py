@@ -8,7 +8,7 @@ gateways no longer give an address N times the guesses.
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from gateway.tenancy.redis_conn import redis_unavailable
 
@@ -34,11 +34,11 @@ return tostring(level)
 """
 
 
-async def auth_failure_level(client: aioredis.Redis, key: str, *, burst: float,
+async def auth_failure_level(script: AsyncScript, key: str, *, burst: float,
                              per_minute: float, charge: bool) -> float:
     """The failures left to the address of bucket `key` (below 1: throttled), one taken
-    first when `charge`. `StoreUnreachable` when Redis does not answer."""
+    first when `charge`; `script` is `AUTH_FAILURES` registered on the store's client.
+    `StoreUnreachable` when Redis does not answer."""
     with redis_unavailable():
-        raw = await client.eval(AUTH_FAILURES, 1, key, burst, per_minute / 60.0,
-                                "1" if charge else "0")
+        raw = await script(keys=[key], args=[burst, per_minute / 60.0, "1" if charge else "0"])
     return float(raw)

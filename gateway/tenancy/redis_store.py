@@ -57,7 +57,7 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_auth_failures import auth_failure_level
+from gateway.tenancy.redis_auth_failures import AUTH_FAILURES, auth_failure_level
 from gateway.tenancy.redis_conn import (
     failure_cause,
     redis_address,
@@ -165,6 +165,7 @@ class RedisStore(TenantStore):
                 "group": scripts.ROTATE_GROUP,
                 "lost": scripts.RESTORE_LOST,
                 "mark": scripts.MARK_SEEDED,
+                "auth_failures": AUTH_FAILURES,
             }.items()
         }
 
@@ -486,7 +487,10 @@ class RedisStore(TenantStore):
 
     async def auth_failures(self, address: str, *, burst: float, per_minute: float,
                             charge: bool) -> float | None:
-        return await auth_failure_level(self._r, self._k("admin_auth", address), burst=burst,
+        if self.reach.down:  # each process counts alone: an admin request does not wait on it
+            return None
+        return await auth_failure_level(self._scripts["auth_failures"],
+                                        self._k("admin_auth", address), burst=burst,
                                         per_minute=per_minute, charge=charge)
 
     # -- synchronisation ---------------------------------------------------------------------

@@ -65,8 +65,11 @@ def test_a_redis_restarted_empty_leaves_no_stuck_lease_and_no_500(
             server.stop()
             server.start()  # empty: the leases of the two streams are gone
             # the gateway writes its state back (the key included) and answers again
-            wait_for(lambda: seen.append(chat_status(client)) is None and seen[-1] == 200,
-                     timeout=30, what="requests answered after the restart")
+            def answered() -> bool:
+                seen.append(chat_status(client))
+                return seen[-1] == 200
+
+            wait_for(answered, timeout=30, what="requests answered after the restart")
         # the two streams have ended: nothing of theirs counts, nothing is stuck
         with ExitStack() as held:
             assert [_hanging(client, held) for _ in range(LIMIT)] == [200] * LIMIT
