@@ -5,38 +5,65 @@ A request's concurrency lease was released after its answer had gone out: a clie
 the answer from a gateway whose Redis is farther away (here 0.25 s each way: another zone)
 and sending its next request through a gateway near Redis found the lease still held (429
 "concurrent requests", 5 of 5 whole answers). The lease is released before a whole answer
-goes out now (with its settle, one step).
+goes out now (with its settle, one step). A stream's end and an error the gateway answers
+itself (a pool without a live replica: 503) still release after it (5 of 5 refused): the
+change they need is in `relay.py` and `proxy.py` (marked xfail until then).
 
-Two real gateways on one Redis (one through a slow link), a simulated replica, the official
+Two real gateways on one Redis (one through a slow link), simulated replicas, the official
 openai client.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import openai
+import pytest
 
-from tests.support.gateway import acme_gateway, admin_client, chat_status, wait_for
-from tests.support.procs import Proc
+from tests.support.gateway import AUTH_SECRET, admin_client, chat_status, gateway_proc, wait_for
+from tests.support.procs import Proc, free_port
 from tests.support.slow_link import SlowLink
 
 ADMIN = "lease-before-answer-admin-token-0123456789"
 ROUNDS = 5
 ONE_WAY_S = 0.25
+Ask = Callable[[openai.OpenAI], int]
 
 
-def test_the_next_request_through_another_gateway_finds_the_lease_released(
-        sim_factory: Callable[..., tuple[Proc, str]], procs: list[Proc],
-        redis_url: str) -> None:
+def _stream_status(client: openai.OpenAI) -> int:
+    try:
+        for _chunk in client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                stream=True):
+            pass
+        return 200
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+@pytest.fixture
+def two_gateways(sim_factory: Callable[..., tuple[Proc, str]], procs: list[Proc],
+                 redis_url: str) -> Iterator[list[openai.OpenAI]]:
+    """Clients of tenant `acme` (max_concurrency 1): of a gateway far from Redis, then of
+    one near it. Model "llama" has a live replica, "dead" none."""
     _, sim = sim_factory("--time-scale", "50", model="m")
+    config: dict[str, Any] = {
+        "pools": {"p": {"served_model": "m", "replicas": [sim]},
+                  "d": {"served_model": "m", "replicas": [f"http://127.0.0.1:{free_port()}"]}},
+        "models": {"llama": {"free": "p"}, "dead": {"free": "d"}},
+        "tiers": {"free": {"limits": {"max_concurrency": 1}}},
+        "tenants": [{"id": "acme", "tier": "free"}],
+    }
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    limits = {"max_concurrency": 1}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
     with SlowLink(port, ONE_WAY_S) as link:
         # the far gateway's calls take 0.5 s and more: its timeout leaves room for that
-        far, far_base = acme_gateway(sim, f"redis://127.0.0.1:{link.port}/0", ADMIN, limits,
-                                     tenancy={"redis_timeout_s": 3.0})
-        near, near_base = acme_gateway(sim, redis_url, ADMIN, limits)
+        far, far_base = gateway_proc(
+            config={**config, "tenancy": {"redis_timeout_s": 3.0}}, auth=True,
+            env={**env, "KVGATE_REDIS_URL": f"redis://127.0.0.1:{link.port}/0"})
+        near, near_base = gateway_proc(config=config, auth=True,
+                                       env={**env, "KVGATE_REDIS_URL": redis_url})
         procs.append(near.start())
         procs.append(far.start())
         with admin_client(near_base, ADMIN) as admin:
@@ -45,8 +72,32 @@ def test_the_next_request_through_another_gateway_finds_the_lease_released(
                    for base in (far_base, near_base)]
         wait_for(lambda: chat_status(clients[0]) == 200, timeout=20,
                  what="the far gateway to know the key")
-        statuses = []
-        for _ in range(ROUNDS):
-            statuses.append(chat_status(clients[0]))  # answered by the far gateway ...
-            statuses.append(chat_status(clients[1]))  # ... the next at once by the near one
-        assert statuses == [200] * 2 * ROUNDS, statuses
+        yield clients
+
+
+def _next_requests(clients: list[openai.OpenAI], first: Ask) -> list[int]:
+    """The statuses of the near gateway's requests, each sent as the far one answered."""
+    statuses = []
+    for _ in range(ROUNDS):
+        first(clients[0])
+        statuses.append(chat_status(clients[1]))
+    return statuses
+
+
+def test_after_a_whole_answer_the_next_request_finds_the_lease_released(
+        two_gateways: list[openai.OpenAI]) -> None:
+    assert _next_requests(two_gateways, chat_status) == [200] * ROUNDS
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a stream's lease is released after its [DONE] (relay.py)")
+def test_after_a_stream_the_next_request_finds_the_lease_released(
+        two_gateways: list[openai.OpenAI]) -> None:
+    assert _next_requests(two_gateways, _stream_status) == [200] * ROUNDS
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the gateway's own error answer goes out before the release (proxy.py)")
+def test_after_an_error_answer_the_next_request_finds_the_lease_released(
+        two_gateways: list[openai.OpenAI]) -> None:
+    assert _next_requests(two_gateways, lambda c: chat_status(c, "dead")) == [200] * ROUNDS
