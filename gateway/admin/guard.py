@@ -2,10 +2,10 @@
 
 Each client address has a bucket of `burst` failures refilled at `per_minute` (on a gateway of
 several ``server.workers``, each process holds its share: `AuthGuard.share_of`). With Redis the
-budget is also counted once for every gateway sharing it (`TenantStore.auth_failures`, read
-before the token is checked and charged with each failure; each process's bucket `adopt`s the
-shared level), so N gateways do not give an address N times the guesses; while Redis does not
-answer, each process counts alone. An address whose
+budget is also counted once for every gateway sharing it (`TenantStore.auth_failures`, charged
+with each failure; a failure that leaves the address throttled is told to every gateway, whose
+bucket `adopt`s the shared level), so N gateways do not give an address N times the guesses;
+while Redis does not answer, each process counts alone. An address whose
 bucket is empty gets 429 with ``Retry-After`` on every admin request (before its token is even
 looked at, and before its body is read) until one failure's worth has refilled, so guessing tokens
 costs minutes per dozen tries. Successful requests cost nothing. The address is the TCP peer

@@ -46,16 +46,14 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
     """An APIRouter with every admin route under ``/admin``; mount it with include_router."""
 
     ctx = AdminContext(deps)
+    deps.store.on_auth_throttled = deps.guard.adopt
 
     async def admin(
         request: Request, authorization: Annotated[str | None, Header()] = None
     ) -> str:
         address = request.client.host if request.client is not None else "unknown"
-        deps.guard.check(address)  # 429 while this address is throttled
-        shared = await _shared_failures(ctx, address, charge=False)
-        if shared is not None:  # ... here or, with Redis, at any gateway
-            deps.guard.adopt(address, shared)
-            deps.guard.check(address)
+        deps.guard.check(address)  # 429 while this address is throttled (with Redis: at any
+        # gateway, `AuthGuard.adopt` told by the store)
         try:
             return check_admin(deps.tokens, authorization)
         except (AuthError, PermissionDenied) as exc:
@@ -74,7 +72,7 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
 async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) -> None:
     """Count, and (until the address is throttled) log and audit a refused request."""
     throttled = ctx.deps.guard.failed(address, reason)
-    shared = await _shared_failures(ctx, address, charge=True)
+    shared = await _shared_failures(ctx, address)
     if shared is not None:
         ctx.deps.guard.adopt(address, shared)
         throttled = throttled or shared < 1.0
@@ -89,12 +87,11 @@ async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) 
         await ctx.audit("-", action, address, reason=reason, path=path)
 
 
-async def _shared_failures(ctx: AdminContext, address: str, *, charge: bool) -> float | None:
-    """The failures `address` has left at every gateway on this store (one taken first when
-    `charge`); None without a shared count (in memory) or while the store does not answer
+async def _shared_failures(ctx: AdminContext, address: str) -> float | None:
+    """One failure of `address` taken from its budget at every gateway on this store: what
+    is left; None without a shared count (in memory) or while the store does not answer
     (this process's own count decides alone)."""
     try:
-        return await ctx.deps.store.auth_failures(address, burst=BURST, per_minute=PER_MINUTE,
-                                                  charge=charge)
+        return await ctx.deps.store.auth_failures(address, burst=BURST, per_minute=PER_MINUTE)
     except BackendUnavailable:
         return None

@@ -1,9 +1,12 @@
 """The admin API's failed-authentication budget of one client address, shared by every gateway
-on one Redis (`RedisStore.auth_failures`, read by `gateway.admin.routes`).
+on one Redis (`RedisStore.auth_failures`, charged by `gateway.admin.routes`).
 
 A token bucket per address, ``<ns>:admin_auth:<address>`` (its level and time), refilled on
 Redis's clock, expiring once full again: one gateway's failures count at every other, so N
-gateways no longer give an address N times the guesses.
+gateways no longer give an address N times the guesses. A failure that leaves the address
+throttled is published (``<ns>:admin_auth``: the address and the level) to every gateway,
+whose `AuthGuard` takes it in (`RedisStore` listens): the check before a token is looked at
+stays in memory, and an admin request waits on no Redis call it did not need before.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from redis.commands.core import AsyncScript
 
 from gateway.tenancy.redis_conn import redis_unavailable
 
-__all__ = ["AUTH_FAILURES", "auth_failure_level"]
+__all__ = ["AUTH_FAILURES", "auth_failure_level", "throttled_address"]
 
-# KEYS[1] the address's bucket; ARGV[1] burst, ARGV[2] refill per second, ARGV[3] '1': take
-# one failure. Returns the level (after the failure taken), as text (Lua numbers reach the
-# client truncated to integers).
+# KEYS[1] the address's bucket; ARGV[1] burst, ARGV[2] refill per second, ARGV[3] the
+# channel, ARGV[4] the address. Takes one failure; publishes the address and the level when
+# that leaves it below 1. Returns the level, as text (Lua numbers reach the client truncated
+# to integers).
 AUTH_FAILURES = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -25,20 +29,28 @@ local b = redis.call('HMGET', KEYS[1], 'l', 'ts')
 local level = burst
 local was, at = tonumber(b[1]), tonumber(b[2])
 if was and at then level = math.min(burst, was + math.max(0, now - at) * rate) end
-if ARGV[3] == '1' then
-  level = level - 1
-  redis.call('HSET', KEYS[1], 'l', tostring(level), 'ts', tostring(now))
-  redis.call('PEXPIRE', KEYS[1], math.ceil((burst - level) / rate * 1000) + 1000)
-end
+level = level - 1
+redis.call('HSET', KEYS[1], 'l', tostring(level), 'ts', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - level) / rate * 1000) + 1000)
+if level < 1 then redis.call('PUBLISH', ARGV[3], ARGV[4] .. ' ' .. tostring(level)) end
 return tostring(level)
 """
 
 
 async def auth_failure_level(script: AsyncScript, key: str, *, burst: float,
-                             per_minute: float, charge: bool) -> float:
-    """The failures left to the address of bucket `key` (below 1: throttled), one taken
-    first when `charge`; `script` is `AUTH_FAILURES` registered on the store's client.
-    `StoreUnreachable` when Redis does not answer."""
+                             per_minute: float, channel: str, address: str) -> float:
+    """One failure taken from `address`'s bucket `key`: the failures left (below 1:
+    throttled, published on `channel`); `script` is `AUTH_FAILURES` registered on the store's
+    client. `StoreUnreachable` when Redis does not answer."""
     with redis_unavailable():
-        raw = await script(keys=[key], args=[burst, per_minute / 60.0, "1" if charge else "0"])
+        raw = await script(keys=[key], args=[burst, per_minute / 60.0, channel, address])
     return float(raw)
+
+
+def throttled_address(data: str) -> tuple[str, float] | None:
+    """A message of the channel: (address, level), None when it is not one."""
+    address, _, level = data.rpartition(" ")
+    try:
+        return (address, float(level)) if address else None
+    except ValueError:
+        return None

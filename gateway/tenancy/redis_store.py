@@ -57,7 +57,11 @@ from gateway.tenancy.models import (
     Tenant,
 )
 from gateway.tenancy.reachability import Reachability
-from gateway.tenancy.redis_auth_failures import AUTH_FAILURES, auth_failure_level
+from gateway.tenancy.redis_auth_failures import (
+    AUTH_FAILURES,
+    auth_failure_level,
+    throttled_address,
+)
 from gateway.tenancy.redis_conn import (
     failure_cause,
     redis_address,
@@ -219,14 +223,19 @@ class RedisStore(TenantStore):
         while not self._closing:
             pubsub = self._r.pubsub()
             try:
-                await pubsub.subscribe(self.channel)
+                await pubsub.subscribe(self.channel, self._k("admin_auth"))
                 self.reach.answered()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
                 while True:
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                    if msg is not None:
+                    if msg is None:
+                        continue
+                    if msg.get("channel") == self.channel:
                         self._notify(parse_change(msg.get("data")))
+                    elif (said := throttled_address(str(msg.get("data")))) is not None \
+                            and self.on_auth_throttled is not None:
+                        self.on_auth_throttled(*said)
             except (RedisError, OSError) as exc:
                 if self._closing:
                     return
@@ -485,13 +494,14 @@ class RedisStore(TenantStore):
                         entries.count(None))
         return [e for e in entries if e is not None]
 
-    async def auth_failures(self, address: str, *, burst: float, per_minute: float,
-                            charge: bool) -> float | None:
+    async def auth_failures(self, address: str, *, burst: float,
+                            per_minute: float) -> float | None:
         if self.reach.down:  # each process counts alone: an admin request does not wait on it
             return None
         return await auth_failure_level(self._scripts["auth_failures"],
                                         self._k("admin_auth", address), burst=burst,
-                                        per_minute=per_minute, charge=charge)
+                                        per_minute=per_minute, channel=self._k("admin_auth"),
+                                        address=address)
 
     # -- synchronisation ---------------------------------------------------------------------
     async def generation(self) -> int:

@@ -71,6 +71,9 @@ class TenantStore(ABC):
 
     def __init__(self) -> None:
         self._subscribers: list[ChangeCallback] = []
+        # told (address, level) when a failed admin authentication at any gateway left that
+        # address throttled (`auth_failures`)
+        self.on_auth_throttled: Callable[[str, float], None] | None = None
         # a store that can be away (Redis): what the log says about reaching it, one voice
         # for every part that tries (the change listener, the resolver's loads)
         self.reach: Reachability | None = None
@@ -180,12 +183,13 @@ class TenantStore(ABC):
         """Newest first."""
 
     # -- failed admin authentications ------------------------------------------------------
-    async def auth_failures(self, address: str, *, burst: float, per_minute: float,
-                            charge: bool) -> float | None:
-        """The failed admin authentications `address` may still make at every gateway
-        sharing this store (a bucket of `burst` refilled at `per_minute`; below 1:
-        throttled), one taken first when `charge`. None: nothing shared (the in-memory
-        store serves one process, whose own `AuthGuard` counts)."""
+    async def auth_failures(self, address: str, *, burst: float,
+                            per_minute: float) -> float | None:
+        """One failed admin authentication of `address` taken from its budget at every
+        gateway sharing this store (a bucket of `burst` refilled at `per_minute`): what is
+        left (below 1: throttled, then told to every gateway's `on_auth_throttled`). None:
+        nothing shared (the in-memory store serves one process, whose own `AuthGuard`
+        counts)."""
         return None
 
     # -- synchronisation -------------------------------------------------------------------
