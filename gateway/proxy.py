@@ -387,6 +387,7 @@ class Proxy:
             req.status = exc.status
             if req.ctl.blocked:  # cut while the client was not taking a chunk: it is not
                 return  # reading, so an error event would wait for it as long as it likes
+            await self.prep.settle_before_answer(req)
             await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
         else:
             await self._send_error(send, req, exc)
@@ -402,6 +403,9 @@ class Proxy:
 
     async def _send_error(self, send: Send, req: ProxiedRequest, exc: KvgateError) -> None:
         req.status = exc.status
+        # released before the answer goes out: a client's next request, the moment it has
+        # this one's error, finds its tenant's concurrency lease back (`Relay._settle` alike)
+        await self.prep.settle_before_answer(req)
         if req.sse:  # only keep-alive comments went out (`Relay._pump`): the stream is open
             await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
             return

@@ -96,8 +96,6 @@ def test_after_a_stream_the_next_request_finds_the_lease_released(
     assert _next_requests(two_gateways, _stream_status) == [200] * ROUNDS
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="the gateway's own error answer goes out before the release (proxy.py)")
 def test_after_an_error_answer_the_next_request_finds_the_lease_released(
         two_gateways: list[openai.OpenAI]) -> None:
     assert _next_requests(two_gateways, lambda c: chat_status(c, "dead")) == [200] * ROUNDS
