@@ -42,7 +42,7 @@ from gateway.cli.admin_http import (
     url_path_hint,
 )
 from gateway.config import NAME_RULE
-from gateway.yamlerror import not_utf8, one_line
+from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["main"]
 
@@ -187,9 +187,9 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
             return "GET", "/admin/policy", None, {}
         headers = {"if-match": f'"{args.if_match}"'} if args.if_match else {}
         if action == "patch":
-            patch_doc = yaml.safe_load(_text(args.file))  # YAML is a superset of JSON
+            patch_doc = safe_load(_text(args.file))  # YAML is a superset of JSON
             return "PATCH", "/admin/policy", patch_doc, headers
-        doc = policy_part(yaml.safe_load(_text(args.file)))
+        doc = policy_part(safe_load(_text(args.file)))
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
         return "POST", f"/admin/tenants/{args.tenant}/rotate-salt", None, {}

@@ -14,7 +14,7 @@ from gateway.config.env import ENV_PREFIX, env_overrides, env_path
 from gateway.config.explain import explain
 from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
-from gateway.yamlerror import not_utf8, one_line
+from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["NO_POOLS", "load_config"]
 
@@ -35,7 +35,7 @@ def _read_file(path: str, shown: str) -> dict[str, Any]:
     """The file's mapping; an error names it as `shown` (the path, and where it came from)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)  # a YAML error then names the file, line and column
+            data = safe_load(f)  # a YAML error then names the file, line and column
     except OSError as exc:
         raise ConfigError(f"config file {shown}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
