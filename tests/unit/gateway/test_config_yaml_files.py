@@ -1,7 +1,8 @@
 """The YAML a user copies or writes, read by the real loader: every example under examples/
 and every config block in docs/ loads (docs drift), a key given twice in one mapping is
-refused naming both places (PyYAML kept the last silently), and a tab where indentation goes
-says that YAML indents with spaces."""
+refused naming both places (PyYAML kept the last silently), a tab where indentation goes
+says that YAML indents with spaces, and a boolean where a number goes in a process-level
+section is refused naming the field (pydantic's lax mode read `port: true` as port 1)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def test_a_tab_for_indentation_says_yaml_wants_spaces(tmp_path: Path) -> None:
         f"config file {path}: invalid YAML: found character '\\t' that cannot start any token "
         "at line 4, column 1: YAML indents with spaces, not tabs "
         "(while scanning for the next token)")
+
+
+@pytest.mark.parametrize(("section", "line"), [
+    # port 1: pydantic's lax mode read true as 1
+    ("server:\n  port: true", "server.port: a boolean where a number goes"),
+    ("upstream:\n  retry_budget_min: no",
+     "upstream.retry_budget_min: a boolean where a number goes"),
+    ("routing:\n  load_factor: on", "routing.load_factor: a boolean where a number goes"),
+    ("tenancy:\n  audit_cap: yes", "tenancy.audit_cap: a boolean where a number goes"),
+    ("health:\n  stall_after_s: off", "health.stall_after_s: a boolean where a number goes "
+     "(YAML reads true/false, yes/no and on/off as booleans): write the number, or null"),
+])
+def test_a_boolean_for_a_number_is_refused_naming_the_field(
+        tmp_path: Path, section: str, line: str) -> None:
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(POOLS + section + "\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(path), environ={})
+    assert f"\n  {line}" in err.value.message
+
+
+def test_a_boolean_for_a_number_from_a_variable_names_it() -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config("", environ={"KVGATE_SERVER__PORT": "true"}, overrides=yaml.safe_load(POOLS))
+    assert "server.port: a boolean where a number goes" in err.value.message
+    assert "(from KVGATE_SERVER__PORT)" in err.value.message
+
+
+def test_booleans_and_numbers_in_their_own_fields_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(POOLS + "server: {replica_header: off, port: '9000'}\n"
+                    "health: {stall_after_s: 0}\ntenancy: {auth: no}\nflow: {enabled: yes}\n")
+    cfg = load_config(str(path), environ={})
+    assert (cfg.server.replica_header, cfg.server.port, cfg.health.stall_after_s) == (
+        False, 9000, 0)
+    assert (cfg.tenancy.auth, cfg.flow.enabled) == (False, True)
