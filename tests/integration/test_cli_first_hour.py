@@ -1,0 +1,57 @@
+"""The real `kvgate` command on a new user's first mistakes: `kvgate config` without its
+command, and a config file with a key given twice or a boolean where a number goes, at
+`kvgate config check` and at `kvgate serve` alike: one line naming the place, a non-zero exit,
+no traceback, and serve never listens."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support.procs import KVGATE, ROOT, free_port
+
+POOLS = "pools:\n  a: {served_model: m, replicas: ['http://127.0.0.1:9']}\n"
+ENV = {**os.environ, "KVGATE_SALT_SECRET": "s" * 32, "KVGATE_ADMIN_TOKEN": "t" * 32}
+
+
+def kvgate(*argv: str) -> subprocess.CompletedProcess[str]:
+    """The command's outcome; one still running after 30 s (a serve that started) is killed
+    and fails the test."""
+    return subprocess.run([*KVGATE, *argv], cwd=ROOT, capture_output=True, text=True,
+                          timeout=30, env=ENV)
+
+
+def test_config_without_its_command_names_the_command() -> None:
+    """argparse named the missing one by its variable ("required: action")."""
+    result = kvgate("config")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        "kvgate config: error: the following arguments are required: command")
+    assert "check" in kvgate("config", "--help").stdout
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    # the first server section (its port) was dropped without a word
+    (f"server:\n  port: 9000\n{POOLS}server:\n  host: 127.0.0.1\n",
+     "invalid YAML: the key 'server' is repeated (only one would count) at line 5, column 1 "
+     "(first given at line 1, column 1)"),
+    # read as 0 (and `port: true` as port 1; --port below would win over that one)
+    (f"{POOLS}upstream:\n  retry_budget_min: no\n",
+     "upstream.retry_budget_min: a boolean where a number goes (YAML reads true/false, yes/no "
+     "and on/off as booleans): write the number"),
+])
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_config_mistake_is_one_line_at_check_and_serve(
+        tmp_path: Path, text: str, line: str, command: str) -> None:
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(text)
+    port = str(free_port())
+    result = (kvgate("config", "check", str(path)) if command == "check" else
+              kvgate("serve", "--config", str(path), "--host", "127.0.0.1", "--port", port))
+    assert result.returncode == 2, result.stderr
+    assert line in result.stderr
+    assert "Traceback" not in result.stderr and "listening on" not in result.stderr
+    assert result.stdout == ""
