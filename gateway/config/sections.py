@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import pydantic.dataclasses
 from pydantic import (
@@ -58,15 +58,23 @@ def _leaf_types(annotation: Any) -> set[Any]:
 
 
 def no_bool_for_number(annotation: Any, value: Any) -> Any:
-    """Refuse a boolean for a number: pydantic's lax mode read `port: true` as port 1 and
-    `max_attempts: no` as 0 -- and YAML reads yes/no and on/off as booleans too. (The policy
-    sections are strict throughout: gateway/policy_doc.py; a number may still be a string
-    here, which converts to what was meant.)"""
+    """Refuse a boolean for a number, in a field or in a mapping's values or a list's items:
+    pydantic's lax mode read `port: true` as port 1 and `retry_budget_min: no` as 0 -- and YAML
+    reads yes/no and on/off as booleans too. (The policy sections are strict throughout:
+    gateway/policy_doc.py; a number may still be a string here, which converts to what was
+    meant.)"""
     leaves = _leaf_types(annotation)
     if isinstance(value, bool) and leaves & {int, float} and bool not in leaves:
         write = "the number, or null" if type(None) in leaves else "the number"
         raise ValueError("a boolean where a number goes (YAML reads true/false, yes/no and "
                          f"on/off as booleans): write {write}")
+    args = get_args(annotation)
+    if get_origin(annotation) is dict and isinstance(value, dict):
+        for item in value.values():
+            no_bool_for_number(args[1], item)
+    elif get_origin(annotation) is list and isinstance(value, list):
+        for item in value:
+            no_bool_for_number(args[0], item)
     return value
 
 

@@ -99,6 +99,7 @@ def test_a_tab_for_indentation_says_yaml_wants_spaces(tmp_path: Path) -> None:
      "upstream.retry_budget_min: a boolean where a number goes"),
     ("routing:\n  load_factor: on", "routing.load_factor: a boolean where a number goes"),
     ("tenancy:\n  audit_cap: yes", "tenancy.audit_cap: a boolean where a number goes"),
+    ("doctor:\n  thresholds: {ttft_high_s: on}", "doctor.thresholds: a boolean where a number"),
     ("health:\n  stall_after_s: off", "health.stall_after_s: a boolean where a number goes "
      "(YAML reads true/false, yes/no and on/off as booleans): write the number, or null"),
 ])
