@@ -74,6 +74,8 @@ def load_config(
     raw = deep_merge(raw, overrides or {})
     env_names = {tuple(env_path(name)): name for name in env
                  if name.startswith(ENV_PREFIX) and "__" in name}
+    if quick:  # its one pool comes from the flag: a bad URL there named a pool never written
+        env_names[("pools",)] = "--upstream"
     try:
         cfg = KvgateConfig.model_validate(raw)
     except ValidationError as exc:

@@ -55,3 +55,14 @@ def test_a_config_mistake_is_one_line_at_check_and_serve(
     assert line in result.stderr
     assert "Traceback" not in result.stderr and "listening on" not in result.stderr
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", ["serve", "epp", "envoy"])
+def test_a_bad_upstream_url_is_named_as_the_flag(command: str) -> None:
+    """The quick form's pool is `default`, a name the user never wrote: the error named only
+    `pools.default`."""
+    result = kvgate(command, "--upstream", "127.0.0.1:8000")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        "  pools.default: replica URL must start with http:// or https://: '127.0.0.1:8000' "
+        "(from --upstream)")
