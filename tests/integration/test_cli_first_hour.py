@@ -66,3 +66,13 @@ def test_a_bad_upstream_url_is_named_as_the_flag(command: str) -> None:
     assert result.stderr.splitlines()[-1] == (
         "  pools.default: replica URL must start with http:// or https://: '127.0.0.1:8000' "
         "(from --upstream)")
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_sim_on_a_port_out_of_range_is_a_usage_error(port: str) -> None:
+    """`kvgate sim --port 70000` ended in an OverflowError's traceback from bind()."""
+    result = kvgate("sim", "--model", "m", f"--port={port}")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"kvgate sim: error: argument --port: '{port}': a port from 0 to 65535")
+    assert "Traceback" not in result.stderr
