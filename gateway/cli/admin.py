@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"environment variable holding the admin token (default %(default)s; "
              f"{TOKEN_HELP})",
     )
-    p.add_argument("--timeout", type=float, default=10.0,
+    p.add_argument("--timeout", type=_seconds, default=10.0,
                    help="seconds per call to the admin API (default %(default)s)")
     # metavar: argparse names a missing one by it ("required: command", not the dest)
     sub = p.add_subparsers(dest="group", required=True, metavar="command")
@@ -130,6 +131,18 @@ def _limit(text: str) -> int | str:
     if value <= 0:
         raise argparse.ArgumentTypeError(
             f"{text!r}: expected a positive integer, or none (the tier's limit)")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """A call's timeout: 0 failed every call as a connection error ("is kvgate running
+    there?"), a negative, nan or inf one ended in a traceback from the socket layer."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
     return value
 
 

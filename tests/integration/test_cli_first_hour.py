@@ -76,3 +76,16 @@ def test_sim_on_a_port_out_of_range_is_a_usage_error(port: str) -> None:
     assert result.stderr.splitlines()[-1] == (
         f"kvgate sim: error: argument --port: '{port}': a port from 0 to 65535")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("timeout", ["0", "-1", "nan", "inf"])
+def test_admin_with_a_timeout_that_is_no_time_is_a_usage_error(timeout: str) -> None:
+    """0 failed as a connection error ("is kvgate running there?"); -1, nan and inf ended in
+    a traceback from the socket layer."""
+    result = kvgate("admin", f"--timeout={timeout}", "--url", f"http://127.0.0.1:{free_port()}",
+                    "audit")
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (
+        f"kvgate admin: error: argument --timeout: '{timeout}': expected a positive number of "
+        "seconds")
+    assert "Traceback" not in result.stderr
