@@ -103,7 +103,11 @@ def parser() -> argparse.ArgumentParser:
 
 def build_app(args: argparse.Namespace) -> SimApp:
     preset = get_preset(args.preset)
-    blocks = args.num_gpu_blocks or preset.num_gpu_blocks * 16 // args.block_size
+    if args.block_size < 1:  # before the division below (a ZeroDivisionError's traceback)
+        raise ValueError("--block-size must be >= 1")
+    # 0 given is refused by the engine, not taken for the preset's
+    blocks = (args.num_gpu_blocks if args.num_gpu_blocks is not None
+              else preset.num_gpu_blocks * 16 // args.block_size)
     if args.data_parallel_size < 1:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.sse_keep_alive_interval < 0:

@@ -89,3 +89,34 @@ def test_admin_with_a_timeout_that_is_no_time_is_a_usage_error(timeout: str) -> 
         f"kvgate admin: error: argument --timeout: '{timeout}': expected a positive number of "
         "seconds")
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    # a ZeroDivisionError's traceback
+    (["replay", "--synthetic", "--offline", "--rate-scale", "0"],
+     "kvgate replay: error: argument --rate-scale: '0': expected a number above 0"),
+    # a table of nan
+    (["replay", "--synthetic", "--offline", "--rate-scale", "nan"],
+     "kvgate replay: error: argument --rate-scale: 'nan': expected a number above 0"),
+    # routing.router.NoCandidate's traceback
+    (["replay", "--synthetic", "--offline", "--replicas", "0"],
+     "kvgate replay: error: argument --replicas: '0': expected a whole number above 0"),
+    # the engine's ValueError's traceback
+    (["replay", "--synthetic", "--offline", "--kv-tokens", "10"],
+     "kvgate replay: --kv-tokens: at least 32 (two KV blocks of 16 tokens)"),
+    # a ZeroDivisionError's traceback
+    (["sim", "--model", "m", "--port", "0", "--block-size", "0"],
+     "kvgate sim: --block-size must be >= 1"),
+])
+def test_a_number_flag_out_of_range_is_one_line(argv: list[str], line: str) -> None:
+    result = kvgate(*argv)
+    assert result.returncode in (1, 2), result.stderr
+    assert result.stderr.splitlines()[-1] == line
+    assert "Traceback" not in result.stderr
+
+
+def test_sim_with_no_kv_blocks_is_refused_not_given_the_presets() -> None:
+    """`--num-gpu-blocks 0` was read as "not given": a simulator with the preset's cache."""
+    result = kvgate("sim", "--model", "m", "--port", "0", "--num-gpu-blocks", "0")
+    assert result.returncode == 2, result.stderr
+    assert "raise --num-gpu-blocks" in result.stderr.splitlines()[-1]
