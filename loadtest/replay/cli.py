@@ -51,17 +51,18 @@ SPAWN_MODEL = "replay-model"
 OFFLINE_ONLY = (*YARDSTICKS, "oracle")  # yardsticks: never served, replayed offline
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    """An argparse type: a number of `kind` above 0 (0 replicas, a rate scale of 0 or nan
-    ended in a traceback, or in a table of nan)."""
+def _positive(kind: Callable[[str], float], *, zero: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number of `kind` above 0 (or from 0: `zero`). 0 replicas, a
+    rate scale of 0 or nan, a sync delay of nan ended in a traceback, or in a table of nan."""
     def parse(text: str) -> float:
         try:
             value = kind(text)
         except ValueError:
-            value = 0
-        if not 0 < value < math.inf:
+            value = math.nan
+        if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
             what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(f"{text!r}: expected {what} above 0")
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: expected {what} {'of 0 or more' if zero else 'above 0'}")
         return value
     return parse
 
@@ -92,7 +93,7 @@ def _parser() -> argparse.ArgumentParser:
     gw = p.add_argument_group("several gateways (offline)")
     gw.add_argument("--gateways", type=_positive(int), default=1,
                     help="spread requests at random over N routers, each with its own counts")
-    gw.add_argument("--sync-delay-ms", type=float, default=10.0,
+    gw.add_argument("--sync-delay-ms", type=_positive(float, zero=True), default=10.0,
                     help="a router sees the others' records this much later (default 10)")
     gw.add_argument("--no-share", action="store_true",
                     help="the N routers share nothing (the baseline)")

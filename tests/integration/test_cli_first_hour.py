@@ -104,6 +104,12 @@ def test_admin_with_a_timeout_that_is_no_time_is_a_usage_error(timeout: str) -> 
     # the engine's ValueError's traceback
     (["replay", "--synthetic", "--offline", "--kv-tokens", "10"],
      "kvgate replay: --kv-tokens: at least 32 (two KV blocks of 16 tokens)"),
+    # an IndexError's traceback
+    (["replay", "--synthetic", "--offline", "--gateways", "2", "--sync-delay-ms", "nan"],
+     "kvgate replay: error: argument --sync-delay-ms: 'nan': expected a number of 0 or more"),
+    # a simulator started, with nan seconds per simulated second
+    (["sim", "--model", "m", "--port", "0", "--time-scale", "nan"],
+     "kvgate sim: time_scale must be a finite number > 0"),
     # a ZeroDivisionError's traceback
     (["sim", "--model", "m", "--port", "0", "--block-size", "0"],
      "kvgate sim: --block-size must be >= 1"),
