@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ from gateway.cli.admin_http import (
     url_path_hint,
 )
 from gateway.config import NAME_RULE
-from gateway.yamlerror import not_utf8, one_line
+from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["main"]
 
@@ -60,7 +61,7 @@ def _parser() -> argparse.ArgumentParser:
         help=f"environment variable holding the admin token (default %(default)s; "
              f"{TOKEN_HELP})",
     )
-    p.add_argument("--timeout", type=float, default=10.0,
+    p.add_argument("--timeout", type=_seconds, default=10.0,
                    help="seconds per call to the admin API (default %(default)s)")
     # metavar: argparse names a missing one by it ("required: command", not the dest)
     sub = p.add_subparsers(dest="group", required=True, metavar="command")
@@ -133,6 +134,18 @@ def _limit(text: str) -> int | str:
     return value
 
 
+def _seconds(text: str) -> float:
+    """A call's timeout: 0 failed every call as a connection error ("is kvgate running
+    there?"), a negative, nan or inf one ended in a traceback from the socket layer."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of seconds")
+    return value
+
+
 def _limit_flags(p: argparse.ArgumentParser, none: str) -> None:
     """The limit overrides; `none` says what the value none means for this command."""
     p.add_argument("--rpm", type=_limit, help=f"requests per minute; {none}")
@@ -187,9 +200,9 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
             return "GET", "/admin/policy", None, {}
         headers = {"if-match": f'"{args.if_match}"'} if args.if_match else {}
         if action == "patch":
-            patch_doc = yaml.safe_load(_text(args.file))  # YAML is a superset of JSON
+            patch_doc = safe_load(_text(args.file))  # YAML is a superset of JSON
             return "PATCH", "/admin/policy", patch_doc, headers
-        doc = policy_part(yaml.safe_load(_text(args.file)))
+        doc = policy_part(safe_load(_text(args.file)))
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
         return "POST", f"/admin/tenants/{args.tenant}/rotate-salt", None, {}

@@ -37,7 +37,8 @@ __all__ = ["main"]
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kvgate config", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="action", required=True)
+    # metavar: argparse names a missing one by it ("required: command", not the dest)
+    sub = p.add_subparsers(dest="action", required=True, metavar="command")
     check = sub.add_parser("check", help="validate and print the effective configuration")
     check.add_argument("file", nargs="?", help="YAML file (default: $KVGATE_CONFIG)")
     check.add_argument("--strict", action="store_true",

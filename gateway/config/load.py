@@ -14,7 +14,7 @@ from gateway.config.env import ENV_PREFIX, env_overrides, env_path
 from gateway.config.explain import explain
 from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
-from gateway.yamlerror import not_utf8, one_line
+from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["NO_POOLS", "load_config"]
 
@@ -35,7 +35,7 @@ def _read_file(path: str, shown: str) -> dict[str, Any]:
     """The file's mapping; an error names it as `shown` (the path, and where it came from)."""
     try:
         with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)  # a YAML error then names the file, line and column
+            data = safe_load(f)  # a YAML error then names the file, line and column
     except OSError as exc:
         raise ConfigError(f"config file {shown}: {exc.strerror}") from None
     except UnicodeDecodeError as exc:  # e.g. saved as UTF-16, or not the YAML file at all
@@ -74,6 +74,8 @@ def load_config(
     raw = deep_merge(raw, overrides or {})
     env_names = {tuple(env_path(name)): name for name in env
                  if name.startswith(ENV_PREFIX) and "__" in name}
+    if quick:  # its one pool comes from the flag: a bad URL there named a pool never written
+        env_names[("pools",)] = "--upstream"
     try:
         cfg = KvgateConfig.model_validate(raw)
     except ValidationError as exc:

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import pydantic.dataclasses
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.tenancy.models import NAME_PATTERN
@@ -40,8 +47,44 @@ ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://[a-z0-9._~%!$&'()*+,;=:@\[\]-]+")
 TOKEN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")  # an HTTP token (RFC 9110 5.6.2)
 
 
+def _leaf_types(annotation: Any) -> set[Any]:
+    """The types a field's annotation is made of (`Annotated[int, ...] | None`: int, None)."""
+    args = get_args(annotation)
+    if not args:
+        return {annotation}
+    if getattr(annotation, "__metadata__", None) is not None:  # Annotated: its type only
+        return _leaf_types(args[0])
+    return set().union(*(_leaf_types(a) for a in args))
+
+
+def no_bool_for_number(annotation: Any, value: Any) -> Any:
+    """Refuse a boolean for a number, in a field or in a mapping's values or a list's items:
+    pydantic's lax mode read `port: true` as port 1 and `retry_budget_min: no` as 0 -- and YAML
+    reads yes/no and on/off as booleans too. (The policy sections are strict throughout:
+    gateway/policy_doc.py; a number may still be a string here, which converts to what was
+    meant.)"""
+    leaves = _leaf_types(annotation)
+    if isinstance(value, bool) and leaves & {int, float} and bool not in leaves:
+        write = "the number, or null" if type(None) in leaves else "the number"
+        raise ValueError("a boolean where a number goes (YAML reads true/false, yes/no and "
+                         f"on/off as booleans): write {write}")
+    args = get_args(annotation)
+    if get_origin(annotation) is dict and isinstance(value, dict):
+        for item in value.values():
+            no_bool_for_number(args[1], item)
+    elif get_origin(annotation) is list and isinstance(value, list):
+        for item in value:
+            no_bool_for_number(args[0], item)
+    return value
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        return no_bool_for_number(cls.model_fields[info.field_name or ""].annotation, value)
 
 
 class ServerConfig(_Section):
@@ -181,6 +224,12 @@ class RoutingSection(RouterConfig):
 
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        fields_ = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        return no_bool_for_number(fields_[info.field_name or ""].annotation, value)
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
@@ -202,6 +251,11 @@ class TenancySection(TenancySettings):
     # every other tenant is "other", so the label stays bounded
     metrics_tenants: list[str] = Field(default_factory=list)
     metrics_max_tenants: Annotated[int, Field(ge=0)] = 20
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
+        return no_bool_for_number(cls.model_fields[info.field_name or ""].annotation, value)
 
 
 class SyncSection(_Section):

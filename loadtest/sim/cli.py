@@ -18,10 +18,21 @@ from loadtest.sim.spec import EngineConfig
 __all__ = ["build_app", "main", "parser"]
 
 
+def _port(text: str) -> int:
+    """A TCP port (0: any free one); past 65535 the bind raised OverflowError, a traceback."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r}: a port from 0 to 65535")
+    return port
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate sim", description="Run one simulated vLLM replica.")
     p.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
-    p.add_argument("--port", type=int, default=9001, help="listen port (9001)")
+    p.add_argument("--port", type=_port, default=9001, help="listen port (9001)")
     p.add_argument("--model", required=True, help="served model name")
     p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
                    help=f"GPU and model profile: speeds, KV size ({PRESETS[0].name})")
@@ -92,7 +103,11 @@ def parser() -> argparse.ArgumentParser:
 
 def build_app(args: argparse.Namespace) -> SimApp:
     preset = get_preset(args.preset)
-    blocks = args.num_gpu_blocks or preset.num_gpu_blocks * 16 // args.block_size
+    if args.block_size < 1:  # before the division below (a ZeroDivisionError's traceback)
+        raise ValueError("--block-size must be >= 1")
+    # 0 given is refused by the engine, not taken for the preset's
+    blocks = (args.num_gpu_blocks if args.num_gpu_blocks is not None
+              else preset.num_gpu_blocks * 16 // args.block_size)
     if args.data_parallel_size < 1:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.sse_keep_alive_interval < 0:

@@ -14,6 +14,7 @@ it stopped, the hang taken out of its timeline, and applies the aborts.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 
@@ -47,8 +48,8 @@ class EngineRunner:
         observer: Observer | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if time_scale <= 0:
-            raise ValueError("time_scale must be > 0")
+        if not 0 < time_scale < math.inf:  # nan passed `<= 0`
+            raise ValueError("time_scale must be a finite number > 0")
         self.engine = engine
         self.time_scale = time_scale
         self._observer = observer

@@ -253,6 +253,10 @@ def test_a_wrong_url_is_one_line_never_a_traceback() -> None:
                           "'<stream end>' at line 3, column 1"),
     # worded as `kvgate config check` words it (`gateway.yamlerror.not_utf8`)
     ("pools: {}\n".encode("utf-16"), "not UTF-8 text (byte 0xff at offset 0): save it as UTF-8"),
+    # the first `tiers:` was dropped without a word (read as `kvgate config check` reads it)
+    (b"tiers: {free: {priority: 1}}\npools: {}\ntiers: {gold: {}}\n",
+     "invalid YAML/JSON: the key 'tiers' is repeated (only one would count) at line 3, "
+     "column 1 (first given at line 1, column 1)"),
 ])
 def test_an_unreadable_policy_file_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
