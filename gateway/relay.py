@@ -7,7 +7,9 @@ usage chunk and notes error events); a whole answer is sent in one piece, its er
 re-shaped when it is not OpenAI's (`upstream_errors.py`).
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
-comment lines (``--sse-keep-alive-interval``) are neither the first token nor an inter-token gap.
+comment lines (``--sse-keep-alive-interval``), blank lines and fields without data (``event:
+ping``, ``retry: 3000``, ``id: 7``: a proxy's) are neither the first token nor an inter-token
+gap: the client's SSE parser dispatches no event for them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gateway.sse import (
     StreamScanner,
     body_usage,
     carries_output,
-    comment_only,
+    no_event,
     output_chars,
     preamble_only,
 )
@@ -238,8 +240,9 @@ class Relay:
         lease: Lease, scanner: StreamScanner,
     ) -> bytes:
         """Relay chunks as they come. The engine has answered the prompt at the first SSE
-        event (what the router learns from; comment lines do not count, nor
-        the Responses API's opening events). TTFT is taken when
+        event (what the router learns from, and the first-byte timeout ends at; comment lines,
+        blank lines and fields without data do not count: `no_event`, nor the Responses API's
+        opening events). TTFT is taken when
         the first chunk carrying content reaches the client (not vLLM's role-only first chat
         chunk), inter-token latency is the gap between event chunks sent after it, and
         kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
@@ -274,7 +277,7 @@ class Relay:
                     replica.record_failure(now)
                 raise failure
             if out:
-                if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                if no_event(out):  # keep-alives, fields without data: the replica waits
                     if not req.sse:  # (the client's connection is kept alive too)
                         await self._start(send, req, resp)
                     await ctl.hand_over(send, out)

@@ -31,7 +31,8 @@ import re
 import orjson
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
-           "comment_only", "first_malformed", "output_chars", "preamble_only", "scan_usage"]
+           "comment_only", "first_malformed", "no_event", "output_chars", "preamble_only",
+           "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -229,6 +230,18 @@ def comment_only(block: bytes) -> bool:
     """True when a block of whole SSE lines holds only comments (``: keep-alive``) and blank
     lines."""
     return all(not line or line.startswith(b":") for line in block.splitlines())
+
+
+def no_event(block: bytes) -> bool:
+    """True when a block of whole SSE lines makes the client dispatch no event: no ``data``
+    field, only comments (``: keep-alive``), blank lines or fields that are nothing without
+    data (``event: ping``, ``id: 7``, ``retry: 3000``; SSE dispatches an event only when it
+    has data). vLLM sends none of these but its keep-alives; a proxy in front of it may."""
+    if block.startswith(_DATA):  # (the common case: an event)
+        return False
+    if b"data" not in block:
+        return True
+    return not any(line.startswith(_DATA) or line == b"data" for line in block.splitlines())
 
 
 class StreamScanner:
