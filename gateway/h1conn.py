@@ -11,6 +11,8 @@ Rules it keeps:
   102, 103) is skipped for the answer after it;
 - an answer's media type (`Content-Type` before its parameters) is read in lower case, as it
   is compared (`Text/Event-Stream` is a stream);
+- an answer delimited by the end of its connection (no length, not chunked) ends at a clean
+  close; a reset cuts it short, as any other answer;
 - failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`), which
   `gateway.transport.TRANSPORT_ERRORS` covers.
 """
@@ -103,8 +105,11 @@ class H1Conn(asyncio.Protocol):
         self.closed = True
         if self.complete or self.error is not None:
             return
-        if self.head.done() and self.content_length is None and not self._chunked:
-            self.complete = True  # a body delimited by the end of the connection
+        if exc is None and self.head.done() and self.content_length is None \
+                and not self._chunked:
+            # a body delimited by the end of the connection: a close (FIN) ends it, a reset
+            # (`exc`) cuts it, as it cuts any other answer
+            self.complete = True
             self.keep_alive = False
             self._wake()
             return

@@ -10,17 +10,21 @@ bytes of ``answer`` then, when ``rest`` is set, ``rest`` once the test sets ``ga
 test can read the first bytes through the gateway before the replica sends more: streamed, not
 buffered, with no timing involved); ``drip`` is sent after ``answer``, one part every
 ``drip_s`` seconds (a body that arrives slowly but keeps moving); then, per ``end``, the
-connection stays open for the next request (``"keep"``), is closed (``"close"``) or reset
-(``"reset"``). An exchange takes these settings as its request arrives: what a test sets
-after that, for its next request, is not what an exchange still running here does (an answer
-the client has whole may still be on its way out: a drip's pause, this thread not scheduled
-yet -- the next test's ``rest`` read then held the connection on a gate nobody would set, and
-the gateway's next request on it waited for its first-byte timeout).
+connection stays open for the next request (``"keep"``), is closed (``"close"``: a FIN) or
+reset (``"reset"``: a TCP RST; bytes not sent yet are dropped).
+
+An exchange takes these settings as its request arrives: what a test sets after that, for its
+next request, is not what an exchange still running here does (an answer the client has whole
+may still be on its way out: a drip's pause, this thread not scheduled yet -- the next test's
+``rest`` read then held the connection on a gate nobody would set, and the gateway's next
+request on it waited for its first-byte timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from types import TracebackType
 from typing import Literal
@@ -165,7 +169,9 @@ class BadReplica:
                         break
                     writer.write(rest)
                     await writer.drain()
-                if end == "reset":
+                if end == "reset":  # a TCP reset (RST), not a close (FIN): no lingering
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     writer.transport.abort()
                     return
                 if end == "close":
