@@ -155,7 +155,9 @@ class Relay:
             req.status = 502
             await req.ctl.end(send, stream_error("The upstream replica failed mid-stream."))
             return False
-        if scanner.malformed:  # the events before it went out (`_pump`), nothing after it
+        if scanner.malformed and scanner.done_by is None:
+            # the events before it went out (`_pump`), nothing after it (after the stream's
+            # [DONE]: nothing more of kvgate's either, it was whole)
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
@@ -281,13 +283,13 @@ class Relay:
                     if not req.sse:  # (the client's connection is kept alive too)
                         await self._start(send, req, resp)
                     await ctl.hand_over(send, out)
-                    chunk = await resp.read_chunk()
+                    chunk = await next_chunk(resp, scanner)  # (after the [DONE] too)
                     continue
                 ctl.touch()
                 if not answered and opening and preamble_only(out):
                     if hold:  # sent with the first output (or dropped for another replica)
                         held += out
-                        chunk = await resp.read_chunk()
+                        chunk = await next_chunk(resp, scanner)
                         continue
                 elif not answered:
                     answered = True

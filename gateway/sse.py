@@ -247,7 +247,7 @@ def no_event(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip",
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "done_by",
                  "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
@@ -262,6 +262,9 @@ class StreamScanner:
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
         self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
+        # the loop time by which the body's end must come once the stream's end was read
+        # (`gateway.stream_end.next_chunk` sets it): whatever follows that end, it was whole
+        self.done_by: float | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events of `chunk` (with what was held back) to forward. After a
@@ -342,8 +345,9 @@ class StreamScanner:
     def complete(self) -> bool:
         """Whether what was fed so far ends as a whole stream: its last event (comment lines
         aside) is ``data: [DONE]`` or a Responses API terminal event, or an error event was
-        seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
-        if self.error_code is not None:
+        seen, or that end was read before (`done_by`: what a proxy sends after it changes
+        nothing). A stream a replica ended early (a clean close mid-answer) is not complete."""
+        if self.error_code is not None or self.done_by is not None:
             return True
         held = self._held()  # (a LF held alone: a CRLF's, whose CR ended the last event)
         last = _last_event(held if held.strip() else self._last)

@@ -4,10 +4,12 @@
 `relay.py`, which re-exports them. `next_chunk` reads a stream on: after its ``data: [DONE]``
 (a Responses API stream's, proxied or stored: its ``response.completed``,
 `StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
-only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
-client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
-the [DONE]; a connection broken there ends the stream as whole too (no 502 event after the
-[DONE], no failure charged, its usage counted)."""
+in all from then on (`StreamScanner.done_by`), not the idle timeout nor a fresh bound per
+read, so a replica or proxy holding the body open (or sending keep-alive comments after the
+[DONE]) cannot hold the client, its replica's counters and its tenant's leases, nor have a
+504 error event sent after the [DONE]; a connection broken there ends the stream as whole too
+(no 502 event after the [DONE], no failure charged, its usage counted). What the replica sends
+after its [DONE] within that time is relayed as sent, and nothing of kvgate's follows it."""
 
 from __future__ import annotations
 
@@ -82,14 +84,16 @@ def unstarted_failure(
 
 
 async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
-    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event, or
-    when the connection breaks after it (the body's end cut off: a reset, a close without
-    the last chunk; the answer was whole, so it is not a failure mid-stream). The connection
-    is then not reused: its answer did not end."""
-    if not scanner.done():
-        return await resp.read_chunk()
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event was
+    read (however many reads come after it), or when the connection breaks after it (the
+    body's end cut off: a reset, a close without the last chunk; the answer was whole, so it
+    is not a failure mid-stream). The connection is then not reused: its answer did not end."""
+    if scanner.done_by is None:
+        if not scanner.done():
+            return await resp.read_chunk()
+        scanner.done_by = asyncio.get_running_loop().time() + AFTER_DONE_S
     try:
-        async with asyncio.timeout(AFTER_DONE_S):
+        async with asyncio.timeout_at(scanner.done_by):
             return await resp.read_chunk()
     except _AFTER_DONE_ENDS:
         return b""
