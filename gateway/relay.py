@@ -35,8 +35,7 @@ from gateway.sse import (
     preamble_only,
 )
 from gateway.stream_end import (
-    CUT_SHORT,
-    NOT_STARTED,
+    ended_early,
     error_event,
     next_chunk,
     stream_error,
@@ -166,13 +165,15 @@ class Relay:
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
-            # not take it for a whole answer, nor get half an event
+            # not take it for a whole answer, nor get half an event (an error object instead
+            # of one: its message)
             replica.record_failure(self._clock())
+            said = ended_early(scanner, req.relayed)
             if not req.relayed:
-                raise UpstreamError(NOT_STARTED, reason="cut")
+                raise UpstreamError(said, reason="cut")
             req.ctl.done = True
             req.status = 502
-            await req.ctl.end(send, stream_error(CUT_SHORT))
+            await req.ctl.end(send, stream_error(said))
             return False
         self._whole(req, replica, scanner)
         if held and (rid := response_id(held)) is not None:  # (a last event unended)

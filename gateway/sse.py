@@ -31,8 +31,8 @@ import re
 import orjson
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
-           "comment_only", "first_malformed", "no_event", "output_chars", "preamble_only",
-           "scan_usage"]
+           "comment_only", "error_message", "first_malformed", "no_event", "output_chars",
+           "preamble_only", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -197,13 +197,13 @@ def _unended(block: bytes) -> bool:
     return _CR in block or _CUT_END.search(block) is not None
 
 
-def _error_message(line: bytes) -> str | None:
-    """The message of an error event's data line (nested ``{"error": {"message": ...}}``,
-    flat ``{"object": "error", "message": ...}`` or ``{"error": "..."}``), at most
-    `_MESSAGE_CHARS` of it; None when the line is not JSON or says none. Parsed only for an
-    error event, which is rare."""
+def error_message(text: bytes) -> str | None:
+    """The message of a JSON error object (nested ``{"error": {"message": ...}}``, flat
+    ``{"object": "error", "message": ...}`` or ``{"error": "..."}``): an error event's data, or
+    a body that was no stream (`gateway.stream_end.ended_early`); at most `_MESSAGE_CHARS` of
+    it; None when `text` is not JSON or says none. Parsed only for an error, which is rare."""
     try:
-        data = orjson.loads(line.partition(b"data:")[2])
+        data = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
     error = data.get("error", data) if isinstance(data, dict) else None
@@ -286,7 +286,7 @@ class StreamScanner:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
             self.error_code = int(code.group(1)) if code else 500
-            self.error_message = _error_message(m.group())
+            self.error_message = error_message(m.group().partition(b"data:")[2])
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial

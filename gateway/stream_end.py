@@ -18,11 +18,11 @@ import asyncio
 import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
-from gateway.sse import StreamScanner
+from gateway.sse import StreamScanner, error_message
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
-           "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
+__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "ended_early",
+           "error_event", "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
 # what ends a stream's read after its last event: its body's end not in time, or cut off
@@ -32,6 +32,9 @@ DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
 MALFORMED = "The upstream replica sent a stream event that is not JSON."
 NOT_STARTED = "The replica ended its answer before it started."
+# what a stream's body may leave unended that is read for an error object's message (an error
+# page is small; a larger fragment is an event cut short, not parsed)
+_ERROR_OBJECT_BYTES = 64 * 1024
 
 
 def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
@@ -52,6 +55,20 @@ def error_event(status: int, body: bytes) -> tuple[int, bytes]:
     if not isinstance(error, dict):
         return 502, stream_error(f"The upstream replica answered {status}.")
     return status, b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
+
+
+def ended_early(scanner: StreamScanner, started: bool) -> str:
+    """Why a stream whose body ended before the stream did (`StreamScanner.complete`) failed,
+    for the client's 502 (`started`: its error event): cut short -- unless what the body left
+    unended is a JSON error object, no event (a proxy's error page labelled as a stream, an
+    error answered with the stream's media type): then that error's message. What the scanner
+    held is dropped."""
+    held = scanner.flush().strip()
+    said = (error_message(held) if held[:1] == b"{" and len(held) <= _ERROR_OBJECT_BYTES
+            else None)
+    if said is not None:
+        return f"The replica answered an error instead of the stream: {said}"
+    return CUT_SHORT if started else NOT_STARTED
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
