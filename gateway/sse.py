@@ -237,11 +237,11 @@ def no_event(block: bytes) -> bool:
     field, only comments (``: keep-alive``), blank lines or fields that are nothing without
     data (``event: ping``, ``id: 7``, ``retry: 3000``; SSE dispatches an event only when it
     has data). vLLM sends none of these but its keep-alives; a proxy in front of it may."""
-    if block.startswith(_DATA):  # (the common case: an event)
-        return False
+    if block.startswith(_DATA) or b"\ndata:" in block or b"\rdata:" in block:
+        return False  # (the common case: an event; substring searches, no split)
     if b"data" not in block:
         return True
-    return not any(line.startswith(_DATA) or line == b"data" for line in block.splitlines())
+    return b"data" not in block.splitlines()  # a data field with no value (and no colon)
 
 
 class StreamScanner:

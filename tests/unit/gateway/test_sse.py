@@ -179,7 +179,7 @@ def test_comment_only(block: bytes, only: bool) -> None:
     [(COMMENT, True), (b"\n\n", True), (b"event: ping\n\n", True), (b"retry: 3000\n\n", True),
      (b"id: 7\r\n\r\n", True), (b"event: data\r\rid: data:\r\r", True), (CHUNK, False),
      (COMMENT + CHUNK, False), (b"event: ping\r\ndata: {}\r\n\r\n", False),
-     (b"id: 7\ndata\n\n", False)],
+     (b"event: ping\rdata: {}\r\r", False), (b"id: 7\ndata\n\n", False)],
 )
 def test_no_event(block: bytes, none: bool) -> None:
     """What the client's SSE parser dispatches no event for: no `data` field in it."""
