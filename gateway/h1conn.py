@@ -11,6 +11,11 @@ Rules it keeps:
   102, 103) is skipped for the answer after it;
 - an answer's media type (`Content-Type` before its parameters) is read in lower case, as it
   is compared (`Text/Event-Stream` is a stream);
+- bytes that start another answer after a whole one (to no request: a replica or a proxy
+  gone wrong) fail the connection: they are neither relayed as part of that answer nor taken
+  for the next request's on a reused connection;
+- an answer delimited by the end of its connection (no length, not chunked) ends at a clean
+  close; a reset cuts it short, as any other answer;
 - failures raise `ConnectionError`s (`UpstreamClosed`, `UpstreamProtocolError`), which
   `gateway.transport.TRANSPORT_ERRORS` covers.
 """
@@ -103,14 +108,21 @@ class H1Conn(asyncio.Protocol):
         self.closed = True
         if self.complete or self.error is not None:
             return
-        if self.head.done() and self.content_length is None and not self._chunked:
-            self.complete = True  # a body delimited by the end of the connection
+        if exc is None and self.head.done() and self.content_length is None \
+                and not self._chunked:
+            # a body delimited by the end of the connection: a close (FIN) ends it, a reset
+            # (`exc`) cuts it, as it cuts any other answer
+            self.complete = True
             self.keep_alive = False
             self._wake()
             return
         self._fail(UpstreamClosed("the replica closed the connection"))
 
     # -- httptools callbacks ---------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.complete:  # (raised out of `feed_data`: the exchange fails, `data_received`)
+            raise UpstreamProtocolError("an answer after the whole answer, to no request")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         lname = name.lower()
         if lname == b"content-type":

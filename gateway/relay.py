@@ -7,7 +7,9 @@ usage chunk and notes error events); a whole answer is sent in one piece, its er
 re-shaped when it is not OpenAI's (`upstream_errors.py`).
 
 TTFT is taken when the first chunk carrying generated output reaches the client; ``: keep-alive``
-comment lines (``--sse-keep-alive-interval``) are neither the first token nor an inter-token gap.
+comment lines (``--sse-keep-alive-interval``), blank lines and fields without data (``event:
+ping``, ``retry: 3000``, ``id: 7``: a proxy's) are neither the first token nor an inter-token
+gap: the client's SSE parser dispatches no event for them.
 """
 
 from __future__ import annotations
@@ -28,13 +30,12 @@ from gateway.sse import (
     StreamScanner,
     body_usage,
     carries_output,
-    comment_only,
+    no_event,
     output_chars,
     preamble_only,
 )
 from gateway.stream_end import (
-    CUT_SHORT,
-    NOT_STARTED,
+    ended_early,
     error_event,
     next_chunk,
     stream_error,
@@ -153,7 +154,9 @@ class Relay:
             req.status = 502
             await req.ctl.end(send, stream_error("The upstream replica failed mid-stream."))
             return False
-        if scanner.malformed:  # the events before it went out (`_pump`), nothing after it
+        if scanner.malformed and scanner.done_by is None:
+            # the events before it went out (`_pump`), nothing after it (after the stream's
+            # [DONE]: nothing more of kvgate's either, it was whole)
             replica.record_failure(self._clock())
             req.ctl.done = True
             req.status = 502
@@ -162,13 +165,15 @@ class Relay:
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
-            # not take it for a whole answer, nor get half an event
+            # not take it for a whole answer, nor get half an event (an error object instead
+            # of one: its message)
             replica.record_failure(self._clock())
+            said = ended_early(scanner, req.relayed)
             if not req.relayed:
-                raise UpstreamError(NOT_STARTED, reason="cut")
+                raise UpstreamError(said, reason="cut")
             req.ctl.done = True
             req.status = 502
-            await req.ctl.end(send, stream_error(CUT_SHORT))
+            await req.ctl.end(send, stream_error(said))
             return False
         self._whole(req, replica, scanner)
         if held and (rid := response_id(held)) is not None:  # (a last event unended)
@@ -238,8 +243,9 @@ class Relay:
         lease: Lease, scanner: StreamScanner,
     ) -> bytes:
         """Relay chunks as they come. The engine has answered the prompt at the first SSE
-        event (what the router learns from; comment lines do not count, nor
-        the Responses API's opening events). TTFT is taken when
+        event (what the router learns from, and the first-byte timeout ends at; comment lines,
+        blank lines and fields without data do not count: `no_event`, nor the Responses API's
+        opening events). TTFT is taken when
         the first chunk carrying content reaches the client (not vLLM's role-only first chat
         chunk), inter-token latency is the gap between event chunks sent after it, and
         kvgate's relay overhead (upstream chunk received -> handed to the client) is sampled
@@ -274,17 +280,17 @@ class Relay:
                     replica.record_failure(now)
                 raise failure
             if out:
-                if out[:1] == b":" and comment_only(out):  # keep-alive: the replica waits
+                if no_event(out):  # keep-alives, fields without data: the replica waits
                     if not req.sse:  # (the client's connection is kept alive too)
                         await self._start(send, req, resp)
                     await ctl.hand_over(send, out)
-                    chunk = await resp.read_chunk()
+                    chunk = await next_chunk(resp, scanner)  # (after the [DONE] too)
                     continue
                 ctl.touch()
                 if not answered and opening and preamble_only(out):
                     if hold:  # sent with the first output (or dropped for another replica)
                         held += out
-                        chunk = await resp.read_chunk()
+                        chunk = await next_chunk(resp, scanner)
                         continue
                 elif not answered:
                     answered = True

@@ -31,7 +31,8 @@ import re
 import orjson
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
-           "comment_only", "first_malformed", "output_chars", "preamble_only", "scan_usage"]
+           "comment_only", "error_message", "first_malformed", "no_event", "output_chars",
+           "preamble_only", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -196,13 +197,13 @@ def _unended(block: bytes) -> bool:
     return _CR in block or _CUT_END.search(block) is not None
 
 
-def _error_message(line: bytes) -> str | None:
-    """The message of an error event's data line (nested ``{"error": {"message": ...}}``,
-    flat ``{"object": "error", "message": ...}`` or ``{"error": "..."}``), at most
-    `_MESSAGE_CHARS` of it; None when the line is not JSON or says none. Parsed only for an
-    error event, which is rare."""
+def error_message(text: bytes) -> str | None:
+    """The message of a JSON error object (nested ``{"error": {"message": ...}}``, flat
+    ``{"object": "error", "message": ...}`` or ``{"error": "..."}``): an error event's data, or
+    a body that was no stream (`gateway.stream_end.ended_early`); at most `_MESSAGE_CHARS` of
+    it; None when `text` is not JSON or says none. Parsed only for an error, which is rare."""
     try:
-        data = orjson.loads(line.partition(b"data:")[2])
+        data = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
     error = data.get("error", data) if isinstance(data, dict) else None
@@ -231,10 +232,22 @@ def comment_only(block: bytes) -> bool:
     return all(not line or line.startswith(b":") for line in block.splitlines())
 
 
+def no_event(block: bytes) -> bool:
+    """True when a block of whole SSE lines makes the client dispatch no event: no ``data``
+    field, only comments (``: keep-alive``), blank lines or fields that are nothing without
+    data (``event: ping``, ``id: 7``, ``retry: 3000``; SSE dispatches an event only when it
+    has data). vLLM sends none of these but its keep-alives; a proxy in front of it may."""
+    if block.startswith(_DATA) or b"\ndata:" in block or b"\rdata:" in block:
+        return False  # (the common case: an event; substring searches, no split)
+    if b"data" not in block:
+        return True
+    return b"data" not in block.splitlines()  # a data field with no value (and no colon)
+
+
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip",
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "done_by",
                  "error_code", "error_message", "malformed", "oversized", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
@@ -249,6 +262,9 @@ class StreamScanner:
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
         self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
+        # the loop time by which the body's end must come once the stream's end was read
+        # (`gateway.stream_end.next_chunk` sets it): whatever follows that end, it was whole
+        self.done_by: float | None = None
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events of `chunk` (with what was held back) to forward. After a
@@ -270,7 +286,7 @@ class StreamScanner:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
             self.error_code = int(code.group(1)) if code else 500
-            self.error_message = _error_message(m.group())
+            self.error_message = error_message(m.group().partition(b"data:")[2])
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial
@@ -329,8 +345,9 @@ class StreamScanner:
     def complete(self) -> bool:
         """Whether what was fed so far ends as a whole stream: its last event (comment lines
         aside) is ``data: [DONE]`` or a Responses API terminal event, or an error event was
-        seen. A stream a replica ended early (a clean close mid-answer) is not complete."""
-        if self.error_code is not None:
+        seen, or that end was read before (`done_by`: what a proxy sends after it changes
+        nothing). A stream a replica ended early (a clean close mid-answer) is not complete."""
+        if self.error_code is not None or self.done_by is not None:
             return True
         held = self._held()  # (a LF held alone: a CRLF's, whose CR ended the last event)
         last = _last_event(held if held.strip() else self._last)

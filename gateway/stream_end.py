@@ -4,10 +4,12 @@
 `relay.py`, which re-exports them. `next_chunk` reads a stream on: after its ``data: [DONE]``
 (a Responses API stream's, proxied or stored: its ``response.completed``,
 `StreamScanner.done`) the body's end (vLLM sends it at once) is waited for `AFTER_DONE_S`
-only, not the idle timeout, so a replica or proxy holding the body open cannot hold the
-client, its replica's counters and its tenant's leases, nor have a 504 error event sent after
-the [DONE]; a connection broken there ends the stream as whole too (no 502 event after the
-[DONE], no failure charged, its usage counted)."""
+in all from then on (`StreamScanner.done_by`), not the idle timeout nor a fresh bound per
+read, so a replica or proxy holding the body open (or sending keep-alive comments after the
+[DONE]) cannot hold the client, its replica's counters and its tenant's leases, nor have a
+504 error event sent after the [DONE]; a connection broken there ends the stream as whole too
+(no 502 event after the [DONE], no failure charged, its usage counted). What the replica sends
+after its [DONE] within that time is relayed as sent, and nothing of kvgate's follows it."""
 
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ import asyncio
 import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
-from gateway.sse import StreamScanner
+from gateway.sse import StreamScanner, error_message
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "error_event",
-           "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
+__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "ended_early",
+           "error_event", "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
 # what ends a stream's read after its last event: its body's end not in time, or cut off
@@ -30,6 +32,9 @@ DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
 MALFORMED = "The upstream replica sent a stream event that is not JSON."
 NOT_STARTED = "The replica ended its answer before it started."
+# what a stream's body may leave unended that is read for an error object's message (an error
+# page is small; a larger fragment is an event cut short, not parsed)
+_ERROR_OBJECT_BYTES = 64 * 1024
 
 
 def stream_error(message: str, type_: str = "BadGatewayError", code: int = 502) -> bytes:
@@ -50,6 +55,20 @@ def error_event(status: int, body: bytes) -> tuple[int, bytes]:
     if not isinstance(error, dict):
         return 502, stream_error(f"The upstream replica answered {status}.")
     return status, b"data: " + orjson.dumps(error) + b"\n\n" + DONE_EVENT
+
+
+def ended_early(scanner: StreamScanner, started: bool) -> str:
+    """Why a stream whose body ended before the stream did (`StreamScanner.complete`) failed,
+    for the client's 502 (`started`: its error event): cut short -- unless what the body left
+    unended is a JSON error object, no event (a proxy's error page labelled as a stream, an
+    error answered with the stream's media type): then that error's message. What the scanner
+    held is dropped."""
+    held = scanner.flush().strip()
+    said = (error_message(held) if held[:1] == b"{" and len(held) <= _ERROR_OBJECT_BYTES
+            else None)
+    if said is not None:
+        return f"The replica answered an error instead of the stream: {said}"
+    return CUT_SHORT if started else NOT_STARTED
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
@@ -82,14 +101,16 @@ def unstarted_failure(
 
 
 async def next_chunk(resp: UpstreamResponse, scanner: StreamScanner) -> bytes:
-    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event, or
-    when the connection breaks after it (the body's end cut off: a reset, a close without
-    the last chunk; the answer was whole, so it is not a failure mid-stream). The connection
-    is then not reused: its answer did not end."""
-    if not scanner.done():
-        return await resp.read_chunk()
+    """The stream's next chunk; b"" at its end, or `AFTER_DONE_S` after its last event was
+    read (however many reads come after it), or when the connection breaks after it (the
+    body's end cut off: a reset, a close without the last chunk; the answer was whole, so it
+    is not a failure mid-stream). The connection is then not reused: its answer did not end."""
+    if scanner.done_by is None:
+        if not scanner.done():
+            return await resp.read_chunk()
+        scanner.done_by = asyncio.get_running_loop().time() + AFTER_DONE_S
     try:
-        async with asyncio.timeout(AFTER_DONE_S):
+        async with asyncio.timeout_at(scanner.done_by):
             return await resp.read_chunk()
     except _AFTER_DONE_ENDS:
         return b""

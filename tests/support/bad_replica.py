@@ -10,13 +10,21 @@ bytes of ``answer`` then, when ``rest`` is set, ``rest`` once the test sets ``ga
 test can read the first bytes through the gateway before the replica sends more: streamed, not
 buffered, with no timing involved); ``drip`` is sent after ``answer``, one part every
 ``drip_s`` seconds (a body that arrives slowly but keeps moving); then, per ``end``, the
-connection stays open for the next request (``"keep"``), is closed (``"close"``) or reset
-(``"reset"``).
+connection stays open for the next request (``"keep"``), is closed (``"close"``: a FIN) or
+reset (``"reset"``: a TCP RST; bytes not sent yet are dropped).
+
+An exchange takes these settings as its request arrives: what a test sets after that, for its
+next request, is not what an exchange still running here does (an answer the client has whole
+may still be on its way out: a drip's pause, this thread not scheduled yet -- the next test's
+``rest`` read then held the connection on a gate nobody would set, and the gateway's next
+request on it waited for its first-byte timeout).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 from types import TracebackType
 from typing import Literal
@@ -141,27 +149,32 @@ class BadReplica:
                     writer.write(self._page(path))
                     await writer.drain()
                     continue
+                answer = self.answer if method == b"POST" else self.get_answer or b""
+                drip, drip_s, rest, gate, end = (
+                    list(self.drip), self.drip_s, self.rest, self.gate, self.end)
                 if method == b"POST":
                     self.posts += 1
                 else:
                     self.gets.append(path)
                     self.get_ids.append(req_id)
-                writer.write(self.answer if method == b"POST" else self.get_answer or b"")
+                writer.write(answer)
                 await writer.drain()
-                for part in self.drip:
-                    await asyncio.sleep(self.drip_s)
+                for part in drip:
+                    await asyncio.sleep(drip_s)
                     writer.write(part)
                     await writer.drain()
-                if self.rest:
+                if rest:
                     loop = asyncio.get_running_loop()
-                    if not await loop.run_in_executor(None, self.gate.wait, 30):
+                    if not await loop.run_in_executor(None, gate.wait, 30):
                         break
-                    writer.write(self.rest)
+                    writer.write(rest)
                     await writer.drain()
-                if self.end == "reset":
+                if end == "reset":  # a TCP reset (RST), not a close (FIN): no lingering
+                    writer.get_extra_info("socket").setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     writer.transport.abort()
                     return
-                if self.end == "close":
+                if end == "close":
                     break
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.sse import StreamScanner, body_usage, comment_only, preamble_only, scan_usage
+from gateway.sse import (
+    StreamScanner,
+    body_usage,
+    comment_only,
+    no_event,
+    preamble_only,
+    scan_usage,
+)
 
 CHUNK = b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 USAGE = (b'data: {"id":"c","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,'
@@ -165,6 +172,18 @@ def test_generated_text_about_errors_is_not_an_error_event() -> None:
 )
 def test_comment_only(block: bytes, only: bool) -> None:
     assert comment_only(block) is only
+
+
+@pytest.mark.parametrize(
+    ("block", "none"),
+    [(COMMENT, True), (b"\n\n", True), (b"event: ping\n\n", True), (b"retry: 3000\n\n", True),
+     (b"id: 7\r\n\r\n", True), (b"event: data\r\rid: data:\r\r", True), (CHUNK, False),
+     (COMMENT + CHUNK, False), (b"event: ping\r\ndata: {}\r\n\r\n", False),
+     (b"event: ping\rdata: {}\r\r", False), (b"id: 7\ndata\n\n", False)],
+)
+def test_no_event(block: bytes, none: bool) -> None:
+    """What the client's SSE parser dispatches no event for: no `data` field in it."""
+    assert no_event(block) is none
 
 
 USAGE_OBJ = b'"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3,' \

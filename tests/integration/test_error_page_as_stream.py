@@ -1,0 +1,90 @@
+"""A 200 labelled ``text/event-stream`` whose body is a JSON error object, no event: a proxy's
+error page in front of a replica, or an error answered with the stream's media type. The
+client is told what the error said -- in its 502 before the stream started, in the stream's
+error event after -- not that the replica "ended its answer before it started" (or "ended the
+stream before it was complete"), which lost the message. The official client raises with it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.support.bad_replica import BadReplica, chunked, sse_head
+from tests.support.gateway import gateway_proc, inflight, wait_for
+
+MODEL = "m"
+SAID = "upstream connect error or disconnect/reset before headers"
+NESTED = orjson.dumps({"error": {"message": SAID, "type": "ServiceUnavailable", "code": 503}})
+FLAT = orjson.dumps({"object": "error", "message": SAID, "code": 503})
+CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
+DONE = b"data: [DONE]\n\n"
+
+
+@pytest.fixture(scope="module")
+def gw() -> Iterator[tuple[BadReplica, str]]:
+    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
+    with BadReplica(MODEL) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url], env=env)
+        with proc:
+            yield replica, base
+
+
+def _stream(base: str) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
+        "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}]})
+
+
+@pytest.mark.parametrize(
+    "body", [NESTED, FLAT, NESTED + b"\n"], ids=["nested", "flat", "line-ended"])
+def test_an_error_object_for_a_stream_is_a_502_with_its_message(
+    gw: tuple[BadReplica, str], body: bytes,
+) -> None:
+    replica, base = gw
+    replica.answer = sse_head() + chunked(body)
+    resp = _stream(base)
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["type"] == "BadGatewayError" and SAID in error["message"], error
+    assert inflight(base) == 0
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
+    with pytest.raises(openai.APIStatusError, match="upstream connect error"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
+
+
+def test_an_error_object_after_the_first_event_ends_the_stream_with_its_message(
+    gw: tuple[BadReplica, str],
+) -> None:
+    replica, base = gw
+    replica.answer = sse_head() + chunked(CHUNK, last=False)
+    replica.rest, replica.gate = chunked(NESTED), threading.Event()
+    try:
+        with httpx.stream("POST", f"{base}/v1/chat/completions", timeout=10, json={
+                "model": MODEL, "stream": True,
+                "messages": [{"role": "user", "content": "x"}]}) as resp:
+            chunks = resp.iter_bytes()
+            got = next(chunks)  # the stream started before the error came
+            replica.gate.set()
+            got += b"".join(chunks)
+    finally:
+        replica.gate.set()
+        replica.rest = b""
+    events = [e for e in got.split(b"\n\n") if e]
+    assert events[0] == CHUNK.strip() and events[-1] == DONE.strip()
+    error = orjson.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert error["code"] == 502 and SAID in error["message"], error
+    wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_a_stream_cut_short_still_says_so(gw: tuple[BadReplica, str]) -> None:
+    replica, base = gw
+    replica.answer = sse_head() + chunked(CHUNK, b'data: {"choices":[{"ind')
+    resp = _stream(base)
+    events = [e for e in resp.content.split(b"\n\n") if e]
+    error = orjson.loads(events[-2].removeprefix(b"data: "))["error"]
+    assert error["message"] == "The upstream replica ended the stream before it was complete."
