@@ -47,6 +47,7 @@ from gateway.errors import (
     UpstreamTimeout,
 )
 from gateway.flow import until_disconnect
+from gateway.h1conn import UpstreamProtocolError
 from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
@@ -302,6 +303,12 @@ class Proxy:
                 else:
                     replica.record_failure(self._clock())
                     why = type(exc).__name__
+                if isinstance(exc, UpstreamProtocolError):  # it answered, but not HTTP kvgate
+                    # reads (gzip, a bad chunk size, a 1xx that never ends): said so
+                    log.info("replica's answer not readable",
+                             extra={"replica": replica.id, "reason": str(exc)})
+                    return UpstreamError(f"The replica's answer was not readable ({exc}).",
+                                         reason="unreadable")
                 log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
             # a second internal error is relayed (`Relay._relay_whole` acquits the suspect)

@@ -144,7 +144,7 @@ class Relay:
                 self._ended(req, replica, scanner)  # answer, judged; the stream ends as a
                 # clean end after it does (a second error event said nothing more)
                 req.ctl.done = True
-                await req.ctl.end(send, b"")
+                await self._end(send, req, b"")
                 return False
             replica.record_failure(self._clock())
             if not req.relayed:  # no event reached the client: another replica can answer
@@ -152,7 +152,7 @@ class Relay:
                                     reason="cut") from None
             req.ctl.done = True
             req.status = 502
-            await req.ctl.end(send, stream_error("The upstream replica failed mid-stream."))
+            await self._end(send, req, stream_error("The upstream replica failed mid-stream."))
             return False
         if scanner.malformed and scanner.done_by is None:
             # the events before it went out (`_pump`), nothing after it (after the stream's
@@ -161,7 +161,7 @@ class Relay:
             req.ctl.done = True
             req.status = 502
             failure = stream_failure(scanner, self._cfg.upstream.max_answer_bytes)
-            await req.ctl.end(send, stream_error(failure.message))
+            await self._end(send, req, stream_error(failure.message))
             return False
         if not scanner.complete():
             # the replica ended the body cleanly but mid-answer (no [DONE]): the client must
@@ -173,7 +173,7 @@ class Relay:
                 raise UpstreamError(said, reason="cut")
             req.ctl.done = True
             req.status = 502
-            await req.ctl.end(send, stream_error(said))
+            await self._end(send, req, stream_error(said))
             return False
         self._whole(req, replica, scanner)
         if held and (rid := response_id(held)) is not None:  # (a last event unended)
@@ -184,8 +184,14 @@ class Relay:
             await self._start(send, req, resp)
         elif not req.relayed and rest:
             rest = self._answered_by(req) + rest
-        await req.ctl.end(send, rest)  # (a client that stopped reading: `Canceller.end`)
+        await self._end(send, req, rest)  # (a client that stopped reading: `Canceller.end`)
         return True
+
+    async def _end(self, send: Send, req: ProxiedRequest, last: bytes) -> None:
+        """A stream's last bytes, its admission settled and its lease released first (as a
+        whole answer's, `_answer`)."""
+        await self._settle(req)
+        await req.ctl.end(send, last)
 
     def _whole(self, req: ProxiedRequest, replica: Replica, scanner: StreamScanner) -> None:
         """A stream relayed whole: judged, its usage counted, and done (nothing may cancel
@@ -259,7 +265,7 @@ class Relay:
         itl = self._metrics.itl_child(req.pool.name)
         n = 0
         last_sent = 0.0
-        answered = False
+        answered = settled = False
         want_id = opening = req.kind == "responses"
         hold = opening and req.parsed.data.get("background") is not True
         held = b""
@@ -309,6 +315,15 @@ class Relay:
                     want_id = False
                     self._responses.remember(rid, req.tenant_id, req.pool.name, replica.id,
                                              stored=_stored(req))
+                if req.adm is not None and not settled and scanner.done():
+                    # the stream's end goes out next: its usage charged and its tenant's
+                    # concurrency lease given back first, so a client's next request, sent
+                    # the moment it has the [DONE], finds it free (through a gateway nearer
+                    # Redis than this one it was refused for concurrency, 5 times of 5)
+                    settled = True
+                    if scanner.usage:
+                        req.used = _total(scanner.usage)
+                    await self._settle(req)
                 await ctl.hand_over(send, out)  # (a client that stops reading blocks here)
                 if req.streamed is not None:  # (what it used, if no usage comes: `spent_tokens`)
                     req.streamed += output_chars(out)

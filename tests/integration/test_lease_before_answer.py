@@ -4,10 +4,9 @@ answer is not refused for concurrency, even through another gateway.
 A request's concurrency lease was released after its answer had gone out: a client reading
 the answer from a gateway whose Redis is farther away (here 0.25 s each way: another zone)
 and sending its next request through a gateway near Redis found the lease still held (429
-"concurrent requests", 5 of 5 whole answers). The lease is released before a whole answer
-goes out now (with its settle, one step). A stream's end and an error the gateway answers
-itself (a pool without a live replica: 503) still release after it (5 of 5 refused): the
-change they need is in `relay.py` and `proxy.py` (marked xfail until then).
+"concurrent requests", 5 of 5 whole answers, streams and the gateway's own error answers
+alike). The lease is released with its settle before a whole answer, a stream's last event
+or the gateway's own error answer (a pool without a live replica: 503) goes out now.
 
 Two real gateways on one Redis (one through a slow link), simulated replicas, the official
 openai client.
@@ -89,8 +88,6 @@ def test_after_a_whole_answer_the_next_request_finds_the_lease_released(
     assert _next_requests(two_gateways, chat_status) == [200] * ROUNDS
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a stream's lease is released after its [DONE] (relay.py)")
 def test_after_a_stream_the_next_request_finds_the_lease_released(
         two_gateways: list[openai.OpenAI]) -> None:
     assert _next_requests(two_gateways, _stream_status) == [200] * ROUNDS

@@ -18,6 +18,7 @@ import pytest
 
 from gateway.app import GatewayApp
 from gateway.config import load_config
+from gateway.h1conn import UpstreamProtocolError
 from gateway.replicas import HealthRules, Replica
 from gateway.stream_end import stream_error
 from gateway.transport import Transport, UpstreamResponse
@@ -835,3 +836,20 @@ def test_requests_arriving_together_each_see_the_others_picks() -> None:
                           together=True)
     assert [code for code, _ in answers] == [200] * 4
     assert Counter(posts) == {A: 2, B: 2}, posts
+
+
+def test_an_answer_that_is_not_readable_http_says_so() -> None:
+    """A replica (or a proxy before it) answering in gzip, or with bytes that are not HTTP:
+    the client's 502 says the answer was not readable and why, not "The replica did not
+    answer." (it did); the other replica is tried first."""
+    def unreadable(why: str) -> Behaviour:
+        async def answer() -> FakeResponse:
+            raise UpstreamProtocolError(why)
+        return answer
+
+    answers, posts = _run({A: unreadable("an answer in b'gzip' encoding"),
+                           B: unreadable("invalid HTTP answer: Invalid response status")}, [REQ])
+    assert len(posts) == 2
+    code, body = answers[0]
+    err = orjson.loads(body)["error"]
+    assert code == 502 and err["message"].startswith("The replica's answer was not readable ("), err
