@@ -86,10 +86,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         return
                     continue
                 kind = msg.WhichOneof("request")
-                if not ex.begun and kind not in ("request_headers", None):
-                    # a body, trailers or an answer before the request's headers (out of
-                    # order, or a filter whose processing mode skips them): nothing to pick
-                    # with, and no answer would come -- Envoy waited its `message_timeout`
+                if not ex.begun and kind in ("request_body", "request_trailers"):
+                    # the request's body or trailers before its headers (out of order, or a
+                    # filter whose processing mode skips them): nothing to pick with, and
+                    # no answer would come -- Envoy waited its `message_timeout`. (An answer
+                    # may come first: Envoy's or an earlier filter's local reply, its error
+                    # re-shaped as a stored response's.)
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         f"{kind} before request_headers")
                 if kind == "response_body":
