@@ -14,6 +14,7 @@
   never got the request), the stall rule's evidence. With `health.stall_after_s` shorter than
   the pings' 30 s, the picker ended the request with a 504 and ejected the healthy replica
   (its pool's only one: every other client's 503); its pings now follow `stall_after_s`.
+  Another Envoy sharing the picker serves on meanwhile.
 - Envoy's pings reach a picker with an exchange that sends nothing for a while (a
   non-streamed generation: no message until its answer's head). gRPC's server took one ping
   every 5 minutes without data, and dropped the connection with a GOAWAY "too_many_pings"
@@ -139,3 +140,33 @@ def test_a_frozen_envoy_is_not_the_replicas_stall(procs: list[Proc]) -> None:
     assert sum(metric_values(epp.base, "kvgate_replica_stalls_total").values()) == 0
     assert list(metric_values(epp.base, "kvgate_replica_healthy").values()) == [1.0]
     assert httpx.post(f"{base}/v1/completions", json=short, timeout=60).status_code == 200
+
+
+def test_two_envoys_one_frozen_the_other_serves_on(procs: list[Proc]) -> None:
+    # two Envoys share the picker; one frozen with a stream in flight: its exchange alone is
+    # ended (its connection's pings go unanswered), the other's streams run to their end
+    epp, base = _start(procs, health={"stall_after_s": 4})
+    frozen = procs[-1]
+    other, other_base = envoy_proc(epp.picker)
+    procs.append(other.start())
+    assert frozen.popen is not None
+    stream = {**LONG, "max_tokens": 60, "stream": True}
+
+    def streamed(url: str) -> bytes:
+        with httpx.stream("POST", f"{url}/v1/completions", json=stream, timeout=60) as resp:
+            assert resp.status_code == 200
+            return resp.read()
+
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(httpx.post, f"{base}/v1/completions", json=LONGER, timeout=120)
+        wait_for(lambda: inflight(epp.base) == 1, timeout=30, what="the request in flight")
+        frozen.popen.send_signal(signal.SIGSTOP)
+        try:
+            served = list(pool.map(streamed, [other_base] * 2))
+            wait_for(lambda: inflight(epp.base) == 0, timeout=30, what="every exchange ended")
+            statuses = request_statuses(epp.base)
+        finally:
+            frozen.popen.send_signal(signal.SIGCONT)
+        assert held.result().status_code == 503
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in served)
+    assert statuses == {"200": 2, "499": 1}
