@@ -1,6 +1,7 @@
 """An error that Envoy or a filter before the picker answered itself (a local reply: an
-authorization filter's 401/403, a rate limit's 429), shown to the picker as a stream's first
-message with no request before it: its body in OpenAI's shape, its status kept.
+authorization filter's 401/403, a rate limit's 429, Envoy's 408 for a body that stopped
+arriving), shown to the picker as the stream's first message or while the request's body is
+still arriving (`AnswerSide._local`): its body in OpenAI's shape, its status kept.
 
 Such bodies are a filter's fixed text ("RBAC: access denied", "local_rate_limited"): kept as
 the message when short and printable, else the status is said. An OpenAI-shaped body (a
