@@ -13,6 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.deadlines import Deadlines
+from gateway.epp.local_reply import local_error
 from gateway.epp.state import replica_key
 from gateway.errors import (
     REFUSED,
@@ -100,6 +101,10 @@ class AnswerSide(Deadlines):
         end = msg.response_headers.end_of_stream
         limit = self._core.cfg.upstream.max_answer_bytes
         sse = status == 200 and content_type.startswith("text/event-stream")
+        if self._local():
+            if req is not None:
+                req.status = status
+            return [wire.headers_response()] if status < 400 else self._hold(status, headers, end)
         if req is None or self._lease is None:  # a stored response's answer, as the HTTP edge
             if self._stream and status == 200:  # a 200 that is not the stream asked for: 502
                 if not sse:
@@ -126,6 +131,18 @@ class AnswerSide(Deadlines):
             self._holds = self._want_id and req.parsed.data.get("background") is not True
             return self._stream_head(self._headers(), end)
         return self._hold(status, headers, end)
+
+    def _local(self) -> bool:
+        """An answer now is Envoy's own or a filter's (a local reply), not a replica's: no
+        request came this way (the stream's first message is the answer: an authorization
+        filter's 401/403 before the picker's, a rate limit's 429, a health check's 200), or
+        its body is still arriving (Envoy's stream idle timeout's 408). Passed on with its
+        status, an error's body OpenAI-shaped, nothing judged. (It was read as a stored
+        response's answer: a 401/403 became the 502 "The replica refused the gateway's
+        credentials", a 200 page the 502 for an answer that is not JSON; or as the replica's
+        answer to a request not sent yet: the picker failed, Envoy's 503 "The endpoint
+        picker is unavailable".)"""
+        return not self.begun or self._receiving()
 
     def _stream_head(
         self, head: list[wire.Header], end: bool,
@@ -371,7 +388,9 @@ class AnswerSide(Deadlines):
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
-        if req is None:
+        if self._local():  # a local reply's error: not judged
+            headers, verdict = [], None
+        elif req is None:
             headers = self._stored_headers()
             verdict = "refused" if status in REFUSED else None
         elif status == 504 and data == wire.ROUTER_TIMEOUT:
@@ -393,7 +412,8 @@ class AnswerSide(Deadlines):
             return [wire.headers_response(headers)]
         if status < 400:
             return [wire.headers_response(headers), *wire.body_responses(data, end)]
-        shaped = openai_shaped(status, data, req.path if req is not None else None)
+        shaped = (local_error(status, data) if self._local()
+                  else openai_shaped(status, data, req.path if req is not None else None))
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))

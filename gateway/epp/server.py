@@ -35,7 +35,7 @@ from gateway.tenancy.resolver import Principal
 
 __all__ = [
     "EXT_PROC_SERVICE", "KEEPALIVE_MS", "KEEPALIVE_TIMEOUT_MS", "MESSAGE_ROOM", "EppApp",
-    "Processor", "grpc_options",
+    "Processor", "grpc_options", "keepalive_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,14 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         return
                     continue
                 kind = msg.WhichOneof("request")
+                if not ex.begun and kind in ("request_body", "request_trailers"):
+                    # the request's body or trailers before its headers (out of order, or a
+                    # filter whose processing mode skips them): nothing to pick with, and
+                    # no answer would come -- Envoy waited its `message_timeout`. (An answer
+                    # may come first: Envoy's or an earlier filter's local reply, its error
+                    # re-shaped as a stored response's.)
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                        f"{kind} before request_headers")
                 if kind == "response_body":
                     out = ex.response_body(msg)
                 elif kind == "request_body":
@@ -190,7 +198,8 @@ class EppApp(GatewayApp):
             fallbacks=self.cfg.epp.fallbacks,
             uploads=Uploads(self.cfg.server.max_pending_body_bytes),
         )
-        server = grpc.aio.server(options=grpc_options(self.cfg.server.max_body_bytes))
+        server = grpc.aio.server(options=grpc_options(
+            self.cfg.server.max_body_bytes, self.cfg.health.stall_after_s))
         processor = Processor(core)
         pb_grpc.add_ExternalProcessorServicer_to_server(processor, server)
         health_pb2_grpc.add_HealthServicer_to_server(Health(self.ready), server)
@@ -240,11 +249,28 @@ async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
 # chunk as large as before is taken
 MESSAGE_ROOM = 4 * 1024 * 1024
 # a ping to Envoy every 20 s on each connection, which is closed when one is not answered
-# within 10 s
+# within 10 s; sooner where `health.stall_after_s` is shorter (`keepalive_ms`)
 KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 20_000, 10_000
 
 
-def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
+def keepalive_ms(stall_after_s: float | None) -> tuple[int, int]:
+    """The picker's pings to Envoy: (interval, timeout) in ms. An Envoy frozen with requests
+    in flight must be found before the replicas could be judged stalled for them: its
+    requests' leases are held while the replica's token counters stand still (it finished
+    the answer Envoy holds, or never got the request), which is the stall rule's evidence
+    (`gateway.stall`) -- with `stall_after_s` 3 s, a frozen Envoy's request was ended as a
+    504 and its healthy replica ejected. Both together take at most half of
+    `stall_after_s` (20 s + 10 s at its 60 s default), so the exchange has ended (499) and
+    its lease is gone well before; no stall judge (off): the default. A ping's answer is
+    waited for 1 s at least (a busy Envoy's late answer would end live exchanges)."""
+    if not stall_after_s:
+        return KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS
+    third = max(int(stall_after_s * 1000 / 3), 200)
+    return min(KEEPALIVE_MS, third), min(KEEPALIVE_TIMEOUT_MS, max(third // 2, 1000))
+
+
+def grpc_options(max_body_bytes: int, stall_after_s: float | None = None,
+                 ) -> list[tuple[str, int]]:
     """The gRPC server's options. A body chunk may be as large as the body (how much a data
     plane passes at once follows its buffer limits): at gRPC's default 4 MiB bound a 5 MB
     chunk, under the 8 MiB `server.max_body_bytes`, failed its exchange with
@@ -253,23 +279,24 @@ def grpc_options(max_body_bytes: int) -> list[tuple[str, int]]:
     any rate, with or without streams open: gRPC answers a ping more often than every 5
     minutes with no data sent by a GOAWAY "too_many_pings" that ends the connection and
     every exchange on it (a non-streamed generation sends nothing on its exchange for its
-    whole length). The picker pings Envoy too (`KEEPALIVE_MS`): an Envoy that stopped
+    whole length). The picker pings Envoy too (`keepalive_ms`): an Envoy that stopped
     answering without closing the connection (frozen, its node or network gone) held its
     exchanges, their replicas' in-flight counts and their tenants' concurrency leases, for
     ever -- an exchange waiting for its answer sends nothing, so TCP never found it gone; its
     connection is now closed once a ping goes unanswered, its exchanges ended (499)."""
+    every, wait = keepalive_ms(stall_after_s)
     return [
         ("grpc.so_reuseport", 0),
         ("grpc.max_receive_message_length", max_body_bytes + MESSAGE_ROOM),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_ping_strikes", 0),  # (0: no limit)
-        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_time_ms", every),
+        ("grpc.keepalive_timeout_ms", wait),
         ("grpc.http2.max_pings_without_data", 0),  # (default: 2, then no more pings)
         # (gRPC 1.5x's defaults: a ping waited 1 minute for its answer, and pings on a
         # connection sending no data went at most every 5 minutes)
-        ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-        ("grpc.http2.min_sent_ping_interval_without_data_ms", KEEPALIVE_MS),
+        ("grpc.http2.ping_timeout_ms", wait),
+        ("grpc.http2.min_sent_ping_interval_without_data_ms", every),
     ]
 
 

@@ -403,6 +403,29 @@ async def test_request_headers_twice_fail_the_stream_and_settle_the_first_reques
             assert DESTINATION in _set(answers[0])
 
 
+@pytest.mark.parametrize("first", [
+    pb.ProcessingRequest(request_body=pb.HttpBody(body=_chat("early"), end_of_stream=True)),
+    pb.ProcessingRequest(request_trailers=pb.HttpTrailers()),
+], ids=["body", "trailers"])
+async def test_a_message_before_the_request_headers_fails_the_stream_at_once(
+    stub: Any, picker: Any, first: pb.ProcessingRequest,
+) -> None:
+    """A request's body or trailers come after its headers. Before them (a broken data
+    plane, or a filter set to skip the headers) they were taken without an answer, and Envoy
+    waited for its `message_timeout` (1000 s in the shipped bootstrap). The stream now fails
+    at once (INVALID_ARGUMENT), nothing held."""
+    call = stub.Process()
+    await call.write(first)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await _answers(call, 1)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "before request_headers" in (err.value.details() or "")
+    assert sum(metric_values(picker[0].base, "kvgate_inflight_requests").values()) == 0
+    call, answers = await _picked(stub, _chat("after"))  # the picker serves on
+    assert DESTINATION in _set(answers[0])
+    call.cancel()
+
+
 async def test_no_key_header_of_the_client_reaches_the_replica(stub: Any) -> None:
     """The picker strips the client's key, in whichever header it came (`gateway.apikey`),
     before Envoy sends the request on."""

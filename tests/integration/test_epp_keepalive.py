@@ -9,6 +9,12 @@
   nothing, so TCP never found the connection gone, and the replica's in-flight count (and the
   tenant's concurrency lease) stayed held. The picker's own pings find it and end the
   exchange (499).
+- ... before the replica could be judged stalled for it: the request's lease stays while the
+  replica's token counters stand still (it finished the answer the frozen Envoy holds, or
+  never got the request), the stall rule's evidence. With `health.stall_after_s` shorter than
+  the pings' 30 s, the picker ended the request with a 504 and ejected the healthy replica
+  (its pool's only one: every other client's 503); its pings now follow `stall_after_s`.
+  Another Envoy sharing the picker serves on meanwhile.
 - Envoy's pings reach a picker with an exchange that sends nothing for a while (a
   non-streamed generation: no message until its answer's head). gRPC's server took one ping
   every 5 minutes without data, and dropped the connection with a GOAWAY "too_many_pings"
@@ -25,7 +31,13 @@ import httpx
 
 from gateway.epp.envoy import PICKER_DOWN
 from tests.support.epp import EppProc, envoy_proc, epp_proc
-from tests.support.gateway import inflight, request_statuses, wait_for
+from tests.support.gateway import (
+    FAST_HEALTH,
+    inflight,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -36,10 +48,12 @@ LONG = {"model": MODEL, "prompt": "x", "max_tokens": 800, "ignore_eos": True}
 LONGER = {**LONG, "max_tokens": 20_000}
 
 
-def _start(procs: list[Proc], edit: Any = None) -> tuple[EppProc, str]:
+def _start(procs: list[Proc], edit: Any = None,
+           health: dict[str, Any] | None = None) -> tuple[EppProc, str]:
     sim, url = sim_proc(None, "--time-scale", "1", model=MODEL)
     procs.append(sim.start())
-    epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}}})
+    epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}},
+                           "health": {**FAST_HEALTH, **(health or {})}})
     procs.append(epp.start())
     envoy, base = envoy_proc(epp.picker, edit=edit)
     procs.append(envoy.start())
@@ -103,3 +117,56 @@ def test_a_frozen_envoy_lets_go_of_its_exchanges(procs: list[Proc]) -> None:
         answer = sent.result()
         assert answer.status_code == 503
         assert answer.json()["error"]["message"] == PICKER_DOWN
+
+
+def test_a_frozen_envoy_is_not_the_replicas_stall(procs: list[Proc]) -> None:
+    # a short whole answer: the replica is done with it in a moment, its counters then still
+    # while the frozen Envoy holds the answer (or the request, if it froze before sending it)
+    epp, base = _start(procs, health={"stall_after_s": 4})
+    envoy = procs[-1]
+    assert envoy.popen is not None
+    short = {**LONG, "max_tokens": 20}
+    with ThreadPoolExecutor(1) as pool:
+        sent = pool.submit(httpx.post, f"{base}/v1/completions", json=short, timeout=120)
+        wait_for(lambda: inflight(epp.base) == 1, timeout=30, what="the request in flight")
+        envoy.popen.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: inflight(epp.base) == 0, timeout=30, what="the exchange ended")
+            statuses = request_statuses(epp.base)
+        finally:
+            envoy.popen.send_signal(signal.SIGCONT)
+        assert sent.result().status_code == 503  # (its exchange ended: the FailClose 503)
+    assert statuses == {"499": 1}  # the picker's pings ended it, not a stall's 504
+    assert sum(metric_values(epp.base, "kvgate_replica_stalls_total").values()) == 0
+    assert list(metric_values(epp.base, "kvgate_replica_healthy").values()) == [1.0]
+    assert httpx.post(f"{base}/v1/completions", json=short, timeout=60).status_code == 200
+
+
+def test_two_envoys_one_frozen_the_other_serves_on(procs: list[Proc]) -> None:
+    # two Envoys share the picker; one frozen with a stream in flight: its exchange alone is
+    # ended (its connection's pings go unanswered), the other's streams run to their end
+    epp, base = _start(procs, health={"stall_after_s": 4})
+    frozen = procs[-1]
+    other, other_base = envoy_proc(epp.picker)
+    procs.append(other.start())
+    assert frozen.popen is not None
+    stream = {**LONG, "max_tokens": 60, "stream": True}
+
+    def streamed(url: str) -> bytes:
+        with httpx.stream("POST", f"{url}/v1/completions", json=stream, timeout=60) as resp:
+            assert resp.status_code == 200
+            return resp.read()
+
+    with ThreadPoolExecutor(3) as pool:
+        held = pool.submit(httpx.post, f"{base}/v1/completions", json=LONGER, timeout=120)
+        wait_for(lambda: inflight(epp.base) == 1, timeout=30, what="the request in flight")
+        frozen.popen.send_signal(signal.SIGSTOP)
+        try:
+            served = list(pool.map(streamed, [other_base] * 2))
+            wait_for(lambda: inflight(epp.base) == 0, timeout=30, what="every exchange ended")
+            statuses = request_statuses(epp.base)
+        finally:
+            frozen.popen.send_signal(signal.SIGCONT)
+        assert held.result().status_code == 503
+    assert all(body.endswith(b"data: [DONE]\n\n") for body in served)
+    assert statuses == {"200": 2, "499": 1}

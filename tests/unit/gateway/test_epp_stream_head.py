@@ -37,6 +37,7 @@ def _exchange() -> tuple[Exchange, ProxiedRequest, Any]:
     req.pool = SimpleNamespace(replicas=[replica, other])  # type: ignore[assignment]
     ex.order = [replica]
     ex._attach(replica)
+    ex._t0 = ex._sent_at = time.perf_counter()  # its headers came, it was sent (`decide`)
     return ex, req, core
 
 

@@ -1,0 +1,29 @@
+"""An error that Envoy or a filter before the picker answered itself (a local reply: an
+authorization filter's 401/403, a rate limit's 429, Envoy's 408 for a body that stopped
+arriving), shown to the picker as the stream's first message or while the request's body is
+still arriving (`AnswerSide._local`): its body in OpenAI's shape, its status kept.
+
+Such bodies are a filter's fixed text ("RBAC: access denied", "local_rate_limited"): kept as
+the message when short and printable, else the status is said. An OpenAI-shaped body (a
+filter configured to answer one) passes as it is."""
+
+from __future__ import annotations
+
+from gateway.errors import error_body, type_for
+from gateway.upstream_errors import openai_shaped
+
+__all__ = ["local_error"]
+
+MAX_TEXT = 200  # bytes of a plain-text body kept as the message
+
+
+def local_error(status: int, body: bytes) -> bytes | None:
+    """The body in OpenAI's shape, or None when it already is one."""
+    if openai_shaped(status, body) is None:
+        return None
+    text = body.strip()
+    if 0 < len(text) <= MAX_TEXT and text.isascii() and text.decode().isprintable():
+        message = text.decode()
+    else:
+        message = f"The gateway answered {status} before the request reached the picker."
+    return error_body(message, type_for(status), status)
