@@ -29,7 +29,7 @@ from gateway.sse import (
     StreamScanner,
     body_usage,
     carries_output,
-    comment_only,
+    no_event,
     output_chars,
     preamble_only,
 )
@@ -269,7 +269,7 @@ class AnswerSide(Deadlines):
         if req is None or lease is None:  # a stored response's stream
             self._started = self._started or bool(out)
             return out
-        if out and not self._started and not (out[:1] == b":" and comment_only(out)):
+        if out and not self._started and not no_event(out):
             if not (self._want_id and preamble_only(out)):
                 self._started = True
                 lease.first_token()
@@ -281,7 +281,7 @@ class AnswerSide(Deadlines):
             assert self._scanner is not None  # (a stream never complete: they are dropped)
             held, self._opening = self._opening, b""
             out = held + out if self._started or self._scanner.complete() else out
-        if out and not (out[:1] == b":" and comment_only(out)):
+        if out and not no_event(out):
             self._event(out, req)
         return out
 

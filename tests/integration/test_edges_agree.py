@@ -1075,3 +1075,21 @@ def test_a_body_in_utf16_or_with_a_bom_is_read_as_vllm_reads_it(
                       content=text.encode(encoding))
     assert resp.status_code == 200, resp.text
     assert resp.json()["object"] == "chat.completion"
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_opened_without_data_is_cut_at_the_first_byte_timeout(
+    silent: tuple[BadReplica, dict[str, str]], quiet: BadReplica, edge: str,
+) -> None:
+    """A stream's head and a line the client dispatches no event for (``event: ping``, no
+    data: a proxy in front of a replica sends such), then nothing: no first event yet, so the
+    first-byte timeout still runs -- the same answer at both edges (the picker took the line
+    for the first event and waited for the idle timeout)."""
+    quiet.answer, quiet.rest = sse_head() + chunked(b"event: ping\n\n", last=False), chunked(
+        b'data: {"x": 1}\n\n')  # rest: never sent
+    start = time.monotonic()
+    resp = _chat(silent[1][edge], stream=True)
+    assert time.monotonic() - start < 10
+    assert resp.status_code == 200, resp.text  # (the line went out: the stream had started)
+    assert resp.content == b"event: ping\n\n" + stream_error(
+        "The replica did not answer in time (first byte timeout).", "GatewayTimeoutError", 504)
