@@ -51,11 +51,12 @@ class SlowLink:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._target)
-        except OSError:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                                 return_exceptions=True)
+        except (OSError, asyncio.CancelledError):  # (cancelled: the link is closing)
+            # ended quietly: a connection task that ends cancelled is logged by asyncio's
+            # server as an error ("Exception in callback ... connection_made")
             writer.close()
-            return
-        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
-                             return_exceptions=True)
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Each chunk read goes out `delay_s` after it was read, in order."""
