@@ -17,6 +17,7 @@ an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Callable
 
@@ -87,6 +88,8 @@ class HealthMonitor:
             ok = False
             why = connect_failure(exc, replica.url) if refused(exc) else type(exc).__name__
             reason = f"/health: {why}"
+            if _nothing_listening(exc) and replica.reason != reason:  # (once per outage)
+                replica.lost_cache = True
         if not ok:
             replica.reason = reason
             if replica.state == "healthy":
@@ -148,3 +151,11 @@ def _learn_context(pool: Pool, served: object, cards: object) -> None:
             if isinstance(length, int) and not isinstance(length, bool) and length > 0:
                 pool.max_model_len = length
             return
+
+
+def _nothing_listening(exc: BaseException) -> bool:
+    """The replica's host answered that no process listens at its port (ECONNREFUSED): its
+    process is gone (stopped, restarting), and its prefix cache with it. A host that cannot
+    be reached, a timeout or a reset says nothing of the process (a partition keeps it)."""
+    os_error = getattr(exc, "os_error", exc)  # (aiohttp wraps it)
+    return isinstance(os_error, OSError) and os_error.errno == errno.ECONNREFUSED
