@@ -178,7 +178,8 @@ def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[s
             maxima[name] = max(maxima.get(name, 0.0), value)
         else:
             sums[name] = sums.get(name, 0.0) + value
-    return sums, maxima, infos
+    # a sum past the largest float (engines' absurd counts added up) is no reading either
+    return {k: v for k, v in sums.items() if math.isfinite(v)}, maxima, infos
 
 
 def _capacity(infos: list[dict[str, str]]) -> tuple[int | None, int | None, int | None]:

@@ -247,3 +247,13 @@ def test_a_non_finite_or_negative_reading_is_skipped_not_summed(bad: str) -> Non
             "vllm:prompt_tokens_total 7\n")
     s = parse_vllm_metrics(text)
     assert (s.waiting, s.running, s.kv_usage, s.prompt_tokens) == (2.0, None, None, 7.0)
+
+
+def test_a_sum_past_the_largest_float_is_no_reading() -> None:
+    """Two engines' counts each finite but adding up to infinity: no reading, as a NaN is (an
+    infinite queue made every pick of the pool raise)."""
+    s = parse_vllm_metrics('vllm:num_requests_waiting{engine="0"} 1e308\n'
+                           'vllm:num_requests_waiting{engine="1"} 1e308\n'
+                           'vllm:num_requests_running{engine="0"} 2\n')
+    assert s.waiting is None
+    assert s.running == 2.0
