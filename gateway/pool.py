@@ -155,8 +155,10 @@ class Pools:
                 continue
             pool = found
             if pc.served_model is not None:
-                if pc.served_model != pool.served_model:
-                    pool.max_model_len = None  # another model's: learned again
+                if pc.served_model != pool.served_model:  # another model's: learned again
+                    pool.max_model_len = None
+                    for r in pool.replicas:
+                        r.max_model_len = None
                 pool.served_model = pc.served_model
             if not pc.discovery:  # a discovered pool's replicas come from discovery only
                 self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)

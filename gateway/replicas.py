@@ -83,7 +83,8 @@ class Replica:
         "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
         "busy_until", "current", "cuttable", "down", "draining", "ejected_until", "ejections",
         "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "outcomes", "pool",
+        "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
+        "outcomes", "pool",
         "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
         "whole_waiting_tokens",
@@ -113,6 +114,8 @@ class Replica:
         # nothing listened at its address (`HealthMonitor`): its process was gone, and its
         # prefix cache with it; `record_scrape` says so once
         self.lost_cache = False
+        # its engine's longest context (its /v1/models card, `HealthMonitor`), if known
+        self.max_model_len: int | None = None
         self.state = HEALTHY
         self.failures = 0  # consecutive (health's): a success starts it over
         # cumulative, for operators (kvgate_replica_attempts_total / _failures_total, the
@@ -429,6 +432,7 @@ class Replica:
                 id=self.id, pool=self.pool, healthy=healthy, inflight=self.inflight,
                 inflight_prefill_tokens=self.inflight_prefill_tokens,
                 inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
+                max_model_len=self.max_model_len,
             )
         return ReplicaView(
             id=self.id, pool=self.pool, healthy=healthy, waiting=s.waiting,
@@ -436,6 +440,7 @@ class Replica:
             scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
+            max_model_len=self.max_model_len,
         )
 
 

@@ -41,6 +41,9 @@ class ReplicaView:
     # (no first token or whole answer of any, no engine counter moving): the gateway's own
     # accounting, 0 while nothing waits; a frozen replica's grows (`Router` leaves it out)
     silent_s: float = 0.0
+    # the longest context its engine takes (its /v1/models card's ``max_model_len``; None:
+    # not known): a prompt past it is refused there (vLLM's 400), served by a longer one
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
