@@ -60,6 +60,9 @@ class RequestFeatures:
     # a stable 64-bit hash of the whole canonical prompt (salted); ties are broken with it
     prefix_key: int = 0
     prompt_chars: int = 0
+    # the output tokens it asks for at most (``max_completion_tokens``, ``max_tokens`` or
+    # ``max_output_tokens``; 0: not said): vLLM refuses a prompt and these past its context
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

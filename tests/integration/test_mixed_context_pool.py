@@ -1,8 +1,9 @@
 """A pool whose replicas differ in context length (a rolling change of vLLM's
 ``--max-model-len``, or mixed hardware behind one pool): a prompt longer than one replica's
-context but within another's goes to the one that can take it. It went to either: 4 requests
-of 10 were answered vLLM's 400 "maximum context length is 2048 tokens" while kvgate's own
-/v1/models said the model takes 16384 and the other replica would have served them.
+context (or with the output it asks for, past it) but within another's goes to the one that
+can take it. It went to either: 4 requests of 10 were answered vLLM's 400 "maximum context
+length is 2048 tokens" while kvgate's own /v1/models said the model takes 16384 and the other
+replica would have served them.
 
 A real gateway in front of two real simulated replicas.
 """
@@ -39,7 +40,13 @@ def test_a_prompt_past_one_replicas_context_goes_to_a_longer_one(
             raw = c.chat.completions.with_raw_response.create(
                 model="m", max_tokens=2, messages=[{"role": "user", "content": words}])
             answered[(raw.status_code, raw.headers["x-kvgate-replica"])] += 1
-        assert answered == {(200, f"p/{long.removeprefix('http://')}"): 10}
+        # a prompt that fits, with the output it asks for past the short replica's context
+        for i in range(6):
+            words = f"task {i} " + "word " * 1200  # ~1,500 tokens, and 1,000 asked for
+            raw = c.chat.completions.with_raw_response.create(
+                model="m", max_tokens=1000, messages=[{"role": "user", "content": words}])
+            answered[(raw.status_code, raw.headers["x-kvgate-replica"])] += 1
+        assert answered == {(200, f"p/{long.removeprefix('http://')}"): 16}
         # a short prompt may go to either (no replica is left out for good)
         for i in range(6):
             raw = c.chat.completions.with_raw_response.create(
