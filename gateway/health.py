@@ -17,6 +17,7 @@ an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 from collections.abc import Callable
 
@@ -87,6 +88,8 @@ class HealthMonitor:
             ok = False
             why = connect_failure(exc, replica.url) if refused(exc) else type(exc).__name__
             reason = f"/health: {why}"
+            if _nothing_listening(exc) and replica.reason != reason:  # (once per outage)
+                replica.lost_cache = True
         if not ok:
             replica.reason = reason
             if replica.state == "healthy":
@@ -106,16 +109,16 @@ class HealthMonitor:
             if came_back:
                 log.info("replica answers /health again",
                          extra={"pool": pool.name, "replica": replica.id})
-        if pool.served_model is None or came_back or (
-                pool.max_model_len is None
-                and (replica.id, pool.served_model) not in self._carded):
+        if (pool.served_model is None or came_back
+                or (replica.id, pool.served_model) not in self._carded):
             await self._learn_model(pool, replica)
 
     async def _learn_model(self, pool: Pool, replica: Replica) -> None:
         """Quick form: the pool's served name is what its replicas list in /v1/models. Every
-        pool: its context length is the served model's card's ``max_model_len`` there (each
-        replica is asked once until one gives it, and again when it comes back after being
-        down: its length then is the pool's; kvgate's own /v1/models shows it)."""
+        pool: each replica's context length is the served model's card's ``max_model_len``
+        there (each replica is asked once, and again when it comes back after being down:
+        its length then is the replica's and the pool's; kvgate's own /v1/models shows the
+        pool's, the router sends a prompt past one replica's to a longer one)."""
         try:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers
@@ -133,18 +136,30 @@ class HealthMonitor:
             return
         except (ValueError, KeyError, IndexError, TypeError):
             return
-        _learn_context(pool, name if pool.served_model is None else pool.served_model, models)
+        _learn_context(pool, replica, name if pool.served_model is None else pool.served_model,
+                       models)
         if isinstance(name, str) and pool.served_model is None:
             pool.served_model = name
             self._pools.refresh_public()
             log.info("learned served model", extra={"pool": pool.name, "model": name})
 
 
-def _learn_context(pool: Pool, served: object, cards: object) -> None:
-    """The pool's ``max_model_len`` from the card of its served model, when it has one."""
+def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) -> None:
+    """The replica's ``max_model_len`` from the card of its served model, when it has one; the
+    pool's is the longest of its replicas' (the router sends a prompt past one replica's to a
+    longer one)."""
     for card in cards if isinstance(cards, list) else ():
         if isinstance(card, dict) and card.get("id") == served:
             length = card.get("max_model_len")
             if isinstance(length, int) and not isinstance(length, bool) and length > 0:
-                pool.max_model_len = length
+                replica.max_model_len = length
+                pool.max_model_len = max(r.max_model_len or 0 for r in [*pool.replicas, replica])
             return
+
+
+def _nothing_listening(exc: BaseException) -> bool:
+    """The replica's host answered that no process listens at its port (ECONNREFUSED): its
+    process is gone (stopped, restarting), and its prefix cache with it. A host that cannot
+    be reached, a timeout or a reset says nothing of the process (a partition keeps it)."""
+    os_error = getattr(exc, "os_error", exc)  # (aiohttp wraps it)
+    return isinstance(os_error, OSError) and os_error.errno == errno.ECONNREFUSED

@@ -90,6 +90,10 @@ class Pool:
         # new list objects: a request iterating the old ones is not disturbed
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
+        # the longest context among them (`HealthMonitor`): a replica that left takes its
+        # length along (kept while none of them said theirs yet)
+        self.max_model_len = max((r.max_model_len for r in replicas if r.max_model_len),
+                                 default=self.max_model_len)
 
 
 @dataclass
@@ -155,8 +159,10 @@ class Pools:
                 continue
             pool = found
             if pc.served_model is not None:
-                if pc.served_model != pool.served_model:
-                    pool.max_model_len = None  # another model's: learned again
+                if pc.served_model != pool.served_model:  # another model's: learned again
+                    pool.max_model_len = None
+                    for r in pool.replicas:
+                        r.max_model_len = None
                 pool.served_model = pc.served_model
             if not pc.discovery:  # a discovered pool's replicas come from discovery only
                 self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)

@@ -83,7 +83,8 @@ class Replica:
         "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
         "busy_until", "current", "cuttable", "down", "draining", "ejected_until", "ejections",
         "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "outcomes", "pool",
+        "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
+        "outcomes", "pool",
         "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
         "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
         "whole_waiting_tokens",
@@ -110,6 +111,11 @@ class Replica:
         self.scraped_at = 0.0
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
         self.hit_ratio: float | None = None
+        # nothing listened at its address (`HealthMonitor`): its process was gone, and its
+        # prefix cache with it; `record_scrape` says so once
+        self.lost_cache = False
+        # its engine's longest context (its /v1/models card, `HealthMonitor`), if known
+        self.max_model_len: int | None = None
         self.state = HEALTHY
         self.failures = 0  # consecutive (health's): a success starts it over
         # cumulative, for operators (kvgate_replica_attempts_total / _failures_total, the
@@ -169,19 +175,21 @@ class Replica:
 
     def record_scrape(self, sample: Sample | None, now: float) -> bool:
         """A scrape finished; a failed one (None) leaves the last good sample to age. True
-        when the engine restarted since the last good one (its counters went back): its
-        prefix cache is empty. Also judges whether its engine is stalled (`gateway.stall`)."""
+        when the engine restarted since the last good one (its counters went back) or its
+        process was found gone meanwhile (`lost_cache`: the only sign where vLLM exports no
+        counters, ``--disable-log-stats``): its prefix cache is empty. Also judges whether its
+        engine is stalled (`gateway.stall`)."""
         self._judge_progress(sample, now)
+        restarted, self.lost_cache = self.lost_cache, False
         if sample is None:
-            return False
+            return restarted
         prev = self.scraped
-        restarted = False
         if prev is not None:
             self.hit_ratio = _delta_ratio(
                 prev.prefix_cache_hits, prev.prefix_cache_queries,
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
-            restarted = _went_back(prev, sample)
+            restarted = _went_back(prev, sample) or restarted
             before, after = progress(prev), progress(sample)
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
@@ -424,6 +432,7 @@ class Replica:
                 id=self.id, pool=self.pool, healthy=healthy, inflight=self.inflight,
                 inflight_prefill_tokens=self.inflight_prefill_tokens,
                 inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
+                max_model_len=self.max_model_len,
             )
         return ReplicaView(
             id=self.id, pool=self.pool, healthy=healthy, waiting=s.waiting,
@@ -431,6 +440,7 @@ class Replica:
             scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
+            max_model_len=self.max_model_len,
         )
 
 

@@ -161,10 +161,14 @@ def _labels(raw: str) -> dict[str, str]:
 
 
 def _int_label(value: str | None) -> int | None:
+    """A size label (block size, blocks, tokens): None unless a number of at least 1 (a
+    negative one made a negative capacity: the router's index kept one block of the
+    replica's prefixes)."""
     try:
-        return int(float(value)) if value not in (None, "", "None") else None
+        n = int(float(value)) if value not in (None, "", "None") else 0
     except (ValueError, OverflowError):  # not a number, NaN; "inf" (an OverflowError)
         return None
+    return n if n >= 1 else None
 
 
 def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[str, str]]]:
@@ -178,7 +182,8 @@ def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[s
             maxima[name] = max(maxima.get(name, 0.0), value)
         else:
             sums[name] = sums.get(name, 0.0) + value
-    return sums, maxima, infos
+    # a sum past the largest float (engines' absurd counts added up) is no reading either
+    return {k: v for k, v in sums.items() if math.isfinite(v)}, maxima, infos
 
 
 def _capacity(infos: list[dict[str, str]]) -> tuple[int | None, int | None, int | None]:

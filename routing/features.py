@@ -67,4 +67,14 @@ def extract_features(
         priority=priority,
         prefix_key=xxh3_64_intdigest(text.encode("utf-8", "surrogatepass"), seed),
         prompt_chars=len(text),
+        output_tokens=_asked_output(body),
     )
+
+
+def _asked_output(body: Mapping[str, Any]) -> int:
+    """The output tokens ``body`` asks for at most (the names vLLM reads, the newer first)."""
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(value, 0)
+    return 0

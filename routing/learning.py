@@ -65,6 +65,10 @@ MAX_PREFILL_TPS = 1e6  # no engine prefills faster: a bound for fits that see li
 _MIN_SPT = 1.0 / MAX_PREFILL_TPS
 _SCRAPE_WEIGHT_CAP = 4.0  # one scrape interval counts as at most this many observations
 IDLE_SHARES = 32  # fleet observations per replica without one of a replica's: it is idle
+# a prefill's work past this many tokens is no observation (no context holds a millionth of
+# it): an engine's absurd counters (1e300 computed tokens) overflowed the fit's sums, and the
+# fleet's fit -- every replica's without one of its own -- became NaN for good
+_MAX_WORK_TOKENS = 1e12
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,8 +164,8 @@ class TtftModel:
     ) -> None:
         """``work_tokens`` of prefill took ``seconds`` to a first token (``weight``
         observations of that mean)."""
-        if seconds <= 0.0 or work_tokens < 0.0 or weight <= 0.0:
-            return
+        if not (seconds > 0.0 and 0.0 <= work_tokens <= _MAX_WORK_TOKENS and weight > 0.0):
+            return  # (NaN too)
         expected = self.fit(replica).predict(work_tokens)
         seconds = min(max(seconds, expected / self._outlier), expected * self._outlier)
         self._fleet.scale(self._fleet_decay**weight)

@@ -41,6 +41,9 @@ class ReplicaView:
     # (no first token or whole answer of any, no engine counter moving): the gateway's own
     # accounting, 0 while nothing waits; a frozen replica's grows (`Router` leaves it out)
     silent_s: float = 0.0
+    # the longest context its engine takes (its /v1/models card's ``max_model_len``; None:
+    # not known): a prompt past it is refused there (vLLM's 400), served by a longer one
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,9 @@ class RequestFeatures:
     # a stable 64-bit hash of the whole canonical prompt (salted); ties are broken with it
     prefix_key: int = 0
     prompt_chars: int = 0
+    # the output tokens it asks for at most (``max_completion_tokens``, ``max_tokens`` or
+    # ``max_output_tokens``; 0: not said): vLLM refuses a prompt and these past its context
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

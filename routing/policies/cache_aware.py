@@ -91,6 +91,11 @@ _TURN_MEAN_REQUESTS = 0.5
 # in the cost as our own does (`_overloaded`)
 _OVERLOAD_S = 0.25
 
+# the highest cost a candidate is given (seconds): a scraped count no engine could hold (1e306
+# requests waiting) made its cost infinite, and a pick of the pool raised OverflowError (every
+# request a 500); such a replica is ranked last instead
+_MAX_COST_S = 1e12
+
 # per candidate: (cost quantum, tie rank, cost s, view, matched blocks, queued, decode tokens,
 # uncached, TTFT fit as learned, kv usage, fleet-wide in-flight requests)
 _Row = tuple[int, int, float, ReplicaView, int, float, float, float, TtftFit, float, int]
@@ -215,6 +220,8 @@ class CacheAware:
                     full = share
             cost = (fixed + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
                     + penalty)
+            if not cost < _MAX_COST_S:  # (infinite, or NaN: inf - inf)
+                cost = _MAX_COST_S
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
             step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
@@ -292,8 +299,8 @@ class CacheAware:
         for row, load in zip(rows, foreseen, strict=True):
             over = load - mean
             if over > 0.0:
-                cost = row[2] + cfg.session_ramp_tokens * min(1.0, over / span) * (
-                    _costed(row[8], fleet, half).s_per_token)
+                cost = min(row[2] + cfg.session_ramp_tokens * min(1.0, over / span) * (
+                    _costed(row[8], fleet, half).s_per_token), _MAX_COST_S)
                 step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
                 row = (step, row[1], cost, *row[3:])
             out.append(row)

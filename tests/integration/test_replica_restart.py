@@ -52,3 +52,32 @@ def test_a_restarted_replica_is_not_thought_to_hold_its_old_prefixes() -> None:
         wait_for(lambda: _entries(base, holder) == 0, what="the restarted replica forgotten")
         # and its prefixes are learned again from the next requests
         wait_for(lambda: _ask(client, "third")[1] == "prefix-hit", what="a prefix hit again")
+
+
+def test_a_replica_restarted_without_counters_is_not_thought_to_hold_its_old_prefixes() -> None:
+    """vLLM started with ``--disable-log-stats`` exports no counters: a restart shows only as
+    nothing listening at its address meanwhile (its /health refused). Its prefixes were
+    still predicted as hits there after it came back empty ("prefix-hit" routes, 11 blocks
+    remembered)."""
+    ports = [free_port(), free_port()]
+    args = ("--time-scale", "50", "--disable-log-stats")
+    with ExitStack() as stack:
+        sims = [stack.enter_context(sim_proc(port, *args, model=MODEL)[0]) for port in ports]
+        urls = [f"http://127.0.0.1:{port}" for port in ports]
+        gw, base = gateway_proc(upstreams=urls, args=["--policy", "cache_aware"])
+        stack.enter_context(gw)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        holder, _ = _ask(client, "first")
+        assert _ask(client, "second") == (holder, "prefix-hit")
+        assert _entries(base, holder) > 0
+        i = urls.index(f"http://{holder}")
+
+        sims[i].stop()
+        healthy = f'{{pool="default",replica="{holder}"}}'
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")[healthy] == 0,
+                 what="the stopped replica found down")
+        stack.enter_context(sim_proc(ports[i], *args, model=MODEL)[0])  # an empty cache
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy")[healthy] == 1,
+                 what="the restarted replica back")
+        assert _entries(base, holder) == 0
+        assert _ask(client, "third")[1] != "prefix-hit"

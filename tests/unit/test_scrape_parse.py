@@ -130,7 +130,7 @@ def test_current_name_wins_over_deprecated() -> None:
 @pytest.mark.parametrize(
     ("block_size", "blocks", "tokens"),
     [("16", "28000", 448_000), ("16", "None", None), ("16", "inf", None), ("16", "nan", None),
-     ("1e999", "100", None)],
+     ("1e999", "100", None), ("-16", "28000", None), ("16", "-28000", None)],
 )
 def test_capacity(block_size: str, blocks: str, tokens: int | None) -> None:
     text = f'vllm:cache_config_info{{block_size="{block_size}",num_gpu_blocks="{blocks}"}} 1.0\n'
@@ -176,6 +176,9 @@ def test_per_engine_kv_cache_size_tokens_wins() -> None:
     text = DP2.replace('num_gpu_blocks="2000"}',
                        'kv_cache_size_tokens="12000",num_gpu_blocks="2000"}')
     assert parse_vllm_metrics(text).cache_capacity_tokens == 24_000
+    # one engine's label below 1 is no reading: the blocks say it
+    assert parse_vllm_metrics(text.replace('"12000",', '"-12000",', 1)).cache_capacity_tokens \
+        == 32_000
 
 
 PHASES = """\
@@ -247,3 +250,13 @@ def test_a_non_finite_or_negative_reading_is_skipped_not_summed(bad: str) -> Non
             "vllm:prompt_tokens_total 7\n")
     s = parse_vllm_metrics(text)
     assert (s.waiting, s.running, s.kv_usage, s.prompt_tokens) == (2.0, None, None, 7.0)
+
+
+def test_a_sum_past_the_largest_float_is_no_reading() -> None:
+    """Two engines' counts each finite but adding up to infinity: no reading, as a NaN is (an
+    infinite queue made every pick of the pool raise)."""
+    s = parse_vllm_metrics('vllm:num_requests_waiting{engine="0"} 1e308\n'
+                           'vllm:num_requests_waiting{engine="1"} 1e308\n'
+                           'vllm:num_requests_running{engine="0"} 2\n')
+    assert s.waiting is None
+    assert s.running == 2.0

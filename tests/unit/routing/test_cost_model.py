@@ -420,3 +420,14 @@ def test_an_empty_prompt_on_an_empty_fleet_is_routed() -> None:
     f = extract_features({"prompt": ""}, model="m", salt="s", config=r.config)
     assert f.prompt_tokens == 0
     assert r.pick(f, views(3), 0.0).replica in {"r0", "r1", "r2"}
+
+
+@pytest.mark.parametrize("waiting", [1e306, float("inf")])
+def test_a_scraped_count_no_engine_could_hold_ranks_its_replica_last(waiting: float) -> None:
+    """Its cost was infinite and the pick raised OverflowError (every request of the pool a
+    500, the replica beside it never tried); now it is ranked last, its prefix held or not."""
+    r = _router_with_doc_on("r0")
+    vs = [ReplicaView(id="r0", pool="p", waiting=waiting, running=waiting, scrape_age_s=0.1),
+          ReplicaView(id="r1", pool="p")]
+    for explain in (False, True):
+        assert r.pick(feats(DOC + "question"), vs, 1.0, explain=explain).replica == "r1"

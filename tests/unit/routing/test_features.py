@@ -163,3 +163,13 @@ def test_features_carry_request_fields() -> None:
     )
     assert (f.tenant, f.tier, f.stream, f.priority, f.model) == ("acme", "premium", True, 3, "m")
     assert f.prefix_key != feats("y").prefix_key
+
+
+@pytest.mark.parametrize(("body", "asked"), [
+    ({"max_tokens": 300}, 300), ({"max_completion_tokens": 200, "max_tokens": 300}, 200),
+    ({"max_output_tokens": 50}, 50), ({}, 0), ({"max_tokens": True}, 0),
+    ({"max_tokens": "9"}, 0), ({"max_tokens": -5}, 0),
+])
+def test_the_output_it_asks_for(body: dict[str, object], asked: int) -> None:
+    f = extract_features({"prompt": "hi", **body}, model="m", salt="s", config=RouterConfig())
+    assert f.output_tokens == asked

@@ -143,3 +143,16 @@ def test_a_replica_served_its_share_keeps_its_own_fit() -> None:
             m.observe(r, w, _true(w))
     assert m.rate("a") / m.rate("slow") == pytest.approx(2.0, rel=0.2)
     assert m.fit("slow") != m.fleet
+
+
+@pytest.mark.parametrize("computed", [1e300, float("nan")])
+def test_absurd_engine_counters_teach_nothing(computed: float) -> None:
+    """One replica's counters saying 1e300 tokens computed overflowed the fit's sums: the
+    fleet's fit, every other replica's, became NaN (every cost NaN) for good."""
+    m = _model()
+    before = m.fleet
+    m.observe_counters("bad", EngineCounters(1.0, 1.0, 100.0))
+    m.observe_counters("bad", EngineCounters(2.0, 2.0, computed))
+    m.observe("bad", computed, 0.5)
+    assert m.fleet == before
+    assert m.fit("good") == before

@@ -135,3 +135,21 @@ def test_cache_aware_conversation_returns_to_its_replica() -> None:
     for prompt, home in zip(first, homes, strict=True):
         d = r.pick(feats(prompt + " follow-up question" * 20), views(4, inflight=2), 5.0)
         assert (d.replica, d.reason) == (home, "prefix-hit")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_prompt_past_a_replicas_context_goes_to_one_that_takes_it(policy: str) -> None:
+    """Replicas of one pool differing in ``max_model_len``: a prompt past one's context is
+    not sent there while another takes it (or may: not known); when none does, all stay
+    candidates (the client gets the engine's own answer, not a 503)."""
+    r = Router(RouterConfig(policy=policy))
+    vs = [ReplicaView(id=f"r{i}", pool="p", max_model_len=n)
+          for i, n in enumerate((2048, None, 4096, 1024))]
+    prompts = [feats(f"{i} " + "word " * 2000) for i in range(20)]  # ~2,500 tokens each
+    assert {r.pick(f, vs, float(i)).replica for i, f in enumerate(prompts)} == {"r1", "r2"}
+    # the output it asks for counts: 1,000 tokens and 1,500 asked need 2,500 of context
+    asked = [replace(feats(f"{i} " + "word " * 800), output_tokens=1500) for i in range(20)]
+    assert {r.pick(f, vs, float(i)).replica for i, f in enumerate(asked)} == {"r1", "r2"}
+    too_short = [vs[0], vs[3]]
+    assert r.pick(prompts[0], too_short, 30.0).replica in {"r0", "r3"}
+    assert r.pick(feats("hi"), too_short, 31.0).replica in {"r0", "r3"}
