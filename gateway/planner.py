@@ -4,8 +4,10 @@
 versions), resolves the tier's pool with `resolve_tier` over the pools' live `ReplicaView`s
 (built lazily, only for the pools it looks at, and reused for the pick), and computes the
 request's features with the tenant's salt in the prefix key, so affinity never crosses
-tenants. It also drops vLLM's operator-only body fields unless the tier allows them
-(`operator_fields`). The proxy and the admin API's route explain share it.
+tenants. The features come first: their prompt estimate and asked output are the context the
+request needs, and a request too long for every replica of the tier's home pool goes to its
+spill or borrowed pool that takes it. It also drops vLLM's operator-only body fields unless
+the tier allows them (`operator_fields`). The proxy and the admin API's route explain share it.
 """
 
 from __future__ import annotations
@@ -133,9 +135,12 @@ class Planner:
         ``avoid``: pools tier resolution treats as saturated (flow control tries the tier's
         spill-over before queueing)."""
         doc = self.doc(principal)
+        features = self._features(kind, parsed, principal, None)
+        # the context it takes (as the router counts it): a pool too short for it is skipped
+        need = features.prompt_tokens + max(features.output_tokens, 1)
         views = _Views(self.pools, now)
         loads: Mapping[str, Sequence[LoadSignal]] = _Avoid(views, avoid) if avoid else views
-        route = resolve_tier(doc, parsed.model, principal.tier, loads)
+        route = resolve_tier(doc, parsed.model, principal.tier, loads, need)
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:
@@ -167,7 +172,8 @@ class Planner:
         tier_cfg = doc.tiers.get(principal.tier)
         if tier_cfg is None or not tier_cfg.operator_fields:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
-        features = self._features(kind, parsed, principal, priority)
+        if priority:
+            features = replace(features, priority=priority)
         return Plan(pool, served, priority, home, spilled, features, views[pool.name])
 
     def _in_force(self, principal: Principal) -> Principal | None:

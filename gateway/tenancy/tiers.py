@@ -6,6 +6,12 @@ saturated (or unhealthy) and the target still has an unsaturated healthy replica
 `borrow_from` only when its own pool is saturated and the borrowed pool is idle (every healthy
 replica at or below `borrow_below`). Unknown signals (None) count as neither saturated nor
 idle, so missing scrapes never move traffic.
+
+A request too long for its home pool (`need`: its prompt and the output it asks for, past the
+``max_model_len`` of every replica there) goes to the tier's `spill_to` pool if that takes it,
+else its `borrow_from` pool if that does, whatever their load (vLLM would refuse it at home);
+it stays home when neither does. Spill-over and borrowing for load never go to a pool too
+short for the request. An unknown context length (None) counts as long enough.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ class LoadSignal(Protocol):
     def waiting(self) -> float | None: ...
     @property
     def kv_usage(self) -> float | None: ...
+    @property
+    def max_model_len(self) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +43,7 @@ class ReplicaLoad:
     waiting: float | None = None
     kv_usage: float | None = None
     healthy: bool = True
+    max_model_len: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,15 +82,26 @@ def _pool_idle(replicas: Sequence[LoadSignal], level: LoadThreshold) -> bool:
     return bool(healthy) and all(_idle(r, level) for r in healthy)
 
 
+def _takes(replicas: Sequence[LoadSignal], need: int) -> bool:
+    """Some replica's context takes ``need`` tokens (or is not known); an empty pool's not."""
+    return any(r.max_model_len is None or r.max_model_len >= need for r in replicas)
+
+
 def _spill_target(
-    tier: TierConfig, home: str, loads: Mapping[str, Sequence[LoadSignal]]
+    tier: TierConfig, home: str, loads: Mapping[str, Sequence[LoadSignal]], need: int
 ) -> str | None:
-    if not _all_saturated(loads.get(home, ()), tier.spill_when):
-        return None
+    def takes(pool: str | None) -> bool:  # another pool, long enough for this request
+        return pool not in (None, home) and _takes(loads.get(str(pool), ()), need)
+
     spill, borrow = tier.spill_to, tier.borrow_from
-    if spill not in (None, home) and not _all_saturated(loads.get(spill, ()), tier.spill_when):
+    own = loads.get(home, ())
+    if own and not _takes(own, need):  # too long for home: a pool that takes it, if any
+        return next((p for p in (spill, borrow) if takes(p)), None)
+    if not _all_saturated(own, tier.spill_when):
+        return None
+    if takes(spill) and not _all_saturated(loads.get(str(spill), ()), tier.spill_when):
         return spill
-    if borrow not in (None, home) and _pool_idle(loads.get(borrow, ()), tier.borrow_below):
+    if takes(borrow) and _pool_idle(loads.get(str(borrow), ()), tier.borrow_below):
         return borrow
     return None
 
@@ -91,13 +111,15 @@ def resolve_tier(
     model: str,
     tier: str,
     loads: Mapping[str, Sequence[LoadSignal]],
+    need: int = 0,
 ) -> TierRoute | None:
-    """Where a request for public `model` from a `tier` tenant goes; None if not offered."""
+    """Where a request for public `model` from a `tier` tenant goes; None if not offered.
+    ``need``: the context the request takes (its prompt and the output it asks for)."""
     home = policy.pool_for(model, tier)
     if home is None:
         return None
     tier_cfg = policy.tiers.get(tier, TierConfig())
-    target = _spill_target(tier_cfg, home, loads)
+    target = _spill_target(tier_cfg, home, loads, need)
     pool = target or home
     pool_cfg = policy.pools[pool]
     return TierRoute(

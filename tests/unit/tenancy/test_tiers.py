@@ -119,3 +119,44 @@ def test_resolution_is_deterministic() -> None:
     assert {resolve_tier(POLICY, "m", "premium", loads) for _ in range(5)} == {
         resolve_tier(POLICY, "m", "premium", loads)
     }
+
+
+SHORT = ReplicaLoad(waiting=0, kv_usage=0.1, max_model_len=2048)
+SHORT_FULL = ReplicaLoad(waiting=9, kv_usage=0.5, max_model_len=2048)
+LONG = ReplicaLoad(waiting=0, kv_usage=0.1, max_model_len=16384)
+LONG_BUSY = ReplicaLoad(waiting=1, kv_usage=0.5, max_model_len=16384)
+LONG_FULL = ReplicaLoad(waiting=9, kv_usage=0.5, max_model_len=16384)
+NEED = 5000  # a prompt and the output it asks for, past 2048
+CONTEXT_CASES: list[tuple[str, str, L, int, str, str]] = [
+    # (case, tier, loads, need, pool, reason)
+    ("fits home", "premium", {"fp8": [SHORT], "awq": [LONG]}, 1000, "fp8", "tier"),
+    ("too long for home", "premium", {"fp8": [SHORT, SHORT], "awq": [LONG]}, NEED, "awq", "spill"),
+    ("one home replica takes it", "premium", {"fp8": [SHORT, LONG], "awq": [LONG]}, NEED, "fp8",
+     "tier"),
+    ("spill pool full", "premium", {"fp8": [SHORT], "awq": [LONG_FULL]}, NEED, "awq", "spill"),
+    ("spill pool's context unknown", "premium", {"fp8": [SHORT], "awq": [IDLE]}, NEED, "awq",
+     "spill"),
+    ("home's context unknown", "premium", {"fp8": [IDLE], "awq": [LONG]}, NEED, "fp8", "tier"),
+    ("no pool takes it", "premium", {"fp8": [SHORT], "awq": [SHORT]}, NEED, "fp8", "tier"),
+    ("no spill to a short pool", "premium", {"fp8": [LONG_FULL], "awq": [SHORT]}, NEED, "fp8",
+     "tier"),
+    ("borrows a busy pool that takes it", "free", {"awq": [SHORT], "fp8": [LONG_BUSY]}, NEED,
+     "fp8", "spill"),
+    ("no borrow of a short pool", "free", {"awq": [LONG_FULL], "fp8": [SHORT]}, NEED, "awq",
+     "tier"),
+    ("borrow for load when it fits", "free", {"awq": [SHORT_FULL], "fp8": [SHORT]}, 1000, "fp8",
+     "spill"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "tier", "loads", "need", "pool", "reason"), CONTEXT_CASES,
+    ids=[c[0] for c in CONTEXT_CASES],
+)
+def test_a_request_goes_to_a_pool_of_its_tier_that_takes_it(
+    case: str, tier: str, loads: L, need: int, pool: str, reason: str
+) -> None:
+    route = resolve_tier(POLICY, "m", tier, loads, need)
+    assert route is not None
+    assert (route.pool, route.reason) == (pool, reason)
+    assert route.home_pool == POLICY.pool_for("m", tier)
