@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import sys
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import orjson
 
+from loadtest.cmdline import positive
 from loadtest.fleet import Fleet
 from loadtest.replay import tiers
 from loadtest.replay.flow import FlowDriver, FlowSpec, flow_report
@@ -51,22 +51,6 @@ SPAWN_MODEL = "replay-model"
 OFFLINE_ONLY = (*YARDSTICKS, "oracle")  # yardsticks: never served, replayed offline
 
 
-def _positive(kind: Callable[[str], float], *, zero: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number of `kind` above 0 (or from 0: `zero`). 0 replicas, a
-    rate scale of 0 or nan, a sync delay of nan ended in a traceback, or in a table of nan."""
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            value = math.nan
-        if not (value >= 0 if zero else value > 0) or not math.isfinite(value):
-            what = "a whole number" if kind is int else "a number"
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: expected {what} {'of 0 or more' if zero else 'above 0'}")
-        return value
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate replay", description=__doc__.splitlines()[0])
     p.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
@@ -74,26 +58,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workload", choices=sorted(WORKLOADS),
                    help="a generated workload (loadtest.replay.generators)")
     p.add_argument("--offline", action="store_true", help="simulated time, no HTTP")
-    p.add_argument("--replicas", type=_positive(int), default=8,
+    p.add_argument("--replicas", type=positive(int), default=8,
                    help="replicas simulated offline or started by --spawn (default 8)")
-    p.add_argument("--kv-tokens", type=_positive(int), default=262_144,
+    p.add_argument("--kv-tokens", type=positive(int), default=262_144,
                    help="KV cache per replica, offline or --spawn (default 262144)")
     p.add_argument("--policy", default="cache_aware",
                    help=f"{', '.join(REGISTRY)}; offline also {', '.join(OFFLINE_ONLY)}; or all "
                         "(default cache_aware)")
-    p.add_argument("--rate-scale", type=_positive(float), default=1.0,
+    p.add_argument("--rate-scale", type=positive(float), default=1.0,
                    help="arrivals X times faster (default 1)")
     p.add_argument("--profile", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
                    help=f"the simulated engine's cost model, offline or --spawn "
                         f"(default {PRESETS[0].name})")
-    p.add_argument("--limit", type=_positive(int), help="replay only the first N requests")
+    p.add_argument("--limit", type=positive(int), help="replay only the first N requests")
     p.add_argument("--json", metavar="OUT", nargs="?", const="",
                    help="write the summaries as JSON to OUT (bare --json: a timestamped file "
                         "under loadtest/results/)")
     gw = p.add_argument_group("several gateways (offline)")
-    gw.add_argument("--gateways", type=_positive(int), default=1,
+    gw.add_argument("--gateways", type=positive(int), default=1,
                     help="spread requests at random over N routers, each with its own counts")
-    gw.add_argument("--sync-delay-ms", type=_positive(float, zero=True), default=10.0,
+    gw.add_argument("--sync-delay-ms", type=positive(float, zero=True), default=10.0,
                     help="a router sees the others' records this much later (default 10)")
     gw.add_argument("--no-share", action="store_true",
                     help="the N routers share nothing (the baseline)")
@@ -117,7 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     live.add_argument("--spawn", action="store_true", help="start the simulators and gateways")
     live.add_argument(
         "--time-scale",
-        type=_positive(float),
+        type=positive(float),
         default=1.0,
         help="the simulators' --time-scale (workload times are divided by it)",
     )

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import math
 import random
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 
+from loadtest.cmdline import positive
 from loadtest.replay.workload import ReplayRequest
 
 __all__ = ["add_args", "assign", "conversation_keys", "noisy", "parse_mix", "shape"]
@@ -37,7 +39,7 @@ def parse_mix(text: str) -> list[tuple[str, float]]:
             value = float(share)
         except ValueError:
             raise ValueError(f"--tier-mix: {part!r} is not TIER:SHARE") from None
-        if not name or value <= 0:
+        if not name or not 0 < value < math.inf:  # (nan passed a `<= 0` test)
             raise ValueError(f"--tier-mix: {part!r} is not TIER:SHARE with SHARE > 0")
         pairs.append((name, value))
     total = sum(v for _, v in pairs)
@@ -107,13 +109,13 @@ def add_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tiers, tenants and flow control (offline)")
     g.add_argument("--tier-mix", metavar="T:S,...",
                    help="give the workload tiers, e.g. premium:0.3,free:0.7 (by conversation)")
-    g.add_argument("--tenants", type=int, default=4, metavar="N",
+    g.add_argument("--tenants", type=positive(int), default=4, metavar="N",
                    help="tenants per tier with --tier-mix (default 4)")
     g.add_argument("--noisy-tenant", metavar="TENANT[:FACTOR]",
                    help="one tenant sends FACTOR (default 5) times its share, e.g. free-0:5")
     g.add_argument("--flow-control", choices=["on", "off"], default="off",
                    help="the gateway's admission queue in front of the routers (default off)")
-    g.add_argument("--slo-ttft-s", type=float, default=2.0,
+    g.add_argument("--slo-ttft-s", type=positive(float), default=2.0,
                    help="TTFT SLO of the per-tier and per-tenant goodput (default 2)")
 
 

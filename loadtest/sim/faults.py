@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -55,10 +56,11 @@ class Faults:
             raise ValueError("error_rate must be in [0, 1]")
         if self.error_status not in (500, 503):
             raise ValueError("error_status must be 500 or 503")
-        if min(self.latency_ms, self.latency_jitter_ms, self.max_num_queued_reqs,
-               self.health_latency_ms, self.metrics_latency_ms) < 0:
+        amounts = (self.latency_ms, self.latency_jitter_ms, self.max_num_queued_reqs,
+                   self.health_latency_ms, self.metrics_latency_ms)
+        if not all(0 <= a < math.inf for a in amounts):  # (nan passed a `< 0` test)
             raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs, "
-                             "health_latency_ms and metrics_latency_ms must be >= 0")
+                             "health_latency_ms and metrics_latency_ms must be finite, >= 0")
         if self.metrics_status not in (0, 500, 503):
             raise ValueError("metrics_status must be 0, 500 or 503")
 

@@ -113,6 +113,17 @@ def test_admin_with_a_timeout_that_is_no_time_is_a_usage_error(timeout: str) -> 
     # a ZeroDivisionError's traceback
     (["sim", "--model", "m", "--port", "0", "--block-size", "0"],
      "kvgate sim: --block-size must be >= 1"),
+    # accepted: every request over an SLO of 0 (or of nan) s, no tenant at all, a tier of nan
+    (["replay", "--synthetic", "--offline", "--slo-ttft-s", "nan"],
+     "kvgate replay: error: argument --slo-ttft-s: 'nan': expected a number above 0"),
+    (["replay", "--synthetic", "--offline", "--tier-mix", "a:1", "--tenants", "0"],
+     "kvgate replay: error: argument --tenants: '0': expected a whole number above 0"),
+    (["replay", "--synthetic", "--offline", "--tier-mix", "a:nan"],
+     "kvgate replay: --tier-mix: 'a:nan' is not TIER:SHARE with SHARE > 0"),
+    # a simulator started that waited nan ms before each request
+    (["sim", "--model", "m", "--port", "0", "--latency-ms", "nan"],
+     "kvgate sim: latency_ms, latency_jitter_ms, max_num_queued_reqs, health_latency_ms and "
+     "metrics_latency_ms must be finite, >= 0"),
 ])
 def test_a_number_flag_out_of_range_is_one_line(argv: list[str], line: str) -> None:
     result = kvgate(*argv)
