@@ -35,7 +35,7 @@ def test_failures_at_one_gateway_throttle_the_address_at_the_other(
         assert statuses == [401] * 10 + [429], statuses
         # told to the second gateway as the failure was counted (Redis pub/sub): the
         # address is refused there too, a valid token included
-        wait_for(lambda: admin.get("/tenants").status_code == 429, timeout=5,
+        wait_for(lambda: admin.get("/tenants").status_code == 429, timeout=20,
                  what="the second gateway to throttle the address")
         refused = at_second.get("/tenants")
         assert refused.status_code == 429, refused.text
