@@ -16,7 +16,6 @@ it can use it at once.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import secrets
 import shlex
@@ -30,6 +29,7 @@ from gateway.config import LOG_LEVELS, KvgateConfig, load_config
 from gateway.errors import ConfigError
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
+from loadtest.cmdline import positive
 from loadtest.fleet import Fleet
 
 __all__ = ["banner", "main"]
@@ -146,7 +146,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--port", type=int, default=8000,
                    help="gateway port on 127.0.0.1 (default 8000)")
     # checked here: a bad value otherwise surfaced once the replicas had started (or failed)
-    p.add_argument("--time-scale", type=_positive, default=1.0,
+    p.add_argument("--time-scale", type=positive(float), default=1.0,
                    help="run the simulated engines this many times faster than real time "
                         "(default 1)")
     p.add_argument("--log-level", type=str.lower, default="warning", choices=LOG_LEVELS,
@@ -191,16 +191,6 @@ def main(argv: list[str]) -> int:
             sock.close()
         fleet.stop()
         print("kvgate demo: stopped", file=sys.stderr)
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number > 0):
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a number above 0")
-    return number
 
 
 def _listen_config(port: int) -> KvgateConfig:

@@ -15,9 +15,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.bad_replica import BadReplica, End, behind_a_gateway, chunked, sse_head
 from tests.support.gateway import (
-    gateway_proc,
     inflight,
     metric_values,
     request_statuses,
@@ -32,11 +31,8 @@ COMMENT = b": keep-alive\n\n"
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000", "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "10"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
+    with behind_a_gateway(MODEL, {"KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "10"}) as (replica, base):
+        yield replica, base
 
 
 @pytest.fixture

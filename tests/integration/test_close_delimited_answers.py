@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.bad_replica import CHAT_ANSWER, BadReplica, End, sse_head
-from tests.support.gateway import gateway_proc, inflight, request_statuses
+from tests.support.bad_replica import CHAT_ANSWER, BadReplica, End, behind_a_gateway, sse_head
+from tests.support.gateway import inflight, request_statuses
 
 MODEL = "m"
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
@@ -24,12 +24,9 @@ DONE = b"data: [DONE]\n\n"
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
-            replica.end = "keep"
+    with behind_a_gateway(MODEL) as (replica, base):
+        yield replica, base
+        replica.end = "keep"
 
 
 def _chat(base: str, stream: bool) -> httpx.Response:

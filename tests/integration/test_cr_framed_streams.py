@@ -14,8 +14,7 @@ import openai
 import orjson
 import pytest
 
-from tests.support.bad_replica import BadReplica, chunked, sse_head
-from tests.support.gateway import gateway_proc
+from tests.support.bad_replica import BadReplica, behind_a_gateway, chunked, sse_head
 
 MODEL = "cr-model"
 
@@ -35,11 +34,8 @@ HI, THERE, USAGE, DONE = _chunk("hi"), _chunk(" there"), _chunk(None, usage=True
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
+    with behind_a_gateway(MODEL) as (replica, base):
+        yield replica, base
 
 
 def _texts(base: str) -> list[str]:

@@ -16,7 +16,7 @@ import openai
 import orjson
 import pytest
 
-from tests.support.bad_replica import BadReplica, End, chunked, sse_head
+from tests.support.bad_replica import BadReplica, End, behind_a_gateway, chunked, sse_head
 from tests.support.gateway import (
     gateway_proc,
     inflight,
@@ -45,12 +45,8 @@ COMPLETED = (b'event: response.completed\ndata: {"type":"response.completed","se
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    # failures must not eject the only replica between the cases
-    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
+    with behind_a_gateway(MODEL) as (replica, base):
+        yield replica, base
 
 
 def events(base: str, path: str = "/v1/chat/completions") -> list[bytes]:

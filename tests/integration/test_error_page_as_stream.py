@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
-from tests.support.bad_replica import BadReplica, chunked, sse_head
-from tests.support.gateway import gateway_proc, inflight, wait_for
+from tests.support.bad_replica import BadReplica, behind_a_gateway, chunked, sse_head
+from tests.support.gateway import inflight, wait_for
 
 MODEL = "m"
 SAID = "upstream connect error or disconnect/reset before headers"
@@ -27,11 +27,8 @@ DONE = b"data: [DONE]\n\n"
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    env = {"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
+    with behind_a_gateway(MODEL) as (replica, base):
+        yield replica, base
 
 
 def _stream(base: str) -> httpx.Response:

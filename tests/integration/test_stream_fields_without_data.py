@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from tests.support.bad_replica import BadReplica, chunked, sse_head
-from tests.support.gateway import gateway_proc, inflight, wait_for
+from tests.support.bad_replica import BadReplica, behind_a_gateway, chunked, sse_head
+from tests.support.gateway import inflight, wait_for
 
 MODEL = "m"
 CHUNK = b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
@@ -26,13 +26,9 @@ DONE = b"data: [DONE]\n\n"
 
 @pytest.fixture(scope="module")
 def gw() -> Iterator[tuple[BadReplica, str]]:
-    env = {"KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5",
-           "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "3",
-           "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"}
-    with BadReplica(MODEL) as replica:
-        proc, base = gateway_proc(upstreams=[replica.url], env=env)
-        with proc:
-            yield replica, base
+    env = {"KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "3"}
+    with behind_a_gateway(MODEL, env) as (replica, base):
+        yield replica, base
 
 
 @pytest.mark.parametrize(

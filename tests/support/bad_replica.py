@@ -26,12 +26,16 @@ import asyncio
 import socket
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import Literal
 
 import orjson
 
-__all__ = ["CHAT_ANSWER", "BadReplica", "End", "chunked", "sse_head", "whole"]
+from tests.support.gateway import gateway_proc
+
+__all__ = ["CHAT_ANSWER", "BadReplica", "End", "behind_a_gateway", "chunked", "sse_head", "whole"]
 
 End = Literal["keep", "close", "reset"]
 
@@ -189,3 +193,16 @@ class BadReplica:
         if path == b"/metrics":
             return _plain(200, b"")
         return _plain(200, b"{}")
+
+
+@contextmanager
+def behind_a_gateway(
+    model: str, env: dict[str, str] | None = None,
+) -> Iterator[tuple[BadReplica, str]]:
+    """One BadReplica and a `kvgate serve` in front of it: (replica, the gateway's base URL).
+    Its failures never eject it (a module's cases share the two)."""
+    with BadReplica(model) as replica:
+        proc, base = gateway_proc(upstreams=[replica.url], env={
+            "KVGATE_HEALTH__FAILURE_THRESHOLD": "1000", **(env or {})})
+        with proc:
+            yield replica, base
