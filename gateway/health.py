@@ -153,7 +153,7 @@ def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) 
             length = card.get("max_model_len")
             if isinstance(length, int) and not isinstance(length, bool) and length > 0:
                 replica.max_model_len = length
-                pool.max_model_len = max(r.max_model_len or 0 for r in [*pool.replicas, replica])
+                pool.context_learned()
             return
 
 

@@ -136,11 +136,10 @@ class Planner:
         spill-over before queueing)."""
         doc = self.doc(principal)
         features = self._features(kind, parsed, principal, None)
-        # the context it takes (as the router counts it): a pool too short for it is skipped
-        need = features.prompt_tokens + max(features.output_tokens, 1)
         views = _Views(self.pools, now)
         loads: Mapping[str, Sequence[LoadSignal]] = _Avoid(views, avoid) if avoid else views
-        route = resolve_tier(doc, parsed.model, principal.tier, loads, need)
+        # a pool too short for the context it takes is skipped
+        route = resolve_tier(doc, parsed.model, principal.tier, loads, features.context_tokens)
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:

@@ -90,9 +90,12 @@ class Pool:
         # new list objects: a request iterating the old ones is not disturbed
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
-        # the longest context among them (`HealthMonitor`): a replica that left takes its
-        # length along (kept while none of them said theirs yet)
-        self.max_model_len = max((r.max_model_len for r in replicas if r.max_model_len),
+        self.context_learned()
+
+    def context_learned(self) -> None:
+        """Its context: the longest its replicas said (`HealthMonitor`); a replica that left
+        takes its length along (kept while none of them said theirs yet)."""
+        self.max_model_len = max((r.max_model_len for r in self.replicas if r.max_model_len),
                                  default=self.max_model_len)
 
 

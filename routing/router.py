@@ -189,8 +189,7 @@ class Router:
         healthy = sorted([v for v in views if v.healthy], key=_by_id)
         if not healthy:
             raise NoCandidate(features.model)
-        # the context it takes: its prompt and the output it asks for (at least one token)
-        need = features.prompt_tokens + max(features.output_tokens, 1)
+        need = features.context_tokens
         if any(v.max_model_len is not None and v.max_model_len < need for v in healthy):
             # replicas of one pool may differ in context (a rolling change of
             # --max-model-len): a request one cannot take goes to one that can, if any

@@ -64,6 +64,12 @@ class RequestFeatures:
     # ``max_output_tokens``; 0: not said): vLLM refuses a prompt and these past its context
     output_tokens: int = 0
 
+    @property
+    def context_tokens(self) -> int:
+        """The context it takes: its prompt and the output it asks for (at least one token);
+        a replica whose ``max_model_len`` is shorter refuses it."""
+        return self.prompt_tokens + max(self.output_tokens, 1)
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
