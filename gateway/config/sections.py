@@ -78,13 +78,19 @@ def no_bool_for_number(annotation: Any, value: Any) -> Any:
     return value
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _NoBoolForNumber:
+    """Every field of a section, a model or a pydantic dataclass, checked by
+    `no_bool_for_number` (pydantic collects the validator from this base)."""
 
     @field_validator("*", mode="before")
     @classmethod
     def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
-        return no_bool_for_number(cls.model_fields[info.field_name or ""].annotation, value)
+        fields_ = cls.__pydantic_fields__  # type: ignore[attr-defined]
+        return no_bool_for_number(fields_[info.field_name or ""].annotation, value)
+
+
+class _Section(_NoBoolForNumber, BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
 
 class ServerConfig(_Section):
@@ -218,17 +224,11 @@ class HealthConfig(_Section):
 
 
 @pydantic.dataclasses.dataclass(frozen=True, config=ConfigDict(extra="forbid"))
-class RoutingSection(RouterConfig):
+class RoutingSection(RouterConfig, _NoBoolForNumber):
     """Every field of the routing core's `RouterConfig` (defined, defaulted and checked once,
     there; documented in routing/README.md), plus how often the gateway scrapes replicas."""
 
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
-        fields_ = cls.__pydantic_fields__  # type: ignore[attr-defined]
-        return no_bool_for_number(fields_[info.field_name or ""].annotation, value)
 
     @field_validator("policy")
     @classmethod
@@ -241,7 +241,7 @@ class RoutingSection(RouterConfig):
         return RouterConfig(**{f.name: getattr(self, f.name) for f in fields(RouterConfig)})
 
 
-class TenancySection(TenancySettings):
+class TenancySection(TenancySettings, _NoBoolForNumber):
     """Authentication, salts and the shared store's behaviour (secrets come from the env):
     tenancy's own settings (`gateway.tenancy.service.TenancySettings`) plus the gateway's."""
 
@@ -251,11 +251,6 @@ class TenancySection(TenancySettings):
     # every other tenant is "other", so the label stays bounded
     metrics_tenants: list[str] = Field(default_factory=list)
     metrics_max_tenants: Annotated[int, Field(ge=0)] = 20
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_bool_for_number(cls, value: Any, info: ValidationInfo) -> Any:
-        return no_bool_for_number(cls.model_fields[info.field_name or ""].annotation, value)
 
 
 class SyncSection(_Section):
