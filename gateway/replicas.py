@@ -400,6 +400,24 @@ class Replica:
         self.ejected_until = now + min(backoff, self._policy.eject_max_s)
         self.state = EJECTED
 
+    def rejoin(self) -> None:
+        """Back in its pool while it still drained (discovery listed it again: a pod ready
+        again, a flapping readiness probe): it starts as a replica new to the pool does,
+        healthy and with no back-off, failures or busy streak of its past membership (it was
+        kept out for the rest of an ejection's back-off, doubled by every ejection before,
+        up to `eject_max_s`); its health checks and requests judge it from here. Requests
+        it still holds from before count as sent before an ejection (`Lease.epoch`): a late
+        failure of one does not eject it again."""
+        self.draining = False
+        self.epoch += 1
+        self.current = 0
+        self.state = HEALTHY
+        self.failures = self.outcomes = self.ejections = self.slow_probes = 0
+        self.busy_streak = 0
+        self.ejected_until = self.busy_until = 0.0
+        self.down = self.stalled = False
+        self.reason = None
+
     def mark_down(self, now: float, request: bool = True) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
         ejected: keep the back-off). ``request``: a request failed here (not a probe). Found
