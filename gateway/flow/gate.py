@@ -89,18 +89,19 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
     change, `move`; False: released), who sent it (its key's hash: whether it is still
-    valid) and for which model (where a policy change sends it), when it was first queued
+    valid), for which model and how much context it takes (``need``: where a policy change
+    sends it, a prompt too long for a pool skipping it), when it was first queued
     (``since``: a move does not restart its wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "key_hash", "model", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "since", "state")
 
     def __init__(
         self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
-        model: str, since: float,
+        model: str, need: int, since: float,
     ) -> None:
         self.fut = fut
         self.principal, self.key_hash = principal, key_hash
-        self.model, self.since = model, since
+        self.model, self.need, self.since = model, need, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -174,8 +175,8 @@ class FlowGate:
             if sent is not None:
                 return sent
             since = now if since is None else since
-            kept = await self._wait(req, principal, parsed, state, cost, now, gone,
-                                    since, deadline)
+            kept = await self._wait(req, principal, parsed, plan.features.context_tokens,
+                                    state, cost, now, gone, since, deadline)
             if kept is None:  # released
                 break
             deadline = kept
@@ -264,9 +265,9 @@ class FlowGate:
         return alt
 
     async def _wait(
-        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
-        cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
-        since: float, deadline: float,
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, need: int,
+        state: _PoolState, cost: float, now: float,
+        gone: Callable[[], Awaitable[object]] | None, since: float, deadline: float,
     ) -> float | None:
         """Queued in ``state``'s pool until released (None) or moved to another pool by a
         policy change (its deadline, which it keeps there); raises when shed, abandoned or
@@ -279,7 +280,8 @@ class FlowGate:
         max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, since)
+        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, need,
+                         since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -374,9 +376,9 @@ class FlowGate:
         for state in list(self._states.values()):
             for entry in list(state.flow.queue.entries()):
                 ticket = entry.handle
-                then = planner.pool_for(ticket.principal, ticket.model, now)
+                then = planner.pool_for(ticket.principal, ticket.model, now, ticket.need)
                 moved = replace(ticket.principal, policy=snap)
-                if planner.pool_for(moved, ticket.model, now) != then:
+                if planner.pool_for(moved, ticket.model, now, ticket.need) != then:
                     ticket.move()
 
     # -- the pump ---------------------------------------------------------------------------
@@ -435,7 +437,8 @@ class FlowGate:
     def _elsewhere(self, state: _PoolState, entry: Entry[_Ticket], principal: Principal) -> bool:
         """Whether a queued request would wait in another pool or band as ``principal``."""
         at = self._clock()
-        if self._planner.pool_for(principal, entry.handle.model, at) != state.name:
+        ticket = entry.handle
+        if self._planner.pool_for(principal, ticket.model, at, ticket.need) != state.name:
             return True
         return self.doc(principal).flow_class(principal.tier, principal.tenant_id)[0] != entry.band
 
