@@ -248,9 +248,12 @@ class FlowGate:
         self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
         now: float, peers: Mapping[str, ReplicaLoad],
     ) -> Plan | None:
-        """The tier's spill-over, tried before queueing: a plan for another pool with room."""
-        if plan.spilled:
-            return None
+        """The tier's other pool, tried before queueing: a plan for another pool with room
+        and nothing queued -- its spill-over (`spill_to`, `borrow_from`) from its home pool,
+        or its home pool from the pool tier resolution spilled it to for load (that reads
+        the replicas' scraped levels only: a spill pool full of kvgate's own requests, its
+        engine's queue empty, took requests into its queue while home had room). A request
+        spilled for its context stays (the other pool is too short for it)."""
         doc = self.doc(principal)
         tier = doc.tiers.get(principal.tier)
         if tier is None or (tier.spill_to is None and tier.borrow_from is None):
@@ -259,8 +262,10 @@ class FlowGate:
         if alt.pool is plan.pool:
             return None
         other = self.state(alt.pool.name)
-        if other.flow.queue or other.flow.saturated(
-                self._busy_full(other.name, alt.views, now), peers):
+        views = self._busy_full(other.name, alt.views, now)
+        # (a pool with no healthy replica is not saturated: it answers 503 at once)
+        if other.flow.queue or other.flow.saturated(views, peers) or not any(
+                v.healthy for v in views):
             return None
         return alt
 
