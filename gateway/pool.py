@@ -240,6 +240,14 @@ class Pools:
         self.draining.extend(out)
         return out
 
+    def pool_of(self, replica: Replica) -> Pool | None:
+        """The pool a replica (draining ones too) belongs or belonged to: its transport and
+        headers (a pool a policy removed, while it lingers)."""
+        for pool in [*self.by_name.values(), *self.retired]:
+            if pool.name == replica.pool:
+                return pool
+        return None
+
     def reap(self) -> list[Replica]:
         """Draining replicas whose last in-flight request finished (no longer tracked)."""
         done = [r for r in self.draining if r.inflight == 0]
