@@ -146,6 +146,7 @@ class Pools:
         self.draining: list[Replica] = []  # left their pool, requests still in flight
         for name, pc in self.doc.pools.items():
             self._new_pool(name, pc, PoolChanges())
+        self._settle(PoolChanges(), {})
         self.public: dict[str, Pool] = {}
         # model name (public or served) -> when this gateway first knew it, unix seconds: the
         # `created` of its /v1/models card
@@ -163,7 +164,7 @@ class Pools:
 
     def apply(self, doc: PolicyDoc) -> PoolChanges:
         """Follow a new policy document (must run on the event loop: new transports)."""
-        changes = PoolChanges()
+        changes, before = PoolChanges(), self._refusals()
         for name in [n for n in self.by_name if n not in doc.pools]:
             pool = self.by_name.pop(name)
             changes.removed.extend(self._drain(pool.replicas))
@@ -183,7 +184,7 @@ class Pools:
                 pool.served_model = pc.served_model
             if not pc.discovery:  # a discovered pool's replicas come from discovery only
                 self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)
-        self._settle(changes)
+        self._settle(changes, before)
         self.doc = doc
         self.refresh_public()
         return changes
@@ -193,21 +194,17 @@ class Pools:
         changes = PoolChanges()
         pool = self.by_name.get(name)
         if pool is not None:
+            before = self._refusals()
             self._relist(pool, sorted(u.rstrip("/") for u in urls), changes)
-            self._settle(changes)
+            self._settle(changes, before)
         return changes
 
     def _relist(self, pool: Pool, wanted: list[str], changes: PoolChanges) -> None:
         pool.wanted = wanted
         owners = {r.id: p.name for p in self.by_name.values() if p is not pool
                   for r in p.replicas}
-        refused = {rid: owners[rid] for u in wanted if (rid := replica_id(u)) in owners}
-        for rid in refused.keys() - pool.refused.keys():
-            log.error("replica not added: it is a replica of another pool already (a replica "
-                      "belongs to one pool)", extra={
-                          "pool": pool.name, "replica": rid, "owner": refused[rid]})
-        pool.refused = refused
-        kept = [u for u in wanted if replica_id(u) not in refused]
+        pool.refused = {rid: owners[rid] for u in wanted if (rid := replica_id(u)) in owners}
+        kept = [u for u in wanted if replica_id(u) not in pool.refused]
         if kept == [r.url for r in pool.replicas]:
             return
         current = {r.url: r for r in pool.replicas}
@@ -216,12 +213,22 @@ class Pools:
         changes.removed.extend(self._drain(r for u, r in current.items() if u not in kept))
         pool.set_replicas(fresh)
 
-    def _settle(self, changes: PoolChanges) -> None:
+    def _refusals(self) -> dict[str, set[str]]:
+        return {p.name: set(p.refused) for p in self.by_name.values()}
+
+    def _settle(self, changes: PoolChanges, before: dict[str, set[str]]) -> None:
         """Pools refused a replica another pool had: they take it once it has left that
-        pool (discovery publishes a set only when it changes: nothing else would)."""
+        pool (discovery publishes a set only when it changes: nothing else would). A
+        refusal still there, and not there ``before`` the change, is logged (a replica a
+        policy version moves from one pool to another was refused on the way)."""
         for pool in self.by_name.values():
             if pool.refused:
                 self._relist(pool, pool.wanted, changes)
+        for pool in self.by_name.values():
+            for rid in pool.refused.keys() - before.get(pool.name, set()):
+                log.error("replica not added: it is a replica of another pool already (a "
+                          "replica belongs to one pool)", extra={
+                              "pool": pool.name, "replica": rid, "owner": pool.refused[rid]})
 
     def _revive(self, pool: str, url: str) -> Replica:
         """A replica that comes back while still draining keeps its counters (its requests

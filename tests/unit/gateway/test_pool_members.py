@@ -12,7 +12,7 @@ import pytest
 from gateway.config import load_config
 from gateway.pool import Pools
 
-A, B = "http://10.0.0.1:8000", "http://10.0.0.2:8000"
+A, B, C = "http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"
 
 
 def _pools(pools: dict[str, Any]) -> Pools:
@@ -49,6 +49,25 @@ async def test_a_discovered_replica_of_another_pool_is_refused_until_that_pool_l
         assert {(r.pool, r.url) for r in changes.added} == {("s", B), ("d", A)}
         assert [(r.pool, r.url) for r in changes.removed] == [("s", A)]
         assert not pools.by_name["d"].refused
+    finally:
+        await pools.close()
+
+
+async def test_a_policy_moving_a_replica_between_pools_moves_it_without_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The pool it joins comes first in the document: it is refused the replica until the
+    pool it leaves lets it go, in the same change; nothing is logged."""
+    pools = _pools({"b": {"replicas": [B]}, "a": {"replicas": [A]}})
+    try:
+        doc = load_config("", overrides={"pools": {"b": {"replicas": [A, B]}, "a": {
+            "replicas": [C]}}, "models": {}}, quick=True).policy_doc()
+        with caplog.at_level(logging.ERROR, logger="gateway.pool"):
+            changes = pools.apply(doc)
+        assert not caplog.records
+        assert sorted(r.url for r in pools.by_name["b"].replicas) == [A, B]
+        assert {(r.pool, r.url) for r in changes.added} == {("b", A), ("a", C)}
+        assert [(r.pool, r.url) for r in changes.removed] == [("a", A)]
     finally:
         await pools.close()
 
