@@ -185,10 +185,28 @@ class FlowGate:
             plan = self._planner.plan(principal, parsed, req.kind, now)
         now = self._clock()
         # planned again on the policy in force now (it may have changed while this waited)
-        plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
-                                  req.kind, now)
+        principal = self._planner.gate.current(principal, req.key_hash)
+        plan = self._released(principal, parsed, req.kind, state, now)
         state = self.state(plan.pool.name)
         return self._narrow(state, plan, self.peers(now), principal.tenant_id, cost, now)
+
+    def _released(
+        self, principal: Principal, parsed: ParsedBody, kind: str, state: _PoolState, now: float,
+    ) -> Plan:
+        """The plan of a request ``state``'s pool released (it has room there, by this
+        gate's rule): that pool's, unless the policy in force sends it elsewhere whatever the
+        load (its pool removed or moved, or too short for its context) or the pool has no
+        healthy replica (released to be answered elsewhere or 503 at once). Tier resolution's
+        spill-over for load, which reads scraped levels only, sent it on to a pool that may
+        have had no room, past its bound, counted in this one's."""
+        plan = self._planner.plan(principal, parsed, kind, now)
+        if plan.pool.name == state.name:
+            return plan
+        kept = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
+        if kept.pool.name == state.name and any(
+                v.healthy for v in self._busy_full(state.name, kept.views, now)):
+            return kept
+        return plan
 
     def _pass(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
