@@ -54,12 +54,18 @@ class HealthMonitor:
         checks = [
             self._check(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
         ]
+        # a replica that left its pool with requests still waiting there for their answer to
+        # start (its pod not ready: hung, frozen) is checked until they are over: found down,
+        # they are cut and tried elsewhere (`Replica.mark_down`), as in its pool; unchecked,
+        # they waited for their first-byte timeout (5 minutes by default)
+        checks += [self._check(pool, r, draining=True) for r in self._pools.draining
+                   if r.inflight_prefill > 0 and (pool := self._pools.pool_of(r)) is not None]
         present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
         await asyncio.gather(*checks)
 
-    async def _check(self, pool: Pool, replica: Replica) -> None:
+    async def _check(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
         if not replica.probe_due(self._clock()):
             return
         answered = replica.answers  # its progress when the probe went out
@@ -109,8 +115,8 @@ class HealthMonitor:
             if came_back:
                 log.info("replica answers /health again",
                          extra={"pool": pool.name, "replica": replica.id})
-        if (pool.served_model is None or came_back
-                or (replica.id, pool.served_model) not in self._carded):
+        if not draining and (pool.served_model is None or came_back
+                             or (replica.id, pool.served_model) not in self._carded):
             await self._learn_model(pool, replica)
 
     async def _learn_model(self, pool: Pool, replica: Replica) -> None:

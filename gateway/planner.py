@@ -102,11 +102,15 @@ class Planner:
         snap = principal.policy
         return snap.doc if snap is not None else self.pools.doc
 
-    def pool_for(self, principal: Principal, model: str, now: float) -> str | None:
-        """The pool `plan` sends a request for ``model`` to now, on ``principal``'s policy
-        (None: none running here). Flow control moves a queued request whose pool a policy
-        change changed (`FlowGate.policy_changed`)."""
-        route = resolve_tier(self.doc(principal), model, principal.tier, _Views(self.pools, now))
+    def pool_for(
+        self, principal: Principal, model: str, now: float, need: int = 0,
+    ) -> str | None:
+        """The pool `plan` sends a request for ``model`` that takes ``need`` tokens of context
+        (`RequestFeatures.context_tokens`) to now, on ``principal``'s policy (None: none
+        running here). Flow control moves a queued request whose pool a policy change
+        changed (`FlowGate.policy_changed`)."""
+        route = resolve_tier(self.doc(principal), model, principal.tier,
+                             _Views(self.pools, now), need)
         if route is None:
             pool = self.pools.public.get(model)
             return pool.name if pool is not None else None

@@ -7,10 +7,18 @@ existing pools are updated in place (a replica that stays keeps its counters and
 A pool with `discovery` gets its replicas from it instead (`set_discovered`), never from the
 document. A replica that leaves its pool *drains*: it takes no new request, its in-flight
 requests finish, and `reap` hands it back once idle so the app can forget it.
+
+A replica (host:port) belongs to one pool, as `policy_doc.check_replicas_distinct` checks the
+documents: its scrapes, health and routing state are keyed by host:port. Discovery cannot be
+checked on input, so a discovered address another pool has already is refused there (logged,
+and named in /readyz while the pool has no replica), and taken once that pool lets it go: two
+pools naming one replica had one scraped and the other's load frozen at start, two in-flight
+counts for one engine, with no error anywhere.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -21,17 +29,19 @@ from dataclasses import dataclass, field
 from gateway.config import KvgateConfig
 from gateway.errors import NoReplicaAvailable
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PoolConfig
-from gateway.replicas import HealthRules, Replica, RetryBudget
+from gateway.replicas import HealthRules, Replica, RetryBudget, replica_id
 from gateway.transport import Transport, TransportFactory, default_transport
 
 __all__ = ["Pool", "PoolChanges", "Pools"]
+
+log = logging.getLogger(__name__)
 
 _MAX_RETRY_AFTER_S = 60
 
 
 class Pool:
-    __slots__ = ("budget", "by_id", "headers", "max_model_len", "name", "replicas",
-                 "served_model", "transport")
+    __slots__ = ("budget", "by_id", "headers", "max_model_len", "name", "refused", "replicas",
+                 "served_model", "transport", "wanted")
 
     def __init__(
         self, name: str, served_model: str | None, replicas: list[Replica],
@@ -43,6 +53,10 @@ class Pool:
         self.max_model_len: int | None = None
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
+        # the URLs its list or its discovery names, and those of them it does not have
+        # because another pool has that replica (replica id -> that pool)
+        self.wanted = [r.url for r in replicas]
+        self.refused: dict[str, str] = {}
         self.transport = transport
         self.budget = budget
         # sent with every upstream request: vLLM's --api-key, never the client's credentials
@@ -131,24 +145,26 @@ class Pools:
         self.retired: list[Pool] = []
         self.draining: list[Replica] = []  # left their pool, requests still in flight
         for name, pc in self.doc.pools.items():
-            self.by_name[name] = self._new_pool(name, pc)
+            self._new_pool(name, pc, PoolChanges())
+        self._settle(PoolChanges(), {})
         self.public: dict[str, Pool] = {}
         # model name (public or served) -> when this gateway first knew it, unix seconds: the
         # `created` of its /v1/models card
         self.seen: dict[str, int] = {}
         self.refresh_public()
 
-    def _new_pool(self, name: str, pc: PoolConfig) -> Pool:
-        replicas = [Replica(name, url, self._health) for url in pc.replicas]
+    def _new_pool(self, name: str, pc: PoolConfig, changes: PoolChanges) -> None:
         up = self._cfg.upstream
         transport = self._transport(up.max_connections, up.connect_timeout_s)
         api_key = os.environ.get(pc.api_key_env) if pc.api_key_env else None
         budget = RetryBudget(up.retry_budget_ratio, up.retry_budget_min)
-        return Pool(name, pc.served_model, replicas, transport, api_key, budget)
+        pool = Pool(name, pc.served_model, [], transport, api_key, budget)
+        self.by_name[name] = pool  # (before its replicas: `_relist` looks at every pool)
+        self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)
 
     def apply(self, doc: PolicyDoc) -> PoolChanges:
         """Follow a new policy document (must run on the event loop: new transports)."""
-        changes = PoolChanges()
+        changes, before = PoolChanges(), self._refusals()
         for name in [n for n in self.by_name if n not in doc.pools]:
             pool = self.by_name.pop(name)
             changes.removed.extend(self._drain(pool.replicas))
@@ -157,8 +173,7 @@ class Pools:
         for name, pc in doc.pools.items():
             found = self.by_name.get(name)
             if found is None:
-                self.by_name[name] = added = self._new_pool(name, pc)
-                changes.added.extend(added.replicas)
+                self._new_pool(name, pc, changes)
                 continue
             pool = found
             if pc.served_model is not None:
@@ -169,6 +184,7 @@ class Pools:
                 pool.served_model = pc.served_model
             if not pc.discovery:  # a discovered pool's replicas come from discovery only
                 self._relist(pool, [u.rstrip("/") for u in pc.replicas], changes)
+        self._settle(changes, before)
         self.doc = doc
         self.refresh_public()
         return changes
@@ -178,24 +194,49 @@ class Pools:
         changes = PoolChanges()
         pool = self.by_name.get(name)
         if pool is not None:
+            before = self._refusals()
             self._relist(pool, sorted(u.rstrip("/") for u in urls), changes)
+            self._settle(changes, before)
         return changes
 
     def _relist(self, pool: Pool, wanted: list[str], changes: PoolChanges) -> None:
-        if wanted == [r.url for r in pool.replicas]:
+        pool.wanted = wanted
+        owners = {r.id: p.name for p in self.by_name.values() if p is not pool
+                  for r in p.replicas}
+        pool.refused = {rid: owners[rid] for u in wanted if (rid := replica_id(u)) in owners}
+        kept = [u for u in wanted if replica_id(u) not in pool.refused]
+        if kept == [r.url for r in pool.replicas]:
             return
         current = {r.url: r for r in pool.replicas}
-        fresh = [current.get(u) or self._revive(pool.name, u) for u in wanted]
+        fresh = [current.get(u) or self._revive(pool.name, u) for u in kept]
         changes.added.extend(r for r in fresh if r.url not in current)
-        changes.removed.extend(self._drain(r for u, r in current.items() if u not in wanted))
+        changes.removed.extend(self._drain(r for u, r in current.items() if u not in kept))
         pool.set_replicas(fresh)
 
+    def _refusals(self) -> dict[str, set[str]]:
+        return {p.name: set(p.refused) for p in self.by_name.values()}
+
+    def _settle(self, changes: PoolChanges, before: dict[str, set[str]]) -> None:
+        """Pools refused a replica another pool had: they take it once it has left that
+        pool (discovery publishes a set only when it changes: nothing else would). A
+        refusal still there, and not there ``before`` the change, is logged (a replica a
+        policy version moves from one pool to another was refused on the way)."""
+        for pool in self.by_name.values():
+            if pool.refused:
+                self._relist(pool, pool.wanted, changes)
+        for pool in self.by_name.values():
+            for rid in pool.refused.keys() - before.get(pool.name, set()):
+                log.error("replica not added: it is a replica of another pool already (a "
+                          "replica belongs to one pool)", extra={
+                              "pool": pool.name, "replica": rid, "owner": pool.refused[rid]})
+
     def _revive(self, pool: str, url: str) -> Replica:
-        """A replica that comes back while still draining keeps its counters."""
+        """A replica that comes back while still draining keeps its counters (its requests
+        in flight), not its health: it starts fresh (`Replica.rejoin`)."""
         for r in self.draining:
             if r.pool == pool and r.url == url:
                 self.draining.remove(r)
-                r.draining = False
+                r.rejoin()
                 return r
         return Replica(pool, url, self._health)
 
@@ -205,6 +246,14 @@ class Pools:
             r.draining = True
         self.draining.extend(out)
         return out
+
+    def pool_of(self, replica: Replica) -> Pool | None:
+        """The pool a replica (draining ones too) belongs or belonged to: its transport and
+        headers (a pool a policy removed, while it lingers)."""
+        for pool in [*self.by_name.values(), *self.retired]:
+            if pool.name == replica.pool:
+                return pool
+        return None
 
     def reap(self) -> list[Replica]:
         """Draining replicas whose last in-flight request finished (no longer tracked)."""
@@ -269,6 +318,10 @@ def _not_ready(pool: Pool, now: float, operator: bool) -> str:
     # a pool with no replica at all (discovery found none yet, or none is left) said "no
     # healthy replica" or "no replica answered", as if some were there and down
     if not pool.replicas:
+        if pool.refused:
+            owned = "; ".join(f"{rid}: a replica of pool {owner}"
+                              for rid, owner in sorted(pool.refused.items()))
+            return f"no replica listed or discovered of its own ({owned})"
         return "no replica listed or discovered"
     why = _why(pool) if operator else f" ({pool.condition(now)})"
     if not pool.served_model:

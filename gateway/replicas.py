@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Literal
 from urllib.parse import urlsplit
 
 from gateway.scrape import Sample
@@ -35,11 +36,14 @@ from gateway.stall import StallWatch, progress
 from routing.learning import TtftFit
 from routing.types import ReplicaView
 
-__all__ = ["HealthRules", "Lease", "Replica", "RetryBudget", "replica_id"]
+__all__ = ["HealthRules", "Lease", "Lost", "Replica", "RetryBudget", "replica_id"]
 
 log = logging.getLogger(__name__)
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+# why a replica's prefix cache is empty (`Replica.record_scrape`): its engine restarted (its
+# counters went back), or its process was found gone (nothing listening at its address)
+Lost = Literal["restarted", "gone"]
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
 # task on that replica is judged by the epoch its request was sent in; one recorded anywhere
 # else (a probe, another replica's attempt) counts as current
@@ -173,28 +177,31 @@ class Replica:
         _SENT.set(lease)
         return lease
 
-    def record_scrape(self, sample: Sample | None, now: float) -> bool:
-        """A scrape finished; a failed one (None) leaves the last good sample to age. True
-        when the engine restarted since the last good one (its counters went back) or its
-        process was found gone meanwhile (`lost_cache`: the only sign where vLLM exports no
-        counters, ``--disable-log-stats``): its prefix cache is empty. Also judges whether its
+    def record_scrape(self, sample: Sample | None, now: float) -> Lost | None:
+        """A scrape finished; a failed one (None) leaves the last good sample to age. Says
+        when its prefix cache is empty: ``"restarted"`` when its engine restarted since the
+        last good one (its counters went back), ``"gone"`` when its process was found gone
+        meanwhile (`lost_cache`: nothing listened at its address; the only sign where vLLM
+        exports no counters, ``--disable-log-stats``), else None. Also judges whether its
         engine is stalled (`gateway.stall`)."""
         self._judge_progress(sample, now)
-        restarted, self.lost_cache = self.lost_cache, False
+        lost: Lost | None = "gone" if self.lost_cache else None
+        self.lost_cache = False
         if sample is None:
-            return restarted
+            return lost
         prev = self.scraped
         if prev is not None:
             self.hit_ratio = _delta_ratio(
                 prev.prefix_cache_hits, prev.prefix_cache_queries,
                 sample.prefix_cache_hits, sample.prefix_cache_queries, self.hit_ratio,
             )
-            restarted = _went_back(prev, sample) or restarted
+            if _went_back(prev, sample):
+                lost = "restarted"
             before, after = progress(prev), progress(sample)
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
-        return restarted
+        return lost
 
     def silent_for(self, now: float) -> float:
         """How long requests have waited here with nothing heard from it (`ReplicaView.
@@ -399,6 +406,24 @@ class Replica:
         backoff = self._policy.eject_base_s * 2 ** (self.ejections - 1)
         self.ejected_until = now + min(backoff, self._policy.eject_max_s)
         self.state = EJECTED
+
+    def rejoin(self) -> None:
+        """Back in its pool while it still drained (discovery listed it again: a pod ready
+        again, a flapping readiness probe): it starts as a replica new to the pool does,
+        healthy and with no back-off, failures or busy streak of its past membership (it was
+        kept out for the rest of an ejection's back-off, doubled by every ejection before,
+        up to `eject_max_s`); its health checks and requests judge it from here. Requests
+        it still holds from before count as sent before an ejection (`Lease.epoch`): a late
+        failure of one does not eject it again."""
+        self.draining = False
+        self.epoch += 1
+        self.current = 0
+        self.state = HEALTHY
+        self.failures = self.outcomes = self.ejections = self.slow_probes = 0
+        self.busy_streak = 0
+        self.ejected_until = self.busy_until = 0.0
+        self.down = self.stalled = False
+        self.reason = None
 
     def mark_down(self, now: float, request: bool = True) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already

@@ -45,7 +45,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.pool import Pools
 from gateway.proxy import Proxy
-from gateway.replicas import Replica
+from gateway.replicas import Lost, Replica
 from gateway.responses import SharedHomes
 from gateway.scrape import Sample, Scraper
 from gateway.tenancy import Tenancy, Tenant, build_tenancy, connect_redis
@@ -62,6 +62,12 @@ from routing.router import Router
 __all__ = ["Runtime", "start_runtime"]
 
 log = logging.getLogger(__name__)
+# the log line of a replica whose prefix cache is empty, by why (`Replica.record_scrape`): a
+# replica found gone was logged "restarted" while nothing listened at its address yet
+_LOST: dict[Lost, str] = {
+    "restarted": "replica restarted: its prefix cache starts empty",
+    "gone": "replica gone (nothing listens at its address): its prefix cache is lost",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,10 +185,9 @@ def _scraper(
     def on_sample(replica_id: str, sample: Sample | None, now: float) -> None:
         replica = by_id.get(replica_id)
         if replica is not None:
-            if replica.record_scrape(sample, now):
-                # its counters went back: a new engine, whose prefix cache is empty
-                log.info("replica restarted: its prefix cache starts empty",
-                         extra={"pool": replica.pool, "replica": replica_id})
+            lost = replica.record_scrape(sample, now)
+            if lost is not None:  # its prefix cache is empty: what the router knew is gone
+                log.info(_LOST[lost], extra={"pool": replica.pool, "replica": replica_id})
                 router.forget_cache(replica_id)
             counters = sample.engine_counters() if sample is not None else None
             if counters is not None:  # every request teaches the TTFT model

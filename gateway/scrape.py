@@ -147,12 +147,14 @@ def _samples(text: str) -> Iterator[tuple[str, str, float]]:
         if m is None:
             raise ValueError(f"not a sample line: {line[:80]!r}")
         if m.group(1) in _WANTED_NAMES:
-            value = float(m.group(3))
+            name, value = m.group(1), float(m.group(3))
             # NaN, +-Inf or a negative count/fraction is no reading (every series read here is a
             # count, a counter, a histogram's _sum/_count or a fraction): the series is skipped,
-            # as if the page did not export it, instead of poisoning the sums the router reads
-            if math.isfinite(value) and value >= 0.0:
-                yield m.group(1), m.group(2) or "", value
+            # as if the page did not export it, instead of poisoning the sums the router reads;
+            # so is a KV usage above 1 (a fraction, whatever "perc" says: an exporter's per
+            # cent, 75, kept the replica full by flow control's KV knee, its pool saturated)
+            if math.isfinite(value) and value >= 0.0 and (value <= 1.0 or name not in _KV):
+                yield name, m.group(2) or "", value
 
 
 def _labels(raw: str) -> dict[str, str]:

@@ -89,18 +89,19 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
 class _Ticket:
     """One queued request's handle: its future (True: moved to another pool by a policy
     change, `move`; False: released), who sent it (its key's hash: whether it is still
-    valid) and for which model (where a policy change sends it), when it was first queued
+    valid), for which model and how much context it takes (``need``: where a policy change
+    sends it, a prompt too long for a pool skipping it), when it was first queued
     (``since``: a move does not restart its wait) and, once offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "key_hash", "model", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "since", "state")
 
     def __init__(
         self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
-        model: str, since: float,
+        model: str, need: int, since: float,
     ) -> None:
         self.fut = fut
         self.principal, self.key_hash = principal, key_hash
-        self.model, self.since = model, since
+        self.model, self.need, self.since = model, need, since
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -174,8 +175,8 @@ class FlowGate:
             if sent is not None:
                 return sent
             since = now if since is None else since
-            kept = await self._wait(req, principal, parsed, state, cost, now, gone,
-                                    since, deadline)
+            kept = await self._wait(req, principal, parsed, plan.features.context_tokens,
+                                    state, cost, now, gone, since, deadline)
             if kept is None:  # released
                 break
             deadline = kept
@@ -184,10 +185,28 @@ class FlowGate:
             plan = self._planner.plan(principal, parsed, req.kind, now)
         now = self._clock()
         # planned again on the policy in force now (it may have changed while this waited)
-        plan = self._planner.plan(self._planner.gate.current(principal, req.key_hash), parsed,
-                                  req.kind, now)
+        principal = self._planner.gate.current(principal, req.key_hash)
+        plan = self._released(principal, parsed, req.kind, state, now)
         state = self.state(plan.pool.name)
         return self._narrow(state, plan, self.peers(now), principal.tenant_id, cost, now)
+
+    def _released(
+        self, principal: Principal, parsed: ParsedBody, kind: str, state: _PoolState, now: float,
+    ) -> Plan:
+        """The plan of a request ``state``'s pool released (it has room there, by this
+        gate's rule): that pool's, unless the policy in force sends it elsewhere whatever the
+        load (its pool removed or moved, or too short for its context) or the pool has no
+        healthy replica (released to be answered elsewhere or 503 at once). Tier resolution's
+        spill-over for load, which reads scraped levels only, sent it on to a pool that may
+        have had no room, past its bound, counted in this one's."""
+        plan = self._planner.plan(principal, parsed, kind, now)
+        if plan.pool.name == state.name:
+            return plan
+        kept = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
+        if kept.pool.name == state.name and any(
+                v.healthy for v in self._busy_full(state.name, kept.views, now)):
+            return kept
+        return plan
 
     def _pass(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, plan: Plan,
@@ -247,9 +266,12 @@ class FlowGate:
         self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
         now: float, peers: Mapping[str, ReplicaLoad],
     ) -> Plan | None:
-        """The tier's spill-over, tried before queueing: a plan for another pool with room."""
-        if plan.spilled:
-            return None
+        """The tier's other pool, tried before queueing: a plan for another pool with room
+        and nothing queued -- its spill-over (`spill_to`, `borrow_from`) from its home pool,
+        or its home pool from the pool tier resolution spilled it to for load (that reads
+        the replicas' scraped levels only: a spill pool full of kvgate's own requests, its
+        engine's queue empty, took requests into its queue while home had room). A request
+        spilled for its context stays (the other pool is too short for it)."""
         doc = self.doc(principal)
         tier = doc.tiers.get(principal.tier)
         if tier is None or (tier.spill_to is None and tier.borrow_from is None):
@@ -258,15 +280,17 @@ class FlowGate:
         if alt.pool is plan.pool:
             return None
         other = self.state(alt.pool.name)
-        if other.flow.queue or other.flow.saturated(
-                self._busy_full(other.name, alt.views, now), peers):
+        views = self._busy_full(other.name, alt.views, now)
+        # (a pool with no healthy replica is not saturated: it answers 503 at once)
+        if other.flow.queue or other.flow.saturated(views, peers) or not any(
+                v.healthy for v in views):
             return None
         return alt
 
     async def _wait(
-        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, state: _PoolState,
-        cost: float, now: float, gone: Callable[[], Awaitable[object]] | None,
-        since: float, deadline: float,
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, need: int,
+        state: _PoolState, cost: float, now: float,
+        gone: Callable[[], Awaitable[object]] | None, since: float, deadline: float,
     ) -> float | None:
         """Queued in ``state``'s pool until released (None) or moved to another pool by a
         policy change (its deadline, which it keeps there); raises when shed, abandoned or
@@ -279,7 +303,8 @@ class FlowGate:
         max_wait = min(max_wait, deadline - now)  # past it: shed at the pump's next look
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
-        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, since)
+        ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, need,
+                         since)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -374,9 +399,9 @@ class FlowGate:
         for state in list(self._states.values()):
             for entry in list(state.flow.queue.entries()):
                 ticket = entry.handle
-                then = planner.pool_for(ticket.principal, ticket.model, now)
+                then = planner.pool_for(ticket.principal, ticket.model, now, ticket.need)
                 moved = replace(ticket.principal, policy=snap)
-                if planner.pool_for(moved, ticket.model, now) != then:
+                if planner.pool_for(moved, ticket.model, now, ticket.need) != then:
                     ticket.move()
 
     # -- the pump ---------------------------------------------------------------------------
@@ -435,7 +460,8 @@ class FlowGate:
     def _elsewhere(self, state: _PoolState, entry: Entry[_Ticket], principal: Principal) -> bool:
         """Whether a queued request would wait in another pool or band as ``principal``."""
         at = self._clock()
-        if self._planner.pool_for(principal, entry.handle.model, at) != state.name:
+        ticket = entry.handle
+        if self._planner.pool_for(principal, ticket.model, at, ticket.need) != state.name:
             return True
         return self.doc(principal).flow_class(principal.tier, principal.tenant_id)[0] != entry.band
 

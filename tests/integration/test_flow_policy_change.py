@@ -35,14 +35,14 @@ FLOW = {"enabled": True, "max_waiting": 0, "max_unanswered": 1, "tick_ms": 5}
 class Filler(threading.Thread):
     """A long stream that keeps a seat of the replica busy until stopped."""
 
-    def __init__(self, base: str, key: str, model: str = "m") -> None:
+    def __init__(self, base: str, key: str, model: str = "m", content: str = "fill") -> None:
         super().__init__(daemon=True)
-        self.base, self.key, self.model = base, key, model
+        self.base, self.key, self.model, self.content = base, key, model, content
         self.halt = threading.Event()
 
     def run(self) -> None:
         body = {"model": self.model, "stream": True, "max_tokens": 4000, "ignore_eos": True,
-                "messages": [{"role": "user", "content": "fill"}]}
+                "messages": [{"role": "user", "content": self.content}]}
         with httpx.Client(timeout=60) as c, c.stream(
                 "POST", f"{self.base}/v1/chat/completions", json=body,
                 headers={"Authorization": f"Bearer {self.key}"}) as resp:
@@ -129,21 +129,23 @@ def _policy_edit(edit: Callable[[dict[str, Any]], None]) -> Callable[[httpx.Clie
     return change
 
 
-def _queued_through(base: str, change: Callable[[httpx.Client], None]) -> dict[str, Any]:
-    """A request of a free tenant queued behind three fillers in pool p while an operator
-    makes ``change`` through the admin API: its answer (``replica``, ``route``, ``text``,
-    ``after_s``: seconds from the change) or ``error``, taken while the fillers still run."""
-    key = _free_key(base)
-    fillers = [Filler(base, key) for _ in range(3)]
+def _queued_through(base: str, change: Callable[[httpx.Client], None], pool: str = "p",
+                    content: str = "hi", key: str | None = None) -> dict[str, Any]:
+    """A request of a free tenant (its message ``content``) queued behind three fillers (of
+    that content too) in ``pool`` while an operator makes ``change`` through the admin API:
+    its answer (``replica``, ``route``, ``text``, ``after_s``: seconds from the change) or
+    ``error``, taken while the fillers still run. ``key``: the tenant's (else a new one)."""
+    key = key or _free_key(base)
+    fillers = [Filler(base, key, content=content) for _ in range(3)]
     answer: dict[str, Any] = {}
-    with _saturating(base, fillers, ("p",)):
+    with _saturating(base, fillers, (pool,)):
 
         def queued() -> None:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0,
                                    timeout=30)
             try:
                 raw = client.chat.completions.with_raw_response.create(
-                    model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+                    model="m", messages=[{"role": "user", "content": content}], max_tokens=3)
                 answer["after_s"] = time.monotonic() - changed
                 answer["replica"] = raw.headers["x-kvgate-replica"]
                 answer["route"] = raw.headers["x-kvgate-route"]
@@ -214,6 +216,33 @@ def test_a_queued_request_of_a_tenant_moved_to_another_tier_goes_where_that_tier
     assert answer["replica"] == f"q/{idle_url.removeprefix('http://')}", answer
     assert answer["route"] == "queued", answer  # it waited (in p), then went to q
     assert answer["after_s"] < 5, answer  # not when p has room again
+
+
+def test_a_queued_prompt_too_long_for_home_moves_with_its_tiers_spill_pool() -> None:
+    """A prompt too long for its tier's home pool waits in the queue of the tier's spill pool
+    (saturated); the operator points the tier's `spill_to` at an idle pool. Whether the change
+    moves a queued request was judged as if it took no context (both policies: the home
+    pool), so it stayed behind the old spill pool's saturation (here until its fillers end,
+    some 25 s) while the same prompts sent after the change went to the new one. It moves
+    there at once."""
+    long = ("--max-num-seqs", "2", "--latency-ms", "20", "--max-model-len", "16384")
+    with _serve([("--time-scale", "50", "--max-model-len", "2048"), long,
+                 ("--time-scale", "50", "--max-model-len", "16384")],
+                {"h": [0], "big": [1], "big2": [2]}, {"m": {"default": "h"}},
+                {"default": {}, "free": {"spill_to": "big"}}) as (base, urls):
+        key = _free_key(base)
+        wait_for(lambda: httpx.get(f"{base}/v1/models/m", headers={
+            "Authorization": f"Bearer {key}"}).json().get("max_model_len") == 2048,
+            10, "the home pool's context learned")
+
+        def spill_to_big2(doc: dict[str, Any]) -> None:
+            doc["tiers"]["free"]["spill_to"] = "big2"
+
+        answer = _queued_through(base, _policy_edit(spill_to_big2), "big",
+                                 content="word " * 2000, key=key)  # ~2,500 tokens: not for h
+    assert "error" not in answer, answer
+    assert answer["replica"] == f"big2/{urls[2].removeprefix('http://')}", answer
+    assert answer["after_s"] < 5, answer  # not when big has room again
 
 
 MAX_WAIT_S = 3.0  # the free tier's longest wait in the two-pool fleet

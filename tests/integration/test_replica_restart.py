@@ -5,13 +5,14 @@ still holds to the cold one), and learn them again from the next requests."""
 
 from __future__ import annotations
 
+import json
 from contextlib import ExitStack
 
 import httpx
 import openai
 
 from tests.support.gateway import gateway_proc, metric_values, wait_for
-from tests.support.procs import free_port, sim_proc
+from tests.support.procs import Proc, free_port, sim_proc
 
 MODEL = "sim-model"
 SYSTEM = " ".join(f"rule {i}: answer precisely and cite the section." for i in range(60))
@@ -81,3 +82,34 @@ def test_a_replica_restarted_without_counters_is_not_thought_to_hold_its_old_pre
                  what="the restarted replica back")
         assert _entries(base, holder) == 0
         assert _ask(client, "third")[1] != "prefix-hit"
+
+
+def _said(gw: Proc, msg: str, replica: str) -> bool:
+    """Whether the gateway logged ``msg`` about ``replica`` (one JSON object a line)."""
+    lines = (json.loads(line) for line in gw.output(None).splitlines() if line.startswith("{"))
+    return any(e.get("msg", "").startswith(msg) and e.get("replica") == replica for e in lines)
+
+
+def test_a_replica_found_gone_is_logged_gone_and_restarted_once_back() -> None:
+    """A replica whose process stopped (nothing listening at its address) was logged "replica
+    restarted: its prefix cache starts empty" at the first scrape after its /health was
+    refused, while it was still gone: an operator read a restart that had not happened. It
+    is logged gone then, and restarted when a new engine answers (its counters went back)."""
+    port = free_port()
+    with ExitStack() as stack:
+        sim = stack.enter_context(sim_proc(port, "--time-scale", "50", model=MODEL)[0])
+        url = f"http://127.0.0.1:{port}"
+        gw, base = gateway_proc(upstreams=[url],
+                                env={"KVGATE_ROUTING__SCRAPE_INTERVAL_MS": "100"})
+        stack.enter_context(gw)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        replica = _ask(client, "first")[0]  # the engine's counters count something
+        wait_for(lambda: "vllm:prompt_tokens_total" in httpx.get(f"{url}/metrics").text)
+
+        sim.stop()
+        wait_for(lambda: _said(gw, "replica gone", replica), what="the replica logged gone")
+        assert not _said(gw, "replica restarted", replica), gw.output()
+
+        stack.enter_context(sim_proc(port, "--time-scale", "50", model=MODEL)[0])
+        wait_for(lambda: _said(gw, "replica restarted", replica),
+                 what="the replica logged restarted once back")

@@ -260,3 +260,13 @@ def test_a_sum_past_the_largest_float_is_no_reading() -> None:
                            'vllm:num_requests_running{engine="0"} 2\n')
     assert s.waiting is None
     assert s.running == 2.0
+
+
+def test_a_kv_usage_above_one_is_no_reading() -> None:
+    """KV usage is a fraction (vLLM's ``kv_cache_usage_perc`` too): 75 (per cent, scaled by an
+    exporter) is skipped, an engine's in range is read."""
+    s = parse_vllm_metrics('vllm:kv_cache_usage_perc{engine="0"} 75\n'
+                           'vllm:kv_cache_usage_perc{engine="1"} 0.5\n'
+                           "vllm:gpu_cache_usage_perc 1.5\n")
+    assert s.kv_usage == 0.5
+    assert parse_vllm_metrics("vllm:kv_cache_usage_perc 1\n").kv_usage == 1.0

@@ -220,9 +220,9 @@ def test_counters_going_back_say_the_engine_restarted(
     before: Sample, after: Sample, restarted: bool,
 ) -> None:
     r = Replica("p", "http://a:1", HealthRules())
-    assert r.record_scrape(before, 1.0) is False  # the first sample: nothing to compare
-    assert r.record_scrape(None, 2.0) is False  # a failed scrape says nothing
-    assert r.record_scrape(after, 3.0) is restarted
+    assert r.record_scrape(before, 1.0) is None  # the first sample: nothing to compare
+    assert r.record_scrape(None, 2.0) is None  # a failed scrape says nothing
+    assert r.record_scrape(after, 3.0) == ("restarted" if restarted else None)
 
 
 def _dp_page(engines: dict[str, tuple[int, int, int]]) -> str:
@@ -244,12 +244,12 @@ def test_a_page_missing_one_data_parallel_engine_is_not_a_restart() -> None:
 
     r = Replica("p", "http://a:1", HealthRules())
     full = _dp_page({"0": (5000, 6000, 700), "1": (4000, 5000, 600)})
-    assert r.record_scrape(parse_vllm_metrics(full), 1.0) is False
+    assert r.record_scrape(parse_vllm_metrics(full), 1.0) is None
     page = _dp_page({"0": (5100, 6100, 710), "1": (4100, 5100, 610)})
     cut = page[:page.index('vllm:generation_tokens_total{engine="1"')]
-    assert r.record_scrape(parse_vllm_metrics(cut), 2.0) is False
+    assert r.record_scrape(parse_vllm_metrics(cut), 2.0) is None
     restarted = _dp_page({"0": (0, 0, 0), "1": (0, 0, 0)})
-    assert r.record_scrape(parse_vllm_metrics(restarted), 3.0) is True
+    assert r.record_scrape(parse_vllm_metrics(restarted), 3.0) == "restarted"
 
 
 @pytest.mark.parametrize(
