@@ -57,7 +57,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import json_object, read_whole
+from gateway.whole import cut_json, json_object, read_whole
 from routing.router import Router
 
 __all__ = ["REQUEST_FAULT", "Relay"]
@@ -71,6 +71,8 @@ _SHARE_WAIT_S = 1.0  # = the write's own timeout
 _JSON = "application/json"
 # the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
 REQUEST_FAULT = "request_error_event"
+_CUT = "The replica failed while answering."  # a whole answer cut short (reset or closed)
+
 def _total(usage: dict[str, int]) -> int:
     return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
 
@@ -351,7 +353,7 @@ class Relay:
             data = await read_whole(resp, self._cfg.upstream.max_answer_bytes, req.ctl.touch)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError("The replica failed while answering.", reason="cut") from None
+            raise UpstreamError(_CUT, reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
         if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
@@ -359,6 +361,9 @@ class Relay:
             # stream, would reach the SDK as a str or as an empty stream that looks complete
             replica.record_failure(self._clock())
             raise not_what_was_asked(stream, resp.content_type)
+        if resp.status == 200 and cut_json(resp, data):  # ended by a clean close mid-answer
+            replica.record_failure(self._clock())
+            raise UpstreamError(_CUT, reason="cut")
         if 200 < resp.status < 400 and not req.sse:  # (opened by keep-alives: see below)
             # vLLM answers its routes 200 or an error; a 204, a 202 page or a redirect comes
             # from something else on that address (a proxy, an ingress redirecting to https):
