@@ -15,6 +15,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from tests.support.bad_replica import CHAT_ANSWER, BadReplica, chunked, sse_head, whole
 from tests.support.gateway import acme_gateway, admin_client, inflight, request_statuses
@@ -25,7 +26,7 @@ TPM = 1000
 CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",' \
     b'"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
 DONE = b"data: [DONE]\n\n"
-HELLO = [{"role": "user", "content": "Hello"}]
+HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,8 @@ def test_output_counts_sent_as_vllm_reads_them_are_reserved(
         raw = _client(gw).chat.completions.with_raw_response.create(
             model="llama", messages=HELLO, stream=True,
             extra_body={"max_tokens": max_tokens, "n": n})
-        assert [c.choices[0].delta.content for c in raw.parse()] == ["hi"]
+        chunks = [c for c in raw.parse() if isinstance(c, ChatCompletionChunk)]
+        assert [c.choices[0].delta.content for c in chunks] == ["hi"]
     finally:
         replica.answer = whole(CHAT_ANSWER)
     left = int(raw.headers["x-ratelimit-remaining-tokens"])  # the stream's head: reserved
@@ -84,7 +86,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
 
 def _send(client: openai.OpenAI, kind: str, fields: dict[str, Any]) -> object:
     if kind == "chat":
-        body = {"messages": HELLO, **fields}
+        body: dict[str, Any] = {"messages": HELLO, **fields}
         return client.chat.completions.create(model="llama", **body)
     if kind == "completions":
         return client.completions.create(model="llama", prompt=fields.pop("prompt"),
