@@ -43,7 +43,7 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import (
     ENGINE_DIED,
     alone_with_error_event,
@@ -364,6 +364,9 @@ class Relay:
         if resp.status == 200 and cut_json(resp, data):  # ended by a clean close mid-answer
             replica.record_failure(self._clock())
             raise UpstreamError(_CUT, reason="cut")
+        if resp.status == 200 and (said := error_in_success(data)) is not None:
+            replica.record_failure(self._clock())  # (as a JSON error for a stream: `ended_early`)
+            raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}", reason="not_json")
         if 200 < resp.status < 400 and not req.sse:  # (opened by keep-alives: see below)
             # vLLM answers its routes 200 or an error; a 204, a 202 page or a redirect comes
             # from something else on that address (a proxy, an ingress redirecting to https):

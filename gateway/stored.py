@@ -60,7 +60,7 @@ from gateway.stream_end import (
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import not_an_answer, not_what_was_asked
 from gateway.whole import cut_json, json_object, read_whole
 
@@ -281,6 +281,8 @@ class StoredResponses:
             raise not_what_was_asked(False, content_type)
         if status == 200 and cut_json(resp, body):  # ended by a clean close mid-answer, as
             raise UpstreamError(_UNANSWERED)  # a reset there ends it
+        if status == 200 and (said := error_in_success(body)) is not None:
+            raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}")
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"
