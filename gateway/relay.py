@@ -57,7 +57,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import cut_json, json_object, read_whole
+from gateway.whole import CUT_ANSWER, cut_json, json_object, read_whole
 from routing.router import Router
 
 __all__ = ["REQUEST_FAULT", "Relay"]
@@ -71,8 +71,6 @@ _SHARE_WAIT_S = 1.0  # = the write's own timeout
 _JSON = "application/json"
 # the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
 REQUEST_FAULT = "request_error_event"
-_CUT = "The replica failed while answering."  # a whole answer cut short (reset or closed)
-
 def _total(usage: dict[str, int]) -> int:
     return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
 
@@ -353,7 +351,7 @@ class Relay:
             data = await read_whole(resp, self._cfg.upstream.max_answer_bytes, req.ctl.touch)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError(_CUT, reason="cut") from None
+            raise UpstreamError(CUT_ANSWER, reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
         if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
@@ -361,9 +359,10 @@ class Relay:
             # stream, would reach the SDK as a str or as an empty stream that looks complete
             replica.record_failure(self._clock())
             raise not_what_was_asked(stream, resp.content_type)
-        if resp.status == 200 and cut_json(resp, data):  # ended by a clean close mid-answer
+        if resp.status == 200 and cut_json(resp.content_length is not None, data):
+            # ended by a clean close mid-answer (its JSON cut at a nested object's "}")
             replica.record_failure(self._clock())
-            raise UpstreamError(_CUT, reason="cut")
+            raise UpstreamError(CUT_ANSWER, reason="cut")
         if resp.status == 200 and (said := error_in_success(data)) is not None:
             replica.record_failure(self._clock())  # (as a JSON error for a stream: `ended_early`)
             raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}", reason="not_json")

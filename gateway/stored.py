@@ -279,8 +279,8 @@ class StoredResponses:
             raise not_an_answer(status)  # internal address) is something else's at its address
         if status == 200 and not json_object(content_type, body):  # an HTML page, a cut body
             raise not_what_was_asked(False, content_type)
-        if status == 200 and cut_json(resp, body):  # ended by a clean close mid-answer, as
-            raise UpstreamError(_UNANSWERED)  # a reset there ends it
+        if status == 200 and cut_json(resp.content_length is not None, body):
+            raise UpstreamError(_UNANSWERED)  # ended by a clean close mid-answer, as by a reset
         if status == 200 and (said := error_in_success(body)) is not None:
             raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}")
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
