@@ -470,7 +470,7 @@ def test_an_answer_that_is_not_one_is_the_same_502_at_both_edges(
         created = _client(bad[1][edge]).chat.completions.create(
             model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
         if stream:
-            list(created)  # type: ignore[arg-type]
+            list(created)
     assert err.value.status_code == 502
     assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
                               "code": 502}
