@@ -69,7 +69,7 @@ _OUTPUT_COUNTS = {
     "completions": (("max_tokens", 0), ("n", 1)),
     "responses": (("max_output_tokens", 0),),
 }
-_MAX_COUNT = 2**63 - 1
+_MAX_COUNT = 2**64 - 1  # (`wideints`: what orjson writes back)
 _LAX_INT = TypeAdapter(int)  # a pydantic ``int`` field in lax mode, as vLLM's models read one
 # the prompt field kvgate estimates a request's tokens by, and the JSON types vLLM takes for it
 _PROMPT_FIELDS: dict[str, tuple[str, tuple[type, ...], str]] = {
@@ -187,7 +187,8 @@ def _check_counted(data: dict[str, Any], kind: str) -> None:
             count = -1
         if not least <= count <= _MAX_COUNT:
             what = "a non-negative" if least == 0 else "a positive"
-            raise BadRequest(f"`{name}` must be {what} integer.", param=name)
+            raise BadRequest(f"`{name}` must be {what} integer (of at most 64 bits).",
+                             param=name)
         data[name] = count  # as vLLM reads it, and as `gateway.flow.cost` reads it
 
 
