@@ -43,8 +43,10 @@ def _stream(base: str) -> httpx.Response:
         "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}]})
 
 
-@pytest.mark.parametrize(
-    "body", [NESTED, FLAT, NESTED + b"\n"], ids=["nested", "flat", "line-ended"])
+@pytest.mark.parametrize("body", [
+    NESTED, FLAT, NESTED + b"\n", NESTED + b"\n\n", orjson.dumps(
+        orjson.loads(NESTED), option=orjson.OPT_INDENT_2) + b"\n\n\n"],
+    ids=["nested", "flat", "line-ended", "blank-line-ended", "indented"])
 def test_an_error_object_for_a_stream_is_a_502_with_its_message(
     gw: tuple[BadReplica, str], body: bytes,
 ) -> None:
@@ -149,9 +151,15 @@ def test_an_html_page_after_the_first_event_ends_the_stream_saying_so(
     wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
 
 
-def test_text_that_is_no_event_stream_is_a_502_that_says_so(gw: tuple[BadReplica, str]) -> None:
+@pytest.mark.parametrize("body", [b"Service Unavailable", b'{"id": "x", "choices": []}\n\n'],
+                         ids=["text", "json-answer"])
+def test_text_that_is_no_event_stream_is_a_502_that_says_so(
+    gw: tuple[BadReplica, str], body: bytes,
+) -> None:
+    """A line of such a body followed by a blank line was an event of fields the client
+    ignores: relayed in a 200 (the JSON error object's message lost)."""
     replica, base = gw
-    replica.answer = sse_head() + chunked(b"Service Unavailable")
+    replica.answer = sse_head() + chunked(body)
     resp = _stream(base)
     assert resp.status_code == 502
     assert resp.json()["error"]["message"] == NOT_SSE
