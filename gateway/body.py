@@ -63,13 +63,15 @@ NO_OUTPUT_KINDS = frozenset({"embeddings"})
 
 # the output counts kvgate reads (the TPM reservation, flow control's charge:
 # `gateway.flow.cost`) on the routes whose vLLM request models declare them, and the least
-# each may be (vLLM refuses a lower one too; the largest orjson writes back is the most)
+# each may be here: a negative number of tokens is none (vLLM refuses it too); an `n` below 1
+# is vLLM's to refuse ("n must be at least 1, got 0."). The most: what orjson writes back
+_ANY = -(2**63)
 _OUTPUT_COUNTS = {
-    "chat": (("max_completion_tokens", 0), ("max_tokens", 0), ("n", 1)),
-    "completions": (("max_tokens", 0), ("n", 1)),
+    "chat": (("max_completion_tokens", 0), ("max_tokens", 0), ("n", _ANY)),
+    "completions": (("max_tokens", 0), ("n", _ANY)),
     "responses": (("max_output_tokens", 0),),
 }
-_MAX_COUNT = 2**64 - 1  # (`wideints`: what orjson writes back)
+_MAX_COUNT = 2**64 - 1  # (`wideints`)
 _LAX_INT = TypeAdapter(int)  # a pydantic ``int`` field in lax mode, as vLLM's models read one
 # the prompt field kvgate estimates a request's tokens by, and the JSON types vLLM takes for it
 _PROMPT_FIELDS: dict[str, tuple[str, tuple[type, ...], str]] = {
@@ -182,13 +184,12 @@ def _check_counted(data: dict[str, Any], kind: str) -> None:
         if value is None or (type(value) is int and least <= value <= _MAX_COUNT):
             continue  # (the common case: absent, or a JSON integer in range)
         try:
-            count = _LAX_INT.validate_python(value)
+            count: int | None = _LAX_INT.validate_python(value)
         except ValidationError:
-            count = -1
-        if not least <= count <= _MAX_COUNT:
-            what = "a non-negative" if least == 0 else "a positive"
-            raise BadRequest(f"`{name}` must be {what} integer (of at most 64 bits).",
-                             param=name)
+            count = None
+        if count is None or not least <= count <= _MAX_COUNT:
+            what = "a non-negative integer" if least == 0 else "an integer"
+            raise BadRequest(f"`{name}` must be {what} (of at most 64 bits).", param=name)
         data[name] = count  # as vLLM reads it, and as `gateway.flow.cost` reads it
 
 

@@ -70,7 +70,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("chat", {"max_tokens": -1}, "max_tokens"),
     ("chat", {"max_tokens": [5]}, "max_tokens"),
     ("chat", {"max_completion_tokens": {"n": 5}}, "max_completion_tokens"),
-    ("chat", {"n": 0}, "n"),
+    ("chat", {"n": 2.5}, "n"),
     ("chat", {"n": "two"}, "n"),
     ("chat", {"n": "99999999999999999999999"}, "n"),  # past what orjson writes back
     ("chat", {"messages": "Hello"}, "messages"),

@@ -44,7 +44,7 @@ def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes,
         (b'{"model": "m", "max_tokens": "lots"}', "max_tokens"),
         (b'{"model": "m", "max_tokens": -2}', "max_tokens"),
         (b'{"model": "m", "max_completion_tokens": 2.5}', "max_completion_tokens"),
-        (b'{"model": "m", "n": 0}', "n"),
+        (b'{"model": "m", "n": 0.5}', "n"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> None:
