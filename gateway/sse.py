@@ -93,7 +93,6 @@ _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
-_TAG, _LINE_TAG, _CR_TAG = b"<", b"\n<", b"\r<"
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
 _SEP = re.compile(_END)
@@ -189,7 +188,7 @@ def first_malformed(block: bytes) -> int | None:
 
 
 def _bad_event(event: bytes) -> bool:
-    if event[:1] in _BODY_FIRST or any(line in event for line in _BODY_LINES):
+    if _body_lines(event):
         return True  # an HTML page's line, a JSON body's (`StreamScanner.stray`)
     data = [line[5:] for line in event.splitlines() if line.startswith(_DATA)]
     if not data:
@@ -198,11 +197,16 @@ def _bad_event(event: bytes) -> bool:
     return first[:1] not in (b"{", b"[") or last[-1:] not in (b"}", b"]")
 
 
+def _body_lines(event: bytes) -> bool:
+    """Whether `event` has a line that starts with ``<`` or ``{``: a body's, not SSE."""
+    return event[:1] in _BODY_FIRST or any(line in event for line in _BODY_LINES)
+
+
 def html_page(text: bytes) -> bool:
     """Whether `text` (an event, or what a stream's body left unended) has a line that
     starts with ``<`` after blank lines: an HTML page, not SSE."""
     text = text.lstrip(b" \t\r\n")
-    return text[:1] == _TAG or _LINE_TAG in text or _CR_TAG in text
+    return text[:1] == b"<" or b"\n<" in text or b"\r<" in text
 
 
 def _unended(block: bytes) -> bool:
@@ -293,8 +297,7 @@ class StreamScanner:
                    or out[:1] in _BODY_FIRST or b"\n<" in out or b"\n{" in out)
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True
-            event = _first_event(out[bad:])
-            if event[:1] in _BODY_FIRST or any(line in event for line in _BODY_LINES):
+            if _body_lines(event := _first_event(out[bad:])):
                 self.stray = event[:_STRAY_BYTES]
             self._drop()
             out = out[:bad]

@@ -23,9 +23,8 @@ from gateway.sse import StreamScanner, error_message, html_page
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
 __all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "HTML_PAGE", "INSTEAD_OF_THE_STREAM",
-           "MALFORMED", "NOT_SSE",
-           "NOT_STARTED", "ended_early", "error_event", "next_chunk", "stream_error",
-           "stream_failure", "unstarted_failure"]
+           "MALFORMED", "NOT_SSE", "NOT_STARTED", "ended_early", "error_event", "next_chunk",
+           "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
 # what ends a stream's read after its last event: its body's end not in time, or cut off
