@@ -54,14 +54,13 @@ def json_object(content_type: str, body: bytes) -> bool:
 
 
 def cut_json(declared: bool, body: bytes) -> bool:
-    """Whether a JSON object (`json_object`) that no Content-Length framed (``declared``:
-    one did) is cut short: a
-    body delimited by the end of its connection ends at any clean close, so one cut at a
-    nested object's ``}`` still opens and closes as an object -- relayed, the client got a 200
-    it could not decode. A body without a Content-Length (chunked too: the transport cannot
-    tell which framed it) is parsed; vLLM declares its whole answers' length, and a declared
-    length tells the transport when the body is whole. Both edges (the picker's Envoy frames
-    an answer as its replica did)."""
+    """Whether a JSON object (`json_object`) is cut short, when no Content-Length framed it
+    (``declared``: one did). A body delimited by the end of its connection ends at any clean
+    close, so one cut at a nested object's ``}`` still opens and closes as an object --
+    relayed, the client got a 200 it could not decode. A body without a Content-Length
+    (chunked too: the transport cannot tell which framed it) is parsed; vLLM declares its
+    whole answers' length, and a declared length tells the transport when the body is whole.
+    Both edges (the picker's Envoy frames an answer as its replica did)."""
     if declared:
         return False
     try:

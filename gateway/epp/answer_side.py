@@ -167,7 +167,7 @@ class AnswerSide(Deadlines):
             return [self._refuse(AnswerTooLarge(limit))]
         self._held, self._held_status = [], status
         self._held_type = wire.status_of(headers)[1]
-        self._held_unframed = declared is None
+        self._held_declared = declared is not None
         self._held_retry = wire.header_value(headers, "retry-after")
         self._last = perf_counter()  # its head: the answer has started (the idle timeout)
         return self._whole_answer(headers_only=True) if end else []
@@ -389,7 +389,7 @@ class AnswerSide(Deadlines):
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
-        if status == 200 and ((cut := cut_json(not self._held_unframed, data)) or (
+        if status == 200 and ((cut := cut_json(self._held_declared, data)) or (
                 said := error_in_success(data)) is not None):  # the HTTP edge's 502s too
             if req is not None and req.target is not None:
                 req.target.record_failure(self._core.clock())
