@@ -3,7 +3,13 @@
 No schema validation of proxied bodies: vLLM validates them and its 400s pass through. kvgate
 checks only what it needs itself (a JSON object nested at most `MAX_JSON_DEPTH` levels, no
 integer beyond 64 bits (`wideints.py`), a string `model`, a boolean `stream`, the
-`stream_options` it rewrites, a string `previous_response_id`, which it routes by). The two
+`stream_options` it rewrites, a string `previous_response_id`, which it routes by, and the
+fields it counts a request's tokens by -- its prompt (`messages`, `prompt`, `input`) of a type
+vLLM takes, and the output it asks for (`max_tokens`, `max_completion_tokens`,
+`max_output_tokens`, `n`) an integer as vLLM's lax pydantic reads one (``"5"``, ``5.0``),
+forwarded as a JSON integer: kvgate reserved its default for a ``"max_tokens": "100000"`` the
+replica generated 100000 tokens for). Each is a 400 naming it (`param`) before the request
+is admitted; the fields kvgate does not read pass untouched. The two
 booleans it reads, `stream` and `stream_options.include_usage`, take what vLLM's pydantic
 models take in lax mode (`lax_bool`: ``"true"``, ``1``, ``"off"``, ...), so kvgate and the
 replica read the same value, and are forwarded as JSON booleans -- except a false `stream`,
@@ -21,6 +27,7 @@ import json
 from typing import Any, Literal
 
 import orjson
+from pydantic import TypeAdapter, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.jsondepth import check_parsed_depth
@@ -53,6 +60,26 @@ USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
 
 # Endpoints whose requests generate no output tokens: their cost is their prompt alone.
 NO_OUTPUT_KINDS = frozenset({"embeddings"})
+
+# the output counts kvgate reads (the TPM reservation, flow control's charge:
+# `gateway.flow.cost`) on the routes whose vLLM request models declare them, and the least
+# each may be here: a negative number of tokens is none (vLLM refuses it too); an `n` below 1
+# is vLLM's to refuse ("n must be at least 1, got 0."). The most: what orjson writes back
+_ANY = -(2**63)
+_OUTPUT_COUNTS = {
+    "chat": (("max_completion_tokens", 0), ("max_tokens", 0), ("n", _ANY)),
+    "completions": (("max_tokens", 0), ("n", _ANY)),
+    "responses": (("max_output_tokens", 0),),
+}
+_MAX_COUNT = 2**64 - 1  # (`wideints`)
+_LAX_INT = TypeAdapter(int)  # a pydantic ``int`` field in lax mode, as vLLM's models read one
+# the prompt field kvgate estimates a request's tokens by, and the JSON types vLLM takes for it
+_PROMPT_FIELDS: dict[str, tuple[str, tuple[type, ...], str]] = {
+    "chat": ("messages", (list,), "an array"),
+    "completions": ("prompt", (str, list), "a string or an array"),
+    "embeddings": ("input", (str, list), "a string or an array"),
+    "responses": ("input", (str, list), "a string or an array"),
+}
 
 
 class ParsedBody:
@@ -138,8 +165,32 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
         if prev is not None and not isinstance(prev, str):
             raise BadRequest("`previous_response_id` must be a string.",
                              param="previous_response_id")
+    _check_counted(data, kind)
     return ParsedBody(data, model, stream, count_tokens(prompt_chars(data, kind)),
                       kind not in NO_OUTPUT_KINDS)
+
+
+def _check_counted(data: dict[str, Any], kind: str) -> None:
+    """The fields a request's tokens are counted by (`_PROMPT_FIELDS`, `_OUTPUT_COUNTS`): a
+    400 naming the one of a type vLLM would not take either, an output count read as vLLM
+    reads it. A null is vLLM's to judge (its default, or its own 400)."""
+    if (prompt := _PROMPT_FIELDS.get(kind)) is not None:
+        name, types, what = prompt
+        value = data.get(name)
+        if value is not None and not isinstance(value, types):
+            raise BadRequest(f"`{name}` must be {what}.", param=name)
+    for name, least in _OUTPUT_COUNTS.get(kind, ()):
+        value = data.get(name)
+        if value is None or (type(value) is int and least <= value <= _MAX_COUNT):
+            continue  # (the common case: absent, or a JSON integer in range)
+        try:
+            count: int | None = _LAX_INT.validate_python(value)
+        except ValidationError:
+            count = None
+        if count is None or not least <= count <= _MAX_COUNT:
+            what = "a non-negative integer" if least == 0 else "an integer"
+            raise BadRequest(f"`{name}` must be {what} (of at most 64 bits).", param=name)
+        data[name] = count  # as vLLM reads it, and as `gateway.flow.cost` reads it
 
 
 def _check_stream_options(options: Any) -> None:

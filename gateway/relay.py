@@ -43,7 +43,7 @@ from gateway.stream_end import (
     unstarted_failure,
 )
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import (
     ENGINE_DIED,
     alone_with_error_event,
@@ -57,7 +57,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import json_object, read_whole
+from gateway.whole import CUT_ANSWER, cut_json, json_object, read_whole
 from routing.router import Router
 
 __all__ = ["REQUEST_FAULT", "Relay"]
@@ -351,7 +351,7 @@ class Relay:
             data = await read_whole(resp, self._cfg.upstream.max_answer_bytes, req.ctl.touch)
         except TRANSPORT_ERRORS:
             replica.record_failure(self._clock())
-            raise UpstreamError("The replica failed while answering.", reason="cut") from None
+            raise UpstreamError(CUT_ANSWER, reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
         if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
@@ -359,6 +359,13 @@ class Relay:
             # stream, would reach the SDK as a str or as an empty stream that looks complete
             replica.record_failure(self._clock())
             raise not_what_was_asked(stream, resp.content_type)
+        if resp.status == 200 and cut_json(resp.content_length is not None, data):
+            # ended by a clean close mid-answer (its JSON cut at a nested object's "}")
+            replica.record_failure(self._clock())
+            raise UpstreamError(CUT_ANSWER, reason="cut")
+        if resp.status == 200 and (said := error_in_success(data)) is not None:
+            replica.record_failure(self._clock())  # (as a JSON error for a stream: `ended_early`)
+            raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}", reason="not_json")
         if 200 < resp.status < 400 and not req.sse:  # (opened by keep-alives: see below)
             # vLLM answers its routes 200 or an error; a 204, a 202 page or a redirect comes
             # from something else on that address (a proxy, an ingress redirecting to https):

@@ -14,7 +14,10 @@ API terminal event, or an error event) rather than being cut short. An event who
 cannot be an OpenAI event (not JSON, not ``[DONE]``, JSON cut short: a replica or a proxy
 gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
 sets `malformed` (the SDKs would raise a JSON decode error mid-stream, with nothing saying
-which side failed). So is an event that grows past
+which side failed). So is a line that starts with ``<`` or ``{``: no SSE field does, an HTML
+page or a JSON body does (a proxy's error page labelled as the stream: `stray` keeps it;
+relayed, its lines went to the client as fields it ignores, and the stream's head with them).
+So is an event that grows past
 ``max_event_bytes`` without ending (`oversized` too): an unfinished event split by a read is
 joined with the next chunk as long as it is about that chunk's size (a few KiB more at most,
 the common case, as cheap as before); a larger one is held back in pieces, and only the new
@@ -31,8 +34,8 @@ import re
 import orjson
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
-           "comment_only", "error_message", "first_malformed", "no_event", "output_chars",
-           "preamble_only", "scan_usage"]
+           "comment_only", "error_message", "first_malformed", "html_page", "no_event",
+           "output_chars", "preamble_only", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -89,6 +92,9 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
+# a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
+_BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
+_STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
 _SEP = re.compile(_END)
 _SPLIT = re.compile(rb"(" + _END + rb")")  # (each event's end kept)
 _CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
@@ -182,11 +188,25 @@ def first_malformed(block: bytes) -> int | None:
 
 
 def _bad_event(event: bytes) -> bool:
+    if _body_lines(event):
+        return True  # an HTML page's line, a JSON body's (`StreamScanner.stray`)
     data = [line[5:] for line in event.splitlines() if line.startswith(_DATA)]
     if not data:
         return False  # comment lines, or fields without data
     first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
     return first[:1] not in (b"{", b"[") or last[-1:] not in (b"}", b"]")
+
+
+def _body_lines(event: bytes) -> bool:
+    """Whether `event` has a line that starts with ``<`` or ``{``: a body's, not SSE."""
+    return event[:1] in _BODY_FIRST or any(line in event for line in _BODY_LINES)
+
+
+def html_page(text: bytes) -> bool:
+    """Whether `text` (an event, or what a stream's body left unended) has a line that
+    starts with ``<`` after blank lines: an HTML page, not SSE."""
+    text = text.lstrip(b" \t\r\n")
+    return text[:1] == b"<" or b"\n<" in text or b"\r<" in text
 
 
 def _unended(block: bytes) -> bool:
@@ -248,7 +268,7 @@ class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
     __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "done_by",
-                 "error_code", "error_message", "malformed", "oversized", "usage")
+                 "error_code", "error_message", "malformed", "oversized", "stray", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -262,6 +282,8 @@ class StreamScanner:
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
         self.malformed = False  # an event that is not an OpenAI event came: stop there
         self.oversized = False  # ... one larger than `max_event_bytes` (malformed too)
+        # ... lines of an HTML page or a JSON body, no SSE (malformed too): the first such event
+        self.stray = b""
         # the loop time by which the body's end must come once the stream's end was read
         # (`gateway.stream_end.next_chunk` sets it): whatever follows that end, it was whole
         self.done_by: float | None = None
@@ -271,9 +293,12 @@ class StreamScanner:
         malformed event: the events before it only, and `malformed` is set (feed no more)."""
         out = self._feed(chunk)
         suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
-                   or _BAD_LATER.search(out) is not None or _unended(out))
+                   or _BAD_LATER.search(out) is not None or _unended(out)
+                   or out[:1] in _BODY_FIRST or b"\n<" in out or b"\n{" in out)
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True
+            if _body_lines(event := _first_event(out[bad:])):
+                self.stray = event[:_STRAY_BYTES]
             self._drop()
             out = out[:bad]
         if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
@@ -417,6 +442,12 @@ class StreamScanner:
 def _lf(block: bytes) -> bytes:
     """`block` with every line end a LF (for judging it: what is relayed keeps its own)."""
     return block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+
+
+def _first_event(block: bytes) -> bytes:
+    """The first event of a block of whole events."""
+    end = _SEP.search(block)
+    return block if end is None else block[:end.start()]
 
 
 def _last_event(block: bytes) -> bytes:

@@ -60,9 +60,9 @@ from gateway.stream_end import (
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import not_an_answer, not_what_was_asked
-from gateway.whole import json_object, read_whole
+from gateway.whole import cut_json, json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
            "wants_stream"]
@@ -279,6 +279,10 @@ class StoredResponses:
             raise not_an_answer(status)  # internal address) is something else's at its address
         if status == 200 and not json_object(content_type, body):  # an HTML page, a cut body
             raise not_what_was_asked(False, content_type)
+        if status == 200 and cut_json(resp.content_length is not None, body):
+            raise UpstreamError(_UNANSWERED)  # ended by a clean close mid-answer, as by a reset
+        if status == 200 and (said := error_in_success(body)) is not None:
+            raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}")
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}"

@@ -14,15 +14,17 @@ after its [DONE] within that time is relayed as sent, and nothing of kvgate's fo
 from __future__ import annotations
 
 import asyncio
+import re
 
 import orjson
 
 from gateway.errors import AnswerTooLarge, KvgateError, UpstreamError, error_body
-from gateway.sse import StreamScanner, error_message
+from gateway.sse import StreamScanner, error_message, html_page
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 
-__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "MALFORMED", "NOT_STARTED", "ended_early",
-           "error_event", "next_chunk", "stream_error", "stream_failure", "unstarted_failure"]
+__all__ = ["AFTER_DONE_S", "CUT_SHORT", "DONE_EVENT", "HTML_PAGE", "INSTEAD_OF_THE_STREAM",
+           "MALFORMED", "NOT_SSE", "NOT_STARTED", "ended_early", "error_event", "next_chunk",
+           "stream_error", "stream_failure", "unstarted_failure"]
 
 AFTER_DONE_S = 1.0
 # what ends a stream's read after its last event: its body's end not in time, or cut off
@@ -32,6 +34,12 @@ DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
 MALFORMED = "The upstream replica sent a stream event that is not JSON."
 NOT_STARTED = "The replica ended its answer before it started."
+HTML_PAGE = "The replica answered with an HTML page, not an event stream."
+INSTEAD_OF_THE_STREAM = "The replica answered an error instead of the stream: "  # + its message
+NOT_SSE = "The replica's answer is not an event stream."
+# how an SSE line starts: a field's name (the four SSE knows; a line of no colon is one too)
+# or a comment; a body held unended that starts otherwise is some other text (`ended_early`)
+_SSE_LINE = re.compile(rb"(?:data|event|id|retry)(?:[:\r\n]|$)|:")
 # what a stream's body may leave unended that is read for an error object's message (an error
 # page is small; a larger fragment is an event cut short, not parsed)
 _ERROR_OBJECT_BYTES = 64 * 1024
@@ -61,23 +69,37 @@ def ended_early(scanner: StreamScanner, started: bool) -> str:
     """Why a stream whose body ended before the stream did (`StreamScanner.complete`) failed,
     for the client's 502 (`started`: its error event): cut short -- unless what the body left
     unended is a JSON error object, no event (a proxy's error page labelled as a stream, an
-    error answered with the stream's media type): then that error's message. What the scanner
-    held is dropped."""
+    error answered with the stream's media type): then that error's message; an HTML page
+    (`HTML_PAGE`), or -- nothing sent yet -- other text that is no SSE (`NOT_SSE`): said so.
+    What the scanner held is dropped."""
     held = scanner.flush().strip()
-    said = (error_message(held) if held[:1] == b"{" and len(held) <= _ERROR_OBJECT_BYTES
+    if (said := _body_said(held)) is not None:
+        return said
+    if started:
+        return CUT_SHORT
+    return NOT_SSE if held and not _SSE_LINE.match(held) else NOT_STARTED
+
+
+def _body_said(text: bytes) -> str | None:
+    """What a body that came instead of a stream's events says (a JSON error object's
+    message, or that it is an HTML page), or None."""
+    said = (error_message(text) if text[:1] == b"{" and len(text) <= _ERROR_OBJECT_BYTES
             else None)
     if said is not None:
-        return f"The replica answered an error instead of the stream: {said}"
-    return CUT_SHORT if started else NOT_STARTED
+        return f"{INSTEAD_OF_THE_STREAM}{said}"
+    return HTML_PAGE if html_page(text) else None
 
 
 def stream_failure(scanner: StreamScanner, limit: int) -> KvgateError:
     """The error of a stream whose scanner stopped at a bad event (`StreamScanner.malformed`):
-    `AnswerTooLarge` for one past ``limit`` (``upstream.max_answer_bytes``), else the event
-    that is not JSON. Before the stream started it is the client's 502 JSON, after it the
-    error event's message (both edges, proxied and stored streams)."""
+    `AnswerTooLarge` for one past ``limit`` (``upstream.max_answer_bytes``), an HTML page or
+    a JSON body (`StreamScanner.stray`: its error's message), else the event that is not JSON.
+    Before the stream started it is the client's 502 JSON, after it the error event's message
+    (both edges, proxied and stored streams)."""
     if scanner.oversized:
         return AnswerTooLarge(limit)
+    if scanner.stray:  # (a 200 that is not the stream asked for, as a text/html one is)
+        return UpstreamError(_body_said(scanner.stray.strip()) or NOT_SSE, reason="not_json")
     return UpstreamError(MALFORMED, reason="malformed")
 
 

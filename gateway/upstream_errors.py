@@ -6,11 +6,21 @@ a page of text. Used by both edges (the HTTP proxy and the Envoy picker) and sto
 
 from __future__ import annotations
 
+import re
+
 import orjson
 
 from gateway.errors import error_body, type_for, unserved_route
+from gateway.sse import error_message
 
-__all__ = ["openai_shaped"]
+__all__ = ["ANSWERED_AN_ERROR", "error_in_success", "openai_shaped"]
+
+ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its message
+
+# a JSON error object, nested or flat (`openai_shaped`): its first key says so (every answer
+# of vLLM's routes opens with another: "id", "object", ...)
+_OPENS_ERROR = re.compile(rb'\s*\{\s*"(?:error"\s*:|object"\s*:\s*"error")')
+_ERROR_BYTES = 64 * 1024  # an error object is small: a larger body is no error read here
 
 
 # of FastAPI's validation errors (`{"detail": [...]}`), the first few are named, each cut
@@ -78,3 +88,13 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
     if not isinstance(message, str) or not message or len(message) > 500:
         message = f"The upstream replica answered {status}."
     return error_body(message, type_, status, param if isinstance(param, str) else None)
+
+
+def error_in_success(body: bytes) -> str | None:
+    """The message of a JSON error object answered with a 200 (a proxy's error in front of a
+    replica, kept in its own shape), else None: relayed, the SDK returned a completion of
+    nothing (``choices=None``) and said nothing of the error. Both whole-answer relays (the
+    proxied and the stored)."""
+    if len(body) > _ERROR_BYTES or not _OPENS_ERROR.match(body):
+        return None
+    return error_message(body)

@@ -7,10 +7,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+import orjson
+
 from gateway.errors import AnswerTooLarge
 from gateway.transport import UpstreamResponse
 
-__all__ = ["json_object", "read_whole"]
+__all__ = ["CUT_ANSWER", "cut_json", "json_object", "read_whole"]
+
+CUT_ANSWER = "The replica failed while answering."  # a whole answer cut short (reset or close)
 
 _OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")
 
@@ -47,3 +51,20 @@ def json_object(content_type: str, body: bytes) -> bool:
     while body[end - 1] in b" \t\r\n":  # (the match above: a "{" is there to stop at)
         end -= 1
     return body[end - 1] == ord("}")
+
+
+def cut_json(declared: bool, body: bytes) -> bool:
+    """Whether a JSON object (`json_object`) is cut short, when no Content-Length framed it
+    (``declared``: one did). A body delimited by the end of its connection ends at any clean
+    close, so one cut at a nested object's ``}`` still opens and closes as an object --
+    relayed, the client got a 200 it could not decode. A body without a Content-Length
+    (chunked too: the transport cannot tell which framed it) is parsed; vLLM declares its
+    whole answers' length, and a declared length tells the transport when the body is whole.
+    Both edges (the picker's Envoy frames an answer as its replica did)."""
+    if declared:
+        return False
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return True
+    return False

@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from gateway.app import GatewayApp
+from gateway.cli.flags import PORT
 from gateway.cli.serve import ListenError, bind_sockets, run_server, with_bound_port
 from gateway.config import LOG_LEVELS, KvgateConfig, load_config
 from gateway.errors import ConfigError
@@ -143,7 +144,7 @@ metrics: {admin_base}/metrics    readiness: {admin_base}/readyz    Ctrl-C stops 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="kvgate demo", description=__doc__.splitlines()[0])
-    p.add_argument("--port", type=int, default=8000,
+    p.add_argument("--port", type=PORT, default=8000,
                    help="gateway port on 127.0.0.1 (default 8000)")
     # checked here: a bad value otherwise surfaced once the replicas had started (or failed)
     p.add_argument("--time-scale", type=positive(float), default=1.0,

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import uvicorn
 
 from gateway.app import GatewayApp
+from gateway.cli.flags import PORT, WORKERS
 from gateway.config import (
     LOG_LEVELS,
     KvgateConfig,
@@ -67,16 +68,17 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--upstream", action="append", metavar="URL",
                    help="a vLLM replica's address, e.g. http://10.0.0.1:8000, without /v1 "
                         "(repeat); one pool, its model name from /v1/models")
-    p.add_argument("--policy", help=f"routing policy: {', '.join(sorted(REGISTRY))} (overrides "
-                                    "routing.policy; default cache_aware)")
+    p.add_argument("--policy", choices=sorted(REGISTRY), metavar="POLICY",
+                   help=f"routing policy: {', '.join(sorted(REGISTRY))} (overrides "
+                        "routing.policy; default cache_aware)")
     p.add_argument("--host", help="listen address (overrides server.host; default 0.0.0.0, "
                                   "127.0.0.1 with --no-auth)")
-    p.add_argument("--port", type=int, help="listen port (overrides server.port; default 8000)")
-    p.add_argument("--workers", type=int,
-                   help="worker processes on the port (overrides server.workers; >1 needs "
-                        "KVGATE_REDIS_URL)")
-    p.add_argument("--log-level", help=f"{', '.join(LOG_LEVELS)} (overrides server.log_level; "
-                                       "default info)")
+    p.add_argument("--port", type=PORT, help="listen port (overrides server.port; default 8000)")
+    p.add_argument("--workers", type=WORKERS,
+                   help="worker processes on the port, 1 to 64 (overrides server.workers; >1 "
+                        "needs KVGATE_REDIS_URL)")
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LOG_LEVEL",
+                   help=f"{', '.join(LOG_LEVELS)} (overrides server.log_level; default info)")
     p.add_argument("--log-format", choices=["json", "text"],
                    help="one JSON object per line or readable text (overrides server.log_format)")
     p.add_argument("--no-auth", action="store_true",

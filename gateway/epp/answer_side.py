@@ -44,7 +44,7 @@ from gateway.stream_end import (
     stream_failure,
     unstarted_failure,
 )
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import (
     alone_with_error_event,
     busy_wait,
@@ -57,7 +57,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import json_object
+from gateway.whole import CUT_ANSWER, cut_json, json_object
 
 __all__ = ["AnswerSide"]
 
@@ -167,6 +167,7 @@ class AnswerSide(Deadlines):
             return [self._refuse(AnswerTooLarge(limit))]
         self._held, self._held_status = [], status
         self._held_type = wire.status_of(headers)[1]
+        self._held_declared = declared is not None
         self._held_retry = wire.header_value(headers, "retry-after")
         self._last = perf_counter()  # its head: the answer has started (the idle timeout)
         return self._whole_answer(headers_only=True) if end else []
@@ -388,6 +389,13 @@ class AnswerSide(Deadlines):
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
+        if status == 200 and ((cut := cut_json(self._held_declared, data)) or (
+                said := error_in_success(data)) is not None):  # the HTTP edge's 502s too
+            if req is not None and req.target is not None:
+                req.target.record_failure(self._core.clock())
+            return [self._refuse(UpstreamError(
+                CUT_ANSWER, reason="cut") if cut else UpstreamError(
+                f"{ANSWERED_AN_ERROR}{said}", reason="not_json"))]
         if self._local():  # a local reply's error: not judged
             headers, verdict = [], None
         elif req is None:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 from urllib.parse import urlsplit
 
+from gateway.cli.flags import ADMIN_PORT, FALLBACKS, PORT
 from gateway.cli.serve import (
     ListenError,
     Port,
@@ -24,9 +25,10 @@ from gateway.cli.serve import (
     run_server,
     start_warnings,
 )
-from gateway.config import KvgateConfig
+from gateway.config import LOG_LEVELS, KvgateConfig
 from gateway.errors import ConfigError
 from gateway.urls import is_ip
+from routing.policies import REGISTRY
 
 __all__ = [
     "DEFAULT_HTTP_PORT", "build_parser", "load", "main", "named_hosts", "stall_cut_by_envoy",
@@ -46,15 +48,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", action="append", metavar="URL",
                    help="a vLLM replica's address, http://IP:PORT, without /v1 (repeat); "
                         "one pool")
-    p.add_argument("--policy", help="routing policy (overrides routing.policy)")
+    p.add_argument("--policy", choices=sorted(REGISTRY), metavar="POLICY",
+                   help=f"routing policy: {', '.join(sorted(REGISTRY))} (overrides "
+                        "routing.policy)")
     p.add_argument("--host", help="listen address of both ports (overrides server.host)")
-    p.add_argument("--port", dest="grpc_port", type=int,
+    p.add_argument("--port", dest="grpc_port", type=PORT,
                    help="gRPC port: ext_proc and health (overrides epp.port, default 9002)")
-    p.add_argument("--http-port", type=int, help="HTTP port: /metrics, /readyz, admin API "
-                   f"(overrides server.admin_port, default {DEFAULT_HTTP_PORT})")
-    p.add_argument("--fallbacks", type=int,
-                   help="endpoints after the first in the destination (overrides epp.fallbacks)")
-    p.add_argument("--log-level", help="debug, info, warning, error, critical")
+    p.add_argument("--http-port", type=ADMIN_PORT, help="HTTP port: /metrics, /readyz, admin "
+                   f"API (overrides server.admin_port, default {DEFAULT_HTTP_PORT})")
+    p.add_argument("--fallbacks", type=FALLBACKS,
+                   help="endpoints after the first in the destination, 0 to 9 (overrides "
+                        "epp.fallbacks)")
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LOG_LEVEL",
+                   help=f"{', '.join(LOG_LEVELS)} (overrides server.log_level)")
     p.add_argument("--log-format", choices=["json", "text"], help="overrides server.log_format")
     p.add_argument("--no-auth", action="store_true",
                    help="single tenant, no API keys (local use only; says so loudly)")

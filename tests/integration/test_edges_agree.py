@@ -36,7 +36,9 @@ import pytest
 from gateway.config import UpstreamConfig
 from gateway.errors import AnswerTooLarge, KvgateError, ReplicaRefused, ReplicaWrongModel
 from gateway.stored import NO_EVENTS, NOT_IN_TIME
-from gateway.stream_end import CUT_SHORT, MALFORMED, NOT_STARTED, stream_error
+from gateway.stream_end import CUT_SHORT, HTML_PAGE, MALFORMED, NOT_STARTED, stream_error
+from gateway.upstream_errors import ANSWERED_AN_ERROR
+from gateway.whole import CUT_ANSWER
 from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
 from tests.support.epp import both_edges, envoy_proc, epp_proc, store_through
@@ -438,6 +440,40 @@ def test_a_stored_stream_event_over_the_bound_is_not_relayed(
     with pytest.raises(openai.APIError) as error:
         list(events)
     assert error.value.body == TOO_LARGE
+
+
+# -- a whole answer that is not one, whatever its framing says ----------------------------
+CHAT = orjson.dumps({"id": "c1", "object": "chat.completion", "created": 1, "model": BAD_MODEL,
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "hi"}}]})
+CLOSE_DELIMITED = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n"
+PAGE = b"<!DOCTYPE html>\n<html>\n<head><title>502</title></head>\n\n<body>x</body>\n</html>\n"
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize(("answer", "end", "stream", "message"), [
+    (CLOSE_DELIMITED + CHAT[:CHAT.index(b"}]") + 1], "close", False, CUT_ANSWER),
+    (whole(b'{"error": {"message": "no healthy upstream", "code": 503}}'), "keep", False,
+     ANSWERED_AN_ERROR + "no healthy upstream"),
+    (sse_head() + chunked(PAGE), "keep", True, HTML_PAGE),
+], ids=["cut-by-a-close", "error-with-a-200", "html-page-as-a-stream"])
+def test_an_answer_that_is_not_one_is_the_same_502_at_both_edges(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, answer: bytes,
+    end: End, stream: bool, message: str,
+) -> None:
+    """A whole JSON answer a clean close cut at a nested object's ``}`` and a JSON error object
+    answered with a 200 were 200s at both edges (the client could not decode the first, and
+    got a completion of nothing for the second); an HTML page labelled as the stream was "the
+    replica ended its answer before it started"."""
+    replica.answer, replica.end = answer, end
+    with pytest.raises(openai.InternalServerError) as err:
+        created = _client(bad[1][edge]).chat.completions.create(
+            model=BAD_MODEL, messages=[{"role": "user", "content": "hi"}], stream=stream)
+        if stream:
+            list(created)
+    assert err.value.status_code == 502
+    assert err.value.body == {"message": message, "type": "BadGatewayError", "param": None,
+                              "code": 502}
 
 
 # -- a proxied stream that fails before its first event -----------------------------------

@@ -1,8 +1,10 @@
 """200 answers that are not what their head says: JSON compressed (`Content-Encoding: gzip`)
 although kvgate asks for identity (a proxy in front of the replica that compresses anyway), and
 a body labelled `application/json` that is no JSON object (a proxy's HTML page, an empty or cut
-body). kvgate relayed both as a 200, so the official client failed to decode JSON (and the
-usage went uncounted), and the replica was judged by a success. Now each is a failure of that
+body), or a JSON error object answered with a 200 (a proxy's error in its own shape: the
+client got a completion of nothing, ``choices=None``, and no word of the error). kvgate relayed
+them as a 200, so the official client failed to decode JSON (and the usage went uncounted),
+and the replica was judged by a success. Now each is a failure of that
 replica: retried on another one before anything reached the client, else a 502 in OpenAI's
 shape.
 
@@ -12,6 +14,7 @@ one that does not.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 from collections.abc import Callable
 
@@ -39,6 +42,9 @@ MISLABELLED = {
     "empty": _json_200(b""),
     "cut": _json_200(ANSWER[:40]),
     "null": _json_200(b"null"),
+    "error": _json_200(orjson.dumps({"error": {"message": "no healthy upstream",
+                                               "type": "ServiceUnavailable", "code": 503}})),
+    "flat-error": _json_200(b' {"object": "error", "message": "no healthy upstream"}'),
 }
 
 
@@ -73,6 +79,25 @@ def test_a_mislabelled_answer_is_retried_on_another_replica(
             assert bad.posts >= 1  # the replica was tried, and passed over
 
 
+def test_an_error_object_answered_with_a_200_is_a_502_with_its_message() -> None:
+    with BadReplica(MODEL, answer=MISLABELLED["error"]) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url])
+        with gw:
+            async def ask() -> None:
+                client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
+                                            timeout=15)
+                with pytest.raises(openai.APIStatusError) as err:
+                    await client.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": "hi"}])
+                await client.close()
+                assert err.value.status_code == 502
+                assert err.value.body == {
+                    "message": "The replica answered an error with a 200: no healthy upstream",
+                    "type": "BadGatewayError", "param": None, "code": 502}
+
+            asyncio.run(ask())
+
+
 def test_an_answer_with_whitespace_around_its_object_is_relayed() -> None:
     with BadReplica(MODEL, answer=_json_200(b"\r\n " + ANSWER + b" \n")) as bad:
         gw, base = gateway_proc(upstreams=[bad.url])
@@ -85,7 +110,7 @@ STORED = orjson.dumps({
     "status": "completed", "output": [],
     "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}})
 NOT_AN_OBJECT = {
-    **{k: MISLABELLED[k] for k in ("gzip", "html", "cut")},
+    **{k: MISLABELLED[k] for k in ("gzip", "html", "cut", "error")},
     "page": b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 6\r\n\r\n<html>",
     "redirect": b"HTTP/1.1 302 Found\r\nlocation: https://10.0.0.1/\r\ncontent-length: 0\r\n\r\n",
     "no-content": b"HTTP/1.1 204 No Content\r\n\r\n",

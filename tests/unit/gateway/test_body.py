@@ -39,6 +39,12 @@ def _rewrite(body: dict[str, Any], served: str = "m", **kw: Any) -> tuple[bytes,
         (b'{"model": "m", "stream": true, "stream_options": "x"}', "stream_options"),
         (b'{"model": "m", "stream": true, "stream_options": {"include_usage": "sure"}}',
          "stream_options.include_usage"),
+        # what the request's tokens are counted by, of a type vLLM would not take either
+        (b'{"model": "m", "messages": "hi"}', "messages"),
+        (b'{"model": "m", "max_tokens": "lots"}', "max_tokens"),
+        (b'{"model": "m", "max_tokens": -2}', "max_tokens"),
+        (b'{"model": "m", "max_completion_tokens": 2.5}', "max_completion_tokens"),
+        (b'{"model": "m", "n": 0.5}', "n"),
     ],
 )
 def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> None:
@@ -306,3 +312,18 @@ def test_stream_is_read_as_vllms_pydantic_models_read_it(value: object) -> None:
         assert sent["stream_options"]["include_usage"] is True and strip is False
     else:
         assert sent["stream_options"]["include_usage"] is False
+
+
+@pytest.mark.parametrize(("sent", "read"), [("7", 7), (7.0, 7), (" +7 ", 7), (True, 1), (7, 7)])
+def test_output_counts_are_read_as_vllm_reads_them(sent: object, read: int) -> None:
+    parsed = parse_body(orjson.dumps({"model": "m", "max_tokens": sent, "n": sent}), "chat")
+    assert parsed.data["max_tokens"] == read and parsed.data["n"] == read
+    assert type(parsed.data["max_tokens"]) is int
+
+
+def test_counts_of_other_routes_pass_untouched() -> None:
+    """An embedding reads no output count, a completion no `max_output_tokens`."""
+    raw = b'{"model": "m", "input": "x", "max_tokens": "lots", "n": "x"}'
+    assert parse_body(raw, "embeddings").data["max_tokens"] == "lots"
+    raw = b'{"model": "m", "prompt": "x", "max_output_tokens": "lots"}'
+    assert parse_body(raw, "completions").data["max_output_tokens"] == "lots"

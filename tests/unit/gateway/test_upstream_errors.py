@@ -7,7 +7,7 @@ import pytest
 
 from gateway.errors import RetryBudgetExhausted, UpstreamTimeout
 from gateway.responses import ResponseStore, response_id
-from gateway.upstream_errors import openai_shaped
+from gateway.upstream_errors import error_in_success, openai_shaped
 
 NESTED = b'{"error":{"message":"bad","type":"BadRequestError","param":"x","code":400}}'
 
@@ -78,3 +78,16 @@ def test_fastapis_validation_list_names_each_field_never_the_input() -> None:
         "type": "UnprocessableEntityError", "param": "messages.0.content", "code": 422}
     odd = orjson.loads(openai_shaped(422, b'{"detail": [{"loc": 1}]}') or b"")["error"]
     assert (odd["message"], odd["param"]) == ("The upstream replica answered 422.", None)
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    (b'{"error": {"message": "no healthy upstream", "code": 503}}', "no healthy upstream"),
+    (b'\n {"object": "error", "message": "busy", "code": 503}', "busy"),
+    (b'{"error": "Unauthorized"}', "Unauthorized"),
+    # answers, not errors: a Responses API object's `error` is null, and comes after its id
+    (b'{"error": null, "id": "resp_1"}', None),
+    (b'{"id": "resp_1", "object": "response", "error": {"message": "x"}}', None),
+    (b'{"id": "c", "choices": [{"message": {"content": "{\\"error\\": 1}"}}]}', None),
+])
+def test_an_error_in_a_success_is_told_from_an_answer(body: bytes, said: str | None) -> None:
+    assert error_in_success(body) == said
