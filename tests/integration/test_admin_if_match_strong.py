@@ -62,3 +62,32 @@ def test_a_weak_entity_tag_never_matches(
             assert resp.status_code == 200, (method, resp.text)
         assert admin.get("/policy").json()["tiers"]["default"]["limits"] == {"rpm": 11}
         assert "Traceback" not in gw.output()
+
+
+def test_a_write_to_an_object_without_entity_tags_is_refused_on_a_named_one(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """Tenants and keys carry no ETag, so an ``If-Match`` naming a tag matches none of them
+    (RFC 9110 13.1.1: the method must not be performed): a 412 saying so, nothing changed.
+    ``*`` matches a tenant that exists. Before, the header was ignored and the write made: a
+    client relying on it to avoid a lost update overwrote the tenant it had not read."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    gw, base = gateway_proc(upstreams=[sim], auth=True, env=env)
+    with gw, admin_client(base, ADMIN) as admin:
+        assert admin.post("/tenants", json={"id": "acme"}).status_code == 201
+        tagged = {"If-Match": '"1"'}
+        writes = [("PATCH", "/tenants/acme", {"limits": {"rpm": 5}}),
+                  ("POST", "/tenants/acme/rotate-salt", None),
+                  ("POST", "/tenants/acme/keys", None),
+                  ("DELETE", "/tenants/acme", None)]
+        before = admin.get("/tenants/acme").json()
+        for method, path, body in writes:
+            resp = admin.request(method, path, json=body, headers=tagged)
+            assert resp.status_code == 412, (method, path, resp.text)
+            assert resp.json()["error"]["param"] == "If-Match"
+        assert admin.get("/tenants/acme").json() == before
+        assert admin.get("/audit").json()["data"][0]["action"] == "tenant.create"
+        resp = admin.patch("/tenants/acme", json={"limits": {"rpm": 5}},
+                           headers={"If-Match": "*"})
+        assert resp.status_code == 200 and resp.json()["limits"] == {"rpm": 5}, resp.text
+        assert "Traceback" not in gw.output()
