@@ -61,6 +61,7 @@ from gateway.tenancy.redis_auth_failures import (
     AUTH_FAILURES,
     auth_failure_level,
     throttled_address,
+    throttled_now,
 )
 from gateway.tenancy.redis_conn import (
     failure_cause,
@@ -227,7 +228,13 @@ class RedisStore(TenantStore):
                 self.reach.answered()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
+                told = False  # the addresses throttled meanwhile, once someone listens
                 while True:
+                    if not told and self.on_auth_throttled is not None:
+                        told = True
+                        for address, level in await throttled_now(
+                                self._r, self._k("admin_auth", "")):
+                            self.on_auth_throttled(address, level)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
                         continue

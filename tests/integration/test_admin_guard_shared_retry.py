@@ -67,3 +67,30 @@ def test_a_throttled_address_is_told_the_shared_budgets_refill_by_every_gateway(
     for _ in range(4):
         with admin_client(two, ADMIN) as admin:
             assert admin.get("/tenants").status_code == 200
+
+
+def test_a_gateway_started_after_the_throttle_refuses_the_address_too(
+        sim_factory: Callable[..., tuple[Proc, str]], procs: list[Proc],
+        redis_url: str) -> None:
+    """The failure that throttles an address is told to the gateways listening then; one
+    started after (a rolling deploy, a pod added) knew nothing of it and checked the
+    address's token: a valid one was let in (200) while the address was refused everywhere
+    else. It reads the addresses throttled now when it subscribes."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
+           "KVGATE_REDIS_URL": redis_url}
+    config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
+              "models": {"llama": {"default": "p"}}}
+    first, base = gateway_proc(config=config, env=env, auth=True)
+    procs.append(first.start())
+    with admin_client(base, WRONG) as wrong:
+        statuses = [wrong.get("/tenants").status_code for _ in range(11)]
+        assert statuses == [401] * 10 + [429], statuses
+    late, late_base = gateway_proc(config=config, env=env, auth=True)
+    procs.append(late.start())
+    with admin_client(late_base, ADMIN) as admin:
+        wait_for(lambda: admin.get("/tenants").status_code == 429, timeout=5,
+                 what="the gateway started after the throttle to refuse the address")
+        refused = admin.get("/tenants")
+        assert refused.status_code == 429, refused.text
+        assert 1 <= int(refused.headers["retry-after"]) <= 6
