@@ -59,7 +59,8 @@ def _while_streaming(base: str, key: str, check: Callable[[], None]) -> None:
     def stream() -> None:
         with _client(base, key) as client:
             for _ in client.chat.completions.create(
-                    model="llama", stream=True, max_tokens=300,
+                    model="llama", stream=True, max_tokens=4000,
+                    extra_body={"ignore_eos": True},
                     messages=[{"role": "user", "content": "hello"}]):
                 started.set()
                 if done.is_set():
@@ -70,7 +71,7 @@ def _while_streaming(base: str, key: str, check: Callable[[], None]) -> None:
     runner.start()
     try:
         assert started.wait(30)
-        assert runner.is_alive(), "the stream ended before the check: make it longer"
+        assert runner.is_alive(), "the stream ended before the check"
         check()
     finally:
         done.set()
