@@ -97,8 +97,9 @@ def _parse_if_match(value: str | None) -> IfMatch | None:
         return IfMatch(any=True, versions=frozenset(), weak=False)
     versions: set[int] = set()
     weak = False
-    for item in value.split(","):
-        tag = item.strip()
+    tags = [item.strip() for item in value.split(",")]
+    # empty list elements are ignored (RFC 9110 5.6.1.2), not a header of none
+    for tag in [t for t in tags if t] or [""]:
         is_weak = tag.startswith("W/")
         text = tag.removeprefix("W/")
         if len(text) >= 2 and text[0] == text[-1] == '"':
