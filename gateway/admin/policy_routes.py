@@ -78,12 +78,16 @@ class IfMatch:
         """412 unless it matches `current` (0: no policy stored, which ``*`` does not match)."""
         if (self.any and current > 0) or current in self.versions:
             return
-        named = ", ".join(str(v) for v in sorted(self.versions)) or "no version"
-        why = ('; a weak entity-tag (W/"...") never matches: If-Match uses the strong '
-               'comparison, send the ETag as GET /policy gives it') if self.weak else ""
-        raise PreconditionFailed(
-            f"policy version is {current}, not {'any' if self.any else named}{why}; fetch it "
-            "again and retry", param="If-Match")
+        if self.any:
+            said = "no policy document is stored, which If-Match * does not match"
+        else:
+            said = f"policy version is {current}"
+            if self.versions:
+                said += ", not " + " or ".join(str(v) for v in sorted(self.versions))
+            if self.weak:
+                said += ('; a weak entity-tag (W/"...") never matches: If-Match uses the '
+                         'strong comparison, send the ETag as GET /policy gives it')
+        raise PreconditionFailed(f"{said}; fetch it again and retry", param="If-Match")
 
 
 def _parse_if_match(value: str | None) -> IfMatch | None:
