@@ -1,5 +1,6 @@
 """A tenant created again under a deleted one's id starts with its whole limits, on two `kvgate
-serve` processes sharing one real redis-server (the official openai client on the data path).
+serve` processes sharing one real redis-server, and on one without Redis (the official openai
+client on the data path).
 
 Before, the rate-limit keys in Redis were named by the tenant id alone: the new tenant
 inherited the deleted one's bucket (its first request a 429 "requests per minute; retry after
@@ -9,14 +10,21 @@ concurrency while a stream of a tenant that no longer exists ran)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import httpx
 import openai
 import pytest
 
-from tests.support.gateway import admin_client, inflight, shared_gateways, wait_for
+from tests.support.gateway import (
+    AUTH_SECRET,
+    admin_client,
+    gateway_proc,
+    inflight,
+    shared_gateways,
+    wait_for,
+)
 from tests.support.procs import Proc, redis_proc, sim_proc
 
 ADMIN = "admin-token-recreated-0123456789"
@@ -157,3 +165,18 @@ def test_a_deleted_tenants_stream_in_flight_does_not_count_against_the_new_one(
         assert [old.end(), new.end()] == ["done", "done"]
         wait_for(lambda: all(inflight(b) == 0 for b in bases), 10, "no request left")
         assert [_chat(b, key)[0] for b in bases] == [200, 200]
+
+
+def test_in_memory_a_tenant_created_again_starts_with_its_whole_budget(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """The same on one gateway without Redis (its in-memory store and limiter)."""
+    _, sim = sim_factory("--time-scale", "50", model="m")
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    config = {**CONFIG, "pools": {"p": {"served_model": "m", "replicas": [sim]}}}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with gw, admin_client(base, ADMIN) as admin:
+        key = _created(admin, "spent", "rpm", [base])
+        assert [_chat(base, key)[0] for _ in range(3)] == [200, 200, 429]
+        _deleted(admin, "spent", key, [base])
+        key = _created(admin, "spent", "rpm", [base])
+        assert [_chat(base, key)[0] for _ in range(3)] == [200, 200, 429]
