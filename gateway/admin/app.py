@@ -3,7 +3,8 @@
 `create_admin_app(deps)` is what the gateway mounts at ``/admin`` (on its port, or on
 `server.admin_port`) and what tests serve standalone. Paths the router does not know, and
 methods a route does not allow, answer in OpenAI's error shape too (404/405, with every method
-the path takes in Allow), never FastAPI's ``{"detail": ...}``. HEAD is answered as GET
+the path takes in Allow), never FastAPI's ``{"detail": ...}``; a trailing slash is such a
+path (a 404 naming the path without it), never a redirect. HEAD is answered as GET
 without the body.
 """
 
@@ -40,15 +41,23 @@ def _http_error(routes: list[APIRoute], request: Request, exc: HTTPException) ->
         allow = _allowed(routes, request)
         return MethodNotAllowed(f"Use {allow} for {shown_name(path)}.", allow=allow)
     if exc.status_code == 404:
-        return NotFound(f"unknown admin path {shown_name(path)}")
+        bare = request.scope["path"].rstrip("/")
+        known = bare != request.scope["path"] and any(
+            r.matches({**request.scope, "path": bare})[0] != Match.NONE for r in routes)
+        hint = f" (without the trailing slash: {shown_name(bare)})" if known else ""
+        return NotFound(f"unknown admin path {shown_name(path)}{hint}")
     return for_status(exc.status_code, str(exc.detail))
 
 
 def create_admin_app(
     deps: AdminDeps, *, openapi_url: str | None = "/openapi.json", docs_url: str | None = None
 ) -> FastAPI:
+    # a path with a trailing slash is one the router does not know (a 404 naming the path
+    # without it), not Starlette's 307 to an absolute URL built from the Host header: empty,
+    # and http:// behind a proxy that ends TLS (a client following it sent its admin token
+    # over plain HTTP)
     app = FastAPI(title="kvgate admin API", version="1", openapi_url=openapi_url,
-                  docs_url=docs_url, redoc_url=None)
+                  docs_url=docs_url, redoc_url=None, redirect_slashes=False)
     router = make_admin_router(deps)
     app.include_router(router)
     routes = [r for r in router.routes if isinstance(r, APIRoute)]

@@ -34,7 +34,7 @@ from gateway.errors import (
 )
 from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
-__all__ = ["REQUEST_ID", "AdminRoute", "error_response"]
+__all__ = ["READS", "REQUEST_ID", "AdminRoute", "error_response"]
 
 log = logging.getLogger(__name__)
 

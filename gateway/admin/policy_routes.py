@@ -9,6 +9,7 @@ this kvgate does not know (`gateway.tenancy.unknown`).
 
 import asyncio
 import random
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header
@@ -25,7 +26,6 @@ from gateway.errors import (
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
 from gateway.tenancy.models import PolicySnapshot
-from gateway.tenancy.store import check_policy_version
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]
@@ -63,16 +63,78 @@ async def _put_checked(
 MAX_VERSION_DIGITS = 64  # an If-Match version longer than this is no version (int64 has 19)
 
 
-def _parse_if_match(value: str | None) -> int | None:
-    """The policy version an ``If-Match`` names (None: none, or ``*``). Only ASCII digits:
-    `str.isdigit` also takes a superscript two (a header byte 0xB2) that `int` refuses, and
-    thousands of digits `int` will not convert -- each was a 500 with a traceback."""
-    if value is None or value.strip() == "*":
+@dataclass(frozen=True, slots=True)
+class IfMatch:
+    """An ``If-Match`` header (RFC 9110 13.1.1): ``*`` (`any`), or the policy versions its
+    entity-tags name. It uses the strong comparison, so a weak tag (``W/"3"``) matches no
+    version: one was taken as ``"3"``, and a write went through on a validator that does not
+    promise the same document."""
+
+    any: bool
+    versions: frozenset[int]
+    weak: bool  # a weak tag was sent (the 412 says why it did not match)
+
+    def check(self, current: int) -> None:
+        """412 unless it matches `current` (0: no policy stored, which ``*`` does not match)."""
+        if (self.any and current > 0) or current in self.versions:
+            return
+        if self.any:
+            said = "no policy document is stored, which If-Match * does not match"
+        else:
+            said = f"policy version is {current}"
+            if self.versions:
+                said += ", not " + " or ".join(str(v) for v in sorted(self.versions))
+            if self.weak:
+                said += ('; a weak entity-tag (W/"...") never matches: If-Match uses the '
+                         'strong comparison, send the ETag as GET /policy gives it')
+        raise PreconditionFailed(f"{said}; fetch it again and retry", param="If-Match")
+
+
+def _parse_if_match(value: str | None) -> IfMatch | None:
+    """The ``If-Match`` header (None: none). Its tags must be policy versions, quoted (bare
+    digits are taken too), in ASCII digits: `str.isdigit` also takes a superscript two (a
+    header byte 0xB2) that `int` refuses, and thousands of digits `int` will not convert --
+    each was a 500 with a traceback."""
+    if value is None:
         return None
-    text = value.strip().removeprefix("W/").strip('"')
-    if not (text.isascii() and text.isdigit()) or len(text) > MAX_VERSION_DIGITS:
-        raise BadRequest('If-Match: expected a policy version such as "3"', param="If-Match")
-    return int(text)
+    if value.strip() == "*":
+        return IfMatch(any=True, versions=frozenset(), weak=False)
+    versions: set[int] = set()
+    weak = False
+    tags = [item.strip() for item in value.split(",")]
+    # empty list elements are ignored (RFC 9110 5.6.1.2), not a header of none
+    for tag in [t for t in tags if t] or [""]:
+        is_weak = tag.startswith("W/")
+        text = tag.removeprefix("W/")
+        if len(text) >= 2 and text[0] == text[-1] == '"':
+            text = text[1:-1]
+        if not (text.isascii() and text.isdigit()) or len(text) > MAX_VERSION_DIGITS:
+            raise BadRequest('If-Match: expected a policy version such as "3"',
+                             param="If-Match")
+        if is_weak:
+            weak = True
+        else:
+            versions.add(int(text))
+    return IfMatch(any=False, versions=frozenset(versions), weak=weak)
+
+
+async def _expected(ctx: AdminContext, if_match: IfMatch | None) -> int | None:
+    """The version a PUT is stored over (None: any, or none stored yet), or a 412: one
+    version named is checked by the store's own compare-and-set; ``*`` and a list against
+    the version read now (then compare-and-set against it)."""
+    if if_match is None:
+        return None
+    if len(if_match.versions) == 1 and not if_match.any:
+        return next(iter(if_match.versions))
+    try:
+        snap = await ctx.store.get_policy()
+    except UnreadableRecord:  # stored, unreadable: `*` matches it (the way out), no version
+        if if_match.any:
+            return None
+        raise
+    current = 0 if snap is None else snap.version
+    if_match.check(current)
+    return current
 
 
 def policy_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
@@ -95,13 +157,14 @@ def policy_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
     ) -> JSONResponse:
         """Replace the whole document: a section or field left out takes its default. A
         replica URL shown with hidden credentials (as GET answers it) gets the stored ones."""
+        condition = _parse_if_match(if_match)
         if restore_hidden(document, None) is not None:  # (None: it has such a URL)
             try:
                 stored = await ctx.store.get_policy()
             except UnreadableRecord:
                 stored = None
             _restore(document, stored.doc.model_dump(mode="json") if stored else None)
-        return await _store(ctx, who, document, if_match, "policy.put")
+        return await _store(ctx, who, document, await _expected(ctx, condition), "policy.put")
 
     @router.patch("/policy")
     async def patch_policy(
@@ -118,11 +181,11 @@ def policy_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
 
 
 async def _store(
-    ctx: AdminContext, who: str, document: Any, if_match: str | None, action: str,
+    ctx: AdminContext, who: str, document: Any, expected: int | None, action: str,
     keep_unknown: bool = False,
 ) -> JSONResponse:
-    """Validate a whole policy document and store it as the next version."""
-    expected = _parse_if_match(if_match)
+    """Validate a whole policy document and store it as the next version (over `expected`
+    only, when given)."""
     doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
@@ -134,7 +197,7 @@ async def _store(
 
 
 async def _patch_in_turn(
-    ctx: AdminContext, who: str, patch: dict[str, Any], expected: int | None
+    ctx: AdminContext, who: str, patch: dict[str, Any], expected: IfMatch | None
 ) -> JSONResponse:
     """Merge onto the version in force and store the result over that version; another
     write landing in between (and no version named by the client) merges again."""
@@ -144,7 +207,8 @@ async def _patch_in_turn(
         snap = await ctx.store.get_policy()
         if snap is None:
             raise NotFound("no policy document has been stored yet")
-        check_policy_version(snap.version, expected)
+        if expected is not None:
+            expected.check(snap.version)
         current = snap.doc.model_dump(mode="json", exclude_unset=True)
         merged = merge_patch(current, patch)
         _restore(merged, current)
@@ -156,7 +220,7 @@ async def _patch_in_turn(
         # stored only over the version it was merged onto, with the fields of that
         # version this kvgate does not know
         try:
-            return await _store(ctx, who, merged, f'"{snap.version}"', "policy.patch",
+            return await _store(ctx, who, merged, snap.version, "policy.patch",
                                 keep_unknown=True)
         except PreconditionFailed:
             if expected is not None:  # the client's version is not the latest any more

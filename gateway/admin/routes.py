@@ -26,14 +26,16 @@ from fastapi import APIRouter, Depends, Header, Request
 
 from gateway.admin.auth import check_admin
 from gateway.admin.deps import AdminContext, AdminDeps
-from gateway.admin.errors import AdminRoute
+from gateway.admin.errors import READS, AdminRoute
 from gateway.admin.guard import BURST, PER_MINUTE
 from gateway.admin.ops_routes import ops_routes
 from gateway.admin.policy_routes import policy_routes
 from gateway.admin.tenant_routes import key_routes, tenant_routes
-from gateway.errors import AuthError, BackendUnavailable, PermissionDenied
+from gateway.errors import AuthError, BackendUnavailable, PermissionDenied, PreconditionFailed
 
 __all__ = ["make_admin_router"]
+
+PREFIX = "/admin"
 
 log = logging.getLogger(__name__)
 # of a refused request's path, what the audit log and the log line keep: the path is the
@@ -55,18 +57,35 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
         deps.guard.check(address)  # 429 while this address is throttled (with Redis: at any
         # gateway, `AuthGuard.adopt` told by the store)
         try:
-            return check_admin(deps.tokens, authorization)
+            who = check_admin(deps.tokens, authorization)
         except (AuthError, PermissionDenied) as exc:
             await _auth_failed(ctx, address, exc.reason, request.url.path)
             raise
+        _untagged(request)
+        return who
 
-    router = APIRouter(prefix="/admin", route_class=AdminRoute, tags=["admin"])
+    router = APIRouter(prefix=PREFIX, route_class=AdminRoute, tags=["admin"])
     who_dep = Annotated[str, Depends(admin)]
     tenant_routes(router, ctx, who_dep)
     key_routes(router, ctx, who_dep)
     policy_routes(router, ctx, who_dep)
     ops_routes(router, ctx, who_dep)
     return router
+
+
+def _untagged(request: Request) -> None:
+    """A 412 for a write with an ``If-Match`` naming a tag, to anything but the policy (the
+    one object with an ETag, checked by its routes): no tag matches an object that has none
+    (RFC 9110 13.1.1), and the write must not be made; ``*`` matches any that exists. It
+    was ignored: a tenant changed on a condition that did not hold."""
+    value = request.headers.get("if-match")
+    route = getattr(request.scope.get("route"), "path", "")
+    if value is None or value.strip() == "*" or request.method in READS or \
+            route == f"{PREFIX}/policy":
+        return
+    raise PreconditionFailed("If-Match: only the policy document (GET /admin/policy) has an "
+                             "entity tag; this object has none, so no tag matches it (send "
+                             "no If-Match, or *)", param="If-Match")
 
 
 async def _auth_failed(ctx: AdminContext, address: str, reason: str, path: str) -> None:

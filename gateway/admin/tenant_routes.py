@@ -14,7 +14,7 @@ from gateway.admin.deps import AdminContext
 from gateway.admin.schemas import NoFields, TenantCreate, TenantPatch, key_view, tenant_view
 from gateway.errors import BadRequest, Conflict, NotFound, shown_name
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
-from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant
+from gateway.tenancy.models import NAME_PATTERN, KeyRecord, Tenant, fresh_incarnation
 from gateway.tenancy.salts import fresh_epoch
 from gateway.tenancy.store import apply_tenant_changes, tenant_missing
 
@@ -41,8 +41,10 @@ def tenant_routes(router: APIRouter, ctx: AdminContext, Who: Any) -> None:
         # the fields sent, plus the tier: its default ("default") is not "sent" but is needed;
         # a fresh salt epoch: a tenant deleted under this id had epoch 0 (or counted on from
         # it), and the same salt would hit its prefix cache in vLLM
+        # and a fresh incarnation: its rate limits start full, the deleted one's leases
+        # (streams still in flight) are not counted against it
         data = {"tier": body.tier, **body.model_dump(exclude_unset=True),
-                "salt_epoch": fresh_epoch()}
+                "salt_epoch": fresh_epoch(), "incarnation": fresh_incarnation()}
         if "limits" in data:  # null = the tier's limit, as in a PATCH (never "unlimited")
             data["limits"] = {k: v for k, v in data["limits"].items() if v is not None}
         tenant = Tenant.model_validate(data)

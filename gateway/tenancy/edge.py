@@ -102,14 +102,14 @@ class TenantGate:
         limits = principal.limits
         if limits.rpm is None and limits.tpm is None and limits.max_concurrency is None:
             return None
-        return await self._limiter.admit(principal.tenant_id, limits, tokens=tokens)
+        return await self._limiter.admit(principal.limits_key, limits, tokens=tokens)
 
     async def peek(self, principal: Principal) -> Admission | None:
         """What `admit` would answer now, nothing charged; None for a tenant without limits."""
         limits = principal.limits
         if limits.rpm is None and limits.tpm is None and limits.max_concurrency is None:
             return None
-        return await self._limiter.peek(principal.tenant_id, limits)
+        return await self._limiter.peek(principal.limits_key, limits)
 
     async def settle(self, adm: Admission, used_tokens: int) -> None:
         """Charge real usage and release the concurrency lease now, before the answer goes

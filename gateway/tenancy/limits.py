@@ -210,13 +210,17 @@ class MemoryRateLimiter(RateLimiter):
         r = refill(b.requests, b.at, now, rpm) if rpm else 0.0
         t = refill(b.tokens, b.at, now, tpm) if tpm else 0.0
         leases = self._leases.get(tenant_id, ())
-        reason, retry = None, 0.0
+        # refused by the first limit that refuses, until the last one allows (a tenant at its
+        # concurrency limit with its RPM spent was told 1 s, then 60 s more)
+        waits: dict[str, float] = {}  # each limit that refuses: how long it will
         if conc and len(leases) >= conc:
-            reason, retry = "concurrency", 1.0
-        elif rpm and r < 1:
-            reason, retry = "rpm", _seconds_to(r, 1.0, rpm)
-        elif tpm and t <= 0:
-            reason, retry = "tpm", _seconds_to(t, 1.0, tpm)
+            waits["concurrency"] = 1.0
+        if rpm and r < 1:
+            waits["rpm"] = _seconds_to(r, 1.0, rpm)
+        if tpm and t <= 0:
+            waits["tpm"] = _seconds_to(t, 1.0, tpm)
+        reason = next(iter(waits), None)
+        retry = max(waits.values(), default=0.0)
         lease_id = None
         if not charge:
             return build_admission(tenant_id, limits, reason, retry, r, t, 0, None, self)

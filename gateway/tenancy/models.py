@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -20,6 +21,7 @@ __all__ = [
     "SkippedRecord",
     "StoreSnapshot",
     "Tenant",
+    "fresh_incarnation",
 ]
 
 # Tenant ids and salt-group names appear in URLs, metrics labels and Redis keys.
@@ -37,6 +39,21 @@ class Tenant(BaseModel):
     limits: Limits = Field(default_factory=Limits)
     salt_group: Name | None = None  # tenants in one group share a cache salt
     salt_epoch: Annotated[int, Field(ge=0)] = 0
+    # drawn when the admin API creates the tenant, never changed: it names its rate-limit
+    # state (`limits_key`), so a tenant created again under a deleted one's id starts with
+    # full buckets and none of the deleted one's leases (None: a tenant seeded from the
+    # configuration, or stored by an older kvgate -- its state is named by its id alone)
+    incarnation: Annotated[str, Field(pattern=r"^[0-9a-f]{1,32}$")] | None = None
+
+    @property
+    def limits_key(self) -> str:
+        """What its rate limits are kept under: ``<id>#<incarnation>`` (``#`` is in no id)."""
+        return self.id if self.incarnation is None else f"{self.id}#{self.incarnation}"
+
+
+def fresh_incarnation() -> str:
+    """A new tenant's `Tenant.incarnation`: 64 random bits."""
+    return secrets.token_hex(8)
 
 
 class KeyRecord(BaseModel):

@@ -35,6 +35,10 @@ __all__ = [
 MAX_CONNECTIONS = 64  # per client (`tenancy.redis_max_connections`)
 # what redis-py's blocking pool raises when no connection came free in time
 _POOL_WAIT = "No connection available."
+# what redis-py raises when the server closed a connection it held (Redis restarted or shut
+# down with a command in flight, `CLIENT KILL`, Redis's idle `timeout`): no OS error under it,
+# so it was named by its class, "cannot reach Redis at ... (ConnectionError)"
+_CLOSED = "Connection closed by server."
 
 # What `kvgate_redis_down_cause` and `kvgate_sync_down_cause` name (`cause_label`): a fixed
 # set, so a label never carries free text (an address, a key) and the series stay bounded
@@ -83,10 +87,10 @@ def redis_tls(pool: ConnectionPool) -> bool:
 
 def failure_cause(exc: BaseException) -> str:
     """A Redis failure in a few words: the OS error under it (``connection refused``, ``name
-    or service not known``, ``timed out``), a TLS handshake's refusal (``TLS certificate
-    refused: self-signed certificate``), a server reply's first word (``READONLY``,
-    ``WRONGPASS``: replies never echo a password; ``NOPERM`` for a script's ACL refusal),
-    else the exception's class name."""
+    or service not known``, ``timed out``), a connection the server closed, a TLS
+    handshake's refusal (``TLS certificate refused: self-signed certificate``), a server
+    reply's first word (``READONLY``, ``WRONGPASS``: replies never echo a password;
+    ``NOPERM`` for a script's ACL refusal), else the exception's class name."""
     seen: BaseException | None = exc
     while seen is not None:
         # before OSError: an SSLError's errno is OpenSSL's code (1 read as "operation not
@@ -98,6 +102,8 @@ def failure_cause(exc: BaseException) -> str:
         if isinstance(seen, RedisConnectionError) and str(seen) == _POOL_WAIT:
             # its cause is a TimeoutError: said so, and what it waited for
             return "timed out waiting for a free connection (tenancy.redis_max_connections)"
+        if isinstance(seen, RedisConnectionError) and str(seen) == _CLOSED:
+            return "connection closed by the server"
         if isinstance(seen, TimeoutError):
             return "timed out"
         if isinstance(seen, MaxClientsReachedError):  # an ERR reply, named by its text

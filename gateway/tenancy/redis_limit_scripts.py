@@ -34,6 +34,8 @@ end
 # a holder, from an older kvgate, is kept to its TTL); an admission with a concurrency limit
 # keeps its own holder's heartbeat alive, and one that takes a lease names its holder in
 # KEYS[4] first (a WRONGTYPE there takes no lease).
+# A refusal names the first limit that refuses (concurrency, rpm, tpm) and waits for the last
+# (a tenant at its concurrency limit with its RPM spent was told 1 s, then 60 s more).
 # A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
 # id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 ADMIT = (
@@ -86,9 +88,14 @@ if conc > 0 then
 end
 local reason = ''
 local retry = 0
-if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1
-elseif rpm > 0 and r < 1 then reason = 'rpm' retry = (1 - r) * 60 / rpm
-elseif tpm > 0 and t <= 0 then reason = 'tpm' retry = (1 - t) * 60 / tpm
+if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1 end
+if rpm > 0 and r < 1 then
+  if reason == '' then reason = 'rpm' end
+  retry = math.max(retry, (1 - r) * 60 / rpm)
+end
+if tpm > 0 and t <= 0 then
+  if reason == '' then reason = 'tpm' end
+  retry = math.max(retry, (1 - t) * 60 / tpm)
 end
 if ARGV[8] == '1' then return {reason, tostring(retry), tostring(r), tostring(t)} end
 if reason == '' then

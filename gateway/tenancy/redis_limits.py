@@ -1,6 +1,8 @@
 """Admission shared by every gateway replica: one Lua script, one round trip per request.
 
-Per tenant: a hash ``<ns>:rl:{<tenant>}`` with both bucket levels and their time (kept until
+Per tenant (named by `Tenant.limits_key`: its id, and for one the admin API created, the
+incarnation it drew, so one created again under a deleted tenant's id starts afresh): a hash
+``<ns>:rl:{<tenant>}`` with both bucket levels and their time (kept until
 both are full again, tokens owed included: a missing bucket starts full), a sorted set
 ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each

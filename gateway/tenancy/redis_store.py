@@ -34,12 +34,12 @@ import logging
 import secrets
 import time
 from bisect import bisect_right
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, WatchError
+from redis.exceptions import RedisError, ResponseError, WatchError
 
 from gateway.errors import Conflict, StaleCheck
 from gateway.policy_doc import PolicyDoc
@@ -61,6 +61,7 @@ from gateway.tenancy.redis_auth_failures import (
     AUTH_FAILURES,
     auth_failure_level,
     throttled_address,
+    throttled_now,
 )
 from gateway.tenancy.redis_conn import (
     failure_cause,
@@ -227,7 +228,11 @@ class RedisStore(TenantStore):
                 self.reach.answered()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
+                told = False  # the addresses throttled meanwhile, once someone listens
                 while True:
+                    if not told and self.on_auth_throttled is not None:
+                        told = True
+                        await self._tell_throttled(self.on_auth_throttled)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
                         continue
@@ -245,6 +250,20 @@ class RedisStore(TenantStore):
             finally:
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
+
+    async def _tell_throttled(self, tell: Callable[[str, float], None]) -> None:
+        """The addresses throttled now, told to `tell` (`on_auth_throttled`). Refused (an ACL
+        without SCAN): logged, and the failures published from now on are still told."""
+        try:
+            found = await throttled_now(self._r, self._k("admin_auth", ""))
+        except ResponseError as exc:
+            log.warning("tenancy store: the admin addresses throttled before this gateway "
+                        "listened could not be read (%s): it throttles those that fail here "
+                        "or are throttled from now on", failure_cause(exc),
+                        extra={"redis": self.reach.address})
+            return
+        for address, level in found:
+            tell(address, level)
 
     async def _run(
         self, name: str, keys: list[str], args: list[Any], change: Change, **detail: Any

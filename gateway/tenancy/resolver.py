@@ -97,6 +97,13 @@ class Principal:
     policy: PolicySnapshot | None = field(default=None, repr=False, compare=False)
     tier_known: bool = True  # False: the policy does not define `tier` (never admitted)
     refused: str | None = None  # why this tenant cannot be served now (503), e.g. no salt
+    incarnation: str | None = None  # its tenant's (`Tenant.incarnation`)
+
+    @property
+    def limits_key(self) -> str:
+        """What its rate limits are kept under (`Tenant.limits_key`)."""
+        return self.tenant_id if self.incarnation is None else (
+            f"{self.tenant_id}#{self.incarnation}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,6 +519,7 @@ class TenantResolver:
             cache_salt=self._salts.for_tenant(tenant, snap.group_epochs),
             policy=snap.policy,
             tier_known=known,
+            incarnation=tenant.incarnation,
         )
 
     # -- hot path ----------------------------------------------------------------------------

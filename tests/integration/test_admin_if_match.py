@@ -34,7 +34,7 @@ def test_an_if_match_that_names_no_version_is_a_400(
         # a version of any other number is a 412, the one in force goes through
         resp = admin.patch("/policy", json={}, headers={"If-Match": '"99999999999999999999"'})
         assert resp.status_code == 412, resp.text
-        for good in (version, "W/" + version, "*"):
+        for good in (version, "*"):
             assert admin.patch("/policy", json={}, headers={"If-Match": good}).status_code == 200
         assert "Traceback" not in gw.output()
 

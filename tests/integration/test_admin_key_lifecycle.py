@@ -109,9 +109,12 @@ def _streams(bases: list[str], key: str) -> list[Stream]:
 
 
 def _leases(url: str, tenant: str) -> int:
+    """The concurrency leases in Redis of every tenant made under this id through the admin
+    API (their keys named by the id and each one's incarnation)."""
     raw = redis.Redis.from_url(url)
     try:
-        return int(raw.zcard(f"kvgate:rl:{{{tenant}}}:leases"))
+        return sum(int(raw.zcard(k))
+                   for k in raw.scan_iter(match=f"kvgate:rl:{{{tenant}#*}}:leases"))
     finally:
         raw.close()
 

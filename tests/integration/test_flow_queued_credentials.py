@@ -141,9 +141,10 @@ def _with_one_queued(s: Stack, key: str, text: str) -> tuple[Queued, Filler]:
 
 
 def _leases(s: Stack, tid: str) -> int:
-    """The tenant's concurrency leases held in Redis."""
+    """The tenant's concurrency leases held in Redis (its keys named by its id and the
+    incarnation the admin API gave it)."""
     with redis.Redis.from_url(s.redis) as r:
-        return int(r.zcard(f"kvgate:rl:{{{tid}}}:leases"))
+        return sum(int(r.zcard(k)) for k in r.scan_iter(match=f"kvgate:rl:{{{tid}#*}}:leases"))
 
 
 def _drained(s: Stack, tid: str) -> None:

@@ -3,6 +3,7 @@ read through kvgate's client (`connect_redis`), as the gateway meets it."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Awaitable, Iterator
 
@@ -92,6 +93,29 @@ async def test_a_redis_that_does_not_answer_is_unreachable_or_a_timeout() -> Non
         client = connect_redis(f"redis://127.0.0.1:{port}/0", timeout_s=0.2)
         assert await _label(client.get("x")) == ("timed out", "timeout")
         await client.aclose()
+
+
+async def test_a_connection_the_server_closed_is_named_so() -> None:
+    """A connection Redis closed with a command in flight (here `CLIENT KILL` of a client
+    blocked in BLPOP; a restart, or a shutdown, alike): the cause said "ConnectionError",
+    the class's name."""
+    proc, url = redis_proc()
+    with proc:
+        client = connect_redis(url, timeout_s=5.0, max_connections=1)
+        killer = connect_redis(url)
+        try:
+            await client.client_setname("victim")
+            blocked = asyncio.ensure_future(_label(client.blpop(["nothing"], timeout=3)))
+            for _ in range(200):
+                if "cmd=blpop" in str(await killer.client_list()):
+                    break
+                await asyncio.sleep(0.01)
+            assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
+            assert await blocked == ("connection closed by the server", "unreachable")
+            assert await client.get("x") is None  # a new connection: it answers again
+        finally:
+            await client.aclose()
+            await killer.aclose()
 
 
 def _parsed(reply: str) -> Exception:
