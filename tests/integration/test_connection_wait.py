@@ -35,14 +35,24 @@ def _hold_the_slot(sim: str, base: str, delay_ms: int) -> threading.Thread:
     """A whole (non-streamed) request that holds the replica's only connection for about
     `delay_ms` (the simulator's latency fault, read when the request arrives; reset after)."""
     httpx.post(f"{sim}/sim/faults", json={"latency_ms": delay_ms}).raise_for_status()
+    before = _chats_received(sim)
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
     held = threading.Thread(target=lambda: client.chat.completions.create(
         model=MODEL, messages=MESSAGES, max_tokens=4))
     held.start()
-    wait_for(lambda: inflight(base) == 1, what="the slot holder in flight")
-    time.sleep(0.3)  # it reached the simulator and sleeps there
+    # it reached the simulator, which took its latency then (a fixed sleep was not always
+    # enough on a loaded machine: the latency was reset first and the slot came free at once)
+    wait_for(lambda: _chats_received(sim) > before, what="the slot holder at the simulator")
     httpx.post(f"{sim}/sim/faults", json={"latency_ms": 0}).raise_for_status()
+    assert inflight(base) == 1
     return held
+
+
+def _chats_received(sim: str) -> int:
+    """Chat requests the simulator has read (its request log: it reads the latency fault right
+    after logging one)."""
+    logged = httpx.get(f"{sim}/sim/requests").json()["requests"]
+    return sum(r["path"] == "/v1/chat/completions" for r in logged)
 
 
 def _stream(base: str) -> str:
@@ -106,7 +116,10 @@ def test_a_request_waiting_too_long_goes_to_another_replica(sim_factory: SimFact
     (_, busy), (_, other) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[busy, other], args=["--policy", "round_robin"], env={
         "KVGATE_UPSTREAM__MAX_CONNECTIONS": "1", "KVGATE_UPSTREAM__CONNECTION_WAIT_S": "0.5",
-        "KVGATE_HEALTH__INTERVAL_S": "60"})
+        "KVGATE_HEALTH__INTERVAL_S": "60",
+        # nothing is heard from the held replica for 3 s: past `routing.silent_min_s` (0.5 s)
+        # it is no candidate, and on a loaded machine round robin went to the other one at once
+        "KVGATE_ROUTING__SILENT_MIN_S": "0"})
     with gw:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0)
         placed: list[str] = []
