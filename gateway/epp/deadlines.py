@@ -14,6 +14,8 @@ from time import perf_counter
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
+from gateway.epp.envoy_reply import Maker
+from gateway.epp.passed import mark_refused
 from gateway.epp.state import ExchangeState
 from gateway.errors import (
     BodyNotInTime,
@@ -155,7 +157,7 @@ class Deadlines(ExchangeState):
             target.record_failure(self._core.clock())
 
     def router_cut(self, req: ProxiedRequest) -> pb.ProcessingResponse:
-        """Envoy's router cut a replica that sent no head (its 504 `wire.ROUTER_TIMEOUT`;
+        """Envoy's router cut a replica that sent no head (its 504, `envoy_reply.maker`;
         `envoy.py`: a stream's per-try idle timeout is the first-byte one, else the route's
         total one): no replica answered. The HTTP edge's 504 and judgement, as `timed_out`."""
         stream = req.parsed.stream and req.kind != "embeddings"
@@ -165,23 +167,38 @@ class Deadlines(ExchangeState):
             self._first_byte_cut(req.target)
         return self._refuse(cut_error("first byte"))
 
-    def router_reset(self, req: ProxiedRequest, data: bytes) -> pb.ProcessingResponse:
+    async def router_reset(self, req: ProxiedRequest, why: Maker) -> pb.ProcessingResponse:
         """Envoy's router could not connect to the replica, or lost it before its head (its
-        503 `wire.ROUTER_RESET`): no replica answered. Envoy's circuit breaker on the
-        replicas' cluster (`wire.OVERFLOW`) is not the replica's doing (`_overflow`). The HTTP
+        503, `envoy_reply.maker`): no replica answered. Envoy's circuit breaker on the
+        replicas' cluster (`overflow`) is not the replica's doing (`_overflow`). The HTTP
         edge's last try: a refused connection marks the replica down at once (nothing listens
-        there), a broken one is a failure; the pool's 503 with Retry-After when no replica is
-        left (what the next request gets), else "The replica did not answer." (502)."""
+        there), a broken one is a failure. The endpoints Envoy went past before it (the
+        destination's first ones) are asked for a connection first when this one's was
+        refused -- Envoy says neither why it went past them -- and marked down when they
+        refuse it too, else charged a failure: before, only the last one was marked down, so
+        a pool whose replicas all died answered 502 "The replica did not answer." and picked
+        the others again. The pool's 503 with Retry-After when no replica the request may use
+        is left (the data plane's subset, else the pool: what the next request gets), else
+        "The replica did not answer." (502)."""
         now, target = self._core.clock(), req.target
-        if data.endswith(wire.OVERFLOW):  # Envoy's own limit: nothing reached the replica
+        if why == "overflow":  # Envoy's own limit: nothing reached the replica
             return self._overflow()
-        if target is not None and data.endswith(wire.CONNECT_FAILED):
+        if target is not None and why == "connect":
             target.mark_down(now)
             target.reason = "cannot connect"
         elif target is not None:
             target.record_failure(now)
-        if not req.pool.takes_requests(now):
-            return self._refuse(req.pool.none_healthy(req.parsed.model, now))
+        skipped, self._skipped = self._skipped, []
+        down = (await mark_refused(skipped, self._core.cfg.upstream.connect_timeout_s,
+                                   self._core.clock) if why == "connect" else [])
+        for replica in skipped:
+            if replica not in down:
+                replica.record_failure(now)
+        now = self._core.clock()
+        among = (None if self._subset is None
+                 else [r for r in req.pool.replicas if r.id in self._subset])
+        if not any(r.available(now) for r in (req.pool.replicas if among is None else among)):
+            return self._refuse(req.pool.none_healthy(req.parsed.model, now, among))
         return self._refuse(UpstreamError("The replica did not answer.", reason="connect"))
 
     def _overflow(self) -> pb.ProcessingResponse:

@@ -35,12 +35,15 @@ async def _refuses(replica: Replica, within_s: float) -> BaseException | None:
 
 async def mark_refused(
     replicas: Sequence[Replica], within_s: float, clock: Callable[[], float],
-) -> None:
-    """Mark down each of `replicas` that refuses a connection now."""
+) -> list[Replica]:
+    """Mark down each of `replicas` that refuses a connection now; those are returned."""
     errors = await asyncio.gather(*(_refuses(r, within_s) for r in replicas))
+    down = []
     for replica, exc in zip(replicas, errors, strict=True):
         if exc is not None:
+            down.append(replica)
             replica.mark_down(clock())
             replica.reason = connect_failure(exc, replica.url)
             log.info("replica did not answer", extra={"replica": replica.id,
                                                       "reason": replica.reason})
+    return down
