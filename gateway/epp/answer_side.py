@@ -70,7 +70,7 @@ class AnswerSide(Deadlines):
 
     __slots__ = ()
 
-    def _served_by(self, ep: str | None, status: int) -> None:
+    async def _served_by(self, ep: str | None, status: int) -> None:
         """Envoy went past the first endpoint: the ones before the served one failed, unless
         its answer is vLLM's 500 for this request (`_answered_whole`: Envoy retries a 500, so
         they most likely failed it alike); a 503 is judged with its body (Envoy's own when its
@@ -85,18 +85,12 @@ class AnswerSide(Deadlines):
             return  # not one of ours (a data plane that ignored the destination)
         self._skipped = self.order[:self.order.index(served)]
         if status not in (500, 503):
-            self._charge_skipped()
+            await self._charge_skipped()
         self._detach()
         self._attach(served)
         req.route = "retry"
         if envoy_reply.maker(self._details, status, b"") == "replica":  # (not Envoy's answer
             self._core.metrics.failover(req.pool_name)  # for it: nothing succeeded there)
-
-    def _charge_skipped(self) -> None:
-        now = self._core.clock()
-        for replica in self._skipped:
-            replica.record_failure(now)
-        self._skipped = []
 
     # -- response path ---------------------------------------------------------------------
     async def response_headers(
@@ -124,7 +118,7 @@ class AnswerSide(Deadlines):
             if 200 < status < 400:  # (vLLM answers 200 or an error: the HTTP edge's 502)
                 return [self._refuse(not_an_answer(status))]
             return await self._hold(status, headers, end)
-        self._served_by(wire.served_endpoint(msg), status)
+        await self._served_by(wire.served_endpoint(msg), status)
         req.status = status
         stream = req.parsed.stream and req.kind != "embeddings"
         if 200 < status < 400 or (status == 200 and not (sse and stream) and (
@@ -362,7 +356,7 @@ class AnswerSide(Deadlines):
         else:
             served(target)
 
-    def _answered_whole(self, data: bytes) -> str | None:
+    async def _answered_whole(self, data: bytes) -> str | None:
         """A whole (non-streamed or error) answer arrived: judge it (the verdict), read its
         usage."""
         req, lease, core = self.req, self._lease, self._core
@@ -382,7 +376,7 @@ class AnswerSide(Deadlines):
             self._passed, self._skipped = self._skipped, []
             verdict = "request"
         else:
-            self._charge_skipped()
+            await self._charge_skipped()
             verdict = judge(req.target, req.status, data, now, self._held_retry)
         if req.status == 200:
             self._usage(body_usage(data), req)
@@ -422,8 +416,8 @@ class AnswerSide(Deadlines):
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
-        if self._local():  # a local reply's error: not judged
-            headers, verdict = [], None
+        if self._local():  # a local reply's error: not judged (its request's id, if it came)
+            headers, verdict = [("x-request-id", self._req_id)] if self._req_id else [], None
         elif req is None:
             if (made := envoy_reply.maker(self._details, status, data)) != "replica":
                 return [self._router_answered(made)]
@@ -434,7 +428,7 @@ class AnswerSide(Deadlines):
         elif made != "replica":
             return [await self.router_reset(req, made)]
         else:
-            verdict = self._answered_whole(data)
+            verdict = await self._answered_whole(data)
             req.settled_headers()  # (settled at the exchange's close, with these tokens)
             headers = self._headers()
         if verdict == "refused":

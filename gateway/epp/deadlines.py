@@ -15,7 +15,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
 from gateway.epp.envoy_reply import Maker
-from gateway.epp.passed import mark_refused
+from gateway.epp.passed import PROBE_S, mark_refused
 from gateway.epp.state import ExchangeState
 from gateway.errors import (
     BodyNotInTime,
@@ -149,6 +149,19 @@ class Deadlines(ExchangeState):
         req.status = exc.status  # opened by `: keep-alive` comments only
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
 
+    async def _charge_skipped(self) -> None:
+        """The endpoints Envoy went past failed: each is asked for a connection first
+        (`passed.py`), marked down when it refuses it, as the HTTP edge marks down a replica
+        whose connection is refused, else counted a failure (all were counted one failure
+        only: a dead first choice was picked first again, and Envoy went past it again, until
+        `health.failure_threshold` requests had paid for it or health polling found it)."""
+        skipped, self._skipped = self._skipped, []
+        down = await mark_refused(skipped, PROBE_S, self._core.clock)
+        now = self._core.clock()
+        for replica in skipped:
+            if replica not in down:
+                replica.record_failure(now)
+
     def _first_byte_cut(self, target: Replica) -> None:
         """A first-byte cut is the replica's failure only when nothing says it is working."""
         if self._lease is not None and target.hung(
@@ -172,14 +185,13 @@ class Deadlines(ExchangeState):
         503, `envoy_reply.maker`): no replica answered. Envoy's circuit breaker on the
         replicas' cluster (`overflow`) is not the replica's doing (`_overflow`). The HTTP
         edge's last try: a refused connection marks the replica down at once (nothing listens
-        there), a broken one is a failure. The endpoints Envoy went past before it (the
-        destination's first ones) are asked for a connection first when this one's was
-        refused -- Envoy says neither why it went past them -- and marked down when they
-        refuse it too, else charged a failure: before, only the last one was marked down, so
-        a pool whose replicas all died answered 502 "The replica did not answer." and picked
-        the others again. The pool's 503 with Retry-After when no replica the request may use
-        is left (the data plane's subset, else the pool: what the next request gets), else
-        "The replica did not answer." (502)."""
+        there), a broken one is a failure; so are the endpoints Envoy went past before it
+        (`_charge_skipped`: Envoy says neither why it went past them, so each is asked for a
+        connection) -- before, only the last one was marked down, so a pool whose replicas
+        all died answered 502 "The replica did not answer." and picked the others again. The
+        pool's 503 with Retry-After when no replica the request may use is left (the data
+        plane's subset, else the pool: what the next request gets), else "The replica did not
+        answer." (502)."""
         now, target = self._core.clock(), req.target
         if why == "overflow":  # Envoy's own limit: nothing reached the replica
             return self._overflow()
@@ -188,12 +200,7 @@ class Deadlines(ExchangeState):
             target.reason = "cannot connect"
         elif target is not None:
             target.record_failure(now)
-        skipped, self._skipped = self._skipped, []
-        down = (await mark_refused(skipped, self._core.cfg.upstream.connect_timeout_s,
-                                   self._core.clock) if why == "connect" else [])
-        for replica in skipped:
-            if replica not in down:
-                replica.record_failure(now)
+        await self._charge_skipped()
         now = self._core.clock()
         among = (None if self._subset is None
                  else [r for r in req.pool.replicas if r.id in self._subset])

@@ -81,7 +81,8 @@ class ExchangeState:
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks
         # the endpoints Envoy went past before the one that answered, not charged yet
         self._skipped: list[Replica] = []
-        # ... not charged for the answer, vLLM's 500 for the request: refused? (`passed`)
+        # ... charged, or not (vLLM's 500 for the request): asked for a connection once the
+        # answer went out, marked down when they refuse it (`passed`)
         self._passed: list[Replica] = []
         self._lease: Lease | None = None
         self.sse = False

@@ -59,6 +59,7 @@ def test_envoys_own_answers_after_the_picker_blame_no_replica(procs: list[Proc])
             client.completions.create(model=MODEL, prompt="x", max_tokens=2,
                                       extra_headers={"x-blocked": "1"})
         assert denied.value.response.json()["error"]["message"] == "RBAC: access denied"
+        assert denied.value.request_id  # (the picker's x-request-id, in its log line)
     for _ in range(4):  # more than the failure threshold
         with pytest.raises(openai.InternalServerError) as nowhere:
             client.completions.create(model=MODEL, prompt="x", max_tokens=2,

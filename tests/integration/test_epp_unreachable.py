@@ -15,13 +15,14 @@ without one more connection tried; and Envoy's retries stay on the picker's list
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import openai
 import pytest
 
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import metric_values, request_statuses
+from tests.support.gateway import metric_values, request_statuses, wait_for
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -121,4 +122,28 @@ def test_a_stored_response_is_asked_of_its_replica_only(procs: list[Proc]) -> No
     assert gone.value.status_code == 502, gone.value.response.text
     assert gone.value.response.json()["error"]["message"] == (
         "The replica holding this response did not answer.")
+    assert _connect_failures(stack.admin) == 1
+
+
+def test_a_refused_first_choice_is_marked_down_at_once(procs: list[Proc]) -> None:
+    """Envoy goes past the first endpoint, which refuses, to the fallback, which answers: the
+    first one is down at once, as at the HTTP edge (it was counted one failure, and picked
+    first again until `health.failure_threshold` requests had gone past it)."""
+    stack = _stack(procs, 2)
+    client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+    pinned: Any = [{"role": "system", "content": "pinned " * 400},
+                   {"role": "user", "content": "first"}]
+    home = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=pinned, max_tokens=2).headers["x-kvgate-replica"]
+    dead = home.removeprefix("default/")
+    stack.sims[stack.eps.index(dead)].kill()
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=pinned, max_tokens=2)
+    assert raw.parse().choices and raw.headers["x-kvgate-route"] == "retry"
+    wait_for(lambda: metric_values(stack.picker, "kvgate_replica_healthy")[
+        f'{{pool="default",replica="{dead}"}}'] == 0, what="the refused replica down")
+    for _ in range(3):  # not tried first any more
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=pinned, max_tokens=2)
+        assert raw.parse().choices and raw.headers["x-kvgate-route"] != "retry"
     assert _connect_failures(stack.admin) == 1
