@@ -31,6 +31,10 @@ from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")
 
+# why nothing could be connected to a replica (`gateway.transport.connect_failure`; a health
+# check's reason ends with it: "/health: cannot connect")
+CANNOT_CONNECT = "cannot connect"
+
 __all__ = ["Deadlines"]
 
 
@@ -134,10 +138,14 @@ class Deadlines(ExchangeState):
         the request again, and Envoy retries none of its answers; the SDKs retry a 504, and
         the next pick avoids the ejected replica. Nothing once the answer started (a first
         token, a whole answer's head: vLLM sends it with all of it), as on the HTTP edge.
-        The replica was judged when it was found (ejected)."""
+        The replica was judged when it was found (ejected). Not when its connections are
+        refused and the destination goes on past it: Envoy could not connect there either,
+        so it went on to the next endpoint, which has the request (the served endpoint moves
+        the lease when its head comes, `_served_by`) -- such a request was the 504 while the
+        fallback was answering it."""
         req, lease = self.req, self._lease
         if (self._cut or req is None or lease is None or lease.answered
-                or self._held is not None):
+                or self._held is not None or self._moved_on(lease.replica)):
             return ()
         self._cut = True
         exc = cut_error("stall")
@@ -148,6 +156,13 @@ class Deadlines(ExchangeState):
             return [self._refuse(exc)]
         req.status = exc.status  # opened by `: keep-alive` comments only
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
+
+    def _moved_on(self, replica: Replica) -> bool:
+        """Envoy went past `replica` to the next endpoint of the destination: nothing listens
+        there (found so by a health check or a request: "cannot connect") and it is not the
+        last endpoint."""
+        return ((replica.reason or "").endswith(CANNOT_CONNECT) and replica in self.order
+                and replica is not self.order[-1])
 
     async def _charge_skipped(self) -> None:
         """The endpoints Envoy went past failed: each is asked for a connection first
@@ -197,7 +212,7 @@ class Deadlines(ExchangeState):
             return self._overflow()
         if target is not None and why == "connect":
             target.mark_down(now)
-            target.reason = "cannot connect"
+            target.reason = CANNOT_CONNECT
         elif target is not None:
             target.record_failure(now)
         await self._charge_skipped()

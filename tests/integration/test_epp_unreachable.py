@@ -38,8 +38,9 @@ class Stack:
     picker: str  # the picker's HTTP port
 
 
-def _stack(procs: list[Proc], n: int, *sim_args: str) -> Stack:
-    """`n` replicas behind the picker (one fallback) and Envoy."""
+def _stack(procs: list[Proc], n: int, *sim_args: str, interval_s: float = 60) -> Stack:
+    """`n` replicas behind the picker (one fallback) and Envoy; health polling every
+    `interval_s`."""
     sims, eps = [], []
     for _ in range(n):
         sim, url = sim_proc(None, "--time-scale", "20", *sim_args, model=MODEL)
@@ -48,7 +49,7 @@ def _stack(procs: list[Proc], n: int, *sim_args: str) -> Stack:
         eps.append(url.removeprefix("http://"))
     epp = epp_proc(config={
         "pools": {"default": {"served_model": MODEL, "replicas": [f"http://{e}" for e in eps]}},
-        "epp": {"fallbacks": 1}, "health": {"interval_s": 60, "failure_threshold": 5}})
+        "epp": {"fallbacks": 1}, "health": {"interval_s": interval_s, "failure_threshold": 5}})
     procs.append(epp.start())
     envoy, base = envoy_proc(epp.picker, endpoints=eps, subset_header=SUBSET)
     procs.append(envoy.start())
@@ -147,3 +148,24 @@ def test_a_refused_first_choice_is_marked_down_at_once(procs: list[Proc]) -> Non
             model=MODEL, messages=pinned, max_tokens=2)
         assert raw.parse().choices and raw.headers["x-kvgate-route"] != "retry"
     assert _connect_failures(stack.admin) == 1
+
+
+def test_a_request_envoy_moved_on_is_not_cut_when_its_first_choice_is_found_down(
+    procs: list[Proc],
+) -> None:
+    """The first choice refuses, Envoy sends the request to the fallback, and health polling
+    finds the first choice down while the fallback answers: the answer is the fallback's (the
+    picker ended the request as its replica's stalled one, the 504 "The replica stopped
+    making progress", while the fallback was generating it)."""
+    stack = _stack(procs, 2, "--time-scale", "1", interval_s=0.5)
+    client = openai.OpenAI(base_url=f"{stack.base}/v1", api_key="unused", max_retries=0)
+    pinned = "pinned " * 400  # (its cached prefix makes its replica the first choice)
+    home = client.completions.with_raw_response.create(
+        model=MODEL, prompt=pinned, max_tokens=2).headers["x-kvgate-replica"]
+    stack.sims[stack.eps.index(home.removeprefix("default/"))].kill()
+    raw = client.completions.with_raw_response.create(  # (long enough for health polls)
+        model=MODEL, prompt=pinned, max_tokens=300, extra_body={"ignore_eos": True})
+    answer = raw.parse()
+    assert answer.usage is not None and answer.usage.completion_tokens == 300
+    assert raw.headers["x-kvgate-route"] == "retry"  # Envoy went past the first choice
+    assert request_statuses(stack.picker) == {"200": 2}
