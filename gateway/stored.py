@@ -64,8 +64,8 @@ from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_
 from gateway.verdicts import not_an_answer, not_what_was_asked
 from gateway.whole import cut_json, json_object, read_whole
 
-__all__ = ["NOT_IN_TIME", "NO_EVENTS", "StoredResponses", "match_stored", "not_a_stream",
-           "wants_stream"]
+__all__ = ["NOT_IN_TIME", "NO_EVENTS", "UNANSWERED", "StoredResponses", "match_stored",
+           "not_a_stream", "wants_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ _PATH = re.compile(r"^/v1/responses/([A-Za-z0-9_.\-]{1,256})(/cancel)?$")
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})  # a true bool in vLLM's (FastAPI) query
 NO_EVENTS = ("The replica ended the stream before its first event (vLLM streams a stored "
              "response only when it was created with background and stream true).")
-_UNANSWERED = "The replica holding this response did not answer."
+UNANSWERED = "The replica holding this response did not answer."
 NOT_IN_TIME = "The replica did not answer in time."  # a whole answer, past its bound
 
 
@@ -157,7 +157,7 @@ class StoredResponses:
                 try:
                     resp = await pool.transport.open(url, headers)
                 except TRANSPORT_ERRORS:
-                    raise UpstreamError(_UNANSWERED) from None
+                    raise UpstreamError(UNANSWERED) from None
                 if resp.status in REFUSED:
                     raise ReplicaRefused(resp.status)
                 clean = await pipe.relay(resp)
@@ -198,7 +198,7 @@ class StoredResponses:
         scope = {"method": "HEAD", "path": path, "query_string": query}
         await self.stream(scope, receive, send, req_id, token)
         if not sent:  # (not expected: every way out of `stream` answers)
-            raise UpstreamError(_UNANSWERED)
+            raise UpstreamError(UNANSWERED)
         body = b"".join(m.get("body", b"") for m in sent[1:])
         return sent[0]["status"], sent[0]["headers"], body
 
@@ -270,7 +270,7 @@ class StoredResponses:
         except TimeoutError:
             raise UpstreamTimeout(NOT_IN_TIME) from None
         except TRANSPORT_ERRORS:
-            raise UpstreamError(_UNANSWERED) from None
+            raise UpstreamError(UNANSWERED) from None
         finally:
             if resp is not None:
                 resp.release() if clean else resp.abort()
@@ -280,7 +280,7 @@ class StoredResponses:
         if status == 200 and not json_object(content_type, body):  # an HTML page, a cut body
             raise not_what_was_asked(False, content_type)
         if status == 200 and cut_json(resp.content_length is not None, body):
-            raise UpstreamError(_UNANSWERED)  # ended by a clean close mid-answer, as by a reset
+            raise UpstreamError(UNANSWERED)  # ended by a clean close mid-answer, as by a reset
         if status == 200 and (said := error_in_success(body)) is not None:
             raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}")
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:

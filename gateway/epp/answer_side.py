@@ -11,7 +11,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from gateway.epp import wire
+from gateway.epp import envoy_reply, wire
 from gateway.epp.deadlines import Deadlines
 from gateway.epp.local_reply import local_error
 from gateway.epp.state import replica_key
@@ -22,6 +22,7 @@ from gateway.errors import (
     ReplicaRefused,
     ReplicaWrongModel,
     UpstreamError,
+    UpstreamTimeout,
 )
 from gateway.request import ProxiedRequest
 from gateway.responses import response_id
@@ -35,6 +36,8 @@ from gateway.sse import (
 )
 from gateway.stored import (
     NO_EVENTS,
+    NOT_IN_TIME,
+    UNANSWERED,
     not_a_stream,
 )
 from gateway.stream_end import (
@@ -67,10 +70,11 @@ class AnswerSide(Deadlines):
 
     __slots__ = ()
 
-    def _served_by(self, ep: str | None, status: int) -> None:
+    async def _served_by(self, ep: str | None, status: int) -> None:
         """Envoy went past the first endpoint: the ones before the served one failed, unless
         its answer is vLLM's 500 for this request (`_answered_whole`: Envoy retries a 500, so
-        they most likely failed it alike)."""
+        they most likely failed it alike); a 503 is judged with its body (Envoy's own when its
+        connection was refused too: `router_reset` asks them for one first)."""
         req = self.req
         assert req is not None
         rid = replica_key(ep) if ep else None
@@ -80,31 +84,31 @@ class AnswerSide(Deadlines):
         if served is None:
             return  # not one of ours (a data plane that ignored the destination)
         self._skipped = self.order[:self.order.index(served)]
-        if status != 500:
-            self._charge_skipped()
+        if status not in (500, 503):
+            await self._charge_skipped()
         self._detach()
         self._attach(served)
         req.route = "retry"
-        self._core.metrics.failover(req.pool_name)
-
-    def _charge_skipped(self) -> None:
-        now = self._core.clock()
-        for replica in self._skipped:
-            replica.record_failure(now)
-        self._skipped = []
+        if envoy_reply.maker(self._details, status, b"") == "replica":  # (not Envoy's answer
+            self._core.metrics.failover(req.pool_name)  # for it: nothing succeeded there)
 
     # -- response path ---------------------------------------------------------------------
-    def response_headers(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+    async def response_headers(
+        self, msg: pb.ProcessingRequest,
+    ) -> Sequence[pb.ProcessingResponse]:
         req = self.req
         headers = msg.response_headers.headers.headers
         status, content_type = wire.status_of(headers)
         end = msg.response_headers.end_of_stream
         limit = self._core.cfg.upstream.max_answer_bytes
         sse = status == 200 and content_type.startswith("text/event-stream")
+        self._details = wire.code_details(msg)
         if self._local():
             if req is not None:
                 req.status = status
-            return [wire.headers_response()] if status < 400 else self._hold(status, headers, end)
+                self._unasked()
+            return ([wire.headers_response()] if status < 400
+                    else await self._hold(status, headers, end))
         if req is None or self._lease is None:  # a stored response's answer, as the HTTP edge
             if self._stream and status == 200:  # a 200 that is not the stream asked for: 502
                 if not sse:
@@ -113,8 +117,8 @@ class AnswerSide(Deadlines):
                 return self._stream_head(self._stored_headers(), end)
             if 200 < status < 400:  # (vLLM answers 200 or an error: the HTTP edge's 502)
                 return [self._refuse(not_an_answer(status))]
-            return self._hold(status, headers, end)
-        self._served_by(wire.served_endpoint(msg), status)
+            return await self._hold(status, headers, end)
+        await self._served_by(wire.served_endpoint(msg), status)
         req.status = status
         stream = req.parsed.stream and req.kind != "embeddings"
         if 200 < status < 400 or (status == 200 and not (sse and stream) and (
@@ -130,7 +134,7 @@ class AnswerSide(Deadlines):
             self._want_id = req.kind == "responses"
             self._holds = self._want_id and req.parsed.data.get("background") is not True
             return self._stream_head(self._headers(), end)
-        return self._hold(status, headers, end)
+        return await self._hold(status, headers, end)
 
     def _local(self) -> bool:
         """An answer now is Envoy's own or a filter's (a local reply), not a replica's: no
@@ -141,8 +145,19 @@ class AnswerSide(Deadlines):
         response's answer: a 401/403 became the 502 "The replica refused the gateway's
         credentials", a 200 page the 502 for an answer that is not JSON; or as the replica's
         answer to a request not sent yet: the picker failed, Envoy's 503 "The endpoint
-        picker is unavailable".)"""
-        return not self.begun or self._receiving()
+        picker is unavailable".) Or Envoy says it is its own, made after the picker's answer
+        but not by its router (`envoy_reply.local`: a filter after the picker's -- a rate
+        limit's 429, an authorization filter's 403 --, a route to a cluster with no healthy
+        endpoint's 503): no replica was asked. (It was judged as the replica's answer: a 403
+        marked the replica down and was the 502 "The replica refused the gateway's
+        credentials", a 429 backed it off, a 503 counted its failure until it was ejected.)"""
+        return not self.begun or self._receiving() or envoy_reply.local(self._details)
+
+    def _unasked(self) -> None:
+        """No replica was asked: its lease is given back, nothing judged or learnt."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
 
     def _stream_head(
         self, head: list[wire.Header], end: bool,
@@ -155,7 +170,7 @@ class AnswerSide(Deadlines):
         self._head = head
         return [self._unstarted()] if end else []
 
-    def _hold(
+    async def _hold(
         self, status: int, headers: Any, end: bool,
     ) -> Sequence[pb.ProcessingResponse]:
         """A whole answer (not a stream): held to its end and answered then (judged, an error
@@ -170,9 +185,11 @@ class AnswerSide(Deadlines):
         self._held_declared = declared is not None
         self._held_retry = wire.header_value(headers, "retry-after")
         self._last = perf_counter()  # its head: the answer has started (the idle timeout)
-        return self._whole_answer(headers_only=True) if end else []
+        return await self._whole_answer(headers_only=True) if end else []
 
-    def response_body(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
+    async def response_body(
+        self, msg: pb.ProcessingRequest,
+    ) -> Sequence[pb.ProcessingResponse]:
         body = msg.response_body
         chunk, end = body.body, body.end_of_stream
         self._last = perf_counter()  # (the idle timeout's clock)
@@ -185,15 +202,15 @@ class AnswerSide(Deadlines):
             if self._held_bytes > limit:  # Envoy resets the replica's stream
                 self._held = None
                 return [self._refuse(AnswerTooLarge(limit))]
-            return self._whole_answer() if end else []
+            return await self._whole_answer() if end else []
         return wire.body_responses(chunk, end)
 
-    def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
+    async def response_trailers(self) -> Sequence[pb.ProcessingResponse]:
         out: list[pb.ProcessingResponse] = []
         if self._head is not None:  # a stream that ended before its first event
             return [self._unstarted()]
         if self._held is not None:  # the body ended without an end-of-stream message
-            out = [*self._whole_answer(end=False)]
+            out = [*await self._whole_answer(end=False)]
         return [*out, wire.trailers_response(request=False)]
 
     def _stored_headers(self) -> list[wire.Header]:
@@ -340,7 +357,7 @@ class AnswerSide(Deadlines):
         else:
             served(target)
 
-    def _answered_whole(self, data: bytes) -> str | None:
+    async def _answered_whole(self, data: bytes) -> str | None:
         """A whole (non-streamed or error) answer arrived: judge it (the verdict), read its
         usage."""
         req, lease, core = self.req, self._lease, self._core
@@ -360,7 +377,7 @@ class AnswerSide(Deadlines):
             self._passed, self._skipped = self._skipped, []
             verdict = "request"
         else:
-            self._charge_skipped()
+            await self._charge_skipped()
             verdict = judge(req.target, req.status, data, now, self._held_retry)
         if req.status == 200:
             self._usage(body_usage(data), req)
@@ -368,13 +385,24 @@ class AnswerSide(Deadlines):
                 core.responses.remember(rid, req.tenant_id, req.pool_name, req.replica)
         return verdict
 
+    def _router_answered(self, made: envoy_reply.Maker) -> pb.ProcessingResponse:
+        """Envoy's router answered for a stored response's replica (it sent no head): the
+        HTTP edge's answers (`StoredResponses.whole`), not Envoy's 503 re-shaped as the
+        replica's "The upstream replica answered 503." (a stored response's replica is not
+        judged, as there)."""
+        if made == "overflow":
+            return self._overflow()
+        if made == "timeout":
+            return self._refuse(UpstreamTimeout(NOT_IN_TIME))
+        return self._refuse(UpstreamError(UNANSWERED))
+
     def _usage(self, usage: dict[str, int] | None, req: ProxiedRequest) -> None:
         if usage:
             req.usage = usage
             req.used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
             self._core.metrics.usage(req.pool_name, usage, req.tier)
 
-    def _whole_answer(
+    async def _whole_answer(
         self, *, end: bool = True, headers_only: bool = False,
     ) -> Sequence[pb.ProcessingResponse]:
         """The held whole answer (`headers_only`: one without a body), judged; an error
@@ -396,18 +424,19 @@ class AnswerSide(Deadlines):
             return [self._refuse(UpstreamError(
                 CUT_ANSWER, reason="cut") if cut else UpstreamError(
                 f"{ANSWERED_AN_ERROR}{said}", reason="not_json"))]
-        if self._local():  # a local reply's error: not judged
-            headers, verdict = [], None
+        if self._local():  # a local reply's error: not judged (its request's id, if it came)
+            headers, verdict = [("x-request-id", self._req_id)] if self._req_id else [], None
         elif req is None:
+            if (made := envoy_reply.maker(self._details, status, data)) != "replica":
+                return [self._router_answered(made)]
             headers = self._stored_headers()
             verdict = "refused" if status in REFUSED else None
-        elif status == 504 and data == wire.ROUTER_TIMEOUT:
+        elif (made := envoy_reply.maker(self._details, status, data)) == "timeout":
             return [self.router_cut(req)]
-        elif status == 503 and data.startswith(wire.ROUTER_RESET):
-            self._charge_skipped()
-            return [self.router_reset(req, data)]
+        elif made != "replica":
+            return [await self.router_reset(req, made)]
         else:
-            verdict = self._answered_whole(data)
+            verdict = await self._answered_whole(data)
             req.settled_headers()  # (settled at the exchange's close, with these tokens)
             headers = self._headers()
         if verdict == "refused":

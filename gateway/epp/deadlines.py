@@ -14,6 +14,8 @@ from time import perf_counter
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.epp import wire
+from gateway.epp.envoy_reply import Maker
+from gateway.epp.passed import PROBE_S, mark_refused
 from gateway.epp.state import ExchangeState
 from gateway.errors import (
     BodyNotInTime,
@@ -28,6 +30,10 @@ from gateway.stream_end import AFTER_DONE_S, stream_error
 from gateway.timeouts import cut_error
 
 log = logging.getLogger("gateway.epp")
+
+# why nothing could be connected to a replica (`gateway.transport.connect_failure`; a health
+# check's reason ends with it: "/health: cannot connect")
+CANNOT_CONNECT = "cannot connect"
 
 __all__ = ["Deadlines"]
 
@@ -132,10 +138,14 @@ class Deadlines(ExchangeState):
         the request again, and Envoy retries none of its answers; the SDKs retry a 504, and
         the next pick avoids the ejected replica. Nothing once the answer started (a first
         token, a whole answer's head: vLLM sends it with all of it), as on the HTTP edge.
-        The replica was judged when it was found (ejected)."""
+        The replica was judged when it was found (ejected). Not when its connections are
+        refused and the destination goes on past it: Envoy could not connect there either,
+        so it went on to the next endpoint, which has the request (the served endpoint moves
+        the lease when its head comes, `_served_by`) -- such a request was the 504 while the
+        fallback was answering it."""
         req, lease = self.req, self._lease
         if (self._cut or req is None or lease is None or lease.answered
-                or self._held is not None):
+                or self._held is not None or self._moved_on(lease.replica)):
             return ()
         self._cut = True
         exc = cut_error("stall")
@@ -147,6 +157,26 @@ class Deadlines(ExchangeState):
         req.status = exc.status  # opened by `: keep-alive` comments only
         return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
 
+    def _moved_on(self, replica: Replica) -> bool:
+        """Envoy went past `replica` to the next endpoint of the destination: nothing listens
+        there (found so by a health check or a request: "cannot connect") and it is not the
+        last endpoint."""
+        return ((replica.reason or "").endswith(CANNOT_CONNECT) and replica in self.order
+                and replica is not self.order[-1])
+
+    async def _charge_skipped(self) -> None:
+        """The endpoints Envoy went past failed: each is asked for a connection first
+        (`passed.py`), marked down when it refuses it, as the HTTP edge marks down a replica
+        whose connection is refused, else counted a failure (all were counted one failure
+        only: a dead first choice was picked first again, and Envoy went past it again, until
+        `health.failure_threshold` requests had paid for it or health polling found it)."""
+        skipped, self._skipped = self._skipped, []
+        down = await mark_refused(skipped, PROBE_S, self._core.clock)
+        now = self._core.clock()
+        for replica in skipped:
+            if replica not in down:
+                replica.record_failure(now)
+
     def _first_byte_cut(self, target: Replica) -> None:
         """A first-byte cut is the replica's failure only when nothing says it is working."""
         if self._lease is not None and target.hung(
@@ -155,7 +185,7 @@ class Deadlines(ExchangeState):
             target.record_failure(self._core.clock())
 
     def router_cut(self, req: ProxiedRequest) -> pb.ProcessingResponse:
-        """Envoy's router cut a replica that sent no head (its 504 `wire.ROUTER_TIMEOUT`;
+        """Envoy's router cut a replica that sent no head (its 504, `envoy_reply.maker`;
         `envoy.py`: a stream's per-try idle timeout is the first-byte one, else the route's
         total one): no replica answered. The HTTP edge's 504 and judgement, as `timed_out`."""
         stream = req.parsed.stream and req.kind != "embeddings"
@@ -165,23 +195,32 @@ class Deadlines(ExchangeState):
             self._first_byte_cut(req.target)
         return self._refuse(cut_error("first byte"))
 
-    def router_reset(self, req: ProxiedRequest, data: bytes) -> pb.ProcessingResponse:
+    async def router_reset(self, req: ProxiedRequest, why: Maker) -> pb.ProcessingResponse:
         """Envoy's router could not connect to the replica, or lost it before its head (its
-        503 `wire.ROUTER_RESET`): no replica answered. Envoy's circuit breaker on the
-        replicas' cluster (`wire.OVERFLOW`) is not the replica's doing (`_overflow`). The HTTP
+        503, `envoy_reply.maker`): no replica answered. Envoy's circuit breaker on the
+        replicas' cluster (`overflow`) is not the replica's doing (`_overflow`). The HTTP
         edge's last try: a refused connection marks the replica down at once (nothing listens
-        there), a broken one is a failure; the pool's 503 with Retry-After when no replica is
-        left (what the next request gets), else "The replica did not answer." (502)."""
+        there), a broken one is a failure; so are the endpoints Envoy went past before it
+        (`_charge_skipped`: Envoy says neither why it went past them, so each is asked for a
+        connection) -- before, only the last one was marked down, so a pool whose replicas
+        all died answered 502 "The replica did not answer." and picked the others again. The
+        pool's 503 with Retry-After when no replica the request may use is left (the data
+        plane's subset, else the pool: what the next request gets), else "The replica did not
+        answer." (502)."""
         now, target = self._core.clock(), req.target
-        if data.endswith(wire.OVERFLOW):  # Envoy's own limit: nothing reached the replica
+        if why == "overflow":  # Envoy's own limit: nothing reached the replica
             return self._overflow()
-        if target is not None and data.endswith(wire.CONNECT_FAILED):
+        if target is not None and why == "connect":
             target.mark_down(now)
-            target.reason = "cannot connect"
+            target.reason = CANNOT_CONNECT
         elif target is not None:
             target.record_failure(now)
-        if not req.pool.takes_requests(now):
-            return self._refuse(req.pool.none_healthy(req.parsed.model, now))
+        await self._charge_skipped()
+        now = self._core.clock()
+        among = (None if self._subset is None
+                 else [r for r in req.pool.replicas if r.id in self._subset])
+        if not any(r.available(now) for r in (req.pool.replicas if among is None else among)):
+            return self._refuse(req.pool.none_healthy(req.parsed.model, now, among))
         return self._refuse(UpstreamError("The replica did not answer.", reason="connect"))
 
     def _overflow(self) -> pb.ProcessingResponse:

@@ -36,7 +36,14 @@ from typing import Any
 import yaml
 
 from gateway.config import UpstreamConfig
-from gateway.epp.wire import DESTINATION, LB_NAMESPACE, SUBSET_KEY, SUBSET_NAMESPACE, WHOLE
+from gateway.epp.wire import (
+    CODE_DETAILS,
+    DESTINATION,
+    LB_NAMESPACE,
+    SUBSET_KEY,
+    SUBSET_NAMESPACE,
+    WHOLE,
+)
 
 __all__ = [
     "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "PICKER_KEEPALIVE", "SHIPPED",
@@ -91,7 +98,12 @@ def _ext_proc(picker_cluster: str, fail_open: bool) -> dict[str, Any]:
             "status_on_error": {"code": "ServiceUnavailable"},
             "metadata_options": {"forwarding_namespaces": {
                 "untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]}},
-            "response_attributes": ["upstream.address"],
+            # which endpoint answered, and who made the answer: an endpoint ("via_upstream")
+            # or Envoy itself (`gateway.epp.envoy_reply`)
+            "response_attributes": ["upstream.address", CODE_DETAILS],
+            # the picker bounds the router's retries to its destination list (`MAX_RETRIES`,
+            # an x-envoy-* header: ext_proc may not set those by default)
+            "mutation_rules": {"allow_envoy": True},
         },
     }
 

@@ -94,7 +94,7 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
             req.status = 502
         # Envoy went past them to an answer that was never judged (cut, too large, timed
         # out): they failed, as when it is judged (`_charge_skipped`)
-        self._charge_skipped()
+        await self._charge_skipped()
         self._detach()
         await self._core.prep.finish(req, log)
         if self._passed:

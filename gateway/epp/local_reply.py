@@ -1,7 +1,8 @@
-"""An error that Envoy or a filter before the picker answered itself (a local reply: an
-authorization filter's 401/403, a rate limit's 429, Envoy's 408 for a body that stopped
-arriving), shown to the picker as the stream's first message or while the request's body is
-still arriving (`AnswerSide._local`): its body in OpenAI's shape, its status kept.
+"""An error that Envoy or a filter answered itself (a local reply: an authorization filter's
+401/403, a rate limit's 429, Envoy's 408 for a body that stopped arriving, its 503 "no healthy
+upstream"), shown to the picker as the stream's first message, while the request's body is
+still arriving, or after the picker's answer with Envoy's details saying so
+(`AnswerSide._local`): its body in OpenAI's shape, its status kept.
 
 Such bodies are a filter's fixed text ("RBAC: access denied", "local_rate_limited"): kept as
 the message when short and printable, else the status is said. An OpenAI-shaped body (a
@@ -25,5 +26,5 @@ def local_error(status: int, body: bytes) -> bytes | None:
     if 0 < len(text) <= MAX_TEXT and text.isascii() and text.decode().isprintable():
         message = text.decode()
     else:
-        message = f"The gateway answered {status} before the request reached the picker."
+        message = f"The gateway answered {status} itself; no replica was asked."
     return error_body(message, type_for(status), status)

@@ -1,9 +1,10 @@
-"""The endpoints Envoy went past before one answered vLLM's 500 for the request: not charged
-for the 500 (they most likely failed it alike, `AnswerSide._answered_whole`), but Envoy also
-goes past an endpoint whose connection was refused, and tells the picker neither which nor
-why. The HTTP edge marks a replica down at once when its connection is refused
-(`Proxy._attempt`); the picker asks each such endpoint for a connection itself, once the
-answer went out, and marks down those that refuse it."""
+"""The endpoints Envoy went past before one answered: charged a failure (not for vLLM's 500
+for the request: they most likely failed it alike, `AnswerSide._answered_whole`), but Envoy
+also goes past an endpoint whose connection was refused, and tells the picker neither which
+nor why. The HTTP edge marks a replica down at once when its connection is refused
+(`Proxy._attempt`); the picker asks each such endpoint for a connection itself -- once the
+answer went out, or before answering when the last one's was refused too
+(`Deadlines.router_reset`) -- and marks down those that refuse it."""
 
 from __future__ import annotations
 
@@ -15,9 +16,13 @@ from urllib.parse import urlsplit
 from gateway.replicas import Replica
 from gateway.transport import connect_failure, refused
 
-__all__ = ["mark_refused"]
+__all__ = ["PROBE_S", "mark_refused"]
 
 log = logging.getLogger(__name__)
+
+# how long a connection is waited for by a probe that holds an answer (a refusal comes within
+# a round trip; a slow connect is no refusal)
+PROBE_S = 1.0
 
 
 async def _refuses(replica: Replica, within_s: float) -> BaseException | None:
@@ -35,12 +40,15 @@ async def _refuses(replica: Replica, within_s: float) -> BaseException | None:
 
 async def mark_refused(
     replicas: Sequence[Replica], within_s: float, clock: Callable[[], float],
-) -> None:
-    """Mark down each of `replicas` that refuses a connection now."""
+) -> list[Replica]:
+    """Mark down each of `replicas` that refuses a connection now; those are returned."""
     errors = await asyncio.gather(*(_refuses(r, within_s) for r in replicas))
+    down = []
     for replica, exc in zip(replicas, errors, strict=True):
         if exc is not None:
+            down.append(replica)
             replica.mark_down(clock())
             replica.reason = connect_failure(exc, replica.url)
             log.info("replica did not answer", extra={"replica": replica.id,
                                                       "reason": replica.reason})
+    return down

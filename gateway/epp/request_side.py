@@ -152,7 +152,10 @@ class RequestSide(ExchangeState):
         # the body is JSON (parsed, rewritten): said so whatever the client declared (curl's
         # `-d` sends a form type), as the HTTP edge does; vLLM takes no other type
         set_headers += [("accept-encoding", b"identity"), ("x-request-id", req.up_id),
-                        ("content-type", b"application/json")]
+                        ("content-type", b"application/json"),
+                        # Envoy's retries stay on the list (past its end, round robin over the
+                        # whole cluster: endpoints outside the data plane's subset, other pools')
+                        (wire.MAX_RETRIES, str(len(self.order) - 1).encode())]
         if self._slashed:  # vLLM would redirect: the route's own path (ext_proc may set :path)
             set_headers.append((":path", self._slashed))
         destination = ",".join(endpoint(r) for r in self.order)
@@ -170,6 +173,7 @@ class RequestSide(ExchangeState):
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         remove += (wire.WHOLE,)  # bounded by the first-byte timeout too, a client's marker off
         set_headers.append(("x-request-id", self._req_id))  # the answer's, as the HTTP edge
+        set_headers.append((wire.MAX_RETRIES, b"0"))  # no other replica holds it
         if self._slashed:  # the route's own path (`gateway/paths.py`)
             set_headers.append((":path", self._slashed))
         return wire.destination_response(endpoint(replica), None, set_headers, remove)

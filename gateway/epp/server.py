@@ -95,7 +95,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                         f"{kind} before request_headers")
                 if kind == "response_body":
-                    out = ex.response_body(msg)
+                    out = await ex.response_body(msg)
                 elif kind == "request_body":
                     out = await ex.request_body(msg)
                 elif kind == "request_headers":
@@ -107,11 +107,11 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     if not out and msg.request_headers.end_of_stream:
                         out = await ex.decide(end=True)  # a POST without a body
                 elif kind == "response_headers":
-                    out = ex.response_headers(msg)
+                    out = await ex.response_headers(msg)
                 elif kind == "request_trailers":
                     out = await ex.request_trailers()
                 elif kind == "response_trailers":
-                    out = ex.response_trailers()
+                    out = await ex.response_trailers()
                 else:
                     continue
                 for answer in out:

@@ -61,9 +61,9 @@ class ExchangeState:
     """The state of one ext_proc stream (one HTTP request through Envoy); the sides of an
     exchange (`RequestSide`, `AnswerSide`, `Deadlines`) are mixins over it."""
 
-    __slots__ = ("_chunks", "_core", "_cut", "_head", "_held", "_held_bytes", "_held_declared",
-                 "_held_retry", "_held_status", "_held_type", "_holds", "_last", "_lease",
-                 "_opening", "_passed", "_pending",
+    __slots__ = ("_chunks", "_core", "_cut", "_details", "_head", "_held", "_held_bytes",
+                 "_held_declared", "_held_retry", "_held_status", "_held_type", "_holds", "_last",
+                 "_lease", "_opening", "_passed", "_pending",
                  "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
                  "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_taken",
                  "_want_id",
@@ -81,7 +81,8 @@ class ExchangeState:
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks
         # the endpoints Envoy went past before the one that answered, not charged yet
         self._skipped: list[Replica] = []
-        # ... not charged for the answer, vLLM's 500 for the request: refused? (`passed`)
+        # ... charged, or not (vLLM's 500 for the request): asked for a connection once the
+        # answer went out, marked down when they refuse it (`passed`)
         self._passed: list[Replica] = []
         self._lease: Lease | None = None
         self.sse = False
@@ -94,6 +95,8 @@ class ExchangeState:
         self._held_type = ""  # ... and its content type
         self._held_declared = True  # ... and its content-length (else it is parsed: `cut_json`)
         self._held_retry: str | None = None  # the held answer's Retry-After, as sent
+        # who made the answer, as Envoy says (its response code details, `envoy_reply`)
+        self._details: str | None = None
         self._stored: str | None = None  # a stored response's pool/replica (not judged)
         self._stream = False  # a stored response's GET with ?stream=true: an SSE answer or 502
         # a stream's head (proxied or stored), held until its first bytes

@@ -23,14 +23,17 @@ from google.protobuf.struct_pb2 import Struct, Value
 
 __all__ = [
     "CHUNK_BYTES",
+    "CODE_DETAILS",
     "DESTINATION",
     "DESTINATION_SERVED",
     "LB_NAMESPACE",
+    "MAX_RETRIES",
     "ROUTER_TIMEOUT",
     "SUBSET_KEY",
     "SUBSET_NAMESPACE",
     "WHOLE",
     "body_responses",
+    "code_details",
     "declared_length",
     "destination_response",
     "header_value",
@@ -53,13 +56,17 @@ WHOLE = "x-kvgate-whole"
 # that sent no head (the picker sees it as the answer; no replica answered)
 ROUTER_TIMEOUT = b"upstream request timeout"
 # the start of Envoy's own 503 when its router could not connect to the replica, or lost the
-# connection before the head ("... reset reason: connection termination"); its end when the
-# connect itself failed (refused, unreachable)
+# connection before the head ("... reset reason: connection termination"; "... remote
+# connection failure" when the connect itself failed, "... overflow" at its circuit breaker)
 ROUTER_RESET = b"upstream connect error or disconnect/reset before headers."
-CONNECT_FAILED = b"reset reason: remote connection failure"
-# ... Envoy's own limit on requests to the cluster (a circuit breaker): nothing was sent
-OVERFLOW = b"reset reason: overflow"
 UPSTREAM_ATTRIBUTES = "envoy.filters.http.ext_proc"
+# the response attribute saying who made the answer: "via_upstream" for an endpoint's, else
+# Envoy's own reply's details (`gateway.epp.envoy_reply`)
+CODE_DETAILS = "response.code_details"
+# the retries Envoy's router may make for the request (it overrides the route's): the picker's
+# destination list has as many endpoints after the first, and no more (past its end, Envoy's
+# override_host policy falls back to round robin over the whole cluster)
+MAX_RETRIES = "x-envoy-max-retries"
 # Envoy's ext_proc limits a streamed body message to 64 KiB in some set-ups: stay below
 CHUNK_BYTES = 62_000
 
@@ -108,6 +115,15 @@ def served_endpoint(msg: pb.ProcessingRequest) -> str | None:
         if isinstance(address, str) and address:
             return address
     return None
+
+
+def code_details(msg: pb.ProcessingRequest) -> str | None:
+    """Envoy's response code details for the answer (`CODE_DETAILS`), when it says."""
+    attrs = msg.attributes
+    if UPSTREAM_ATTRIBUTES not in attrs:
+        return None
+    details = _struct_value(attrs[UPSTREAM_ATTRIBUTES], CODE_DETAILS)
+    return details if isinstance(details, str) and details else None
 
 
 def destination_response(

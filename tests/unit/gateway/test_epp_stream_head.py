@@ -51,21 +51,21 @@ def _body(chunk: bytes, end: bool = False) -> pb.ProcessingRequest:
     return pb.ProcessingRequest(response_body=pb.HttpBody(body=chunk, end_of_stream=end))
 
 
-def test_sse_is_set_when_the_head_goes_out_not_when_it_arrives() -> None:
+async def test_sse_is_set_when_the_head_goes_out_not_when_it_arrives() -> None:
     ex, req, core = _exchange()
-    assert ex.response_headers(_head()) == []  # held
+    assert await ex.response_headers(_head()) == []  # held
     assert not req.sse
-    assert ex.response_body(_body(b": keep")) == ()  # half a comment: nothing to send yet
+    assert await ex.response_body(_body(b": keep")) == ()  # half a comment: nothing to send yet
     assert not req.sse
-    out = ex.response_body(_body(b"-alive\n\n" + GOOD))
+    out = await ex.response_body(_body(b"-alive\n\n" + GOOD))
     assert out[0].HasField("response_headers") and req.sse
     core.router.record_first_token.assert_called_once()
 
 
-def test_a_first_read_with_an_error_event_is_an_immediate_502() -> None:
+async def test_a_first_read_with_an_error_event_is_an_immediate_502() -> None:
     ex, req, core = _exchange()
-    ex.response_headers(_head())
-    out = ex.response_body(_body(GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", end=True))
+    await ex.response_headers(_head())
+    out = await ex.response_body(_body(GOOD + ENGINE_ERROR + b"data: [DONE]\n\n", end=True))
     assert len(out) == 1 and out[0].immediate_response.status.code == 502
     # the replica's own words, as the HTTP edge's 502 keeps them
     assert orjson.loads(out[0].immediate_response.body)["error"]["message"] == (
@@ -82,8 +82,8 @@ async def test_an_exchange_ended_mid_stream_is_a_499_unless_the_stream_was_whole
     for events, status in ((GOOD, 499), (GOOD + b"data: [DONE]\n\n", 200)):
         ex, req, core = _exchange()
         core.prep = Mock(finish=AsyncMock())
-        ex.response_headers(_head())
-        ex.response_body(_body(events))
+        await ex.response_headers(_head())
+        await ex.response_body(_body(events))
         assert req.sse  # the head went out
         await ex.close()
         assert req.status == status
@@ -100,27 +100,27 @@ DELTA = (b'event: response.output_text.delta\ndata: {"type": "response.output_te
          b'"delta": "Hi"}\n\n')
 
 
-def _responses(background: bool = False) -> tuple[Exchange, ProxiedRequest, Any]:
+async def _responses(background: bool = False) -> tuple[Exchange, ProxiedRequest, Any]:
     ex, req, core = _exchange()
     req.kind = "responses"
     req.parsed = SimpleNamespace(  # type: ignore[assignment]
         stream=True, data={"background": True} if background else {})
     ex._sent_at = ex._t0 = 1.0  # (sent: the timeouts apply)
-    ex.response_headers(_head())
+    await ex.response_headers(_head())
     return ex, req, core
 
 
-def test_a_responses_streams_opening_events_are_held_until_its_first_output() -> None:
+async def test_a_responses_streams_opening_events_are_held_until_its_first_output() -> None:
     """As on the HTTP edge (`Relay._pump`): `response.created`/`response.in_progress` are no
     first token -- nothing is learnt from them, the first-byte timeout still runs, the head
     and they go out with the first output (the picker learnt a near-zero TTFT from them,
     and the idle timeout replaced the first-byte one)."""
-    ex, req, core = _responses()
-    assert ex.response_body(_body(CREATED + IN_PROGRESS)) == ()
+    ex, req, core = await _responses()
+    assert await ex.response_body(_body(CREATED + IN_PROGRESS)) == ()
     assert not req.sse and ex._unanswered()
     core.router.record_first_token.assert_not_called()
     core.responses.remember.assert_not_called()
-    out = ex.response_body(_body(DELTA))
+    out = await ex.response_body(_body(DELTA))
     assert out[0].HasField("response_headers") and req.sse and not ex._unanswered()
     assert b"".join(o.response_body.response.body_mutation.streamed_response.body
                     for o in out[1:]) == CREATED + IN_PROGRESS + DELTA
@@ -128,34 +128,34 @@ def test_a_responses_streams_opening_events_are_held_until_its_first_output() ->
     core.responses.remember.assert_called_once()  # (its id, from the held events)
 
 
-def test_a_background_responses_streams_opening_events_go_out_at_once() -> None:
+async def test_a_background_responses_streams_opening_events_go_out_at_once() -> None:
     """A background response's opening events are relayed as they come (the replica runs it
     on anyway), still no first token: the first-byte timeout goes on."""
-    ex, req, core = _responses(background=True)
-    out = ex.response_body(_body(CREATED))
+    ex, req, core = await _responses(background=True)
+    out = await ex.response_body(_body(CREATED))
     assert out[0].HasField("response_headers") and req.sse
     assert ex._unanswered()
     core.router.record_first_token.assert_not_called()
     core.responses.remember.assert_called_once()
 
 
-def test_a_responses_stream_ending_after_its_opening_events_only_is_a_502() -> None:
+async def test_a_responses_stream_ending_after_its_opening_events_only_is_a_502() -> None:
     """Held opening events, then the end without a terminal event: not started, the HTTP
     edge's 502 JSON; ended whole (a terminal event), they go out with it."""
-    ex, _, _ = _responses()
-    ex.response_body(_body(CREATED))
-    out = ex.response_body(_body(b"", end=True))
+    ex, _, _ = await _responses()
+    await ex.response_body(_body(CREATED))
+    out = await ex.response_body(_body(b"", end=True))
     assert len(out) == 1 and out[0].immediate_response.status.code == 502
     failed = b'event: response.failed\ndata: {"type": "response.failed"}\n\n'
-    ex, _, _ = _responses()
-    ex.response_body(_body(CREATED))
-    out = ex.response_body(_body(failed, end=True))
+    ex, _, _ = await _responses()
+    await ex.response_body(_body(CREATED))
+    out = await ex.response_body(_body(failed, end=True))
     assert out[0].HasField("response_headers")
     assert b"".join(o.response_body.response.body_mutation.streamed_response.body
                     for o in out[1:]) == CREATED + failed
 
 
-def test_a_whole_answers_idle_clock_starts_at_its_head_and_each_chunk() -> None:
+async def test_a_whole_answers_idle_clock_starts_at_its_head_and_each_chunk() -> None:
     """A proxied whole answer: once its head came, the idle timeout bounds the wait for each
     chunk of its body (`upstream.idle_timeout_s`, "between chunks once the answer has
     started"), not only the total one."""
@@ -163,12 +163,12 @@ def test_a_whole_answers_idle_clock_starts_at_its_head_and_each_chunk() -> None:
     req.parsed = SimpleNamespace(stream=False)  # type: ignore[assignment]
     ex._sent_at = ex._t0 = time.perf_counter()
     head = [(":status", b"200"), ("content-type", b"application/json")]
-    ex.response_headers(pb.ProcessingRequest(response_headers=pb.HttpHeaders(
+    await ex.response_headers(pb.ProcessingRequest(response_headers=pb.HttpHeaders(
         headers=HeaderMap(headers=[HeaderValue(key=k, raw_value=v) for k, v in head]))))
     idle = KvgateConfig().upstream.idle_timeout_s
     left = ex.deadline()
     assert left is not None and idle - 1 < left <= idle
     ex._last -= idle - 1  # a while later: a chunk restarts the clock
-    assert ex.response_body(_body(b'{"id": ')) == []
+    assert await ex.response_body(_body(b'{"id": ')) == []
     left = ex.deadline()
     assert left is not None and idle - 1 < left <= idle
