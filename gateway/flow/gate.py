@@ -327,29 +327,38 @@ class FlowGate:
             watch.add_done_callback(left)
         t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
         released = moved = False
+        outcome = ""  # how it left the queue (`kvgate_flow_dequeued_total`)
         try:
             with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
             released = not moved
+            outcome = "released" if released else "moved"
             if released:
                 self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
+            outcome = "abandoned"
             self._abandoned(state, req, t0)
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
         except asyncio.CancelledError:
             # the picker's: gRPC cancels the exchange whose client left (Envoy ended its
             # stream) where the HTTP edge signals it (`_Gone`); counted alike while queued
             if ticket.entry.queued:
+                outcome = "abandoned"
                 self._abandoned(state, req, t0)
+            else:  # it had left the queue already, released or moved
+                outcome = "released" if ticket.entry.dispatched else "moved"
             raise
         except ShutDownWhileQueued:
+            outcome = "interrupted"
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
             raise
         except (AuthError, PermissionDenied):  # its key revoked meanwhile (`_check_keys`)
+            outcome = "refused"
             req.queued_s = perf_counter() - t0
             raise
         except KvgateError:
+            outcome = "shed"
             req.queued_s = perf_counter() - t0
             req.route = "shed"
             raise
@@ -363,6 +372,8 @@ class FlowGate:
                 if state.transit is ticket:
                     state.transit = None
                     loop.call_soon(self._pump, state)
+            if outcome:
+                self.metrics.child(self.metrics.dequeued, state.name, req.tier, outcome).inc()
         req.queued_s = waited = perf_counter() - t0
         if moved:
             return ticket.entry.deadline
