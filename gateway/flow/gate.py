@@ -62,7 +62,7 @@ from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
-from routing.flow import Entry, FlowConfig, PoolFlow
+from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision, ReplicaView
@@ -91,17 +91,21 @@ class _Ticket:
     change, `move`; False: released), who sent it (its key's hash: whether it is still
     valid), for which model and how much context it takes (``need``: where a policy change
     sends it, a prompt too long for a pool skipping it), when it was first queued
-    (``since``: a move does not restart its wait) and, once offered, its queue entry."""
+    (``since``: a move does not restart its wait), how many requests its pool had been sent
+    when it was queued there (``sends``: whether anything went while it waited) and, once
+    offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "sends", "since",
+                 "state")
 
     def __init__(
         self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
-        model: str, need: int, since: float,
+        model: str, need: int, since: float, sends: int,
     ) -> None:
         self.fut = fut
         self.principal, self.key_hash = principal, key_hash
         self.model, self.need, self.since = model, need, since
+        self.sends = sends
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -125,7 +129,7 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "sends", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -134,6 +138,7 @@ class _PoolState:
         self.transit: _Ticket | None = None  # released, not yet on its replica
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
+        self.sends = 0  # requests sent to the pool (straight, spilled or released)
 
 
 class FlowGate:
@@ -304,7 +309,7 @@ class FlowGate:
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
         ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, need,
-                         since)
+                         since, state.sends)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -480,7 +485,13 @@ class FlowGate:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
-        retry = state.flow.queue.retry_after(entry.band, now, now - entry.handle.since)
+        waited = now - entry.handle.since
+        retry = state.flow.queue.retry_after(entry.band, now, waited)
+        if state.sends == entry.handle.sends:
+            # nothing went to the pool while it waited: the queue has not moved for that
+            # long (the decayed rate of what went before read a drain of the queue left
+            # ahead of it, nothing for the last one shed: 1 s, to a stalled pool)
+            retry = max(retry, min(RETRY_AFTER_MAX_S, math.ceil(waited)))
         entry.handle.fail(QueueShed(
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
@@ -530,6 +541,7 @@ class FlowGate:
     ) -> None:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
+        state.sends += 1
         req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(
