@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Iterator
+from functools import partial
 
 import httpx
 import openai
@@ -69,6 +70,10 @@ def _depth(base: str) -> float:
     return sum(metric_values(base, "kvgate_flow_queue_depth").values())
 
 
+def _depth_is(base: str, n: int) -> bool:
+    return _depth(base) == n
+
+
 def _by_outcome(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for labels, value in metric_values(base, "kvgate_flow_dequeued_total").items():
@@ -119,7 +124,7 @@ def test_every_queued_request_is_counted_once_as_it_leaves(base: str) -> None:
         left = Queued(base, patient, timeout=1.5)
         for n, call in enumerate((refused, released, shed, left), 1):
             call.start()
-            wait_for(lambda n=n: _depth(base) == n, 10, f"{n} requests queued")
+            wait_for(partial(_depth_is, base, n), 10, f"{n} requests queued")
         with admin_client(base, ADMIN) as admin:
             assert admin.delete(f"/tenants/{revoked_tid}/keys/{revoked_id}").status_code == 204
         for call in (refused, shed, left):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from functools import partial
 
 import httpx
 import openai
@@ -50,6 +51,10 @@ def _key(base: str) -> str:
     with admin_client(base, ADMIN) as admin:
         assert admin.post("/tenants", json={"id": tid, "tier": "free"}).status_code == 201
         return str(admin.post(f"/tenants/{tid}/keys").json()["key"])
+
+
+def _queued(base: str, n: int) -> bool:
+    return sum(metric_values(base, "kvgate_flow_queue_depth").values()) == n
 
 
 class Shed(threading.Thread):
@@ -89,8 +94,7 @@ def test_requests_shed_from_a_stalled_queue_are_told_at_least_their_wait() -> No
             calls = [Shed(base, key) for _ in range(2)]
             for n, call in enumerate(calls, 1):
                 call.start()
-                wait_for(lambda n=n: sum(metric_values(
-                    base, "kvgate_flow_queue_depth").values()) == n, 10, f"{n} queued")
+                wait_for(partial(_queued, base, n), 10, f"{n} queued")
             for call in calls:
                 call.join(30)
         assert [c.status for c in calls] == [429, 429]
