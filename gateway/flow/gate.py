@@ -209,7 +209,7 @@ class FlowGate:
             return plan
         kept = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if kept.pool.name == state.name and any(
-                v.healthy for v in self._busy_full(state.name, kept.views, now)):
+                v.healthy for v in self.busy_full(state.name, kept.views, now)):
             return kept
         return plan
 
@@ -222,7 +222,7 @@ class FlowGate:
         peers = self.peers(now)
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        if state.flow.admit(self._busy_full(state.name, plan.views, now), cost, now, peers,
+        if state.flow.admit(self.busy_full(state.name, plan.views, now), cost, now, peers,
                             tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
@@ -245,7 +245,7 @@ class FlowGate:
                                               tenant, cost, now)
         return plan
 
-    def _busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
+    def busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
         """``views`` as the saturation rule takes them: a replica backing off after a busy
         503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
         router, it left a pool whose replicas had all answered busy without a healthy one:
@@ -285,7 +285,7 @@ class FlowGate:
         if alt.pool is plan.pool:
             return None
         other = self.state(alt.pool.name)
-        views = self._busy_full(other.name, alt.views, now)
+        views = self.busy_full(other.name, alt.views, now)
         # (a pool with no healthy replica is not saturated: it answers 503 at once)
         if other.flow.queue or other.flow.saturated(views, peers) or not any(
                 v.healthy for v in views):
@@ -438,7 +438,7 @@ class FlowGate:
                 out = flow.pop(now)
             else:
                 views = [r.view(now) for r in pool.replicas]
-                out = flow.release(self._busy_full(state.name, views, now), now,
+                out = flow.release(self.busy_full(state.name, views, now), now,
                                    self.peers(now))
             if out is None:
                 break
@@ -585,4 +585,4 @@ class FlowGate:
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
         views = [r.view(now) for r in pool.replicas]
-        return state.flow.saturated(self._busy_full(pool.name, views, now), self.peers(now))
+        return state.flow.saturated(self.busy_full(pool.name, views, now), self.peers(now))
