@@ -47,10 +47,13 @@ def _standing(
     band, weight, max_wait = gate.doc(principal).flow_class(principal.tier, principal.tenant_id)
     state = gate.state(plan.pool.name)
     peers = gate.peers(now)
-    saturated = state.flow.saturated(plan.views, peers)
+    # as admit sees them: a replica backing off after a busy 503 is full, not gone (read
+    # as gone, a pool of busy replicas was "not saturated" while its requests queued)
+    views = gate.busy_full(plan.pool.name, plan.views, now)
+    saturated = state.flow.saturated(views, peers)
     queued = len(state.flow.queue)
     cost = gate.cost_of(plan, parsed)
-    share = state.flow.standing(principal.tenant_id, plan.views, cost, now, peers)
+    share = state.flow.standing(principal.tenant_id, views, cost, now, peers)
     no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
     est = state.flow.queue.wait_estimate(band, now) if saturated or queued else 0.0
     if no_spare and not (saturated or queued):
@@ -68,5 +71,5 @@ def _standing(
         "spare_replicas": list(share.spare) if share.spare is not None else None,
         "waits_for_spare": no_spare,
         "estimated_wait_s": round(est, 3) if est is not None else None,
-        "replicas": replica_reasons(plan.views, gate.core.saturation, peers),
+        "replicas": replica_reasons(views, gate.core.saturation, peers),
     }

@@ -62,7 +62,7 @@ from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
-from routing.flow import Entry, FlowConfig, PoolFlow
+from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision, ReplicaView
@@ -91,17 +91,21 @@ class _Ticket:
     change, `move`; False: released), who sent it (its key's hash: whether it is still
     valid), for which model and how much context it takes (``need``: where a policy change
     sends it, a prompt too long for a pool skipping it), when it was first queued
-    (``since``: a move does not restart its wait) and, once offered, its queue entry."""
+    (``since``: a move does not restart its wait), how many requests its pool had been sent
+    when it was queued there (``sends``: whether anything went while it waited) and, once
+    offered, its queue entry."""
 
-    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "since", "state")
+    __slots__ = ("entry", "fut", "key_hash", "model", "need", "principal", "sends", "since",
+                 "state")
 
     def __init__(
         self, fut: asyncio.Future[bool], principal: Principal, key_hash: str | None,
-        model: str, need: int, since: float,
+        model: str, need: int, since: float, sends: int,
     ) -> None:
         self.fut = fut
         self.principal, self.key_hash = principal, key_hash
         self.model, self.need, self.since = model, need, since
+        self.sends = sends
         self.entry: Entry[_Ticket] | None = None
         self.state: _PoolState | None = None
 
@@ -125,7 +129,7 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "sends", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -134,6 +138,7 @@ class _PoolState:
         self.transit: _Ticket | None = None  # released, not yet on its replica
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
+        self.sends = 0  # requests sent to the pool (straight, spilled or released)
 
 
 class FlowGate:
@@ -204,7 +209,7 @@ class FlowGate:
             return plan
         kept = self._planner.plan(principal, parsed, kind, now, avoid=(plan.pool.name,))
         if kept.pool.name == state.name and any(
-                v.healthy for v in self._busy_full(state.name, kept.views, now)):
+                v.healthy for v in self.busy_full(state.name, kept.views, now)):
             return kept
         return plan
 
@@ -217,7 +222,7 @@ class FlowGate:
         peers = self.peers(now)
         tenant = principal.tenant_id
         weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        if state.flow.admit(self._busy_full(state.name, plan.views, now), cost, now, peers,
+        if state.flow.admit(self.busy_full(state.name, plan.views, now), cost, now, peers,
                             tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
@@ -240,7 +245,7 @@ class FlowGate:
                                               tenant, cost, now)
         return plan
 
-    def _busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
+    def busy_full(self, pool: str, views: list[ReplicaView], now: float) -> list[ReplicaView]:
         """``views`` as the saturation rule takes them: a replica backing off after a busy
         503 (`Replica.busy`, health aside) is full, not gone. Marked unhealthy for the
         router, it left a pool whose replicas had all answered busy without a healthy one:
@@ -280,7 +285,7 @@ class FlowGate:
         if alt.pool is plan.pool:
             return None
         other = self.state(alt.pool.name)
-        views = self._busy_full(other.name, alt.views, now)
+        views = self.busy_full(other.name, alt.views, now)
         # (a pool with no healthy replica is not saturated: it answers 503 at once)
         if other.flow.queue or other.flow.saturated(views, peers) or not any(
                 v.healthy for v in views):
@@ -304,7 +309,7 @@ class FlowGate:
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
         ticket = _Ticket(loop.create_future(), principal, req.key_hash, parsed.model, need,
-                         since)
+                         since, state.sends)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -327,29 +332,38 @@ class FlowGate:
             watch.add_done_callback(left)
         t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
         released = moved = False
+        outcome = ""  # how it left the queue (`kvgate_flow_dequeued_total`)
         try:
             with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
             released = not moved
+            outcome = "released" if released else "moved"
             if released:
                 self._sent(state, req, principal.tenant_id, cost, ticket.entry)
         except _Gone:
+            outcome = "abandoned"
             self._abandoned(state, req, t0)
             raise asyncio.CancelledError from None  # the proxy records 499 and settles
         except asyncio.CancelledError:
             # the picker's: gRPC cancels the exchange whose client left (Envoy ended its
             # stream) where the HTTP edge signals it (`_Gone`); counted alike while queued
             if ticket.entry.queued:
+                outcome = "abandoned"
                 self._abandoned(state, req, t0)
+            else:  # it had left the queue already, released or moved
+                outcome = "released" if ticket.entry.dispatched else "moved"
             raise
         except ShutDownWhileQueued:
+            outcome = "interrupted"
             req.queued_s = perf_counter() - t0
             req.route = "interrupted"
             raise
         except (AuthError, PermissionDenied):  # its key revoked meanwhile (`_check_keys`)
+            outcome = "refused"
             req.queued_s = perf_counter() - t0
             raise
         except KvgateError:
+            outcome = "shed"
             req.queued_s = perf_counter() - t0
             req.route = "shed"
             raise
@@ -363,6 +377,8 @@ class FlowGate:
                 if state.transit is ticket:
                     state.transit = None
                     loop.call_soon(self._pump, state)
+            if outcome:
+                self.metrics.child(self.metrics.dequeued, state.name, req.tier, outcome).inc()
         req.queued_s = waited = perf_counter() - t0
         if moved:
             return ticket.entry.deadline
@@ -422,7 +438,7 @@ class FlowGate:
                 out = flow.pop(now)
             else:
                 views = [r.view(now) for r in pool.replicas]
-                out = flow.release(self._busy_full(state.name, views, now), now,
+                out = flow.release(self.busy_full(state.name, views, now), now,
                                    self.peers(now))
             if out is None:
                 break
@@ -469,7 +485,13 @@ class FlowGate:
         self.metrics.child(self.metrics.shed, state.name, entry.tier, reason).inc()
         what = ("waited longer than its tier allows" if reason == "max_wait"
                 else "was displaced from a full queue")
-        retry = state.flow.queue.retry_after(entry.band, now, now - entry.handle.since)
+        waited = now - entry.handle.since
+        retry = state.flow.queue.retry_after(entry.band, now, waited)
+        if state.sends == entry.handle.sends:
+            # nothing went to the pool while it waited: the queue has not moved for that
+            # long (the decayed rate of what went before read a drain of the queue left
+            # ahead of it, nothing for the last one shed: 1 s, to a stalled pool)
+            retry = max(retry, min(RETRY_AFTER_MAX_S, math.ceil(waited)))
         entry.handle.fail(QueueShed(
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
@@ -519,6 +541,7 @@ class FlowGate:
     ) -> None:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
+        state.sends += 1
         req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(
@@ -562,4 +585,4 @@ class FlowGate:
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
         views = [r.view(now) for r in pool.replicas]
-        return state.flow.saturated(self._busy_full(pool.name, views, now), self.peers(now))
+        return state.flow.saturated(self.busy_full(pool.name, views, now), self.peers(now))

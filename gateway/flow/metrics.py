@@ -34,6 +34,12 @@ class FlowMetrics:
         self.abandoned = Counter(
             "kvgate_flow_abandoned_total", "queued requests whose client disconnected",
             ["pool", "tier"], registry=registry)
+        self.dequeued = Counter(
+            "kvgate_flow_dequeued_total",
+            "queued requests that left the queue, by outcome (released, shed, abandoned, moved "
+            "to another pool, refused: key revoked or tenant deleted, interrupted: shutdown); "
+            "with the depth it adds up to kvgate_flow_queued_total",
+            ["pool", "tier", "outcome"], registry=registry)
         self.tokens = Counter(
             "kvgate_flow_served_tokens_total",
             "tokens (prompt + expected output) sent on by flow control, counted when the "
@@ -45,7 +51,7 @@ class FlowMetrics:
     def forget_pool(self, pool: str) -> None:
         """Drop the series of `pool` (its labels come first: every family but `wait`)."""
         by_id: dict[object, Any] = {
-            id(m): m for m in (self.queued, self.shed, self.abandoned, self.tokens)}
+            id(m): m for m in (self.queued, self.shed, self.abandoned, self.dequeued, self.tokens)}
         for key in [k for k in self._children if k[0] in by_id and k[1] == pool]:
             del self._children[key]
             by_id[key[0]].remove(*key[1:])
