@@ -1,8 +1,10 @@
 """Where one request goes before the router picks a replica: tier pool, spill-over, features.
 
 `Planner.plan` reads the principal's policy snapshot (so a request never mixes two policy
-versions), resolves the tier's pool with `resolve_tier` over the pools' live `ReplicaView`s
-(built lazily, only for the pools it looks at, and reused for the pick), and computes the
+versions), resolves the tier's pool with `resolve_tier` over the pools' live loads
+(`live_load`: the scraped levels reconciled with the requests kvgate -- with shared routing
+state, the fleet -- has in flight there; built lazily from the `ReplicaView`s, only for the pools
+it looks at, the views reused for the pick), and computes the
 request's features with the tenant's salt in the prefix key, so affinity never crosses
 tenants. The features come first: their prompt estimate and asked output are the context the
 request needs, and a request too long for every replica of the tier's home pool goes to its
@@ -21,9 +23,11 @@ from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.resolver import Principal
-from gateway.tenancy.tiers import LoadSignal, ReplicaLoad, resolve_tier
+from gateway.tenancy.tiers import LoadSignal, ReplicaLoad, live_load, resolve_tier
 from routing.config import RouterConfig
 from routing.features import extract_features
+from routing.peers import ReplicaLoad as PeerLoad
+from routing.router import Router
 from routing.types import ReplicaView, RequestFeatures
 
 __all__ = ["PREFIX_KINDS", "Plan", "Planner"]
@@ -68,12 +72,37 @@ class _Views(Mapping[str, list[ReplicaView]]):
         return len(self._pools.by_name)
 
 
+class _Live(Mapping[str, Sequence[LoadSignal]]):
+    """Pool name -> its replicas' live loads (`live_load`) over `_Views`, built lazily."""
+
+    __slots__ = ("_cache", "_peers", "_views")
+
+    def __init__(self, views: _Views, peers: Mapping[str, PeerLoad]) -> None:
+        self._views, self._peers = views, peers
+        self._cache: dict[str, list[ReplicaLoad]] = {}
+
+    def __getitem__(self, name: str) -> list[ReplicaLoad]:
+        loads = self._cache.get(name)
+        if loads is None:
+            get = self._peers.get
+            loads = self._cache[name] = [live_load(v, get(v.id)) for v in self._views[name]]
+        return loads
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._views)
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
 class _Avoid(Mapping[str, Sequence[LoadSignal]]):
-    """Views where the ``avoid`` pools look saturated (an unhealthy replica each)."""
+    """Loads where the ``avoid`` pools look saturated (an unhealthy replica each)."""
 
     __slots__ = ("_avoid", "_views")
 
-    def __init__(self, views: _Views, avoid: Collection[str]) -> None:
+    def __init__(
+        self, views: Mapping[str, Sequence[LoadSignal]], avoid: Collection[str],
+    ) -> None:
         self._views, self._avoid = views, avoid
 
     def __getitem__(self, name: str) -> Sequence[LoadSignal]:
@@ -89,13 +118,22 @@ class _Avoid(Mapping[str, Sequence[LoadSignal]]):
 
 
 _FULL = (ReplicaLoad(healthy=False),)
+_NO_PEERS: Mapping[str, PeerLoad] = {}
 
 
 class Planner:
-    def __init__(self, pools: Pools, config: RouterConfig, gate: TenantGate) -> None:
+    def __init__(
+        self, pools: Pools, config: RouterConfig, gate: TenantGate, router: Router | None = None,
+    ) -> None:
+        """``router``: whose `peers` are the other gateways' load (shared routing state)."""
         self.pools = pools
         self._config = config
         self.gate = gate
+        self._router = router
+
+    def _live(self, views: _Views, now: float) -> _Live:
+        peers = self._router.peers if self._router is not None else None
+        return _Live(views, peers.totals(now) if peers is not None else _NO_PEERS)
 
     def doc(self, principal: Principal) -> PolicyDoc:
         """The policy ``principal`` was resolved under (the pools' when it carries none)."""
@@ -109,8 +147,9 @@ class Planner:
         (`RequestFeatures.context_tokens`) to now, on ``principal``'s policy (None: none
         running here). Flow control moves a queued request whose pool a policy change
         changed (`FlowGate.policy_changed`)."""
-        route = resolve_tier(self.doc(principal), model, principal.tier,
-                             _Views(self.pools, now), need)
+        views = _Views(self.pools, now)
+        route = resolve_tier(self.doc(principal), model, principal.tier, views, need,
+                             self._live(views, now))
         if route is None:
             pool = self.pools.public.get(model)
             return pool.name if pool is not None else None
@@ -141,9 +180,13 @@ class Planner:
         doc = self.doc(principal)
         features = self._features(kind, parsed, principal, None)
         views = _Views(self.pools, now)
-        loads: Mapping[str, Sequence[LoadSignal]] = _Avoid(views, avoid) if avoid else views
+        live: Mapping[str, Sequence[LoadSignal]] = self._live(views, now)
+        loads: Mapping[str, Sequence[LoadSignal]] = views
+        if avoid:
+            loads, live = _Avoid(views, avoid), _Avoid(live, avoid)
         # a pool too short for the context it takes is skipped
-        route = resolve_tier(doc, parsed.model, principal.tier, loads, features.context_tokens)
+        route = resolve_tier(doc, parsed.model, principal.tier, loads, features.context_tokens,
+                             live)
         if route is None:  # no `models` entry: public names are the pools' served names
             pool = self.pools.public.get(parsed.model)
             if pool is None:

@@ -81,7 +81,7 @@ class Preparer:
         clock: Callable[[], float], gate: TenantGate, responses: ResponseStore,
         expected_output: int = 0,
     ) -> None:
-        self.planner = Planner(pools, router.config, gate)
+        self.planner = Planner(pools, router.config, gate, router)
         # the output a request without max_tokens is reserved at TPM admission (as flow
         # control charges it: `flow.expected_output_tokens`)
         self._expected = expected_output
