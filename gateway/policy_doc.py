@@ -118,6 +118,14 @@ class LoadThreshold(BaseModel):
     kv_usage: Annotated[Num, Field(ge=0, le=1)]
 
 
+# a tenant's weight in flow control's fair queue (relative: 1e-3 to 1e6 spans a billion). The
+# floor: a request's advance in the band's virtual time is its cost / weight, so 1e-300 took it
+# to infinity within a few hundred requests, and from then on every tenant of the band started
+# at an infinite tag (first come, first served: the fair share gone until the gateway
+# restarted); far above ordinary costs, float tags no longer tell requests apart either
+Weight = Annotated[Num, Field(ge=1e-3, le=1e6)]
+
+
 class TierFlow(BaseModel):
     """The tier in flow control's admission queue (used only while its pool is saturated)."""
 
@@ -126,7 +134,7 @@ class TierFlow(BaseModel):
     band: Int | None = None
     # share of its band's tokens relative to the band's other tenants (`fairness.tenants`
     # overrides it per tenant)
-    weight: Annotated[Num, Field(gt=0, le=1e6)] = 1.0
+    weight: Weight = 1.0
     # longest wait in the queue; then 429 with Retry-After
     max_wait_s: Annotated[Num, Field(gt=0, le=3600)] = DEFAULT_MAX_WAIT_S
 
@@ -141,7 +149,7 @@ class Fairness(BaseModel):
     # band -> minimum share of the dispatched tokens while a higher band competes with it
     min_share: dict[int, Share] = Field(default_factory=dict)
     default_min_share: Share = DEFAULT_MIN_SHARE  # bands not in `min_share`
-    tenants: dict[str, Annotated[Num, Field(gt=0, le=1e6)]] = Field(default_factory=dict)
+    tenants: dict[str, Weight] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _shares_fit(self) -> Fairness:

@@ -61,6 +61,9 @@ def test_flow_class_from_tiers_and_tenant_weights() -> None:
         ({"fairness": {"min_share": {"1": 0.6, "2": 0.5}}}, "fairness"),
         ({"fairness": {"min_share": {"1": 1.0}}}, "fairness.min_share.1"),
         ({"fairness": {"tenants": {"a": 0}}}, "fairness.tenants.a"),
+        ({"fairness": {"tenants": {"a": 1e-300}}}, "fairness.tenants.a"),
+        ({"fairness": {"tenants": {"a": 5e-4}}}, "fairness.tenants.a"),  # (floor 1e-3)
+        ({"tiers": {"default": {"flow": {"weight": 5e-4}}}}, "tiers.default.flow.weight"),
         ({"tiers": {"default": {"flow": {"weight": -1}}}}, "tiers.default.flow.weight"),
         ({"tiers": {"default": {"flow": {"max_wait_s": 0}}}}, "tiers.default.flow.max_wait_s"),
     ],

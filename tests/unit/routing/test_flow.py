@@ -741,3 +741,22 @@ def test_a_hog_is_not_held_for_spare_room_in_a_pool_without_a_healthy_replica() 
     out = flow.release(down, 2.0)  # released, to be answered 503 at once
     assert out is not None and out.handle == "n"
     assert flow.with_room(down, {}, 50, tenant="noisy", cost=50, now=2.0) == down
+
+
+def test_the_smallest_policy_weight_keeps_the_band_fair_after_a_long_run() -> None:
+    """A request advances its band's virtual time by cost / weight: a weight of 1e-300 took it
+    to infinity within a few hundred requests, and the band was first come, first served for
+    every tenant from then on. The policy's floor (1e-3, `gateway.policy_doc.Weight`) leaves
+    10,000 requests of a million tokens each at that weight with the tags still apart."""
+    floor = 1e-3  # (below it the policy is refused: tests/unit/gateway/test_flow_config.py)
+    q: FlowQueue[tuple[str, int]] = FlowQueue(20_000)
+    for i in range(10_000):
+        q.offer(("tiny", i), tenant="tiny", band=0, cost=1e6, now=0.0, max_wait_s=60,
+                weight=floor)
+        q.pop(0.0)
+    for i in range(6):
+        q.offer(("hog", i), tenant="hog", band=0, cost=100, now=0.0, max_wait_s=60)
+    for i in range(2):
+        q.offer(("quiet", i), tenant="quiet", band=0, cost=100, now=0.0, max_wait_s=60)
+    order = [e.handle[0] for e in iter(lambda: q.pop(0.0), None)]
+    assert order[:4] == ["hog", "quiet", "hog", "quiet"], order
