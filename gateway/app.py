@@ -129,6 +129,8 @@ class GatewayApp:
                 return await _error(send, beyond)
             assert rt is not None
             return await rt.proxy.handle_stored(scope, receive, send)
+        if path[-1:] == "/" and path[:-1] in self._get:  # `/health/`: vLLM (FastAPI) redirects
+            path = path[:-1]  # it to `/health`, and probes and clients follow: served as that
         page = self._get.get(path)
         model = path[len(MODELS) + 1:] if path.startswith(MODEL_PREFIX) else ""
         if model:  # `GET /v1/models/{model}`, the SDK's `models.retrieve` (a name may hold "/")

@@ -34,6 +34,7 @@ __all__ = [
     "KvgateError",
     "MethodNotAllowed",
     "ModelNotFound",
+    "MultipartBody",
     "NoReplicaAvailable",
     "NotFound",
     "PermissionDenied",
@@ -502,3 +503,19 @@ class WriteRefused(StoreUnreachable):
             "not made (the audit log, GET /admin/audit, has an entry with request_id "
             f"{request_id!r} if and only if it was)")
         self.args = (self.message,)
+
+
+class MultipartBody(KvgateError):
+    """A POST to a proxied route declared ``multipart/form-data`` (``curl -F``, a file
+    upload): the routes take JSON, and a form's bytes would be judged "not valid JSON" at
+    its boundary line. Refused before the body is read, as vLLM refuses any body not
+    declared JSON (415, its ``validate_json_request``); kvgate serves no upload route
+    (vLLM's ``/v1/audio/*``)."""
+
+    status = 415
+    type_ = "UnsupportedMediaTypeError"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{shown_name(path)} takes a JSON body (Content-Type: "
+                         "application/json), not multipart/form-data; kvgate proxies no "
+                         "file-upload route.")

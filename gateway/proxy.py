@@ -39,6 +39,7 @@ from gateway.errors import (
     AnswerTooLarge,
     EncodedBody,
     KvgateError,
+    MultipartBody,
     ReplicaConnectionsBusy,
     ReplicaRefused,
     ReplicaWrongModel,
@@ -176,6 +177,8 @@ class Proxy:
         principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
         if head.encoded:  # (its bytes would be judged "not JSON")
             raise EncodedBody
+        if head.multipart:  # (likewise: "not valid JSON: no digit after sign")
+            raise MultipartBody(req.path)
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads)

@@ -278,16 +278,17 @@ class Head(NamedTuple):
     token: str | None  # the API key presented (`gateway.apikey`)
     origin: bytes | None  # a browser's request (gateway/cors)
     encoded: bool  # a Content-Encoding other than identity: the body is compressed
+    multipart: bool  # Content-Type multipart/form-data: a file upload, never a JSON body
 
 
 def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]) -> Head:
     """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
-    API key, the `Origin`, and whether the body is compressed."""
+    API key, the `Origin`, and whether the body is compressed or a multipart form."""
     req_id = b""
     declared = None
     token = alt = None  # from Authorization; from api-key / x-api-key (`gateway.apikey`)
     origin = None
-    encoded = False
+    encoded = multipart = False
     for key, value in headers:
         if key == b"x-request-id":
             req_id = value
@@ -301,9 +302,11 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
             origin = value
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
+        elif key == b"content-type":
+            multipart = value.lstrip()[:19].lower() == b"multipart/form-data"
     own = request_id(req_id, new_id)
     return Head(own, replica_id(own, req_id, new_id), declared,
-                token if token is not None else alt, origin, encoded)
+                token if token is not None else alt, origin, encoded, multipart)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
