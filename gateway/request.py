@@ -303,7 +303,7 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
         elif key == b"content-type":
-            multipart = value.lstrip()[:19].lower() == b"multipart/form-data"
+            multipart = multipart or value.lstrip()[:19].lower() == b"multipart/form-data"
     own = request_id(req_id, new_id)
     return Head(own, replica_id(own, req_id, new_id), declared,
                 token if token is not None else alt, origin, encoded, multipart)
