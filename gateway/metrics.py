@@ -92,9 +92,9 @@ class _ReplicaCollector(Collector):
             labels=labels)
         entries = self._affinity()
         now = self._clock()
-        for r in self._replicas():
+        for r, also_inflight in _once(self._replicas()):
             key = [r.pool, r.id]
-            inflight.add_metric(key, r.inflight)
+            inflight.add_metric(key, r.inflight + also_inflight)
             healthy.add_metric(key, 0.0 if r.draining or not r.available(now) else 1.0)
             for family, (_, _, read) in zip(gauges, _REPLICA_GAUGES, strict=True):
                 value = read(r)
@@ -110,6 +110,23 @@ class _ReplicaCollector(Collector):
             affinity.add_metric(key, entries.get(r.id, 0))
         yield from (inflight, healthy, *gauges, age, errors, attempts, failed, stalls, stalled,
                     affinity)
+
+
+def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, int]]:
+    """Each (pool, replica id) once, with the requests in flight on its other entries: a
+    replica listed again under another URL of the same host:port (``http://`` made
+    ``https://``, a path prefix added) while its old entry drains is two `Replica`s, one
+    series. The first listed (the one in the pool now: `Pools.described`) describes it."""
+    first: dict[tuple[str, str], Replica] = {}
+    more: dict[tuple[str, str], int] = {}
+    for r in replicas:
+        key = (r.pool, r.id)
+        if key in first:
+            more[key] = more.get(key, 0) + r.inflight
+        else:
+            first[key] = r
+    for key, r in first.items():
+        yield r, more.get(key, 0)
 
 
 def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
