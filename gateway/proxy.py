@@ -241,6 +241,8 @@ class Proxy:
                     raise self._outage(req, failure) or RetryBudgetExhausted(
                         "The replicas are busy or failing; try again shortly.")
                 req.route = "retry"
+                if failure is not None:  # (counted once the budget lets it go)
+                    self._metrics.retried(pool.name, failure.reason)
             if i == 0:
                 self._metrics.pre_upstream.observe(perf_counter() - req.t0)
             last = i + 1 == len(order) or pool.budget.tokens < 1.0
@@ -253,7 +255,6 @@ class Proxy:
                     self._metrics.failover(pool.name)
                 return
             failure = failure_or_none
-            self._metrics.retried(pool.name, failure.reason)
         failure = failure or UpstreamError("No replica answered.")
         raise self._outage(req, failure) or failure
 
