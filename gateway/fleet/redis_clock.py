@@ -52,10 +52,16 @@ class RedisClock:
         self._samples.clear()
         self._offset = None
 
+    def now_ms(self) -> float | None:
+        """Redis's time now (ms, as in an entry's id); None before the first write of ours
+        taught the offset."""
+        if self._offset is None:
+            return None
+        return (self.clock() + self._offset - _HALF_MS) * 1000.0
+
     def lag(self, written_ms: int) -> float | None:
         """Seconds since Redis wrote the entry of id ``written_ms``-*, by Redis's clock; None
         before the first write of ours taught the offset. Never negative (the offset is
         known within half a round trip)."""
-        if self._offset is None:
-            return None
-        return max(0.0, self.clock() + self._offset - written_ms / 1000.0 - _HALF_MS)
+        now = self.now_ms()
+        return None if now is None else max(0.0, (now - written_ms) / 1000.0)

@@ -359,7 +359,12 @@ class RouteSync:
         held = 0
         for _, raw in reply or ():  # type: ignore[attr-defined]
             held += len(raw)
-            newest = entry_ms(raw[-1][0])
+            # Redis's time now, as our writes taught it; before they did, the reply's newest
+            # entry's (a reader cut off for longer than the staleness bound and given only
+            # old entries in one reply read them all as current by it: a peer killed
+            # meanwhile came back to life with its last load for another stale_after_s)
+            now = self._redis_clock.now_ms()
+            recent = (entry_ms(raw[-1][0]) if now is None else now) - self._stale_ms
             own = self._member
             for entry_id, flat in raw:
                 key = entry_key(entry_id)
@@ -368,10 +373,10 @@ class RouteSync:
                 self._last_id, self._last_key = entry_id, key
                 if len(flat) > 3 and flat[3] == own and flat[2] == b"m":
                     continue  # our own batch, skipped undecoded (`encode` writes v, m, ..)
-                # loads older than the staleness bound (a backlog after an outage) are
-                # history: their routes still count, their loads do not (Redis's clock)
+                # loads older than the staleness bound (a backlog after an outage, a
+                # reader cut off) are history: their routes count, their loads do not
                 self._apply(dict(zip(flat[::2], flat[1::2], strict=True)), key[0],
-                            newest - key[0] <= self._stale_ms)
+                            key[0] >= recent)
         return held
 
     def _decode(self, fields: Mapping[bytes, bytes]) -> Batch | None:
@@ -439,10 +444,13 @@ class RouteSync:
         """A failed Redis call: route on our own state until Redis answers again. The first
         batch after it re-sends our whole load, zeros included: a request that ended while
         Redis was down (or whose zero record a restarted Redis lost) would otherwise stay in
-        the peers' views for as long as we live, our heartbeats keeping it fresh."""
+        the peers' views for as long as we live, our heartbeats keeping it fresh. Redis's
+        clock is learned afresh from that batch (a restarted server's may be behind: entries
+        read meanwhile are judged by the newest of their reply, not as old history)."""
         cause = failure_cause(exc)
         if cause == WRONG_TYPE:  # our one key: say which, retrying will not cure it
             cause += f": {self.key.decode()} is not a stream (delete it)"
         self.reach.failed(cause)
         self.stats.up = False
         self._load.resend_all = True
+        self._redis_clock.forget()
