@@ -64,7 +64,7 @@ def test_every_error_uses_one_type_per_status(sim_factory: SimFactory) -> None:
         record("unknown path", httpx.post(f"{base}/v1/nope", json=ok, headers=auth), 404)
         record("method", httpx.get(v1, headers=auth), 405)
         record("body", httpx.post(v1, json={**ok, "prompt": "x" * 5000}, headers=auth), 413)
-        record("upstream 400", httpx.post(v1, json={**ok, "max_tokens": -1}, headers=auth), 400)
+        record("upstream 400", httpx.post(v1, json={**ok, "n": 0}, headers=auth), 400)
         assert httpx.post(v1, json=ok, headers=limited).status_code == 200
         record("rate limit", httpx.post(v1, json=ok, headers=limited), 429)
         record("admin no token", httpx.get(f"{base}/admin/tenants"), 401)

@@ -327,7 +327,7 @@ def test_ratelimit_headers_on_every_answer_of_a_limited_tenant(sim_factory: SimF
                 model="sim-model", prompt="x", max_tokens=2, stream=True) as stream:
             seen.append(stream.headers)
         with pytest.raises(openai.BadRequestError) as upstream_400:  # vLLM's own 400, relayed
-            c.completions.create(model="sim-model", prompt="x", max_tokens=-1)
+            c.completions.create(model="sim-model", prompt="x", max_tokens=2, n=0)
         seen.append(upstream_400.value.response.headers)
         with pytest.raises(openai.RateLimitError) as limited:
             c.completions.create(model="sim-model", prompt="x", max_tokens=2)
