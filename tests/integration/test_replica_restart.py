@@ -6,6 +6,8 @@ still holds to the cold one), and learn them again from the next requests."""
 from __future__ import annotations
 
 import json
+import re
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -90,6 +92,19 @@ def _said(gw: Proc, msg: str, replica: str) -> bool:
     return any(e.get("msg", "").startswith(msg) and e.get("replica") == replica for e in lines)
 
 
+def _engine_counted(url: str) -> bool:
+    """Whether the engine's page counts prompt tokens (its counter is past 0)."""
+    page = httpx.get(f"{url}/metrics").text
+    found = re.search(r"^vllm:prompt_tokens_total(?:\{[^}]*\})? (\S+)$", page, re.M)
+    return found is not None and float(found.group(1)) > 0
+
+
+def _scrape_age(base: str, replica: str) -> float:
+    ages = metric_values(base, "kvgate_replica_scrape_age_seconds")
+    return min((v for labels, v in ages.items() if f'replica="{replica}"' in labels),
+               default=float("inf"))
+
+
 def test_a_replica_found_gone_is_logged_gone_and_restarted_once_back() -> None:
     """A replica whose process stopped (nothing listening at its address) was logged "replica
     restarted: its prefix cache starts empty" at the first scrape after its /health was
@@ -104,7 +119,13 @@ def test_a_replica_found_gone_is_logged_gone_and_restarted_once_back() -> None:
         stack.enter_context(gw)
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
         replica = _ask(client, "first")[0]  # the engine's counters count something
-        wait_for(lambda: "vllm:prompt_tokens_total" in httpx.get(f"{url}/metrics").text)
+        wait_for(lambda: _engine_counted(url), what="the engine's counters counted it")
+        # ... and the gateway scraped them: a restart is told by counters that went back,
+        # which a last good scrape taken before they counted cannot show (a loaded machine's
+        # scrape lagged the answer, and no "restarted" ever came)
+        since = time.monotonic()
+        wait_for(lambda: _scrape_age(base, replica) < time.monotonic() - since,
+                 what="a scrape of the gateway's after the engine counted")
 
         sim.stop()
         wait_for(lambda: _said(gw, "replica gone", replica), what="the replica logged gone")
