@@ -66,13 +66,13 @@ class GatewayApp:
         self.cors = Cors.from_config(cfg.server)  # None: CORS off (gateway/cors.py)
         self._stack: AsyncExitStack | None = None
         self._get = {
-            "/healthz": self._healthz, "/readyz": self._readyz,
+            "/healthz": self._healthz, "/livez": self._healthz, "/readyz": self._readyz,
             "/metrics": self._metrics_page, MODELS: self._models,
             # vLLM's operational paths, for drop-in use (benchmark clients probe /health)
             "/health": self._healthz, "/ping": self._healthz, "/version": _version_page,
         }
-        self._admin_port_pages = {
-            "/healthz": self._healthz, "/readyz": self._readyz, "/metrics": self._metrics_page}
+        self._admin_port_pages = {"/healthz": self._healthz, "/livez": self._healthz,
+                                  "/readyz": self._readyz, "/metrics": self._metrics_page}
 
     def refusal_cors(self, origin: bytes, port: int | None) -> Headers | None:
         """The CORS headers of an answer the HTTP guard gives on its own (400/408/431,
@@ -157,7 +157,7 @@ class GatewayApp:
         self, scope: Scope, receive: Receive, send: Send, path: str
     ) -> None:
         """The separate admin port (`server.admin_port`): the admin API, /metrics (tenant ids
-        and replica addresses stay off the public port), /healthz and /readyz only."""
+        and replica addresses stay off the public port), /healthz (/livez) and /readyz only."""
         page = self._admin_port_pages.get(path)
         if page is not None:
             if scope["method"] not in ("GET", "HEAD"):
@@ -186,6 +186,8 @@ class GatewayApp:
 
     # -- plain pages -----------------------------------------------------------------------
     def _healthz(self) -> Page:
+        """Alive (/healthz, /livez, vLLM's /health and /ping): the event loop answers. Never
+        Redis's or a replica's state: a restart cures neither (that is /readyz's)."""
         return 200, JSON, b'{"status":"ok"}'
 
     def _readyz(self) -> Page:
@@ -223,6 +225,8 @@ class GatewayApp:
             info["sync"] = {"degraded": rt.sync.degraded, "member": rt.sync.member,
                             "peers": self.router.peers.members(self.clock())
                             if self.router.peers else 0}
+            if rt.sync.degraded:  # why, as the log says it (it said only "degraded")
+                info["sync"]["reason"] = rt.sync.reach.cause
             degraded = degraded or rt.sync.degraded
         info = {"status": "ready" if ok else "not ready", "degraded": degraded, **info}
         return (200 if ok else 503), JSON, orjson.dumps(info)

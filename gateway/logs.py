@@ -5,6 +5,9 @@ Structured fields travel in ``extra={...}`` and come out as top-level JSON keys 
 timings, never prompts, API keys, salts or headers (the request line in `proxy.py` is built
 from an explicit list of fields for that reason). The HTTP client libraries log at WARNING
 only: their DEBUG/INFO lines would repeat every upstream request, URLs and headers included.
+So does redis-py: at `--log-level debug` it said "Failed to enable maintenance notifications"
+for every connection it opened to a Redis without them (nothing kvgate uses had failed);
+kvgate's own lines say what Redis does (`gateway.tenancy.reachability`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from gateway.errors import shown_name
 __all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
 
 LogFormat = Literal["json", "text"]
-QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio")
+QUIET_LOGGERS = ("httpx", "httpcore", "aiohttp", "asyncio", "redis")
 # attributes every LogRecord has; anything else on a record came from `extra`
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {
     "message", "asctime", "taskName",

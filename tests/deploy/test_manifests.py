@@ -122,7 +122,7 @@ def test_service_overlay_gateway_shape() -> None:
     assert dep["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/livez"
     svc = find(docs, "Service", "kvgate")
     assert svc["spec"]["selector"].items() <= pod_labels.items()
     pdb = find(docs, "PodDisruptionBudget", "kvgate")
