@@ -361,6 +361,12 @@ _REFUSALS = {
 }
 
 
+def _reply_code(cause: str) -> str:
+    """``WRONGPASS`` of ``server replied WRONGPASS: authentication failed (...)``: the words
+    after the code explain it for the log, never for a client."""
+    return cause.removeprefix("server replied ").split(":", 1)[0]
+
+
 class StoreUnreachable(BackendUnavailable):
     """A Redis failure. Its cause in a few words (``connection refused``) is for the log
     only: the client's message names neither it nor Redis's address; a refusal of Redis's
@@ -369,7 +375,7 @@ class StoreUnreachable(BackendUnavailable):
     was "did not answer; retry shortly", while Redis answered, and would refuse again."""
 
     def __init__(self, cause: str) -> None:
-        code = cause.removeprefix("server replied ")
+        code = _reply_code(cause)
         why = _REFUSALS.get(code)
         super().__init__(
             "the tenancy store (Redis) did not answer; retry shortly" if why is None else
@@ -494,7 +500,7 @@ class WriteRefused(StoreUnreachable):
 
     @classmethod
     def covers(cls, cause: str) -> bool:
-        return cause.removeprefix("server replied ") in cls.CODES
+        return _reply_code(cause) in cls.CODES
 
     def __init__(self, cause: str, request_id: str) -> None:
         super().__init__(cause)

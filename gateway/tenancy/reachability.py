@@ -1,5 +1,6 @@
 """What the log says while the tenancy store (Redis) does not answer: one clear line at the
-first failure (address and cause, never the URL's credentials), then at most one line a
+first failure (address and cause, never the URL's credentials; "cannot reach Redis" for the
+network, "refused by Redis" for a reply refusing kvgate: credentials, an ACL, a full Redis), then at most one line a
 minute with a count, and one line when it answers again. A gateway started with a wrong
 ``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line. A Redis that
 flaps (stalls of a second, a proxy dropping connections) says so at most once a minute per
@@ -22,7 +23,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from gateway.tenancy.redis_conn import cause_label, refusal_code
+
 __all__ = ["Reachability"]
+
+# `cause_label`s a connection set up and answering ends
+_CONNECTION_CAUSES = frozenset({"unreachable", "timeout", "auth", "loading"})
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +78,29 @@ class Reachability:
                           if now - t < self._summary_every_s}
             self._said[cause] = self._said_at = now
             self._flaps = 0
-            self._log.warning("%scannot reach Redis at %s (%s); retrying every %g s%s",
-                              self._prefix, self.address, cause, self._retry_every_s, flaps,
+            self._log.warning("%s%s Redis at %s (%s); retrying every %g s%s", self._prefix,
+                              _trouble(cause), self.address, cause, self._retry_every_s, flaps,
                               extra={"redis": self.address, "cause": cause})
             return
         self._unsaid += 1
         if now - self._said_at >= self._summary_every_s:
             self._quiet = False  # named now: its end will be too
-            self._log.warning("%sstill cannot reach Redis at %s (%s): %d failed attempts in "
-                              "the last %.0f s, down for %.0f s", self._prefix, self.address,
-                              cause, self._unsaid, now - self._said_at, now - self._down_since,
+            self._log.warning("%sstill %s Redis at %s (%s): %d failed attempts in the last "
+                              "%.0f s, down for %.0f s", self._prefix, _trouble(cause),
+                              self.address, cause, self._unsaid, now - self._said_at,
+                              now - self._down_since,
                               extra={"redis": self.address, "cause": cause})
             self._said_at, self._unsaid = now, 0
+
+    def connected(self) -> None:
+        """A connection was set up and answered one command (a subscription): the end of an
+        outage that no connection could get past (Redis not reached, a timeout, refused
+        credentials, loading), not of a refusal of some commands (NOPERM, OOM, WRONGTYPE,
+        READONLY, ...): the commands refused say when that ends (`answered`). An ACL user
+        that may SUBSCRIBE but not read kvgate's keys logged "answers again" after each
+        refusal, while the store was never loaded."""
+        if self.cause is None or cause_label(self.cause) in _CONNECTION_CAUSES:
+            self.answered()
 
     def answered(self) -> None:
         self.cause = None
@@ -97,6 +114,12 @@ class Reachability:
                        self._prefix, self.address, self._clock() - self._down_since,
                        self._failures, extra={"redis": self.address})
         self._down_since, self._failures, self._unsaid = None, 0, 0
+
+
+def _trouble(cause: str) -> str:
+    """What the log says of a failure: a refusal is no network trouble (it read "cannot reach
+    Redis" for a wrong password, and sent operators to the network)."""
+    return "cannot reach" if refusal_code(cause) is None else "refused by"
 
 
 def _tls_hint(cause: str, tls: bool) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from gateway.errors import StoreUnreachable
 
 __all__ = [
     "CAUSE_LABELS", "MAX_CONNECTIONS", "cause_label", "connect_redis", "failure_cause",
-    "redis_address", "redis_tls", "redis_unavailable",
+    "redis_address", "redis_tls", "redis_unavailable", "refusal_code",
 ]
 
 MAX_CONNECTIONS = 64  # per client (`tenancy.redis_max_connections`)
@@ -50,6 +51,15 @@ _BY_CODE = {"WRONGPASS": "auth", "NOAUTH": "auth", "AuthenticationError": "auth"
 # Redis answers a command its ACL forbids inside a script with ERR, not NOPERM: "The user
 # executing the script can't run this command..." (7.0), "ACL failure in script: ..." (7.2)
 _SCRIPT_ACL = ("The user executing the script can't", "ACL failure in script")
+# NOPERM's texts: "this user has no permissions to run the 'set' command" (Redis 7; "User bob
+# has no permissions ..." from 7.2), "... to access one of the keys used as arguments"
+_NOPERM_COMMAND = re.compile(r"no permissions to run the '([A-Za-z|_-]{1,64})' command")
+_NOPERM_ACCESS = re.compile(r"no permissions to access one of the (keys|channels) ")
+# what Redis answers an unauthenticated client's command of more than 10 arguments (an
+# XADD of the shared routing state) before it closes the connection: "server replied ERR"
+# every other retry, where the others said NOAUTH
+_UNAUTHENTICATED = "Protocol error: unauthenticated"
+_DB_RANGE = "DB index is out of range"  # SELECT (the URL's /N) past `databases`
 
 
 def connect_redis(
@@ -122,9 +132,41 @@ def failure_cause(exc: BaseException) -> str:
         code = code or (words[0] if words else None)
         if code == "ERR" and str(exc).removeprefix("ERR ").startswith(_SCRIPT_ACL):
             code = "NOPERM"  # an ACL refusal all the same
+        if code == "ERR" and str(exc).startswith(_UNAUTHENTICATED):
+            code = "NOAUTH"  # a password missing all the same
     if code:
-        return f"server replied {code}"
+        return f"server replied {code}{_what_is_wrong(code, str(exc))}"
     return type(exc).__name__
+
+
+def _what_is_wrong(code: str, message: str) -> str:
+    """What a refusal of the connection's set-up or of a command means for the URL an operator
+    wrote (none for the others): it read "server replied WRONGPASS" and /readyz "store
+    unreachable", which sent them to the network. Replies never echo a password; a NOPERM
+    names the command Redis refused (redis-py keeps the reply's text after its code)."""
+    if code in ("WRONGPASS", "AuthenticationError"):
+        return (": authentication failed (the user name or password in KVGATE_REDIS_URL is "
+                "wrong, or the ACL user is disabled)")
+    if code == "NOAUTH":
+        return ": authentication required (Redis has a password; KVGATE_REDIS_URL gives none)"
+    if code == "NOPERM":
+        if (found := _NOPERM_COMMAND.search(message)) is not None:
+            return f": the ACL user of KVGATE_REDIS_URL may not run {found[1].upper()}"
+        if (found := _NOPERM_ACCESS.search(message)) is not None:
+            return f": the ACL user of KVGATE_REDIS_URL may not use those {found[1]}"
+        return ": the ACL user of KVGATE_REDIS_URL lacks a permission kvgate needs"
+    if code == "ERR" and message.startswith(_DB_RANGE):
+        return (f": {_DB_RANGE} (the database number at the end of KVGATE_REDIS_URL is not "
+                "below the server's `databases`, 16 by default)")
+    return ""
+
+
+def refusal_code(cause: str) -> str | None:
+    """The reply's code of a `failure_cause` that is a server's refusal (``WRONGPASS``,
+    ``NOPERM``, ``OOM``), None for the others (Redis not reached, a timeout)."""
+    if not cause.startswith("server replied "):
+        return None
+    return cause.removeprefix("server replied ").split(":", 1)[0].split(" ", 1)[0]
 
 
 def cause_label(cause: str) -> str:
@@ -133,10 +175,10 @@ def cause_label(cause: str) -> str:
     closed connection)."""
     if cause.startswith("timed out"):
         return "timeout"
-    code = cause.removeprefix("server replied ").split(":", 1)[0].split(" ", 1)[0]
-    if code in _BY_CODE:
-        return _BY_CODE[code]
-    return "other" if cause.startswith("server replied ") else "unreachable"
+    code = refusal_code(cause)
+    if code is None:
+        return "unreachable"
+    return _BY_CODE.get(code, "other")
 
 
 @contextmanager

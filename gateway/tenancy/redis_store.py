@@ -225,7 +225,7 @@ class RedisStore(TenantStore):
             pubsub = self._r.pubsub()
             try:
                 await pubsub.subscribe(self.channel, self._k("admin_auth"))
-                self.reach.answered()
+                self.reach.connected()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
                 told = False  # the addresses throttled meanwhile, once someone listens

@@ -63,7 +63,7 @@ from gateway.tenancy.models import (
     StoreSnapshot,
     Tenant,
 )
-from gateway.tenancy.redis_conn import cause_label
+from gateway.tenancy.redis_conn import cause_label, refusal_code
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore, restored_from
 
@@ -295,10 +295,16 @@ class TenantResolver:
         except BackendUnavailable as exc:
             cause = exc.cause if isinstance(exc, StoreUnreachable) else None
             self._down_cause = "unreachable" if cause is None else cause_label(cause)
-            if self._store.reach is not None and cause is not None:
-                # the store's one voice in the log
-                self._store.reach.failed(await self._store.explain(cause))
-            self._degraded_reason = "store unreachable"
+            if cause is not None:
+                cause = await self._store.explain(cause)
+                if self._store.reach is not None:  # the store's one voice in the log
+                    self._store.reach.failed(cause)
+            # /readyz's: what is wrong, a refusal (credentials, an ACL, a full Redis) told
+            # apart from the network; it read "store unreachable" for a wrong password
+            self._degraded_reason = (
+                "store unreachable" if cause is None else
+                f"store unreachable: {cause}" if refusal_code(cause) is None else
+                f"store refuses kvgate's commands: {cause}")
             self._answers = False
             return False
         except Exception as exc:  # e.g. records this version cannot read (a rolling upgrade)

@@ -36,7 +36,7 @@ def test_a_redis_at_its_maxclients_is_named_and_joined_after(sim_factory: SimFac
                 # no handshake: it finds the connection closed, "ConnectionError")
                 def said() -> list[str]:
                     return [line for line in gw.output().splitlines()
-                            if "cannot reach" in line and "shared routing" not in line]
+                            if "refused by Redis" in line and "shared routing" not in line]
                 wait_for(lambda: bool(said()), timeout=20, what="the line naming the refusal")
                 assert "max number of clients reached" in said()[0], said()
                 holder.config_set("maxclients", 1000)

@@ -359,7 +359,7 @@ async def test_a_redis_that_refuses_writes_is_down_until_writes_succeed(
         await _until(lambda: sync.stats.published > published)  # writes again
     lines = [m.getMessage() for m in caplog.records]
     assert lines == [
-        f"shared routing state: cannot reach Redis at {sync.reach.address} (server replied "
+        f"shared routing state: refused by Redis at {sync.reach.address} (server replied "
         "OOM); retrying every 0.5 s",
         lines[1],
     ], lines

@@ -201,7 +201,9 @@ async def test_a_generation_that_is_no_integer_is_a_key_of_the_wrong_type(
             for line in lines), lines
         health = tenancy.resolver.health()
         assert (health.store_cause, health.store_answers, health.reason) == (
-            "wrongtype", False, "store unreachable")
+            "wrongtype", False, "store refuses kvgate's commands: server replied WRONGTYPE: "
+            f"kvgate:gen is not an integer (SET it to {newest + 1}, past the newest generation "
+            "in kvgate:journal)")
         with pytest.raises(StoreUnreachable) as refused:
             await tenancy.store.create_tenant(Tenant(id="globex", tier="default"))
         assert "refused the request (WRONGTYPE)" in refused.value.message
@@ -305,7 +307,8 @@ async def test_shared_limits_an_acl_user_may_not_run_are_degraded_with_the_cause
     try:
         with pytest.raises(StoreUnreachable) as refused:
             await primary.admit("acme", LIMITS, tokens=1)
-        assert refused.value.cause == "server replied NOPERM"
+        assert refused.value.cause == ("server replied NOPERM: the ACL user of KVGATE_REDIS_URL "
+                                       "lacks a permission kvgate needs")  # (in a script)
         assert "(NOPERM)" in refused.value.message
         assert limiter.down_cause is None
         assert (await limiter.admit("acme", LIMITS, tokens=1)).degraded

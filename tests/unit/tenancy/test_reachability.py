@@ -84,7 +84,7 @@ def test_a_flapping_redis_is_a_line_a_minute_not_two_per_flap(
     assert lines == [  # a warning per cause a minute, not two lines every 2 s
         timed_out, back, reset, back, timed_out + flaps, back, reset, back,
         timed_out + flaps, back, reset, back,
-        "cannot reach Redis at 10.0.0.7:6380 (server replied OOM); retrying every 1 s; 1 short "
+        "refused by Redis at 10.0.0.7:6380 (server replied OOM); retrying every 1 s; 1 short "
         "outages in the last 4 s not logged",
     ], lines
     assert reach.down

@@ -52,11 +52,13 @@ async def test_refusals_of_a_real_redis_are_named_by_a_bounded_label(
         await r.acl_setuser("bob", enabled=True, passwords=["+pw"], keys=["~*"],
                             commands=["+@all", "-hset"])
         bob = connect_redis(f"redis://bob:pw@{host_port}/0")
-        assert await _label(bob.hset("h", "f", "v")) == ("server replied NOPERM", "noperm")
+        assert await _label(bob.hset("h", "f", "v")) == (
+            "server replied NOPERM: the ACL user of KVGATE_REDIS_URL may not run HSET", "noperm")
         # inside a script Redis answers ERR, not NOPERM: it was "server replied ERR", and the
         # 503 said Redis "did not answer; retry shortly"
         script = await _label(bob.eval(SCRIPT_HSET, 1, "h"))
-        assert script == ("server replied NOPERM", "noperm")
+        assert script == ("server replied NOPERM: the ACL user of KVGATE_REDIS_URL lacks a "
+                          "permission kvgate needs", "noperm")
         assert "(NOPERM)" in StoreUnreachable(script[0]).message
         wrong = connect_redis(f"redis://bob:nope@{host_port}/0")
         assert (await _label(wrong.get("x")))[1] == "auth"
