@@ -141,7 +141,8 @@ async def start_runtime(
     await doctor.start()
     stack.push_async_callback(doctor.stop)
     _share_metrics(metrics, stack)
-    admin = _admin_app(cfg, tenancy, gate, pools, router, proxy, scraper, doctor, metrics, clock)
+    admin = _admin_app(cfg, tenancy, gate, pools, router, proxy, scraper, doctor, metrics, clock,
+                       sync)
     stack.callback(members.close)  # the first thing shutdown does: stop following changes
     return Runtime(tenancy, gate, pools, proxy, scraper, sync, doctor, admin)
 
@@ -239,7 +240,7 @@ def _route_sync(
 def _admin_app(
     cfg: KvgateConfig, tenancy: Tenancy, gate: TenantGate, pools: Pools, router: Router,
     proxy: Proxy, scraper: Scraper, doctor: Doctor, metrics: GatewayMetrics,
-    clock: Callable[[], float],
+    clock: Callable[[], float], sync: RouteSync | None,
 ) -> ASGIApp:
     token = cfg.admin_token.get_secret_value() if cfg.admin_token else None
     try:
@@ -248,6 +249,7 @@ def _admin_app(
         raise ConfigError(str(exc)) from None
     live = LiveViews(pools, router, proxy.prep, gate, scraper, clock)
     live.flow = proxy.prep.flow
+    live.sync = sync
     resolver = tenancy.resolver
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report,

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from gateway.errors import BadRequest, NotFound, shown_name
+from gateway.fleet.sync import RouteSync
 from gateway.flow import FlowGate, flow_explain, pool_state
 from gateway.policy_doc import Limits
 from gateway.pool import Pools
@@ -43,6 +44,7 @@ class LiveViews:
         self._parse = prep.parse
         self._gate, self._scraper, self._clock = gate, scraper, clock
         self.flow: FlowGate | None = None  # flow control, when on (gateway/flow/)
+        self.sync: RouteSync | None = None  # shared routing state, when on (gateway/fleet/)
 
     # -- GET /admin/replicas -----------------------------------------------------------------
     def replicas(self) -> dict[str, Any]:
@@ -61,11 +63,27 @@ class LiveViews:
                 entry["flow"] = pool_state(self.flow, pool, now)
             data.append(entry)
         out: dict[str, Any] = {
-            "object": "list", "policy_version": snap.version if snap else 0, "data": data}
-        if self._router.peers is not None:  # shared routing state
-            out["sync"] = {"member": self._router.member,
-                           "peers": self._router.peers.members(now)}
+            "object": "list", "policy_version": snap.version if snap else 0, "data": data,
+            "sync": self._sync(now)}
         return out
+
+    def _sync(self, now: float) -> dict[str, Any]:
+        """The shared routing state's health, where an operator looks at the replicas (it
+        showed only the member and the peers: a sharing that never came up, a Redis refusing
+        its writes, a reader far behind looked the same as a healthy one)."""
+        sync, peers = self.sync, self._router.peers
+        if sync is None or peers is None:
+            return {"enabled": False}
+        st = sync.stats
+        lags = sorted(st.recent_lags)
+        return {
+            "enabled": True, "member": self._router.member, "degraded": sync.degraded,
+            "cause": None if st.up else sync.reach.cause,  # (its explanation: an ACL, ...)
+            "peers": peers.members(now), "published": st.published, "applied": st.applied,
+            # peers' batches: written to Redis -> applied here (Redis's clock), the recent ones
+            "apply_lag_s": {"samples": len(lags), "p50": _rank(lags, 0.5),
+                            "p99": _rank(lags, 0.99), "max": lags[-1] if lags else None},
+        }
 
     def _replica(
         self, r: Replica, now: float, peers: Mapping[str, ReplicaLoad]
@@ -161,3 +179,10 @@ class LiveViews:
         # a tier alone has no tenant salt: prefix affinity is shown for an unsalted prompt
         return Principal(tenant_id="(explain)", tier=tier, limits=Limits(), salt_group=None,
                          cache_salt="", policy=snap)
+
+
+def _rank(ordered: list[float], q: float) -> float | None:
+    """The `q` quantile of sorted values (nearest rank), rounded to the millisecond's tenth."""
+    if not ordered:
+        return None
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 4)
