@@ -155,6 +155,10 @@ def _what_is_wrong(code: str, message: str) -> str:
         if (found := _NOPERM_ACCESS.search(message)) is not None:
             return f": the ACL user of KVGATE_REDIS_URL may not use those {found[1]}"
         return ": the ACL user of KVGATE_REDIS_URL lacks a permission kvgate needs"
+    if code == "DENIED":  # only a client from another host meets it
+        return (": Redis runs in protected mode (no password set: it takes connections from "
+                "its own loopback only); give it a password (requirepass) and put it in "
+                "KVGATE_REDIS_URL")
     if code == "ERR" and message.startswith(_DB_RANGE):
         return (f": {_DB_RANGE} (the database number at the end of KVGATE_REDIS_URL is not "
                 "below the server's `databases`, 16 by default)")
