@@ -1,12 +1,13 @@
 """What the log says while the tenancy store (Redis) does not answer: one clear line at the
 first failure (address and cause, never the URL's credentials; "cannot reach Redis" for the
-network, "refused by Redis" for a reply refusing kvgate: credentials, an ACL, a full Redis), then at most one line a
-minute with a count, and one line when it answers again. A gateway started with a wrong
-``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare retry line. A Redis that
-flaps (stalls of a second, a proxy dropping connections) says so at most once a minute per
-cause too: an outage that begins within a minute of a line for its cause is counted, not
-logged, and so is its end, unless it lasts until a summary line names it (measured: a Redis
-paused 0.7 s every second wrote a warning and an info line every 2 s per component).
+network, "refused by Redis" for a reply refusing kvgate: credentials, an ACL, a full Redis),
+then at most one line a minute with a count, and one line when it answers again. A gateway
+started with a wrong ``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare
+retry line. A Redis that flaps (stalls of a second, a proxy dropping connections) says so at
+most once a minute per cause too: an outage that begins within a minute of a line for its
+cause is counted, not logged, and so is its end, unless it lasts until a summary line names
+it (measured: a Redis paused 0.7 s every second wrote a warning and an info line every 2 s
+per component).
 
 Other users of Redis (the shared routing state, lease renewal) say the same through their own
 logger, each line prefixed with what is affected (``subject``).
