@@ -303,7 +303,14 @@ class GatewayApp:
             await stack.aclose()
             raise
         self._stack = stack
-        log.info("gateway started", extra={"pools": list(self.rt.pools.by_name)})
+        # what an operator checks first: which file was read, which store holds the keys and
+        # limits (and whether the policy in force is the file's or the store's), the pools
+        tenancy = self.rt.tenancy
+        reach = tenancy.store.reach
+        log.info("gateway started", extra={
+            "pools": list(self.rt.pools.by_name), "config": self.cfg.source,
+            "store": f"redis at {reach.address}" if reach is not None else "memory",
+            "auth": self.cfg.tenancy.auth, "policy": tenancy.resolver.policy_source})
 
     async def started(self, rt: Runtime, stack: AsyncExitStack) -> None:
         """A hook for what serves beside the HTTP routes (the picker's gRPC server): start

@@ -112,11 +112,18 @@ class KvgateServer(uvicorn.Server):
             self.on_started()
 
     async def _wait_tasks_to_complete(self) -> None:
-        interrupt_waiting()
+        queued = interrupt_waiting()
+        # what the drain waits for, and how long at most: uvicorn says only "Waiting for
+        # connections to close", as for idle keep-alive connections
+        log.info("shutting down: draining %d requests in flight for up to %g s "
+                 "(server.shutdown_grace_s)", len(_LIVE), self.grace_s,
+                 extra={"inflight": len(_LIVE), "queued_refused": queued,
+                        "grace_s": self.grace_s})
         wait = super()._wait_tasks_to_complete
         try:
             async with asyncio.timeout(self.grace_s):
                 await wait()
+            log.info("drained: every request in flight finished")
             return
         except TimeoutError:
             pass

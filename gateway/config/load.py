@@ -89,4 +89,14 @@ def load_config(
         cfg.routing.router_config()
     except ValueError as exc:  # the routing core's own checks name the field
         raise ConfigError(f"invalid configuration:\n  {exc}") from None
+    cfg.source = _source(path, from_env=from_env, quick=quick)
     return cfg
+
+
+def _source(path: str | None, *, from_env: bool, quick: bool) -> str:
+    """Where a configuration came from, in a few words, for the start-up line."""
+    if quick:
+        return "--upstream (the quick form) and KVGATE_* environment"
+    if path:
+        return f"{path} (from KVGATE_CONFIG)" if from_env else path
+    return "defaults and KVGATE_* environment, no file"

@@ -4,7 +4,7 @@ the checks that span sections."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
 
 from gateway.config.sections import (
     DoctorSection,
@@ -30,6 +30,18 @@ class KvgateConfig(PolicyDoc):
     """The whole configuration. `pools`, `models`, `tiers` come from `PolicyDoc`."""
 
     model_config = ConfigDict(extra="forbid")
+    # where it was read from, for the start-up line (`load_config` sets it): no field of the
+    # file, nothing `config show` prints
+    _source: str = PrivateAttr(default="defaults and KVGATE_* environment, no file")
+
+    @property
+    def source(self) -> str:
+        """Where it was read from: the file (and whether KVGATE_CONFIG named it), or none."""
+        return self._source
+
+    @source.setter
+    def source(self, value: str) -> None:
+        self._source = value
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstream: UpstreamConfig = Field(default_factory=UpstreamConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
