@@ -12,7 +12,9 @@ tenant whose keys Redis refuses as of the wrong type is admitted here alone, eac
 answers the others). `degraded`
 says what the next admission would use: once `recheck_s` has passed it goes to the primary
 again, so an idle gateway does not report a recovered Redis as down (the tenancy store's own
-health says whether Redis answers meanwhile).
+health says whether Redis answers meanwhile) -- unless Redis refused the limits' own commands
+(out of memory, an ACL, a read-only replica), which the store's reads do not meet: that is
+reported until an admission goes through.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from gateway.policy_doc import Limits
 from gateway.tenancy.fleet_seen import FleetSeen
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.limits import Admission, MemoryRateLimiter, RateLimiter
-from gateway.tenancy.reachability import Reachability
+from gateway.tenancy.reachability import Reachability, ends_with_a_connection
 from gateway.tenancy.redis_conn import cause_label
 
 __all__ = ["FallbackRateLimiter", "scale_limits"]
@@ -79,7 +81,15 @@ class FallbackRateLimiter(RateLimiter):
 
     @property
     def degraded(self) -> bool:
-        return self._down_until is not None and self._clock() < self._down_until
+        if self._down_until is not None and self._clock() < self._down_until:
+            return True
+        # past the recheck: a Redis away (or refusing kvgate's credentials) is the store's
+        # to report too, and an idle gateway must not report it down once it is back; a
+        # refusal of the limits' own commands (out of memory, NOPERM, a read-only replica)
+        # the store's reads do not meet: reported until an admission goes through (it read
+        # "up" one second after each refused admission)
+        cause = self.reach.cause
+        return cause is not None and not ends_with_a_connection(cause)
 
     @property
     def down_cause(self) -> str | None:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from gateway.tenancy.redis_conn import cause_label, refusal_code
 
-__all__ = ["Reachability"]
+__all__ = ["Reachability", "ends_with_a_connection"]
 
 # `cause_label`s a connection set up and answering ends
 _CONNECTION_CAUSES = frozenset({"unreachable", "timeout", "auth", "loading"})
@@ -100,7 +100,7 @@ class Reachability:
         READONLY, ...): the commands refused say when that ends (`answered`). An ACL user
         that may SUBSCRIBE but not read kvgate's keys logged "answers again" after each
         refusal, while the store was never loaded."""
-        if self.cause is None or cause_label(self.cause) in _CONNECTION_CAUSES:
+        if self.cause is None or ends_with_a_connection(self.cause):
             self.answered()
 
     def answered(self) -> None:
@@ -115,6 +115,13 @@ class Reachability:
                        self._prefix, self.address, self._clock() - self._down_since,
                        self._failures, extra={"redis": self.address})
         self._down_since, self._failures, self._unsaid = None, 0, 0
+
+
+def ends_with_a_connection(cause: str) -> bool:
+    """Whether a connection set up and answering ends a failure of `cause` (Redis not
+    reached, a timeout, refused credentials, loading), or only the commands it refused
+    succeeding do (NOPERM, OOM, WRONGTYPE, READONLY, ...)."""
+    return cause_label(cause) in _CONNECTION_CAUSES
 
 
 def _trouble(cause: str) -> str:
