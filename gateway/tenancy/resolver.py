@@ -299,6 +299,7 @@ class TenantResolver:
                 cause = await self._store.explain(cause)
                 if self._store.reach is not None:  # the store's one voice in the log
                     self._store.reach.failed(cause)
+                    cause = self._store.reach.cause or cause  # with its TLS hint, if any
             # /readyz's: what is wrong, a refusal (credentials, an ACL, a full Redis) told
             # apart from the network; it read "store unreachable" for a wrong password
             self._degraded_reason = (

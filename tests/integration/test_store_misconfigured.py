@@ -103,3 +103,17 @@ def test_what_is_wrong_is_said_in_readyz_and_once_in_the_log(
     for secret in (PASSWORD, WRONG, "r-pw"):
         assert secret not in output
         assert secret not in ready.text
+
+
+def test_rediss_at_a_plain_port_is_named_in_readyz_as_in_the_log() -> None:
+    """/readyz said "store unreachable: timed out" where the log said what to change."""
+    plain, url = redis_proc()
+    gw, base = _gateway(url.replace("redis://", f"rediss://:{PASSWORD}@"))
+    hint = "in the TLS handshake? KVGATE_REDIS_URL is rediss://"
+    with plain, gw:
+        def reason() -> str:
+            return str(httpx.get(f"{base}/readyz", timeout=5).json()["tenancy"]["reason"])
+
+        wait_for(lambda: reason() != "None", timeout=20, what="/readyz degraded")
+        assert reason().startswith(f"store unreachable: timed out {hint}"), reason()
+        assert PASSWORD not in gw.output(tail=None)
