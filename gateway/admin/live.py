@@ -82,7 +82,7 @@ class LiveViews:
             "peers": peers.members(now), "published": st.published, "applied": st.applied,
             # peers' batches: written to Redis -> applied here (Redis's clock), the recent ones
             "apply_lag_s": {"samples": len(lags), "p50": _rank(lags, 0.5),
-                            "p99": _rank(lags, 0.99), "max": lags[-1] if lags else None},
+                            "p99": _rank(lags, 0.99), "max": _rank(lags, 1.0)},
         }
 
     def _replica(
