@@ -11,8 +11,8 @@ a CR pays for the general pattern: `_END`). Comment lines
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
 API terminal event, or an error event) rather than being cut short. An event whose data
-cannot be an OpenAI event (not JSON, not ``[DONE]``, JSON cut short: a replica or a proxy
-gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
+cannot be an OpenAI event (not a JSON object, not ``[DONE]``, JSON cut short: a replica or a
+proxy gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
 sets `malformed` (the SDKs would raise a JSON decode error mid-stream, with nothing saying
 which side failed). So is a line that starts with ``<`` or ``{``: no SSE field does, an HTML
 page or a JSON body does (a proxy's error page labelled as the stream: `stray` keeps it;
@@ -81,7 +81,9 @@ _ERROR_EVENT = re.compile(
     rb'(?:^|[\r\n])data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\r\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
-# the data of an OpenAI event is a JSON object, or `[DONE]`: its first byte is `{` or `[`.
+# the data of an OpenAI event is a JSON object, or `[DONE]`: it starts with `{` or `[DONE]`
+# (a JSON array, string or number is JSON, but the SDKs read each event as an object: the
+# official openai client raised a TypeError at `data: [1, 2]`, no APIError).
 # Per chunk, `startswith` judges the first line and one regex search with a literal prefix
 # the later ones (an anchor such as `^` or `(?:^|\n)` would defeat the prefix scan and cost
 # ten times more; a JSON text holds no raw newline, so generated text never starts a line);
@@ -90,8 +92,9 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # replica or a proxy gone wrong) is caught by one more search per chunk for an event's end
 # after neither (`_unended`), where a parse of every event would cost more than the relay.
 _DATA = b"data:"
-_GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
-_BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
+_GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
+_BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
+_DONE = b"[DONE]"
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
@@ -175,10 +178,10 @@ def body_usage(body: bytes) -> Usage | None:
 
 
 def first_malformed(block: bytes) -> int | None:
-    """Where the first event of `block` (whole events) whose data is neither JSON nor
-    ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes (SSE
-    lets one event's data span several ``data:`` lines, which the client joins): a JSON
-    object or array starts with ``{``/``[`` and ends with ``}``/``]``."""
+    """Where the first event of `block` (whole events) whose data is neither a JSON object
+    nor ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes
+    (SSE lets one event's data span several ``data:`` lines, which the client joins): a JSON
+    object starts with ``{`` and ends with ``}``; the only other data is ``[DONE]``."""
     start = 0
     for end in _SEP.finditer(block):
         if _bad_event(block[start:end.start()]):
@@ -194,7 +197,9 @@ def _bad_event(event: bytes) -> bool:
     if not data:
         return False  # comment lines, or fields without data
     first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
-    return first[:1] not in (b"{", b"[") or last[-1:] not in (b"}", b"]")
+    if first[:1] == b"[":
+        return len(data) > 1 or first.rstrip(b" \t") != _DONE
+    return first[:1] != b"{" or last[-1:] != b"}"
 
 
 def _body_lines(event: bytes) -> bool:

@@ -60,7 +60,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object
+from gateway.whole import CUT_ANSWER, cut_json, json_object, without_bom
 
 __all__ = ["AnswerSide"]
 
@@ -412,7 +412,7 @@ class AnswerSide(Deadlines):
         is the client's to see); a stored response's answer is not judged, as there."""
         req, status = self.req, self._held_status
         assert self._held is not None
-        data, self._held = b"".join(self._held), None
+        data, self._held = without_bom(b"".join(self._held)), None
         if status == 200 and not json_object(self._held_type, data):  # an HTML page, a cut
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
@@ -447,8 +447,9 @@ class AnswerSide(Deadlines):
             return [self._refuse(engine_died(req.pool, req.parsed.model, self._core.clock()))]
         if headers_only:
             return [wire.headers_response(headers)]
-        if status < 400:
-            return [wire.headers_response(headers), *wire.body_responses(data, end)]
+        if status < 400:  # (its content-length is Envoy's: the body may be 3 bytes shorter)
+            return [wire.headers_response(headers, ("content-length",)),
+                    *wire.body_responses(data, end)]
         shaped = (local_error(status, data) if self._local()
                   else openai_shaped(status, data, req.path if req is not None else None))
         if shaped is not None:

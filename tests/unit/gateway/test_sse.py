@@ -290,12 +290,10 @@ RESPONSES_EVENT = b'event: response.output_text.delta\ndata: {"type":"x","delta"
         CHUNK.replace(b"data: ", b"data:") + DONE,  # no space after the colon
         b'data: {"a":\ndata: 1}\n\n' + DONE,  # one event's data on two lines
         b'data: {"content":"data: oops"}\n\n' + DONE,  # the words inside generated text
-        b'data: [1, 2]\n\n' + DONE,
         b'data: {"a": 1} \t\n\n' + DONE,  # blanks after the JSON text
         b'data: {"a": 1}\nid: 7\n\n' + COMMENT + DONE,  # a field after the data
     ],
-    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "array", "blanks",
-         "id-field"],
+    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "blanks", "id-field"],
 )
 def test_well_formed_events_pass(size: int, stream: bytes) -> None:
     out, scanner = run(split_every(stream, size), False)
@@ -315,13 +313,21 @@ def test_well_formed_events_pass(size: int, stream: bytes) -> None:
         b'data: {"id":"c","choices":[{"ind\n\n',  # JSON cut short, the event ended anyway
         b'data: {"id":"c",\r\ndata: "choi\r\n\r\n',  # ... on its last data line
         b'data: [1, 2\n\n',
+        b'data: [1, 2]\n\n',  # JSON, but no object: the SDK raised a TypeError at it
+        b'data: 42\n\n',
+        b'data: null\n\n',
+        b'data: []\r\n\r\n',
+        b'data: [\ndata: "DONE"]\n\n',
+        b'data: [DONE]x\n\n',
     ],
     ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string", "cut-json",
-         "cut-json-lines", "cut-array"],
+         "cut-json-lines", "cut-array", "array", "number", "null", "empty-array-crlf",
+         "array-lines", "done-and-more"],
 )
 def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> None:
-    """Neither JSON nor [DONE]: the SDK would raise a JSON decode error on it. The events
-    before it are forwarded; nothing from it on is."""
+    """Neither a JSON object nor [DONE]: the SDK would raise a JSON decode error on it (a
+    TypeError on a JSON array, number or null). The events before it are forwarded; nothing
+    from it on is."""
     scanner = StreamScanner(False)
     out = b""
     for piece in split_every(CHUNK + COMMENT + CHUNK + bad + CHUNK + DONE, size):

@@ -1,0 +1,171 @@
+"""Legal but unusual answers from a replica (or a proxy, a sidecar in front of it), at both
+edges -- the HTTP proxy (`kvgate serve`) and the Envoy endpoint picker behind a real Envoy --
+against what the official `openai` client makes of them: a stream event whose data is JSON but
+no object (``[1, 2]``, ``42``: the SDK raised a TypeError, no APIError), a whole answer that
+opens with a UTF-8 byte order mark (the client's decoder reads it; kvgate answered 502), and a
+multipart upload (the picker answered 400 where the HTTP edge answers 415).
+
+The replica is `tests/support/bad_replica.py`, scripted per test.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from gateway.stream_end import MALFORMED
+from tests.integration.test_stored_stream import CREATED, DELTA
+from tests.support.bad_replica import CHAT_ANSWER, BadReplica, chunked, sse_head, whole
+from tests.support.epp import both_edges
+from tests.support.gateway import inflight, wait_for
+
+MODEL = "odd-model"
+EDGES = ["http", "envoy"]
+BOM = b"\xef\xbb\xbf"
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+# one event of output per kind of stream, as vLLM sends it
+CHAT_EVENT = b"data: " + orjson.dumps({
+    "id": "c", "object": "chat.completion.chunk", "created": 1, "model": MODEL,
+    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}) + b"\n\n"
+TEXT_EVENT = b"data: " + orjson.dumps({
+    "id": "c", "object": "text_completion", "created": 1, "model": MODEL,
+    "choices": [{"index": 0, "text": "hi", "finish_reason": None}]}) + b"\n\n"
+FIRST = {"chat": CHAT_EVENT, "completions": TEXT_EVENT, "responses": CREATED + DELTA}
+
+
+@pytest.fixture(scope="module")
+def bad() -> Iterator[tuple[BadReplica, dict[str, str]]]:
+    with BadReplica(MODEL) as replica, both_edges(replica.url, MODEL, {}) as every:
+        yield replica, every
+
+
+@pytest.fixture
+def replica(bad: tuple[BadReplica, dict[str, str]]) -> Iterator[BadReplica]:
+    replica = bad[0]
+    replica.gate, replica.end = threading.Event(), "keep"
+    yield replica
+    replica.rest, replica.answer = b"", b""
+    replica.gate.set()
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
+
+
+def _stream(client: openai.OpenAI, kind: str) -> list[object]:
+    """A stream of `kind`, read to its end."""
+    if kind == "chat":
+        return list(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+                                                   stream=True))
+    if kind == "completions":
+        return list(client.completions.create(model=MODEL, prompt="hi", stream=True))
+    return list(client.responses.create(model=MODEL, input="hi", stream=True))
+
+
+def _event(kind: str, data: bytes) -> bytes:
+    """An event of `kind`'s stream whose data is `data` (a Responses API one named)."""
+    name = b"event: response.output_text.delta\n" if kind == "responses" else b""
+    return name + b"data: " + data + b"\n\n"
+
+
+# -- a stream event that is JSON but no object ---------------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("kind", ["chat", "completions", "responses"])
+@pytest.mark.parametrize("data", [b"[1, 2]", b"42", b"null"])
+def test_a_first_event_that_is_no_object_is_a_502(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, kind: str,
+    data: bytes,
+) -> None:
+    """An event's data is a JSON object or ``[DONE]``: JSON of another kind (an array: the
+    SDK raised ``TypeError``, a number or null: an error in its parser) is the replica's
+    fault, before anything reached the client a 502 saying so -- not a 200 whose stream the
+    SDK cannot read."""
+    replica.answer = sse_head() + chunked(_event(kind, data), b"data: [DONE]\n\n")
+    with pytest.raises(openai.InternalServerError) as err:
+        _stream(_client(bad[1][edge]), kind)
+    assert err.value.status_code == 502
+    assert err.value.body == {"message": MALFORMED, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+    if edge == "http":
+        wait_for(lambda: inflight(bad[1]["http"]) == 0, what="in-flight back to 0")
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("kind", ["chat", "completions", "responses"])
+def test_an_event_that_is_no_object_after_output_is_an_error_event(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, kind: str,
+) -> None:
+    """After output reached the client, the array event ends the stream with kvgate's error
+    event: the SDK raises an APIError naming the replica's fault (it raised a TypeError)."""
+    replica.answer = sse_head() + chunked(FIRST[kind], last=False)
+    replica.rest = chunked(_event(kind, b'[{"choices": []}]'), b"data: [DONE]\n\n")
+    client = _client(bad[1][edge])
+    if kind == "chat":
+        events = iter(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+                                                     stream=True))
+    elif kind == "completions":
+        events = iter(client.completions.create(model=MODEL, prompt="hi", stream=True))
+    else:
+        events = iter(client.responses.create(model=MODEL, input="hi", stream=True))
+    next(events)  # the first output reached the client before the replica went on
+    replica.gate.set()
+    with pytest.raises(openai.APIError) as err:
+        list(events)
+    assert err.value.body == {"message": MALFORMED, "type": "BadGatewayError", "param": None,
+                              "code": 502}
+    if edge == "http":
+        wait_for(lambda: inflight(bad[1]["http"]) == 0, what="in-flight back to 0")
+
+
+# -- a whole answer opening with a byte order mark -----------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_whole_answer_opening_with_a_bom_is_relayed_without_it(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """The client's decoder reads a JSON body opening with a UTF-8 byte order mark (the SDK
+    calling the replica directly gets its completion): kvgate answered 502 "not JSON". Now
+    relayed without the mark (RFC 8259 8.1: a JSON text has none), its usage counted."""
+    replica.answer = whole(BOM + CHAT_ANSWER)
+    direct = _client(replica.url).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    done = _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    assert done.choices[0].message.content == direct.choices[0].message.content == "hello"
+    raw = httpx.post(f"{bad[1][edge]}/v1/chat/completions", timeout=30,
+                     json={"model": MODEL, "messages": MESSAGES})
+    assert raw.status_code == 200 and raw.content == CHAT_ANSWER
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_an_error_opening_with_a_bom_keeps_its_message(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A replica's 400 whose JSON opens with a byte order mark: its message reaches the
+    client (it was replaced by "The upstream replica answered 400.")."""
+    error = {"message": "max_tokens is too large", "type": "BadRequestError", "param": None,
+             "code": 400}
+    replica.answer = whole(BOM + orjson.dumps({"error": error}), status=400)
+    with pytest.raises(openai.BadRequestError) as err:
+        _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    assert err.value.body == error
+
+
+# -- a multipart upload --------------------------------------------------------------------
+def test_a_multipart_body_is_a_415_at_both_edges(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica,
+) -> None:
+    """A file upload to a JSON route: the HTTP edge's 415 at the picker too (it answered 400
+    "not valid JSON" at the form's boundary line); the replica gets nothing."""
+    answers = {}
+    for edge in EDGES:
+        posts = replica.posts
+        resp = httpx.post(f"{bad[1][edge]}/v1/chat/completions", timeout=30,
+                          data={"model": MODEL}, files={"file": ("a.wav", b"RIFF....")})
+        assert replica.posts == posts
+        answers[edge] = resp.status_code, resp.json()
+    assert answers["envoy"] == answers["http"]
+    assert answers["http"][0] == 415
