@@ -18,9 +18,9 @@ events only for a response created with ``background`` and ``stream`` both true;
 one it sends the stream's head and then breaks the connection: kvgate answers that (and any
 stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
 a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream) and a
-first read holding an event that is not JSON or too large (good events before it included:
+first read holding an event that is not a JSON object or too large (good events before it included:
 the head has not gone out, `relay.unstarted_failure`); a stream cut later, or with an event
-that is not JSON, ends with an error event as a proxied one does. ``HEAD`` with
+that is not a JSON object, ends with an error event as a proxied one does. ``HEAD`` with
 ``?stream=true`` is the stream's head at its first event (the endpoint picker answers it with
 `stream_head`).
 """

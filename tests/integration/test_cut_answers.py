@@ -160,7 +160,7 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
             model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
         assert next(iter(stream)).choices[0].delta.content == "hi"
         replica.gate.set()
-        with pytest.raises(openai.APIError, match="not JSON"):  # not a JSONDecodeError
+        with pytest.raises(openai.APIError, match="not a JSON object"):  # not a JSONDecodeError
             list(stream)
     finally:
         replica.rest = b""
