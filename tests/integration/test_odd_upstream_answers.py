@@ -10,6 +10,7 @@ The replica is `tests/support/bad_replica.py`, scripted per test.
 
 from __future__ import annotations
 
+import gzip
 import threading
 from collections.abc import Iterator
 
@@ -169,3 +170,77 @@ def test_a_multipart_body_is_a_415_at_both_edges(
         answers[edge] = resp.status_code, resp.json()
     assert answers["envoy"] == answers["http"]
     assert answers["http"][0] == 415
+
+
+# -- the replica's response headers --------------------------------------------------------
+def _head(content_type: bytes, framing: bytes) -> bytes:
+    """A 200 head carrying end-to-end headers, hop-by-hop ones and ones kvgate sets itself."""
+    return (b"HTTP/1.1 200 OK\r\ncontent-type: " + content_type + b"\r\n" + framing + b"\r\n"
+            b"cache-control: no-store\r\nvary: Accept\r\nx-sidecar: 7\r\n"
+            b"connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\n"
+            b"x-request-id: the-replicas\r\nx-ratelimit-remaining-requests: 3\r\n"
+            b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n\r\n")
+
+
+PASSED = {"cache-control": "no-store", "vary": "Accept", "x-sidecar": "7"}
+NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc"]
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_the_replicas_end_to_end_headers_reach_the_client(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+) -> None:
+    """What a client calling the replica directly gets of its head, it gets through kvgate:
+    ``cache-control``, ``vary``, a sidecar's ``x-*`` (the HTTP edge dropped them all, Envoy
+    passed them: the edges disagreed). Not the hop-by-hop ones (RFC 9110 7.6.1), nor what
+    kvgate sets itself (its ``x-request-id``, the tenant's ``x-ratelimit-*``: a replica's
+    read as kvgate's limits through Envoy) or what is the replica origin's (an internal load
+    balancer's cookie, ``alt-svc``: passed through Envoy)."""
+    if stream:
+        replica.answer = _head(b"text/event-stream", b"transfer-encoding: chunked") + chunked(
+            CHAT_EVENT, b"data: [DONE]\n\n")
+    else:
+        replica.answer = _head(b"application/json", b"content-length: %d" % len(CHAT_ANSWER)
+                               ) + CHAT_ANSWER
+    resp = httpx.post(f"{bad[1][edge]}/v1/chat/completions", timeout=30,
+                      headers={"x-request-id": "mine"},
+                      json={"model": MODEL, "messages": MESSAGES, "stream": stream})
+    assert resp.status_code == 200, resp.text
+    got = dict(resp.headers.multi_items())
+    assert {k: got.get(k) for k in PASSED} == PASSED
+    assert resp.headers.get_list("vary") == ["Accept"] and got["x-request-id"] == "mine"
+    assert [k for k in NOT_PASSED if k in got] == []
+    if edge == "http":  # (Envoy leaves what the replica's Connection header names)
+        assert "x-hop" not in got
+    assert b"hello" in resp.content if not stream else resp.content.endswith(b"[DONE]\n\n")
+
+
+# -- a compressed answer -------------------------------------------------------------------
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_compressed_answer_is_the_same_502_at_both_edges(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+) -> None:
+    """Both edges ask the replica for identity; a proxy in front of it that compresses
+    anyway is the 502 naming the encoding at both (the HTTP edge showed Python's ``b'gzip'``;
+    the picker said "not JSON" or "ended its answer before it started")."""
+    if stream:
+        body = gzip.compress(CHAT_EVENT + b"data: [DONE]\n\n")
+        head = b"content-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+        replica.answer = b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\n" + head + b"\r\n" + \
+            chunked(body)
+    else:
+        body = gzip.compress(CHAT_ANSWER)
+        replica.answer = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                          b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(body)
+                          + body)
+    with pytest.raises(openai.InternalServerError) as err:
+        if stream:
+            _stream(_client(bad[1][edge]), "chat")
+        else:
+            _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    assert err.value.status_code == 502
+    assert err.value.body == {
+        "message": "The replica's answer was not readable (an answer in gzip encoding).",
+        "type": "BadGatewayError", "param": None, "code": 502}
