@@ -95,6 +95,7 @@ _DATA = b"data:"
 _GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
 _DONE = b"[DONE]"
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
@@ -272,8 +273,9 @@ def no_event(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "done_by",
-                 "error_code", "error_message", "malformed", "oversized", "stray", "usage")
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_opened", "_partial", "_strip",
+                 "done_by", "error_code", "error_message", "malformed", "oversized", "stray",
+                 "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -282,6 +284,7 @@ class StreamScanner:
         self._more: list[bytes] = []  # ... and, once it is large, the pieces that came after
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
+        self._opened = False  # a first byte came (`feed`: a byte order mark before it)
         self.usage: Usage | None = None
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
@@ -295,7 +298,14 @@ class StreamScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events of `chunk` (with what was held back) to forward. After a
-        malformed event: the events before it only, and `malformed` is set (feed no more)."""
+        malformed event: the events before it only, and `malformed` is set (feed no more).
+        A UTF-8 byte order mark opening the stream is left out, as an SSE client's decoder
+        leaves it out (the official SDK does not: it read the first line as a field named
+        ``\ufeffdata`` and lost the first event, silently)."""
+        if not self._opened and chunk:
+            self._opened = True
+            if chunk[:3] == _BOM:
+                chunk = chunk[3:]
         out = self._feed(chunk)
         suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
                    or _BAD_LATER.search(out) is not None or _unended(out)

@@ -244,3 +244,22 @@ def test_a_compressed_answer_is_the_same_502_at_both_edges(
     assert err.value.body == {
         "message": "The replica's answer was not readable (an answer in gzip encoding).",
         "type": "BadGatewayError", "param": None, "code": 502}
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_a_stream_opening_with_a_bom_loses_no_event(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """A stream opening with a UTF-8 byte order mark: SSE decoders leave it out, the official
+    SDK does not -- calling the replica directly it loses the first event, silently (its
+    line reads as a field named ``\\ufeffdata``). Through kvgate it gets every event."""
+    second = CHAT_EVENT.replace(b'"hi"', b'"there"')
+    replica.answer = sse_head() + chunked(BOM + CHAT_EVENT, second, b"data: [DONE]\n\n")
+
+    def contents(base: str) -> list[str | None]:
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+                                                       stream=True)
+        return [c.choices[0].delta.content for c in chunks]
+
+    assert contents(replica.url) == ["there"]  # the SDK's own loss
+    assert contents(bad[1][edge]) == ["hi", "there"]

@@ -339,6 +339,15 @@ def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> 
     assert scanner.flush() == b""
 
 
+@pytest.mark.parametrize("size", [3, 7, 4096])
+def test_a_byte_order_mark_opening_the_stream_is_left_out(size: int) -> None:
+    """SSE decoders leave out a BOM opening the stream; the official SDK read the first line
+    as a field named ``\\ufeffdata`` and lost the first event. Only the stream's first bytes:
+    a BOM later is data."""
+    out, scanner = run(split_every(b"\xef\xbb\xbf" + CHUNK + CHUNK + DONE, size), False)
+    assert out == CHUNK + CHUNK + DONE and not scanner.malformed and scanner.complete()
+
+
 def test_the_malformed_event_is_found_among_whole_events() -> None:
     from gateway.sse import first_malformed
 
