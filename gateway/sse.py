@@ -96,6 +96,20 @@ _GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
 _DONE = b"[DONE]"
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
+# an event of fields without data (`event: ping`, `id: 7`, `retry: 3000`, a bare `data`): SSE
+# dispatches none, the official SDK does -- with data "", which it fails to parse as JSON (a
+# JSONDecodeError mid-stream, calling the replica directly too). One search per read (a
+# Responses API event's `event:` line is followed by its data, and does not match).
+# An `id:` line is left out of every event: it serves an EventSource's reconnection only (a
+# POST's stream has none), and once the SDK has read one it dispatches an empty event at every
+# comment block after it (`: keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it.
+# (A JSON text holds no raw line end: generated text never starts a line.)
+_ID_LINE = re.compile(rb"(?:^|(?<=[\r\n]))id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
+# a line that is neither data, a Responses API event's name nor blank: only a read holding one
+# (or a CR) may hold either (one search with a literal prefix per read, as `_BAD_LATER`)
+_PLAIN_FIRST = (_DATA, b"event: response.")
+_ODD_LATER = re.compile(rb"\n(?!\n|data:|event: response\.|\Z)")
+_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?:(?:event|id|retry)(?::[^\n]*)?\n|data\n)+\n")
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
@@ -316,6 +330,9 @@ class StreamScanner:
                 self.stray = event[:_STRAY_BYTES]
             self._drop()
             out = out[:bad]
+        if out and (not out.startswith(_PLAIN_FIRST) or _CR in out
+                    or _ODD_LATER.search(out) is not None):
+            out = _plain_fields(out)
         if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
@@ -452,6 +469,30 @@ class StreamScanner:
             return True
         self.usage = usage
         return not (self._strip and _EMPTY_CHOICES.search(event))
+
+
+def _plain_fields(block: bytes) -> bytes:
+    """`block` (whole events) without its `id:` lines (`_ID_LINE`), and each event of fields
+    without data made comment lines (`_quieted`)."""
+    if block[:2] == b"id" or b"\nid" in block or b"\rid" in block:
+        block = _ID_LINE.sub(b"", block)
+    if _FIELDS_ONLY.search(_lf(block) if _CR in block else block) is not None:
+        block = _quieted(block)
+    return block
+
+
+def _quieted(block: bytes) -> bytes:
+    """`block` (whole events) with each event of fields without data (`_FIELDS_ONLY`) made
+    comment lines: still a keep-alive for the client, and no event the SDK dispatches."""
+    parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
+    out = []
+    for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
+        lines = event.splitlines()
+        if not any(line.startswith(_DATA) for line in lines):
+            event = b"\n".join(line if line[:1] == b":" else b":" + line for line in lines)
+        out += (event, end)
+    out.append(parts[-1])
+    return b"".join(out)
 
 
 def _lf(block: bytes) -> bytes:

@@ -263,3 +263,29 @@ def test_a_stream_opening_with_a_bom_loses_no_event(
 
     assert contents(replica.url) == ["there"]  # the SDK's own loss
     assert contents(bad[1][edge]) == ["hi", "there"]
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_sse_fields_the_sdk_misreads_are_not_relayed(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """Legal SSE the official SDK cannot read: it dispatches an event for fields without
+    data (``event: ping``, ``retry: 3000``) and, once it read an ``id:``, for every comment
+    block (a keep-alive) -- each with data "", which it fails to parse (a JSONDecodeError,
+    calling the replica directly too). Through kvgate those fields are comment lines and the
+    ids left out: the client reads every event."""
+    second = CHAT_EVENT.replace(b'"hi"', b'"there"')
+    replica.answer = sse_head() + chunked(
+        b"id: 1\n" + CHAT_EVENT, b": keep-alive\n\n", b"event: ping\n\nretry: 3000\n\n",
+        b"id: 2\n" + second, b"data: [DONE]\n\n")
+
+    def contents(base: str) -> list[str | None]:
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+                                                       stream=True)
+        return [c.choices[0].delta.content for c in chunks]
+
+    with pytest.raises(ValueError, match="Expecting value"):  # (a JSONDecodeError)
+        contents(replica.url)
+    assert contents(bad[1][edge]) == ["hi", "there"]
+    if edge == "http":
+        wait_for(lambda: inflight(bad[1]["http"]) == 0, what="in-flight back to 0")
