@@ -485,7 +485,7 @@ def _quieted(block: bytes) -> bytes:
     """`block` (whole events) with each event of fields without data (`_FIELDS_ONLY`) made
     comment lines: still a keep-alive for the client, and no event the SDK dispatches."""
     parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
-    out = []
+    out: list[bytes] = []
     for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
         lines = event.splitlines()
         if not any(line.startswith(_DATA) for line in lines):

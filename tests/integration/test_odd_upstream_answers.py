@@ -18,6 +18,7 @@ import httpx
 import openai
 import orjson
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.stream_end import MALFORMED
 from tests.integration.test_stored_stream import CREATED, DELTA
@@ -28,7 +29,7 @@ from tests.support.gateway import inflight, wait_for
 MODEL = "odd-model"
 EDGES = ["http", "envoy"]
 BOM = b"\xef\xbb\xbf"
-MESSAGES = [{"role": "user", "content": "hi"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
 # one event of output per kind of stream, as vLLM sends it
 CHAT_EVENT = b"data: " + orjson.dumps({
@@ -62,7 +63,7 @@ def _client(base: str) -> openai.OpenAI:
 def _stream(client: openai.OpenAI, kind: str) -> list[object]:
     """A stream of `kind`, read to its end."""
     if kind == "chat":
-        return list(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+        return list(client.chat.completions.create(model=MODEL, messages=MESSAGES,
                                                    stream=True))
     if kind == "completions":
         return list(client.completions.create(model=MODEL, prompt="hi", stream=True))
@@ -107,8 +108,9 @@ def test_an_event_that_is_no_object_after_output_is_an_error_event(
     replica.answer = sse_head() + chunked(FIRST[kind], last=False)
     replica.rest = chunked(_event(kind, b'[{"choices": []}]'), b"data: [DONE]\n\n")
     client = _client(bad[1][edge])
+    events: Iterator[object]
     if kind == "chat":
-        events = iter(client.chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+        events = iter(client.chat.completions.create(model=MODEL, messages=MESSAGES,
                                                      stream=True))
     elif kind == "completions":
         events = iter(client.completions.create(model=MODEL, prompt="hi", stream=True))
@@ -133,8 +135,8 @@ def test_a_whole_answer_opening_with_a_bom_is_relayed_without_it(
     calling the replica directly gets its completion): kvgate answered 502 "not JSON". Now
     relayed without the mark (RFC 8259 8.1: a JSON text has none), its usage counted."""
     replica.answer = whole(BOM + CHAT_ANSWER)
-    direct = _client(replica.url).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
-    done = _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+    direct = _client(replica.url).chat.completions.create(model=MODEL, messages=MESSAGES)
+    done = _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert done.choices[0].message.content == direct.choices[0].message.content == "hello"
     raw = httpx.post(f"{bad[1][edge]}/v1/chat/completions", timeout=30,
                      json={"model": MODEL, "messages": MESSAGES})
@@ -151,7 +153,7 @@ def test_an_error_opening_with_a_bom_keeps_its_message(
              "code": 400}
     replica.answer = whole(BOM + orjson.dumps({"error": error}), status=400)
     with pytest.raises(openai.BadRequestError) as err:
-        _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+        _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert err.value.body == error
 
 
@@ -239,7 +241,7 @@ def test_a_compressed_answer_is_the_same_502_at_both_edges(
         if stream:
             _stream(_client(bad[1][edge]), "chat")
         else:
-            _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)  # type: ignore[arg-type]
+            _client(bad[1][edge]).chat.completions.create(model=MODEL, messages=MESSAGES)
     assert err.value.status_code == 502
     assert err.value.body == {
         "message": "The replica's answer was not readable (an answer in gzip encoding).",
@@ -257,7 +259,7 @@ def test_a_stream_opening_with_a_bom_loses_no_event(
     replica.answer = sse_head() + chunked(BOM + CHAT_EVENT, second, b"data: [DONE]\n\n")
 
     def contents(base: str) -> list[str | None]:
-        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,
                                                        stream=True)
         return [c.choices[0].delta.content for c in chunks]
 
@@ -280,7 +282,7 @@ def test_sse_fields_the_sdk_misreads_are_not_relayed(
         b"id: 2\n" + second, b"data: [DONE]\n\n")
 
     def contents(base: str) -> list[str | None]:
-        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,  # type: ignore[arg-type]
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,
                                                        stream=True)
         return [c.choices[0].delta.content for c in chunks]
 
