@@ -15,11 +15,12 @@ dropped them all; Envoy passed them on, so the two edges disagreed). Not passed:
   the ``x-kvgate-*`` headers, the tenant's ``x-ratelimit-*`` (a replica's or a proxy's would
   read to the SDK as kvgate's limits) and CORS (``access-control-*``, `server.cors_*`);
 - what belongs to the replica's origin, not kvgate's: ``set-cookie`` (an internal load
-  balancer's stickiness cookie), ``alt-svc``, ``strict-transport-security``.
+  balancer's stickiness cookie), ``alt-svc``, ``strict-transport-security``, and the URLs of
+  ``location`` and ``content-location`` (an internal address).
 
-The HTTP edge keeps the headers that pass (`H1Conn` reads them as they come); the endpoint
-picker has Envoy remove those of kvgate and the replica's origin (`removed`: Envoy drops the
-hop-by-hop ones, and sets the framing).
+The HTTP edge keeps the headers that pass (`H1Conn` reads them as they come) for proxied and
+stored answers; the endpoint picker has Envoy remove those of kvgate and the replica's origin
+(`removed`: Envoy drops the hop-by-hop ones, and sets the framing).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te
 _FRAMING = frozenset({b"content-length", b"content-type", b"content-encoding", b"date",
                       b"server"})
 _KVGATES = frozenset({b"x-request-id", b"retry-after"})
-_ORIGINS = frozenset({b"set-cookie", b"alt-svc", b"strict-transport-security"})
+_ORIGINS = frozenset({b"set-cookie", b"alt-svc", b"strict-transport-security", b"location",
+                      b"content-location"})
 _KVGATES_PREFIXES = (b"x-kvgate-", b"x-ratelimit-", b"access-control-")
 _NOT_PASSED = _HOP_BY_HOP | _FRAMING | _KVGATES | _ORIGINS
 

@@ -195,9 +195,9 @@ class RequestSide(ExchangeState):
             if wants_stream(query):  # (the replica/route headers as configured)
                 status, sent, body = await stored.stream_head(path, query, req_id, token)
             else:
-                status, content_type, body, home = await stored.whole(
+                status, content_type, body, home, passed = await stored.whole(
                     path, "HEAD", b"", token, req_id)
-                sent = [(b"content-type", content_type.encode("latin-1")),
+                sent = [(b"content-type", content_type.encode("latin-1")), *passed,
                         (b"x-request-id", req_id), *stored.where(home)]
         except KvgateError as exc:
             return self._refuse(exc)

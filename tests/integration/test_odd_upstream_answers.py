@@ -21,9 +21,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from gateway.stream_end import MALFORMED
-from tests.integration.test_stored_stream import CREATED, DELTA
+from tests.integration.test_stored_stream import COMPLETED, CREATED, DELTA, RID, WHOLE
 from tests.support.bad_replica import CHAT_ANSWER, BadReplica, chunked, sse_head, whole
-from tests.support.epp import both_edges
+from tests.support.epp import both_edges, store_through
 from tests.support.gateway import inflight, wait_for
 
 MODEL = "odd-model"
@@ -181,11 +181,13 @@ def _head(content_type: bytes, framing: bytes) -> bytes:
             b"cache-control: no-store\r\nvary: Accept\r\nx-sidecar: 7\r\n"
             b"connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\n"
             b"x-request-id: the-replicas\r\nx-ratelimit-remaining-requests: 3\r\n"
-            b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n\r\n")
+            b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n"
+            b"content-location: http://10.0.0.7:8000/v1/x\r\n\r\n")
 
 
 PASSED = {"cache-control": "no-store", "vary": "Accept", "x-sidecar": "7"}
-NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc"]
+NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc",
+              "content-location"]
 
 
 @pytest.mark.parametrize("edge", EDGES)
@@ -291,3 +293,28 @@ def test_sse_fields_the_sdk_misreads_are_not_relayed(
     assert contents(bad[1][edge]) == ["hi", "there"]
     if edge == "http":
         wait_for(lambda: inflight(bad[1]["http"]) == 0, what="in-flight back to 0")
+
+
+@pytest.mark.parametrize("edge", EDGES)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_stored_answers_end_to_end_headers_reach_the_client(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
+) -> None:
+    """A stored response's answer (``GET /v1/responses/{id}``) carries the replica's
+    end-to-end headers as a proxied one does: Envoy passed them, the HTTP edge dropped them."""
+    store_through(replica, {edge: bad[1][edge]}, MODEL, WHOLE)
+    if stream:
+        replica.get_answer = _head(b"text/event-stream", b"transfer-encoding: chunked") + \
+            chunked(CREATED, DELTA, COMPLETED)
+    else:
+        replica.get_answer = _head(b"application/json", b"content-length: %d" % len(WHOLE)) + \
+            WHOLE
+    try:
+        resp = httpx.get(f"{bad[1][edge]}/v1/responses/{RID}", timeout=30,
+                         params={"stream": "true"} if stream else None)
+    finally:
+        replica.get_answer = None
+    assert resp.status_code == 200, resp.text
+    got = dict(resp.headers.multi_items())
+    assert {k: got.get(k) for k in PASSED} == PASSED
+    assert [k for k in NOT_PASSED if k in got] == []
