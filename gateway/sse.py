@@ -24,6 +24,9 @@ the common case, as cheap as before); a larger one is held back in pieces, and o
 bytes are searched for its end, so a replica sending one endless event costs kvgate linear
 time and bounded memory, not a copy of the whole fragment per chunk (50 MB sent so held the
 event loop for half a minute).
+What the official SDK misreads in legal SSE is not relayed as sent: a UTF-8 byte order mark
+opening the stream is left out (`feed`), `id:` lines too, and an event of fields without data
+goes out as comment lines (`_plain_fields`).
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -96,20 +99,20 @@ _GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
 _DONE = b"[DONE]"
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
-# an event of fields without data (`event: ping`, `id: 7`, `retry: 3000`, a bare `data`): SSE
-# dispatches none, the official SDK does -- with data "", which it fails to parse as JSON (a
-# JSONDecodeError mid-stream, calling the replica directly too). One search per read (a
-# Responses API event's `event:` line is followed by its data, and does not match).
-# An `id:` line is left out of every event: it serves an EventSource's reconnection only (a
-# POST's stream has none), and once the SDK has read one it dispatches an empty event at every
-# comment block after it (`: keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it.
-# (A JSON text holds no raw line end: generated text never starts a line.)
+# SSE fields the official SDK misreads (`_plain_fields`). An `id:` line is left out of every
+# event: it serves an EventSource's reconnection only (a POST's stream has none), and once the
+# SDK has read one it dispatches an empty event at every comment block after it (`:
+# keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it. (A JSON text holds no raw
+# line end: generated text never starts a line.)
 _ID_LINE = re.compile(rb"(?:^|(?<=[\r\n]))id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
-# a line that is neither data, a Responses API event's name nor blank: only a read holding one
-# (or a CR) may hold either (one search with a literal prefix per read, as `_BAD_LATER`)
+# An event of fields without data (`event: ping`, `retry: 3000`, a bare `data`): SSE
+# dispatches none, the SDK does -- with data "", which it fails to parse as JSON (a
+# JSONDecodeError mid-stream, calling the replica directly too): made comment lines.
+_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?:(?:event|id|retry)(?::[^\n]*)?\n|data\n)+\n")
+# Only a read holding a line that is neither data, a Responses API event's name nor blank (or a
+# CR) may hold either: vLLM's reads pay one search with a literal prefix, as `_BAD_LATER`.
 _PLAIN_FIRST = (_DATA, b"event: response.")
 _ODD_LATER = re.compile(rb"\n(?!\n|data:|event: response\.|\Z)")
-_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?:(?:event|id|retry)(?::[^\n]*)?\n|data\n)+\n")
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
