@@ -143,8 +143,8 @@ class H1Conn(asyncio.Protocol):
             self._chunked = True
         elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
             self._encoding = value[:32]
-        elif lname == b"connection":
-            self._connection = value
+        elif lname == b"connection":  # (each of its fields: a list of names)
+            self._connection = b"%s,%s" % (self._connection, value)
         elif passes(lname):
             self.passed.append((lname, value))
 
