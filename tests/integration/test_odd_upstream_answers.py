@@ -182,12 +182,12 @@ def _head(content_type: bytes, framing: bytes) -> bytes:
             b"connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\n"
             b"x-request-id: the-replicas\r\nx-ratelimit-remaining-requests: 3\r\n"
             b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n"
-            b"content-location: http://10.0.0.7:8000/v1/x\r\n\r\n")
+            b"content-location: http://10.0.0.7:8000/v1/x\r\netag: \"v1\"\r\n\r\n")
 
 
 PASSED = {"cache-control": "no-store", "vary": "Accept", "x-sidecar": "7"}
 NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc",
-              "content-location"]
+              "content-location", "etag"]
 
 
 @pytest.mark.parametrize("edge", EDGES)
