@@ -48,7 +48,8 @@ MAX_TARGETS = 4096  # replica URLs whose parsed form is kept (all are, past a ch
 class H1Response:
     """`gateway.transport.UpstreamResponse` of one exchange on an `H1Conn`."""
 
-    __slots__ = ("_conn", "_pool", "content_length", "content_type", "retry_after", "status")
+    __slots__ = ("_conn", "_pool", "content_length", "content_type", "passed", "retry_after",
+                 "status")
 
     def __init__(self, conn: H1Conn, pool: H1Pool) -> None:
         self._conn = conn
@@ -57,6 +58,7 @@ class H1Response:
         self.content_type = conn.content_type
         self.content_length = conn.content_length
         self.retry_after = conn.retry_after
+        self.passed = conn.passed
 
     async def read_chunk(self) -> bytes:
         return await self._conn.read_chunk()

@@ -10,7 +10,8 @@ Rules it keeps:
   or a status HTTP has no answer of (101, under 100, 600 and above); an interim answer (100,
   102, 103) is skipped for the answer after it;
 - an answer's media type (`Content-Type` before its parameters) is read in lower case, as it
-  is compared (`Text/Event-Stream` is a stream);
+  is compared (`Text/Event-Stream` is a stream); its end-to-end headers are kept for the
+  client (`passed`: `gateway.answer_headers`);
 - bytes that start another answer after a whole one (to no request: a replica or a proxy
   gone wrong) fail the connection: they are neither relayed as part of that answer nor taken
   for the next request's on a reused connection;
@@ -28,6 +29,9 @@ from collections import deque
 from typing import cast
 
 import httptools
+
+from gateway.answer_headers import passes, without_listed
+from gateway.upstream_errors import encoded
 
 __all__ = ["H1Conn", "UpstreamClosed", "UpstreamProtocolError"]
 
@@ -80,6 +84,8 @@ class H1Conn(asyncio.Protocol):
         self._encoding: bytes | None = None
         self._chunked = False
         self._interim = False
+        self.passed: list[tuple[bytes, bytes]] = []  # end-to-end: `gateway.answer_headers`
+        self._connection = b""
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -137,6 +143,10 @@ class H1Conn(asyncio.Protocol):
             self._chunked = True
         elif lname == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
             self._encoding = value[:32]
+        elif lname == b"connection":  # (each of its fields: a list of names)
+            self._connection = b"%s,%s" % (self._connection, value)
+        elif passes(lname):
+            self.passed.append((lname, value))
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
@@ -146,10 +156,12 @@ class H1Conn(asyncio.Protocol):
             self._interim = True
             return
         self.status = status
+        if self._connection and self.passed:  # (the names it lists are hop by hop too)
+            self.passed = without_listed(self.passed, self._connection)
         if not 200 <= status < 600:  # no answer HTTP has (uvicorn raised sending it on)
             self._fail(UpstreamProtocolError(f"an answer of status {status}"))
         elif self._encoding is not None:
-            self._fail(UpstreamProtocolError(f"an answer in {self._encoding!r} encoding"))
+            self._fail(UpstreamProtocolError(encoded(self._encoding)))
         elif not self.head.done():
             self.head.set_result(None)
 

@@ -62,6 +62,7 @@ from gateway.stream_end import stream_error
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
+from gateway.upstream_errors import unreadable
 from gateway.verdicts import busy_wait, internal_error, judge
 from gateway.whole import read_whole
 from routing.router import Router
@@ -311,8 +312,7 @@ class Proxy:
                     # reads (gzip, a bad chunk size, a 1xx that never ends): said so
                     log.info("replica's answer not readable",
                              extra={"replica": replica.id, "reason": str(exc)})
-                    return UpstreamError(f"The replica's answer was not readable ({exc}).",
-                                         reason="unreadable")
+                    return unreadable(str(exc))
                 log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
             # a second internal error is relayed (`Relay._relay_whole` acquits the suspect)

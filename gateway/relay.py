@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
 
 from gateway.asgi import Send, send_whole
@@ -88,8 +88,14 @@ class Relay:
         self._clock = clock
         self._responses = responses
 
-    def headers(self, req: ProxiedRequest, content_type: str) -> list[tuple[bytes, bytes]]:
-        hdrs = [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req.req_id)]
+    def headers(
+        self, req: ProxiedRequest, content_type: str,
+        passed: Sequence[tuple[bytes, bytes]] = (),
+    ) -> list[tuple[bytes, bytes]]:
+        """The head of an answer relayed: kvgate's headers and the replica's `passed` ones
+        (`gateway.answer_headers`: end to end, none that kvgate sets)."""
+        hdrs = [(b"content-type", content_type.encode("latin-1")), *passed,
+                (b"x-request-id", req.req_id)]
         if self._cfg.server.replica_header:
             hdrs.append((b"x-kvgate-replica", f"{req.pool.name}/{req.replica}".encode()))
         if self._cfg.server.route_header:
@@ -242,7 +248,7 @@ class Relay:
         req.sse = True
         req.opened_by = req.replica
         await send({"type": "http.response.start", "status": 200,
-                    "headers": self.headers(req, resp.content_type)})
+                    "headers": self.headers(req, resp.content_type, resp.passed)})
 
     async def _pump(
         self, send: Send, req: ProxiedRequest, replica: Replica, resp: UpstreamResponse,
@@ -415,7 +421,8 @@ class Relay:
             wait = busy_wait(replica, resp.retry_after, self._clock())
             wait = wait if req.busy_wait is None else min(wait, req.busy_wait)
         retry_after = relayed_retry_after(resp.status, resp.retry_after, wait)
-        await self._answer(send, req, resp.status, data, content_type, retry_after)
+        await self._answer(send, req, resp.status, data, content_type, retry_after,
+                           resp.passed)
         return True
 
     async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
@@ -426,10 +433,11 @@ class Relay:
 
     async def _answer(
         self, send: Send, req: ProxiedRequest, status: int, data: bytes, content_type: str,
-        retry_after: bytes | None = None,
+        retry_after: bytes | None = None, passed: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
-        """A whole answer, settled first; when an earlier try's keep-alive comments opened
-        the stream, its error event ends it instead (recorded as the client saw it)."""
+        """A whole answer (with the replica's `passed` headers), settled first; when an
+        earlier try's keep-alive comments opened the stream, its error event ends it instead
+        (recorded as the client saw it)."""
         req.status = status
         req.ctl.done = True
         if req.sse:
@@ -438,7 +446,7 @@ class Relay:
             await req.ctl.end(send, self._answered_by(req) + event)
             return
         await self._settle(req)  # (its x-ratelimit-* headers then show the request settled)
-        hdrs = self.headers(req, content_type)
+        hdrs = self.headers(req, content_type, passed)
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
         await send_whole(send, status, hdrs, data)

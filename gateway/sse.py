@@ -11,8 +11,8 @@ a CR pays for the general pattern: `_END`). Comment lines
 (vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
 API terminal event, or an error event) rather than being cut short. An event whose data
-cannot be an OpenAI event (not JSON, not ``[DONE]``, JSON cut short: a replica or a proxy
-gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
+cannot be an OpenAI event (not a JSON object, not ``[DONE]``, JSON cut short: a replica or a
+proxy gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
 sets `malformed` (the SDKs would raise a JSON decode error mid-stream, with nothing saying
 which side failed). So is a line that starts with ``<`` or ``{``: no SSE field does, an HTML
 page or a JSON body does (a proxy's error page labelled as the stream: `stray` keeps it;
@@ -24,6 +24,9 @@ the common case, as cheap as before); a larger one is held back in pieces, and o
 bytes are searched for its end, so a replica sending one endless event costs kvgate linear
 time and bounded memory, not a copy of the whole fragment per chunk (50 MB sent so held the
 event loop for half a minute).
+What the official SDK misreads in legal SSE is not relayed as sent: a UTF-8 byte order mark
+opening the stream is left out (`feed`), `id:` lines too, and an event of fields without data
+goes out as comment lines (`_plain_fields`).
 `body_usage` finds the top-level ``usage`` of a whole (non-streamed) JSON body.
 """
 
@@ -81,7 +84,9 @@ _ERROR_EVENT = re.compile(
     rb'(?:^|[\r\n])data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\r\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
-# the data of an OpenAI event is a JSON object, or `[DONE]`: its first byte is `{` or `[`.
+# the data of an OpenAI event is a JSON object, or `[DONE]`: it starts with `{` or `[DONE]`
+# (a JSON array, string or number is JSON, but the SDKs read each event as an object: the
+# official openai client raised a TypeError at `data: [1, 2]`, no APIError).
 # Per chunk, `startswith` judges the first line and one regex search with a literal prefix
 # the later ones (an anchor such as `^` or `(?:^|\n)` would defeat the prefix scan and cost
 # ten times more; a JSON text holds no raw newline, so generated text never starts a line);
@@ -90,8 +95,24 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # replica or a proxy gone wrong) is caught by one more search per chunk for an event's end
 # after neither (`_unended`), where a parse of every event would cost more than the relay.
 _DATA = b"data:"
-_GOOD_FIRST = (b"data: {", b"data: [", b"data:{", b"data:[")
-_BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{\[])")
+_GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
+_BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
+_DONE = b"[DONE]"
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
+# SSE fields the official SDK misreads (`_plain_fields`). An `id:` line is left out of every
+# event: it serves an EventSource's reconnection only (a POST's stream has none), and once the
+# SDK has read one it dispatches an empty event at every comment block after it (`:
+# keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it. (A JSON text holds no raw
+# line end: generated text never starts a line.)
+_ID_LINE = re.compile(rb"(?:^|(?<=[\r\n]))id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
+# An event of fields without data (`event: ping`, `retry: 3000`, a bare `data`): SSE
+# dispatches none, the SDK does -- with data "", which it fails to parse as JSON (a
+# JSONDecodeError mid-stream, calling the replica directly too): made comment lines.
+_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?:(?:event|id|retry)(?::[^\n]*)?\n|data\n)+\n")
+# Only a read holding a line that is neither data, a Responses API event's name nor blank (or a
+# CR) may hold either: vLLM's reads pay one search with a literal prefix, as `_BAD_LATER`.
+_PLAIN_FIRST = (_DATA, b"event: response.")
+_ODD_LATER = re.compile(rb"\n(?!\n|data:|event: response\.|\Z)")
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
@@ -175,10 +196,10 @@ def body_usage(body: bytes) -> Usage | None:
 
 
 def first_malformed(block: bytes) -> int | None:
-    """Where the first event of `block` (whole events) whose data is neither JSON nor
-    ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes (SSE
-    lets one event's data span several ``data:`` lines, which the client joins): a JSON
-    object or array starts with ``{``/``[`` and ends with ``}``/``]``."""
+    """Where the first event of `block` (whole events) whose data is neither a JSON object
+    nor ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes
+    (SSE lets one event's data span several ``data:`` lines, which the client joins): a JSON
+    object starts with ``{`` and ends with ``}``; the only other data is ``[DONE]``."""
     start = 0
     for end in _SEP.finditer(block):
         if _bad_event(block[start:end.start()]):
@@ -194,7 +215,9 @@ def _bad_event(event: bytes) -> bool:
     if not data:
         return False  # comment lines, or fields without data
     first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
-    return first[:1] not in (b"{", b"[") or last[-1:] not in (b"}", b"]")
+    if first[:1] == b"[":
+        return len(data) > 1 or first.rstrip(b" \t") != _DONE
+    return first[:1] != b"{" or last[-1:] != b"}"
 
 
 def _body_lines(event: bytes) -> bool:
@@ -267,8 +290,9 @@ def no_event(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_partial", "_strip", "done_by",
-                 "error_code", "error_message", "malformed", "oversized", "stray", "usage")
+    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_opened", "_partial", "_strip",
+                 "done_by", "error_code", "error_message", "malformed", "oversized", "stray",
+                 "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -277,6 +301,7 @@ class StreamScanner:
         self._more: list[bytes] = []  # ... and, once it is large, the pieces that came after
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
+        self._opened = False  # a first byte came (`feed`: a byte order mark before it)
         self.usage: Usage | None = None
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
@@ -290,7 +315,14 @@ class StreamScanner:
 
     def feed(self, chunk: bytes) -> bytes:
         """The whole events of `chunk` (with what was held back) to forward. After a
-        malformed event: the events before it only, and `malformed` is set (feed no more)."""
+        malformed event: the events before it only, and `malformed` is set (feed no more).
+        A UTF-8 byte order mark opening the stream is left out, as an SSE client's decoder
+        leaves it out (the official SDK does not: it read the first line as a field named
+        ``\ufeffdata`` and lost the first event, silently)."""
+        if not self._opened and chunk:
+            self._opened = True
+            if chunk[:3] == _BOM:
+                chunk = chunk[3:]
         out = self._feed(chunk)
         suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
                    or _BAD_LATER.search(out) is not None or _unended(out)
@@ -301,6 +333,9 @@ class StreamScanner:
                 self.stray = event[:_STRAY_BYTES]
             self._drop()
             out = out[:bad]
+        if out and (not out.startswith(_PLAIN_FIRST) or _CR in out
+                    or _ODD_LATER.search(out) is not None):
+            out = _plain_fields(out)
         if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out
         if b'error"' in out:  # cheap pre-check; a real error event is rare
@@ -437,6 +472,30 @@ class StreamScanner:
             return True
         self.usage = usage
         return not (self._strip and _EMPTY_CHOICES.search(event))
+
+
+def _plain_fields(block: bytes) -> bytes:
+    """`block` (whole events) without its `id:` lines (`_ID_LINE`), and each event of fields
+    without data made comment lines (`_quieted`)."""
+    if block[:2] == b"id" or b"\nid" in block or b"\rid" in block:
+        block = _ID_LINE.sub(b"", block)
+    if _FIELDS_ONLY.search(_lf(block) if _CR in block else block) is not None:
+        block = _quieted(block)
+    return block
+
+
+def _quieted(block: bytes) -> bytes:
+    """`block` (whole events) with each event of fields without data (`_FIELDS_ONLY`) made
+    comment lines: still a keep-alive for the client, and no event the SDK dispatches."""
+    parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
+    out: list[bytes] = []
+    for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
+        lines = event.splitlines()
+        if not any(line.startswith(_DATA) for line in lines):
+            event = b"\n".join(line if line[:1] == b":" else b":" + line for line in lines)
+        out += (event, end)
+    out.append(parts[-1])
+    return b"".join(out)
 
 
 def _lf(block: bytes) -> bytes:

@@ -18,9 +18,9 @@ events only for a response created with ``background`` and ``stream`` both true;
 one it sends the stream's head and then breaks the connection: kvgate answers that (and any
 stream that ends before its first event) with a 502 saying so, as it does a 200 that is not
 a stream (a replica that ignores ``stream``: the SDK would take it for an empty stream) and a
-first read holding an event that is not JSON or too large (good events before it included:
+first read holding an event that is not a JSON object or too large (good events before it included:
 the head has not gone out, `relay.unstarted_failure`); a stream cut later, or with an event
-that is not JSON, ends with an error event as a proxied one does. ``HEAD`` with
+that is not a JSON object, ends with an error event as a proxied one does. ``HEAD`` with
 ``?stream=true`` is the stream's head at its first event (the endpoint picker answers it with
 `stream_head`).
 """
@@ -126,12 +126,13 @@ class StoredResponses:
             await self.stream(scope, receive, send, req_id, token)
             return
         try:
-            status, content_type, body, where = await self.whole(
+            status, content_type, body, where, passed = await self.whole(
                 path, method, scope.get("query_string", b""), token, req_id)
         except KvgateError as exc:
             await _send_error(send, exc, req_id)
             return
-        await send_whole(send, status, _headers(content_type, req_id, self.where(where)), body)
+        await send_whole(send, status, _headers(content_type, req_id, self.where(where), passed),
+                         body)
 
     async def stream(
         self, scope: Scope, receive: Receive, send: Send, req_id: bytes, token: str | None
@@ -238,9 +239,10 @@ class StoredResponses:
 
     async def whole(
         self, path: str, method: str, query: bytes, token: str | None, req_id: bytes,
-    ) -> tuple[int, str, bytes, str]:
+    ) -> tuple[int, str, bytes, str, list[tuple[bytes, bytes]]]:
         """The replica's whole answer: status, content type, body (an error re-shaped into
-        OpenAI's) and ``pool/replica``. ``HEAD`` is asked as GET: the server answering the
+        OpenAI's), ``pool/replica`` and the replica's headers that reach the client
+        (`gateway.answer_headers`). ``HEAD`` is asked as GET: the server answering the
         client leaves the body out (uvicorn here, Envoy for the picker). Its head must come
         within the first of the first-byte and total timeouts, then each gap in its body
         within ``idle_timeout_s`` (`whole.read_whole`'s touch), all within the total."""
@@ -285,7 +287,7 @@ class StoredResponses:
             raise UpstreamError(f"{ANSWERED_AN_ERROR}{said}")
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
-        return status, content_type, body, f"{pool.name}/{replica.id}"
+        return status, content_type, body, f"{pool.name}/{replica.id}", resp.passed
 
 
 def _upstream_headers(pool: Pool, req_id: bytes) -> dict[str, str]:
@@ -298,9 +300,12 @@ def _upstream_headers(pool: Pool, req_id: bytes) -> dict[str, str]:
 
 def _headers(
     content_type: str, req_id: bytes, where: list[tuple[bytes, bytes]],
+    passed: list[tuple[bytes, bytes]],
 ) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", content_type.encode("latin-1")), (b"x-request-id", req_id),
-            *where]
+    """A stored answer's head: kvgate's headers and the replica's `passed` ones (as a proxied
+    answer's, `Relay.headers`)."""
+    return [(b"content-type", content_type.encode("latin-1")), *passed,
+            (b"x-request-id", req_id), *where]
 
 
 async def _send_error(send: Send, exc: KvgateError, req_id: bytes) -> None:
@@ -319,11 +324,13 @@ class _Pipe:
         self._req_id = req_id
         self._where = where
         self._head_only = head_only  # HEAD: the head (with the first bytes, left out)
+        self._passed: list[tuple[bytes, bytes]] = []  # the replica's headers for the client
         self.started = False
 
     async def relay(self, resp: UpstreamResponse) -> bool:
         """True when the replica's answer was read to its end."""
         sse = resp.content_type.startswith("text/event-stream")
+        self._passed = resp.passed
         if resp.status == 200 and not sse:
             raise not_a_stream(resp.content_type)
         if not (resp.status == 200 and sse):
@@ -333,7 +340,8 @@ class _Pipe:
             if resp.status >= 400 and (shaped := openai_shaped(resp.status, body)) is not None:
                 body, content_type = shaped, "application/json"
             await send_whole(self._send, resp.status,
-                             _headers(content_type, self._req_id, self._where), body)
+                             _headers(content_type, self._req_id, self._where, self._passed),
+                             body)
             return True
         scanner = StreamScanner(strip_usage=False, max_event_bytes=self._limit)
         try:
@@ -364,7 +372,8 @@ class _Pipe:
             self.started = True
             ctl.started()
             await self._send({"type": "http.response.start", "status": 200, "headers":
-                              _headers("text/event-stream", self._req_id, self._where)})
+                              _headers("text/event-stream", self._req_id, self._where,
+                                       self._passed)})
             if self._head_only:  # the server leaves the body out of a HEAD's answer; the
                 ctl.done = True  # picker's Envoy keeps the content type only with one
                 await self._send({"type": "http.response.body", "body": out,

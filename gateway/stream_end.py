@@ -32,7 +32,7 @@ _AFTER_DONE_ENDS: tuple[type[BaseException], ...] = (TimeoutError, *TRANSPORT_ER
 
 DONE_EVENT = b"data: [DONE]\n\n"
 CUT_SHORT = "The upstream replica ended the stream before it was complete."
-MALFORMED = "The upstream replica sent a stream event that is not JSON."
+MALFORMED = "The upstream replica sent a stream event that is not a JSON object."
 NOT_STARTED = "The replica ended its answer before it started."
 HTML_PAGE = "The replica answered with an HTML page, not an event stream."
 INSTEAD_OF_THE_STREAM = "The replica answered an error instead of the stream: "  # + its message

@@ -71,6 +71,7 @@ class UpstreamResponse(Protocol):
     content_type: str
     content_length: str | None
     retry_after: str | None  # the answer's Retry-After header, as sent
+    passed: list[tuple[bytes, bytes]]  # its headers that reach the client (`answer_headers`)
 
     async def read_chunk(self) -> bytes:
         """The bytes that have arrived (waits for some); b"" at the end of the body."""

@@ -10,10 +10,10 @@ import re
 
 import orjson
 
-from gateway.errors import error_body, type_for, unserved_route
+from gateway.errors import UpstreamError, error_body, type_for, unserved_route
 from gateway.sse import error_message
 
-__all__ = ["ANSWERED_AN_ERROR", "error_in_success", "openai_shaped"]
+__all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "openai_shaped", "unreadable"]
 
 ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its message
 
@@ -98,3 +98,16 @@ def error_in_success(body: bytes) -> str | None:
     if len(body) > _ERROR_BYTES or not _OPENS_ERROR.match(body):
         return None
     return error_message(body)
+
+
+def unreadable(why: str) -> UpstreamError:
+    """The 502 of an answer kvgate cannot read (`why`: not HTTP it reads, a compressed one),
+    both edges alike."""
+    return UpstreamError(f"The replica's answer was not readable ({why}).", reason="unreadable")
+
+
+def encoded(coding: bytes) -> str:
+    """Why an answer with this ``Content-Encoding`` is not read: every request asks for
+    identity (a proxy that compresses anyway sent bytes kvgate can neither read nor relay as
+    the JSON or the events they claim to be)."""
+    return f"an answer in {coding[:32].decode('latin-1').strip()} encoding"

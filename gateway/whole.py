@@ -12,9 +12,10 @@ import orjson
 from gateway.errors import AnswerTooLarge
 from gateway.transport import UpstreamResponse
 
-__all__ = ["CUT_ANSWER", "cut_json", "json_object", "read_whole"]
+__all__ = ["CUT_ANSWER", "cut_json", "json_object", "read_whole", "without_bom"]
 
 CUT_ANSWER = "The replica failed while answering."  # a whole answer cut short (reset or close)
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 _OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")
 
@@ -25,7 +26,8 @@ async def read_whole(
     """A whole answer, `AnswerTooLarge` past ``limit`` bytes (declared or read): the caller
     then drops the connection, so the replica stops sending. ``touch`` is called at each
     chunk (`Canceller.touch`): the idle timeout bounds the gaps between a body's chunks, not
-    its whole transfer, so a slow but moving body is not cut."""
+    its whole transfer, so a slow but moving body is not cut. A UTF-8 byte order mark
+    opening the body is left out (`without_bom`)."""
     declared = resp.content_length
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise AnswerTooLarge(limit)
@@ -37,7 +39,16 @@ async def read_whole(
         if size > limit:
             raise AnswerTooLarge(limit)
         parts.append(chunk)
-    return b"".join(parts)
+    return without_bom(b"".join(parts))
+
+
+def without_bom(body: bytes) -> bytes:
+    """`body` without the UTF-8 byte order mark it may open with (a server in front of a
+    replica that writes one; RFC 8259 8.1 lets a JSON parser ignore it). The client's decoder
+    would have read it -- Python's `json` with bytes, so httpx and the openai SDK, a browser's
+    `fetch` -- but orjson and kvgate's own checks did not: the answer was a 502 "not JSON",
+    and an error's message was lost. Relayed without it: a JSON text has none (8.1)."""
+    return body[3:] if body[:3] == _BOM else body
 
 
 def json_object(content_type: str, body: bytes) -> bool:

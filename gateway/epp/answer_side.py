@@ -11,6 +11,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from gateway.answer_headers import removed
 from gateway.epp import envoy_reply, wire
 from gateway.epp.deadlines import Deadlines
 from gateway.epp.local_reply import local_error
@@ -47,7 +48,13 @@ from gateway.stream_end import (
     stream_failure,
     unstarted_failure,
 )
-from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
+from gateway.upstream_errors import (
+    ANSWERED_AN_ERROR,
+    encoded,
+    error_in_success,
+    openai_shaped,
+    unreadable,
+)
 from gateway.verdicts import (
     alone_with_error_event,
     busy_wait,
@@ -60,7 +67,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object
+from gateway.whole import CUT_ANSWER, cut_json, json_object, without_bom
 
 __all__ = ["AnswerSide"]
 
@@ -103,6 +110,7 @@ class AnswerSide(Deadlines):
         limit = self._core.cfg.upstream.max_answer_bytes
         sse = status == 200 and content_type.startswith("text/event-stream")
         self._details = wire.code_details(msg)
+        self._removed = removed(h.key for h in headers)
         if self._local():
             if req is not None:
                 req.status = status
@@ -120,6 +128,13 @@ class AnswerSide(Deadlines):
             return await self._hold(status, headers, end)
         await self._served_by(wire.served_endpoint(msg), status)
         req.status = status
+        coding = wire.header_value(headers, "content-encoding")
+        if coding is not None and coding.strip().lower() not in ("", "identity"):
+            # compressed though the picker asked for identity: the HTTP edge's 502 (its
+            # `H1Conn`), not "not JSON" or an empty stream, and a failure of the replica
+            assert req.target is not None
+            req.target.record_failure(self._core.clock())
+            return [self._refuse(unreadable(encoded(coding.encode("latin-1"))))]
         stream = req.parsed.stream and req.kind != "embeddings"
         if 200 < status < 400 or (status == 200 and not (sse and stream) and (
                 stream or not content_type.startswith("application/json"))):
@@ -272,7 +287,8 @@ class AnswerSide(Deadlines):
             # before Envoy sends the end of the stream
             self._usage(scanner.usage, req)
         body = wire.body_responses(out, end) if out or end else []
-        return [wire.headers_response(head), *body] if head is not None else body
+        return ([wire.headers_response(head, self._removed), *body] if head is not None
+                else body)
 
     def _opened(self, out: bytes, end: bool) -> bytes:
         """What of a stream's new whole events goes out now. Its answer starts with its first
@@ -412,7 +428,7 @@ class AnswerSide(Deadlines):
         is the client's to see); a stored response's answer is not judged, as there."""
         req, status = self.req, self._held_status
         assert self._held is not None
-        data, self._held = b"".join(self._held), None
+        data, self._held = without_bom(b"".join(self._held)), None
         if status == 200 and not json_object(self._held_type, data):  # an HTML page, a cut
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
@@ -445,10 +461,11 @@ class AnswerSide(Deadlines):
             return [self._refuse(ReplicaWrongModel())]
         if verdict == "dead" and req is not None:  # the HTTP edge's answer (`relay.engine_died`)
             return [self._refuse(engine_died(req.pool, req.parsed.model, self._core.clock()))]
+        gone = [*self._removed, "content-length"]  # (the body's length is Envoy's to say)
         if headers_only:
-            return [wire.headers_response(headers)]
+            return [wire.headers_response(headers, self._removed)]
         if status < 400:
-            return [wire.headers_response(headers), *wire.body_responses(data, end)]
+            return [wire.headers_response(headers, gone), *wire.body_responses(data, end)]
         shaped = (local_error(status, data) if self._local()
                   else openai_shaped(status, data, req.path if req is not None else None))
         if shaped is not None:
@@ -459,6 +476,5 @@ class AnswerSide(Deadlines):
             busy = busy_wait(req.target, self._held_retry, self._core.clock())
         if req is not None and (wait := relayed_retry_after(status, self._held_retry, busy)):
             headers.append(("retry-after", wait))  # the HTTP edge's rule (it sets the header)
-        return [wire.headers_response(headers, ("content-length",)),
-                *wire.body_responses(data, end)]
+        return [wire.headers_response(headers, gone), *wire.body_responses(data, end)]
 

@@ -19,6 +19,7 @@ from gateway.errors import (
     EncodedBody,
     KvgateError,
     MethodNotAllowed,
+    MultipartBody,
     NoReplicaAvailable,
     UploadsFull,
 )
@@ -45,7 +46,7 @@ class RequestSide(ExchangeState):
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
         self._t0 = perf_counter()
-        path, query, method, token, sent_id, declared, encoded = _scan(
+        path, query, method, token, sent_id, declared, encoded, multipart = _scan(
             msg.request_headers.headers.headers)
         if (path[-1:] == "/" or "//" in path) and (route := canonical(path)) != path:
             path = route  # as the HTTP edge (`gateway/paths.py`): the replica gets the route's
@@ -79,6 +80,8 @@ class RequestSide(ExchangeState):
             self._principal = core.prep.identify(req, token)
             if encoded:  # (its bytes would be judged "not JSON"), as at the HTTP edge
                 raise EncodedBody
+            if multipart:  # a file upload: the HTTP edge's 415, not "not valid JSON" (400)
+                raise MultipartBody(path)
             if declared is not None and declared > core.cfg.server.max_body_bytes:
                 raise self._too_large()
             await core.prep.before_body(req, self._principal, declared)
@@ -192,9 +195,9 @@ class RequestSide(ExchangeState):
             if wants_stream(query):  # (the replica/route headers as configured)
                 status, sent, body = await stored.stream_head(path, query, req_id, token)
             else:
-                status, content_type, body, home = await stored.whole(
+                status, content_type, body, home, passed = await stored.whole(
                     path, "HEAD", b"", token, req_id)
-                sent = [(b"content-type", content_type.encode("latin-1")),
+                sent = [(b"content-type", content_type.encode("latin-1")), *passed,
                         (b"x-request-id", req_id), *stored.where(home)]
         except KvgateError as exc:
             return self._refuse(exc)
@@ -240,10 +243,12 @@ def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]
     return [], ("authorization", *_ALT_KEY_HEADERS)
 
 
-def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool]:
+def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool, bool]:
     """:path (no query), the query, :method, the API key (`gateway.apikey`), x-request-id,
-    content-length, whether a Content-Encoding other than identity compresses the body."""
+    content-length, whether a Content-Encoding other than identity compresses the body, and
+    whether it is a multipart form (`gateway.request.scan_headers`, the HTTP edge's)."""
     path, query, method, req_id, declared, encoded = "", b"", "", b"", None, False
+    multipart = False
     keys: KeyScan | None = None
     for h in headers:
         key = h.key
@@ -261,5 +266,7 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None,
             declared = int(h.raw_value)
         elif key == "content-encoding":
             encoded = encoded or h.raw_value.strip().lower() not in (b"", b"identity")
+        elif key == "content-type":
+            multipart = multipart or h.raw_value.lstrip()[:19].lower() == b"multipart/form-data"
     token = keys.key if keys is not None else None
-    return path, query, method, token, req_id, declared, encoded
+    return path, query, method, token, req_id, declared, encoded, multipart

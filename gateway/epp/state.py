@@ -64,7 +64,7 @@ class ExchangeState:
     __slots__ = ("_chunks", "_core", "_cut", "_details", "_head", "_held", "_held_bytes",
                  "_held_declared", "_held_retry", "_held_status", "_held_type", "_holds", "_last",
                  "_lease", "_opening", "_passed", "_pending",
-                 "_principal", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
+                 "_principal", "_removed", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
                  "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_taken",
                  "_want_id",
                  "order", "req", "sse", "wake")
@@ -95,6 +95,8 @@ class ExchangeState:
         self._held_type = ""  # ... and its content type
         self._held_declared = True  # ... and its content-length (else it is parsed: `cut_json`)
         self._held_retry: str | None = None  # the held answer's Retry-After, as sent
+        # the replica's response headers Envoy is to remove (`answer_headers.removed`)
+        self._removed: list[str] = []
         # who made the answer, as Envoy says (its response code details, `envoy_reply`)
         self._details: str | None = None
         self._stored: str | None = None  # a stored response's pool/replica (not judged)

@@ -147,8 +147,8 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
         # what came before it is relayed, not after
         assert got[:-2] == [e for e in (first * 2).split(b"\n\n") if e]
         error = orjson.loads(got[-2].removeprefix(b"data: "))["error"]
-        assert error == {"message": "The upstream replica sent a stream event that is not "
-                         "JSON.", "type": "BadGatewayError", "param": None, "code": 502}
+        assert error == {"message": "The upstream replica sent a stream event that is not a "
+                         "JSON object.", "type": "BadGatewayError", "param": None, "code": 502}
         assert got[-1] == DONE.strip()
         wait_for(lambda: request_statuses(base).get("502", 0.0) == before + 1, what="a 502")
         assert inflight(base) == 0
@@ -160,7 +160,7 @@ def test_a_malformed_event_mid_stream_ends_it_with_an_error_event(
             model=MODEL, messages=[{"role": "user", "content": "x"}], stream=True)
         assert next(iter(stream)).choices[0].delta.content == "hi"
         replica.gate.set()
-        with pytest.raises(openai.APIError, match="not JSON"):  # not a JSONDecodeError
+        with pytest.raises(openai.APIError, match="not a JSON object"):  # not a JSONDecodeError
             list(stream)
     finally:
         replica.rest = b""

@@ -1127,5 +1127,5 @@ def test_a_stream_opened_without_data_is_cut_at_the_first_byte_timeout(
     resp = _chat(silent[1][edge], stream=True)
     assert time.monotonic() - start < 10
     assert resp.status_code == 200, resp.text  # (the line went out: the stream had started)
-    assert resp.content == b"event: ping\n\n" + stream_error(
+    assert resp.content == b":event: ping\n\n" + stream_error(  # (a comment line: `sse`)
         "The replica did not answer in time (first byte timeout).", "GatewayTimeoutError", 504)

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.epp.wire import CHUNK_BYTES, DESTINATION
 from gateway.prepare import OFF_LOOP_BYTES
+from gateway.stream_end import MALFORMED
 from gateway.tenancy.resolver import INVALID_KEY
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import AUTH_SECRET, metric_values, wait_for
@@ -234,7 +235,7 @@ async def test_a_malformed_event_ends_the_stream_with_an_error_event(stub: Any) 
     first, error, done = sent.body.split(b"\n\n")[:3]
     assert first + b"\n\n" == EVENT and sent.end_of_stream
     assert orjson.loads(error.removeprefix(b"data: "))["error"] == {
-        "message": "The upstream replica sent a stream event that is not JSON.",
+        "message": MALFORMED,
         "type": "BadGatewayError", "param": None, "code": 502}
     assert done == b"data: [DONE]" and sent.body.endswith(b"[DONE]\n\n")
     await call.write(pb.ProcessingRequest(response_body=pb.HttpBody(body=EVENT)))

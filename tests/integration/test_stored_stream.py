@@ -109,7 +109,8 @@ def test_a_stream_vllm_does_not_keep_is_a_502_saying_so(
         (sse_head() + chunked(CREATED, last=False), chunked(DELTA, last=False), "reset",
          "failed mid-stream"),
         (sse_head() + chunked(CREATED, last=False),
-         chunked(DELTA + b"data: Internal Server Error\n\n", COMPLETED), "keep", "not JSON"),
+         chunked(DELTA + b"data: Internal Server Error\n\n", COMPLETED), "keep",
+         "not a JSON object"),
     ],
     ids=["ended-early", "reset", "malformed"],
 )

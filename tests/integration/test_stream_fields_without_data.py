@@ -32,11 +32,13 @@ def gw() -> Iterator[tuple[BadReplica, str]]:
 
 
 @pytest.mark.parametrize(
-    "opening", [b"\n\n", b"event: ping\n\n", b"retry: 3000\n\n", b"id: 7\n\n",
-                b"event: ping\r\nid: 7\r\n\r\n"],
+    ("opening", "relayed"),
+    [(b"\n\n", b"\n\n"), (b"event: ping\n\n", b":event: ping\n\n"),
+     (b"retry: 3000\n\n", b":retry: 3000\n\n"), (b"id: 7\n\n", b"\n"),
+     (b"event: ping\r\nid: 7\r\n\r\n", b":event: ping\r\n\r\n")],
     ids=["blank", "event", "retry", "id", "crlf"])
 def test_a_stream_opened_without_data_is_cut_at_the_first_byte_timeout(
-    gw: tuple[BadReplica, str], opening: bytes,
+    gw: tuple[BadReplica, str], opening: bytes, relayed: bytes,
 ) -> None:
     replica, base = gw
     replica.answer = sse_head() + chunked(opening, last=False)
@@ -50,8 +52,10 @@ def test_a_stream_opened_without_data_is_cut_at_the_first_byte_timeout(
     finally:
         replica.gate.set()
         replica.rest = b""
-    assert got.startswith(opening)  # relayed as sent, as keep-alive comments are
-    events = [e for e in got[len(opening):].split(b"\n\n") if e]
+    # relayed, as keep-alive comments are: as comment lines, ids left out (the official SDK
+    # dispatched an event of data "" for them, and failed to parse it: `gateway.sse`)
+    assert got.startswith(relayed)
+    events = [e for e in got[len(relayed):].split(b"\n\n") if e]
     assert events[-1] == DONE.strip()
     error = orjson.loads(events[-2].removeprefix(b"data: "))["error"]
     assert error["code"] == 504 and "first byte timeout" in error["message"], error
@@ -66,5 +70,5 @@ def test_a_stream_whose_data_follows_its_opening_fields_is_relayed_whole(
     resp = httpx.post(f"{base}/v1/chat/completions", timeout=10, json={
         "model": MODEL, "stream": True, "messages": [{"role": "user", "content": "x"}]})
     assert resp.status_code == 200
-    assert resp.content == b"retry: 3000\n\n" + CHUNK + DONE
+    assert resp.content == b":retry: 3000\n\n" + CHUNK + DONE  # (a comment line: `gateway.sse`)
     assert inflight(base) == 0

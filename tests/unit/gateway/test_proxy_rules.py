@@ -39,6 +39,7 @@ class FakeResponse:
         self.content_type = content_type
         self.content_length: str | None = None
         self.retry_after: str | None = None
+        self.passed: list[tuple[bytes, bytes]] = []
         self._chunks = list(chunks)
         self.ended: str | None = None  # "released" or "aborted"
 

@@ -290,12 +290,10 @@ RESPONSES_EVENT = b'event: response.output_text.delta\ndata: {"type":"x","delta"
         CHUNK.replace(b"data: ", b"data:") + DONE,  # no space after the colon
         b'data: {"a":\ndata: 1}\n\n' + DONE,  # one event's data on two lines
         b'data: {"content":"data: oops"}\n\n' + DONE,  # the words inside generated text
-        b'data: [1, 2]\n\n' + DONE,
         b'data: {"a": 1} \t\n\n' + DONE,  # blanks after the JSON text
-        b'data: {"a": 1}\nid: 7\n\n' + COMMENT + DONE,  # a field after the data
+        b'data: {"a": 1}\nevent: x\n\n' + COMMENT + DONE,  # a field after the data
     ],
-    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "array", "blanks",
-         "id-field"],
+    ids=["chat", "crlf", "responses", "no-space", "two-lines", "text", "blanks", "field-after"],
 )
 def test_well_formed_events_pass(size: int, stream: bytes) -> None:
     out, scanner = run(split_every(stream, size), False)
@@ -315,13 +313,21 @@ def test_well_formed_events_pass(size: int, stream: bytes) -> None:
         b'data: {"id":"c","choices":[{"ind\n\n',  # JSON cut short, the event ended anyway
         b'data: {"id":"c",\r\ndata: "choi\r\n\r\n',  # ... on its last data line
         b'data: [1, 2\n\n',
+        b'data: [1, 2]\n\n',  # JSON, but no object: the SDK raised a TypeError at it
+        b'data: 42\n\n',
+        b'data: null\n\n',
+        b'data: []\r\n\r\n',
+        b'data: [\ndata: "DONE"]\n\n',
+        b'data: [DONE]x\n\n',
     ],
     ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string", "cut-json",
-         "cut-json-lines", "cut-array"],
+         "cut-json-lines", "cut-array", "array", "number", "null", "empty-array-crlf",
+         "array-lines", "done-and-more"],
 )
 def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> None:
-    """Neither JSON nor [DONE]: the SDK would raise a JSON decode error on it. The events
-    before it are forwarded; nothing from it on is."""
+    """Neither a JSON object nor [DONE]: the SDK would raise a JSON decode error on it (a
+    TypeError on a JSON array, number or null). The events before it are forwarded; nothing
+    from it on is."""
     scanner = StreamScanner(False)
     out = b""
     for piece in split_every(CHUNK + COMMENT + CHUNK + bad + CHUNK + DONE, size):
@@ -331,6 +337,46 @@ def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> 
     assert scanner.malformed
     assert out == CHUNK + COMMENT + CHUNK
     assert scanner.flush() == b""
+
+
+@pytest.mark.parametrize("size", [3, 7, 4096])
+def test_a_byte_order_mark_opening_the_stream_is_left_out(size: int) -> None:
+    """SSE decoders leave out a BOM opening the stream; the official SDK read the first line
+    as a field named ``\\ufeffdata`` and lost the first event. Only the stream's first bytes:
+    a BOM later is data."""
+    out, scanner = run(split_every(b"\xef\xbb\xbf" + CHUNK + CHUNK + DONE, size), False)
+    assert out == CHUNK + CHUNK + DONE and not scanner.malformed and scanner.complete()
+
+
+@pytest.mark.parametrize("size", [1, 7, 4096])
+@pytest.mark.parametrize(
+    ("sent", "relayed"),
+    [
+        # an id (with data, alone, CRLF-framed): left out -- the SDK dispatched an empty
+        # event at every comment block after one, and failed to parse it
+        (b'id: 7\ndata: {"a": 1}\n\n' + COMMENT + DONE, b'data: {"a": 1}\n\n' + COMMENT + DONE),
+        (b'data: {"a": 1}\nid: 7\n\n' + DONE, b'data: {"a": 1}\n\n' + DONE),
+        (CHUNK + b"id: 7\n\n" + DONE, CHUNK + b"\n" + DONE),
+        (b'id: 7\r\ndata: {"a": 1}\r\n\r\n' + DONE, b'data: {"a": 1}\r\n\r\n' + DONE),
+        # fields without data: comment lines (SSE dispatches no event; the SDK did, with
+        # data "", and failed to parse it)
+        (b"retry: 3000\n\n" + CHUNK + DONE, b":retry: 3000\n\n" + CHUNK + DONE),
+        (CHUNK + b"event: ping\n\n" + DONE, CHUNK + b":event: ping\n\n" + DONE),
+        (CHUNK + b"data\n\n" + DONE, CHUNK + b":data\n\n" + DONE),
+        (CHUNK + b"event: ping\r\n\r\n" + DONE, CHUNK + b":event: ping\r\n\r\n" + DONE),
+        # what stays: a Responses API event's name, a comment, an unknown field
+        (RESPONSES_EVENT + COMMENT + b"idle: 1\n\n", RESPONSES_EVENT + COMMENT + b"idle: 1\n\n"),
+    ],
+    ids=["id-then-comment", "id-after-data", "id-alone", "id-crlf", "retry", "event-ping",
+         "bare-data", "event-crlf", "kept"],
+)
+def test_fields_the_sdk_misreads_are_not_relayed(size: int, sent: bytes, relayed: bytes) -> None:
+    from openai._streaming import SSEDecoder
+
+    out, scanner = run(split_every(sent, size), False)
+    assert out == relayed and not scanner.malformed
+    # every event the SDK's decoder dispatches has data: none it would fail to parse
+    assert all(sse.data for sse in SSEDecoder().iter_bytes(iter([out])))
 
 
 def test_the_malformed_event_is_found_among_whole_events() -> None:

@@ -1,0 +1,76 @@
+"""Which of a replica's response headers reach the client, at both edges.
+
+A replica's answer (or a proxy's, a sidecar's in front of it) may carry headers that describe
+the answer end to end -- ``cache-control``, ``vary``, ``content-language``, a sidecar's own
+``x-*`` --: they pass, as a client calling the replica directly gets them (the HTTP edge
+dropped them all; Envoy passed them on, so the two edges disagreed). Not passed:
+
+- hop-by-hop headers (RFC 9110 7.6.1: ``connection`` and the names it lists,
+  ``keep-alive``, ``transfer-encoding``, ``te``, ``trailer``, ``upgrade``,
+  ``proxy-connection``, ``proxy-authenticate``): they are about the replica's connection,
+  not kvgate's with the client (Envoy drops them itself);
+- what kvgate sets for the answer it sends: its framing and media type (``content-length``,
+  ``content-type``, ``content-encoding``), ``x-request-id`` (the client's or kvgate's, as on
+  every answer), ``retry-after`` (`verdicts.relayed_retry_after`), ``date`` and ``server``,
+  what describes the replica's bytes, which kvgate may change (``etag``, the digests), or
+  requests it does not pass on (``accept-ranges``, ``content-range``),
+  the ``x-kvgate-*`` headers, the tenant's ``x-ratelimit-*`` (a replica's or a proxy's would
+  read to the SDK as kvgate's limits) and CORS (``access-control-*``, `server.cors_*`);
+- what belongs to the replica's origin, not kvgate's: ``set-cookie`` (an internal load
+  balancer's stickiness cookie), ``alt-svc``, ``strict-transport-security``, and the URLs of
+  ``location`` and ``content-location`` (an internal address).
+
+The HTTP edge keeps the headers that pass (`H1Conn` reads them as they come) for proxied and
+stored answers; the endpoint picker has Envoy remove the others it would pass (`removed`:
+Envoy drops the hop-by-hop ones, and sets the framing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["passes", "removed", "without_listed"]
+
+_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
+                         b"transfer-encoding", b"upgrade", b"proxy-authenticate"})
+_FRAMING = frozenset({b"content-length", b"content-type", b"content-encoding", b"date",
+                      b"server"})
+# what describes the replica's bytes, which kvgate may change (an error re-shaped, the usage
+# chunk dropped, a byte order mark left out), or a request kvgate does not pass on (a range, a
+# validator): not kvgate's answer's
+_BYTES = frozenset({b"etag", b"content-md5", b"digest", b"content-digest", b"repr-digest",
+                    b"accept-ranges", b"content-range"})
+_KVGATES = frozenset({b"x-request-id", b"retry-after"})
+_ORIGINS = frozenset({b"set-cookie", b"alt-svc", b"strict-transport-security", b"location",
+                      b"content-location"})
+_KVGATES_PREFIXES = (b"x-kvgate-", b"x-ratelimit-", b"access-control-")
+_NOT_PASSED = _HOP_BY_HOP | _FRAMING | _BYTES | _KVGATES | _ORIGINS
+
+
+def passes(name: bytes) -> bool:
+    """Whether a response header of this (lower-case) name reaches the client."""
+    return name not in _NOT_PASSED and not name.startswith(_KVGATES_PREFIXES)
+
+
+def without_listed(
+    headers: list[tuple[bytes, bytes]], connection: bytes,
+) -> list[tuple[bytes, bytes]]:
+    """`headers` without those the ``Connection`` header's value (`connection`) names: hop
+    by hop too (RFC 9110 7.6.1)."""
+    listed = {t.strip().lower() for t in connection.split(b",")}
+    return [(k, v) for k, v in headers if k not in listed]
+
+
+def removed(names: Iterable[str]) -> list[str]:
+    """Of a replica's response header names (lower case, as Envoy gives them), those the
+    picker has Envoy remove: the replica's origin's, its bytes' and the
+    ``x-kvgate-*``/``x-ratelimit-*`` ones, which Envoy would pass and the HTTP edge does not.
+    The others kvgate sets are overwritten (``x-request-id``); CORS is Envoy's own filter's
+    there."""
+    out = []
+    for name in names:
+        raw = name.encode("latin-1")
+        if raw in _ORIGINS or raw in _BYTES or (raw.startswith(_KVGATES_PREFIXES)
+                               and not raw.startswith(b"access-control-")):
+            out.append(name)
+    return out
