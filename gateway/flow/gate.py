@@ -63,6 +63,7 @@ from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow
+from routing.flow.unseen import UnseenPicks
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision, ReplicaView
@@ -145,7 +146,10 @@ class FlowGate:
     def __init__(
         self, cfg: FlowSection, pools: Pools, router: Router, planner: Planner,
         metrics: GatewayMetrics, clock: Callable[[], float],
+        lag: Callable[[float], float] | None = None,
     ) -> None:
+        """``lag``: how late other gateways' sends reach this one (`PeerLag`), when gateways
+        share state."""
         self._cfg = cfg
         self._core = cfg.flow_config()
         self._tick = cfg.tick_ms / 1000.0
@@ -156,6 +160,8 @@ class FlowGate:
         self._planner = planner
         self._clock = clock
         self._states: dict[str, _PoolState] = {}
+        self._lag = lag
+        self._unseen = UnseenPicks()  # this gateway's recent picks (`peers`)
         self.metrics = FlowMetrics(metrics.registry, self._queues, self._saturation)
         metrics.pool_forgetters.append(self._forget_pool)
 
@@ -226,13 +232,13 @@ class FlowGate:
                             tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
-        alt = self.spill(req.kind, principal, parsed, plan, now, peers)
+        alt = self.spill(req.kind, principal, parsed, plan, now)
         if alt is None:
             return None
         alt_state = self.state(alt.pool.name)
         alt_state.flow.sent(tenant, cost, now, weight)
         self._sent(alt_state, req, tenant, cost)
-        return self._narrow(alt_state, alt, peers, tenant, cost, now)
+        return self._narrow(alt_state, alt, self.peers(now), tenant, cost, now)
 
     def _narrow(
         self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad], tenant: str,
@@ -262,14 +268,19 @@ class FlowGate:
         return out
 
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
-        """``decision`` with the route "queued" when the request waited."""
+        """``decision``, picked for ``req`` now, with the route "queued" when the request
+        waited. With other gateways, the pick is kept for as long as their records of what
+        they sent meanwhile may take to arrive (`peers`)."""
+        if self._lag is not None:
+            now = self._clock()
+            self._unseen.window = self._lag(now)
+            self._unseen.picked(decision.replica, req.features.prompt_tokens, now)
         if req.queued_s is None or req.spilled:
             return decision
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
 
     def spill(
-        self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
-        now: float, peers: Mapping[str, ReplicaLoad],
+        self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan, now: float,
     ) -> Plan | None:
         """The tier's other pool, tried before queueing: a plan for another pool with room
         and nothing queued -- its spill-over (`spill_to`, `borrow_from`) from its home pool,
@@ -287,7 +298,7 @@ class FlowGate:
         other = self.state(alt.pool.name)
         views = self.busy_full(other.name, alt.views, now)
         # (a pool with no healthy replica is not saturated: it answers 503 at once)
-        if other.flow.queue or other.flow.saturated(views, peers) or not any(
+        if other.flow.queue or other.flow.saturated(views, self.peers(now)) or not any(
                 v.healthy for v in views):
             return None
         return alt
@@ -528,8 +539,17 @@ class FlowGate:
             state.doc = doc
 
     def peers(self, now: float) -> Mapping[str, ReplicaLoad]:
+        """Other gateways' load per replica: their published records, and what they may have
+        sent unseen within their records' lag, as many as this gateway sent there from each of
+        them (`routing.flow.unseen`: a burst split over N gateways fills the bound, not N
+        times it)."""
         peers = self._router.peers
-        return peers.totals(now) if peers is not None else _NO_PEERS
+        if peers is None:
+            return _NO_PEERS
+        totals = peers.totals(now)
+        if not self._unseen:
+            return totals
+        return self._unseen.loads(totals, peers.members(now), now)
 
     def cost_of(self, plan: Plan, parsed: ParsedBody) -> float:
         return asked_tokens(parsed, plan.features.prompt_tokens, self._expected,
@@ -585,4 +605,5 @@ class FlowGate:
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
         views = [r.view(now) for r in pool.replicas]
-        return state.flow.saturated(self.busy_full(pool.name, views, now), self.peers(now))
+        return state.flow.saturated(self.busy_full(pool.name, views, now),
+                                    self.peers(now))
