@@ -15,8 +15,8 @@ the pure core (`routing.flow`); docs/flow-control.md.
 
 from gateway.flow.cost import asked_tokens
 from gateway.flow.explain import flow_explain, pool_state
-from gateway.flow.gate import FlowGate, until_disconnect
+from gateway.flow.gate import ClientWatch, FlowGate, until_disconnect
 from gateway.flow.peer_lag import PeerLag
 
-__all__ = ["FlowGate", "PeerLag", "asked_tokens", "flow_explain", "pool_state",
+__all__ = ["ClientWatch", "FlowGate", "PeerLag", "asked_tokens", "flow_explain", "pool_state",
            "until_disconnect"]

@@ -55,6 +55,7 @@ from gateway.errors import (
 )
 from gateway.flow.cost import asked_tokens
 from gateway.flow.metrics import FlowMetrics
+from gateway.halfclose import EOF_PROBE, REPROBE_S
 from gateway.metrics import GatewayMetrics
 from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
@@ -68,7 +69,7 @@ from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["FlowGate", "until_disconnect"]
+__all__ = ["ClientWatch", "FlowGate", "until_disconnect"]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 QUEUED = "queued"  # the route of a request that waited
@@ -85,6 +86,37 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class ClientWatch:
+    """A queued request's client at the HTTP edge: called, returns when it has left
+    (`until_disconnect`); `probing`: the answer to come of the probe of a FIN it sent, while
+    it is not known whether it left or only half-closed its side (`gateway.halfclose`)."""
+
+    __slots__ = ("_receive", "_scope")
+
+    def __init__(self, receive: Callable[[], Awaitable[Any]], scope: Mapping[str, Any]) -> None:
+        self._receive, self._scope = receive, scope
+
+    async def __call__(self) -> None:
+        await until_disconnect(self._receive)
+
+    def probing(self) -> asyncio.Future[bool] | None:
+        probe: asyncio.Future[bool] | None = self._scope.get("extensions", {}).get(EOF_PROBE)
+        return probe if probe is not None and not probe.done() else None
+
+
+async def _left(gone: Callable[[], Awaitable[object]], watch: asyncio.Future[object]) -> bool:
+    """Whether the client of a request just released from the queue has left: its watch saw
+    it go (the queue's removal of it had not run yet), or it sent a FIN whose probe says so
+    (waited for: a slot that freed as it left would otherwise send it to a replica)."""
+    probe = gone.probing() if isinstance(gone, ClientWatch) else None
+    if probe is not None and not watch.done():
+        await asyncio.wait((probe, watch), timeout=REPROBE_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+    if watch.done() and not watch.cancelled():
+        return True
+    return probe is not None and probe.done() and probe.result() is False
 
 
 class _Ticket:
@@ -347,6 +379,11 @@ class FlowGate:
         try:
             with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
+                if not moved and watch is not None and gone is not None \
+                        and await _left(gone, watch):
+                    # released as its client left: never sent, and it took nothing
+                    state.flow.refund(principal.tenant_id, cost, self._clock(), ticket.entry)
+                    raise _Gone
             released = not moved
             outcome = "released" if released else "moved"
             if released:
