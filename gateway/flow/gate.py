@@ -162,7 +162,7 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "sends", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "room_since", "sends", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -172,6 +172,7 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
+        self.room_since: float | None = None  # since when it has had room (`_holds_back`)
 
 
 class FlowGate:
@@ -259,9 +260,11 @@ class FlowGate:
         pool with room; None when it has to wait in ``state``'s queue."""
         peers = self.peers(now)
         tenant = principal.tenant_id
-        weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        if state.flow.admit(self.busy_full(state.name, plan.views, now), cost, now, peers,
-                            tenant, weight):
+        doc = self.doc(principal)
+        band, weight, _ = doc.flow_class(principal.tier, tenant)
+        views = self.busy_full(state.name, plan.views, now)
+        if not self._holds_back(state, views, peers, band, doc, now) and state.flow.admit(
+                views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
         alt = self.spill(req.kind, principal, parsed, plan, now)
@@ -485,9 +488,13 @@ class FlowGate:
             if pool is None:  # the pool left the policy: let them through to be re-planned
                 out = flow.pop(now)
             else:
-                views = [r.view(now) for r in pool.replicas]
-                out = flow.release(self.busy_full(state.name, views, now), now,
-                                   self.peers(now))
+                views = self.busy_full(state.name, [r.view(now) for r in pool.replicas], now)
+                peers = self.peers(now)
+                head = flow.queue.peek()
+                if head is not None and state.doc is not None and self._holds_back(
+                        state, views, peers, head.band, state.doc, now):
+                    break
+                out = flow.release(views, now, peers)
             if out is None:
                 break
             ticket = out.handle
@@ -498,6 +505,28 @@ class FlowGate:
             ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
+
+    def _holds_back(
+        self, state: _PoolState, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
+        band: int, doc: PolicyDoc, now: float,
+    ) -> bool:
+        """Whether a request of ``band`` waits for room the pool has had only briefly: with
+        other gateways live, a band below the policy's top one goes into a pool that had no
+        room only once it has had room for two of their records' lags. A slot freed here
+        is seen here at once, by the others a lag later; a higher-band request queued there
+        is picked then and its record is back here a lag after: the slot is its. Without the
+        wait the gateway where the slot freed filled it with its own queue's lower band,
+        again and again, while a premium request waited on another gateway."""
+        if self._lag is None or state.flow.saturated(views, peers):
+            state.room_since = None
+            return False
+        if state.room_since is None:
+            state.room_since = now
+        peers_live = self._router.peers
+        if peers_live is None or not peers_live.members(now):
+            return False
+        top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
+        return band > top and now - state.room_since < 2.0 * self._lag(now)
 
     def _check_keys(self, state: _PoolState) -> None:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
