@@ -33,7 +33,8 @@ REPLICAS = 2
 PROMPT = " ".join(f"word{k}" for k in range(120))
 
 
-async def _fire(bases: list[str], sims: list[str], n: int) -> tuple[list[int], list[int]]:
+async def _fire(bases: list[str], sims: list[str], n: int, prompt: str
+                ) -> tuple[list[int], list[int]]:
     """``n`` streams at once, split evenly over ``bases``: what each replica received once
     every one of them has arrived (the replicas hold some, the gateways queue the rest), and
     what each received once the clients all left (the queued ones must never be sent)."""
@@ -42,7 +43,7 @@ async def _fire(bases: list[str], sims: list[str], n: int) -> tuple[list[int], l
 
     async def one(i: int) -> Any:
         return await clients[i % len(clients)].chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"burst {i}: " + PROMPT}],
+            model=MODEL, messages=[{"role": "user", "content": f"burst {i}: " + prompt}],
             max_tokens=50, stream=True)
 
     tasks = [asyncio.ensure_future(one(i)) for i in range(n)]
@@ -61,8 +62,8 @@ def _held(sims: list[str]) -> list[int]:
     return [int(httpx.get(f"{s}/sim/stats", timeout=5).json()["received"]) for s in sims]
 
 
-def burst_once(gateways: int, burst: int, peer_lag_ms: float | None = None
-               ) -> tuple[list[int], list[int]]:
+def burst_once(gateways: int, burst: int, peer_lag_ms: float | None = None,
+               prompt: str = PROMPT) -> tuple[list[int], list[int]]:
     """One burst of ``burst`` streams through ``gateways`` fresh gateways on a fresh Redis:
     what each replica received by its end, and once its clients had left (`_fire`)."""
     exe = shutil.which("redis-server")
@@ -73,14 +74,14 @@ def burst_once(gateways: int, burst: int, peer_lag_ms: float | None = None
                              stdout=subprocess.DEVNULL)
     try:
         time.sleep(0.3)
-        return _burst(gateways, burst, f"redis://127.0.0.1:{port}/0", peer_lag_ms)
+        return _burst(gateways, burst, f"redis://127.0.0.1:{port}/0", peer_lag_ms, prompt)
     finally:
         redis.terminate()
         redis.wait(10)
 
 
-def _burst(gateways: int, burst: int, redis_url: str, peer_lag_ms: float | None
-           ) -> tuple[list[int], list[int]]:
+def _burst(gateways: int, burst: int, redis_url: str, peer_lag_ms: float | None,
+           prompt: str) -> tuple[list[int], list[int]]:
     env = {"KVGATE_FLOW__ENABLED": "true", "KVGATE_FLOW__MAX_INFLIGHT": str(LIMIT),
            "KVGATE_FLOW__MAX_QUEUE": "1000", "KVGATE_REDIS_URL": redis_url, "KVGATE_CONFIG": ""}
     if peer_lag_ms is not None:
@@ -94,7 +95,7 @@ def _burst(gateways: int, burst: int, redis_url: str, peer_lag_ms: float | None
             bases = [fleet.gateway(sims, "--log-level", "warning") for _ in range(gateways)]
             for base in bases if gateways > 1 else ():
                 _see_each_other(base, gateways - 1)
-            return asyncio.run(_fire(bases, sims, burst))
+            return asyncio.run(_fire(bases, sims, burst, prompt))
     finally:
         for k, v in saved.items():
             if v is None:
@@ -116,20 +117,67 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--burst", type=int, default=40)
-    p.add_argument("--json", help="write the counts here")
+    p.add_argument("--peer-lag-ms", type=float, help="flow.peer_lag_ms (default: unset)")
+    p.add_argument("--short", action="store_true",
+                   help="one-word prompts (no prefix block: no routing record of their own)")
+    p.add_argument("--label", default="this commit", help="the runs' name in --json")
+    p.add_argument("--json", help="add the counts to this file (kept: other labels' runs)")
+    p.add_argument("--figure", help="draw the runs of --json into this PNG, and stop")
     args = p.parse_args(argv)
+    if args.figure:
+        figure(args.json, args.figure)
+        return
     out: dict[str, list[list[int]]] = {}
     for _ in range(args.rounds):
         for n in (1, 2):
-            held, after = burst_once(n, args.burst)
-            out.setdefault(f"{n} gateway(s)", []).append(held)
-            out.setdefault(f"{n} gateway(s), after the clients left", []).append(after)
+            held, after = burst_once(n, args.burst, args.peer_lag_ms,
+                                     "x" if args.short else PROMPT)
+            out.setdefault(f"{n}", []).append(held)
+            out.setdefault(f"{n} left", []).append(after)
             print(f"{n} gateway(s): per replica {held} (bound {LIMIT} each), {after} "
                   "once the clients had left", flush=True)
     if args.json:
+        saved: dict[str, Any] = {}
+        if os.path.exists(args.json):
+            with open(args.json) as f:
+                saved = json.load(f)
+        saved.update({"limit": LIMIT, "replicas": REPLICAS, "burst": args.burst})
+        saved.setdefault("runs", {})[args.label] = out
         with open(args.json, "w") as f:
-            json.dump({"limit": LIMIT, "replicas": REPLICAS, "burst": args.burst, "runs": out},
-                      f, indent=1)
+            json.dump(saved, f, indent=1)
+
+
+def figure(path: str, png: str) -> None:
+    """Per label, the peak a replica held in each round's burst, one gateway against two."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        data = json.load(f)
+    labels = list(data["runs"])
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(labels)
+    for i, label in enumerate(labels):
+        runs = data["runs"][label]
+        for x, n in enumerate(("1", "2")):
+            peaks = [max(r) for r in runs.get(n, [])]
+            if not peaks:
+                continue
+            mean = sum(peaks) / len(peaks)
+            ax.bar(x + i * width, mean, width, label=label if x == 0 else None,
+                   color=f"C{i}")
+            ax.plot([x + i * width] * len(peaks), peaks, "k.", markersize=4)
+    ax.axhline(data["limit"], color="red", linestyle="--", label="the bound")
+    ax.set_xticks([w + 0.4 - width / 2 for w in (0, 1)],
+                  ["one gateway", "two gateways (one Redis)"])
+    ax.set_ylabel("requests a replica held")
+    ax.set_title(f"A burst of {data['burst']} streams, max_inflight {data['limit']} on each "
+                 f"of {data['replicas']} replicas")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,13 @@ in what it sent lately too goes only to a replica with spare room (the share cap
 `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
 with several gateways behind a balancer each sees its part of every tenant.
 
+With other gateways (shared state) the saturation rule adds their published load and, within
+their records' lag (`PeerLag`), what they may have sent unseen: as many as this gateway sent
+itself per replica, from each of them (`routing.flow.unseen`; `mark` records every pick), so
+a burst split over N gateways fills the bounds, not N times them. A band below the policy's
+top one takes a pool's room only once it has lasted two such lags (`_holds_back`): a slot
+freed here is seen here first, and a top-band request queued on another gateway gets it.
+
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
@@ -28,7 +35,9 @@ as important as a top-band one: the pool is overloaded), moved (a policy change 
 another pool: it is admitted again there, within the deadline of its first queue,
 `FlowGate.policy_changed`), abandoned (its client disconnected: removed at once and counted,
 the edge settles the admission; the HTTP edge's disconnect watch signals it, the picker's
-handler is cancelled by gRPC), or interrupted when shutdown starts (503: not sent during the grace).
+handler is cancelled by gRPC; one released while its client's FIN is being probed waits for
+the probe's answer, `ClientWatch`), or interrupted when shutdown starts (503: not sent
+during the grace).
 `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
