@@ -141,41 +141,43 @@ def main(argv: list[str] | None = None) -> None:
         if os.path.exists(args.json):
             with open(args.json) as f:
                 saved = json.load(f)
-        saved.update({"limit": LIMIT, "replicas": REPLICAS, "burst": args.burst})
+        saved.update({"limit": LIMIT, "replicas": REPLICAS, "burst": args.burst,
+                      "title": "one-word prompts" if args.short else "120-word prompts"})
         saved.setdefault("runs", {})[args.label] = out
         with open(args.json, "w") as f:
             json.dump(saved, f, indent=1)
 
 
-def figure(path: str, png: str) -> None:
-    """Per label, the peak a replica held in each round's burst, one gateway against two."""
+def figure(paths: str, png: str) -> None:
+    """Per run (``paths``: JSON files, comma-separated, one panel each) and label, the peak a
+    replica held in each round's burst, one gateway against two."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    with open(path) as f:
-        data = json.load(f)
-    labels = list(data["runs"])
-    fig, ax = plt.subplots(figsize=(7, 3.6))
-    width = 0.8 / len(labels)
-    for i, label in enumerate(labels):
-        runs = data["runs"][label]
-        for x, n in enumerate(("1", "2")):
-            peaks = [max(r) for r in runs.get(n, [])]
-            if not peaks:
-                continue
-            mean = sum(peaks) / len(peaks)
-            ax.bar(x + i * width, mean, width, label=label if x == 0 else None,
-                   color=f"C{i}")
-            ax.plot([x + i * width] * len(peaks), peaks, "k.", markersize=4)
-    ax.axhline(data["limit"], color="red", linestyle="--", label="the bound")
-    ax.set_xticks([w + 0.4 - width / 2 for w in (0, 1)],
-                  ["one gateway", "two gateways (one Redis)"])
-    ax.set_ylabel("requests a replica held")
-    ax.set_title(f"A burst of {data['burst']} streams, max_inflight {data['limit']} on each "
-                 f"of {data['replicas']} replicas")
-    ax.legend(fontsize=8)
+    files = paths.split(",")
+    fig, axes = plt.subplots(1, len(files), figsize=(6.5 * len(files), 3.8), squeeze=False)
+    for ax, path in zip(axes[0], files, strict=True):
+        with open(path) as f:
+            data = json.load(f)
+        labels = list(data["runs"])
+        width = 0.8 / len(labels)
+        for i, label in enumerate(labels):
+            runs = data["runs"][label]
+            for x, n in enumerate(("1", "2")):
+                peaks = [max(r) for r in runs.get(n, [])]
+                if peaks:
+                    ax.bar(x + i * width, sum(peaks) / len(peaks), width, color=f"C{i}",
+                           label=label if x == 0 else None)
+                    ax.plot([x + i * width] * len(peaks), peaks, "k.", markersize=5)
+        ax.axhline(data["limit"], color="red", linestyle="--", label="the bound")
+        ax.set_xticks([w + 0.4 - width / 2 for w in (0, 1)],
+                      ["one gateway", "two gateways (one Redis)"])
+        ax.set_ylabel("most requests a replica held")
+        ax.set_title(f"{data.get('title', '')}: {data['burst']} streams, max_inflight "
+                     f"{data['limit']} x {data['replicas']} replicas", fontsize=9)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
