@@ -181,7 +181,8 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
-        self.room_since: float | None = None  # since when it has had room (`_holds_back`)
+        # since when it has had room (`_holds_back`; None: it has none; from the start)
+        self.room_since: float | None = -math.inf
 
 
 class FlowGate:
