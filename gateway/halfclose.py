@@ -29,12 +29,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from gateway.writewatch import reset
 
-__all__ = ["CONTINUE", "KEEP_ALIVE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
+__all__ = ["CONTINUE", "EOF_PROBE", "KEEP_ALIVE", "PROBE_S", "REPROBE_S", "HalfCloseProbe"]
 
 # a half-closed client's probe (`HalfCloseProbe.eof_received`): the reset of a client gone
 # is back within a round trip; a later one is seen at the next probe's write
 PROBE_S = 0.2
 REPROBE_S = 1.0
+# the scope extension of a request whose client sent a FIN before its answer started: a
+# future of the first probe's answer (True: a half-close, the client is there; False: gone).
+# Flow control holds a request it releases meanwhile until it is known (`gateway.flow`)
+EOF_PROBE = "kvgate.eof_probe"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 KEEP_ALIVE = b"e\r\n: keep-alive\n\n\r\n"  # one chunk: an SSE comment line and its blank line
 # a chunk whose data ends a whole SSE event, whatever its line ends (LF, CRLF, CR: kvgate
@@ -95,6 +99,8 @@ class HalfCloseProbe(HttpToolsProtocol):
             return None
         cycle.keep_alive = False  # no request can come after it: closed once answered
         cycle.transport = cast(asyncio.Transport, _Tail(self.transport, self.loop.time))
+        extensions = cast(dict[str, Any], cycle.scope).setdefault("extensions", {})
+        extensions[EOF_PROBE] = self.loop.create_future()
         self._probe(cycle)
         return True
 
@@ -134,6 +140,7 @@ class HalfCloseProbe(HttpToolsProtocol):
 
     def _probed(self, cycle: RequestResponseCycle) -> None:
         if cycle.response_complete or cycle.disconnected or self.transport.is_closing():
+            _answer_probe(cycle, False)
             return
         sock = self.transport.get_extra_info("socket")
         if sock is not None and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
@@ -142,7 +149,9 @@ class HalfCloseProbe(HttpToolsProtocol):
             running = self._running
             self._abort(running if running is not None and not running.response_complete
                         else cycle)
+            _answer_probe(cycle, False)
             return
+        _answer_probe(cycle, True)
         self.loop.call_later(REPROBE_S - PROBE_S, self._probe, cycle)
 
     def _abort(self, cycle: RequestResponseCycle) -> None:
@@ -154,3 +163,10 @@ class HalfCloseProbe(HttpToolsProtocol):
         cycle.disconnected = True
         cycle.message_event.set()
         reset(self.transport)
+
+
+def _answer_probe(cycle: RequestResponseCycle, there: bool) -> None:
+    """The first probe's answer, to whoever waits for it (`EOF_PROBE`)."""
+    probe = cast(dict[str, Any], cycle.scope).get("extensions", {}).get(EOF_PROBE)
+    if probe is not None and not probe.done():
+        probe.set_result(there)

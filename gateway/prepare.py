@@ -255,8 +255,8 @@ class Preparer:
                 raise pool.none_healthy(parsed.model, now, among) from None
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
-        if self.flow is not None and req.queued_s is not None:
-            decision = self.flow.mark(req, decision)  # route "queued"
+        if self.flow is not None:  # the pick counts in its pool; route "queued" if it waited
+            decision = self.flow.mark(req, decision)
         parsed.shed()  # everything above has read it; the upstream body is written
         return decision, upstream_body
 

@@ -27,7 +27,6 @@ import itertools
 import logging
 import os
 from collections.abc import Callable
-from functools import partial
 from time import perf_counter
 
 from gateway.asgi import Receive, Scope, Send, send_whole
@@ -47,7 +46,7 @@ from gateway.errors import (
     UpstreamError,
     UpstreamTimeout,
 )
-from gateway.flow import until_disconnect
+from gateway.flow import ClientWatch
 from gateway.h1conn import UpstreamProtocolError
 from gateway.httpguard import abort_client
 from gateway.metrics import GatewayMetrics
@@ -124,7 +123,8 @@ class Proxy:
             req.cors = self.cors.allowed(head.origin) or ()
         try:
             try:
-                decision, upstream_body = await self._admit_and_prepare(req, receive, head)
+                decision, upstream_body = await self._admit_and_prepare(
+                    req, scope, receive, head)
             except KvgateError as exc:
                 await self._send_error(send, req, exc)
                 return
@@ -173,7 +173,7 @@ class Proxy:
             self._stalled(scope, req)
 
     async def _admit_and_prepare(
-        self, req: ProxiedRequest, receive: Receive, head: Head
+        self, req: ProxiedRequest, scope: Scope, receive: Receive, head: Head
     ) -> tuple[Decision, bytes]:
         principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
         if head.encoded:  # (its bytes would be judged "not JSON")
@@ -183,7 +183,7 @@ class Proxy:
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads)
-        gone = partial(until_disconnect, receive)  # flow control drops a queued request then
+        gone = ClientWatch(receive, scope)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 
     # -- attempts ----------------------------------------------------------------------------

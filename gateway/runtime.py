@@ -37,7 +37,7 @@ from gateway.errors import ConfigError
 from gateway.fleet.metrics import SyncCollector
 from gateway.fleet.settings import SyncSettings
 from gateway.fleet.sync import RouteSync
-from gateway.flow import FlowGate
+from gateway.flow import FlowGate, PeerLag
 from gateway.health import HealthMonitor
 from gateway.jsondepth import guard_json_depth
 from gateway.membership import Membership
@@ -114,8 +114,9 @@ async def start_runtime(
             connect_redis(tenancy.redis_url, max_connections=16), tenancy.settings.namespace)
         stack.push_async_callback(shared.close)
     if cfg.flow.enabled:  # flow control: an admission queue per pool (gateway/flow/)
+        lag = PeerLag(sync, cfg.flow.peer_lag_ms) if sync is not None else None
         flow = proxy.prep.flow = FlowGate(cfg.flow, pools, router, proxy.planner, metrics,
-                                          clock)
+                                          clock, lag)
         # after `members`: the pools follow a new policy before the queues move to them
         stack.callback(tenancy.resolver.on_policy(flow.policy_changed))
     await members.start_discovery()

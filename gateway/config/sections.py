@@ -345,6 +345,12 @@ class FlowSection(_Section):
     # there is none (share_headroom 0: no such wait); null: no such cap
     share_cap: Annotated[float, Field(ge=1)] | None = _FLOW.share_cap
     share_headroom: Annotated[float, Field(ge=0, lt=1)] = _FLOW.share_headroom
+    # with other gateways (shared state): how late their sends reach this one; within it a
+    # request sent here counts once more per other gateway, for what they may have sent
+    # unseen (a burst split over N gateways fills the bounds, not N times them). null: the
+    # shared state's own lag (a flush interval plus the 99th percentile of its apply lag, at
+    # least its sync window: `gateway/flow/peer_lag.py`)
+    peer_lag_ms: Annotated[float, Field(gt=0, le=5000)] | None = None
 
     def flow_config(self) -> FlowConfig:
         return FlowConfig(

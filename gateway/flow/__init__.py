@@ -5,6 +5,8 @@ the pure core (`routing.flow`); docs/flow-control.md.
   the pump that releases queued requests, each request's share of its pool until it is over.
 - `explain.py`: `flow_explain`, `pool_state` -- flow control as route explain and
   ``GET /admin/replicas`` show it (read only).
+- `peer_lag.py`: `PeerLag` -- how late other gateways' sends reach this one (the window in
+  which the saturation rule counts what they may have sent unseen, `routing.flow.unseen`).
 - `cost.py`: `asked_tokens` -- what a request may consume (its prompt plus ``n`` x the output
   asked for; an embedding its prompt alone), held by flow control, reserved by TPM admission.
 - `metrics.py`: the ``kvgate_flow_*`` families -- counters, and the queue gauges read when
@@ -13,6 +15,8 @@ the pure core (`routing.flow`); docs/flow-control.md.
 
 from gateway.flow.cost import asked_tokens
 from gateway.flow.explain import flow_explain, pool_state
-from gateway.flow.gate import FlowGate, until_disconnect
+from gateway.flow.gate import ClientWatch, FlowGate, until_disconnect
+from gateway.flow.peer_lag import PeerLag
 
-__all__ = ["FlowGate", "asked_tokens", "flow_explain", "pool_state", "until_disconnect"]
+__all__ = ["ClientWatch", "FlowGate", "PeerLag", "asked_tokens", "flow_explain", "pool_state",
+           "until_disconnect"]

@@ -35,7 +35,7 @@ def flow_explain(
     would pick from: where it would wait, `FlowGate.admit` first tries the tier's spill-over."""
     info = _standing(gate, principal, plan, parsed, now)
     if info["would_queue"]:
-        alt = gate.spill(kind, principal, parsed, plan, now, gate.peers(now))
+        alt = gate.spill(kind, principal, parsed, plan, now)
         if alt is not None:
             return {**info, "would_queue": False, "spills_to": alt.pool.name}, alt
     return info, plan

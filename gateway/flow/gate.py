@@ -21,6 +21,13 @@ in what it sent lately too goes only to a replica with spare room (the share cap
 `routing.flow.gate`; `_narrow` routes it there). The share is this gateway's:
 with several gateways behind a balancer each sees its part of every tenant.
 
+With other gateways (shared state) the saturation rule adds their published load and, within
+their records' lag (`PeerLag`), what they may have sent unseen: as many as this gateway sent
+itself per replica, from each of them (`routing.flow.unseen`; `mark` records every pick), so
+a burst split over N gateways fills the bounds, not N times them. A band below the policy's
+top one takes a pool's room only once it has lasted two such lags (`_holds_back`): a slot
+freed here is seen here first, and a top-band request queued on another gateway gets it.
+
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's
 ``max_wait_s`` or displaced from a full queue; 503 when the queue is full of requests at least
@@ -28,7 +35,9 @@ as important as a top-band one: the pool is overloaded), moved (a policy change 
 another pool: it is admitted again there, within the deadline of its first queue,
 `FlowGate.policy_changed`), abandoned (its client disconnected: removed at once and counted,
 the edge settles the admission; the HTTP edge's disconnect watch signals it, the picker's
-handler is cancelled by gRPC), or interrupted when shutdown starts (503: not sent during the grace).
+handler is cancelled by gRPC; one released while its client's FIN is being probed waits for
+the probe's answer, `ClientWatch`), or interrupted when shutdown starts (503: not sent
+during the grace).
 `x-kvgate-route: queued` and the request line's ``queued_ms`` mark a request that waited.
 """
 
@@ -55,6 +64,7 @@ from gateway.errors import (
 )
 from gateway.flow.cost import asked_tokens
 from gateway.flow.metrics import FlowMetrics
+from gateway.halfclose import EOF_PROBE, REPROBE_S
 from gateway.metrics import GatewayMetrics
 from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
@@ -63,11 +73,12 @@ from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow
+from routing.flow.unseen import UnseenPicks
 from routing.peers import ReplicaLoad
 from routing.router import Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["FlowGate", "until_disconnect"]
+__all__ = ["ClientWatch", "FlowGate", "until_disconnect"]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 QUEUED = "queued"  # the route of a request that waited
@@ -84,6 +95,37 @@ async def until_disconnect(receive: Callable[[], Awaitable[Any]]) -> None:
         message = await receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class ClientWatch:
+    """A queued request's client at the HTTP edge: called, returns when it has left
+    (`until_disconnect`); `probing`: the answer to come of the probe of a FIN it sent, while
+    it is not known whether it left or only half-closed its side (`gateway.halfclose`)."""
+
+    __slots__ = ("_receive", "_scope")
+
+    def __init__(self, receive: Callable[[], Awaitable[Any]], scope: Mapping[str, Any]) -> None:
+        self._receive, self._scope = receive, scope
+
+    async def __call__(self) -> None:
+        await until_disconnect(self._receive)
+
+    def probing(self) -> asyncio.Future[bool] | None:
+        probe: asyncio.Future[bool] | None = self._scope.get("extensions", {}).get(EOF_PROBE)
+        return probe if probe is not None and not probe.done() else None
+
+
+async def _left(gone: Callable[[], Awaitable[object]], watch: asyncio.Future[object]) -> bool:
+    """Whether the client of a request just released from the queue has left: its watch saw
+    it go (the queue's removal of it had not run yet), or it sent a FIN whose probe says so
+    (waited for: a slot that freed as it left would otherwise send it to a replica)."""
+    probe = gone.probing() if isinstance(gone, ClientWatch) else None
+    if probe is not None and not watch.done():
+        await asyncio.wait((probe, watch), timeout=REPROBE_S,
+                           return_when=asyncio.FIRST_COMPLETED)
+    if watch.done() and not watch.cancelled():
+        return True
+    return probe is not None and probe.done() and probe.result() is False
 
 
 class _Ticket:
@@ -129,7 +171,7 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "sends", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "room_since", "sends", "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -139,13 +181,18 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
+        # since when it has had room (`_holds_back`; None: it has none; from the start)
+        self.room_since: float | None = -math.inf
 
 
 class FlowGate:
     def __init__(
         self, cfg: FlowSection, pools: Pools, router: Router, planner: Planner,
         metrics: GatewayMetrics, clock: Callable[[], float],
+        lag: Callable[[float], float] | None = None,
     ) -> None:
+        """``lag``: how late other gateways' sends reach this one (`PeerLag`), when gateways
+        share state."""
         self._cfg = cfg
         self._core = cfg.flow_config()
         self._tick = cfg.tick_ms / 1000.0
@@ -156,6 +203,8 @@ class FlowGate:
         self._planner = planner
         self._clock = clock
         self._states: dict[str, _PoolState] = {}
+        self._lag = lag
+        self._unseen = UnseenPicks()  # this gateway's recent picks (`peers`)
         self.metrics = FlowMetrics(metrics.registry, self._queues, self._saturation)
         metrics.pool_forgetters.append(self._forget_pool)
 
@@ -221,18 +270,20 @@ class FlowGate:
         pool with room; None when it has to wait in ``state``'s queue."""
         peers = self.peers(now)
         tenant = principal.tenant_id
-        weight = self.doc(principal).flow_class(principal.tier, tenant)[1]
-        if state.flow.admit(self.busy_full(state.name, plan.views, now), cost, now, peers,
-                            tenant, weight):
+        doc = self.doc(principal)
+        band, weight, _ = doc.flow_class(principal.tier, tenant)
+        views = self.busy_full(state.name, plan.views, now)
+        if not self._holds_back(state, views, peers, band, doc, now) and state.flow.admit(
+                views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
-        alt = self.spill(req.kind, principal, parsed, plan, now, peers)
+        alt = self.spill(req.kind, principal, parsed, plan, now)
         if alt is None:
             return None
         alt_state = self.state(alt.pool.name)
         alt_state.flow.sent(tenant, cost, now, weight)
         self._sent(alt_state, req, tenant, cost)
-        return self._narrow(alt_state, alt, peers, tenant, cost, now)
+        return self._narrow(alt_state, alt, self.peers(now), tenant, cost, now)
 
     def _narrow(
         self, state: _PoolState, plan: Plan, peers: Mapping[str, ReplicaLoad], tenant: str,
@@ -262,14 +313,19 @@ class FlowGate:
         return out
 
     def mark(self, req: ProxiedRequest, decision: Decision) -> Decision:
-        """``decision`` with the route "queued" when the request waited."""
+        """``decision``, picked for ``req`` now, with the route "queued" when the request
+        waited. With other gateways, the pick is kept for as long as their records of what
+        they sent meanwhile may take to arrive (`peers`)."""
+        if self._lag is not None:
+            now = self._clock()
+            self._unseen.window = self._lag(now)
+            self._unseen.picked(decision.replica, req.features.prompt_tokens, now)
         if req.queued_s is None or req.spilled:
             return decision
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
 
     def spill(
-        self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan,
-        now: float, peers: Mapping[str, ReplicaLoad],
+        self, kind: str, principal: Principal, parsed: ParsedBody, plan: Plan, now: float,
     ) -> Plan | None:
         """The tier's other pool, tried before queueing: a plan for another pool with room
         and nothing queued -- its spill-over (`spill_to`, `borrow_from`) from its home pool,
@@ -287,7 +343,7 @@ class FlowGate:
         other = self.state(alt.pool.name)
         views = self.busy_full(other.name, alt.views, now)
         # (a pool with no healthy replica is not saturated: it answers 503 at once)
-        if other.flow.queue or other.flow.saturated(views, peers) or not any(
+        if other.flow.queue or other.flow.saturated(views, self.peers(now)) or not any(
                 v.healthy for v in views):
             return None
         return alt
@@ -336,6 +392,11 @@ class FlowGate:
         try:
             with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
                 moved = await ticket.fut
+                if not moved and watch is not None and gone is not None \
+                        and await _left(gone, watch):
+                    # released as its client left: never sent, and it took nothing
+                    state.flow.refund(principal.tenant_id, cost, self._clock(), ticket.entry)
+                    raise _Gone
             released = not moved
             outcome = "released" if released else "moved"
             if released:
@@ -437,9 +498,13 @@ class FlowGate:
             if pool is None:  # the pool left the policy: let them through to be re-planned
                 out = flow.pop(now)
             else:
-                views = [r.view(now) for r in pool.replicas]
-                out = flow.release(self.busy_full(state.name, views, now), now,
-                                   self.peers(now))
+                views = self.busy_full(state.name, [r.view(now) for r in pool.replicas], now)
+                peers = self.peers(now)
+                head = flow.queue.peek()
+                if head is not None and state.doc is not None and self._holds_back(
+                        state, views, peers, head.band, state.doc, now):
+                    break
+                out = flow.release(views, now, peers)
             if out is None:
                 break
             ticket = out.handle
@@ -450,6 +515,28 @@ class FlowGate:
             ticket.fut.set_result(False)
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
+
+    def _holds_back(
+        self, state: _PoolState, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
+        band: int, doc: PolicyDoc, now: float,
+    ) -> bool:
+        """Whether a request of ``band`` waits for room the pool has had only briefly: with
+        other gateways live, a band below the policy's top one goes into a pool that had no
+        room only once it has had room for two of their records' lags. A slot freed here
+        is seen here at once, by the others a lag later; a higher-band request queued there
+        is picked then and its record is back here a lag after: the slot is its. Without the
+        wait the gateway where the slot freed filled it with its own queue's lower band,
+        again and again, while a premium request waited on another gateway."""
+        if self._lag is None or state.flow.saturated(views, peers):
+            state.room_since = None
+            return False
+        if state.room_since is None:
+            state.room_since = now
+        peers_live = self._router.peers
+        if peers_live is None or not peers_live.members(now):
+            return False
+        top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
+        return band > top and now - state.room_since < 2.0 * self._lag(now)
 
     def _check_keys(self, state: _PoolState) -> None:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
@@ -528,8 +615,17 @@ class FlowGate:
             state.doc = doc
 
     def peers(self, now: float) -> Mapping[str, ReplicaLoad]:
+        """Other gateways' load per replica: their published records, and what they may have
+        sent unseen within their records' lag, as many as this gateway sent there from each of
+        them (`routing.flow.unseen`: a burst split over N gateways fills the bound, not N
+        times it)."""
         peers = self._router.peers
-        return peers.totals(now) if peers is not None else _NO_PEERS
+        if peers is None:
+            return _NO_PEERS
+        totals = peers.totals(now)
+        if not self._unseen:
+            return totals
+        return self._unseen.loads(totals, peers.members(now), now)
 
     def cost_of(self, plan: Plan, parsed: ParsedBody) -> float:
         return asked_tokens(parsed, plan.features.prompt_tokens, self._expected,
@@ -585,4 +681,5 @@ class FlowGate:
     def saturated(self, pool: Pool, now: float) -> bool:
         state = self.state(pool.name)
         views = [r.view(now) for r in pool.replicas]
-        return state.flow.saturated(self.busy_full(pool.name, views, now), self.peers(now))
+        return state.flow.saturated(self.busy_full(pool.name, views, now),
+                                    self.peers(now))

@@ -12,10 +12,15 @@ from collections import deque
 from collections.abc import Callable, Collection
 from typing import Generic, TypeVar
 
-__all__ = ["DISPATCHED", "IDLE_FLOWS", "QUEUED", "REMOVED", "Band", "Entry", "TenantFlow"]
+__all__ = [
+    "DISPATCHED", "IDLE_FLOWS", "QUEUED", "REBASE_AT", "REMOVED", "Band", "Entry", "TenantFlow",
+]
 
 T = TypeVar("T")
 IDLE_FLOWS = 256  # per band: idle tenants remembered ahead of V (beyond: the oldest forgotten)
+# a band's virtual time past this: every tag is shifted back by it (`Band.rebase`). Tags keep
+# a precision of 2^-28 up to it, beyond the smallest advance (1 token at weight 1,000,000)
+REBASE_AT = float(1 << 24)
 QUEUED, DISPATCHED, REMOVED = 0, 1, 2  # an entry's state
 
 
@@ -23,7 +28,7 @@ class Entry(Generic[T]):
     """One queued request. ``handle`` is the caller's (a future, a replay request, ...)."""
 
     __slots__ = ("band", "cost", "deadline", "delta", "enqueued_at", "finish", "handle", "held",
-                 "seq", "start", "state", "tenant", "tier", "weight")
+                 "seq", "shift", "start", "state", "tenant", "tier", "weight")
 
     def __init__(
         self, handle: T, tenant: str, tier: str, band: int, cost: float, weight: float,
@@ -36,6 +41,7 @@ class Entry(Generic[T]):
         self.delta = cost / weight  # its advance in virtual time
         self.enqueued_at, self.deadline, self.seq = enqueued_at, deadline, seq
         self.start = self.finish = 0.0
+        self.shift = 0.0  # its band's `Band.shift` when its tags were last set
         self.state = QUEUED
         self.held = False  # passed over at a release for lack of spare room (`PoolFlow`)
 
@@ -66,17 +72,42 @@ class TenantFlow(Generic[T]):
 
 
 class Band(Generic[T]):
-    __slots__ = ("cost", "count", "credit", "flows", "heads", "level", "vtime")
+    __slots__ = ("cost", "count", "credit", "flows", "heads", "level", "shift", "vtime")
 
     def __init__(self, level: int) -> None:
         self.level = level
         self.vtime = 0.0
+        self.shift = 0.0  # how far every tag was shifted back so far (`rebase`)
         self.flows: dict[str, TenantFlow[T]] = {}
         # (head start tag, head seq, flow): lazily invalidated (valid while it is the head)
         self.heads: list[tuple[float, int, TenantFlow[T]]] = []
         self.count = 0
         self.cost = 0.0
         self.credit = 0.0
+
+    def rebase(self) -> None:
+        """Shift the virtual time and every tag back by the virtual time: their order is
+        kept, and their precision (V grows by every token dispatched over the weights; at
+        1e16 an advance below 1 no longer moved a finish tag, and a late tenant waited
+        behind another's whole backlog). A dispatched request's tags are read against
+        `shift` (`finish_now`)."""
+        v = self.vtime
+        self.vtime = 0.0
+        self.shift += v
+        shift = self.shift
+        for flow in self.flows.values():
+            flow.finish -= v
+            for e in flow.items:
+                e.start -= v
+                e.finish -= v
+                e.shift = shift
+        self.heads = [(f.items[0].start, f.items[0].seq, f) for f in self.flows.values()
+                      if f.items]
+        heapq.heapify(self.heads)
+
+    def finish_now(self, entry: Entry[T]) -> float:
+        """``entry``'s finish tag on the band's current base (rebased since it was set)."""
+        return entry.finish - (self.shift - entry.shift)
 
     def head(self) -> Entry[T] | None:
         heads = self.heads

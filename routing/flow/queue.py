@@ -17,7 +17,9 @@ tokens from a tenant of weight ``w`` gets a start tag ``S = max(V, F)`` (``F``: 
 previous finish tag, ``V``: the band's virtual time, the start tag of the last dispatched
 request) and a finish tag ``S + cost / w``; the smallest start tag goes first (ties: arrival
 order). A backlogged tenant therefore gets ``w / sum(w)`` of the band's tokens, and a tenant
-that was idle starts at ``V``: it banks no credit for the time it sent nothing.
+that was idle starts at ``V``: it banks no credit for the time it sent nothing. ``V`` grows
+with every token dispatched over the weights; past `REBASE_AT` every tag of the band is shifted
+back by it (`Band.rebase`), so tags keep their precision over any uptime.
 
 **Bounds.** At most ``max_queue`` requests. A request arriving at a full queue displaces the
 newest request of the lowest band below its own; failing that, the newest request of the
@@ -36,7 +38,7 @@ from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from routing.flow.bands import DISPATCHED, QUEUED, REMOVED, Band, Entry, TenantFlow
+from routing.flow.bands import DISPATCHED, QUEUED, REBASE_AT, REMOVED, Band, Entry, TenantFlow
 from routing.flow.config import DEFAULT_MIN_SHARE
 
 __all__ = ["RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "FlowQueue", "Offer"]
@@ -151,6 +153,7 @@ class FlowQueue(Generic[T]):
         flow.weight = weight
         entry.start = flow.finish if flow.items else max(b.vtime, flow.finish)
         entry.finish = flow.finish = entry.start + entry.delta
+        entry.shift = b.shift
         flow.items.append(entry)
         flow.backlog += entry.delta
         if len(flow.items) == 1:
@@ -204,6 +207,8 @@ class FlowQueue(Generic[T]):
         if flow.items:  # the popped head's heap item is stale now (`Band.head` drops it)
             nxt = flow.items[0]
             heapq.heappush(b.heads, (nxt.start, nxt.seq, flow))
+        if b.vtime >= REBASE_AT:
+            b.rebase()
         self._unqueue(b, entry, DISPATCHED)
         b.prune()
         self.note_dispatch(entry.cost, now)
@@ -325,7 +330,7 @@ class FlowQueue(Generic[T]):
         flow = b.flows.get(entry.tenant) if b is not None and entry is not None else None
         if b is None or flow is None or entry is None:
             return
-        back = min(tokens / entry.weight, entry.delta, entry.finish - b.vtime)
+        back = min(tokens / entry.weight, entry.delta, b.finish_now(entry) - b.vtime)
         if back <= 0:
             return
         for later in flow.items:  # queued behind it: tagged after its finish tag

@@ -1,0 +1,100 @@
+"""Tier priority across two gateways sharing state: a slot that frees goes to the premium
+request queued on the other gateway, not to a free one queued where the slot freed.
+
+One simulated replica whose streams hang after two tokens, ``max_inflight: 1`` fleet-wide.
+Gateway B runs a free stream and queues another free request; gateway A queues a premium one
+after it. When B's stream ends, B sees the slot free at once (its own count), A only once
+B's record arrives: B sent its free request into it, and the premium one waited on A while the
+pool took free requests. Now a gateway with live peers lets a lower band's request into a
+slot only after the slot has stayed free for two records' lags (a peer's higher-band request
+is picked, and its record back, within them): the premium request takes it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
+from tests.support.procs import Proc
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "flow-tiers-gateways-admin-token-0123456789"
+
+
+def _depth(base: str) -> float:
+    return sum(metric_values(base, "kvgate_flow_queue_depth").values())
+
+
+def _peers(base: str) -> int:
+    return int(httpx.get(f"{base}/readyz", timeout=5).json()["sync"]["peers"])
+
+
+def _send(base: str, key: str, text: str) -> socket.socket:
+    body = json.dumps({"model": "llama", "max_tokens": 50, "stream": True,
+                       "messages": [{"role": "user", "content": text}]}).encode()
+    client = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+                   b"content-type: application/json\r\nauthorization: Bearer " + key.encode()
+                   + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    return client
+
+
+def _prompts(sim: str) -> list[str]:
+    items = httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]
+    return [r["body"]["messages"][0]["content"] for r in items
+            if r["path"] == "/v1/chat/completions"]
+
+
+@pytest.fixture
+def fleet(redis_url: str, sim_factory: Callable[..., tuple[Proc, str]]
+          ) -> Iterator[tuple[list[str], str, dict[str, str]]]:
+    _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "2", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
+              "models": {"llama": {"default": "p"}},
+              "tiers": {"premium": {"flow": {"band": 0}}, "free": {"flow": {"band": 1}}},
+              "flow": {"enabled": True, "max_inflight": 1, "peer_lag_ms": 500}}
+    env = {"KVGATE_REDIS_URL": redis_url, "KVGATE_SALT_SECRET": AUTH_SECRET,
+           "KVGATE_ADMIN_TOKEN": ADMIN}
+    with ExitStack() as stack:
+        bases = []
+        for _ in range(2):
+            proc, base = gateway_proc(config=config, env=env, auth=True)
+            stack.enter_context(proc)
+            bases.append(base)
+        wait_for(lambda: all(_peers(b) == 1 for b in bases), 20, "the gateways to see each other")
+        keys = {}
+        with admin_client(bases[0], ADMIN) as admin:
+            for tenant, tier in (("prem", "premium"), ("free", "free")):
+                assert admin.post("/tenants", json={"id": tenant, "tier": tier}).status_code == 201
+                keys[tenant] = str(admin.post(f"/tenants/{tenant}/keys").json()["key"])
+        yield bases, sim, keys
+
+
+def test_a_freed_slot_goes_to_the_premium_request_queued_on_the_other_gateway(
+        fleet: tuple[list[str], str, dict[str, str]]) -> None:
+    (a, b), sim, keys = fleet
+    holder = _send(b, keys["free"], "free, running")
+    assert holder.recv(4096).startswith(b"HTTP/1.1 200")  # it runs (and hangs)
+    time.sleep(1.5)  # A has B's record of it (a short prompt's load goes with a heartbeat)
+    waiting = _send(b, keys["free"], "free, queued first")
+    wait_for(lambda: _depth(b) == 1, 10, "the free request to queue on B")
+    premium = _send(a, keys["prem"], "premium, queued on A")
+    wait_for(lambda: _depth(a) == 1, 10, "the premium request to queue on A")
+    time.sleep(1.5)  # every record has long arrived
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    holder.close()  # its slot frees (on B)
+    wait_for(lambda: len(_prompts(sim)) >= 2, 20, "the freed slot to be taken")
+    time.sleep(1.5)  # (a second request sent into it would show now)
+    assert _prompts(sim) == ["free, running", "premium, queued on A"]
+    assert _depth(b) == 1 and _depth(a) == 0
+    waiting.close()
+    premium.close()
