@@ -63,7 +63,7 @@ class Sessions:
         previous = None
         # a loop, not `filter(tails.__contains__, ...)` over a slice: the previous tail is
         # most often a few blocks from the end, where 3.11's loop is cheaper than building
-        # the slice and the iterators (and no dearer over a whole chain)
+        # the slice and the iterators (5 % dearer over a whole chain with no tail on it)
         for h in reversed(hashes) if len(hashes) <= _SCAN else reversed(hashes[-_SCAN:]):
             if h in tails:
                 previous = h
