@@ -129,22 +129,21 @@ class AffinityIndex:
                 owners[h] = mask | bit
         new = len(blocks) - start
         used += new
-        if new < len(hashes):
+        before = len(hashes) - new  # a chain's held blocks are its head (above)
+        if before:
             # the held blocks, newest last; moved in C, one lookup each (`_refresh_blockwise`)
-            older = hashes[len(hashes) - new - 1::-1]
+            older = hashes[before - 1::-1]
             try:
                 any(map(blocks.move_to_end, older))  # move_to_end returns None: all run
             except KeyError:
                 used += self._refresh_blockwise(lru, older, fresh, bit)
-        weight = blocks[first]
-        if weight & 1 != flag:
-            blocks[first] = weight ^ 1
-        before = len(hashes) - new  # a chain's held blocks are its head (above)
-        if before == len(hashes):  # all of it: its last block counts its tail, as in
-            if tail_blocks > 0:  # `match_one` (the capped last block's, as it was before)
-                before += last_held
-            elif before:
-                before += (blocks[hashes[-1]] >> 1) - 1
+            weight = blocks[first]  # (a new first block has the flag already)
+            if weight & 1 != flag:
+                blocks[first] = weight ^ 1
+            if not new:  # all of it: its last block counts its tail, as in `match_one`
+                before += last_held if tail_blocks > 0 else (blocks[hashes[-1]] >> 1) - 1
+        elif tail_blocks > 0 and not hashes:  # the capped chain is its one (tail) block
+            before = last_held
         lru.used = used
         if used > lru.capacity:
             self._evict(lru)

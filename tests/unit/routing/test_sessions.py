@@ -162,6 +162,25 @@ def test_a_peers_routes_continue_and_make_contexts_live_as_ours_do() -> None:
 
 
 
+def test_a_peers_chain_continues_its_deepest_tail_within_its_last_blocks() -> None:
+    """The tail a peer's route continues is the deepest earlier tail among its chain's last
+    64 blocks (short chains: all of them); a tail further back is a new context."""
+    s = Sessions(window_s=8.0)
+    head = list(range(100, 200))
+    s.record(head[:3], "r0", 0.0, None)  # tails 102 and 109: 109 is the deeper one
+    s.record(head[:10], "r0", 0.0, None)
+    for t in (1.0, 2.0):  # continues 109 twice: live where the peer sent it
+        s.peer_routed("r1", head[:12 + int(t)], t)
+    assert dict(s.live(2.0)) == {"r1": 1}
+    s.record([7, 8], "r0", 3.0, None)
+    long_chain = [7, 8, *range(1000, 1070)]  # tail 8 lies 70 blocks from the end: not seen
+    s.peer_routed("r2", long_chain, 3.0)
+    s.peer_routed("r2", [*long_chain, 5000], 3.5)  # continues the long chain's own tail
+    assert dict(s.live(3.5)) == {"r1": 1}  # one quick return so far (8 was not continued)
+    s.peer_routed("r2", [*long_chain, 5000, 5001], 4.0)  # a second quick return: live
+    assert dict(s.live(4.0)) == {"r1": 1, "r2": 1}
+
+
 def test_peers_routes_alone_expire_the_contexts_gone_quiet() -> None:
     """A gateway that picks nothing (out of its load balancer) but applies its peers' routes
     keeps only the contexts of the last window, however many came and went."""
