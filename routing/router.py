@@ -71,8 +71,9 @@ class Router:
             self.policy, "routed", None)
         self._capacity_tokens: dict[str, int] = {}
         self.sharing = Sharing(self.state, self.policy)  # off until `enable_sharing`
-        # called when the outbox stops being empty (the publisher wakes up at once: a
-        # conversation's next turn may reach another gateway a few ms after this one ends)
+        # called when the outbox stops being empty, or a request without a chain was routed
+        # (the publisher wakes up at once: a conversation's next turn may reach another
+        # gateway a few ms after this one ends; a short prompt's load is news for peers too)
         self.on_outbox: Callable[[], None] | None = None
         # a route a peer may be holding a pick for is in the outbox (`defer_s`): the caller
         # publishes it at once, and reads at once while it holds a pick (`on_hold`, until
@@ -247,6 +248,11 @@ class Router:
                     self.on_outbox()
                 if sharing.publish(replica, hashes, tail, features) and self.on_urgent is not None:
                     self.on_urgent()
+        elif sharing.peers is not None and self.on_outbox is not None:
+            # no chain to publish (a prompt shorter than a block), but our load changed:
+            # peers learn it with the next batch, not the next heartbeat (their flow control
+            # and bounded load count it)
+            self.on_outbox()
         sharing.turns.routed(replica, now)
 
     # -- learning ---------------------------------------------------------------------------------
