@@ -182,12 +182,15 @@ def _head(content_type: bytes, framing: bytes) -> bytes:
             b"connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\n"
             b"x-request-id: the-replicas\r\nx-ratelimit-remaining-requests: 3\r\n"
             b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n"
-            b"content-location: http://10.0.0.7:8000/v1/x\r\netag: \"v1\"\r\n\r\n")
+            b"content-location: http://10.0.0.7:8000/v1/x\r\netag: \"v1\"\r\n"
+            b"via: 1.1 vllm-3.llm.svc.cluster.local\r\nx-forwarded-for: 10.0.0.7\r\n"
+            b"x-forwarded-host: vllm-3.llm.svc\r\nforwarded: for=10.0.0.7\r\n\r\n")
 
 
 PASSED = {"cache-control": "no-store", "vary": "Accept", "x-sidecar": "7"}
 NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc",
-              "content-location", "etag"]
+              "content-location", "etag", "via", "x-forwarded-for", "x-forwarded-host",
+              "forwarded"]
 
 
 @pytest.mark.parametrize("edge", EDGES)
@@ -200,7 +203,9 @@ def test_the_replicas_end_to_end_headers_reach_the_client(
     passed them: the edges disagreed). Not the hop-by-hop ones (RFC 9110 7.6.1), nor what
     kvgate sets itself (its ``x-request-id``, the tenant's ``x-ratelimit-*``: a replica's
     read as kvgate's limits through Envoy) or what is the replica origin's (an internal load
-    balancer's cookie, ``alt-svc``: passed through Envoy)."""
+    balancer's cookie, ``alt-svc``: passed through Envoy), nor the internal host names and
+    addresses a proxy in front of the replica wrote (``via``, ``x-forwarded-*``,
+    ``forwarded``: passed at both edges)."""
     if stream:
         replica.answer = _head(b"text/event-stream", b"transfer-encoding: chunked") + chunked(
             CHAT_EVENT, b"data: [DONE]\n\n")
