@@ -301,6 +301,29 @@ def test_sse_fields_the_sdk_misreads_are_not_relayed(
 
 
 @pytest.mark.parametrize("edge", EDGES)
+def test_fields_without_data_among_comment_lines_are_not_relayed(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """An event of fields without data with comment lines among them (a proxy's note, then
+    ``event: ping``): SSE leaves the comments out and dispatches nothing, the SDK dispatched
+    an event of data "" and failed to parse it, directly and through kvgate (only an event
+    opening with its field was made comment lines)."""
+    second = CHAT_EVENT.replace(b'"hi"', b'"there"')
+    replica.answer = sse_head() + chunked(
+        CHAT_EVENT, b": a proxy's note\nevent: ping\n\n", second,
+        b"retry: 3000\n: note\n\n", b"data: [DONE]\n\n")
+
+    def contents(base: str) -> list[str | None]:
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                       stream=True)
+        return [c.choices[0].delta.content for c in chunks]
+
+    with pytest.raises(ValueError, match="Expecting value"):  # (a JSONDecodeError)
+        contents(replica.url)
+    assert contents(bad[1][edge]) == ["hi", "there"]
+
+
+@pytest.mark.parametrize("edge", EDGES)
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_stored_answers_end_to_end_headers_reach_the_client(
     bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str, stream: bool,
