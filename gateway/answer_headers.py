@@ -18,7 +18,10 @@ dropped them all; Envoy passed them on, so the two edges disagreed). Not passed:
   read to the SDK as kvgate's limits) and CORS (``access-control-*``, `server.cors_*`);
 - what belongs to the replica's origin, not kvgate's: ``set-cookie`` (an internal load
   balancer's stickiness cookie), ``alt-svc``, ``strict-transport-security``, and the URLs of
-  ``location`` and ``content-location`` (an internal address).
+  ``location`` and ``content-location`` (an internal address);
+- what names the path the answer took inside (``via``, ``forwarded``, ``x-forwarded-*``: a
+  proxy or a sidecar in front of the replica writes its internal host names and addresses
+  there, as ``via: 1.1 vllm-3.llm.svc.cluster.local``; both edges passed them on).
 
 The HTTP edge keeps the headers that pass (`H1Conn` reads them as they come) for proxied and
 stored answers; the endpoint picker has Envoy remove the others it would pass (`removed`:
@@ -43,13 +46,17 @@ _BYTES = frozenset({b"etag", b"content-md5", b"digest", b"content-digest", b"rep
 _KVGATES = frozenset({b"x-request-id", b"retry-after"})
 _ORIGINS = frozenset({b"set-cookie", b"alt-svc", b"strict-transport-security", b"location",
                       b"content-location"})
+# the path inside: internal host names and addresses
+_INSIDE = frozenset({b"via", b"forwarded"})
+_INSIDE_PREFIX = b"x-forwarded-"
 _KVGATES_PREFIXES = (b"x-kvgate-", b"x-ratelimit-", b"access-control-")
-_NOT_PASSED = _HOP_BY_HOP | _FRAMING | _BYTES | _KVGATES | _ORIGINS
+_NOT_PASSED = _HOP_BY_HOP | _FRAMING | _BYTES | _KVGATES | _ORIGINS | _INSIDE
+_PREFIXES = (*_KVGATES_PREFIXES, _INSIDE_PREFIX)
 
 
 def passes(name: bytes) -> bool:
     """Whether a response header of this (lower-case) name reaches the client."""
-    return name not in _NOT_PASSED and not name.startswith(_KVGATES_PREFIXES)
+    return name not in _NOT_PASSED and not name.startswith(_PREFIXES)
 
 
 def without_listed(
@@ -63,14 +70,14 @@ def without_listed(
 
 def removed(names: Iterable[str]) -> list[str]:
     """Of a replica's response header names (lower case, as Envoy gives them), those the
-    picker has Envoy remove: the replica's origin's, its bytes' and the
+    picker has Envoy remove: the replica's origin's, its bytes', the path's inside and the
     ``x-kvgate-*``/``x-ratelimit-*`` ones, which Envoy would pass and the HTTP edge does not.
     The others kvgate sets are overwritten (``x-request-id``); CORS is Envoy's own filter's
     there."""
     out = []
     for name in names:
         raw = name.encode("latin-1")
-        if raw in _ORIGINS or raw in _BYTES or (raw.startswith(_KVGATES_PREFIXES)
-                               and not raw.startswith(b"access-control-")):
+        if raw in _ORIGINS or raw in _BYTES or raw in _INSIDE or (
+                raw.startswith(_PREFIXES) and not raw.startswith(b"access-control-")):
             out.append(name)
     return out

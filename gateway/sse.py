@@ -105,10 +105,13 @@ _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 # keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it. (A JSON text holds no raw
 # line end: generated text never starts a line.)
 _ID_LINE = re.compile(rb"(?:^|(?<=[\r\n]))id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
-# An event of fields without data (`event: ping`, `retry: 3000`, a bare `data`): SSE
-# dispatches none, the SDK does -- with data "", which it fails to parse as JSON (a
-# JSONDecodeError mid-stream, calling the replica directly too): made comment lines.
-_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?:(?:event|id|retry)(?::[^\n]*)?\n|data\n)+\n")
+# An event of fields without data (`event: ping`, `retry: 3000`, a bare `data`), comment
+# lines among them or not: SSE dispatches none, the SDK does -- with data "", which it fails
+# to parse as JSON (a JSONDecodeError mid-stream, calling the replica directly too): made
+# comment lines.
+_FIELD = rb"(?:event|id|retry)(?::[^\n]*)?\n|data\n"
+_FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?::[^\n]*\n)*(?:" + _FIELD + rb")(?:" + _FIELD
+                          + rb"|:[^\n]*\n)*\n")
 # Only a read holding a line that is neither data, a Responses API event's name nor blank (or a
 # CR) may hold either: vLLM's reads pay one search with a literal prefix, as `_BAD_LATER`.
 _PLAIN_FIRST = (_DATA, b"event: response.")

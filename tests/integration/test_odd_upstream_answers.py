@@ -182,12 +182,15 @@ def _head(content_type: bytes, framing: bytes) -> bytes:
             b"connection: keep-alive, x-hop\r\nkeep-alive: timeout=5\r\nx-hop: 1\r\n"
             b"x-request-id: the-replicas\r\nx-ratelimit-remaining-requests: 3\r\n"
             b"set-cookie: lb=replica-2\r\nalt-svc: h3=\":443\"\r\n"
-            b"content-location: http://10.0.0.7:8000/v1/x\r\netag: \"v1\"\r\n\r\n")
+            b"content-location: http://10.0.0.7:8000/v1/x\r\netag: \"v1\"\r\n"
+            b"via: 1.1 vllm-3.llm.svc.cluster.local\r\nx-forwarded-for: 10.0.0.7\r\n"
+            b"x-forwarded-host: vllm-3.llm.svc\r\nforwarded: for=10.0.0.7\r\n\r\n")
 
 
 PASSED = {"cache-control": "no-store", "vary": "Accept", "x-sidecar": "7"}
 NOT_PASSED = ["keep-alive", "x-ratelimit-remaining-requests", "set-cookie", "alt-svc",
-              "content-location", "etag"]
+              "content-location", "etag", "via", "x-forwarded-for", "x-forwarded-host",
+              "forwarded"]
 
 
 @pytest.mark.parametrize("edge", EDGES)
@@ -200,7 +203,9 @@ def test_the_replicas_end_to_end_headers_reach_the_client(
     passed them: the edges disagreed). Not the hop-by-hop ones (RFC 9110 7.6.1), nor what
     kvgate sets itself (its ``x-request-id``, the tenant's ``x-ratelimit-*``: a replica's
     read as kvgate's limits through Envoy) or what is the replica origin's (an internal load
-    balancer's cookie, ``alt-svc``: passed through Envoy)."""
+    balancer's cookie, ``alt-svc``: passed through Envoy), nor the internal host names and
+    addresses a proxy in front of the replica wrote (``via``, ``x-forwarded-*``,
+    ``forwarded``: passed at both edges)."""
     if stream:
         replica.answer = _head(b"text/event-stream", b"transfer-encoding: chunked") + chunked(
             CHAT_EVENT, b"data: [DONE]\n\n")
@@ -293,6 +298,29 @@ def test_sse_fields_the_sdk_misreads_are_not_relayed(
     assert contents(bad[1][edge]) == ["hi", "there"]
     if edge == "http":
         wait_for(lambda: inflight(bad[1]["http"]) == 0, what="in-flight back to 0")
+
+
+@pytest.mark.parametrize("edge", EDGES)
+def test_fields_without_data_among_comment_lines_are_not_relayed(
+    bad: tuple[BadReplica, dict[str, str]], replica: BadReplica, edge: str,
+) -> None:
+    """An event of fields without data with comment lines among them (a proxy's note, then
+    ``event: ping``): SSE leaves the comments out and dispatches nothing, the SDK dispatched
+    an event of data "" and failed to parse it, directly and through kvgate (only an event
+    opening with its field was made comment lines)."""
+    second = CHAT_EVENT.replace(b'"hi"', b'"there"')
+    replica.answer = sse_head() + chunked(
+        CHAT_EVENT, b": a proxy's note\nevent: ping\n\n", second,
+        b"retry: 3000\n: note\n\n", b"data: [DONE]\n\n")
+
+    def contents(base: str) -> list[str | None]:
+        chunks = _client(base).chat.completions.create(model=MODEL, messages=MESSAGES,
+                                                       stream=True)
+        return [c.choices[0].delta.content for c in chunks]
+
+    with pytest.raises(ValueError, match="Expecting value"):  # (a JSONDecodeError)
+        contents(replica.url)
+    assert contents(bad[1][edge]) == ["hi", "there"]
 
 
 @pytest.mark.parametrize("edge", EDGES)

@@ -26,6 +26,8 @@ def test_end_to_end_headers_pass(name: bytes) -> None:
     b"content-range",
     # the replica origin's
     b"set-cookie", b"alt-svc", b"strict-transport-security", b"location", b"content-location",
+    # the path inside (internal host names and addresses)
+    b"via", b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto",
 ])
 def test_hop_by_hop_own_and_origin_headers_do_not(name: bytes) -> None:
     assert not passes(name)
@@ -39,6 +41,6 @@ def test_the_names_the_connection_header_lists_are_hop_by_hop() -> None:
 def test_the_picker_removes_what_envoy_would_pass_and_the_http_edge_does_not() -> None:
     names = [":status", "content-type", "cache-control", "set-cookie", "x-ratelimit-limit-tokens",
              "x-kvgate-route", "access-control-allow-origin", "location", "x-request-id",
-             "etag"]
+             "etag", "via", "x-forwarded-for", "forwarded"]
     assert removed(names) == ["set-cookie", "x-ratelimit-limit-tokens", "x-kvgate-route",
-                              "location", "etag"]
+                              "location", "etag", "via", "x-forwarded-for", "forwarded"]
