@@ -91,6 +91,8 @@ class AnswerSide(Deadlines):
         if served is None:
             return  # not one of ours (a data plane that ignored the destination)
         self._skipped = self.order[:self.order.index(served)]
+        for _ in self._skipped:  # Envoy's own retries, seen by the operator as the HTTP
+            self._core.metrics.retried(req.pool_name, "envoy")  # edge's are (not why: unsaid)
         if status not in (500, 503):
             await self._charge_skipped()
         self._detach()
