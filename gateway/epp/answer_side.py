@@ -91,10 +91,16 @@ class AnswerSide(Deadlines):
         if served is None:
             return  # not one of ours (a data plane that ignored the destination)
         self._skipped = self.order[:self.order.index(served)]
+        for _ in self._skipped:  # Envoy's own retries, seen by the operator as the HTTP
+            self._core.metrics.retried(req.pool_name, "envoy")  # edge's are (not why: unsaid)
         if status not in (500, 503):
             await self._charge_skipped()
         self._detach()
         self._attach(served)
+        # the first-byte timeout is each try's, as at the HTTP edge: the served endpoint's
+        # began at the latest now (its head held from the first try's send, a stream whose
+        # first try Envoy cut at the first-byte timeout was the 504 with the retry's answer in)
+        self._sent_at = perf_counter()
         req.route = "retry"
         if envoy_reply.maker(self._details, status, b"") == "replica":  # (not Envoy's answer
             self._core.metrics.failover(req.pool_name)  # for it: nothing succeeded there)

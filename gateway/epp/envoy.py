@@ -223,8 +223,10 @@ def envoy_config(
     up = upstream or UpstreamConfig()
     first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
     retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}
-    if endpoints:  # override_host walks the destination list on retries
-        retries = {"retry_on": "connect-failure,refused-stream,reset-before-request,"
+    if endpoints:  # override_host walks the destination list on retries; "reset" takes in a
+        # connection broken after the request went and the per-try idle timeout's cut (a
+        # replica that takes a stream and sends nothing), which the HTTP edge retries too
+        retries = {"retry_on": "connect-failure,refused-stream,reset,"
                    "retriable-status-codes", "retriable_status_codes": list(up.retry_statuses),
                    "num_retries": up.max_attempts - 1, "per_try_idle_timeout": first}
     route = {"cluster": "kvgate_pool", "timeout": total, "retry_policy": retries}
