@@ -40,19 +40,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 from loadtest import bench_sync_seeds
 from loadtest.bench_overhead import Report
 from loadtest.cmdline import shown_command
-from loadtest.fleet import free_port
+from loadtest.fleet import redis_server
 from loadtest.replay.generators import WORKLOADS
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.summary import summarize
@@ -172,30 +167,6 @@ def plot(rows: list[tuple[str, str, dict[str, float]]], path: Path) -> None:
 
 
 # -- live: the cost of sharing ------------------------------------------------------------------
-@contextmanager
-def redis_server() -> Iterator[str]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("bench_sync: redis-server is not installed (scripts/setup installs it)")
-    port = free_port()
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
-    try:
-        import redis
-
-        r = redis.Redis(port=port)
-        for _ in range(100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
 def cost(rep: Report, seconds: float, rounds: int = 3) -> None:
     import statistics
 

@@ -6,6 +6,8 @@ Used by `kvgate demo`, live `kvgate replay --spawn` and the benchmarks. Each pro
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,11 +15,12 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO
 
-__all__ = ["Fleet", "free_port", "wait_http"]
+__all__ = ["Fleet", "environ", "free_port", "redis_server", "wait_http"]
 
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 
@@ -119,3 +122,45 @@ class Fleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def redis_server() -> Iterator[str]:
+    """A throwaway redis-server on a free loopback port (no persistence), its URL once it
+    answers; stopped after the block."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server is not installed (scripts/setup installs it)")
+    port = free_port()
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        import redis
+
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextmanager
+def environ(env: Mapping[str, str]) -> Iterator[None]:
+    """``env`` set in this process for the block (the children started in it inherit it),
+    then put back as it was."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -13,15 +13,13 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import time
 from typing import Any
 
 import httpx
 import openai
 
-from loadtest.fleet import Fleet, free_port
+from loadtest.fleet import Fleet, environ, redis_server
 
 __all__ = ["burst_once", "main"]
 
@@ -66,18 +64,8 @@ def burst_once(gateways: int, burst: int, peer_lag_ms: float | None = None,
                prompt: str = PROMPT) -> tuple[list[int], list[int]]:
     """One burst of ``burst`` streams through ``gateways`` fresh gateways on a fresh Redis:
     what each replica received by its end, and once its clients had left (`_fire`)."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed")
-    port = free_port()
-    redis = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
-                             stdout=subprocess.DEVNULL)
-    try:
-        time.sleep(0.3)
-        return _burst(gateways, burst, f"redis://127.0.0.1:{port}/0", peer_lag_ms, prompt)
-    finally:
-        redis.terminate()
-        redis.wait(10)
+    with redis_server() as url:
+        return _burst(gateways, burst, url, peer_lag_ms, prompt)
 
 
 def _burst(gateways: int, burst: int, redis_url: str, peer_lag_ms: float | None,
@@ -86,22 +74,13 @@ def _burst(gateways: int, burst: int, redis_url: str, peer_lag_ms: float | None,
            "KVGATE_FLOW__MAX_QUEUE": "1000", "KVGATE_REDIS_URL": redis_url, "KVGATE_CONFIG": ""}
     if peer_lag_ms is not None:
         env["KVGATE_FLOW__PEER_LAG_MS"] = str(peer_lag_ms)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        with Fleet(quiet=os.environ.get("FLOW_BURST_VERBOSE") is None) as fleet:
-            sims = [fleet.sim(MODEL, "--hang-after-tokens", "2", "--time-scale", "50")
-                    for _ in range(REPLICAS)]
-            bases = [fleet.gateway(sims, "--log-level", "warning") for _ in range(gateways)]
-            for base in bases if gateways > 1 else ():
-                _see_each_other(base, gateways - 1)
-            return asyncio.run(_fire(bases, sims, burst, prompt))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    with environ(env), Fleet(quiet=os.environ.get("FLOW_BURST_VERBOSE") is None) as fleet:
+        sims = [fleet.sim(MODEL, "--hang-after-tokens", "2", "--time-scale", "50")
+                for _ in range(REPLICAS)]
+        bases = [fleet.gateway(sims, "--log-level", "warning") for _ in range(gateways)]
+        for base in bases if gateways > 1 else ():
+            _see_each_other(base, gateways - 1)
+        return asyncio.run(_fire(bases, sims, burst, prompt))
 
 
 def _see_each_other(base: str, peers: int) -> None:

@@ -12,15 +12,13 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 import time
 
 import httpx
 import openai
 
-from loadtest.fleet import Fleet, free_port
+from loadtest.fleet import Fleet, environ, free_port, redis_server
 
 __all__ = ["main"]
 
@@ -44,63 +42,45 @@ async def _client(base: str, key: str, stop: float, out: dict[str, int], tier: s
 
 
 def run(seconds: float, peer_lag_ms: float | None, free_clients: int = 6) -> dict[str, int]:
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("redis-server is not installed")
-    port = free_port()
-    redis = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", ""],
-                             stdout=subprocess.DEVNULL)
-    env = {"KVGATE_REDIS_URL": f"redis://127.0.0.1:{port}/0", "KVGATE_CONFIG": "",
-           "KVGATE_ADMIN_TOKEN": ADMIN, "KVGATE_SALT_SECRET": SALT}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        time.sleep(0.3)
-        with Fleet() as fleet:
-            sim = fleet.sim("m", "--time-scale", "4")
-            flow: dict[str, object] = {"enabled": True, "max_inflight": 2}
-            if peer_lag_ms is not None:
-                flow["peer_lag_ms"] = peer_lag_ms
-            config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
-                      "models": {"m": {"default": "p"}}, "flow": flow,
-                      "tiers": {"premium": {"flow": {"band": 0}},
-                                "free": {"flow": {"band": 1}}}}
-            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-                json.dump(config, f)  # (JSON is YAML)
-            bases = []
-            for _ in range(2):
-                gw = free_port()
-                fleet.start(["serve", "--host", "127.0.0.1", "--port", str(gw), "--config",
-                             f.name, "--log-level", "warning"],
-                            f"http://127.0.0.1:{gw}/readyz")
-                bases.append(f"http://127.0.0.1:{gw}")
-            a, b = bases
-            os.unlink(f.name)
-            keys = {}
-            with httpx.Client(base_url=f"{a}/admin", timeout=10,
-                              headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
-                for tenant, tier in (("prem", "premium"), ("free", "free")):
-                    admin.post("/tenants", json={"id": tenant, "tier": tier})
-                    keys[tier] = admin.post(f"/tenants/{tenant}/keys").json()["key"]
-            out: dict[str, int] = {}
+    with redis_server() as url, environ({
+            "KVGATE_REDIS_URL": url, "KVGATE_CONFIG": "", "KVGATE_ADMIN_TOKEN": ADMIN,
+            "KVGATE_SALT_SECRET": SALT}), Fleet() as fleet:
+        sim = fleet.sim("m", "--time-scale", "4")
+        flow: dict[str, object] = {"enabled": True, "max_inflight": 2}
+        if peer_lag_ms is not None:
+            flow["peer_lag_ms"] = peer_lag_ms
+        config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
+                  "models": {"m": {"default": "p"}}, "flow": flow,
+                  "tiers": {"premium": {"flow": {"band": 0}},
+                            "free": {"flow": {"band": 1}}}}
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            json.dump(config, f)  # (JSON is YAML)
+        bases = []
+        for _ in range(2):
+            gw = free_port()
+            fleet.start(["serve", "--host", "127.0.0.1", "--port", str(gw), "--config",
+                         f.name, "--log-level", "warning"],
+                        f"http://127.0.0.1:{gw}/readyz")
+            bases.append(f"http://127.0.0.1:{gw}")
+        a, b = bases
+        os.unlink(f.name)
+        keys = {}
+        with httpx.Client(base_url=f"{a}/admin", timeout=10,
+                          headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+            for tenant, tier in (("prem", "premium"), ("free", "free")):
+                admin.post("/tenants", json={"id": tenant, "tier": tier})
+                keys[tier] = admin.post(f"/tenants/{tenant}/keys").json()["key"]
+        out: dict[str, int] = {}
 
-            async def go() -> None:
-                stop = time.monotonic() + seconds
-                await asyncio.gather(
-                    _client(a, keys["premium"], stop, out, "premium"),
-                    *(_client(b, keys["free"], stop, out, "free")
-                      for _ in range(free_clients)))
+        async def go() -> None:
+            stop = time.monotonic() + seconds
+            await asyncio.gather(
+                _client(a, keys["premium"], stop, out, "premium"),
+                *(_client(b, keys["free"], stop, out, "free")
+                  for _ in range(free_clients)))
 
-            asyncio.run(go())
-            return out
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        redis.terminate()
-        redis.wait(10)
+        asyncio.run(go())
+        return out
 
 
 def main(argv: list[str] | None = None) -> None:

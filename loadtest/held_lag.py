@@ -207,7 +207,7 @@ def _row(m: Lag) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from loadtest.bench_sync import redis_server
+    from loadtest.fleet import redis_server
 
     p = argparse.ArgumentParser(prog="python -m loadtest.held_lag", description=__doc__)
     p.add_argument("--gateways", type=int, default=4, help="routers (default 4)")

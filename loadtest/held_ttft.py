@@ -77,7 +77,7 @@ def _pct(xs: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from loadtest.bench_sync import redis_server
+    from loadtest.fleet import redis_server
 
     p = argparse.ArgumentParser(prog="python -m loadtest.held_ttft", description=__doc__)
     p.add_argument("--gateways", type=int, default=2, help="gateways per fleet (default 2)")

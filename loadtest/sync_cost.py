@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     machine hits every mode alike) and print each round and the medians."""
     import argparse
 
-    from loadtest.bench_sync import redis_server
+    from loadtest.fleet import redis_server
 
     p = argparse.ArgumentParser(prog="python -m loadtest.sync_cost", description=main.__doc__)
     p.add_argument("--seconds", type=float, default=5.0, help="per mode and round")
