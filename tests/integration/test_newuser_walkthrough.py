@@ -53,3 +53,22 @@ def test_a_value_of_the_wrong_type_is_named_with_what_the_file_held(
     assert result.returncode == 2, result.stderr
     assert line in result.stderr.splitlines()[-1]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["serve", "--prot", "9000"],
+     "kvgate serve: error: unrecognized arguments: --prot 9000 (did you mean --port?)"),
+    (["config", "check", "--stict", "kvgate.yaml"],
+     "kvgate config: error: unrecognized arguments: --stict (did you mean --strict?)"),
+    (["demo", "--prot", "1"],
+     "kvgate demo: error: unrecognized arguments: --prot 1 (did you mean --port?)"),
+    (["admin", "tenants", "create", "acme", "--teir=free"],
+     "kvgate admin: error: unrecognized arguments: --teir=free (did you mean --tier?)"),
+], ids=["serve", "config-check", "demo", "admin"])
+def test_a_misspelt_flag_names_the_flag_meant(argv: list[str], line: str) -> None:
+    """argparse said "unrecognized arguments: --prot 9000" and no more; nothing starts."""
+    result = subprocess.run([*KVGATE, *argv], cwd=ROOT, capture_output=True, text=True,
+                            timeout=30, env=ENV)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == line
+    assert "Traceback" not in result.stderr
