@@ -31,6 +31,10 @@ SHAPES = {
 WRONG_VALUE = frozenset({"int_parsing", "int_type", "int_from_float", "float_parsing",
                          "float_type", "bool_parsing", "bool_type", "string_type"})
 
+# a section (or a pool, a tier) given a value that is not a mapping: pydantic names the class
+# ("a valid dictionary or instance of ServerConfig"), which no file names
+SECTION_TYPES = frozenset({"model_type", "dataclass_type"})
+
 
 def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
     """One line per error, naming the field (and the variable it came from, if any)."""
@@ -44,6 +48,10 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         elif err["type"] == "string_pattern_mismatch" and \
                 (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
             msg = f"{err['input']!r} is not a name: {NAME_RULE}"
+        elif err["type"] in SECTION_TYPES and "input" in err:
+            msg = "Input should be a mapping" + _given(err["input"], strict=False)
+            if isinstance(err["input"], str) and ":" in err["input"]:  # `port:9000`
+                msg += ": a key is followed by a colon and a space (`port: 9000`)"
         elif err["type"] in WRONG_VALUE and "input" in err:
             msg += _given(err["input"], strict=err["type"] in ("int_type", "float_type"))
         # the variable that set the field, or (an unknown field) put it there: a misspelt

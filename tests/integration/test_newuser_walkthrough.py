@@ -72,3 +72,29 @@ def test_a_misspelt_flag_names_the_flag_meant(argv: list[str], line: str) -> Non
     assert result.returncode == 2
     assert result.stderr.splitlines()[-1] == line
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    # no space after the colon: read as the string "port:9000"; pydantic named its class
+    ("server:\n  port:9000\n",
+     "server: Input should be a mapping (got 'port:9000'): a key is followed by a colon and a "
+     "space (`port: 9000`)"),
+    (f"{POOLS}routing: 3\n", "routing: Input should be a mapping (got 3)"),
+    # a line out of step with the ones above: PyYAML's parser terms only
+    ("server:\n    host: 127.0.0.1\n  port: 9000\n",
+     "expected <block end>, but found '<block mapping start>' at line 3, column 3 (while "
+     "parsing a block mapping at line 1, column 1): the line is indented differently from the "
+     "lines above it"),
+    ("server:\n  host: 127.0.0.1\n   port: 9000\n",
+     "mapping values are not allowed here at line 3, column 8: a `key: value` where a value "
+     "goes (a line indented deeper than the one above it, or `: ` in a value: quote the value)"),
+], ids=["no-space-after-colon", "number-for-section", "indent-out", "indent-in"])
+def test_a_section_written_wrong_is_named_in_the_files_terms(
+        tmp_path: Path, text: str, line: str) -> None:
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(text)
+    result = subprocess.run([*KVGATE, "config", "check", str(path)], cwd=ROOT,
+                            capture_output=True, text=True, timeout=30, env=ENV)
+    assert result.returncode == 2, result.stderr
+    assert line in result.stderr.splitlines()[-1]
+    assert "Config" not in result.stderr and "Traceback" not in result.stderr
