@@ -16,6 +16,15 @@ __all__ = ["not_utf8", "one_line", "safe_load"]
 MERGE_TAG = "tag:yaml.org,2002:merge"  # `<<: *anchor`: its keys may be overridden
 # PyYAML's problem for a tab where indentation goes; YAML indents with spaces only
 TAB_PROBLEM = "found character '\\t' that cannot start any token"
+# PyYAML's problems for a line indented out of step with those above it (`expected <block
+# end>, but found ...`), or a `key: value` where a value goes (a line indented deeper than its
+# sibling, or `: ` inside an unquoted value), both worded in the parser's terms only
+HINTS = {
+    "expected <block end>": ": the line is indented differently from the lines above it",
+    "mapping values are not allowed here": (
+        ": a `key: value` where a value goes (a line indented deeper than the one above it, "
+        "or `: ` in a value: quote the value)"),
+}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -65,4 +74,5 @@ def one_line(exc: yaml.YAMLError) -> str:
         line += f" ({exc.context} at line {start.line + 1}, column {start.column + 1})"
     elif exc.context:
         line += f" ({exc.context})"
-    return line
+    return line + next((hint for start, hint in HINTS.items()
+                        if (exc.problem or "").startswith(start)), "")

@@ -42,6 +42,7 @@ from gateway.cli.admin_http import (
     not_admin_port,
     url_path_hint,
 )
+from gateway.cli.parser import Parser
 from gateway.config import NAME_RULE
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
@@ -52,7 +53,7 @@ PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvgate admin", description="kvgate admin API client")
+    p = Parser(prog="kvgate admin", description="kvgate admin API client")
     p.add_argument("--url", default="http://127.0.0.1:8000",
                    help="gateway (or admin port) URL (default %(default)s)")
     p.add_argument(

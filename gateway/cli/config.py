@@ -13,12 +13,12 @@ secrets).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 import yaml
 
+from gateway.cli.parser import Parser
 from gateway.config import (
     MIN_SECRET_CHARS,
     NO_POOLS,
@@ -36,7 +36,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kvgate config", description=__doc__.splitlines()[0])
+    p = Parser(prog="kvgate config", description=__doc__.splitlines()[0])
     # metavar: argparse names a missing one by it ("required: command", not the dest)
     sub = p.add_subparsers(dest="action", required=True, metavar="command")
     check = sub.add_parser("check", help="validate and print the effective configuration")

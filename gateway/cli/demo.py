@@ -15,7 +15,6 @@ it can use it at once.
 
 from __future__ import annotations
 
-import argparse
 import os
 import secrets
 import shlex
@@ -25,6 +24,7 @@ from typing import Any
 
 from gateway.app import GatewayApp
 from gateway.cli.flags import PORT
+from gateway.cli.parser import Parser
 from gateway.cli.serve import ListenError, bind_sockets, run_server, with_bound_port
 from gateway.config import LOG_LEVELS, KvgateConfig, load_config
 from gateway.errors import ConfigError
@@ -143,7 +143,7 @@ metrics: {admin_base}/metrics    readiness: {admin_base}/readyz    Ctrl-C stops 
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="kvgate demo", description=__doc__.splitlines()[0])
+    p = Parser(prog="kvgate demo", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=PORT, default=8000,
                    help="gateway port on 127.0.0.1 (default 8000)")
     # checked here: a bad value otherwise surfaced once the replicas had started (or failed)

@@ -31,6 +31,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.cli.flags import PORT, WORKERS
+from gateway.cli.parser import Parser
 from gateway.config import (
     LOG_LEVELS,
     KvgateConfig,
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 
 
 def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run the kvgate gateway.")
+    p = Parser(prog=prog, description="Run the kvgate gateway.")
     p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
     p.add_argument("--upstream", action="append", metavar="URL",
                    help="a vLLM replica's address, e.g. http://10.0.0.1:8000, without /v1 "

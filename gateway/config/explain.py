@@ -25,6 +25,15 @@ SHAPES = {
     ("tenants",): "a list of tenants, e.g. [{id: acme, tier: premium}]",
     ("pools", "*", "replicas"): "a list of URLs, e.g. [http://10.0.0.1:8000]",
 }
+# a value of the wrong type or form: pydantic says what it wanted ("Input should be a valid
+# integer") but not what it got, and the policy sections take no quoted number, so `rpm: "60"`
+# read "should be a valid integer" of what looks like one
+WRONG_VALUE = frozenset({"int_parsing", "int_type", "int_from_float", "float_parsing",
+                         "float_type", "bool_parsing", "bool_type", "string_type"})
+
+# a section (or a pool, a tier) given a value that is not a mapping: pydantic names the class
+# ("a valid dictionary or instance of ServerConfig"), which no file names
+SECTION_TYPES = frozenset({"model_type", "dataclass_type"})
 
 
 def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...], str]) -> str:
@@ -39,6 +48,12 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         elif err["type"] == "string_pattern_mismatch" and \
                 (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
             msg = f"{err['input']!r} is not a name: {NAME_RULE}"
+        elif err["type"] in SECTION_TYPES and "input" in err:
+            msg = "Input should be a mapping" + _given(err["input"], strict=False)
+            if isinstance(err["input"], str) and ":" in err["input"]:  # `port:9000`
+                msg += ": a key is followed by a colon and a space (`port: 9000`)"
+        elif err["type"] in WRONG_VALUE and "input" in err:
+            msg += _given(err["input"], strict=err["type"] in ("int_type", "float_type"))
         # the variable that set the field, or (an unknown field) put it there: a misspelt
         # section (KVGATE_SERVR__PORT) is reported at `servr`, above the variable's path
         source = next((v for path, v in env_names.items() if loc[:len(path)] == path
@@ -53,6 +68,24 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         named = not loc or msg.startswith((f"{field}.", f"{field}:"))
         lines.append(msg if named else f"{field}: {msg}")
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _given(value: Any, strict: bool) -> str:
+    """What the file held, as YAML read it (a quoted number where only a number goes says
+    so); a long value cut."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    if strict and isinstance(value, str) and _is_number(value):
+        return f" (got the string {text}: write the number without quotes)"
+    return f" (got {text})"
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _shape(loc: tuple[str, ...]) -> str | None:
