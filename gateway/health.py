@@ -169,7 +169,8 @@ class HealthMonitor:
                          extra={"pool": pool.name, "replica": replica.id,
                                 "model": pool.served_model})
             return False
-        names = ", ".join(f"'{name}'" for name in served)
+        names = ", ".join(f"'{name}'" for name in served[:3])  # (LoRA adapters are listed too)
+        names += f" and {len(served) - 3} more" if len(served) > 3 else ""
         replica.reason = f"serves model {names}, not the pool's '{pool.served_model}'"
         if replica.id not in self._wrong_model:
             self._wrong_model.add(replica.id)

@@ -116,9 +116,10 @@ async def test_models_unknown_or_late_do_not_eject_and_several_names_count(
         "health": {"timeout_s": 0.2, "eject_base_s": 60}})
     pools = Pools(cfg)
     r = pools.by_name["p"].replicas[0]
+    now = [0.0]
 
     async def checked() -> None:  # a gateway started now: the replica is new to it
-        await HealthMonitor(pools, cfg.health, lambda: 0.0).poll_once()
+        await HealthMonitor(pools, cfg.health, lambda: now[0]).poll_once()
 
     try:
         for status, delay in ((404, 0.0), (500, 0.0), (401, 0.0), (200, 0.5)):
@@ -133,6 +134,10 @@ async def test_models_unknown_or_late_do_not_eject_and_several_names_count(
         await checked()
         assert r.state == "ejected"
         assert r.reason == "serves model 'm-b', 'm-c', not the pool's 'm-a'"
+        how.names = ["m-b", "m-c", "m-d", "m-e", "m-f"]  # a long list is not all named
+        now[0] += 61  # (after the back-off)
+        await checked()
+        assert r.reason == "serves model 'm-b', 'm-c', 'm-d' and 2 more, not the pool's 'm-a'"
     finally:
         await pools.close()
 
