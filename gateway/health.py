@@ -1,5 +1,10 @@
 """Active health: poll every replica's `/health`, and learn served model names and context lengths.
 
+A replica's `/v1/models` is read when it is new to its pool, back from an ejection or found
+serving another model: one listing models, none of them the pool's (a wrong Service selector,
+another model rolled out there), is taken out with the reason; one whose `/v1/models` says
+nothing useful (404, late, refused) is not judged by it.
+
 A task owned by the app's lifespan. Passive health (failures seen by real requests) lives in
 `Replica`; once an ejection's back-off has expired this poller keeps a replica that still fails
 `/health` out (a replica marked down is not tried before `/health` answers), and one that
@@ -44,6 +49,7 @@ class HealthMonitor:
         # leaves the pool is forgotten, one that comes back after being down is asked again
         # (restarted, perhaps with another --max-model-len)
         self._carded: set[tuple[str, str | None]] = set()
+        self._wrong_model: set[str] = set()  # replicas logged as serving another model
 
     async def run(self) -> None:
         while True:
@@ -63,6 +69,7 @@ class HealthMonitor:
         present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
+        self._wrong_model &= present
         await asyncio.gather(*checks)
 
     async def _check(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
@@ -103,6 +110,16 @@ class HealthMonitor:
                                                    "reason": reason})
             replica.mark_down(self._clock(), request=False)
             return
+        # its /v1/models is read when what it serves may have changed: new to the pool, back
+        # from an ejection (restarted; or its requests failed: another model rolled out
+        # there answers each 404), or found serving another model
+        ask = not draining and (
+            pool.served_model is None or replica.state == "ejected"
+            or replica.id in self._wrong_model
+            or (replica.id, pool.served_model) not in self._carded)
+        cards = await self._cards(pool, replica) if ask else None
+        if cards is not None and self._serves_another(pool, replica, cards):
+            return
         replica.record_probe_ok()
         came_back = False
         if replica.state == "ejected":
@@ -115,16 +132,12 @@ class HealthMonitor:
             if came_back:
                 log.info("replica answers /health again",
                          extra={"pool": pool.name, "replica": replica.id})
-        if not draining and (pool.served_model is None or came_back
-                             or (replica.id, pool.served_model) not in self._carded):
-            await self._learn_model(pool, replica)
+        if cards is not None:
+            self._learn_model(pool, replica, cards)
 
-    async def _learn_model(self, pool: Pool, replica: Replica) -> None:
-        """Quick form: the pool's served name is what its replicas list in /v1/models. Every
-        pool: each replica's context length is the served model's card's ``max_model_len``
-        there (each replica is asked once, and again when it comes back after being down:
-        its length then is the replica's and the pool's; kvgate's own /v1/models shows the
-        pool's, the router sends a prompt past one replica's to a longer one)."""
+    async def _cards(self, pool: Pool, replica: Replica) -> list[object] | None:
+        """The model cards its /v1/models lists, or None when it does not tell (no such
+        route, refused credentials, late, unreadable): then nothing is judged from them."""
         try:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/models", self._cfg.timeout_s, pool.headers
@@ -135,15 +148,47 @@ class HealthMonitor:
                 log.warning("replica refused the gateway's credentials (%d) on /v1/models: "
                             "set the pool's api_key_env to its --api-key", status,
                             extra={"pool": pool.name, "replica": replica.id})
-            self._carded.add((replica.id, pool.served_model))
-            models = orjson.loads(body)["data"] if status == 200 else []
-            name = models[0]["id"] if models else None
-        except TRANSPORT_ERRORS:
-            return
-        except (ValueError, KeyError, IndexError, TypeError):
-            return
+            self._carded.add((replica.id, pool.served_model))  # it answered: asked
+            cards = orjson.loads(body)["data"] if status == 200 else None
+        except TRANSPORT_ERRORS:  # (a timeout included)
+            return None
+        except (ValueError, KeyError, TypeError):
+            return None
+        return cards if isinstance(cards, list) else None
+
+    def _serves_another(self, pool: Pool, replica: Replica, cards: list[object]) -> bool:
+        """Its /v1/models lists models, none of them the pool's (a wrong Service selector,
+        another model rolled out there): every request sent there would be answered 404 "The
+        model does not exist", so it is taken out with the reason, logged once (and once when
+        it serves the pool's model again)."""
+        served = [c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)]
+        if pool.served_model is None or not served or pool.served_model in served:
+            if replica.id in self._wrong_model:
+                self._wrong_model.discard(replica.id)
+                log.info("replica serves the pool's model again",
+                         extra={"pool": pool.name, "replica": replica.id,
+                                "model": pool.served_model})
+            return False
+        names = ", ".join(f"'{name}'" for name in served[:3])  # (LoRA adapters are listed too)
+        names += f" and {len(served) - 3} more" if len(served) > 3 else ""
+        replica.reason = f"serves model {names}, not the pool's '{pool.served_model}'"
+        if replica.id not in self._wrong_model:
+            self._wrong_model.add(replica.id)
+            log.warning("replica down: %s", replica.reason,
+                        extra={"pool": pool.name, "replica": replica.id})
+        replica.mark_down(self._clock(), request=False)
+        return True
+
+    def _learn_model(self, pool: Pool, replica: Replica, cards: list[object]) -> None:
+        """Quick form: the pool's served name is what its replicas list in /v1/models. Every
+        pool: each replica's context length is the served model's card's ``max_model_len``
+        there (each replica is asked once, and again when it comes back after being down:
+        its length then is the replica's and the pool's; kvgate's own /v1/models shows the
+        pool's, the router sends a prompt past one replica's to a longer one)."""
+        first = cards[0] if cards else None
+        name = first.get("id") if isinstance(first, dict) else None
         _learn_context(pool, replica, name if pool.served_model is None else pool.served_model,
-                       models)
+                       cards)
         if isinstance(name, str) and pool.served_model is None:
             pool.served_model = name
             self._pools.refresh_public()

@@ -1,7 +1,8 @@
 """Which replicas exist: policy versions and discovery sources re-list pools.
 
 Newcomers are scraped and watched by shared state; leavers drain (no new picks, their
-in-flight requests finish), then the scraper and the router forget them. Two things of a
+in-flight requests finish, still scraped: a stalled engine is seen), then the scraper and the
+router forget them. Two things of a
 leaver stay `linger_s` longer (`upstream.total_timeout_s`: by then every exchange that could
 still reach them has ended, a stored response's GET included, and Prometheus has scraped their
 last counts): a drained replica's `kvgate_requests_total` series, and a pool a policy version
@@ -98,16 +99,23 @@ class Membership:
                 "draining": [r.id for r in changes.removed]})
 
     def _follow(self, changes: PoolChanges) -> None:
-        """Scrape the new replicas; stop scraping the ones that started draining."""
-        for replica in changes.removed:
-            if self._by_id.get(replica.id) is replica:
-                del self._by_id[replica.id]
-                self._scraper.remove_target(replica.id)
+        """Scrape the new replicas. One that started draining is scraped until it is reaped:
+        its requests still there are judged by its engine's counters (`gateway.stall`), so
+        a hung engine discovery removed has them cut and tried elsewhere (unscraped, they
+        waited for their timeouts)."""
         for replica in changes.added:
+            if self._by_id.get(replica.id) is replica:  # back while draining: scraped still
+                continue
             self._by_id[replica.id] = replica
             if self._sync is not None:
                 replica.watch = self._sync.wake
             self._scraper.add_target(replica.id, replica.url)
+
+    def _forget_scraped(self, replica: Replica) -> None:
+        """A reaped replica is scraped no more (unless it is back, as another replica)."""
+        if self._by_id.get(replica.id) is replica:
+            del self._by_id[replica.id]
+            self._scraper.remove_target(replica.id)
 
     async def reap_drained(self) -> None:
         """Forget drained replicas once their last in-flight request has finished, and what
@@ -119,6 +127,7 @@ class Membership:
     async def reap_once(self) -> None:
         pools, now = self._pools, self._clock()
         for replica in pools.reap():
+            self._forget_scraped(replica)
             if not any(r.id == replica.id for r in pools.replicas()):
                 self._router.forget_replica(replica.id)
             self._drained.append((now + self._linger_s, replica))

@@ -93,6 +93,9 @@ class LiveViews:
         fit = self._router.ttft_fit(r.id)
         return {
             "id": r.id, "url": shown_url(r.url), "healthy": r.available(now), "state": r.state,
+            # why it was last found down (its health checks: "/health answered 503", "serves
+            # model 'm-b', not the pool's 'm-a'"); None while it answers
+            "reason": r.reason,
             # own: this gateway process's; fleet: own + every live peer's (shared state)
             "inflight": r.inflight, "inflight_prefill": r.inflight_prefill,
             "inflight_fleet": r.inflight + p.inflight,
