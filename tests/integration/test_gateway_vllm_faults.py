@@ -130,7 +130,9 @@ def test_a_replica_serving_another_model_is_taken_out_and_its_requests_go_elsewh
     unloaded, healthy (its /health says 200) and, once a conversation was routed there, holds
     its prefix: every later turn went there and failed. The model is the pool's, not the
     client's choice: the replica is taken out, the request is answered by another one, and
-    with none left the client gets a 502 naming the replica, not a 404 blaming its model."""
+    with none left the client gets a 503 naming what the replica serves, not a 404 blaming its
+    model. (Requests found it before its health check read its /v1/models: now the check
+    takes it out first, and no request tries it.)"""
     (_, good), (_, wrong) = sim_factory("--time-scale", "50"), sim_factory(
         "--time-scale", "50", model="another-model")
     config = {"pools": {"p": {"served_model": MODEL, "replicas": [good, wrong]}},
@@ -146,19 +148,20 @@ def test_a_replica_serving_another_model_is_taken_out_and_its_requests_go_elsewh
                     {"role": "user", "content": f"turn {turn}"}])
             assert raw.http_response.status_code == 200
             assert replica_of(raw) == good  # type: ignore[arg-type]
-        failures = metric_values(base, "kvgate_replica_failures_total")
-        assert failures[f'{{pool="p",replica="{wrong[7:]}"}}'] >= 1
         assert metric_values(base, "kvgate_replica_healthy")[
             f'{{pool="p",replica="{wrong[7:]}"}}'] == 0.0
 
     gw, base = gateway_proc(config={**config, "pools": {"p": {
-        "served_model": MODEL, "replicas": [wrong]}}}, env=STICKY)
+        "served_model": MODEL, "replicas": [wrong]}}}, env=STICKY, ready=False)
     with gw:
+        # its health check reads what it serves (tests/integration/test_wrong_model_replica.py)
+        wait_for(lambda: "serves model" in httpx.get(f"{base}/readyz", timeout=5).text,
+                 what="the health check to name the wrong model")
         resp = httpx.post(f"{base}/v1/completions", json={
             "model": "public", "prompt": "x", "max_tokens": 2})
-        assert resp.status_code == 502
-        assert resp.json()["error"]["type"] == "BadGatewayError"
-        assert "does not serve" in resp.json()["error"]["message"]
+        assert resp.status_code == 503
+        assert resp.json()["error"]["type"] == "ServiceUnavailableError"
+        assert "serves model 'another-model'" in resp.json()["error"]["message"]
         assert inflight(base) == 0
 
 
