@@ -23,7 +23,7 @@ from gateway.doctor.findings import (
     not_judged,
     ratio_or_nan,
 )
-from gateway.doctor.replica_rules import replica_down
+from gateway.doctor.replica_rules import replica_down, replica_hung
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import PoolStats, ReplicaStats
 
@@ -157,7 +157,8 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     # a replica without fresh engine numbers has its own finding (its /metrics); where its
     # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
-            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES]
+            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES
+            and not replica_hung(r, th)]  # a hung engine holds its requests: its own finding
     if len(live) < 2:
         return []
     checks: tuple[_Check, ...] = (

@@ -58,6 +58,11 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("large_batch", 32, "requests", "vllm:num_requests_running",
               "a mean running batch of at least this is large (the decode-bound action is "
               "then more replicas; below it, prefill chunks in the decode steps)"),
+    # -- hung engine -------------------------------------------------------------------------
+    Threshold("hung_s", 15.0, "s", "vllm:generation_tokens_total",
+              "a replica whose engine held requests running while its generation and prompt "
+              "token counters stood still this long, up to the window's end, is hung (named "
+              "before health.stall_after_s ejects it, or when stall detection is off)"),
     # -- routing ----------------------------------------------------------------------------
     Threshold("imbalance_ratio", 2.0, "ratio", "kvgate_inflight_requests",
               "imbalance when a replica's mean in flight (or engine waiting) is at least this "

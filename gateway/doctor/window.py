@@ -106,6 +106,10 @@ class ReplicaStats:
     failed: float = 0.0  # of which failed here (the retries hide them from clients)
     stalls: float = 0.0  # times kvgate found its engine stalled in the window (gateway.stall)
     stalled_last: bool = False  # ... and whether it still was at the last sample
+    # seconds at the window's end its engine held requests running while its token counters
+    # (generation and prompt) did not move: a hung engine, before gateway.stall ejects it
+    frozen_s: float = 0.0
+    frozen_running: float = math.nan  # the running count over that time (its mean)
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
@@ -275,11 +279,29 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stalls = inc[REP.STALLS]
     st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
+    st.frozen_s, st.frozen_running = _frozen_tail(span, series, fresh)
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
     st.capacity_tokens = caps[-1] if caps else math.nan
     return st
+
+
+def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
+                 fresh: Sequence[int]) -> tuple[float, float]:
+    """Seconds at the end of the window over which the engine had requests running (every
+    fresh sample) and its generation and prompt token counters stood still, and the mean
+    running count over them. A stale sample ends the count (nothing is known of it)."""
+    gen, prompt, running = series[REP.GENERATION], series[REP.PROMPT], series[REP.RUNNING]
+    fresh_set = set(fresh)
+    frozen, seats = 0.0, []
+    j = len(span) - 1
+    while j >= 1 and j in fresh_set and running[j] > 0 and gen[j] == gen[j - 1] \
+            and prompt[j] == prompt[j - 1]:
+        frozen += span[j].t - span[j - 1].t
+        seats.append(running[j])
+        j -= 1
+    return frozen, _mean(seats)
 
 
 def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:

@@ -578,3 +578,25 @@ def test_a_pool_too_small_to_judge_is_not_said_to_have_nothing_above_thresholds(
     assert "nothing above thresholds" not in f.summary
     assert f.summary.startswith("routing: 27 requests in the window, too few to judge")
     assert "judged from 50" in f.summary and "27 failed (5xx)" in f.summary
+
+
+def test_a_hung_engine_in_rotation_is_down_not_queue_bound_nor_the_pools_imbalance() -> None:
+    """Requests running and queued on an engine whose token counters stood still for 20 s,
+    before kvgate's stall detection ejects it: it was queue-bound ('raise --max-num-seqs')
+    and its pool's routing imbalance."""
+    hung = replica("r1", frozen_s=20.0, frozen_running=4.0, inflight_mean=9.0,
+                   waiting_share=1.0, waiting_mean=5.0, requests=0.0, generation_tokens=0.0,
+                   ttft_mean=math.nan, itl_mean=math.nan)
+    (f,) = classify_replica(hung, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "critical")
+    assert f.summary.startswith("engine hung: 4 requests running and no token generated for "
+                                "20 s"), f.summary
+    assert "health.stall_after_s (60 s)" in f.summary
+    (f,) = classify_replica(hung, TH, Context(stall_after_s=None))
+    assert "stall detection is off" in f.summary and f.action.startswith("take it out")
+    peers = [replica("r2", inflight_mean=1.0), replica("r3", inflight_mean=1.0)]
+    pool = PoolStats("p", samples=40, requests=200.0, replicas=[hung, *peers])
+    assert [x.cls for x in classify_pool(pool, TH, CTX, 10.0)] == ["healthy"]
+    # counters that stood still for less than hung_s: not hung
+    (f,) = classify_replica(replica(frozen_s=10.0, frozen_running=4.0), TH, CTX)
+    assert f.cls == "healthy"
