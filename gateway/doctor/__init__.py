@@ -51,7 +51,7 @@ def build_doctor(
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
     redis_cause: Callable[[], str | None], sync_cause: Callable[[], str | None],
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
-    flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
+    flow: Callable[[], Mapping[str, tuple[float, float, float]]] | None = None,
     no_load_data: Callable[[str], bool] = lambda rid: False,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""

@@ -44,6 +44,9 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     if known(p.flow_queued) and p.requests >= th.min_pool_requests \
             and p.flow_queued >= th.flow_queued_share * p.requests:
         out.append(_flow_queue(p, th, ctx))
+    if known(p.flow_shed) and p.requests >= th.min_pool_requests \
+            and p.flow_shed >= th.flow_shed_share * p.requests:
+        out.append(_flow_shed(p, th, ctx))
     imbalance = _imbalance(p, th, ctx)
     out.extend(imbalance)
     hit = _hit_gap(p, th, ctx)
@@ -115,6 +118,39 @@ def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
     so the knob is where the pool's bound is reached -- the engines (full: their findings
     say which flag) or flow control's saturation bounds (the engines have room)."""
     share = min(1.0, p.flow_queued / p.requests)
+    action, ev = _flow_bound(p, th, ctx)
+    ev = [cite("kvgate_flow_queued_total", "requests that waited in flow control's queue",
+               share, ">=", th, "flow_queued_share", "%"),
+          cite("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
+          cite("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
+               p.flow_wait_mean, unit="s"), *ev]
+    wait = f", ~{fmt_value(p.flow_wait_mean, 's')} each" if known(p.flow_wait_mean) else ""
+    return Finding(
+        "queue-bound", "warning", p.name, None,
+        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
+        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+
+
+def _flow_shed(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
+    """Flow control refused requests (its queue full, or their wait past their tier's
+    bound): 503s and 429s the clients see, which the pool's 5xx share leaves out."""
+    share = min(1.0, p.flow_shed / p.requests)
+    action, ev = _flow_bound(p, th, ctx)
+    ev = [cite("kvgate_flow_shed_total", "requests shed by flow control", share, ">=", th,
+               "flow_shed_share", "%"),
+          cite("kvgate_flow_shed_total", "shed", p.flow_shed),
+          cite("kvgate_requests_total", "requests", p.requests), *ev]
+    return Finding(
+        "queue-bound", "critical" if share >= 0.5 else "warning", p.name, None,
+        f"{share:.0%} of pool {p.name}'s requests were shed by flow control ({p.flow_shed:.0f} "
+        f"of {p.requests:.0f}, answered 503 or 429): pool {p.name} is saturated and its queue "
+        "(flow.max_queue, the tiers' max wait) does not hold the excess", action, ev)
+
+
+def _flow_bound(p: PoolStats, th: Thresholds, ctx: Context) -> tuple[str, list[Evidence]]:
+    """Where a pool saturated by flow control reaches its bound -- the engines (full: their
+    findings say which flag) or flow control's saturation bounds (the engines have room) --
+    as an action, with the replicas' evidence."""
     live = [r for r in p.replicas if r.fresh >= MIN_SAMPLES and not r.draining]
     full = [r.id for r in live if _queueing(r, th) or (known(r.kv_p90) and r.kv_p90 >= th.kv_high)]
     inflight = max((r.inflight_mean for r in live if known(r.inflight_mean)), default=math.nan)
@@ -131,20 +167,11 @@ def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
                   "the flow control bound the pool reaches (flow.max_unanswered, "
                   "flow.max_prefill_tokens, flow.max_waiting: docs/flow-control.md), or add "
                   "replicas")
-    ev = [cite("kvgate_flow_queued_total", "requests that waited in flow control's queue",
-               share, ">=", th, "flow_queued_share", "%"),
-          cite("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
-          cite("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
-               p.flow_wait_mean, unit="s"),
-          cite("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
+    ev = [cite("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
           cite("vllm:num_requests_waiting", "samples with requests waiting in an engine, most",
                waiting, unit="%"),
           cite("vllm:kv_cache_usage_perc", "KV usage p90, fullest replica", kv, unit="%")]
-    wait = f", ~{fmt_value(p.flow_wait_mean, 's')} each" if known(p.flow_wait_mean) else ""
-    return Finding(
-        "queue-bound", "warning", p.name, None,
-        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
-        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+    return action, ev
 
 
 # one spread to check: (ReplicaStats attribute, metric, what, least difference, unit)

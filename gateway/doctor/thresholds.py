@@ -97,6 +97,9 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("flow_queued_share", 0.2, "share of requests", "kvgate_flow_queued_total",
               "requests that waited in kvgate's flow-control queue (the pool was saturated by "
               "flow control's bounds): the queue is in the gateway, not in the engines"),
+    Threshold("flow_shed_share", 0.05, "share of requests", "kvgate_flow_shed_total",
+              "requests of a pool that flow control shed (503, or 429 past a tier's wait: its "
+              "queue full or the wait too long; critical from 50%): the clients see them fail"),
     # -- gateway ----------------------------------------------------------------------------
     Threshold("overhead_p99_s", 0.01, "s", 'kvgate_overhead_seconds{phase="pre_upstream"}',
               "kvgate's own time before the upstream request, 99th percentile (of at least "

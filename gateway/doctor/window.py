@@ -150,6 +150,7 @@ class PoolStats:
     flow_queued: float = math.nan  # requests that waited in flow control's queue (NaN: off)
     flow_depth_mean: float = math.nan  # requests in that queue, mean over the window's ticks
     flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
+    flow_shed: float = math.nan  # requests flow control shed (503, or 429 past a tier's wait)
     replicas: list[ReplicaStats] = field(default_factory=list)
 
     @property
@@ -323,6 +324,7 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
     depth = [v for t in span[1:] if not math.isnan(v := t.pool(name, POOL.FLOW_DEPTH))]
     if depth:
         ps.flow_queued, ps.flow_depth_mean = inc(POOL.FLOW_QUEUED), _mean(depth)
+        ps.flow_shed = inc(POOL.FLOW_SHED)
         arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
         ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
     return ps

@@ -220,18 +220,19 @@ def test_a_tenancy_never_loaded_reaches_the_window() -> None:
 
 
 def test_flow_controls_queue_reaches_the_window() -> None:
-    """Queued so far and queued now per pool, each tick; no flow control: unknown (NaN)."""
+    """Queued so far, queued now and shed so far per pool, each tick; no flow control:
+    unknown (NaN)."""
     f = Fleet()
     off = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
-    assert math.isnan(off.pools[0].flow_queued)
+    assert math.isnan(off.pools[0].flow_queued) and math.isnan(off.pools[0].flow_shed)
     queued = [0.0]
 
-    def flow() -> dict[str, tuple[float, float]]:
+    def flow() -> dict[str, tuple[float, float, float]]:
         queued[0] += 10.0  # 10 requests queued a second, 5 in the queue: 0.5 s each
-        return {"p": (queued[0], 5.0)}
+        return {"p": (queued[0], 5.0, queued[0] / 2)}  # and 5 shed a second
 
     f.src.flow = flow
     w = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
     (p,) = w.pools
-    assert (p.flow_queued, p.flow_depth_mean) == (50.0, 5.0)
+    assert (p.flow_queued, p.flow_depth_mean, p.flow_shed) == (50.0, 5.0, 25.0)
     assert p.flow_wait_mean == pytest.approx(0.5)

@@ -600,3 +600,24 @@ def test_a_hung_engine_in_rotation_is_down_not_queue_bound_nor_the_pools_imbalan
     # counters that stood still for less than hung_s: not hung
     (f,) = classify_replica(replica(frozen_s=10.0, frozen_running=4.0), TH, CTX)
     assert f.cls == "healthy"
+
+
+def test_requests_shed_by_flow_control_are_a_pool_finding_not_healthy() -> None:
+    """Flow control with flow.max_queue 0 answered 1,839 of 1,975 requests 503: the pool was
+    'routing: nothing above thresholds (requests 1,975, 5xx 0)' (its overload 503s are left
+    out of the 5xx share)."""
+    p = pool(replica("a", inflight_mean=2.0), requests=1975.0, flow_queued=0.0,
+             flow_depth_mean=0.0, flow_shed=1839.0)
+    (f,) = classify_pool(p, TH, Context(flow_max_inflight=2))
+    assert (f.cls, f.severity, f.replica) == ("queue-bound", "critical", None)
+    assert f.summary.startswith("93% of pool p's requests were shed by flow control (1839 of "
+                                "1975, answered 503 or 429)"), f.summary
+    assert f.action.startswith("raise flow.max_inflight (now 2)")
+    assert (f.evidence[0].metric, f.evidence[0].threshold) == ("kvgate_flow_shed_total", 0.05)
+    some = pool(replica("a"), requests=1000.0, flow_queued=0.0, flow_depth_mean=0.0,
+                flow_shed=100.0)
+    assert [(f.cls, f.severity) for f in classify_pool(some, TH, CTX)] == [
+        ("queue-bound", "warning")]
+    few = pool(replica("a"), requests=1000.0, flow_queued=0.0, flow_depth_mean=0.0,
+               flow_shed=10.0)
+    assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
