@@ -48,7 +48,7 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
             and p.flow_shed >= th.flow_shed_share * p.requests:
         out.append(_flow_shed(p, th, ctx))
     imbalance = _imbalance(p, th, ctx)
-    out.extend(imbalance)
+    out.extend(imbalance or _routed_around(p, th))
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
         out.append(hit)
@@ -258,6 +258,58 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
         "routing", "warning", p.name, hot.id,
         f"imbalance: {what} on {hot.id} {_short(hot_value, unit)} vs a median of "
         f"{_short(median, unit)} on the other replicas{served}", action, ev)
+
+
+def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
+    """A replica whose engine is ``imbalance_ratio`` times slower than its peers' (TTFT or
+    inter-token latency) and that a load-aware router therefore sends well under its share:
+    no spread to see (it holds less, not more), yet the pool runs on the others' capacity."""
+    live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
+            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES
+            and known(r.requests)]
+    started = sum(r.requests for r in live)
+    if len(live) < 2 or p.requests < th.min_pool_requests or started <= 0:
+        return []
+    out = []
+    for r in live:
+        peers = [x for x in live if x is not r and x.requests >= th.min_requests]
+        share = r.requests / started
+        if not peers or r.requests <= 0 or share >= 0.5 / len(live):
+            continue
+        # TTFT per uncached prompt token: a replica sent the few new prefixes while its
+        # peers serve cached ones is not slower for it
+        mine = _prefill_per_token(r)
+        theirs = [v for x in peers if known(v := _prefill_per_token(x))]
+        ttft = ratio_or_nan(mine, median_of(theirs)) if theirs else math.nan
+        itl = _speed(r, peers, "itl_mean")
+        slower = max(itl, ttft, key=lambda v: v if known(v) else 0.0)
+        if not (known(slower) and slower >= th.imbalance_ratio):
+            continue
+        ttft_peers = median_of([x.ttft_mean for x in peers if known(x.ttft_mean)] or [math.nan])
+        itl_peers = median_of([x.itl_mean for x in peers if known(x.itl_mean)] or [math.nan])
+        ev = [cite("vllm:time_to_first_token_seconds", f"engine TTFT per uncached prompt "
+                   f"token on {r.id} / its peers' median", ttft, ">=", th, "imbalance_ratio"),
+              cite("vllm:inter_token_latency_seconds", f"engine inter-token latency on {r.id} "
+                   "/ its peers' median", itl, ">=", th, "imbalance_ratio"),
+              cite("vllm:time_to_first_token_seconds_count",
+                   f"share of the pool's started requests on {r.id}", share, unit="%")]
+        ev = [e for e in ev if e.value is not None]
+        out.append(Finding(
+            "routing", "warning", p.name, r.id,
+            f"slow engine, routed around: {r.id}'s engine is {slower:.1f}x slower than its "
+            f"peers' (TTFT {fmt_value(r.ttft_mean, 's')} vs {fmt_value(ttft_peers, 's')}, "
+            f"inter-token latency {fmt_value(r.itl_mean, 's')} vs "
+            f"{fmt_value(itl_peers, 's')}); it started {r.requests:,.0f} of the pool's "
+            f"{started:,.0f} requests: pool {p.name} runs on the other replicas' capacity",
+            "check its GPU, model quantization and engine flags (kvgate already sends it "
+            "less)", ev))
+    return out
+
+
+def _prefill_per_token(r: ReplicaStats) -> float:
+    """Engine seconds to first token per prompt token it did not find in its prefix cache."""
+    uncached = r.queries - r.hits
+    return ratio_or_nan(r.ttft_mean * r.requests, uncached) if uncached > 0 else math.nan
 
 
 def _imbalance_action(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str,

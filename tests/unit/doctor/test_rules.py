@@ -176,7 +176,10 @@ def test_a_fast_replica_taking_most_requests_is_not_held_before_its_engine() -> 
                    requests=370.0, itl_mean=0.007, ttft_mean=0.02)
     slow = replica("slow", inflight_mean=0.16, running_mean=0.16, waiting_mean=0.0,
                    requests=12.0, itl_mean=0.035, ttft_mean=0.05)
-    assert classes(classify_pool(pool(fast, slow), TH, CTX)) == ["healthy"]
+    # nothing waits on the fast one; the slow one, 5x slower and sent little, is named
+    (f,) = classify_pool(pool(fast, slow), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "slow")
+    assert f.summary.startswith("slow engine, routed around: slow's engine is 5.0x slower")
     held = replica("fast", inflight_mean=5.6, running_mean=1.3, waiting_mean=0.4,
                    requests=370.0, itl_mean=0.007, ttft_mean=0.02)
     (f,) = classify_pool(pool(held, slow), TH, CTX)
@@ -621,3 +624,26 @@ def test_requests_shed_by_flow_control_are_a_pool_finding_not_healthy() -> None:
     few = pool(replica("a"), requests=1000.0, flow_queued=0.0, flow_depth_mean=0.0,
                flow_shed=10.0)
     assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
+
+
+def test_a_slow_engine_a_load_aware_router_avoids_is_named() -> None:
+    """cache_aware sent an A100-70B-AWQ replica 3 of 1,811 requests beside two faster ones
+    (TTFT 863 ms vs 130 ms, inter-token 60 ms vs 11 ms): every row was healthy, the slow one
+    'idle', though the pool ran on two replicas' capacity."""
+    slow = replica("slow", requests=3.0, inflight_mean=0.04, running_mean=0.04, ttft_mean=0.863,
+                   itl_mean=0.06, queries=4500.0, hits=0.0)
+    peers = [replica(r, requests=900.0, inflight_mean=2.1, ttft_mean=0.13, itl_mean=0.011,
+                     queries=1_350_000.0, hits=0.0) for r in ("a", "b")]
+    (f,) = classify_pool(pool(slow, *peers, requests=1811.0), TH, CTX)
+    assert (f.cls, f.severity, f.replica) == ("routing", "warning", "slow")
+    assert "it started 3 of the pool's 1,803 requests" in f.summary, f.summary
+    assert f.evidence[0].value == pytest.approx(6.6, abs=0.1)
+    # sent little because its few prompts were the uncached ones: not slower per token
+    cold = replica("cold", requests=3.0, inflight_mean=0.04, running_mean=0.04, ttft_mean=0.3,
+                   itl_mean=0.011, queries=4500.0, hits=0.0)
+    warm = [replica(r, requests=900.0, ttft_mean=0.05, itl_mean=0.011, queries=1_350_000.0,
+                    hits=1_200_000.0) for r in ("a", "b")]
+    assert classes(classify_pool(pool(cold, *warm, requests=1811.0), TH, CTX)) == ["healthy"]
+    # a fair share of the requests: the imbalance rules judge it, not this one
+    even = [replica(r, requests=600.0) for r in ("a", "b", "c")]
+    assert classes(classify_pool(pool(*even, requests=1800.0), TH, CTX)) == ["healthy"]
