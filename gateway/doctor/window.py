@@ -290,15 +290,17 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
 
 def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
                  fresh: Sequence[int]) -> tuple[float, float]:
-    """Seconds at the end of the window over which the engine had requests running (every
-    fresh sample) and its generation and prompt token counters stood still, and the mean
-    running count over them. A stale sample ends the count (nothing is known of it)."""
+    """Seconds at the end of the window over which the engine had requests running and its
+    generation and prompt token counters stood still, and the mean running count over them.
+    The last sample must be fresh (a scrape now says the counters still stand); a stale one
+    before it repeats an older scrape, so counters that match across it did not move either
+    (a busy host delays a scrape now and then: that broke the count)."""
     gen, prompt, running = series[REP.GENERATION], series[REP.PROMPT], series[REP.RUNNING]
-    fresh_set = set(fresh)
-    frozen, seats = 0.0, []
     j = len(span) - 1
-    while j >= 1 and j in fresh_set and running[j] > 0 and gen[j] == gen[j - 1] \
-            and prompt[j] == prompt[j - 1]:
+    if j not in set(fresh):
+        return 0.0, math.nan
+    frozen, seats = 0.0, []
+    while j >= 1 and running[j] > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1]:
         frozen += span[j].t - span[j - 1].t
         seats.append(running[j])
         j -= 1

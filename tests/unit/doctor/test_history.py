@@ -236,3 +236,20 @@ def test_flow_controls_queue_reaches_the_window() -> None:
     (p,) = w.pools
     assert (p.flow_queued, p.flow_depth_mean, p.flow_shed) == (50.0, 5.0, 25.0)
     assert p.flow_wait_mean == pytest.approx(0.5)
+
+
+def test_a_hung_engines_frozen_counters_are_counted_through_a_late_scrape() -> None:
+    """Requests running, no token for 8 ticks; one tick's scrape is late (stale): it
+    repeats the counters and does not end the count. A stale last sample says nothing."""
+    f = Fleet()
+    h = _ticks(f, 4, waiting=0.0, running=4.0, kv=0.1, new=2)
+    for k in range(8):
+        if k != 4:  # no scrape this tick: the last one is 1 s old then (stale_after_s 0.5)
+            f.scrape(waiting=0.0, running=4.0, kv=0.1, new=0)
+        h.append(read_tick(f.src, f.now, h.layout, False, None))
+        f.now += 1.0
+    r = summarise(list(h.ticks), 20.0, stale_after_s=0.5).replicas[0]
+    assert r.fresh < r.samples
+    assert (r.frozen_s, r.frozen_running) == (8.0, 4.0)
+    h.append(read_tick(f.src, f.now + 1.0, h.layout, False, None))  # stale now
+    assert summarise(list(h.ticks), 20.0, stale_after_s=0.5).replicas[0].frozen_s == 0.0
