@@ -51,7 +51,7 @@ def build_doctor(
     redis_up: Callable[[], bool | None], sync_degraded: Callable[[], bool | None],
     redis_cause: Callable[[], str | None], sync_cause: Callable[[], str | None],
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
-    flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None,
+    flow: Callable[[], Mapping[str, tuple[float, float, float]]] | None = None,
     no_load_data: Callable[[str], bool] = lambda rid: False,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
@@ -71,7 +71,8 @@ def build_doctor(
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
                   workers=cfg.server.workers, cores=usable_cores(),
                   flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None,
-                  failure_threshold=cfg.health.failure_threshold)
+                  failure_threshold=cfg.health.failure_threshold,
+                  stall_after_s=cfg.health.stall_after_s or None)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))
     slot = current()
     return Doctor(src, settings, ctx, clock, workers=cfg.server.workers,

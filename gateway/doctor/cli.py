@@ -1,12 +1,14 @@
 """`kvgate doctor`: ask a running gateway for its diagnosis.
 
     kvgate doctor --url URL [--admin-token TOKEN] [--window 5m] [--json] [--cache]
+                  [--fail-on critical|warning|info]
 
 Reads ``GET /admin/doctor?window=...`` (admin token from ``--admin-token`` or
 ``$KVGATE_ADMIN_TOKEN``) and prints the findings as a table, worst first (``--cache``: the
 cache return per tenant and pool instead; ``--json``: the whole report as JSON). Every error
 is one line on stderr: exit status 2 for usage (bad flags, no token, a bad window), 1 when
-the gateway cannot be reached or refuses.
+the gateway cannot be reached or refuses. A report printed exits 0 whatever it found, unless
+``--fail-on SEVERITY`` is given: then 3 when a finding is that severe or worse.
 
 A gateway of ``server.workers`` > 1 answers each request from one worker (the kernel spreads
 connections over them), and each worker's report covers its own requests and history only.
@@ -46,6 +48,8 @@ __all__ = ["main"]
 
 PROG = "kvgate doctor"
 REPORT_KEYS = ("window", "history", "worst", "findings", "cache")  # what the renderers read
+FAIL_ON = ("critical", "warning", "info")  # worst first, as the report's severities
+FOUND = 3  # exit status: a finding at least as severe as --fail-on
 TRIES_PER_WORKER = 8  # 2 workers, each reached at random: all missed one 1 time in 2**15
 
 
@@ -71,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the whole report as JSON")
     p.add_argument("--cache", action="store_true",
                    help="the cache return per tenant and pool instead of the findings")
+    p.add_argument("--fail-on", choices=FAIL_ON,
+                   help=f"exit {FOUND} when a finding is this severe or worse (default: exit 0 "
+                        "whenever the report is printed)")
     p.add_argument("--timeout", type=float, default=15.0,
                    help="seconds for the whole answer (default %(default)s)")
     return p
@@ -225,18 +232,27 @@ def _diagnose(
         if args.json:
             print(json.dumps({"object": "doctor.workers", "workers": workers,
                               "missing": missing, "data": reports}, indent=2))
-            return 0
-        render = render_cache if args.cache else render_findings
-        print(_workers_note(url, workers, reports, missing, args.timeout))
-        print("\n\n".join(render(r, url) for r in reports))
-        return 0
+        else:
+            render = render_cache if args.cache else render_findings
+            print(_workers_note(url, workers, reports, missing, args.timeout))
+            print("\n\n".join(render(r, url) for r in reports))
+        return _status(reports, args.fail_on)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=False))
     elif args.cache:
         print(render_cache(report, url))
     else:
         print(render_findings(report, url))
-    return 0
+    return _status([report], args.fail_on)
+
+
+def _status(reports: list[dict[str, Any]], fail_on: str | None) -> int:
+    """0, or `FOUND` when a finding of any report is at least as severe as ``fail_on``."""
+    if fail_on is None:
+        return 0
+    bar = FAIL_ON.index(fail_on)
+    severe = {f.get("severity") for r in reports for f in r["findings"]} & set(FAIL_ON[:bar + 1])
+    return FOUND if severe else 0
 
 
 def _workers(report: dict[str, Any]) -> int:

@@ -82,6 +82,7 @@ class Context:
     cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
     flow_max_inflight: int | None = None  # flow.max_inflight when flow control is on
     failure_threshold: int = 3  # health.failure_threshold: consecutive failures eject
+    stall_after_s: float | None = 60.0  # health.stall_after_s: a frozen engine is ejected
 
 
 def known(v: float) -> bool:

@@ -66,7 +66,8 @@ class POOL:
     REQUESTS, ERRORS, OVERFLOW, SPILLED, PROMPT, CACHED = range(6)
     SHARE_N, SHARE_PROMPT, SHARE_BEST, SHARE_CHOSEN = range(6, 10)
     FLOW_QUEUED, FLOW_DEPTH = 10, 11  # flow control: requests queued so far, queued now
-    TTFT = 12
+    FLOW_SHED = 12  # ... and requests it shed so far (kvgate_flow_shed_total: 503 or 429)
+    TTFT = 13
     E2E = TTFT + len(TTFT_BOUNDS)
     N = E2E + len(TTFT_BOUNDS)
 
@@ -149,8 +150,8 @@ class Sources:
     # tenancy store's and the shared routing state's
     redis_cause: Callable[[], str | None] = lambda: None
     sync_cause: Callable[[], str | None] = lambda: None
-    # flow control's queue per pool: (requests queued so far, queued now); None: flow is off
-    flow: Callable[[], Mapping[str, tuple[float, float]]] | None = None
+    # flow control per pool: (requests queued so far, queued now, shed so far); None: off
+    flow: Callable[[], Mapping[str, tuple[float, float, float]]] | None = None
 
 
 def _flag(value: bool | None) -> float:
@@ -257,8 +258,8 @@ def read_tick(
         share = sharing.get(name)
         if share is not None:
             row[POOL.SHARE_N:POOL.SHARE_CHOSEN + 1] = [float(v) for v in share]
-        queued = (NAN, NAN) if flow is None else flow.get(name, (0.0, 0.0))
-        row[POOL.FLOW_QUEUED], row[POOL.FLOW_DEPTH] = queued
+        queued = (NAN, NAN, NAN) if flow is None else flow.get(name, (0.0, 0.0, 0.0))
+        row[POOL.FLOW_QUEUED], row[POOL.FLOW_DEPTH], row[POOL.FLOW_SHED] = queued
         pdata.extend(row)
     gdata = array("d", (src.cpu(), _flag(src.redis_up()), _flag(src.sync_degraded()),
                         _flag(src.tenancy_loaded()), _cause(src.redis_cause()),

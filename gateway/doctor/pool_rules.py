@@ -23,7 +23,7 @@ from gateway.doctor.findings import (
     not_judged,
     ratio_or_nan,
 )
-from gateway.doctor.replica_rules import replica_down
+from gateway.doctor.replica_rules import replica_down, replica_hung
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import PoolStats, ReplicaStats
 
@@ -44,8 +44,11 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
     if known(p.flow_queued) and p.requests >= th.min_pool_requests \
             and p.flow_queued >= th.flow_queued_share * p.requests:
         out.append(_flow_queue(p, th, ctx))
+    if known(p.flow_shed) and p.requests >= th.min_pool_requests \
+            and p.flow_shed >= th.flow_shed_share * p.requests:
+        out.append(_flow_shed(p, th, ctx))
     imbalance = _imbalance(p, th, ctx)
-    out.extend(imbalance)
+    out.extend(imbalance or _routed_around(p, th))
     hit = _hit_gap(p, th, ctx)
     if hit is not None:
         out.append(hit)
@@ -115,6 +118,39 @@ def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
     so the knob is where the pool's bound is reached -- the engines (full: their findings
     say which flag) or flow control's saturation bounds (the engines have room)."""
     share = min(1.0, p.flow_queued / p.requests)
+    action, ev = _flow_bound(p, th, ctx)
+    ev = [cite("kvgate_flow_queued_total", "requests that waited in flow control's queue",
+               share, ">=", th, "flow_queued_share", "%"),
+          cite("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
+          cite("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
+               p.flow_wait_mean, unit="s"), *ev]
+    wait = f", ~{fmt_value(p.flow_wait_mean, 's')} each" if known(p.flow_wait_mean) else ""
+    return Finding(
+        "queue-bound", "warning", p.name, None,
+        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
+        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+
+
+def _flow_shed(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
+    """Flow control refused requests (its queue full, or their wait past their tier's
+    bound): 503s and 429s the clients see, which the pool's 5xx share leaves out."""
+    share = min(1.0, p.flow_shed / p.requests)
+    action, ev = _flow_bound(p, th, ctx)
+    ev = [cite("kvgate_flow_shed_total", "requests shed by flow control", share, ">=", th,
+               "flow_shed_share", "%"),
+          cite("kvgate_flow_shed_total", "shed", p.flow_shed),
+          cite("kvgate_requests_total", "requests", p.requests), *ev]
+    return Finding(
+        "queue-bound", "critical" if share >= 0.5 else "warning", p.name, None,
+        f"{share:.0%} of pool {p.name}'s requests were shed by flow control ({p.flow_shed:.0f} "
+        f"of {p.requests:.0f}, answered 503 or 429): pool {p.name} is saturated and its queue "
+        "(flow.max_queue, the tiers' max wait) does not hold the excess", action, ev)
+
+
+def _flow_bound(p: PoolStats, th: Thresholds, ctx: Context) -> tuple[str, list[Evidence]]:
+    """Where a pool saturated by flow control reaches its bound -- the engines (full: their
+    findings say which flag) or flow control's saturation bounds (the engines have room) --
+    as an action, with the replicas' evidence."""
     live = [r for r in p.replicas if r.fresh >= MIN_SAMPLES and not r.draining]
     full = [r.id for r in live if _queueing(r, th) or (known(r.kv_p90) and r.kv_p90 >= th.kv_high)]
     inflight = max((r.inflight_mean for r in live if known(r.inflight_mean)), default=math.nan)
@@ -131,20 +167,11 @@ def _flow_queue(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
                   "the flow control bound the pool reaches (flow.max_unanswered, "
                   "flow.max_prefill_tokens, flow.max_waiting: docs/flow-control.md), or add "
                   "replicas")
-    ev = [cite("kvgate_flow_queued_total", "requests that waited in flow control's queue",
-               share, ">=", th, "flow_queued_share", "%"),
-          cite("kvgate_flow_queue_depth", "mean queued", p.flow_depth_mean),
-          cite("kvgate_flow_queue_depth / queued per second", "mean wait in the queue",
-               p.flow_wait_mean, unit="s"),
-          cite("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
+    ev = [cite("kvgate_inflight_requests", "mean in flight, busiest replica", inflight),
           cite("vllm:num_requests_waiting", "samples with requests waiting in an engine, most",
                waiting, unit="%"),
           cite("vllm:kv_cache_usage_perc", "KV usage p90, fullest replica", kv, unit="%")]
-    wait = f", ~{fmt_value(p.flow_wait_mean, 's')} each" if known(p.flow_wait_mean) else ""
-    return Finding(
-        "queue-bound", "warning", p.name, None,
-        f"{share:.0%} of requests waited in kvgate's flow-control queue{wait} (~"
-        f"{p.flow_depth_mean:.1f} queued): pool {p.name} is saturated", action, ev)
+    return action, ev
 
 
 # one spread to check: (ReplicaStats attribute, metric, what, least difference, unit)
@@ -157,7 +184,8 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     # a replica without fresh engine numbers has its own finding (its /metrics); where its
     # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
-            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES]
+            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES
+            and not replica_hung(r, th)]  # a hung engine holds its requests: its own finding
     if len(live) < 2:
         return []
     checks: tuple[_Check, ...] = (
@@ -230,6 +258,58 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
         "routing", "warning", p.name, hot.id,
         f"imbalance: {what} on {hot.id} {_short(hot_value, unit)} vs a median of "
         f"{_short(median, unit)} on the other replicas{served}", action, ev)
+
+
+def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
+    """A replica whose engine is ``imbalance_ratio`` times slower than its peers' (TTFT or
+    inter-token latency) and that a load-aware router therefore sends well under its share:
+    no spread to see (it holds less, not more), yet the pool runs on the others' capacity."""
+    live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
+            and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES
+            and known(r.requests)]
+    started = sum(r.requests for r in live)
+    if len(live) < 2 or p.requests < th.min_pool_requests or started <= 0:
+        return []
+    out = []
+    for r in live:
+        peers = [x for x in live if x is not r and x.requests >= th.min_requests]
+        share = r.requests / started
+        if not peers or r.requests <= 0 or share >= 0.5 / len(live):
+            continue
+        # TTFT per uncached prompt token: a replica sent the few new prefixes while its
+        # peers serve cached ones is not slower for it
+        mine = _prefill_per_token(r)
+        theirs = [v for x in peers if known(v := _prefill_per_token(x))]
+        ttft = ratio_or_nan(mine, median_of(theirs)) if theirs else math.nan
+        itl = _speed(r, peers, "itl_mean")
+        slower = max(itl, ttft, key=lambda v: v if known(v) else 0.0)
+        if not (known(slower) and slower >= th.imbalance_ratio):
+            continue
+        ttft_peers = median_of([x.ttft_mean for x in peers if known(x.ttft_mean)] or [math.nan])
+        itl_peers = median_of([x.itl_mean for x in peers if known(x.itl_mean)] or [math.nan])
+        ev = [cite("vllm:time_to_first_token_seconds", f"engine TTFT per uncached prompt "
+                   f"token on {r.id} / its peers' median", ttft, ">=", th, "imbalance_ratio"),
+              cite("vllm:inter_token_latency_seconds", f"engine inter-token latency on {r.id} "
+                   "/ its peers' median", itl, ">=", th, "imbalance_ratio"),
+              cite("vllm:time_to_first_token_seconds_count",
+                   f"share of the pool's started requests on {r.id}", share, unit="%")]
+        ev = [e for e in ev if e.value is not None]
+        out.append(Finding(
+            "routing", "warning", p.name, r.id,
+            f"slow engine, routed around: {r.id}'s engine is {slower:.1f}x slower than its "
+            f"peers' (TTFT {fmt_value(r.ttft_mean, 's')} vs {fmt_value(ttft_peers, 's')}, "
+            f"inter-token latency {fmt_value(r.itl_mean, 's')} vs "
+            f"{fmt_value(itl_peers, 's')}); it started {r.requests:,.0f} of the pool's "
+            f"{started:,.0f} requests: pool {p.name} runs on the other replicas' capacity",
+            "check its GPU, model quantization and engine flags (kvgate already sends it "
+            "less)", ev))
+    return out
+
+
+def _prefill_per_token(r: ReplicaStats) -> float:
+    """Engine seconds to first token per prompt token it did not find in its prefix cache."""
+    uncached = r.queries - r.hits
+    return ratio_or_nan(r.ttft_mean * r.requests, uncached) if uncached > 0 else math.nan
 
 
 def _imbalance_action(hot: ReplicaStats, peers: Sequence[ReplicaStats], attr: str,

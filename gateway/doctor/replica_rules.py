@@ -31,7 +31,7 @@ from gateway.doctor.findings import (
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import ReplicaStats
 
-__all__ = ["classify_replica", "replica_down"]
+__all__ = ["classify_replica", "replica_down", "replica_hung"]
 
 # a replica out of rotation for this share of the window is down; out now, for this smaller one
 DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
@@ -54,11 +54,15 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
         # failing while it was in rotation are the cause (ejected after enough in a row)
         return [down] if failing is None else [down, failing]
     out: list[Finding] = []
+    if replica_hung(r, th):
+        out.append(_hung(r, th, ctx))
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
         out.append(scrape)
     if failing is not None:
         out.append(failing)
+    if out and out[0].cls == "down":  # no engine class of an engine that makes no progress
+        return out
     if r.fresh < MIN_SAMPLES or not _active(r, th):
         if not out:
             out.append(_healthy_replica(r, th, ctx, window_s, idle=True))
@@ -128,6 +132,34 @@ def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> F
         "its vLLM engine is hung: restart the process; check the GPU (Xid errors in the "
         "kernel log, nvidia-smi) and, with several GPUs, the collective (NCCL) it waits on; "
         "kvgate takes it back once its counters move", ev)
+
+
+def replica_hung(r: ReplicaStats, th: Thresholds) -> bool:
+    """Requests running on its engine and no token produced for ``hung_s`` up to the window's
+    end, while kvgate still sends it requests: hung (vLLM's /health may well say 200)."""
+    return r.frozen_s >= th.hung_s and r.frozen_s > 0 and replica_down(r) is None
+
+
+def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
+    ev = [cite("vllm:generation_tokens_total", "seconds without a token, requests running",
+               r.frozen_s, ">=", th, "hung_s", "s"),
+          cite("vllm:num_requests_running", "running meanwhile", r.frozen_running),
+          cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    if ctx.stall_after_s is None:
+        then = ("stall detection is off (health.stall_after_s): kvgate keeps sending it "
+                "requests, which wait there")
+        act = "take it out of rotation (drain it) and restart its vLLM process; "
+    else:
+        then = (f"kvgate ejects it once frozen for health.stall_after_s "
+                f"({ctx.stall_after_s:g} s); until then its requests wait there")
+        act = "restart its vLLM process; "
+    return Finding(
+        "down", "critical", r.pool, r.id,
+        f"engine hung: {r.frozen_running:.0f} requests running and no token generated for "
+        f"{r.frozen_s:.0f} s, still in rotation ({then})",
+        act + "check the GPU (Xid errors in the kernel log, nvidia-smi) and, with several "
+        "GPUs, the collective (NCCL) it waits on; a single prefill longer than this (a very "
+        "long prompt) looks the same: raise hung_s above it", ev)
 
 
 def _kv_bound(r: ReplicaStats, th: Thresholds) -> Finding:

@@ -58,6 +58,11 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("large_batch", 32, "requests", "vllm:num_requests_running",
               "a mean running batch of at least this is large (the decode-bound action is "
               "then more replicas; below it, prefill chunks in the decode steps)"),
+    # -- hung engine -------------------------------------------------------------------------
+    Threshold("hung_s", 15.0, "s", "vllm:generation_tokens_total",
+              "a replica whose engine held requests running while its generation and prompt "
+              "token counters stood still this long, up to the window's end, is hung (named "
+              "before health.stall_after_s ejects it, or when stall detection is off)"),
     # -- routing ----------------------------------------------------------------------------
     Threshold("imbalance_ratio", 2.0, "ratio", "kvgate_inflight_requests",
               "imbalance when a replica's mean in flight (or engine waiting) is at least this "
@@ -92,6 +97,9 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("flow_queued_share", 0.2, "share of requests", "kvgate_flow_queued_total",
               "requests that waited in kvgate's flow-control queue (the pool was saturated by "
               "flow control's bounds): the queue is in the gateway, not in the engines"),
+    Threshold("flow_shed_share", 0.05, "share of requests", "kvgate_flow_shed_total",
+              "requests of a pool that flow control shed (503, or 429 past a tier's wait: its "
+              "queue full or the wait too long; critical from 50%): the clients see them fail"),
     # -- gateway ----------------------------------------------------------------------------
     Threshold("overhead_p99_s", 0.01, "s", 'kvgate_overhead_seconds{phase="pre_upstream"}',
               "kvgate's own time before the upstream request, 99th percentile (of at least "

@@ -106,6 +106,10 @@ class ReplicaStats:
     failed: float = 0.0  # of which failed here (the retries hide them from clients)
     stalls: float = 0.0  # times kvgate found its engine stalled in the window (gateway.stall)
     stalled_last: bool = False  # ... and whether it still was at the last sample
+    # seconds at the window's end its engine held requests running while its token counters
+    # (generation and prompt) did not move: a hung engine, before gateway.stall ejects it
+    frozen_s: float = 0.0
+    frozen_running: float = math.nan  # the running count over that time (its mean)
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
@@ -146,6 +150,7 @@ class PoolStats:
     flow_queued: float = math.nan  # requests that waited in flow control's queue (NaN: off)
     flow_depth_mean: float = math.nan  # requests in that queue, mean over the window's ticks
     flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
+    flow_shed: float = math.nan  # requests flow control shed (503, or 429 past a tier's wait)
     replicas: list[ReplicaStats] = field(default_factory=list)
 
     @property
@@ -275,11 +280,31 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stalls = inc[REP.STALLS]
     st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
+    st.frozen_s, st.frozen_running = _frozen_tail(span, series, fresh)
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
     st.capacity_tokens = caps[-1] if caps else math.nan
     return st
+
+
+def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
+                 fresh: Sequence[int]) -> tuple[float, float]:
+    """Seconds at the end of the window over which the engine had requests running and its
+    generation and prompt token counters stood still, and the mean running count over them.
+    The last sample must be fresh (a scrape now says the counters still stand); a stale one
+    before it repeats an older scrape, so counters that match across it did not move either
+    (a busy host delays a scrape now and then: that broke the count)."""
+    gen, prompt, running = series[REP.GENERATION], series[REP.PROMPT], series[REP.RUNNING]
+    j = len(span) - 1
+    if j not in set(fresh):
+        return 0.0, math.nan
+    frozen, seats = 0.0, []
+    while j >= 1 and running[j] > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1]:
+        frozen += span[j].t - span[j - 1].t
+        seats.append(running[j])
+        j -= 1
+    return frozen, _mean(seats)
 
 
 def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
@@ -301,6 +326,7 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
     depth = [v for t in span[1:] if not math.isnan(v := t.pool(name, POOL.FLOW_DEPTH))]
     if depth:
         ps.flow_queued, ps.flow_depth_mean = inc(POOL.FLOW_QUEUED), _mean(depth)
+        ps.flow_shed = inc(POOL.FLOW_SHED)
         arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
         ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
     return ps

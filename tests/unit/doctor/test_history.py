@@ -220,18 +220,36 @@ def test_a_tenancy_never_loaded_reaches_the_window() -> None:
 
 
 def test_flow_controls_queue_reaches_the_window() -> None:
-    """Queued so far and queued now per pool, each tick; no flow control: unknown (NaN)."""
+    """Queued so far, queued now and shed so far per pool, each tick; no flow control:
+    unknown (NaN)."""
     f = Fleet()
     off = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
-    assert math.isnan(off.pools[0].flow_queued)
+    assert math.isnan(off.pools[0].flow_queued) and math.isnan(off.pools[0].flow_shed)
     queued = [0.0]
 
-    def flow() -> dict[str, tuple[float, float]]:
+    def flow() -> dict[str, tuple[float, float, float]]:
         queued[0] += 10.0  # 10 requests queued a second, 5 in the queue: 0.5 s each
-        return {"p": (queued[0], 5.0)}
+        return {"p": (queued[0], 5.0, queued[0] / 2)}  # and 5 shed a second
 
     f.src.flow = flow
     w = summarise(list(_ticks(f, 6, waiting=0.0, running=1.0, kv=0.1, new=2).ticks), 5.0, 1.0)
     (p,) = w.pools
-    assert (p.flow_queued, p.flow_depth_mean) == (50.0, 5.0)
+    assert (p.flow_queued, p.flow_depth_mean, p.flow_shed) == (50.0, 5.0, 25.0)
     assert p.flow_wait_mean == pytest.approx(0.5)
+
+
+def test_a_hung_engines_frozen_counters_are_counted_through_a_late_scrape() -> None:
+    """Requests running, no token for 8 ticks; one tick's scrape is late (stale): it
+    repeats the counters and does not end the count. A stale last sample says nothing."""
+    f = Fleet()
+    h = _ticks(f, 4, waiting=0.0, running=4.0, kv=0.1, new=2)
+    for k in range(8):
+        if k != 4:  # no scrape this tick: the last one is 1 s old then (stale_after_s 0.5)
+            f.scrape(waiting=0.0, running=4.0, kv=0.1, new=0)
+        h.append(read_tick(f.src, f.now, h.layout, False, None))
+        f.now += 1.0
+    r = summarise(list(h.ticks), 20.0, stale_after_s=0.5).replicas[0]
+    assert r.fresh < r.samples
+    assert (r.frozen_s, r.frozen_running) == (8.0, 4.0)
+    h.append(read_tick(f.src, f.now + 1.0, h.layout, False, None))  # stale now
+    assert summarise(list(h.ticks), 20.0, stale_after_s=0.5).replicas[0].frozen_s == 0.0

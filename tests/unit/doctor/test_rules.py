@@ -176,7 +176,10 @@ def test_a_fast_replica_taking_most_requests_is_not_held_before_its_engine() -> 
                    requests=370.0, itl_mean=0.007, ttft_mean=0.02)
     slow = replica("slow", inflight_mean=0.16, running_mean=0.16, waiting_mean=0.0,
                    requests=12.0, itl_mean=0.035, ttft_mean=0.05)
-    assert classes(classify_pool(pool(fast, slow), TH, CTX)) == ["healthy"]
+    # nothing waits on the fast one; the slow one, 5x slower and sent little, is named
+    (f,) = classify_pool(pool(fast, slow), TH, CTX)
+    assert (f.cls, f.replica) == ("routing", "slow")
+    assert f.summary.startswith("slow engine, routed around: slow's engine is 5.0x slower")
     held = replica("fast", inflight_mean=5.6, running_mean=1.3, waiting_mean=0.4,
                    requests=370.0, itl_mean=0.007, ttft_mean=0.02)
     (f,) = classify_pool(pool(held, slow), TH, CTX)
@@ -578,3 +581,69 @@ def test_a_pool_too_small_to_judge_is_not_said_to_have_nothing_above_thresholds(
     assert "nothing above thresholds" not in f.summary
     assert f.summary.startswith("routing: 27 requests in the window, too few to judge")
     assert "judged from 50" in f.summary and "27 failed (5xx)" in f.summary
+
+
+def test_a_hung_engine_in_rotation_is_down_not_queue_bound_nor_the_pools_imbalance() -> None:
+    """Requests running and queued on an engine whose token counters stood still for 20 s,
+    before kvgate's stall detection ejects it: it was queue-bound ('raise --max-num-seqs')
+    and its pool's routing imbalance."""
+    hung = replica("r1", frozen_s=20.0, frozen_running=4.0, inflight_mean=9.0,
+                   waiting_share=1.0, waiting_mean=5.0, requests=0.0, generation_tokens=0.0,
+                   ttft_mean=math.nan, itl_mean=math.nan)
+    (f,) = classify_replica(hung, TH, CTX)
+    assert (f.cls, f.severity) == ("down", "critical")
+    assert f.summary.startswith("engine hung: 4 requests running and no token generated for "
+                                "20 s"), f.summary
+    assert "health.stall_after_s (60 s)" in f.summary
+    (f,) = classify_replica(hung, TH, Context(stall_after_s=None))
+    assert "stall detection is off" in f.summary and f.action.startswith("take it out")
+    peers = [replica("r2", inflight_mean=1.0), replica("r3", inflight_mean=1.0)]
+    pool = PoolStats("p", samples=40, requests=200.0, replicas=[hung, *peers])
+    assert [x.cls for x in classify_pool(pool, TH, CTX, 10.0)] == ["healthy"]
+    # counters that stood still for less than hung_s: not hung
+    (f,) = classify_replica(replica(frozen_s=10.0, frozen_running=4.0), TH, CTX)
+    assert f.cls == "healthy"
+
+
+def test_requests_shed_by_flow_control_are_a_pool_finding_not_healthy() -> None:
+    """Flow control with flow.max_queue 0 answered 1,839 of 1,975 requests 503: the pool was
+    'routing: nothing above thresholds (requests 1,975, 5xx 0)' (its overload 503s are left
+    out of the 5xx share)."""
+    p = pool(replica("a", inflight_mean=2.0), requests=1975.0, flow_queued=0.0,
+             flow_depth_mean=0.0, flow_shed=1839.0)
+    (f,) = classify_pool(p, TH, Context(flow_max_inflight=2))
+    assert (f.cls, f.severity, f.replica) == ("queue-bound", "critical", None)
+    assert f.summary.startswith("93% of pool p's requests were shed by flow control (1839 of "
+                                "1975, answered 503 or 429)"), f.summary
+    assert f.action.startswith("raise flow.max_inflight (now 2)")
+    assert (f.evidence[0].metric, f.evidence[0].threshold) == ("kvgate_flow_shed_total", 0.05)
+    some = pool(replica("a"), requests=1000.0, flow_queued=0.0, flow_depth_mean=0.0,
+                flow_shed=100.0)
+    assert [(f.cls, f.severity) for f in classify_pool(some, TH, CTX)] == [
+        ("queue-bound", "warning")]
+    few = pool(replica("a"), requests=1000.0, flow_queued=0.0, flow_depth_mean=0.0,
+               flow_shed=10.0)
+    assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
+
+
+def test_a_slow_engine_a_load_aware_router_avoids_is_named() -> None:
+    """cache_aware sent an A100-70B-AWQ replica 3 of 1,811 requests beside two faster ones
+    (TTFT 863 ms vs 130 ms, inter-token 60 ms vs 11 ms): every row was healthy, the slow one
+    'idle', though the pool ran on two replicas' capacity."""
+    slow = replica("slow", requests=3.0, inflight_mean=0.04, running_mean=0.04, ttft_mean=0.863,
+                   itl_mean=0.06, queries=4500.0, hits=0.0)
+    peers = [replica(r, requests=900.0, inflight_mean=2.1, ttft_mean=0.13, itl_mean=0.011,
+                     queries=1_350_000.0, hits=0.0) for r in ("a", "b")]
+    (f,) = classify_pool(pool(slow, *peers, requests=1811.0), TH, CTX)
+    assert (f.cls, f.severity, f.replica) == ("routing", "warning", "slow")
+    assert "it started 3 of the pool's 1,803 requests" in f.summary, f.summary
+    assert f.evidence[0].value == pytest.approx(6.6, abs=0.1)
+    # sent little because its few prompts were the uncached ones: not slower per token
+    cold = replica("cold", requests=3.0, inflight_mean=0.04, running_mean=0.04, ttft_mean=0.3,
+                   itl_mean=0.011, queries=4500.0, hits=0.0)
+    warm = [replica(r, requests=900.0, ttft_mean=0.05, itl_mean=0.011, queries=1_350_000.0,
+                    hits=1_200_000.0) for r in ("a", "b")]
+    assert classes(classify_pool(pool(cold, *warm, requests=1811.0), TH, CTX)) == ["healthy"]
+    # a fair share of the requests: the imbalance rules judge it, not this one
+    even = [replica(r, requests=600.0) for r in ("a", "b", "c")]
+    assert classes(classify_pool(pool(*even, requests=1800.0), TH, CTX)) == ["healthy"]
