@@ -15,7 +15,13 @@ import httpx
 import openai
 
 from gateway.tenancy import connect_redis
-from tests.support.gateway import acme_gateway, admin_client, chat_status, metric_values
+from tests.support.gateway import (
+    acme_gateway,
+    admin_client,
+    chat_status,
+    metric_values,
+    wait_for,
+)
 from tests.support.procs import Proc, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -58,4 +64,7 @@ def test_a_redis_refusing_writes_stays_reported_between_admissions(
         _set_maxmemory(url, "0")
         assert chat_status(client) == 200  # the shared limits take it again
         assert _redis_state(base) == (1.0, {})
-        assert httpx.get(f"{base}/readyz", timeout=5).json()["degraded"] is False
+        assert httpx.get(f"{base}/readyz", timeout=5).json()["tenancy"]["degraded"] is False
+        # the shared routing state (its own writes were refused too) resumes at its next try
+        wait_for(lambda: httpx.get(f"{base}/readyz", timeout=5).json()["degraded"] is False,
+                 timeout=15, what="the gateway to report no degradation")
