@@ -29,7 +29,7 @@ import httpx
 import yaml
 
 from loadtest.doctor_load import Load, LoadResult, run_load
-from loadtest.fleet import Fleet, free_port
+from loadtest.fleet import Fleet, environ, free_port
 
 __all__ = ["ADMIN_TOKEN", "SCENARIOS", "Running", "Scenario", "wrong_classes"]
 
@@ -171,18 +171,10 @@ class Running:
                "KVGATE_REDIS_URL": self.redis_url, "KVGATE_SALT_SECRET": SALT_SECRET if tenants
                else ""}
         port = free_port()
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        try:
+        with environ(env):
             auth = [] if tenants else ["--no-auth"]
             self.fleet.start(["serve", *auth, "--host", "127.0.0.1", "--port", str(port),
                               "--config", self._path], f"http://127.0.0.1:{port}/readyz")
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         return f"http://127.0.0.1:{port}"
 
     def _start_redis(self) -> None:
