@@ -9,23 +9,26 @@ import difflib
 from collections.abc import Iterator
 from typing import NoReturn
 
-__all__ = ["Parser"]
+__all__ = ["Parser", "suggest"]
 
 UNRECOGNIZED = "unrecognized arguments: "
 
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        if message.startswith(UNRECOGNIZED):
-            known = sorted(set(_option_strings(self)))
-            for word in message.removeprefix(UNRECOGNIZED).split():
-                flag = word.split("=", 1)[0]
-                close = difflib.get_close_matches(flag, known, n=1) if \
-                    flag.startswith("--") else []
-                if close:
-                    message += f" (did you mean {close[0]}?)"
-                    break
-        super().error(message)
+        super().error(suggest(self, message))
+
+
+def suggest(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's ``message``, with the flag meant for the first misspelt one it names."""
+    if message.startswith(UNRECOGNIZED):
+        known = sorted(set(_option_strings(parser)))
+        for word in message.removeprefix(UNRECOGNIZED).split():
+            flag = word.split("=", 1)[0]
+            close = difflib.get_close_matches(flag, known, n=1) if flag.startswith("--") else []
+            if close:
+                return f"{message} (did you mean {close[0]}?)"
+    return message
 
 
 def _option_strings(parser: argparse.ArgumentParser) -> Iterator[str]:

@@ -42,6 +42,7 @@ from gateway.cli.admin_http import (
     not_admin_port,
     url_path_hint,
 )
+from gateway.cli.parser import suggest
 from gateway.doctor.render import parse_duration, render_cache, render_findings
 
 __all__ = ["main"]
@@ -59,7 +60,7 @@ class _Usage(Exception):
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not argparse's usage block
-        raise _Usage(f"{message} (see `{PROG} --help`)")
+        raise _Usage(f"{suggest(self, message)} (see `{PROG} --help`)")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -98,3 +98,12 @@ def test_a_section_written_wrong_is_named_in_the_files_terms(
     assert result.returncode == 2, result.stderr
     assert line in result.stderr.splitlines()[-1]
     assert "Config" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_misspelt_doctor_flag_names_the_flag_meant() -> None:
+    """`kvgate doctor` has its own one-line usage errors: they name the flag meant too."""
+    result = subprocess.run([*KVGATE, "doctor", "--windw", "5m"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=30, env=ENV)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("kvgate doctor: unrecognized arguments: --windw 5m "
+                                     "(did you mean --window?) (see `kvgate doctor --help`)")
