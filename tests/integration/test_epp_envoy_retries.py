@@ -39,7 +39,10 @@ def test_envoys_retries_are_counted_by_the_picker(procs: list[Proc]) -> None:
         eps.append(url.removeprefix("http://"))
     epp = epp_proc(config={
         "pools": {"default": {"served_model": MODEL, "replicas": [f"http://{e}" for e in eps]}},
-        "epp": {"fallbacks": 1}, "health": {"interval_s": 60, "failure_threshold": 5}})
+        "epp": {"fallbacks": 1}, "health": {"interval_s": 60, "failure_threshold": 5},
+        # picks alternate: half the requests after the kill pick the dead replica first (the
+        # cost model's pick of a one-token prompt may stay on the live one for all four)
+        "routing": {"policy": "round_robin"}})
     procs.append(epp.start())
     envoy, base = envoy_proc(epp.picker, endpoints=eps)
     procs.append(envoy.start())
