@@ -25,7 +25,7 @@ With other gateways (shared state) the saturation rule adds their published load
 their records' lag (`PeerLag`), what they may have sent unseen: as many as this gateway sent
 itself per replica, from each of them (`routing.flow.unseen`; `mark` records every pick), so
 a burst split over N gateways fills the bounds, not N times them. A band below the policy's
-top one takes a pool's room only once it has lasted two such lags (`_holds_back`): a slot
+top one takes a pool's room only once it has lasted two such lags (`_held_above`): a slot
 freed here is seen here first, and a top-band request queued on another gateway gets it.
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
@@ -181,7 +181,7 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
-        # since when it has had room (`_holds_back`; None: it has none; from the start)
+        # since when it has had room (`_held_above`; None: it has none; from the start)
         self.room_since: float | None = -math.inf
 
 
@@ -273,7 +273,8 @@ class FlowGate:
         doc = self.doc(principal)
         band, weight, _ = doc.flow_class(principal.tier, tenant)
         views = self.busy_full(state.name, plan.views, now)
-        if not self._holds_back(state, views, peers, band, doc, now) and state.flow.admit(
+        held = self._held_above(state, views, peers, doc, now)
+        if (held is None or band <= held) and state.flow.admit(
                 views, cost, now, peers, tenant, weight):
             self._sent(state, req, tenant, cost)
             return self._narrow(state, plan, peers, tenant, cost, now)
@@ -500,11 +501,9 @@ class FlowGate:
             else:
                 views = self.busy_full(state.name, [r.view(now) for r in pool.replicas], now)
                 peers = self.peers(now)
-                head = flow.queue.peek()
-                if head is not None and state.doc is not None and self._holds_back(
-                        state, views, peers, head.band, state.doc, now):
-                    break
-                out = flow.release(views, now, peers)
+                held = (None if state.doc is None
+                        else self._held_above(state, views, peers, state.doc, now))
+                out = flow.release(views, now, peers, held)
             if out is None:
                 break
             ticket = out.handle
@@ -516,27 +515,30 @@ class FlowGate:
         if flow.queue:
             state.timer = asyncio.get_running_loop().call_later(self._tick, self._pump, state)
 
-    def _holds_back(
+    def _held_above(
         self, state: _PoolState, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
-        band: int, doc: PolicyDoc, now: float,
-    ) -> bool:
-        """Whether a request of ``band`` waits for room the pool has had only briefly: with
-        other gateways live, a band below the policy's top one goes into a pool that had no
-        room only once it has had room for two of their records' lags. A slot freed here
-        is seen here at once, by the others a lag later; a higher-band request queued there
-        is picked then and its record is back here a lag after: the slot is its. Without the
-        wait the gateway where the slot freed filled it with its own queue's lower band,
-        again and again, while a premium request waited on another gateway."""
+        doc: PolicyDoc, now: float,
+    ) -> int | None:
+        """The policy's top band while the bands below it wait for room the pool has had
+        only briefly (None: no band waits): with other gateways live, a band below the top
+        one goes into a pool that had no room only once it has had room for two of their
+        records' lags. A slot freed here is seen here at once, by the others a lag later; a
+        higher-band request queued there is picked then and its record is back here a lag
+        after: the slot is its. Without the wait the gateway where the slot freed filled it
+        with its own queue's lower band, again and again, while a premium request waited on
+        another gateway. The top band's requests queued here go meanwhile, even behind a
+        lower band owed its minimum share (which stays owed)."""
         if self._lag is None or state.flow.saturated(views, peers):
             state.room_since = None
-            return False
+            return None
         if state.room_since is None:
             state.room_since = now
         peers_live = self._router.peers
-        if peers_live is None or not peers_live.members(now):
-            return False
-        top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
-        return band > top and now - state.room_since < 2.0 * self._lag(now)
+        if peers_live is None or not peers_live.members(now) or not doc.tiers:
+            return None
+        if now - state.room_since >= 2.0 * self._lag(now):
+            return None
+        return min(doc.flow_class(t, "")[0] for t in doc.tiers)
 
     def _check_keys(self, state: _PoolState) -> None:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:

@@ -222,10 +222,11 @@ class PoolFlow(Generic[T]):
 
     def release(
         self, views: Sequence[ReplicaView], now: float,
-        peers: Mapping[str, ReplicaLoad] = _NO_PEERS,
+        peers: Mapping[str, ReplicaLoad] = _NO_PEERS, upto: int | None = None,
     ) -> Entry[T] | None:
         """The next queued request to send now, or None (nothing queued, no room, or only
-        tenants over their share wait and no replica has spare room for them)."""
+        tenants over their share wait and no replica has spare room for them); only from
+        the bands up to level ``upto`` when given (`FlowQueue.pop`)."""
         queue = self.queue
         if not queue or pool_saturated(views, self.config.saturation, peers):
             return None
@@ -241,7 +242,7 @@ class PoolFlow(Generic[T]):
                 self.hog_holds += 1
             return True
 
-        entry = queue.pop(now, over, hold if self._spares else None)
+        entry = queue.pop(now, over, hold if self._spares else None, upto)
         if entry is not None:
             self._took(entry, now)
         return entry

@@ -183,19 +183,16 @@ class FlowQueue(Generic[T]):
         return None
 
     # -- dispatch -----------------------------------------------------------------------------
-    def peek(self) -> Entry[T] | None:
-        """The request `pop` would hand out next (nothing changes)."""
-        return self._choose((), None)
-
     def pop(
         self, now: float, skip: Collection[str] = (),
-        hold: Callable[[Entry[T]], bool] | None = None,
+        hold: Callable[[Entry[T]], bool] | None = None, upto: int | None = None,
     ) -> Entry[T] | None:
         """Dispatch the next request: band, then tenant (module docstring). Inside the band
         whose turn it is the tenants in ``skip`` are passed over by the others; when only
         they wait in it, the first of their heads that ``hold`` does not hold goes (any, without
-        ``hold``); when it holds them all, the band's turn passes to the next band."""
-        entry = self._choose(skip, hold)
+        ``hold``); when it holds them all, the band's turn passes to the next band. Bands
+        below ``upto`` (levels above it) wait: the turn passes over them, their credit kept."""
+        entry = self._choose(skip, hold, upto)
         if entry is None:
             return None
         b = self._bands[entry.band]
@@ -215,9 +212,11 @@ class FlowQueue(Generic[T]):
         return entry
 
     def _choose(
-        self, skip: Collection[str], hold: Callable[[Entry[T]], bool] | None
+        self, skip: Collection[str], hold: Callable[[Entry[T]], bool] | None, upto: int | None,
     ) -> Entry[T] | None:
         for b in self._turns():
+            if upto is not None and b.level > upto:
+                continue
             if not skip:
                 return b.head()
             entry = b.head_except(skip)

@@ -8,6 +8,9 @@ B's record arrives: B sent its free request into it, and the premium one waited 
 pool took free requests. Now a gateway with live peers lets a lower band's request into a
 slot only after the slot has stayed free for two records' lags (a peer's higher-band request
 is picked, and its record back, within them): the premium request takes it.
+
+Meanwhile the top band's own requests queued where the slot freed go at once: a lower band
+owed its minimum share waits out the two lags without holding them back.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from functools import partial
 
 import httpx
 import pytest
@@ -48,6 +52,14 @@ def _send(base: str, key: str, text: str) -> socket.socket:
     return client
 
 
+def _queued(base: str, n: int) -> bool:
+    return _depth(base) == n
+
+
+def _taken(sim: str, n: int) -> bool:
+    return len(_prompts(sim)) >= n
+
+
 def _prompts(sim: str) -> list[str]:
     items = httpx.get(f"{sim}/sim/requests", timeout=5).json()["requests"]
     return [r["body"]["messages"][0]["content"] for r in items
@@ -61,7 +73,9 @@ def fleet(redis_url: str, sim_factory: Callable[..., tuple[Proc, str]]
     config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
               "models": {"llama": {"default": "p"}},
               "tiers": {"premium": {"flow": {"band": 0}}, "free": {"flow": {"band": 1}}},
-              "flow": {"enabled": True, "max_inflight": 1, "peer_lag_ms": 500}}
+              "flow": {"enabled": True, "max_inflight": 1, "peer_lag_ms": 500},
+              # the free band is owed its floor after two premium dispatches it waited through
+              "fairness": {"min_share": {1: 0.9}}}
     env = {"KVGATE_REDIS_URL": redis_url, "KVGATE_SALT_SECRET": AUTH_SECRET,
            "KVGATE_ADMIN_TOKEN": ADMIN}
     with ExitStack() as stack:
@@ -98,3 +112,36 @@ def test_a_freed_slot_goes_to_the_premium_request_queued_on_the_other_gateway(
     assert _depth(b) == 1 and _depth(a) == 0
     waiting.close()
     premium.close()
+
+
+def test_premium_requests_queued_here_go_while_an_owed_free_band_waits_the_lags(
+        fleet: tuple[list[str], str, dict[str, str]]) -> None:
+    (a, _), sim, keys = fleet
+    # long prompts: a stream cut after its first tokens keeps the credit its prompt earned
+    pad = " word" * 400
+    holder = _send(a, keys["prem"], "p-run-1" + pad)
+    assert holder.recv(4096).startswith(b"HTTP/1.1 200")
+    time.sleep(1.5)  # its pick is past the unseen-sends window
+    queued = [_send(a, keys["free"], "f-1" + pad)]
+    wait_for(lambda: _depth(a) == 1, 10, "the free request to queue")
+    for n in (2, 3, 4):
+        queued.append(_send(a, keys["prem"], f"p-{n}" + pad))
+        wait_for(partial(_queued, a, n), 10, f"premium request {n} to queue")
+    running = holder
+    for n in (2, 3):  # each freed slot goes to the next premium request (top band first)
+        running.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        running.close()
+        wait_for(partial(_taken, sim, n), 20, f"slot {n} to be taken")
+        assert _prompts(sim)[-1].split()[0] == f"p-{n}"
+        running = queued[n - 1]
+        time.sleep(1.5)
+    # two premium dispatches later the free band is owed its floor: it waits two lags for a
+    # peer's top band, and the premium request queued here takes the slot meanwhile (it
+    # waited those lags too, behind the owed band, and the band took the slot after them)
+    running.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    running.close()
+    wait_for(lambda: len(_prompts(sim)) >= 4, 20, "slot 4 to be taken")
+    assert [p.split()[0] for p in _prompts(sim)] == ["p-run-1", "p-2", "p-3", "p-4"]
+    assert _depth(a) == 1  # the free request, still owed
+    for sock in queued:
+        sock.close()

@@ -196,6 +196,18 @@ def test_higher_band_first_then_arrival_order() -> None:
     assert drain(q) == ["prem", "free0", "free1", "free2"]
 
 
+def test_bands_past_upto_wait_and_an_owed_band_keeps_its_credit() -> None:
+    q: FlowQueue[str] = FlowQueue(100, min_share={1: 0.9})
+    q.offer("free", tenant="f", band=1, cost=100, now=0, max_wait_s=60)
+    for i in range(3):
+        q.offer(f"prem{i}", tenant="p", band=0, cost=100, now=0, max_wait_s=60)
+    assert [q.pop(1.0).handle for _ in range(2)] == ["prem0", "prem1"]  # type: ignore[union-attr]
+    # the free band is owed now; held back, the top band's request goes and the debt stays
+    assert (e := q.pop(1.0, upto=0)) is not None and e.handle == "prem2"
+    assert q.pop(1.0, upto=0) is None  # only the held band is left
+    assert drain(q) == ["free"]
+
+
 def test_equal_weights_alternate_tenants_in_tokens_not_requests() -> None:
     q: FlowQueue[str] = FlowQueue(100, default_min_share=0.0)
     for i in range(4):  # a: four requests of 100 tokens, b: one of 400
