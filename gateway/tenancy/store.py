@@ -192,6 +192,17 @@ class TenantStore(ABC):
         counts)."""
         return None
 
+    def tell_throttles_to(self, tell: Callable[[str, float], None]) -> None:
+        """From now on, tell `tell` (as `on_auth_throttled`) each address a failed admin
+        authentication at any gateway left throttled, and at once those found throttled
+        before anyone listened."""
+        self.on_auth_throttled = tell
+
+    async def throttles_read(self) -> None:  # noqa: B027 - optional hook
+        """Returns once the addresses throttled before this process listened have been read
+        and told (or could not be), so the first admin request of a gateway just started is
+        checked against them: at once for a store that shares none."""
+
     # -- synchronisation -------------------------------------------------------------------
     @abstractmethod
     async def generation(self) -> int:
