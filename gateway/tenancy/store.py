@@ -33,6 +33,7 @@ from gateway.tenancy.models import (
     SaltRotation,
     StoreSnapshot,
     Tenant,
+    fresh_incarnation,
 )
 from gateway.tenancy.reachability import Reachability
 
@@ -359,6 +360,7 @@ def with_epoch(tenant: Tenant, epoch: int) -> Tenant:
 class BootstrapResult:
     created_tenants: tuple[str, ...]
     policy_seeded: bool
+    seeded_before: bool = False  # the store had its bootstrap marker: seeded at an earlier start
 
 
 async def bootstrap(
@@ -371,7 +373,13 @@ async def bootstrap(
     written only when the store has none (compare-and-set against version 0, so concurrent
     replicas starting together seed it once). The marker is set last, so a store is marked
     only once everything is in it.
+
+    A tenant it creates draws an incarnation, as the admin API's do: seeded without one, a
+    tenant deleted through the admin API and seeded again at the next start kept its rate
+    limits under its id, and inherited the deleted one's spent budget and the leases of its
+    streams still running (a 429 on its first request).
     """
+    seeded_before = await store.seed_mark() is not None
     seeded = False
     if policy is not None:
         try:
@@ -381,10 +389,13 @@ async def bootstrap(
             pass
     created: list[str] = []
     for tenant in tenants:
+        if tenant.incarnation is None:
+            tenant = Tenant.model_validate({**tenant.model_dump(exclude_unset=True),
+                                            "incarnation": fresh_incarnation()})
         try:
             await store.create_tenant(tenant)
             created.append(tenant.id)
         except Conflict:
             pass
     await store.mark_seeded()
-    return BootstrapResult(tuple(created), seeded)
+    return BootstrapResult(tuple(created), seeded, seeded_before)
