@@ -51,7 +51,10 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     else:
         tokens = []
         for entry in entries:
-            ident, sep, token = entry.partition(":")
+            # blanks around the ':' are not the id's nor the token's: a client cannot send a
+            # token's leading blank (a header value's are dropped), so ``ops: <token>`` made
+            # a token no request could present, 401 for every one of its holders
+            ident, sep, token = (part.strip() for part in entry.partition(":"))
             if not sep or not ident or not token:
                 raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
             if any(t.id == ident for t in tokens):
