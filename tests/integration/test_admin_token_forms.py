@@ -8,6 +8,8 @@ value's leading blanks are dropped), so every request of that token's holders wa
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 
 OPS = "ops-token-0123456789abcdef"
@@ -27,3 +29,27 @@ def test_blanks_around_an_ids_colon_are_not_the_tokens() -> None:
                 assert made.status_code == 201, made.text
                 entries = admin.get("/audit").json()["data"]
                 assert entries[0]["who"] == ident, entries[0]
+
+
+def test_a_tenants_key_is_refused_as_an_admin_token(redis_url: str) -> None:
+    """A tenant's API key copied into KVGATE_ADMIN_TOKEN stops `kvgate serve` before anything
+    listens, naming the rule, never the key. It started, and the key opened the admin API to
+    its tenant (every tenant's keys, the policy) as well as the OpenAI routes."""
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": OPS,
+           "KVGATE_REDIS_URL": redis_url}
+    config = {**CONFIG, "tenants": [{"id": "acme", "tier": "free"}]}
+    first, base = gateway_proc(config=config, env=env, auth=True, ready=False)
+    with first, admin_client(base, OPS) as admin:
+        made = admin.post("/tenants/acme/keys")
+        assert made.status_code == 201, made.text
+        key = str(made.json()["key"])
+    second, base = gateway_proc(config=config, env={**env, "KVGATE_ADMIN_TOKEN": key},
+                                auth=True, ready=False)
+    try:
+        with pytest.raises(RuntimeError) as exited:
+            second.start()
+    finally:
+        second.stop()
+    said = str(exited.value)
+    assert "has the form of a tenant API key (kvg-...)" in said, said
+    assert key not in said
