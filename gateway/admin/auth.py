@@ -1,8 +1,9 @@
 """Admin authentication: bearer admin tokens, compared in constant time, never tenant keys.
 
 Admin tokens must be at least `MIN_ADMIN_TOKEN_CHARS` characters and not of a tenant key's
-form (checked when the configuration loads, so a short one stops `kvgate serve` before anything listens). Refusals
-carry a `reason` for the guard (`gateway.admin.guard`) that throttles, logs and counts them.
+form (checked when the configuration loads, so a short one stops `kvgate serve` before
+anything listens). Refusals carry a `reason` for the guard (`gateway.admin.guard`) that
+throttles, logs and counts them.
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
 
     `ValueError` (naming the token's id, never the token) for a malformed value, a token
     shorter than `MIN_ADMIN_TOKEN_CHARS` or of a tenant key's form (``kvg-...``: one copied
-    from a tenant's key opened the admin API to that tenant), or an id given twice (the audit log names the
-    writer by its token's id: two tokens under one id could not be told apart)."""
+    from a tenant's key opened the admin API to that tenant), or an id given twice (the
+    audit log names the writer by its token's id: two tokens under one id could not be told
+    apart)."""
     if not value or not value.strip():
         return []
     entries = [part.strip() for part in value.split(",") if part.strip()]
