@@ -292,9 +292,11 @@ class RedisStore(TenantStore):
         if self._listener is None or self._throttles_read.is_set():
             return
         # bounded all the same: a listener that neither reads nor fails (a Redis that takes
-        # the connection and answers nothing) holds no admin request longer than this
-        with contextlib.suppress(TimeoutError):
+        # the connection and answers nothing) holds an admin request this long, once
+        try:
             await asyncio.wait_for(self._throttles_read.wait(), THROTTLES_WAIT_S)
+        except TimeoutError:
+            self._throttles_read.set()
 
     async def _run(
         self, name: str, keys: list[str], args: list[Any], change: Change, **detail: Any
