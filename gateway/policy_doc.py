@@ -8,6 +8,7 @@ into one `PolicyValidationError(field, message)` for callers that answer with HT
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -21,7 +22,7 @@ from pydantic import (
 )
 
 from gateway.discovery.config import parse_discovery
-from gateway.errors import NAME_CHARS
+from gateway.errors import NAME_CHARS, shown_name
 from gateway.replicas import replica_id
 from gateway.urls import shown_url
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
@@ -29,6 +30,8 @@ from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
 __all__ = [
     "DEFAULT_TIER",
     "MAX_LIMIT",
+    "NAME_PATTERN",
+    "NAME_RULE",
     "Fairness",
     "Limits",
     "LoadThreshold",
@@ -37,11 +40,17 @@ __all__ = [
     "PoolConfig",
     "TierConfig",
     "TierFlow",
+    "check_names",
     "check_replicas_distinct",
     "parse_policy",
 ]
 
 DEFAULT_TIER = "default"
+# Tenant ids, salt groups, pool and tier names appear in URLs, response headers
+# (``x-kvgate-replica: <pool>/<replica>``), metric labels and Redis keys
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"  # in words
+
 
 
 # A limit's largest value: far past any real budget, and exact in the admission scripts'
@@ -202,6 +211,7 @@ class PolicyDoc(BaseModel):
     pools: dict[str, PoolConfig] = Field(default_factory=dict)
     models: dict[str, dict[str, str]] = Field(default_factory=dict)  # public -> {tier: pool}
     # a tier's name as a tenant's tier may be (`Tenant.tier`): a longer one no tenant could use
+    # (names on input: `check_names`)
     tiers: dict[Annotated[str, Field(min_length=1, max_length=64)], TierConfig] = Field(
         default_factory=lambda: {DEFAULT_TIER: TierConfig()})
     fairness: Fairness = Field(default_factory=Fairness)  # flow control's sharing rules
@@ -331,8 +341,22 @@ def parse_policy(data: Any) -> PolicyDoc:
             loc, msg = msg.split(": ", 1)
         raise PolicyValidationError(loc, msg) from None
     check_replicas_distinct(doc)
+    check_names(doc)
     _check_model_names(doc)
     return doc
+
+
+def check_names(doc: PolicyDoc) -> None:
+    """Pools and tiers are named as tenants are (`NAME_PATTERN`): their names go into
+    response headers (``x-kvgate-replica: <pool>/<replica>``), metric labels and logs. Any
+    string was taken: a pool named with a CR LF left every request routed there without an
+    answer (its header could not be written), a '/' made that header ambiguous, an empty
+    name could be mapped but never found. On input only, as `check_replicas_distinct`."""
+    for section, names in (("pools", doc.pools), ("tiers", doc.tiers)):
+        for name in names:
+            if re.fullmatch(NAME_PATTERN, name) is None:
+                raise PolicyValidationError(
+                    section, f"{shown_name(name)!r} is not a name: {NAME_RULE}")
 
 
 def _check_model_names(doc: PolicyDoc) -> None:

@@ -1,8 +1,9 @@
 """Admin authentication: bearer admin tokens, compared in constant time, never tenant keys.
 
-Admin tokens must be at least `MIN_ADMIN_TOKEN_CHARS` characters (checked when the
-configuration loads, so a short one stops `kvgate serve` before anything listens). Refusals
-carry a `reason` for the guard (`gateway.admin.guard`) that throttles, logs and counts them.
+Admin tokens must be at least `MIN_ADMIN_TOKEN_CHARS` characters and not of a tenant key's
+form (checked when the configuration loads, so a short one stops `kvgate serve` before
+anything listens). Refusals carry a `reason` for the guard (`gateway.admin.guard`) that
+throttles, logs and counts them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from gateway.asgi import Scope
 from gateway.errors import AuthError, KvgateError, PermissionDenied
-from gateway.tenancy.keys import looks_like_key
+from gateway.tenancy.keys import KEY_PREFIX, looks_like_key
 from gateway.tenancy.resolver import parse_bearer
 
 __all__ = [
@@ -41,8 +42,10 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     """Parse ``KVGATE_ADMIN_TOKEN``: a bare token (id ``admin``) or ``id:token,id:token``.
 
     `ValueError` (naming the token's id, never the token) for a malformed value, a token
-    shorter than `MIN_ADMIN_TOKEN_CHARS`, or an id given twice (the audit log names the
-    writer by its token's id: two tokens under one id could not be told apart)."""
+    shorter than `MIN_ADMIN_TOKEN_CHARS` or of a tenant key's form (``kvg-...``: one copied
+    from a tenant's key opened the admin API to that tenant), or an id given twice (the
+    audit log names the writer by its token's id: two tokens under one id could not be told
+    apart)."""
     if not value or not value.strip():
         return []
     entries = [part.strip() for part in value.split(",") if part.strip()]
@@ -51,7 +54,10 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     else:
         tokens = []
         for entry in entries:
-            ident, sep, token = entry.partition(":")
+            # blanks around the ':' are not the id's nor the token's: a client cannot send a
+            # token's leading blank (a header value's are dropped), so ``ops: <token>`` made
+            # a token no request could present, 401 for every one of its holders
+            ident, sep, token = (part.strip() for part in entry.partition(":"))
             if not sep or not ident or not token:
                 raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
             if any(t.id == ident for t in tokens):
@@ -59,6 +65,11 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
                                  "each admin token needs its own id (the audit log names it)")
             tokens.append(AdminToken(ident, token))
     for admin in tokens:
+        if looks_like_key(admin.token):  # a tenant's key (its holder would be an admin)
+            raise ValueError(
+                f"KVGATE_ADMIN_TOKEN: the admin token with id {admin.id!r} has the form of a "
+                f"tenant API key ({KEY_PREFIX}...); an admin token must be none of them "
+                "(e.g. `openssl rand -hex 24`)")
         if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(
                 f"KVGATE_ADMIN_TOKEN: the admin token with id {admin.id!r} has {len(admin.token)} "

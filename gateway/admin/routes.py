@@ -48,12 +48,15 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
     """An APIRouter with every admin route under ``/admin``; mount it with include_router."""
 
     ctx = AdminContext(deps)
-    deps.store.on_auth_throttled = deps.guard.adopt
+    deps.store.tell_throttles_to(deps.guard.adopt)
 
     async def admin(
         request: Request, authorization: Annotated[str | None, Header()] = None
     ) -> str:
         address = request.client.host if request.client is not None else "unknown"
+        # the addresses throttled before this gateway listened: known before any is checked
+        # (a gateway just started let a throttled address's valid token in)
+        await deps.store.throttles_read()
         deps.guard.check(address)  # 429 while this address is throttled (with Redis: at any
         # gateway, `AuthGuard.adopt` told by the store)
         try:

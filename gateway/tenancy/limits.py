@@ -7,6 +7,12 @@ as flow control charges it) is reserved at once and the real usage is settled af
 the bucket overshoots by at most the reservations of the requests already admitted.
 Concurrency is a set of leases released when the request ends. `RedisRateLimiter` runs the same
 rules in one Lua script; `MemoryRateLimiter` is the single-process (and fallback) version.
+
+A refusal's wait is what the bucket says: an RPM bucket admits again at one whole request, a
+TPM bucket as soon as its balance is above zero (`POSITIVE_S` past the moment it reaches it),
+and both go out to the millisecond in ``retry-after-ms`` (the openai SDKs read it before
+``Retry-After``, whose whole seconds round it up). A TPM refusal said the time to a balance of
+one token: 60/TPM s late (6 s on a 10 TPM budget).
 """
 
 from __future__ import annotations
@@ -22,9 +28,12 @@ from dataclasses import dataclass, field, replace
 from gateway.errors import RateLimited
 from gateway.policy_doc import Limits
 
-__all__ = ["Admission", "MemoryRateLimiter", "RateLimiter", "refill"]
+__all__ = ["POSITIVE_S", "Admission", "MemoryRateLimiter", "RateLimiter", "refill", "tpm_wait"]
 
 WINDOW_S = 60.0
+# past the moment a TPM balance owed reaches zero, when it is above it (a balance of exactly
+# zero is refused): one millisecond, the resolution of ``retry-after-ms``
+POSITIVE_S = 0.001
 
 
 def refill(level: float, last: float, now: float, capacity: int) -> float:
@@ -34,6 +43,12 @@ def refill(level: float, last: float, now: float, capacity: int) -> float:
 
 def _seconds_to(level: float, target: float, capacity: int) -> float:
     return max(0.0, (target - level) * WINDOW_S / capacity)
+
+
+def tpm_wait(level: float, tpm: int) -> float:
+    """How long a TPM bucket at `level` (zero or below: refused) takes to admit again: until
+    its balance is above zero (`redis_limit_scripts.ADMIT` computes the same)."""
+    return _seconds_to(level, 0.0, tpm) + POSITIVE_S
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -67,7 +82,8 @@ class Admission:
     released: bool = False
 
     def headers(self) -> dict[str, str]:
-        """``x-ratelimit-*`` (OpenAI's names) and, when denied, ``retry-after`` (seconds)."""
+        """``x-ratelimit-*`` (OpenAI's names) and, when denied, ``retry-after`` (whole seconds,
+        rounded up) and ``retry-after-ms`` (milliseconds, as the openai SDKs read it first)."""
         out: dict[str, str] = {}
         if self.limit_requests is not None:
             out["x-ratelimit-limit-requests"] = str(self.limit_requests)
@@ -79,6 +95,7 @@ class Admission:
             out["x-ratelimit-reset-tokens"] = _fmt_duration(self.reset_tokens_s)
         if not self.allowed:
             out["retry-after"] = str(max(1, math.ceil(self.retry_after_s)))
+            out["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
         return out
 
     def settled_to(self, used_tokens: int) -> Admission:
@@ -218,7 +235,7 @@ class MemoryRateLimiter(RateLimiter):
         if rpm and r < 1:
             waits["rpm"] = _seconds_to(r, 1.0, rpm)
         if tpm and t <= 0:
-            waits["tpm"] = _seconds_to(t, 1.0, tpm)
+            waits["tpm"] = tpm_wait(t, tpm)
         reason = next(iter(waits), None)
         retry = max(waits.values(), default=0.0)
         lease_id = None

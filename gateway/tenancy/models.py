@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.policy_doc import Limits, PolicyDoc
+from gateway.policy_doc import NAME_PATTERN, NAME_RULE, Limits, PolicyDoc
 
 __all__ = [
     "NAME_PATTERN",
@@ -24,9 +24,7 @@ __all__ = [
     "fresh_incarnation",
 ]
 
-# Tenant ids and salt-group names appear in URLs, metrics labels and Redis keys.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"  # in words
+# Tenant ids and salt-group names: names as pools' and tiers' (`policy_doc.NAME_PATTERN`)
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 

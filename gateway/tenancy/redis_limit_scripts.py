@@ -35,7 +35,8 @@ end
 # keeps its own holder's heartbeat alive, and one that takes a lease names its holder in
 # KEYS[4] first (a WRONGTYPE there takes no lease).
 # A refusal names the first limit that refuses (concurrency, rpm, tpm) and waits for the last
-# (a tenant at its concurrency limit with its RPM spent was told 1 s, then 60 s more).
+# (a tenant at its concurrency limit with its RPM spent was told 1 s, then 60 s more); a TPM
+# bucket's wait is until its balance is above zero (`limits.tpm_wait`: a millisecond past it).
 # A reservation without a lease (no concurrency limit) is marked in KEYS[3] under the lease
 # id, scored by its expiry, before the bucket is written (a WRONGTYPE there reserves nothing).
 ADMIT = (
@@ -95,7 +96,7 @@ if rpm > 0 and r < 1 then
 end
 if tpm > 0 and t <= 0 then
   if reason == '' then reason = 'tpm' end
-  retry = math.max(retry, (1 - t) * 60 / tpm)
+  retry = math.max(retry, -t * 60 / tpm + 0.001)
 end
 if ARGV[8] == '1' then return {reason, tostring(retry), tostring(r), tostring(t)} end
 if reason == '' then

@@ -167,8 +167,8 @@ class RedisRateLimiter(RateLimiter):
                 self._retry_wake.set()
             raise
         if self._wrong_type.pop(tenant_id, None) is not None:
-            log.info("rate limits of tenant %s: its keys in Redis work again", tenant_id,
-                     extra={"tenant": tenant_id})
+            log.info("rate limits of tenant %s: its keys in Redis work again",
+                     _tenant_of(tenant_id), extra={"tenant": _tenant_of(tenant_id)})
         if stalled:
             for lid, _ in stalled:
                 self._unreleased.pop(lid, None)
@@ -266,8 +266,8 @@ class RedisRateLimiter(RateLimiter):
             log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases, "
                       "%s:reserved and %s:holders (WRONGTYPE: written by hand or another "
                       "application?); it is admitted on per-process limits until they are "
-                      "deleted", tenant_id, bucket, bucket, bucket, bucket,
-                      extra={"tenant": tenant_id})
+                      "deleted", _tenant_of(tenant_id), bucket, bucket, bucket, bucket,
+                      extra={"tenant": _tenant_of(tenant_id)})
 
     async def _retry_loop(self) -> None:
         while True:
@@ -321,3 +321,9 @@ class RedisRateLimiter(RateLimiter):
         with redis_unavailable():
             await self._renew(keys=keys, args=args)
         return sum(len(ids) for ids in by_tenant.values())
+
+
+def _tenant_of(limits_key: str) -> str:
+    """The tenant's id in a `Tenant.limits_key` (``acme#<incarnation>``): what a log line
+    names it by, as the other lines do (its keys are named whole)."""
+    return limits_key.partition("#")[0]

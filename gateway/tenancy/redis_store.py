@@ -104,6 +104,7 @@ __all__ = ["RedisStore"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
+THROTTLES_WAIT_S = 2.0  # the longest an admin request waits for `throttles_read`
 
 JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
 
@@ -158,6 +159,11 @@ class RedisStore(TenantStore):
         self._journal_head: str | None = None  # the journal's newest entry at that generation
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
+        # the addresses found throttled while nobody listened (`tell_throttles_to` takes
+        # them), and the first read of those throttled before this process listened: done
+        # (or failed), so an admin request need not wait for it
+        self._untold: dict[str, float] = {}
+        self._throttles_read = asyncio.Event()
         self._scripts = {
             name: client.register_script(src)
             for name, src in {
@@ -228,20 +234,17 @@ class RedisStore(TenantStore):
                 self.reach.connected()
                 self._notify(Change("resync"))  # messages may have been missed while away
                 backoff = 0.1
-                told = False  # the addresses throttled meanwhile, once someone listens
+                await self._tell_throttled()  # the addresses throttled meanwhile
                 while True:
-                    if not told and self.on_auth_throttled is not None:
-                        told = True
-                        await self._tell_throttled(self.on_auth_throttled)
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
                         continue
                     if msg.get("channel") == self.channel:
                         self._notify(parse_change(msg.get("data")))
-                    elif (said := throttled_address(str(msg.get("data")))) is not None \
-                            and self.on_auth_throttled is not None:
-                        self.on_auth_throttled(*said)
+                    elif (said := throttled_address(str(msg.get("data")))) is not None:
+                        self._tell(*said)
             except (RedisError, OSError) as exc:
+                self._throttles_read.set()  # not read: an admin request does not wait on it
                 if self._closing:
                     return
                 self.reach.failed(failure_cause(exc))
@@ -251,9 +254,13 @@ class RedisStore(TenantStore):
                 with contextlib.suppress(RedisError, OSError):
                     await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed from redis 8.2
 
-    async def _tell_throttled(self, tell: Callable[[str, float], None]) -> None:
-        """The addresses throttled now, told to `tell` (`on_auth_throttled`). Refused (an ACL
-        without SCAN): logged, and the failures published from now on are still told."""
+    async def _tell_throttled(self) -> None:
+        """The addresses throttled now, told (`_tell`). Refused (an ACL without SCAN): logged,
+        and the failures published from now on are still told. Read at each subscription,
+        whether anyone listens yet or not: the admin app that listens is built after the
+        store starts, and the addresses were read only once it listened and the listener's
+        next wait for a message had ended (up to a second after a gateway's start, when a
+        throttled address's valid token got in)."""
         try:
             found = await throttled_now(self._r, self._k("admin_auth", ""))
         except ResponseError as exc:
@@ -261,9 +268,35 @@ class RedisStore(TenantStore):
                         "listened could not be read (%s): it throttles those that fail here "
                         "or are throttled from now on", failure_cause(exc),
                         extra={"redis": self.reach.address})
-            return
+            found = []
+        finally:
+            self._throttles_read.set()
         for address, level in found:
+            self._tell(address, level)
+
+    def _tell(self, address: str, level: float) -> None:
+        """`on_auth_throttled`, or kept for `tell_throttles_to` while nobody listens (the
+        lowest level of an address: it throttles a little longer, never shorter)."""
+        if self.on_auth_throttled is not None:
+            self.on_auth_throttled(address, level)
+        else:
+            self._untold[address] = min(level, self._untold.get(address, level))
+
+    def tell_throttles_to(self, tell: Callable[[str, float], None]) -> None:
+        self.on_auth_throttled = tell
+        untold, self._untold = self._untold, {}
+        for address, level in untold.items():
             tell(address, level)
+
+    async def throttles_read(self) -> None:
+        if self._listener is None or self._throttles_read.is_set():
+            return
+        # bounded all the same: a listener that neither reads nor fails (a Redis that takes
+        # the connection and answers nothing) holds an admin request this long, once
+        try:
+            await asyncio.wait_for(self._throttles_read.wait(), THROTTLES_WAIT_S)
+        except TimeoutError:
+            self._throttles_read.set()
 
     async def _run(
         self, name: str, keys: list[str], args: list[Any], change: Change, **detail: Any

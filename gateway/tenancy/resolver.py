@@ -531,12 +531,18 @@ class TenantResolver:
 
     # -- hot path ----------------------------------------------------------------------------
     def _check_usable(self) -> None:
+        trouble = None if self._answers else _TROUBLE.get(self._down_cause)
         if not self._loaded:
             raise BackendUnavailable(
                 f"{self._store.label} has not answered yet, so no API key or policy is loaded; "
-                "retry shortly")
+                "retry shortly" if trouble is None else
+                f"{self._store.label} {trouble}, so no API key or policy is loaded; the "
+                "gateway's log has the details")
         if self._max_stale is not None and self._clock() - self._fresh_at > self._max_stale:
-            raise BackendUnavailable("tenancy state is too stale to serve; retry shortly")
+            raise BackendUnavailable(
+                "tenancy state is too stale to serve; retry shortly" if trouble is None else
+                f"tenancy state is too stale to serve: {self._store.label} {trouble}; the "
+                "gateway's log has the details")
 
     def authenticate(self, token: str | None) -> Principal:
         """The caller of an API key (the token after ``Bearer``). No I/O; raises `AuthError`."""
@@ -618,6 +624,23 @@ class TenantResolver:
             store_cause=None if self._answers else self._down_cause,
             records_skipped=dict(self._skipped_total),
         )
+
+
+# What a client is told of a store that answers with a refusal (`cause_label`'s labels: a
+# fixed set, so no address, password or key name reaches a client); a store not reached is
+# one that "has not answered". It said "has not answered yet; retry shortly" to every client
+# of a Redis refusing kvgate's password: retrying cures none of these but `loading`.
+_TROUBLE = {
+    "timeout": "does not answer in time",
+    "auth": "refuses kvgate's credentials (KVGATE_REDIS_URL)",
+    "noperm": "refuses kvgate's commands (its ACL user lacks a permission kvgate needs)",
+    "oom": "refuses kvgate's commands: it is out of memory",
+    "wrongtype": "holds a key of another type where kvgate keeps its state",
+    "loading": "is loading its data set",
+    "readonly": "is a read-only replica (KVGATE_REDIS_URL must name the primary)",
+    "misconf": "refuses kvgate's commands: it cannot save its data to disk",
+    "other": "refuses kvgate's commands",
+}
 
 
 def _admissible(principal: Principal) -> Principal:

@@ -30,7 +30,7 @@ from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
 from gateway.tenancy.salts import SaltDeriver, SaltEncoding
-from gateway.tenancy.store import TenantStore, bootstrap
+from gateway.tenancy.store import BootstrapResult, TenantStore, bootstrap
 
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
 
@@ -79,11 +79,11 @@ class Tenancy:
         if policy is not None:  # in force if the stored one is unreadable from the start
             self.resolver.configured_policy = PolicySnapshot(0, policy)
 
-        async def reseed() -> None:
-            await bootstrap(self.store, tenants=seed, policy=policy)
+        async def reseed() -> BootstrapResult:
+            return await bootstrap(self.store, tenants=seed, policy=policy)
 
         try:
-            await reseed()
+            seeded = await reseed()
         except BackendUnavailable as exc:  # seeded by the resolver once the store answers
             if self.store.reach is not None and isinstance(exc, StoreUnreachable):
                 self.store.reach.failed(exc.cause)  # where and why, once
@@ -93,6 +93,7 @@ class Tenancy:
             # only a warning to give, or not (an unreadable one: the resolver says so)
             with contextlib.suppress(BackendUnavailable, UnreadableRecord):
                 await _say_if_the_stored_policy_wins(self.store, policy)
+                await _say_if_stored_tenants_win(self.store, seed, seeded)
         self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()
@@ -117,6 +118,41 @@ async def _say_if_the_stored_policy_wins(store: TenantStore, policy: PolicyDoc |
             "the configuration's: kvgate admin policy put FILE (or flush the store)",
             extra={"stored_version": stored.version,
                    "differs_in": _differences(stored.doc, policy)})
+
+
+async def _say_if_stored_tenants_win(
+    store: TenantStore, configured: list[Tenant], seeded: BootstrapResult
+) -> None:
+    """The store owns the tenants once seeded, as the policy: say so at start for a configured
+    tenant whose stored tier or salt group differs (the stored one is used; a changed file
+    was silently ignored), and for one the store had lost since an earlier start (deleted
+    through the admin API: created again, without keys, at each start while it is
+    configured)."""
+    differ: dict[str, list[str]] = {}
+    for tenant in configured:
+        if tenant.id in seeded.created_tenants:
+            continue
+        stored = await store.get_tenant(tenant.id)
+        if stored is None:
+            continue
+        fields = [name for name in ("tier", "salt_group")
+                  if getattr(stored, name) != getattr(tenant, name)]
+        if fields:
+            differ[tenant.id] = fields
+    if differ:
+        log.warning(
+            "configured tenants differ from the tenancy store's, whose records are used (they "
+            "hold what operators changed through the admin API): %s. To use the "
+            "configuration's: kvgate admin tenants update ID --tier ... (PATCH /admin/tenants/ID)",
+            ", ".join(f"{tid!r} ({', '.join(fields)})" for tid, fields in differ.items()),
+            extra={"tenants": differ})
+    if seeded.seeded_before and seeded.created_tenants:
+        log.warning(
+            "configured tenants missing from the tenancy store were created again from the "
+            "configuration, without API keys: %s (a tenant deleted through the admin API comes "
+            "back at each start while the configuration lists it; remove it there too)",
+            ", ".join(repr(t) for t in seeded.created_tenants),
+            extra={"tenants": list(seeded.created_tenants)})
 
 
 def _differences(stored: PolicyDoc, configured: PolicyDoc) -> list[str]:

@@ -33,6 +33,7 @@ from gateway.tenancy.models import (
     SaltRotation,
     StoreSnapshot,
     Tenant,
+    fresh_incarnation,
 )
 from gateway.tenancy.reachability import Reachability
 
@@ -192,6 +193,17 @@ class TenantStore(ABC):
         counts)."""
         return None
 
+    def tell_throttles_to(self, tell: Callable[[str, float], None]) -> None:
+        """From now on, tell `tell` (as `on_auth_throttled`) each address a failed admin
+        authentication at any gateway left throttled, and at once those found throttled
+        before anyone listened."""
+        self.on_auth_throttled = tell
+
+    async def throttles_read(self) -> None:  # noqa: B027 - optional hook
+        """Returns once the addresses throttled before this process listened have been read
+        and told (or could not be), so the first admin request of a gateway just started is
+        checked against them: at once for a store that shares none."""
+
     # -- synchronisation -------------------------------------------------------------------
     @abstractmethod
     async def generation(self) -> int:
@@ -348,6 +360,7 @@ def with_epoch(tenant: Tenant, epoch: int) -> Tenant:
 class BootstrapResult:
     created_tenants: tuple[str, ...]
     policy_seeded: bool
+    seeded_before: bool = False  # the store had its bootstrap marker: seeded at an earlier start
 
 
 async def bootstrap(
@@ -360,7 +373,13 @@ async def bootstrap(
     written only when the store has none (compare-and-set against version 0, so concurrent
     replicas starting together seed it once). The marker is set last, so a store is marked
     only once everything is in it.
+
+    A tenant it creates draws an incarnation, as the admin API's do: seeded without one, a
+    tenant deleted through the admin API and seeded again at the next start kept its rate
+    limits under its id, and inherited the deleted one's spent budget and the leases of its
+    streams still running (a 429 on its first request).
     """
+    seeded_before = await store.seed_mark() is not None
     seeded = False
     if policy is not None:
         try:
@@ -370,10 +389,13 @@ async def bootstrap(
             pass
     created: list[str] = []
     for tenant in tenants:
+        if tenant.incarnation is None:
+            tenant = Tenant.model_validate({**tenant.model_dump(exclude_unset=True),
+                                            "incarnation": fresh_incarnation()})
         try:
             await store.create_tenant(tenant)
             created.append(tenant.id)
         except Conflict:
             pass
     await store.mark_seeded()
-    return BootstrapResult(tuple(created), seeded)
+    return BootstrapResult(tuple(created), seeded, seeded_before)

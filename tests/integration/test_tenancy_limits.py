@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from gateway.policy_doc import Limits
 from gateway.tenancy import MemoryRateLimiter, RateLimiter, RedisRateLimiter, connect_redis
+from gateway.tenancy.limits import POSITIVE_S
 from tests.support.procs import redis_proc
 
 
@@ -99,7 +100,10 @@ async def test_tpm_admits_only_on_a_positive_balance(limiter: RateLimiter) -> No
     assert first.allowed and first.remaining_tokens == 0
     at_zero = await limiter.admit("t", limits, tokens=1)
     assert not at_zero.allowed and at_zero.reason == "tpm"
-    assert at_zero.retry_after_s == pytest.approx(60 / 100)  # one token's refill
+    # admitted again once the balance is above zero: a millisecond (it said one token's
+    # refill, 0.6 s: 60/TPM s late)
+    assert at_zero.retry_after_s == pytest.approx(POSITIVE_S)
+    assert at_zero.headers()["retry-after-ms"] == "1"
 
 
 async def test_settle_charges_output_tokens_beyond_the_estimate(limiter: RateLimiter) -> None:
@@ -107,7 +111,28 @@ async def test_settle_charges_output_tokens_beyond_the_estimate(limiter: RateLim
     a = await limiter.admit("t", limits, tokens=10)
     await limiter.settle(a, used_tokens=150)  # a long stream: balance now -50
     denied = await limiter.admit("t", limits, tokens=1)
-    assert not denied.allowed and denied.retry_after_s == pytest.approx(51 * 60 / 100)
+    assert not denied.allowed and denied.retry_after_s == pytest.approx(50 * 60 / 100 + POSITIVE_S)
+
+
+async def test_a_tpm_refusal_waits_as_long_as_the_bucket_does(
+    limiter: RateLimiter, clock: Clock
+) -> None:
+    """Retry-After of a TPM refusal is when the bucket admits again: a client that waits
+    that long is admitted, one that retries a few milliseconds sooner is not. It was the
+    time to a balance of one token: 60/TPM s late (6 s on this 10 TPM budget)."""
+    limits = Limits(tpm=10)
+    spent = await limiter.admit("t", limits, tokens=13)  # admitted on a full bucket: owes 3
+    assert spent.allowed
+    denied = await limiter.admit("t", limits, tokens=1)
+    assert not denied.allowed and denied.reason == "tpm"
+    assert denied.retry_after_s == pytest.approx(3 * 60 / 10 + POSITIVE_S)  # 18.001 s
+    assert denied.headers()["retry-after-ms"] == "18001"
+    assert denied.headers()["retry-after"] == "19"
+    start = clock.now
+    clock.now = start + denied.retry_after_s - 0.005
+    assert not (await limiter.admit("t", limits, tokens=1)).allowed  # (charges nothing)
+    clock.now = start + int(denied.headers()["retry-after-ms"]) / 1000
+    assert (await limiter.admit("t", limits, tokens=1)).allowed
 
 
 async def test_concurrency_leases_are_acquired_and_released(limiter: RateLimiter) -> None:

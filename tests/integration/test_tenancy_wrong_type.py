@@ -16,6 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 import openai
+import orjson
 import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
@@ -255,14 +256,23 @@ def test_through_the_gateway_the_other_tenants_stay_on_the_shared_budget(
         keys = {t: admin.post(f"/tenants/{t}/keys").json()["key"] for t in ("acme", "globex")}
         clients = {t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=30)
                    for t, k in keys.items()}
-        r.set("kvgate:rl:{globex}:leases", "written by hand")
+        # (a seeded tenant's keys are named by its incarnation too: `Tenant.limits_key`)
+        globex = _limits_key(r, "globex")
+        r.set(f"kvgate:rl:{{{globex}}}:leases", "written by hand")
         assert chat_status(clients["globex"]) == 200  # per-process
         for _ in range(3):
             assert chat_status(clients["acme"]) == 200
-        left = r.hget("kvgate:rl:{acme}", "r")  # three counted in Redis
+        left = r.hget(f"kvgate:rl:{{{_limits_key(r, 'acme')}}}", "r")  # three counted in Redis
         assert left is not None and float(left) < 998, left
         assert "rate limits of tenant globex: Redis refused its keys" in gw.output()
     r.close()
+
+
+def _limits_key(r: sync_redis.Redis, tenant: str) -> str:
+    """The name of a tenant's rate-limit state: its id and incarnation, as stored."""
+    record = r.hget("kvgate:tenants", tenant)
+    assert record is not None, tenant
+    return f"{tenant}#{orjson.loads(record)['incarnation']}"
 
 
 async def test_a_stalled_release_goes_with_the_tenants_next_admission(
