@@ -126,8 +126,7 @@ def test_dripped_body_gets_408(port: int) -> None:
     b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
     b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",  # request smuggling's ambiguity
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64,  # a TLS hello
-    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",  # HTTP/2 prior knowledge
-], ids=["path-not-utf8", "negative-length", "two-lengths", "length-and-chunked", "tls", "h2"])
+], ids=["path-not-utf8", "negative-length", "two-lengths", "length-and-chunked", "tls"])
 def test_bytes_that_are_not_http_get_an_openai_shaped_400(port: int, request_bytes: bytes) -> None:
     status, body = exchange(port, request_bytes)
     assert status == 400
