@@ -37,6 +37,7 @@ from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
     EncodedBody,
+    FormBody,
     KvgateError,
     MultipartBody,
     ReplicaConnectionsBusy,
@@ -183,6 +184,8 @@ class Proxy:
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads)
+        if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
+            raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 

@@ -201,3 +201,22 @@ def test_an_h2c_upgrade_post_is_served_with_its_body(gw: tuple[str, str], framin
     assert answers[1][0].startswith(b"HTTP/1.1 200")
     assert orjson.loads(answers[1][1])["object"] == "list"
     wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_form_fields_are_a_415_naming_json_and_a_json_body_declared_a_form_is_served(
+    gw: tuple[str, str],
+) -> None:
+    """`curl -d 'model=...&prompt=...'`, `requests.post(url, data={...})`: form fields,
+    not JSON. vLLM answers 415 for a body not declared JSON; it was a 400 "not valid JSON:
+    unexpected character ... column 1". `curl -d '{...}'` declares its JSON a form too: read
+    as JSON, as before."""
+    base, _ = gw
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=10,
+                      data={"model": MODEL, "messages": "hi"})
+    assert resp.status_code == 415, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "UnsupportedMediaTypeError" and error["code"] == 415
+    assert "application/json" in error["message"]
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=10, content=orjson.dumps(CHAT),
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 200 and resp.json()["object"] == "chat.completion"
