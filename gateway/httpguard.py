@@ -37,6 +37,8 @@ returns a subclass that
 - puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
   resets the connection and marks the request disconnected, so an app that gives up on an
   unfinished response (a client that stopped reading) returns without uvicorn's ERROR line;
+- answers **400** and closes when a client shuts its sending side before its body ended
+  (``Content-Length`` larger than what it sent, no last chunk): uvicorn closed without a byte;
 - answers a client that half-closes its side after a whole HTTP/1.1 request
   (``shutdown(SHUT_WR)``: its end of the request, not of the connection; uvicorn took the EOF
   for a disconnect, and the app cancelled the request: the client got nothing). Its FIN looks
@@ -50,9 +52,9 @@ returns a subclass that
   closes after the answer.
   Pipelined requests sent before the half-close are answered in turn, the connection closed
   after the last (no 100 goes out while an earlier answer is being written). A request cut
-  short by the EOF, an answer already under way (a client leaving a stream it
-  read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
-  before;
+  short by the EOF gets its 400 (above; behind a pipelined answer still due: a client gone),
+  and an answer already under way (a client leaving a stream it read in part), or an
+  HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as before;
 - resets the connection of a client that keeps it open but takes no byte of an answer written
   in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
@@ -234,6 +236,24 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        """A client that shuts its sending side while its body is still due (fewer bytes than
+        its ``Content-Length``, no last chunk) left a body that can never end: it is told so
+        (400) instead of closed on without a byte, and the app sees it gone (nothing was
+        sent upstream). Not while an earlier pipelined answer is due: the 400 would come
+        first."""
+        cycle, running = self.cycle, self._running
+        if (cycle is not None and cycle.more_body and not cycle.response_started
+                and not self._refused
+                and (running is None or running is cycle or running.response_complete)):
+            cycle.disconnected = True  # the app's receive() answers http.disconnect
+            cycle.message_event.set()
+            self._refuse(400, "The request body ended before its declared end (its "
+                              "Content-Length, or the last chunk): the client closed its "
+                              "side of the connection.")
+            return True  # open for the answer: `_refuse` closes it
+        return super().eof_received()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
