@@ -85,11 +85,21 @@ from gateway.halfclose import HalfCloseProbe
 from gateway.upgrade_body import UpgradeBody
 from gateway.writewatch import WriteWatch
 
-__all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
+__all__ = ["ABORT", "REFUSED", "HttpLimits", "abort_client", "date_header", "guarded_protocol",
+           "refused_status"]
 
 Header = tuple[bytes, bytes]
 
 ABORT = "kvgate.abort"  # the scope extension holding a request's abort callable
+REFUSED = "kvgate.refused"  # the scope extension: the status the guard answered it with
+
+
+def refused_status(scope: dict[str, Any]) -> int | None:
+    """The status the guard answered a request with itself while its body was due (408: too
+    slow; 400: cut short): what the client got, for the app's count of a request it then sees
+    gone (a 499 otherwise)."""
+    status: int | None = scope.get("extensions", {}).get(REFUSED)
+    return status
 
 
 def abort_client(scope: dict[str, Any]) -> None:
@@ -402,6 +412,10 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with an OpenAI-shaped error, then close the connection
         (`_answer_and_close`)."""
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_started:
+            scope = cast(dict[str, Any], cycle.scope)  # its body was due: the app runs it
+            scope.setdefault("extensions", {})[REFUSED] = status
         kind = _KINDS[status]
         body = error_body(message, kind, status)
         extra = b"".join(k + b": " + v + b"\r\n" for k, v in [

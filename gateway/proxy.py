@@ -49,7 +49,7 @@ from gateway.errors import (
 )
 from gateway.flow import ClientWatch
 from gateway.h1conn import UpstreamProtocolError
-from gateway.httpguard import abort_client
+from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
@@ -129,9 +129,9 @@ class Proxy:
             except KvgateError as exc:
                 await self._send_error(send, req, exc)
                 return
-            except asyncio.CancelledError:
-                req.status = 499
-                return  # client disconnected before its body arrived
+            except asyncio.CancelledError:  # client disconnected before its body arrived, or
+                req.status = refused_status(scope) or 499  # the HTTP guard answered it
+                return
             await self._run(scope, send, receive, req, decision, upstream_body)
         finally:
             await self.prep.finish(req, log)

@@ -17,7 +17,13 @@ import orjson
 import pytest
 
 from tests.support.bad_replica import BadReplica, chunked, sse_head
-from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.gateway import (
+    gateway_proc,
+    inflight,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -270,4 +276,6 @@ def test_a_client_that_half_closes_before_its_body_ended_is_told_so(
         error = orjson.loads(body)["error"]
         assert error["type"] == "BadRequestError" and "ended before" in error["message"]
         assert _received(sim) == 0
+        # counted as what the client got, not as a client gone (499)
+        wait_for(lambda: request_statuses(base) == {"400": 1.0}, what="the 400 counted")
         wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.support.gateway import gateway_proc
+from tests.support.gateway import gateway_proc, request_statuses, wait_for
 
 LIMITS = {"KVGATE_SERVER__HEADER_TIMEOUT_S": "1", "KVGATE_SERVER__BODY_TIMEOUT_S": "1",
           "KVGATE_SERVER__MAX_HEADER_BYTES": "32768"}
@@ -114,8 +114,13 @@ def test_dripped_headers_get_408(port: int) -> None:
 def test_dripped_body_gets_408(port: int) -> None:
     head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: 200\r\n\r\n")
+    before = request_statuses(f"http://127.0.0.1:{port}")
     status, body = drip(port, head, b'{"model": "m", "prompt": "' + b"a" * 170 + b'"}')
     assert status == 408 and "body" in body["error"]["message"]
+    # counted as what the client got (it was a 499, a client gone, in the metrics and log)
+    wait_for(lambda: request_statuses(f"http://127.0.0.1:{port}").get("408", 0)
+             == before.get("408", 0) + 1, what="the 408 counted")
+    assert request_statuses(f"http://127.0.0.1:{port}").get("499", 0) == before.get("499", 0)
 
 
 @pytest.mark.parametrize("request_bytes", [
