@@ -37,8 +37,9 @@ returns a subclass that
 - puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
   resets the connection and marks the request disconnected, so an app that gives up on an
   unfinished response (a client that stopped reading) returns without uvicorn's ERROR line;
-- answers **400** and closes when a client shuts its sending side before its body ended
-  (``Content-Length`` larger than what it sent, no last chunk): uvicorn closed without a byte;
+- answers **400** and closes when a client shuts its sending side before its headers or its
+  body ended (no blank line after the headers, ``Content-Length`` larger than what it sent, no
+  last chunk): uvicorn closed without a byte;
 - answers a client that half-closes its side after a whole HTTP/1.1 request
   (``shutdown(SHUT_WR)``: its end of the request, not of the connection; uvicorn took the EOF
   for a disconnect, and the app cancelled the request: the client got nothing). Its FIN looks
@@ -248,21 +249,26 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         super().connection_lost(exc)
 
     def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
-        """A client that shuts its sending side while its body is still due (fewer bytes than
-        its ``Content-Length``, no last chunk) left a body that can never end: it is told so
-        (400) instead of closed on without a byte, and the app sees it gone (nothing was
-        sent upstream). Not while an earlier pipelined answer is due: the 400 would come
-        first."""
+        """A client that shuts its sending side while its headers or body are still due (no
+        blank line after the headers, fewer bytes than its ``Content-Length``, no last chunk)
+        left a request that can never end: it is told so (400) instead of closed on without a
+        byte, and the app sees it gone (nothing was sent upstream). Not while an earlier
+        pipelined answer is due: the 400 would come first."""
         cycle, running = self.cycle, self._running
-        if (cycle is not None and cycle.more_body and not cycle.response_started
-                and not self._refused
-                and (running is None or running is cycle or running.response_complete)):
+        due = running is not None and not running.response_complete  # an answer to come
+        if self._refused or (due and running is not cycle):
+            return super().eof_received()
+        if self._in_headers and self._header_bytes and not due:  # (none: an idle connection)
+            self._refuse(400, "The request headers ended before the blank line that ends "
+                              "them: the client closed its side of the connection.")
+            return True  # open for the answer: `_refuse` closes it
+        if cycle is not None and cycle.more_body and not cycle.response_started:
             cycle.disconnected = True  # the app's receive() answers http.disconnect
             cycle.message_event.set()
             self._refuse(400, "The request body ended before its declared end (its "
                               "Content-Length, or the last chunk): the client closed its "
                               "side of the connection.")
-            return True  # open for the answer: `_refuse` closes it
+            return True
         return super().eof_received()
 
     def data_received(self, data: bytes) -> None:

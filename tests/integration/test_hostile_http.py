@@ -167,3 +167,36 @@ def test_a_websocket_upgrade_is_answered_as_plain_http(port: int, path: str, sta
                          "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n".encode())
     assert got == status
     assert ("error" in body) == (status != 200)
+
+
+@pytest.mark.parametrize("sent", [
+    b"GET /v1/models HTTP/1.1\r\nHost: x\r\n",  # `printf ... | nc -N` without the blank line
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le",
+], ids=["no-blank-line", "cut-in-a-header"])
+def test_headers_cut_short_by_a_half_close_get_a_400(port: int, sent: bytes) -> None:
+    """The client shut its sending side before its headers ended: they never can. It was
+    closed on without a byte (the client could not tell why); it now reads a 400 saying so."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(sent)
+        s.shutdown(socket.SHUT_WR)
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), raw[:200]
+    assert "headers ended" in orjson.loads(body)["error"]["message"]
+
+
+def test_an_idle_connection_closed_by_its_client_gets_nothing(port: int) -> None:
+    """A keep-alive connection its client closes between requests: no request, no answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):  # all of it
+            answer += s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+        s.shutdown(socket.SHUT_WR)
+        rest = b""
+        while chunk := s.recv(65536):
+            rest += chunk
+    assert rest == b""
