@@ -24,13 +24,14 @@ allow them.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.errors import BadRequest
-from gateway.jsondepth import check_parsed_depth
+from gateway.jsondepth import check_parsed_depth, too_deep_error
 from gateway.wideints import check_wide_ints
 from routing.tokens import CHARS_PER_TOKEN, count_tokens
 from routing.types import RequestFeatures
@@ -53,6 +54,8 @@ _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
 # a UTF-8 byte order mark: Python's json (vLLM's parser) skips one at the start of a body,
 # as some Windows tools write it; orjson refuses it
 _BOM = b"\xef\xbb\xbf"
+_NON_FINITE = re.compile(r"-?(?:NaN|Infinity)")  # Python's json reads them; JSON has no such number
+_ORJSON_TOO_DEEP = "depth limit exceeded"  # orjson's reason past its 1024 levels
 
 # Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
@@ -128,12 +131,20 @@ def _utf8(raw: bytes) -> bytes:
 def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
     """orjson's reason, except for bytes that are not UTF-8 (a body in Latin-1 or another
     charset the Content-Type may name; JSON is UTF-8, RFC 8259, and vLLM reads no charset
-    either): orjson says "str is not valid UTF-8: surrogates not allowed" at char 0."""
+    either): orjson says "str is not valid UTF-8: surrogates not allowed" at char 0; and for
+    NaN or Infinity, which Python's json (vLLM's) reads as floats: orjson says "unexpected
+    character" or "no digit after sign"."""
     try:
         raw.decode()
     except UnicodeDecodeError as bad:
         return (f"it is not valid UTF-8 (byte {bad.start}); send JSON as UTF-8, whatever "
                 "charset the Content-Type names")
+    doc, pos = exc.doc, exc.pos
+    start = pos - 1 if pos and doc[pos - 1] == "-" else pos  # orjson points past a sign
+    if _NON_FINITE.match(doc, start):
+        line = doc.count("\n", 0, start) + 1
+        column = start - doc.rfind("\n", 0, start)
+        return f"NaN and Infinity are not JSON numbers (RFC 8259): line {line} column {column}"
     return str(exc)
 
 
@@ -143,6 +154,8 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     try:
         data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:  # where and why, never the body's text
+        if str(exc).startswith(_ORJSON_TOO_DEEP):  # valid JSON, deeper than orjson reads
+            raise too_deep_error() from None
         raise BadRequest(f"The request body is not valid JSON: {_why(raw, exc)}.") from None
     check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
     check_wide_ints(raw)  # read as floats by orjson: a 400, not a changed value

@@ -31,6 +31,7 @@ __all__ = [
     "ConfigError",
     "Conflict",
     "EncodedBody",
+    "FormBody",
     "KvgateError",
     "MethodNotAllowed",
     "ModelNotFound",
@@ -525,3 +526,18 @@ class MultipartBody(KvgateError):
         super().__init__(f"{shown_name(path)} takes a JSON body (Content-Type: "
                          "application/json), not multipart/form-data; kvgate proxies no "
                          "file-upload route.")
+
+
+class FormBody(KvgateError):
+    """A POST to a proxied route declared ``application/x-www-form-urlencoded`` whose body
+    is a form (``model=...&prompt=...``), not JSON: 415 as vLLM answers any body not declared
+    JSON (its ``validate_json_request``), naming JSON, rather than a 400 "not valid JSON" at
+    the first byte. A JSON body declared a form (``curl -d '{...}'``) is read as JSON."""
+
+    status = 415
+    type_ = "UnsupportedMediaTypeError"
+
+    def __init__(self, path: str) -> None:
+        super().__init__(f"{shown_name(path)} takes a JSON body (Content-Type: "
+                         "application/json), not form fields (application/"
+                         "x-www-form-urlencoded).")

@@ -13,7 +13,12 @@ returns a subclass that
   `body_timeout_s` after its headers (the app sees the client leave: ``http.disconnect``);
 - answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
   are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
-  ``Content-Length``/``Transfer-Encoding``, TLS or HTTP/2 spoken to the plain port);
+  ``Content-Length``/``Transfer-Encoding``, TLS spoken to the plain port);
+- answers a connection opening with HTTP/2's preface (a client with prior knowledge: `curl
+  --http2-prior-knowledge`, httpx with ``http1=False``) in HTTP/2, which is all it can read:
+  the server's preface (an empty SETTINGS frame) and GOAWAY with ``HTTP_1_1_REQUIRED`` (RFC
+  9113 3.4 and 7), then closes. An HTTP/1.1 400 reached such a client as "Empty reply from
+  server" (curl) or a frame-size error about the bytes ``HTTP/1.1 4`` (h2 libraries);
 - answers **501** (RFC 9112 6.1: a transfer coding the server does not understand) and closes
   when ``Transfer-Encoding`` names a coding other than ``chunked`` (``gzip, chunked``): the
   parser undoes the chunked framing only, and the app would read the compressed bytes as the
@@ -32,6 +37,9 @@ returns a subclass that
 - puts ``scope["extensions"]["kvgate.abort"]`` into each request's scope: a callable that
   resets the connection and marks the request disconnected, so an app that gives up on an
   unfinished response (a client that stopped reading) returns without uvicorn's ERROR line;
+- answers **400** and closes when a client shuts its sending side before its headers or its
+  body ended (no blank line after the headers, ``Content-Length`` larger than what it sent, no
+  last chunk): uvicorn closed without a byte;
 - answers a client that half-closes its side after a whole HTTP/1.1 request
   (``shutdown(SHUT_WR)``: its end of the request, not of the connection; uvicorn took the EOF
   for a disconnect, and the app cancelled the request: the client got nothing). Its FIN looks
@@ -45,9 +53,9 @@ returns a subclass that
   closes after the answer.
   Pipelined requests sent before the half-close are answered in turn, the connection closed
   after the last (no 100 goes out while an earlier answer is being written). A request cut
-  short by the EOF, an answer already under way (a client leaving a stream it
-  read in part), or an HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as
-  before;
+  short by the EOF gets its 400 (above; behind a pipelined answer still due: a client gone),
+  and an answer already under way (a client leaving a stream it read in part), or an
+  HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as before;
 - resets the connection of a client that keeps it open but takes no byte of an answer written
   in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
@@ -78,11 +86,21 @@ from gateway.halfclose import HalfCloseProbe
 from gateway.upgrade_body import UpgradeBody
 from gateway.writewatch import WriteWatch
 
-__all__ = ["ABORT", "HttpLimits", "abort_client", "date_header", "guarded_protocol"]
+__all__ = ["ABORT", "REFUSED", "HttpLimits", "abort_client", "date_header", "guarded_protocol",
+           "refused_status"]
 
 Header = tuple[bytes, bytes]
 
 ABORT = "kvgate.abort"  # the scope extension holding a request's abort callable
+REFUSED = "kvgate.refused"  # the scope extension: the status the guard answered it with
+
+
+def refused_status(scope: dict[str, Any]) -> int | None:
+    """The status the guard answered a request with itself while its body was due (408: too
+    slow; 400: cut short): what the client got, for the app's count of a request it then sees
+    gone (a 499 otherwise)."""
+    status: int | None = scope.get("extensions", {}).get(REFUSED)
+    return status
 
 
 def abort_client(scope: dict[str, Any]) -> None:
@@ -107,6 +125,13 @@ _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
 _UNRETRIED = {501: [(b"x-should-retry", b"false")]}  # what the SDKs would retry in vain
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
+H2_GOAWAY_DEBUG = b"This server speaks HTTP/1.1 only; send the request without HTTP/2."
+# RFC 9113 4.1 frames: the server's preface (an empty SETTINGS), then GOAWAY (type 7) with last
+# stream 0 (no stream was processed) and error HTTP_1_1_REQUIRED (0xd), its debug data a text
+H2_REFUSAL = (b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+              + (8 + len(H2_GOAWAY_DEBUG)).to_bytes(3, "big") + b"\x07\x00\x00\x00\x00\x00"
+              + (0).to_bytes(4, "big") + (0xD).to_bytes(4, "big") + H2_GOAWAY_DEBUG)
 
 
 _date: tuple[int, list[Header]] = (0, [])
@@ -212,6 +237,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _origin: bytes | None = None  # the current request's Origin header, once parsed
     _coding: bytes | None = None  # a transfer coding the parser would not undo (`on_header`)
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
+    _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -221,6 +247,29 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio's signature
+        """A client that shuts its sending side while its headers or body are still due (no
+        blank line after the headers, fewer bytes than its ``Content-Length``, no last chunk)
+        left a request that can never end: it is told so (400) instead of closed on without a
+        byte, and the app sees it gone (nothing was sent upstream). Not while an earlier
+        pipelined answer is due: the 400 would come first."""
+        cycle, running = self.cycle, self._running
+        due = running is not None and not running.response_complete  # an answer to come
+        if self._refused or (due and running is not cycle):
+            return super().eof_received()
+        if self._in_headers and self._header_bytes and not due:  # (none: an idle connection)
+            self._refuse(400, "The request headers ended before the blank line that ends "
+                              "them: the client closed its side of the connection.")
+            return True  # open for the answer: `_refuse` closes it
+        if cycle is not None and cycle.more_body and not cycle.response_started:
+            cycle.disconnected = True  # the app's receive() answers http.disconnect
+            cycle.message_event.set()
+            self._refuse(400, "The request body ended before its declared end (its "
+                              "Content-Length, or the last chunk): the client closed its "
+                              "side of the connection.")
+            return True
+        return super().eof_received()
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -242,6 +291,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             if not rest:
                 return
             data = rest  # a pipelined request after the body
+        if self._opening is not None:
+            self._watch_opening(data)
         if self._in_headers:
             self._header_bytes += len(data)
             if self._timer is None:
@@ -258,7 +309,9 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         except httptools.HttpParserError:
             if self._origin is None:  # the parser hands a header over only once it ended
                 self._origin = _scan_origin(data)
-            if self._coding is not None:
+            if self._opening is not None:  # the parser stopped at HTTP/2's preface
+                self._refuse_http2()
+            elif self._coding is not None:
                 self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
                                   "supported (only chunked); send the body uncompressed.")
             elif self._header_count > self.limits.max_headers:
@@ -272,6 +325,11 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
+
+    def _watch_opening(self, data: bytes) -> None:
+        """Keep the connection's first bytes while they are a prefix of HTTP/2's preface."""
+        opening = (cast(bytes, self._opening) + data[:len(H2_PREFACE)])[:len(H2_PREFACE)]
+        self._opening = opening if H2_PREFACE.startswith(opening) else None
 
     def _read_upgrade_body(self, rest: bytes) -> None:
         cycle = self.cycle
@@ -358,26 +416,41 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self._refuse(408, "The request body did not arrive in time.")
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer `status` with an OpenAI-shaped error, then close the connection: a lingering
-        close (our side half-closed, what the client still sends read and dropped, for at most
-        `LINGER_S`), so a client still sending gets the answer instead of a reset."""
-        self._disarm()
-        self._refused = True
+        """Answer `status` with an OpenAI-shaped error, then close the connection
+        (`_answer_and_close`)."""
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not cycle.response_started:
+            scope = cast(dict[str, Any], cycle.scope)  # its body was due: the app runs it
+            scope.setdefault("extensions", {})[REFUSED] = status
         kind = _KINDS[status]
         body = error_body(message, kind, status)
         extra = b"".join(k + b": " + v + b"\r\n" for k, v in [
             *date_header(), *self._cors(), *_UNRETRIED.get(status, ())])
-        self.transport.write(b"".join([
+        self._answer_and_close(b"".join([
             STATUS_LINE[status], b"content-type: application/json\r\n",
             b"content-length: ", str(len(body)).encode(), b"\r\n", b"connection: close\r\n",
             extra, b"\r\n", body,
         ]))
+        self.logger.info("request refused: %s", message)
+
+    def _refuse_http2(self) -> None:
+        """Tell an HTTP/2 client with prior knowledge, in HTTP/2, to use HTTP/1.1."""
+        self._answer_and_close(H2_REFUSAL)
+        self.logger.info("request refused: HTTP/2 with prior knowledge (answered GOAWAY "
+                         "HTTP_1_1_REQUIRED)")
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        """Write a refusal, then close: a lingering close (our side half-closed, what the
+        client still sends read and dropped, for at most `LINGER_S`), so a client still
+        sending gets the answer instead of a reset."""
+        self._disarm()
+        self._refused = True
+        self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
-        self.logger.info("request refused: %s", message)
 
     def _cors(self) -> list[Header]:
         """The CORS headers for the refused request's ``Origin``, asked of the app served

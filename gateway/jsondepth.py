@@ -28,7 +28,8 @@ from typing import Any
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.errors import BadRequest, BodyTooLarge, KvgateError
 
-__all__ = ["MAX_JSON_DEPTH", "check_parsed_depth", "guard_json_depth", "too_deep"]
+__all__ = ["MAX_JSON_DEPTH", "check_parsed_depth", "guard_json_depth", "too_deep",
+           "too_deep_error"]
 
 MAX_JSON_DEPTH = 128
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # unrolled: fast on long strings
@@ -36,7 +37,7 @@ _PAIR = re.compile(rb"\[\]|\{\}")  # one scan removes only the pairs innermost b
 _SCALARS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def _too_deep_error(limit: int) -> BadRequest:
+def too_deep_error(limit: int = MAX_JSON_DEPTH) -> BadRequest:
     return BadRequest(f"The request body nests JSON deeper than {limit} levels.")
 
 
@@ -59,7 +60,7 @@ def too_deep(raw: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 def check_parsed_depth(value: Any, limit: int = MAX_JSON_DEPTH) -> None:
     """Raise a 400 (`BadRequest`) when the parsed JSON `value` nests deeper than `limit`."""
     if _value_too_deep(value, limit):
-        raise _too_deep_error(limit)
+        raise too_deep_error(limit)
 
 
 def _value_too_deep(value: Any, limit: int) -> bool:
@@ -119,7 +120,7 @@ def guard_json_depth(
             return
         body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.request")
         if too_deep(body, limit):
-            await _refuse(send, _too_deep_error(limit))
+            await _refuse(send, too_deep_error(limit))
             return
         pending = iter(messages)
 

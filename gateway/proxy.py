@@ -37,6 +37,7 @@ from gateway.errors import (
     REFUSED,
     AnswerTooLarge,
     EncodedBody,
+    FormBody,
     KvgateError,
     MultipartBody,
     ReplicaConnectionsBusy,
@@ -48,7 +49,7 @@ from gateway.errors import (
 )
 from gateway.flow import ClientWatch
 from gateway.h1conn import UpstreamProtocolError
-from gateway.httpguard import abort_client
+from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
@@ -128,9 +129,9 @@ class Proxy:
             except KvgateError as exc:
                 await self._send_error(send, req, exc)
                 return
-            except asyncio.CancelledError:
-                req.status = 499
-                return  # client disconnected before its body arrived
+            except asyncio.CancelledError:  # client disconnected before its body arrived, or
+                req.status = refused_status(scope) or 499  # the HTTP guard answered it
+                return
             await self._run(scope, send, receive, req, decision, upstream_body)
         finally:
             await self.prep.finish(req, log)
@@ -183,6 +184,8 @@ class Proxy:
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads)
+        if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
+            raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
 

@@ -279,16 +279,18 @@ class Head(NamedTuple):
     origin: bytes | None  # a browser's request (gateway/cors)
     encoded: bool  # a Content-Encoding other than identity: the body is compressed
     multipart: bool  # Content-Type multipart/form-data: a file upload, never a JSON body
+    form: bool  # Content-Type application/x-www-form-urlencoded (curl -d's, a JSON body too)
 
 
 def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]) -> Head:
     """X-Request-Id (accepted when sane, else generated), the declared Content-Length, the
-    API key, the `Origin`, and whether the body is compressed or a multipart form."""
+    API key, the `Origin`, and whether the body is compressed, a multipart form or declared
+    a urlencoded one."""
     req_id = b""
     declared = None
     token = alt = None  # from Authorization; from api-key / x-api-key (`gateway.apikey`)
     origin = None
-    encoded = multipart = False
+    encoded = multipart = form = False
     for key, value in headers:
         if key == b"x-request-id":
             req_id = value
@@ -303,10 +305,12 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
         elif key == b"content-encoding":
             encoded = encoded or value.strip().lower() not in (b"", b"identity")
         elif key == b"content-type":
-            multipart = multipart or value.lstrip()[:19].lower() == b"multipart/form-data"
+            kind = value.lstrip()[:33].lower()
+            multipart = multipart or kind[:19] == b"multipart/form-data"
+            form = form or kind == b"application/x-www-form-urlencoded"
     own = request_id(req_id, new_id)
     return Head(own, replica_id(own, req_id, new_id), declared,
-                token if token is not None else alt, origin, encoded, multipart)
+                token if token is not None else alt, origin, encoded, multipart, form)
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:

@@ -17,7 +17,13 @@ import orjson
 import pytest
 
 from tests.support.bad_replica import BadReplica, chunked, sse_head
-from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.gateway import (
+    gateway_proc,
+    inflight,
+    metric_values,
+    request_statuses,
+    wait_for,
+)
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -238,3 +244,38 @@ def test_a_half_closed_clients_quiet_crlf_stream_is_probed() -> None:
             wait_for(lambda: inflight(base) == 0, what="the request stopped")
             assert any('status="499"' in k for k in metric_values(base, "kvgate_requests_total"))
         bad.gate.set()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "upgrade"])
+def test_a_client_that_half_closes_before_its_body_ended_is_told_so(
+    sim_factory: SimFactory, framing: str,
+) -> None:
+    """A Content-Length larger than the body sent (or a chunked body without its last chunk),
+    then ``shutdown(SHUT_WR)`` (`printf ... | nc -N` with a miscounted length): the body can
+    never end. The connection was closed without a byte (uvicorn's disconnect), and the client
+    could not tell why; it now reads a 400 saying so. Nothing reaches the replica."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        data = orjson.dumps(_body(False))
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: kvgate\r\n"
+        if framing == "upgrade":  # `curl --http2`'s h2c upgrade: the body is read apart
+            head += b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n" \
+                    b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+        if framing == "chunked":
+            sent = head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(data), data)
+        else:
+            sent = head + b"Content-Length: %d\r\n\r\n%s" % (len(data) + 10, data)
+        with socket.create_connection(("127.0.0.1", _port(base))) as sock:
+            sock.sendall(sent)
+            time.sleep(0.3)  # its body read in part by then
+            sock.shutdown(socket.SHUT_WR)
+            answer = _read_all(sock)
+        head_in, _, body = answer.partition(b"\r\n\r\n")
+        assert head_in.startswith(b"HTTP/1.1 400 "), answer[:300]
+        error = orjson.loads(body)["error"]
+        assert error["type"] == "BadRequestError" and "ended before" in error["message"]
+        assert _received(sim) == 0
+        # counted as what the client got, not as a client gone (499)
+        wait_for(lambda: request_statuses(base) == {"400": 1.0}, what="the 400 counted")
+        wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

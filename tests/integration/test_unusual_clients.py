@@ -5,6 +5,7 @@ simulator, real gateway, over loopback."""
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 from collections.abc import Iterator
@@ -164,35 +165,58 @@ H2C = (b"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
        b"HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n")
 
 
-@pytest.mark.parametrize("framing", ["length", "length-later", "chunked"])
+@pytest.mark.parametrize("framing", ["length", "length-later", "chunked", "chunked-later"])
 def test_an_h2c_upgrade_post_is_served_with_its_body(gw: tuple[str, str], framing: str) -> None:
     """`curl --http2 http://...` asks to upgrade an ordinary POST to h2c. kvgate stays on
     HTTP/1.1 (RFC 9110 7.8 lets a server ignore Upgrade) and must still read the body, which
     the HTTP parser skips for an upgrade request: the request is answered as sent (it was a
-    400 "not valid JSON": an empty body), and the connection stays usable."""
+    400 "not valid JSON": an empty body), and the connection stays usable: a request
+    pipelined after the body is answered too (after a chunked body it was dropped unanswered,
+    the connection closed after the first answer)."""
     base, _ = gw
     host, port = base.removeprefix("http://").split(":")
     body = orjson.dumps(CHAT)
     head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-    if framing == "chunked":
+    if framing.startswith("chunked"):
         head += H2C + b"Transfer-Encoding: chunked\r\n\r\n"
-        sent = b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\n\r\n" % (7, body[:7], len(body) - 7, body[7:])
+        sent = b"%x;ext=1\r\n%s\r\n%x\r\n%s\r\n0\r\nX-Trailer: t\r\n\r\n" % (
+            7, body[:7], len(body) - 7, body[7:])
     else:
         head += H2C + b"Content-Length: %d\r\n\r\n" % len(body)
         sent = body
+    pipelined = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        if framing == "length-later":  # the body in later reads than the headers
-            sock.sendall(head + sent[:5])
-            time.sleep(0.2)
-            sock.sendall(sent[5:] + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
-            answers = _answers(sock, 2)
+        if framing.endswith("-later"):  # the body in later reads than the headers, its
+            cuts = [0, 5, len(sent) - 4, len(sent) - 1, len(sent)]  # last CRLFs split too
+            sock.sendall(head)
+            for start, end in itertools.pairwise(cuts):
+                time.sleep(0.2)
+                sock.sendall(sent[start:end] + (pipelined if end == len(sent) else b""))
         else:
-            sock.sendall(head + sent)
-            answers = _answers(sock, 1)
+            sock.sendall(head + sent + pipelined)
+        answers = _answers(sock, 2)
     status, answer = answers[0]
     assert status.startswith(b"HTTP/1.1 200"), answer
     assert orjson.loads(answer)["object"] == "chat.completion"
-    if framing == "length-later":
-        assert answers[1][0].startswith(b"HTTP/1.1 200")
-        assert orjson.loads(answers[1][1])["object"] == "list"
+    assert answers[1][0].startswith(b"HTTP/1.1 200")
+    assert orjson.loads(answers[1][1])["object"] == "list"
     wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_form_fields_are_a_415_naming_json_and_a_json_body_declared_a_form_is_served(
+    gw: tuple[str, str],
+) -> None:
+    """`curl -d 'model=...&prompt=...'`, `requests.post(url, data={...})`: form fields,
+    not JSON. vLLM answers 415 for a body not declared JSON; it was a 400 "not valid JSON:
+    unexpected character ... column 1". `curl -d '{...}'` declares its JSON a form too: read
+    as JSON, as before."""
+    base, _ = gw
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=10,
+                      data={"model": MODEL, "messages": "hi"})
+    assert resp.status_code == 415, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "UnsupportedMediaTypeError" and error["code"] == 415
+    assert "application/json" in error["message"]
+    resp = httpx.post(f"{base}/v1/chat/completions", timeout=10, content=orjson.dumps(CHAT),
+                      headers={"content-type": "application/x-www-form-urlencoded"})
+    assert resp.status_code == 200 and resp.json()["object"] == "chat.completion"

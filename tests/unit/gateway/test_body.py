@@ -128,10 +128,11 @@ def _nested(depth: int, *, objects: bool = False) -> bytes:
 
 
 @pytest.mark.parametrize("objects", [False, True])
-@pytest.mark.parametrize("depth", [129, 255, 300, 1000])
+@pytest.mark.parametrize("depth", [129, 255, 300, 1000, 1100, 5000])
 def test_excessive_nesting_is_a_400_not_a_500(depth: int, objects: bool) -> None:
     # orjson parses up to 1024 levels but writes only 254: such a body used to pass the parser
-    # and fail in the rewrite with a 500
+    # and fail in the rewrite with a 500. Beyond orjson's 1024 the same 400, not "not valid
+    # JSON: depth limit exceeded" (the body is valid JSON)
     raw = b'{"model": "m", "prompt": "x", "x": ' + _nested(depth - 1, objects=objects) + b"}"
     with pytest.raises(BadRequest) as info:
         parse_body(raw, "completions")
@@ -229,6 +230,17 @@ def test_invalid_json_says_where_and_why_without_echoing_the_body(raw: bytes, wh
     assert err.value.message.startswith("The request body is not valid JSON: ")
     assert why in err.value.message
     assert "secret" not in err.value.message and "ud83d" not in err.value.message
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"-NaN"])
+def test_nan_and_infinity_are_refused_saying_so(literal: bytes) -> None:
+    """Python's json (vLLM's parser) reads them as floats; they are not JSON (RFC 8259), and a
+    NaN sampling parameter is nothing a replica should be sent. orjson said "unexpected
+    character" or "no digit after sign"."""
+    with pytest.raises(BadRequest) as err:
+        parse_body(b'{"model": "m", "prompt": "x", "temperature": ' + literal + b"}", "completions")
+    assert err.value.message == ("The request body is not valid JSON: NaN and Infinity are "
+                                 "not JSON numbers (RFC 8259): line 1 column 46.")
 
 
 def test_a_leading_byte_order_mark_is_skipped_as_vllm_does() -> None:
