@@ -70,6 +70,11 @@ class DiscoveryManager:
                 await source.start()
                 log.info("discovery started", extra={"pool": name, "mode": next(iter(raw))})
 
+    def pending(self, pool: str) -> bool:
+        """Pool `pool` has a source that has not published its first set yet."""
+        entry = self._sources.get(pool)
+        return entry is not None and not entry[1].synced
+
     async def wait_synced(self, timeout_s: float) -> list[str]:
         """Wait (bounded) for every source's first sync; the pools still unsynced."""
         sources = {name: src for name, (_, src) in self._sources.items()}
