@@ -63,6 +63,7 @@ class Membership:
 
     async def start_discovery(self) -> None:
         """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
+        self.discovery.expect(self._pools.doc.pools)
         try:
             await self.discovery.sync(self._pools.doc.pools, strict=True)
         except DiscoveryConfigError as exc:
@@ -79,6 +80,7 @@ class Membership:
         if self._closed:
             return
         changes = self._pools.apply(snap.doc)
+        self.discovery.expect(snap.doc.pools)  # (its sources are re-synced in a task)
         self._follow(changes)
         due = self._clock() + self._linger_s
         self._retired.extend((due, pool) for pool in changes.retired)
