@@ -434,17 +434,19 @@ class Replica:
 
     def mark_down(self, now: float, request: bool = True, reason: str | None = None) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
-        ejected: keep the back-off). ``request``: a request failed here (not a probe); its
-        `reason` is logged when that takes it out (callers without one log their own: a
-        refused connection, refused credentials, the health checks' findings). Found
+        ejected: keep the back-off). ``request``: a request failed here (not a probe); why
+        (`reason`, else it could not connect) is logged when that takes it out (the health
+        checks log their own findings, and a refusal of kvgate's credentials is warned about
+        once, `refusal_warned`: its /health is back every cycle). Found
         down by its health checks, its requests that got nothing yet are cut to be tried
         elsewhere, as a stalled engine's: a stopped process or a black-holed network keeps
         their connections open with no answer to come (they waited for their first-byte or
         total timeout, 5 or 30 minutes)."""
         if reason is not None:
             self.reason = reason
-        if request and reason is not None and not self.down:
-            log.warning("replica down: %s", reason, extra={"pool": self.pool, "replica": self.id})
+        if request and not self.down and not self.refusal_warned:
+            log.warning("replica down: %s", reason or "a request could not connect to it",
+                        extra={"pool": self.pool, "replica": self.id})
         self.failures += 1
         self.failed += request
         self.down = True

@@ -53,7 +53,16 @@ def test_a_request_finding_it_down_says_why(caplog: pytest.LogCaptureFixture) ->
         r.probe_recovered()
         assert judge(r, 404, b"The model `m` does not exist.", 1.0) == "wrong_model"
         r.probe_recovered()
+        r.mark_down(2.0)  # a connection refused (the proxy sets its reason after)
+        r.probe_recovered()
         r.mark_down(6.0, request=False)  # health's own finding: health logs it
+        r.probe_recovered()
+        assert judge(r, 401, b"", 7.0) == "refused"  # warned about by the verdict, once
+        r.probe_recovered()
+        assert judge(r, 401, b"", 8.0) == "refused"
     assert _lines(caplog) == [
         ("WARNING", "replica down: its engine died (500)", "10.0.0.1:8000"),
-        ("WARNING", "replica down: serves another model (404)", "10.0.0.1:8000")]
+        ("WARNING", "replica down: serves another model (404)", "10.0.0.1:8000"),
+        ("WARNING", "replica down: a request could not connect to it", "10.0.0.1:8000")]
+    assert [r.getMessage()[:50] for r in caplog.records if r.name == "gateway.verdicts"] == [
+        "replica refused the gateway's credentials (401): s"]
