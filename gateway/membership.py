@@ -79,24 +79,28 @@ class Membership:
         """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
         if self._closed:
             return
+        before = self._pools.doc.pools
         changes = self._pools.apply(snap.doc)
         self.discovery.expect(snap.doc.pools)  # (its sources are re-synced in a task)
         self._follow(changes)
         due = self._clock() + self._linger_s
         self._retired.extend((due, pool) for pool in changes.retired)
-        task = asyncio.create_task(self._follow_discovery(snap))
+        # pools whose replicas were listed, now discovered (another mapping keeps the last
+        # set its source found until the new one publishes: an API outage empties no pool)
+        switched = [name for name, pc in snap.doc.pools.items() if pc.discovery
+                    and (name not in before or not before[name].discovery)]
+        task = asyncio.create_task(self._follow_discovery(snap, switched))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
                                           "removed": len(changes.removed)})
 
-    async def _follow_discovery(self, snap: PolicySnapshot) -> None:
-        """Discovery follows a policy version; a pool it switched from listed replicas to
+    async def _follow_discovery(self, snap: PolicySnapshot, switched: list[str]) -> None:
+        """Discovery follows a policy version; a pool it `switched` from listed replicas to
         discovery keeps them while its source has the start-up's time for a first sync, not
         longer (`_drop_unsynced`)."""
         await self.discovery.sync(snap.doc.pools)
-        listed = [name for name, pc in snap.doc.pools.items()
-                  if pc.discovery and self.discovery.pending(name)
+        listed = [name for name in switched if self.discovery.pending(name)
                   and (pool := self._pools.by_name.get(name)) is not None and pool.replicas]
         if listed and not self._closed:
             task = asyncio.create_task(self._drop_unsynced(listed, snap))

@@ -10,6 +10,7 @@ said discovery had not listed anything."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,6 +63,13 @@ def test_a_pool_switched_to_discovery_drops_its_listed_replicas(sim_factory: Sim
         put({"discovery": {"dns": {"name": "localhost", "port": int(found.rsplit(":", 1)[1]),
                                    "interval_seconds": 0.2}}})
         wait_for(lambda: _status(c) == (200, found), timeout=20, what="the discovered replica")
+        # another mapping whose source cannot sync: the last set found is kept (an API
+        # outage empties no pool), past the 5 s a switch from a list is given
+        put({"discovery": {"kubernetes": {
+            "service": "vllm", "namespace": "d", "api_server": f"http://127.0.0.1:{free_port()}",
+            "backoff_max_seconds": 1}}})
+        time.sleep(7)
+        assert _status(c) == (200, found)
         # and back to a list
         put({"replicas": [listed]})
         wait_for(lambda: _status(c) == (200, listed), timeout=20, what="the listed replica")
