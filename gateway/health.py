@@ -16,7 +16,11 @@ answers it late: a probe that times out is only *slow*, and ejects after
 `health.slow_threshold` in a row -- unless requests were answered there while it waited (first
 tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
-an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
+an explicit non-200 (vLLM's 503 for a dead engine) ejects at once, and so does a late probe of
+a replica that is *frozen* (`_frozen`: requests waited there that long with nothing heard from
+it and none of its answers under way -- a stopped process, a frozen host: its waiting requests
+waited out `slow_threshold` probe timeouts, 22-24 s with the defaults, before they were tried
+elsewhere).
 """
 
 from __future__ import annotations
@@ -86,6 +90,13 @@ class HealthMonitor:
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
             if replica.state == "healthy" and replica.answers > answered:
                 replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late
+                return
+            if replica.state == "healthy" and (silent := _frozen(replica, self._clock(),
+                                                                 self._cfg.timeout_s)):
+                replica.reason = f"{slow}, nothing heard from it for {silent:.0f} s"
+                log.warning("replica down: frozen", extra={
+                    "pool": pool.name, "replica": replica.id, "reason": replica.reason})
+                replica.mark_down(self._clock(), request=False)  # its waiting requests: cut
                 return
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())
@@ -206,6 +217,19 @@ def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) 
                 replica.max_model_len = length
                 pool.context_learned()
             return
+
+
+def _frozen(replica: Replica, now: float, timeout_s: float) -> float | None:
+    """How long requests have waited on `replica` with nothing heard from it (no first
+    token or whole answer, its engine's scraped counters still: `Replica.silent_for`), when
+    that is at least the /health probe's timeout that just passed and none of its answers
+    is under way: a stopped process, a frozen host, a black-holed network. None otherwise:
+    a saturated replica answers /health late (vLLM serves it on the loop that serves
+    requests) but answers requests, or streams some, meanwhile."""
+    if replica.inflight_prefill <= 0 or replica.inflight > replica.inflight_prefill:
+        return None
+    silent = replica.silent_for(now)
+    return silent if silent >= timeout_s else None
 
 
 def _nothing_listening(exc: BaseException) -> bool:

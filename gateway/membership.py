@@ -55,6 +55,7 @@ class Membership:
         self._linger_s = linger_s
         self.discovery = DiscoveryManager(build_discovery, self.discovered)
         self._background: set[asyncio.Task[None]] = set()  # one-off (discovery re-sync)
+        self._first_syncs: set[asyncio.Task[None]] = set()  # waits for one (`_drop_unsynced`)
         # (when to forget it, what): drained replicas' series, removed pools; oldest first
         self._drained: deque[tuple[float, Replica]] = deque()
         self._retired: deque[tuple[float, Pool]] = deque()
@@ -62,6 +63,7 @@ class Membership:
 
     async def start_discovery(self) -> None:
         """Sources for the pools that have `discovery`; wait (bounded) for their first sets."""
+        self.discovery.expect(self._pools.doc.pools)
         try:
             await self.discovery.sync(self._pools.doc.pools, strict=True)
         except DiscoveryConfigError as exc:
@@ -71,20 +73,56 @@ class Membership:
             if late:
                 log.warning("discovery not synced yet; those pools start empty",
                             extra={"pools": late})
+                self._unlisted(late)
 
     def policy_changed(self, snap: PolicySnapshot) -> None:
         """A new policy version: follow its pools (the scraper, router, discovery follow too)."""
         if self._closed:
             return
+        before = self._pools.doc.pools
         changes = self._pools.apply(snap.doc)
+        self.discovery.expect(snap.doc.pools)  # (its sources are re-synced in a task)
         self._follow(changes)
         due = self._clock() + self._linger_s
         self._retired.extend((due, pool) for pool in changes.retired)
-        task = asyncio.create_task(self.discovery.sync(snap.doc.pools))
+        # pools whose replicas were listed, now discovered (another mapping keeps the last
+        # set its source found until the new one publishes: an API outage empties no pool)
+        switched = [name for name, pc in snap.doc.pools.items() if pc.discovery
+                    and (name not in before or not before[name].discovery)]
+        task = asyncio.create_task(self._follow_discovery(snap, switched))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         log.info("policy applied", extra={"version": snap.version, "added": len(changes.added),
                                           "removed": len(changes.removed)})
+
+    async def _follow_discovery(self, snap: PolicySnapshot, switched: list[str]) -> None:
+        """Discovery follows a policy version; a pool it `switched` from listed replicas to
+        discovery keeps them while its source has the start-up's time for a first sync, not
+        longer (`_drop_unsynced`)."""
+        await self.discovery.sync(snap.doc.pools)
+        listed = [name for name in switched if self.discovery.pending(name)
+                  and (pool := self._pools.by_name.get(name)) is not None and pool.replicas]
+        if listed and not self._closed:
+            task = asyncio.create_task(self._drop_unsynced(listed, snap))
+            self._first_syncs.add(task)
+            task.add_done_callback(self._first_syncs.discard)
+
+    async def _drop_unsynced(self, listed: list[str], snap: PolicySnapshot) -> None:
+        """A pool's replicas come from discovery only: kept until it published, a discovery
+        that never syncs (an unreachable API server, a wrong Service) left the pool served by
+        replicas its policy no longer names, ready, with nothing saying so."""
+        late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
+        late = [name for name in late if name in listed and self.discovery.pending(name)]
+        if late and self._pools.doc is snap.doc and not self._closed:  # (not overtaken)
+            log.warning("discovery not synced yet; the pools' listed replicas are dropped",
+                        extra={"pools": late})
+            self._unlisted(late)
+
+    def _unlisted(self, pools: list[str]) -> None:
+        """Pools whose discovery has not synced yet have no replica until it does (listed
+        ones drain)."""
+        for name in pools:
+            self.discovered(name, frozenset())
 
     def discovered(self, pool: str, urls: frozenset[str]) -> None:
         """Discovery's `on_change` (sync, on the loop): re-list the pool; leavers drain."""
@@ -153,6 +191,10 @@ class Membership:
     async def stop(self) -> None:
         self._closed = True
         for task in list(self._background):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for task in list(self._first_syncs):
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.discovery.stop()

@@ -382,10 +382,17 @@ class Replica:
         self._outcome(1)
         p = self._policy
         failed = self.outcomes.bit_count()
-        if self.state == HALF_OPEN or (self.state == HEALTHY and (
+        trial = self.state == HALF_OPEN
+        if trial or (self.state == HEALTHY and (
                 self.failures >= p.failure_threshold
                 or (2 * failed >= p.window and failed >= p.failure_threshold))):
             self.eject(now)
+            why = ("its trial request failed" if trial
+                   else f"{self.failures} requests failed in a row"
+                   if self.failures >= p.failure_threshold
+                   else f"{failed} of its last {p.window} requests failed")
+            log.warning("replica ejected: %s; back in %g s at the earliest", why,
+                        self.ejected_until - now, extra={"pool": self.pool, "replica": self.id})
 
     def _outcome(self, failed: int) -> None:
         self.outcomes = ((self.outcomes << 1) | failed) & ((1 << self._policy.window) - 1)
@@ -425,13 +432,21 @@ class Replica:
         self.down = self.stalled = False
         self.reason = None
 
-    def mark_down(self, now: float, request: bool = True) -> None:
+    def mark_down(self, now: float, request: bool = True, reason: str | None = None) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
-        ejected: keep the back-off). ``request``: a request failed here (not a probe). Found
+        ejected: keep the back-off). ``request``: a request failed here (not a probe); why
+        (`reason`, else it could not connect) is logged when that takes it out (the health
+        checks log their own findings, and a refusal of kvgate's credentials is warned about
+        once, `refusal_warned`: its /health is back every cycle). Found
         down by its health checks, its requests that got nothing yet are cut to be tried
         elsewhere, as a stalled engine's: a stopped process or a black-holed network keeps
         their connections open with no answer to come (they waited for their first-byte or
         total timeout, 5 or 30 minutes)."""
+        if reason is not None:
+            self.reason = reason
+        if request and not self.down and not self.refusal_warned:
+            log.warning("replica down: %s", reason or "a request could not connect to it",
+                        extra={"pool": self.pool, "replica": self.id})
         self.failures += 1
         self.failed += request
         self.down = True

@@ -130,16 +130,14 @@ def judge(
             log.warning("replica refused the gateway's credentials (%d): set the pool's "
                         "api_key_env to its --api-key", status,
                         extra={"pool": replica.pool, "replica": replica.id})
-        replica.mark_down(now)
+        replica.mark_down(now)  # (warned above, once: not every health cycle it is back)
         replica.reason = f"refused the gateway's credentials ({status})"
         return "refused"
     if status == 500 and _DEAD in body:
-        replica.mark_down(now)
-        replica.reason = "its engine died (500)"
+        replica.mark_down(now, reason="its engine died (500)")
         return "dead"
     if status == 404 and _NO_MODEL.search(body):
-        replica.mark_down(now)
-        replica.reason = "serves another model (404)"
+        replica.mark_down(now, reason="serves another model (404)")
         return "wrong_model"
     if status >= 500:
         replica.record_failure(now)

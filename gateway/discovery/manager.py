@@ -3,7 +3,8 @@
 The gateway's lifespan owns a `DiscoveryManager`: `sync(pools)` starts sources for pools that
 gained a `discovery` mapping, restarts those whose mapping changed and stops those of pools
 that lost it (or vanished); `stop()` stops them all. Every source reports to the same
-`on_change(pool, urls)`.
+`on_change(pool, urls)`, while the policy in force (`expect`) still gives the pool the mapping
+that source was built from.
 """
 
 from __future__ import annotations
@@ -41,11 +42,20 @@ class DiscoveryManager:
         self._build = build
         self._on_change = on_change
         self._sources: dict[str, tuple[bytes, WatcherBase]] = {}
+        self._wanted: dict[str, bytes] = {}  # pool -> its mapping in force (`expect`)
         self._lock = asyncio.Lock()  # policy versions may arrive faster than sources stop
 
     @property
     def pools(self) -> frozenset[str]:
         return frozenset(self._sources)
+
+    def expect(self, pools: Mapping[str, PoolDiscovery]) -> None:
+        """The policy now in force (called with it, before `sync` follows it): a source
+        whose pool no longer has its mapping is not heard from any more, though it runs
+        until `sync` stops it -- a set it published meanwhile re-listed a pool the new
+        policy had just listed itself (or moved to another source), and kept it so until
+        the next policy version."""
+        self._wanted = {name: _key(pc.discovery) for name, pc in pools.items() if pc.discovery}
 
     async def sync(self, pools: Mapping[str, PoolDiscovery], *, strict: bool = False) -> None:
         """Follow `pools`. A bad mapping raises `DiscoveryConfigError` when `strict` (start-up),
@@ -55,11 +65,11 @@ class DiscoveryManager:
             for name in [n for n in self._sources if n not in wanted]:
                 await self._stop(name)
             for name, raw in wanted.items():
-                key = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+                key = _key(raw)
                 if name in self._sources and self._sources[name][0] == key:
                     continue
                 try:
-                    source = self._build(name, raw, self._on_change)
+                    source = self._build(name, raw, self._heard(key))
                 except DiscoveryConfigError as exc:
                     if strict:
                         raise
@@ -69,6 +79,18 @@ class DiscoveryManager:
                 self._sources[name] = (key, source)
                 await source.start()
                 log.info("discovery started", extra={"pool": name, "mode": next(iter(raw))})
+
+    def _heard(self, key: bytes) -> OnChange:
+        """The `on_change` of a source built from mapping `key`: passed on while in force."""
+        def heard(pool: str, urls: frozenset[str]) -> None:
+            if self._wanted.get(pool) == key:
+                self._on_change(pool, urls)
+        return heard
+
+    def pending(self, pool: str) -> bool:
+        """Pool `pool` has a source that has not published its first set yet."""
+        entry = self._sources.get(pool)
+        return entry is not None and not entry[1].synced
 
     async def wait_synced(self, timeout_s: float) -> list[str]:
         """Wait (bounded) for every source's first sync; the pools still unsynced."""
@@ -87,3 +109,7 @@ class DiscoveryManager:
         async with self._lock:
             for name in list(self._sources):
                 await self._stop(name)
+
+
+def _key(raw: dict[str, dict[str, object]]) -> bytes:
+    return orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)

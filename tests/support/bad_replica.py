@@ -11,7 +11,9 @@ test can read the first bytes through the gateway before the replica sends more:
 buffered, with no timing involved); ``drip`` is sent after ``answer``, one part every
 ``drip_s`` seconds (a body that arrives slowly but keeps moving); then, per ``end``, the
 connection stays open for the next request (``"keep"``), is closed (``"close"``: a FIN) or
-reset (``"reset"``: a TCP RST; bytes not sent yet are dropped).
+reset (``"reset"``: a TCP RST; bytes not sent yet are dropped). With ``reset_upload`` set, a
+POST is reset as soon as its head has arrived, its body unread (a replica that dies, or a proxy
+that refuses the upload, while the gateway still sends it).
 
 An exchange takes these settings as its request arrives: what a test sets after that, for its
 next request, is not what an exchange still running here does (an answer the client has whole
@@ -93,6 +95,7 @@ class BadReplica:
         self.drip_s = 0.0
         self.gate = threading.Event()
         self.end: End = end
+        self.reset_upload = False
         self.posts = 0
         self.gets: list[bytes] = []  # the paths (with query) of stored-response GETs
         self.get_ids: list[bytes] = []  # ... and the x-request-id each came with (b"": none)
@@ -144,6 +147,10 @@ class BadReplica:
                         length = int(value)
                     elif name.strip().lower() == b"transfer-encoding":
                         chunked_body = b"chunked" in value.lower()
+                if method == b"POST" and self.reset_upload:
+                    self.posts += 1
+                    _reset(writer)
+                    return
                 if chunked_body:  # (Envoy sends the picker's body so)
                     await _read_chunked(reader)
                 else:
@@ -173,10 +180,8 @@ class BadReplica:
                         break
                     writer.write(rest)
                     await writer.drain()
-                if end == "reset":  # a TCP reset (RST), not a close (FIN): no lingering
-                    writer.get_extra_info("socket").setsockopt(
-                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    writer.transport.abort()
+                if end == "reset":
+                    _reset(writer)
                     return
                 if end == "close":
                     break
@@ -193,6 +198,13 @@ class BadReplica:
         if path == b"/metrics":
             return _plain(200, b"")
         return _plain(200, b"{}")
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    """A TCP reset (RST), not a close (FIN): no lingering."""
+    writer.get_extra_info("socket").setsockopt(
+        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    writer.transport.abort()
 
 
 @contextmanager
