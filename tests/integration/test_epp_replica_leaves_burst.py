@@ -87,6 +87,8 @@ async def test_a_replica_leaving_during_a_burst_loses_no_stream(
             await _until(lambda: _true(len(opened) >= BURST // 2), "half the burst streaming")
             fake.delete("one")
             await _until(lambda: _draining(client, epp, leaving), "the replica leaving")
+            held = await _series(client, epp, "kvgate_inflight_requests")
+            assert held.get(leaving, 0) > 0  # (the change came mid-burst: streams there)
             after = [asyncio.create_task(_stream(client, base, BURST + i, []))
                      for i in range(20)]
             done = await asyncio.gather(*burst)
@@ -94,7 +96,7 @@ async def test_a_replica_leaving_during_a_burst_loses_no_stream(
             await _until(lambda: _idle(client, epp), "nothing in flight")
         for _, body in [*done, *later]:
             assert body.endswith(b"data: [DONE]\n\n"), body[-300:]
-        assert leaving in {replica for replica, _ in done}  # (the change came mid-burst)
+        assert leaving in {replica for replica, _ in done}
         assert leaving not in {replica for replica, _ in later}
         assert "Traceback" not in epp.output(None)
     finally:
