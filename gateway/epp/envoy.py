@@ -127,13 +127,19 @@ AT_LIMIT = "Envoy's limit on concurrent requests to the endpoint picker is reach
 # disconnect/reset before headers. reset reason: protocol error"); this mapper makes it the
 # HTTP edge's 502 for a cut answer. Once the head went out Envoy resets the client's stream.
 CUT_AFTER_HEAD = "response.code_details.startsWith('upstream_reset_after_response_started')"
+# ... and its "no healthy upstream" 503: a request that went on unpicked (FailOpen,
+# `failure_mode_allow`) to the ORIGINAL_DST cluster, which has no endpoint without the
+# picker's destination, or a route to a cluster without one. The picker words it so when it
+# sees it (`local_reply.py`); when the picker is down it was plain text
+NO_HEALTHY = "response.code_details == 'no_healthy_upstream'"
 
 
 def _picker_down_reply() -> dict[str, Any]:
     failed = "response.code_details.startsWith('ext_proc_error')"
     overflow = f"{failed} && response.code_details.contains('overflow')"
     return {"mappers": [_mapper(overflow, AT_LIMIT), _mapper(failed, PICKER_DOWN),
-                        _mapper(CUT_AFTER_HEAD, CUT_ANSWER, status=502)]}
+                        _mapper(CUT_AFTER_HEAD, CUT_ANSWER, status=502),
+                        _mapper(NO_HEALTHY, "no healthy upstream")]}
 
 
 def _mapper(cel: str, message: str, status: int = 503) -> dict[str, Any]:

@@ -6,6 +6,8 @@ was a plain-text 502 ("upstream connect error or disconnect/reset before headers
 reason: protocol error", which the SDK shows as the error's message); the bootstrap's local
 reply mapper makes it the HTTP edge's 502 JSON for a cut answer.
 
+Envoy's "no healthy upstream" 503 with the picker down (FailOpen) alike: plain text before.
+
 Once a stream's head and first event went out, Envoy resets the client's stream (the SDK
 raises a connection error) where the HTTP edge sends an error event: both end the stream as
 a failure, never as complete.
@@ -26,8 +28,9 @@ import pytest
 
 from gateway.whole import CUT_ANSWER
 from tests.support.bad_replica import CHAT_ANSWER, BadReplica, chunked, sse_head
-from tests.support.epp import both_edges
+from tests.support.epp import both_edges, envoy_proc
 from tests.support.gateway import inflight, wait_for
+from tests.support.procs import free_port
 
 MODEL = "m"
 EDGES = ["http", "envoy"]
@@ -102,3 +105,24 @@ def test_a_stream_cut_mid_chunk_after_its_first_event_ends_as_a_failure(
         replica.gate.set()
         replica.rest = b""
     assert got == ["hi"]
+
+
+def test_envoys_no_healthy_upstream_without_the_picker_is_openai_shaped() -> None:
+    """FailOpen (`failure_mode_allow`) with the shipped ORIGINAL_DST cluster and the picker
+    down: a request goes on unpicked, with no destination, and Envoy answers 503 "no healthy
+    upstream" itself -- plain text, where the picker words the same answer in OpenAI's shape
+    when it sees it; now the bootstrap's local reply mapper does."""
+    envoy, base = envoy_proc(f"127.0.0.1:{free_port()}", failure_mode_allow=True)  # no picker
+    envoy.start()
+    try:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=30)
+        with pytest.raises(openai.InternalServerError) as caught:
+            client.chat.completions.create(model=MODEL, messages=[
+                {"role": "user", "content": "x"}])
+    finally:
+        envoy.stop()
+    assert caught.value.status_code == 503
+    assert caught.value.response.json()["error"] == {
+        "message": "no healthy upstream", "type": "ServiceUnavailableError", "param": None,
+        "code": 503}
+    assert caught.value.response.headers["retry-after"] == "1"
