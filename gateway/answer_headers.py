@@ -18,14 +18,16 @@ dropped them all; Envoy passed them on, so the two edges disagreed). Not passed:
   read to the SDK as kvgate's limits) and CORS (``access-control-*``, `server.cors_*`);
 - what belongs to the replica's origin, not kvgate's: ``set-cookie`` (an internal load
   balancer's stickiness cookie), ``alt-svc``, ``strict-transport-security``, and the URLs of
-  ``location`` and ``content-location`` (an internal address);
+  ``location``, ``content-location`` and ``link`` (an internal address: a sidecar's
+  ``link: <http://10.0.0.3:8000/...>; rel=preload``; vLLM sends none, and a 103's links are
+  dropped with it);
 - what names the path the answer took inside (``via``, ``forwarded``, ``x-forwarded-*``: a
   proxy or a sidecar in front of the replica writes its internal host names and addresses
   there, as ``via: 1.1 vllm-3.llm.svc.cluster.local``; both edges passed them on).
 
 The HTTP edge keeps the headers that pass (`H1Conn` reads them as they come) for proxied and
 stored answers; the endpoint picker has Envoy remove the others it would pass (`removed`:
-Envoy drops the hop-by-hop ones, and sets the framing).
+Envoy drops the hop-by-hop ones, not the names ``connection`` lists, and sets the framing).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ _BYTES = frozenset({b"etag", b"content-md5", b"digest", b"content-digest", b"rep
                     b"accept-ranges", b"content-range"})
 _KVGATES = frozenset({b"x-request-id", b"retry-after"})
 _ORIGINS = frozenset({b"set-cookie", b"alt-svc", b"strict-transport-security", b"location",
-                      b"content-location"})
+                      b"content-location", b"link"})
 # the path inside: internal host names and addresses
 _INSIDE = frozenset({b"via", b"forwarded"})
 _INSIDE_PREFIX = b"x-forwarded-"
@@ -68,16 +70,22 @@ def without_listed(
     return [(k, v) for k, v in headers if k not in listed]
 
 
-def removed(names: Iterable[str]) -> list[str]:
+def removed(names: Iterable[str], connection: str | None = None) -> list[str]:
     """Of a replica's response header names (lower case, as Envoy gives them), those the
     picker has Envoy remove: the replica's origin's, its bytes', the path's inside and the
-    ``x-kvgate-*``/``x-ratelimit-*`` ones, which Envoy would pass and the HTTP edge does not.
-    The others kvgate sets are overwritten (``x-request-id``); CORS is Envoy's own filter's
-    there."""
+    ``x-kvgate-*``/``x-ratelimit-*`` ones, which Envoy would pass and the HTTP edge does not,
+    and those its ``Connection`` header's value (`connection`) names: Envoy drops that header
+    and the hop-by-hop ones, but passed the names it lists on (``Connection: close,
+    x-private``). The others kvgate sets are overwritten (``x-request-id``) or are Envoy's to
+    set (the framing); CORS is Envoy's own filter's there."""
+    listed = set() if connection is None else {
+        t.strip().lower() for t in connection.split(",")}
     out = []
     for name in names:
         raw = name.encode("latin-1")
         if raw in _ORIGINS or raw in _BYTES or raw in _INSIDE or (
-                raw.startswith(_PREFIXES) and not raw.startswith(b"access-control-")):
+                raw.startswith(_PREFIXES) and not raw.startswith(b"access-control-")) or (
+                name in listed and not name.startswith(":") and raw not in _HOP_BY_HOP
+                and raw not in _FRAMING and raw not in _KVGATES):
             out.append(name)
     return out

@@ -116,6 +116,9 @@ _FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?::[^\n]*\n)*(?:" + _FIELD + rb")(?:" + 
 # CR) may hold either: vLLM's reads pay one search with a literal prefix, as `_BAD_LATER`.
 _PLAIN_FIRST = (_DATA, b"event: response.")
 _ODD_LATER = re.compile(rb"\n(?!\n|data:|event: response\.|\Z)")
+# ... nor a Responses API event's name not followed by its data (`event: response.created`
+# then a blank line: the SDK reads any `response.*` event's data as JSON, and failed on "")
+_BARE_NAME = re.compile(rb"event: response\.[^\n]*\n(?!data:)")
 # a line starting with `<` or `{`: no SSE field's name does, an HTML page's or a JSON body's do
 _BODY_FIRST, _BODY_LINES = (b"<", b"{"), (b"\n<", b"\n{", b"\r<", b"\r{")
 _STRAY_BYTES = 64 * 1024  # of such lines, kept for the client's 502 (an error page is small)
@@ -337,7 +340,8 @@ class StreamScanner:
             self._drop()
             out = out[:bad]
         if out and (not out.startswith(_PLAIN_FIRST) or _CR in out
-                    or _ODD_LATER.search(out) is not None):
+                    or _ODD_LATER.search(out) is not None
+                    or _BARE_NAME.search(out) is not None):
             out = _plain_fields(out)
         if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out

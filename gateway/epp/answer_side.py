@@ -116,7 +116,8 @@ class AnswerSide(Deadlines):
         limit = self._core.cfg.upstream.max_answer_bytes
         sse = status == 200 and content_type.startswith("text/event-stream")
         self._details = wire.code_details(msg)
-        self._removed = removed(h.key for h in headers)
+        self._removed = removed((h.key for h in headers),
+                                wire.header_value(headers, "connection"))
         if self._local():
             if req is not None:
                 req.status = status

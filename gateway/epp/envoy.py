@@ -44,6 +44,8 @@ from gateway.epp.wire import (
     SUBSET_NAMESPACE,
     WHOLE,
 )
+from gateway.errors import type_for
+from gateway.whole import CUT_ANSWER
 
 __all__ = [
     "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "PICKER_KEEPALIVE", "SHIPPED",
@@ -118,25 +120,45 @@ PICKER_DOWN = "The endpoint picker is unavailable; try again."
 AT_LIMIT = "Envoy's limit on concurrent requests to the endpoint picker is reached; retry shortly."
 
 
+# ... and its router's answer for a replica whose connection broke after its response head
+# came but before the picker let the head out (a body cut mid-chunk, shorter than its
+# content-length, a stream closed before its first event): Envoy tears the picker's exchange
+# down and answers the client itself, a plain-text 502 ("upstream connect error or
+# disconnect/reset before headers. reset reason: protocol error"); this mapper makes it the
+# HTTP edge's 502 for a cut answer. Once the head went out Envoy resets the client's stream.
+CUT_AFTER_HEAD = "response.code_details.startsWith('upstream_reset_after_response_started')"
+# ... and its "no healthy upstream" 503: a request that went on unpicked (FailOpen,
+# `failure_mode_allow`) to the ORIGINAL_DST cluster, which has no endpoint without the
+# picker's destination, or a route to a cluster without one. The picker words it so when it
+# sees it (`local_reply.py`); when the picker is down it was plain text
+NO_HEALTHY = "response.code_details == 'no_healthy_upstream'"
+
+
 def _picker_down_reply() -> dict[str, Any]:
     failed = "response.code_details.startsWith('ext_proc_error')"
     overflow = f"{failed} && response.code_details.contains('overflow')"
-    return {"mappers": [_mapper(overflow, AT_LIMIT), _mapper(failed, PICKER_DOWN)]}
+    return {"mappers": [_mapper(overflow, AT_LIMIT), _mapper(failed, PICKER_DOWN),
+                        _mapper(CUT_AFTER_HEAD, CUT_ANSWER, status=502),
+                        _mapper(NO_HEALTHY, "no healthy upstream")]}
 
 
-def _mapper(cel: str, message: str) -> dict[str, Any]:
-    return {
+def _mapper(cel: str, message: str, status: int = 503) -> dict[str, Any]:
+    """A local reply of Envoy's matching `cel`: the OpenAI-shaped `status` with `message`
+    (a 503's with ``retry-after: 1``)."""
+    mapper: dict[str, Any] = {
         "filter": {"extension_filter": {
             "name": "envoy.access_loggers.extension_filters.cel",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers."
                              "filters.cel.v3.ExpressionFilter", "expression": cel}}},
-        "status_code": 503,
-        "headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
-                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+        "status_code": status,
         "body_format_override": {"content_type": "application/json", "json_format": {
-            "error": {"message": message, "type": "ServiceUnavailableError",
-                      "param": None, "code": 503}}},
+            "error": {"message": message, "type": type_for(status),
+                      "param": None, "code": status}}},
     }
+    if status == 503:
+        mapper["headers_to_add"] = [{"header": {"key": "retry-after", "value": "1"},
+                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    return mapper
 
 
 def _breakers(limit: int, up: UpstreamConfig | None = None) -> dict[str, Any]:

@@ -44,7 +44,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from gateway.epp import wire
 from gateway.epp.answer_side import AnswerSide
 from gateway.epp.deadlines import Deadlines
-from gateway.epp.passed import mark_refused
+from gateway.epp.passed import PROBE_S, SETTLE_S, mark_refused
 from gateway.epp.request_side import RequestSide
 from gateway.epp.state import PickerCore, endpoint, replica_key
 
@@ -72,14 +72,18 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
         """The stream ended (answered, refused, or cut): release, settle, count. Envoy ends
         a started stream's exchange before its end when the client leaves, or when the
         replica breaks the connection, which Envoy does not tell the picker: counted as the
-        HTTP edge counts a client that left (499), the replica not judged by it (health
-        polling finds a dead one) -- unless the stream was already whole (a client that
-        leaves at ``[DONE]`` may end the exchange before Envoy sends the stream's end)."""
+        HTTP edge counts a client that left (499), the replica not judged by it -- unless the
+        stream was already whole (a client that leaves at ``[DONE]`` may end the exchange
+        before Envoy sends the stream's end), or the replica refuses a connection now (it
+        died: marked down, counted 502; `passed.mark_refused`), or resets one taken within
+        `SETTLE_S` (a connect that raced its exit: marked down once the request is settled,
+        which a client that left is not kept waiting for)."""
         self._uploaded()  # a body cut or refused before its end
         req = self.req
         if req is None:
             return
         scanner = self._scanner
+        broken = False  # its answer was cut: by the client, or by the replica
         if req.status == 0:
             req.status = 499  # the exchange ended before any answer (the client left)
         elif (self._lease is not None and not self._cut and self.sse and self._head is None
@@ -87,16 +91,25 @@ class Exchange(RequestSide, AnswerSide, Deadlines):
             if scanner.complete():
                 self._stream_ended(scanner, req, whole=True)
             else:
-                req.status = 499
+                req.status, broken = 499, True
         elif self._lease is not None and req.status == 200 and not self._lease.answered:
             # cut before it began (its head held): Envoy answered the client 502 itself when
             # the replica broke the connection
-            req.status = 502
+            req.status, broken = 502, True
+        target = req.target if broken else None
+        if target is not None and await mark_refused([target], PROBE_S, self._core.clock):
+            # nothing listens at the replica's address any more: it died (a killed process),
+            # so it cut the answer, not the client -- marked down now, as the HTTP edge marks
+            # down a replica whose connection is refused (the next requests were sent to it
+            # until health polling found it, each Envoy's 503: "The replica did not answer.")
+            req.status, target = 502, None
         # Envoy went past them to an answer that was never judged (cut, too large, timed
         # out): they failed, as when it is judged (`_charge_skipped`)
         await self._charge_skipped()
         self._detach()
         await self._core.prep.finish(req, log)
+        if target is not None:  # a connect may have raced its process's exit: watched once
+            await mark_refused([target], PROBE_S, self._core.clock, SETTLE_S)  # settled
         if self._passed:
             await mark_refused(self._passed, self._core.cfg.upstream.connect_timeout_s,
                                self._core.clock)

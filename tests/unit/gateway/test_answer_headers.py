@@ -8,7 +8,7 @@ from gateway.answer_headers import passes, removed, without_listed
 
 
 @pytest.mark.parametrize("name", [b"cache-control", b"vary", b"content-language", b"x-sidecar",
-                                  b"openai-processing-ms", b"x-should-retry", b"link"])
+                                  b"openai-processing-ms", b"x-should-retry"])
 def test_end_to_end_headers_pass(name: bytes) -> None:
     assert passes(name)
 
@@ -26,6 +26,7 @@ def test_end_to_end_headers_pass(name: bytes) -> None:
     b"content-range",
     # the replica origin's
     b"set-cookie", b"alt-svc", b"strict-transport-security", b"location", b"content-location",
+    b"link",
     # the path inside (internal host names and addresses)
     b"via", b"forwarded", b"x-forwarded-for", b"x-forwarded-host", b"x-forwarded-proto",
 ])
@@ -44,3 +45,13 @@ def test_the_picker_removes_what_envoy_would_pass_and_the_http_edge_does_not() -
              "etag", "via", "x-forwarded-for", "forwarded"]
     assert removed(names) == ["set-cookie", "x-ratelimit-limit-tokens", "x-kvgate-route",
                               "location", "etag", "via", "x-forwarded-for", "forwarded"]
+
+
+def test_the_picker_removes_the_names_the_connection_header_lists() -> None:
+    """Envoy drops ``connection`` but passed the names it lists; never one kvgate or Envoy
+    sets (the framing, ``x-request-id``) nor a pseudo-header."""
+    names = [":status", "content-type", "connection", "x-private", "x-hop", "x-end",
+             "x-request-id", "keep-alive"]
+    assert removed(names, "close, X-Private ,x-hop,content-type,x-request-id,:status") == [
+        "x-private", "x-hop"]
+    assert removed(names) == []

@@ -4,6 +4,7 @@ first read that fails is an immediate 502, with no first token learnt from it.""
 
 from __future__ import annotations
 
+import socket
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -23,14 +24,14 @@ GOOD = b'data: {"id": "c", "object": "chat.completion.chunk", "choices": []}\n\n
 ENGINE_ERROR = b'data: {"error": {"message": "x", "type": "InternalServerError", "code": 500}}\n\n'
 
 
-def _exchange() -> tuple[Exchange, ProxiedRequest, Any]:
+def _exchange(url: str = "http://127.0.0.1:1") -> tuple[Exchange, ProxiedRequest, Any]:
     core: Any = SimpleNamespace(cfg=KvgateConfig(), router=Mock(), metrics=Mock(),
                                 responses=Mock(), clock=lambda: 0.0, new_id=lambda: b"new")
     ex = Exchange(core)
     req = ex.req = ProxiedRequest("/v1/chat/completions", "chat", b"rid", 0.0)
     req.parsed = SimpleNamespace(stream=True)  # type: ignore[assignment]
     req.features = RequestFeatures(model="m", block_hashes=(), prompt_tokens=1)
-    replica = Replica("p", "http://127.0.0.1:1", HealthRules())
+    replica = Replica("p", url, HealthRules())
     # a pool with another replica taking requests: an error event here is charged and the
     # stream's head is a 502 (alone in its pool, it would be relayed uncharged)
     other = Replica("p", "http://127.0.0.1:2", HealthRules())
@@ -79,16 +80,32 @@ async def test_an_exchange_ended_mid_stream_is_a_499_unless_the_stream_was_whole
     broke the connection: Envoy does not say): the HTTP edge's 499, not the 200 the picker
     counted once the stream had started. A client leaving right at [DONE] may beat Envoy's
     end of stream: that stream was whole, a 200."""
-    for events, status in ((GOOD, 499), (GOOD + b"data: [DONE]\n\n", 200)):
-        ex, req, core = _exchange()
-        core.prep = Mock(finish=AsyncMock())
-        await ex.response_headers(_head())
-        await ex.response_body(_body(events))
-        assert req.sse  # the head went out
-        await ex.close()
-        assert req.status == status
-        core.prep.finish.assert_awaited_once()
-        assert ex._lease is None  # released
+    with socket.create_server(("127.0.0.1", 0)) as listening:  # the replica, still there
+        url = f"http://127.0.0.1:{listening.getsockname()[1]}"
+        for events, status in ((GOOD, 499), (GOOD + b"data: [DONE]\n\n", 200)):
+            ex, req, core = _exchange(url)
+            core.prep = Mock(finish=AsyncMock())
+            await ex.response_headers(_head())
+            await ex.response_body(_body(events))
+            assert req.sse  # the head went out
+            await ex.close()
+            assert req.status == status
+            core.prep.finish.assert_awaited_once()
+            assert ex._lease is None  # released
+            assert req.target is not None and not req.target.down
+
+
+async def test_an_exchange_ended_mid_stream_by_a_dead_replica_is_its_502() -> None:
+    """... but when nothing listens at the replica's address any more (a killed process), it
+    broke the connection: marked down at once, a 502 (it was a 499 and stayed up until
+    health polling found it, the next requests sent to it Envoy's connect failures)."""
+    ex, req, core = _exchange()  # (nothing listens at port 1)
+    core.prep = Mock(finish=AsyncMock())
+    await ex.response_headers(_head())
+    await ex.response_body(_body(GOOD))
+    await ex.close()
+    assert req.status == 502
+    assert req.target is not None and req.target.down
 
 
 # a Responses API stream's opening events, as vLLM sends them before the prefill

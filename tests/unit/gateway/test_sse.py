@@ -367,11 +367,20 @@ def test_a_byte_order_mark_opening_the_stream_is_left_out(size: int) -> None:
         # ... with comment lines among them (SSE leaves those out; the SDK still dispatched)
         (CHUNK + b": note\nevent: ping\n\n" + DONE, CHUNK + b": note\n:event: ping\n\n" + DONE),
         (b"retry: 3000\n: note\n\n" + CHUNK + DONE, b":retry: 3000\n: note\n\n" + CHUNK + DONE),
+        # a Responses API event's name without data (its name passed the fast path, which
+        # looked at line starts only: the SDK read it as `response.*` data "" and failed)
+        (RESPONSES_EVENT + b"event: response.in_progress\n\n" + RESPONSES_EVENT,
+         RESPONSES_EVENT + b":event: response.in_progress\n\n" + RESPONSES_EVENT),
+        (b"event: response.created\n\n" + RESPONSES_EVENT,
+         b":event: response.created\n\n" + RESPONSES_EVENT),
+        (b"event: response.created\n: note\n\n" + RESPONSES_EVENT,
+         b":event: response.created\n: note\n\n" + RESPONSES_EVENT),
         # what stays: a Responses API event's name, a comment, an unknown field
         (RESPONSES_EVENT + COMMENT + b"idle: 1\n\n", RESPONSES_EVENT + COMMENT + b"idle: 1\n\n"),
     ],
     ids=["id-then-comment", "id-after-data", "id-alone", "id-crlf", "retry", "event-ping",
-         "bare-data", "event-crlf", "comment-first", "comment-after", "kept"],
+         "bare-data", "event-crlf", "comment-first", "comment-after", "responses-event-later",
+         "responses-event-first", "responses-event-comment", "kept"],
 )
 def test_fields_the_sdk_misreads_are_not_relayed(size: int, sent: bytes, relayed: bytes) -> None:
     from openai._streaming import SSEDecoder
