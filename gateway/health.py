@@ -222,14 +222,24 @@ def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) 
 def _frozen(replica: Replica, now: float, timeout_s: float) -> float | None:
     """How long requests have waited on `replica` with nothing heard from it (no first
     token or whole answer, its engine's scraped counters still: `Replica.silent_for`), when
-    that is at least the /health probe's timeout that just passed and none of its answers
-    is under way: a stopped process, a frozen host, a black-holed network. None otherwise:
+    that is at least the /health probe's timeout that just passed, longer than its waiting
+    prefill work should take, and none of its answers is under way: a stopped process, a
+    frozen host, a black-holed network. None otherwise:
     a saturated replica answers /health late (vLLM serves it on the loop that serves
     requests) but answers requests, or streams some, meanwhile."""
     if replica.inflight_prefill <= 0 or replica.inflight > replica.inflight_prefill:
         return None
     silent = replica.silent_for(now)
-    return silent if silent >= timeout_s else None
+    if silent < timeout_s:
+        return None
+    # the streamed prompts waiting there would take longer than that to prefill at its
+    # learned TTFT model (as `Replica.hung` judges a first-byte cut): busy, not frozen -- a
+    # 100k-token prompt's first token is many seconds away, and its engine's counters move
+    # only when it comes
+    waiting = replica.inflight_prefill_tokens - replica.whole_waiting_tokens
+    if replica.ttft is not None and replica.ttft.predict(waiting) >= silent:
+        return None
+    return silent
 
 
 def _nothing_listening(exc: BaseException) -> bool:
