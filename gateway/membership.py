@@ -112,8 +112,12 @@ class Membership:
         that never syncs (an unreachable API server, a wrong Service) left the pool served by
         replicas its policy no longer names, ready, with nothing saying so."""
         late = await self.discovery.wait_synced(DISCOVERY_FIRST_SYNC_S)
-        late = [name for name in late if name in listed and self.discovery.pending(name)]
-        if late and self._pools.doc is snap.doc and not self._closed:  # (not overtaken)
+        # (not overtaken: a later version that gives the pool the same mapping, one that
+        # changed another pool or a tier, drops them as well -- it is no switch itself)
+        now = self._pools.doc.pools
+        late = [name for name in late if name in listed and self.discovery.pending(name)
+                and name in now and now[name].discovery == snap.doc.pools[name].discovery]
+        if late and not self._closed:
             log.warning("discovery not synced yet; the pools' listed replicas are dropped",
                         extra={"pools": late})
             self._unlisted(late)
