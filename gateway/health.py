@@ -42,6 +42,8 @@ __all__ = ["HealthMonitor"]
 
 log = logging.getLogger(__name__)
 
+PREFILL_MARGIN = 2.0  # a silent replica's waiting prefill may take this x its predicted TTFT
+
 
 class HealthMonitor:
     def __init__(self, pools: Pools, cfg: HealthConfig, clock: Callable[[], float]) -> None:
@@ -232,12 +234,13 @@ def _frozen(replica: Replica, now: float, timeout_s: float) -> float | None:
     silent = replica.silent_for(now)
     if silent < timeout_s:
         return None
-    # the streamed prompts waiting there would take longer than that to prefill at its
-    # learned TTFT model (as `Replica.hung` judges a first-byte cut): busy, not frozen -- a
-    # 100k-token prompt's first token is many seconds away, and its engine's counters move
-    # only when it comes
+    # the streamed prompts waiting there may take that long to prefill, at its learned TTFT
+    # model with `PREFILL_MARGIN` (the line through its past prefills is a mean: a prompt's
+    # own one runs past it): busy, not frozen -- a 100k-token prompt's first token is many
+    # seconds away, and its engine's counters move only when it comes. Cut, it was prefilled
+    # again elsewhere, the replica out meanwhile
     waiting = replica.inflight_prefill_tokens - replica.whole_waiting_tokens
-    if replica.ttft is not None and replica.ttft.predict(waiting) >= silent:
+    if replica.ttft is not None and PREFILL_MARGIN * replica.ttft.predict(waiting) >= silent:
         return None
     return silent
 
