@@ -7,8 +7,8 @@ Before: the first late probe after the probe timeout took it for a frozen replic
 (`gateway.health._frozen`: requests waiting that long with nothing heard from it): marked
 down, its request cut and tried on the other replica, where the same happened: the client got
 a 504 'stopped making progress' after ~8 s, both replicas down, for one long prompt. Its
-learned TTFT model (the same `Replica.hung` judges a first-byte cut by) says that prefill
-takes that long."""
+learned TTFT model (the one `Replica.hung` judges a first-byte cut by) says that prefill
+takes about that long; a late probe takes it for frozen past twice that."""
 
 from __future__ import annotations
 
