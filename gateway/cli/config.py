@@ -4,9 +4,10 @@ The effective config is the file merged with ``KVGATE_<SECTION>__<KEY>`` overrid
 defaults, as YAML, with secrets (admin token, salt secret, Redis URL, vLLM API keys) redacted.
 Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets missing from
 this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
-the lines that fail the check say ``error:``, and the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
-secret with authentication on, a pool's `api_key_env` variable, Kubernetes discovery with
-no API server, `server.workers` above 1 without ``KVGATE_REDIS_URL``): run a strict check in
+the exit status is 1 when `kvgate serve` would refuse to start for one of them, and their
+lines say ``error:`` (the salt secret with authentication on, a pool's `api_key_env`
+variable, Kubernetes discovery with no API server, `server.workers` above 1 without
+``KVGATE_REDIS_URL``): run a strict check in
 the environment of the process that serves, a plain one anywhere (e.g. a CI job without
 secrets).
 """
