@@ -21,7 +21,6 @@ the window or the engine kept requests waiting):
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 from gateway.doctor.findings import (
