@@ -152,6 +152,11 @@ class PoolStats:
     flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
     flow_shed: float = math.nan  # requests flow control shed (503, or 429 past a tier's wait)
     replicas: list[ReplicaStats] = field(default_factory=list)
+    # the same over the window's second half (its routing sample, its engines' prefix-cache
+    # hits and queries): a hit rate that collapses mid-window shows there, where the whole
+    # window's average, half of it from before, hid it. None on the half itself.
+    recent: PoolStats | None = None
+    span_s: float = 0.0  # seconds its ticks cover
 
     @property
     def engine_hit_rate(self) -> float:
@@ -288,6 +293,21 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     return st
 
 
+def _cache_counters(rid: str, pool: str, span: Sequence[Tick]) -> ReplicaStats:
+    """A replica's prefix-cache queries and hits over ``span`` (all a pool's hit rate reads)."""
+    st = ReplicaStats(rid, pool)
+    for f in (REP.QUERIES, REP.HITS):
+        values = []
+        for tick in span:
+            i = tick.layout.replica(rid)
+            values.append(math.nan if i is None else tick.replicas[i * REP.N + f])
+        if f == REP.QUERIES:
+            st.queries = increase(values)
+        else:
+            st.hits = increase(values)
+    return st
+
+
 def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
                  fresh: Sequence[int]) -> tuple[float, float]:
     """Seconds at the end of the window over which the engine had requests running and its
@@ -396,11 +416,15 @@ def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> W
             rids[rid] = pool
     replicas = [_replica_stats(rid, pool, span, stale_after_s) for rid, pool in rids.items()]
     names = sorted({p for t in span[1:] for p in t.layout.pools} | set(rids.values()))
+    late = span[(len(span) - 1) // 2:]  # the second half, from its own baseline tick
     pools = []
     for name in names:
         ps = _pool_stats(name, span)
-        ps.samples = len(span) - 1
+        ps.samples, ps.span_s = len(span) - 1, end.t - span[0].t
         ps.replicas = [r for r in replicas if r.pool == name]
+        ps.recent = _pool_stats(name, late)
+        ps.recent.samples, ps.recent.span_s = len(late) - 1, end.t - late[0].t
+        ps.recent.replicas = [_cache_counters(r.id, name, late) for r in ps.replicas]
         pools.append(ps)
     tenants, tenant_span = _tenant_stats(ticks, start)
     return Window(
