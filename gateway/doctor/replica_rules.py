@@ -145,15 +145,17 @@ def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> F
 
 
 def replica_hung(r: ReplicaStats, th: Thresholds) -> bool:
-    """Requests running on its engine and no token produced for ``hung_s`` up to the window's
-    end, while kvgate still sends it requests: hung (vLLM's /health may well say 200)."""
+    """Requests held by its engine (running or waiting) and no token produced for ``hung_s``
+    up to the window's end, while kvgate still sends it requests: hung (vLLM's /health may
+    well say 200)."""
     return r.frozen_s >= th.hung_s and r.frozen_s > 0 and replica_down(r) is None
 
 
 def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
-    ev = [cite("vllm:generation_tokens_total", "seconds without a token, requests running",
+    ev = [cite("vllm:generation_tokens_total", "seconds without a token, requests held",
                r.frozen_s, ">=", th, "hung_s", "s"),
-          cite("vllm:num_requests_running", "running meanwhile", r.frozen_running),
+          cite("vllm:num_requests_running + vllm:num_requests_waiting",
+               "requests held meanwhile", r.frozen_running),
           cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
     if ctx.stall_after_s is None:
         then = ("stall detection is off (health.stall_after_s): kvgate keeps sending it "
@@ -165,7 +167,8 @@ def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
         act = "restart its vLLM process; "
     return Finding(
         "down", "critical", r.pool, r.id,
-        f"engine hung: {r.frozen_running:.0f} requests running and no token generated for "
+        f"engine hung: {r.frozen_running:.0f} requests held (running or waiting) and no "
+        f"token generated for "
         f"{r.frozen_s:.0f} s, still in rotation ({then})",
         act + "check the GPU (Xid errors in the kernel log, nvidia-smi) and, with several "
         "GPUs, the collective (NCCL) it waits on; a single prefill longer than this (a very "

@@ -285,7 +285,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stalls = inc[REP.STALLS]
     st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
-    st.frozen_s, st.frozen_running = _frozen_tail(span, series, fresh)
+    st.frozen_s, st.frozen_running = _frozen_tail(span, series)
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
@@ -308,23 +308,32 @@ def _cache_counters(rid: str, pool: str, span: Sequence[Tick]) -> ReplicaStats:
     return st
 
 
-def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
-                 fresh: Sequence[int]) -> tuple[float, float]:
-    """Seconds at the end of the window over which the engine had requests running and its
-    generation and prompt token counters stood still, and the mean running count over them.
-    The last sample must be fresh (a scrape now says the counters still stand); a stale one
-    before it repeats an older scrape, so counters that match across it did not move either
-    (a busy host delays a scrape now and then: that broke the count)."""
-    gen, prompt, running = series[REP.GENERATION], series[REP.PROMPT], series[REP.RUNNING]
-    j = len(span) - 1
-    if j not in set(fresh):
+def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]]) -> tuple[float, float]:
+    """Seconds at the end of the window over which the engine held requests (running or
+    waiting) and its generation and prompt token counters stood still, and the mean count of
+    requests it held over them. Measured between the scrapes' own times (a tick's time less
+    its scrape's age): from the first scrape showing the counters' final values to the last
+    scrape. A tick that repeats an older scrape (the scraper or the sampler late on a busy
+    host) adds no time, and a late last scrape shortens the count to what was seen, instead of
+    voiding it. It counted from the ticks' times and needed requests *running*: an engine hung
+    with its requests all waiting (running 0) read as queue-bound."""
+    gen, prompt = series[REP.GENERATION], series[REP.PROMPT]
+    running, waiting, ages = series[REP.RUNNING], series[REP.WAITING], series[REP.SCRAPE_AGE]
+
+    def held(j: int) -> float:
+        return (running[j] if running[j] > 0 else 0.0) + (waiting[j] if waiting[j] > 0 else 0.0)
+
+    last = len(span) - 1
+    if math.isnan(ages[last]) or held(last) <= 0:
         return 0.0, math.nan
-    frozen, seats = 0.0, []
-    while j >= 1 and running[j] > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1]:
-        frozen += span[j].t - span[j - 1].t
-        seats.append(running[j])
+    j = last
+    seats = [held(last)]
+    while j >= 1 and held(j - 1) > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1] \
+            and not math.isnan(ages[j - 1]):
         j -= 1
-    return frozen, _mean(seats)
+        seats.append(held(j))
+    frozen = (span[last].t - ages[last]) - (span[j].t - ages[j])
+    return max(0.0, frozen), _mean(seats)
 
 
 def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
