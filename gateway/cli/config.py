@@ -43,7 +43,8 @@ def main(argv: list[str]) -> int:
     check = sub.add_parser("check", help="validate and print the effective configuration")
     check.add_argument("file", nargs="?", help="YAML file (default: $KVGATE_CONFIG)")
     check.add_argument("--strict", action="store_true",
-                       help="exit 1 where `kvgate serve` would refuse to start")
+                       help="exit 1 where `kvgate serve` would refuse to start (those lines "
+                            "then say error:)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.file)
