@@ -424,4 +424,4 @@ class GatewayMetrics:
     def render_state(self) -> bytes:
         """The series read at scrape time only (`_Registry`): what a worker of several writes
         every second for the others' scrapes, however long its whole page takes."""
-        return generate_latest(_StateView(self.registry))  # type: ignore[arg-type]
+        return generate_latest(_StateView(self.registry))

@@ -10,7 +10,7 @@ from gateway.doctor.findings import Context
 from gateway.doctor.history import History, read_tick
 from gateway.doctor.pool_rules import classify_pool
 from gateway.doctor.thresholds import Thresholds
-from gateway.doctor.window import summarise
+from gateway.doctor.window import PoolStats, summarise
 from gateway.scrape import Sample
 from tests.unit.doctor.test_history import Fleet
 from tests.unit.doctor.test_rules import pool, replica
@@ -20,7 +20,7 @@ SHARING = {"share_n": 50.0, "share_prompt": 100_000.0, "share_best": 55_000.0,
            "share_chosen": 55_000.0}  # the traffic allows 55 %, and requests go where it is
 
 
-def _collapsed(before: float, after: float) -> object:
+def _collapsed(before: float, after: float) -> PoolStats:
     """A pool whose engines hit ``before`` then ``after`` of 50,000 queried tokens per half."""
     whole = pool(replica("a", queries=100_000.0, hits=50_000.0 * (before + after)), **SHARING)
     half = {k: v / 2 for k, v in SHARING.items()}
@@ -32,7 +32,7 @@ def _collapsed(before: float, after: float) -> object:
 
 def test_a_hit_rate_that_collapsed_in_the_second_half_is_named() -> None:
     p = _collapsed(0.55, 0.05)  # 30 % over the window: above half the 55 % allowed
-    (f,) = classify_pool(p, TH, Context())  # type: ignore[arg-type]
+    (f,) = classify_pool(p, TH, Context())
     assert f.cls == "routing" and f.replica is None, f
     assert f.summary.startswith("in the window's last 150 s: hit rate 5% where the traffic's "
                                 "prefix sharing allows 55%"), f.summary
@@ -44,7 +44,7 @@ def test_a_hit_rate_that_collapsed_in_the_second_half_is_named() -> None:
 def test_a_steady_good_hit_rate_is_still_healthy() -> None:
     for before, after in ((0.5, 0.5), (0.05, 0.55)):  # steady, or recovered
         p = _collapsed(before, after)
-        assert [f.cls for f in classify_pool(p, TH, Context())] == ["healthy"]  # type: ignore[arg-type]
+        assert [f.cls for f in classify_pool(p, TH, Context())] == ["healthy"]
 
 
 def test_the_window_keeps_its_second_half_hit_rate() -> None:

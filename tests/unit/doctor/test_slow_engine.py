@@ -8,15 +8,15 @@ from __future__ import annotations
 from gateway.doctor.classify import classify
 from gateway.doctor.findings import Context, Finding
 from gateway.doctor.thresholds import Thresholds
-from gateway.doctor.window import GatewayStats, Window
+from gateway.doctor.window import GatewayStats, ReplicaStats, Window
 from tests.unit.doctor.test_rules import pool, replica
 
 TH = Thresholds()
 LONG = {"prompt_tokens": 200_000.0, "queries": 200_000.0, "hits": 0.0}  # 2,000-token prompts
 
 
-def _findings(*replicas: object) -> list[Finding]:
-    p = pool(*replicas)  # type: ignore[arg-type]
+def _findings(*replicas: ReplicaStats) -> list[Finding]:
+    p = pool(*replicas)
     w = Window(10, 10, 0, 10, 40, list(p.replicas), [p], GatewayStats(cpu_share=0.1), [], 0)
     return classify(w, TH, Context())
 
