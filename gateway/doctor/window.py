@@ -296,15 +296,16 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
 def _cache_counters(rid: str, pool: str, span: Sequence[Tick]) -> ReplicaStats:
     """A replica's prefix-cache queries and hits over ``span`` (all a pool's hit rate reads)."""
     st = ReplicaStats(rid, pool)
-    for f in (REP.QUERIES, REP.HITS):
-        values = []
-        for tick in span:
-            i = tick.layout.replica(rid)
-            values.append(math.nan if i is None else tick.replicas[i * REP.N + f])
-        if f == REP.QUERIES:
-            st.queries = increase(values)
+    queries, hits = [], []
+    for tick in span:
+        i = tick.layout.replica(rid)
+        if i is None:
+            queries.append(math.nan)
+            hits.append(math.nan)
         else:
-            st.hits = increase(values)
+            queries.append(tick.replicas[i * REP.N + REP.QUERIES])
+            hits.append(tick.replicas[i * REP.N + REP.HITS])
+    st.queries, st.hits = increase(queries), increase(hits)
     return st
 
 
@@ -358,6 +359,20 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
         ps.flow_shed = inc(POOL.FLOW_SHED)
         arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
         ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
+    return ps
+
+
+def _hit_counters(name: str, span: Sequence[Tick]) -> PoolStats:
+    """A pool's numbers over ``span`` that its hit rate's rule reads (not its latencies)."""
+    ps = PoolStats(name)
+
+    def inc(f: int) -> float:
+        return increase([t.pool(name, f) for t in span])
+
+    ps.requests, ps.overflow, ps.prompt_tokens = (
+        inc(POOL.REQUESTS), inc(POOL.OVERFLOW), inc(POOL.PROMPT))
+    ps.share_n, ps.share_prompt = inc(POOL.SHARE_N), inc(POOL.SHARE_PROMPT)
+    ps.share_best, ps.share_chosen = inc(POOL.SHARE_BEST), inc(POOL.SHARE_CHOSEN)
     return ps
 
 
@@ -431,7 +446,7 @@ def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> W
         ps = _pool_stats(name, span)
         ps.samples, ps.span_s = len(span) - 1, end.t - span[0].t
         ps.replicas = [r for r in replicas if r.pool == name]
-        ps.recent = _pool_stats(name, late)
+        ps.recent = _hit_counters(name, late)
         ps.recent.samples, ps.recent.span_s = len(late) - 1, end.t - late[0].t
         ps.recent.replicas = [_cache_counters(r.id, name, late) for r in ps.replicas]
         pools.append(ps)
