@@ -8,6 +8,10 @@ only: their DEBUG/INFO lines would repeat every upstream request, URLs and heade
 So does redis-py: at `--log-level debug` it said "Failed to enable maintenance notifications"
 for every connection it opened to a Redis without them (nothing kvgate uses had failed);
 kvgate's own lines say what Redis does (`gateway.tenancy.reachability`).
+
+A worker of ``server.workers`` > 1 names itself on every line (``"worker": 1``, or
+``worker=1`` in text): the workers share one stderr, and an operator could not tell which
+process had logged a line (an ejection, a Redis error, a request).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from gateway.errors import shown_name
+from gateway.worker_metrics import current
 
 __all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
 
@@ -47,7 +52,10 @@ def _one_line(text: str) -> str:
 
 
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    """The record's own fields, after ``worker`` (this process's slot) in a worker process."""
+    slot = current()
+    own = {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
+    return own if slot is None else {"worker": slot.slot, **own}
 
 
 class JsonFormatter(logging.Formatter):

@@ -18,6 +18,7 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from gateway.replicas import Replica
@@ -134,7 +135,8 @@ def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
     others (all 0 while Redis answers), so an alert can name it without a free-text label."""
     family = GaugeMetricFamily(
         name, f"1 for why {what} fails now (refused: oom, wrongtype, noperm, auth, loading, "
-        "readonly, misconf, other; or unreachable, timeout), 0 for the other causes",
+        "readonly, misconf, dbindex, protected, other; or unreachable, timeout), 0 for the "
+        "other causes",
         labels=["cause"])
     for label in CAUSE_LABELS:
         family.add_metric([label], 1.0 if label == cause else 0.0)
@@ -214,6 +216,38 @@ def _no_errors(replica_id: str) -> int:
     return 0
 
 
+class _Registry(CollectorRegistry):
+    """A registry that keeps apart the collectors read at scrape time (in flight, health,
+    queue depth, Redis's state: a few series per pool, replica or process), so they can be
+    rendered alone (`GatewayMetrics.render_state`) without the per-request counters and
+    histograms, which may hold thousands of series."""
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=False)
+        self.state: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        if not isinstance(collector, MetricWrapperBase):
+            self.state.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        if collector in self.state:
+            self.state.remove(collector)
+
+
+class _StateView:
+    """The state collectors of a `_Registry`, as `generate_latest` reads a registry."""
+
+    def __init__(self, registry: _Registry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in list(self._registry.state):
+            yield from collector.collect()
+
+
 class GatewayMetrics:
     """The registry and the hot path's recording calls (labelled children cached).
 
@@ -229,7 +263,7 @@ class GatewayMetrics:
         # No `*_created` series: they double the page and no query here reads them (vLLM turns
         # them off too). The switch is the library's, process-wide; kvgate wants it everywhere.
         disable_created_metrics()  # type: ignore[no-untyped-call]
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = _Registry()
         self.render_all: Callable[[], bytes] | None = None  # every worker's (`render`)
         reg = self.registry
         self.requests = Counter(
@@ -386,3 +420,8 @@ class GatewayMetrics:
 
     def render_own(self) -> bytes:
         return generate_latest(self.registry)
+
+    def render_state(self) -> bytes:
+        """The series read at scrape time only (`_Registry`): what a worker of several writes
+        every second for the others' scrapes, however long its whole page takes."""
+        return generate_latest(_StateView(self.registry))

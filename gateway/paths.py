@@ -10,6 +10,10 @@ path that matches none.
   ``/v1/chat/completions/`` to the route and clients follow it with the body, so kvgate
   serves it as the route without the round trip; ``GET /v1/models/m/`` is model ``m`` (a
   model name may hold ``/``, never end with one).
+- kvgate's own pages (``/healthz``, ``/livez``, ``/readyz``, ``/metrics`` and vLLM's
+  ``/health``, ``/ping``, ``/version``) drop one trailing slash too, on the API port and the
+  admin port alike: a probe or a ``curl`` following vLLM's redirect asks ``/healthz/`` (the
+  admin port answered it 404 while the API port served it).
 - Under ``/v1/responses/{id}``, only ``/cancel`` is a route (vLLM 0.34's; OpenAI's
   ``input_items``, which the SDK's ``responses.input_items.list`` asks for, is not): any
   other sub-path is a 404 naming the two stored-response routes.
@@ -30,13 +34,14 @@ __all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route", "stored_sub
 
 API_PREFIX = "/v1/"
 _SLASHES = re.compile(r"/{2,}")
+_PAGES = frozenset({"/healthz", "/livez", "/readyz", "/metrics", "/health", "/ping", "/version"})
 
 
 def canonical(path: str) -> str:
     """The path routes are matched against (the same string when it is already canonical)."""
     if "//" in path:
         path = _SLASHES.sub("/", path)
-    if path[-1:] == "/" and path.startswith(API_PREFIX):
+    if path[-1:] == "/" and (path.startswith(API_PREFIX) or path[:-1] in _PAGES):
         path = path[:-1]
     return path
 

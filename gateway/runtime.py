@@ -273,7 +273,8 @@ def _share_metrics(metrics: GatewayMetrics, stack: AsyncExitStack) -> None:
     slot = worker_metrics.current()
     if slot is None:
         return
-    exposition = worker_metrics.WorkerExposition(slot, metrics.render_own)
+    exposition = worker_metrics.WorkerExposition(
+        slot, metrics.render_own, metrics.render_state)
     metrics.render_all = exposition.render
     stack.callback(exposition.remove)
     _run(stack, exposition.run(), "kvgate-worker-metrics")

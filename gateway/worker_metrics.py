@@ -10,6 +10,12 @@ values, a few ms for a large page). Files only ever get newer, so counters stay 
 series whichever worker each scrape reaches; ``sum without (worker)`` gives the gateway's
 totals. A file older than `STALE_AFTER_S` (a worker that stopped or hangs) is left out; a
 restarted worker takes over its slot's series (a counter reset, which Prometheus handles).
+
+A worker's whole part can take a while to render (thousands of per-tenant counter series), so
+it is rewritten less often on a busy worker; the series read at scrape time (in flight,
+health, queue depth, Redis's state: a few per pool and replica) are written apart every
+second all the same, and a scrape reaching another worker reads them from there: a queue
+building in one worker was seen ~3 s late where its whole part took 60 ms to render.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ __all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "label_
 log = logging.getLogger(__name__)
 
 # also written before every answer (monotonicity does not depend on it); every second, so a
-# scrape reaching another worker sees this one's gauges at most a second old (docs/metrics.md),
+# scrape reaching another worker sees this one's series at most a second old (docs/metrics.md),
 # unless a write takes more than `WRITE_SHARE` of that: it renders this worker's registry on
 # its event loop (~30 us a line: 2,400 series of kvgate_requests_total took 85 ms, labels
-# added, on a busy 2-core host), so the writes are spaced to keep them to that share of it
+# added, on a busy 2-core host), so the whole part's writes are spaced to keep them to that
+# share of it; the state part (the series read at scrape time) is written every second still
 WRITE_INTERVAL_S = 1.0
 WRITE_SHARE = 0.02
+POLL_SLACK_S = 0.05  # a whole part due within this of a tick is written at that tick
 STALE_AFTER_S = 15.0
 WORKER_LABEL = "worker"
 
@@ -64,45 +72,61 @@ class WorkerExposition:
     """One worker's part: publishes its exposition and answers scrapes with everyone's."""
 
     def __init__(
-        self, slot: WorkerSlot, own: Callable[[], bytes],
+        self, slot: WorkerSlot, own: Callable[[], bytes], state: Callable[[], bytes],
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.slot = slot
-        self._own = own
+        self._own = own  # the whole part
+        self._state = state  # the series read at scrape time alone
         self._clock = clock  # wall clock: compared with the files' mtimes
         self._written: str | None = None  # the last part written (what the others may read)
 
-    def _path(self, slot: int) -> Path:
-        return self.slot.directory / f"worker-{slot}.prom"
+    def _path(self, slot: int, kind: str = "prom") -> Path:
+        return self.slot.directory / f"worker-{slot}.{kind}"
 
-    def publish(self) -> str:
-        """Write this worker's part now; return what is in the file (the last part written
-        when this write fails: never serve more than the others can read, or a counter
-        would go back when the next scrape reaches another worker)."""
-        text = label_lines(self._own().decode(), self.slot.slot)
+    def _write(self, text: str, kind: str) -> bool:
         try:
-            path = self._path(self.slot.slot)
-            tmp = path.with_suffix(".tmp")
+            path = self._path(self.slot.slot, kind)
+            tmp = path.with_name(f"{path.name}.tmp")
             tmp.write_text(text)
             os.replace(tmp, path)  # readers see the old file or the new one, never half
         except OSError as exc:
             log.warning("cannot write this worker's metrics", extra={"error": str(exc)})
+            return False
+        return True
+
+    def publish(self) -> str:
+        """Write this worker's part now, then its state part; return what is in the file
+        (the last part written when this write fails: never serve more than the others can
+        read, or a counter would go back when the next scrape reaches another worker)."""
+        text = label_lines(self._own().decode(), self.slot.slot)
+        if not self._write(text, "prom"):
             return self._written if self._written is not None else text
         self._written = text
+        self.publish_state()  # never older than the whole part written before it
         return text
 
+    def publish_state(self) -> None:
+        self._write(label_lines(self._state().decode(), self.slot.slot), "state")
+
     async def run(self) -> None:
+        whole_due = 0.0
         while True:
             start = time.perf_counter()
             try:
-                self.publish()
+                if start >= whole_due:
+                    self.publish()
+                    took = time.perf_counter() - start
+                    whole_due = start + max(WRITE_INTERVAL_S, took / WRITE_SHARE) - POLL_SLACK_S
+                else:
+                    self.publish_state()
             except Exception:  # a collector that fails: keep the loop (and the others' view)
                 log.exception("this worker's metrics could not be rendered")
-            took = time.perf_counter() - start
-            await asyncio.sleep(max(WRITE_INTERVAL_S, took / WRITE_SHARE))
+            await asyncio.sleep(WRITE_INTERVAL_S)
 
     def remove(self) -> None:
-        self._path(self.slot.slot).unlink(missing_ok=True)
+        for kind in ("prom", "state"):
+            self._path(self.slot.slot, kind).unlink(missing_ok=True)
 
     def render(self) -> bytes:
         """Every live worker's series. This worker's are written out first and served as
@@ -117,10 +141,27 @@ class WorkerExposition:
             try:
                 if now - path.stat().st_mtime > STALE_AFTER_S:
                     continue
-                texts[slot] = path.read_text()
+                texts[slot] = _with_state(path, self._path(slot, "state"))
             except (OSError, UnicodeDecodeError):  # gone between listing and reading: stopped
                 continue
         return merge(texts)
+
+
+def _with_state(whole_path: Path, state_path: Path) -> str:
+    """A worker's whole part with the families of its state part put in their place: the
+    state part is rewritten every second, the whole part less often on a busy worker. Only
+    a state part written after the whole part (one that failed to be is older: its counters
+    could be below the whole part's a scrape of that worker served)."""
+    whole_at = whole_path.stat().st_mtime_ns
+    whole = whole_path.read_text()
+    try:
+        if state_path.stat().st_mtime_ns < whole_at:
+            return whole
+        state = _families(state_path.read_text())
+    except (OSError, UnicodeDecodeError):  # none yet, or the worker is stopping
+        return whole
+    families = _families(whole) | state
+    return "\n".join(line for meta, lines in families.values() for line in (*meta, *lines)) + "\n"
 
 
 def _slot_of(path: Path) -> int | None:

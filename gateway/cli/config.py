@@ -4,9 +4,10 @@ The effective config is the file merged with ``KVGATE_<SECTION>__<KEY>`` overrid
 defaults, as YAML, with secrets (admin token, salt secret, Redis URL, vLLM API keys) redacted.
 Exit status 0 when valid, 2 with an error naming the field otherwise. Secrets missing from
 this environment (or a salt secret too short) are warned about on stderr; with ``--strict``
-the exit status is 1 when `kvgate serve` would refuse to start for one of them (the salt
-secret with authentication on, a pool's `api_key_env` variable, Kubernetes discovery with
-no API server, `server.workers` above 1 without ``KVGATE_REDIS_URL``): run a strict check in
+the exit status is 1 when `kvgate serve` would refuse to start for one of them, and their
+lines say ``error:`` (the salt secret with authentication on, a pool's `api_key_env`
+variable, Kubernetes discovery with no API server, `server.workers` above 1 without
+``KVGATE_REDIS_URL``): run a strict check in
 the environment of the process that serves, a plain one anywhere (e.g. a CI job without
 secrets).
 """
@@ -42,7 +43,8 @@ def main(argv: list[str]) -> int:
     check = sub.add_parser("check", help="validate and print the effective configuration")
     check.add_argument("file", nargs="?", help="YAML file (default: $KVGATE_CONFIG)")
     check.add_argument("--strict", action="store_true",
-                       help="exit 1 where `kvgate serve` would refuse to start")
+                       help="exit 1 where `kvgate serve` would refuse to start (those lines "
+                            "then say error:)")
     args = p.parse_args(argv)
     try:
         cfg = load_config(args.file)
@@ -59,7 +61,9 @@ def main(argv: list[str]) -> int:
     print(yaml.safe_dump(redacted_dump(cfg), sort_keys=False), end="")
     refused = False
     for line, refuses in secret_warnings(cfg):
-        print(f"kvgate config: warning: {line}", file=sys.stderr)
+        # what fails a strict check is an error, said as such (it was "warning:" above exit 1)
+        kind = "error" if refuses and args.strict else "warning"
+        print(f"kvgate config: {kind}: {line}", file=sys.stderr)
         refused = refused or refuses
     for line in unknown_env(cfg):
         print(line, file=sys.stderr)

@@ -81,7 +81,8 @@ def build_parser(prog: str = "kvgate serve") -> argparse.ArgumentParser:
     p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, metavar="LOG_LEVEL",
                    help=f"{', '.join(LOG_LEVELS)} (overrides server.log_level; default info)")
     p.add_argument("--log-format", choices=["json", "text"],
-                   help="one JSON object per line or readable text (overrides server.log_format)")
+                   help="one JSON object per line or readable text (overrides "
+                        "server.log_format; default json)")
     p.add_argument("--no-auth", action="store_true",
                    help="single tenant, no API keys (local use only: binds 127.0.0.1 unless "
                         "--host or server.host is given; says so loudly)")

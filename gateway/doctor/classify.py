@@ -28,10 +28,16 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     out: list[Finding] = []
     out.extend(classify_gateway(w.gateway, th, ctx))
     for pool in w.pools:
-        out.extend(classify_pool(pool, th, ctx, w.requested_s))
+        found = classify_pool(pool, th, ctx, w.requested_s)
+        out.extend(found)
+        # a replica the pool's routing findings already name (an imbalance, a slow engine
+        # routed around) is not named a slow engine a second time
+        named = {f.replica for f in found if f.cls == "routing"}
         alone = len(pool.replicas) == 1
         for r in pool.replicas:
-            out.extend(classify_replica(r, th, ctx, w.requested_s, alone))
+            peers = [x for x in pool.replicas if x is not r]
+            out.extend(f for f in classify_replica(r, th, ctx, w.requested_s, alone, peers)
+                       if not (f.cls == "routing" and f.replica in named))
     return sort_findings(out)
 
 

@@ -373,6 +373,23 @@ def _own_share(p: PoolStats) -> float:
 
 
 def _hit_gap(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
+    """The whole window's hit rate, else its second half's: a hit rate that collapsed
+    mid-window (a cache flushed, a policy change, a new traffic mix) was averaged with the
+    half before it and not named."""
+    found = _hit_gap_over(p, th, ctx)
+    late = p.recent
+    if found is not None or late is None or late.samples < MIN_SAMPLES:
+        return found
+    found = _hit_gap_over(late, th, ctx)
+    if found is not None:
+        found.summary = f"in the window's last {late.span_s:.0f} s: {found.summary}"
+        found.evidence.insert(2, cite("vllm:prefix_cache_hits_total",
+                                      "engine hit rate over the whole window",
+                                      p.engine_hit_rate, unit="%"))
+    return found
+
+
+def _hit_gap_over(p: PoolStats, th: Thresholds, ctx: Context) -> Finding | None:
     potential, routed, engine = p.potential_hit_rate, p.routed_hit_rate, p.engine_hit_rate
     if p.share_n < 8 or not (known(potential) and known(engine)):
         return None

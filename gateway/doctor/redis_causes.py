@@ -49,6 +49,16 @@ REFUSED: dict[str, tuple[str, str]] = {
         "stop-writes-on-bgsave-error)",
         "fix Redis's persistence (disk space, the permissions of its dir: Redis's own log "
         "says why)"),
+    "dbindex": (
+        "Redis refuses kvgate's connection: the database number at the end of "
+        "KVGATE_REDIS_URL (redis://host:port/N) is past the server's `databases` (16 by "
+        "default; ERR DB index is out of range)",
+        "use a database number below Redis's `databases` in KVGATE_REDIS_URL (or raise "
+        "`databases` in redis.conf)"),
+    "protected": (
+        "Redis refuses kvgate's connection: it runs in protected mode (DENIED: no password "
+        "set, so it takes connections from its own loopback only)",
+        "give Redis a password (requirepass, or an ACL user) and put it in KVGATE_REDIS_URL"),
     "other": (
         "Redis refuses kvgate's commands (the gateway's log names its reply: \"server replied "
         "...\")",

@@ -8,6 +8,9 @@ the window or the engine kept requests waiting):
    lower ``--max-num-seqs``, ``--kv-cache-dtype fp8``, a shorter ``--max-model-len``, or a replica.
 2. **decode-bound** -- mean inter-token latency >= ``itl_high_s``: more replicas (large
    batches) or a lower ``--max-num-batched-tokens`` (prefill chunks in the decode steps).
+   Unless its pool's other replicas decode ``imbalance_ratio`` times faster at a batch as
+   large: then its engine is slower (a slower GPU, another quantization, other flags), a
+   *slow engine* (class routing, as the pool's slow-engine findings), and neither flag helps.
 3. **prefill-bound** -- mean TTFT >= ``ttft_high_s`` with a normal inter-token latency, long
    prompts (>= ``long_prompt_tokens``) and a low hit rate (< ``low_hit_rate``).
 4. **queue-bound** -- requests waiting in >= ``queue_waiting_share`` of the samples while KV
@@ -18,6 +21,7 @@ the window or the engine kept requests waiting):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from gateway.doctor.findings import (
     MIN_SAMPLES,
@@ -25,8 +29,11 @@ from gateway.doctor.findings import (
     Evidence,
     Finding,
     cite,
+    fmt_value,
     known,
+    median_of,
     not_judged,
+    ratio_or_nan,
 )
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import ReplicaStats
@@ -44,9 +51,11 @@ def _active(r: ReplicaStats, th: Thresholds) -> bool:
 
 
 def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
-                     window_s: float = math.inf, alone: bool = False) -> list[Finding]:
+                     window_s: float = math.inf, alone: bool = False,
+                     peers: Sequence[ReplicaStats] = ()) -> list[Finding]:
     """Engine classes and scrape health of one replica (healthy when nothing fires) over a
-    window of ``window_s`` seconds; ``alone``: the only replica its pool lists."""
+    window of ``window_s`` seconds; ``alone``: the only replica its pool lists; ``peers``:
+    its pool's other replicas (a decode slower than theirs at the same batch is its engine's)."""
     failing = _failing(r, th, ctx, alone)
     down = replica_down(r)
     if down is not None:
@@ -76,7 +85,8 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
     if kv_full and (r.preemptions >= th.kv_preemptions or waited):
         out.append(_kv_bound(r, th))
     if itl_high:
-        out.append(_decode_bound(r, th))
+        slow = _slow_engine(r, th, peers)
+        out.append(slow if slow is not None else _decode_bound(r, th))
     elif long_prompts and known(r.ttft_mean) and r.ttft_mean >= th.ttft_high_s and (
             not known(hit) or hit < th.low_hit_rate):
         out.append(_prefill_bound(r, th))
@@ -135,15 +145,17 @@ def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> F
 
 
 def replica_hung(r: ReplicaStats, th: Thresholds) -> bool:
-    """Requests running on its engine and no token produced for ``hung_s`` up to the window's
-    end, while kvgate still sends it requests: hung (vLLM's /health may well say 200)."""
+    """Requests held by its engine (running or waiting) and no token produced for ``hung_s``
+    up to the window's end, while kvgate still sends it requests: hung (vLLM's /health may
+    well say 200)."""
     return r.frozen_s >= th.hung_s and r.frozen_s > 0 and replica_down(r) is None
 
 
 def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
-    ev = [cite("vllm:generation_tokens_total", "seconds without a token, requests running",
+    ev = [cite("vllm:generation_tokens_total", "seconds without a token, requests held",
                r.frozen_s, ">=", th, "hung_s", "s"),
-          cite("vllm:num_requests_running", "running meanwhile", r.frozen_running),
+          cite("vllm:num_requests_running + vllm:num_requests_waiting",
+               "requests held meanwhile", r.frozen_running),
           cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
     if ctx.stall_after_s is None:
         then = ("stall detection is off (health.stall_after_s): kvgate keeps sending it "
@@ -155,7 +167,8 @@ def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
         act = "restart its vLLM process; "
     return Finding(
         "down", "critical", r.pool, r.id,
-        f"engine hung: {r.frozen_running:.0f} requests running and no token generated for "
+        f"engine hung: {r.frozen_running:.0f} requests held (running or waiting) and no "
+        f"token generated for "
         f"{r.frozen_s:.0f} s, still in rotation ({then})",
         act + "check the GPU (Xid errors in the kernel log, nvidia-smi) and, with several "
         "GPUs, the collective (NCCL) it waits on; a single prefill longer than this (a very "
@@ -206,6 +219,40 @@ def _decode_bound(r: ReplicaStats, th: Thresholds) -> Finding:
     return Finding(
         "decode-bound", "warning", r.pool, r.id,
         f"inter-token latency {r.itl_mean * 1000:.0f} ms with ~{batch:.0f} running", action, ev)
+
+
+def _slow_engine(r: ReplicaStats, th: Thresholds,
+                 peers: Sequence[ReplicaStats]) -> Finding | None:
+    """A high inter-token latency that its pool's other replicas (those that started
+    ``min_requests``) do not have at a batch as large: its engine is slower (it was
+    "decode-bound: lower --max-num-batched-tokens", advice for a batch, not a GPU)."""
+    judged = [x for x in peers if x.fresh >= MIN_SAMPLES and known(x.requests)
+              and x.requests >= th.min_requests and known(x.itl_mean)]
+    if not judged or not known(r.running_mean):
+        return None
+    itl_peers = median_of([x.itl_mean for x in judged])
+    batches = [x.running_mean for x in judged if known(x.running_mean)]
+    batch_peers = median_of(batches) if batches else math.nan
+    slower = ratio_or_nan(r.itl_mean, itl_peers)
+    if not (known(slower) and slower >= th.imbalance_ratio and known(batch_peers)
+            and r.running_mean <= th.imbalance_ratio * max(batch_peers, 1.0)):
+        return None
+    ev = [cite("vllm:inter_token_latency_seconds", "mean inter-token latency", r.itl_mean,
+               ">=", th, "itl_high_s", "s"),
+          cite("vllm:inter_token_latency_seconds", "its peers' median inter-token latency",
+               itl_peers, unit="s"),
+          cite("vllm:inter_token_latency_seconds", "its / its peers'", slower, ">=", th,
+               "imbalance_ratio"),
+          cite("vllm:num_requests_running", "mean running batch", r.running_mean),
+          cite("vllm:num_requests_running", "its peers' median running batch", batch_peers)]
+    return Finding(
+        "routing", "warning", r.pool, r.id,
+        f"slow engine: it decodes {slower:.1f}x slower than its peers' at a batch as large "
+        f"(inter-token latency {fmt_value(r.itl_mean, 's')} vs {fmt_value(itl_peers, 's')}, "
+        f"~{r.running_mean:.0f} running vs ~{batch_peers:.0f}): its engine, not its load",
+        "check its GPU, model quantization and engine flags against its peers' (a slower "
+        "GPU decodes slower whatever --max-num-batched-tokens); routing.policy: cache_aware "
+        "sends a slower replica less", ev)
 
 
 def _prefill_bound(r: ReplicaStats, th: Thresholds) -> Finding:

@@ -24,7 +24,7 @@ from gateway.doctor.findings import Context
 from gateway.doctor.history import History, Sampler, Sources, Tick
 from gateway.doctor.render import iso
 from gateway.doctor.thresholds import Thresholds
-from gateway.doctor.window import summarise
+from gateway.doctor.window import PoolStats, summarise
 
 __all__ = ["Doctor", "DoctorSettings"]
 
@@ -95,9 +95,10 @@ class Doctor:
             "findings": [f.as_dict() for f in findings],
             "replicas": [_clean(asdict(r) | {"hit_rate": r.hit_rate, "mean_prompt": r.mean_prompt})
                          for r in w.replicas],
-            "pools": [_clean({k: v for k, v in asdict(p).items() if k != "replicas"} | {
+            "pools": [_clean({k: v for k, v in asdict(p).items()
+                              if k not in ("replicas", "recent")} | {
                 "engine_hit_rate": p.engine_hit_rate, "potential_hit_rate": p.potential_hit_rate,
-                "routed_hit_rate": p.routed_hit_rate}) for p in w.pools],
+                "routed_hit_rate": p.routed_hit_rate} | _recent(p)) for p in w.pools],
             "process_stats": _clean(asdict(w.gateway)),
             "cache": {
                 "window_s": round(w.tenant_span_s, 3),
@@ -106,6 +107,15 @@ class Doctor:
             },
             "thresholds": th.as_dict(),
         }
+
+
+def _recent(p: PoolStats) -> dict[str, float]:
+    """The hit rates over the window's second half (`PoolStats.recent`)."""
+    r = p.recent
+    if r is None:
+        return {}
+    return {"recent_s": r.span_s, "recent_engine_hit_rate": r.engine_hit_rate,
+            "recent_potential_hit_rate": r.potential_hit_rate}
 
 
 def _clean(d: dict[str, Any]) -> dict[str, Any]:

@@ -152,6 +152,11 @@ class PoolStats:
     flow_wait_mean: float = math.nan  # s a queued request waited (Little's law on the queue)
     flow_shed: float = math.nan  # requests flow control shed (503, or 429 past a tier's wait)
     replicas: list[ReplicaStats] = field(default_factory=list)
+    # the same over the window's second half (its routing sample, its engines' prefix-cache
+    # hits and queries): a hit rate that collapses mid-window shows there, where the whole
+    # window's average, half of it from before, hid it. None on the half itself.
+    recent: PoolStats | None = None
+    span_s: float = 0.0  # seconds its ticks cover
 
     @property
     def engine_hit_rate(self) -> float:
@@ -280,7 +285,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stalls = inc[REP.STALLS]
     st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
-    st.frozen_s, st.frozen_running = _frozen_tail(span, series, fresh)
+    st.frozen_s, st.frozen_running = _frozen_tail(span, series)
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
@@ -288,23 +293,48 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     return st
 
 
-def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]],
-                 fresh: Sequence[int]) -> tuple[float, float]:
-    """Seconds at the end of the window over which the engine had requests running and its
-    generation and prompt token counters stood still, and the mean running count over them.
-    The last sample must be fresh (a scrape now says the counters still stand); a stale one
-    before it repeats an older scrape, so counters that match across it did not move either
-    (a busy host delays a scrape now and then: that broke the count)."""
-    gen, prompt, running = series[REP.GENERATION], series[REP.PROMPT], series[REP.RUNNING]
-    j = len(span) - 1
-    if j not in set(fresh):
+def _cache_counters(rid: str, pool: str, span: Sequence[Tick]) -> ReplicaStats:
+    """A replica's prefix-cache queries and hits over ``span`` (all a pool's hit rate reads)."""
+    st = ReplicaStats(rid, pool)
+    queries, hits = [], []
+    for tick in span:
+        i = tick.layout.replica(rid)
+        if i is None:
+            queries.append(math.nan)
+            hits.append(math.nan)
+        else:
+            queries.append(tick.replicas[i * REP.N + REP.QUERIES])
+            hits.append(tick.replicas[i * REP.N + REP.HITS])
+    st.queries, st.hits = increase(queries), increase(hits)
+    return st
+
+
+def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]]) -> tuple[float, float]:
+    """Seconds at the end of the window over which the engine held requests (running or
+    waiting) and its generation and prompt token counters stood still, and the mean count of
+    requests it held over them. Measured between the scrapes' own times (a tick's time less
+    its scrape's age): from the first scrape showing the counters' final values to the last
+    scrape. A tick that repeats an older scrape (the scraper or the sampler late on a busy
+    host) adds no time, and a late last scrape shortens the count to what was seen, instead of
+    voiding it. It counted from the ticks' times and needed requests *running*: an engine hung
+    with its requests all waiting (running 0) read as queue-bound."""
+    gen, prompt = series[REP.GENERATION], series[REP.PROMPT]
+    running, waiting, ages = series[REP.RUNNING], series[REP.WAITING], series[REP.SCRAPE_AGE]
+
+    def held(j: int) -> float:
+        return (running[j] if running[j] > 0 else 0.0) + (waiting[j] if waiting[j] > 0 else 0.0)
+
+    last = len(span) - 1
+    if math.isnan(ages[last]) or held(last) <= 0:
         return 0.0, math.nan
-    frozen, seats = 0.0, []
-    while j >= 1 and running[j] > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1]:
-        frozen += span[j].t - span[j - 1].t
-        seats.append(running[j])
+    j = last
+    seats = [held(last)]
+    while j >= 1 and held(j - 1) > 0 and gen[j] == gen[j - 1] and prompt[j] == prompt[j - 1] \
+            and not math.isnan(ages[j - 1]):
         j -= 1
-    return frozen, _mean(seats)
+        seats.append(held(j))
+    frozen = (span[last].t - ages[last]) - (span[j].t - ages[j])
+    return max(0.0, frozen), _mean(seats)
 
 
 def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
@@ -329,6 +359,20 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
         ps.flow_shed = inc(POOL.FLOW_SHED)
         arrivals = _ratio(ps.flow_queued, span[-1].t - span[0].t)
         ps.flow_wait_mean = _ratio(ps.flow_depth_mean, arrivals)
+    return ps
+
+
+def _hit_counters(name: str, span: Sequence[Tick]) -> PoolStats:
+    """A pool's numbers over ``span`` that its hit rate's rule reads (not its latencies)."""
+    ps = PoolStats(name)
+
+    def inc(f: int) -> float:
+        return increase([t.pool(name, f) for t in span])
+
+    ps.requests, ps.overflow, ps.prompt_tokens = (
+        inc(POOL.REQUESTS), inc(POOL.OVERFLOW), inc(POOL.PROMPT))
+    ps.share_n, ps.share_prompt = inc(POOL.SHARE_N), inc(POOL.SHARE_PROMPT)
+    ps.share_best, ps.share_chosen = inc(POOL.SHARE_BEST), inc(POOL.SHARE_CHOSEN)
     return ps
 
 
@@ -396,11 +440,15 @@ def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> W
             rids[rid] = pool
     replicas = [_replica_stats(rid, pool, span, stale_after_s) for rid, pool in rids.items()]
     names = sorted({p for t in span[1:] for p in t.layout.pools} | set(rids.values()))
+    late = span[(len(span) - 1) // 2:]  # the second half, from its own baseline tick
     pools = []
     for name in names:
         ps = _pool_stats(name, span)
-        ps.samples = len(span) - 1
+        ps.samples, ps.span_s = len(span) - 1, end.t - span[0].t
         ps.replicas = [r for r in replicas if r.pool == name]
+        ps.recent = _hit_counters(name, late)
+        ps.recent.samples, ps.recent.span_s = len(late) - 1, end.t - late[0].t
+        ps.recent.replicas = [_cache_counters(r.id, name, late) for r in ps.replicas]
         pools.append(ps)
     tenants, tenant_span = _tenant_stats(ticks, start)
     return Window(

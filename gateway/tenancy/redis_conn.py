@@ -42,12 +42,16 @@ _POOL_WAIT = "No connection available."
 _CLOSED = "Connection closed by server."
 
 # What `kvgate_redis_down_cause` and `kvgate_sync_down_cause` name (`cause_label`): a fixed
-# set, so a label never carries free text (an address, a key) and the series stay bounded
+# set, so a label never carries free text (an address, a key) and the series stay bounded.
+# `dbindex` (the URL's /N past `databases`) and `protected` (protected mode's DENIED) were
+# `other`, though the log and /readyz named them: appended, so a cause's index (the doctor's
+# history) keeps its meaning
 CAUSE_LABELS = ("unreachable", "timeout", "auth", "noperm", "oom", "wrongtype", "loading",
-                "readonly", "misconf", "other")
+                "readonly", "misconf", "other", "dbindex", "protected")
 _BY_CODE = {"WRONGPASS": "auth", "NOAUTH": "auth", "AuthenticationError": "auth",
             "NOPERM": "noperm", "OOM": "oom", "WRONGTYPE": "wrongtype", "LOADING": "loading",
-            "BusyLoadingError": "loading", "READONLY": "readonly", "MISCONF": "misconf"}
+            "BusyLoadingError": "loading", "READONLY": "readonly", "MISCONF": "misconf",
+            "DENIED": "protected"}
 # Redis answers a command its ACL forbids inside a script with ERR, not NOPERM: "The user
 # executing the script can't run this command..." (7.0), "ACL failure in script: ..." (7.2)
 _SCRIPT_ACL = ("The user executing the script can't", "ACL failure in script")
@@ -182,6 +186,8 @@ def cause_label(cause: str) -> str:
     code = refusal_code(cause)
     if code is None:
         return "unreachable"
+    if code == "ERR" and f": {_DB_RANGE}" in cause:
+        return "dbindex"
     return _BY_CODE.get(code, "other")
 
 

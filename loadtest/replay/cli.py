@@ -72,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                         f"(default {PRESETS[0].name})")
     p.add_argument("--limit", type=positive(int), help="replay only the first N requests")
     p.add_argument("--json", metavar="OUT", nargs="?", const="",
-                   help="write the summaries as JSON to OUT (bare --json: a timestamped file "
-                        "under loadtest/results/)")
+                   help="write the summaries as JSON to OUT (a file, or a directory for a "
+                        "timestamped file in it; bare --json: one in the working directory)")
     gw = p.add_argument_group("several gateways (offline)")
     gw.add_argument("--gateways", type=positive(int), default=1,
                     help="spread requests at random over N routers, each with its own counts")
@@ -291,8 +291,13 @@ def _main(args: argparse.Namespace) -> int:
     against_oracle(summaries)
     print(format_table(summaries))
     if args.json is not None:
-        path = Path(args.json) if args.json else default_json_path()
-        path.write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
+        path = Path(args.json or ".")
+        if path.is_dir():
+            path = default_json_path(path)
+        try:
+            path.write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
+        except OSError as exc:
+            raise ReplayError(f"--json {path}: {exc.strerror or exc}") from None
         print(f"kvgate replay: summaries written to {path}", file=sys.stderr)
     return report_failures(summaries) if summaries else 1
 

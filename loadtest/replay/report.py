@@ -6,8 +6,9 @@
 - Failed requests are counted per reason and reported on stderr; any failure makes the exit
   status non-zero, so a replay against a gateway that refuses every request cannot pass for a
   run with zeros in it.
-- `--json` without a path writes under the project's `loadtest/results/` (never the current
-  directory, which is usually the repository root).
+- `--json` without a path writes a timestamped file in the working directory, `--json DIR` in
+  DIR (it wrote into the source tree's `loadtest/results/` whatever the working directory:
+  into site-packages for an installed kvgate).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ COLUMNS = (
     "ttft_p99_s", "e2e_p99_s", "max_over_mean_inflight", "load_bound.violations", "preemptions",
 )
 ORACLE_COLUMNS = ("hit_rate_vs_oracle", "ttft_p99_vs_oracle")  # when the oracle ran
-RESULTS = Path(__file__).resolve().parents[1] / "results"  # loadtest/results in a source tree
 
 
 class ReplayError(Exception):
@@ -67,10 +67,9 @@ def report_failures(summaries: Sequence[dict[str, object]], out: IO[str] = sys.s
     return status
 
 
-def default_json_path(now: float | None = None) -> Path:
-    """Where a bare `--json` writes: loadtest/results/ of the source tree, else ./."""
+def default_json_path(folder: Path, now: float | None = None) -> Path:
+    """The timestamped file a bare `--json` (the working directory) or `--json DIR` writes."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
-    folder = RESULTS if RESULTS.is_dir() else Path.cwd()
     return folder / f"replay-{stamp}.json"
 
 

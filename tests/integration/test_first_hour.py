@@ -37,7 +37,7 @@ def test_strict_check_refuses_workers_without_redis_as_serve_does(tmp_path: Path
     assert serve.returncode == 2 and "needs KVGATE_REDIS_URL" in serve.stderr
     strict = run("config", "check", "--strict", str(path), env=SECRETS)
     assert strict.returncode == 1, strict.stderr
-    assert ("kvgate config: warning: server.workers > 1 needs KVGATE_REDIS_URL" in strict.stderr
+    assert ("kvgate config: error: server.workers > 1 needs KVGATE_REDIS_URL" in strict.stderr
             and "`kvgate serve` will refuse to start" in strict.stderr)
     assert run("config", "check", str(path), env=SECRETS).returncode == 0  # a lint: warns
     with_redis = {**SECRETS, "KVGATE_REDIS_URL": "redis://127.0.0.1:6379/0"}  # not connected to

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import orjson
 
-from loadtest.replay.report import COLUMNS, ORACLE_COLUMNS, RESULTS
+from loadtest.replay.report import COLUMNS, ORACLE_COLUMNS
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
@@ -51,25 +51,36 @@ def test_the_table_has_the_documented_columns() -> None:
 
 
 def test_offline_replay_of_the_sample_table_and_bare_json(tmp_path: Path) -> None:
-    before = set(RESULTS.glob("replay-*.json"))
+    """A bare `--json` writes in the working directory (it wrote into the source tree's
+    loadtest/results/ whatever the working directory: site-packages for an installed kvgate)."""
+    results = ROOT / "loadtest" / "results"
+    before = set(results.glob("replay-*.json"))
     result = replay(str(ROOT / SAMPLE), "--offline", "--replicas", "4", "--policy", "all",
                     "--limit", "120", "--json", cwd=tmp_path)
-    try:
-        assert result.returncode == 0, result.stderr
-        header = result.stdout.splitlines()[0].split()
-        assert tuple(header) == COLUMNS + ORACLE_COLUMNS  # `all` offline: the oracle ran
-        # one row per policy: the registry's 4, the peers' 2 rules and the oracle
-        assert len(result.stdout.splitlines()) == 1 + 7
-        assert "policy cache_aware: done" in result.stderr  # progress, one line per phase
-        assert "policy round_robin: 120/120 requests" in result.stderr  # and per 10 %
-        assert list(tmp_path.iterdir()) == []  # nothing lands in the working directory
-        written = set(RESULTS.glob("replay-*.json")) - before
-        assert len(written) == 1
-        summaries = orjson.loads(next(iter(written)).read_bytes())
-        assert [s["requests"] for s in summaries] == [120] * 7
-    finally:
-        for path in set(RESULTS.glob("replay-*.json")) - before:
-            path.unlink()
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0].split()
+    assert tuple(header) == COLUMNS + ORACLE_COLUMNS  # `all` offline: the oracle ran
+    # one row per policy: the registry's 4, the peers' 2 rules and the oracle
+    assert len(result.stdout.splitlines()) == 1 + 7
+    assert "policy cache_aware: done" in result.stderr  # progress, one line per phase
+    assert "policy round_robin: 120/120 requests" in result.stderr  # and per 10 %
+    assert set(results.glob("replay-*.json")) == before  # nothing in the source tree
+    (written,) = tmp_path.glob("replay-*.json")
+    assert f"summaries written to {written.name}" in result.stderr
+    summaries = orjson.loads(written.read_bytes())
+    assert [s["requests"] for s in summaries] == [120] * 7
+
+
+def test_json_into_a_directory_or_nowhere(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    args = (str(ROOT / SAMPLE), "--offline", "--replicas", "2", "--limit", "20")
+    assert replay(*args, "--json", str(out), cwd=tmp_path).returncode == 0
+    assert len(list(out.glob("replay-*.json"))) == 1  # a timestamped file in DIR
+    nowhere = replay(*args, "--json", str(tmp_path / "no" / "s.json"))
+    assert nowhere.returncode == 1 and "Traceback" not in nowhere.stderr, nowhere.stderr
+    last = nowhere.stderr.strip().splitlines()[-1]
+    assert last.startswith("kvgate replay: --json ") and "No such file" in last, last
 
 
 def test_missing_trace_is_one_line() -> None:

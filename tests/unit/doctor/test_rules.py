@@ -592,8 +592,8 @@ def test_a_hung_engine_in_rotation_is_down_not_queue_bound_nor_the_pools_imbalan
                    ttft_mean=math.nan, itl_mean=math.nan)
     (f,) = classify_replica(hung, TH, CTX)
     assert (f.cls, f.severity) == ("down", "critical")
-    assert f.summary.startswith("engine hung: 4 requests running and no token generated for "
-                                "20 s"), f.summary
+    assert f.summary.startswith("engine hung: 4 requests held (running or waiting) and no "
+                                "token generated for 20 s"), f.summary
     assert "health.stall_after_s (60 s)" in f.summary
     (f,) = classify_replica(hung, TH, Context(stall_after_s=None))
     assert "stall detection is off" in f.summary and f.action.startswith("take it out")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -29,6 +30,15 @@ kvgate_ttft_seconds_count{pool="p"} 2.0
 """
 
 
+def _no_state() -> bytes:
+    return b""
+
+
+def _exposition(slot: int, directory: Path, own: Callable[[], bytes]) -> WorkerExposition:
+    """A worker's exposition without series of its own read at scrape time."""
+    return WorkerExposition(WorkerSlot(slot, directory), own, _no_state)
+
+
 def _samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(text.decode()) for s in f.samples}
@@ -50,8 +60,8 @@ def test_a_scrape_serves_this_workers_series_as_of_now_and_no_later_scrape_goes_
     tmp_path: Path,
 ) -> None:
     count = [3]
-    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % count[0]).encode())
-    other = WorkerExposition(WorkerSlot(1, tmp_path), lambda: (EXPOSITION % 5).encode())
+    mine = _exposition(0, tmp_path, lambda: (EXPOSITION % count[0]).encode())
+    other = _exposition(1, tmp_path, lambda: (EXPOSITION % 5).encode())
     other.publish()
     mine.publish()
     count[0] = 7  # served since its last write: a scrape reaching it sees it at once
@@ -77,7 +87,7 @@ def test_label_lines_handles_every_sample_shape() -> None:
 
 
 def test_a_broken_part_loses_nothing_else(tmp_path: Path) -> None:
-    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % 1).encode())
+    mine = _exposition(0, tmp_path, lambda: (EXPOSITION % 1).encode())
     (tmp_path / "worker-1.prom").write_bytes(b"\xff\xfe not text {{{\n# TYPE\n")
     assert {dict(k[1]).get("worker") for k in _samples(mine.render())} == {"0"}
 
@@ -86,7 +96,7 @@ def test_a_failed_write_serves_what_the_others_can_read(tmp_path: Path) -> None:
     """Serving newer values than the file holds would let the next scrape, reaching another
     worker, go back."""
     count = [3]
-    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % count[0]).encode())
+    mine = _exposition(0, tmp_path, lambda: (EXPOSITION % count[0]).encode())
     mine.publish()
     path = tmp_path / "worker-0.prom"
     path.unlink()
@@ -97,8 +107,8 @@ def test_a_failed_write_serves_what_the_others_can_read(tmp_path: Path) -> None:
 
 
 def test_a_part_not_rewritten_for_a_while_is_left_out(tmp_path: Path) -> None:
-    mine = WorkerExposition(WorkerSlot(0, tmp_path), lambda: (EXPOSITION % 1).encode())
-    hung = WorkerExposition(WorkerSlot(1, tmp_path), lambda: (EXPOSITION % 2).encode())
+    mine = _exposition(0, tmp_path, lambda: (EXPOSITION % 1).encode())
+    hung = _exposition(1, tmp_path, lambda: (EXPOSITION % 2).encode())
     hung.publish()
     path = tmp_path / "worker-1.prom"
     old = path.stat().st_mtime - STALE_AFTER_S - 1
@@ -112,7 +122,7 @@ def test_a_part_not_rewritten_for_a_while_is_left_out(tmp_path: Path) -> None:
 
 def test_the_writer_keeps_serving_when_its_directory_is_gone(tmp_path: Path) -> None:
     gone = tmp_path / "removed"
-    ex = WorkerExposition(WorkerSlot(0, gone), lambda: (EXPOSITION % 1).encode())
+    ex = _exposition(0, gone, lambda: (EXPOSITION % 1).encode())
 
     async def a_few_rounds() -> None:
         task = asyncio.create_task(ex.run())
@@ -133,7 +143,7 @@ def test_each_part_is_rewritten_every_second(tmp_path: Path) -> None:
         writes.append(1)
         return (EXPOSITION % len(writes)).encode()
 
-    ex = WorkerExposition(WorkerSlot(0, tmp_path), own)
+    ex = _exposition(0, tmp_path, own)
 
     async def two_seconds() -> None:
         task = asyncio.create_task(ex.run())
@@ -154,7 +164,7 @@ def test_a_slow_write_is_made_less_often(tmp_path: Path) -> None:
         time.sleep(0.1)  # (a large registry's render: on the loop, as the real one)
         return (EXPOSITION % len(writes)).encode()
 
-    ex = WorkerExposition(WorkerSlot(0, tmp_path), own)
+    ex = _exposition(0, tmp_path, own)
 
     async def two_seconds() -> None:
         task = asyncio.create_task(ex.run())
@@ -163,3 +173,47 @@ def test_a_slow_write_is_made_less_often(tmp_path: Path) -> None:
 
     asyncio.run(two_seconds())
     assert len(writes) == 1, writes  # the next one after 5 s: 2 % of the loop's time
+
+
+STATE = """# HELP kvgate_flow_queue_depth requests waiting in flow control's queue
+# TYPE kvgate_flow_queue_depth gauge
+kvgate_flow_queue_depth{band="0",pool="p"} %d.0
+"""
+
+
+def test_a_slow_workers_state_reaches_the_others_within_a_second_or_so(tmp_path: Path) -> None:
+    """A worker whose whole part takes 150 ms to render rewrites it every 7.5 s (2 % of its
+    loop), but its queue depth, in flight and health are written apart every second: a
+    queue building in one worker was seen seconds late by a scrape reaching the other."""
+    depth = [0]
+
+    def own() -> bytes:
+        time.sleep(0.15)  # (a large registry's render: on the loop, as the real one)
+        return (EXPOSITION % 1 + STATE % depth[0]).encode()
+
+    busy = WorkerExposition(WorkerSlot(0, tmp_path), own, lambda: (STATE % depth[0]).encode())
+    other = _exposition(1, tmp_path, lambda: (EXPOSITION % 2).encode())
+    key = ("kvgate_flow_queue_depth", (("band", "0"), ("pool", "p"), ("worker", "0")))
+
+    async def scrape_the_other() -> list[float]:
+        task = asyncio.create_task(busy.run())
+        for _ in range(100):  # its first write
+            if (tmp_path / "worker-0.prom").exists():
+                break
+            await asyncio.sleep(0.05)
+        depth[0] = 5  # queued in the busy worker, just after its whole part was written
+        seen = []
+        for _ in range(40):  # 4 s, well before its whole part is due again
+            await asyncio.sleep(0.1)
+            seen.append(_samples(other.render())[key])
+            if seen[-1] == 5:
+                break
+        task.cancel()
+        return seen
+
+    seen = asyncio.run(scrape_the_other())
+    assert seen[-1] == 5, seen
+    samples = _samples(other.render())  # the whole part's series are still there, once
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "0")))] == 1
+    assert samples[("kvgate_requests_total", (("pool", "p"), ("worker", "1")))] == 2
+    assert other.render().count(b"# TYPE kvgate_flow_queue_depth gauge") == 1

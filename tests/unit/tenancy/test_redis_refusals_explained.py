@@ -21,5 +21,5 @@ def test_protected_mode_says_what_to_change() -> None:
     assert cause == ("server replied DENIED: Redis runs in protected mode (no password set: it "
                      "takes connections from its own loopback only); give it a password "
                      "(requirepass) and put it in KVGATE_REDIS_URL")
-    assert cause_label(cause) == "other"  # a bounded label all the same
+    assert cause_label(cause) == "protected"  # was "other", though the log named it
     assert "protected mode" not in StoreUnreachable(cause).message  # the log's, not a client's
