@@ -37,7 +37,7 @@ from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer"]
+__all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer", "unserved"]
 
 T = TypeVar("T")
 
@@ -280,7 +280,8 @@ class Preparer:
         made that next request a 429 for the moments until `finish` settled it (after a 400
         for a context too long, or a short answer)."""
         if req.adm is not None and (tokens := req.settle_tokens()) is not None:
-            await self._gate.settle(req.adm, tokens)
+            served = not unserved(req)
+            await self._gate.settle(req.adm, tokens if served else 0, served=served)
             req.settled_headers()
 
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
@@ -296,7 +297,25 @@ class Preparer:
         if log.isEnabledFor(logging.INFO):
             log_request(log, req, total)
         if req.adm is not None:
-            await self._gate.finish(req.adm, req.settle_tokens())
+            served = not unserved(req)
+            tokens = req.settle_tokens() if served else 0
+            await self._gate.finish(req.adm, tokens, served=served)
+
+
+# What a request answered so, nothing of it sent, was never served: no replica could take it
+# (503: none healthy, a pool's queue shed it, shutdown) or its replicas failed before any
+# output (502). A 504's replica may have worked on it, a replica's 500 did (an exception
+# serving it); a 4xx is the client's.
+_UNSERVED = frozenset({502, 503})
+
+
+def unserved(req: ProxiedRequest) -> bool:
+    """Whether `req` was never served: its admission gives back the request (RPM) and all of
+    its tokens (TPM: the prompt too, not `ProxiedRequest.settle_tokens`'s estimate).
+    Charged, an outage of a few minutes spent the budget of every tenant that kept asking,
+    and the first minute after it was refused 429 for requests nobody answered."""
+    return (req.status in _UNSERVED and req.used is None and req.ttft is None
+            and not req.relayed)
 
 
 def _healthy(view: ReplicaView) -> ReplicaView:

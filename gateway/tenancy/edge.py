@@ -111,17 +111,19 @@ class TenantGate:
             return None
         return await self._limiter.peek(principal.limits_key, limits)
 
-    async def settle(self, adm: Admission, used_tokens: int) -> None:
+    async def settle(self, adm: Admission, used_tokens: int, *, served: bool = True) -> None:
         """Charge real usage and release the concurrency lease now, before the answer goes
         out (`finish` then does nothing more); never raises. Released after it, the lease
         was still held when the client's next request came: through a gateway nearer Redis
         than this one, a 429 for concurrency each time."""
-        await self.finish(adm, used_tokens)
+        await self.finish(adm, used_tokens, served=served)
 
-    async def finish(self, adm: Admission, used_tokens: int | None) -> None:
-        """Settle and release; never raises (a request's answer must not depend on it)."""
+    async def finish(self, adm: Admission, used_tokens: int | None, *,
+                     served: bool = True) -> None:
+        """Settle and release; never raises (a request's answer must not depend on it). A
+        request not `served` gives its request back to the tenant's RPM (`unserved`)."""
         try:
-            await self._limiter.finish(adm, used_tokens)
+            await self._limiter.finish(adm, used_tokens, served=served)
         except KvgateError:
             log.debug("admission not settled: store unavailable")
 
