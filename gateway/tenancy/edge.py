@@ -4,7 +4,8 @@
 store round trip per request (skipped entirely for a tenant without limits); `settle` (before
 a whole answer goes out) or `finish` (when the request is over, whichever comes first) settles
 real usage and releases the concurrency lease. `TenantLabels` keeps the `tenant` metric label
-bounded: an operator's allow-list, or the first N tenants seen, and "other" for the rest.
+bounded: an operator's allow-list, or the first N tenants seen, and "_other" for the rest
+(no tenant id starts with "_").
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ __all__ = ["NO_AUTH_TENANT", "TenantGate", "TenantLabels"]
 
 log = logging.getLogger(__name__)
 NO_AUTH_TENANT = "default"
-OTHER = "other"
+# past the bound: a value no tenant id can be (an id starts with a letter or a digit:
+# `policy_doc.NAME_PATTERN`), so a tenant named `other` is not counted with the rest
+OTHER = "_other"
 
 
 class TenantLabels:
