@@ -47,6 +47,7 @@ __all__ = [
     "ReplicaConnectionsBusy",
     "ReplicaRefused",
     "ReplicaWrongModel",
+    "ResponseLookupFailed",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
     "ShutDownWhileUploading",
@@ -555,3 +556,18 @@ class RateLimitedBeyondWindow(RateLimited):
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [*super().headers(), (b"x-should-retry", b"false")]
+
+
+class ResponseLookupFailed(BackendUnavailable):
+    """A Responses API id this gateway did not relay could not be looked up in the shared
+    store (Redis down, or no answer within its timeout): whose it is, and where it lives,
+    is unknown. A 503 to retry, not the 404 that would tell the client its conversation is
+    gone; never sent on to a replica, whose store would continue another tenant's response
+    of that id."""
+
+    code = "response_lookup_failed"
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"The gateway could not look up the response with id "
+                         f"'{shown_name(rid)}' (its shared store, Redis, did not answer); "
+                         "retry shortly.")

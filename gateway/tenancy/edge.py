@@ -97,6 +97,11 @@ class TenantGate:
         pool does not make it a 503 for the pool removed)."""
         return self._resolver.current(principal.tenant_id, key_hash)
 
+    def owner(self, tenant_id: str) -> str:
+        """Whose a tenant's stored responses are: its incarnation (`TenantResolver.owner`);
+        the id alone without authentication (one tenant, nothing to tell apart)."""
+        return self._resolver.owner(tenant_id) if self.auth else tenant_id
+
     def salt(self, principal: Principal) -> str | None:
         return principal.cache_salt if self.salted else None
 
