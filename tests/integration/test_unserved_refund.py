@@ -46,13 +46,15 @@ def _healthy(base: str) -> float:
     return sum(metric_values(base, "kvgate_replica_healthy").values())
 
 
+@pytest.mark.parametrize("tpm", [100_000, None])  # (the settle of a tenant without TPM)
 def test_requests_refused_for_an_outage_do_not_spend_the_tenants_rpm(
     sim_factory: Callable[..., tuple[Proc, str]], procs: list[Proc], state: str | None,
+    tpm: int | None,
 ) -> None:
     sim, url = sim_factory("--time-scale", "50", model="m")
     config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
               "models": {"llama": {"free": "p"}},
-              "tiers": {"free": {"limits": {"rpm": RPM, "tpm": 100_000}}},
+              "tiers": {"free": {"limits": {"rpm": RPM, **({"tpm": tpm} if tpm else {})}}},
               "tenants": [{"id": "acme", "tier": "free"}], "health": SLOW_REFILL_HEALTH}
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN,
            **({"KVGATE_REDIS_URL": state} if state else {})}
