@@ -43,9 +43,11 @@ __all__ = [
     "PreconditionFailed",
     "QueueShed",
     "RateLimited",
+    "RateLimitedBeyondWindow",
     "ReplicaConnectionsBusy",
     "ReplicaRefused",
     "ReplicaWrongModel",
+    "ResponseLookupFailed",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
     "ShutDownWhileUploading",
@@ -541,3 +543,31 @@ class FormBody(KvgateError):
         super().__init__(f"{shown_name(path)} takes a JSON body (Content-Type: "
                          "application/json), not form fields (application/"
                          "x-www-form-urlencoded).")
+
+
+class RateLimitedBeyondWindow(RateLimited):
+    """A 429 whose wait is longer than a limit's window (a minute): the tenant owes more than
+    its whole budget (one request of 1,500 tokens on a 600 TPM budget is admitted, the
+    bucket's balance being above zero, and the next ones wait 90 s). ``x-should-retry:
+    false``: the openai SDKs retry a 429 twice, sleeping the ``Retry-After`` in the call when
+    it is at most 60 s (v1) or 120 s (later), else after their own back-off of a second or
+    so, refused again. The client gets the wait at once and decides (the 429 still says
+    when)."""
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"x-should-retry", b"false")]
+
+
+class ResponseLookupFailed(BackendUnavailable):
+    """A Responses API id this gateway did not relay could not be looked up in the shared
+    store (Redis down, or no answer within its timeout): whose it is, and where it lives,
+    is unknown. A 503 to retry, not the 404 that would tell the client its conversation is
+    gone; never sent on to a replica, whose store would continue another tenant's response
+    of that id."""
+
+    code = "response_lookup_failed"
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(f"The gateway could not look up the response with id "
+                         f"'{shown_name(rid)}' (its shared store, Redis, did not answer); "
+                         "retry shortly.")

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from gateway.body import ParsedBody, parse_body, rewrite_body
 from gateway.doctor.sharing import PrefixSharing
-from gateway.errors import NoReplicaAvailable, NotFound
+from gateway.errors import NoReplicaAvailable, NotFound, ResponseLookupFailed, shown_name
 from gateway.flow import FlowGate, asked_tokens
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
@@ -37,7 +37,7 @@ from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView
 
-__all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer"]
+__all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer", "unserved"]
 
 T = TypeVar("T")
 
@@ -90,6 +90,7 @@ class Preparer:
         self._clock = clock
         self._gate = gate
         self._responses = responses
+        responses.owner = gate.owner  # stored responses are their tenant's incarnation's
         self.sharing: PrefixSharing | None = None  # `kvgate doctor`'s sampled probe
         self.flow: FlowGate | None = None  # flow control's admission queue (gateway/flow/gate.py)
         self._off_loop = OffLoop(OFF_LOOP_AT_ONCE)
@@ -144,8 +145,8 @@ class Preparer:
         counted = self.flow is not None or (adm is not None and adm.limit_tokens)
         if parsed.stream and counted:
             req.streamed = 0  # its output is counted as it goes out (`spent_tokens`)
-        if req.kind == "responses":  # a follow-up relayed by another gateway (Redis)
-            await self._responses.fetch(parsed.data.get("previous_response_id"))
+        if req.kind == "responses":
+            await self._previous(parsed)
         plan, held = None, False
         if self.flow is not None:  # flow control: may wait in its pool queue (gateway/flow)
             plan = await self.flow.admit(req, principal, parsed, gone)
@@ -155,6 +156,28 @@ class Preparer:
         if req.queued_s is not None:  # it waited: sent on the credentials in force now
             principal = self._gate.current(principal, req.key_hash)
         return self._plan_and_pick(req, principal, parsed, subset, plan, held)
+
+    async def _previous(self, parsed: ParsedBody) -> None:
+        """A follow-up's ``previous_response_id`` looked up where this gateway does not know
+        it (relayed by another gateway: Redis). With authentication, an id found nowhere is
+        a 404 as GET answers it, and one Redis could not be asked about a 503 to retry: sent
+        on as unknown, it reached whichever replica was picked, and vLLM's store, keyed by
+        id alone, continued another tenant's conversation when it held that id. Whose a
+        known id is, `_response_home` checks. Without authentication (one tenant) an
+        unknown id is sent on, as before: a gateway restarted still reaches its replicas'
+        responses when the pick lands there."""
+        prev = parsed.data.get("previous_response_id")
+        if not isinstance(prev, str):  # (none; or not a string: the replica's 400)
+            return
+        try:
+            await self._responses.fetch(prev)
+        except ResponseLookupFailed:
+            if self._gate.auth:
+                raise
+            return
+        if self._gate.auth and not self._responses.known(prev):
+            raise NotFound(f"Response with id '{shown_name(prev)}' not found.",
+                           param="previous_response_id")
 
     async def _hold(
         self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody,
@@ -280,7 +303,8 @@ class Preparer:
         made that next request a 429 for the moments until `finish` settled it (after a 400
         for a context too long, or a short answer)."""
         if req.adm is not None and (tokens := req.settle_tokens()) is not None:
-            await self._gate.settle(req.adm, tokens)
+            served = not unserved(req)
+            await self._gate.settle(req.adm, tokens if served else 0, served=served)
             req.settled_headers()
 
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
@@ -296,7 +320,25 @@ class Preparer:
         if log.isEnabledFor(logging.INFO):
             log_request(log, req, total)
         if req.adm is not None:
-            await self._gate.finish(req.adm, req.settle_tokens())
+            served = not unserved(req)
+            tokens = req.settle_tokens() if served else 0
+            await self._gate.finish(req.adm, tokens, served=served)
+
+
+# What a request answered so, nothing of it sent, was never served: no replica could take it
+# (503: none healthy, a pool's queue shed it, shutdown) or its replicas failed before any
+# output (502). A 504's replica may have worked on it, a replica's 500 did (an exception
+# serving it); a 4xx is the client's.
+_UNSERVED = frozenset({502, 503})
+
+
+def unserved(req: ProxiedRequest) -> bool:
+    """Whether `req` was never served: its admission gives back the request (RPM) and all of
+    its tokens (TPM: the prompt too, not `ProxiedRequest.settle_tokens`'s estimate).
+    Charged, an outage of a few minutes spent the budget of every tenant that kept asking,
+    and the first minute after it was refused 429 for requests nobody answered."""
+    return (req.status in _UNSERVED and req.used is None and req.ttft is None
+            and not req.relayed)
 
 
 def _healthy(view: ReplicaView) -> ReplicaView:

@@ -1,19 +1,22 @@
-"""Responses API state: which replica holds a stored response.
+"""Responses API state: which replica holds a stored response, and whose it is.
 
 With vLLM's response store on, a response lives only on the replica that created it; every
 other replica answers 404 for it (as ``previous_response_id``, or on ``GET /v1/responses/{id}``
 and ``POST /v1/responses/{id}/cancel``). The gateway remembers the id of every response it
-relayed -> (tenant, pool, replica) in a bounded LRU, pins follow-ups to that replica and sends
+relayed -> (owner, pool, replica) in a bounded LRU, pins follow-ups to that replica and sends
 the GET and cancel there. A tenant only ever reaches its own responses: an id remembered for
-another tenant is answered as unknown, a follow-up naming it included (vLLM's store is keyed
-by id alone and would continue the other tenant's conversation).
+another owner is answered as unknown, a follow-up naming it included (vLLM's store is keyed
+by id alone and would continue the other tenant's conversation). The owner is the tenant's
+incarnation (``<id>#<incarnation>``, `ResponseStore.owner`), not its id alone: a tenant
+deleted and created again under the same id does not reach its predecessor's responses.
 
 With Redis (`KVGATE_REDIS_URL`), every gateway and worker also writes each id's home there
 (`SharedHomes`, in the background, kept a day), and one that meets an id it did not relay
 looks it up there before routing: a follow-up or a GET may reach any gateway, and another
 tenant's id is refused there too. Only Responses API requests naming an unknown id wait for
-Redis, at most `SharedHomes.timeout_s`; with Redis down (or without it, or for an id evicted
-from the LRU) an id this process never relayed cannot be checked and is routed as unknown.
+Redis, at most `SharedHomes.timeout_s`; a lookup Redis does not answer (down, timed out) is
+`ResponseLookupFailed`, a 503 to retry: the id may well exist (`gateway/prepare.py` and
+`gateway/stored.py` decide what an id found nowhere is).
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+
+from gateway.errors import ResponseLookupFailed
 
 __all__ = ["RESPONSE_ID", "ResponseHome", "ResponseStore", "SharedHomes", "response_id"]
 
@@ -45,7 +51,7 @@ def response_id(blob: bytes) -> str | None:
 
 
 class ResponseHome(NamedTuple):
-    tenant: str
+    tenant: str  # its owner: ``<tenant id>#<incarnation>``, or the id of one without any
     pool: str
     replica: str
 
@@ -85,17 +91,23 @@ class SharedHomes:
             self._answered()
 
     async def get(self, rid: str) -> ResponseHome | None:
+        """`rid`'s home; None when Redis has none (or one that does not parse: counted).
+        `ResponseLookupFailed` when Redis does not answer within `timeout_s`."""
         try:
             async with asyncio.timeout(self.timeout_s):
                 raw = await self._redis.get(self._key + rid)
-            self._answered()
-            if raw is None:
-                return None
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed(type(exc).__name__)
+            raise ResponseLookupFailed(rid) from None
+        self._answered()
+        if raw is None:
+            return None
+        try:
             tenant, pool, replica = orjson.loads(raw)
-            return ResponseHome(str(tenant), str(pool), str(replica))
-        except (RedisError, OSError, TimeoutError, ValueError, TypeError) as exc:
+        except (ValueError, TypeError) as exc:
             self._failed(type(exc).__name__)
             return None
+        return ResponseHome(str(tenant), str(pool), str(replica))
 
     def _answered(self) -> None:
         if self._failing:  # the outage's one warning gets its one line of recovery
@@ -125,6 +137,9 @@ class ResponseStore:
         self._capacity = capacity
         self._homes: OrderedDict[str, ResponseHome] = OrderedDict()
         self.shared: SharedHomes | None = None
+        # tenant id -> the owner its responses are kept under (`TenantGate.owner`: its
+        # incarnation's); the id itself until the gate is known
+        self.owner: Callable[[str], str] = str
 
     def __len__(self) -> int:
         return len(self._homes)
@@ -134,7 +149,7 @@ class ResponseStore:
     ) -> asyncio.Task[None] | None:
         """Remember where ``rid`` lives; with Redis, also share it (unless the request said
         ``store: false``: the replica keeps nothing). Returns the write, if one started."""
-        home = ResponseHome(tenant, pool, replica)
+        home = ResponseHome(self.owner(tenant), pool, replica)
         self._keep(rid, home)
         if self.shared is None or not stored:
             return None
@@ -148,7 +163,8 @@ class ResponseStore:
 
     async def fetch(self, rid: object) -> None:
         """Learn where ``rid`` lives from the other gateways (Redis) when this one does not
-        know it; `home` answers from memory afterwards."""
+        know it; `home` answers from memory afterwards. `ResponseLookupFailed` when Redis
+        does not answer."""
         if (self.shared is None or not isinstance(rid, str) or rid in self._homes
                 or not RESPONSE_ID.fullmatch(rid)):
             return
@@ -156,15 +172,25 @@ class ResponseStore:
         if found is not None:
             self._keep(rid, found)
 
+    def known(self, rid: str) -> bool:
+        """`rid` is known here (relayed by this process, or found in Redis), whoever's."""
+        return rid in self._homes
+
     def foreign(self, rid: str, tenant: str) -> bool:
-        """`rid` is known here as another tenant's response."""
+        """`rid` is known here as another owner's response."""
         found = self._homes.get(rid)
-        return found is not None and found.tenant != tenant
+        return found is not None and not self._owns(found, tenant)
 
     def home(self, rid: str, tenant: str) -> ResponseHome | None:
-        """Where `rid` lives, if it was created for `tenant` (else None)."""
+        """Where `rid` lives, if it was created for `tenant` as it is now (else None)."""
         found = self._homes.get(rid)
-        if found is None or found.tenant != tenant:
+        if found is None or not self._owns(found, tenant):
             return None
         self._homes.move_to_end(rid)
         return found
+
+    def _owns(self, home: ResponseHome, tenant: str) -> bool:
+        # a home written by a kvgate that kept the tenant's id alone (no '#': shared in
+        # Redis for a day) is its tenant's by id, as there
+        return home.tenant == self.owner(tenant) or (
+            "#" not in home.tenant and home.tenant == tenant)

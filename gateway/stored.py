@@ -3,7 +3,8 @@ holds the stored response (`ResponseStore`), as the tenant that created it. ``HE
 without the body: the replica is asked with GET, the server leaves the body out.
 
 Authentication is the proxied routes' (the bearer key -> tenant); an id this gateway did not
-relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id.
+relay for this tenant is a 404 in OpenAI's shape, as vLLM itself answers for an unknown id,
+and one Redis could not be asked about (`ResponseLookupFailed`) a 503 to retry.
 The answer is relayed whole, read as a proxied whole answer is (`whole.read_whole`: past
 ``upstream.max_answer_bytes`` it is the 502 `AnswerTooLarge`, ``x-should-retry: false``, and the
 connection is dropped); an error body that is not OpenAI-shaped is re-shaped; a replica
@@ -41,6 +42,7 @@ from gateway.errors import (
     MethodNotAllowed,
     NotFound,
     ReplicaRefused,
+    ResponseLookupFailed,
     UpstreamError,
     UpstreamTimeout,
     shown_name,
@@ -140,7 +142,7 @@ class StoredResponses:
         """``?stream=true``: the replica's event stream, relayed as it arrives."""
         path: str = scope["path"]
         try:
-            await self.fetch(path, token)
+            await self.lookup(path, token)
             pool, replica = self.locate(path, "GET", token, head=True)
         except KvgateError as exc:
             await _send_error(send, exc, req_id)
@@ -204,8 +206,18 @@ class StoredResponses:
         return sent[0]["status"], sent[0]["headers"], body
 
     async def fetch(self, path: str, token: str | None) -> None:
+        """`lookup`, a Redis that does not answer taken as no answer: `locate` then finds
+        nothing (404). The endpoint picker's (it has no answer for the 503 yet)."""
+        try:
+            await self.lookup(path, token)
+        except ResponseLookupFailed:
+            return
+
+    async def lookup(self, path: str, token: str | None) -> None:
         """Learn where the response `path` names lives when another gateway relayed it;
-        only for a caller with a valid key (`locate` answers the others)."""
+        only for a caller with a valid key (`locate` answers the others). A lookup Redis
+        does not answer is `ResponseLookupFailed` (503): it was a 404, which told the client
+        its response was gone."""
         m = _PATH.match(path)
         if m is None:
             return
@@ -246,7 +258,7 @@ class StoredResponses:
         client leaves the body out (uvicorn here, Envoy for the picker). Its head must come
         within the first of the first-byte and total timeouts, then each gap in its body
         within ``idle_timeout_s`` (`whole.read_whole`'s touch), all within the total."""
-        await self.fetch(path, token)
+        await self.lookup(path, token)
         if method == "HEAD":
             method = "GET"
         pool, replica = self.locate(path, method, token, head=True)

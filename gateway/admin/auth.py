@@ -9,11 +9,13 @@ throttles, logs and counts them.
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gateway.asgi import Scope
 from gateway.errors import AuthError, KvgateError, PermissionDenied
+from gateway.policy_doc import NAME_PATTERN
 from gateway.tenancy.keys import KEY_PREFIX, looks_like_key
 from gateway.tenancy.resolver import parse_bearer
 
@@ -45,7 +47,7 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     shorter than `MIN_ADMIN_TOKEN_CHARS` or of a tenant key's form (``kvg-...``: one copied
     from a tenant's key opened the admin API to that tenant), or an id given twice (the
     audit log names the writer by its token's id: two tokens under one id could not be told
-    apart)."""
+    apart). A token never holds ``:`` (`_pair`)."""
     if not value or not value.strip():
         return []
     entries = [part.strip() for part in value.split(",") if part.strip()]
@@ -54,29 +56,54 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
     else:
         tokens = []
         for entry in entries:
-            # blanks around the ':' are not the id's nor the token's: a client cannot send a
-            # token's leading blank (a header value's are dropped), so ``ops: <token>`` made
-            # a token no request could present, 401 for every one of its holders
-            ident, sep, token = (part.strip() for part in entry.partition(":"))
-            if not sep or not ident or not token:
-                raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
+            ident, token = _pair(entry, alone=len(entries) == 1)
             if any(t.id == ident for t in tokens):
                 raise ValueError(f"KVGATE_ADMIN_TOKEN: the id {ident[:64]!r} is given twice; "
                                  "each admin token needs its own id (the audit log names it)")
             tokens.append(AdminToken(ident, token))
     for admin in tokens:
+        # a lone value's id is not shown: it may be the first part of a token with a ':'
+        which = f"the admin token with id {admin.id!r}" if len(entries) > 1 else "the admin token"
         if looks_like_key(admin.token):  # a tenant's key (its holder would be an admin)
             raise ValueError(
-                f"KVGATE_ADMIN_TOKEN: the admin token with id {admin.id!r} has the form of a "
+                f"KVGATE_ADMIN_TOKEN: {which} has the form of a "
                 f"tenant API key ({KEY_PREFIX}...); an admin token must be none of them "
                 "(e.g. `openssl rand -hex 24`)")
         if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(
-                f"KVGATE_ADMIN_TOKEN: the admin token with id {admin.id!r} has {len(admin.token)} "
+                f"KVGATE_ADMIN_TOKEN: {which} has {len(admin.token)} "
                 f"characters; admin tokens need at least {MIN_ADMIN_TOKEN_CHARS} "
                 "(e.g. `openssl rand -hex 24`)"
             )
     return tokens
+
+
+# The id of a lone ``id:token``, named as a tenant is (`policy_doc.NAME_PATTERN`): a lone
+# value with a ':' is a pair only when what precedes it is such a name.
+_LONE_ID = re.compile(NAME_PATTERN)
+_NO_COLON = ("KVGATE_ADMIN_TOKEN: {what}; an admin token cannot contain ':' (it separates an "
+             "id from its token: 'id:token,id:token'); use one without it (e.g. `openssl "
+             "rand -hex 24`)")
+
+
+def _pair(entry: str, *, alone: bool) -> tuple[str, str]:
+    """One ``id:token`` entry. A bare token holding ``:`` was read as ``id:token``: part of
+    the secret became the id the audit log shows, and the token its rest (the whole value a
+    401). Refused at start without showing either part: a token with a ':' after its id,
+    and a lone value whose part before the ':' is not a name."""
+    # blanks around the ':' are not the id's nor the token's: a client cannot send a
+    # token's leading blank (a header value's are dropped), so ``ops: <token>`` made
+    # a token no request could present, 401 for every one of its holders
+    ident, sep, token = (part.strip() for part in entry.partition(":"))
+    if not sep or not ident or not token:
+        raise ValueError("KVGATE_ADMIN_TOKEN: expected a token or 'id:token,id:token'")
+    if alone and not _LONE_ID.match(ident):
+        raise ValueError(_NO_COLON.format(
+            what="its value has a ':' and what precedes it is no id (letters, digits, '.', "
+                 "'_', '-')"))
+    if ":" in token:
+        raise ValueError(_NO_COLON.format(what="a token holds a ':' after its id's"))
+    return ident, token
 
 
 def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:

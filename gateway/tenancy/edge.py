@@ -4,7 +4,8 @@
 store round trip per request (skipped entirely for a tenant without limits); `settle` (before
 a whole answer goes out) or `finish` (when the request is over, whichever comes first) settles
 real usage and releases the concurrency lease. `TenantLabels` keeps the `tenant` metric label
-bounded: an operator's allow-list, or the first N tenants seen, and "other" for the rest.
+bounded: an operator's allow-list, or the first N tenants seen, and "_other" for the rest
+(no tenant id starts with "_").
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ __all__ = ["NO_AUTH_TENANT", "TenantGate", "TenantLabels"]
 
 log = logging.getLogger(__name__)
 NO_AUTH_TENANT = "default"
-OTHER = "other"
+# past the bound: a value no tenant id can be (an id starts with a letter or a digit:
+# `policy_doc.NAME_PATTERN`), so a tenant named `other` is not counted with the rest
+OTHER = "_other"
 
 
 class TenantLabels:
@@ -94,6 +97,11 @@ class TenantGate:
         pool does not make it a 503 for the pool removed)."""
         return self._resolver.current(principal.tenant_id, key_hash)
 
+    def owner(self, tenant_id: str) -> str:
+        """Whose a tenant's stored responses are: its incarnation (`TenantResolver.owner`);
+        the id alone without authentication (one tenant, nothing to tell apart)."""
+        return self._resolver.owner(tenant_id) if self.auth else tenant_id
+
     def salt(self, principal: Principal) -> str | None:
         return principal.cache_salt if self.salted else None
 
@@ -111,17 +119,19 @@ class TenantGate:
             return None
         return await self._limiter.peek(principal.limits_key, limits)
 
-    async def settle(self, adm: Admission, used_tokens: int) -> None:
+    async def settle(self, adm: Admission, used_tokens: int, *, served: bool = True) -> None:
         """Charge real usage and release the concurrency lease now, before the answer goes
         out (`finish` then does nothing more); never raises. Released after it, the lease
         was still held when the client's next request came: through a gateway nearer Redis
         than this one, a 429 for concurrency each time."""
-        await self.finish(adm, used_tokens)
+        await self.finish(adm, used_tokens, served=served)
 
-    async def finish(self, adm: Admission, used_tokens: int | None) -> None:
-        """Settle and release; never raises (a request's answer must not depend on it)."""
+    async def finish(self, adm: Admission, used_tokens: int | None, *,
+                     served: bool = True) -> None:
+        """Settle and release; never raises (a request's answer must not depend on it). A
+        request not `served` gives its request back to the tenant's RPM (`unserved`)."""
         try:
-            await self._limiter.finish(adm, used_tokens)
+            await self._limiter.finish(adm, used_tokens, served=served)
         except KvgateError:
             log.debug("admission not settled: store unavailable")
 

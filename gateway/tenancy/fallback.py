@@ -150,9 +150,11 @@ class FallbackRateLimiter(RateLimiter):
             if self.kept is not None:
                 self.kept.keep(max(self._seen))
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(self, admission: Admission, used_tokens: int, *,
+                     served: bool = True) -> None:
         try:
-            await (admission.owner or self._primary).settle(admission, used_tokens)
+            await (admission.owner or self._primary).settle(admission, used_tokens,
+                                                            served=served)
         except BackendUnavailable:
             log.debug("usage not settled: Redis unreachable")
 

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from gateway.errors import RateLimited
+from gateway.errors import RateLimited, RateLimitedBeyondWindow
 from gateway.policy_doc import Limits
 
 __all__ = ["POSITIVE_S", "Admission", "MemoryRateLimiter", "RateLimiter", "refill", "tpm_wait"]
@@ -113,7 +113,9 @@ class Admission:
         what = {"rpm": "requests per minute", "tpm": "tokens per minute"}.get(
             self.reason or "", "concurrent requests"
         )
-        return RateLimited(
+        # a wait past the window: not retried by the SDKs (`RateLimitedBeyondWindow`)
+        cls = RateLimitedBeyondWindow if self.retry_after_s > WINDOW_S else RateLimited
+        return cls(
             f"rate limit exceeded: {what}; retry after {max(1, math.ceil(self.retry_after_s))}s",
             retry_after_s=self.retry_after_s,
         )
@@ -147,14 +149,18 @@ class RateLimiter(ABC):
         refused before its body is read; an allowed peek is followed by the real `admit`)."""
 
     @abstractmethod
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
-        """Charge real usage: the difference to the estimate reserved at admission."""
+    async def settle(self, admission: Admission, used_tokens: int, *,
+                     served: bool = True) -> None:
+        """Charge real usage: the difference to the estimate reserved at admission. A
+        request not `served` (no replica took it, or its replicas failed before any output:
+        a 502/503) gives its request back to the RPM bucket as well."""
 
     @abstractmethod
     async def release(self, admission: Admission) -> None:
         """Give back the concurrency lease."""
 
-    async def finish(self, admission: Admission, used_tokens: int | None) -> None:
+    async def finish(self, admission: Admission, used_tokens: int | None, *,
+                     served: bool = True) -> None:
         """`settle` (when usage is known) and `release` together, at once: a stream's last
         bytes have gone out, and its client's next request may already be here. One after
         the other (two Redis round trips) a tenant with a TPM limit running as many streams
@@ -165,7 +171,7 @@ class RateLimiter(ABC):
         release = asyncio.ensure_future(self.release(admission))
         try:
             if used_tokens is not None:
-                await self.settle(admission, used_tokens)
+                await self.settle(admission, used_tokens, served=served)
         finally:
             await asyncio.shield(release)
 
@@ -256,7 +262,8 @@ class MemoryRateLimiter(RateLimiter):
             self._buckets = {k: b for k, b in self._buckets.items() if not b.idle(now)}
             self._sweep_at = max(MIN_SWEEP, 2 * len(self._buckets))
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(self, admission: Admission, used_tokens: int, *,
+                     served: bool = True) -> None:
         if admission.settled or not admission.allowed:
             return
         admission.settled = True
@@ -264,6 +271,8 @@ class MemoryRateLimiter(RateLimiter):
         if b is not None and admission.limit_tokens:
             extra = used_tokens - admission.reserved_tokens
             b.tokens = min(float(admission.limit_tokens), b.tokens - extra)
+        if b is not None and admission.limit_requests and not served:
+            b.requests = min(float(admission.limit_requests), b.requests + 1)
 
     async def release(self, admission: Admission) -> None:
         if admission.released or admission.lease_id is None:

@@ -121,16 +121,20 @@ return {reason, tostring(retry), tostring(r), tostring(t)}
 """
 )
 # KEYS[1] bucket hash, KEYS[2] reservation zset; ARGV[1] extra tokens to charge (may be
-# negative), ARGV[2] tpm, ARGV[3] the reservation's mark ('' for none).
+# negative), ARGV[2] tpm (0: none), ARGV[3] the reservation's mark ('' for none), ARGV[4]
+# the rpm of a request never served, whose request is given back (0: served, none).
 SETTLE = _KEEP + """
 if ARGV[3] ~= '' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+local tpm = tonumber(ARGV[2])
 local t = tonumber(redis.call('HGET', KEYS[1], 't'))
-if t then
-  local tpm = tonumber(ARGV[2])
+if t and tpm > 0 then
   t = math.min(tpm, t - tonumber(ARGV[1]))
   redis.call('HSET', KEYS[1], 't', t)
   keep(KEYS[1], t, tpm)
 end
+local rpm = tonumber(ARGV[4] or '0') or 0
+local r = tonumber(redis.call('HGET', KEYS[1], 'r'))
+if r and rpm > 0 then redis.call('HSET', KEYS[1], 'r', math.min(rpm, r + 1)) end
 return 1
 """
 # KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset; ARGV[1] lease id,

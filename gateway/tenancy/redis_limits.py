@@ -197,18 +197,21 @@ class RedisRateLimiter(RateLimiter):
         bucket = self._bucket(tenant_id)
         return [bucket, bucket + ":leases", bucket + ":reserved", bucket + ":holders"]
 
-    async def settle(self, admission: Admission, used_tokens: int) -> None:
+    async def settle(self, admission: Admission, used_tokens: int, *,
+                     served: bool = True) -> None:
         """In a task of its own, which a cancelled caller does not stop: marked settled here,
         a settle cancelled before it was sent (waiting for a connection) was never made, and
         the reservation stayed charged until the bucket refilled."""
-        if admission.settled or not admission.allowed or not admission.limit_tokens:
+        refund = 0 if served else admission.limit_requests or 0  # (the RPM to refill up to)
+        if (admission.settled or not admission.allowed
+                or not (admission.limit_tokens or refund)):
             return
         admission.settled = True
         extra = used_tokens - admission.reserved_tokens
         bucket = self._bucket(admission.tenant_id)
         task: asyncio.Task[object] = asyncio.ensure_future(self._settle(
             keys=[bucket, bucket + ":reserved"],
-            args=[extra, admission.limit_tokens, admission.reservation_id or ""]))
+            args=[extra, admission.limit_tokens or 0, admission.reservation_id or "", refund]))
         self._settling.add(task)
         task.add_done_callback(self._settled)
         with redis_unavailable():

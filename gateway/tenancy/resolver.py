@@ -576,6 +576,14 @@ class TenantResolver:
             raise NotFound(f"tenant {shown_name(tenant_id)!r} not found")
         return _admissible(principal)
 
+    def owner(self, tenant_id: str) -> str:
+        """What a tenant's Responses API ids are kept under: its incarnation's
+        ``<id>#<incarnation>`` (`Principal.limits_key`), so a tenant deleted and created
+        again under its id does not reach its predecessor's; ``<id>#gone`` for a tenant not
+        known now (deleted meanwhile: its responses are nobody's)."""
+        principal = self._state.by_tenant.get(tenant_id)
+        return principal.limits_key if principal is not None else f"{tenant_id}#gone"
+
     @property
     def policy(self) -> PolicySnapshot | None:
         """The current policy snapshot; take it once per request and keep it."""

@@ -1,6 +1,7 @@
 """`SharedHomes` against a real redis-server: ids under the deployment's namespace only, a bad
-value or a Redis that never answers is "unknown" within the timeout, writes past the cap are
-dropped and counted."""
+value is "unknown", a Redis that never answers a failed lookup (`ResponseLookupFailed`, not
+"unknown": the id may exist) within the timeout, writes past the cap are dropped and
+counted."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 
 import pytest
 
+from gateway.errors import ResponseLookupFailed
 from gateway.responses import ResponseHome, ResponseStore, SharedHomes
 from gateway.tenancy import connect_redis
 from tests.support.procs import free_port, redis_proc
@@ -61,7 +63,8 @@ async def test_a_redis_that_never_answers_costs_the_timeout_only() -> None:
     shared = SharedHomes(connect_redis(f"redis://127.0.0.1:{port}/0", timeout_s=5.0), "ns",
                          timeout_s=0.2)
     started = time.monotonic()
-    assert await shared.get("resp_1") is None
+    with pytest.raises(ResponseLookupFailed):
+        await shared.get("resp_1")
     assert time.monotonic() - started < 1.0
     tasks = [shared.put(f"resp_{i}", HOME) for i in range(SharedHomes.MAX_PENDING + 5)]
     assert tasks.count(None) == 5  # past the cap: dropped, not queued without end
@@ -87,7 +90,8 @@ async def test_an_outage_is_one_warning_and_its_end_one_line(
             task = shared.put(f"resp_{i}", HOME)
             assert task is not None
             await task
-        assert await shared.get("resp_0") is None
+        with pytest.raises(ResponseLookupFailed):
+            await shared.get("resp_0")
         with redis_proc(port)[0]:  # back, on the same address
             task = shared.put("resp_9", HOME)
             assert task is not None

@@ -1,7 +1,7 @@
 """Responses API ids across gateways (real Redis, real gateways and simulators, the openai
 client): a response stored through gateway A is found through gateway B -- the follow-up with
 `previous_response_id` goes to the replica holding it, and so do GET and cancel. With Redis
-stopped, B answers as for an unknown id, without waiting long."""
+stopped, B answers a GET of an id it cannot look up 503 (to retry), without waiting long."""
 
 from __future__ import annotations
 
@@ -56,6 +56,7 @@ def test_a_response_stored_through_one_gateway_is_found_through_another(
         redis.stop()
         made = a.responses.create(model=MODEL, input="Hello", max_output_tokens=4)
         started = time.monotonic()
-        with pytest.raises(openai.NotFoundError):  # B cannot learn of it: an unknown id
-            b.responses.retrieve(made.id)
+        with pytest.raises(openai.InternalServerError) as caught:  # B cannot learn of it:
+            b.responses.retrieve(made.id)  # a 503 to retry, not a 404 saying it is gone
+        assert caught.value.status_code == 503
         assert time.monotonic() - started < 5
