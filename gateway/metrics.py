@@ -173,7 +173,7 @@ class TenantTokens:
     """Prompt and cached tokens from upstream usage per (tenant label, pool): a plain dict of
     small lists, updated once per answered request (no lock, no label lookup), exported as
     ``kvgate_tenant_tokens_total`` when /metrics is served and read by `kvgate doctor`.
-    Tenant labels are the bounded ones (allow-list or first N, then ``other``)."""
+    Tenant labels are the bounded ones (allow-list or first N, then ``_other``)."""
 
     __slots__ = ("counts",)
 

@@ -19,7 +19,7 @@ from gateway.config.sections import (
     UpstreamConfig,
 )
 from gateway.errors import NAME_CHARS, shown_name
-from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_replicas_distinct
+from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_names, check_replicas_distinct
 
 __all__ = ["KvgateConfig"]
 
@@ -106,6 +106,7 @@ class KvgateConfig(PolicyDoc):
     @model_validator(mode="after")
     def _replicas_distinct(self) -> KvgateConfig:
         check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
+        check_names(self)  # pools' and tiers' names, as the admin API checks them
         return self
 
     @model_validator(mode="after")

@@ -370,3 +370,12 @@ def test_salt_secret_from_the_file_or_the_variable_never_two_that_differ(tmp_pat
     path.unlink()
     with pytest.raises(ConfigError, match="cannot read it"):
         salt_secret(load_config(None, overrides=with_file, environ=same))
+
+
+@pytest.mark.parametrize("name", ["a/b", "q\r\nx-evil: 1", "-lead"])
+def test_a_pool_or_tier_name_in_the_file_is_a_name_as_through_the_admin_api(name: str) -> None:
+    pool = {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}
+    with pytest.raises(ConfigError, match="is not a name"):
+        load_config(None, overrides={"pools": {name: pool}}, environ={})
+    with pytest.raises(ConfigError, match="is not a name"):
+        load_config(None, overrides={**POOLS, "tiers": {name: {}}}, environ={})
