@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError, WatchError
 
-from gateway.errors import Conflict, StaleCheck
+from gateway.errors import Conflict, StaleCheck, StoreUnreachable
 from gateway.policy_doc import PolicyDoc
 from gateway.tenancy import redis_scripts as scripts
 from gateway.tenancy.audited import AUDITING, RESULT
@@ -105,6 +105,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 THROTTLES_WAIT_S = 2.0  # the longest an admin request waits for `throttles_read`
+THROTTLES_CLOSED_S = 30.0  # how long admin requests are refused while they are not read
 
 JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
 
@@ -164,6 +165,7 @@ class RedisStore(TenantStore):
         # (or failed), so an admin request need not wait for it
         self._untold: dict[str, float] = {}
         self._throttles_read = asyncio.Event()
+        self._throttles_since: float | None = None  # the first admin request's wait for it
         self._scripts = {
             name: client.register_script(src)
             for name, src in {
@@ -289,14 +291,27 @@ class RedisStore(TenantStore):
             tell(address, level)
 
     async def throttles_read(self) -> None:
+        """Wait (`THROTTLES_WAIT_S` at most) for the addresses throttled before this gateway
+        listened. Not read by then, the admin request is a 503 with Retry-After, not let in
+        unchecked (on a loaded machine the read took longer and a throttled address's valid
+        token was taken), until `THROTTLES_CLOSED_S` after the first wait: a listener that
+        neither reads nor fails (a Redis that takes the connection and answers nothing)
+        keeps the admin API closed no longer."""
         if self._listener is None or self._throttles_read.is_set():
             return
-        # bounded all the same: a listener that neither reads nor fails (a Redis that takes
-        # the connection and answers nothing) holds an admin request this long, once
+        loop = asyncio.get_running_loop()
+        if self._throttles_since is None:
+            self._throttles_since = loop.time()
+        left = self._throttles_since + THROTTLES_CLOSED_S - loop.time()
         try:
-            await asyncio.wait_for(self._throttles_read.wait(), THROTTLES_WAIT_S)
+            await asyncio.wait_for(self._throttles_read.wait(), min(THROTTLES_WAIT_S, left))
         except TimeoutError:
+            if loop.time() - self._throttles_since < THROTTLES_CLOSED_S:
+                raise StoreUnreachable("timeout") from None
             self._throttles_read.set()
+            log.warning("the addresses throttled before this gateway listened were not read "
+                        "in %.0f s: admin requests are checked without them", THROTTLES_CLOSED_S,
+                        extra={"redis": self.reach.address})
 
     async def _run(
         self, name: str, keys: list[str], args: list[Any], change: Change, **detail: Any
