@@ -326,10 +326,11 @@ class Preparer:
 
 
 # What a request answered so, nothing of it sent, was never served: no replica could take it
-# (503: none healthy, a pool's queue shed it, shutdown) or its replicas failed before any
-# output (502). A 504's replica may have worked on it, a replica's 500 did (an exception
-# serving it); a 4xx is the client's.
-_UNSERVED = frozenset({502, 503})
+# (503: none healthy, a pool's queue full, shutdown; 429: its pool's queue shed it past its
+# tier's longest wait or displaced it -- an admission's own 429 settles nothing) or its
+# replicas failed before any output (502). A 504's replica may have worked on it, a
+# replica's 500 did (an exception serving it); another 4xx is the client's.
+_UNSERVED = frozenset({429, 502, 503})
 
 
 def unserved(req: ProxiedRequest) -> bool:

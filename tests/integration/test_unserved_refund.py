@@ -11,6 +11,7 @@ again on its port, the official openai client.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 import openai
@@ -75,3 +76,34 @@ def test_requests_refused_for_an_outage_do_not_spend_the_tenants_rpm(
         after = [chat_status(client) for _ in range(RPM)]
         assert after == [200] * RPM, (outage, after)
         assert chat_status(client) == 429  # and it is a budget: the next one is over it
+
+
+
+def test_requests_shed_from_a_full_pools_queue_do_not_spend_the_tenants_rpm(
+        sim_factory: Callable[..., tuple[Proc, str]]) -> None:
+    """A request flow control sheds (429 past its tier's longest wait) was never served
+    either: charged, a few seconds of overload spent the minute's budget."""
+    _, url = sim_factory("--time-scale", "0.05", model="m")  # (a slow engine)
+    config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
+              "models": {"llama": {"free": "p"}},
+              "tiers": {"free": {"limits": {"rpm": RPM + 2}, "flow": {"max_wait_s": 0.3}}},
+              "tenants": [{"id": "acme", "tier": "free"}],
+              "flow": {"enabled": True, "max_inflight": 1}}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    gw, base = gateway_proc(config=config, env=env, auth=True)
+    with gw, admin_client(base, ADMIN) as admin, ThreadPoolExecutor(1) as pool:
+        key = admin.post("/tenants/acme/keys").json()["key"]
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
+        holder = pool.submit(  # the pool's one slot while it generates its long answer
+            client.chat.completions.create, model="llama", max_tokens=100,
+            messages=[{"role": "user", "content": "a long answer"}])
+        wait_for(lambda: sum(metric_values(base, "kvgate_inflight_requests").values()) == 1,
+                 what="the long answer to take the slot")
+        shed = [chat_status(client) for _ in range(RPM)]
+        assert not holder.done() and shed == [429] * RPM, shed
+        holder.result()
+        # 1 of RPM + 2 spent (the long answer): RPM + 1 left, then the budget refuses
+        after = [chat_status(client) for _ in range(RPM + 1)]
+        assert after == [200] * (RPM + 1), (shed, after)
+        # (a refill in the seconds since gives one more at most)
+        assert 429 in [chat_status(client) for _ in range(2)]
