@@ -95,8 +95,9 @@ def test_requests_shed_from_a_full_pools_queue_do_not_spend_the_tenants_rpm(
         key = admin.post("/tenants/acme/keys").json()["key"]
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=120)
         holder = pool.submit(  # the pool's one slot while it generates its long answer
-            client.chat.completions.create, model="llama", max_tokens=100,
-            messages=[{"role": "user", "content": "a long answer"}])
+            lambda: client.chat.completions.create(
+                model="llama", max_tokens=100,
+                messages=[{"role": "user", "content": "a long answer"}]))
         wait_for(lambda: sum(metric_values(base, "kvgate_inflight_requests").values()) == 1,
                  what="the long answer to take the slot")
         shed = [chat_status(client) for _ in range(RPM)]
