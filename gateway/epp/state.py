@@ -11,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.config import KvgateConfig
 from gateway.epp import wire
+from gateway.error_streaks import ErrorStreaks
 from gateway.errors import KvgateError
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
@@ -44,6 +45,7 @@ class PickerCore:
     fallbacks: int  # endpoints after the first in the destination (0: the first only)
     # request bodies still arriving through Envoy, all exchanges together (as at the HTTP edge)
     uploads: Uploads
+    streaks: ErrorStreaks  # the replicas' 500s for requests that failed alike elsewhere
 
 
 def endpoint(replica: Replica) -> str:
