@@ -58,7 +58,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object, read_whole
+from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, read_whole
 from routing.router import Router
 
 __all__ = ["REQUEST_FAULT", "Relay"]
@@ -374,10 +374,12 @@ class Relay:
             replica.record_failure(self._clock())
             raise UpstreamError(CUT_ANSWER, reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
-        if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
+        if resp.status == 200 and (stream or not json_object(resp.content_type, data)
+                                   or garbled(resp.content_length is not None, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete
+            # (a JSON object that does not parse, as a JSON decode error)
             replica.record_failure(self._clock())
             raise not_what_was_asked(stream, resp.content_type)
         if resp.status == 200 and cut_json(resp.content_length is not None, data):

@@ -67,7 +67,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object, without_bom
+from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, without_bom
 
 __all__ = ["AnswerSide"]
 
@@ -443,7 +443,8 @@ class AnswerSide(Deadlines):
         req, status = self.req, self._held_status
         assert self._held is not None
         data, self._held = without_bom(b"".join(self._held)), None
-        if status == 200 and not json_object(self._held_type, data):  # an HTML page, a cut
+        if status == 200 and (not json_object(self._held_type, data)  # an HTML page, a cut
+                              or garbled(self._held_declared, data)):  # (or JSON that is not)
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)
