@@ -5,9 +5,9 @@ A replica's 500 for one request (`verdicts.internal_error`, not a dead engine's)
 one other replica (Envoy: the next endpoint); a success there charges the first one, a second
 500 is the client's answer and neither replica is charged -- the request fails wherever it
 runs. But two replicas that answer 500 to everything then acquit each other every time a
-retry meets the other one: in a burst of 100 requests over four replicas, two of them
-failing everything, a third of the clients got a 500 and the failing replicas stayed in
-rotation for dozens of requests each. So each acquitted 500 adds to its replica's streak,
+retry meets the other one: one whose retries always went to the other stayed in rotation
+until that one was ejected (its clients got the 500 meanwhile). So each acquitted 500 adds
+to its replica's streak,
 which a success of that replica ends; a streak that reaches ``health.failure_threshold``
 while another replica of the pool served a request is charged whole (that many failures: the
 consecutive failures that eject), and a new one starts. A pool whose every replica fails
