@@ -21,6 +21,7 @@ from time import perf_counter
 
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
+from gateway.error_streaks import ErrorStreaks
 from gateway.errors import KvgateError, ReplicaWrongModel, UpstreamError
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
@@ -57,7 +58,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object, read_whole
+from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, read_whole
 from routing.router import Router
 
 __all__ = ["REQUEST_FAULT", "Relay"]
@@ -87,6 +88,7 @@ class Relay:
         self._metrics = metrics
         self._clock = clock
         self._responses = responses
+        self._streaks = ErrorStreaks(cfg.health.failure_threshold)
 
     def headers(
         self, req: ProxiedRequest, content_type: str,
@@ -226,19 +228,32 @@ class Relay:
             req.status = code
         else:
             served(replica)
+            self._streaks.served(replica)
 
-    @staticmethod
-    def _suspect(req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float) -> None:
+    def _acquit(self, req: ProxiedRequest, replica: Replica, now: float) -> None:
+        """A second replica failed the request with vLLM's 500 as the suspect did: neither is
+        charged for it (the request fails wherever it runs), unless one keeps failing so
+        while others serve (`ErrorStreaks`)."""
+        suspect, req.suspect = req.suspect, None
+        assert suspect is not None
+        for acquitted in (suspect, replica):
+            self._streaks.acquitted(acquitted, now)
+
+    def _suspect(
+        self, req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float,
+    ) -> None:
         """A stream that opened with vLLM's error event of code 500 for this request (not a
         dead engine's), judged as a whole internal 500 is (`Proxy._forward`): one other
         replica tries it and tells whose fault it is; a second one alike, or none other to
-        try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's."""
-        if req.suspect is None:
-            if not no_other_replica(req.pool, replica, now):
-                req.suspect = replica
-                return
+        try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's
+        (`_acquit`)."""
+        if req.suspect is not None:
+            self._acquit(req, replica, now)
+        elif not no_other_replica(req.pool, replica, now):
+            req.suspect = replica
+            return
+        else:
             replica.count_failure()  # the only replica: counted, not charged
-        req.suspect = None
         failure.reason = REQUEST_FAULT
 
     async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
@@ -359,10 +374,12 @@ class Relay:
             replica.record_failure(self._clock())
             raise UpstreamError(CUT_ANSWER, reason="cut") from None
         stream = req.parsed.stream and req.kind != "embeddings"
-        if resp.status == 200 and (stream or not json_object(resp.content_type, data)):
+        if resp.status == 200 and (stream or not json_object(resp.content_type, data)
+                                   or garbled(resp.content_length is not None, data)):
             # every other 200 of a proxied route is JSON, and a stream asked for went to
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete
+            # (a JSON object that does not parse, as a JSON decode error)
             replica.record_failure(self._clock())
             raise not_what_was_asked(stream, resp.content_type)
         if resp.status == 200 and cut_json(resp.content_length is not None, data):
@@ -389,11 +406,12 @@ class Relay:
         elif internal_error(resp.status, data) and (
                 req.suspect is not None or no_other_replica(req.pool, replica, self._clock())):
             # a second replica failed this request as the first did, or no other could try
-            # it: relayed as the replica answered it, charged to neither (a lone replica's
-            # failure is counted: `Replica.count_failure`)
+            # it: relayed as the replica answered it, charged to neither (`_acquit`; a lone
+            # replica's failure is counted: `Replica.count_failure`)
             if req.suspect is None:
                 replica.count_failure()
-            req.suspect = None
+            else:
+                self._acquit(req, replica, self._clock())
         elif (verdict := judge(replica, resp.status, data, self._clock(),
                                resp.retry_after)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
@@ -402,6 +420,8 @@ class Relay:
             # failure, not this request's; the proxy answers what the next request would get
             # (the pool's 503 when none is left), not a 500 that only this request sees
             raise UpstreamError(ENGINE_DIED, reason="dead")
+        elif verdict == "ok":
+            self._streaks.served(replica)
         content_type = resp.content_type
         if resp.status == 200:
             if usage := body_usage(data):

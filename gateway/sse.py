@@ -95,6 +95,7 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # replica or a proxy gone wrong) is caught by one more search per chunk for an event's end
 # after neither (`_unended`), where a parse of every event would cost more than the relay.
 _DATA = b"data:"
+_BARE = b"data"  # a data field's line without its colon: its value is empty, as ``data:``'s
 _GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
 _BAD_LATER = re.compile(rb"\ndata:[ \t]*(?![ \t{]|\[DONE\])")
 _DONE = b"[DONE]"
@@ -105,11 +106,12 @@ _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 # keep-alive`: vLLM's, a proxy's, kvgate's own), then fails on it. (A JSON text holds no raw
 # line end: generated text never starts a line.)
 _ID_LINE = re.compile(rb"(?:^|(?<=[\r\n]))id(?::[^\r\n]*)?(?:\r\n|\r|\n)")
-# An event of fields without data (`event: ping`, `retry: 3000`, a bare `data`), comment
-# lines among them or not: SSE dispatches none, the SDK does -- with data "", which it fails
-# to parse as JSON (a JSONDecodeError mid-stream, calling the replica directly too): made
-# comment lines.
-_FIELD = rb"(?:event|id|retry)(?::[^\n]*)?\n|data\n"
+# An event of fields without data (`event: ping`, `retry: 3000`), comment lines among them
+# or not: SSE dispatches none, the SDK does -- with data "", which it fails to parse as JSON
+# (a JSONDecodeError mid-stream, calling the replica directly too): made comment lines. (A
+# bare `data` line is a data field with an empty value, as `data:` is: SSE dispatches an
+# event with data "" for either, and both are malformed, `_bad_event`.)
+_FIELD = rb"(?:event|id|retry)(?::[^\n]*)?\n"
 _FIELDS_ONLY = re.compile(rb"(?:^|\n\n)(?::[^\n]*\n)*(?:" + _FIELD + rb")(?:" + _FIELD
                           + rb"|:[^\n]*\n)*\n")
 # Only a read holding a line that is neither data, a Responses API event's name nor blank (or a
@@ -217,7 +219,7 @@ def first_malformed(block: bytes) -> int | None:
 def _bad_event(event: bytes) -> bool:
     if _body_lines(event):
         return True  # an HTML page's line, a JSON body's (`StreamScanner.stray`)
-    data = [line[5:] for line in event.splitlines() if line.startswith(_DATA)]
+    data = [line[5:] for line in event.splitlines() if line.startswith(_DATA) or line == _BARE]
     if not data:
         return False  # comment lines, or fields without data
     first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
@@ -288,9 +290,9 @@ def no_event(block: bytes) -> bool:
     has data). vLLM sends none of these but its keep-alives; a proxy in front of it may."""
     if block.startswith(_DATA) or b"\ndata:" in block or b"\rdata:" in block:
         return False  # (the common case: an event; substring searches, no split)
-    if b"data" not in block:
+    if _BARE not in block:
         return True
-    return b"data" not in block.splitlines()  # a data field with no value (and no colon)
+    return _BARE not in block.splitlines()  # a data field with no value (and no colon)
 
 
 class StreamScanner:
@@ -330,8 +332,9 @@ class StreamScanner:
             if chunk[:3] == _BOM:
                 chunk = chunk[3:]
         out = self._feed(chunk)
-        suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_DATA))
+        suspect = ((not out.startswith(_GOOD_FIRST) and out.startswith(_BARE))
                    or _BAD_LATER.search(out) is not None or _unended(out)
+                   or b"\ndata\n" in out or b"\ndata\r" in out
                    or out[:1] in _BODY_FIRST or b"\n<" in out or b"\n{" in out)
         if suspect and (bad := first_malformed(out)) is not None:
             self.malformed = True

@@ -12,12 +12,13 @@ import orjson
 from gateway.errors import AnswerTooLarge
 from gateway.transport import UpstreamResponse
 
-__all__ = ["CUT_ANSWER", "cut_json", "json_object", "read_whole", "without_bom"]
+__all__ = ["CUT_ANSWER", "cut_json", "garbled", "json_object", "read_whole", "without_bom"]
 
 CUT_ANSWER = "The replica failed while answering."  # a whole answer cut short (reset or close)
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
 
 _OPENS_OBJECT = re.compile(rb"[ \t\r\n]*\{")
+_PARSED_BYTES = 1024 * 1024  # a framed whole answer this large at most is parsed (`garbled`)
 
 
 async def read_whole(
@@ -73,6 +74,21 @@ def cut_json(declared: bool, body: bytes) -> bool:
     whole answers' length, and a declared length tells the transport when the body is whole.
     Both edges (the picker's Envoy frames an answer as its replica did)."""
     if declared:
+        return False
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return True
+    return False
+
+
+def garbled(declared: bool, body: bytes) -> bool:
+    """Whether a JSON object (`json_object`) that a Content-Length framed (``declared``: its
+    body is whole) does not parse: a replica's or a proxy's bug, relayed as a 200 the SDK
+    failed to decode. Parsed when at most `_PARSED_BYTES` (a chat answer; a larger one --
+    embeddings, tens of MB -- is not parsed on the event loop); an unframed one is
+    `cut_json`'s. Both edges: the 502 "not JSON", a failure of the replica."""
+    if not declared or len(body) > _PARSED_BYTES:
         return False
     try:
         orjson.loads(body)

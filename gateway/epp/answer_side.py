@@ -67,7 +67,7 @@ from gateway.verdicts import (
     relayed_retry_after,
     served,
 )
-from gateway.whole import CUT_ANSWER, cut_json, json_object, without_bom
+from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, without_bom
 
 __all__ = ["AnswerSide"]
 
@@ -379,6 +379,7 @@ class AnswerSide(Deadlines):
             req.status = code
         else:
             served(target)
+            self._core.streaks.served(target)
 
     async def _answered_whole(self, data: bytes) -> str | None:
         """A whole (non-streamed or error) answer arrived: judge it (the verdict), read its
@@ -393,15 +394,21 @@ class AnswerSide(Deadlines):
         if internal_error(req.status, data) and (
                 self._skipped or no_other_replica(req.pool, req.target, now)):
             # failed alike where Envoy tried it first, or no other replica could try it: the
-            # request's fault as far as anything tells (the HTTP edge's rule), no replica's;
-            # the only replica's counted (`Replica.count_failure`)
+            # request's fault as far as anything tells (the HTTP edge's rule), no replica's
+            # unless one keeps failing so while others serve (`ErrorStreaks`); the only
+            # replica's counted (`Replica.count_failure`)
             if not self._skipped:
                 req.target.count_failure()
+            else:
+                for acquitted in (*self._skipped, req.target):
+                    core.streaks.acquitted(acquitted, now)
             self._passed, self._skipped = self._skipped, []
             verdict = "request"
         else:
             await self._charge_skipped()
             verdict = judge(req.target, req.status, data, now, self._held_retry)
+            if verdict == "ok":
+                core.streaks.served(req.target)
         if req.status == 200:
             self._usage(body_usage(data), req)
             if req.kind == "responses" and (rid := response_id(data)) is not None:
@@ -436,7 +443,8 @@ class AnswerSide(Deadlines):
         req, status = self.req, self._held_status
         assert self._held is not None
         data, self._held = without_bom(b"".join(self._held)), None
-        if status == 200 and not json_object(self._held_type, data):  # an HTML page, a cut
+        if status == 200 and (not json_object(self._held_type, data)  # an HTML page, a cut
+                              or garbled(self._held_declared, data)):  # (or JSON that is not)
             if req is not None and req.target is not None:  # body: the HTTP edge's 502 and
                 req.target.record_failure(self._core.clock())  # judgement (a stored one's:
             return [self._refuse(not_what_was_asked(False, self._held_type))]  # not judged)

@@ -17,6 +17,7 @@ from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
     BodyTooLarge,
     EncodedBody,
+    FormBody,
     KvgateError,
     MethodNotAllowed,
     MultipartBody,
@@ -46,7 +47,7 @@ class RequestSide(ExchangeState):
         """Who is asking and for what; nothing is answered before the body (unless refused)."""
         core = self._core
         self._t0 = perf_counter()
-        path, query, method, token, sent_id, declared, encoded, multipart = _scan(
+        path, query, method, token, sent_id, declared, encoded, multipart, self._form = _scan(
             msg.request_headers.headers.headers)
         if (path[-1:] == "/" or "//" in path) and (route := canonical(path)) != path:
             path = route  # as the HTTP edge (`gateway/paths.py`): the replica gets the route's
@@ -135,6 +136,8 @@ class RequestSide(ExchangeState):
         body = b"".join(self._chunks)
         self._chunks = []
         try:
+            if self._form and body[:1].isalpha():  # form fields (no JSON text starts so): the
+                raise FormBody(req.path)  # HTTP edge's 415, not "not valid JSON" (400)
             decision, upstream = await core.prep.prepare(req, principal, body, self._subset)
             pool = req.pool
             picked = (decision.replica, *decision.fallbacks)[: 1 + core.fallbacks]
@@ -243,12 +246,15 @@ def _credentials(creds: str | None) -> tuple[list[wire.Header], tuple[str, ...]]
     return [], ("authorization", *_ALT_KEY_HEADERS)
 
 
-def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None, bool, bool]:
+def _scan(
+    headers: Any,
+) -> tuple[str, bytes, str, str | None, bytes, int | None, bool, bool, bool]:
     """:path (no query), the query, :method, the API key (`gateway.apikey`), x-request-id,
-    content-length, whether a Content-Encoding other than identity compresses the body, and
-    whether it is a multipart form (`gateway.request.scan_headers`, the HTTP edge's)."""
+    content-length, whether a Content-Encoding other than identity compresses the body,
+    whether it is a multipart form, and whether it is declared a urlencoded one
+    (`gateway.request.scan_headers`, the HTTP edge's)."""
     path, query, method, req_id, declared, encoded = "", b"", "", b"", None, False
-    multipart = False
+    multipart = form = False
     keys: KeyScan | None = None
     for h in headers:
         key = h.key
@@ -267,6 +273,8 @@ def _scan(headers: Any) -> tuple[str, bytes, str, str | None, bytes, int | None,
         elif key == "content-encoding":
             encoded = encoded or h.raw_value.strip().lower() not in (b"", b"identity")
         elif key == "content-type":
-            multipart = multipart or h.raw_value.lstrip()[:19].lower() == b"multipart/form-data"
+            kind = h.raw_value.lstrip()[:33].lower()
+            multipart = multipart or kind[:19] == b"multipart/form-data"
+            form = form or kind == b"application/x-www-form-urlencoded"
     token = keys.key if keys is not None else None
-    return path, query, method, token, req_id, declared, encoded, multipart
+    return path, query, method, token, req_id, declared, encoded, multipart, form

@@ -28,6 +28,7 @@ from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.drain import INTERRUPT_WAIT_S, interrupt_all, interrupt_waiting
 from gateway.epp.exchange import Exchange, PickerCore
+from gateway.error_streaks import ErrorStreaks
 from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
 from gateway.runtime import Runtime
@@ -197,6 +198,7 @@ class EppApp(GatewayApp):
             new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
             fallbacks=self.cfg.epp.fallbacks,
             uploads=Uploads(self.cfg.server.max_pending_body_bytes),
+            streaks=ErrorStreaks(self.cfg.health.failure_threshold),
         )
         server = grpc.aio.server(options=grpc_options(
             self.cfg.server.max_body_bytes, self.cfg.health.stall_after_s))

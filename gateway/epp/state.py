@@ -11,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.config import KvgateConfig
 from gateway.epp import wire
+from gateway.error_streaks import ErrorStreaks
 from gateway.errors import KvgateError
 from gateway.metrics import GatewayMetrics
 from gateway.prepare import Preparer
@@ -44,6 +45,7 @@ class PickerCore:
     fallbacks: int  # endpoints after the first in the destination (0: the first only)
     # request bodies still arriving through Envoy, all exchanges together (as at the HTTP edge)
     uploads: Uploads
+    streaks: ErrorStreaks  # the replicas' 500s for requests that failed alike elsewhere
 
 
 def endpoint(replica: Replica) -> str:
@@ -61,7 +63,7 @@ class ExchangeState:
     """The state of one ext_proc stream (one HTTP request through Envoy); the sides of an
     exchange (`RequestSide`, `AnswerSide`, `Deadlines`) are mixins over it."""
 
-    __slots__ = ("_chunks", "_core", "_cut", "_details", "_head", "_held", "_held_bytes",
+    __slots__ = ("_chunks", "_core", "_cut", "_details", "_form", "_head", "_held", "_held_bytes",
                  "_held_declared", "_held_retry", "_held_status", "_held_type", "_holds", "_last",
                  "_lease", "_opening", "_passed", "_pending",
                  "_principal", "_removed", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
@@ -76,6 +78,7 @@ class ExchangeState:
         self._principal: Principal | None = None
         self._subset: Collection[str] | None = None
         self._chunks: list[bytes] = []
+        self._form = False  # the body is declared a urlencoded form (`curl -d`'s, JSON too)
         self._size = 0
         self._taken = 0  # ... of them counted in `PickerCore.uploads` while the rest arrives
         self.order: list[Replica] = []  # the destination: first choice, then fallbacks

@@ -16,6 +16,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.config import KvgateConfig
 from gateway.epp.exchange import Exchange
+from gateway.error_streaks import ErrorStreaks
 from gateway.replicas import HealthRules, Replica
 from gateway.request import ProxiedRequest
 from routing.types import RequestFeatures
@@ -26,7 +27,8 @@ ENGINE_ERROR = b'data: {"error": {"message": "x", "type": "InternalServerError",
 
 def _exchange(url: str = "http://127.0.0.1:1") -> tuple[Exchange, ProxiedRequest, Any]:
     core: Any = SimpleNamespace(cfg=KvgateConfig(), router=Mock(), metrics=Mock(),
-                                responses=Mock(), clock=lambda: 0.0, new_id=lambda: b"new")
+                                responses=Mock(), clock=lambda: 0.0, new_id=lambda: b"new",
+                                streaks=ErrorStreaks(3))
     ex = Exchange(core)
     req = ex.req = ProxiedRequest("/v1/chat/completions", "chat", b"rid", 0.0)
     req.parsed = SimpleNamespace(stream=True)  # type: ignore[assignment]

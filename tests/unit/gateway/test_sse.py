@@ -307,6 +307,8 @@ def test_well_formed_events_pass(size: int, stream: bytes) -> None:
         b"data: hello\n\n",
         b"data: <html>\n\n",
         b"data:\n\n",  # empty data
+        b"data\n\n",  # ... a data field without its colon: the same (SSE: an event, data "")
+        b"data\ndata: {}\n\n",
         b"data: \r\n\r\n",
         b"event: response.output_text.delta\ndata: Internal Server Error\n\n",
         b'data: "a string"\n\n',
@@ -320,9 +322,9 @@ def test_well_formed_events_pass(size: int, stream: bytes) -> None:
         b'data: [\ndata: "DONE"]\n\n',
         b'data: [DONE]x\n\n',
     ],
-    ids=["text", "html", "empty", "empty-crlf", "named-event", "json-string", "cut-json",
-         "cut-json-lines", "cut-array", "array", "number", "null", "empty-array-crlf",
-         "array-lines", "done-and-more"],
+    ids=["text", "html", "empty", "bare", "bare-first-line", "empty-crlf", "named-event",
+         "json-string", "cut-json", "cut-json-lines", "cut-array", "array", "number", "null",
+         "empty-array-crlf", "array-lines", "done-and-more"],
 )
 def test_a_malformed_event_stops_the_stream_before_it(size: int, bad: bytes) -> None:
     """Neither a JSON object nor [DONE]: the SDK would raise a JSON decode error on it (a
@@ -362,7 +364,6 @@ def test_a_byte_order_mark_opening_the_stream_is_left_out(size: int) -> None:
         # data "", and failed to parse it)
         (b"retry: 3000\n\n" + CHUNK + DONE, b":retry: 3000\n\n" + CHUNK + DONE),
         (CHUNK + b"event: ping\n\n" + DONE, CHUNK + b":event: ping\n\n" + DONE),
-        (CHUNK + b"data\n\n" + DONE, CHUNK + b":data\n\n" + DONE),
         (CHUNK + b"event: ping\r\n\r\n" + DONE, CHUNK + b":event: ping\r\n\r\n" + DONE),
         # ... with comment lines among them (SSE leaves those out; the SDK still dispatched)
         (CHUNK + b": note\nevent: ping\n\n" + DONE, CHUNK + b": note\n:event: ping\n\n" + DONE),
@@ -379,7 +380,7 @@ def test_a_byte_order_mark_opening_the_stream_is_left_out(size: int) -> None:
         (RESPONSES_EVENT + COMMENT + b"idle: 1\n\n", RESPONSES_EVENT + COMMENT + b"idle: 1\n\n"),
     ],
     ids=["id-then-comment", "id-after-data", "id-alone", "id-crlf", "retry", "event-ping",
-         "bare-data", "event-crlf", "comment-first", "comment-after", "responses-event-later",
+         "event-crlf", "comment-first", "comment-after", "responses-event-later",
          "responses-event-first", "responses-event-comment", "kept"],
 )
 def test_fields_the_sdk_misreads_are_not_relayed(size: int, sent: bytes, relayed: bytes) -> None:
