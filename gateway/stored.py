@@ -42,7 +42,6 @@ from gateway.errors import (
     MethodNotAllowed,
     NotFound,
     ReplicaRefused,
-    ResponseLookupFailed,
     UpstreamError,
     UpstreamTimeout,
     shown_name,
@@ -204,14 +203,6 @@ class StoredResponses:
             raise UpstreamError(UNANSWERED)
         body = b"".join(m.get("body", b"") for m in sent[1:])
         return sent[0]["status"], sent[0]["headers"], body
-
-    async def fetch(self, path: str, token: str | None) -> None:
-        """`lookup`, a Redis that does not answer taken as no answer: `locate` then finds
-        nothing (404). The endpoint picker's (it has no answer for the 503 yet)."""
-        try:
-            await self.lookup(path, token)
-        except ResponseLookupFailed:
-            return
 
     async def lookup(self, path: str, token: str | None) -> None:
         """Learn where the response `path` names lives when another gateway relayed it;

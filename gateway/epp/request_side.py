@@ -64,7 +64,10 @@ class RequestSide(ExchangeState):
                     return [self._refuse(exc)]
                 return [self._refuse(self._too_large())]
             self._stream = wants_stream(query) and method == "GET"
-            await self._core.stored.fetch(path, token)  # relayed by another gateway (Redis)
+            try:  # relayed by another gateway (Redis); not answered there: a 503, not a 404
+                await self._core.stored.lookup(path, token)
+            except KvgateError as exc:
+                return [self._refuse(exc)]
             out = self._to_stored(path, method, token)
             if msg.request_headers.end_of_stream or out.HasField("immediate_response"):
                 return [out]
