@@ -73,13 +73,7 @@ def cut_json(declared: bool, body: bytes) -> bool:
     (chunked too: the transport cannot tell which framed it) is parsed; vLLM declares its
     whole answers' length, and a declared length tells the transport when the body is whole.
     Both edges (the picker's Envoy frames an answer as its replica did)."""
-    if declared:
-        return False
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return True
-    return False
+    return not declared and _unparsable(body)
 
 
 def garbled(declared: bool, body: bytes) -> bool:
@@ -88,8 +82,10 @@ def garbled(declared: bool, body: bytes) -> bool:
     failed to decode. Parsed when at most `_PARSED_BYTES` (a chat answer; a larger one --
     embeddings, tens of MB -- is not parsed on the event loop); an unframed one is
     `cut_json`'s. Both edges: the 502 "not JSON", a failure of the replica."""
-    if not declared or len(body) > _PARSED_BYTES:
-        return False
+    return declared and len(body) <= _PARSED_BYTES and _unparsable(body)
+
+
+def _unparsable(body: bytes) -> bool:
     try:
         orjson.loads(body)
     except orjson.JSONDecodeError:
