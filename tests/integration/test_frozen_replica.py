@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import openai
 import pytest
 
+from tests.support.frozen import ask_until_two_wait, held_on
 from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc, sim_proc
 
@@ -32,10 +33,6 @@ def _attempts_on(base: str, replica: str) -> float:
     values = metric_values(base, "kvgate_replica_attempts_total")
     return sum(v for k, v in values.items() if replica in k)
 
-
-def _held_on(base: str, replica: str) -> float:
-    values = metric_values(base, "kvgate_inflight_requests")
-    return sum(v for k, v in values.items() if replica in k)
 
 
 @contextmanager
@@ -81,13 +78,13 @@ def test_a_frozen_replica_takes_no_request_once_silent(
 
     held: list[threading.Thread] = []
     try:
-        while _held_on(base, frozen_id) < 1 and len(held) < 40:  # until one waits there
+        while held_on(base, frozen_id) < 1 and len(held) < 40:  # until one waits there
             held.append(threading.Thread(target=stream, args=(len(held),)))
             held[-1].start()
-            wait_for(lambda: len(answered) + _held_on(base, frozen_id) >= len(held),
+            wait_for(lambda: len(answered) + held_on(base, frozen_id) >= len(held),
                      what="the stream sent on")
-        assert _held_on(base, frozen_id) >= 1
-        waiting = _held_on(base, frozen_id)
+        assert held_on(base, frozen_id) >= 1
+        waiting = held_on(base, frozen_id)
         time.sleep(2.5)  # past routing.silent_min_s (0.5 s) with nothing heard from it
         sent_there = _attempts_on(base, frozen_id)
         # 60 streams, 20 a second, each decoding a while: the other replica is busy, the
@@ -111,7 +108,7 @@ def test_a_frozen_replica_takes_no_request_once_silent(
         for t in later:
             t.join(timeout=40)
         assert _attempts_on(base, frozen_id) == sent_there, after  # none sent there
-        assert _held_on(base, frozen_id) == waiting  # none more sent there
+        assert held_on(base, frozen_id) == waiting  # none more sent there
     finally:
         frozen.signal(signal.SIGCONT)
         for t in held:
@@ -133,29 +130,8 @@ def test_its_waiting_requests_go_elsewhere_once_health_finds_it_down() -> None:
     with _stack(env) as (frozen, frozen_id, base):
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=20)
         frozen.signal(signal.SIGSTOP)
-        outcomes: list[str] = []
-
-        def ask(i: int, stream: bool) -> None:
-            try:
-                out = client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"cut {i} " * 50}],
-                    max_tokens=4, stream=stream)
-                if stream:
-                    assert isinstance(out, openai.Stream)
-                    sum(1 for _ in out)
-                outcomes.append("ok")
-            except openai.APIError as exc:
-                outcomes.append(repr(exc))
-
-        asked: list[threading.Thread] = []
-        while _held_on(base, frozen_id) < 2 and len(asked) < 40:  # two wait there
-            n = len(asked)  # streamed and not, to both replicas
-            asked.append(threading.Thread(target=ask, args=(n, n // 2 % 2 == 1)))
-            asked[-1].start()
-            time.sleep(0.05)
-        for t in asked:
-            t.join(timeout=40)
-        assert outcomes == ["ok"] * len(asked)
+        sent, outcomes = ask_until_two_wait(client, base, frozen_id, MODEL, "cut")
+        assert outcomes == ["ok"] * sent
         retries = metric_values(base, "kvgate_upstream_retries_total")
         assert sum(v for k, v in retries.items() if 'reason="stall"' in k) >= 2, retries
         wait_for(lambda: sum(metric_values(base, "kvgate_inflight_requests").values()) == 0,

@@ -14,20 +14,15 @@ before (tests/integration/test_gray_slow_health.py)."""
 from __future__ import annotations
 
 import signal
-import threading
-import time
 
 import openai
 
+from tests.support.frozen import ask_until_two_wait
 from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
 
-
-def _held_on(base: str, replica: str) -> float:
-    values = metric_values(base, "kvgate_inflight_requests")
-    return sum(v for k, v in values.items() if replica in k)
 
 
 def test_a_stopped_replicas_waiting_requests_go_elsewhere_at_the_first_late_probe() -> None:
@@ -50,29 +45,8 @@ def test_a_stopped_replicas_waiting_requests_go_elsewhere_at_the_first_late_prob
         client.chat.completions.create(  # its counters scraped: non-streamed waits count
             model=MODEL, messages=[{"role": "user", "content": "warm"}], max_tokens=2)
         frozen.signal(signal.SIGSTOP)
-        outcomes: list[str] = []
-
-        def ask(i: int, stream: bool) -> None:
-            try:
-                out = client.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": f"frozen {i} " * 50}],
-                    max_tokens=4, stream=stream)
-                if stream:
-                    assert isinstance(out, openai.Stream)
-                    sum(1 for _ in out)
-                outcomes.append("ok")
-            except openai.APIError as exc:
-                outcomes.append(repr(exc))
-
-        asked: list[threading.Thread] = []
-        while _held_on(base, frozen_id) < 2 and len(asked) < 40:  # two wait there
-            n = len(asked)  # streamed and not, to both replicas
-            asked.append(threading.Thread(target=ask, args=(n, n // 2 % 2 == 1)))
-            asked[-1].start()
-            time.sleep(0.05)
-        for t in asked:
-            t.join(timeout=40)
-        assert outcomes == ["ok"] * len(asked)
+        sent, outcomes = ask_until_two_wait(client, base, frozen_id, MODEL, "frozen")
+        assert outcomes == ["ok"] * sent
         retries = metric_values(base, "kvgate_upstream_retries_total")
         assert sum(v for k, v in retries.items() if 'reason="stall"' in k) >= 2, retries
         healthy = metric_values(base, "kvgate_replica_healthy")
