@@ -5,7 +5,8 @@ meanwhile is aborted once it steps again."""
 
 from __future__ import annotations
 
-import contextlib
+import json
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -13,15 +14,21 @@ from collections.abc import Callable
 import httpx
 import openai
 
+from tests.support.gateway import wait_for
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
 SimFactory = Callable[..., tuple[Proc, str]]
 
 
+def stats(url: str) -> dict[str, float]:
+    out: dict[str, float] = httpx.get(f"{url}/sim/stats").json()
+    return out
+
+
 def engine(url: str) -> dict[str, float]:
-    stats: dict[str, float] = httpx.get(f"{url}/sim/stats").json()
-    return {k: stats[k] for k in ("running", "waiting", "generation_tokens", "aborted")}
+    now = stats(url)
+    return {k: now[k] for k in ("running", "waiting", "generation_tokens", "aborted")}
 
 
 def gauges(url: str) -> dict[str, float]:
@@ -38,22 +45,21 @@ def gauges(url: str) -> dict[str, float]:
 def test_a_hung_engine_makes_no_token_and_answers_health_and_metrics(
     sim_factory: SimFactory,
 ) -> None:
-    _, url = sim_factory("--time-scale", "0.2")  # ~30 tokens a second
+    # ~30 tokens a second: 150 take ~5 s, so the hang comes long before the answer ends
+    _, url = sim_factory("--time-scale", "0.2")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=60)
     answers: list[int] = []
 
     def long_one() -> None:
         done = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=60,
+            model=MODEL, messages=[{"role": "user", "content": "go"}], max_tokens=150,
             extra_body={"ignore_eos": True})
         assert done.usage is not None
         answers.append(done.usage.completion_tokens)
 
     asker = threading.Thread(target=long_one)
     asker.start()
-    deadline = time.monotonic() + 10
-    while engine(url)["generation_tokens"] < 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: engine(url)["generation_tokens"] >= 5, timeout=30, what="5 tokens made")
     httpx.post(f"{url}/sim/faults", json={"engine_hang": True}).raise_for_status()
     frozen = gauges(url)
     time.sleep(1.5)
@@ -63,19 +69,22 @@ def test_a_hung_engine_makes_no_token_and_answers_health_and_metrics(
     assert not answers
     httpx.post(f"{url}/sim/faults", json={"engine_hang": False}).raise_for_status()
     asker.join(30)
-    assert answers == [60]  # it went on from where it stopped
+    assert answers == [150]  # it went on from where it stopped
 
 
 def test_an_abort_waits_for_the_engine_to_step_again(sim_factory: SimFactory) -> None:
     _, url = sim_factory("--engine-hang")
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=1)
-    with contextlib.suppress(openai.APITimeoutError):  # the client leaves
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "a"}],
-                                       max_tokens=4)
-    time.sleep(0.5)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "a"}],
+                       "max_tokens": 4}).encode()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+                       b"application/json\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        wait_for(lambda: stats(url)["in_flight"] == 1, timeout=30, what="the request received")
+    # the client left: the sim sees it (its handler gone) but the stuck engine applies no abort
+    wait_for(lambda: stats(url)["in_flight"] == 0, timeout=30, what="the client's leaving seen")
     assert engine(url)["waiting"] + engine(url)["running"] == 1  # still there: not aborted
+    assert engine(url)["aborted"] == 0
     httpx.post(f"{url}/sim/faults", json={"engine_hang": False}).raise_for_status()
-    deadline = time.monotonic() + 10
-    while engine(url)["aborted"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: engine(url)["aborted"] >= 1, timeout=30, what="the abort applied")
     assert engine(url) == {"running": 0, "waiting": 0, "generation_tokens": 0, "aborted": 1}

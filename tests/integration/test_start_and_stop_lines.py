@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import openai
 import orjson
 
@@ -49,7 +50,9 @@ def test_the_start_line_names_the_config_the_store_and_the_pools(sim_factory: Si
 
 
 def test_sigterm_says_what_it_drains_then_that_it_drained(sim_factory: SimFactory) -> None:
-    _, sim = sim_factory("--time-scale", "0.5")  # streams of a few seconds
+    # the engine takes no step until the test lifts its hang: both streams are in flight when
+    # the gateway reads SIGTERM however slow the machine (a stream of 20 tokens took ~0.2 s)
+    _, sim = sim_factory("--engine-hang")
     gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_SERVER__SHUTDOWN_GRACE_S": "60"})
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
     chunks: list[int] = []
@@ -65,6 +68,9 @@ def test_sigterm_says_what_it_drains_then_that_it_drained(sim_factory: SimFactor
             t.start()
         wait_for(lambda: inflight(base) == 2, timeout=20, what="two streams in flight")
         gw.signal(signal.SIGTERM)
+        wait_for(lambda: "shutting down: draining" in gw.output(tail=None), timeout=20,
+                 what="the drain's first line")
+        httpx.post(f"{sim}/sim/faults", json={"engine_hang": False}).raise_for_status()
         for t in streams:
             t.join(60)
         assert gw.popen is not None and gw.popen.wait(30) == 0

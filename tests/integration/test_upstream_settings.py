@@ -17,7 +17,7 @@ import orjson
 import pytest
 import yaml
 
-from tests.support.gateway import gateway_proc, inflight, wait_for
+from tests.support.gateway import FAST_HEALTH, gateway_proc, inflight, wait_for
 from tests.support.procs import KVGATE, ROOT, Proc, free_port
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -57,8 +57,11 @@ def test_without_the_pools_key_the_replica_refuses(sim_factory: SimFactory) -> N
     the gateway's credentials, not the client's (whose key the gateway accepted): the client
     gets a 502 saying so, and the replica is taken out (every request would fail there)."""
     _, sim = sim_factory("--time-scale", "50", "--api-key", VLLM_KEY)
+    # marked down until /health answers again (it needs no key): no probe after the one at
+    # start, or the next (every 0.2 s) puts it back before a slow machine reads /readyz
     config = {"pools": {"p": {"served_model": MODEL, "replicas": [sim],
-                              "api_key_env": "TEST_POOL_VLLM_KEY"}}}
+                              "api_key_env": "TEST_POOL_VLLM_KEY"}},
+              "health": {**FAST_HEALTH, "interval_s": 60}}
     gw, base = gateway_proc(config=config, env={"TEST_POOL_VLLM_KEY": "a-wrong-key"})
     with gw:
         c = openai.OpenAI(base_url=f"{base}/v1", api_key=VLLM_KEY, max_retries=0, timeout=30)
