@@ -25,9 +25,6 @@ from routing.types import RequestFeatures
 __all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "replica_id",
            "request_id", "scan_headers"]
 
-# 5xx a request ends with that ran no output for its client (`ProxiedRequest.refused`)
-_NO_OUTPUT = frozenset({500, 502, 503})
-
 
 class ProxiedRequest:
     """One proxied request's state (one object per request, slotted)."""
@@ -119,19 +116,6 @@ class ProxiedRequest:
         # flow control counts the request against its tenant's share of the pool until this
         # is called (once, when the request is over)
         self.flow_done: Callable[[], None] | None = None
-
-    def refused(self) -> bool:
-        """A replica answered it 4xx before any of its output reached the client (not a
-        timeout or a client that left: 408 and 499 are the gateway's own, after output
-        perhaps), or its tries failed before any output and the gateway answered 502/503
-        (dead engines, nothing listening: the first request of an outage, whose next ones the
-        pool's 503 refuses before any replica; a 504's replica may have been working on it),
-        or a replica's 500 was its answer (an exception serving it: the client got nothing,
-        and the output reserved for it was charged to its tenant's TPM)."""
-        status = self.status
-        failed = (400 <= status < 500 and status not in (408, 499)) or status in _NO_OUTPUT
-        return failed and (self.replica != "none" and self.used is None and self.ttft is None
-                           and not self.relayed)
 
     def settled_headers(self) -> None:
         """`extra`'s x-ratelimit-* as they read once the admission is settled (OpenAI's
