@@ -16,11 +16,7 @@ answers it late: a probe that times out is only *slow*, and ejects after
 `health.slow_threshold` in a row -- unless requests were answered there while it waited (first
 tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
-an explicit non-200 (vLLM's 503 for a dead engine) ejects at once, and so does a late probe of
-a replica that is *frozen* (`_frozen`: requests waited there that long with nothing heard from
-it and none of its answers under way -- a stopped process, a frozen host: its waiting requests
-waited out `slow_threshold` probe timeouts, 22-24 s with the defaults, before they were tried
-elsewhere).
+an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
 """
 
 from __future__ import annotations
@@ -41,8 +37,6 @@ from gateway.transport import TRANSPORT_ERRORS, connect_failure, refused
 __all__ = ["HealthMonitor"]
 
 log = logging.getLogger(__name__)
-
-PREFILL_MARGIN = 2.0  # a silent replica's waiting prefill may take this x its predicted TTFT
 
 
 class HealthMonitor:
@@ -92,13 +86,6 @@ class HealthMonitor:
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
             if replica.state == "healthy" and replica.answers > answered:
                 replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late
-                return
-            if replica.state == "healthy" and (silent := _frozen(replica, self._clock(),
-                                                                 self._cfg.timeout_s)):
-                replica.reason = f"{slow}, nothing heard from it for {silent:.0f} s"
-                log.warning("replica down: frozen", extra={
-                    "pool": pool.name, "replica": replica.id, "reason": replica.reason})
-                replica.mark_down(self._clock(), request=False)  # its waiting requests: cut
                 return
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())
@@ -219,30 +206,6 @@ def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) 
                 replica.max_model_len = length
                 pool.context_learned()
             return
-
-
-def _frozen(replica: Replica, now: float, timeout_s: float) -> float | None:
-    """How long requests have waited on `replica` with nothing heard from it (no first
-    token or whole answer, its engine's scraped counters still: `Replica.silent_for`), when
-    that is at least the /health probe's timeout that just passed, longer than its waiting
-    prefill work should take, and none of its answers is under way: a stopped process, a
-    frozen host, a black-holed network. None otherwise:
-    a saturated replica answers /health late (vLLM serves it on the loop that serves
-    requests) but answers requests, or streams some, meanwhile."""
-    if replica.inflight_prefill <= 0 or replica.inflight > replica.inflight_prefill:
-        return None
-    silent = replica.silent_for(now)
-    if silent < timeout_s:
-        return None
-    # the streamed prompts waiting there may take that long to prefill, at its learned TTFT
-    # model with `PREFILL_MARGIN` (the line through its past prefills is a mean: a prompt's
-    # own one runs past it): busy, not frozen -- a 100k-token prompt's first token is many
-    # seconds away, and its engine's counters move only when it comes. Cut, it was prefilled
-    # again elsewhere, the replica out meanwhile
-    waiting = replica.inflight_prefill_tokens - replica.whole_waiting_tokens
-    if replica.ttft is not None and PREFILL_MARGIN * replica.ttft.predict(waiting) >= silent:
-        return None
-    return silent
 
 
 def _nothing_listening(exc: BaseException) -> bool:

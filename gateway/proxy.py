@@ -283,7 +283,6 @@ class Proxy:
         req.replica = replica.id
         req.target = replica
         first = req.attempts == 0
-        replica.ttft = self._router.ttft_fit(replica.id)  # (`gateway.health._frozen`)
         lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
         lease.on_stall(req.ctl.replica_stalled)  # its engine stops: tried elsewhere
         resp: UpstreamResponse | None = None

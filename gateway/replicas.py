@@ -90,7 +90,7 @@ class Replica:
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool",
         "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "stalled", "stalls", "state", "ttft", "url", "waiting_since", "watch",
+        "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
         "whole_waiting_tokens",
     )
 
@@ -111,10 +111,6 @@ class Replica:
         self.heard_at = 0.0
         self._heard_answers = 0
         self.waiting_since: float | None = None
-        # its learned TTFT model as of the last request sent there (the proxy sets it): how
-        # long the prefill work waiting there may take (`gateway.health` does not take a
-        # long prompt's prefill for a frozen replica); None: never told
-        self.ttft: TtftFit | None = None
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
