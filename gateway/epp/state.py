@@ -156,7 +156,6 @@ class ExchangeState:
         assert req is not None
         req.replica, req.target = replica.id, replica
         req.attempts += 1
-        replica.ttft = self._core.router.ttft_fit(replica.id)  # (`gateway.health._frozen`)
         self._lease = replica.acquire(
             req.features.prompt_tokens, req.features.stream, self._core.clock())
         self._lease.on_stall(self._replica_cut)  # its engine stops, it is found down: ended
