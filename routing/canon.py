@@ -11,6 +11,7 @@ prompt), then the messages in order; so a growing conversation keeps its earlier
 
 from __future__ import annotations
 
+from base64 import b64encode
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,11 +56,33 @@ def _message_text(message: Any) -> str:
     return text + _MSG_END
 
 
+def _ids_text(ids: list[Any]) -> str | None:
+    """A prompt of token ids as text of 4 characters an id (`routing.tokens.CHARS_PER_TOKEN`),
+    or None when it is not one (an id that is not an int, or beyond 24 bits: vLLM refuses it too).
+    Each id is 3 bytes, which base64 writes as 4 characters, so the token estimate counts one
+    token an id (as JSON text, ``[1234,567,...]``, it counted ~1.6), and a prefix of the ids
+    is a prefix of the text: block boundaries fall between ids, as between tokens of text."""
+    if not ids or not all(type(i) is int for i in ids):
+        return None
+    try:
+        packed = b"".join([i.to_bytes(3, "big") for i in ids])
+    except OverflowError:  # negative, or >= 2**24
+        return None
+    return b64encode(packed).decode("ascii")
+
+
 def _prompt_text(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return _MSG_END.join(prompt)
+    if isinstance(prompt, list):
+        if all(isinstance(p, str) for p in prompt):
+            return _MSG_END.join(prompt)
+        if (text := _ids_text(prompt)) is not None:
+            return text
+        if all(isinstance(p, list) for p in prompt):  # a batch of token-id prompts
+            texts = [_ids_text(p) for p in prompt]
+            if None not in texts:
+                return _MSG_END.join(t for t in texts if t is not None)
     return _stable_json(prompt)
 
 

@@ -151,6 +151,39 @@ def test_odd_bodies_do_not_raise(body: dict[str, object]) -> None:
     assert f.prompt_tokens == count_tokens(len(canonical_text(body)))
 
 
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        list(range(1000, 3000)),  # ids of 4 and 5 digits
+        [0, 1, 2**24 - 1] * 300,  # the ends of the 24 bits written
+        [[7] * 600, [8] * 400],  # a batch of token-id prompts: the sum, plus the separator
+    ],
+)
+def test_a_token_id_prompt_counts_a_token_an_id(prompt: list[object]) -> None:
+    # as JSON text (``[1000,1001,...]``) 2,000 ids were estimated at ~2,800 tokens: the cost
+    # model's prefill work and the context-fit check read it
+    ids = [i for p in prompt for i in (p if isinstance(p, list) else [p])]
+    f = extract_features({"prompt": prompt}, model="m", salt="s", config=CFG)
+    assert len(ids) <= f.prompt_tokens <= len(ids) + 1
+
+
+def test_token_id_prompts_sharing_ids_share_blocks() -> None:
+    head = list(range(50_000, 50_000 + 3 * CFG.tokens_per_block))
+    a = extract_features({"prompt": [*head, 1, 2]}, model="m", salt="s", config=CFG)
+    b = extract_features({"prompt": [*head, 3]}, model="m", salt="s", config=CFG)
+    assert len(a.block_hashes) == 3
+    assert a.block_hashes == b.block_hashes
+    other = extract_features({"prompt": [5, *head]}, model="m", salt="s", config=CFG)
+    assert not set(other.block_hashes) & set(a.block_hashes)
+
+
+@pytest.mark.parametrize("prompt", [[1, -2], [2**24], [1, True], [1.5, 2]])
+def test_ids_vllm_refuses_are_keyed_as_json(prompt: list[object]) -> None:
+    import orjson
+
+    assert canonical_text({"prompt": prompt}) == orjson.dumps(prompt).decode()
+
+
 def test_features_carry_request_fields() -> None:
     f = extract_features(
         {"prompt": "x", "stream": True},
