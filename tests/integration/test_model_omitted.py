@@ -1,16 +1,18 @@
 """A request that names no model, as curl scripts written against one vLLM send them: vLLM's
 request models make `model` optional (absent, null or "" is the model it serves), so kvgate
 serves it with the one model the key can use, and answers a key that can use several a 400
-listing them. A real gateway (authentication on), one simulated replica, two tiers."""
+listing them. A real gateway (authentication on), one simulated replica, two tiers; and the
+picker behind a real Envoy (the quick form), which prepares requests the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import sim_proc
 
@@ -77,3 +79,14 @@ def test_a_key_with_several_models_is_told_to_name_one(
     # a model of the wrong type is still kvgate's 400 naming it
     wrong = _post(base, made["one"], "completions", {**ROUTES["completions"], "model": 7})
     assert (wrong.status_code, wrong.json()["error"]["param"]) == (400, "model")
+
+
+def test_the_picker_behind_envoy_serves_it_too(sim_factory: Callable[..., Any]) -> None:
+    _, url = sim_factory("--time-scale", "50")
+    picker = epp_proc(upstreams=[url])
+    with picker:
+        proxy, base = envoy_proc(picker.picker)
+        with proxy:
+            answer = httpx.post(f"{base}/v1/completions", json=ROUTES["completions"], timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == "sim-model"
