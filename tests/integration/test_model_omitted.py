@@ -90,3 +90,14 @@ def test_the_picker_behind_envoy_serves_it_too(sim_factory: Callable[..., Any]) 
             answer = httpx.post(f"{base}/v1/completions", json=ROUTES["completions"], timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "sim-model"
+
+
+def test_before_the_quick_form_knows_its_model_it_is_the_503_to_retry() -> None:
+    _, url = sim_proc(None, model="sim-model")  # (never started: no replica answers yet)
+    gw, base = gateway_proc(upstreams=[url], ready=False)
+    with gw:
+        answer = httpx.post(f"{base}/v1/completions", json=ROUTES["completions"], timeout=30)
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "1"
+    assert answer.json()["error"]["message"] == ("No ready replica: no model is known yet to "
+                                                 "serve a request that names none.")
