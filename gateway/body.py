@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
@@ -148,8 +149,11 @@ def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
     return str(exc)
 
 
-def parse_body(raw: bytes, kind: str) -> ParsedBody:
-    """Parse and check the request; raises `BadRequest` naming the parameter."""
+def parse_body(
+    raw: bytes, kind: str, default_model: Callable[[], str] | None = None,
+) -> ParsedBody:
+    """Parse and check the request; raises `BadRequest` naming the parameter.
+    ``default_model``: the model a body without one (absent, null or empty) is for."""
     raw = _utf8(raw)
     try:
         data = orjson.loads(raw)
@@ -162,6 +166,10 @@ def parse_body(raw: bytes, kind: str) -> ParsedBody:
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")
     model = data.get("model")
+    if (model is None or model == "") and default_model is not None:
+        # vLLM's request models make `model` optional: none (or "") is its served model, and
+        # curl scripts written against one vLLM leave it out
+        model = data["model"] = default_model()
     if not isinstance(model, str) or not model:
         raise BadRequest("`model` must be a non-empty string.", param="model")
     sent = data.get("stream")

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from gateway.body import ParsedBody, drop_operator_fields
-from gateway.errors import ModelNotFound, NoReplicaAvailable, shown_name
+from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, shown_name
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
@@ -240,6 +240,20 @@ class Planner:
         tier = principal.tier
         mine = {m for m in doc.models if doc.pool_for(m, tier) is not None}
         return sorted(mine | set(self.pools.public))
+
+    def default_model(self, principal: Principal) -> str:
+        """The model of a request that names none (vLLM serves its own model then): the one
+        public name `principal`'s tier can use; with several, a 400 listing them; with none
+        known yet (the quick form before a replica answered), the 503 to retry."""
+        offered = self.offered(principal)
+        if len(offered) == 1:
+            return offered[0]
+        if offered:
+            shown = ", ".join(offered[:ModelNotFound.SHOWN])
+            raise BadRequest(f"`model` is required: this key can use {len(offered)} models "
+                             f"({shown}; GET /v1/models lists them).", param="model")
+        raise NoReplicaAvailable("No ready replica: no model is known yet to serve a request "
+                                 "that names none.")
 
     def not_found(self, principal: Principal, model: str) -> ModelNotFound:
         """The 404 for a `model` `principal` cannot use: missing, a served name, or offered

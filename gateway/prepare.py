@@ -227,12 +227,12 @@ class Preparer:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
         with its prefix features, in a worker thread (`OffLoop`; route explain's too)."""
         if len(body) < OFF_LOOP_BYTES:
-            return parse_body(body, kind)
+            return parse_body(body, kind, lambda: self.planner.default_model(principal))
         return await self._off_loop.run(self._digest, body, kind, principal)
 
     def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """Parse a large body and compute its prefix features (run in a worker thread)."""
-        parsed = parse_body(body, kind)
+        parsed = parse_body(body, kind, lambda: self.planner.default_model(principal))
         if kind in PREFIX_KINDS:
             parsed.prefix = self.planner.prefix_features(parsed, principal)
         return parsed

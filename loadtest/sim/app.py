@@ -175,7 +175,7 @@ class SimApp:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model is not None and model != self.options.model:
+        if model and model != self.options.model:  # none or "": vLLM's own model
             raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
     @property

@@ -36,7 +36,7 @@ def assert_openai_error(resp: httpx.Response, status: int, param: str | None = N
     [
         (b"{not json", 400, None),
         (b"[1, 2, 3]", 400, None),
-        (b'{"messages": []}', 400, "model"),
+        (b'{"model": true, "messages": []}', 400, "model"),  # (none: vLLM's own, served)
         (b'{"model": 42, "messages": []}', 400, "model"),
         (b'{"model": "sim-model", "stream": "maybe", "messages": []}', 400, "stream"),
         (b'{"model": "no-such-model", "messages": []}', 404, "model"),
