@@ -275,7 +275,14 @@ class Preparer:
             try:
                 decision = self._router.pick(plan.features, views, now, held=held)
             except NoCandidate:
-                raise pool.none_healthy(parsed.model, now, among) from None
+                # none available: replicas on trial whose trial streams answer, rather than
+                # a 503 until the longest of those streams ends (`Replica.trial_answering`)
+                views = [_healthy(v) if (r := pool.by_id.get(v.id)) and r.trial_answering(now)
+                         else v for v in views]
+                try:
+                    decision = self._router.pick(plan.features, views, now, held=held)
+                except NoCandidate:
+                    raise pool.none_healthy(parsed.model, now, among) from None
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if self.flow is not None:  # the pick counts in its pool; route "queued" if it waited

@@ -85,7 +85,8 @@ class Replica:
 
     __slots__ = (
         "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
-        "busy_until", "current", "cuttable", "down", "draining", "ejected_until", "ejections",
+        "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
+        "ejected_until", "ejections",
         "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool",
@@ -137,6 +138,7 @@ class Replica:
         # those sent since the last ejection (`current` in flight) are its trial
         self.epoch = 0
         self.current = 0
+        self.current_waiting = 0  # of those, the ones with no first token (or answer) yet
         self.progress_at_ejection: float | None = None  # its engine's tokens then (scraped)
         self._stall = StallWatch(policy.stall_after_s)
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
@@ -169,6 +171,7 @@ class Replica:
         self.attempts += 1
         self.inflight += 1
         self.current += 1
+        self.current_waiting += 1
         self.inflight_prefill += 1
         self.inflight_prefill_tokens += prompt_tokens
         if not stream:
@@ -289,6 +292,15 @@ class Replica:
         return self.state == HALF_OPEN and self.current == 0 and (
             self.inflight == 0 or self._moved_since_ejection())
 
+    def trial_answering(self, now: float) -> bool:
+        """On trial, with every request sent since its ejection answering (first tokens
+        streamed): it serves again, as far as can be told before its trial ends. `available`
+        waits for that end -- the trial is judged as a whole, a stream that hangs mid-way
+        fails it -- and a long stream keeps the replica at one request until then; a pick
+        with no replica available at all takes such a one rather than answer 503."""
+        return (self.state == HALF_OPEN and self.current > 0 and self.current_waiting == 0
+                and not self.down and not self.stalled and not self.draining)
+
     def _moved_since_ejection(self) -> bool:
         """Has its engine worked since its ejection (its scraped token counters moved, or went
         back: a new engine)? Then requests it held from before do not hold its trial back.
@@ -408,6 +420,7 @@ class Replica:
     def eject(self, now: float) -> None:
         self.epoch += 1
         self.current = 0  # what is in flight now was sent before: not its trial
+        self.current_waiting = 0
         self.progress_at_ejection = self.engine_tokens()
         self.ejections += 1
         backoff = self._policy.eject_base_s * 2 ** (self.ejections - 1)
@@ -562,6 +575,8 @@ class Lease:
             self.replica.inflight_prefill_tokens -= self._prefill
             self.replica.whole_waiting_tokens -= self._whole
             self.replica.answers += 1
+            if self.epoch == self.replica.epoch:
+                self.replica.current_waiting -= 1
         self.answered = True
         self._uncuttable()
 
@@ -578,6 +593,8 @@ class Lease:
         replica.inflight -= 1
         if self.epoch == replica.epoch:  # sent since its last ejection
             replica.current -= 1
+            if not self.answered:
+                replica.current_waiting -= 1
         if replica.watch is not None:
             replica.watch()
 

@@ -80,3 +80,33 @@ def test_the_trial_s_own_failure_still_ejects() -> None:
     assert r.available(1.0)
     Context().run(failed_request, r, 1.0)
     assert r.state == "ejected" and r.ejections == 2
+
+
+def test_a_trial_answers_once_its_first_token_came() -> None:
+    r = replica()
+    for _ in range(2):
+        Context().run(failed_request, r, 0.0)
+    assert r.available(1.0) and r.state == "half_open"
+    assert not r.trial_answering(1.0)  # nothing sent since the ejection
+    trial = Context().run(r.acquire, 10)
+    assert not r.available(1.0) and not r.trial_answering(1.0)  # it waits for its prefill
+    trial.first_token()
+    assert not r.available(1.0) and r.trial_answering(1.0)  # judged at its end: answering
+    other = Context().run(r.acquire, 10)  # a pick with nothing else available took it
+    assert not r.trial_answering(1.0)
+    other.release()  # ended unanswered (a client gone): its wait is counted off too
+    assert r.trial_answering(1.0) and r.current_waiting == 0
+    trial.release()
+    assert r.current == 0 and r.current_waiting == 0 and not r.trial_answering(1.0)
+
+
+def test_an_ejection_forgets_the_waiting_trials() -> None:
+    r = replica()
+    for _ in range(2):
+        Context().run(failed_request, r, 0.0)
+    held = Context().run(r.acquire, 10)  # sent on trial, then the replica is out again
+    r.eject(1.0)
+    assert r.current_waiting == 0
+    held.first_token()  # an answer of the epoch before counts nothing off
+    held.release()
+    assert r.current == 0 and r.current_waiting == 0
