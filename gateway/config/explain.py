@@ -4,14 +4,14 @@ came from, and the field meant when an unknown one is close to it."""
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from gateway.config.env import ENV_SHAPES
+from gateway.config.misplaced import MAX_SHOWN, elsewhere, secret_hint, unwrap
 from gateway.config.model import KvgateConfig
 from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
@@ -44,7 +44,7 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         msg = str(err["msg"]).removeprefix("Value error, ")
         unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
         if unknown:  # (model, dataclass)
-            msg = "unknown field" + _did_you_mean(loc)
+            msg = "unknown field" + _unknown_hint(loc)
         elif err["type"] == "string_pattern_mismatch" and \
                 (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
             msg = f"{err['input']!r} is not a name: {NAME_RULE}"
@@ -96,8 +96,18 @@ def _shape(loc: tuple[str, ...]) -> str | None:
     return None
 
 
-def _did_you_mean(loc: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(loc[-1], _field_names(loc[:-1]), n=1)
+def _unknown_hint(loc: tuple[str, ...]) -> str:
+    """What an unknown field was meant to be: a secret's variable, the section (or the
+    tier's `limits`) where a field of that name is, else a field of this model close to it."""
+    if secret := secret_hint(loc[-1]):
+        return f" ({secret})"
+    if paths := elsewhere(loc):
+        shown = " or ".join(paths[:MAX_SHOWN]) + (" or ..." if len(paths) > MAX_SHOWN else "")
+        return f" (it belongs at {shown})"
+    names = _field_names(loc[:-1])
+    close = difflib.get_close_matches(loc[-1], names, n=1)
+    # a part of a longer name (`model` for `served_model`) is too far from it for difflib
+    close = close or [n for n in names if loc[-1] in n.split("_")][:1]
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -114,17 +124,5 @@ def _field_names(loc: tuple[str, ...]) -> list[str]:
             kind = typing.get_args(kind)[-1]  # a pool's or a list item's model
         else:
             return []
-        kind = _unwrap(kind)
+        kind = unwrap(kind)
     return list(getattr(kind, "__pydantic_fields__", {}))
-
-
-def _unwrap(kind: Any) -> Any:
-    """`X | None` and `Annotated[X, ...]` -> X."""
-    while True:
-        origin = typing.get_origin(kind)
-        if origin is Annotated:
-            kind = typing.get_args(kind)[0]
-        elif origin in (typing.Union, types.UnionType):
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        else:
-            return kind
