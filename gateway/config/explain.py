@@ -8,6 +8,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from gateway.config.env import ENV_SHAPES
@@ -24,7 +25,11 @@ SHAPES = {
     ("models", "*"): "the pool per tier, e.g. {default: fp8, free: awq}",
     ("tenants",): "a list of tenants, e.g. [{id: acme, tier: premium}]",
     ("pools", "*", "replicas"): "a list of URLs, e.g. [http://10.0.0.1:8000]",
+    # a list of named entries, as Kubernetes writes them, where kvgate maps names
+    ("pools",): "pool name -> pool, e.g. {fp8: {replicas: [http://10.0.0.1:8000]}}",
+    ("tiers",): "tier name -> tier, e.g. {free: {limits: {rpm: 60}}}",
 }
+FILE_SHAPES = {"list_type": "a list, e.g. [a, b]", "dict_type": "a mapping, e.g. {a: 1}"}
 # a value of the wrong type or form: pydantic says what it wanted ("Input should be a valid
 # integer") but not what it got, and the policy sections take no quoted number, so `rpm: "60"`
 # read "should be a valid integer" of what looks like one
@@ -60,14 +65,27 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
                        or (unknown and loc and path[:len(loc)] == loc)), None)
         if source is not None:
             msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
-        elif err["type"] in ENV_SHAPES and (shape := _shape(loc)):
-            msg += f": {shape}"
+        elif err["type"] in ENV_SHAPES:
+            shape = _shape(loc)
+            # any other list or mapping: what the file held and the form (`retry_statuses:
+            # 500` said "should be a valid list", not of what nor what it got)
+            msg += f": {shape}" if shape else _file_shape(err["type"], err.get("input"))
         field = ".".join(loc)
         # a whole-document check (an unknown pool) names its fields in the message itself,
         # as the routing core's checks do ("routing.load_factor must be >= 1.0")
         named = not loc or msg.startswith((f"{field}.", f"{field}:"))
         lines.append(msg if named else f"{field}: {msg}")
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _file_shape(kind: str, value: Any) -> str:
+    """What the file held where a list or a mapping goes, and how to write it: one value
+    where a list goes is that value in brackets."""
+    if kind == "list_type" and isinstance(value, str | int | float) and value != "":
+        written = yaml.safe_dump([value], default_flow_style=True, width=1000).strip()
+        if len(written) <= 60:
+            return f"{_given(value, strict=False)}: write it as a list, {written}"
+    return f"{_given(value, strict=False)}: {FILE_SHAPES[kind]}"
 
 
 def _given(value: Any, strict: bool) -> str:
