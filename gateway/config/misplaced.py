@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from gateway.config.model import KvgateConfig
 
-__all__ = ["SECRET_VARS", "elsewhere", "secret_hint", "unwrap"]
+__all__ = ["SECRET_VARS", "elsewhere", "field_paths", "secret_hint", "unwrap"]
 
 # the fields only the environment sets (gateway.config.env.ENV_SECRETS, the other way round)
 SECRET_VARS = {"redis_url": "KVGATE_REDIS_URL", "admin_token": "KVGATE_ADMIN_TOKEN",
@@ -35,9 +35,13 @@ def elsewhere(loc: tuple[str, ...]) -> list[str]:
     """The paths where a field named ``loc[-1]`` exists, an entry's name taken from `loc`
     where the path runs through the same one (`tiers.free.rpm` -> `tiers.free.limits.rpm`)."""
     name = loc[-1]
-    found = [path for path in _field_paths(KvgateConfig, ())
-             if path[-1] == name and name not in SECRET_VARS]
+    found = [path for path in field_paths() if path[-1] == name and name not in SECRET_VARS]
     return [".".join(_filled(path, loc)) for path in found]
+
+
+def field_paths() -> list[tuple[str, ...]]:
+    """Every field's path in the configuration ("*": a mapping's key, a list's index)."""
+    return list(_field_paths(KvgateConfig, ()))
 
 
 def _field_paths(kind: Any, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:

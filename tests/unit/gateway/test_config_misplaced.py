@@ -6,6 +6,7 @@ taken quietly, where docs/configuration.md says secrets come only from the envir
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,26 @@ def test_a_secret_in_the_file_is_refused_naming_its_variable(
                                    f"only from the environment: set {var}")
     assert len(captured.err.splitlines()) == 1
     assert value not in captured.err and "hunter2" not in captured.err
+
+
+@pytest.mark.parametrize(("name", "meant"), [
+    ("KVGATE_SERVER_PORT", "KVGATE_SERVER__PORT"),  # one underscore where two go
+    ("KVGATE_PORT", "KVGATE_SERVER__PORT or KVGATE_EPP__PORT"),  # the section left out
+    ("KVGATE_LOG_LEVEL", "KVGATE_SERVER__LOG_LEVEL"),
+    ("KVGATE_FLOW_ENABLED", "KVGATE_FLOW__ENABLED"),
+    # its own variables misspelt: KVGATE_REDIS left the gateway on the in-memory store
+    ("KVGATE_REDIS", "KVGATE_REDIS_URL"),
+    ("KVGATE_ADMIN_TOKENS", "KVGATE_ADMIN_TOKEN"),
+])
+def test_a_stray_variable_names_the_one_meant(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        name: str, meant: str) -> None:
+    """It said "check the spelling", never which variable was meant."""
+    for var in [v for v in os.environ if v.startswith("KVGATE_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv(name, "1")
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(POOLS)
+    assert main(["config", "check", str(path)]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if name in line]
+    assert warnings == [f"kvgate: warning: {name}: not a kvgate setting (did you mean {meant}?)"]
