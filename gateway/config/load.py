@@ -83,6 +83,9 @@ def load_config(
         shown = f"{path} (from KVGATE_CONFIG)" if from_env else path
         raw = _read_file(path, shown)
         _no_secrets(raw, shown)
+        # a section line with nothing under it (every field of a copied example commented
+        # out) is that section's defaults: it was "server: Input should be a mapping (got None)"
+        raw = {key: value for key, value in raw.items() if value is not None}
     raw = deep_merge(raw, env_overrides(env))
     if quick:
         raw.pop("pools", None)

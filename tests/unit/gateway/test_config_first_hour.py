@@ -183,3 +183,18 @@ def test_a_list_or_mapping_of_the_wrong_type_in_the_file_says_what_it_got(
     with pytest.raises(ConfigError) as info:
         load_config(str(path), environ={})
     assert info.value.message.splitlines()[1].strip() == line
+
+
+def test_a_section_with_every_field_commented_out_is_its_defaults(tmp_path: Path) -> None:
+    """examples/kvgate.yaml copied and a section's fields commented out: YAML reads the
+    section line as null, which was "server: Input should be a mapping (got None)"."""
+    path = tmp_path / "kvgate.yaml"
+    path.write_text("pools:\n  a: {served_model: m, replicas: ['http://127.0.0.1:9']}\n"
+                    "server:\n#  port: 9000\nflow:\n#  enabled: true\ntenants:\n")
+    cfg = load_config(str(path), environ={})
+    assert (cfg.server.port, cfg.flow.enabled, cfg.tenants) == (8000, False, [])
+    path.write_text("pools:\n#  a: {replicas: ['http://127.0.0.1:9']}\n")
+    with pytest.raises(ConfigError) as info:  # no pool at all: as for a file without pools
+        load_config(str(path), environ={})
+    assert info.value.message == f"pools: at least one pool is required in {path} (or use " \
+                                 "--upstream URL)"
