@@ -16,7 +16,9 @@ from gateway.config.misplaced import MAX_SHOWN, elsewhere, secret_hint, unwrap
 from gateway.config.model import KvgateConfig
 from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
-__all__ = ["explain"]
+__all__ = ["POLICY_SECTIONS", "explain", "unknown_hint"]
+
+POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
 
 # what a field of the policy sections takes, for a file that wrote it in another shape (a
 # model mapped to a pool name, a tenant written as a mapping): pydantic says "a valid
@@ -49,7 +51,7 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         msg = str(err["msg"]).removeprefix("Value error, ")
         unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
         if unknown:  # (model, dataclass)
-            msg = "unknown field" + _unknown_hint(loc)
+            msg = "unknown field" + unknown_hint(loc)
         elif err["type"] == "string_pattern_mismatch" and \
                 (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
             msg = f"{err['input']!r} is not a name: {NAME_RULE}"
@@ -114,12 +116,17 @@ def _shape(loc: tuple[str, ...]) -> str | None:
     return None
 
 
-def _unknown_hint(loc: tuple[str, ...]) -> str:
+def unknown_hint(loc: tuple[str, ...], *, policy: bool = False) -> str:
     """What an unknown field was meant to be: a secret's variable, the section (or the
-    tier's `limits`) where a field of that name is, else a field of this model close to it."""
+    tier's `limits`) where a field of that name is, else a field of this model close to it.
+    `policy`: in a policy document (the admin API's), where only its sections go."""
     if secret := secret_hint(loc[-1]):
         return f" ({secret})"
-    if paths := elsewhere(loc):
+    if policy and len(loc) == 1 and loc[0] in KvgateConfig.model_fields:
+        return (f" (not a policy section: the policy is {', '.join(POLICY_SECTIONS)}; "
+                f"{loc[0]} is read from the configuration at start)")
+    paths = [p for p in elsewhere(loc) if not policy or p.split(".")[0] in POLICY_SECTIONS]
+    if paths:
         shown = " or ".join(paths[:MAX_SHOWN]) + (" or ..." if len(paths) > MAX_SHOWN else "")
         return f" (it belongs at {shown})"
     names = _field_names(loc[:-1])

@@ -372,3 +372,28 @@ async def test_a_missing_or_wrong_token_says_what_to_do(
         assert code == 1
         assert err == ("kvgate admin: HTTP 401: invalid admin token ($OPS_TOKEN is not an "
                        "admin token of this gateway)\n")
+
+
+@pytest.mark.parametrize(("patch", "line"), [
+    ("tiers: {free: {rpm: 30}}",
+     "tiers.free.rpm: unknown field (it belongs at tiers.free.limits.rpm)"),
+    ("server: {port: 9000}",
+     "server: unknown field (not a policy section: the policy is pools, models, tiers, "
+     "fairness; server is read from the configuration at start)"),
+    ("tiers: {free: {limits: {rmp: 30}}}",
+     "tiers.free.limits.rmp: unknown field (did you mean rpm?)"),
+])
+async def test_a_policy_field_in_the_wrong_place_says_where_it_belongs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    patch: str, line: str,
+) -> None:
+    """The admin API's 400 for a policy field it does not know said pydantic's "Extra inputs
+    are not permitted", where the config file's names where the field belongs."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    path = tmp_path / "patch.yaml"
+    path.write_text(patch + "\n")
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        code, _, err = await _cli(capsys, "--url", url, "policy", "patch", str(path))
+        assert (code, err) == (1, f"kvgate admin: HTTP 400: {line}\n")
