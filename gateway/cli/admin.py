@@ -45,11 +45,11 @@ from gateway.cli.admin_http import (
 )
 from gateway.cli.parser import Parser
 from gateway.config import NAME_RULE
+from gateway.config.explain import POLICY_SECTIONS
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["main"]
 
-POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
 PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
 
 
