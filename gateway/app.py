@@ -31,6 +31,7 @@ from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
 from gateway.runtime import Runtime, start_runtime
+from gateway.split_ports import on_admin_port
 from gateway.stored import match_stored
 from gateway.tenancy.resolver import Principal
 from gateway.transport import TransportFactory, default_transport
@@ -165,7 +166,7 @@ class GatewayApp:
                     send, MethodNotAllowed(f"Use GET for {shown_name(path)}.", allow="GET, HEAD"))
             return await send_whole(send, *page())
         if not await self._to_admin(scope, receive, send, path):
-            await _error(send, NotFound(f"Unknown path {shown_name(path)} on the admin port."))
+            await _error(send, on_admin_port(path))
 
     async def _preflight(self, scope: Scope, send: Send) -> bool:
         """A CORS preflight from an allowed origin: 204, answered here (no key, no limit, no

@@ -337,6 +337,10 @@ def parse_policy(data: Any) -> PolicyDoc:
         err = exc.errors()[0]
         loc = ".".join(str(part) for part in err["loc"])
         msg = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":  # as the config file's: where it belongs
+            from gateway.config.explain import unknown_hint  # lazy: gateway.config imports us
+
+            msg = "unknown field" + unknown_hint(tuple(map(str, err["loc"])), policy=True)
         if not loc and ": " in msg:  # our own messages lead with the field
             loc, msg = msg.split(": ", 1)
         raise PolicyValidationError(loc, msg) from None

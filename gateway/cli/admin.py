@@ -36,6 +36,7 @@ import yaml
 from gateway.admin.writes import IN_FORCE_HEADER
 from gateway.cli.admin_http import (
     NOT_ADMIN_PORT,
+    NOT_KVGATE,
     NOT_LISTENING,
     TOKEN_HELP,
     client_token,
@@ -44,11 +45,11 @@ from gateway.cli.admin_http import (
 )
 from gateway.cli.parser import Parser
 from gateway.config import NAME_RULE
+from gateway.config.explain import POLICY_SECTIONS
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["main"]
 
-POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
 PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
 
 
@@ -229,7 +230,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if not token:
-        print(f"kvgate admin: ${args.token_env} is not set", file=sys.stderr)
+        print(f"kvgate admin: ${args.token_env} is not set: export it with the gateway's admin "
+              "token (its KVGATE_ADMIN_TOKEN), or name another variable with --token-env",
+              file=sys.stderr)
         return 2
     if args.group == "tenants" and args.action == "update" and not (
             args.tier or args.salt_group or _limits(args)):
@@ -268,7 +271,7 @@ def main(argv: list[str]) -> int:
         print(f"kvgate admin: {args.url}: {type(exc).__name__}: {exc or 'no detail'}{hint}",
               file=sys.stderr)
         return 1
-    return _report(response, _confirmation(args))
+    return _report(response, _confirmation(args), args.token_env)
 
 
 def _every_tenant(url: str, headers: dict[str, str], timeout: float) -> httpx.Response:
@@ -305,7 +308,15 @@ def _confirmation(args: argparse.Namespace) -> dict[str, Any] | None:
     return None
 
 
-def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None) -> int:
+def _error_message(payload: Any) -> str | None:
+    """The message of kvgate's (OpenAI-shaped) error answer; None for any other shape."""
+    error = payload.get("error") if isinstance(payload, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
+def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None,
+            token_env: str = "KVGATE_ADMIN_TOKEN") -> int:
     try:
         payload: Any = response.json() if response.content else confirmation
     except ValueError:  # not JSON: --url names another server, or a proxy's error page
@@ -314,9 +325,16 @@ def _report(response: httpx.Response, confirmation: dict[str, Any] | None = None
               f"admin API answer ({kind}); check --url", file=sys.stderr)
         return 1
     if response.is_error:
-        message = payload.get("error", {}).get("message") if isinstance(payload, dict) else None
+        message = _error_message(payload)
+        if message is None:  # JSON of another shape: a vLLM replica's port, another service
+            body = response.text if len(response.text) <= 80 else response.text[:77] + "..."
+            print(f"kvgate admin: HTTP {response.status_code} from {response.url}: not a kvgate "
+                  f"admin API answer ({body}); check --url: {NOT_KVGATE}", file=sys.stderr)
+            return 1
         if not_admin_port(response.status_code, message):
             message = f"{message} {NOT_ADMIN_PORT}"
+        elif response.status_code == 401:
+            message = f"{message} (${token_env} is not an admin token of this gateway)"
         print(
             f"kvgate admin: HTTP {response.status_code}: {message or response.text}",
             file=sys.stderr,

@@ -7,16 +7,18 @@ from __future__ import annotations
 
 from gateway.admin.auth import admin_tokens_from_env
 
-__all__ = ["NOT_ADMIN_PORT", "NOT_LISTENING", "TOKEN_HELP", "client_token", "not_admin_port",
-           "url_path_hint"]
+__all__ = ["NOT_ADMIN_PORT", "NOT_KVGATE", "NOT_LISTENING", "TOKEN_HELP", "client_token",
+           "not_admin_port", "url_path_hint"]
 
 TOKEN_HELP = ("the gateway's multi-token form 'id:token,id:token' sends the first token; "
               "a bare token is sent as it is")
 NOT_ADMIN_PORT = ("The admin API is not on this port: point --url at the gateway's admin port "
                   "(server.admin_port).")
+# where the admin API is, for a --url that reached something else
+NOT_KVGATE = ("--url takes the gateway's port (its admin port when server.admin_port is set; "
+              "`kvgate epp`: its --http-port)")
 # after a connection that could not be made: the OS error alone said nothing to do
-NOT_LISTENING = ("is kvgate running there? --url takes the gateway's port (its admin port when "
-                 "server.admin_port is set; `kvgate epp`: its --http-port)")
+NOT_LISTENING = f"is kvgate running there? {NOT_KVGATE}"
 
 
 def client_token(value: str) -> str:

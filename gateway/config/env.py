@@ -4,12 +4,14 @@ of these."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import yaml
 
+from gateway.config.misplaced import SECRET_VARS, field_paths
 from gateway.config.model import KvgateConfig
 
 __all__ = ["ENV_PREFIX", "ENV_SHAPES", "env_overrides", "env_path", "unknown_env"]
@@ -68,8 +70,25 @@ def unknown_env(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> 
     known = ENV_OTHERS | ENV_SECRETS.keys() | {p.api_key_env for p in cfg.pools.values()}
     stray = sorted(name for name in env if name.startswith(ENV_PREFIX)
                    and "__" not in name and name not in known)
-    if not stray:
-        return []
-    return [f"kvgate: warning: {', '.join(stray)}: not a kvgate setting (if meant as one, "
-            "check the spelling: section and field are joined by two underscores, as in "
-            "KVGATE_SERVER__PORT)"]
+    out = []
+    for name in stray:
+        meant = " or ".join(_meant(name))
+        hint = f"did you mean {meant}?" if meant else (
+            "if meant as one, check the spelling: section and field are joined by two "
+            "underscores, as in KVGATE_SERVER__PORT")
+        out.append(f"kvgate: warning: {name}: not a kvgate setting ({hint})")
+    return out
+
+
+def _meant(name: str) -> list[str]:
+    """The section variables a stray one was likely meant as: one underscore where two go
+    (KVGATE_SERVER_PORT), or the section left out (KVGATE_PORT: KVGATE_SERVER__PORT or
+    KVGATE_EPP__PORT)."""
+    rest = name[len(ENV_PREFIX):].lower()
+    paths = [p for p in field_paths() if len(p) == 2 and "*" not in p]
+    split = [p for p in paths if f"{p[0]}_{p[1]}" == rest]
+    found = split or [p for p in paths if p[1] == rest and p[1] not in SECRET_VARS]
+    if found:
+        return [f"{ENV_PREFIX}{p[0].upper()}__{p[1].upper()}" for p in found[:3]]
+    # a variable of its own misspelt (KVGATE_REDIS, KVGATE_ADMIN_TOKENS)
+    return difflib.get_close_matches(name, [*ENV_SECRETS, "KVGATE_CONFIG"], n=1, cutoff=0.8)

@@ -4,18 +4,21 @@ came from, and the field meant when an unknown one is close to it."""
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
 from gateway.config.env import ENV_SHAPES
+from gateway.config.misplaced import MAX_SHOWN, elsewhere, secret_hint, unwrap
 from gateway.config.model import KvgateConfig
 from gateway.tenancy.models import NAME_PATTERN, NAME_RULE
 
-__all__ = ["explain"]
+__all__ = ["POLICY_SECTIONS", "explain", "unknown_hint"]
+
+POLICY_SECTIONS = ("pools", "models", "tiers", "fairness")  # gateway.policy_doc.PolicyDoc
 
 # what a field of the policy sections takes, for a file that wrote it in another shape (a
 # model mapped to a pool name, a tenant written as a mapping): pydantic says "a valid
@@ -24,7 +27,11 @@ SHAPES = {
     ("models", "*"): "the pool per tier, e.g. {default: fp8, free: awq}",
     ("tenants",): "a list of tenants, e.g. [{id: acme, tier: premium}]",
     ("pools", "*", "replicas"): "a list of URLs, e.g. [http://10.0.0.1:8000]",
+    # a list of named entries, as Kubernetes writes them, where kvgate maps names
+    ("pools",): "pool name -> pool, e.g. {fp8: {replicas: [http://10.0.0.1:8000]}}",
+    ("tiers",): "tier name -> tier, e.g. {free: {limits: {rpm: 60}}}",
 }
+FILE_SHAPES = {"list_type": "a list, e.g. [a, b]", "dict_type": "a mapping, e.g. {a: 1}"}
 # a value of the wrong type or form: pydantic says what it wanted ("Input should be a valid
 # integer") but not what it got, and the policy sections take no quoted number, so `rpm: "60"`
 # read "should be a valid integer" of what looks like one
@@ -44,7 +51,7 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
         msg = str(err["msg"]).removeprefix("Value error, ")
         unknown = err["type"] in ("extra_forbidden", "unexpected_keyword_argument")
         if unknown:  # (model, dataclass)
-            msg = "unknown field" + _did_you_mean(loc)
+            msg = "unknown field" + unknown_hint(loc)
         elif err["type"] == "string_pattern_mismatch" and \
                 (err.get("ctx") or {}).get("pattern") == NAME_PATTERN:  # not the regex itself
             msg = f"{err['input']!r} is not a name: {NAME_RULE}"
@@ -60,14 +67,27 @@ def explain(exc: ValidationError, where: str, env_names: Mapping[tuple[str, ...]
                        or (unknown and loc and path[:len(loc)] == loc)), None)
         if source is not None:
             msg += f" (from {source}{ENV_SHAPES.get(err['type'], '')})"
-        elif err["type"] in ENV_SHAPES and (shape := _shape(loc)):
-            msg += f": {shape}"
+        elif err["type"] in ENV_SHAPES:
+            shape = _shape(loc)
+            # any other list or mapping: what the file held and the form (`retry_statuses:
+            # 500` said "should be a valid list", not of what nor what it got)
+            msg += f": {shape}" if shape else _file_shape(err["type"], err.get("input"))
         field = ".".join(loc)
         # a whole-document check (an unknown pool) names its fields in the message itself,
         # as the routing core's checks do ("routing.load_factor must be >= 1.0")
         named = not loc or msg.startswith((f"{field}.", f"{field}:"))
         lines.append(msg if named else f"{field}: {msg}")
     return f"invalid configuration{where}:\n  " + "\n  ".join(lines)
+
+
+def _file_shape(kind: str, value: Any) -> str:
+    """What the file held where a list or a mapping goes, and how to write it: one value
+    where a list goes is that value in brackets."""
+    if kind == "list_type" and isinstance(value, str | int | float) and value != "":
+        written = yaml.safe_dump([value], default_flow_style=True, width=1000).strip()
+        if len(written) <= 60:
+            return f"{_given(value, strict=False)}: write it as a list, {written}"
+    return f"{_given(value, strict=False)}: {FILE_SHAPES[kind]}"
 
 
 def _given(value: Any, strict: bool) -> str:
@@ -96,8 +116,23 @@ def _shape(loc: tuple[str, ...]) -> str | None:
     return None
 
 
-def _did_you_mean(loc: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(loc[-1], _field_names(loc[:-1]), n=1)
+def unknown_hint(loc: tuple[str, ...], *, policy: bool = False) -> str:
+    """What an unknown field was meant to be: a secret's variable, the section (or the
+    tier's `limits`) where a field of that name is, else a field of this model close to it.
+    `policy`: in a policy document (the admin API's), where only its sections go."""
+    if secret := secret_hint(loc[-1]):
+        return f" ({secret})"
+    if policy and len(loc) == 1 and loc[0] in KvgateConfig.model_fields:
+        return (f" (not a policy section: the policy is {', '.join(POLICY_SECTIONS)}; "
+                f"{loc[0]} is read from the configuration at start)")
+    paths = [p for p in elsewhere(loc) if not policy or p.split(".")[0] in POLICY_SECTIONS]
+    if paths:
+        shown = " or ".join(paths[:MAX_SHOWN]) + (" or ..." if len(paths) > MAX_SHOWN else "")
+        return f" (it belongs at {shown})"
+    names = _field_names(loc[:-1])
+    close = difflib.get_close_matches(loc[-1], names, n=1)
+    # a part of a longer name (`model` for `served_model`) is too far from it for difflib
+    close = close or [n for n in names if loc[-1] in n.split("_")][:1]
     return f" (did you mean {close[0]}?)" if close else ""
 
 
@@ -114,17 +149,5 @@ def _field_names(loc: tuple[str, ...]) -> list[str]:
             kind = typing.get_args(kind)[-1]  # a pool's or a list item's model
         else:
             return []
-        kind = _unwrap(kind)
+        kind = unwrap(kind)
     return list(getattr(kind, "__pydantic_fields__", {}))
-
-
-def _unwrap(kind: Any) -> Any:
-    """`X | None` and `Annotated[X, ...]` -> X."""
-    while True:
-        origin = typing.get_origin(kind)
-        if origin is Annotated:
-            kind = typing.get_args(kind)[0]
-        elif origin in (typing.Union, types.UnionType):
-            kind = next(a for a in typing.get_args(kind) if a is not type(None))
-        else:
-            return kind

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from gateway.config.env import ENV_PREFIX, env_overrides, env_path
 from gateway.config.explain import explain
+from gateway.config.misplaced import SECRET_VARS
 from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
 from gateway.yamlerror import not_utf8, one_line, safe_load
@@ -49,6 +50,17 @@ def _read_file(path: str, shown: str) -> dict[str, Any]:
     return data
 
 
+def _no_secrets(raw: Mapping[str, Any], shown: str) -> None:
+    """Secrets come from the environment only (a file sits in a ConfigMap, in git): one
+    written in the file was taken, quietly, where the documentation said it never is."""
+    for key, var in SECRET_VARS.items():
+        if key in raw:
+            also = " (or tenancy.salt_secret_file)" if key == "salt_secret" else ""
+            raise ConfigError(f"config file {shown}: {key}: secrets are read only from the "
+                              f"environment: set {var}{also} instead, and remove {key} from "
+                              "the file")
+
+
 def load_config(
     path: str | None = None,
     *,
@@ -66,7 +78,14 @@ def load_config(
     if path is None:
         path = env.get("KVGATE_CONFIG") or None
     # a variable left set in the shell names a file no command line shows: say where it is from
-    raw = _read_file(path, f"{path} (from KVGATE_CONFIG)" if from_env else path) if path else {}
+    raw: dict[str, Any] = {}
+    if path:
+        shown = f"{path} (from KVGATE_CONFIG)" if from_env else path
+        raw = _read_file(path, shown)
+        _no_secrets(raw, shown)
+        # a section line with nothing under it (every field of a copied example commented
+        # out) is that section's defaults: it was "server: Input should be a mapping (got None)"
+        raw = {key: value for key, value in raw.items() if value is not None}
     raw = deep_merge(raw, env_overrides(env))
     if quick:
         raw.pop("pools", None)

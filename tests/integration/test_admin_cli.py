@@ -7,6 +7,7 @@ import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -333,3 +334,66 @@ def test_a_policy_file_not_utf8_is_worded_as_the_config_file_is(
     assert admin_cli.main(["--url", f"http://127.0.0.1:{free_port()}", "policy", "put",
                            str(path)]) == 1
     assert capsys.readouterr().err == f"kvgate admin: policy file {path}: {config_reason}\n"
+
+
+def test_a_replicas_port_is_named_as_not_the_admin_api(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    """`--url` at a vLLM replica (vLLM's default port is kvgate's, 8000): its JSON 404 was
+    printed as it came, `HTTP 404: {"detail":"Not Found"}`, saying nothing of --url."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    _, url = sim_factory()
+    assert admin_cli.main(["--url", url, "tenants", "get", "acme"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"kvgate admin: HTTP 404 from {url}/admin/tenants/acme: not a kvgate admin "
+                   "API answer ({\"detail\":\"Not Found\"}); check --url: --url takes the "
+                   "gateway's port (its admin port when server.admin_port is set; `kvgate "
+                   "epp`: its --http-port)\n")
+
+
+async def test_a_missing_or_wrong_token_says_what_to_do(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No token: it said only "$KVGATE_ADMIN_TOKEN is not set"; a wrong one: "HTTP 401:
+    invalid admin token", not which variable held it."""
+    monkeypatch.delenv("KVGATE_ADMIN_TOKEN", raising=False)
+    monkeypatch.setenv("OPS_TOKEN", "w" * 24)
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        code, _, err = await _cli(capsys, "--url", url, "tenants", "list")
+        assert code == 2
+        assert err == ("kvgate admin: $KVGATE_ADMIN_TOKEN is not set: export it with the "
+                       "gateway's admin token (its KVGATE_ADMIN_TOKEN), or name another "
+                       "variable with --token-env\n")
+        code, _, err = await _cli(capsys, "--url", url, "--token-env", "OPS_TOKEN",
+                                  "tenants", "list")
+        assert code == 1
+        assert err == ("kvgate admin: HTTP 401: invalid admin token ($OPS_TOKEN is not an "
+                       "admin token of this gateway)\n")
+
+
+@pytest.mark.parametrize(("patch", "line"), [
+    ("tiers: {free: {rpm: 30}}",
+     "tiers.free.rpm: unknown field (it belongs at tiers.free.limits.rpm)"),
+    ("server: {port: 9000}",
+     "server: unknown field (not a policy section: the policy is pools, models, tiers, "
+     "fairness; server is read from the configuration at start)"),
+    ("tiers: {free: {limits: {rmp: 30}}}",
+     "tiers.free.limits.rmp: unknown field (did you mean rpm?)"),
+])
+async def test_a_policy_field_in_the_wrong_place_says_where_it_belongs(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    patch: str, line: str,
+) -> None:
+    """The admin API's 400 for a policy field it does not know said pydantic's "Extra inputs
+    are not permitted", where the config file's names where the field belongs."""
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", ADMIN_TOKEN)
+    path = tmp_path / "patch.yaml"
+    path.write_text(patch + "\n")
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(POLICY_DOC))
+    async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
+        code, _, err = await _cli(capsys, "--url", url, "policy", "patch", str(path))
+        assert (code, err) == (1, f"kvgate admin: HTTP 400: {line}\n")

@@ -49,6 +49,11 @@ def test_admin_api_only_on_the_admin_port(
             f"{admin}/v1/chat/completions", json=chat, headers={"Authorization": f"Bearer {key}"}
         )
         assert hit.status_code == 404
+        # an OpenAI client given the admin port's address is told where its requests go
+        assert hit.json()["error"]["message"] == (
+            "Unknown path /v1/chat/completions on the admin port: it serves the admin API, "
+            "/metrics, /healthz, /livez and /readyz only; OpenAI requests go to the gateway's "
+            "API port (server.port; behind Envoy: Envoy's listener).")
         assert httpx.get(f"{admin}/admin/audit").status_code == 401
         # a key made on the admin port works on the main port: one state behind both
         client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)

@@ -5,7 +5,9 @@ ending in /v1 is refused), and a word for every argument of the admin client."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +69,19 @@ def test_none_means_what_the_command_does_with_it() -> None:
              if action.dest == "rpm"}
     assert "again" not in (helps["kvgate admin tenants create"] or "")
     assert "again" in (helps["kvgate admin tenants update"] or "")
+
+
+def test_every_serve_flag_is_in_the_readme_and_the_config_reference() -> None:
+    """README's flag table and docs/configuration.md's list of flags name every flag of
+    `kvgate serve`, and no flag it lacks."""
+    root = Path(__file__).resolve().parents[3]
+    flags = {o for a in build_parser()._actions for o in a.option_strings
+             if o.startswith("--") and o != "--help"}
+    assert {"--config", "--upstream", "--port", "--no-auth"} <= flags
+    for page in ("README.md", "docs/configuration.md"):
+        text = (root / page).read_text()
+        named = set(re.findall(r"`(--[a-z-]+)", text))
+        assert sorted(flags - named) == [], f"{page} leaves out these serve flags"
+    readme_table = (root / "README.md").read_text().split("| flag or variable |")[1]
+    in_table = set(re.findall(r"`(--[a-z-]+)", readme_table.split("\n\n")[0]))
+    assert sorted(in_table - flags) == [], "README's table names flags serve lacks"

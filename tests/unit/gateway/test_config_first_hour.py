@@ -155,3 +155,46 @@ def test_a_short_secret_from_the_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         auth_secret(env)
     assert info.value.message == "salt_secret: KVGATE_SALT_SECRET must be at least 16 bytes"
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("upstream:\n  retry_statuses: 500\n",
+     "upstream.retry_statuses: Input should be a valid list (got 500): write it as a list, "
+     "[500]"),
+    ("tenancy:\n  metrics_tenants: acme\n",
+     "tenancy.metrics_tenants: Input should be a valid list (got 'acme'): write it as a list, "
+     "[acme]"),
+    ("doctor:\n  thresholds: 5\n",
+     "doctor.thresholds: Input should be a valid dictionary (got 5): a mapping, e.g. {a: 1}"),
+    # pools written as a list of named entries, as Kubernetes manifests are
+    ("pools:\n  - name: a\n    replicas: ['http://127.0.0.1:9']\n",
+     "pools: Input should be a valid dictionary: pool name -> pool, e.g. "
+     "{fp8: {replicas: [http://10.0.0.1:8000]}}"),
+    ("tiers:\n  - free\n", "tiers: Input should be a valid dictionary: tier name -> tier, e.g. "
+                          "{free: {limits: {rpm: 60}}}"),
+])
+def test_a_list_or_mapping_of_the_wrong_type_in_the_file_says_what_it_got(
+        tmp_path: Path, text: str, line: str) -> None:
+    """"Input should be a valid list" said neither what the file held nor how to write it
+    (a variable's value got the form; a file's did not)."""
+    path = tmp_path / "kvgate.yaml"
+    pools = "pools:\n  a: {served_model: m, replicas: ['http://127.0.0.1:9']}\n"
+    path.write_text(text if text.startswith("pools:") else pools + text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path), environ={})
+    assert info.value.message.splitlines()[1].strip() == line
+
+
+def test_a_section_with_every_field_commented_out_is_its_defaults(tmp_path: Path) -> None:
+    """examples/kvgate.yaml copied and a section's fields commented out: YAML reads the
+    section line as null, which was "server: Input should be a mapping (got None)"."""
+    path = tmp_path / "kvgate.yaml"
+    path.write_text("pools:\n  a: {served_model: m, replicas: ['http://127.0.0.1:9']}\n"
+                    "server:\n#  port: 9000\nflow:\n#  enabled: true\ntenants:\n")
+    cfg = load_config(str(path), environ={})
+    assert (cfg.server.port, cfg.flow.enabled, cfg.tenants) == (8000, False, [])
+    path.write_text("pools:\n#  a: {replicas: ['http://127.0.0.1:9']}\n")
+    with pytest.raises(ConfigError) as info:  # no pool at all: as for a file without pools
+        load_config(str(path), environ={})
+    assert info.value.message == f"pools: at least one pool is required in {path} (or use " \
+                                 "--upstream URL)"
