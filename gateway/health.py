@@ -101,7 +101,8 @@ class HealthMonitor:
             ok = False
             why = connect_failure(exc, replica.url) if refused(exc) else type(exc).__name__
             reason = f"/health: {why}"
-            if _nothing_listening(exc) and replica.reason != reason:  # (once per outage)
+            if (_nothing_listening(exc) and replica.reason != reason  # (once per outage)
+                    and (replica.scraped is not None or replica.attempts)):  # (it was up)
                 replica.lost_cache = True
         if not ok:
             replica.reason = reason

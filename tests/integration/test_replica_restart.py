@@ -134,3 +134,27 @@ def test_a_replica_found_gone_is_logged_gone_and_restarted_once_back() -> None:
         stack.enter_context(sim_proc(port, "--time-scale", "50", model=MODEL)[0])
         wait_for(lambda: _said(gw, "replica restarted", replica),
                  what="the replica logged restarted once back")
+
+
+def test_a_replica_never_up_is_not_logged_gone() -> None:
+    """A replica down from the start (nothing ever listened at its address) was logged
+    "replica gone (nothing listens at its address): its prefix cache is lost" beside its
+    "replica down": there was no cache to lose, and an operator read that it had been up."""
+    never = free_port()
+    with ExitStack() as stack:
+        sim, sim_url = sim_proc(None, "--time-scale", "50", model=MODEL)
+        stack.enter_context(sim)
+        replica = f"127.0.0.1:{never}"
+        gw, base = gateway_proc(upstreams=[sim_url, f"http://{replica}"],
+                                env={"KVGATE_ROUTING__SCRAPE_INTERVAL_MS": "100"})
+        stack.enter_context(gw)
+        wait_for(lambda: _said(gw, "replica down", replica), what="the replica logged down")
+
+        def failed_scrapes() -> float:
+            errors = metric_values(base, "kvgate_scrape_errors_total")
+            return sum(v for labels, v in errors.items() if f'replica="{replica}"' in labels)
+
+        # a "gone" is logged at the first scrape after the probe: two more have failed since
+        counted = failed_scrapes()
+        wait_for(lambda: failed_scrapes() >= counted + 2, what="two more failed scrapes")
+        assert not _said(gw, "replica gone", replica), gw.output()
