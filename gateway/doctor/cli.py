@@ -36,6 +36,7 @@ import httpx
 
 from gateway.cli.admin_http import (
     NOT_ADMIN_PORT,
+    NOT_KVGATE,
     NOT_LISTENING,
     TOKEN_HELP,
     client_token,
@@ -164,8 +165,10 @@ def _fetch(
         message = None
         if isinstance(payload, dict):
             message = (payload.get("error") or {}).get("message")
-        hint = " (a kvgate gateway with `kvgate doctor` support?)" \
-            if response.status_code == 404 else ""
+        hint = ""
+        if response.status_code == 404:  # kvgate's own 404s say `error.message`
+            hint = (" (a kvgate gateway with `kvgate doctor` support?)" if message else
+                    f": not a kvgate gateway's answer; check --url: {NOT_KVGATE}")
         if not_admin_port(response.status_code, message):
             hint = f" {NOT_ADMIN_PORT}"
         raise RuntimeError(f"{url}: HTTP {response.status_code}: "
