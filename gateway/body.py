@@ -276,9 +276,13 @@ def prompt_chars(data: dict[str, Any], kind: str) -> int:
         return sum(_text_len(m.get("content")) for m in messages if isinstance(m, dict))
     if kind == "completions":
         return _text_len(data.get("prompt"))
-    if kind == "embeddings":
+    if kind == "embeddings":  # (vLLM's chat form of embeddings: `messages`, no `input`)
+        if "input" not in data and isinstance(messages := data.get("messages"), list):
+            return _text_len(messages)
         return _text_len(data.get("input"))
-    return _text_len(data.get("input"))  # responses
+    instructions = data.get("instructions")  # responses: a system prompt before the input
+    head = len(instructions) if isinstance(instructions, str) else 0
+    return head + _text_len(data.get("input"))
 
 
 def rewrite_body(

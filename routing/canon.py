@@ -97,6 +97,8 @@ def canonical_text(body: Mapping[str, Any]) -> str:
         return head + "".join([_message_text(m) for m in messages])
     if "prompt" in body:
         return _prompt_text(body["prompt"])
-    if "input" in body:
-        return _prompt_text(body["input"])
+    if "input" in body:  # embeddings, or the Responses API (its `instructions` come first)
+        instructions = body.get("instructions")
+        head = f"{instructions}{_MSG_END}" if isinstance(instructions, str) and instructions else ""
+        return head + _prompt_text(body["input"])
     return ""

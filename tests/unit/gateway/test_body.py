@@ -74,6 +74,10 @@ def test_bad_bodies_are_400_naming_the_param(raw: bytes, param: str | None) -> N
         ("responses", {"input": [{"role": "user", "content": "hello"}]}, 5),
         ("responses", {"input": [{"role": "user",
                                   "content": [{"type": "input_text", "text": "abc"}]}]}, 3),
+        # the Responses API's instructions (a system prompt) and vLLM's chat form of
+        # embeddings (`messages`) were 0
+        ("responses", {"instructions": "be brief", "input": "hello"}, 13),
+        ("embeddings", {"messages": [{"role": "user", "content": "abcd"}]}, 4),
     ],
 )
 def test_prompt_chars(kind: str, body: dict[str, object], chars: int) -> None:

@@ -177,6 +177,19 @@ def test_token_id_prompts_sharing_ids_share_blocks() -> None:
     assert not set(other.block_hashes) & set(a.block_hashes)
 
 
+def test_responses_instructions_lead_the_routing_key() -> None:
+    # a Responses API request's `instructions` are its system prompt (vLLM puts them first):
+    # requests sharing long instructions share a prefix; they were not keyed at all
+    instructions = "you are a careful assistant; " * 40
+    a = extract_features({"instructions": instructions, "input": "question one"},
+                         model="m", salt="s", config=CFG)
+    b = extract_features({"instructions": instructions, "input": "another question"},
+                         model="m", salt="s", config=CFG)
+    alone = extract_features({"input": "question one"}, model="m", salt="s", config=CFG)
+    assert len(a.block_hashes) >= 4 and a.block_hashes[:4] == b.block_hashes[:4]
+    assert a.prompt_tokens > alone.prompt_tokens + 200
+
+
 @pytest.mark.parametrize("prompt", [[1, -2], [2**24], [1, True], [1.5, 2]])
 def test_ids_vllm_refuses_are_keyed_as_json(prompt: list[object]) -> None:
     import orjson
