@@ -131,18 +131,22 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else f"{text[:37]}..."
 
 
-def notes(rows: Sequence[TraceRow], block_tokens: int) -> list[str]:
-    """What reads but probably is not what the trace meant: timestamps in another unit than
-    milliseconds, block ids that do not cover the prompts in blocks of `block_tokens`."""
+def notes(rows: Sequence[TraceRow], block_tokens: int, rate_scale: float = 1.0) -> list[str]:
+    """What reads but probably is not what the trace meant: arrivals (after `rate_scale`) over
+    1,000 a second or under one an hour on average (timestamps in seconds or microseconds?),
+    block ids that do not cover the prompts in blocks of `block_tokens`."""
     out = []
     stamps = [r.timestamp for r in rows]
-    span_ms = max(stamps) - min(stamps)
-    if len(rows) >= 10 and span_ms < len(rows):  # over 1,000 requests a second on average
-        out.append(f"the trace's {len(rows)} requests arrive within {span_ms:g} ms (timestamps "
-                   f"are milliseconds; if they are seconds, add --rate-scale 0.001)")
-    elif len(rows) >= 10 and span_ms / (len(rows) - 1) > 3_600_000:
-        out.append(f"the trace's {len(rows)} requests span {span_ms / 86_400_000:.3g} days "
-                   f"(timestamps are milliseconds; microseconds: add --rate-scale 1000)")
+    span_s = (max(stamps) - min(stamps)) / 1000.0 / rate_scale
+    scaled = f" at --rate-scale {rate_scale:g}" if rate_scale != 1.0 else ""
+    if len(rows) >= 10 and span_s * 1000.0 < len(rows):
+        out.append(f"the trace's {len(rows)} requests arrive within {span_s:.3g} s{scaled} "
+                   f"(timestamps are milliseconds; if they are seconds, --rate-scale 0.001 "
+                   f"reads them so)")
+    elif len(rows) >= 10 and span_s / (len(rows) - 1) > 3600.0:
+        out.append(f"the trace's {len(rows)} requests span {span_s / 86_400:.3g} days{scaled} "
+                   f"(timestamps are milliseconds; if they are microseconds, --rate-scale "
+                   f"1000 reads them so)")
     off = sum(1 for r in rows if len(r.hash_ids) != math.ceil(r.input_length / block_tokens))
     if off:
         out.append(f"{off} of {len(rows)} requests have a hash_ids list whose length is not "

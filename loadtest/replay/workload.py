@@ -48,7 +48,7 @@ def load_mooncake(
     if not rows:
         raise TraceError("no request in it (an empty trace)")
     if notes is not None:
-        notes += trace_notes(rows, MOONCAKE_BLOCK_TOKENS)
+        notes += trace_notes(rows, MOONCAKE_BLOCK_TOKENS, rate_scale)
     t0 = min(r.timestamp for r in rows)
     out = [
         ReplayRequest(

@@ -165,9 +165,12 @@ def test_a_trace_in_seconds_is_warned_about(
     code, summaries = _replay(_write(tmp_path / "s.jsonl", rows), tmp_path / "s.json")
     err = capsys.readouterr().err
     assert code == 0 and summaries[0]["requests"] == 100
-    assert ("kvgate replay: warning: the trace's 100 requests arrive within 9.9 ms" in err
-            and "--rate-scale 0.001" in err), err
+    assert ("kvgate replay: warning: the trace's 100 requests arrive within 0.0099 s" in err
+            and "--rate-scale 0.001 reads them so" in err), err
     _replay(_write(tmp_path / "ms.jsonl", ROWS), tmp_path / "ms.json")
+    assert "warning" not in capsys.readouterr().err
+    # read as seconds, as the warning says: no warning (it said to do what was done)
+    _replay(tmp_path / "s.jsonl", tmp_path / "s2.json", "--rate-scale", "0.001")
     assert "warning" not in capsys.readouterr().err
 
 
