@@ -40,6 +40,7 @@ from loadtest.replay.report import (
     report_failures,
 )
 from loadtest.replay.summary import against_oracle, summarize
+from loadtest.replay.trace import TraceError
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from loadtest.sim.costmodel import PRESETS
 from routing.policies import REGISTRY, YARDSTICKS
@@ -49,6 +50,9 @@ __all__ = ["main", "run_offline"]
 
 SPAWN_MODEL = "replay-model"
 OFFLINE_ONLY = (*YARDSTICKS, "oracle")  # yardsticks: never served, replayed offline
+YEAR_S = 365.25 * 86_400.0
+# arrivals beyond this are a unit mistake (microseconds read as milliseconds), not a workload
+MAX_SPAN_S = 10 * YEAR_S
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -115,16 +119,31 @@ def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
         reqs = WORKLOADS[args.workload]() if args.workload else synthetic_multitenant()
         if args.rate_scale != 1.0:
             reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
-        return reqs[: args.limit] if args.limit else reqs
-    if not args.trace:
+        reqs = reqs[: args.limit] if args.limit else reqs
+    elif not args.trace:
         raise SystemExit("kvgate replay: give a TRACE file, --synthetic or --workload NAME")
+    else:
+        reqs = _trace(args)
+    span = max(r.arrival_s for r in reqs)
+    if not span <= MAX_SPAN_S:  # (and not nan) a live replay would wait for years
+        raise ReplayError(
+            f"the arrivals span {span / YEAR_S:.3g} years at --rate-scale {args.rate_scale:g}: "
+            f"a trace's timestamps are milliseconds (--rate-scale 1000 reads microseconds)")
+    return reqs
+
+
+def _trace(args: argparse.Namespace) -> list[ReplayRequest]:
+    notes: list[str] = []
     try:
-        return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit)
+        reqs = load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit,
+                             notes=notes)
     except OSError as exc:
-        raise ReplayError(f"cannot read the trace {args.trace}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:  # orjson's errors are ValueErrors
-        raise ReplayError(f"{args.trace} is not a Mooncake-format JSONL trace "
-                          f"({type(exc).__name__}: {exc})") from None
+        raise ReplayError(f"cannot read the trace {args.trace}: {exc.strerror or exc}") from None
+    except TraceError as exc:
+        raise ReplayError(f"the trace {args.trace}: {exc}") from None
+    for note in notes:
+        print(f"kvgate replay: warning: {note}", file=sys.stderr)
+    return reqs
 
 
 def _policies(name: str, offline: bool) -> list[str]:
@@ -271,7 +290,11 @@ def _main(args: argparse.Namespace) -> int:
     if args.kv_tokens < 2 * fleet.block_size:  # the engine's KV cache reserves one block
         raise ReplayError(f"--kv-tokens: at least {2 * fleet.block_size} (two KV blocks of "
                           f"{fleet.block_size} tokens)")
-    ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size)
+    # the replicas' context: offline and --spawn know it (a --target's replicas may differ)
+    at_target = args.target and not (args.offline or args.spawn)
+    context = None if at_target else fleet.engine_config().max_model_len
+    ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size,
+                                    context)
     summaries = []
     for policy in _policies(args.policy, args.offline):
         if args.offline:

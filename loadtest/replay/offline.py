@@ -310,7 +310,10 @@ def _route(
         replica.engine.add_request(spec, now)
     except ValueError:  # longer than max_model_len: vLLM answers 400 before any work
         sim.rejected += 1
-        sim.outcomes.append(Outcome(replica.id, now, None, now, False, seq))
+        # the reason, as a live replay reports a 400's message ("failed" said nothing)
+        limit = replica.engine.config.max_model_len
+        why = f"HTTP 400: prompt + output over max_model_len {limit}"
+        sim.outcomes.append(Outcome(replica.id, now, None, now, False, seq, why))
         return False
     gw.router.record_route(replica.id, features, now)
     c = gw.counts[replica.id]

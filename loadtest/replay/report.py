@@ -50,8 +50,12 @@ def format_table(summaries: Sequence[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def report_failures(summaries: Sequence[dict[str, object]], out: IO[str] = sys.stderr) -> int:
-    """Print one line per policy with failed requests (by reason); 1 if any failed, else 0."""
+def report_failures(summaries: Sequence[dict[str, object]], out: IO[str] | None = None) -> int:
+    """Print one line per policy with failed requests (by reason); 1 if any failed, else 0.
+
+    `out`: stderr as it is at the call (a default bound at import wrote to a stream replaced
+    since, e.g. by `contextlib.redirect_stderr`, or closed)."""
+    out = out or sys.stderr
     status = 0
     for s in summaries:
         failed = s.get("failed") or 0

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
+from loadtest.replay.trace import TraceError, read_rows
+from loadtest.replay.trace import notes as trace_notes
 
 __all__ = ["IdSource", "ReplayRequest", "SyntheticSpec", "load_mooncake", "synthetic_multitenant"]
 
@@ -32,25 +33,33 @@ class ReplayRequest:
 
 
 def load_mooncake(
-    path: str | Path, *, rate_scale: float = 1.0, limit: int | None = None
+    path: str | Path, *, rate_scale: float = 1.0, limit: int | None = None,
+    notes: list[str] | None = None,
 ) -> list[ReplayRequest]:
-    """Read a Mooncake-format JSONL trace; `rate_scale` 1.5 arrives 1.5x as fast."""
-    out: list[ReplayRequest] = []
-    with open(path, "rb") as f:
-        for line in f:
-            if limit is not None and len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            r = orjson.loads(line)
-            out.append(
-                ReplayRequest(
-                    arrival_s=r["timestamp"] / 1000.0 / rate_scale,
-                    prompt_tokens=int(r["input_length"]),
-                    output_tokens=max(1, int(r["output_length"])),
-                    block_ids=tuple(r["hash_ids"]),
-                )
-            )
+    """Read a Mooncake-format JSONL trace (`loadtest.replay.trace`; gzip too); `rate_scale` 1.5
+    arrives 1.5x as fast; `limit`: the file's first N requests.
+
+    Arrivals count from the earliest timestamp (a trace cut from the middle of a day, or in
+    epoch milliseconds, starts at once: live replay waited for the timestamp) and the requests
+    are sorted by arrival, equal ones in file order (an unsorted trace's pooled reference took
+    them in file order while the replay took them in time order). `notes` receives what reads
+    but looks wrong (`loadtest.replay.trace.notes`). `TraceError` for a file with no request."""
+    rows = read_rows(path, limit)
+    if not rows:
+        raise TraceError("no request in it (an empty trace)")
+    if notes is not None:
+        notes += trace_notes(rows, MOONCAKE_BLOCK_TOKENS, rate_scale)
+    t0 = min(r.timestamp for r in rows)
+    out = [
+        ReplayRequest(
+            arrival_s=(r.timestamp - t0) / 1000.0 / rate_scale,
+            prompt_tokens=r.input_length,
+            output_tokens=max(1, r.output_length),  # vLLM's max_tokens is at least 1
+            block_ids=r.hash_ids,
+        )
+        for r in rows
+    ]
+    out.sort(key=lambda r: r.arrival_s)  # stable: equal arrivals keep the file's order
     return out
 
 

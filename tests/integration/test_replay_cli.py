@@ -4,6 +4,7 @@ bare `--json` writes."""
 
 from __future__ import annotations
 
+import gzip
 import re
 import shlex
 import subprocess
@@ -118,3 +119,22 @@ def test_auth_on_gateway_without_api_key_fails_visibly(sim_factory: SimFactory) 
         assert ok.returncode == 0, ok.stderr
         row = dict(zip(COLUMNS, ok.stdout.splitlines()[1].split(), strict=True))
         assert row["failed"] == "0", shlex.join(ok.args)
+
+
+def test_a_gzipped_trace_in_epoch_milliseconds_replays_live(
+    sim_factory: SimFactory, tmp_path: Path
+) -> None:
+    """A trace with epoch timestamps made a live replay sleep until the first one (55 years:
+    the run hung); gzip was refused. Arrivals now count from the first request."""
+    rows = [{"timestamp": 1_700_000_000_000 + 50 * i, "input_length": 600 + i,
+             "output_length": 4, "hash_ids": [1, 2 + i]} for i in range(3)]
+    trace = tmp_path / "epoch.jsonl.gz"
+    trace.write_bytes(gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in rows)))
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        result = replay(str(trace), "--target", base, "--replica", sim, "--time-scale", "50",
+                        "--json", str(tmp_path / "s.json"))
+    assert result.returncode == 0, result.stderr
+    (summary,) = orjson.loads((tmp_path / "s.json").read_bytes())
+    assert (summary["requests"], summary["failed"]) == (3, 0)

@@ -94,8 +94,9 @@ def test_percentile_nearest_rank() -> None:
 def test_load_mooncake_scales_arrivals(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     rows = [{"timestamp": 3000, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    (req,) = load_mooncake(path, rate_scale=1.5)
+    first = {"timestamp": 0, "input_length": 16, "output_length": 1, "hash_ids": [2]}
+    path.write_text("\n".join(json.dumps(r) for r in [first, *rows]) + "\n")
+    (_, req) = load_mooncake(path, rate_scale=1.5)  # arrivals count from the first request
     assert req.arrival_s == pytest.approx(2.0)
     assert (req.prompt_tokens, req.output_tokens, req.block_ids) == (600, 5, (0, 1))
 
