@@ -132,7 +132,8 @@ def start_edge(fleet: Fleet, pools: dict[str, list[str]], probe: str,
     fd, path = tempfile.mkstemp(prefix="kvgate-soak-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(_config(pools, port), f)
-    env = {**os.environ, "KVGATE_SALT_SECRET": SALT, "KVGATE_ADMIN_TOKEN": ADMIN,
+    env = {**os.environ, "SOAK_PROBE_HOLDERS": "1" if args.holders else "",
+           "KVGATE_SALT_SECRET": SALT, "KVGATE_ADMIN_TOKEN": ADMIN,
            "KVGATE_REDIS_URL": redis_url, "KVGATE_CONFIG": ""}
     edge = (["serve"] if args.edge == "serve" else
             ["epp", "--host", "127.0.0.1", "--port", str(grpc), "--http-port", str(port)])
@@ -208,7 +209,8 @@ async def drive(mix: Mix, sims: Sims, args: argparse.Namespace,
 
 
 def _line(row: dict[str, Any]) -> str:
-    return "  ".join(f"{k}={v}" for k, v in row.items() if k not in ("top", "families", "types"))
+    hidden = ("top", "families", "types", "holders")
+    return "  ".join(f"{k}={v}" for k, v in row.items() if k not in hidden)
 
 
 def run_kvgate(args: argparse.Namespace) -> dict[str, Any]:
@@ -235,6 +237,8 @@ def run_kvgate(args: argparse.Namespace) -> dict[str, Any]:
         if rows:
             print("series grown after the first sample:", grown(rows[0], after))
             print("object types grown:", grown_types(rows, after))
+        for holder, n in after.get("holders", {}).items():
+            print(f"    {n:6d} held by {holder}")
         for line in after.get("top", []):
             print("   ", line)
         return {"start": start, "rows": rows, "after": after, "zero": zero,
@@ -285,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the HTTP proxy, or the endpoint picker behind Envoy")
     p.add_argument("--redis", action="store_true",
                    help="tenancy, limits and routing state in a throwaway redis-server")
+    p.add_argument("--holders", action="store_true",
+                   help="what holds the asyncio tasks that are done (slow: walks referrers)")
     p.add_argument("--tracemalloc", action="store_true", help="the top growing source lines")
     p.add_argument("--baseline", action="store_true", help="also the bare pass-through")
     p.add_argument("--json", type=Path, help="write the figures here")

@@ -69,6 +69,8 @@ def sample(pid: int, base: str | None, probe: str | None,
         row["malloc_mib"], row["gc_objects"] = doc.get("malloc_mib"), doc.get("gc_objects")
         if doc.get("types"):
             row["types"] = doc["types"]
+        if doc.get("holders"):
+            row["holders"] = doc["holders"]
         if doc.get("top"):
             row["top"] = doc["top"]
     if base is not None:
