@@ -171,6 +171,7 @@ def make_server(
         ws="none",
         proxy_headers=False,  # kvgate never reads the client address: skip the middleware
         timeout_graceful_shutdown=grace_timeout(cfg.shutdown_grace_s),
+        timeout_keep_alive=cfg.keep_alive_timeout_s,
         log_level=cfg.log_level.lower(), log_config=None,
     )
     return KvgateServer(config, cfg.shutdown_grace_s, on_started)

@@ -115,6 +115,10 @@ class ServerConfig(_Section):
     max_headers: Annotated[int, Field(ge=8)] = 100
     header_timeout_s: Pos = 10.0
     body_timeout_s: Pos = 60.0
+    # an idle keep-alive connection is closed after this long: longer than clients keep theirs
+    # (httpx and so the openai SDK 5 s, aiohttp 15 s, Go 90 s), or a client reusing one as the
+    # gateway closes it gets a reset (uvicorn's 5 s default raced httpx's 5 s)
+    keep_alive_timeout_s: Annotated[int, Field(ge=1, le=86_400)] = 120
     # worker processes sharing the port (each a member of the shared routing state; more
     # than 1 needs KVGATE_REDIS_URL: with the in-memory store it is refused at start)
     workers: Annotated[int, Field(ge=1, le=64)] = 1

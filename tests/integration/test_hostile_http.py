@@ -200,3 +200,22 @@ def test_an_idle_connection_closed_by_its_client_gets_nothing(port: int) -> None
         while chunk := s.recv(65536):
             rest += chunk
     assert rest == b""
+
+
+def test_a_keep_alive_connection_idle_past_clients_expiry_still_serves(port: int) -> None:
+    """uvicorn closed an idle keep-alive connection after 5 s: exactly when httpx (and so the
+    openai SDK) stops reusing one, so a client reusing it as the gateway closed it got a
+    reset. The gateway keeps it longer than clients keep theirs (`keep_alive_timeout_s`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for _ in range(2):
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while b"\r\n\r\n" not in answer or not answer.endswith(b"}"):
+                chunk = s.recv(65536)
+                assert chunk, "the gateway closed the idle connection"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+            s.settimeout(6.5)  # idle past 5 s (an event would be a close: none may come)
+            with pytest.raises(TimeoutError):
+                s.recv(1)
+            s.settimeout(30)
