@@ -49,6 +49,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
 from gateway.fleet.link import Link
+from gateway.fleet.peer_replicas import PeerReplicas
 from gateway.fleet.published import PublishedLoad
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.fleet.redis_clock import RedisClock
@@ -132,6 +133,7 @@ class RouteSync:
         self._write_failed = False
         self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
         self._budget = StreamBudget(settings.stream_maxlen, settings.stream_max_mb << 20)
+        self._held = PeerReplicas()  # the replicas each peer has load on, in our view
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -197,7 +199,7 @@ class RouteSync:
         changed = self._load.changes(self._own_loads(), now, bool(routes))
         if changed is None:
             return None
-        return encode(self.member, time.time(), routes, changed)
+        return encode(self.member, time.time(), routes, changed, whole=self._load.whole)
 
     def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
         return (b"XADD", self.key, b"MAXLEN", b"~", self._budget.trim_to(fields), b"*",
@@ -397,15 +399,21 @@ class RouteSync:
         if batch.bye:
             if router.peers is not None:
                 router.peers.drop(batch.member)
+            self._held.drop(batch.member)
             self.stats.applied += 1
             return
         self._apply_routes(batch, live=current)
         self.stats.applied += 1
         if not current:
             return
-        known = self._known
+        known, now = self._known, self._clock()
         loads = {k: v for k, v in batch.loads.items() if known(k)}
-        router.apply_peer_load(batch.member, loads, self._clock())
+        # a heartbeat's whole load: the replicas it leaves out are zero (`PeerReplicas`)
+        router.apply_peer_load(batch.member, self._held.complete(batch.member, loads,
+                                                                 batch.whole), now)
+        peers = router.peers  # (peers gone for good are forgotten now and then)
+        if batch.whole and peers is not None and len(self._held) > 8 + 2 * peers.members(now):
+            self._held.keep_only(peers.member_ids(now))
         lag = self._redis_clock.lag(written_ms)  # not the writer's clock against ours
         if lag is not None:
             self.stats.lag(lag)
