@@ -168,6 +168,9 @@ class RouteSync:
         try:
             peers = await self._catch_up()
             self.stats.up = True
+            # Redis answered: a later failure is an outage, not a URL that never worked (whose
+            # first reset was read as a TLS-only port: "rediss:// in KVGATE_REDIS_URL?")
+            self.reach.answered()
             log.info("shared routing state on (%d peer%s)", peers, "" if peers == 1 else "s",
                      extra={"member": self.member, "redis": self.reach.address})
         except (RedisError, OSError) as exc:
