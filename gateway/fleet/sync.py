@@ -48,6 +48,7 @@ from collections.abc import Callable, Mapping
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
+from gateway.fleet.dropped import DroppedEntries
 from gateway.fleet.link import Link
 from gateway.fleet.peer_replicas import PeerReplicas
 from gateway.fleet.published import PublishedLoad
@@ -134,6 +135,7 @@ class RouteSync:
         self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
         self._budget = StreamBudget(settings.stream_maxlen, settings.stream_max_mb << 20)
         self._held = PeerReplicas()  # the replicas each peer has load on, in our view
+        self._dropped = DroppedEntries(self.key.decode(), self.member)  # said once a kind
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -389,8 +391,10 @@ class RouteSync:
             return decode(fields)
         except UnknownVersion:
             self.stats.drop("version")
+            self._dropped.said(fields, "version")
         except BadRecord:
             self.stats.drop("malformed")
+            self._dropped.said(fields, "malformed")
         return None
 
     def _apply(self, fields: Mapping[bytes, bytes], written_ms: int,
