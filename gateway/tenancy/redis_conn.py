@@ -25,6 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, MaxClientsReachedError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnreachable
 
@@ -124,7 +125,10 @@ def failure_cause(exc: BaseException) -> str:
             return "timed out waiting for a free connection (tenancy.redis_max_connections)"
         if isinstance(seen, RedisConnectionError) and str(seen) == _CLOSED:
             return "connection closed by the server"
-        if isinstance(seen, TimeoutError):
+        # redis-py's own TimeoutError is no builtin one; raised with nothing under it (seen
+        # on a stopped Redis: "concurrency lease renewal: cannot reach Redis at ...
+        # (TimeoutError)", labelled unreachable)
+        if isinstance(seen, (TimeoutError, RedisTimeoutError)):
             return "timed out"
         if isinstance(seen, InvalidResponse):
             return _NOT_REDIS

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Iterator
 
 import pytest
 from redis._parsers.base import _RESPBase
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnreachable
 from gateway.tenancy.reachability import Reachability
@@ -160,6 +161,8 @@ def test_loading_and_other_replies_as_redis_py_parses_them() -> None:
     assert cause_label("server replied WRONGTYPE: kvgate:tenants is a string, not a hash") \
         == "wrongtype"
     assert cause_label("connection refused") == cause_label("ConnectionError") == "unreachable"
+    # redis-py's TimeoutError with nothing under it (no socket error): a timeout all the same
+    assert failure_cause(RedisTimeoutError("Timeout reading from 127.0.0.1:6379")) == "timed out"
     assert set(map(cause_label, ("timed out", "server replied OOM"))) <= set(CAUSE_LABELS)
 
 
