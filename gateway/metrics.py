@@ -135,8 +135,8 @@ def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
     others (all 0 while Redis answers), so an alert can name it without a free-text label."""
     family = GaugeMetricFamily(
         name, f"1 for why {what} fails now (refused: oom, wrongtype, noperm, auth, loading, "
-        "readonly, misconf, dbindex, protected, other; or unreachable, timeout), 0 for the "
-        "other causes",
+        "readonly, misconf, dbindex, protected, other; or unreachable, timeout, notredis), 0 "
+        "for the other causes",
         labels=["cause"])
     for label in CAUSE_LABELS:
         family.add_metric([label], 1.0 if label == cause else 0.0)

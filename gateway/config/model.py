@@ -68,7 +68,7 @@ class KvgateConfig(PolicyDoc):
             from redis.connection import parse_url  # lazy: only with a Redis URL
 
             try:  # a bad port or option otherwise failed in the lifespan, the variable unnamed
-                parse_url(value.get_secret_value())  # type: ignore[no-untyped-call]
+                parsed = parse_url(value.get_secret_value())  # type: ignore[no-untyped-call]
             except ValueError as exc:
                 # redis-py's text quotes a piece of the URL, which may be part of a password
                 what = "its port" if "Port" in str(exc) else "an option in its query string"
@@ -78,6 +78,7 @@ class KvgateConfig(PolicyDoc):
                                  "and percent-encode '/', '#', '?', '@' and '%' in a user name "
                                  "or password (e.g. '/' as %2F) (the value is not shown: it "
                                  "may hold a password)") from None
+            _database_named(value.get_secret_value(), parsed)
         return value
 
     @field_validator("admin_token")
@@ -128,3 +129,16 @@ class KvgateConfig(PolicyDoc):
         if self.models:
             return {m: p for m in self.models if (p := self.pool_for(m, "default")) is not None}
         return {pc.served_model: name for name, pc in self.pools.items() if pc.served_model}
+
+
+def _database_named(url: str, parsed: dict[str, object]) -> None:
+    """A path after ``host:port`` that is not a number (``/db2``, ``/kvgate``) was taken by
+    redis-py for database 0, without a word: two deployments meant for two databases shared
+    one. (A number out of range is Redis's to refuse, and is named then.)"""
+    from urllib.parse import unquote, urlsplit
+
+    path = unquote(urlsplit(url).path).strip("/")
+    if url.startswith(("redis://", "rediss://")) and path and "db" not in parsed:
+        raise ValueError("KVGATE_REDIS_URL names its database by a path that is not a number "
+                         "(redis://host:port/N, N from 0); it would be database 0 (the value "
+                         "is not shown: it may hold a password)")

@@ -59,6 +59,10 @@ REFUSED: dict[str, tuple[str, str]] = {
         "Redis refuses kvgate's connection: it runs in protected mode (DENIED: no password "
         "set, so it takes connections from its own loopback only)",
         "give Redis a password (requirepass, or an ACL user) and put it in KVGATE_REDIS_URL"),
+    "notredis": (
+        "the address in KVGATE_REDIS_URL answers, but not as Redis: its answer is not Redis's "
+        "protocol (another service listens at that port)",
+        "point KVGATE_REDIS_URL at Redis's host and port"),
     "other": (
         "Redis refuses kvgate's commands (the gateway's log names its reply: \"server replied "
         "...\")",

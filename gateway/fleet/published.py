@@ -1,7 +1,8 @@
 """What the peers hold of this gateway's own load, per replica, and which of it the next batch
 carries (`PublishedLoad.changes`): the loads changed since the last batch; every non-zero one,
 as a sign of life, once per heartbeat; after Redis failed us, all of them, zeros included; and
-a replica that left our pools, as gone."""
+a replica that left our pools, as gone. A heartbeat's and a re-send's batch carries every
+non-zero load of ours (`whole`): a reader takes the replicas it leaves out as zero."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ class PublishedLoad:
         # batch carries our load on every replica, zeros included (`changes`)
         self.resend_all = False
         self.last_beat = float("-inf")
+        # the last `changes` carried our whole non-zero load (a heartbeat, a re-send): a
+        # reader that missed a zero record (the stream wiped before it read it) learns of it
+        # from the next heartbeat, not never (zeros are sent once: heartbeats skip them)
+        self.whole = False
 
     def changes(self, loads: Mapping[str, ReplicaLoad], now: float,
                 routes: bool) -> dict[str, ReplicaLoad] | None:
         """The loads the next batch carries (now recorded as published); None when a batch
         would carry nothing: no `routes`, no load changed and no heartbeat due."""
         beat = now - self.last_beat >= self._heartbeat_s
+        self.whole = beat or self.resend_all
         if self.resend_all:  # after an outage: all of it, what went to zero meanwhile too
             self.resend_all = False
             changed = dict(loads)

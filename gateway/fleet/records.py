@@ -13,6 +13,10 @@ Fields of an entry (all bytes; unknown fields are ignored, so a newer writer may
     l  JSON object of the writer's own load that changed, ``{replica: [inflight, prefill,
        prefill_tokens, pending_work]}`` (zero: the writer has nothing there any more)
     b  present: the writer is leaving (clean shutdown); drop its load now
+    w  present: ``l`` holds the writer's whole non-zero load (a heartbeat): a replica it
+       leaves out is zero. A zero record is sent once, and one the reader never got (the
+       stream wiped before it read it) left the writer's finished requests in its view for
+       as long as the writer lived. Older readers ignore the field (and keep that fault).
 
 Hashes travel as packed integers, not JSON: a 256-block chain is 2 KiB instead of ~5 KiB and
 packs and unpacks in one call (a batch's hashes unpack into one tuple, each route's chain is a
@@ -63,6 +67,7 @@ class Batch:
     routes: list[RouteRecord] = field(default_factory=list)
     loads: dict[str, ReplicaLoad] = field(default_factory=dict)
     bye: bool = False
+    whole: bool = False  # `loads` is all of the writer's non-zero load
 
 
 def _pack(hashes: Sequence[int]) -> bytes:
@@ -83,7 +88,7 @@ def _packed(routes: Sequence[RouteRecord]) -> bytes:
 
 def encode(
     member: str, sent_at: float, routes: Sequence[RouteRecord],
-    loads: Mapping[str, ReplicaLoad], bye: bool = False,
+    loads: Mapping[str, ReplicaLoad], bye: bool = False, whole: bool = False,
 ) -> dict[bytes, bytes]:
     """A batch as the fields of one stream entry."""
     fields = {b"v": VERSION, b"m": member.encode(), b"t": repr(sent_at).encode()}
@@ -97,6 +102,8 @@ def encode(
         })
     if bye:
         fields[b"b"] = b"1"
+    if whole:
+        fields[b"w"] = b"1"
     return fields
 
 
@@ -108,7 +115,7 @@ def decode(fields: Mapping[bytes, bytes]) -> Batch:
     try:
         member = fields[b"m"].decode()
         sent_at = float(fields[b"t"])
-        batch = Batch(member, sent_at, bye=b"b" in fields)
+        batch = Batch(member, sent_at, bye=b"b" in fields, whole=b"w" in fields)
         if b"r" in fields:
             batch.routes = _routes(orjson.loads(fields[b"r"]), fields.get(b"h", b""))
         if b"l" in fields:

@@ -48,7 +48,9 @@ from collections.abc import Callable, Mapping
 from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
+from gateway.fleet.dropped import DroppedEntries
 from gateway.fleet.link import Link
+from gateway.fleet.peer_replicas import PeerReplicas
 from gateway.fleet.published import PublishedLoad
 from gateway.fleet.records import BadRecord, Batch, UnknownVersion, decode, encode
 from gateway.fleet.redis_clock import RedisClock
@@ -132,6 +134,8 @@ class RouteSync:
         self._write_failed = False
         self._redis_clock = RedisClock()  # the apply lag's clock, learned from our writes
         self._budget = StreamBudget(settings.stream_maxlen, settings.stream_max_mb << 20)
+        self._held = PeerReplicas()  # the replicas each peer has load on, in our view
+        self._dropped = DroppedEntries(self.key.decode(), self.member)  # said once a kind
 
     def wake(self) -> None:
         """Publish now (a request ended: its load must not linger in peers' views)."""
@@ -166,6 +170,9 @@ class RouteSync:
         try:
             peers = await self._catch_up()
             self.stats.up = True
+            # Redis answered: a later failure is an outage, not a URL that never worked (whose
+            # first reset was read as a TLS-only port: "rediss:// in KVGATE_REDIS_URL?")
+            self.reach.answered()
             log.info("shared routing state on (%d peer%s)", peers, "" if peers == 1 else "s",
                      extra={"member": self.member, "redis": self.reach.address})
         except (RedisError, OSError) as exc:
@@ -197,7 +204,7 @@ class RouteSync:
         changed = self._load.changes(self._own_loads(), now, bool(routes))
         if changed is None:
             return None
-        return encode(self.member, time.time(), routes, changed)
+        return encode(self.member, time.time(), routes, changed, whole=self._load.whole)
 
     def _xadd_args(self, fields: dict[bytes, bytes]) -> tuple[bytes | int, ...]:
         return (b"XADD", self.key, b"MAXLEN", b"~", self._budget.trim_to(fields), b"*",
@@ -384,8 +391,10 @@ class RouteSync:
             return decode(fields)
         except UnknownVersion:
             self.stats.drop("version")
+            self._dropped.said(fields, "version")
         except BadRecord:
             self.stats.drop("malformed")
+            self._dropped.said(fields, "malformed")
         return None
 
     def _apply(self, fields: Mapping[bytes, bytes], written_ms: int,
@@ -397,15 +406,21 @@ class RouteSync:
         if batch.bye:
             if router.peers is not None:
                 router.peers.drop(batch.member)
+            self._held.drop(batch.member)
             self.stats.applied += 1
             return
         self._apply_routes(batch, live=current)
         self.stats.applied += 1
         if not current:
             return
-        known = self._known
+        known, now = self._known, self._clock()
         loads = {k: v for k, v in batch.loads.items() if known(k)}
-        router.apply_peer_load(batch.member, loads, self._clock())
+        # a heartbeat's whole load: the replicas it leaves out are zero (`PeerReplicas`)
+        router.apply_peer_load(batch.member, self._held.complete(batch.member, loads,
+                                                                 batch.whole), now)
+        peers = router.peers  # (peers gone for good are forgotten now and then)
+        if batch.whole and peers is not None and len(self._held) > 8 + 2 * peers.members(now):
+            self._held.keep_only(peers.member_ids(now))
         lag = self._redis_clock.lag(written_ms)  # not the writer's clock against ours
         if lag is not None:
             self.stats.lag(lag)

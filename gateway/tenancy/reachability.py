@@ -29,7 +29,7 @@ from gateway.tenancy.redis_conn import cause_label, refusal_code
 __all__ = ["Reachability", "ends_with_a_connection"]
 
 # `cause_label`s a connection set up and answering ends
-_CONNECTION_CAUSES = frozenset({"unreachable", "timeout", "auth", "loading"})
+_CONNECTION_CAUSES = frozenset({"unreachable", "timeout", "auth", "loading", "notredis"})
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from redis.asyncio.connection import BlockingConnectionPool, ConnectionPool, SSL
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxClientsReachedError, RedisError, ResponseError
+from redis.exceptions import InvalidResponse, MaxClientsReachedError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnreachable
 
@@ -46,8 +47,9 @@ _CLOSED = "Connection closed by server."
 # `dbindex` (the URL's /N past `databases`) and `protected` (protected mode's DENIED) were
 # `other`, though the log and /readyz named them: appended, so a cause's index (the doctor's
 # history) keeps its meaning
+# `notredis`: the address answers, but not in Redis's protocol (another service's port)
 CAUSE_LABELS = ("unreachable", "timeout", "auth", "noperm", "oom", "wrongtype", "loading",
-                "readonly", "misconf", "other", "dbindex", "protected")
+                "readonly", "misconf", "other", "dbindex", "protected", "notredis")
 _BY_CODE = {"WRONGPASS": "auth", "NOAUTH": "auth", "AuthenticationError": "auth",
             "NOPERM": "noperm", "OOM": "oom", "WRONGTYPE": "wrongtype", "LOADING": "loading",
             "BusyLoadingError": "loading", "READONLY": "readonly", "MISCONF": "misconf",
@@ -64,6 +66,11 @@ _NOPERM_ACCESS = re.compile(r"no permissions to access one of the (keys|channels
 # every other retry, where the others said NOAUTH
 _UNAUTHENTICATED = "Protocol error: unauthenticated"
 _DB_RANGE = "DB index is out of range"  # SELECT (the URL's /N) past `databases`
+# a server whose answer is not Redis's protocol (an HTTP server, SSH, a database's port):
+# it read "cannot reach Redis at ... (InvalidResponse)", a class name that sent operators to
+# the network; the answer itself is not shown (another service's bytes, into the log)
+_NOT_REDIS = ("the server there is not Redis (its answer is not Redis's protocol: another "
+              "service at that port?)")
 
 
 def connect_redis(
@@ -118,8 +125,13 @@ def failure_cause(exc: BaseException) -> str:
             return "timed out waiting for a free connection (tenancy.redis_max_connections)"
         if isinstance(seen, RedisConnectionError) and str(seen) == _CLOSED:
             return "connection closed by the server"
-        if isinstance(seen, TimeoutError):
+        # redis-py's own TimeoutError is no builtin one; raised with nothing under it (seen
+        # on a stopped Redis: "concurrency lease renewal: cannot reach Redis at ...
+        # (TimeoutError)", labelled unreachable)
+        if isinstance(seen, (TimeoutError, RedisTimeoutError)):
             return "timed out"
+        if isinstance(seen, InvalidResponse):
+            return _NOT_REDIS
         if isinstance(seen, MaxClientsReachedError):  # an ERR reply, named by its text
             return "server replied ERR max number of clients reached (Redis's maxclients)"
         if isinstance(seen, OSError) and seen.errno is not None:
@@ -183,6 +195,8 @@ def cause_label(cause: str) -> str:
     closed connection)."""
     if cause.startswith("timed out"):
         return "timeout"
+    if cause == _NOT_REDIS:
+        return "notredis"
     code = refusal_code(cause)
     if code is None:
         return "unreachable"

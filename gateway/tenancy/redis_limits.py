@@ -134,6 +134,8 @@ class RedisRateLimiter(RateLimiter):
         # by the same call (a round trip more before was 2 x redis_timeout_s on a slow Redis);
         # not the others': a release stuck on another tenant's broken key must not fail this
         stalled = [(lid, held) for lid, held in self._unreleased.items() if held[0] == tenant_id]
+        for lid, _ in stalled:  # taken: admissions arriving together each sent them all (and
+            del self._unreleased[lid]  # logged them), until one call answered
         lease_id = f"{self.holder}.{secrets.token_hex(8)}"
         bucket = self._bucket(tenant_id)
         tpm = limits.tpm or 0
@@ -155,7 +157,12 @@ class RedisRateLimiter(RateLimiter):
         try:
             with redis_unavailable():
                 reason, retry, r, t = await self._admit(keys=self._keys(tenant_id), args=args)
-        except (StoreUnreachable, asyncio.CancelledError) as exc:
+        except BaseException as exc:
+            if stalled:  # not known to be released: still pending
+                self._unreleased.update(stalled)
+                self._retry_wake.set()
+            if not isinstance(exc, (StoreUnreachable, asyncio.CancelledError)):
+                raise
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
                 self._say_wrong_type(tenant_id, bucket)
                 raise  # refused before the script wrote this admission's lease or mark
@@ -170,8 +177,6 @@ class RedisRateLimiter(RateLimiter):
             log.info("rate limits of tenant %s: its keys in Redis work again",
                      _tenant_of(tenant_id), extra={"tenant": _tenant_of(tenant_id)})
         if stalled:
-            for lid, _ in stalled:
-                self._unreleased.pop(lid, None)
             log.info("concurrency leases released after Redis answered again",
                      extra={"leases": len(stalled)})
         lease = lease_id if not reason and limits.max_concurrency and not peek else None

@@ -66,6 +66,7 @@ from gateway.tenancy.models import (
 from gateway.tenancy.redis_conn import cause_label, refusal_code
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore, restored_from
+from gateway.tenancy.went_back import went_back
 
 __all__ = [
     "CONFLICTING_KEYS", "INVALID_KEY", "Principal", "TenancyHealth", "TenantResolver",
@@ -179,6 +180,7 @@ class TenantResolver:
         self._wipe_restored = False  # the last wipe noticed was restored (by any gateway)
         self._restored: str | None = None  # the marker of the last restore made here
         self._applied: StoreSnapshot | None = None  # the state in force, as applied
+        self._went_back: tuple[float, str] | None = None  # (when, what) `went_back.went_back`
         self._salts = salts
         self._poll = poll_interval_s
         self._max_stale = max_staleness_s
@@ -288,6 +290,9 @@ class TenantResolver:
                     snap = await self._policy_lost(snap)
                 if not wiped and (lost := self._lost_kinds(snap)):
                     snap = await self._records_lost(snap, lost, whole_before)
+                if not wiped and self._applied is not None and (
+                        snap.generation < self._applied.generation):
+                    self._say_went_back(self._applied, snap)
                 applied = self._apply(snap)
                 self._mark = mark
                 if self.last_state is not None:
@@ -447,6 +452,15 @@ class TenantResolver:
                 "tenancy store was wiped (its bootstrap marker changed): policy and configured "
                 "tenants re-seeded from configuration; API keys, tenants made through the "
                 "admin API and rate-limit budgets were lost", extra=extra)
+
+    def _say_went_back(self, last: StoreSnapshot, snap: StoreSnapshot) -> None:
+        """The store's generation is behind the state in force, under the same marker: Redis
+        came back from an older snapshot. Said once, counted as a reset, and in /readyz for
+        `WIPE_NOTICE_S` (it was reloaded without a word: `went_back`)."""
+        self._resets += 1
+        story = went_back(last, snap)
+        self._went_back = (self._clock(), story)
+        log.error("%s", story, extra={"store_resets": self._resets})
 
     def _apply(self, snap: StoreSnapshot) -> StoreSnapshot:
         """Put ``snap`` in force; returns it as applied (an unreadable policy or epoch
@@ -613,6 +627,9 @@ class TenantResolver:
         if reason is None and wiped and not self._wipe_restored:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
+        if reason is None and self._went_back is not None and (
+                self._clock() - self._went_back[0] < WIPE_NOTICE_S):
+            reason = self._went_back[1]
         if reason is None and self._skipped:
             names = [s.label for s in self._skipped.values()]
             shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5

@@ -6,6 +6,7 @@ SIGTERM, waits, then SIGKILLs, and its captured output is printed if the test fa
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -161,5 +162,12 @@ def redis_proc(port: int | None = None) -> tuple[Proc, str]:
     if exe is None:
         raise RuntimeError("redis-server is not installed; run scripts/setup")
     port = port or free_port()
-    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    # a directory of its own: in the repository (the cwd) a Redis loaded any dump.rdb found
+    # there at start, and a replica (tests/unit/tenancy/test_redis_causes.py) wrote one there,
+    # so every later test's Redis began with that test's keys (kvgate:routes a string)
+    data = tempfile.mkdtemp(prefix="kvgate-test-redis-")
+    cmd = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+           "--dir", data]
+    # removed when the tests end, not with this Proc: callers build others from its command
+    atexit.register(shutil.rmtree, data, True)
     return Proc(cmd, ready_port=port), f"redis://127.0.0.1:{port}/0"

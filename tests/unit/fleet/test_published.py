@@ -57,3 +57,15 @@ def test_a_failed_batch_is_forgotten_and_the_next_one_beats() -> None:
     ledger.forget()
     assert ledger.published == {}
     assert ledger.changes({"a": ONE}, 0.1, routes=False) == {"a": ONE}
+
+
+def test_heartbeats_and_resends_carry_the_whole_load_changes_do_not() -> None:
+    ledger = _after_first({"a": ONE})
+    assert ledger.whole  # the first batch is a heartbeat
+    ledger.changes({"a": TWO}, 0.1, routes=False)
+    assert not ledger.whole  # one change: the others are left as they were
+    ledger.changes({"a": TWO}, BEAT, routes=False)
+    assert ledger.whole
+    ledger.resend_all = True
+    ledger.changes({"a": TWO}, BEAT + 0.1, routes=False)
+    assert ledger.whole

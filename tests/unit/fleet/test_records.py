@@ -21,7 +21,11 @@ def test_round_trip() -> None:
     assert batch.sent_at == 1_700_000_000.25
     assert batch.routes == ROUTES
     assert batch.loads == LOADS
-    assert not batch.bye
+    assert not batch.bye and not batch.whole
+
+
+def test_a_whole_load_is_marked() -> None:
+    assert decode(encode("m", 1.0, [], LOADS, whole=True)).whole
 
 
 def test_goodbye_and_empty_batches() -> None:

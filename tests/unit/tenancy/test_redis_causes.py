@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Iterator
 
 import pytest
 from redis._parsers.base import _RESPBase
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnreachable
 from gateway.tenancy.reachability import Reachability
@@ -120,6 +121,28 @@ async def test_a_connection_the_server_closed_is_named_so() -> None:
             await killer.aclose()
 
 
+async def test_a_server_that_is_not_redis_is_named_so() -> None:
+    """Another service at the URL's port (a web server here): redis-py's InvalidResponse was
+    named by its class and labelled ``unreachable``."""
+    with socket.socket() as web:
+        web.bind(("127.0.0.1", 0))
+        web.listen(4)
+        client = connect_redis(f"redis://127.0.0.1:{web.getsockname()[1]}/0", timeout_s=5.0)
+
+        async def answer() -> None:
+            conn, _ = await asyncio.get_running_loop().sock_accept(web)
+            with conn:
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                await asyncio.sleep(1)
+
+        web.setblocking(False)
+        server = asyncio.ensure_future(answer())
+        cause, label = await _label(client.get("x"))
+        await server
+        await client.aclose()
+    assert label == "notredis" and "is not Redis" in cause and "HTTP" not in cause
+
+
 def _parsed(reply: str) -> Exception:
     """What redis-py's parser makes of an error reply (the class the client raises)."""
     exc: Exception = _RESPBase.parse_error(reply)  # type: ignore[no-untyped-call]
@@ -138,6 +161,8 @@ def test_loading_and_other_replies_as_redis_py_parses_them() -> None:
     assert cause_label("server replied WRONGTYPE: kvgate:tenants is a string, not a hash") \
         == "wrongtype"
     assert cause_label("connection refused") == cause_label("ConnectionError") == "unreachable"
+    # redis-py's TimeoutError with nothing under it (no socket error): a timeout all the same
+    assert failure_cause(RedisTimeoutError("Timeout reading from 127.0.0.1:6379")) == "timed out"
     assert set(map(cause_label, ("timed out", "server replied OOM"))) <= set(CAUSE_LABELS)
 
 
