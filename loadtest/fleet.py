@@ -92,9 +92,10 @@ class Fleet:
     # quiet children's standard error (what a child that exits at start said: `start`)
     _errs: list[IO[bytes]] = field(default_factory=list)
 
-    def start(self, args: Sequence[str], probe: str, timeout: float = 30.0) -> None:
+    def start(self, args: Sequence[str], probe: str, timeout: float = 60.0) -> None:
         """Start `kvgate ARGS...` and wait until GET `probe` answers 200. A child that exits
-        first is a `RuntimeError` with the end of what it wrote to standard error."""
+        first is a `RuntimeError` with the end of what it wrote to standard error. The
+        ``timeout`` bounds a failed start only (30 s was exceeded on a heavily loaded host)."""
         err: IO[bytes] | None = None
         if self.quiet:
             err = tempfile.TemporaryFile()  # noqa: SIM115 (closed by `stop`)
