@@ -7,6 +7,7 @@ Used by `kvgate demo`, live `kvgate replay --spawn` and the benchmarks. Each pro
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -25,11 +26,43 @@ __all__ = ["Fleet", "environ", "free_port", "redis_server", "wait_http"]
 KVGATE = [sys.executable, "-m", "gateway.cli"]
 
 
+# Below the kernel's ephemeral range (Linux: 32768-60999 unless configured). A port the
+# kernel chose there (bind to port 0) is free only until the caller's child binds it: any
+# outgoing connection may take it first as its source port ("address already in use": seen
+# on a loaded machine running many clients). Ports below the range are never handed out so.
+_LOW_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
+    """A loopback port nothing listens on, below the ephemeral range when it has room there
+    (else one the kernel picks)."""
+    high = _ephemeral_low()
+    if high - _LOW_PORT >= 1000:
+        for _ in range(50):
+            port = random.randrange(_LOW_PORT, high)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 def _ready(url: str) -> bool:
@@ -59,9 +92,10 @@ class Fleet:
     # quiet children's standard error (what a child that exits at start said: `start`)
     _errs: list[IO[bytes]] = field(default_factory=list)
 
-    def start(self, args: Sequence[str], probe: str, timeout: float = 30.0) -> None:
+    def start(self, args: Sequence[str], probe: str, timeout: float = 60.0) -> None:
         """Start `kvgate ARGS...` and wait until GET `probe` answers 200. A child that exits
-        first is a `RuntimeError` with the end of what it wrote to standard error."""
+        first is a `RuntimeError` with the end of what it wrote to standard error. The
+        ``timeout`` bounds a failed start only (30 s was exceeded on a heavily loaded host)."""
         err: IO[bytes] | None = None
         if self.quiet:
             err = tempfile.TemporaryFile()  # noqa: SIM115 (closed by `stop`)

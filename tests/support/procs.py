@@ -42,7 +42,7 @@ class Proc:
         ready_url: str | None = None,
         ready_port: int | None = None,
         env: dict[str, str] | None = None,
-        timeout: float = 30.0,
+        timeout: float = 60.0,  # a bound on a failed start only (30 s: seen exceeded, loaded)
     ) -> None:
         self.cmd = list(cmd)
         self.ready_url = ready_url

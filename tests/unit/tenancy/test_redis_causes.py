@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Iterator
 
 import pytest
 from redis._parsers.base import _RESPBase
+from redis.asyncio import Redis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.errors import StoreUnreachable
@@ -104,15 +105,15 @@ async def test_a_connection_the_server_closed_is_named_so() -> None:
     the class's name."""
     proc, url = redis_proc()
     with proc:
-        client = connect_redis(url, timeout_s=5.0, max_connections=1)
-        killer = connect_redis(url)
+        # the BLPOP must still block when the kill comes: its own timeout (and the socket's)
+        # far above what a loaded machine takes to see it blocked (3 s was not: it returned
+        # empty first, and the kill found an idle connection)
+        client = connect_redis(url, timeout_s=120.0, max_connections=1)
+        killer = connect_redis(url, timeout_s=10.0)
         try:
             await client.client_setname("victim")
-            blocked = asyncio.ensure_future(_label(client.blpop(["nothing"], timeout=3)))
-            for _ in range(200):
-                if "cmd=blpop" in str(await killer.client_list()):
-                    break
-                await asyncio.sleep(0.01)
+            blocked = asyncio.ensure_future(_label(client.blpop(["nothing"], timeout=60)))
+            await asyncio.wait_for(_blocked_in_blpop(killer, "victim"), 30)
             assert await killer.client_kill_filter(_type="normal", skipme=True) >= 1
             assert await blocked == ("connection closed by the server", "unreachable")
             assert await client.get("x") is None  # a new connection: it answers again
@@ -141,6 +142,16 @@ async def test_a_server_that_is_not_redis_is_named_so() -> None:
         await server
         await client.aclose()
     assert label == "notredis" and "is not Redis" in cause and "HTTP" not in cause
+
+
+async def _blocked_in_blpop(killer: Redis, name: str) -> None:
+    """Until Redis lists the client ``name`` as running BLPOP (blocked in it): polled, as
+    Redis sends no event for it."""
+    while True:
+        if any(c.get("name") == name and c.get("cmd") == "blpop"
+               for c in await killer.client_list()):
+            return
+        await asyncio.sleep(0.01)
 
 
 def _parsed(reply: str) -> Exception:
