@@ -150,7 +150,7 @@ def test_a_request_held_from_before_an_ejection_neither_holds_back_nor_decides_t
 
         # its back-off over, the stream it holds (its tokens moving) does not hold its trial
         # back: it did until that stream ended
-        wait_for(trial_on_flaky, timeout=8, what="a trial on the flaky replica")
+        wait_for(trial_on_flaky, timeout=30, what="a trial on the flaky replica")
         set_faults(flaky, hang_after_tokens=0)  # the held stream stops: its idle timeout
         with pytest.raises(openai.APIError):
             for _chunk in held:
