@@ -14,8 +14,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.procs import sim_proc
+from tests.support.gateway import two_tier_gateway
 
 ADMIN = "client-surface-admin-0123456789"
 
@@ -24,20 +23,8 @@ ADMIN = "client-surface-admin-0123456789"
 def keys() -> Iterator[tuple[str, dict[str, str]]]:
     """(gateway base URL, {tier: API key, "sim": the replica's URL}) with the public models
     `open` (every tier) and `a-premium-only` (the premium tier; it sorts first)."""
-    sim, url = sim_proc(None, "--time-scale", "50", model="sim-model")
-    config = {
-        "pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
-        "models": {"open": {"default": "p"}, "a-premium-only": {"premium": "p"}},
-        "tiers": {"premium": {}},
-        "tenants": [{"id": "basic", "tier": "default"}, {"id": "gold", "tier": "premium"}],
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    with sim:
-        gw, base = gateway_proc(config=config, env=env, auth=True)
-        with gw, admin_client(base, ADMIN) as admin:
-            made = {tier: admin.post(f"/tenants/{tenant}/keys").json()["key"]
-                    for tier, tenant in (("default", "basic"), ("premium", "gold"))}
-            yield base, {**made, "sim": url}
+    with two_tier_gateway("a-premium-only", ADMIN) as made:
+        yield made
 
 
 def client(base: str, key: str) -> openai.OpenAI:

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.gateway import gateway_proc, two_tier_gateway
 from tests.support.procs import sim_proc
 
 ADMIN = "model-omitted-admin-0123456789"
@@ -29,20 +29,8 @@ ROUTES: dict[str, dict[str, Any]] = {
 def keys() -> Iterator[tuple[str, dict[str, str]]]:
     """(gateway base URL, {"one": a key whose tier has one model, "two": one with two,
     "sim": the replica's URL})."""
-    sim, url = sim_proc(None, "--time-scale", "50", model="sim-model")
-    config = {
-        "pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
-        "models": {"open": {"default": "p"}, "gold-only": {"premium": "p"}},
-        "tiers": {"premium": {}},
-        "tenants": [{"id": "basic", "tier": "default"}, {"id": "gold", "tier": "premium"}],
-    }
-    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    with sim:
-        gw, base = gateway_proc(config=config, env=env, auth=True)
-        with gw, admin_client(base, ADMIN) as admin:
-            made = {name: admin.post(f"/tenants/{tenant}/keys").json()["key"]
-                    for name, tenant in (("one", "basic"), ("two", "gold"))}
-            yield base, {**made, "sim": url}
+    with two_tier_gateway("gold-only", ADMIN) as (base, keys):
+        yield base, {"one": keys["default"], "two": keys["premium"], "sim": keys["sim"]}
 
 
 def _post(base: str, key: str, route: str, body: dict[str, Any]) -> httpx.Response:

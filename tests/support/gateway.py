@@ -14,14 +14,15 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import openai
 import yaml
 
-from tests.support.procs import KVGATE, Proc, free_port
+from tests.support.procs import KVGATE, Proc, free_port, sim_proc
 
 __all__ = [
     "AUTH_SECRET",
@@ -185,3 +186,25 @@ def unread_chat(port: int, body: dict[str, Any]) -> socket.socket:
     s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
               b"content-length: %d\r\n\r\n" % len(data) + data)
     return s
+
+
+@contextmanager
+def two_tier_gateway(premium_model: str, admin: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """A gateway with authentication before one simulated replica: the public model `open`
+    for every tier and `premium_model` for the premium tier only. Yields (base URL,
+    {"default": a key of the default tier, "premium": one of the premium tier, "sim": the
+    replica's URL})."""
+    sim, url = sim_proc(None, "--time-scale", "50", model="sim-model")
+    config = {
+        "pools": {"p": {"served_model": "sim-model", "replicas": [url]}},
+        "models": {"open": {"default": "p"}, premium_model: {"premium": "p"}},
+        "tiers": {"premium": {}},
+        "tenants": [{"id": "basic", "tier": "default"}, {"id": "gold", "tier": "premium"}],
+    }
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": admin}
+    with sim:
+        gw, base = gateway_proc(config=config, env=env, auth=True)
+        with gw, admin_client(base, admin) as client:
+            made = {tier: client.post(f"/tenants/{tenant}/keys").json()["key"]
+                    for tier, tenant in (("default", "basic"), ("premium", "gold"))}
+            yield base, {**made, "sim": url}
