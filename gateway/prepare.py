@@ -28,14 +28,14 @@ from gateway.flow import FlowGate, asked_tokens
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
 from gateway.planner import PREFIX_KINDS, Plan, Planner
-from gateway.pool import Pools
+from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest, rate_limit_headers
 from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
 from routing.router import NoCandidate, Router
-from routing.types import Decision, ReplicaView
+from routing.types import Decision, ReplicaView, RequestFeatures
 
 __all__ = ["OFF_LOOP_BYTES", "OffLoop", "Preparer", "unserved"]
 
@@ -265,30 +265,36 @@ class Preparer:
         home = self._response_home(req, parsed) if req.kind == "responses" else None
         if home is not None and (subset is None or home in subset):
             return Decision(home, (), "response-affinity"), upstream_body
-        try:
-            decision = self._router.pick(plan.features, views, now, held=held)
-        except NoCandidate:
-            # every available replica is only backing off after busy 503s: try them anyway
-            # rather than answering 503 without asking
-            views = [v if v.healthy or not (r := pool.by_id.get(v.id)) or not r.available(now)
-                     else _healthy(v) for v in views]
-            try:
-                decision = self._router.pick(plan.features, views, now, held=held)
-            except NoCandidate:
-                # none available: replicas on trial whose trial streams answer, rather than
-                # a 503 until the longest of those streams ends (`Replica.trial_answering`)
-                views = [_healthy(v) if (r := pool.by_id.get(v.id)) and r.trial_answering(now)
-                         else v for v in views]
-                try:
-                    decision = self._router.pick(plan.features, views, now, held=held)
-                except NoCandidate:
-                    raise pool.none_healthy(parsed.model, now, among) from None
+        decision = self._pick(plan.features, views, now, held, pool)
+        if decision is None:
+            raise pool.none_healthy(parsed.model, now, among)
         if self.sharing is not None:
             self.sharing.observe(pool.name, decision.replica, plan.features)
         if self.flow is not None:  # the pick counts in its pool; route "queued" if it waited
             decision = self.flow.mark(req, decision)
         parsed.shed()  # everything above has read it; the upstream body is written
         return decision, upstream_body
+
+    def _pick(self, features: RequestFeatures, views: list[ReplicaView], now: float, held: bool,
+              pool: Pool) -> Decision | None:
+        """The router's pick, widened twice before giving up (None): first every available
+        replica only backing off after busy 503s counts as healthy (tried rather than a 503
+        without asking), then also replicas on trial whose trial streams answer (rather than a
+        503 until the longest of those streams ends, `Replica.trial_answering`)."""
+        def busy(v: ReplicaView) -> bool:
+            return bool((r := pool.by_id.get(v.id)) and r.available(now))
+
+        def answering(v: ReplicaView) -> bool:
+            return bool((r := pool.by_id.get(v.id)) and r.trial_answering(now))
+
+        for widen in (None, busy, answering):
+            if widen is not None:
+                views = [_healthy(v) if not v.healthy and widen(v) else v for v in views]
+            try:
+                return self._router.pick(features, views, now, held=held)
+            except NoCandidate:
+                continue
+        return None
 
     def _response_home(self, req: ProxiedRequest, parsed: ParsedBody) -> str | None:
         """The replica holding `previous_response_id`, when this gateway relayed it (404 when
