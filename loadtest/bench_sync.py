@@ -51,6 +51,7 @@ from loadtest.fleet import redis_server
 from loadtest.replay.generators import WORKLOADS
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
 from loadtest.replay.summary import summarize
+from loadtest.replay.trace import TraceError
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from routing.router import RouterConfig
 
@@ -63,12 +64,10 @@ SAMPLE_TRACE = Path(__file__).resolve().parent / "data" / "mooncake_sample.jsonl
 # -- offline: routing quality of N gateways -----------------------------------------------------
 def _workloads(trace: Path, quick: bool) -> list[tuple[str, list[ReplayRequest], int]]:
     limit = 3000 if quick else None
-    out = []
-    if trace.exists():
-        out.append(("conversation trace 1x", load_mooncake(str(trace), limit=limit), 262_144))
-        if not quick:
-            out.append(("conversation trace 1.5x",
-                        load_mooncake(str(trace), rate_scale=1.5, limit=limit), 262_144))
+    out = [("conversation trace 1x", load_mooncake(str(trace), limit=limit), 262_144)]
+    if not quick:
+        out.append(("conversation trace 1.5x",
+                    load_mooncake(str(trace), rate_scale=1.5, limit=limit), 262_144))
     out.append(("synthetic multi-tenant", synthetic_multitenant(), 262_144))
     return out
 
@@ -223,6 +222,15 @@ def workers(rep: Report, n: int) -> None:
     rep.add(f"\nThroughput ratio 2 workers / 1: {two[0] / one[0]:.2f}\n")
 
 
+def _check_trace(p: argparse.ArgumentParser, trace: Path) -> None:
+    """A trace that cannot be read is a usage error before minutes of replays: a missing file
+    left the conversation rows out without a word, a bad line was a traceback mid-run."""
+    try:
+        load_mooncake(str(trace))
+    except (OSError, TraceError) as exc:
+        p.error(f"--trace {trace}: {exc}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtest.bench_sync", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -243,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                 "--sync-delay-ms and --limit go with --offline")
     out: Path = args.out
     every = not (args.offline or args.cost or args.workers)
+    if every or args.offline:
+        _check_trace(p, args.trace)
     rep = Report()
     rep.add("# Shared routing state: benchmark\n")
     rep.add(f"`{shown_command('loadtest.bench_sync', argv)}`\n")
