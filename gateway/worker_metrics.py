@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "label_lines",
-           "merge", "set_current"]
+__all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "fold_dead",
+           "label_lines", "merge", "set_current"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,7 @@ WRITE_SHARE = 0.02
 POLL_SLACK_S = 0.05  # a whole part due within this of a tick is written at that tick
 STALE_AFTER_S = 15.0
 WORKER_LABEL = "worker"
+GENERATION = "# kvgate-worker-generation "  # a part's first line: whose it is (`fold_dead`)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class WorkerSlot:
 
     slot: int
     directory: Path
+    generation: int = 0  # how many workers held this slot before this one
 
 
 _current: WorkerSlot | None = None
@@ -88,7 +90,7 @@ class WorkerExposition:
         try:
             path = self._path(self.slot.slot, kind)
             tmp = path.with_name(f"{path.name}.tmp")
-            tmp.write_text(text)
+            tmp.write_text(f"{GENERATION}{self.slot.generation}\n{text}")
             os.replace(tmp, path)  # readers see the old file or the new one, never half
         except OSError as exc:
             log.warning("cannot write this worker's metrics", extra={"error": str(exc)})
@@ -132,18 +134,25 @@ class WorkerExposition:
         """Every live worker's series. This worker's are written out first and served as
         written: a later scrape reaching another worker reads at least these values, so no
         counter goes back when consecutive scrapes reach different workers."""
-        texts = {self.slot.slot: self.publish()}
+        own = self.slot.slot
+        texts = {own: self.publish()}
+        bases = {slot: _base(path) for path in self.slot.directory.glob("base-*.prom")
+                 if (slot := _slot_of(path)) is not None}
         now = self._clock()
         for path in self.slot.directory.glob("worker-*.prom"):
             slot = _slot_of(path)
-            if slot is None or slot == self.slot.slot:
+            if slot is None or slot == own:
                 continue
             try:
                 if now - path.stat().st_mtime > STALE_AFTER_S:
                     continue
-                texts[slot] = _with_state(path, self._path(slot, "state"))
+                text = _with_state(path, self._path(slot, "state"))
             except (OSError, UnicodeDecodeError):  # gone between listing and reading: stopped
                 continue
+            if _generation(text) > bases.get(slot, ("", -1))[1]:  # not folded in its base yet
+                texts[slot] = text
+        for slot, (base, _) in bases.items():
+            texts[slot] = add_counters(texts.get(slot, ""), base)
         return merge(texts)
 
 
@@ -161,12 +170,77 @@ def _with_state(whole_path: Path, state_path: Path) -> str:
     except (OSError, UnicodeDecodeError):  # none yet, or the worker is stopping
         return whole
     families = _families(whole) | state
-    return "\n".join(line for meta, lines in families.values() for line in (*meta, *lines)) + "\n"
+    head = whole.split("\n", 1)[0] + "\n" if whole.startswith(GENERATION) else ""
+    return head + "".join(f"{line}\n" for meta, lines in families.values()
+                          for line in (*meta, *lines))
 
 
 def _slot_of(path: Path) -> int | None:
-    digits = path.stem.removeprefix("worker-")
+    digits = path.stem.split("-", 1)[-1]
     return int(digits) if digits.isdigit() else None
+
+
+def _generation(text: str) -> int:
+    """The generation a part's first line names (-1: none, a part of an older kvgate)."""
+    first = text.split("\n", 1)[0]
+    digits = first.removeprefix(GENERATION)
+    return int(digits) if first.startswith(GENERATION) and digits.isdigit() else -1
+
+
+def _base(path: Path) -> tuple[str, int]:
+    """A slot's base: its dead workers' counters, and the last generation folded in."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return "", -1
+    return text, _generation(text)
+
+
+def fold_dead(directory: Path, slot: int, generation: int) -> None:
+    """Worker ``generation`` of ``slot`` is dead: add its last part's counters and histograms
+    to the slot's base, which scrapes add to its successor's (the supervisor calls this before
+    it starts the successor). Its part not written yet, or already folded: nothing to add."""
+    base_path = directory / f"base-{slot}.prom"
+    base, folded = _base(base_path)
+    whole = directory / f"worker-{slot}.prom"
+    try:
+        dead = _with_state(whole, directory / f"worker-{slot}.state")
+    except (OSError, UnicodeDecodeError):
+        return
+    if not folded < _generation(dead) <= generation:
+        return
+    tmp = base_path.with_name(f"{base_path.name}.tmp")
+    try:
+        tmp.write_text(f"{GENERATION}{generation}\n{add_counters(base, dead)}")
+        os.replace(tmp, base_path)  # a scrape sees the old base with its part, or the new alone
+    except OSError as exc:
+        log.warning("cannot keep a dead worker's counters", extra={"error": str(exc)})
+
+
+def add_counters(live: str, base: str) -> str:
+    """``live`` (a labelled part, or "") with the counter and histogram samples of ``base``
+    added to its own of the same series; the base's series ``live`` lacks are kept as they are,
+    its gauges dropped (a dead worker's in flight is no one's now)."""
+    families = _families(live)
+    for name, (meta, lines) in _families(base).items():
+        if not any(line.split(" ", 3)[3:] in (["counter"], ["histogram"], ["summary"])
+                   for line in meta if line.startswith("# TYPE ")):
+            continue
+        extra = dict(_sample(line) for line in lines)
+        own_meta, own = families.setdefault(name, (meta, []))
+        summed = []
+        for line in own:
+            series, value = _sample(line)
+            summed.append(f"{series} {value + extra.pop(series, 0.0)!r}")
+        summed.extend(f"{series} {value!r}" for series, value in extra.items())
+        families[name] = (own_meta, summed)
+    return "".join(f"{line}\n" for meta, lines in families.values() for line in (*meta, *lines))
+
+
+def _sample(line: str) -> tuple[str, float]:
+    """A sample line -> (its name and labels, its value)."""
+    series, _, value = line.rpartition(" ")
+    return series, float(value)
 
 
 def label_lines(text: str, slot: int) -> str:

@@ -17,7 +17,9 @@ started serving failed at start and stops them all (exit status 1): the next wou
 alike. Each worker says when it serves through an event the parent watches. A worker that
 dies leaves its tenants' concurrency leases in Redis: the parent deletes its lease holder's
 heartbeat as it sees it die, so they stop counting at once (`gateway.tenancy.holders`).
-/metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`). The
+/metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`); a
+restarted worker's series carry on its predecessors' counts, which the parent folds into its
+slot's base as it sees one die. The
 workers' shared directory (their /metrics parts, the tenancy state a restarted worker starts
 from) is removed by the parent as it exits, or, when it was killed, by the workers as they
 exit.
@@ -42,7 +44,7 @@ from types import FrameType
 
 from gateway.config import KvgateConfig
 from gateway.tenancy.holders import HolderFile, forget_holder
-from gateway.worker_metrics import WorkerSlot, set_current
+from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
 __all__ = ["WORKERS_NEED_REDIS", "run_workers"]
 
@@ -66,6 +68,7 @@ def run_workers(
     ``serving`` is called once, when every worker serves for the first time."""
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
     workers: dict[int, tuple[BaseProcess, Event]] = {}  # slot -> (process, "it serves")
+    generations: dict[int, int] = {}  # slot -> how many workers were started in it
     stopping: list[int] = []
     try:  # each worker's part of /metrics goes there
         shared = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -78,8 +81,9 @@ def run_workers(
         if stopping:  # a signal came after the supervisor decided to restart this one
             return
         serving = ctx.Event()
-        proc = ctx.Process(target=_worker, name=f"kvgate-{slot}",
-                           args=(serve, cfg, sockets, WorkerSlot(slot, shared), serving))
+        generation = generations[slot] = generations.get(slot, -1) + 1
+        proc = ctx.Process(target=_worker, name=f"kvgate-{slot}", args=(
+            serve, cfg, sockets, WorkerSlot(slot, shared, generation), serving))
         proc.start()
         workers[slot] = (proc, serving)
         if stopping and proc.pid is not None:  # the signal came during `proc.start()`
@@ -99,8 +103,11 @@ def run_workers(
     try:
         for slot in range(cfg.server.workers):
             start(slot)
-        return _supervise(workers, stopping, start, stop, serving,
-                          lambda slot: _free_leases(cfg, shared, slot))
+        def dead(slot: int) -> None:
+            _free_leases(cfg, shared, slot)
+            fold_dead(shared, slot, generations[slot])  # before its successor starts
+
+        return _supervise(workers, stopping, start, stop, serving, dead)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
