@@ -12,9 +12,11 @@ The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each d
 in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
 listening sockets, so a new connection is refused at once instead of waiting in the listen
 backlog until the last worker has drained. A worker that dies after it started serving is
-started again, however soon (the OOM killer does not wait); a worker that dies before it
-started serving failed at start and stops them all (exit status 1): the next would fail
-alike. Each worker says when it serves through an event the parent watches. A worker that
+started again, however soon (the OOM killer does not wait), and so is one killed by a signal
+before it served (the replacement of a killed worker, killed in turn); a worker that exits by
+itself before it started serving failed at start and stops them all (exit status 1): the next
+would fail alike, as would a slot's fourth worker in a row killed before it served. Each
+worker says when it serves through an event the parent watches. A worker that
 dies leaves its tenants' concurrency leases in Redis: the parent deletes its lease holder's
 heartbeat as it sees it die, so they stop counting at once (`gateway.tenancy.holders`).
 /metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`); a
@@ -55,6 +57,7 @@ WORKERS_NEED_REDIS = (
     "state through Redis (with the in-memory store each would have its own)"
 )
 POLL_S = 0.2
+KILLED_IN_START = 3  # a slot's workers killed in a row before serving: then a failed start
 
 # serve(cfg, sockets, on_started): runs one gateway; calls on_started once it serves
 Serve = Callable[[KvgateConfig, list[socket.socket], Callable[[], None]], int]
@@ -122,6 +125,10 @@ def _supervise(
     all_serving: Callable[[], None] | None, dead: Callable[[int], None],
 ) -> int:
     status = 0
+    # a worker killed by a signal before it served (the OOM killer, `kill -9` of a worker being
+    # started again) did not fail at start: it is started again, unless its slot's workers
+    # keep being killed before they serve (a start that the host cannot afford)
+    killed_in_start: dict[int, int] = {}
     while workers:
         time.sleep(POLL_S)
         if all_serving is not None and not stopping and all(
@@ -136,16 +143,29 @@ def _supervise(
             dead(slot)
             if stopping:
                 continue
-            if not serving.is_set():
-                print(f"kvgate serve: worker {slot} failed to start (exit {proc.exitcode}); "
+            code = proc.exitcode if proc.exitcode is not None else 1
+            killed_in_start[slot] = 0 if serving.is_set() else killed_in_start.get(slot, 0) + 1
+            if not serving.is_set() and (code >= 0 or killed_in_start[slot] > KILLED_IN_START):
+                print(f"kvgate serve: worker {slot} failed to start ({_how(code)}); "
                       "stopping", file=sys.stderr, flush=True)
                 status = 1
                 stop(signal.SIGTERM, None)
                 continue
-            log.warning("worker exited; starting it again",
-                        extra={"worker": slot, "exitcode": proc.exitcode})
+            log.warning("worker exited (%s, %s); starting it again", _how(code),
+                        "while it served" if serving.is_set() else "before it served",
+                        extra={"worker": slot, "exitcode": code})
             start(slot)
     return status
+
+
+def _how(exitcode: int) -> str:
+    """A worker's end, as an operator reads it: 'killed by SIGKILL' or 'exit 3'."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit {exitcode}"
 
 
 def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
