@@ -44,6 +44,7 @@ WRITE_SHARE = 0.02
 POLL_SLACK_S = 0.05  # a whole part due within this of a tick is written at that tick
 STALE_AFTER_S = 15.0
 WORKER_LABEL = "worker"
+RESTARTS = "kvgate_worker_restarts_total"  # kept in each slot's base (`fold_dead`)
 GENERATION = "# kvgate-worker-generation "  # a part's first line: whose it is (`fold_dead`)
 
 
@@ -151,8 +152,9 @@ class WorkerExposition:
                 continue
             if _generation(text) > bases.get(slot, ("", -1))[1]:  # not folded in its base yet
                 texts[slot] = text
-        for slot, (base, _) in bases.items():
-            texts[slot] = add_counters(texts.get(slot, ""), base)
+        for slot in texts.keys() | bases.keys():  # each slot's restarts, 0 until one dies
+            texts[slot] = add_counters(texts.get(slot, ""),
+                                       bases[slot][0] if slot in bases else restarts(slot, 0))
         return merge(texts)
 
 
@@ -199,22 +201,32 @@ def _base(path: Path) -> tuple[str, int]:
 def fold_dead(directory: Path, slot: int, generation: int) -> None:
     """Worker ``generation`` of ``slot`` is dead: add its last part's counters and histograms
     to the slot's base, which scrapes add to its successor's (the supervisor calls this before
-    it starts the successor). Its part not written yet, or already folded: nothing to add."""
+    it starts the successor), and count it in `RESTARTS`. Its part not written yet, or
+    already folded: no counts of its own to add."""
     base_path = directory / f"base-{slot}.prom"
     base, folded = _base(base_path)
+    if folded >= generation:  # seen already
+        return
     whole = directory / f"worker-{slot}.prom"
     try:
         dead = _with_state(whole, directory / f"worker-{slot}.state")
     except (OSError, UnicodeDecodeError):
-        return
-    if not folded < _generation(dead) <= generation:
-        return
+        dead = ""
+    if not folded < _generation(dead) <= generation:  # none of its own: dead before it wrote
+        dead = ""
     tmp = base_path.with_name(f"{base_path.name}.tmp")
     try:
-        tmp.write_text(f"{GENERATION}{generation}\n{add_counters(base, dead)}")
+        text = add_counters(add_counters(base, dead), restarts(slot, 1))
+        tmp.write_text(f"{GENERATION}{generation}\n{text}")
         os.replace(tmp, base_path)  # a scrape sees the old base with its part, or the new alone
     except OSError as exc:
         log.warning("cannot keep a dead worker's counters", extra={"error": str(exc)})
+
+
+def restarts(slot: int, n: int) -> str:
+    """The `RESTARTS` family, labelled: ``n`` workers of ``slot`` died."""
+    return (f"# HELP {RESTARTS} workers of this slot that died and were started again\n"
+            f"# TYPE {RESTARTS} counter\n{RESTARTS}{{{WORKER_LABEL}=\"{slot}\"}} {float(n)!r}\n")
 
 
 def add_counters(live: str, base: str) -> str:

@@ -108,7 +108,8 @@ def run_workers(
             start(slot)
         def dead(slot: int) -> None:
             _free_leases(cfg, shared, slot)
-            fold_dead(shared, slot, generations[slot])  # before its successor starts
+            if not stopping:  # before its successor starts (none when the gateway stops)
+                fold_dead(shared, slot, generations[slot])
 
         return _supervise(workers, stopping, start, stop, serving, dead)
     finally:

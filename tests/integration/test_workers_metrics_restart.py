@@ -1,5 +1,6 @@
 """`server.workers 2`: a worker killed (SIGKILL, as the OOM killer does) and started again
-takes over its slot's series without taking the gateway's counters back. Its predecessor's
+takes over its slot's series without taking the gateway's counters back, and
+`kvgate_worker_restarts_total` counts it. Its predecessor's
 counts stay in /metrics: a dashboard summing `kvgate_requests_total` over `worker` went from
 89 to 70 when one of three workers was killed and replaced (each of the dead worker's series
 restarted from 0)."""
@@ -22,6 +23,7 @@ from tests.support.gateway import gateway_proc, wait_for
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
+RESTARTS = "kvgate_worker_restarts_total"
 PART = """# HELP kvgate_requests_total finished requests
 # TYPE kvgate_requests_total counter
 kvgate_requests_total{pool="p"} %d.0
@@ -58,6 +60,7 @@ def test_a_dead_workers_counts_are_counted_once_and_its_gauges_dropped(tmp_path:
     assert seen[("kvgate_requests_total", "1")] == 7
     assert seen[("kvgate_ttft_seconds_count", "1")] == 7
     assert ("kvgate_inflight_requests", "1") not in seen  # its requests died with it
+    assert (seen[(RESTARTS, "0")], seen[(RESTARTS, "1")]) == (0, 1)
     successor = _worker(WorkerSlot(1, tmp_path, generation=1), 2, 1)
     for scraped in (successor.render(), other.render()):
         now = _samples(scraped)
@@ -110,6 +113,7 @@ def test_a_replaced_workers_counts_stay_in_the_gateways_totals(
         wait_for(lambda: sum(_series(base).values()) == sent, timeout=20,
                  what="every request in one scrape")
         before = _series(base)
+        assert _series(base, RESTARTS) == {'worker="0"': 0.0, 'worker="1"': 0.0}
         workers = _children(gw)
         victim = min(workers)
         os.kill(victim, signal.SIGKILL)
@@ -125,4 +129,5 @@ def test_a_replaced_workers_counts_stay_in_the_gateways_totals(
             return sum(now.values()) == sent
 
         wait_for(all_counted, timeout=30, what="the gateway's totals to count every request")
+        assert sorted(_series(base, RESTARTS).values()) == [0.0, 1.0]  # the killed one's slot
         assert gw.popen is not None and gw.popen.poll() is None, gw.output()
