@@ -24,12 +24,14 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["STALE_AFTER_S", "WorkerExposition", "WorkerSlot", "current", "fold_dead",
-           "label_lines", "merge", "set_current"]
+from prometheus_client.core import CounterMetricFamily, Metric
+
+__all__ = ["STALE_AFTER_S", "NoRestarts", "WorkerExposition", "WorkerSlot", "current",
+           "fold_dead", "label_lines", "merge", "set_current"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ POLL_SLACK_S = 0.05  # a whole part due within this of a tick is written at that
 STALE_AFTER_S = 15.0
 WORKER_LABEL = "worker"
 RESTARTS = "kvgate_worker_restarts_total"  # kept in each slot's base (`fold_dead`)
+RESTARTS_HELP = "workers of this slot that died and were started again"
 GENERATION = "# kvgate-worker-generation "  # a part's first line: whose it is (`fold_dead`)
 
 
@@ -223,9 +226,18 @@ def fold_dead(directory: Path, slot: int, generation: int) -> None:
         log.warning("cannot keep a dead worker's counters", extra={"error": str(exc)})
 
 
+class NoRestarts:
+    """A gateway of one process exports the `RESTARTS` family too, without a sample (no worker
+    to restart), so that every gateway has the same families whatever its `server.workers`."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(RESTARTS.removesuffix("_total"), RESTARTS_HELP,
+                                  labels=[WORKER_LABEL])
+
+
 def restarts(slot: int, n: int) -> str:
     """The `RESTARTS` family, labelled: ``n`` workers of ``slot`` died."""
-    return (f"# HELP {RESTARTS} workers of this slot that died and were started again\n"
+    return (f"# HELP {RESTARTS} {RESTARTS_HELP}\n"
             f"# TYPE {RESTARTS} counter\n{RESTARTS}{{{WORKER_LABEL}=\"{slot}\"}} {float(n)!r}\n")
 
 
