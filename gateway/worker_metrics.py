@@ -12,15 +12,17 @@ totals. A file older than `STALE_AFTER_S` (a worker that stopped or hangs) is le
 restarted worker takes over its slot's series (a counter reset, which Prometheus handles).
 
 A worker's whole part can take a while to render (thousands of per-tenant counter series), so
-it is rewritten less often on a busy worker; the series read at scrape time (in flight,
-health, queue depth, Redis's state: a few per pool and replica) are written apart every
-second all the same, and a scrape reaching another worker reads them from there: a queue
+it is rewritten less often on a busy worker (its file touched every second all the same: its
+age says the worker lives); the series read at scrape time (in flight, health, queue depth,
+Redis's state: a few per pool and replica) are written apart every second all the same, and a
+scrape reaching another worker reads them from there: a queue
 building in one worker was seen ~3 s late where its whole part took 60 ms to render.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -125,10 +127,19 @@ class WorkerExposition:
                     took = time.perf_counter() - start
                     whole_due = start + max(WRITE_INTERVAL_S, took / WRITE_SHARE) - POLL_SLACK_S
                 else:
+                    self.touch()
                     self.publish_state()
             except Exception:  # a collector that fails: keep the loop (and the others' view)
                 log.exception("this worker's metrics could not be rendered")
             await asyncio.sleep(WRITE_INTERVAL_S)
+
+    def touch(self) -> None:
+        """This worker lives, though its whole part is not rewritten now: the others judge it
+        alive by that part's age (`STALE_AFTER_S`), and a busy worker rewrites it only every
+        50 renders' time (0.3 s to render: 15 s, and the others left its series out). Before
+        the state part is written, so that the state part stays the newer (`_with_state`)."""
+        with contextlib.suppress(OSError):  # (its directory gone: `publish` says so)
+            os.utime(self._path(self.slot.slot))
 
     def remove(self) -> None:
         for kind in ("prom", "state"):
