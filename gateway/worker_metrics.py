@@ -261,21 +261,25 @@ def add_counters(live: str, base: str) -> str:
         if not any(line.split(" ", 3)[3:] in (["counter"], ["histogram"], ["summary"])
                    for line in meta if line.startswith("# TYPE ")):
             continue
-        extra = dict(_sample(line) for line in lines)
+        extra = dict(sample for line in lines if (sample := _sample(line)) is not None)
         own_meta, own = families.setdefault(name, (meta, []))
         summed = []
         for line in own:
-            series, value = _sample(line)
-            summed.append(f"{series} {value + extra.pop(series, 0.0)!r}")
+            sample = _sample(line)
+            summed.append(line if sample is None else
+                          f"{sample[0]} {sample[1] + extra.pop(sample[0], 0.0)!r}")
         summed.extend(f"{series} {value!r}" for series, value in extra.items())
         families[name] = (own_meta, summed)
     return "".join(f"{line}\n" for meta, lines in families.values() for line in (*meta, *lines))
 
 
-def _sample(line: str) -> tuple[str, float]:
-    """A sample line -> (its name and labels, its value)."""
+def _sample(line: str) -> tuple[str, float] | None:
+    """A sample line -> (its name and labels, its value); None if it is not one."""
     series, _, value = line.rpartition(" ")
-    return series, float(value)
+    try:
+        return series, float(value)
+    except ValueError:
+        return None
 
 
 def label_lines(text: str, slot: int) -> str:

@@ -109,7 +109,10 @@ def run_workers(
         def dead(slot: int) -> None:
             _free_leases(cfg, shared, slot)
             if not stopping:  # before its successor starts (none when the gateway stops)
-                fold_dead(shared, slot, generations[slot])
+                try:
+                    fold_dead(shared, slot, generations[slot])
+                except Exception:  # the supervisor must outlive a metrics fault
+                    log.exception("a dead worker's counters could not be kept")
 
         return _supervise(workers, stopping, start, stop, serving, dead)
     finally:
