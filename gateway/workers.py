@@ -86,7 +86,7 @@ def run_workers(
         serving = ctx.Event()
         generation = generations[slot] = generations.get(slot, -1) + 1
         proc = ctx.Process(target=_worker, name=f"kvgate-{slot}", args=(
-            serve, cfg, sockets, WorkerSlot(slot, shared, generation), serving))
+            serve, cfg, sockets, WorkerSlot(slot, shared, generation), serving, os.getpid()))
         proc.start()
         workers[slot] = (proc, serving)
         if stopping and proc.pid is not None:  # the signal came during `proc.start()`
@@ -183,23 +183,30 @@ def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
 
 def _worker(
     serve: Serve, cfg: KvgateConfig, sockets: list[socket.socket], slot: WorkerSlot,
-    serving: Event,
+    serving: Event, supervisor: int,
 ) -> None:
+    """Worker ``slot``'s process; ``supervisor``: the pid of the process that forked it."""
     set_current(slot)
-    supervisor = os.getppid()
     # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
     # one SIGTERM (a second signal would make the server skip its graceful drain)
     os.setpgrp()
     _die_with_parent()
+    if os.getppid() != supervisor:  # it died before the line above: no signal will come
+        _forget_state(slot)
+        sys.exit(0)
     for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
         signal.signal(s, signal.SIG_DFL)
     status = serve(cfg, sockets, serving.set)
     if os.getppid() != supervisor:
-        # the supervisor was killed (SIGKILL: its own cleanup never ran): the directory holds
-        # the tenancy state (key hashes, the policy with its replicas' URLs), which must not
-        # outlive the gateway; the workers still running lose only their last writes
-        shutil.rmtree(slot.directory, ignore_errors=True)
+        _forget_state(slot)
     sys.exit(status)
+
+
+def _forget_state(slot: WorkerSlot) -> None:
+    """The supervisor was killed (SIGKILL: its own cleanup never ran): the directory holds the
+    tenancy state (key hashes, the policy with its replicas' URLs), which must not outlive the
+    gateway; the workers still running lose only their last writes."""
+    shutil.rmtree(slot.directory, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
