@@ -272,6 +272,7 @@ def _share_metrics(metrics: GatewayMetrics, stack: AsyncExitStack) -> None:
     """A worker of several (`server.workers`): /metrics answers with every worker's series."""
     slot = worker_metrics.current()
     if slot is None:
+        metrics.registry.register(worker_metrics.NoRestarts())
         return
     exposition = worker_metrics.WorkerExposition(
         slot, metrics.render_own, metrics.render_state)

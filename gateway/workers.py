@@ -12,12 +12,16 @@ The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each d
 in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
 listening sockets, so a new connection is refused at once instead of waiting in the listen
 backlog until the last worker has drained. A worker that dies after it started serving is
-started again, however soon (the OOM killer does not wait); a worker that dies before it
-started serving failed at start and stops them all (exit status 1): the next would fail
-alike. Each worker says when it serves through an event the parent watches. A worker that
+started again, however soon (the OOM killer does not wait), and so is one killed by a signal
+before it served (the replacement of a killed worker, killed in turn); a worker that exits by
+itself before it started serving failed at start and stops them all (exit status 1): the next
+would fail alike, as would a slot's fourth worker in a row killed before it served. Each
+worker says when it serves through an event the parent watches. A worker that
 dies leaves its tenants' concurrency leases in Redis: the parent deletes its lease holder's
 heartbeat as it sees it die, so they stop counting at once (`gateway.tenancy.holders`).
-/metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`). The
+/metrics answers with every worker's series, labelled by worker (`gateway.worker_metrics`); a
+restarted worker's series carry on its predecessors' counts, which the parent folds into its
+slot's base as it sees one die. The
 workers' shared directory (their /metrics parts, the tenancy state a restarted worker starts
 from) is removed by the parent as it exits, or, when it was killed, by the workers as they
 exit.
@@ -42,7 +46,7 @@ from types import FrameType
 
 from gateway.config import KvgateConfig
 from gateway.tenancy.holders import HolderFile, forget_holder
-from gateway.worker_metrics import WorkerSlot, set_current
+from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
 __all__ = ["WORKERS_NEED_REDIS", "run_workers"]
 
@@ -53,6 +57,7 @@ WORKERS_NEED_REDIS = (
     "state through Redis (with the in-memory store each would have its own)"
 )
 POLL_S = 0.2
+KILLED_IN_START = 3  # a slot's workers killed in a row before serving: then a failed start
 
 # serve(cfg, sockets, on_started): runs one gateway; calls on_started once it serves
 Serve = Callable[[KvgateConfig, list[socket.socket], Callable[[], None]], int]
@@ -66,6 +71,7 @@ def run_workers(
     ``serving`` is called once, when every worker serves for the first time."""
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
     workers: dict[int, tuple[BaseProcess, Event]] = {}  # slot -> (process, "it serves")
+    generations: dict[int, int] = {}  # slot -> how many workers were started in it
     stopping: list[int] = []
     try:  # each worker's part of /metrics goes there
         shared = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
@@ -78,8 +84,9 @@ def run_workers(
         if stopping:  # a signal came after the supervisor decided to restart this one
             return
         serving = ctx.Event()
-        proc = ctx.Process(target=_worker, name=f"kvgate-{slot}",
-                           args=(serve, cfg, sockets, WorkerSlot(slot, shared), serving))
+        generation = generations[slot] = generations.get(slot, -1) + 1
+        proc = ctx.Process(target=_worker, name=f"kvgate-{slot}", args=(
+            serve, cfg, sockets, WorkerSlot(slot, shared, generation), serving, os.getpid()))
         proc.start()
         workers[slot] = (proc, serving)
         if stopping and proc.pid is not None:  # the signal came during `proc.start()`
@@ -99,8 +106,15 @@ def run_workers(
     try:
         for slot in range(cfg.server.workers):
             start(slot)
-        return _supervise(workers, stopping, start, stop, serving,
-                          lambda slot: _free_leases(cfg, shared, slot))
+        def dead(slot: int) -> None:
+            _free_leases(cfg, shared, slot)
+            if not stopping:  # before its successor starts (none when the gateway stops)
+                try:
+                    fold_dead(shared, slot, generations[slot])
+                except Exception:  # the supervisor must outlive a metrics fault
+                    log.exception("a dead worker's counters could not be kept")
+
+        return _supervise(workers, stopping, start, stop, serving, dead)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -115,6 +129,10 @@ def _supervise(
     all_serving: Callable[[], None] | None, dead: Callable[[int], None],
 ) -> int:
     status = 0
+    # a worker killed by a signal before it served (the OOM killer, `kill -9` of a worker being
+    # started again) did not fail at start: it is started again, unless its slot's workers
+    # keep being killed before they serve (a start that the host cannot afford)
+    killed_in_start: dict[int, int] = {}
     while workers:
         time.sleep(POLL_S)
         if all_serving is not None and not stopping and all(
@@ -129,16 +147,29 @@ def _supervise(
             dead(slot)
             if stopping:
                 continue
-            if not serving.is_set():
-                print(f"kvgate serve: worker {slot} failed to start (exit {proc.exitcode}); "
+            code = proc.exitcode if proc.exitcode is not None else 1
+            killed_in_start[slot] = 0 if serving.is_set() else killed_in_start.get(slot, 0) + 1
+            if not serving.is_set() and (code >= 0 or killed_in_start[slot] > KILLED_IN_START):
+                print(f"kvgate serve: worker {slot} failed to start ({_how(code)}); "
                       "stopping", file=sys.stderr, flush=True)
                 status = 1
                 stop(signal.SIGTERM, None)
                 continue
-            log.warning("worker exited; starting it again",
-                        extra={"worker": slot, "exitcode": proc.exitcode})
+            log.warning("worker exited (%s, %s); starting it again", _how(code),
+                        "while it served" if serving.is_set() else "before it served",
+                        extra={"worker": slot, "exitcode": code})
             start(slot)
     return status
+
+
+def _how(exitcode: int) -> str:
+    """A worker's end, as an operator reads it: 'killed by SIGKILL' or 'exit 3'."""
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit {exitcode}"
 
 
 def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
@@ -152,23 +183,30 @@ def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
 
 def _worker(
     serve: Serve, cfg: KvgateConfig, sockets: list[socket.socket], slot: WorkerSlot,
-    serving: Event,
+    serving: Event, supervisor: int,
 ) -> None:
+    """Worker ``slot``'s process; ``supervisor``: the pid of the process that forked it."""
     set_current(slot)
-    supervisor = os.getppid()
     # its own process group: a Ctrl-C at a terminal reaches the parent only, which passes on
     # one SIGTERM (a second signal would make the server skip its graceful drain)
     os.setpgrp()
     _die_with_parent()
+    if os.getppid() != supervisor:  # it died before the line above: no signal will come
+        _forget_state(slot)
+        sys.exit(0)
     for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
         signal.signal(s, signal.SIG_DFL)
     status = serve(cfg, sockets, serving.set)
     if os.getppid() != supervisor:
-        # the supervisor was killed (SIGKILL: its own cleanup never ran): the directory holds
-        # the tenancy state (key hashes, the policy with its replicas' URLs), which must not
-        # outlive the gateway; the workers still running lose only their last writes
-        shutil.rmtree(slot.directory, ignore_errors=True)
+        _forget_state(slot)
     sys.exit(status)
+
+
+def _forget_state(slot: WorkerSlot) -> None:
+    """The supervisor was killed (SIGKILL: its own cleanup never ran): the directory holds the
+    tenancy state (key hashes, the policy with its replicas' URLs), which must not outlive the
+    gateway; the workers still running lose only their last writes."""
+    shutil.rmtree(slot.directory, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
