@@ -72,7 +72,7 @@ async def test_the_stream_stays_open_for_envoy_to_end_it(
     later.cancel()  # with the first answer would have come before it
     assert not status.done(), "the status was sent before the stream's end"
     await call.done_writing()  # a data plane that half-closes gets the status at once
-    # (well within the picker's own bound on the wait, `server.ENDED_WAIT_S`: 30 s)
+    # (well within the picker's own bound on the wait, `gateway.epp.server.ENDED_WAIT_S`: 30 s)
     assert await asyncio.wait_for(status, 10) == grpc.StatusCode.OK
     assert await asyncio.wait_for(call.read(), 10) == grpc.aio.EOF
 
