@@ -186,6 +186,18 @@ def _subset_from_header(header: str) -> dict[str, Any]:
     }
 
 
+def _client_headers_dropped() -> dict[str, Any]:
+    """First: a client's destination header (and route marker) dropped. A request sent on
+    unpicked (FailOpen, the picker down) kept it, and ``ORIGINAL_DST`` went to any address."""
+    return {
+        "name": "envoy.filters.http.header_mutation",
+        "typed_config": {
+            "@type": f"{_TYPES}.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [{"remove": DESTINATION}, {"remove": WHOLE}]},
+        },
+    }
+
+
 def _pool_cluster(endpoints: Sequence[str] | None, breakers: dict[str, Any]) -> dict[str, Any]:
     if not endpoints:
         return {
@@ -256,9 +268,9 @@ def envoy_config(
     # one (the connection manager's, 2 x first byte) raised: the total timeout bounds it
     whole = {**route, "idle_timeout": total, "retry_policy": {
         k: v for k, v in retries.items() if k != "per_try_idle_timeout"}}
-    filters = [_ext_proc("kvgate_epp", failure_mode_allow)]
+    filters = [_client_headers_dropped(), _ext_proc("kvgate_epp", failure_mode_allow)]
     if subset_header:
-        filters.insert(0, _subset_from_header(subset_header))
+        filters.insert(1, _subset_from_header(subset_header))
     filters.append({"name": "envoy.filters.http.router", "typed_config": {
         "@type": f"{_TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}})
     hcm = {

@@ -72,6 +72,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         inbox: asyncio.Queue[pb.ProcessingRequest | None] = asyncio.Queue()
         ex.wake = lambda: inbox.put_nowait(_STALLED)  # (`ExchangeState._replica_cut`)
         reader = asyncio.create_task(_read(requests, inbox))
+        closing: asyncio.Task[None] | None = None
         try:
             while True:
                 msg = await _next(inbox, ex.deadline())
@@ -84,6 +85,8 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     for answer in out:
                         yield answer
                     if out and out[0].HasField("immediate_response"):
+                        closing = self._close(ex)
+                        await _ended(inbox)
                         return
                     continue
                 kind = msg.WhichOneof("request")
@@ -118,16 +121,23 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 for answer in out:
                     yield answer
                 if out and out[0].HasField("immediate_response"):
-                    return  # Envoy answers the client and ends the exchange
+                    # Envoy answers the client and ends the exchange: settle it now, then
+                    # let Envoy end the stream first (`_ended`)
+                    closing = self._close(ex)
+                    await _ended(inbox)
+                    return
         finally:
             reader.cancel()
-            # gRPC cancels this handler when Envoy ends the stream, and may again while it
-            # closes: the close runs on as its own task (a cancelled one left the endpoints
-            # Envoy went past unprobed, and could leave a lease or an admission held)
-            closing = asyncio.create_task(ex.close())
-            self._closing.add(closing)
-            closing.add_done_callback(self._closed)
-            await asyncio.shield(closing)
+            await asyncio.shield(closing or self._close(ex))
+
+    def _close(self, ex: Exchange) -> asyncio.Task[None]:
+        """`ex.close()` as a task of its own: gRPC cancels `Process` when Envoy ends the
+        stream, and may again while it closes (a cancelled close left the endpoints Envoy went
+        past unprobed, and could leave a lease or an admission held)."""
+        closing = asyncio.create_task(ex.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closed)
+        return closing
 
 
 _LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
@@ -145,6 +155,25 @@ async def _read(
             inbox.put_nowait(msg)
     finally:
         inbox.put_nowait(None)
+
+
+# how long a stream answered with an immediate response waits for Envoy to end it
+ENDED_WAIT_S = 30.0
+
+
+async def _ended(inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
+    """Wait (up to `ENDED_WAIT_S`) for Envoy to end a stream the picker answered with an
+    immediate response: Envoy resets it once the local reply is made, and gRPC then cancels
+    this handler. Returning first sends the stream's status, which then starts on a call
+    Envoy has cancelled, and grpcio leaks that failed batch's native memory (grpc/grpc issue
+    43360): ~0.7 KiB per request refused at its headers (`loadtest/results/bench_soak.md`).
+    A data plane that half-closes instead is answered the status at once (None comes)."""
+    try:
+        async with asyncio.timeout(ENDED_WAIT_S):
+            while await inbox.get() is not None:
+                pass  # nothing after an immediate response is read
+    except TimeoutError:
+        pass
 
 
 async def _next(
