@@ -88,6 +88,14 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("flow-queue", "queue-bound", "q", None, {"q": _pool([]), **OK_POOL},
              {"q": Load("", 24, "short", max_tokens=200), **OK_LOAD},
              flow={"max_inflight": 4}),
+    # a replica started with another model (a wrong Service selector, a rollout of another
+    # model): its /health says 200, kvgate takes it out for what its /v1/models lists
+    Scenario("wrong-model", "down", "p", 1, {"p": [[], ["--model", "m-other"]], **OK_POOL},
+             {"p": Load("", 4, "short", max_tokens=16), **OK_LOAD}),
+    # prompts longer than the replicas' --max-model-len: every request answered vLLM's 400
+    Scenario("context-too-long", "errors", "p", None,
+             {"p": _pool(["--max-model-len", "1024"], 2), **OK_POOL},
+             {"p": Load("", 4, "long-unique", 1500, max_tokens=16), **OK_LOAD}),
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),

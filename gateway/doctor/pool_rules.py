@@ -23,6 +23,7 @@ from gateway.doctor.findings import (
     not_judged,
     ratio_or_nan,
 )
+from gateway.doctor.refusals import refused
 from gateway.doctor.replica_rules import replica_down, replica_hung
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import PoolStats, ReplicaStats
@@ -54,6 +55,8 @@ def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
         out.append(hit)
     if p.requests >= th.min_pool_requests and p.errors >= th.error_share * p.requests:
         out.append(_errors(p, th))
+    if (bad_requests := refused(p, th)) is not None:
+        out.append(bad_requests)
     if p.requests >= th.min_pool_requests:
         overflow = p.overflow / p.requests
         if overflow >= th.overflow_share and imbalance:

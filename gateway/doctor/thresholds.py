@@ -84,6 +84,10 @@ TABLE: tuple[Threshold, ...] = (
               "failed)"),
     Threshold("error_share", 0.05, "share of requests", 'kvgate_requests_total{status=~"5.."}',
               "requests of a pool that ended in a 5xx (critical from 50%)"),
+    Threshold("refused_share", 0.05, "share of requests",
+              'kvgate_requests_total{status=~"4.."}',
+              "requests of a pool its replicas refused with a 4xx (a prompt past their "
+              "--max-model-len, a bad parameter; critical from 50%): the clients see them fail"),
     Threshold("min_replica_attempts", 20, "requests", "kvgate_replica_attempts_total",
               "fewer requests sent to a replica in the window: its failure share is not "
               "judged"),

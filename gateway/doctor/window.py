@@ -113,6 +113,10 @@ class ReplicaStats:
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
+    # why kvgate holds it out of rotation now (`Replica.reason`: its /health's answer, another
+    # model served, its credentials refused, ...), set at report time: ticks keep numbers only
+    reason: str = ""
+    max_model_len: float = math.nan  # its context length (/v1/models), also set at report time
     capacity_tokens: float = math.nan
 
     @property
@@ -136,6 +140,7 @@ class PoolStats:
     samples: int = 0  # ticks in the window
     requests: float = 0.0
     errors: float = 0.0
+    refused: float = 0.0  # answered with a 4xx by its replicas (the request invalid there)
     overflow: float = 0.0
     spilled: float = 0.0
     prompt_tokens: float = 0.0  # from upstream usage
@@ -344,6 +349,7 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
         return increase([t.pool(name, f) for t in span])
 
     ps.requests, ps.errors = inc(POOL.REQUESTS), inc(POOL.ERRORS)
+    ps.refused = inc(POOL.REFUSED)
     ps.overflow, ps.spilled = inc(POOL.OVERFLOW), inc(POOL.SPILLED)
     ps.prompt_tokens, ps.cached_tokens = inc(POOL.PROMPT), inc(POOL.CACHED)
     ps.share_n, ps.share_prompt = inc(POOL.SHARE_N), inc(POOL.SHARE_PROMPT)
