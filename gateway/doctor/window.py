@@ -80,6 +80,7 @@ class ReplicaStats:
     fresh: int = 0  # of those, with a scrape younger than routing.stale_after_s
     healthy_share: float = math.nan  # of samples, taking requests (not ejected nor draining)
     healthy_last: float = math.nan  # the last sample: 1 takes requests, 0 not
+    outages: float = 0.0  # times it went out of rotation after FLAP_IN_SAMPLES in it
     draining: bool = False
     inflight_mean: float = math.nan
     inflight_max: float = math.nan
@@ -229,6 +230,25 @@ def _baseline(ticks: Sequence[Tick], start: float) -> int:
     return best
 
 
+FLAP_IN_SAMPLES = 2  # in rotation this many samples before going out: an outage
+
+
+def _outages(healthy: Sequence[float]) -> float:
+    """How many times the replica went out of rotation after being in it for at least
+    `FLAP_IN_SAMPLES` samples: a replica ejected then tried again (a sample in between, its
+    trial) counts once, one flapping up and down once per fall."""
+    n, run = 0, 0
+    for v in healthy:
+        if math.isnan(v):
+            continue
+        if v > 0:
+            run += 1
+            continue
+        n += run >= FLAP_IN_SAMPLES
+        run = 0
+    return float(n)
+
+
 def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: float) -> ReplicaStats:
     st = ReplicaStats(rid, pool)
     series: dict[int, list[float]] = {f: [] for f in range(REP.N)}
@@ -258,6 +278,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stale_share = 1.0 - len(fresh) / len(present)
     st.healthy_share = _mean(gauge(REP.HEALTHY, present))
     st.healthy_last = series[REP.HEALTHY][present[-1]]
+    st.outages = _outages([series[REP.HEALTHY][j] for j in [0, *present]])
     st.draining = series[REP.DRAINING][present[-1]] > 0
     inflight = gauge(REP.INFLIGHT, present)
     st.inflight_mean, st.inflight_max = _mean(inflight), max(inflight, default=math.nan)
