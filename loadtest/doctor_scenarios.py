@@ -82,6 +82,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              faults={("p", 0): {"latency_ms": 300.0}}),
     Scenario("slow-replica", "routing", "p", 1, {"p": [[], A100]},
              {"p": Load("", 8, "short", max_tokens=100)}, routing={"policy": "round_robin"}),
+    # an engine 2x slower than its two peers' (`kvgate sim --slowdown`), cache-aware routing
+    # sending it less: no in-flight or time-per-request spread to see
+    Scenario("slow-engine", "routing", "p", 0, {"p": [["--slowdown", "2"], [], []]},
+             {"p": Load("", 12, "short", max_tokens=100)}),
     Scenario("hit-rate", "routing", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 1, "pairs", 1500, max_tokens=4)},
              routing={"policy": "round_robin"}),
