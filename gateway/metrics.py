@@ -319,6 +319,9 @@ class GatewayMetrics:
         # labelled counters, per pool only, so `kvgate doctor` reads them without collecting
         # thousands of (replica, tier, tenant, status, route) children
         self.pool_counts: dict[str, list[int]] = {}
+        # pool -> requests its replicas answered with a 4xx (400: a prompt past the context
+        # length, a bad parameter): the doctor's, which the 5xx count leaves out
+        self.pool_refused: dict[str, int] = {}
         # what else keeps series per pool (flow control's): told when a pool is forgotten
         self.pool_forgetters: list[Callable[[str], None]] = []
         self._children: dict[tuple[Any, ...], Any] = {}
@@ -351,6 +354,8 @@ class GatewayMetrics:
             c[1] += 1
         if route == "overflow":
             c[2] += 1
+        if replica != "none" and 400 <= status < 499 and status not in (408, 429):
+            self.pool_refused[pool] = self.pool_refused.get(pool, 0) + 1
 
     def forget_replica(self, pool: str, replica: str) -> None:
         """Drop the `kvgate_requests_total` series of `replica` in `pool` (it left and has
@@ -370,6 +375,7 @@ class GatewayMetrics:
                 del self._children[key]
                 found[0].remove(*key[1:])
         self.pool_counts.pop(pool, None)
+        self.pool_refused.pop(pool, None)
         self.tenant_tokens.forget_pool(pool)
         for forget in self.pool_forgetters:
             forget(pool)

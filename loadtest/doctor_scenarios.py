@@ -82,12 +82,24 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              faults={("p", 0): {"latency_ms": 300.0}}),
     Scenario("slow-replica", "routing", "p", 1, {"p": [[], A100]},
              {"p": Load("", 8, "short", max_tokens=100)}, routing={"policy": "round_robin"}),
+    # an engine 2x slower than its two peers' (`kvgate sim --slowdown`), cache-aware routing
+    # sending it less: no in-flight or time-per-request spread to see
+    Scenario("slow-engine", "routing", "p", 0, {"p": [["--slowdown", "2"], [], []]},
+             {"p": Load("", 12, "short", max_tokens=100)}),
     Scenario("hit-rate", "routing", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 1, "pairs", 1500, max_tokens=4)},
              routing={"policy": "round_robin"}),
     Scenario("flow-queue", "queue-bound", "q", None, {"q": _pool([]), **OK_POOL},
              {"q": Load("", 24, "short", max_tokens=200), **OK_LOAD},
              flow={"max_inflight": 4}),
+    # a replica started with another model (a wrong Service selector, a rollout of another
+    # model): its /health says 200, kvgate takes it out for what its /v1/models lists
+    Scenario("wrong-model", "down", "p", 1, {"p": [[], ["--model", "m-other"]], **OK_POOL},
+             {"p": Load("", 4, "short", max_tokens=16), **OK_LOAD}),
+    # prompts longer than the replicas' --max-model-len: every request answered vLLM's 400
+    Scenario("context-too-long", "errors", "p", None,
+             {"p": _pool(["--max-model-len", "1024"], 2), **OK_POOL},
+             {"p": Load("", 4, "long-unique", 1500, max_tokens=16), **OK_LOAD}),
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),

@@ -52,6 +52,7 @@ PROG = "kvgate doctor"
 REPORT_KEYS = ("window", "history", "worst", "findings", "cache")  # what the renderers read
 FAIL_ON = ("critical", "warning", "info")  # worst first, as the report's severities
 FOUND = 3  # exit status: a finding at least as severe as --fail-on
+MAX_TIMEOUT_S = 86400  # a day: a longer --timeout is a typo, and sockets refuse 1e308
 TRIES_PER_WORKER = 8  # 2 workers, each reached at random: all missed one 1 time in 2**15
 
 
@@ -186,8 +187,9 @@ def main(argv: list[str]) -> int:
     try:
         args = _parser().parse_args(argv)
         parse_duration(args.window)
-        if not (math.isfinite(args.timeout) and args.timeout > 0):
-            raise _Usage("--timeout must be positive and finite (seconds)")
+        if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT_S):
+            # (past what a socket's timeout takes, 1e308 was a traceback from the timer thread)
+            raise _Usage(f"--timeout must be positive and finite, at most {MAX_TIMEOUT_S} s")
     except _Usage as exc:
         return _fail(str(exc), 2)
     except ValueError as exc:
@@ -200,13 +202,21 @@ def main(argv: list[str]) -> int:
         return _fail(str(exc), 2)
     if not token:
         return _fail("no admin token: pass --admin-token or set KVGATE_ADMIN_TOKEN", 2)
+    if not token.isascii() or not token.isprintable() or " " in token:
+        # an HTTP header cannot carry it: it was "cannot reach URL: Illegal header value"
+        return _fail("the admin token holds a space, a control or a non-ASCII character: "
+                     "an HTTP header cannot carry it (check --admin-token or "
+                     "KVGATE_ADMIN_TOKEN)", 2)
     url = args.url.rstrip("/")
     try:
-        host = httpx.URL(url).host if url.startswith(("http://", "https://")) else ""
+        parsed = httpx.URL(url) if url.startswith(("http://", "https://")) else None
     except httpx.InvalidURL:
-        host = ""
-    if not host:
+        parsed = None
+    if parsed is None or not parsed.host:
         return _fail(f"--url {args.url!r}: expected http://HOST:PORT", 2)
+    if parsed.userinfo:  # httpx sends it as Basic auth instead of the admin token
+        return _fail("--url: no user:password@ in it (the admin token goes in --admin-token "
+                     "or KVGATE_ADMIN_TOKEN)", 2)
     if hint := url_path_hint(args.url):
         return _fail(hint, 2)
     # one deadline for the whole run: the first report and, with several workers, the others

@@ -67,7 +67,8 @@ class POOL:
     SHARE_N, SHARE_PROMPT, SHARE_BEST, SHARE_CHOSEN = range(6, 10)
     FLOW_QUEUED, FLOW_DEPTH = 10, 11  # flow control: requests queued so far, queued now
     FLOW_SHED = 12  # ... and requests it shed so far (kvgate_flow_shed_total: 503 or 429)
-    TTFT = 13
+    REFUSED = 13  # requests its replicas answered with a 4xx (`GatewayMetrics.pool_refused`)
+    TTFT = 14
     E2E = TTFT + len(TTFT_BOUNDS)
     N = E2E + len(TTFT_BOUNDS)
 
@@ -183,6 +184,8 @@ def _pool_counters(metrics: GatewayMetrics) -> dict[str, list[float]]:
     for pool, c in list(metrics.pool_counts.items()):
         r = row(pool)
         r[POOL.REQUESTS], r[POOL.ERRORS], r[POOL.OVERFLOW], r[POOL.SPILLED] = map(float, c)
+    for pool, n in list(metrics.pool_refused.items()):
+        row(pool)[POOL.REFUSED] = float(n)
     for (_, pool), c in list(metrics.tenant_tokens.counts.items()):
         r = row(pool)
         r[POOL.PROMPT] += c[1]

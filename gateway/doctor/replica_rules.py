@@ -42,6 +42,7 @@ __all__ = ["classify_replica", "replica_down", "replica_hung"]
 
 # a replica out of rotation for this share of the window is down; out now, for this smaller one
 DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
+FLAPS = 3  # out of rotation this many times in the window (after a while in it): it flaps
 
 
 def _active(r: ReplicaStats, th: Thresholds) -> bool:
@@ -107,24 +108,52 @@ def replica_down(r: ReplicaStats) -> Finding | None:
         return None
     out_share = 1.0 - r.healthy_share
     now_out = r.healthy_last == 0.0
-    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE):
+    flaps = r.outages >= FLAPS  # out a third of the time, back now: it was named healthy
+    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE) and not flaps:
         return None
     ev = [cite("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
                ">=", unit="%"),
           cite("kvgate_replica_healthy", "taking requests (last sample)", r.healthy_last),
           cite("kvgate_scrape_errors_total", "failed scrapes in the window", r.scrape_errors),
-          cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+          cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean),
+          cite("kvgate_replica_healthy", "times out of rotation in the window", r.outages)]
     ev[0].threshold = DOWN_SHARE if out_share >= DOWN_SHARE else DOWN_NOW_SHARE
     when = (f"out of rotation now and for {out_share:.0%} of the window" if now_out else
             f"out of rotation for {out_share:.0%} of the window, back now")
+    if flaps:
+        ev[-1].op, ev[-1].threshold = ">=", float(FLAPS)
+        when += f"; it went out {r.outages:.0f} times: it flaps"
     if r.stalled_last or r.stalls > 0:
         return _stalled(r, ev, when, now_out)
+    why, action = _down_cause(r.reason if now_out else "")
+    if flaps:
+        action = ("it flaps: check whether its vLLM process restarts (a crash loop: its log, "
+                  "OOM kills, its pod's restarts) or its /health times out under load "
+                  "(health.timeout_s); " + action)
     return Finding(
         "down", "critical" if now_out else "warning", r.pool, r.id,
-        f"replica down: kvgate took it out of rotation, its health checks or requests failing "
-        f"({when}): kvgate sends it no requests until it answers again",
-        "check the replica: its vLLM process (GET /health), its host and the network "
-        "between; kvgate probes it and takes it back on its own", ev)
+        f"replica down: {why} ({when}): kvgate sends it no requests until it answers again",
+        action, ev)
+
+
+def _down_cause(reason: str) -> tuple[str, str]:
+    """What took a replica out, in words, and the change for it: kvgate's reason for the
+    replica out now (`Replica.reason`) when it has one. A replica serving another model
+    answers /health 200; checking its process would find nothing wrong."""
+    if reason.startswith("serves model"):
+        return (f"it {reason}",
+                "serve the pool's model there (vLLM --model / --served-model-name) or take the "
+                "replica out of this pool (a wrong Service selector, another model rolled out "
+                "there); kvgate takes it back once its /v1/models lists the pool's model")
+    if reason.startswith("refused the gateway's credentials"):
+        return (f"it {reason}",
+                "give the pool the replica's key: the variable its api_key_env names must hold "
+                "the replica's vLLM --api-key; kvgate takes it back once it accepts it")
+    generic = ("check the replica: its vLLM process (GET /health), its host and the network "
+               "between; kvgate probes it and takes it back on its own")
+    if reason:
+        return f"kvgate took it out of rotation ({reason})", generic
+    return ("kvgate took it out of rotation, its health checks or requests failing", generic)
 
 
 def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> Finding:

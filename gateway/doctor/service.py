@@ -62,12 +62,22 @@ class Doctor:
         if not window_s > 0:
             raise ValueError("window: must be positive")
         ticks = [*self.history.ticks, self.sampler.now()]
-        return await asyncio.to_thread(self.build, ticks, window_s)
+        # what the ticks do not keep (why a replica is out now, a string): read it live
+        live = {r.id: (r.reason or "", r.max_model_len) for r in self.sampler.src.replicas()}
+        return await asyncio.to_thread(self.build, ticks, window_s, live)
 
-    def build(self, ticks: list[Tick], window_s: float) -> dict[str, Any]:
+    def build(
+        self, ticks: list[Tick], window_s: float,
+        live: Mapping[str, tuple[str, int | None]] | None = None,
+    ) -> dict[str, Any]:
+        """The report; ``live``: per replica what the ticks do not keep, read at report time
+        (why kvgate holds it out now, its context length)."""
         th, h = self.thresholds, self.history
         asked, window_s = window_s, min(window_s, h.history_s)
         w = summarise(ticks, window_s, self.ctx.stale_after_s)
+        for r in w.replicas:
+            reason, length = (live or {}).get(r.id, ("", None))
+            r.reason, r.max_model_len = reason, math.nan if length is None else float(length)
         findings = classify(w, th, self.ctx)
         tenants, pools = cache_return(w, th)
         worst = findings[0].severity if findings else "ok"

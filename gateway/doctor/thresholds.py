@@ -73,6 +73,11 @@ TABLE: tuple[Threshold, ...] = (
               "imbalance too when a replica's time per request (Little's law: mean in flight / "
               "throughput) is imbalance_ratio times the pool's median and this much longer "
               "(the router balances in-flight counts, so a slow replica shows here)"),
+    Threshold("slow_engine_ratio", 1.5, "ratio", "vllm:inter_token_latency_seconds",
+              "a replica sent less than its share of its pool's requests whose engine "
+              "inter-token latency or TTFT per uncached prompt token is at least this many "
+              "times its peers' median is a slow engine, routed around (engine means over "
+              "thousands of tokens: identical replicas differ by a few %)"),
     Threshold("hit_potential_min", 0.3, "fraction", "kvgate router affinity index (sampled)",
               "the prefix sharing the traffic allows (the best replica's cached share, sampled at "
               "25-50 requests/s) must reach this before a low hit rate is routing's fault ..."),
@@ -84,6 +89,10 @@ TABLE: tuple[Threshold, ...] = (
               "failed)"),
     Threshold("error_share", 0.05, "share of requests", 'kvgate_requests_total{status=~"5.."}',
               "requests of a pool that ended in a 5xx (critical from 50%)"),
+    Threshold("refused_share", 0.05, "share of requests",
+              'kvgate_requests_total{status=~"4.."}',
+              "requests of a pool its replicas refused with a 4xx (a prompt past their "
+              "--max-model-len, a bad parameter; critical from 50%): the clients see them fail"),
     Threshold("min_replica_attempts", 20, "requests", "kvgate_replica_attempts_total",
               "fewer requests sent to a replica in the window: its failure share is not "
               "judged"),

@@ -80,6 +80,7 @@ class ReplicaStats:
     fresh: int = 0  # of those, with a scrape younger than routing.stale_after_s
     healthy_share: float = math.nan  # of samples, taking requests (not ejected nor draining)
     healthy_last: float = math.nan  # the last sample: 1 takes requests, 0 not
+    outages: float = 0.0  # times it went out of rotation after FLAP_IN_SAMPLES in it
     draining: bool = False
     inflight_mean: float = math.nan
     inflight_max: float = math.nan
@@ -113,6 +114,10 @@ class ReplicaStats:
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
+    # why kvgate holds it out of rotation now (`Replica.reason`: its /health's answer, another
+    # model served, its credentials refused, ...), set at report time: ticks keep numbers only
+    reason: str = ""
+    max_model_len: float = math.nan  # its context length (/v1/models), also set at report time
     capacity_tokens: float = math.nan
 
     @property
@@ -136,6 +141,7 @@ class PoolStats:
     samples: int = 0  # ticks in the window
     requests: float = 0.0
     errors: float = 0.0
+    refused: float = 0.0  # answered with a 4xx by its replicas (the request invalid there)
     overflow: float = 0.0
     spilled: float = 0.0
     prompt_tokens: float = 0.0  # from upstream usage
@@ -224,6 +230,25 @@ def _baseline(ticks: Sequence[Tick], start: float) -> int:
     return best
 
 
+FLAP_IN_SAMPLES = 2  # in rotation this many samples before going out: an outage
+
+
+def _outages(healthy: Sequence[float]) -> float:
+    """How many times the replica went out of rotation after being in it for at least
+    `FLAP_IN_SAMPLES` samples: a replica ejected then tried again (a sample in between, its
+    trial) counts once, one flapping up and down once per fall."""
+    n, run = 0, 0
+    for v in healthy:
+        if math.isnan(v):
+            continue
+        if v > 0:
+            run += 1
+            continue
+        n += run >= FLAP_IN_SAMPLES
+        run = 0
+    return float(n)
+
+
 def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: float) -> ReplicaStats:
     st = ReplicaStats(rid, pool)
     series: dict[int, list[float]] = {f: [] for f in range(REP.N)}
@@ -253,6 +278,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stale_share = 1.0 - len(fresh) / len(present)
     st.healthy_share = _mean(gauge(REP.HEALTHY, present))
     st.healthy_last = series[REP.HEALTHY][present[-1]]
+    st.outages = _outages([series[REP.HEALTHY][j] for j in [0, *present]])
     st.draining = series[REP.DRAINING][present[-1]] > 0
     inflight = gauge(REP.INFLIGHT, present)
     st.inflight_mean, st.inflight_max = _mean(inflight), max(inflight, default=math.nan)
@@ -344,6 +370,7 @@ def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
         return increase([t.pool(name, f) for t in span])
 
     ps.requests, ps.errors = inc(POOL.REQUESTS), inc(POOL.ERRORS)
+    ps.refused = inc(POOL.REFUSED)
     ps.overflow, ps.spilled = inc(POOL.OVERFLOW), inc(POOL.SPILLED)
     ps.prompt_tokens, ps.cached_tokens = inc(POOL.PROMPT), inc(POOL.CACHED)
     ps.share_n, ps.share_prompt = inc(POOL.SHARE_N), inc(POOL.SHARE_PROMPT)

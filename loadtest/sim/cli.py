@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import math
 import os
 import socket
 import sys
@@ -96,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
                         help="streams stop after K tokens and hang until the client leaves")
     faults.add_argument("--engine-hang", action="store_true",
                         help="the engine takes no step: no tokens, /health and /metrics 200")
+    faults.add_argument("--slowdown", type=float, default=1.0, metavar="F",
+                        help="every engine step F times as long as the preset's (a slower GPU)")
     p.add_argument("--log-level", default="warning",
                    help="debug, info, warning (default), error, critical")
     return p
@@ -112,8 +115,10 @@ def build_app(args: argparse.Namespace) -> SimApp:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.sse_keep_alive_interval < 0:
         raise ValueError("--sse-keep-alive-interval must be >= 0")
+    if not (math.isfinite(args.slowdown) and args.slowdown > 0):
+        raise ValueError("--slowdown must be a positive number")
     config = EngineConfig(
-        cost=preset.cost, num_gpu_blocks=blocks, block_size=args.block_size,
+        cost=preset.cost.slower(args.slowdown), num_gpu_blocks=blocks, block_size=args.block_size,
         max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
         max_model_len=args.max_model_len or preset.max_model_len,
         enable_prefix_caching=not args.no_enable_prefix_caching,

@@ -62,6 +62,13 @@ class CostModel:
             * (context_tokens + self.background_seqs * self.background_context_tokens)
         )
 
+    def slower(self, factor: float) -> CostModel:
+        """Every step ``factor`` times as long: a slower GPU or kernel than its peers'."""
+        return replace(self, step_overhead_s=self.step_overhead_s * factor,
+                       prefill_token_s=self.prefill_token_s * factor,
+                       decode_seq_s=self.decode_seq_s * factor,
+                       kv_read_token_s=self.kv_read_token_s * factor)
+
     def busy(self, seqs: int = 192, context_tokens: int = 4096) -> CostModel:
         """This model on a replica that always decodes ``seqs`` other sequences (the default:
         a large batch, which makes h100-8b-fp8's step ~50 ms)."""
