@@ -60,7 +60,7 @@ def salted_tenants(spec: SaltedSpec | None = None) -> list[ReplayRequest]:
 @dataclass(frozen=True, slots=True)
 class DecodeMixSpec:
     requests: int = 4000
-    rate_per_s: float = 24.0  # busy: ~60 long answers decoding per replica at once
+    rate_per_s: float = 24.0  # busy: 60-70 long answers decoding per replica at once
     decode_probability: float = 0.5  # a decode-heavy request
     system_prompts: int = 3  # the decode-heavy requests' (chat, writing, code)
     system_tokens: tuple[int, int] = (512, 2048)
