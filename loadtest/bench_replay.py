@@ -11,7 +11,8 @@ trace at its own arrival rate and at 1.5x, the synthetic multi-tenant workload (
 --synthetic`), and the generated shapes the trace lacks (`loadtest.replay.generators`: hot
 shared prefixes, agent loops, cold one-offs, bursts; and `loadtest.replay.shapes` and `trees`,
 which routing was not tuned on: a large RAG corpus, a skewed tenant mix, a load ramp,
-heavy-tailed prompt lengths, long documents read by many, prefixes shared at several depths),
+heavy-tailed prompt lengths, long documents read by many, prefixes shared at several depths;
+and `loadtest.replay.mixes`: one prompt salted per tenant, decode-heavy beside prefill-heavy),
 each at 262,144 and 1,048,576 KV tokens per replica. The synthetic workload is drawn
 with 5 seeds and the generated ones with 3, and every figure of theirs is the mean over
 the seeds (the synthetic workload has 576 requests: its

@@ -14,7 +14,7 @@ equal positions are a shared prefix), seeded, sorted by arrival:
 
 and the shapes of `loadtest.replay.shapes` and `loadtest.replay.trees`, which routing was not
 tuned on: `rag-corpus`, `skewed-tenants`, `load-ramp`, `heavy-tail`, `long-context`,
-`prefix-tree`.
+`prefix-tree`; and of `loadtest.replay.mixes`: `salted-tenants`, `decode-mix`.
 
 `WORKLOADS` names them for `kvgate replay --workload` and the benchmark; `SEEDED` draws them with
 another seed (the benchmark averages over several, `DEFAULT_SEEDS` being the first).
@@ -32,6 +32,7 @@ from loadtest.replay.draws import blocks as _blocks
 from loadtest.replay.draws import request as _request
 from loadtest.replay.draws import tokens as _tokens
 from loadtest.replay.draws import zipf as _zipf
+from loadtest.replay.mixes import DecodeMixSpec, SaltedSpec, decode_mix, salted_tenants
 from loadtest.replay.shapes import (
     HeavyTailSpec,
     RagSpec,
@@ -208,6 +209,8 @@ WORKLOADS: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "heavy-tail": heavy_tail,
     "long-context": long_context,
     "prefix-tree": prefix_tree,
+    "salted-tenants": salted_tenants,
+    "decode-mix": decode_mix,
 })
 
 SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
@@ -221,6 +224,8 @@ SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxyType({
     "heavy-tail": lambda seed: heavy_tail(HeavyTailSpec(seed=seed)),
     "long-context": lambda seed: long_context(LongContextSpec(seed=seed)),
     "prefix-tree": lambda seed: prefix_tree(PrefixTreeSpec(seed=seed)),
+    "salted-tenants": lambda seed: salted_tenants(SaltedSpec(seed=seed)),
+    "decode-mix": lambda seed: decode_mix(DecodeMixSpec(seed=seed)),
 })
 
 DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
@@ -234,4 +239,6 @@ DEFAULT_SEEDS: Mapping[str, int] = MappingProxyType({
     "heavy-tail": HeavyTailSpec().seed,
     "long-context": LongContextSpec().seed,
     "prefix-tree": PrefixTreeSpec().seed,
+    "salted-tenants": SaltedSpec().seed,
+    "decode-mix": DecodeMixSpec().seed,
 })
