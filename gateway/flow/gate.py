@@ -171,7 +171,8 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "room_since", "sends", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "owed_since", "room_since", "sends", "timer",
+                 "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -183,6 +184,8 @@ class _PoolState:
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
         # since when it has had room (`_held_above`; None: it has none; from the start)
         self.room_since: float | None = -math.inf
+        # since when a lower band owed its minimum share has been held (`_held_above`)
+        self.owed_since: float | None = None
 
 
 class FlowGate:
@@ -506,6 +509,8 @@ class FlowGate:
                 out = flow.release(views, now, peers, held)
             if out is None:
                 break
+            if state.owed_since is not None and flow.queue.owed() is None:
+                state.owed_since = None  # paid: a band owed again waits its two lags again
             ticket = out.handle
             if ticket.fut.done():
                 flow.done(out.tenant, out.cost)  # never sent
@@ -527,7 +532,8 @@ class FlowGate:
         after: the slot is its. Without the wait the gateway where the slot freed filled it
         with its own queue's lower band, again and again, while a premium request waited on
         another gateway. The top band's requests queued here go meanwhile, even behind a
-        lower band owed its minimum share (which stays owed)."""
+        lower band owed its minimum share (which stays owed), but only for two lags from when
+        that band was first held owed (`_owed_waited`)."""
         if self._lag is None or state.flow.saturated(views, peers):
             state.room_since = None
             return None
@@ -536,9 +542,22 @@ class FlowGate:
         peers_live = self._router.peers
         if peers_live is None or not peers_live.members(now) or not doc.tiers:
             return None
-        if now - state.room_since >= 2.0 * self._lag(now):
+        lags = 2.0 * self._lag(now)
+        if now - state.room_since >= lags or self._owed_waited(state, now, lags):
             return None
         return min(doc.flow_class(t, "")[0] for t in doc.tiers)
+
+    def _owed_waited(self, state: _PoolState, now: float, lags: float) -> bool:
+        """Whether a band owed its minimum share has waited ``lags`` since it was first held
+        owed: then it takes its turn. Waiting for room that lasts two lags, it never got one
+        while the top band stayed backlogged here (each slot was the top band's at once):
+        two gateways' free band was served 2.5 % of the tokens against its 10 % floor."""
+        if state.flow.queue.owed() is None:
+            state.owed_since = None
+            return False
+        if state.owed_since is None:
+            state.owed_since = now
+        return now - state.owed_since >= lags
 
     def _check_keys(self, state: _PoolState) -> None:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
