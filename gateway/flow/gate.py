@@ -171,8 +171,8 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "owed_since", "room_since", "sends", "timer",
-                 "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "owed_since", "room_since", "sends", "sent_at",
+                 "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -182,6 +182,7 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
+        self.sent_at = -math.inf  # when the last of them was
         # since when it has had room (`_held_above`; None: it has none; from the start)
         self.room_since: float | None = -math.inf
         # since when a lower band owed its minimum share has been held (`_held_above`)
@@ -605,7 +606,15 @@ class FlowGate:
             f"{retry}s.", retry_after_s=retry))
 
     def _full(self, state: _PoolState, band: int, doc: PolicyDoc, now: float) -> KvgateError:
+        """The refusal of a request of ``band`` at a full queue. Its Retry-After: at least
+        as long as the queue has not moved (nothing sent while requests waited): the decayed
+        rate of what went before a stall read a short drain, and a client refused at the
+        door was told 1 s by a queue stalled for seconds (one shed from it, `_shed`, its
+        wait), to come back at once and be refused again."""
         retry = state.flow.queue.retry_after(band, now)
+        oldest = min((e.enqueued_at for e in state.flow.queue.entries()), default=now)
+        stalled = now - max(oldest, state.sent_at)
+        retry = max(retry, min(RETRY_AFTER_MAX_S, math.ceil(stalled)))
         top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
         if band <= top:
             return PoolOverloaded(
@@ -659,6 +668,7 @@ class FlowGate:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
         state.sends += 1
+        state.sent_at = self._clock()
         req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(
