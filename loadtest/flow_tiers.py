@@ -3,7 +3,12 @@ pool saturated, one premium client on gateway A sends request after request. How
 requests each tier had served, and the premium requests' waits in the queue (their
 ``x-kvgate-route: queued``), with flow control bounding one simulated replica.
 
-``python -m loadtest.flow_tiers [--seconds S] [--peer-lag-ms MS]``
+``--mixed``: both tiers through both gateways instead, as many premium clients as free ones
+(premium always backlogged): whether the free band still gets its minimum share (the floor,
+``fairness.default_min_share`` 0.1) with other gateways live. ``--json PATH`` adds the run,
+under ``--label``, to the file.
+
+``python -m loadtest.flow_tiers [--seconds S] [--peer-lag-ms MS] [--mixed] [--json P --label L]``
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import json
 import os
 import tempfile
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -41,7 +47,9 @@ async def _client(base: str, key: str, stop: float, out: dict[str, int], tier: s
     await sdk.close()
 
 
-def run(seconds: float, peer_lag_ms: float | None, free_clients: int = 6) -> dict[str, int]:
+def run(
+    seconds: float, peer_lag_ms: float | None, free_clients: int = 6, mixed: bool = False,
+) -> dict[str, int]:
     with redis_server() as url, environ({
             "KVGATE_REDIS_URL": url, "KVGATE_CONFIG": "", "KVGATE_ADMIN_TOKEN": ADMIN,
             "KVGATE_SALT_SECRET": SALT}), Fleet() as fleet:
@@ -74,6 +82,11 @@ def run(seconds: float, peer_lag_ms: float | None, free_clients: int = 6) -> dic
 
         async def go() -> None:
             stop = time.monotonic() + seconds
+            if mixed:  # every tier through both gateways, premium always backlogged
+                await asyncio.gather(*(
+                    _client(bases[i % 2], keys[tier], stop, out, tier)
+                    for tier in ("premium", "free") for i in range(free_clients)))
+                return
             await asyncio.gather(
                 _client(a, keys["premium"], stop, out, "premium"),
                 *(_client(b, keys["free"], stop, out, "free")
@@ -87,8 +100,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--peer-lag-ms", type=float)
+    p.add_argument("--mixed", action="store_true", help="both tiers through both gateways")
+    p.add_argument("--json", help="add the run to this JSON file, under --label")
+    p.add_argument("--label", default="run")
     args = p.parse_args(argv)
-    print(run(args.seconds, args.peer_lag_ms), flush=True)
+    out = run(args.seconds, args.peer_lag_ms, mixed=args.mixed)
+    print(out, flush=True)
+    if args.json:
+        runs = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
+        runs[args.label] = {"seconds": args.seconds, "peer_lag_ms": args.peer_lag_ms,
+                            "mixed": args.mixed, **out}
+        Path(args.json).write_text(json.dumps(runs, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,8 @@ class _Ticket:
 
 
 class _PoolState:
-    __slots__ = ("checked", "doc", "flow", "name", "room_since", "sends", "timer", "transit")
+    __slots__ = ("checked", "doc", "flow", "name", "owed_since", "room_since", "sends", "sent_at",
+                 "timer", "transit")
 
     def __init__(self, name: str, flow: PoolFlow[_Ticket]) -> None:
         self.name = name
@@ -181,8 +182,11 @@ class _PoolState:
         self.timer: asyncio.TimerHandle | None = None
         self.doc: PolicyDoc | None = None  # the policy the shares were taken from
         self.sends = 0  # requests sent to the pool (straight, spilled or released)
+        self.sent_at = -math.inf  # when the last of them was
         # since when it has had room (`_held_above`; None: it has none; from the start)
         self.room_since: float | None = -math.inf
+        # since when a lower band owed its minimum share has been held (`_held_above`)
+        self.owed_since: float | None = None
 
 
 class FlowGate:
@@ -506,6 +510,8 @@ class FlowGate:
                 out = flow.release(views, now, peers, held)
             if out is None:
                 break
+            if state.owed_since is not None and flow.queue.owed() is None:
+                state.owed_since = None  # paid: a band owed again waits its two lags again
             ticket = out.handle
             if ticket.fut.done():
                 flow.done(out.tenant, out.cost)  # never sent
@@ -527,7 +533,8 @@ class FlowGate:
         after: the slot is its. Without the wait the gateway where the slot freed filled it
         with its own queue's lower band, again and again, while a premium request waited on
         another gateway. The top band's requests queued here go meanwhile, even behind a
-        lower band owed its minimum share (which stays owed)."""
+        lower band owed its minimum share (which stays owed), but only for two lags from when
+        that band was first held owed (`_owed_waited`)."""
         if self._lag is None or state.flow.saturated(views, peers):
             state.room_since = None
             return None
@@ -536,9 +543,22 @@ class FlowGate:
         peers_live = self._router.peers
         if peers_live is None or not peers_live.members(now) or not doc.tiers:
             return None
-        if now - state.room_since >= 2.0 * self._lag(now):
+        lags = 2.0 * self._lag(now)
+        if now - state.room_since >= lags or self._owed_waited(state, now, lags):
             return None
         return min(doc.flow_class(t, "")[0] for t in doc.tiers)
+
+    def _owed_waited(self, state: _PoolState, now: float, lags: float) -> bool:
+        """Whether a band owed its minimum share has waited ``lags`` since it was first held
+        owed: then it takes its turn. Waiting for room that lasts two lags, it never got one
+        while the top band stayed backlogged here (each slot was the top band's at once):
+        two gateways' free band was served 2.5 % of the tokens against its 10 % floor."""
+        if state.flow.queue.owed() is None:
+            state.owed_since = None
+            return False
+        if state.owed_since is None:
+            state.owed_since = now
+        return now - state.owed_since >= lags
 
     def _check_keys(self, state: _PoolState) -> None:
         """A queued request whose key was revoked or tenant deleted is answered 401 now (403:
@@ -586,7 +606,15 @@ class FlowGate:
             f"{retry}s.", retry_after_s=retry))
 
     def _full(self, state: _PoolState, band: int, doc: PolicyDoc, now: float) -> KvgateError:
+        """The refusal of a request of ``band`` at a full queue. Its Retry-After: at least
+        as long as the queue has not moved (nothing sent while requests waited): the decayed
+        rate of what went before a stall read a short drain, and a client refused at the
+        door was told 1 s by a queue stalled for seconds (one shed from it, `_shed`, its
+        wait), to come back at once and be refused again."""
         retry = state.flow.queue.retry_after(band, now)
+        oldest = min((e.enqueued_at for e in state.flow.queue.entries()), default=now)
+        stalled = now - max(oldest, state.sent_at)
+        retry = max(retry, min(RETRY_AFTER_MAX_S, math.ceil(stalled)))
         top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
         if band <= top:
             return PoolOverloaded(
@@ -640,6 +668,7 @@ class FlowGate:
         """``req`` goes to ``state``'s pool: it holds ``cost`` tokens there until it is over
         (``entry``: its place in the queue, when it waited)."""
         state.sends += 1
+        state.sent_at = self._clock()
         req.flow_done = partial(self._done, state, req, tenant, cost, entry)
 
     def _done(

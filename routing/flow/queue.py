@@ -226,6 +226,16 @@ class FlowQueue(Generic[T]):
                 return entry
         return None
 
+    def owed(self) -> int | None:
+        """The level of the band below the top one owed its minimum share now (its credit
+        covers its next request: it goes before the top band), None when there is none."""
+        turns = self._turns()
+        first = turns[0] if turns else None
+        return first.level if first is not None and first.level != self._top() else None
+
+    def _top(self) -> int | None:
+        return next((lv for lv in self._levels if self._bands[lv].count), None)
+
     def _turns(self) -> list[Band[T]]:
         """The bands with requests in the order they get the turn: the highest-priority band
         owed its minimum share, then the top band, then the others by priority."""
