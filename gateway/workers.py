@@ -48,7 +48,7 @@ from gateway.config import KvgateConfig
 from gateway.tenancy.holders import HolderFile, forget_holder
 from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
-__all__ = ["WORKERS_NEED_REDIS", "run_workers"]
+__all__ = ["WORKERS_NEED_REDIS", "run_workers", "workers_apart"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,18 @@ WORKERS_NEED_REDIS = (
 )
 POLL_S = 0.2
 KILLED_IN_START = 3  # a slot's workers killed in a row before serving: then a failed start
+
+
+def workers_apart(cfg: KvgateConfig) -> str | None:
+    """The warning for workers that share tenancy through Redis but not routing state
+    (``sync.enabled: false``): each routes alone, so prefix affinity stops at the worker."""
+    if cfg.server.workers < 2 or cfg.redis_url is None or cfg.sync.enabled:
+        return None
+    return (f"server.workers {cfg.server.workers} with sync.enabled false: each worker routes "
+            "on its own state (its prefix-cache index, its in-flight load), so the turns of a "
+            "conversation reach different replicas as the kernel spreads connections over the "
+            "workers; set sync.enabled: true to share it through Redis")
+
 
 # serve(cfg, sockets, on_started): runs one gateway; calls on_started once it serves
 Serve = Callable[[KvgateConfig, list[socket.socket], Callable[[], None]], int]

@@ -31,7 +31,7 @@ from gateway.config import (
     unknown_env,
 )
 from gateway.errors import ConfigError
-from gateway.workers import WORKERS_NEED_REDIS
+from gateway.workers import WORKERS_NEED_REDIS, workers_apart
 
 __all__ = ["main"]
 
@@ -94,6 +94,8 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
     out += [(problem + REFUSES, True) for problem in discovery_problems(cfg)]
     if cfg.server.workers > 1 and cfg.redis_url is None:
         out.append((WORKERS_NEED_REDIS + REFUSES, True))
+    if (apart := workers_apart(cfg)) is not None:
+        out.append((apart, False))
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

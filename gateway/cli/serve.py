@@ -44,7 +44,7 @@ from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
 from gateway.logs import configure_logging
-from gateway.workers import WORKERS_NEED_REDIS, run_workers
+from gateway.workers import WORKERS_NEED_REDIS, run_workers, workers_apart
 from routing.policies import REGISTRY
 
 __all__ = [
@@ -366,6 +366,8 @@ def start_warnings(cfg: KvgateConfig) -> list[str]:
                        "(this machine); give --host (or server.host) to listen elsewhere")
         else:
             out.append(NETWORK_NO_AUTH_WARNING.format(host=cfg.server.host))
+    if (apart := workers_apart(cfg)) is not None:
+        out.append(f"kvgate: warning: {apart}")
     return out + unknown_env(cfg)
 
 
