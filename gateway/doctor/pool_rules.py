@@ -23,6 +23,7 @@ from gateway.doctor.findings import (
     not_judged,
     ratio_or_nan,
 )
+from gateway.doctor.no_sharing import no_hot_prefixes
 from gateway.doctor.refusals import refused
 from gateway.doctor.replica_rules import replica_down, replica_hung
 from gateway.doctor.thresholds import Thresholds
@@ -257,6 +258,9 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
     ev[0].threshold = th.imbalance_ratio * max(median, floor)
     share = ratio_or_nan(hot.requests, sum(r.requests for r in live if known(r.requests)))
     action = _imbalance_action(hot, peers, attr, outside, engine, ev, th, ctx)
+    if action.startswith("lower routing.load_factor") and known(p.potential_hit_rate) \
+            and p.potential_hit_rate < th.hit_potential_min:
+        action = no_hot_prefixes(hot, peers, p.potential_hit_rate, ev)
     served = f", serving {share:.0%} of the pool's requests" if known(share) else ""
     return Finding(
         "routing", "warning", p.name, hot.id,
