@@ -23,6 +23,7 @@ from gateway.doctor.findings import (
     not_judged,
     ratio_or_nan,
 )
+from gateway.doctor.no_sharing import no_hot_prefixes
 from gateway.doctor.refusals import refused
 from gateway.doctor.replica_rules import replica_down, replica_hung
 from gateway.doctor.thresholds import Thresholds
@@ -33,6 +34,7 @@ __all__ = ["classify_pool"]
 # below this share of a pool's engine traffic, other gateways send the rest: the engines'
 # counters are not this gateway's to compare with its own numbers one for one
 SHARED_ENGINES = 0.8
+SLOW_ITL_TOKENS = 100  # tokens decoded on a replica before its mean decode speed is compared
 
 
 def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
@@ -256,6 +258,9 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
     ev[0].threshold = th.imbalance_ratio * max(median, floor)
     share = ratio_or_nan(hot.requests, sum(r.requests for r in live if known(r.requests)))
     action = _imbalance_action(hot, peers, attr, outside, engine, ev, th, ctx)
+    if action.startswith("lower routing.load_factor") and known(p.potential_hit_rate) \
+            and p.potential_hit_rate < th.hit_potential_min:
+        action = no_hot_prefixes(hot, peers, p.potential_hit_rate, ev)
     served = f", serving {share:.0%} of the pool's requests" if known(share) else ""
     return Finding(
         "routing", "warning", p.name, hot.id,
@@ -264,10 +269,11 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
 
 
 def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
-    """A replica whose engine is ``slow_engine_ratio`` times slower than its peers' (TTFT or
-    inter-token latency) and that a load-aware router therefore sends less than its share:
-    no spread to see (it holds less, not more), yet the pool runs on the others' capacity.
-    Under its share, not under half of it, and 1.5x slower, not 2x (`imbalance_ratio`): a 2x
+    """A replica whose engine is slower than its peers' (inter-token latency
+    ``slow_engine_ratio`` times, TTFT per uncached token ``imbalance_ratio`` times) and that
+    a load-aware router therefore sends less than its share: no spread to see (it holds
+    less, not more), yet the pool runs on the others' capacity.
+    A decode slower by 1.5x under its share (a TTFT slower by 2x under half of it): a 2x
     slower engine sent 19-28 % of a 3-replica pool's requests showed no spread either, its
     measured ratios 1.9-2.1x, and every row said healthy."""
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
@@ -288,13 +294,17 @@ def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
         theirs = [v for x in peers if known(v := _prefill_per_token(x))]
         ttft = ratio_or_nan(mine, median_of(theirs)) if theirs else math.nan
         itl = _speed(r, peers, "itl_mean")
-        slower = max(itl, ttft, key=lambda v: v if known(v) else 0.0)
-        if not (known(slower) and slower >= th.slow_engine_ratio):
+        # the inter-token latency, a mean over many tokens, is judged at slow_engine_ratio;
+        # TTFT (a few requests' fixed step times over few uncached tokens) as before
+        slow_itl = known(itl) and itl >= th.slow_engine_ratio and r.itl_n >= SLOW_ITL_TOKENS
+        slow_ttft = known(ttft) and ttft >= th.imbalance_ratio and share < 0.5 / len(live)
+        if not (slow_itl or slow_ttft):
             continue
+        slower = max(itl, ttft, key=lambda v: v if known(v) else 0.0)
         ttft_peers = median_of([x.ttft_mean for x in peers if known(x.ttft_mean)] or [math.nan])
         itl_peers = median_of([x.itl_mean for x in peers if known(x.itl_mean)] or [math.nan])
         ev = [cite("vllm:time_to_first_token_seconds", f"engine TTFT per uncached prompt "
-                   f"token on {r.id} / its peers' median", ttft, ">=", th, "slow_engine_ratio"),
+                   f"token on {r.id} / its peers' median", ttft, ">=", th, "imbalance_ratio"),
               cite("vllm:inter_token_latency_seconds", f"engine inter-token latency on {r.id} "
                    "/ its peers' median", itl, ">=", th, "slow_engine_ratio"),
               cite("vllm:time_to_first_token_seconds_count",

@@ -75,9 +75,10 @@ TABLE: tuple[Threshold, ...] = (
               "(the router balances in-flight counts, so a slow replica shows here)"),
     Threshold("slow_engine_ratio", 1.5, "ratio", "vllm:inter_token_latency_seconds",
               "a replica sent less than its share of its pool's requests whose engine "
-              "inter-token latency or TTFT per uncached prompt token is at least this many "
-              "times its peers' median is a slow engine, routed around (engine means over "
-              "thousands of tokens: identical replicas differ by a few %)"),
+              "inter-token latency (over 100 tokens or more) is at least this many times its "
+              "peers' median is a slow engine, routed around (a mean over many tokens: "
+              "identical replicas differ by a few %; its TTFT per uncached prompt token is "
+              "judged at imbalance_ratio, under half its share)"),
     Threshold("hit_potential_min", 0.3, "fraction", "kvgate router affinity index (sampled)",
               "the prefix sharing the traffic allows (the best replica's cached share, sampled at "
               "25-50 requests/s) must reach this before a low hit rate is routing's fault ..."),
