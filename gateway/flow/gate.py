@@ -26,7 +26,8 @@ their records' lag (`PeerLag`), what they may have sent unseen: as many as this 
 itself per replica, from each of them (`routing.flow.unseen`; `mark` records every pick), so
 a burst split over N gateways fills the bounds, not N times them. A band below the policy's
 top one takes a pool's room only once it has lasted two such lags (`_held_above`): a slot
-freed here is seen here first, and a top-band request queued on another gateway gets it.
+freed here is seen here first, and a top-band request queued on another gateway gets it (a
+band owed its minimum share waits two lags from when it was first held, then takes its turn).
 
 A queued request holds its concurrency lease (it counts once, as it did before queueing) and
 no replica counter. It leaves the queue released, shed (429 with Retry-After past its tier's

@@ -229,12 +229,8 @@ class FlowQueue(Generic[T]):
     def owed(self) -> int | None:
         """The level of the band below the top one owed its minimum share now (its credit
         covers its next request: it goes before the top band), None when there is none."""
-        turns = self._turns()
-        first = turns[0] if turns else None
-        return first.level if first is not None and first.level != self._top() else None
-
-    def _top(self) -> int | None:
-        return next((lv for lv in self._levels if self._bands[lv].count), None)
+        turns = self._turns()  # (by priority, unless an owed band comes first)
+        return turns[0].level if len(turns) > 1 and turns[0].level > turns[1].level else None
 
     def _turns(self) -> list[Band[T]]:
         """The bands with requests in the order they get the turn: the highest-priority band
