@@ -29,5 +29,7 @@ def test_an_engine_twice_as_slow_as_its_peers_is_named() -> None:
     assert wrong_classes(report, sc, target, ignore_gateway_overhead=True) == [], said
     (f,) = [f for f in report["findings"]
             if f["replica"] == target[1] and f["class"] == "routing"]
-    assert "x slower than its peers'" in f["summary"] + f["action"], said
+    # by the slow-engine rule ("2.0x slower than its peers' decode") or, on a loaded
+    # machine where its time per request shows first, by the imbalance rule naming it slower
+    assert "slower than its peers" in f["summary"] + f["action"], said
     assert "GPU" in f["action"], said
