@@ -53,6 +53,25 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, core: PickerCore) -> None:
         self._core = core
         self._closing: set[asyncio.Task[None]] = set()
+        self._waiting: set[asyncio.Queue[pb.ProcessingRequest | None]] = set()  # (`_ended`)
+        self._stopping = False
+
+    def stop_waiting(self) -> None:
+        """The picker stops: the streams answered with an immediate response and left for
+        Envoy to end (`_ended`) end now. They hold nothing (settled), yet a data plane that
+        never ended them kept the gRPC server's stop waiting out its whole grace."""
+        self._stopping = True
+        for inbox in self._waiting:
+            inbox.put_nowait(None)
+
+    async def _ended(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
+        if self._stopping:
+            return
+        self._waiting.add(inbox)
+        try:
+            await _ended(inbox)
+        finally:
+            self._waiting.discard(inbox)
 
     def _closed(self, closing: asyncio.Task[None]) -> None:
         self._closing.discard(closing)
@@ -86,7 +105,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         yield answer
                     if out and out[0].HasField("immediate_response"):
                         closing = self._close(ex)
-                        await _ended(inbox)
+                        await self._ended(inbox)
                         return
                     continue
                 kind = msg.WhichOneof("request")
@@ -124,7 +143,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     # Envoy answers the client and ends the exchange: settle it now, then
                     # let Envoy end the stream first (`_ended`)
                     closing = self._close(ex)
-                    await _ended(inbox)
+                    await self._ended(inbox)
                     return
         finally:
             reader.cancel()
@@ -243,6 +262,7 @@ class EppApp(GatewayApp):
         self.grpc = server
 
         async def stop() -> None:  # streams in flight may finish, new ones are refused
+            processor.stop_waiting()
             await _stop(server, self.cfg.server.shutdown_grace_s)
             await processor.drain()
 

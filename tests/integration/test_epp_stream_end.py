@@ -12,6 +12,7 @@ status OK at once.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import grpc
@@ -20,6 +21,7 @@ from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 
+from gateway.epp.server import ENDED_WAIT_S
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import request_statuses, wait_for
 from tests.support.procs import sim_proc
@@ -89,3 +91,22 @@ async def test_a_reset_stream_ends_the_wait_and_the_picker_serves_on(
     await call.done_writing()
     assert await asyncio.wait_for(call.code(), 10) == grpc.StatusCode.OK
     assert _refusals(picker) == before + 21
+
+
+async def test_the_picker_stops_without_waiting_for_answered_streams() -> None:
+    """A stream answered with an immediate response and never ended by its data plane holds
+    nothing, so the picker's stop does not wait for it: it waited out the whole shutdown
+    grace (30.4 s with a 30 s grace, nothing in flight)."""
+    sim, url = sim_proc(None, model=MODEL)
+    with sim:
+        epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}},
+                               "server": {"shutdown_grace_s": 120}})
+        with epp:
+            async with grpc.aio.insecure_channel(epp.picker) as channel:
+                call = await _refused(pb_grpc.ExternalProcessorStub(channel))  # left open
+                epp.signal(signal.SIGTERM)
+                # the picker ends the stream (status OK) at once, not after its own bound on
+                # the wait (`ENDED_WAIT_S`, 30 s), and exits well within its grace
+                assert await asyncio.wait_for(call.code(), ENDED_WAIT_S - 10) == grpc.StatusCode.OK
+                assert epp.popen is not None
+                assert await asyncio.to_thread(epp.popen.wait, 60) == 0, epp.output()
