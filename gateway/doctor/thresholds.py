@@ -9,6 +9,7 @@ GPU takes, independent of network or of the simulator's ``--time-scale``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -139,7 +140,7 @@ class Thresholds:
             if name not in DEFAULTS:
                 raise ValueError(f"unknown doctor threshold {name!r} "
                                  f"(known: {', '.join(sorted(DEFAULTS))})")
-            values[name] = float(value)
+            values[name] = _checked(name, float(value))
         self._values = values
 
     def __getattr__(self, name: str) -> float:
@@ -150,6 +151,20 @@ class Thresholds:
 
     def as_dict(self) -> dict[str, float]:
         return dict(self._values)
+
+
+_COUNTS = frozenset(t.name for t in TABLE if t.unit == "requests")
+
+
+def _checked(name: str, value: float) -> float:
+    """An override the rules can use: a finite number, not negative, and a request count
+    (the least a share is judged on) at least 1 -- at 0 an idle pool's shares divided by its
+    0 requests and the report failed."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"doctor threshold {name} must be a finite number >= 0 (got {value})")
+    if name in _COUNTS and value < 1:
+        raise ValueError(f"doctor threshold {name} counts requests: at least 1 (got {value:g})")
+    return value
 
 
 def markdown_table() -> str:

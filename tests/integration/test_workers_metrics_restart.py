@@ -70,9 +70,6 @@ def test_a_dead_workers_counts_are_counted_once_and_its_gauges_dropped(tmp_path:
         assert now[("kvgate_requests_total", "0")] == 1
 
 
-@pytest.mark.slow
-
-
 def _series(base: str, name: str = "kvgate_requests_total") -> dict[str, float]:
     """{labels: value} of one family, from one scrape on a new connection."""
     with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as c:
@@ -96,6 +93,7 @@ def _send(base: str, n: int) -> None:
             assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_replaced_workers_counts_stay_in_the_gateways_totals(
     redis_url: str, sim_factory: Callable[..., tuple[Proc, str]],
 ) -> None:
