@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from loadtest.replay.draws import BLOCK
-from loadtest.replay.generators import DEFAULT_SEEDS, SEEDED, WORKLOADS
 from loadtest.replay.mixes import (
     DecodeMixSpec,
     SaltedSpec,
@@ -19,17 +18,6 @@ from loadtest.replay.mixes import (
 from loadtest.replay.reference import pooled_reference_hit_rate
 
 REPLICA = 262_144  # one replica's KV tokens at the smaller size
-
-
-@pytest.mark.parametrize("name", ["salted-tenants", "decode-mix"])
-def test_registered_seeded_and_in_arrival_order(name: str) -> None:
-    reqs = WORKLOADS[name]()
-    assert reqs == WORKLOADS[name]() == SEEDED[name](DEFAULT_SEEDS[name])
-    assert SEEDED[name](DEFAULT_SEEDS[name] + 1) != reqs
-    arrivals = [r.arrival_s for r in reqs]
-    assert arrivals == sorted(arrivals) and arrivals[0] > 0.0
-    assert all(r.prompt_tokens == len(r.block_ids) * r.block_tokens for r in reqs)
-    assert all(r.output_tokens >= 1 for r in reqs)
 
 
 def test_salted_tenants_send_one_text_that_only_their_salt_tells_apart() -> None:

@@ -7,7 +7,6 @@ from collections import Counter
 import pytest
 
 from loadtest.replay.draws import BLOCK
-from loadtest.replay.generators import DEFAULT_SEEDS, SEEDED, WORKLOADS
 from loadtest.replay.trees import (
     LongContextSpec,
     PrefixTreeSpec,
@@ -18,17 +17,6 @@ from loadtest.replay.trees import (
 )
 
 REPLICA = 262_144  # one replica's KV tokens at the smaller size
-
-
-@pytest.mark.parametrize("name", ["long-context", "prefix-tree"])
-def test_registered_seeded_and_in_arrival_order(name: str) -> None:
-    reqs = WORKLOADS[name]()
-    assert reqs == WORKLOADS[name]() == SEEDED[name](DEFAULT_SEEDS[name])
-    assert SEEDED[name](DEFAULT_SEEDS[name] + 1) != reqs
-    arrivals = [r.arrival_s for r in reqs]
-    assert arrivals == sorted(arrivals) and arrivals[0] > 0.0
-    assert all(r.prompt_tokens == len(r.block_ids) * r.block_tokens for r in reqs)
-    assert all(r.output_tokens >= 1 for r in reqs)
 
 
 def test_long_documents_are_read_by_many_users_over_the_run() -> None:
