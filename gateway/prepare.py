@@ -281,15 +281,10 @@ class Preparer:
         replica only backing off after busy 503s counts as healthy (tried rather than a 503
         without asking), then also replicas on trial whose trial streams answer (rather than a
         503 until the longest of those streams ends, `Replica.trial_answering`)."""
-        def busy(v: ReplicaView) -> bool:
-            return bool((r := pool.by_id.get(v.id)) and r.available(now))
-
-        def answering(v: ReplicaView) -> bool:
-            return bool((r := pool.by_id.get(v.id)) and r.trial_answering(now))
-
-        for widen in (None, busy, answering):
+        for widen in _WIDENINGS:
             if widen is not None:
-                views = [_healthy(v) if not v.healthy and widen(v) else v for v in views]
+                views = [_healthy(v) if not v.healthy and widen(pool, v, now) else v
+                         for v in views]
             try:
                 return self._router.pick(features, views, now, held=held)
             except NoCandidate:
@@ -357,3 +352,16 @@ def unserved(req: ProxiedRequest) -> bool:
 
 def _healthy(view: ReplicaView) -> ReplicaView:
     return replace(view, healthy=True)
+
+
+def _backing_off(pool: Pool, view: ReplicaView, now: float) -> bool:
+    return bool((r := pool.by_id.get(view.id)) and r.available(now))
+
+
+def _trial_answering(pool: Pool, view: ReplicaView, now: float) -> bool:
+    return bool((r := pool.by_id.get(view.id)) and r.trial_answering(now))
+
+
+# `Preparer._pick`'s tries: as the router sees the views, then each widening in turn
+_WIDENINGS: tuple[Callable[[Pool, ReplicaView, float], bool] | None, ...] = (
+    None, _backing_off, _trial_answering)

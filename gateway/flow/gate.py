@@ -613,8 +613,7 @@ class FlowGate:
         door was told 1 s by a queue stalled for seconds (one shed from it, `_shed`, its
         wait), to come back at once and be refused again."""
         retry = state.flow.queue.retry_after(band, now)
-        oldest = min((e.enqueued_at for e in state.flow.queue.entries()), default=now)
-        stalled = now - max(oldest, state.sent_at)
+        stalled = now - max(state.flow.queue.oldest(now), state.sent_at)
         retry = max(retry, min(RETRY_AFTER_MAX_S, math.ceil(stalled)))
         top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
         if band <= top:

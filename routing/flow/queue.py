@@ -123,6 +123,10 @@ class FlowQueue(Generic[T]):
         return {t: f.weight for b in self._bands.values() if b.count
                 for t, f in b.flows.items() if f.items}
 
+    def oldest(self, now: float) -> float:
+        """When the longest-waiting queued request arrived (``now`` when none waits)."""
+        return min((e.enqueued_at for e in self.entries()), default=now)
+
     def entries(self) -> Iterator[Entry[T]]:
         for lv in self._levels:
             for flow in self._bands[lv].flows.values():
@@ -400,8 +404,7 @@ class FlowQueue(Generic[T]):
         `RETRY_AFTER_MIN_S`..`RETRY_AFTER_MAX_S`."""
         est = self.wait_estimate(band, now)
         if est is None:
-            oldest = min((e.enqueued_at for e in self.entries()), default=now)
-            est = max(waited, now - oldest)
+            est = max(waited, now - self.oldest(now))
         return max(RETRY_AFTER_MIN_S, min(RETRY_AFTER_MAX_S, math.ceil(est)))
 
     # -- helpers ------------------------------------------------------------------------------
