@@ -12,12 +12,12 @@ a CR pays for the general pattern: `_END`). Comment lines
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
 API terminal event, or an error event) rather than being cut short. An event whose data
 cannot be an OpenAI event (not a JSON object, not ``[DONE]``, JSON cut short: a replica or a
-proxy gone wrong; judged by its first and last bytes) is never forwarded: `feed` stops before it and
-sets `malformed` (the SDKs would raise a JSON decode error mid-stream, with nothing saying
-which side failed). So is a line that starts with ``<`` or ``{``: no SSE field does, an HTML
-page or a JSON body does (a proxy's error page labelled as the stream: `stray` keeps it;
-relayed, its lines went to the client as fields it ignores, and the stream's head with them).
-So is an event that grows past
+proxy gone wrong; judged by its first and last bytes, then parsed) is never forwarded: `feed`
+stops before it and sets `malformed` (the SDKs would raise a JSON decode error mid-stream,
+with nothing saying which side failed). So is a line that starts with ``<`` or ``{``: no
+SSE field does, an HTML page or a JSON body does (a proxy's error page labelled as the
+stream: `stray` keeps it; relayed, its lines went to the client as fields it ignores, and the
+stream's head with them). So is an event that grows past
 ``max_event_bytes`` without ending (`oversized` too): an unfinished event split by a read is
 joined with the next chunk as long as it is about that chunk's size (a few KiB more at most,
 the common case, as cheap as before); a larger one is held back in pieces, and only the new
@@ -35,6 +35,8 @@ from __future__ import annotations
 import re
 
 import orjson
+
+from gateway.event_json import first_unparsable, json_text
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
            "comment_only", "error_message", "first_malformed", "html_page", "no_event",
@@ -93,7 +95,9 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # only a hit reads the lines (`first_malformed`).
 # Its last byte is `}` or `]` too: an event whose JSON was cut short and ended anyway (a
 # replica or a proxy gone wrong) is caught by one more search per chunk for an event's end
-# after neither (`_unended`), where a parse of every event would cost more than the relay.
+# after neither (`_unended`); the events that pass are then parsed, one orjson parse each
+# (`gateway.event_json`, ~2 us): data that opens and closes as an object yet does not parse
+# (``{not json}``, bytes that are not UTF-8) made the SDK raise a JSONDecodeError mid-stream.
 _DATA = b"data:"
 _BARE = b"data"  # a data field's line without its colon: its value is empty, as ``data:``'s
 _GOOD_FIRST = (b"data: {", b"data: [DONE]", b"data:{", b"data:[DONE]")
@@ -207,7 +211,8 @@ def first_malformed(block: bytes) -> int | None:
     """Where the first event of `block` (whole events) whose data is neither a JSON object
     nor ``[DONE]`` starts, or None. An event's data is judged by its first and last bytes
     (SSE lets one event's data span several ``data:`` lines, which the client joins): a JSON
-    object starts with ``{`` and ends with ``}``; the only other data is ``[DONE]``."""
+    object starts with ``{`` and ends with ``}``, and parses; the only other data is
+    ``[DONE]``."""
     start = 0
     for end in _SEP.finditer(block):
         if _bad_event(block[start:end.start()]):
@@ -225,7 +230,7 @@ def _bad_event(event: bytes) -> bool:
     first, last = data[0].lstrip(b" \t"), data[-1].rstrip(b" \t")
     if first[:1] == b"[":
         return len(data) > 1 or first.rstrip(b" \t") != _DONE
-    return first[:1] != b"{" or last[-1:] != b"}"
+    return first[:1] != b"{" or last[-1:] != b"}" or not json_text(b"\n".join(data))
 
 
 def _body_lines(event: bytes) -> bool:
@@ -336,7 +341,8 @@ class StreamScanner:
                    or _BAD_LATER.search(out) is not None or _unended(out)
                    or b"\ndata\n" in out or b"\ndata\r" in out
                    or out[:1] in _BODY_FIRST or b"\n<" in out or b"\n{" in out)
-        if suspect and (bad := first_malformed(out)) is not None:
+        bad = first_malformed(out) if suspect else first_unparsable(out)
+        if bad is not None:
             self.malformed = True
             if _body_lines(event := _first_event(out[bad:])):
                 self.stray = event[:_STRAY_BYTES]
