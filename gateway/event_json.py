@@ -49,6 +49,6 @@ def json_text(data: bytes) -> bool:
     except orjson.JSONDecodeError:
         try:
             json.loads(data.decode("utf-8"))
-        except ValueError:  # (UnicodeDecodeError and JSONDecodeError are both ValueErrors)
-            return False
+        except (ValueError, RecursionError):  # (UnicodeDecodeError, JSONDecodeError: both
+            return False  # ValueErrors; nesting past orjson's 1024 levels: the SDK fails too)
     return True

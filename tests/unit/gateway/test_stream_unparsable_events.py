@@ -22,8 +22,9 @@ DELTA = b'event: response.output_text.delta\ndata: {"type":"response.output_text
     b'data: {"a":"\xff\xfe"}\n\n',  # not UTF-8 (the SDK decodes each line strictly)
     b"event: response.output_text.delta\ndata: {type: x}\n\n",
     b"data: {not json}\r\n\r\n",  # CRLF framing: the general path
+    b'data: {"a":' + b"[" * 5000 + b"]" * 5000 + b"}\n\n",  # deeper than either parser goes
 ], ids=["bare-words", "no-value", "extra-brace", "brackets", "two-objects", "not-utf8",
-        "responses", "crlf"])
+        "responses", "crlf", "too-deep"])
 def test_an_event_that_does_not_parse_is_malformed_and_not_forwarded(bad: bytes) -> None:
     first = DELTA if b"response." in bad else GOOD
     scanner = StreamScanner(strip_usage=False)
