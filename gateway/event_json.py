@@ -10,7 +10,12 @@ import json
 
 import orjson
 
-__all__ = ["first_unparsable", "json_text"]
+__all__ = ["PARSED_BYTES", "first_unparsable", "json_text"]
+
+# an event's data this large at most is parsed (~1 ms); a larger one (a completions echo with
+# prompt logprobs: tens of MB) is judged by its first and last bytes only, not parsed on the
+# event loop (as `whole.garbled` leaves a large whole answer unparsed)
+PARSED_BYTES = 1024 * 1024
 
 
 def first_unparsable(block: bytes) -> int | None:
@@ -43,7 +48,10 @@ def _joined_data(event: bytes) -> bytes | None:
 def json_text(data: bytes) -> bool:
     """Whether the client's JSON parser reads `data`: orjson's first; the standard library's
     when orjson refuses (``NaN``, ``1e999``, a lone surrogate escape: Python's `json`, which
-    the SDK uses, reads them), from strict UTF-8 as the SDK decodes each line."""
+    the SDK uses, reads them), from strict UTF-8 as the SDK decodes each line. True, unread,
+    past `PARSED_BYTES`."""
+    if len(data) > PARSED_BYTES:
+        return True
     try:
         orjson.loads(data)
     except orjson.JSONDecodeError:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.event_json import PARSED_BYTES
 from gateway.sse import StreamScanner
 
 GOOD = b'data: {"id":"c1","choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n'
@@ -53,3 +54,12 @@ def test_an_unparsable_event_split_across_reads_is_caught_when_whole() -> None:
     assert scanner.feed(GOOD + b"data: {not") == GOOD
     assert scanner.feed(b" json}\n\n" + GOOD) == b""
     assert scanner.malformed
+
+
+def test_a_huge_event_is_judged_by_its_ends_only() -> None:
+    """Past `PARSED_BYTES` an event is not parsed on the event loop (a completions echo with
+    prompt logprobs is tens of MB): one that opens and closes as an object is relayed."""
+    huge = b'data: {"a":"' + b"x" * PARSED_BYTES + b'" oops}\n\n'
+    scanner = StreamScanner(strip_usage=False)
+    assert scanner.feed(GOOD + huge) == GOOD + huge
+    assert not scanner.malformed
