@@ -16,6 +16,7 @@ __all__ = ["PARSED_BYTES", "first_unparsable", "json_text"]
 # prompt logprobs: tens of MB) is judged by its first and last bytes only, not parsed on the
 # event loop (as `whole.garbled` leaves a large whole answer unparsed)
 PARSED_BYTES = 1024 * 1024
+_EVENT_BYTES = PARSED_BYTES + 4096  # an event of that much data, its field names and comments
 
 
 def first_unparsable(block: bytes) -> int | None:
@@ -24,15 +25,19 @@ def first_unparsable(block: bytes) -> int | None:
     json}``, ``{"a": }``, two objects on two data lines (the client joins them), bytes that
     are not UTF-8. Relayed, the official SDK raised a JSONDecodeError (or a
     UnicodeDecodeError) mid-stream instead of an APIError. One orjson parse per event (~2 us)."""
-    pos = 0
-    for event in block.split(b"\n\n"):
-        if event.startswith(b"data: {") and b"\n" not in event:  # vLLM's chat/completions
-            data: bytes | None = event[6:]
-        else:  # (a Responses API event: its name, then its data)
-            data = _joined_data(event)
-        if data is not None and data[:1] == b"{" and not json_text(data):
-            return pos
-        pos += len(event) + 2
+    pos, size = 0, len(block)
+    while pos < size:
+        end = block.find(b"\n\n", pos)
+        end = size if end < 0 else end
+        if end - pos <= _EVENT_BYTES:  # (a larger one is not copied: `PARSED_BYTES`)
+            event = block[pos:end]
+            if event.startswith(b"data: {") and b"\n" not in event:  # vLLM's chat/completions
+                data: bytes | None = event[6:]
+            else:  # (a Responses API event: its name, then its data)
+                data = _joined_data(event)
+            if data is not None and data[:1] == b"{" and not json_text(data):
+                return pos
+        pos = end + 2
     return None
 
 
