@@ -38,6 +38,10 @@ class Faults:
     # the engine stops stepping (`EngineRunner.hold`): no token for any request, its counters
     # frozen, requests still counted running; /health and /metrics answer 200 as usual
     engine_hang: bool = False
+    # vLLM's sleep mode (`POST /sleep?level=N`, dev mode): 0 awake, 1 weights offloaded, 2
+    # all discarded. The engine schedules nothing (as `engine_hang`: requests wait, counters
+    # freeze) and `vllm:engine_sleep_state` says so; /health and /v1/models answer as usual
+    sleeping: int = 0
     # gray faults of the metrics exporter alone (requests are served as usual): /metrics
     # answers this much later, or with this status (0: as usual), or says the KV cache is
     # empty (`kv_usage_zero`: vllm:kv_cache_usage_perc 0 whatever it holds)
@@ -63,6 +67,13 @@ class Faults:
                              "health_latency_ms and metrics_latency_ms must be finite, >= 0")
         if self.metrics_status not in (0, 500, 503):
             raise ValueError("metrics_status must be 0, 500 or 503")
+        if self.sleeping not in (0, 1, 2):
+            raise ValueError("sleeping must be 0 (awake), 1 or 2 (vLLM's sleep levels)")
+
+    @property
+    def engine_held(self) -> bool:
+        """The engine takes no step: hung, or asleep."""
+        return self.engine_hang or self.sleeping > 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""
