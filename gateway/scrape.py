@@ -6,7 +6,8 @@ a current name is absent, the deprecated one (``gpu_cache_usage_perc`` before 0.
 histogram; names from vLLM's ``v1/metrics/loggers.py``). Of the TTFT, inter-token and
 queue-time histograms only ``_sum`` and ``_count`` are read (`kvgate doctor`'s means). Counts and
 counters are summed over the ``engine`` label (one series per data-parallel rank); KV usage, a
-fraction, takes the fullest engine. Capacity comes from ``vllm:cache_config_info``: vLLM exports
+fraction, takes the fullest engine; ``vllm:engine_sleep_state`` says whether an engine is asleep
+(vLLM's sleep mode). Capacity comes from ``vllm:cache_config_info``: vLLM exports
 one series per engine and each already carries the total over the data-parallel engines
 (v1/metrics/loggers.py, v1/engine/core_client.py), so ONE series is read (``block_size`` x
 ``num_gpu_blocks``), never their sum; where the series carry vLLM 0.34's per-engine
@@ -72,7 +73,11 @@ _SUMMED: dict[str, tuple[str, ...]] = {
 }
 _KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _CACHE_INFO = "vllm:cache_config_info"
-_WANTED_NAMES = frozenset({n for names in _SUMMED.values() for n in names} | {*_KV, _CACHE_INFO})
+# vLLM's sleep mode, per engine: {sleep_state="awake"} 0 while it sleeps (its scheduling paused,
+# its KV cache discarded; /health still 200)
+_SLEEP = "vllm:engine_sleep_state"
+_WANTED_NAMES = frozenset({n for names in _SUMMED.values() for n in names}
+                          | {*_KV, _CACHE_INFO, _SLEEP})
 _WANTED = tuple(sorted(_WANTED_NAMES))
 # one sample line of the text format: name, optional {labels}, value (a timestamp may follow)
 # (labels: quoted values may hold "}" and spaces; an OpenMetrics exemplar after " # " is ignored)
@@ -108,6 +113,9 @@ class Sample:
     itl_count: float | None = None
     queue_time_sum: float | None = None
     queue_time_count: float | None = None
+    # an engine of the replica reports itself asleep (`vllm:engine_sleep_state`, awake 0);
+    # None: the page has no such gauge (vLLM before it)
+    asleep: bool | None = None
 
     def engine_counters(self) -> EngineCounters | None:
         """The cumulative prefill counters the router learns from (None: not exported).
@@ -180,6 +188,11 @@ def _collect(text: str) -> tuple[dict[str, float], dict[str, float], list[dict[s
     for name, labels, value in _samples(text):
         if name == _CACHE_INFO:
             infos.append(_labels(labels))
+        elif name == _SLEEP:
+            # one engine asleep is enough: the replica's DP balancer may send it a request,
+            # which would wait there until it wakes (the lowest "awake" reading is kept)
+            if _labels(labels).get("sleep_state") == "awake":
+                maxima[_SLEEP] = min(maxima.get(_SLEEP, 1.0), value)
         elif name in _KV:
             maxima[name] = max(maxima.get(name, 0.0), value)
         else:
@@ -215,8 +228,10 @@ def parse_vllm_metrics(text: str) -> Sample:
     kv_name = next((n for n in _KV if n in maxima), None)
     legacy |= kv_name == _KV[1]
     block_size, num_gpu_blocks, kv_tokens = _capacity(infos)
+    awake = maxima.get(_SLEEP)
     return Sample(
         kv_usage=maxima[kv_name] if kv_name else None,
+        asleep=None if awake is None else awake < 0.5,
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
         kv_cache_size_tokens=kv_tokens,
