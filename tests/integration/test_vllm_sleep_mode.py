@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import gateway_proc, wait_for
+from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
@@ -73,6 +73,9 @@ def test_requests_go_around_a_sleeping_replica(sim_factory: SimFactory) -> None:
         sleeper = one if one.endswith(address) else two
         _sleep(sleeper, 2)
         wait_for(lambda: not _healthy(base, address), timeout=20, what="the sleeper out")
+        # its KV cache is discarded: the prefixes remembered there are forgotten
+        entries = metric_values(base, "kvgate_affinity_index_entries")
+        assert sum(v for labels, v in entries.items() if f'"{address}"' in labels) == 0
         for _ in range(4):  # the same prefix, sent elsewhere, answered
             raw = client.chat.completions.with_raw_response.create(
                 model=MODEL, messages=MSG, max_tokens=2)
