@@ -248,6 +248,11 @@ _INLINE_BYTES = 64 << 10
 _PLAIN = {"Accept-Encoding": "identity"}  # vLLM would gzip every page, 4 times a second
 
 
+# failed scrapes in a row before the replica's unreadable /metrics is warned about (once per
+# run of failures): one late or refused page is no news, a /metrics that answers 404 is
+_WARN_AFTER = 3
+
+
 @dataclass(slots=True)
 class _Target:
     url: str
@@ -255,6 +260,7 @@ class _Target:
     last_ok: float | None = None
     errors: int = 0
     no_load_data: bool = False  # the last page had no vllm:* series
+    failing: int = 0  # failed scrapes in a row (NoLoadData aside: warned about on its own)
 
 
 async def _read_page(r: aiohttp.ClientResponse) -> bytes:
@@ -381,15 +387,35 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             target.errors += 1
             log.debug("scrape failed", extra={"replica": replica_id, "error": type(exc).__name__})
+            self._failed(replica_id, target, exc)
         now = self._clock()
         if sample is not None:
             target.last_ok = now
+            if target.failing >= _WARN_AFTER:
+                log.info("replica's /metrics read again", extra={"replica": replica_id})
+            target.failing = 0
         if self._targets.get(replica_id) is target:
             try:
                 self._on_sample(replica_id, sample, now)
             except Exception:  # a faulty consumer must not stop the poller
                 log.exception("on_sample failed", extra={"replica": replica_id})
         return sample
+
+    def _failed(self, replica_id: str, target: _Target, exc: Exception) -> None:
+        """One warning per run of failed scrapes (a /metrics that answers 404 behind a proxy
+        routing /v1 only, one too slow for the scrape timeout, an unreadable page): the
+        router works without the replica's load then, and an operator was told nothing."""
+        target.failing += 1
+        if target.failing != _WARN_AFTER:
+            return
+        if isinstance(exc, TimeoutError):
+            why = f"no answer within {self.timeout_s:g} s"
+        elif isinstance(exc, aiohttp.ClientError):
+            why = type(exc).__name__
+        else:
+            why = str(exc)[:120]
+        log.warning("replica's /metrics cannot be read (%s): routing there on kvgate's own "
+                    "accounting until it can", why, extra={"replica": replica_id})
 
     async def _loop(self, replica_id: str, target: _Target) -> None:
         while True:

@@ -65,8 +65,9 @@ class Faults:
         if not all(0 <= a < math.inf for a in amounts):  # (nan passed a `< 0` test)
             raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs, "
                              "health_latency_ms and metrics_latency_ms must be finite, >= 0")
-        if self.metrics_status not in (0, 500, 503):
-            raise ValueError("metrics_status must be 0, 500 or 503")
+        # (404: what answers at the address has no /metrics: a proxy that routes /v1 only)
+        if self.metrics_status not in (0, 404, 500, 503):
+            raise ValueError("metrics_status must be 0, 404, 500 or 503")
         if self.sleeping not in (0, 1, 2):
             raise ValueError("sleeping must be 0 (awake), 1 or 2 (vLLM's sleep levels)")
 
@@ -107,6 +108,8 @@ class Faults:
         """The status and body `/metrics` answers with the exporter's faults applied."""
         if self.metrics_latency_ms > 0:
             await asyncio.sleep(self.metrics_latency_ms / 1000.0)
+        if self.metrics_status == 404:
+            return 404, b'{"detail":"Not Found"}'
         if self.metrics_status:
             return self.metrics_status, b"Internal Server Error"
         if self.kv_usage_zero:
