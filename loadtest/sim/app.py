@@ -53,7 +53,9 @@ BUSY = ("The engine is currently busy and cannot accept new requests. Please try
 
 @dataclass(frozen=True, slots=True)
 class SimOptions:
-    model: str
+    model: str  # the (first) served name: in answers and metrics
+    aliases: tuple[str, ...] = ()  # the other --served-model-name values, accepted and listed
+    root: str | None = None  # the cards' `root` (vLLM's model path; None: `model`)
     time_scale: float = 1.0
     legacy_errors: bool = False
     legacy_metrics: bool = False
@@ -180,7 +182,8 @@ class SimApp:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model and model != self.options.model:  # none or "": vLLM's own model
+        if model and model != self.options.model and model not in self.options.aliases:
+            # (none or "": vLLM's own model)
             raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
     @property
@@ -309,10 +312,12 @@ class SimApp:
                       "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
                       "allow_fine_tuning": False, "organization": "*", "group": None,
                       "is_blocking": False}
-        card = {"id": model, "object": "model", "created": now, "owned_by": "vllm",
-                "root": model, "parent": None, "max_model_len": self.engine.config.max_model_len,
-                "permission": [permission]}
-        await send_json(send, 200, {"object": "list", "data": [card]})
+        # one card per served name (vLLM's --served-model-name), each rooted at the model path
+        cards = [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
+                  "root": self.options.root or model, "parent": None,
+                  "max_model_len": self.engine.config.max_model_len, "permission": [permission]}
+                 for name in (model, *self.options.aliases)]
+        await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         # only the engine's errored flag (EngineDeadError) makes /health 503; a faulted (paused)

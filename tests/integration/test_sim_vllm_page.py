@@ -74,3 +74,21 @@ def test_the_api_key_is_checked_before_routing(sim_factory: SimFactory) -> None:
     keyed = httpx.post(f"{url}/v1/no-such-route", json={}, headers={"Authorization": "Bearer k1"})
     assert keyed.status_code == 404
     assert httpx.get(f"{url}/metrics").status_code == 200  # not a checked prefix
+
+
+def test_several_served_model_names(sim_factory: SimFactory) -> None:
+    _, url = sim_factory("--time-scale", "50", "--served-model-name", "llama", "llama-8b",
+                         model="org/Llama-3.1-8B-Instruct")
+    cards = httpx.get(f"{url}/v1/models").json()["data"]
+    assert [(c["id"], c["root"], c["parent"]) for c in cards] == [
+        ("llama", "org/Llama-3.1-8B-Instruct", None),
+        ("llama-8b", "org/Llama-3.1-8B-Instruct", None)]
+    for name in ("llama", "llama-8b", None):  # each name, or none: the first
+        body = {"model": name, "prompt": "x", "max_tokens": 2}
+        assert httpx.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
+    wrong = httpx.post(f"{url}/v1/completions", json={"model": "org/Llama-3.1-8B-Instruct",
+                                                       "prompt": "x", "max_tokens": 2})
+    assert wrong.status_code == 404  # the path is no served name
+    names = {ls.get("model_name") for n, ls, _ in _samples(url)
+             if n.startswith("vllm:") and n != "vllm:cache_config_info"}  # (no model_name)
+    assert names == {"llama"}  # metrics carry the first name
