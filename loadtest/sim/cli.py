@@ -138,7 +138,8 @@ def build_app(args: argparse.Namespace) -> SimApp:
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
     names = args.served_model_name or [args.model]
     options = SimOptions(
-        model=names[0], aliases=tuple(names[1:]), root=args.model, time_scale=args.time_scale, legacy_errors=args.legacy_errors,
+        model=names[0], aliases=tuple(names[1:]), root=args.model, time_scale=args.time_scale,
+        legacy_errors=args.legacy_errors,
         legacy_metrics=args.metrics_compat == "legacy", api_keys=keys,
         request_id_headers=args.enable_request_id_headers,
         prompt_tokens_details=args.enable_prompt_tokens_details,
