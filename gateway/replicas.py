@@ -42,8 +42,11 @@ log = logging.getLogger(__name__)
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
 # why a replica's prefix cache is empty (`Replica.record_scrape`): its engine restarted (its
-# counters went back), or its process was found gone (nothing listening at its address)
-Lost = Literal["restarted", "gone"]
+# counters went back), its process was found gone (nothing listening at its address), or its
+# engine was put to sleep (vLLM discards the KV cache at every sleep level)
+Lost = Literal["restarted", "gone", "asleep"]
+# its down reason while its engine sleeps (`Replica.record_scrape`), for /readyz
+ASLEEP = "its engine is asleep (vLLM sleep mode: vllm:engine_sleep_state)"
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
 # task on that replica is judged by the epoch its request was sent in; one recorded anywhere
 # else (a probe, another replica's attempt) counts as current
@@ -84,7 +87,7 @@ class Replica:
     """One upstream replica of a pool."""
 
     __slots__ = (
-        "_heard_answers", "_policy", "_stall", "answers", "attempts", "busy_streak",
+        "_heard_answers", "_policy", "_stall", "answers", "asleep", "attempts", "busy_streak",
         "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
         "ejected_until", "ejections",
         "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
@@ -142,6 +145,9 @@ class Replica:
         self.progress_at_ejection: float | None = None  # its engine's tokens then (scraped)
         self._stall = StallWatch(policy.stall_after_s)
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
+        # its engine sleeps (vLLM's sleep mode, scraped): kept out until it is awake again; a
+        # request sent there waits unanswered (its /health says 200 all along)
+        self.asleep = False
         self.stalls = 0  # times it was found stalled (kvgate_replica_stalls_total)
         # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
         self.cuttable: set[Lease] = set()
@@ -204,7 +210,26 @@ class Replica:
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
-        return lost
+        return self._judge_sleep(bool(sample.asleep)) or lost
+
+    def _judge_sleep(self, asleep: bool) -> Lost | None:
+        """Out while its engine sleeps, back when it wakes; "asleep" when it fell asleep (its
+        KV cache is discarded). Its requests that got nothing yet are cut and tried elsewhere
+        (put to sleep with ``mode=wait``, or sent just before a scrape told, they wait)."""
+        if asleep == self.asleep:
+            return None
+        self.asleep = asleep
+        if not asleep:
+            log.info("replica's engine is awake again", extra={"pool": self.pool,
+                                                               "replica": self.id})
+            if self.reason == ASLEEP:
+                self.reason = None
+            return None
+        log.warning("replica's engine is asleep (vLLM sleep mode): no requests sent there "
+                    "until it wakes", extra={"pool": self.pool, "replica": self.id})
+        self.reason = ASLEEP
+        self._cut_waiting()
+        return "asleep"
 
     def silent_for(self, now: float) -> float:
         """How long requests have waited here with nothing heard from it (`ReplicaView.
@@ -283,6 +308,8 @@ class Replica:
 
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
+        if self.asleep:  # (its ejection, if any, runs on: judged when it wakes)
+            return False
         if self.state == HEALTHY:
             return True
         if (self.state == EJECTED and now >= self.ejected_until and not self.down
@@ -299,7 +326,8 @@ class Replica:
         fails it -- and a long stream keeps the replica at one request until then; a pick
         with no replica available at all takes such a one rather than answer 503."""
         return (self.state == HALF_OPEN and self.current > 0 and self.current_waiting == 0
-                and not self.down and not self.stalled and not self.draining)
+                and not self.down and not self.stalled and not self.draining
+                and not self.asleep)
 
     def _moved_since_ejection(self) -> bool:
         """Has its engine worked since its ejection (its scraped token counters moved, or went
@@ -314,6 +342,8 @@ class Replica:
     def condition(self, now: float) -> str:
         """Why it takes no request now (``"available"`` when it does), in words an API client
         may read: no address nor host name (those are for operators: `reason`, /readyz)."""
+        if self.asleep:
+            return "its engine is asleep"
         if self.stalled:
             return "its engine stopped making progress"
         if self.down:

@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 _LOST: dict[Lost, str] = {
     "restarted": "replica restarted: its prefix cache starts empty",
     "gone": "replica gone (nothing listens at its address): its prefix cache is lost",
+    "asleep": "replica's engine put to sleep: its prefix cache is discarded",
 }
 
 

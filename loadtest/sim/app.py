@@ -45,13 +45,17 @@ __all__ = ["SimApp", "SimOptions"]
 
 log = logging.getLogger(__name__)
 VLLM_VERSION = "0.34.0"
+# the paths vLLM's --api-key middleware checks (entrypoints/serve/middleware/authenticate.py)
+_KEYED = ("/v1", "/v2", "/inference", "/cohere")
 BUSY = ("The engine is currently busy and cannot accept new requests. Please try again later or "
         "on a different instance.")
 
 
 @dataclass(frozen=True, slots=True)
 class SimOptions:
-    model: str
+    model: str  # the (first) served name: in answers and metrics
+    aliases: tuple[str, ...] = ()  # the other --served-model-name values, accepted and listed
+    root: str | None = None  # the cards' `root` (vLLM's model path; None: `model`)
     time_scale: float = 1.0
     legacy_errors: bool = False
     legacy_metrics: bool = False
@@ -79,11 +83,11 @@ class SimApp:
         self.engine = self.engines[0]  # the config is the same for every engine
         self.options, self.faults = options, faults
         self.metrics = SimMetrics(self.engines, options.model, options.legacy_metrics,
-                                  options.log_stats)
+                                  options.log_stats, lambda: faults.sleeping)
         self.runners = [EngineRunner(e, options.time_scale, self.metrics.observer(i))
                         for i, e in enumerate(self.engines)]
         for runner in self.runners:  # `--engine-hang`: hung from the start
-            runner.hold(faults.engine_hang)
+            runner.hold(faults.engine_held)
         self.ctx = ServeContext(faults, options.model, self.engine.config.block_size,
                                 options.legacy_errors, options.prompt_tokens_details,
                                 options.keep_alive_s)
@@ -119,14 +123,17 @@ class SimApp:
             return
         self.counters["http_requests"] += 1
         method, path = scope["method"], scope["path"]
+        # vLLM's --api-key middleware runs before routing, on these prefixes only, never on
+        # OPTIONS: an unknown path under /v1 is its 401 too, not a 404
+        if (path.startswith(_KEYED) and method != "OPTIONS" and self._key_digests
+                and not self._authorized(scope)):
+            await send_json(send, 401, {"error": "Unauthorized"})
+            return
         handler = self._routes.get((method, path)) or self.responses.route(method, path)
         if handler is None:
             status = 405 if path in self._paths else 404
             detail = "Method Not Allowed" if status == 405 else "Not Found"
             await send_json(send, status, {"detail": detail})
-            return
-        if path.startswith("/v1") and self._key_digests and not self._authorized(scope):
-            await send_json(send, 401, {"error": "Unauthorized"})
             return
         try:
             await handler(scope, receive, send)
@@ -175,7 +182,8 @@ class SimApp:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model and model != self.options.model:  # none or "": vLLM's own model
+        if model and model != self.options.model and model not in self.options.aliases:
+            # (none or "": vLLM's own model)
             raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
     @property
@@ -304,10 +312,12 @@ class SimApp:
                       "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
                       "allow_fine_tuning": False, "organization": "*", "group": None,
                       "is_blocking": False}
-        card = {"id": model, "object": "model", "created": now, "owned_by": "vllm",
-                "root": model, "parent": None, "max_model_len": self.engine.config.max_model_len,
-                "permission": [permission]}
-        await send_json(send, 200, {"object": "list", "data": [card]})
+        # one card per served name (vLLM's --served-model-name), each rooted at the model path
+        cards = [{"id": name, "object": "model", "created": now, "owned_by": "vllm",
+                  "root": self.options.root or model, "parent": None,
+                  "max_model_len": self.engine.config.max_model_len, "permission": [permission]}
+                 for name in (model, *self.options.aliases)]
+        await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
         # only the engine's errored flag (EngineDeadError) makes /health 503; a faulted (paused)

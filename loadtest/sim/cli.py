@@ -35,6 +35,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="listen address (127.0.0.1)")
     p.add_argument("--port", type=_port, default=9001, help="listen port (9001)")
     p.add_argument("--model", required=True, help="served model name")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names it is served under, as vLLM's flag: the first in answers and "
+                        "metrics, each listed by /v1/models and accepted (default: --model, "
+                        "then the cards' root)")
     p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
                    help=f"GPU and model profile: speeds, KV size ({PRESETS[0].name})")
     p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
@@ -132,8 +136,10 @@ def build_app(args: argparse.Namespace) -> SimApp:
                     hang_after_tokens=args.hang_after_tokens, engine_hang=args.engine_hang,
                     seed=args.seed)
     keys = tuple(args.api_key) or tuple(k for k in [os.environ.get("VLLM_API_KEY", "")] if k)
+    names = args.served_model_name or [args.model]
     options = SimOptions(
-        model=args.model, time_scale=args.time_scale, legacy_errors=args.legacy_errors,
+        model=names[0], aliases=tuple(names[1:]), root=args.model, time_scale=args.time_scale,
+        legacy_errors=args.legacy_errors,
         legacy_metrics=args.metrics_compat == "legacy", api_keys=keys,
         request_id_headers=args.enable_request_id_headers,
         prompt_tokens_details=args.enable_prompt_tokens_details,

@@ -39,7 +39,7 @@ class SimControl:
         except (ValueError, orjson.JSONDecodeError) as exc:
             raise SimError(400, str(exc)) from None
         for runner in self.app.runners:
-            runner.hold(self.app.faults.engine_hang)
+            runner.hold(self.app.faults.engine_held)
         if self.app.faults.dead or self.app.faults.drop_connections:
             for runner in self.app.runners:
                 runner.abort_all()

@@ -38,6 +38,10 @@ class Faults:
     # the engine stops stepping (`EngineRunner.hold`): no token for any request, its counters
     # frozen, requests still counted running; /health and /metrics answer 200 as usual
     engine_hang: bool = False
+    # vLLM's sleep mode (`POST /sleep?level=N`, dev mode): 0 awake, 1 weights offloaded, 2
+    # all discarded. The engine schedules nothing (as `engine_hang`: requests wait, counters
+    # freeze) and `vllm:engine_sleep_state` says so; /health and /v1/models answer as usual
+    sleeping: int = 0
     # gray faults of the metrics exporter alone (requests are served as usual): /metrics
     # answers this much later, or with this status (0: as usual), or says the KV cache is
     # empty (`kv_usage_zero`: vllm:kv_cache_usage_perc 0 whatever it holds)
@@ -61,8 +65,16 @@ class Faults:
         if not all(0 <= a < math.inf for a in amounts):  # (nan passed a `< 0` test)
             raise ValueError("latency_ms, latency_jitter_ms, max_num_queued_reqs, "
                              "health_latency_ms and metrics_latency_ms must be finite, >= 0")
-        if self.metrics_status not in (0, 500, 503):
-            raise ValueError("metrics_status must be 0, 500 or 503")
+        # (404: what answers at the address has no /metrics: a proxy that routes /v1 only)
+        if self.metrics_status not in (0, 404, 500, 503):
+            raise ValueError("metrics_status must be 0, 404, 500 or 503")
+        if self.sleeping not in (0, 1, 2):
+            raise ValueError("sleeping must be 0 (awake), 1 or 2 (vLLM's sleep levels)")
+
+    @property
+    def engine_held(self) -> bool:
+        """The engine takes no step: hung, or asleep."""
+        return self.engine_hang or self.sleeping > 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply a partial update; unknown keys or wrong types raise ValueError, nothing changes."""
@@ -96,6 +108,8 @@ class Faults:
         """The status and body `/metrics` answers with the exporter's faults applied."""
         if self.metrics_latency_ms > 0:
             await asyncio.sleep(self.metrics_latency_ms / 1000.0)
+        if self.metrics_status == 404:
+            return 404, b'{"detail":"Not Found"}'
         if self.metrics_status:
             return self.metrics_status, b"Internal Server Error"
         if self.kv_usage_zero:

@@ -7,6 +7,7 @@ from engine outputs in SIMULATED seconds (what the modelled GPU would report, in
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 
@@ -69,11 +70,15 @@ class SimMetrics:
     """
 
     def __init__(self, engines: Sequence[Engine], model: str, legacy: bool = False,
-                 log_stats: bool = True) -> None:
+                 log_stats: bool = True, sleep_level: Callable[[], int] = lambda: 0) -> None:
         self.engines = list(engines)
         self.model = model
         self.legacy = legacy
         self.log_stats = log_stats
+        self.sleep_level = sleep_level  # 0 awake, 1 or 2: vLLM's sleep mode at that level
+        # a counter's `_created` sample, as prometheus_client exports it outside multiprocess
+        # mode (vLLM's default: one API server)
+        self.created = time.time()
         n = len(self.engines)
         self.ttft = [Histogram(TTFT_BUCKETS) for _ in range(n)]
         self.itl = [Histogram(ITL_BUCKETS) for _ in range(n)]
@@ -130,6 +135,9 @@ class SimMetrics:
         yield self._per_engine(GaugeMetricFamily, "vllm:num_requests_waiting",
                                "Number of requests waiting to be processed.",
                                [e.num_waiting for e in engines])
+        if not self.legacy:  # 0.34's, sharing the name's prefix with the gauge above
+            yield self._waiting_by_reason()
+            yield self._sleep_state()
         yield self._per_engine(GaugeMetricFamily, kv_name,
                                "KV-cache usage. 1 means 100 percent usage.",
                                [e.kv_usage for e in engines])
@@ -149,11 +157,13 @@ class SimMetrics:
                                       "requests.", labels=[*LABELS, "finished_reason"])
         for i, s in enumerate(stats):
             for reason in FINISH_REASONS:
-                success.add_metric([self.model, str(i), reason], s.finished[reason])
+                success.add_metric([self.model, str(i), reason], s.finished[reason],
+                                   created=self.created)
         yield success
         rejected = CounterMetricFamily("vllm:admission_rejections", "Requests rejected by the "
                                        "admission limits.", labels=["model_name", "reason"])
-        rejected.add_metric([self.model, "max_num_queued_reqs"], self.admission_rejections)
+        rejected.add_metric([self.model, "max_num_queued_reqs"], self.admission_rejections,
+                            created=self.created)
         yield rejected
         yield self._hists("vllm:time_to_first_token_seconds", "Histogram of time to first token "
                           "in seconds.", self.ttft)
@@ -173,7 +183,34 @@ class SimMetrics:
                     doc: str, values: Sequence[float]) -> Metric:
         family = kind(name, doc, labels=LABELS)
         for i, v in enumerate(values):
-            family.add_metric([self.model, str(i)], v)
+            if isinstance(family, CounterMetricFamily):
+                family.add_metric([self.model, str(i)], v, created=self.created)
+            else:
+                family.add_metric([self.model, str(i)], v)
+        return family
+
+    def _waiting_by_reason(self) -> Metric:
+        """0.34: the waiting requests by why they wait; the simulated scheduler defers none
+        (its waiting requests all wait for capacity), so ``deferred`` is 0."""
+        family = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Number of requests "
+                                   "waiting, by reason.", labels=[*LABELS, "reason"])
+        for i, engine in enumerate(self.engines):
+            family.add_metric([self.model, str(i), "capacity"], engine.num_waiting)
+            family.add_metric([self.model, str(i), "deferred"], 0.0)
+        return family
+
+    def _sleep_state(self) -> Metric:
+        """vLLM's sleep mode, per engine: ``awake`` 1 while awake, else 0 with
+        ``weights_offloaded`` (level 1) or ``discard_all`` (level 2) 1."""
+        level = self.sleep_level()
+        family = GaugeMetricFamily("vllm:engine_sleep_state", "Engine sleep state; awake = 0 "
+                                   "means engine is sleeping; awake = 1 means engine is awake; "
+                                   "weights_offloaded = 1 means sleep level 1; discard_all = 1 "
+                                   "means sleep level 2.", labels=[*LABELS, "sleep_state"])
+        for i in range(len(self.engines)):
+            for state, on in (("awake", level == 0), ("weights_offloaded", level == 1),
+                              ("discard_all", level == 2)):
+                family.add_metric([self.model, str(i), state], float(on))
         return family
 
     def _hists(self, name: str, doc: str, hists: Sequence[Histogram]) -> Metric:
@@ -211,5 +248,5 @@ def _info(cfg: EngineConfig, index: int, total_blocks: int) -> dict[str, str]:
         "kv_cache_size_tokens": "",
         "num_cpu_blocks": "None",
         "num_gpu_blocks": str(total_blocks),
-        "prefix_caching_hash_algo": "xxhash",
+        "prefix_caching_hash_algo": "sha256",  # 0.34's default
     }
