@@ -11,7 +11,9 @@ that combination is refused at start.
 The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
 in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
 listening sockets, so a new connection is refused at once instead of waiting in the listen
-backlog until the last worker has drained. A worker that dies after it started serving is
+backlog until the last worker has drained. A second signal (a second Ctrl-C) stops the workers
+at once, as it stops a one-process gateway: they get SIGINT, which uvicorn takes, once it is
+draining, as a forced exit. A worker that dies after it started serving is
 started again, however soon (the OOM killer does not wait), and so is one killed by a signal
 before it served (the replacement of a killed worker, killed in turn); a worker that exits by
 itself before it started serving failed at start and stops them all (exit status 1): the next
@@ -105,6 +107,12 @@ def run_workers(
             os.kill(proc.pid, signal.SIGTERM)
 
     def stop(signum: int, _frame: FrameType | None) -> None:
+        # the first signal drains; another one (a second Ctrl-C) stops now: uvicorn takes a
+        # SIGINT while it drains as a forced exit (the one-process gateway's behaviour)
+        forward = signal.SIGINT if stopping else signal.SIGTERM
+        if stopping and len(stopping) == 1:
+            print("kvgate serve: second signal: stopping the workers now, without waiting for "
+                  "the requests in flight", file=sys.stderr, flush=True)
         stopping.append(signum)
         # no worker is started again: the workers' copies, closed as each begins its drain,
         # were the last ones, and the kernel refuses new connections instead of queueing them
@@ -112,7 +120,7 @@ def run_workers(
             sock.close()
         for proc, _ in workers.values():
             if proc.pid is not None and proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, forward)
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

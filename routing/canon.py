@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["canonical_text"]
+__all__ = ["canonical_text", "canonical_text_and_opening"]
 
 _MSG_END = "\x1e"  # record separator: end of one message / prompt
 _FIELD = "\x1f"  # unit separator: role | content | extra fields
@@ -88,17 +88,30 @@ def _prompt_text(prompt: Any) -> str:
 
 def canonical_text(body: Mapping[str, Any]) -> str:
     """The text the prefix hashes of ``body`` (chat or completions) are computed over."""
+    return canonical_text_and_opening(body)[0]
+
+
+def canonical_text_and_opening(body: Mapping[str, Any]) -> tuple[str, int]:
+    """`canonical_text`, and for a chat its *opening*: the characters up to the end of its
+    first user message (tools and system prompt included), which every later turn of the
+    conversation starts with; 0 for a body that is not a chat or has no user message."""
     messages = body.get("messages")
     if isinstance(messages, list):
         head = ""
         tools = body.get("tools")
         if tools:
             head = f"tools{_FIELD}{_stable_json(tools)}{_MSG_END}"
-        return head + "".join([_message_text(m) for m in messages])
+        parts = [_message_text(m) for m in messages]
+        opening = 0
+        for i, m in enumerate(messages):
+            if isinstance(m, Mapping) and m.get("role") == "user":
+                opening = len(head) + sum(map(len, parts[: i + 1]))
+                break
+        return head + "".join(parts), opening
     if "prompt" in body:
-        return _prompt_text(body["prompt"])
+        return _prompt_text(body["prompt"]), 0
     if "input" in body:  # embeddings, or the Responses API (its `instructions` come first)
         instructions = body.get("instructions")
         head = f"{instructions}{_MSG_END}" if isinstance(instructions, str) and instructions else ""
-        return head + _prompt_text(body["input"])
-    return ""
+        return head + _prompt_text(body["input"]), 0
+    return "", 0

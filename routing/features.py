@@ -3,7 +3,19 @@
 The canonical text is cut into fixed blocks of ``block_chars`` characters; block *i* is hashed
 with xxh3_64 seeded by the hash of block *i-1*, and block 0 by a hash of (model, salt). So a
 block hash names its whole prefix, two tenants with different salts never share a hash at any
-depth, and only full blocks count (a prefix shorter than a block is never "cached", as in vLLM).
+depth, and only full blocks count.
+
+One exception, for chats: when a conversation's *opening* (its text up to the end of its first
+user message, `routing.canon.canonical_text_and_opening`) ends inside block 0, the chain's
+first entry is a hash of the opening instead of block 0's, and a prompt shorter than a block
+has that one entry instead of none. Every turn of the conversation starts with its opening,
+so its turns share a first entry from the first turn on: without it a short conversation (a
+system prompt and a question: ~200 characters) had no chain until it outgrew a block and was
+placed on load alone, a different replica at each of its first turns, each turn's prefix
+computed again (vLLM caches 16-token blocks: a 200-character prompt is 3 of them). Block 0's
+text starts with the opening, so two prompts that share block 0 share the opening and keep
+sharing the first entry; the entries after it are chained from block 0's hash as before. The
+entry stands for one block in the index, as the shorter opening's cache is at most one.
 """
 
 from __future__ import annotations
@@ -13,12 +25,14 @@ from typing import Any
 
 from xxhash import xxh3_64_intdigest
 
-from routing.canon import canonical_text
+from routing.canon import canonical_text_and_opening
 from routing.config import RouterConfig
 from routing.tokens import count_tokens
 from routing.types import RequestFeatures
 
 __all__ = ["block_hashes", "extract_features", "root_seed"]
+
+_OPENING = 0x6F70656E696E6721  # seeds a chat's opening apart from block 0 (any fixed bits)
 
 
 def root_seed(model: str, salt: str) -> int:
@@ -54,9 +68,12 @@ def extract_features(
     priority: int = 0,
 ) -> RequestFeatures:
     """Features of a parsed chat/completions ``body`` for the public ``model`` and ``salt``."""
-    text = canonical_text(body)
+    text, opening = canonical_text_and_opening(body)
     seed = root_seed(model, salt)
     hashes = block_hashes(text, seed, config.block_chars, config.max_blocks)
+    if 0 < opening < config.block_chars:  # (module docstring) a short opening leads the chain
+        lead = xxh3_64_intdigest(text[:opening].encode("utf-8", "surrogatepass"), seed ^ _OPENING)
+        hashes = (lead, *hashes[1:])
     return RequestFeatures(
         model=model,
         block_hashes=hashes,

@@ -35,8 +35,8 @@ from gateway.runtime import Runtime
 from gateway.tenancy.resolver import Principal
 
 __all__ = [
-    "EXT_PROC_SERVICE", "KEEPALIVE_MS", "KEEPALIVE_TIMEOUT_MS", "MESSAGE_ROOM", "EppApp",
-    "Processor", "grpc_options", "keepalive_ms",
+    "EXT_PROC_SERVICE", "KEEPALIVE_MS", "KEEPALIVE_TIMEOUT_MS", "MAX_ENDED_WAITS", "MESSAGE_ROOM",
+    "EppApp", "Processor", "grpc_options", "keepalive_ms",
 ]
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,10 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
             inbox.put_nowait(None)
 
     async def _ended(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
-        if self._stopping:
+        # past `MAX_ENDED_WAITS` streams left open by the data plane, the next returns at once
+        # (grpcio's leak, below, is the lesser cost: each held stream is ~37 KB for up to
+        # `ENDED_WAIT_S`, and a flood of refused requests must not hold memory without bound)
+        if self._stopping or len(self._waiting) >= MAX_ENDED_WAITS:
             return
         self._waiting.add(inbox)
         try:
@@ -176,8 +179,10 @@ async def _read(
         inbox.put_nowait(None)
 
 
-# how long a stream answered with an immediate response waits for Envoy to end it
+# how long a stream answered with an immediate response waits for Envoy to end it, and how
+# many may wait at once (Envoy ends each within a moment: a handful wait under any load)
 ENDED_WAIT_S = 30.0
+MAX_ENDED_WAITS = 1024
 
 
 async def _ended(inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:

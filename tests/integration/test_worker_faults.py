@@ -146,3 +146,42 @@ def test_sigterm_finishes_streams_and_refuses_new_connections_at_once(
         assert refused_in < 1.0, f"a new connection waited {refused_in:.1f} s for the drain"
         assert not [pid for pid in workers if os.path.exists(f"/proc/{pid}")]
 
+
+
+def test_a_second_signal_stops_the_workers_without_waiting_for_the_grace(
+    sim_factory: SimFactory,
+) -> None:
+    """A second Ctrl-C stops a gateway with workers at once, as it stops a one-process one.
+    Before, the supervisor passed every signal on as SIGTERM, which a draining worker ignores:
+    the gateway waited the whole grace period (here 600 s) for a stream that went on."""
+    _, sim = sim_factory("--time-scale", "0.1")  # ten times slower than the preset
+    redis, redis_url = redis_proc()
+    gw, base = _workers(redis_url, sim, shutdown_grace_s=600)
+    with redis, gw:
+        client, fresh = _client(base)
+        started = threading.Event()
+        ended: list[BaseException | None] = []
+
+        def stream() -> None:  # thousands of tokens: minutes at this simulator's pace
+            try:
+                chunks = client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "an endless story"}],
+                    max_tokens=4000, stream=True, extra_body={"ignore_eos": True})
+                for _ in chunks:
+                    started.set()
+                ended.append(None)
+            except Exception as exc:  # the stream is cut: the client must see an error
+                ended.append(exc)
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert started.wait(30), gw.output()
+        gw.signal(signal.SIGINT)
+        time.sleep(0.5)  # the workers are draining
+        assert gw.popen is not None and gw.popen.poll() is None  # the stream holds the drain
+        gw.signal(signal.SIGINT)
+        assert gw.popen.wait(60) == 0, gw.output()  # not the 600 s grace
+        t.join(30)
+        fresh.close()
+        assert "second signal" in gw.output()
+        assert len(ended) == 1 and ended[0] is not None  # cut, never read as a whole answer
