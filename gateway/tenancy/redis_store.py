@@ -722,10 +722,13 @@ class RedisStore(TenantStore):
             try:
                 async with self._r.pipeline(transaction=True) as pipe:
                     reads(pipe)
-                    return list(await pipe.execute())
+                    replies = list(await pipe.execute())
+                self.refusing_writes = None
+                return replies
             except ResponseError as exc:
-                if refusal_code(failure_cause(exc)) != "OOM":
+                if refusal_code(cause := failure_cause(exc)) != "OOM":
                     raise
+                self.refusing_writes = cause
             async with self._r.pipeline(transaction=False) as pipe:
                 reads(pipe)
                 return list(await pipe.execute())

@@ -41,5 +41,19 @@ def test_a_gateway_started_on_a_full_redis_serves_its_keys(
     procs.append(second.start())
     client = openai.OpenAI(base_url=f"{base2}/v1", api_key=key, max_retries=0)
     wait_for(lambda: chat_status(client) == 200, timeout=20, what="the key served on a full Redis")
-    tenancy = httpx.get(f"{base2}/readyz", timeout=5).json()["tenancy"]
-    assert tenancy["degraded"] is False and tenancy["policy_version"] > 0
+    ready = httpx.get(f"{base2}/readyz", timeout=5)
+    tenancy = ready.json()["tenancy"]
+    assert ready.status_code == 200 and tenancy["policy_version"] > 0
+    assert tenancy["degraded"] is True and "refuses writes" in tenancy["reason"]  # said so
+    assert "OOM" in tenancy["reason"]
+
+    store = redis.Redis.from_url(redis_url)
+    store.config_set("maxmemory", "0")  # room again: no restart needed
+    store.close()
+
+    def recovered() -> bool:
+        return httpx.get(f"{base2}/readyz", timeout=5).json()["tenancy"]["degraded"] is False
+
+    wait_for(recovered, timeout=20, what="the store taking writes again")
+    with admin_client(base2, ADMIN) as admin:
+        assert admin.post("/tenants/acme/keys").status_code == 201
