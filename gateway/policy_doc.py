@@ -226,7 +226,10 @@ class PolicyDoc(BaseModel):
     @model_validator(mode="after")
     def _references_resolve(self) -> PolicyDoc:
         if not self.tiers:
-            raise ValueError("tiers: at least one tier is required")
+            # (the default tier needs no entry beside others, but a policy of it alone names
+            # it: removing the last named tier was refused without saying how)
+            raise ValueError("tiers: at least one tier is required (the default tier alone: "
+                             "{\"default\": {}})")
         for model, per_tier in self.models.items():
             if not model:  # a request's `model` is a non-empty string: none could name it
                 raise ValueError("models: a public model name must not be empty")

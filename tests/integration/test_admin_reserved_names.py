@@ -4,6 +4,7 @@ model name with a control character.
 `none` is the tenant, tier and pool label (metrics, the request log) of a request refused
 before they were known (a 401): a tenant named `none` had its requests counted with every bad
 key's. A model name with a CR LF was stored and shown raw wherever the models are listed.
+And the refusal of a policy without a tier now says how to keep the default tier alone.
 """
 
 from __future__ import annotations
@@ -57,3 +58,19 @@ def test_a_policy_naming_them_is_refused(
     after = admin.get("/policy")
     assert after.headers["etag"] == before.headers["etag"]  # nothing written
     assert after.json() == before.json()
+
+
+def test_removing_the_last_named_tier_says_how(admin: httpx.Client) -> None:
+    """`default` needs no entry beside other tiers, but a policy of it alone names it: the
+    400 for removing the last named tier said only that a tier is required."""
+    policy = admin.get("/policy").json()
+    policy["tiers"] = {"free": {}}
+    policy["models"] = {"llama": {"default": "p", "free": "p"}}
+    assert admin.put("/policy", json=policy).status_code == 200
+    drop = {"tiers": {"free": None}, "models": {"llama": {"free": None}}}
+    r = admin.patch("/policy", json=drop)
+    assert r.status_code == 400, r.text
+    assert '{"default": {}}' in r.json()["error"]["message"]
+    r = admin.patch("/policy", json={**drop, "tiers": {"free": None, "default": {}}})
+    assert r.status_code == 200, r.text  # as the message says
+    assert r.json()["tiers"] == {"default": {}}
