@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 import orjson
 
 from gateway.errors import shown_name
+from gateway.tenancy.keys import hide_keys
 from gateway.worker_metrics import current
 
 __all__ = ["JsonFormatter", "LogFormat", "TextFormatter", "configure_logging", "log_request"]
@@ -136,7 +137,8 @@ def log_request(logger: logging.Logger, req: RequestRecord, total_s: float) -> N
         "request_id": req.req_id.decode("latin-1"),
         "upstream_request_id": req.up_id.decode("latin-1"), "tenant": req.tenant_id,
         "tier": req.tier,
-        "model": shown_name(parsed.model) if parsed is not None else None, "kind": req.kind,
+        "model": hide_keys(shown_name(parsed.model)) if parsed is not None else None,
+        "kind": req.kind,
         "stream": parsed.stream if parsed is not None else None, "pool": req.pool_name,
         "replica": req.replica, "route": req.route, "attempts": req.attempts,
         "status": req.status, "prompt_tokens": usage.get("prompt_tokens"),

@@ -32,6 +32,8 @@ __all__ = [
     "MAX_LIMIT",
     "NAME_PATTERN",
     "NAME_RULE",
+    "RESERVED_NAME",
+    "RESERVED_RULE",
     "Fairness",
     "Limits",
     "LoadThreshold",
@@ -50,6 +52,11 @@ DEFAULT_TIER = "default"
 # (``x-kvgate-replica: <pool>/<replica>``), metric labels and Redis keys
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 NAME_RULE = "1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit"  # in words
+# the label of a request's tenant, tier and pool before they are known (a 401, a 404): a tenant,
+# tier or pool of that name had its requests counted and logged with those refusals
+RESERVED_NAME = "none"
+RESERVED_RULE = (f"'{RESERVED_NAME}' is reserved: it is the metric label and log value of "
+                 "requests refused before their tenant, tier and pool were known")
 
 
 
@@ -219,7 +226,10 @@ class PolicyDoc(BaseModel):
     @model_validator(mode="after")
     def _references_resolve(self) -> PolicyDoc:
         if not self.tiers:
-            raise ValueError("tiers: at least one tier is required")
+            # (the default tier needs no entry beside others, but a policy of it alone names
+            # it: removing the last named tier was refused without saying how)
+            raise ValueError("tiers: at least one tier is required (the default tier alone: "
+                             "{\"default\": {}})")
         for model, per_tier in self.models.items():
             if not model:  # a request's `model` is a non-empty string: none could name it
                 raise ValueError("models: a public model name must not be empty")
@@ -361,6 +371,11 @@ def check_names(doc: PolicyDoc) -> None:
             if re.fullmatch(NAME_PATTERN, name) is None:
                 raise PolicyValidationError(
                     section, f"{shown_name(name)!r} is not a name: {NAME_RULE}")
+            if name == RESERVED_NAME:
+                raise PolicyValidationError(f"{section}.{name}", RESERVED_RULE)
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def _check_model_names(doc: PolicyDoc) -> None:
@@ -372,3 +387,9 @@ def _check_model_names(doc: PolicyDoc) -> None:
             raise PolicyValidationError(
                 "models", f"a public model name is at most {NAME_CHARS} characters "
                           f"(one of {len(model)} was sent)")
+        # a CR LF or an escape sequence went whole into every error naming the models and into
+        # `kvgate admin` and `GET /v1/models` output an operator reads in a terminal
+        if (bad := next((c for c in model if _CONTROL.match(c)), None)) is not None:
+            raise PolicyValidationError(
+                "models", f"a public model name holds no control character "
+                          f"({shown_name(model)!r} holds U+{ord(bad):04X})")

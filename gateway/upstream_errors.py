@@ -13,7 +13,8 @@ import orjson
 from gateway.errors import UpstreamError, error_body, type_for, unserved_route
 from gateway.sse import error_message
 
-__all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "openai_shaped", "unreadable"]
+__all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "openai_shaped", "unreadable",
+           "without_salt"]
 
 ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its message
 
@@ -21,6 +22,23 @@ ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its messag
 # of vLLM's routes opens with another: "id", "object", ...)
 _OPENS_ERROR = re.compile(rb'\s*\{\s*"(?:error"\s*:|object"\s*:\s*"error")')
 _ERROR_BYTES = 64 * 1024  # an error object is small: a larger body is no error read here
+
+
+# a `cache_salt` value an error echoes: vLLM's 400 for a request-level validator (e.g. stream
+# options without a stream) is FastAPI's str(exc), each error's `input` the whole body, the
+# tenant's salt included, as a Python repr ('cache_salt': '...') or JSON ("cache_salt": "...",
+# escaped inside a message); and VLLMValidationError's "(parameter=cache_salt, value=...)"
+_SALT_ECHO = re.compile(
+    rb"""(cache_salt(?:\\?['"]\s*:\s*\\?['"]|, value=))[^'"\\),\s]+""")
+
+
+def without_salt(body: bytes) -> bytes:
+    """`body` with any `cache_salt` value it echoes replaced by ``***``: the salt is a secret
+    derivation of the gateway's, never shown to a client (its own tenant's either)."""
+    if b"cache_salt" not in body:
+        return body
+    hidden, n = _SALT_ECHO.subn(rb"\1***", body)
+    return hidden if n else body
 
 
 # of FastAPI's validation errors (`{"detail": [...]}`), the first few are named, each cut
@@ -73,7 +91,8 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return None
+            hidden = without_salt(body)  # (a message echoing the body: `_SALT_ECHO`)
+            return None if hidden is body else hidden
         if data.get("object") == "error" and isinstance(data.get("message"), str):
             message, param = data["message"], data.get("param")
             type_ = data["type"] if isinstance(data.get("type"), str) else type_
@@ -87,6 +106,7 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
             message, param = _validation_errors(data["detail"])
     if not isinstance(message, str) or not message or len(message) > 500:
         message = f"The upstream replica answered {status}."
+    message = without_salt(message.encode()).decode()
     return error_body(message, type_, status, param if isinstance(param, str) else None)
 
 

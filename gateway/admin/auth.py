@@ -22,6 +22,7 @@ from gateway.tenancy.resolver import parse_bearer
 __all__ = [
     "ADMIN_MAX_BODY_BYTES", "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
     "admin_authorized", "admin_body_limit", "admin_tokens_from_env", "check_admin",
+    "one_authorization",
 ]
 
 MIN_ADMIN_TOKEN_CHARS = 16
@@ -106,6 +107,17 @@ def _pair(entry: str, *, alone: bool) -> tuple[str, str]:
     return ident, token
 
 
+def one_authorization(values: Sequence[str]) -> str | None:
+    """The one ``Authorization`` value of an admin request (None without one). Two that
+    differ are a 401, as for a tenant's key (`gateway.apikey`): which one a proxy in front
+    checked cannot be known, and kvgate read the first (an invalid token first was refused,
+    a valid one first let the request in whatever came after it)."""
+    if any(value != values[0] for value in values[1:]):
+        raise AuthError("two Authorization headers with different values: send one",
+                        reason="invalid")
+    return values[0] if values else None
+
+
 def check_admin(tokens: Sequence[AdminToken], authorization: str | None) -> str:
     """The id of the admin token in an Authorization header value, or raise 401/403."""
     if not tokens:
@@ -136,10 +148,9 @@ def admin_authorized(tokens: Sequence[AdminToken]) -> Callable[[Scope], bool]:
     admin app refuses it at once, and an anonymous upload is never buffered)."""
 
     def authorized(scope: Scope) -> bool:
-        authorization = next((v.decode("latin-1") for k, v in scope["headers"]
-                              if k == b"authorization"), None)
+        values = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
         try:
-            check_admin(tokens, authorization)
+            check_admin(tokens, one_authorization(values))
         except KvgateError:
             return False
         return True

@@ -24,7 +24,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 
-from gateway.admin.auth import check_admin
+from gateway.admin.auth import check_admin, one_authorization
 from gateway.admin.deps import AdminContext, AdminDeps
 from gateway.admin.errors import READS, AdminRoute
 from gateway.admin.guard import BURST, PER_MINUTE
@@ -59,8 +59,9 @@ def make_admin_router(deps: AdminDeps) -> APIRouter:
         await deps.store.throttles_read()
         deps.guard.check(address)  # 429 while this address is throttled (with Redis: at any
         # gateway, `AuthGuard.adopt` told by the store)
-        try:
-            who = check_admin(deps.tokens, authorization)
+        try:  # (`authorization` names the header in the schema; every value is read here)
+            who = check_admin(deps.tokens, one_authorization(
+                request.headers.getlist("authorization")))
         except (AuthError, PermissionDenied) as exc:
             await _auth_failed(ctx, address, exc.reason, request.url.path)
             raise

@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
-from gateway.policy_doc import Limits
+from gateway.policy_doc import RESERVED_NAME, RESERVED_RULE, Limits
 from gateway.tenancy.models import NAME_PATTERN, AuditEntry, KeyRecord, Tenant
 
 __all__ = ["NoFields", "TenantCreate", "TenantPatch", "audit_view", "iso_time", "key_view",
@@ -40,6 +41,13 @@ class TenantCreate(BaseModel):
     tier: Annotated[str, Field(min_length=1, max_length=64)] = "default"  # as config tenants
     limits: Limits = Field(default_factory=Limits)
     salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value == RESERVED_NAME:
+            raise PydanticCustomError("reserved_name", RESERVED_RULE)
+        return value
 
 
 class TenantPatch(BaseModel):

@@ -68,6 +68,7 @@ from gateway.tenancy.redis_conn import (
     redis_address,
     redis_tls,
     redis_unavailable,
+    refusal_code,
 )
 from gateway.tenancy.redis_records import (
     audit_from_json,
@@ -654,16 +655,16 @@ class RedisStore(TenantStore):
             pipe.hset(self._k("salt_groups"), mapping=dict(snap.group_epochs))
 
     async def snapshot(self) -> StoreSnapshot:
-        with redis_unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.get(self._k("gen"))
-                pipe.hgetall(self._k("tenants"))
-                pipe.hgetall(self._k("keys"))
-                pipe.hgetall(self._k("policy"))
-                pipe.hgetall(self._k("salt_groups"))
-                pipe.lindex(self._k("journal"), 0)
-                pipe.exists(self._k("present"))
-                gen, tenants, keys, policy, groups, head, present = await pipe.execute()
+        def reads(pipe: Any) -> None:
+            pipe.get(self._k("gen"))
+            pipe.hgetall(self._k("tenants"))
+            pipe.hgetall(self._k("keys"))
+            pipe.hgetall(self._k("policy"))
+            pipe.hgetall(self._k("salt_groups"))
+            pipe.lindex(self._k("journal"), 0)
+            pipe.exists(self._k("present"))
+
+        gen, tenants, keys, policy, groups, head, present = await self._read_together(reads)
         self._key_records(records(keys))
         self._journal_head = None if head is None else text(head)
         snap = self._snapshot(counter(gen), records(tenants), policy, groups)
@@ -684,30 +685,53 @@ class RedisStore(TenantStore):
         a wiped store written again as far, another write meanwhile."""
         if generation != self._view_generation:
             return None
-        with redis_unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.get(self._k("gen"))
-                pipe.lrange(self._k("journal"), 0, JOURNAL_READ - 1)
-                pipe.hgetall(self._k("tenants"))
-                pipe.hgetall(self._k("policy"))
-                pipe.hgetall(self._k("salt_groups"))
-                gen, journal, tenants, policy, groups = await pipe.execute()
+        def reads(pipe: Any) -> None:
+            pipe.get(self._k("gen"))
+            pipe.lrange(self._k("journal"), 0, JOURNAL_READ - 1)
+            pipe.hgetall(self._k("tenants"))
+            pipe.hgetall(self._k("policy"))
+            pipe.hgetall(self._k("salt_groups"))
+
+        gen, journal, tenants, policy, groups = await self._read_together(reads)
         now = counter(gen)
         entries = [text(e) for e in journal]
         hashes = changed_keys(entries, generation, now, self._journal_head)
         if hashes is None:
             return None
         if hashes:
-            with redis_unavailable():
-                async with self._r.pipeline(transaction=True) as pipe:
-                    pipe.get(self._k("gen"))
-                    pipe.hmget(self._k("keys"), hashes)
-                    again, raws = await pipe.execute()
+            def changed(pipe: Any) -> None:
+                pipe.get(self._k("gen"))
+                pipe.hmget(self._k("keys"), hashes)
+
+            again, raws = await self._read_together(changed)
             if counter(again) != now:
                 return None
             self._update_keys(dict(zip(hashes, raws, strict=True)))
         self._journal_head = entries[0]
         return self._snapshot(now, records(tenants), policy, groups)
+
+    async def _read_together(self, reads: Callable[[Any], None]) -> list[Any]:
+        """The replies of `reads` (queued on a pipeline) read in one MULTI/EXEC, so they see
+        one state. A Redis full under ``noeviction`` refuses every command queued in a MULTI,
+        reads included (OOM): then they are read pipelined without one. That is safe: the
+        counter is read first, so a write landing between the reads (only a delete runs on a
+        full Redis) leaves records newer than the counter, and the next check reloads. Without
+        it a full Redis that still held every key and policy turned a gateway started then
+        away from every request (503), and the running ones once `max_staleness_s` passed."""
+        with redis_unavailable():
+            try:
+                async with self._r.pipeline(transaction=True) as pipe:
+                    reads(pipe)
+                    replies = list(await pipe.execute())
+                self.refusing_writes = None
+                return replies
+            except ResponseError as exc:
+                if refusal_code(cause := failure_cause(exc)) != "OOM":
+                    raise
+                self.refusing_writes = cause
+            async with self._r.pipeline(transaction=False) as pipe:
+                reads(pipe)
+                return list(await pipe.execute())
 
     def _snapshot(
         self, generation: int, tenants: dict[str, str], policy: dict[str, str],

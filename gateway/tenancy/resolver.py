@@ -274,7 +274,9 @@ class TenantResolver:
                     self._wiped(mark)
             generation = await self._store.generation()
             recent = self._clock() - self._whole_at < WHOLE_RELOAD_S
-            if wiped or generation != self._state.generation or not self._loaded or not recent:
+            # (a store refusing writes is read each time: a load is what tells it has room)
+            if (wiped or generation != self._state.generation or not self._loaded or not recent
+                    or self._store.refusing_writes is not None):
                 snap = None
                 if not wiped and self._loaded and recent:  # only what changed since
                     snap = await self._store.changes_since(self._state.generation)
@@ -627,6 +629,9 @@ class TenantResolver:
         if reason is None and wiped and not self._wipe_restored:
             reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
                       "through the admin API are gone (re-issue them)")
+        if reason is None and self._store.refusing_writes is not None:
+            reason = (f"store refuses writes: {self._store.refusing_writes} (its keys and "
+                      "policy are served; admin writes fail, limits are per-process)")
         if reason is None and self._went_back is not None and (
                 self._clock() - self._went_back[0] < WIPE_NOTICE_S):
             reason = self._went_back[1]

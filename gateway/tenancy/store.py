@@ -78,6 +78,9 @@ class TenantStore(ABC):
         # a store that can be away (Redis): what the log says about reaching it, one voice
         # for every part that tries (the change listener, the resolver's loads)
         self.reach: Reachability | None = None
+        # why the store answers reads but refuses writes (a full Redis: "server replied OOM"),
+        # seen at its last load; None while it takes them
+        self.refusing_writes: str | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect and start listening for changes (idempotent)."""
