@@ -38,6 +38,8 @@ from gateway.config import (
     auth_secret,
     discovery_problems,
     load_config,
+    own_address_replicas,
+    serve_ports,
     unknown_env,
 )
 from gateway.drain import KvgateServer, grace_timeout
@@ -142,12 +144,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_secrets(cfg: KvgateConfig) -> str | None:
+def check_secrets(cfg: KvgateConfig, ports: Mapping[int, str] | None = None) -> str | None:
     """Raise `ConfigError` when auth is on without a secret, a pool's `api_key_env` names
     a variable that is not set (vLLM would answer 401 to every request, while its /health,
-    not behind the key, says the replica is fine), or a pool follows Kubernetes with no API
-    server to ask; a warning to print, or None."""
+    not behind the key, says the replica is fine), a pool follows Kubernetes with no API
+    server to ask, or a replica is listed at one of the process's own `ports` (default
+    `kvgate serve`'s); a warning to print, or None."""
     auth_secret(cfg)
+    if loops := own_address_replicas(cfg, serve_ports(cfg) if ports is None else ports):
+        raise ConfigError(loops[0])
     for name, pool in cfg.pools.items():
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             raise ConfigError(f"pools.{name}.api_key_env: the environment variable "

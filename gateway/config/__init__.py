@@ -11,7 +11,8 @@ tenancy work's `PolicyDoc`; this model extends it with the process-level section
 - `load`: `load_config`, the file, environment and flags merged and validated;
 - `explain`: a validation error as lines naming the field;
 - `salt`: the salt secret and whether authentication has one;
-- `report`: the redacted effective config, discovery that cannot work here.
+- `report`: the redacted effective config, discovery that cannot work here;
+- `selfloop`: replicas listed at the gateway's own listening address.
 
 The rest of the tree imports from this package, not from its modules.
 """
@@ -28,6 +29,7 @@ from gateway.config.sections import (
     ServerConfig,
     UpstreamConfig,
 )
+from gateway.config.selfloop import epp_ports, own_address_replicas, serve_ports
 from gateway.tenancy.models import NAME_RULE
 
 __all__ = [
@@ -43,8 +45,11 @@ __all__ = [
     "auth_secret",
     "discovery_problems",
     "env_overrides",
+    "epp_ports",
     "load_config",
+    "own_address_replicas",
     "redacted_dump",
     "salt_secret",
+    "serve_ports",
     "unknown_env",
 ]

@@ -25,7 +25,7 @@ from gateway.cli.serve import (
     run_server,
     start_warnings,
 )
-from gateway.config import LOG_LEVELS, KvgateConfig
+from gateway.config import LOG_LEVELS, KvgateConfig, epp_ports
 from gateway.errors import ConfigError
 from gateway.urls import is_ip
 from routing.policies import REGISTRY
@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args)
-        warning = check_secrets(cfg)
+        warning = check_secrets(cfg, epp_ports(cfg))
     except ConfigError as exc:
         print(f"kvgate epp: {exc.message}", file=sys.stderr)
         return 2
