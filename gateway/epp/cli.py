@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.cli.flags import ADMIN_PORT, FALLBACKS, PORT
+from gateway.cli.parser import Parser
 from gateway.cli.serve import (
     ListenError,
     Port,
@@ -41,7 +42,7 @@ HTTP_PORT = "another HTTP port with --http-port (server.admin_port)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="kvgate epp",
         description="Run kvgate as the endpoint picker (gRPC ext_proc) of an Envoy gateway.")
     p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
