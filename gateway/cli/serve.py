@@ -34,11 +34,13 @@ from gateway.cli.flags import PORT, WORKERS
 from gateway.cli.parser import Parser
 from gateway.config import (
     LOG_LEVELS,
+    QUICK_SOURCE,
     KvgateConfig,
     auth_secret,
     discovery_problems,
     load_config,
     own_address_replicas,
+    quick_unread_env,
     serve_ports,
     unknown_env,
 )
@@ -373,6 +375,8 @@ def start_warnings(cfg: KvgateConfig) -> list[str]:
             out.append(NETWORK_NO_AUTH_WARNING.format(host=cfg.server.host))
     if (apart := workers_apart(cfg)) is not None:
         out.append(f"kvgate: warning: {apart}")
+    if cfg.source == QUICK_SOURCE:
+        out += quick_unread_env()
     return out + unknown_env(cfg)
 
 

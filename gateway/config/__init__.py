@@ -17,8 +17,8 @@ tenancy work's `PolicyDoc`; this model extends it with the process-level section
 The rest of the tree imports from this package, not from its modules.
 """
 
-from gateway.config.env import env_overrides, unknown_env
-from gateway.config.load import NO_POOLS, load_config
+from gateway.config.env import env_overrides, quick_unread_env, unknown_env
+from gateway.config.load import NO_POOLS, QUICK_SOURCE, load_config
 from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
 from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
@@ -37,6 +37,7 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "NAME_RULE",
     "NO_POOLS",
+    "QUICK_SOURCE",
     "FlowSection",
     "HealthConfig",
     "KvgateConfig",
@@ -48,6 +49,7 @@ __all__ = [
     "epp_ports",
     "load_config",
     "own_address_replicas",
+    "quick_unread_env",
     "redacted_dump",
     "salt_secret",
     "serve_ports",

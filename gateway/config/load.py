@@ -17,7 +17,7 @@ from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
-__all__ = ["NO_POOLS", "load_config"]
+__all__ = ["NO_POOLS", "QUICK_SOURCE", "load_config"]
 
 NO_POOLS = "pools: at least one pool is required"
 
@@ -115,6 +115,7 @@ def load_config(
 
 
 QUICK_POOL = "default"
+QUICK_SOURCE = "--upstream (the quick form) and KVGATE_* environment"
 
 
 def _quick_pool_env(from_env: Mapping[str, Any]) -> dict[str, Any]:
@@ -133,7 +134,7 @@ def _quick_pool_env(from_env: Mapping[str, Any]) -> dict[str, Any]:
 def _source(path: str | None, *, from_env: bool, quick: bool) -> str:
     """Where a configuration came from, in a few words, for the start-up line."""
     if quick:
-        return "--upstream (the quick form) and KVGATE_* environment"
+        return QUICK_SOURCE
     if path:
         return f"{path} (from KVGATE_CONFIG)" if from_env else path
     return "defaults and KVGATE_* environment, no file"
