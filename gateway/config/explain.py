@@ -36,7 +36,10 @@ FILE_SHAPES = {"list_type": "a list, e.g. [a, b]", "dict_type": "a mapping, e.g.
 # integer") but not what it got, and the policy sections take no quoted number, so `rpm: "60"`
 # read "should be a valid integer" of what looks like one
 WRONG_VALUE = frozenset({"int_parsing", "int_type", "int_from_float", "float_parsing",
-                         "float_type", "bool_parsing", "bool_type", "string_type"})
+                         "float_type", "bool_parsing", "bool_type", "string_type",
+                         # one of a few words (log_format, client_salt): it said which, not
+                         # what the file held (`log_format: JSON`)
+                         "literal_error", "enum"})
 
 # a section (or a pool, a tier) given a value that is not a mapping: pydantic names the class
 # ("a valid dictionary or instance of ServerConfig"), which no file names
