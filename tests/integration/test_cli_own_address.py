@@ -2,7 +2,8 @@
 --port P --upstream http://127.0.0.1:P` started, passed its own health checks (kvgate answers
 vLLM's /health) and sent each request back to itself, hop after hop, until the client gave up.
 Now serve and epp refuse to start with one line naming the replica and the setting, and
-`kvgate config check` says so (an error with --strict for serve's ports)."""
+`kvgate config check` says so (an error with --strict for serve's ports). And `kvgate epp`
+without a salt secret is told its own flag."""
 
 from __future__ import annotations
 
@@ -56,3 +57,16 @@ def test_config_check_names_it_and_strict_fails_for_serve(tmp_path: Path) -> Non
     assert ("kvgate config: error: pools.a: the replica http://127.0.0.1:8000 is this "
             "gateway's own address (server.port 8000)") in strict.stderr
     assert "`kvgate serve` will refuse to start" in strict.stderr
+
+
+def test_epp_without_a_salt_secret_names_its_own_flag() -> None:
+    """`kvgate epp` without a salt secret said to run `kvgate serve --no-auth`, another
+    command (the picker takes --no-auth itself)."""
+    env = {k: v for k, v in ENV.items() if k != "KVGATE_SALT_SECRET"}
+    result = subprocess.run([*KVGATE, "epp", "--upstream", "http://127.0.0.1:9"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.splitlines()[-1]
+    assert line.startswith("kvgate epp: authentication is on but no salt secret is configured")
+    assert line.endswith("or run with --no-auth for local single-tenant use")
+    assert "kvgate serve" not in line
