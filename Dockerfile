@@ -1,6 +1,6 @@
 # kvgate container image.
 #   docker build -t kvgate:0.1.0 .
-#   docker run -p 8000:8000 -v "$PWD/config.yaml:/etc/kvgate/config.yaml:ro" \
+#   docker run -p 8000:8000 -v "$PWD/kvgate.yaml:/etc/kvgate/config.yaml:ro" \
 #     -e KVGATE_CONFIG=/etc/kvgate/config.yaml -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
 #     kvgate:0.1.0
 # or, without a file (the secrets still needed: authentication is on):

@@ -9,6 +9,7 @@ feature they drive (`gateway.epp.cli`, `gateway.epp.envoy_cli`, `gateway.doctor.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import sys
@@ -30,8 +31,15 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def _usage() -> str:
     lines = ["usage: kvgate COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<8} {summary}" for name, (_, summary) in COMMANDS.items()]
-    lines += ["", "run `kvgate COMMAND --help` for a command's options; `kvgate --version`"]
+    lines += ["", "run `kvgate help COMMAND` (or `kvgate COMMAND --help`) for its options; "
+              "`kvgate --version`"]
     return "\n".join(lines)
+
+
+def _meant(name: str) -> str:
+    """` (did you mean serve?)` for a misspelt command, as a misspelt flag gets."""
+    close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"kvgate {__version__}")
         return 0
-    if not args or args[0] in ("-h", "--help"):
+    if not args:  # a usage error: the usage goes where errors go
+        print(_usage(), file=sys.stderr)
+        return 2
+    if args[0] in ("-h", "--help") or args == ["help"]:
         print(_usage())
-        return 0 if args else 2
+        return 0
+    if args[0] == "help":  # `kvgate help serve`, as git and pip take it
+        args = [args[1], "--help"]
     name, rest = args[0], args[1:]
     if name not in COMMANDS:
-        print(f"kvgate: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        print(f"kvgate: unknown command {name!r}{_meant(name)}\n\n{_usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     try:

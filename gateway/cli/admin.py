@@ -119,7 +119,13 @@ def _parser() -> argparse.ArgumentParser:
 
 CLEAR = "none"  # a limit flag's value that removes the override (the API's null)
 SALT_GROUP_HELP = ("tenants of one salt group share one cache salt, so each can reuse the "
-                   "others' cached prefixes")
+                   "others' cached prefixes; none: no group (the tenant's own salt)")
+
+
+def _clears(text: str) -> bool:
+    """`none`, as a limit flag takes it: no value (`--salt-group none` joined a group named
+    "none", where a user leaving the group wrote what `--rpm none` takes)."""
+    return text.strip().lower() == CLEAR
 
 
 def _limit(text: str) -> int | str:
@@ -181,12 +187,13 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
     if group == "tenants":
         if action == "create":
             body: dict[str, Any] = {"id": args.id, "tier": args.tier, "limits": _limits(args)}
-            if args.salt_group:
+            if args.salt_group and not _clears(args.salt_group):
                 body["salt_group"] = args.salt_group
             return "POST", "/admin/tenants", body, {}
         if action == "update":
-            patch: dict[str, Any] = {k: v for k, v in (
-                ("tier", args.tier), ("salt_group", args.salt_group)) if v is not None}
+            patch: dict[str, Any] = {"tier": args.tier} if args.tier is not None else {}
+            if args.salt_group is not None:  # none: leave the group (the API's null)
+                patch["salt_group"] = None if _clears(args.salt_group) else args.salt_group
             if limits := _limits(args):
                 patch["limits"] = limits
             return "PATCH", f"/admin/tenants/{args.id}", patch, {}

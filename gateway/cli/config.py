@@ -7,7 +7,7 @@ this environment (or a salt secret too short) are warned about on stderr; with `
 the exit status is 1 when `kvgate serve` would refuse to start for one of them, and their
 lines say ``error:`` (the salt secret with authentication on, a pool's `api_key_env`
 variable, Kubernetes discovery with no API server, `server.workers` above 1 without
-``KVGATE_REDIS_URL``): run a strict check in
+``KVGATE_REDIS_URL``, a replica listed at the gateway's own port): run a strict check in
 the environment of the process that serves, a plain one anywhere (e.g. a CI job without
 secrets).
 """
@@ -25,9 +25,12 @@ from gateway.config import (
     NO_POOLS,
     KvgateConfig,
     discovery_problems,
+    epp_ports,
     load_config,
+    own_address_replicas,
     redacted_dump,
     salt_secret,
+    serve_ports,
     unknown_env,
 )
 from gateway.errors import ConfigError
@@ -92,6 +95,11 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
             out.append((f"pools.{name}.api_key_env: the environment variable "
                         f"{pool.api_key_env} is not set (or empty)" + REFUSES, True))
     out += [(problem + REFUSES, True) for problem in discovery_problems(cfg)]
+    out += [(loop + REFUSES, True) for loop in own_address_replicas(cfg, serve_ports(cfg))]
+    epp_only = {port: name for port, name in epp_ports(cfg).items()
+                if port not in serve_ports(cfg)}
+    out += [(loop + ": `kvgate epp` will refuse to start", False)
+            for loop in own_address_replicas(cfg, epp_only)]
     if cfg.server.workers > 1 and cfg.redis_url is None:
         out.append((WORKERS_NEED_REDIS + REFUSES, True))
     if (apart := workers_apart(cfg)) is not None:

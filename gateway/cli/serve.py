@@ -34,10 +34,14 @@ from gateway.cli.flags import PORT, WORKERS
 from gateway.cli.parser import Parser
 from gateway.config import (
     LOG_LEVELS,
+    QUICK_SOURCE,
     KvgateConfig,
     auth_secret,
     discovery_problems,
     load_config,
+    own_address_replicas,
+    quick_unread_env,
+    serve_ports,
     unknown_env,
 )
 from gateway.drain import KvgateServer, grace_timeout
@@ -142,12 +146,15 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_secrets(cfg: KvgateConfig) -> str | None:
+def check_secrets(cfg: KvgateConfig, ports: Mapping[int, str] | None = None) -> str | None:
     """Raise `ConfigError` when auth is on without a secret, a pool's `api_key_env` names
     a variable that is not set (vLLM would answer 401 to every request, while its /health,
-    not behind the key, says the replica is fine), or a pool follows Kubernetes with no API
-    server to ask; a warning to print, or None."""
+    not behind the key, says the replica is fine), a pool follows Kubernetes with no API
+    server to ask, or a replica is listed at one of the process's own `ports` (default
+    `kvgate serve`'s); a warning to print, or None."""
     auth_secret(cfg)
+    if loops := own_address_replicas(cfg, serve_ports(cfg) if ports is None else ports):
+        raise ConfigError(loops[0])
     for name, pool in cfg.pools.items():
         if pool.api_key_env and not os.environ.get(pool.api_key_env):
             raise ConfigError(f"pools.{name}.api_key_env: the environment variable "
@@ -368,6 +375,8 @@ def start_warnings(cfg: KvgateConfig) -> list[str]:
             out.append(NETWORK_NO_AUTH_WARNING.format(host=cfg.server.host))
     if (apart := workers_apart(cfg)) is not None:
         out.append(f"kvgate: warning: {apart}")
+    if cfg.source == QUICK_SOURCE:
+        out += quick_unread_env()
     return out + unknown_env(cfg)
 
 

@@ -11,13 +11,14 @@ tenancy work's `PolicyDoc`; this model extends it with the process-level section
 - `load`: `load_config`, the file, environment and flags merged and validated;
 - `explain`: a validation error as lines naming the field;
 - `salt`: the salt secret and whether authentication has one;
-- `report`: the redacted effective config, discovery that cannot work here.
+- `report`: the redacted effective config, discovery that cannot work here;
+- `selfloop`: replicas listed at the gateway's own listening address.
 
 The rest of the tree imports from this package, not from its modules.
 """
 
-from gateway.config.env import env_overrides, unknown_env
-from gateway.config.load import NO_POOLS, load_config
+from gateway.config.env import env_overrides, quick_unread_env, unknown_env
+from gateway.config.load import NO_POOLS, QUICK_SOURCE, load_config
 from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
 from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
@@ -28,6 +29,7 @@ from gateway.config.sections import (
     ServerConfig,
     UpstreamConfig,
 )
+from gateway.config.selfloop import epp_ports, own_address_replicas, serve_ports
 from gateway.tenancy.models import NAME_RULE
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "NAME_RULE",
     "NO_POOLS",
+    "QUICK_SOURCE",
     "FlowSection",
     "HealthConfig",
     "KvgateConfig",
@@ -43,8 +46,12 @@ __all__ = [
     "auth_secret",
     "discovery_problems",
     "env_overrides",
+    "epp_ports",
     "load_config",
+    "own_address_replicas",
+    "quick_unread_env",
     "redacted_dump",
     "salt_secret",
+    "serve_ports",
     "unknown_env",
 ]

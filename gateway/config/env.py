@@ -14,7 +14,8 @@ import yaml
 from gateway.config.misplaced import SECRET_VARS, field_paths
 from gateway.config.model import KvgateConfig
 
-__all__ = ["ENV_PREFIX", "ENV_SHAPES", "env_overrides", "env_path", "unknown_env"]
+__all__ = ["ENV_PREFIX", "ENV_SHAPES", "env_overrides", "env_path", "quick_unread_env",
+           "unknown_env"]
 
 ENV_PREFIX = "KVGATE_"
 # Environment variables with a meaning of their own (not section overrides).
@@ -77,6 +78,23 @@ def unknown_env(cfg: KvgateConfig, environ: Mapping[str, str] | None = None) -> 
             "if meant as one, check the spelling: section and field are joined by two "
             "underscores, as in KVGATE_SERVER__PORT")
         out.append(f"kvgate: warning: {name}: not a kvgate setting ({hint})")
+    return out
+
+
+def quick_unread_env(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning naming each pools or models variable the quick form (`--upstream`: one pool,
+    `default`, of the flag's replicas) does not read: it dropped them without a word."""
+    env = os.environ if environ is None else environ
+    out = []
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = env_path(name)
+        own = path[1:2] == ["default"] and path[2:3] not in (["replicas"], ["discovery"])
+        if path[:1] == ["models"] or (path[:1] == ["pools"] and not own):
+            out.append(f"kvgate: warning: {name} is not read with --upstream (the quick form: "
+                       "one pool, default, of the flag's replicas; its other settings are "
+                       "KVGATE_POOLS__DEFAULT__<FIELD>)")
     return out
 
 

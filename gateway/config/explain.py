@@ -36,7 +36,10 @@ FILE_SHAPES = {"list_type": "a list, e.g. [a, b]", "dict_type": "a mapping, e.g.
 # integer") but not what it got, and the policy sections take no quoted number, so `rpm: "60"`
 # read "should be a valid integer" of what looks like one
 WRONG_VALUE = frozenset({"int_parsing", "int_type", "int_from_float", "float_parsing",
-                         "float_type", "bool_parsing", "bool_type", "string_type"})
+                         "float_type", "bool_parsing", "bool_type", "string_type",
+                         # one of a few words (log_format, client_salt): it said which, not
+                         # what the file held (`log_format: JSON`)
+                         "literal_error", "enum"})
 
 # a section (or a pool, a tier) given a value that is not a mapping: pydantic names the class
 # ("a valid dictionary or instance of ServerConfig"), which no file names
@@ -129,11 +132,20 @@ def unknown_hint(loc: tuple[str, ...], *, policy: bool = False) -> str:
     if paths:
         shown = " or ".join(paths[:MAX_SHOWN]) + (" or ..." if len(paths) > MAX_SHOWN else "")
         return f" (it belongs at {shown})"
-    names = _field_names(loc[:-1])
+    names = [n for n in _field_names(loc[:-1]) if not secret_hint(n)]
+    if policy and len(loc) == 1:
+        names = [n for n in names if n in POLICY_SECTIONS]
     close = difflib.get_close_matches(loc[-1], names, n=1)
     # a part of a longer name (`model` for `served_model`) is too far from it for difflib
     close = close or [n for n in names if loc[-1] in n.split("_")][:1]
-    return f" (did you mean {close[0]}?)" if close else ""
+    if close:
+        return f" (did you mean {close[0]}?)"
+    # nothing close (`urls` for a pool's replicas): the fields that go here, not a bare
+    # "unknown field" that left the user to find them in examples/kvgate.yaml
+    return f" (known here: {', '.join(names)})" if 0 < len(names) <= MAX_KNOWN else ""
+
+
+MAX_KNOWN = 20  # more fields than this (none has so many) are not listed
 
 
 def _field_names(loc: tuple[str, ...]) -> list[str]:

@@ -17,7 +17,7 @@ from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
-__all__ = ["NO_POOLS", "load_config"]
+__all__ = ["NO_POOLS", "QUICK_SOURCE", "load_config"]
 
 NO_POOLS = "pools: at least one pool is required"
 
@@ -71,7 +71,8 @@ def load_config(
     """Build the effective config; raises `ConfigError` naming the offending field.
 
     `path=None` falls back to ``KVGATE_CONFIG``; ``""`` means no file. `quick` (the
-    ``--upstream`` form) ignores file and environment pools/models: the flags define them.
+    ``--upstream`` form) ignores file and environment pools/models: the flags define them,
+    but for the settings of its pool, ``default``, from ``KVGATE_POOLS__DEFAULT__*``.
     """
     env = os.environ if environ is None else environ
     from_env = path is None
@@ -90,6 +91,7 @@ def load_config(
     if quick:
         raw.pop("pools", None)
         raw.pop("models", None)
+        raw = deep_merge(raw, _quick_pool_env(env_overrides(env)))
     raw = deep_merge(raw, overrides or {})
     env_names = {tuple(env_path(name)): name for name in env
                  if name.startswith(ENV_PREFIX) and "__" in name}
@@ -112,10 +114,27 @@ def load_config(
     return cfg
 
 
+QUICK_POOL = "default"
+QUICK_SOURCE = "--upstream (the quick form) and KVGATE_* environment"
+
+
+def _quick_pool_env(from_env: Mapping[str, Any]) -> dict[str, Any]:
+    """The quick form's pool settings from ``KVGATE_POOLS__DEFAULT__*`` (its replicas are the
+    flag's): without them a replica started with vLLM's ``--api-key`` could not be reached
+    (``KVGATE_POOLS__DEFAULT__API_KEY_ENV`` was dropped with the rest of the pools, while the
+    log said to set the pool's ``api_key_env``)."""
+    pools = from_env.get("pools")
+    pool = pools.get(QUICK_POOL) if isinstance(pools, Mapping) else None
+    if not isinstance(pool, Mapping):
+        return {}
+    kept = {key: value for key, value in pool.items() if key not in ("replicas", "discovery")}
+    return {"pools": {QUICK_POOL: kept}} if kept else {}
+
+
 def _source(path: str | None, *, from_env: bool, quick: bool) -> str:
     """Where a configuration came from, in a few words, for the start-up line."""
     if quick:
-        return "--upstream (the quick form) and KVGATE_* environment"
+        return QUICK_SOURCE
     if path:
         return f"{path} (from KVGATE_CONFIG)" if from_env else path
     return "defaults and KVGATE_* environment, no file"

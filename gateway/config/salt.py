@@ -57,6 +57,6 @@ def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
         raise ConfigError(
             "authentication is on but no salt secret is configured: set KVGATE_SALT_SECRET "
             f"(at least {MIN_SECRET_CHARS} random bytes) or tenancy.salt_secret_file, or run "
-            "`kvgate serve --no-auth` for local single-tenant use"
+            "with --no-auth for local single-tenant use"  # serve's and epp's flag alike
         )
     return secrets.token_urlsafe(32), False

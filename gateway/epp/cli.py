@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gateway.cli.flags import ADMIN_PORT, FALLBACKS, PORT
+from gateway.cli.parser import Parser
 from gateway.cli.serve import (
     ListenError,
     Port,
@@ -25,7 +26,7 @@ from gateway.cli.serve import (
     run_server,
     start_warnings,
 )
-from gateway.config import LOG_LEVELS, KvgateConfig
+from gateway.config import LOG_LEVELS, KvgateConfig, epp_ports
 from gateway.errors import ConfigError
 from gateway.urls import is_ip
 from routing.policies import REGISTRY
@@ -41,7 +42,7 @@ HTTP_PORT = "another HTTP port with --http-port (server.admin_port)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="kvgate epp",
         description="Run kvgate as the endpoint picker (gRPC ext_proc) of an Envoy gateway.")
     p.add_argument("--config", help="YAML config file (default: $KVGATE_CONFIG)")
@@ -123,7 +124,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     try:
         cfg = load(args)
-        warning = check_secrets(cfg)
+        warning = check_secrets(cfg, epp_ports(cfg))
     except ConfigError as exc:
         print(f"kvgate epp: {exc.message}", file=sys.stderr)
         return 2

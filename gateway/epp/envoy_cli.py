@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gateway.cli.parser import Parser
 from gateway.config import KvgateConfig, load_config
 from gateway.epp.envoy import MAX_CONNECTIONS, MAX_REQUESTS, envoy_config, render
 from gateway.errors import ConfigError
@@ -26,7 +27,7 @@ __all__ = ["endpoints_of", "main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvgate envoy", description=__doc__.splitlines()[0])
+    p = Parser(prog="kvgate envoy", description=__doc__.splitlines()[0])
     p.add_argument("--config", help="kvgate's YAML config file (default: $KVGATE_CONFIG)")
     p.add_argument("--upstream", action="append", metavar="URL",
                    help="a replica, http://IP:PORT (repeat; one pool, as `kvgate epp`)")
