@@ -178,3 +178,61 @@ def test_every_package_the_tests_import_is_declared() -> None:
         module for module in _imported_packages(ROOT / "tests")
         if not {d.lower().replace("_", "-") for d in providers.get(module, [module])} & declared)
     assert undeclared == []
+
+
+def _python(version: str) -> str:
+    """A stand-in python3 of ``version`` (`-c` prints major and minor, as setup asks), whose
+    `-m venv .venv` makes a recording venv python."""
+    major, minor, _ = version.split(".")
+    return f"""#!/bin/bash
+echo "$(basename "$0") $*" >> "$KVGATE_TEST_LOG"
+case "$1" in
+  -V) echo "Python {version}";;
+  -c) echo "{major} {minor}";;
+  -m) mkdir -p .venv/bin && cp "$(dirname "$0")/venv-python" .venv/bin/python;;
+esac
+"""
+
+
+def _old_venv(project: Path, env: dict[str, str]) -> Path:
+    (project / ".venv" / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.9.2\n")
+    fakebin = Path(env["PATH"])
+    _tool(fakebin / "python3", _python("3.9.2"))
+    _tool(fakebin / "python3.12", _python("3.12.1"))
+    _tool(fakebin / "venv-python", RECORDER.format(name="python"))
+    for name in ("mkdir", "cp", "basename"):
+        (fakebin / name).symlink_to(shutil.which(name) or name)
+    return project / "scripts" / "setup"
+
+
+def test_setup_refuses_a_python_older_than_3_11(tmp_path: Path) -> None:
+    """A .venv made by an older python3, and python3 itself older: one line saying what is
+    needed and how to give it; the .venv is left as it was and nothing is installed. Before,
+    the old .venv was kept and pip failed on the package's requires-python."""
+    project, env = fake_project(tmp_path)
+    setup = _old_venv(project, env)
+    result = subprocess.run([str(setup)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1
+    assert "needs Python >= 3.11" in result.stderr and "Python 3.9.2" in result.stderr
+    assert "PYTHON=python3.11" in result.stderr
+    assert (project / ".venv" / "pyvenv.cfg").exists()
+    assert not [line for line in calls(env) if "install" in line]
+    # no .venv at all: refused the same, before anything is installed
+    shutil.rmtree(project / ".venv")
+    result = subprocess.run([str(setup)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 1 and "needs Python >= 3.11" in result.stderr
+    assert not [line for line in calls(env) if "install" in line or "venv" in line]
+
+
+def test_setup_makes_an_old_venv_again_with_the_python_given(tmp_path: Path) -> None:
+    project, env = fake_project(tmp_path)
+    setup = _old_venv(project, env)
+    _tool(Path(env["PATH"]) / "redis-server", "")
+    result = subprocess.run([str(setup)], cwd=tmp_path, env={**env, "PYTHON": "python3.12"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "older than 3.11: creating it again" in result.stderr
+    log = calls(env)
+    assert "python3.12 -m venv .venv" in log and " -e " in log[-1]
