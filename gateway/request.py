@@ -6,6 +6,7 @@ Split from `proxy.py` so the hot path there reads as the sequence of steps it is
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -24,6 +25,8 @@ from routing.types import RequestFeatures
 
 __all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "replica_id",
            "request_id", "scan_headers"]
+
+_VISIBLE = re.compile(rb"[\x21-\x7e]+")  # a sane X-Request-Id's bytes (`request_id`)
 
 
 class ProxiedRequest:
@@ -298,9 +301,11 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
-    """The client's X-Request-Id when sane (1 to 128 ASCII bytes), else a new one (both
-    edges, on every answer)."""
-    if not sent or len(sent) > 128 or not sent.isascii():
+    """The client's X-Request-Id when sane (1 to 128 visible ASCII bytes), else a new one
+    (both edges, on every answer). Spaces and tabs are not sane: the id goes into kvgate's
+    request log, and in its text form (``key=value`` pairs) ``x tenant=other status=200``
+    wrote fields of the client's choosing into the operator's log line."""
+    if not sent or len(sent) > 128 or not _VISIBLE.fullmatch(sent):
         return new_id()
     return sent
 

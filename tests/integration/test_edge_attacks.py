@@ -1,0 +1,101 @@
+"""The HTTP edge against a hostile client on the network: bytes written on raw sockets to a
+real `kvgate serve` with authentication on, before a simulated replica."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.procs import sim_proc
+
+ADMIN = "edge-attacks-admin-token-0123456789"
+CHAT = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                   "max_tokens": 2}).encode()
+
+
+@pytest.fixture(scope="module")
+def edge() -> Iterator[tuple[int, str]]:
+    """(the gateway's port, a tenant's API key)."""
+    sim, url = sim_proc(None, "--time-scale", "50", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
+              "models": {"m": {"default": "p"}},
+              "tenants": [{"id": "acme", "tier": "default"}]}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    with sim:
+        gw, base = gateway_proc(config=config, env=env, auth=True)
+        with gw, admin_client(base, ADMIN) as admin:
+            key = admin.post("/tenants/acme/keys").json()["key"]
+            yield int(base.rsplit(":", 1)[1]), key
+
+
+def exchange(port: int, data: bytes) -> bytes:
+    """Write `data` on a new connection and read until the gateway closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def answer(raw: bytes) -> tuple[int, dict[bytes, bytes], dict[str, object]]:
+    """(status, headers, JSON body) of the one answer in `raw`."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (ln.partition(b":") for ln in lines[1:])}
+    return int(lines[0].split()[1]), headers, json.loads(body)
+
+
+def test_edge_a_trailer_field_is_not_a_request_header(edge: tuple[int, str]) -> None:
+    """A chunked body's trailer fields are not the request's headers (RFC 9110 6.5.1): an
+    `Authorization` sent there, where a proxy in front checking headers never looks, does not
+    authenticate the request, nor does an `X-Request-Id` there name it."""
+    port, key = edge
+    request = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n"
+               b"Authorization: Bearer %s\r\nX-Request-Id: from-the-trailer\r\n\r\n"
+               % (len(CHAT), CHAT, key.encode()))
+    status, headers, body = answer(exchange(port, request))
+    assert status == 401, body
+    assert body["error"]["type"] == "AuthenticationError"  # type: ignore[index]
+    assert headers[b"x-request-id"] != b"from-the-trailer"
+    # the same request with the key in its headers is served: the refusal is the trailer's
+    served = request.replace(b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer %s\r\n"
+                             % key.encode())
+    assert answer(exchange(port, served))[0] == 200
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/0.9"])
+def test_edge_a_request_line_of_another_http_version_is_refused(
+    edge: tuple[int, str], version: bytes,
+) -> None:
+    """A request line naming HTTP/2.0 or HTTP/0.9 is not served as HTTP/1.1 (a proxy in
+    front could frame it otherwise): a 505 in OpenAI's shape, and the connection closes, the
+    request pipelined after it unanswered."""
+    port, key = edge
+    get = b"GET /v1/models %s\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n"
+    raw = exchange(port, get % (version, key.encode()) + get % (b"HTTP/1.1", key.encode()))
+    status, headers, body = answer(raw)
+    assert status == 505, raw
+    assert headers[b"connection"] == b"close"
+    assert body["error"]["type"] == "HTTPVersionNotSupportedError"  # type: ignore[index]
+    assert b"HTTP/1.1 200" not in raw
+
+
+@pytest.mark.parametrize("sent", ["a b", "a\tb", "x tenant=other status=200"])
+def test_edge_a_request_id_with_whitespace_is_replaced(edge: tuple[int, str], sent: str) -> None:
+    """An X-Request-Id with spaces or tabs is not taken (it would write fields of the client's
+    choosing into a text request log line): the answer carries a new one, 32 hex digits."""
+    port, key = edge
+    resp = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=CHAT, timeout=30,
+                      headers={"Authorization": f"Bearer {key}", "x-request-id": sent,
+                               "content-type": "application/json"})
+    assert resp.status_code == 200, resp.text
+    rid = resp.headers["x-request-id"]
+    assert rid != sent and len(rid) == 32 and int(rid, 16) >= 0
+    assert sent not in resp.json()["id"]
