@@ -128,8 +128,9 @@ class HttpLimits:
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
           431: "RequestHeaderFieldsTooLargeError", 501: "NotImplementedError",
           505: "HTTPVersionNotSupportedError"}
+# what the SDKs would retry in vain
 _UNRETRIED = {501: [(b"x-should-retry", b"false")], 505: [(b"x-should-retry", b"false")]}
-_VERSIONS = frozenset({"1.0", "1.1"})  # the request-line versions served  # what the SDKs would retry in vain
+_VERSIONS = frozenset({"1.0", "1.1"})  # the request-line versions served
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes

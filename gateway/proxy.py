@@ -183,7 +183,8 @@ class Proxy:
             raise MultipartBody(req.path)
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
-        body = await read_body(receive, self._limit, head.declared, self._uploads)
+        body = await read_body(receive, self._limit, head.declared, self._uploads,
+                               req.tenant_id if req.key_hash is not None else None)
         if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
             raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then

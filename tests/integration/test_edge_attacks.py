@@ -99,3 +99,82 @@ def test_edge_a_request_id_with_whitespace_is_replaced(edge: tuple[int, str], se
     rid = resp.headers["x-request-id"]
     assert rid != sent and len(rid) == 32 and int(rid, 16) >= 0
     assert sent not in resp.json()["id"]
+
+
+BOUND = 1024 * 1024  # server.max_pending_body_bytes of the `tenants` gateway
+
+
+@pytest.fixture(scope="module")
+def tenants() -> Iterator[tuple[int, str, str]]:
+    """(the port of a gateway whose bodies still arriving are bounded to `BOUND` bytes, a
+    key of tenant a, one of tenant b)."""
+    sim, url = sim_proc(None, "--time-scale", "50", model="m")
+    config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
+              "models": {"m": {"default": "p"}},
+              "server": {"max_pending_body_bytes": BOUND},
+              "tenants": [{"id": "a", "tier": "default"}, {"id": "b", "tier": "default"}]}
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    with sim:
+        gw, base = gateway_proc(config=config, env=env, auth=True)
+        with gw, admin_client(base, ADMIN) as admin:
+            keys = [admin.post(f"/tenants/{t}/keys").json()["key"] for t in ("a", "b")]
+            yield int(base.rsplit(":", 1)[1]), keys[0], keys[1]
+
+
+def padded(size: int) -> bytes:
+    """A chat request of `size` bytes (its `user` field pads it)."""
+    head = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"user":"'
+    return head + b"u" * (size - len(head) - 2) + b'"}'
+
+
+def upload(port: int, key: str, body: bytes, sent: int) -> socket.socket:
+    """A POST of `body` whose first `sent` bytes are written, the rest held back."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (key.encode(), len(body), body[:sent]))
+    return sock
+
+
+def refused(port: int, key: str, sock: socket.socket) -> bool:
+    """Whether the gateway has answered `sock`'s unfinished upload. A whole request of the
+    same tenant is answered first: its round trip to the replica takes the gateway's loop
+    past the upload's bytes already read (and a refusal of them, written at once)."""
+    chat = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=CHAT,
+                      headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert chat.status_code == 200, chat.text
+    sock.setblocking(False)
+    try:
+        got = sock.recv(65536)
+    except BlockingIOError:
+        return False
+    finally:
+        sock.setblocking(True)
+    assert got.startswith(b"HTTP/1.1 503 "), got
+    return True
+
+
+def test_edge_one_tenants_slow_uploads_leave_room_for_the_others(
+    tenants: tuple[int, str, str],
+) -> None:
+    """Tenant a's uploads held unfinished (a slow or stalled sender) fill at most half of
+    `server.max_pending_body_bytes`: its next one is the 503, and tenant b's body, arriving in
+    parts meanwhile, is still read and served (it got the 503 while a's filled the bound)."""
+    port, key_a, key_b = tenants
+    body = padded(400_000)
+    held: list[socket.socket] = []
+    try:
+        for _ in range(6):
+            held.append(upload(port, key_a, body, 300_000))
+            if refused(port, key_a, held[-1]):
+                break
+        else:
+            raise AssertionError("tenant a's uploads were never refused")
+        late = upload(port, key_b, body, 300_000)
+        held.append(late)
+        assert not refused(port, key_b, late)
+        late.sendall(body[300_000:])
+        late.settimeout(30)
+        assert late.recv(65536).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for sock in held:
+            sock.close()
