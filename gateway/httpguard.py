@@ -23,7 +23,8 @@ returns a subclass that
   server" (curl) or a frame-size error about the bytes ``HTTP/1.1 4`` (h2 libraries);
 - answers **505** and closes when the request line names another version than HTTP/1.0 or
   HTTP/1.1 (``HTTP/2.0``, ``HTTP/0.9``): the parser took them for HTTP/1.x and they were
-  served;
+  served; so does a connection's first request line without a version (HTTP/0.9's
+  ``GET /path``), once its line ends: it waited for the header timeout's 408;
 - answers **501** (RFC 9112 6.1: a transfer coding the server does not understand) and closes
   when ``Transfer-Encoding`` names a coding other than ``chunked`` (``gzip, chunked``): the
   parser undoes the chunked framing only, and the app would read the compressed bytes as the
@@ -72,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -131,6 +133,8 @@ _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
 # what the SDKs would retry in vain
 _UNRETRIED = {501: [(b"x-should-retry", b"false")], 505: [(b"x-should-retry", b"false")]}
 _VERSIONS = frozenset({"1.0", "1.1"})  # the request-line versions served
+MAX_LINE = 8192  # bytes of a first request line kept to see whether it names a version
+_SIMPLE = re.compile(rb"[A-Z]+ [!-~]+")  # METHOD SP TARGET: HTTP/0.9's request line
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
@@ -246,6 +250,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _coding: bytes | None = None  # a transfer coding the parser would not undo (`on_header`)
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
     _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
+    _first_line: bytes | None = b""  # the connection's first bytes until their first LF
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
 
     # -- connection ----------------------------------------------------------------------
@@ -302,6 +307,10 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             data = rest  # a pipelined request after the body
         if self._opening is not None:
             self._watch_opening(data)
+        if self._first_line is not None and self._simple_request(data):
+            self._refuse(505, "HTTP/0.9 is not supported: kvgate serves HTTP/1.1 (and "
+                              "HTTP/1.0).")
+            return
         if self._in_headers:
             self._header_bytes += len(data)
             if self._timer is None:
@@ -342,6 +351,19 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         """Keep the connection's first bytes while they are a prefix of HTTP/2's preface."""
         opening = (cast(bytes, self._opening) + data[:len(H2_PREFACE)])[:len(H2_PREFACE)]
         self._opening = opening if H2_PREFACE.startswith(opening) else None
+
+    def _simple_request(self, data: bytes) -> bool:
+        """Whether the connection's first request line, once whole, has no HTTP version: an
+        HTTP/0.9 request (``GET /path``), which the parser took for one whose headers were
+        still due, answered 408 at the header timeout. (Only the first: such a client sends
+        one request per connection.)"""
+        line = cast(bytes, self._first_line) + data[:MAX_LINE]
+        end = line.find(b"\n")
+        if end < 0:
+            self._first_line = line if len(line) < MAX_LINE else None
+            return False
+        self._first_line = None
+        return _SIMPLE.fullmatch(line[:end].rstrip(b"\r")) is not None
 
     def _read_upgrade_body(self, rest: bytes) -> None:
         cycle = self.cycle

@@ -178,3 +178,14 @@ def test_edge_one_tenants_slow_uploads_leave_room_for_the_others(
     finally:
         for sock in held:
             sock.close()
+
+
+def test_edge_an_http_0_9_request_is_refused_at_its_line_end(edge: tuple[int, str]) -> None:
+    """HTTP/0.9's request (a line without a version, then nothing) is answered as soon as its
+    line ends, a 505, not left waiting for headers that never come (a 408 at the header
+    timeout)."""
+    port, _ = edge
+    status, headers, body = answer(exchange(port, b"GET /healthz\r\n"))
+    assert headers[b"connection"] == b"close"
+    assert status == 505, body
+    assert body["error"]["message"].startswith("HTTP/0.9 is not supported")  # type: ignore[index]
