@@ -98,7 +98,7 @@ class Proxy:
         self._metrics = metrics
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
-        self._uploads = Uploads(cfg.server.max_pending_body_bytes)
+        self._uploads = Uploads(cfg.server.max_pending_body_bytes, cfg.server.max_body_bytes)
         self._up = cfg.upstream
         self._retry = frozenset([*cfg.upstream.retry_statuses, 429])
         self.cors = Cors.from_config(cfg.server)  # None: CORS off

@@ -166,13 +166,15 @@ class Uploads:
     (`server.max_pending_body_bytes`; 0: no bound): many slow uploads of up to
     `server.max_body_bytes` each held the gateway's memory without bound (40 of 7 MiB: +280 MB
     RSS), since a tenant's limits are checked only once its body is in. One tenant (`owner`)
-    holds at most half of the bound: one tenant's slow uploads filled it, and every other
-    tenant's bodies arriving in parts got the 503 until they ended."""
+    holds at most half of the bound, or one whole body (`body_limit`) when that is more: one
+    tenant's slow uploads filled it, and every other tenant's bodies arriving in parts got the
+    503 until they ended."""
 
-    __slots__ = ("_by_owner", "_limit", "pending")
+    __slots__ = ("_by_owner", "_limit", "_share", "pending")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, body_limit: int = 0) -> None:
         self._limit = limit
+        self._share = max(limit // 2, body_limit)
         self._by_owner: dict[str, int] = {}  # the pending bytes of each tenant holding some
         self.pending = 0
 
@@ -182,7 +184,7 @@ class Uploads:
                               "retry shortly.")
         if owner is not None and self._limit:
             held = self._by_owner.get(owner, 0)
-            if held and held + n > self._limit // 2:
+            if held and held + n > self._share:
                 raise UploadsFull("This tenant is sending too many request bodies at once; "
                                   "retry shortly.")
             self._by_owner[owner] = held + n

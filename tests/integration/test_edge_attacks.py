@@ -111,7 +111,7 @@ def tenants() -> Iterator[tuple[int, str, str]]:
     sim, url = sim_proc(None, "--time-scale", "50", model="m")
     config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
               "models": {"m": {"default": "p"}},
-              "server": {"max_pending_body_bytes": BOUND},
+              "server": {"max_pending_body_bytes": BOUND, "max_body_bytes": 450_000},
               "tenants": [{"id": "a", "tier": "default"}, {"id": "b", "tier": "default"}]}
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
     with sim:
