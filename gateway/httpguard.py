@@ -11,6 +11,8 @@ returns a subclass that
 - answers **408** and closes when a request's headers are not complete `header_timeout_s`
   after its first byte arrived (or after the connection opened), or its body is not complete
   `body_timeout_s` after its headers (the app sees the client leave: ``http.disconnect``);
+- drops the trailer fields of a chunked body (counted within the header limits): uvicorn
+  appended them to the request's headers, so a trailer ``Authorization`` authenticated it;
 - answers **400** in OpenAI's shape (not uvicorn's text/plain page) and closes when the bytes
   are not HTTP/1.1 (a malformed request line or header, a path that is not UTF-8, conflicting
   ``Content-Length``/``Transfer-Encoding``, TLS spoken to the plain port);
@@ -19,6 +21,10 @@ returns a subclass that
   the server's preface (an empty SETTINGS frame) and GOAWAY with ``HTTP_1_1_REQUIRED`` (RFC
   9113 3.4 and 7), then closes. An HTTP/1.1 400 reached such a client as "Empty reply from
   server" (curl) or a frame-size error about the bytes ``HTTP/1.1 4`` (h2 libraries);
+- answers **505** and closes when the request line names another version than HTTP/1.0 or
+  HTTP/1.1 (``HTTP/2.0``, ``HTTP/0.9``): the parser took them for HTTP/1.x and they were
+  served; so does a connection's first request line without a version (HTTP/0.9's
+  ``GET /path``), once its line ends: it waited for the header timeout's 408;
 - answers **501** (RFC 9112 6.1: a transfer coding the server does not understand) and closes
   when ``Transfer-Encoding`` names a coding other than ``chunked`` (``gzip, chunked``): the
   parser undoes the chunked framing only, and the app would read the compressed bytes as the
@@ -67,6 +73,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -121,8 +128,13 @@ class HttpLimits:
 
 
 _KINDS = {400: "BadRequestError", 408: "RequestTimeoutError",
-          431: "RequestHeaderFieldsTooLargeError", 501: "NotImplementedError"}
-_UNRETRIED = {501: [(b"x-should-retry", b"false")]}  # what the SDKs would retry in vain
+          431: "RequestHeaderFieldsTooLargeError", 501: "NotImplementedError",
+          505: "HTTPVersionNotSupportedError"}
+# what the SDKs would retry in vain
+_UNRETRIED = {501: [(b"x-should-retry", b"false")], 505: [(b"x-should-retry", b"false")]}
+_VERSIONS = frozenset({"1.0", "1.1"})  # the request-line versions served
+MAX_LINE = 8192  # bytes of a first request line kept to see whether it names a version
+_SIMPLE = re.compile(rb"[A-Z]+ [!-~]+")  # METHOD SP TARGET: HTTP/0.9's request line
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 LINGER_S = 2.0  # a refused connection is read (and dropped) this long before it is closed
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
@@ -237,6 +249,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _origin: bytes | None = None  # the current request's Origin header, once parsed
     _coding: bytes | None = None  # a transfer coding the parser would not undo (`on_header`)
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
+    _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
+    _first_line: bytes | None = b""  # the connection's first bytes until their first LF
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
 
     # -- connection ----------------------------------------------------------------------
@@ -293,6 +307,10 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             data = rest  # a pipelined request after the body
         if self._opening is not None:
             self._watch_opening(data)
+        if self._first_line is not None and self._simple_request(data):
+            self._refuse(505, "HTTP/0.9 is not supported: kvgate serves HTTP/1.1 (and "
+                              "HTTP/1.0).")
+            return
         if self._in_headers:
             self._header_bytes += len(data)
             if self._timer is None:
@@ -311,6 +329,9 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
                 self._origin = _scan_origin(data)
             if self._opening is not None:  # the parser stopped at HTTP/2's preface
                 self._refuse_http2()
+            elif self._version is not None:
+                self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
+                                  "HTTP/1.1 (and HTTP/1.0).")
             elif self._coding is not None:
                 self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
                                   "supported (only chunked); send the body uncompressed.")
@@ -330,6 +351,19 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         """Keep the connection's first bytes while they are a prefix of HTTP/2's preface."""
         opening = (cast(bytes, self._opening) + data[:len(H2_PREFACE)])[:len(H2_PREFACE)]
         self._opening = opening if H2_PREFACE.startswith(opening) else None
+
+    def _simple_request(self, data: bytes) -> bool:
+        """Whether the connection's first request line, once whole, has no HTTP version: an
+        HTTP/0.9 request (``GET /path``), which the parser took for one whose headers were
+        still due, answered 408 at the header timeout. (Only the first: such a client sends
+        one request per connection.)"""
+        line = cast(bytes, self._first_line) + data[:MAX_LINE]
+        end = line.find(b"\n")
+        if end < 0:
+            self._first_line = line if len(line) < MAX_LINE else None
+            return False
+        self._first_line = None
+        return _SIMPLE.fullmatch(line[:end].rstrip(b"\r")) is not None
 
     def _read_upgrade_body(self, rest: bytes) -> None:
         cycle = self.cycle
@@ -361,6 +395,12 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         if (self._header_count > self.limits.max_headers
                 or self._parsed_bytes > self.limits.max_header_bytes):
             raise _StopParsing
+        if not self._in_headers:
+            # a trailer field (after a chunked body's last chunk), counted above so trailers
+            # stay bounded: never merged into the request's headers (RFC 9110 6.5.1), where
+            # uvicorn put it -- an `Authorization` in a trailer authenticated the request,
+            # unseen by any proxy in front that checks headers
+            return
         if len(name) == 17 and name.lower() == b"transfer-encoding":
             self._coding = _unframed(value)
             if self._coding is not None:
@@ -368,6 +408,11 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_http_version() not in _VERSIONS:
+            # `HTTP/2.0` or `HTTP/0.9` on a request line: read as HTTP/1.x and answered, a
+            # front proxy reading it otherwise would disagree on where requests end
+            self._version = self.parser.get_http_version()
+            raise _StopParsing  # refused as a 505 (`data_received`), before any app runs
         self._in_headers = False
         self._disarm()
         self._arm(self.limits.body_timeout_s, self._body_timeout)

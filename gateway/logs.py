@@ -16,6 +16,7 @@ process had logged a line (an ejection, a Redis error, a request).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -52,6 +53,16 @@ def _one_line(text: str) -> str:
     return text if text.isprintable() else text.translate(_TEXT_ESCAPES)
 
 
+def _text_value(value: object) -> str:
+    """A field's value in a text line: quoted (JSON's escapes) when it holds a space, ``=`` or
+    a quote, else as it is -- a model name or request id a client chose such as
+    ``x tenant=other status=200`` otherwise read as fields of their own."""
+    text = str(value)
+    if text and not any(c in text for c in ' ="\\') and text.isprintable():
+        return text
+    return _one_line(json.dumps(text, ensure_ascii=False))
+
+
 def _extras(record: logging.LogRecord) -> dict[str, Any]:
     """The record's own fields, after ``worker`` (this process's slot) in a worker process."""
     slot = current()
@@ -86,7 +97,7 @@ class TextFormatter(logging.Formatter):
     def formatMessage(self, record: logging.LogRecord) -> str:
         """The line before its fields; a traceback, if any, follows on lines of its own."""
         line = _one_line(super().formatMessage(record))
-        fields = " ".join(f"{k}={_one_line(str(v))}" for k, v in _extras(record).items())
+        fields = " ".join(f"{k}={_text_value(v)}" for k, v in _extras(record).items())
         return f"{line} {fields}" if fields else line
 
 

@@ -98,7 +98,7 @@ class Proxy:
         self._metrics = metrics
         self._clock = clock
         self._limit = cfg.server.max_body_bytes
-        self._uploads = Uploads(cfg.server.max_pending_body_bytes)
+        self._uploads = Uploads(cfg.server.max_pending_body_bytes, cfg.server.max_body_bytes)
         self._up = cfg.upstream
         self._retry = frozenset([*cfg.upstream.retry_statuses, 429])
         self.cors = Cors.from_config(cfg.server)  # None: CORS off
@@ -183,7 +183,8 @@ class Proxy:
             raise MultipartBody(req.path)
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
-        body = await read_body(receive, self._limit, head.declared, self._uploads)
+        body = await read_body(receive, self._limit, head.declared, self._uploads,
+                               req.tenant_id if req.key_hash is not None else None)
         if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
             raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then

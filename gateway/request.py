@@ -6,6 +6,7 @@ Split from `proxy.py` so the hot path there reads as the sequence of steps it is
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -24,6 +25,8 @@ from routing.types import RequestFeatures
 
 __all__ = ["Head", "ProxiedRequest", "Uploads", "rate_limit_headers", "read_body", "replica_id",
            "request_id", "scan_headers"]
+
+_VISIBLE = re.compile(rb"[\x21-\x7e]+")  # a sane X-Request-Id's bytes (`request_id`)
 
 
 class ProxiedRequest:
@@ -162,29 +165,46 @@ class Uploads:
     """The bytes of request bodies still arriving, all requests together, bounded
     (`server.max_pending_body_bytes`; 0: no bound): many slow uploads of up to
     `server.max_body_bytes` each held the gateway's memory without bound (40 of 7 MiB: +280 MB
-    RSS), since a tenant's limits are checked only once its body is in."""
+    RSS), since a tenant's limits are checked only once its body is in. One tenant (`owner`)
+    holds at most half of the bound, or one whole body (`body_limit`) when that is more: one
+    tenant's slow uploads filled it, and every other tenant's bodies arriving in parts got the
+    503 until they ended."""
 
-    __slots__ = ("_limit", "pending")
+    __slots__ = ("_by_owner", "_limit", "_share", "pending")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, body_limit: int = 0) -> None:
         self._limit = limit
+        self._share = max(limit // 2, body_limit)
+        self._by_owner: dict[str, int] = {}  # the pending bytes of each tenant holding some
         self.pending = 0
 
-    def take(self, n: int) -> None:
+    def take(self, n: int, owner: str | None = None) -> None:
         if self._limit and self.pending + n > self._limit and self.pending:
             raise UploadsFull("The gateway is receiving too many request bodies at once; "
                               "retry shortly.")
+        if owner is not None and self._limit:
+            held = self._by_owner.get(owner, 0)
+            if held and held + n > self._share:
+                raise UploadsFull("This tenant is sending too many request bodies at once; "
+                                  "retry shortly.")
+            self._by_owner[owner] = held + n
         self.pending += n
 
-    def give(self, n: int) -> None:
+    def give(self, n: int, owner: str | None = None) -> None:
         self.pending -= n
+        if owner is not None and owner in self._by_owner:
+            left = self._by_owner.pop(owner) - n
+            if left > 0:
+                self._by_owner[owner] = left
 
 
 async def read_body(
     receive: Receive, limit: int, declared: int | None, uploads: Uploads | None = None,
+    owner: str | None = None,
 ) -> bytes:
     """The whole body (413 past ``limit``); while it arrives in parts, its bytes count in
-    ``uploads`` (a body whole in its first message, the common case, is not counted), and
+    ``uploads`` (a body whole in its first message, the common case, is not counted), as
+    `owner`'s (the tenant's, with authentication on; None: one tenant, no share), and
     the end of the shutdown grace stops reading it with a 503 (`gateway.drain`)."""
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"The request body exceeds the limit of {limit} bytes.")
@@ -194,7 +214,7 @@ async def read_body(
             chunk, more = _body_part(await receive(), 0, limit)
             if not more:
                 return chunk
-            return await _read_parts(receive, limit, chunk, uploads)
+            return await _read_parts(receive, limit, chunk, uploads, owner)
     except asyncio.CancelledError:
         if not stop.fired:
             raise  # the client left while sending, or a real cancellation
@@ -204,25 +224,25 @@ async def read_body(
 
 
 async def _read_parts(
-    receive: Receive, limit: int, first: bytes, uploads: Uploads | None,
+    receive: Receive, limit: int, first: bytes, uploads: Uploads | None, owner: str | None,
 ) -> bytes:
     chunks = [first]
     size, taken, more = len(first), 0, True
     try:
         if uploads is not None:
-            uploads.take(size)
+            uploads.take(size, owner)
             taken = size
         while more:
             chunk, more = _body_part(await receive(), size, limit)
             size += len(chunk)
             if uploads is not None:
-                uploads.take(len(chunk))
+                uploads.take(len(chunk), owner)
                 taken += len(chunk)
             chunks.append(chunk)
         return b"".join(chunks)
     finally:
         if taken:
-            uploads.give(taken)  # type: ignore[union-attr]  # (taken only with uploads)
+            uploads.give(taken, owner)  # type: ignore[union-attr]  # (taken only with uploads)
 
 
 def _body_part(msg: Message, size: int, limit: int) -> tuple[bytes, bool]:
@@ -298,9 +318,11 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
-    """The client's X-Request-Id when sane (1 to 128 ASCII bytes), else a new one (both
-    edges, on every answer)."""
-    if not sent or len(sent) > 128 or not sent.isascii():
+    """The client's X-Request-Id when sane (1 to 128 visible ASCII bytes), else a new one
+    (both edges, on every answer). Spaces and tabs are not sane: the id goes into kvgate's
+    request log, and in its text form (``key=value`` pairs) ``x tenant=other status=200``
+    wrote fields of the client's choosing into the operator's log line."""
+    if not sent or len(sent) > 128 or not _VISIBLE.fullmatch(sent):
         return new_id()
     return sent
 
