@@ -153,34 +153,35 @@ def _json_target(given: str) -> Path:
 
 
 def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
+    notes: list[str] = []
     if args.synthetic or args.workload:
         reqs = WORKLOADS[args.workload]() if args.workload else synthetic_multitenant()
         if args.rate_scale != 1.0:
             reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
         reqs = reqs[: args.limit] if args.limit else reqs
     else:
-        reqs = _trace(args)
+        reqs = _trace(args, notes)
     span = max(r.arrival_s for r in reqs)
     if not span <= MAX_SPAN_S:  # (and not nan) a live replay would wait for years
+        whose = f"the trace {args.trace}: " if args.trace else ""
         raise UsageError(
-            f"the arrivals span {span / YEAR_S:.3g} years at --rate-scale {args.rate_scale:g}: "
-            f"a trace's timestamps are milliseconds (--rate-scale 1000 reads microseconds)")
+            f"{whose}the arrivals span {span / YEAR_S:.3g} years at --rate-scale "
+            f"{args.rate_scale:g}: a trace's timestamps are milliseconds (--rate-scale 1000 "
+            f"reads microseconds)")
+    for note in notes:  # after the refusals: no warning before a refusal that says more
+        print(f"kvgate replay: warning: {note}", file=sys.stderr)
     return reqs
 
 
-def _trace(args: argparse.Namespace) -> list[ReplayRequest]:
-    notes: list[str] = []
+def _trace(args: argparse.Namespace, notes: list[str]) -> list[ReplayRequest]:
     try:
         with collector_paused():
-            reqs = load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit,
+            return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit,
                                  notes=notes)
     except OSError as exc:
         raise UsageError(f"cannot read the trace {args.trace}: {exc.strerror or exc}") from None
     except TraceError as exc:
         raise UsageError(f"the trace {args.trace}: {exc}") from None
-    for note in notes:
-        print(f"kvgate replay: warning: {note}", file=sys.stderr)
-    return reqs
 
 
 def _policies(name: str, offline: bool) -> list[str]:

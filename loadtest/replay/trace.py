@@ -197,7 +197,8 @@ def _shown(value: object) -> str:
 
 def notes(rows: Sequence[TraceRow], block_tokens: int, rate_scale: float = 1.0) -> list[str]:
     """What reads but probably is not what the trace meant: arrivals (after `rate_scale`) over
-    1,000 a second or under one an hour on average (timestamps in seconds or microseconds?),
+    1,000 a second, or under one an hour on average or spread over more than a day (timestamps
+    in seconds or microseconds?),
     block ids that do not cover the prompts in blocks of `block_tokens`."""
     out = []
     stamps = [r.timestamp for r in rows]
@@ -207,7 +208,9 @@ def notes(rows: Sequence[TraceRow], block_tokens: int, rate_scale: float = 1.0) 
         out.append(f"the trace's {len(rows)} requests arrive within {span_s:.3g} s{scaled} "
                    f"(timestamps are milliseconds; if they are seconds, --rate-scale 0.001 "
                    f"reads them so)")
-    elif len(rows) >= 10 and span_s / (len(rows) - 1) > 3600.0:
+    elif span_s > 86_400.0 or (len(rows) >= 10 and span_s / (len(rows) - 1) > 3600.0):
+        # (a day: a microsecond trace of a few minutes at a production rate averaged far over
+        # one an hour, so went unwarned, and a live replay of it would have taken days)
         out.append(f"the trace's {len(rows)} requests span {span_s / 86_400:.3g} days{scaled} "
                    f"(timestamps are milliseconds; if they are microseconds, --rate-scale "
                    f"1000 reads them so)")

@@ -97,3 +97,18 @@ def test_a_trace_from_a_pipe(tmp_path: Path) -> None:
     finally:
         writer.join(timeout=30)
     assert got == load_mooncake(_write(tmp_path, TEXT.encode()))
+
+
+def test_a_trace_in_microseconds_is_warned_about(tmp_path: Path) -> None:
+    """Ten minutes in microseconds at 5 requests a second: read as milliseconds, 6.9 days at
+    one request every 200 s, which the warning (under one an hour on average) let pass."""
+    rows = [{"timestamp": 1_700_000_000_000_000 + 200_000 * i, "input_length": 600,
+             "output_length": 4, "hash_ids": [1, 2 + i]} for i in range(3000)]
+    trace = _write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    notes: list[str] = []
+    load_mooncake(trace, notes=notes)
+    assert notes == ["the trace's 3000 requests span 6.94 days (timestamps are milliseconds; "
+                     "if they are microseconds, --rate-scale 1000 reads them so)"]
+    notes.clear()
+    load_mooncake(trace, notes=notes, rate_scale=1000)
+    assert notes == []
