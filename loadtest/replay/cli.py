@@ -167,7 +167,7 @@ def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
         raise UsageError(
             f"{whose}the arrivals span {span / YEAR_S:.3g} years at --rate-scale "
             f"{args.rate_scale:g}: a trace's timestamps are milliseconds (--rate-scale 1000 "
-            f"reads microseconds)")
+            f"reads microseconds, 1000000 nanoseconds)")
     for note in notes:  # after the refusals: no warning before a refusal that says more
         print(f"kvgate replay: warning: {note}", file=sys.stderr)
     return reqs

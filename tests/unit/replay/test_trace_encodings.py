@@ -112,3 +112,20 @@ def test_a_trace_in_microseconds_is_warned_about(tmp_path: Path) -> None:
     notes.clear()
     load_mooncake(trace, notes=notes, rate_scale=1000)
     assert notes == []
+
+
+def test_a_trace_in_nanoseconds_is_refused_with_the_scale_that_reads_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An hour in nanoseconds reads as 114 years: the refusal named only microseconds' scale
+    (which then read 41 days, with a warning naming it again)."""
+    rows = [{"timestamp": 1_700_000_000_000_000_000 + 360_000_000_000 * i, "input_length": 600,
+             "output_length": 4, "hash_ids": [1, 2 + i]} for i in range(11)]
+    trace = _write(tmp_path, "".join(json.dumps(r) + "\n" for r in rows).encode())
+    assert kvgate(["replay", str(trace), "--offline"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"kvgate replay: the trace {trace}: the arrivals span 114 years at --rate-scale 1: a "
+        f"trace's timestamps are milliseconds (--rate-scale 1000 reads microseconds, 1000000 "
+        f"nanoseconds)")
+    assert kvgate(["replay", str(trace), "--offline", "--rate-scale", "1000000"]) == 0
+    assert "warning" not in capsys.readouterr().err
