@@ -128,6 +128,9 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         raise UsageError("give one workload: a TRACE file, --synthetic or --workload NAME")
     if not (args.offline or args.spawn or args.target):
         raise UsageError("live mode needs --target URL or --spawn (or --offline)")
+    if args.gateways > 1 and not args.offline:  # a live run sent through one gateway, unsaid
+        raise UsageError("--gateways: offline only (a live replay goes through --target's "
+                         "gateway, or one --spawn starts)")
     block = FleetSpec().block_size
     if args.kv_tokens < 2 * block:  # the engine's KV cache reserves one block
         raise UsageError(f"--kv-tokens: at least {2 * block} (two KV blocks of {block} tokens)")

@@ -95,3 +95,11 @@ def test_nothing_to_replay_and_no_mode_are_usage_errors(
 ) -> None:
     assert "give one workload" in _usage_error(capsys, "--offline")
     assert "live mode needs --target URL or --spawn" in _usage_error(capsys, str(trace))
+
+
+def test_several_gateways_live_is_a_usage_error(
+    trace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--gateways 3 with --spawn replayed through one gateway and said nothing."""
+    line = _usage_error(capsys, str(trace), "--spawn", "--gateways", "3")
+    assert line.startswith("kvgate replay: --gateways: offline only")
