@@ -40,7 +40,7 @@ from loadtest.replay.report import (
     report_failures,
 )
 from loadtest.replay.summary import against_oracle, summarize
-from loadtest.replay.trace import TraceError
+from loadtest.replay.trace import TraceError, collector_paused
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from loadtest.sim.costmodel import PRESETS
 from routing.policies import REGISTRY, YARDSTICKS
@@ -114,36 +114,77 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class UsageError(ReplayError):
+    """What was given cannot be replayed (a flag's value, the trace, where --json goes): said
+    before anything runs, exit status 2 (1: the replay ran and requests failed, or a target
+    failed)."""
+
+
+def _check_args(args: argparse.Namespace) -> list[str]:
+    """The policies to run, once every flag is known to be usable: an unknown policy was told
+    after the whole trace was read, and an unwritable --json after the whole replay ran."""
+    sources = [bool(args.trace), args.synthetic, bool(args.workload)]
+    if sum(sources) != 1:  # a TRACE given with --synthetic was silently not replayed
+        raise UsageError("give one workload: a TRACE file, --synthetic or --workload NAME")
+    if not (args.offline or args.spawn or args.target):
+        raise UsageError("live mode needs --target URL or --spawn (or --offline)")
+    if args.gateways > 1 and not args.offline:  # a live run sent through one gateway, unsaid
+        raise UsageError("--gateways: offline only (a live replay goes through --target's "
+                         "gateway, or one --spawn starts)")
+    block = FleetSpec().block_size
+    if args.kv_tokens < 2 * block:  # the engine's KV cache reserves one block
+        raise UsageError(f"--kv-tokens: at least {2 * block} (two KV blocks of {block} tokens)")
+    if args.json is not None:
+        args.json = _json_target(args.json)
+    return _policies(args.policy, args.offline)
+
+
+def _json_target(given: str) -> Path:
+    """Where --json writes, tried now by opening it (and removing it again if it is new)."""
+    path = Path(given or ".")
+    if path.is_dir():
+        path = default_json_path(path)
+    try:
+        existed = path.exists()
+        with open(path, "ab"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise UsageError(f"--json {path}: {exc.strerror or exc}") from None
+    return path
+
+
 def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
+    notes: list[str] = []
     if args.synthetic or args.workload:
         reqs = WORKLOADS[args.workload]() if args.workload else synthetic_multitenant()
         if args.rate_scale != 1.0:
             reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
         reqs = reqs[: args.limit] if args.limit else reqs
-    elif not args.trace:
-        raise SystemExit("kvgate replay: give a TRACE file, --synthetic or --workload NAME")
     else:
-        reqs = _trace(args)
+        reqs = _trace(args, notes)
     span = max(r.arrival_s for r in reqs)
     if not span <= MAX_SPAN_S:  # (and not nan) a live replay would wait for years
-        raise ReplayError(
-            f"the arrivals span {span / YEAR_S:.3g} years at --rate-scale {args.rate_scale:g}: "
-            f"a trace's timestamps are milliseconds (--rate-scale 1000 reads microseconds)")
-    return reqs
-
-
-def _trace(args: argparse.Namespace) -> list[ReplayRequest]:
-    notes: list[str] = []
-    try:
-        reqs = load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit,
-                             notes=notes)
-    except OSError as exc:
-        raise ReplayError(f"cannot read the trace {args.trace}: {exc.strerror or exc}") from None
-    except TraceError as exc:
-        raise ReplayError(f"the trace {args.trace}: {exc}") from None
-    for note in notes:
+        whose = f"the trace {args.trace}: " if args.trace else ""
+        raise UsageError(
+            f"{whose}the arrivals span {span / YEAR_S:.3g} years at --rate-scale "
+            f"{args.rate_scale:g}: a trace's timestamps are milliseconds (--rate-scale 1000 "
+            f"reads microseconds, 1000000 nanoseconds)")
+    for note in notes:  # after the refusals: no warning before a refusal that says more
         print(f"kvgate replay: warning: {note}", file=sys.stderr)
     return reqs
+
+
+def _trace(args: argparse.Namespace, notes: list[str]) -> list[ReplayRequest]:
+    try:
+        with collector_paused():
+            return load_mooncake(args.trace, rate_scale=args.rate_scale, limit=args.limit,
+                                 notes=notes)
+    except OSError as exc:
+        raise UsageError(f"cannot read the trace {args.trace}: {exc.strerror or exc}") from None
+    except TraceError as exc:
+        raise UsageError(f"the trace {args.trace}: {exc}") from None
 
 
 def _policies(name: str, offline: bool) -> list[str]:
@@ -152,8 +193,7 @@ def _policies(name: str, offline: bool) -> list[str]:
         return known
     if name not in known:
         where = "" if offline or name not in OFFLINE_ONLY else " (a yardstick: offline only)"
-        raise SystemExit(f"kvgate replay: unknown policy {name!r}{where} "
-                         f"(known: {', '.join(known)})")
+        raise UsageError(f"unknown policy {name!r}{where} (known: {', '.join(known)})")
     return [name]
 
 
@@ -215,8 +255,6 @@ def _run_live(
             urls = [fleet.sim(SPAWN_MODEL, *_sim_args(args)) for _ in range(args.replicas)]
             base = fleet.gateway(urls, "--policy", policy)
             return _live_once(args, reqs, policy, ref, base, urls, SPAWN_MODEL)
-    if not args.target:
-        raise SystemExit("kvgate replay: live mode needs --target URL or --spawn (or --offline)")
     root = args.target.rstrip("/")
     if root.endswith("/v1"):  # the replay adds /v1/...: /v1/v1/models was a bare 404
         raise ReplayError(f"--target {args.target}: the gateway's address, without /v1 (the "
@@ -276,27 +314,28 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         return _main(args)
+    except UsageError as exc:
+        print(f"kvgate replay: {exc}", file=sys.stderr)
+        return 2
     except ReplayError as exc:
         print(f"kvgate replay: {exc}", file=sys.stderr)
         return 1
 
 
 def _main(args: argparse.Namespace) -> int:
+    policies = _check_args(args)
     try:
         reqs = tiers.shape(args, _workload(args))  # --tier-mix, --noisy-tenant
     except ValueError as exc:
-        raise ReplayError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     fleet = FleetSpec(replicas=args.replicas, kv_tokens=args.kv_tokens, profile=args.profile)
-    if args.kv_tokens < 2 * fleet.block_size:  # the engine's KV cache reserves one block
-        raise ReplayError(f"--kv-tokens: at least {2 * fleet.block_size} (two KV blocks of "
-                          f"{fleet.block_size} tokens)")
     # the replicas' context: offline and --spawn know it (a --target's replicas may differ)
     at_target = args.target and not (args.offline or args.spawn)
     context = None if at_target else fleet.engine_config().max_model_len
     ref = pooled_reference_hit_rate(reqs, args.replicas * args.kv_tokens, fleet.block_size,
                                     context)
     summaries = []
-    for policy in _policies(args.policy, args.offline):
+    for policy in policies:
         if args.offline:
             progress = Progress(f"policy {policy}", len(reqs))
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
@@ -314,9 +353,7 @@ def _main(args: argparse.Namespace) -> int:
     against_oracle(summaries)
     print(format_table(summaries))
     if args.json is not None:
-        path = Path(args.json or ".")
-        if path.is_dir():
-            path = default_json_path(path)
+        path = args.json
         try:
             path.write_bytes(orjson.dumps(summaries, option=orjson.OPT_INDENT_2))
         except OSError as exc:

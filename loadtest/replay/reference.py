@@ -6,7 +6,10 @@ longest run of its leading full cache blocks present in the cache, then all its 
 are inserted (most recently used). Blocks are the engine's `cache_block_tokens`; a trace
 block of `block_tokens` covers `block_tokens // cache_block_tokens` of them, which are always
 used together, so the LRU keeps one entry per trace block with the count of cache blocks of it
-that are cached (a partial last block caches fewer).
+that are cached (a partial last block caches fewer). An entry is a block *with the prefix
+before it*, as an engine's block hash chains its parent's: keyed by the id alone, a document
+read after two different system prompts was one entry, and its second reading a hit no
+engine would see (the hot-prefixes workload's reference 0.68 for a chained LRU's 0.52).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def pooled_reference_hit_rate(
     With `max_model_len`, a request the replicas refuse (prompt + output over it) is left out,
     as the replicas' own hit rate leaves it out: one 200k-token prompt refused by every replica
     took the reference from 0.33 to 0.005 beside a replay's hit rate of 0.33."""
-    lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (salt, id) -> cache blocks held
+    lru: OrderedDict[tuple[str, int], int] = OrderedDict()  # (salt, chain) -> blocks held
     capacity = capacity_tokens // cache_block_tokens
     used = 0
     hits = total = 0
@@ -39,11 +42,13 @@ def pooled_reference_hit_rate(
         full = r.prompt_tokens // cache_block_tokens
         total += r.prompt_tokens
         matching = True
+        chain = 0
         for j, bid in enumerate(r.block_ids):
             need = min(per, full - j * per)
             if need <= 0:
                 break
-            key = (r.tenant, bid)
+            chain = hash((chain, bid))  # the prefix up to this block (ints: no hash seed)
+            key = (r.tenant, chain)
             held = lru.get(key, 0)
             if matching:
                 got = min(held, need)

@@ -3,10 +3,15 @@
 A block of `block_tokens` tokens becomes exactly `block_tokens * CHARS_PER_TOKEN` characters
 (the simulator's token rule, routing.tokens), so the simulator's prefix cache sees the same
 sharing as the trace: equal id chains give equal text, different ids give different text in
-every 4-character token.
+every 4-character token. Tokens past the last block id (a trace whose `hash_ids` cover less
+than `input_length`, or none) are text of the request's own, shared with no other, as
+offline, where they have no block hash: the prompt was cut to the ids' length (an empty one,
+which vLLM refuses with a 400, for `hash_ids: []`).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import xxhash
 
@@ -21,7 +26,10 @@ _WORDS = (
 ).split()
 
 
-def _block_text(block_id: int, n_chars: int) -> str:
+_TAILS = itertools.count()  # one text per uncovered tail: keys no block id's text can have
+
+
+def _block_text(block_id: int | str, n_chars: int) -> str:
     # Each 4-char token carries 2 hex digits of a per-block hash, so different blocks differ
     # in every token, plus filler letters from a word to look vaguely like text.
     out: list[str] = []
@@ -40,5 +48,8 @@ def _block_text(block_id: int, n_chars: int) -> str:
 def render_prompt(block_ids: tuple[int, ...], block_tokens: int, prompt_tokens: int) -> str:
     """The prompt text of a request: its blocks' text, cut to `prompt_tokens` tokens."""
     block_chars = block_tokens * CHARS_PER_TOKEN
+    want = prompt_tokens * CHARS_PER_TOKEN
     text = "".join(_block_text(b, block_chars) for b in block_ids)
-    return text[: prompt_tokens * CHARS_PER_TOKEN]
+    if len(text) < want:
+        text += _block_text(f"tail-{next(_TAILS)}", want - len(text))
+    return text[:want]

@@ -3,7 +3,8 @@
 Each trace here is written the way users' tools write them (gzip, a byte order mark, CRLF,
 unsorted lines, epoch timestamps, unsigned 64-bit ids) or wrongly (strings, floats, negative
 lengths, a missing field); the replay either agrees with the plain file's replay or stops with
-the line and the field named, exit status 1 and no traceback.
+the line and the field named, exit status 2 (what was given cannot be replayed) and no
+traceback.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _replay(trace: Path, out: Path, *extra: str) -> tuple[int, list[dict[str, ob
 def _one_line_error(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
     code, summaries = _replay(trace, tmp_path / "never.json")
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and not summaries
+    assert code == 2 and not summaries
     assert len(err) == 1 and err[0].startswith("kvgate replay: "), err
     return err[0]
 
@@ -64,7 +65,7 @@ def _one_line_error(trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[s
         (_row(900, 100, [3], out=-3), "line 5: output_length -3 is not"),  # was 1 token
         (_row(900, MAX_TOKENS + 1, [3]), f"line 5: input_length {MAX_TOKENS + 1} is not"),
         ({"timestamp": "900", "input_length": 10, "output_length": 1, "hash_ids": [1]},
-         'line 5: timestamp "900" is not a number'),
+         'line 5: timestamp "900" is not a finite number'),
         ({"timestamp": 900, "input_length": 10, "output_length": 1},
          "line 5: no hash_ids"),  # was "KeyError: 'hash_ids'", no line
         ({"timestamp": 900, "input_length": 10, "output_length": 1, "hash_ids": None},
