@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import openai
 
@@ -32,8 +31,10 @@ ADMIN = "postponed-seed-admin-token-01234"
 def _replica_of(url: str, port: int | None) -> None:
     async def go() -> None:
         r = connect_redis(url)
-        args: tuple[Any, ...] = ("NO", "ONE") if port is None else ("127.0.0.1", port)
-        await r.execute_command("REPLICAOF", *args)
+        if port is None:
+            await r.replicaof("NO", "ONE")
+        else:
+            await r.replicaof("127.0.0.1", port)
         await r.aclose()
     asyncio.run(go())
 

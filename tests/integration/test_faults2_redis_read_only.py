@@ -28,8 +28,10 @@ def _replica_of(url: str, port: int | None) -> None:
     that never reached its primary keeps its data and serves it (replica-serve-stale-data)."""
     async def go() -> None:
         r = connect_redis(url)
-        args: tuple[Any, ...] = ("NO", "ONE") if port is None else ("127.0.0.1", port)
-        await r.execute_command("REPLICAOF", *args)
+        if port is None:
+            await r.replicaof("NO", "ONE")
+        else:
+            await r.replicaof("127.0.0.1", port)
         await r.aclose()
     asyncio.run(go())
 
