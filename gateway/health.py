@@ -149,6 +149,8 @@ class HealthMonitor:
                 log.warning("replica refused the gateway's credentials (%d) on /v1/models: "
                             "set the pool's api_key_env to its --api-key", status,
                             extra={"pool": pool.name, "replica": replica.id})
+            if pool.served_model is None:  # (a configured model: its requests tell, `judge`)
+                _note_refusal(replica, status)
             self._carded.add((replica.id, pool.served_model))  # it answered: asked
             cards = orjson.loads(body)["data"] if status == 200 else None
         except TRANSPORT_ERRORS:  # (a timeout included)
@@ -194,6 +196,21 @@ class HealthMonitor:
             pool.served_model = name
             self._pools.refresh_public()
             log.info("learned served model", extra={"pool": pool.name, "model": name})
+
+
+# its reason while it refuses kvgate's key on /v1/models (`_note_refusal`): /readyz said only
+# "no replica answered", the 401 was in the log alone (the doctor's credentials rule reads
+# the same words as a request's refusal, `gateway.verdicts.judge`)
+_CARDS_REFUSED = "refused the gateway's credentials ({}) on /v1/models"
+
+
+def _note_refusal(replica: Replica, status: int) -> None:
+    """Name a refusal of its /v1/models in the replica's reason (/readyz), and forget it once
+    it answers otherwise."""
+    if status in REFUSED:
+        replica.reason = _CARDS_REFUSED.format(status)
+    elif replica.reason is not None and replica.reason.endswith(" on /v1/models"):
+        replica.reason = None
 
 
 def _learn_context(pool: Pool, replica: Replica, served: object, cards: object) -> None:

@@ -18,6 +18,7 @@ from pydantic import (
     Field,
     Strict,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -101,6 +102,14 @@ class PoolConfig(BaseModel):
     api_key_env: str | None = None
     priority: Bool = False  # the pool runs --scheduling-policy priority
 
+    @field_validator("replicas", mode="before")
+    @classmethod
+    def _lower_scheme_and_host(cls, value: object) -> object:
+        # `HTTP://Host:8000` is the same replica as `http://host:8000` (RFC 3986: both are
+        # case-insensitive); refused, an operator's upper-case URL stopped the config check
+        return [_lowered(u) if isinstance(u, str) else u for u in value] if isinstance(
+            value, list) else value
+
     @model_validator(mode="after")
     def _has_replicas(self) -> PoolConfig:
         if not self.replicas and not self.discovery:
@@ -122,6 +131,19 @@ class PoolConfig(BaseModel):
                 raise ValueError("a replica URL needs a valid host and port (a password with "
                                  f"'#', '?' or '/' percent-encoded): {shown_url(url)!r}") from None
         return self
+
+
+def _lowered(url: str) -> str:
+    """`url` with its scheme and host name in lower case; its user info (a password keeps
+    its case) and path as written."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0),
+              default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    user, at, host = authority.rpartition("@")
+    return f"{scheme.lower()}://{user}{at}{host.lower()}{tail}"
 
 
 class LoadThreshold(BaseModel):

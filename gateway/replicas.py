@@ -47,6 +47,10 @@ HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
 Lost = Literal["restarted", "gone", "asleep"]
 # its down reason while its engine sleeps (`Replica.record_scrape`), for /readyz
 ASLEEP = "its engine is asleep (vLLM sleep mode: vllm:engine_sleep_state)"
+# ... and while it answers that its model sleeps (`Replica.record_sleeping`: an older vLLM)
+ASLEEP_SAID = "its engine is asleep (it answered 503: the model is sleeping)"
+# asked again (one request) this long after such an answer, doubling while it sleeps on
+SLEEP_RECHECK_S, SLEEP_RECHECK_MAX_S = 1.0, 30.0
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
 # task on that replica is judged by the epoch its request was sent in; one recorded anywhere
 # else (a probe, another replica's attempt) counts as current
@@ -94,7 +98,8 @@ class Replica:
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool",
         "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
-        "slow_probes", "stalled", "stalls", "state", "url", "waiting_since", "watch",
+        "sleep_said_until", "sleep_streak", "slow_probes", "stalled", "stalls", "state", "url",
+        "waiting_since", "watch",
         "whole_waiting_tokens",
     )
 
@@ -148,6 +153,10 @@ class Replica:
         # its engine sleeps (vLLM's sleep mode, scraped): kept out until it is awake again; a
         # request sent there waits unanswered (its /health says 200 all along)
         self.asleep = False
+        # asleep as its own 503 said (no `vllm:engine_sleep_state` scraped): until then, then
+        # one request tells whether it woke; None when its answers never said so
+        self.sleep_said_until: float | None = None
+        self.sleep_streak = 0
         self.stalls = 0  # times it was found stalled (kvgate_replica_stalls_total)
         # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
         self.cuttable: set[Lease] = set()
@@ -210,7 +219,22 @@ class Replica:
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
+        if sample.asleep is None and self.sleep_said_until is not None:
+            return lost  # no sleep metric: its answers tell when it wakes (`record_sleeping`)
+        self.sleep_said_until = None
         return self._judge_sleep(bool(sample.asleep)) or lost
+
+    def record_sleeping(self, now: float) -> None:
+        """It answered vLLM's 503 for a sleeping model (older vLLM, without the sleep metric):
+        asleep, as a scrape would say -- out of rotation, no failure (three such answers
+        ejected it as failing, for a back-off that grew each time). A request is let through
+        again after `SLEEP_RECHECK_S`, doubling while it still sleeps; its success wakes it."""
+        self.sleep_streak += 1
+        wait = SLEEP_RECHECK_S * 2 ** min(self.sleep_streak - 1, 8)
+        self.sleep_said_until = now + min(wait, SLEEP_RECHECK_MAX_S)
+        if not self.asleep:
+            self._judge_sleep(True)
+        self.reason = ASLEEP_SAID
 
     def _judge_sleep(self, asleep: bool) -> Lost | None:
         """Out while its engine sleeps, back when it wakes; "asleep" when it fell asleep (its
@@ -308,6 +332,8 @@ class Replica:
 
     def available(self, now: float) -> bool:
         """May a request be sent now? Moves an expired ejection to half-open."""
+        if self.asleep and self.sleep_said_until is not None and now >= self.sleep_said_until:
+            self.asleep = False  # its answer said so: the next request tells (`record_sleeping`)
         if self.asleep:  # (its ejection, if any, runs on: judged when it wakes)
             return False
         if self.state == HEALTHY:
@@ -405,6 +431,7 @@ class Replica:
     def record_success(self) -> None:
         self._outcome(0)
         self.failures = 0
+        self.sleep_said_until, self.sleep_streak = None, 0
         self.down = False
         self.reason = None
         if self.state != HEALTHY:

@@ -197,8 +197,11 @@ def _scraper(
                 router.record_counters(replica_id, counters, now)
 
     interval = cfg.routing.scrape_interval_ms / 1000.0
+    # one scrape may take longer than the interval (a busy vLLM serves /metrics late): each
+    # replica is polled by its own task, one scrape at a time, the view stale meanwhile
+    # (`routing.stale_after_s`: the router falls back to kvgate's own accounting)
     scraper = Scraper(client, on_sample, interval_s=interval,
-                      timeout_s=max(0.5, 4 * interval), clock=clock)
+                      timeout_s=cfg.routing.scrape_timeout_ms / 1000.0, clock=clock)
     for replica in by_id.values():
         scraper.add_target(replica.id, replica.url)
     return scraper

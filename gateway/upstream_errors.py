@@ -13,8 +13,8 @@ import orjson
 from gateway.errors import UpstreamError, error_body, type_for, unserved_route
 from gateway.sse import error_message
 
-__all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "openai_shaped", "unreadable",
-           "without_salt"]
+__all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "model_sleeping", "openai_shaped",
+           "unreadable", "without_salt"]
 
 ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its message
 
@@ -118,6 +118,16 @@ def error_in_success(body: bytes) -> str | None:
     if len(body) > _ERROR_BYTES or not _OPENS_ERROR.match(body):
         return None
     return error_message(body)
+
+
+# older vLLM's 503 for a request to a sleeping engine: its error's type (ModelSleepingError)
+# or its message saying the model is sleeping
+_SLEEPING = re.compile(rb"SleepingError|\b[Ii]s (?:currently )?(?:asleep|sleeping)\b")
+
+
+def model_sleeping(status: int, body: bytes) -> bool:
+    """vLLM's 503 for a sleeping model: the replica is asleep, not failing."""
+    return status == 503 and len(body) <= _ERROR_BYTES and _SLEEPING.search(body) is not None
 
 
 def unreadable(why: str) -> UpstreamError:

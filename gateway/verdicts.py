@@ -4,6 +4,8 @@ answered feeds the replica's health (`judge`):
 
 - vLLM's busy 503 ("engine is currently busy", "prefill token backlog"), or a 429 (from a
   limiter in front of the replica): a short back-off from new picks (`Replica.record_busy`);
+- vLLM's 503 for a sleeping model (older vLLM, `model_sleeping`): asleep, out of rotation
+  until a later request finds it awake (`Replica.record_sleeping`), not a failure;
 - 401/403: the replica refused kvgate's own credentials (a pool without the replica's
   ``--api-key``): down at once, as every request would fail there (the client gets a 502,
   `ReplicaRefused`);
@@ -43,6 +45,7 @@ from gateway.errors import REFUSED, KvgateError, UpstreamError
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.sse import StreamScanner
+from gateway.upstream_errors import model_sleeping
 
 __all__ = ["ENGINE_DIED", "alone_with_error_event", "busy_wait", "dead_event", "engine_died",
            "internal_error", "judge", "no_other_replica", "not_an_answer",
@@ -124,6 +127,9 @@ def judge(
     if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
         replica.record_busy(now, retry_seconds(retry_after))
         return "busy"
+    if model_sleeping(status, body):
+        replica.record_sleeping(now)
+        return "asleep"
     if status in REFUSED:
         if not replica.refusal_warned:  # one warning, not one per health cycle
             replica.refusal_warned = True

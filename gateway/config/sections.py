@@ -233,6 +233,10 @@ class RoutingSection(RouterConfig, _NoBoolForNumber):
     there; documented in routing/README.md), plus how often the gateway scrapes replicas."""
 
     scrape_interval_ms: Annotated[int, Field(gt=0)] = 250
+    # how long one scrape may take: vLLM serves /metrics on the event loop that serves its
+    # requests, late when saturated -- when its load matters most; the old bound, 4 intervals
+    # (1 s), failed exactly those. One replica's scrapes never overlap (`gateway/scrape.py`)
+    scrape_timeout_ms: Annotated[int, Field(gt=0)] = 5000
 
     @field_validator("policy")
     @classmethod

@@ -161,6 +161,9 @@ class RedisStore(TenantStore):
         self._journal_head: str | None = None  # the journal's newest entry at that generation
         self._listener: asyncio.Task[None] | None = None
         self._closing = False
+        # why writes are refused though every read works (a read-only replica: READONLY),
+        # as the probe of each `generation` check found; None while writes are taken
+        self._read_only: str | None = None
         # the addresses found throttled while nobody listened (`tell_throttles_to` takes
         # them), and the first read of those throttled before this process listened: done
         # (or failed), so an admin request need not wait for it
@@ -573,9 +576,30 @@ class RedisStore(TenantStore):
 
     # -- synchronisation ---------------------------------------------------------------------
     async def generation(self) -> int:
+        """The counter, read with a write that changes nothing (DEL of a key never set) in
+        the same round trip: a Redis turned read-only (a failover left KVGATE_REDIS_URL on the
+        old primary, now a replica) answers every read, in a MULTI too, and refuses only
+        writes (READONLY): no load told, and /readyz said nothing while admin writes failed.
+        A full Redis takes the DEL (it frees memory): that refusal is the loads' to tell."""
         with redis_unavailable():
-            raw = await self._r.get(self._k("gen"))
+            async with self._r.pipeline(transaction=False) as pipe:
+                pipe.get(self._k("gen"))
+                pipe.delete(self._k("write_probe"))
+                raw, probe = await pipe.execute(raise_on_error=False)
+        if isinstance(raw, Exception):
+            raise StoreUnreachable(failure_cause(raw))
+        self._judge_writes(probe)
         return counter(raw)
+
+    def _judge_writes(self, probe: object) -> None:
+        """Note a read-only Redis from the probe's reply, and forget it once writes pass."""
+        cause = failure_cause(probe) if isinstance(probe, RedisError) else None
+        if cause is not None and refusal_code(cause) == "READONLY":
+            self._read_only = self.refusing_writes = cause
+        elif self._read_only is not None and isinstance(probe, int):
+            if self.refusing_writes == self._read_only:
+                self.refusing_writes = None
+            self._read_only = None
 
     async def mark_seeded(self) -> None:
         mark = json.dumps({"id": secrets.token_hex(8), "at": time.time()})
@@ -723,7 +747,7 @@ class RedisStore(TenantStore):
                 async with self._r.pipeline(transaction=True) as pipe:
                     reads(pipe)
                     replies = list(await pipe.execute())
-                self.refusing_writes = None
+                self.refusing_writes = self._read_only  # (a full Redis reads in a MULTI no more)
                 return replies
             except ResponseError as exc:
                 if refusal_code(cause := failure_cause(exc)) != "OOM":

@@ -173,6 +173,8 @@ class TenantResolver:
     ) -> None:
         self._store = store
         self._reseed = reseed
+        # the seeding from configuration postponed at start (`seed_later`), until it is done
+        self._seed_due: Callable[[], Awaitable[object]] | None = None
         self._resets = 0
         self._wiped_at = float("-inf")  # when a wipe was last noticed (this clock)
         self._mark: str | None = None  # the store's bootstrap marker our state was read under
@@ -218,6 +220,28 @@ class TenantResolver:
     def reseed_with(self, reseed: Callable[[], Awaitable[object]]) -> None:
         """Watch the store's bootstrap marker and re-seed a wiped store with `reseed()`."""
         self._reseed = reseed
+
+    def seed_later(self, seed: Callable[[], Awaitable[object]]) -> None:
+        """The seeding from configuration failed at start (the store away or refusing): run
+        `seed()` at the first check that finds the store answering and taking writes. With
+        the store's bootstrap marker there nothing else seeded it: tenants added to the
+        configuration meanwhile waited for a restart. `seed` is idempotent (`bootstrap`:
+        what the store holds, admin changes included, stays)."""
+        self._seed_due = seed
+
+    async def _seed_postponed(self) -> None:
+        """Run the postponed seeding; a failure leaves it due at a later check (never the
+        load's: the store answers reads)."""
+        seed, self._seed_due = self._seed_due, None
+        if seed is None:
+            return
+        try:
+            await seed()
+        except BackendUnavailable as exc:
+            self._seed_due = seed
+            log.debug("tenancy seeding still postponed: %s", exc)
+        else:
+            log.info("tenancy store seeded from configuration (postponed at start)")
 
     async def start(self) -> None:
         """Load once (a failure leaves us degraded, not crashed) and start syncing."""
@@ -269,6 +293,8 @@ class TenantResolver:
                 # another marker than the one our state came from: wiped and re-seeded (by
                 # another gateway, perhaps), whatever the generation counter says now
                 wiped = mark != self._mark
+                if self._seed_due is not None and self._store.refusing_writes is None:
+                    await self._seed_postponed()
                 if wiped and self._mark is not None and mark != self._wipe_seen:
                     self._wipe_seen = mark
                     self._wiped(mark)
@@ -364,6 +390,7 @@ class TenantResolver:
             elif await self._store.restore(last):
                 self._restored = await self._store.seed_mark()
         await self._reseed()
+        self._seed_due = None  # (what was postponed at start is done too)
         return await self._store.seed_mark()
 
     async def _policy_lost(self, snap: StoreSnapshot) -> StoreSnapshot:

@@ -82,18 +82,21 @@ class Tenancy:
         async def reseed() -> BootstrapResult:
             return await bootstrap(self.store, tenants=seed, policy=policy)
 
-        try:
+        async def seed_and_say() -> None:
             seeded = await reseed()
+            # only a warning to give, or not (an unreadable one: the resolver says so)
+            with contextlib.suppress(BackendUnavailable, UnreadableRecord):
+                await _say_if_the_stored_policy_wins(self.store, policy)
+                await _say_if_stored_tenants_win(self.store, seed, seeded)
+
+        try:
+            await seed_and_say()
         except BackendUnavailable as exc:  # seeded by the resolver once the store answers
             if self.store.reach is not None and isinstance(exc, StoreUnreachable):
                 self.store.reach.failed(exc.cause)  # where and why, once
             else:
                 log.warning("tenancy bootstrap postponed: %s", exc)
-        else:
-            # only a warning to give, or not (an unreadable one: the resolver says so)
-            with contextlib.suppress(BackendUnavailable, UnreadableRecord):
-                await _say_if_the_stored_policy_wins(self.store, policy)
-                await _say_if_stored_tenants_win(self.store, seed, seeded)
+            self.resolver.seed_later(seed_and_say)  # (a wiped store is seeded anyway)
         self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()
