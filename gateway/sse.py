@@ -527,6 +527,14 @@ def _first_event(block: bytes) -> bytes:
     return block if end is None else block[:end.start()]
 
 
+# a data line of an error event: chat/completions' ``{"error": ...}`` (or vLLM's flat one), the
+# Responses API's ``{"type": "error", ...}`` and ``response.failed`` (its response's `error`);
+# the quotes are unescaped, so a model's text naming them (inside a JSON string) is no match
+_ERROR_LINE = re.compile(
+    rb'(?:^|[\r\n])data:[ \t]*\{[^\r\n]*?(?:"error"\s*:|"(?:object|type)"\s*:\s*"error")'
+    rb'[^\r\n]*')
+
+
 def _salt_hidden(block: bytes) -> bytes:
     """`block` with any `cache_salt` value its error events echo hidden: a replica's error
     event mid-stream, as its error answers (`gateway.upstream_errors.without_salt`), may echo
@@ -535,7 +543,7 @@ def _salt_hidden(block: bytes) -> bytes:
     # (imported here: gateway.upstream_errors reads this module's `error_message`)
     from gateway.upstream_errors import without_salt
 
-    return _ERROR_EVENT.sub(lambda m: without_salt(m.group()), block)
+    return _ERROR_LINE.sub(lambda m: without_salt(m.group()), block)
 
 
 def _last_event(block: bytes) -> bytes:

@@ -27,3 +27,17 @@ def test_a_models_text_naming_cache_salt_is_relayed_unchanged() -> None:
     text = f'{{"cache_salt": "{SALT}"}} is how the field is sent; an error" word too'
     chunk = event({"choices": [{"index": 0, "delta": {"content": text}}]})
     assert StreamScanner(strip_usage=False).feed(chunk) == chunk
+
+
+def test_a_responses_api_error_event_loses_the_salt() -> None:
+    """The Responses API's error events (``event: error``, ``response.failed``) echo alike."""
+    message = f"bad request {{'cache_salt': '{SALT}'}}"
+    error = b"event: error\n" + event({"type": "error", "code": "400", "message": message,
+                                       "param": None, "sequence_number": 2})
+    failed = b"event: response.failed\n" + event(
+        {"type": "response.failed", "sequence_number": 3,
+         "response": {"id": "r", "status": "failed", "error": {"code": "server_error",
+                                                                "message": message}}})
+    for block in (error, failed):
+        out = StreamScanner(strip_usage=False).feed(block)
+        assert SALT.encode() not in out and b"'cache_salt': '***'" in out
