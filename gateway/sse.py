@@ -352,10 +352,12 @@ class StreamScanner:
                     or _ODD_LATER.search(out) is not None
                     or _BARE_NAME.search(out) is not None):
             out = _plain_fields(out)
+        if b'error"' in out:  # cheap pre-check; a real error event is rare
+            if b"cache_salt" in out:  # an error echoing the request, the tenant's salt in it
+                out = _salt_hidden(out)
+            self._errors(out)
         if out and (out[0] not in _QUIET or not comment_only(out)):  # keep-alives aside
             self._last = out
-        if b'error"' in out:  # cheap pre-check; a real error event is rare
-            self._errors(out)
         return out
 
     def _errors(self, block: bytes) -> None:
@@ -523,6 +525,25 @@ def _first_event(block: bytes) -> bytes:
     """The first event of a block of whole events."""
     end = _SEP.search(block)
     return block if end is None else block[:end.start()]
+
+
+# a data line of an error event: chat/completions' ``{"error": ...}`` (or vLLM's flat one), the
+# Responses API's ``{"type": "error", ...}`` and ``response.failed`` (its response's `error`);
+# the quotes are unescaped, so a model's text naming them (inside a JSON string) is no match
+_ERROR_LINE = re.compile(
+    rb'(?:^|[\r\n])data:[ \t]*\{[^\r\n]*?(?:"error"\s*:|"(?:object|type)"\s*:\s*"error")'
+    rb'[^\r\n]*')
+
+
+def _salt_hidden(block: bytes) -> bytes:
+    """`block` with any `cache_salt` value its error events echo hidden: a replica's error
+    event mid-stream, as its error answers (`gateway.upstream_errors.without_salt`), may echo
+    the request, the salt the gateway put in it included; the events that are not errors (a
+    model's text) are left as they are."""
+    # (imported here: gateway.upstream_errors reads this module's `error_message`)
+    from gateway.upstream_errors import without_salt
+
+    return _ERROR_LINE.sub(lambda m: without_salt(m.group()), block)
 
 
 def _last_event(block: bytes) -> bytes:

@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args:  # a usage error: the usage goes where errors go
         print(_usage(), file=sys.stderr)
         return 2
-    if args[0] in ("-h", "--help") or args == ["help"]:
+    # (`kvgate help help`, `kvgate help --help`: the usage, as `kvgate help` prints it)
+    if args[0] in ("-h", "--help") or (args[0] == "help" and args[1:2] in (
+            [], ["help"], ["-h"], ["--help"])):
         print(_usage())
         return 0
     if args[0] == "help":  # `kvgate help serve`, as git and pip take it

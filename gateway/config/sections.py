@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.policy_doc import DEFAULT_TIER
+from gateway.policy_doc import DEFAULT_TIER, RESERVED_NAME, RESERVED_RULE
 from gateway.tenancy.models import NAME_PATTERN
 from gateway.tenancy.service import TenancySettings
 from routing.config import RouterConfig
@@ -311,6 +311,15 @@ class TenantBootstrap(_Section):
     id: Annotated[str, Field(pattern=NAME_PATTERN)]
     tier: str = DEFAULT_TIER
     salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        # as the admin API refuses it (`gateway.admin.schemas.TenantCreate`): a tenant named
+        # `none` had its requests counted with every request refused before its tenant was known
+        if value == RESERVED_NAME:
+            raise ValueError(RESERVED_RULE)
+        return value
 
 
 class EppSection(_Section):

@@ -1,0 +1,105 @@
+"""A replica's error event mid-stream that echoes the request no longer shows the tenant's
+`cache_salt` to the client.
+
+The whole error answers were masked (`gateway.upstream_errors.without_salt`), but an error
+event after a stream had begun was relayed as the replica sent it: a replica echoing the body
+it received (as vLLM's validation errors do, a Python repr of it) showed the client the salt
+the gateway derives for its tenant, in the SDK's APIError."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import openai
+import orjson
+import pytest
+from aiohttp import web
+
+from gateway.tenancy.salts import SaltDeriver
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
+from tests.support.procs import free_port
+
+ADMIN = "stream-salt-admin-token-0123456789"
+
+
+class StreamingEchoReplica:
+    """A replica whose every stream sends one token, then an error event whose message is
+    the body it received (a Python repr), then ``[DONE]``."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._loop = asyncio.new_event_loop()
+        self._runner: web.AppRunner | None = None
+
+    async def _post(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "a"},
+                              "finish_reason": None}]}
+        error = {"error": {"message": f"engine failed for request {body}",
+                           "type": "BadRequestError", "code": 400}}
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
+        return resp
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]})
+
+    async def _empty(self, _: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._empty)
+        app.router.add_get("/metrics", self._empty)
+        app.router.add_post("/v1/chat/completions", self._post)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    def __enter__(self) -> StreamingEchoReplica:
+        threading.Thread(target=self._loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._runner is not None:
+            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[tuple[str, str]]:
+    """(the gateway's base URL, a key of tenant `acme`)."""
+    with StreamingEchoReplica() as replica:
+        config = {"pools": {"p": {"served_model": "m",
+                                  "replicas": [f"http://127.0.0.1:{replica.port}"]}},
+                  "models": {"llama": {"default": "p"}},
+                  "tenants": [{"id": "acme", "tier": "default"}]}
+        gw, base = gateway_proc(config=config, auth=True, env={
+            "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
+        with gw.start(), admin_client(base, ADMIN) as admin:
+            yield base, admin.post("/tenants/acme/keys").json()["key"]
+
+
+def test_an_error_event_echoing_the_body_does_not_show_the_salt(
+        gateway: tuple[str, str]) -> None:
+    base, key = gateway
+    salt = SaltDeriver(AUTH_SECRET).derive("tenant:acme", 0)  # a configured tenant: epoch 0
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0)
+    tokens = []
+    with pytest.raises(openai.APIError) as caught:
+        for chunk in client.chat.completions.create(
+                model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+                stream=True):
+            tokens.append(chunk.choices[0].delta.content)
+    assert tokens == ["a"]  # the stream before the error is relayed
+    shown = f"{caught.value.message} {caught.value.body}"
+    assert "engine failed for request" in shown and "'cache_salt': '***'" in shown
+    assert salt not in shown
