@@ -32,13 +32,22 @@ _SALT_ECHO = re.compile(
     rb"""(cache_salt(?:\\?['"]\s*:\s*\\?['"]|, value=))[^'"\\),\s]+""")
 
 
+# a salt as kvgate derives it (`gateway.tenancy.salt`): 43 base64url characters or 64 hex
+# digits, standing alone. An error that names cache_salt may echo its value in shapes no
+# pattern of the key before it covers (escaped twice, `cache_salt = '...'`, the value in a
+# neighbouring field): every such token of it is hidden.
+_SALT_SHAPED = re.compile(
+    rb"(?<![A-Za-z0-9_-])(?:[A-Za-z0-9_-]{43}|[0-9a-fA-F]{64})(?![A-Za-z0-9_-])")
+
+
 def without_salt(body: bytes) -> bytes:
     """`body` with any `cache_salt` value it echoes replaced by ``***``: the salt is a secret
     derivation of the gateway's, never shown to a client (its own tenant's either)."""
     if b"cache_salt" not in body:
         return body
     hidden, n = _SALT_ECHO.subn(rb"\1***", body)
-    return hidden if n else body
+    hidden, m = _SALT_SHAPED.subn(b"***", hidden)
+    return hidden if n or m else body
 
 
 # of FastAPI's validation errors (`{"detail": [...]}`), the first few are named, each cut
@@ -106,7 +115,7 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
             message, param = _validation_errors(data["detail"])
     if not isinstance(message, str) or not message or len(message) > 500:
         message = f"The upstream replica answered {status}."
-    message = without_salt(message.encode()).decode()
+    message = _masked(message)
     return error_body(message, type_, status, param if isinstance(param, str) else None)
 
 
@@ -117,7 +126,14 @@ def error_in_success(body: bytes) -> str | None:
     proxied and the stored)."""
     if len(body) > _ERROR_BYTES or not _OPENS_ERROR.match(body):
         return None
-    return error_message(body)
+    message = error_message(body)
+    return None if message is None else _masked(message)
+
+
+def _masked(message: str) -> str:
+    """`without_salt` of a message (lone surrogates, which JSON escapes can make, kept)."""
+    return without_salt(message.encode("utf-8", "surrogatepass")).decode(
+        "utf-8", "surrogatepass")
 
 
 # older vLLM's 503 for a request to a sleeping engine: its error's type (ModelSleepingError)

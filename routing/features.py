@@ -6,7 +6,9 @@ block hash names its whole prefix, two tenants with different salts never share 
 depth, and only full blocks count.
 
 One exception, for chats: when a conversation's *opening* (its text up to the end of its first
-user message, `routing.canon.canonical_text_and_opening`) ends inside block 0, the chain's
+user message, `routing.canon.canonical_text_and_opening`) ends inside block 0, and is at least
+one vLLM cache block long (16 tokens: shorter, it is cached nowhere and "hi" would name every
+conversation that opens with it), the chain's
 first entry is a hash of the opening instead of block 0's, and a prompt shorter than a block
 has that one entry instead of none. Every turn of the conversation starts with its opening,
 so its turns share a first entry from the first turn on: without it a short conversation (a
@@ -27,12 +29,15 @@ from xxhash import xxh3_64_intdigest
 
 from routing.canon import canonical_text_and_opening
 from routing.config import RouterConfig
-from routing.tokens import count_tokens
+from routing.tokens import CHARS_PER_TOKEN, count_tokens
 from routing.types import RequestFeatures
 
 __all__ = ["block_hashes", "extract_features", "root_seed"]
 
 _OPENING = 0x6F70656E696E6721  # seeds a chat's opening apart from block 0 (any fixed bits)
+# an opening shorter than one of vLLM's cache blocks (16 tokens by default) is no cache at all
+# and names no conversation ("hi": every chat of a tenant opening so would share one entry)
+_MIN_OPENING = 16 * CHARS_PER_TOKEN
 
 
 def root_seed(model: str, salt: str) -> int:
@@ -71,7 +76,7 @@ def extract_features(
     text, opening = canonical_text_and_opening(body)
     seed = root_seed(model, salt)
     hashes = block_hashes(text, seed, config.block_chars, config.max_blocks)
-    if 0 < opening < config.block_chars:  # (module docstring) a short opening leads the chain
+    if _MIN_OPENING <= opening < config.block_chars:  # (module docstring)
         lead = xxh3_64_intdigest(text[:opening].encode("utf-8", "surrogatepass"), seed ^ _OPENING)
         hashes = (lead, *hashes[1:])
     return RequestFeatures(

@@ -14,6 +14,7 @@ from .helpers import CFG
 
 BC = CFG.block_chars
 SYSTEM = "You are a helpful assistant."
+QUESTION = "What is a KV cache, and why does it matter?"
 
 
 def _features(messages: list[dict[str, Any]], salt: str = "s", **body: Any) -> tuple[int, ...]:
@@ -34,8 +35,8 @@ def _turns(question: str, answers: int) -> list[list[dict[str, Any]]]:
 
 
 def test_every_turn_of_a_short_conversation_shares_the_first_entry() -> None:
-    chains = [_features(m) for m in _turns("What is a KV cache?", 5)]
-    texts = [canonical_text({"messages": m}) for m in _turns("What is a KV cache?", 5)]
+    chains = [_features(m) for m in _turns(QUESTION, 5)]
+    texts = [canonical_text({"messages": m}) for m in _turns(QUESTION, 5)]
     assert len(texts[0]) < BC < len(texts[-1])  # from shorter than a block to several
     assert len(chains[0]) == 1  # it had no chain
     assert len({c[0] for c in chains}) == 1
@@ -45,11 +46,11 @@ def test_every_turn_of_a_short_conversation_shares_the_first_entry() -> None:
 
 
 def test_conversations_with_other_openings_lead_with_other_entries() -> None:
-    a = _features(_turns("What is a KV cache?", 1)[1])
-    b = _features(_turns("What is paged attention?", 1)[1])
+    a = _features(_turns(QUESTION, 1)[1])
+    b = _features(_turns("What is paged attention, and why does it matter?", 1)[1])
     assert a[0] != b[0]
     # a tenant's salt seeds the opening too: tenants never share it
-    assert _features(_turns("What is a KV cache?", 0)[0], salt="t")[0] != a[0]
+    assert _features(_turns(QUESTION, 0)[0], salt="t")[0] != a[0]
 
 
 def test_an_opening_past_block_0_leaves_the_chain_as_it_was() -> None:
@@ -70,3 +71,13 @@ def test_the_opening_is_through_the_first_user_message() -> None:
     assert canonical_text_and_opening({"prompt": "hi"}) == ("hi", 0)
     assert extract_features({"prompt": "hi"}, model="m", salt="s", config=CFG).block_hashes == ()
     assert _features([{"role": "assistant", "content": "hello"}]) == ()
+
+
+def test_an_opening_shorter_than_a_vllm_block_leads_nothing() -> None:
+    """"hi" (no system prompt) is cached nowhere (vLLM caches 16-token blocks) and would name
+    every conversation of the tenant that opens with it: no entry, as before."""
+    assert _features([{"role": "user", "content": "hi"}]) == ()
+    turn2 = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x" * 300},
+             {"role": "user", "content": "go on"}]
+    text = canonical_text({"messages": turn2})
+    assert _features(turn2) == block_hashes(text, root_seed("m", "s"), BC, CFG.max_blocks)
