@@ -95,7 +95,7 @@ class Replica:
         "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
         "ejected_until", "ejections",
         "epoch", "failed", "failures", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
+        "fell_asleep", "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool",
         "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
         "sleep_said_until", "sleep_streak", "slow_probes", "stalled", "stalls", "state", "url",
@@ -157,6 +157,9 @@ class Replica:
         # one request tells whether it woke; None when its answers never said so
         self.sleep_said_until: float | None = None
         self.sleep_streak = 0
+        # its 503 said it fell asleep (`record_sleeping`, mid-request): its KV cache is gone as
+        # when a scrape says so; the next scrape reports it, for its prefixes to be forgotten
+        self.fell_asleep = False
         self.stalls = 0  # times it was found stalled (kvgate_replica_stalls_total)
         # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
         self.cuttable: set[Lease] = set()
@@ -200,11 +203,13 @@ class Replica:
         when its prefix cache is empty: ``"restarted"`` when its engine restarted since the
         last good one (its counters went back), ``"gone"`` when its process was found gone
         meanwhile (`lost_cache`: nothing listened at its address; the only sign where vLLM
-        exports no counters, ``--disable-log-stats``), else None. Also judges whether its
-        engine is stalled (`gateway.stall`)."""
+        exports no counters, ``--disable-log-stats``), ``"asleep"`` when it fell asleep (a
+        scrape said so, or its 503 since the last scrape: `fell_asleep`), else None. Also
+        judges whether its engine is stalled (`gateway.stall`)."""
         self._judge_progress(sample, now)
-        lost: Lost | None = "gone" if self.lost_cache else None
-        self.lost_cache = False
+        lost: Lost | None = ("gone" if self.lost_cache
+                             else "asleep" if self.fell_asleep else None)
+        self.lost_cache = self.fell_asleep = False
         if sample is None:
             return lost
         prev = self.scraped
@@ -232,8 +237,8 @@ class Replica:
         self.sleep_streak += 1
         wait = SLEEP_RECHECK_S * 2 ** min(self.sleep_streak - 1, 8)
         self.sleep_said_until = now + min(wait, SLEEP_RECHECK_MAX_S)
-        if not self.asleep:
-            self._judge_sleep(True)
+        if not self.asleep and self._judge_sleep(True):
+            self.fell_asleep = True
         self.reason = ASLEEP_SAID
 
     def _judge_sleep(self, asleep: bool) -> Lost | None:
