@@ -527,12 +527,13 @@ def _first_event(block: bytes) -> bytes:
     return block if end is None else block[:end.start()]
 
 
-# a data line of an error event: chat/completions' ``{"error": ...}`` (or vLLM's flat one), the
-# Responses API's ``{"type": "error", ...}`` and ``response.failed`` (its response's `error`);
-# the quotes are unescaped, so a model's text naming them (inside a JSON string) is no match
-_ERROR_LINE = re.compile(
-    rb'(?:^|[\r\n])data:[ \t]*\{[^\r\n]*?(?:"error"\s*:|"(?:object|type)"\s*:\s*"error")'
-    rb'[^\r\n]*')
+# an error event's data (its data lines joined, as a client joins them): chat/completions'
+# ``{"error": ...}`` (or vLLM's flat one), the Responses API's ``{"type": "error", ...}`` and
+# ``response.failed`` (its response's `error`); the quotes are unescaped, so a model's text
+# naming them (inside a JSON string) is no match
+_ERROR_DATA = re.compile(
+    rb'[ \t]*\{.*?(?:"error"\s*:|"(?:object|type)"\s*:\s*"error")', re.DOTALL)
+_LINE_END = re.compile(rb"(\r\n|\r|\n)")  # (each line's end kept)
 
 
 def _salt_hidden(block: bytes) -> bytes:
@@ -540,10 +541,36 @@ def _salt_hidden(block: bytes) -> bytes:
     event mid-stream, as its error answers (`gateway.upstream_errors.without_salt`), may echo
     the request, the salt the gateway put in it included; the events that are not errors (a
     model's text) are left as they are."""
+    parts = _SPLIT.split(block)  # each event, then its own end; what follows the last
+    out: list[bytes] = []
+    for event, end in zip(parts[:-1:2], parts[1::2], strict=True):
+        out += (_event_salt_hidden(event), end)
+    out.append(_event_salt_hidden(parts[-1]))
+    return b"".join(out)
+
+
+def _event_salt_hidden(event: bytes) -> bytes:
+    """One event, its echoed salt hidden when it is an error naming cache_salt. Judged and
+    masked on its data lines joined: SSE lets an event's data span several ``data:`` lines
+    (the client joins them with LF), and "cache_salt" may sit on one, its value on the next."""
     # (imported here: gateway.upstream_errors reads this module's `error_message`)
     from gateway.upstream_errors import without_salt
 
-    return _ERROR_LINE.sub(lambda m: without_salt(m.group()), block)
+    if b"cache_salt" not in event:
+        return event
+    pieces = _LINE_END.split(event)  # line, end, line, end, ..., line
+    at = [i for i in range(0, len(pieces), 2) if pieces[i].startswith(_DATA)]
+    heads = [5 + (pieces[i][5:6] == b" ") for i in at]  # "data:" and its one optional space
+    joined = b"\n".join(pieces[i][head:] for i, head in zip(at, heads, strict=True))
+    if _ERROR_DATA.match(joined) is None:
+        return event
+    hidden = without_salt(joined)
+    if hidden is joined:
+        return event
+    # as many lines as before: no LF is in what `without_salt` replaces or puts instead
+    for i, head, value in zip(at, heads, hidden.split(b"\n"), strict=True):
+        pieces[i] = pieces[i][:head] + value
+    return b"".join(pieces)
 
 
 def _last_event(block: bytes) -> bytes:
