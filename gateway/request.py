@@ -318,8 +318,8 @@ def scan_headers(headers: list[tuple[bytes, bytes]], new_id: Callable[[], bytes]
 
 
 def request_id(sent: bytes, new_id: Callable[[], bytes]) -> bytes:
-    """The client's X-Request-Id when sane (1 to 128 visible ASCII bytes), else a new one
-    (both edges, on every answer). Spaces and tabs are not sane: the id goes into kvgate's
+    """The client's X-Request-Id when sane (1 to 128 visible ASCII characters), else a new
+    one (both edges, on every answer). Spaces and tabs are not sane: the id goes into kvgate's
     request log, and in its text form (``key=value`` pairs) ``x tenant=other status=200``
     wrote fields of the client's choosing into the operator's log line."""
     if not sent or len(sent) > 128 or not _VISIBLE.fullmatch(sent):
