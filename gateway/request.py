@@ -190,6 +190,13 @@ class Uploads:
             self._by_owner[owner] = held + n
         self.pending += n
 
+    @staticmethod
+    def owner(req: ProxiedRequest | None) -> str | None:
+        """Whose share a request's body counts in: its tenant's with authentication on, None
+        without (one tenant, no share; a stored response's GET/cancel: no `req`). Both
+        edges: the Envoy edge's uploads filled the whole bound for every tenant."""
+        return req.tenant_id if req is not None and req.key_hash is not None else None
+
     def give(self, n: int, owner: str | None = None) -> None:
         self.pending -= n
         if owner is not None and owner in self._by_owner:

@@ -3,9 +3,10 @@
 Envoy runs the filter with request and response bodies in ``FULL_DUPLEX_STREAMED`` mode, so
 the picker may hold its answers: it answers nothing to the request headers and body chunks
 until the body is complete (at most ``server.max_body_bytes``; the bodies still arriving at
-most ``server.max_pending_body_bytes`` together, each ``server.body_timeout_s`` after its
-headers: 413, 503, 408 as at the HTTP edge), then runs the step the HTTP
-proxy runs (`gateway.prepare.Preparer`: tenant, admission, tier plan, body rewrite, pick)
+most ``server.max_pending_body_bytes`` together and half of it (or one whole body) for one
+tenant, each ``server.body_timeout_s`` after its headers: 413, 503, 408 as at the HTTP
+edge), then runs the step the HTTP proxy runs (`gateway.prepare.Preparer`: tenant,
+admission, tier plan, body rewrite, pick)
 and answers, in this order, the request headers (destination, new content length, the
 pool's credentials instead of the client's) and the rewritten body in chunks. A request
 kvgate refuses gets an immediate response in OpenAI's shape (401, 413, 429, 400, 404, 503).

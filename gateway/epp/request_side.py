@@ -26,7 +26,7 @@ from gateway.errors import (
 )
 from gateway.paths import canonical
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
-from gateway.request import ProxiedRequest, replica_id, request_id
+from gateway.request import ProxiedRequest, Uploads, replica_id, request_id
 from gateway.stored import (
     match_stored,
     wants_stream,
@@ -99,8 +99,9 @@ class RequestSide(ExchangeState):
         if self._size > self._core.cfg.server.max_body_bytes:
             return [self._refuse(self._too_large())]
         if not body.end_of_stream or self._chunks:  # arriving in parts: bounded, all together
-            try:  # (`server.max_pending_body_bytes`, a 503: as the HTTP edge's `read_body`)
-                self._core.uploads.take(len(body.body))
+            try:  # (`server.max_pending_body_bytes`, a 503: as the HTTP edge's `read_body`;
+                # a tenant's share of it too)
+                self._core.uploads.take(len(body.body), Uploads.owner(self.req))
             except UploadsFull as exc:
                 return [self._refuse(exc)]
             self._taken += len(body.body)

@@ -250,7 +250,8 @@ class EppApp(GatewayApp):
             stored=rt.proxy.stored,
             new_id=lambda: f"{prefix}{next(counter):016x}".encode(),
             fallbacks=self.cfg.epp.fallbacks,
-            uploads=Uploads(self.cfg.server.max_pending_body_bytes),
+            uploads=Uploads(self.cfg.server.max_pending_body_bytes,
+                            self.cfg.server.max_body_bytes),
             streaks=ErrorStreaks(self.cfg.health.failure_threshold),
         )
         server = grpc.aio.server(options=grpc_options(

@@ -138,7 +138,7 @@ class ExchangeState:
     def _uploaded(self) -> None:
         """The body is in (or never will be): its bytes no longer count as arriving."""
         if self._taken:
-            self._core.uploads.give(self._taken)
+            self._core.uploads.give(self._taken, Uploads.owner(self.req))
             self._taken = 0
 
     def _refuse(self, exc: KvgateError) -> pb.ProcessingResponse:
