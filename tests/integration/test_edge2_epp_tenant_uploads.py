@@ -65,9 +65,17 @@ def _upload(base: str, key: str, body: bytes) -> socket.socket:
 
 
 def _answered(socks: list[socket.socket]) -> bytes:
-    """The first bytes any of `socks` was answered with (b"": none answered yet)."""
+    """The answer's head and body one of `socks` got (b"": none answered yet)."""
     ready, _, _ = select.select(socks, [], [], 0)
-    return ready[0].recv(65536) if ready else b""
+    if not ready:
+        return b""
+    got = ready[0].recv(65536)
+    head, _, body = got.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+                   if line.startswith(b"content-length:")), 0)
+    while len(body) < length and (more := ready[0].recv(65536)):
+        got, body = got + more, body + more
+    return got
 
 
 def test_one_tenants_unfinished_uploads_leave_room_for_the_others(
