@@ -184,7 +184,7 @@ class Proxy:
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads,
-                               req.tenant_id if req.key_hash is not None else None)
+                               Uploads.owner(req))
         if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
             raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then
