@@ -30,6 +30,7 @@ from gateway.admin.live import LiveViews
 from gateway.admin.writes import read_your_writes
 from gateway.asgi import ASGIApp
 from gateway.config import KvgateConfig, auth_secret
+from gateway.config.selfloop import running_ports
 from gateway.doctor import build_doctor
 from gateway.doctor.flowq import flow_queues
 from gateway.doctor.service import Doctor
@@ -259,7 +260,8 @@ def _admin_app(
     deps = AdminDeps(tenancy.store, tokens, replicas=live.replicas, explain=live.explain,
                      doctor=doctor.report,
                      policy_in_force=lambda: (resolver.policy, resolver.policy_source),
-                     guard=AuthGuard.share_of(cfg.server.workers))
+                     guard=AuthGuard.share_of(cfg.server.workers),
+                     listen_host=cfg.server.host, own_ports=running_ports(cfg))
     metrics.registry.register(AuthGuardCollector(deps.guard))
     admin = read_your_writes(create_admin_app(
         deps, openapi_url="/admin/openapi.json", docs_url="/admin/docs"),

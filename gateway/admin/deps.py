@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -43,6 +43,11 @@ class AdminDeps:
     clock: Callable[[], float] = time.time  # wall clock for audit timestamps
     guard: AuthGuard = field(default_factory=AuthGuard)  # failed-auth throttle and counters
     policy_in_force: InForce | None = None
+    # where this gateway listens (`server.host`) and its ports by setting: a policy write
+    # naming a replica there is refused, as at start (`gateway.config.selfloop`); no ports:
+    # nothing checked
+    listen_host: str = "127.0.0.1"
+    own_ports: Mapping[int, str] = field(default_factory=dict)
 
 
 async def maybe_await(value: Any) -> Any:

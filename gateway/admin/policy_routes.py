@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Header
 from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import CHECK_TRIES, AdminContext
+from gateway.config.selfloop import own_address_lines
 from gateway.errors import (
     BadRequest,
     Conflict,
@@ -189,6 +190,7 @@ async def _store(
     doc = _parsed(document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
+    await _refuse_own_address(ctx, doc)
     async with ctx.audited(who, action, "policy") as audit:
         snap = await _put_checked(ctx, doc, expected, keep_unknown)
         audit.add(version=snap.version)
@@ -229,6 +231,20 @@ async def _patch_in_turn(
             # no version got a 412 for a version it never sent)
     raise Conflict("the policy document kept changing while this patch was merged into "
                    "it; retry")
+
+
+async def _refuse_own_address(ctx: AdminContext, doc: PolicyDoc) -> None:
+    """A replica at this gateway's own address is refused, as `kvgate serve` refuses one at
+    start: every request sent to it would come back here, hop after hop. Checked against
+    the answering gateway's own host and ports (another gateway checks its own). A name is
+    resolved (up to 2 s) in a thread: a policy write pays it, the event loop does not."""
+    deps = ctx.deps
+    if not deps.own_ports:
+        return
+    pools = {name: pool.replicas for name, pool in doc.pools.items()}
+    loops = await asyncio.to_thread(own_address_lines, pools, deps.listen_host, deps.own_ports)
+    if loops:
+        raise BadRequest(loops[0], param=loops[0].partition(":")[0])
 
 
 def _parsed(document: Any) -> PolicyDoc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
 from gateway.policy_doc import RESERVED_NAME, RESERVED_RULE, Limits
@@ -23,6 +23,20 @@ def iso_time(ts: float) -> str:
     )
 
 
+def _refuse_reserved(value: str) -> str:
+    """`none` as a tenant id or salt-group name: refused (RESERVED_RULE). For a salt group
+    also because the CLI's `--salt-group none` means "leave the group" (null), so a group
+    named `none` could be made here but never set or told apart there."""
+    if value == RESERVED_NAME:
+        raise PydanticCustomError("reserved_name", RESERVED_RULE)
+    return value
+
+
+# a tenant's id or salt group's name, as the store takes them (`tenancy.models.Name`), but
+# never `none` (the store still reads one written before this rule)
+_NewName = Annotated[str, Field(pattern=NAME_PATTERN), AfterValidator(_refuse_reserved)]
+
+
 def audit_view(entry: AuditEntry) -> dict[str, Any]:
     return {**entry.model_dump(), "at": iso_time(entry.at)}
 
@@ -37,17 +51,10 @@ class NoFields(BaseModel):
 
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    id: Annotated[str, Field(pattern=NAME_PATTERN)]
+    id: _NewName
     tier: Annotated[str, Field(min_length=1, max_length=64)] = "default"  # as config tenants
     limits: Limits = Field(default_factory=Limits)
-    salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
-
-    @field_validator("id")
-    @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        if value == RESERVED_NAME:
-            raise PydanticCustomError("reserved_name", RESERVED_RULE)
-        return value
+    salt_group: _NewName | None = None
 
 
 class TenantPatch(BaseModel):
@@ -57,7 +64,7 @@ class TenantPatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tier: Annotated[str, Field(min_length=1, max_length=64)] | None = None
     limits: Limits | None = None
-    salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
+    salt_group: _NewName | None = None
 
     def changes(self) -> dict[str, object]:
         out: dict[str, object] = {}

@@ -312,11 +312,13 @@ class TenantBootstrap(_Section):
     tier: str = DEFAULT_TIER
     salt_group: Annotated[str, Field(pattern=NAME_PATTERN)] | None = None
 
-    @field_validator("id")
+    @field_validator("id", "salt_group")
     @classmethod
-    def _not_reserved(cls, value: str) -> str:
-        # as the admin API refuses it (`gateway.admin.schemas.TenantCreate`): a tenant named
-        # `none` had its requests counted with every request refused before its tenant was known
+    def _not_reserved(cls, value: str | None) -> str | None:
+        # as the admin API refuses them (`gateway.admin.schemas.TenantCreate`): a tenant named
+        # `none` had its requests counted with every request refused before its tenant was
+        # known; a salt group named `none` is one the CLI cannot set (`--salt-group none` is
+        # "no group")
         if value == RESERVED_NAME:
             raise ValueError(RESERVED_RULE)
         return value

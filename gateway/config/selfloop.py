@@ -14,13 +14,14 @@ import ipaddress
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from urllib.parse import urlsplit
 
 from gateway.config.model import KvgateConfig
 from gateway.urls import shown_url
 
-__all__ = ["EPP_HTTP_PORT", "epp_ports", "own_address_replicas", "serve_ports"]
+__all__ = ["EPP_HTTP_PORT", "epp_ports", "own_address_lines", "own_address_replicas",
+           "running_ports", "serve_ports"]
 
 EPP_HTTP_PORT = 9090  # `kvgate epp`'s HTTP port when server.admin_port is unset
 _ANY = ("0.0.0.0", "::", "")  # a listener on every address: loopback included
@@ -41,16 +42,31 @@ def epp_ports(cfg: KvgateConfig) -> dict[int, str]:
     return {port: name for port, name in ports.items() if port}
 
 
+def running_ports(cfg: KvgateConfig) -> dict[int, str]:
+    """The ports of the running process, from its configuration: `kvgate epp` runs with
+    `server.port` 0 (it has no API port), `kvgate serve` with the port it bound (its 0
+    replaced by then)."""
+    return epp_ports(cfg) if cfg.server.port == 0 else serve_ports(cfg)
+
+
 def own_address_replicas(cfg: KvgateConfig, ports: Mapping[int, str]) -> list[str]:
     """One line per listed replica whose address is one of `ports` on this gateway's listen
     address (discovered replicas are not known yet)."""
-    listed = [(name, url, urlsplit(url)) for name, pool in cfg.pools.items()
-              for url in pool.replicas]
+    pools = {name: pool.replicas for name, pool in cfg.pools.items()}
+    return own_address_lines(pools, cfg.server.host, ports)
+
+
+def own_address_lines(
+    pools: Mapping[str, Sequence[str]], listen_host: str, ports: Mapping[int, str]
+) -> list[str]:
+    """`own_address_replicas` of replica URLs by pool (a policy document's too: the admin
+    API checks a write with it). It may resolve names, for up to `_RESOLVE_S`: blocking."""
+    listed = [(name, url, urlsplit(url)) for name, replicas in pools.items()
+              for url in replicas]
     on_ports = [(name, url, parts, port) for name, url, parts in listed
                 if (port := parts.port or (443 if parts.scheme == "https" else 80)) in ports]
     if not on_ports:
         return []
-    listen_host = cfg.server.host
     found = _resolved({parts.hostname or "" for _, _, parts, _ in on_ports} | {listen_host})
     out = []
     for name, url, parts, port in on_ports:
