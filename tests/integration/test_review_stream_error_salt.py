@@ -8,8 +8,6 @@ the gateway derives for its tenant, in the SDK's APIError."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import openai
@@ -19,19 +17,14 @@ from aiohttp import web
 
 from gateway.tenancy.salts import SaltDeriver
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.procs import free_port
+from tests.support.loop_replica import LoopReplica
 
 ADMIN = "stream-salt-admin-token-0123456789"
 
 
-class StreamingEchoReplica:
+class StreamingEchoReplica(LoopReplica):
     """A replica whose every stream sends one token, then an error event whose message is
     the body it received (a Python repr), then ``[DONE]``."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
 
     async def _post(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -45,33 +38,6 @@ class StreamingEchoReplica:
         await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         await resp.write(b"data: " + orjson.dumps(error) + b"\n\ndata: [DONE]\n\n")
         return resp
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]})
-
-    async def _empty(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._empty)
-        app.router.add_get("/metrics", self._empty)
-        app.router.add_post("/v1/chat/completions", self._post)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> StreamingEchoReplica:
-        threading.Thread(target=self._loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 @pytest.fixture(scope="module")

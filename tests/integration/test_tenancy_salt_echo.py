@@ -8,8 +8,6 @@ received, so the test sees exactly what the replica got and what the client was 
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 
 import openai
@@ -19,20 +17,18 @@ from aiohttp import web
 
 from gateway.tenancy.salts import SaltDeriver
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.procs import free_port
+from tests.support.loop_replica import LoopReplica
 
 ADMIN = "salt-echo-admin-token-0123456789"
 
 
-class EchoingReplica:
+class EchoingReplica(LoopReplica):
     """A replica whose every POST is vLLM's 400 for a failed request validator, the received
     body in its message (as a Python repr, as FastAPI renders it); `bodies` are what came."""
 
     def __init__(self) -> None:
-        self.port = free_port()
+        super().__init__()
         self.bodies: list[dict[str, object]] = []
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
 
     async def _post(self, request: web.Request) -> web.Response:
         body = orjson.loads(await request.read())
@@ -43,33 +39,6 @@ class EchoingReplica:
         return web.json_response(
             {"error": {"message": message, "type": "Bad Request", "param": None, "code": 400}},
             status=400)
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response(
-            {"object": "list", "data": [{"id": "m", "object": "model", "max_model_len": 4096}]})
-
-    async def _empty(self, _: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def _start(self) -> None:
-        app = web.Application()
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._empty)
-        app.router.add_get("/metrics", self._empty)
-        app.router.add_post("/v1/chat/completions", self._post)
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    def __enter__(self) -> EchoingReplica:
-        threading.Thread(target=self._loop.run_forever, daemon=True).start()
-        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._runner is not None:
-            asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
 
 
 @pytest.fixture(scope="module")
