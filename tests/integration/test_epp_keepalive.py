@@ -48,9 +48,9 @@ LONG = {"model": MODEL, "prompt": "x", "max_tokens": 800, "ignore_eos": True}
 LONGER = {**LONG, "max_tokens": 20_000}
 
 
-def _start(procs: list[Proc], edit: Any = None,
-           health: dict[str, Any] | None = None) -> tuple[EppProc, str]:
-    sim, url = sim_proc(None, "--time-scale", "1", model=MODEL)
+def _start(procs: list[Proc], edit: Any = None, health: dict[str, Any] | None = None,
+           sim_args: tuple[str, ...] = ()) -> tuple[EppProc, str]:
+    sim, url = sim_proc(None, "--time-scale", "1", *sim_args, model=MODEL)
     procs.append(sim.start())
     epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}},
                            "health": {**FAST_HEALTH, **(health or {})}})
@@ -121,8 +121,10 @@ def test_a_frozen_envoy_lets_go_of_its_exchanges(procs: list[Proc]) -> None:
 
 def test_a_frozen_envoy_is_not_the_replicas_stall(procs: list[Proc]) -> None:
     # a short whole answer: the replica is done with it in a moment, its counters then still
-    # while the frozen Envoy holds the answer (or the request, if it froze before sending it)
-    epp, base = _start(procs, health={"stall_after_s": 4})
+    # while the frozen Envoy holds the answer. The replica starts on it 1.5 s after it came
+    # (the simulator's latency fault), so Envoy is frozen before the answer can pass: without
+    # it a loaded machine froze Envoy after the 20 tokens had gone through (a 200)
+    epp, base = _start(procs, health={"stall_after_s": 4}, sim_args=("--latency-ms", "1500"))
     envoy = procs[-1]
     assert envoy.popen is not None
     short = {**LONG, "max_tokens": 20}
