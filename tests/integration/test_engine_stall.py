@@ -189,8 +189,14 @@ def test_every_worker_finds_the_stall_and_retries_its_own_requests(
 
         replicas = asyncio.run(eight())
         assert all(r.endswith(good.removeprefix("http://")) for r in replicas), replicas
-        stalls = metric_values(base, "kvgate_replica_stalls_total")
-        assert sum(v for k, v in stalls.items() if hung.removeprefix("http://") in k) >= 1
+
+        def stalls() -> float:
+            found = metric_values(base, "kvgate_replica_stalls_total")
+            return sum(v for k, v in found.items() if hung.removeprefix("http://") in k)
+
+        # /metrics answers with the other worker's series as it last wrote them (up to ~1 s
+        # old): the stall a worker found shows within a moment, not at once
+        wait_for(lambda: stalls() >= 1, timeout=20, what="the stall counted")
 
 
 def test_a_client_reading_slowly_does_not_make_an_idle_engine_stalled(
