@@ -8,6 +8,7 @@ chain (`routing.features`). Real redis-server, gateways and simulators, the open
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import openai
@@ -32,8 +33,10 @@ def test_short_conversations_alternating_between_gateways_keep_their_replica(
                                  timeout=30) for b in bases]
         for c in range(5):
             messages: list[ChatCompletionMessageParam] = [
-                {"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": f"Question from user {c}: what is topic {c}?"}]
+                {"role": "system", "content": "You are a helpful assistant. Answer briefly, "
+                 "in plain words, and say so when you do not know."},
+                {"role": "user", "content": f"Question from user {c}: what is topic {c}, "
+                 "and where can I read more about it?"}]
             seen = []
             for t in range(6):
                 raw = clients[t % 2].chat.completions.with_raw_response.create(
@@ -42,4 +45,5 @@ def test_short_conversations_alternating_between_gateways_keep_their_replica(
                 messages += [{"role": "assistant",
                               "content": raw.parse().choices[0].message.content or ""},
                              {"role": "user", "content": f"And after that, point {t}?"}]
+                time.sleep(0.05)  # a client reads its answer: past the gateways' sync window
             assert len(set(seen)) == 1, seen  # every turn on the first turn's replica
