@@ -16,8 +16,8 @@ import pytest
 from aiohttp import web
 
 from gateway.tenancy.salts import SaltDeriver
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.loop_replica import LoopReplica
+from tests.support.gateway import AUTH_SECRET
+from tests.support.loop_replica import LoopReplica, acme_gateway
 
 ADMIN = "salt-echo-admin-token-0123456789"
 
@@ -44,16 +44,8 @@ class EchoingReplica(LoopReplica):
 @pytest.fixture(scope="module")
 def echoed() -> Iterator[tuple[EchoingReplica, str, str]]:
     """(the replica, the gateway's base URL, a key of tenant `acme`)."""
-    with EchoingReplica() as replica:
-        config = {"pools": {"p": {"served_model": "m",
-                                  "replicas": [f"http://127.0.0.1:{replica.port}"]}},
-                  "models": {"llama": {"default": "p"}},
-                  "tenants": [{"id": "acme", "tier": "default"}]}
-        gw, base = gateway_proc(config=config, auth=True, env={
-            "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
-        with gw.start(), admin_client(base, ADMIN) as admin:
-            key = admin.post("/tenants/acme/keys").json()["key"]
-            yield replica, base, key
+    with EchoingReplica() as replica, acme_gateway(replica, ADMIN) as (base, key):
+        yield replica, base, key
 
 
 @pytest.mark.parametrize("stream", [False, True])

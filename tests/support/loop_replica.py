@@ -5,14 +5,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Self
 
 from aiohttp import web
 
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
 from tests.support.procs import free_port
 
-__all__ = ["LoopReplica"]
+__all__ = ["LoopReplica", "acme_gateway"]
 
 
 class LoopReplica:
@@ -54,3 +57,16 @@ class LoopReplica:
         if self._runner is not None:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+@contextlib.contextmanager
+def acme_gateway(replica: LoopReplica, admin_token: str) -> Iterator[tuple[str, str]]:
+    """A gateway with authentication in front of ``replica`` (model ``llama``): its base URL
+    and a key of its one tenant, ``acme`` (salt secret `AUTH_SECRET`, salt epoch 0)."""
+    config = {"pools": {"p": {"served_model": "m", "replicas": [replica.url]}},
+              "models": {"llama": {"default": "p"}},
+              "tenants": [{"id": "acme", "tier": "default"}]}
+    gw, base = gateway_proc(config=config, auth=True, env={
+        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": admin_token})
+    with gw.start(), admin_client(base, admin_token) as admin:
+        yield base, admin.post("/tenants/acme/keys").json()["key"]
