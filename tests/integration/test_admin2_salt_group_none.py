@@ -9,30 +9,17 @@ known); a salt group is refused the same way, with the same rule.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.integration import test_admin_reserved_names
 from tests.integration.test_cli_own_address import kvgate
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.procs import free_port, sim_proc
+from tests.support.procs import free_port
 
-ADMIN = "salt-group-none-admin-token-0123"
+admin = test_admin_reserved_names.admin  # its gateway and admin client (a module fixture)
 RULE = ("'none' is reserved: it is the metric label and log value of requests refused before "
         "their tenant, tier and pool were known")
-
-
-@pytest.fixture(scope="module")
-def admin() -> Iterator[httpx.Client]:
-    sim, url = sim_proc(None, "--time-scale", "50", model="m")
-    config = {"pools": {"p": {"served_model": "m", "replicas": [url]}},
-              "models": {"llama": {"default": "p"}}}
-    gw, base = gateway_proc(config=config, auth=True, env={
-        "KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
-    with sim, gw, admin_client(base, ADMIN) as client:
-        yield client
 
 
 def _refused(r: httpx.Response) -> None:
