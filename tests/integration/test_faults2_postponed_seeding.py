@@ -8,12 +8,11 @@ redis-server, real gateways, the openai client."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 import openai
 
-from gateway.tenancy import connect_redis
+from tests.integration.test_faults2_redis_read_only import _replica_of
 from tests.support.gateway import (
     AUTH_SECRET,
     acme_gateway,
@@ -26,17 +25,6 @@ from tests.support.procs import Proc, free_port, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
 ADMIN = "postponed-seed-admin-token-01234"
-
-
-def _replica_of(url: str, port: int | None) -> None:
-    async def go() -> None:
-        r = connect_redis(url)
-        if port is None:
-            await r.replicaof("NO", "ONE")
-        else:
-            await r.replicaof("127.0.0.1", port)
-        await r.aclose()
-    asyncio.run(go())
 
 
 def test_a_seeding_postponed_at_start_is_done_once_the_store_takes_writes(
