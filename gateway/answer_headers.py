@@ -32,9 +32,13 @@ Envoy drops the hop-by-hop ones, not the names ``connection`` lists, and sets th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-__all__ = ["passes", "removed", "without_listed"]
+__all__ = ["NO_RETRY", "no_retry", "passes", "removed", "without_listed"]
+
+# kvgate's hint on an answer retrying cannot help: the official SDKs read x-should-retry before
+# their status rules (which retry 408, 409, 429 and every 5xx)
+NO_RETRY = (b"x-should-retry", b"false")
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer",
                          b"transfer-encoding", b"upgrade", b"proxy-authenticate"})
@@ -89,3 +93,9 @@ def removed(names: Iterable[str], connection: str | None = None) -> list[str]:
                 and raw not in _FRAMING and raw not in _KVGATES):
             out.append(name)
     return out
+
+
+def no_retry(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """`headers` (a replica's passed ones) saying `NO_RETRY`, the replica's own hint left out
+    (two values would read to the SDK as neither, and it would retry)."""
+    return [*((k, v) for k, v in headers if k.lower() != NO_RETRY[0]), NO_RETRY]

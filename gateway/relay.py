@@ -19,6 +19,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
 
+from gateway.answer_headers import NO_RETRY, no_retry
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.error_streaks import ErrorStreaks
@@ -72,6 +73,20 @@ _SHARE_WAIT_S = 1.0  # = the write's own timeout
 _JSON = "application/json"
 # the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
 REQUEST_FAULT = "request_error_event"
+
+
+class RequestFailed(UpstreamError):
+    """A stream that failed with vLLM's 500 error event for its request on two replicas: the
+    request fails wherever it runs, a 502 the SDKs are told not to retry (theirs would run
+    the prompt again where it fails, after kvgate's own retry on another replica)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason=REQUEST_FAULT)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), NO_RETRY]
+
+
 def _total(usage: dict[str, int]) -> int:
     return usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
 
@@ -241,20 +256,21 @@ class Relay:
 
     def _suspect(
         self, req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float,
-    ) -> None:
+    ) -> KvgateError:
         """A stream that opened with vLLM's error event of code 500 for this request (not a
         dead engine's), judged as a whole internal 500 is (`Proxy._forward`): one other
         replica tries it and tells whose fault it is; a second one alike, or none other to
-        try it, is the request's answer (`REQUEST_FAULT`: no further try), no replica's
-        (`_acquit`)."""
+        try it, is the request's answer (`REQUEST_FAULT`: no further try; `RequestFailed`
+        after two), no replica's (`_acquit`). The failure to raise."""
         if req.suspect is not None:
             self._acquit(req, replica, now)
-        elif not no_other_replica(req.pool, replica, now):
+            return RequestFailed(failure.message)
+        if not no_other_replica(req.pool, replica, now):
             req.suspect = replica
-            return
-        else:
-            replica.count_failure()  # the only replica: counted, not charged
-        failure.reason = REQUEST_FAULT
+        else:  # the only replica: counted, not charged (one answer: the SDK may retry it)
+            replica.count_failure()
+            failure.reason = REQUEST_FAULT
+        return failure
 
     async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
         """The stream's head goes to the client with its first bytes, not with the replica's
@@ -300,7 +316,7 @@ class Relay:
                 # it is too large (another replica's would be as large)
                 now = self._clock()
                 if scanner.error_code == 500 and not dead_event(scanner):
-                    self._suspect(req, replica, failure, now)
+                    failure = self._suspect(req, replica, failure, now)
                 elif alone_with_error_event(req.pool, replica, scanner, now):
                     replica.count_failure()
                 elif not scanner.oversized:
@@ -368,6 +384,7 @@ class Relay:
         lease: Lease,
     ) -> bool:
         req.ctl.headers_received()
+        passed: Sequence[tuple[bytes, bytes]] = resp.passed
         try:
             data = await read_whole(resp, self._cfg.upstream.max_answer_bytes, req.ctl.touch)
         except TRANSPORT_ERRORS:
@@ -412,6 +429,7 @@ class Relay:
                 replica.count_failure()
             else:
                 self._acquit(req, replica, self._clock())
+                passed = no_retry(passed)  # the SDK's retries would fail alike
         elif (verdict := judge(replica, resp.status, data, self._clock(),
                                resp.retry_after)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
@@ -442,7 +460,7 @@ class Relay:
             wait = wait if req.busy_wait is None else min(wait, req.busy_wait)
         retry_after = relayed_retry_after(resp.status, resp.retry_after, wait)
         await self._answer(send, req, resp.status, data, content_type, retry_after,
-                           resp.passed)
+                           passed)
         return True
 
     async def relay_held(self, send: Send, req: ProxiedRequest, status: int, data: bytes) -> None:
