@@ -454,6 +454,8 @@ class Relay:
         elif resp.status >= 400 and (
                 shaped := openai_shaped(resp.status, data, req.path)) is not None:
             data, content_type = shaped, "application/json"
+        if resp.status == 501:  # vLLM's NotImplementedError: a feature the engine lacks, not
+            passed = no_retry(passed)  # a failure the SDK's retries (every 5xx) could outlast
         wait = None
         if resp.status == 429:  # the soonest of the replicas that answered it 429
             wait = busy_wait(replica, resp.retry_after, self._clock())

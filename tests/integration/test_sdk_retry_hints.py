@@ -20,6 +20,9 @@ from tests.support.loop_replica import LoopReplica
 _FAILED = {"error": {"message": "list index out of range", "type": "InternalServerError",
                      "param": None, "code": 500}}
 
+_UNSUPPORTED = {"error": {"message": "not supported with this engine",
+                          "type": "NotImplementedError", "param": None, "code": 501}}
+
 
 class FailingReplica(LoopReplica):
     """A replica answering every chat request with vLLM's per-request 500, counting them."""
@@ -31,6 +34,8 @@ class FailingReplica(LoopReplica):
     async def _post(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.posts += 1
+        if body.get("n") == 3:  # vLLM's NotImplementedError (a feature its engine lacks)
+            return web.json_response(_UNSUPPORTED, status=501)
         if not body.get("stream"):
             return web.json_response(_FAILED, status=500)
         # a stream: vLLM sends the head at once, then the error event and [DONE]
@@ -79,3 +84,19 @@ def test_a_stream_two_replicas_failed_alike_is_not_retried_by_the_sdk(
     assert "list index out of range" in caught.value.message
     assert caught.value.response.headers.get("x-should-retry") == "false"
     assert sum(r.posts for r in replicas) - before == 2
+
+
+def test_a_501_is_not_retried_by_the_sdk(
+        two_failing: tuple[str, list[FailingReplica]]) -> None:
+    """vLLM's 501 (a feature its engine lacks) is no failure another try outlasts: relayed,
+    the SDK retried it twice as any 5xx."""
+    base, replicas = two_failing
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=2, timeout=30)
+    before = sum(r.posts for r in replicas)
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(
+            model="llama", messages=[{"role": "user", "content": "hi"}], max_tokens=2, n=3)
+    assert caught.value.status_code == 501
+    assert caught.value.message.endswith("not supported with this engine")
+    assert caught.value.response.headers.get("x-should-retry") == "false"
+    assert sum(r.posts for r in replicas) - before == 1
