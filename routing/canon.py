@@ -35,13 +35,20 @@ def _content_text(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, list):
-        pieces = []
-        for part in content:
-            if isinstance(part, Mapping) and part.get("type") == "text":
-                pieces.append(str(part.get("text", "")))
-            else:
-                pieces.append(_stable_json(part))
-        return _PART.join(pieces)
+        # vLLM joins a message's text parts with a newline before the chat template sees them
+        # (entrypoints/chat_utils.py, the "string" content format), so ["A", "B"] as parts and
+        # "A\nB" as a string are one prompt and one KV cache: the same text here. A part that is
+        # not text keeps its own separator.
+        text = ""
+        last_was_text = False
+        for i, part in enumerate(content):
+            is_text = isinstance(part, Mapping) and part.get("type") == "text"
+            piece = str(part.get("text", "")) if is_text else _stable_json(part)
+            if i:
+                text += "\n" if is_text and last_was_text else _PART
+            text += piece
+            last_was_text = is_text
+        return text
     return _stable_json(content)
 
 

@@ -10,6 +10,13 @@ from routing.tokens import count_tokens
 from .helpers import CFG, chat, feats
 
 BC = CFG.block_chars
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+
+
+def canonical_json(value: object) -> str:
+    import orjson
+
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 @pytest.mark.parametrize(
@@ -85,6 +92,20 @@ def test_blocks_are_characters_not_bytes() -> None:
             {"prompt": "p", "temperature": 0.1, "max_tokens": 3},
             {"prompt": "p", "temperature": 0.9},
         ),
+        (  # vLLM joins text parts with a newline: one prompt, one KV cache, one route
+            {"messages": [{"role": "user", "content": "rules\nquestion"}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "rules"},
+                            {"type": "text", "text": "question"},
+                        ],
+                    }
+                ]
+            },
+        ),
     ],
 )
 def test_canonical_text_is_stable(left: dict[str, object], right: dict[str, object]) -> None:
@@ -111,6 +132,10 @@ def test_canonical_text_is_stable_across_json_whitespace() -> None:
         (
             {"messages": [{"role": "user", "content": "x"}]},
             {"messages": [{"role": "user", "content": "x", "name": "bob"}]},
+        ),
+        (  # an image part is not a line of text
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, IMAGE]}]},
+            {"messages": [{"role": "user", "content": "a\n" + canonical_json(IMAGE)}]},
         ),
     ],
 )
