@@ -10,6 +10,8 @@ possible (the body after the headers went upstream, or never; an answer path oth
 
 from __future__ import annotations
 
+import json
+import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -135,3 +137,32 @@ def test_modes_without_a_pick_are_refused_naming_the_mode(
     models = httpx.get(f"{base}/v1/models", timeout=30,
                        headers={"authorization": f"Bearer {picker.key}"})
     assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
+
+
+def test_a_buffered_body_not_in_in_time_is_the_408(procs: list[Proc]) -> None:
+    """Envoy holds a ``BUFFERED`` body until its end; the picker, which has answered the
+    headers, still bounds its arrival (`server.body_timeout_s`), as in the shipped mode."""
+    sim, url = sim_proc(None, model=MODEL)
+    procs.append(sim.start())
+    epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}},
+                           "server": {"body_timeout_s": 1}})
+    procs.append(epp.start())
+    envoy, base = envoy_proc(epp.picker, edit=_modes(request_body_mode="BUFFERED"))
+    procs.append(envoy.start())
+    host, port = base.removeprefix("http://").split(":")
+    body = json.dumps({"model": MODEL, "prompt": "never ends", "max_tokens": 2}).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: %d\r\n\r\n" % (len(body) + 100))
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+            if b"}}" in answer:
+                break
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert b"RequestTimeoutError" in rest and b"did not arrive in time" in rest
+    wait_for(lambda: set(metric_values(epp.base, "kvgate_inflight_requests").values())
+             == {0.0}, 30, "in-flight back to 0")
+    assert _seen(url) == []
