@@ -9,9 +9,10 @@ in one message, whose answer carries the destination as header mutations -- Envo
 body answer's header mutations in that mode only -- and the new body). ``STREAMED``,
 ``BUFFERED_PARTIAL`` and ``GRPC`` send the body after the headers went upstream, ``NONE``
 never: no pick is possible, so such a request is refused at its headers with a 500 naming
-the mode (it waited for the filter's ``message_timeout``, 1000 s, with no answer). The answer
-path needs ``FULL_DUPLEX_STREAMED`` (a stream's head is held until its first bytes, a whole
-answer until its end); any other response body mode is refused alike. A data plane that
+the mode (it waited ``server.body_timeout_s`` for the 408 "The request body did not arrive
+in time.", a ``BUFFERED`` body too). The answer path needs ``FULL_DUPLEX_STREAMED`` (a
+stream's head is held until its first bytes, a whole answer until its end: Envoy sends no
+body before the head is answered); any other response body mode is refused alike. A data plane that
 states no modes is taken to run the shipped ones.
 """
 

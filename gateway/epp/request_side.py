@@ -64,7 +64,7 @@ class RequestSide(ExchangeState):
         out = await self._asked(msg)
         if stated is not None and not (out and out[0].HasField("immediate_response")):
             wrong = unsupported(stated, not msg.request_headers.end_of_stream)
-            if wrong is not None:  # no answer would come: Envoy waited its message_timeout
+            if wrong is not None:  # no body would come: it waited for the body timeout's 408
                 _misconfigured(wrong.message)
                 self._pending = None
                 return [self._refuse(wrong)]

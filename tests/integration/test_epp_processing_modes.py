@@ -3,9 +3,10 @@
 ``BUFFERED`` request bodies (a data plane that buffers the body before the picker sees it)
 are served as ``FULL_DUPLEX_STREAMED`` ones: the picker answered nothing to the headers
 while it waited for the body, Envoy sent no body until the headers were answered, and the
-client waited for the filter's ``message_timeout`` (1000 s). Modes in which no pick is
-possible (the body after the headers went upstream, or never; an answer path other than
-``FULL_DUPLEX_STREAMED``) are a 500 at once naming the mode, nothing sent to a replica.
+client waited ``server.body_timeout_s`` (60 s) for a 408 (past the client's 30 s here).
+Modes in which no pick is possible (the body after the headers went upstream, or never; an
+answer path other than ``FULL_DUPLEX_STREAMED``) are a 500 at once naming the mode, nothing
+sent to a replica.
 """
 
 from __future__ import annotations
@@ -141,7 +142,8 @@ def test_modes_without_a_pick_are_refused_naming_the_mode(
 
 def test_a_buffered_body_not_in_in_time_is_the_408(procs: list[Proc]) -> None:
     """Envoy holds a ``BUFFERED`` body until its end; the picker, which has answered the
-    headers, still bounds its arrival (`server.body_timeout_s`), as in the shipped mode."""
+    headers, still bounds its arrival (`server.body_timeout_s`), as in the shipped mode. (It
+    did before too: that 408 was then every buffered request's answer.)"""
     sim, url = sim_proc(None, model=MODEL)
     procs.append(sim.start())
     epp = epp_proc(config={"pools": {"p": {"served_model": MODEL, "replicas": [url]}},
