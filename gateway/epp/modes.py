@@ -18,6 +18,7 @@ states no modes is taken to run the shipped ones.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -25,7 +26,11 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.errors import KvgateError
 
-__all__ = ["BUFFERED", "buffered_body", "modes", "unsupported"]
+__all__ = ["BUFFERED", "buffered_body", "headers_skipped", "misconfigured", "modes",
+           "unsupported"]
+
+log = logging.getLogger("gateway.epp")
+_said: set[str] = set()
 
 _MODE = ProcessingMode.BodySendMode
 BUFFERED = _MODE.Value("BUFFERED")
@@ -76,3 +81,21 @@ def buffered_body(answers: Sequence[pb.ProcessingResponse]) -> list[pb.Processin
     if head.HasField("dynamic_metadata"):
         out.dynamic_metadata.CopyFrom(head.dynamic_metadata)
     return [out]
+
+
+def misconfigured(message: str) -> None:
+    """Said once per process in the log (each request meets it alike)."""
+    if message not in _said:
+        _said.add(message)
+        log.error("%s", message)
+
+
+def headers_skipped() -> None:
+    """An answer's body came without its headers: the filter skips them
+    (``response_header_mode: SKIP``), which Envoy does not state. The answer passes, but the
+    picker never sees its status: counted as a client that left, no usage charged, no first
+    token learnt -- said in the log, as nothing else would show it."""
+    misconfigured("The gateway is misconfigured: its Envoy ext_proc filter skips the response "
+                  "headers (response_header_mode SKIP): the endpoint picker cannot see the "
+                  "answers' status, usage or first token (each is counted 499, no tokens "
+                  "charged); set it to SEND, see kvgate's docs/envoy.md.")

@@ -4,7 +4,6 @@ of `gateway.epp.exchange`)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
@@ -14,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
-from gateway.epp.modes import BUFFERED, modes, unsupported
+from gateway.epp.modes import BUFFERED, misconfigured, modes, unsupported
 from gateway.epp.modes import buffered_body as modes_buffered
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
@@ -37,16 +36,6 @@ from gateway.stored import (
 
 __all__ = ["RequestSide"]
 
-log = logging.getLogger("gateway.epp")
-_said: set[str] = set()
-
-
-def _misconfigured(message: str) -> None:
-    """Said once per process in the log (each such request is refused alike)."""
-    if message not in _said:
-        _said.add(message)
-        log.error("%s", message)
-
 
 class RequestSide(ExchangeState):
     """Who is asking and for what; where it goes."""
@@ -65,7 +54,7 @@ class RequestSide(ExchangeState):
         if stated is not None and not (out and out[0].HasField("immediate_response")):
             wrong = unsupported(stated, not msg.request_headers.end_of_stream)
             if wrong is not None:  # no body would come: it waited for the body timeout's 408
-                _misconfigured(wrong.message)
+                misconfigured(wrong.message)
                 self._pending = None
                 return [self._refuse(wrong)]
         if self._buffered and not out and not msg.request_headers.end_of_stream:

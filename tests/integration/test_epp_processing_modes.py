@@ -35,6 +35,7 @@ class Picker:
     base: str  # HTTP port: /metrics, admin API
     sim: str
     key: str
+    proc: Proc
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +52,7 @@ def picker() -> Iterator[Picker]:
             assert admin.post("/tenants", json={"id": "acme", "tier": "default"}) \
                 .status_code == 201
             key = admin.post("/tenants/acme/keys").json()["key"]
-        yield Picker(epp.picker, epp.base, url, key)
+        yield Picker(epp.picker, epp.base, url, key, epp)
     finally:
         for proc in reversed(procs):
             proc.stop()
@@ -168,3 +169,18 @@ def test_a_buffered_body_not_in_in_time_is_the_408(procs: list[Proc]) -> None:
     wait_for(lambda: set(metric_values(epp.base, "kvgate_inflight_requests").values())
              == {0.0}, 30, "in-flight back to 0")
     assert _seen(url) == []
+
+
+def test_skipped_response_headers_are_said_in_the_log(
+    picker: Picker, procs: list[Proc],
+) -> None:
+    """Envoy does not state the header modes: with the answers' headers skipped they pass, but
+    the picker never sees a status (each counted 499, no usage charged). Nothing showed it;
+    the log says it once."""
+    base = _envoy(procs, picker, response_header_mode="SKIP")
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=picker.key, max_retries=0,
+                           timeout=30)
+    done = client.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+    assert done.choices[0].text
+    wait_for(lambda: "response_header_mode SKIP" in picker.proc.output(None), 30,
+             "the misconfiguration in the picker's log")
