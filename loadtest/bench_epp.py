@@ -9,7 +9,8 @@ to ``loadtest/results/bench_epp.md``:
 
 - CPU per request (utime+stime from ``/proc``) of kvgate serve, of Envoy alone (round robin),
   of Envoy + a picker that does nothing (`loadtest.null_picker`: the ext_proc protocol's own
-  cost in Python) and of Envoy + kvgate epp (each process apart), non-streamed and streamed
+  cost in Python) and of Envoy + kvgate epp (each process apart; also with Envoy's ext_proc
+  filter buffering request bodies, ``BUFFERED``), non-streamed and streamed
   (16 tokens), at concurrency 16 and 64, with requests/s;
 - added p50/p99 latency and TTFT (first SSE event) against direct, replicas answering after
   100-200 ms;
@@ -82,6 +83,18 @@ def _plain_envoy(port: int, admin: int, endpoints: list[str]) -> dict[str, Any]:
     return config
 
 
+# the same picker behind an Envoy whose ext_proc filter buffers request bodies (a mode a
+# data plane may be set to; `gateway/epp/modes.py`)
+BUFFERED = "Envoy (BUFFERED request bodies) + kvgate epp"
+
+
+def _buffered(config: dict[str, Any]) -> None:
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    for http_filter in hcm["typed_config"]["http_filters"]:
+        if http_filter["name"] == "envoy.filters.http.ext_proc":
+            http_filter["typed_config"]["processing_mode"]["request_body_mode"] = "BUFFERED"
+
+
 @contextmanager
 def stack(replicas: int, time_scale: float) -> Iterator[tuple[list[str], list[Target]]]:
     cores = sorted(os.sched_getaffinity(0))
@@ -130,10 +143,12 @@ def stack(replicas: int, time_scale: float) -> Iterator[tuple[list[str], list[Ta
                      edge)
         targets = [Target("kvgate HTTP proxy", f"http://127.0.0.1:{http_port}",
                           {"kvgate": serve.pid})]
+        kvgate_epp = (grpc_port, epp.pid, "kvgate epp")
         for name, picker in (
             ("Envoy alone (round robin)", None),
             ("Envoy + null picker (protocol floor)", (null_port, null.pid, "null picker")),
-            ("Envoy + kvgate epp", (grpc_port, epp.pid, "kvgate epp")),
+            ("Envoy + kvgate epp", kvgate_epp),
+            (BUFFERED, kvgate_epp),
         ):
             port, admin = free_port(), free_port()
             if picker is None:
@@ -141,6 +156,8 @@ def stack(replicas: int, time_scale: float) -> Iterator[tuple[list[str], list[Ta
             else:
                 doc = envoy_config(listen_port=port, picker=f"127.0.0.1:{picker[0]}",
                                    listen_host="127.0.0.1", admin_port=admin)
+                if name == BUFFERED:
+                    _buffered(doc)
             path = Path(tmp) / f"envoy-{port}.yaml"
             path.write_text(render(doc))
             proc = start([envoy, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",

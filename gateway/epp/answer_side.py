@@ -15,6 +15,7 @@ from gateway.answer_headers import removed
 from gateway.epp import envoy_reply, wire
 from gateway.epp.deadlines import Deadlines
 from gateway.epp.local_reply import local_error
+from gateway.epp.modes import headers_skipped
 from gateway.epp.state import replica_key
 from gateway.errors import (
     REFUSED,
@@ -215,6 +216,8 @@ class AnswerSide(Deadlines):
         body = msg.response_body
         chunk, end = body.body, body.end_of_stream
         self._last = perf_counter()  # (the idle timeout's clock)
+        if self._lease is not None and self.req is not None and self.req.status == 0:
+            headers_skipped()  # (no answer's head came: the filter skips them)
         if self.sse:
             return self._stream_chunk(chunk, end)
         if self._held is not None:

@@ -13,6 +13,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
+from gateway.epp.modes import BUFFERED, misconfigured, modes, unsupported
+from gateway.epp.modes import buffered_body as modes_buffered
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
     BodyTooLarge,
@@ -44,7 +46,22 @@ class RequestSide(ExchangeState):
     async def request_headers(
         self, msg: pb.ProcessingRequest,
     ) -> Sequence[pb.ProcessingResponse]:
-        """Who is asking and for what; nothing is answered before the body (unless refused)."""
+        """Who is asking and for what; nothing is answered before the body (unless refused),
+        but in ``BUFFERED`` body mode, where the body answer says where it goes (`modes`)."""
+        stated = modes(msg)
+        self._buffered = stated is not None and stated[0] == BUFFERED
+        out = await self._asked(msg)
+        if stated is not None and not (out and out[0].HasField("immediate_response")):
+            wrong = unsupported(stated, not msg.request_headers.end_of_stream)
+            if wrong is not None:  # no body would come: it waited for the body timeout's 408
+                misconfigured(wrong.message)
+                self._pending = None
+                return [self._refuse(wrong)]
+        if self._buffered and not out and not msg.request_headers.end_of_stream:
+            return [wire.headers_response(request=True)]  # unchanged: the body's answer
+        return out
+
+    async def _asked(self, msg: pb.ProcessingRequest) -> Sequence[pb.ProcessingResponse]:
         core = self._core
         self._t0 = perf_counter()
         path, query, method, token, sent_id, declared, encoded, multipart, self._form = _scan(
@@ -107,6 +124,9 @@ class RequestSide(ExchangeState):
             self._taken += len(body.body)
         if body.body:
             self._chunks.append(body.body)
+        if self._buffered:  # the whole body, in one message (trailers may follow): answered
+            self._uploaded()  # with the destination, as one body answer
+            return modes_buffered(self._stored_body(end=True) or await self.decide(end=True))
         if not body.end_of_stream:
             return []
         self._uploaded()

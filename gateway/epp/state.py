@@ -63,7 +63,8 @@ class ExchangeState:
     """The state of one ext_proc stream (one HTTP request through Envoy); the sides of an
     exchange (`RequestSide`, `AnswerSide`, `Deadlines`) are mixins over it."""
 
-    __slots__ = ("_chunks", "_core", "_cut", "_details", "_form", "_head", "_held", "_held_bytes",
+    __slots__ = ("_buffered", "_chunks", "_core", "_cut", "_details", "_form", "_head", "_held",
+                 "_held_bytes",
                  "_held_declared", "_held_retry", "_held_status", "_held_type", "_holds", "_last",
                  "_lease", "_opening", "_passed", "_pending",
                  "_principal", "_removed", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
@@ -78,6 +79,8 @@ class ExchangeState:
         self._principal: Principal | None = None
         self._subset: Collection[str] | None = None
         self._chunks: list[bytes] = []
+        # the request body comes whole in one message (Envoy's BUFFERED mode, `modes`)
+        self._buffered = False
         self._form = False  # the body is declared a urlencoded form (`curl -d`'s, JSON too)
         self._size = 0
         self._taken = 0  # ... of them counted in `PickerCore.uploads` while the rest arrives
