@@ -49,7 +49,9 @@ class DnsDiscovery(WatcherBase):
         while True:
             try:
                 addresses = await self._resolve(cfg.name, cfg.port)
-            except OSError as exc:  # socket.gaierror included
+            # socket.gaierror is an OSError; a name the IDNA codec refuses (a label over 63
+            # characters) raises UnicodeError before any lookup: it ended this task unsaid
+            except (OSError, UnicodeError) as exc:
                 log.warning(
                     "dns discovery failed; keeping the last set",
                     extra={"pool": self.pool, "error": str(exc)[:200]},
