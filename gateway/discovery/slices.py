@@ -58,8 +58,15 @@ def slice_urls(obj: Mapping[str, Any], port: str | int, scheme: str) -> set[str]
 def urls_from_slices(
     slices: Iterable[Mapping[str, Any]], port: str | int, scheme: str
 ) -> frozenset[str]:
-    """The union over all slices of a Service (a Service may have many, per address family)."""
+    """The union over all slices of a Service (a Service may have many). A dual-stack
+    Service has slices of both address families, each pod in one of each: only the IPv4
+    ones count then, or every pod was two replicas (its load and prefix affinity split in
+    two, its capacity counted twice; vLLM listens on IPv4 unless told otherwise)."""
+    slices = list(slices)
+    families = {obj.get("addressType") for obj in slices}
+    both = {"IPv4", "IPv6"} <= families
     urls: set[str] = set()
     for obj in slices:
-        urls |= slice_urls(obj, port, scheme)
+        if not (both and obj.get("addressType") == "IPv6"):
+            urls |= slice_urls(obj, port, scheme)
     return frozenset(urls)
