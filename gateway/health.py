@@ -58,19 +58,34 @@ class HealthMonitor:
 
     async def poll_once(self) -> None:
         checks = [
-            self._check(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
+            self._guarded(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
         ]
         # a replica that left its pool with requests still waiting there for their answer to
         # start (its pod not ready: hung, frozen) is checked until they are over: found down,
         # they are cut and tried elsewhere (`Replica.mark_down`), as in its pool; unchecked,
         # they waited for their first-byte timeout (5 minutes by default)
-        checks += [self._check(pool, r, draining=True) for r in self._pools.draining
+        checks += [self._guarded(pool, r, draining=True) for r in self._pools.draining
                    if r.inflight_prefill > 0 and (pool := self._pools.pool_of(r)) is not None]
         present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
         self._wrong_model &= present
         await asyncio.gather(*checks)
+
+    async def _guarded(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
+        """`_check`, its failure of an unforeseen kind that replica's alone: it is down (its
+        checks go on). One such exception (a host name the resolver raised `UnicodeError`
+        on, from a policy stored before names were checked) ended this task: no replica of
+        any pool was checked again, the down ones never came back."""
+        try:
+            await self._check(pool, replica, draining)
+        except Exception as exc:  # any kind: the other replicas' checks must go on
+            reason = f"/health: {type(exc).__name__}"
+            if replica.reason != reason:  # (once per run of such failures)
+                log.error("replica health check failed", extra={
+                    "pool": pool.name, "replica": replica.id, "reason": reason})
+            replica.reason = reason
+            replica.mark_down(self._clock(), request=False)
 
     async def _check(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
         if not replica.probe_due(self._clock()):

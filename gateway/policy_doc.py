@@ -24,6 +24,7 @@ from pydantic import (
 
 from gateway.discovery.config import parse_discovery
 from gateway.errors import NAME_CHARS, shown_name
+from gateway.replica_url import url_problem
 from gateway.replicas import replica_id
 from gateway.urls import shown_url
 from routing.flow.config import DEFAULT_MAX_WAIT_S, DEFAULT_MIN_SHARE
@@ -348,6 +349,9 @@ def check_replicas_distinct(doc: PolicyDoc) -> None:
     for name, pool in doc.pools.items():
         here: set[str] = set()
         for url in pool.replicas:
+            if (problem := url_problem(url)) is not None:  # (one kvgate could not reach)
+                raise PolicyValidationError(f"pools.{name}.replicas",
+                                            f"{shown_url(url)!r}: {problem}")
             rid = replica_id(url)
             if rid in here:  # two replicas of one id: the router and scrapes would mix them
                 raise PolicyValidationError(

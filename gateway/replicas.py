@@ -465,6 +465,7 @@ class Replica:
                    else f"{self.failures} requests failed in a row"
                    if self.failures >= p.failure_threshold
                    else f"{failed} of its last {p.window} requests failed")
+            self.reason = why  # for operators (/readyz, GET /admin/replicas, the doctor)
             log.warning("replica ejected: %s; back in %g s at the earliest", why,
                         self.ejected_until - now, extra={"pool": self.pool, "replica": self.id})
 

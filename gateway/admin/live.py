@@ -58,6 +58,10 @@ class LiveViews:
                 "pool": pool.name, "served_model": pool.served_model,
                 "priority": bool(prio and prio.priority),
                 "replicas": [self._replica(r, now, peers) for r in pool.replicas],
+                # left the pool (policy, discovery), requests still in flight: an operator
+                # scaling down waits for this to empty before stopping the process
+                "draining": [self._replica(r, now, peers) for r in self._pools.draining
+                             if r.pool == pool.name],
             }
             if self.flow is not None:  # flow control's queue for this pool
                 entry["flow"] = pool_state(self.flow, pool, now)

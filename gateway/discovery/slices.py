@@ -1,7 +1,8 @@
 """EndpointSlice objects → replica URLs (pure; no I/O).
 
 Field meanings are from the discovery.k8s.io/v1 API reference: an endpoint's
-``conditions.ready`` left unset means "unknown", which consumers should treat as ready;
+``conditions.ready`` left unset means "unknown", which consumers should treat as ready, and
+``conditions.terminating`` true means the pod is going away, whatever ``ready`` says;
 ``addresses`` of one endpoint are fungible, so the first one is used; a slice's ``ports``
 name the Service port they back (``name`` is empty for a single unnamed port).
 """
@@ -30,7 +31,14 @@ def slice_port(obj: Mapping[str, Any], port: str | int) -> int | None:
 
 
 def _is_ready(endpoint: Mapping[str, Any]) -> bool:
-    ready = (endpoint.get("conditions") or {}).get("ready")
+    conditions = endpoint.get("conditions") or {}
+    # a terminating pod takes no new request even where `ready` says true: a Service with
+    # `publishNotReadyAddresses` (a headless one of a StatefulSet) reports every endpoint
+    # ready, terminating ones too, and a rolling restart's old pod kept drawing requests
+    # until its process was gone (the requests it took then failed)
+    if conditions.get("terminating") is True:
+        return False
+    ready = conditions.get("ready")
     return ready is None or ready is True
 
 
@@ -50,8 +58,15 @@ def slice_urls(obj: Mapping[str, Any], port: str | int, scheme: str) -> set[str]
 def urls_from_slices(
     slices: Iterable[Mapping[str, Any]], port: str | int, scheme: str
 ) -> frozenset[str]:
-    """The union over all slices of a Service (a Service may have many, per address family)."""
+    """The union over all slices of a Service (a Service may have many). A dual-stack
+    Service has slices of both address families, each pod in one of each: only the IPv4
+    ones count then, or every pod was two replicas (its load and prefix affinity split in
+    two, its capacity counted twice; vLLM listens on IPv4 unless told otherwise)."""
+    slices = list(slices)
+    families = {obj.get("addressType") for obj in slices}
+    both = {"IPv4", "IPv6"} <= families
     urls: set[str] = set()
     for obj in slices:
-        urls |= slice_urls(obj, port, scheme)
+        if not (both and obj.get("addressType") == "IPv6"):
+            urls |= slice_urls(obj, port, scheme)
     return frozenset(urls)

@@ -53,6 +53,16 @@ def test_slice_port(ports: Any, want: str | int, expected: int | None) -> None:
                                                         "terminating": True}}],
             set(),  # a terminating pod still serving gets no new requests
         ),
+        (
+            [{"addresses": ["10.0.0.1"], "conditions": {"ready": True, "serving": True,
+                                                        "terminating": True}}],
+            set(),  # publishNotReadyAddresses: terminating, though reported ready
+        ),
+        ([{"addresses": ["10.0.0.1"], "conditions": {"terminating": True}}], set()),
+        (
+            [{"addresses": ["10.0.0.1"], "conditions": {"ready": True, "terminating": False}}],
+            {"http://10.0.0.1:8000"},
+        ),
         (None, set()),
     ],
 )

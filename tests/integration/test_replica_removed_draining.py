@@ -1,0 +1,56 @@
+"""A replica a policy write removes while it streams finishes its stream, and the admin API
+shows it draining until its last request ends.
+
+`GET /admin/replicas` listed a pool's current replicas only: one removed with a stream in
+flight vanished from it at once, and an operator scaling down could not tell when its process
+could be stopped without cutting a client (its streams still ran there). Now each pool lists
+`draining`: the replicas that left it and still have requests in flight, in the replicas'
+shape, until the last one ends.
+"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from tests.support.gateway import admin_client, gateway_proc, wait_for
+from tests.support.procs import sim_proc
+
+ADMIN = "replica-draining-admin-token-00"
+MERGE = {"content-type": "application/merge-patch+json"}
+
+
+def test_a_removed_replica_streams_on_and_shows_draining() -> None:
+    # slow generation: the stream is still running after the policy write
+    sims = [sim_proc(None, "--time-scale", "1", model="m") for _ in range(2)]
+    urls = [url for _, url in sims]
+    config = {"pools": {"p": {"served_model": "m", "replicas": urls}},
+              "models": {"llama": {"default": "p"}}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    body = {"model": "llama", "stream": True, "max_tokens": 300, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "tell a long story"}]}
+    with sims[0][0], sims[1][0], gw, admin_client(base, ADMIN) as admin, \
+            httpx.Client(timeout=60) as client, \
+            client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        rid = resp.headers["x-kvgate-replica"].split("/", 1)[1]
+        kept = next(u for u in urls if not u.endswith(rid.rsplit(":", 1)[1]))
+        r = admin.patch("/policy", json={"pools": {"p": {"replicas": [kept]}}}, headers=MERGE)
+        assert r.status_code == 200, r.text
+
+        pool = admin.get("/replicas").json()["data"][0]
+        assert [x["id"] for x in pool["replicas"]] == [kept.removeprefix("http://")]
+        assert [(x["id"], x["inflight"]) for x in pool["draining"]] == [(rid, 1)]
+
+        rest = [first, *(x for x in lines if x)]  # the stream goes on to its end
+        chunks = [json.loads(x[6:]) for x in rest if x.startswith("data: {")]
+        assert rest[-1] == "data: [DONE]"  # not cut: no error event, the end marker last
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+        def drained() -> bool:
+            return not admin.get("/replicas").json()["data"][0]["draining"]
+
+        wait_for(drained, timeout=30, what="the removed replica drained")
