@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -225,10 +226,16 @@ class H1Pool:
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
-        async with asyncio.timeout(self._connect_timeout_s):
-            _, conn = await loop.create_connection(
-                lambda: H1Conn(key), host, port, ssl=context,
-                server_hostname=host if tls else None)
+        try:
+            async with asyncio.timeout(self._connect_timeout_s):
+                _, conn = await loop.create_connection(
+                    lambda: H1Conn(key), host, port, ssl=context,
+                    server_hostname=host if tls else None)
+        except UnicodeError as exc:
+            # a host name the IDNA codec refuses (a label over 63 characters, an empty one):
+            # a name that cannot resolve, as a failed lookup is (a policy stored before such
+            # names were refused on input got a text/plain 500 out of the request path)
+            raise socket.gaierror(socket.EAI_NONAME, f"invalid host name: {exc}") from exc
         return conn
 
     def done_with(self, conn: H1Conn, *, reuse: bool) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from gateway import h1, h1conn
 from gateway.h1 import H1Pool, UpstreamClosed, UpstreamProtocolError
-from gateway.transport import TRANSPORT_ERRORS, refused
+from gateway.transport import TRANSPORT_ERRORS, connect_failure, refused
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -231,6 +231,22 @@ def test_nothing_listening_is_refused() -> None:
         with pytest.raises(TRANSPORT_ERRORS) as info:
             await p.post(base + "/v1/x", b"{}", {})
         assert refused(info.value)
+        await p.close()
+
+    asyncio.run(run())
+
+
+def test_a_host_name_the_idna_codec_refuses_cannot_resolve() -> None:
+    """A label over 63 characters (a policy stored before such URLs were refused on input):
+    the codec's UnicodeError is no transport error, and escaped the request path as a 500."""
+
+    async def run() -> None:
+        p = pool()
+        url = "http://" + "a" * 64 + ".example:8000"
+        with pytest.raises(TRANSPORT_ERRORS) as info:
+            await p.post(url + "/v1/x", b"{}", {})
+        assert refused(info.value)
+        assert connect_failure(info.value, url) == "cannot resolve host " + "a" * 64 + ".example"
         await p.close()
 
     asyncio.run(run())
