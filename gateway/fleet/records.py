@@ -4,7 +4,8 @@ Fields of an entry (all bytes; unknown fields are ignored, so a newer writer may
 
     v  format version (b"1"); a reader drops versions it does not know and counts them, so
        a rolling upgrade never feeds a reader a format it would misread -- an incompatible
-       change bumps ``v`` and writers publish the old version until every reader knows both
+       change bumps ``v`` and writers publish the old version until every reader knows both.
+       Every kvgate writes it: an entry without it is not a batch (malformed, not a version)
     m  the writer's member id (host:pid:random)
     t  the writer's wall clock at publication, seconds (read by older readers; this one
        judges time by the entry's id, Redis's clock: apply lag, peers live at start)
@@ -111,6 +112,8 @@ def decode(fields: Mapping[bytes, bytes]) -> Batch:
     """One stream entry back into a `Batch`; `BadRecord` / `UnknownVersion` when it is not."""
     version = fields.get(b"v")
     if version != VERSION:
+        if version is None:  # no kvgate writes one: something else writes to the stream
+            raise BadRecord("no version")
         raise UnknownVersion(f"version {version!r}")
     try:
         member = fields[b"m"].decode()
