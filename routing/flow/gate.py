@@ -33,7 +33,7 @@ from typing import Generic, TypeVar
 from routing.flow.bands import Entry
 from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig
 from routing.flow.queue import FlowQueue, Offer
-from routing.flow.saturation import pool_saturated, with_room, with_spare
+from routing.flow.saturation import never_spare, pool_saturated, with_room, with_spare
 from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
@@ -149,12 +149,17 @@ class PoolFlow(Generic[T]):
     ) -> list[ReplicaView] | None:
         """Where a hog's request of ``cost`` tokens may go: the replicas with room under the
         headroom's rule (`saturation.with_spare`) that it leaves within that rule's KV knee
-        and prefill bound. None: nowhere, it waits. A pool without a healthy replica holds
+        and prefill bound; a request too large to be left within the knee even on an idle
+        replica, to one with room under that rule and nothing unanswered (`never_spare`).
+        None: nowhere, it waits. A pool without a healthy replica holds
         no hog (nor is it saturated): waiting would not bring a replica back, routing answers
         503 at once; ``views`` as they are."""
         if not _any_healthy(views):
             return list(views)
-        return with_spare(views, self._near, peers, cost)
+        spare = with_spare(views, self._near, peers, cost)
+        if spare is None:  # too large for spare room even on an idle replica
+            return never_spare(views, self._near, peers, cost)
+        return spare
 
     def admit(
         self, views: Sequence[ReplicaView], cost: float, now: float,
