@@ -549,6 +549,24 @@ class FlowGate:
             return None
         return min(doc.flow_class(t, "")[0] for t in doc.tiers)
 
+    def held_band(
+        self, state: _PoolState, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
+        doc: PolicyDoc, now: float,
+    ) -> int | None:
+        """What `_held_above` would say for a request arriving now, nothing changed (explain:
+        it said a lower band's request would not queue while dispatch held it two lags)."""
+        if self._lag is None or state.flow.saturated(views, peers):
+            return None
+        since = now if state.room_since is None else state.room_since
+        peers_live = self._router.peers
+        if peers_live is None or not peers_live.members(now) or not doc.tiers:
+            return None
+        lags = 2.0 * self._lag(now)
+        owed = state.flow.queue.owed() is not None and state.owed_since is not None
+        if now - since >= lags or (owed and now - (state.owed_since or now) >= lags):
+            return None
+        return min(doc.flow_class(t, "")[0] for t in doc.tiers)
+
     def _owed_waited(self, state: _PoolState, now: float, lags: float) -> bool:
         """Whether a band owed its minimum share has waited ``lags`` since it was first held
         owed: then it takes its turn. Waiting for room that lasts two lags, it never got one
