@@ -74,5 +74,5 @@ def _standing(
         "spare_replicas": list(share.spare) if share.spare is not None else None,
         "waits_for_spare": no_spare,
         "estimated_wait_s": round(est, 3) if est is not None else None,
-        "replicas": replica_reasons(views, gate.core.saturation, peers),
+        "replicas": replica_reasons(views, state.flow.config.saturation, peers),
     }
