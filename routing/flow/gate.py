@@ -157,7 +157,7 @@ class PoolFlow(Generic[T]):
         """Where a hog's request of ``cost`` tokens may go: the replicas with room under the
         headroom's rule (`saturation.with_spare`) that it leaves within that rule's KV knee
         and prefill bound; a request too large to be left within the knee even on an idle
-        replica, to one with room under that rule and nothing unanswered (`never_spare`).
+        replica, to one with nothing in flight (`never_spare`).
         None: nowhere, it waits. A pool without a healthy replica holds
         no hog (nor is it saturated): waiting would not bring a replica back, routing answers
         503 at once; ``views`` as they are."""

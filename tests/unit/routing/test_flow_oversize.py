@@ -7,7 +7,7 @@ past that knee on every replica (a long-context model's request on replicas whos
 little more than one context) never fits: it waited for spare room no replica could give,
 its tenant's later requests queued behind it, until its longest wait shed it with a 429 the
 SDK retries, to wait again. Now it goes where spare room is as large as it can be: a replica
-with room under the scaled rule and nothing unanswered.
+with nothing in flight, fleet-wide.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from routing.flow import FlowConfig, PoolFlow, Saturation
+from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
 # spare room at headroom 0.5: under 0.45 of the cache with the request in
@@ -37,7 +38,8 @@ def hogged() -> PoolFlow[str]:
 
 
 def test_a_hogs_request_past_the_spare_knee_goes_to_an_idle_replica() -> None:
-    idle = [view("busy", kv_usage=0.3, inflight_prefill_tokens=200), view("idle", kv_usage=0.0)]
+    idle = [view("busy", kv_usage=0.3, inflight=1, inflight_prefill_tokens=200),
+            view("idle", kv_usage=0.0)]
     flow = hogged()
     assert flow.standing("noisy", idle, 5000, 1.0).hog
     flow.offer("big", tenant="noisy", band=1, cost=5000, now=1.0, max_wait_s=60)
@@ -45,7 +47,7 @@ def test_a_hogs_request_past_the_spare_knee_goes_to_an_idle_replica() -> None:
     out = flow.release(idle, 2.0)  # 5,000 of 10,000: past 0.45 even on the idle replica
     assert out is not None and out.handle == "big"
     narrowed = flow.with_room(idle, {}, 4900, tenant="noisy", cost=5000, now=2.0)
-    assert [v.id for v in narrowed if v.healthy] == ["idle"]  # nothing to prefill ahead of it
+    assert [v.id for v in narrowed if v.healthy] == ["idle"]  # nobody else's work there
     assert flow.standing("noisy", idle, 5000, 2.0).spare == ("idle",)
     after = flow.release(idle, 2.0)  # its tenant's next request is not held behind it
     assert after is not None and after.handle == "next"
@@ -53,11 +55,12 @@ def test_a_hogs_request_past_the_spare_knee_goes_to_an_idle_replica() -> None:
 
 
 def test_it_still_waits_while_every_replica_is_busy_and_a_fitting_one_waits_for_room() -> None:
-    busy = [view("a", kv_usage=0.3, inflight_prefill_tokens=200),
+    busy = [view("a", kv_usage=0.3, inflight=1, inflight_prefill_tokens=200),
             view("b", kv_usage=0.5)]  # b: past the spare knee now
     flow = hogged()
     flow.offer("big", tenant="noisy", band=1, cost=5000, now=1.0, max_wait_s=60)
-    assert flow.release(busy, 2.0) is None  # a has its prefill queue: no spare room anywhere
+    assert flow.release(busy, 2.0) is None  # a holds work: no spare room anywhere
+    assert flow.release([view("c", kv_usage=0.0)], 2.0, {"c": ReplicaLoad(1)}) is None
     assert flow.standing("noisy", busy, 5000, 2.0).spare == ()
     # a request that fits once room frees is held for that, as before
     small = hogged()
