@@ -19,11 +19,15 @@ import httpx
 import openai
 import pytest
 
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values
+from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc
 
 ADMIN = "ratelimit-queued-timeouts-admin-token-0123"
-RPM = 10  # a request back every 6 s: the run takes less than that many seconds per request
+RPM = 10  # a request back every 6 s
+
+
+def _abandoned(base: str) -> float:
+    return sum(metric_values(base, "kvgate_flow_abandoned_total").values())
 
 
 @pytest.fixture
@@ -50,13 +54,13 @@ def test_timeouts_in_the_queue_do_not_spend_the_rpm(gateway: tuple[str, str]) ->
         assert resp.status_code == 200
         chunks = resp.iter_raw()
         next(chunks)  # it holds the pool's only seat, and its replica hangs
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=1.0)  # 2 retries
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key, timeout=2.0)  # 2 retries
         with pytest.raises(openai.APITimeoutError):
             client.chat.completions.create(
                 model="llama", messages=[{"role": "user", "content": "queued"}], max_tokens=2)
         resp.close()
-    abandoned = sum(metric_values(base, "kvgate_flow_abandoned_total").values())
-    assert abandoned == 3  # the call and its two retries, each left the queue
+    # the call and its two retries, each left the queue (counted as the gateway sees it go)
+    wait_for(lambda: _abandoned(base) == 3, 20, "three requests abandoned in the queue")
     check = openai.OpenAI(base_url=f"{base}/v1", api_key=key, max_retries=0, timeout=30)
     raw = check.chat.completions.with_raw_response.create(
         model="llama", messages=[{"role": "user", "content": "after"}], max_tokens=1)
