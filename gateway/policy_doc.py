@@ -102,6 +102,9 @@ class PoolConfig(BaseModel):
     discovery: dict[str, dict[str, object]] | None = None  # {kubernetes: {...}} | {dns: {...}}
     api_key_env: str | None = None
     priority: Bool = False  # the pool runs --scheduling-policy priority
+    # flow control's in-flight bound per replica of this pool (its vLLM's --max-num-seqs),
+    # over `flow.max_inflight`: policy, so changed at run time (`FlowGate.policy_changed`)
+    max_inflight: Annotated[Int, Field(ge=1, le=MAX_LIMIT)] | None = None
 
     @field_validator("replicas", mode="before")
     @classmethod

@@ -335,9 +335,10 @@ class Preparer:
 
 # What a request answered so, nothing of it sent, was never served: no replica could take it
 # (503: none healthy, a pool's queue full, shutdown; 429: its pool's queue shed it past its
-# tier's longest wait or displaced it -- an admission's own 429 settles nothing) or its
-# replicas failed before any output (502). A 504's replica may have worked on it, a
-# replica's 500 did (an exception serving it); another 4xx is the client's.
+# tier's longest wait or displaced it -- an admission's own 429 settles nothing; 499: its
+# client left that queue) or its replicas failed before any output (502). A 504's replica
+# may have worked on it, a replica's 500 did (an exception serving it); another 4xx is the
+# client's.
 _UNSERVED = frozenset({429, 502, 503})
 
 
@@ -346,6 +347,8 @@ def unserved(req: ProxiedRequest) -> bool:
     its tokens (TPM: the prompt too, not `ProxiedRequest.settle_tokens`'s estimate).
     Charged, an outage of a few minutes spent the budget of every tenant that kept asking,
     and the first minute after it was refused 429 for requests nobody answered."""
+    if req.status == 499 and req.queued_s is not None and req.replica == "none":
+        return True  # its client left flow control's queue (an SDK's timeout, retried)
     return (req.status in _UNSERVED and req.used is None and req.ttft is None
             and not req.relayed)
 

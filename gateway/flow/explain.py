@@ -52,6 +52,9 @@ def _standing(
     views = gate.busy_full(plan.pool.name, plan.views, now)
     saturated = state.flow.saturated(views, peers)
     queued = len(state.flow.queue)
+    # with other gateways live a band below the top one waits for room to last two lags
+    held = gate.held_band(state, views, peers, gate.doc(principal), now)
+    lower_held = held is not None and band > held
     cost = gate.cost_of(plan, parsed)
     share = state.flow.standing(principal.tenant_id, views, cost, now, peers)
     no_spare = share.spare == ()  # a hog with no replica of spare room waits for one
@@ -60,7 +63,7 @@ def _standing(
         est = None  # it waits for spare room, not behind the queue
     return {
         "enabled": True, "pool": plan.pool.name, "saturated": saturated,
-        "would_queue": saturated or queued > 0 or no_spare, "queued": queued,
+        "would_queue": saturated or queued > 0 or no_spare or lower_held, "queued": queued,
         "band": band, "weight": weight, "max_wait_s": max_wait, "cost_tokens": cost,
         "ahead_tokens": state.flow.queue.ahead(band),
         "inflight_share": round(share.inflight_share, 4),
@@ -71,5 +74,5 @@ def _standing(
         "spare_replicas": list(share.spare) if share.spare is not None else None,
         "waits_for_spare": no_spare,
         "estimated_wait_s": round(est, 3) if est is not None else None,
-        "replicas": replica_reasons(views, gate.core.saturation, peers),
+        "replicas": replica_reasons(views, state.flow.config.saturation, peers),
     }

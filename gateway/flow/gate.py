@@ -73,7 +73,7 @@ from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
-from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow
+from routing.flow import RETRY_AFTER_MAX_S, Entry, FlowConfig, PoolFlow, Saturation
 from routing.flow.unseen import UnseenPicks
 from routing.peers import ReplicaLoad
 from routing.router import Router
@@ -480,6 +480,9 @@ class FlowGate:
         now = self._clock()
         planner = self._planner
         for state in list(self._states.values()):
+            state.flow.set_saturation(self._rule(state.name, snap.doc))
+            if state.flow.queue:  # a bound raised: room for what waits now, not at a tick
+                asyncio.get_running_loop().call_soon(self._pump, state)
             for entry in list(state.flow.queue.entries()):
                 ticket = entry.handle
                 then = planner.pool_for(ticket.principal, ticket.model, now, ticket.need)
@@ -546,6 +549,24 @@ class FlowGate:
             return None
         lags = 2.0 * self._lag(now)
         if now - state.room_since >= lags or self._owed_waited(state, now, lags):
+            return None
+        return min(doc.flow_class(t, "")[0] for t in doc.tiers)
+
+    def held_band(
+        self, state: _PoolState, views: list[ReplicaView], peers: Mapping[str, ReplicaLoad],
+        doc: PolicyDoc, now: float,
+    ) -> int | None:
+        """What `_held_above` would say for a request arriving now, nothing changed (explain:
+        it said a lower band's request would not queue while dispatch held it two lags)."""
+        if self._lag is None or state.flow.saturated(views, peers):
+            return None
+        since = now if state.room_since is None else state.room_since
+        peers_live = self._router.peers
+        if peers_live is None or not peers_live.members(now) or not doc.tiers:
+            return None
+        lags = 2.0 * self._lag(now)
+        owed = state.flow.queue.owed() is not None and state.owed_since is not None
+        if now - since >= lags or (owed and now - (state.owed_since or now) >= lags):
             return None
         return min(doc.flow_class(t, "")[0] for t in doc.tiers)
 
@@ -636,8 +657,19 @@ class FlowGate:
     def state(self, pool: str) -> _PoolState:
         state = self._states.get(pool)
         if state is None:
-            state = self._states[pool] = _PoolState(pool, PoolFlow(self._core))
+            flow: PoolFlow[_Ticket] = PoolFlow(self._core)
+            flow.set_saturation(self._rule(pool, self._pools.doc))
+            state = self._states[pool] = _PoolState(pool, flow)
         return state
+
+    def _rule(self, pool: str, doc: PolicyDoc) -> Saturation:
+        """``pool``'s saturation rule: the config's, with the policy's in-flight bound for
+        it (``pools.<p>.max_inflight``, changed at run time) when the policy sets one."""
+        cfg = doc.pools.get(pool)
+        rule = self._core.saturation
+        if cfg is None or cfg.max_inflight is None or cfg.max_inflight == rule.max_inflight:
+            return rule
+        return replace(rule, max_inflight=cfg.max_inflight)
 
     def _shares(self, state: _PoolState, doc: PolicyDoc) -> None:
         if state.doc is not doc:

@@ -27,13 +27,13 @@ another tenant of its band does).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from routing.flow.bands import Entry
-from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig
+from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig, Saturation
 from routing.flow.queue import FlowQueue, Offer
-from routing.flow.saturation import pool_saturated, with_room, with_spare
+from routing.flow.saturation import never_spare, pool_saturated, with_room, with_spare
 from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
@@ -100,13 +100,20 @@ class PoolFlow(Generic[T]):
             config.max_queue, min_share, default_min_share, config.rate_window_s)
         self.holdings = Holdings()
         self.rates = SendRates(config.rate_window_s)
-        self._near = config.saturation.scaled(1.0 - config.share_headroom)
         self._cap = config.share_cap or 1.0
         self._capped = config.share_cap is not None
+        self.set_saturation(config.saturation)
+        self.hog_holds = 0  # queued requests passed over for lack of spare room, each once
+
+    def set_saturation(self, rule: Saturation) -> None:
+        """The saturation rule from now on (a policy change of the pool's in-flight bound);
+        what is queued stays queued, released by the new rule."""
+        if rule is not self.config.saturation:
+            self.config = replace(self.config, saturation=rule)
+        self._near = rule.scaled(1.0 - self.config.share_headroom)
         # an over-share tenant waits for spare room only with a headroom (at 0 the cap only
         # reorders the queue: work-conserving)
-        self._spares = self._capped and self._near is not config.saturation
-        self.hog_holds = 0  # queued requests passed over for lack of spare room, each once
+        self._spares = self._capped and self._near is not rule
 
     def __len__(self) -> int:
         """Requests queued."""
@@ -149,12 +156,17 @@ class PoolFlow(Generic[T]):
     ) -> list[ReplicaView] | None:
         """Where a hog's request of ``cost`` tokens may go: the replicas with room under the
         headroom's rule (`saturation.with_spare`) that it leaves within that rule's KV knee
-        and prefill bound. None: nowhere, it waits. A pool without a healthy replica holds
+        and prefill bound; a request too large to be left within the knee even on an idle
+        replica, to one with nothing in flight (`never_spare`).
+        None: nowhere, it waits. A pool without a healthy replica holds
         no hog (nor is it saturated): waiting would not bring a replica back, routing answers
         503 at once; ``views`` as they are."""
         if not _any_healthy(views):
             return list(views)
-        return with_spare(views, self._near, peers, cost)
+        spare = with_spare(views, self._near, peers, cost)
+        if spare is None:  # too large for spare room even on an idle replica
+            return never_spare(views, self._near, peers, cost)
+        return spare
 
     def admit(
         self, views: Sequence[ReplicaView], cost: float, now: float,

@@ -23,7 +23,7 @@ def _line(overrides: dict[str, object]) -> str:
 def test_a_pool_field_far_from_any_names_the_pools_fields() -> None:
     line = _line({"pools": {"a": {"served_model": "m", "urls": ["http://127.0.0.1:9"]}}})
     assert line == ("pools.a.urls: unknown field (known here: served_model, replicas, "
-                    "discovery, api_key_env, priority)")
+                    "discovery, api_key_env, priority, max_inflight)")
 
 
 def test_a_section_far_from_any_names_the_sections_but_no_secret() -> None:
