@@ -35,6 +35,11 @@ __all__ = ["classify_pool"]
 # counters are not this gateway's to compare with its own numbers one for one
 SHARED_ENGINES = 0.8
 SLOW_ITL_TOKENS = 100  # tokens decoded on a replica before its mean decode speed is compared
+# requests seen in flight at the ticks (mean in flight x samples) before a replica's in-flight
+# count or time per request is compared: with fewer, a burst or a host's hiccup caught by a
+# few ticks reads as a spread (a healthy pair, 1.9 s into a light load on a host at load
+# average 17: 149 vs 39 ms per request, from ~10 requests seen in flight)
+MIN_INFLIGHT_SEEN = 20
 
 
 def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
@@ -244,6 +249,8 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
         return None
     values.sort(key=lambda x: x[0])
     hot_value, hot = values[-1]
+    if attr != "waiting_mean" and hot.inflight_mean * hot.samples < MIN_INFLIGHT_SEEN:
+        return None
     median = median_of([v for v, _ in values[:-1]])
     floor = 0.5 if unit == "" else 1e-3
     if hot_value < th.imbalance_ratio * max(median, floor) or hot_value - median < minimum:
