@@ -54,6 +54,7 @@ class Scenario:
     # (tenant, pool, load): loads sent with that tenant's API key; any of them turns
     # authentication on (tenants bootstrapped from the config, keys from the admin API)
     tenant_loads: list[tuple[str, str, Load]] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)  # more of the gateway's config
 
 
 def _pool(flags: list[str], n: int = 1) -> list[list[str]]:
@@ -100,6 +101,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("context-too-long", "errors", "p", None,
              {"p": _pool(["--max-model-len", "1024"], 2), **OK_POOL},
              {"p": Load("", 4, "long-unique", 1500, max_tokens=16), **OK_LOAD}),
+    # a tenant sending more than its tier's rpm: kvgate's 429s, before any pool sees them
+    Scenario("rate-limited", "limits", "", None, {"p": _pool([], 2)}, {},
+             tenant_loads=[("t1", "p", Load("", 4, "short", max_tokens=16))],
+             config={"tiers": {"default": {"limits": {"rpm": 60}}}}),
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),
@@ -158,7 +163,7 @@ class Running:
                        "thresholds": self._thresholds},
             "health": {"interval_s": 0.5},
             **({"flow": {"enabled": True, **sc.flow}} if sc.flow is not None else {}),
-            **self._config,
+            **sc.config, **self._config,
         }
         tenants = sorted({t for t, _, _ in sc.tenant_loads})
         if tenants:

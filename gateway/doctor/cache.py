@@ -81,6 +81,23 @@ def _verdict(prompt: float, hit: float | None, cached_per: float | None,
     return LITTLE, "almost nothing is served from the cache"
 
 
+def _why_little(p: PoolStats, th: Thresholds) -> str:
+    """Little reuse in a pool: the traffic's own prefix sharing (sampled at routing time) tells
+    prompts that differ from their first blocks -- unique, or a timestamp or request id before
+    a shared system prompt -- from shared prefixes the caches lose (eviction, routing)."""
+    potential = p.potential_hit_rate
+    if math.isnan(potential):
+        return ""
+    if potential < th.cache_pays_hit:
+        return (f"; the traffic itself shares little: at routing time the best replica held "
+                f"{potential:.0%} of the prompts' prefix blocks (sampled), so the prompts "
+                "differ from their first blocks -- unique prompts, or a varying start (a "
+                "timestamp, a request id) before a shared part: put what is shared first")
+    return (f"; yet at routing time the best replica held {potential:.0%} of the prompts' "
+            "prefix blocks (sampled): the shared prefixes are evicted before they are reused "
+            "or sent elsewhere (the pool's routing finding says which)")
+
+
 def _pool_rate(p: PoolStats) -> float:
     rates = [r.prefill_rate for r in p.replicas if not math.isnan(r.prefill_rate)]
     return sum(rates) / len(rates) if rates else math.nan
@@ -117,6 +134,8 @@ def cache_return(w: Window, th: Thresholds) -> tuple[list[CacheRow], list[CacheR
         per = hits / requests if requests else None
         prompt_per = prompt / requests if requests else None
         verdict, detail = _verdict(prompt, hit, per, prompt_per, saved, w.span_s, th)
+        if verdict == LITTLE:
+            detail += _why_little(p, th)
         by_pool.append(CacheRow(None, p.name, requests, prompt, hits, hit, per, prompt_per,
                                 saved, _num(_pool_rate(p)), sum(kv) / len(kv) if kv else None,
                                 "engine", verdict, detail))

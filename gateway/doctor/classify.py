@@ -14,6 +14,7 @@ from gateway.doctor.findings import CLASSES, SEVERITIES, Context, Finding
 from gateway.doctor.pool_rules import classify_pool
 from gateway.doctor.process_rules import classify_gateway
 from gateway.doctor.replica_rules import classify_replica
+from gateway.doctor.tenant_limits import tenant_limits
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import Window
 
@@ -27,6 +28,7 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
     """Every finding of the window, worst first."""
     out: list[Finding] = []
     out.extend(classify_gateway(w.gateway, th, ctx))
+    out.extend(tenant_limits(w.limited, w.tenants, th))
     for pool in w.pools:
         found = classify_pool(pool, th, ctx, w.requested_s)
         out.extend(found)

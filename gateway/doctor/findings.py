@@ -19,7 +19,7 @@ __all__ = [
 ]
 
 CLASSES = ("down", "errors", "KV-bound", "decode-bound", "prefill-bound", "queue-bound", "routing",
-           "gateway", "healthy")
+           "gateway", "limits", "healthy")
 SEVERITIES = ("critical", "warning", "info", "ok")
 MIN_SAMPLES = 5  # an engine class or a spread between replicas needs this many ticks
 

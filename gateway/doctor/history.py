@@ -115,6 +115,8 @@ class Tick:
     # usage reported cached_tokens
     tenant_keys: tuple[tuple[str, str], ...] | None = None
     tenant_values: array[float] | None = None
+    # the same ticks: the rate limiter's 429s so far per (tier, tenant label, limit)
+    limited: tuple[tuple[str, str, str, float], ...] | None = None
 
     def tenants(self) -> dict[tuple[str, str], tuple[float, ...]] | None:
         if self.tenant_keys is None or self.tenant_values is None:
@@ -213,6 +215,18 @@ def _overhead(metrics: GatewayMetrics) -> list[float]:
     return buckets
 
 
+def _rejections(metrics: GatewayMetrics) -> tuple[tuple[str, str, str, float], ...]:
+    """`kvgate_ratelimit_rejections_total` per (tier, tenant label, limit): the 429s a
+    tenant's own limits sent (read with the tenant counters: a child per tenant and limit)."""
+    out = []
+    for family in metrics.rejections.collect():
+        for s in family.samples:
+            if s.name.endswith("_total"):
+                lb = s.labels
+                out.append((lb["tier"], lb["tenant"], lb["limit"], float(s.value)))
+    return tuple(out)
+
+
 def read_tick(
     src: Sources, now: float, previous: Layout | None, tenants: bool,
     tenant_keys: tuple[tuple[str, str], ...] | None = None,
@@ -268,8 +282,9 @@ def read_tick(
                         _flag(src.tenancy_loaded()), _cause(src.redis_cause()),
                         _cause(src.sync_cause())))
     gdata.extend(_overhead(src.metrics))
-    keys = values = None
+    keys = values = limited = None
     if tenants:
+        limited = _rejections(src.metrics)
         counts = list(src.metrics.tenant_tokens.counts.items())
         keys = tuple(k for k, _ in counts)
         if keys == tenant_keys:
@@ -277,7 +292,7 @@ def read_tick(
         values = array("d")
         for _, c in counts:
             values.extend(c)
-    return Tick(now, time.time(), layout, rdata, pdata, gdata, keys, values)
+    return Tick(now, time.time(), layout, rdata, pdata, gdata, keys, values, limited)
 
 
 class History:

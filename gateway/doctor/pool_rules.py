@@ -35,6 +35,11 @@ __all__ = ["classify_pool"]
 # counters are not this gateway's to compare with its own numbers one for one
 SHARED_ENGINES = 0.8
 SLOW_ITL_TOKENS = 100  # tokens decoded on a replica before its mean decode speed is compared
+# requests seen in flight at the ticks (mean in flight x samples) before a replica's in-flight
+# count or time per request is compared: with fewer, a burst or a host's hiccup caught by a
+# few ticks reads as a spread (a healthy pair, 1.9 s into a light load on a host at load
+# average 17: 149 vs 39 ms per request, from ~10 requests seen in flight)
+MIN_INFLIGHT_SEEN = 20
 
 
 def classify_pool(p: PoolStats, th: Thresholds, ctx: Context,
@@ -205,7 +210,9 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     shared = started > 0 and p.requests < SHARED_ENGINES * started
     found = [(check[0], f) for check in checks
              if not (check[0] == "time_per_request" and shared)
-             and (f := _spread(p, th, ctx, live, check)) is not None]
+             and (f := _spread(p, th, ctx, live, check)) is not None
+             and not (check[0] == "inflight_mean" and not shared
+                      and _no_slower(f.replica, live, th))]
     if not found:
         return []
     first, slow = found[0][1], dict(found).get("time_per_request")
@@ -213,6 +220,19 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     # flight, a consequence; the slow one, named by its time per request, is the cause (it was
     # the only replica not named when one of four was 5x slower under cache_aware)
     return [slow if slow is not None and slow.replica != first.replica else first]
+
+
+def _no_slower(rid: str | None, live: Sequence[ReplicaStats], th: Thresholds) -> bool:
+    """The replica holding the most in flight spends no longer per request (Little's law,
+    over 4 x ``min_requests``) than its peers' median (those with ``min_requests``): it
+    holds more because it is sent more -- a faster engine the router prefers -- and nothing
+    waits longer on it. On a CPU-starved host a fast replica beside a 5x slower one held ~4
+    in flight (~1 in its engine) and was named 'imbalance', though it answered each request
+    in a third of the slow one's time."""
+    timed = [r for r in live if r.requests >= th.min_requests and known(r.time_per_request)]
+    hot = next((r for r in timed if r.id == rid and r.requests >= 4 * th.min_requests), None)
+    peers = [r.time_per_request for r in timed if r is not hot]
+    return hot is not None and bool(peers) and hot.time_per_request <= median_of(peers)
 
 
 def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaStats],
@@ -229,6 +249,8 @@ def _spread(p: PoolStats, th: Thresholds, ctx: Context, live: Sequence[ReplicaSt
         return None
     values.sort(key=lambda x: x[0])
     hot_value, hot = values[-1]
+    if attr != "waiting_mean" and hot.inflight_mean * hot.samples < MIN_INFLIGHT_SEEN:
+        return None
     median = median_of([v for v, _ in values[:-1]])
     floor = 0.5 if unit == "" else 1e-3
     if hot_value < th.imbalance_ratio * max(median, floor) or hot_value - median < minimum:
@@ -286,7 +308,7 @@ def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
     for r in live:
         peers = [x for x in live if x is not r and x.requests >= th.min_requests]
         share = r.requests / started
-        if not peers or r.requests <= 0 or share >= 1.0 / len(live):
+        if not peers or r.requests <= 0 or share >= _under_share(len(live), started):
             continue
         # TTFT per uncached prompt token: a replica sent the few new prefixes while its
         # peers serve cached ones is not slower for it
@@ -320,6 +342,16 @@ def _routed_around(p: PoolStats, th: Thresholds) -> list[Finding]:
             "check its GPU, model quantization and engine flags (kvgate already sends it "
             "less)", ev))
     return out
+
+
+def _under_share(replicas: int, started: float) -> float:
+    """The share a replica must be under to have been sent less than its peers: under its
+    fair share by a tenth of it or by the spread an even split shows by chance (one binomial
+    standard deviation), whichever is more. 29 of 59 requests on one of two replicas (a burst of
+    requests at a load's start, a share of 49 %) read as routed around; a 2x slower engine
+    sent 19-28 % of a 3-replica pool's hundreds of requests is still under it."""
+    fair = 1.0 / replicas
+    return fair - max(0.1 * fair, math.sqrt(fair * (1.0 - fair) / started))
 
 
 def _prefill_per_token(r: ReplicaStats) -> float:

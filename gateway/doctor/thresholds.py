@@ -111,6 +111,10 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("flow_shed_share", 0.05, "share of requests", "kvgate_flow_shed_total",
               "requests of a pool that flow control shed (503, or 429 past a tier's wait: its "
               "queue full or the wait too long; critical from 50%): the clients see them fail"),
+    Threshold("limited_share", 0.05, "share of requests", "kvgate_ratelimit_rejections_total",
+              "requests of a tenant (of at least min_pool_requests, answered or refused) that "
+              "its own rate limits refused with a 429: named (info) as the tenant's limit, "
+              "not a fault of the fleet"),
     # -- gateway ----------------------------------------------------------------------------
     Threshold("overhead_p99_s", 0.01, "s", 'kvgate_overhead_seconds{phase="pre_upstream"}',
               "kvgate's own time before the upstream request, 99th percentile (of at least "

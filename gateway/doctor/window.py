@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 
 from gateway.doctor.history import GW, OVERHEAD_BOUNDS, POOL, REP, TTFT_BOUNDS, Tick
+from gateway.doctor.tenant_limits import LimitStats, limited_stats
 from gateway.tenancy.redis_conn import CAUSE_LABELS
 
 __all__ = [
@@ -214,6 +215,7 @@ class Window:
     gateway: GatewayStats
     tenants: list[TenantStats]
     tenant_span_s: float
+    limited: list[LimitStats] = field(default_factory=list)  # the rate limiter's 429s
 
 
 def _baseline(ticks: Sequence[Tick], start: float) -> int:
@@ -482,4 +484,5 @@ def summarise(ticks: Sequence[Tick], window_s: float, stale_after_s: float) -> W
         requested_s=window_s, span_s=end.t - span[0].t, start_wall=span[0].wall,
         end_wall=end.wall, ticks=len(span) - 1, replicas=replicas, pools=pools,
         gateway=_gateway_stats(span), tenants=tenants, tenant_span_s=tenant_span,
+        limited=limited_stats(ticks, start),
     )

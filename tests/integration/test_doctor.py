@@ -214,8 +214,19 @@ def test_a_second_gateway_on_the_same_engines_is_not_a_routing_fault() -> None:
         # the gap the old rule read as a fault
         assert pool["potential_hit_rate"] >= 0.3, pool
         assert pool["engine_hit_rate"] < 0.5 * pool["potential_hit_rate"], pool
-        assert wrong_classes(report, sc, ("p", None)) == [], report["findings"]
-        assert wrong_classes(run.report(LOAD_S, other), sc, ("p", None)) == []
+        assert wrong_classes(report, sc, ("p", None)) == [], _said(report)
+        theirs = run.report(LOAD_S, other)
+        assert wrong_classes(theirs, sc, ("p", None)) == [], _said(theirs)
+
+
+def _said(report: dict[str, Any]) -> list[str]:
+    """What the findings other than healthy said, with the replicas' numbers (a failure's
+    message: the whole report is cut short by pytest)."""
+    keys = ("id", "inflight_mean", "running_mean", "waiting_mean", "requests", "itl_mean",
+            "ttft_mean")
+    return [f"{f['class']}@{f['replica']}: {f['summary']} | {f['action']}"
+            for f in report["findings"] if f["class"] != "healthy"] + [
+        str({k: r.get(k) for k in keys}) for r in report["replicas"]]
 
 
 def _pool_of(n: int) -> list[list[str]]:
