@@ -27,6 +27,8 @@ _COMPARE: dict[str, Callable[[float, float], bool]] = {
     ">": lambda a, b: a > b, "<": lambda a, b: a < b, ">=": lambda a, b: a >= b,
     "<=": lambda a, b: a <= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 _AGGREGATE: dict[str, Callable[[list[float]], float]] = {"max": max, "min": min, "sum": sum}
+# a recording rule's name in an alert stands for its expression
+_RECORDED = {str(r["record"]): str(r["expr"]) for r in _rules() if "record" in r}
 
 
 def _page(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -62,6 +64,8 @@ def evaluate(node: object, page: list[tuple[str, dict[str, str], float]]) -> Vec
     if isinstance(node, pq.NumberLiteral):
         return float(node.val)
     if isinstance(node, pq.VectorSelector):
+        if node.name in _RECORDED:
+            return evaluate(pq.parse(_RECORDED[node.name]), page)
         return _select(node, page)
     if isinstance(node, pq.AggregateExpr):
         inner = evaluate(node.expr, page)
@@ -104,6 +108,23 @@ def firing(expr: str, base: str) -> set[str]:
     result = evaluate(pq.parse(expr), _page(httpx.get(f"{base}/metrics", timeout=5).text))
     assert isinstance(result, dict)
     return {f"{dict(k).get('pool')}/{dict(k).get('replica')}" for k in result}
+
+
+def test_no_healthy_replicas_alert_covers_a_pool_left_empty(sim_factory: SimFactory) -> None:
+    """A pool whose discovery finds no replica (a Kubernetes Service with no ready pod; here a
+    DNS name that resolves to nothing) answers 503 to every request, yet had no series in
+    `kvgate_replica_healthy` for the critical alert to count as 0: it never fired."""
+    _, good = sim_factory("--time-scale", "50")
+    empty = {"dns": {"name": "no-replica.invalid", "port": 8000, "interval_seconds": 1}}
+    config = {"pools": {"p": {"served_model": MODEL, "replicas": [good]},
+                        "e": {"served_model": "other", "discovery": empty}}}
+    gw, base = gateway_proc(config=config, ready=False)
+    with gw:
+        wait_for(lambda: bool(firing("kvgate_replica_healthy == 1", base)), timeout=30,
+                 what="the listed replica healthy")
+        assert firing(_alert("KvgateNoHealthyReplicas"), base) == {"e/None"}
+        assert metric_values(base, "kvgate_pool_healthy_replicas") == {
+            '{pool="e"}': 0.0, '{pool="p"}': 1.0}
 
 
 def test_the_evaluator_on_known_expressions() -> None:
