@@ -8,6 +8,7 @@ A small evaluator covers the PromQL these rules use on gauges (selectors, ``max`
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 
@@ -15,7 +16,7 @@ import httpx
 import promql_parser as pq
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.deploy.test_observability_assets import _rules
+from tests.deploy.test_observability_assets import ROOT, _rules
 from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc
 
@@ -103,6 +104,12 @@ def _alert(name: str) -> str:
     return str(next(r["expr"] for r in _rules() if r.get("alert") == name))
 
 
+def _panel_expr(title: str) -> str:
+    dash = json.loads((ROOT / "deploy" / "grafana" / "kvgate.json").read_text())
+    panels = [p for row in dash["panels"] for p in (row, *row.get("panels", []))]
+    return str(next(p for p in panels if p["title"] == title)["targets"][0]["expr"])
+
+
 def firing(expr: str, base: str) -> set[str]:
     """The replicas (``pool/replica``) `expr` returns a series for, over `base`'s page."""
     result = evaluate(pq.parse(expr), _page(httpx.get(f"{base}/metrics", timeout=5).text))
@@ -123,6 +130,8 @@ def test_no_healthy_replicas_alert_covers_a_pool_left_empty(sim_factory: SimFact
         wait_for(lambda: bool(firing("kvgate_replica_healthy == 1", base)), timeout=30,
                  what="the listed replica healthy")
         assert firing(_alert("KvgateNoHealthyReplicas"), base) == {"e/None"}
+        panel = _panel_expr("Healthy replicas per pool").replace("$pool", ".*")
+        assert firing(panel, base) == {"e/None", "p/None"}  # the dashboard shows it as 0
         assert metric_values(base, "kvgate_pool_healthy_replicas") == {
             '{pool="e"}': 0.0, '{pool="p"}': 1.0}
 
