@@ -62,6 +62,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics(
             self._described, clock, scrape_errors=self._scrape_errors,
             affinity=self.router.affinity_entries,
+            pools=lambda: self.rt.pools.by_name if self.rt is not None else (),
         )
         self.rt: Runtime | None = None  # set once started
         self.cors = Cors.from_config(cfg.server)  # None: CORS off (gateway/cors.py)

@@ -57,8 +57,10 @@ class _ReplicaCollector(Collector):
     def __init__(
         self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float],
         scrape_errors: Callable[[str], int], affinity: Callable[[], dict[str, int]],
+        pools: Callable[[], Iterable[str]],
     ) -> None:
         self._replicas = replicas
+        self._pools = pools
         self._clock = clock
         self._scrape_errors = scrape_errors
         self._affinity = affinity
@@ -91,12 +93,18 @@ class _ReplicaCollector(Collector):
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)
+        # per pool in force, so a pool with no replica listed or discovered (every pod gone)
+        # still has a series, 0: the per-replica gauges have none for it to alert on
+        pool_healthy = dict.fromkeys(self._pools(), 0)
         entries = self._affinity()
         now = self._clock()
         for r, also_inflight in _once(self._replicas()):
             key = [r.pool, r.id]
             inflight.add_metric(key, r.inflight + also_inflight)
-            healthy.add_metric(key, 0.0 if r.draining or not r.available(now) else 1.0)
+            up = not r.draining and r.available(now)
+            healthy.add_metric(key, 1.0 if up else 0.0)
+            if up and r.pool in pool_healthy:
+                pool_healthy[r.pool] += 1
             for family, (_, _, read) in zip(gauges, _REPLICA_GAUGES, strict=True):
                 value = read(r)
                 if value is not None:
@@ -109,8 +117,13 @@ class _ReplicaCollector(Collector):
             stalls.add_metric(key, r.stalls)
             stalled.add_metric(key, 1.0 if r.stalled else 0.0)
             affinity.add_metric(key, entries.get(r.id, 0))
+        per_pool = GaugeMetricFamily(
+            "kvgate_pool_healthy_replicas", "replicas of the pool taking requests (0 with none "
+            "listed or discovered)", labels=["pool"])
+        for pool, n in pool_healthy.items():
+            per_pool.add_metric([pool], n)
         yield from (inflight, healthy, *gauges, age, errors, attempts, failed, stalls, stalled,
-                    affinity)
+                    affinity, per_pool)
 
 
 def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, int]]:
@@ -252,13 +265,15 @@ class GatewayMetrics:
     """The registry and the hot path's recording calls (labelled children cached).
 
     `replicas()` yields every replica to describe (draining ones included), `scrape_errors`
-    answers a replica's failed scrapes and `affinity()` the router's index size per replica.
+    answers a replica's failed scrapes, `affinity()` the router's index size per replica and
+    `pools()` the names of the pools in force.
     """
 
     def __init__(
         self, replicas: Callable[[], Iterable[Replica]], clock: Callable[[], float],
         *, scrape_errors: Callable[[str], int] = _no_errors,
         affinity: Callable[[], dict[str, int]] = dict,
+        pools: Callable[[], Iterable[str]] = tuple,
     ) -> None:
         # No `*_created` series: they double the page and no query here reads them (vLLM turns
         # them off too). The switch is the library's, process-wide; kvgate wants it everywhere.
@@ -311,7 +326,7 @@ class GatewayMetrics:
             "connections reset: the client kept them open without reading an answer written "
             "in full", registry=reg,
         )
-        reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity))
+        reg.register(_ReplicaCollector(replicas, clock, scrape_errors, affinity, pools))
         self.tenant_tokens = TenantTokens()
         reg.register(_TenantTokensCollector(self.tenant_tokens))
         # pool -> [finished requests, 5xx (flow control's sheds aside: they are the doctor's

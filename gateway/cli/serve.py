@@ -201,13 +201,14 @@ def main(argv: list[str]) -> int:
         print(f"kvgate serve: {exc.line()}", file=sys.stderr, flush=True)
         return 1
     cfg = with_bound_port(cfg, sockets[0])
+    say = start_output(cfg)
     if warning:
-        print(warning, file=sys.stderr, flush=True)
+        say(warning)
     if args.upstream and (path := os.environ.get("KVGATE_CONFIG")):
-        print(f"kvgate serve: warning: --upstream is the quick form: the file KVGATE_CONFIG "
-              f"names ({path}) is not read", file=sys.stderr, flush=True)
+        say(f"kvgate serve: warning: --upstream is the quick form: the file KVGATE_CONFIG "
+            f"names ({path}) is not read")
     for line in start_warnings(cfg):
-        print(line, file=sys.stderr, flush=True)
+        say(line)
     if cfg.server.workers > 1:
         configure_logging(cfg.server.log_level, cfg.server.log_format)
         # once, not once per worker, when every worker serves
@@ -358,6 +359,16 @@ def run_server(
     server = make_server(app or GatewayApp(cfg), started)
     server.run(sockets=sockets)
     return 0 if server.started else 1
+
+
+def start_output(cfg: KvgateConfig) -> Callable[[str], None]:
+    """How a start-up warning is said: as written for a terminal, or with ``log_format: json``
+    as a JSON log line (a log collector reads every stderr line as one; the banners' bare
+    lines were not JSON)."""
+    if cfg.server.log_format != "json":
+        return lambda text: print(text, file=sys.stderr, flush=True)
+    configure_logging(cfg.server.log_level, "json")
+    return lambda text: log.warning(" ".join(text.split()))
 
 
 def start_warnings(cfg: KvgateConfig) -> list[str]:
