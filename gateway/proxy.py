@@ -249,7 +249,7 @@ class Proxy:
                 if failure is not None:  # (counted once the budget lets it go)
                     self._metrics.retried(pool.name, failure.reason)
             if i == 0:
-                self._metrics.pre_upstream.observe(perf_counter() - req.t0)
+                self._metrics.pre_upstream.observe(req.own_time(perf_counter()))
             last = i + 1 == len(order) or pool.budget.tokens < 1.0
             try:
                 failure_or_none = await self._attempt(send, req, replica, body, headers, last)

@@ -120,6 +120,11 @@ class ProxiedRequest:
         # is called (once, when the request is over)
         self.flow_done: Callable[[], None] | None = None
 
+    def own_time(self, now: float) -> float:
+        """Seconds since it arrived spent in kvgate itself (`kvgate_overhead_seconds`): not
+        those it waited in flow control's queue or for a held pick (`queued_s`)."""
+        return now - self.t0 - (self.queued_s or 0.0)
+
     def settled_headers(self) -> None:
         """`extra`'s x-ratelimit-* as they read once the admission is settled (OpenAI's
         remaining after the request): a whole answer's, sent after its settle (both edges);

@@ -173,7 +173,7 @@ class RequestSide(ExchangeState):
         req.route = "spill" if req.spilled else decision.reason
         self._attach(self.order[0])
         self._sent_at = perf_counter()
-        core.metrics.pre_upstream.observe(self._sent_at - req.t0)
+        core.metrics.pre_upstream.observe(req.own_time(self._sent_at))
         set_headers, remove = _credentials(pool.headers.get("Authorization"))
         if req.parsed.stream and req.kind != "embeddings":
             remove += (wire.WHOLE,)  # a client's: a stream keeps the first-byte bound
