@@ -24,6 +24,7 @@ from gateway.cli.serve import (
     check_secrets,
     config_from_args,
     run_server,
+    start_output,
     start_warnings,
 )
 from gateway.config import LOG_LEVELS, KvgateConfig, epp_ports
@@ -135,10 +136,10 @@ def main(argv: list[str]) -> int:
     except ListenError as exc:
         print(f"kvgate epp: {exc.line()}", file=sys.stderr, flush=True)
         return 1
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    for line in [*start_warnings(cfg), *named_hosts(cfg), *stall_cut_by_envoy(cfg)]:
-        print(line, file=sys.stderr, flush=True)
+    say = start_output(cfg)  # with log_format json, as JSON log lines (as `kvgate serve`)
+    for line in [*([warning] if warning else []), *start_warnings(cfg), *named_hosts(cfg),
+                 *stall_cut_by_envoy(cfg)]:
+        say(line)
     from gateway.epp.server import EppApp  # the protos load only here
 
     return run_server(cfg, "kvgate epp", app=EppApp(cfg), sockets=sockets,

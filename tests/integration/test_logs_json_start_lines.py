@@ -1,12 +1,14 @@
-"""With ``--log-format json`` every line `kvgate serve` writes is a JSON log line: its
-start-up warnings too (the no-auth banner, the quick form's), which a log collector parsing
-each stderr line as JSON otherwise met as bare text. Real gateway, a simulated replica."""
+"""With ``--log-format json`` every line `kvgate serve` and `kvgate epp` write is a JSON log
+line: their start-up warnings too (the no-auth banner, the quick form's), which a log collector
+parsing each stderr line as JSON otherwise met as bare text. Real gateway and picker, a
+simulated replica."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
 
+from tests.support.epp import epp_proc
 from tests.support.gateway import gateway_proc
 from tests.support.procs import Proc
 
@@ -19,11 +21,23 @@ def test_start_warnings_are_json_lines(sim_factory: SimFactory) -> None:
                          env={"KVGATE_CONFIG": "unread-config.yaml"})
     with gw:  # started and ready: the start-up lines are written
         output = gw.output(None)
+    _all_json_with_banners(output, "WITHOUT AUTHENTICATION", "--upstream is the quick form")
+
+
+def test_the_pickers_start_warnings_are_json_lines(sim_factory: SimFactory) -> None:
+    _, sim = sim_factory("--time-scale", "50")
+    picker = epp_proc(upstreams=[sim], args=["--log-format", "json"])
+    with picker:
+        output = picker.output(None)
+    _all_json_with_banners(output, "WITHOUT AUTHENTICATION")
+
+
+def _all_json_with_banners(output: str, *banners: str) -> None:
     lines = [line for line in output.splitlines() if line.strip()]
     not_json = [line for line in lines if not line.startswith("{")]
     assert not not_json, not_json
     records = [json.loads(line) for line in lines]
     warnings = [r["msg"] for r in records if r["level"] == "warning"]
-    assert any("WITHOUT AUTHENTICATION" in m for m in warnings), warnings
-    assert any("--upstream is the quick form" in m for m in warnings), warnings
+    for banner in banners:
+        assert any(banner in m for m in warnings), (banner, warnings)
     assert any(r["msg"].startswith("listening on") for r in records)
