@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.deploy.test_observability_assets import ROOT, _rules
 from tests.support.gateway import gateway_proc, metric_values, wait_for
-from tests.support.procs import Proc
+from tests.support.procs import Proc, redis_proc
 
 MODEL = "sim-model"
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -175,3 +175,23 @@ def test_scrape_stale_alert_covers_a_replica_never_scraped(sim_factory: SimFacto
         assert firing("kvgate_replica_healthy == 1", base) == {blind_id, good_id}
         httpx.post(f"{blind}/sim/faults", json={"metrics_status": 0}).raise_for_status()
         wait_for(lambda: not firing(expr, base), timeout=30, what="the alert to clear")
+
+
+def test_shared_state_alert_fires_while_redis_is_gone(sim_factory: SimFactory) -> None:
+    """`KvgateSharedRoutingStateDown`: a gateway routing on its own state only (the shared
+    routing state's Redis gone) is named, and not while Redis answers."""
+    _, sim = sim_factory("--time-scale", "50")
+    redis, url = redis_proc()
+    with redis:
+        gw, base = gateway_proc(config={"pools": {"p": {"served_model": MODEL,
+                                                        "replicas": [sim]}}},
+                                env={"KVGATE_REDIS_URL": url, "KVGATE_ADMIN_TOKEN": "x" * 32})
+        with gw:
+            expr = _alert("KvgateSharedRoutingStateDown")
+            wait_for(lambda: metric_values(base, "kvgate_sync_up") == {"": 1.0}, timeout=30,
+                     what="sharing up")
+            assert not firing(expr, base)
+            redis.stop()
+            wait_for(lambda: metric_values(base, "kvgate_sync_up") == {"": 0.0}, timeout=30,
+                     what="sharing down")
+            assert firing(expr, base) == {"None/None"}
