@@ -11,7 +11,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
-from gateway.answer_headers import removed
+from gateway.answer_headers import NO_RETRY, removed
 from gateway.epp import envoy_reply, wire
 from gateway.epp.deadlines import Deadlines
 from gateway.epp.local_reply import local_error
@@ -489,6 +489,9 @@ class AnswerSide(Deadlines):
         if shaped is not None:
             data = shaped
             headers.append(("content-type", b"application/json"))
+        if status == 501 and req is not None:  # vLLM's NotImplementedError: the HTTP edge's
+            headers.append((NO_RETRY[0].decode(), NO_RETRY[1]))  # hint (`relay`), the SDKs'
+            # retries cannot outlast it
         busy = None  # (Envoy tries no other replica after a 429: this one's wait)
         if status == 429 and req is not None and req.target is not None:
             busy = busy_wait(req.target, self._held_retry, self._core.clock())
