@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from gateway.scrape import Sample
 from gateway.stall import StallWatch, progress
 from routing.learning import TtftFit
+from routing.load import still_running
 from routing.types import ReplicaView
 
 __all__ = ["HealthRules", "Lease", "Lost", "Replica", "RetryBudget", "replica_id"]
@@ -93,11 +94,11 @@ class Replica:
     __slots__ = (
         "_heard_answers", "_policy", "_stall", "answers", "asleep", "attempts", "busy_streak",
         "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
-        "ejected_until", "ejections",
+        "ejected_until", "ejections", "ended_since_scrape",
         "epoch", "failed", "failures", "fell_asleep", "heard_at", "hit_ratio", "id", "inflight",
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool",
-        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at",
+        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at", "scrapes",
         "sleep_said_until", "sleep_streak", "slow_probes", "stalled", "stalls", "state", "url",
         "waiting_since", "watch",
         "whole_waiting_tokens",
@@ -122,6 +123,10 @@ class Replica:
         self.waiting_since: float | None = None
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
+        # good scrapes so far, and requests of ours that were in flight at the last one and
+        # ended since: its page still counts them running (`view` takes them off)
+        self.scrapes = 0
+        self.ended_since_scrape = 0
         # prefix-cache hits / queries between the last two good scrapes (None: no traffic yet)
         self.hit_ratio: float | None = None
         # nothing listened at its address (`HealthMonitor`): its process was gone, and its
@@ -224,6 +229,8 @@ class Replica:
             if before is not None and after is not None and after > before:
                 self.heard_at = now  # its engine works (on requests of ours or not)
         self.scraped, self.scraped_at = sample, now
+        self.scrapes += 1
+        self.ended_since_scrape = 0
         if sample.asleep is None and self.sleep_said_until is not None:
             return lost  # no sleep metric: its answers tell when it wakes (`record_sleeping`)
         self.sleep_said_until = None
@@ -552,7 +559,8 @@ class Replica:
             )
         return ReplicaView(
             id=self.id, pool=self.pool, healthy=healthy, waiting=s.waiting,
-            running=s.running, kv_usage=s.kv_usage, cache_capacity_tokens=s.cache_capacity_tokens,
+            running=still_running(s.running, self.ended_since_scrape), kv_usage=s.kv_usage,
+            cache_capacity_tokens=s.cache_capacity_tokens,
             scrape_age_s=now - self.scraped_at, inflight=self.inflight,
             inflight_prefill_tokens=self.inflight_prefill_tokens,
             inflight_prefill=self.inflight_prefill, silent_s=self.silent_for(now),
@@ -599,7 +607,7 @@ class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "replica", "seen")
+                 "replica", "scrapes", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
@@ -611,6 +619,7 @@ class Lease:
         self.answered = False  # a first token (or a whole answer) arrived
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
+        self.scrapes = replica.scrapes  # the scrapes before it was sent
 
     def on_stall(self, cut: Callable[[], None]) -> None:
         """Call `cut` if its replica is found stalled before this request got anything (a
@@ -654,6 +663,8 @@ class Lease:
         self._released = True
         self._uncuttable()
         replica.inflight -= 1
+        if self.scrapes < replica.scrapes:  # in flight at its last scrape, which counts it
+            replica.ended_since_scrape += 1
         if self.epoch == replica.epoch:  # sent since its last ejection
             replica.current -= 1
             if not self.answered:

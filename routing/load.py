@@ -15,7 +15,7 @@ from xxhash import xxh3_64_intdigest
 
 from routing.types import ReplicaView
 
-__all__ = ["LoadBound", "bound_limit", "fresh", "mix", "replica_hash"]
+__all__ = ["LoadBound", "bound_limit", "fresh", "mix", "replica_hash", "still_running"]
 
 _MASK64 = (1 << 64) - 1
 
@@ -34,6 +34,16 @@ def mix(key: int, replica_h: int) -> int:
 def fresh(view: ReplicaView, stale_after_s: float) -> bool:
     """Whether the scraped fields of ``view`` may be used (fail open when stale or missing)."""
     return view.scrape_age_s is not None and view.scrape_age_s <= stale_after_s
+
+
+def still_running(scraped: float | None, ended_since: int) -> float | None:
+    """An engine's scraped ``running`` less the gateway's requests that were in flight at that
+    scrape and have ended since: the page still counts them (a scrape is up to an interval
+    old), and a conversation's next turn, sent right after the last one ended, found its
+    replica charged with the turn it follows and went elsewhere."""
+    if scraped is None or not ended_since:
+        return scraped
+    return scraped - ended_since if scraped > ended_since else 0.0
 
 
 def bound_limit(total: int, n: int, factor: float, slack: float) -> float:

@@ -35,6 +35,7 @@ from loadtest.sim.engine import Engine
 from loadtest.sim.spec import EngineConfig, RequestSpec
 from routing.features import root_seed
 from routing.learning import EngineCounters
+from routing.load import still_running
 from routing.peers import ReplicaLoad, RouteRecord
 from routing.policies import YARDSTICKS, PolicyFactory
 from routing.router import Router, RouterConfig
@@ -107,6 +108,8 @@ class _Counts:
     prefill_count: int = 0
     scraped: tuple[float, float, float] = (0.0, 0.0, 0.0)  # waiting, running, kv usage
     scraped_at: float = 0.0
+    scrapes: int = 0
+    ended_since_scrape: int = 0  # in flight at the last scrape, ended since (as the gateway's)
 
 
 @dataclass(slots=True)
@@ -129,6 +132,7 @@ class _Live:
     replica: _Replica
     gateway: _Gateway
     seq: int
+    scrapes: int  # its gateway's scrapes of its replica before it was sent
     first_token_s: float | None = None
 
 
@@ -197,6 +201,8 @@ def _views(sim: _Sim, gw: _Gateway, now: float) -> list[ReplicaView]:
             e = r.engine
             c.scraped = (float(e.num_waiting), float(e.num_running), e.kv_usage)
             c.scraped_at = now
+            c.scrapes += 1
+            c.ended_since_scrape = 0
             st = e.stats  # the prefill histograms' sums and count, as the gateway scrapes them
             gw.router.record_counters(r.id, EngineCounters(
                 st.prefill_seconds, st.prefill_requests, st.prefill_computed_tokens), now)
@@ -206,7 +212,7 @@ def _views(sim: _Sim, gw: _Gateway, now: float) -> list[ReplicaView]:
                 id=r.id,
                 pool=sim.fleet.pool,
                 waiting=waiting,
-                running=running,
+                running=still_running(running, c.ended_since_scrape),
                 kv_usage=kv,
                 cache_capacity_tokens=sim.fleet.kv_tokens,
                 scrape_age_s=now - c.scraped_at,
@@ -283,7 +289,10 @@ def _first_token(sim: _Sim, live: _Live, t: float) -> None:
 
 def _finish(sim: _Sim, rid: str, live: _Live, t: float) -> None:
     gw, r, req = live.gateway, live.replica, live.req
-    gw.counts[r.id].inflight -= 1
+    c = gw.counts[r.id]
+    c.inflight -= 1
+    if live.scrapes < c.scrapes:
+        c.ended_since_scrape += 1
     del sim.live[rid]
     sim.outcomes.append(Outcome(r.id, req.arrival_s, live.first_token_s, t, True, live.seq))
     if sim.flow is not None:
@@ -320,7 +329,7 @@ def _route(
     c.inflight += 1
     c.prefill_tokens += req.prompt_tokens
     c.prefill_count += 1
-    sim.live[rid] = _Live(req, features, replica, gw, seq)
+    sim.live[rid] = _Live(req, features, replica, gw, seq, c.scrapes)
     _publish(sim, gw, replica.id, now)
     return True
 

@@ -119,6 +119,21 @@ def test_view_carries_accounting() -> None:
         "127.0.0.1:9001", "fp8", True, 1, 40)
 
 
+def test_a_scrapes_running_leaves_out_our_requests_ended_since() -> None:
+    """A turn ended after the scrape that saw it running: the next pick must not charge the
+    replica with it (`routing.load.still_running`); one sent after that scrape is not in it."""
+    r = replica()
+    before = r.acquire(10, now=0.0)
+    r.record_scrape(Sample(running=2.0), 1.0)  # ours and another client's
+    after = r.acquire(10, now=1.1)
+    after.release()  # sent after the scrape: never counted by it
+    assert r.view(1.2).running == 2.0
+    before.release()
+    assert r.view(1.3).running == 1.0
+    r.record_scrape(Sample(running=0.0), 1.5)  # a new scrape says it again itself
+    assert r.view(1.6).running == 0.0
+
+
 def test_retry_budget_reserve_then_ratio() -> None:
     budget = RetryBudget(ratio=0.5, reserve=2)
     assert [budget.try_spend() for _ in range(3)] == [True, True, False]
