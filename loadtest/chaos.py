@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -32,9 +34,11 @@ from loadtest.chaos_check import (
     ended,
     footprint,
     gateway_state,
+    leases,
     logs_clean,
     resources,
     settled_5xx,
+    timeline,
 )
 from loadtest.chaos_faults import Faults
 from loadtest.chaos_load import Load, Tenant
@@ -84,9 +88,12 @@ async def _probe(bases: list[str], tenants: list[Tenant], seed: int) -> Load:
 
 def run(seconds: float, seed: int, clients: int, settle: float, keep: bool) -> list[Check]:
     rng = random.Random(seed)
-    with tempfile.TemporaryDirectory(prefix="kvgate-chaos-", delete=not keep) as tmp:
-        if keep:
-            print("logs kept in", tmp, flush=True)
+    tmp = tempfile.mkdtemp(prefix="kvgate-chaos-")
+    if keep:
+        print("logs kept in", tmp, flush=True)
+    with contextlib.ExitStack() as stack:
+        if not keep:
+            stack.callback(shutil.rmtree, tmp, True)
         procs = Procs(Path(tmp))
         try:
             procs.start()
@@ -108,6 +115,7 @@ def run(seconds: float, seed: int, clients: int, settle: float, keep: bool) -> l
             # a restarted gateway is a new process: its figures say nothing of the old one
             checks += [resources(g.name, b, footprint(g.pid))
                        for g, b in zip(procs.gateways, before, strict=True) if g.starts == 1]
+            checks.append(leases(procs.redis_url))
             secrets = [ADMIN, SALT, *salts, *(t.key for t in tenants)]
             checks += logs_clean(procs.gateways, secrets, [*load.records, *probe.records])
             _report(seed, load, probe, faults.log, checks)
@@ -122,6 +130,8 @@ def _report(seed: int, load: Load, probe: Load, faults: list[str], checks: list[
     for outcome, n in sorted(load.summary().items(), key=lambda kv: -kv[1]):
         print(f"  {n:6d}  {outcome}")
     print("  after the settle:", dict(probe.summary()))
+    print("  errors other than 401/429, per 5 s:", timeline(load.records))
+    print("  faults:\n   ", "\n    ".join(faults))
     print("\n| invariant | pass | detail |\n|---|---|---|")
     for name, ok, detail in checks:
         print(f"| {name} | {'pass' if ok else 'FAIL'} | {detail if not ok else ''} |")

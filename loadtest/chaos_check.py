@@ -99,3 +99,30 @@ def logs_clean(gateways: list[Child], secrets: list[str], records: list[Record])
     return [("no traceback in gateway logs", not tb, f"{tb} {first!r}"[:700]),
             ("no secret in gateway logs", not leaked, ",".join(leaked)),
             ("no secret in client-visible errors", not told, ",".join(told))]
+
+
+def leases(redis_url: str) -> Check:
+    """Tenants' concurrency leases not yet expired, in Redis (`<ns>:rl:{t}:leases`, scored by
+    expiry in Redis's clock): 0 once nothing runs, or a tenant is held below its limit."""
+    import redis
+
+    r = redis.Redis.from_url(redis_url, socket_timeout=5)
+    try:
+        sec, usec = r.time()
+        now = sec + usec / 1e6
+        held = {k.decode(): int(r.zcount(k, now, "+inf"))
+                for k in r.scan_iter(match="*:rl:*:leases", count=1000)}
+    finally:
+        r.close()
+    live = {k: n for k, n in held.items() if n}
+    return ("no tenant concurrency lease held", not live, str(live)[:200])
+
+
+def timeline(records: list[Record], bucket_s: float = 5.0) -> str:
+    """Errors other than 401/429 per `bucket_s` of the run: when they happened."""
+    counts: dict[int, int] = {}
+    for r in records:
+        if r.outcome not in ("ok", "cancelled") and r.status not in (401, 429):
+            b = int(r.start // bucket_s)
+            counts[b] = counts.get(b, 0) + 1
+    return " ".join(f"{b * bucket_s:.0f}s:{n}" for b, n in sorted(counts.items()))

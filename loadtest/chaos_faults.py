@@ -18,8 +18,11 @@ from loadtest.chaos_procs import ADMIN, Child, Procs
 
 __all__ = ["FAULTS", "Faults"]
 
-FAULTS = ["replica-kill", "replica-stop", "redis-kill", "redis-stop", "gateway-term",
-          "tier-limits", "key-revoke", "replica-remove"]
+# two lanes run side by side, so admin writes meet process faults (a write while Redis is
+# stopped, a replica removed while another is killed)
+PROCESS = ["replica-kill", "replica-stop", "redis-kill", "redis-stop", "gateway-term"]
+ADMIN_WRITES = ["tier-limits", "key-revoke", "replica-remove"]
+FAULTS = PROCESS + ADMIN_WRITES
 
 
 @dataclass
@@ -36,7 +39,10 @@ class Faults:
         print("  fault", line, flush=True)
 
     async def run(self, seconds: float) -> None:
-        order = FAULTS[:]
+        await asyncio.gather(self._lane(PROCESS, seconds), self._lane(ADMIN_WRITES, seconds))
+
+    async def _lane(self, names: list[str], seconds: float) -> None:
+        order = names[:]
         self.rng.shuffle(order)
         slot = seconds / (len(order) + 1)
         for i, name in enumerate(order):

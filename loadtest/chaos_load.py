@@ -104,7 +104,9 @@ class Load:
             rec.outcome, rec.status = type(exc).__name__, exc.status_code
             rec.message = str(exc)
         except openai.APIError as exc:  # connection refused or reset, timeout, error event
-            rec.outcome, rec.message = type(exc).__name__, str(exc)
+            cause = exc.__cause__
+            rec.outcome = type(exc).__name__
+            rec.message = f"{exc} ({type(cause).__name__}: {cause})" if cause else str(exc)
         except Exception as exc:
             rec.outcome, rec.message = f"other:{type(exc).__name__}", str(exc)[:300]
 
