@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -131,6 +132,10 @@ def _report(seed: int, load: Load, probe: Load, faults: list[str], checks: list[
         print(f"  {n:6d}  {outcome}")
     print("  after the settle:", dict(probe.summary()))
     print("  errors other than 401/429, per 5 s:", timeline(load.records))
+    said = Counter(f"{r.outcome}: {r.message[:110]}" for r in load.records
+                   if r.outcome not in ("ok", "cancelled"))
+    for line, n in said.most_common(6):
+        print(f"  {n:6d}  {line}")
     print("  faults:\n   ", "\n    ".join(faults))
     print("\n| invariant | pass | detail |\n|---|---|---|")
     for name, ok, detail in checks:

@@ -1,6 +1,7 @@
 """The seeded fault schedule of `loadtest.chaos`: process faults (SIGKILL and restart on the
 same port, SIGSTOP/SIGCONT, SIGTERM and restart) and admin policy writes, spread over the run
-in an order and at times drawn from the seed. Every fault heals itself before the next one."""
+in an order and at times drawn from the seed. The three lanes (Redis, other processes, admin)
+run side by side; in a lane every fault heals itself before the next one."""
 
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ from loadtest.chaos_procs import ADMIN, Child, Procs
 
 __all__ = ["FAULTS", "Faults"]
 
-# two lanes run side by side, so admin writes meet process faults (a write while Redis is
-# stopped, a replica removed while another is killed)
-PROCESS = ["replica-kill", "replica-stop", "redis-kill", "redis-stop", "gateway-term"]
+# three lanes run side by side, so faults meet: an admin write or a gateway's restart while
+# Redis is stopped, a replica removed while another is killed
+REDIS = ["redis-kill", "redis-stop"]
+PROCESS = ["replica-kill", "replica-stop", "gateway-term"]
 ADMIN_WRITES = ["tier-limits", "key-revoke", "replica-remove"]
-FAULTS = PROCESS + ADMIN_WRITES
+FAULTS = REDIS + PROCESS + ADMIN_WRITES
 
 
 @dataclass
@@ -39,7 +41,8 @@ class Faults:
         print("  fault", line, flush=True)
 
     async def run(self, seconds: float) -> None:
-        await asyncio.gather(self._lane(PROCESS, seconds), self._lane(ADMIN_WRITES, seconds))
+        await asyncio.gather(*(self._lane(lane, seconds) for lane in (REDIS, PROCESS,
+                                                                       ADMIN_WRITES)))
 
     async def _lane(self, names: list[str], seconds: float) -> None:
         order = names[:]
