@@ -38,6 +38,7 @@ from loadtest.chaos_check import (
     leases,
     logs_clean,
     resources,
+    revoked_refused,
     settled_5xx,
     timeline,
 )
@@ -109,6 +110,7 @@ def run(seconds: float, seed: int, clients: int, settle: float, keep: bool) -> l
             probe = asyncio.run(_probe(bases, tenants, seed))
             time.sleep(2)
             checks = ended(load.records, {t.id for t in tenants if t.revoked})
+            checks.append(revoked_refused(load.records, load.t0, tenants))
             checks += ended(probe.records, set())[:3]
             checks.append(settled_5xx(probe.records))
             for b in bases:

@@ -10,11 +10,12 @@ from typing import Any
 
 import httpx
 
-from loadtest.chaos_load import Record
+from loadtest.chaos_load import Record, Tenant
 from loadtest.chaos_procs import ADMIN, Child
 from loadtest.soak_sample import _walk
 
-__all__ = ["Check", "ended", "gateway_state", "logs_clean", "resources", "settled_5xx"]
+__all__ = ["Check", "ended", "footprint", "gateway_state", "leases", "logs_clean", "resources",
+           "revoked_refused", "settled_5xx", "timeline"]
 
 Check = tuple[str, bool, str]
 _AUTH = {"Authorization": f"Bearer {ADMIN}"}
@@ -34,6 +35,18 @@ def ended(records: list[Record], revoked: set[str]) -> list[Check]:
             f"{r.outcome} {r.message[:80]}" for r in other[:3])),
         ("no 401 for a valid key", not bad401, f"{len(bad401)}"),
     ]
+
+
+def revoked_refused(records: list[Record], t0: float, tenants: list[Tenant],
+                    grace_s: float = 3.0) -> Check:
+    """A key revoked (answered 204) serves no request begun `grace_s` later, through either
+    gateway (the other learns it within its poll interval, 0.5 s)."""
+    at = {t.id: t.revoked_at for t in tenants if t.revoked_at}
+    served = [r for r in records if r.tenant in at and r.status == 200
+              and t0 + r.start > at[r.tenant] + grace_s]
+    return ("a revoked key serves nothing", not served, f"{len(served)} served after "
+            "its revocation: " + ", ".join(f"{t0 + r.start - at[r.tenant]:.1f}s"
+                                           for r in served[:5]))
 
 
 def _metric_sum(text: str, fam: str) -> float:

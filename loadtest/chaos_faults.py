@@ -113,7 +113,8 @@ class Faults:
     async def _key_revoke(self) -> None:
         t = self.rng.choice([t for t in self.tenants if not t.revoked])
         t.revoked = True  # its 401s are expected from now on
-        await self._admin("DELETE", f"/tenants/{t.id}/keys/{t.key_id}")
+        if await self._admin("DELETE", f"/tenants/{t.id}/keys/{t.key_id}") == 204:
+            t.revoked_at = time.monotonic()
 
     async def _replica_remove(self) -> None:
         pool = self.rng.choice(["fp8", "awq"])

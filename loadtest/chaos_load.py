@@ -30,11 +30,12 @@ class Tenant:
     key: str
     key_id: str
     revoked: bool = False
+    revoked_at: float = 0.0  # time.monotonic() when the revocation was answered 204
 
 
 @dataclass(slots=True)
 class Record:
-    start: float
+    start: float  # seconds since `Load.t0`
     kind: str  # chat|completions, -stream, -cancel
     outcome: str  # ok, cancelled, truncated, hang, an exception class name
     status: int = 0
