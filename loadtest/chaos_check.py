@@ -114,21 +114,29 @@ def logs_clean(gateways: list[Child], secrets: list[str], records: list[Record])
             ("no secret in client-visible errors", not told, ",".join(told))]
 
 
-def leases(redis_url: str) -> Check:
-    """Tenants' concurrency leases not yet expired, in Redis (`<ns>:rl:{t}:leases`, scored by
-    expiry in Redis's clock): 0 once nothing runs, or a tenant is held below its limit."""
+def leases(redis_url: str, ns: str = "kvgate") -> Check:
+    """Tenants' concurrency leases not yet expired in Redis (`<ns>:rl:{t}:leases`, scored by
+    expiry in Redis's clock) whose holder is alive (its heartbeat `<ns>:lease-holder:<id>`):
+    0 once nothing runs. A dead holder's leases stop counting with its heartbeat (5 s) and
+    are only shown (`holders.py`)."""
     import redis
 
-    r = redis.Redis.from_url(redis_url, socket_timeout=5)
+    r = redis.Redis.from_url(redis_url, socket_timeout=5, decode_responses=True)
+    live: dict[str, int] = {}
+    orphans = 0
     try:
         sec, usec = r.time()
         now = sec + usec / 1e6
-        held = {k.decode(): int(r.zcount(k, now, "+inf"))
-                for k in r.scan_iter(match="*:rl:*:leases", count=1000)}
+        for key in r.scan_iter(match=f"{ns}:rl:*:leases", count=1000):
+            for lease in r.zrangebyscore(key, now, "+inf"):
+                if r.exists(f"{ns}:lease-holder:{str(lease).split('.', 1)[0]}"):
+                    live[key] = live.get(key, 0) + 1
+                else:
+                    orphans += 1
     finally:
         r.close()
-    live = {k: n for k, n in held.items() if n}
-    return ("no tenant concurrency lease held", not live, str(live)[:200])
+    return ("no tenant concurrency lease held", not live,
+            f"{str(live)[:160]}; of dead holders (not counted): {orphans}")
 
 
 def timeline(records: list[Record], bucket_s: float = 5.0) -> str:
