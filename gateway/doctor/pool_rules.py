@@ -157,20 +157,6 @@ def _flow_shed(p: PoolStats, th: Thresholds, ctx: Context) -> Finding:
         "(flow.max_queue, the tiers' max wait) does not hold the excess", action, ev)
 
 
-def _inflight_bound(pool: str, ctx: Context) -> tuple[int, str] | None:
-    """The in-flight bound flow control holds ``pool``'s replicas to, and the setting that
-    sets it: the policy's own for the pool, else ``flow.max_inflight`` (None: flow off)."""
-    if ctx.flow_max_inflight is None:
-        return None
-    own = ctx.pool_max_inflight(pool)
-    if own is not None:
-        return own, (f"the policy's pools.{pool}.max_inflight (now {own}; through the admin "
-                     "API, at run time)")
-    return ctx.flow_max_inflight, (
-        f"flow.max_inflight (now {ctx.flow_max_inflight}), or at run time the policy's "
-        f"pools.{pool}.max_inflight through the admin API")
-
-
 def _flow_bound(p: PoolStats, th: Thresholds, ctx: Context) -> tuple[str, list[Evidence]]:
     """Where a pool saturated by flow control reaches its bound -- the engines (full: their
     findings say which flag) or flow control's saturation bounds (the engines have room) --
@@ -183,10 +169,9 @@ def _flow_bound(p: PoolStats, th: Thresholds, ctx: Context) -> tuple[str, list[E
     if full:
         action = (f"the engines are full too ({', '.join(full)}: their findings say which "
                   f"flag): act on those, or add replicas to pool {p.name}")
-    elif ((bound := _inflight_bound(p.name, ctx)) and known(inflight)
-          and inflight >= 0.75 * bound[0]):
-        action = (f"raise {bound[1]}: the replicas hold ~{inflight:.0f} requests each and "
-                  "their engines have room")
+    elif ctx.flow_max_inflight and known(inflight) and inflight >= 0.75 * ctx.flow_max_inflight:
+        action = (f"raise flow.max_inflight (now {ctx.flow_max_inflight}): the replicas hold "
+                  f"~{inflight:.0f} requests each and their engines have room")
     else:
         action = ("the engines have room (no queue of their own, KV below the knee): raise "
                   "the flow control bound the pool reaches (flow.max_unanswered, "

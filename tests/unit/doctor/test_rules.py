@@ -626,23 +626,6 @@ def test_requests_shed_by_flow_control_are_a_pool_finding_not_healthy() -> None:
     assert classes(classify_pool(few, TH, CTX)) == ["healthy"]
 
 
-def test_a_pools_own_inflight_bound_in_the_policy_is_the_one_named() -> None:
-    """With the policy's ``pools.p.max_inflight`` set (over flow.max_inflight, changed at run
-    time), the doctor told an operator to raise flow.max_inflight, which binds that pool no
-    more: the bound named is the pool's own, with its value."""
-    p = pool(replica("a", inflight_mean=6.0), requests=1975.0, flow_queued=0.0,
-             flow_depth_mean=0.0, flow_shed=1839.0)
-    ctx = Context(flow_max_inflight=2, pool_max_inflight=lambda name: 8 if name == "p" else None)
-    (f,) = classify_pool(p, TH, ctx)
-    assert f.action.startswith("raise the policy's pools.p.max_inflight (now 8; through the "
-                               "admin API, at run time)"), f.action
-    # the pool's replicas far below its own bound: not the bound to raise
-    low = pool(replica("a", inflight_mean=2.0), requests=1975.0, flow_queued=0.0,
-               flow_depth_mean=0.0, flow_shed=1839.0)
-    (f,) = classify_pool(low, TH, ctx)
-    assert "max_inflight" not in f.action, f.action
-
-
 def test_a_slow_engine_a_load_aware_router_avoids_is_named() -> None:
     """cache_aware sent an A100-70B-AWQ replica 3 of 1,811 requests beside two faster ones
     (TTFT 863 ms vs 130 ms, inter-token 60 ms vs 11 ms): every row was healthy, the slow one
