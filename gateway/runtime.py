@@ -139,7 +139,8 @@ async def start_runtime(
         sync_cause=lambda: sync.down_cause if sync else None,
         tenancy_loaded=lambda: tenancy.resolver.health().loaded, clock=clock,
         flow=flow_queues(proxy.prep.flow) if proxy.prep.flow is not None else None,
-        no_load_data=scraper.no_load_data)
+        no_load_data=scraper.no_load_data, pool_max_inflight=lambda name: (
+            None if (pc := pools.doc.pools.get(name)) is None else pc.max_inflight))
     proxy.prep.sharing = doctor.sharing
     await doctor.start()
     stack.push_async_callback(doctor.stop)

@@ -47,7 +47,7 @@ from gateway.config import (
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
-from gateway.logs import configure_logging
+from gateway.logs import JsonFormatter, configure_logging
 from gateway.workers import WORKERS_NEED_REDIS, run_workers, workers_apart
 from routing.policies import REGISTRY
 
@@ -368,7 +368,16 @@ def start_output(cfg: KvgateConfig) -> Callable[[str], None]:
     if cfg.server.log_format != "json":
         return lambda text: print(text, file=sys.stderr, flush=True)
     configure_logging(cfg.server.log_level, "json")
-    return lambda text: log.warning(" ".join(text.split()))
+    formatter = JsonFormatter()
+
+    def say(text: str) -> None:
+        # formatted here, not passed through the root logger: its level (`--log-level
+        # error`) dropped them, and the plain-text banners are written whatever it says
+        record = log.makeRecord(log.name, logging.WARNING, __file__, 0,
+                                " ".join(text.split()), (), None)
+        print(formatter.format(record), file=sys.stderr, flush=True)
+
+    return say
 
 
 def start_warnings(cfg: KvgateConfig) -> list[str]:

@@ -53,6 +53,7 @@ def build_doctor(
     tenancy_loaded: Callable[[], bool], clock: Callable[[], float],
     flow: Callable[[], Mapping[str, tuple[float, float, float]]] | None = None,
     no_load_data: Callable[[str], bool] = lambda rid: False,
+    pool_max_inflight: Callable[[str], int | None] = lambda pool: None,
 ) -> Doctor:
     """The doctor of a gateway app (its lifespan starts and stops it)."""
     from gateway.doctor.findings import Context
@@ -71,6 +72,7 @@ def build_doctor(
                   scrape_interval_s=rc.scrape_interval_ms / 1000.0, interval_s=dc.interval_s,
                   workers=cfg.server.workers, cores=usable_cores(),
                   flow_max_inflight=cfg.flow.max_inflight if cfg.flow.enabled else None,
+                  pool_max_inflight=pool_max_inflight,
                   failure_threshold=cfg.health.failure_threshold,
                   stall_after_s=cfg.health.stall_after_s or None)
     settings = DoctorSettings(dc.interval_s, dc.history_s, dict(dc.thresholds))

@@ -7,7 +7,7 @@ evidence item, `known` for a number that is not NaN, `fmt_value` for display).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -81,6 +81,9 @@ class Context:
     workers: int = 1  # server.workers
     cores: int | None = None  # cores this process may run on (its CPU affinity); None: unknown
     flow_max_inflight: int | None = None  # flow.max_inflight when flow control is on
+    # a pool's own in-flight bound in the policy in force (pools.<p>.max_inflight, over
+    # flow.max_inflight; None: not set), read when a rule runs: it changes at run time
+    pool_max_inflight: Callable[[str], int | None] = lambda pool: None
     failure_threshold: int = 3  # health.failure_threshold: consecutive failures eject
     stall_after_s: float | None = 60.0  # health.stall_after_s: a frozen engine is ejected
 

@@ -166,11 +166,16 @@ def _flow_bound(p: PoolStats, th: Thresholds, ctx: Context) -> tuple[str, list[E
     inflight = max((r.inflight_mean for r in live if known(r.inflight_mean)), default=math.nan)
     waiting = max((r.waiting_share for r in live if known(r.waiting_share)), default=math.nan)
     kv = max((r.kv_p90 for r in live if known(r.kv_p90)), default=math.nan)
+    # the bound flow control holds the pool to: the policy's for this pool when it sets one
+    # (it overrides the configuration's, and raising the configuration's would change nothing)
+    bound, knob = ctx.pool_max_inflight(p.name), f"pools.{p.name}.max_inflight in the policy"
+    if bound is None:
+        bound, knob = ctx.flow_max_inflight, "flow.max_inflight"
     if full:
         action = (f"the engines are full too ({', '.join(full)}: their findings say which "
                   f"flag): act on those, or add replicas to pool {p.name}")
-    elif ctx.flow_max_inflight and known(inflight) and inflight >= 0.75 * ctx.flow_max_inflight:
-        action = (f"raise flow.max_inflight (now {ctx.flow_max_inflight}): the replicas hold "
+    elif bound and known(inflight) and inflight >= 0.75 * bound:
+        action = (f"raise {knob} (now {bound}): the replicas hold "
                   f"~{inflight:.0f} requests each and their engines have room")
     else:
         action = ("the engines have room (no queue of their own, KV below the knee): raise "

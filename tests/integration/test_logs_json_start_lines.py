@@ -24,6 +24,19 @@ def test_start_warnings_are_json_lines(sim_factory: SimFactory) -> None:
     _all_json_with_banners(output, "WITHOUT AUTHENTICATION", "--upstream is the quick form")
 
 
+def test_start_warnings_are_said_whatever_the_log_level(sim_factory: SimFactory) -> None:
+    """The banners were written whatever `--log-level` said, as bare text; as JSON log lines
+    at level warning, `--log-level error` dropped them: a gateway serving without
+    authentication started without a word of it."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, _ = gateway_proc(upstreams=[sim], args=["--log-format", "json", "--log-level", "error"])
+    with gw:
+        output = gw.output(None)
+    lines = [json.loads(line) for line in output.splitlines() if line.strip()]
+    warnings = [r["msg"] for r in lines if r["level"] == "warning"]
+    assert any("WITHOUT AUTHENTICATION" in m for m in warnings), output
+
+
 def test_the_pickers_start_warnings_are_json_lines(sim_factory: SimFactory) -> None:
     _, sim = sim_factory("--time-scale", "50")
     picker = epp_proc(upstreams=[sim], args=["--log-format", "json"])

@@ -458,6 +458,25 @@ def test_requests_queued_in_flow_control_are_a_pool_queue(
     assert f.action.startswith(action)
 
 
+def test_a_pools_bound_in_the_policy_is_the_one_the_action_names() -> None:
+    """The policy's pools.<p>.max_inflight overrides flow.max_inflight: a pool held at the
+    policy's 4 while the configuration says 64 was told 'the engines have room ... raise
+    flow.max_unanswered' (its own bound unnamed); one the policy raised to 64 over the
+    configuration's 4 was told to raise flow.max_inflight, which bounds it no longer."""
+    p = pool(replica("a", inflight_mean=4.0), requests=400.0, flow_queued=300.0,
+             flow_depth_mean=12.0, flow_wait_mean=0.4)
+    bounds = {"p": 4}
+    (f,) = [f for f in classify_pool(p, TH, Context(flow_max_inflight=64,
+                                                    pool_max_inflight=bounds.get))
+            if f.cls != "healthy"]
+    assert f.action.startswith("raise pools.p.max_inflight in the policy (now 4)"), f.action
+    bounds["p"] = 64
+    (f,) = [f for f in classify_pool(p, TH, Context(flow_max_inflight=4,
+                                                    pool_max_inflight=bounds.get))
+            if f.cls != "healthy"]
+    assert f.action.startswith("the engines have room"), f.action
+
+
 def test_flow_control_off_or_rarely_queueing_is_no_finding() -> None:
     assert classes(classify_pool(pool(replica("a")), TH, CTX)) == ["healthy"]  # NaN: off
     few = pool(replica("a"), requests=400.0, flow_queued=40.0, flow_depth_mean=0.1)
