@@ -66,6 +66,13 @@ class LiveViews:
             if self.flow is not None:  # flow control's queue for this pool
                 entry["flow"] = pool_state(self.flow, pool, now)
             data.append(entry)
+        # a pool the policy removed, its replicas' last requests still in flight: listed
+        # until they end (a scale-down's whole pool is what an operator waits on)
+        for name in sorted({r.pool for r in self._pools.draining} - self._pools.by_name.keys()):
+            data.append({"pool": name, "removed": True, "served_model": None, "priority": False,
+                         "replicas": [], "draining": [self._replica(r, now, peers)
+                                                      for r in self._pools.draining
+                                                      if r.pool == name]})
         out: dict[str, Any] = {
             "object": "list", "policy_version": snap.version if snap else 0, "data": data,
             "sync": self._sync(now)}

@@ -54,3 +54,37 @@ def test_a_removed_replica_streams_on_and_shows_draining() -> None:
             return not admin.get("/replicas").json()["data"][0]["draining"]
 
         wait_for(drained, timeout=30, what="the removed replica drained")
+
+
+def test_a_removed_pools_replica_shows_draining() -> None:
+    """A policy write that removes a whole pool (a scale-down moving its model elsewhere): its
+    replica, still streaming, was listed nowhere (only pools in force were), the very case
+    the list is for."""
+    sims = [sim_proc(None, "--time-scale", "1", model="m") for _ in range(2)]
+    gone, kept = (url for _, url in sims)
+    config = {"pools": {"p": {"served_model": "m", "replicas": [gone]},
+                        "q": {"served_model": "m", "replicas": [kept]}},
+              "models": {"llama": {"default": "p"}}}
+    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
+    body = {"model": "llama", "stream": True, "max_tokens": 300, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "tell a long story"}]}
+    with sims[0][0], sims[1][0], gw, admin_client(base, ADMIN) as admin, \
+            httpx.Client(timeout=60) as client, \
+            client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        next(line for line in lines if line.startswith("data: "))
+        r = admin.patch("/policy", json={"pools": {"p": None},
+                                         "models": {"llama": {"default": "q"}}}, headers=MERGE)
+        assert r.status_code == 200, r.text
+
+        pools = {p["pool"]: p for p in admin.get("/replicas").json()["data"]}
+        assert pools["p"]["removed"] is True and pools["p"]["replicas"] == []
+        assert [x["id"] for x in pools["p"]["draining"]] == [gone.removeprefix("http://")]
+        assert "removed" not in pools["q"]
+        assert [x for x in lines if x][-1] == "data: [DONE]"  # the stream goes on to its end
+
+        def drained() -> bool:
+            return "p" not in {p["pool"] for p in admin.get("/replicas").json()["data"]}
+
+        wait_for(drained, timeout=30, what="the removed pool's replica drained")
