@@ -222,7 +222,11 @@ def test_every_dashboard_and_rule_metric_is_exported_live(traffic: Stack) -> Non
         referenced |= metric_names(expr)
     referenced -= recorded | {"up"}  # `up` is Prometheus' own, for every target
     assert len(referenced) > 20
-    missing = {n for n in referenced if not gateway.get(n) and not replica.get(n)}
+    # counted only under overload, which this traffic does not reach (flow control's bounds
+    # are out of its reach): documented, so a renamed family is still caught
+    unreached = {"kvgate_flow_shed_total"}
+    assert unreached <= documented_kvgate_metrics().keys()
+    missing = {n for n in referenced - unreached if not gateway.get(n) and not replica.get(n)}
     assert not missing, f"referenced but without samples in a live exposition: {missing}"
 
 
