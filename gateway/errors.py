@@ -22,6 +22,7 @@ import orjson
 __all__ = [
     "NAME_CHARS",
     "REFUSED",
+    "REQUEST_FAULT",
     "AnswerTooLarge",
     "AuthError",
     "BackendUnavailable",
@@ -47,6 +48,7 @@ __all__ = [
     "ReplicaConnectionsBusy",
     "ReplicaRefused",
     "ReplicaWrongModel",
+    "RequestFailed",
     "ResponseLookupFailed",
     "RetryBudgetExhausted",
     "ShutDownWhileQueued",
@@ -271,6 +273,23 @@ class UpstreamTimeout(UpstreamError):
 
 # a replica refusing kvgate's own credentials (vLLM's --api-key middleware answers 401)
 REFUSED = frozenset({401, 403})
+
+
+# the reason of a stream's failure that is its request's own (`gateway.relay.Relay._suspect`):
+# not retried
+REQUEST_FAULT = "request_error_event"
+
+
+class RequestFailed(UpstreamError):
+    """A stream that failed with vLLM's 500 error event for its request on two replicas: the
+    request fails wherever it runs, a 502 the SDKs are told not to retry (theirs would run
+    the prompt again where it fails, after kvgate's own retry on another replica)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason=REQUEST_FAULT)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"x-should-retry", b"false")]
 
 
 class ReplicaRefused(UpstreamError):

@@ -35,6 +35,7 @@ from gateway.cors import Cors
 from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
+    REQUEST_FAULT,
     AnswerTooLarge,
     EncodedBody,
     FormBody,
@@ -53,7 +54,7 @@ from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import REQUEST_FAULT, Relay
+from gateway.relay import Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ResponseStore

@@ -19,11 +19,17 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from time import perf_counter
 
-from gateway.answer_headers import NO_RETRY, no_retry
+from gateway.answer_headers import no_retry
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.error_streaks import ErrorStreaks
-from gateway.errors import KvgateError, ReplicaWrongModel, UpstreamError
+from gateway.errors import (
+    REQUEST_FAULT,
+    KvgateError,
+    ReplicaWrongModel,
+    RequestFailed,
+    UpstreamError,
+)
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest
@@ -62,7 +68,7 @@ from gateway.verdicts import (
 from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, read_whole
 from routing.router import Router
 
-__all__ = ["REQUEST_FAULT", "Relay"]
+__all__ = ["Relay"]
 
 log = logging.getLogger(__name__)
 
@@ -71,20 +77,6 @@ RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the 
 # follow-up through another gateway finds it (a stream's id goes out with its first event)
 _SHARE_WAIT_S = 1.0  # = the write's own timeout
 _JSON = "application/json"
-# the reason of a stream's failure that is its request's own (`Relay._suspect`): not retried
-REQUEST_FAULT = "request_error_event"
-
-
-class RequestFailed(UpstreamError):
-    """A stream that failed with vLLM's 500 error event for its request on two replicas: the
-    request fails wherever it runs, a 502 the SDKs are told not to retry (theirs would run
-    the prompt again where it fails, after kvgate's own retry on another replica)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, reason=REQUEST_FAULT)
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        return [*super().headers(), NO_RETRY]
 
 
 def _total(usage: dict[str, int]) -> int:

@@ -43,7 +43,7 @@ class _Fleet:
 
 async def test_a_drained_replicas_series_go_after_the_linger() -> None:
     async with aiohttp.ClientSession() as session:
-        fleet = _Fleet(_cfg({"p": {"replicas": ["http://r:0"]}}), session)
+        fleet = _Fleet(_cfg({"p": {"replicas": ["http://r:65000"]}}), session)
         for i in range(1, 201):  # a new replica address every second, each served once
             fleet.members.discovered("p", frozenset({f"http://r:{i}"}))
             fleet.metrics.finished("p", f"r:{i}", 200, "round-robin", 0.01)
@@ -77,7 +77,7 @@ async def test_a_removed_pool_is_closed_and_forgotten_after_the_linger() -> None
         removed = []
         for i in range(50):  # a policy version adds a pool, the next one removes it
             doc = _cfg({"p": {"replicas": ["http://r:1"]},
-                        f"q{i}": {"replicas": [f"http://q:{i}"]}}).policy_doc()
+                        f"q{i}": {"replicas": [f"http://q:{i + 1}"]}}).policy_doc()
             fleet.members.policy_changed(PolicySnapshot(2 * i, doc))
             removed.append(fleet.pools.by_name[f"q{i}"])
             fleet.members.policy_changed(PolicySnapshot(2 * i + 1, cfg.policy_doc()))
