@@ -10,23 +10,21 @@ Redis, ``peer_lag_ms`` long enough that the hold is seen.
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
+from tests.integration.test_flow_tiers_gateways import _depth, _peers, _send
 from tests.support.gateway import (
     AUTH_SECRET,
     admin_client,
     gateway_proc,
     inflight,
-    metric_values,
     wait_for,
 )
 from tests.support.procs import Proc
@@ -34,24 +32,6 @@ from tests.support.procs import Proc
 pytestmark = pytest.mark.slow
 
 ADMIN = "flow-explain-peers-admin-token-0123456789"
-
-
-def _depth(base: str) -> float:
-    return sum(metric_values(base, "kvgate_flow_queue_depth").values())
-
-
-def _peers(base: str) -> int:
-    return int(httpx.get(f"{base}/readyz", timeout=5).json()["sync"]["peers"])
-
-
-def _send(base: str, key: str, text: str) -> socket.socket:
-    body = json.dumps({"model": "llama", "max_tokens": 50, "stream": True,
-                       "messages": [{"role": "user", "content": text}]}).encode()
-    client = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
-    client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
-                   b"content-type: application/json\r\nauthorization: Bearer " + key.encode()
-                   + b"\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
-    return client
 
 
 def _reset(sock: socket.socket) -> None:

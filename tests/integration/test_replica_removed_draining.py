@@ -11,6 +11,9 @@ shape, until the last one ends.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import httpx
 
@@ -21,21 +24,34 @@ ADMIN = "replica-draining-admin-token-00"
 MERGE = {"content-type": "application/merge-patch+json"}
 
 
-def test_a_removed_replica_streams_on_and_shows_draining() -> None:
-    # slow generation: the stream is still running after the policy write
+# slow generation: the stream is still running after the policy write
+_LONG = {"model": "llama", "stream": True, "max_tokens": 300, "ignore_eos": True,
+         "messages": [{"role": "user", "content": "tell a long story"}]}
+
+
+@contextmanager
+def _streaming(
+    pools: Callable[[str, str], dict[str, Any]],
+) -> Iterator[tuple[list[str], httpx.Client, httpx.Response, Iterator[str], str]]:
+    """Two slow simulators, a gateway with ``pools(url_a, url_b)`` serving model ``llama``
+    from pool ``p``, and a long stream opened through it: (the urls, an admin client, the
+    stream's response, its lines, its first event)."""
     sims = [sim_proc(None, "--time-scale", "1", model="m") for _ in range(2)]
     urls = [url for _, url in sims]
-    config = {"pools": {"p": {"served_model": "m", "replicas": urls}},
-              "models": {"llama": {"default": "p"}}}
+    config = {"pools": pools(*urls), "models": {"llama": {"default": "p"}}}
     gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
-    body = {"model": "llama", "stream": True, "max_tokens": 300, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "tell a long story"}]}
     with sims[0][0], sims[1][0], gw, admin_client(base, ADMIN) as admin, \
             httpx.Client(timeout=60) as client, \
-            client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+            client.stream("POST", f"{base}/v1/chat/completions", json=_LONG) as resp:
         assert resp.status_code == 200
         lines = resp.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
+        yield urls, admin, resp, lines, first
+
+
+def test_a_removed_replica_streams_on_and_shows_draining() -> None:
+    with _streaming(lambda a, b: {"p": {"served_model": "m", "replicas": [a, b]}}) as (
+            urls, admin, resp, lines, first):
         rid = resp.headers["x-kvgate-replica"].split("/", 1)[1]
         kept = next(u for u in urls if not u.endswith(rid.rsplit(":", 1)[1]))
         r = admin.patch("/policy", json={"pools": {"p": {"replicas": [kept]}}}, headers=MERGE)
@@ -60,20 +76,9 @@ def test_a_removed_pools_replica_shows_draining() -> None:
     """A policy write that removes a whole pool (a scale-down moving its model elsewhere): its
     replica, still streaming, was listed nowhere (only pools in force were), the very case
     the list is for."""
-    sims = [sim_proc(None, "--time-scale", "1", model="m") for _ in range(2)]
-    gone, kept = (url for _, url in sims)
-    config = {"pools": {"p": {"served_model": "m", "replicas": [gone]},
-                        "q": {"served_model": "m", "replicas": [kept]}},
-              "models": {"llama": {"default": "p"}}}
-    gw, base = gateway_proc(config=config, env={"KVGATE_ADMIN_TOKEN": ADMIN})
-    body = {"model": "llama", "stream": True, "max_tokens": 300, "ignore_eos": True,
-            "messages": [{"role": "user", "content": "tell a long story"}]}
-    with sims[0][0], sims[1][0], gw, admin_client(base, ADMIN) as admin, \
-            httpx.Client(timeout=60) as client, \
-            client.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
-        assert resp.status_code == 200
-        lines = resp.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
+    with _streaming(lambda a, b: {"p": {"served_model": "m", "replicas": [a]},
+                                  "q": {"served_model": "m", "replicas": [b]}}) as (
+            (gone, _), admin, _, lines, _):
         r = admin.patch("/policy", json={"pools": {"p": None},
                                          "models": {"llama": {"default": "q"}}}, headers=MERGE)
         assert r.status_code == 200, r.text

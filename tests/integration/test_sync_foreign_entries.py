@@ -10,20 +10,20 @@ from collections.abc import Callable
 
 import httpx
 
-from tests.integration.test_sync_other_versions import _dropped, _warnings, _xadd
-from tests.support.gateway import gateway_proc, wait_for
+from tests.integration.test_sync_other_versions import (
+    _dropped,
+    _warnings,
+    _xadd,
+    sharing_gateway,
+)
+from tests.support.gateway import wait_for
 from tests.support.procs import Proc
 
 
 def test_entries_without_a_version_are_malformed_not_another_version(
     sim_factory: Callable[..., tuple[Proc, str]], redis_url: str,
 ) -> None:
-    _, sim = sim_factory("--time-scale", "50")
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_REDIS_URL": redis_url})
-    with gw:
-        wait_for(lambda: not httpx.get(f"{base}/readyz", timeout=5).json()["sync"]["degraded"],
-                 30, "the sharing on")
+    with sharing_gateway(sim_factory, redis_url) as (gw, base, port):
         for n in range(2):
             _xadd(port, "event", f"order-{n}", "amount", "12")  # someone else's entries
         wait_for(lambda: _dropped(base, "malformed") == 2, 30, "the entries dropped")

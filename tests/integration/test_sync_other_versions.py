@@ -7,7 +7,8 @@ routing state, without a word. Real processes: redis-server, the simulator, a ga
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 import orjson
@@ -32,15 +33,25 @@ def _dropped(base: str, reason: str) -> float:
     return metric_values(base, DROPPED).get(f'{{reason="{reason}"}}', 0.0)
 
 
-def test_entries_it_cannot_read_are_said_once_per_kind(
+@contextmanager
+def sharing_gateway(
     sim_factory: Callable[..., tuple[Proc, str]], redis_url: str,
-) -> None:
+) -> Iterator[tuple[Proc, str, int]]:
+    """A gateway sharing its routing state over `redis_url`, the sharing on: (its process,
+    its base URL, Redis's port)."""
     _, sim = sim_factory("--time-scale", "50")
     port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
     gw, base = gateway_proc(upstreams=[sim], env={"KVGATE_REDIS_URL": redis_url})
     with gw:
         wait_for(lambda: not httpx.get(f"{base}/readyz", timeout=5).json()["sync"]["degraded"],
                  30, "the sharing on")
+        yield gw, base, port
+
+
+def test_entries_it_cannot_read_are_said_once_per_kind(
+    sim_factory: Callable[..., tuple[Proc, str]], redis_url: str,
+) -> None:
+    with sharing_gateway(sim_factory, redis_url) as (gw, base, port):
         for n in range(3):
             _xadd(port, "v", "2", "m", f"newer-host:{n}:abcdef", "t", "1.5", "x", "future")
         for _ in range(2):
