@@ -12,7 +12,7 @@ from __future__ import annotations
 import httpx
 import openai
 
-from tests.support.gateway import admin_client, chat_status, gateway_proc, wait_for
+from tests.support.gateway import admin_client, gateway_proc, wait_for
 from tests.support.procs import sim_proc
 
 ADMIN = "replica-ejection-reason-token-0"
@@ -37,8 +37,15 @@ def test_a_replica_its_requests_ejected_says_why() -> None:
             found: dict[str, object] = next(r for r in replicas if r["id"] == bad_id)
             return found
 
+        sent = iter(range(10**6))
+
         def ejected() -> bool:
-            assert chat_status(client) == 200  # tried on the other replica
+            # a new prompt each time: one prompt, its tie between two idle replicas broken
+            # the same way every time, could go to the good replica alone and never eject
+            raw = client.chat.completions.with_raw_response.create(
+                model="llama", messages=[{"role": "user", "content": f"hi {next(sent)}"}],
+                max_tokens=2)
+            assert raw.status_code == 200  # tried on the other replica
             return state()["state"] == "ejected"
 
         wait_for(ejected, timeout=60, what="the failing replica ejected")
