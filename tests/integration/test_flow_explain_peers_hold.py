@@ -19,11 +19,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.integration.test_flow_tiers_gateways import _depth, _peers, _send
+from tests.integration.test_flow_tiers_gateways import _depth, _send, two_gateways
 from tests.support.gateway import (
-    AUTH_SECRET,
     admin_client,
-    gateway_proc,
     inflight,
     wait_for,
 )
@@ -56,20 +54,8 @@ def fleet(redis_url: str, sim_factory: Callable[..., tuple[Proc, str]]
               "models": {"llama": {"default": "p"}},
               "tiers": {"premium": {"flow": {"band": 0}}, "free": {"flow": {"band": 1}}},
               "flow": {"enabled": True, "max_inflight": 1, "peer_lag_ms": 1000}}
-    env = {"KVGATE_REDIS_URL": redis_url, "KVGATE_SALT_SECRET": AUTH_SECRET,
-           "KVGATE_ADMIN_TOKEN": ADMIN}
     with ExitStack() as stack:
-        bases = []
-        for _ in range(2):
-            proc, base = gateway_proc(config=config, env=env, auth=True)
-            stack.enter_context(proc)
-            bases.append(base)
-        wait_for(lambda: all(_peers(b) == 1 for b in bases), 20, "the gateways to see each other")
-        keys = {}
-        with admin_client(bases[0], ADMIN) as admin:
-            for tenant, tier in (("prem", "premium"), ("free", "free")):
-                assert admin.post("/tenants", json={"id": tenant, "tier": tier}).status_code == 201
-                keys[tenant] = str(admin.post(f"/tenants/{tenant}/keys").json()["key"])
+        bases, keys = two_gateways(stack, config, redis_url, ADMIN)
         yield bases[0], keys
 
 

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from functools import partial
+from typing import Any
 
 import httpx
 import pytest
@@ -52,6 +53,26 @@ def _send(base: str, key: str, text: str) -> socket.socket:
     return client
 
 
+def two_gateways(stack: ExitStack, config: dict[str, Any], redis_url: str, admin_token: str,
+                 ) -> tuple[list[str], dict[str, str]]:
+    """Two gateways with flow control over `redis_url` (entered in `stack`), seeing each
+    other, and a premium and a free tenant: (their bases, each tenant's key)."""
+    env = {"KVGATE_REDIS_URL": redis_url, "KVGATE_SALT_SECRET": AUTH_SECRET,
+           "KVGATE_ADMIN_TOKEN": admin_token}
+    bases = []
+    for _ in range(2):
+        proc, base = gateway_proc(config=config, env=env, auth=True)
+        stack.enter_context(proc)
+        bases.append(base)
+    wait_for(lambda: all(_peers(b) == 1 for b in bases), 20, "the gateways to see each other")
+    keys = {}
+    with admin_client(bases[0], admin_token) as admin:
+        for tenant, tier in (("prem", "premium"), ("free", "free")):
+            assert admin.post("/tenants", json={"id": tenant, "tier": tier}).status_code == 201
+            keys[tenant] = str(admin.post(f"/tenants/{tenant}/keys").json()["key"])
+    return bases, keys
+
+
 def _queued(base: str, n: int) -> bool:
     return _depth(base) == n
 
@@ -76,20 +97,8 @@ def fleet(redis_url: str, sim_factory: Callable[..., tuple[Proc, str]]
               "flow": {"enabled": True, "max_inflight": 1, "peer_lag_ms": 500},
               # the free band is owed its floor after two premium dispatches it waited through
               "fairness": {"min_share": {1: 0.9}}}
-    env = {"KVGATE_REDIS_URL": redis_url, "KVGATE_SALT_SECRET": AUTH_SECRET,
-           "KVGATE_ADMIN_TOKEN": ADMIN}
     with ExitStack() as stack:
-        bases = []
-        for _ in range(2):
-            proc, base = gateway_proc(config=config, env=env, auth=True)
-            stack.enter_context(proc)
-            bases.append(base)
-        wait_for(lambda: all(_peers(b) == 1 for b in bases), 20, "the gateways to see each other")
-        keys = {}
-        with admin_client(bases[0], ADMIN) as admin:
-            for tenant, tier in (("prem", "premium"), ("free", "free")):
-                assert admin.post("/tenants", json={"id": tenant, "tier": tier}).status_code == 201
-                keys[tenant] = str(admin.post(f"/tenants/{tenant}/keys").json()["key"])
+        bases, keys = two_gateways(stack, config, redis_url, ADMIN)
         yield bases, sim, keys
 
 
