@@ -313,7 +313,7 @@ class Preparer:
         if req.adm is not None and (tokens := req.settle_tokens()) is not None:
             served = not unserved(req)
             await self._gate.settle(req.adm, tokens if served else 0, served=served)
-            req.settled_headers()
+            req.settled_headers(served)
 
     async def finish(self, req: ProxiedRequest, log: logging.Logger) -> None:
         """The request is over (answered, failed or abandoned): metrics, the request line,

@@ -125,13 +125,16 @@ class ProxiedRequest:
         those it waited in flow control's queue or for a held pick (`queued_s`)."""
         return now - self.t0 - (self.queued_s or 0.0)
 
-    def settled_headers(self) -> None:
+    def settled_headers(self, served: bool = True) -> None:
         """`extra`'s x-ratelimit-* as they read once the admission is settled (OpenAI's
         remaining after the request): a whole answer's, sent after its settle (both edges);
-        they showed the reservation (a ``max_tokens`` of 500 for an answer of 2 tokens)."""
+        they showed the reservation (a ``max_tokens`` of 500 for an answer of 2 tokens).
+        Not `served` (`prepare.unserved`): its request and tokens given back."""
         adm = self.adm
-        if adm is not None and adm.limit_tokens and (tokens := self.settle_tokens()) is not None:
-            self.extra = rate_limit_headers(adm.settled_to(tokens))
+        if adm is None or not (adm.limit_tokens or not served):
+            return
+        if (tokens := self.settle_tokens() if served else 0) is not None:
+            self.extra = rate_limit_headers(adm.settled_to(tokens, served=served))
 
     def settle_tokens(self) -> int | None:
         """Tokens to charge: real usage; 0 when nothing reached a replica; else (no usage: a

@@ -14,7 +14,7 @@ from gateway.epp import wire
 from gateway.error_streaks import ErrorStreaks
 from gateway.errors import KvgateError
 from gateway.metrics import GatewayMetrics
-from gateway.prepare import Preparer
+from gateway.prepare import Preparer, unserved
 from gateway.replicas import Lease, Replica
 from gateway.request import ProxiedRequest, Uploads
 from gateway.responses import ResponseStore
@@ -148,6 +148,8 @@ class ExchangeState:
         headers = [(k.decode(), v) for k, v in exc.headers()]
         if self.req is not None:
             self.req.status = exc.status
+            if unserved(self.req):  # given back when the exchange closes (`Preparer.finish`)
+                self.req.settled_headers(served=False)
             headers += [(k.decode(), v) for k, v in self.req.extra]
         if self._req_id:  # a proxied or stored request's (not kvgate's own pages)
             headers.append(("x-request-id", self._req_id))

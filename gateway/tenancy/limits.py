@@ -73,6 +73,7 @@ class Admission:
     reset_tokens_s: float = 0.0
     reserved_tokens: int = 0
     tokens_level: float = 0.0  # the token bucket right after admission (below 0: owed)
+    requests_level: float = 0.0  # the request bucket right after admission
     lease_id: str | None = None
     # a reservation without a lease: its mark in the shared store, taken away by `settle`
     reservation_id: str | None = None
@@ -98,16 +99,24 @@ class Admission:
             out["retry-after-ms"] = str(max(1, math.ceil(self.retry_after_s * 1000)))
         return out
 
-    def settled_to(self, used_tokens: int) -> Admission:
+    def settled_to(self, used_tokens: int, *, served: bool = True) -> Admission:
         """This admission as it reads once `used_tokens` replaced its reservation: the
         remaining tokens (and their reset) after the request, as OpenAI's headers give them
-        (others' use since the admission is not seen, as it was not before)."""
-        limit = self.limit_tokens
-        if not limit or not self.allowed:
+        (others' use since the admission is not seen, as it was not before). A request never
+        `served` (`RateLimiter.settle`: its request given back too) reads one more request
+        remaining: a 429 or 503 of flow control's queue said one fewer than was left."""
+        if not self.allowed:
             return self
-        level = min(float(limit), self.tokens_level + self.reserved_tokens - used_tokens)
-        return replace(self, remaining_tokens=max(0, math.floor(level)),
-                       reset_tokens_s=_seconds_to(level, limit, limit), tokens_level=level)
+        out = self
+        if (rpm := self.limit_requests) and not served:
+            left = min(float(rpm), self.requests_level + 1)
+            out = replace(out, remaining_requests=max(0, math.floor(left)),
+                          reset_requests_s=_seconds_to(left, rpm, rpm), requests_level=left)
+        if limit := self.limit_tokens:
+            level = min(float(limit), self.tokens_level + self.reserved_tokens - used_tokens)
+            out = replace(out, remaining_tokens=max(0, math.floor(level)),
+                          reset_tokens_s=_seconds_to(level, limit, limit), tokens_level=level)
+        return out
 
     def error(self) -> RateLimited:
         what = {"rpm": "requests per minute", "tpm": "tokens per minute"}.get(
@@ -314,6 +323,7 @@ def build_admission(
         reset_tokens_s=_seconds_to(t, tpm, tpm) if tpm else 0.0,
         reserved_tokens=tokens if reason is None else 0,
         tokens_level=t,
+        requests_level=r,
         lease_id=lease_id,
         owner=owner,
     )
