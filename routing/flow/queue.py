@@ -6,11 +6,13 @@ the tier's band). The highest-priority band with requests is served, except that
 is never starved: each band has a minimum share ``s`` of the dispatched tokens while a
 higher band competes with it. A contended band earns ``s x cost`` credit for every dispatch
 (its own included) and pays ``cost`` for its own; it is *owed* once its credit covers its next
-request, and the highest-priority owed band goes first. Over any stretch in which a band stays
+request or `OWED_CAP` tokens, whichever is less (a larger request then leaves the band in debt),
+and the highest-priority owed band goes first. Over any stretch in which a band stays
 backlogged below a busier one it gets at least ``s`` of the tokens, minus one request's worth.
-Credit is reset when the band empties or is the top band with requests (nothing to make up
-for), so an idle band banks nothing. A dispatched request refused before any output (`refund`)
-takes back the credit its unrun tokens paid and earned.
+Credit is reset when the band is the top band with requests (nothing to make up for, nor to
+owe) and a positive one when the band empties, so an idle band banks nothing; a debt stays
+until worked off. A dispatched request refused before any output (`refund`) takes back the
+credit its unrun tokens paid and earned.
 
 **Inside a band:** start-time fair queueing over tenants, in tokens. A request of ``cost``
 tokens from a tenant of weight ``w`` gets a start tag ``S = max(V, F)`` (``F``: the tenant's
@@ -41,13 +43,19 @@ from typing import Generic, TypeVar
 from routing.flow.bands import DISPATCHED, QUEUED, REBASE_AT, REMOVED, Band, Entry, TenantFlow
 from routing.flow.config import DEFAULT_MIN_SHARE
 
-__all__ = ["RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "FlowQueue", "Offer"]
+__all__ = ["OWED_CAP", "RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "FlowQueue", "Offer"]
 
 T = TypeVar("T")
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60  # a shed request's Retry-After, in seconds
 # the shortest span the drain rate is taken over: what goes out in the first instant of a
 # burst is the pool filling up, not the pace at which it drains
 _MIN_SPAN_S = 1.0
+# the most credit a lower band needs to be owed its turn (tokens): a larger request goes once
+# this is earned, and the band works off the rest as a debt. Owed only once its credit
+# covered the whole request, a 100,000-token prompt at a floor of 0.1 waited for a million
+# tokens of the band above: past its longest wait, shed, and its retry began from nothing.
+# One saturation prefill bound's worth (`FlowConfig.max_prefill_tokens`' default).
+OWED_CAP = 16_384
 
 
 @dataclass(slots=True)
@@ -242,7 +250,8 @@ class FlowQueue(Generic[T]):
         bands = [self._bands[lv] for lv in self._levels if self._bands[lv].count]
         for i, b in enumerate(bands[1:], 1):
             head = b.head()
-            if head is not None and self.share(b.level) > 0 and b.credit >= head.cost:
+            if head is not None and self.share(b.level) > 0 and b.credit >= min(head.cost,
+                                                                                  OWED_CAP):
                 return [b, *bands[:i], *bands[i + 1:]]  # a lower band owed its minimum share
         return bands
 
@@ -257,7 +266,7 @@ class FlowQueue(Generic[T]):
             if top:
                 top = False
                 if cost >= 0:
-                    b.credit = 0.0  # uncontended: nothing to make up for
+                    b.credit = 0.0  # uncontended: nothing to make up for (nor to owe)
                 continue
             b.credit += self.share(lv) * cost
             if b is served:
@@ -294,7 +303,7 @@ class FlowQueue(Generic[T]):
         b.cost -= entry.cost
         self._len -= 1
         if not b.count:
-            b.credit = 0.0
+            b.credit = min(b.credit, 0.0)  # an idle band banks nothing, and keeps its debt
             b.cost = 0.0
             b.heads.clear()
         dl = self._deadlines
