@@ -12,7 +12,8 @@ A refusal's wait is what the bucket says: an RPM bucket admits again at one whol
 TPM bucket as soon as its balance is above zero (`POSITIVE_S` past the moment it reaches it),
 and both go out to the millisecond in ``retry-after-ms`` (the openai SDKs read it before
 ``Retry-After``, whose whole seconds round it up). A TPM refusal said the time to a balance of
-one token: 60/TPM s late (6 s on a 10 TPM budget).
+one token: 60/TPM s late (6 s on a 10 TPM budget). A concurrency refusal waits for the first
+of the tenant's requests held in this process to be likely over (`HoldTimes`).
 """
 
 from __future__ import annotations
@@ -22,18 +23,30 @@ import math
 import secrets
 import time
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from gateway.errors import RateLimited, RateLimitedBeyondWindow
 from gateway.policy_doc import Limits
 
-__all__ = ["POSITIVE_S", "Admission", "MemoryRateLimiter", "RateLimiter", "refill", "tpm_wait"]
+__all__ = [
+    "CONCURRENCY_WAIT_S",
+    "POSITIVE_S",
+    "Admission",
+    "HoldTimes",
+    "MemoryRateLimiter",
+    "RateLimiter",
+    "refill",
+    "tpm_wait",
+]
 
 WINDOW_S = 60.0
 # past the moment a TPM balance owed reaches zero, when it is above it (a balance of exactly
 # zero is refused): one millisecond, the resolution of ``retry-after-ms``
 POSITIVE_S = 0.001
+# a concurrency refusal's wait when nothing tells when a lease frees (`HoldTimes`)
+CONCURRENCY_WAIT_S = 1.0
 
 
 def refill(level: float, last: float, now: float, capacity: int) -> float:
@@ -185,6 +198,50 @@ class RateLimiter(ABC):
             await asyncio.shield(release)
 
 
+HOLD_WEIGHT = 0.3  # the weight of a lease's hold time in its tenant's running mean
+HOLD_TENANTS = 4096  # tenants whose mean hold time is remembered (the least recent go)
+
+
+class HoldTimes:
+    """How long a tenant's requests hold their concurrency lease in this process: the leases
+    held here (since when) and a running mean of the hold times of those released. A
+    concurrency refusal's wait (`wait`) is when the first of them is likely to end: the mean
+    less its age, at least 1 s (due or past it: any moment). It said 1 s whatever the
+    requests: an SDK with its two retries a second apart got the 429 two seconds later, while
+    the tenant's streams ran for tens of seconds. The leases held by other processes are
+    not seen; with none held here, or no hold time known yet, 1 s as before."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._held: dict[str, dict[str, float]] = {}  # tenant -> lease id -> taken at
+        self._mean: OrderedDict[str, float] = OrderedDict()  # tenant -> mean hold (s)
+
+    def taken(self, tenant_id: str, lease_id: str) -> None:
+        self._held.setdefault(tenant_id, {})[lease_id] = self._clock()
+
+    def freed(self, tenant_id: str, lease_id: str) -> None:
+        held = self._held.get(tenant_id)
+        since = held.pop(lease_id, None) if held is not None else None
+        if since is None:
+            return
+        if not held:
+            del self._held[tenant_id]
+        took = max(0.0, self._clock() - since)
+        mean = self._mean.pop(tenant_id, None)
+        self._mean[tenant_id] = took if mean is None else mean + HOLD_WEIGHT * (took - mean)
+        if len(self._mean) > HOLD_TENANTS:
+            self._mean.popitem(last=False)
+
+    def wait(self, tenant_id: str) -> float:
+        """Seconds until a lease of the tenant's held here is likely free (1 to `WINDOW_S`)."""
+        mean, held = self._mean.get(tenant_id), self._held.get(tenant_id)
+        if mean is None or not held:
+            return CONCURRENCY_WAIT_S
+        now = self._clock()
+        soonest = min(mean - (now - since) for since in held.values())
+        return min(WINDOW_S, max(CONCURRENCY_WAIT_S, soonest))
+
+
 @dataclass(slots=True)
 class _Bucket:
     requests: float
@@ -223,6 +280,7 @@ class MemoryRateLimiter(RateLimiter):
         self._buckets: dict[str, _Bucket] = {}
         self._leases: dict[str, set[str]] = {}
         self._sweep_at = MIN_SWEEP
+        self.holds = HoldTimes(clock)
 
     @property
     def tenants_tracked(self) -> int:
@@ -246,7 +304,7 @@ class MemoryRateLimiter(RateLimiter):
         # concurrency limit with its RPM spent was told 1 s, then 60 s more)
         waits: dict[str, float] = {}  # each limit that refuses: how long it will
         if conc and len(leases) >= conc:
-            waits["concurrency"] = 1.0
+            waits["concurrency"] = self.holds.wait(tenant_id)
         if rpm and r < 1:
             waits["rpm"] = _seconds_to(r, 1.0, rpm)
         if tpm and t <= 0:
@@ -261,6 +319,7 @@ class MemoryRateLimiter(RateLimiter):
             if conc:
                 lease_id = secrets.token_hex(8)
                 self._leases.setdefault(tenant_id, set()).add(lease_id)
+                self.holds.taken(tenant_id, lease_id)
         if rpm or tpm:  # (concurrency alone needs no bucket)
             self._keep(tenant_id, _Bucket(r, t, now, rpm, tpm), now)
         return build_admission(tenant_id, limits, reason, retry, r, t, tokens, lease_id, self)
@@ -287,6 +346,7 @@ class MemoryRateLimiter(RateLimiter):
         if admission.released or admission.lease_id is None:
             return
         admission.released = True
+        self.holds.freed(admission.tenant_id, admission.lease_id)
         leases = self._leases.get(admission.tenant_id)
         if leases is not None:
             leases.discard(admission.lease_id)

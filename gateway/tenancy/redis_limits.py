@@ -47,7 +47,7 @@ from gateway.policy_doc import Limits
 from gateway.tenancy import redis_limit_scripts as scripts
 from gateway.tenancy.holders import HOLDER_TTL_S, holder_key
 from gateway.tenancy.key_types import WRONG_TYPE
-from gateway.tenancy.limits import Admission, RateLimiter, build_admission
+from gateway.tenancy.limits import Admission, HoldTimes, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
 
@@ -80,6 +80,7 @@ class RedisRateLimiter(RateLimiter):
         self._renew = client.register_script(scripts.RENEW)
         self._release = client.register_script(scripts.RELEASE)
         self._live: dict[str, str] = {}  # lease id -> tenant id, renewed while live
+        self.holds = HoldTimes()  # (this process's leases: a concurrency refusal's wait)
         # lease id -> (tenant id, tokens to give back with it, tpm): release failed, or its
         # admission's outcome is unknown
         self._unreleased: dict[str, tuple[str, int, int]] = {}
@@ -182,6 +183,9 @@ class RedisRateLimiter(RateLimiter):
         lease = lease_id if not reason and limits.max_concurrency and not peek else None
         if lease is not None:
             self._live[lease] = tenant_id
+            self.holds.taken(tenant_id, lease)
+        if reason == "concurrency":  # (the script says 1 s: when a lease frees is seen here)
+            retry = max(float(retry), self.holds.wait(tenant_id))
         admission = build_admission(
             tenant_id,
             limits,
@@ -232,6 +236,7 @@ class RedisRateLimiter(RateLimiter):
             return
         admission.released = True
         self._live.pop(admission.lease_id, None)
+        self.holds.freed(admission.tenant_id, admission.lease_id)
         try:
             with redis_unavailable():
                 await self._r.zrem(
