@@ -27,7 +27,7 @@ import orjson
 from loadtest.cmdline import positive
 from loadtest.fleet import Fleet
 from loadtest.replay import tiers
-from loadtest.replay.flow import FlowDriver, FlowSpec, flow_report
+from loadtest.replay.flow import FlowDriver, flow_report, flow_spec
 from loadtest.replay.generators import WORKLOADS
 from loadtest.replay.live import LiveTarget, replay_live
 from loadtest.replay.offline import FleetSpec, GatewaySpec, replay_offline
@@ -341,7 +341,8 @@ def _main(args: argparse.Namespace) -> int:
             progress.note(f"offline replay of {len(reqs)} requests in simulated time")
             gateways = GatewaySpec(args.gateways, not args.no_share, args.sync_delay_ms / 1e3,
                                    args.gateway_seed, not args.no_defer)
-            flow = FlowDriver(FlowSpec()) if args.flow_control == "on" else None
+            flow = (FlowDriver(flow_spec(args.flow_max_inflight))
+                    if args.flow_control == "on" else None)
             summary = run_offline(reqs, fleet, policy, ref, gateways=gateways,
                                   progress=progress.step, flow=flow,
                                   slo_ttft_s=args.slo_ttft_s)

@@ -29,11 +29,20 @@ from loadtest.replay import offline
 from loadtest.replay.fairshare import FairShareMeter
 from loadtest.replay.summary import Outcome, percentile
 from loadtest.replay.workload import ReplayRequest
-from routing.flow import FlowConfig, PoolFlow, request_cost
+from routing.flow import FlowConfig, PoolFlow, Saturation, request_cost
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
 
-__all__ = ["FlowDriver", "FlowSpec", "default_policy", "flow_report", "jain", "tier_summaries"]
+__all__ = [
+    "FlowDriver",
+    "FlowSpec",
+    "default_policy",
+    "flow_report",
+    "flow_spec",
+    "jain",
+    "pool_rule",
+    "tier_summaries",
+]
 
 _NO_PEERS: Mapping[str, ReplicaLoad] = {}
 
@@ -76,12 +85,13 @@ class FlowDriver:
         self._last = 0.0  # the last pump
         self.fair = FairShareMeter(spec.fair_window_s)
 
-    def _flow(self, gw: offline._Gateway) -> PoolFlow[_Held]:
+    def _flow(self, gw: offline._Gateway, pool: str = "") -> PoolFlow[_Held]:
         flow = self._flows.get(gw.id)
         if flow is None:
             fair = self.spec.policy.fairness
             flow = self._flows[gw.id] = PoolFlow(self.spec.config, fair.min_share,
                                                  fair.default_min_share)
+            flow.set_saturation(pool_rule(self.spec, pool))
         return flow
 
     # -- the replay's hooks -----------------------------------------------------------------
@@ -90,7 +100,7 @@ class FlowDriver:
     ) -> None:
         now = req.arrival_s
         self._step_until(sim, now)
-        flow = self._flow(gw)
+        flow = self._flow(gw, sim.fleet.pool)
         cost = _cost(req)
         views, peers = offline._views(sim, gw, now), _peers(gw, now)
         band, weight, max_wait = self.spec.policy.flow_class(req.tier, req.tenant)
@@ -194,6 +204,27 @@ class FlowDriver:
         self.shed.append(Outcome("none", held.req.arrival_s, None, now, False, held.seq,
                                  f"shed: {reason}"))
         self.shed_reasons[reason] = self.shed_reasons.get(reason, 0) + 1
+
+
+def pool_rule(spec: FlowSpec, pool: str) -> Saturation:
+    """``pool``'s saturation rule as the gateway takes it (`gateway.flow.gate`): the config's,
+    with the policy's in-flight bound for the pool (``pools.<p>.max_inflight``) when it sets
+    one. The replay took the config's alone: a policy bounding a pool at a few requests in
+    flight replayed as if unbounded."""
+    rule = spec.config.saturation
+    cfg = spec.policy.pools.get(pool)
+    if cfg is None or cfg.max_inflight is None:
+        return rule
+    return replace(rule, max_inflight=cfg.max_inflight)
+
+
+def flow_spec(max_inflight: int | None) -> FlowSpec:
+    """The replay's flow control, its pools bounded at ``max_inflight`` requests in flight
+    per replica (``--flow-max-inflight``; None: no such bound)."""
+    if max_inflight is None:
+        return FlowSpec()
+    sat = replace(FlowConfig().saturation, max_inflight=max_inflight)
+    return FlowSpec(config=FlowConfig(saturation=sat))
 
 
 def _cost(req: ReplayRequest) -> float:

@@ -115,6 +115,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="one tenant sends FACTOR (default 5) times its share, e.g. free-0:5")
     g.add_argument("--flow-control", choices=["on", "off"], default="off",
                    help="the gateway's admission queue in front of the routers (default off)")
+    g.add_argument("--flow-max-inflight", type=positive(int), default=None, metavar="N",
+                   help="with --flow-control on: a replica is full at N requests in flight "
+                        "(the gateway's flow.max_inflight; default: no such bound)")
     g.add_argument("--slo-ttft-s", type=positive(float), default=2.0,
                    help="TTFT SLO of the per-tier and per-tenant goodput (default 2)")
 
