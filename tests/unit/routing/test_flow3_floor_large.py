@@ -56,7 +56,8 @@ def test_the_debt_is_worked_off_before_the_band_goes_again() -> None:
     assert later is not None
     premium_tokens = (first - 1 + later - 1) * PREMIUM
     # the band's 101,000 tokens are at most its 10 % floor of everything (plus one request)
-    assert HUGE + PREMIUM <= 0.1 * (premium_tokens + HUGE + PREMIUM) + PREMIUM
+    band = HUGE + PREMIUM
+    assert band <= 0.1 * (premium_tokens + band) + PREMIUM
 
 
 def test_a_band_with_nothing_above_it_owes_nothing() -> None:
