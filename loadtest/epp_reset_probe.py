@@ -165,14 +165,21 @@ def envoy(n: int, kind: str) -> None:
           f"{before:.1f} -> {after:.1f} MiB, {(after - before) * 2**20 / n:.0f} B per request")
 
 
+USAGE = "usage: python -m loadtest.epp_reset_probe bare|envoy [N] [401|404]"
+
+
 def main(argv: list[str]) -> None:
-    mode, n = argv[0], int(argv[1]) if len(argv) > 1 else 10_000
+    if argv[:1] in (["-h"], ["--help"]):  # as every benchmark answers it (docs/benchmarks.md)
+        print(USAGE)
+        return
+    mode = argv[0] if argv else ""
+    n = int(argv[1]) if len(argv) > 1 else 10_000
     if mode == "bare":
         bare(n)
     elif mode == "envoy":
         envoy(n, argv[2] if len(argv) > 2 else "401")
     else:
-        raise SystemExit("usage: python -m loadtest.epp_reset_probe bare|envoy [N] [401|404]")
+        raise SystemExit(USAGE)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,28 @@ from gateway.yamlerror import not_utf8, one_line, safe_load
 
 __all__ = ["main"]
 
+VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
+
+
+def _variable_name(value: str) -> str:
+    """A --token-env value: the name of a variable. argparse takes `--token SECRET` for
+    `--token-env SECRET` (a prefix of the flag), and the token itself was then printed back in
+    "$SECRET is not set"; a value that is no variable's name is refused without echoing it."""
+    if not VARIABLE_NAME.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            "takes the NAME of the environment variable holding the admin token (e.g. "
+            "KVGATE_ADMIN_TOKEN), not the token itself: export the token in a variable and "
+            "name it here (what was given is not a variable name; not printed)")
+    return value
+
+
+class _TokenOnCommandLine(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: kvgate admin reads the admin token from the environment, "
+                     "not the command line: export it in KVGATE_ADMIN_TOKEN (or name another "
+                     "variable with --token-env VAR)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -60,9 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--token-env",
         default="KVGATE_ADMIN_TOKEN",
+        type=_variable_name,
+        metavar="VAR",
         help=f"environment variable holding the admin token (default %(default)s; "
              f"{TOKEN_HELP})",
     )
+    # `kvgate doctor` takes the token itself (--admin-token); `kvgate admin` does not: both
+    # spellings are refused by name, without the value (argparse read `--token` as a prefix of
+    # --token-env and `--admin-token` as unrecognized, and printed the token back either way)
+    p.add_argument("--token", "--admin-token", action=_TokenOnCommandLine, help=argparse.SUPPRESS)
     p.add_argument("--timeout", type=_seconds, default=10.0,
                    help="seconds per call to the admin API (default %(default)s)")
     # metavar: argparse names a missing one by it ("required: command", not the dest)

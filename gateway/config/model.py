@@ -4,7 +4,15 @@ the checks that span sections."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from gateway.config.sections import (
     DoctorSection,
@@ -24,6 +32,8 @@ from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_names, check_repli
 __all__ = ["KvgateConfig"]
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # what redis-py connects to
+# how deploy/examples/secrets.example.yaml's secrets begin (a value to replace, not a secret)
+PLACEHOLDER = "REPLACE-"
 
 
 class KvgateConfig(PolicyDoc):
@@ -79,6 +89,18 @@ class KvgateConfig(PolicyDoc):
                                  "or password (e.g. '/' as %2F) (the value is not shown: it "
                                  "may hold a password)") from None
             _database_named(value.get_secret_value(), parsed)
+        return value
+
+    @field_validator("admin_token", "salt_secret")
+    @classmethod
+    def _not_the_placeholder(cls, value: SecretStr | None,
+                             info: ValidationInfo) -> SecretStr | None:
+        # deploy/examples/secrets.example.yaml's values start with it: applied unedited, every
+        # gateway ran with an admin token anyone can read in the repository
+        if value is not None and value.get_secret_value().strip().startswith(PLACEHOLDER):
+            variable = f"KVGATE_{(info.field_name or '').upper()}"
+            raise ValueError(f"{variable} is the example's placeholder ({PLACEHOLDER}...): set a "
+                             "random one, e.g. `openssl rand -hex 32`")
         return value
 
     @field_validator("admin_token")
