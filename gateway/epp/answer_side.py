@@ -215,9 +215,10 @@ class AnswerSide(Deadlines):
     ) -> Sequence[pb.ProcessingResponse]:
         body = msg.response_body
         chunk, end = body.body, body.end_of_stream
+        if (self._last == 0.0 and self._lease is not None and self.req is not None
+                and self.req.status == 0):  # its first chunk, and no answer's head came: the
+            self._core.misconfigured(*headers_skipped())  # filter skips them (once a request)
         self._last = perf_counter()  # (the idle timeout's clock)
-        if self._lease is not None and self.req is not None and self.req.status == 0:
-            headers_skipped()  # (no answer's head came: the filter skips them)
         if self.sse:
             return self._stream_chunk(chunk, end)
         if self._held is not None:

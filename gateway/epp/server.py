@@ -28,6 +28,7 @@ from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.drain import INTERRUPT_WAIT_S, interrupt_all, interrupt_waiting
 from gateway.epp.exchange import Exchange, PickerCore
+from gateway.epp.modes import OBSERVED, Misconfigured
 from gateway.error_streaks import ErrorStreaks
 from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
@@ -76,6 +77,20 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self._waiting.discard(inbox)
 
+    async def _unanswered(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
+        """A stream of a filter in observability mode, read to its end and answered nothing
+        (`modes.OBSERVED`): a pick would lease a replica the request never goes to, and
+        Envoy drops the answers. Envoy ends it once its request is done (or the picker
+        stops: `stop_waiting`)."""
+        if self._stopping:
+            return
+        self._waiting.add(inbox)
+        try:
+            while await inbox.get() is not None:
+                pass
+        finally:
+            self._waiting.discard(inbox)
+
     def _closed(self, closing: asyncio.Task[None]) -> None:
         self._closing.discard(closing)
         if not closing.cancelled() and (exc := closing.exception()) is not None:
@@ -111,6 +126,10 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         await self._ended(inbox)
                         return
                     continue
+                if msg.observability_mode:  # Envoy routes on without the picker's answers:
+                    self._core.misconfigured("observability_mode", OBSERVED)  # no pick
+                    await self._unanswered(inbox)
+                    return
                 kind = msg.WhichOneof("request")
                 if not ex.begun and kind in ("request_body", "request_trailers"):
                     # the request's body or trailers before its headers (out of order, or a
@@ -253,6 +272,7 @@ class EppApp(GatewayApp):
             uploads=Uploads(self.cfg.server.max_pending_body_bytes,
                             self.cfg.server.max_body_bytes),
             streaks=ErrorStreaks(self.cfg.health.failure_threshold),
+            misconfigured=Misconfigured(self.metrics.registry),
         )
         server = grpc.aio.server(options=grpc_options(
             self.cfg.server.max_body_bytes, self.cfg.health.stall_after_s))
