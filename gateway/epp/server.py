@@ -77,11 +77,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self._waiting.discard(inbox)
 
-    async def _unanswered(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
-        """A stream of a filter in observability mode, read to its end and answered nothing
-        (`modes.OBSERVED`): a pick would lease a replica the request never goes to, and
-        Envoy drops the answers. Envoy ends it once its request is done (or the picker
-        stops: `stop_waiting`)."""
+    async def _until_ended(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
+        """Read a stream to its end, answering nothing more: one whose answer is over (its
+        exchange settled), or one of a filter in observability mode (`modes.OBSERVED`: a pick
+        would lease a replica the request never goes to, and Envoy drops the answers). The
+        data plane ends it (or the picker stops: `stop_waiting`); returning first would send
+        the stream's status on a call Envoy may be resetting (`_ended`)."""
         if self._stopping:
             return
         self._waiting.add(inbox)
@@ -128,7 +129,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     continue
                 if msg.observability_mode:  # Envoy routes on without the picker's answers:
                     self._core.misconfigured("observability_mode", OBSERVED)  # no pick
-                    await self._unanswered(inbox)
+                    await self._until_ended(inbox)
                     return
                 kind = msg.WhichOneof("request")
                 if not ex.begun and kind in ("request_body", "request_trailers"):
@@ -166,6 +167,13 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     # let Envoy end the stream first (`_ended`)
                     closing = self._close(ex)
                     await self._ended(inbox)
+                    return
+                if kind == "response_trailers" or (
+                        kind == "response_body" and msg.response_body.end_of_stream):
+                    # the answer's last message: settled now (its replica's in-flight count
+                    # given back), not when the data plane gets round to ending the stream
+                    closing = self._close(ex)
+                    await self._until_ended(inbox)
                     return
         finally:
             reader.cancel()
