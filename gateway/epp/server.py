@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 
 import grpc
@@ -132,34 +132,7 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     await self._until_ended(inbox)
                     return
                 kind = msg.WhichOneof("request")
-                if not ex.begun and kind in ("request_body", "request_trailers"):
-                    # the request's body or trailers before its headers (out of order, or a
-                    # filter whose processing mode skips them): nothing to pick with, and
-                    # no answer would come -- Envoy waited its `message_timeout`. (An answer
-                    # may come first: Envoy's or an earlier filter's local reply, its error
-                    # re-shaped as a stored response's.)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"{kind} before request_headers")
-                if kind == "response_body":
-                    out = await ex.response_body(msg)
-                elif kind == "request_body":
-                    out = await ex.request_body(msg)
-                elif kind == "request_headers":
-                    if ex.begun:  # one request per stream: a second would orphan the first's
-                        # lease and admission (`close` settles the first now)
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                            "request_headers sent twice on one stream")
-                    out = await ex.request_headers(msg)
-                    if not out and msg.request_headers.end_of_stream:
-                        out = await ex.decide(end=True)  # a POST without a body
-                elif kind == "response_headers":
-                    out = await ex.response_headers(msg)
-                elif kind == "request_trailers":
-                    out = await ex.request_trailers()
-                elif kind == "response_trailers":
-                    out = await ex.response_trailers()
-                else:
-                    continue
+                out = await _dispatch(ex, msg, kind, context)
                 for answer in out:
                     yield answer
                 if out and out[0].HasField("immediate_response"):
@@ -187,6 +160,39 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._closing.add(closing)
         closing.add_done_callback(self._closed)
         return closing
+
+
+async def _dispatch(
+    ex: Exchange, msg: pb.ProcessingRequest, kind: str | None,
+    context: grpc.aio.ServicerContext,
+) -> Sequence[pb.ProcessingResponse]:
+    """One of Envoy's messages to its side of the exchange; the answers to send."""
+    if not ex.begun and kind in ("request_body", "request_trailers"):
+        # the request's body or trailers before its headers (out of order, or a filter whose
+        # processing mode skips them): nothing to pick with, and no answer would come --
+        # Envoy waited its `message_timeout`. (An answer may come first: Envoy's or an
+        # earlier filter's local reply, its error re-shaped as a stored response's.)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind} before request_headers")
+    if kind == "response_body":
+        return await ex.response_body(msg)
+    if kind == "request_body":
+        return await ex.request_body(msg)
+    if kind == "request_headers":
+        if ex.begun:  # one request per stream: a second would orphan the first's lease and
+            # admission (`close` settles the first now)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "request_headers sent twice on one stream")
+        out = await ex.request_headers(msg)
+        if not out and msg.request_headers.end_of_stream:
+            out = await ex.decide(end=True)  # a POST without a body
+        return out
+    if kind == "response_headers":
+        return await ex.response_headers(msg)
+    if kind == "request_trailers":
+        return await ex.request_trailers()
+    if kind == "response_trailers":
+        return await ex.response_trailers()
+    return ()  # (nothing else is Envoy's to send)
 
 
 _LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
