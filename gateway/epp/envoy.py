@@ -67,8 +67,12 @@ MAX_CONNECTIONS = 50_000
 # unanswered and the connection closed, its requests Envoy's FailClose 503 "The endpoint
 # picker is unavailable" (without pings they waited for the ext_proc `message_timeout`,
 # 1000 s, or the kernel's TCP retransmission timeout); the picker takes pings at any rate
-# (`gateway.epp.server.grpc_options`)
-PICKER_KEEPALIVE = {"interval": "10s", "timeout": "5s"}
+# (`gateway.epp.server.grpc_options`). Half a second each: a stuck picker costs a request at
+# most about a second before the FailClose 503 (at 10 s + 5 s it cost up to 15 s, and as much
+# again for each request on the next connection). The picker's gRPC core answers a ping on
+# its own thread, whatever its event loop is doing; `message_timeout` cannot bound it (the
+# picker holds its answers for a request's body and a stream's first token)
+PICKER_KEEPALIVE = {"interval": "0.5s", "timeout": "0.5s"}
 _UINT32 = 2**32 - 1
 _TYPES = "type.googleapis.com/envoy.extensions"
 

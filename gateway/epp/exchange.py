@@ -31,8 +31,10 @@ edge's upstream timeouts apply once the answer's head is in, a stored response's
 it and after a whole answer's head; a 504 before a stream's first bytes and for a whole answer,
 an error event after them; no retry); a stream held open after its last event ends for the
 client a moment later (`end_after_done`).
-The lease is released and the admission settled when the stream ends, however it ends
-(`close`).
+The lease is released and the admission settled when the answer's last message is answered
+(the response body's end of stream, or its trailers) or when the stream ends first, however
+it ends: closed, reset, its connection gone (`close`; `server.py` reads the rest of a stream
+whose answer is over without answering it).
 """
 
 from __future__ import annotations

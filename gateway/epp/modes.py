@@ -14,6 +14,14 @@ in time.", a ``BUFFERED`` body too). The answer path needs ``FULL_DUPLEX_STREAME
 stream's head is held until its first bytes, a whole answer until its end: Envoy sends no
 body before the head is answered); any other response body mode is refused alike. A data plane that
 states no modes is taken to run the shipped ones.
+
+A filter in ``observability_mode`` (Envoy sends the messages and does not wait for answers:
+each ``ProcessingRequest`` says so) cannot be picked for at all: Envoy routes the request
+before the picker could answer, and drops its answers. Such a stream is read to its end and
+answered nothing (no lease, no route recorded, no request counted: it went wherever Envoy's
+route sent it); the error is said once in the log and each request counted in
+``kvgate_epp_misconfigured_total{setting="observability_mode"}`` (`Misconfigured`), as are
+the other settings the picker cannot work with.
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ from collections.abc import Sequence
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client import CollectorRegistry, Counter
 
 from gateway.errors import KvgateError
 
-__all__ = ["BUFFERED", "buffered_body", "headers_skipped", "misconfigured", "modes",
-           "unsupported"]
+__all__ = ["BUFFERED", "OBSERVED", "Misconfigured", "buffered_body", "headers_skipped",
+           "misconfigured", "modes", "unsupported"]
 
 log = logging.getLogger("gateway.epp")
 _said: set[str] = set()
@@ -90,12 +99,36 @@ def misconfigured(message: str) -> None:
         log.error("%s", message)
 
 
-def headers_skipped() -> None:
+OBSERVED = ("The gateway is misconfigured: its Envoy ext_proc filter runs in observability_mode"
+            " (Envoy does not wait for the endpoint picker's answers): no request can be picked"
+            " for, each goes where Envoy's route sends it without the picker; set"
+            " observability_mode: false, see kvgate's docs/envoy.md.")
+
+
+class Misconfigured:
+    """Requests met with a filter setting the picker cannot work with: said once in the log,
+    each counted (``kvgate_epp_misconfigured_total{setting}``), so a dashboard shows it
+    while it lasts."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._count = Counter(
+            "kvgate_epp_misconfigured_total",
+            "requests met with an Envoy ext_proc filter setting the endpoint picker cannot"
+            " pick in", ["setting"], registry=registry)
+
+    def __call__(self, setting: str, message: str) -> None:
+        self._count.labels(setting=setting).inc()
+        misconfigured(message)
+
+
+def headers_skipped() -> tuple[str, str]:
     """An answer's body came without its headers: the filter skips them
     (``response_header_mode: SKIP``), which Envoy does not state. The answer passes, but the
     picker never sees its status: counted as a client that left, no usage charged, no first
-    token learnt -- said in the log, as nothing else would show it."""
-    misconfigured("The gateway is misconfigured: its Envoy ext_proc filter skips the response "
-                  "headers (response_header_mode SKIP): the endpoint picker cannot see the "
-                  "answers' status, usage or first token (each is counted 499, no tokens "
-                  "charged); set it to SEND, see kvgate's docs/envoy.md.")
+    token learnt -- said in the log, as nothing else would show it. (setting, message) for
+    `Misconfigured`."""
+    return ("response_header_mode",
+            "The gateway is misconfigured: its Envoy ext_proc filter skips the response "
+            "headers (response_header_mode SKIP): the endpoint picker cannot see the "
+            "answers' status, usage or first token (each is counted 499, no tokens "
+            "charged); set it to SEND, see kvgate's docs/envoy.md.")

@@ -13,7 +13,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.app import POSTED, unknown_path
 from gateway.epp import wire
-from gateway.epp.modes import BUFFERED, misconfigured, modes, unsupported
+from gateway.epp.modes import BUFFERED, modes, unsupported
 from gateway.epp.modes import buffered_body as modes_buffered
 from gateway.epp.state import ExchangeState, endpoint, replica_key
 from gateway.errors import (
@@ -54,7 +54,7 @@ class RequestSide(ExchangeState):
         if stated is not None and not (out and out[0].HasField("immediate_response")):
             wrong = unsupported(stated, not msg.request_headers.end_of_stream)
             if wrong is not None:  # no body would come: it waited for the body timeout's 408
-                misconfigured(wrong.message)
+                self._core.misconfigured("processing_mode", wrong.message)
                 self._pending = None
                 return [self._refuse(wrong)]
         if self._buffered and not out and not msg.request_headers.end_of_stream:

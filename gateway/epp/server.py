@@ -16,7 +16,7 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 
 import grpc
@@ -28,6 +28,7 @@ from gateway.app import GatewayApp, Page
 from gateway.config import KvgateConfig
 from gateway.drain import INTERRUPT_WAIT_S, interrupt_all, interrupt_waiting
 from gateway.epp.exchange import Exchange, PickerCore
+from gateway.epp.modes import OBSERVED, Misconfigured
 from gateway.error_streaks import ErrorStreaks
 from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
@@ -76,6 +77,21 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         finally:
             self._waiting.discard(inbox)
 
+    async def _until_ended(self, inbox: asyncio.Queue[pb.ProcessingRequest | None]) -> None:
+        """Read a stream to its end, answering nothing more: one whose answer is over (its
+        exchange settled), or one of a filter in observability mode (`modes.OBSERVED`: a pick
+        would lease a replica the request never goes to, and Envoy drops the answers). The
+        data plane ends it (or the picker stops: `stop_waiting`); returning first would send
+        the stream's status on a call Envoy may be resetting (`_ended`)."""
+        if self._stopping:
+            return
+        self._waiting.add(inbox)
+        try:
+            while await inbox.get() is not None:
+                pass
+        finally:
+            self._waiting.discard(inbox)
+
     def _closed(self, closing: asyncio.Task[None]) -> None:
         self._closing.discard(closing)
         if not closing.cancelled() and (exc := closing.exception()) is not None:
@@ -111,35 +127,12 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                         await self._ended(inbox)
                         return
                     continue
+                if msg.observability_mode:  # Envoy routes on without the picker's answers:
+                    self._core.misconfigured("observability_mode", OBSERVED)  # no pick
+                    await self._until_ended(inbox)
+                    return
                 kind = msg.WhichOneof("request")
-                if not ex.begun and kind in ("request_body", "request_trailers"):
-                    # the request's body or trailers before its headers (out of order, or a
-                    # filter whose processing mode skips them): nothing to pick with, and
-                    # no answer would come -- Envoy waited its `message_timeout`. (An answer
-                    # may come first: Envoy's or an earlier filter's local reply, its error
-                    # re-shaped as a stored response's.)
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                        f"{kind} before request_headers")
-                if kind == "response_body":
-                    out = await ex.response_body(msg)
-                elif kind == "request_body":
-                    out = await ex.request_body(msg)
-                elif kind == "request_headers":
-                    if ex.begun:  # one request per stream: a second would orphan the first's
-                        # lease and admission (`close` settles the first now)
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                            "request_headers sent twice on one stream")
-                    out = await ex.request_headers(msg)
-                    if not out and msg.request_headers.end_of_stream:
-                        out = await ex.decide(end=True)  # a POST without a body
-                elif kind == "response_headers":
-                    out = await ex.response_headers(msg)
-                elif kind == "request_trailers":
-                    out = await ex.request_trailers()
-                elif kind == "response_trailers":
-                    out = await ex.response_trailers()
-                else:
-                    continue
+                out = await _dispatch(ex, msg, kind, context)
                 for answer in out:
                     yield answer
                 if out and out[0].HasField("immediate_response"):
@@ -147,6 +140,13 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                     # let Envoy end the stream first (`_ended`)
                     closing = self._close(ex)
                     await self._ended(inbox)
+                    return
+                if kind == "response_trailers" or (
+                        kind == "response_body" and msg.response_body.end_of_stream):
+                    # the answer's last message: settled now (its replica's in-flight count
+                    # given back), not when the data plane gets round to ending the stream
+                    closing = self._close(ex)
+                    await self._until_ended(inbox)
                     return
         finally:
             reader.cancel()
@@ -160,6 +160,39 @@ class Processor(pb_grpc.ExternalProcessorServicer):  # type: ignore[misc]
         self._closing.add(closing)
         closing.add_done_callback(self._closed)
         return closing
+
+
+async def _dispatch(
+    ex: Exchange, msg: pb.ProcessingRequest, kind: str | None,
+    context: grpc.aio.ServicerContext,
+) -> Sequence[pb.ProcessingResponse]:
+    """One of Envoy's messages to its side of the exchange; the answers to send."""
+    if not ex.begun and kind in ("request_body", "request_trailers"):
+        # the request's body or trailers before its headers (out of order, or a filter whose
+        # processing mode skips them): nothing to pick with, and no answer would come --
+        # Envoy waited its `message_timeout`. (An answer may come first: Envoy's or an
+        # earlier filter's local reply, its error re-shaped as a stored response's.)
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind} before request_headers")
+    if kind == "response_body":
+        return await ex.response_body(msg)
+    if kind == "request_body":
+        return await ex.request_body(msg)
+    if kind == "request_headers":
+        if ex.begun:  # one request per stream: a second would orphan the first's lease and
+            # admission (`close` settles the first now)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "request_headers sent twice on one stream")
+        out = await ex.request_headers(msg)
+        if not out and msg.request_headers.end_of_stream:
+            out = await ex.decide(end=True)  # a POST without a body
+        return out
+    if kind == "response_headers":
+        return await ex.response_headers(msg)
+    if kind == "request_trailers":
+        return await ex.request_trailers()
+    if kind == "response_trailers":
+        return await ex.response_trailers()
+    return ()  # (nothing else is Envoy's to send)
 
 
 _LATE = pb.ProcessingRequest()  # `_next`'s "the deadline passed first"
@@ -253,6 +286,7 @@ class EppApp(GatewayApp):
             uploads=Uploads(self.cfg.server.max_pending_body_bytes,
                             self.cfg.server.max_body_bytes),
             streaks=ErrorStreaks(self.cfg.health.failure_threshold),
+            misconfigured=Misconfigured(self.metrics.registry),
         )
         server = grpc.aio.server(options=grpc_options(
             self.cfg.server.max_body_bytes, self.cfg.health.stall_after_s))

@@ -11,6 +11,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from gateway.config import KvgateConfig
 from gateway.epp import wire
+from gateway.epp.modes import Misconfigured
 from gateway.error_streaks import ErrorStreaks
 from gateway.errors import KvgateError
 from gateway.metrics import GatewayMetrics
@@ -46,6 +47,7 @@ class PickerCore:
     # request bodies still arriving through Envoy, all exchanges together (as at the HTTP edge)
     uploads: Uploads
     streaks: ErrorStreaks  # the replicas' 500s for requests that failed alike elsewhere
+    misconfigured: Misconfigured  # filter settings the picker cannot pick in (counted, said)
 
 
 def endpoint(replica: Replica) -> str:
