@@ -220,7 +220,11 @@ class Planner:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         if priority:
             features = replace(features, priority=priority)
-        return Plan(pool, served, priority, home, spilled, features, views[pool.name])
+        pool_views = views[pool.name]
+        holders = pool.adapter_holders(parsed.model) if parsed.model != served else None
+        if holders is not None:  # a LoRA adapter: sent under its name, where it is loaded
+            served, pool_views = parsed.model, [v for v in pool_views if v.id in holders]
+        return Plan(pool, served, priority, home, spilled, features, pool_views)
 
     def _in_force(self, principal: Principal) -> Principal | None:
         """``principal`` on the policy in force, when it was resolved under an older one

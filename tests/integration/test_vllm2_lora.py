@@ -1,0 +1,59 @@
+"""LoRA adapters behind kvgate. vLLM replicas started with `--enable-lora` list their adapters
+in `/v1/models` (a card whose `parent` is the base model); a request naming an adapter must
+reach a replica that has it loaded, under the adapter's name (its KV is not the base model's).
+kvgate lists the adapters in its own `/v1/models`, routes an adapter's requests to the replicas
+listing it only, and sees an adapter loaded at run time (`/v1/load_lora_adapter`) at its next
+read of the replicas' cards. Real gateway and simulated replicas, the openai client."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import openai
+
+from tests.support.gateway import gateway_proc, wait_for
+from tests.support.procs import Proc
+
+SimFactory = Callable[..., tuple[Proc, str]]
+
+
+def _client(base: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def _ask(client: openai.OpenAI, model: str, text: str) -> str:
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": text}], max_tokens=2)
+    assert raw.parse().model == model
+    return raw.headers["x-kvgate-replica"].split("/", 1)[1]
+
+
+def _models_seen(url: str) -> list[Any]:
+    return [r["body"]["model"] for r in httpx.get(f"{url}/sim/requests").json()["requests"]
+            if r["path"] == "/v1/chat/completions"]
+
+
+def test_adapter_requests_go_where_it_is_loaded(sim_factory: SimFactory) -> None:
+    _, with_sql = sim_factory("--time-scale", "50", "--lora-modules", "sql=/adapters/sql",
+                              model="base")
+    _, without = sim_factory("--time-scale", "50", "--enable-lora", model="base")
+    gw, base = gateway_proc(upstreams=[with_sql, without])
+    with gw:
+        wait_for(lambda: "sql" in [m.id for m in _client(base).models.list().data],
+                 what="the adapter listed")
+        client = _client(base)
+        cards = {c["id"]: c for c in httpx.get(f"{base}/v1/models").json()["data"]}
+        assert (cards["sql"]["parent"], cards["base"]["parent"]) == ("base", None)
+        hosts = {_ask(client, "sql", f"question {i} " * 20) for i in range(8)}
+        assert hosts == {with_sql.removeprefix("http://")}
+        assert _models_seen(with_sql) == ["sql"] * 8  # sent under its name, not the base's
+        assert _models_seen(without) == []
+        # loaded at run time on the other replica: routed there after the next cards' read
+        loaded = httpx.post(f"{without}/v1/load_lora_adapter",
+                            json={"lora_name": "chat2", "lora_path": "/adapters/chat2"})
+        assert loaded.status_code == 200
+        wait_for(lambda: "chat2" in [m.id for m in client.models.list().data], timeout=30,
+                 what="the adapter loaded at run time listed")
+        assert _ask(client, "chat2", "hello there " * 20) == without.removeprefix("http://")
