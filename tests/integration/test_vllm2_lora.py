@@ -57,3 +57,28 @@ def test_adapter_requests_go_where_it_is_loaded(sim_factory: SimFactory) -> None
         wait_for(lambda: "chat2" in [m.id for m in client.models.list().data], timeout=30,
                  what="the adapter loaded at run time listed")
         assert _ask(client, "chat2", "hello there " * 20) == without.removeprefix("http://")
+
+
+def test_a_models_entry_naming_an_adapter_keeps_its_name(sim_factory: SimFactory) -> None:
+    _, with_sql = sim_factory("--time-scale", "50", "--lora-modules", "sql=/adapters/sql",
+                              model="base")
+    _, without = sim_factory("--time-scale", "50", model="base")
+    config = {"pools": {"p": {"served_model": "base", "replicas": [with_sql, without]}},
+              "models": {"base": {"default": "p"}, "sql": {"default": "p"}}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        client = _client(base)
+        # (an adapter is learnt at the replica's first cards' read: until then it is the base)
+        wait_for(lambda: _ask_raw(client, "sql")["model"] == "sql", timeout=30,
+                 what="the adapter learnt")
+        httpx.delete(f"{with_sql}/sim/requests")
+        for i in range(6):
+            assert _ask(client, "sql", f"another question {i} " * 20) == with_sql.removeprefix(
+                "http://")
+        assert _models_seen(with_sql) == ["sql"] * 6  # not rewritten to the base model
+
+
+def _ask_raw(client: openai.OpenAI, model: str) -> dict[str, Any]:
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "probe " * 20}], max_tokens=1)
+    return {"model": reply.model}
