@@ -233,9 +233,12 @@ class HealthMonitor:
         adapters = frozenset(
             c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)
             and isinstance(c.get("parent"), str) and c["id"] != pool.served_model)
-        if pool.adapters.get(replica.id, frozenset()) != adapters:
-            pool.adapters[replica.id] = adapters
+        before = pool.adapters.get(replica.id, frozenset())
+        pool.adapters[replica.id] = adapters
+        pool.lora_names |= adapters
+        if adapters or before:  # (also one a request found unloaded: `Pool.unloaded`)
             self._pools.refresh_public()
+        if before != adapters:
             shown = ", ".join(sorted(adapters)[:10]) or "none"
             log.info("replica's LoRA adapters", extra={
                 "pool": pool.name, "replica": replica.id, "model": shown})

@@ -224,6 +224,8 @@ class Planner:
         holders = pool.adapter_holders(parsed.model) if parsed.model != served else None
         if holders is not None:  # a LoRA adapter: sent under its name, where it is loaded
             served, pool_views = parsed.model, [v for v in pool_views if v.id in holders]
+        elif parsed.model in pool.lora_names:  # an adapter unloaded everywhere: not the base
+            raise self.not_found(principal, parsed.model)
         return Plan(pool, served, priority, home, spilled, features, pool_views)
 
     def _in_force(self, principal: Principal) -> Principal | None:

@@ -40,8 +40,8 @@ _MAX_RETRY_AFTER_S = 60
 
 
 class Pool:
-    __slots__ = ("adapters", "budget", "by_id", "headers", "max_model_len", "name", "refused",
-                 "replicas", "served_model", "transport", "wanted")
+    __slots__ = ("adapters", "budget", "by_id", "headers", "lora_names", "max_model_len", "name",
+                 "refused", "replicas", "served_model", "transport", "wanted")
 
     def __init__(
         self, name: str, served_model: str | None, replicas: list[Replica],
@@ -54,6 +54,7 @@ class Pool:
         # replica id -> the LoRA adapters its /v1/models lists (`HealthMonitor`): a request
         # naming one goes to those replicas only, under the adapter's name
         self.adapters: dict[str, frozenset[str]] = {}
+        self.lora_names: set[str] = set()  # every adapter name any of them ever listed
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
         # the URLs its list or its discovery names, and those of them it does not have
@@ -72,6 +73,15 @@ class Pool:
         `model` is no adapter of this pool)."""
         held = frozenset(r.id for r in self.replicas if model in self.adapters.get(r.id, ()))
         return held or None
+
+    def unloaded(self, replica_id: str, model: str) -> bool:
+        """Whether `model`, which a replica answered it does not serve, was one of its LoRA
+        adapters (unloaded there since its cards were read): then forgotten there."""
+        held = self.adapters.get(replica_id, frozenset())
+        if model not in held:
+            return False
+        self.adapters[replica_id] = held - {model}
+        return True
 
     def condition(self, now: float, among: Sequence[Replica] | None = None) -> str:
         """Its replicas' states counted (`among`: those of them a request may use), for a

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import openai
 
-from tests.support.gateway import gateway_proc, wait_for
+from tests.support.gateway import gateway_proc, metric_values, wait_for
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -82,3 +82,41 @@ def _ask_raw(client: openai.OpenAI, model: str) -> dict[str, Any]:
     reply = client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "probe " * 20}], max_tokens=1)
     return {"model": reply.model}
+
+
+def test_an_adapter_unloaded_on_a_replica_does_not_eject_it(sim_factory: SimFactory) -> None:
+    """vLLM answers a request for an adapter it unloaded 404 "The model `sql` does not exist",
+    the answer of a replica serving another model, which kvgate takes out at once: one
+    client's request for the adapter took a replica serving the base model well out of the
+    pool (for 30 s here: the ejection's back-off). Now the adapter is forgotten there, the
+    request answered by the replica that still has it, the replica left in."""
+    urls = [sim_factory("--time-scale", "50", "--lora-modules", "sql=/adapters/sql",
+                        model="base")[1] for _ in range(2)]
+    gone, kept = urls
+    gw, base = gateway_proc(upstreams=urls, env={"KVGATE_HEALTH__EJECT_BASE_S": "30",
+                                                  "KVGATE_HEALTH__EJECT_MAX_S": "30"})
+    with gw:
+        client = _client(base)
+        wait_for(lambda: "sql" in [m.id for m in client.models.list().data], what="sql listed")
+        assert httpx.post(f"{gone}/v1/unload_lora_adapter",
+                          json={"lora_name": "sql"}).status_code == 200
+        httpx.delete(f"{gone}/sim/requests")
+        for i in range(40):  # until one is sent where it was unloaded: answered by the other
+            assert _ask(client, "sql", f"question {i} " * 20) == kept.removeprefix("http://")
+            if _models_seen(gone):
+                break
+        assert _models_seen(gone) == ["sql"]
+        healthy = metric_values(base, "kvgate_replica_healthy")
+        assert [v for k, v in healthy.items() if gone.removeprefix("http://") in k] == [1.0]
+        hosts = {_ask(client, "sql", f"again {i} " * 20) for i in range(4)}
+        assert hosts == {kept.removeprefix("http://")}  # not sent there again
+        # unloaded everywhere: vLLM's 404 for it, never the base model's answer under its name
+        httpx.post(f"{kept}/v1/unload_lora_adapter", json={"lora_name": "sql"})
+        for i in range(2):
+            reply = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+                "model": "sql", "max_tokens": 1,
+                "messages": [{"role": "user", "content": f"last {i} " * 20}]})
+            assert reply.status_code == 404, reply.text
+            assert reply.json()["error"]["message"].startswith("The model `sql` does not exist")
+        healthy = metric_values(base, "kvgate_replica_healthy")
+        assert sorted(healthy.values()) == [1.0, 1.0]
