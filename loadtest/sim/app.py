@@ -24,6 +24,7 @@ import xxhash
 from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.chat_format import ChatFormat
 from loadtest.sim.control import SimControl
+from loadtest.sim.devmode import DevRoutes
 from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
 from loadtest.sim.faults import Faults
@@ -72,6 +73,7 @@ class SimOptions:
     server_load_tracking: bool = False  # --enable-server-load-tracking (GET /load)
     enable_lora: bool = False  # --enable-lora (or --lora-modules): adapters, loaded at run time
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules name=path
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping, ...
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -116,6 +118,7 @@ class SimApp:
             ("GET", "/metrics"): self._metrics,
             **SimControl(self).routes(),
             **self.lora.routes(),
+            **(DevRoutes(self).routes() if options.dev_mode else {}),
         }
         self._paths = {path for _, path in self._routes}
 

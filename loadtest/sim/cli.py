@@ -154,6 +154,7 @@ def build_app(args: argparse.Namespace) -> SimApp:
         keep_alive_s=args.sse_keep_alive_interval, log_stats=not args.disable_log_stats,
         server_load_tracking=args.enable_server_load_tracking,
         enable_lora=args.enable_lora or bool(args.lora_modules),
+        dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE", "").lower() in ("1", "true"),
         lora_modules=tuple(parse_lora_modules(args.lora_modules).items()),
         enable_store=args.enable_store or os.environ.get(
             "VLLM_ENABLE_RESPONSES_API_STORE", "").lower() in ("1", "true"),
