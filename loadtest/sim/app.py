@@ -73,6 +73,7 @@ class SimOptions:
     server_load_tracking: bool = False  # --enable-server-load-tracking (GET /load)
     enable_lora: bool = False  # --enable-lora (or --lora-modules): adapters, loaded at run time
     lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules name=path
+    max_loras: int = 1  # --max-loras (vLLM's default: 1), shown in vllm:lora_requests_info
     dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping, ...
 
 
@@ -87,8 +88,11 @@ class SimApp:
         self.engines = [engines] if isinstance(engines, Engine) else list(engines)
         self.engine = self.engines[0]  # the config is the same for every engine
         self.options, self.faults = options, faults
+        self.lora = LoraAdapters(options.enable_lora, options.model, dict(options.lora_modules),
+                                 options.max_loras)
         self.metrics = SimMetrics(self.engines, options.model, options.legacy_metrics,
-                                  options.log_stats, lambda: faults.sleeping)
+                                  options.log_stats, lambda: faults.sleeping,
+                                  self.lora.info if options.enable_lora else None)
         self.runners = [EngineRunner(e, options.time_scale, self.metrics.observer(i))
                         for i, e in enumerate(self.engines)]
         for runner in self.runners:  # `--engine-hang`: hung from the start
@@ -97,7 +101,6 @@ class SimApp:
                                 options.legacy_errors, options.prompt_tokens_details,
                                 options.keep_alive_s)
         self.responses = ResponsesAPI(self)
-        self.lora = LoraAdapters(options.enable_lora, options.model, dict(options.lora_modules))
         self.requests: deque[dict[str, Any]] = deque(maxlen=options.request_log_size)
         self.counters = {"http_requests": 0, "injected_errors": 0, "admission_rejections": 0}
         self._ids = itertools.count()
@@ -282,8 +285,13 @@ class SimApp:
         ctx = self.ctx if adapter is None else replace(self.ctx, model=adapter)
         generation = Generation(ctx, self.pick_runner(), gen, f"{rid}#{next(self._ids)}",
                                 headers, reply_headers)
-        # ConnectionDropped propagates: uvicorn then closes the connection
-        await generation.serve(receive, send, make_format(generation))
+        if adapter is not None:
+            self.lora.in_flight[adapter] += 1
+        try:  # ConnectionDropped propagates: uvicorn then closes the connection
+            await generation.serve(receive, send, make_format(generation))
+        finally:
+            if adapter is not None:
+                self.lora.in_flight[adapter] -= 1
         return generation
 
     # -- other OpenAI / vLLM endpoints -----------------------------------------------------

@@ -46,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=[],
                    help="adapters served from the start (name=path, or vLLM's JSON form); "
                         "implies --enable-lora")
+    p.add_argument("--max-loras", type=int, default=1,
+                   help="adapters in one batch, as vLLM's flag (1; shown in the metrics only)")
     p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
                    help=f"GPU and model profile: speeds, KV size ({PRESETS[0].name})")
     p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
@@ -154,6 +156,7 @@ def build_app(args: argparse.Namespace) -> SimApp:
         keep_alive_s=args.sse_keep_alive_interval, log_stats=not args.disable_log_stats,
         server_load_tracking=args.enable_server_load_tracking,
         enable_lora=args.enable_lora or bool(args.lora_modules),
+        max_loras=args.max_loras,
         dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE", "").lower() in ("1", "true"),
         lora_modules=tuple(parse_lora_modules(args.lora_modules).items()),
         enable_store=args.enable_store or os.environ.get(

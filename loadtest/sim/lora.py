@@ -14,6 +14,7 @@ adapter computes as its base model does.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -54,8 +55,15 @@ def parse_lora_modules(values: list[str]) -> dict[str, str]:
 class LoraAdapters:
     """The adapters one replica serves (by name -> path), changed at run time."""
 
-    def __init__(self, enabled: bool, base: str, adapters: dict[str, str]) -> None:
+    def __init__(self, enabled: bool, base: str, adapters: dict[str, str],
+                 max_loras: int = 1) -> None:
         self.enabled, self.base, self.paths = enabled, base, dict(adapters)
+        self.max_loras = max_loras
+        self.in_flight: Counter[str] = Counter()  # adapter -> its requests in flight
+
+    def info(self) -> tuple[int, list[str]]:
+        """(--max-loras, the adapters with requests in flight) for vllm:lora_requests_info."""
+        return self.max_loras, sorted(a for a, n in self.in_flight.items() if n)
 
     def get(self, model: object) -> str | None:
         """``model`` when it names one of the adapters, else None."""

@@ -6,11 +6,15 @@ and adapters loaded and unloaded at run time. A real simulator process, the open
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.vllm_page import parse_vllm_metrics
+from tests.support.gateway import wait_for
 from tests.support.procs import Proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -54,3 +58,30 @@ def test_adapters_loaded_and_unloaded_at_run_time(sim_factory: SimFactory) -> No
     missing = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "chat2"})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
     assert httpx.post(f"{url}/v1/completions", json=body).status_code == 404
+
+
+def test_lora_requests_info_names_the_adapters_in_flight(sim_factory: SimFactory) -> None:
+    """vLLM's `vllm:lora_requests_info` gauge: `max_lora`, and the adapters of the requests
+    in flight comma-joined in a label; kvgate's page parser reads such a page as any other."""
+    _, url = sim_factory("--time-scale", "50", "--max-loras", "2",
+                         "--lora-modules", "sql=/a/sql", "chat=/a/chat", model="base")
+
+    def info() -> dict[str, str]:
+        found = [s.labels for f in text_string_to_metric_families(httpx.get(f"{url}/metrics")
+                                                                   .text)
+                 for s in f.samples if s.name == "vllm:lora_requests_info"]
+        assert len(found) == 1
+        return found[0]
+
+    assert info() == {"max_lora": "2", "running_lora_adapters": "",
+                      "waiting_lora_adapters": ""}
+    httpx.post(f"{url}/sim/faults", json={"engine_hang": True})  # requests stay in flight
+    with ThreadPoolExecutor(2) as pool:
+        replies = [pool.submit(httpx.post, f"{url}/v1/completions", timeout=60, json={
+            "model": name, "prompt": "x", "max_tokens": 1}) for name in ("sql", "chat")]
+        wait_for(lambda: info()["running_lora_adapters"] == "chat,sql", what="both in flight")
+        sample = parse_vllm_metrics(httpx.get(f"{url}/metrics").text)
+        assert sample.running is not None and sample.running + (sample.waiting or 0) == 2
+        httpx.post(f"{url}/sim/faults", json={"engine_hang": False})
+        assert [r.result().status_code for r in replies] == [200, 200]
+    assert info()["running_lora_adapters"] == ""
