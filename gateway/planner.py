@@ -251,7 +251,9 @@ class Planner:
         """The model of a request that names none (vLLM serves its own model then): the one
         public name `principal`'s tier can use; with several, a 400 listing them; with none
         known yet (the quick form before a replica answered), the 503 to retry."""
-        offered = self.offered(principal)
+        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names}
+        # (vLLM serves its base model then, never a LoRA adapter)
+        offered = [m for m in self.offered(principal) if m not in adapters]
         if len(offered) == 1:
             return offered[0]
         if offered:

@@ -46,6 +46,8 @@ def test_adapter_requests_go_where_it_is_loaded(sim_factory: SimFactory) -> None
         client = _client(base)
         cards = {c["id"]: c for c in httpx.get(f"{base}/v1/models").json()["data"]}
         assert (cards["sql"]["parent"], cards["base"]["parent"]) == ("base", None)
+        unnamed = httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 1})
+        assert unnamed.status_code == 200 and unnamed.json()["model"] == "base"  # as vLLM's
         hosts = {_ask(client, "sql", f"question {i} " * 20) for i in range(8)}
         assert hosts == {with_sql.removeprefix("http://")}
         assert _models_seen(with_sql) == ["sql"] * 8  # sent under its name, not the base's
