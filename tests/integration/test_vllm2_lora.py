@@ -122,3 +122,30 @@ def test_an_adapter_unloaded_on_a_replica_does_not_eject_it(sim_factory: SimFact
             assert reply.json()["error"]["message"].startswith("The model `sql` does not exist")
         healthy = metric_values(base, "kvgate_replica_healthy")
         assert sorted(healthy.values()) == [1.0, 1.0]
+
+
+def test_an_adapter_never_spills_to_a_pool_without_it(sim_factory: SimFactory) -> None:
+    """Its home pool down, a tier's spill-over sent an adapter's request to a pool serving the
+    base model only, rewritten to the base model's name: the base model answered it, under
+    the adapter's name. Now the request waits for its pool (the pool's 503, Retry-After)."""
+    _, home = sim_factory("--time-scale", "50", "--lora-modules", "sql=/adapters/sql",
+                          model="base")
+    _, other = sim_factory("--time-scale", "50", model="base")
+    config = {"pools": {"home": {"served_model": "base", "replicas": [home]},
+                        "other": {"served_model": "base", "replicas": [other]}},
+              "models": {"sql": {"default": "home"}},
+              "tiers": {"default": {"spill_to": "other"}}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        client = _client(base)
+        wait_for(lambda: _ask_raw(client, "sql")["model"] == "sql", timeout=30,
+                 what="the adapter learnt")
+        assert httpx.post(f"{home}/sim/faults", json={"dead": True}).status_code == 200
+        wait_for(lambda: metric_values(base, "kvgate_replica_healthy").get(
+            f'{{pool="home",replica="{home.removeprefix("http://")}"}}') == 0.0,
+            what="the home replica out")
+        httpx.delete(f"{other}/sim/requests")
+        reply = httpx.post(f"{base}/v1/chat/completions", timeout=30, json={
+            "model": "sql", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]})
+        assert reply.status_code == 503, reply.text
+        assert _models_seen(other) == []
