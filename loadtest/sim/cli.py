@@ -128,6 +128,8 @@ def build_app(args: argparse.Namespace) -> SimApp:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.sse_keep_alive_interval < 0:
         raise ValueError("--sse-keep-alive-interval must be >= 0")
+    if args.max_loras < 1:
+        raise ValueError("--max-loras must be at least 1")
     if not (math.isfinite(args.slowdown) and args.slowdown > 0):
         raise ValueError("--slowdown must be a positive number")
     config = EngineConfig(
