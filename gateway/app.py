@@ -272,6 +272,8 @@ class GatewayApp:
         pool = rt.pools.serving(name, doc, principal.tier if principal else DEFAULT_TIER)
         if pool is not None and pool.max_model_len is not None:
             card["max_model_len"] = pool.max_model_len
+        if pool is not None and name != pool.served_model and pool.adapter_holders(name):
+            card["parent"] = pool.served_model  # a LoRA adapter's card names its base, as vLLM's
         card["permission"] = [_permission(card["created"])]
         return card
 

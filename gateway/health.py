@@ -1,7 +1,10 @@
 """Active health: poll every replica's `/health`, and learn served model names and context lengths.
 
 A replica's `/v1/models` is read when it is new to its pool, back from an ejection or found
-serving another model: one listing models, none of them the pool's (a wrong Service selector,
+serving another model, and every `_CARDS_EVERY` probes (LoRA adapters are loaded and unloaded
+at run time, vLLM's ``/v1/load_lora_adapter``): the adapters it lists (cards with a ``parent``)
+are the pool's public names too, each routed to the replicas listing it. One listing models,
+none of them the pool's (a wrong Service selector,
 another model rolled out there), is taken out with the reason; one whose `/v1/models` says
 nothing useful (404, late, refused) is not judged by it.
 
@@ -38,6 +41,10 @@ __all__ = ["HealthMonitor"]
 
 log = logging.getLogger(__name__)
 
+# a replica's /v1/models is read again after this many probes that did not read it (about
+# 20 s at the default 2 s interval): adapters loaded or unloaded meanwhile are seen then
+_CARDS_EVERY = 10
+
 
 class HealthMonitor:
     def __init__(self, pools: Pools, cfg: HealthConfig, clock: Callable[[], float]) -> None:
@@ -50,6 +57,7 @@ class HealthMonitor:
         # (restarted, perhaps with another --max-model-len)
         self._carded: set[tuple[str, str | None]] = set()
         self._wrong_model: set[str] = set()  # replicas logged as serving another model
+        self._unread: dict[str, int] = {}  # replica -> probes since its /v1/models was read
 
     async def run(self) -> None:
         while True:
@@ -70,6 +78,9 @@ class HealthMonitor:
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
         self._wrong_model &= present
+        self._unread = {rid: n for rid, n in self._unread.items() if rid in present}
+        for pool in self._pools.by_name.values():  # (a replica's adapters leave with it)
+            pool.adapters = {rid: a for rid, a in pool.adapters.items() if rid in pool.by_id}
         await asyncio.gather(*checks)
 
     async def _guarded(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
@@ -132,7 +143,9 @@ class HealthMonitor:
         ask = not draining and (
             pool.served_model is None or replica.state == "ejected"
             or replica.id in self._wrong_model
-            or (replica.id, pool.served_model) not in self._carded)
+            or (replica.id, pool.served_model) not in self._carded
+            or self._unread.get(replica.id, 0) >= _CARDS_EVERY)
+        self._unread[replica.id] = 0 if ask else self._unread.get(replica.id, 0) + 1
         cards = await self._cards(pool, replica) if ask else None
         if cards is not None and self._serves_another(pool, replica, cards):
             return
@@ -150,6 +163,7 @@ class HealthMonitor:
                          extra={"pool": pool.name, "replica": replica.id})
         if cards is not None:
             self._learn_model(pool, replica, cards)
+            self._learn_adapters(pool, replica, cards)
 
     async def _cards(self, pool: Pool, replica: Replica) -> list[object] | None:
         """The model cards its /v1/models lists, or None when it does not tell (no such
@@ -211,6 +225,23 @@ class HealthMonitor:
             pool.served_model = name
             self._pools.refresh_public()
             log.info("learned served model", extra={"pool": pool.name, "model": name})
+
+    def _learn_adapters(self, pool: Pool, replica: Replica, cards: list[object]) -> None:
+        """The LoRA adapters its /v1/models lists (vLLM: a card whose ``parent`` is the base
+        model): public names of the pool, sent under their own name to the replicas listing
+        them (an adapter's KV is not the base model's: vLLM's block hash carries it)."""
+        adapters = frozenset(
+            c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)
+            and isinstance(c.get("parent"), str) and c["id"] != pool.served_model)
+        before = pool.adapters.get(replica.id, frozenset())
+        pool.adapters[replica.id] = adapters
+        pool.lora_names |= adapters
+        if adapters or before:  # (also one a request found unloaded: `Pool.unloaded`)
+            self._pools.refresh_public()
+        if before != adapters:
+            shown = ", ".join(sorted(adapters)[:10]) or "none"
+            log.info("replica's LoRA adapters", extra={
+                "pool": pool.name, "replica": replica.id, "model": shown})
 
 
 # its reason while it refuses kvgate's key on /v1/models (`_note_refusal`): /readyz said only

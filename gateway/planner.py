@@ -220,7 +220,29 @@ class Planner:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         if priority:
             features = replace(features, priority=priority)
-        return Plan(pool, served, priority, home, spilled, features, views[pool.name])
+        served, pool_views = self._adapter(principal, parsed.model, served, pool, home,
+                                           spilled, views[pool.name], now)
+        return Plan(pool, served, priority, home, spilled, features, pool_views)
+
+    def _adapter(
+        self, principal: Principal, model: str, served: str, pool: Pool, home: str,
+        spilled: bool, views: list[ReplicaView], now: float,
+    ) -> tuple[str, list[ReplicaView]]:
+        """(the model name sent, the replicas it may go to): a LoRA adapter goes under its own
+        name to the replicas listing it (`Pool.adapter_holders`); one loaded on none of the
+        pool's is never sent as the base model (which would answer under its name): the 404
+        vLLM gives for it, or, spilled from its own pool, that pool's 503."""
+        holders = pool.adapter_holders(model) if model != served else None
+        if holders is not None:
+            return model, [v for v in views if v.id in holders]
+        if not any(model in p.lora_names for p in self.pools.by_name.values()):
+            return served, views
+        if spilled:  # (its own pool's replicas are down or busy: wait for them)
+            own = self.pools.by_name.get(home, pool)
+            raise NoReplicaAvailable(
+                f"No ready replica has the LoRA adapter `{shown_name(model)}` loaded "
+                f"(pool {own.name}: {own.condition(now)}).", retry_after=own.retry_after(now))
+        raise self.not_found(principal, model)
 
     def _in_force(self, principal: Principal) -> Principal | None:
         """``principal`` on the policy in force, when it was resolved under an older one
@@ -245,7 +267,9 @@ class Planner:
         """The model of a request that names none (vLLM serves its own model then): the one
         public name `principal`'s tier can use; with several, a 400 listing them; with none
         known yet (the quick form before a replica answered), the 503 to retry."""
-        offered = self.offered(principal)
+        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names}
+        # (vLLM serves its base model then, never a LoRA adapter)
+        offered = [m for m in self.offered(principal) if m not in adapters]
         if len(offered) == 1:
             return offered[0]
         if offered:

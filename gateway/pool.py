@@ -40,8 +40,8 @@ _MAX_RETRY_AFTER_S = 60
 
 
 class Pool:
-    __slots__ = ("budget", "by_id", "headers", "max_model_len", "name", "refused", "replicas",
-                 "served_model", "transport", "wanted")
+    __slots__ = ("adapters", "budget", "by_id", "headers", "lora_names", "max_model_len", "name",
+                 "refused", "replicas", "served_model", "transport", "wanted")
 
     def __init__(
         self, name: str, served_model: str | None, replicas: list[Replica],
@@ -51,6 +51,10 @@ class Pool:
         self.served_model = served_model
         # the context length its replicas' /v1/models card gives (`HealthMonitor`), if known
         self.max_model_len: int | None = None
+        # replica id -> the LoRA adapters its /v1/models lists (`HealthMonitor`): a request
+        # naming one goes to those replicas only, under the adapter's name
+        self.adapters: dict[str, frozenset[str]] = {}
+        self.lora_names: set[str] = set()  # every adapter name any of them ever listed
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
         # the URLs its list or its discovery names, and those of them it does not have
@@ -63,6 +67,21 @@ class Pool:
         self.headers = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
         if api_key:
             self.headers["Authorization"] = f"Bearer {api_key}"
+
+    def adapter_holders(self, model: str) -> frozenset[str] | None:
+        """The ids of its replicas serving LoRA adapter `model`, None when none does (then
+        `model` is no adapter of this pool)."""
+        held = frozenset(r.id for r in self.replicas if model in self.adapters.get(r.id, ()))
+        return held or None
+
+    def unloaded(self, replica_id: str, model: str) -> bool:
+        """Whether `model`, which a replica answered it does not serve, was one of its LoRA
+        adapters (unloaded there since its cards were read): then forgotten there."""
+        held = self.adapters.get(replica_id, frozenset())
+        if model not in held:
+            return False
+        self.adapters[replica_id] = held - {model}
+        return True
 
     def condition(self, now: float, among: Sequence[Replica] | None = None) -> str:
         """Its replicas' states counted (`among`: those of them a request may use), for a
@@ -274,8 +293,13 @@ class Pools:
                 name = self.doc.pool_for(model, DEFAULT_TIER)
                 if name is not None and name in self.by_name:
                     self.public[model] = self.by_name[name]
-        else:
-            self.public = {p.served_model: p for p in self.by_name.values() if p.served_model}
+        else:  # a pool's LoRA adapters are public names too (its base model's first)
+            self.public = {name: p for p in self.by_name.values() if p.served_model
+                           for rid in p.by_id for name in p.adapters.get(rid, ())}
+            self.public.update(
+                {p.served_model: p for p in self.by_name.values() if p.served_model})
+            for name in self.public:
+                self.seen.setdefault(name, now)
 
     def serving(self, model: str, doc: PolicyDoc, tier: str) -> Pool | None:
         """The pool that serves public name `model` to `tier` under `doc`, if any."""

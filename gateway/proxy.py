@@ -338,7 +338,7 @@ class Proxy:
                         "replica": replica.id, "request_id": req.req_id.decode("latin-1")})
                     return UpstreamError("The replica answered 500.", reason="status_500")
                 now = self._clock()
-                verdict = judge(replica, resp.status, data, now, resp.retry_after)
+                verdict = judge(replica, resp.status, data, now, resp.retry_after, req.pool)
                 if verdict == "refused":  # kvgate's credentials, not the client's: a 502
                     return ReplicaRefused(resp.status)
                 if resp.status == 429:  # the client's Retry-After if every try answers 429

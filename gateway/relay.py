@@ -423,8 +423,12 @@ class Relay:
                 self._acquit(req, replica, self._clock())
                 passed = no_retry(passed)  # the SDK's retries would fail alike
         elif (verdict := judge(replica, resp.status, data, self._clock(),
-                               resp.retry_after)) == "wrong_model":
+                               resp.retry_after, req.pool)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
+        elif verdict == "no_adapter" and req.pool.adapter_holders(req.parsed.model):
+            # a LoRA adapter unloaded there and loaded on another: that one answers it
+            raise UpstreamError("The replica no longer serves this LoRA adapter.",
+                                reason="no_adapter")
         elif verdict == "dead":
             # the last try's engine died (earlier tries' 500s never get here): the replica's
             # failure, not this request's; the proxy answers what the next request would get

@@ -14,7 +14,9 @@ answered feeds the replica's health (`judge`):
 - vLLM's 404 "The model `...` does not exist.": the replica serves another model than its
   pool's (kvgate sent the pool's served name): down at once, and the request is answered by
   another replica (`ReplicaWrongModel`, a 502, when none is left) -- else, fast, unloaded
-  and holding the prefixes routed to it, it drew traffic it fails every time;
+  and holding the prefixes routed to it, it drew traffic it fails every time -- unless the
+  model it names is a LoRA adapter its cards listed (unloaded there since): the adapter is
+  forgotten there, the 404 relayed, the replica untouched (`Pool.unloaded`);
 - any other 5xx, e.g. ``EngineFaultedError``'s 503 while ``/health`` stays 200, and a stream
   that ends with an error event of code >= 500 (vLLM's mid-stream engine death), ends
   before it is complete (no ``data: [DONE]`` nor Responses API terminal event: the client gets
@@ -59,7 +61,7 @@ _BUSY = (b"currently busy", b"backlog limit")
 _DEAD = b"The server had an error while processing your request"
 ENGINE_DIED = "The replica's engine died (it answered 500); try again shortly."
 # vLLM's 404 for a model it does not serve (`The model `x` does not exist.`)
-_NO_MODEL = re.compile(rb"The model `[^`]*` does not exist")
+_NO_MODEL = re.compile(rb"The model `([^`]*)` does not exist")
 
 
 def not_what_was_asked(stream: bool, content_type: str) -> UpstreamError:
@@ -120,10 +122,12 @@ def engine_died(pool: Pool, model: str, now: float) -> KvgateError:
 
 def judge(
     replica: Replica, status: int, body: bytes, now: float, retry_after: str | None = None,
+    pool: Pool | None = None,
 ) -> str:
     """Feed an upstream answer's status (error body, `retry_after`: its Retry-After header)
     to the replica's health; returns the verdict ("busy", "refused", "dead", "wrong_model",
-    "failure", "ok") for logs and metrics."""
+    "failure", "ok"; "no_adapter": its 404 for a LoRA adapter of `pool` it no longer has,
+    a 404 for the request's model, not a replica serving another) for logs and metrics."""
     if status == 429 or (status == 503 and any(marker in body for marker in _BUSY)):
         replica.record_busy(now, retry_seconds(retry_after))
         return "busy"
@@ -142,7 +146,9 @@ def judge(
     if status == 500 and _DEAD in body:
         replica.mark_down(now, reason="its engine died (500)")
         return "dead"
-    if status == 404 and _NO_MODEL.search(body):
+    if status == 404 and (named := _NO_MODEL.search(body)):
+        if pool is not None and pool.unloaded(replica.id, named[1].decode("utf-8", "replace")):
+            return "no_adapter"  # a LoRA adapter unloaded there: not sent there again
         replica.mark_down(now, reason="serves another model (404)")
         return "wrong_model"
     if status >= 500:

@@ -177,7 +177,7 @@ class WholeAnswer(StreamAnswer):
             verdict = "request"
         else:
             await self._charge_skipped()
-            verdict = judge(req.target, req.status, data, now, self._held_retry)
+            verdict = judge(req.target, req.status, data, now, self._held_retry, req.pool)
             if verdict == "ok":
                 core.streaks.served(req.target)
         if req.status == 200:

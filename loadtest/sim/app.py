@@ -15,7 +15,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -24,12 +24,14 @@ import xxhash
 from loadtest.sim.asgi import ClientGone, Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.chat_format import ChatFormat
 from loadtest.sim.control import SimControl
+from loadtest.sim.devmode import DevRoutes
 from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
 from loadtest.sim.faults import Faults
 from loadtest.sim.generate import ConnectionDropped, Format, Generation, ServeContext
 from loadtest.sim.inputs import check_vocabulary, prompt_items
 from loadtest.sim.loadreport import load_report_header
+from loadtest.sim.lora import LoraAdapters
 from loadtest.sim.metrics import CONTENT_TYPE, SimMetrics
 from loadtest.sim.parse import (
     GenRequest,
@@ -69,6 +71,10 @@ class SimOptions:
     log_stats: bool = True  # False: --disable-log-stats
     enable_store: bool = False  # --enable-store / VLLM_ENABLE_RESPONSES_API_STORE
     server_load_tracking: bool = False  # --enable-server-load-tracking (GET /load)
+    enable_lora: bool = False  # --enable-lora (or --lora-modules): adapters, loaded at run time
+    lora_modules: tuple[tuple[str, str], ...] = ()  # --lora-modules name=path
+    max_loras: int = 1  # --max-loras (vLLM's default: 1), shown in vllm:lora_requests_info
+    dev_mode: bool = False  # VLLM_SERVER_DEV_MODE=1: /sleep, /wake_up, /is_sleeping, ...
 
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -82,8 +88,11 @@ class SimApp:
         self.engines = [engines] if isinstance(engines, Engine) else list(engines)
         self.engine = self.engines[0]  # the config is the same for every engine
         self.options, self.faults = options, faults
+        self.lora = LoraAdapters(options.enable_lora, options.model, dict(options.lora_modules),
+                                 options.max_loras)
         self.metrics = SimMetrics(self.engines, options.model, options.legacy_metrics,
-                                  options.log_stats, lambda: faults.sleeping)
+                                  options.log_stats, lambda: faults.sleeping,
+                                  self.lora.info if options.enable_lora else None)
         self.runners = [EngineRunner(e, options.time_scale, self.metrics.observer(i))
                         for i, e in enumerate(self.engines)]
         for runner in self.runners:  # `--engine-hang`: hung from the start
@@ -111,6 +120,8 @@ class SimApp:
             ("POST", "/tokenize"): self._tokenize,
             ("GET", "/metrics"): self._metrics,
             **SimControl(self).routes(),
+            **self.lora.routes(),
+            **(DevRoutes(self).routes() if options.dev_mode else {}),
         }
         self._paths = {path for _, path in self._routes}
 
@@ -182,7 +193,8 @@ class SimApp:
 
     def _check_model(self, body: dict[str, Any]) -> None:
         model = body.get("model")
-        if model and model != self.options.model and model not in self.options.aliases:
+        if (model and model != self.options.model and model not in self.options.aliases
+                and self.lora.get(model) is None):
             # (none or "": vLLM's own model)
             raise SimError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
 
@@ -243,13 +255,16 @@ class SimApp:
         body = await self._json_body(scope, receive)
         self._check_model(body)
         gen = self.parse(body, chat)
+        adapter = self.lora.get(body.get("model"))
+        if adapter is not None:  # its KV is its own: vLLM hashes the LoRA name into block 0
+            gen.salt = f"{gen.salt or ''}\x00lora\x00{adapter}"
         rid = _header(scope, b"x-request-id") or gen.request_id or uuid.uuid4().hex
         response_id = ("chatcmpl-" if chat else "cmpl-") + rid
         fmt = _header(scope, b"endpoint-load-metrics-format")
         reply = (lambda: load_report_header(fmt, self.engines, self.options.log_stats)) if (
             fmt is not None) else None
         await self.launch(scope, receive, send, gen, rid,
-                          lambda g: ChatFormat(g, response_id), reply)
+                          lambda g: ChatFormat(g, response_id), reply, adapter)
 
     def parse(self, body: dict[str, Any], chat: bool) -> GenRequest:
         cfg = self.engine.config
@@ -258,7 +273,7 @@ class SimApp:
     async def launch(self, scope: Scope, receive: Receive, send: Send, gen: GenRequest, rid: str,
                      make_format: Callable[[Generation], Format],
                      reply_headers: Callable[[], list[tuple[bytes, bytes]]] | None = None,
-                     ) -> Generation:
+                     adapter: str | None = None) -> Generation:
         """Admit, wait out the latency fault, then serve ``gen`` on a data-parallel engine."""
         self._admit(gen.n)
         delay = self.faults.delay_s(gen.seed)
@@ -266,10 +281,17 @@ class SimApp:
             await asyncio.sleep(delay)
             self.check_faults()
         headers = [(b"x-request-id", rid.encode())] if self.options.request_id_headers else []
-        generation = Generation(self.ctx, self.pick_runner(), gen, f"{rid}#{next(self._ids)}",
+        # an adapter's answers name the adapter (vLLM's model_name(lora_request))
+        ctx = self.ctx if adapter is None else replace(self.ctx, model=adapter)
+        generation = Generation(ctx, self.pick_runner(), gen, f"{rid}#{next(self._ids)}",
                                 headers, reply_headers)
-        # ConnectionDropped propagates: uvicorn then closes the connection
-        await generation.serve(receive, send, make_format(generation))
+        if adapter is not None:
+            self.lora.in_flight[adapter] += 1
+        try:  # ConnectionDropped propagates: uvicorn then closes the connection
+            await generation.serve(receive, send, make_format(generation))
+        finally:
+            if adapter is not None:
+                self.lora.in_flight[adapter] -= 1
         return generation
 
     # -- other OpenAI / vLLM endpoints -----------------------------------------------------
@@ -317,6 +339,7 @@ class SimApp:
                   "root": self.options.root or model, "parent": None,
                   "max_model_len": self.engine.config.max_model_len, "permission": [permission]}
                  for name in (model, *self.options.aliases)]
+        cards += self.lora.cards(now, permission)  # (parent: the base model's name)
         await send_json(send, 200, {"object": "list", "data": cards})
 
     async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -101,6 +101,16 @@ class KVCache:
         self._ref[block_hash] = 1
         return True
 
+    def discard(self) -> int:
+        """Forget every cached block no request holds (vLLM's sleep discards the KV cache,
+        ``/reset_prefix_cache`` the prefix cache); returns how many."""
+        n = len(self._lru)
+        for h in self._lru:
+            del self._ref[h]
+        self._lru.clear()
+        self.empty += n
+        return n
+
     def release(self, cached: Sequence[int], private: int) -> None:
         """Drop a request's blocks. Cached ones are queued tail-first so tails are evicted first."""
         ref, lru = self._ref, self._lru

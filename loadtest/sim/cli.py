@@ -14,6 +14,7 @@ from loadtest.sim.app import SimApp, SimOptions
 from loadtest.sim.costmodel import PRESETS, get_preset
 from loadtest.sim.engine import Engine
 from loadtest.sim.faults import Faults
+from loadtest.sim.lora import parse_lora_modules
 from loadtest.sim.spec import EngineConfig
 
 __all__ = ["build_app", "main", "parser"]
@@ -39,6 +40,14 @@ def parser() -> argparse.ArgumentParser:
                    help="the names it is served under, as vLLM's flag: the first in answers and "
                         "metrics, each listed by /v1/models and accepted (default: --model, "
                         "then the cards' root)")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="serve LoRA adapters, as vLLM's flag: /v1/load_lora_adapter and "
+                        "/v1/unload_lora_adapter add and remove them at run time")
+    p.add_argument("--lora-modules", nargs="+", metavar="NAME=PATH", default=[],
+                   help="adapters served from the start (name=path, or vLLM's JSON form); "
+                        "implies --enable-lora")
+    p.add_argument("--max-loras", type=int, default=1,
+                   help="adapters in one batch, as vLLM's flag (1; shown in the metrics only)")
     p.add_argument("--preset", default=PRESETS[0].name, choices=[x.name for x in PRESETS],
                    help=f"GPU and model profile: speeds, KV size ({PRESETS[0].name})")
     p.add_argument("--num-gpu-blocks", type=int, help="KV blocks (default: the preset's)")
@@ -119,6 +128,8 @@ def build_app(args: argparse.Namespace) -> SimApp:
         raise ValueError("--data-parallel-size must be >= 1")
     if args.sse_keep_alive_interval < 0:
         raise ValueError("--sse-keep-alive-interval must be >= 0")
+    if args.max_loras < 1:
+        raise ValueError("--max-loras must be at least 1")
     if not (math.isfinite(args.slowdown) and args.slowdown > 0):
         raise ValueError("--slowdown must be a positive number")
     config = EngineConfig(
@@ -146,6 +157,10 @@ def build_app(args: argparse.Namespace) -> SimApp:
         reasoning=args.reasoning or bool(args.reasoning_parser),
         keep_alive_s=args.sse_keep_alive_interval, log_stats=not args.disable_log_stats,
         server_load_tracking=args.enable_server_load_tracking,
+        enable_lora=args.enable_lora or bool(args.lora_modules),
+        max_loras=args.max_loras,
+        dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE", "").lower() in ("1", "true"),
+        lora_modules=tuple(parse_lora_modules(args.lora_modules).items()),
         enable_store=args.enable_store or os.environ.get(
             "VLLM_ENABLE_RESPONSES_API_STORE", "").lower() in ("1", "true"),
     )

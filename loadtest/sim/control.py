@@ -40,6 +40,9 @@ class SimControl:
             raise SimError(400, str(exc)) from None
         for runner in self.app.runners:
             runner.hold(self.app.faults.engine_held)
+        if self.app.faults.sleeping:  # asleep: its KV cache discarded, as vLLM's sleep mode
+            for engine in self.app.engines:
+                engine.cache.discard()
         if self.app.faults.dead or self.app.faults.drop_connections:
             for runner in self.app.runners:
                 runner.abort_all()

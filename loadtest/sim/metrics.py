@@ -70,12 +70,14 @@ class SimMetrics:
     """
 
     def __init__(self, engines: Sequence[Engine], model: str, legacy: bool = False,
-                 log_stats: bool = True, sleep_level: Callable[[], int] = lambda: 0) -> None:
+                 log_stats: bool = True, sleep_level: Callable[[], int] = lambda: 0,
+                 lora: Callable[[], tuple[int, list[str]]] | None = None) -> None:
         self.engines = list(engines)
         self.model = model
         self.legacy = legacy
         self.log_stats = log_stats
         self.sleep_level = sleep_level  # 0 awake, 1 or 2: vLLM's sleep mode at that level
+        self.lora = lora  # with LoRA enabled: (--max-loras, the adapters of requests in flight)
         # a counter's `_created` sample, as prometheus_client exports it outside multiprocess
         # mode (vLLM's default: one API server)
         self.created = time.time()
@@ -178,6 +180,8 @@ class SimMetrics:
                           "tokens computed during prefill (excluding cached tokens).",
                           self.computed)
         yield self._cache_config_info()
+        if self.lora is not None:
+            yield self._lora_info(*self.lora())
 
     def _per_engine(self, kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str,
                     doc: str, values: Sequence[float]) -> Metric:
@@ -197,6 +201,16 @@ class SimMetrics:
         for i, engine in enumerate(self.engines):
             family.add_metric([self.model, str(i), "capacity"], engine.num_waiting)
             family.add_metric([self.model, str(i), "deferred"], 0.0)
+        return family
+
+    def _lora_info(self, max_loras: int, running: list[str]) -> Metric:
+        """vLLM's LoRA gauge (only with LoRA enabled): its value the time of the last update,
+        the adapters of running and waiting requests comma-joined in labels. The simulator
+        names every adapter with a request in flight as running, none as waiting."""
+        family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   labels=["max_lora", "running_lora_adapters",
+                                           "waiting_lora_adapters"])
+        family.add_metric([str(max_loras), ",".join(running), ""], time.time())
         return family
 
     def _sleep_state(self) -> Metric:
