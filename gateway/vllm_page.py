@@ -111,7 +111,8 @@ class Sample:
             computed = self.prompt_tokens - (self.prefix_cache_hits or 0.0)
         if computed is None:
             return None
-        return EngineCounters(self.prefill_seconds, self.prefill_requests, computed)
+        return EngineCounters(self.prefill_seconds, self.prefill_requests, computed,
+                              self.waiting)
 
     @property
     def cache_capacity_tokens(self) -> int | None:

@@ -45,7 +45,8 @@ class RouterConfig:
     # cache_aware: until the TTFT model has this many observations per candidate, a
     # replica's queue is at least its engine's scraped waiting requests x the mean request's
     # uncached tokens (the rates learned from a cold start's few first tokens drain queues
-    # too fast: prefix-tree piled 20-34 requests on one replica); 0 = never
+    # too fast: prefix-tree piled 20-34 requests on one replica); and until then the model
+    # learns no counter interval with requests waiting at its scrapes (learning.py); 0 = never
     cold_observations: float = 32.0
     prior_request_tokens: float = 1_024.0
     kv_knee: float = 0.85

@@ -13,7 +13,8 @@ Observations (work tokens, seconds) come from two places:
 - the replica's scraped counters (`EngineCounters`): between two scrapes, the mean prefill
   time (scheduled -> first token) and the mean prompt tokens computed per request, weighted by
   the requests in the interval -- so non-streamed traffic, and other clients' traffic on a
-  shared replica, teach the model too.
+  shared replica, teach the model too. While the model is cold, only the intervals with no
+  request waiting at either of their scrapes teach it (`observe_counters`).
 
 The fit is a decayed weighted least-squares line through them, anchored by a prior: two
 pseudo-observations (no work, and `PRIOR_ANCHOR_TOKENS` of work; together worth
@@ -92,11 +93,18 @@ class EngineCounters:
 
     ``prefill_seconds`` / ``prefill_requests``: ``vllm:request_prefill_time_seconds`` sum and
     count; ``computed_tokens``: ``vllm:request_prefill_kv_computed_tokens`` sum (or, on an
-    engine without it, prompt tokens minus prefix-cache hits)."""
+    engine without it, prompt tokens minus prefix-cache hits); ``waiting``: the
+    ``vllm:num_requests_waiting`` gauge at that scrape (None: unknown)."""
 
     prefill_seconds: float
     prefill_requests: float
     computed_tokens: float
+    waiting: float | None = None
+
+    @property
+    def queued(self) -> bool:
+        """Requests were waiting at this scrape (unknown counts as none: fail open)."""
+        return self.waiting is not None and self.waiting > 0.0
 
 
 @dataclass(slots=True)
@@ -126,7 +134,10 @@ class TtftModel:
     def __init__(
         self, prior_tps: float, prior_fixed_s: float, prior_weight: float, decay: float,
         floor_tps: float, max_fixed_s: float, outlier_factor: float, fleet_weight: float,
+        cold_observations: float = 0.0,
     ) -> None:
+        """``cold_observations``: per replica scraped, the observations before the model is
+        warm (`observe_counters`; 0: never cold)."""
         self.prior = TtftFit(prior_fixed_s, 1.0 / prior_tps)
         self._weight = prior_weight
         self._fleet_weight = fleet_weight
@@ -135,6 +146,7 @@ class TtftModel:
         self._max_spt = 1.0 / floor_tps
         self._max_fixed = max_fixed_s
         self._outlier = outlier_factor
+        self._cold_per_replica = cold_observations
         self._fleet = _Sums()
         self.fleet = self.prior  # every replica's observations together (the replicas' prior)
         self._sums: dict[str, _Sums] = {}
@@ -178,10 +190,21 @@ class TtftModel:
         sums.add(work_tokens, seconds, weight)
         if sums.w >= self._fleet_weight:  # until then its own few observations are noise
             self._fits[replica] = self._solve(sums, self.fleet, self._fleet_weight)
+        self._tick(replica)
+
+    def _tick(self, replica: str) -> None:
+        """One more sample of ``replica``'s (learned or skipped): the clock of `cold` and of
+        the idle rule."""
         self._seen += 1
         self._last[replica] = self._seen
         if self._seen >= self._sweep_at:
             self._retire_idle()
+
+    @property
+    def cold(self) -> bool:
+        """Fewer samples than ``cold_observations`` per replica scraped so far (the same
+        clock as cache_aware's waiting floor)."""
+        return self._seen < self._cold_per_replica * max(1, len(self._counters))
 
     def _retire_idle(self) -> None:
         """Replicas without an observation over the last `IDLE_SHARES` per replica go back
@@ -195,7 +218,15 @@ class TtftModel:
 
     def observe_counters(self, replica: str, counters: EngineCounters) -> None:
         """A scrape of ``replica``'s engine counters: the interval since the last one is an
-        observation (a restarted engine, whose counters went back, starts over)."""
+        observation (a restarted engine, whose counters went back, starts over).
+
+        While the model is `cold`, an interval with requests waiting at either of its scrapes
+        teaches nothing (it still counts as a sample, so the cold period is no longer): a
+        saturated engine's prefill time carries the chunks of the prompts prefilled beside
+        it, while its computed tokens count only its own, so a cold start's intervals taught a
+        fixed part of about one step and a flattened slope (prefix-tree's first seconds: 0.3 s
+        + 33k-47k tokens/s on 25k engines; docs/routing-and-replay.md). Once warm they teach
+        again: an engine that always queues (a slow replica, other clients) must be learned."""
         last = self._counters.get(replica)
         self._counters[replica] = counters
         if last is None:
@@ -204,6 +235,9 @@ class TtftModel:
         seconds = counters.prefill_seconds - last.prefill_seconds
         tokens = counters.computed_tokens - last.computed_tokens
         if n < 1.0 or seconds <= 0.0 or tokens < 0.0:
+            return
+        if (last.queued or counters.queued) and self.cold:
+            self._tick(replica)
             return
         self.observe(replica, tokens / n, seconds / n, min(n, _SCRAPE_WEIGHT_CAP))
 

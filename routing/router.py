@@ -60,6 +60,7 @@ class Router:
             ttft=TtftModel(
                 cfg.prior_prefill_tps, cfg.prior_fixed_s, cfg.prior_weight, cfg.rate_decay,
                 cfg.min_prefill_tps, cfg.max_fixed_s, cfg.outlier_factor, cfg.fleet_weight,
+                cfg.cold_observations,
             ),
             pending=PendingWork(cfg.pending_ttl_s, cfg.prior_request_tokens),
             replica_hashes={},

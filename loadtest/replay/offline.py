@@ -205,7 +205,8 @@ def _views(sim: _Sim, gw: _Gateway, now: float) -> list[ReplicaView]:
             c.ended_since_scrape = 0
             st = e.stats  # the prefill histograms' sums and count, as the gateway scrapes them
             gw.router.record_counters(r.id, EngineCounters(
-                st.prefill_seconds, st.prefill_requests, st.prefill_computed_tokens), now)
+                st.prefill_seconds, st.prefill_requests, st.prefill_computed_tokens,
+                float(e.num_waiting)), now)
         waiting, running, kv = c.scraped
         out.append(
             ReplicaView(

@@ -156,3 +156,85 @@ def test_absurd_engine_counters_teach_nothing(computed: float) -> None:
     m.observe("bad", computed, 0.5)
     assert m.fleet == before
     assert m.fit("good") == before
+
+
+class _Engine:
+    """One replica's engine counters, scraped into ``m`` interval by interval."""
+
+    def __init__(self, m: TtftModel, replica: str, waiting: float) -> None:
+        self.m, self.replica = m, replica
+        self.c = EngineCounters(0.0, 0.0, 0.0, waiting)
+        m.observe_counters(replica, self.c)
+
+    def intervals(self, rng: random.Random, count: int, waiting: float, skew: bool) -> None:
+        """``count`` scrape intervals of one or two prefills each. ``skew``: the engine is
+        saturated (``waiting`` > 0): each prefill's time carries a step's worth of other
+        prompts' chunks, as a cold start's do (0.33 s more, and a flatter slope)."""
+        for _ in range(count):
+            c = self.c
+            seconds, requests, tokens = c.prefill_seconds, c.prefill_requests, c.computed_tokens
+            for _ in range(rng.randint(1, 2)):
+                w = rng.uniform(4_000, 12_000)
+                t = 0.33 + w / 45_000 if skew else _true(w, fixed=0.01, tps=25_000)
+                seconds, requests, tokens = seconds + t, requests + 1, tokens + w
+            self.c = EngineCounters(seconds, requests, tokens, waiting)
+            self.m.observe_counters(self.replica, self.c)
+
+
+def test_a_cold_model_learns_no_counter_interval_with_requests_waiting() -> None:
+    """prefix-tree's first seconds: a saturated engine's counter intervals read as a fixed
+    part of ~0.3 s at a rate faster than the engine's, and cache_aware sent requests behind
+    queues 2-5x longer than it predicted. While cold only the intervals without a queue teach."""
+    m, rng = _model(cold_observations=32.0), random.Random(7)
+    engines = [_Engine(m, f"r{i}", waiting=0.0) for i in range(4)]
+    for _ in range(4):  # an interval ending or starting at a queue is skipped too
+        for e in engines:
+            e.intervals(rng, 2, waiting=5.0, skew=True)
+            e.intervals(rng, 3, waiting=0.0, skew=False)
+    assert m.cold
+    for r in (e.replica for e in engines):
+        fit = m.fit(r)
+        assert fit.fixed_s < 0.1, (r, fit)
+        assert fit.predict(8_000) == pytest.approx(_true(8_000, 0.01, 25_000), rel=0.15), fit
+
+
+def test_an_interval_is_skipped_when_requests_waited_at_either_scrape() -> None:
+    m = _model(cold_observations=32.0)
+    before = m.fleet
+    m.observe_counters("r", EngineCounters(0.0, 0.0, 0.0, 0.0))
+    m.observe_counters("r", EngineCounters(1.0, 2.0, 20_000.0, 3.0))  # waiting at the end
+    m.observe_counters("r", EngineCounters(2.0, 4.0, 40_000.0, 0.0))  # ... at the start
+    assert m.fleet == before
+    m.observe_counters("r", EngineCounters(3.0, 6.0, 60_000.0, 0.0))  # none at either
+    assert m.fleet != before
+    # a page without the waiting gauge: unknown counts as none (learned, as before)
+    m.observe_counters("u", EngineCounters(0.0, 0.0, 0.0))
+    fleet = m.fleet
+    m.observe_counters("u", EngineCounters(1.0, 2.0, 20_000.0))
+    assert m.fleet != fleet
+
+
+def test_once_warm_an_engine_that_always_queues_is_learned() -> None:
+    """A slow replica, or one other clients keep busy, always has requests waiting: skipped
+    intervals still count toward the cold period, which ends, and its counters teach."""
+    m, rng = _model(cold_observations=8.0), random.Random(8)
+    busy = _Engine(m, "busy", waiting=4.0)
+    busy.intervals(rng, 8, waiting=4.0, skew=False)
+    assert m.fit("busy") == m.prior  # cold: nothing learned, but the clock ran
+    assert not m.cold
+    busy.intervals(rng, 60, waiting=4.0, skew=True)
+    assert m.fit("busy").fixed_s > 0.2  # what the engine's counters say, learned
+
+
+def test_the_gateway_passes_the_scraped_waiting_to_the_model() -> None:
+    from gateway.scrape import parse_vllm_metrics
+
+    page = """\
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+vllm:request_prefill_time_seconds_count{engine="0",model_name="m"} 30.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="m"} 6.5
+vllm:request_prefill_kv_computed_tokens_sum{engine="0",model_name="m"} 55000.0
+"""
+    assert parse_vllm_metrics(page).engine_counters() == EngineCounters(
+        6.5, 30.0, 55_000.0, 4.0)
