@@ -192,6 +192,8 @@ class TenantResolver:
         self._fresh_at = clock()
         self._whole_at = float("-inf")  # when the store was last read whole (this clock)
         self._degraded_reason: str | None = "not loaded yet"
+        # another reason to report degraded, the store answering (`secret_check`)
+        self.also_degraded: Callable[[], str | None] | None = None
         self._answers = False
         self._down_cause = "unreachable"  # `store_cause` of the last failed load
         self._skipped: dict[str, SkippedRecord] = {}  # fingerprint -> record, of the last load
@@ -668,6 +670,8 @@ class TenantResolver:
                                             else "")
             reason = (f"{len(names)} unreadable record(s) in the store skipped: {shown} "
                       "(fix or delete them)")
+        if reason is None and self.also_degraded is not None:
+            reason = self.also_degraded()
         return TenancyHealth(
             loaded=self._loaded,
             degraded=reason is not None,
