@@ -57,7 +57,10 @@ class SaltSecretCheck:
                 "another cache_salt there (its cache is split, salt groups share it only "
                 "behind one gateway): give every gateway the same secret")
 
-    def start(self) -> None:
+    async def start(self) -> None:
+        """Check once (the first /readyz knows), then every `CHECK_S`."""
+        with contextlib.suppress(RedisError, OSError):
+            await self.check()
         self._task = asyncio.create_task(self._loop(), name="salt-secret-check")
 
     async def close(self) -> None:
@@ -69,9 +72,9 @@ class SaltSecretCheck:
 
     async def _loop(self) -> None:
         while True:
+            await asyncio.sleep(CHECK_S)
             with contextlib.suppress(RedisError, OSError):
                 await self.check()
-            await asyncio.sleep(CHECK_S)
 
     async def check(self) -> None:
         """Write this gateway's fingerprint, read the others' and judge them."""

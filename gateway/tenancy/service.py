@@ -105,7 +105,7 @@ class Tenancy:
         await self.limiter.start()
         if self.secret_check is not None:
             self.resolver.also_degraded = self.secret_check.reason
-            self.secret_check.start()
+            await self.secret_check.start()
 
     async def close(self) -> None:
         if self.secret_check is not None:
@@ -207,11 +207,13 @@ class TenancyCollector(Collector):
 
 def build_tenancy(
     settings: TenancySettings, salt_secret: str | bytes, redis_url: str | None = None,
-    *, workers: int = 1,
+    *, workers: int = 1, salted: bool = True,
 ) -> Tenancy:
     """`workers`: this gateway's processes (`server.workers`). Each keeps its own limits while
     Redis is down, so each enforces limit / (gateway_replicas x workers): the fleet stays
-    near the budget instead of `workers` times it."""
+    near the budget instead of `workers` times it. `salted`: its requests carry a
+    `cache_salt` (False: ``--no-auth`` without a secret, a random one per process, whose
+    salts are never sent and so never compared with the other gateways')."""
     salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
     store: TenantStore
     limiter: RateLimiter
@@ -229,7 +231,8 @@ def build_tenancy(
             holder_ttl_s=settings.lease_holder_ttl_s,
         )
         holder = shared.holder
-        check = SaltSecretCheck(client, settings.namespace, salts.fingerprint())
+        if salted:
+            check = SaltSecretCheck(client, settings.namespace, salts.fingerprint())
         limiter = FallbackRateLimiter(shared, address=redis_address(client),
                                       replicas=settings.gateway_replicas * max(1, workers))
     resolver = TenantResolver(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import redis
 
 from tests.support.gateway import AUTH_SECRET, gateway_proc, wait_for
 from tests.support.procs import Proc, sim_proc
@@ -52,3 +53,20 @@ def test_gateways_with_different_salt_secrets_are_degraded(
     assert "different secrets" in logs
     for secret in (AUTH_SECRET, OTHER_SECRET):
         assert secret not in said and secret not in logs
+
+
+def test_no_auth_gateways_without_a_secret_send_no_salt_to_compare(
+        redis_url: str, procs: list[Proc]) -> None:
+    """``--no-auth`` without a secret draws a random one in each process and sends no salt:
+    two such gateways on one Redis are not told apart (they read degraded, one secret each)."""
+    sim, url = sim_proc(None, "--time-scale", "50", model="m")
+    procs.append(sim.start())
+    bases = []
+    for _ in range(2):
+        gw, base = gateway_proc(upstreams=[url], env={"KVGATE_REDIS_URL": redis_url})
+        procs.append(gw.start())
+        bases.append(base)
+    # a salted gateway's first check is done before it answers /readyz
+    assert redis.Redis.from_url(redis_url).exists("kvgate:salt_secrets") == 0
+    for base in bases:
+        assert _tenancy(base)["degraded"] is False, _tenancy(base)
