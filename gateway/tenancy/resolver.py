@@ -132,6 +132,7 @@ class _State:
     by_tenant: dict[str, Principal] = field(default_factory=dict)
     policy: PolicySnapshot | None = None
     group_epochs: dict[str, int] = field(default_factory=dict)
+    keyed: frozenset[str] = frozenset()  # the tenants with an API key
 
 
 # what a readable record of a kind is, where a log line can say it in a few words
@@ -514,7 +515,9 @@ class TenantResolver:
         by_tenant = {t.id: self._principal(t, snap) for t in snap.tenants.values()}
         by_key = {key_hash: principal for key_hash, record in snap.keys.items()
                   if (principal := by_tenant.get(record.tenant_id)) is not None}
-        self._state = _State(snap.generation, by_key, by_tenant, snap.policy, snap.group_epochs)
+        keyed = frozenset(record.tenant_id for record in snap.keys.values())
+        self._state = _State(snap.generation, by_key, by_tenant, snap.policy, snap.group_epochs,
+                             keyed)
         self._applied = snap
         self._loaded = True
         if snap.policy is not None and (old_policy is None or old_policy != snap.policy):
@@ -620,6 +623,10 @@ class TenantResolver:
         if principal is None:
             raise NotFound(f"tenant {shown_name(tenant_id)!r} not found")
         return _admissible(principal)
+
+    def has_keys(self, tenant_id: str) -> bool:
+        """Whether an API key of the tenant is in force (it is an authenticated tenant)."""
+        return tenant_id in self._state.keyed
 
     def owner(self, tenant_id: str) -> str:
         """What a tenant's Responses API ids are kept under: its incarnation's
