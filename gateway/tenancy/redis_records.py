@@ -8,14 +8,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gateway.errors import StoreUnreachable, UnreadableRecord
 from gateway.tenancy.key_types import WRONG_TYPE, bumpable
 from gateway.tenancy.models import AuditEntry, Change, PolicySnapshot, SkippedRecord
 from gateway.tenancy.store import policy_from_json
 
-__all__ = ["MAX_EPOCH", "audit_from_json", "changed_keys", "counter", "parse_change",
+__all__ = ["MAX_EPOCH", "ParsedOnce", "audit_from_json", "changed_keys", "counter", "parse_change",
            "policy_from", "read_epoch", "read_record", "readable_records", "skipped_record",
            "text", "texts", "unreadable_policy"]
 
@@ -124,6 +124,31 @@ def readable_records(
         else:
             out[name] = record
     return out
+
+
+class ParsedOnce(Generic[T]):
+    """`readable_records` of one hash read again and again (the tenants, at every reload):
+    a record whose stored text did not change is not parsed again, and is the same object
+    as before (`TenantResolver` keeps the principal of a tenant whose record is)."""
+
+    def __init__(self, parse: Callable[[str], T]) -> None:
+        self._parse = parse
+        self._seen: dict[str, tuple[str, T | None]] = {}
+
+    def readable(self, raw: dict[str, str], kind: str, skipped: list[SkippedRecord]
+                 ) -> dict[str, T]:
+        seen, now, out = self._seen, {}, {}
+        for name, value in raw.items():
+            hit = seen.get(name)
+            record = hit[1] if hit is not None and hit[0] == value else (
+                read_record(value, self._parse))
+            now[name] = (value, record)
+            if record is None:
+                skipped.append(skipped_record(kind, name, value))
+            else:
+                out[name] = record
+        self._seen = now
+        return out
 
 
 def skipped_record(kind: str, name: str, value: str) -> SkippedRecord:

@@ -71,6 +71,7 @@ from gateway.tenancy.redis_conn import (
     refusal_code,
 )
 from gateway.tenancy.redis_records import (
+    ParsedOnce,
     audit_from_json,
     changed_keys,
     counter,
@@ -153,6 +154,7 @@ class RedisStore(TenantStore):
         self._listen = listen
         # key hash -> (its record's JSON, the record or None: unreadable) as last read
         self._parsed_keys: dict[str, tuple[str, KeyRecord | None]] = {}
+        self._tenant_records = ParsedOnce(tenant_from_json)  # each reload parses the changed
         # the key records as of `_view_generation` (the last snapshot made), readable ones
         # and the skipped: `changes_since` updates them from the journal
         self._keys: dict[str, KeyRecord] = {}
@@ -764,7 +766,7 @@ class RedisStore(TenantStore):
         # an unreadable record is left out (and reported), never the whole load failed: one
         # bad record must not turn every tenant away once the last good state is too stale
         skipped: list[SkippedRecord] = []
-        readable = readable_records(tenants, tenant_from_json, "tenant", skipped)
+        readable = self._tenant_records.readable(tenants, "tenant", skipped)
         skipped.extend(self._bad_keys.values())
         self._view_generation = generation
         return StoreSnapshot(

@@ -512,7 +512,7 @@ class TenantResolver:
         snap = replace(snap, group_epochs=self._epochs(snap))
         # one principal per tenant, shared by its keys: a reload after each admin write costs
         # a dict entry per key, not a salt and a limits overlay (~65 µs) per key
-        by_tenant = {t.id: self._principal(t, snap) for t in snap.tenants.values()}
+        by_tenant = self._principals(snap)
         by_key = {key_hash: principal for key_hash, record in snap.keys.items()
                   if (principal := by_tenant.get(record.tenant_id)) is not None}
         keyed = frozenset(record.tenant_id for record in snap.keys.values())
@@ -527,6 +527,26 @@ class TenantResolver:
                 except Exception:
                     log.exception("policy change callback failed")
         return snap
+
+    def _principals(self, snap: StoreSnapshot) -> dict[str, Principal]:
+        """Each tenant's principal; the one in force kept for a tenant whose record, policy
+        and salt-group epoch are those it was made from. Made anew for all, a reload after
+        each admin write held every gateway's event loop (requests included) ~85 ms with
+        1,000 tenants on a loaded 2-core machine."""
+        last, had = self._applied, self._state.by_tenant
+        if last is None or last.policy != snap.policy:
+            return {tid: self._principal(t, snap) for tid, t in snap.tenants.items()}
+        out: dict[str, Principal] = {}
+        for tid, tenant in snap.tenants.items():
+            kept = had.get(tid)
+            group = tenant.salt_group
+            if kept is not None and kept.refused is None and (
+                    (before := last.tenants.get(tid)) is tenant or before == tenant) and (
+                    group is None or last.group_epochs.get(group) == snap.group_epochs.get(group)):
+                out[tid] = kept
+            else:
+                out[tid] = self._principal(tenant, snap)
+        return out
 
     def _epochs(self, snap: StoreSnapshot) -> dict[str, int]:
         """The snapshot's salt-group epochs, an unreadable one replaced by the last one read."""
