@@ -76,6 +76,7 @@ from gateway.tenancy.redis_records import (
     changed_keys,
     counter,
     parse_change,
+    parsed_before,
     policy_from,
     read_epoch,
     read_record,
@@ -490,7 +491,7 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             raw = records(await self._r.hgetall(self._k("keys")))
         found: dict[str, list[KeyRecord]] = {}
-        for record in readable_records(raw, key_from_json, "key", []).values():
+        for record in parsed_before(raw, self._parsed_keys, key_from_json).values():
             found.setdefault(record.tenant_id, []).append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
@@ -506,7 +507,7 @@ class RedisStore(TenantStore):
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
         stored = {h: text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
         found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
-        for record in readable_records(stored, key_from_json, "key", []).values():
+        for record in parsed_before(stored, self._parsed_keys, key_from_json).values():
             if record.tenant_id in found:
                 found[record.tenant_id].append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
