@@ -22,6 +22,7 @@ from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, shown_
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
 from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.keys import hide_keys
 from gateway.tenancy.resolver import Principal
 from gateway.tenancy.tiers import LoadSignal, ReplicaLoad, live_load, resolve_tier
 from routing.config import RouterConfig
@@ -283,8 +284,10 @@ class Planner:
         """The 404 for a `model` `principal` cannot use: missing, a served name, or offered
         to other tiers only."""
         doc = self.doc(principal)
+        # a key sent as the model (key and model swapped) is not echoed: an SDK's exception
+        # text holds the answer's message, and applications log exceptions
         return ModelNotFound(
-            model, self.offered(principal),
+            hide_keys(model), self.offered(principal),
             served=any(p.served_model == model for p in doc.pools.values()),
             other_tier=principal.tier if model in doc.models else None)
 

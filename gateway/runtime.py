@@ -157,7 +157,7 @@ async def _start_tenancy(
     tcfg = cfg.tenancy
     secret, salted = auth_secret(cfg)
     redis_url = cfg.redis_url.get_secret_value() if cfg.redis_url else None
-    tenancy = build_tenancy(tcfg, secret, redis_url, workers=cfg.server.workers)
+    tenancy = build_tenancy(tcfg, secret, redis_url, workers=cfg.server.workers, salted=salted)
     tenants = [Tenant(id=t.id, tier=t.tier, salt_group=t.salt_group) for t in cfg.tenants]
     if not tcfg.auth:  # the 'default' tier: models' default pools, no limits unless set
         tenants.append(Tenant(id=NO_AUTH_TENANT, tier=DEFAULT_TIER))

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 
 from gateway.body import ClientPriorityMode, ClientSaltMode
-from gateway.errors import KvgateError
+from gateway.errors import BackendUnavailable, KvgateError
 from gateway.tenancy.keys import hash_key
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.models import PolicySnapshot
@@ -25,6 +25,12 @@ __all__ = ["NO_AUTH_TENANT", "TenantGate", "TenantLabels"]
 
 log = logging.getLogger(__name__)
 NO_AUTH_TENANT = "default"
+# why a `--no-auth` gateway serves nobody while the store's tenant `default` has API keys
+ANONYMOUS_KEYED = (
+    "this gateway runs without authentication (--no-auth) on a tenancy store whose tenant "
+    f"{NO_AUTH_TENANT!r} has API keys: authenticated gateways share the store, and serving "
+    "every caller here as that tenant would give them its cache salt and its limits. Give "
+    "this gateway its own tenancy.namespace (or Redis), or run it with authentication")
 # past the bound: a value no tenant id can be (an id starts with a letter or a digit:
 # `policy_doc.NAME_PATTERN`), so a tenant named `other` is not counted with the rest
 OTHER = "_other"
@@ -72,12 +78,21 @@ class TenantGate:
         self.labels = labels
         self._resolver = tenancy.resolver
         self._limiter = tenancy.limiter
+        self._said_keyed = False  # ANONYMOUS_KEYED logged
 
     def principal(self, token: str | None) -> Principal:
         """The caller (401 `AuthError` for a missing/unknown/revoked key; 503 when stale)."""
         if self.auth:
             return self._resolver.authenticate(token)
-        return self._resolver.principal_for(NO_AUTH_TENANT)
+        principal = self._resolver.principal_for(NO_AUTH_TENANT)
+        if self._resolver.has_keys(NO_AUTH_TENANT):
+            # a store shared with authenticated gateways: its tenant `default` is a customer,
+            # and every caller of this gateway would share its cache salt and its limits
+            if not self._said_keyed:
+                self._said_keyed = True
+                log.error(ANONYMOUS_KEYED)
+            raise BackendUnavailable(ANONYMOUS_KEYED)
+        return principal
 
     @property
     def policy(self) -> PolicySnapshot | None:

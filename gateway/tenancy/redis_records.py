@@ -8,16 +8,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from gateway.errors import StoreUnreachable, UnreadableRecord
 from gateway.tenancy.key_types import WRONG_TYPE, bumpable
 from gateway.tenancy.models import AuditEntry, Change, PolicySnapshot, SkippedRecord
 from gateway.tenancy.store import policy_from_json
 
-__all__ = ["MAX_EPOCH", "audit_from_json", "changed_keys", "counter", "parse_change",
-           "policy_from", "read_epoch", "read_record", "readable_records", "skipped_record",
-           "text", "texts", "unreadable_policy"]
+__all__ = ["MAX_EPOCH", "ParsedOnce", "audit_from_json", "changed_keys", "counter",
+           "parse_change", "parsed_before", "policy_from", "read_epoch", "read_record",
+           "readable_records", "skipped_record", "text", "texts", "unreadable_policy"]
 
 T = TypeVar("T")
 
@@ -122,6 +122,46 @@ def readable_records(
         if record is None:
             skipped.append(skipped_record(kind, name, value))
         else:
+            out[name] = record
+    return out
+
+
+class ParsedOnce(Generic[T]):
+    """`readable_records` of one hash read again and again (the tenants, at every reload):
+    a record whose stored text did not change is not parsed again, and is the same object
+    as before (`TenantResolver` keeps the principal of a tenant whose record is)."""
+
+    def __init__(self, parse: Callable[[str], T]) -> None:
+        self._parse = parse
+        self._seen: dict[str, tuple[str, T | None]] = {}
+
+    def readable(self, raw: dict[str, str], kind: str, skipped: list[SkippedRecord]
+                 ) -> dict[str, T]:
+        seen, now, out = self._seen, {}, {}
+        for name, value in raw.items():
+            hit = seen.get(name)
+            record = hit[1] if hit is not None and hit[0] == value else (
+                read_record(value, self._parse))
+            now[name] = (value, record)
+            if record is None:
+                skipped.append(skipped_record(kind, name, value))
+            else:
+                out[name] = record
+        self._seen = now
+        return out
+
+
+def parsed_before(
+    raw: dict[str, str], seen: dict[str, tuple[str, T | None]], parse: Callable[[str], T]
+) -> dict[str, T]:
+    """`raw`'s readable records, each taken from `seen` (name -> (text, record) of the last
+    load) when its text is the one loaded: a page of 1,000 tenants' 10,000 keys parsed them
+    all again (~140 ms of the ~400 ms the page held the gateway's event loop)."""
+    out: dict[str, T] = {}
+    for name, value in raw.items():
+        hit = seen.get(name)
+        record = hit[1] if hit is not None and hit[0] == value else read_record(value, parse)
+        if record is not None:
             out[name] = record
     return out
 

@@ -71,10 +71,12 @@ from gateway.tenancy.redis_conn import (
     refusal_code,
 )
 from gateway.tenancy.redis_records import (
+    ParsedOnce,
     audit_from_json,
     changed_keys,
     counter,
     parse_change,
+    parsed_before,
     policy_from,
     read_epoch,
     read_record,
@@ -153,6 +155,7 @@ class RedisStore(TenantStore):
         self._listen = listen
         # key hash -> (its record's JSON, the record or None: unreadable) as last read
         self._parsed_keys: dict[str, tuple[str, KeyRecord | None]] = {}
+        self._tenant_records = ParsedOnce(tenant_from_json)  # each reload parses the changed
         # the key records as of `_view_generation` (the last snapshot made), readable ones
         # and the skipped: `changes_since` updates them from the journal
         self._keys: dict[str, KeyRecord] = {}
@@ -488,7 +491,7 @@ class RedisStore(TenantStore):
         with redis_unavailable():
             raw = records(await self._r.hgetall(self._k("keys")))
         found: dict[str, list[KeyRecord]] = {}
-        for record in readable_records(raw, key_from_json, "key", []).values():
+        for record in parsed_before(raw, self._parsed_keys, key_from_json).values():
             found.setdefault(record.tenant_id, []).append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
                 for tid, records in found.items()}
@@ -504,7 +507,7 @@ class RedisStore(TenantStore):
             raws = await self._r.hmget(self._k("keys"), hashes) if hashes else []
         stored = {h: text(r) for h, r in zip(hashes, raws, strict=True) if r is not None}
         found: dict[str, list[KeyRecord]] = {tid: [] for tid in tenant_ids}
-        for record in readable_records(stored, key_from_json, "key", []).values():
+        for record in parsed_before(stored, self._parsed_keys, key_from_json).values():
             if record.tenant_id in found:
                 found[record.tenant_id].append(record)
         return {tid: sorted(records, key=lambda r: (r.created_at, r.key_id))
@@ -764,7 +767,7 @@ class RedisStore(TenantStore):
         # an unreadable record is left out (and reported), never the whole load failed: one
         # bad record must not turn every tenant away once the last good state is too stale
         skipped: list[SkippedRecord] = []
-        readable = readable_records(tenants, tenant_from_json, "tenant", skipped)
+        readable = self._tenant_records.readable(tenants, "tenant", skipped)
         skipped.extend(self._bad_keys.values())
         self._view_generation = generation
         return StoreSnapshot(

@@ -59,6 +59,12 @@ class SaltDeriver:
             return digest.hex()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
+    def fingerprint(self) -> str:
+        """What tells this secret and encoding from another (`secret_check`): 16 hex digits
+        of an HMAC of a message no salt is derived from, so neither the secret nor a salt."""
+        msg = b"\x00".join((b"kvgate-salt-secret-check", self._encoding.encode()))
+        return hmac.new(self._key, msg, hashlib.sha256).hexdigest()[:16]
+
     def for_tenant(self, tenant: Tenant, group_epochs: Mapping[str, int]) -> str:
         """The tenant's salt: its group's (shared) when it has one, else its own."""
         if tenant.salt_group is not None:

@@ -30,6 +30,7 @@ from gateway.tenancy.redis_limits import RedisRateLimiter
 from gateway.tenancy.redis_store import RedisStore
 from gateway.tenancy.resolver import TenantResolver
 from gateway.tenancy.salts import SaltDeriver, SaltEncoding
+from gateway.tenancy.secret_check import SaltSecretCheck
 from gateway.tenancy.store import BootstrapResult, TenantStore, bootstrap
 
 __all__ = ["Tenancy", "TenancyCollector", "TenancySettings", "build_tenancy"]
@@ -67,6 +68,8 @@ class Tenancy:
     resolver: TenantResolver
     redis_url: str | None = None  # KVGATE_REDIS_URL; None: in-memory, single process
     lease_holder: str | None = None  # this process in its Redis leases (`holders.py`)
+    # whether the other gateways on its Redis derive salts from the same secret
+    secret_check: SaltSecretCheck | None = None
 
     async def start(
         self, *, tenants: Iterable[Tenant] = (), policy: PolicyDoc | None = None
@@ -100,8 +103,13 @@ class Tenancy:
         self.resolver.reseed_with(reseed)
         await self.resolver.start()
         await self.limiter.start()
+        if self.secret_check is not None:
+            self.resolver.also_degraded = self.secret_check.reason
+            await self.secret_check.start()
 
     async def close(self) -> None:
+        if self.secret_check is not None:
+            await self.secret_check.close()
         await self.limiter.close()
         await self.resolver.close()
         await self.store.close()
@@ -199,15 +207,18 @@ class TenancyCollector(Collector):
 
 def build_tenancy(
     settings: TenancySettings, salt_secret: str | bytes, redis_url: str | None = None,
-    *, workers: int = 1,
+    *, workers: int = 1, salted: bool = True,
 ) -> Tenancy:
     """`workers`: this gateway's processes (`server.workers`). Each keeps its own limits while
     Redis is down, so each enforces limit / (gateway_replicas x workers): the fleet stays
-    near the budget instead of `workers` times it."""
+    near the budget instead of `workers` times it. `salted`: its requests carry a
+    `cache_salt` (False: ``--no-auth`` without a secret, a random one per process, whose
+    salts are never sent and so never compared with the other gateways')."""
     salts = SaltDeriver(salt_secret, encoding=settings.salt_encoding)
     store: TenantStore
     limiter: RateLimiter
     holder: str | None = None
+    check: SaltSecretCheck | None = None
     if redis_url is None:
         store = InMemoryStore(audit_cap=settings.audit_cap)
         limiter = MemoryRateLimiter()
@@ -220,6 +231,8 @@ def build_tenancy(
             holder_ttl_s=settings.lease_holder_ttl_s,
         )
         holder = shared.holder
+        if salted:
+            check = SaltSecretCheck(client, settings.namespace, salts.fingerprint())
         limiter = FallbackRateLimiter(shared, address=redis_address(client),
                                       replicas=settings.gateway_replicas * max(1, workers))
     resolver = TenantResolver(
@@ -228,4 +241,4 @@ def build_tenancy(
         poll_interval_s=settings.poll_interval_s,
         max_staleness_s=settings.max_staleness_s,
     )
-    return Tenancy(settings, salts, store, limiter, resolver, redis_url, holder)
+    return Tenancy(settings, salts, store, limiter, resolver, redis_url, holder, check)
