@@ -274,8 +274,11 @@ class Planner:
         """The model of a request that names none (vLLM serves its own model then): the one
         public name `principal`'s tier can use; with several, a 400 listing them; with none
         known yet (the quick form before a replica answered), the 503 to retry."""
-        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names}
-        # (vLLM serves its base model then, never a LoRA adapter)
+        # (vLLM serves its base model then, never a LoRA adapter; a name that is also a
+        # pool's base model stays offered: it was dropped, and a key with two pools' models
+        # went to the other one unasked)
+        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names} - {
+            p.served_model for p in self.pools.by_name.values()}
         offered = [m for m in self.offered(principal) if m not in adapters]
         if len(offered) == 1:
             return offered[0]
