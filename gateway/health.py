@@ -233,6 +233,8 @@ class HealthMonitor:
         adapters = frozenset(
             c["id"] for c in cards if isinstance(c, dict) and isinstance(c.get("id"), str)
             and isinstance(c.get("parent"), str) and c["id"] != pool.served_model)
+        if pool.by_id.get(replica.id) is not replica:  # left while its cards were read
+            return
         before = pool.adapters.get(replica.id, frozenset())
         pool.adapters[replica.id] = adapters
         pool.lora_names |= adapters

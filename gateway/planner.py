@@ -21,6 +21,7 @@ from gateway.body import ParsedBody, drop_operator_fields
 from gateway.errors import BadRequest, ModelNotFound, NoReplicaAvailable, shown_name
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
+from gateway.replicas import Replica
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.keys import hide_keys
 from gateway.tenancy.resolver import Principal
@@ -40,14 +41,18 @@ PREFIX_KINDS = frozenset({"chat", "completions", "responses"})
 class Plan:
     """Where a request goes before the router picks a replica (shared with route explain)."""
 
-    __slots__ = ("features", "home", "pool", "priority", "served", "spilled", "views")
+    __slots__ = ("among", "features", "home", "pool", "priority", "served", "spilled", "views")
 
     def __init__(
         self, pool: Pool, served: str, priority: int | None, home: str, spilled: bool,
         features: RequestFeatures, views: list[ReplicaView],
+        among: list[Replica] | None = None,
     ) -> None:
         self.pool, self.served, self.priority, self.home = pool, served, priority, home
         self.spilled, self.features, self.views = spilled, features, views
+        # the replicas it may use when not all of the pool's (a LoRA adapter's): a 503 counts
+        # those (it said "1 available" of a replica without the adapter)
+        self.among = among
 
 
 class _Views(Mapping[str, list[ReplicaView]]):
@@ -221,23 +226,25 @@ class Planner:
             drop_operator_fields(parsed.data)  # before the body rewrite, which copies the rest
         if priority:
             features = replace(features, priority=priority)
-        served, pool_views = self._adapter(principal, parsed.model, served, pool, home,
-                                           spilled, views[pool.name], now)
-        return Plan(pool, served, priority, home, spilled, features, pool_views)
+        served, pool_views, among = self._adapter(principal, parsed.model, served, pool, home,
+                                                  spilled, views[pool.name], now)
+        return Plan(pool, served, priority, home, spilled, features, pool_views, among)
 
     def _adapter(
         self, principal: Principal, model: str, served: str, pool: Pool, home: str,
         spilled: bool, views: list[ReplicaView], now: float,
-    ) -> tuple[str, list[ReplicaView]]:
-        """(the model name sent, the replicas it may go to): a LoRA adapter goes under its own
-        name to the replicas listing it (`Pool.adapter_holders`); one loaded on none of the
-        pool's is never sent as the base model (which would answer under its name): the 404
-        vLLM gives for it, or, spilled from its own pool, that pool's 503."""
+    ) -> tuple[str, list[ReplicaView], list[Replica] | None]:
+        """(the model name sent, the views of the replicas it may go to, those replicas when
+        not all of the pool's): a LoRA adapter goes under its own name to the replicas
+        listing it (`Pool.adapter_holders`); one loaded on none of the pool's is never sent
+        as the base model (which would answer under its name): the 404 vLLM gives for it,
+        or, spilled from its own pool, that pool's 503."""
         holders = pool.adapter_holders(model) if model != served else None
         if holders is not None:
-            return model, [v for v in views if v.id in holders]
+            return (model, [v for v in views if v.id in holders],
+                    [r for r in pool.replicas if r.id in holders])
         if not any(model in p.lora_names for p in self.pools.by_name.values()):
-            return served, views
+            return served, views, None
         if spilled:  # (its own pool's replicas are down or busy: wait for them)
             own = self.pools.by_name.get(home, pool)
             raise NoReplicaAvailable(
@@ -268,8 +275,11 @@ class Planner:
         """The model of a request that names none (vLLM serves its own model then): the one
         public name `principal`'s tier can use; with several, a 400 listing them; with none
         known yet (the quick form before a replica answered), the 503 to retry."""
-        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names}
-        # (vLLM serves its base model then, never a LoRA adapter)
+        # (vLLM serves its base model then, never a LoRA adapter; a name that is also a
+        # pool's base model stays offered: it was dropped, and a key with two pools' models
+        # went to the other one unasked)
+        adapters = {n for p in self.pools.by_name.values() for n in p.lora_names} - {
+            p.served_model for p in self.pools.by_name.values()}
         offered = [m for m in self.offered(principal) if m not in adapters]
         if len(offered) == 1:
             return offered[0]

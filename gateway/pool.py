@@ -123,6 +123,8 @@ class Pool:
         # new list objects: a request iterating the old ones is not disturbed
         self.replicas = replicas
         self.by_id = {r.id: r for r in replicas}
+        # a replica that left takes its adapters along (`Pools.refresh_public` then)
+        self.adapters = {rid: a for rid, a in self.adapters.items() if rid in self.by_id}
         self.context_learned()
 
     def context_learned(self) -> None:
@@ -216,6 +218,9 @@ class Pools:
             before = self._refusals()
             self._relist(pool, sorted(u.rstrip("/") for u in urls), changes)
             self._settle(changes, before)
+            # its adapters leave with a replica: listed until then, a request for one of
+            # them was vLLM's 404 ("does not exist") from the gateway that listed it
+            self.refresh_public()
         return changes
 
     def _relist(self, pool: Pool, wanted: list[str], changes: PoolChanges) -> None:

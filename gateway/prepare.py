@@ -254,10 +254,11 @@ class Preparer:
         if plan.spilled:
             self._metrics.spilled(principal.tier, plan.home, pool.name)
         views = plan.views
-        among = None  # the replicas the request may use: all, or the data plane's subset
+        # the replicas the request may use: all, a LoRA adapter's, or the data plane's subset
+        among = plan.among
         if subset is not None:
             views = [v for v in views if v.id in subset]
-            among = [r for r in pool.replicas if r.id in subset]
+            among = [r for r in (among or pool.replicas) if r.id in subset]
             if not views:  # (nothing of ours to wait for: Retry-After 1, as `retry_after`)
                 raise NoReplicaAvailable("None of the endpoints allowed for this request "
                                          f"serves the model `{parsed.model}`.",

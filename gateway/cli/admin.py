@@ -29,7 +29,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import yaml
@@ -52,6 +52,12 @@ from gateway.yamlerror import not_utf8, one_line, safe_load
 __all__ = ["main"]
 
 VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# a name printed back as given: an environment variable's, by convention (a hex token whose
+# first digit is a letter is a valid name too, and was printed in "$<the token> is not set")
+SHOWN_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+# an option's value given after `=` in argparse's errors ("ambiguous option: --tok=<value>
+# could match --token-env, --token" printed the token)
+_OPTION_VALUE = re.compile(r"(--[A-Za-z0-9][A-Za-z0-9-]*)=\S+")
 PAGE = 1000  # tenants per `GET /admin/tenants` (the API's most)
 
 
@@ -75,8 +81,15 @@ class _TokenOnCommandLine(argparse.Action):
                      "variable with --token-env VAR)")
 
 
+class _QuietParser(Parser):
+    """Its errors say the options misused, never a value given with one (the token may be)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_OPTION_VALUE.sub(r"\1=...", message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(prog="kvgate admin", description="kvgate admin API client")
+    p = _QuietParser(prog="kvgate admin", description="kvgate admin API client")
     p.add_argument("--url", default="http://127.0.0.1:8000",
                    help="gateway (or admin port) URL (default %(default)s)")
     p.add_argument(
@@ -265,7 +278,9 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     if not token:
-        print(f"kvgate admin: ${args.token_env} is not set: export it with the gateway's admin "
+        named = (f"${args.token_env}" if SHOWN_NAME.fullmatch(args.token_env) else
+                 "the variable --token-env names (not printed: lower-case, as a token may be)")
+        print(f"kvgate admin: {named} is not set: export it with the gateway's admin "
               "token (its KVGATE_ADMIN_TOKEN), or name another variable with --token-env",
               file=sys.stderr)
         return 2

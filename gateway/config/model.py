@@ -4,6 +4,8 @@ the checks that span sections."""
 
 from __future__ import annotations
 
+import os
+
 from pydantic import (
     ConfigDict,
     Field,
@@ -111,6 +113,19 @@ class KvgateConfig(PolicyDoc):
         if value is not None:
             admin_tokens_from_env(value.get_secret_value())  # ValueError: too short, malformed
         return value
+
+    @model_validator(mode="after")
+    def _pool_keys_not_the_placeholder(self) -> KvgateConfig:
+        # the example's second Secret (vllm-api-keys) too: applied unedited, kvgate sent its
+        # replicas a key anyone can read in the repository (read as `Pools` reads it)
+        for name, pool in self.pools.items():
+            key = os.environ.get(pool.api_key_env, "") if pool.api_key_env else ""
+            if key.strip().startswith(PLACEHOLDER):
+                raise ValueError(
+                    f"pools.{name}.api_key_env: {pool.api_key_env} is the example's placeholder "
+                    f"({PLACEHOLDER}...): set a random one, e.g. `openssl rand -hex 32`, on "
+                    "kvgate and the pool's replicas (their --api-key)")
+        return self
 
     @model_validator(mode="after")
     def _known_tenants(self) -> KvgateConfig:
