@@ -32,7 +32,7 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from gateway.errors import BadRequest
-from gateway.jsondepth import check_parsed_depth, too_deep_error
+from gateway.jsondepth import MAX_JSON_DEPTH, check_parsed_depth, too_deep_error
 from gateway.wideints import check_wide_ints
 from routing.tokens import CHARS_PER_TOKEN, count_tokens
 from routing.types import RequestFeatures
@@ -161,7 +161,10 @@ def parse_body(
         if str(exc).startswith(_ORJSON_TOO_DEEP):  # valid JSON, deeper than orjson reads
             raise too_deep_error() from None
         raise BadRequest(f"The request body is not valid JSON: {_why(raw, exc)}.") from None
-    check_parsed_depth(data)  # deeper than orjson can write back: a 400 before any work
+    # deeper than orjson can write back: a 400 before any work (a text with fewer brackets
+    # cannot nest deeper: the walk, ~1 us for a chat body, is skipped)
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        check_parsed_depth(data)
     check_wide_ints(raw)  # read as floats by orjson: a 400, not a changed value
     if not isinstance(data, dict):
         raise BadRequest("The request body must be a JSON object.")

@@ -26,17 +26,22 @@ def first_unparsable(block: bytes) -> int | None:
     are not UTF-8. Relayed, the official SDK raised a JSONDecodeError (or a
     UnicodeDecodeError) mid-stream instead of an APIError. One orjson parse per event (~2 us)."""
     pos, size = 0, len(block)
+    view = memoryview(block)  # vLLM's events are parsed in place: no copy of each
     while pos < size:
         end = block.find(b"\n\n", pos)
         end = size if end < 0 else end
         if end - pos <= _EVENT_BYTES:  # (a larger one is not copied: `PARSED_BYTES`)
-            event = block[pos:end]
-            if event.startswith(b"data: {") and b"\n" not in event:  # vLLM's chat/completions
-                data: bytes | None = event[6:]
+            if block.startswith(b"data: {", pos, end) and block.find(b"\n", pos, end) < 0:
+                data = view[pos + 6:end]  # vLLM's chat/completions event: parsed here, the
+                try:  # common case (a call less per event); `json_text` when it does not
+                    orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    if not json_text(data):
+                        return pos
             else:  # (a Responses API event: its name, then its data)
-                data = _joined_data(event)
-            if data is not None and data[:1] == b"{" and not json_text(data):
-                return pos
+                joined = _joined_data(block[pos:end])
+                if joined is not None and joined[:1] == b"{" and not json_text(joined):
+                    return pos
         pos = end + 2
     return None
 
@@ -50,7 +55,7 @@ def _joined_data(event: bytes) -> bytes | None:
     return b"\n".join(values).lstrip(b" \t") if values else None
 
 
-def json_text(data: bytes) -> bool:
+def json_text(data: bytes | memoryview) -> bool:
     """Whether the client's JSON parser reads `data`: orjson's first; the standard library's
     when orjson refuses (``NaN``, ``1e999``, a lone surrogate escape: Python's `json`, which
     the SDK uses, reads them), from strict UTF-8 as the SDK decodes each line. True, unread,
@@ -61,7 +66,7 @@ def json_text(data: bytes) -> bool:
         orjson.loads(data)
     except orjson.JSONDecodeError:
         try:
-            json.loads(data.decode("utf-8"))
+            json.loads(bytes(data).decode("utf-8"))
         except (ValueError, RecursionError):  # (UnicodeDecodeError, JSONDecodeError: both
             return False  # ValueErrors; nesting past orjson's 1024 levels: the SDK fails too)
     return True

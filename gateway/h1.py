@@ -64,6 +64,9 @@ class H1Response:
     async def read_chunk(self) -> bytes:
         return await self._conn.read_chunk()
 
+    def at_hand(self) -> bool:
+        return self._conn.at_hand()
+
     async def read_all(self) -> bytes:
         parts = []
         while chunk := await self._conn.read_chunk():

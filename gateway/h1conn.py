@@ -201,6 +201,11 @@ class H1Conn(asyncio.Protocol):
         assert self.transport is not None
         self.transport.write(request)
 
+    def at_hand(self) -> bool:
+        """Whether `read_chunk` returns without waiting: bytes came, or the body's end or a
+        failure."""
+        return bool(self._chunks) or self.complete or self.error is not None
+
     async def read_chunk(self) -> bytes:
         while not self._chunks:
             if self.complete:

@@ -77,6 +77,11 @@ class UpstreamResponse(Protocol):
         """The bytes that have arrived (waits for some); b"" at the end of the body."""
         ...
 
+    def at_hand(self) -> bool:
+        """Whether `read_chunk` returns without waiting (bytes arrived, the body ended or
+        failed): a read then needs no timer."""
+        ...
+
     async def read_all(self) -> bytes: ...
 
     def release(self) -> None:

@@ -54,6 +54,9 @@ class FakeResponse:
             raise item
         return item
 
+    def at_hand(self) -> bool:
+        return not self._chunks or self._chunks[0] is not None
+
     async def read_all(self) -> bytes:
         out = b""
         while chunk := await self.read_chunk():
