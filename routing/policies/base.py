@@ -8,8 +8,9 @@ from typing import Protocol
 
 from routing.config import RouterConfig
 from routing.index import AffinityIndex
-from routing.learning import PendingWork, TtftModel
+from routing.learning import TtftModel
 from routing.peers import ReplicaLoad
+from routing.pending import PendingWork
 from routing.types import Candidate, Decision, ReplicaView, RequestFeatures
 
 __all__ = ["PickContext", "Policy", "RouterState", "decide"]
