@@ -163,9 +163,9 @@ class Preparer:
         a 404 as GET answers it, and one Redis could not be asked about a 503 to retry: sent
         on as unknown, it reached whichever replica was picked, and vLLM's store, keyed by
         id alone, continued another tenant's conversation when it held that id. Whose a
-        known id is, `_response_home` checks. Without authentication (one tenant) an
-        unknown id is sent on, as before: a gateway restarted still reaches its replicas'
-        responses when the pick lands there."""
+        known id is, `_response_home` checks. Without authentication (one tenant) an id
+        found nowhere else is asked of the replicas (`ResponseStore.finder`), and one none
+        holds is sent on: the replica's 404 answers it."""
         prev = parsed.data.get("previous_response_id")
         if not isinstance(prev, str):  # (none; or not a string: the replica's 400)
             return

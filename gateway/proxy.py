@@ -57,10 +57,10 @@ from gateway.prepare import Preparer
 from gateway.relay import Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
-from gateway.responses import ResponseStore
+from gateway.responses import ReplicaSearch, ResponseStore
 from gateway.stored import StoredResponses
 from gateway.stream_end import stream_error
-from gateway.tenancy.edge import TenantGate
+from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate
 from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.upstream_errors import unreadable
@@ -110,6 +110,9 @@ class Proxy:
         self._relay = Relay(cfg, router, metrics, clock, self.responses,
                             self.prep.settle_before_answer)
         self.stored = StoredResponses(pools, gate, self.responses, cfg.upstream, cfg.server)
+        if not gate.auth:  # one tenant: an id this gateway cannot place is asked of the replicas
+            self.responses.finder = ReplicaSearch(
+                pools, lambda: self.responses.owner(NO_AUTH_TENANT), cfg.health.timeout_s)
         # request ids: a random per-process prefix + a counter (unique, and cheaper than
         # reading the OS's random source per request)
         prefix = os.urandom(8).hex()

@@ -17,6 +17,12 @@ tenant's id is refused there too. Only Responses API requests naming an unknown 
 Redis, at most `SharedHomes.timeout_s`; a lookup Redis does not answer (down, timed out) is
 `ResponseLookupFailed`, a 503 to retry: the id may well exist (`gateway/prepare.py` and
 `gateway/stored.py` decide what an id found nowhere is).
+
+Without authentication (one tenant: nothing to isolate) an id this gateway cannot place --
+it restarted, or another gateway without Redis relayed it -- is asked of the replicas
+(`ReplicaSearch`): vLLM's GET answers 200 only where the response is stored. Sent on as
+unknown, a follow-up reached its replica only when the pick landed there (one in two with two
+replicas), and a GET was a 404 while the replica still held the response.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import asyncio
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 import orjson
@@ -33,8 +39,15 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from gateway.errors import ResponseLookupFailed
+from gateway.pool import Pool, Pools
+from gateway.replicas import Replica
+from gateway.transport import TRANSPORT_ERRORS
 
-__all__ = ["RESPONSE_ID", "ResponseHome", "ResponseStore", "SharedHomes", "response_id"]
+# what an ask of a replica may fail with: no answer, not in time
+_ASK_FAILED: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, TimeoutError)
+
+__all__ = ["RESPONSE_ID", "ReplicaSearch", "ResponseHome", "ResponseStore", "SharedHomes",
+           "response_id"]
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +153,8 @@ class ResponseStore:
         # tenant id -> the owner its responses are kept under (`TenantGate.owner`: its
         # incarnation's); the id itself until the gate is known
         self.owner: Callable[[str], str] = str
+        # where an id found nowhere else is looked for: the replicas, without authentication
+        self.finder: Callable[[str], Awaitable[ResponseHome | None]] | None = None
 
     def __len__(self) -> int:
         return len(self._homes)
@@ -162,13 +177,14 @@ class ResponseStore:
             self._homes.popitem(last=False)
 
     async def fetch(self, rid: object) -> None:
-        """Learn where ``rid`` lives from the other gateways (Redis) when this one does not
-        know it; `home` answers from memory afterwards. `ResponseLookupFailed` when Redis
-        does not answer."""
-        if (self.shared is None or not isinstance(rid, str) or rid in self._homes
-                or not RESPONSE_ID.fullmatch(rid)):
+        """Learn where ``rid`` lives from the other gateways (Redis), then from the replicas
+        (`finder`), when this one does not know it; `home` answers from memory afterwards.
+        `ResponseLookupFailed` when Redis does not answer."""
+        if not isinstance(rid, str) or rid in self._homes or not RESPONSE_ID.fullmatch(rid):
             return
-        found = await self.shared.get(rid)
+        found = await self.shared.get(rid) if self.shared is not None else None
+        if found is None and self.finder is not None:
+            found = await self.finder(rid)
         if found is not None:
             self._keep(rid, found)
 
@@ -194,3 +210,40 @@ class ResponseStore:
         # Redis for a day) is its tenant's by id, as there
         return home.tenant == self.owner(tenant) or (
             "#" not in home.tenant and home.tenant == tenant)
+
+
+class ReplicaSearch:
+    """Finds which replica holds a response by asking each replica of every pool for it at
+    once (``GET /v1/responses/{id}``: 200 where it is stored, vLLM's 404 elsewhere); the
+    first to answer 200 with that response is its home, the other asks are dropped. Only
+    for a gateway without authentication: with keys, whose response an id is cannot be told
+    from a replica."""
+
+    def __init__(self, pools: Pools, owner: Callable[[], str], timeout_s: float) -> None:
+        self._pools = pools
+        self._owner = owner  # the one tenant's owner (`ResponseStore.owner`), read per search
+        self._timeout_s = timeout_s
+
+    async def __call__(self, rid: str) -> ResponseHome | None:
+        asks = [asyncio.ensure_future(self._holds(pool, replica, rid))
+                for pool in list(self._pools.by_name.values()) for replica in pool.replicas]
+        try:
+            for answer in asyncio.as_completed(asks):
+                if (found := await answer) is not None:
+                    return ResponseHome(self._owner(), found[0], found[1])
+            return None
+        finally:
+            for ask in asks:
+                ask.cancel()
+            await asyncio.gather(*asks, return_exceptions=True)
+
+    async def _holds(self, pool: Pool, replica: Replica, rid: str) -> tuple[str, str] | None:
+        headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
+        try:
+            status, body = await pool.transport.get(
+                f"{replica.url}/v1/responses/{rid}", self._timeout_s, headers)
+        except _ASK_FAILED:
+            return None
+        # the response itself, its id first (a proxy or a stub answering 200 to any path
+        # holds nothing)
+        return (pool.name, replica.id) if status == 200 and response_id(body) == rid else None
