@@ -62,8 +62,9 @@ def test_a_value_of_the_wrong_type_is_named_with_what_the_file_held(
      "kvgate config: error: unrecognized arguments: --stict (did you mean --strict?)"),
     (["demo", "--prot", "1"],
      "kvgate demo: error: unrecognized arguments: --prot 1 (did you mean --port?)"),
+    # (the admin CLI's errors leave out what follows `=`: it may be a token)
     (["admin", "tenants", "create", "acme", "--teir=free"],
-     "kvgate admin: error: unrecognized arguments: --teir=free (did you mean --tier?)"),
+     "kvgate admin: error: unrecognized arguments: --teir=... (did you mean --tier?)"),
 ], ids=["serve", "config-check", "demo", "admin"])
 def test_a_misspelt_flag_names_the_flag_meant(argv: list[str], line: str) -> None:
     """argparse said "unrecognized arguments: --prot 9000" and no more; nothing starts."""
