@@ -79,8 +79,6 @@ class HealthMonitor:
         self._refusals &= present
         self._wrong_model &= present
         self._unread = {rid: n for rid, n in self._unread.items() if rid in present}
-        for pool in self._pools.by_name.values():  # (a replica's adapters leave with it)
-            pool.adapters = {rid: a for rid, a in pool.adapters.items() if rid in pool.by_id}
         await asyncio.gather(*checks)
 
     async def _guarded(self, pool: Pool, replica: Replica, draining: bool = False) -> None:

@@ -239,7 +239,9 @@ class Planner:
         listing it (`Pool.adapter_holders`); one loaded on none of the pool's is never sent
         as the base model (which would answer under its name): the 404 vLLM gives for it,
         or, spilled from its own pool, that pool's 503."""
-        holders = pool.adapter_holders(model) if model != served else None
+        if model == served:  # its pool's base model (even where another pool's replicas
+            return served, views, None  # list an adapter of that name)
+        holders = pool.adapter_holders(model) if model in pool.lora_names else None
         if holders is not None:
             return (model, [v for v in views if v.id in holders],
                     [r for r in pool.replicas if r.id in holders])

@@ -38,3 +38,26 @@ def test_a_pool_model_named_as_an_adapter_is_still_offered(
         assert unnamed.status_code == 400, unnamed.text
         error = unnamed.json()["error"]
         assert error["param"] == "model" and "2 models" in error["message"], error
+
+
+def test_a_pool_model_named_as_an_adapter_reaches_its_pool(
+    sim_factory: Callable[..., tuple[Proc, str]],
+) -> None:
+    """A request naming `other` (pool b's base model, also an adapter of pool a's replica)
+    was a 404 "does not exist": the planner took it for an adapter loaded nowhere in b."""
+    _, with_adapter = sim_factory("--time-scale", "50", "--lora-modules", "other=/adapters/o",
+                                  model="base")
+    _, other = sim_factory("--time-scale", "50", model="other")
+    config = {"pools": {"a": {"served_model": "base", "replicas": [with_adapter]},
+                        "b": {"served_model": "other", "replicas": [other]}}}
+    gw, base = gateway_proc(config=config)
+    with gw:
+        wait_for(lambda: "other" in [m["id"] for m in httpx.get(f"{base}/v1/models").json()
+                                     ["data"]] and httpx.post(
+            f"{base}/v1/completions", timeout=30,
+            json={"model": "base", "prompt": "x", "max_tokens": 1}).status_code == 200,
+            timeout=30, what="both pools up, the adapter learnt")
+        reply = httpx.post(f"{base}/v1/completions", timeout=30,
+                           json={"model": "other", "prompt": "x", "max_tokens": 1})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-kvgate-replica"].startswith("b/")
