@@ -54,7 +54,7 @@ from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import Relay
+from gateway.relay import AdapterGone, Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ReplicaSearch, ResponseStore
@@ -354,6 +354,9 @@ class Proxy:
             try:
                 clean = await self._relay.relay(send, req, replica, resp, lease)
             except UpstreamError as exc:  # it failed before any byte reached the client
+                if last and isinstance(exc, AdapterGone):  # no try left: the replica's 404
+                    await self._relay.relay_held(send, req, 404, exc.answer)
+                    return None
                 if last or exc.reason == REQUEST_FAULT:  # (`Relay.relay`): another replica
                     raise  # can still answer it, unless the request fails wherever it runs
                 return exc

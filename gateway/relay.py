@@ -68,7 +68,7 @@ from gateway.verdicts import (
 from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, read_whole
 from routing.router import Router
 
-__all__ = ["Relay"]
+__all__ = ["AdapterGone", "Relay"]
 
 log = logging.getLogger(__name__)
 
@@ -426,9 +426,9 @@ class Relay:
                                resp.retry_after, req.pool)) == "wrong_model":
             raise ReplicaWrongModel  # nothing was sent: another replica answers it
         elif verdict == "no_adapter" and req.pool.adapter_holders(req.parsed.model):
-            # a LoRA adapter unloaded there and loaded on another: that one answers it
-            raise UpstreamError("The replica no longer serves this LoRA adapter.",
-                                reason="no_adapter")
+            # a LoRA adapter unloaded there and loaded on another: that one answers it (on
+            # the last try, this 404 is the answer: `AdapterGone`)
+            raise AdapterGone(data)
         elif verdict == "dead":
             # the last try's engine died (earlier tries' 500s never get here): the replica's
             # failure, not this request's; the proxy answers what the next request would get
@@ -486,6 +486,18 @@ class Relay:
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
         await send_whole(send, status, hdrs, data)
+
+
+class AdapterGone(UpstreamError):
+    """A replica's 404 for a LoRA adapter it no longer has while another replica is still
+    listed with it: that one is tried. With no try left (`upstream.max_attempts`, the retry
+    budget) the proxy relays this 404 (`answer`, "The model `x` does not exist."): the
+    request's model is gone there, and a 502 in its place was retried twice by the SDKs."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__("The replica no longer serves this LoRA adapter.",
+                         reason="no_adapter")
+        self.answer = answer
 
 
 def _stored(req: ProxiedRequest) -> bool:
