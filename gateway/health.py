@@ -100,13 +100,17 @@ class HealthMonitor:
         if not replica.probe_due(self._clock()):
             return
         answered = replica.answers  # its progress when the probe went out
+        mark = replica.reply_mark()  # ... and all that came from it
         try:
             status, _ = await pool.transport.get(
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
             )
+            replica.replies += 1
             ok = status == 200
             reason = f"/health answered {status}"
         except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
+            if replica.frozen(mark, self._clock(), self._cfg.timeout_s):
+                return  # nothing at all came from it while requests waited: down, cut
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
             if replica.state == "healthy" and replica.answers > answered:
                 replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late

@@ -302,6 +302,7 @@ class Relay:
         chunk = await resp.read_chunk()
         while chunk:
             received = perf_counter()
+            replica.replies += 1  # it is alive (`Replica.frozen`)
             out = scanner.feed(chunk)
             if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when

@@ -97,8 +97,8 @@ class Replica:
         "ejected_until", "ejections", "ended_since_scrape",
         "epoch", "failed", "failures", "fell_asleep", "heard_at", "hit_ratio", "id", "inflight",
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
-        "outcomes", "pool",
-        "progress_at_ejection", "reason", "refusal_warned", "scraped", "scraped_at", "scrapes",
+        "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
+        "scraped", "scraped_at", "scrapes",
         "sleep_said_until", "sleep_streak", "slow_probes", "stalled", "stalls", "state", "url",
         "waiting_since", "watch",
         "whole_waiting_tokens",
@@ -120,6 +120,10 @@ class Replica:
         # moving between two scrapes; and since when requests have waited there (None: none)
         self.heard_at = 0.0
         self._heard_answers = 0
+        # anything that came from it (a good scrape, a /health answer, a streamed chunk), one
+        # count each: nothing at all over a whole /health timeout while requests wait there
+        # is a frozen replica (`frozen`)
+        self.replies = 0
         self.waiting_since: float | None = None
         self.scraped: Sample | None = None  # the last good scrape of its /metrics
         self.scraped_at = 0.0
@@ -217,6 +221,7 @@ class Replica:
         self.lost_cache = self.fell_asleep = False
         if sample is None:
             return lost
+        self.replies += 1
         prev = self.scraped
         if prev is not None:
             self.hit_ratio = _delta_ratio(
@@ -488,6 +493,10 @@ class Replica:
         self.failed += 1
 
     def eject(self, now: float) -> None:
+        """Out for a back-off. Its requests that got nothing yet are cut and tried elsewhere
+        at once (`_cut_waiting`): before, those of a replica ejected for failing requests
+        waited on it for their own first-byte timeout (5 minutes) or their whole answer."""
+        self._cut_waiting()
         self.epoch += 1
         self.current = 0  # what is in flight now was sent before: not its trial
         self.current_waiting = 0
@@ -539,9 +548,33 @@ class Replica:
             self._cut_waiting()
 
     def _cut_waiting(self) -> None:
-        """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere."""
+        """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere. Not the
+        one whose failure is being recorded (`_SENT`): its own handler is ending it."""
+        judged = _SENT.get()
         for lease in list(self.cuttable):  # (each cut removes itself)
-            lease.cut()
+            if lease is not judged:
+                lease.cut()
+
+    def reply_mark(self) -> int:
+        """A count that moves whenever anything comes from it (`replies`, `answers`)."""
+        return self.replies + self.answers
+
+    def frozen(self, mark: int, now: float, waited_s: float) -> bool:
+        """A /health probe sent at `reply_mark` `mark` got no answer in `waited_s`: if
+        nothing else came from it meanwhile either (no scrape, no first token, no streamed
+        chunk) while requests of ours wait there, its process is stopped, its host frozen
+        or its network black-holed: down now, those requests cut and tried elsewhere
+        (`mark_down`). Before, they waited for `health.slow_threshold` slow probes (some 21 s
+        with the defaults). A replica that answers anything, or has nothing waiting, is
+        left to the slow-probe rule (a saturated vLLM answers /health late)."""
+        if self.inflight_prefill <= 0 or self.reply_mark() != mark:
+            return False
+        self.reason = (f"no answer from it for {waited_s:g} s (not /health, /metrics nor its "
+                       "requests): a stopped process, a frozen host or a cut network")
+        log.warning("replica down: %s", self.reason,
+                    extra={"pool": self.pool, "replica": self.id})
+        self.mark_down(now, request=False)
+        return True
 
     def probe_due(self, now: float) -> bool:
         """Should the active poller's result count now (healthy, or back-off expired)?"""
