@@ -19,7 +19,10 @@ answers it late: a probe that times out is only *slow*, and ejects after
 `health.slow_threshold` in a row -- unless requests were answered there while it waited (first
 tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
-an explicit non-200 (vLLM's 503 for a dead engine) ejects at once.
+an explicit non-200 (vLLM's 503 for a dead engine) ejects at once. A probe that times out
+while requests wait there and nothing at all came from the replica meanwhile finds it frozen
+(`Replica.frozen`: down, its waiting requests tried elsewhere). While no scrape carries
+vLLM's sleep gauge, a dev-mode replica's ``/is_sleeping`` tells whether its engine sleeps.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ class HealthMonitor:
         self._carded: set[tuple[str, str | None]] = set()
         self._wrong_model: set[str] = set()  # replicas logged as serving another model
         self._unread: dict[str, int] = {}  # replica -> probes since its /v1/models was read
+        # replicas whose /is_sleeping did not answer a sleep state (no dev mode): not asked
+        # again until they are found down (restarted, perhaps with VLLM_SERVER_DEV_MODE)
+        self._no_sleep_route: set[str] = set()
 
     async def run(self) -> None:
         while True:
@@ -78,6 +84,7 @@ class HealthMonitor:
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
         self._wrong_model &= present
+        self._no_sleep_route &= present
         self._unread = {rid: n for rid, n in self._unread.items() if rid in present}
         await asyncio.gather(*checks)
 
@@ -133,6 +140,7 @@ class HealthMonitor:
                     and (replica.scraped is not None or replica.attempts)):  # (it was up)
                 replica.lost_cache = True
         if not ok:
+            self._no_sleep_route.discard(replica.id)
             replica.reason = reason
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
@@ -152,6 +160,8 @@ class HealthMonitor:
         if cards is not None and self._serves_another(pool, replica, cards):
             return
         replica.record_probe_ok()
+        if not draining:
+            await self._ask_sleeping(pool, replica)
         came_back = False
         if replica.state == "ejected":
             # the back-off expired and /health answers: half-open, the next request decides
@@ -166,6 +176,32 @@ class HealthMonitor:
         if cards is not None:
             self._learn_model(pool, replica, cards)
             self._learn_adapters(pool, replica, cards)
+
+    async def _ask_sleeping(self, pool: Pool, replica: Replica) -> None:
+        """Ask vLLM's dev-mode ``GET /is_sleeping`` whether its engine sleeps, while no scrape
+        tells (no `vllm:engine_sleep_state`: ``--disable-log-stats``, an older vLLM). Only a
+        dev-mode server can be put to sleep over HTTP (``POST /sleep`` is a dev route too),
+        and its /health stays 200 while asleep: requests sent there waited for their
+        first-byte timeout. A replica without the route (404, anything but a boolean) is not
+        asked again until it is found down; a failed or late answer says nothing."""
+        scraped = replica.scraped
+        if replica.id in self._no_sleep_route or (
+                scraped is not None and scraped.asleep is not None):
+            return
+        try:
+            status, body = await pool.transport.get(
+                f"{replica.url}/is_sleeping", self._cfg.timeout_s, pool.headers)
+        except TRANSPORT_ERRORS:  # (a timeout included)
+            return
+        try:
+            said = orjson.loads(body) if status == 200 else None
+        except ValueError:
+            said = None
+        asleep = said.get("is_sleeping") if isinstance(said, dict) else None
+        if not isinstance(asleep, bool):
+            self._no_sleep_route.add(replica.id)
+            return
+        replica.record_is_sleeping(asleep)
 
     async def _cards(self, pool: Pool, replica: Replica) -> list[object] | None:
         """The model cards its /v1/models lists, or None when it does not tell (no such

@@ -50,6 +50,8 @@ Lost = Literal["restarted", "gone", "asleep"]
 ASLEEP = "its engine is asleep (vLLM sleep mode: vllm:engine_sleep_state)"
 # ... and while it answers that its model sleeps (`Replica.record_sleeping`: an older vLLM)
 ASLEEP_SAID = "its engine is asleep (it answered 503: the model is sleeping)"
+# ... and while its dev-mode /is_sleeping says so (`Replica.record_is_sleeping`: no gauge)
+ASLEEP_ASKED = "its engine is asleep (its /is_sleeping said so)"
 # asked again (one request) this long after such an answer, doubling while it sleeps on
 SLEEP_RECHECK_S, SLEEP_RECHECK_MAX_S = 1.0, 30.0
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
@@ -99,7 +101,8 @@ class Replica:
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
         "scraped", "scraped_at", "scrapes",
-        "sleep_said_until", "sleep_streak", "slow_probes", "stalled", "stalls", "state", "url",
+        "sleep_said_until", "sleep_streak", "sleep_told", "slow_probes", "stalled", "stalls",
+        "state", "url",
         "waiting_since", "watch",
         "whole_waiting_tokens",
     )
@@ -166,6 +169,9 @@ class Replica:
         # one request tells whether it woke; None when its answers never said so
         self.sleep_said_until: float | None = None
         self.sleep_streak = 0
+        # asleep as its /is_sleeping said (`record_is_sleeping`): a page without the sleep
+        # gauge does not wake it, the next answer of that route does
+        self.sleep_told = False
         # its 503 said it fell asleep (`record_sleeping`, mid-request): its KV cache is gone as
         # when a scrape says so; the next scrape reports it, for its prefixes to be forgotten
         self.fell_asleep = False
@@ -236,8 +242,9 @@ class Replica:
         self.scraped, self.scraped_at = sample, now
         self.scrapes += 1
         self.ended_since_scrape = 0
-        if sample.asleep is None and self.sleep_said_until is not None:
-            return lost  # no sleep metric: its answers tell when it wakes (`record_sleeping`)
+        if sample.asleep is None and (self.sleep_said_until is not None or self.sleep_told):
+            return lost  # no sleep metric: its answers (`record_sleeping`) or its
+            # /is_sleeping (`record_is_sleeping`) tell when it wakes
         self.sleep_said_until = None
         return self._judge_sleep(bool(sample.asleep)) or lost
 
@@ -252,6 +259,23 @@ class Replica:
         if not self.asleep and self._judge_sleep(True):
             self.fell_asleep = True
         self.reason = ASLEEP_SAID
+
+    def record_is_sleeping(self, asleep: bool) -> None:
+        """Its dev-mode ``GET /is_sleeping`` answered (`HealthMonitor`, asked only while no
+        scrape carries `vllm:engine_sleep_state`: ``--disable-log-stats``, an older vLLM):
+        out while asleep, its requests that got nothing yet cut and tried elsewhere, back
+        when it says it is awake. Before, such a replica put to sleep kept its requests
+        waiting for their first-byte timeout (5 minutes) or their whole answer."""
+        self.sleep_told = asleep
+        self.sleep_said_until = None  # (its answer, not a request, tells when it wakes)
+        if not asleep:
+            self.sleep_streak = 0
+            if self.reason in (ASLEEP_ASKED, ASLEEP_SAID):
+                self.reason = None
+        if self._judge_sleep(asleep) == "asleep":
+            self.fell_asleep = True  # its KV cache is gone: the next scrape reports it
+        if asleep:
+            self.reason = ASLEEP_ASKED
 
     def _judge_sleep(self, asleep: bool) -> Lost | None:
         """Out while its engine sleeps, back when it wakes; "asleep" when it fell asleep (its
