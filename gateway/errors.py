@@ -23,6 +23,7 @@ __all__ = [
     "NAME_CHARS",
     "REFUSED",
     "REQUEST_FAULT",
+    "AdapterGone",
     "AnswerTooLarge",
     "AuthError",
     "BackendUnavailable",
@@ -259,6 +260,18 @@ class UpstreamError(KvgateError):
 
     def __init__(self, message: str, *, reason: str = "error") -> None:
         super().__init__(message, reason=reason)  # "connect", "status_503", ...
+
+
+class AdapterGone(UpstreamError):
+    """A replica's 404 for a LoRA adapter it no longer has while another replica is still
+    listed with it: that one is tried. With no try left (`upstream.max_attempts`, the retry
+    budget) the proxy relays this 404 (`answer`, "The model `x` does not exist."): the
+    request's model is gone there, and a 502 in its place was retried twice by the SDKs."""
+
+    def __init__(self, answer: bytes) -> None:
+        super().__init__("The replica no longer serves this LoRA adapter.",
+                         reason="no_adapter")
+        self.answer = answer
 
 
 class UpstreamTimeout(UpstreamError):

@@ -36,6 +36,7 @@ from gateway.drain import SHUTDOWN, interruptible
 from gateway.errors import (
     REFUSED,
     REQUEST_FAULT,
+    AdapterGone,
     AnswerTooLarge,
     EncodedBody,
     FormBody,
@@ -54,7 +55,7 @@ from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
-from gateway.relay import AdapterGone, Relay
+from gateway.relay import Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ReplicaSearch, ResponseStore

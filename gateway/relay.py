@@ -25,6 +25,7 @@ from gateway.config import KvgateConfig
 from gateway.error_streaks import ErrorStreaks
 from gateway.errors import (
     REQUEST_FAULT,
+    AdapterGone,
     KvgateError,
     ReplicaWrongModel,
     RequestFailed,
@@ -68,7 +69,7 @@ from gateway.verdicts import (
 from gateway.whole import CUT_ANSWER, cut_json, garbled, json_object, read_whole
 from routing.router import Router
 
-__all__ = ["AdapterGone", "Relay"]
+__all__ = ["Relay"]
 
 log = logging.getLogger(__name__)
 
@@ -487,18 +488,6 @@ class Relay:
         if retry_after is not None:
             hdrs.append((b"retry-after", retry_after))
         await send_whole(send, status, hdrs, data)
-
-
-class AdapterGone(UpstreamError):
-    """A replica's 404 for a LoRA adapter it no longer has while another replica is still
-    listed with it: that one is tried. With no try left (`upstream.max_attempts`, the retry
-    budget) the proxy relays this 404 (`answer`, "The model `x` does not exist."): the
-    request's model is gone there, and a 502 in its place was retried twice by the SDKs."""
-
-    def __init__(self, answer: bytes) -> None:
-        super().__init__("The replica no longer serves this LoRA adapter.",
-                         reason="no_adapter")
-        self.answer = answer
 
 
 def _stored(req: ProxiedRequest) -> bool:
