@@ -379,6 +379,11 @@ class Proxy:
             if cut == "stall":
                 log.info("replica stalled: trying another", extra={"replica": replica.id})
                 return stall_error()
+            if cut == "idle":  # its answer began (a whole one's head), then stopped
+                replica.record_failure(self._clock())
+                log.info("replica's answer stopped: trying another", extra={"replica": replica.id})
+                return UpstreamTimeout("The replica did not answer in time (idle timeout).",
+                                       reason="idle")
             log.info("replica sent nothing in time", extra={"replica": replica.id})
             return UpstreamTimeout("The replica did not answer in time (first byte timeout).",
                                    reason="first_byte")

@@ -131,8 +131,11 @@ class Canceller:
         """Take back a first-byte cut (or a connection wait's) so the handler can try another
         replica (the caller checked that nothing reached the client): False when the cut had
         another reason. The next attempt's own clocks start now; the total deadline stays.
-        A stalled replica's cut (`replica_stalled`) is taken back alike."""
-        if self.reason not in ("first byte", "connection wait", "stall") or self.done:
+        A stalled replica's cut (`replica_stalled`) is taken back alike, and so is an idle
+        cut of an answer nothing of which reached the client (the caller checked): a whole
+        answer whose head came and then its body stopped (vLLM sends a whole answer's head
+        with all of it) was the client's 504, where another replica could answer."""
+        if self.reason not in ("first byte", "connection wait", "stall", "idle") or self.done:
             return False
         if self._later is not None:  # the client left, or shutdown came, meanwhile: no retry
             self.reason = self._later
