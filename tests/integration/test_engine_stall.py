@@ -78,7 +78,10 @@ def test_an_unreadable_metrics_page_never_makes_a_stall(
     sim_factory: SimFactory, blind: dict[str, int],
 ) -> None:
     _, hung = sim_factory()
-    gw, base = gateway_proc(upstreams=[hung], env=ENV)
+    # scrapes time out at 1 s (3 s late): the default bound became 5 s, at which a page 3 s
+    # late is read, its frozen counters a stall -- not the blind exporter under test
+    gw, base = gateway_proc(upstreams=[hung],
+                            env={**ENV, "KVGATE_ROUTING__SCRAPE_TIMEOUT_MS": "1000"})
     with gw:
         set_faults(hung, engine_hang=True, **blind)
         c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
