@@ -17,8 +17,9 @@ busy with requests). Apart from health, a replica that answers vLLM's busy 503 i
 sending it the traffic it rejects at once. A replica whose engine stopped making progress
 (`gateway.stall`: requests running, its token counters frozen for `stall_after_s`) is ejected
 as *stalled* and kept out until they move again; its requests that got nothing yet are cut
-(`Lease.on_stall`) and tried elsewhere. Time is passed in, so the machine is testable without
-sleeps.
+(`Lease.on_stall`) and tried elsewhere, as they are at every ejection (`eject`) and when a
+`/health` probe hears nothing at all from it while they wait (`frozen`: a stopped process).
+Time is passed in, so the machine is testable without sleeps.
 """
 
 from __future__ import annotations
