@@ -252,6 +252,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
     _first_line: bytes | None = b""  # the connection's first bytes until their first LF
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
+    _deferred: bytes | None = None  # a refusal waiting for earlier answers (`_answer_and_close`)
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -269,6 +270,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         byte, and the app sees it gone (nothing was sent upstream). Not while an earlier
         pipelined answer is due: the 400 would come first."""
         cycle, running = self.cycle, self._running
+        if self._deferred is not None:
+            return True  # a half-close after a refused pipelined head: the answers still go
         due = running is not None and not running.response_complete  # an answer to come
         if self._refused or (due and running is not cycle):
             return super().eof_received()
@@ -487,15 +490,35 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def _answer_and_close(self, answer: bytes) -> None:
         """Write a refusal, then close: a lingering close (our side half-closed, what the
         client still sends read and dropped, for at most `LINGER_S`), so a client still
-        sending gets the answer instead of a reset."""
+        sending gets the answer instead of a reset. A refusal of a request head read behind
+        requests still to be answered (pipelined: a miscounted `Content-Length` leaves bytes
+        that are no request) waits for their answers: written at once, it cut them off (the
+        client got the 400 alone, its valid request ran upstream for nothing, a 499)."""
         self._disarm()
         self._refused = True
+        if self._in_headers and self._answers_due():
+            self._deferred = answer  # written by `on_response_complete` once they are
+            return
         self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
+
+    def _answers_due(self) -> bool:
+        running = self._running
+        return bool(self.pipeline) or (running is not None and not running.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        answer = self._deferred
+        if answer is None or self._answers_due() or self.transport.is_closing():
+            return
+        self._deferred = None
+        if self.timeout_keep_alive_task is not None:  # armed by uvicorn: closing now anyway
+            self.timeout_keep_alive_task.cancel()
+        self._answer_and_close(answer)
 
     def _cors(self) -> list[Header]:
         """The CORS headers for the refused request's ``Origin``, asked of the app served

@@ -19,7 +19,8 @@ path that matches none.
   other sub-path is a 404 naming the two stored-response routes.
 - A path with something before an API route (``/openai/v1/chat/completions``: a base URL
   copied from another provider's, or a proxy's prefix left on) is a 404 that says to use the
-  base URL ``http://HOST:PORT/v1``.
+  base URL ``http://HOST:PORT/v1``; a doubled ``/v1/v1/...`` (a client that adds ``/v1``
+  given a base URL ending in it) says so.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ def prefixed_route(path: str) -> NotFound | None:
     at = path.find(API_PREFIX, 1)
     if at < 0 or not api_route(path[at:]):
         return None
+    if path[:at].endswith("/v1"):
+        # "without the /v1 prefix" read as "drop /v1": a client that adds /v1 itself (some
+        # frameworks' OpenAI-compatible providers do) was given a base URL ending in /v1
+        return NotFound(f"Unknown path {shown_name(path)}: /v1 appears twice. kvgate serves "
+                        f"the OpenAI API at {shown_name(path[at:])}: use the base URL "
+                        "http://HOST:PORT/v1, or http://HOST:PORT with a client that adds "
+                        "/v1 itself.")
     return NotFound(f"Unknown path {shown_name(path)}: kvgate serves the OpenAI API at "
                     f"{shown_name(path[at:])}, without the {shown_name(path[:at])} prefix. Use "
                     "the base URL http://HOST:PORT/v1 (your client adds the rest).")

@@ -1,0 +1,89 @@
+"""A request followed on its connection by bytes the gateway refuses (a client that counted
+its `Content-Length` short, so the body's tail reads as a broken next request; a pipelined
+head that is not HTTP/1.1) is answered first, then the refusal, in order (RFC 9112 9.3.2).
+The refusal was written at once and the connection closed: the client read the 400 alone,
+its valid request ran on a replica for nothing and was logged as a 499. Real `kvgate serve
+--no-auth` in front of a simulated replica, raw sockets as the client."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+
+import httptools
+import pytest
+
+from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
+from tests.support.procs import sim_proc
+
+MODEL = "sim-model"
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[str]:
+    sim, sim_url = sim_proc(None, "--time-scale", "50", model=MODEL)
+    with sim:
+        gw, base = gateway_proc(upstreams=[sim_url])
+        with gw:
+            yield base
+
+
+def _request(body: dict[str, object]) -> bytes:
+    data = json.dumps(body).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
+
+
+class _Answers:
+    """The answers on one connection, parsed in order: (status, body) each."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[int, bytes]] = []
+        self._body: list[bytes] = []
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.got.append((self.parser.get_status_code(), b"".join(self._body)))
+        self._body = []
+
+
+def _exchange(port: int, data: bytes, *, half_close: bool) -> list[tuple[int, bytes]]:
+    answers = _Answers()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(data)
+        if half_close:
+            s.shutdown(socket.SHUT_WR)
+        while chunk := s.recv(65536):
+            answers.parser.feed_data(chunk)
+    return answers.got
+
+
+def _not_499(base: str) -> bool:
+    return not any('status="499"' in key for key in metric_values(base, "kvgate_requests_total"))
+
+
+@pytest.mark.parametrize("half_close", [False, True], ids=["open", "half-closed"])
+@pytest.mark.parametrize(("tail", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),  # a body longer than its Content-Length
+    (b"GET /v1/models HTTP/2.0\r\nhost: x\r\n\r\n", 505),
+    (b"GET /v1/models HTTP/1.1\r\nx-big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+], ids=["garbage", "http-2.0", "huge-head"])
+def test_a_refused_pipelined_head_waits_for_the_answers_before_it(
+    gateway: str, tail: bytes, status: int, half_close: bool,
+) -> None:
+    port = int(gateway.rsplit(":", 1)[1])
+    first = _request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3})
+    second = _request({"model": MODEL, "messages": [{"role": "user", "content": "yo"}],
+                       "max_tokens": 3, "stream": True})
+    got = _exchange(port, first + second + tail, half_close=half_close)
+    assert [code for code, _ in got] == [200, 200, status]
+    assert json.loads(got[0][1])["object"] == "chat.completion"
+    assert got[1][1].rstrip().endswith(b"data: [DONE]")
+    assert json.loads(got[2][1])["error"]["code"] == status
+    wait_for(lambda: inflight(gateway) == 0, what="in-flight back to 0")
+    assert _not_499(gateway)
