@@ -90,6 +90,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gateway.errors import error_body
 from gateway.halfclose import HalfCloseProbe
+from gateway.parse_reasons import not_http_message
 from gateway.upgrade_body import UpgradeBody
 from gateway.writewatch import WriteWatch
 
@@ -252,6 +253,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
     _first_line: bytes | None = b""  # the connection's first bytes until their first LF
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
+    _begun = False  # the parser is inside a request (`on_message_begin`), not between two
     _deferred: bytes | None = None  # a refusal waiting for earlier answers (`_answer_and_close`)
 
     # -- connection ----------------------------------------------------------------------
@@ -327,28 +329,35 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self.logger.debug("upgrade request answered as plain HTTP")
             self._read_upgrade_body(data[upgrade.args[0]:])
             return
-        except httptools.HttpParserError:
-            if self._origin is None:  # the parser hands a header over only once it ended
-                self._origin = _scan_origin(data)
-            if self._opening is not None:  # the parser stopped at HTTP/2's preface
-                self._refuse_http2()
-            elif self._version is not None:
-                self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
-                                  "HTTP/1.1 (and HTTP/1.0).")
-            elif self._coding is not None:
-                self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
-                                  "supported (only chunked); send the body uncompressed.")
-            elif self._header_count > self.limits.max_headers:
-                self._refuse(431, f"More than {self.limits.max_headers} request headers.")
-            elif self._parsed_bytes > self.limits.max_header_bytes:
-                self._refuse(431, "The request headers exceed "
-                                  f"{self.limits.max_header_bytes} bytes.")
-            else:  # uvicorn's own answer here is a text/plain page
-                self._refuse(400, "The request is not valid HTTP/1.1.")
+        except httptools.HttpParserError as error:
+            self._refuse_unparsed(error, data)
             return
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
+
+    def _refuse_unparsed(self, error: httptools.HttpParserError, data: bytes) -> None:
+        """Answer bytes the parser refused (`data`: the read it failed in)."""
+        if self._origin is None:  # the parser hands a header over only once it ended
+            self._origin = _scan_origin(data)
+        if self._opening is not None:  # the parser stopped at HTTP/2's preface
+            self._refuse_http2()
+        elif self._version is not None:
+            self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
+                              "HTTP/1.1 (and HTTP/1.0).")
+        elif self._coding is not None:
+            self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
+                              "supported (only chunked); send the body uncompressed.")
+        elif self._header_count > self.limits.max_headers:
+            self._refuse(431, f"More than {self.limits.max_headers} request headers.")
+        elif self._parsed_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "The request headers exceed "
+                              f"{self.limits.max_header_bytes} bytes.")
+        else:  # uvicorn's own answer here is a text/plain page
+            # (a callback's error names our code, not the request: no reason then)
+            callback = isinstance(error, httptools.HttpParserCallbackError)
+            reason = str(error.args[0]) if error.args and not callback else ""
+            self._refuse(400, not_http_message(reason))
 
     def _watch_opening(self, data: bytes) -> None:
         """Keep the connection's first bytes while they are a prefix of HTTP/2's preface."""
@@ -384,6 +393,15 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self.data_received(rest)
 
     # -- parser callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        # a head begun in the read that ended the request before it (pipelined) is timed
+        # from here: `data_received` saw those bytes as the earlier body's, and nothing timed
+        # them until more came (the keep-alive timeout, 120 s, and no 408)
+        self._begun = True
+        if self._timer is None:
+            self._arm(self.limits.header_timeout_s, self._header_timeout)
+        super().on_message_begin()
+
     def on_url(self, url: bytes) -> None:
         self._parsed_bytes += len(url)
         if self._parsed_bytes > self.limits.max_header_bytes:
@@ -428,6 +446,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_headers = True  # the next request's headers (its timer starts with its data)
+        self._begun = False
         self._header_bytes = self._header_count = self._parsed_bytes = 0
         self._origin = self._coding = None
         super().on_message_complete()
@@ -445,7 +464,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def _header_timeout(self) -> None:
         self._timer = None
         if self._in_headers and not self.transport.is_closing():
-            if self._header_bytes or self.cycle is None:
+            if self._header_bytes or self._begun or self.cycle is None:
                 self._refuse(408, "The request headers did not arrive in time.")
             else:
                 self.transport.close()  # an idle keep-alive connection: nothing was asked

@@ -87,3 +87,56 @@ def test_a_refused_pipelined_head_waits_for_the_answers_before_it(
     assert json.loads(got[2][1])["error"]["code"] == status
     wait_for(lambda: inflight(gateway) == 0, what="in-flight back to 0")
     assert _not_499(gateway)
+
+
+@pytest.fixture(scope="module")
+def quick_heads() -> Iterator[str]:
+    """A gateway whose header timeout is a second."""
+    sim, sim_url = sim_proc(None, "--time-scale", "50", model=MODEL)
+    with sim:
+        gw, base = gateway_proc(upstreams=[sim_url], env={"KVGATE_SERVER__HEADER_TIMEOUT_S": "1"})
+        with gw:
+            yield base
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_a_head_begun_in_the_read_that_ended_a_request_is_timed(
+    quick_heads: str, stream: bool,
+) -> None:
+    """The start of a next head in the same read as a request's end was timed by nothing: no
+    408, the connection held until the keep-alive timeout (120 s). Now its answer comes, then
+    the 408, and the connection closes."""
+    port = int(quick_heads.rsplit(":", 1)[1])
+    first = _request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 3, "stream": stream})
+    got = _exchange(port, first + b"GET /v1/mod", half_close=False)
+    assert [code for code, _ in got] == [200, 408]
+    assert json.loads(got[1][1])["error"]["code"] == 408
+    wait_for(lambda: inflight(quick_heads) == 0, what="in-flight back to 0")
+    assert _not_499(quick_heads)
+
+
+_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n"
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b"POST /v1/chat/completions HTTP/1.1\nhost: x\ncontent-length: 2\n\n{}", "CRLF"),
+    (_HEAD + b"host: y\nx-a: b\r\n\r\n{}", "CRLF"),
+    (_HEAD + b"content-length: 2\r\n\r\n{}", "Content-Length is given more than once"),
+    (b"GET /v1/my models HTTP/1.1\r\nhost: x\r\n\r\n", "%20"),
+    (_HEAD + b"x-a: b\r\n c\r\n\r\n{}", "line folding"),
+    (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\x00" * 64, "TLS"),
+    (_HEAD + b"x-a: b\x00c\r\n\r\n{}", "Invalid header value char"),
+], ids=["lf-only", "one-bare-lf", "two-content-lengths", "space-in-path", "folded", "tls",
+        "nul-in-value"])
+def test_a_400_for_bytes_that_are_not_http_says_why(
+    gateway: str, data: bytes, says: str,
+) -> None:
+    """It said "The request is not valid HTTP/1.1." whatever was wrong."""
+    port = int(gateway.rsplit(":", 1)[1])
+    got = _exchange(port, data, half_close=False)
+    assert [code for code, _ in got] == [400]
+    error = json.loads(got[0][1])["error"]
+    assert error["type"] == "BadRequestError"
+    assert error["message"].startswith("The request is not valid HTTP/1.1: ")
+    assert says in error["message"], error["message"]
