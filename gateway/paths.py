@@ -31,7 +31,8 @@ from gateway.errors import NotFound, shown_name
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.stored import match_stored
 
-__all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route", "stored_subroute"]
+__all__ = ["API_PREFIX", "api_route", "canonical", "deployment_route", "prefixed_route",
+           "stored_subroute"]
 
 API_PREFIX = "/v1/"
 _SLASHES = re.compile(r"/{2,}")
@@ -82,3 +83,22 @@ def stored_subroute(path: str) -> NotFound | None:
         return None
     return NotFound(f"Unknown path {shown_name(path)}: kvgate serves GET /v1/responses/{{id}} "
                     "and POST /v1/responses/{id}/cancel of a stored response, as vLLM does.")
+
+
+_DEPLOYMENT = re.compile(r"/deployments/([^/]*)(/.*)?$")
+
+
+def deployment_route(path: str) -> NotFound | None:
+    """The 404 for an AzureOpenAI client's path (``/openai/deployments/NAME/chat/completions``),
+    naming kvgate's route for it and the deployment's name as the model; None for any other
+    path. (It said to use a base URL ending in /v1 without naming the route or the model.)"""
+    found = _DEPLOYMENT.search(path)
+    if found is None:
+        return None
+    name, rest = found.group(1), found.group(2) or ""
+    route = f"/v1{rest}"
+    served = (f" ({shown_name(route)}, with model `{shown_name(name)}`)"
+              if name and api_route(route) else "")
+    return NotFound(f"Unknown path {shown_name(path)}: kvgate serves OpenAI's paths{served}, "
+                    "not Azure OpenAI's deployments. Use the OpenAI client with a base URL "
+                    "ending in /v1 (the key may stay in the api-key header).")
