@@ -474,6 +474,12 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         cycle = self.cycle
         if cycle is None or not cycle.more_body or self.transport.is_closing():
             return
+        running = self._running
+        if running is not None and running is not cycle and not running.response_complete:
+            # pipelined behind an answer still due: uvicorn stopped reading, so its body cannot
+            # arrive; timed again when its turn comes (`on_response_complete`). The 408 went
+            # out in the middle of the earlier answer (a stream cut, its chunks corrupted)
+            return
         started = cycle.response_started
         cycle.disconnected = True  # the app's receive() now answers http.disconnect
         cycle.message_event.set()
@@ -531,6 +537,10 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is self._running and cycle.more_body and not (
+                cycle.response_complete or self._refused):
+            self._arm(self.limits.body_timeout_s, self._body_timeout)  # a pipelined one's turn
         answer = self._deferred
         if answer is None or self._answers_due() or self.transport.is_closing():
             return

@@ -140,3 +140,31 @@ def test_a_400_for_bytes_that_are_not_http_says_why(
     assert error["type"] == "BadRequestError"
     assert error["message"].startswith("The request is not valid HTTP/1.1: ")
     assert says in error["message"], error["message"]
+
+
+@pytest.fixture(scope="module")
+def quick_bodies() -> Iterator[str]:
+    """A gateway whose body timeout is a second, in front of a slow replica (a stream of 200
+    tokens takes a few seconds)."""
+    sim, sim_url = sim_proc(None, "--time-scale", "0.2", model=MODEL)
+    with sim:
+        gw, base = gateway_proc(upstreams=[sim_url], env={"KVGATE_SERVER__BODY_TIMEOUT_S": "1"})
+        with gw:
+            yield base
+
+
+def test_a_pipelined_body_is_not_timed_while_an_earlier_stream_runs(quick_bodies: str) -> None:
+    """A request pipelined behind a stream, its body cut short: uvicorn stops reading while
+    the stream runs, and its body timer fired meanwhile -- the 408 went out in the middle of
+    the stream's chunks and the connection closed (the stream cut, logged 499). Now the
+    stream ends whole, then the 408 (its body still missing once its turn came)."""
+    port = int(quick_bodies.rsplit(":", 1)[1])
+    stream = _request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 200, "min_tokens": 200, "stream": True})
+    cut = _request({"model": MODEL, "messages": [{"role": "user", "content": "yo"}],
+                    "max_tokens": 3})
+    got = _exchange(port, stream + cut[:-5], half_close=False)
+    assert [code for code, _ in got] == [200, 408]
+    assert got[0][1].rstrip().endswith(b"data: [DONE]")
+    wait_for(lambda: inflight(quick_bodies) == 0, what="in-flight back to 0")
+    assert _not_499(quick_bodies)
