@@ -26,7 +26,14 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound, shown_name
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from gateway.paths import API_PREFIX, api_route, canonical, prefixed_route, stored_subroute
+from gateway.paths import (
+    API_PREFIX,
+    api_route,
+    canonical,
+    deployment_route,
+    prefixed_route,
+    stored_subroute,
+)
 from gateway.policy_doc import DEFAULT_TIER
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.replicas import Replica
@@ -378,10 +385,8 @@ def unknown_path(path: str) -> NotFound:
                         "(the base URL ends in /v1)")
     if (prefixed := prefixed_route(path)) is not None:
         return prefixed
-    if "/deployments/" in path:  # the AzureOpenAI client's paths
-        return NotFound(f"Unknown path {shown_name(path)}: kvgate serves OpenAI's paths, not "
-                        "Azure OpenAI's deployments. Use the OpenAI client with a base URL "
-                        "ending in /v1 (the key may stay in the api-key header).")
+    if (deployment := deployment_route(path)) is not None:  # the AzureOpenAI client's paths
+        return deployment
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{SERVED}).")

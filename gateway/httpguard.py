@@ -90,6 +90,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from gateway.errors import error_body
 from gateway.halfclose import HalfCloseProbe
+from gateway.parse_reasons import not_http_message
 from gateway.upgrade_body import UpgradeBody
 from gateway.writewatch import WriteWatch
 
@@ -252,6 +253,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
     _first_line: bytes | None = b""  # the connection's first bytes until their first LF
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
+    _begun = False  # the parser is inside a request (`on_message_begin`), not between two
+    _deferred: bytes | None = None  # a refusal waiting for earlier answers (`_answer_and_close`)
 
     # -- connection ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -269,6 +272,8 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         byte, and the app sees it gone (nothing was sent upstream). Not while an earlier
         pipelined answer is due: the 400 would come first."""
         cycle, running = self.cycle, self._running
+        if self._deferred is not None:
+            return True  # a half-close after a refused pipelined head: the answers still go
         due = running is not None and not running.response_complete  # an answer to come
         if self._refused or (due and running is not cycle):
             return super().eof_received()
@@ -324,28 +329,35 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self.logger.debug("upgrade request answered as plain HTTP")
             self._read_upgrade_body(data[upgrade.args[0]:])
             return
-        except httptools.HttpParserError:
-            if self._origin is None:  # the parser hands a header over only once it ended
-                self._origin = _scan_origin(data)
-            if self._opening is not None:  # the parser stopped at HTTP/2's preface
-                self._refuse_http2()
-            elif self._version is not None:
-                self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
-                                  "HTTP/1.1 (and HTTP/1.0).")
-            elif self._coding is not None:
-                self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
-                                  "supported (only chunked); send the body uncompressed.")
-            elif self._header_count > self.limits.max_headers:
-                self._refuse(431, f"More than {self.limits.max_headers} request headers.")
-            elif self._parsed_bytes > self.limits.max_header_bytes:
-                self._refuse(431, "The request headers exceed "
-                                  f"{self.limits.max_header_bytes} bytes.")
-            else:  # uvicorn's own answer here is a text/plain page
-                self._refuse(400, "The request is not valid HTTP/1.1.")
+        except httptools.HttpParserError as error:
+            self._refuse_unparsed(error, data)
             return
         if self._in_headers and self._header_bytes > self.limits.max_header_bytes:
             self._refuse(431, "The request headers exceed "
                               f"{self.limits.max_header_bytes} bytes.")
+
+    def _refuse_unparsed(self, error: httptools.HttpParserError, data: bytes) -> None:
+        """Answer bytes the parser refused (`data`: the read it failed in)."""
+        if self._origin is None:  # the parser hands a header over only once it ended
+            self._origin = _scan_origin(data)
+        if self._opening is not None:  # the parser stopped at HTTP/2's preface
+            self._refuse_http2()
+        elif self._version is not None:
+            self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
+                              "HTTP/1.1 (and HTTP/1.0).")
+        elif self._coding is not None:
+            self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
+                              "supported (only chunked); send the body uncompressed.")
+        elif self._header_count > self.limits.max_headers:
+            self._refuse(431, f"More than {self.limits.max_headers} request headers.")
+        elif self._parsed_bytes > self.limits.max_header_bytes:
+            self._refuse(431, "The request headers exceed "
+                              f"{self.limits.max_header_bytes} bytes.")
+        else:  # uvicorn's own answer here is a text/plain page
+            # (a callback's error names our code, not the request: no reason then)
+            callback = isinstance(error, httptools.HttpParserCallbackError)
+            reason = str(error.args[0]) if error.args and not callback else ""
+            self._refuse(400, not_http_message(reason))
 
     def _watch_opening(self, data: bytes) -> None:
         """Keep the connection's first bytes while they are a prefix of HTTP/2's preface."""
@@ -381,6 +393,15 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self.data_received(rest)
 
     # -- parser callbacks ----------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        # a head begun in the read that ended the request before it (pipelined) is timed
+        # from here: `data_received` saw those bytes as the earlier body's, and nothing timed
+        # them until more came (the keep-alive timeout, 120 s, and no 408)
+        self._begun = True
+        if self._timer is None:
+            self._arm(self.limits.header_timeout_s, self._header_timeout)
+        super().on_message_begin()
+
     def on_url(self, url: bytes) -> None:
         self._parsed_bytes += len(url)
         if self._parsed_bytes > self.limits.max_header_bytes:
@@ -425,6 +446,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def on_message_complete(self) -> None:
         self._disarm()
         self._in_headers = True  # the next request's headers (its timer starts with its data)
+        self._begun = False
         self._header_bytes = self._header_count = self._parsed_bytes = 0
         self._origin = self._coding = None
         super().on_message_complete()
@@ -442,7 +464,7 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def _header_timeout(self) -> None:
         self._timer = None
         if self._in_headers and not self.transport.is_closing():
-            if self._header_bytes or self.cycle is None:
+            if self._header_bytes or self._begun or self.cycle is None:
                 self._refuse(408, "The request headers did not arrive in time.")
             else:
                 self.transport.close()  # an idle keep-alive connection: nothing was asked
@@ -451,6 +473,12 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._timer = None
         cycle = self.cycle
         if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        running = self._running
+        if running is not None and running is not cycle and not running.response_complete:
+            # pipelined behind an answer still due: uvicorn stopped reading, so its body cannot
+            # arrive; timed again when its turn comes (`on_response_complete`). The 408 went
+            # out in the middle of the earlier answer (a stream cut, its chunks corrupted)
             return
         started = cycle.response_started
         cycle.disconnected = True  # the app's receive() now answers http.disconnect
@@ -487,15 +515,39 @@ class GuardedHttpTools(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     def _answer_and_close(self, answer: bytes) -> None:
         """Write a refusal, then close: a lingering close (our side half-closed, what the
         client still sends read and dropped, for at most `LINGER_S`), so a client still
-        sending gets the answer instead of a reset."""
+        sending gets the answer instead of a reset. A refusal of a request head read behind
+        requests still to be answered (pipelined: a miscounted `Content-Length` leaves bytes
+        that are no request) waits for their answers: written at once, it cut them off (the
+        client got the 400 alone, its valid request ran upstream for nothing, a 499)."""
         self._disarm()
         self._refused = True
+        if self._in_headers and self._answers_due():
+            self._deferred = answer  # written by `on_response_complete` once they are
+            return
         self.transport.write(answer)
         if self.transport.can_write_eof():
             self.transport.write_eof()
             self.loop.call_later(LINGER_S, self.transport.close)
         else:
             self.transport.close()
+
+    def _answers_due(self) -> bool:
+        running = self._running
+        return bool(self.pipeline) or (running is not None and not running.response_complete)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle is self._running and cycle.more_body and not (
+                cycle.response_complete or self._refused):
+            self._arm(self.limits.body_timeout_s, self._body_timeout)  # a pipelined one's turn
+        answer = self._deferred
+        if answer is None or self._answers_due() or self.transport.is_closing():
+            return
+        self._deferred = None
+        if self.timeout_keep_alive_task is not None:  # armed by uvicorn: closing now anyway
+            self.timeout_keep_alive_task.cancel()
+        self._answer_and_close(answer)
 
     def _cors(self) -> list[Header]:
         """The CORS headers for the refused request's ``Origin``, asked of the app served

@@ -19,7 +19,8 @@ path that matches none.
   other sub-path is a 404 naming the two stored-response routes.
 - A path with something before an API route (``/openai/v1/chat/completions``: a base URL
   copied from another provider's, or a proxy's prefix left on) is a 404 that says to use the
-  base URL ``http://HOST:PORT/v1``.
+  base URL ``http://HOST:PORT/v1``; a doubled ``/v1/v1/...`` (a client that adds ``/v1``
+  given a base URL ending in it) says so.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from gateway.errors import NotFound, shown_name
 from gateway.proxy import KINDS, MODEL_PREFIX, MODELS
 from gateway.stored import match_stored
 
-__all__ = ["API_PREFIX", "api_route", "canonical", "prefixed_route", "stored_subroute"]
+__all__ = ["API_PREFIX", "api_route", "canonical", "deployment_route", "prefixed_route",
+           "stored_subroute"]
 
 API_PREFIX = "/v1/"
 _SLASHES = re.compile(r"/{2,}")
@@ -58,6 +60,13 @@ def prefixed_route(path: str) -> NotFound | None:
     at = path.find(API_PREFIX, 1)
     if at < 0 or not api_route(path[at:]):
         return None
+    if path[:at].endswith("/v1"):
+        # "without the /v1 prefix" read as "drop /v1": a client that adds /v1 itself (some
+        # frameworks' OpenAI-compatible providers do) was given a base URL ending in /v1
+        return NotFound(f"Unknown path {shown_name(path)}: /v1 appears twice. kvgate serves "
+                        f"the OpenAI API at {shown_name(path[at:])}: use the base URL "
+                        "http://HOST:PORT/v1, or http://HOST:PORT with a client that adds "
+                        "/v1 itself.")
     return NotFound(f"Unknown path {shown_name(path)}: kvgate serves the OpenAI API at "
                     f"{shown_name(path[at:])}, without the {shown_name(path[:at])} prefix. Use "
                     "the base URL http://HOST:PORT/v1 (your client adds the rest).")
@@ -74,3 +83,22 @@ def stored_subroute(path: str) -> NotFound | None:
         return None
     return NotFound(f"Unknown path {shown_name(path)}: kvgate serves GET /v1/responses/{{id}} "
                     "and POST /v1/responses/{id}/cancel of a stored response, as vLLM does.")
+
+
+_DEPLOYMENT = re.compile(r"/deployments/([^/]*)(/.*)?$")
+
+
+def deployment_route(path: str) -> NotFound | None:
+    """The 404 for an AzureOpenAI client's path (``/openai/deployments/NAME/chat/completions``),
+    naming kvgate's route for it and the deployment's name as the model; None for any other
+    path. (It said to use a base URL ending in /v1 without naming the route or the model.)"""
+    found = _DEPLOYMENT.search(path)
+    if found is None:
+        return None
+    name, rest = found.group(1), found.group(2) or ""
+    route = f"/v1{rest}"
+    served = (f" ({shown_name(route)}, with model `{shown_name(name)}`)"
+              if name and api_route(route) else "")
+    return NotFound(f"Unknown path {shown_name(path)}: kvgate serves OpenAI's paths{served}, "
+                    "not Azure OpenAI's deployments. Use the OpenAI client with a base URL "
+                    "ending in /v1 (the key may stay in the api-key header).")
