@@ -52,7 +52,6 @@ class TenancyHealth:
     records_skipped: dict[str, int] = field(default_factory=dict)  # kind -> count since start
 
 
-
 # the key of a request that presented several different ones (`gateway.apikey`); no issued key
 # equals it (kvgate's keys are base64url), and a client sending it gets the same 401
 CONFLICTING_KEYS = "\x00conflicting"
@@ -65,7 +64,11 @@ def parse_bearer(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header value, else None."""
     if not authorization:
         return None
-    scheme, _, token = authorization.partition(" ")
+    # HTTP's whitespace in a field value is a space or a tab: ``Bearer<TAB><key>`` presents
+    # the key too (split on spaces only, it read as no key: "missing API key")
+    cut = min((i for i in (authorization.find(" "), authorization.find("\t")) if i >= 0),
+              default=len(authorization))
+    scheme, token = authorization[:cut], authorization[cut + 1:]
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
