@@ -25,6 +25,7 @@ RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling u
 THROTTLES_WAIT_S = 2.0  # the longest an admin request waits for `throttles_read`
 THROTTLES_CLOSED_S = 30.0  # how long admin requests are refused while they are not read
 
+EVICTION_CHECK_S = 60.0  # between two reads of Redis's eviction policy (`evicting`)
 JOURNAL_READ = 256  # entries a reload reads: more changes since the last one, a whole reload
 
 # A field of the tenants hash and of the keys hash from the first seed on (no tenant id or key
@@ -84,6 +85,7 @@ class RedisBase(TenantStore):
         self._untold: dict[str, float] = {}
         self._throttles_read = asyncio.Event()
         self._throttles_since: float | None = None  # the first admin request's wait for it
+        self._evictions_due = float("-inf")  # the listener's next read of the eviction policy
         self._scripts = {
             name: client.register_script(src)
             for name, src in {

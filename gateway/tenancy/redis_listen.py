@@ -13,7 +13,13 @@ from redis.exceptions import RedisError, ResponseError
 from gateway.errors import StoreUnreachable
 from gateway.tenancy.models import Change
 from gateway.tenancy.redis_auth_failures import throttled_address, throttled_now
-from gateway.tenancy.redis_base import RETRY_MAX_S, THROTTLES_CLOSED_S, THROTTLES_WAIT_S, RedisBase
+from gateway.tenancy.redis_base import (
+    EVICTION_CHECK_S,
+    RETRY_MAX_S,
+    THROTTLES_CLOSED_S,
+    THROTTLES_WAIT_S,
+    RedisBase,
+)
 from gateway.tenancy.redis_conn import failure_cause
 from gateway.tenancy.redis_records import parse_change, text
 
@@ -25,27 +31,42 @@ class RedisListening(RedisBase):
     """The store's start and close, and its pub/sub listener."""
 
     async def start(self) -> None:
-        await self._say_if_evicting()
+        await self._say_if_evicting()  # before the first /readyz; then the listener's
+        self._evictions_due = asyncio.get_running_loop().time() + EVICTION_CHECK_S
         if self._listen and self._listener is None:
             self._listener = asyncio.create_task(self._listen_loop(), name="tenancy-pubsub")
 
     async def _say_if_evicting(self) -> None:
         """A Redis that evicts any key when full (``maxmemory-policy allkeys-*``) takes
         kvgate's tenants, keys, policy, its bootstrap marker (a wipe, each time) and leases
-        with it: say so once at start. Nothing is said without a `maxmemory` (it never
-        evicts), where CONFIG is refused (an ACL user without it, a managed Redis that renamed
-        it) or Redis does not answer yet."""
+        with it: say so (`evicting`, which /readyz reports as degraded; the log once, and
+        again when it changes), at start and every `EVICTION_CHECK_S` (a policy changed with
+        CONFIG SET at run time). It was said once in the log at start only: /readyz and the
+        doctor read all well until keys vanished. Nothing is said without a `maxmemory` (it
+        never evicts), where CONFIG is refused (an ACL user without it, a managed Redis that
+        renamed it) or Redis does not answer."""
         try:
             found = await self._r.config_get("maxmemory*")
         except (RedisError, OSError):
             return
         policy = text(found.get("maxmemory-policy") or "")
-        if policy.startswith("allkeys-") and found.get("maxmemory") not in (None, "0"):
+        if not (policy.startswith("allkeys-") and found.get("maxmemory") not in (None, "0")):
+            if self.evicting is not None:
+                log.info("Redis at %s no longer evicts kvgate's keys (maxmemory-policy %s)",
+                         self.reach.address, policy or "unknown",
+                         extra={"redis": self.reach.address})
+            self.evicting = None
+            return
+        evicting = (f"Redis evicts any key when it is full (maxmemory-policy {policy}): "
+                    "tenants, API keys, the policy and concurrency leases may vanish; run it "
+                    "with maxmemory-policy noeviction")
+        if evicting != self.evicting:
             log.warning("Redis at %s evicts any key when it is full (maxmemory-policy %s): "
                         "kvgate's tenants, API keys, policy and concurrency leases may be "
                         "evicted, each eviction of its bootstrap marker read as a wiped store; "
                         "give kvgate a Redis with maxmemory-policy noeviction", self.reach.address,
                         policy, extra={"redis": self.reach.address})
+        self.evicting = evicting
 
     async def close(self) -> None:
         self._closing = True
@@ -69,6 +90,9 @@ class RedisListening(RedisBase):
                 backoff = 0.1
                 await self._tell_throttled()  # the addresses throttled meanwhile
                 while True:
+                    if (now := asyncio.get_running_loop().time()) >= self._evictions_due:
+                        self._evictions_due = now + EVICTION_CHECK_S
+                        await self._say_if_evicting()
                     msg = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if msg is None:
                         continue

@@ -308,6 +308,8 @@ class TenantResolver(ResolverRepair):
         if reason is None and self._store.refusing_writes is not None:
             reason = (f"store refuses writes: {self._store.refusing_writes} (its keys and "
                       "policy are served; admin writes fail, limits are per-process)")
+        if reason is None and self._store.evicting is not None:
+            reason = self._store.evicting
         if reason is None and self._went_back is not None and (
                 self._clock() - self._went_back[0] < WIPE_NOTICE_S):
             reason = self._went_back[1]
