@@ -21,6 +21,11 @@ from gateway.tenancy.redis_conn import redis_address, redis_tls, redis_unavailab
 from gateway.tenancy.redis_records import ParsedOnce, texts
 from gateway.tenancy.store import DEFAULT_AUDIT_CAP, TenantStore, tenant_from_json
 
+__all__ = [
+    "AUDITED_SCRIPTS", "EVICTION_CHECK_S", "JOURNAL_READ", "KINDS", "PRESENT", "RETRY_MAX_S",
+    "THROTTLES_CLOSED_S", "THROTTLES_WAIT_S", "RedisBase", "records",
+]
+
 RETRY_MAX_S = 2.0  # the pub/sub listener's reconnect back-off: 0.1 s doubling up to this
 THROTTLES_WAIT_S = 2.0  # the longest an admin request waits for `throttles_read`
 THROTTLES_CLOSED_S = 30.0  # how long admin requests are refused while they are not read

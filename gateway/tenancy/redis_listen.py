@@ -23,6 +23,8 @@ from gateway.tenancy.redis_base import (
 from gateway.tenancy.redis_conn import failure_cause
 from gateway.tenancy.redis_records import parse_change, text
 
+__all__ = ["RedisListening"]
+
 # the store's log lines keep the logger name operators and tests filter on
 log = logging.getLogger("gateway.tenancy.redis_store")
 

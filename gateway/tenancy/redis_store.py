@@ -76,6 +76,8 @@ from gateway.tenancy.store import (
 )
 from gateway.tenancy.unknown import keep_unknown as with_unknown_of
 
+__all__ = ["PRESENT", "RedisStore"]
+
 log = logging.getLogger(__name__)
 
 

@@ -29,6 +29,8 @@ from gateway.tenancy.redis_records import (
 )
 from gateway.tenancy.store import key_from_json, tenant_to_json
 
+__all__ = ["RedisSync"]
+
 
 class RedisSync(RedisBase):
     """The store's reads and restores that keep the gateway's view in step with Redis."""
