@@ -13,6 +13,10 @@ uvicorn, its task was cancelled at exit and the client got a text/plain 500), gi
 
 A request still waiting in flow control's queue when shutdown starts is not sent during the
 grace (it would start a stream the grace may cut): `interrupt_waiting` answers it 503 at once.
+
+SIGHUP is logged and ignored while the server runs (`ignore_hangup`): kvgate has no
+configuration reload, and the signal's default action (uvicorn takes SIGTERM and SIGINT only)
+killed the process at once, every stream in flight cut without an error event or a drain.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import signal
 import socket
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -27,7 +32,8 @@ from typing import Protocol
 import uvicorn
 
 __all__ = [
-    "INTERRUPT_WAIT_S", "SHUTDOWN", "KvgateServer", "grace_timeout", "interrupt_all",
+    "HANGUP_IGNORED", "INTERRUPT_WAIT_S", "SHUTDOWN", "KvgateServer", "grace_timeout",
+    "ignore_hangup", "interrupt_all",
     "interrupt_waiting", "interruptible", "waiting",
 ]
 
@@ -35,6 +41,23 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN = "shutdown"  # the canceller reason of a request interrupted by shutdown
 INTERRUPT_WAIT_S = 2.0  # after the grace period, time for interrupted requests to say so
+HANGUP_IGNORED = ("SIGHUP received and ignored: kvgate does not reload its configuration; "
+                  "restart it to apply a change (SIGTERM drains the requests in flight first)")
+
+
+@contextlib.contextmanager
+def ignore_hangup(say: Callable[[str], None]) -> Iterator[None]:
+    """SIGHUP only `say`s `HANGUP_IGNORED` while this lasts (then the previous handler is
+    back). Without a SIGHUP on this platform, nothing."""
+    hup = getattr(signal, "SIGHUP", None)
+    if hup is None:
+        yield
+        return
+    previous = signal.signal(hup, lambda _signum, _frame: say(HANGUP_IGNORED))
+    try:
+        yield
+    finally:
+        signal.signal(hup, previous)
 
 
 class _Firable(Protocol):
@@ -137,8 +160,9 @@ class KvgateServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         """As uvicorn's, without re-raising the caught signal once shut down: a graceful
-        stop on SIGTERM/SIGINT is a clean exit (status 0), not death by signal."""
-        with super().capture_signals():
+        stop on SIGTERM/SIGINT is a clean exit (status 0), not death by signal. SIGHUP is
+        logged and ignored (`ignore_hangup`)."""
+        with super().capture_signals(), ignore_hangup(log.warning):
             try:
                 yield
             finally:

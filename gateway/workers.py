@@ -13,7 +13,9 @@ in-flight requests for ``server.shutdown_grace_s``) and the parent closes its ow
 listening sockets, so a new connection is refused at once instead of waiting in the listen
 backlog until the last worker has drained. A second signal (a second Ctrl-C) stops the workers
 at once, as it stops a one-process gateway: they get SIGINT, which uvicorn takes, once it is
-draining, as a forced exit. A worker that dies after it started serving is
+draining, as a forced exit. SIGHUP is logged and ignored, by the parent and by each worker
+(`drain.ignore_hangup`): it killed the parent, and the workers drained and stopped after it.
+A worker that dies after it started serving is
 started again, however soon (the OOM killer does not wait), and so is one killed by a signal
 before it served (the replacement of a killed worker, killed in turn); a worker that exits by
 itself before it started serving failed at start and stops them all (exit status 1): the next
@@ -47,6 +49,7 @@ from pathlib import Path
 from types import FrameType
 
 from gateway.config import KvgateConfig
+from gateway.drain import ignore_hangup
 from gateway.tenancy.holders import HolderFile, forget_holder
 from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
@@ -124,17 +127,18 @@ def run_workers(
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        for slot in range(cfg.server.workers):
-            start(slot)
-        def dead(slot: int) -> None:
-            _free_leases(cfg, shared, slot)
-            if not stopping:  # before its successor starts (none when the gateway stops)
-                try:
-                    fold_dead(shared, slot, generations[slot])
-                except Exception:  # the supervisor must outlive a metrics fault
-                    log.exception("a dead worker's counters could not be kept")
+        with ignore_hangup(log.warning):  # (each worker's server says it of itself)
+            for slot in range(cfg.server.workers):
+                start(slot)
+            def dead(slot: int) -> None:
+                _free_leases(cfg, shared, slot)
+                if not stopping:  # before its successor starts (none when the gateway stops)
+                    try:
+                        fold_dead(shared, slot, generations[slot])
+                    except Exception:  # the supervisor must outlive a metrics fault
+                        log.exception("a dead worker's counters could not be kept")
 
-        return _supervise(workers, stopping, start, stop, serving, dead)
+            return _supervise(workers, stopping, start, stop, serving, dead)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -216,6 +220,7 @@ def _worker(
         sys.exit(0)
     for s in (signal.SIGTERM, signal.SIGINT):  # the server installs its own on start
         signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the server says it (`ignore_hangup`)
     status = serve(cfg, sockets, serving.set)
     if os.getppid() != supervisor:
         _forget_state(slot)

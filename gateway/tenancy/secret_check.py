@@ -13,7 +13,10 @@ wrote it (wall clock: the gateways may run on several hosts), every `CHECK_S`. A
 than its own written within `LIVE_S` is a live gateway with another secret: `reason` says so
 (``/readyz`` degraded) and the log says it once, until that gateway is gone. Fields older than
 `FORGET_S` are deleted (a secret rotated on every gateway). A Redis that does not answer, or
-refuses, skips a round: its trouble is the store's to report.
+refuses, skips a round: its trouble is the store's to report. A key of another type at
+``<ns>:salt_secrets`` (written by hand, or by another application) is not the store's trouble:
+every round fails on it until it is deleted, so `reason` says so (it turned the check off
+without a word: gateways with different secrets read ready, not degraded).
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
+
+from gateway.tenancy.key_types import WRONG_TYPE
+from gateway.tenancy.redis_conn import failure_cause
 
 __all__ = ["CHECK_S", "LIVE_S", "SaltSecretCheck"]
 
@@ -47,9 +53,12 @@ class SaltSecretCheck:
         self._clock = clock
         self._others = 0  # live gateways with another secret, at the last check
         self._task: asyncio.Task[None] | None = None
+        self._blocked: str | None = None  # why no round can run (a key of another type)
 
     def reason(self) -> str | None:
         """Why /readyz is degraded, or None (no secret, fingerprint or address in it)."""
+        if self._blocked is not None:
+            return self._blocked
         if not self._others:
             return None
         return (f"{self._others} other salt secret(s) in use on this Redis: a gateway started "
@@ -59,8 +68,7 @@ class SaltSecretCheck:
 
     async def start(self) -> None:
         """Check once (the first /readyz knows), then every `CHECK_S`."""
-        with contextlib.suppress(RedisError, OSError):
-            await self.check()
+        await self._round()
         self._task = asyncio.create_task(self._loop(), name="salt-secret-check")
 
     async def close(self) -> None:
@@ -73,8 +81,34 @@ class SaltSecretCheck:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(CHECK_S)
-            with contextlib.suppress(RedisError, OSError):
-                await self.check()
+            await self._round()
+
+    async def _round(self) -> None:
+        """One `check`; a Redis away or refusing skips it, a key of another type blocks it."""
+        try:
+            await self.check()
+        except ResponseError as exc:
+            if failure_cause(exc) == WRONG_TYPE:
+                await self._wrong_type()
+            return
+        except (RedisError, OSError):
+            return
+        if self._blocked is not None:
+            log.info("the salt-secret check runs again (%s)", self._key)
+            self._blocked = None
+
+    async def _wrong_type(self) -> None:
+        """Say (once, and in `reason` while it lasts) which key blocks the check."""
+        found = "another type"
+        with contextlib.suppress(RedisError, OSError):
+            kind = await self._r.type(self._key)
+            found = f"a {kind.decode() if isinstance(kind, bytes) else kind}"
+        blocked = (f"the salt secret check cannot run: {self._key} is {found}, not a hash "
+                   "(delete it); gateways on this Redis with different KVGATE_SALT_SECRETs "
+                   "would not be told")
+        if self._blocked is None:
+            log.error("%s", blocked)
+        self._blocked = blocked
 
     async def check(self) -> None:
         """Write this gateway's fingerprint, read the others' and judge them."""

@@ -81,6 +81,9 @@ class TenantStore(ABC):
         # why the store answers reads but refuses writes (a full Redis: "server replied OOM"),
         # seen at its last load; None while it takes them
         self.refusing_writes: str | None = None
+        # why the store may lose records by itself (a Redis evicting any key when full), as
+        # last checked; None: it keeps them, or cannot tell
+        self.evicting: str | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Connect and start listening for changes (idempotent)."""

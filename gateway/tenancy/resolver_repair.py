@@ -1,0 +1,157 @@
+"""How a `TenantResolver` repairs what the store lost: a wiped store restored from the state in
+force or re-seeded, a lost policy or records hash written back, a store gone back to an older
+snapshot said, and a worker started from its siblings' last state while the store is away."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import replace
+
+from gateway.errors import PreconditionFailed
+from gateway.tenancy.models import StoreSnapshot
+from gateway.tenancy.resolver_apply import ResolverApply
+from gateway.tenancy.store import restored_from
+from gateway.tenancy.went_back import went_back
+
+__all__ = ["ResolverRepair"]
+
+# the resolver's log lines keep the logger name operators and tests filter on
+log = logging.getLogger("gateway.tenancy.resolver")
+
+
+class ResolverRepair(ResolverApply):
+    """Notice and repair a wiped or damaged store (`_reseeded`, `_policy_lost`, ...)."""
+
+    def _start_from_last_state(self) -> None:
+        """The store did not answer our first load: start from the state the other workers
+        of this gateway last loaded, as stale as it is, like they serve it (degraded)."""
+        saved = self.last_state.load() if self.last_state is not None else None
+        if saved is None:
+            return
+        self._apply(saved.snapshot)
+        self._mark = saved.mark
+        self._fresh_at = self._clock() - saved.age_s
+        log.warning("tenancy store not answering: serving the state the other workers last "
+                    "loaded (%.0f s old) until it does", saved.age_s,
+                    extra={"generation": saved.snapshot.generation})
+
+    async def _reseeded(self) -> str | None:
+        """The store lost its bootstrap marker: write back the state this process loaded, if
+        it has one recent enough, then seed it from configuration (idempotent: what was
+        restored stays) before reading it. Returns the new marker; a wipe of the store our
+        state came from is logged and counted (`_wiped`, here or by the gateway that finds
+        another gateway's marker)."""
+        assert self._reseed is not None
+        last, age = self._applied, self._clock() - self._fresh_at
+        if last is not None:  # loaded: the wipe of a store it read
+            self._degraded_reason = "store was wiped; restoring or re-seeding it"
+            if self._max_stale is not None and age > self._max_stale:
+                # a gateway cut off from the store for that long may hold revoked keys
+                log.error("tenancy store was wiped; this gateway's last state is %.0f s old, "
+                          "past max_staleness_s (%.0f s): not restored, re-seeding from "
+                          "configuration", age, self._max_stale)
+            elif await self._store.restore(last):
+                self._restored = await self._store.seed_mark()
+        await self._reseed()
+        self._seed_due = None  # (what was postponed at start is done too)
+        return await self._store.seed_mark()
+
+    async def _policy_lost(self, snap: StoreSnapshot) -> StoreSnapshot:
+        """The store answers, its marker is there, but its policy is gone (deleted, evicted):
+        write back the one in force (only if the store still has none: another gateway may
+        have done it first) and read the store again; the one in force stays if that fails."""
+        lost = self._state.policy
+        assert lost is not None
+        log.error("tenancy store lost its policy (deleted, or evicted: run Redis with "
+                  "maxmemory-policy noeviction); writing back the one in force (version %d)",
+                  lost.version)
+        with contextlib.suppress(PreconditionFailed):  # another gateway wrote one back first
+            await self._store.put_policy(lost.doc, if_version=0)
+        again = await self._store.snapshot()
+        self._whole_at = self._clock()
+        return again if again.policy is not None else replace(snap, policy=lost)
+
+    def _lost_kinds(self, snap: StoreSnapshot) -> list[str]:
+        """What `snap` has none of, or says the store lost (`StoreSnapshot.lost`: its hash
+        made again since, by a gateway's start or an admin write, holds only what they
+        wrote), while the state in force had some (none unreadable): its tenants, its key
+        records, or both."""
+        had = self._applied
+        if had is None:
+            return []
+        return [kind for kind, now, before in (("tenant", snap.tenants, had.tenants),
+                                               ("key", snap.keys, had.keys))
+                if before and (not now or kind in snap.lost)
+                and not any(s.kind == kind for s in snap.skipped)]
+
+    async def _records_lost(
+        self, snap: StoreSnapshot, kinds: list[str], whole_before: float
+    ) -> StoreSnapshot:
+        """The store answers, its marker is there, but it holds no tenant or no key record
+        while the state in force has some: the last one deleted by an operator (journaled:
+        nothing to do), or the hash lost (deleted by hand, evicted; perhaps made again since
+        with a few records). Write back the records in force the journal does not name as
+        changed since (`TenantStore.restore_lost`: only while the hash is still lost, so one
+        gateway does) and read the store again. Not from a state last read whole more than
+        `max_staleness_s` before (`whole_before`: a gateway cut off meanwhile, or started from
+        its siblings' file), as a wiped store is not restored from one: a record removed by
+        hand (a key revoked in redis-cli) is journaled nowhere, and such a gateway may still
+        hold it; another gateway writes back, or none."""
+        had = self._applied
+        assert had is not None
+        names = {"tenant": "tenants", "key": "API key records"}
+        age = self._clock() - whole_before
+        if self._max_stale is not None and age > self._max_stale:
+            log.error("tenancy store lost its %s while its bootstrap marker stayed; this "
+                      "gateway's state was last read whole %.0f s ago, past max_staleness_s "
+                      "(%.0f s: a record removed by hand since may be in it): not written "
+                      "back from it", " and ".join(names[k] for k in kinds), age,
+                      self._max_stale)
+            kinds = []
+        for kind in kinds:
+            written = await self._store.restore_lost(kind, had)
+            if written is None:
+                log.error("tenancy store lost its %s while its bootstrap marker stayed, and "
+                          "its journal cannot tell which were deleted since generation %d: "
+                          "not written back (re-create them, or restore a backup)",
+                          names[kind], had.generation)
+            elif written:
+                log.error("tenancy store lost its %s (deleted, or evicted: run Redis with "
+                          "maxmemory-policy noeviction); wrote back %d of the state in force "
+                          "(generation %d)", names[kind], written, had.generation,
+                          extra={"kind": kind, "written": written})
+        again = await self._store.snapshot()
+        self._whole_at = self._clock()
+        return again
+
+    def _wiped(self, mark: str | None) -> None:
+        self._resets += 1
+        self._wiped_at = self._clock()
+        restored = restored_from(mark)
+        self._wipe_restored = restored is not None
+        extra = {"store_resets": self._resets}
+        last = self._applied
+        if mark == self._restored and last is not None:
+            log.error("tenancy store was wiped; restored %d tenants and %d keys from this "
+                      "gateway's last state (generation %d, loaded %.0f s ago); rate-limit "
+                      "budgets start again", len(last.tenants), len(last.keys),
+                      last.generation, self._clock() - self._fresh_at, extra=extra)
+        elif restored is not None:
+            log.error("tenancy store was wiped; another gateway restored its last state "
+                      "(generation %d): reloading it", restored, extra=extra)
+        else:
+            log.error(
+                "tenancy store was wiped (its bootstrap marker changed): policy and configured "
+                "tenants re-seeded from configuration; API keys, tenants made through the "
+                "admin API and rate-limit budgets were lost", extra=extra)
+
+    def _say_went_back(self, last: StoreSnapshot, snap: StoreSnapshot) -> None:
+        """The store's generation is behind the state in force, under the same marker: Redis
+        came back from an older snapshot. Said once, counted as a reset, and in /readyz for
+        `WIPE_NOTICE_S` (it was reloaded without a word: `went_back`)."""
+        self._resets += 1
+        story = went_back(last, snap)
+        self._went_back = (self._clock(), story)
+        log.error("%s", story, extra={"store_resets": self._resets})
+
