@@ -250,6 +250,22 @@ class AffinityIndex:
         lru = self._replicas.get(replica)
         return len(lru.blocks) if lru is not None else 0
 
+    def fills(self, replicas: Iterable[str]) -> tuple[list[float], list[int]]:
+        """Per replica in order, its fill (`used` / `capacity`) and its capacity: a pick reads
+        both for every candidate, one lookup each here instead of three method calls."""
+        lrus, default = self._replicas, self._default
+        fills: list[float] = []
+        capacities: list[int] = []
+        for replica in replicas:
+            lru = lrus.get(replica)
+            if lru is None:
+                fills.append(0 / default)
+                capacities.append(default)
+            else:
+                fills.append(lru.used / lru.capacity)
+                capacities.append(lru.capacity)
+        return fills, capacities
+
     def used(self, replica: str) -> int:
         """Capacity blocks ``replica``'s entries stand for (<= its capacity)."""
         lru = self._replicas.get(replica)
