@@ -187,7 +187,8 @@ class AffinityIndex:
 
     # -- queries ------------------------------------------------------------------------------
     def match(self, hashes: Sequence[int]) -> dict[str, int]:
-        """Leading blocks of ``hashes`` each replica holds (replicas matching nothing omitted).
+        """Leading blocks of ``hashes`` each replica holds (replicas matching nothing omitted:
+        every count given is at least 1, which `cache_aware` relies on).
 
         When a replica holds the whole chain and its last block carries a tail weight (a
         prompt longer than the hash cap was routed there), the tail counts as held: the

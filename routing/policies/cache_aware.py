@@ -119,7 +119,8 @@ class CacheAware:
         # One tight loop run for every candidate of every request (the decision budget is
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
-        mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
+        matched = st.index.match(f.block_hashes) if f.block_hashes else {}
+        mget = matched.get
         prompt, tpb, key, quantum, per_step = (
             f.prompt_tokens,
             cfg.tokens_per_block,
@@ -141,10 +142,12 @@ class CacheAware:
         dup = cfg.miss_weight - 1.0
         # each cache's fill (blocks held / capacity), their mean and least: a prompt no
         # replica holds any of claims r while a cache is empty (module docstring)
-        fills, capacities = st.index.fills([v.id for v in ctx.views])
+        ids = [v.id for v in ctx.views]
+        fills, capacities = st.index.fills(ids)
         mean_fill, least_fill = sum(fills) / len(fills), min(fills)
         longest = total = 0  # the longest match, the in-flight requests summed
-        claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
+        # (no candidate matches anything: `match` omits the replicas matching nothing)
+        claims = least_fill == 0.0 and matched.keys().isdisjoint(ids)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
         drain = peers is not None and _overloaded(ctx.views, stale, mean_req * fleet_spt)
