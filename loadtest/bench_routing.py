@@ -1,6 +1,7 @@
 """Micro-benchmark of the routing core: `python -m loadtest.bench_routing [--quick]`.
 
-Prints, for 16 replicas and 4k-token (16k-character) chat prompts:
+Prints, for 16 replicas (``--replicas 4,16,64``: each count in turn) and 4k-token
+(16k-character) chat prompts:
 - feature extraction (canonical text + chained block hashes) in µs per request;
 - `Router.pick` alone, per policy, in µs, on a warm index (every replica holds prefixes);
 - pick + features (what the gateway pays per decision) and `record_route`;
@@ -49,7 +50,7 @@ def _per_call_us(fn: Callable[[int], object], n: int) -> float:
     return best * 1e6
 
 
-def _views() -> list[ReplicaView]:
+def _views(replicas: int) -> list[ReplicaView]:
     return [
         ReplicaView(
             id=f"10.0.0.{i}:8000",
@@ -58,11 +59,11 @@ def _views() -> list[ReplicaView]:
             inflight_prefill_tokens=(i % 5) * 3000,
             waiting=float(i % 3),
             running=4.0,
-            kv_usage=0.5 + i / 40,
+            kv_usage=0.5 + i / (2.5 * replicas),  # 0.5 up to 0.9
             scrape_age_s=0.1,
             cache_capacity_tokens=262_144,
         )
-        for i in range(REPLICAS)
+        for i in range(replicas)
     ]
 
 
@@ -76,7 +77,7 @@ def _bench_policy(
     cfg = RouterConfig(policy=policy)
     router = Router(cfg)
     for i, f in enumerate(feats):  # warm: every replica holds some prefixes
-        router.record_route(views[i % REPLICAS].id, f, 0.0)
+        router.record_route(views[i % len(views)].id, f, 0.0)
 
     def pick(i: int) -> object:
         return router.pick(feats[i % 64], views, 1.0)
@@ -88,24 +89,24 @@ def _bench_policy(
     return _per_call_us(pick, n), _per_call_us(both, n)
 
 
-def bench_decisions(n: int) -> None:
+def bench_decisions(n: int, replicas: int = REPLICAS) -> None:
     cfg = RouterConfig()
     bodies = [_body(i) for i in range(64)]
     feats = [extract_features(b, model="m", salt="tenant", config=cfg) for b in bodies]
     print(
         f"prompt: {feats[0].prompt_tokens} tokens, {len(feats[0].block_hashes)} blocks; "
-        f"{REPLICAS} replicas"
+        f"{replicas} replicas"
     )
     us = _per_call_us(
         lambda i: extract_features(bodies[i % 64], model="m", salt="tenant", config=cfg), n
     )
     print(f"features (canonical text + hashes):   {us:7.1f} µs")
-    views = _views()
+    views = _views(replicas)
     for policy in sorted(REGISTRY):
         pick, both = _bench_policy(policy, bodies, feats, views, n)
         print(f"{policy:16s} pick {pick:6.1f} µs   features+pick {both:6.1f} µs")
     router = Router()
-    rec = _per_call_us(lambda i: router.record_route(views[i % REPLICAS].id, feats[i % 64], 1.0), n)
+    rec = _per_call_us(lambda i: router.record_route(views[i % replicas].id, feats[i % 64], 1.0), n)
     explain = _per_call_us(lambda i: router.pick(feats[i % 64], views, 1.0, explain=True), n // 4)
     print(f"record_route {rec:.1f} µs; cache_aware pick with explain {explain:.1f} µs")
 
@@ -135,8 +136,11 @@ def bench_memory(prefixes: int, blocks_per_prefix: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m loadtest.bench_routing", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer iterations, 100k prefixes")
+    ap.add_argument("--replicas", default=str(REPLICAS),
+                    help="replica counts to bench the decisions at, comma-separated (default 16)")
     args = ap.parse_args()
-    bench_decisions(300 if args.quick else 3000)
+    for replicas in (int(r) for r in args.replicas.split(",")):
+        bench_decisions(300 if args.quick else 3000, replicas)
     bench_memory(100_000 if args.quick else 1_000_000, 4)
     print("(best of 3 runs, single thread; figures from a shared machine vary)")
 

@@ -39,6 +39,7 @@ class NoCandidate(Exception):
 
 
 _by_id = attrgetter("id")
+_silent_s = attrgetter("silent_s")
 _MIN_OBSERVATION_WEIGHT = 0.1  # a first token counts at least this much (`record_first_token`)
 
 
@@ -192,13 +193,15 @@ class Router:
         if not healthy:
             raise NoCandidate(features.model)
         need = features.context_tokens
-        if any(v.max_model_len is not None and v.max_model_len < need for v in healthy):
-            # replicas of one pool may differ in context (a rolling change of
-            # --max-model-len): a request one cannot take goes to one that can, if any
-            fit = [v for v in healthy if v.max_model_len is None or v.max_model_len >= need]
-            healthy = fit or healthy
+        for v in healthy:  # (a loop, not any() over a generator: this runs on every pick)
+            if v.max_model_len is not None and v.max_model_len < need:
+                # replicas of one pool may differ in context (a rolling change of
+                # --max-model-len): a request one cannot take goes to one that can, if any
+                fit = [v for v in healthy if v.max_model_len is None or v.max_model_len >= need]
+                healthy = fit or healthy
+                break
         silent: list[ReplicaView] = []
-        if self.config.silent_min_s and any(v.silent_s for v in healthy):
+        if self.config.silent_min_s and any(map(_silent_s, healthy)):
             healthy, silent = self._heard(healthy)
         hashes, capacity = self.state.replica_hashes, self._capacity_tokens
         for v in healthy:

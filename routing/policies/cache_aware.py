@@ -113,11 +113,14 @@ class CacheAware:
         # where a request really went (`Router.record_route`): a retry moves its context
         self.routed = self._sessions.routed
 
-    def _rows(self, ctx: PickContext) -> list[_Row]:
+    def _rows(self, ctx: PickContext) -> tuple[list[_Row], int, int]:
+        """The candidates' rows, the longest match among them (blocks) and their in-flight
+        requests summed (fleet-wide): what `_admitted` needs besides, counted in the loop."""
         # One tight loop run for every candidate of every request (the decision budget is
         # 50 us at 16 replicas), so lookups are hoisted and terms inlined, not helper calls.
         st, cfg, f = self._state, self._state.config, ctx.features
-        mget = (st.index.match(f.block_hashes) if f.block_hashes else {}).get
+        matched = st.index.match(f.block_hashes) if f.block_hashes else {}
+        mget = matched.get
         prompt, tpb, key, quantum, per_step = (
             f.prompt_tokens,
             cfg.tokens_per_block,
@@ -125,9 +128,10 @@ class CacheAware:
             cfg.tie_quantum_s,
             _log1p(cfg.tie_relative),
         )
-        stale, knee, dw, mean_req = (
+        stale, knee, kv_penalty_s, dw, mean_req = (
             cfg.stale_after_s,
             cfg.kv_knee,
+            cfg.kv_penalty_s,
             cfg.decode_weight_tokens,
             st.pending.mean_request_tokens,
         )
@@ -136,12 +140,14 @@ class CacheAware:
         half, fleet_fixed, fleet_spt = _in_burst(ctx), fleet.fixed_s, fleet.s_per_token
         rows: list[_Row] = []
         dup = cfg.miss_weight - 1.0
-        used, capacity = st.index.used, st.index.capacity
         # each cache's fill (blocks held / capacity), their mean and least: a prompt no
         # replica holds any of claims r while a cache is empty (module docstring)
-        fill = {v.id: used(v.id) / capacity(v.id) for v in ctx.views}
-        mean_fill, least_fill = sum(fill.values()) / len(fill), min(fill.values())
-        claims = least_fill == 0.0 and not any(mget(v.id, 0) for v in ctx.views)
+        ids = [v.id for v in ctx.views]
+        fills, capacities = st.index.fills(ids)
+        mean_fill, least_fill = sum(fills) / len(fills), min(fills)
+        longest = total = 0  # the longest match, the in-flight requests summed
+        # (no candidate matches anything: `match` omits the replicas matching nothing)
+        claims = least_fill == 0.0 and matched.keys().isdisjoint(ids)
         peers = ctx.peer_loads.get if ctx.peer_loads else None
         computing, now, want = ctx.peer_computing.get, ctx.now, f.block_hashes
         drain = peers is not None and _overloaded(ctx.views, stale, mean_req * fleet_spt)
@@ -149,7 +155,7 @@ class CacheAware:
         # a cold model (`RouterConfig.cold_observations`): queues are at least what the
         # engines say waits there (module docstring)
         cold = st.ttft.observations < cfg.cold_observations * len(ctx.views)
-        for v in ctx.views:
+        for v, vfill, vcap in zip(ctx.views, fills, capacities, strict=True):
             vid, inflight = v.id, v.inflight
             gateway, gateway_reqs, peer = (
                 v.inflight_prefill_tokens, v.inflight_prefill, v.peer_prefill_work)
@@ -159,7 +165,10 @@ class CacheAware:
                 gateway += q.prefill_tokens
                 gateway_reqs += q.prefill
                 peer += q.pending_work
+            total += inflight
             m = mget(vid, 0)
+            if m > longest:
+                longest = m
             cached = m * tpb
             if cached >= prompt:
                 cached = prompt - 1 if prompt > 0 else 0
@@ -173,7 +182,7 @@ class CacheAware:
                 fixed, spt = (fixed + fleet_fixed) * 0.5, (spt + fleet_spt) * 0.5
             # (what is left of r's queue, ours and the peers' joined, up to our part of it)
             own, own_reqs = (0.0, 0) if p is None else (
-                p.fluid_left(ctx.now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
+                p.fluid_left(now, 1.0 / spt) if inflight > 0 else 0.0, p.count)
             if peer > 0.0:  # other gateways' predicted work (shared state)
                 # ...only where r alone holds that prefix: elsewhere it is held too, and
                 # waiting for a peer's long prefill is not the price of avoiding a copy
@@ -207,49 +216,50 @@ class CacheAware:
                 kv = v.kv_usage or 0.0
                 if kv > knee:
                     x = (kv - knee) / (1.0 - knee)
-                    penalty = cfg.kv_penalty_s * (x * x if x < 1.0 else 1.0)
+                    penalty = kv_penalty_s * (x * x if x < 1.0 else 1.0)
             decode = decoding * dw
             # the copy's price beyond its own prefill: what it evicts (how full r's cache is)
             # or, for a new prefix while a cache is empty, its claim on r (r's fill against
             # the mean), whichever is more
-            copy = uncached / tpb / capacity(vid)
-            full = fill[vid] + copy
+            copy = uncached / tpb / vcap
+            full = vfill + copy
             if claims and copy > 0.0:  # (an empty prompt copies nothing)
-                share = fill[vid] / (mean_fill + copy)
+                share = vfill / (mean_fill + copy)
                 if share > full:
                     full = share
-            cost = (fixed + (own + decode + uncached * (1.0 + dup * min(full, 1.0))) * spt
-                    + penalty)
+            if full > 1.0:  # (min(full, 1.0) without the call: the same for NaN)
+                full = 1.0
+            cost = (fixed + (own + decode + uncached * (1.0 + dup * full)) * spt + penalty)
             if not cost < _MAX_COST_S:  # (infinite, or NaN: inf - inf)
                 cost = _MAX_COST_S
             z = ((key ^ hashes[vid]) * 0x9E3779B97F4A7C15) & _MASK64  # = routing.load.mix
             z ^= z >> 29
             step = int(_log(cost / quantum) / per_step) if cost > quantum else 0
             rows.append((step, z, cost, v, m, own, decode, uncached, fit, kv, inflight))
-        return rows
+        return rows, longest, total
 
     def _admitted(
         self, ctx: PickContext, key: Callable[[_Row], tuple[int, ...]]
-    ) -> tuple[list[_Row], int | None, float, list[_Row]]:
+    ) -> tuple[list[_Row], int | None, float, list[_Row], int]:
         """The candidates' rows (the ramp charged to a new context) sorted by ``key``, the
-        tail this request continues (`Sessions.continued`), the load bound's limit and
-        the rows within it."""
+        tail this request continues (`Sessions.continued`), the load bound's limit, the
+        rows within it and the longest match among them (blocks)."""
         cfg = self._state.config
-        rows = self._rows(ctx)
+        rows, longest, total = self._rows(ctx)
         hashes = ctx.features.block_hashes
-        previous = self._sessions.continued(hashes, min(max(r[4] for r in rows), len(hashes)))
+        previous = self._sessions.continued(hashes, min(longest, len(hashes)))
         if previous is None and cfg.session_ramp_tokens > 0.0:
             rows = self._ramp(ctx, rows)
         rows.sort(key=key)
         extra, left_out = ctx.left_out
-        limit = bound_limit(sum(r[10] for r in rows) + extra, len(rows) + left_out,
+        limit = bound_limit(total + extra, len(rows) + left_out,
                             cfg.load_factor, cfg.load_slack) + 1e-9
-        return rows, previous, limit, [r for r in rows if r[10] <= limit]
+        return rows, previous, limit, [r for r in rows if r[10] <= limit], longest
 
     def choose(self, ctx: PickContext) -> Decision:
         # one gateway: a tie goes to fewer in flight; several: in-flight counts a sync window
         # old would send every gateway to the same replica (the hash spreads them, and turns)
-        rows, previous, limit, admitted = self._admitted(
+        rows, previous, limit, admitted, longest = self._admitted(
             ctx, _rank if ctx.gateways == 1 else _hashed)
         hashes = ctx.features.block_hashes
         # the bound refused the cheapest (a turn among near-equals is no overflow)
@@ -260,7 +270,7 @@ class CacheAware:
         chosen = ordered[0]
         if overflow:
             reason = "overflow"
-        elif chosen[4] > 0 and chosen[4] >= max(r[4] for r in rows):
+        elif chosen[4] > 0 and chosen[4] >= longest:
             reason = "prefix-hit"
         else:
             reason = "least-cost"
@@ -410,12 +420,10 @@ def _costed(fit: TtftFit, fleet: TtftFit, half: bool) -> TtftFit:
     return TtftFit((fit.fixed_s + fleet.fixed_s) * 0.5, (fit.s_per_token + fleet.s_per_token) * 0.5)
 
 
-def _rank(row: _Row) -> tuple[int, int, int]:
-    return row[0], row[10], row[1]
-
-
-def _hashed(row: _Row) -> tuple[int, int]:
-    return row[0], row[1]
+# the sort keys (built in C: a key function in Python was called for every row of every pick)
+# one gateway: cost step, fewer in flight, tie hash; several: cost step, tie hash
+_rank: Callable[[_Row], tuple[int, ...]] = itemgetter(0, 10, 1)
+_hashed: Callable[[_Row], tuple[int, ...]] = itemgetter(0, 1)
 
 
 _matched = itemgetter(4)

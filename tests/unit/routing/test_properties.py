@@ -107,5 +107,10 @@ def test_index_never_exceeds_its_bound(cap: int, inserts: list[tuple[int, list[i
             # a match never claims more than the replica's cache holds, and both ways agree
             assert idx.match_one(rid, chain[:1]) <= idx.used(rid)
             assert idx.match(chain).get(rid, 0) == idx.match_one(rid, chain)
+            # a replica in a match holds at least one block of it (cache_aware relies on it)
+            assert all(n >= 1 for n in idx.match(chain).values())
+    ids = [*idx.replicas(), "never-inserted"]
+    assert idx.fills(ids) == ([idx.used(r) / idx.capacity(r) for r in ids],
+                              [idx.capacity(r) for r in ids])
     held = {rid: idx.entries(rid) for rid in idx.replicas()}
     assert sum(held.values()) >= idx.distinct_blocks()
