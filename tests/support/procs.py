@@ -128,6 +128,10 @@ class Proc:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop it and remove its files (what leaving its ``with`` block does)."""
         self.stop()
         for remove in self._files:
             remove()
