@@ -63,6 +63,7 @@ from gateway.flow.tickets import PoolState, Ticket
 from gateway.planner import Plan
 from gateway.request import ProxiedRequest
 from gateway.tenancy.resolver import Principal
+from routing.flow import Entry
 from routing.peers import ReplicaLoad
 
 __all__ = ["ClientWatch", "FlowGate", "until_disconnect"]
@@ -192,6 +193,55 @@ class FlowGate(FlowPump):
         interrupted. Its deadline: its tier's ``max_wait_s`` from now, or ``deadline`` (the
         one it got where it was first queued, ``since``) when that comes first, so a move
         does not restart its wait."""
+        ticket, entry = self._enqueue(req, principal, parsed, need, state, cost, now, since,
+                                      deadline)
+        watch = self._watch(state, ticket, gone)
+        t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
+        released = moved = False
+        outcome = ""  # how it left the queue (`kvgate_flow_dequeued_total`)
+        try:
+            with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
+                moved = await ticket.fut
+                if not moved and watch is not None and gone is not None \
+                        and await client_left(gone, watch):
+                    # released as its client left: never sent, and it took nothing
+                    state.flow.refund(principal.tenant_id, cost, self._clock(), entry)
+                    raise ClientGone
+            released = not moved
+            outcome = "released" if released else "moved"
+            if released:
+                self._sent(state, req, principal.tenant_id, cost, entry)
+        except (ClientGone, asyncio.CancelledError, KvgateError) as exc:
+            outcome = self._unqueued(exc, state, req, entry, t0)
+            if isinstance(exc, ClientGone):
+                raise asyncio.CancelledError from None  # the proxy records 499 and settles
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+            if entry.queued:  # cancelled from outside while queued
+                state.flow.remove(entry)
+            if not released and entry.dispatched:  # released, then cancelled
+                state.flow.done(principal.tenant_id, cost)
+                if state.transit is ticket:
+                    state.transit = None
+                    asyncio.get_running_loop().call_soon(self._pump, state)
+            if outcome:
+                self.metrics.child(self.metrics.dequeued, state.name, req.tier, outcome).inc()
+        req.queued_s = waited = perf_counter() - t0
+        if moved:
+            return entry.deadline
+        self.metrics.child(self.metrics.wait, req.tier).observe(waited)
+        # the pump looks again once this request has its replica (after this task's step)
+        asyncio.get_running_loop().call_soon(self._landed, state, ticket)
+        return None
+
+    def _enqueue(
+        self, req: ProxiedRequest, principal: Principal, parsed: ParsedBody, need: int,
+        state: PoolState, cost: float, now: float, since: float, deadline: float,
+    ) -> tuple[Ticket, Entry[Ticket]]:
+        """``req`` offered to ``state``'s queue (see `_wait`), the pump told; raises the
+        refusal of a full queue that it could displace nobody from."""
         doc = self.doc(principal)
         self._shares(state, doc)
         band, weight, max_wait = doc.flow_class(principal.tier, principal.tenant_id)
@@ -199,7 +249,7 @@ class FlowGate(FlowPump):
         req.pool_name = state.name  # shed or abandoned, it is counted under this pool
         loop = asyncio.get_running_loop()
         ticket = Ticket(loop.create_future(), principal, req.key_hash, parsed.model, need,
-                         since, state.sends)
+                        since, state.sends)
         offer = state.flow.offer(ticket, tenant=principal.tenant_id, band=band, cost=cost,
                                  now=now, max_wait_s=max_wait, weight=weight, tier=req.tier)
         for evicted in offer.evicted:
@@ -211,76 +261,47 @@ class FlowGate(FlowPump):
         ticket.entry, ticket.state = offer.entry, state
         self.metrics.child(self.metrics.queued, state.name, req.tier).inc()
         loop.call_soon(self._pump, state)
-        watch: asyncio.Future[object] | None = None
-        if gone is not None:
-            watch = asyncio.ensure_future(gone())
+        return ticket, offer.entry
 
-            def left(task: asyncio.Future[object]) -> None:
-                if not task.cancelled():
-                    self._left(state, ticket)
+    def _watch(
+        self, state: PoolState, ticket: Ticket, gone: Callable[[], Awaitable[object]] | None,
+    ) -> asyncio.Future[object] | None:
+        """A task that takes a queued request out of its queue once its client has left."""
+        if gone is None:
+            return None
+        watch = asyncio.ensure_future(gone())
 
-            watch.add_done_callback(left)
-        t0 = perf_counter() - (req.queued_s or 0.0)  # (it may have waited in another pool)
-        released = moved = False
-        outcome = ""  # how it left the queue (`kvgate_flow_dequeued_total`)
-        try:
-            with interruptible(ticket), waiting(ticket):  # answered when shutdown starts
-                moved = await ticket.fut
-                if not moved and watch is not None and gone is not None \
-                        and await client_left(gone, watch):
-                    # released as its client left: never sent, and it took nothing
-                    state.flow.refund(principal.tenant_id, cost, self._clock(), ticket.entry)
-                    raise ClientGone
-            released = not moved
-            outcome = "released" if released else "moved"
-            if released:
-                self._sent(state, req, principal.tenant_id, cost, ticket.entry)
-        except ClientGone:
-            outcome = "abandoned"
+        def left(task: asyncio.Future[object]) -> None:
+            if not task.cancelled():
+                self._left(state, ticket)
+
+        watch.add_done_callback(left)
+        return watch
+
+    def _unqueued(
+        self, exc: BaseException, state: PoolState, req: ProxiedRequest, entry: Entry[Ticket],
+        t0: float,
+    ) -> str:
+        """How a queued request that ``exc`` ended left the queue (`_wait`), its wait
+        recorded: abandoned (its client left), interrupted, refused or shed."""
+        if isinstance(exc, ClientGone):
             self._abandoned(state, req, t0)
-            raise asyncio.CancelledError from None  # the proxy records 499 and settles
-        except asyncio.CancelledError:
+            return "abandoned"
+        if isinstance(exc, asyncio.CancelledError):
             # the picker's: gRPC cancels the exchange whose client left (Envoy ended its
             # stream) where the HTTP edge signals it (`ClientGone`); counted alike while queued
-            if ticket.entry.queued:
-                outcome = "abandoned"
+            if entry.queued:
                 self._abandoned(state, req, t0)
-            else:  # it had left the queue already, released or moved
-                outcome = "released" if ticket.entry.dispatched else "moved"
-            raise
-        except ShutDownWhileQueued:
-            outcome = "interrupted"
-            req.queued_s = perf_counter() - t0
+                return "abandoned"
+            return "released" if entry.dispatched else "moved"  # it had left the queue
+        req.queued_s = perf_counter() - t0
+        if isinstance(exc, ShutDownWhileQueued):
             req.route = "interrupted"
-            raise
-        except (AuthError, PermissionDenied):  # its key revoked meanwhile (`_check_keys`)
-            outcome = "refused"
-            req.queued_s = perf_counter() - t0
-            raise
-        except KvgateError:
-            outcome = "shed"
-            req.queued_s = perf_counter() - t0
-            req.route = "shed"
-            raise
-        finally:
-            if watch is not None:
-                watch.cancel()
-            if ticket.entry.queued:  # cancelled from outside while queued
-                state.flow.remove(ticket.entry)
-            if not released and ticket.entry.dispatched:  # released, then cancelled
-                state.flow.done(principal.tenant_id, cost)
-                if state.transit is ticket:
-                    state.transit = None
-                    loop.call_soon(self._pump, state)
-            if outcome:
-                self.metrics.child(self.metrics.dequeued, state.name, req.tier, outcome).inc()
-        req.queued_s = waited = perf_counter() - t0
-        if moved:
-            return ticket.entry.deadline
-        self.metrics.child(self.metrics.wait, req.tier).observe(waited)
-        # the pump looks again once this request has its replica (after this task's step)
-        loop.call_soon(self._landed, state, ticket)
-        return None
+            return "interrupted"
+        if isinstance(exc, (AuthError, PermissionDenied)):  # its key revoked meanwhile
+            return "refused"  # (`_check_keys`)
+        req.route = "shed"
+        return "shed"
 
     def _abandoned(self, state: PoolState, req: ProxiedRequest, t0: float) -> None:
         """Its client left while it was queued (the caller records 499 and settles)."""
