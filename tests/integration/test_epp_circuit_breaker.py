@@ -27,7 +27,7 @@ from gateway.config import UpstreamConfig
 from gateway.epp.envoy import AT_LIMIT
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import inflight, metric_values, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, sim_proc, start_sims
 
 MODEL = "sim-model"
 STREAM = {"model": MODEL, "prompt": "x", "max_tokens": 50, "stream": True}
@@ -150,12 +150,7 @@ def test_failover_spends_upstreams_retry_budget(upstream: UpstreamConfig, failov
     within it (Envoy's own default, 3 retries at once, capped failover fleet-wide)."""
     procs: list[Proc] = []
     try:
-        sims, urls = [], []
-        for _ in range(2):
-            sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
-            sims.append(sim.start())
-            urls.append(url)
-        procs += sims
+        sims, urls = start_sims(procs, 2, "--time-scale", "50", model=MODEL)
         # no probe for a minute: the picker learns that a replica died from Envoy
         epp = epp_proc(config={
             "pools": {"default": {"served_model": MODEL, "replicas": urls}},

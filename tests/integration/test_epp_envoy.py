@@ -22,7 +22,7 @@ import pytest
 from routing.config import RouterConfig
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import AUTH_SECRET, admin_client, metric_values, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 ADMIN = "epp-admin-token-0123456789"
@@ -61,11 +61,7 @@ class Stack:
 def stack() -> Iterator[Stack]:
     procs: list[Proc] = []
     try:
-        urls = []
-        for _ in range(REPLICAS):
-            sim, url = sim_proc(None, "--time-scale", "5", "--enable-store", model=MODEL)
-            procs.append(sim.start())
-            urls.append(url)
+        _, urls = start_sims(procs, REPLICAS, "--time-scale", "5", "--enable-store", model=MODEL)
         config = {"pools": {"default": {"served_model": MODEL, "replicas": urls}},
                   "routing": {"policy": "cache_aware"}}
         epp = epp_proc(config=config, auth=True,

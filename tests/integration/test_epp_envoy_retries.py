@@ -14,7 +14,7 @@ import openai
 
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import metric_values, request_statuses
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 
@@ -31,12 +31,8 @@ def _picker_retries(picker: str) -> dict[str, float]:
 
 
 def test_envoys_retries_are_counted_by_the_picker(procs: list[Proc]) -> None:
-    sims, eps = [], []
-    for _ in range(2):
-        sim, url = sim_proc(None, "--time-scale", "20", model=MODEL)
-        procs.append(sim.start())
-        sims.append(sim)
-        eps.append(url.removeprefix("http://"))
+    sims, urls = start_sims(procs, 2, "--time-scale", "20", model=MODEL)
+    eps = [url.removeprefix("http://") for url in urls]
     epp = epp_proc(config={
         "pools": {"default": {"served_model": MODEL, "replicas": [f"http://{e}" for e in eps]}},
         "epp": {"fallbacks": 1}, "health": {"interval_s": 60, "failure_threshold": 5},

@@ -17,7 +17,7 @@ from openai._legacy_response import LegacyAPIResponse
 from openai.types.chat import ChatCompletion
 
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 SUBSET = "x-test-subset"
@@ -40,12 +40,7 @@ class Stack:
 def stack() -> Iterator[Stack]:
     procs: list[Proc] = []
     try:
-        sims, urls = [], []
-        for _ in range(3):
-            sim, url = sim_proc(None, "--time-scale", "20", model=MODEL)
-            sims.append(sim.start())
-            urls.append(url)
-        procs += sims
+        sims, urls = start_sims(procs, 3, "--time-scale", "20", model=MODEL)
         # slow health polling: the picker learns that a replica died from Envoy, not a probe
         config = {"pools": {"default": {"served_model": MODEL, "replicas": urls}},
                   "epp": {"fallbacks": 2},

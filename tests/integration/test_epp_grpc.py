@@ -26,7 +26,7 @@ from gateway.stream_end import MALFORMED
 from gateway.tenancy.resolver import INVALID_KEY
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import AUTH_SECRET, metric_values, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, sim_proc, start_sims
 
 PUBLIC, SERVED = "public-model", "sim-model"
 
@@ -35,11 +35,7 @@ PUBLIC, SERVED = "public-model", "sim-model"
 def picker() -> Iterator[tuple[EppProc, list[str]]]:
     procs: list[Proc] = []
     try:
-        urls = []
-        for _ in range(2):
-            sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-            procs.append(sim.start())
-            urls.append(url)
+        _, urls = start_sims(procs, 2, "--time-scale", "20", model=SERVED)
         config = {"pools": {"p": {"served_model": SERVED, "replicas": urls}},
                   "models": {PUBLIC: {"default": "p"}}, "epp": {"fallbacks": 1},
                   "server": {"max_body_bytes": 400_000}}

@@ -20,7 +20,7 @@ from google.protobuf.struct_pb2 import Struct
 from gateway.epp.wire import DESTINATION
 from tests.support.epp import EppProc, epp_proc
 from tests.support.gateway import metric_values
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 PUBLIC, SERVED = "public-model", "sim-model"
 INTERNAL = (b'{"error":{"message":"list index out of range","type":"InternalServerError",'
@@ -31,11 +31,7 @@ OK = b'{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}
 def _picker(replicas: int, fallbacks: int) -> Iterator[EppProc]:
     procs: list[Proc] = []
     try:
-        urls = []
-        for _ in range(replicas):
-            sim, url = sim_proc(None, "--time-scale", "20", model=SERVED)
-            procs.append(sim.start())
-            urls.append(url)
+        _, urls = start_sims(procs, replicas, "--time-scale", "20", model=SERVED)
         epp = epp_proc(config={"pools": {"p": {"served_model": SERVED, "replicas": urls}},
                                "models": {PUBLIC: {"default": "p"}},
                                "epp": {"fallbacks": fallbacks}})

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import httpx
 
-from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import gateway_proc
+from tests.support.edges import start_edges
 from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
@@ -28,12 +27,7 @@ def test_a_refused_connection_is_the_pools_503_at_both_edges() -> None:
         procs.append(sim.start())
         config = {"pools": {"default": {"served_model": MODEL, "replicas": [url]}},
                   "health": HEALTH}
-        gw, http = gateway_proc(config=config)
-        epp = epp_proc(config=config)
-        procs += [gw.start(), epp.start()]
-        envoy, base = envoy_proc(epp.picker)
-        procs.append(envoy.start())
-        bases = {"http": http, "envoy": base}
+        bases = {name: edge.base for name, edge in start_edges(procs, config=config).items()}
         for edge in bases.values():
             assert httpx.post(f"{edge}/v1/chat/completions", json=BODY, timeout=10) \
                 .status_code == 200

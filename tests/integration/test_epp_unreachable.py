@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import metric_values, request_statuses, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 SUBSET = "x-test-subset"
@@ -41,12 +41,8 @@ class Stack:
 def _stack(procs: list[Proc], n: int, *sim_args: str, interval_s: float = 60) -> Stack:
     """`n` replicas behind the picker (one fallback) and Envoy; health polling every
     `interval_s`."""
-    sims, eps = [], []
-    for _ in range(n):
-        sim, url = sim_proc(None, "--time-scale", "20", *sim_args, model=MODEL)
-        procs.append(sim.start())
-        sims.append(sim)
-        eps.append(url.removeprefix("http://"))
+    sims, urls = start_sims(procs, n, "--time-scale", "20", *sim_args, model=MODEL)
+    eps = [url.removeprefix("http://") for url in urls]
     epp = epp_proc(config={
         "pools": {"default": {"served_model": MODEL, "replicas": [f"http://{e}" for e in eps]}},
         "epp": {"fallbacks": 1}, "health": {"interval_s": interval_s, "failure_threshold": 5}})

@@ -23,11 +23,11 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.edges import running_edge
 from tests.support.epp import envoy_proc, epp_proc
 from tests.support.gateway import (
     AUTH_SECRET,
     admin_client,
-    gateway_proc,
     inflight,
     metric_values,
     request_statuses,
@@ -53,16 +53,8 @@ def edge(request: pytest.FixtureRequest,
     """(the base clients call, the base with /metrics and the admin API, the replica)."""
     _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "2", model="m")
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    if request.param == "serve":
-        gw, base = gateway_proc(config=_config(sim), env=env, auth=True)
-        with gw:
-            yield base, base, sim
-        return
-    epp = epp_proc(config=_config(sim), auth=True, env=env)
-    with epp:
-        envoy, base = envoy_proc(epp.picker)
-        with envoy:
-            yield base, epp.base, sim
+    with running_edge(request.param, config=_config(sim), env=env, auth=True) as (base, admin):
+        yield base, admin, sim
 
 
 def _key(admin_base: str, tenant: str) -> str:

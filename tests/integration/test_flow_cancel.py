@@ -17,11 +17,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.epp import envoy_proc, epp_proc
+from tests.support.edges import running_edge
 from tests.support.gateway import (
     AUTH_SECRET,
     admin_client,
-    gateway_proc,
     inflight,
     metric_values,
     wait_for,
@@ -47,16 +46,8 @@ def edge(request: pytest.FixtureRequest,
     # each stream sends a few tokens, then waits until its client leaves
     _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "5", model="m")
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    if request.param == "serve":
-        gw, base = gateway_proc(config=_config(sim), env=env, auth=True)
-        with gw:
-            yield base, base
-        return
-    epp = epp_proc(config=_config(sim), auth=True, env=env)
-    with epp:
-        envoy, base = envoy_proc(epp.picker)
-        with envoy:
-            yield base, epp.base
+    with running_edge(request.param, config=_config(sim), env=env, auth=True) as edge:
+        yield edge
 
 
 def _client(base: str, admin_base: str, tenant: str) -> openai.OpenAI:

@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.support.gateway import gateway_proc
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 
@@ -22,12 +22,8 @@ MODEL = "sim-model"
 def fleet() -> Iterator[tuple[str, list[str]]]:
     """Two simulated replicas behind a quick-form gateway, shared by this module's tests."""
     sims: list[Proc] = []
-    urls = []
     try:
-        for _ in range(2):
-            proc, url = sim_proc(None, "--time-scale", "50", model=MODEL)
-            sims.append(proc.start())
-            urls.append(url)
+        _, urls = start_sims(sims, 2, "--time-scale", "50", model=MODEL)
         gw, base = gateway_proc(upstreams=urls)
         with gw:
             yield base, urls

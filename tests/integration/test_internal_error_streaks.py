@@ -13,8 +13,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import gateway_proc, metric_values
+from tests.support.edges import start_edge
+from tests.support.gateway import metric_values
 from tests.support.procs import Proc, free_port, sim_proc
 
 MODEL = "sim-model"
@@ -42,15 +42,9 @@ def _fleet(procs: list[Proc], failing: int, edge: str) -> tuple[str, str, list[s
         # only requests judge the replicas, and an ejection lasts the whole test
         "health": {"interval_s": 600, "failure_threshold": THRESHOLD,
                    "eject_base_s": 600, "eject_max_s": 600}}
-    if edge == "http":
-        gw, base = gateway_proc(config=config)
-        procs.append(gw.start())
-        return base, base, ids
-    epp = epp_proc(config={**config, "epp": {"fallbacks": 1}})
-    procs.append(epp.start())
-    envoy, base = envoy_proc(epp.picker, endpoints=ids)
-    procs.append(envoy.start())
-    return base, epp.base, ids
+    base, metrics = start_edge(edge, procs, config=config, picker={"epp": {"fallbacks": 1}},
+                               endpoints=ids)
+    return base, metrics, ids
 
 
 def _statuses(base: str, requests: int) -> list[int]:

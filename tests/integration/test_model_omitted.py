@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.epp import envoy_proc, epp_proc
+from tests.support.edges import running_edge
 from tests.support.gateway import gateway_proc, two_tier_gateway
 from tests.support.procs import sim_proc
 
@@ -71,11 +71,8 @@ def test_a_key_with_several_models_is_told_to_name_one(
 
 def test_the_picker_behind_envoy_serves_it_too(sim_factory: Callable[..., Any]) -> None:
     _, url = sim_factory("--time-scale", "50")
-    picker = epp_proc(upstreams=[url])
-    with picker:
-        proxy, base = envoy_proc(picker.picker)
-        with proxy:
-            answer = httpx.post(f"{base}/v1/completions", json=ROUTES["completions"], timeout=30)
+    with running_edge("envoy", upstreams=[url]) as (base, _):
+        answer = httpx.post(f"{base}/v1/completions", json=ROUTES["completions"], timeout=30)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == "sim-model"
 

@@ -22,8 +22,8 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values, wait_for
+from tests.support.edges import running_edge
+from tests.support.gateway import AUTH_SECRET, admin_client, metric_values, wait_for
 from tests.support.procs import Proc
 
 ADMIN = "ratelimit3-shed-admin-token-0123456789"
@@ -44,16 +44,8 @@ def edge(request: pytest.FixtureRequest,
     """(the base clients call, the base with /metrics and the admin API)."""
     _, sim = sim_factory("--time-scale", "50", "--hang-after-tokens", "3", model="m")
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    if request.param == "serve":
-        gw, base = gateway_proc(config=_config(sim), env=env, auth=True)
-        with gw:
-            yield base, base
-        return
-    epp = epp_proc(config=_config(sim), auth=True, env=env)
-    with epp:
-        envoy, base = envoy_proc(epp.picker)
-        with envoy:
-            yield base, epp.base
+    with running_edge(request.param, config=_config(sim), env=env, auth=True) as edge:
+        yield edge
 
 
 def _depth(base: str) -> float:

@@ -17,9 +17,8 @@ import orjson
 import pytest
 
 from tests.support.bad_replica import CHAT_ANSWER, BadReplica, whole
-from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc
-from tests.support.procs import Proc
+from tests.support.edges import running_edges
+from tests.support.gateway import AUTH_SECRET, admin_client
 
 ADMIN = "ratelimit-headers-admin-token-0123"
 TPM = 5000
@@ -34,21 +33,11 @@ def edges() -> Iterator[tuple[BadReplica, dict[str, str]]]:
     config = {"pools": {"p": {"served_model": "m"}}, "models": {"llama": {"free": "p"}},
               "tiers": {"free": {"limits": {"tpm": TPM}}}}
     env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
-    procs: list[Proc] = []
     with BadReplica("m", answer=whole(CHAT_ANSWER)) as replica:
         config["pools"]["p"]["replicas"] = [replica.url]  # type: ignore[index]
-        try:
-            gw, http = gateway_proc(config=config, env=env, auth=True)
-            procs.append(gw.start())
-            epp = epp_proc(config=config, auth=True, env=env)
-            procs.append(epp.start())
-            proxy, envoy = envoy_proc(epp.picker)
-            procs.append(proxy.start())
-            yield replica, {"http": http, "http-admin": http, "envoy": envoy,
-                            "envoy-admin": epp.base}
-        finally:
-            for proc in reversed(procs):
-                proc.stop()
+        with running_edges(config=config, env=env, auth=True) as edges:
+            yield replica, {**{name: edge.base for name, edge in edges.items()},
+                            **{f"{name}-admin": edge.admin for name, edge in edges.items()}}
 
 
 def _client(every: dict[str, str], edge: str, tenant: str) -> openai.OpenAI:

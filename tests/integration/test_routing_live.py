@@ -14,7 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from routing.config import RouterConfig
 from tests.support.gateway import gateway_proc, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, sim_proc, start_sims
 
 MODEL = "sim-model"
 REPLICAS = 4
@@ -23,14 +23,10 @@ REPLICAS = 4
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[str]:
     sims: list[Proc] = []
-    urls = []
     try:
-        for _ in range(REPLICAS):
-            # every answer takes >= 200 ms so concurrent requests are truly in flight together
-            proc, url = sim_proc(None, "--time-scale", "20", "--latency-ms", "200",
-                                 model=MODEL)
-            sims.append(proc.start())
-            urls.append(url)
+        # every answer takes >= 200 ms so concurrent requests are truly in flight together
+        _, urls = start_sims(sims, REPLICAS, "--time-scale", "20", "--latency-ms", "200",
+                             model=MODEL)
         # identical replicas, and the router left to see them so: one scrape at start (the KV
         # capacity), none after, so the non-streamed answers here teach no replica its own TTFT
         # fit. Learned from the scraped prefill counters, the replica that served the first

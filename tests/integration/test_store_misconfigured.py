@@ -7,7 +7,6 @@ logged as "answers again" after each refusal."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -16,9 +15,9 @@ import httpx
 import orjson
 import pytest
 
-from gateway.tenancy import connect_redis
 from tests.support.gateway import AUTH_SECRET, gateway_proc, wait_for
-from tests.support.procs import Proc, free_port, redis_proc
+from tests.support.procs import Proc, redis_proc
+from tests.support.redis_acl import password_redis
 
 PASSWORD = "misconf-pass-Qx73"  # tests only
 WRONG = "not-the-pass-Lk52"  # tests only
@@ -29,17 +28,7 @@ ADMIN = "misconf-admin-token-0123456789"
 def redis_port() -> Iterator[int]:
     """A redis-server with a password, and an ACL user ``reader`` (password ``r-pw``) that may
     read and subscribe but not write nor run scripts."""
-    port = free_port()
-    proc, _ = redis_proc(port)
-    proc = Proc([*proc.cmd, "--requirepass", PASSWORD], ready_port=port)
-    with proc:
-        async def add_reader() -> None:
-            r = connect_redis(f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
-            await r.acl_setuser("reader", enabled=True, passwords=["+r-pw"], keys=["~*"],
-                                channels=["*"], commands=["+@read", "+subscribe", "+ping",
-                                                          "+hello", "+client", "+info"])
-            await r.aclose()
-        asyncio.run(add_reader())
+    with password_redis(PASSWORD, "r-pw") as port:
         yield port
 
 

@@ -7,7 +7,6 @@ path."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,9 +14,8 @@ import httpx
 import openai
 import pytest
 
-from gateway.tenancy import connect_redis
 from tests.support.gateway import AUTH_SECRET, gateway_proc, wait_for
-from tests.support.procs import Proc, free_port, redis_proc
+from tests.support.redis_acl import password_redis
 
 PASSWORD = "refusal-pass-Hw81"  # tests only
 WRONG = "wrong-pass-Zp40"  # tests only
@@ -29,18 +27,7 @@ ADMIN = "refusal-admin-token-0123456789"
 def redis_port() -> Iterator[int]:
     """A redis-server with a password and an ACL user ``reader`` that may read and subscribe,
     not write nor run scripts."""
-    port = free_port()
-    proc, _ = redis_proc(port)
-    proc = Proc([*proc.cmd, "--requirepass", PASSWORD], ready_port=port)
-    with proc:
-        async def add_reader() -> None:
-            r = connect_redis(f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
-            await r.acl_setuser("reader", enabled=True, passwords=[f"+{READER_PW}"],
-                                keys=["~*"], channels=["*"],
-                                commands=["+@read", "+subscribe", "+ping", "+hello", "+client",
-                                          "+info"])
-            await r.aclose()
-        asyncio.run(add_reader())
+    with password_redis(PASSWORD, READER_PW) as port:
         yield port
 
 

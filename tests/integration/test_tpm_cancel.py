@@ -20,7 +20,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.support.epp import envoy_proc, epp_proc
+from tests.support.edges import running_edge
 from tests.support.gateway import (
     AUTH_SECRET,
     FAST_HEALTH,
@@ -150,15 +150,12 @@ def test_streams_stopped_through_envoy_are_charged_what_they_used(
     config = {"pools": {"p": {"served_model": "m", "replicas": [sim]}},
               "models": {"llama": {"free": "p"}}, "tiers": {"free": {"limits": {"tpm": TPM}}},
               "tenants": [{"id": "acme", "tier": "free"}]}
-    epp = epp_proc(config=config, auth=True,
-                   env={"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN})
-    with epp:
-        envoy, base = envoy_proc(epp.picker)
-        with envoy:
-            client = _client(base, _key(epp.base))
-            for _ in range(3):
-                stream = client.chat.completions.create(
-                    model="llama", messages=PROMPT, max_tokens=400, stream=True)
-                next(iter(stream))
-                stream.close()
-            _settled(client, TPM - 60)
+    env = {"KVGATE_SALT_SECRET": AUTH_SECRET, "KVGATE_ADMIN_TOKEN": ADMIN}
+    with running_edge("envoy", config=config, auth=True, env=env) as (base, admin):
+        client = _client(base, _key(admin))
+        for _ in range(3):
+            stream = client.chat.completions.create(
+                model="llama", messages=PROMPT, max_tokens=400, stream=True)
+            next(iter(stream))
+            stream.close()
+        _settled(client, TPM - 60)

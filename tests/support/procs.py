@@ -26,7 +26,8 @@ import httpx
 
 from loadtest.fleet import free_port
 
-__all__ = ["KVGATE", "ROOT", "Proc", "free_port", "redis_proc", "sim_proc"]  # free_port re-exported
+# free_port re-exported
+__all__ = ["KVGATE", "ROOT", "Proc", "free_port", "redis_proc", "sim_proc", "start_sims"]
 
 ROOT = Path(__file__).resolve().parents[2]
 KVGATE = [sys.executable, "-m", "gateway.cli"]
@@ -128,6 +129,10 @@ class Proc:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop it and remove its files (what leaving its ``with`` block does)."""
         self.stop()
         for remove in self._files:
             remove()
@@ -154,6 +159,20 @@ def sim_proc(port: int | None = None, *args: str, model: str = "sim-model") -> t
     cmd = [*KVGATE, "sim", "--host", "127.0.0.1", "--port", str(port), "--model", model, *args]
     url = f"http://127.0.0.1:{port}"
     return Proc(cmd, ready_url=f"{url}/health"), url
+
+
+def start_sims(
+    procs: list[Proc], n: int, *args: str, model: str = "sim-model",
+) -> tuple[list[Proc], list[str]]:
+    """Start `n` `kvgate sim` replicas with `args`, one after the other, each appended to
+    `procs` once started (the caller stops them). Returns their procs and base URLs."""
+    sims, urls = [], []
+    for _ in range(n):
+        sim, url = sim_proc(None, *args, model=model)
+        procs.append(sim.start())
+        sims.append(sim)
+        urls.append(url)
+    return sims, urls
 
 
 def redis_proc(port: int | None = None) -> tuple[Proc, str]:
