@@ -92,17 +92,17 @@ def popularity_drift_drawn(spec: DriftSpec | None = None) -> tuple[list[ReplayRe
 
 @dataclass(frozen=True, slots=True)
 class PauseSpec:
-    duration_s: float = 420.0
-    conversation_rate_per_s: float = 0.6  # new conversations, over the first 2/3 of the run
-    long_probability: float = 0.35  # a conversation whose user pauses for minutes
-    turns: tuple[int, int] = (3, 8)
+    duration_s: float = 600.0
+    conversation_rate_per_s: float = 0.8  # new conversations, over the first 3/5 of the run
+    long_probability: float = 0.5  # a conversation whose user pauses for minutes
+    turns: tuple[int, int] = (4, 10)
     short_pause_s: tuple[float, float] = (2.0, 12.0)
-    long_pause_s: tuple[float, float] = (90.0, 300.0)
+    long_pause_s: tuple[float, float] = (60.0, 240.0)
     system_prompts: int = 2
     system_tokens: tuple[int, int] = (1024, 3072)
     turn_tokens: tuple[int, int] = (256, 3072)  # a user turn (pasted text, a file)
     answer_tokens: tuple[int, int] = (64, 768)
-    background_rate_per_s: float = 4.0  # one-off prompts that churn the caches
+    background_rate_per_s: float = 3.0  # one-off prompts that churn the caches
     background_tokens: tuple[int, int] = (4096, 16_384)
     seed: int = 42
 
@@ -123,7 +123,7 @@ def long_pauses_drawn(
     start = 0.0
     while True:
         start += rng.expovariate(s.conversation_rate_per_s)
-        if start > s.duration_s * 2 / 3:
+        if start > s.duration_s * 3 / 5:
             break
         pauses = s.long_pause_s if rng.random() < s.long_probability else s.short_pause_s
         history = list(systems[rng.randrange(s.system_prompts)])
