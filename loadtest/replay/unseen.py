@@ -10,10 +10,10 @@ whose every entry `loadtest.bench_replay` and the sync benchmarks replay):
   ones of the last epoch go nearly cold (Zipf 1.1: a fall of 6 ranks is ~8x fewer readers).
   Replicas holding the old copies must be reused for what is hot now, and the affinity index
   must follow the engines' evictions.
-- `long_pauses`: chat conversations, most answered within seconds, some whose user comes back
-  minutes later (longer than a copy stays cached at this load), over a background of one-off
-  prompts that keeps the caches turning over. A returning turn's history may be listed in the
-  index and gone from the engine.
+- `long_pauses`: chat conversations, half with pauses of seconds between turns, half whose
+  user comes back minutes later, over a background of one-off prompts that turns the caches
+  over faster than the long pauses at 262,144 KV tokens a replica and slower at 1,048,576. A
+  returning turn's history may be listed in the index and gone from the engine.
 - `huge_documents`: a few 32k-100k-token documents (contracts, codebases, books) each read by
   many short questions, beside short chat. At 262,144 KV tokens a copy fills a third to
   nearly half of a replica: two copies of the big ones do not fit on one.
