@@ -74,7 +74,7 @@ def main() -> None:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", help="these workloads or rows only (e.g. long-pauses, "
                    "long-pauses-256k)")
-    p.add_argument("--seeds", type=int, default=1, help="seeds per workload (default 1)")
+    p.add_argument("--seeds", type=int, default=2, help="seeds per workload (default 2)")
     p.add_argument("--jobs", type=int, default=1, help="replays in parallel")
     p.add_argument("--policies", nargs="*", choices=POLICIES, metavar="POLICY")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
