@@ -41,6 +41,7 @@ from loadtest.replay.report import (
 )
 from loadtest.replay.summary import against_oracle, summarize
 from loadtest.replay.trace import TraceError, collector_paused
+from loadtest.replay.unseen import UNSEEN
 from loadtest.replay.workload import ReplayRequest, load_mooncake, synthetic_multitenant
 from loadtest.sim.costmodel import PRESETS
 from routing.policies import REGISTRY, YARDSTICKS
@@ -59,8 +60,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvgate replay", description=__doc__.splitlines()[0])
     p.add_argument("trace", nargs="?", help="a Mooncake-format JSONL trace")
     p.add_argument("--synthetic", action="store_true", help="the synthetic multi-tenant workload")
-    p.add_argument("--workload", choices=sorted(WORKLOADS),
-                   help="a generated workload (loadtest.replay.generators)")
+    p.add_argument("--workload", choices=sorted({**WORKLOADS, **UNSEEN}),
+                   help="a generated workload (loadtest.replay.generators, unseen)")
     p.add_argument("--offline", action="store_true", help="simulated time, no HTTP")
     p.add_argument("--replicas", type=positive(int), default=8,
                    help="replicas simulated offline or started by --spawn (default 8)")
@@ -158,7 +159,8 @@ def _json_target(given: str) -> Path:
 def _workload(args: argparse.Namespace) -> list[ReplayRequest]:
     notes: list[str] = []
     if args.synthetic or args.workload:
-        reqs = WORKLOADS[args.workload]() if args.workload else synthetic_multitenant()
+        make = {**WORKLOADS, **UNSEEN}.get(args.workload or "", synthetic_multitenant)
+        reqs = make()
         if args.rate_scale != 1.0:
             reqs = [replace(r, arrival_s=r.arrival_s / args.rate_scale) for r in reqs]
         reqs = reqs[: args.limit] if args.limit else reqs
