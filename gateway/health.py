@@ -16,8 +16,9 @@ again without a restart. vLLM's `/health` reports only the engine's
 errored flag (a hung engine's answers 200: a stalled replica, `gateway.stall`, stays out) and is
 served on the same event loop as the requests, so a saturated replica
 answers it late: a probe that times out is only *slow*, and ejects after
-`health.slow_threshold` in a row -- unless requests were answered there while it waited (first
-tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
+`health.slow_threshold` in a row -- unless anything came from it while it waited (first
+tokens, whole answers, streamed chunks, a /metrics page: `Replica.reply_mark`): alive, only its
+`/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
 an explicit non-200 (vLLM's 503 for a dead engine) ejects at once. A probe that times out
 while requests wait there and nothing at all came from the replica meanwhile finds it frozen
@@ -106,8 +107,7 @@ class HealthMonitor:
     async def _check(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
         if not replica.probe_due(self._clock()):
             return
-        answered = replica.answers  # its progress when the probe went out
-        mark = replica.reply_mark()  # ... and all that came from it
+        mark = replica.reply_mark()  # all that came from it when the probe went out
         try:
             status, _ = await pool.transport.get(
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
@@ -119,8 +119,12 @@ class HealthMonitor:
             if replica.frozen(mark, self._clock(), self._cfg.timeout_s):
                 return  # nothing at all came from it while requests waited: down, cut
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
-            if replica.state == "healthy" and replica.answers > answered:
-                replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late
+            if replica.state == "healthy" and replica.reply_mark() != mark:
+                # anything from it meanwhile (an answer, a chunk, a /metrics page): alive,
+                # /health is late. Finished answers alone were not enough: a replica busy
+                # with long non-streamed requests finishes none within a probe, was ejected
+                # and its requests cut and run again elsewhere (the fleet's work doubled)
+                replica.record_probe_ok()
                 return
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())

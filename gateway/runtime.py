@@ -191,6 +191,10 @@ def _scraper(
         replica = by_id.get(replica_id)
         if replica is not None:
             lost = replica.record_scrape(sample, now)
+            if sample is None and scraper.answered(replica_id):
+                # a page without vllm:* (--disable-log-stats) is a sign of life too: without
+                # it, one late /health read such a replica as frozen (`Replica.frozen`)
+                replica.replies += 1
             if lost is not None:  # its prefix cache is empty: what the router knew is gone
                 log.info(_LOST[lost], extra={"pool": replica.pool, "replica": replica_id})
                 router.forget_cache(replica_id)
