@@ -122,7 +122,8 @@ async def start_runtime(
         # after `members`: the pools follow a new policy before the queues move to them
         stack.callback(tenancy.resolver.on_policy(flow.policy_changed))
     await members.start_discovery()
-    monitor = HealthMonitor(pools, cfg.health, clock)
+    monitor = HealthMonitor(pools, cfg.health, clock,
+                            quiet_s=cfg.routing.scrape_timeout_ms / 1000.0)
     await monitor.poll_once()  # know who is up (and the served names) before serving
     _run(stack, monitor.run(), "kvgate-health")
     _run(stack, members.reap_drained(), "kvgate-drain")

@@ -86,3 +86,28 @@ def test_a_replica_without_stats_waiting_on_a_late_health_is_not_frozen() -> Non
     finally:
         for p in reversed(procs):
             p.stop()
+
+
+def test_a_replica_whose_metrics_page_is_late_too_is_not_frozen() -> None:
+    """Its /metrics page comes 2.5 s late, within the scrape timeout (5 s), so no page may
+    land within one 1 s /health probe. Before, such a probe read the replica, busy but
+    alive, as frozen: its waiting non-streamed request was cut (here a 504, no other
+    replica). Now the silence must also span a scrape's bound before it is a freeze."""
+    procs: list[Proc] = []
+    try:
+        _, urls = start_sims(procs, 1, "--time-scale", "50")
+        env = {**ENV, "KVGATE_HEALTH__SLOW_THRESHOLD": "1000"}  # the frozen rule alone
+        gw, base = gateway_proc(upstreams=urls, env=env)
+        procs.append(gw.start())
+        httpx.post(f"{urls[0]}/sim/faults", timeout=10, json={
+            "latency_ms": 9000, "health_latency_ms": 2500, "metrics_latency_ms": 2500,
+        }).raise_for_status()
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "late page"}], max_tokens=4)
+        assert raw.parse().choices[0].message.content
+        assert raw.headers["x-kvgate-route"] != "retry"
+        assert sum(metric_values(base, "kvgate_upstream_retries_total").values()) == 0
+    finally:
+        for p in reversed(procs):
+            p.stop()
