@@ -74,7 +74,7 @@ def test_a_replica_without_stats_waiting_on_a_late_health_is_not_frozen() -> Non
         env = {**ENV, "KVGATE_HEALTH__SLOW_THRESHOLD": "1000"}  # the frozen rule alone
         gw, base = gateway_proc(upstreams=urls, env=env)
         procs.append(gw.start())
-        httpx.post(f"{urls[0]}/sim/faults", json={"latency_ms": 4000, "health_latency_ms": 2500},
+        httpx.post(f"{urls[0]}/sim/faults", json={"latency_ms": 9000, "health_latency_ms": 2500},
                    timeout=10).raise_for_status()
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60)
         raw = client.chat.completions.with_raw_response.create(
