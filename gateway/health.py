@@ -16,8 +16,9 @@ again without a restart. vLLM's `/health` reports only the engine's
 errored flag (a hung engine's answers 200: a stalled replica, `gateway.stall`, stays out) and is
 served on the same event loop as the requests, so a saturated replica
 answers it late: a probe that times out is only *slow*, and ejects after
-`health.slow_threshold` in a row -- unless requests were answered there while it waited (first
-tokens or whole answers, `Replica.answers`): alive, only its `/health` is late (a replica
+`health.slow_threshold` in a row -- unless anything came from it while it waited (first
+tokens, whole answers, streamed chunks, a /metrics page: `Replica.reply_mark`): alive, only its
+`/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
 an explicit non-200 (vLLM's 503 for a dead engine) ejects at once. A probe that times out
 while requests wait there and nothing at all came from the replica meanwhile finds it frozen
@@ -50,10 +51,16 @@ _CARDS_EVERY = 10
 
 
 class HealthMonitor:
-    def __init__(self, pools: Pools, cfg: HealthConfig, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, pools: Pools, cfg: HealthConfig, clock: Callable[[], float], quiet_s: float = 0.0,
+    ) -> None:
         self._pools = pools
         self._cfg = cfg
         self._clock = clock
+        # how long an alive replica may send nothing (its /metrics page may take the scrape
+        # timeout): a shorter silence, one /health timeout, is no freeze (`_frozen`)
+        self._quiet_s = quiet_s
+        self._silent: dict[str, tuple[int, float]] = {}  # replica -> (reply mark, seen since)
         self._refusals: set[str] = set()  # replicas whose refusal of the key was logged
         # (replica, served name) asked for that model card's context length; a replica that
         # leaves the pool is forgotten, one that comes back after being down is asked again
@@ -86,6 +93,8 @@ class HealthMonitor:
         self._wrong_model &= present
         self._no_sleep_route &= present
         self._unread = {rid: n for rid, n in self._unread.items() if rid in present}
+        checked = present | {r.id for r in self._pools.draining}  # (their silence goes on)
+        self._silent = {rid: v for rid, v in self._silent.items() if rid in checked}
         await asyncio.gather(*checks)
 
     async def _guarded(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
@@ -103,11 +112,23 @@ class HealthMonitor:
             replica.reason = reason
             replica.mark_down(self._clock(), request=False)
 
+    def _frozen(self, replica: Replica, mark: int) -> bool:
+        """`Replica.frozen`, once nothing came from it for the longer of a /health timeout
+        and `quiet_s` (the scrape timeout): a busy vLLM whose /metrics page took longer
+        than one /health timeout (within the scrape's) was read as frozen, its waiting
+        non-streamed requests cut and run again elsewhere."""
+        now = self._clock()
+        silent_s = now - self._silent.get(replica.id, (mark, now))[1]
+        if silent_s < max(self._cfg.timeout_s, self._quiet_s):
+            return False
+        return replica.frozen(mark, now, silent_s)
+
     async def _check(self, pool: Pool, replica: Replica, draining: bool = False) -> None:
         if not replica.probe_due(self._clock()):
             return
-        answered = replica.answers  # its progress when the probe went out
-        mark = replica.reply_mark()  # ... and all that came from it
+        mark = replica.reply_mark()  # all that came from it when the probe went out
+        if self._silent.get(replica.id, (None,))[0] != mark:
+            self._silent[replica.id] = (mark, self._clock())
         try:
             status, _ = await pool.transport.get(
                 f"{replica.url}/health", self._cfg.timeout_s, pool.headers
@@ -116,11 +137,15 @@ class HealthMonitor:
             ok = status == 200
             reason = f"/health answered {status}"
         except TimeoutError:  # slow, not dead (aiohttp's timeouts subclass TimeoutError)
-            if replica.frozen(mark, self._clock(), self._cfg.timeout_s):
+            if self._frozen(replica, mark):
                 return  # nothing at all came from it while requests waited: down, cut
             slow = f"/health: no answer within {self._cfg.timeout_s:g} s"
-            if replica.state == "healthy" and replica.answers > answered:
-                replica.record_probe_ok()  # answering requests meanwhile: alive, /health is late
+            if replica.state == "healthy" and replica.reply_mark() != mark:
+                # anything from it meanwhile (an answer, a chunk, a /metrics page): alive,
+                # /health is late. Finished answers alone were not enough: a replica busy
+                # with long non-streamed requests finishes none within a probe, was ejected
+                # and its requests cut and run again elsewhere (the fleet's work doubled)
+                replica.record_probe_ok()
                 return
             if replica.state == "healthy":
                 replica.record_slow_probe(self._clock())

@@ -122,7 +122,8 @@ async def start_runtime(
         # after `members`: the pools follow a new policy before the queues move to them
         stack.callback(tenancy.resolver.on_policy(flow.policy_changed))
     await members.start_discovery()
-    monitor = HealthMonitor(pools, cfg.health, clock)
+    monitor = HealthMonitor(pools, cfg.health, clock,
+                            quiet_s=cfg.routing.scrape_timeout_ms / 1000.0)
     await monitor.poll_once()  # know who is up (and the served names) before serving
     _run(stack, monitor.run(), "kvgate-health")
     _run(stack, members.reap_drained(), "kvgate-drain")
@@ -191,6 +192,10 @@ def _scraper(
         replica = by_id.get(replica_id)
         if replica is not None:
             lost = replica.record_scrape(sample, now)
+            if sample is None and scraper.answered(replica_id):
+                # a page without vllm:* (--disable-log-stats) is a sign of life too: without
+                # it, one late /health read such a replica as frozen (`Replica.frozen`)
+                replica.replies += 1
             if lost is not None:  # its prefix cache is empty: what the router knew is gone
                 log.info(_LOST[lost], extra={"pool": replica.pool, "replica": replica_id})
                 router.forget_cache(replica_id)

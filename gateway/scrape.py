@@ -49,6 +49,7 @@ class _Target:
     errors: int = 0
     no_load_data: bool = False  # the last page had no vllm:* series
     failing: int = 0  # failed scrapes in a row (NoLoadData aside: warned about on its own)
+    answered: bool = False  # the last scrape read a page, load data or none: it is alive
 
 
 async def _read_page(r: aiohttp.ClientResponse) -> bytes:
@@ -116,6 +117,11 @@ class Scraper:
         target = self._targets.get(replica_id)
         return target.errors if target is not None else 0
 
+    def answered(self, replica_id: str) -> bool:
+        """Did its last scrape read a page (one without vllm:* series too)?"""
+        target = self._targets.get(replica_id)
+        return target is not None and target.answered
+
     def no_load_data(self, replica_id: str) -> bool:
         """Whether the replica's last page had no ``vllm:`` series (``--disable-log-stats``)."""
         target = self._targets.get(replica_id)
@@ -166,13 +172,16 @@ class Scraper:
             sample = (_parse_page(page) if len(page) <= _INLINE_BYTES
                       else await asyncio.to_thread(_parse_page, page))
             target.no_load_data = False
+            target.answered = True
         except NoLoadData:
+            target.answered = True
             target.errors += 1
             if not target.no_load_data:
                 log.warning("replica exports no vllm:* metrics (--disable-log-stats?): "
                             "routing on kvgate's own accounting", extra={"replica": replica_id})
             target.no_load_data = True
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            target.answered = False
             target.errors += 1
             log.debug("scrape failed", extra={"replica": replica_id, "error": type(exc).__name__})
             self._failed(replica_id, target, exc)

@@ -91,6 +91,9 @@ class RedisBase(TenantStore):
         self._throttles_read = asyncio.Event()
         self._throttles_since: float | None = None  # the first admin request's wait for it
         self._evictions_due = float("-inf")  # the listener's next read of the eviction policy
+        # CONFIG refused (an ACL user without it, a managed Redis that renamed it): a refusal
+        # that does not change, not asked again (each one was an entry in Redis's ACL LOG)
+        self._config_refused = False
         self._scripts = {
             name: client.register_script(src)
             for name, src in {

@@ -46,9 +46,15 @@ class RedisListening(RedisBase):
         CONFIG SET at run time). It was said once in the log at start only: /readyz and the
         doctor read all well until keys vanished. Nothing is said without a `maxmemory` (it
         never evicts), where CONFIG is refused (an ACL user without it, a managed Redis that
-        renamed it) or Redis does not answer."""
+        renamed it: not asked again, each refusal was an ACL LOG entry) or Redis does not
+        answer."""
+        if self._config_refused:
+            return
         try:
             found = await self._r.config_get("maxmemory*")
+        except ResponseError:  # NOPERM, an unknown (renamed) command: so it stays
+            self._config_refused = True
+            return
         except (RedisError, OSError):
             return
         policy = text(found.get("maxmemory-policy") or "")
