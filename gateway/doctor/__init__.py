@@ -11,10 +11,12 @@
 | `findings.py` | what the rules produce (class, severity, evidence, one action) and share |
 | `replica_rules.py` | per replica: down, errors, scrapes, KV-/decode-/prefill-/queue-bound |
 | `pool_rules.py` | per pool: errors, flow control's queue, routing (imbalance, hit rate) |
+| `down_causes.py` | why a replica is out now (kvgate's reason: asleep, frozen, ...), in words |
 | `process_rules.py` | the gateway process: overhead, CPU, Redis, shared routing state |
 | `cache.py` | cache return per tenant and per pool, with a verdict |
 | `service.py` | `Doctor`: sampler + `report(window_s)` (`GET /admin/doctor`) |
 | `render.py` | text tables (stdlib only), duration parsing |
+| `readiness.py` | the gateway's /readyz degraded reasons as findings (read by the CLI) |
 | `cli.py` | `kvgate doctor --url ... [--window 5m] [--json] [--cache]` |
 
 Importing the package imports none of them (the CLI stays light).

@@ -44,6 +44,7 @@ from gateway.cli.admin_http import (
     url_path_hint,
 )
 from gateway.cli.parser import suggest
+from gateway.doctor import readiness
 from gateway.doctor.render import parse_duration, render_cache, render_findings
 
 __all__ = ["main"]
@@ -132,18 +133,20 @@ class _Cutter:
 
 
 def _read(
-    client: httpx.Client, url: str, token: str, window: str, deadline: float
+    client: httpx.Client, url: str, token: str | None, window: str | None, deadline: float
 ) -> tuple[httpx.Response, bytes]:
-    """The answer, headers and body, read by ``deadline`` (`time.monotonic`)."""
+    """The answer, headers and body, read by ``deadline`` (`time.monotonic`): the report's
+    (``window`` given, with the admin token), else ``/readyz``'s (a public page: no token)."""
     left = deadline - time.monotonic()
     if left <= 0:
         raise httpx.ReadTimeout("no time left")
     body = bytearray()
+    path, params = ("/admin/doctor", {"window": window}) if window is not None else ("/readyz", {})
+    headers = {"authorization": f"Bearer {token}"} if token is not None else {}
     with _Cutter(left) as cutter:
         try:
-            with client.stream("GET", f"{url}/admin/doctor", params={"window": window},
-                               headers={"authorization": f"Bearer {token}"}, timeout=left,
-                               extensions={"trace": cutter.trace}) as response:
+            with client.stream("GET", f"{url}{path}", params=params, headers=headers,
+                               timeout=left, extensions={"trace": cutter.trace}) as response:
                 for chunk in response.iter_bytes():
                     body += chunk
         except httpx.HTTPError:
@@ -240,9 +243,13 @@ def _diagnose(
     except RuntimeError as exc:
         return _fail(str(exc), 1)
     workers = _workers(report)
+    reports, missing = [report], list[int]()
     if workers > 1:
         reports, missing = _every_worker(client, url, token, args.window, deadline, report,
                                          workers)
+    # /readyz's degraded reasons, in the first report (each worker's would say the same)
+    readiness.merge(reports[0], _readiness(client, url, deadline, reports[0]["findings"]))
+    if workers > 1:
         if args.json:
             print(json.dumps({"object": "doctor.workers", "workers": workers,
                               "missing": missing, "data": reports}, indent=2))
@@ -258,6 +265,19 @@ def _diagnose(
     else:
         print(render_findings(report, url))
     return _status([report], args.fail_on)
+
+
+def _readiness(
+    client: httpx.Client, url: str, deadline: float, findings: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """What the gateway's /readyz says, as findings; one that cannot be read is a finding."""
+    try:
+        response, body = _read(client, url, None, None, deadline)
+    except httpx.TimeoutException:
+        return readiness.unread(url, "no answer within --timeout")
+    except httpx.HTTPError as exc:
+        return readiness.unread(url, type(exc).__name__)
+    return readiness.from_readyz(url, response.status_code, body, findings)
 
 
 def _status(reports: list[dict[str, Any]], fail_on: str | None) -> int:

@@ -101,9 +101,12 @@ def render_findings(report: dict[str, Any], url: str = "") -> str:
         lines.append(f"{sev:<10}{cls:<{w_class + 2}}{where:<{w_where + 2}}{f['summary']}")
         if f["class"] == "healthy":
             continue
-        judged = [e for e in f["evidence"] if e.get("threshold") is not None]
-        if judged:
-            lines.append(" " * lead + "evidence: " + "; ".join(_evidence(e) for e in judged))
+        # a number judged by a threshold, or what /readyz said in words (`readiness`)
+        shown = [_evidence(e) for e in f["evidence"] if e.get("threshold") is not None] + [
+            f"{e['metric']} {e['what']}: {e['note']}" for e in f["evidence"]
+            if e.get("metric") == "/readyz" and e.get("note")]
+        if shown:
+            lines.append(" " * lead + "evidence: " + "; ".join(shown))
         lines.append(" " * lead + "action: " + f["action"])
     return "\n".join(lines)
 

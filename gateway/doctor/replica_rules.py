@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from gateway.doctor.down_causes import down_cause
 from gateway.doctor.findings import (
     MIN_SAMPLES,
     Context,
@@ -125,35 +126,16 @@ def replica_down(r: ReplicaStats) -> Finding | None:
         when += f"; it went out {r.outages:.0f} times: it flaps"
     if r.stalled_last or r.stalls > 0:
         return _stalled(r, ev, when, now_out)
-    why, action = _down_cause(r.reason if now_out else "")
+    cause = down_cause(r.reason if now_out else "")
+    action = cause.action
     if flaps:
         action = ("it flaps: check whether its vLLM process restarts (a crash loop: its log, "
                   "OOM kills, its pod's restarts) or its /health times out under load "
                   "(health.timeout_s); " + action)
     return Finding(
-        "down", "critical" if now_out else "warning", r.pool, r.id,
-        f"replica down: {why} ({when}): kvgate sends it no requests until it answers again",
-        action, ev)
-
-
-def _down_cause(reason: str) -> tuple[str, str]:
-    """What took a replica out, in words, and the change for it: kvgate's reason for the
-    replica out now (`Replica.reason`) when it has one. A replica serving another model
-    answers /health 200; checking its process would find nothing wrong."""
-    if reason.startswith("serves model"):
-        return (f"it {reason}",
-                "serve the pool's model there (vLLM --model / --served-model-name) or take the "
-                "replica out of this pool (a wrong Service selector, another model rolled out "
-                "there); kvgate takes it back once its /v1/models lists the pool's model")
-    if reason.startswith("refused the gateway's credentials"):
-        return (f"it {reason}",
-                "give the pool the replica's key: the variable its api_key_env names must hold "
-                "the replica's vLLM --api-key; kvgate takes it back once it accepts it")
-    generic = ("check the replica: its vLLM process (GET /health), its host and the network "
-               "between; kvgate probes it and takes it back on its own")
-    if reason:
-        return f"kvgate took it out of rotation ({reason})", generic
-    return ("kvgate took it out of rotation, its health checks or requests failing", generic)
+        "down", "critical" if now_out and not cause.deliberate else "warning", r.pool, r.id,
+        f"replica {cause.label}: {cause.why} ({when}): kvgate sends it no requests until "
+        f"{cause.until}", action, ev)
 
 
 def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> Finding:

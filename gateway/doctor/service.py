@@ -116,6 +116,8 @@ class Doctor:
                 "pools": [r.as_dict() for r in pools],
             },
             "thresholds": th.as_dict(),
+            # what /readyz says: `kvgate doctor` reads it and fills this in (`readiness`)
+            "readiness": None,
         }
 
 
