@@ -520,8 +520,11 @@ class Replica:
     def eject(self, now: float) -> None:
         """Out for a back-off. Its requests that got nothing yet are cut and tried elsewhere
         at once (`_cut_waiting`): before, those of a replica ejected for failing requests
-        waited on it for their own first-byte timeout (5 minutes) or their whole answer."""
-        self._cut_waiting()
+        waited on it for their own first-byte timeout (5 minutes) or their whole answer. Only
+        those another replica can take (`Lease.on_stall`'s ``retried``): the Envoy edge's
+        could only end with an error, and a replica failing some requests may still answer
+        them (one stopped, down, asleep or stalled is cut whatever the edge)."""
+        self._cut_waiting(retried_only=True)
         self.epoch += 1
         self.current = 0  # what is in flight now was sent before: not its trial
         self.current_waiting = 0
@@ -572,12 +575,12 @@ class Replica:
         if not request:
             self._cut_waiting()
 
-    def _cut_waiting(self) -> None:
+    def _cut_waiting(self, retried_only: bool = False) -> None:
         """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere. Not the
         one whose failure is being recorded (`_SENT`): its own handler is ending it."""
         judged = _SENT.get()
         for lease in list(self.cuttable):  # (each cut removes itself)
-            if lease is not judged:
+            if lease is not judged and (lease.retried or not retried_only):
                 lease.cut()
 
     def reply_mark(self) -> int:
@@ -665,12 +668,13 @@ class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "replica", "scrapes", "seen")
+                 "replica", "retried", "scrapes", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
         self.epoch = replica.epoch  # the ejections it was sent after (`Replica.record_failure`)
         self._cut: Callable[[], None] | None = None
+        self.retried = True  # a cut is tried elsewhere (`on_stall`)
         self._prefill = prompt_tokens
         self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
         self._released = False
@@ -679,11 +683,14 @@ class Lease:
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
         self.scrapes = replica.scrapes  # the scrapes before it was sent
 
-    def on_stall(self, cut: Callable[[], None]) -> None:
+    def on_stall(self, cut: Callable[[], None], retried: bool = True) -> None:
         """Call `cut` if its replica is found stalled before this request got anything (a
-        first token, a whole answer) or ended: it can be tried elsewhere."""
+        first token, a whole answer) or ended: it can be tried elsewhere. ``retried``: a cut
+        request is tried on another replica (the HTTP edge); not (the Envoy edge, where a
+        cut ends it with an error), it is cut only when its replica cannot answer it."""
         if not self.answered and not self._released:
             self._cut = cut
+            self.retried = retried
             self.replica.cuttable.add(self)
 
     def cut(self) -> None:

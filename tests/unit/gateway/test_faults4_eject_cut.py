@@ -48,3 +48,20 @@ def test_a_probe_hearing_nothing_with_requests_waiting_is_a_frozen_replica() -> 
     assert cut == ["waiting"]
     assert replica.down and replica.state == "ejected"
     assert replica.reason is not None and "no answer from it for 5 s" in replica.reason
+
+
+def test_an_ejection_by_failures_leaves_the_envoy_edges_waiting_requests() -> None:
+    """The Envoy edge's requests (`retried=False`) cannot be resent by the picker: cut, they
+    end with a 504, while the replica failing some requests may still answer them. An
+    ejection by failures leaves them; a replica found down by its health checks cuts them."""
+    replica = Replica("p", "http://127.0.0.1:9", HealthRules(failure_threshold=1))
+    cut: list[str] = []
+    replica.acquire(100, stream=True, now=0.0).on_stall(lambda: cut.append("envoy"),
+                                                        retried=False)
+    _waiting(replica, cut, "http")
+    _waiting(replica, cut, "failing")  # (acquired last: the request judged now)
+    replica.record_failure(1.0)
+    assert replica.state == "ejected"
+    assert cut == ["http"]
+    replica.mark_down(2.0, request=False, reason="health check refused")
+    assert cut == ["http", "envoy"]
