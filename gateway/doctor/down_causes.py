@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gateway.replicas import ASLEEP, ASLEEP_ASKED, ASLEEP_SAID
+from gateway.replica_engine import ASLEEP, ASLEEP_ASKED, ASLEEP_SAID
 
 __all__ = ["DownCause", "down_cause"]
 
