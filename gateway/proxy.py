@@ -240,7 +240,11 @@ class Proxy:
     ) -> None:
         pool = req.pool
         failure: UpstreamError | None = None  # built only when an attempt fails (rare)
-        for i, replica in enumerate(order):
+        rest = list(order)
+        i = -1
+        while rest:
+            replica = rest.pop(0)
+            i += 1
             if i > 0:
                 if not pool.budget.try_spend():
                     # misconfigured, not busy: a "try again shortly" would only bring more of
@@ -255,7 +259,7 @@ class Proxy:
                     self._metrics.retried(pool.name, failure.reason)
             if i == 0:
                 self._metrics.pre_upstream.observe(req.own_time(perf_counter()))
-            last = i + 1 == len(order) or pool.budget.tokens < 1.0
+            last = not rest or pool.budget.tokens < 1.0
             try:
                 failure_or_none = await self._attempt(send, req, replica, body, headers, last)
             except UpstreamError as exc:  # the last try's failure, nothing sent yet
@@ -265,6 +269,12 @@ class Proxy:
                     self._metrics.failover(pool.name)
                 return
             failure = failure_or_none
+            # a fallback out of service since the pick (ejected, down, asleep: often found so
+            # with this try's replica, a host or network both were on) is not tried: its
+            # request would wait there, uncut (a cut comes when a replica is found out, not
+            # after), until a timeout -- some 30 s more for a frozen one, minutes asleep
+            now = self._clock()
+            rest = [r for r in rest if r.available(now)]
         failure = failure or UpstreamError("No replica answered.")
         raise self._outage(req, failure) or failure
 
@@ -290,7 +300,10 @@ class Proxy:
         req.target = replica
         first = req.attempts == 0
         lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
-        lease.on_stall(req.ctl.replica_stalled)  # its engine stops: tried elsewhere
+        # its engine stops: tried elsewhere; the last try is cut only when its replica cannot
+        # answer it (stalled, down, frozen, asleep), not when it is ejected for other
+        # requests' failures: it may still answer this one, and a cut is the client's 504
+        lease.on_stall(req.ctl.replica_stalled, retried=not last)
         resp: UpstreamResponse | None = None
         clean = False
         try:
