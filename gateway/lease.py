@@ -24,13 +24,12 @@ class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "replica", "retried", "scrapes", "seen")
+                 "replica", "scrapes", "seen")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
         self.epoch = replica.epoch  # the ejections it was sent after (`Replica.record_failure`)
         self._cut: Callable[[], None] | None = None
-        self.retried = True  # a cut is tried elsewhere (`on_stall`)
         self._prefill = prompt_tokens
         self._whole = 0 if stream else prompt_tokens  # its part of `whole_waiting_tokens`
         self._released = False
@@ -39,14 +38,11 @@ class Lease:
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
         self.scrapes = replica.scrapes  # the scrapes before it was sent
 
-    def on_stall(self, cut: Callable[[], None], retried: bool = True) -> None:
+    def on_stall(self, cut: Callable[[], None]) -> None:
         """Call `cut` if its replica is found stalled before this request got anything (a
-        first token, a whole answer) or ended: it can be tried elsewhere. ``retried``: a cut
-        request is tried on another replica (the HTTP edge); not (the Envoy edge, where a
-        cut ends it with an error), it is cut only when its replica cannot answer it."""
+        first token, a whole answer) or ended: it can be tried elsewhere."""
         if not self.answered and not self._released:
             self._cut = cut
-            self.retried = retried
             self.replica.cuttable.add(self)
 
     def cut(self) -> None:

@@ -300,10 +300,7 @@ class Proxy:
         req.target = replica
         first = req.attempts == 0
         lease = replica.acquire(req.features.prompt_tokens, req.features.stream, self._clock())
-        # its engine stops: tried elsewhere; the last try is cut only when its replica cannot
-        # answer it (stalled, down, frozen, asleep), not when it is ejected for other
-        # requests' failures: it may still answer this one, and a cut is the client's 504
-        lease.on_stall(req.ctl.replica_stalled, retried=not last)
+        lease.on_stall(req.ctl.replica_stalled)  # its engine stops, it is found down: elsewhere
         resp: UpstreamResponse | None = None
         clean = False
         try:

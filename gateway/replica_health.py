@@ -225,13 +225,11 @@ class ReplicaHealth(ReplicaState):
         self.failed += 1
 
     def eject(self, now: float) -> None:
-        """Out for a back-off. Its requests that got nothing yet are cut and tried elsewhere
-        at once (`_cut_waiting`): before, those of a replica ejected for failing requests
-        waited on it for their own first-byte timeout (5 minutes) or their whole answer. Only
-        those another replica can take (`Lease.on_stall`'s ``retried``): the Envoy edge's
-        could only end with an error, and a replica failing some requests may still answer
-        them (one stopped, down, asleep or stalled is cut whatever the edge)."""
-        self._cut_waiting(retried_only=True)
+        """Out for a back-off. Its requests waiting there stay: a replica failing some
+        requests may still answer the others, and cutting them all at once (28 in a storm of
+        120 clients) spent the pool's retry budget on one ejection, the rest ending in 504s
+        their replica would have answered. One found stalled, down by its health checks,
+        frozen or asleep has them cut (`_cut_waiting`): nothing will come from it."""
         self.epoch += 1
         self.current = 0  # what is in flight now was sent before: not its trial
         self.current_waiting = 0
@@ -282,12 +280,12 @@ class ReplicaHealth(ReplicaState):
         if not request:
             self._cut_waiting()
 
-    def _cut_waiting(self, retried_only: bool = False) -> None:
+    def _cut_waiting(self) -> None:
         """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere. Not the
         one whose failure is being recorded (`_SENT`): its own handler is ending it."""
         judged = _SENT.get()
         for lease in list(self.cuttable):  # (each cut removes itself)
-            if lease is not judged and (lease.retried or not retried_only):
+            if lease is not judged:
                 lease.cut()
 
     def reply_mark(self) -> int:

@@ -165,9 +165,7 @@ class ExchangeState:
         req.attempts += 1
         self._lease = replica.acquire(
             req.features.prompt_tokens, req.features.stream, self._core.clock())
-        # its engine stops, it is found down: ended (not by an ejection for failed requests:
-        # the picker cannot resend it, and the replica may still answer it)
-        self._lease.on_stall(self._replica_cut, retried=False)
+        self._lease.on_stall(self._replica_cut)  # its engine stops, it is found down: ended
         self._core.router.record_route(replica.id, req.features, self._core.clock())
 
     def _replica_cut(self) -> None:
