@@ -339,9 +339,12 @@ async def _stop(server: grpc.aio.Server, grace_s: float) -> None:
 # request body chunk up to `server.max_body_bytes` past it is refused 413, a response body
 # chunk as large as before is taken
 MESSAGE_ROOM = 4 * 1024 * 1024
-# a ping to Envoy every 20 s on each connection, which is closed when one is not answered
-# within 10 s; sooner where `health.stall_after_s` is shorter (`keepalive_ms`)
-KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 20_000, 10_000
+# a ping to Envoy every 5 s on each connection, which is closed when one is not answered
+# within 5 s; sooner where `health.stall_after_s` is shorter (`keepalive_ms`). At 20 s + 10 s
+# a frozen Envoy held its exchanges -- their replicas' in-flight counts, their tenants'
+# concurrency leases, which other Envoys' requests of the tenant were refused for -- up to
+# 30 s; a ping costs a few dozen bytes, and an Envoy that cannot answer one in 5 s serves nothing
+KEEPALIVE_MS, KEEPALIVE_TIMEOUT_MS = 5_000, 5_000
 
 
 def keepalive_ms(stall_after_s: float | None) -> tuple[int, int]:
@@ -351,7 +354,7 @@ def keepalive_ms(stall_after_s: float | None) -> tuple[int, int]:
     the answer Envoy holds, or never got the request), which is the stall rule's evidence
     (`gateway.stall`) -- with `stall_after_s` 3 s, a frozen Envoy's request was ended as a
     504 and its healthy replica ejected. Both together take at most half of
-    `stall_after_s` (20 s + 10 s at its 60 s default), so the exchange has ended (499) and
+    `stall_after_s` (5 s + 5 s at its 60 s default), so the exchange has ended (499) and
     its lease is gone well before; no stall judge (off): the default. A ping's answer is
     waited for 1 s at least (a busy Envoy's late answer would end live exchanges)."""
     if not stall_after_s:

@@ -98,7 +98,7 @@ def test_keepalive_pings_leave_a_long_whole_answer_alone(procs: list[Proc]) -> N
 
 def test_a_frozen_envoy_lets_go_of_its_exchanges(procs: list[Proc]) -> None:
     # the reverse: Envoy stops answering (frozen) with a request in flight; the picker's
-    # pings find it (`KEEPALIVE_MS` + its timeout: 30 s), and the exchange is ended (the
+    # pings find it (`KEEPALIVE_MS` + its timeout: 10 s), and the exchange is ended (the
     # replica's in-flight count back to 0), where it was held for as long as the connection
     # stayed open
     epp, base = _start(procs)
