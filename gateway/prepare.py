@@ -34,6 +34,7 @@ from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
+from gateway.vllm_routes import PRIORITIZED, SALTED, adapt
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView, RequestFeatures
 
@@ -227,14 +228,17 @@ class Preparer:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
         with its prefix features, in a worker thread (`OffLoop`; route explain's too)."""
         if len(body) < OFF_LOOP_BYTES:
-            return parse_body(body, kind, lambda: self.planner.default_model(principal))
+            parsed = parse_body(body, kind, lambda: self.planner.default_model(principal))
+            adapt(parsed, kind)  # (vLLM's own routes: their prompt, output and stream)
+            return parsed
         return await self._off_loop.run(self._digest, body, kind, principal)
 
     def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """Parse a large body and compute its prefix features (run in a worker thread)."""
         parsed = parse_body(body, kind, lambda: self.planner.default_model(principal))
+        adapt(parsed, kind)
         if kind in PREFIX_KINDS:
-            parsed.prefix = self.planner.prefix_features(parsed, principal)
+            parsed.prefix = self.planner.prefix_features(parsed, principal, kind=kind)
         return parsed
 
     def _plan_and_pick(
@@ -246,9 +250,11 @@ class Preparer:
         pool = req.pool = plan.pool
         req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
         gate = self._gate
+        kind = req.kind  # the salt and priority only where vLLM's request has the field
         upstream_body, req.strip = rewrite_body(
-            parsed, req.kind, plan.served, cache_salt=gate.salt(principal),
-            priority=plan.priority, client_salt=gate.client_salt,
+            parsed, kind, plan.served, cache_salt=gate.salt(principal) if kind in SALTED
+            else None, priority=plan.priority if kind in PRIORITIZED else None,
+            client_salt=gate.client_salt,
             client_priority=gate.client_priority,
         )
         if plan.spilled:

@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable
 from time import perf_counter
 
+from gateway.anthropic_errors import error_body
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors
@@ -66,6 +67,7 @@ from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.upstream_errors import unreadable
 from gateway.verdicts import busy_wait, internal_error, judge
+from gateway.vllm_routes import VLLM_KINDS
 from gateway.whole import read_whole
 from routing.router import Router
 from routing.types import Decision
@@ -80,6 +82,7 @@ KINDS: dict[str, str] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    **VLLM_KINDS,  # vLLM's own client routes (tokenize, rerank, Anthropic's messages, ...)
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
@@ -448,4 +451,5 @@ class Proxy:
             await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
             return
         await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
-                                            (b"x-request-id", req.req_id)], exc.body())
+                                            (b"x-request-id", req.req_id)],
+                         error_body(req.path, exc))  # (Anthropic's shape on its routes)

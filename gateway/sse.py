@@ -134,10 +134,11 @@ _CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
 # how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
-# its terminal event (or an `error` event), named in the `event:` line and the data's `type`
+# its terminal event (or an `error` event), named in the `event:` line and the data's `type`;
+# Anthropic's Messages API (`/v1/messages`, no [DONE] either) with `message_stop`
 _DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
-_TERMINAL = re.compile(
-    rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
+_TERMINAL = re.compile(rb'(?:event:[ \t]*|"type"\s*:\s*")'
+                       rb'(?:response\.(?:completed|incomplete|failed)|error|message_stop)\b')
 _ENDED = re.compile(  # (an `event:` line's start: generated text may say "event: ...")
     rb'(?:(?:^|\n)event:[ \t]*|"type"\s*:\s*")response\.(?:completed|incomplete|failed)\b')
 
