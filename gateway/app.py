@@ -27,6 +27,7 @@ from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound, shown_name
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.multipart import FORM_ROUTES
 from gateway.paths import (
     API_PREFIX,
     api_route,
@@ -366,13 +367,14 @@ def _bearer_token(headers: Headers) -> str | None:
 # what vLLM 0.34 serves its clients beside the routes kvgate proxies (`KINDS`; not its
 # operator endpoints, which stay unknown paths): a client that used them against vLLM is told so
 VLLM_ONLY = frozenset({
-    "/tokenizer_info", "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations",
-    "/cohere/v2/chat", "/v1/chat/completions/batch", "/invocations", "/v1/realtime",
+    "/tokenizer_info", "/v2/embed", "/cohere/v2/chat", "/v1/chat/completions/batch",
+    "/invocations", "/v1/realtime",
 })
 
 
 # the OpenAI API routes, as 404s name them (vLLM's own routes it serves too: `VLLM_KINDS`)
-SERVED = f"{', '.join(p for p in KINDS if p not in VLLM_KINDS)} and {MODELS}"
+SERVED = f"{', '.join(p for p in KINDS if p not in VLLM_KINDS and p not in FORM_ROUTES)} " \
+    f"and {MODELS}"
 
 
 def unknown_path(path: str) -> NotFound:

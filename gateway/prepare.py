@@ -27,6 +27,7 @@ from gateway.errors import NoReplicaAvailable, NotFound, ResponseLookupFailed, s
 from gateway.flow import FlowGate, asked_tokens
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
+from gateway.multipart import parse_form
 from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest, rate_limit_headers
@@ -139,7 +140,11 @@ class Preparer:
         ``gone`` returns when the client has left (flow control drops it from its queue)."""
         if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
             await self._refuse_early(req, principal)
-        parsed = req.parsed = await self.parse(body, req.kind, principal)
+        if req.form is not None:  # an audio route's form (`gateway.multipart`)
+            req.form, parsed = parse_form(body, req.form.content_type)  # (400s: not a form)
+            req.parsed = parsed
+        else:
+            parsed = req.parsed = await self.parse(body, req.kind, principal)
         adm = await self._gate.admit(principal, self._reserve(parsed, req.kind, principal))
         self._admitted(req, adm)
         req.adm = adm
@@ -251,12 +256,14 @@ class Preparer:
         req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
         gate = self._gate
         kind = req.kind  # the salt and priority only where vLLM's request has the field
-        upstream_body, req.strip = rewrite_body(
-            parsed, kind, plan.served, cache_salt=gate.salt(principal) if kind in SALTED
-            else None, priority=plan.priority if kind in PRIORITIZED else None,
-            client_salt=gate.client_salt,
-            client_priority=gate.client_priority,
-        )
+        if req.form is not None:
+            upstream_body = req.form.rewrite(plan.served, gate.client_salt, gate.client_priority)
+        else:
+            upstream_body, req.strip = rewrite_body(
+                parsed, kind, plan.served, cache_salt=gate.salt(principal) if kind in SALTED
+                else None, priority=plan.priority if kind in PRIORITIZED else None,
+                client_salt=gate.client_salt, client_priority=gate.client_priority,
+            )
         if plan.spilled:
             self._metrics.spilled(principal.tier, plan.home, pool.name)
         views = plan.views

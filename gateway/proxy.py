@@ -54,6 +54,7 @@ from gateway.flow import ClientWatch
 from gateway.h1conn import UpstreamProtocolError
 from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
+from gateway.multipart import FORM_KINDS, FORM_ROUTES, declared_form
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
 from gateway.relay import Relay
@@ -83,6 +84,7 @@ KINDS: dict[str, str] = {
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
     **VLLM_KINDS,  # vLLM's own client routes (tokenize, rerank, Anthropic's messages, ...)
+    **FORM_ROUTES,  # vLLM's audio routes (multipart/form-data bodies)
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
@@ -187,7 +189,9 @@ class Proxy:
         principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
         if head.encoded:  # (its bytes would be judged "not JSON")
             raise EncodedBody
-        if head.multipart:  # (likewise: "not valid JSON: no digit after sign")
+        if req.kind in FORM_KINDS:  # an audio upload: its form read (`gateway.multipart`)
+            req.form = declared_form(scope["headers"])
+        elif head.multipart:  # (likewise: "not valid JSON: no digit after sign")
             raise MultipartBody(req.path)
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
@@ -210,6 +214,8 @@ class Proxy:
         pool.budget.deposit()
         req.route = "spill" if req.spilled else decision.reason
         headers = {**pool.headers, "X-Request-Id": req.up_id.decode("latin-1")}
+        if req.form is not None:  # (its boundary: the parts go on as they came)
+            headers["Content-Type"] = req.form.content_type
         try:
             await self._tries(send, req, order, body, headers)
         finally:

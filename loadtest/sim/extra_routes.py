@@ -1,7 +1,8 @@
 """vLLM's client routes beside the OpenAI ones, answered plausibly (shapes from vLLM 0.34).
 
 Anthropic's ``/v1/messages`` (whole and streamed, its SSE events and its error shape) and
-``/v1/messages/count_tokens``, ``/detokenize``, the pooling routes (``/pooling``,
+``/v1/messages/count_tokens``, ``/v1/audio/transcriptions`` and ``translations`` (a
+multipart form), ``/detokenize``, the pooling routes (``/pooling``,
 ``/classify``, ``/score``, ``/rerank`` and their ``/v1``, ``/v2`` forms). The answers come
 from the prompt's text, not a model: enough for a client to parse them and a gateway to relay
 them; no engine runs them (they do not show in the load the replica reports). Every request is
@@ -13,12 +14,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from email.parser import BytesParser
+from email.policy import default
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import xxhash
 
-from loadtest.sim.asgi import Receive, Scope, Send, send_bytes, send_json
+from loadtest.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.errors import SimError
 from loadtest.sim.parse import validate_cache_salt
 
@@ -60,7 +63,9 @@ class ExtraRoutes:
         pooling = {p: self._rerank for p in ("/rerank", "/v1/rerank", "/v2/rerank")}
         pooling |= {"/score": self._score_route, "/v1/score": self._score_route,
                     "/pooling": self._pooling, "/classify": self._classify}
-        return {("POST", "/v1/messages"): self._messages,
+        return {("POST", "/v1/audio/transcriptions"): self._audio,
+                ("POST", "/v1/audio/translations"): self._audio,
+                ("POST", "/v1/messages"): self._messages,
                 ("POST", "/v1/messages/count_tokens"): self._count_tokens,
                 ("POST", "/detokenize"): self._detokenize,
                 **{("POST", path): handler for path, handler in pooling.items()}}
@@ -126,6 +131,21 @@ class ExtraRoutes:
             return
         text = _text(body.get("system")) + " " + _text(body.get("messages"))
         await send_json(send, 200, {"input_tokens": _tokens(text)})
+
+    # -- audio -----------------------------------------------------------------------------
+    async def _audio(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's transcription / translation: a multipart form with `file` and `model`; the
+        request log holds its text fields and the file's size."""
+        declared = next((v.decode("latin-1") for k, v in scope["headers"]
+                         if k == b"content-type"), "")
+        fields = _form_fields(declared, await read_body(receive))
+        self.app._log_request(scope, fields)
+        if fields is None or "file" not in fields:
+            raise SimError(400, "1 validation error: 'file' is required", "Bad Request", "file")
+        self.app._check_model(fields)
+        size = int(fields["file"])
+        await send_json(send, 200, {"text": f"simulated speech of {size} bytes",
+                                    "usage": {"type": "duration", "seconds": 1}})
 
     # -- tokenizer -------------------------------------------------------------------------
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -194,6 +214,24 @@ class ExtraRoutes:
                          "probs": [1 - p, p], "num_classes": 2})
         await send_json(send, 200, {**self._head("classify"), "data": data,
                                     "usage": _usage(items)})
+
+
+def _form_fields(declared: str, body: bytes) -> dict[str, Any] | None:
+    """A multipart form's text fields, and its `file` part's size (None: not a form)."""
+    if not declared.lower().startswith("multipart/form-data"):
+        return None
+    message = BytesParser(policy=default).parsebytes(
+        b"Content-Type: " + declared.encode("latin-1") + b"\r\n\r\n" + body)
+    if not message.is_multipart():
+        return None
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        payload = part.get_payload(decode=True)
+        if not isinstance(name, str) or not isinstance(payload, bytes):
+            return None
+        fields[name] = str(len(payload)) if name == "file" else payload.decode("utf-8", "replace")
+    return fields
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
