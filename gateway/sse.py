@@ -489,7 +489,9 @@ class StreamScanner:
         usage = scan_usage(event)
         if usage is None:
             return True
-        self.usage = usage
+        # merged: an Anthropic stream's counts come in two events (`message_start`'s
+        # input_tokens, `message_delta`'s output_tokens); OpenAI's last usage holds them all
+        self.usage = usage if self.usage is None else {**self.usage, **usage}
         return not (self._strip and _EMPTY_CHOICES.search(event))
 
 

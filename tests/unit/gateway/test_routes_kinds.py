@@ -114,3 +114,11 @@ def test_an_anthropic_stream_ending_with_message_stop_is_complete() -> None:
     stop = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
     assert _fed(start, delta, stop).complete()
     assert not _fed(start, delta).complete()  # cut before its end: not whole
+
+
+def test_an_anthropic_streams_usage_counts_its_prompt_and_its_output() -> None:
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+             b'{"input_tokens":12,"output_tokens":0}}}\n\n')
+    delta = (b'event: message_delta\ndata: {"type":"message_delta","delta":{},'
+             b'"usage":{"output_tokens":5}}\n\n')
+    assert _fed(start, delta).usage == {"prompt_tokens": 12, "completion_tokens": 5}
