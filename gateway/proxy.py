@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from time import perf_counter
 
-from gateway.anthropic_errors import error_body
+from gateway.anthropic_errors import ANTHROPIC_PATHS, anthropic_stream, error_body
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors
@@ -130,6 +130,8 @@ class Proxy:
         path = scope["path"]
         head = scan_headers(scope["headers"], self._new_id)
         req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter(), head.up_id)
+        if path in ANTHROPIC_PATHS:  # a stream kvgate ends: Anthropic's error event
+            send = anthropic_stream(send)
         if head.origin is not None and self.cors is not None:
             req.cors = self.cors.allowed(head.origin) or ()
         try:

@@ -23,12 +23,15 @@ import xxhash
 
 from loadtest.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.errors import SimError
+from loadtest.sim.generate import ConnectionDropped
 from loadtest.sim.parse import validate_cache_salt
 
 if TYPE_CHECKING:
     from loadtest.sim.app import SimApp
 
-__all__ = ["ExtraRoutes"]
+__all__ = ["CUT_MID_STREAM", "ExtraRoutes"]
+
+CUT_MID_STREAM = "sim:cut-mid-stream"  # a /v1/messages `metadata.user_id` (`_messages`)
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SSE = (b"content-type", b"text/event-stream")
@@ -118,7 +121,13 @@ class ExtraRoutes:
             ("message_stop", {"type": "message_stop"}),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": [_SSE]})
-        for name, data in events:
+        # a stream cut after its first delta when the client's metadata asks for it (a test's
+        # replica failing mid-stream on this route, which the engine's faults do not serve)
+        cut = isinstance(body.get("metadata"), dict) and body["metadata"].get(
+            "user_id") == CUT_MID_STREAM
+        for i, (name, data) in enumerate(events):
+            if cut and i == 3:
+                raise ConnectionDropped
             chunk = b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})

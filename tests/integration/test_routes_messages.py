@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from loadtest.sim.extra_routes import CUT_MID_STREAM
 from tests.support.gateway import inflight, two_tier_gateway, wait_for
 
 ADMIN = "routes-messages-admin-0123456789"
@@ -150,3 +151,21 @@ def test_a_get_is_an_anthropic_shaped_405(gw: tuple[str, dict[str, str]]) -> Non
     assert answer.status_code == 405
     assert answer.headers["allow"] == "POST"
     assert answer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_replica_failing_mid_stream_ends_with_anthropics_error_event(
+    gw: tuple[str, dict[str, str]],
+) -> None:
+    base, keys = gw
+    body = {**BODY, "stream": True, "metadata": {"user_id": CUT_MID_STREAM}}
+    with httpx.stream("POST", f"{base}/v1/messages", json=body,
+                      headers={"x-api-key": keys["default"]}, timeout=30) as answer:
+        assert answer.status_code == 200
+        text = answer.read().decode()
+    events = _events(text)
+    assert [name for name, _ in events][:2] == ["message_start", "content_block_start"]
+    name, data = events[-1]
+    assert name == "error" and data["type"] == "error", text
+    assert data["error"]["type"] == "api_error" and data["error"]["message"]
+    assert "[DONE]" not in text and "message_stop" not in text
+    wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
-from gateway.anthropic_errors import anthropic_type, error_body
+from gateway.anthropic_errors import anthropic_stream, anthropic_type, error_body
+from gateway.asgi import Message
 from gateway.body import ParsedBody, parse_body
 from gateway.errors import AuthError, BadRequest, NoReplicaAvailable
 from gateway.sse import StreamScanner
+from gateway.stream_end import error_event, stream_error
 from gateway.vllm_routes import PRIORITIZED, SALTED, VLLM_KINDS, adapt, chat_view
 from routing.config import RouterConfig
 from routing.features import extract_features
@@ -122,3 +126,49 @@ def test_an_anthropic_streams_usage_counts_its_prompt_and_its_output() -> None:
     delta = (b'event: message_delta\ndata: {"type":"message_delta","delta":{},'
              b'"usage":{"output_tokens":5}}\n\n')
     assert _fed(start, delta).usage == {"prompt_tokens": 12, "completion_tokens": 5}
+
+
+def _through_anthropic_stream(*bodies: bytes) -> list[bytes]:
+    sent: list[Message] = []
+
+    async def collect(message: Message) -> None:
+        sent.append(message)
+
+    async def run() -> None:
+        send = anthropic_stream(collect)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for body in bodies:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+    asyncio.run(run())
+    return [m["body"] for m in sent[1:]]
+
+
+def test_kvgates_own_stream_ending_becomes_anthropics_error_event() -> None:
+    event = b'event: message_start\ndata: {"type":"message_start","message":{}}\n\n'
+    ending = stream_error("The upstream replica failed mid-stream.")
+    got = _through_anthropic_stream(event, b": keep-alive\n\n" + ending)
+    assert got[0] == event  # the replica's events pass untouched
+    assert got[1].startswith(b": keep-alive\n\n")
+    assert b"[DONE]" not in got[1]
+    name, data = got[1].split(b"\n\n")[1].split(b"\n")
+    assert name == b"event: error"
+    assert orjson.loads(data.removeprefix(b"data: ")) == {"type": "error", "error": {
+        "type": "api_error", "message": "The upstream replica failed mid-stream."}}
+    timeout = stream_error("No answer in time.", "GatewayTimeoutError", 504)
+    assert b'"api_error"' in _through_anthropic_stream(timeout)[0]
+    busy = stream_error("Shutting down.", "ServiceUnavailableError", 503)
+    assert b'"overloaded_error"' in _through_anthropic_stream(busy)[0]
+
+
+def test_a_replicas_anthropic_error_as_the_last_event_is_named() -> None:
+    body = b'{"type":"error","error":{"type":"overloaded_error","message":"busy"}}'
+    _, last = error_event(529, body)
+    got = _through_anthropic_stream(last)[0]
+    assert got.startswith(b"event: error\ndata: " + body) and b"[DONE]" not in got
+
+
+def test_text_that_looks_like_an_error_line_is_not_touched() -> None:
+    delta = (b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+             b'{"type":"text_delta","text":"data: {\\"error\\": 1}\\ndata: [DONE]"}}\n\n')
+    assert _through_anthropic_stream(delta) == [delta]
