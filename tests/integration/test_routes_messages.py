@@ -169,3 +169,17 @@ def test_a_replica_failing_mid_stream_ends_with_anthropics_error_event(
     assert data["error"]["type"] == "api_error" and data["error"]["message"]
     assert "[DONE]" not in text and "message_stop" not in text
     wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
+
+
+def test_a_large_message_is_prepared_off_the_loop_alike(gw: tuple[str, dict[str, str]]) -> None:
+    """A body past `OFF_LOOP_BYTES` is parsed, and its prefix computed, in a worker thread
+    (`Preparer._digest`): the same salt and answer."""
+    base, keys = gw
+    httpx.delete(f"{keys['sim']}/sim/requests")
+    big = {**BODY, "system": "Long instructions. " * 12_000}  # ~220 KB
+    answer = _post(base, keys["default"], big)
+    assert answer.status_code == 200, answer.text
+    small = _post(base, keys["default"], BODY)
+    assert small.status_code == 200
+    salts = [r["body"]["cache_salt"] for r in _sent(keys["sim"], 2)]
+    assert salts[0] == salts[1] and salts[0]
