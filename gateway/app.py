@@ -390,6 +390,9 @@ def unknown_path(path: str) -> NotFound:
         return prefixed
     if (deployment := deployment_route(path)) is not None:  # the AzureOpenAI client's paths
         return deployment
+    if path.startswith("/v1/") and path[3:] in VLLM_KINDS:  # `/v1/tokenize`: a base URL's /v1
+        return NotFound(f"Unknown path {shown_name(path)}. Did you mean {path[3:]}? (vLLM "
+                        "serves it outside /v1: use the base URL without /v1 for it)")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{SERVED}).")
