@@ -199,7 +199,7 @@ class Proxy:
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads,
                                Uploads.owner(req))
-        if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
+        if head.form and req.form is None and body[:1].isalpha():  # (JSON routes) form fields
             raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)

@@ -73,6 +73,7 @@ def _form(boundary: str, *parts: tuple[str, bytes]) -> bytes:
     ("multipart/form-data; boundary=XyZ", b"--XyZ\r\nno headers here", None),  # unclosed
     ("multipart/form-data", _form("XyZ", ("model", b"open")), None),  # no boundary
     ("application/json", b'{"model": "open"}', None),
+    ("application/x-www-form-urlencoded", b"model=open&file=x", None),  # not an upload
     ("multipart/form-data; boundary=XyZ",
      _form("XyZ", ("model", b"open"), ("response_format", b"srt")), "response_format"),
 ])
@@ -86,6 +87,7 @@ def test_bad_forms_are_openai_shaped_400s(
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["type"] == "BadRequestError" and error["param"] == param
+    assert param is not None or "multipart/form-data" in error["message"]
     wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
 
 
