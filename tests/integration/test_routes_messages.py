@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from loadtest.sim.extra_routes import CUT_MID_STREAM
-from tests.support.gateway import inflight, two_tier_gateway, wait_for
+from tests.support.gateway import admin_client, inflight, two_tier_gateway, wait_for
 
 ADMIN = "routes-messages-admin-0123456789"
 BODY: dict[str, Any] = {
@@ -183,3 +183,21 @@ def test_a_large_message_is_prepared_off_the_loop_alike(gw: tuple[str, dict[str,
     assert small.status_code == 200
     salts = [r["body"]["cache_salt"] for r in _sent(keys["sim"], 2)]
     assert salts[0] == salts[1] and salts[0]
+
+
+def test_a_tenant_over_its_limit_gets_anthropics_rate_limit_error(
+    gw: tuple[str, dict[str, str]],
+) -> None:
+    base, _ = gw
+    with admin_client(base, ADMIN) as admin:
+        made = admin.post("/tenants", json={"id": "capped", "tier": "default",
+                                            "limits": {"rpm": 1}})
+        assert made.status_code == 201, made.text
+        key = admin.post("/tenants/capped/keys").json()["key"]
+    assert _post(base, key, BODY).status_code == 200
+    refused = _post(base, key, BODY)
+    assert refused.status_code == 429
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
