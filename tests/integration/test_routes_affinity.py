@@ -20,6 +20,9 @@ MODEL = "sim-model"
 SYSTEM = "You are a meticulous reviewer of infrastructure change requests. " * 12
 
 
+STACK: list[Proc] = []  # the module's simulators (the last test stops one)
+
+
 @pytest.fixture(scope="module")
 def base() -> Iterator[str]:
     procs: list[Proc] = []
@@ -28,6 +31,7 @@ def base() -> Iterator[str]:
         for _ in range(2):
             sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
             procs.append(sim.start())
+            STACK.append(procs[-1])
             urls.append(url)
         gw, url = gateway_proc(config={"pools": {"p": {"served_model": MODEL,
                                                        "replicas": urls}}})
@@ -37,6 +41,7 @@ def base() -> Iterator[str]:
         for p in reversed(procs):
             p.signal(signal.SIGCONT)
             p.stop()
+        STACK.clear()
 
 
 def _post(base: str, path: str, body: dict[str, Any]) -> httpx.Response:
@@ -66,3 +71,16 @@ def test_rerank_is_not_pinned_to_a_prefix(base: str) -> None:
     body = {"model": MODEL, "query": SYSTEM, "documents": ["a", "b"]}
     routes = {_post(base, "/v1/rerank", body).headers["x-kvgate-route"] for _ in range(3)}
     assert routes == {"least-cost"}
+
+
+def test_a_replica_gone_is_retried_on_the_other_before_any_byte(base: str) -> None:
+    """(last in the module: it stops a replica) Nothing listens at one replica: each route
+    is answered by the other, the failed try retried before any byte reached the client."""
+    STACK[0].stop()
+    turns = [{"role": "user", "content": "Review change 9."}]
+    for _ in range(4):
+        _post(base, "/v1/messages", {"model": MODEL, "max_tokens": 2, "system": SYSTEM,
+                                     "messages": turns})
+        _post(base, "/v1/rerank", {"model": MODEL, "query": "q", "documents": ["a"]})
+        _post(base, "/tokenize", {"model": MODEL, "prompt": "a b"})
+    wait_for(lambda: inflight(base) == 0, what="in-flight back to 0")
