@@ -20,12 +20,14 @@ from typing import Any
 import orjson
 
 from gateway import __version__
+from gateway.anthropic_errors import error_body
 from gateway.apikey import KEY_HEADERS, KeyScan
 from gateway.asgi import Headers, Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors, origin_of
 from gateway.errors import KvgateError, MethodNotAllowed, ModelNotFound, NotFound, shown_name
 from gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from gateway.multipart import FORM_ROUTES
 from gateway.paths import (
     API_PREFIX,
     api_route,
@@ -42,6 +44,7 @@ from gateway.split_ports import on_admin_port
 from gateway.stored import match_stored
 from gateway.tenancy.resolver import Principal
 from gateway.transport import TransportFactory, default_transport
+from gateway.vllm_routes import VLLM_KINDS
 from routing.router import Router
 
 __all__ = ["GatewayApp", "Page", "unknown_path"]
@@ -130,9 +133,9 @@ class GatewayApp:
                 return None
             if (extra := cors.allowed(origin_of(scope["headers"]))) is not None:
                 send = cors.wrap(send, extra)
-        if path in KINDS:
-            return await _error(
-                send, MethodNotAllowed(f"Use POST for {shown_name(path)}.", allow="POST"))
+        if path in KINDS:  # (Anthropic's shape on its routes: `gateway.anthropic_errors`)
+            exc = MethodNotAllowed(f"Use POST for {shown_name(path)}.", allow="POST")
+            return await send_whole(send, exc.status, exc.headers(), error_body(path, exc))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
             if (beyond := stored_subroute(path)) is not None:  # `.../input_items`, ...
                 return await _error(send, beyond)
@@ -361,17 +364,17 @@ def _bearer_token(headers: Headers) -> str | None:
     return keys.key
 
 
-# what vLLM 0.34 serves its clients beside the routes kvgate proxies (not its operator
-# endpoints, which stay unknown paths): a client that used them against vLLM is told so
+# what vLLM 0.34 serves its clients beside the routes kvgate proxies (`KINDS`; not its
+# operator endpoints, which stay unknown paths): a client that used them against vLLM is told so
 VLLM_ONLY = frozenset({
-    "/tokenize", "/detokenize", "/tokenizer_info", "/v1/messages", "/v1/messages/count_tokens",
-    "/pooling", "/classify", "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
-    "/v2/embed", "/v1/audio/transcriptions", "/v1/audio/translations", "/cohere/v2/chat",
-    "/v1/chat/completions/batch", "/invocations", "/v1/realtime",
+    "/tokenizer_info", "/v2/embed", "/cohere/v2/chat", "/v1/chat/completions/batch",
+    "/invocations", "/v1/realtime",
 })
 
 
-SERVED = f"{', '.join(KINDS)} and {MODELS}"  # the API routes, as 404s name them
+# the OpenAI API routes, as 404s name them (vLLM's own routes it serves too: `VLLM_KINDS`)
+SERVED = f"{', '.join(p for p in KINDS if p not in VLLM_KINDS and p not in FORM_ROUTES)} " \
+    f"and {MODELS}"
 
 
 def unknown_path(path: str) -> NotFound:
@@ -387,6 +390,9 @@ def unknown_path(path: str) -> NotFound:
         return prefixed
     if (deployment := deployment_route(path)) is not None:  # the AzureOpenAI client's paths
         return deployment
+    if path.startswith("/v1/") and path[3:] in VLLM_KINDS:  # `/v1/tokenize`: a base URL's /v1
+        return NotFound(f"Unknown path {shown_name(path)}. Did you mean {path[3:]}? (vLLM "
+                        "serves it outside /v1: use the base URL without /v1 for it)")
     if path in VLLM_ONLY:
         return NotFound(f"{path} is a vLLM endpoint that kvgate does not serve (it serves "
                         f"{SERVED}).")

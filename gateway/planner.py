@@ -26,6 +26,7 @@ from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.keys import hide_keys
 from gateway.tenancy.resolver import Principal
 from gateway.tenancy.tiers import LoadSignal, ReplicaLoad, live_load, resolve_tier
+from gateway.vllm_routes import chat_view
 from routing.config import RouterConfig
 from routing.features import extract_features
 from routing.peers import ReplicaLoad as PeerLoad
@@ -35,7 +36,10 @@ from routing.types import ReplicaView, RequestFeatures
 __all__ = ["PREFIX_KINDS", "Plan", "Planner"]
 
 # kinds whose prompt prefix is cached by vLLM (embeddings are not generated, so not routed on it)
-PREFIX_KINDS = frozenset({"chat", "completions", "responses"})
+# (Anthropic's messages too: `chat_view`; count_tokens goes where its messages would, so an
+# agent's count then send warms nothing twice)
+PREFIX_KINDS = frozenset({"chat", "completions", "responses", "messages", "count_tokens"})
+_ANTHROPIC_KINDS = frozenset({"messages", "count_tokens"})
 
 
 class Plan:
@@ -304,12 +308,13 @@ class Planner:
             other_tier=principal.tier if model in doc.models else None)
 
     def prefix_features(
-        self, parsed: ParsedBody, principal: Principal, priority: int = 0
+        self, parsed: ParsedBody, principal: Principal, priority: int = 0, kind: str = "chat",
     ) -> RequestFeatures:
-        """The salted prefix features of a chat/completions/responses body (pure: safe in a
-        worker thread)."""
+        """The salted prefix features of a chat/completions/responses body, or an Anthropic
+        Messages one read as chat (`chat_view`) (pure: safe in a worker thread)."""
+        data = chat_view(parsed.data) if kind in _ANTHROPIC_KINDS else parsed.data
         return extract_features(
-            parsed.data, model=parsed.model, salt=self.gate.salt(principal) or "",
+            data, model=parsed.model, salt=self.gate.salt(principal) or "",
             config=self._config, tenant=principal.tenant_id, tier=principal.tier,
             priority=priority,
         )
@@ -320,7 +325,7 @@ class Planner:
         if kind in PREFIX_KINDS:
             early = parsed.prefix  # computed off the loop with the parse (a large body)
             if early is None:
-                return self.prefix_features(parsed, principal, priority or 0)
+                return self.prefix_features(parsed, principal, priority or 0, kind)
             return early if early.priority == (priority or 0) else replace(
                 early, priority=priority or 0)
         return RequestFeatures(

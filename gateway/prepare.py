@@ -27,6 +27,7 @@ from gateway.errors import NoReplicaAvailable, NotFound, ResponseLookupFailed, s
 from gateway.flow import FlowGate, asked_tokens
 from gateway.logs import log_request
 from gateway.metrics import GatewayMetrics
+from gateway.multipart import parse_form
 from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest, rate_limit_headers
@@ -34,6 +35,7 @@ from gateway.responses import ResponseStore
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
+from gateway.vllm_routes import PRIORITIZED, SALTED, adapt
 from routing.router import NoCandidate, Router
 from routing.types import Decision, ReplicaView, RequestFeatures
 
@@ -138,7 +140,11 @@ class Preparer:
         ``gone`` returns when the client has left (flow control drops it from its queue)."""
         if len(body) >= OFF_LOOP_BYTES and not req.peeked:  # a chunked body: known only now
             await self._refuse_early(req, principal)
-        parsed = req.parsed = await self.parse(body, req.kind, principal)
+        if req.form is not None:  # an audio route's form (`gateway.multipart`)
+            req.form, parsed = parse_form(body, req.form.content_type)  # (400s: not a form)
+            req.parsed = parsed
+        else:
+            parsed = req.parsed = await self.parse(body, req.kind, principal)
         adm = await self._gate.admit(principal, self._reserve(parsed, req.kind, principal))
         self._admitted(req, adm)
         req.adm = adm
@@ -227,14 +233,17 @@ class Preparer:
         """The body parsed (400 `BadRequest` when it is not what kvgate needs): a large one,
         with its prefix features, in a worker thread (`OffLoop`; route explain's too)."""
         if len(body) < OFF_LOOP_BYTES:
-            return parse_body(body, kind, lambda: self.planner.default_model(principal))
+            parsed = parse_body(body, kind, lambda: self.planner.default_model(principal))
+            adapt(parsed, kind)  # (vLLM's own routes: their prompt, output and stream)
+            return parsed
         return await self._off_loop.run(self._digest, body, kind, principal)
 
     def _digest(self, body: bytes, kind: str, principal: Principal) -> ParsedBody:
         """Parse a large body and compute its prefix features (run in a worker thread)."""
         parsed = parse_body(body, kind, lambda: self.planner.default_model(principal))
+        adapt(parsed, kind)
         if kind in PREFIX_KINDS:
-            parsed.prefix = self.planner.prefix_features(parsed, principal)
+            parsed.prefix = self.planner.prefix_features(parsed, principal, kind=kind)
         return parsed
 
     def _plan_and_pick(
@@ -246,11 +255,15 @@ class Preparer:
         pool = req.pool = plan.pool
         req.pool_name, req.features, req.spilled = pool.name, plan.features, plan.spilled
         gate = self._gate
-        upstream_body, req.strip = rewrite_body(
-            parsed, req.kind, plan.served, cache_salt=gate.salt(principal),
-            priority=plan.priority, client_salt=gate.client_salt,
-            client_priority=gate.client_priority,
-        )
+        kind = req.kind  # the salt and priority only where vLLM's request has the field
+        if req.form is not None:
+            upstream_body = req.form.rewrite(plan.served, gate.client_salt, gate.client_priority)
+        else:
+            upstream_body, req.strip = rewrite_body(
+                parsed, kind, plan.served, cache_salt=gate.salt(principal) if kind in SALTED
+                else None, priority=plan.priority if kind in PRIORITIZED else None,
+                client_salt=gate.client_salt, client_priority=gate.client_priority,
+            )
         if plan.spilled:
             self._metrics.spilled(principal.tier, plan.home, pool.name)
         views = plan.views

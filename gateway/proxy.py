@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable
 from time import perf_counter
 
+from gateway.anthropic_errors import ANTHROPIC_PATHS, anthropic_stream, error_body
 from gateway.asgi import Receive, Scope, Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.cors import Cors
@@ -53,6 +54,7 @@ from gateway.flow import ClientWatch
 from gateway.h1conn import UpstreamProtocolError
 from gateway.httpguard import abort_client, refused_status
 from gateway.metrics import GatewayMetrics
+from gateway.multipart import FORM_KINDS, FORM_ROUTES, declared_form
 from gateway.pool import Pool, Pools
 from gateway.prepare import Preparer
 from gateway.relay import Relay
@@ -66,6 +68,7 @@ from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.upstream_errors import unreadable
 from gateway.verdicts import busy_wait, internal_error, judge
+from gateway.vllm_routes import VLLM_KINDS
 from gateway.whole import read_whole
 from routing.router import Router
 from routing.types import Decision
@@ -80,6 +83,8 @@ KINDS: dict[str, str] = {
     "/v1/completions": "completions",
     "/v1/embeddings": "embeddings",
     "/v1/responses": "responses",
+    **VLLM_KINDS,  # vLLM's own client routes (tokenize, rerank, Anthropic's messages, ...)
+    **FORM_ROUTES,  # vLLM's audio routes (multipart/form-data bodies)
 }
 MODELS = "/v1/models"  # answered by kvgate itself, to a caller with a valid key
 MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), the same way
@@ -125,6 +130,8 @@ class Proxy:
         path = scope["path"]
         head = scan_headers(scope["headers"], self._new_id)
         req = ProxiedRequest(path, KINDS[path], head.req_id, perf_counter(), head.up_id)
+        if path in ANTHROPIC_PATHS:  # a stream kvgate ends: Anthropic's error event
+            send = anthropic_stream(send)
         if head.origin is not None and self.cors is not None:
             req.cors = self.cors.allowed(head.origin) or ()
         try:
@@ -184,13 +191,15 @@ class Proxy:
         principal = self.prep.identify(req, head.token)  # before the body: no key, no upload
         if head.encoded:  # (its bytes would be judged "not JSON")
             raise EncodedBody
-        if head.multipart:  # (likewise: "not valid JSON: no digit after sign")
+        if req.kind in FORM_KINDS:  # an audio upload: its form read (`gateway.multipart`)
+            req.form = declared_form(scope["headers"])
+        elif head.multipart:  # (likewise: "not valid JSON: no digit after sign")
             raise MultipartBody(req.path)
         # over a limit: no large upload
         await self.prep.before_body(req, principal, head.declared)
         body = await read_body(receive, self._limit, head.declared, self._uploads,
                                Uploads.owner(req))
-        if head.form and body[:1].isalpha():  # form fields (no JSON text starts so)
+        if head.form and req.form is None and body[:1].isalpha():  # (JSON routes) form fields
             raise FormBody(req.path)
         gone = ClientWatch(receive, scope)  # flow control drops a queued request then
         return await self.prep.prepare(req, principal, body, gone=gone)
@@ -207,6 +216,8 @@ class Proxy:
         pool.budget.deposit()
         req.route = "spill" if req.spilled else decision.reason
         headers = {**pool.headers, "X-Request-Id": req.up_id.decode("latin-1")}
+        if req.form is not None:  # (its boundary: the parts go on as they came)
+            headers["Content-Type"] = req.form.content_type
         try:
             await self._tries(send, req, order, body, headers)
         finally:
@@ -448,4 +459,5 @@ class Proxy:
             await req.ctl.end(send, stream_error(exc.message, exc.type_, exc.status))
             return
         await send_whole(send, exc.status, [*exc.headers(), *req.extra, *req.cors,
-                                            (b"x-request-id", req.req_id)], exc.body())
+                                            (b"x-request-id", req.req_id)],
+                         error_body(req.path, exc))  # (Anthropic's shape on its routes)

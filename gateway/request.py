@@ -15,6 +15,7 @@ from gateway.asgi import Message, Receive
 from gateway.body import ParsedBody
 from gateway.drain import interruptible
 from gateway.errors import BodyTooLarge, ShutDownWhileUploading, UploadsFull
+from gateway.multipart import Form
 from gateway.pool import Pool
 from gateway.replicas import Replica
 from gateway.tenancy.limits import Admission
@@ -46,6 +47,7 @@ class ProxiedRequest:
         "extra",
         "features",
         "flow_done",
+        "form",
         "key_hash",
         "kind",
         "opened_by",
@@ -119,6 +121,9 @@ class ProxiedRequest:
         # flow control counts the request against its tenant's share of the pool until this
         # is called (once, when the request is over)
         self.flow_done: Callable[[], None] | None = None
+        # an audio route's form body (`gateway.multipart`): its Content-Type goes upstream
+        # with it, its upstream body rewritten from it; None for a JSON body
+        self.form: Form | None = None
 
     def own_time(self, now: float) -> float:
         """Seconds since it arrived spent in kvgate itself (`kvgate_overhead_seconds`): not

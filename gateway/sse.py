@@ -134,10 +134,11 @@ _CUT_END = re.compile(rb"\n\n(?<=[^}\]]\n\n)")  # an event's end after neither
 _USAGE_OBJ = re.compile(rb'"usage"\s*:\s*(\{|null)')
 _BRACES = re.compile(rb"[{}]")
 # how a whole stream ends: chat/completions with [DONE]; the Responses API (no [DONE]) with
-# its terminal event (or an `error` event), named in the `event:` line and the data's `type`
+# its terminal event (or an `error` event), named in the `event:` line and the data's `type`;
+# Anthropic's Messages API (`/v1/messages`, no [DONE] either) with `message_stop`
 _DONE_LINE = re.compile(rb"(?:^|\n)data:[ \t]*\[DONE\][ \t]*$")
-_TERMINAL = re.compile(
-    rb'(?:event:[ \t]*|"type"\s*:\s*")(?:response\.(?:completed|incomplete|failed)|error)\b')
+_TERMINAL = re.compile(rb'(?:event:[ \t]*|"type"\s*:\s*")'
+                       rb'(?:response\.(?:completed|incomplete|failed)|error|message_stop)\b')
 _ENDED = re.compile(  # (an `event:` line's start: generated text may say "event: ...")
     rb'(?:(?:^|\n)event:[ \t]*|"type"\s*:\s*")response\.(?:completed|incomplete|failed)\b')
 
@@ -488,7 +489,9 @@ class StreamScanner:
         usage = scan_usage(event)
         if usage is None:
             return True
-        self.usage = usage
+        # merged: an Anthropic stream's counts come in two events (`message_start`'s
+        # input_tokens, `message_delta`'s output_tokens); OpenAI's last usage holds them all
+        self.usage = usage if self.usage is None else {**self.usage, **usage}
         return not (self._strip and _EMPTY_CHOICES.search(event))
 
 

@@ -27,6 +27,7 @@ from loadtest.sim.control import SimControl
 from loadtest.sim.devmode import DevRoutes
 from loadtest.sim.engine import Engine
 from loadtest.sim.errors import SimError, dead_engine_error, engine_faulted_error, error_body
+from loadtest.sim.extra_routes import ExtraRoutes
 from loadtest.sim.faults import Faults
 from loadtest.sim.generate import ConnectionDropped, Format, Generation, ServeContext
 from loadtest.sim.inputs import check_vocabulary, prompt_items
@@ -121,6 +122,7 @@ class SimApp:
             ("GET", "/metrics"): self._metrics,
             **SimControl(self).routes(),
             **self.lora.routes(),
+            **ExtraRoutes(self).routes(),  # vLLM's other client routes (extra_routes.py)
             **(DevRoutes(self).routes() if options.dev_mode else {}),
         }
         self._paths = {path for _, path in self._routes}

@@ -131,7 +131,7 @@ def test_continuous_usage_stats_as_the_replica_sends_them(
         assert set(direct) == set(via) == {None}
 
 
-@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/messages", "/v1/rerank"])
+@pytest.mark.parametrize("path", ["/v2/embed", "/cohere/v2/chat", "/invocations"])
 def test_a_vllm_endpoint_kvgate_does_not_serve_is_said_so(
     keys: tuple[str, dict[str, str]], path: str,
 ) -> None:

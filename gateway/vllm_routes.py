@@ -1,0 +1,99 @@
+"""vLLM's client endpoints beside the OpenAI ones: which kvgate proxies, and what differs.
+
+They go through the same steps as chat (key, tenant, model aliasing and its 404, limits,
+flow control, plan, pick, retries before any byte, in-flight accounting, the request log);
+what differs per route is here, read by the planner and the preparer:
+
+- `/v1/messages` (Anthropic's Messages API) and `/v1/messages/count_tokens` are routed with
+  prefix affinity like chat: ``system`` then ``messages`` are the prompt (`chat_view`).
+- The tokenizer routes, the pooling ones (pooling models have no prefix cache worth pinning)
+  and count_tokens go to the least loaded replica of the pool (no block hashes: the router's
+  load rule alone).
+- `cache_salt`: the tenant's is set only where vLLM's request model has the field
+  (`SALTED`: messages and the pooling requests -- classify, score, rerank, pooling); a
+  client's is never forwarded anywhere (`rewrite_body` strips or refuses it first).
+- A tier's `priority` goes only to the routes that schedule generation (`PRIORITIZED`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.body import ParsedBody, prompt_chars
+from routing.tokens import count_tokens
+
+__all__ = ["GENERATE_KINDS", "PRIORITIZED", "SALTED", "VLLM_KINDS", "adapt", "chat_view"]
+
+# route -> kind (the proxy's `KINDS` adds them to the OpenAI routes)
+VLLM_KINDS: dict[str, str] = {
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
+    "/tokenize": "tokenize",
+    "/detokenize": "detokenize",
+    "/pooling": "pooling",
+    "/classify": "classify",
+    "/score": "score",
+    "/v1/score": "score",
+    "/rerank": "rerank",
+    "/v1/rerank": "rerank",
+    "/v2/rerank": "rerank",
+}
+# the kinds whose body takes the tenant's `cache_salt` (vLLM 0.34's request models with the
+# field: its generation requests and the pooling ones; the tokenizer routes and count_tokens
+# compute no KV cache and have no such field)
+SALTED = frozenset({"chat", "completions", "responses", "embeddings", "messages", "pooling",
+                    "classify", "score", "rerank"})
+# the kinds a tier's `priority` is sent with (the scheduler orders generation by it)
+PRIORITIZED = frozenset({"chat", "completions", "responses", "embeddings", "messages"})
+# the new kinds that generate output (the rest cost their prompt alone)
+GENERATE_KINDS = frozenset({"messages"})
+_ANTHROPIC = frozenset({"messages", "count_tokens"})
+
+
+def chat_view(data: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic Messages body as the chat body the routing features read: its
+    ``system`` (a string or text blocks) as the first message, then its ``messages`` and
+    ``tools``, so two requests sharing a system prompt and turns share block hashes."""
+    messages = data.get("messages")
+    turns: list[Any] = list(messages) if isinstance(messages, list) else []
+    system = data.get("system")
+    if system:
+        turns.insert(0, {"role": "system", "content": system})
+    view: dict[str, Any] = {"messages": turns}
+    for key in ("tools", "max_tokens", "stream"):
+        if key in data:
+            view[key] = data[key]
+    return view
+
+
+def adapt(parsed: ParsedBody, kind: str) -> None:
+    """A parsed body of one of `VLLM_KINDS`' routes made what the rest of the path reads:
+    its prompt estimate (what TPM and flow control charge), whether it generates output,
+    and ``stream`` only where the route streams (a ``"stream": true`` on a rerank is not an
+    SSE answer to wait for)."""
+    if kind not in _KNOWN:
+        return
+    parsed.prompt_tokens = count_tokens(_prompt_chars(parsed.data, kind))
+    parsed.generates = kind in GENERATE_KINDS
+    if kind != "messages":
+        parsed.stream = False
+
+
+_KNOWN = frozenset(VLLM_KINDS.values())
+# the fields each route's prompt is in (their text is what a replica reads)
+_TEXT_FIELDS = {
+    "tokenize": ("prompt", "messages"),
+    "detokenize": ("tokens",),
+    "pooling": ("input", "messages"),
+    "classify": ("input", "messages"),
+    "score": ("text_1", "text_2", "queries", "documents", "data_1", "data_2"),
+    "rerank": ("query", "documents"),
+}
+
+
+def _prompt_chars(data: dict[str, Any], kind: str) -> int:
+    if kind in _ANTHROPIC:
+        return prompt_chars(chat_view(data), "chat")
+    return sum(prompt_chars({"prompt": data.get(field)}, "completions")
+               for field in _TEXT_FIELDS.get(kind, ()) if field in data)
+
