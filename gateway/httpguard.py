@@ -21,6 +21,8 @@ returns a subclass that
   the server's preface (an empty SETTINGS frame) and GOAWAY with ``HTTP_1_1_REQUIRED`` (RFC
   9113 3.4 and 7), then closes. An HTTP/1.1 400 reached such a client as "Empty reply from
   server" (curl) or a frame-size error about the bytes ``HTTP/1.1 4`` (h2 libraries);
+- answers **400** and closes when an HTTP/1.1 request carries no ``Host``, or any request more
+  than one, or one whose value is no host (RFC 9112 3.2; `gateway.head_checks`);
 - answers **505** and closes when the request line names another version than HTTP/1.0 or
   HTTP/1.1 (``HTTP/2.0``, ``HTTP/0.9``): the parser took them for HTTP/1.x and they were
   served; so does a connection's first request line without a version (HTTP/0.9's
