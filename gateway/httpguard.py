@@ -64,6 +64,11 @@ returns a subclass that
   short by the EOF gets its 400 (above; behind a pipelined answer still due: a client gone),
   and an answer already under way (a client leaving a stream it read in part), or an
   HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as before;
+- closes lingering (our side closed, what the client still sends read and dropped until it
+  is quiet, as after the guard's own refusals: `gateway.pipelining`) a connection that closes
+  after an answer the app gives while the request's body is still arriving (a 413 to a client
+  that sent ``Connection: close``, or HTTP/1.0): uvicorn closed it at once, and the client,
+  still writing its body, was reset; a keep-alive connection reads the rest and goes on;
 - resets the connection of a client that keeps it open but takes no byte of an answer written
   in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
@@ -138,7 +143,8 @@ class GuardedHttpTools(Refusals):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            return  # draining a refused request (see `_refuse`)
+            self._last_read = self.loop.time()  # lingering (`_linger`): read and dropped
+            return
         self._unset_keepalive_if_required()
         if self._upgrade_body is not None:
             rest = self._feed_upgrade_body(self._upgrade_body, data)
