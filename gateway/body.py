@@ -33,7 +33,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from gateway.errors import BadRequest
 from gateway.jsondepth import MAX_JSON_DEPTH, check_parsed_depth, too_deep_error
-from gateway.wideints import check_wide_ints
+from gateway.wideints import check_wide_ints, wide_int_error
 from routing.tokens import CHARS_PER_TOKEN, count_tokens
 from routing.types import RequestFeatures
 
@@ -57,6 +57,10 @@ _FALSE = frozenset({"false", "0", "no", "off", "f", "n"})
 _BOM = b"\xef\xbb\xbf"
 _NON_FINITE = re.compile(r"-?(?:NaN|Infinity)")  # Python's json reads them; JSON has no such number
 _ORJSON_TOO_DEEP = "depth limit exceeded"  # orjson's reason past its 1024 levels
+_ORJSON_INFINITE = "number is infinity"  # orjson's reason for a number beyond a double's range
+# an integer literal where orjson stopped (at its first character: a sign or a digit), not
+# followed by a fraction or an exponent
+_INT_LITERAL = re.compile(r"-?[0-9]+(?![0-9.eE])")
 
 # Endpoints whose streams carry a final usage chunk when `stream_options.include_usage` is set.
 USAGE_STREAM_KINDS = frozenset({"chat", "completions"})
@@ -141,6 +145,12 @@ def _why(raw: bytes, exc: orjson.JSONDecodeError) -> str:
         return (f"it is not valid UTF-8 (byte {bad.start}); send JSON as UTF-8, whatever "
                 "charset the Content-Type names")
     doc, pos = exc.doc, exc.pos
+    wide = _INT_LITERAL.match(doc, pos)
+    if wide is not None and str(exc).startswith(_ORJSON_INFINITE):
+        # an integer of ~310 digits or more: orjson reads it as a double, and says so
+        # ("number is infinity when parsed as double" for a 400-digit `seed`); it is the
+        # integer beyond 64 bits that `wideints` names for a shorter one
+        raise wide_int_error(wide.group()) from None
     start = pos - 1 if pos and doc[pos - 1] == "-" else pos  # orjson points past a sign
     if _NON_FINITE.match(doc, start):
         line = doc.count("\n", 0, start) + 1

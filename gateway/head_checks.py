@@ -1,6 +1,7 @@
 """A request head as the HTTP guard reads it (`gateway.httpguard`): counted and bounded as the
 parser hands it over (431), its version (505 for one not served, HTTP/0.9's line without one),
-its transfer coding (501 for one the parser would not undo), a chunked body's trailer fields
+its transfer coding (501 for one the parser would not undo), its ``Host`` (400 for none on an
+HTTP/1.1 request, more than one, or a value that is no host), a chunked body's trailer fields
 kept out of its headers, its ``Origin`` kept for a refusal's CORS headers, HTTP/2's preface
 told apart, and bytes the parser refuses answered with the reason (400, `parse_reasons`).
 
@@ -32,6 +33,8 @@ MAX_LINE = 8192  # bytes of a first request line kept to see whether it names a 
 _SIMPLE = re.compile(rb"[A-Z]+ [!-~]+")  # METHOD SP TARGET: HTTP/0.9's request line
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
+# RFC 3986's host [":" port] (a name, an IPv4 address or a bracketed IPv6 literal), or empty
+_HOST = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=\[\]:-]*")
 
 
 class _StopParsing(Exception):
@@ -58,6 +61,8 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _opening: bytes | None = b""  # the connection's first bytes while they may be H2_PREFACE
     _begun = False  # the parser is inside a request (`on_message_begin`), not between two
     _deferred: bytes | None = None  # a refusal waiting for earlier answers (`_answer_and_close`)
+    _hosts = 0  # the request's Host header lines
+    _host_fault: str | None = None  # why its Host is refused (`_check_host`)
 
     if TYPE_CHECKING:  # the layers above provide these (`GuardedHttpTools`'s bases)
         def _arm(self, delay: float, callback: object) -> None: ...
@@ -76,6 +81,8 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         elif self._version is not None:
             self._refuse(505, f"HTTP/{self._version} is not supported: kvgate serves "
                               "HTTP/1.1 (and HTTP/1.0).")
+        elif self._host_fault is not None:
+            self._refuse(400, f"The request is not valid HTTP/1.1: {self._host_fault}.")
         elif self._coding is not None:
             self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
                               "supported (only chunked); send the body uncompressed.")
@@ -138,6 +145,10 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             # uvicorn put it -- an `Authorization` in a trailer authenticated the request,
             # unseen by any proxy in front that checks headers
             return
+        if len(name) == 4 and name.lower() == b"host":
+            self._hosts += 1
+            if _HOST.fullmatch(value) is None:
+                self._host_fault = "the Host header is not a host name or address (with a port)"
         if len(name) == 17 and name.lower() == b"transfer-encoding":
             self._coding = _unframed(value)
             if self._coding is not None:
@@ -150,6 +161,7 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             # front proxy reading it otherwise would disagree on where requests end
             self._version = self.parser.get_http_version()
             raise _StopParsing  # refused as a 505 (`data_received`), before any app runs
+        self._check_host()
         self._in_headers = False
         self._disarm()
         self._arm(self.limits.body_timeout_s, self._body_timeout)
@@ -164,8 +176,22 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._in_headers = True  # the next request's headers (its timer starts with its data)
         self._begun = False
         self._header_bytes = self._header_count = self._parsed_bytes = 0
-        self._origin = self._coding = None
+        self._origin = self._coding = self._host_fault = None
+        self._hosts = 0
         super().on_message_complete()
+
+    def _check_host(self) -> None:
+        """RFC 9112 3.2: a 400 for an HTTP/1.1 request without ``Host``, for any request with
+        more than one, or with a value that is no host. Served before, two Host lines are
+        a request a front proxy and kvgate may read as for two different hosts (a proxy's
+        routing or access rules checked one, kvgate's logs name none); every HTTP/1.1 client
+        (curl, the SDKs, Kubernetes probes, Prometheus) sends one, HTTP/1.0 ones may not."""
+        if self._hosts > 1:
+            self._host_fault = "Host is given more than once"
+        elif not self._hosts and self.parser.get_http_version() == "1.1":
+            self._host_fault = "an HTTP/1.1 request must carry a Host header"
+        if self._host_fault is not None:
+            raise _StopParsing  # refused as a 400 (`data_received`), before any app runs
 
 
 def _unframed(value: bytes) -> bytes | None:

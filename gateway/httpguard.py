@@ -21,6 +21,8 @@ returns a subclass that
   the server's preface (an empty SETTINGS frame) and GOAWAY with ``HTTP_1_1_REQUIRED`` (RFC
   9113 3.4 and 7), then closes. An HTTP/1.1 400 reached such a client as "Empty reply from
   server" (curl) or a frame-size error about the bytes ``HTTP/1.1 4`` (h2 libraries);
+- answers **400** and closes when an HTTP/1.1 request carries no ``Host``, or any request more
+  than one, or one whose value is no host (RFC 9112 3.2; `gateway.head_checks`);
 - answers **505** and closes when the request line names another version than HTTP/1.0 or
   HTTP/1.1 (``HTTP/2.0``, ``HTTP/0.9``): the parser took them for HTTP/1.x and they were
   served; so does a connection's first request line without a version (HTTP/0.9's
@@ -62,6 +64,11 @@ returns a subclass that
   short by the EOF gets its 400 (above; behind a pipelined answer still due: a client gone),
   and an answer already under way (a client leaving a stream it read in part), or an
   HTTP/1.0 request (no 1xx may go to it) is a client gone at once, as before;
+- closes lingering (our side closed, what the client still sends read and dropped until it
+  is quiet, as after the guard's own refusals: `gateway.pipelining`) a connection that closes
+  after an answer the app gives while the request's body is still arriving (a 413 to a client
+  that sent ``Connection: close``, or HTTP/1.0): uvicorn closed it at once, and the client,
+  still writing its body, was reset; a keep-alive connection reads the rest and goes on;
 - resets the connection of a client that keeps it open but takes no byte of an answer written
   in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
@@ -136,7 +143,8 @@ class GuardedHttpTools(Refusals):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            return  # draining a refused request (see `_refuse`)
+            self._last_read = self.loop.time()  # lingering (`_linger`): read and dropped
+            return
         self._unset_keepalive_if_required()
         if self._upgrade_body is not None:
             rest = self._feed_upgrade_body(self._upgrade_body, data)
