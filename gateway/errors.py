@@ -550,16 +550,21 @@ class MultipartBody(KvgateError):
     """A POST to a proxied route declared ``multipart/form-data`` (``curl -F``, a file
     upload): the routes take JSON, and a form's bytes would be judged "not valid JSON" at
     its boundary line. Refused before the body is read, as vLLM refuses any body not
-    declared JSON (415, its ``validate_json_request``); kvgate serves no upload route
-    (vLLM's ``/v1/audio/*``)."""
+    declared JSON (415, its ``validate_json_request``). Only the audio routes take a form, at
+    the HTTP edge (``gateway.multipart``); behind Envoy the picker routes none."""
 
     status = 415
     type_ = "UnsupportedMediaTypeError"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, *, envoy: bool = False) -> None:
+        if envoy and path.startswith("/v1/audio/"):
+            tail = ("; behind Envoy kvgate routes no file upload: send audio to kvgate's "
+                    "HTTP edge (kvgate serve).")
+        else:
+            tail = (" (file uploads go to /v1/audio/transcriptions and "
+                    "/v1/audio/translations).")
         super().__init__(f"{shown_name(path)} takes a JSON body (Content-Type: "
-                         "application/json), not multipart/form-data; kvgate proxies no "
-                         "file-upload route.")
+                         f"application/json), not multipart/form-data{tail}")
 
 
 class FormBody(KvgateError):

@@ -102,7 +102,7 @@ class RequestSide(ExchangeState):
             if encoded:  # (its bytes would be judged "not JSON"), as at the HTTP edge
                 raise EncodedBody
             if multipart:  # a file upload: the HTTP edge's 415, not "not valid JSON" (400)
-                raise MultipartBody(path)
+                raise MultipartBody(path, envoy=True)
             if declared is not None and declared > core.cfg.server.max_body_bytes:
                 raise self._too_large()
             await core.prep.before_body(req, self._principal, declared)

@@ -172,6 +172,12 @@ def test_a_multipart_body_is_a_415_at_both_edges(
         answers[edge] = resp.status_code, resp.json()
     assert answers["envoy"] == answers["http"]
     assert answers["http"][0] == 415
+    # an audio upload behind Envoy (the picker routes no form): the 415 says where it goes
+    resp = httpx.post(f"{bad[1]['envoy']}/v1/audio/transcriptions", timeout=30,
+                      data={"model": MODEL}, files={"file": ("a.wav", b"RIFF....")})
+    assert resp.status_code == 415, resp.text
+    assert "send audio to kvgate's HTTP edge" in resp.json()["error"]["message"]
+    assert replica.posts == posts
 
 
 # -- the replica's response headers --------------------------------------------------------

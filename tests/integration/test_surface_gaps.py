@@ -29,7 +29,8 @@ def test_a_multipart_body_is_a_415_saying_so(sim_factory: SimFactory, path: str)
         assert resp.status_code == 415, resp.text
         err = resp.json()["error"]
         assert err == {"message": f"{path} takes a JSON body (Content-Type: application/json), "
-                                  "not multipart/form-data; kvgate proxies no file-upload route.",
+                                  "not multipart/form-data (file uploads go to "
+                                  "/v1/audio/transcriptions and /v1/audio/translations).",
                        "type": "UnsupportedMediaTypeError", "param": None, "code": 415}
         # JSON declared as a url-encoded form (curl's `-d`) is still read as the JSON it is,
         # and the connection still serves
