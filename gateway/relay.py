@@ -304,6 +304,7 @@ class Relay:
         while chunk:
             received = perf_counter()
             replica.replies += 1  # it is alive (`Replica.frozen`)
+            replica.streamed += 1  # its engine works (`BlindWatch`)
             out = scanner.feed(chunk)
             if not req.relayed and (failure := unstarted_failure(scanner, limit)) is not None:
                 # nothing reached the client: another replica may answer it, except when
