@@ -100,7 +100,7 @@ class ReplicaState:
         self.progress_at_ejection: float | None = None  # its engine's tokens then (scraped)
         self._stall = StallWatch(policy.stall_after_s)
         # ... and where no counters are scraped (`--disable-log-stats`): its output, streamed
-        # chunks of any request of ours (`streamed`) and first events or answers (`answers`)
+        # events of any request of ours (`streamed`) and first events or answers (`answers`)
         self._blind = BlindWatch(policy.stall_after_s)
         self.streamed = 0
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out

@@ -28,7 +28,8 @@ A replica whose pages carry no counters (``--disable-log-stats``) is judged on k
 evidence instead (`BlindWatch`): streams of kvgate's waiting there for their first event, no
 non-streamed request among them (their answers come whole, after all of their decode: no
 sign either way), and nothing from its engine -- no first event, no whole answer, no streamed
-chunk of any request -- for `health.stall_after_s`. Its /health and /metrics answering say
+event of any request (keep-alive comments come from its API server) -- for
+`health.stall_after_s`. Its /health and /metrics answering say
 nothing of its engine (a hung one's answer 200).
 """
 
@@ -89,7 +90,7 @@ class BlindWatch:
 
     def observe(self, mark: int, streams_waiting: bool, now: float) -> bool:
         """`mark`: a count that moves with anything its engine sends (first events, whole
-        answers, streamed chunks); `streams_waiting`: streams of ours wait there for their
+        answers, streamed events); `streams_waiting`: streams of ours wait there for their
         first event, and no non-streamed request does. Is the engine stalled now?"""
         if not self.after_s or not streams_waiting:
             self._mark = None
