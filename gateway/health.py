@@ -68,9 +68,10 @@ class HealthMonitor:
         self._carded: set[tuple[str, str | None]] = set()
         self._wrong_model: set[str] = set()  # replicas logged as serving another model
         self._unread: dict[str, int] = {}  # replica -> probes since its /v1/models was read
-        # replicas whose /is_sleeping did not answer a sleep state (no dev mode): not asked
-        # again until they are found down (restarted, perhaps with VLLM_SERVER_DEV_MODE)
-        self._no_sleep_route: set[str] = set()
+        # replicas whose /is_sleeping did not answer a sleep state (no dev mode) -> probes
+        # since: asked again when found down, or after `_CARDS_EVERY` probes (restarted with
+        # VLLM_SERVER_DEV_MODE between two probes, never seen down, it was never asked again)
+        self._no_sleep_route: dict[str, int] = {}
 
     async def run(self) -> None:
         while True:
@@ -91,7 +92,8 @@ class HealthMonitor:
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
         self._wrong_model &= present
-        self._no_sleep_route &= present
+        self._no_sleep_route = {rid: n for rid, n in self._no_sleep_route.items()
+                                if rid in present}
         self._unread = {rid: n for rid, n in self._unread.items() if rid in present}
         checked = present | {r.id for r in self._pools.draining}  # (their silence goes on)
         self._silent = {rid: v for rid, v in self._silent.items() if rid in checked}
@@ -165,7 +167,7 @@ class HealthMonitor:
                     and (replica.scraped is not None or replica.attempts)):  # (it was up)
                 replica.lost_cache = True
         if not ok:
-            self._no_sleep_route.discard(replica.id)
+            self._no_sleep_route.pop(replica.id, None)
             replica.reason = reason
             if replica.state == "healthy":
                 log.warning("replica down", extra={"pool": pool.name, "replica": replica.id,
@@ -208,10 +210,15 @@ class HealthMonitor:
         dev-mode server can be put to sleep over HTTP (``POST /sleep`` is a dev route too),
         and its /health stays 200 while asleep: requests sent there waited for their
         first-byte timeout. A replica without the route (404, anything but a boolean) is not
-        asked again until it is found down; a failed or late answer says nothing."""
+        asked again until it is found down or `_CARDS_EVERY` probes later (a replica
+        restarted in dev mode between two probes is never found down); a failed or late
+        answer says nothing."""
         scraped = replica.scraped
-        if replica.id in self._no_sleep_route or (
-                scraped is not None and scraped.asleep is not None):
+        if scraped is not None and scraped.asleep is not None:
+            return
+        unasked = self._no_sleep_route.get(replica.id)
+        if unasked is not None and unasked < _CARDS_EVERY:
+            self._no_sleep_route[replica.id] = unasked + 1
             return
         try:
             status, body = await pool.transport.get(
@@ -224,8 +231,9 @@ class HealthMonitor:
             said = None
         asleep = said.get("is_sleeping") if isinstance(said, dict) else None
         if not isinstance(asleep, bool):
-            self._no_sleep_route.add(replica.id)
+            self._no_sleep_route[replica.id] = 0
             return
+        self._no_sleep_route.pop(replica.id, None)
         replica.record_is_sleeping(asleep)
 
     async def _cards(self, pool: Pool, replica: Replica) -> list[object] | None:

@@ -31,7 +31,7 @@ from gateway.multipart import parse_form
 from gateway.planner import PREFIX_KINDS, Plan, Planner
 from gateway.pool import Pool, Pools
 from gateway.request import ProxiedRequest, rate_limit_headers
-from gateway.responses import ResponseStore
+from gateway.responses import ResponseStore, home_out
 from gateway.tenancy.edge import TenantGate
 from gateway.tenancy.limits import Admission
 from gateway.tenancy.resolver import Principal
@@ -316,6 +316,9 @@ class Preparer:
         home = self._responses.home(prev, req.tenant_id)
         if home is None or home.pool != req.pool.name or home.replica not in req.pool.by_id:
             return None
+        out = home_out(req.pool, req.pool.by_id[home.replica], prev, self._clock(), True)
+        if out is not None:  # (no other replica holds it: a 503 to retry, not a wait there)
+            raise out
         return home.replica
 
     async def settle_before_answer(self, req: ProxiedRequest) -> None:

@@ -324,6 +324,10 @@ class Relay:
                     chunk = await next_chunk(resp, scanner)  # (after the [DONE] too)
                     continue
                 ctl.touch()
+                if answered or not (opening and preamble_only(out)):
+                    # its engine works (`BlindWatch`): output, not keep-alives (sent by the
+                    # API server while a hung engine sends nothing) nor a Responses preamble
+                    replica.streamed += 1
                 if not answered and opening and preamble_only(out):
                     if hold:  # sent with the first output (or dropped for another replica)
                         held += out

@@ -125,6 +125,13 @@ class ReplicaEngine(ReplicaHealth):
         # finished whose client reads it slowly owes it nothing -- counted, an idle engine
         # was stalled and a one-replica pool answered every other client 503)
         stalled = self._stall.observe(sample, self.inflight_prefill, now)
+        # never a page with its engine's counters (`--disable-log-stats`): kvgate's own
+        # streams waiting there with nothing from its engine (`BlindWatch`); before, a hung
+        # engine there kept them until their first-byte timeout (5 minutes)
+        stalled = self._blind.observe(
+            self.answers + self.streamed,
+            self.inflight_prefill > 0 and self.whole_waiting_tokens <= 0,
+            now) if sample is None and self.scraped is None else stalled
         if stalled == self.stalled:
             return
         self.stalled = stalled

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from gateway.scrape import Sample
-from gateway.stall import StallWatch, progress
+from gateway.stall import BlindWatch, StallWatch, progress
 
 if TYPE_CHECKING:
     from gateway.lease import Lease
@@ -32,15 +32,15 @@ class ReplicaState:
     """One replica's state; its behaviour is in the classes built on it (`Replica`)."""
 
     __slots__ = (
-        "_heard_answers", "_policy", "_stall", "answers", "asleep", "attempts", "busy_streak",
-        "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
+        "_blind", "_heard_answers", "_policy", "_stall", "answers", "asleep", "attempts",
+        "busy_streak", "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
         "ejected_until", "ejections", "ended_since_scrape",
         "epoch", "failed", "failures", "fell_asleep", "heard_at", "hit_ratio", "id", "inflight",
         "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
         "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
         "scraped", "scraped_at", "scrapes",
         "sleep_said_until", "sleep_streak", "sleep_told", "slow_probes", "stalled", "stalls",
-        "state", "url",
+        "state", "streamed", "url",
         "waiting_since", "watch",
         "whole_waiting_tokens",
     )
@@ -99,6 +99,10 @@ class ReplicaState:
         self.current_waiting = 0  # of those, the ones with no first token (or answer) yet
         self.progress_at_ejection: float | None = None  # its engine's tokens then (scraped)
         self._stall = StallWatch(policy.stall_after_s)
+        # ... and where no counters are scraped (`--disable-log-stats`): its output, streamed
+        # events of any request of ours (`streamed`) and first events or answers (`answers`)
+        self._blind = BlindWatch(policy.stall_after_s)
+        self.streamed = 0
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
         # its engine sleeps (vLLM's sleep mode, scraped): kept out until it is awake again; a
         # request sent there waits unanswered (its /health says 200 all along)

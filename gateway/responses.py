@@ -38,7 +38,7 @@ import orjson
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import ResponseLookupFailed
+from gateway.errors import NoReplicaAvailable, ResponseLookupFailed, shown_name
 from gateway.pool import Pool, Pools
 from gateway.replicas import Replica
 from gateway.transport import TRANSPORT_ERRORS
@@ -47,7 +47,7 @@ from gateway.transport import TRANSPORT_ERRORS
 _ASK_FAILED: tuple[type[BaseException], ...] = (*TRANSPORT_ERRORS, TimeoutError)
 
 __all__ = ["RESPONSE_ID", "ReplicaSearch", "ResponseHome", "ResponseStore", "SharedHomes",
-           "response_id"]
+           "home_out", "response_id"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ _RESP_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_.\-]{1,200})"')
 def response_id(blob: bytes) -> str | None:
     m = _RESP_ID.search(blob)
     return m.group(1).decode() if m else None
+
+
+def home_out(pool: Pool, replica: Replica, rid: str, now: float,
+             follow_up: bool) -> NoReplicaAvailable | None:
+    """The 503 for response `rid` while `replica`, its only holder, cannot serve it: found
+    down (refused, its /health failing, frozen); for a follow-up (`follow_up`: it runs the
+    engine) also stalled or asleep. It may come back with the response (a frozen process, a
+    cut network): a 503 with `Retry-After`, not vLLM's 404 that says it is gone, nor the
+    502 of a refused connection or a wait until the first-byte timeout on a frozen one."""
+    if not (replica.down or (follow_up and (replica.stalled or replica.asleep))):
+        return None
+    return NoReplicaAvailable(
+        f"The replica holding the response with id '{shown_name(rid)}' is unavailable "
+        f"({replica.condition(now)}); a stored response lives on that replica alone: "
+        "try again once it is back.", retry_after=pool.retry_after(now, [replica]))
 
 
 class ResponseHome(NamedTuple):

@@ -23,13 +23,21 @@ requests and the engine's gauges say none): the replica then gets its half-open 
 its back-off, and a trial on an engine still hung is found stalled again (a longer back-off).
 Holding it out until its counters move would keep out forever a replica that only needed a
 request to show it works.
+
+A replica whose pages carry no counters (``--disable-log-stats``) is judged on kvgate's own
+evidence instead (`BlindWatch`): streams of kvgate's waiting there for their first event, no
+non-streamed request among them (their answers come whole, after all of their decode: no
+sign either way), and nothing from its engine -- no first event, no whole answer, no streamed
+event of any request (keep-alive comments come from its API server) -- for
+`health.stall_after_s`. Its /health and /metrics answering say
+nothing of its engine (a hung one's answer 200).
 """
 
 from __future__ import annotations
 
 from gateway.scrape import Sample
 
-__all__ = ["StallWatch", "progress"]
+__all__ = ["BlindWatch", "StallWatch", "progress"]
 
 
 def progress(sample: Sample) -> float | None:
@@ -67,3 +75,27 @@ class StallWatch:
     def _reset(self) -> bool:
         self._value = None
         return False
+
+
+class BlindWatch:
+    """One replica's stall evidence where no counters are scraped. `after_s` None or 0:
+    never stalled (disabled)."""
+
+    __slots__ = ("_mark", "_since", "after_s")
+
+    def __init__(self, after_s: float | None) -> None:
+        self.after_s = after_s
+        self._mark: int | None = None  # its output count when the current run began
+        self._since = 0.0
+
+    def observe(self, mark: int, streams_waiting: bool, now: float) -> bool:
+        """`mark`: a count that moves with anything its engine sends (first events, whole
+        answers, streamed events); `streams_waiting`: streams of ours wait there for their
+        first event, and no non-streamed request does. Is the engine stalled now?"""
+        if not self.after_s or not streams_waiting:
+            self._mark = None
+            return False
+        if mark != self._mark:  # output since (or the first look): a new run
+            self._mark, self._since = mark, now
+            return False
+        return now - self._since >= self.after_s

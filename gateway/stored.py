@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from urllib.parse import parse_qsl
 
 from gateway.asgi import Headers, Message, Receive, Scope, Send, send_whole
@@ -49,7 +50,7 @@ from gateway.errors import (
 from gateway.httpguard import abort_client
 from gateway.pool import Pool, Pools
 from gateway.replicas import Replica
-from gateway.responses import ResponseStore
+from gateway.responses import ResponseStore, home_out
 from gateway.sse import StreamScanner
 from gateway.stream_end import (
     CUT_SHORT,
@@ -238,6 +239,9 @@ class StoredResponses:
         replica = pool.by_id.get(home.replica) if pool is not None and home is not None else None
         if pool is None or replica is None:
             raise NotFound(f"Response with id '{shown_name(rid)}' not found.", param="response_id")
+        # (the app's clock: `Replica` times are monotonic seconds)
+        if (out := home_out(pool, replica, rid, time.monotonic(), follow_up=False)) is not None:
+            raise out
         return pool, replica
 
     async def whole(
