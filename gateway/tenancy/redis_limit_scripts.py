@@ -181,9 +181,13 @@ if (redis.call('ZREM', KEYS[2], ARGV[1]) == 1 or redis.call('ZREM', KEYS[3], ARG
   local t = tonumber(redis.call('HGET', KEYS[1], 't'))
   if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
 end
-if KEYS[5] then redis.call('ZREM', KEYS[5], ARGV[1]) end
+local function typed(key, want)  -- a key written by hand must not fail the release for ever
+  local t = redis.call('TYPE', key)['ok']
+  return t == want or t == 'none'
+end
+if KEYS[5] and typed(KEYS[5], 'zset') then redis.call('ZREM', KEYS[5], ARGV[1]) end
 local took = tonumber(ARGV[4] or '')
-if took and KEYS[6] then
+if took and KEYS[6] and typed(KEYS[6], 'string') then
   local mean = tonumber(redis.call('GET', KEYS[6]) or '')
   if mean then took = mean + HOLD_WEIGHT * (took - mean) end
   redis.call('SET', KEYS[6], tostring(took), 'PX', HOLD_KEEP_MS)
