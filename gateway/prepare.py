@@ -353,10 +353,13 @@ class Preparer:
 # What a request answered so, nothing of it sent, was never served: no replica could take it
 # (503: none healthy, a pool's queue full, shutdown; 429: its pool's queue shed it past its
 # tier's longest wait or displaced it -- an admission's own 429 settles nothing; 499: its
-# client left that queue) or its replicas failed before any output (502). A 504's replica
-# may have worked on it, a replica's 500 did (an exception serving it); another 4xx is the
-# client's.
-_UNSERVED = frozenset({429, 502, 503})
+# client left that queue) or its replicas failed before any output (502), or kvgate cut it
+# before any output (504: a first-byte, stall or total timeout on its last try; behind Envoy
+# on its only try, as the picker cannot send it again). The client got nothing and its SDK
+# sends it again: the HTTP edge retrying a cut try on another replica charges the request
+# once, and so does the client's retry of a 504 now (each was a request of the RPM before).
+# A replica's 500 served it (an exception serving it); another 4xx is the client's.
+_UNSERVED = frozenset({429, 502, 503, 504})
 
 
 def unserved(req: ProxiedRequest) -> bool:

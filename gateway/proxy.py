@@ -286,6 +286,8 @@ class Proxy:
             # after), until a timeout -- some 30 s more for a frozen one, minutes asleep
             now = self._clock()
             rest = [r for r in rest if r.available(now)]
+            if self.prep.flow is not None:  # flow control: a retry only where there is room
+                rest = self.prep.flow.retry_to(pool.name, rest, now)
         failure = failure or UpstreamError("No replica answered.")
         raise self._outage(req, failure) or failure
 

@@ -21,6 +21,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.planner import Plan, Planner
 from gateway.policy_doc import PolicyDoc
 from gateway.pool import Pool, Pools
+from gateway.replicas import Replica
 from gateway.request import ProxiedRequest
 from gateway.tenancy.resolver import Principal
 from routing.flow import Entry, FlowConfig, PoolFlow, Saturation
@@ -87,6 +88,21 @@ class FlowLedger:
         if req.queued_s is None or req.spilled:
             return decision
         return Decision(decision.replica, decision.fallbacks, QUEUED, decision.ranked)
+
+    def retry_to(self, pool: str, fallbacks: list[Replica], now: float) -> list[Replica]:
+        """The ``fallbacks`` a request's retry may go to in ``pool``: those with room now. The
+        slot is the client request's, taken once at its admission (no second charge, no
+        second wait in the queue), but a retry is a send to a replica: one to a fallback that
+        filled while the first try waited (a first-byte timeout: seconds) put the replica past
+        its bound while the queue held other requests back for it. None with room: no retry,
+        the request ends with its try's failure (never served: its RPM and tokens given back,
+        `prepare.unserved`) and the client's own retry waits its turn in the queue."""
+        state = self._states.get(pool)
+        if state is None or not fallbacks:
+            return fallbacks
+        views = self.busy_full(pool, [r.view(now) for r in fallbacks], now)
+        peers = self.peers(now)
+        return [r for r, v in zip(fallbacks, views, strict=True) if state.flow.has_room(v, peers)]
 
     # -- state (read by gateway/flow/explain.py too) -------------------------------------------
     @property

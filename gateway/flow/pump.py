@@ -31,11 +31,12 @@ class FlowPump(FlowLedger):
 
     def policy_changed(self, snap: PolicySnapshot) -> None:
         """A new policy version (`TenancyResolver.on_policy`, once the pools follow it): each
-        queued request it sends to another pool than the one its own policy does leaves its
-        queue and is admitted again there (`admit`). Left queued, it waited for its old pool
-        (saturated, perhaps for long: until its ``max_wait_s`` shed it) while new requests
-        went to the new one (a pool the policy removed: its queue went through at once, to
-        its new pool whether saturated or not)."""
+        queued request it sends to another pool than the one its own policy does, or puts in
+        another band or weight, leaves its queue and is admitted again (`admit`). Left
+        queued, it waited for its old pool (saturated, perhaps for long: until its
+        ``max_wait_s`` shed it) while new requests went to the new one (a pool the policy
+        removed: its queue went through at once, to its new pool whether saturated or not),
+        or in its old band (`_reclassed`)."""
         now = self._clock()
         planner = self._planner
         for state in list(self._states.values()):
@@ -46,8 +47,17 @@ class FlowPump(FlowLedger):
                 ticket = entry.handle
                 then = planner.pool_for(ticket.principal, ticket.model, now, ticket.need)
                 moved = replace(ticket.principal, policy=snap)
-                if planner.pool_for(moved, ticket.model, now, ticket.need) != then:
+                if planner.pool_for(moved, ticket.model, now, ticket.need) != then or \
+                        self._reclassed(entry, moved):
                     ticket.move()
+
+    def _reclassed(self, entry: Entry[Ticket], principal: Principal) -> bool:
+        """Whether the policy in force puts a queued request in another band or gives its
+        tenant another weight: it is queued again (`move`, its deadline kept) in its new
+        place. It kept the old one: a tier raised above another still had its waiting
+        requests released after the other tier's, while its new ones went first."""
+        band, weight, _ = self.doc(principal).flow_class(principal.tier, principal.tenant_id)
+        return band != entry.band or weight != entry.weight
 
     # -- the pump ---------------------------------------------------------------------------
     def _pump(self, state: PoolState) -> None:

@@ -13,7 +13,7 @@ TPM bucket as soon as its balance is above zero (`POSITIVE_S` past the moment it
 and both go out to the millisecond in ``retry-after-ms`` (the openai SDKs read it before
 ``Retry-After``, whose whole seconds round it up). A TPM refusal said the time to a balance of
 one token: 60/TPM s late (6 s on a 10 TPM budget). A concurrency refusal waits for the first
-of the tenant's requests held in this process to be likely over (`HoldTimes`).
+of the tenant's requests to be likely over (`HoldTimes`; with Redis, over the whole fleet).
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ class HoldTimes:
     less its age, at least 1 s (due or past it: any moment). It said 1 s whatever the
     requests: an SDK with its two retries a second apart got the 429 two seconds later, while
     the tenant's streams ran for tens of seconds. The leases held by other processes are
-    not seen; with none held here, or no hold time known yet, 1 s as before."""
+    not seen here; the shared limiter asks Redis for the fleet's (`redis_limit_scripts`),
+    and with no hold time known, 1 s as before."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -219,11 +220,12 @@ class HoldTimes:
     def taken(self, tenant_id: str, lease_id: str) -> None:
         self._held.setdefault(tenant_id, {})[lease_id] = self._clock()
 
-    def freed(self, tenant_id: str, lease_id: str) -> None:
+    def freed(self, tenant_id: str, lease_id: str) -> float | None:
+        """How long the lease was held (s); None for one not taken here."""
         held = self._held.get(tenant_id)
         since = held.pop(lease_id, None) if held is not None else None
         if since is None:
-            return
+            return None
         if not held:
             del self._held[tenant_id]
         took = max(0.0, self._clock() - since)
@@ -231,6 +233,7 @@ class HoldTimes:
         self._mean[tenant_id] = took if mean is None else mean + HOLD_WEIGHT * (took - mean)
         if len(self._mean) > HOLD_TENANTS:
             self._mean.popitem(last=False)
+        return took
 
     def wait(self, tenant_id: str) -> float:
         """Seconds until a lease of the tenant's held here is likely free (1 to `WINDOW_S`)."""

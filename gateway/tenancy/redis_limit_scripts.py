@@ -5,7 +5,13 @@ and the admission's lease holders' heartbeats (`holders.py`)."""
 
 from __future__ import annotations
 
-__all__ = ["ADMIT", "RELEASE", "RENEW", "SETTLE"]
+from gateway.tenancy.limits import HOLD_WEIGHT
+
+__all__ = ["ADMIT", "HOLD_KEEP_MS", "RELEASE", "RENEW", "SETTLE"]
+
+# how long a tenant's leases' take times and mean hold time outlive its last lease taken or
+# released: an hour (a lease renewed longer than that waits 1 s, as before)
+HOLD_KEEP_MS = 3_600_000
 
 _NOW = (
     "local now = tonumber(ARGV[1]) "
@@ -23,8 +29,32 @@ local function keep(bucket, t, tpm)
   if redis.call('PTTL', bucket) < ms then redis.call('PEXPIRE', bucket, string.format('%d', ms)) end
 end
 """
+# A concurrency refusal's wait, fleet-wide: the tenant's mean hold time (KEYS[6], kept by
+# `RELEASE`) less the age of its oldest lease (KEYS[5]: lease id -> when taken, Redis time),
+# 1 to 60 s; 1 s when either is unknown. The process refusing may hold none of the leases:
+# another gateway's streams hold them (it used to say 1 s then, `limits.HoldTimes` seeing
+# this process's leases only). Entries of KEYS[5] whose lease is gone (expired, a dead
+# holder's) are dropped here.
+_HELD_WAIT = f"local HOLD_KEEP_MS = {HOLD_KEEP_MS}\n" + """
+local function held_wait(t)
+  local oldest = nil
+  local taken = redis.call('ZRANGE', KEYS[5], 0, -1, 'WITHSCORES')
+  for i = 1, #taken, 2 do
+    if redis.call('ZSCORE', KEYS[2], taken[i]) then
+      local at = tonumber(taken[i + 1])
+      if oldest == nil or at < oldest then oldest = at end
+    else
+      redis.call('ZREM', KEYS[5], taken[i])
+    end
+  end
+  local mean = tonumber(redis.call('GET', KEYS[6]) or '')
+  if oldest == nil or mean == nil then return 1 end
+  return math.min(60, math.max(1, mean - (t - oldest)))
+end
+"""
 # KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset, KEYS[4] the set of
-# the holders of the tenant's leases.
+# the holders of the tenant's leases, KEYS[5] and KEYS[6] its leases' take times and mean
+# hold time (`_HELD_WAIT`).
 # ARGV: now|'' , rpm, tpm, max_concurrency (0 = unlimited), estimated tokens, lease id, ttl,
 # peek ('1': decide only, write nothing), the prefix of the lease holders' heartbeat keys, this
 # process's holder id, its heartbeat's ttl, then the tenant's releases that failed earlier, as
@@ -42,6 +72,7 @@ end
 ADMIT = (
     _NOW
     + _KEEP
+    + _HELD_WAIT
     + """
 for i = 12, #ARGV, 3 do
   if (redis.call('ZREM', KEYS[2], ARGV[i]) == 1 or redis.call('ZREM', KEYS[3], ARGV[i]) == 1)
@@ -89,7 +120,7 @@ if conc > 0 then
 end
 local reason = ''
 local retry = 0
-if conc > 0 and inflight >= conc then reason = 'concurrency' retry = 1 end
+if conc > 0 and inflight >= conc then reason = 'concurrency' retry = held_wait(now) end
 if rpm > 0 and r < 1 then
   if reason == '' then reason = 'rpm' end
   retry = math.max(retry, (1 - r) * 60 / rpm)
@@ -107,6 +138,8 @@ if reason == '' then
     redis.call('PEXPIRE', KEYS[4], math.ceil(ttl * 1000) + 1000)
     redis.call('ZADD', KEYS[2], now + ttl, ARGV[6])
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl * 1000) + 1000)
+    redis.call('ZADD', KEYS[5], now, ARGV[6])
+    redis.call('PEXPIRE', KEYS[5], HOLD_KEEP_MS)
   elseif tpm > 0 and est > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
     redis.call('ZADD', KEYS[3], now + ttl, ARGV[6])
@@ -137,14 +170,27 @@ local r = tonumber(redis.call('HGET', KEYS[1], 'r'))
 if r and rpm > 0 then redis.call('HSET', KEYS[1], 'r', math.min(rpm, r + 1)) end
 return 1
 """
-# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset; ARGV[1] lease id,
-# ARGV[2] tokens reserved at its admission, ARGV[3] tpm. A lease (or a reservation's mark)
-# that was still there was taken by an admission nobody used: its reservation is given back.
-RELEASE = """
+# KEYS[1] bucket hash, KEYS[2] lease zset, KEYS[3] reservation zset, KEYS[5] take times,
+# KEYS[6] mean hold time; ARGV[1] lease id, ARGV[2] tokens reserved at its admission, ARGV[3]
+# tpm, ARGV[4] (optional) how long the lease was held, s, folded into the tenant's mean (a
+# release retried after an outage has none). A lease (or a reservation's mark) that was
+# still there was taken by an admission nobody used: its reservation is given back.
+RELEASE = f"local HOLD_KEEP_MS, HOLD_WEIGHT = {HOLD_KEEP_MS}, {HOLD_WEIGHT}\n" + """
 if (redis.call('ZREM', KEYS[2], ARGV[1]) == 1 or redis.call('ZREM', KEYS[3], ARGV[1]) == 1)
     and tonumber(ARGV[2]) > 0 then
   local t = tonumber(redis.call('HGET', KEYS[1], 't'))
   if t then redis.call('HSET', KEYS[1], 't', math.min(tonumber(ARGV[3]), t + tonumber(ARGV[2]))) end
+end
+local function typed(key, want)  -- a key written by hand must not fail the release for ever
+  local t = redis.call('TYPE', key)['ok']
+  return t == want or t == 'none'
+end
+if KEYS[5] and typed(KEYS[5], 'zset') then redis.call('ZREM', KEYS[5], ARGV[1]) end
+local took = tonumber(ARGV[4] or '')
+if took and KEYS[6] and typed(KEYS[6], 'string') then
+  local mean = tonumber(redis.call('GET', KEYS[6]) or '')
+  if mean then took = mean + HOLD_WEIGHT * (took - mean) end
+  redis.call('SET', KEYS[6], tostring(took), 'PX', HOLD_KEEP_MS)
 end
 return 1
 """

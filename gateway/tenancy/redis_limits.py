@@ -7,7 +7,10 @@ both are full again, tokens owed included: a missing bucket starts full), a sort
 ``<ns>:rl:{<tenant>}:leases`` of concurrency leases scored by expiry, and one,
 ``...:reserved``, of the TPM reservations made without a lease (no concurrency limit), each
 marked for a lease TTL or until its settle takes the mark away in its own call, and a set
-``...:holders`` of the processes holding its leases. Time is Redis's
+``...:holders`` of the processes holding its leases, ``...:held`` (when each lease was
+taken) and ``...:hold`` (the tenant's mean hold time): a concurrency refusal's
+``Retry-After`` is when the tenant's oldest lease, whichever gateway holds it, is likely
+over. Time is Redis's
 own clock (``TIME``), so gateways with skewed clocks still share one budget. Leases expire
 after `lease_ttl_s` unless renewed: a gateway renews its live leases in the background. A
 process that dies frees its tenants' concurrency sooner: each lease names its holder (this
@@ -184,7 +187,7 @@ class RedisRateLimiter(RateLimiter):
         if lease is not None:
             self._live[lease] = tenant_id
             self.holds.taken(tenant_id, lease)
-        if reason == "concurrency":  # (the script says 1 s: when a lease frees is seen here)
+        if reason == "concurrency":  # the fleet's wait (1 s when unknown) or this process's
             retry = max(float(retry), self.holds.wait(tenant_id))
         admission = build_admission(
             tenant_id,
@@ -202,9 +205,11 @@ class RedisRateLimiter(RateLimiter):
         return admission
 
     def _keys(self, tenant_id: str) -> list[str]:
-        """A tenant's bucket, lease, reservation and lease holder keys (one cluster slot)."""
+        """A tenant's bucket, lease, reservation and lease holder keys, and its leases' take
+        times and mean hold time (one cluster slot)."""
         bucket = self._bucket(tenant_id)
-        return [bucket, bucket + ":leases", bucket + ":reserved", bucket + ":holders"]
+        return [bucket, bucket + ":leases", bucket + ":reserved", bucket + ":holders",
+                bucket + ":held", bucket + ":hold"]
 
     async def settle(self, admission: Admission, used_tokens: int, *,
                      served: bool = True) -> None:
@@ -236,12 +241,13 @@ class RedisRateLimiter(RateLimiter):
             return
         admission.released = True
         self._live.pop(admission.lease_id, None)
-        self.holds.freed(admission.tenant_id, admission.lease_id)
+        took = self.holds.freed(admission.tenant_id, admission.lease_id)
+        args: list[str | float] = [admission.lease_id, 0, 0]
+        if took is not None:  # the tenant's mean hold time, fleet-wide (a concurrency wait)
+            args.append(took)
         try:
             with redis_unavailable():
-                await self._r.zrem(
-                    self._bucket(admission.tenant_id) + ":leases", admission.lease_id
-                )
+                await self._release(keys=self._keys(admission.tenant_id), args=args)
         except (BackendUnavailable, asyncio.CancelledError):  # cancelled: as in `_decide`
             self._unreleased[admission.lease_id] = (admission.tenant_id, 0, 0)
             self._retry_wake.set()

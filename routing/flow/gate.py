@@ -33,7 +33,13 @@ from typing import Generic, TypeVar
 from routing.flow.bands import Entry
 from routing.flow.config import DEFAULT_MIN_SHARE, FlowConfig, Saturation
 from routing.flow.queue import FlowQueue, Offer
-from routing.flow.saturation import never_spare, pool_saturated, with_room, with_spare
+from routing.flow.saturation import (
+    full_reason,
+    never_spare,
+    pool_saturated,
+    with_room,
+    with_spare,
+)
 from routing.flow.share import Holdings, SendRates
 from routing.peers import ReplicaLoad
 from routing.types import ReplicaView
@@ -123,6 +129,11 @@ class PoolFlow(Generic[T]):
         self, views: Sequence[ReplicaView], peers: Mapping[str, ReplicaLoad] = _NO_PEERS
     ) -> bool:
         return pool_saturated(views, self.config.saturation, peers)
+
+    def has_room(self, view: ReplicaView, peers: Mapping[str, ReplicaLoad] = _NO_PEERS) -> bool:
+        """Whether ``view``'s replica takes one more request under the saturation rule (a
+        retry goes only to such a fallback, `FlowLedger.retry_to`)."""
+        return full_reason(view, peers.get(view.id), self.config.saturation) is None
 
     def with_room(
         self, views: Sequence[ReplicaView], peers: Mapping[str, ReplicaLoad] = _NO_PEERS,
