@@ -1,4 +1,4 @@
-"""Four more traffic shapes routing was not tuned on, kept out of the main benchmark's matrix.
+"""Seven more traffic shapes routing was not tuned on, kept out of the main benchmark's matrix.
 
 Seeded and deterministic like `loadtest.replay.shapes`; `UNSEEN` names them for
 `kvgate replay --workload` and `loadtest.bench_replay_unseen` (not `generators.WORKLOADS`,
@@ -21,6 +21,8 @@ whose every entry `loadtest.bench_replay` and the sync benchmarks replay):
   system prompt and Zipf-popular documents), 30 small tenants the rest (their own prompts and
   conversations), every tenant salted (`ReplayRequest.tenant`). The big tenant's hot prefixes
   need copies for load; the small tenants' must not be crowded out of every cache.
+
+and the three of `loadtest.replay.fleet_shapes`: `tool-agent`, `fleet-mix`, `flash-crowd`.
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from loadtest.replay.draws import blocks, request, tokens, zipf
+from loadtest.replay.fleet_shapes import (
+    CrowdSpec,
+    FleetMixSpec,
+    ToolAgentSpec,
+    flash_crowd,
+    fleet_mix,
+    tool_agent,
+)
 from loadtest.replay.workload import IdSource, ReplayRequest
 
 __all__ = [
@@ -240,6 +250,9 @@ UNSEEN_SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxy
     "long-pauses": lambda seed: long_pauses(PauseSpec(seed=seed)),
     "huge-documents": lambda seed: huge_documents(HugeDocSpec(seed=seed)),
     "dominant-tenant": lambda seed: dominant_tenant(DominantSpec(seed=seed)),
+    "tool-agent": lambda seed: tool_agent(ToolAgentSpec(seed=seed)),
+    "fleet-mix": lambda seed: fleet_mix(FleetMixSpec(seed=seed)),
+    "flash-crowd": lambda seed: flash_crowd(CrowdSpec(seed=seed)),
 })
 
 UNSEEN_SEEDS: Mapping[str, int] = MappingProxyType({
@@ -247,6 +260,9 @@ UNSEEN_SEEDS: Mapping[str, int] = MappingProxyType({
     "long-pauses": PauseSpec().seed,
     "huge-documents": HugeDocSpec().seed,
     "dominant-tenant": DominantSpec().seed,
+    "tool-agent": ToolAgentSpec().seed,
+    "fleet-mix": FleetMixSpec().seed,
+    "flash-crowd": CrowdSpec().seed,
 })
 
 UNSEEN: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
@@ -254,4 +270,7 @@ UNSEEN: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "long-pauses": long_pauses,
     "huge-documents": huge_documents,
     "dominant-tenant": dominant_tenant,
+    "tool-agent": tool_agent,
+    "fleet-mix": fleet_mix,
+    "flash-crowd": flash_crowd,
 })
