@@ -17,7 +17,8 @@ import orjson
 from gateway.asgi import Message, Send
 from gateway.errors import KvgateError
 
-__all__ = ["ANTHROPIC_PATHS", "anthropic_stream", "anthropic_type", "error_body"]
+__all__ = ["ANTHROPIC_PATHS", "anthropic_stream", "anthropic_type", "as_anthropic_events",
+           "error_body"]
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
@@ -57,12 +58,23 @@ def anthropic_stream(send: Send) -> Send:
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.body":
             body: bytes = message.get("body", b"")
-            if body.startswith((_ERROR_LINE, _DONE)) or b"\n" + _ERROR_LINE in body \
-                    or b"\n" + _DONE in body:
+            if _ends_as_openai(body):
                 message = {**message, "body": _as_anthropic(body)}
         await send(message)
 
     return sending
+
+
+def as_anthropic_events(body: bytes) -> bytes:
+    """Stream bytes of an Anthropic route with kvgate's OpenAI-shaped ending rewritten as
+    `anthropic_stream` does (the endpoint picker's stream chunks, which are no ASGI
+    messages)."""
+    return _as_anthropic(body) if _ends_as_openai(body) else body
+
+
+def _ends_as_openai(body: bytes) -> bool:
+    return body.startswith((_ERROR_LINE, _DONE)) or b"\n" + _ERROR_LINE in body \
+        or b"\n" + _DONE in body
 
 
 def _as_anthropic(body: bytes) -> bytes:

@@ -43,6 +43,7 @@ from gateway.runtime import Runtime, start_runtime
 from gateway.split_ports import on_admin_port
 from gateway.stored import match_stored
 from gateway.tenancy.resolver import Principal
+from gateway.tokenizer_info import TOKENIZER_INFO, TokenizerInfo
 from gateway.transport import TransportFactory, default_transport
 from gateway.vllm_routes import VLLM_KINDS
 from routing.router import Router
@@ -136,6 +137,13 @@ class GatewayApp:
         if path in KINDS:  # (Anthropic's shape on its routes: `gateway.anthropic_errors`)
             exc = MethodNotAllowed(f"Use POST for {shown_name(path)}.", allow="POST")
             return await send_whole(send, exc.status, exc.headers(), error_body(path, exc))
+        if path == TOKENIZER_INFO and rt is not None:  # vLLM's one GET route for clients
+            if method in ("GET", "HEAD"):  # (uvicorn leaves a HEAD's body out)
+                return await TokenizerInfo(rt.proxy.prep, rt.pools, self.cfg.upstream,
+                                           self.clock, self.cfg.server.replica_header
+                                           ).answer(scope, send)
+            return await _error(send, MethodNotAllowed(f"Use GET for {path}.",
+                                                       allow="GET, HEAD"))
         if match_stored(path):  # a stored response: GET, or POST .../cancel, at its replica
             if (beyond := stored_subroute(path)) is not None:  # `.../input_items`, ...
                 return await _error(send, beyond)

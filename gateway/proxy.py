@@ -169,7 +169,10 @@ class Proxy:
         self, scope: Scope, send: Send, receive: Receive, req: ProxiedRequest,
         decision: Decision, body: bytes,
     ) -> None:
-        req.ctl = Canceller(self._up, receive, whole=not req.features.stream)
+        # (the parsed `stream`: a route that never streams, count_tokens, keeps a whole
+        # answer's bounds whatever its body's field says, `vllm_routes.adapt`)
+        req.ctl = Canceller(self._up, receive,
+                            whole=not (req.features.stream and req.parsed.stream))
         try:
             with interruptible(req.ctl):  # ended cleanly at the end of the shutdown grace
                 await self._forward(send, req, decision, body)

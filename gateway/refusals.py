@@ -1,5 +1,6 @@
-"""The HTTP guard's own answers (`gateway.httpguard`): a refusal in OpenAI's error shape with
-its status (400, 408, 431, 501, 505), a ``Date``, the CORS headers the app would give the
+"""The HTTP guard's own answers (`gateway.httpguard`): a refusal in OpenAI's error shape
+(Anthropic's on `/v1/messages` and count_tokens, once the request line was read) with its
+status (400, 408, 431, 501, 505), a ``Date``, the CORS headers the app would give the
 request's ``Origin`` and ``x-should-retry: false`` where the SDKs would retry in vain; an
 HTTP/2 client with prior knowledge is told in HTTP/2 (GOAWAY ``HTTP_1_1_REQUIRED``)."""
 
@@ -10,8 +11,9 @@ from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from gateway import anthropic_errors
 from gateway.edge_answers import Header, date_header
-from gateway.errors import error_body
+from gateway.errors import error_body, for_status
 from gateway.guard_api import REFUSED
 from gateway.pipelining import PipelinedAnswers
 
@@ -40,8 +42,7 @@ class Refusals(PipelinedAnswers):
         if cycle is not None and cycle.more_body and not cycle.response_started:
             scope = cast(dict[str, Any], cycle.scope)  # its body was due: the app runs it
             scope.setdefault("extensions", {})[REFUSED] = status
-        kind = _KINDS[status]
-        body = error_body(message, kind, status)
+        body = self._refusal_body(status, message)
         extra = b"".join(k + b": " + v + b"\r\n" for k, v in [
             *date_header(), *self._cors(), *_UNRETRIED.get(status, ())])
         self._answer_and_close(b"".join([
@@ -50,6 +51,19 @@ class Refusals(PipelinedAnswers):
             extra, b"\r\n", body,
         ]))
         self.logger.info("request refused: %s", message)
+
+    def _refusal_body(self, status: int, message: str) -> bytes:
+        """OpenAI's error shape, Anthropic's on its routes (`gateway.anthropic_errors`) when
+        the refused request's target is known: its SDK reads the type and message there."""
+        url = getattr(self, "url", b"")  # uvicorn's: the request line's target, as parsed
+        if isinstance(url, bytes) and url:
+            # runs of slashes and a trailing one read as `gateway.paths.canonical` reads them
+            # (not imported: `paths` imports the app, which imports this guard)
+            target = url.partition(b"?")[0].decode("latin-1")
+            path = "/" + "/".join(part for part in target.split("/") if part)
+            if path in anthropic_errors.ANTHROPIC_PATHS:
+                return anthropic_errors.error_body(path, for_status(status, message))
+        return error_body(message, _KINDS[status], status)
 
     def _refuse_http2(self) -> None:
         """Tell an HTTP/2 client with prior knowledge, in HTTP/2, to use HTTP/1.1."""

@@ -126,7 +126,8 @@ class Deadlines(ExchangeState):
         exc = cut_error(reason)
         if req is not None:
             req.status = exc.status
-        return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
+        return wire.body_responses(
+            self._ending(stream_error(exc.message, exc.type_, exc.status)), True)
 
     def replica_stalled(self) -> Sequence[pb.ProcessingResponse]:
         """Its replica was found stalled (`gateway.stall`) or down by its health checks (a
@@ -155,7 +156,8 @@ class Deadlines(ExchangeState):
             self._head = None
             return [self._refuse(exc)]
         req.status = exc.status  # opened by `: keep-alive` comments only
-        return wire.body_responses(stream_error(exc.message, exc.type_, exc.status), True)
+        return wire.body_responses(
+            self._ending(stream_error(exc.message, exc.type_, exc.status)), True)
 
     def _moved_on(self, replica: Replica) -> bool:
         """Envoy went past `replica` to the next endpoint of the destination: nothing listens

@@ -10,7 +10,8 @@ filter configured to answer one) passes as it is."""
 
 from __future__ import annotations
 
-from gateway.errors import error_body, type_for
+from gateway import anthropic_errors
+from gateway.errors import error_body, for_status, type_for
 from gateway.upstream_errors import openai_shaped
 
 __all__ = ["local_error"]
@@ -18,8 +19,9 @@ __all__ = ["local_error"]
 MAX_TEXT = 200  # bytes of a plain-text body kept as the message
 
 
-def local_error(status: int, body: bytes) -> bytes | None:
-    """The body in OpenAI's shape, or None when it already is one."""
+def local_error(status: int, body: bytes, path: str = "") -> bytes | None:
+    """The body in OpenAI's shape (Anthropic's on its routes, `path`), or None when it
+    already is one."""
     if openai_shaped(status, body) is None:
         return None
     text = body.strip()
@@ -27,4 +29,6 @@ def local_error(status: int, body: bytes) -> bytes | None:
         message = text.decode()
     else:
         message = f"The gateway answered {status} itself; no replica was asked."
+    if path in anthropic_errors.ANTHROPIC_PATHS:
+        return anthropic_errors.error_body(path, for_status(status, message))
     return error_body(message, type_for(status), status)

@@ -69,6 +69,7 @@ class RequestSide(ExchangeState):
         if (path[-1:] == "/" or "//" in path) and (route := canonical(path)) != path:
             path = route  # as the HTTP edge (`gateway/paths.py`): the replica gets the route's
             self._slashed = path.encode() + (b"?" + query if query else b"")
+        self._path = path
         kind = KINDS.get(path)
         if kind is None and match_stored(path):
             req_id = self._req_id = request_id(sent_id, core.new_id)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
+from gateway.anthropic_errors import ANTHROPIC_PATHS, as_anthropic_events, error_body
 from gateway.config import KvgateConfig
 from gateway.epp import wire
 from gateway.epp.modes import Misconfigured
@@ -68,7 +69,7 @@ class ExchangeState:
     __slots__ = ("_buffered", "_chunks", "_core", "_cut", "_details", "_form", "_head", "_held",
                  "_held_bytes",
                  "_held_declared", "_held_retry", "_held_status", "_held_type", "_holds", "_last",
-                 "_lease", "_opening", "_passed", "_pending",
+                 "_lease", "_opening", "_passed", "_path", "_pending",
                  "_principal", "_removed", "_req_id", "_scanner", "_sent_at", "_size", "_skipped",
                  "_slashed", "_started", "_stored", "_stream", "_subset", "_t0", "_taken",
                  "_want_id",
@@ -78,6 +79,9 @@ class ExchangeState:
         self._core = core
         self.req: ProxiedRequest | None = None
         self._req_id = b""  # the answer's x-request-id (a stored response's: no `req`)
+        # the route asked (canonical): the picker's own errors take its client's shape there
+        # (Anthropic's on `/v1/messages`, as at the HTTP edge: `gateway.anthropic_errors`)
+        self._path = ""
         self._principal: Principal | None = None
         self._subset: Collection[str] | None = None
         self._chunks: list[bytes] = []
@@ -155,7 +159,14 @@ class ExchangeState:
             headers += [(k.decode(), v) for k, v in self.req.extra]
         if self._req_id:  # a proxied or stored request's (not kvgate's own pages)
             headers.append(("x-request-id", self._req_id))
-        return wire.immediate(exc.status, exc.body(), headers, f"kvgate_{exc.type_}")
+        body = error_body(self._path, exc)
+        return wire.immediate(exc.status, body, headers, f"kvgate_{exc.type_}")
+
+    def _ending(self, events: bytes) -> bytes:
+        """A stream's bytes the picker adds or passes: its own ending (an error event,
+        ``[DONE]``) in Anthropic's ``event: error`` on the Anthropic routes, as the HTTP edge
+        sends it (the SDK raises there; it skips OpenAI's as unknown events)."""
+        return as_anthropic_events(events) if self._path in ANTHROPIC_PATHS else events
 
     # -- the replica's lease ---------------------------------------------------------------
     def _attach(self, replica: Replica) -> None:

@@ -86,7 +86,7 @@ class StreamAnswer(Deadlines):
             # as soon as it is seen: a client that leaves at [DONE] may end the exchange
             # before Envoy sends the end of the stream
             self._usage(scanner.usage, req)
-        body = wire.body_responses(out, end) if out or end else []
+        body = wire.body_responses(self._ending(out), end) if out or end else []
         return ([wire.headers_response(head, self._removed), *body] if head is not None
                 else body)
 

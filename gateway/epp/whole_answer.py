@@ -137,7 +137,7 @@ class WholeAnswer(StreamAnswer):
             return [wire.headers_response(headers, self._removed)]
         if status < 400:
             return [wire.headers_response(headers, gone), *wire.body_responses(data, end)]
-        shaped = (local_error(status, data) if self._local()
+        shaped = (local_error(status, data, self._path) if self._local()
                   else openai_shaped(status, data, req.path if req is not None else None))
         if shaped is not None:
             data = shaped

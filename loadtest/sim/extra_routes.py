@@ -2,7 +2,7 @@
 
 Anthropic's ``/v1/messages`` (whole and streamed, its SSE events and its error shape) and
 ``/v1/messages/count_tokens``, ``/v1/audio/transcriptions`` and ``translations`` (a
-multipart form), ``/detokenize``, the pooling routes (``/pooling``,
+multipart form), ``/detokenize``, ``GET /tokenizer_info``, the pooling routes (``/pooling``,
 ``/classify``, ``/score``, ``/rerank`` and their ``/v1``, ``/v2`` forms). The answers come
 from the prompt's text, not a model: enough for a client to parse them and a gateway to relay
 them; no engine runs them (they do not show in the load the replica reports). Every request is
@@ -71,6 +71,7 @@ class ExtraRoutes:
                 ("POST", "/v1/messages"): self._messages,
                 ("POST", "/v1/messages/count_tokens"): self._count_tokens,
                 ("POST", "/detokenize"): self._detokenize,
+                ("GET", "/tokenizer_info"): self._tokenizer_info,
                 **{("POST", path): handler for path, handler in pooling.items()}}
 
     async def _body(self, scope: Scope, receive: Receive, salted: bool) -> dict[str, Any]:
@@ -157,6 +158,13 @@ class ExtraRoutes:
                                     "usage": {"type": "duration", "seconds": 1}})
 
     # -- tokenizer -------------------------------------------------------------------------
+    async def _tokenizer_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's tokenizer configuration, in brief (its fields vary by tokenizer)."""
+        await send_json(send, 200, {
+            "tokenizer_class": "SimTokenizer", "name_or_path": self.app.options.model,
+            "eos_token": "</s>", "chat_template": "{% for m in messages %}{{ m.content }}"
+                                                  "{% endfor %}"})
+
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._body(scope, receive, salted=False)
         tokens = body.get("tokens")
