@@ -12,10 +12,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.errors import AuthError
+from gateway.errors import AuthError, Conflict
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import RedisStore, SaltDeriver, Tenant, TenantResolver, connect_redis
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
+from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import KeyRecord
 
 SECRET = "ops5-key-index-secret-0123456789abcdef"
@@ -43,7 +44,7 @@ async def stores(redis_url: str) -> AsyncIterator[tuple[RedisStore, TenantResolv
         await other.close()
 
 
-async def _key(store: RedisStore, tenant: str) -> tuple[str, str]:
+async def _key(store: RedisStore | InMemoryStore, tenant: str) -> tuple[str, str]:
     key, key_id = generate_key(), new_key_id()
     await store.add_key(KeyRecord(key_id=key_id, tenant_id=tenant, key_hash=hash_key(key),
                                   created_at=0.0))
@@ -107,3 +108,41 @@ async def test_the_key_index_follows_each_write(
     keys.update({k: "" for k, t in keys.items() if t == "c"})
     await _same_as_rebuilt(found, whole, keys)
     assert not found.has_keys("c")
+
+
+async def test_the_in_memory_store_key_index_follows_each_write() -> None:
+    """The same with the in-memory store (one gateway without Redis), which also found a key's
+    id among every key by a scan at each creation and revocation."""
+    store = InMemoryStore()
+    await store.put_policy(parse_policy(DOC))
+    for tid in ("a", "b"):
+        await store.create_tenant(Tenant(id=tid, tier="free"))
+    found = TenantResolver(store, SaltDeriver(SECRET))
+    assert await found.refresh()
+    keys: dict[str, str] = {}
+    ids: dict[str, str] = {}
+
+    async def check() -> None:
+        assert await found.refresh()
+        assert {k: _who(found, k) for k in keys} == {k: t or None for k, t in keys.items()}
+        assert [found.has_keys(t) for t in ("a", "b")] == [
+            "a" in keys.values(), "b" in keys.values()]
+
+    for tenant in ("a", "b", "b"):
+        key, ids[key] = await _key(store, tenant)
+        keys[key] = tenant
+        await check()
+        _updated_in_place(found)
+    first_b = next(k for k, t in keys.items() if t == "b")
+    assert await store.revoke_key("b", ids[first_b])
+    assert not await store.revoke_key("b", ids[first_b])  # gone already
+    keys[first_b] = ""
+    await check()
+    _updated_in_place(found)
+    with pytest.raises(Conflict):  # a key id the tenant has: refused, as by Redis
+        await store.add_key(KeyRecord(key_id=ids[next(iter(keys))], tenant_id="a",
+                                      key_hash=hash_key(generate_key()), created_at=0.0))
+    assert await store.delete_tenant("b")
+    keys.update({k: "" for k, t in keys.items() if t == "b"})
+    await check()
+    assert [r.key_id for r in await store.list_keys("a")] == [ids[next(iter(keys))]]
