@@ -235,7 +235,8 @@ class GatewayApp:
             info["tenancy"] = {
                 "store": "redis" if tenancy.redis_url else "memory",
                 "degraded": h.degraded or limiter_down,
-                "reason": h.reason or ("rate limits are per-process" if limiter_down else None),
+                "reason": "; ".join(r for r in (h.reason, "rate limits are per-process"
+                                                if limiter_down else None) if r) or None,
                 "policy_version": h.policy_version, "staleness_s": round(h.staleness_s, 3),
                 "store_resets": h.store_resets, "store_wiped": h.store_wiped,
                 "records_skipped": h.records_skipped,

@@ -45,11 +45,14 @@ def auth_secret(cfg: KvgateConfig) -> tuple[str, bool]:
     """
     secret = salt_secret(cfg)
     if secret is not None and len(secret.encode()) < MIN_SECRET_CHARS:
+        # how to make one, as the admin token's message says: a user who typed a word
+        # had to look up what "bytes" of a secret wants
+        make = (f"; it has {len(secret.encode())}: make one with `openssl rand -hex 32`")
         if cfg.salt_secret is None:  # from the file: the variable is not set
             raise ConfigError("tenancy.salt_secret_file: the secret (its first line) must be "
-                              f"at least {MIN_SECRET_CHARS} bytes")
+                              f"at least {MIN_SECRET_CHARS} bytes{make}")
         raise ConfigError(
-            f"salt_secret: KVGATE_SALT_SECRET must be at least {MIN_SECRET_CHARS} bytes"
+            f"salt_secret: KVGATE_SALT_SECRET must be at least {MIN_SECRET_CHARS} bytes{make}"
         )
     if secret is not None:
         return secret, True

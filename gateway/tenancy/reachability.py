@@ -1,7 +1,9 @@
 """What the log says while the tenancy store (Redis) does not answer: one clear line at the
 first failure (address and cause, never the URL's credentials; "cannot reach Redis" for the
 network, "refused by Redis" for a reply refusing kvgate: credentials, an ACL, a full Redis),
-then at most one line a minute with a count, and one line when it answers again. A gateway
+then at most one line a minute with a count, and one line when it answers again. A cause of
+another kind during an outage (Redis restarted with a password: refused connections, then
+WRONGPASS) gets its own line at once, at most once a minute per kind. A gateway
 started with a wrong ``KVGATE_REDIS_URL`` thus says so at once instead of repeating a bare
 retry line. A Redis that flaps (stalls of a second, a proxy dropping connections) says so at
 most once a minute per cause too: an outage that begins within a minute of a line for its
@@ -53,6 +55,7 @@ class Reachability:
         self._unsaid = 0  # failures not yet in a log line
         self._said_at = float("-inf")  # the last warning line
         self._said: dict[str, float] = {}  # cause -> its last warning line (a minute's)
+        self._kinds: dict[str, float] = {}  # cause_label -> its last warning line
         self._quiet = False  # this outage is not in the log (Redis flaps)
         self._flaps = 0  # outages not in the log since the last line
         self.cause: str | None = None  # the current outage's latest cause; None: it answers
@@ -66,7 +69,7 @@ class Reachability:
         self._failures += 1
         if not self._answered and self._tls is not None:
             cause += _tls_hint(cause, self._tls)
-        self.cause = cause
+        before, self.cause = self.cause, cause
         if self._down_since is None:
             self._down_since, self._unsaid = now, 0
             self._quiet = now - self._said.get(cause, float("-inf")) < self._summary_every_s
@@ -77,13 +80,15 @@ class Reachability:
                      "not logged" if self._flaps else "")
             self._said = {c: t for c, t in self._said.items()
                           if now - t < self._summary_every_s}
-            self._said[cause] = self._said_at = now
+            self._said[cause] = self._said_at = self._kinds[cause_label(cause)] = now
             self._flaps = 0
             self._log.warning("%s%s Redis at %s (%s); retrying every %g s%s", self._prefix,
                               _trouble(cause), self.address, cause, self._retry_every_s, flaps,
                               extra={"redis": self.address, "cause": cause})
             return
         self._unsaid += 1
+        if before is not None and self._new_kind(before, cause, now):
+            return
         if now - self._said_at >= self._summary_every_s:
             self._quiet = False  # named now: its end will be too
             self._log.warning("%sstill %s Redis at %s (%s): %d failed attempts in the last "
@@ -92,6 +97,24 @@ class Reachability:
                               now - self._down_since,
                               extra={"redis": self.address, "cause": cause})
             self._said_at, self._unsaid = now, 0
+
+    def _new_kind(self, before: str, cause: str, now: float) -> bool:
+        """Says at once that an outage's cause became another kind (Redis restarted with a
+        password: "connection refused", then WRONGPASS), at most once a minute per kind: the
+        refusal, what an operator must act on, was only in the next minute's summary line,
+        under the first line's "cannot reach"."""
+        kind = cause_label(cause)
+        if kind == cause_label(before) or now - self._kinds.get(kind, float("-inf")) < \
+                self._summary_every_s:
+            return False
+        self._kinds[kind] = self._said[cause] = self._said_at = now
+        self._quiet = False  # named now: its end will be too
+        self._log.warning("%snow %s Redis at %s (%s), after %d failed attempts in %.0f s; "
+                          "retrying every %g s", self._prefix, _trouble(cause), self.address,
+                          cause, self._failures - 1, now - (self._down_since or now),
+                          self._retry_every_s, extra={"redis": self.address, "cause": cause})
+        self._unsaid = 0
+        return True
 
     def connected(self) -> None:
         """A connection was set up and answered one command (a subscription): the end of an

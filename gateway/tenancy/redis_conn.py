@@ -65,6 +65,10 @@ _NOPERM_ACCESS = re.compile(r"no permissions to access one of the (keys|channels
 # XADD of the shared routing state) before it closes the connection: "server replied ERR"
 # every other retry, where the others said NOAUTH
 _UNAUTHENTICATED = "Protocol error: unauthenticated"
+# AUTH with a password where the default user has none (Redis 6+): the shared routing
+# state's RESP2 connections are refused, "server replied ERR" and nothing more, while the
+# tenancy store's (HELLO 3 ... AUTH, which Redis takes) answered
+_NO_PASSWORD = "called without any password configured"
 _DB_RANGE = "DB index is out of range"  # SELECT (the URL's /N) past `databases`
 # a server whose answer is not Redis's protocol (an HTTP server, SSH, a database's port):
 # it read "cannot reach Redis at ... (InvalidResponse)", a class name that sent operators to
@@ -175,6 +179,10 @@ def _what_is_wrong(code: str, message: str) -> str:
         return (": Redis runs in protected mode (no password set: it takes connections from "
                 "its own loopback only); give it a password (requirepass) and put it in "
                 "KVGATE_REDIS_URL")
+    if code == "ERR" and _NO_PASSWORD in message:
+        return (": KVGATE_REDIS_URL gives a password, and this Redis has none for its default "
+                "user (no requirepass): remove the password from the URL, or set requirepass "
+                "on Redis")
     if code == "ERR" and message.startswith(_DB_RANGE):
         return (f": {_DB_RANGE} (the database number at the end of KVGATE_REDIS_URL is not "
                 "below the server's `databases`, 16 by default)")

@@ -182,6 +182,7 @@ class RedisSync(RedisBase):
         hashes = changed_keys(entries, generation, now, self._journal_head)
         if hashes is None:
             return None
+        base = self._keys
         if hashes:
             def changed(pipe: Any) -> None:
                 pipe.get(self._k("gen"))
@@ -192,7 +193,8 @@ class RedisSync(RedisBase):
                 return None
             self._update_keys(dict(zip(hashes, raws, strict=True)))
         self._journal_head = entries[0]
-        return self._snapshot(now, records(tenants), policy, groups)
+        snap = self._snapshot(now, records(tenants), policy, groups)
+        return replace(snap, keys_from=base, keys_changed=frozenset(hashes))
 
     async def _read_together(self, reads: Callable[[Any], None]) -> list[Any]:
         """The replies of `reads` (queued on a pipeline) read in one MULTI/EXEC, so they see

@@ -299,28 +299,11 @@ class TenantResolver(ResolverRepair):
         get 401s -- /readyz (and the doctor) must say so, not only a log line and a counter.
         A restored one is `store_wiped` (and counted) without being degraded."""
         state = self._state
-        reason = self._degraded_reason
-        since = self._clock() - self._wiped_at
-        wiped = since < WIPE_NOTICE_S
-        if reason is None and wiped and not self._wipe_restored:
-            reason = (f"the store was wiped {since:.0f} s ago: API keys and tenants made "
-                      "through the admin API are gone (re-issue them)")
-        if reason is None and self._store.refusing_writes is not None:
-            reason = (f"store refuses writes: {self._store.refusing_writes} (its keys and "
-                      "policy are served; admin writes fail, limits are per-process)")
-        if reason is None and self._store.evicting is not None:
-            reason = self._store.evicting
-        if reason is None and self._went_back is not None and (
-                self._clock() - self._went_back[0] < WIPE_NOTICE_S):
-            reason = self._went_back[1]
-        if reason is None and self._skipped:
-            names = [s.label for s in self._skipped.values()]
-            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
-                                            else "")
-            reason = (f"{len(names)} unreadable record(s) in the store skipped: {shown} "
-                      "(fix or delete them)")
-        if reason is None and self.also_degraded is not None:
-            reason = self.also_degraded()
+        reasons = self._degraded_reasons()
+        # every reason that holds, most pressing first: it named only the first (an evicting
+        # Redis hid gateways with other salt secrets until it was fixed, then a restart)
+        reason = "; ".join(reasons) if reasons else None
+        wiped = self._clock() - self._wiped_at < WIPE_NOTICE_S
         return TenancyHealth(
             loaded=self._loaded,
             degraded=reason is not None,
@@ -334,6 +317,33 @@ class TenantResolver(ResolverRepair):
             store_cause=None if self._answers else self._down_cause,
             records_skipped=dict(self._skipped_total),
         )
+
+
+    def _degraded_reasons(self) -> list[str]:
+        """Why the tenancy state is degraded, each reason that holds now."""
+        found = [self._degraded_reason] if self._degraded_reason is not None else []
+        since = self._clock() - self._wiped_at
+        if since < WIPE_NOTICE_S and not self._wipe_restored and "wiped" not in (
+                self._degraded_reason or ""):  # not twice while it re-seeds
+            found.append(f"the store was wiped {since:.0f} s ago: API keys and tenants made "
+                         "through the admin API are gone (re-issue them)")
+        if self._store.refusing_writes is not None:
+            found.append(f"store refuses writes: {self._store.refusing_writes} (its keys and "
+                         "policy are served; admin writes fail, limits are per-process)")
+        if self._store.evicting is not None:
+            found.append(self._store.evicting)
+        if self._went_back is not None and (
+                self._clock() - self._went_back[0] < WIPE_NOTICE_S):
+            found.append(self._went_back[1])
+        if self._skipped:
+            names = [s.label for s in self._skipped.values()]
+            shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5
+                                            else "")
+            found.append(f"{len(names)} unreadable record(s) in the store skipped: {shown} "
+                         "(fix or delete them)")
+        if self.also_degraded is not None and (other := self.also_degraded()) is not None:
+            found.append(other)
+        return found
 
 
 # What a client is told of a store that answers with a refusal (`cause_label`'s labels: a

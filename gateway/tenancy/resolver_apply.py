@@ -50,11 +50,9 @@ class ResolverApply(ResolverBase):
         # one principal per tenant, shared by its keys: a reload after each admin write costs
         # a dict entry per key, not a salt and a limits overlay (~65 µs) per key
         by_tenant = self._principals(snap)
-        by_key = {key_hash: principal for key_hash, record in snap.keys.items()
-                  if (principal := by_tenant.get(record.tenant_id)) is not None}
-        keyed = frozenset(record.tenant_id for record in snap.keys.values())
+        by_key, counts = self._key_index(snap, by_tenant)
         self._state = _State(snap.generation, by_key, by_tenant, snap.policy, snap.group_epochs,
-                             keyed)
+                             frozenset(counts), counts)
         self._applied = snap
         self._loaded = True
         if snap.policy is not None and (old_policy is None or old_policy != snap.policy):
@@ -84,6 +82,33 @@ class ResolverApply(ResolverBase):
             else:
                 out[tid] = self._principal(tenant, snap)
         return out
+
+    def _key_index(self, snap: StoreSnapshot, by_tenant: dict[str, Principal],
+                   ) -> tuple[dict[str, Principal], dict[str, int]]:
+        """Each key's principal and each tenant's count of key records: the ones in force
+        updated where the keys changed, when `snap`'s keys update the snapshot in force and
+        no principal changed; else made anew (a Python step per key: ~1 µs each)."""
+        last, had = self._applied, self._state
+        if (last is None or snap.keys_from is None or snap.keys_from is not last.keys
+                or by_tenant.keys() != had.by_tenant.keys()
+                or any(p is not had.by_tenant[t] for t, p in by_tenant.items())):
+            counts: dict[str, int] = {}
+            for record in snap.keys.values():
+                counts[record.tenant_id] = counts.get(record.tenant_id, 0) + 1
+            return {key_hash: principal for key_hash, record in snap.keys.items()
+                    if (principal := by_tenant.get(record.tenant_id)) is not None}, counts
+        by_key, counts = dict(had.by_key), dict(had.key_counts)
+        for key_hash in snap.keys_changed:
+            if (gone := last.keys.get(key_hash)) is not None:
+                counts[gone.tenant_id] -= 1
+                if not counts[gone.tenant_id]:
+                    del counts[gone.tenant_id]
+            by_key.pop(key_hash, None)
+            if (added := snap.keys.get(key_hash)) is not None:
+                counts[added.tenant_id] = counts.get(added.tenant_id, 0) + 1
+                if (principal := by_tenant.get(added.tenant_id)) is not None:
+                    by_key[key_hash] = principal
+        return by_key, counts
 
     def _epochs(self, snap: StoreSnapshot) -> dict[str, int]:
         """The snapshot's salt-group epochs, an unreadable one replaced by the last one read."""

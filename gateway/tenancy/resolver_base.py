@@ -34,6 +34,7 @@ class _State:
     policy: PolicySnapshot | None = None
     group_epochs: dict[str, int] = field(default_factory=dict)
     keyed: frozenset[str] = frozenset()  # the tenants with an API key
+    key_counts: dict[str, int] = field(default_factory=dict)  # tenant -> its key records
 
 
 

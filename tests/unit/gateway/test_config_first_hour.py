@@ -150,11 +150,13 @@ def test_a_short_secret_from_the_file_names_the_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         auth_secret(cfg)
     assert info.value.message == ("tenancy.salt_secret_file: the secret (its first line) must "
-                                  "be at least 16 bytes")
+                                  "be at least 16 bytes; it has 5: make one with `openssl rand "
+                                  "-hex 32`")
     env = load_config(None, overrides=POOLS, environ={"KVGATE_SALT_SECRET": "short"})
     with pytest.raises(ConfigError) as info:
         auth_secret(env)
-    assert info.value.message == "salt_secret: KVGATE_SALT_SECRET must be at least 16 bytes"
+    assert info.value.message == ("salt_secret: KVGATE_SALT_SECRET must be at least 16 bytes; "
+                                  "it has 5: make one with `openssl rand -hex 32`")
 
 
 @pytest.mark.parametrize(("text", "line"), [

@@ -109,3 +109,25 @@ def test_a_flap_that_lasts_is_named_by_the_minute_line_and_so_is_its_end(
         "in the last 60 s, down for 50 s",
         "Redis at 10.0.0.7:6380 answers again (down for 60 s, 30 failed attempts)",
     ]
+
+
+def test_ops5_a_cause_of_another_kind_is_said_at_once_and_once_a_minute(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis restarted with a password: refused connections, then NOAUTH at every retry. The
+    refusal was only in the next minute's summary; it is said at once, and a cause that swings
+    between two kinds is not a line per attempt."""
+    caplog.set_level(logging.INFO, logger="gateway.tenancy.reachability")
+    clock = Clock()
+    reach = Reachability("10.0.0.7:6380", retry_every_s=2, clock=clock)
+    reach.failed("connection refused")
+    clock.now += 2
+    reach.failed("connection refused")
+    for cause in ["server replied NOAUTH: authentication required", "connection refused"] * 5:
+        clock.now += 2
+        reach.failed(cause)
+    assert [r.getMessage() for r in caplog.records] == [
+        "cannot reach Redis at 10.0.0.7:6380 (connection refused); retrying every 2 s",
+        "now refused by Redis at 10.0.0.7:6380 (server replied NOAUTH: authentication "
+        "required), after 2 failed attempts in 4 s; retrying every 2 s",
+    ]
