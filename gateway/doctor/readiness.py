@@ -30,7 +30,8 @@ _STORE_DOWN = ("store unreachable", "store refuses kvgate's commands", "not load
                "rate limits are per-process")
 _ORDER = ("critical", "warning", "info", "ok")
 
-# (a phrase of the tenancy reason, severity, what it means, the action): first match wins
+# (a phrase of the tenancy reason, severity, what it means, the action): a finding per
+# phrase found
 _TENANCY: tuple[tuple[str, str, str, str], ...] = (
     ("evicts any key", "warning",
      "Redis evicts any key when it is full{policy}: kvgate's tenants, API keys, policy and "
@@ -150,14 +151,21 @@ def _tenancy(page: dict[str, Any], cited: set[Any]) -> list[dict[str, Any]]:
     reason = str(tenancy.get("reason") or "")
     if "kvgate_redis_up" in cited and reason.startswith(_STORE_DOWN):
         return []  # the report's Redis finding says it, with its cause and fix
-    for phrase, severity, meaning, action in _TENANCY:
-        if phrase in reason:
-            key = reason.split(": ", 1)[-1].split(" is ", 1)[0]
-            return [_finding(severity, meaning.format(policy=_policy(reason)),
-                             action.format(key=_masked(key)), "tenancy.reason", reason)]
+    # /readyz names every reason that holds, '; '-joined: a finding for each one known
+    found = [_finding(severity, meaning.format(policy=_policy(reason)),
+                      action.format(key=_masked(_key_after(reason, phrase))),
+                      "tenancy.reason", reason)
+             for phrase, severity, meaning, action in _TENANCY if phrase in reason]
+    if found:
+        return found
     return [_finding("warning", f"tenancy degraded: {_masked(reason or 'no reason given')}",
                      "read /readyz and the gateway's log for this reason",
                      "tenancy.reason", reason)]
+
+
+def _key_after(reason: str, phrase: str) -> str:
+    """The key a reason names after its phrase (``...cannot run: KEY is a string...``)."""
+    return reason[reason.index(phrase):].split(": ", 1)[-1].split(" is ", 1)[0]
 
 
 def _policy(reason: str) -> str:

@@ -59,3 +59,17 @@ def test_a_wiped_store_is_critical_and_an_unknown_reason_is_said_as_is() -> None
     assert "a reason from a newer kvgate" in finding["summary"]
     ready = _page(degraded=False)
     assert from_readyz(URL, 200, ready, [])["findings"] == []
+
+
+def test_every_reason_readyz_names_is_a_finding() -> None:
+    """/readyz joins every tenancy reason that holds with '; ': the doctor turned only the
+    first it knew into a finding (an evicting Redis hid gateways with other salt secrets)."""
+    reason = ("Redis evicts any key when full (maxmemory-policy allkeys-lru); 1 other salt "
+              "secret(s) in use on this Redis: a gateway started with another; the salt "
+              "secret check cannot run: kv:salt_secrets is a string, not a hash")
+    found = from_readyz(URL, 200, _page(tenancy={"degraded": True, "reason": reason}),
+                        [])["findings"]
+    assert len(found) == 3, found
+    said = " | ".join(f["summary"] + " / " + f["action"] for f in found)
+    assert "maxmemory-policy allkeys-lru" in said and "same salt secret" in said
+    assert "delete the key kv:salt_secrets" in said
