@@ -312,7 +312,7 @@ class Planner:
     ) -> RequestFeatures:
         """The salted prefix features of a chat/completions/responses body, or an Anthropic
         Messages one read as chat (`chat_view`) (pure: safe in a worker thread)."""
-        data = chat_view(parsed.data) if kind in _ANTHROPIC_KINDS else parsed.data
+        data = chat_view(parsed.data, kind) if kind in _ANTHROPIC_KINDS else parsed.data
         return extract_features(
             data, model=parsed.model, salt=self.gate.salt(principal) or "",
             config=self._config, tenant=principal.tenant_id, tier=principal.tier,

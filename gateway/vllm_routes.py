@@ -50,7 +50,7 @@ GENERATE_KINDS = frozenset({"messages"})
 _ANTHROPIC = frozenset({"messages", "count_tokens"})
 
 
-def chat_view(data: dict[str, Any]) -> dict[str, Any]:
+def chat_view(data: dict[str, Any], kind: str = "messages") -> dict[str, Any]:
     """An Anthropic Messages body as the chat body the routing features read: its
     ``system`` (a string or text blocks) as the first message, then its ``messages`` and
     ``tools``, so two requests sharing a system prompt and turns share block hashes."""
@@ -60,7 +60,8 @@ def chat_view(data: dict[str, Any]) -> dict[str, Any]:
     if system:
         turns.insert(0, {"role": "system", "content": system})
     view: dict[str, Any] = {"messages": turns}
-    for key in ("tools", "max_tokens", "stream"):
+    # count_tokens answers whole whatever its body's "stream" says: not read as a stream
+    for key in ("tools", "max_tokens", "stream") if kind == "messages" else ("tools",):
         if key in data:
             view[key] = data[key]
     return view
@@ -93,7 +94,7 @@ _TEXT_FIELDS = {
 
 def _prompt_chars(data: dict[str, Any], kind: str) -> int:
     if kind in _ANTHROPIC:
-        return prompt_chars(chat_view(data), "chat")
+        return prompt_chars(chat_view(data, kind), "chat")
     return sum(prompt_chars({"prompt": data.get(field)}, "completions")
                for field in _TEXT_FIELDS.get(kind, ()) if field in data)
 

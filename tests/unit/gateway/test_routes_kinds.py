@@ -76,6 +76,18 @@ def test_a_streamed_message_stays_a_stream() -> None:
     assert _parsed("messages", {"stream": True, "messages": []}).stream
 
 
+def test_count_tokens_with_stream_true_is_not_read_as_a_stream() -> None:
+    """count_tokens answers whole: its `"stream": true` made the routing features (and the
+    replica's in-flight accounting at both edges) count it as a stream."""
+    body = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    def streams(kind: str) -> bool:
+        view = chat_view(body, kind)
+        return extract_features(view, model="m", salt="", config=RouterConfig()).stream
+
+    assert (streams("count_tokens"), streams("messages")) == (False, True)
+    assert _parsed("count_tokens", body).stream is False
+
+
 def test_salt_and_priority_go_only_where_vllm_has_the_field() -> None:
     kinds = set(VLLM_KINDS.values())
     assert kinds & SALTED == {"messages", "pooling", "classify", "score", "rerank"}
