@@ -313,11 +313,15 @@ class Planner:
         """The salted prefix features of a chat/completions/responses body, or an Anthropic
         Messages one read as chat (`chat_view`) (pure: safe in a worker thread)."""
         data = chat_view(parsed.data, kind) if kind in _ANTHROPIC_KINDS else parsed.data
-        return extract_features(
+        features = extract_features(
             data, model=parsed.model, salt=self.gate.salt(principal) or "",
             config=self._config, tenant=principal.tenant_id, tier=principal.tier,
             priority=priority,
         )
+        # the body's parse decides (a "stream": "false" string is a whole answer, as vLLM
+        # reads it; the features' truth test took it for a stream)
+        return features if features.stream == parsed.stream else replace(
+            features, stream=parsed.stream)
 
     def _features(
         self, kind: str, parsed: ParsedBody, principal: Principal, priority: int | None
