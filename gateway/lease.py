@@ -13,12 +13,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gateway.replicas import Replica
 
-__all__ = ["Lease"]
+__all__ = ["FIRST_WAIT_DECAY", "Lease"]
 
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
 # task on that replica is judged by the epoch its request was sent in; one recorded anywhere
 # else (a probe, another replica's attempt) counts as current
 _SENT: ContextVar[Lease | None] = ContextVar("kvgate_sent_lease", default=None)
+# each stream's first event weighs the replica's longest first-event wait down by this
+# factor (halved in ~14 streams quicker than it): the longest recent wait
+FIRST_WAIT_DECAY = 0.95
 
 
 class Lease:
@@ -68,9 +71,11 @@ class Lease:
             self.replica.inflight_prefill_tokens -= self._prefill
             self.replica.whole_waiting_tokens -= self._whole
             self.replica.answers += 1
-            if self.sent_at is not None:
+            if self.sent_at is not None:  # (decaying: one wait during an incident long
+                # past must not keep the rule from judging that replica ever after)
                 waited = time.monotonic() - self.sent_at
-                self.replica.longest_first_s = max(self.replica.longest_first_s, waited)
+                longest = self.replica.longest_first_s * FIRST_WAIT_DECAY
+                self.replica.longest_first_s = max(longest, waited)
             if self.epoch == self.replica.epoch:
                 self.replica.current_waiting -= 1
         self.answered = True

@@ -104,8 +104,9 @@ class ReplicaState:
         # events of any request of ours (`streamed`) and first events or answers (`answers`)
         self._blind = BlindWatch(policy.stall_after_s)
         self.streamed = 0
-        # the longest a stream of ours waited there for its first event (`Lease.first_token`):
-        # a long prefill or queue it served is no stall when seen again (`BlindWatch`)
+        # the longest a stream of ours waited there for its first event lately (decaying,
+        # `Lease.first_token`): a long prefill or queue it served is no stall when seen again
+        # (`BlindWatch`)
         self.longest_first_s = 0.0
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
         # its engine sleeps (vLLM's sleep mode, scraped): kept out until it is awake again; a
