@@ -37,7 +37,8 @@ def stack() -> Iterator[tuple[list[Proc], list[str], str, str]]:
             gw, base = gateway_proc(upstreams=[u for _, u in sims], env=ENV)
             procs.append(gw.start())
             bases.append(base)
-        yield [p for p, _ in sims], [u.removeprefix("http://") for _, u in sims], *bases
+        yield ([p for p, _ in sims], [u.removeprefix("http://") for _, u in sims], bases[0],
+               bases[1])
     finally:
         for p in reversed(procs):
             p.signal(signal.SIGCONT)
@@ -58,10 +59,14 @@ def test_a_response_searched_for_while_its_home_is_down_is_a_503(
     wait_for(lambda: any(ids[home] in k and v == 0 for k, v in
                          metric_values(other, "kvgate_replica_healthy").items()),
              timeout=30, what="its home found down")
-    for call in (lambda: client.responses.retrieve(made.id),
-                 lambda: client.responses.create(model=MODEL, input="and now?",
-                                                 previous_response_id=made.id,
-                                                 max_output_tokens=4)):
+    def retrieve() -> object:
+        return client.responses.retrieve(made.id)
+
+    def follow_up() -> object:
+        return client.responses.create(model=MODEL, input="and now?",
+                                       previous_response_id=made.id, max_output_tokens=4)
+
+    for call in (retrieve, follow_up):
         with pytest.raises(openai.APIStatusError) as err:
             call()
         assert err.value.status_code == 503, (err.value.status_code, err.value.body)
