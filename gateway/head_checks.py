@@ -33,7 +33,8 @@ MAX_LINE = 8192  # bytes of a first request line kept to see whether it names a 
 _SIMPLE = re.compile(rb"[A-Z]+ [!-~]+")  # METHOD SP TARGET: HTTP/0.9's request line
 _FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
-# RFC 3986's host [":" port] (a name, an IPv4 address or a bracketed IPv6 literal), or empty
+# RFC 3986's host [":" port] (a name, an IPv4 address or a bracketed IPv6 literal), or empty;
+# raw UTF-8 is none (IDNs travel as punycode; Go's net/http refuses it alike)
 _HOST = re.compile(rb"[A-Za-z0-9._~%!$&'()*+,;=\[\]:-]*")
 
 
@@ -147,7 +148,9 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             return
         if len(name) == 4 and name.lower() == b"host":
             self._hosts += 1
-            if _HOST.fullmatch(value) is None:
+            # (RFC 9112 5: optional whitespace around a field value is no part of it; the
+            # parser leaves trailing blanks on: "Host: a.example " was refused)
+            if _HOST.fullmatch(value.strip(b" \t")) is None:
                 self._host_fault = "the Host header is not a host name or address (with a port)"
         if len(name) == 17 and name.lower() == b"transfer-encoding":
             self._coding = _unframed(value)

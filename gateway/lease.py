@@ -5,6 +5,7 @@ frozen or asleep before it got anything (`Lease.on_stall`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
@@ -12,19 +13,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from gateway.replicas import Replica
 
-__all__ = ["Lease"]
+__all__ = ["FIRST_WAIT_DECAY", "Lease"]
 
 # the attempt the current task made last (`Replica.acquire`): an outcome recorded from that
 # task on that replica is judged by the epoch its request was sent in; one recorded anywhere
 # else (a probe, another replica's attempt) counts as current
 _SENT: ContextVar[Lease | None] = ContextVar("kvgate_sent_lease", default=None)
+# each stream's first event weighs the replica's longest first-event wait down by this
+# factor (halved in ~14 streams quicker than it): the longest recent wait
+FIRST_WAIT_DECAY = 0.95
 
 
 class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "replica", "scrapes", "seen")
+                 "replica", "scrapes", "seen", "sent_at")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
@@ -37,6 +41,9 @@ class Lease:
         self.seen = replica.answers  # its progress when this request was sent (`hung`)
         self.engine_tokens = replica.engine_tokens()  # ... and its engine's, as last scraped
         self.scrapes = replica.scrapes  # the scrapes before it was sent
+        # a stream's wait for its first event is its replica's evidence of how long a healthy
+        # wait there can be (`BlindWatch`); a whole answer's wait includes its decode: none
+        self.sent_at = time.monotonic() if stream else None
 
     def on_stall(self, cut: Callable[[], None]) -> None:
         """Call `cut` if its replica is found stalled before this request got anything (a
@@ -64,6 +71,11 @@ class Lease:
             self.replica.inflight_prefill_tokens -= self._prefill
             self.replica.whole_waiting_tokens -= self._whole
             self.replica.answers += 1
+            if self.sent_at is not None:  # (decaying: one wait during an incident long
+                # past must not keep the rule from judging that replica ever after)
+                waited = time.monotonic() - self.sent_at
+                longest = self.replica.longest_first_s * FIRST_WAIT_DECAY
+                self.replica.longest_first_s = max(longest, waited)
             if self.epoch == self.replica.epoch:
                 self.replica.current_waiting -= 1
         self.answered = True

@@ -131,7 +131,7 @@ class ReplicaEngine(ReplicaHealth):
         stalled = self._blind.observe(
             self.answers + self.streamed,
             self.inflight_prefill > 0 and self.whole_waiting_tokens <= 0,
-            now) if sample is None and self.scraped is None else stalled
+            now, self.longest_first_s) if sample is None and self.scraped is None else stalled
         if stalled == self.stalled:
             return
         self.stalled = stalled

@@ -36,7 +36,8 @@ class ReplicaState:
         "busy_streak", "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
         "ejected_until", "ejections", "ended_since_scrape",
         "epoch", "failed", "failures", "fell_asleep", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "lost_cache", "max_model_len",
+        "inflight_prefill", "inflight_prefill_tokens", "longest_first_s", "lost_cache",
+        "max_model_len",
         "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
         "scraped", "scraped_at", "scrapes",
         "sleep_said_until", "sleep_streak", "sleep_told", "slow_probes", "stalled", "stalls",
@@ -103,6 +104,10 @@ class ReplicaState:
         # events of any request of ours (`streamed`) and first events or answers (`answers`)
         self._blind = BlindWatch(policy.stall_after_s)
         self.streamed = 0
+        # the longest a stream of ours waited there for its first event lately (decaying,
+        # `Lease.first_token`): a long prefill or queue it served is no stall when seen again
+        # (`BlindWatch`)
+        self.longest_first_s = 0.0
         self.stalled = False  # its engine makes no progress (`gateway.stall`): kept out
         # its engine sleeps (vLLM's sleep mode, scraped): kept out until it is awake again; a
         # request sent there waits unanswered (its /health says 200 all along)

@@ -22,7 +22,9 @@ Without authentication (one tenant: nothing to isolate) an id this gateway canno
 it restarted, or another gateway without Redis relayed it -- is asked of the replicas
 (`ReplicaSearch`): vLLM's GET answers 200 only where the response is stored. Sent on as
 unknown, a follow-up reached its replica only when the pick landed there (one in two with two
-replicas), and a GET was a 404 while the replica still held the response.
+replicas), and a GET was a 404 while the replica still held the response. An id no replica
+that answered holds, while one could not be asked (down, frozen), is a 503 to retry, as a
+known home that is down: it may be there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
@@ -240,25 +243,52 @@ class ReplicaSearch:
         self._timeout_s = timeout_s
 
     async def __call__(self, rid: str) -> ResponseHome | None:
-        asks = [asyncio.ensure_future(self._holds(pool, replica, rid))
-                for pool in list(self._pools.by_name.values()) for replica in pool.replicas]
+        """Its home, or None when every replica answered without it. `NoReplicaAvailable`
+        (503) when none holds it but some could not be asked (refused, timed out: down or
+        frozen): the response may live there, as a known home that is down (`home_out`)
+        answers; a 404 then told the client it was gone, a 503 from the gateway that
+        relayed it."""
+        asked = [(pool, replica) for pool in list(self._pools.by_name.values())
+                 for replica in pool.replicas]
+        asks = [asyncio.ensure_future(self._holds(pool, replica, rid)) for pool, replica in asked]
+        unasked: list[tuple[Pool, Replica]] = []
         try:
             for answer in asyncio.as_completed(asks):
-                if (found := await answer) is not None:
+                found = await answer
+                if isinstance(found, tuple):
                     return ResponseHome(self._owner(), found[0], found[1])
-            return None
+                if found is not None:
+                    unasked.append(next(a for a in asked if a[1] is found))
         finally:
             for ask in asks:
                 ask.cancel()
             await asyncio.gather(*asks, return_exceptions=True)
+        if unasked:
+            raise _unplaced(rid, unasked)
+        return None
 
-    async def _holds(self, pool: Pool, replica: Replica, rid: str) -> tuple[str, str] | None:
+    async def _holds(
+        self, pool: Pool, replica: Replica, rid: str,
+    ) -> tuple[str, str] | Replica | None:
+        """(pool, replica id) where it is stored; None where the replica says it is not;
+        the replica itself when it could not be asked."""
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         try:
             status, body = await pool.transport.get(
                 f"{replica.url}/v1/responses/{rid}", self._timeout_s, headers)
         except _ASK_FAILED:
-            return None
+            return replica
         # the response itself, its id first (a proxy or a stub answering 200 to any path
         # holds nothing)
         return (pool.name, replica.id) if status == 200 and response_id(body) == rid else None
+
+
+def _unplaced(rid: str, unasked: list[tuple[Pool, Replica]]) -> NoReplicaAvailable:
+    """The 503 for response `rid` found on no replica that answered, while `unasked` did
+    not answer the search."""
+    now = time.monotonic()  # (`Replica` times are monotonic seconds)
+    retry = min(pool.retry_after(now, [replica]) for pool, replica in unasked)
+    return NoReplicaAvailable(
+        f"The response with id '{shown_name(rid)}' is on none of the replicas that answered, "
+        f"and {len(unasked)} that may hold it could not be asked; a stored response lives on "
+        "one replica alone: try again once it is back.", retry_after=retry)

@@ -37,7 +37,11 @@ from __future__ import annotations
 
 from gateway.scrape import Sample
 
-__all__ = ["BlindWatch", "StallWatch", "progress"]
+__all__ = ["BLIND_MARGIN", "BlindWatch", "StallWatch", "progress"]
+
+# a silence judged a stall where no counters are scraped lasts at least this many times the
+# longest first-event wait a stream was served with there (`BlindWatch`)
+BLIND_MARGIN = 2.0
 
 
 def progress(sample: Sample) -> float | None:
@@ -88,14 +92,21 @@ class BlindWatch:
         self._mark: int | None = None  # its output count when the current run began
         self._since = 0.0
 
-    def observe(self, mark: int, streams_waiting: bool, now: float) -> bool:
+    def observe(self, mark: int, streams_waiting: bool, now: float,
+                longest_first_s: float = 0.0) -> bool:
         """`mark`: a count that moves with anything its engine sends (first events, whole
         answers, streamed events); `streams_waiting`: streams of ours wait there for their
-        first event, and no non-streamed request does. Is the engine stalled now?"""
+        first event, and no non-streamed request does; `longest_first_s`: the longest a
+        stream waited there for its first event and got it. Is the engine stalled now?"""
         if not self.after_s or not streams_waiting:
             self._mark = None
             return False
         if mark != self._mark:  # output since (or the first look): a new run
             self._mark, self._since = mark, now
             return False
-        return now - self._since >= self.after_s
+        # silence alone cannot tell a hung engine from one busy with work kvgate does not see
+        # (a long prefill, a queue behind other gateways' or clients' requests, a proxy
+        # buffering its events): a wait it has already served healthily, with a margin, is
+        # not judged (before, each such wait past `after_s` was run twice and its replica
+        # ejected)
+        return now - self._since >= max(self.after_s, BLIND_MARGIN * longest_first_s)
