@@ -64,7 +64,7 @@ from gateway.timeouts import Canceller, cut_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import not_an_answer, not_what_was_asked
-from gateway.whole import cut_json, json_object, read_whole
+from gateway.whole import cut_json, fetch_whole, json_object, read_whole
 
 __all__ = ["NOT_IN_TIME", "NO_EVENTS", "UNANSWERED", "StoredResponses", "match_stored",
            "not_a_stream", "wants_stream"]
@@ -259,30 +259,16 @@ class StoredResponses:
         pool, replica = self.locate(path, method, token, head=True)
         url = replica.url + path + (f"?{query.decode('latin-1')}" if query else "")
         headers = _upstream_headers(pool, req_id)
-        resp: UpstreamResponse | None = None
-        clean = False
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self._up.total_timeout_s
-        try:
-            async with asyncio.timeout(self._timeout) as bound:
-                resp = await pool.transport.open(url, headers, method)
-                if resp.status in REFUSED:  # kvgate's credentials, not the client's
-                    raise ReplicaRefused(resp.status)
-
-                def touch() -> None:  # the body is bounded as a proxied whole answer's:
-                    # each gap by the idle timeout, all of it by the total one
-                    bound.reschedule(min(loop.time() + self._up.idle_timeout_s, end))
-
-                touch()  # the head came: from here on, the body's gaps
-                body = await read_whole(resp, self._up.max_answer_bytes, touch)
-                clean = True
+        up = self._up
+        try:  # bounded as a proxied whole answer's
+            resp, body = await fetch_whole(
+                pool.transport, url, headers, method, head_s=self._timeout,
+                idle_s=up.idle_timeout_s, total_s=up.total_timeout_s,
+                max_bytes=up.max_answer_bytes, on_head=_refused)
         except TimeoutError:
             raise UpstreamTimeout(NOT_IN_TIME) from None
         except TRANSPORT_ERRORS:
             raise UpstreamError(UNANSWERED) from None
-        finally:
-            if resp is not None:
-                resp.release() if clean else resp.abort()
         status, content_type = resp.status, resp.content_type
         if 200 < status < 400:  # vLLM answers 200 or an error: a 204, a redirect (to an
             raise not_an_answer(status)  # internal address) is something else's at its address
@@ -295,6 +281,11 @@ class StoredResponses:
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}", resp.passed
+
+
+def _refused(resp: UpstreamResponse) -> None:
+    if resp.status in REFUSED:  # kvgate's credentials, not the client's
+        raise ReplicaRefused(resp.status)
 
 
 def _upstream_headers(pool: Pool, req_id: bytes) -> dict[str, str]:

@@ -13,7 +13,6 @@ is the same on every replica of the pool and costs it no compute.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Callable
 from urllib.parse import parse_qsl
@@ -26,9 +25,9 @@ from gateway.prepare import Preparer
 from gateway.replicas import Replica
 from gateway.request import scan_headers
 from gateway.stored import NOT_IN_TIME
-from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.transport import TRANSPORT_ERRORS
 from gateway.upstream_errors import openai_shaped
-from gateway.whole import read_whole
+from gateway.whole import fetch_whole
 
 __all__ = ["TOKENIZER_INFO", "TokenizerInfo"]
 
@@ -83,27 +82,16 @@ class TokenizerInfo:
         headers = {k: v for k, v in pool.headers.items() if k != "Content-Type"}
         headers["X-Request-Id"] = up_id.decode("latin-1")
         up = self._up
-        loop = asyncio.get_running_loop()
-        end = loop.time() + up.total_timeout_s
-        resp: UpstreamResponse | None = None
-        clean = False
         try:
-            async with asyncio.timeout(min(up.first_byte_timeout_s, up.total_timeout_s)) as bound:
-                resp = await pool.transport.open(replica.url + TOKENIZER_INFO, headers, "GET")
-
-                def touch() -> None:  # each gap in the body by the idle timeout
-                    bound.reschedule(min(loop.time() + up.idle_timeout_s, end))
-
-                touch()
-                body = await read_whole(resp, up.max_answer_bytes, touch)
-                clean = True
+            resp, body = await fetch_whole(
+                pool.transport, replica.url + TOKENIZER_INFO, headers, "GET",
+                head_s=min(up.first_byte_timeout_s, up.total_timeout_s),
+                idle_s=up.idle_timeout_s, total_s=up.total_timeout_s,
+                max_bytes=up.max_answer_bytes)
         except TimeoutError:
             raise UpstreamTimeout(NOT_IN_TIME) from None
         except TRANSPORT_ERRORS:
             raise UpstreamError(UNANSWERED) from None
-        finally:
-            if resp is not None:
-                resp.release() if clean else resp.abort()
         if resp.status >= 400 and (shaped := openai_shaped(resp.status, body)) is not None:
             body = shaped
         return resp.status, body

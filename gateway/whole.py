@@ -4,15 +4,17 @@ re-exports it); the endpoint picker reads Envoy's copy of one by the same rule."
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable
 
 import orjson
 
 from gateway.errors import AnswerTooLarge
-from gateway.transport import UpstreamResponse
+from gateway.transport import Transport, UpstreamResponse
 
-__all__ = ["CUT_ANSWER", "cut_json", "garbled", "json_object", "read_whole", "without_bom"]
+__all__ = ["CUT_ANSWER", "cut_json", "fetch_whole", "garbled", "json_object", "read_whole",
+           "without_bom"]
 
 CUT_ANSWER = "The replica failed while answering."  # a whole answer cut short (reset or close)
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark
@@ -41,6 +43,38 @@ async def read_whole(
             raise AnswerTooLarge(limit)
         parts.append(chunk)
     return without_bom(b"".join(parts))
+
+
+async def fetch_whole(
+    transport: Transport, url: str, headers: dict[str, str], method: str, *, head_s: float,
+    idle_s: float, total_s: float, max_bytes: int,
+    on_head: Callable[[UpstreamResponse], None] | None = None,
+) -> tuple[UpstreamResponse, bytes]:
+    """A replica's whole answer to a request without a body (a stored response, the
+    tokenizer's info): its head within `head_s` (`on_head` may refuse it), then each gap in
+    its body within `idle_s`, all of it within `total_s`. The connection goes back to the
+    pool when read whole, else is aborted. TimeoutError and the transport's errors are the
+    caller's to name."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + total_s
+    resp: UpstreamResponse | None = None
+    clean = False
+    try:
+        async with asyncio.timeout(head_s) as bound:
+            resp = await transport.open(url, headers, method)
+            if on_head is not None:
+                on_head(resp)
+
+            def touch() -> None:  # the head came: from here on, the body's gaps
+                bound.reschedule(min(loop.time() + idle_s, end))
+
+            touch()
+            body = await read_whole(resp, max_bytes, touch)
+            clean = True
+    finally:
+        if resp is not None:
+            resp.release() if clean else resp.abort()
+    return resp, body
 
 
 def without_bom(body: bytes) -> bytes:
