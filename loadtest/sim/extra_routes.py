@@ -35,6 +35,8 @@ CUT_MID_STREAM = "sim:cut-mid-stream"  # a /v1/messages `metadata.user_id` (`_me
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SSE = (b"content-type", b"text/event-stream")
+# what pydantic reads as true in a form field (vLLM parses its forms with pydantic)
+_FORM_TRUE = {"true", "1", "yes", "on", "t", "y"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}
 
 
@@ -153,8 +155,12 @@ class ExtraRoutes:
             raise SimError(400, "1 validation error: 'file' is required", "Bad Request", "file")
         self.app._check_model(fields)
         size = int(fields["file"])
-        await send_json(send, 200, {"text": f"simulated speech of {size} bytes",
-                                    "usage": {"type": "duration", "seconds": 1}})
+        text = f"simulated speech of {size} bytes"
+        if str(fields.get("stream", "")).strip().lower() in _FORM_TRUE:
+            translation = scope["path"].endswith("/translations")
+            await _audio_stream(send, self.app.options.model, text, fields, translation)
+            return
+        await send_json(send, 200, {"text": text, "usage": {"type": "duration", "seconds": 1}})
 
     # -- tokenizer -------------------------------------------------------------------------
     async def _detokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -241,6 +247,29 @@ def _form_fields(declared: str, body: bytes) -> dict[str, Any] | None:
             return None
         fields[name] = str(len(payload)) if name == "file" else payload.decode("utf-8", "replace")
     return fields
+
+
+async def _audio_stream(send: Send, model: str, text: str, fields: dict[str, Any],
+                        translation: bool) -> None:
+    """vLLM's streamed transcription (form field `stream=true`, which the OpenAI Node SDK sends
+    as the text `true`): `transcription.chunk` (`translation.chunk`) events with a `delta`, the
+    last one's `finish_reason` "stop", a usage chunk when `stream_include_usage` asks, then
+    `[DONE]`. Answering it whole instead made a gateway refuse the answer as no stream."""
+    kind, prefix = ("translation", "trsl") if translation else ("transcription", "trsc")
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": f"{kind}.chunk",
+            "created": int(time.time()), "model": model}
+    words = text.split(" ")
+    events = [{**head, "choices": [{"delta": {"content": w if i == 0 else f" {w}"},
+                                    "finish_reason": "stop" if i == len(words) - 1 else None,
+                                    "stop_reason": None}]} for i, w in enumerate(words)]
+    if str(fields.get("stream_include_usage", "")).strip().lower() in _FORM_TRUE:
+        events.append({**head, "choices": [], "usage": {
+            "prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}})
+    await send({"type": "http.response.start", "status": 200, "headers": [_SSE]})
+    for event in events:
+        chunk = b"data: " + orjson.dumps(event) + b"\n\n"
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
