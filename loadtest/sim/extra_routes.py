@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
+from loadtest.sim.anthropic_tools import forced_tool_use, tool_use_events
 from loadtest.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.errors import SimError
 from loadtest.sim.generate import ConnectionDropped
@@ -90,6 +91,7 @@ class ExtraRoutes:
                 raise SimError(400, "messages: Field required", param="messages")
             if not isinstance(body.get("max_tokens"), int):
                 raise SimError(400, "max_tokens: Field required", param="max_tokens")
+            tool_use = forced_tool_use(body)
         except SimError as err:
             await _anthropic_error(send, err)
             return
@@ -99,11 +101,13 @@ class ExtraRoutes:
         msg_id = f"msg_{uuid.uuid4().hex}"
         model = self.app.options.model
         stop = "max_tokens" if body["max_tokens"] <= 8 else "end_turn"
+        if tool_use is not None:
+            stop = "tool_use"
         if not body.get("stream"):
+            content = [tool_use] if tool_use else [{"type": "text", "text": " ".join(words)}]
             await send_json(send, 200, {
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": " ".join(words)}],
-                "stop_reason": stop, "stop_sequence": None,
+                "content": content, "stop_reason": stop, "stop_sequence": None,
                 "usage": {"input_tokens": prompt, "output_tokens": n}})
             return
         events: list[tuple[str, dict[str, Any]]] = [
@@ -111,13 +115,7 @@ class ExtraRoutes:
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": prompt, "output_tokens": 0}}}),
-            ("content_block_start", {"type": "content_block_start", "index": 0,
-                                     "content_block": {"type": "text", "text": ""}}),
-        ]
-        events += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
-            "type": "text_delta", "text": w if i == 0 else f" {w}"}}) for i, w in enumerate(words)]
-        events += [
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            *(tool_use_events(tool_use) if tool_use else _text_events(words)),
             ("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": n}}),
             ("message_stop", {"type": "message_stop"}),
@@ -270,6 +268,17 @@ async def _audio_stream(send: Send, model: str, text: str, fields: dict[str, Any
         chunk = b"data: " + orjson.dumps(event) + b"\n\n"
         await send({"type": "http.response.body", "body": chunk, "more_body": True})
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def _text_events(words: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A text content block's start, one `text_delta` per word, its stop."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}})]
+    events += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
+        "type": "text_delta", "text": w if i == 0 else f" {w}"}}) for i, w in enumerate(words)]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    return events
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
