@@ -94,7 +94,7 @@ class ChatFormat:
         head = self._chunk({"role": "assistant", "content": ""}, "", None, 0, role) if (
             first) else b""
         delta: dict[str, Any] = {}
-        if self.g.gen.tool is not None:
+        if self.g.gen.tool is not None and not self.g.gen.tool.content:
             if first:
                 delta["tool_calls"] = [{"index": 0, **self._tool_call(piece.content)}]
             elif piece.content:
@@ -124,7 +124,7 @@ class ChatFormat:
         echo = self._echo(index)
         logprobs = self._logprobs(content, index, 0, echo)
         if self.chat:
-            tool = self.g.gen.tool
+            tool = self.g.gen.tool if self.g.gen.tool and not self.g.gen.tool.content else None
             message = {"role": "assistant", "content": "" if tool else content, "refusal": None,
                        "tool_calls": [self._tool_call(content)] if tool else [],
                        "reasoning": reasoning or None}

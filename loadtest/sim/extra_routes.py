@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import xxhash
 
+from loadtest.sim.anthropic_tools import forced_tool_use, tool_use_events
 from loadtest.sim.asgi import Receive, Scope, Send, read_body, send_bytes, send_json
 from loadtest.sim.errors import SimError
 from loadtest.sim.generate import ConnectionDropped
@@ -35,6 +36,8 @@ CUT_MID_STREAM = "sim:cut-mid-stream"  # a /v1/messages `metadata.user_id` (`_me
 
 Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
 _SSE = (b"content-type", b"text/event-stream")
+# what pydantic reads as true in a form field (vLLM parses its forms with pydantic)
+_FORM_TRUE = {"true", "1", "yes", "on", "t", "y"}
 _ANTHROPIC_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "overloaded_error"}
 
 
@@ -89,6 +92,7 @@ class ExtraRoutes:
                 raise SimError(400, "messages: Field required", param="messages")
             if not isinstance(body.get("max_tokens"), int):
                 raise SimError(400, "max_tokens: Field required", param="max_tokens")
+            tool_use = forced_tool_use(body)
         except SimError as err:
             await _anthropic_error(send, err)
             return
@@ -98,11 +102,13 @@ class ExtraRoutes:
         msg_id = f"msg_{uuid.uuid4().hex}"
         model = self.app.options.model
         stop = "max_tokens" if body["max_tokens"] <= 8 else "end_turn"
+        if tool_use is not None:
+            stop = "tool_use"
         if not body.get("stream"):
+            content = [tool_use] if tool_use else [{"type": "text", "text": " ".join(words)}]
             await send_json(send, 200, {
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": " ".join(words)}],
-                "stop_reason": stop, "stop_sequence": None,
+                "content": content, "stop_reason": stop, "stop_sequence": None,
                 "usage": {"input_tokens": prompt, "output_tokens": n}})
             return
         events: list[tuple[str, dict[str, Any]]] = [
@@ -110,13 +116,7 @@ class ExtraRoutes:
                 "id": msg_id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": prompt, "output_tokens": 0}}}),
-            ("content_block_start", {"type": "content_block_start", "index": 0,
-                                     "content_block": {"type": "text", "text": ""}}),
-        ]
-        events += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
-            "type": "text_delta", "text": w if i == 0 else f" {w}"}}) for i, w in enumerate(words)]
-        events += [
-            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            *(tool_use_events(tool_use) if tool_use else _text_events(words)),
             ("message_delta", {"type": "message_delta", "delta": {
                 "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": n}}),
             ("message_stop", {"type": "message_stop"}),
@@ -154,8 +154,12 @@ class ExtraRoutes:
             raise SimError(400, "1 validation error: 'file' is required", "Bad Request", "file")
         self.app._check_model(fields)
         size = int(fields["file"])
-        await send_json(send, 200, {"text": f"simulated speech of {size} bytes",
-                                    "usage": {"type": "duration", "seconds": 1}})
+        text = f"simulated speech of {size} bytes"
+        if str(fields.get("stream", "")).strip().lower() in _FORM_TRUE:
+            translation = scope["path"].endswith("/translations")
+            await _audio_stream(send, self.app.options.model, text, fields, translation)
+            return
+        await send_json(send, 200, {"text": text, "usage": {"type": "duration", "seconds": 1}})
 
     # -- tokenizer -------------------------------------------------------------------------
     async def _tokenizer_info(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -249,6 +253,40 @@ def _form_fields(declared: str, body: bytes) -> dict[str, Any] | None:
             return None
         fields[name] = str(len(payload)) if name == "file" else payload.decode("utf-8", "replace")
     return fields
+
+
+async def _audio_stream(send: Send, model: str, text: str, fields: dict[str, Any],
+                        translation: bool) -> None:
+    """vLLM's streamed transcription (form field `stream=true`, which the OpenAI Node SDK sends
+    as the text `true`): `transcription.chunk` (`translation.chunk`) events with a `delta`, the
+    last one's `finish_reason` "stop", a usage chunk when `stream_include_usage` asks, then
+    `[DONE]`. Answering it whole instead made a gateway refuse the answer as no stream."""
+    kind, prefix = ("translation", "trsl") if translation else ("transcription", "trsc")
+    head = {"id": f"{prefix}-{uuid.uuid4().hex}", "object": f"{kind}.chunk",
+            "created": int(time.time()), "model": model}
+    words = text.split(" ")
+    events = [{**head, "choices": [{"delta": {"content": w if i == 0 else f" {w}"},
+                                    "finish_reason": "stop" if i == len(words) - 1 else None,
+                                    "stop_reason": None}]} for i, w in enumerate(words)]
+    if str(fields.get("stream_include_usage", "")).strip().lower() in _FORM_TRUE:
+        events.append({**head, "choices": [], "usage": {
+            "prompt_tokens": 1, "completion_tokens": len(words), "total_tokens": 1 + len(words)}})
+    await send({"type": "http.response.start", "status": 200, "headers": [_SSE]})
+    for event in events:
+        chunk = b"data: " + orjson.dumps(event) + b"\n\n"
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def _text_events(words: list[str]) -> list[tuple[str, dict[str, Any]]]:
+    """A text content block's start, one `text_delta` per word, its stop."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("content_block_start", {"type": "content_block_start", "index": 0,
+                                 "content_block": {"type": "text", "text": ""}})]
+    events += [("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {
+        "type": "text_delta", "text": w if i == 0 else f" {w}"}}) for i, w in enumerate(words)]
+    events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+    return events
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:

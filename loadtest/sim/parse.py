@@ -15,7 +15,7 @@ from loadtest.sim.inputs import (
     prompt_items,
 )
 from loadtest.sim.logprobs import MAX_LOGPROBS
-from loadtest.sim.tools import ToolPlan, plan_tool_call
+from loadtest.sim.tools import ToolPlan, plan_structured_output, plan_tool_call
 
 __all__ = ["ChoicePlan", "GenRequest", "item_prompt", "parse_generation", "parse_prompt",
            "parse_prompts", "validate_cache_salt"]
@@ -232,7 +232,7 @@ def parse_generation(
     logprobs = _check_logprobs(body, chat)
     check_prompt_logprobs(body)
     check_response_format(body)
-    tool = plan_tool_call(body) if chat else None
+    tool = (plan_tool_call(body) or plan_structured_output(body)) if chat else None
     prompts = [parse_prompt(body, chat)] if chat else parse_prompts(body)
     prompt = prompts[0]
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)

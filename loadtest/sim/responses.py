@@ -131,7 +131,8 @@ class ResponsesAPI:
         chat_body = {"messages": system + messages, "stream": body.get("stream") is True,
                      "max_completion_tokens": body.get("max_output_tokens"),
                      "cache_salt": body.get("cache_salt"), "priority": body.get("priority"),
-                     "request_id": body.get("request_id")}
+                     "request_id": body.get("request_id"),
+                     "response_format": _response_format(body)}
         gen = app.parse(chat_body, chat=True)
         gen.include_usage = False
         response_id = "resp_" + uuid.uuid4().hex
@@ -234,6 +235,21 @@ class ResponsesAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await stored.task
         await send_json(send, 200, stored.response)
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """`text.format` (json_schema: name and schema inline; json_object) as chat's
+    `response_format`, so the output text is JSON as vLLM's guided decoding makes it (the
+    Vercel AI SDK's `generateObject` parses it)."""
+    text = body.get("text")
+    fmt = text.get("format") if isinstance(text, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind != "json_schema" or not isinstance(fmt, dict):
+        return None
+    return {"type": "json_schema", "json_schema": {"name": str(fmt.get("name", "schema")),
+                                                   "schema": fmt.get("schema")}}
 
 
 def _texts(content: Any) -> Any:

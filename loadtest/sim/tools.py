@@ -18,7 +18,7 @@ import orjson
 
 from loadtest.sim.errors import SimError
 
-__all__ = ["ToolPlan", "arguments_for", "plan_tool_call"]
+__all__ = ["ToolPlan", "arguments_for", "plan_structured_output", "plan_tool_call"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,8 @@ class ToolPlan:
     name: str
     arguments: str
     required: bool  # tool_choice "required" (finish_reason "tool_calls"); False: named ("stop")
+    # a chat `response_format` (structured output): the JSON is the message's content, no call
+    content: bool = False
 
 
 def _bad(message: str, param: str = "tool_choice") -> SimError:
@@ -75,6 +77,21 @@ def plan_tool_call(body: dict[str, Any]) -> ToolPlan | None:
                    "{'type': 'function', 'function': {'name': ...}}")
     args = arguments_for(fn.get("parameters") or {"type": "object", "properties": {}})
     return ToolPlan(fn["name"], orjson.dumps(args).decode(), required)
+
+
+def plan_structured_output(body: dict[str, Any]) -> ToolPlan | None:
+    """A chat `response_format` of `json_schema` or `json_object`: vLLM's guided decoding makes
+    the content JSON matching the schema, which clients parse (the Vercel AI SDK's
+    `generateObject`, LangChain's `withStructuredOutput`, the openai SDKs' `parse`); free text
+    there failed them all. Called after `check_response_format` validated the shape."""
+    fmt = body.get("response_format")
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "json_object":
+        return ToolPlan("", "{}", False, content=True)
+    if kind != "json_schema" or not isinstance(fmt, dict):
+        return None
+    schema = fmt["json_schema"].get("schema") or {"type": "object", "properties": {}}
+    return ToolPlan("", orjson.dumps(arguments_for(schema)).decode(), False, content=True)
 
 
 def arguments_for(schema: Any) -> Any:
