@@ -248,12 +248,17 @@ class RedisSync(RedisBase):
         self._bad_keys = {k: skipped_record("key", k, v) for k, (v, record) in parsed.items()
                           if record is None}
         self._keys = {k: record for k, (_, record) in parsed.items() if record is not None}
+        by_tenant: dict[str, dict[str, str]] = {}
+        for key_hash, record in self._keys.items():
+            by_tenant.setdefault(record.tenant_id, {})[key_hash] = record.key_id
+        self._tenant_keys = by_tenant
 
     def _update_keys(self, changed: dict[str, str | None]) -> None:
         """Apply the key records the journal named (None: gone) to a copy of the view."""
         keys = dict(self._keys)
         for key_hash, raw in changed.items():
-            keys.pop(key_hash, None)
+            if (gone := keys.pop(key_hash, None)) is not None:
+                self._unindex(gone.tenant_id, key_hash)
             self._bad_keys.pop(key_hash, None)
             self._parsed_keys.pop(key_hash, None)
             if raw is None:
@@ -264,4 +269,14 @@ class RedisSync(RedisBase):
                 self._bad_keys[key_hash] = skipped_record("key", key_hash, raw)
             else:
                 keys[key_hash] = record
+                self._tenant_keys.setdefault(record.tenant_id, {})[key_hash] = record.key_id
         self._keys = keys
+
+    def _unindex(self, tenant_id: str, key_hash: str) -> None:
+        """Take a key out of its tenant's entry of `_tenant_keys` (the entry gone with its
+        last key, so a deleted tenant leaves none)."""
+        held = self._tenant_keys.get(tenant_id)
+        if held is not None:
+            held.pop(key_hash, None)
+            if not held:
+                del self._tenant_keys[tenant_id]
