@@ -27,6 +27,24 @@ _GUARD = (
     "or (g0 ~= d and d > '9223372036854775808'))) then "
     "return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not an integer') end end "
 )
+
+
+def _shaped(*hashes: int) -> str:
+    """Refuse with WRONGTYPE, before anything is written, a script whose hashes (these KEYS)
+    or lists (the journal, the audit log: KEYS[2], the last KEYS) hold another type (written
+    by hand): Redis keeps what a script wrote before an error, so the tenant deletion that
+    failed on a string at the tenant's key index had removed the tenant and left its key
+    records, unjournaled: the tenant made again under its id got its old keys back."""
+    checks = " or ".join(f"bad(KEYS[{i}], 'hash')" for i in hashes)
+    return (
+        "local function bad(k, want) local t = redis.call('TYPE', k).ok "
+        "if t ~= want and t ~= 'none' then return redis.error_reply("
+        "'WRONGTYPE ' .. k .. ' is not a ' .. want) end end "
+        f"local wrong = bad(KEYS[2], 'list') or bad(KEYS[#KEYS], 'list') or {checks} "
+        "if wrong then return wrong end "
+    )
+
+
 JOURNAL_CAP = 1024  # entries kept: enough for every reload that follows a write
 
 
@@ -83,7 +101,8 @@ _OWNED = (
 )
 DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id, ARGV[4..] the
     # hashes of its keys in the gateway's view
-    _GUARD + _OWNED + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    _GUARD + _shaped(3, 4, 5) + _OWNED
+    + "if redis.call('HDEL', KEYS[3], ARGV[3]) == 0 then return 0 end "
     "local hs = redis.call('HVALS', KEYS[5]) local seen = {} "
     "for _, h in ipairs(hs) do seen[h] = true end "
     "for i = 4, #ARGV - 2 do local h = ARGV[i] "
@@ -97,7 +116,8 @@ DELETE = (  # KEYS[3] tenants, KEYS[4] keys, KEYS[5] tkeys:<id>; ARGV[3] id, ARG
 # over, the first key stayed in the keys hash, out of the index (never listed, not revocable
 # by id), or was moved to another tenant whose revocation through the first then removed it.
 ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, json
-    _GUARD + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
+    _GUARD + _shaped(3, 4, 5)
+    + "if redis.call('HEXISTS', KEYS[3], ARGV[3]) == 0 then return 0 end "
     "if redis.call('HEXISTS', KEYS[5], ARGV[4]) == 1 "
     "or redis.call('HEXISTS', KEYS[4], ARGV[5]) == 1 then return -1 end "
     "redis.call('HSET', KEYS[4], ARGV[5], ARGV[6]) redis.call('HSET', KEYS[5], ARGV[4], ARGV[5]) "
@@ -106,7 +126,7 @@ ADD_KEY = (  # KEYS[3..5] tenants, keys, tkeys; ARGV[3..6] id, key id, hash, jso
 )
 REVOKE = (  # KEYS[4] keys, KEYS[5] tkeys; ARGV[3] tenant id, ARGV[4] key id, ARGV[5] its hash
     # in the gateway's view or ''
-    _GUARD + _OWNED + "local h = redis.call('HGET', KEYS[5], ARGV[4]) "
+    _GUARD + _shaped(4, 5) + _OWNED + "local h = redis.call('HGET', KEYS[5], ARGV[4]) "
     "if not h and ARGV[5] ~= '' and owned(ARGV[5], ARGV[4]) then h = ARGV[5] end "
     "if not h then return 0 end "
     "redis.call('HDEL', KEYS[4], h) redis.call('HDEL', KEYS[5], ARGV[4]) " + _BUMP
