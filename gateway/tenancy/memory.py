@@ -42,7 +42,9 @@ class InMemoryStore(TenantStore):
         self._tenants_at = 0  # the generation of the last write of a tenant record
         # the keys of the last snapshot and the hashes changed since: the next snapshot says
         # so, and the resolver updates its key index there (`StoreSnapshot.keys_from`)
-        self._by_id: dict[tuple[str, str], str] = {}  # (tenant, key id) -> key_hash
+        # tenant -> key id -> key_hash, every key of `_keys` once: a creation, revocation,
+        # listing or tenant deletion reads its tenant's keys here, not a scan of every key
+        self._of_tenant: dict[str, dict[str, str]] = {}
         self._handed: dict[str, KeyRecord] | None = None
         self._keys_changed: set[str] = set()
 
@@ -94,8 +96,8 @@ class InMemoryStore(TenantStore):
     async def delete_tenant(self, tenant_id: str) -> bool:
         if self._tenants.pop(tenant_id, None) is None:
             return False
-        for key_hash in [h for h, r in self._keys.items() if r.tenant_id == tenant_id]:
-            del self._by_id[tenant_id, self._keys.pop(key_hash).key_id]
+        for key_hash in self._of_tenant.pop(tenant_id, {}).values():
+            del self._keys[key_hash]
             self._keys_changed.add(key_hash)
         self._changed("tenant", tenant_id)
         return True
@@ -118,24 +120,30 @@ class InMemoryStore(TenantStore):
         self._require(record.tenant_id)
         # as `RedisStore.add_key` refuses it; looked up, not searched: a scan of every key
         # made creating 10,000 keys slow down as they grew
-        if record.key_hash in self._keys or (record.tenant_id, record.key_id) in self._by_id:
+        held = self._of_tenant.setdefault(record.tenant_id, {})
+        if record.key_hash in self._keys or record.key_id in held:
+            if not held:
+                del self._of_tenant[record.tenant_id]
             raise key_taken(record)
         self._keys[record.key_hash] = record
-        self._by_id[record.tenant_id, record.key_id] = record.key_hash
+        held[record.key_id] = record.key_hash
         self._keys_changed.add(record.key_hash)
         self._changed("key", record.tenant_id)
 
     async def revoke_key(self, tenant_id: str, key_id: str) -> bool:
-        key_hash = self._by_id.pop((tenant_id, key_id), None)
+        held = self._of_tenant.get(tenant_id, {})
+        key_hash = held.pop(key_id, None)
         if key_hash is None:
             return False
+        if not held:
+            del self._of_tenant[tenant_id]
         del self._keys[key_hash]
         self._keys_changed.add(key_hash)
         self._changed("key", tenant_id)
         return True
 
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
-        found = [r for r in self._keys.values() if r.tenant_id == tenant_id]
+        found = [self._keys[h] for h in self._of_tenant.get(tenant_id, {}).values()]
         return sorted(found, key=lambda r: (r.created_at, r.key_id))
 
     async def salt_group_epochs(self) -> dict[str, int | None]:

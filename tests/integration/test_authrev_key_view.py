@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 
 from gateway.tenancy import RedisStore, Tenant, connect_redis
 from gateway.tenancy.keys import generate_key, hash_key, new_key_id
+from gateway.tenancy.memory import InMemoryStore
 from gateway.tenancy.models import KeyRecord
 
 
@@ -52,7 +53,7 @@ async def pair(redis_url: str) -> AsyncIterator[tuple[RedisStore, RedisStore, ai
         await raw.aclose()
 
 
-async def _key(store: RedisStore, tenant: str) -> tuple[str, str]:
+async def _key(store: RedisStore | InMemoryStore, tenant: str) -> tuple[str, str]:
     key, key_id = generate_key(), new_key_id()
     await store.add_key(KeyRecord(key_id=key_id, tenant_id=tenant, key_hash=hash_key(key),
                                   created_at=0.0))
@@ -98,3 +99,24 @@ async def test_the_view_by_tenant_follows_the_journal_with_the_index_lost(
     changed = await other.changes_since(changed.generation)
     assert changed is not None and "b" not in other._tenant_keys
     assert set(other._tenant_keys["a"]) == {first[0], made[1][0]}
+
+
+async def test_the_in_memory_store_reads_only_the_tenants_keys() -> None:
+    """The in-memory store (one gateway without Redis) likewise: a tenant's deletion and a
+    listing walked every key; they read the tenant's own, and stay right."""
+    store = InMemoryStore()
+    for tid in ("a", "b"):
+        await store.create_tenant(Tenant(id=tid, tier="default"))
+    made = [await _key(store, tid) for tid in ("a", "a", "b")]
+    store._keys = _NoScan(store._keys)  # a walk of every key now fails the test
+    assert [r.key_id for r in await store.list_keys("a")] == sorted(
+        [made[0][1], made[1][1]], key=lambda kid: (0.0, kid))
+    assert await store.revoke_key("a", made[0][1])
+    assert not await store.revoke_key("b", made[1][1])  # a's key, asked of b
+    assert await store.delete_tenant("b")
+    assert not await store.delete_tenant("b")
+    assert [r.key_id for r in await store.list_keys("a")] == [made[1][1]]
+    assert await store.list_keys("b") == []
+    await store.create_tenant(Tenant(id="b", tier="default"))  # made again: no old key
+    assert await store.list_keys("b") == []
+    assert set(dict(store._keys)) == {made[1][0]}
