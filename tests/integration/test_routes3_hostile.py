@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.support.gateway import inflight, two_tier_gateway, wait_for
+from tests.support.gateway import inflight, metric_values, two_tier_gateway, wait_for
 
 ADMIN = "routes3-hostile-admin-0123456789"
 
@@ -107,3 +107,25 @@ def test_authorization_wins_over_x_api_key_on_messages(gw: tuple[str, dict[str, 
         else:
             with pytest.raises(anthropic.NotFoundError):
                 client.messages.create(**ask)  # type: ignore[call-overload]
+
+
+def _prompt_tokens(base: str) -> float:
+    counted = metric_values(base, "kvgate_tenant_tokens_total")
+    return sum(v for labels, v in counted.items()
+               if 'kind="prompt"' in labels and 'tenant="basic"' in labels)
+
+
+def test_a_large_rerank_counts_the_replicas_total(gw: tuple[str, dict[str, str]]) -> None:
+    """vLLM's rerank usage has only ``total_tokens``: it is the prompt tokens counted (and
+    charged), not nothing."""
+    base, keys = gw
+    before = _prompt_tokens(base)
+    docs = [f"document {n} about replica scheduling" for n in range(2000)]
+    got = httpx.post(f"{base}/v1/rerank", timeout=60,
+                     headers={"Authorization": f"Bearer {keys['default']}"},
+                     json={"model": "open", "query": "which replica", "documents": docs,
+                           "top_n": 2})
+    assert got.status_code == 200, got.text
+    total = got.json()["usage"]["total_tokens"]
+    assert total > 10_000 and len(got.json()["results"]) == 2
+    wait_for(lambda: _prompt_tokens(base) - before == total, what="the rerank's tokens")
