@@ -32,7 +32,10 @@ FORM_KINDS = frozenset(FORM_ROUTES.values())
 # that one past RFC 2046's 70 characters gets a 400 saying so, not "unclosed"
 _BOUNDARY = re.compile(r'(?:^|;)\s*boundary\s*=\s*(?:"([^"]*)"|([^;\s"]*))', re.IGNORECASE)
 _MAX_BOUNDARY = 70  # RFC 2046 5.1.1
-_NAME = re.compile(rb'(?:^|;)\s*name\s*=\s*(?:"([^"]*)"|([^;\s]+))', re.IGNORECASE)
+# one parameter of a Content-Disposition, a quoted value read whole (a `;` or `name=` inside
+# a quoted filename is the filename's, not a parameter: read as one, a part named
+# `cache_salt` was taken for another and sent on)
+_PARAM = re.compile(rb';\s*([^=;\s]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]*))')
 _JSON_FORMATS = frozenset({"json", "verbose_json"})
 _READ = frozenset({"model", "stream", "response_format"})  # small fields kvgate reads
 
@@ -143,7 +146,8 @@ def _part_name(head: bytes) -> str | None:
     for line in head.split(b"\r\n"):
         key, _, value = line.partition(b":")
         if key.strip().lower() == b"content-disposition":
-            found = _NAME.search(value)
-            if found is not None:
-                return (found.group(1) or found.group(2) or b"").decode("utf-8", "replace")
+            for found in _PARAM.finditer(value):
+                if found.group(1).lower() == b"name":
+                    sent = found.group(2) if found.group(2) is not None else found.group(3)
+                    return sent.decode("utf-8", "replace")
     return None

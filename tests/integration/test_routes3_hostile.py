@@ -73,6 +73,20 @@ def test_a_model_field_not_utf8_is_named(gw: tuple[str, dict[str, str]]) -> None
     assert error["param"] == "model" and "UTF-8" in error["message"]
 
 
+def test_a_cache_salt_part_behind_a_quoted_filename_is_dropped(
+        gw: tuple[str, dict[str, str]]) -> None:
+    """A filename holding ``;name=file`` is the filename's text: the part is `cache_salt`
+    (as vLLM's form parser reads it) and is never sent on."""
+    base, keys = gw
+    hidden = (b'--Q\r\nContent-Disposition: form-data; filename="x;name=file"; '
+              b'name="cache_salt"\r\n\r\nnot-mine\r\n')
+    got = _upload(base, keys["default"], "multipart/form-data; boundary=Q",
+                  hidden + _form("Q", ("model", b"open"), ("file", b"RIFF")))
+    assert got.status_code == 200, got.text
+    sent = _last(keys["sim"])["body"]
+    assert "cache_salt" not in sent and sent["file"] == "4"
+
+
 @pytest.mark.parametrize(("top_n", "status", "results"), [
     ("x", 400, 0), (1.5, 400, 0), ("1", 200, 1), (-1, 200, 3), (None, 200, 3)])
 def test_a_rerank_top_n_the_replica_cannot_read_is_its_400(
