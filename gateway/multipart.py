@@ -27,8 +27,15 @@ __all__ = ["FORM_KINDS", "FORM_ROUTES", "Form", "declared_form", "parse_form"]
 FORM_ROUTES = {"/v1/audio/transcriptions": "transcription",
                "/v1/audio/translations": "translation"}
 FORM_KINDS = frozenset(FORM_ROUTES.values())
-_BOUNDARY = re.compile(r'boundary\s*=\s*(?:"([^"]{1,70})"|([^;\s"]{1,70}))', re.IGNORECASE)
-_NAME = re.compile(rb'(?:^|;)\s*name\s*=\s*(?:"([^"]*)"|([^;\s]+))', re.IGNORECASE)
+# the `boundary` parameter itself: anchored at a parameter's start, so that another one whose
+# name ends in "boundary" (`xboundary=...`) is not read as it; any length is taken here so
+# that one past RFC 2046's 70 characters gets a 400 saying so, not "unclosed"
+_BOUNDARY = re.compile(r'(?:^|;)\s*boundary\s*=\s*(?:"([^"]*)"|([^;\s"]*))', re.IGNORECASE)
+_MAX_BOUNDARY = 70  # RFC 2046 5.1.1
+# one parameter of a Content-Disposition, a quoted value read whole (a `;` or `name=` inside
+# a quoted filename is the filename's, not a parameter: read as one, a part named
+# `cache_salt` was taken for another and sent on)
+_PARAM = re.compile(rb';\s*([^=;\s]+)\s*=\s*(?:"((?:[^"\\]|\\.)*)"|([^;\s]*))')
 _JSON_FORMATS = frozenset({"json", "verbose_json"})
 _READ = frozenset({"model", "stream", "response_format"})  # small fields kvgate reads
 
@@ -90,9 +97,14 @@ def parse_form(body: bytes, declared: str) -> tuple[Form, ParsedBody]:
     found = _BOUNDARY.search(declared)
     if found is None:
         raise BadRequest("The multipart/form-data body has no boundary in its Content-Type.")
-    boundary = (found.group(1) or found.group(2)).encode("latin-1")
+    boundary = (found.group(1) or found.group(2) or "").encode("latin-1")
+    if not 0 < len(boundary) <= _MAX_BOUNDARY:
+        raise BadRequest(f"The multipart/form-data boundary must be 1 to {_MAX_BOUNDARY} "
+                         f"characters (RFC 2046); this one has {len(boundary)}.")
     form = Form(boundary, declared, _split(body, boundary))
     model = form.field("model")
+    if model is None and any(name == "model" for name, _, _ in form.parts):
+        raise BadRequest("`model` must be UTF-8 text.", param="model")
     if not model:
         raise BadRequest("`model` is required: send it as a form field beside the file.",
                          param="model")
@@ -134,7 +146,8 @@ def _part_name(head: bytes) -> str | None:
     for line in head.split(b"\r\n"):
         key, _, value = line.partition(b":")
         if key.strip().lower() == b"content-disposition":
-            found = _NAME.search(value)
-            if found is not None:
-                return (found.group(1) or found.group(2) or b"").decode("utf-8", "replace")
+            for found in _PARAM.finditer(value):
+                if found.group(1).lower() == b"name":
+                    sent = found.group(2) if found.group(2) is not None else found.group(3)
+                    return sent.decode("utf-8", "replace")
     return None

@@ -48,6 +48,7 @@ _EMPTY_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\]')
 _COUNTS = re.compile(
     rb'"(prompt_tokens|completion_tokens|cached_tokens|input_tokens|output_tokens)"\s*:\s*(\d+)'
 )
+_TOTAL = re.compile(rb'"total_tokens"\s*:\s*(\d+)')
 # the Responses API names them input/output tokens; kvgate counts in chat/completions names
 _ALIASES = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
 # how a read of whole events may end: a line's end (LF, CRLF or CR) then an empty line's (the
@@ -174,6 +175,12 @@ def _counts(blob: bytes) -> Usage | None:
     for key, value in _COUNTS.findall(blob):
         name = key.decode()
         counts[_ALIASES.get(name, name)] = int(value)
+    if "prompt_tokens" not in counts and "completion_tokens" not in counts and (
+            total := _TOTAL.search(blob)) is not None:
+        # vLLM's rerank usage has a total alone, all of it prompt (a cross-encoder reads
+        # the query once a document): read as nothing, a 10,000-document rerank was
+        # charged kvgate's estimate and counted in no token metric
+        counts["prompt_tokens"] = int(total.group(1))
     return counts or None
 
 

@@ -55,16 +55,42 @@ def chat_view(data: dict[str, Any], kind: str = "messages") -> dict[str, Any]:
     ``system`` (a string or text blocks) as the first message, then its ``messages`` and
     ``tools``, so two requests sharing a system prompt and turns share block hashes."""
     messages = data.get("messages")
-    turns: list[Any] = list(messages) if isinstance(messages, list) else []
+    turns: list[Any] = ([_unmarked_turn(m) for m in messages] if isinstance(messages, list)
+                        else [])
     system = data.get("system")
     if system:
-        turns.insert(0, {"role": "system", "content": system})
+        turns.insert(0, {"role": "system", "content": _unmarked_content(system)})
     view: dict[str, Any] = {"messages": turns}
     # count_tokens answers whole whatever its body's "stream" says: not read as a stream
     for key in ("tools", "max_tokens", "stream") if kind == "messages" else ("tools",):
         if key in data:
-            view[key] = data[key]
+            view[key] = _unmarked_content(data[key]) if key == "tools" else data[key]
     return view
+
+
+def _unmarked(block: Any, nested: bool = True) -> Any:
+    """A content block without Anthropic's ``cache_control`` mark (and a tool_result's own
+    blocks without theirs). vLLM ignores the mark, and clients move it to the newest turn
+    each time: left in, an earlier block that lost its mark hashed anew (tool_result, image
+    and document blocks are hashed as JSON) and the conversation lost its replica from
+    there. Only the view is changed: the body sent on keeps its marks."""
+    if not isinstance(block, dict) or ("cache_control" not in block and not nested):
+        return block
+    out = {key: value for key, value in block.items() if key != "cache_control"}
+    inner = out.get("content")
+    if nested and isinstance(inner, list):  # a tool_result's blocks (none nest deeper)
+        out["content"] = [_unmarked(item, nested=False) for item in inner]
+    return out
+
+
+def _unmarked_content(content: Any) -> Any:
+    return [_unmarked(block) for block in content] if isinstance(content, list) else content
+
+
+def _unmarked_turn(turn: Any) -> Any:
+    if isinstance(turn, dict) and isinstance(turn.get("content"), list):
+        return {**turn, "content": _unmarked_content(turn["content"])}
+    return turn
 
 
 def adapt(parsed: ParsedBody, kind: str) -> None:

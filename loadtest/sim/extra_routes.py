@@ -190,7 +190,7 @@ class ExtraRoutes:
                            "Bad Request", "documents")
         scored = sorted(((i, _score(query, _text(d))) for i, d in enumerate(docs)),
                         key=lambda pair: -pair[1])
-        top = body.get("top_n") or len(docs)
+        top = _top_n(body.get("top_n"), len(docs))
         results = [{"index": i, "document": {"text": _text(docs[i])}, "relevance_score": s}
                    for i, s in scored[:top]]
         total = _tokens(query) * len(docs) + sum(_tokens(_text(d)) for d in docs)
@@ -287,6 +287,22 @@ def _text_events(words: list[str]) -> list[tuple[str, dict[str, Any]]]:
         "type": "text_delta", "text": w if i == 0 else f" {w}"}}) for i, w in enumerate(words)]
     events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
     return events
+
+
+def _top_n(sent: Any, count: int) -> int:
+    """Rerank's ``top_n`` as vLLM reads it: an integer (pydantic's lax mode takes one in a
+    string too), 0 or less meaning every document; anything else is vLLM's 400 (the
+    simulator answered a 500 -- a fault the gateway charges to the replica -- for a bad
+    value a client sent)."""
+    if sent is None:
+        return count
+    if (isinstance(sent, str) and sent.strip().lstrip("+-").isdigit()) or (
+            isinstance(sent, float) and sent.is_integer()):
+        sent = int(sent)
+    if not isinstance(sent, int) or isinstance(sent, bool):
+        raise SimError(400, "1 validation error: 'top_n' must be an integer", "Bad Request",
+                       "top_n")
+    return sent if sent > 0 else count
 
 
 def _inputs(body: dict[str, Any]) -> list[Any]:
