@@ -231,6 +231,14 @@ class Relay:
             now = self._clock()
             if alone_with_error_event(req.pool, replica, scanner, now):
                 replica.count_failure()
+            elif req.key_hash is not None and code == 500 and not dead_event(scanner):
+                # vLLM's 500 for this request after its output began (a generation error,
+                # not its dead engine's): no other replica can try it, so nothing tells whose
+                # fault it was; charged only as a streak met by two tenants (`ErrorStreaks`:
+                # one tenant's 3 such streams, sent where prefix affinity puts them, ejected
+                # replica after replica)
+                replica.count_failure()
+                self._streaks.acquitted(replica, now, req.tenant_id)
             else:
                 replica.record_failure(now)
             req.status = code

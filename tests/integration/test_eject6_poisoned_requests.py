@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from loadtest.sim.poison import POISON_500, POISON_WHOLE
+from loadtest.sim.poison import POISON_500, POISON_MIDSTREAM, POISON_WHOLE
 from tests.support.gateway import AUTH_SECRET, admin_client, gateway_proc, metric_values
 from tests.support.procs import Proc, free_port, sim_proc
 
@@ -98,3 +98,22 @@ def test_one_tenants_failing_requests_are_not_charged_as_streaks(
     assert _healthy(fleet["base"]) == [1.0, 1.0, 1.0]
     assert len(served_by) == 3  # no replica was taken out of the victim's rotation
     assert _poisoned_runs(fleet["urls"]) <= 20
+
+
+def test_one_tenants_streams_failing_midway_eject_nothing(fleet: dict[str, Any]) -> None:
+    """A stream that fails after its first token (vLLM's 500 error event for that request)
+    runs on one replica only. Before: each was charged to its replica, and one tenant's
+    streams in a row ejected replica after replica. Now its client still gets the replica's
+    error; the replicas stay in for the other tenant."""
+    hostile, victim = fleet["hostile"], fleet["victim"]
+    for i in range(10):
+        stream = hostile.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": f"poison {i}"}],
+            max_tokens=2, stream=True, user=POISON_MIDSTREAM)
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert "mid-stream" in caught.value.message
+    assert _healthy(fleet["base"]) == [1.0, 1.0, 1.0]
+    assert len({_victim_ok(victim, i) for i in range(6)}) == 3
+    assert _poisoned_runs(fleet["urls"]) == 10
