@@ -49,13 +49,15 @@ class ErrorStreaks:
 
     def acquitted(self, replica: Replica, now: float, tenant: str | None = None) -> None:
         """`replica` answered a request of `tenant` (None: authentication off) 500 that
-        another replica failed alike (and it was not charged for it): charged its streak's
+        another replica failed alike, or a 500 error event after its stream's output began
+        (`Relay._ended`: no other replica could try it), not charged for it: charged its streak's
         failures once the streak is long enough, another replica served meanwhile and (with
         authentication) two tenants or more met them."""
         key, served = (replica.pool, replica.id), self._served.get(replica.pool, 0)
         count, mark, tenants = self._streaks.get(key, (0, served, frozenset()))
         count += 1
-        tenants |= {tenant}
+        if len(tenants) < 2:  # two tell enough: the set stays small whoever sends
+            tenants |= {tenant}
         if count < self._threshold or served == mark or (
                 tenant is not None and len(tenants) < 2):
             self._streaks[key] = (count, mark, tenants)
