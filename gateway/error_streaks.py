@@ -13,6 +13,13 @@ while another replica of the pool served a request is charged whole (that many f
 consecutive failures that eject), and a new one starts. A pool whose every replica fails
 alike (a fleet-wide bug, or every request a poison one) serves nothing meanwhile: nothing is
 charged, no replica ejected.
+
+With authentication on, a streak is charged only once its 500s came from two tenants or
+more: one tenant's requests that fail wherever they run (a poisoned prompt, an image URL no
+replica can fetch) met on two replicas every time, and its 3 such requests in a row, while
+another tenant's requests went to a third replica, ejected the first two for everyone. A
+replica that fails everything fails every tenant's requests. Without authentication every
+request is one tenant's (None): charged as before.
 """
 
 from __future__ import annotations
@@ -31,23 +38,29 @@ class ErrorStreaks:
     def __init__(self, threshold: int) -> None:
         self._threshold = max(1, threshold)
         self._served: dict[str, int] = {}  # pool -> requests its replicas served well
-        # (pool, replica id) -> acquitted 500s in a row, and its pool's `_served` at the first
-        self._streaks: dict[tuple[str, str], tuple[int, int]] = {}
+        # (pool, replica id) -> acquitted 500s in a row, its pool's `_served` at the first,
+        # and the tenants they came from
+        self._streaks: dict[tuple[str, str], tuple[int, int, frozenset[str | None]]] = {}
 
     def served(self, replica: Replica) -> None:
         """`replica` answered a request well: its streak ends; its pool served one."""
         self._served[replica.pool] = self._served.get(replica.pool, 0) + 1
         self._streaks.pop((replica.pool, replica.id), None)
 
-    def acquitted(self, replica: Replica, now: float) -> None:
-        """`replica` answered a request 500 that another replica failed alike (and it was
-        not charged for it): charged its streak's failures once the streak is long enough
-        and another replica served meanwhile."""
+    def acquitted(self, replica: Replica, now: float, tenant: str | None = None) -> None:
+        """`replica` answered a request of `tenant` (None: authentication off) 500 that
+        another replica failed alike, or a 500 error event after its stream's output began
+        (`Relay._ended`: no other replica could try it), not charged for it: charged its streak's
+        failures once the streak is long enough, another replica served meanwhile and (with
+        authentication) two tenants or more met them."""
         key, served = (replica.pool, replica.id), self._served.get(replica.pool, 0)
-        count, mark = self._streaks.get(key, (0, served))
+        count, mark, tenants = self._streaks.get(key, (0, served, frozenset()))
         count += 1
-        if count < self._threshold or served == mark:
-            self._streaks[key] = (count, mark)
+        if len(tenants) < 2:  # two tell enough: the set stays small whoever sends
+            tenants |= {tenant}
+        if count < self._threshold or served == mark or (
+                tenant is not None and len(tenants) < 2):
+            self._streaks[key] = (count, mark, tenants)
             return
         del self._streaks[key]
         for _ in range(count):

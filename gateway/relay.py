@@ -231,6 +231,14 @@ class Relay:
             now = self._clock()
             if alone_with_error_event(req.pool, replica, scanner, now):
                 replica.count_failure()
+            elif req.key_hash is not None and code == 500 and not dead_event(scanner):
+                # vLLM's 500 for this request after its output began (a generation error,
+                # not its dead engine's): no other replica can try it, so nothing tells whose
+                # fault it was; charged only as a streak met by two tenants (`ErrorStreaks`:
+                # one tenant's 3 such streams, sent where prefix affinity puts them, ejected
+                # replica after replica)
+                replica.count_failure()
+                self._streaks.acquitted(replica, now, req.tenant_id)
             else:
                 replica.record_failure(now)
             req.status = code
@@ -244,8 +252,9 @@ class Relay:
         while others serve (`ErrorStreaks`)."""
         suspect, req.suspect = req.suspect, None
         assert suspect is not None
+        tenant = req.tenant_id if req.key_hash is not None else None
         for acquitted in (suspect, replica):
-            self._streaks.acquitted(acquitted, now)
+            self._streaks.acquitted(acquitted, now, tenant)
 
     def _suspect(
         self, req: ProxiedRequest, replica: Replica, failure: KvgateError, now: float,
@@ -395,8 +404,15 @@ class Relay:
             # `_pump`: an HTML page from whatever answered there, or a whole answer to a
             # stream, would reach the SDK as a str or as an empty stream that looks complete
             # (a JSON object that does not parse, as a JSON decode error)
+            failure = not_what_was_asked(stream, resp.content_type)
+            if stream and json_object(resp.content_type, data) and not garbled(
+                    resp.content_length is not None, data):
+                # a whole JSON answer to a stream: what this request asked (a route or format
+                # vLLM does not stream) may be the cause, not the replica -- judged as a 500
+                # for one request is; charged, one tenant's 3 such requests ejected a pool
+                raise self._suspect(req, replica, failure, self._clock())
             replica.record_failure(self._clock())
-            raise not_what_was_asked(stream, resp.content_type)
+            raise failure
         if resp.status == 200 and cut_json(resp.content_length is not None, data):
             # ended by a clean close mid-answer (its JSON cut at a nested object's "}")
             replica.record_failure(self._clock())

@@ -41,6 +41,7 @@ from loadtest.sim.parse import (
     parse_prompt,
     validate_cache_salt,
 )
+from loadtest.sim.poison import poisoned
 from loadtest.sim.responses import ResponsesAPI
 from loadtest.sim.runner import EngineRunner
 
@@ -256,6 +257,8 @@ class SimApp:
     async def _generate(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
         body = await self._json_body(scope, receive)
         self._check_model(body)
+        if await poisoned(body, send, self.counters):  # a test's per-request fault
+            return
         gen = self.parse(body, chat)
         adapter = self.lora.get(body.get("model"))
         if adapter is not None:  # its KV is its own: vLLM hashes the LoRA name into block 0
