@@ -288,8 +288,8 @@ class UpstreamTimeout(UpstreamError):
 REFUSED = frozenset({401, 403})
 
 
-# the reason of a stream's failure that is its request's own (`gateway.relay.Relay._suspect`):
-# not retried
+# the reason of a stream's failure that is its request's own
+# (`gateway.relay_whole.WholeRelay._suspect`): not retried
 REQUEST_FAULT = "request_error_event"
 
 

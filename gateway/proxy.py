@@ -350,7 +350,7 @@ class Proxy:
                     return unreadable(str(exc))
                 log.info("replica did not answer", extra={"replica": replica.id, "reason": why})
                 return UpstreamError("The replica did not answer.", reason="connect")
-            # a second internal error is relayed (`Relay._relay_whole` acquits the suspect)
+            # a second internal error is relayed (`WholeRelay._relay_whole` acquits the suspect)
             retry = resp.status in self._retry and not last and not (
                 resp.status == 500 and req.suspect is not None)
             if retry or resp.status in REFUSED:

@@ -301,7 +301,7 @@ def _headers(
     passed: list[tuple[bytes, bytes]],
 ) -> list[tuple[bytes, bytes]]:
     """A stored answer's head: kvgate's headers and the replica's `passed` ones (as a proxied
-    answer's, `Relay.headers`)."""
+    answer's, `WholeRelay.headers`)."""
     return [(b"content-type", content_type.encode("latin-1")), *passed,
             (b"x-request-id", req_id), *where]
 
