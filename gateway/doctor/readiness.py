@@ -148,7 +148,7 @@ def _explain_other(findings: list[dict[str, Any]], page: dict[str, Any]) -> None
     for f in findings:
         if not isinstance(f, dict) or not isinstance(f.get("evidence"), list):
             continue
-        part = next((_OTHER_CAUSES[e.get("metric")] for e in f["evidence"]
+        part = next((_OTHER_CAUSES[str(e.get("metric"))] for e in f["evidence"]
                      if isinstance(e, dict) and e.get("metric") in _OTHER_CAUSES), None)
         section = page.get(part) if part else None
         reason = str(section.get("reason") or "") if isinstance(section, dict) else ""

@@ -4,13 +4,17 @@ their first event), on recorded window numbers."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.doctor.replica_rules import classify_replica
 from tests.unit.doctor.test_rules import CTX, TH, replica
 
 # found stalled a moment ago: out now for 10% of the window, its /metrics without vllm:* (so
 # every sample is stale, as the scrape rule counts it)
-BLIND = dict(healthy_share=0.9, healthy_last=0.0, stalls=1.0, stalled_last=False,
-             no_stats=True, fresh=0, stale_share=1.0, requests=0.0, generation_tokens=0.0)
+BLIND: dict[str, Any] = dict(healthy_share=0.9, healthy_last=0.0, stalls=1.0,
+                             stalled_last=False,
+                             no_stats=True, fresh=0, stale_share=1.0, requests=0.0,
+                             generation_tokens=0.0)
 
 
 def test_a_blind_stall_says_whose_evidence_and_comes_before_its_metrics() -> None:

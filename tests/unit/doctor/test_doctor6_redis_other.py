@@ -40,7 +40,8 @@ def test_a_password_redis_does_not_want_is_named_with_its_change() -> None:
     assert from_readyz(URL, 200, _page(NO_PASSWORD), [f])["findings"] == []  # not twice
     assert "requirepass" in str(f["summary"]) and "log names" not in str(f["summary"])
     assert str(f["action"]).startswith("remove the password from KVGATE_REDIS_URL")
-    assert [e["what"] for e in f["evidence"]][-1] == "sync.reason"  # type: ignore[index]
+    evidence = f["evidence"]
+    assert isinstance(evidence, list) and evidence[-1]["what"] == "sync.reason"
 
 
 def test_another_refusal_quotes_readyz_masked() -> None:
