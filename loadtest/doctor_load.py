@@ -1,4 +1,5 @@
-"""Closed-loop chat load for `kvgate doctor`'s tests and benchmark (aiohttp, non-streamed).
+"""Closed-loop chat load for `kvgate doctor`'s tests and benchmark (aiohttp; streamed when the
+load says so, each stream read to its end).
 
 `run_load(base, loads, duration_s)` runs every `Load` at once for ``duration_s`` seconds:
 ``concurrency`` workers, each sending its next request as soon as the previous one answered.
@@ -9,7 +10,9 @@ Prompts are built by kind, so each scenario's traffic says what it is:
 - ``pairs``: every prefix of ``prompt_tokens`` tokens is sent twice in a row, then never
   again (perfect prefix routing reuses half the prompt tokens; alternating replicas none);
 - ``rag``: a shared 2 KB system prompt, 4-16 KB of retrieved context unique to each request
-  and a short query (the seed's cache-return question).
+  and a short query (the seed's cache-return question);
+- ``routes``: the routes beside chat, in turn (`doctor_routes`: Anthropic messages and
+  count_tokens, rerank, score, tokenize, detokenize, pooling, an audio upload).
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import itertools
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
+
+from loadtest.doctor_routes import route_request
 
 __all__ = ["Load", "LoadResult", "prompt", "run_load"]
 
@@ -68,6 +74,7 @@ class Load:
     prompt_tokens: int = 0
     max_tokens: int = 16
     api_key: str | None = None
+    stream: bool = False
 
 
 @dataclass
@@ -84,17 +91,31 @@ async def _worker(session: aiohttp.ClientSession, base: str, load: Load,
     repeat = 2 if load.kind == "pairs" else 1
     while time.monotonic() < deadline:
         n = next(counter)
+        if load.kind == "routes":
+            await _send(session, base, None, headers, result, route_request(n, load.model, tag))
+            continue
         body = {"model": load.model, "max_tokens": load.max_tokens, "ignore_eos": True,
-                "messages": prompt(load.kind, n, load.prompt_tokens, tag)}
+                "messages": prompt(load.kind, n, load.prompt_tokens, tag),
+                **({"stream": True} if load.stream else {})}
         for _ in range(repeat):
             await _send(session, base, body, headers, result)
 
 
-async def _send(session: aiohttp.ClientSession, base: str, body: dict[str, object],
-                headers: dict[str, str], result: LoadResult) -> None:
+async def _send(session: aiohttp.ClientSession, base: str, body: dict[str, object] | None,
+                headers: dict[str, str], result: LoadResult,
+                routed: tuple[str, dict[str, Any] | None, dict[str, Any] | None] | None = None
+                ) -> None:
+    path, data = "/v1/chat/completions", None
+    if routed is not None:  # another route: its JSON body, or a multipart form
+        path, body, fields = routed
+        if fields is not None:
+            data = aiohttp.FormData()
+            for name, value in fields.items():
+                data.add_field(name, value, **({"filename": "a.wav"} if isinstance(
+                    value, bytes) else {}))
     try:
-        async with session.post(f"{base}/v1/chat/completions", json=body,
-                                headers=headers) as resp:
+        async with session.post(f"{base}{path}", json=body if data is None else None,
+                                data=data, headers=headers) as resp:
             await resp.read()
             result.statuses[resp.status] = result.statuses.get(resp.status, 0) + 1
             if resp.status == 200:

@@ -28,6 +28,7 @@ from typing import Any
 import httpx
 import yaml
 
+from gateway.doctor import readiness
 from loadtest.doctor_load import Load, LoadResult, run_load
 from loadtest.fleet import Fleet, environ, free_port
 
@@ -55,6 +56,9 @@ class Scenario:
     # authentication on (tenants bootstrapped from the config, keys from the admin API)
     tenant_loads: list[tuple[str, str, Load]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)  # more of the gateway's config
+    redis_password: str = ""  # put in KVGATE_REDIS_URL (a Redis without requirepass refuses it)
+    says: str = ""  # a phrase the expected finding's summary or action must hold
+    readyz: bool = False  # report as `kvgate doctor` does: /readyz's reasons merged in
 
 
 def _pool(flags: list[str], n: int = 1) -> list[list[str]]:
@@ -68,6 +72,10 @@ OK_LOAD = {"ok": Load("", 1, "short", max_tokens=20)}
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("healthy", "healthy", "p", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=32)}),
+    # the routes beside chat (Anthropic messages, count_tokens, rerank, score, tokenize,
+    # pooling, audio uploads) beside chat: no first token to time, nothing to name
+    Scenario("healthy-routes", "healthy", "p", None, {"p": _pool([], 2), **OK_POOL},
+             {"p": Load("", 3, "routes"), **OK_LOAD}),
     Scenario("queue-bound", "queue-bound", "q", 0,
              {"q": _pool(["--max-num-seqs", "4"]), **OK_POOL},
              {"q": Load("", 16, "short", max_tokens=400), **OK_LOAD}),
@@ -108,6 +116,20 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("redis-down", "gateway", "", None, {"p": _pool([], 2)},
              {"p": Load("", 2, "short", max_tokens=16)}, redis=True, stop_redis=True,
              gateway_proof=True),
+    # today's faults (loadtest/results/bench_doctor_doctor6.md): an engine hung on a replica
+    # without engine counters, found stalled on kvgate's own evidence (its streams wait)
+    Scenario("blind-stall", "down", "p", 0,
+             {"p": [["--disable-log-stats"], []]},
+             {"p": Load("", 4, "short", max_tokens=16, stream=True)},
+             faults={("p", 0): {"engine_hang": True}}, routing={"policy": "round_robin"},
+             config={"health": {"interval_s": 0.5, "stall_after_s": 2, "eject_base_s": 30}},
+             says="no engine counters", gateway_proof=True),
+    # KVGATE_REDIS_URL with a password for a Redis that has none: the shared routing state
+    # is refused ("AUTH ... called without any password configured", cause `other`)
+    Scenario("redis-password", "gateway", "", None, {"p": _pool([], 2)},
+             {"p": Load("", 2, "short", max_tokens=16)}, redis=True,
+             redis_password="doctor-scenario-unneeded-password", says="requirepass",
+             readyz=True),
     Scenario("scrape-failing", "gateway", "p", 1,
              {"p": [[], ["--disable-log-stats"]]},
              {"p": Load("", 2, "short", max_tokens=16)}, gateway_proof=True),
@@ -202,7 +224,8 @@ class Running:
         self.redis = subprocess.Popen(
             [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.redis_url = f"redis://127.0.0.1:{port}/0"
+        auth = f":{self.sc.redis_password}@" if self.sc.redis_password else ""
+        self.redis_url = f"redis://{auth}127.0.0.1:{port}/0"
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -229,7 +252,7 @@ class Running:
         out = []
         for pool, load in self.sc.loads.items():
             out.append(Load(model_of(pool), load.concurrency, load.kind, load.prompt_tokens,
-                            load.max_tokens, load.api_key))
+                            load.max_tokens, load.api_key, load.stream))
         for tenant, pool, load in self.sc.tenant_loads:
             out.append(Load(model_of(pool), load.concurrency, load.kind, load.prompt_tokens,
                             load.max_tokens, self.keys[tenant]))
@@ -264,6 +287,10 @@ class Running:
                       headers={"authorization": f"Bearer {ADMIN_TOKEN}"}, timeout=60)
         r.raise_for_status()
         out: dict[str, Any] = r.json()
+        if self.sc.readyz:  # what `kvgate doctor` adds from the gateway's /readyz
+            page = httpx.get(f"{base or self.base}/readyz", timeout=30)
+            readiness.merge(out, readiness.from_readyz(base or self.base, page.status_code,
+                                                       page.content, out["findings"]))
         return out
 
     def target(self) -> tuple[str | None, str | None]:
@@ -299,4 +326,4 @@ def found(report: dict[str, Any], sc: Scenario, target: tuple[str | None, str | 
     if sc.expect == "healthy":
         return all(f["class"] == "healthy" for f in report["findings"])
     return any(f["class"] == sc.expect and (f["pool"], f["replica"]) == target
-               for f in report["findings"])
+               and sc.says in f["summary"] + " " + f["action"] for f in report["findings"])

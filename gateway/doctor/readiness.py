@@ -104,7 +104,8 @@ def unread(url: str, why: str) -> dict[str, Any]:
 def from_readyz(url: str, status: int, body: bytes,
                 report_findings: list[dict[str, Any]]) -> dict[str, Any]:
     """The readiness section: what /readyz said, and a finding per degraded reason that the
-    report (``report_findings``) does not already name."""
+    report (``report_findings``) does not already name; a report finding on a Redis refusal
+    it could only call `other` gets /readyz's words for it (changed in place)."""
     try:
         page = json.loads(body)
     except ValueError:
@@ -114,6 +115,7 @@ def from_readyz(url: str, status: int, body: bytes,
     cited = {e.get("metric") for f in report_findings
              if isinstance(f, dict) and f.get("class") != "healthy"
              for e in f.get("evidence") or [] if isinstance(e, dict)}
+    _explain_other(report_findings, page)
     found = [*_not_ready(page, status), *_pools(page), *_tenancy(page, cited),
              *_sync(page, cited)]
     if page["degraded"] and not found and not cited & {"kvgate_redis_up", "kvgate_sync_up"}:
@@ -122,6 +124,42 @@ def from_readyz(url: str, status: int, body: bytes,
                               "degraded", "true"))
     return {"url": f"{url}/readyz", "http_status": status, "status": page.get("status"),
             "degraded": page["degraded"], "findings": found}
+
+
+# A Redis refusal the report can only call `other` (its cause gauge has no label for it):
+# `redis_causes.REFUSED["other"]`'s words send the operator to the log, while /readyz's reason
+# holds Redis's reply and, for those kvgate knows, the change (a unit test keeps these in step)
+OTHER_WHAT = ("Redis refuses kvgate's commands (the gateway's log names its reply: \"server "
+              "replied ...\")")
+OTHER_ACTION = "read Redis's reply in the gateway's log and fix what it names"
+_OTHER_CAUSES = {'kvgate_redis_down_cause{cause="other"}': "tenancy",
+                 'kvgate_sync_down_cause{cause="other"}': "sync"}
+# (a phrase of the reason, what Redis does, the change)
+_KNOWN_OTHER: tuple[tuple[str, str, str], ...] = (
+    ("has none for its default user",
+     "Redis refuses kvgate's password: KVGATE_REDIS_URL gives one and this Redis has none "
+     "(no requirepass; AUTH answered \"called without any password configured\")",
+     "remove the password from KVGATE_REDIS_URL, or set requirepass on Redis to it"),
+)
+
+
+def _explain_other(findings: list[dict[str, Any]], page: dict[str, Any]) -> None:
+    """Give a report finding whose Redis cause is `other` what /readyz says of it (in place)."""
+    for f in findings:
+        if not isinstance(f, dict) or not isinstance(f.get("evidence"), list):
+            continue
+        part = next((_OTHER_CAUSES[str(e.get("metric"))] for e in f["evidence"]
+                     if isinstance(e, dict) and e.get("metric") in _OTHER_CAUSES), None)
+        section = page.get(part) if part else None
+        reason = str(section.get("reason") or "") if isinstance(section, dict) else ""
+        if not reason or OTHER_WHAT not in str(f.get("summary")):
+            continue
+        what, action = next(((w, a) for phrase, w, a in _KNOWN_OTHER if phrase in reason),
+                            (f"Redis refuses kvgate's commands (/readyz {part}.reason: "
+                             f"{_masked(reason)})", OTHER_ACTION))
+        f["summary"] = str(f["summary"]).replace(OTHER_WHAT, what)
+        f["action"] = str(f.get("action")).replace(OTHER_ACTION, action)
+        f["evidence"].append(_finding("", "", "", f"{part}.reason", reason)["evidence"][0])
 
 
 def _not_ready(page: dict[str, Any], status: int) -> list[dict[str, Any]]:
@@ -179,10 +217,11 @@ def _sync(page: dict[str, Any], cited: set[Any]) -> list[dict[str, Any]]:
     if not isinstance(sync, dict) or not sync.get("degraded") or "kvgate_sync_up" in cited:
         return []
     cause = str(sync.get("reason") or "unknown")
+    action = next((a for phrase, _, a in _KNOWN_OTHER if phrase in cause),
+                  "restore Redis (KVGATE_REDIS_URL)")
     return [_finding("warning", "shared routing state degraded: this gateway routes on its "
                      f"own state (/readyz sync.reason: {_masked(cause)})",
-                     "restore Redis (KVGATE_REDIS_URL); sharing resumes on its own",
-                     "sync.reason", cause)]
+                     f"{action}; sharing resumes on its own", "sync.reason", cause)]
 
 
 def merge(report: dict[str, Any], readiness: dict[str, Any]) -> None:

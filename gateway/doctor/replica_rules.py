@@ -110,7 +110,11 @@ def replica_down(r: ReplicaStats) -> Finding | None:
     out_share = 1.0 - r.healthy_share
     now_out = r.healthy_last == 0.0
     flaps = r.outages >= FLAPS  # out a third of the time, back now: it was named healthy
-    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE) and not flaps:
+    # out now, found stalled in the window: the cause is known at once (a replica without
+    # engine counters had its failing-looking /metrics named instead until a fifth had passed)
+    stalled_now = now_out and (r.stalled_last or r.stalls > 0)
+    if out_share < DOWN_SHARE and not (now_out and out_share >= DOWN_NOW_SHARE) and not flaps \
+            and not stalled_now:
         return None
     ev = [cite("kvgate_replica_healthy", "samples out of rotation (ejected)", out_share,
                ">=", unit="%"),
@@ -140,19 +144,30 @@ def replica_down(r: ReplicaStats) -> Finding | None:
 
 def _stalled(r: ReplicaStats, ev: list[Evidence], when: str, now_out: bool) -> Finding:
     """Down because its engine stopped making progress (`gateway.stall`): a hung engine, whose
-    /health still answers 200."""
+    /health still answers 200. Without engine counters (--disable-log-stats) kvgate judged it on
+    its own evidence, which the finding must say: there are no counters to look at."""
     ev.insert(0, cite("kvgate_replica_stalls_total", "times found stalled in the window",
                       r.stalls))
     ev.insert(1, cite("kvgate_replica_stalled", "stalled (last sample)",
                       1.0 if r.stalled_last else 0.0))
+    hung = ("its vLLM engine is hung: restart the process; check the GPU (Xid errors in the "
+            "kernel log, nvidia-smi) and, with several GPUs, the collective (NCCL) it waits on; ")
+    if r.no_stats:
+        ev.insert(2, cite("vllm:*", "its /metrics without engine counters (last scrape)", 1.0))
+        return Finding(
+            "down", "critical" if now_out else "warning", r.pool, r.id,
+            f"replica stalled: it exports no engine counters (--disable-log-stats), so kvgate "
+            f"judged it on its own evidence: streams waiting there for their first event and "
+            f"nothing streamed or answered for health.stall_after_s, its /health still 200 "
+            f"({when}): its requests are tried elsewhere",
+            hung + "kvgate tries it again after its ejection's back-off; start vLLM without "
+            "--disable-log-stats so a hang shows in its token counters", ev)
     return Finding(
         "down", "critical" if now_out else "warning", r.pool, r.id,
         f"replica stalled: requests there and its engine's token counters frozen for "
         f"health.stall_after_s, its /health still 200 ({when}): its requests are tried "
         "elsewhere",
-        "its vLLM engine is hung: restart the process; check the GPU (Xid errors in the "
-        "kernel log, nvidia-smi) and, with several GPUs, the collective (NCCL) it waits on; "
-        "kvgate takes it back once its counters move", ev)
+        hung + "kvgate takes it back once its counters move", ev)
 
 
 def replica_hung(r: ReplicaStats, th: Thresholds) -> bool:
