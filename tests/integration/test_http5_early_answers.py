@@ -14,12 +14,12 @@ import socket
 import threading
 from collections.abc import Iterator
 
-import httptools
 import openai
 import pytest
 
 from tests.support.gateway import gateway_proc, inflight
 from tests.support.procs import sim_proc
+from tests.support.raw_http import read_to_close
 
 MODEL = "sim-model"
 LIMIT = 1024 * 1024
@@ -37,35 +37,6 @@ def base() -> Iterator[str]:
             yield url
 
 
-class _Answers:
-    """The answers read on one connection: (status, headers, body) each, in order."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[int, dict[bytes, bytes], bytes]] = []
-        self._headers: dict[bytes, bytes] = {}
-        self._body: list[bytes] = []
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.lower()] = value
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.got.append((self.parser.get_status_code(), self._headers, b"".join(self._body)))
-        self._headers, self._body = {}, []
-
-
-def _read_to_close(s: socket.socket) -> list[tuple[int, dict[bytes, bytes], bytes]]:
-    """Every answer until the gateway closes (a socket timeout fails the test)."""
-    answers = _Answers()
-    s.settimeout(30)
-    while chunk := s.recv(65536):
-        answers.parser.feed_data(chunk)
-    return answers.got
-
-
 def _head(length: int, extra: bytes = b"") -> bytes:
     return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
             b"\r\n" + extra + b"Content-Length: %d\r\n\r\n" % length)
@@ -79,7 +50,7 @@ def test_answers_pipelined_before_an_oversized_body_come_first(base: str) -> Non
     with socket.create_connection(("127.0.0.1", _port(base))) as s:
         s.sendall(_head(len(SMALL)) + SMALL + _head(20 * LIMIT, b"Connection: close\r\n")
                   + b" " * 1000)  # ... and nothing more
-        got = _read_to_close(s)
+        got = read_to_close(s)
     assert [status for status, _, _ in got] == [200, 413]
     assert json.loads(got[0][2])["object"] == "chat.completion"
 
@@ -102,7 +73,7 @@ def test_a_client_closing_after_the_answer_writes_its_whole_body_and_reads_the_4
 
         writer = threading.Thread(target=write)
         writer.start()
-        got = _read_to_close(s)
+        got = read_to_close(s)
         writer.join(30)
     assert not failed, failed
     assert [status for status, _, _ in got] == [413]
@@ -116,7 +87,7 @@ def test_a_keep_alive_connection_reads_the_rest_and_serves_the_next_request(
         s.sendall(_head(len(body)))
         s.sendall(body)
         s.sendall(_head(len(SMALL), b"Connection: close\r\n") + SMALL)
-        got = _read_to_close(s)
+        got = read_to_close(s)
     assert [status for status, _, _ in got] == [413, 200]
 
 

@@ -8,14 +8,13 @@ one Host)."""
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
-import httptools
 import pytest
 
 from tests.support.gateway import gateway_proc, metric_values
 from tests.support.procs import sim_proc
+from tests.support.raw_http import exchange
 
 MODEL = "sim-model"
 BODY = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
@@ -37,31 +36,6 @@ def _chat(hosts: bytes, version: bytes = b"1.1", close: bool = True) -> bytes:
             + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
 
 
-class _Answers:
-    """The answers read on one connection: (status, body) each, in order."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[int, bytes]] = []
-        self._body: list[bytes] = []
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.got.append((self.parser.get_status_code(), b"".join(self._body)))
-        self._body = []
-
-
-def _exchange(port: int, data: bytes) -> list[tuple[int, bytes]]:
-    answers = _Answers()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(data)
-        while chunk := s.recv(65536):
-            answers.parser.feed_data(chunk)
-    return answers.got
-
-
 @pytest.mark.parametrize(("hosts", "why"), [
     (b"", "must carry a Host header"),
     (b"Host: a\r\nHost: b\r\n", "Host is given more than once"),
@@ -70,7 +44,7 @@ def _exchange(port: int, data: bytes) -> list[tuple[int, bytes]]:
 ], ids=["none", "two", "two-same", "not-a-host"])
 def test_a_missing_repeated_or_bad_host_gets_400(port: int, hosts: bytes, why: str) -> None:
     before = sum(metric_values(f"http://127.0.0.1:{port}", "kvgate_requests_total").values())
-    [(status, body)] = _exchange(port, _chat(hosts))
+    [(status, body)] = exchange(port, _chat(hosts))
     assert status == 400
     error = json.loads(body)["error"]
     assert error["type"] == "BadRequestError" and why in error["message"]
@@ -80,7 +54,7 @@ def test_a_missing_repeated_or_bad_host_gets_400(port: int, hosts: bytes, why: s
 
 
 def test_two_hosts_on_http_1_0_get_400_too(port: int) -> None:
-    [(status, _)] = _exchange(port, _chat(b"Host: a\r\nHost: b\r\n", b"1.0"))
+    [(status, _)] = exchange(port, _chat(b"Host: a\r\nHost: b\r\n", b"1.0"))
     assert status == 400
 
 
@@ -91,13 +65,13 @@ def test_two_hosts_on_http_1_0_get_400_too(port: int) -> None:
     (b"Host: my_gateway.internal:80\r\n", b"1.1"),
 ], ids=["http-1.0", "empty", "ipv6", "underscore"])
 def test_hosts_that_are_fine_are_served(port: int, hosts: bytes, version: bytes) -> None:
-    [(status, body)] = _exchange(port, _chat(hosts, version))
+    [(status, body)] = exchange(port, _chat(hosts, version))
     assert status == 200, body
 
 
 def test_a_pipelined_request_without_host_is_refused_after_the_answer_before_it(
     port: int,
 ) -> None:
-    got = _exchange(port, _chat(b"Host: x\r\n", close=False) + _chat(b""))
+    got = exchange(port, _chat(b"Host: x\r\n", close=False) + _chat(b""))
     assert [status for status, _ in got] == [200, 400]
     assert json.loads(got[0][1])["object"] == "chat.completion"

@@ -13,9 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.test_http5_host_header import _chat, _exchange
+from tests.integration.test_http5_host_header import _chat
 from tests.support.gateway import gateway_proc
 from tests.support.procs import sim_proc
+from tests.support.raw_http import exchange
 
 MODEL = "sim-model"
 
@@ -36,11 +37,11 @@ def port() -> Iterator[int]:
 ], ids=["trailing-space", "trailing-tab", "both-sides", "prometheus", "ipv6-zone", "fqdn-dot",
         "uppercase", "punycode"])
 def test_hosts_clients_send_are_served(port: int, host: bytes) -> None:
-    [(status, body)] = _exchange(port, _chat(host))
+    [(status, body)] = exchange(port, _chat(host))
     assert status == 200, body
 
 
 def test_raw_utf8_and_inner_blanks_stay_refused(port: int) -> None:
     for host in ("Host: bücher.example\r\n".encode(), b"Host: a b\r\n"):
-        [(status, body)] = _exchange(port, _chat(host))
+        [(status, body)] = exchange(port, _chat(host))
         assert status == 400 and "not a host name" in json.loads(body)["error"]["message"]

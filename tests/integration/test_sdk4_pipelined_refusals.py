@@ -8,14 +8,13 @@ its valid request ran on a replica for nothing and was logged as a 499. Real `kv
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Iterator
 
-import httptools
 import pytest
 
 from tests.support.gateway import gateway_proc, inflight, metric_values, wait_for
 from tests.support.procs import sim_proc
+from tests.support.raw_http import exchange
 
 MODEL = "sim-model"
 
@@ -33,33 +32,6 @@ def _request(body: dict[str, object]) -> bytes:
     data = json.dumps(body).encode()
     return (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
             b"\r\ncontent-length: %d\r\n\r\n" % len(data) + data)
-
-
-class _Answers:
-    """The answers on one connection, parsed in order: (status, body) each."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[int, bytes]] = []
-        self._body: list[bytes] = []
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_body(self, body: bytes) -> None:
-        self._body.append(body)
-
-    def on_message_complete(self) -> None:
-        self.got.append((self.parser.get_status_code(), b"".join(self._body)))
-        self._body = []
-
-
-def _exchange(port: int, data: bytes, *, half_close: bool) -> list[tuple[int, bytes]]:
-    answers = _Answers()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
-        s.sendall(data)
-        if half_close:
-            s.shutdown(socket.SHUT_WR)
-        while chunk := s.recv(65536):
-            answers.parser.feed_data(chunk)
-    return answers.got
 
 
 def _not_499(base: str) -> bool:
@@ -80,7 +52,7 @@ def test_a_refused_pipelined_head_waits_for_the_answers_before_it(
                       "max_tokens": 3})
     second = _request({"model": MODEL, "messages": [{"role": "user", "content": "yo"}],
                        "max_tokens": 3, "stream": True})
-    got = _exchange(port, first + second + tail, half_close=half_close)
+    got = exchange(port, first + second + tail, half_close=half_close)
     assert [code for code, _ in got] == [200, 200, status]
     assert json.loads(got[0][1])["object"] == "chat.completion"
     assert got[1][1].rstrip().endswith(b"data: [DONE]")
@@ -109,7 +81,7 @@ def test_a_head_begun_in_the_read_that_ended_a_request_is_timed(
     port = int(quick_heads.rsplit(":", 1)[1])
     first = _request({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                       "max_tokens": 3, "stream": stream})
-    got = _exchange(port, first + b"GET /v1/mod", half_close=False)
+    got = exchange(port, first + b"GET /v1/mod", half_close=False)
     assert [code for code, _ in got] == [200, 408]
     assert json.loads(got[1][1])["error"]["code"] == 408
     wait_for(lambda: inflight(quick_heads) == 0, what="in-flight back to 0")
@@ -134,7 +106,7 @@ def test_a_400_for_bytes_that_are_not_http_says_why(
 ) -> None:
     """It said "The request is not valid HTTP/1.1." whatever was wrong."""
     port = int(gateway.rsplit(":", 1)[1])
-    got = _exchange(port, data, half_close=False)
+    got = exchange(port, data, half_close=False)
     assert [code for code, _ in got] == [400]
     error = json.loads(got[0][1])["error"]
     assert error["type"] == "BadRequestError"
@@ -163,7 +135,7 @@ def test_a_pipelined_body_is_not_timed_while_an_earlier_stream_runs(quick_bodies
                        "max_tokens": 200, "min_tokens": 200, "stream": True})
     cut = _request({"model": MODEL, "messages": [{"role": "user", "content": "yo"}],
                     "max_tokens": 3})
-    got = _exchange(port, stream + cut[:-5], half_close=False)
+    got = exchange(port, stream + cut[:-5], half_close=False)
     assert [code for code, _ in got] == [200, 408]
     assert got[0][1].rstrip().endswith(b"data: [DONE]")
     wait_for(lambda: inflight(quick_bodies) == 0, what="in-flight back to 0")
