@@ -6,7 +6,6 @@ policy) before two simulated replicas, the official Anthropic SDK as the client.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import anthropic
 import pytest
 
 from tests.support.gateway import gateway_proc, inflight, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 LOG = "".join(f"line {n}: build step {n} finished without warnings\n" for n in range(120))
@@ -26,18 +25,13 @@ MARK = {"type": "ephemeral"}
 def base() -> Iterator[str]:
     procs: list[Proc] = []
     try:
-        urls = []
-        for _ in range(2):
-            sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
-            procs.append(sim.start())
-            urls.append(url)
+        _, urls = start_sims(procs, 2, "--time-scale", "50", model=MODEL)
         gw, url = gateway_proc(config={"pools": {"p": {"served_model": MODEL,
                                                        "replicas": urls}}})
         procs.append(gw.start())
         yield url
     finally:
         for p in reversed(procs):
-            p.signal(signal.SIGCONT)
             p.stop()
 
 

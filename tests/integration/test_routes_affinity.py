@@ -6,7 +6,6 @@ policy) before two simulated replicas."""
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +13,7 @@ import httpx
 import pytest
 
 from tests.support.gateway import gateway_proc, inflight, wait_for
-from tests.support.procs import Proc, sim_proc
+from tests.support.procs import Proc, start_sims
 
 MODEL = "sim-model"
 SYSTEM = "You are a meticulous reviewer of infrastructure change requests. " * 12
@@ -27,19 +26,14 @@ STACK: list[Proc] = []  # the module's simulators (the last test stops one)
 def base() -> Iterator[str]:
     procs: list[Proc] = []
     try:
-        urls = []
-        for _ in range(2):
-            sim, url = sim_proc(None, "--time-scale", "50", model=MODEL)
-            procs.append(sim.start())
-            STACK.append(procs[-1])
-            urls.append(url)
+        sims, urls = start_sims(procs, 2, "--time-scale", "50", model=MODEL)
+        STACK.extend(sims)
         gw, url = gateway_proc(config={"pools": {"p": {"served_model": MODEL,
                                                        "replicas": urls}}})
         procs.append(gw.start())
         yield url
     finally:
         for p in reversed(procs):
-            p.signal(signal.SIGCONT)
             p.stop()
         STACK.clear()
 
