@@ -227,11 +227,12 @@ class Relay(WholeRelay):
                     chunk = await next_chunk(resp, scanner)  # (after the [DONE] too)
                     continue
                 ctl.touch()
-                if answered or not (opening and preamble_only(out)):
+                preamble = not answered and opening and preamble_only(out)
+                if not preamble:
                     # its engine works (`BlindWatch`): output, not keep-alives (sent by the
                     # API server while a hung engine sends nothing) nor a Responses preamble
                     replica.streamed += 1
-                if not answered and opening and preamble_only(out):
+                if preamble:
                     if hold:  # sent with the first output (or dropped for another replica)
                         held += out
                         chunk = await next_chunk(resp, scanner)
