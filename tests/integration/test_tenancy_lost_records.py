@@ -42,7 +42,8 @@ async def two_gateways(redis_url: str) -> AsyncIterator[
     """Two resolvers, each on its own store client, the admin API on the first store; every
     `restore_lost` answer is recorded. The clock moves only when a test moves it."""
     clock = Clock()
-    stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
+    stores = [RedisStore(connect_redis(redis_url, timeout_s=5.0), listen=False)
+              for _ in range(2)]
     resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600, clock=clock)
                  for s in stores]
     written: list[int | None] = []
@@ -247,7 +248,9 @@ async def test_a_deletion_partly_trimmed_from_the_journal_is_not_undone(
     reload while the hash is made again (a key created since: written back with it)."""
     async with two_gateways(redis_url) as (resolvers, admin, written, clock):
         first = await make_key(admin, "big")
-        store = RedisStore(connect_redis(redis_url), listen=False)
+        # 1,024 writes in a row: a generous timeout, so one stall of a loaded machine longer
+        # than the default 0.5 s does not fail the seeding (CI saw it once)
+        store = RedisStore(connect_redis(redis_url, timeout_s=10.0), listen=False)
         try:
             for i in range(JOURNAL_CAP):
                 await store.add_key(KeyRecord(key_id=f"k{i}", tenant_id="big",
