@@ -7,6 +7,7 @@ read from replica state at scrape time by a collector rather than updated on eve
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -90,6 +91,10 @@ class _ReplicaCollector(Collector):
         stalled = GaugeMetricFamily(
             "kvgate_replica_stalled", "1 while its engine is judged stalled (kept out)",
             labels=labels)
+        oldest = GaugeMetricFamily(
+            "kvgate_replica_oldest_wait_seconds", "age of the oldest request of kvgate's "
+            "still waiting there for its first event (a non-streamed one: its whole answer), "
+            "0 with none", labels=labels)
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)
@@ -98,9 +103,11 @@ class _ReplicaCollector(Collector):
         pool_healthy = dict.fromkeys(self._pools(), 0)
         entries = self._affinity()
         now = self._clock()
-        for r, also_inflight in _once(self._replicas()):
+        mono = time.monotonic()  # the leases' clock
+        for r, others in _once(self._replicas()):
             key = [r.pool, r.id]
-            inflight.add_metric(key, r.inflight + also_inflight)
+            inflight.add_metric(key, r.inflight + sum(o.inflight for o in others))
+            oldest.add_metric(key, max(o.oldest_wait_s(mono) for o in (r, *others)))
             up = not r.draining and r.available(now)
             healthy.add_metric(key, 1.0 if up else 0.0)
             if up and r.pool in pool_healthy:
@@ -123,24 +130,25 @@ class _ReplicaCollector(Collector):
         for pool, n in pool_healthy.items():
             per_pool.add_metric([pool], n)
         yield from (inflight, healthy, *gauges, age, errors, attempts, failed, stalls, stalled,
-                    affinity, per_pool)
+                    oldest, affinity, per_pool)
 
 
-def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, int]]:
-    """Each (pool, replica id) once, with the requests in flight on its other entries: a
+def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, list[Replica]]]:
+    """Each (pool, replica id) once, with its other entries (their requests in flight and
+    waiting count for it): a
     replica listed again under another URL of the same host:port (``http://`` made
     ``https://``, a path prefix added) while its old entry drains is two `Replica`s, one
     series. The first listed (the one in the pool now: `Pools.described`) describes it."""
     first: dict[tuple[str, str], Replica] = {}
-    more: dict[tuple[str, str], int] = {}
+    more: dict[tuple[str, str], list[Replica]] = {}
     for r in replicas:
         key = (r.pool, r.id)
         if key in first:
-            more[key] = more.get(key, 0) + r.inflight
+            more.setdefault(key, []).append(r)
         else:
             first[key] = r
     for key, r in first.items():
-        yield r, more.get(key, 0)
+        yield r, more.get(key, [])
 
 
 def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:

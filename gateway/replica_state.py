@@ -141,6 +141,20 @@ class ReplicaState:
         # once: a client's next turn may reach another gateway a millisecond later)
         self.watch: Callable[[], None] | None = None
 
+    def oldest_wait_s(self, now: float) -> float:
+        """Age (on the monotonic clock `now`) of the oldest request of kvgate's here still
+        waiting for its first event (a non-streamed one: its whole answer), 0 with none: read
+        from its leases that can still be cut (`cuttable`) when /metrics is served or the
+        doctor samples, nothing per request (kvgate_replica_oldest_wait_seconds)."""
+        oldest = min((lease.since for lease in self.cuttable), default=now)
+        return max(0.0, now - oldest)
+
+    def returned(self) -> float:
+        """A count that moves whenever its engine gives anything back: a first event or whole
+        answer, a streamed event, its scraped token counters (the doctor's "nothing
+        returned")."""
+        return float(self.answers + self.streamed) + (self.engine_tokens() or 0.0)
+
     def engine_tokens(self) -> float | None:
         """Tokens its engine has processed (prompt and generated, the scraped counters'
         sum), or None while no scrape said."""
