@@ -193,8 +193,8 @@ def _waiting(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
     stuck = min(r.waited_s, r.quiet_s)
     ev = [cite("kvgate_replica_oldest_wait_seconds", "oldest wait for a first event (s)",
                r.waited_s, ">=", th, "hung_s", "s"),
-          cite("kvgate_replica_oldest_wait_seconds", "seconds nothing came back from it",
-               r.quiet_s),
+          cite("kvgate replica state (answers, streamed events, engine tokens)",
+               "seconds nothing came back from it", r.quiet_s, ">=", th, "hung_s", "s"),
           cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
     blind = " (it exports no engine counters: --disable-log-stats)" if r.no_stats else ""
     if ctx.stall_after_s is None:
