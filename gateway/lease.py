@@ -28,7 +28,7 @@ class Lease:
     """One request's claim on a replica's counters. `release` is safe to call twice."""
 
     __slots__ = ("_cut", "_prefill", "_released", "_whole", "answered", "engine_tokens", "epoch",
-                 "replica", "scrapes", "seen", "sent_at")
+                 "replica", "scrapes", "seen", "sent_at", "since")
 
     def __init__(self, replica: Replica, prompt_tokens: int, stream: bool = True) -> None:
         self.replica = replica
@@ -43,7 +43,8 @@ class Lease:
         self.scrapes = replica.scrapes  # the scrapes before it was sent
         # a stream's wait for its first event is its replica's evidence of how long a healthy
         # wait there can be (`BlindWatch`); a whole answer's wait includes its decode: none
-        self.sent_at = time.monotonic() if stream else None
+        self.since = time.monotonic()  # when it was sent (`ReplicaState.oldest_wait_s`)
+        self.sent_at = self.since if stream else None
 
     def on_stall(self, cut: Callable[[], None]) -> None:
         """Call `cut` if its replica is found stalled before this request got anything (a

@@ -7,6 +7,7 @@ read from replica state at scrape time by a collector rather than updated on eve
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -21,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from gateway.replica_state import STORED_REASONS
 from gateway.replicas import Replica
 from gateway.tenancy.redis_conn import CAUSE_LABELS
 
@@ -90,6 +92,14 @@ class _ReplicaCollector(Collector):
         stalled = GaugeMetricFamily(
             "kvgate_replica_stalled", "1 while its engine is judged stalled (kept out)",
             labels=labels)
+        stored = CounterMetricFamily(
+            "kvgate_stored_response_unavailable", "Responses API requests for a response "
+            "stored on the replica answered 503 because it could not serve it (reason: down, "
+            "stalled, asleep)", labels=[*labels, "reason"])
+        oldest = GaugeMetricFamily(
+            "kvgate_replica_oldest_wait_seconds", "age of the oldest request of kvgate's "
+            "still waiting there for its first event (a non-streamed one: its whole answer), "
+            "0 with none", labels=labels)
         affinity = GaugeMetricFamily(
             "kvgate_affinity_index_entries", "prefix blocks remembered per replica",
             labels=labels)
@@ -98,9 +108,15 @@ class _ReplicaCollector(Collector):
         pool_healthy = dict.fromkeys(self._pools(), 0)
         entries = self._affinity()
         now = self._clock()
-        for r, also_inflight in _once(self._replicas()):
+        mono = time.monotonic()  # the leases' clock
+        for r, others in _once(self._replicas()):
             key = [r.pool, r.id]
-            inflight.add_metric(key, r.inflight + also_inflight)
+            inflight.add_metric(key, r.inflight + sum(o.inflight for o in others))
+            oldest.add_metric(key, max(o.oldest_wait_s(mono) for o in (r, *others)))
+            for reason in STORED_REASONS:
+                n = sum(o.stored_503s.get(reason, 0) for o in (r, *others))
+                if n:
+                    stored.add_metric([*key, reason], n)
             up = not r.draining and r.available(now)
             healthy.add_metric(key, 1.0 if up else 0.0)
             if up and r.pool in pool_healthy:
@@ -123,24 +139,25 @@ class _ReplicaCollector(Collector):
         for pool, n in pool_healthy.items():
             per_pool.add_metric([pool], n)
         yield from (inflight, healthy, *gauges, age, errors, attempts, failed, stalls, stalled,
-                    affinity, per_pool)
+                    oldest, stored, affinity, per_pool)
 
 
-def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, int]]:
-    """Each (pool, replica id) once, with the requests in flight on its other entries: a
+def _once(replicas: Iterable[Replica]) -> Iterator[tuple[Replica, list[Replica]]]:
+    """Each (pool, replica id) once, with its other entries (their requests in flight and
+    waiting count for it): a
     replica listed again under another URL of the same host:port (``http://`` made
     ``https://``, a path prefix added) while its old entry drains is two `Replica`s, one
     series. The first listed (the one in the pool now: `Pools.described`) describes it."""
     first: dict[tuple[str, str], Replica] = {}
-    more: dict[tuple[str, str], int] = {}
+    more: dict[tuple[str, str], list[Replica]] = {}
     for r in replicas:
         key = (r.pool, r.id)
         if key in first:
-            more[key] = more.get(key, 0) + r.inflight
+            more.setdefault(key, []).append(r)
         else:
             first[key] = r
     for key, r in first.items():
-        yield r, more.get(key, 0)
+        yield r, more.get(key, [])
 
 
 def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
@@ -285,6 +302,12 @@ class GatewayMetrics:
             "kvgate_requests_total", "finished proxied requests",
             ["pool", "replica", "tier", "tenant", "status", "route"], registry=reg,
         )
+        # per API (the route's fixed kind name, never its path): a counter of its own, since
+        # `route` on kvgate_requests_total is the router's reason (docs/metrics.md)
+        self.api_requests = Counter(
+            "kvgate_api_requests_total", "finished proxied requests per API (chat, messages, "
+            "tokenize, rerank, transcription, ...)", ["pool", "api", "status"], registry=reg,
+        )
         self.duration = Histogram(
             "kvgate_request_duration_seconds", "end-to-end latency as the client sees it",
             ["pool", "tier"], buckets=LATENCY_BUCKETS, registry=reg,
@@ -342,8 +365,9 @@ class GatewayMetrics:
         self._children: dict[tuple[Any, ...], Any] = {}
         # id(metric) -> (metric, the positions of its labels that name a pool)
         self._pool_labels: dict[int, tuple[Any, tuple[int, ...]]] = {
-            id(m): (m, (0,)) for m in (self.requests, self.duration, self.ttft, self.itl,
-                                       self.tokens, self.retries, self.failovers)}
+            id(m): (m, (0,)) for m in (self.requests, self.api_requests, self.duration,
+                                       self.ttft, self.itl, self.tokens, self.retries,
+                                       self.failovers)}
         self._pool_labels[id(self.spillovers)] = (self.spillovers, (1, 2))
         self.pre_upstream = self.overhead.labels("pre_upstream")
         self.relay = self.overhead.labels("relay")
@@ -357,9 +381,10 @@ class GatewayMetrics:
 
     def finished(
         self, pool: str, replica: str, status: int, route: str, duration_s: float,
-        tier: str = "default", tenant: str = "default",
+        tier: str = "default", tenant: str = "default", api: str = "chat",
     ) -> None:
         self._child(self.requests, (pool, replica, tier, tenant, str(status), route)).inc()
+        self._child(self.api_requests, (pool, api, str(status))).inc()
         self._child(self.duration, (pool, tier)).observe(duration_s)
         c = self.pool_counts.get(pool)
         if c is None:

@@ -341,6 +341,7 @@ class Preparer:
             req.flow_done = None
         self._metrics.finished(
             req.pool_name, req.replica, req.status, req.route, total, req.tier, req.tenant,
+            req.kind,
         )
         if log.isEnabledFor(logging.INFO):
             log_request(log, req, total)

@@ -16,9 +16,11 @@ if TYPE_CHECKING:
     from gateway.lease import Lease
     from gateway.replica_health import HealthRules
 
-__all__ = ["EJECTED", "HALF_OPEN", "HEALTHY", "ReplicaState", "replica_id"]
+__all__ = ["EJECTED", "HALF_OPEN", "HEALTHY", "STORED_REASONS", "ReplicaState", "replica_id"]
 
 HEALTHY, EJECTED, HALF_OPEN = "healthy", "ejected", "half_open"
+# why a response stored on it was answered 503 (kvgate_stored_response_unavailable_total)
+STORED_REASONS = ("down", "stalled", "asleep")
 
 
 def replica_id(url: str) -> str:
@@ -41,7 +43,7 @@ class ReplicaState:
         "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
         "scraped", "scraped_at", "scrapes",
         "sleep_said_until", "sleep_streak", "sleep_told", "slow_probes", "stalled", "stalls",
-        "state", "streamed", "url",
+        "state", "stored_503s", "streamed", "url",
         "waiting_since", "watch",
         "whole_waiting_tokens",
     )
@@ -123,6 +125,9 @@ class ReplicaState:
         # when a scrape says so; the next scrape reports it, for its prefixes to be forgotten
         self.fell_asleep = False
         self.stalls = 0  # times it was found stalled (kvgate_replica_stalls_total)
+        # requests for a response stored here answered 503 while it could not serve them,
+        # per reason of `STORED_REASONS` (`stored_unavailable`)
+        self.stored_503s: dict[str, int] = {}
         # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
         self.cuttable: set[Lease] = set()
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
@@ -140,6 +145,26 @@ class ReplicaState:
         # called when a request on it ends (shared routing state publishes the change at
         # once: a client's next turn may reach another gateway a millisecond later)
         self.watch: Callable[[], None] | None = None
+
+    def oldest_wait_s(self, now: float) -> float:
+        """Age (on the monotonic clock `now`) of the oldest request of kvgate's here still
+        waiting for its first event (a non-streamed one: its whole answer), 0 with none: read
+        from its leases that can still be cut (`cuttable`) when /metrics is served or the
+        doctor samples, nothing per request (kvgate_replica_oldest_wait_seconds)."""
+        oldest = min((lease.since for lease in self.cuttable), default=now)
+        return max(0.0, now - oldest)
+
+    def stored_unavailable(self) -> None:
+        """A request for a response stored here is answered 503: it is down, or (a follow-up,
+        which runs its engine) stalled or asleep (`responses.home_out`)."""
+        reason = "down" if self.down else "stalled" if self.stalled else "asleep"
+        self.stored_503s[reason] = self.stored_503s.get(reason, 0) + 1
+
+    def returned(self) -> float:
+        """A count that moves whenever its engine gives anything back: a first event or whole
+        answer, a streamed event, its scraped token counters (the doctor's "nothing
+        returned")."""
+        return float(self.answers + self.streamed) + (self.engine_tokens() or 0.0)
 
     def engine_tokens(self) -> float | None:
         """Tokens its engine has processed (prompt and generated, the scraped counters'

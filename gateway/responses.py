@@ -75,6 +75,7 @@ def home_out(pool: Pool, replica: Replica, rid: str, now: float,
     502 of a refused connection or a wait until the first-byte timeout on a frozen one."""
     if not (replica.down or (follow_up and (replica.stalled or replica.asleep))):
         return None
+    replica.stored_unavailable()  # kvgate_stored_response_unavailable_total
     return NoReplicaAvailable(
         f"The replica holding the response with id '{shown_name(rid)}' is unavailable "
         f"({replica.condition(now)}); a stored response lives on that replica alone: "

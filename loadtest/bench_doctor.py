@@ -114,7 +114,8 @@ def _detect(name: str, runs: int, scale: float, duration: float) -> dict[str, An
         windows.append(tally.first)
         overhead_runs += tally.overhead
     wall_faults = sc.name in ("imbalance", "redis-down", "scrape-failing", "wrong-model",
-                              "context-too-long", "blind-stall", "redis-password")
+                              "context-too-long", "blind-stall", "redis-password",
+                              "blind-wait")
     return {"scenario": name, "class": sc.expect, "runs": runs, "windows_s": windows,
             "scaled": not wall_faults, "scale": scale, "reports": tally.reports,
             "wrong": tally.wrong, "wrong_examples": tally.examples,

@@ -124,6 +124,16 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              faults={("p", 0): {"engine_hang": True}}, routing={"policy": "round_robin"},
              config={"health": {"interval_s": 0.5, "stall_after_s": 2, "eject_base_s": 30}},
              says="no engine counters", gateway_proof=True),
+    # the same hang seen before its ejection (obs7): nothing but kvgate's own requests waiting
+    # there for a first token, nothing returned (kvgate_replica_oldest_wait_seconds); named
+    # after hung_s (3 s here), before health.stall_after_s (8 s) ejects it
+    Scenario("blind-wait", "down", "p", 0,
+             {"p": [["--disable-log-stats"], []]},
+             {"p": Load("", 4, "short", max_tokens=16, stream=True)},
+             faults={("p", 0): {"engine_hang": True}}, routing={"policy": "round_robin"},
+             config={"health": {"interval_s": 0.5, "stall_after_s": 8, "eject_base_s": 30},
+                     "doctor": {"interval_s": 0.25, "thresholds": {"hung_s": 3}}},
+             says="waiting for a first token", gateway_proof=True),
     # KVGATE_REDIS_URL with a password for a Redis that has none: the shared routing state
     # is refused ("AUTH ... called without any password configured", cause `other`)
     Scenario("redis-password", "gateway", "", None, {"p": _pool([], 2)},

@@ -56,7 +56,10 @@ class REP:
     WAITING, RUNNING, KV, PREEMPTIONS, QUERIES, HITS, PROMPT, GENERATION = range(9, 17)
     TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT, QUEUE_SUM, QUEUE_COUNT, CAPACITY = range(17, 24)
     STALLS, STALLED = 24, 25  # times found stalled (cumulative); 1 while stalled (gateway.stall)
-    N = 26
+    # the age of the oldest request of kvgate's waiting there for its first event, and a
+    # count that moves whenever anything came back from its engine (`ReplicaState.returned`)
+    OLDEST_WAIT, RETURNED = 26, 27
+    N = 28
 
 
 class POOL:
@@ -155,6 +158,8 @@ class Sources:
     sync_cause: Callable[[], str | None] = lambda: None
     # flow control per pool: (requests queued so far, queued now, shed so far); None: off
     flow: Callable[[], Mapping[str, tuple[float, float, float]]] | None = None
+    # the leases' clock (`Lease.since`: monotonic), for the oldest wait for a first event
+    lease_clock: Callable[[], float] = time.monotonic
 
 
 def _flag(value: bool | None) -> float:
@@ -243,6 +248,7 @@ def read_tick(
         layout = Layout(ids, rpools, pool_names)
     rate = src.router.prefill_rate
     rdata = array("d")
+    mono = src.lease_clock()
     for r in replicas:
         s = r.scraped
         rdata.extend((
@@ -266,7 +272,8 @@ def read_tick(
                 _opt(s.itl_sum), _opt(s.itl_count), _opt(s.queue_time_sum),
                 _opt(s.queue_time_count), _opt(s.cache_capacity_tokens),
             ))
-        rdata.extend((float(r.stalls), 1.0 if r.stalled else 0.0))
+        rdata.extend((float(r.stalls), 1.0 if r.stalled else 0.0, r.oldest_wait_s(mono),
+                      r.returned()))
     pdata = array("d")
     sharing = src.sharing.pools
     flow = src.flow() if src.flow is not None else None

@@ -25,7 +25,7 @@ from gateway.doctor.findings import (
 )
 from gateway.doctor.no_sharing import no_hot_prefixes
 from gateway.doctor.refusals import refused
-from gateway.doctor.replica_rules import replica_down, replica_hung
+from gateway.doctor.replica_rules import replica_down, replica_hung, replica_waiting
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import PoolStats, ReplicaStats
 
@@ -200,7 +200,8 @@ def _imbalance(p: PoolStats, th: Thresholds, ctx: Context) -> list[Finding]:
     # requests wait cannot be told, so it is not compared
     live = [r for r in p.replicas if r.samples >= MIN_SAMPLES and not r.draining
             and known(r.healthy_share) and r.healthy_share >= 0.5 and r.fresh >= MIN_SAMPLES
-            and not replica_hung(r, th)]  # a hung engine holds its requests: its own finding
+            # a hung engine holds its requests: its own finding
+            and not replica_hung(r, th) and not replica_waiting(r, th)]
     if len(live) < 2:
         return []
     checks: tuple[_Check, ...] = (

@@ -39,7 +39,7 @@ from gateway.doctor.findings import (
 from gateway.doctor.thresholds import Thresholds
 from gateway.doctor.window import ReplicaStats
 
-__all__ = ["classify_replica", "replica_down", "replica_hung"]
+__all__ = ["classify_replica", "replica_down", "replica_hung", "replica_waiting"]
 
 # a replica out of rotation for this share of the window is down; out now, for this smaller one
 DOWN_SHARE, DOWN_NOW_SHARE = 0.5, 0.2
@@ -67,6 +67,8 @@ def classify_replica(r: ReplicaStats, th: Thresholds, ctx: Context,
     out: list[Finding] = []
     if replica_hung(r, th):
         out.append(_hung(r, th, ctx))
+    elif replica_waiting(r, th):
+        out.append(_waiting(r, th, ctx))
     scrape = _scrape_finding(r, th, ctx)
     if scrape is not None:
         out.append(scrape)
@@ -175,6 +177,42 @@ def replica_hung(r: ReplicaStats, th: Thresholds) -> bool:
     up to the window's end, while kvgate still sends it requests: hung (vLLM's /health may
     well say 200)."""
     return r.frozen_s >= th.hung_s and r.frozen_s > 0 and replica_down(r) is None
+
+
+def replica_waiting(r: ReplicaStats, th: Thresholds) -> bool:
+    """A request of kvgate's waiting there for its first event for ``hung_s`` or more, and
+    nothing back from the replica (no first event, answer, streamed event or engine token)
+    for as long, up to the window's end, while it is still in rotation: hung, seen from
+    kvgate's side -- the only sign before its ejection where it exports no engine counters
+    (``--disable-log-stats``), and a sign of any other hang."""
+    stuck = min(r.waited_s, r.quiet_s)
+    return stuck >= th.hung_s and stuck > 0 and replica_down(r) is None
+
+
+def _waiting(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:
+    stuck = min(r.waited_s, r.quiet_s)
+    ev = [cite("kvgate_replica_oldest_wait_seconds", "oldest wait for a first event (s)",
+               r.waited_s, ">=", th, "hung_s", "s"),
+          cite("kvgate replica state (answers, streamed events, engine tokens)",
+               "seconds nothing came back from it", r.quiet_s, ">=", th, "hung_s", "s"),
+          cite("kvgate_inflight_requests", "mean in flight", r.inflight_mean)]
+    blind = " (it exports no engine counters: --disable-log-stats)" if r.no_stats else ""
+    if ctx.stall_after_s is None:
+        then = ("stall detection is off (health.stall_after_s): kvgate keeps sending it "
+                "requests, which wait there")
+        act = "take it out of rotation (drain it), then restart its vLLM process; "
+    else:
+        then = (f"kvgate ejects it once nothing has come back for health.stall_after_s "
+                f"({ctx.stall_after_s:g} s) or more; until then its requests wait there")
+        act = "restart its vLLM process (kvgate tries its requests elsewhere once it is out); "
+    return Finding(
+        "down", "critical", r.pool, r.id,
+        f"requests waiting for a first token on {r.id} for {r.waited_s:.0f} s, nothing "
+        f"returned for {stuck:.0f} s{blind}, still in rotation ({then})",
+        act + "first check its process (GET /health, its log: an engine error, a stuck "
+        "collective) and the GPU (Xid errors in the kernel log, nvidia-smi); a single prefill "
+        "or non-streamed answer longer than this on an otherwise idle replica looks the same: "
+        "raise hung_s above it", ev)
 
 
 def _hung(r: ReplicaStats, th: Thresholds, ctx: Context) -> Finding:

@@ -63,7 +63,10 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("hung_s", 15.0, "s", "vllm:generation_tokens_total",
               "a replica whose engine held requests running while its generation and prompt "
               "token counters stood still this long, up to the window's end, is hung (named "
-              "before health.stall_after_s ejects it, or when stall detection is off)"),
+              "before health.stall_after_s ejects it, or when stall detection is off); so is "
+              "one where a request of kvgate's waited this long for its first event with "
+              "nothing back from it (kvgate_replica_oldest_wait_seconds: the sign where it "
+              "exports no counters)"),
     # -- routing ----------------------------------------------------------------------------
     Threshold("imbalance_ratio", 2.0, "ratio", "kvgate_inflight_requests",
               "imbalance when a replica's mean in flight (or engine waiting) is at least this "

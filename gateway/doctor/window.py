@@ -112,6 +112,11 @@ class ReplicaStats:
     # (generation and prompt) did not move: a hung engine, before gateway.stall ejects it
     frozen_s: float = 0.0
     frozen_running: float = math.nan  # the running count over that time (its mean)
+    # at the window's end: the oldest request of kvgate's waiting there for its first event
+    # (kvgate_replica_oldest_wait_seconds), and how long nothing came back from its engine (no
+    # first event, whole answer, streamed event or token counted: `ReplicaState.returned`)
+    waited_s: float = 0.0
+    quiet_s: float = 0.0
     no_stats: bool = False  # the last scrape: /metrics answered without vllm:* series
     stale_share: float = math.nan
     prefill_rate: float = math.nan  # tokens/s, the router's learned rate (last tick)
@@ -314,6 +319,7 @@ def _replica_stats(rid: str, pool: str, span: Sequence[Tick], stale_after_s: flo
     st.stalled_last = series[REP.STALLED][present[-1]] > 0
     st.no_stats = series[REP.NO_STATS][present[-1]] > 0
     st.frozen_s, st.frozen_running = _frozen_tail(span, series)
+    st.waited_s, st.quiet_s = _waiting_tail(span, series)
     last = present[-1]
     st.prefill_rate = series[REP.PREFILL_RATE][last]
     caps = gauge(REP.CAPACITY, present)
@@ -363,6 +369,21 @@ def _frozen_tail(span: Sequence[Tick], series: dict[int, list[float]]) -> tuple[
         seats.append(held(j))
     frozen = (span[last].t - ages[last]) - (span[j].t - ages[j])
     return max(0.0, frozen), _mean(seats)
+
+
+def _waiting_tail(span: Sequence[Tick], series: dict[int, list[float]]) -> tuple[float, float]:
+    """The oldest wait for a first event at the window's last tick, and the seconds back from
+    that tick over which nothing came back from the replica (its `returned` count unchanged:
+    from the earliest tick of the unbroken run at the last tick's value). Ticks from before
+    the replica was listed (NaN) end the run."""
+    last = len(span) - 1
+    waited, returned = series[REP.OLDEST_WAIT][last], series[REP.RETURNED]
+    if math.isnan(waited) or waited <= 0 or math.isnan(returned[last]):
+        return 0.0, 0.0
+    j = last
+    while j >= 1 and returned[j - 1] == returned[last]:
+        j -= 1
+    return waited, span[last].t - span[j].t
 
 
 def _pool_stats(name: str, span: Sequence[Tick]) -> PoolStats:
