@@ -191,10 +191,10 @@ class HealthMonitor:
             await self._ask_sleeping(pool, replica)
         came_back = False
         if replica.state == "ejected":
-            # the back-off expired and /health answers: half-open, the next request decides
-            # (a healthy replica keeps its passive failure count: it may answer /health yet
-            # fail requests, as a faulted vLLM engine does); a stalled one stays out (a hung
-            # engine answers /health), unlogged every probe
+            # /health answers: back in rotation when what ejected it was nothing answering
+            # there (a restart), else half-open, the next request decides (it may answer
+            # /health yet fail requests, as a faulted vLLM engine does); a stalled one stays
+            # out (a hung engine answers /health), unlogged every probe
             replica.probe_recovered()
             came_back = replica.state != "ejected"
             if came_back:

@@ -338,7 +338,7 @@ class Proxy:
                     replica.url + req.path, body, headers, req.ctl.sent)
             except TRANSPORT_ERRORS as exc:
                 if refused(exc):  # nothing listens there: down now, not after N requests
-                    replica.mark_down(self._clock())
+                    replica.mark_down(self._clock(), gone=True)
                     why = replica.reason = connect_failure(exc, replica.url)
                 else:
                     replica.record_failure(self._clock())

@@ -168,14 +168,23 @@ class ReplicaHealth(ReplicaState):
         self.slow_probes = 0
 
     def probe_recovered(self) -> None:
-        """`/health` answers again after an ejection: half-open, so the next request decides.
-        (vLLM's /health stays 200 while its engine is faulted: it cannot restore a replica
-        on its own, or one that fails every request would be readmitted every back-off; nor
-        does it while its engine is stalled: a hung engine answers /health too.)"""
+        """`/health` answers again after an ejection. Ejected because nothing answered there
+        (`gone`: a refused connection, a failing or silent `/health`, a frozen process): back
+        in rotation now, as a replica new to its pool -- a restarted one answers /health once
+        it serves (before, it came back half-open, one trial request at a time: a pool
+        restarted whole, e.g. by a rollout, answered its first burst 503 "on trial" while
+        /readyz said ready). Ejected for what its requests got (failures, a dead engine's or
+        a credentials refusal's answer): half-open, so the next request decides (vLLM's
+        /health stays 200 while its engine is faulted: it cannot restore such a replica on
+        its own, or one that fails every request would be readmitted every back-off). A
+        stalled one stays out: a hung engine answers /health too."""
         self.down = False
         self.reason = None
         if self.state == EJECTED and not self.stalled:
-            self.state = HALF_OPEN
+            self.state = HEALTHY if self.gone else HALF_OPEN
+            if self.gone:
+                self.failures = 0  # (what found it gone was no failure of a request's)
+                self.gone = False
 
     def record_success(self) -> None:
         self._outcome(0)
@@ -231,6 +240,7 @@ class ReplicaHealth(ReplicaState):
         their replica would have answered. One found stalled, down by its health checks,
         frozen or asleep has them cut (`_cut_waiting`): nothing will come from it."""
         self.epoch += 1
+        self.gone = False  # (`mark_down` says when it is)
         self.current = 0  # what is in flight now was sent before: not its trial
         self.current_waiting = 0
         self.progress_at_ejection = self.engine_tokens()
@@ -257,7 +267,8 @@ class ReplicaHealth(ReplicaState):
         self.down = self.stalled = False
         self.reason = None
 
-    def mark_down(self, now: float, request: bool = True, reason: str | None = None) -> None:
+    def mark_down(self, now: float, request: bool = True, reason: str | None = None,
+                  gone: bool = False) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
         ejected: keep the back-off). ``request``: a request failed here (not a probe); why
         (`reason`, else it could not connect) is logged when that takes it out (the health
@@ -266,7 +277,9 @@ class ReplicaHealth(ReplicaState):
         down by its health checks, its requests that got nothing yet are cut to be tried
         elsewhere, as a stalled engine's: a stopped process or a black-holed network keeps
         their connections open with no answer to come (they waited for their first-byte or
-        total timeout, 5 or 30 minutes)."""
+        total timeout, 5 or 30 minutes). ``gone``: a request found nothing listening there
+        (health's own findings are that too): its /health answering again brings it back
+        without a trial (`probe_recovered`)."""
         if reason is not None:
             self.reason = reason
         if request and not self.down and not self.refusal_warned:
@@ -277,6 +290,7 @@ class ReplicaHealth(ReplicaState):
         self.down = True
         if self.state != EJECTED:
             self.eject(now)
+            self.gone = gone or not request
         if not request:
             self._cut_waiting()
 

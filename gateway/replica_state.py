@@ -37,8 +37,8 @@ class ReplicaState:
         "_blind", "_heard_answers", "_policy", "_stall", "answers", "asleep", "attempts",
         "busy_streak", "busy_until", "current", "current_waiting", "cuttable", "down", "draining",
         "ejected_until", "ejections", "ended_since_scrape",
-        "epoch", "failed", "failures", "fell_asleep", "heard_at", "hit_ratio", "id", "inflight",
-        "inflight_prefill", "inflight_prefill_tokens", "longest_first_s", "lost_cache",
+        "epoch", "failed", "failures", "fell_asleep", "gone", "heard_at", "hit_ratio", "id",
+        "inflight", "inflight_prefill", "inflight_prefill_tokens", "longest_first_s", "lost_cache",
         "max_model_len",
         "outcomes", "pool", "progress_at_ejection", "reason", "refusal_warned", "replies",
         "scraped", "scraped_at", "scrapes",
@@ -131,6 +131,9 @@ class ReplicaState:
         # its requests that got nothing yet and can be cut when it stalls (`Lease.on_stall`)
         self.cuttable: set[Lease] = set()
         self.down = False  # marked down (refused, dead, /health failed): out until /health answers
+        # its ejection was for nothing answering there (refused, /health failing, frozen): the
+        # /health that answers again is the evidence it is back (`probe_recovered`)
+        self.gone = False
         # why it was last found down ("cannot resolve host NAME", "/health answered 503"), for
         # the pools' not-ready reasons; None once it answers again
         self.reason: str | None = None

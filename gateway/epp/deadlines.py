@@ -213,7 +213,7 @@ class Deadlines(ExchangeState):
         if why == "overflow":  # Envoy's own limit: nothing reached the replica
             return self._overflow()
         if target is not None and why == "connect":
-            target.mark_down(now)
+            target.mark_down(now, gone=True)
             target.reason = CANNOT_CONNECT
         elif target is not None:
             target.record_failure(now)

@@ -65,7 +65,7 @@ async def mark_refused(
     for replica, exc in zip(replicas, errors, strict=True):
         if exc is not None:
             down.append(replica)
-            replica.mark_down(clock())
+            replica.mark_down(clock(), gone=True)
             replica.reason = connect_failure(exc, replica.url)
             log.info("replica did not answer", extra={"replica": replica.id,
                                                       "reason": replica.reason})
