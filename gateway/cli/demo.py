@@ -18,7 +18,9 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
+import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -31,7 +33,7 @@ from gateway.errors import ConfigError
 from gateway.tenancy import KeyRecord, generate_key, hash_key
 from gateway.tenancy.keys import new_key_id
 from loadtest.cmdline import positive
-from loadtest.fleet import Fleet
+from loadtest.fleet import KVGATE, Fleet
 
 __all__ = ["banner", "main"]
 
@@ -58,6 +60,27 @@ def start_replicas(fleet: Fleet, time_scale: float) -> dict[str, list[str]] | No
     except (RuntimeError, TimeoutError) as exc:
         print(f"kvgate demo: a simulated replica did not start: {exc}", file=sys.stderr)
         return None
+
+
+def watch_replicas(procs: list[subprocess.Popen[bytes]], stop: threading.Event,
+                   every_s: float = 1.0) -> None:
+    """Say once when a simulated replica exits (killed to see a failover, or crashed), with
+    the command that starts it again on its port; `poll` reaps it. Before, it stayed a
+    zombie process and the demo said nothing (the gateway logs `replica down` at warning
+    level only)."""
+    said: set[int] = set()
+    while not stop.wait(every_s):
+        for proc in list(procs):
+            if proc.pid in said or proc.poll() is None:
+                continue
+            said.add(proc.pid)
+            args = [str(a) for a in proc.args] if isinstance(proc.args, list) else []
+            cmd = shlex.join(["kvgate", *args[len(KVGATE):]])
+            port = args[args.index("--port") + 1] if "--port" in args else "?"
+            print(f"kvgate demo: the simulated replica on 127.0.0.1:{port} exited "
+                  f"(status {proc.returncode}); the gateway stops sending it requests and "
+                  f"uses it again once it answers. Start it again with:\n  {cmd}",
+                  file=sys.stderr, flush=True)
 
 
 def admin_token() -> str:
@@ -170,6 +193,7 @@ def main(argv: list[str]) -> int:
         print(f"kvgate demo: {exc.message}", file=sys.stderr)
         return 2
     fleet = Fleet()
+    watching = threading.Event()
     try:
         urls = start_replicas(fleet, args.time_scale)
         if urls is None:
@@ -183,11 +207,14 @@ def main(argv: list[str]) -> int:
             return 2
         base = f"http://127.0.0.1:{cfg.server.port}"
         keys: dict[str, str] = {}
+        threading.Thread(target=watch_replicas, args=(fleet.procs, watching),
+                         name="demo-replicas", daemon=True).start()
         return run_server(
             cfg, "kvgate demo", app=GatewayApp(cfg, after_start=key_seeder(keys)),
             sockets=sockets, on_started=lambda: print(banner(base, keys, token), flush=True),
         )
     finally:
+        watching.set()  # (its replicas stopping now is no news)
         for sock in sockets:
             sock.close()
         fleet.stop()
