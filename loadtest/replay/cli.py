@@ -137,7 +137,11 @@ def _check_args(args: argparse.Namespace) -> list[str]:
         raise UsageError(f"--kv-tokens: at least {2 * block} (two KV blocks of {block} tokens)")
     if args.json is not None:
         args.json = _json_target(args.json)
-    return _policies(args.policy, args.offline)
+    policies = _policies(args.policy, args.offline)
+    if args.target and not (args.offline or args.spawn):
+        # a running gateway routes with its own policy: one run, its row named `target`
+        return policies[:1]
+    return policies
 
 
 def _json_target(given: str) -> Path:
@@ -278,11 +282,13 @@ def _live_once(
     progress = Progress(f"policy {policy}", len(reqs))
     outcomes, delta = asyncio.run(replay_live(reqs, target, replicas, progress.step))
     progress.close()
-    hit = delta.hits / delta.queries if delta.queries else 0.0
+    # no replica's counters read (no --replica given): not measured, not a measured 0
+    hit = delta.hits / delta.queries if delta.queries else None
     names = sorted({o.replica for o in outcomes})
     cfg = RouterConfig()
     out = summarize(
-        policy=policy,
+        # a --target gateway routes with its own policy: the row is not --policy's
+        policy=policy if args.spawn else "target",
         outcomes=outcomes,
         replicas=names,
         hit_rate=hit,

@@ -43,7 +43,8 @@ def _field(summary: dict[str, object], column: str) -> object:
 
 def format_table(summaries: Sequence[dict[str, object]]) -> str:
     columns = COLUMNS + tuple(c for c in ORACLE_COLUMNS if any(c in s for s in summaries))
-    rows = [[str(_field(s, c)) for c in columns] for s in summaries]
+    rows = [["n/a" if (v := _field(s, c)) is None else str(v) for c in columns]
+            for s in summaries]
     widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)) for r in rows]

@@ -72,7 +72,7 @@ def summarize(
     policy: str,
     outcomes: Sequence[Outcome],
     replicas: Sequence[str],
-    hit_rate: float,
+    hit_rate: float | None,
     pooled_reference_hit_rate: float,
     preemptions: int,
     load_factor: float = 1.25,
@@ -94,10 +94,10 @@ def summarize(
         "requests": len(outcomes),
         "failed": sum(1 for o in outcomes if not o.ok),
         "errors": errors,  # reason -> count of failed requests
-        "hit_rate": round(hit_rate, 4),
+        "hit_rate": None if hit_rate is None else round(hit_rate, 4),  # None: not measured
         "pooled_reference_hit_rate": round(pooled_reference_hit_rate, 4),
         "hit_rate_vs_reference": round(hit_rate / pooled_reference_hit_rate, 4)
-        if pooled_reference_hit_rate
+        if pooled_reference_hit_rate and hit_rate is not None
         else None,
         "ttft_p50_s": round(percentile(ttfts, 50), 4),
         "ttft_p99_s": round(percentile(ttfts, 99), 4),

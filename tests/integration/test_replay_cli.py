@@ -139,3 +139,19 @@ def test_a_gzipped_trace_in_epoch_milliseconds_replays_live(
     assert result.returncode == 0, result.stderr
     (summary,) = orjson.loads((tmp_path / "s.json").read_bytes())
     assert (summary["requests"], summary["failed"]) == (3, 0)
+
+
+def test_a_target_without_replicas_reports_no_hit_rate(sim_factory: SimFactory) -> None:
+    """Without --replica no replica's counters are read: the hit rate is `n/a`, not a
+    measured-looking 0.0; the row is the target's (it routes with its own policy, whatever
+    --policy says), once, even with --policy all."""
+    _, sim = sim_factory("--time-scale", "50")
+    gw, base = gateway_proc(upstreams=[sim])
+    with gw:
+        result = replay(SAMPLE, "--limit", "3", "--target", base, "--time-scale", "50",
+                        "--policy", "all")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2, result.stdout
+    row = dict(zip(COLUMNS, lines[1].split(), strict=True))
+    assert (row["policy"], row["hit_rate"], row["failed"]) == ("target", "n/a", "0"), row
