@@ -9,13 +9,14 @@ shipped Mooncake sample at 1.5x rate: sglang_style's rule, which piles requests 
 0.071 against this reference's 0.056, with TTFT p99 4.5x cache_aware's.
 
 Requests are taken in arrival order; a request hits the longest run of its leading full cache
-blocks present in the cache, then all its full blocks are inserted (most recently used). Blocks are the engine's `cache_block_tokens`; a trace
-block of `block_tokens` covers `block_tokens // cache_block_tokens` of them, which are always
-used together, so the LRU keeps one entry per trace block with the count of cache blocks of it
-that are cached (a partial last block caches fewer). An entry is a block *with the prefix
-before it*, as an engine's block hash chains its parent's: keyed by the id alone, a document
-read after two different system prompts was one entry, and its second reading a hit no
-engine would see (the hot-prefixes workload's reference 0.68 for a chained LRU's 0.52).
+blocks present in the cache, then all its full blocks are inserted (most recently used). Blocks
+are the engine's `cache_block_tokens`; a trace block of `block_tokens` covers `block_tokens //
+cache_block_tokens` of them, which are always used together, so the LRU keeps one entry per
+trace block with the count of cache blocks of it that are cached (a partial last block caches
+fewer). An entry is a block *with the prefix before it*, as an engine's block hash chains its
+parent's: keyed by the id alone, a document read after two different system prompts was one
+entry, and its second reading a hit no engine would see (the hot-prefixes workload's reference
+0.68 for a chained LRU's 0.52).
 """
 
 from __future__ import annotations
