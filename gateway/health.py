@@ -21,8 +21,9 @@ tokens, whole answers, streamed chunks, a /metrics page: `Replica.reply_mark`): 
 `/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
 an explicit non-200 (vLLM's 503 for a dead engine) ejects at once. A probe that times out
-while requests wait there and nothing at all came from the replica meanwhile finds it frozen
-(`Replica.frozen`: down, its waiting requests tried elsewhere). While no scrape carries
+while requests are there (waiting, or streaming) and nothing at all came from the replica
+meanwhile finds it frozen (`Replica.frozen`: down, its waiting requests tried elsewhere, its
+quiet streams ended). While no scrape carries
 vLLM's sleep gauge, a dev-mode replica's ``/is_sleeping`` tells whether its engine sleeps.
 """
 
@@ -155,9 +156,10 @@ class HealthMonitor:
                     replica.reason = slow
                     log.warning("replica down: /health too slow",
                                 extra={"pool": pool.name, "replica": replica.id})
-            else:  # the half-open probe: no answer is no recovery
-                replica.reason = slow
-                replica.mark_down(self._clock(), request=False)
+            else:  # the half-open probe: no answer is no recovery (nor anything else from
+                replica.reason = slow  # it meanwhile: its quiet streams are ended)
+                replica.mark_down(self._clock(), request=False,
+                                  started=replica.reply_mark() == mark)
             return
         except TRANSPORT_ERRORS as exc:  # refused, reset: down now
             ok = False
