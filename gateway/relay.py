@@ -178,10 +178,13 @@ class Relay(WholeRelay):
         either, it is ended now -- the client gets the 504 error event "The replica stopped
         making progress ..." and the stream's end (`Proxy._cancelled`), its lease released --
         not after `upstream.idle_timeout_s` (2 minutes) of waiting for a replica nothing
-        comes from. A stream still getting events is left to run: its replica is alive."""
+        comes from. A stream still getting events is left to run: its replica is alive; so
+        is one blocked handing its client a chunk (its silence is its client's: kvgate reads
+        nothing more from the replica meanwhile)."""
         ctl = req.ctl
         quiet_s = asyncio.get_running_loop().time() - ctl.last
-        if ctl.done or ctl.reason is not None or quiet_s < self._cfg.health.timeout_s:
+        if (ctl.done or ctl.reason is not None or ctl.writing
+                or quiet_s < self._cfg.health.timeout_s):
             return
         log.info("replica found down or stalled: ending its stream", extra={
             "replica": req.replica, "request_id": req.req_id.decode("latin-1")})
