@@ -83,12 +83,13 @@ class HealthMonitor:
         checks = [
             self._guarded(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
         ]
-        # a replica that left its pool with requests still waiting there for their answer to
-        # start (its pod not ready: hung, frozen) is checked until they are over: found down,
-        # they are cut and tried elsewhere (`Replica.mark_down`), as in its pool; unchecked,
-        # they waited for their first-byte timeout (5 minutes by default)
+        # a replica that left its pool with requests of ours still there (its pod not ready:
+        # hung, frozen) is checked until they are over: found down, those waiting for their
+        # answer to start are cut and tried elsewhere (`Replica.mark_down`), as in its pool,
+        # and -- found frozen -- its quiet streams ended; unchecked, they waited for their
+        # first-byte timeout (5 minutes by default), a started stream for its idle timeout
         checks += [self._guarded(pool, r, draining=True) for r in self._pools.draining
-                   if r.inflight_prefill > 0 and (pool := self._pools.pool_of(r)) is not None]
+                   if r.inflight > 0 and (pool := self._pools.pool_of(r)) is not None]
         present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
