@@ -21,8 +21,9 @@ tokens, whole answers, streamed chunks, a /metrics page: `Replica.reply_mark`): 
 `/health` is late (a replica
 serving well was ejected, and kept out, for a slow `/health` alone); a refused connection or
 an explicit non-200 (vLLM's 503 for a dead engine) ejects at once. A probe that times out
-while requests wait there and nothing at all came from the replica meanwhile finds it frozen
-(`Replica.frozen`: down, its waiting requests tried elsewhere). While no scrape carries
+while requests are there (waiting, or streaming) and nothing at all came from the replica
+meanwhile finds it frozen (`Replica.frozen`: down, its waiting requests tried elsewhere, its
+quiet streams ended). While no scrape carries
 vLLM's sleep gauge, a dev-mode replica's ``/is_sleeping`` tells whether its engine sleeps.
 """
 
@@ -82,12 +83,13 @@ class HealthMonitor:
         checks = [
             self._guarded(pool, r) for pool in self._pools.by_name.values() for r in pool.replicas
         ]
-        # a replica that left its pool with requests still waiting there for their answer to
-        # start (its pod not ready: hung, frozen) is checked until they are over: found down,
-        # they are cut and tried elsewhere (`Replica.mark_down`), as in its pool; unchecked,
-        # they waited for their first-byte timeout (5 minutes by default)
+        # a replica that left its pool with requests of ours still there (its pod not ready:
+        # hung, frozen) is checked until they are over: found down, those waiting for their
+        # answer to start are cut and tried elsewhere (`Replica.mark_down`), as in its pool,
+        # and -- found frozen -- its quiet streams ended; unchecked, they waited for their
+        # first-byte timeout (5 minutes by default), a started stream for its idle timeout
         checks += [self._guarded(pool, r, draining=True) for r in self._pools.draining
-                   if r.inflight_prefill > 0 and (pool := self._pools.pool_of(r)) is not None]
+                   if r.inflight > 0 and (pool := self._pools.pool_of(r)) is not None]
         present = {r.id for pool in self._pools.by_name.values() for r in pool.replicas}
         self._carded = {c for c in self._carded if c[0] in present}  # left: forgotten
         self._refusals &= present
@@ -155,9 +157,10 @@ class HealthMonitor:
                     replica.reason = slow
                     log.warning("replica down: /health too slow",
                                 extra={"pool": pool.name, "replica": replica.id})
-            else:  # the half-open probe: no answer is no recovery
-                replica.reason = slow
-                replica.mark_down(self._clock(), request=False)
+            else:  # the half-open probe: no answer is no recovery (nor anything else from
+                replica.reason = slow  # it meanwhile: its quiet streams are ended)
+                replica.mark_down(self._clock(), request=False,
+                                  started=replica.reply_mark() == mark)
             return
         except TRANSPORT_ERRORS as exc:  # refused, reset: down now
             ok = False

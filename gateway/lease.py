@@ -1,7 +1,8 @@
 """A request's claim on a replica (`Replica.acquire`): its share of the replica's in-flight
 counters, given back once by `release` (called from a ``finally`` on every path, so counters
 cannot leak), and the cut that tries it elsewhere when its replica is found stalled, down,
-frozen or asleep before it got anything (`Lease.on_stall`)."""
+frozen or asleep before it got anything (`Lease.on_stall`), or ends a stream that sent the
+client something when its replica is found down, frozen or stalled (`Lease.on_lost`)."""
 
 from __future__ import annotations
 
@@ -53,10 +54,20 @@ class Lease:
             self._cut = cut
             self.replica.cuttable.add(self)
 
+    def on_lost(self, cut: Callable[[], None]) -> None:
+        """A stream answering (after `first_token`): call `cut` when its replica is found
+        down, frozen or stalled (`ReplicaHealth._cut_waiting` with ``started``), each time
+        until it is released -- `cut` judges whether the stream itself went quiet."""
+        if not self._released:
+            self._cut = cut
+            self.replica.cuttable.add(self)
+
     def cut(self) -> None:
-        """Its replica stalled: the request is cut (once)."""
+        """Its replica stalled: the request is cut (once; an answering stream's `on_lost`
+        is asked again at each finding until its release)."""
         cut = self._cut
-        self._uncuttable()
+        if not self.answered:
+            self._uncuttable()
         if cut is not None:
             cut()
 

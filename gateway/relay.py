@@ -15,6 +15,8 @@ gap: the client's SSE parser dispatches no event for them.
 from __future__ import annotations
 
 import asyncio
+import logging
+from functools import partial
 from time import perf_counter
 
 from gateway.asgi import Send
@@ -45,6 +47,8 @@ from gateway.verdicts import (
 )
 
 __all__ = ["Relay"]
+
+log = logging.getLogger(__name__)
 
 RELAY_SAMPLE = 16  # time the relay of one streamed chunk in this many (and the first)
 
@@ -168,6 +172,24 @@ class Relay(WholeRelay):
             served(replica)
             self._streaks.served(replica)
 
+    def _lost(self, req: ProxiedRequest) -> None:
+        """The stream's replica was found frozen, down by silence or stalled while the stream
+        answered (`Lease.on_lost`): if the stream itself got no event for a /health timeout
+        either, it is ended now -- the client gets the 504 error event "The replica stopped
+        making progress ..." and the stream's end (`Proxy._cancelled`), its lease released --
+        not after `upstream.idle_timeout_s` (2 minutes) of waiting for a replica nothing
+        comes from. A stream still getting events is left to run: its replica is alive; so
+        is one blocked handing its client a chunk (its silence is its client's: kvgate reads
+        nothing more from the replica meanwhile)."""
+        ctl = req.ctl
+        quiet_s = asyncio.get_running_loop().time() - ctl.last
+        if (ctl.done or ctl.reason is not None or ctl.writing
+                or quiet_s < self._cfg.health.timeout_s):
+            return
+        log.info("replica found down or stalled: ending its stream", extra={
+            "replica": req.replica, "request_id": req.req_id.decode("latin-1")})
+        ctl.fire("stall")
+
     async def _start(self, send: Send, req: ProxiedRequest, resp: UpstreamResponse) -> None:
         """The stream's head goes to the client with its first bytes, not with the replica's
         head (vLLM sends that at once, before scheduling the prompt): until then a failed
@@ -241,6 +263,7 @@ class Relay(WholeRelay):
                     answered = True
                     ctl.started()
                     lease.first_token()
+                    lease.on_lost(partial(self._lost, req))
                     self._router.record_first_token(
                         replica.id, req.features, received - req.t0, self._clock())
                 if held:

@@ -144,7 +144,7 @@ class ReplicaEngine(ReplicaHealth):
                     self._policy.stall_after_s, extra={"pool": self.pool, "replica": self.id})
         if self.state != EJECTED:
             self.eject(now)
-        self._cut_waiting()
+        self._cut_waiting(started=True)
 
 
 def _went_back(prev: Sample, sample: Sample) -> bool:

@@ -162,7 +162,7 @@ class ReplicaHealth(ReplicaState):
         self.slow_probes += 1
         if self.slow_probes >= self._policy.slow_threshold:
             self.slow_probes = 0
-            self.mark_down(now, request=False)
+            self.mark_down(now, request=False, started=True)
 
     def record_probe_ok(self) -> None:
         self.slow_probes = 0
@@ -267,8 +267,10 @@ class ReplicaHealth(ReplicaState):
         self.down = self.stalled = False
         self.reason = None
 
-    def mark_down(self, now: float, request: bool = True, reason: str | None = None,
-                  gone: bool = False) -> None:
+    def mark_down(
+        self, now: float, request: bool = True, reason: str | None = None, started: bool = False,
+        gone: bool = False,
+    ) -> None:
         """Refused, explicitly unhealthy or a dead engine: stop sending here now (already
         ejected: keep the back-off). ``request``: a request failed here (not a probe); why
         (`reason`, else it could not connect) is logged when that takes it out (the health
@@ -277,9 +279,14 @@ class ReplicaHealth(ReplicaState):
         down by its health checks, its requests that got nothing yet are cut to be tried
         elsewhere, as a stalled engine's: a stopped process or a black-holed network keeps
         their connections open with no answer to come (they waited for their first-byte or
-        total timeout, 5 or 30 minutes). ``gone``: a request found nothing listening there
-        (health's own findings are that too): its /health answering again brings it back
-        without a trial (`probe_recovered`)."""
+        total timeout, 5 or 30 minutes). With ``started`` (found by silence: frozen, slow
+        probes with nothing heard meanwhile) its streams that sent the client something and
+        went quiet are ended too (`Lease.on_lost`: they waited for their idle timeout, 2
+        minutes). A refusal or a non-200 `/health` does not end them: a killed process resets
+        their connections (they end at once), a dead vLLM engine ends them with its error
+        event, a server shutting down gracefully finishes them. ``gone``: a request found
+        nothing listening there (health's own findings are that too): its /health answering
+        again brings it back without a trial (`probe_recovered`)."""
         if reason is not None:
             self.reason = reason
         if request and not self.down and not self.refusal_warned:
@@ -292,14 +299,17 @@ class ReplicaHealth(ReplicaState):
             self.eject(now)
             self.gone = gone or not request
         if not request:
-            self._cut_waiting()
+            self._cut_waiting(started)
 
-    def _cut_waiting(self) -> None:
-        """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere. Not the
-        one whose failure is being recorded (`_SENT`): its own handler is ending it."""
+    def _cut_waiting(self, started: bool = False) -> None:
+        """Cut its requests that got nothing yet (`Lease.on_stall`): tried elsewhere; with
+        ``started`` (found down, frozen or stalled: not asleep, which a running stream
+        finishes first) its answering streams are asked too (`Lease.on_lost`: ended, if
+        quiet). Not the one whose failure is being recorded (`_SENT`): its own handler is
+        ending it."""
         judged = _SENT.get()
-        for lease in list(self.cuttable):  # (each cut removes itself)
-            if lease is not judged:
+        for lease in list(self.cuttable):  # (each cut of a waiting one removes itself)
+            if lease is not judged and (started or not lease.answered):
                 lease.cut()
 
     def reply_mark(self) -> int:
@@ -309,18 +319,21 @@ class ReplicaHealth(ReplicaState):
     def frozen(self, mark: int, now: float, waited_s: float) -> bool:
         """A /health probe sent at `reply_mark` `mark` got no answer in `waited_s`: if
         nothing else came from it meanwhile either (no scrape, no first token, no streamed
-        chunk) while requests of ours wait there, its process is stopped, its host frozen
-        or its network black-holed: down now, those requests cut and tried elsewhere
-        (`mark_down`). Before, they waited for `health.slow_threshold` slow probes (some 21 s
-        with the defaults). A replica that answers anything, or has nothing waiting, is
-        left to the slow-probe rule (a saturated vLLM answers /health late)."""
-        if self.inflight_prefill <= 0 or self.reply_mark() != mark:
+        chunk) while requests of ours are there, its process is stopped, its host frozen
+        or its network black-holed: down now, those that got nothing yet cut and tried
+        elsewhere, its streams that did ended (`mark_down`). Before, they waited for
+        `health.slow_threshold` slow probes (some 21 s with the defaults), and a replica
+        whose requests all streamed was never found frozen: its streams waited for their
+        idle timeout. A replica that answers anything (a stream's chunk too), or holds
+        nothing of ours, is left to the slow-probe rule (a saturated vLLM answers /health
+        late)."""
+        if self.inflight <= 0 or self.reply_mark() != mark:
             return False
         self.reason = (f"no answer from it for {waited_s:g} s (not /health, /metrics nor its "
                        "requests): a stopped process, a frozen host or a cut network")
         log.warning("replica down: %s", self.reason,
                     extra={"pool": self.pool, "replica": self.id})
-        self.mark_down(now, request=False)
+        self.mark_down(now, request=False, started=True)
         return True
 
     def probe_due(self, now: float) -> bool:

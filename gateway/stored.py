@@ -61,7 +61,7 @@ from gateway.stream_end import (
 )
 from gateway.tenancy.edge import TenantGate
 from gateway.timeouts import Canceller, cut_error
-from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
+from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.upstream_errors import ANSWERED_AN_ERROR, error_in_success, openai_shaped
 from gateway.verdicts import not_an_answer, not_what_was_asked
 from gateway.whole import cut_json, fetch_whole, json_object, read_whole
@@ -159,8 +159,8 @@ class StoredResponses:
             with interruptible(ctl):  # ended cleanly at the end of the shutdown grace
                 try:
                     resp = await pool.transport.open(url, headers)
-                except TRANSPORT_ERRORS:
-                    raise UpstreamError(UNANSWERED) from None
+                except TRANSPORT_ERRORS as exc:
+                    raise _unanswered(exc, pool, replica, path) from None
                 if resp.status in REFUSED:
                     raise ReplicaRefused(resp.status)
                 clean = await pipe.relay(resp)
@@ -267,8 +267,8 @@ class StoredResponses:
                 max_bytes=up.max_answer_bytes, on_head=_refused)
         except TimeoutError:
             raise UpstreamTimeout(NOT_IN_TIME) from None
-        except TRANSPORT_ERRORS:
-            raise UpstreamError(UNANSWERED) from None
+        except TRANSPORT_ERRORS as exc:
+            raise _unanswered(exc, pool, replica, path) from None
         status, content_type = resp.status, resp.content_type
         if 200 < status < 400:  # vLLM answers 200 or an error: a 204, a redirect (to an
             raise not_an_answer(status)  # internal address) is something else's at its address
@@ -281,6 +281,21 @@ class StoredResponses:
         if status >= 400 and (shaped := openai_shaped(status, body)) is not None:
             body, content_type = shaped, "application/json"
         return status, content_type, body, f"{pool.name}/{replica.id}", resp.passed
+
+
+def _unanswered(exc: BaseException, pool: Pool, replica: Replica, path: str) -> KvgateError:
+    """A stored response's replica failed to answer: nothing listening there (refused,
+    unreachable) is found down now, as a proxied request finds it (`Replica.mark_down`), and
+    the answer is the 503 of a down holder (`home_out`, with `Retry-After`); a reset or a
+    close is the 502 `UNANSWERED`. Before, the first request meeting a killed holder before
+    its health checks did was that 502 (the next ones the 503)."""
+    m = _PATH.match(path)
+    if refused(exc) and m is not None:
+        now = time.monotonic()  # (the app's clock, as `locate`'s)
+        replica.mark_down(now, reason=connect_failure(exc, replica.url), gone=True)
+        if (out := home_out(pool, replica, m.group(1), now, follow_up=False)) is not None:
+            return out
+    return UpstreamError(UNANSWERED)
 
 
 def _refused(resp: UpstreamResponse) -> None:
