@@ -147,7 +147,9 @@ class TenantResolver(ResolverRepair):
             mark, wiped = self._mark, False
             if self._reseed is not None:
                 mark = await self._store.seed_mark()
-                if mark is None:
+                if mark is not None:  # (restored by another gateway: a later wipe waits anew)
+                    self._wipe_wait = None
+                else:
                     mark = await self._reseeded()
                     if mark is None:  # cut off when it was wiped: a gateway in touch restores
                         self._answers = True

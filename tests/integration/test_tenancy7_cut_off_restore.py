@@ -12,8 +12,28 @@ from collections.abc import Callable
 import httpx
 import openai
 import redis
+import redis.asyncio
 
-from tests.support.gateway import acme_gateway, admin_client, chat_status, metric_values, wait_for
+from gateway.policy_doc import parse_policy
+from gateway.tenancy import (
+    KeyRecord,
+    RedisStore,
+    SaltDeriver,
+    Tenant,
+    TenantResolver,
+    bootstrap,
+    connect_redis,
+    generate_key,
+    hash_key,
+)
+from tests.support.gateway import (
+    AUTH_SECRET,
+    acme_gateway,
+    admin_client,
+    chat_status,
+    metric_values,
+    wait_for,
+)
 from tests.support.procs import Proc, redis_proc
 
 SimFactory = Callable[..., tuple[Proc, str]]
@@ -119,3 +139,54 @@ def test_a_gateway_in_touch_restores_while_the_cut_off_one_waits(
             assert chat_status(_client(base, revoked)) == 401
         logs = one.output() + two.output()
         assert "restored 1 tenants and 1 keys from this gateway's last state" in one.output(), logs
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+POLICY = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
+                       "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
+
+
+async def test_each_wipe_found_cut_off_waits_for_a_gateway_in_touch(redis_url: str) -> None:
+    """A gateway cut off waits (a check that reads nothing) at every wipe it finds so, not
+    only the first: its wait began at the first one and was never reset, so at the next wipe
+    it re-seeded at once instead of leaving the restore to a gateway in touch."""
+    clocks = [_Clock(), _Clock()]
+    stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
+    seed = [Tenant(id="acme", tier="free")]
+    resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
+                                max_staleness_s=10, clock=c) for s, c in zip(stores, clocks,
+                                                                               strict=True)]
+    for store, resolver in zip(stores, resolvers, strict=True):
+        async def reseed(store: RedisStore = store) -> None:
+            await bootstrap(store, tenants=seed, policy=POLICY)
+        resolver.reseed_with(reseed)
+    await bootstrap(stores[0], tenants=seed, policy=POLICY)
+    key = generate_key()
+    await stores[0].add_key(KeyRecord(key_id="k1", tenant_id="acme", key_hash=hash_key(key),
+                                      created_at=1.0))
+    r = redis.asyncio.Redis.from_url(redis_url)
+    in_touch, cut_off = resolvers
+    try:
+        for resolver in resolvers:
+            await resolver.start()
+        for _ in range(2):  # two wipes
+            await r.flushall()
+            clocks[1].now += 11  # its state confirmed 11 s ago: max_staleness_s 10
+            assert not await cut_off.refresh()  # it waits, writes nothing
+            assert await r.hget("kvgate:keys", hash_key(key)) is None
+            assert await in_touch.refresh()  # restores
+            assert await cut_off.refresh()  # reloads what it wrote
+            assert cut_off.authenticate(key).tenant_id == "acme"
+    finally:
+        await r.aclose()
+        for resolver in resolvers:
+            await resolver.close()
+        for store in stores:
+            await store.close()
