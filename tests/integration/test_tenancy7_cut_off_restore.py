@@ -11,9 +11,11 @@ from collections.abc import Callable
 
 import httpx
 import openai
+import pytest
 import redis
 import redis.asyncio
 
+from gateway.errors import AuthError
 from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     KeyRecord,
@@ -188,5 +190,41 @@ async def test_each_wipe_found_cut_off_waits_for_a_gateway_in_touch(redis_url: s
         await r.aclose()
         for resolver in resolvers:
             await resolver.close()
+        for store in stores:
+            await store.close()
+
+
+async def test_a_lost_keys_hash_written_back_by_a_gateway_cut_off_leaves_out_the_revoked(
+    redis_url: str,
+) -> None:
+    """The other restore path: the store keeps its marker but loses its keys hash (evicted)
+    after a key was revoked while a gateway was cut off; that gateway, first to find the
+    loss, writes back its records in force but the revoked one (the journal names it)."""
+    stores = [RedisStore(connect_redis(redis_url), listen=False) for _ in range(2)]
+    seed = [Tenant(id="acme", tier="free")]
+    await bootstrap(stores[0], tenants=seed, policy=POLICY)
+    keys = [generate_key() for _ in range(2)]
+    for n, key in enumerate(keys):
+        await stores[0].add_key(KeyRecord(key_id=f"k{n}", tenant_id="acme",
+                                          key_hash=hash_key(key), created_at=1.0))
+    clock = _Clock()
+    cut_off = TenantResolver(stores[1], SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
+                             max_staleness_s=300, clock=clock)
+    r = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await cut_off.start()
+        assert await stores[0].revoke_key("acme", "k0")  # while it reads nothing
+        await r.delete("kvgate:keys")  # the hash lost
+        clock.now += 31  # its next whole read finds the loss (`WHOLE_RELOAD_S`)
+        assert await cut_off.refresh()
+        written = await r.hkeys("kvgate:keys")
+        assert hash_key(keys[0]).encode() not in written
+        assert hash_key(keys[1]).encode() in written
+        with pytest.raises(AuthError):
+            cut_off.authenticate(keys[0])
+        assert cut_off.authenticate(keys[1]).tenant_id == "acme"
+    finally:
+        await r.aclose()
+        await cut_off.close()
         for store in stores:
             await store.close()
