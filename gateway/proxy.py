@@ -46,7 +46,6 @@ from gateway.errors import (
     ReplicaConnectionsBusy,
     ReplicaRefused,
     ReplicaWrongModel,
-    RetryBudgetExhausted,
     UpstreamError,
     UpstreamTimeout,
 )
@@ -61,6 +60,7 @@ from gateway.relay import Relay
 from gateway.replicas import Replica
 from gateway.request import Head, ProxiedRequest, Uploads, read_body, scan_headers
 from gateway.responses import ReplicaSearch, ResponseStore
+from gateway.retry_budget import budget_spent
 from gateway.stored import StoredResponses
 from gateway.stream_end import stream_error
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate
@@ -266,8 +266,7 @@ class Proxy:
                     # stays the client's 504, not a 503 saying the replicas are busy
                     if isinstance(failure, ReplicaRefused | UpstreamTimeout):
                         raise failure
-                    raise self._outage(req, failure) or RetryBudgetExhausted(
-                        "The replicas are busy or failing; try again shortly.")
+                    raise self._outage(req, failure) or budget_spent(failure)
                 req.route = "retry"
                 if failure is not None:  # (counted once the budget lets it go)
                     self._metrics.retried(pool.name, failure.reason)
@@ -290,7 +289,11 @@ class Proxy:
             now = self._clock()
             rest = [r for r in rest if r.available(now)]
             if self.prep.flow is not None:  # flow control: a retry only where there is room
-                rest = self.prep.flow.retry_to(pool.name, rest, now)
+                room = self.prep.flow.retry_to(pool.name, rest, now)
+                if rest and not room and not isinstance(failure, _OWN_ANSWER):
+                    raise self.prep.flow.retry_refused(pool.name, req.tier, req.tenant_id,
+                                                       failure, now)
+                rest = room
         failure = failure or UpstreamError("No replica answered.")
         raise self._outage(req, failure) or failure
 

@@ -2,7 +2,25 @@
 
 from __future__ import annotations
 
-__all__ = ["RetryBudget"]
+from gateway.errors import KvgateError, RetryBudgetExhausted
+
+__all__ = ["RetryBudget", "budget_spent"]
+
+
+def budget_spent(failure: KvgateError | None) -> RetryBudgetExhausted:
+    """The 503 of a request whose retry the pool's budget does not allow: its try's failure
+    and the budget named (it said "The replicas are busy or failing; try again shortly.")."""
+    why = ("" if failure is None else
+           f"The replica that took this request failed ({_said(failure)}), and ")
+    return RetryBudgetExhausted(
+        f"{why}{'t' if why else 'T'}he pool's retry budget (upstream.retry_budget_ratio, "
+        "upstream.retry_budget_min: retries are spent faster than requests arrive, its replicas "
+        "busy or failing) allows no retry now; retry after 1s.")
+
+
+def _said(failure: KvgateError) -> str:
+    why = failure.message.rstrip(".")
+    return why[:1].lower() + why[1:]
 
 
 class RetryBudget:

@@ -31,6 +31,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.cli.flags import PORT, WORKERS
+from gateway.cli.overridden import overridden_invalid
 from gateway.cli.parser import Parser
 from gateway.config import (
     LOG_LEVELS,
@@ -209,6 +210,8 @@ def main(argv: list[str]) -> int:
             f"names ({path}) is not read")
     for line in start_warnings(cfg):
         say(line)
+    for line in overridden_invalid(args):
+        say(f"kvgate serve: {line}")
     if cfg.server.workers > 1:
         configure_logging(cfg.server.log_level, cfg.server.log_format)
         # once, not once per worker, when every worker serves

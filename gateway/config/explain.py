@@ -39,7 +39,10 @@ WRONG_VALUE = frozenset({"int_parsing", "int_type", "int_from_float", "float_par
                          "float_type", "bool_parsing", "bool_type", "string_type",
                          # one of a few words (log_format, client_salt): it said which, not
                          # what the file held (`log_format: JSON`)
-                         "literal_error", "enum"})
+                         "literal_error", "enum",
+                         # a number out of bounds (`server.port: 99999` said "should be less
+                         # than or equal to 65535", not what the file held)
+                         "less_than_equal", "greater_than_equal", "less_than", "greater_than"})
 
 # a section (or a pool, a tier) given a value that is not a mapping: pydantic names the class
 # ("a valid dictionary or instance of ServerConfig"), which no file names

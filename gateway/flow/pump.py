@@ -196,6 +196,27 @@ class FlowPump(FlowLedger):
             f"The model's replicas are saturated and this request {what}; retry after "
             f"{retry}s.", retry_after_s=retry))
 
+    def retry_refused(self, pool: str, tier: str, tenant: str, failure: KvgateError,
+                      now: float) -> KvgateError:
+        """The answer of a request whose try failed (``failure``) and whose retry no fallback
+        had room for (`retry_to`): what a request of its band meets at a full queue (429, or
+        503 for the top band), naming the try's failure and the in-flight bound, with the
+        queue's Retry-After. It was the try's own 502 ("could not connect", a replica's 503),
+        without Retry-After, while the pool it names as failing was only full."""
+        state = self.state(pool)
+        doc = self._pools.doc
+        band = doc.flow_class(tier, tenant)[0]
+        retry = state.flow.queue.retry_after(band, now)
+        bound = self._rule(pool, doc).max_inflight
+        why = failure.message.rstrip(".")
+        said = (f"The replica that took this request failed ({why[:1].lower()}{why[1:]}), "
+                f"and the model's other replicas are at their in-flight bound (max_inflight "
+                f"{bound}); retry after {retry}s.")
+        top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
+        if band <= top:
+            return PoolOverloaded(said, retry_after=retry)
+        return QueueShed(said, retry_after_s=retry)
+
     def _full(self, state: PoolState, band: int, doc: PolicyDoc, now: float) -> KvgateError:
         """The refusal of a request of ``band`` at a full queue. Its Retry-After: at least
         as long as the queue has not moved (nothing sent while requests waited): the decayed

@@ -17,7 +17,7 @@ import re
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-__all__ = ["EXPECTED", "WRONG_TYPE", "bumpable", "misplaced", "name_wrong_types"]
+__all__ = ["EXPECTED", "WRONG_TYPE", "bumpable", "misplaced", "name_wrong_types", "wrong_types"]
 
 WRONG_TYPE = "server replied WRONGTYPE"  # `redis_conn.failure_cause` of that reply
 _INTEGER = re.compile(r"0|-?[1-9][0-9]{0,18}")  # as Redis writes a signed 64-bit integer
@@ -37,20 +37,34 @@ EXPECTED = {
 }
 
 
+async def wrong_types(client: aioredis.Redis, expected: dict[str, str]) -> list[str]:
+    """``"<key> is a <type>, not a <type>"`` for each of `expected` (key -> type) that exists
+    with another type (one round trip)."""
+    async with client.pipeline(transaction=False) as pipe:
+        for name in expected:
+            pipe.type(name)
+        found = await pipe.execute(raise_on_error=False)
+    return _wrong(expected, found)
+
+
+def _wrong(expected: dict[str, str], found: list[object]) -> list[str]:
+    return [f"{name} is a {_text(got)}, not a {want}"
+            for (name, want), got in zip(expected.items(), found, strict=True)
+            if isinstance(got, str | bytes) and _text(got) not in ("none", want)]
+
+
 async def misplaced(client: aioredis.Redis, namespace: str) -> list[str]:
     """``"<key> is a <type>, not a <type>"`` for each fixed key of another type, and
     ``"<ns>:gen is not an integer (SET it to <n>, ...)"``."""
-    names = [f"{namespace}:{part}" for part in EXPECTED]
+    expected = {f"{namespace}:{part}": want for part, want in EXPECTED.items()}
     gen, journal = f"{namespace}:gen", f"{namespace}:journal"
     async with client.pipeline(transaction=False) as pipe:
-        for name in names:
+        for name in expected:
             pipe.type(name)
         pipe.get(gen)
         pipe.lindex(journal, 0)
         *found, counter, head = await pipe.execute(raise_on_error=False)
-    wrong = [f"{name} is a {_text(got)}, not a {want}"
-             for name, want, got in zip(names, EXPECTED.values(), found, strict=True)
-             if isinstance(got, str | bytes) and _text(got) not in ("none", want)]
+    wrong = _wrong(expected, found)
     if isinstance(counter, str | bytes) and not bumpable(_text(counter)):
         newest = re.match(r"[0-9]{1,19} ", _text(head)) if isinstance(head, str | bytes) else None
         at = f"SET it to {int(newest[0]) + 1}, past" if newest else "SET it to an integer past"

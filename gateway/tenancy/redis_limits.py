@@ -44,12 +44,13 @@ import secrets
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from gateway.errors import BackendUnavailable, StoreUnreachable
 from gateway.policy_doc import Limits
 from gateway.tenancy import redis_limit_scripts as scripts
 from gateway.tenancy.holders import HOLDER_TTL_S, holder_key
-from gateway.tenancy.key_types import WRONG_TYPE
+from gateway.tenancy.key_types import WRONG_TYPE, wrong_types
 from gateway.tenancy.limits import Admission, HoldTimes, RateLimiter, build_admission
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unavailable
@@ -57,6 +58,8 @@ from gateway.tenancy.redis_conn import failure_cause, redis_address, redis_unava
 __all__ = ["RELEASE_RETRY_S", "RedisRateLimiter"]
 
 RELEASE_RETRY_S = 0.25  # how often failed lease releases are retried while Redis is away
+# the types of a tenant's keys, in `RedisRateLimiter._keys`'s order (the admission script's)
+_LIMIT_TYPES = ("hash", "zset", "zset", "set", "zset", "string")
 SETTLE_WAIT_S = 2.0  # how long `close` waits for settles still on their way to Redis
 
 log = logging.getLogger(__name__)
@@ -168,7 +171,7 @@ class RedisRateLimiter(RateLimiter):
             if not isinstance(exc, (StoreUnreachable, asyncio.CancelledError)):
                 raise
             if isinstance(exc, StoreUnreachable) and exc.cause == WRONG_TYPE:  # not an outage
-                self._say_wrong_type(tenant_id, bucket)
+                await self._say_wrong_type(tenant_id, bucket)
                 raise  # refused before the script wrote this admission's lease or mark
             # Redis may still take the lease (a client that left cancels the request while
             # its script runs): free it, or it holds the tenant's slot until its TTL; and
@@ -278,15 +281,24 @@ class RedisRateLimiter(RateLimiter):
             raise StoreUnreachable(failure_cause(refused[0]))
         return len(self._unreleased)
 
-    def _say_wrong_type(self, tenant_id: str, bucket: str) -> None:
-        """Once per tenant (until its keys work): this is no outage, but a key to delete."""
-        if tenant_id not in self._wrong_type:
-            self._wrong_type[tenant_id] = bucket
-            log.error("rate limits of tenant %s: Redis refused its keys %s, %s:leases, "
-                      "%s:reserved and %s:holders (WRONGTYPE: written by hand or another "
-                      "application?); it is admitted on per-process limits until they are "
-                      "deleted", _tenant_of(tenant_id), bucket, bucket, bucket, bucket,
-                      extra={"tenant": _tenant_of(tenant_id)})
+    async def _say_wrong_type(self, tenant_id: str, bucket: str) -> None:
+        """Once per tenant (until its keys work): this is no outage, but a key to delete,
+        named by its type (it named four of the six keys the script checks, whichever was
+        wrong; all six when their types cannot be read)."""
+        if tenant_id in self._wrong_type:
+            return
+        self._wrong_type[tenant_id] = bucket
+        keys = self._keys(tenant_id)
+        try:
+            wrong = await wrong_types(self._r, dict(zip(keys, _LIMIT_TYPES, strict=True)))
+        except (RedisError, OSError):
+            wrong = []
+        said = ("; ".join(wrong) if wrong else
+                "one of " + ", ".join(keys) + " (their types could not be read)")
+        log.error("rate limits of tenant %s: Redis refused its keys: %s (WRONGTYPE: written by "
+                  "hand or another application?); it is admitted on per-process limits until "
+                  "it is deleted", _tenant_of(tenant_id), said,
+                  extra={"tenant": _tenant_of(tenant_id)})
 
     async def _retry_loop(self) -> None:
         while True:

@@ -8,7 +8,8 @@ recovers by itself when the store returns.
 
 Given a `reseed` callable (the gateway's bootstrap from configuration), every check also looks
 for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
-without persistence). A process that holds a state it loaded (not older than `max_staleness_s`)
+without persistence). A process that holds a state it loaded, confirmed by the store just before
+(it was in touch when the store was wiped: `_in_touch_s`; one cut off waits for such a one)
 writes it back first (`TenantStore.restore`: one gateway of several does, the others reload
 it), then the store is re-seeded (idempotent) before anything is loaded from it; the wipe is
 logged and counted (`health().store_resets`), and degraded for `WIPE_NOTICE_S` unless it was
@@ -146,8 +147,13 @@ class TenantResolver(ResolverRepair):
             mark, wiped = self._mark, False
             if self._reseed is not None:
                 mark = await self._store.seed_mark()
-                if mark is None:
+                if mark is not None:  # (restored by another gateway: a later wipe waits anew)
+                    self._wipe_wait = None
+                else:
                     mark = await self._reseeded()
+                    if mark is None:  # cut off when it was wiped: a gateway in touch restores
+                        self._answers = True
+                        return False
                 # another marker than the one our state came from: wiped and re-seeded (by
                 # another gateway, perhaps), whatever the generation counter says now
                 wiped = mark != self._mark

@@ -14,8 +14,8 @@ from gateway.tenancy.principal import Principal
 from gateway.tenancy.salts import SaltDeriver
 from gateway.tenancy.store import TenantStore
 
-__all__ = ["CONFIGURED", "FROM_STORE", "LAST_READABLE", "WHOLE_RELOAD_S", "WIPE_NOTICE_S",
-           "PolicyCallback", "ResolverBase"]
+__all__ = ["CONFIGURED", "FROM_STORE", "IN_TOUCH_SLACK_S", "LAST_READABLE", "WHOLE_RELOAD_S",
+           "WIPE_NOTICE_S", "PolicyCallback", "ResolverBase"]
 
 WIPE_NOTICE_S = 600.0  # how long health() reports a wipe (store_wiped; degraded if not restored)
 # A reload reads only what changed (`TenantStore.changes_since`) unless the last whole read is
@@ -23,6 +23,10 @@ WIPE_NOTICE_S = 600.0  # how long health() reports a wipe (store_wiped; degraded
 # did not change: a record changed behind the store's back without bumping the generation (by
 # hand, in redis-cli: a key record deleted to revoke it) is still read within this long.
 WHOLE_RELOAD_S = 30.0
+# A wiped store is restored only from a state the store confirmed within two checks and this
+# slack before the wipe was found (`ResolverRepair._in_touch_s`): a gateway cut off longer
+# may hold keys revoked meanwhile, and nothing in a wiped store says which.
+IN_TOUCH_SLACK_S = 1.0
 PolicyCallback = Callable[[PolicySnapshot], None]
 
 
@@ -65,6 +69,9 @@ class ResolverBase:
         self._wipe_seen: str | None = None  # the marker of the last wipe reported
         self._wipe_restored = False  # the last wipe noticed was restored (by any gateway)
         self._restored: str | None = None  # the marker of the last restore made here
+        # when this process, cut off when the store was wiped, began waiting for a gateway in
+        # touch with it to restore it (`ResolverRepair._reseeded`)
+        self._wipe_wait: float | None = None
         self._applied: StoreSnapshot | None = None  # the state in force, as applied
         self._went_back: tuple[float, str] | None = None  # (when, what) `went_back.went_back`
         self._salts = salts

@@ -11,6 +11,7 @@ from dataclasses import replace
 from gateway.errors import PreconditionFailed
 from gateway.tenancy.models import StoreSnapshot
 from gateway.tenancy.resolver_apply import ResolverApply
+from gateway.tenancy.resolver_base import IN_TOUCH_SLACK_S
 from gateway.tenancy.store import restored_from
 from gateway.tenancy.went_back import went_back
 
@@ -36,23 +37,42 @@ class ResolverRepair(ResolverApply):
                     "loaded (%.0f s old) until it does", saved.age_s,
                     extra={"generation": saved.snapshot.generation})
 
+    def _in_touch_s(self) -> float:
+        """How recently a state must have been confirmed by the store for this process to
+        write it back over a wipe: two checks and a second's slack (a loaded machine), and
+        never longer than `max_staleness_s`."""
+        bound = 2 * self._poll + IN_TOUCH_SLACK_S
+        return bound if self._max_stale is None else min(bound, self._max_stale)
+
     async def _reseeded(self) -> str | None:
-        """The store lost its bootstrap marker: write back the state this process loaded, if
-        it has one recent enough, then seed it from configuration (idempotent: what was
-        restored stays) before reading it. Returns the new marker; a wipe of the store our
-        state came from is logged and counted (`_wiped`, here or by the gateway that finds
-        another gateway's marker)."""
+        """The store lost its bootstrap marker: write back the state this process loaded if
+        the store confirmed it just before (this process was in touch with the store when it
+        was wiped), then seed it from configuration (idempotent: what was restored stays)
+        before reading it. Returns the new marker, or None while a process cut off from the
+        store waits for one in touch to restore it (`_in_touch_s`, then it re-seeds): a key
+        revoked or a tenant deleted while it was cut off is in its state, and nothing in a
+        wiped store says so. A wipe of the store our state came from is logged and counted
+        (`_wiped`, here or by the gateway that finds another gateway's marker)."""
         assert self._reseed is not None
-        last, age = self._applied, self._clock() - self._fresh_at
+        last, now = self._applied, self._clock()
+        age = now - self._fresh_at
         if last is not None:  # loaded: the wipe of a store it read
             self._degraded_reason = "store was wiped; restoring or re-seeding it"
-            if self._max_stale is not None and age > self._max_stale:
-                # a gateway cut off from the store for that long may hold revoked keys
-                log.error("tenancy store was wiped; this gateway's last state is %.0f s old, "
-                          "past max_staleness_s (%.0f s): not restored, re-seeding from "
-                          "configuration", age, self._max_stale)
+            if age > self._in_touch_s():
+                if self._wipe_wait is None:
+                    self._wipe_wait = now
+                    log.error("tenancy store was wiped; this gateway's last state is %.1f s "
+                              "old (it was cut off from the store: keys revoked or tenants "
+                              "deleted meanwhile may be in it): not restored from it; waiting "
+                              "%.1f s for a gateway in touch with the store to restore it, "
+                              "else re-seeding from configuration", age, self._in_touch_s())
+                if now - self._wipe_wait < self._in_touch_s():
+                    self._degraded_reason = ("store was wiped; waiting for a gateway in "
+                                             "touch with it to restore it")
+                    return None
             elif await self._store.restore(last):
                 self._restored = await self._store.seed_mark()
+        self._wipe_wait = None
         await self._reseed()
         self._seed_due = None  # (what was postponed at start is done too)
         return await self._store.seed_mark()
