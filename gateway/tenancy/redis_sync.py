@@ -73,6 +73,17 @@ class RedisSync(RedisBase):
             raw = await self._r.get(self._k("seeded"))
         return None if raw is None else text(raw)
 
+    async def up_for_s(self) -> float | None:
+        """INFO server's `uptime_in_seconds`; None when INFO is refused (a managed Redis's
+        ACL) or does not carry it."""
+        try:
+            with redis_unavailable():
+                info = await self._r.info("server")
+        except StoreUnreachable:
+            return None
+        up = info.get("uptime_in_seconds") if isinstance(info, dict) else None
+        return float(up) if isinstance(up, (int, float)) else None
+
     async def restore(self, snap: StoreSnapshot) -> bool:
         """MULTI/EXEC under WATCH of the marker and the counter: the marker still missing,
         the records are written over whatever a seed wrote meanwhile (the state restored is

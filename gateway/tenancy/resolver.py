@@ -8,12 +8,13 @@ recovers by itself when the store returns.
 
 Given a `reseed` callable (the gateway's bootstrap from configuration), every check also looks
 for the store's bootstrap marker: a store that lost it was wiped (FLUSHALL, a Redis restart
-without persistence). A process that holds a state it loaded, confirmed by the store just before
-(it was in touch when the store was wiped: `_in_touch_s`; one cut off waits for such a one)
-writes it back first (`TenantStore.restore`: one gateway of several does, the others reload
-it), then the store is re-seeded (idempotent) before anything is loaded from it; the wipe is
-logged and counted (`health().store_resets`), and degraded for `WIPE_NOTICE_S` unless it was
-restored. A record the store holds but this process cannot read is
+without persistence). A process that holds a state it loaded (not older than `max_staleness_s`;
+confirmed by the store just before when the store was wiped in place, its server running on:
+`_missed_writes`, `_in_touch_s`; one cut off waits for such a one) writes it back first
+(`TenantStore.restore`: one gateway of several does, the others reload it), then the store is
+re-seeded (idempotent) before anything is loaded from it; the wipe is logged and counted
+(`health().store_resets`), and degraded for `WIPE_NOTICE_S` unless it was restored.
+A record the store holds but this process cannot read is
 left out of the load (its tenant, key or policy; the last readable policy stays in force, or
 the configuration's if none was ever read: `policy_source`), logged once, counted
 (`health().records_skipped`) and reported as degraded, while every other tenant keeps working.

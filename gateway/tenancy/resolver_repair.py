@@ -44,21 +44,35 @@ class ResolverRepair(ResolverApply):
         bound = 2 * self._poll + IN_TOUCH_SLACK_S
         return bound if self._max_stale is None else min(bound, self._max_stale)
 
+    async def _missed_writes(self, age_s: float) -> bool:
+        """Could the wiped store have taken writes this process missed, its state last
+        confirmed `age_s` ago? Yes when its server has run since about then (`up_for_s`): it
+        was wiped in place (FLUSHALL, an eviction, by hand) after serving the other gateways
+        while this one was cut off -- a key revoked meanwhile is in our state. No when the
+        server started since (a Redis restarted without persistence: every gateway lost it
+        at once, and what it held when it stopped is what we last read, up to `_in_touch_s`);
+        nor when the server does not say (INFO refused by an ACL): restored, as before.
+        (Cut off first and restarted later, with a key revoked between: not told apart.)"""
+        up = await self._store.up_for_s()
+        return up is not None and up > age_s - self._in_touch_s()
+
     async def _reseeded(self) -> str | None:
-        """The store lost its bootstrap marker: write back the state this process loaded if
-        the store confirmed it just before (this process was in touch with the store when it
-        was wiped), then seed it from configuration (idempotent: what was restored stays)
-        before reading it. Returns the new marker, or None while a process cut off from the
-        store waits for one in touch to restore it (`_in_touch_s`, then it re-seeds): a key
-        revoked or a tenant deleted while it was cut off is in its state, and nothing in a
-        wiped store says so. A wipe of the store our state came from is logged and counted
-        (`_wiped`, here or by the gateway that finds another gateway's marker)."""
+        """The store lost its bootstrap marker: write back the state this process loaded if it is
+        younger than `max_staleness_s` and, when the store was wiped in place
+        (`_missed_writes`), the store confirmed it just before (this process was in touch
+        with the store when it was wiped), then seed it from configuration (idempotent: what
+        was restored stays) before reading it. Returns the new marker, or None while a
+        process cut off from the store waits for one in touch to restore it (`_in_touch_s`,
+        then it re-seeds): a key revoked or a tenant deleted while it was cut off is in its
+        state, and nothing in a wiped store says so. A wipe of the store our state came from
+        is logged and counted (`_wiped`, here or by the gateway that finds another gateway's
+        marker)."""
         assert self._reseed is not None
         last, now = self._applied, self._clock()
         age = now - self._fresh_at
         if last is not None:  # loaded: the wipe of a store it read
             self._degraded_reason = "store was wiped; restoring or re-seeding it"
-            if age > self._in_touch_s():
+            if age > self._in_touch_s() and await self._missed_writes(age):
                 if self._wipe_wait is None:
                     self._wipe_wait = now
                     log.error("tenancy store was wiped; this gateway's last state is %.1f s "
@@ -70,6 +84,10 @@ class ResolverRepair(ResolverApply):
                     self._degraded_reason = ("store was wiped; waiting for a gateway in "
                                              "touch with it to restore it")
                     return None
+            elif self._max_stale is not None and age > self._max_stale:
+                log.error("tenancy store was wiped; this gateway's last state is %.0f s old, "
+                          "past max_staleness_s (%.0f s): not restored, re-seeding from "
+                          "configuration", age, self._max_stale)
             elif await self._store.restore(last):
                 self._restored = await self._store.seed_mark()
         self._wipe_wait = None

@@ -235,6 +235,11 @@ class TenantStore(ABC):
         lost it was wiped (Redis FLUSHALL, a restart without persistence); a different id than
         before means it was wiped and re-seeded meanwhile."""
 
+    async def up_for_s(self) -> float | None:
+        """How long the store's server has been running, None when it does not say (the
+        default: a store in process memory is never wiped)."""
+        return None
+
     async def restore(self, snap: StoreSnapshot) -> bool:
         """Write `snap` (a gateway's last loaded state) back into a wiped store and set the
         bootstrap marker, in one atomic step, only while the marker is missing: False when it
