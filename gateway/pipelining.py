@@ -35,7 +35,7 @@ LINGER_MAX_S = 2.0  # ... or for this long at most
 LINGER_MAX_BYTES = 16 * 1024 * 1024  # ... or until this much was dropped
 # at most this much of a body still due when its answer starts is read (and dropped) to keep
 # a keep-alive connection for the next request; more, and the answer closes it
-DRAIN_MAX_BYTES = 256 * 1024
+DRAIN_MAX_BYTES = 1024 * 1024
 
 
 class _BodyDue:

@@ -3,7 +3,7 @@ past `server.max_body_bytes`) on a connection that closes after it (the client s
 `Connection: close`, or HTTP/1.0) closes lingering: the client, still writing its body, is
 not reset, reads the 413 and the close, and the answers pipelined before it come first.
 uvicorn closed such a connection at once, and the client's writes failed with ECONNRESET.
-A keep-alive connection with more than 256 KiB of the body due closes alike (the 413 says
+A keep-alive connection with more than 1 MiB of the body due closes alike (the 413 says
 `Connection: close`); a smaller rest is read and the connection kept
 (test_http7_early_refusals).
 Real `kvgate serve --no-auth` in front of a simulated replica; raw sockets and the official
@@ -84,7 +84,7 @@ def test_a_client_closing_after_the_answer_writes_its_whole_body_and_reads_the_4
 def test_a_keep_alive_connection_is_closed_rather_than_drained(
     base: str,
 ) -> None:
-    """A body of more than 256 KiB still due when the 413 goes out is not read to keep the
+    """A body of more than 1 MiB still due when the 413 goes out is not read to keep the
     connection (`gateway.pipelining.DRAIN_MAX_BYTES`): the 413 says ``Connection: close``;
     the client, writing its body on, is not reset and reads it."""
     body = b" " * (2 * LIMIT)

@@ -1,6 +1,6 @@
 """A request answered before its body ends, at a real `kvgate serve` (raw sockets):
 
-- on a keep-alive connection, a body with more than 256 KiB still due (a 413 for a
+- on a keep-alive connection, a body with more than 1 MiB still due (a 413 for a
   large ``Content-Length``, a chunked body past the limit) is not read to keep the
   connection: the answer says ``Connection: close`` and the connection closes (the whole
   announced body was drained, up to the body timeout); a smaller rest is still drained and
@@ -23,10 +23,10 @@ from tests.support.procs import sim_proc
 from tests.support.raw_http import Answers, read_to_close
 
 MODEL = "sim-model"
-LIMIT = 512 * 1024  # server.max_body_bytes here (above DRAIN_MAX_BYTES)
+LIMIT = 2 * 1024 * 1024  # server.max_body_bytes here (above DRAIN_MAX_BYTES)
 SMALL = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                     "max_tokens": 2}).encode()
-DRAIN_MAX_BYTES = 256 * 1024  # gateway.pipelining's (not imported: the test ran before it)
+DRAIN_MAX_BYTES = 1024 * 1024  # gateway.pipelining's (not imported: the test ran before it)
 TRICKLE_S = 0.1  # between two bytes of a trickled body
 # bytes a trickling client sends before the gateway must have closed: 10 s, 5 x the linger
 # budget (gateway.pipelining.LINGER_MAX_S)
@@ -122,8 +122,8 @@ def _trickle_until_closed(s: socket.socket) -> tuple[int, list[int]]:
 
 
 @pytest.mark.parametrize(("head", "status"), [
-    (_head(b"content-length: %d\r\n" % (1 << 20)), 413),  # keep-alive: told to close
-    (_head(b"content-length: %d\r\nconnection: close\r\n" % (1 << 20)), 413),
+    (_head(b"content-length: %d\r\n" % (4 << 20)), 413),  # keep-alive: told to close
+    (_head(b"content-length: %d\r\nconnection: close\r\n" % (4 << 20)), 413),
     (_head(b"x-pad: " + b"p" * 8192 + b"\r\ncontent-length: 100\r\n"), 431),
 ])
 def test_a_refused_client_trickling_its_body_is_closed_on(
