@@ -1,6 +1,7 @@
 """A request head as the HTTP guard reads it (`gateway.httpguard`): counted and bounded as the
 parser hands it over (431), its version (505 for one not served, HTTP/0.9's line without one),
-its transfer coding (501 for one the parser would not undo), its ``Host`` (400 for none on an
+its transfer codings (anything but one ``chunked``: 400 where the body's end is unclear, 501
+for a compression before chunked; `_framing_fault`), its ``Host`` (400 for none on an
 HTTP/1.1 request, more than one, or a value that is no host), a chunked body's trailer fields
 kept out of its headers, its ``Origin`` kept for a refusal's CORS headers, HTTP/2's preface
 told apart, and bytes the parser refuses answered with the reason (400, `parse_reasons`).
@@ -31,7 +32,10 @@ __all__ = ["H2_PREFACE", "MAX_LINE", "HeadChecks"]
 _VERSIONS = frozenset({"1.0", "1.1"})  # the request-line versions served
 MAX_LINE = 8192  # bytes of a first request line kept to see whether it names a version
 _SIMPLE = re.compile(rb"[A-Z]+ [!-~]+")  # METHOD SP TARGET: HTTP/0.9's request line
-_FRAMINGS = frozenset({b"chunked", b"identity"})  # transfer codings the body is read with
+# codings a client may put before chunked that say where nothing ends: refused 501 (RFC 9112
+# 6.1: a coding not implemented), the body's end being clear. Any other list is a 400
+_COMPRESSIONS = frozenset({b"gzip", b"x-gzip", b"deflate", b"compress", b"x-compress", b"br",
+                           b"zstd"})
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"  # RFC 9113 3.4: an h2 client's first bytes
 # RFC 3986's host [":" port] (a name, an IPv4 address or a bracketed IPv6 literal), or empty;
 # raw UTF-8 is none (IDNs travel as punycode; Go's net/http refuses it alike)
@@ -55,7 +59,9 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
     _parsed_bytes = 0
     _timer: asyncio.TimerHandle | None = None
     _origin: bytes | None = None  # the current request's Origin header, once parsed
-    _coding: bytes | None = None  # a transfer coding the parser would not undo (`on_header`)
+    _codings: list[bytes] | None = None  # the request's Transfer-Encoding list, all its lines
+    _length: int | None = None  # its Content-Length (the parser refuses two that differ)
+    _coding_fault: tuple[int, str] | None = None  # its refusal (`_framing_fault`)
     _upgrade_body: UpgradeBody | None = None  # reading an upgrade request's body
     _version: str | None = None  # a request line's HTTP version not served (`HTTP/2.0`)
     _first_line: bytes | None = b""  # the connection's first bytes until their first LF
@@ -84,9 +90,8 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
                               "HTTP/1.1 (and HTTP/1.0).")
         elif self._host_fault is not None:
             self._refuse(400, f"The request is not valid HTTP/1.1: {self._host_fault}.")
-        elif self._coding is not None:
-            self._refuse(501, f"Transfer-Encoding {self._coding.decode('latin-1')!r} is not "
-                              "supported (only chunked); send the body uncompressed.")
+        elif self._coding_fault is not None:
+            self._refuse(*self._coding_fault)
         elif self._header_count > self.limits.max_headers:
             self._refuse(431, f"More than {self.limits.max_headers} request headers.")
         elif self._parsed_bytes > self.limits.max_header_bytes:
@@ -152,10 +157,13 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             # parser leaves trailing blanks on: "Host: a.example " was refused)
             if _HOST.fullmatch(value.strip(b" \t")) is None:
                 self._host_fault = "the Host header is not a host name or address (with a port)"
+        if len(name) == 14 and name.lower() == b"content-length" and value.strip().isdigit():
+            self._length = int(value)
         if len(name) == 17 and name.lower() == b"transfer-encoding":
-            self._coding = _unframed(value)
-            if self._coding is not None:
-                raise _StopParsing  # stops the parser: refused as a 501 (`data_received`)
+            # (several lines are one list, RFC 9110 5.3; judged once the head is whole)
+            codings = self._codings if self._codings is not None else []
+            codings += (coding.strip(b" \t").lower() for coding in value.split(b","))
+            self._codings = codings
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -165,6 +173,10 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             self._version = self.parser.get_http_version()
             raise _StopParsing  # refused as a 505 (`data_received`), before any app runs
         self._check_host()
+        if self._codings is not None:
+            self._coding_fault = _framing_fault(self._codings, self.parser.get_http_version())
+            if self._coding_fault is not None:
+                raise _StopParsing  # refused (`data_received`), before any app runs
         self._in_headers = False
         self._disarm()
         self._arm(self.limits.body_timeout_s, self._body_timeout)
@@ -179,7 +191,8 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
         self._in_headers = True  # the next request's headers (its timer starts with its data)
         self._begun = False
         self._header_bytes = self._header_count = self._parsed_bytes = 0
-        self._origin = self._coding = self._host_fault = None
+        self._origin = self._codings = self._coding_fault = self._host_fault = None
+        self._length = None
         self._hosts = 0
         super().on_message_complete()
 
@@ -197,13 +210,35 @@ class HeadChecks(HalfCloseProbe, WriteWatch, NoDelayHttpTools):
             raise _StopParsing  # refused as a 400 (`data_received`), before any app runs
 
 
-def _unframed(value: bytes) -> bytes | None:
-    """The first coding of a ``Transfer-Encoding`` value other than chunked framing."""
-    for coding in value.split(b","):
-        coding = coding.strip().lower()
-        if coding and coding not in _FRAMINGS:
-            return coding[:40]
-    return None
+def _framing_fault(codings: list[bytes], version: str) -> tuple[int, str] | None:
+    """Why a request's ``Transfer-Encoding`` list (lower-cased, every line's) is refused, as
+    (status, message); None for ``chunked`` alone. Anything else is refused before its body
+    is read and the connection closed (request smuggling: a proxy in front that reads the
+    framing otherwise -- ``identity`` as no coding, the first line only, a coding list
+    ending otherwise -- would see another request where kvgate sees a body):
+
+    - 400 (RFC 9112 6.3: a request whose final coding is not chunked) for a list not ending
+      in one ``chunked``, chunked twice, an empty or unknown coding, ``identity`` (no coding
+      since RFC 7230), or any Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1: its
+      framing is faulty);
+    - 501 (RFC 9112 6.1: a coding not implemented) for compressions before one ``chunked``
+      (``gzip, chunked``): the body's end is clear, but the parser undoes chunked only, and
+      the app would read the compressed bytes as JSON."""
+    if codings == [b"chunked"] and version != "1.0":
+        return None
+    shown = b", ".join(codings).decode("latin-1")[:80]
+    if version == "1.0":
+        reason = "an HTTP/1.0 request cannot carry Transfer-Encoding; send a Content-Length"
+    elif codings[-1] != b"chunked":
+        reason = f"Transfer-Encoding {shown!r} does not end in chunked"
+    elif codings.count(b"chunked") > 1:
+        reason = "Transfer-Encoding names chunked more than once"
+    elif all(coding in _COMPRESSIONS for coding in codings[:-1]):
+        return 501, (f"Transfer-Encoding {codings[0].decode('latin-1')!r} is not supported "
+                     "(only chunked); send the body uncompressed.")
+    else:
+        reason = f"Transfer-Encoding {shown!r} is not supported: send chunked alone"
+    return 400, f"The request is not valid HTTP/1.1: {reason}."
 
 
 def _scan_origin(data: bytes) -> bytes | None:

@@ -28,10 +28,12 @@ returns a subclass that
   served; so does a connection's first request line without a version (HTTP/0.9's
   ``GET /path``), once its line ends: it waited for the header timeout's 408;
 - answers **501** (RFC 9112 6.1: a transfer coding the server does not understand) and closes
-  when ``Transfer-Encoding`` names a coding other than ``chunked`` (``gzip, chunked``): the
+  when ``Transfer-Encoding`` names compressions before ``chunked`` (``gzip, chunked``): the
   parser undoes the chunked framing only, and the app would read the compressed bytes as the
   JSON body (a 400 about bytes the client never wrote). ``x-should-retry: false``: the SDKs
-  retry a 5xx, and this one would come back the same;
+  retry a 5xx, and this one would come back the same; any other list than one ``chunked``
+  (``identity, chunked``, ``chunked`` twice, not ending in it, or in an HTTP/1.0 request)
+  is a **400** before its body, and closes (RFC 9112 6.3; `gateway.head_checks`);
 - gives each of those refusals the CORS headers kvgate's other answers carry
   (``Access-Control-Allow-Origin``, ...) when the request's ``Origin`` arrived before the
   refusal and is allowed (`server.cors_*`, never on the admin port: the app's `refusal_cors`),
@@ -68,7 +70,9 @@ returns a subclass that
   is quiet, as after the guard's own refusals: `gateway.pipelining`) a connection that closes
   after an answer the app gives while the request's body is still arriving (a 413 to a client
   that sent ``Connection: close``, or HTTP/1.0): uvicorn closed it at once, and the client,
-  still writing its body, was reset; a keep-alive connection reads the rest and goes on;
+  still writing its body, was reset; a keep-alive connection reads the rest and goes on when
+  at most `DRAIN_MAX_BYTES` are due, else its answer says ``Connection: close`` and it closes
+  lingering alike. A lingering close is bounded (`LINGER_MAX_S`, `LINGER_MAX_BYTES`);
 - resets the connection of a client that keeps it open but takes no byte of an answer written
   in full (still in the transport's buffer) for `write_timeout_s` (`gateway.writewatch`).
 
@@ -143,7 +147,7 @@ class GuardedHttpTools(Refusals):
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
-            self._last_read = self.loop.time()  # lingering (`_linger`): read and dropped
+            self._dropped(len(data))  # lingering (`_linger`): read and dropped, bounded
             return
         self._unset_keepalive_if_required()
         if self._upgrade_body is not None:

@@ -8,7 +8,8 @@ one the key's tier can use (404 listing them), and the least loaded usable repli
 is asked (503 with Retry-After when none is); its answer is relayed whole, bounded as a stored
 response's GET is (the first-byte then idle timeouts, all within the total one, and
 ``upstream.max_answer_bytes``). Nothing to retry, nothing counted against limits: the answer
-is the same on every replica of the pool and costs it no compute.
+is the same on every replica of the pool and costs it no compute. Behind Envoy the picker
+answers it alike, itself (an immediate response: `TokenizerInfo.reply`).
 """
 
 from __future__ import annotations
@@ -49,16 +50,23 @@ class TokenizerInfo:
 
     async def answer(self, scope: Scope, send: Send) -> None:
         head = scan_headers(scope["headers"], _new_id)
+        await send_whole(send, *await self.reply(
+            head.token, scope.get("query_string", b""), head.req_id, head.up_id))
+
+    async def reply(self, token: str | None, query: bytes, req_id: bytes,
+                    up_id: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        """The answer's status, headers and body (both edges: the picker answers it itself,
+        `gateway.epp.request_side`); `req_id` the client's X-Request-Id, `up_id` the
+        replica's."""
         try:
-            pool, replica = self._where(head.token, scope.get("query_string", b""))
-            status, body = await self._ask(pool, replica, head.up_id)
+            pool, replica = self._where(token, query)
+            status, body = await self._ask(pool, replica, up_id)
         except KvgateError as exc:
-            headers = [*exc.headers(), (b"x-request-id", head.req_id)]
-            return await send_whole(send, exc.status, headers, exc.body())
-        headers = [(b"content-type", b"application/json"), (b"x-request-id", head.req_id)]
+            return exc.status, [*exc.headers(), (b"x-request-id", req_id)], exc.body()
+        headers = [(b"content-type", b"application/json"), (b"x-request-id", req_id)]
         if self._replica_header:
             headers.append((b"x-kvgate-replica", f"{pool.name}/{replica.id}".encode()))
-        await send_whole(send, status, headers, body)
+        return status, headers, body
 
     def _where(self, token: str | None, query: bytes) -> tuple[Pool, Replica]:
         """The pool serving the asked model to the key's tier, and its least loaded usable

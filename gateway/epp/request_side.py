@@ -33,6 +33,7 @@ from gateway.stored import (
     match_stored,
     wants_stream,
 )
+from gateway.tokenizer_info import TOKENIZER_INFO
 
 __all__ = ["RequestSide"]
 
@@ -91,6 +92,8 @@ class RequestSide(ExchangeState):
                 return [out]
             self._pending = out
             return []
+        if path == TOKENIZER_INFO:
+            return [await self._tokenizer_info(method, query, token, sent_id)]
         if kind is None or method != "POST":
             return [self._not_proxied(path, method, token)]  # (no x-request-id, as there)
         req_id = self._req_id = request_id(sent_id, core.new_id)
@@ -252,6 +255,20 @@ class RequestSide(ExchangeState):
             return self._refuse(unknown_path(path))  # with a hint when /v1 is missing
         status, headers, body = page
         return wire.immediate(status, body, [(k.decode(), v) for k, v in headers], "kvgate_page")
+
+    async def _tokenizer_info(self, method: str, query: bytes, token: str | None,
+                              sent_id: bytes) -> pb.ProcessingResponse:
+        """vLLM's ``GET /tokenizer_info``, answered as the HTTP edge answers it (the picker
+        asks the replica itself: `gateway.tokenizer_info`); it was the picker's 404."""
+        core = self._core
+        if method not in ("GET", "HEAD"):  # (Envoy leaves a HEAD's local reply body out)
+            return self._refuse(MethodNotAllowed(f"Use GET for {TOKENIZER_INFO}.",
+                                                 allow="GET, HEAD"))
+        req_id = request_id(sent_id, core.new_id)
+        status, headers, body = await core.tokenizer_info.reply(
+            token, query, req_id, replica_id(req_id, sent_id, core.new_id))
+        return wire.immediate(status, body, [(k.decode(), v) for k, v in headers],
+                              "kvgate_tokenizer_info")
 
     def _too_large(self) -> BodyTooLarge:
         limit = self._core.cfg.server.max_body_bytes

@@ -34,6 +34,7 @@ from gateway.proxy import MODEL_PREFIX, MODELS
 from gateway.request import Uploads
 from gateway.runtime import Runtime
 from gateway.tenancy.resolver import Principal
+from gateway.tokenizer_info import TokenizerInfo
 
 __all__ = [
     "EXT_PROC_SERVICE", "KEEPALIVE_MS", "KEEPALIVE_TIMEOUT_MS", "MAX_ENDED_WAITS", "MESSAGE_ROOM",
@@ -287,6 +288,8 @@ class EppApp(GatewayApp):
                             self.cfg.server.max_body_bytes),
             streaks=ErrorStreaks(self.cfg.health.failure_threshold),
             misconfigured=Misconfigured(self.metrics.registry),
+            tokenizer_info=TokenizerInfo(rt.proxy.prep, rt.pools, self.cfg.upstream,
+                                         self.clock, self.cfg.server.replica_header),
         )
         server = grpc.aio.server(options=grpc_options(
             self.cfg.server.max_body_bytes, self.cfg.health.stall_after_s))

@@ -23,6 +23,7 @@ from gateway.responses import ResponseStore
 from gateway.sse import StreamScanner
 from gateway.stored import StoredResponses
 from gateway.tenancy.resolver import Principal
+from gateway.tokenizer_info import TokenizerInfo
 from routing.router import Router
 
 Page = tuple[int, list[tuple[bytes, bytes]], bytes]
@@ -49,6 +50,7 @@ class PickerCore:
     uploads: Uploads
     streaks: ErrorStreaks  # the replicas' 500s for requests that failed alike elsewhere
     misconfigured: Misconfigured  # filter settings the picker cannot pick in (counted, said)
+    tokenizer_info: TokenizerInfo  # vLLM's GET /tokenizer_info, answered by the picker itself
 
 
 def endpoint(replica: Replica) -> str:

@@ -3,7 +3,9 @@ past `server.max_body_bytes`) on a connection that closes after it (the client s
 `Connection: close`, or HTTP/1.0) closes lingering: the client, still writing its body, is
 not reset, reads the 413 and the close, and the answers pipelined before it come first.
 uvicorn closed such a connection at once, and the client's writes failed with ECONNRESET.
-A keep-alive connection reads the rest of the body and serves the next request, as before.
+A keep-alive connection with more than 1 MiB of the body due closes alike (the 413 says
+`Connection: close`); a smaller rest is read and the connection kept
+(test_http7_early_refusals).
 Real `kvgate serve --no-auth` in front of a simulated replica; raw sockets and the official
 openai client."""
 
@@ -79,16 +81,20 @@ def test_a_client_closing_after_the_answer_writes_its_whole_body_and_reads_the_4
     assert [status for status, _, _ in got] == [413]
 
 
-def test_a_keep_alive_connection_reads_the_rest_and_serves_the_next_request(
+def test_a_keep_alive_connection_is_closed_rather_than_drained(
     base: str,
 ) -> None:
+    """A body of more than 1 MiB still due when the 413 goes out is not read to keep the
+    connection (`gateway.pipelining.DRAIN_MAX_BYTES`): the 413 says ``Connection: close``;
+    the client, writing its body on, is not reset and reads it."""
     body = b" " * (2 * LIMIT)
     with socket.create_connection(("127.0.0.1", _port(base))) as s:
         s.sendall(_head(len(body)))
         s.sendall(body)
         s.sendall(_head(len(SMALL), b"Connection: close\r\n") + SMALL)
         got = read_to_close(s)
-    assert [status for status, _, _ in got] == [413, 200]
+    assert [status for status, _, _ in got] == [413]
+    assert got[0][1][b"connection"] == b"close"
 
 
 def test_the_sdk_gets_the_413_and_its_next_request_is_served(base: str) -> None:

@@ -69,7 +69,7 @@ def test_a_gzip_transfer_coding_is_a_501_not_a_json_error(base: str, codings: by
 
 def test_chunked_framing_alone_is_still_read(base: str) -> None:
     data = json.dumps(CHAT).encode()
-    for codings in (b"transfer-encoding: chunked\r\n", b"transfer-encoding: identity, chunked\r\n"):
+    for codings in (b"transfer-encoding: chunked\r\n", b"transfer-encoding: Chunked \r\n"):
         status, _, body = exchange(base, codings, chunked(data))
         assert status == 200, body
         assert body["object"] == "chat.completion"
