@@ -153,8 +153,10 @@ class ReplicaState:
         """Age (on the monotonic clock `now`) of the oldest request of kvgate's here still
         waiting for its first event (a non-streamed one: its whole answer), 0 with none: read
         from its leases that can still be cut (`cuttable`) when /metrics is served or the
-        doctor samples, nothing per request (kvgate_replica_oldest_wait_seconds)."""
-        oldest = min((lease.since for lease in self.cuttable), default=now)
+        doctor samples, nothing per request (kvgate_replica_oldest_wait_seconds). An answering
+        stream is there too (`Lease.on_lost`), and left out: it waits for nothing."""
+        oldest = min((lease.since for lease in self.cuttable if not lease.answered),
+                     default=now)
         return max(0.0, now - oldest)
 
     def stored_unavailable(self) -> None:

@@ -62,3 +62,15 @@ def test_a_stall_asks_it() -> None:
     assert asked == []
     replica.record_scrape(hung, 11.0)
     assert replica.stalled and asked == ["answering"]
+
+
+def test_an_answering_stream_is_no_wait_for_a_first_event() -> None:
+    """kvgate_replica_oldest_wait_seconds reads the leases that can be cut: an answering
+    stream is one of them now (`on_lost`), and must not read as a request still waiting."""
+    replica, _, answering = _replica()
+    assert replica.oldest_wait_s(answering.since + 100.0) == 0.0
+    waiting = replica.acquire(100, stream=True, now=0.0)
+    waiting.on_stall(lambda: None)
+    assert replica.oldest_wait_s(waiting.since + 5.0) == 5.0
+    waiting.release()
+    answering.release()
