@@ -15,6 +15,7 @@ from gateway.errors import AuthError, KvgateError, PermissionDenied, PoolOverloa
 from gateway.flow.ledger import FlowLedger
 from gateway.flow.tickets import PoolState, Ticket
 from gateway.policy_doc import PolicyDoc
+from gateway.retry_budget import try_failed
 from gateway.tenancy.models import PolicySnapshot
 from gateway.tenancy.resolver import Principal
 from routing.flow import RETRY_AFTER_MAX_S, Entry
@@ -208,10 +209,8 @@ class FlowPump(FlowLedger):
         band = doc.flow_class(tier, tenant)[0]
         retry = state.flow.queue.retry_after(band, now)
         bound = self._rule(pool, doc).max_inflight
-        why = failure.message.rstrip(".")
-        said = (f"The replica that took this request failed ({why[:1].lower()}{why[1:]}), "
-                f"and the model's other replicas are at their in-flight bound (max_inflight "
-                f"{bound}); retry after {retry}s.")
+        said = (f"{try_failed(failure)}, and the model's other replicas are at their "
+                f"in-flight bound (max_inflight {bound}); retry after {retry}s.")
         top = min((doc.flow_class(t, "")[0] for t in doc.tiers), default=band)
         if band <= top:
             return PoolOverloaded(said, retry_after=retry)
