@@ -6,14 +6,20 @@ dropping the flag later (a changed command line, a copied manifest) would fail o
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from gateway.errors import ConfigError
 
-__all__ = ["SERVER_FLAGS", "overridden_invalid"]
+__all__ = ["SERVER_FLAGS", "flagged_server", "overridden_invalid"]
 
-# flag attribute -> the `server` field it sets (`serve.config_from_args`)
-SERVER_FLAGS = {"host": "host", "port": "port", "workers": "workers",
-                "log_level": "log_level", "log_format": "log_format"}
+# the `server` fields a flag of the same name sets (`serve.config_from_args`)
+SERVER_FLAGS = ("host", "port", "workers", "log_level", "log_format")
+
+
+def flagged_server(args: argparse.Namespace) -> dict[str, Any]:
+    """The `server` fields the flags given set (a flag not given: None, or "" for a word)."""
+    return {name: value for name in SERVER_FLAGS
+            if (value := getattr(args, name, None)) not in (None, "")}
 
 
 def overridden_invalid(args: argparse.Namespace) -> list[str]:
@@ -21,8 +27,7 @@ def overridden_invalid(args: argparse.Namespace) -> list[str]:
     environment value is invalid (empty: none, or no server flag given)."""
     from gateway.cli.serve import config_from_args  # (serve imports this module)
 
-    given = {attr: field for attr, field in SERVER_FLAGS.items()
-             if getattr(args, attr, None) not in (None, "")}
+    given = flagged_server(args)
     if not given:
         return []
     without = argparse.Namespace(**{**vars(args), **dict.fromkeys(given)})
@@ -32,7 +37,7 @@ def overridden_invalid(args: argparse.Namespace) -> list[str]:
         lines = [line.strip() for line in exc.message.splitlines()[1:]]
     else:
         return []
-    flags = {f"server.{field}": "--" + attr.replace("_", "-") for attr, field in given.items()}
+    flags = {f"server.{name}": "--" + name.replace("_", "-") for name in given}
     return [f"warning: {line}; not used: {flags[name]} overrides it (fix it: without the "
             "flag kvgate would not start)"
             for line in lines for name in flags if line.startswith(f"{name}:")]

@@ -31,7 +31,7 @@ import uvicorn
 
 from gateway.app import GatewayApp
 from gateway.cli.flags import PORT, WORKERS
-from gateway.cli.overridden import overridden_invalid
+from gateway.cli.overridden import flagged_server, overridden_invalid
 from gateway.cli.parser import Parser
 from gateway.config import (
     LOG_LEVELS,
@@ -104,17 +104,7 @@ def config_from_args(
             raise ConfigError("use either --config or --upstream, not both")
         overrides["pools"] = {"default": {"replicas": list(args.upstream)}}
         overrides["models"] = {}
-    server: dict[str, Any] = {}
-    if args.host:
-        server["host"] = args.host
-    if args.port is not None:
-        server["port"] = args.port
-    if getattr(args, "workers", None) is not None:
-        server["workers"] = args.workers
-    if args.log_level:
-        server["log_level"] = args.log_level
-    if args.log_format:
-        server["log_format"] = args.log_format
+    server = flagged_server(args)
     if server:
         overrides["server"] = server
     if args.policy:
