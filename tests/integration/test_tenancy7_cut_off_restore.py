@@ -16,7 +16,6 @@ import redis
 import redis.asyncio
 
 from gateway.errors import AuthError
-from gateway.policy_doc import parse_policy
 from gateway.tenancy import (
     KeyRecord,
     RedisStore,
@@ -28,6 +27,7 @@ from gateway.tenancy import (
     generate_key,
     hash_key,
 )
+from tests.integration.test_tenancy_wipe import POLICY, Clock
 from tests.support.gateway import (
     AUTH_SECRET,
     acme_gateway,
@@ -175,23 +175,11 @@ class _RunningLong(RedisStore):
         return 3600.0
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-POLICY = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
-                       "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
-
-
 async def test_each_wipe_found_cut_off_waits_for_a_gateway_in_touch(redis_url: str) -> None:
     """A gateway cut off waits (a check that reads nothing) at every wipe it finds so, not
     only the first: its wait began at the first one and was never reset, so at the next wipe
     it re-seeded at once instead of leaving the restore to a gateway in touch."""
-    clocks = [_Clock(), _Clock()]
+    clocks = [Clock(), Clock()]
     stores = [_RunningLong(connect_redis(redis_url), listen=False) for _ in range(2)]
     seed = [Tenant(id="acme", tier="free")]
     resolvers = [TenantResolver(s, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
@@ -239,7 +227,7 @@ async def test_a_lost_keys_hash_written_back_by_a_gateway_cut_off_leaves_out_the
     for n, key in enumerate(keys):
         await stores[0].add_key(KeyRecord(key_id=f"k{n}", tenant_id="acme",
                                           key_hash=hash_key(key), created_at=1.0))
-    clock = _Clock()
+    clock = Clock()
     cut_off = TenantResolver(stores[1], SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
                              max_staleness_s=300, clock=clock)
     r = redis.asyncio.Redis.from_url(redis_url)
