@@ -75,11 +75,15 @@ class RedisSync(RedisBase):
 
     async def up_for_s(self) -> float | None:
         """INFO server's `uptime_in_seconds`; None when INFO is refused (a managed Redis's
-        ACL) or does not carry it."""
+        ACL) or does not carry it. Not reached (a timeout on a loaded machine): raised, the
+        check fails and is tried again -- read as "does not say", it restored a state the
+        store may have revoked parts of."""
         try:
             with redis_unavailable():
                 info = await self._r.info("server")
-        except StoreUnreachable:
+        except StoreUnreachable as exc:
+            if refusal_code(exc.cause) is None:
+                raise
             return None
         up = info.get("uptime_in_seconds") if isinstance(info, dict) else None
         return float(up) if isinstance(up, (int, float)) else None
