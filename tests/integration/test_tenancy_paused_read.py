@@ -97,8 +97,8 @@ async def test_the_servers_uptime_unread_fails_the_check_and_refused_says_nothin
     proc.start()
     with proc:
         admin = redis.Redis.from_url(url)
-        admin.execute_command("ACL", "SETUSER", "noinfo", "on", ">noinfo-pass-0123", "~*",
-                              "+@all", "-info")
+        admin.acl_setuser("noinfo", enabled=True, passwords=["+noinfo-pass-0123"], keys=["*"],
+                          commands=["+@all", "-info"])
         admin.close()
         limited = url.replace("redis://", "redis://noinfo:noinfo-pass-0123@", 1)
         refused = RedisStore(connect_redis(limited), listen=False)
