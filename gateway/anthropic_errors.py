@@ -18,7 +18,7 @@ from gateway.asgi import Message, Send
 from gateway.errors import KvgateError
 
 __all__ = ["ANTHROPIC_PATHS", "anthropic_stream", "anthropic_type", "as_anthropic_events",
-           "error_body"]
+           "error_body", "replaced_body"]
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
@@ -42,6 +42,17 @@ def error_body(path: str, exc: KvgateError) -> bytes:
         return exc.body()
     return orjson.dumps({"type": "error", "error": {"type": anthropic_type(exc.status),
                                                     "message": exc.message}})
+
+
+def replaced_body(path: str, status: int, body: bytes) -> bytes:
+    """A replica's error body kvgate replaced (`upstream_errors.openai_shaped`: a page of
+    text, an empty 429, older vLLM's flat error), in Anthropic's shape on its routes: it is
+    kvgate's message there, not the replica's answer passed through."""
+    if path not in ANTHROPIC_PATHS:
+        return body
+    message = orjson.loads(body)["error"]["message"]
+    return orjson.dumps({"type": "error", "error": {"type": anthropic_type(status),
+                                                    "message": message}})
 
 
 _ERROR_LINE = b'data: {"error"'  # kvgate's own error event (`gateway.stream_end`)
