@@ -17,8 +17,8 @@ import orjson
 from gateway.asgi import Message, Send
 from gateway.errors import KvgateError
 
-__all__ = ["ANTHROPIC_PATHS", "anthropic_stream", "anthropic_type", "as_anthropic_events",
-           "error_body", "replaced_body"]
+__all__ = ["ANTHROPIC_PATHS", "anthropic_body", "anthropic_stream", "anthropic_type",
+           "as_anthropic_events", "error_body"]
 
 ANTHROPIC_PATHS = frozenset({"/v1/messages", "/v1/messages/count_tokens"})
 
@@ -38,19 +38,11 @@ def anthropic_type(status: int) -> str:
 def error_body(path: str, exc: KvgateError) -> bytes:
     """`exc`'s body for a request to `path`: Anthropic's shape on its routes, else
     OpenAI's (`KvgateError.body`)."""
-    if path not in ANTHROPIC_PATHS:
-        return exc.body()
-    return orjson.dumps({"type": "error", "error": {"type": anthropic_type(exc.status),
-                                                    "message": exc.message}})
+    return exc.body() if path not in ANTHROPIC_PATHS else anthropic_body(exc.status, exc.message)
 
 
-def replaced_body(path: str, status: int, body: bytes) -> bytes:
-    """A replica's error body kvgate replaced (`upstream_errors.openai_shaped`: a page of
-    text, an empty 429, older vLLM's flat error), in Anthropic's shape on its routes: it is
-    kvgate's message there, not the replica's answer passed through."""
-    if path not in ANTHROPIC_PATHS:
-        return body
-    message = orjson.loads(body)["error"]["message"]
+def anthropic_body(status: int, message: str) -> bytes:
+    """Anthropic's error body for `status` saying `message`."""
     return orjson.dumps({"type": "error", "error": {"type": anthropic_type(status),
                                                     "message": message}})
 

@@ -11,7 +11,6 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 
 from gateway.answer_headers import no_retry
-from gateway.anthropic_errors import replaced_body
 from gateway.asgi import Send, send_whole
 from gateway.config import KvgateConfig
 from gateway.error_streaks import ErrorStreaks
@@ -219,7 +218,7 @@ class WholeRelay:
                     await asyncio.wait({shared}, timeout=_SHARE_WAIT_S)
         elif resp.status >= 400 and (
                 shaped := openai_shaped(resp.status, data, req.path)) is not None:
-            data, content_type = replaced_body(req.path, resp.status, shaped), _JSON
+            data, content_type = shaped, "application/json"
         if resp.status == 501:  # vLLM's NotImplementedError: a feature the engine lacks, not
             passed = no_retry(passed)  # a failure the SDK's retries (every 5xx) could outlast
         wait = None
@@ -235,8 +234,7 @@ class WholeRelay:
         """An error answer read earlier (`Proxy._tries`: a suspect's 500), sent as
         `_relay_whole` sends one."""
         shaped = openai_shaped(status, data, req.path)
-        shaped = data if shaped is None else replaced_body(req.path, status, shaped)
-        await self._answer(send, req, status, shaped, _JSON)
+        await self._answer(send, req, status, shaped or data, _JSON)
 
     async def _answer(
         self, send: Send, req: ProxiedRequest, status: int, data: bytes, content_type: str,

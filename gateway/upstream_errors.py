@@ -10,6 +10,7 @@ import re
 
 import orjson
 
+from gateway.anthropic_errors import ANTHROPIC_PATHS, anthropic_body
 from gateway.errors import UpstreamError, error_body, type_for, unserved_route
 from gateway.sse import error_message
 
@@ -89,7 +90,9 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
     dying server -- is replaced by an OpenAI error with the same status. The upstream text is
     kept only when it is a short JSON string (never a raw page: it may hold a traceback).
     FastAPI's bare 404 on a proxied route (`path`) is vLLM without that route for its model
-    (`unserved_route`), said so rather than "Not Found"."""
+    (`unserved_route`), said so rather than "Not Found". On Anthropic's routes (`path`) the
+    error replaced is in Anthropic's shape: kvgate's words there, as its own errors are (the
+    Anthropic SDK reads ``type``); a replica's JSON error object is kept as it is."""
     try:
         data = orjson.loads(body) if body else None
     except orjson.JSONDecodeError:
@@ -116,6 +119,8 @@ def openai_shaped(status: int, body: bytes, path: str | None = None) -> bytes | 
     if not isinstance(message, str) or not message or len(message) > 500:
         message = f"The upstream replica answered {status}."
     message = _masked(message)
+    if path in ANTHROPIC_PATHS:
+        return anthropic_body(status, message)
     return error_body(message, type_, status, param if isinstance(param, str) else None)
 
 
