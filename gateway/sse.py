@@ -81,12 +81,22 @@ _QUIET = b":\r\n"
 # what may be held after whole events that is no event: nothing, or a line end
 _LINE_ENDS = (b"", b"\n", b"\r", b"\r\n")
 _CR = ord("\r")  # (`_CR in block` is a memchr: 8x faster than `b"\r" in block`)
-# an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older). Generated
-# text cannot match: inside a JSON string a quote is escaped and a newline is `\n`.
+# an event whose data is an error object, nested (vLLM >= 0.10.1) or flat (older), or
+# Anthropic's (``{"type": "error", "error": {"type": ...}}``: vLLM's `/v1/messages` stream
+# failing). Generated text cannot match: inside a JSON string a quote is escaped and a newline
+# is `\n`.
 _ERROR_EVENT = re.compile(
-    rb'(?:^|[\r\n])data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error")[^\r\n]*'
+    rb'(?:^|[\r\n])data:[ \t]*\{\s*"(?:error"\s*:|object"\s*:\s*"error"'
+    rb'|type"\s*:\s*"error"\s*,\s*"error"\s*:)[^\r\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
+# an Anthropic error's type (it has no code), and the status it stands for (else a 500:
+# vLLM's `internal_error`, Anthropic's `api_error`)
+_ANTHROPIC_TYPE = re.compile(rb'"error"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
+_ANTHROPIC_STATUS = {b"invalid_request_error": 400, b"authentication_error": 401,
+                     b"permission_error": 403, b"not_found_error": 404,
+                     b"request_too_large": 413, b"rate_limit_error": 429,
+                     b"overloaded_error": 503}
 # the data of an OpenAI event is a JSON object, or `[DONE]`: it starts with `{` or `[DONE]`
 # (a JSON array, string or number is JSON, but the SDKs read each event as an object: the
 # official openai client raised a TypeError at `data: [1, 2]`, no APIError).
@@ -261,6 +271,12 @@ def _unended(block: bytes) -> bool:
     return _CR in block or _CUT_END.search(block) is not None
 
 
+def _anthropic_status(event: bytes) -> int:
+    """The status an error event without a code stands for: by its Anthropic type, else 500."""
+    kind = _ANTHROPIC_TYPE.search(event)
+    return 500 if kind is None else _ANTHROPIC_STATUS.get(kind.group(1), 500)
+
+
 def error_message(text: bytes) -> str | None:
     """The message of a JSON error object (nested ``{"error": {"message": ...}}``, flat
     ``{"object": "error", "message": ...}`` or ``{"error": "..."}``): an error event's data, or
@@ -371,7 +387,7 @@ class StreamScanner:
     def _errors(self, block: bytes) -> None:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
-            self.error_code = int(code.group(1)) if code else 500
+            self.error_code = int(code.group(1)) if code else _anthropic_status(m.group())
             self.error_message = error_message(m.group().partition(b"data:")[2])
 
     def _feed(self, chunk: bytes) -> bytes:
