@@ -19,9 +19,11 @@ __all__ = ["ANSWERED_AN_ERROR", "encoded", "error_in_success", "model_sleeping",
 
 ANSWERED_AN_ERROR = "The replica answered an error with a 200: "  # + its message
 
-# a JSON error object, nested or flat (`openai_shaped`): its first key says so (every answer
-# of vLLM's routes opens with another: "id", "object", ...)
-_OPENS_ERROR = re.compile(rb'\s*\{\s*"(?:error"\s*:|object"\s*:\s*"error")')
+# a JSON error object, nested or flat (`openai_shaped`), or Anthropic's (``{"type": "error",
+# "error": ...}``): its first key says so (every answer of vLLM's routes opens with another:
+# "id", "object", ...; an Anthropic message's "type" is "message")
+_OPENS_ERROR = re.compile(
+    rb'\s*\{\s*"(?:error"\s*:|object"\s*:\s*"error"|type"\s*:\s*"error"\s*,\s*"error"\s*:)')
 _ERROR_BYTES = 64 * 1024  # an error object is small: a larger body is no error read here
 
 

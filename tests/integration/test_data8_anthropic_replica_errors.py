@@ -85,3 +85,20 @@ def test_the_openai_routes_keep_openais_shape(replica: tuple[BadReplica, str]) -
         "model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert answer.status_code == 500
     assert answer.json()["error"]["type"] == "InternalServerError"
+
+
+def test_anthropics_error_under_a_200_is_no_message(replica: tuple[BadReplica, str]) -> None:
+    """A proxy's Anthropic-shaped error answered with a 200 (its own shape, as an OpenAI one
+    under a 200 is judged): the SDK made a `Message` of it, every field None but `type`
+    "error", and raised nothing."""
+    bad, base = replica
+    own = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+    bad.answer, bad.end = _answer(200, own), "keep"
+    client = anthropic.Anthropic(base_url=base, api_key="x", max_retries=0, timeout=30)
+    with pytest.raises(anthropic.APIStatusError) as err:
+        client.messages.create(model=MODEL, max_tokens=5,
+                               messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 502
+    got = err.value.body
+    assert isinstance(got, dict) and got["type"] == "error"
+    assert got["error"]["message"] == "The replica answered an error with a 200: Overloaded"
