@@ -5,6 +5,8 @@ It stays `ok` (a blip is not a finding) but says it is out now, why, and when it
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.doctor.replica_rules import classify_replica
 from tests.unit.doctor.test_rules import CTX, TH, replica
 
@@ -12,7 +14,8 @@ FROZEN = "/health: no answer within 5 s"
 
 
 def test_a_replica_just_ejected_is_not_reported_as_simply_healthy() -> None:
-    for busy in (dict(requests=2.0), dict()):  # idle, and busy enough to judge its engine
+    busy: dict[str, Any]
+    for busy in ({"requests": 2.0}, {}):  # idle, and busy enough to judge its engine
         (f,) = classify_replica(replica(healthy_share=0.9, healthy_last=0.0, reason=FROZEN,
                                         **busy), TH, CTX)
         assert (f.cls, f.severity) == ("healthy", "ok")
@@ -21,6 +24,7 @@ def test_a_replica_just_ejected_is_not_reported_as_simply_healthy() -> None:
 
 
 def test_a_replica_in_rotation_or_draining_says_nothing_of_it() -> None:
-    for kw in (dict(healthy_last=1.0), dict(healthy_last=0.0, draining=True)):
+    kw: dict[str, Any]
+    for kw in ({"healthy_last": 1.0}, {"healthy_last": 0.0, "draining": True}):
         (f,) = classify_replica(replica(healthy_share=0.9, **kw), TH, CTX)
         assert f.cls == "healthy" and "out of rotation" not in f.summary, f.summary
