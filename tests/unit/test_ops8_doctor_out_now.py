@@ -16,8 +16,9 @@ FROZEN = "/health: no answer within 5 s"
 def test_a_replica_just_ejected_is_not_reported_as_simply_healthy() -> None:
     busy: dict[str, Any]
     for busy in ({"requests": 2.0}, {}):  # idle, and busy enough to judge its engine
-        (f,) = classify_replica(replica(healthy_share=0.9, healthy_last=0.0, reason=FROZEN,
-                                        **busy), TH, CTX)
+        out_now: dict[str, Any] = {"healthy_share": 0.9, "healthy_last": 0.0,
+                                   "reason": FROZEN, **busy}
+        (f,) = classify_replica(replica(**out_now), TH, CTX)
         assert (f.cls, f.severity) == ("healthy", "ok")
         assert f"out of rotation now ({FROZEN}), for 10% of the window" in f.summary, f.summary
         assert "named down from 20%" in f.summary
@@ -26,5 +27,6 @@ def test_a_replica_just_ejected_is_not_reported_as_simply_healthy() -> None:
 def test_a_replica_in_rotation_or_draining_says_nothing_of_it() -> None:
     kw: dict[str, Any]
     for kw in ({"healthy_last": 1.0}, {"healthy_last": 0.0, "draining": True}):
-        (f,) = classify_replica(replica(healthy_share=0.9, **kw), TH, CTX)
+        args: dict[str, Any] = {"healthy_share": 0.9, **kw}
+        (f,) = classify_replica(replica(**args), TH, CTX)
         assert f.cls == "healthy" and "out of rotation" not in f.summary, f.summary
