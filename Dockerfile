@@ -1,12 +1,14 @@
 # kvgate container image.
 #   docker build -t kvgate:0.1.0 .
-#   docker run -p 8000:8000 -v "$PWD/kvgate.yaml:/etc/kvgate/config.yaml:ro" \
+#   docker run --stop-timeout 40 -p 8000:8000 -v "$PWD/kvgate.yaml:/etc/kvgate/config.yaml:ro" \
 #     -e KVGATE_CONFIG=/etc/kvgate/config.yaml -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
 #     kvgate:0.1.0
 # or, without a file (the secrets still needed: authentication is on):
-#   docker run -p 8000:8000 -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
+#   docker run --stop-timeout 40 -p 8000:8000 -e KVGATE_ADMIN_TOKEN=... -e KVGATE_SALT_SECRET=... \
 #     kvgate:0.1.0 --upstream http://vllm:8000
 # (--no-auth listens on the container's loopback only: add --host 0.0.0.0 to publish it)
+# --stop-timeout above server.shutdown_grace_s (30 s): `docker stop` kills after 10 s otherwise,
+# cutting the streams kvgate is draining
 
 # ---- build: install kvgate and its dependencies into a self-contained virtualenv --------------
 FROM python:3.11-slim AS build

@@ -280,8 +280,13 @@ class PolicyDoc(BaseModel):
 
         At run time a request spills at most once, but a cycle (premium fp8 -> awq while free
         awq -> fp8) means free takes premium capacity whenever it is busy, which the tier rules
-        forbid: free may only *borrow* an idle pool (`borrow_from`).
+        forbid: free may only *borrow* an idle pool (`borrow_from`). A model served from the
+        tier's `spill_to` pool itself has nowhere to spill (the run time keeps it home): no
+        edge, so a model only that pool serves can be added; a `spill_to` that is the tier's
+        own pool for every model it serves is refused (it would never spill).
         """
+        own_only: dict[str, str] = {}  # tier -> a model its spill_to serves it from
+        spills_elsewhere: set[str] = set()
         for model in self.models:
             edges: dict[str, tuple[str, str]] = {}
             for tier_name in self.tiers:
@@ -290,12 +295,17 @@ class PolicyDoc(BaseModel):
                 if src is None or dst is None:
                     continue
                 if src == dst:
-                    raise ValueError(
-                        f"tiers.{tier_name}.spill_to: {dst!r} is the tier's own pool for "
-                        f"model {model!r} (spill cycle)"
-                    )
+                    own_only.setdefault(tier_name, model)
+                    continue
+                spills_elsewhere.add(tier_name)
                 edges.setdefault(src, (dst, tier_name))
             _raise_on_cycle(model, edges)
+        for tier_name, model in own_only.items():
+            if tier_name not in spills_elsewhere:
+                raise ValueError(
+                    f"tiers.{tier_name}.spill_to: {self.tiers[tier_name].spill_to!r} is the "
+                    f"tier's own pool for model {model!r} (spill cycle)"
+                )
 
     def flow_class(self, tier: str, tenant: str) -> tuple[int, float, float]:
         """(band, weight, longest wait in seconds) of ``tenant`` of ``tier`` in flow control."""

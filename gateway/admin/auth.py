@@ -22,7 +22,7 @@ from gateway.tenancy.resolver import parse_bearer
 __all__ = [
     "ADMIN_MAX_BODY_BYTES", "MIN_ADMIN_TOKEN_CHARS", "AdminToken",
     "admin_authorized", "admin_body_limit", "admin_tokens_from_env", "check_admin",
-    "one_authorization",
+    "header_safe", "one_authorization",
 ]
 
 MIN_ADMIN_TOKEN_CHARS = 16
@@ -70,6 +70,13 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
                 f"KVGATE_ADMIN_TOKEN: {which} has the form of a "
                 f"tenant API key ({KEY_PREFIX}...); an admin token must be none of them "
                 "(e.g. `openssl rand -hex 24`)")
+        if not header_safe(admin.token):
+            # the gateway started, and every admin call was a 401 (curl sends its UTF-8 bytes)
+            # or a client error (`kvgate admin`: a traceback)
+            raise ValueError(
+                f"KVGATE_ADMIN_TOKEN: {which} holds a space, a control or a non-ASCII "
+                "character: no client can send it in an Authorization header; use one "
+                "without (e.g. `openssl rand -hex 24`)")
         if len(admin.token) < MIN_ADMIN_TOKEN_CHARS:
             raise ValueError(
                 f"KVGATE_ADMIN_TOKEN: {which} has {len(admin.token)} "
@@ -77,6 +84,12 @@ def admin_tokens_from_env(value: str | None) -> list[AdminToken]:
                 "(e.g. `openssl rand -hex 24`)"
             )
     return tokens
+
+
+def header_safe(token: str) -> bool:
+    """A token an ``Authorization: Bearer`` header can carry, as sent and as read back: printable
+    ASCII without blanks."""
+    return token.isascii() and token.isprintable() and not any(c.isspace() for c in token)
 
 
 # The id of a lone ``id:token``, named as a tenant is (`policy_doc.NAME_PATTERN`): a lone

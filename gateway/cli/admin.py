@@ -45,7 +45,7 @@ from gateway.cli.admin_http import (
     url_path_hint,
 )
 from gateway.cli.parser import Parser
-from gateway.config import NAME_RULE
+from gateway.config import NAME_RULE, file_problems
 from gateway.config.explain import POLICY_SECTIONS
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
@@ -208,9 +208,10 @@ def _limits(args: argparse.Namespace) -> dict[str, int | None]:
     return {k: None if v == CLEAR else v for k, v in given if v is not None}
 
 
-def policy_part(doc: Any) -> Any:
-    """A config file's policy sections (a note on stderr names what is left out); any other
-    document as it is, for the API to judge."""
+def policy_part(doc: Any, shown: str) -> Any:
+    """A config file's policy sections (a note on stderr names what is left out, and warns
+    when a gateway restarted with the file would refuse it); any other document as it is,
+    for the API to judge."""
     if not isinstance(doc, dict):
         return doc
     other = sorted(k for k in doc if k not in POLICY_SECTIONS)
@@ -219,6 +220,10 @@ def policy_part(doc: Any) -> Any:
     print(f"kvgate admin: sending only the policy sections ({', '.join(POLICY_SECTIONS)}); "
           f"left out: {', '.join(map(str, other))} (they take effect at restart)",
           file=sys.stderr)
+    if problem := file_problems(doc, shown):
+        print("kvgate admin: warning: `kvgate serve` would refuse this file at its next "
+              f"restart (fix it before one; the policy is sent all the same): {problem}",
+              file=sys.stderr)
     return {k: v for k, v in doc.items() if k in POLICY_SECTIONS}
 
 
@@ -252,7 +257,7 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
         if action == "patch":
             patch_doc = safe_load(_text(args.file))  # YAML is a superset of JSON
             return "PATCH", "/admin/policy", patch_doc, headers
-        doc = policy_part(safe_load(_text(args.file)))
+        doc = policy_part(safe_load(_text(args.file)), args.file)
         return "PUT", "/admin/policy", doc, headers
     if group == "rotate-salt":
         return "POST", f"/admin/tenants/{args.tenant}/rotate-salt", None, {}

@@ -5,7 +5,7 @@ OpenAI base URL's ``/v1`` or the admin API's ``/admin``."""
 
 from __future__ import annotations
 
-from gateway.admin.auth import admin_tokens_from_env
+from gateway.admin.auth import admin_tokens_from_env, header_safe
 
 __all__ = ["NOT_ADMIN_PORT", "NOT_KVGATE", "NOT_LISTENING", "TOKEN_HELP", "client_token",
            "not_admin_port", "url_path_hint"]
@@ -27,6 +27,9 @@ def client_token(value: str) -> str:
     malformed or short one, as the gateway would refuse it at start)."""
     value = value.strip()
     if "," not in value and ":" not in value:
+        if value and not header_safe(value):  # httpx raised: a traceback
+            raise ValueError("KVGATE_ADMIN_TOKEN: the admin token holds a space, a control or "
+                             "a non-ASCII character: an HTTP header cannot carry it")
         return value
     tokens = admin_tokens_from_env(value)
     return tokens[0].token if tokens else ""

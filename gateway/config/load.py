@@ -114,6 +114,23 @@ def load_config(
     return cfg
 
 
+def file_problems(raw: Mapping[str, Any], shown: str) -> str | None:
+    """Why `kvgate serve` would refuse this parsed config file on its own (no environment or
+    flags), or None: `kvgate admin policy put` sends a file's policy sections only, and a typo
+    elsewhere in it would surface only at the next restart, as a crash loop."""
+    raw = {key: value for key, value in raw.items() if value is not None}
+    try:
+        _no_secrets(raw, shown)
+        KvgateConfig.model_validate(raw).routing.router_config()
+    except ValidationError as exc:
+        return explain(exc, f" in {shown}", {})
+    except ConfigError as exc:
+        return str(exc)
+    except ValueError as exc:  # the routing core's own checks name the field
+        return f"invalid configuration in {shown}:\n  {exc}"
+    return None
+
+
 QUICK_POOL = "default"
 QUICK_SOURCE = "--upstream (the quick form) and KVGATE_* environment"
 

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 import httpx
 
+from gateway.admin.auth import header_safe
 from gateway.cli.admin_http import (
     NOT_ADMIN_PORT,
     NOT_KVGATE,
@@ -205,7 +206,7 @@ def main(argv: list[str]) -> int:
         return _fail(str(exc), 2)
     if not token:
         return _fail("no admin token: pass --admin-token or set KVGATE_ADMIN_TOKEN", 2)
-    if not token.isascii() or not token.isprintable() or " " in token:
+    if not header_safe(token):
         # an HTTP header cannot carry it: it was "cannot reach URL: Illegal header value"
         return _fail("the admin token holds a space, a control or a non-ASCII character: "
                      "an HTTP header cannot carry it (check --admin-token or "

@@ -365,6 +365,18 @@ def _queue_bound(r: ReplicaStats, th: Thresholds) -> Finding:
 
 def _healthy_replica(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: float,
                      idle: bool) -> Finding:
+    """Nothing to name; a replica out of rotation now for too short a share of the window to
+    be named down (just ejected: a frozen process, a blip) says so, not only "idle"."""
+    found = _healthy_finding(r, th, ctx, window_s, idle)
+    if r.healthy_last == 0.0 and not r.draining and known(r.healthy_share):
+        why = f" ({r.reason})" if r.reason else ""
+        found.summary += (f"; out of rotation now{why}, for {1.0 - r.healthy_share:.0%} of the "
+                          f"window: named down from {DOWN_NOW_SHARE:.0%} if it stays out")
+    return found
+
+
+def _healthy_finding(r: ReplicaStats, th: Thresholds, ctx: Context, window_s: float,
+                     idle: bool) -> Finding:
     if idle and r.fresh < MIN_SAMPLES:
         return Finding("healthy", "ok", r.pool, r.id,
                        not_judged(r.fresh, "fresh samples", ctx, window_s),
