@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from gateway import __version__
 from gateway.replica_state import STORED_REASONS
 from gateway.replicas import Replica
 from gateway.tenancy.redis_conn import CAUSE_LABELS
@@ -174,8 +175,8 @@ def down_cause(name: str, what: str, cause: str | None) -> GaugeMetricFamily:
 
 
 class _TenancyCollector(Collector):
-    """`kvgate_redis_up` and `kvgate_redis_down_cause` (only with Redis) and
-    `kvgate_policy_version`, read at scrape time."""
+    """`kvgate_redis_up` and `kvgate_redis_down_cause` (only with Redis),
+    `kvgate_policy_version` and `kvgate_build_info`, read at scrape time."""
 
     def __init__(self, state: Callable[[], tuple[bool | None, int]],
                  cause: Callable[[], str | None]) -> None:
@@ -197,6 +198,11 @@ class _TenancyCollector(Collector):
         )
         policy.add_metric([], float(version))
         yield policy
+        # which release runs here: version skew across gateways during a rolling upgrade
+        build = GaugeMetricFamily("kvgate_build_info", "1, labelled with kvgate's version",
+                                  labels=["version"])
+        build.add_metric([__version__], 1.0)
+        yield build
 
 
 class TenantTokens:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gateway import __version__
 from tests.deploy.test_ops8_alert_labels import LABELS, _metric
 from tests.integration.test_observability import Stack, stack, traffic  # noqa: F401
 
@@ -28,3 +29,12 @@ def test_live_series_carry_only_documented_labels(traffic: Stack) -> None:  # no
                 undocumented.setdefault(metric, set()).update(extra)
     assert checked > 50
     assert not undocumented, undocumented
+
+
+def test_the_running_release_is_exported(traffic: Stack) -> None:  # noqa: F811
+    """`kvgate_build_info{version}`: which release each gateway runs (a rolling upgrade's
+    skew, or one stuck half way, shows as two values)."""
+    text = httpx.get(f"{traffic.gateway}/metrics", timeout=5).text
+    builds = [s for f in text_string_to_metric_families(text) if f.name == "kvgate_build_info"
+              for s in f.samples]
+    assert [(s.labels, s.value) for s in builds] == [({"version": __version__}, 1.0)]
