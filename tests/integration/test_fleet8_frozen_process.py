@@ -40,7 +40,7 @@ async def test_a_process_frozen_mid_call_reads_the_reply_at_resume(redis_url: st
         time.sleep(2.0)  # noqa: ASYNC251
         peers = router.peers
         assert peers is not None
-        deadline = time.monotonic() + 0.3  # less than the back-off after a failed call
+        deadline = time.monotonic() + 0.4  # less than the back-off after a failed call (0.5 s)
         while peers.totals(time.monotonic()).get("a:1") != ReplicaLoad(3, 0, 0, 0.0):
             assert not me.degraded, "a reply read late was taken for Redis down"
             assert time.monotonic() < deadline, "the peer's load was not read at resume"
