@@ -50,6 +50,7 @@ from types import FrameType
 
 from gateway.config import KvgateConfig
 from gateway.drain import ignore_hangup
+from gateway.fleet.farewell import MemberFile, say_goodbye
 from gateway.tenancy.holders import HolderFile, forget_holder
 from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
@@ -132,6 +133,7 @@ def run_workers(
                 start(slot)
             def dead(slot: int) -> None:
                 _free_leases(cfg, shared, slot)
+                _say_goodbye(cfg, shared, slot)
                 if not stopping:  # before its successor starts (none when the gateway stops)
                     try:
                         fold_dead(shared, slot, generations[slot])
@@ -203,6 +205,15 @@ def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
         tcfg = cfg.tenancy
         forget_holder(cfg.redis_url.get_secret_value(), tcfg.namespace,
                       HolderFile(shared, slot), tcfg.redis_timeout_s)
+
+
+def _say_goodbye(cfg: KvgateConfig, shared: Path, slot: int) -> None:
+    """A worker is gone: its load leaves the other processes' views now, not when its records
+    age out (``sync.stale_after_s``). A worker that stopped cleanly said it itself: once more
+    is harmless (its id is gone from their views)."""
+    if cfg.redis_url is not None and cfg.sync.enabled:
+        say_goodbye(cfg.redis_url.get_secret_value(), cfg.tenancy.namespace,
+                    MemberFile(shared, slot), cfg.tenancy.redis_timeout_s)
 
 
 def _worker(

@@ -6,6 +6,12 @@ reply costs ~40 µs (loadtest/bench_sync.py measures the sharing's cost per requ
 loop (publish, read) owns one link, so no locking is needed; a failed command drops the
 connection and the next call reconnects.
 
+A process frozen (SIGSTOP, a paused VM, a blocked event loop) while a call was in flight finds
+its timeout long past at resume, with Redis's reply waiting in the socket: the timeout is then
+given one more short grace (`_LATE_S`), so the reply is read rather than taken for Redis down
+(every call in flight failed at resume: the process reported degraded, backed off, and routed
+the requests queued meanwhile on a view as old as the freeze while the peers' backlog waited).
+
 The read timeout is the link's own (`asyncio.timeout` around the whole round trip), not the
 connection's ``socket_timeout``: with one set, redis-py writes through `asyncio.wait_for`, which
 on Python 3.11 swallows a cancellation that lands as the write completes, and a cancelled loop
@@ -24,6 +30,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from gateway.tenancy.redis_conn import redis_address, redis_tls
 
 __all__ = ["Link"]
+
+# a timeout that fires this late was not waited for: the process (its event loop) stood still
+_LATE_S = 0.25
+_GRACE_S = 0.1  # what a call in flight is given after such a stall to read a waiting reply
 
 
 class Link:
@@ -68,13 +78,18 @@ class Link:
             # a new connection's handshake too: redis-py reads the reply to its CLIENT SETINFO
             # without a timeout, and a server that accepts and never answers (stopped, or a
             # proxy holding connections while its backend comes up) held a retry for ever
-            async with asyncio.timeout(self._timeout):
-                conn = self._conn
-                if conn is None:
-                    conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
-                    await conn.connect()
-                await conn.send_packed_command(conn.pack_commands(commands), check_health=False)
-                return [await conn.read_response() for _ in commands]
+            async with asyncio.timeout(None) as timeout:
+                due = _expire_after(timeout, self._timeout)
+                try:
+                    conn = self._conn
+                    if conn is None:
+                        conn = self._conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
+                        await conn.connect()
+                    await conn.send_packed_command(conn.pack_commands(commands),
+                                                   check_health=False)
+                    return [await conn.read_response() for _ in commands]
+                finally:
+                    due.cancel()
         except BaseException:  # a half-read reply leaves the connection unusable
             await self.close()
             raise
@@ -83,3 +98,18 @@ class Link:
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.disconnect(nowait=True)  # never wait on a broken socket
+
+
+def _expire_after(timeout: asyncio.Timeout, delay_s: float) -> asyncio.TimerHandle:
+    """Expire ``timeout`` ``delay_s`` from now on the loop's clock, unless the loop stood
+    still past that moment: then once more after a grace, the replies that arrived during the
+    stall read first (the loop handles them before the grace's timer). The caller cancels the
+    handle returned when its block ends."""
+    loop = asyncio.get_running_loop()
+    when = loop.time() + delay_s
+
+    def due() -> None:
+        now = loop.time()
+        timeout.reschedule(now + _GRACE_S if now - when > _LATE_S else now)
+
+    return loop.call_at(when, due)

@@ -49,6 +49,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
 from gateway.fleet.dropped import DroppedEntries
+from gateway.fleet.farewell import MemberFile
 from gateway.fleet.link import Link
 from gateway.fleet.peer_replicas import PeerReplicas
 from gateway.fleet.published import PublishedLoad
@@ -60,6 +61,7 @@ from gateway.fleet.stats import SyncStats
 from gateway.tenancy.key_types import WRONG_TYPE
 from gateway.tenancy.reachability import Reachability
 from gateway.tenancy.redis_conn import cause_label, failure_cause
+from gateway.worker_metrics import current as current_slot
 from routing.peers import ReplicaLoad
 from routing.router import Router
 
@@ -177,6 +179,9 @@ class RouteSync:
                      extra={"member": self.member, "redis": self.reach.address})
         except (RedisError, OSError) as exc:
             self._down(exc)
+        slot = current_slot()
+        if slot is not None:  # a worker: its supervisor says its goodbye if it is killed
+            MemberFile(slot.directory, slot.slot).write(self.member)
         self._tasks = [
             asyncio.create_task(self._publish_loop(), name="kvgate-sync-publish"),
             asyncio.create_task(self._read_loop(), name="kvgate-sync-read"),
