@@ -115,14 +115,16 @@ class PeerLoads:
 
     def settle(self, member: str, replica: str) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of
-        the member's own record saying so, which then replaces this guess)."""
+        the member's own record saying so, which then replaces this guess). A finished
+        request had its first token: while every request the member counts there still
+        awaits one, its end is in the record already and nothing is settled (the others'
+        pending prefill stays)."""
         peer = self._peers.get(member)
         load = peer.loads.get(replica) if peer is not None else None
-        if peer is None or load is None or load.inflight <= 0:
+        if peer is None or load is None or load.inflight <= load.prefill:
             return
-        fewer = ReplicaLoad(load.inflight - 1, min(load.prefill, load.inflight - 1),
-                            load.prefill_tokens if load.prefill < load.inflight else 0,
-                            load.pending_work if load.prefill < load.inflight else 0.0)
+        fewer = ReplicaLoad(load.inflight - 1, load.prefill, load.prefill_tokens,
+                            load.pending_work)
         if fewer:
             peer.loads[replica] = fewer
         else:
