@@ -183,6 +183,30 @@ def test_a_continued_chain_does_not_settle_a_peers_request_still_in_prefill() ->
     assert decision.replica != "a"  # not behind 112k tokens of prefill for 40 blocks
 
 
+def test_a_continued_chain_settles_a_peers_non_streamed_request() -> None:
+    """A non-streamed answer's first token is heard with its end: while that end is on its
+    way the peer still counts the previous turn as awaiting its first token. A next turn on
+    its chain settles it (a request of the chain's size), as for a streamed one."""
+    router = Router(TIGHT)
+    router.enable_sharing(2.0, "b")
+    chain = tuple(range(7, 47))  # 40 blocks of 64 tokens
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a", 0.0)
+    router.apply_peer_load("a", {"a": ReplicaLoad(1, 1, 40 * 64 + 30, 300.0)}, 0.0)
+    decision = router.pick(_features((*chain, 5, 6)), _views(), 0.1)
+    assert decision.replica == "a" and decision.reason == "prefix-hit"
+    assert router.peers is not None and "a" not in router.peers.totals(0.1)
+
+
+def test_settling_one_of_several_requests_in_prefill_takes_its_share() -> None:
+    peers = PeerLoads(2.0)
+    peers.apply("a", {"r": ReplicaLoad(3, 3, 12_000, 6_000.0)}, 0.0)
+    peers.settle("a", "r", 3_000, 64)
+    assert peers.totals(0.1)["r"] == ReplicaLoad(2, 2, 9_000, 4_500.0)
+    peers.settle("a", "r", 20_000, 64)  # larger than all they wait for: not one of them
+    peers.settle("a", "r")  # of unknown size: nothing
+    assert peers.totals(0.1)["r"] == ReplicaLoad(2, 2, 9_000, 4_500.0)
+
+
 def test_without_sharing_there_is_no_outbox() -> None:
     router = Router(RouterConfig())
     router.record_route("a", _features((1, 2, 3)), 0.0)
