@@ -113,16 +113,36 @@ class PeerLoads:
             changed.add(replica)
         return grew
 
-    def settle(self, member: str, replica: str) -> None:
+    def settle(self, member: str, replica: str, tokens: int = 0, block: int = 0) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of
-        the member's own record saying so, which then replaces this guess)."""
+        the member's own record saying so, which then replaces this guess); ``tokens``: its
+        prompt's size, within ``block`` tokens (0: unknown).
+
+        While every request the member counts there still awaits its first token (a
+        non-streamed answer's first token is heard with its end), the finished one is among
+        them only if their prompt tokens can hold it: one request in flight of another size
+        is another request (a long prompt still in prefill: settling it took its pending
+        work off the replica), and of several only its share is taken off."""
         peer = self._peers.get(member)
         load = peer.loads.get(replica) if peer is not None else None
         if peer is None or load is None or load.inflight <= 0:
             return
-        fewer = ReplicaLoad(load.inflight - 1, min(load.prefill, load.inflight - 1),
-                            load.prefill_tokens if load.prefill < load.inflight else 0,
-                            load.pending_work if load.prefill < load.inflight else 0.0)
+        if load.prefill < load.inflight:
+            fewer = ReplicaLoad(load.inflight - 1, load.prefill, load.prefill_tokens,
+                                load.pending_work)
+        elif tokens <= 0:
+            return
+        elif load.inflight == 1:
+            if abs(load.prefill_tokens - tokens) > block:
+                return
+            fewer = ZERO
+        else:
+            if load.prefill_tokens + block < tokens:
+                return
+            rest = max(0, load.prefill_tokens - tokens)
+            share = rest / load.prefill_tokens if load.prefill_tokens > 0 else 0.0
+            fewer = ReplicaLoad(load.inflight - 1, load.prefill - 1, rest,
+                                load.pending_work * share)
         if fewer:
             peer.loads[replica] = fewer
         else:

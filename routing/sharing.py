@@ -53,7 +53,7 @@ class Sharing:
         self.member = ""
         self.outbox: list[RouteRecord] = []
         # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
-        self._peer_chains: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._peer_chains: OrderedDict[int, tuple[str, str, int]] = OrderedDict()
         # per replica, the latest live peer routes that brought it new blocks: a request
         # matching those blocks waits for that peer's prefill (`PickContext.peer_computing`)
         self.peer_computing: dict[str, deque[PeerComputing]] = {}
@@ -120,7 +120,7 @@ class Sharing:
                     q.popleft()
                 q.append((now, hashes, held, float(new * tpb)))
             if len(hashes) >= 2:
-                chains[hashes[-1]] = (member, replica)
+                chains[hashes[-1]] = (member, replica, (len(hashes) + tail) * tpb)
             if seen is not None:
                 seen(replica, hashes, now)
         while len(chains) > _MAX_PEER_CHAINS:
@@ -137,7 +137,8 @@ class Sharing:
         # the deepest of the request's last blocks that ends a peer's chain (searched in C)
         end = next(filter(chains.__contains__, reversed(hashes[-_CONTINUATION_SCAN:])), None)
         if end is not None:
-            self.peers.settle(*chains.pop(end))
+            member, replica, tokens = chains.pop(end)
+            self.peers.settle(member, replica, tokens, self.state.config.tokens_per_block)
 
     def apply_load(self, member: str, loads: Mapping[str, ReplicaLoad], now: float) -> None:
         """As `Router.apply_peer_load`."""

@@ -1,4 +1,4 @@
-"""Seven more traffic shapes routing was not tuned on, kept out of the main benchmark's matrix.
+"""Ten more traffic shapes routing was not tuned on, kept out of the main benchmark's matrix.
 
 Seeded and deterministic like `loadtest.replay.shapes`; `UNSEEN` names them for
 `kvgate replay --workload` and `loadtest.bench_replay_unseen` (not `generators.WORKLOADS`,
@@ -22,7 +22,9 @@ whose every entry `loadtest.bench_replay` and the sync benchmarks replay):
   conversations), every tenant salted (`ReplayRequest.tenant`). The big tenant's hot prefixes
   need copies for load; the small tenants' must not be crowded out of every cache.
 
-and the three of `loadtest.replay.fleet_shapes`: `tool-agent`, `fleet-mix`, `flash-crowd`.
+and the three of `loadtest.replay.fleet_shapes`: `tool-agent`, `fleet-mix`, `flash-crowd`, and
+the three of `loadtest.replay.pressure_shapes`: `long-answers`, `giant-sessions`,
+`tenant-surge`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ from loadtest.replay.fleet_shapes import (
     flash_crowd,
     fleet_mix,
     tool_agent,
+)
+from loadtest.replay.pressure_shapes import (
+    GiantSpec,
+    LongAnswerSpec,
+    SurgeSpec,
+    giant_sessions,
+    long_answers,
+    tenant_surge,
 )
 from loadtest.replay.workload import IdSource, ReplayRequest
 
@@ -253,6 +263,9 @@ UNSEEN_SEEDED: Mapping[str, Callable[[int], list[ReplayRequest]]] = MappingProxy
     "tool-agent": lambda seed: tool_agent(ToolAgentSpec(seed=seed)),
     "fleet-mix": lambda seed: fleet_mix(FleetMixSpec(seed=seed)),
     "flash-crowd": lambda seed: flash_crowd(CrowdSpec(seed=seed)),
+    "long-answers": lambda seed: long_answers(LongAnswerSpec(seed=seed)),
+    "giant-sessions": lambda seed: giant_sessions(GiantSpec(seed=seed)),
+    "tenant-surge": lambda seed: tenant_surge(SurgeSpec(seed=seed)),
 })
 
 UNSEEN_SEEDS: Mapping[str, int] = MappingProxyType({
@@ -263,6 +276,9 @@ UNSEEN_SEEDS: Mapping[str, int] = MappingProxyType({
     "tool-agent": ToolAgentSpec().seed,
     "fleet-mix": FleetMixSpec().seed,
     "flash-crowd": CrowdSpec().seed,
+    "long-answers": LongAnswerSpec().seed,
+    "giant-sessions": GiantSpec().seed,
+    "tenant-surge": SurgeSpec().seed,
 })
 
 UNSEEN: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
@@ -273,4 +289,7 @@ UNSEEN: Mapping[str, Callable[[], list[ReplayRequest]]] = MappingProxyType({
     "tool-agent": tool_agent,
     "fleet-mix": fleet_mix,
     "flash-crowd": flash_crowd,
+    "long-answers": long_answers,
+    "giant-sessions": giant_sessions,
+    "tenant-surge": tenant_surge,
 })

@@ -162,6 +162,51 @@ def test_a_continued_chain_settles_the_peers_finished_request() -> None:
     assert router.peers is not None and "a" not in router.peers.totals(0.1)
 
 
+def test_a_continued_chain_does_not_settle_a_peers_request_still_in_prefill() -> None:
+    """The peer's record of the previous turn's end came long ago; since then the peer sent
+    a long prompt to the same replica, still in prefill. A next turn on the old chain must
+    not take that prompt's pending work off the replica (the continued request had its
+    answer: it is not one of the peer's requests awaiting a first token). Four gateways on
+    giant-sessions sent chat turns behind a peer's 100k-token prefill (TTFT 2-4 s)."""
+    router = Router(TIGHT)
+    router.enable_sharing(2.0, "b")
+    chain = tuple(range(7, 47))
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a", 0.0)
+    router.apply_peer_load("a", {"a": ReplicaLoad(1, 0, 0, 0.0)}, 0.0)
+    router.apply_peer_load("a", {"a": ReplicaLoad()}, 5.0)  # the turn's end, heard
+    giant = tuple(range(5000, 5256))
+    router.apply_peer_routes([RouteRecord("a", giant, 1500)], "a", 30.0)
+    busy = ReplicaLoad(1, 1, 112_000, 112_000.0)
+    router.apply_peer_load("a", {"a": busy}, 30.0)
+    decision = router.pick(_features((*chain, 5, 6)), _views(), 30.5)
+    assert router.peers is not None and router.peers.totals(30.5)["a"] == busy
+    assert decision.replica != "a"  # not behind 112k tokens of prefill for 40 blocks
+
+
+def test_a_continued_chain_settles_a_peers_non_streamed_request() -> None:
+    """A non-streamed answer's first token is heard with its end: while that end is on its
+    way the peer still counts the previous turn as awaiting its first token. A next turn on
+    its chain settles it (a request of the chain's size), as for a streamed one."""
+    router = Router(TIGHT)
+    router.enable_sharing(2.0, "b")
+    chain = tuple(range(7, 47))  # 40 blocks of 64 tokens
+    router.apply_peer_routes([RouteRecord("a", chain, 0)], "a", 0.0)
+    router.apply_peer_load("a", {"a": ReplicaLoad(1, 1, 40 * 64 + 30, 300.0)}, 0.0)
+    decision = router.pick(_features((*chain, 5, 6)), _views(), 0.1)
+    assert decision.replica == "a" and decision.reason == "prefix-hit"
+    assert router.peers is not None and "a" not in router.peers.totals(0.1)
+
+
+def test_settling_one_of_several_requests_in_prefill_takes_its_share() -> None:
+    peers = PeerLoads(2.0)
+    peers.apply("a", {"r": ReplicaLoad(3, 3, 12_000, 6_000.0)}, 0.0)
+    peers.settle("a", "r", 3_000, 64)
+    assert peers.totals(0.1)["r"] == ReplicaLoad(2, 2, 9_000, 4_500.0)
+    peers.settle("a", "r", 20_000, 64)  # larger than all they wait for: not one of them
+    peers.settle("a", "r")  # of unknown size: nothing
+    assert peers.totals(0.1)["r"] == ReplicaLoad(2, 2, 9_000, 4_500.0)
+
+
 def test_without_sharing_there_is_no_outbox() -> None:
     router = Router(RouterConfig())
     router.record_route("a", _features((1, 2, 3)), 0.0)
