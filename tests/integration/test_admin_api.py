@@ -100,7 +100,7 @@ async def admin(request: pytest.FixtureRequest) -> AsyncIterator[Admin]:
         store = InMemoryStore()
     else:
         url = request.getfixturevalue("shared_redis")
-        store = RedisStore(connect_redis(url), namespace=f"t{secrets.token_hex(4)}")
+        store = RedisStore(connect_redis(url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}")
     await store.start()
     await store.put_policy(parse_policy(POLICY_DOC))
     async for url in serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]):
@@ -443,7 +443,8 @@ async def test_concurrent_policy_patches_through_two_gateways_all_land(
     patch whose read was overtaken by another write got 412 "policy version is N, not M"
     for a version its client never sent."""
     namespace = f"t{secrets.token_hex(4)}"
-    stores = [RedisStore(connect_redis(shared_redis), namespace=namespace) for _ in range(2)]
+    stores = [RedisStore(connect_redis(shared_redis, timeout_s=5), namespace=namespace)
+              for _ in range(2)]
     await stores[0].put_policy(parse_policy(POLICY_DOC))
     tokens = [AdminToken("ops", ADMIN_TOKEN)]
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -469,7 +470,7 @@ async def test_an_unreadable_audit_entry_is_left_out(shared_redis: str) -> None:
     """One garbage entry in the audit list made `GET /admin/audit` a 500 (plain text, the
     connection dropped after it), hiding every other entry."""
     namespace = f"t{secrets.token_hex(4)}"
-    store = RedisStore(connect_redis(shared_redis), namespace=namespace)
+    store = RedisStore(connect_redis(shared_redis, timeout_s=5), namespace=namespace)
     await store.put_policy(parse_policy(POLICY_DOC))
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     server = serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)])
@@ -682,7 +683,7 @@ async def test_pages_go_past_unreadable_tenant_records(shared_redis: str) -> Non
     came back empty with `has_more` true and `last_id` null, so a client (and `kvgate admin
     tenants list`) could not page past them, and the tenants after them were never listed."""
     namespace = f"t{secrets.token_hex(4)}"
-    store = RedisStore(connect_redis(shared_redis), namespace=namespace)
+    store = RedisStore(connect_redis(shared_redis, timeout_s=5), namespace=namespace)
     await store.put_policy(parse_policy(POLICY_DOC))
     headers = {"authorization": f"Bearer {ADMIN_TOKEN}"}
     server = serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)])

@@ -49,7 +49,7 @@ class StopRedisBeforeAnswer:
 async def served() -> AsyncIterator[tuple[str, TenantResolver, StopRedisBeforeAnswer]]:
     redis, url = redis_proc()
     with redis:
-        store = RedisStore(connect_redis(url), namespace="inforce")
+        store = RedisStore(connect_redis(url, timeout_s=5), namespace="inforce")
         await store.put_policy(POLICY)
         await store.create_tenant(Tenant(id="acme", tier="free"))
         resolver = TenantResolver(store, SaltDeriver("in-force-salt-secret-0123456789"))

@@ -38,7 +38,8 @@ async def two_gateways(redis_url: str | None) -> AsyncIterator[list[str]]:
         stores = [InMemoryStore()] * 2
     else:
         namespace = f"t{secrets.token_hex(4)}"
-        stores = [RedisStore(connect_redis(redis_url), namespace=namespace) for _ in range(2)]
+        stores = [RedisStore(connect_redis(redis_url, timeout_s=5), namespace=namespace)
+                  for _ in range(2)]
     await stores[0].put_policy(parse_policy(WITH_GOLD))
     servers = [serve_admin(store, [AdminToken("ops", ADMIN_TOKEN)]) for store in stores]
     try:

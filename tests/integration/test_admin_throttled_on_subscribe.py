@@ -34,9 +34,9 @@ async def _told(told: dict[str, float], address: str) -> float:
 
 async def test_a_store_that_subscribes_is_told_the_addresses_throttled_before(
         redis_url: str) -> None:
-    writer = RedisStore(connect_redis(redis_url), listen=False)
+    writer = RedisStore(connect_redis(redis_url, timeout_s=5), listen=False)
     await _throttle(writer, "10.0.0.1")
-    late = RedisStore(connect_redis(redis_url))
+    late = RedisStore(connect_redis(redis_url, timeout_s=5))
     told: dict[str, float] = {}
     late.on_auth_throttled = lambda address, level: told.__setitem__(address, level)
     await late.start()
@@ -50,12 +50,13 @@ async def test_a_store_that_subscribes_is_told_the_addresses_throttled_before(
 
 async def test_a_refused_read_leaves_the_listener_working(
         redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
-    admin = connect_redis(redis_url)
+    admin = connect_redis(redis_url, timeout_s=5)
     await admin.acl_setuser("noscan", enabled=True, passwords=["+pw"], keys=["*"],
                             channels=["*"], commands=["+@all", "-scan"])
-    writer = RedisStore(connect_redis(redis_url), listen=False)
+    writer = RedisStore(connect_redis(redis_url, timeout_s=5), listen=False)
     await _throttle(writer, "10.0.0.2")
-    late = RedisStore(connect_redis(redis_url.replace("redis://", "redis://noscan:pw@")))
+    late = RedisStore(connect_redis(redis_url.replace("redis://", "redis://noscan:pw@"),
+                                    timeout_s=5))
     told: dict[str, float] = {}
     late.on_auth_throttled = lambda address, level: told.__setitem__(address, level)
     caplog.set_level(logging.WARNING, logger="gateway.tenancy.redis_store")

@@ -451,7 +451,7 @@ def test_a_tenant_whose_tier_is_not_in_the_policy_is_never_admitted(stack: Stack
     with a policy change or a hand edit could) gets 403, never unlimited service."""
 
     async def plant() -> str:
-        store = RedisStore(connect_redis(stack.redis), listen=False)
+        store = RedisStore(connect_redis(stack.redis, timeout_s=5), listen=False)
         try:
             tid = f"gold-{uuid.uuid4().hex[:6]}"
             await store.create_tenant(Tenant(id=tid, tier="gold"))

@@ -10,10 +10,10 @@ reach it.
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 
 from tests.support.epp import envoy_proc
@@ -39,26 +39,36 @@ def _closed_by_envoy(sock: socket.socket) -> bool:
         return False
 
 
+def _accepted(admin: str) -> int:
+    """The client connections Envoy holds open (its listener's, not its admin's)."""
+    stats = httpx.get(f"{admin}/stats", params={"filter": "downstream_cx_active$"}, timeout=5)
+    return sum(int(value) for name, _, value in
+               (line.partition(": ") for line in stats.text.splitlines())
+               if name.startswith("listener.") and not name.startswith("listener.admin.")
+               and ".worker_" not in name)  # (a worker's share of the listener's count)
+
+
 @pytest.fixture(scope="module")
-def edge() -> Iterator[tuple[str, str]]:
+def edge() -> Iterator[tuple[str, str, str]]:
     proc, base = envoy_proc("127.0.0.1:1", max_connections=2)
+    assert proc.ready_url is not None
     with proc:
         proc.start()
-        yield base, proc.output()
+        yield base, proc.output(), proc.ready_url.removesuffix("/ready")
 
 
-def test_envoy_starts_without_the_no_limit_warning(edge: tuple[str, str]) -> None:
-    _, started = edge
+def test_envoy_starts_without_the_no_limit_warning(edge: tuple[str, str, str]) -> None:
+    _, started, _ = edge
     assert NO_LIMIT_WARNING not in started
 
 
 def test_a_connection_past_the_limit_is_closed_and_one_is_taken_again_after(
-    edge: tuple[str, str],
+    edge: tuple[str, str, str],
 ) -> None:
-    base, _ = edge
+    base, _, admin = edge
     held = [_connect(base), _connect(base)]
     try:
-        time.sleep(0.3)  # both accepted and counted
+        wait_for(lambda: _accepted(admin) == 2, timeout=10, what="both accepted and counted")
         extra = _connect(base)  # the kernel completes the handshake; Envoy closes it
         with extra:
             assert _closed_by_envoy(extra)

@@ -29,6 +29,7 @@ from tests.support.procs import Proc, sim_proc
 MODEL = "sim-model"
 ENV = {"KVGATE_HEALTH__INTERVAL_S": "0.5", "KVGATE_HEALTH__TIMEOUT_S": "1",
        "KVGATE_HEALTH__SLOW_THRESHOLD": "1000", "KVGATE_HEALTH__EJECT_BASE_S": "30",
+       "KVGATE_HEALTH__EJECT_MAX_S": "30",  # (the fast default caps it at 1 s)
        # every other request goes to each replica (cache_aware would send it no second)
        "KVGATE_ROUTING__POLICY": "round_robin", "KVGATE_ROUTING__SILENT_MIN_S": "0"}
 

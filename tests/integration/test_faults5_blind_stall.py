@@ -26,6 +26,7 @@ from tests.support.procs import Proc, sim_proc
 
 MODEL = "sim-model"
 ENV = {"KVGATE_HEALTH__STALL_AFTER_S": "2", "KVGATE_HEALTH__EJECT_BASE_S": "30",
+       "KVGATE_HEALTH__EJECT_MAX_S": "30",  # (the fast default caps it at 1 s)
        "KVGATE_ROUTING__POLICY": "round_robin", "KVGATE_ROUTING__SILENT_MIN_S": "0"}
 
 

@@ -39,6 +39,13 @@ def _depth(base: str) -> float:
     return sum(metric_values(base, "kvgate_flow_queue_depth").values())
 
 
+def _fleet_inflight(base: str) -> int:
+    """What `base` counts in flight on the fleet (its own and its peers' records)."""
+    with admin_client(base, ADMIN) as admin:
+        pools = admin.get("/replicas").json()["data"]
+    return sum(int(r["inflight_fleet"]) for p in pools for r in p["replicas"])
+
+
 def _peers(base: str) -> int:
     return int(httpx.get(f"{base}/readyz", timeout=5).json()["sync"]["peers"])
 
@@ -107,7 +114,8 @@ def test_a_freed_slot_goes_to_the_premium_request_queued_on_the_other_gateway(
     (a, b), sim, keys = fleet
     holder = _send(b, keys["free"], "free, running")
     assert holder.recv(4096).startswith(b"HTTP/1.1 200")  # it runs (and hangs)
-    time.sleep(1.5)  # A has B's record of it (a short prompt's load goes with a heartbeat)
+    # A has B's record of it (a short prompt's load goes with a heartbeat)
+    wait_for(lambda: _fleet_inflight(a) == 1, 10, "A to see B's stream")
     waiting = _send(b, keys["free"], "free, queued first")
     wait_for(lambda: _depth(b) == 1, 10, "the free request to queue on B")
     premium = _send(a, keys["prem"], "premium, queued on A")

@@ -125,6 +125,7 @@ def test_its_waiting_requests_go_elsewhere_once_health_finds_it_down() -> None:
     here until its client's 20 s timeout."""
     env = {"KVGATE_HEALTH__INTERVAL_S": "0.5", "KVGATE_HEALTH__TIMEOUT_S": "0.5",
            "KVGATE_HEALTH__SLOW_THRESHOLD": "2", "KVGATE_HEALTH__EJECT_BASE_S": "30",
+           "KVGATE_HEALTH__EJECT_MAX_S": "30",  # (the fast default caps it at 1 s)
            # every other request goes there (the router would send it no second: above)
            "KVGATE_ROUTING__POLICY": "round_robin", "KVGATE_ROUTING__SILENT_MIN_S": "0"}
     with _stack(env) as (frozen, frozen_id, base):

@@ -20,7 +20,7 @@ ADMIN = "listening-line-admin-token-0123"
 
 
 async def _store_policy_following_kubernetes(redis_url: str) -> None:
-    store = RedisStore(connect_redis(redis_url), listen=False)
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), listen=False)
     try:
         await store.put_policy(parse_policy({
             "pools": {"p": {"served_model": "m", "discovery": {"kubernetes": {"service": "v"}}}},

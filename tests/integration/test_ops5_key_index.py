@@ -30,8 +30,8 @@ async def stores(redis_url: str) -> AsyncIterator[tuple[RedisStore, TenantResolv
     """The store written to, its resolver, and a resolver reading it whole each time through
     a store of its own (a store keeps the view its resolver reads the journal against)."""
     namespace = f"t{secrets.token_hex(4)}"
-    store = RedisStore(connect_redis(redis_url), namespace=namespace, listen=False)
-    other = RedisStore(connect_redis(redis_url), namespace=namespace, listen=False)
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), namespace=namespace, listen=False)
+    other = RedisStore(connect_redis(redis_url, timeout_s=5), namespace=namespace, listen=False)
     await store.put_policy(parse_policy(DOC))
     for tid in ("a", "b", "c"):
         await store.create_tenant(Tenant(id=tid, tier="free"))

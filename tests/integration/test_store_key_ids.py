@@ -20,7 +20,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[TenantStore]:
         s = InMemoryStore()
     else:
         url = request.getfixturevalue("redis_url")
-        s = RedisStore(connect_redis(url), namespace=f"t{secrets.token_hex(4)}")
+        s = RedisStore(connect_redis(url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}")
     await s.start()
     await s.create_tenant(Tenant(id="acme", tier="free"))
     await s.create_tenant(Tenant(id="beta", tier="free"))

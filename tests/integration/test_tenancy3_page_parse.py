@@ -19,7 +19,7 @@ def _key(tenant: str) -> KeyRecord:
 
 
 async def test_listed_keys_are_the_loaded_ones(redis_url: str) -> None:
-    store = RedisStore(connect_redis(redis_url), namespace=f"t{secrets.token_hex(4)}",
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}",
                        listen=False)
     try:
         loaded = []

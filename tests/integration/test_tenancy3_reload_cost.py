@@ -22,7 +22,7 @@ DOC = {"pools": {"p": {"served_model": "m", "replicas": ["http://127.0.0.1:9"]}}
 
 @pytest.fixture
 async def resolver(redis_url: str) -> AsyncIterator[tuple[RedisStore, TenantResolver]]:
-    store = RedisStore(connect_redis(redis_url), namespace=f"t{secrets.token_hex(4)}",
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}",
                        listen=False)
     await store.put_policy(parse_policy(DOC))
     for i in range(20):

@@ -25,7 +25,7 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture
 async def store(redis_url: str) -> AsyncIterator[RedisStore]:
-    store = RedisStore(connect_redis(redis_url), namespace=f"t{secrets.token_hex(4)}",
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}",
                        listen=False)
     await store.create_tenant(Tenant(id="acme", tier="default"))
     await store.create_tenant(Tenant(id="beta", tier="default"))

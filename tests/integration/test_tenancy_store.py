@@ -47,7 +47,8 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[TenantStore]:
         s = InMemoryStore(audit_cap=5)
     else:
         url = request.getfixturevalue("shared_redis")
-        s = RedisStore(connect_redis(url), namespace=f"t{secrets.token_hex(4)}", audit_cap=5)
+        s = RedisStore(connect_redis(url, timeout_s=5), namespace=f"t{secrets.token_hex(4)}",
+                       audit_cap=5)
     await s.start()
     yield s
     await s.close()

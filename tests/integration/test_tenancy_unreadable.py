@@ -130,7 +130,7 @@ async def test_an_unreadable_policy_keeps_the_last_one_in_force(redis_url: str) 
     force (rather than none, which would refuse every tenant)."""
     policy = parse_policy({"pools": {"p": {"served_model": "m", "replicas": ["http://x:1"]}},
                            "models": {"llama": {"free": "p"}}, "tiers": {"free": {}}})
-    store = RedisStore(connect_redis(redis_url), listen=False)
+    store = RedisStore(connect_redis(redis_url, timeout_s=5), listen=False)
     resolver = TenantResolver(store, SaltDeriver(AUTH_SECRET), poll_interval_s=3600,
                               max_staleness_s=STALE_S)
     try:
