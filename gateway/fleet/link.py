@@ -31,8 +31,11 @@ from gateway.tenancy.redis_conn import redis_address, redis_tls
 
 __all__ = ["Link"]
 
-# a timeout that fires this late was not waited for: the process (its event loop) stood still
-_LATE_S = 0.25
+# a timeout that fires this late was not waited for: the process (its event loop) stood
+# still, or was busy. Small: on uvloop (what `kvgate serve` runs) a timeout expired at once
+# runs before the loop reads its sockets, so a reply that came during a stall of any length
+# was lost unless the grace was given (a 0.25 s threshold lost it for late timers under that)
+_LATE_S = 0.01
 _GRACE_S = 0.1  # what a call in flight is given after such a stall to read a waiting reply
 
 
