@@ -143,10 +143,11 @@ class TenantResolver(ResolverRepair):
         # wall clock, before anything is read: the state read holds every change made by then
         # (the stamp of the workers' files, `last_state`)
         read_at = time.time()
-        # ... and the monotonic one: the state is confirmed as of the start of its reading (a
-        # process paused between sending a read and taking its answer -- SIGSTOP, a stalled
-        # node -- took a state older than its answer's arrival for one just confirmed, and
-        # wrote it back over a wipe)
+        # ... and the monotonic one: at a wipe, the state is judged confirmed as of the start
+        # of its reading (a process paused between sending a read and taking its answer --
+        # SIGSTOP, a stalled node -- took a state older than its answer's arrival for one
+        # just confirmed, and wrote it back over a wipe); the staleness served counts from
+        # the end, as before (a slow load must not make a state too stale to serve)
         started = self._clock()
         whole_before = self._whole_at
         try:
@@ -222,7 +223,7 @@ class TenantResolver(ResolverRepair):
             log.info("tenancy store data readable again")
         if self._store.reach is not None:
             self._store.reach.answered()
-        self._fresh_at = started
+        self._fresh_at, self._confirmed_at = self._clock(), started
         self._degraded_reason = None
         self._answers = True
         if self.last_state is not None:

@@ -80,7 +80,12 @@ class ResolverBase:
         self._clock = clock
         self._state = _State()
         self._loaded = False
-        self._fresh_at = clock()
+        self._fresh_at = clock()  # when the last load ended: the staleness served
+        # when the last load began: as of when the state read holds the store's writes (the
+        # age a wipe is judged by, `ResolverRepair._reseeded`)
+        self._confirmed_at = self._fresh_at
+        # when the store's uptime first could not be read at a wipe (`_missed_writes`)
+        self._uptime_wait: float | None = None
         self._whole_at = float("-inf")  # when the store was last read whole (this clock)
         self._degraded_reason: str | None = "not loaded yet"
         # another reason to report degraded, the store answering (`secret_check`)

@@ -8,7 +8,7 @@ import contextlib
 import logging
 from dataclasses import replace
 
-from gateway.errors import PreconditionFailed
+from gateway.errors import PreconditionFailed, StoreUnreachable
 from gateway.tenancy.models import StoreSnapshot
 from gateway.tenancy.resolver_apply import ResolverApply
 from gateway.tenancy.resolver_base import IN_TOUCH_SLACK_S
@@ -32,7 +32,7 @@ class ResolverRepair(ResolverApply):
             return
         self._apply(saved.snapshot)
         self._mark = saved.mark
-        self._fresh_at = self._clock() - saved.age_s
+        self._fresh_at = self._confirmed_at = self._clock() - saved.age_s
         log.warning("tenancy store not answering: serving the state the other workers last "
                     "loaded (%.0f s old) until it does", saved.age_s,
                     extra={"generation": saved.snapshot.generation})
@@ -52,8 +52,20 @@ class ResolverRepair(ResolverApply):
         server started since (a Redis restarted without persistence: every gateway lost it
         at once, and what it held when it stopped is what we last read, up to `_in_touch_s`);
         nor when the server does not say (INFO refused by an ACL): restored, as before.
-        (Cut off first and restarted later, with a key revoked between: not told apart.)"""
-        up = await self._store.up_for_s()
+        An uptime that cannot be read (a timeout) fails the check, tried again, for at most
+        `_in_touch_s`: then read as the server not saying (one that never answers INFO would
+        otherwise keep the store wiped for good). (Cut off first and restarted later, with a
+        key revoked between: not told apart.)"""
+        try:
+            up = await self._store.up_for_s()
+        except StoreUnreachable:
+            now = self._clock()
+            if self._uptime_wait is None:
+                self._uptime_wait = now
+            if now - self._uptime_wait < self._in_touch_s():
+                raise
+            up = None
+        self._uptime_wait = None
         return up is not None and up > age_s - self._in_touch_s()
 
     async def _reseeded(self) -> str | None:
@@ -69,7 +81,7 @@ class ResolverRepair(ResolverApply):
         marker)."""
         assert self._reseed is not None
         last, now = self._applied, self._clock()
-        age = now - self._fresh_at
+        age = now - self._confirmed_at
         if last is not None:  # loaded: the wipe of a store it read
             self._degraded_reason = "store was wiped; restoring or re-seeding it"
             if age > self._in_touch_s() and await self._missed_writes(age):

@@ -113,3 +113,81 @@ async def test_the_servers_uptime_unread_fails_the_check_and_refused_says_nothin
         finally:
             await refused.close()
             await plain.close()
+
+
+class _SlowLoads(RedisStore):
+    """Each refresh takes 1.2 s of the simulated clock (a big store, a loaded node)."""
+
+    clock: Clock | None = None
+
+    async def generation(self) -> int:
+        answer = await super().generation()
+        if self.clock is not None:
+            self.clock.now += 1.2
+        return answer
+
+
+async def test_a_load_slower_than_max_staleness_still_serves(redis_url: str) -> None:
+    """The staleness served counts from the end of the last load: counted from its start (as
+    the wipe's judgement is), a load slower than max_staleness_s left every request a 503
+    while every load succeeded."""
+    clock = Clock()
+    store = _SlowLoads(connect_redis(redis_url), listen=False)
+    await bootstrap(store, tenants=[Tenant(id="acme", tier="free")], policy=POLICY)
+    key = generate_key()
+    await store.add_key(KeyRecord(key_id="k0", tenant_id="acme", key_hash=hash_key(key),
+                                  created_at=1.0))
+    resolver = TenantResolver(store, SaltDeriver(AUTH_SECRET), poll_interval_s=0.5,
+                              max_staleness_s=1.0, clock=clock)
+    store.clock = clock
+    try:
+        await resolver.start()
+        for _ in range(3):
+            assert await resolver.refresh()
+            assert resolver.authenticate(key).tenant_id == "acme"
+    finally:
+        await resolver.close()
+        await store.close()
+
+
+class _UptimeUnread(RedisStore):
+    """A server whose INFO never answers in time (a proxy closing on it, a slow INFO)."""
+
+    async def up_for_s(self) -> float | None:
+        raise StoreUnreachable("timed out")
+
+
+async def test_an_uptime_never_read_restores_after_the_in_touch_wait(redis_url: str) -> None:
+    """The uptime is asked again for two checks and a second, then read as the server not
+    saying (restored, as before the uptime rule): a server that never answered INFO kept the
+    store wiped for good, every request a 503."""
+    clock = Clock()
+    store = _UptimeUnread(connect_redis(redis_url), listen=False)
+    seed = [Tenant(id="acme", tier="free")]
+    resolver = TenantResolver(store, SaltDeriver(AUTH_SECRET), poll_interval_s=0.5,
+                              max_staleness_s=10, clock=clock)
+
+    async def reseed() -> None:
+        await bootstrap(store, tenants=seed, policy=POLICY)
+
+    resolver.reseed_with(reseed)
+    await bootstrap(store, tenants=seed, policy=POLICY)
+    key = generate_key()
+    await store.add_key(KeyRecord(key_id="k0", tenant_id="acme", key_hash=hash_key(key),
+                                  created_at=1.0))
+    r = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await resolver.start()
+        clock.now += 3  # cut off longer than two checks and a second, then wiped
+        await r.flushall()
+        assert not await resolver.refresh()  # the uptime unread: tried again
+        clock.now += 1
+        assert not await resolver.refresh()
+        clock.now += 1.5  # past the in-touch wait (2 s)
+        assert await resolver.refresh()  # restored from its state
+        assert await r.hget("kvgate:keys", hash_key(key)) is not None
+        assert resolver.authenticate(key).tenant_id == "acme"
+    finally:
+        await r.aclose()
+        await resolver.close()
+        await store.close()
