@@ -34,10 +34,14 @@ def sim_stats(sim: str) -> dict[str, float]:
 def test_a_hung_replica_is_retried_elsewhere_before_the_first_byte(
     sim_factory: SimFactory,
 ) -> None:
-    (_, hung), (_, good) = sim_factory("--time-scale", "1"), sim_factory("--time-scale", "50")
+    # the hung replica's engine still decodes its 400 tokens (ignore_eos; 10 times slower
+    # than real time) when its try is cut, so that cut is seen as an abort there
+    (_, hung), (_, good) = sim_factory("--time-scale", "0.1"), sim_factory("--time-scale", "50")
     set_faults(hung, hang_after_tokens=0)  # takes the stream, never sends an event
+    # a cut after 2 s: the good replica's first byte (milliseconds at time-scale 50) comes
+    # well within it even on a loaded machine, so only the hung one is ever cut
     gw, base = gateway_proc(upstreams=[hung, good], args=["--policy", "round_robin"], env={
-        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_ADMIN_TOKEN": ADMIN,
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "2", "KVGATE_ADMIN_TOKEN": ADMIN,
         "KVGATE_HEALTH__INTERVAL_S": "60", "KVGATE_HEALTH__EJECT_BASE_S": "60",
         "KVGATE_HEALTH__EJECT_MAX_S": "60", "KVGATE_HEALTH__FAILURE_THRESHOLD": "2",
         "KVGATE_FLOW__ENABLED": "true"})
@@ -47,7 +51,7 @@ def test_a_hung_replica_is_retried_elsewhere_before_the_first_byte(
         for i in range(4):
             raw = c.chat.completions.with_raw_response.create(
                 model=MODEL, messages=[{"role": "user", "content": f"story {i}"}],
-                max_tokens=400, stream=True)
+                max_tokens=400, stream=True, extra_body={"ignore_eos": True})
             text = "".join(chunk.choices[0].delta.content or ""
                            for chunk in raw.parse() if chunk.choices)
             assert text, "answered by the other replica"
@@ -138,8 +142,10 @@ def test_keep_alive_comments_of_a_hung_replica_do_not_stop_the_retry(
     _, hung = sim_factory("--time-scale", "1", "--sse-keep-alive-interval", "0.05")
     _, good = sim_factory("--time-scale", "50")
     set_faults(hung, hang_after_tokens=0)
+    # a cut after 2 s (not 0.5 s): a good replica slow to start on a loaded machine is not
+    # cut too, so the retries counted are the hung replica's alone
     gw, base = gateway_proc(upstreams=[hung, good], args=["--policy", "round_robin"], env={
-        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "0.5", "KVGATE_HEALTH__INTERVAL_S": "60"})
+        "KVGATE_UPSTREAM__FIRST_BYTE_TIMEOUT_S": "2", "KVGATE_HEALTH__INTERVAL_S": "60"})
     with gw:
         c = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=10)
         for i in range(2):  # round robin: one of them starts on the hung replica

@@ -46,17 +46,27 @@ def replica_of(raw: LegacyAPIResponse[Completion]) -> str:
     return raw.headers["x-kvgate-replica"].partition("/")[2]
 
 
+def _context(base: str) -> object:
+    """The ``max_model_len`` of the gateway's card of `MODEL` (None until a replica said it)."""
+    cards = httpx.get(f"{base}/v1/models").json()["data"]
+    return next((c.get("max_model_len") for c in cards if c["id"] == MODEL), None)
+
+
 def test_dead_replica_before_first_byte_fails_over(sim_factory: SimFactory) -> None:
-    (a, a_url), (_, b_url) = sim_factory("--time-scale", "50"), sim_factory("--time-scale", "50")
+    # `a` says a longer context than `b` (the default 32768): the pool's context, the longest
+    # its replicas said, tells when `a`'s first probe has read its /v1/models
+    a, a_url = sim_factory("--time-scale", "50", "--max-model-len", "65536")
+    _, b_url = sim_factory("--time-scale", "50")
     gw, base = gateway_proc(upstreams=[a_url, b_url], args=["--policy", "round_robin"],
                             env={"KVGATE_HEALTH__INTERVAL_S": "60",  # only requests notice
                                  # and an ejection lasts the test (not 0.2 s: half-open again)
                                  "KVGATE_HEALTH__EJECT_BASE_S": "60",
                                  "KVGATE_HEALTH__EJECT_MAX_S": "60"})
     with gw:
-        # the health monitor probes every replica once at start: let that round end first,
-        # or on a loaded machine it may be the one that finds `a` dead (no request would)
-        time.sleep(1.0)
+        # the health monitor probes every replica once at start: let that probe of `a` pass
+        # its /health (then its /v1/models) first, or it may be the one that finds `a` dead
+        # (no request would); what it asks after (/is_sleeping) says nothing when it fails
+        wait_for(lambda: _context(base) == 65536, what="the first probe of `a` answered")
         a.kill()  # connection refused from now on; the gateway has not noticed yet
         c = client(base)
         for _ in range(6):
