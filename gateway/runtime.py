@@ -53,7 +53,7 @@ from gateway.tenancy import Tenancy, Tenant, build_tenancy, connect_redis
 from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate, TenantLabels
 from gateway.tenancy.fallback import FallbackRateLimiter
 from gateway.tenancy.fleet_seen import FleetSeen
-from gateway.tenancy.holders import HolderFile
+from gateway.tenancy.holders import holder_note
 from gateway.tenancy.last_state import LastState
 from gateway.tenancy.service import TenancyCollector
 from gateway.transport import TransportFactory, default_transport
@@ -167,7 +167,7 @@ async def _start_tenancy(
     if slot is not None and tenancy.redis_url is not None:  # for a worker restarted meanwhile
         tenancy.resolver.last_state = LastState(slot.directory, slot.slot)
     if slot is not None and tenancy.lease_holder is not None:  # freed by the supervisor
-        HolderFile(slot.directory, slot.slot).write(tenancy.lease_holder)
+        holder_note(slot.directory, slot.slot).write(tenancy.lease_holder)
     await tenancy.start(tenants=tenants, policy=cfg.policy_doc())
     labels = TenantLabels(tcfg.metrics_tenants, tcfg.metrics_max_tenants)
     gate = TenantGate(tenancy, auth=tcfg.auth, salted=salted, client_salt=tcfg.client_salt,

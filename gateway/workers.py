@@ -50,8 +50,8 @@ from types import FrameType
 
 from gateway.config import KvgateConfig
 from gateway.drain import ignore_hangup
-from gateway.fleet.farewell import MemberFile, say_goodbye
-from gateway.tenancy.holders import HolderFile, forget_holder
+from gateway.fleet.farewell import member_note, say_goodbye
+from gateway.tenancy.holders import forget_holder, holder_note
 from gateway.worker_metrics import WorkerSlot, fold_dead, set_current
 
 __all__ = ["WORKERS_NEED_REDIS", "run_workers", "workers_apart"]
@@ -204,7 +204,7 @@ def _free_leases(cfg: KvgateConfig, shared: Path, slot: int) -> None:
     if cfg.redis_url is not None:
         tcfg = cfg.tenancy
         forget_holder(cfg.redis_url.get_secret_value(), tcfg.namespace,
-                      HolderFile(shared, slot), tcfg.redis_timeout_s)
+                      holder_note(shared, slot), tcfg.redis_timeout_s)
 
 
 def _say_goodbye(cfg: KvgateConfig, shared: Path, slot: int) -> None:
@@ -213,7 +213,7 @@ def _say_goodbye(cfg: KvgateConfig, shared: Path, slot: int) -> None:
     is harmless (its id is gone from their views)."""
     if cfg.redis_url is not None and cfg.sync.enabled:
         say_goodbye(cfg.redis_url.get_secret_value(), cfg.tenancy.namespace,
-                    MemberFile(shared, slot), cfg.tenancy.redis_timeout_s)
+                    member_note(shared, slot), cfg.tenancy.redis_timeout_s)
 
 
 def _worker(

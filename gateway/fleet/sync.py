@@ -49,7 +49,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from gateway.fleet.budget import StreamBudget
 from gateway.fleet.dropped import DroppedEntries
-from gateway.fleet.farewell import MemberFile
+from gateway.fleet.farewell import member_note
 from gateway.fleet.link import Link
 from gateway.fleet.peer_replicas import PeerReplicas
 from gateway.fleet.published import PublishedLoad
@@ -181,7 +181,7 @@ class RouteSync:
             self._down(exc)
         slot = current_slot()
         if slot is not None:  # a worker: its supervisor says its goodbye if it is killed
-            MemberFile(slot.directory, slot.slot).write(self.member)
+            member_note(slot.directory, slot.slot).write(self.member)
         self._tasks = [
             asyncio.create_task(self._publish_loop(), name="kvgate-sync-publish"),
             asyncio.create_task(self._read_loop(), name="kvgate-sync-read"),

@@ -20,17 +20,14 @@ the dead worker's leases.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 from pathlib import Path
 
-import redis
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
-__all__ = ["HOLDER_TTL_S", "HolderFile", "forget_holder", "holder_key"]
+from gateway.slot_note import SlotNote, one_try_redis
+
+__all__ = ["HOLDER_TTL_S", "forget_holder", "holder_key", "holder_note"]
 
 log = logging.getLogger(__name__)
 
@@ -43,35 +40,13 @@ def holder_key(namespace: str, holder: str) -> str:
     return f"{namespace}:lease-holder:{holder}"
 
 
-class HolderFile:
-    """A worker's lease holder id, where the supervisor finds it when the worker dies."""
-
-    def __init__(self, directory: Path, slot: int) -> None:
-        self.path = directory / f"{PREFIX}{slot}"
-        self._tmp = directory / f".{PREFIX}{slot}.{os.getpid()}.tmp"
-
-    def write(self, holder: str) -> None:
-        """Once, before the worker serves (a few bytes, on the caller's thread)."""
-        try:
-            self._tmp.write_text(holder)
-            os.replace(self._tmp, self.path)
-        except OSError as exc:  # its leases then outlive it by the heartbeat's TTL
-            log.warning("cannot note this worker's lease holder for its supervisor: %s",
-                        exc.strerror or type(exc).__name__)
-            with contextlib.suppress(OSError):
-                os.unlink(self._tmp)
-
-    def take(self) -> str | None:
-        """The holder id a dead worker wrote (None: it wrote none), and the file removed."""
-        try:
-            holder = self.path.read_text().strip()
-            self.path.unlink()
-        except OSError:
-            return None
-        return holder or None
+def holder_note(directory: Path, slot: int) -> SlotNote:
+    """Where a worker notes its lease holder id for its supervisor (``lease-holder-<slot>``);
+    not noted, its leases outlive it by the heartbeat's TTL."""
+    return SlotNote(directory, PREFIX, slot, "lease holder")
 
 
-def forget_holder(url: str, namespace: str, holder_file: HolderFile,
+def forget_holder(url: str, namespace: str, holder_file: SlotNote,
                   timeout_s: float) -> bool:
     """Delete a dead worker's heartbeat (the supervisor, after waitpid): its leases stop
     counting at its tenants' next admission. False if there was none, or Redis did not
@@ -79,9 +54,7 @@ def forget_holder(url: str, namespace: str, holder_file: HolderFile,
     holder = holder_file.take()
     if holder is None:
         return False
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s,  # one try: a supervisor
-                                  socket_connect_timeout=timeout_s,  # waits on it
-                                  retry=Retry(NoBackoff(), 0))
+    client = one_try_redis(url, timeout_s)
     try:
         client.delete(holder_key(namespace, holder))
     except RedisError as exc:

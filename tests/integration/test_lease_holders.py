@@ -14,7 +14,7 @@ import redis
 
 from gateway.policy_doc import Limits
 from gateway.tenancy import RedisRateLimiter, connect_redis
-from gateway.tenancy.holders import HolderFile, forget_holder, holder_key
+from gateway.tenancy.holders import forget_holder, holder_key, holder_note
 from tests.support.procs import free_port
 
 NS = "lh"
@@ -43,7 +43,7 @@ async def test_a_deleted_heartbeat_frees_its_leases_at_the_next_admission(
     dead, alive = pair
     await _fill(dead)
     assert not (await alive.peek("acme", FULL)).allowed
-    file = HolderFile(tmp_path, 0)
+    file = holder_note(tmp_path, 0)
     file.write(dead.holder)  # as a worker does at start
     assert forget_holder(redis_url, NS, file, timeout_s=1.0)  # its supervisor saw it die
     assert not file.path.exists()
@@ -92,7 +92,7 @@ async def test_a_lease_without_a_holder_counts_to_its_ttl(
 def test_forgetting_a_holder_while_redis_is_down_is_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture,
 ) -> None:
-    file = HolderFile(tmp_path, 3)
+    file = holder_note(tmp_path, 3)
     file.write("abcdef012345")
     caplog.set_level(logging.WARNING, logger="gateway.tenancy.holders")
     assert not forget_holder(f"redis://127.0.0.1:{free_port()}/0", NS, file, timeout_s=0.5)
