@@ -7,7 +7,8 @@ kustomization that starts using more fails here loudly instead of building wrong
 - ``resources``: YAML files (multi-document) and directories holding a kustomization.yaml;
 - ``patches``: strategic-merge patches from ``path`` or inline ``patch`` (no ``target``):
   maps merge recursively, ``null`` removes a key, lists of named items (containers, env,
-  volumes, ports, ...) merge by ``name``, other lists are replaced, and a top-level
+  volumes, ports, ...) merge by ``name``, other lists are replaced, a list holding a
+  ``{$patch: replace}`` item replaces the base's list with its other items, and a top-level
   ``$patch: delete`` removes the resource;
 - ``namespace``: set on namespaced resources, and on ServiceAccount subjects of (Cluster)
   RoleBindings that have none (as kustomize does);
@@ -129,6 +130,8 @@ def merge(base: Any, patch: Any) -> Any:
             else:
                 out[key] = merge(out[key], value) if key in out else copy.deepcopy(value)
         return out
+    if isinstance(patch, list) and {"$patch": "replace"} in patch:
+        return [copy.deepcopy(item) for item in patch if item != {"$patch": "replace"}]
     if _named_list(base) and _named_list(patch):
         out_list = [copy.deepcopy(item) for item in base]
         index = {item["name"]: i for i, item in enumerate(out_list)}

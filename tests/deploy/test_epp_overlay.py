@@ -155,3 +155,14 @@ def test_the_envoy_files_are_current_and_valid(name: str) -> None:
     out = subprocess.run([binary, "--mode", "validate", "-c", str(path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_picker_declares_only_the_ports_it_listens_on(docs: list[dict[str, Any]]) -> None:
+    """`kvgate epp` listens on its --port and --http-port only: the base's containerPort 8000
+    (the proxy's) was kept by the overlay's patch, a port nothing answers on that a Service or
+    a NetworkPolicy naming `http` would have sent to."""
+    (c,) = find(docs, "Deployment", "kvgate")["spec"]["template"]["spec"]["containers"]
+    command = c["command"]
+    listening = {int(command[command.index(flag) + 1]) for flag in ("--port", "--http-port")}
+    assert {p["containerPort"] for p in c["ports"]} == listening
+    assert all(isinstance(p, dict) and "$patch" not in p for p in c["ports"])
