@@ -9,6 +9,7 @@ into one `PolicyValidationError(field, message)` for callers that answer with HT
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -46,6 +47,7 @@ __all__ = [
     "TierFlow",
     "check_names",
     "check_replicas_distinct",
+    "check_spills",
     "parse_policy",
 ]
 
@@ -272,40 +274,7 @@ class PolicyDoc(BaseModel):
                 target = getattr(tier_cfg, attr)
                 if target is not None and target not in self.pools:
                     raise ValueError(f"tiers.{name}.{attr}: unknown pool {target!r}")
-        self._check_spill_cycles()
         return self
-
-    def _check_spill_cycles(self) -> None:
-        """Spill edges (a tier's pool for a model -> its `spill_to`) must form no cycle.
-
-        At run time a request spills at most once, but a cycle (premium fp8 -> awq while free
-        awq -> fp8) means free takes premium capacity whenever it is busy, which the tier rules
-        forbid: free may only *borrow* an idle pool (`borrow_from`). A model served from the
-        tier's `spill_to` pool itself has nowhere to spill (the run time keeps it home): no
-        edge, so a model only that pool serves can be added; a `spill_to` that is the tier's
-        own pool for every model it serves is refused (it would never spill).
-        """
-        own_only: dict[str, str] = {}  # tier -> a model its spill_to serves it from
-        spills_elsewhere: set[str] = set()
-        for model in self.models:
-            edges: dict[str, tuple[str, str]] = {}
-            for tier_name in self.tiers:
-                src = self.pool_for(model, tier_name)
-                dst = self.tiers[tier_name].spill_to
-                if src is None or dst is None:
-                    continue
-                if src == dst:
-                    own_only.setdefault(tier_name, model)
-                    continue
-                spills_elsewhere.add(tier_name)
-                edges.setdefault(src, (dst, tier_name))
-            _raise_on_cycle(model, edges)
-        for tier_name, model in own_only.items():
-            if tier_name not in spills_elsewhere:
-                raise ValueError(
-                    f"tiers.{tier_name}.spill_to: {self.tiers[tier_name].spill_to!r} is the "
-                    f"tier's own pool for model {model!r} (spill cycle)"
-                )
 
     def flow_class(self, tier: str, tenant: str) -> tuple[int, float, float]:
         """(band, weight, longest wait in seconds) of ``tenant`` of ``tier`` in flow control."""
@@ -327,20 +296,6 @@ class PolicyDoc(BaseModel):
 
 
 _DEFAULT_TIER_CONFIG = TierConfig()
-
-
-def _raise_on_cycle(model: str, edges: dict[str, tuple[str, str]]) -> None:
-    for start in edges:
-        seen = [start]
-        node = start
-        while node in edges:
-            node, tier_name = edges[node]
-            if node in seen:
-                path = " -> ".join([*seen[seen.index(node) :], node])
-                raise ValueError(
-                    f"tiers.{tier_name}.spill_to: spill cycle for model {model!r}: {path}"
-                )
-            seen.append(node)
 
 
 class PolicyValidationError(ValueError):
@@ -396,6 +351,7 @@ def parse_policy(data: Any) -> PolicyDoc:
     check_replicas_distinct(doc)
     check_names(doc)
     _check_model_names(doc)
+    check_spills(doc)
     return doc
 
 
@@ -432,3 +388,62 @@ def _check_model_names(doc: PolicyDoc) -> None:
             raise PolicyValidationError(
                 "models", f"a public model name holds no control character "
                           f"({shown_name(model)!r} holds U+{ord(bad):04X})")
+
+
+def check_spills(doc: PolicyDoc) -> None:
+    """Spill edges (a tier's pool for a model -> its `spill_to`) form no cycle, and a
+    `spill_to` is used by some model of its tier.
+
+    At run time a request spills at most once, but a cycle (premium fp8 -> awq while free
+    awq -> fp8) means free takes premium capacity whenever it is busy, which the tier rules
+    forbid: free may only *borrow* an idle pool (`borrow_from`). Every edge counts: two tiers
+    spilling one pool's model to different pools were one edge (the first tier's), so a
+    cycle through the second passed or not by the tiers' order. A model served from the
+    tier's `spill_to` pool itself has nowhere to spill (the run time keeps it home): no edge,
+    and no cycle; a `spill_to` that is the tier's own pool for every model it serves would
+    never spill, and is refused as that (it was called a "spill cycle", naming whichever
+    model came first). On input only, as `check_replicas_distinct`: a stored document
+    accepted by an earlier release still loads.
+    """
+    for model in doc.models:
+        edges: dict[str, dict[str, str]] = {}  # pool -> {spill pool: a tier spilling there}
+        for tier_name, tier in doc.tiers.items():
+            src = doc.pool_for(model, tier_name)
+            if src is not None and tier.spill_to is not None and src != tier.spill_to:
+                edges.setdefault(src, {}).setdefault(tier.spill_to, tier_name)
+        if (cycle := _cycle(edges)) is not None:
+            tiers = [edges[a][b] for a, b in pairwise(cycle)]
+            raise PolicyValidationError(
+                f"tiers.{tiers[-1]}.spill_to",
+                f"spill cycle for model {model!r}: {' -> '.join(cycle)} (tiers "
+                f"{', '.join(dict.fromkeys(tiers))})")
+    for tier_name, tier in doc.tiers.items():
+        served = {m: p for m in doc.models if (p := doc.pool_for(m, tier_name)) is not None}
+        if tier.spill_to is not None and served and set(served.values()) == {tier.spill_to}:
+            raise PolicyValidationError(
+                f"tiers.{tier_name}.spill_to",
+                f"{tier.spill_to!r} is the tier's own pool for every model it serves "
+                f"({', '.join(map(repr, sorted(served)))}): it would never spill; remove "
+                "spill_to or serve one of them from another pool")
+
+
+def _cycle(edges: dict[str, dict[str, str]]) -> list[str] | None:
+    """A cycle of the spill graph as pools, first pool repeated at the end; None if none.
+    Depth first from each pool in order, so the one reported does not depend on chance."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node):], node]
+        if node in done:
+            return None
+        for nxt in edges.get(node, {}):
+            if (found := visit(nxt, [*path, node])) is not None:
+                return found
+        done.add(node)
+        return None
+
+    for start in edges:
+        if (found := visit(start, [])) is not None:
+            return found
+    return None

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Body, Header
 from fastapi.responses import JSONResponse
 
 from gateway.admin.deps import CHECK_TRIES, AdminContext
+from gateway.admin.policy_change import spill_refusal
 from gateway.config.selfloop import own_address_lines
 from gateway.errors import (
     BadRequest,
@@ -187,7 +188,7 @@ async def _store(
 ) -> JSONResponse:
     """Validate a whole policy document and store it as the next version (over `expected`
     only, when given)."""
-    doc = _parsed(document)
+    doc = await _parsed_against(ctx, document)
     if not doc.pools:  # as at start: a policy without pools would serve no model at all
         raise BadRequest("pools: at least one pool is required", param="pools")
     await _refuse_own_address(ctx, doc)
@@ -215,7 +216,7 @@ async def _patch_in_turn(
         merged = merge_patch(current, patch)
         _restore(merged, current)
         # validated first: `30.0` over a stored 30 compares equal, and was answered 200
-        _parsed(merged)
+        _parsed(merged, snap.doc)
         if merged == current:  # e.g. `{}`: nothing changes, no new version, no audit
             return JSONResponse(shown_policy(current),
                                 headers={"etag": f'"{snap.version}"'})
@@ -247,13 +248,28 @@ async def _refuse_own_address(ctx: AdminContext, doc: PolicyDoc) -> None:
         raise BadRequest(loops[0], param=loops[0].partition(":")[0])
 
 
-def _parsed(document: Any) -> PolicyDoc:
-    """A policy document validated (strict numbers and booleans), or the 400 naming the
-    field."""
+async def _parsed_against(ctx: AdminContext, document: Any) -> PolicyDoc:
+    """`_parsed` against the policy in force, read only when a spill rule refuses it."""
     try:
         return parse_policy(document)
     except PolicyValidationError as exc:
-        raise BadRequest(str(exc), param=exc.field or None) from None
+        if not exc.field.endswith(".spill_to"):
+            raise BadRequest(str(exc), param=exc.field or None) from None
+    try:
+        snap = await ctx.store.get_policy()
+    except UnreadableRecord:
+        snap = None
+    return _parsed(document, snap.doc if snap is not None else None)
+
+
+def _parsed(document: Any, in_force: PolicyDoc | None) -> PolicyDoc:
+    """A policy document validated (strict numbers and booleans), or the 400 naming the
+    field (a spill rule's refusal also what the document changed of `in_force`)."""
+    try:
+        return parse_policy(document)
+    except PolicyValidationError as exc:
+        raise BadRequest(spill_refusal(exc, document, in_force),
+                         param=exc.field or None) from None
 
 
 def _restore(document: Any, stored: dict[str, Any] | None) -> None:

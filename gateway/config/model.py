@@ -29,7 +29,13 @@ from gateway.config.sections import (
     UpstreamConfig,
 )
 from gateway.errors import NAME_CHARS, shown_name
-from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, check_names, check_replicas_distinct
+from gateway.policy_doc import (
+    DEFAULT_TIER,
+    PolicyDoc,
+    check_names,
+    check_replicas_distinct,
+    check_spills,
+)
 
 __all__ = ["KvgateConfig"]
 
@@ -145,6 +151,7 @@ class KvgateConfig(PolicyDoc):
     def _replicas_distinct(self) -> KvgateConfig:
         check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
         check_names(self)  # pools' and tiers' names, as the admin API checks them
+        check_spills(self)  # spill cycles, a spill_to never used
         return self
 
     @model_validator(mode="after")
