@@ -45,7 +45,7 @@ from gateway.cli.admin_http import (
     url_path_hint,
 )
 from gateway.cli.parser import Parser
-from gateway.config import NAME_RULE, file_problems
+from gateway.config import NAME_RULE, NOT_JUDGED, file_problems
 from gateway.config.explain import POLICY_SECTIONS
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
@@ -220,9 +220,13 @@ def policy_part(doc: Any, shown: str) -> Any:
     print(f"kvgate admin: sending only the policy sections ({', '.join(POLICY_SECTIONS)}); "
           f"left out: {', '.join(map(str, other))} (they take effect at restart)",
           file=sys.stderr)
-    if problem := file_problems(doc, shown):
+    problem = file_problems(doc, shown)
+    if problem and problem.startswith(NOT_JUDGED):
+        print(f"kvgate admin: note: the rest of the file was {problem}", file=sys.stderr)
+    elif problem:
         print("kvgate admin: warning: `kvgate serve` would refuse this file at its next "
-              f"restart (fix it before one; the policy is sent all the same): {problem}",
+              f"restart (fix it before one; the policy is sent all the same; judged with this "
+              f"shell's KVGATE_* variables, as `kvgate serve --config` reads them): {problem}",
               file=sys.stderr)
     return {k: v for k, v in doc.items() if k in POLICY_SECTIONS}
 

@@ -18,7 +18,7 @@ The rest of the tree imports from this package, not from its modules.
 """
 
 from gateway.config.env import env_overrides, quick_unread_env, unknown_env
-from gateway.config.load import NO_POOLS, QUICK_SOURCE, file_problems, load_config
+from gateway.config.load import NO_POOLS, NOT_JUDGED, QUICK_SOURCE, file_problems, load_config
 from gateway.config.model import KvgateConfig
 from gateway.config.report import discovery_problems, redacted_dump
 from gateway.config.salt import MIN_SECRET_CHARS, auth_secret, salt_secret
@@ -36,6 +36,7 @@ __all__ = [
     "LOG_LEVELS",
     "MIN_SECRET_CHARS",
     "NAME_RULE",
+    "NOT_JUDGED",
     "NO_POOLS",
     "QUICK_SOURCE",
     "FlowSection",

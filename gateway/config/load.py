@@ -17,9 +17,10 @@ from gateway.config.model import KvgateConfig
 from gateway.errors import ConfigError
 from gateway.yamlerror import not_utf8, one_line, safe_load
 
-__all__ = ["NO_POOLS", "QUICK_SOURCE", "load_config"]
+__all__ = ["NOT_JUDGED", "NO_POOLS", "QUICK_SOURCE", "file_problems", "load_config"]
 
 NO_POOLS = "pools: at least one pool is required"
+NOT_JUDGED = "not judged: "  # how `file_problems` begins what it could not judge
 
 
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,21 +115,49 @@ def load_config(
     return cfg
 
 
-def file_problems(raw: Mapping[str, Any], shown: str) -> str | None:
-    """Why `kvgate serve` would refuse this parsed config file on its own (no environment or
-    flags), or None: `kvgate admin policy put` sends a file's policy sections only, and a typo
-    elsewhere in it would surface only at the next restart, as a crash loop."""
+def file_problems(raw: Mapping[str, Any], shown: str,
+                  environ: Mapping[str, str] | None = None) -> str | None:
+    """Why `kvgate serve --config` would refuse this parsed config file with this process's
+    ``KVGATE_*`` environment (`environ`), or None: `kvgate admin policy put` sends a file's
+    policy sections only, and a typo elsewhere in it would surface only at the next restart,
+    as a crash loop. Pools the file's models or tiers name but neither it nor the environment
+    defines are not judged a problem: `kvgate serve` may take them from ``KVGATE_POOLS__*``
+    where it runs (it was "unknown pool" for every gateway whose pools come from there), and
+    the answer says what was not judged."""
+    env = os.environ if environ is None else environ
     raw = {key: value for key, value in raw.items() if value is not None}
+    merged = deep_merge(raw, env_overrides(env))
+    env_names = {tuple(env_path(name)): name for name in env
+                 if name.startswith(ENV_PREFIX) and "__" in name}
+    if missing := _undefined_pools(merged):
+        names = ", ".join(map(repr, missing))
+        return (f"{NOT_JUDGED}{shown} names pool(s) {names} that neither it nor this shell's "
+                "KVGATE_POOLS__* variables define; `kvgate serve` takes pools from those "
+                "variables where it runs (or from --upstream, which reads no file)")
     try:
         _no_secrets(raw, shown)
-        KvgateConfig.model_validate(raw).routing.router_config()
+        KvgateConfig.model_validate(merged).routing.router_config()
     except ValidationError as exc:
-        return explain(exc, f" in {shown}", {})
+        return explain(exc, f" in {shown} (or its KVGATE_* overrides)", env_names)
     except ConfigError as exc:
         return str(exc)
     except ValueError as exc:  # the routing core's own checks name the field
         return f"invalid configuration in {shown}:\n  {exc}"
     return None
+
+
+def _undefined_pools(raw: Mapping[str, Any]) -> list[str]:
+    """The pools a raw configuration's models and tiers name that its `pools` lacks."""
+    pools = raw.get("pools") if isinstance(raw.get("pools"), Mapping) else {}
+    named: set[str] = set()
+    for per_tier in (raw.get("models") or {}).values() if isinstance(
+            raw.get("models"), Mapping) else ():
+        if isinstance(per_tier, Mapping):
+            named |= {p for p in per_tier.values() if isinstance(p, str)}
+    for tier in (raw.get("tiers") or {}).values() if isinstance(raw.get("tiers"), Mapping) else ():
+        if isinstance(tier, Mapping):
+            named |= {tier[k] for k in ("spill_to", "borrow_from") if isinstance(tier.get(k), str)}
+    return sorted(named - set(pools or {}))
 
 
 QUICK_POOL = "default"
