@@ -25,6 +25,7 @@ from gateway.errors import (
     PreconditionFailed,
     StaleCheck,
     UnreadableRecord,
+    shown_name,
 )
 from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
 from gateway.tenancy.models import PolicySnapshot
@@ -48,11 +49,13 @@ async def _put_checked(
         # stored only if no tenant was written since this generation: one put in a tier
         # the document leaves out, meanwhile, would be refused every request (403)
         at = await ctx.store.generation()
-        for tenant in await ctx.store.list_tenants():
+        tenants = await ctx.store.list_tenants()
+        for tenant in tenants:
             if tenant.tier not in doc.tiers and tenant.tier != DEFAULT_TIER:
                 raise BadRequest(
                     f"tiers: tier {tenant.tier!r} is used by tenant {tenant.id!r}",
                     param="tiers")
+        await _known_fair_ids(ctx, doc, {t.id for t in tenants})
         try:
             return await ctx.store.put_policy(doc, if_version=expected,
                                               keep_unknown=keep_unknown, tenants_at=at)
@@ -60,6 +63,22 @@ async def _put_checked(
             continue
     raise Conflict("the tenants kept changing while the policy was checked against "
                    "their tiers; retry")
+
+
+async def _known_fair_ids(ctx: AdminContext, doc: PolicyDoc, tenants: set[str]) -> None:
+    """A `fairness.tenants` id this write adds must be a tenant: a typo gave no share, in
+    silence. Ids the policy in force holds already stay (a deleted tenant's weight does not
+    refuse every later write for a change it did not make)."""
+    try:
+        snap = await ctx.store.get_policy()
+    except UnreadableRecord:
+        snap = None
+    before = set(snap.doc.fairness.tenants) if snap is not None else set()
+    for tid in sorted(set(doc.fairness.tenants) - before - tenants):
+        name = shown_name(tid)
+        raise BadRequest(
+            f"fairness.tenants.{name}: no tenant {name!r}: its weight would give no share "
+            "(create the tenant first, or correct the id)", param=f"fairness.tenants.{name}")
 
 
 MAX_VERSION_DIGITS = 64  # an If-Match version longer than this is no version (int64 has 19)

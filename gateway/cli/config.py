@@ -33,6 +33,7 @@ from gateway.config import (
     serve_ports,
     unknown_env,
 )
+from gateway.config.fair_ids import unknown_fairness_tenants
 from gateway.errors import ConfigError
 from gateway.workers import WORKERS_NEED_REDIS, workers_apart
 
@@ -104,6 +105,7 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
         out.append((WORKERS_NEED_REDIS + REFUSES, True))
     if (apart := workers_apart(cfg)) is not None:
         out.append((apart, False))
+    out += [(line, False) for line in unknown_fairness_tenants(cfg)]
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

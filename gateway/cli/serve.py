@@ -45,6 +45,7 @@ from gateway.config import (
     serve_ports,
     unknown_env,
 )
+from gateway.config.fair_ids import unknown_fairness_tenants
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
@@ -390,6 +391,7 @@ def start_warnings(cfg: KvgateConfig) -> list[str]:
         out.append(f"kvgate: warning: {apart}")
     if cfg.source == QUICK_SOURCE:
         out += quick_unread_env()
+    out += [f"kvgate: warning: {line}" for line in unknown_fairness_tenants(cfg)]
     return out + unknown_env(cfg)
 
 
