@@ -33,13 +33,15 @@ def classify(w: Window, th: Thresholds, ctx: Context) -> list[Finding]:
         found = classify_pool(pool, th, ctx, w.requested_s)
         out.extend(found)
         # a replica the pool's routing findings already name (an imbalance, a slow engine
-        # routed around) is not named a slow engine a second time
+        # routed around) is not named a slow engine a second time, nor healthy: a 4x slower
+        # replica was listed "healthy: nothing above thresholds" (or "idle", the router
+        # sending it little) beside the warning naming it
         named = {f.replica for f in found if f.cls == "routing"}
         alone = len(pool.replicas) == 1
         for r in pool.replicas:
             peers = [x for x in pool.replicas if x is not r]
             out.extend(f for f in classify_replica(r, th, ctx, w.requested_s, alone, peers)
-                       if not (f.cls == "routing" and f.replica in named))
+                       if not (f.cls in ("routing", "healthy") and f.replica in named))
     return sort_findings(out)
 
 
