@@ -3,8 +3,8 @@ blocked in C) when the gateway is told to stop. Its sibling serves meanwhile; th
 passes SIGTERM on, which a stopped process never takes, and waited for it for good: the
 gateway never exited (an orchestrator's SIGKILL ended it, the workers' shared directory and
 the stuck worker's leases left behind). Now a worker still alive `server.shutdown_grace_s`
-plus `gateway.workers.KILL_AFTER_S` after the signal is killed, said in the log, and the
-gateway exits."""
+plus `gateway.workers.KILL_AFTER_S` after the signal (`KILL_AFTER_S` after a second signal,
+whatever the grace) is killed, said in the log, and the gateway exits."""
 
 from __future__ import annotations
 
@@ -31,14 +31,16 @@ def _children(proc: Proc) -> list[int]:
     return [int(pid) for pid in out.stdout.split()]
 
 
+@pytest.mark.parametrize(("grace_s", "signals"), [(1, [signal.SIGTERM]),
+                                                  (600, [signal.SIGINT, signal.SIGINT])])
 def test_a_stopped_worker_does_not_hold_the_gateway_s_exit(
-    sim_factory: Callable[..., tuple[Proc, str]],
+    sim_factory: Callable[..., tuple[Proc, str]], grace_s: int, signals: list[signal.Signals],
 ) -> None:
     _, sim = sim_factory("--time-scale", "50")
     redis, redis_url = redis_proc()
     config = {"pools": {"p": {"replicas": [sim], "served_model": MODEL}},
               "models": {MODEL: {"default": "p"}},
-              "server": {"workers": 2, "shutdown_grace_s": 1}}
+              "server": {"workers": 2, "shutdown_grace_s": grace_s}}
     gw, base = gateway_proc(config=config, env={"KVGATE_REDIS_URL": redis_url})
     with redis, gw:
         wait_for(lambda: len(_children(gw)) == 2, timeout=20, what="two workers")
@@ -55,7 +57,11 @@ def test_a_stopped_worker_does_not_hold_the_gateway_s_exit(
                     max_tokens=2)
                 assert reply.choices[0].message.content is not None
             fresh.close()
-            gw.signal(signal.SIGTERM)
+            for i, sig in enumerate(signals):
+                if i:  # a second signal once the first was taken: the sibling has stopped
+                    wait_for(lambda: f"Finished server process [{sibling}]" in gw.output(None),
+                             timeout=20, what="the sibling stopped")
+                gw.signal(sig)
             assert gw.popen is not None
             try:
                 code = gw.popen.wait(60)  # a liveness bound: it waited for good
