@@ -37,6 +37,7 @@ exit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -226,7 +227,8 @@ class _Stuck:
             log.error("worker still running %.0f s after the stop signal (stopped or stuck?): "
                       "killing it", now - self._since, extra={"worker": slot, "pid": proc.pid})
             self._killed.add(proc.pid)
-            os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # (ended and reaped meanwhile)
+                os.kill(proc.pid, signal.SIGKILL)
 
 
 def _how(exitcode: int) -> str:
