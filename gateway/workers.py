@@ -11,7 +11,11 @@ that combination is refused at start.
 The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
 in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
 listening sockets, so a new connection is refused at once instead of waiting in the listen
-backlog until the last worker has drained. A second signal (a second Ctrl-C) stops the workers
+backlog until the last worker has drained. A worker still alive `KILL_AFTER_S` past
+``server.shutdown_grace_s`` after the first signal (or `KILL_AFTER_S` after a second one) is
+stuck -- stopped (SIGSTOP takes no SIGTERM until it is resumed), its event loop blocked -- and
+is killed (SIGKILL, logged): the supervisor waited for it for good, and the gateway never
+exited by itself. A second signal (a second Ctrl-C) stops the workers
 at once, as it stops a one-process gateway: they get SIGINT, which uvicorn takes, once it is
 draining, as a forced exit. SIGHUP is logged and ignored, by the parent and by each worker
 (`drain.ignore_hangup`): it killed the parent, and the workers drained and stopped after it.
@@ -33,6 +37,7 @@ exit.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -64,6 +69,9 @@ WORKERS_NEED_REDIS = (
 )
 POLL_S = 0.2
 KILLED_IN_START = 3  # a slot's workers killed in a row before serving: then a failed start
+# past the drain's grace (a second signal: at once), how long a worker's own shutdown (its
+# lifespan's end: settles, Redis goodbyes, each bounded) may take before it is taken as stuck
+KILL_AFTER_S = 10.0
 
 
 def workers_apart(cfg: KvgateConfig) -> str | None:
@@ -140,7 +148,8 @@ def run_workers(
                     except Exception:  # the supervisor must outlive a metrics fault
                         log.exception("a dead worker's counters could not be kept")
 
-            return _supervise(workers, stopping, start, stop, serving, dead)
+            return _supervise(workers, stopping, start, stop, serving, dead,
+                              cfg.server.shutdown_grace_s)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -152,15 +161,17 @@ def run_workers(
 def _supervise(
     workers: dict[int, tuple[BaseProcess, Event]], stopping: list[int],
     start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
-    all_serving: Callable[[], None] | None, dead: Callable[[int], None],
+    all_serving: Callable[[], None] | None, dead: Callable[[int], None], grace_s: float,
 ) -> int:
     status = 0
+    stuck = _Stuck(grace_s)
     # a worker killed by a signal before it served (the OOM killer, `kill -9` of a worker being
     # started again) did not fail at start: it is started again, unless its slot's workers
     # keep being killed before they serve (a start that the host cannot afford)
     killed_in_start: dict[int, int] = {}
     while workers:
         time.sleep(POLL_S)
+        stuck.kill_late(workers, len(stopping))
         if all_serving is not None and not stopping and all(
                 up.is_set() for _, up in workers.values()):
             all_serving()
@@ -186,6 +197,38 @@ def _supervise(
                         extra={"worker": slot, "exitcode": code})
             start(slot)
     return status
+
+
+class _Stuck:
+    """The deadline of the workers' own exit once the gateway stops: the first signal plus
+    the grace plus `KILL_AFTER_S`, or a second signal plus `KILL_AFTER_S`; those still alive
+    then are killed."""
+
+    def __init__(self, grace_s: float) -> None:
+        self._grace_s = grace_s
+        self._signals = 0
+        self._since = 0.0  # the first signal (seen within POLL_S of it)
+        self._at: float | None = None
+        self._killed: set[int] = set()
+
+    def kill_late(self, workers: dict[int, tuple[BaseProcess, Event]], signals: int) -> None:
+        now = time.monotonic()
+        if signals > self._signals:
+            if self._at is None:
+                self._since, self._at = now, now + self._grace_s + KILL_AFTER_S
+            else:  # a second signal
+                self._at = min(self._at, now + KILL_AFTER_S)
+            self._signals = signals
+        if self._at is None or now < self._at:
+            return
+        for slot, (proc, _) in workers.items():
+            if proc.pid is None or proc.pid in self._killed or not proc.is_alive():
+                continue
+            log.error("worker still running %.0f s after the stop signal (stopped or stuck?): "
+                      "killing it", now - self._since, extra={"worker": slot, "pid": proc.pid})
+            self._killed.add(proc.pid)
+            with contextlib.suppress(ProcessLookupError):  # (ended and reaped meanwhile)
+                os.kill(proc.pid, signal.SIGKILL)
 
 
 def _how(exitcode: int) -> str:

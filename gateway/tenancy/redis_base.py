@@ -118,6 +118,11 @@ class RedisBase(TenantStore):
         return ":".join((self._ns, *parts))
 
     async def explain(self, cause: str) -> str:
+        timeout = self._r.connection_pool.connection_kwargs.get("socket_timeout")
+        if cause == "timed out" and timeout and not redis_tls(self._r.connection_pool):
+            # a Redis farther away than the timeout answers a PING and never a load: it read
+            # "timed out" alone (a TLS URL has its own hint: `reachability._tls_hint`)
+            return f"timed out (no answer within tenancy.redis_timeout_s, {timeout:g} s)"
         return await name_wrong_types(self._r, self._ns, cause)
 
     @property

@@ -96,7 +96,8 @@ class Tenancy:
             await seed_and_say()
         except BackendUnavailable as exc:  # seeded by the resolver once the store answers
             if self.store.reach is not None and isinstance(exc, StoreUnreachable):
-                self.store.reach.failed(exc.cause)  # where and why, once
+                # where and why, once (as the resolver says it: `TenantStore.explain`)
+                self.store.reach.failed(await self.store.explain(exc.cause))
             else:
                 log.warning("tenancy bootstrap postponed: %s", exc)
             self.resolver.seed_later(seed_and_say)  # (a wiped store is seeded anyway)
