@@ -289,8 +289,9 @@ class Proxy:
                     self._metrics.retry_refused(pool.name, "budget")
                 raise
             if failure_or_none is None:
-                if spent and req.status in self._retry:  # a replica's 5xx relayed as the
-                    self._metrics.retry_refused(pool.name, "budget")  # last try's answer
+                if spent and req.status in self._retry and not req.relayed:  # a replica's
+                    # 5xx relayed whole as the last try's answer (a stream's: `started`)
+                    self._metrics.retry_refused(pool.name, "budget")
                 if i > 0:
                     self._metrics.failover(pool.name)
                 return

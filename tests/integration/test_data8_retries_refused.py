@@ -65,24 +65,35 @@ CHUNK = b"data: " + orjson.dumps({
 
 
 @pytest.mark.parametrize("end", ["reset", "error_event"])
-def test_a_started_stream_that_fails_is_counted(end: str) -> None:
-    with BadReplica(MODEL, end="reset" if end == "reset" else "keep") as bad:
+def test_a_started_stream_that_fails_is_counted_once(end: str) -> None:
+    """Round robin over the failing replica and a good one, no retry budget: the stream that
+    failed after its start is counted as such, not as a retry the budget refused too."""
+    stream = sse_head() + chunked(CHUNK, b"data: [DONE]\n\n")
+    with BadReplica(MODEL, end="reset" if end == "reset" else "keep") as bad, \
+            BadReplica(MODEL, answer=stream) as good:
         bad.answer = sse_head() + chunked(CHUNK, last=False)
         bad.rest = (b"" if end == "reset" else chunked(b"data: " + orjson.dumps(
             {"error": {"message": "the engine failed", "code": 500}}) + b"\n\n",
             b"data: [DONE]\n\n"))
-        gw, base = gateway_proc(upstreams=[bad.url],
-                                env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000"})
+        gw, base = gateway_proc(upstreams=[bad.url, good.url], args=["--policy", "round_robin"],
+                                env={"KVGATE_HEALTH__FAILURE_THRESHOLD": "1000",
+                                     "KVGATE_UPSTREAM__RETRY_BUDGET_MIN": "0",
+                                     "KVGATE_UPSTREAM__RETRY_BUDGET_RATIO": "0"})
         with gw:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
                                    timeout=30)
-            texts = []
-            with pytest.raises(openai.APIError):
-                for chunk in client.chat.completions.create(
-                        model=MODEL, messages=MESSAGES, stream=True):
-                    texts.append(chunk.choices[0].delta.content)
-                    bad.gate.set()
-            assert texts == ["hello"] and bad.posts == 1
+            failed = 0
+            for _ in range(2):  # round robin: one each
+                texts = []
+                try:
+                    for chunk in client.chat.completions.create(
+                            model=MODEL, messages=MESSAGES, stream=True):
+                        texts.append(chunk.choices[0].delta.content)
+                        bad.gate.set()
+                except openai.APIError:
+                    failed += 1
+                assert texts == ["hello"]
+            assert failed == bad.posts == good.posts == 1
             wait_for(lambda: inflight(base) == 0, what="no request left in flight")
             assert refused(base) == {"started": 1.0}
 
