@@ -367,9 +367,9 @@ def no_event(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_opened", "_partial", "_strip",
-                 "done_by", "error_code", "error_message", "malformed", "oversized", "stray",
-                 "usage")
+    __slots__ = ("_failed", "_last", "_max", "_more", "_more_bytes", "_opened", "_partial",
+                 "_strip", "done_by", "error_code", "error_message", "malformed", "oversized",
+                 "stray", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -379,6 +379,7 @@ class StreamScanner:
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self._opened = False  # a first byte came (`feed`: a byte order mark before it)
+        self._failed = False  # a Responses API failure event came: its stream's last
         self.usage: Usage | None = None
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
@@ -434,6 +435,7 @@ class StreamScanner:
                 said = responses_error(m.group().partition(b"data:")[2])
                 if said is not None:
                     self.error_code, self.error_message = said
+                    self._failed = True
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial
@@ -502,12 +504,14 @@ class StreamScanner:
 
     def done(self) -> bool:
         """Whether the events forwarded so far end the stream (nothing held): with ``data:
-        [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
-        vLLM ends the body right after either. An error event is not: vLLM's chat streams
-        send their [DONE] after it. A line end held alone is no event: the LF of a CRLF whose
-        CR ended the last one, or a blank line after it, in a read of its own (flushed at the
-        end)."""
+        [DONE]``, or a Responses API stream (proxied or stored) with its terminal event or
+        its failure (`responses_error`) -- vLLM ends the body right after either. A chat
+        error event is not: vLLM's chat streams send their [DONE] after it. A line end held
+        alone is no event: the LF of a CRLF whose CR ended the last one, or a blank line after
+        it, in a read of its own (flushed at the end)."""
         last = self._last
+        if self._failed and self._partial in _LINE_ENDS and not self._more:
+            return True  # the Responses API's `error` event ends its stream (no [DONE] comes)
         if self._partial not in _LINE_ENDS or self._more or (b"[DONE]" not in last and (
                 b"response." not in last or (  # every Responses event: look for its ends
                     b"response.completed" not in last and b"response.incomplete" not in last

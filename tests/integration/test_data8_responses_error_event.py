@@ -66,12 +66,19 @@ def test_a_failure_event_first_is_tried_on_another_replica(failure: bytes) -> No
             assert request_statuses(base) == {"200": 4.0}
 
 
+@pytest.mark.parametrize("ended", [True, False], ids=["body_ended", "body_held_open"])
 @pytest.mark.parametrize("failure", [ERROR, FAILED], ids=["error", "response.failed"])
-def test_a_failure_event_mid_stream_is_relayed_and_counted_as_the_error(failure: bytes) -> None:
+def test_a_failure_event_mid_stream_is_relayed_and_counted_as_the_error(
+    failure: bytes, ended: bool,
+) -> None:
+    """The failure event ends the stream (no [DONE] follows it on this API) even when the
+    body is held open after it: the client's stream ends then, not at the idle timeout (here
+    10 minutes, past the client's 30 s) with a 504 event after the replica's error."""
     with BadReplica(MODEL) as bad:
         bad.answer = sse_head() + chunked(*OPENING, DELTA, last=False)
-        bad.rest = chunked(failure)  # once the client has "hello"
-        gw, base = gateway_proc(upstreams=[bad.url], env=ENV)
+        bad.rest = chunked(failure, last=ended)  # once the client has "hello"
+        gw, base = gateway_proc(upstreams=[bad.url],
+                                env={**ENV, "KVGATE_UPSTREAM__IDLE_TIMEOUT_S": "600"})
         with gw:
             client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
                                    timeout=30)
