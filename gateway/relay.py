@@ -173,6 +173,8 @@ class Relay(WholeRelay):
                 replica.record_failure(now)
             req.status = code
         else:
+            if code is not None:  # a client error's event (the Responses API's 429, 400): the
+                req.status = code  # request's answer, its replica served it
             served(replica)
             self._streaks.served(replica)
 

@@ -94,3 +94,20 @@ def test_a_failure_event_mid_stream_is_relayed_and_counted_as_the_error(
                      what="the request counted with its failure event's status")
             assert "200" not in request_statuses(base)
             assert inflight(base) == 0
+
+
+def test_a_client_error_event_is_counted_with_its_status() -> None:
+    """A failure event with a client error's code (`rate_limit_exceeded`: 429) is the
+    request's answer, relayed as sent: counted with that status, not as a 200 served."""
+    limited = ERROR.replace(b"server_error", b"rate_limit_exceeded")
+    with BadReplica(MODEL, answer=sse_head() + chunked(*OPENING, DELTA, limited)) as bad:
+        gw, base = gateway_proc(upstreams=[bad.url], env=ENV)
+        with gw:
+            client = openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0,
+                                   timeout=30)
+            kinds = [e.type for e in client.responses.create(model=MODEL, input="hi",
+                                                              stream=True)]
+            assert kinds[-2:] == ["response.output_text.delta", "error"]
+            wait_for(lambda: request_statuses(base) == {"429": 1.0},
+                     what="the request counted with its event's status")
+            assert inflight(base) == 0
