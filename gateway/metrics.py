@@ -338,6 +338,13 @@ class GatewayMetrics:
             "kvgate_upstream_retries_total", "attempts retried on another replica",
             ["pool", "reason"], registry=reg,
         )
+        self.retries_refused = Counter(
+            "kvgate_upstream_retries_refused_total",
+            "failed tries not retried though another replica could have answered: the retry "
+            "budget allowed none (budget), the answer had already started to reach the client "
+            "(started), or flow control's in-flight bound left no replica room (flow)",
+            ["pool", "why"], registry=reg,
+        )
         self.failovers = Counter(
             "kvgate_failovers_total", "requests that succeeded on a fallback replica", ["pool"],
             registry=reg,
@@ -373,7 +380,7 @@ class GatewayMetrics:
         self._pool_labels: dict[int, tuple[Any, tuple[int, ...]]] = {
             id(m): (m, (0,)) for m in (self.requests, self.api_requests, self.duration,
                                        self.ttft, self.itl, self.tokens, self.retries,
-                                       self.failovers)}
+                                       self.failovers, self.retries_refused)}
         self._pool_labels[id(self.spillovers)] = (self.spillovers, (1, 2))
         self.pre_upstream = self.overhead.labels("pre_upstream")
         self.relay = self.overhead.labels("relay")
@@ -445,6 +452,10 @@ class GatewayMetrics:
 
     def retried(self, pool: str, reason: str) -> None:
         self._child(self.retries, (pool, reason)).inc()
+
+    def retry_refused(self, pool: str, why: str) -> None:
+        """A failed try not retried (`retries_refused`'s `why`: budget, started, flow)."""
+        self._child(self.retries_refused, (pool, why)).inc()
 
     def failover(self, pool: str) -> None:
         self._child(self.failovers, (pool,)).inc()

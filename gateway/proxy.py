@@ -91,6 +91,9 @@ MODEL_PREFIX = MODELS + "/"  # `GET /v1/models/{model}` (a name may hold "/"), t
 # failures answered as they are, even when the pool has no replica left: a misconfiguration
 # (retrying cannot help: no "try again shortly") and a timeout (the client's 504)
 _OWN_ANSWER = (ReplicaRefused, ReplicaWrongModel, UpstreamTimeout)
+# the cuts of a try another replica may answer (`_attempt`): on the last try for the retry
+# budget, or once its answer started to reach the client, a retry refused
+_RETRIED_CUTS = frozenset({"first byte", "idle", "stall", "connection wait"})
 
 
 class Proxy:
@@ -261,6 +264,7 @@ class Proxy:
             i += 1
             if i > 0:
                 if not pool.budget.try_spend():
+                    self._metrics.retry_refused(pool.name, "budget")
                     # misconfigured, not busy: a "try again shortly" would only bring more of
                     # them; a timeout (other requests spent the budget while this one waited)
                     # stays the client's 504, not a 503 saying the replicas are busy
@@ -272,12 +276,22 @@ class Proxy:
                     self._metrics.retried(pool.name, failure.reason)
             if i == 0:
                 self._metrics.pre_upstream.observe(req.own_time(perf_counter()))
-            last = not rest or pool.budget.tokens < 1.0
+            spent = bool(rest) and pool.budget.tokens < 1.0  # the last try for the budget
+            last = not rest or spent
             try:
                 failure_or_none = await self._attempt(send, req, replica, body, headers, last)
             except UpstreamError as exc:  # the last try's failure, nothing sent yet
+                if spent and exc.reason != REQUEST_FAULT:
+                    self._metrics.retry_refused(pool.name, "budget")
                 raise self._outage(req, exc) or exc from None
+            except asyncio.CancelledError:  # a cut (first byte, stall) on the last try
+                if spent and not req.relayed and req.ctl.reason in _RETRIED_CUTS:
+                    self._metrics.retry_refused(pool.name, "budget")
+                raise
             if failure_or_none is None:
+                if spent and req.status in self._retry and not req.relayed:  # a replica's
+                    # 5xx relayed whole as the last try's answer (a stream's: `started`)
+                    self._metrics.retry_refused(pool.name, "budget")
                 if i > 0:
                     self._metrics.failover(pool.name)
                 return
@@ -291,6 +305,7 @@ class Proxy:
             if self.prep.flow is not None:  # flow control: a retry only where there is room
                 room = self.prep.flow.retry_to(pool.name, rest, now)
                 if rest and not room and not isinstance(failure, _OWN_ANSWER):
+                    self._metrics.retry_refused(pool.name, "flow")
                     raise self.prep.flow.retry_refused(pool.name, req.tier, req.tenant_id,
                                                        failure, now)
                 rest = room
@@ -438,6 +453,8 @@ class Proxy:
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
         target = req.target  # (a first-byte cut was judged by `_attempt`)
+        if req.relayed and reason in _RETRIED_CUTS:  # a started stream cut: not retried
+            self._metrics.retry_refused(req.pool.name, "started")
         if reason == "idle" and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal
         if req.sse:

@@ -92,6 +92,7 @@ class Relay(WholeRelay):
             if not req.relayed:  # no event reached the client: another replica can answer
                 raise UpstreamError("The replica failed before its answer started.",
                                     reason="cut") from None
+            self._metrics.retry_refused(req.pool.name, "started")
             req.ctl.done = True
             req.status = 502
             await self._end(send, req, stream_error("The upstream replica failed mid-stream."))
@@ -100,6 +101,7 @@ class Relay(WholeRelay):
             # the events before it went out (`_pump`), nothing after it (after the stream's
             # [DONE]: nothing more of kvgate's either, it was whole)
             replica.record_failure(self._clock())
+            self._metrics.retry_refused(req.pool.name, "started")
             req.ctl.done = True
             req.status = 502
             failure = stream_failure(scanner, self._cfg.upstream.max_answer_bytes)
@@ -113,6 +115,7 @@ class Relay(WholeRelay):
             said = ended_early(scanner, req.relayed)
             if not req.relayed:
                 raise UpstreamError(said, reason="cut")
+            self._metrics.retry_refused(req.pool.name, "started")
             req.ctl.done = True
             req.status = 502
             await self._end(send, req, stream_error(said))
@@ -154,6 +157,7 @@ class Relay(WholeRelay):
         it, `_stream_ended`)."""
         code = scanner.error_code
         if code is not None and code >= 500:
+            self._metrics.retry_refused(req.pool.name, "started")  # (its first: `_pump`)
             now = self._clock()
             if alone_with_error_event(req.pool, replica, scanner, now):
                 replica.count_failure()
@@ -169,6 +173,8 @@ class Relay(WholeRelay):
                 replica.record_failure(now)
             req.status = code
         else:
+            if code is not None:  # a client error's event (the Responses API's 429, 400): the
+                req.status = code  # request's answer, its replica served it
             served(replica)
             self._streaks.served(replica)
 

@@ -8,7 +8,8 @@ too, so a server or a proxy in between may send ``\\r\\n\\r\\n``, ``\\r\\r`` or 
 one read; the bytes are relayed as sent, each event whole as it comes, and only a read holding
 a CR pays for the general pattern: `_END`). Comment lines
 (``: keep-alive``), error events and ``data: [DONE]`` pass through untouched; an error event
-(vLLM's mid-stream ``data: {"error": {..., "code": 500}}``) is noted in `error_code`. At the end,
+(vLLM's mid-stream ``data: {"error": {..., "code": 500}}``; the Responses API's ``error`` and
+``response.failed``: `responses_error`) is noted in `error_code`. At the end,
 `complete` says whether the stream ended as OpenAI streams do (``data: [DONE]``, a Responses
 API terminal event, or an error event) rather than being cut short. An event whose data
 cannot be an OpenAI event (not a JSON object, not ``[DONE]``, JSON cut short: a replica or a
@@ -40,7 +41,7 @@ from gateway.event_json import first_unparsable, json_text
 
 __all__ = ["MAX_EVENT_BYTES", "StreamScanner", "Usage", "body_usage", "carries_output",
            "comment_only", "error_message", "first_malformed", "html_page", "no_event",
-           "output_chars", "preamble_only", "scan_usage"]
+           "output_chars", "preamble_only", "responses_error", "scan_usage"]
 
 _USAGE_KEY = b'"usage"'
 _NULL_USAGE = re.compile(rb'"usage"\s*:\s*null')
@@ -90,6 +91,14 @@ _ERROR_EVENT = re.compile(
     rb'|type"\s*:\s*"error"\s*,\s*"error"\s*:)[^\r\n]*'
 )
 _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
+# the Responses API's failures: its ``error`` event (``{"type": "error", "code": ..., "message":
+# ...}``, flat: OpenAI's, a proxy's or a server's in front of vLLM) and ``response.failed``
+# (its `response.error` says why). Candidates only: the event's JSON decides (`responses_error`)
+_RESPONSES_ERROR = re.compile(
+    rb'(?:^|[\r\n])data:[ \t]*\{[^\r\n]*"type"\s*:\s*"(?:error|response\.failed)"[^\r\n]*')
+# what the Responses API's error codes (strings) stand for; any other: a server error
+_RESPONSES_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400,
+                     "invalid_request_error": 400}
 # an Anthropic error's type (it has no code), and the status it stands for (else a 500:
 # vLLM's `internal_error`, Anthropic's `api_error`)
 _ANTHROPIC_TYPE = re.compile(rb'"error"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
@@ -291,6 +300,37 @@ def error_message(text: bytes) -> str | None:
     return message[:_MESSAGE_CHARS] if isinstance(message, str) and message else None
 
 
+def responses_error(data: bytes) -> tuple[int, str | None] | None:
+    """The status and message of a Responses API failure event's data: its ``error`` event
+    (flat: ``code``, ``message``; not Anthropic's, whose ``error`` is an object) or
+    ``response.failed`` (its ``response.error``); None for any other event. A code of three
+    digits is that status, a known name its status, any other a 500."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict):
+        return None
+    kind = doc.get("type")
+    if kind == "error" and not isinstance(doc.get("error"), dict):
+        error: object = doc
+    elif kind == "response.failed":
+        response = doc.get("response")
+        error = response.get("error") if isinstance(response, dict) else None
+    else:
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    if isinstance(code, int) and 100 <= code <= 599:
+        status = code
+    elif isinstance(code, str) and code.isdigit() and len(code) == 3:
+        status = int(code)
+    else:
+        status = _RESPONSES_STATUS.get(code, 500) if isinstance(code, str) else 500
+    text = message[:_MESSAGE_CHARS] if isinstance(message, str) and message else None
+    return status, text
+
+
 def carries_output(block: bytes) -> bool:
     """Whether relayed events carry generated output (not vLLM's role-only first chat chunk,
     a keep-alive or usage): the first such chunk sent is the TTFT, at both edges."""
@@ -327,9 +367,9 @@ def no_event(block: bytes) -> bool:
 class StreamScanner:
     """Feed upstream chunks in order; forward what `feed` returns, then what `flush` returns."""
 
-    __slots__ = ("_last", "_max", "_more", "_more_bytes", "_opened", "_partial", "_strip",
-                 "done_by", "error_code", "error_message", "malformed", "oversized", "stray",
-                 "usage")
+    __slots__ = ("_failed", "_last", "_max", "_more", "_more_bytes", "_opened", "_partial",
+                 "_strip", "done_by", "error_code", "error_message", "malformed", "oversized",
+                 "stray", "usage")
 
     def __init__(self, strip_usage: bool, max_event_bytes: int = MAX_EVENT_BYTES) -> None:
         self._strip = strip_usage
@@ -339,6 +379,7 @@ class StreamScanner:
         self._more_bytes = 0  # their bytes
         self._last = b""  # the last block of whole events forwarded (keep-alives aside)
         self._opened = False  # a first byte came (`feed`: a byte order mark before it)
+        self._failed = False  # a Responses API failure event came: its stream's last
         self.usage: Usage | None = None
         self.error_code: int | None = None  # status code of the last error event seen
         self.error_message: str | None = None  # ... and its message (bounded), if it has one
@@ -389,6 +430,12 @@ class StreamScanner:
             code = _CODE.search(m.group())
             self.error_code = int(code.group(1)) if code else _anthropic_status(m.group())
             self.error_message = error_message(m.group().partition(b"data:")[2])
+        if b'"type"' in block:
+            for m in _RESPONSES_ERROR.finditer(block):
+                said = responses_error(m.group().partition(b"data:")[2])
+                if said is not None:
+                    self.error_code, self.error_message = said
+                    self._failed = True
 
     def _feed(self, chunk: bytes) -> bytes:
         partial = self._partial
@@ -457,12 +504,14 @@ class StreamScanner:
 
     def done(self) -> bool:
         """Whether the events forwarded so far end the stream (nothing held): with ``data:
-        [DONE]``, or a Responses API stream (proxied or stored) with its terminal event --
-        vLLM ends the body right after either. An error event is not: vLLM's chat streams
-        send their [DONE] after it. A line end held alone is no event: the LF of a CRLF whose
-        CR ended the last one, or a blank line after it, in a read of its own (flushed at the
-        end)."""
+        [DONE]``, or a Responses API stream (proxied or stored) with its terminal event or
+        its failure (`responses_error`) -- vLLM ends the body right after either. A chat
+        error event is not: vLLM's chat streams send their [DONE] after it. A line end held
+        alone is no event: the LF of a CRLF whose CR ended the last one, or a blank line after
+        it, in a read of its own (flushed at the end)."""
         last = self._last
+        if self._failed and self._partial in _LINE_ENDS and not self._more:
+            return True  # the Responses API's `error` event ends its stream (no [DONE] comes)
         if self._partial not in _LINE_ENDS or self._more or (b"[DONE]" not in last and (
                 b"response." not in last or (  # every Responses event: look for its ends
                     b"response.completed" not in last and b"response.incomplete" not in last

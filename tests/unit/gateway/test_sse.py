@@ -266,7 +266,8 @@ def test_complete_is_how_a_whole_stream_ends(chunks: list[bytes], complete: bool
         ([b'event: response.completed\ndata: {"type":"response.completed"}\n'], False),
         ([b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
           b'"delta":"event: response.completed"}\n\n'], False),  # generated text saying so
-        ([b'event: error\ndata: {"type":"error","code":"x"}\n\n'], False),
+        # the Responses API's error event ends its stream: no [DONE] follows on this API
+        ([b'event: error\ndata: {"type":"error","code":"x"}\n\n'], True),
         ([b'data: {"text":"data: [DONE]"}\n\n'], False),
     ],
 )
