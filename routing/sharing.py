@@ -134,11 +134,19 @@ class Sharing:
         that peer's request has finished -- the client had its answer -- even if the peer's
         load record saying so is still on its way: count it as finished now. Without this a
         turn sent to another gateway a millisecond after the previous one ended finds the
-        previous one still in flight there, and the bounded-load rule sends it elsewhere."""
+        previous one still in flight there, and the bounded-load rule sends it elsewhere.
+
+        The request must extend the chain by a block at least: a chain equal to the peer's
+        is the same prompt again, or another prompt on the same first ``max_blocks`` blocks
+        (a question on a document longer than the hash cap: every question on it hashes to
+        one chain), not the next turn. Four gateways on huge-documents settled ~900 such
+        requests of the peers' a run, most still in flight on the document's holder."""
         assert self.peers is not None
         chains = self._peer_chains
-        # the deepest of the request's last blocks that ends a peer's chain (searched in C)
-        end = next(filter(chains.__contains__, reversed(hashes[-_CONTINUATION_SCAN:])), None)
+        # the deepest of the request's last blocks but its own last that ends a peer's
+        # chain (searched in C)
+        scan = hashes[-_CONTINUATION_SCAN - 1:-1]
+        end = next(filter(chains.__contains__, reversed(scan)), None)
         if end is not None:
             member, replica, tokens, work = chains.pop(end)
             self.peers.settle(member, replica, tokens, self.state.config.tokens_per_block,
