@@ -113,16 +113,22 @@ class PeerLoads:
             changed.add(replica)
         return grew
 
-    def settle(self, member: str, replica: str, tokens: int = 0, block: int = 0) -> None:
+    def settle(
+        self, member: str, replica: str, tokens: int = 0, block: int = 0,
+        work: float | None = None,
+    ) -> None:
         """One of ``member``'s requests on ``replica`` is known to have finished (ahead of
         the member's own record saying so, which then replaces this guess); ``tokens``: its
-        prompt's size, within ``block`` tokens (0: unknown).
+        prompt's size, within ``block`` tokens (0: unknown); ``work``: its predicted
+        uncached prefill (the blocks its route brought the replica; None: unknown).
 
         While every request the member counts there still awaits its first token (a
         non-streamed answer's first token is heard with its end), the finished one is among
         them only if their prompt tokens can hold it: one request in flight of another size
         is another request (a long prompt still in prefill: settling it took its pending
-        work off the replica), and of several only its share is taken off."""
+        work off the replica), and of several only its own work is taken off (unknown: its
+        share of their prompt tokens; a cached 16k-token turn beside a cold 2k prompt took
+        ~90 % of the cold prompt's work with it)."""
         peer = self._peers.get(member)
         load = peer.loads.get(replica) if peer is not None else None
         if peer is None or load is None or load.inflight <= 0:
@@ -140,9 +146,12 @@ class PeerLoads:
             if load.prefill_tokens + block < tokens:
                 return
             rest = max(0, load.prefill_tokens - tokens)
-            share = rest / load.prefill_tokens if load.prefill_tokens > 0 else 0.0
-            fewer = ReplicaLoad(load.inflight - 1, load.prefill - 1, rest,
-                                load.pending_work * share)
+            if work is None:
+                share = rest / load.prefill_tokens if load.prefill_tokens > 0 else 0.0
+                left = load.pending_work * share
+            else:
+                left = max(0.0, load.pending_work - work)
+            fewer = ReplicaLoad(load.inflight - 1, load.prefill - 1, rest, left)
         if fewer:
             peer.loads[replica] = fewer
         else:

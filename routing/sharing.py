@@ -52,8 +52,9 @@ class Sharing:
         self.peers: PeerLoads | None = None
         self.member = ""
         self.outbox: list[RouteRecord] = []
-        # last block hash of each chain peers routed -> (peer, replica) (`_settle_continued`)
-        self._peer_chains: OrderedDict[int, tuple[str, str, int]] = OrderedDict()
+        # last block hash of each chain peers routed -> (peer, replica, prompt tokens, its
+        # predicted uncached prefill: the tokens new to the replica) (`_settle_continued`)
+        self._peer_chains: OrderedDict[int, tuple[str, str, int, float]] = OrderedDict()
         # per replica, the latest live peer routes that brought it new blocks: a request
         # matching those blocks waits for that peer's prefill (`PickContext.peer_computing`)
         self.peer_computing: dict[str, deque[PeerComputing]] = {}
@@ -112,7 +113,8 @@ class Sharing:
                 self._odds.peer_routed(member, len(records), now)
         for replica, hashes, tail in records:
             held = insert(replica, hashes, tail, True)  # (the blocks held before)
-            if live and hashes and (new := len(hashes) + tail - held) > 0:
+            new = len(hashes) + tail - held
+            if live and hashes and new > 0:
                 q = computing.get(replica)
                 if q is None:
                     q = computing[replica] = deque(maxlen=_COMPUTING_KEPT)
@@ -120,7 +122,8 @@ class Sharing:
                     q.popleft()
                 q.append((now, hashes, held, float(new * tpb)))
             if len(hashes) >= 2:
-                chains[hashes[-1]] = (member, replica, (len(hashes) + tail) * tpb)
+                chains[hashes[-1]] = (member, replica, (len(hashes) + tail) * tpb,
+                                      float(new * tpb if new > 0 else 0))
             if seen is not None:
                 seen(replica, hashes, now)
         while len(chains) > _MAX_PEER_CHAINS:
@@ -131,14 +134,23 @@ class Sharing:
         that peer's request has finished -- the client had its answer -- even if the peer's
         load record saying so is still on its way: count it as finished now. Without this a
         turn sent to another gateway a millisecond after the previous one ended finds the
-        previous one still in flight there, and the bounded-load rule sends it elsewhere."""
+        previous one still in flight there, and the bounded-load rule sends it elsewhere.
+
+        The request must extend the chain by a block at least: a chain equal to the peer's
+        is the same prompt again, or another prompt on the same first ``max_blocks`` blocks
+        (a question on a document longer than the hash cap: every question on it hashes to
+        one chain), not the next turn. Four gateways on huge-documents settled ~900 such
+        requests of the peers' a run, most still in flight on the document's holder."""
         assert self.peers is not None
         chains = self._peer_chains
-        # the deepest of the request's last blocks that ends a peer's chain (searched in C)
-        end = next(filter(chains.__contains__, reversed(hashes[-_CONTINUATION_SCAN:])), None)
+        # the deepest of the request's last blocks but its own last that ends a peer's
+        # chain (searched in C)
+        scan = hashes[-_CONTINUATION_SCAN - 1:-1]
+        end = next(filter(chains.__contains__, reversed(scan)), None)
         if end is not None:
-            member, replica, tokens = chains.pop(end)
-            self.peers.settle(member, replica, tokens, self.state.config.tokens_per_block)
+            member, replica, tokens, work = chains.pop(end)
+            self.peers.settle(member, replica, tokens, self.state.config.tokens_per_block,
+                              work)
 
     def apply_load(self, member: str, loads: Mapping[str, ReplicaLoad], now: float) -> None:
         """As `Router.apply_peer_load`."""
