@@ -24,10 +24,12 @@ from typing import IO
 
 import httpx
 
+from loadtest import fleet
 from loadtest.fleet import free_port
 
 # free_port re-exported
-__all__ = ["KVGATE", "ROOT", "Proc", "free_port", "redis_proc", "sim_proc", "start_sims"]
+__all__ = ["KVGATE", "ROOT", "Proc", "free_port", "port_slice", "redis_proc", "sim_proc",
+           "start_sims"]
 
 ROOT = Path(__file__).resolve().parents[2]
 KVGATE = [sys.executable, "-m", "gateway.cli"]
@@ -151,6 +153,28 @@ def _remove_log(log: IO[bytes]) -> None:
 def _remove(path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
+
+
+def port_slice(worker: str | None, count: str | None) -> None:
+    """Give this test process a share of the ports `free_port` draws from, apart from the other
+    pytest-xdist workers' (`worker` "gw3" of `count` "4"; None: not under xdist, all of them).
+
+    `free_port` only proves a port free when it picks it; the child that binds it starts
+    later, and another worker's pick in between could be the same port. A worker drawing from
+    its own slice cannot collide so. The slice is of the range below the kernel's ephemeral
+    ports (`loadtest.fleet._LOW_PORT` to its low end), the module's two private bounds set
+    here because only tests split it.
+    """
+    if not worker or not count or not worker.startswith("gw"):
+        return
+    index, total = int(worker[2:]), int(count)
+    low, high = fleet._LOW_PORT, fleet._ephemeral_low()
+    if total < 1 or not 0 <= index < total or (high - low) // total < 1000:
+        return  # too few ports for a useful slice each: the whole range, as before
+    width = (high - low) // total
+    fleet._LOW_PORT = low + index * width
+    end = fleet._LOW_PORT + width
+    fleet._ephemeral_low = lambda: end
 
 
 def sim_proc(port: int | None = None, *args: str, model: str = "sim-model") -> tuple[Proc, str]:
