@@ -220,10 +220,13 @@ def policy_part(doc: Any, shown: str) -> Any:
     print(f"kvgate admin: sending only the policy sections ({', '.join(POLICY_SECTIONS)}); "
           f"left out: {', '.join(map(str, other))} (they take effect at restart)",
           file=sys.stderr)
-    problem = file_problems(doc, shown)
-    if problem and problem.startswith(NOT_JUDGED):
-        print(f"kvgate admin: note: the rest of the file was {problem}", file=sys.stderr)
-    elif problem:
+    problem = file_problems(doc, shown) or ""
+    problem, _, note = problem.rpartition(NOT_JUDGED) if NOT_JUDGED in problem else (
+        problem, "", "")
+    problem = problem.rstrip("\n")
+    if note:  # pools not defined here: the rest of the file was judged all the same
+        print(f"kvgate admin: note: {NOT_JUDGED}{note}", file=sys.stderr)
+    if problem:
         print("kvgate admin: warning: `kvgate serve` would refuse this file at its next "
               f"restart (fix it before one; the policy is sent all the same; judged with this "
               f"shell's KVGATE_* variables, as `kvgate serve --config` reads them): {problem}",

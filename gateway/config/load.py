@@ -129,21 +129,31 @@ def file_problems(raw: Mapping[str, Any], shown: str,
     merged = deep_merge(raw, env_overrides(env))
     env_names = {tuple(env_path(name)): name for name in env
                  if name.startswith(ENV_PREFIX) and "__" in name}
+    note = None
     if missing := _undefined_pools(merged):
         names = ", ".join(map(repr, missing))
-        return (f"{NOT_JUDGED}{shown} names pool(s) {names} that neither it nor this shell's "
-                "KVGATE_POOLS__* variables define; `kvgate serve` takes pools from those "
-                "variables where it runs (or from --upstream, which reads no file)")
+        note = (f"{NOT_JUDGED}pool(s) {names}: {shown} names them, but neither it nor this "
+                "shell's KVGATE_POOLS__* variables define them; `kvgate serve` takes pools from "
+                "those variables where it runs (or from --upstream, which reads no file). The "
+                "rest of the file was judged with a placeholder for each")
+        # the rest of the file is judged still (a secret in it, `server.prot`): a placeholder
+        # pool for each missing name, one address apiece (replicas must be distinct)
+        pools = dict(merged["pools"]) if isinstance(merged.get("pools"), Mapping) else {}
+        for i, name in enumerate(missing):
+            pools[name] = {"replicas": [f"http://placeholder.invalid:{1 + i}"]}
+        merged = {**merged, "pools": pools}
     try:
         _no_secrets(raw, shown)
         KvgateConfig.model_validate(merged).routing.router_config()
     except ValidationError as exc:
-        return explain(exc, f" in {shown} (or its KVGATE_* overrides)", env_names)
+        problem = explain(exc, f" in {shown} (or its KVGATE_* overrides)", env_names)
     except ConfigError as exc:
-        return str(exc)
+        problem = str(exc)
     except ValueError as exc:  # the routing core's own checks name the field
-        return f"invalid configuration in {shown}:\n  {exc}"
-    return None
+        problem = f"invalid configuration in {shown}:\n  {exc}"
+    else:
+        return note
+    return problem if note is None else f"{problem}\n{note}"  # the note last, on its line
 
 
 def _undefined_pools(raw: Mapping[str, Any]) -> list[str]:
