@@ -5,7 +5,7 @@ At start the file cannot be refused for it: with Redis the store holds tenants t
 created, which the file does not list (the admin API refuses a new unknown id in a policy
 write: `gateway.admin.policy_routes`). What the gateway can know, it says: without
 authentication every request is tenant `default`; with the in-memory store the tenants are
-the file's `tenants:` (and `default`) until the admin API creates more.
+the file's `tenants:` (not `default`: no-auth gateways create it) until the admin API creates more.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ def unknown_fairness_tenants(cfg: KvgateConfig) -> list[str]:
                 f"'{DEFAULT_TIER}': no request gets this weight" for i in ids if i != DEFAULT_TIER]
     if cfg.redis_url is not None:
         return []
-    known = {t.id for t in cfg.tenants} | {DEFAULT_TIER}
+    # `default` as any other id: an authenticated gateway has a tenant `default` only if one
+    # is created (the admin API refuses the id in a write then, as here)
+    known = {t.id for t in cfg.tenants}
     return [f"fairness.tenants.{i}: no tenant {i!r} in the file's tenants (the in-memory store "
             "starts with those only): it gets this weight only once the admin API creates it; "
             "a typo gets no share" for i in ids if i not in known]
