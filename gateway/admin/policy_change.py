@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.config.spills import spill_problems
 from gateway.policy_doc import PolicyDoc, PolicyValidationError, check_spills
 
 __all__ = ["spill_refusal"]
@@ -23,8 +24,10 @@ def spill_refusal(exc: PolicyValidationError, document: Any, in_force: PolicyDoc
         check_spills(in_force)
     except PolicyValidationError as old:
         if (old.field, old.message) == (exc.field, exc.message):
-            return (f"{exc} (already so in the policy in force, stored before kvgate checked "
-                    "this: not made by this change, but it must be fixed in the document sent)")
+            added = _added(document, in_force)
+            return (f"{exc} (already so in the policy in force: a write keeping it is "
+                    "accepted, but this one adds " + ("; ".join(added) if added else
+                                                      "another spill problem") + ")")
         return str(exc)
     try:
         new = PolicyDoc.model_validate(document)
@@ -55,3 +58,13 @@ def _changes(old: PolicyDoc, new: PolicyDoc, tier: str) -> list[str]:
             out.append(f"serves model {model!r} from {now!r} for tier {tier}"
                        + (f" (was {was!r})" if was is not None else ""))
     return out
+
+
+def _added(document: Any, in_force: PolicyDoc) -> list[str]:
+    """The spill problems `document` has that `in_force` has not, as "field: message"."""
+    try:
+        new = PolicyDoc.model_validate(document)
+    except ValueError:
+        return []
+    before = set(spill_problems(in_force))
+    return [f"{f}: {m}" for f, m in spill_problems(new) if (f, m) not in before]

@@ -8,6 +8,7 @@ this kvgate does not know (`gateway.tenancy.unknown`).
 # annotations, including the `Who` dependency alias the router factory passes in.
 
 import asyncio
+import logging
 import random
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -18,6 +19,7 @@ from fastapi.responses import JSONResponse
 from gateway.admin.deps import CHECK_TRIES, AdminContext
 from gateway.admin.policy_change import spill_refusal
 from gateway.config.selfloop import own_address_lines
+from gateway.config.spills import spill_problems
 from gateway.errors import (
     BadRequest,
     Conflict,
@@ -32,6 +34,8 @@ from gateway.tenancy.models import PolicySnapshot
 from gateway.urls import restore_hidden, shown_policy
 
 __all__ = ["merge_patch", "policy_routes"]
+
+log = logging.getLogger(__name__)
 
 PATCH_TRIES = 8  # a policy PATCH without If-Match: merges onto a newer version this often
 # after a try another write overtook, a random pause of up to this, doubled each time: patches
@@ -287,8 +291,30 @@ def _parsed(document: Any, in_force: PolicyDoc | None) -> PolicyDoc:
     try:
         return parse_policy(document)
     except PolicyValidationError as exc:
+        if (kept := _kept_spill_problems(exc, document, in_force)) is not None:
+            return kept
         raise BadRequest(spill_refusal(exc, document, in_force),
                          param=exc.field or None) from None
+
+
+def _kept_spill_problems(exc: PolicyValidationError, document: Any,
+                         in_force: PolicyDoc | None) -> PolicyDoc | None:
+    """`document` when its only problems are spill problems the policy in force has already
+    (a write changing an unrelated field was refused for them), else None. The spill check
+    runs last in `parse_policy`: every other check passed."""
+    if in_force is None or not exc.field.endswith(".spill_to"):
+        return None
+    try:
+        doc = PolicyDoc.model_validate(document)
+    except ValueError:
+        return None
+    kept = spill_problems(doc)
+    if set(kept) - set(spill_problems(in_force)):
+        return None
+    for field, message in kept:
+        log.warning("policy write accepted with a spill problem already in force: %s: %s",
+                    field, message)
+    return doc
 
 
 def _restore(document: Any, stored: dict[str, Any] | None) -> None:

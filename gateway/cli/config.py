@@ -34,6 +34,7 @@ from gateway.config import (
     unknown_env,
 )
 from gateway.config.fair_ids import unknown_fairness_tenants
+from gateway.config.spills import start_spill_warnings
 from gateway.errors import ConfigError
 from gateway.workers import WORKERS_NEED_REDIS, workers_apart
 
@@ -106,6 +107,7 @@ def secret_warnings(cfg: KvgateConfig) -> list[tuple[str, bool]]:
     if (apart := workers_apart(cfg)) is not None:
         out.append((apart, False))
     out += [(line, False) for line in unknown_fairness_tenants(cfg)]
+    out += [(line, False) for line in start_spill_warnings(cfg)]
     if cfg.admin_token is None:
         note = ""
         if cfg.tenancy.auth and cfg.redis_url is None:  # config tenants get no keys either

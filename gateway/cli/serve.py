@@ -46,6 +46,7 @@ from gateway.config import (
     unknown_env,
 )
 from gateway.config.fair_ids import unknown_fairness_tenants
+from gateway.config.spills import start_spill_warnings
 from gateway.drain import KvgateServer, grace_timeout
 from gateway.errors import ConfigError
 from gateway.httpguard import HttpLimits, NoDelayHttpTools, guarded_protocol
@@ -392,6 +393,7 @@ def start_warnings(cfg: KvgateConfig) -> list[str]:
     if cfg.source == QUICK_SOURCE:
         out += quick_unread_env()
     out += [f"kvgate: warning: {line}" for line in unknown_fairness_tenants(cfg)]
+    out += [f"kvgate: warning: {line}" for line in start_spill_warnings(cfg)]
     return out + unknown_env(cfg)
 
 

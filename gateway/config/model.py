@@ -28,13 +28,13 @@ from gateway.config.sections import (
     TenantBootstrap,
     UpstreamConfig,
 )
+from gateway.config.spills import check_spills_at_start
 from gateway.errors import NAME_CHARS, shown_name
 from gateway.policy_doc import (
     DEFAULT_TIER,
     PolicyDoc,
     check_names,
     check_replicas_distinct,
-    check_spills,
 )
 
 __all__ = ["KvgateConfig"]
@@ -151,7 +151,9 @@ class KvgateConfig(PolicyDoc):
     def _replicas_distinct(self) -> KvgateConfig:
         check_replicas_distinct(self)  # PolicyValidationError is a ValueError: named field
         check_names(self)  # pools' and tiers' names, as the admin API checks them
-        check_spills(self)  # spill cycles, a spill_to never used
+        # spill cycles, a spill_to never used: only what the previous release refused (a
+        # file it started with must start after an upgrade; the rest is a start warning)
+        check_spills_at_start(self)
         return self
 
     @model_validator(mode="after")
