@@ -342,7 +342,8 @@ class GatewayMetrics:
             "kvgate_upstream_retries_refused_total",
             "failed tries not retried though another replica could have answered: the retry "
             "budget allowed none (budget), the answer had already started to reach the client "
-            "(started), or flow control's in-flight bound left no replica room (flow)",
+            "while another replica of the pool took requests (started), or flow control's "
+            "in-flight bound left no replica room (flow)",
             ["pool", "why"], registry=reg,
         )
         self.failovers = Counter(

@@ -67,7 +67,7 @@ from gateway.tenancy.edge import NO_AUTH_TENANT, TenantGate
 from gateway.timeouts import Canceller, cut_error, stall_error
 from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse, connect_failure, refused
 from gateway.upstream_errors import unreadable
-from gateway.verdicts import busy_wait, internal_error, judge
+from gateway.verdicts import busy_wait, internal_error, judge, no_other_replica
 from gateway.vllm_routes import VLLM_KINDS
 from gateway.whole import read_whole
 from routing.router import Router
@@ -453,7 +453,9 @@ class Proxy:
         if reason == SHUTDOWN:
             req.route = "interrupted"  # recorded as 503 / route "interrupted"
         target = req.target  # (a first-byte cut was judged by `_attempt`)
-        if req.relayed and reason in _RETRIED_CUTS:  # a started stream cut: not retried
+        if (req.relayed and reason in _RETRIED_CUTS and target is not None
+                and not no_other_replica(req.pool, target, self._clock())):
+            # a started stream cut: not retried, though another replica took requests
             self._metrics.retry_refused(req.pool.name, "started")
         if reason == "idle" and target is not None:
             target.record_failure(self._clock())  # a stalled answer: a passive signal

@@ -43,6 +43,7 @@ from gateway.transport import TRANSPORT_ERRORS, UpstreamResponse
 from gateway.verdicts import (
     alone_with_error_event,
     dead_event,
+    no_other_replica,
     served,
 )
 
@@ -92,7 +93,7 @@ class Relay(WholeRelay):
             if not req.relayed:  # no event reached the client: another replica can answer
                 raise UpstreamError("The replica failed before its answer started.",
                                     reason="cut") from None
-            self._metrics.retry_refused(req.pool.name, "started")
+            self._refused_started(req, replica)
             req.ctl.done = True
             req.status = 502
             await self._end(send, req, stream_error("The upstream replica failed mid-stream."))
@@ -101,7 +102,7 @@ class Relay(WholeRelay):
             # the events before it went out (`_pump`), nothing after it (after the stream's
             # [DONE]: nothing more of kvgate's either, it was whole)
             replica.record_failure(self._clock())
-            self._metrics.retry_refused(req.pool.name, "started")
+            self._refused_started(req, replica)
             req.ctl.done = True
             req.status = 502
             failure = stream_failure(scanner, self._cfg.upstream.max_answer_bytes)
@@ -115,7 +116,7 @@ class Relay(WholeRelay):
             said = ended_early(scanner, req.relayed)
             if not req.relayed:
                 raise UpstreamError(said, reason="cut")
-            self._metrics.retry_refused(req.pool.name, "started")
+            self._refused_started(req, replica)
             req.ctl.done = True
             req.status = 502
             await self._end(send, req, stream_error(said))
@@ -157,7 +158,7 @@ class Relay(WholeRelay):
         it, `_stream_ended`)."""
         code = scanner.error_code
         if code is not None and code >= 500:
-            self._metrics.retry_refused(req.pool.name, "started")  # (its first: `_pump`)
+            self._refused_started(req, replica)  # (its first: `_pump`)
             now = self._clock()
             if alone_with_error_event(req.pool, replica, scanner, now):
                 replica.count_failure()
@@ -177,6 +178,13 @@ class Relay(WholeRelay):
                 req.status = code  # request's answer, its replica served it
             served(replica)
             self._streaks.served(replica)
+
+    def _refused_started(self, req: ProxiedRequest, replica: Replica) -> None:
+        """A started stream failed: no retry can follow. Counted (`retries_refused`'s
+        ``started``) only when another replica of the pool takes requests now, one that could
+        have answered it (`no_other_replica`): a pool of one has nothing to refuse."""
+        if not no_other_replica(req.pool, replica, self._clock()):
+            self._metrics.retry_refused(req.pool.name, "started")
 
     def _lost(self, req: ProxiedRequest) -> None:
         """The stream's replica was found frozen, down by silence or stalled while the stream

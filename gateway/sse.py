@@ -96,9 +96,18 @@ _CODE = re.compile(rb'"code"\s*:\s*"?(\d{3})\b')
 # (its `response.error` says why). Candidates only: the event's JSON decides (`responses_error`)
 _RESPONSES_ERROR = re.compile(
     rb'(?:^|[\r\n])data:[ \t]*\{[^\r\n]*"type"\s*:\s*"(?:error|response\.failed)"[^\r\n]*')
-# what the Responses API's error codes (strings) stand for; any other: a server error
-_RESPONSES_STATUS = {"rate_limit_exceeded": 429, "invalid_prompt": 400,
-                     "invalid_request_error": 400}
+# what the Responses API's error codes (strings) stand for. OpenAI's API reference lists a
+# failed response's `error.code` (ResponseErrorCode): server_error, rate_limit_exceeded,
+# invalid_prompt, vector_store_timeout and the image family (invalid_image, invalid_image_format,
+# invalid_base64_image, invalid_image_url, invalid_image_mode, image_too_large, image_too_small,
+# image_parse_error, image_content_policy_violation, image_file_too_large, image_file_not_found,
+# unsupported_image_media_type, empty_image_file, failed_to_download_image): all but the first,
+# the rate limit and vector_store_timeout are faults of the request (`_client_code`), as are
+# its error objects' invalid_request_error and context_length_exceeded. Any other: a server error.
+_RESPONSES_STATUS = {"rate_limit_exceeded": 429, "server_error": 500,
+                     "vector_store_timeout": 500}
+_CLIENT_CODES = frozenset({"unsupported_image_media_type", "empty_image_file",
+                           "failed_to_download_image"})
 # an Anthropic error's type (it has no code), and the status it stands for (else a 500:
 # vLLM's `internal_error`, Anthropic's `api_error`)
 _ANTHROPIC_TYPE = re.compile(rb'"error"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
@@ -303,8 +312,10 @@ def error_message(text: bytes) -> str | None:
 def responses_error(data: bytes) -> tuple[int, str | None] | None:
     """The status and message of a Responses API failure event's data: its ``error`` event
     (flat: ``code``, ``message``; not Anthropic's, whose ``error`` is an object) or
-    ``response.failed`` (its ``response.error``); None for any other event. A code of three
-    digits is that status, a known name its status, any other a 500."""
+    ``response.failed`` (its ``response.error``); None for any other event. A numeric code
+    (or three digits) is that status when it is an error status (`error_status`), a known name
+    its status, a code naming the request's fault (`_client_code`) or an error naming a
+    ``param`` a 400, any other a 500."""
     try:
         doc = orjson.loads(data)
     except orjson.JSONDecodeError:
@@ -321,14 +332,33 @@ def responses_error(data: bytes) -> tuple[int, str | None] | None:
         return None
     code = error.get("code") if isinstance(error, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
-    if isinstance(code, int) and 100 <= code <= 599:
-        status = code
-    elif isinstance(code, str) and code.isdigit() and len(code) == 3:
-        status = int(code)
+    param = error.get("param") if isinstance(error, dict) else None
+    if isinstance(code, str) and code.isdigit() and len(code) == 3:
+        code = int(code)
+    if isinstance(code, int) and not isinstance(code, bool):
+        status = error_status(code)
+    elif isinstance(code, str) and code in _RESPONSES_STATUS:
+        status = _RESPONSES_STATUS[code]
+    elif (isinstance(code, str) and _client_code(code)) or (isinstance(param, str) and param):
+        status = 400  # the request's fault: another replica would answer the same
     else:
-        status = _RESPONSES_STATUS.get(code, 500) if isinstance(code, str) else 500
+        status = 500
     text = message[:_MESSAGE_CHARS] if isinstance(message, str) and message else None
     return status, text
+
+
+def error_status(code: int) -> int:
+    """An error's numeric code as the status it stands for: an HTTP error status (400-599);
+    anything else (a 200, a 999: no error status) a 500, as an unknown code is."""
+    return code if 400 <= code <= 599 else 500
+
+
+def _client_code(code: str) -> bool:
+    """A Responses API error code naming a fault of the request (`_RESPONSES_STATUS`): the
+    ``invalid_*`` and ``image_*`` families, a limit ``*_exceeded`` (the rate limit aside: a
+    429), and the rest of the image codes."""
+    return (code.startswith(("invalid_", "image_")) or code.endswith("_exceeded")
+            or code in _CLIENT_CODES)
 
 
 def carries_output(block: bytes) -> bool:
@@ -428,7 +458,8 @@ class StreamScanner:
     def _errors(self, block: bytes) -> None:
         for m in _ERROR_EVENT.finditer(block):
             code = _CODE.search(m.group())
-            self.error_code = int(code.group(1)) if code else _anthropic_status(m.group())
+            self.error_code = (error_status(int(code.group(1))) if code
+                               else _anthropic_status(m.group()))
             self.error_message = error_message(m.group().partition(b"data:")[2])
         if b'"type"' in block:
             for m in _RESPONSES_ERROR.finditer(block):

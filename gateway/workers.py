@@ -11,8 +11,9 @@ that combination is refused at start.
 The parent only supervises: SIGTERM/SIGINT are passed on to every worker (each drains its
 in-flight requests for ``server.shutdown_grace_s``) and the parent closes its own copy of the
 listening sockets, so a new connection is refused at once instead of waiting in the listen
-backlog until the last worker has drained. A worker still alive `KILL_AFTER_S` past
-``server.shutdown_grace_s`` after the first signal (or `KILL_AFTER_S` after a second one) is
+backlog until the last worker has drained. A worker still alive `KILL_AFTER_S` (more with a slow
+Redis configured: `kill_margin`) past ``server.shutdown_grace_s`` after the first signal (or
+that margin after a second one, if sooner) is
 stuck -- stopped (SIGSTOP takes no SIGTERM until it is resumed), its event loop blocked -- and
 is killed (SIGKILL, logged): the supervisor waited for it for good, and the gateway never
 exited by itself. A second signal (a second Ctrl-C) stops the workers
@@ -70,8 +71,24 @@ WORKERS_NEED_REDIS = (
 POLL_S = 0.2
 KILLED_IN_START = 3  # a slot's workers killed in a row before serving: then a failed start
 # past the drain's grace (a second signal: at once), how long a worker's own shutdown (its
-# lifespan's end: settles, Redis goodbyes, each bounded) may take before it is taken as stuck
+# lifespan's end: settles, Redis goodbyes, each bounded) may take before it is taken as stuck:
+# at least this, and `TEARDOWN_REDIS_CALLS` x the largest Redis timeout it may wait on
+# (`kill_margin`): a healthy worker on a slow Redis is not killed mid-goodbye
 KILL_AFTER_S = 10.0
+TEARDOWN_REDIS_CALLS = 4  # Redis calls in a row a worker's shutdown may wait out, at most
+
+
+def kill_margin(cfg: KvgateConfig) -> float:
+    """How long past the grace (or a second signal) a worker may take to shut down before it
+    is killed: `KILL_AFTER_S`, or `TEARDOWN_REDIS_CALLS` x the largest Redis timeout its
+    shutdown may wait on (``tenancy.redis_timeout_s``, ``sync.timeout_s``) when that is
+    longer."""
+    if cfg.redis_url is None:
+        return KILL_AFTER_S
+    timeouts = [cfg.tenancy.redis_timeout_s]
+    if cfg.sync.enabled:
+        timeouts.append(cfg.sync.timeout_s)
+    return max(KILL_AFTER_S, TEARDOWN_REDIS_CALLS * max(timeouts))
 
 
 def workers_apart(cfg: KvgateConfig) -> str | None:
@@ -98,7 +115,7 @@ def run_workers(
     ctx = multiprocessing.get_context("fork")  # inherits the bound sockets as they are
     workers: dict[int, tuple[BaseProcess, Event]] = {}  # slot -> (process, "it serves")
     generations: dict[int, int] = {}  # slot -> how many workers were started in it
-    stopping: list[int] = []
+    stopping: list[float] = []  # when each stop signal came (time.monotonic())
     try:  # each worker's part of /metrics goes there
         shared = Path(tempfile.mkdtemp(prefix="kvgate-workers-"))
     except OSError as exc:
@@ -125,7 +142,7 @@ def run_workers(
         if stopping and len(stopping) == 1:
             print("kvgate serve: second signal: stopping the workers now, without waiting for "
                   "the requests in flight", file=sys.stderr, flush=True)
-        stopping.append(signum)
+        stopping.append(time.monotonic())
         # no worker is started again: the workers' copies, closed as each begins its drain,
         # were the last ones, and the kernel refuses new connections instead of queueing them
         for sock in sockets:
@@ -149,7 +166,7 @@ def run_workers(
                         log.exception("a dead worker's counters could not be kept")
 
             return _supervise(workers, stopping, start, stop, serving, dead,
-                              cfg.server.shutdown_grace_s)
+                              cfg.server.shutdown_grace_s, kill_margin(cfg))
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -159,19 +176,20 @@ def run_workers(
 
 
 def _supervise(
-    workers: dict[int, tuple[BaseProcess, Event]], stopping: list[int],
+    workers: dict[int, tuple[BaseProcess, Event]], stopping: list[float],
     start: Callable[[int], None], stop: Callable[[int, FrameType | None], None],
     all_serving: Callable[[], None] | None, dead: Callable[[int], None], grace_s: float,
+    margin_s: float,
 ) -> int:
     status = 0
-    stuck = _Stuck(grace_s)
+    stuck = _Stuck(grace_s, margin_s)
     # a worker killed by a signal before it served (the OOM killer, `kill -9` of a worker being
     # started again) did not fail at start: it is started again, unless its slot's workers
     # keep being killed before they serve (a start that the host cannot afford)
     killed_in_start: dict[int, int] = {}
     while workers:
         time.sleep(POLL_S)
-        stuck.kill_late(workers, len(stopping))
+        stuck.kill_late(workers, stopping)
         if all_serving is not None and not stopping and all(
                 up.is_set() for _, up in workers.values()):
             all_serving()
@@ -201,31 +219,36 @@ def _supervise(
 
 class _Stuck:
     """The deadline of the workers' own exit once the gateway stops: the first signal plus
-    the grace plus `KILL_AFTER_S`, or a second signal plus `KILL_AFTER_S`; those still alive
-    then are killed."""
+    the grace plus the margin (`kill_margin`), or the second signal plus the margin if that
+    is sooner; those still alive then are killed."""
 
-    def __init__(self, grace_s: float) -> None:
+    def __init__(self, grace_s: float, margin_s: float = KILL_AFTER_S) -> None:
         self._grace_s = grace_s
-        self._signals = 0
-        self._since = 0.0  # the first signal (seen within POLL_S of it)
-        self._at: float | None = None
+        self._margin_s = margin_s
         self._killed: set[int] = set()
 
-    def kill_late(self, workers: dict[int, tuple[BaseProcess, Event]], signals: int) -> None:
-        now = time.monotonic()
-        if signals > self._signals:
-            if self._at is None:
-                self._since, self._at = now, now + self._grace_s + KILL_AFTER_S
-            else:  # a second signal
-                self._at = min(self._at, now + KILL_AFTER_S)
-            self._signals = signals
-        if self._at is None or now < self._at:
+    def deadline(self, stopped_at: list[float]) -> float | None:
+        """When the workers still alive are killed, from the times of the stop signals
+        (each as it came: two within one poll are two signals, the second's time its own);
+        None before the first."""
+        if not stopped_at:
+            return None
+        at = stopped_at[0] + self._grace_s + self._margin_s
+        if len(stopped_at) >= 2:
+            at = min(at, stopped_at[1] + self._margin_s)
+        return at
+
+    def kill_late(self, workers: dict[int, tuple[BaseProcess, Event]],
+                  stopped_at: list[float], now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        at = self.deadline(stopped_at)
+        if at is None or now < at:
             return
         for slot, (proc, _) in workers.items():
             if proc.pid is None or proc.pid in self._killed or not proc.is_alive():
                 continue
             log.error("worker still running %.0f s after the stop signal (stopped or stuck?): "
-                      "killing it", now - self._since, extra={"worker": slot, "pid": proc.pid})
+                      "killing it", now - stopped_at[0], extra={"worker": slot, "pid": proc.pid})
             self._killed.add(proc.pid)
             with contextlib.suppress(ProcessLookupError):  # (ended and reaped meanwhile)
                 os.kill(proc.pid, signal.SIGKILL)

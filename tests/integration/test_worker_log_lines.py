@@ -43,6 +43,10 @@ def test_each_worker_names_itself_on_its_lines(
             return {d.get("worker") for d in request_lines()} >= {0, 1}
 
         wait_for(both_served, timeout=60, what="requests logged by both workers")
+        # the supervisor says "listening on" at its first poll (every POLL_S) that finds every
+        # worker serving: a stop before that poll would find no such line to check
+        wait_for(lambda: "listening on" in proc.output(tail=None), timeout=30,
+                 what="the supervisor's 'listening on' line")
         proc.stop()
         docs = [orjson.loads(line) for line in proc.output(tail=None).splitlines()
                 if line.startswith("{")]
