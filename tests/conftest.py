@@ -11,10 +11,6 @@ from aiohttp import web
 
 from tests.support.fake_kube import COLLECTION, FakeKube
 from tests.support.procs import Proc, free_port, port_slice, redis_proc, sim_proc
-from tests.support.ssl_once import share_default_context
-
-# httpx.get and every client a test builds: one CA bundle load per test process, not per call
-share_default_context()
 
 # under pytest-xdist (`pytest -n 2`): each worker picks free ports from its own range
 port_slice(os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT"))
