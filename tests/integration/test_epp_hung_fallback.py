@@ -19,7 +19,7 @@ import openai
 from gateway.config import UpstreamConfig
 from tests.support.bad_replica import BadReplica, chunked, sse_head
 from tests.support.epp import envoy_proc, epp_proc
-from tests.support.gateway import metric_values, request_statuses
+from tests.support.gateway import metric_values, request_statuses, wait_for
 from tests.support.procs import Proc
 
 MODEL = "sim-model"
@@ -58,7 +58,9 @@ def test_a_stream_on_a_replica_that_never_answers_is_served_by_the_fallback(
                 served.append(resp.headers["x-kvgate-replica"].removeprefix("default/"))
                 assert "data: [DONE]" in resp.read().decode()
         assert set(served) == {good.url.removeprefix("http://")}
-        assert request_statuses(epp.base) == {"200": 4}
+        # the picker counts a request as Envoy tells it the exchange ended, which can come
+        # a moment after the client has read the last byte
+        wait_for(lambda: request_statuses(epp.base) == {"200": 4}, 10, "the picker's count")
         went_past = metric_values(epp.base, "kvgate_upstream_retries_total")
         assert went_past == {'{pool="default",reason="envoy"}': 2}, went_past
         inflight = metric_values(epp.base, "kvgate_inflight_requests")
