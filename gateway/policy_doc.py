@@ -49,6 +49,7 @@ __all__ = [
     "check_replicas_distinct",
     "check_spills",
     "parse_policy",
+    "spill_problems",
 ]
 
 DEFAULT_TIER = "default"
@@ -405,45 +406,51 @@ def check_spills(doc: PolicyDoc) -> None:
     model came first). On input only, as `check_replicas_distinct`: a stored document
     accepted by an earlier release still loads.
     """
+    if problems := spill_problems(doc):
+        raise PolicyValidationError(*problems[0])
+
+
+def spill_problems(doc: PolicyDoc) -> list[tuple[str, str]]:
+    """Every spill problem of `doc` as (field, message), in `check_spills`' order: each
+    model's spill cycles (one per ring, as first found depth first), then each `spill_to`
+    that would never spill."""
+    out: dict[tuple[str, str], None] = {}
     for model in doc.models:
         edges: dict[str, dict[str, str]] = {}  # pool -> {spill pool: a tier spilling there}
         for tier_name, tier in doc.tiers.items():
             src = doc.pool_for(model, tier_name)
             if src is not None and tier.spill_to is not None and src != tier.spill_to:
                 edges.setdefault(src, {}).setdefault(tier.spill_to, tier_name)
-        if (cycle := _cycle(edges)) is not None:
+        for cycle in _cycles(edges):
             tiers = [edges[a][b] for a, b in pairwise(cycle)]
-            raise PolicyValidationError(
-                f"tiers.{tiers[-1]}.spill_to",
-                f"spill cycle for model {model!r}: {' -> '.join(cycle)} (tiers "
-                f"{', '.join(dict.fromkeys(tiers))})")
+            out[(f"tiers.{tiers[-1]}.spill_to",
+                 f"spill cycle for model {model!r}: {' -> '.join(cycle)} (tiers "
+                 f"{', '.join(dict.fromkeys(tiers))})")] = None
     for tier_name, tier in doc.tiers.items():
         served = {m: p for m in doc.models if (p := doc.pool_for(m, tier_name)) is not None}
         if tier.spill_to is not None and served and set(served.values()) == {tier.spill_to}:
-            raise PolicyValidationError(
-                f"tiers.{tier_name}.spill_to",
-                f"{tier.spill_to!r} is the tier's own pool for every model it serves "
-                f"({', '.join(map(repr, sorted(served)))}): it would never spill; remove "
-                "spill_to or serve one of them from another pool")
+            out[(f"tiers.{tier_name}.spill_to",
+                 f"{tier.spill_to!r} is the tier's own pool for every model it serves "
+                 f"({', '.join(map(repr, sorted(served)))}): it would never spill; remove "
+                 "spill_to or serve one of them from another pool")] = None
+    return list(out)
 
 
-def _cycle(edges: dict[str, dict[str, str]]) -> list[str] | None:
-    """A cycle of the spill graph as pools, first pool repeated at the end; None if none.
-    Depth first from each pool in order, so the one reported does not depend on chance."""
-    done: set[str] = set()
+def _cycles(edges: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The simple cycles of a small spill graph as pools (the first repeated at the end),
+    each once, in the order depth first from each pool in turn finds them: the report does
+    not depend on chance."""
+    found: dict[tuple[str, ...], list[str]] = {}  # rotated to its least pool -> as found
 
-    def visit(node: str, path: list[str]) -> list[str] | None:
+    def visit(node: str, path: list[str]) -> None:
         if node in path:
-            return [*path[path.index(node):], node]
-        if node in done:
-            return None
+            ring = path[path.index(node):]
+            i = ring.index(min(ring))
+            found.setdefault(tuple(ring[i:] + ring[:i]), ring)
+            return
         for nxt in edges.get(node, {}):
-            if (found := visit(nxt, [*path, node])) is not None:
-                return found
-        done.add(node)
-        return None
+            visit(nxt, [*path, node])
 
     for start in edges:
-        if (found := visit(start, [])) is not None:
-            return found
-    return None
+        visit(start, [])
+    return [[*ring, ring[0]] for ring in found.values()]

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.config.spills import spill_problems
-from gateway.policy_doc import PolicyDoc, PolicyValidationError, check_spills
+from gateway.policy_doc import PolicyDoc, PolicyValidationError, check_spills, spill_problems
 
 __all__ = ["spill_refusal"]
 

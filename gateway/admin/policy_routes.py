@@ -19,7 +19,6 @@ from fastapi.responses import JSONResponse
 from gateway.admin.deps import CHECK_TRIES, AdminContext
 from gateway.admin.policy_change import spill_refusal
 from gateway.config.selfloop import own_address_lines
-from gateway.config.spills import spill_problems
 from gateway.errors import (
     BadRequest,
     Conflict,
@@ -29,7 +28,13 @@ from gateway.errors import (
     UnreadableRecord,
     shown_name,
 )
-from gateway.policy_doc import DEFAULT_TIER, PolicyDoc, PolicyValidationError, parse_policy
+from gateway.policy_doc import (
+    DEFAULT_TIER,
+    PolicyDoc,
+    PolicyValidationError,
+    parse_policy,
+    spill_problems,
+)
 from gateway.tenancy.models import PolicySnapshot
 from gateway.urls import restore_hidden, shown_policy
 
