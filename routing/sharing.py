@@ -123,7 +123,7 @@ class Sharing:
                 q.append((now, hashes, held, float(new * tpb)))
             if len(hashes) >= 2:
                 chains[hashes[-1]] = (member, replica, (len(hashes) + tail) * tpb,
-                                      float(new * tpb if new > 0 else 0))
+                                      float(max(new, 0) * tpb))
             if seen is not None:
                 seen(replica, hashes, now)
         while len(chains) > _MAX_PEER_CHAINS:
